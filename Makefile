@@ -1,0 +1,82 @@
+# kvpin - one Makefile for everything.
+#
+#   make            release build: ./kvpin
+#   make test       every test, built with AddressSanitizer + UBSan (build/asan/)
+#   make asan       the sanitizer build of kvpin and the tests, without running them
+#   make fuzz       libFuzzer on the GGUF reader for FUZZ_SECONDS (default 60)
+#   make bench      benchmark tables (see README)
+#   make deps       install the Debian packages the build needs (apt-get)
+#   make clean
+#
+# Library code lives in src/ (every src/*.c but main.c forms libkvpin.a);
+# tests/test_<module>.c are one program each.
+
+CC      ?= cc
+PKGS    := libpcre2-8
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8)
+
+# -march=native when the compiler accepts it, else a portable x86-64 build;
+# kernels pick AVX2/FMA/F16C at run time either way (see src/quant.c).
+MARCH   := $(shell $(CC) -march=native -E -x c /dev/null >/dev/null 2>&1 && echo -march=native)
+WARN    := -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE
+CFLAGS_RELEASE := $(WARN) -O2 $(MARCH) -g $(PKG_CFLAGS) -pthread
+CFLAGS_ASAN    := $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
+	              -fno-omit-frame-pointer $(PKG_CFLAGS) -pthread
+LDLIBS  := $(PKG_LIBS) -lm -pthread
+
+SRC     := $(filter-out src/main.c,$(wildcard src/*.c))
+TESTS   := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
+
+REL_OBJ  := $(patsubst src/%.c,build/rel/%.o,$(SRC))
+ASAN_OBJ := $(patsubst src/%.c,build/asan/%.o,$(SRC))
+
+.PHONY: all test asan fuzz bench deps clean
+all: kvpin
+
+kvpin: build/rel/libkvpin.a build/rel/main.o
+	$(CC) $(CFLAGS_RELEASE) -o $@ build/rel/main.o build/rel/libkvpin.a $(LDLIBS)
+
+build/rel/%.o: src/%.c $(wildcard src/*.h) | build/rel
+	$(CC) $(CFLAGS_RELEASE) -c -o $@ $<
+build/asan/%.o: src/%.c $(wildcard src/*.h) | build/asan
+	$(CC) $(CFLAGS_ASAN) -c -o $@ $<
+
+build/rel/libkvpin.a: $(REL_OBJ)
+	rm -f $@ && ar rcs $@ $^
+build/asan/libkvpin.a: $(ASAN_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+build/asan/kvpin: build/asan/libkvpin.a build/asan/main.o
+	$(CC) $(CFLAGS_ASAN) -o $@ build/asan/main.o build/asan/libkvpin.a $(LDLIBS)
+
+build/asan/test_%: tests/test_%.c tests/harness.h build/asan/libkvpin.a
+	$(CC) $(CFLAGS_ASAN) -Isrc -o $@ $< build/asan/libkvpin.a $(LDLIBS)
+
+build/rel build/asan build/fuzz:
+	mkdir -p $@
+
+asan: build/asan/kvpin $(addprefix build/asan/,$(TESTS))
+
+# Unit tests run first, then the end-to-end tests that drive the binary.
+test: asan
+	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  sh tests/run_all.sh build/asan $(TESTS)
+
+FUZZ_SECONDS ?= 60
+build/fuzz/fuzz_gguf: fuzz/fuzz_gguf.c $(SRC) $(wildcard src/*.h) | build/fuzz
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc \
+	  -o $@ fuzz/fuzz_gguf.c src/gguf.c src/dtype.c src/status.c
+fuzz: build/fuzz/fuzz_gguf
+	mkdir -p build/fuzz/corpus
+	build/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 \
+	  build/fuzz/corpus fuzz/seeds
+
+bench: kvpin
+	sh bench/run.sh
+
+deps:
+	sh tools/deps.sh
+
+clean:
+	rm -rf build kvpin
