@@ -8,13 +8,13 @@
 #   make deps       install the Debian packages the build needs (apt-get)
 #   make clean
 #
-# Library code lives in src/ (every src/*.c but main.c forms libkvpin.a);
-# tests/test_<module>.c are one program each.
+# Library code lives in src/ (every src/*.c forms libkvpin.a), the command
+# line in cli/; tests/test_<module>.c are one program each.
 
 CC      ?= cc
-PKGS    := libpcre2-8
+PKGS    := libpcre2-8 jansson
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -ljansson)
 
 # -march=native when the compiler accepts it, else a portable x86-64 build;
 # kernels pick AVX2/FMA/F16C at run time either way (see src/quant.c).
@@ -25,30 +25,37 @@ CFLAGS_ASAN    := $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-reco
 	              -fno-omit-frame-pointer $(PKG_CFLAGS) -pthread
 LDLIBS  := $(PKG_LIBS) -lm -pthread
 
-SRC     := $(filter-out src/main.c,$(wildcard src/*.c))
+SRC     := $(wildcard src/*.c)
 TESTS   := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
 
+CLI     := $(wildcard cli/*.c)
 REL_OBJ  := $(patsubst src/%.c,build/rel/%.o,$(SRC))
 ASAN_OBJ := $(patsubst src/%.c,build/asan/%.o,$(SRC))
+REL_CLI  := $(patsubst cli/%.c,build/rel/cli_%.o,$(CLI))
+ASAN_CLI := $(patsubst cli/%.c,build/asan/cli_%.o,$(CLI))
 
 .PHONY: all test asan fuzz bench deps clean
 all: kvpin
 
-kvpin: build/rel/libkvpin.a build/rel/main.o
-	$(CC) $(CFLAGS_RELEASE) -o $@ build/rel/main.o build/rel/libkvpin.a $(LDLIBS)
+kvpin: build/rel/libkvpin.a $(REL_CLI)
+	$(CC) $(CFLAGS_RELEASE) -o $@ $(REL_CLI) build/rel/libkvpin.a $(LDLIBS)
 
 build/rel/%.o: src/%.c $(wildcard src/*.h) | build/rel
 	$(CC) $(CFLAGS_RELEASE) -c -o $@ $<
 build/asan/%.o: src/%.c $(wildcard src/*.h) | build/asan
 	$(CC) $(CFLAGS_ASAN) -c -o $@ $<
+build/rel/cli_%.o: cli/%.c $(wildcard src/*.h cli/*.h) | build/rel
+	$(CC) $(CFLAGS_RELEASE) -Isrc -c -o $@ $<
+build/asan/cli_%.o: cli/%.c $(wildcard src/*.h cli/*.h) | build/asan
+	$(CC) $(CFLAGS_ASAN) -Isrc -c -o $@ $<
 
 build/rel/libkvpin.a: $(REL_OBJ)
 	rm -f $@ && ar rcs $@ $^
 build/asan/libkvpin.a: $(ASAN_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-build/asan/kvpin: build/asan/libkvpin.a build/asan/main.o
-	$(CC) $(CFLAGS_ASAN) -o $@ build/asan/main.o build/asan/libkvpin.a $(LDLIBS)
+build/asan/kvpin: build/asan/libkvpin.a $(ASAN_CLI)
+	$(CC) $(CFLAGS_ASAN) -o $@ $(ASAN_CLI) build/asan/libkvpin.a $(LDLIBS)
 
 build/asan/test_%: tests/test_%.c tests/harness.h build/asan/libkvpin.a
 	$(CC) $(CFLAGS_ASAN) -Isrc -o $@ $< build/asan/libkvpin.a $(LDLIBS)

@@ -98,14 +98,14 @@ static uint32_t le32(const uint8_t *b) {
 }
 
 static kp_status cur_u32(cursor *c, uint32_t *v, const char *what) {
-    const uint8_t *b;
+    const uint8_t *b = NULL;
     kp_status st = cur_take(c, 4, &b, what);
     if (st == KP_OK) *v = le32(b);
     return st;
 }
 
 static kp_status cur_u64(cursor *c, uint64_t *v, const char *what) {
-    const uint8_t *b;
+    const uint8_t *b = NULL;
     kp_status st = cur_take(c, 8, &b, what);
     if (st == KP_OK) *v = le64(b);
     return st;
@@ -120,7 +120,7 @@ static kp_status cur_str(cursor *c, gguf_str *s, const char *what) {
         return kp_fail(c->err, KP_EFORMAT,
                        "%s: %s at offset %zu has length %llu past the end of the file (%zu bytes left)",
                        c->name, what, at, (unsigned long long)len, cur_left(c));
-    const uint8_t *b;
+    const uint8_t *b = NULL;
     cur_take(c, (size_t)len, &b, what);
     s->data = (const char *)b;
     s->len = len;
@@ -210,7 +210,7 @@ static kp_status read_array(cursor *c, gguf_value *v, int depth, const char *key
                        cur_left(c));
     v->v.arr.n = n;
     if (es) {
-        const uint8_t *b;
+        const uint8_t *b = NULL;
         cur_take(c, (size_t)n * es, &b, "array data");
         v->v.arr.raw = b;
         return KP_OK;
@@ -242,7 +242,7 @@ static kp_status read_value(cursor *c, gguf_type t, gguf_value *v, int depth, co
     if (!es)
         return kp_fail(c->err, KP_EFORMAT, "%s: key '%s': unknown value type %u", c->name, key,
                        (unsigned)t);
-    const uint8_t *b;
+    const uint8_t *b = NULL;
     kp_status st = cur_take(c, es, &b, "scalar value");
     if (st == KP_OK) decode_scalar(t, b, v);
     return st;
@@ -493,7 +493,9 @@ kp_status gguf_open(gguf **out, const char *path, kp_error *err) {
     gguf *g;
     struct stat sb;
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused
+     * below as not a regular file. The flag does not affect regular files. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return kp_fail(err, KP_EIO, "%s: cannot open: %s", path, strerror(errno));
     if (fstat(fd, &sb) != 0) {
         int e = errno;
@@ -690,12 +692,22 @@ kp_status gguf_get_arr(const gguf *g, const char *key, gguf_type elem_type, cons
     return KP_OK;
 }
 
+/* A float as int64 without undefined behaviour: truncates toward zero, a
+ * value outside the int64 range saturates, NaN gives 0 (file bytes decide
+ * these values, and a plain cast of 1e30 or NaN is undefined in C). */
+static int64_t f64_to_i64(double d) {
+    if (d != d) return 0;
+    if (d >= 9223372036854775808.0) return INT64_MAX;
+    if (d < -9223372036854775808.0) return INT64_MIN;
+    return (int64_t)d;
+}
+
 int64_t gguf_arr_i64(const gguf_value *arr, uint64_t i) {
     gguf_value v;
     size_t es = gguf_type_size(arr->v.arr.elem_type);
     decode_scalar(arr->v.arr.elem_type, arr->v.arr.raw + i * es, &v);
     switch (v.type) {
-    case GGUF_TYPE_FLOAT32: case GGUF_TYPE_FLOAT64: return (int64_t)v.v.f64;
+    case GGUF_TYPE_FLOAT32: case GGUF_TYPE_FLOAT64: return f64_to_i64(v.v.f64);
     case GGUF_TYPE_BOOL: return v.v.b;
     default: return is_unsigned(v.type) ? (int64_t)v.v.u64 : v.v.i64;
     }

@@ -1,0 +1,42 @@
+#!/bin/sh
+# make bench: kvpin and llama.cpp side by side on the same files, threads and
+# machine, in the same run.
+#
+# Generates SmolLM2-135M-shaped models (30 layers, 576 wide, 9 heads / 3 kv
+# heads, ff 1536, tied, the 49152-token StarCoder vocabulary) with seeded
+# random weights into build/bench/, then for each weight type runs
+# `kvpin bench --json` and, when bench/node_modules exists (cd bench && npm ci),
+# bench/llamacpp_bench.mjs with the same settings, and prints the medians and
+# the ratios kvpin / llama.cpp.
+#
+# Environment: BENCH_TYPES (default "F16 Q8_0 Q4_0 Q4_K"), BENCH_DEPTHS
+# (default "0,2048,8192"), BENCH_REPS (3), BENCH_THREADS (2), BENCH_PP (512),
+# BENCH_TG (128), BENCH_FA (llama.cpp flash attention modes, default "auto,off").
+set -e
+cd "$(dirname "$0")/.."
+TYPES=${BENCH_TYPES:-"F16 Q8_0 Q4_0 Q4_K"}
+DEPTHS=${BENCH_DEPTHS:-0,2048,8192}
+REPS=${BENCH_REPS:-3}
+THREADS=${BENCH_THREADS:-2}
+PP=${BENCH_PP:-512}
+TG=${BENCH_TG:-128}
+FA=${BENCH_FA:-auto,off}
+VOCAB=tests/data/vocab/ggml-vocab-starcoder.gguf
+mkdir -p build/bench
+out=build/bench/results.jsonl
+: >"$out"
+for t in $TYPES; do
+    m=build/bench/smollm2-135m-$t.gguf
+    if [ ! -f "$m" ]; then
+        ./kvpin mkmodel --preset smollm2-135m --type "$t" --tokenizer "$VOCAB" -o "$m" || {
+            echo "bench: cannot generate a $t model of this shape; skipped"; continue; }
+    fi
+    echo "== $m" >&2
+    ./kvpin bench -m "$m" -p "$PP" -n "$TG" -d "$DEPTHS" -r "$REPS" -t "$THREADS" --json | tee -a "$out"
+    if [ -d bench/node_modules ]; then
+        node bench/llamacpp_bench.mjs -m "$m" -p "$PP" -n "$TG" -d "$DEPTHS" -r "$REPS" -t "$THREADS" \
+            --fa "$FA" --json | tee -a "$out"
+    fi
+done
+./kvpin bench -m build/bench/smollm2-135m-Q8_0.gguf -p 0 -n 1 -r 1 2>/dev/null | grep 'memory copy' || true
+python3 bench/report.py "$out"

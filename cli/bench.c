@@ -1,0 +1,181 @@
+/*
+ * bench.c - `kvpin bench`: prompt processing (pp) and text generation (tg)
+ * speed, like llama-bench, at one or more cache depths.
+ *
+ * For each depth D the cache is first filled with D tokens (not timed).
+ * ppP times one batched forward of P tokens at positions D..D+P-1; tgN
+ * times N single-token decode steps after D cached positions. Each test
+ * runs -r times (the sequence is cut back to D between runs, so the depth
+ * fill is reused) and reports tokens/s as median, min and max. For tg the
+ * table also shows the bytes a decode step must read (all weights + the
+ * K/V of every cached position) times tokens/s: the achieved bandwidth,
+ * next to this machine's measured memory copy bandwidth.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "session.h"
+
+#define MAX_DEPTHS 16
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* memcpy bandwidth (read + write bytes per second) over a 256 MiB buffer,
+ * best of 3. */
+static double copy_bandwidth(void) {
+    size_t n = (size_t)256 << 20;
+    char *a = malloc(n), *b = malloc(n);
+    double best = 0;
+    if (a && b) {
+        memset(a, 1, n);
+        memset(b, 2, n);
+        for (int r = 0; r < 3; r++) {
+            double t0 = cli_now();
+            memcpy(b, a, n);
+            double dt = cli_now() - t0;
+            if (dt > 0 && 2.0 * n / dt > best) best = 2.0 * n / dt;
+        }
+    }
+    free(a);
+    free(b);
+    return best;
+}
+
+static bool parse_depths(const char *s, int64_t *depths, int *n) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        if (*n == MAX_DEPTHS) {
+            fprintf(stderr, "kvpin bench: at most %d depths\n", MAX_DEPTHS);
+            return false;
+        }
+        if (!cli_parse_i64("-d", tok, 0, 1 << 22, &depths[(*n)++])) return false;
+    }
+    return true;
+}
+
+int cmd_bench(int argc, char **argv) {
+    cli_session_opts so = {0};
+    so.kv_type = KP_DTYPE_F16;
+    int64_t n_pp = 512, n_tg = 128, reps = 5, depths[MAX_DEPTHS];
+    int n_depths = 0;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t t;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: kvpin bench [-m MODEL] [-p 512] [-n 128] [-d DEPTH[,DEPTH...]]... [-r 5]\n"
+                   "                   [-t N] [--kv-type f16|f32] [--json] [--scalar]\n"
+                   "-p 0 or -n 0 skips that test. --json prints one object per test.\n");
+            return 0;
+        }
+        if (!strcmp(a, "--json")) { json = true; continue; }
+        if (!strcmp(a, "--scalar")) { so.scalar = true; continue; }
+        if (!v) {
+            fprintf(stderr, "kvpin bench: unknown option or missing value: '%s'\n", a);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "-m")) so.model_path = v;
+        else if (!strcmp(a, "-p")) { if (!cli_parse_i64(a, v, 0, 1 << 20, &n_pp)) return 2; }
+        else if (!strcmp(a, "-n")) { if (!cli_parse_i64(a, v, 0, 1 << 20, &n_tg)) return 2; }
+        else if (!strcmp(a, "-r")) { if (!cli_parse_i64(a, v, 1, 1000, &reps)) return 2; }
+        else if (!strcmp(a, "-t")) { if (!cli_parse_i64(a, v, 1, 1024, &t)) return 2; so.n_threads = (int)t; }
+        else if (!strcmp(a, "-d")) { if (!parse_depths(v, depths, &n_depths)) return 2; }
+        else if (!strcmp(a, "--kv-type")) { if (!cli_parse_kv_type(v, &so.kv_type)) return 2; }
+        else {
+            fprintf(stderr, "kvpin bench: unknown option '%s'\n", a);
+            return 2;
+        }
+    }
+    if (n_depths == 0) depths[n_depths++] = 0;
+    int64_t max_depth = 0;
+    for (int i = 0; i < n_depths; i++) max_depth = depths[i] > max_depth ? depths[i] : max_depth;
+    so.n_ctx = (uint32_t)(max_depth + (n_pp > n_tg ? n_pp : n_tg) + 1);
+    cli_session s;
+    if (!cli_session_open(&s, &so, "bench")) return 1;
+    const kp_hparams *hp = &s.m->hp;
+    int64_t n_fill = max_depth + (n_pp > n_tg ? n_pp : n_tg);
+    int32_t *toks = malloc((size_t)(n_fill + 1) * sizeof(int32_t));
+    float *logits = malloc(hp->n_vocab * sizeof(float));
+    double *tps = malloc((size_t)reps * sizeof(double));
+    int rc = 1;
+    if (!toks || !logits || !tps) goto done;
+    uint64_t x = 12345;
+    for (int64_t i = 0; i <= n_fill; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        toks[i] = (int32_t)((x >> 33) % hp->n_vocab);
+    }
+    double bw = json ? 0 : copy_bandwidth();
+    const char *name = strrchr(so.model_path ? so.model_path : cli_default_model(), '/');
+    name = name ? name + 1 : (so.model_path ? so.model_path : cli_default_model());
+    uint64_t kv_per = kp_model_kv_bytes_per_token(hp, s.kv_type);
+    if (!json) {
+        char b1[32];
+        printf("model %s: %s, %u layers, weights %s (%s), KV %s, %d threads, kernels %s\n", name,
+               hp->arch_name, hp->n_layer, cli_bytes(s.m->weight_bytes, b1, sizeof b1),
+               kp_dtype_name(s.m->layers[0].wq.type), kp_dtype_name(s.kv_type), s.n_threads,
+               s.kernels->name);
+        printf("memory copy bandwidth: %.1f GB/s\n\n", bw / 1e9);
+        printf("| %-8s | %6s | %10s | %10s | %10s | %22s |\n", "test", "depth", "t/s median", "t/s min",
+               "t/s max", "tg bytes/token -> GB/s");
+        printf("|%s|%s|%s|%s|%s|%s|\n", "----------", "--------", "------------", "------------",
+               "------------", "------------------------");
+    }
+    for (int di = 0; di < n_depths; di++) {
+        int64_t d = depths[di];
+        kp_kvseq_release(&s.seq, s.kv);
+        if (d > 0 && !cli_session_eval(&s, toks, (int32_t)d, NULL, logits, "bench")) goto done;
+        for (int kind = 0; kind < 2; kind++) {
+            int64_t n = kind == 0 ? n_pp : n_tg;
+            if (n == 0) continue;
+            for (int64_t r = 0; r < reps; r++) {
+                kp_kvseq_truncate(&s.seq, s.kv, (uint32_t)d);
+                double t0 = cli_now();
+                if (kind == 0) {
+                    if (!cli_session_eval(&s, toks + d, (int32_t)n, NULL, logits, "bench")) goto done;
+                } else {
+                    for (int64_t i = 0; i < n; i++)
+                        if (!cli_session_eval(&s, toks + d + i, 1, NULL, logits, "bench")) goto done;
+                }
+                double dt = cli_now() - t0;
+                tps[r] = n / (dt > 0 ? dt : 1e-9);
+            }
+            qsort(tps, (size_t)reps, sizeof(double), cmp_double);
+            double med = reps % 2 ? tps[reps / 2] : 0.5 * (tps[reps / 2 - 1] + tps[reps / 2]);
+            char test[32];
+            snprintf(test, sizeof test, "%s%lld", kind == 0 ? "pp" : "tg", (long long)n);
+            /* bytes per decode step: every weight once + K/V of the cache (mid-run length) */
+            double bytes = (double)s.m->weight_bytes + (double)kv_per * (double)(d + n / 2);
+            if (json) {
+                printf("{\"engine\":\"kvpin\",\"model\":\"%s\",\"test\":\"%s\",\"depth\":%lld,\"n_threads\":%d,"
+                       "\"kv_type\":\"%s\",\"kernels\":\"%s\",\"tps_median\":%.3f,\"tps_min\":%.3f,"
+                       "\"tps_max\":%.3f,\"reps\":%lld",
+                       name, test, (long long)d, s.n_threads, kp_dtype_name(s.kv_type), s.kernels->name,
+                       med, tps[0], tps[reps - 1], (long long)reps);
+                if (kind == 1) printf(",\"bytes_per_token\":%.0f,\"gbps\":%.3f", bytes, bytes * med / 1e9);
+                printf("}\n");
+            } else {
+                char extra[64] = "";
+                if (kind == 1)
+                    snprintf(extra, sizeof extra, "%.1f MB -> %.1f (%.0f%%)", bytes / 1e6, bytes * med / 1e9,
+                             bw > 0 ? 100.0 * bytes * med / bw : 0.0);
+                printf("| %-8s | %6lld | %10.2f | %10.2f | %10.2f | %22s |\n", test, (long long)d, med,
+                       tps[0], tps[reps - 1], extra);
+            }
+            fflush(stdout);
+        }
+    }
+    rc = 0;
+done:
+    free(toks);
+    free(logits);
+    free(tps);
+    cli_session_close(&s);
+    return rc;
+}

@@ -1,0 +1,51 @@
+/*
+ * cli.h - shared pieces of the kvpin command line (floor 6).
+ *
+ * Each subcommand is a function `int cmd_NAME(int argc, char **argv)` that
+ * returns the process exit code: 0 success, 1 runtime failure (bad model
+ * file, I/O), 2 usage error. Only this layer prints to the terminal and
+ * decides exit codes; library errors arrive as kp_error values.
+ */
+#ifndef KP_CLI_H
+#define KP_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dtype.h"
+
+/* The model used when -m is not given: the bundled one, found next to the
+ * binary's repository or via $KVPIN_MODEL. */
+const char *cli_default_model(void);
+
+/* Strict number parsing for option values; print an error naming the
+ * option and return false on garbage, overflow or out-of-range values. */
+bool cli_parse_i64(const char *opt, const char *s, int64_t min, int64_t max, int64_t *out);
+bool cli_parse_f32(const char *opt, const char *s, float *out);
+bool cli_parse_u64(const char *opt, const char *s, uint64_t *out);
+/* "f32" / "f16" for the KV cache. */
+bool cli_parse_kv_type(const char *s, kp_dtype *out);
+/* Sizes like 512M, 2G, 1024 (bytes). */
+bool cli_parse_bytes(const char *opt, const char *s, uint64_t *out);
+
+/* Human-readable byte count ("1.50 MiB") into buf. */
+const char *cli_bytes(uint64_t n, char *buf, size_t cap);
+
+/* Reads a whole file (or stdin for "-") into a malloc'd, NUL-terminated
+ * buffer; NULL and a printed error on failure. */
+char *cli_read_all(const char *path, size_t *len);
+
+/* Monotonic clock in seconds. */
+double cli_now(void);
+
+int cmd_info(int argc, char **argv);
+int cmd_kv(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_mkmodel(int argc, char **argv);
+
+#endif

@@ -1,0 +1,217 @@
+/*
+ * info.c - `kvpin info` and `kvpin kv`: what a model file holds and what its
+ * KV cache costs.
+ *
+ * info reads the metadata directly (so vocab-only files and models kvpin
+ * cannot run are still described), then tries to load the model for
+ * compute and says whether that works and, if not, why.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "gguf.h"
+#include "model.h"
+
+static void print_str(gguf_str s, size_t max) {
+    size_t n = s.len < max ? (size_t)s.len : max;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s.data[i];
+        if (c == '\n') fputs("\\n", stdout);
+        else if (c < 32) printf("\\x%02x", c);
+        else putchar(c);
+    }
+    if (s.len > max) fputs("...", stdout);
+}
+
+static void print_token(const gguf *g, const char *key, const char *label) {
+    const gguf_kv *kv = gguf_find(g, key);
+    const gguf_value *toks = NULL;
+    gguf_get_arr(g, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &toks, NULL);
+    if (!kv) return;
+    int64_t id = kv->value.type == GGUF_TYPE_INT32 || kv->value.type == GGUF_TYPE_INT64
+                     ? kv->value.v.i64 : (int64_t)kv->value.v.u64;
+    if (kv->value.type == GGUF_TYPE_UINT32 && kv->value.v.u64 == UINT32_MAX) id = -1; /* "none" */
+    printf("  %-8s %lld", label, (long long)id);
+    if (toks && id >= 0 && (uint64_t)id < toks->v.arr.n) {
+        fputs(" '", stdout);
+        print_str(toks->v.arr.strs[id], 40);
+        putchar('\'');
+    } else if (toks) {
+        fputs(" (none)", stdout);
+    }
+    putchar('\n');
+}
+
+static void print_kv_bill(const kp_hparams *hp, uint32_t n_ctx) {
+    char b1[32];
+    for (int i = 0; i < 2; i++) {
+        kp_dtype t = i == 0 ? KP_DTYPE_F32 : KP_DTYPE_F16;
+        uint64_t per = kp_model_kv_bytes_per_token(hp, t);
+        printf("  %s: 2 x %u layers x %u kv-heads x %u head_dim x %zu bytes = %llu bytes/token;"
+               " %u tokens: %s\n",
+               t == KP_DTYPE_F32 ? "F32" : "F16", hp->n_layer, hp->n_head_kv, hp->head_dim,
+               kp_dtype_row_size(t, 1), (unsigned long long)per, n_ctx,
+               cli_bytes(per * n_ctx, b1, sizeof b1));
+    }
+}
+
+int cmd_info(int argc, char **argv) {
+    const char *path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-m") && i + 1 < argc) path = argv[++i];
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: kvpin info [-m MODEL.gguf]\n");
+            return 0;
+        } else {
+            fprintf(stderr, "kvpin info: unknown argument '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!path) path = cli_default_model();
+    gguf *g;
+    kp_error err = {0};
+    if (gguf_open(&g, path, &err) != KP_OK) {
+        fprintf(stderr, "kvpin info: %s\n", err.msg);
+        return 1;
+    }
+    char b1[32];
+    printf("file:          %s\n", path);
+    printf("format:        GGUF v%u, %s, %zu metadata keys, %zu tensors, alignment %u\n",
+           gguf_version(g), cli_bytes(gguf_file_size(g), b1, sizeof b1), gguf_n_kv(g),
+           gguf_n_tensors(g), gguf_alignment(g));
+    gguf_str s;
+    if (gguf_get_str(g, "general.name", &s, NULL) == KP_OK && s.data) {
+        printf("name:          ");
+        print_str(s, 80);
+        putchar('\n');
+    }
+    gguf_str arch = {0};
+    gguf_get_str(g, "general.architecture", &arch, NULL);
+    printf("architecture:  ");
+    if (arch.data) print_str(arch, 40);
+    else fputs("(none: vocabulary-only file)", stdout);
+    putchar('\n');
+
+    /* tensor types */
+    uint64_t count[KP_DTYPE_COUNT_] = {0}, bytes[KP_DTYPE_COUNT_] = {0};
+    for (size_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        count[t->type]++;
+        bytes[t->type] += t->n_bytes;
+    }
+    if (gguf_n_tensors(g)) {
+        printf("tensor types: ");
+        for (int t = 0; t < KP_DTYPE_COUNT_; t++)
+            if (count[t])
+                printf(" %s x%llu (%s)", kp_dtype_name((uint32_t)t), (unsigned long long)count[t],
+                       cli_bytes(bytes[t], b1, sizeof b1));
+        putchar('\n');
+    }
+
+    /* tokenizer */
+    gguf_str tm = {0}, pre = {0};
+    const gguf_value *toks = NULL, *merges = NULL;
+    gguf_get_str(g, "tokenizer.ggml.model", &tm, NULL);
+    gguf_get_str(g, "tokenizer.ggml.pre", &pre, NULL);
+    gguf_get_arr(g, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &toks, NULL);
+    gguf_get_arr(g, "tokenizer.ggml.merges", GGUF_TYPE_STRING, &merges, NULL);
+    if (tm.data) {
+        printf("tokenizer:     ");
+        print_str(tm, 32);
+        printf(", pre-tokenizer ");
+        if (pre.data) print_str(pre, 32);
+        else fputs("(default)", stdout);
+        printf(", %llu tokens, %llu merges\n", toks ? (unsigned long long)toks->v.arr.n : 0ull,
+               merges ? (unsigned long long)merges->v.arr.n : 0ull);
+        printf("special tokens:\n");
+        print_token(g, "tokenizer.ggml.bos_token_id", "bos");
+        print_token(g, "tokenizer.ggml.eos_token_id", "eos");
+        print_token(g, "tokenizer.ggml.eot_token_id", "eot");
+        print_token(g, "tokenizer.ggml.unknown_token_id", "unk");
+        print_token(g, "tokenizer.ggml.padding_token_id", "pad");
+        bool add_bos = gguf_str_eq(tm, "llama"), add_eos = false;
+        bool has_bos = gguf_find(g, "tokenizer.ggml.add_bos_token") != NULL;
+        gguf_get_bool(g, "tokenizer.ggml.add_bos_token", add_bos, &add_bos, NULL);
+        gguf_get_bool(g, "tokenizer.ggml.add_eos_token", add_eos, &add_eos, NULL);
+        printf("  add_bos  %s%s, add_eos %s\n", add_bos ? "true" : "false",
+               has_bos ? "" : " (default)", add_eos ? "true" : "false");
+        gguf_str tmpl = {0};
+        gguf_get_str(g, "tokenizer.chat_template", &tmpl, NULL);
+        if (tmpl.data) printf("chat template: %llu bytes\n", (unsigned long long)tmpl.len);
+    }
+
+    if (!arch.data || gguf_n_tensors(g) == 0) {
+        gguf_close(g);
+        return 0;
+    }
+    kp_model *m;
+    int rc = 0;
+    if (kp_model_from_gguf(&m, g, &err) != KP_OK) { /* takes g */
+        printf("compute:       not runnable by kvpin: %s\n", err.msg);
+        return 1;
+    }
+    const kp_hparams *hp = &m->hp;
+    printf("hyperparams:   %u layers, n_embd %u, %u heads, %u kv-heads (GQA %u:1), head_dim %u,"
+           " n_ff %u, vocab %u\n",
+           hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_head / hp->n_head_kv,
+           hp->head_dim, hp->n_ff, hp->n_vocab);
+    printf("context:       %u tokens (training)\n", hp->n_ctx_train);
+    printf("rope:          %s, base %g, %u rotated dims, freq scale %g%s\n",
+           hp->rope_type == KP_ROPE_NORM ? "NORM (adjacent pairs)" : "NEOX (halves)",
+           (double)hp->rope_base, hp->n_rot, (double)hp->rope_freq_scale,
+           m->rope_freqs ? ", frequency factors" : "");
+    printf("norm:          RMSNorm eps %g; output %s\n", (double)hp->rms_eps,
+           hp->tied_output ? "tied to token_embd" : "separate matrix");
+    printf("weights:       %s (used in place from the mapping)\n",
+           cli_bytes(m->weight_bytes, b1, sizeof b1));
+    printf("KV cache bill:\n");
+    print_kv_bill(hp, hp->n_ctx_train);
+    kp_model_free(m);
+    return rc;
+}
+
+int cmd_kv(int argc, char **argv) {
+    const char *path = NULL;
+    int64_t ctx = -1;
+    kp_dtype kv_type = KP_DTYPE_F16;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-m") && i + 1 < argc) path = argv[++i];
+        else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) {
+            if (!cli_parse_i64("--ctx", argv[++i], 1, 1 << 30, &ctx)) return 2;
+        } else if (!strcmp(argv[i], "--kv-type") && i + 1 < argc) {
+            if (!cli_parse_kv_type(argv[++i], &kv_type)) return 2;
+        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: kvpin kv [-m MODEL.gguf] [--ctx N] [--kv-type f16|f32]\n");
+            return 0;
+        } else {
+            fprintf(stderr, "kvpin kv: unknown argument '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!path) path = cli_default_model();
+    kp_model *m;
+    kp_error err = {0};
+    if (kp_model_load(&m, path, &err) != KP_OK) {
+        fprintf(stderr, "kvpin kv: %s\n", err.msg);
+        return 1;
+    }
+    const kp_hparams *hp = &m->hp;
+    uint32_t n_ctx = ctx > 0 ? (uint32_t)ctx : hp->n_ctx_train;
+    uint64_t per = kp_model_kv_bytes_per_token(hp, kv_type);
+    char b1[32], b2[32];
+    printf("model:      %s (%s, %u layers, %u kv-heads, head_dim %u)\n", path, hp->arch_name,
+           hp->n_layer, hp->n_head_kv, hp->head_dim);
+    printf("formula:    2 x %u layers x %u kv-heads x %u head_dim x %zu bytes (%s)\n", hp->n_layer,
+           hp->n_head_kv, hp->head_dim, kp_dtype_row_size(kv_type, 1), kp_dtype_name(kv_type));
+    printf("per token:  %llu bytes\n", (unsigned long long)per);
+    printf("context:    %u tokens -> %s (%llu bytes)\n", n_ctx, cli_bytes(per * n_ctx, b1, sizeof b1),
+           (unsigned long long)(per * n_ctx));
+    printf("weights:    %s; grouped-query attention: %u query heads share each kv-head"
+           " (full multi-head KV would need %s)\n",
+           cli_bytes(m->weight_bytes, b2, sizeof b2), hp->n_head / hp->n_head_kv,
+           cli_bytes(per * n_ctx * (hp->n_head / hp->n_head_kv), b1, sizeof b1));
+    kp_model_free(m);
+    return 0;
+}

@@ -1,0 +1,203 @@
+/*
+ * main.c - the kvpin binary: subcommand dispatch and shared CLI helpers.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} commands[] = {
+    {"run", cmd_run, "generate text from a prompt (streams to stdout)"},
+    {"info", cmd_info, "describe a model file: architecture, tensors, tokenizer, KV bill"},
+    {"kv", cmd_kv, "the KV cache memory bill of a model"},
+    {"tokenize", cmd_tokenize, "text on stdin -> token ids"},
+    {"detokenize", cmd_detokenize, "token ids -> text"},
+    {"logits", cmd_logits, "logits of every prompt position, as float32"},
+    {"inspect", cmd_inspect, "watch prefill write and decode append the KV cache"},
+    {"bench", cmd_bench, "prompt processing and generation speed"},
+    {"mkmodel", cmd_mkmodel, "write a GGUF model with seeded random weights"},
+};
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: kvpin COMMAND [options]   (kvpin COMMAND --help for its options)\n\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-11s %s\n", commands[i].name, commands[i].help);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "kvpin: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
+
+const char *cli_default_model(void) {
+    static char path[PATH_MAX + 32];
+    const char *env = getenv("KVPIN_MODEL");
+    if (env && *env) return env;
+    /* the repository layout: <root>/kvpin or <root>/build/x/kvpin, model in <root>/models */
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    /* path holds exe + the suffix: no truncation */
+    if (n > 0) {
+        exe[n] = 0;
+        for (int up = 0; up < 3; up++) {
+            char *slash = strrchr(exe, '/');
+            if (!slash) break;
+            *slash = 0;
+            snprintf(path, sizeof path, "%s/models/stories260K.gguf", exe);
+            if (access(path, R_OK) == 0) return path;
+        }
+    }
+    return "models/stories260K.gguf";
+}
+
+bool cli_parse_i64(const char *opt, const char *s, int64_t min, int64_t max, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = s ? strtoll(s, &end, 10) : 0;
+    if (!s || !*s || *end || errno) {
+        fprintf(stderr, "kvpin: %s expects an integer, got '%s'\n", opt, s ? s : "");
+        return false;
+    }
+    if (v < min || v > max) {
+        fprintf(stderr, "kvpin: %s must be between %lld and %lld, got %lld\n", opt,
+                (long long)min, (long long)max, v);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool cli_parse_u64(const char *opt, const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    if (!s || !*s || *s == '-') goto bad;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*end || errno) goto bad;
+    *out = v;
+    return true;
+bad:
+    fprintf(stderr, "kvpin: %s expects a non-negative integer, got '%s'\n", opt, s ? s : "");
+    return false;
+}
+
+bool cli_parse_f32(const char *opt, const char *s, float *out) {
+    char *end;
+    errno = 0;
+    float v = s ? strtof(s, &end) : 0;
+    if (!s || !*s || *end || errno || !isfinite(v)) {
+        fprintf(stderr, "kvpin: %s expects a number, got '%s'\n", opt, s ? s : "");
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool cli_parse_kv_type(const char *s, kp_dtype *out) {
+    if (s && !strcasecmp(s, "f32")) *out = KP_DTYPE_F32;
+    else if (s && !strcasecmp(s, "f16")) *out = KP_DTYPE_F16;
+    else {
+        fprintf(stderr, "kvpin: --kv-type must be f32 or f16, got '%s'\n", s ? s : "");
+        return false;
+    }
+    return true;
+}
+
+bool cli_parse_bytes(const char *opt, const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    if (!s || !*s || *s == '-') goto bad;
+    double v = strtod(s, &end);
+    if (errno || end == s || !(v >= 0)) goto bad;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (*end == 'i' || *end == 'I') end++;
+    if (*end == 'b' || *end == 'B') end++;
+    if (*end || v * mul > 1.8e19) goto bad;
+    *out = (uint64_t)(v * mul);
+    return true;
+bad:
+    fprintf(stderr, "kvpin: %s expects a size such as 512M or 2G, got '%s'\n", opt, s ? s : "");
+    return false;
+}
+
+const char *cli_bytes(uint64_t n, char *buf, size_t cap) {
+    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)n;
+    int u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    if (u == 0) snprintf(buf, cap, "%llu B", (unsigned long long)n);
+    else snprintf(buf, cap, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+char *cli_read_all(const char *path, size_t *len) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) {
+        fprintf(stderr, "kvpin: cannot open %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (n + 1 >= cap) {
+            char *nb = cap > ((size_t)1 << 40) ? NULL : realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) break;
+    }
+    bool failed = !buf || ferror(f);
+    if (f != stdin) fclose(f);
+    if (failed) {
+        free(buf);
+        fprintf(stderr, "kvpin: cannot read %s\n", path);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+double cli_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}

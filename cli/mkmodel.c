@@ -1,0 +1,95 @@
+/*
+ * mkmodel.c - `kvpin mkmodel`: write a GGUF model with seeded random weights
+ * (src/mkmodel.h does the work).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "mkmodel.h"
+
+static void mk_usage(FILE *out) {
+    fprintf(out,
+            "usage: kvpin mkmodel -o OUT.gguf [--preset NAME] [--tokenizer FILE.gguf] [--type T]\n"
+            "                     [--arch llama|qwen2|qwen3] [--layers N] [--embd N] [--heads N]\n"
+            "                     [--kv-heads N] [--head-dim N] [--ff N] [--ctx N] [--rope-base F]\n"
+            "                     [--eps F] [--tied | --untied] [--seed S] [--name NAME]\n"
+            "presets: smollm2-135m, tiny, qwen2-tiny, qwen3-tiny (default tiny)\n"
+            "types: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K (default F32)\n"
+            "The tokenizer (every tokenizer.* key) is copied from --tokenizer (default: the\n"
+            "bundled model).\n");
+}
+
+int cmd_mkmodel(int argc, char **argv) {
+    const char *out = NULL, *tokenizer = NULL, *preset = "tiny";
+    kp_error err = {0};
+    mkmodel_spec spec;
+    /* the preset first, so later options override it */
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--preset")) preset = argv[i + 1];
+    if (mkmodel_spec_preset(preset, &spec, &err) != KP_OK) {
+        fprintf(stderr, "kvpin mkmodel: %s\n", err.msg);
+        return 2;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t n;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            mk_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--tied")) {
+            spec.tied = true;
+        } else if (!strcmp(a, "--untied")) {
+            spec.tied = false;
+        } else if (!v) {
+            fprintf(stderr, "kvpin mkmodel: unknown argument or missing value: '%s'\n", a);
+            return 2;
+        } else {
+            i++;
+            if (!strcmp(a, "-o")) out = v;
+            else if (!strcmp(a, "--preset")) continue;
+            else if (!strcmp(a, "--tokenizer")) tokenizer = v;
+            else if (!strcmp(a, "--arch")) spec.arch = v;
+            else if (!strcmp(a, "--name")) spec.name = v;
+            else if (!strcmp(a, "--type")) {
+                if (!kp_dtype_parse(v, &spec.wtype)) {
+                    fprintf(stderr, "kvpin mkmodel: unknown type '%s'\n", v);
+                    return 2;
+                }
+            } else if (!strcmp(a, "--seed")) {
+                if (!cli_parse_u64(a, v, &spec.seed)) return 2;
+            } else if (!strcmp(a, "--rope-base")) {
+                if (!cli_parse_f32(a, v, &spec.rope_base)) return 2;
+            } else if (!strcmp(a, "--eps")) {
+                if (!cli_parse_f32(a, v, &spec.rms_eps)) return 2;
+            } else {
+                uint32_t *field = !strcmp(a, "--layers") ? &spec.n_layer
+                                  : !strcmp(a, "--embd") ? &spec.n_embd
+                                  : !strcmp(a, "--heads") ? &spec.n_head
+                                  : !strcmp(a, "--kv-heads") ? &spec.n_head_kv
+                                  : !strcmp(a, "--head-dim") ? &spec.head_dim
+                                  : !strcmp(a, "--ff") ? &spec.n_ff
+                                  : !strcmp(a, "--ctx") ? &spec.n_ctx : NULL;
+                if (!field) {
+                    fprintf(stderr, "kvpin mkmodel: unknown argument '%s'\n", a);
+                    return 2;
+                }
+                if (!cli_parse_i64(a, v, 0, 1 << 24, &n)) return 2;
+                *field = (uint32_t)n;
+            }
+        }
+    }
+    if (!out) {
+        mk_usage(stderr);
+        return 2;
+    }
+    if (!tokenizer) tokenizer = cli_default_model();
+    if (mkmodel_write(&spec, tokenizer, out, &err) != KP_OK) {
+        fprintf(stderr, "kvpin mkmodel: %s\n", err.msg);
+        return 1;
+    }
+    fprintf(stderr, "wrote %s (%s, %u layers, n_embd %u, %s, seed %llu)\n", out, spec.arch,
+            spec.n_layer, spec.n_embd, kp_dtype_name(spec.wtype), (unsigned long long)spec.seed);
+    return 0;
+}

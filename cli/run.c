@@ -1,0 +1,470 @@
+/*
+ * run.c - `kvpin run`, `kvpin logits`, `kvpin inspect`: one sequence through
+ * the model.
+ *
+ * run: prefill the prompt in one batched pass (the KV of every prompt
+ * position is written), then decode one token at a time (each step appends
+ * one K/V row per layer and kv-head), streaming text to stdout as whole
+ * UTF-8 characters; a summary goes to stderr.
+ * logits: the prompt in one batch with logits for every position, written
+ * as float32 [n_tokens][n_vocab].
+ * inspect: run's loop, printing the cache length and the newest position's
+ * attention over every cached position for one layer and head.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "sampler.h"
+#include "session.h"
+
+#define MAX_STOPS 16
+
+typedef struct {
+    cli_session_opts so;
+    const char *prompt;       /* -p */
+    const char *prompt_file;  /* -f */
+    const char *tokens;       /* --tokens "1 2 3" */
+    const char *out;          /* -o */
+    int64_t n_predict;
+    kp_sampler_params sp;
+    bool seed_set;
+    bool no_bos;
+    bool special;
+    bool print_tokens;
+    const char *stops[MAX_STOPS];
+    int n_stops;
+    int64_t layer, head;
+} run_opts;
+
+static void run_usage(FILE *f, const char *cmd) {
+    if (!strcmp(cmd, "run"))
+        fprintf(f,
+                "usage: kvpin run [-m MODEL] [-p TEXT | -f FILE] [-n N] [--temp T] [--top-k K]\n"
+                "                 [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N]\n"
+                "                 [--presence-penalty P] [--frequency-penalty P] [--seed S]\n"
+                "                 [--stop STR]... [-t N] [--ctx N] [--kv-type f16|f32] [--no-bos]\n"
+                "                 [--special] [--print-tokens] [--scalar]\n"
+                "Streams the generated text to stdout; a summary goes to stderr.\n"
+                "Defaults: -n 128, --temp 0.8, --top-k 40, --top-p 0.95, --min-p 0.05,\n"
+                "--kv-type f16, -t all cores, --ctx min(training context, 4096), a random seed.\n"
+                "--temp 0 is greedy. Without -p/-f the prompt is empty (generation starts at BOS).\n");
+    else if (!strcmp(cmd, "logits"))
+        fprintf(f,
+                "usage: kvpin logits [-m MODEL] (-p TEXT | -f FILE | --tokens \"1 2 3\") -o OUT.f32\n"
+                "                    [--no-bos] [--special] [--kv-type f32|f16] [-t N] [--scalar]\n"
+                "Runs the prompt in one batch and writes float32 little-endian logits for every\n"
+                "position ([n_tokens][n_vocab]) to OUT; prints the token ids on stdout.\n");
+    else
+        fprintf(f,
+                "usage: kvpin inspect [-m MODEL] -p TEXT [-n N] [--layer L] [--head H]\n"
+                "                     [--kv-type f16|f32] [-t N]\n"
+                "Shows prefill writing the KV cache and each decode step appending to it: the\n"
+                "cache length and the attention of the newest position over every cached\n"
+                "position (layer L, query head H; defaults: last layer, head 0; greedy, -n 8).\n");
+}
+
+static int parse_run_opts(int argc, char **argv, const char *cmd, run_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->so.kv_type = strcmp(cmd, "logits") ? KP_DTYPE_F16 : KP_DTYPE_F32;
+    o->n_predict = strcmp(cmd, "inspect") ? 128 : 8;
+    o->sp = kp_sampler_defaults();
+    if (!strcmp(cmd, "inspect")) o->sp.temp = 0;
+    o->layer = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t n;
+        float fv;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            run_usage(stdout, cmd);
+            return 0;
+        }
+        if (!strcmp(a, "--no-bos")) { o->no_bos = true; continue; }
+        if (!strcmp(a, "--special")) { o->special = true; continue; }
+        if (!strcmp(a, "--print-tokens")) { o->print_tokens = true; continue; }
+        if (!strcmp(a, "--scalar")) { o->so.scalar = true; continue; }
+        if (!v) {
+            fprintf(stderr, "kvpin %s: unknown option or missing value: '%s'\n", cmd, a);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "-m")) o->so.model_path = v;
+        else if (!strcmp(a, "-p")) o->prompt = v;
+        else if (!strcmp(a, "-f")) o->prompt_file = v;
+        else if (!strcmp(a, "--tokens") && !strcmp(cmd, "logits")) o->tokens = v;
+        else if (!strcmp(a, "-o") && !strcmp(cmd, "logits")) o->out = v;
+        else if (!strcmp(a, "--stop") && !strcmp(cmd, "run")) {
+            if (o->n_stops == MAX_STOPS || !*v) {
+                fprintf(stderr, "kvpin %s: at most %d non-empty --stop strings\n", cmd, MAX_STOPS);
+                return 2;
+            }
+            o->stops[o->n_stops++] = v;
+        } else if (!strcmp(a, "-n")) {
+            if (!cli_parse_i64(a, v, 0, 1 << 24, &o->n_predict)) return 2;
+        } else if (!strcmp(a, "-t")) {
+            if (!cli_parse_i64(a, v, 1, 1024, &n)) return 2;
+            o->so.n_threads = (int)n;
+        } else if (!strcmp(a, "--ctx")) {
+            if (!cli_parse_i64(a, v, 1, 1 << 24, &n)) return 2;
+            o->so.n_ctx = (uint32_t)n;
+        } else if (!strcmp(a, "--kv-type")) {
+            if (!cli_parse_kv_type(v, &o->so.kv_type)) return 2;
+        } else if (!strcmp(a, "--seed")) {
+            if (!cli_parse_u64(a, v, &o->sp.seed)) return 2;
+            o->seed_set = true;
+        } else if (!strcmp(a, "--top-k")) {
+            if (!cli_parse_i64(a, v, 0, 1 << 30, &n)) return 2;
+            o->sp.top_k = (int32_t)n;
+        } else if (!strcmp(a, "--repeat-last-n")) {
+            if (!cli_parse_i64(a, v, -1, 1 << 20, &n)) return 2;
+            o->sp.repeat_last_n = (int32_t)n;
+        } else if (!strcmp(a, "--layer")) {
+            if (!cli_parse_i64(a, v, 0, 1 << 20, &o->layer)) return 2;
+        } else if (!strcmp(a, "--head")) {
+            if (!cli_parse_i64(a, v, 0, 1 << 20, &o->head)) return 2;
+        } else {
+            float *field = !strcmp(a, "--temp") ? &o->sp.temp
+                           : !strcmp(a, "--top-p") ? &o->sp.top_p
+                           : !strcmp(a, "--min-p") ? &o->sp.min_p
+                           : !strcmp(a, "--repeat-penalty") ? &o->sp.repeat_penalty
+                           : !strcmp(a, "--presence-penalty") ? &o->sp.presence_penalty
+                           : !strcmp(a, "--frequency-penalty") ? &o->sp.frequency_penalty : NULL;
+            if (!field) {
+                fprintf(stderr, "kvpin %s: unknown option '%s' (see kvpin %s --help)\n", cmd, a, cmd);
+                return 2;
+            }
+            if (!cli_parse_f32(a, v, &fv)) return 2;
+            *field = fv;
+        }
+    }
+    if (o->prompt && o->prompt_file) {
+        fprintf(stderr, "kvpin %s: give -p or -f, not both\n", cmd);
+        return 2;
+    }
+    kp_error err = {0};
+    if (kp_sampler_check(&o->sp, &err) != KP_OK) {
+        fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
+        return 2;
+    }
+    if (!o->seed_set) o->sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    return -1; /* go on */
+}
+
+/* Tokenizes the prompt of o (text or --tokens); prints errors. */
+static bool prompt_tokens(cli_session *s, const run_opts *o, const char *cmd, int32_t **ids,
+                          size_t *n) {
+    kp_error err = {0};
+    *ids = NULL;
+    *n = 0;
+    if (o->tokens) {
+        size_t cap = 16;
+        *ids = malloc(cap * sizeof(int32_t));
+        const char *p = o->tokens;
+        while (*ids && *p) {
+            char *end;
+            while (*p == ' ' || *p == ',' || *p == '\n' || *p == '\t') p++;
+            if (!*p) break;
+            long v = strtol(p, &end, 10);
+            if (end == p || v < 0 || v >= tok_n_vocab(s->tok)) {
+                fprintf(stderr, "kvpin %s: bad token id in --tokens near '%.16s' (vocabulary of %d)\n",
+                        cmd, p, tok_n_vocab(s->tok));
+                free(*ids);
+                *ids = NULL;
+                return false;
+            }
+            if (*n == cap) {
+                int32_t *ni = realloc(*ids, cap * 2 * sizeof(int32_t));
+                if (!ni) break;
+                *ids = ni;
+                cap *= 2;
+            }
+            (*ids)[(*n)++] = (int32_t)v;
+            p = end;
+        }
+        if (!*ids) fprintf(stderr, "kvpin %s: out of memory\n", cmd);
+        return *ids != NULL;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    if (o->prompt_file) {
+        text = cli_read_all(o->prompt_file, &len);
+        if (!text) return false;
+    }
+    const char *t = text ? text : o->prompt ? o->prompt : "";
+    if (!text) len = strlen(t);
+    kp_status st = tok_encode(s->tok, t, len, !o->no_bos, o->special, ids, n, &err);
+    free(text);
+    if (st != KP_OK) {
+        fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
+        return false;
+    }
+    if (*n == 0) { /* empty prompt and no BOS: start from BOS anyway if there is one */
+        if (tok_bos(s->tok) < 0) {
+            fprintf(stderr, "kvpin %s: the prompt is empty and the model has no BOS token\n", cmd);
+            return false;
+        }
+        free(*ids);
+        *ids = malloc(sizeof(int32_t));
+        if (!*ids) return false;
+        (*ids)[0] = tok_bos(s->tok);
+        *n = 1;
+    }
+    return true;
+}
+
+/* ---- stop strings: hold back text that may begin a stop string ---------- */
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+} textbuf;
+
+static bool tb_append(textbuf *t, const char *b, size_t n) {
+    if (t->len + n + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap : 256;
+        while (cap < t->len + n + 1) cap *= 2;
+        char *nb = realloc(t->buf, cap);
+        if (!nb) return false;
+        t->buf = nb;
+        t->cap = cap;
+    }
+    memcpy(t->buf + t->len, b, n);
+    t->len += n;
+    t->buf[t->len] = 0;
+    return true;
+}
+
+/* Returns the number of bytes of t safe to print; sets *hit when a stop
+ * string occurs (then the safe part ends before it). */
+static size_t stop_scan(const textbuf *t, const run_opts *o, bool *hit) {
+    size_t safe = t->len;
+    *hit = false;
+    for (int i = 0; i < o->n_stops; i++) {
+        const char *found = t->len ? memmem(t->buf, t->len, o->stops[i], strlen(o->stops[i])) : NULL;
+        if (found) {
+            *hit = true;
+            if ((size_t)(found - t->buf) < safe) safe = (size_t)(found - t->buf);
+            continue;
+        }
+        size_t sl = strlen(o->stops[i]);
+        for (size_t k = sl - 1; k > 0; k--) /* longest suffix of t that prefixes the stop */
+            if (k <= t->len && !memcmp(t->buf + t->len - k, o->stops[i], k)) {
+                if (t->len - k < safe) safe = t->len - k;
+                break;
+            }
+    }
+    return safe;
+}
+
+static int do_generate(int argc, char **argv, bool inspect) {
+    const char *cmd = inspect ? "inspect" : "run";
+    run_opts o;
+    int rc = parse_run_opts(argc, argv, cmd, &o);
+    if (rc >= 0) return rc;
+    if (inspect && !o.prompt && !o.prompt_file) {
+        run_usage(stderr, cmd);
+        return 2;
+    }
+    cli_session s;
+    if (!cli_session_open(&s, &o.so, cmd)) return 1;
+    const kp_hparams *hp = &s.m->hp;
+    int layer = o.layer < 0 ? (int)hp->n_layer - 1 : (int)o.layer;
+    if (inspect && (layer >= (int)hp->n_layer || o.head >= hp->n_head)) {
+        fprintf(stderr, "kvpin inspect: the model has %u layers and %u heads\n", hp->n_layer, hp->n_head);
+        cli_session_close(&s);
+        return 2;
+    }
+    int32_t *ids = NULL;
+    size_t n_prompt = 0;
+    kp_sampler *smp = NULL;
+    tok_stream *ts = NULL;
+    float *logits = malloc(hp->n_vocab * sizeof(float));
+    int32_t *gen = malloc(((size_t)o.n_predict + 1) * sizeof(int32_t));
+    textbuf pending = {0};
+    kp_error err = {0};
+    rc = 1;
+    if (!logits || !gen) goto done;
+    if (!prompt_tokens(&s, &o, cmd, &ids, &n_prompt)) goto done;
+    if (n_prompt > s.n_ctx) {
+        fprintf(stderr, "kvpin %s: the prompt has %zu tokens, more than the context of %u (use --ctx)\n",
+                cmd, n_prompt, s.n_ctx);
+        goto done;
+    }
+    if (kp_sampler_new(&smp, &o.sp, (int32_t)hp->n_vocab, &err) != KP_OK ||
+        tok_stream_new(&ts, s.tok, o.special, &err) != KP_OK) {
+        fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
+        goto done;
+    }
+    for (size_t i = 0; i < n_prompt; i++) kp_sampler_accept(smp, ids[i]);
+    if (inspect) kp_forward_set_probe(s.fw, layer, (int)o.head);
+    double t0 = cli_now();
+    if (!cli_session_eval(&s, ids, (int32_t)n_prompt, NULL, logits, cmd)) goto done;
+    double t_prefill = cli_now() - t0, t_first = 0;
+    if (inspect) {
+        int32_t np;
+        const float *pr = kp_forward_probe(s.fw, &np);
+        printf("prefill: %zu prompt tokens in one batch -> K/V written for positions 0..%zu; cache length %u\n",
+               n_prompt, n_prompt - 1, s.seq.n_pos);
+        printf("  attention of position %zu (layer %d, head %d, kv-head %d) over the cache:\n",
+               n_prompt - 1, layer, (int)o.head, (int)(o.head / (hp->n_head / hp->n_head_kv)));
+        for (int32_t p = 0; pr && p < np; p++) {
+            size_t pl;
+            const char *piece = tok_piece_view(s.tok, ids[p], true, &pl);
+            int bar = (int)(pr[p] * 40 + 0.5f);
+            printf("    pos %4d  %-14.*s %6.4f %.*s\n", p, (int)(pl > 14 ? 14 : pl), piece, (double)pr[p],
+                   bar, "########################################");
+        }
+    }
+    /* strip the SPM leading space when generation starts right after BOS */
+    bool strip_space = n_prompt == 1 && ids[0] == tok_bos(s.tok) && tok_add_space_prefix(s.tok);
+    int64_t n_gen = 0;
+    bool stopped = false;
+    const char *reason = "length";
+    double t_decode0 = cli_now();
+    while (n_gen < o.n_predict) {
+        int32_t tok = kp_sampler_sample(smp, logits);
+        if (n_gen == 0) t_first = cli_now() - t0;
+        gen[n_gen++] = tok;
+        kp_sampler_accept(smp, tok);
+        if (tok_is_eog(s.tok, tok)) {
+            reason = "end of generation token";
+            break;
+        }
+        const char *bytes;
+        size_t nb;
+        if (tok_stream_push(ts, tok, &bytes, &nb, &err) != KP_OK) {
+            fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
+            goto done;
+        }
+        if (strip_space && nb > 0) {
+            if (bytes[0] == ' ') bytes++, nb--;
+            strip_space = false;
+        }
+        if (!inspect) {
+            if (nb > 0 && !tb_append(&pending, bytes, nb)) goto done;
+            bool hit;
+            size_t safe = stop_scan(&pending, &o, &hit);
+            if (safe > 0) {
+                fwrite(pending.buf, 1, safe, stdout);
+                fflush(stdout);
+                memmove(pending.buf, pending.buf + safe, pending.len - safe);
+                pending.len -= safe;
+            }
+            if (hit) {
+                stopped = true;
+                reason = "stop string";
+                break;
+            }
+        }
+        if (n_gen == o.n_predict) break;
+        if (s.seq.n_pos >= s.n_ctx) {
+            reason = "context full";
+            break;
+        }
+        if (!cli_session_eval(&s, &tok, 1, NULL, logits, cmd)) goto done;
+        if (inspect) {
+            int32_t np;
+            const float *pr = kp_forward_probe(s.fw, &np);
+            size_t pl;
+            const char *piece = tok_piece_view(s.tok, tok, true, &pl);
+            printf("decode: token %d '%.*s' at position %u -> appended 1 K/V row per layer and kv-head;"
+                   " cache length %u\n", tok, (int)pl, piece, s.seq.n_pos - 1, s.seq.n_pos);
+            printf("  attention of position %u over the cache:", s.seq.n_pos - 1);
+            for (int32_t p = 0; pr && p < np; p++) printf("%s%.3f", p % 12 ? " " : "\n    ", (double)pr[p]);
+            printf("\n");
+        }
+    }
+    if (!stopped && !inspect) {
+        const char *bytes;
+        size_t nb;
+        tok_stream_flush(ts, &bytes, &nb);
+        if (nb > 0) tb_append(&pending, bytes, nb);
+        if (pending.len > 0) fwrite(pending.buf, 1, pending.len, stdout);
+    }
+    if (!inspect) putchar('\n');
+    fflush(stdout);
+    double t_decode = cli_now() - t_decode0;
+    uint64_t per = kp_model_kv_bytes_per_token(hp, s.kv_type);
+    uint32_t used_blocks = kp_kvpool_n_blocks(s.kv) - kp_kvpool_n_free(s.kv);
+    char b1[32], b2[32];
+    if (o.print_tokens) {
+        fprintf(stderr, "tokens:");
+        for (int64_t i = 0; i < n_gen; i++) fprintf(stderr, " %d", gen[i]);
+        fprintf(stderr, "\n");
+    }
+    fprintf(stderr, "prompt: %zu tokens, prefill %.1f ms (%.1f tok/s), time to first token %.1f ms\n",
+            n_prompt, t_prefill * 1e3, n_prompt / (t_prefill > 0 ? t_prefill : 1e-9), t_first * 1e3);
+    fprintf(stderr, "generated: %lld tokens, decode %.1f tok/s, stopped by %s (seed %llu)\n",
+            (long long)n_gen, n_gen > 1 ? (n_gen - 1) / (t_decode > 0 ? t_decode : 1e-9) : 0.0,
+            reason, (unsigned long long)o.sp.seed);
+    fprintf(stderr, "KV cache: %u positions x %llu bytes (2 x %u layers x %u kv-heads x %u head_dim x %zu) = %s;"
+            " %u blocks of %u positions hold %s\n",
+            s.seq.n_pos, (unsigned long long)per, hp->n_layer, hp->n_head_kv, hp->head_dim,
+            kp_dtype_row_size(s.kv_type, 1), cli_bytes(per * s.seq.n_pos, b1, sizeof b1), used_blocks,
+            kp_kvpool_config_of(s.kv)->block_size,
+            cli_bytes(used_blocks * kp_kvpool_block_bytes(s.kv), b2, sizeof b2));
+    rc = 0;
+done:
+    free(pending.buf);
+    tok_stream_free(ts);
+    kp_sampler_free(smp);
+    free(ids);
+    free(gen);
+    free(logits);
+    cli_session_close(&s);
+    return rc;
+}
+
+int cmd_run(int argc, char **argv) { return do_generate(argc, argv, false); }
+int cmd_inspect(int argc, char **argv) { return do_generate(argc, argv, true); }
+
+int cmd_logits(int argc, char **argv) {
+    run_opts o;
+    int rc = parse_run_opts(argc, argv, "logits", &o);
+    if (rc >= 0) return rc;
+    if (!o.out || (!o.prompt && !o.prompt_file && !o.tokens)) {
+        run_usage(stderr, "logits");
+        return 2;
+    }
+    cli_session s;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    float *all = NULL;
+    FILE *f = NULL;
+    rc = 1;
+    bool ctx_given = o.so.n_ctx != 0;
+    if (!cli_session_open(&s, &o.so, "logits")) return 1;
+    if (!prompt_tokens(&s, &o, "logits", &ids, &n)) goto done;
+    uint32_t nv = s.m->hp.n_vocab;
+    all = malloc(n * nv * sizeof(float));
+    if (!all) {
+        fprintf(stderr, "kvpin logits: out of memory for %zu x %u logits\n", n, nv);
+        goto done;
+    }
+    if (n > s.n_ctx) {
+        if (ctx_given) {
+            fprintf(stderr, "kvpin logits: %zu tokens exceed the context of %u\n", n, s.n_ctx);
+            goto done;
+        }
+        if (!cli_session_set_ctx(&s, (uint32_t)n, "logits")) goto done; /* exactly the prompt */
+    }
+    if (!cli_session_eval(&s, ids, (int32_t)n, all, NULL, "logits")) goto done;
+    f = fopen(o.out, "wb");
+    if (!f || fwrite(all, sizeof(float), n * nv, f) != n * nv || fclose(f) != 0) {
+        fprintf(stderr, "kvpin logits: cannot write %s\n", o.out);
+        f = NULL;
+        goto done;
+    }
+    f = NULL;
+    for (size_t i = 0; i < n; i++) printf("%s%d", i ? " " : "", ids[i]);
+    printf("\n");
+    rc = 0;
+done:
+    free(all);
+    free(ids);
+    cli_session_close(&s);
+    return rc;
+}

@@ -1,0 +1,571 @@
+/*
+ * forward.c - the batched transformer forward pass (see forward.h).
+ *
+ * Per layer, for a batch of n tokens (E = n_embd, Q = n_head*hd,
+ * KV = n_head_kv*hd, F = n_ff):
+ *
+ *   xn      = rmsnorm(x) * attn_norm                        [n][E]
+ *   q, k, v = xn @ wq, wk, wv (+ qwen2 biases)              [n][Q], [n][KV], [n][KV]
+ *   qwen3:  q, k = per-head rmsnorm * q_norm, k_norm
+ *   q, k    = rope(q, k, pos)                               NORM or NEOX pairs
+ *   KV[seq][pos] = k, v                                     into the sequence's blocks
+ *   att     = softmax(q k^T / sqrt(hd)) v  over 0..pos      [n][Q]
+ *   x      += att @ wo
+ *   xn      = rmsnorm(x) * ffn_norm
+ *   x      += (silu(xn @ w_gate) * (xn @ w_up)) @ w_down
+ *
+ * then logits = rmsnorm(x) * output_norm @ output for the requested tokens.
+ *
+ * Matrix products: activations are converted once per product to the
+ * weight type's dot type (F32, F16, BF16, Q8_0, Q8_K, as llama.cpp does), then
+ * the weight rows are split into tasks of MM_ROWS rows across the thread
+ * pool; a task walks the batch four tokens at a time and calls the kernel
+ * table's dot_tile on 4 weight rows x 4 tokens, so each weight row is read
+ * from memory once per call, whatever the batch size. Products that share an
+ * input (q/k/v, gate/up) run as one parallel region.
+ *
+ * Attention: a task is (token, kv-head, chunk of positions); the query heads
+ * of a GQA group are handled together so each cached K/V row is read once
+ * per group. When the batch is too small to keep every thread busy (decode),
+ * positions are split into chunks whose partial softmax results (max, sum,
+ * weighted V) are merged afterwards, so long caches are still read by every
+ * thread.
+ */
+#include "forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MM_ROWS 16
+#define MAX_JOBS 3
+#define ATT_MIN_CHUNK 128
+
+struct kp_forward {
+    const kp_model *m;
+    kp_kvpool *kv;
+    kp_pool *threads;
+    const kp_kernels *k;
+    int n_threads;
+    /* scratch sized for cap_tokens tokens */
+    int32_t cap_tokens;
+    float *x, *xn, *q, *kk, *vv, *att, *gate, *up;
+    float *rope_cs;              /* [n][n_rot/2][2] cos, sin */
+    uint8_t *act[KP_DTYPE_COUNT_]; /* converted activations per dot type */
+    size_t act_cap[KP_DTYPE_COUNT_];
+    /* attention scratch */
+    int64_t cap_scores;          /* floats per thread */
+    float *scores;               /* [n_threads][cap_scores] */
+    size_t cap_partials;
+    float *partials;
+    /* probe */
+    int probe_layer, probe_head;
+    float *probe;
+    int32_t probe_n, probe_cap;
+};
+
+kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_pool *threads,
+                         const kp_kernels *kernels, kp_error *err) {
+    *out = NULL;
+    const kp_kvpool_config *c = kp_kvpool_config_of(kv);
+    if (c->n_layer != m->hp.n_layer || c->n_head_kv != m->hp.n_head_kv ||
+        c->head_dim != m->hp.head_dim)
+        return kp_fail(err, KP_EINVAL, "KV pool shape does not match the model");
+    kp_forward *f = calloc(1, sizeof *f);
+    if (!f) return kp_fail(err, KP_ENOMEM, "out of memory creating the forward pass");
+    f->m = m;
+    f->kv = kv;
+    f->threads = threads;
+    f->k = kernels ? kernels : kp_kernels_best();
+    f->n_threads = kp_pool_size(threads);
+    f->probe_layer = -1;
+    *out = f;
+    return KP_OK;
+}
+
+void kp_forward_free(kp_forward *f) {
+    if (!f) return;
+    free(f->x); free(f->xn); free(f->q); free(f->kk); free(f->vv); free(f->att);
+    free(f->gate); free(f->up); free(f->rope_cs);
+    for (int i = 0; i < KP_DTYPE_COUNT_; i++) free(f->act[i]);
+    free(f->scores);
+    free(f->partials);
+    free(f->probe);
+    free(f);
+}
+
+void kp_forward_set_probe(kp_forward *f, int layer, int head) {
+    f->probe_layer = layer;
+    f->probe_head = head;
+    f->probe_n = 0;
+}
+
+const float *kp_forward_probe(const kp_forward *f, int32_t *n_pos) {
+    *n_pos = f->probe_n;
+    return f->probe_layer >= 0 && f->probe_n > 0 ? f->probe : NULL;
+}
+
+static bool grow(void **p, size_t *cap, size_t need) {
+    if (need <= *cap) return true;
+    void *np = realloc(*p, need);
+    if (!np) return false;
+    *p = np;
+    *cap = need;
+    return true;
+}
+
+static kp_status ensure_scratch(kp_forward *f, int32_t n, kp_error *err) {
+    if (n <= f->cap_tokens) return KP_OK;
+    const kp_hparams *hp = &f->m->hp;
+    size_t E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim;
+    size_t KV = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+    float **bufs[] = {&f->x, &f->xn, &f->q, &f->kk, &f->vv, &f->att, &f->gate, &f->up, &f->rope_cs};
+    size_t sizes[] = {E, E, Q, KV, KV, Q, F, F, hp->n_rot};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        float *nb = realloc(*bufs[i], (size_t)n * sizes[i] * sizeof(float));
+        if (!nb) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %d tokens", n);
+        *bufs[i] = nb;
+    }
+    f->cap_tokens = n;
+    return KP_OK;
+}
+
+/* ---- small math --------------------------------------------------------- */
+
+static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* ---- matrix products ---------------------------------------------------- */
+
+typedef struct {
+    const kp_weight *w;
+    float *out;          /* [n][w->n_out] */
+} mm_job;
+
+typedef struct {
+    kp_forward *f;
+    int n;               /* tokens */
+    int n_jobs;
+    mm_job jobs[MAX_JOBS];
+    int task_start[MAX_JOBS + 1];
+} mm_ctx;
+
+static void mm_task(void *vctx, int task, int thread) {
+    (void)thread;
+    mm_ctx *c = vctx;
+    int j = 0;
+    while (task >= c->task_start[j + 1]) j++;
+    const mm_job *job = &c->jobs[j];
+    const kp_weight *w = job->w;
+    kp_dtype at = kp_vec_dot_type(w->type);
+    size_t a_stride = kp_dtype_row_size(at, w->n_in);
+    const uint8_t *act = c->f->act[at];
+    int64_t r0 = (int64_t)(task - c->task_start[j]) * MM_ROWS;
+    int64_t r1 = r0 + MM_ROWS < w->n_out ? r0 + MM_ROWS : w->n_out;
+    const uint8_t *wd = w->data;
+    for (int c0 = 0; c0 < c->n; c0 += 4) {
+        int nc = c->n - c0 < 4 ? c->n - c0 : 4;
+        for (int64_t r = r0; r < r1; r += 4) {
+            int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
+            c->f->k->dot_tile[w->type](w->n_in, nr, nc, wd + r * w->row_bytes, w->row_bytes,
+                                       act + (size_t)c0 * a_stride, a_stride,
+                                       job->out + (size_t)c0 * w->n_out + r, (size_t)w->n_out);
+        }
+    }
+}
+
+typedef struct {
+    kp_forward *f;
+    const float *x;
+    int64_t n_in;
+    kp_dtype at;
+    kp_dtype wtype;
+} quant_ctx;
+
+static void quant_task(void *vctx, int task, int thread) {
+    (void)thread;
+    quant_ctx *c = vctx;
+    size_t stride = kp_dtype_row_size(c->at, c->n_in);
+    c->f->k->quantize_act[c->wtype](c->x + (size_t)task * c->n_in,
+                                    c->f->act[c->at] + (size_t)task * stride, c->n_in);
+}
+
+/* out_j = x @ w_j for the jobs (all w_j share n_in); x is [n][n_in]. */
+static kp_status matmul(kp_forward *f, const float *x, int n, int n_jobs, const mm_job *jobs,
+                        kp_error *err) {
+    mm_ctx c = {.f = f, .n = n, .n_jobs = n_jobs};
+    bool done[KP_DTYPE_COUNT_] = {false};
+    c.task_start[0] = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        const kp_weight *w = jobs[j].w;
+        kp_dtype at = kp_vec_dot_type(w->type);
+        c.jobs[j] = jobs[j];
+        c.task_start[j + 1] = c.task_start[j] + (int)((w->n_out + MM_ROWS - 1) / MM_ROWS);
+        if (done[at]) continue;
+        done[at] = true;
+        size_t need = (size_t)n * kp_dtype_row_size(at, w->n_in);
+        if (!grow((void **)&f->act[at], &f->act_cap[at], need))
+            return kp_fail(err, KP_ENOMEM, "out of memory for activations");
+        quant_ctx q = {f, x, w->n_in, at, w->type};
+        if (n >= 8) kp_pool_run(f->threads, quant_task, &q, n);
+        else for (int t = 0; t < n; t++) quant_task(&q, t, 0);
+    }
+    kp_pool_run(f->threads, mm_task, &c, c.task_start[n_jobs]);
+    return KP_OK;
+}
+
+/* ---- rope ---------------------------------------------------------------- */
+
+static void rope_tables(kp_forward *f, const kp_batch *b) {
+    const kp_hparams *hp = &f->m->hp;
+    int half = (int)hp->n_rot / 2;
+    for (int t = 0; t < b->n_tokens; t++) {
+        float *cs = f->rope_cs + (size_t)t * hp->n_rot;
+        for (int i = 0; i < half; i++) {
+            double inv = pow((double)hp->rope_base, -2.0 * i / (double)hp->n_rot);
+            double theta = (double)b->pos[t] * hp->rope_freq_scale * inv;
+            if (f->m->rope_freqs) theta /= f->m->rope_freqs[i];
+            cs[2 * i] = (float)cos(theta);
+            cs[2 * i + 1] = (float)sin(theta);
+        }
+    }
+}
+
+static void rope_apply(const kp_hparams *hp, float *v, const float *cs) {
+    int half = (int)hp->n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        float c = cs[2 * i], s = cs[2 * i + 1];
+        int a = hp->rope_type == KP_ROPE_NORM ? 2 * i : i;
+        int bb = hp->rope_type == KP_ROPE_NORM ? 2 * i + 1 : i + half;
+        float x0 = v[a], x1 = v[bb];
+        v[a] = x0 * c - x1 * s;
+        v[bb] = x0 * s + x1 * c;
+    }
+}
+
+/* ---- attention ----------------------------------------------------------- */
+
+typedef struct {
+    kp_forward *f;
+    const kp_batch *b;
+    uint32_t layer;
+    int n_chunks;        /* position chunks per (token, kv head) */
+    float scale;
+} att_ctx;
+
+/* Partial result layout per task: for each of the G heads of the group:
+ * [max, sum, acc[hd]]. */
+static void att_task(void *vctx, int task, int thread) {
+    att_ctx *c = vctx;
+    kp_forward *f = c->f;
+    const kp_hparams *hp = &f->m->hp;
+    const kp_kvpool_config *kc = kp_kvpool_config_of(f->kv);
+    const kp_kernels *k = f->k;
+    int hd = (int)hp->head_dim, G = (int)(hp->n_head / hp->n_head_kv);
+    int chunk = task % c->n_chunks;
+    int h = (task / c->n_chunks) % (int)hp->n_head_kv;
+    int t = task / c->n_chunks / (int)hp->n_head_kv;
+    const kp_kvseq *s = c->b->seqs[c->b->seq[t]];
+    int64_t n_pos = (int64_t)c->b->pos[t] + 1;
+    int64_t per = (n_pos + c->n_chunks - 1) / c->n_chunks;
+    per = (per + kc->block_size - 1) / kc->block_size * kc->block_size;
+    int64_t p0 = (int64_t)chunk * per, p1 = p0 + per < n_pos ? p0 + per : n_pos;
+    size_t Qd = (size_t)hp->n_head * hd;
+    float *out_base = f->att + (size_t)t * Qd + (size_t)h * G * hd;
+    float *part = c->n_chunks > 1 ? f->partials + (size_t)task * G * (hd + 2) : NULL;
+    if (p0 >= p1) {
+        if (part)
+            for (int g = 0; g < G; g++) {
+                part[g * (hd + 2)] = -INFINITY;
+                part[g * (hd + 2) + 1] = 0;
+            }
+        return;
+    }
+    int64_t len = p1 - p0;
+    float *sc = f->scores + (size_t)thread * f->cap_scores; /* [G][len] */
+    const float *qv = f->q + (size_t)t * Qd + (size_t)h * G * hd;
+    bool f16 = kc->kv_type == KP_DTYPE_F16;
+    size_t esize = f16 ? 2 : 4;
+    uint32_t B = kc->block_size;
+    for (int64_t p = p0; p < p1;) {
+        int32_t blk = s->blocks[p / B];
+        int64_t r = p % B, rn = B - r < p1 - p ? B - r : p1 - p;
+        const uint8_t *kb = kp_kvpool_k(f->kv, blk, c->layer, (uint32_t)h);
+        for (int64_t i = 0; i < rn; i++) {
+            const void *krow = kb + (size_t)(r + i) * hd * esize;
+            for (int g = 0; g < G; g++) {
+                float d = f16 ? k->dot_f32_f16(hd, qv + g * hd, krow)
+                              : k->dot_f32(hd, qv + g * hd, krow);
+                sc[g * len + (p - p0) + i] = d * c->scale;
+            }
+        }
+        p += rn;
+    }
+    for (int g = 0; g < G; g++) {
+        float *row = sc + g * len;
+        float mx = -INFINITY;
+        for (int64_t i = 0; i < len; i++) mx = row[i] > mx ? row[i] : mx;
+        double sum = 0;
+        for (int64_t i = 0; i < len; i++) {
+            row[i] = expf(row[i] - mx);
+            sum += row[i];
+        }
+        float *acc = part ? part + g * (hd + 2) + 2 : out_base + g * hd;
+        memset(acc, 0, (size_t)hd * sizeof(float));
+        if (part) {
+            part[g * (hd + 2)] = mx;
+            part[g * (hd + 2) + 1] = (float)sum;
+        } else {
+            float inv = (float)(1.0 / sum);
+            for (int64_t i = 0; i < len; i++) row[i] *= inv;
+        }
+    }
+    for (int64_t p = p0; p < p1;) {
+        int32_t blk = s->blocks[p / B];
+        int64_t r = p % B, rn = B - r < p1 - p ? B - r : p1 - p;
+        const uint8_t *vb = kp_kvpool_v(f->kv, blk, c->layer, (uint32_t)h);
+        for (int64_t i = 0; i < rn; i++) {
+            const void *vrow = vb + (size_t)(r + i) * hd * esize;
+            for (int g = 0; g < G; g++) {
+                float w = sc[g * len + (p - p0) + i];
+                float *acc = part ? part + g * (hd + 2) + 2 : out_base + g * hd;
+                if (f16) k->axpy_f16(hd, w, vrow, acc);
+                else k->axpy_f32(hd, w, vrow, acc);
+            }
+        }
+        p += rn;
+    }
+}
+
+/* Merges the chunk partials of each (token, kv head) into f->att. */
+static void att_merge(kp_forward *f, int n_tokens, int n_chunks) {
+    const kp_hparams *hp = &f->m->hp;
+    int hd = (int)hp->head_dim, G = (int)(hp->n_head / hp->n_head_kv);
+    size_t Qd = (size_t)hp->n_head * hd;
+    for (int t = 0; t < n_tokens; t++)
+        for (int h = 0; h < (int)hp->n_head_kv; h++)
+            for (int g = 0; g < G; g++) {
+                float *out = f->att + (size_t)t * Qd + ((size_t)h * G + g) * hd;
+                size_t base = ((size_t)t * hp->n_head_kv + h) * n_chunks;
+                float mx = -INFINITY;
+                for (int c = 0; c < n_chunks; c++) {
+                    float m = f->partials[(base + c) * G * (hd + 2) + g * (hd + 2)];
+                    mx = m > mx ? m : mx;
+                }
+                double sum = 0;
+                memset(out, 0, (size_t)hd * sizeof(float));
+                for (int c = 0; c < n_chunks; c++) {
+                    const float *pp = f->partials + (base + c) * G * (hd + 2) + g * (hd + 2);
+                    if (pp[0] == -INFINITY) continue;
+                    float w = expf(pp[0] - mx);
+                    sum += (double)w * pp[1];
+                    for (int i = 0; i < hd; i++) out[i] += w * pp[2 + i];
+                }
+                float inv = (float)(1.0 / sum);
+                for (int i = 0; i < hd; i++) out[i] *= inv;
+            }
+}
+
+static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_error *err) {
+    const kp_hparams *hp = &f->m->hp;
+    int G = (int)(hp->n_head / hp->n_head_kv), hd = (int)hp->head_dim;
+    int64_t max_pos = 0;
+    for (int t = 0; t < b->n_tokens; t++) max_pos = b->pos[t] + 1 > max_pos ? b->pos[t] + 1 : max_pos;
+    int base_tasks = b->n_tokens * (int)hp->n_head_kv;
+    int n_chunks = 1;
+    if (base_tasks < 4 * f->n_threads && f->n_threads > 1) {
+        n_chunks = (4 * f->n_threads + base_tasks - 1) / base_tasks;
+        int64_t by_len = (max_pos + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK;
+        if (n_chunks > by_len) n_chunks = (int)by_len;
+        if (n_chunks < 1) n_chunks = 1;
+    }
+    int64_t need_scores = (int64_t)G * max_pos;
+    if (need_scores > f->cap_scores) {
+        float *ns = realloc(f->scores, (size_t)need_scores * f->n_threads * sizeof(float));
+        if (!ns) return kp_fail(err, KP_ENOMEM, "out of memory for attention scores");
+        f->scores = ns;
+        f->cap_scores = need_scores;
+    }
+    if (n_chunks > 1) {
+        size_t need = (size_t)base_tasks * n_chunks * G * (hd + 2) * sizeof(float);
+        if (!grow((void **)&f->partials, &f->cap_partials, need))
+            return kp_fail(err, KP_ENOMEM, "out of memory for attention partials");
+    }
+    att_ctx c = {f, b, layer, n_chunks, 1.0f / sqrtf((float)hd)};
+    kp_pool_run(f->threads, att_task, &c, base_tasks * n_chunks);
+    if (n_chunks > 1) att_merge(f, b->n_tokens, n_chunks);
+    return KP_OK;
+}
+
+/* Softmax weights of the batch's last token, (layer, probe_head), for inspect. */
+static kp_status probe_capture(kp_forward *f, const kp_batch *b, uint32_t layer, kp_error *err) {
+    const kp_hparams *hp = &f->m->hp;
+    const kp_kvpool_config *kc = kp_kvpool_config_of(f->kv);
+    if (f->probe_layer != (int)layer || f->probe_head < 0 || f->probe_head >= (int)hp->n_head)
+        return KP_OK;
+    int t = b->n_tokens - 1, hd = (int)hp->head_dim;
+    int kvh = f->probe_head / (int)(hp->n_head / hp->n_head_kv);
+    int32_t n_pos = b->pos[t] + 1;
+    if (n_pos > f->probe_cap) {
+        float *np = realloc(f->probe, (size_t)n_pos * sizeof(float));
+        if (!np) return kp_fail(err, KP_ENOMEM, "out of memory for the attention probe");
+        f->probe = np;
+        f->probe_cap = n_pos;
+    }
+    const kp_kvseq *s = b->seqs[b->seq[t]];
+    const float *qv = f->q + (size_t)t * hp->n_head * hd + (size_t)f->probe_head * hd;
+    float mx = -INFINITY, scale = 1.0f / sqrtf((float)hd);
+    for (int32_t p = 0; p < n_pos; p++) {
+        const uint8_t *kb = kp_kvpool_k(f->kv, s->blocks[p / kc->block_size], layer, (uint32_t)kvh);
+        size_t off = (size_t)(p % kc->block_size) * hd;
+        float d = kc->kv_type == KP_DTYPE_F16
+                      ? f->k->dot_f32_f16(hd, qv, (const uint16_t *)kb + off)
+                      : f->k->dot_f32(hd, qv, (const float *)kb + off);
+        f->probe[p] = d * scale;
+        mx = f->probe[p] > mx ? f->probe[p] : mx;
+    }
+    double sum = 0;
+    for (int32_t p = 0; p < n_pos; p++) sum += f->probe[p] = expf(f->probe[p] - mx);
+    for (int32_t p = 0; p < n_pos; p++) f->probe[p] = (float)(f->probe[p] / sum);
+    f->probe_n = n_pos;
+    return KP_OK;
+}
+
+/* ---- the pass ------------------------------------------------------------ */
+
+static kp_status validate(kp_forward *f, const kp_batch *b, kp_error *err) {
+    const kp_hparams *hp = &f->m->hp;
+    if (b->n_tokens <= 0) return kp_fail(err, KP_EINVAL, "empty batch");
+    for (int t = 0; t < b->n_tokens; t++) {
+        if (b->tokens[t] < 0 || (uint32_t)b->tokens[t] >= hp->n_vocab)
+            return kp_fail(err, KP_EINVAL, "token id %d out of range (vocabulary of %u)",
+                           b->tokens[t], hp->n_vocab);
+        if (b->seq[t] < 0 || b->seq[t] >= b->n_seqs)
+            return kp_fail(err, KP_EINVAL, "token %d names sequence %d of %d", t, b->seq[t], b->n_seqs);
+        if (b->pos[t] < 0 || b->pos[t] >= INT32_MAX - 1)
+            return kp_fail(err, KP_EINVAL, "position %d out of range", b->pos[t]);
+    }
+    /* per sequence: consecutive positions starting at or before its length */
+    for (int s = 0; s < b->n_seqs; s++) {
+        int32_t expect = -1;
+        for (int t = 0; t < b->n_tokens; t++) {
+            if (b->seq[t] != s) continue;
+            if (expect < 0) {
+                if ((uint32_t)b->pos[t] > b->seqs[s]->n_pos)
+                    return kp_fail(err, KP_EINVAL, "sequence %d: position %d leaves a gap after its %u cached positions",
+                                   s, b->pos[t], b->seqs[s]->n_pos);
+            } else if (b->pos[t] != expect) {
+                return kp_fail(err, KP_EINVAL, "sequence %d: positions in a batch must be consecutive (%d after %d)",
+                               s, b->pos[t], expect - 1);
+            }
+            expect = b->pos[t] + 1;
+        }
+    }
+    return KP_OK;
+}
+
+static void store_kv(kp_forward *f, const kp_batch *b, uint32_t layer) {
+    const kp_hparams *hp = &f->m->hp;
+    const kp_kvpool_config *kc = kp_kvpool_config_of(f->kv);
+    size_t hd = hp->head_dim, KVd = (size_t)hp->n_head_kv * hd;
+    for (int t = 0; t < b->n_tokens; t++) {
+        const kp_kvseq *s = b->seqs[b->seq[t]];
+        int32_t blk = s->blocks[b->pos[t] / kc->block_size];
+        size_t row = (size_t)(b->pos[t] % kc->block_size) * hd;
+        for (uint32_t h = 0; h < hp->n_head_kv; h++) {
+            const float *ks = f->kk + t * KVd + h * hd, *vs = f->vv + t * KVd + h * hd;
+            if (kc->kv_type == KP_DTYPE_F16) {
+                kp_fp32_to_fp16_row(ks, (uint16_t *)kp_kvpool_k(f->kv, blk, layer, h) + row, (int64_t)hd);
+                kp_fp32_to_fp16_row(vs, (uint16_t *)kp_kvpool_v(f->kv, blk, layer, h) + row, (int64_t)hd);
+            } else {
+                memcpy((float *)kp_kvpool_k(f->kv, blk, layer, h) + row, ks, hd * sizeof(float));
+                memcpy((float *)kp_kvpool_v(f->kv, blk, layer, h) + row, vs, hd * sizeof(float));
+            }
+        }
+    }
+}
+
+kp_status kp_forward_run(kp_forward *f, const kp_batch *b, float *logits_out, kp_error *err) {
+    const kp_model *m = f->m;
+    const kp_hparams *hp = &m->hp;
+    kp_status st;
+    if ((st = validate(f, b, err)) != KP_OK) return st;
+    int n = b->n_tokens;
+    /* reserve blocks; on failure every sequence keeps its old length */
+    for (int s = 0; s < b->n_seqs; s++) {
+        uint32_t need = 0;
+        int32_t first = -1;
+        for (int t = 0; t < n; t++) {
+            if (b->seq[t] != s) continue;
+            if (first < 0) first = b->pos[t];
+            need = (uint32_t)b->pos[t] + 1;
+        }
+        if (first < 0) continue;
+        if ((uint32_t)first < b->seqs[s]->n_pos) kp_kvseq_truncate(b->seqs[s], f->kv, (uint32_t)first);
+        if ((st = kp_kvseq_reserve(b->seqs[s], f->kv, need, err)) != KP_OK) return st;
+    }
+    if ((st = ensure_scratch(f, n, err)) != KP_OK) return st;
+    size_t E = hp->n_embd, hd = hp->head_dim, Qd = (size_t)hp->n_head * hd;
+    size_t KVd = (size_t)hp->n_head_kv * hd, F = hp->n_ff;
+    for (int t = 0; t < n; t++)
+        kp_dequantize_row(m->tok_embd.type,
+                          (const uint8_t *)m->tok_embd.data + (size_t)b->tokens[t] * m->tok_embd.row_bytes,
+                          f->x + t * E, (int64_t)E);
+    rope_tables(f, b);
+    f->probe_n = 0;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const kp_layer *L = &m->layers[l];
+        for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->x + t * E, L->attn_norm, (int64_t)E, hp->rms_eps);
+        mm_job qkv[3] = {{&L->wq, f->q}, {&L->wk, f->kk}, {&L->wv, f->vv}};
+        if ((st = matmul(f, f->xn, n, 3, qkv, err)) != KP_OK) return st;
+        for (int t = 0; t < n; t++) {
+            float *qt = f->q + t * Qd, *kt = f->kk + t * KVd, *vt = f->vv + t * KVd;
+            if (L->bq) {
+                for (size_t i = 0; i < Qd; i++) qt[i] += L->bq[i];
+                for (size_t i = 0; i < KVd; i++) kt[i] += L->bk[i];
+                for (size_t i = 0; i < KVd; i++) vt[i] += L->bv[i];
+            }
+            if (L->q_norm) {
+                for (uint32_t h = 0; h < hp->n_head; h++)
+                    rmsnorm(qt + h * hd, qt + h * hd, L->q_norm, (int64_t)hd, hp->rms_eps);
+                for (uint32_t h = 0; h < hp->n_head_kv; h++)
+                    rmsnorm(kt + h * hd, kt + h * hd, L->k_norm, (int64_t)hd, hp->rms_eps);
+            }
+            const float *cs = f->rope_cs + (size_t)t * hp->n_rot;
+            for (uint32_t h = 0; h < hp->n_head; h++) rope_apply(hp, qt + h * hd, cs);
+            for (uint32_t h = 0; h < hp->n_head_kv; h++) rope_apply(hp, kt + h * hd, cs);
+        }
+        store_kv(f, b, l);
+        if ((st = attention(f, b, l, err)) != KP_OK) return st;
+        if ((st = probe_capture(f, b, l, err)) != KP_OK) return st;
+        mm_job o = {&L->wo, f->xn};
+        if ((st = matmul(f, f->att, n, 1, &o, err)) != KP_OK) return st;
+        for (size_t i = 0; i < (size_t)n * E; i++) f->x[i] += f->xn[i];
+        for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->x + t * E, L->ffn_norm, (int64_t)E, hp->rms_eps);
+        mm_job gu[2] = {{&L->w_gate, f->gate}, {&L->w_up, f->up}};
+        if ((st = matmul(f, f->xn, n, 2, gu, err)) != KP_OK) return st;
+        for (size_t i = 0; i < (size_t)n * F; i++) f->gate[i] = silu(f->gate[i]) * f->up[i];
+        mm_job d = {&L->w_down, f->xn};
+        if ((st = matmul(f, f->gate, n, 1, &d, err)) != KP_OK) return st;
+        for (size_t i = 0; i < (size_t)n * E; i++) f->x[i] += f->xn[i];
+    }
+    /* sequences now hold every position the batch wrote */
+    for (int t = 0; t < n; t++) b->seqs[b->seq[t]]->n_pos = (uint32_t)b->pos[t] + 1;
+    /* logits for the requested tokens: gather their rows, norm, project */
+    int n_out = 0;
+    for (int t = 0; t < n; t++) {
+        bool want = b->logits ? b->logits[t] != 0 : t == n - 1;
+        if (!want) continue;
+        rmsnorm(f->xn + (size_t)n_out * E, f->x + t * E, m->output_norm, (int64_t)E, hp->rms_eps);
+        n_out++;
+    }
+    if (n_out == 0) return KP_OK;
+    mm_job lo = {&m->output, logits_out};
+    return matmul(f, f->xn, n_out, 1, &lo, err);
+}

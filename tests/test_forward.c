@@ -1,0 +1,434 @@
+/*
+ * test_forward.c - the forward pass against llama.cpp's reference logits,
+ * and the invariants of the KV cache.
+ *
+ * Goldens (tests/data/golden, computed by llama.cpp with an F32 KV cache,
+ * see tests/data/golden/README.md): for every case, the logits of every
+ * stored position must be within the tolerance of the file's weight type
+ * (max |diff| and relative L2 per position), and with teacher forcing the
+ * argmax must equal llama.cpp's greedy token at every step whose recorded
+ * margin exceeds twice the max_abs tolerance. F32 models must reproduce the
+ * free-running greedy continuation exactly.
+ *
+ * Invariants (no reference needed, any model): the logits of a position do
+ * not depend on how the sequence was fed: one batch, a prefix batch then
+ * token-by-token decode, other splits, or batched together with other
+ * sequences. Checked with F32 and F16 KV, scalar and best kernels.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "forward.h"
+#include "harness.h"
+#include "sampler.h"
+
+typedef struct {
+    kp_model *m;
+    kp_pool *pool;
+    kp_kvpool *kv;
+    kp_forward *fw;
+} rig;
+
+static bool rig_open(rig *r, const char *path, kp_dtype kv_type, uint32_t n_pos_cap, int threads,
+                     const kp_kernels *k) {
+    kp_error err = {0};
+    memset(r, 0, sizeof *r);
+    if (kp_model_load(&r->m, path, &err) != KP_OK) {
+        fprintf(stderr, "load %s: %s\n", path, err.msg);
+        return false;
+    }
+    kp_kvpool_config kc = {r->m->hp.n_layer, r->m->hp.n_head_kv, r->m->hp.head_dim, kv_type, 16, 0};
+    kc.budget_bytes = (uint64_t)((n_pos_cap + 15) / 16 + 1) * 16 * kp_model_kv_bytes_per_token(&r->m->hp, kv_type);
+    if (kp_pool_new(&r->pool, threads, &err) != KP_OK || kp_kvpool_new(&r->kv, &kc, &err) != KP_OK ||
+        kp_forward_new(&r->fw, r->m, r->kv, r->pool, k, &err) != KP_OK) {
+        fprintf(stderr, "setup: %s\n", err.msg);
+        return false;
+    }
+    return true;
+}
+
+static void rig_close(rig *r) {
+    kp_forward_free(r->fw);
+    kp_kvpool_free(r->kv);
+    kp_pool_free(r->pool);
+    kp_model_free(r->m);
+}
+
+/* Feeds tokens [0,n) of one sequence at positions seq->n_pos.. in one batch. */
+static bool feed(rig *r, kp_kvseq *s, const int32_t *toks, int n, bool all_logits, float *out) {
+    int32_t *pos = malloc(n * sizeof(int32_t)), *sq = calloc(n, sizeof(int32_t));
+    uint8_t *want = malloc(n);
+    for (int i = 0; i < n; i++) {
+        pos[i] = (int32_t)s->n_pos + i;
+        want[i] = all_logits || i == n - 1;
+    }
+    kp_kvseq *seqs[1] = {s};
+    kp_batch b = {n, toks, pos, sq, want, seqs, 1};
+    kp_error err = {0};
+    kp_status st = kp_forward_run(r->fw, &b, out, &err);
+    if (st != KP_OK) fprintf(stderr, "forward: %s\n", err.msg);
+    free(pos);
+    free(sq);
+    free(want);
+    return st == KP_OK;
+}
+
+typedef struct {
+    kp_dtype type;
+    double max_abs, rel_l2;
+} tolerance;
+
+/* The golden README's suggested tolerances (about 2x the spread of
+ * llama.cpp's own kernel variations). */
+static tolerance tol_for(kp_dtype t) {
+    switch (t) {
+    case KP_DTYPE_F32: return (tolerance){t, 1e-3, 1e-4};
+    case KP_DTYPE_F16: return (tolerance){t, 0.02, 5e-3};
+    case KP_DTYPE_BF16: return (tolerance){t, 0.06, 0.015};
+    case KP_DTYPE_Q8_0: return (tolerance){t, 0.3, 0.07};
+    case KP_DTYPE_Q6_K: case KP_DTYPE_Q4_K: return (tolerance){t, 0.35, 0.08};
+    case KP_DTYPE_Q4_0: return (tolerance){t, 0.25, 0.06};
+    default: return (tolerance){t, 0, 0};
+    }
+}
+
+static double worst_abs[KP_DTYPE_COUNT_], worst_rel[KP_DTYPE_COUNT_];
+static int greedy_checked, greedy_steps;
+
+static void golden_case(const char *json_name) {
+    char path[512];
+    json_error_t jerr;
+    snprintf(path, sizeof path, "tests/data/golden/%s", json_name);
+    json_t *j = json_load_file(harness_path(path), 0, &jerr);
+    CHECK_MSG(j != NULL, "%s: %s", path, jerr.text);
+    if (!j) return;
+    const char *model = json_string_value(json_object_get(j, "model"));
+    snprintf(path, sizeof path, "tests/data/models/%s", model);
+    if (!strcmp(model, "stories260K.gguf")) snprintf(path, sizeof path, "models/%s", model);
+    json_t *jt = json_object_get(j, "tokens"), *jg = json_object_get(j, "greedy");
+    json_t *jm = json_object_get(j, "greedy_margin"), *jp = json_object_get(j, "logits_positions");
+    int n = (int)json_array_size(jt), ng = (int)json_array_size(jg);
+    int n_vocab = (int)json_integer_value(json_object_get(j, "n_vocab"));
+    rig r;
+    if (!rig_open(&r, harness_path(path), KP_DTYPE_F32, (uint32_t)(n + ng + 1), 1, getenv("TEST_SCALAR") ? kp_kernels_scalar() : NULL)) {
+        CHECK_MSG(false, "cannot open %s", path);
+        json_decref(j);
+        return;
+    }
+    CHECK_EQ_INT(r.m->hp.n_vocab, n_vocab);
+    kp_dtype wt = r.m->layers[0].wq.type;
+    tolerance tol = tol_for(wt);
+    int32_t *toks = malloc((n + ng) * sizeof(int32_t));
+    for (int i = 0; i < n; i++) toks[i] = (int32_t)json_integer_value(json_array_get(jt, i));
+    for (int i = 0; i < ng; i++) toks[n + i] = (int32_t)json_integer_value(json_array_get(jg, i));
+    float *logits = malloc((size_t)n * n_vocab * sizeof(float));
+    kp_kvseq seq = {0};
+    CHECK(feed(&r, &seq, toks, n, true, logits));
+    /* reference logits */
+    snprintf(path, sizeof path, "tests/data/golden/%s", json_string_value(json_object_get(j, "logits_file")));
+    size_t ref_len = 0;
+    float *ref = (float *)harness_read_file(harness_path(path), &ref_len);
+    int n_rows = (int)json_array_size(jp);
+    CHECK_EQ_INT(ref_len, (size_t)n_rows * n_vocab * sizeof(float));
+    double case_abs = 0, case_rel = 0;
+    for (int row = 0; ref && row < n_rows; row++) {
+        int p = (int)json_integer_value(json_array_get(jp, row));
+        const float *a = logits + (size_t)p * n_vocab, *b = ref + (size_t)row * n_vocab;
+        double mx = 0, d2 = 0, r2 = 0;
+        for (int i = 0; i < n_vocab; i++) {
+            double d = (double)a[i] - b[i];
+            mx = fabs(d) > mx ? fabs(d) : mx;
+            d2 += d * d;
+            r2 += (double)b[i] * b[i];
+        }
+        double rel = sqrt(d2 / (r2 > 0 ? r2 : 1));
+        case_abs = mx > case_abs ? mx : case_abs;
+        case_rel = rel > case_rel ? rel : case_rel;
+    }
+    CHECK_MSG(case_abs <= tol.max_abs && case_rel <= tol.rel_l2,
+              "%s: max_abs %.3g (tol %.3g) rel_l2 %.3g (tol %.3g)", json_name, case_abs, tol.max_abs,
+              case_rel, tol.rel_l2);
+    if (case_abs > worst_abs[wt]) worst_abs[wt] = case_abs;
+    if (case_rel > worst_rel[wt]) worst_rel[wt] = case_rel;
+
+    /* teacher-forced greedy: step i predicts greedy[i] */
+    float *last = malloc(n_vocab * sizeof(float));
+    memcpy(last, logits + (size_t)(n - 1) * n_vocab, n_vocab * sizeof(float));
+    int checked = 0;
+    for (int i = 0; i < ng; i++) {
+        double margin = json_real_value(json_array_get(jm, i));
+        int32_t mine = kp_argmax(last, n_vocab);
+        if (margin > 2 * tol.max_abs) {
+            CHECK_MSG(mine == toks[n + i], "%s: greedy step %d: %d, llama.cpp %d (margin %.3g)",
+                      json_name, i, mine, toks[n + i], margin);
+            checked++;
+        }
+        if (i + 1 < ng && !feed(&r, &seq, toks + n + i, 1, false, last)) break;
+    }
+    greedy_checked += checked;
+    greedy_steps += ng;
+    kp_kvseq_release(&seq, r.kv);
+    /* F32: free-running greedy equals llama.cpp's exactly */
+    if (wt == KP_DTYPE_F32 && ng > 0) {
+        kp_kvseq fresh = {0};
+        CHECK(feed(&r, &fresh, toks, n, false, last));
+        for (int i = 0; i < ng; i++) {
+            int32_t mine = kp_argmax(last, n_vocab);
+            CHECK_MSG(mine == toks[n + i], "%s: free greedy step %d: %d vs %d", json_name, i, mine,
+                      toks[n + i]);
+            if (mine != toks[n + i]) break;
+            if (i + 1 < ng && !feed(&r, &fresh, &mine, 1, false, last)) break;
+        }
+        kp_kvseq_release(&fresh, r.kv);
+    }
+    CHECK_EQ_INT(kp_kvpool_n_free(r.kv), kp_kvpool_n_blocks(r.kv));
+    free(last);
+    free(ref);
+    free(logits);
+    free(toks);
+    rig_close(&r);
+    json_decref(j);
+}
+
+static void test_goldens(void) {
+    static const char *models[] = {"stories260K", "llama-2-tiny-random", "gen-llama-gqa-f32",
+                                   "gen-llama-gqa-f16", "gen-llama-gqa-bf16", "gen-llama-gqa-q8_0",
+                                   "gen-llama-gqa-q4_0", "gen-llama-gqa-q4_k", "gen-llama-gqa-q6_k",
+                                   "gen-qwen2-f32", "gen-qwen2-q8_0", "gen-qwen3-f16"};
+    static const char *prompts[] = {"empty", "once", "lily", "json", "story300"};
+    for (size_t m = 0; m < sizeof models / sizeof *models; m++)
+        for (size_t p = 0; p < sizeof prompts / sizeof *prompts; p++) {
+            char name[128];
+            snprintf(name, sizeof name, "%s.%s.json", models[m], prompts[p]);
+            golden_case(name);
+        }
+    /* most steps are decisive; a broken model would fail many of them */
+    printf("greedy steps checked (margin > 2 x tolerance): %d of %d\n", greedy_checked, greedy_steps);
+    CHECK(greedy_checked * 2 > greedy_steps);
+    static const char *tn[] = {[KP_DTYPE_F32] = "F32", [KP_DTYPE_F16] = "F16", [KP_DTYPE_BF16] = "BF16",
+                               [KP_DTYPE_Q8_0] = "Q8_0", [KP_DTYPE_Q4_0] = "Q4_0",
+                               [KP_DTYPE_Q4_K] = "Q4_K", [KP_DTYPE_Q6_K] = "Q6_K"};
+    for (int t = 0; t < KP_DTYPE_COUNT_; t++)
+        if (worst_abs[t] > 0)
+            printf("golden worst vs llama.cpp: %-5s max_abs %.3g rel_l2 %.3g\n", tn[t], worst_abs[t],
+                   worst_rel[t]);
+}
+
+/* ---- invariants --------------------------------------------------------- */
+
+static uint64_t rng_state;
+static uint32_t rnd(void) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng_state >> 33);
+}
+
+static double rel_diff(const float *a, const float *b, int n) {
+    double d2 = 0, r2 = 0;
+    for (int i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        d2 += d * d;
+        r2 += (double)b[i] * b[i];
+    }
+    return sqrt(d2 / (r2 > 0 ? r2 : 1));
+}
+
+static void invariants_for(const char *model_path, kp_dtype kv_type, const kp_kernels *k, double tol) {
+    rig r;
+    enum { N = 70 };
+    if (!rig_open(&r, harness_path(model_path), kv_type, 4 * N, 2, k)) {
+        CHECK_MSG(false, "cannot open %s", model_path);
+        return;
+    }
+    int nv = (int)r.m->hp.n_vocab;
+    int32_t toks[N], toks2[N];
+    for (int i = 0; i < N; i++) toks[i] = (int32_t)(rnd() % nv), toks2[i] = (int32_t)(rnd() % nv);
+    float *ref = malloc((size_t)N * nv * sizeof(float)), *got = malloc((size_t)N * nv * sizeof(float));
+    kp_kvseq a = {0};
+    CHECK(feed(&r, &a, toks, N, true, ref)); /* (a) one batch */
+    kp_kvseq_release(&a, r.kv);
+    /* (b) prefix batch then token-by-token decode */
+    int split = 1 + (int)(rnd() % (N - 2));
+    kp_kvseq b = {0};
+    CHECK(feed(&r, &b, toks, split, true, got));
+    for (int i = split; i < N; i++) CHECK(feed(&r, &b, toks + i, 1, false, got + (size_t)i * nv));
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        double d = rel_diff(got + (size_t)i * nv, ref + (size_t)i * nv, nv);
+        worst = d > worst ? d : worst;
+    }
+    CHECK_MSG(worst <= tol, "%s kv %s %s: decode path rel %.3g (split %d)", model_path,
+              kp_dtype_name(kv_type), k->name, worst, split);
+    kp_kvseq_release(&b, r.kv);
+    /* (c) random chunks */
+    kp_kvseq c = {0};
+    for (int i = 0; i < N;) {
+        int len = 1 + (int)(rnd() % 17);
+        if (len > N - i) len = N - i;
+        CHECK(feed(&r, &c, toks + i, len, true, got + (size_t)i * nv));
+        i += len;
+    }
+    worst = 0;
+    for (int i = 0; i < N; i++) {
+        double d = rel_diff(got + (size_t)i * nv, ref + (size_t)i * nv, nv);
+        worst = d > worst ? d : worst;
+    }
+    CHECK_MSG(worst <= tol, "%s: chunked rel %.3g", model_path, worst);
+    kp_kvseq_release(&c, r.kv);
+    /* (d) two sequences batched together, interleaved, plus a third decoding */
+    float *ref2 = malloc((size_t)N * nv * sizeof(float));
+    kp_kvseq s2 = {0};
+    CHECK(feed(&r, &s2, toks2, N, true, ref2));
+    kp_kvseq_release(&s2, r.kv);
+    kp_kvseq x = {0}, y = {0};
+    kp_kvseq *seqs[2] = {&x, &y};
+    int32_t bt[2 * N], bp[2 * N], bs[2 * N];
+    int nb = 0, ix = 0, iy = 0;
+    while (ix < N || iy < N) { /* interleave in runs */
+        int take = 1 + (int)(rnd() % 5);
+        for (int t = 0; t < take && ix < N; t++, ix++) bt[nb] = toks[ix], bp[nb] = ix, bs[nb++] = 0;
+        take = 1 + (int)(rnd() % 5);
+        for (int t = 0; t < take && iy < N; t++, iy++) bt[nb] = toks2[iy], bp[nb] = iy, bs[nb++] = 1;
+    }
+    /* consecutive positions per sequence hold in any interleaving */
+    float *both = malloc((size_t)2 * N * nv * sizeof(float));
+    kp_batch batch = {nb, bt, bp, bs, NULL, seqs, 2};
+    uint8_t want[2 * N];
+    memset(want, 1, sizeof want);
+    batch.logits = want;
+    kp_error err = {0};
+    CHECK(kp_forward_run(r.fw, &batch, both, &err) == KP_OK);
+    worst = 0;
+    for (int i = 0; i < nb; i++) {
+        const float *expect = (bs[i] ? ref2 : ref) + (size_t)bp[i] * nv;
+        double d = rel_diff(both + (size_t)i * nv, expect, nv);
+        worst = d > worst ? d : worst;
+    }
+    CHECK_MSG(worst <= tol, "%s: multi-sequence batch rel %.3g", model_path, worst);
+    kp_kvseq_release(&x, r.kv);
+    kp_kvseq_release(&y, r.kv);
+    CHECK_EQ_INT(kp_kvpool_n_free(r.kv), kp_kvpool_n_blocks(r.kv));
+    free(both);
+    free(ref2);
+    free(ref);
+    free(got);
+    rig_close(&r);
+}
+
+static void test_invariants(void) {
+    const kp_kernels *ks[2] = {kp_kernels_scalar(), kp_kernels_best()};
+    for (int i = 0; i < 2; i++) {
+        invariants_for("models/stories260K.gguf", KP_DTYPE_F32, ks[i], 1e-5);
+        invariants_for("models/stories260K.gguf", KP_DTYPE_F16, ks[i], 1e-5);
+        invariants_for("tests/data/models/gen-qwen2-q8_0.gguf", KP_DTYPE_F32, ks[i], 1e-5);
+        invariants_for("tests/data/models/gen-qwen3-f16.gguf", KP_DTYPE_F16, ks[i], 1e-5);
+        invariants_for("tests/data/models/gen-llama-gqa-q4_k.gguf", KP_DTYPE_F32, ks[i], 1e-5);
+    }
+}
+
+/* Scalar and best kernels agree on whole models. Without activation
+ * quantization (F32 weights) only the summation order differs; with
+ * quantized weights a rounding flip of a quantized activation propagates,
+ * so the bound is llama.cpp's own spread between its kernels (README of the
+ * goldens: decode_path rel_l2 up to 0.027). */
+static void scalar_vs_best(const char *p, double tol) {
+    rig a, b;
+    if (!rig_open(&a, harness_path(p), KP_DTYPE_F32, 64, 1, kp_kernels_scalar()) ||
+        !rig_open(&b, harness_path(p), KP_DTYPE_F32, 64, 2, kp_kernels_best())) {
+        CHECK(false);
+        return;
+    }
+    int nv = (int)a.m->hp.n_vocab;
+    int32_t toks[20];
+    for (int i = 0; i < 20; i++) toks[i] = (int32_t)(rnd() % nv);
+    float *la = malloc(20 * nv * sizeof(float)), *lb = malloc(20 * nv * sizeof(float));
+    kp_kvseq sa = {0}, sb = {0};
+    CHECK(feed(&a, &sa, toks, 20, true, la));
+    CHECK(feed(&b, &sb, toks, 20, true, lb));
+    double worst = 0;
+    for (int i = 0; i < 20; i++) {
+        double d = rel_diff(la + i * nv, lb + i * nv, nv);
+        worst = d > worst ? d : worst;
+    }
+    CHECK_MSG(worst < tol, "%s: scalar vs %s: rel %.3g", p, kp_kernels_best()->name, worst);
+    kp_kvseq_release(&sa, a.kv);
+    kp_kvseq_release(&sb, b.kv);
+    free(la);
+    free(lb);
+    rig_close(&a);
+    rig_close(&b);
+}
+
+static void test_scalar_vs_best(void) {
+    scalar_vs_best("tests/data/models/gen-llama-gqa-f32.gguf", 1e-5);
+    scalar_vs_best("tests/data/models/gen-llama-gqa-f16.gguf", 1e-3);
+    scalar_vs_best("tests/data/models/gen-llama-gqa-bf16.gguf", 5e-3);
+    scalar_vs_best("tests/data/models/gen-llama-gqa-q8_0.gguf", 0.03);
+    scalar_vs_best("tests/data/models/gen-llama-gqa-q4_0.gguf", 0.03);
+    scalar_vs_best("tests/data/models/gen-llama-gqa-q4_k.gguf", 0.03);
+    scalar_vs_best("tests/data/models/gen-llama-gqa-q6_k.gguf", 0.03);
+}
+
+static void test_bad_batches(void) {
+    rig r;
+    if (!rig_open(&r, harness_path("models/stories260K.gguf"), KP_DTYPE_F32, 32, 1, NULL)) {
+        CHECK(false);
+        return;
+    }
+    kp_kvseq s = {0};
+    kp_kvseq *seqs[1] = {&s};
+    float out[512];
+    kp_error err = {0};
+    int32_t tok[2] = {1, 9999}, pos[2] = {0, 1}, sq[2] = {0, 0};
+    kp_batch b = {2, tok, pos, sq, NULL, seqs, 1};
+    CHECK(kp_forward_run(r.fw, &b, out, &err) == KP_EINVAL && strstr(err.msg, "9999"));
+    tok[1] = 5;
+    pos[1] = 3; /* gap */
+    CHECK(kp_forward_run(r.fw, &b, out, &err) == KP_EINVAL);
+    pos[0] = 4;
+    pos[1] = 5; /* starts after the cache length 0 */
+    CHECK(kp_forward_run(r.fw, &b, out, &err) == KP_EINVAL);
+    sq[1] = 3;
+    pos[0] = 0;
+    pos[1] = 1;
+    CHECK(kp_forward_run(r.fw, &b, out, &err) == KP_EINVAL);
+    CHECK_EQ_INT(s.n_pos, 0);
+    /* pool too small: KP_EFULL, sequence keeps what it had */
+    int32_t many[40];
+    for (int i = 0; i < 40; i++) many[i] = 5;
+    CHECK(feed(&r, &s, many, 20, false, out));
+    int32_t pos40[40], sq40[40] = {0};
+    for (int i = 0; i < 40; i++) pos40[i] = 20 + i;
+    kp_batch big = {40, many, pos40, sq40, NULL, seqs, 1};
+    CHECK(kp_forward_run(r.fw, &big, out, &err) == KP_EFULL);
+    CHECK_EQ_INT(s.n_pos, 20);
+    kp_kvseq_release(&s, r.kv);
+    CHECK_EQ_INT(kp_kvpool_n_free(r.kv), kp_kvpool_n_blocks(r.kv));
+    rig_close(&r);
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+#define TIMED(fn)                                                                   \
+    do {                                                                            \
+        double t0_ = now();                                                         \
+        RUN(fn);                                                                    \
+        printf("  %s: %.1f s\n", #fn, now() - t0_);                                 \
+    } while (0)
+
+int main(void) {
+    rng_state = (uint64_t)time(NULL);
+    printf("test_forward seed %llu, kernels %s\n", (unsigned long long)rng_state, kp_kernels_best()->name);
+    TIMED(test_bad_batches);
+    TIMED(test_goldens);
+    TIMED(test_invariants);
+    TIMED(test_scalar_vs_best);
+    return harness_finish("forward");
+}
