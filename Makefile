@@ -72,11 +72,11 @@ test: asan
 
 FUZZ_SECONDS ?= 60
 build/fuzz/fuzz_gguf: fuzz/fuzz_gguf.c $(SRC) $(wildcard src/*.h) | build/fuzz
-	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Isrc \
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Isrc \
 	  -o $@ fuzz/fuzz_gguf.c src/gguf.c src/dtype.c src/status.c
 fuzz: build/fuzz/fuzz_gguf
 	mkdir -p build/fuzz/corpus
-	build/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 \
+	build/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -dict=fuzz/gguf.dict \
 	  build/fuzz/corpus fuzz/seeds
 
 bench: kvpin

@@ -130,7 +130,9 @@ kp_status gguf_get_str(const gguf *g, const char *key, gguf_str *out, kp_error *
 kp_status gguf_get_arr(const gguf *g, const char *key, gguf_type elem_type, const gguf_value **out,
                        kp_error *err);
 
-/* Element i of a fixed-size-element array, widened (caller checks i < n). */
+/* Element i of a fixed-size-element array, widened (caller checks i < n).
+ * gguf_arr_i64 of a float element truncates toward zero, saturates outside
+ * the int64 range and gives 0 for NaN. */
 int64_t gguf_arr_i64(const gguf_value *arr, uint64_t i);
 double gguf_arr_f64(const gguf_value *arr, uint64_t i);
 
