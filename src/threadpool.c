@@ -1,15 +1,26 @@
 /*
  * threadpool.c - the worker pool (see threadpool.h).
  *
- * State machine, guarded by `generation`:
+ * One 64-bit atomic word describes the current run, so a task can only be
+ * claimed by a thread that sees the run it belongs to:
  *
- *   caller: set fn/ctx/n_tasks, next_task = 0, pending = n_workers,
- *           generation++ (seq_cst), broadcast if anyone sleeps,
- *           work on tasks itself, then wait until pending == 0.
- *   worker: wait until generation changes (spin, then sleep on cond),
- *           take tasks until next_task >= n_tasks, pending-- (release).
+ *   bits 63..48  generation (incremented for every run)
+ *   bits 47..24  n_tasks of that run
+ *   bits 23..0   next task to hand out
  *
- * `stop` makes workers exit at their next wake-up.
+ * A thread claims task t by a compare-and-swap that moves `next` from t to
+ * t + 1 while the generation is unchanged; only then does it read fn/ctx
+ * (written by the caller before it published the generation, so they are
+ * that run's). The caller publishes a run, claims tasks like everyone else,
+ * and waits only until `done` reaches n_tasks: never for an idle or
+ * descheduled worker to check in. On a busy machine a worker that does not
+ * get a core simply does no task; the caller does them.
+ *
+ * (A worker stalled for exactly 65536 runs could mistake a new state for
+ * its old one; the generation would have to wrap while it never ran.)
+ *
+ * Idle workers spin a while (decode posts hundreds of runs per token), then
+ * sleep on a condition variable; `sleepers` tells the caller to broadcast.
  */
 #include "threadpool.h"
 
@@ -17,6 +28,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -27,21 +39,23 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-#define SPIN_ITERS 200000
+#define SPIN_ITERS 100000
+#define MAX_TASKS ((1 << 24) - 1)
+#define GEN(s) ((uint32_t)((s) >> 48))
+#define NTASKS(s) ((int)(((s) >> 24) & 0xFFFFFF))
+#define NEXT(s) ((int)((s) & 0xFFFFFF))
 
 struct kp_pool {
     int n_threads;
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t wake;
-    atomic_uint generation;
-    atomic_int next_task;
-    atomic_int pending;
+    _Atomic uint64_t state;
+    atomic_int done;
     atomic_int sleepers;
     atomic_bool stop;
     kp_task_fn fn;
     void *ctx;
-    int n_tasks;
 };
 
 typedef struct {
@@ -49,11 +63,17 @@ typedef struct {
     int index;
 } worker_arg;
 
-static void drain(kp_pool *p, int thread) {
+/* Claims and runs tasks of generation `gen` until none is left. */
+static void work(kp_pool *p, uint32_t gen, int thread) {
+    uint64_t s = atomic_load_explicit(&p->state, memory_order_acquire);
     for (;;) {
-        int t = atomic_fetch_add_explicit(&p->next_task, 1, memory_order_relaxed);
-        if (t >= p->n_tasks) break;
-        p->fn(p->ctx, t, thread);
+        if (GEN(s) != gen || NEXT(s) >= NTASKS(s)) return;
+        if (atomic_compare_exchange_weak_explicit(&p->state, &s, s + 1, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            p->fn(p->ctx, NEXT(s), thread);
+            atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+            s = atomic_load_explicit(&p->state, memory_order_acquire);
+        }
     }
 }
 
@@ -62,11 +82,12 @@ static void *worker_main(void *arg) {
     kp_pool *p = wa->pool;
     int index = wa->index;
     free(wa);
-    unsigned seen = 0; /* the generation at creation: a run posted before this thread started is still seen */
+    uint32_t seen = 0; /* generation 0 is "no run yet" */
     for (;;) {
-        unsigned g;
         int spins = 0;
-        while ((g = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen) {
+        uint32_t g;
+        while ((g = GEN(atomic_load_explicit(&p->state, memory_order_acquire))) == seen) {
+            if (atomic_load_explicit(&p->stop, memory_order_relaxed)) return NULL;
             if (++spins < SPIN_ITERS) {
                 if (spins % 1024 == 0) sched_yield();
                 else CPU_RELAX();
@@ -74,18 +95,15 @@ static void *worker_main(void *arg) {
             }
             pthread_mutex_lock(&p->mu);
             atomic_fetch_add(&p->sleepers, 1);
-            while (atomic_load(&p->generation) == seen &&
-                   !atomic_load(&p->stop))
+            while (GEN(atomic_load(&p->state)) == seen && !atomic_load(&p->stop))
                 pthread_cond_wait(&p->wake, &p->mu);
             atomic_fetch_sub(&p->sleepers, 1);
             pthread_mutex_unlock(&p->mu);
             spins = 0;
-            if (atomic_load(&p->stop)) return NULL;
         }
-        seen = g;
         if (atomic_load(&p->stop)) return NULL;
-        drain(p, index);
-        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel);
+        seen = g;
+        work(p, g, index);
     }
 }
 
@@ -100,7 +118,7 @@ kp_status kp_pool_new(kp_pool **out, int n_threads, kp_error *err) {
         return kp_fail(err, KP_EINVAL, "thread count %d out of range 1..1024", n_threads);
     kp_pool *p = calloc(1, sizeof *p);
     if (!p) return kp_fail(err, KP_ENOMEM, "out of memory creating a thread pool");
-    p->n_threads = n_threads;
+    p->n_threads = 1;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     if (n_threads > 1) {
@@ -112,14 +130,16 @@ kp_status kp_pool_new(kp_pool **out, int n_threads, kp_error *err) {
     }
     for (int i = 1; i < n_threads; i++) {
         worker_arg *wa = malloc(sizeof *wa);
+        if (wa) {
+            wa->pool = p;
+            wa->index = i;
+        }
         if (!wa || pthread_create(&p->threads[i - 1], NULL, worker_main, wa) != 0) {
             free(wa);
-            p->n_threads = i; /* only the started ones are joined */
-            kp_pool_free(p);
+            kp_pool_free(p); /* joins the p->n_threads - 1 started ones */
             return kp_fail(err, KP_ENOMEM, "cannot start worker thread %d", i);
         }
-        wa->pool = p;
-        wa->index = i;
+        p->n_threads = i + 1;
     }
     *out = p;
     return KP_OK;
@@ -129,7 +149,6 @@ void kp_pool_free(kp_pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->stop, true);
-    atomic_fetch_add(&p->generation, 1);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i < p->n_threads; i++) pthread_join(p->threads[i - 1], NULL);
@@ -149,19 +168,21 @@ void kp_pool_run(kp_pool *p, kp_task_fn fn, void *ctx, int n_tasks) {
     }
     p->fn = fn;
     p->ctx = ctx;
-    p->n_tasks = n_tasks;
-    atomic_store_explicit(&p->next_task, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);
-    atomic_fetch_add(&p->generation, 1); /* seq_cst: pairs with sleepers */
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    uint64_t old = atomic_load_explicit(&p->state, memory_order_relaxed);
+    uint32_t gen = (GEN(old) + 1) & 0xFFFF;
+    if (gen == 0) gen = 1; /* 0 means "no run yet" to a fresh worker */
+    int n = n_tasks < MAX_TASKS ? n_tasks : MAX_TASKS;
+    atomic_store(&p->state, (uint64_t)gen << 48 | (uint64_t)n << 24); /* seq_cst: pairs with sleepers */
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->mu);
     }
-    drain(p, 0);
-    /* a descheduled worker (busy machine) must get the core: yield after a while */
-    for (int spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spins++) {
+    work(p, gen, 0);
+    for (int spins = 0; atomic_load_explicit(&p->done, memory_order_acquire) < n; spins++) {
         if (spins < 2000) CPU_RELAX();
         else sched_yield();
     }
+    for (int t = n; t < n_tasks; t++) fn(ctx, t, 0); /* beyond MAX_TASKS: run here */
 }
