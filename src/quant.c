@@ -24,8 +24,9 @@
  *
  *   - The scalar kernel table: straightforward loops, integer dot products
  *     inside a block, float accumulation across blocks (F32/F16/BF16 rows
- *     accumulate in double). dot_tile is nr*nc vec_dot calls.
- *   - kp_kernels_best: picks the AVX2 table (quant_avx2.c) at run time.
+ *     accumulate in double). dot_tile and gemm are nr*nc vec_dot calls.
+ *   - kp_kernels_best: picks the AVX512-VNNI or the AVX2 table
+ *     (quant_avx2.c) at run time.
  *
  * Invariants: no mutable state; every function is reentrant. The kernel
  * tables are `static const`.
@@ -42,6 +43,7 @@
 #include <string.h>
 
 #include "quant_impl.h"
+#include "quant_more.h"
 
 #define GROUP_MAX_EPS 1e-15f
 
@@ -490,6 +492,8 @@ bool kp_quantize_row(kp_dtype t, const float *src, void *dst, int64_t n) {
     case KP_DTYPE_Q4_K: quant_row_q4_K(src, dst, n); return true;
     case KP_DTYPE_Q6_K: quant_row_q6_K(src, dst, n); return true;
     case KP_DTYPE_Q8_K: kp_quant_row_q8_K(src, dst, n); return true;
+    case KP_DTYPE_Q4_1: case KP_DTYPE_Q5_0: case KP_DTYPE_Q5_1: case KP_DTYPE_Q5_K:
+    case KP_DTYPE_Q8_1: return kp_qmore_quantize_row(t, src, dst, n); /* quant_more.c */
     default: return false;
     }
 }
@@ -576,6 +580,8 @@ bool kp_dequantize_row(kp_dtype t, const void *src, float *dst, int64_t n) {
     case KP_DTYPE_Q4_K: dequant_q4_K(src, dst, nb); return true;
     case KP_DTYPE_Q6_K: dequant_q6_K(src, dst, nb); return true;
     case KP_DTYPE_Q8_K: dequant_q8_K(src, dst, nb); return true;
+    case KP_DTYPE_Q4_1: case KP_DTYPE_Q5_0: case KP_DTYPE_Q5_1: case KP_DTYPE_Q5_K:
+    case KP_DTYPE_Q8_1: return kp_qmore_dequantize_row(t, src, dst, n); /* quant_more.c */
     default: return false;
     }
 }
@@ -589,6 +595,9 @@ kp_dtype kp_vec_dot_type(kp_dtype w) {
     case KP_DTYPE_Q4_0: return KP_DTYPE_Q8_0;
     case KP_DTYPE_Q4_K:
     case KP_DTYPE_Q6_K: return KP_DTYPE_Q8_K;
+    case KP_DTYPE_Q5_0: return KP_DTYPE_Q8_0;
+    case KP_DTYPE_Q4_1: case KP_DTYPE_Q5_1: return KP_DTYPE_Q8_1;
+    case KP_DTYPE_Q5_K: return KP_DTYPE_Q8_K;
     default: return KP_DTYPE_COUNT_;
     }
 }
@@ -687,6 +696,16 @@ static void vec_dot_q6_K_scalar(int64_t n, float *s, const void *w, const void *
     *s = sumf;
 }
 
+void kp_q8_0_aux_row(const void *a, kp_q8_0_aux *aux, int64_t n) {
+    const kp_block_q8_0 *y = a;
+    for (int64_t i = 0; i < n / KP_QK8_0; i++) {
+        int32_t sum = 0;
+        for (int j = 0; j < KP_QK8_0; j++) sum += y[i].qs[j];
+        aux[i].d = kp_fp16_to_fp32(y[i].d);
+        aux[i].bias = -128 * sum;
+    }
+}
+
 typedef void (*vec_dot_fn)(int64_t n, float *s, const void *w, const void *a);
 
 static void dot_tile_generic(vec_dot_fn dot, int64_t n, int nr, int nc, const void *w,
@@ -711,6 +730,23 @@ SCALAR_TILE(tile_q4_0_scalar, vec_dot_q4_0_scalar)
 SCALAR_TILE(tile_q4_K_scalar, vec_dot_q4_K_scalar)
 SCALAR_TILE(tile_q6_K_scalar, vec_dot_q6_K_scalar)
 #undef SCALAR_TILE
+
+#define SCALAR_GEMM(name, dot)                                                                \
+    static void name(int64_t n, int nr, int nc, const void *w, size_t w_stride,              \
+                     const void *a, size_t a_stride, const void *aux, size_t aux_stride,      \
+                     float *out, size_t out_stride) {                                        \
+        (void)aux;                                                                            \
+        (void)aux_stride;                                                                     \
+        dot_tile_generic(dot, n, nr, nc, w, w_stride, a, a_stride, out, out_stride);          \
+    }
+SCALAR_GEMM(gemm_f32_scalar, vec_dot_f32_scalar)
+SCALAR_GEMM(gemm_f16_scalar, vec_dot_f16_scalar)
+SCALAR_GEMM(gemm_bf16_scalar, vec_dot_bf16_scalar)
+SCALAR_GEMM(gemm_q8_0_scalar, vec_dot_q8_0_scalar)
+SCALAR_GEMM(gemm_q4_0_scalar, vec_dot_q4_0_scalar)
+SCALAR_GEMM(gemm_q4_K_scalar, vec_dot_q4_K_scalar)
+SCALAR_GEMM(gemm_q6_K_scalar, vec_dot_q6_K_scalar)
+#undef SCALAR_GEMM
 
 static float dot_f32_scalar(int64_t n, const float *x, const float *y) {
     float sum = 0;
@@ -743,6 +779,10 @@ static const kp_kernels kernels_scalar = {
             [KP_DTYPE_Q4_0] = kp_quant_row_q8_0,
             [KP_DTYPE_Q4_K] = kp_quant_row_q8_K,
             [KP_DTYPE_Q6_K] = kp_quant_row_q8_K,
+            [KP_DTYPE_Q4_1] = kp_qmore_quant_row_q8_1, /* quant_more.c */
+            [KP_DTYPE_Q5_0] = kp_quant_row_q8_0,
+            [KP_DTYPE_Q5_1] = kp_qmore_quant_row_q8_1,
+            [KP_DTYPE_Q5_K] = kp_quant_row_q8_K,
         },
     .vec_dot =
         {
@@ -753,6 +793,10 @@ static const kp_kernels kernels_scalar = {
             [KP_DTYPE_Q4_0] = vec_dot_q4_0_scalar,
             [KP_DTYPE_Q4_K] = vec_dot_q4_K_scalar,
             [KP_DTYPE_Q6_K] = vec_dot_q6_K_scalar,
+            [KP_DTYPE_Q4_1] = kp_qmore_vec_dot_q4_1_scalar, /* quant_more.c */
+            [KP_DTYPE_Q5_0] = kp_qmore_vec_dot_q5_0_scalar,
+            [KP_DTYPE_Q5_1] = kp_qmore_vec_dot_q5_1_scalar,
+            [KP_DTYPE_Q5_K] = kp_qmore_vec_dot_q5_K_scalar,
         },
     .dot_tile =
         {
@@ -763,6 +807,20 @@ static const kp_kernels kernels_scalar = {
             [KP_DTYPE_Q4_0] = tile_q4_0_scalar,
             [KP_DTYPE_Q4_K] = tile_q4_K_scalar,
             [KP_DTYPE_Q6_K] = tile_q6_K_scalar,
+            [KP_DTYPE_Q4_1] = kp_qmore_tile_q4_1_scalar, /* quant_more.c */
+            [KP_DTYPE_Q5_0] = kp_qmore_tile_q5_0_scalar,
+            [KP_DTYPE_Q5_1] = kp_qmore_tile_q5_1_scalar,
+            [KP_DTYPE_Q5_K] = kp_qmore_tile_q5_K_scalar,
+        },
+    .gemm =
+        {
+            [KP_DTYPE_F32] = gemm_f32_scalar,
+            [KP_DTYPE_F16] = gemm_f16_scalar,
+            [KP_DTYPE_BF16] = gemm_bf16_scalar,
+            [KP_DTYPE_Q8_0] = gemm_q8_0_scalar,
+            [KP_DTYPE_Q4_0] = gemm_q4_0_scalar,
+            [KP_DTYPE_Q4_K] = gemm_q4_K_scalar,
+            [KP_DTYPE_Q6_K] = gemm_q6_K_scalar,
         },
     .dot_f32 = dot_f32_scalar,
     .dot_f32_f16 = dot_f32_f16_scalar,
@@ -786,7 +844,17 @@ const kp_kernels *kp_kernels_avx2(void) {
     return NULL;
 }
 
+const kp_kernels *kp_kernels_avx512vnni(void) {
+#if defined(__x86_64__)
+    if (kp_kernels_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
+        return kp_quant_avx512vnni_table();
+#endif
+    return NULL;
+}
+
 const kp_kernels *kp_kernels_best(void) {
-    const kp_kernels *k = kp_kernels_avx2();
+    const kp_kernels *k = kp_kernels_avx512vnni();
+    if (!k) k = kp_kernels_avx2();
     return k ? k : &kernels_scalar;
 }

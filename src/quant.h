@@ -45,9 +45,13 @@
  *   +4   int8 qs[256]      x[i] = d * qs[i]
  *   +260 int16 bsums[16]   bsums[j] = sum of qs[16j .. 16j+15]
  *
+ *   Q4_1, Q5_0, Q5_1, Q5_K (weights) and Q8_1 (activations of Q4_1 and
+ *   Q5_1): layout tables in quant_more.h.
+ *
  * Row pointers handed to the kernels must be aligned to the block's
- * natural alignment (2 bytes for F16/BF16/Q8_0/Q4_0/Q4_K/Q6_K, 4 bytes for
- * F32 and Q8_K); GGUF tensor data always is.
+ * natural alignment (2 bytes for F16/BF16/Q8_0/Q4_0/Q4_K/Q6_K and
+ * Q4_1/Q5_0/Q5_1/Q5_K/Q8_1, 4 bytes for F32 and Q8_K); GGUF tensor data
+ * always is.
  */
 #ifndef KP_QUANT_H
 #define KP_QUANT_H
@@ -84,22 +88,42 @@ void kp_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n);
 /* ---- rows of any supported type ---------------------------------------- */
 
 /* Decodes n elements of type t at src into floats at dst. t is a type with
- * kernels, or Q8_K. Returns false, writing nothing, when t has no
+ * kernels, Q8_K or Q8_1. Returns false, writing nothing, when t has no
  * dequantizer or n is not a multiple of t's block size (n >= 0). */
 bool kp_dequantize_row(kp_dtype t, const void *src, float *dst, int64_t n);
 
 /* Encodes n floats as type t, with llama.cpp's reference algorithm, so the
  * bytes equal what llama-quantize --pure (no importance matrix) writes:
- * F32 (copy), F16, BF16, Q8_0, Q4_0, Q4_K (weighted min/scale search),
- * Q6_K (weighted scale search) and Q8_K. dst holds
+ * F32 (copy), F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q5_K
+ * (weighted min/scale searches), Q6_K (weighted scale search), and the
+ * activation types Q8_K and Q8_1. dst holds
  * kp_dtype_row_size(t, n) bytes. Returns false, writing nothing, for other
  * types or when n is not a multiple of the block size. */
 bool kp_quantize_row(kp_dtype t, const float *src, void *dst, int64_t n);
 
 /* The activation type a weight type's dot product consumes, as in llama.cpp:
- * F32->F32, F16->F16, BF16->BF16, Q8_0->Q8_0, Q4_0->Q8_0, Q4_K->Q8_K,
- * Q6_K->Q8_K. Any other type: KP_DTYPE_COUNT_ (no kernel). */
+ * F32->F32, F16->F16, BF16->BF16, Q8_0->Q8_0, Q4_0->Q8_0, Q5_0->Q8_0,
+ * Q4_1->Q8_1, Q5_1->Q8_1, Q4_K->Q8_K, Q5_K->Q8_K, Q6_K->Q8_K. Any other
+ * type: KP_DTYPE_COUNT_ (no kernel). */
 kp_dtype kp_vec_dot_type(kp_dtype w);
+
+/* ---- per-block summaries of Q8_0 activation rows -------------------------- */
+
+/*
+ * What gemm kernels need per block of a Q8_0 activation row besides the
+ * quants, computed once per row instead of once per kernel call:
+ *   d     the block's FP16 scale as float (exact)
+ *   bias  -128 * (sum of the block's 32 quants), exact: the term that a
+ *         dot product of weights stored with a +128 offset subtracts
+ */
+typedef struct {
+    float d;
+    int32_t bias;
+} kp_q8_0_aux;
+
+/* Fills aux[0 .. n/32) for the Q8_0 row a of n elements (n a multiple of
+ * 32, n >= 0). Pure; the rows may be any Q8_0 data. */
+void kp_q8_0_aux_row(const void *a, kp_q8_0_aux *aux, int64_t n);
 
 /* ---- kernel tables ------------------------------------------------------ */
 
@@ -139,6 +163,23 @@ typedef struct kp_kernels {
                                       const void *a, size_t a_stride, float *out,
                                       size_t out_stride);
 
+    /* Whole-block matrix product: the same result as dot_tile, for any
+     * nr, nc >= 1 (out_stride >= nr; no other element of out is written).
+     * The kernel picks its register tile, loop order and what it converts
+     * up front (it may repack the nr weight rows), so a caller hands it a
+     * thread's whole share at once: a few weight rows, kept in L1 while
+     * all the tokens of the batch stream past them. Summation order may
+     * differ with nr and nc; results agree within float rounding.
+     * aux is NULL, or, for Q8_0 activations (weights Q8_0 and Q4_0), the
+     * kp_q8_0_aux rows of the nc activation rows, row c at
+     * (char *)aux + c*aux_stride; with it the kernel skips converting
+     * scales and summing quants itself (same results). Ignored for other
+     * types. NULL entry where a table has no gemm for the type: callers
+     * then cover the block with dot_tile calls of at most 4 x 4. */
+    void (*gemm[KP_DTYPE_COUNT_])(int64_t n, int nr, int nc, const void *w, size_t w_stride,
+                                  const void *a, size_t a_stride, const void *aux,
+                                  size_t aux_stride, float *out, size_t out_stride);
+
     /* Attention helpers for KV rows stored as F32 or F16 (any n >= 0). */
     float (*dot_f32)(int64_t n, const float *x, const float *y);
     float (*dot_f32_f16)(int64_t n, const float *x, const uint16_t *y);
@@ -149,13 +190,22 @@ typedef struct kp_kernels {
 /* The portable C table; always available. Static storage, never freed. */
 const kp_kernels *kp_kernels_scalar(void);
 
-/* The AVX2+FMA+F16C table when the running CPU has all three (checked with
- * __builtin_cpu_supports on each call, cheap), else the scalar table. On
- * non-x86-64 builds this is always the scalar table. */
+/* The fastest table the running CPU supports (checked with
+ * __builtin_cpu_supports on each call, cheap): avx512vnni, else avx2
+ * (AVX2+FMA+F16C), else the scalar table. On non-x86-64 builds this is
+ * always the scalar table. */
 const kp_kernels *kp_kernels_best(void);
 
 /* The AVX2 table if this build contains it and the CPU supports it, else
  * NULL. For tests and benchmarks that compare the two tables. */
 const kp_kernels *kp_kernels_avx2(void);
+
+/* The avx2 table with gemm kernels that use AVX-512: vpdpbusd (VNNI) on
+ * 256-bit vectors for the integer types, 512-bit FMA for F32/F16/BF16
+ * (whose dot_tile it also replaces), if this build contains it and the CPU
+ * has AVX2, FMA, F16C, AVX512 F/VL/BW and VNNI, else NULL. Same results as
+ * the avx2 table for the integer types; within float rounding for the
+ * float types. */
+const kp_kernels *kp_kernels_avx512vnni(void);
 
 #endif

@@ -695,7 +695,7 @@ static void test_matches_llama_quantize(void) {
     };
     kp_error err = {0};
     gguf *src = NULL;
-    const char *dir = "../shared/models/gen/";
+    const char *dir = "tests/data/models/";
     char path[512];
     snprintf(path, sizeof path, "%sgen-llama-gqa-f32.gguf", dir);
     if (gguf_open(&src, harness_path(path), &err) != KP_OK) {
@@ -845,6 +845,154 @@ static void test_vec_dot_and_tiles(void) {
     CHECK(n_tile_checks > 0);
 }
 
+/*
+ * gemm over whole blocks of rows and columns, as the forward pass calls
+ * it: shapes that cross the kernels' internal row chunks (16 rows), column
+ * groups (4) and K chunks (4096 elements), partial groups at every edge,
+ * row and column offsets, and an out_stride wider than nr; for Q8_0
+ * activations both without aux and with kp_q8_0_aux rows. Every output is
+ * compared with a float64 dot of the dequantized rows, and must equal bit
+ * for bit what a 1 x 1 call (and dot_tile, and the other SIMD table)
+ * computes for it: the forward pass needs results that do not depend on
+ * how a batch is split. Outputs outside the nr x nc block must stay
+ * untouched.
+ */
+static void test_tile_shapes(void) {
+    enum { R = 19, C = 11, NMAX = 4352, OS = 23 };
+    static const int shapes[][4] = {/* nr, nc, first row, first column */
+                                    {1, 1, 0, 0},  {1, 5, 0, 0},   {4, 4, 0, 0},  {5, 1, 0, 0},  {3, 7, 2, 3},
+                                    {16, 4, 0, 0}, {17, 9, 1, 2}, {19, 11, 0, 0}, {8, 2, 11, 9}};
+    const kp_kernels *tabs[3] = {kp_kernels_scalar(), kp_kernels_avx2(), kp_kernels_avx512vnni()};
+    static float xf[NMAX];
+    static kp_q8_0_aux aux[C][NMAX / 32];
+    double *dw = malloc(sizeof(double) * R * NMAX), *da = malloc(sizeof(double) * C * NMAX);
+    double *want = malloc(sizeof(double) * R * C), *mag = malloc(sizeof(double) * R * C);
+    static float single[R * C], first[R * C]; /* 1 x 1 gemm results; those of the first SIMD table */
+    float *out = malloc(sizeof(float) * C * OS);
+    CHECK(dw && da && want && mag && out);
+    if (!dw || !da || !want || !mag || !out) goto done;
+    int n_checked = 0;
+    /* 4352 = 17 * 256 crosses every K chunk; float types also take an odd n */
+    for (int ti = 0; ti < 2 * N_WEIGHT_TYPES; ti++) {
+        const kp_dtype wt = weight_types[ti % N_WEIGHT_TYPES], at = kp_vec_dot_type(wt);
+        const int64_t N = ti < N_WEIGHT_TYPES ? NMAX : 1001;
+        if (N % kp_dtype_get(wt)->block_size != 0) continue;
+        const size_t wrs = kp_dtype_row_size(wt, N), ars = kp_dtype_row_size(at, N);
+        uint8_t *w = malloc(R * wrs), *a = malloc(C * ars);
+        CHECK(w && a);
+        if (!w || !a) {
+            free(w);
+            free(a);
+            continue;
+        }
+        for (int r = 0; r < R; r++) {
+            gauss_row(xf, N, 0.1f);
+            CHECK(kp_quantize_row(wt, xf, w + r * wrs, N));
+            ref_decode(wt, w + r * wrs, N, dw + (size_t)r * N);
+        }
+        for (int c = 0; c < C; c++) {
+            gauss_row(xf, N, 1.0f);
+            kp_kernels_scalar()->quantize_act[wt](xf, a + c * ars, N);
+            ref_decode(at, a + c * ars, N, da + (size_t)c * N);
+            if (at == KP_DTYPE_Q8_0) kp_q8_0_aux_row(a + c * ars, aux[c], N);
+        }
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) {
+                double s = 0, m = 0;
+                for (int64_t i = 0; i < N; i++) {
+                    s += dw[(size_t)r * N + i] * da[(size_t)c * N + i];
+                    m += fabs(dw[(size_t)r * N + i] * da[(size_t)c * N + i]);
+                }
+                want[r * C + c] = s;
+                mag[r * C + c] = m;
+            }
+        const double rel = 1e-5 + 4e-7 * sqrt((double)N);
+        for (int k = 0; k < 3 * 2; k++) { /* each table, without and with aux */
+            const kp_kernels *K = tabs[k / 2];
+            const int with_aux = k % 2;
+            if (!K || (with_aux && at != KP_DTYPE_Q8_0)) continue;
+            /* each output alone: every shape must reproduce it bit for bit */
+            for (int r = 0; r < R; r++)
+                for (int c = 0; c < C; c++)
+                    K->gemm[wt](N, 1, 1, w + r * wrs, wrs, a + c * ars, ars, NULL, 0, &single[r * C + c], 1);
+            int differ = 0;
+            for (int r = 0; r + 4 <= R; r += 4) /* dot_tile too */
+                for (int c = 0; c + 4 <= C; c += 4) {
+                    float t[4 * 4];
+                    K->dot_tile[wt](N, 4, 4, w + r * wrs, wrs, a + c * ars, ars, t, 4);
+                    for (int i = 0; i < 16; i++)
+                        differ += memcmp(&t[i], &single[(r + i % 4) * C + c + i / 4], sizeof(float)) != 0;
+                }
+            CHECK_MSG(differ == 0, "%s %s n=%lld: dot_tile differs from gemm 1 x 1 in %d outputs", K->name,
+                      kp_dtype_name(wt), (long long)N, differ);
+            if (k / 2 == 1) memcpy(first, single, sizeof single);
+            /* for the integer types avx512vnni computes what avx2 computes (its
+             * float tiles have 16 lanes, so a summation order of their own) */
+            if (k / 2 == 2 && tabs[1] && kp_dtype_get(wt)->block_size > 1)
+                CHECK_MSG(memcmp(first, single, sizeof single) == 0, "%s %s n=%lld: avx2 and %s differ",
+                          kp_dtype_name(wt), K->name, (long long)N, K->name);
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+                const int nr = shapes[si][0], nc = shapes[si][1], r0 = shapes[si][2], c0 = shapes[si][3];
+                for (int i = 0; i < C * OS; i++) out[i] = -12345.0f;
+                K->gemm[wt](N, nr, nc, w + r0 * wrs, wrs, a + c0 * ars, ars, with_aux ? aux[c0] : NULL,
+                            sizeof aux[0], out, OS);
+                int bad = 0, clobbered = 0, not_same = 0;
+                for (int c = 0; c < C; c++)
+                    for (int r = 0; r < OS; r++) {
+                        const float v = out[c * OS + r];
+                        if (c < nc && r < nr) {
+                            const int ix = (r0 + r) * C + (c0 + c);
+                            bad += !(fabs(v - want[ix]) <= rel * mag[ix]);
+                            not_same += memcmp(&v, &single[ix], sizeof v) != 0;
+                        } else {
+                            clobbered += v != -12345.0f;
+                        }
+                    }
+                n_checked++;
+                CHECK_MSG(bad == 0 && clobbered == 0, "%s %s gemm %dx%d at (%d,%d)%s: %d wrong, %d clobbered",
+                          K->name, kp_dtype_name(wt), nr, nc, r0, c0, with_aux ? " with aux" : "", bad, clobbered);
+                CHECK_MSG(not_same == 0, "%s %s n=%lld gemm %dx%d at (%d,%d)%s: %d outputs differ from 1 x 1 calls",
+                          K->name, kp_dtype_name(wt), (long long)N, nr, nc, r0, c0, with_aux ? " with aux" : "",
+                          not_same);
+            }
+        }
+        free(w);
+        free(a);
+    }
+    CHECK(n_checked > 0);
+done:
+    free(dw);
+    free(da);
+    free(want);
+    free(mag);
+    free(out);
+}
+
+/* kp_q8_0_aux_row against its definition, on blocks with extreme sums. */
+static void test_q8_0_aux(void) {
+    enum { NB = 5 };
+    uint8_t blocks[NB * 34];
+    kp_q8_0_aux aux[NB];
+    for (int b = 0; b < NB; b++) {
+        uint8_t *blk = blocks + 34 * b;
+        const uint16_t h = (uint16_t)(0x3C00 + 0x111 * b); /* 1.0 and up */
+        blk[0] = (uint8_t)(h & 0xFF);
+        blk[1] = (uint8_t)(h >> 8);
+        for (int j = 0; j < 32; j++)
+            blk[2 + j] = (uint8_t)(b == 0 ? 0x80 : b == 1 ? 0x7F : (int8_t)(rng_u64() & 0xFF));
+    }
+    kp_q8_0_aux_row(blocks, aux, NB * 32);
+    for (int b = 0; b < NB; b++) {
+        const uint8_t *blk = blocks + 34 * b;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) sum += (int8_t)blk[2 + j];
+        CHECK_EQ_INT(aux[b].bias, -128 * sum);
+        CHECK(aux[b].d == (float)le_half(blk));
+    }
+    CHECK_EQ_INT(aux[0].bias, 128 * 128 * 32);
+    CHECK_EQ_INT(aux[1].bias, -128 * 127 * 32);
+}
+
 static void test_attention_helpers(void) {
     const kp_kernels *tabs[2] = {kp_kernels_scalar(), kp_kernels_avx2()};
     static const int64_t lens[] = {0, 1, 7, 8, 33, 130};
@@ -891,21 +1039,21 @@ static void test_api_edges(void) {
     CHECK_EQ_INT(kp_vec_dot_type(KP_DTYPE_Q4_0), KP_DTYPE_Q8_0);
     CHECK_EQ_INT(kp_vec_dot_type(KP_DTYPE_Q4_K), KP_DTYPE_Q8_K);
     CHECK_EQ_INT(kp_vec_dot_type(KP_DTYPE_Q6_K), KP_DTYPE_Q8_K);
-    CHECK_EQ_INT(kp_vec_dot_type(KP_DTYPE_Q5_K), KP_DTYPE_COUNT_);
+    CHECK_EQ_INT(kp_vec_dot_type(KP_DTYPE_Q3_K), KP_DTYPE_COUNT_);
 
     float x[64] = {0}, y[64];
     uint8_t q[256];
-    CHECK(!kp_quantize_row(KP_DTYPE_Q4_1, x, q, 32));
+    CHECK(!kp_quantize_row(KP_DTYPE_Q2_K, x, q, 256));
     CHECK(!kp_quantize_row(KP_DTYPE_Q8_0, x, q, 33));
-    CHECK(!kp_dequantize_row(KP_DTYPE_Q5_0, q, y, 32));
+    CHECK(!kp_dequantize_row(KP_DTYPE_IQ4_NL, q, y, 32));
     CHECK(!kp_dequantize_row(KP_DTYPE_Q4_K, q, y, 32));
     CHECK(!kp_dequantize_row((kp_dtype)5, q, y, 32)); /* no such type id */
     CHECK(kp_quantize_row(KP_DTYPE_F16, x, q, 0));
 
     /* every weight type with kernels has all entries in both tables, others none
      * (Q8_K has kernels in dtype.h's sense, a dequantizer, but is no weight type) */
-    const kp_kernels *tabs[2] = {kp_kernels_scalar(), kp_kernels_avx2()};
-    for (int k = 0; k < 2; k++) {
+    const kp_kernels *tabs[3] = {kp_kernels_scalar(), kp_kernels_avx2(), kp_kernels_avx512vnni()};
+    for (int k = 0; k < 3; k++) {
         if (!tabs[k]) continue;
         for (uint32_t t = 0; t < KP_DTYPE_COUNT_; t++) {
             const kp_dtype_info *info = kp_dtype_get(t);
@@ -913,11 +1061,24 @@ static void test_api_edges(void) {
             CHECK_MSG((tabs[k]->vec_dot[t] != NULL) == want && (tabs[k]->dot_tile[t] != NULL) == want &&
                           (tabs[k]->quantize_act[t] != NULL) == want,
                       "%s table entries for %s", tabs[k]->name, kp_dtype_name(t));
+            /* gemm is optional, but the types this module owns have one everywhere */
+            const kp_dtype own[] = {KP_DTYPE_F32,  KP_DTYPE_F16,  KP_DTYPE_BF16, KP_DTYPE_Q8_0,
+                                    KP_DTYPE_Q4_0, KP_DTYPE_Q4_K, KP_DTYPE_Q6_K};
+            for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+                if (own[i] == (kp_dtype)t) CHECK_MSG(tabs[k]->gemm[t] != NULL, "%s gemm for %s", tabs[k]->name, kp_dtype_name(t));
+            if (!want) CHECK_MSG(tabs[k]->gemm[t] == NULL, "%s gemm for %s", tabs[k]->name, kp_dtype_name(t));
         }
     }
     CHECK_EQ_STR(kp_kernels_scalar()->name, "scalar");
-    if (kp_kernels_avx2()) CHECK(kp_kernels_best() == kp_kernels_avx2());
-    else CHECK(kp_kernels_best() == kp_kernels_scalar());
+    if (kp_kernels_avx512vnni()) {
+        CHECK(kp_kernels_avx2() != NULL);
+        CHECK(kp_kernels_best() == kp_kernels_avx512vnni());
+        CHECK_EQ_STR(kp_kernels_avx512vnni()->name, "avx512vnni");
+    } else if (kp_kernels_avx2()) {
+        CHECK(kp_kernels_best() == kp_kernels_avx2());
+    } else {
+        CHECK(kp_kernels_best() == kp_kernels_scalar());
+    }
 }
 
 int main(void) {
@@ -936,6 +1097,8 @@ int main(void) {
     RUN(test_nonfinite_inputs);
     RUN(test_matches_llama_quantize);
     RUN(test_vec_dot_and_tiles);
+    RUN(test_q8_0_aux);
+    RUN(test_tile_shapes);
     RUN(test_attention_helpers);
     RUN(test_api_edges);
     if (harness_failed) fprintf(stderr, "quant: random seed was %llu (rerun with KP_TEST_SEED=%llu)\n",
