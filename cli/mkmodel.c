@@ -15,7 +15,12 @@ static void mk_usage(FILE *out) {
             "                     [--kv-heads N] [--head-dim N] [--ff N] [--ctx N] [--rope-base F]\n"
             "                     [--eps F] [--tied | --untied] [--seed S] [--name NAME]\n"
             "presets: smollm2-135m, tiny, qwen2-tiny, qwen3-tiny (default tiny)\n"
-            "types: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K (default F32)\n"
+            "types: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K (default F32)\n"
+            "Every 2-D weight gets --type, as llama-quantize --pure writes it, with the same\n"
+            "fallback for rows whose length is not a multiple of the type's block size:\n"
+            "Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0 (e.g. the 576-wide rows of\n"
+            "smollm2-135m), and F16 when even 32 does not divide the row. Those tensors are\n"
+            "listed on stderr; general.file_type stays the one of --type (Q4_K: Q4_K_M).\n"
             "The tokenizer (every tokenizer.* key) is copied from --tokenizer (default: the\n"
             "bundled model).\n");
 }
@@ -85,11 +90,22 @@ int cmd_mkmodel(int argc, char **argv) {
         return 2;
     }
     if (!tokenizer) tokenizer = cli_default_model();
-    if (mkmodel_write(&spec, tokenizer, out, &err) != KP_OK) {
+    mkmodel_report rep;
+    if (mkmodel_write(&spec, tokenizer, out, &rep, &err) != KP_OK) {
         fprintf(stderr, "kvpin mkmodel: %s\n", err.msg);
         return 1;
     }
+    const kp_dtype_info *wt = kp_dtype_get(spec.wtype);
+    for (size_t i = 0; i < rep.n_fallback; i++) {
+        const mkmodel_fallback *f = &rep.fallback[i];
+        fprintf(stderr, "%-28s rows of %lld not a multiple of %u (%s) -> %s\n", f->tensor,
+                (long long)f->row_len, wt->block_size, wt->name, kp_dtype_name(f->type));
+    }
+    if (rep.n_fallback)
+        fprintf(stderr, "%zu of %zu weights fell back to another type, as llama-quantize does\n",
+                rep.n_fallback, rep.n_weights);
     fprintf(stderr, "wrote %s (%s, %u layers, n_embd %u, %s, seed %llu)\n", out, spec.arch,
             spec.n_layer, spec.n_embd, kp_dtype_name(spec.wtype), (unsigned long long)spec.seed);
+    mkmodel_report_clear(&rep);
     return 0;
 }

@@ -25,13 +25,15 @@
  *   {arch}.vocab_size                      u32   n_vocab
  *   {arch}.rope.freq_base                  f32   rope_base
  *   {arch}.attention.layer_norm_rms_epsilon f32  rms_eps
- *   general.file_type                      u32   mkmodel_file_type(wtype)
+ *   general.file_type                      u32   mkmodel_file_type(wtype), also when
+ *                                                some weights fell back (as llama-quantize)
  *   general.quantization_version           u32   2, when wtype is not F32 (as
  *                                                llama-quantize writes it)
  *   tokenizer.*                            (verbatim, in the source file's order)
  *
- * Tensors, in file order (also the order their values are drawn); W = wtype,
- * hd = head_dim, ne in ggml order [row length, rows]:
+ * Tensors, in file order (also the order their values are drawn); W =
+ * mkmodel_weight_type(wtype, row length), hd = head_dim, ne in ggml order
+ * [row length, rows]:
  *
  *   token_embd.weight              W    [n_embd, n_vocab]   N(0,1) untied, N(0,1/n_embd) tied
  *   for each layer N:
@@ -206,32 +208,50 @@ static mk_arch arch_of(const char *arch) {
 }
 
 int mkmodel_file_type(kp_dtype wtype) {
-    switch (wtype) {
+    switch (wtype) { /* llama_ftype */
     case KP_DTYPE_F32: return 0;
     case KP_DTYPE_F16: return 1;
     case KP_DTYPE_Q4_0: return 2;
+    case KP_DTYPE_Q4_1: return 3;
     case KP_DTYPE_Q8_0: return 7;
-    case KP_DTYPE_Q4_K: return 15;
+    case KP_DTYPE_Q5_0: return 8;
+    case KP_DTYPE_Q5_1: return 9;
+    case KP_DTYPE_Q4_K: return 15; /* MOSTLY_Q4_K_M */
+    case KP_DTYPE_Q5_K: return 17; /* MOSTLY_Q5_K_M */
     case KP_DTYPE_Q6_K: return 18;
     case KP_DTYPE_BF16: return 32;
     default: return -1;
     }
 }
 
-static uint32_t head_dim_of(const mkmodel_spec *s) {
-    return s->head_dim ? s->head_dim : (s->n_head ? s->n_embd / s->n_head : 0);
+/*
+ * llama-quantize's shape fallback (tensor_type_fallback in llama.cpp's
+ * src/llama-quant.cpp): a K-quant goes to the 32-element type of similar
+ * size, a 32-element type has nothing smaller and stays, and what still
+ * does not divide the row is written as F16.
+ */
+kp_dtype mkmodel_weight_type(kp_dtype wtype, int64_t row_len) {
+    if (mkmodel_file_type(wtype) < 0) return KP_DTYPE_COUNT_;
+    const uint32_t bs = kp_dtype_get(wtype)->block_size;
+    if (row_len % bs == 0) return wtype;
+    kp_dtype t = wtype;
+    switch (wtype) {
+    case KP_DTYPE_Q4_K: t = KP_DTYPE_Q5_0; break;
+    case KP_DTYPE_Q5_K: t = KP_DTYPE_Q5_1; break;
+    case KP_DTYPE_Q6_K: t = KP_DTYPE_Q8_0; break;
+    default: break; /* Q8_0 Q4_0 Q4_1 Q5_0 Q5_1: 32-element blocks already */
+    }
+    return row_len % kp_dtype_get(t)->block_size == 0 ? t : KP_DTYPE_F16;
 }
 
-/* Rejects a row length that the weight type cannot encode. */
-static kp_status check_row(const mkmodel_spec *s, const char *tensors, uint64_t n,
-                           kp_error *err) {
-    const kp_dtype_info *ti = kp_dtype_get(s->wtype);
-    if (n % ti->block_size != 0)
-        return kp_fail(err, KP_EINVAL,
-                       "mkmodel: %s rows have %llu elements, not a multiple of %s's block size "
-                       "%u; choose another weight type or shape",
-                       tensors, (unsigned long long)n, ti->name, ti->block_size);
-    return KP_OK;
+void mkmodel_report_clear(mkmodel_report *r) {
+    if (!r) return;
+    free(r->fallback);
+    memset(r, 0, sizeof *r);
+}
+
+static uint32_t head_dim_of(const mkmodel_spec *s) {
+    return s->head_dim ? s->head_dim : (s->n_head ? s->n_embd / s->n_head : 0);
 }
 
 kp_status mkmodel_validate(const mkmodel_spec *s, uint64_t n_vocab, kp_error *err) {
@@ -241,7 +261,8 @@ kp_status mkmodel_validate(const mkmodel_spec *s, uint64_t n_vocab, kp_error *er
                        s->arch ? s->arch : "(null)");
     if (mkmodel_file_type(s->wtype) < 0)
         return kp_fail(err, KP_EUNSUPPORTED,
-                       "mkmodel: weight type %s (mkmodel writes F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K)",
+                       "mkmodel: weight type %s (mkmodel writes F32 F16 BF16 Q8_0 Q4_0 Q4_1 "
+                       "Q5_0 Q5_1 Q4_K Q5_K Q6_K)",
                        kp_dtype_name(s->wtype));
     if (s->n_layer == 0 || s->n_embd == 0 || s->n_head == 0 || s->n_head_kv == 0 ||
         s->n_ff == 0 || s->n_ctx == 0)
@@ -272,12 +293,7 @@ kp_status mkmodel_validate(const mkmodel_spec *s, uint64_t n_vocab, kp_error *er
     if (n_vocab == 0 || n_vocab > INT32_MAX)
         return kp_fail(err, KP_EINVAL, "mkmodel: vocabulary of %llu tokens",
                        (unsigned long long)n_vocab);
-    kp_status st = check_row(s, "token_embd/attn_q/attn_k/attn_v/ffn_gate/ffn_up (n_embd)",
-                             s->n_embd, err);
-    if (st == KP_OK)
-        st = check_row(s, "attn_output (n_head*head_dim)", (uint64_t)s->n_head * hd, err);
-    if (st == KP_OK) st = check_row(s, "ffn_down (n_ff)", s->n_ff, err);
-    return st;
+    return KP_OK;
 }
 
 /* ---- the plan ---- */
@@ -307,7 +323,8 @@ static void plan_add(mk_plan *p, const char *name, int64_t ne0, int64_t ne1, kp_
     t->n_dims = ne1 > 0 ? 2 : 1;
     t->ne[0] = ne0;
     t->ne[1] = ne1 > 0 ? ne1 : 1;
-    t->type = type;
+    /* 2-D weights: the spec's type, or llama-quantize's fallback for this row length */
+    t->type = ne1 > 0 ? mkmodel_weight_type(type, ne0) : type;
     t->init = init;
     t->scale = scale;
 }
@@ -423,13 +440,37 @@ static kp_status write_tensor(gguf_w *w, const mk_tensor *t, mk_rng *rng, float 
     return KP_OK;
 }
 
+/* Sets *r to the plan's 2-D weights and those not of the spec's type. */
+static kp_status fill_report(const mk_plan *plan, kp_dtype wtype, mkmodel_report *r,
+                             kp_error *err) {
+    memset(r, 0, sizeof *r);
+    size_t n_fb = 0;
+    for (size_t i = 0; i < plan->n; i++) {
+        r->n_weights += plan->t[i].n_dims == 2;
+        n_fb += plan->t[i].n_dims == 2 && plan->t[i].type != wtype;
+    }
+    if (n_fb == 0) return KP_OK;
+    r->fallback = calloc(n_fb, sizeof *r->fallback);
+    if (!r->fallback) return kp_fail(err, KP_ENOMEM, "mkmodel: out of memory for the report");
+    for (size_t i = 0; i < plan->n; i++) {
+        const mk_tensor *t = &plan->t[i];
+        if (t->n_dims != 2 || t->type == wtype) continue;
+        mkmodel_fallback *f = &r->fallback[r->n_fallback++];
+        snprintf(f->tensor, sizeof f->tensor, "%s", t->name);
+        f->row_len = t->ne[0];
+        f->type = t->type;
+    }
+    return KP_OK;
+}
+
 kp_status mkmodel_write(const mkmodel_spec *spec, const char *tokenizer_gguf_path,
-                        const char *out_path, kp_error *err) {
+                        const char *out_path, mkmodel_report *report, kp_error *err) {
     gguf *tok = NULL;
     gguf_w *w = NULL;
     mk_plan plan = {0};
     float *row = NULL;
     void *encoded = NULL;
+    if (report) memset(report, 0, sizeof *report);
 
     /* Everything that can be refused is refused before the output is created. */
     kp_status st = gguf_open(&tok, tokenizer_gguf_path, err);
@@ -445,6 +486,7 @@ kp_status mkmodel_write(const mkmodel_spec *spec, const char *tokenizer_gguf_pat
     uint64_t n_vocab = tokens->v.arr.n;
     if ((st = mkmodel_validate(spec, n_vocab, err)) != KP_OK) goto done;
     if ((st = plan_build(spec, n_vocab, &plan, err)) != KP_OK) goto done;
+    if (report && (st = fill_report(&plan, spec->wtype, report, err)) != KP_OK) goto done;
     if ((st = gguf_w_new(&w, err)) != KP_OK) goto done;
     if ((st = add_metadata(w, spec, n_vocab, tok, err)) != KP_OK) goto done;
     gguf_close(tok); /* its metadata was copied into the writer */
@@ -475,6 +517,7 @@ kp_status mkmodel_write(const mkmodel_spec *spec, const char *tokenizer_gguf_pat
     if (st == KP_OK) st = gguf_w_finish(w, err);
 
 done:
+    if (st != KP_OK) mkmodel_report_clear(report);
     gguf_close(tok);
     gguf_w_free(w); /* removes the partial file unless finish succeeded */
     free(plan.t);

@@ -9,9 +9,14 @@
  *     and tensor infos (and, with the reference's own tokenizer, its header bytes);
  *   - weights have the documented statistics (float64 sums over the F32 file),
  *     quantized files hold the same weights within each type's error;
+ *   - llama.cpp's llama_model_quantize (llama-quantize --pure) applied to our
+ *     F32 files (tests/data/quant_more/llama-quantize.txt): every type, and the
+ *     fallback for row lengths a type cannot encode, give the same tensor
+ *     types, bytes and general.file_type as mkmodel writes directly;
  *   - determinism, tokenizer copies, refusals and I/O errors.
  */
 #include <stdint.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "gguf.h"
@@ -20,10 +25,10 @@
 #include "mkmodel.h"
 #include "quant.h"
 
-#define STORIES "../shared/models/stories260K.gguf"
-#define REF_GQA "../shared/models/gen/gen-llama-gqa-f32.gguf"
-#define REF_QWEN2 "../shared/models/gen/gen-qwen2-f32.gguf"
-#define REF_QWEN3 "../shared/models/gen/gen-qwen3-f16.gguf"
+#define STORIES "models/stories260K.gguf"
+#define REF_GQA "tests/data/models/gen-llama-gqa-f32.gguf"
+#define REF_QWEN2 "tests/data/models/gen-qwen2-f32.gguf"
+#define REF_QWEN3 "tests/data/models/gen-qwen3-f16.gguf"
 
 /* ---- helpers ---- */
 
@@ -436,7 +441,7 @@ static void test_writer_errors(void) {
 static bool write_model(const mkmodel_spec *spec, const char *tok, char path[64]) {
     tmp_path(path);
     kp_error err = {0};
-    kp_status st = mkmodel_write(spec, harness_path(tok), path, &err);
+    kp_status st = mkmodel_write(spec, harness_path(tok), path, NULL, &err);
     CHECK_MSG(st == KP_OK, "%s %s: %s", spec->arch, kp_dtype_name(spec->wtype), err.msg);
     return st == KP_OK;
 }
@@ -630,6 +635,10 @@ static void test_all_archs_and_types(void) {
     static const struct { kp_dtype t; double lo, hi; } err_bounds[] = {
         {KP_DTYPE_F16, 1e-4, 4e-4},    {KP_DTYPE_BF16, 8e-4, 3.2e-3}, {KP_DTYPE_Q8_0, 2.5e-3, 0.01},
         {KP_DTYPE_Q4_0, 0.037, 0.15}, {KP_DTYPE_Q4_K, 0.035, 0.14},  {KP_DTYPE_Q6_K, 0.009, 0.036},
+        /* Q4_1 steps of range/15 (range ~4.1 s: rms ~0.079), Q5_1 range/31 (~0.038),
+         * Q5_0 absmax/16 (~0.043), Q5_K fitted sub-block grids (~0.036) */
+        {KP_DTYPE_Q4_1, 0.039, 0.16}, {KP_DTYPE_Q5_1, 0.019, 0.076}, {KP_DTYPE_Q5_0, 0.021, 0.086},
+        {KP_DTYPE_Q5_K, 0.018, 0.072},
     };
     static const struct { const char *preset, *tok; } cases[] = {
         {"tiny", STORIES}, {"qwen2-tiny", REF_QWEN2}, {"qwen3-tiny", STORIES}};
@@ -890,29 +899,21 @@ static void test_refusals(void) {
     char path[64];
     tmp_path(path);
     unlink(path);
-    /* SmolLM2's 576-wide rows cannot be K-quants */
-    mkmodel_spec s = preset("smollm2-135m");
-    CHECK_EQ_INT(s.n_layer, 30);
-    CHECK_EQ_INT(s.n_embd, 576);
-    CHECK(s.tied);
-    const kp_dtype kq[2] = {KP_DTYPE_Q4_K, KP_DTYPE_Q6_K};
-    for (int i = 0; i < 2; i++) {
-        s.wtype = kq[i];
-        CHECK_EQ_INT(mkmodel_write(&s, harness_path(STORIES), path, &err), KP_EINVAL);
-        CHECK_MSG(strstr(err.msg, "576") && strstr(err.msg, "256"), "%s", err.msg);
+    /* types mkmodel does not write: refused, nothing written, the report left empty */
+    mkmodel_spec s = preset("tiny");
+    const kp_dtype unwritable[] = {KP_DTYPE_Q2_K, KP_DTYPE_Q3_K, KP_DTYPE_Q8_K, KP_DTYPE_Q8_1,
+                                   KP_DTYPE_IQ4_NL};
+    for (size_t i = 0; i < sizeof unwritable / sizeof unwritable[0]; i++) {
+        s.wtype = unwritable[i];
+        mkmodel_report rep;
+        memset(&rep, 0xAB, sizeof rep); /* garbage in: overwritten, never freed */
+        CHECK_EQ_INT(mkmodel_write(&s, harness_path(STORIES), path, &rep, &err), KP_EUNSUPPORTED);
+        CHECK_MSG(strstr(err.msg, kp_dtype_name(unwritable[i])) && strstr(err.msg, "Q5_K"), "%s", err.msg);
+        CHECK(rep.n_weights == 0 && rep.n_fallback == 0 && rep.fallback == NULL);
         CHECK(!file_exists(path));
+        CHECK_EQ_INT(mkmodel_weight_type(unwritable[i], 256), KP_DTYPE_COUNT_);
     }
-    s.wtype = KP_DTYPE_Q8_0; /* 576 = 18 x 32, 1536 = 48 x 32: fine for Q8_0 */
-    CHECK_EQ_INT(mkmodel_validate(&s, 512, &err), KP_OK);
-
     s = preset("tiny");
-    s.n_ff = 300;
-    s.wtype = KP_DTYPE_Q4_0;
-    CHECK_EQ_INT(mkmodel_write(&s, harness_path(STORIES), path, &err), KP_EINVAL);
-    CHECK(strstr(err.msg, "ffn_down") && strstr(err.msg, "32"));
-    s = preset("tiny");
-    s.wtype = KP_DTYPE_Q5_K;
-    CHECK_EQ_INT(mkmodel_validate(&s, 512, &err), KP_EUNSUPPORTED);
     s.wtype = KP_DTYPE_F32;
     s.arch = "gpt2";
     CHECK_EQ_INT(mkmodel_validate(&s, 512, &err), KP_EUNSUPPORTED);
@@ -934,15 +935,23 @@ static void test_refusals(void) {
     /* unwritable outputs fail cleanly */
     s = preset("tiny");
     s.n_layer = 1;
-    CHECK_EQ_INT(mkmodel_write(&s, harness_path(STORIES), "/nonexistent-kvpin-dir/m.gguf", &err),
+    CHECK_EQ_INT(mkmodel_write(&s, harness_path(STORIES), "/nonexistent-kvpin-dir/m.gguf", NULL, &err),
                  KP_EIO);
     CHECK(strstr(err.msg, "/nonexistent-kvpin-dir/m.gguf") != NULL);
     if (file_exists("/dev/full")) {
-        CHECK_EQ_INT(mkmodel_write(&s, harness_path(STORIES), "/dev/full", &err), KP_EIO);
+        mkmodel_report rep;
+        s.n_embd = 80; /* with fallbacks (to F16), which the failed write must not report */
+        s.n_head = 2;
+        s.n_head_kv = 1;
+        s.wtype = KP_DTYPE_Q4_0;
+        CHECK_EQ_INT(mkmodel_write(&s, harness_path(STORIES), "/dev/full", &rep, &err), KP_EIO);
         CHECK_MSG(strstr(err.msg, "space") != NULL, "%s", err.msg);
+        CHECK(rep.n_weights == 0 && rep.n_fallback == 0 && rep.fallback == NULL);
+        s = preset("tiny");
+        s.n_layer = 1;
     }
     /* a missing tokenizer file, and one without tokens */
-    CHECK_EQ_INT(mkmodel_write(&s, "/nonexistent-kvpin-dir/tok.gguf", path, &err), KP_EIO);
+    CHECK_EQ_INT(mkmodel_write(&s, "/nonexistent-kvpin-dir/tok.gguf", path, NULL, &err), KP_EIO);
     CHECK(!file_exists(path));
     char notok[64];
     tmp_path(notok);
@@ -953,10 +962,209 @@ static void test_refusals(void) {
         CHECK(gguf_w_finish(w, &err) == KP_OK);
         gguf_w_free(w);
     }
-    CHECK_EQ_INT(mkmodel_write(&s, notok, path, &err), KP_EFORMAT);
+    CHECK_EQ_INT(mkmodel_write(&s, notok, path, NULL, &err), KP_EFORMAT);
     CHECK(strstr(err.msg, "tokenizer.ggml.tokens") != NULL);
     CHECK(!file_exists(path));
     unlink(notok);
+}
+
+/* ---- llama-quantize's fallback for row lengths a type cannot encode ---- */
+
+#define LLAMA_QUANTIZE_REF "tests/data/quant_more/llama-quantize.txt"
+
+/* The rule itself, case by case as llama.cpp's tensor_type_fallback
+ * (src/llama-quant.cpp) decides it. */
+static void test_weight_type_rule(void) {
+    static const struct { kp_dtype want, t; int64_t n; } cases[] = {
+        {KP_DTYPE_Q4_K, KP_DTYPE_Q4_K, 1536}, {KP_DTYPE_Q5_0, KP_DTYPE_Q4_K, 576},
+        {KP_DTYPE_Q5_1, KP_DTYPE_Q5_K, 576},  {KP_DTYPE_Q8_0, KP_DTYPE_Q6_K, 576},
+        {KP_DTYPE_F16, KP_DTYPE_Q4_K, 80},    {KP_DTYPE_F16, KP_DTYPE_Q5_K, 80},
+        {KP_DTYPE_F16, KP_DTYPE_Q6_K, 100},   {KP_DTYPE_F16, KP_DTYPE_Q8_0, 80},
+        {KP_DTYPE_F16, KP_DTYPE_Q4_0, 48},    {KP_DTYPE_F16, KP_DTYPE_Q4_1, 16},
+        {KP_DTYPE_F16, KP_DTYPE_Q5_0, 1},     {KP_DTYPE_F16, KP_DTYPE_Q5_1, 33},
+        {KP_DTYPE_Q5_0, KP_DTYPE_Q5_0, 96},   {KP_DTYPE_Q8_0, KP_DTYPE_Q8_0, 32},
+        {KP_DTYPE_F32, KP_DTYPE_F32, 7},      {KP_DTYPE_F16, KP_DTYPE_F16, 7},
+        {KP_DTYPE_BF16, KP_DTYPE_BF16, 7},    {KP_DTYPE_Q6_K, KP_DTYPE_Q6_K, 256},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        CHECK_MSG(mkmodel_weight_type(cases[i].t, cases[i].n) == cases[i].want, "%s rows of %lld: %s, want %s",
+                  kp_dtype_name(cases[i].t), (long long)cases[i].n,
+                  kp_dtype_name(mkmodel_weight_type(cases[i].t, cases[i].n)), kp_dtype_name(cases[i].want));
+}
+
+/* The specs of the models in llama-quantize.txt (tests/data/quant_more/README.md). */
+static bool ref_case_spec(const char *name, mkmodel_spec *s) {
+    if (strcmp(name, "smollm2-1l") == 0) {
+        *s = preset("smollm2-135m");
+        s->n_layer = 1;
+        s->seed = 11;
+        return true;
+    }
+    if (strcmp(name, "odd-80") == 0) {
+        *s = preset("tiny");
+        s->n_layer = 1;
+        s->n_embd = 80;
+        s->n_head = 2;
+        s->n_head_kv = 1;
+        s->n_ff = 256;
+        s->seed = 12;
+        return true;
+    }
+    return false;
+}
+
+static uint64_t fnv1a64(const void *data, uint64_t n) {
+    const uint8_t *p = data;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (uint64_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/*
+ * One section of llama-quantize.txt: llama.cpp's llama_model_quantize
+ * (llama-quantize --pure's parameters, ftype `ftype`) applied to the F32
+ * model of `name`. mkmodel with the matching --type must write the same
+ * general.file_type and, tensor by tensor, the same type and the same bytes
+ * (FNV-1a of the data), and report exactly the tensors that fell back.
+ */
+static void check_against_llama_quantize(const char *name, int ftype, char **lines, size_t n_lines) {
+    mkmodel_spec s;
+    CHECK_MSG(ref_case_spec(name, &s), "unknown reference model %s", name);
+    if (!ref_case_spec(name, &s)) return;
+    s.wtype = KP_DTYPE_COUNT_;
+    for (uint32_t t = 0; t < KP_DTYPE_COUNT_; t++)
+        if (kp_dtype_get(t) && mkmodel_file_type((kp_dtype)t) == ftype) s.wtype = (kp_dtype)t;
+    CHECK_MSG(s.wtype != KP_DTYPE_COUNT_, "ftype %d", ftype);
+    if (s.wtype == KP_DTYPE_COUNT_) return;
+    char path[64];
+    tmp_path(path);
+    kp_error err = {0};
+    mkmodel_report rep;
+    kp_status st = mkmodel_write(&s, harness_path(STORIES), path, &rep, &err);
+    CHECK_MSG(st == KP_OK, "%s %s: %s", name, kp_dtype_name(s.wtype), err.msg);
+    gguf *g = NULL;
+    if (st == KP_OK) CHECK_MSG(gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
+    if (!g) {
+        unlink(path);
+        return;
+    }
+    int bad = 0, n_ref_fallback = 0;
+    size_t n_tensors = 0;
+    for (size_t i = 0; i < n_lines; i++) {
+        char tname[96], ttype[16], hash[32];
+        unsigned long long bytes = 0;
+        int ft = -2;
+        if (sscanf(lines[i], "general.file_type %d", &ft) == 1) {
+            CHECK_MSG((int)get_u32(g, "general.file_type") == ft, "%s ftype %d: general.file_type %u", name,
+                      ftype, get_u32(g, "general.file_type"));
+            continue;
+        }
+        if (sscanf(lines[i], "%95s %15s %llu %31s", tname, ttype, &bytes, hash) != 4) {
+            CHECK_MSG(0, "bad line in %s: %s", LLAMA_QUANTIZE_REF, lines[i]);
+            continue;
+        }
+        n_tensors++;
+        const bool fell_back = strcasecmp(ttype, kp_dtype_name(s.wtype)) != 0 && strcasecmp(ttype, "f32") != 0;
+        n_ref_fallback += fell_back;
+        const gguf_tensor *t = gguf_find_tensor(g, tname);
+        char mine[32] = "";
+        if (t) snprintf(mine, sizeof mine, "%016llx", (unsigned long long)fnv1a64(t->data, t->n_bytes));
+        const bool ok = t && strcasecmp(kp_dtype_name(t->type), ttype) == 0 && t->n_bytes == bytes &&
+                        strcmp(mine, hash) == 0;
+        if (!ok && bad++ < 4)
+            fprintf(stderr, "%s ftype %d: %s: llama-quantize wrote %s, %llu bytes, %s; mkmodel %s, %llu bytes, %s\n",
+                    name, ftype, tname, ttype, bytes, hash, t ? kp_dtype_name(t->type) : "nothing",
+                    t ? (unsigned long long)t->n_bytes : 0ull, mine);
+        /* the report names exactly these tensors, with these types */
+        bool listed = false;
+        for (size_t k = 0; k < rep.n_fallback; k++)
+            if (strcmp(rep.fallback[k].tensor, tname) == 0)
+                listed = strcasecmp(kp_dtype_name(rep.fallback[k].type), ttype) == 0 && t &&
+                         rep.fallback[k].row_len == t->ne[0];
+        CHECK_MSG(listed == fell_back, "%s %s: %s %s in the report", name, kp_dtype_name(s.wtype), tname,
+                  fell_back ? "missing" : "wrongly");
+    }
+    CHECK_MSG(bad == 0, "%s ftype %d: %d tensors differ from llama-quantize's%s", name, ftype, bad,
+              ftype == 0 ? " (the F32 source: mkmodel's weights changed; rerun tests/data/quant_more/make.sh)" : "");
+    CHECK_EQ_INT(gguf_n_tensors(g), n_tensors);
+    CHECK_EQ_INT(rep.n_fallback, n_ref_fallback);
+    CHECK_EQ_INT(rep.n_weights, 7 * s.n_layer + 1 + !s.tied);
+    printf("mkmodel: %s as %s: %zu tensors, %d equal to llama-quantize's, %zu fell back\n", name,
+           kp_dtype_name(s.wtype), n_tensors, (int)n_tensors - bad, rep.n_fallback);
+    mkmodel_report_clear(&rep);
+    CHECK(rep.fallback == NULL && rep.n_fallback == 0);
+    gguf_close(g);
+    unlink(path);
+}
+
+static void test_matches_llama_quantize(void) {
+    size_t len = 0;
+    char *text = harness_read_file(harness_path(LLAMA_QUANTIZE_REF), &len);
+    CHECK_MSG(text != NULL, "cannot read %s", LLAMA_QUANTIZE_REF);
+    if (!text) return;
+    enum { MAX_LINES = 64 };
+    char *lines[MAX_LINES];
+    size_t n_lines = 0, n_sections = 0;
+    char name[64] = "";
+    int ftype = -1;
+    for (char *line = strtok(text, "\n");; line = strtok(NULL, "\n")) {
+        char nm[64];
+        int ft;
+        const bool header = line && sscanf(line, "model %63s ftype %d", nm, &ft) == 2;
+        if (!line || header) {
+            if (name[0]) {
+                check_against_llama_quantize(name, ftype, lines, n_lines);
+                n_sections++;
+            }
+            if (!line) break;
+            snprintf(name, sizeof name, "%s", nm);
+            ftype = ft;
+            n_lines = 0;
+        } else if (n_lines < MAX_LINES) {
+            lines[n_lines++] = line;
+        }
+    }
+    CHECK_EQ_INT(n_sections, 10);
+    free(text);
+}
+
+/* SmolLM2-135M's shape in Q4_K, as `kvpin mkmodel --preset smollm2-135m --type Q4_K`
+ * writes it: the 576-wide weights fall back to Q5_0, ffn_down (rows of 1536) stays
+ * Q4_K, general.file_type says Q4_K_M, and the report lists the fallbacks. */
+static void test_smollm2_q4_k(void) {
+    mkmodel_spec s = preset("smollm2-135m");
+    CHECK_EQ_INT(s.n_layer, 30);
+    CHECK_EQ_INT(s.n_embd, 576);
+    CHECK(s.tied);
+    s.n_layer = 2; /* enough to see the pattern repeat */
+    s.wtype = KP_DTYPE_Q4_K;
+    char path[64];
+    tmp_path(path);
+    kp_error err = {0};
+    mkmodel_report rep;
+    CHECK_MSG(mkmodel_write(&s, harness_path(STORIES), path, &rep, &err) == KP_OK, "%s", err.msg);
+    CHECK_EQ_INT(rep.n_weights, 1 + 7 * 2);
+    CHECK_EQ_INT(rep.n_fallback, 1 + 6 * 2);
+    for (size_t i = 0; i < rep.n_fallback; i++) {
+        CHECK_MSG(rep.fallback[i].type == KP_DTYPE_Q5_0 && rep.fallback[i].row_len == 576 &&
+                      !strstr(rep.fallback[i].tensor, "ffn_down"),
+                  "%s", rep.fallback[i].tensor);
+    }
+    CHECK(rep.n_fallback > 0 && strcmp(rep.fallback[0].tensor, "token_embd.weight") == 0);
+    gguf *g = NULL;
+    CHECK_MSG(gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
+    if (g) {
+        CHECK_EQ_INT(get_u32(g, "general.file_type"), 15);
+        for (size_t i = 0; i < gguf_n_tensors(g); i++) {
+            const gguf_tensor *t = gguf_tensor_at(g, i);
+            const uint32_t want = t->n_dims == 1 ? KP_DTYPE_F32 : t->ne[0] == 576 ? KP_DTYPE_Q5_0 : KP_DTYPE_Q4_K;
+            CHECK_MSG(t->type == want, "%.*s: %s", (int)t->name.len, t->name.data, kp_dtype_name(t->type));
+        }
+        gguf_close(g);
+    }
+    mkmodel_report_clear(&rep);
+    mkmodel_report_clear(NULL);
+    unlink(path);
 }
 
 static void test_presets(void) {
@@ -972,9 +1180,14 @@ static void test_presets(void) {
     s = preset("smollm2-135m");
     CHECK(s.n_head == 9 && s.n_head_kv == 3 && s.n_ff == 1536 && s.n_ctx == 8192);
     CHECK(s.rope_base == 100000.0f && s.rms_eps == 1e-5f);
+    /* llama_ftype values (llama.h) */
     CHECK_EQ_INT(mkmodel_file_type(KP_DTYPE_Q4_K), 15);
+    CHECK_EQ_INT(mkmodel_file_type(KP_DTYPE_Q5_K), 17);
+    CHECK_EQ_INT(mkmodel_file_type(KP_DTYPE_Q4_1), 3);
+    CHECK_EQ_INT(mkmodel_file_type(KP_DTYPE_Q5_0), 8);
+    CHECK_EQ_INT(mkmodel_file_type(KP_DTYPE_Q5_1), 9);
     CHECK_EQ_INT(mkmodel_file_type(KP_DTYPE_BF16), 32);
-    CHECK_EQ_INT(mkmodel_file_type(KP_DTYPE_Q5_K), -1);
+    CHECK_EQ_INT(mkmodel_file_type(KP_DTYPE_Q2_K), -1);
 }
 
 int main(void) {
@@ -984,6 +1197,9 @@ int main(void) {
     RUN(test_writer_errors);
     RUN(test_presets);
     RUN(test_refusals);
+    RUN(test_weight_type_rule);
+    RUN(test_smollm2_q4_k);
+    RUN(test_matches_llama_quantize);
     RUN(test_reference_models);
     RUN(test_determinism);
     RUN(test_alignment);
