@@ -79,7 +79,10 @@ fuzz: build/fuzz/fuzz_gguf
 	build/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -dict=fuzz/gguf.dict \
 	  build/fuzz/corpus fuzz/seeds
 
-bench: kvpin
+build/rel/bench_%: tools/bench_%.c build/rel/libkvpin.a
+	$(CC) $(CFLAGS_RELEASE) -Isrc -o $@ $< build/rel/libkvpin.a $(LDLIBS)
+
+bench: kvpin build/rel/bench_tok build/rel/bench_quant
 	sh bench/run.sh
 
 deps:

@@ -19,10 +19,14 @@
  * Matrix products: activations are converted once per product to the
  * weight type's dot type (F32, F16, BF16, Q8_0, Q8_K, as llama.cpp does), then
  * the weight rows are split into tasks of MM_ROWS rows across the thread
- * pool; a task walks the batch four tokens at a time and calls the kernel
- * table's dot_tile on 4 weight rows x 4 tokens, so each weight row is read
- * from memory once per call, whatever the batch size. Products that share an
- * input (q/k/v, gate/up) run as one parallel region.
+ * pool; a task hands its rows and the whole batch (or a chunk of about
+ * MM_ACT_BYTES of converted activations, which stays in L2) to one call of
+ * the kernel table's gemm, which keeps the rows in L1 while the tokens
+ * stream past them, so each weight row is read from memory once per chunk
+ * (types without a gemm kernel: dot_tile on 4 rows x 4 tokens at a time).
+ * Q8_0 activations carry per-block float scales and sums (kp_q8_0_aux),
+ * computed once per token next to the conversion.
+ * Products that share an input (q/k/v, gate/up) run as one parallel region.
  *
  * Attention: a task is (token, kv-head, chunk of positions); the query heads
  * of a GQA group are handled together so each cached K/V row is read once
@@ -33,11 +37,14 @@
  */
 #include "forward.h"
 
+#include "attn.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define MM_ROWS 16
+#define MM_ACT_BYTES (1 << 20) /* activation bytes per matmul task, kept in L2 */
 #define MAX_JOBS 3
 #define ATT_MIN_CHUNK 128
 
@@ -46,6 +53,7 @@ struct kp_forward {
     kp_kvpool *kv;
     kp_pool *threads;
     const kp_kernels *k;
+    const kp_attn_kernels *ak;
     int n_threads;
     /* scratch sized for cap_tokens tokens */
     int32_t cap_tokens;
@@ -77,6 +85,7 @@ kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_
     f->kv = kv;
     f->threads = threads;
     f->k = kernels ? kernels : kp_kernels_best();
+    f->ak = f->k == kp_kernels_scalar() ? kp_attn_scalar() : kp_attn_best();
     f->n_threads = kp_pool_size(threads);
     f->probe_layer = -1;
     *out = f;
@@ -151,14 +160,32 @@ typedef struct {
 typedef struct {
     kp_forward *f;
     int n;               /* tokens */
+    int chunk;           /* tokens per task: n, or a multiple of 4 */
     int n_jobs;
     mm_job jobs[MAX_JOBS];
-    int task_start[MAX_JOBS + 1];
+    int task_start[MAX_JOBS + 1]; /* row tasks of one token chunk, per job */
 } mm_ctx;
 
+/* The activation buffer of dot type at for n rows of n_in elements: the n
+ * converted rows, then, for Q8_0, n rows of kp_q8_0_aux (block scales and
+ * sums that gemm kernels would otherwise recompute in every task). */
+static size_t act_aux_offset(size_t n, size_t a_stride) { return (n * a_stride + 7) & ~(size_t)7; }
+
+static size_t act_bytes(kp_dtype at, size_t n, int64_t n_in) {
+    size_t a_stride = kp_dtype_row_size(at, n_in);
+    if (at != KP_DTYPE_Q8_0) return n * a_stride;
+    return act_aux_offset(n, a_stride) + n * (size_t)(n_in / 32) * sizeof(kp_q8_0_aux);
+}
+
+/* Task = (token chunk, job, MM_ROWS weight rows), token chunk slowest, so
+ * the threads work through one chunk of activations at a time. */
 static void mm_task(void *vctx, int task, int thread) {
     (void)thread;
     mm_ctx *c = vctx;
+    int per_chunk = c->task_start[c->n_jobs];
+    int t0 = task / per_chunk * c->chunk;
+    int nt = c->n - t0 < c->chunk ? c->n - t0 : c->chunk;
+    task %= per_chunk;
     int j = 0;
     while (task >= c->task_start[j + 1]) j++;
     const mm_job *job = &c->jobs[j];
@@ -168,14 +195,28 @@ static void mm_task(void *vctx, int task, int thread) {
     const uint8_t *act = c->f->act[at];
     int64_t r0 = (int64_t)(task - c->task_start[j]) * MM_ROWS;
     int64_t r1 = r0 + MM_ROWS < w->n_out ? r0 + MM_ROWS : w->n_out;
-    const uint8_t *wd = w->data;
-    for (int c0 = 0; c0 < c->n; c0 += 4) {
-        int nc = c->n - c0 < 4 ? c->n - c0 : 4;
-        for (int64_t r = r0; r < r1; r += 4) {
-            int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
-            c->f->k->dot_tile[w->type](w->n_in, nr, nc, wd + r * w->row_bytes, w->row_bytes,
-                                       act + (size_t)c0 * a_stride, a_stride,
-                                       job->out + (size_t)c0 * w->n_out + r, (size_t)w->n_out);
+    const uint8_t *wd = (const uint8_t *)w->data + r0 * w->row_bytes;
+    const uint8_t *ad = act + (size_t)t0 * a_stride;
+    float *od = job->out + (size_t)t0 * w->n_out + r0;
+    const kp_kernels *k = c->f->k;
+    if (k->gemm[w->type]) {
+        const uint8_t *aux = NULL;
+        size_t aux_stride = 0;
+        if (at == KP_DTYPE_Q8_0) {
+            aux_stride = (size_t)(w->n_in / 32) * sizeof(kp_q8_0_aux);
+            aux = act + act_aux_offset((size_t)c->n, a_stride) + (size_t)t0 * aux_stride;
+        }
+        k->gemm[w->type](w->n_in, (int)(r1 - r0), nt, wd, w->row_bytes, ad, a_stride, aux,
+                         aux_stride, od, (size_t)w->n_out);
+        return;
+    }
+    for (int c0 = 0; c0 < nt; c0 += 4) { /* no whole-block kernel: 4 x 4 tiles */
+        int nc = nt - c0 < 4 ? nt - c0 : 4;
+        for (int64_t r = 0; r < r1 - r0; r += 4) {
+            int nr = r1 - r0 - r < 4 ? (int)(r1 - r0 - r) : 4;
+            k->dot_tile[w->type](w->n_in, nr, nc, wd + r * w->row_bytes, w->row_bytes,
+                                 ad + (size_t)c0 * a_stride, a_stride,
+                                 od + (size_t)c0 * w->n_out + r, (size_t)w->n_out);
         }
     }
 }
@@ -183,6 +224,7 @@ static void mm_task(void *vctx, int task, int thread) {
 typedef struct {
     kp_forward *f;
     const float *x;
+    int n;               /* tokens */
     int64_t n_in;
     kp_dtype at;
     kp_dtype wtype;
@@ -192,14 +234,19 @@ static void quant_task(void *vctx, int task, int thread) {
     (void)thread;
     quant_ctx *c = vctx;
     size_t stride = kp_dtype_row_size(c->at, c->n_in);
-    c->f->k->quantize_act[c->wtype](c->x + (size_t)task * c->n_in,
-                                    c->f->act[c->at] + (size_t)task * stride, c->n_in);
+    uint8_t *row = c->f->act[c->at] + (size_t)task * stride;
+    c->f->k->quantize_act[c->wtype](c->x + (size_t)task * c->n_in, row, c->n_in);
+    if (c->at == KP_DTYPE_Q8_0) {
+        size_t nb = (size_t)(c->n_in / 32);
+        kp_q8_0_aux *aux = (kp_q8_0_aux *)(c->f->act[c->at] + act_aux_offset((size_t)c->n, stride));
+        kp_q8_0_aux_row(row, aux + (size_t)task * nb, c->n_in);
+    }
 }
 
 /* out_j = x @ w_j for the jobs (all w_j share n_in); x is [n][n_in]. */
 static kp_status matmul(kp_forward *f, const float *x, int n, int n_jobs, const mm_job *jobs,
                         kp_error *err) {
-    mm_ctx c = {.f = f, .n = n, .n_jobs = n_jobs};
+    mm_ctx c = {.f = f, .n = n, .chunk = n, .n_jobs = n_jobs};
     bool done[KP_DTYPE_COUNT_] = {false};
     c.task_start[0] = 0;
     for (int j = 0; j < n_jobs; j++) {
@@ -207,16 +254,22 @@ static kp_status matmul(kp_forward *f, const float *x, int n, int n_jobs, const 
         kp_dtype at = kp_vec_dot_type(w->type);
         c.jobs[j] = jobs[j];
         c.task_start[j + 1] = c.task_start[j] + (int)((w->n_out + MM_ROWS - 1) / MM_ROWS);
+        size_t a_stride = kp_dtype_row_size(at, w->n_in);
+        if ((size_t)c.chunk * a_stride > MM_ACT_BYTES) {
+            size_t fit = MM_ACT_BYTES / a_stride / 4 * 4;
+            c.chunk = fit < 4 ? 4 : (int)fit;
+        }
         if (done[at]) continue;
         done[at] = true;
-        size_t need = (size_t)n * kp_dtype_row_size(at, w->n_in);
+        size_t need = act_bytes(at, (size_t)n, w->n_in);
         if (!grow((void **)&f->act[at], &f->act_cap[at], need))
             return kp_fail(err, KP_ENOMEM, "out of memory for activations");
-        quant_ctx q = {f, x, w->n_in, at, w->type};
+        quant_ctx q = {f, x, n, w->n_in, at, w->type};
         if (n >= 8) kp_pool_run(f->threads, quant_task, &q, n);
         else for (int t = 0; t < n; t++) quant_task(&q, t, 0);
     }
-    kp_pool_run(f->threads, mm_task, &c, c.task_start[n_jobs]);
+    int n_chunks = (n + c.chunk - 1) / c.chunk;
+    kp_pool_run(f->threads, mm_task, &c, n_chunks * c.task_start[n_jobs]);
     return KP_OK;
 }
 
@@ -260,21 +313,22 @@ typedef struct {
 } att_ctx;
 
 /* Partial result layout per task: for each of the G heads of the group:
- * [max, sum, acc[hd]]. */
+ * [max, sum, acc[hd]]. Per-thread scratch: scores [G][len], then one block
+ * of rows converted to F32 [block_size][hd]. */
 static void att_task(void *vctx, int task, int thread) {
     att_ctx *c = vctx;
     kp_forward *f = c->f;
     const kp_hparams *hp = &f->m->hp;
     const kp_kvpool_config *kc = kp_kvpool_config_of(f->kv);
-    const kp_kernels *k = f->k;
     int hd = (int)hp->head_dim, G = (int)(hp->n_head / hp->n_head_kv);
     int chunk = task % c->n_chunks;
     int h = (task / c->n_chunks) % (int)hp->n_head_kv;
     int t = task / c->n_chunks / (int)hp->n_head_kv;
     const kp_kvseq *s = c->b->seqs[c->b->seq[t]];
     int64_t n_pos = (int64_t)c->b->pos[t] + 1;
+    uint32_t B = kc->block_size;
     int64_t per = (n_pos + c->n_chunks - 1) / c->n_chunks;
-    per = (per + kc->block_size - 1) / kc->block_size * kc->block_size;
+    per = (per + B - 1) / B * B;
     int64_t p0 = (int64_t)chunk * per, p1 = p0 + per < n_pos ? p0 + per : n_pos;
     size_t Qd = (size_t)hp->n_head * hd;
     float *out_base = f->att + (size_t)t * Qd + (size_t)h * G * hd;
@@ -289,22 +343,17 @@ static void att_task(void *vctx, int task, int thread) {
     }
     int64_t len = p1 - p0;
     float *sc = f->scores + (size_t)thread * f->cap_scores; /* [G][len] */
+    const kp_attn_kernels *ak = f->ak;
     const float *qv = f->q + (size_t)t * Qd + (size_t)h * G * hd;
     bool f16 = kc->kv_type == KP_DTYPE_F16;
-    size_t esize = f16 ? 2 : 4;
-    uint32_t B = kc->block_size;
+    /* scores = q . k / sqrt(hd), block by block */
     for (int64_t p = p0; p < p1;) {
         int32_t blk = s->blocks[p / B];
         int64_t r = p % B, rn = B - r < p1 - p ? B - r : p1 - p;
-        const uint8_t *kb = kp_kvpool_k(f->kv, blk, c->layer, (uint32_t)h);
-        for (int64_t i = 0; i < rn; i++) {
-            const void *krow = kb + (size_t)(r + i) * hd * esize;
-            for (int g = 0; g < G; g++) {
-                float d = f16 ? k->dot_f32_f16(hd, qv + g * hd, krow)
-                              : k->dot_f32(hd, qv + g * hd, krow);
-                sc[g * len + (p - p0) + i] = d * c->scale;
-            }
-        }
+        const void *kr = (const uint8_t *)kp_kvpool_k(f->kv, blk, c->layer, (uint32_t)h) +
+                         (size_t)r * hd * (f16 ? 2 : 4);
+        if (f16) ak->scores_f16(hd, G, qv, kr, rn, c->scale, sc + (p - p0), len);
+        else ak->scores_f32(hd, G, qv, kr, rn, c->scale, sc + (p - p0), len);
         p += rn;
     }
     for (int g = 0; g < G; g++) {
@@ -326,18 +375,22 @@ static void att_task(void *vctx, int task, int thread) {
             for (int64_t i = 0; i < len; i++) row[i] *= inv;
         }
     }
+    /* acc += softmax weight * v */
     for (int64_t p = p0; p < p1;) {
         int32_t blk = s->blocks[p / B];
         int64_t r = p % B, rn = B - r < p1 - p ? B - r : p1 - p;
-        const uint8_t *vb = kp_kvpool_v(f->kv, blk, c->layer, (uint32_t)h);
-        for (int64_t i = 0; i < rn; i++) {
-            const void *vrow = vb + (size_t)(r + i) * hd * esize;
+        const void *vr = (const uint8_t *)kp_kvpool_v(f->kv, blk, c->layer, (uint32_t)h) +
+                         (size_t)r * hd * (f16 ? 2 : 4);
+        if (part) { /* accumulators are strided by hd + 2 in the partials */
             for (int g = 0; g < G; g++) {
-                float w = sc[g * len + (p - p0) + i];
-                float *acc = part ? part + g * (hd + 2) + 2 : out_base + g * hd;
-                if (f16) k->axpy_f16(hd, w, vrow, acc);
-                else k->axpy_f32(hd, w, vrow, acc);
+                float *acc = part + g * (hd + 2) + 2;
+                if (f16) ak->accum_f16(hd, 1, sc + g * len + (p - p0), len, vr, rn, acc);
+                else ak->accum_f32(hd, 1, sc + g * len + (p - p0), len, vr, rn, acc);
             }
+        } else if (f16) {
+            ak->accum_f16(hd, G, sc + (p - p0), len, vr, rn, out_base);
+        } else {
+            ak->accum_f32(hd, G, sc + (p - p0), len, vr, rn, out_base);
         }
         p += rn;
     }
@@ -380,7 +433,9 @@ static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_
     int base_tasks = b->n_tokens * (int)hp->n_head_kv;
     int n_chunks = 1;
     if (base_tasks < 4 * f->n_threads && f->n_threads > 1) {
-        n_chunks = (4 * f->n_threads + base_tasks - 1) / base_tasks;
+        /* few (token, kv-head) pairs (decode): split the positions so every
+         * thread streams an equal share of the cache */
+        n_chunks = 4 * f->n_threads;
         int64_t by_len = (max_pos + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK;
         if (n_chunks > by_len) n_chunks = (int)by_len;
         if (n_chunks < 1) n_chunks = 1;
