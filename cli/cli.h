@@ -35,6 +35,9 @@ const char *cli_bytes(uint64_t n, char *buf, size_t cap);
  * buffer; NULL and a printed error on failure. */
 char *cli_read_all(const char *path, size_t *len);
 
+/* Peak resident set size of this process in bytes (VmHWM), 0 if unknown. */
+uint64_t cli_peak_rss(void);
+
 /* Monotonic clock in seconds. */
 double cli_now(void);
 
@@ -47,5 +50,9 @@ int cmd_logits(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
+int cmd_doctor(int argc, char **argv);
+/* cache.c: `kvpin run` with several prompts through the prefix cache. */
+bool cli_cache_wanted(int argc, char **argv);
+int cmd_run_cached(int argc, char **argv);
 
 #endif

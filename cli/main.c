@@ -27,6 +27,7 @@ static const struct {
     {"inspect", cmd_inspect, "watch prefill write and decode append the KV cache"},
     {"bench", cmd_bench, "prompt processing and generation speed"},
     {"mkmodel", cmd_mkmodel, "write a GGUF model with seeded random weights"},
+    {"doctor", cmd_doctor, "explain where and why prompts in a log miss the prefix cache"},
 };
 
 static void usage(FILE *out) {
@@ -194,6 +195,16 @@ char *cli_read_all(const char *path, size_t *len) {
     buf[n] = 0;
     *len = n;
     return buf;
+}
+
+uint64_t cli_peak_rss(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return (uint64_t)kb * 1024;
 }
 
 double cli_now(void) {

@@ -406,6 +406,15 @@ static int do_generate(int argc, char **argv, bool inspect) {
             kp_dtype_row_size(s.kv_type, 1), cli_bytes(per * s.seq.n_pos, b1, sizeof b1), used_blocks,
             kp_kvpool_config_of(s.kv)->block_size,
             cli_bytes(used_blocks * kp_kvpool_block_bytes(s.kv), b2, sizeof b2));
+    uint64_t rss = cli_peak_rss(), kv_bytes = used_blocks * kp_kvpool_block_bytes(s.kv);
+    if (rss) {
+        char b3[32], b4[32];
+        uint64_t known = s.m->weight_bytes + kv_bytes;
+        fprintf(stderr, "memory: peak RSS %s = weights %s (mapped, used in place) + KV blocks %s + other %s\n",
+                cli_bytes(rss, b1, sizeof b1), cli_bytes(s.m->weight_bytes, b2, sizeof b2),
+                cli_bytes(kv_bytes, b3, sizeof b3),
+                rss > known ? cli_bytes(rss - known, b4, sizeof b4) : "0 B");
+    }
     rc = 0;
 done:
     free(pending.buf);
@@ -418,7 +427,10 @@ done:
     return rc;
 }
 
-int cmd_run(int argc, char **argv) { return do_generate(argc, argv, false); }
+int cmd_run(int argc, char **argv) {
+    if (cli_cache_wanted(argc, argv)) return cmd_run_cached(argc, argv); /* cache.c */
+    return do_generate(argc, argv, false);
+}
 int cmd_inspect(int argc, char **argv) { return do_generate(argc, argv, true); }
 
 int cmd_logits(int argc, char **argv) {

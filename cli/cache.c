@@ -1,0 +1,713 @@
+/*
+ * cache.c - `kvpin run --prompt-cache` (several prompts through one engine
+ * whose prefix cache carries K/V from turn to turn) and `kvpin doctor`
+ * (offline: where each prompt of a log diverged from the earlier ones, and
+ * why).
+ *
+ * Turns come from `-f FILE` given several times, `-p TEXT` given several
+ * times, or `--turns FILE.jsonl` (one JSON object per line, {"prompt": "..."};
+ * blank lines are skipped). run, per turn:
+ *
+ *   tokenize -> eng_prefill (reuse the cached prefix, compute the rest)
+ *            -> generate -n tokens (greedy unless --temp; every generated
+ *               token is decoded, so the cache holds prompt + answer)
+ *            -> eng_finish (index prompt + answer)
+ *   stdout: the generated text of the turn and a newline (as `kvpin run`)
+ *   stderr: reused / computed tokens, time to first token, cache report
+ *
+ * The cached text of the cache report: of the earlier turns (their prompt
+ * text followed by their generated text, and the matching tokens), the one
+ * with the longest common token prefix with this prompt (ties: the most
+ * recent). It is what the index holds along the matched path, without
+ * walking the tree. The divergence token is the index's own (eng_report),
+ * so an evicted prefix shows as fewer reused tokens and cause "evicted".
+ *
+ * doctor does the same comparison on prompts alone, with the tokenizer only
+ * (no weights are read): every turn against every earlier turn.
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "doctor.h"
+#include "engine.h"
+#include "sampler.h"
+#include "tok.h"
+
+/* ---- turns ------------------------------------------------------------ */
+
+typedef struct {
+    char *text; /* prompt (run: prompt + generated text once finished) */
+    size_t len;
+    size_t prompt_len;
+    int32_t *ids; /* prompt tokens (run: + the generated tokens decoded) */
+    size_t n_ids;
+    size_t n_prompt;
+} turn;
+
+typedef struct {
+    turn *v;
+    size_t n, cap;
+} turn_list;
+
+static void turns_free(turn_list *t) {
+    for (size_t i = 0; i < t->n; i++) {
+        free(t->v[i].text);
+        free(t->v[i].ids);
+    }
+    free(t->v);
+    memset(t, 0, sizeof *t);
+}
+
+/* Takes ownership of text. */
+static bool turns_add(turn_list *t, char *text, size_t len) {
+    if (t->n == t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 8;
+        turn *nv = realloc(t->v, cap * sizeof *nv);
+        if (!nv) {
+            free(text);
+            return false;
+        }
+        t->v = nv;
+        t->cap = cap;
+    }
+    turn *u = &t->v[t->n++];
+    memset(u, 0, sizeof *u);
+    u->text = text;
+    u->len = u->prompt_len = len;
+    return true;
+}
+
+/* Reads FILE.jsonl: one {"prompt": "..."} per non-blank line. Prints a
+ * message naming the file and line on failure. */
+static bool turns_load_jsonl(turn_list *t, const char *path, const char *cmd) {
+    size_t len;
+    char *buf = cli_read_all(path, &len);
+    if (!buf) return false;
+    bool ok = true;
+    size_t line_no = 0;
+    for (char *p = buf; ok && p < buf + len;) {
+        char *nl = memchr(p, '\n', (size_t)(buf + len - p));
+        char *end = nl ? nl : buf + len;
+        line_no++;
+        char *q = p;
+        while (q < end && (*q == ' ' || *q == '\t' || *q == '\r')) q++;
+        if (q < end) {
+            json_error_t je;
+            json_t *o = json_loadb(p, (size_t)(end - p), 0, &je);
+            json_t *pr = json_is_object(o) ? json_object_get(o, "prompt") : NULL;
+            if (!o) {
+                fprintf(stderr, "kvpin %s: %s:%zu: invalid JSON: %s\n", cmd, path, line_no, je.text);
+                ok = false;
+            } else if (!json_is_object(o)) {
+                fprintf(stderr, "kvpin %s: %s:%zu: expected a JSON object {\"prompt\": \"...\"}\n", cmd, path,
+                        line_no);
+                ok = false;
+            } else if (!json_is_string(pr)) {
+                fprintf(stderr, "kvpin %s: %s:%zu: missing \"prompt\" string\n", cmd, path, line_no);
+                ok = false;
+            } else {
+                size_t n = json_string_length(pr);
+                char *s = malloc(n + 1);
+                if (!s || !turns_add(t, s, n)) {
+                    if (!s) free(s);
+                    fprintf(stderr, "kvpin %s: out of memory\n", cmd);
+                    ok = false;
+                } else {
+                    memcpy(s, json_string_value(pr), n);
+                    s[n] = 0;
+                }
+            }
+            json_decref(o);
+        }
+        p = end + 1;
+    }
+    free(buf);
+    if (ok && t->n == 0) {
+        fprintf(stderr, "kvpin %s: %s holds no turns\n", cmd, path);
+        ok = false;
+    }
+    return ok;
+}
+
+static size_t lcp(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
+    size_t i = 0;
+    while (i < na && i < nb && a[i] == b[i]) i++;
+    return i;
+}
+
+/* The earlier turn (index < upto) sharing the longest token prefix with
+ * ids; ties go to the most recent. -1 when upto is 0. */
+static long best_earlier(const turn_list *t, size_t upto, const int32_t *ids, size_t n, size_t *common) {
+    long best = -1;
+    *common = 0;
+    for (size_t j = 0; j < upto; j++) {
+        size_t l = lcp(ids, n, t->v[j].ids, t->v[j].n_ids);
+        if (best < 0 || l >= *common) {
+            best = (long)j;
+            *common = l;
+        }
+    }
+    return best;
+}
+
+/* Byte offset in text where token k of ids starts: the length of the
+ * detokenized ids[0..k), less what detokenizing adds in front of the text
+ * (the SPM space prefix), clamped to [0, limit]. */
+static size_t token_byte(const tok_vocab *v, const int32_t *ids, size_t n, size_t k, const char *text,
+                         size_t len, bool special, size_t limit) {
+    if (k >= n) return len < limit ? len : limit;
+    kp_error err;
+    char *full = NULL, *pre = NULL;
+    size_t fl = 0, pl = 0, off = 0;
+    if (tok_detokenize(v, ids, n, true, special, &full, &fl, &err) == KP_OK &&
+        tok_detokenize(v, ids, k, true, special, &pre, &pl, &err) == KP_OK) {
+        size_t lead = fl >= len && !memcmp(full + (fl - len), text, len) ? fl - len : 0;
+        off = pl > lead ? pl - lead : 0;
+    }
+    free(full);
+    free(pre);
+    if (off > len) off = len;
+    return off < limit ? off : limit;
+}
+
+/* First differing byte of a and b, moved back to a UTF-8 character start. */
+static size_t text_divergence(const char *a, size_t na, const char *b, size_t nb) {
+    size_t i = 0;
+    while (i < na && i < nb && a[i] == b[i]) i++;
+    for (int k = 0; k < 3 && i > 0 && i < nb && ((unsigned char)b[i] & 0xC0) == 0x80; k++) i--;
+    return i;
+}
+
+/* Explains turn `cur` against the cached text (NULL: nothing cached). */
+static kp_status explain(const tok_vocab *v, const turn *cur, const char *cached, size_t cached_len,
+                         size_t token_index, doctor_cache_state state, bool special, doctor_escape mode,
+                         doctor_report *rep, kp_error *err) {
+    if (state == DOCTOR_CACHE_NOTHING) {
+        cached = "";
+        cached_len = 0;
+    }
+    size_t tdiv = text_divergence(cached, cached_len, cur->text, cur->prompt_len);
+    doctor_tokens tk = {token_index,
+                        token_byte(v, cur->ids, cur->n_prompt, token_index, cur->text, cur->prompt_len, special,
+                                   tdiv),
+                        cur->n_prompt};
+    return doctor_explain(cached, cached_len, cur->text, cur->prompt_len, &tk, state, mode, rep, err);
+}
+
+/* ---- kvpin run --prompt-cache ----------------------------------------- */
+
+bool cli_cache_wanted(int argc, char **argv) {
+    int n_f = 0, n_p = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--prompt-cache") || !strcmp(argv[i], "--turns") ||
+            !strcmp(argv[i], "--no-prefix-cache"))
+            return true;
+        if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "-p")) {
+            if (!strcmp(argv[i], "-f")) n_f++;
+            else n_p++;
+            i++;
+        }
+    }
+    return n_f > 1 || n_p > 1;
+}
+
+static void cache_usage(FILE *f) {
+    fprintf(f,
+            "usage: kvpin run --prompt-cache [-m MODEL] (-f FILE | -p TEXT)... | --turns FILE.jsonl\n"
+            "                 [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
+            "                 [--repeat-penalty R] [--repeat-last-n N] [--presence-penalty P]\n"
+            "                 [--frequency-penalty P] [-t N] [--ctx N] [--kv-type f16|f32]\n"
+            "                 [--kv-budget BYTES] [--kv-block N] [--no-prefix-cache] [--no-bos]\n"
+            "                 [--special] [--print-tokens] [--scalar]\n"
+            "Runs the prompts one after another through one engine: each turn reuses the K/V\n"
+            "of what earlier turns computed (prompt + answer) up to its first differing token.\n"
+            "--turns reads one JSON object per line: {\"prompt\": \"...\"}. Each turn's text goes\n"
+            "to stdout followed by a newline; per turn, stderr shows reused and computed\n"
+            "tokens, time to first token and where and why the prompt left the cache.\n"
+            "Defaults: greedy (--temp 0), -n 128, --kv-type f16, --kv-block 16, --ctx\n"
+            "min(training context, 4096), --kv-budget room for 2 x ctx positions.\n");
+}
+
+typedef struct {
+    const char *model_path;
+    const char *turns_file;
+    const char *srcs[256]; /* -f FILE / -p TEXT in order */
+    bool src_is_file[256];
+    int n_srcs;
+    int64_t n_predict;
+    kp_sampler_params sp;
+    bool seed_set;
+    int n_threads;
+    uint32_t n_ctx;
+    kp_dtype kv_type;
+    uint64_t budget;
+    uint32_t block;
+    bool no_cache, no_bos, special, print_tokens, scalar;
+} cache_opts;
+
+static int parse_cache_opts(int argc, char **argv, cache_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->n_predict = 128;
+    o->sp = kp_sampler_defaults();
+    o->sp.temp = 0;
+    o->kv_type = KP_DTYPE_F16;
+    o->block = 16;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t n;
+        float fv;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            cache_usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--prompt-cache")) continue;
+        if (!strcmp(a, "--no-prefix-cache")) { o->no_cache = true; continue; }
+        if (!strcmp(a, "--no-bos")) { o->no_bos = true; continue; }
+        if (!strcmp(a, "--special")) { o->special = true; continue; }
+        if (!strcmp(a, "--print-tokens")) { o->print_tokens = true; continue; }
+        if (!strcmp(a, "--scalar")) { o->scalar = true; continue; }
+        if (!v) {
+            fprintf(stderr, "kvpin run: unknown option or missing value: '%s'\n", a);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "-m")) o->model_path = v;
+        else if (!strcmp(a, "--turns")) o->turns_file = v;
+        else if (!strcmp(a, "-f") || !strcmp(a, "-p")) {
+            if (o->n_srcs == 256) {
+                fprintf(stderr, "kvpin run: at most 256 -f/-p prompts\n");
+                return 2;
+            }
+            o->src_is_file[o->n_srcs] = a[1] == 'f';
+            o->srcs[o->n_srcs++] = v;
+        } else if (!strcmp(a, "-n")) {
+            if (!cli_parse_i64(a, v, 0, 1 << 24, &o->n_predict)) return 2;
+        } else if (!strcmp(a, "-t")) {
+            if (!cli_parse_i64(a, v, 1, 1024, &n)) return 2;
+            o->n_threads = (int)n;
+        } else if (!strcmp(a, "--ctx")) {
+            if (!cli_parse_i64(a, v, 1, 1 << 24, &n)) return 2;
+            o->n_ctx = (uint32_t)n;
+        } else if (!strcmp(a, "--kv-block")) {
+            if (!cli_parse_i64(a, v, 1, 4096, &n)) return 2;
+            o->block = (uint32_t)n;
+        } else if (!strcmp(a, "--kv-budget")) {
+            if (!cli_parse_bytes(a, v, &o->budget)) return 2;
+        } else if (!strcmp(a, "--kv-type")) {
+            if (!cli_parse_kv_type(v, &o->kv_type)) return 2;
+        } else if (!strcmp(a, "--seed")) {
+            if (!cli_parse_u64(a, v, &o->sp.seed)) return 2;
+            o->seed_set = true;
+        } else if (!strcmp(a, "--top-k")) {
+            if (!cli_parse_i64(a, v, 0, 1 << 30, &n)) return 2;
+            o->sp.top_k = (int32_t)n;
+        } else if (!strcmp(a, "--repeat-last-n")) {
+            if (!cli_parse_i64(a, v, -1, 1 << 20, &n)) return 2;
+            o->sp.repeat_last_n = (int32_t)n;
+        } else {
+            float *field = !strcmp(a, "--temp") ? &o->sp.temp
+                           : !strcmp(a, "--top-p") ? &o->sp.top_p
+                           : !strcmp(a, "--min-p") ? &o->sp.min_p
+                           : !strcmp(a, "--repeat-penalty") ? &o->sp.repeat_penalty
+                           : !strcmp(a, "--presence-penalty") ? &o->sp.presence_penalty
+                           : !strcmp(a, "--frequency-penalty") ? &o->sp.frequency_penalty : NULL;
+            if (!field) {
+                fprintf(stderr, "kvpin run: unknown option '%s' with --prompt-cache (see kvpin run --prompt-cache --help)\n", a);
+                return 2;
+            }
+            if (!cli_parse_f32(a, v, &fv)) return 2;
+            *field = fv;
+        }
+    }
+    if (o->turns_file && o->n_srcs) {
+        fprintf(stderr, "kvpin run: give --turns or -f/-p prompts, not both\n");
+        return 2;
+    }
+    if (!o->turns_file && !o->n_srcs) {
+        fprintf(stderr, "kvpin run: --prompt-cache needs prompts (-f FILE / -p TEXT, several times, or --turns FILE.jsonl)\n");
+        return 2;
+    }
+    kp_error err = {0};
+    if (kp_sampler_check(&o->sp, &err) != KP_OK) {
+        fprintf(stderr, "kvpin run: %s\n", err.msg);
+        return 2;
+    }
+    if (!o->seed_set) o->sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    return -1;
+}
+
+static bool load_sources(const cache_opts *o, turn_list *t) {
+    if (o->turns_file) return turns_load_jsonl(t, o->turns_file, "run");
+    for (int i = 0; i < o->n_srcs; i++) {
+        size_t len;
+        char *s;
+        if (o->src_is_file[i]) {
+            s = cli_read_all(o->srcs[i], &len);
+            if (!s) return false;
+        } else {
+            len = strlen(o->srcs[i]);
+            s = malloc(len + 1);
+            if (s) memcpy(s, o->srcs[i], len + 1);
+        }
+        if (!s || !turns_add(t, s, len)) {
+            fprintf(stderr, "kvpin run: out of memory\n");
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Tokenizes every turn's prompt into ids / n_prompt (an empty prompt
+ * without BOS becomes [BOS], as in `kvpin run`). */
+static bool tokenize_turns(const tok_vocab *v, turn_list *t, bool add_special, bool special, const char *cmd) {
+    kp_error err = {0};
+    for (size_t i = 0; i < t->n; i++) {
+        turn *u = &t->v[i];
+        if (tok_encode(v, u->text, u->prompt_len, add_special, special, &u->ids, &u->n_ids, &err) != KP_OK) {
+            fprintf(stderr, "kvpin %s: turn %zu: %s\n", cmd, i + 1, err.msg);
+            return false;
+        }
+        if (u->n_ids == 0 && !strcmp(cmd, "run")) {
+            if (tok_bos(v) < 0) {
+                fprintf(stderr, "kvpin %s: turn %zu: the prompt is empty and the model has no BOS token\n", cmd,
+                        i + 1);
+                return false;
+            }
+            free(u->ids);
+            u->ids = malloc(sizeof(int32_t));
+            if (!u->ids) return false;
+            u->ids[0] = tok_bos(v);
+            u->n_ids = 1;
+        }
+        u->n_prompt = u->n_ids;
+    }
+    return true;
+}
+
+static bool buf_append(char **buf, size_t *len, size_t *cap, const char *b, size_t n) {
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap : 256;
+        while (c < *len + n + 1) c *= 2;
+        char *nb = realloc(*buf, c);
+        if (!nb) return false;
+        *buf = nb;
+        *cap = c;
+    }
+    memcpy(*buf + *len, b, n);
+    *len += n;
+    (*buf)[*len] = 0;
+    return true;
+}
+
+static void print_report(const turn_list *t, size_t i, const eng_report *r, const tok_vocab *v, bool special) {
+    const turn *cur = &t->v[i];
+    size_t common;
+    long j = best_earlier(t, i, cur->ids, cur->n_prompt, &common);
+    doctor_cache_state state = r->evicted ? DOCTOR_CACHE_EVICTED
+                               : j < 0 || r->cold ? DOCTOR_CACHE_NOTHING
+                                                  : DOCTOR_CACHE_TEXT;
+    if (state == DOCTOR_CACHE_EVICTED && j < 0) state = DOCTOR_CACHE_NOTHING;
+    doctor_report rep;
+    kp_error err = {0};
+    const char *cached = j >= 0 ? t->v[j].text : NULL;
+    size_t cached_len = j >= 0 ? t->v[j].len : 0;
+    if (explain(v, cur, cached, cached_len, r->diverged_at_token, state, special, DOCTOR_ESCAPE_HUMAN, &rep,
+                &err) != KP_OK) {
+        fprintf(stderr, "  cache report: %s\n", err.msg);
+        return;
+    }
+    char subject[32], advice[512];
+    snprintf(subject, sizeof subject, "turn %zu", i + 1);
+    fprintf(stderr, "  cache: diverged at token %u of %u, byte %zu (line %zu): %s\n", r->diverged_at_token,
+            r->prompt_tokens, rep.div.byte, rep.finding.line, rep.finding.detail);
+    if (rep.finding.cause != DOCTOR_CAUSE_COLD) {
+        fprintf(stderr, "    cached : %s\n", rep.cached_snippet);
+        fprintf(stderr, "    request: %s\n", rep.request_snippet);
+    }
+    if (rep.finding.cause != DOCTOR_CAUSE_HIT && !(rep.finding.cause == DOCTOR_CAUSE_COLD && i == 0)) {
+        doctor_advice(rep.finding.cause, rep.finding.detail, rep.finding.line, rep.div.percent_recomputed, subject,
+                      advice, sizeof advice);
+        fprintf(stderr, "    advice : %s\n", advice);
+    }
+}
+
+int cmd_run_cached(int argc, char **argv) {
+    cache_opts o;
+    int rc = parse_cache_opts(argc, argv, &o);
+    if (rc >= 0) return rc;
+    kp_error err = {0};
+    kp_model *m = NULL;
+    tok_vocab *v = NULL;
+    kp_pool *pool = NULL;
+    eng_engine *e = NULL;
+    kp_sampler *smp = NULL;
+    tok_stream *ts = NULL;
+    float *logits = NULL;
+    turn_list t = {0};
+    rc = 1;
+    if (!load_sources(&o, &t)) goto done;
+    const char *path = o.model_path ? o.model_path : cli_default_model();
+    if (kp_model_load(&m, path, &err) != KP_OK || tok_vocab_load(&v, m->file, &err) != KP_OK ||
+        kp_pool_new(&pool, o.n_threads > 0 ? o.n_threads : kp_cpu_count(), &err) != KP_OK) {
+        fprintf(stderr, "kvpin run: %s\n", err.msg);
+        goto done;
+    }
+    if (!tokenize_turns(v, &t, !o.no_bos, o.special, "run")) goto done;
+    const kp_hparams *hp = &m->hp;
+    uint32_t n_ctx = o.n_ctx ? o.n_ctx : (hp->n_ctx_train && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
+    uint64_t per = kp_model_kv_bytes_per_token(hp, o.kv_type);
+    uint64_t budget = o.budget ? o.budget : 2 * ((uint64_t)n_ctx + o.block) * per;
+    eng_config ec = {o.kv_type, o.block, budget, n_ctx, o.no_cache, NULL};
+    if (eng_new(&e, m, pool, o.scalar ? kp_kernels_scalar() : kp_kernels_best(), &ec, &err) != KP_OK ||
+        tok_stream_new(&ts, v, o.special, &err) != KP_OK) {
+        fprintf(stderr, "kvpin run: %s\n", err.msg);
+        goto done;
+    }
+    logits = malloc(hp->n_vocab * sizeof(float));
+    if (!logits) goto done;
+    uint64_t total_reused = 0, total_prompt = 0;
+    for (size_t i = 0; i < t.n; i++) {
+        turn *u = &t.v[i];
+        eng_seq s = {0};
+        eng_report r;
+        if (kp_sampler_new(&smp, &o.sp, (int32_t)hp->n_vocab, &err) != KP_OK) {
+            fprintf(stderr, "kvpin run: %s\n", err.msg);
+            goto done;
+        }
+        for (size_t k = 0; k < u->n_prompt; k++) kp_sampler_accept(smp, u->ids[k]);
+        pfx_stats st0, st1;
+        eng_stats(e, &st0);
+        double t0 = cli_now();
+        if (eng_prefill(e, u->ids, (uint32_t)u->n_prompt, &s, logits, &r, &err) != KP_OK) {
+            fprintf(stderr, "kvpin run: turn %zu: %s\n", i + 1, err.msg);
+            goto done;
+        }
+        size_t cap_ids = u->n_prompt + (size_t)o.n_predict + 1;
+        int32_t *ids = realloc(u->ids, cap_ids * sizeof(int32_t));
+        if (!ids) {
+            eng_seq_abort(e, &s);
+            goto done;
+        }
+        u->ids = ids;
+        char *text = u->text;
+        size_t cap_text = u->len + 1;
+        bool strip_space = u->n_prompt == 1 && u->ids[0] == tok_bos(v) && tok_add_space_prefix(v);
+        double t_first = 0;
+        const char *reason = "length";
+        int64_t n_gen = 0;
+        bool failed = false;
+        while (n_gen < o.n_predict) {
+            int32_t tok = kp_sampler_sample(smp, logits);
+            if (n_gen == 0) t_first = cli_now() - t0;
+            n_gen++;
+            kp_sampler_accept(smp, tok);
+            if (tok_is_eog(v, tok)) {
+                reason = "end of generation token";
+                break;
+            }
+            if (eng_seq_len(&s) >= eng_max_pos(e)) {
+                reason = "context full";
+                break;
+            }
+            /* every generated token is decoded: the cache then holds prompt + answer */
+            if (eng_decode(e, &s, tok, logits, &err) != KP_OK) {
+                fprintf(stderr, "kvpin run: turn %zu: %s\n", i + 1, err.msg);
+                failed = true;
+                break;
+            }
+            u->ids[u->n_ids++] = tok;
+            const char *bytes;
+            size_t nb;
+            if (tok_stream_push(ts, tok, &bytes, &nb, &err) != KP_OK) {
+                fprintf(stderr, "kvpin run: %s\n", err.msg);
+                failed = true;
+                break;
+            }
+            if (strip_space && nb > 0) {
+                if (bytes[0] == ' ') bytes++, nb--;
+                strip_space = false;
+            }
+            if (nb) fwrite(bytes, 1, nb, stdout);
+            if (nb && !buf_append(&text, &u->len, &cap_text, bytes, nb)) failed = true;
+            u->text = text;
+        }
+        const char *bytes;
+        size_t nb;
+        tok_stream_flush(ts, &bytes, &nb);
+        if (nb) fwrite(bytes, 1, nb, stdout);
+        if (nb && !buf_append(&text, &u->len, &cap_text, bytes, nb)) failed = true;
+        u->text = text;
+        putchar('\n');
+        fflush(stdout);
+        kp_sampler_free(smp);
+        smp = NULL;
+        if (failed) {
+            eng_seq_abort(e, &s);
+            goto done;
+        }
+        uint32_t added = 0;
+        if (eng_finish(e, &s, u->ids, (uint32_t)u->n_ids, &added, &err) != KP_OK)
+            fprintf(stderr, "kvpin run: turn %zu: could not index: %s\n", i + 1, err.msg);
+        eng_stats(e, &st1);
+        total_reused += r.reused_tokens;
+        total_prompt += u->n_prompt;
+        if (o.print_tokens) {
+            fprintf(stderr, "tokens:");
+            for (size_t k = u->n_prompt; k < u->n_ids; k++) fprintf(stderr, " %d", u->ids[k]);
+            fprintf(stderr, "\n");
+        }
+        fprintf(stderr,
+                "turn %zu: %u prompt tokens, %u reused, %u computed, time to first token %.1f ms, "
+                "%lld generated (stopped by %s)%s\n",
+                i + 1, r.prompt_tokens, r.reused_tokens, r.computed_tokens, t_first * 1e3, (long long)n_gen,
+                reason, st1.n_evictions > st0.n_evictions ? ", evicted cached prefixes to make room" : "");
+        if (!o.no_cache) print_report(&t, i, &r, v, o.special);
+    }
+    pfx_stats st;
+    eng_stats(e, &st);
+    char b1[32], b2[32];
+    fprintf(stderr, "prefix cache: %llu of %llu prompt tokens reused; %llu tokens cached in %s of a %s budget",
+            (unsigned long long)total_reused, (unsigned long long)total_prompt,
+            (unsigned long long)st.cached_tokens, cli_bytes(st.index_bytes, b1, sizeof b1),
+            cli_bytes(st.budget_bytes, b2, sizeof b2));
+    fprintf(stderr, ", %llu evictions%s\n", (unsigned long long)st.n_evictions, o.no_cache ? " (cache off)" : "");
+    rc = 0;
+done:
+    kp_sampler_free(smp);
+    tok_stream_free(ts);
+    free(logits);
+    eng_free(e);
+    turns_free(&t);
+    kp_pool_free(pool);
+    tok_vocab_free(v);
+    kp_model_free(m);
+    return rc;
+}
+
+/* ---- kvpin doctor ------------------------------------------------------ */
+
+static void json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c == '\n') fputs("\\n", f);
+        else if (c == '\t') fputs("\\t", f);
+        else if (c == '\r') fputs("\\r", f);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static void doctor_usage(FILE *f) {
+    fprintf(f,
+            "usage: kvpin doctor [-m MODEL] FILE.jsonl [--json] [--special]\n"
+            "Explains, offline, how much of each prompt in a log could reuse the K/V of an\n"
+            "earlier prompt, where it diverged (token and byte), why (cold, timestamp, counter,\n"
+            "identifier, reordered_json, whitespace, inserted_at_front, ...) and what to do.\n"
+            "FILE holds one JSON object per line: {\"prompt\": \"...\"}. Only the model's\n"
+            "vocabulary is read (default: the bundled model). --json prints one object per\n"
+            "turn: turn, prompt_tokens, reusable_tokens, diverged_at_token, diverged_at_byte,\n"
+            "cause, cached_snippet, request_snippet, advice.\n");
+}
+
+int cmd_doctor(int argc, char **argv) {
+    const char *model = NULL, *file = NULL;
+    bool json = false, special = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            doctor_usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--json")) json = true;
+        else if (!strcmp(argv[i], "--special")) special = true;
+        else if (!strcmp(argv[i], "-m") && i + 1 < argc) model = argv[++i];
+        else if (argv[i][0] == '-' && argv[i][1]) {
+            fprintf(stderr, "kvpin doctor: unknown option or missing value: '%s'\n", argv[i]);
+            return 2;
+        } else if (file) {
+            fprintf(stderr, "kvpin doctor: one FILE.jsonl only ('%s' and '%s')\n", file, argv[i]);
+            return 2;
+        } else file = argv[i];
+    }
+    if (!file) {
+        doctor_usage(stderr);
+        return 2;
+    }
+    turn_list t = {0};
+    gguf *g = NULL;
+    tok_vocab *v = NULL;
+    kp_error err = {0};
+    int rc = 1;
+    if (!turns_load_jsonl(&t, file, "doctor")) goto done;
+    if (gguf_open(&g, model ? model : cli_default_model(), &err) != KP_OK ||
+        tok_vocab_load(&v, g, &err) != KP_OK) {
+        fprintf(stderr, "kvpin doctor: %s\n", err.msg);
+        goto done;
+    }
+    if (!tokenize_turns(v, &t, true, special, "doctor")) goto done;
+    size_t total = 0, reusable = 0, worst = 0;
+    double worst_pct = -1;
+    char worst_advice[512] = "";
+    for (size_t i = 0; i < t.n; i++) {
+        turn *u = &t.v[i];
+        size_t common;
+        long j = best_earlier(&t, i, u->ids, u->n_prompt, &common);
+        doctor_report rep;
+        if (explain(v, u, j >= 0 ? t.v[j].text : NULL, j >= 0 ? t.v[j].len : 0, common,
+                    j >= 0 ? DOCTOR_CACHE_TEXT : DOCTOR_CACHE_NOTHING, special,
+                    json ? DOCTOR_ESCAPE_JSON : DOCTOR_ESCAPE_HUMAN, &rep, &err) != KP_OK) {
+            fprintf(stderr, "kvpin doctor: turn %zu: %s\n", i + 1, err.msg);
+            goto done;
+        }
+        char subject[32], advice[512];
+        snprintf(subject, sizeof subject, "turn %zu", i + 1);
+        doctor_advice(rep.finding.cause, rep.finding.detail, rep.finding.line, rep.div.percent_recomputed, subject,
+                      advice, sizeof advice);
+        total += u->n_prompt;
+        reusable += common;
+        if (i > 0 && rep.div.percent_recomputed > worst_pct) {
+            worst_pct = rep.div.percent_recomputed;
+            worst = i;
+            memcpy(worst_advice, advice, sizeof advice);
+        }
+        const char *cause = doctor_cause_name(rep.finding.cause);
+        if (json) {
+            /* snippets are already escaped for a JSON string literal */
+            printf("{\"turn\":%zu,\"prompt_tokens\":%zu,\"reusable_tokens\":%zu,\"diverged_at_token\":%zu,"
+                   "\"diverged_at_byte\":%zu,\"cause\":\"%s\",\"cached_snippet\":\"%s\",\"request_snippet\":\"%s\","
+                   "\"advice\":",
+                   i + 1, u->n_prompt, common, common, rep.div.byte, cause, rep.cached_snippet,
+                   rep.request_snippet);
+            json_str(stdout, advice);
+            printf("}\n");
+        } else {
+            char from[48] = "";
+            if (j >= 0) snprintf(from, sizeof from, " from turn %ld", j + 1);
+            printf("turn %zu: %zu prompt tokens, %zu reusable%s, diverged at token %zu, byte %zu (line %zu): %s\n",
+                   i + 1, u->n_prompt, common, from, common, rep.div.byte, rep.finding.line, rep.finding.detail);
+            if (j >= 0) {
+                printf("  cached : %s\n  request: %s\n", rep.cached_snippet, rep.request_snippet);
+            }
+            printf("  advice : %s\n", advice);
+        }
+    }
+    if (!json) {
+        printf("summary: %zu turns, %zu of %zu prompt tokens reusable (%.0f%%)", t.n, reusable, total,
+               total ? 100.0 * (double)reusable / (double)total : 0.0);
+        if (worst_pct >= 0) printf("; worst: turn %zu: %s", worst + 1, worst_advice);
+        printf("\n");
+    }
+    fflush(stdout);
+    rc = 0;
+done:
+    tok_vocab_free(v);
+    gguf_close(g);
+    turns_free(&t);
+    return rc;
+}

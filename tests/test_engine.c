@@ -1,0 +1,330 @@
+/*
+ * test_engine.c - the engine with the prefix cache gives the outputs of the
+ * engine without it.
+ *
+ * Three engines run the same randomized stream of requests on one model:
+ *   ref   --no-prefix-cache: every prompt computed whole;
+ *   big   prefix cache, budget large enough that nothing is evicted;
+ *   tiny  prefix cache, a budget of a few sequences: eviction happens.
+ * Requests share prefixes (extend an earlier prompt+answer), edit an earlier
+ * request at a random position, repeat one exactly (full hit), take a
+ * prefix of one, or are fresh. For every request the prompt logits and the
+ * greedy continuation (tokens and logits of every step) must agree with ref
+ * within 1e-5 relative. The reuse of `big` must equal the longest common
+ * token prefix with any earlier finished sequence, computed here by brute
+ * force (n - 1 on a full hit). At the end every block must be free once the
+ * index is dropped.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "harness.h"
+#include "sampler.h"
+
+#define MAX_REQ 40
+#define MAX_LEN 96
+#define N_GEN 3
+
+typedef struct {
+    int32_t t[MAX_LEN + N_GEN];
+    uint32_t n;
+} tokseq;
+
+static uint64_t rng_state;
+static uint32_t rnd(uint32_t n) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state % n);
+}
+
+static uint32_t lcp(const int32_t *a, uint32_t na, const int32_t *b, uint32_t nb) {
+    uint32_t i = 0;
+    while (i < na && i < nb && a[i] == b[i]) i++;
+    return i;
+}
+
+/* max |a-b| / max(1, max |b|) */
+static double rel_diff(const float *a, const float *b, uint32_t n) {
+    double md = 0, mb = 1;
+    for (uint32_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (d > md) md = d;
+        if (fabs((double)b[i]) > mb) mb = fabs((double)b[i]);
+    }
+    return md / mb;
+}
+
+typedef struct {
+    eng_engine *e;
+    eng_seq s;
+    float *logits;
+    eng_report rep;
+} runner;
+
+static bool open_engine(runner *r, const kp_model *m, kp_pool *pool, bool cache, uint64_t budget) {
+    kp_error err = {0};
+    memset(r, 0, sizeof *r);
+    eng_config c = {KP_DTYPE_F32, 16, budget, MAX_LEN + N_GEN + 8, !cache, NULL};
+    kp_status st = eng_new(&r->e, m, pool, NULL, &c, &err);
+    CHECK_MSG(st == KP_OK, "%s", err.msg);
+    r->logits = malloc(m->hp.n_vocab * sizeof(float));
+    return st == KP_OK && r->logits;
+}
+
+static void close_engine(runner *r) {
+    kp_error err = {0};
+    pfx_stats st;
+    eng_stats(r->e, &st);
+    if (eng_index(r->e)) {
+        CHECK_MSG(pfx_check(eng_index(r->e), &err) == KP_OK, "%s", err.msg);
+        CHECK(st.used_bytes == st.index_bytes); /* no sequence holds anything */
+    } else {
+        CHECK(st.used_bytes == 0);
+    }
+    CHECK(eng_clear(r->e, &err) == KP_OK);
+    kp_kvpool *kv = eng_kvpool(r->e);
+    CHECK_EQ_INT(kp_kvpool_n_free(kv), kp_kvpool_n_blocks(kv));
+    eng_free(r->e);
+    free(r->logits);
+}
+
+static void run_model(const char *rel, uint64_t seed) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_pool *pool = NULL;
+    if (kp_model_load(&m, harness_path(rel), &err) != KP_OK) {
+        CHECK_MSG(false, "%s: %s", rel, err.msg);
+        return;
+    }
+    CHECK(kp_pool_new(&pool, 2, &err) == KP_OK);
+    uint32_t nv = m->hp.n_vocab;
+    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
+    uint32_t seq_blocks = (MAX_LEN + N_GEN + 15) / 16;
+    runner ref, big, tiny;
+    bool ok = open_engine(&ref, m, pool, false, 0);
+    ok = open_engine(&big, m, pool, true, bb * 4096) && ok;
+    ok = open_engine(&tiny, m, pool, true, bb * (seq_blocks + 3)) && ok;
+    runner *rs[3] = {&ref, &big, &tiny};
+    static tokseq done[MAX_REQ]; /* finished sequences: prompt + generated */
+    uint32_t n_done = 0;
+    uint32_t full_hits = 0, extensions = 0, reused_total = 0, evictions = 0;
+    rng_state = seed;
+    int32_t bos = 1;
+    for (uint32_t q = 0; ok && q < MAX_REQ; q++) {
+        tokseq req;
+        uint32_t kind = n_done ? rnd(5) : 0;
+        const tokseq *base = n_done ? &done[rnd(n_done)] : NULL;
+        if (kind == 0) { /* fresh */
+            req.n = 2 + rnd(40);
+            req.t[0] = bos;
+            for (uint32_t i = 1; i < req.n; i++) req.t[i] = (int32_t)rnd(nv);
+        } else if (kind == 1) { /* extend an earlier prompt + answer */
+            req = *base;
+            uint32_t add = 1 + rnd(20);
+            if (req.n + add > MAX_LEN) add = req.n < MAX_LEN ? MAX_LEN - req.n : 0;
+            if (req.n > MAX_LEN) req.n = MAX_LEN;
+            for (uint32_t i = 0; i < add; i++) req.t[req.n++] = (int32_t)rnd(nv);
+            extensions++;
+        } else if (kind == 2) { /* edit at a random position */
+            req = *base;
+            if (req.n > MAX_LEN) req.n = MAX_LEN;
+            uint32_t at = 1 + rnd(req.n > 1 ? req.n - 1 : 1);
+            if (at >= req.n) at = req.n - 1;
+            req.t[at] = (req.t[at] + 1 + (int32_t)rnd(nv - 1)) % (int32_t)nv;
+        } else if (kind == 3) { /* exactly an earlier prompt + answer: full hit */
+            req = *base;
+            if (req.n > MAX_LEN) req.n = MAX_LEN;
+        } else { /* a prefix of an earlier one */
+            req = *base;
+            req.n = 1 + rnd(req.n < MAX_LEN ? req.n : MAX_LEN);
+        }
+        /* expected reuse for `big`: the longest common prefix with anything finished */
+        uint32_t best = 0;
+        for (uint32_t d = 0; d < n_done; d++) {
+            uint32_t l = lcp(req.t, req.n, done[d].t, done[d].n);
+            if (l > best) best = l;
+        }
+        uint32_t expect_reuse = best == req.n ? req.n - 1 : best;
+        for (int k = 0; k < 3; k++) {
+            kp_status st = eng_prefill(rs[k]->e, req.t, req.n, &rs[k]->s, rs[k]->logits, &rs[k]->rep, &err);
+            CHECK_MSG(st == KP_OK, "engine %d request %u: %s", k, q, err.msg);
+            if (st != KP_OK) ok = false;
+        }
+        if (!ok) break;
+        CHECK_EQ_INT(ref.rep.reused_tokens, 0);
+        CHECK_EQ_INT(ref.rep.computed_tokens, req.n);
+        CHECK_MSG(big.rep.reused_tokens == expect_reuse, "request %u (kind %u, n %u): reused %u, expected %u", q,
+                  kind, req.n, big.rep.reused_tokens, expect_reuse);
+        CHECK_EQ_INT(big.rep.diverged_at_token, best);
+        CHECK_EQ_INT(big.rep.reused_tokens + big.rep.computed_tokens, req.n);
+        CHECK(tiny.rep.reused_tokens <= expect_reuse);
+        if (kind == 3) full_hits++;
+        reused_total += big.rep.reused_tokens;
+        evictions += tiny.rep.evictions;
+        for (int k = 1; k < 3; k++) {
+            double d = rel_diff(rs[k]->logits, ref.logits, nv);
+            CHECK_MSG(d <= 1e-5, "request %u engine %d: prompt logits differ by %g relative", q, k, d);
+        }
+        /* greedy continuation, every token decoded (the sequence holds prompt + answer) */
+        tokseq fin = req;
+        for (int g = 0; g < N_GEN; g++) {
+            int32_t tok = kp_argmax(ref.logits, (int32_t)nv);
+            for (int k = 1; k < 3; k++)
+                CHECK_MSG(kp_argmax(rs[k]->logits, (int32_t)nv) == tok, "request %u step %d engine %d: greedy differs",
+                          q, g, k);
+            fin.t[fin.n++] = tok;
+            for (int k = 0; k < 3; k++)
+                CHECK_MSG(eng_decode(rs[k]->e, &rs[k]->s, tok, rs[k]->logits, &err) == KP_OK, "%s", err.msg);
+            for (int k = 1; k < 3; k++) {
+                double d = rel_diff(rs[k]->logits, ref.logits, nv);
+                CHECK_MSG(d <= 1e-5, "request %u step %d engine %d: logits differ by %g", q, g, k, d);
+            }
+        }
+        for (int k = 0; k < 3; k++) {
+            CHECK_EQ_INT(eng_seq_len(&rs[k]->s), fin.n);
+            CHECK(eng_finish(rs[k]->e, &rs[k]->s, fin.t, fin.n, NULL, &err) == KP_OK);
+            CHECK(rs[k]->s.kv.n_blocks == 0 && rs[k]->s.lease.node == NULL);
+            if (eng_index(rs[k]->e)) CHECK_MSG(pfx_check(eng_index(rs[k]->e), &err) == KP_OK, "%s", err.msg);
+        }
+        done[n_done++] = fin;
+    }
+    CHECK(full_hits > 0 && extensions > 0 && reused_total > 0);
+    CHECK_MSG(evictions > 0, "the tiny budget never evicted");
+    pfx_stats st;
+    eng_stats(big.e, &st);
+    CHECK(st.n_hits > 0 && st.reused_tokens == reused_total);
+    CHECK(st.n_evictions == 0);
+    for (int k = 0; k < 3; k++) close_engine(rs[k]);
+    kp_pool_free(pool);
+    kp_model_free(m);
+}
+
+static void test_equal_stories(void) { run_model("models/stories260K.gguf", 0x9e3779b97f4a7c15ull); }
+static void test_equal_qwen2_q8(void) { run_model("tests/data/models/gen-qwen2-q8_0.gguf", 0x1234567887654321ull); }
+
+/* The plain cases by hand: an identical prompt reuses n - 1, an extension
+ * reuses the whole earlier sequence, an edit at position k reuses k. */
+static void test_reuse_counts(void) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_pool *pool = NULL;
+    if (kp_model_load(&m, harness_path("models/stories260K.gguf"), &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        return;
+    }
+    CHECK(kp_pool_new(&pool, 1, &err) == KP_OK);
+    eng_engine *e = NULL;
+    CHECK(eng_new(&e, m, pool, NULL, NULL, &err) == KP_OK);
+    int32_t a[40];
+    for (int i = 0; i < 40; i++) a[i] = i == 0 ? 1 : 100 + i;
+    eng_seq s = {0};
+    eng_report r;
+    CHECK(eng_prefill(e, a, 20, &s, NULL, &r, &err) == KP_OK);
+    CHECK(r.cold && r.reused_tokens == 0 && r.computed_tokens == 20);
+    CHECK(eng_finish(e, &s, a, 20, NULL, &err) == KP_OK);
+    CHECK(eng_prefill(e, a, 20, &s, NULL, &r, &err) == KP_OK);
+    CHECK(!r.cold && r.reused_tokens == 19 && r.computed_tokens == 1 && r.diverged_at_token == 20);
+    CHECK(eng_finish(e, &s, a, 20, NULL, &err) == KP_OK);
+    CHECK(eng_prefill(e, a, 40, &s, NULL, &r, &err) == KP_OK);
+    CHECK(r.reused_tokens == 20 && r.computed_tokens == 20);
+    CHECK(eng_finish(e, &s, a, 40, NULL, &err) == KP_OK);
+    a[25] = 7;
+    CHECK(eng_prefill(e, a, 40, &s, NULL, &r, &err) == KP_OK);
+    CHECK(r.reused_tokens == 25 && r.diverged_at_token == 25 && r.cached_next == 125);
+    eng_seq_abort(e, &s); /* cancelled: nothing indexed, nothing held */
+    pfx_stats st;
+    eng_stats(e, &st);
+    CHECK(st.used_bytes == st.index_bytes && st.cached_tokens == 40 && st.n_leases == 0);
+    /* errors are values and leave the sequence empty */
+    int32_t badt[2] = {1, 100000};
+    CHECK(eng_prefill(e, badt, 2, &s, NULL, &r, &err) == KP_EINVAL);
+    CHECK(eng_prefill(e, a, 0, &s, NULL, &r, &err) == KP_EINVAL);
+    CHECK(s.kv.n_blocks == 0);
+    CHECK(eng_clear(e, &err) == KP_OK);
+    CHECK_EQ_INT(kp_kvpool_n_free(eng_kvpool(e)), kp_kvpool_n_blocks(eng_kvpool(e)));
+    eng_free(e);
+    eng_free(NULL);
+    /* a budget below one block is refused */
+    eng_config c = {KP_DTYPE_F32, 16, 10, 0, false, NULL};
+    CHECK(eng_new(&e, m, pool, NULL, &c, &err) == KP_EINVAL && e == NULL);
+    /* a budget of one sequence without a cache: a longer prompt is KP_EFULL */
+    eng_config c2 = {KP_DTYPE_F32, 16, kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16, 0, true, NULL};
+    CHECK(eng_new(&e, m, pool, NULL, &c2, &err) == KP_OK);
+    CHECK(eng_prefill(e, a, 17, &s, NULL, &r, &err) == KP_EFULL && s.kv.n_blocks == 0);
+    CHECK_EQ_INT(kp_kvpool_n_free(eng_kvpool(e)), kp_kvpool_n_blocks(eng_kvpool(e)));
+    eng_free(e);
+    kp_pool_free(pool);
+    kp_model_free(m);
+}
+
+/* A budget of about one sequence: the second prompt shares 20 tokens with a
+ * cached 96-token sequence, whose single node its lease holds; the engine
+ * must drop its own hold to evict the node's tail, and still compute what
+ * the engine without a cache computes. */
+static void budget_case(uint32_t blocks, uint32_t expect_reuse) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_pool *pool = NULL;
+    if (kp_model_load(&m, harness_path("models/stories260K.gguf"), &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        return;
+    }
+    CHECK(kp_pool_new(&pool, 1, &err) == KP_OK);
+    uint32_t nv = m->hp.n_vocab;
+    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
+    eng_config c = {KP_DTYPE_F32, 16, bb * blocks, 96, false, NULL}, cref = c;
+    cref.no_prefix_cache = true;
+    eng_engine *e = NULL, *ref = NULL;
+    CHECK(eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
+    CHECK(eng_new(&ref, m, pool, NULL, &cref, &err) == KP_OK);
+    float *la = malloc(nv * sizeof(float)), *lb = malloc(nv * sizeof(float));
+    int32_t a[96], b[96];
+    for (int i = 0; i < 96; i++) {
+        a[i] = i == 0 ? 1 : (i * 7) % 500 + 3;
+        b[i] = i < 20 ? a[i] : (i * 11) % 500 + 5;
+    }
+    eng_seq s = {0}, sr = {0};
+    eng_report r;
+    CHECK(eng_prefill(e, a, 96, &s, NULL, &r, &err) == KP_OK);
+    CHECK(eng_finish(e, &s, a, 96, NULL, &err) == KP_OK);
+    kp_status st = eng_prefill(e, b, 90, &s, la, &r, &err);
+    CHECK_MSG(st == KP_OK, "%s", err.msg);
+    CHECK_MSG(r.reused_tokens == expect_reuse && r.evictions > 0, "%u blocks: reused %u, expected %u", blocks,
+              r.reused_tokens, expect_reuse);
+    CHECK(eng_prefill(ref, b, 90, &sr, lb, NULL, &err) == KP_OK);
+    for (int g = 0; g < 6 && st == KP_OK; g++) {
+        CHECK(rel_diff(la, lb, nv) <= 1e-5);
+        int32_t tok = kp_argmax(lb, (int32_t)nv);
+        CHECK_EQ_INT(kp_argmax(la, (int32_t)nv), tok);
+        CHECK(eng_decode(e, &s, tok, la, &err) == KP_OK);
+        CHECK(eng_decode(ref, &sr, tok, lb, &err) == KP_OK);
+    }
+    CHECK(eng_finish(e, &s, b, 90, NULL, &err) == KP_OK);
+    eng_seq_abort(ref, &sr);
+    CHECK_MSG(pfx_check(eng_index(e), &err) == KP_OK, "%s", err.msg);
+    CHECK(eng_clear(e, &err) == KP_OK);
+    CHECK_EQ_INT(kp_kvpool_n_free(eng_kvpool(e)), kp_kvpool_n_blocks(eng_kvpool(e)));
+    free(la);
+    free(lb);
+    eng_free(e);
+    eng_free(ref);
+    kp_pool_free(pool);
+    kp_model_free(m);
+}
+
+static void test_budget_of_one_sequence(void) {
+    budget_case(7, 20); /* one free block: the partial block 16..19 is copied */
+    budget_case(6, 16); /* no free block for the copy: whole blocks only */
+}
+
+int main(void) {
+    RUN(test_budget_of_one_sequence);
+    RUN(test_reuse_counts);
+    RUN(test_equal_stories);
+    RUN(test_equal_qwen2_q8);
+    return harness_finish("engine");
+}
