@@ -82,7 +82,7 @@ fuzz: build/fuzz/fuzz_gguf
 build/rel/bench_%: tools/bench_%.c build/rel/libkvpin.a
 	$(CC) $(CFLAGS_RELEASE) -Isrc -o $@ $< build/rel/libkvpin.a $(LDLIBS)
 
-bench: kvpin build/rel/bench_tok build/rel/bench_quant
+bench: kvpin build/rel/bench_tok build/rel/bench_quant build/rel/bench_prefix
 	sh bench/run.sh
 
 deps:

@@ -49,6 +49,5 @@ python3 bench/report.py "$out"
 # runs everything at a tenth of the size in under a minute.
 if [ -f build/bench/smollm2-135m-Q8_0.gguf ]; then
     echo "== prefix cache (build/bench/smollm2-135m-Q8_0.gguf)"
-    make -s build/rel/bench_prefix
     build/rel/bench_prefix -m build/bench/smollm2-135m-Q8_0.gguf -t "$THREADS" ${BENCH_PREFIX_ARGS:-}
 fi
