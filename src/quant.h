@@ -3,10 +3,11 @@
  * dot-product kernels that use weights in place (straight from the mmap).
  *
  * What this module is: conversions (FP16, BF16), reference quantizers that
- * produce the same bytes as llama-quantize --pure, dequantizers, and two
- * tables of compute kernels (portable C and AVX2) behind one interface.
- * What it is not: a matmul scheduler. Callers (the forward pass) split a
- * matrix product into tiles and threads; a kernel sees plain arrays only.
+ * produce the same bytes as llama-quantize --pure, dequantizers, and
+ * tables of compute kernels (portable C, AVX2, AVX2 + AVX-512/VNNI) behind
+ * one interface. What it is not: a matmul scheduler. Callers (the forward
+ * pass) split a matrix product into blocks of rows and threads; a kernel
+ * sees plain arrays only.
  *
  * Types with kernels (dtype.h `has_kernels`) and their block layouts.
  * All multi-byte fields are little-endian; `half` is IEEE binary16.
@@ -136,12 +137,16 @@ void kp_q8_0_aux_row(const void *a, kp_q8_0_aux *aux, int64_t n);
  * pointers into the model mapping; nothing is copied or freed.
  *
  * Two tables give results equal within float rounding (summation order
- * differs); quantize_act is bit-identical in both for finite inputs, so a
- * model's quantized activations do not depend on the table in use. NaN or
- * inf inputs produce unspecified (but memory-safe) outputs.
+ * differs); quantize_act is bit-identical in all for finite inputs, so a
+ * model's quantized activations do not depend on the table in use. Within
+ * one table, gemm (and dot_tile, for types that have a gemm) gives each
+ * output bit for bit the same value whatever the shape of the call (nr, nc,
+ * which rows and columns come along), so a batch split differently
+ * computes the same numbers. NaN or inf inputs produce unspecified (but
+ * memory-safe) outputs.
  */
 typedef struct kp_kernels {
-    const char *name; /* "scalar", "avx2" */
+    const char *name; /* "scalar", "avx2", "avx512vnni" */
 
     /* Converts an activation row of n floats to kp_vec_dot_type(w) for the
      * weight type w used as index: F32 copy, F16/BF16 rounding, Q8_0/Q8_K
@@ -197,7 +202,7 @@ const kp_kernels *kp_kernels_scalar(void);
 const kp_kernels *kp_kernels_best(void);
 
 /* The AVX2 table if this build contains it and the CPU supports it, else
- * NULL. For tests and benchmarks that compare the two tables. */
+ * NULL. For tests and benchmarks that compare the tables. */
 const kp_kernels *kp_kernels_avx2(void);
 
 /* The avx2 table with gemm kernels that use AVX-512: vpdpbusd (VNNI) on

@@ -357,7 +357,7 @@ AVX2_INLINE void zero_out(int nr, int nc, float *out, size_t os) {
  * allowed), ar[NC] activation rows, ax[c] their aux entries from ib0. */
 AVX2_INLINE void oct_tile(int64_t ib0, int64_t len, const char *const *wr, const char *const *ar,
                           const kp_q8_0_aux *const *ax, int kind, int nr, float *out, size_t os,
-                          int add, const int NC) {
+                          int add, const int NC, const int R) {
     const __m256i ones = _mm256_set1_epi16(1);
     const size_t blk = kind == WQ8_0 ? sizeof(kp_block_q8_0) : sizeof(kp_block_q4_0);
     __m256 acc[4];
@@ -365,7 +365,7 @@ AVX2_INLINE void oct_tile(int64_t ib0, int64_t len, const char *const *wr, const
     for (int64_t b = 0; b < len; b++) {
         const int64_t ib = ib0 + b;
         __m256i q[8], u[8];
-        UNROLL for (int r = 0; r < 8; r++) {
+        UNROLL for (int r = 0; r < R; r++) {
             q[r] = legacy_quants(wr[r], ib, kind);
             u[r] = kind == WQ8_0 ? _mm256_sign_epi8(q[r], q[r]) : q[r];
         }
@@ -373,10 +373,11 @@ AVX2_INLINE void oct_tile(int64_t ib0, int64_t len, const char *const *wr, const
         UNROLL for (int c = 0; c < NC; c++) {
             const __m256i av = _mm256_loadu_si256((const __m256i *)((const kp_block_q8_0 *)ar[c] + ib)->qs);
             __m256i p[8];
-            UNROLL for (int r = 0; r < 8; r++) {
+            UNROLL for (int r = 0; r < R; r++) {
                 const __m256i s = kind == WQ8_0 ? _mm256_sign_epi8(av, q[r]) : av;
                 p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(u[r], s), ones);
             }
+            UNROLL for (int r = R; r < 8; r++) p[r] = p[r - R]; /* R = 4: rows 4..7 unused */
             __m256i t = fold8_epi32(p);
             if (kind == WQ4_0) t = _mm256_add_epi32(t, _mm256_set1_epi32(ax[c][b].bias / 16));
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw8, _mm256_set1_ps(ax[c][b].d)), acc[c]);
@@ -390,14 +391,14 @@ AVX2_INLINE void oct_tile(int64_t ib0, int64_t len, const char *const *wr, const
  * exact integers, so the same results. */
 VNNI_INLINE void oct_tile_vnni_nc(int64_t ib0, int64_t len, const char *const *wr, const char *const *ar,
                                   const kp_q8_0_aux *const *ax, int kind, int nr, float *out, size_t os,
-                                  int add, const int NC) {
+                                  int add, const int NC, const int R) {
     const size_t blk = kind == WQ8_0 ? sizeof(kp_block_q8_0) : sizeof(kp_block_q4_0);
     __m256 acc[4];
     UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < len; b++) {
         const int64_t ib = ib0 + b;
         __m256i u[8];
-        UNROLL for (int r = 0; r < 8; r++) {
+        UNROLL for (int r = 0; r < R; r++) {
             u[r] = legacy_quants(wr[r], ib, kind);
             if (kind == WQ8_0) u[r] = _mm256_xor_si256(u[r], _mm256_set1_epi8((char)0x80));
         }
@@ -405,7 +406,8 @@ VNNI_INLINE void oct_tile_vnni_nc(int64_t ib0, int64_t len, const char *const *w
         UNROLL for (int c = 0; c < NC; c++) {
             const __m256i av = _mm256_loadu_si256((const __m256i *)((const kp_block_q8_0 *)ar[c] + ib)->qs);
             __m256i p[8];
-            UNROLL for (int r = 0; r < 8; r++) p[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[r], av);
+            UNROLL for (int r = 0; r < R; r++) p[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[r], av);
+            UNROLL for (int r = R; r < 8; r++) p[r] = p[r - R];
             const int32_t bias = kind == WQ8_0 ? ax[c][b].bias : ax[c][b].bias / 16;
             const __m256i t = _mm256_add_epi32(fold8_epi32(p), _mm256_set1_epi32(bias));
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw8, _mm256_set1_ps(ax[c][b].d)), acc[c]);
@@ -417,11 +419,15 @@ VNNI_INLINE void oct_tile_vnni_nc(int64_t ib0, int64_t len, const char *const *w
 static VNNI void oct_tile_vnni(int64_t ib0, int64_t len, const char *const *wr, const char *const *ar,
                                const kp_q8_0_aux *const *ax, int kind, int nr, float *out, size_t os,
                                int add, int nc) {
-    switch (nc) {
-    case 1: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 1); break;
-    case 2: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 2); break;
-    case 3: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 3); break;
-    default: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 4); break;
+    switch (nc + 4 * (nr > 4)) {
+    case 1: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 1, 4); break;
+    case 2: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 2, 4); break;
+    case 3: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 3, 4); break;
+    case 4: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 4, 4); break;
+    case 5: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 1, 8); break;
+    case 6: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 2, 8); break;
+    case 7: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 3, 8); break;
+    default: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 4, 8); break;
     }
 }
 
@@ -451,11 +457,15 @@ AVX2_INLINE void tile_legacy(int64_t n, int nr, int nc, const void *w, size_t w_
                     oct_tile_vnni(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, ncc);
                     continue;
                 }
-                switch (ncc) {
-                case 1: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 1); break;
-                case 2: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 2); break;
-                case 3: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 3); break;
-                default: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 4); break;
+                switch (ncc + 4 * (nrr > 4)) { /* 4 rows or fewer: compute 4 */
+                case 1: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 1, 4); break;
+                case 2: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 2, 4); break;
+                case 3: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 3, 4); break;
+                case 4: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 4, 4); break;
+                case 5: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 1, 8); break;
+                case 6: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 2, 8); break;
+                case 7: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 3, 8); break;
+                default: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 4, 8); break;
                 }
             }
         }
@@ -1122,7 +1132,8 @@ AVX2_INLINE void kq_rows_tile(const char *const *wr, const char *ar, size_t a_st
     for (int64_t b = 0; b < len; b++) {
         const int64_t i = i0 + b;
         __m256i S[4][8], M[4][8];
-        for (int r = 0; r < 8; r++) {
+        const int rows = nr <= 4 ? 4 : 8; /* the rest repeat rows 0..3 */
+        for (int r = 0; r < rows; r++) {
             /* 8 rows in step defeat the hardware prefetcher in decode */
             const size_t bsz = kind == KQ4 ? sizeof(kp_block_q4_K) : sizeof(kp_block_q6_K);
             const char *next = wr[r] + (size_t)(i + 2) * bsz;
@@ -1135,6 +1146,11 @@ AVX2_INLINE void kq_rows_tile(const char *const *wr, const char *ar, size_t a_st
                 if (kind == KQ4) M[c][r] = m4[c];
             }
         }
+        for (int r = rows; r < 8; r++)
+            UNROLL for (int c = 0; c < NC; c++) {
+                S[c][r] = S[c][r - 4];
+                if (kind == KQ4) M[c][r] = M[c][r - 4];
+            }
         if (kind == KQ4) {
             const size_t blk = (size_t)i * sizeof(kp_block_q4_K);
             const __m256 d8 = half8_at(wr, blk + offsetof(kp_block_q4_K, d));
