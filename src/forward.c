@@ -28,12 +28,13 @@
  * computed once per token next to the conversion.
  * Products that share an input (q/k/v, gate/up) run as one parallel region.
  *
- * Attention: a task is (token, kv-head, chunk of positions); the query heads
- * of a GQA group are handled together so each cached K/V row is read once
- * per group. When the batch is too small to keep every thread busy (decode),
- * positions are split into chunks whose partial softmax results (max, sum,
- * weighted V) are merged afterwards, so long caches are still read by every
- * thread.
+ * Attention: the query heads of a GQA group are handled together so each
+ * cached K/V row is loaded once per group. In prefill a task is (tile of up
+ * to ATT_TILE consecutive tokens of one sequence, kv-head): each block of
+ * K/V rows serves the whole tile from L1. When the batch is too small to
+ * keep every thread busy (decode), a task is (token, kv-head, chunk of
+ * positions) and the chunks' partial softmax results (max, sum, weighted V)
+ * are merged afterwards, so long caches are still read by every thread.
  */
 #include "forward.h"
 
@@ -47,6 +48,7 @@
 #define MM_ACT_BYTES (1 << 20) /* activation bytes per matmul task, kept in L2 */
 #define MAX_JOBS 3
 #define ATT_MIN_CHUNK 128
+#define ATT_TILE 8 /* query tokens sharing each loaded K/V block in prefill */
 
 struct kp_forward {
     const kp_model *m;
@@ -66,6 +68,8 @@ struct kp_forward {
     float *scores;               /* [n_threads][cap_scores] */
     size_t cap_partials;
     float *partials;
+    int32_t *tiles;              /* [n_tiles][2]: first token, count */
+    size_t cap_tiles;
     /* probe */
     int probe_layer, probe_head;
     float *probe;
@@ -99,6 +103,7 @@ void kp_forward_free(kp_forward *f) {
     for (int i = 0; i < KP_DTYPE_COUNT_; i++) free(f->act[i]);
     free(f->scores);
     free(f->partials);
+    free(f->tiles);
     free(f->probe);
     free(f);
 }
@@ -310,6 +315,7 @@ typedef struct {
     uint32_t layer;
     int n_chunks;        /* position chunks per (token, kv head) */
     float scale;
+    int64_t max_pos;     /* longest context in the batch */
 } att_ctx;
 
 /* Partial result layout per task: for each of the G heads of the group:
@@ -396,6 +402,79 @@ static void att_task(void *vctx, int task, int thread) {
     }
 }
 
+/* Prefill: a task is (tile of up to ATT_TILE consecutive tokens of one
+ * sequence, kv-head). Each block of cached K (then V) rows is loaded once
+ * and used by every token of the tile while it sits in L1, instead of being
+ * streamed from memory again for every token. Token i of the tile sees
+ * positions 0..pos_i (causal). Scratch per thread: [ATT_TILE][G][L] scores,
+ * L = the batch's longest context. */
+static void att_tile_task(void *vctx, int task, int thread) {
+    att_ctx *c = vctx;
+    kp_forward *f = c->f;
+    const kp_hparams *hp = &f->m->hp;
+    const kp_kvpool_config *kc = kp_kvpool_config_of(f->kv);
+    const kp_attn_kernels *ak = f->ak;
+    int hd = (int)hp->head_dim, G = (int)(hp->n_head / hp->n_head_kv);
+    int h = task % (int)hp->n_head_kv;
+    const int32_t *tile = f->tiles + 2 * (task / (int)hp->n_head_kv);
+    int t0 = tile[0], T = tile[1];
+    const kp_kvseq *s = c->b->seqs[c->b->seq[t0]];
+    int64_t L = c->max_pos, n_pos = (int64_t)c->b->pos[t0 + T - 1] + 1;
+    uint32_t B = kc->block_size;
+    size_t Qd = (size_t)hp->n_head * hd;
+    bool f16 = kc->kv_type == KP_DTYPE_F16;
+    float *sc = f->scores + (size_t)thread * f->cap_scores; /* [T][G][L] */
+    for (int64_t p = 0; p < n_pos;) {
+        int32_t blk = s->blocks[p / B];
+        int64_t r = p % B, rn = B - r < n_pos - p ? B - r : n_pos - p;
+        const void *kr = (const uint8_t *)kp_kvpool_k(f->kv, blk, c->layer, (uint32_t)h) +
+                         (size_t)r * hd * (f16 ? 2 : 4);
+        for (int i = 0; i < T; i++) {
+            int64_t lim = (int64_t)c->b->pos[t0 + i] + 1 - p; /* rows this token may see */
+            if (lim <= 0) continue;
+            int64_t m = rn < lim ? rn : lim;
+            const float *qv = f->q + (size_t)(t0 + i) * Qd + (size_t)h * G * hd;
+            float *dst = sc + (size_t)i * G * L + p;
+            if (f16) ak->scores_f16(hd, G, qv, kr, m, c->scale, dst, L);
+            else ak->scores_f32(hd, G, qv, kr, m, c->scale, dst, L);
+        }
+        p += rn;
+    }
+    for (int i = 0; i < T; i++) {
+        int64_t len = (int64_t)c->b->pos[t0 + i] + 1;
+        float *out = f->att + (size_t)(t0 + i) * Qd + (size_t)h * G * hd;
+        for (int g = 0; g < G; g++) {
+            float *row = sc + ((size_t)i * G + g) * L;
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < len; j++) mx = row[j] > mx ? row[j] : mx;
+            double sum = 0;
+            for (int64_t j = 0; j < len; j++) {
+                row[j] = expf(row[j] - mx);
+                sum += row[j];
+            }
+            float inv = (float)(1.0 / sum);
+            for (int64_t j = 0; j < len; j++) row[j] *= inv;
+            memset(out + g * hd, 0, (size_t)hd * sizeof(float));
+        }
+    }
+    for (int64_t p = 0; p < n_pos;) {
+        int32_t blk = s->blocks[p / B];
+        int64_t r = p % B, rn = B - r < n_pos - p ? B - r : n_pos - p;
+        const void *vr = (const uint8_t *)kp_kvpool_v(f->kv, blk, c->layer, (uint32_t)h) +
+                         (size_t)r * hd * (f16 ? 2 : 4);
+        for (int i = 0; i < T; i++) {
+            int64_t lim = (int64_t)c->b->pos[t0 + i] + 1 - p;
+            if (lim <= 0) continue;
+            int64_t m = rn < lim ? rn : lim;
+            float *out = f->att + (size_t)(t0 + i) * Qd + (size_t)h * G * hd;
+            const float *w = sc + (size_t)i * G * L + p;
+            if (f16) ak->accum_f16(hd, G, w, L, vr, m, out);
+            else ak->accum_f32(hd, G, w, L, vr, m, out);
+        }
+        p += rn;
+    }
+}
+
 /* Merges the chunk partials of each (token, kv head) into f->att. */
 static void att_merge(kp_forward *f, int n_tokens, int n_chunks) {
     const kp_hparams *hp = &f->m->hp;
@@ -440,7 +519,7 @@ static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_
         if (n_chunks > by_len) n_chunks = (int)by_len;
         if (n_chunks < 1) n_chunks = 1;
     }
-    int64_t need_scores = (int64_t)G * max_pos;
+    int64_t need_scores = (int64_t)G * max_pos * (n_chunks == 1 ? ATT_TILE : 1);
     if (need_scores > f->cap_scores) {
         float *ns = realloc(f->scores, (size_t)need_scores * f->n_threads * sizeof(float));
         if (!ns) return kp_fail(err, KP_ENOMEM, "out of memory for attention scores");
@@ -452,7 +531,25 @@ static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_
         if (!grow((void **)&f->partials, &f->cap_partials, need))
             return kp_fail(err, KP_ENOMEM, "out of memory for attention partials");
     }
-    att_ctx c = {f, b, layer, n_chunks, 1.0f / sqrtf((float)hd)};
+    att_ctx c = {f, b, layer, n_chunks, 1.0f / sqrtf((float)hd), max_pos};
+    if (n_chunks == 1) {
+        /* tiles: runs of consecutive tokens of one sequence, at most ATT_TILE */
+        if (!grow((void **)&f->tiles, &f->cap_tiles, (size_t)b->n_tokens * 2 * sizeof(int32_t)))
+            return kp_fail(err, KP_ENOMEM, "out of memory for attention tiles");
+        int n_tiles = 0;
+        for (int t = 0; t < b->n_tokens;) {
+            int T = 1;
+            while (T < ATT_TILE && t + T < b->n_tokens && b->seq[t + T] == b->seq[t] &&
+                   b->pos[t + T] == b->pos[t] + T)
+                T++;
+            f->tiles[2 * n_tiles] = t;
+            f->tiles[2 * n_tiles + 1] = T;
+            n_tiles++;
+            t += T;
+        }
+        kp_pool_run(f->threads, att_tile_task, &c, n_tiles * (int)hp->n_head_kv);
+        return KP_OK;
+    }
     kp_pool_run(f->threads, att_task, &c, base_tasks * n_chunks);
     if (n_chunks > 1) att_merge(f, b->n_tokens, n_chunks);
     return KP_OK;
