@@ -202,8 +202,8 @@ static void quant_row_q4_0(const float *x, void *dst, int64_t n) {
 }
 
 /*
- * Q4_K sub-block fit (llama.cpp's make_qkx2_quants with nmax = 15,
- * rmin = -1, rdelta = 0.1, nstep = 20, squared error).
+ * K-quant sub-block fit (llama.cpp's make_qkx2_quants, squared error; Q4_K
+ * uses nmax = 15, rmin = -1, rdelta = 0.1, nstep = 20, Q5_K its own values).
  *
  * Finds scale >= 0 and min <= 0 with x[i] ~ scale*L[i] + min, L in 0..nmax,
  * minimizing sum w[i]*err^2: start from the min/max grid, then for each
@@ -212,9 +212,8 @@ static void quant_row_q4_0(const float *x, void *dst, int64_t n) {
  * keep the best. Note that `min`, once improved, also moves the later
  * grids (as in llama.cpp). Returns scale; *the_min = -min (>= 0).
  */
-static float q4k_fit_scale_min(int n, int nmax, const float *x, const float *weights,
-                               uint8_t *L, float *the_min, uint8_t *Laux, float rmin,
-                               float rdelta, int nstep) {
+float kp_quant_fit_scale_min(int n, int nmax, const float *x, const float *weights, uint8_t *L,
+                             float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep) {
     float min = x[0], max = x[0];
     float sum_w = weights[0];
     float sum_x = sum_w * x[0];
@@ -277,6 +276,31 @@ static float q4k_fit_scale_min(int n, int nmax, const float *x, const float *wei
     return scale;
 }
 
+/* Q4_K/Q5_K: the 8 sub-block scales and mins as 6-bit integers relative
+ * to max_scale / 63 and max_min / 63, packed into 12 bytes (layout table in
+ * quant.h), and the two FP16 super-block scales. */
+void kp_quant_k_pack_scales(const float scales[8], const float mins[8], float max_scale,
+                            float max_min, uint8_t packed[12], uint16_t *d, uint16_t *dmin) {
+    const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+    const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+    for (int j = 0; j < KP_QK_K / 32; j++) {
+        uint8_t ls = (uint8_t)nearest_int(inv_scale * scales[j]);
+        uint8_t lm = (uint8_t)nearest_int(inv_min * mins[j]);
+        ls = ls < 63 ? ls : 63;
+        lm = lm < 63 ? lm : 63;
+        if (j < 4) {
+            packed[j] = ls;
+            packed[j + 4] = lm;
+        } else {
+            packed[j + 4] = (uint8_t)((ls & 0xF) | (lm & 0xF) << 4);
+            packed[j - 4] |= (uint8_t)((ls >> 4) << 6);
+            packed[j] |= (uint8_t)((lm >> 4) << 6);
+        }
+    }
+    *d = kp_fp32_to_fp16(max_scale / 63.f);
+    *dmin = kp_fp32_to_fp16(max_min / 63.f);
+}
+
 /* Q4_K: sc[j], m[j] from the 12 packed bytes (layout table in quant.h). */
 void kp_quant_q4k_unpack_scales(const uint8_t q[12], uint8_t sc[8], uint8_t m[8]) {
     for (int j = 0; j < 4; j++) {
@@ -303,30 +327,13 @@ static void quant_row_q4_K(const float *x, void *dst, int64_t n) {
             for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
             const float av_x = sqrtf(sum_x2 / 32);
             for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(xs[l]);
-            scales[j] = q4k_fit_scale_min(32, 15, xs, weights, L + 32 * j, &mins[j], Laux, -1.f,
+            scales[j] = kp_quant_fit_scale_min(32, 15, xs, weights, L + 32 * j, &mins[j], Laux, -1.f,
                                           0.1f, 20);
             if (scales[j] > max_scale) max_scale = scales[j];
             if (mins[j] > max_min) max_min = mins[j];
         }
 
-        const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
-        const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
-        for (int j = 0; j < KP_QK_K / 32; j++) {
-            uint8_t ls = (uint8_t)nearest_int(inv_scale * scales[j]);
-            uint8_t lm = (uint8_t)nearest_int(inv_min * mins[j]);
-            ls = ls < 63 ? ls : 63;
-            lm = lm < 63 ? lm : 63;
-            if (j < 4) {
-                y[i].scales[j] = ls;
-                y[i].scales[j + 4] = lm;
-            } else {
-                y[i].scales[j + 4] = (uint8_t)((ls & 0xF) | (lm & 0xF) << 4);
-                y[i].scales[j - 4] |= (uint8_t)((ls >> 4) << 6);
-                y[i].scales[j] |= (uint8_t)((lm >> 4) << 6);
-            }
-        }
-        y[i].d = kp_fp32_to_fp16(max_scale / 63.f);
-        y[i].dmin = kp_fp32_to_fp16(max_min / 63.f);
+        kp_quant_k_pack_scales(scales, mins, max_scale, max_min, y[i].scales, &y[i].d, &y[i].dmin);
 
         /* requantize with the scales as stored */
         uint8_t sc[8], m[8];

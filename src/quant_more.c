@@ -162,78 +162,6 @@ void kp_qmore_quant_row_q8_1(const float *x, void *dst, int64_t n) {
     }
 }
 
-/*
- * Q5_K sub-block fit (llama.cpp's make_qkx2_quants, squared error):
- * scale >= 0 and min <= 0 with x[i] ~ scale*L[i] + min, L in 0..nmax. Start
- * from the min/max grid; for each candidate iscale = (nmax + rmin +
- * rdelta*is)/(max - min), is = 0..nstep, round x to that grid and solve the
- * weighted 2x2 least-squares problem for (scale, min); keep the best. An
- * improved min also shifts the later grids, as in llama.cpp. Returns the
- * scale; *the_min = -min.
- */
-static float fit_scale_min(int n, int nmax, const float *x, const float *weights, uint8_t *L,
-                           float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep) {
-    float min = x[0], max = x[0];
-    float sum_w = weights[0];
-    float sum_x = sum_w * x[0];
-    for (int i = 1; i < n; i++) {
-        if (x[i] < min) min = x[i];
-        if (x[i] > max) max = x[i];
-        const float w = weights[i];
-        sum_w += w;
-        sum_x += w * x[i];
-    }
-    if (min > 0) min = 0;
-    if (max == min) {
-        memset(L, 0, (size_t)n);
-        *the_min = -min;
-        return 0.f;
-    }
-    float iscale = nmax / (max - min);
-    float scale = 1 / iscale;
-    float best_error = 0;
-    for (int i = 0; i < n; i++) {
-        const int l = nearest_int(iscale * (x[i] - min));
-        L[i] = (uint8_t)imax(0, imin(nmax, l));
-        const float diff = scale * L[i] + min - x[i];
-        best_error += weights[i] * (diff * diff);
-    }
-    for (int is = 0; is <= nstep; is++) {
-        iscale = (rmin + rdelta * is + nmax) / (max - min);
-        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-        for (int i = 0; i < n; i++) {
-            const int l = imax(0, imin(nmax, nearest_int(iscale * (x[i] - min))));
-            Laux[i] = (uint8_t)l;
-            const float w = weights[i];
-            sum_l += w * l;
-            sum_l2 += w * l * l;
-            sum_xl += w * l * x[i];
-        }
-        const float D = sum_w * sum_l2 - sum_l * sum_l;
-        if (D > 0) {
-            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-            if (this_min > 0) {
-                this_min = 0;
-                this_scale = sum_xl / sum_l2;
-            }
-            float cur_error = 0;
-            for (int i = 0; i < n; i++) {
-                const float diff = this_scale * Laux[i] + this_min - x[i];
-                cur_error += weights[i] * (diff * diff);
-            }
-            if (cur_error < best_error) {
-                memcpy(L, Laux, (size_t)n);
-                best_error = cur_error;
-                scale = this_scale;
-                min = this_min;
-            }
-        }
-    }
-    *the_min = -min;
-    return scale;
-}
-
 static void quant_row_q5_K(const float *x, kp_block_q5_K *y, int64_t nb) {
     uint8_t L[KP_QK_K], Laux[32];
     float weights[32], mins[KP_QK_K / 32], scales[KP_QK_K / 32];
@@ -246,30 +174,13 @@ static void quant_row_q5_K(const float *x, kp_block_q5_K *y, int64_t nb) {
             for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
             const float av_x = sqrtf(sum_x2 / 32);
             for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(xs[l]);
-            scales[j] = fit_scale_min(32, 31, xs, weights, L + 32 * j, &mins[j], Laux, -0.5f, 0.1f, 15);
+            scales[j] = kp_quant_fit_scale_min(32, 31, xs, weights, L + 32 * j, &mins[j], Laux, -0.5f, 0.1f, 15);
             if (scales[j] > max_scale) max_scale = scales[j];
             if (mins[j] > max_min) max_min = mins[j];
         }
 
         /* 6-bit scales and mins, packed as Q4_K's (quant.h) */
-        const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
-        const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
-        for (int j = 0; j < KP_QK_K / 32; j++) {
-            uint8_t ls = (uint8_t)nearest_int(inv_scale * scales[j]);
-            uint8_t lm = (uint8_t)nearest_int(inv_min * mins[j]);
-            ls = ls < 63 ? ls : 63;
-            lm = lm < 63 ? lm : 63;
-            if (j < 4) {
-                y[i].scales[j] = ls;
-                y[i].scales[j + 4] = lm;
-            } else {
-                y[i].scales[j + 4] = (uint8_t)((ls & 0xF) | (lm & 0xF) << 4);
-                y[i].scales[j - 4] |= (uint8_t)((ls >> 4) << 6);
-                y[i].scales[j] |= (uint8_t)((lm >> 4) << 6);
-            }
-        }
-        y[i].d = kp_fp32_to_fp16(max_scale / 63.f);
-        y[i].dmin = kp_fp32_to_fp16(max_min / 63.f);
+        kp_quant_k_pack_scales(scales, mins, max_scale, max_min, y[i].scales, &y[i].d, &y[i].dmin);
 
         /* requantize with the scales as stored */
         uint8_t sc[8], m[8];
