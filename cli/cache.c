@@ -260,7 +260,6 @@ static int parse_cache_opts(int argc, char **argv, cache_opts *o) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t n;
-        float fv;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             cache_usage(stdout);
             return 0;
@@ -300,28 +299,13 @@ static int parse_cache_opts(int argc, char **argv, cache_opts *o) {
             if (!cli_parse_bytes(a, v, &o->budget)) return 2;
         } else if (!strcmp(a, "--kv-type")) {
             if (!cli_parse_kv_type(v, &o->kv_type)) return 2;
-        } else if (!strcmp(a, "--seed")) {
-            if (!cli_parse_u64(a, v, &o->sp.seed)) return 2;
-            o->seed_set = true;
-        } else if (!strcmp(a, "--top-k")) {
-            if (!cli_parse_i64(a, v, 0, 1 << 30, &n)) return 2;
-            o->sp.top_k = (int32_t)n;
-        } else if (!strcmp(a, "--repeat-last-n")) {
-            if (!cli_parse_i64(a, v, -1, 1 << 20, &n)) return 2;
-            o->sp.repeat_last_n = (int32_t)n;
         } else {
-            float *field = !strcmp(a, "--temp") ? &o->sp.temp
-                           : !strcmp(a, "--top-p") ? &o->sp.top_p
-                           : !strcmp(a, "--min-p") ? &o->sp.min_p
-                           : !strcmp(a, "--repeat-penalty") ? &o->sp.repeat_penalty
-                           : !strcmp(a, "--presence-penalty") ? &o->sp.presence_penalty
-                           : !strcmp(a, "--frequency-penalty") ? &o->sp.frequency_penalty : NULL;
-            if (!field) {
+            int r = cli_parse_sampler_opt(a, v, &o->sp, &o->seed_set);
+            if (r < 0) return 2;
+            if (r == 0) {
                 fprintf(stderr, "kvpin run: unknown option '%s' with --prompt-cache (see kvpin run --prompt-cache --help)\n", a);
                 return 2;
             }
-            if (!cli_parse_f32(a, v, &fv)) return 2;
-            *field = fv;
         }
     }
     if (o->turns_file && o->n_srcs) {

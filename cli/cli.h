@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "dtype.h"
+#include "sampler.h"
 
 /* The model used when -m is not given: the bundled one, found next to the
  * binary's repository or via $KVPIN_MODEL. */
@@ -25,6 +26,12 @@ bool cli_parse_f32(const char *opt, const char *s, float *out);
 bool cli_parse_u64(const char *opt, const char *s, uint64_t *out);
 /* "f32" / "f16" for the KV cache. */
 bool cli_parse_kv_type(const char *s, kp_dtype *out);
+/* Sampling options shared by run and run --prompt-cache: --temp --top-k
+ * --top-p --min-p --repeat-penalty --repeat-last-n --presence-penalty
+ * --frequency-penalty --seed with value v. Returns 1 when `opt` is one of
+ * them and was applied, 0 when it is not a sampling option, -1 when the
+ * value is bad (an error was printed). */
+int cli_parse_sampler_opt(const char *opt, const char *v, kp_sampler_params *sp, bool *seed_set);
 /* Sizes like 512M, 2G, 1024 (bytes). */
 bool cli_parse_bytes(const char *opt, const char *s, uint64_t *out);
 

@@ -115,6 +115,33 @@ bool cli_parse_f32(const char *opt, const char *s, float *out) {
     return true;
 }
 
+int cli_parse_sampler_opt(const char *opt, const char *v, kp_sampler_params *sp, bool *seed_set) {
+    int64_t n;
+    if (!strcmp(opt, "--seed")) {
+        if (!cli_parse_u64(opt, v, &sp->seed)) return -1;
+        *seed_set = true;
+        return 1;
+    }
+    if (!strcmp(opt, "--top-k")) {
+        if (!cli_parse_i64(opt, v, 0, 1 << 30, &n)) return -1;
+        sp->top_k = (int32_t)n;
+        return 1;
+    }
+    if (!strcmp(opt, "--repeat-last-n")) {
+        if (!cli_parse_i64(opt, v, -1, 1 << 20, &n)) return -1;
+        sp->repeat_last_n = (int32_t)n;
+        return 1;
+    }
+    float *field = !strcmp(opt, "--temp") ? &sp->temp
+                   : !strcmp(opt, "--top-p") ? &sp->top_p
+                   : !strcmp(opt, "--min-p") ? &sp->min_p
+                   : !strcmp(opt, "--repeat-penalty") ? &sp->repeat_penalty
+                   : !strcmp(opt, "--presence-penalty") ? &sp->presence_penalty
+                   : !strcmp(opt, "--frequency-penalty") ? &sp->frequency_penalty : NULL;
+    if (!field) return 0;
+    return cli_parse_f32(opt, v, field) ? 1 : -1;
+}
+
 bool cli_parse_kv_type(const char *s, kp_dtype *out) {
     if (s && !strcasecmp(s, "f32")) *out = KP_DTYPE_F32;
     else if (s && !strcasecmp(s, "f16")) *out = KP_DTYPE_F16;

@@ -77,7 +77,6 @@ static int parse_run_opts(int argc, char **argv, const char *cmd, run_opts *o) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t n;
-        float fv;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             run_usage(stdout, cmd);
             return 0;
@@ -112,32 +111,17 @@ static int parse_run_opts(int argc, char **argv, const char *cmd, run_opts *o) {
             o->so.n_ctx = (uint32_t)n;
         } else if (!strcmp(a, "--kv-type")) {
             if (!cli_parse_kv_type(v, &o->so.kv_type)) return 2;
-        } else if (!strcmp(a, "--seed")) {
-            if (!cli_parse_u64(a, v, &o->sp.seed)) return 2;
-            o->seed_set = true;
-        } else if (!strcmp(a, "--top-k")) {
-            if (!cli_parse_i64(a, v, 0, 1 << 30, &n)) return 2;
-            o->sp.top_k = (int32_t)n;
-        } else if (!strcmp(a, "--repeat-last-n")) {
-            if (!cli_parse_i64(a, v, -1, 1 << 20, &n)) return 2;
-            o->sp.repeat_last_n = (int32_t)n;
         } else if (!strcmp(a, "--layer")) {
             if (!cli_parse_i64(a, v, 0, 1 << 20, &o->layer)) return 2;
         } else if (!strcmp(a, "--head")) {
             if (!cli_parse_i64(a, v, 0, 1 << 20, &o->head)) return 2;
         } else {
-            float *field = !strcmp(a, "--temp") ? &o->sp.temp
-                           : !strcmp(a, "--top-p") ? &o->sp.top_p
-                           : !strcmp(a, "--min-p") ? &o->sp.min_p
-                           : !strcmp(a, "--repeat-penalty") ? &o->sp.repeat_penalty
-                           : !strcmp(a, "--presence-penalty") ? &o->sp.presence_penalty
-                           : !strcmp(a, "--frequency-penalty") ? &o->sp.frequency_penalty : NULL;
-            if (!field) {
+            int r = cli_parse_sampler_opt(a, v, &o->sp, &o->seed_set);
+            if (r < 0) return 2;
+            if (r == 0) {
                 fprintf(stderr, "kvpin %s: unknown option '%s' (see kvpin %s --help)\n", cmd, a, cmd);
                 return 2;
             }
-            if (!cli_parse_f32(a, v, &fv)) return 2;
-            *field = fv;
         }
     }
     if (o->prompt && o->prompt_file) {
