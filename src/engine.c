@@ -1,6 +1,7 @@
 /*
- * engine.c - the single-process engine (engine.h): KV pool + prefix index +
- * forward pass, one sequence at a time.
+ * engine.c - the engine (engine.h): KV pool + prefix index + forward pass,
+ * one sequence at a time (eng_prefill / eng_decode) or many sequences per
+ * forward call (eng_begin + eng_step, for a scheduler).
  *
  * Owns: the kp_kvpool (budget_bytes / block_bytes blocks), the pfx_index
  * over it (or none), the kp_forward scratch. Borrows: model, threads,
@@ -16,6 +17,14 @@
  *
  *   n_reuse = match.n_reuse: the whole match, or n - 1 on a full hit (the
  *   last position is computed again to get its logits).
+ *
+ * A step (eng_step) packs the items' tokens into one kp_batch, items in
+ * order, each item's tokens at consecutive positions from its sequence's
+ * length; items that cannot get blocks or are invalid are left out with
+ * their own status, the others still run:
+ *
+ *   batch  | seq A: 1 decode token | seq B: 1 decode token | seq C: prefill chunk of 200 |
+ *   logits |        yes            |        yes            | last token only, if asked   |
  *
  * Invariants:
  *   - a sequence only ever writes positions >= its n_pos at acquire time
@@ -52,6 +61,12 @@ struct eng_engine {
     /* batch scratch, ENG_BATCH entries each */
     int32_t *pos, *seqi;
     uint8_t *want;
+    /* eng_step scratch, grown on demand */
+    uint32_t step_cap, step_seq_cap;
+    int32_t *step_tok, *step_pos, *step_seq;
+    uint8_t *step_want;
+    kp_kvseq **step_seqs;
+    float *step_logits; /* [step_seq_cap][n_vocab] */
 };
 
 kp_status eng_new(eng_engine **out, const kp_model *m, kp_pool *threads, const kp_kernels *kernels,
@@ -103,6 +118,12 @@ void eng_free(eng_engine *e) {
     free(e->pos);
     free(e->seqi);
     free(e->want);
+    free(e->step_tok);
+    free(e->step_pos);
+    free(e->step_seq);
+    free(e->step_want);
+    free(e->step_seqs);
+    free(e->step_logits);
     free(e);
 }
 
@@ -166,8 +187,8 @@ static kp_status run_tokens(eng_engine *e, eng_seq *seq, const int32_t *tokens, 
     return KP_OK;
 }
 
-kp_status eng_prefill(eng_engine *e, const int32_t *tokens, uint32_t n, eng_seq *seq,
-                      float *logits_out, eng_report *report, kp_error *err) {
+kp_status eng_begin(eng_engine *e, const int32_t *tokens, uint32_t n, eng_seq *seq, eng_report *report,
+                    kp_error *err) {
     eng_report r;
     memset(&r, 0, sizeof r);
     r.cached_next = -1;
@@ -182,7 +203,6 @@ kp_status eng_prefill(eng_engine *e, const int32_t *tokens, uint32_t n, eng_seq 
     for (uint32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= nv)
             return kp_fail(err, KP_EINVAL, "token %d at %u is outside the vocabulary of %d", tokens[i], i, nv);
-    kp_status st = KP_OK;
     if (e->idx) {
         pfx_match_result mr;
         pfx_match(e->idx, tokens, n, &mr);
@@ -194,19 +214,32 @@ kp_status eng_prefill(eng_engine *e, const int32_t *tokens, uint32_t n, eng_seq 
         r.n_continuations = mr.n_continuations;
         r.evicted = mr.evicted;
         r.evicted_len = mr.evicted_len;
-        st = pfx_acquire(e->idx, tokens, mr.n_reuse, &seq->kv, &seq->lease, err);
+        kp_status st = pfx_acquire(e->idx, tokens, mr.n_reuse, &seq->kv, &seq->lease, err);
         if (st == KP_EFULL) { /* the partial-block copy found no free block: compute instead */
-            st = pfx_acquire(e->idx, tokens, mr.n_reuse / kp_kvpool_config_of(e->kv)->block_size *
-                                                 kp_kvpool_config_of(e->kv)->block_size,
-                             &seq->kv, &seq->lease, err);
+            uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
+            st = pfx_acquire(e->idx, tokens, mr.n_reuse / B * B, &seq->kv, &seq->lease, err);
         }
-        if (st != KP_OK) goto fail;
+        if (st != KP_OK) {
+            if (report) *report = r;
+            eng_seq_abort(e, seq);
+            return st;
+        }
         r.reused_tokens = seq->kv.n_pos;
         assert(r.reused_tokens <= mr.n_reuse && r.reused_tokens < n);
     } else {
         r.cold = true;
     }
     r.computed_tokens = n - r.reused_tokens;
+    if (report) *report = r;
+    return KP_OK;
+}
+
+kp_status eng_prefill(eng_engine *e, const int32_t *tokens, uint32_t n, eng_seq *seq,
+                      float *logits_out, eng_report *report, kp_error *err) {
+    eng_report r;
+    kp_status st = eng_begin(e, tokens, n, seq, &r, err);
+    if (report) *report = r;
+    if (st != KP_OK) return st;
     if ((st = reserve(e, seq, n, &r, err)) != KP_OK) goto fail;
     if ((st = run_tokens(e, seq, tokens + r.reused_tokens, r.computed_tokens, logits_out, err)) != KP_OK)
         goto fail;
@@ -217,6 +250,96 @@ fail:
     if (report) *report = r;
     eng_seq_abort(e, seq);
     return st;
+}
+
+/* Grows the step scratch to hold n tokens and n_items sequences. */
+static kp_status step_scratch(eng_engine *e, uint32_t n, uint32_t n_items, kp_error *err) {
+    if (n > e->step_cap) {
+        uint32_t c = e->step_cap ? e->step_cap : 64;
+        while (c < n) c *= 2;
+        int32_t *tok = realloc(e->step_tok, c * sizeof *tok);
+        if (tok) e->step_tok = tok;
+        int32_t *pos = realloc(e->step_pos, c * sizeof *pos);
+        if (pos) e->step_pos = pos;
+        int32_t *si = realloc(e->step_seq, c * sizeof *si);
+        if (si) e->step_seq = si;
+        uint8_t *w = realloc(e->step_want, c);
+        if (w) e->step_want = w;
+        if (!tok || !pos || !si || !w) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %u tokens", n);
+        e->step_cap = c;
+    }
+    if (n_items > e->step_seq_cap) {
+        uint32_t c = e->step_seq_cap ? e->step_seq_cap : 8;
+        while (c < n_items) c *= 2;
+        kp_kvseq **sp = realloc(e->step_seqs, c * sizeof *sp);
+        if (sp) e->step_seqs = sp;
+        float *lg = realloc(e->step_logits, (size_t)c * e->m->hp.n_vocab * sizeof *lg);
+        if (lg) e->step_logits = lg;
+        if (!sp || !lg) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %u sequences", n_items);
+        e->step_seq_cap = c;
+    }
+    return KP_OK;
+}
+
+kp_status eng_step(eng_engine *e, eng_item *items, uint32_t n_items, kp_error *err) {
+    uint32_t total = 0;
+    for (uint32_t i = 0; i < n_items; i++) {
+        eng_item *it = &items[i];
+        it->status = KP_OK;
+        it->err.msg[0] = 0;
+        uint32_t p = it->seq->kv.n_pos;
+        if (it->n == 0 || !it->tokens) {
+            it->status = kp_fail(&it->err, KP_EINVAL, "a step item without tokens");
+            continue;
+        }
+        if (it->n > e->max_pos || p > e->max_pos - it->n) {
+            it->status = kp_fail(&it->err, KP_ERANGE, "the sequence would reach %u positions, more than the "
+                                                      "maximum of %u", p + it->n, e->max_pos);
+            continue;
+        }
+        for (uint32_t j = 0; j < it->n; j++)
+            if (it->tokens[j] < 0 || it->tokens[j] >= (int32_t)e->m->hp.n_vocab) {
+                it->status = kp_fail(&it->err, KP_EINVAL, "token %d is outside the vocabulary of %u",
+                                     it->tokens[j], e->m->hp.n_vocab);
+                break;
+            }
+        if (it->status != KP_OK) continue;
+        for (uint32_t k = 0; k < i; k++)
+            if (items[k].seq == it->seq && items[k].status == KP_OK) {
+                it->status = kp_fail(&it->err, KP_EINVAL, "a sequence appears twice in one step");
+                break;
+            }
+        if (it->status != KP_OK) continue;
+        it->status = reserve(e, it->seq, p + it->n, NULL, &it->err);
+        if (it->status == KP_OK) total += it->n;
+    }
+    if (total == 0) return KP_OK;
+    kp_status st = step_scratch(e, total, n_items, err);
+    if (st != KP_OK) return st;
+    uint32_t t = 0, ns = 0, nl = 0;
+    for (uint32_t i = 0; i < n_items; i++) {
+        eng_item *it = &items[i];
+        if (it->status != KP_OK) continue;
+        e->step_seqs[ns] = &it->seq->kv;
+        for (uint32_t j = 0; j < it->n; j++, t++) {
+            e->step_tok[t] = it->tokens[j];
+            e->step_pos[t] = (int32_t)(it->seq->kv.n_pos + j);
+            e->step_seq[t] = (int32_t)ns;
+            e->step_want[t] = it->logits && j == it->n - 1;
+            nl += e->step_want[t];
+        }
+        ns++;
+    }
+    kp_batch b = {(int32_t)total, e->step_tok, e->step_pos, e->step_seq, e->step_want, e->step_seqs, (int32_t)ns};
+    if ((st = kp_forward_run(e->fw, &b, nl ? e->step_logits : NULL, err)) != KP_OK) return st;
+    size_t nv = e->m->hp.n_vocab;
+    uint32_t l = 0;
+    for (uint32_t i = 0; i < n_items; i++) {
+        eng_item *it = &items[i];
+        if (it->status != KP_OK || !it->logits) continue;
+        memcpy(it->logits, e->step_logits + (size_t)l++ * nv, nv * sizeof(float));
+    }
+    return KP_OK;
 }
 
 kp_status eng_decode(eng_engine *e, eng_seq *seq, int32_t token, float *logits_out, kp_error *err) {

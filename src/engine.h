@@ -1,6 +1,6 @@
 /*
- * engine.h - one process, one thread, sequences one after another: the KV
- * pool, the prefix index and the forward pass wired together (floor 4).
+ * engine.h - the KV pool, the prefix index and the forward pass wired
+ * together (floor 4). Not thread-safe: one thread drives an engine.
  *
  * A request's life:
  *
@@ -90,6 +90,36 @@ void eng_free(eng_engine *e);
  * KP_ENOMEM. */
 kp_status eng_prefill(eng_engine *e, const int32_t *tokens, uint32_t n, eng_seq *seq,
                       float *logits_out, eng_report *report, kp_error *err);
+
+/* The first half of eng_prefill, for a scheduler that computes the prompt
+ * in chunks alongside other sequences: checks the tokens, matches the index
+ * and takes the reusable rows into the empty *seq (seq's length becomes
+ * report->reused_tokens, always < n). The caller then feeds
+ * tokens[reused_tokens..n) through eng_step. Errors as eng_prefill; on
+ * error *seq is empty. */
+kp_status eng_begin(eng_engine *e, const int32_t *tokens, uint32_t n, eng_seq *seq, eng_report *report,
+                    kp_error *err);
+
+/* One sequence's share of a step. */
+typedef struct {
+    eng_seq *seq;          /* borrowed; at most once per step */
+    const int32_t *tokens; /* n >= 1 tokens appended at seq's current length */
+    uint32_t n;
+    float *logits;         /* NULL, or n_vocab floats: the logits of the last token */
+    kp_status status;      /* out: KP_OK when the item ran */
+    kp_error err;          /* out: why it did not */
+} eng_item;
+
+/* Runs all items in one forward pass (each weight is read once for the
+ * whole step): prefill chunks and decode tokens of several sequences
+ * together. Blocks are reserved per item first, evicting unheld cached
+ * prefixes when the pool is full; an item that is invalid (bad token id,
+ * n 0, a sequence given twice), too long (KP_ERANGE past max_pos) or
+ * cannot get blocks (KP_EFULL) gets that status and is left out while the
+ * others run; its sequence is unchanged. The return value reports failures
+ * of the whole step (KP_ENOMEM, a forward error), after which the items'
+ * sequences may have grown blocks but no positions. */
+kp_status eng_step(eng_engine *e, eng_item *items, uint32_t n_items, kp_error *err);
 
 /* Appends one token at position seq's length and writes its logits
  * (n_vocab floats, may be NULL). KP_ERANGE past max_pos, KP_EFULL, KP_EINVAL

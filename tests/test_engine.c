@@ -321,7 +321,155 @@ static void test_budget_of_one_sequence(void) {
     budget_case(6, 16); /* no free block for the copy: whole blocks only */
 }
 
+/* Continuous batching: N_CB requests start at different steps, their prompts
+ * (several sharing a head) are computed in random-size chunks inside steps
+ * that also decode the other running sequences, under a budget that forces
+ * eviction; every sequence's prompt logits and greedy continuation must
+ * equal the same request run alone with eng_prefill / eng_decode on an
+ * engine without the cache. */
+#define N_CB 8
+#define CB_GEN 6
+typedef struct {
+    int32_t t[64 + CB_GEN];
+    uint32_t n, fed, gen, start;
+    eng_seq s;
+    float *logits;
+    int32_t next;
+    bool done;
+    int32_t want[CB_GEN];
+} cb_req;
+
+static void batched_case(const char *rel, uint64_t seed, uint64_t budget_blocks) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_pool *pool = NULL;
+    if (kp_model_load(&m, harness_path(rel), &err) != KP_OK) {
+        CHECK_MSG(false, "%s: %s", rel, err.msg);
+        return;
+    }
+    CHECK(kp_pool_new(&pool, 2, &err) == KP_OK);
+    uint32_t nv = m->hp.n_vocab;
+    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
+    eng_config cr = {KP_DTYPE_F32, 16, 0, 128, true, NULL};
+    eng_config cc = {KP_DTYPE_F32, 16, bb * budget_blocks, 128, false, NULL};
+    eng_engine *ref = NULL, *e = NULL;
+    CHECK(eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
+    CHECK(eng_new(&e, m, pool, NULL, &cc, &err) == KP_OK);
+    static cb_req rq[N_CB];
+    float *lr = malloc(nv * sizeof(float));
+    rng_state = seed;
+    int32_t head[24];
+    for (int i = 0; i < 24; i++) head[i] = i ? (int32_t)rnd(nv) : 1;
+    /* the reference, one request at a time */
+    for (int q = 0; q < N_CB; q++) {
+        cb_req *r = &rq[q];
+        memset(r, 0, sizeof *r);
+        r->n = 8 + rnd(50);
+        uint32_t shared = q % 2 ? 0 : (q % 4 ? 24 : 12);
+        for (uint32_t i = 0; i < r->n; i++) r->t[i] = i < shared ? head[i] : i ? (int32_t)rnd(nv) : 1;
+        r->start = rnd(6);
+        r->logits = malloc(nv * sizeof(float));
+        eng_seq s = {0};
+        CHECK(eng_prefill(ref, r->t, r->n, &s, lr, NULL, &err) == KP_OK);
+        for (int g = 0; g < CB_GEN; g++) {
+            r->want[g] = kp_argmax(lr, (int32_t)nv);
+            if (g + 1 < CB_GEN) CHECK(eng_decode(ref, &s, r->want[g], lr, &err) == KP_OK);
+        }
+        eng_seq_abort(ref, &s);
+    }
+    /* batched: every step decodes the running sequences and feeds prompt chunks */
+    eng_item items[N_CB];
+    uint32_t n_done = 0, mixed_steps = 0;
+    for (uint32_t step = 0; n_done < N_CB && step < 400; step++) {
+        uint32_t ni = 0;
+        bool has_prefill = false, has_decode = false;
+        for (int q = 0; q < N_CB; q++) {
+            cb_req *r = &rq[q];
+            if (r->done || step < r->start) continue;
+            if (r->fed == 0 && r->s.kv.n_pos == 0 && r->s.lease.node == NULL) {
+                eng_report rep;
+                CHECK_MSG(eng_begin(e, r->t, r->n, &r->s, &rep, &err) == KP_OK, "%s", err.msg);
+                r->fed = rep.reused_tokens;
+            }
+            eng_item *it = &items[ni++];
+            memset(it, 0, sizeof *it);
+            it->seq = &r->s;
+            if (r->fed < r->n) {
+                uint32_t c = 1 + rnd(20);
+                if (c > r->n - r->fed) c = r->n - r->fed;
+                it->tokens = r->t + r->fed;
+                it->n = c;
+                it->logits = r->fed + c == r->n ? r->logits : NULL;
+                has_prefill = true;
+            } else {
+                it->tokens = &r->next;
+                it->n = 1;
+                it->logits = r->logits;
+                has_decode = true;
+            }
+        }
+        if (!ni) continue;
+        mixed_steps += has_prefill && has_decode;
+        CHECK_MSG(eng_step(e, items, ni, &err) == KP_OK, "%s", err.msg);
+        for (uint32_t i = 0; i < ni; i++) {
+            CHECK_MSG(items[i].status == KP_OK, "step %u item %u: %s", step, i, items[i].err.msg);
+            cb_req *r = NULL;
+            for (int q = 0; q < N_CB; q++)
+                if (&rq[q].s == items[i].seq) r = &rq[q];
+            if (r->fed < r->n) {
+                r->fed += items[i].n;
+                if (r->fed < r->n) continue;
+            }
+            int32_t tok = kp_argmax(r->logits, (int32_t)nv);
+            CHECK_MSG(tok == r->want[r->gen], "request %ld token %u: %d, alone %d", (long)(r - rq), r->gen, tok,
+                      r->want[r->gen]);
+            r->t[r->n + r->gen] = tok;
+            r->next = tok;
+            if (++r->gen == CB_GEN) {
+                CHECK(eng_finish(e, &r->s, r->t, r->n + r->gen, NULL, &err) == KP_OK);
+                r->done = true;
+                n_done++;
+            }
+        }
+        CHECK_MSG(pfx_check(eng_index(e), &err) == KP_OK, "%s", err.msg);
+    }
+    CHECK_EQ_INT(n_done, N_CB);
+    CHECK(mixed_steps > 0);
+    pfx_stats ps;
+    eng_stats(e, &ps);
+    if (budget_blocks < 64) CHECK_MSG(ps.n_evictions > 0, "budget of %llu blocks: no eviction",
+                                      (unsigned long long)budget_blocks);
+    /* a bad item is left out, the others run */
+    eng_seq s1 = {0}, s2 = {0};
+    int32_t good[2] = {1, 2}, bad[1] = {(int32_t)nv};
+    CHECK(eng_clear(e, &err) == KP_OK); /* nothing cached: s1 starts empty */
+    CHECK(eng_begin(e, good, 2, &s1, NULL, &err) == KP_OK);
+    CHECK_EQ_INT(eng_seq_len(&s1), 0);
+    eng_item two[3] = {{&s1, good, 2, lr, KP_OK, {0}}, {&s2, bad, 1, NULL, KP_OK, {0}}, {&s1, good, 1, NULL, KP_OK, {0}}};
+    CHECK(eng_step(e, two, 3, &err) == KP_OK);
+    CHECK(two[0].status == KP_OK && two[1].status == KP_EINVAL && two[2].status == KP_EINVAL);
+    CHECK_EQ_INT(eng_seq_len(&s1), 2);
+    CHECK_EQ_INT(eng_seq_len(&s2), 0);
+    eng_seq_abort(e, &s1);
+    eng_seq_abort(e, &s2);
+    CHECK(eng_clear(e, &err) == KP_OK);
+    CHECK_EQ_INT(kp_kvpool_n_free(eng_kvpool(e)), kp_kvpool_n_blocks(eng_kvpool(e)));
+    for (int q = 0; q < N_CB; q++) free(rq[q].logits);
+    free(lr);
+    eng_free(e);
+    eng_free(ref);
+    kp_pool_free(pool);
+    kp_model_free(m);
+}
+
+static void test_batched_equals_alone(void) {
+    batched_case("models/stories260K.gguf", 0x5eed0001ull, 4096);
+    batched_case("tests/data/models/gen-qwen2-q8_0.gguf", 0x5eed0002ull, 4096);
+    batched_case("models/stories260K.gguf", 0x5eed0003ull, 20); /* evictions */
+}
+
 int main(void) {
+    RUN(test_batched_equals_alone);
     RUN(test_budget_of_one_sequence);
     RUN(test_reuse_counts);
     RUN(test_equal_stories);
