@@ -19,8 +19,9 @@
 #include "cli.h"
 #include "sampler.h"
 #include "session.h"
+#include "textout.h"
 
-#define MAX_STOPS 16
+#define MAX_STOPS KP_TEXTOUT_MAX_STOPS
 
 typedef struct {
     cli_session_opts so;
@@ -199,50 +200,6 @@ static bool prompt_tokens(cli_session *s, const run_opts *o, const char *cmd, in
     return true;
 }
 
-/* ---- stop strings: hold back text that may begin a stop string ---------- */
-
-typedef struct {
-    char *buf;
-    size_t len, cap;
-} textbuf;
-
-static bool tb_append(textbuf *t, const char *b, size_t n) {
-    if (t->len + n + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap : 256;
-        while (cap < t->len + n + 1) cap *= 2;
-        char *nb = realloc(t->buf, cap);
-        if (!nb) return false;
-        t->buf = nb;
-        t->cap = cap;
-    }
-    memcpy(t->buf + t->len, b, n);
-    t->len += n;
-    t->buf[t->len] = 0;
-    return true;
-}
-
-/* Returns the number of bytes of t safe to print; sets *hit when a stop
- * string occurs (then the safe part ends before it). */
-static size_t stop_scan(const textbuf *t, const run_opts *o, bool *hit) {
-    size_t safe = t->len;
-    *hit = false;
-    for (int i = 0; i < o->n_stops; i++) {
-        const char *found = t->len ? memmem(t->buf, t->len, o->stops[i], strlen(o->stops[i])) : NULL;
-        if (found) {
-            *hit = true;
-            if ((size_t)(found - t->buf) < safe) safe = (size_t)(found - t->buf);
-            continue;
-        }
-        size_t sl = strlen(o->stops[i]);
-        for (size_t k = sl - 1; k > 0; k--) /* longest suffix of t that prefixes the stop */
-            if (k <= t->len && !memcmp(t->buf + t->len - k, o->stops[i], k)) {
-                if (t->len - k < safe) safe = t->len - k;
-                break;
-            }
-    }
-    return safe;
-}
-
 static int do_generate(int argc, char **argv, bool inspect) {
     const char *cmd = inspect ? "inspect" : "run";
     run_opts o;
@@ -264,10 +221,9 @@ static int do_generate(int argc, char **argv, bool inspect) {
     int32_t *ids = NULL;
     size_t n_prompt = 0;
     kp_sampler *smp = NULL;
-    tok_stream *ts = NULL;
+    kp_textout *to = NULL;
     float *logits = malloc(hp->n_vocab * sizeof(float));
     int32_t *gen = malloc(((size_t)o.n_predict + 1) * sizeof(int32_t));
-    textbuf pending = {0};
     kp_error err = {0};
     rc = 1;
     if (!logits || !gen) goto done;
@@ -278,7 +234,10 @@ static int do_generate(int argc, char **argv, bool inspect) {
         goto done;
     }
     if (kp_sampler_new(&smp, &o.sp, (int32_t)hp->n_vocab, &err) != KP_OK ||
-        tok_stream_new(&ts, s.tok, o.special, &err) != KP_OK) {
+        kp_textout_new(&to, s.tok, o.stops, o.n_stops, o.special,
+                       /* drop the SPM leading space when generation starts right after BOS */
+                       n_prompt == 1 && ids[0] == tok_bos(s.tok) && tok_add_space_prefix(s.tok),
+                       &err) != KP_OK) {
         fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
         goto done;
     }
@@ -302,8 +261,6 @@ static int do_generate(int argc, char **argv, bool inspect) {
                    bar, "########################################");
         }
     }
-    /* strip the SPM leading space when generation starts right after BOS */
-    bool strip_space = n_prompt == 1 && ids[0] == tok_bos(s.tok) && tok_add_space_prefix(s.tok);
     int64_t n_gen = 0;
     bool stopped = false;
     const char *reason = "length";
@@ -317,25 +274,17 @@ static int do_generate(int argc, char **argv, bool inspect) {
             reason = "end of generation token";
             break;
         }
-        const char *bytes;
-        size_t nb;
-        if (tok_stream_push(ts, tok, &bytes, &nb, &err) != KP_OK) {
-            fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
-            goto done;
-        }
-        if (strip_space && nb > 0) {
-            if (bytes[0] == ' ') bytes++, nb--;
-            strip_space = false;
-        }
         if (!inspect) {
-            if (nb > 0 && !tb_append(&pending, bytes, nb)) goto done;
+            const char *text;
+            size_t nt;
             bool hit;
-            size_t safe = stop_scan(&pending, &o, &hit);
-            if (safe > 0) {
-                fwrite(pending.buf, 1, safe, stdout);
+            if (kp_textout_push(to, tok, &text, &nt, &hit, &err) != KP_OK) {
+                fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
+                goto done;
+            }
+            if (nt > 0) {
+                fwrite(text, 1, nt, stdout);
                 fflush(stdout);
-                memmove(pending.buf, pending.buf + safe, pending.len - safe);
-                pending.len -= safe;
             }
             if (hit) {
                 stopped = true;
@@ -362,11 +311,10 @@ static int do_generate(int argc, char **argv, bool inspect) {
         }
     }
     if (!stopped && !inspect) {
-        const char *bytes;
-        size_t nb;
-        tok_stream_flush(ts, &bytes, &nb);
-        if (nb > 0) tb_append(&pending, bytes, nb);
-        if (pending.len > 0) fwrite(pending.buf, 1, pending.len, stdout);
+        const char *text;
+        size_t nt;
+        kp_textout_finish(to, &text, &nt);
+        if (nt > 0) fwrite(text, 1, nt, stdout);
     }
     if (!inspect) putchar('\n');
     fflush(stdout);
@@ -401,8 +349,7 @@ static int do_generate(int argc, char **argv, bool inspect) {
     }
     rc = 0;
 done:
-    free(pending.buf);
-    tok_stream_free(ts);
+    kp_textout_free(to);
     kp_sampler_free(smp);
     free(ids);
     free(gen);

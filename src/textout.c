@@ -1,0 +1,152 @@
+/*
+ * textout.c - token ids to releasable text with stop strings (textout.h).
+ *
+ * Owns a tok_stream, copies of the stop strings and two buffers:
+ *
+ *   pending: | released already (dropped) | held back: may begin a stop |
+ *   out    : the bytes returned by the last call
+ *
+ * After each push, `safe` = the length of pending up to the earliest stop
+ * string occurrence, or, with none, up to the start of the longest suffix
+ * that is a proper prefix of some stop string. pending[0..safe) moves to out.
+ * Invariant: pending never contains a whole stop string once stopped is
+ * false (it would have been found), and nothing is released after stopped.
+ */
+#include "textout.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct kp_textout {
+    tok_stream *ts;
+    char *stops[KP_TEXTOUT_MAX_STOPS];
+    size_t stop_len[KP_TEXTOUT_MAX_STOPS];
+    int n_stops;
+    bool strip_space, stopped;
+    char *pend, *out;
+    size_t pend_len, pend_cap, out_cap, released;
+};
+
+static bool grow(char **buf, size_t *cap, size_t need) {
+    if (need <= *cap) return true;
+    size_t c = *cap ? *cap : 128;
+    while (c < need) c *= 2;
+    char *nb = realloc(*buf, c);
+    if (!nb) return false;
+    *buf = nb;
+    *cap = c;
+    return true;
+}
+
+kp_status kp_textout_new(kp_textout **out, const tok_vocab *v, const char *const *stops, int n_stops,
+                         bool special, bool strip_space, kp_error *err) {
+    *out = NULL;
+    if (n_stops < 0 || n_stops > KP_TEXTOUT_MAX_STOPS)
+        return kp_fail(err, KP_EINVAL, "at most %d stop strings", KP_TEXTOUT_MAX_STOPS);
+    for (int i = 0; i < n_stops; i++)
+        if (!stops[i] || !stops[i][0]) return kp_fail(err, KP_EINVAL, "stop string %d is empty", i);
+    kp_textout *t = calloc(1, sizeof *t);
+    if (!t) return kp_fail(err, KP_ENOMEM, "out of memory");
+    kp_status st = tok_stream_new(&t->ts, v, special, err);
+    if (st != KP_OK) {
+        free(t);
+        return st;
+    }
+    t->strip_space = strip_space;
+    for (int i = 0; i < n_stops; i++) {
+        t->stop_len[i] = strlen(stops[i]);
+        t->stops[i] = malloc(t->stop_len[i] + 1);
+        if (!t->stops[i]) {
+            kp_textout_free(t);
+            return kp_fail(err, KP_ENOMEM, "out of memory");
+        }
+        memcpy(t->stops[i], stops[i], t->stop_len[i] + 1);
+        t->n_stops++;
+    }
+    *out = t;
+    return KP_OK;
+}
+
+void kp_textout_free(kp_textout *t) {
+    if (!t) return;
+    tok_stream_free(t->ts);
+    for (int i = 0; i < t->n_stops; i++) free(t->stops[i]);
+    free(t->pend);
+    free(t->out);
+    free(t);
+}
+
+/* Bytes of pending safe to release; sets stopped on a whole stop string. */
+static size_t scan(kp_textout *t) {
+    size_t safe = t->pend_len;
+    for (int i = 0; i < t->n_stops; i++) {
+        const char *s = t->stops[i];
+        size_t sl = t->stop_len[i];
+        const char *found = t->pend_len ? memmem(t->pend, t->pend_len, s, sl) : NULL;
+        if (found) {
+            t->stopped = true;
+            if ((size_t)(found - t->pend) < safe) safe = (size_t)(found - t->pend);
+            continue;
+        }
+        for (size_t k = sl - 1; k > 0; k--) /* longest suffix of pending that begins s */
+            if (k <= t->pend_len && !memcmp(t->pend + t->pend_len - k, s, k)) {
+                if (t->pend_len - k < safe) safe = t->pend_len - k;
+                break;
+            }
+    }
+    return safe;
+}
+
+/* Moves pending[0..n) to out. */
+static void release(kp_textout *t, size_t n, const char **text, size_t *len) {
+    if (n == 0) return;
+    memcpy(t->out, t->pend, n);
+    memmove(t->pend, t->pend + n, t->pend_len - n);
+    t->pend_len -= n;
+    t->released += n;
+    *text = t->out;
+    *len = n;
+}
+
+static kp_status append(kp_textout *t, const char *b, size_t n, kp_error *err) {
+    if (t->strip_space && n > 0) {
+        if (b[0] == ' ') b++, n--;
+        t->strip_space = false;
+    }
+    if (!grow(&t->pend, &t->pend_cap, t->pend_len + n + 1) || !grow(&t->out, &t->out_cap, t->pend_len + n + 1))
+        return kp_fail(err, KP_ENOMEM, "out of memory for generated text");
+    if (n) memcpy(t->pend + t->pend_len, b, n);
+    t->pend_len += n;
+    return KP_OK;
+}
+
+kp_status kp_textout_push(kp_textout *t, int32_t id, const char **text, size_t *n, bool *stopped,
+                          kp_error *err) {
+    *text = "";
+    *n = 0;
+    *stopped = t->stopped;
+    if (t->stopped) return KP_OK;
+    const char *b;
+    size_t nb;
+    kp_status st = tok_stream_push(t->ts, id, &b, &nb, err);
+    if (st != KP_OK) return st;
+    if ((st = append(t, b, nb, err)) != KP_OK) return st;
+    size_t safe = scan(t);
+    release(t, safe, text, n);
+    *stopped = t->stopped;
+    return KP_OK;
+}
+
+void kp_textout_finish(kp_textout *t, const char **text, size_t *n) {
+    *text = "";
+    *n = 0;
+    if (t->stopped) return;
+    const char *b;
+    size_t nb;
+    tok_stream_flush(t->ts, &b, &nb);
+    kp_error err;
+    if (append(t, b, nb, &err) != KP_OK) nb = 0; /* out of memory: release what is held */
+    release(t, t->pend_len, text, n);
+}
+
+size_t kp_textout_released(const kp_textout *t) { return t->released; }
