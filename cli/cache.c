@@ -32,6 +32,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "cachereport.h"
 #include "doctor.h"
 #include "engine.h"
 #include "sampler.h"
@@ -154,26 +155,6 @@ static long best_earlier(const turn_list *t, size_t upto, const int32_t *ids, si
     return best;
 }
 
-/* Byte offset in text where token k of ids starts: the length of the
- * detokenized ids[0..k), less what detokenizing adds in front of the text
- * (the SPM space prefix), clamped to [0, limit]. */
-static size_t token_byte(const tok_vocab *v, const int32_t *ids, size_t n, size_t k, const char *text,
-                         size_t len, bool special, size_t limit) {
-    if (k >= n) return len < limit ? len : limit;
-    kp_error err;
-    char *full = NULL, *pre = NULL;
-    size_t fl = 0, pl = 0, off = 0;
-    if (tok_detokenize(v, ids, n, true, special, &full, &fl, &err) == KP_OK &&
-        tok_detokenize(v, ids, k, true, special, &pre, &pl, &err) == KP_OK) {
-        size_t lead = fl >= len && !memcmp(full + (fl - len), text, len) ? fl - len : 0;
-        off = pl > lead ? pl - lead : 0;
-    }
-    free(full);
-    free(pre);
-    if (off > len) off = len;
-    return off < limit ? off : limit;
-}
-
 /* First differing byte of a and b, moved back to a UTF-8 character start. */
 static size_t text_divergence(const char *a, size_t na, const char *b, size_t nb) {
     size_t i = 0;
@@ -192,7 +173,7 @@ static kp_status explain(const tok_vocab *v, const turn *cur, const char *cached
     }
     size_t tdiv = text_divergence(cached, cached_len, cur->text, cur->prompt_len);
     doctor_tokens tk = {token_index,
-                        token_byte(v, cur->ids, cur->n_prompt, token_index, cur->text, cur->prompt_len, special,
+                        kp_crep_token_byte(v, cur->ids, cur->n_prompt, token_index, cur->text, cur->prompt_len, special,
                                    tdiv),
                         cur->n_prompt};
     return doctor_explain(cached, cached_len, cur->text, cur->prompt_len, &tk, state, mode, rep, err);

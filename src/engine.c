@@ -234,6 +234,27 @@ kp_status eng_begin(eng_engine *e, const int32_t *tokens, uint32_t n, eng_seq *s
     return KP_OK;
 }
 
+void eng_probe(eng_engine *e, const int32_t *tokens, uint32_t n, eng_report *r) {
+    memset(r, 0, sizeof *r);
+    r->cached_next = -1;
+    r->prompt_tokens = n;
+    r->computed_tokens = n;
+    r->cold = true;
+    if (!e->idx || n == 0) return;
+    pfx_match_result mr;
+    pfx_match(e->idx, tokens, n, &mr);
+    pfx_stats ps;
+    pfx_get_stats(e->idx, &ps);
+    r->cold = ps.n_nodes == 0;
+    r->diverged_at_token = mr.n_match;
+    r->cached_next = mr.cached_next;
+    r->n_continuations = mr.n_continuations;
+    r->evicted = mr.evicted;
+    r->evicted_len = mr.evicted_len;
+    r->reused_tokens = mr.n_reuse;
+    r->computed_tokens = n - mr.n_reuse;
+}
+
 kp_status eng_prefill(eng_engine *e, const int32_t *tokens, uint32_t n, eng_seq *seq,
                       float *logits_out, eng_report *report, kp_error *err) {
     eng_report r;

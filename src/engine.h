@@ -100,6 +100,11 @@ kp_status eng_prefill(eng_engine *e, const int32_t *tokens, uint32_t n, eng_seq 
 kp_status eng_begin(eng_engine *e, const int32_t *tokens, uint32_t n, eng_seq *seq, eng_report *report,
                     kp_error *err);
 
+/* What eng_begin would reuse for tokens[0..n), without taking anything:
+ * the report of a prefill that finds the pool as it is (read-only: no LRU
+ * touch, no statistics). Without a prefix cache everything is computed. */
+void eng_probe(eng_engine *e, const int32_t *tokens, uint32_t n, eng_report *r);
+
 /* One sequence's share of a step. */
 typedef struct {
     eng_seq *seq;          /* borrowed; at most once per step */
