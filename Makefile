@@ -12,9 +12,9 @@
 # line in cli/; tests/test_<module>.c are one program each.
 
 CC      ?= cc
-PKGS    := libpcre2-8 jansson
+PKGS    := libpcre2-8 jansson libmicrohttpd
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -ljansson)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -ljansson -lmicrohttpd)
 
 # -march=native when the compiler accepts it, else a portable x86-64 build;
 # kernels pick AVX2/FMA/F16C at run time either way (see src/quant.c).

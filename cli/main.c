@@ -18,6 +18,7 @@ static const struct {
     int (*fn)(int, char **);
     const char *help;
 } commands[] = {
+    {"serve", cmd_serve, "the OpenAI-compatible HTTP server (the main job)"},
     {"run", cmd_run, "generate text from a prompt (streams to stdout)"},
     {"info", cmd_info, "describe a model file: architecture, tensors, tokenizer, KV bill"},
     {"kv", cmd_kv, "the KV cache memory bill of a model"},
@@ -28,6 +29,7 @@ static const struct {
     {"bench", cmd_bench, "prompt processing and generation speed"},
     {"mkmodel", cmd_mkmodel, "write a GGUF model with seeded random weights"},
     {"doctor", cmd_doctor, "explain where and why prompts in a log miss the prefix cache"},
+    {"canon", cmd_canon, "canonical JSON (RFC 8785) bytes of a JSON document"},
 };
 
 static void usage(FILE *out) {

@@ -106,8 +106,8 @@ size_t kp_crep_token_byte(const tok_vocab *v, const int32_t *ids, size_t n, size
     return off < limit ? off : limit;
 }
 
-kp_status kp_crep_explain(kp_crep *c, const int32_t *tokens, uint32_t n, const eng_report *r,
-                          doctor_escape mode, doctor_report *out, kp_error *err) {
+kp_status kp_crep_explain(kp_crep *c, const int32_t *tokens, uint32_t n, const char *text, size_t text_len,
+                          const eng_report *r, doctor_escape mode, doctor_report *out, kp_error *err) {
     const entry *best = NULL;
     uint32_t common = 0;
     for (uint32_t i = 0; i < c->n; i++) {
@@ -123,17 +123,26 @@ kp_status kp_crep_explain(kp_crep *c, const int32_t *tokens, uint32_t n, const e
     if (state == DOCTOR_CACHE_EVICTED && !best) state = DOCTOR_CACHE_NOTHING;
     char *req = NULL, *cached = NULL;
     size_t rl = 0, cl = 0;
-    kp_status st = tok_detokenize(c->v, tokens, n, false, true, &req, &rl, err);
+    kp_status st = tok_detokenize(c->v, tokens, n, true, true, &req, &rl, err);
     if (st == KP_OK && state != DOCTOR_CACHE_NOTHING)
-        st = tok_detokenize(c->v, best->t, best->n, false, true, &cached, &cl, err);
+        st = tok_detokenize(c->v, best->t, best->n, true, true, &cached, &cl, err);
     if (st == KP_OK) {
-        size_t i = 0;
+        /* what detokenizing adds in front of the request's own text */
+        size_t lead = 0;
+        if (text && rl >= text_len && !memcmp(req + (rl - text_len), text, text_len)) lead = rl - text_len;
+        const char *rt = text ? text : req;
+        size_t rlen = text ? text_len : rl;
         const char *ct = cached ? cached : "";
-        while (i < cl && i < rl && ct[i] == req[i]) i++;
-        for (int k = 0; k < 3 && i > 0 && i < rl && ((unsigned char)req[i] & 0xC0) == 0x80; k++) i--;
+        if (lead && cl >= lead && !memcmp(ct, req, lead)) {
+            ct += lead;
+            cl -= lead;
+        }
+        size_t i = 0;
+        while (i < cl && i < rlen && ct[i] == rt[i]) i++;
+        for (int k = 0; k < 3 && i > 0 && i < rlen && ((unsigned char)rt[i] & 0xC0) == 0x80; k++) i--;
         size_t tk = r->diverged_at_token <= n ? r->diverged_at_token : n;
-        doctor_tokens dt = {tk, kp_crep_token_byte(c->v, tokens, n, tk, req, rl, true, i), n};
-        st = doctor_explain(ct, state == DOCTOR_CACHE_NOTHING ? 0 : cl, req, rl, &dt, state, mode, out, err);
+        doctor_tokens dt = {tk, kp_crep_token_byte(c->v, tokens, n, tk, rt, rlen, true, i), n};
+        st = doctor_explain(ct, state == DOCTOR_CACHE_NOTHING ? 0 : cl, rt, rlen, &dt, state, mode, out, err);
     }
     free(req);
     free(cached);

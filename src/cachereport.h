@@ -43,10 +43,14 @@ kp_status kp_crep_add(kp_crep *c, const int32_t *tokens, uint32_t n, kp_error *e
 void kp_crep_clear(kp_crep *c);
 
 /* The report of tokens[0..n) given what the engine did (r from eng_begin or
- * eng_probe). Control tokens are rendered as their text. Snippets are
+ * eng_probe). text (may be NULL) is the request's own text, the prompt the
+ * tokens came from: byte offsets then refer to it, and the cached text is
+ * aligned with it (what detokenizing puts in front of the text, such as the
+ * SPM space prefix, is dropped from both). Without it both texts are the
+ * detokenized ids. Control tokens are rendered as their text. Snippets are
  * escaped in `mode`. KP_ENOMEM, or doctor's errors. */
-kp_status kp_crep_explain(kp_crep *c, const int32_t *tokens, uint32_t n, const eng_report *r,
-                          doctor_escape mode, doctor_report *out, kp_error *err);
+kp_status kp_crep_explain(kp_crep *c, const int32_t *tokens, uint32_t n, const char *text, size_t text_len,
+                          const eng_report *r, doctor_escape mode, doctor_report *out, kp_error *err);
 
 /* The byte offset in the detokenized text of ids[0..n) where token k
  * starts (detokenizing renders ids as one text; a leading space the

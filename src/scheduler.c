@@ -38,6 +38,8 @@ struct kp_sreq {
     int32_t *all;
     uint32_t n_prompt, n_all, cap, max_tokens, fed;
     bool ignore_eos;
+    char *text; /* the prompt text, for the report; NULL: none */
+    size_t text_len;
     kp_sampler *smp;
     kp_textout *to;
     eng_seq seq;
@@ -106,6 +108,7 @@ static void sreq_free(kp_sreq *r) {
     kp_sampler_free(r->smp);
     kp_textout_free(r->to);
     free(r->all);
+    free(r->text);
     free(r->logits);
     free(r->out);
     pthread_mutex_destroy(&r->mu);
@@ -225,6 +228,15 @@ kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, k
         return kp_fail(err, KP_ENOMEM, "out of memory for a request of %u tokens", r->cap);
     }
     memcpy(r->all, p->prompt, (size_t)p->n_prompt * sizeof *r->all);
+    if (p->text) {
+        if (!(r->text = malloc(p->text_len + 1))) {
+            sreq_free(r);
+            return kp_fail(err, KP_ENOMEM, "out of memory for a request");
+        }
+        memcpy(r->text, p->text, p->text_len);
+        r->text[p->text_len] = 0;
+        r->text_len = p->text_len;
+    }
     r->n_prompt = r->n_all = p->n_prompt;
     r->max_tokens = p->max_tokens;
     r->ignore_eos = p->ignore_eos;
@@ -308,7 +320,7 @@ static bool admit(kp_sched *s, kp_sreq *r) {
     }
     r->fed = rep.reused_tokens;
     doctor_report d;
-    bool has = kp_crep_explain(s->crep, r->all, r->n_prompt, &rep, DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
+    bool has = kp_crep_explain(s->crep, r->all, r->n_prompt, r->text, r->text_len, &rep, DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
     pthread_mutex_lock(&r->mu);
     r->report = rep;
     if (has) r->doctor = d;

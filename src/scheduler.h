@@ -69,6 +69,8 @@ typedef struct {
     const char *const *stops; /* copied; at most KP_TEXTOUT_MAX_STOPS */
     int n_stops;
     bool ignore_eos;         /* keep going past end-of-generation tokens */
+    const char *text;        /* the prompt's text for the cache report (copied; NULL: none) */
+    size_t text_len;
 } kp_sreq_params;
 
 typedef struct kp_sreq kp_sreq;

@@ -138,7 +138,7 @@ static void test_concurrent_equals_alone(void) {
     CHECK(kp_sched_new(&s, e, v, &sc, &err) == KP_OK);
     kp_sreq *r[NREQ] = {0};
     for (int i = 0; i < NREQ; i++) {
-        kp_sreq_params p = {cs[i].prompt, cs[i].n, cs[i].max_tokens, kp_sampler_defaults(), NULL, 0, false};
+        kp_sreq_params p = {cs[i].prompt, cs[i].n, cs[i].max_tokens, kp_sampler_defaults(), NULL, 0, false, NULL, 0};
         p.sp.temp = 0;
         const char *stops[1] = {cs[i].stop};
         p.stops = stops;
@@ -162,7 +162,7 @@ static void test_concurrent_equals_alone(void) {
     }
     CHECK_MSG(cached_total > 0, "no request reused a cached prefix");
     /* the same prompt again: everything but the last token comes from the cache */
-    kp_sreq_params p = {cs[0].prompt, cs[0].n, 0, kp_sampler_defaults(), NULL, 0, false};
+    kp_sreq_params p = {cs[0].prompt, cs[0].n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0};
     kp_sreq *one = NULL;
     CHECK(kp_sched_submit(s, &p, &one, &err) == KP_OK);
     char buf[64];
@@ -232,7 +232,7 @@ static void test_queue_full_and_shutdown(void) {
     kp_sched *s = NULL;
     CHECK(kp_sched_new(&s, e, v, &sc, &err) == KP_OK);
     int32_t prompt[2] = {1, 400};
-    kp_sreq_params p = {prompt, 2, 400, kp_sampler_defaults(), NULL, 0, true};
+    kp_sreq_params p = {prompt, 2, 400, kp_sampler_defaults(), NULL, 0, true, NULL, 0};
     kp_sreq *r[8] = {0};
     int ok = 0, full = 0;
     for (int i = 0; i < 8; i++) {
