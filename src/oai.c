@@ -311,10 +311,27 @@ bool kp_oai_parse(const char *body, size_t len, bool chat, kp_oai_request *r, kp
     return true;
 }
 
+/* A JSON string of s, with bytes that are not valid UTF-8 (say, from a
+ * client's URL echoed in a message) replaced by '?'. */
+static json_t *lossy_string(const char *s) {
+    json_t *j = json_string(s);
+    if (j) return j;
+    size_t n = strlen(s);
+    char *c = malloc(n + 1);
+    if (!c) return json_string("");
+    for (size_t i = 0; i <= n; i++) c[i] = (unsigned char)s[i] < 0x80 ? s[i] : '?';
+    j = json_string(c);
+    free(c);
+    return j ? j : json_string("");
+}
+
 json_t *kp_oai_error_json(const kp_oai_error *e) {
-    return json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", e->message, "type",
-                     e->type ? e->type : "invalid_request_error", "param", e->param[0] ? e->param : NULL, "code",
-                     e->code);
+    json_t *o = json_object();
+    json_object_set_new(o, "message", lossy_string(e->message));
+    json_object_set_new(o, "type", json_string(e->type ? e->type : "invalid_request_error"));
+    json_object_set_new(o, "param", e->param[0] ? lossy_string(e->param) : json_null());
+    json_object_set_new(o, "code", e->code ? json_string(e->code) : json_null());
+    return json_pack("{s:o}", "error", o);
 }
 
 json_t *kp_oai_usage_json(uint32_t prompt, uint32_t cached, uint32_t completion) {

@@ -1,0 +1,500 @@
+#!/usr/bin/env python3
+"""End-to-end tests of `kvpin serve` over real HTTP on 127.0.0.1 (run by
+tests/e2e_server.sh with the binary in $KVPIN).
+
+Expected values come from outside the server's own answer:
+  - status codes and error fields from the OpenAI API conventions;
+  - cached_tokens of an agent loop from /tokenize: the longest common token
+    prefix of the new prompt with every earlier prompt + answer;
+  - the divergence byte of a timestamp edit from the two prompt texts;
+  - each of 16 concurrent greedy streams from the same request run alone;
+  - no leaked KV blocks: after the load, the blocks in use are exactly the
+    blocks the prefix index holds, and no sequence holds a lease.
+"""
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+KVPIN = os.environ.get("KVPIN", "./kvpin")
+MODEL = "models/stories260K.gguf"
+PASS = 0
+FAIL = 0
+SERVERS = []
+
+
+def ok(cond, what):
+    global PASS, FAIL
+    if cond:
+        PASS += 1
+    else:
+        FAIL += 1
+        print("FAIL e2e_server: " + what, flush=True)
+    return cond
+
+
+class Server:
+    def __init__(self, *args):
+        self.log = tempfile.NamedTemporaryFile(prefix="kvpin-serve-", suffix=".log", delete=False)
+        cmd = [KVPIN, "serve", "-m", MODEL, "--port", "0", "-t", "1", "--quiet"] + list(args)
+        self.p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log)
+        self.port = None
+        deadline = time.time() + 30
+        while time.time() < deadline and self.port is None:
+            with open(self.log.name, "rb") as f:
+                m = re.search(rb"listening on http://[0-9.]+:(\d+)", f.read())
+            if m:
+                self.port = int(m.group(1))
+            elif self.p.poll() is not None:
+                break
+            else:
+                time.sleep(0.05)
+        if self.port is None:
+            raise RuntimeError("server did not start: " + open(self.log.name, errors="replace").read())
+        SERVERS.append(self)
+
+    def request(self, method, path, body=None, headers=None, timeout=60):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body).encode()
+        elif isinstance(body, str):
+            body = body.encode()
+        h = {"Content-Type": "application/json"}
+        h.update(headers or {})
+        c.request(method, path, body=body, headers=h)
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r.status, dict(r.getheaders()), data
+
+    def post(self, path, body, **kw):
+        st, h, data = self.request("POST", path, body, **kw)
+        try:
+            return st, h, json.loads(data)
+        except ValueError:
+            return st, h, data
+
+    def get(self, path, **kw):
+        st, h, data = self.request("GET", path, **kw)
+        try:
+            return st, json.loads(data)
+        except ValueError:
+            return st, data
+
+    def stop(self):
+        self.p.send_signal(signal.SIGTERM)
+        try:
+            rc = self.p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            rc = -9
+        log = open(self.log.name, errors="replace").read()
+        ok(rc == 0, "server exit status %s after SIGTERM; log:\n%s" % (rc, log[-3000:]))
+        ok("AddressSanitizer" not in log and "runtime error" not in log and "LeakSanitizer" not in log,
+           "sanitizer report in the server log:\n" + log[-3000:])
+        os.unlink(self.log.name)
+        SERVERS.remove(self)
+
+
+def tokenize(srv, text):
+    st, _, j = srv.post("/tokenize", {"content": text, "add_special": True})
+    assert st == 200, j
+    return j["tokens"]
+
+
+def lcp(a, b):
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def wait_idle(srv, seconds=10):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        st, j = srv.get("/health")
+        if st == 200 and j["running"] == 0 and j["queued"] == 0:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def no_leaks(srv, what):
+    st, c = srv.get("/v1/cache")
+    ok(st == 200, what + ": GET /v1/cache")
+    ok(c["counts"]["running"] == 0 and c["counts"]["leases"] == 0, what + ": sequences still held: %s" % c["counts"])
+    ok(c["kv"]["used_bytes"] == c["kv"]["index_bytes"],
+       what + ": blocks in use %d != blocks the index holds %d" % (c["kv"]["used_bytes"], c["kv"]["index_bytes"]))
+
+
+# ---------------------------------------------------------------------------
+def hostile(srv):
+    """At least 40 malformed or hostile requests: right status, a clear
+    OpenAI-style error body, and the server healthy afterwards."""
+    C, X = "/v1/completions", "/v1/chat/completions"
+    big = "word " * 3000  # more tokens than --ctx 512
+    cases = [
+        # (what, method, path, body, status, param or None)
+        ("empty body", "POST", C, b"", 400, None),
+        ("not JSON", "POST", C, b"{", 400, None),
+        ("trailing garbage", "POST", C, b'{"prompt":"a"} x', 400, None),
+        ("a JSON array", "POST", C, b"[1,2]", 400, None),
+        ("JSON null", "POST", C, b"null", 400, None),
+        ("duplicate keys", "POST", C, b'{"prompt":"a","prompt":"b"}', 400, None),
+        ("deep nesting", "POST", C, b"[" * 20000 + b"]" * 20000, 400, None),
+        ("invalid UTF-8", "POST", C, b'{"prompt":"\xff\xfe\xfd"}', 400, None),
+        ("lone surrogate escape", "POST", C, b'{"prompt":"\\ud800"}', 400, None),
+        ("NaN literal", "POST", C, b'{"prompt":"a","temperature":NaN}', 400, None),
+        ("huge exponent", "POST", C, b'{"prompt":"a","temperature":1e999}', 400, None),
+        ("prompt missing", "POST", C, {"max_tokens": 3}, 400, "prompt"),
+        ("prompt a number", "POST", C, {"prompt": 5}, 400, "prompt"),
+        ("prompt empty array", "POST", C, {"prompt": []}, 400, "prompt"),
+        ("several prompts", "POST", C, {"prompt": ["a", "b"]}, 400, "prompt"),
+        ("nested token arrays", "POST", C, {"prompt": [[1, 2]]}, 400, "prompt"),
+        ("negative token id", "POST", C, {"prompt": [1, -1]}, 400, "prompt"),
+        ("token id past the vocabulary", "POST", C, {"prompt": [1, 999999]}, 400, "prompt"),
+        ("token id not an integer", "POST", C, {"prompt": [1, 2.5]}, 400, "prompt"),
+        ("max_tokens a string", "POST", C, {"prompt": "a", "max_tokens": "10"}, 400, "max_tokens"),
+        ("negative max_tokens", "POST", C, {"prompt": "a", "max_tokens": -1}, 400, "max_tokens"),
+        ("fractional max_tokens", "POST", C, {"prompt": "a", "max_tokens": 1.5}, 400, "max_tokens"),
+        ("huge max_tokens", "POST", C, {"prompt": "a", "max_tokens": 10 ** 30}, 400, None),  # a JSON parse error
+        ("temperature a string", "POST", C, {"prompt": "a", "temperature": "hot"}, 400, "temperature"),
+        ("temperature too high", "POST", C, {"prompt": "a", "temperature": 5}, 400, "temperature"),
+        ("top_p above 1", "POST", C, {"prompt": "a", "top_p": 2}, 400, "top_p"),
+        ("negative top_k", "POST", C, {"prompt": "a", "top_k": -1}, 400, "top_k"),
+        ("negative min_p", "POST", C, {"prompt": "a", "min_p": -0.1}, 400, "min_p"),
+        ("presence_penalty out of range", "POST", C, {"prompt": "a", "presence_penalty": 3}, 400,
+         "presence_penalty"),
+        ("seed a string", "POST", C, {"prompt": "a", "seed": "x"}, 400, "seed"),
+        ("seed beyond 64 bits", "POST", C, {"prompt": "a", "seed": 10 ** 30}, 400, None),
+        ("stop a number", "POST", C, {"prompt": "a", "stop": 5}, 400, "stop"),
+        ("stop with a number", "POST", C, {"prompt": "a", "stop": ["x", 1]}, 400, "stop"),
+        ("too many stops", "POST", C, {"prompt": "a", "stop": ["s%d" % i for i in range(17)]}, 400, "stop"),
+        ("stream a string", "POST", C, {"prompt": "a", "stream": "yes"}, 400, "stream"),
+        ("stream_options without stream", "POST", C,
+         {"prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream_options"),
+        ("unknown stream option", "POST", C,
+         {"prompt": "a", "stream": True, "stream_options": {"foo": 1}}, 400, "foo"),
+        ("n of 2", "POST", C, {"prompt": "a", "n": 2}, 400, "n"),
+        ("logprobs", "POST", C, {"prompt": "a", "logprobs": 5}, 400, "logprobs"),
+        ("echo", "POST", C, {"prompt": "a", "echo": True}, 400, "echo"),
+        ("unknown field", "POST", C, {"prompt": "a", "frobnicate": 1}, 400, "frobnicate"),
+        ("prompt longer than the context", "POST", C, {"prompt": big, "max_tokens": 1}, 400, "prompt"),
+        ("messages missing", "POST", X, {"max_tokens": 3}, 400, "messages"),
+        ("messages empty", "POST", X, {"messages": []}, 400, "messages"),
+        ("messages a string", "POST", X, {"messages": "hi"}, 400, "messages"),
+        ("unknown role", "POST", X, {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
+        ("content a number", "POST", X, {"messages": [{"role": "user", "content": 5}]}, 400, "messages"),
+        ("content missing", "POST", X, {"messages": [{"role": "user"}]}, 400, "messages"),
+        ("image content part", "POST", X,
+         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
+         "messages"),
+        ("message not an object", "POST", X, {"messages": ["hi"]}, 400, "messages"),
+        ("tools a string", "POST", X, {"messages": [{"role": "user", "content": "x"}], "tools": "x"}, 400, "tools"),
+        ("tools on a template without tools", "POST", X,
+         {"messages": [{"role": "user", "content": "x"}],
+          "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, 400, "messages"),
+        ("tool_choice required", "POST", X,
+         {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, 400, "tool_choice"),
+        ("chat prompt too long", "POST", X, {"messages": [{"role": "user", "content": big}]}, 400, "messages"),
+        ("tokenize content a number", "POST", "/tokenize", {"content": 5}, 400, "content"),
+        ("tokenize unknown field", "POST", "/tokenize", {"content": "a", "x": 1}, 400, "x"),
+        ("detokenize bad id", "POST", "/detokenize", {"tokens": [1, -5]}, 400, "tokens"),
+        ("detokenize not a list", "POST", "/detokenize", {"tokens": "1 2"}, 400, "tokens"),
+        ("probe with prompt and messages", "POST", "/v1/cache/probe",
+         {"prompt": "a", "messages": [{"role": "user", "content": "a"}]}, 400, "prompt"),
+        ("pin with a negative ttl", "POST", "/v1/cache/pin", {"prompt": "a", "ttl": -1}, 400, "ttl"),
+        ("unpin an unknown id", "DELETE", "/v1/cache/pin/pin-424242", None, 404, "id"),
+        ("unpin garbage", "DELETE", "/v1/cache/pin/x%ff", None, 404, "id"),
+        ("unknown path", "GET", "/v2/everything", None, 404, None),
+        ("wrong method", "GET", C, None, 405, None),
+        ("wrong method on cache", "DELETE", "/v1/cache", None, 405, None),
+    ]
+    for what, method, path, body, status, param in cases:
+        st, h, data = srv.request(method, path, body)
+        try:
+            j = json.loads(data)
+        except ValueError:
+            j = None
+        ok(st == status, "%s: status %d, expected %d (%r)" % (what, st, status, data[:200]))
+        good = isinstance(j, dict) and isinstance(j.get("error"), dict) and \
+            isinstance(j["error"].get("message"), str) and len(j["error"]["message"]) > 5 and \
+            isinstance(j["error"].get("type"), str) and "param" in j["error"] and "code" in j["error"]
+        ok(good, "%s: not an OpenAI error body: %r" % (what, data[:200]))
+        if good and param is not None:
+            ok(j["error"]["param"] == param, "%s: param %r, expected %r" % (what, j["error"]["param"], param))
+        if what == "wrong method":
+            ok(h.get("Allow") == "POST", "405 without Allow: POST")
+        if what == "prompt longer than the context" and good:
+            ok(j["error"]["code"] == "context_length_exceeded" and "512" in j["error"]["message"],
+               "the context error must say how long: %s" % j["error"])
+    n = len(cases)
+
+    # a body over --max-body (64K): 413, announced or not
+    st, _, j = srv.post("/v1/completions", {"prompt": "x" * 70000})
+    ok(st == 413 and "limit" in j["error"]["message"], "oversized body: %d %r" % (st, j))
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    for _ in range(20):
+        try:
+            s.sendall(b"1000\r\n" + b"a" * 4096 + b"\r\n")
+        except OSError:
+            break
+    try:
+        s.sendall(b"0\r\n\r\n")
+        resp = s.recv(200)
+    except OSError:
+        resp = b""
+    s.close()
+    ok(resp.startswith(b"HTTP/1.1 413"), "chunked body over the limit: %r" % resp[:60])
+    # headers over the 64K connection limit
+    st = None
+    try:
+        st, _, _ = srv.request("GET", "/health", headers={"X-Big": "a" * 80000})
+    except (ConnectionError, http.client.HTTPException, OSError):
+        st = "closed"
+    ok(st in (413, 431, "closed"), "huge header: %r" % (st,))
+    n += 3
+    # a client that sends half a request and stalls is dropped after --timeout
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=20)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro")
+    t0 = time.time()
+    try:
+        got = s.recv(100)
+    except OSError:
+        got = b""
+    ok(got in (b"",) or got.startswith(b"HTTP/1.1 4"), "slow client: %r" % got[:40])
+    ok(time.time() - t0 < 15, "slow client was not dropped in time")
+    s.close()
+    n += 1
+    st, j = srv.get("/health")
+    ok(st == 200 and j["status"] == "ok", "healthy after the hostile requests")
+    no_leaks(srv, "after hostile requests")
+    return n
+
+
+def disconnects():
+    """Clients that leave mid-stream, while waiting for a plain answer, or
+    while queued: their sequences are freed at once, their prefix stays."""
+    srv = Server("--ctx", "60000", "--parallel", "2")
+    long_req = {"prompt": "Once upon a time", "max_tokens": 100000, "ignore_eos": True, "temperature": 0}
+    for stream in (True, False):
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=20)
+        body = json.dumps(dict(long_req, stream=stream)).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        if stream:
+            first = s.recv(200)
+            ok(first.startswith(b"HTTP/1.1 200"), "stream start: %r" % first[:40])
+        else:
+            time.sleep(0.5)
+            st, j = srv.get("/health")
+            ok(j["running"] == 1, "the long request runs: %s" % j)
+        s.close()
+        ok(wait_idle(srv), "a client that left (stream=%s) still holds its sequence" % stream)
+    m = srv.request("GET", "/metrics")[2].decode()
+    ok(re.search(r"^kvpin_generations_cancelled_total 2$", m, re.M) is not None, "both requests were cancelled")
+    st, c = srv.get("/v1/cache")
+    ok(c["counts"]["cached_tokens"] > 20, "what the cancelled requests computed stays cached: %s" % c["counts"])
+    no_leaks(srv, "after disconnects")
+    srv.stop()
+
+
+def auth():
+    srv = Server("--api-key", "sekret", "--ctx", "256")
+    st, _, j = srv.post("/v1/completions", {"prompt": "a", "max_tokens": 1})
+    ok(st == 401 and j["error"]["code"] == "invalid_api_key", "no key: %d" % st)
+    st, _, j = srv.post("/v1/completions", {"prompt": "a", "max_tokens": 1}, headers={"Authorization": "Bearer nope"})
+    ok(st == 401, "wrong key: %d" % st)
+    st, _, j = srv.post("/v1/completions", {"prompt": "a", "max_tokens": 1},
+                        headers={"Authorization": "Bearer sekret"})
+    ok(st == 200 and j["usage"]["completion_tokens"] == 1, "right key: %d %r" % (st, j))
+    st, j = srv.get("/health")
+    ok(st == 200, "/health needs no key")
+    st, j = srv.get("/metrics")
+    ok(st == 401, "/metrics needs the key")
+    srv.stop()
+
+
+def queue_full():
+    srv = Server("--parallel", "1", "--queue", "1", "--ctx", "60000")
+    socks = []
+    body = json.dumps({"prompt": "Once", "max_tokens": 100000, "ignore_eos": True, "stream": True}).encode()
+    for _ in range(2):  # one runs, one waits
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=20)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        socks.append(s)
+        time.sleep(0.3)
+    st, h, j = srv.post("/v1/completions", {"prompt": "Once", "max_tokens": 2})
+    ok(st == 503 and h.get("Retry-After") == "1" and "waiting" in j["error"]["message"],
+       "queue full: %d %r %r" % (st, h.get("Retry-After"), j))
+    for s in socks:
+        s.close()
+    ok(wait_idle(srv), "queued and running requests of clients that left are dropped")
+    st, _, j = srv.post("/v1/completions", {"prompt": "Once", "max_tokens": 2})
+    ok(st == 200, "serves again after the queue drained: %d" % st)
+    no_leaks(srv, "after the queue test")
+    srv.stop()
+
+
+def agent_loop(srv):
+    """Each turn resends the previous prompt + answer + a new tail; cached
+    tokens must equal the longest common token prefix with anything earlier."""
+    prompt = "System: You tell short stories to children.\nUser: Tell me about a cat.\nAssistant:"
+    # token lists of what earlier requests left cached (prompt + answer; the
+    # last sampled token is never fed back, so it has no K/V); the hostile
+    # requests before left nothing cached
+    st, c = srv.get("/v1/cache")
+    ok(c["counts"]["cached_tokens"] == 0, "the cache is empty before the agent loop")
+    history = []
+    grew = 0
+    last_cached = -1
+    for turn in range(6):
+        st, _, j = srv.post("/v1/completions", {"prompt": prompt, "max_tokens": 12, "temperature": 0})
+        if not ok(st == 200, "turn %d: %d %r" % (turn, st, j)):
+            return
+        ids = tokenize(srv, prompt)
+        want = max([lcp(ids, h) for h in history] or [0])
+        if want == len(ids):
+            want -= 1  # a full hit recomputes the last position
+        cached = j["usage"]["prompt_tokens_details"]["cached_tokens"]
+        ok(j["usage"]["prompt_tokens"] == len(ids), "turn %d prompt_tokens %d vs /tokenize %d" %
+           (turn, j["usage"]["prompt_tokens"], len(ids)))
+        ok(cached == want, "turn %d: cached_tokens %d, expected %d" % (turn, cached, want))
+        ok(j["kvpin_cache"]["reused_tokens"] == cached, "turn %d: report and usage disagree" % turn)
+        if turn > 0:
+            ok(j["kvpin_cache"]["cause"] == "hit", "turn %d: cause %s" % (turn, j["kvpin_cache"]["cause"]))
+        grew += cached > last_cached
+        last_cached = cached
+        answer = j["choices"][0]["text"]
+        history.append(tokenize(srv, prompt + answer)[:-1])
+        prompt = prompt + answer + "\nUser: And then what happened?\nAssistant:"
+    ok(grew == 6, "cached_tokens must grow every turn")
+    # a timestamp in the system prompt
+    a = "System: it is 2026-11-28 09:14:03 UTC.\nYou are a careful assistant.\nUser: hello"
+    b = a.replace("2026-11-28 09:14:03", "2026-11-29 10:02:41")
+    srv.post("/v1/completions", {"prompt": a, "max_tokens": 2, "temperature": 0})
+    st, _, j = srv.post("/v1/completions", {"prompt": b, "max_tokens": 2, "temperature": 0})
+    d = len(os.path.commonprefix([a, b]))
+    rep = j["kvpin_cache"]
+    ok(rep["cause"] == "timestamp", "timestamp edit: cause %s (%s)" % (rep["cause"], rep["detail"]))
+    ok(rep["diverged_at_byte"] == d, "timestamp edit: diverged_at_byte %d, expected %d" % (rep["diverged_at_byte"], d))
+    ok("2026-11-28" in rep["cached_snippet"] and "2026-11-29" in rep["request_snippet"], "snippets: %s" % rep)
+    ok(isinstance(rep["advice"], str) and "timestamp" in rep["advice"], "advice: %s" % rep["advice"])
+    want = lcp(tokenize(srv, a), tokenize(srv, b))
+    ok(j["usage"]["prompt_tokens_details"]["cached_tokens"] == want, "timestamp edit: cached %d, expected %d" %
+       (j["usage"]["prompt_tokens_details"]["cached_tokens"], want))
+    # the probe says the same without running the model
+    st, _, p = srv.post("/v1/cache/probe", {"prompt": b.replace("hello", "bye")})
+    ok(st == 200 and p["reused_tokens"] >= want and p["cause"] in ("hit", "other"), "probe: %r" % p)
+
+
+def sse(srv, body):
+    """Streams a completion; returns (text, finish_reason, usage, saw_done)."""
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
+    c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        return None, r.status, None, False
+    text, finish, usage, done = "", None, None, False
+    buf = b""
+    while True:
+        chunk = r.read1(4096) if hasattr(r, "read1") else r.read(1)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n\n" in buf:
+            ev, buf = buf.split(b"\n\n", 1)
+            if not ev.startswith(b"data: "):
+                continue
+            data = ev[6:]
+            if data == b"[DONE]":
+                done = True
+                continue
+            j = json.loads(data)
+            if j.get("choices"):
+                text += j["choices"][0]["text"]
+                finish = j["choices"][0]["finish_reason"] or finish
+            if j.get("usage"):
+                usage = j["usage"]
+    c.close()
+    return text, finish, usage, done
+
+
+def concurrent(srv):
+    """16 streaming clients at once; each output equals the request alone."""
+    heads = ["Once upon a time, there was a little girl named Lily.", "The sun was shining and",
+             "Tom had a big red ball."]
+    reqs = []
+    for i in range(16):
+        p = heads[i % 3] + (" She" if i % 2 else " One day,") + " " * (i % 4)
+        reqs.append({"prompt": p, "max_tokens": 16 + i, "temperature": 0, "stream": True,
+                     "stream_options": {"include_usage": True}})
+    out = [None] * 16
+    threads = [threading.Thread(target=lambda k=k: out.__setitem__(k, sse(srv, reqs[k]))) for k in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    for k in range(16):
+        text, finish, usage, done = out[k] or (None, None, None, False)
+        if not ok(text is not None and done, "stream %d did not finish: %r" % (k, out[k])):
+            continue
+        alone = dict(reqs[k], stream=False)
+        alone.pop("stream_options")
+        st, _, j = srv.post("/v1/completions", alone)
+        ok(st == 200 and text == j["choices"][0]["text"], "stream %d differs from the request alone:\n%r\n%r" %
+           (k, text, j["choices"][0]["text"] if st == 200 else j))
+        ok(usage and usage["completion_tokens"] == j["usage"]["completion_tokens"], "stream %d usage %r" % (k, usage))
+        ok(finish == j["choices"][0]["finish_reason"], "stream %d finish %s" % (k, finish))
+    ok(wait_idle(srv), "sequences left running after the concurrent streams")
+    st, j = srv.get("/health")
+    ok(st == 200, "healthy after 16 streams")
+    st, m = srv.request("GET", "/metrics")[0], srv.request("GET", "/metrics")[2].decode()
+    ok(re.search(r"^kvpin_prompt_tokens_cached_total [1-9]", m, re.M) is not None, "metrics: cached tokens")
+    ok(re.search(r'^kvpin_time_to_first_token_seconds_count [1-9]', m, re.M) is not None, "metrics: ttft")
+    ok(re.search(r'^kvpin_requests_total\{status="400"\} [1-9]', m, re.M) is not None, "metrics: 400s counted")
+
+
+def pins(srv):
+    st, _, j = srv.post("/v1/cache/pin", {"prompt": "A shared system prompt for every agent in the crew.", "ttl": 0})
+    ok(st == 200 and j["id"].startswith("pin-") and j["tokens"] > 5 and j["bytes"] > 0, "pin: %r" % j)
+    st, c = srv.get("/v1/cache")
+    ok(c["counts"]["pins"] == 1 and c["kv"]["pinned_bytes"] >= j["bytes"], "pinned in /v1/cache: %s" % c["counts"])
+    ok(any(p["pinned"] for p in c["prefixes"]), "a pinned prefix is listed")
+    st, _, d = srv.request("DELETE", "/v1/cache/pin/" + j["id"])
+    ok(st == 200, "unpin: %d" % st)
+    st, c = srv.get("/v1/cache")
+    ok(c["counts"]["pins"] == 0 and c["kv"]["pinned_bytes"] == 0, "unpinned: %s" % c["counts"])
+
+
+def main():
+    try:
+        srv = Server("--ctx", "512", "--parallel", "8", "--max-body", "64K", "--timeout", "2",
+                     "--chat-template", "chatml")
+        n = hostile(srv)
+        ok(n >= 40, "only %d hostile requests" % n)
+        agent_loop(srv)
+        pins(srv)
+        concurrent(srv)
+        no_leaks(srv, "at the end")
+        srv.stop()
+        auth()
+        queue_full()
+        disconnects()
+    finally:
+        for s in list(SERVERS):
+            s.p.kill()
+    print("e2e_server: %d passed, %d failed" % (PASS, FAIL))
+    return 1 if FAIL else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
