@@ -35,8 +35,9 @@ static void serve_usage(FILE *f) {
             "--ctx min(training context, 4096), a KV budget for parallel x ctx positions plus as much again\n"
             "for cached prefixes (at most half of RAM), --queue 64, --prefill-chunk 256 tokens per step,\n"
             "--max-body 8M, --timeout 60 (idle seconds). --port 0 picks a free port (printed on stderr).\n"
-            "Chat templates: recognised from the model's tokenizer.chat_template, or --chat-template chatml,\n"
-            "qwen2, qwen2.5, qwen3, llama3, llama3.1, llama2, mistral, gemma, phi3, zephyr.\n");
+            "Chat templates: recognised from the model's tokenizer.chat_template (chatml when the model has\n"
+            "none), or --chat-template chatml, qwen2, qwen2.5, qwen3, llama3, llama3.1, llama2, mistral,\n"
+            "gemma, phi3, zephyr.\n");
 }
 
 static uint64_t half_of_ram(void) {
@@ -158,6 +159,10 @@ int cmd_serve(int argc, char **argv) {
             if (fam == KP_CHAT_UNKNOWN)
                 fprintf(stderr, "kvpin serve: note: the model's chat template is not one kvpin recognises; "
                                 "/v1/chat/completions needs --chat-template NAME\n");
+        } else {
+            fam = KP_CHAT_CHATML; /* no template at all: ChatML, as llama.cpp's server does */
+            fprintf(stderr, "kvpin serve: note: the model has no chat template; chat uses chatml "
+                            "(--chat-template NAME to change)\n");
         }
     }
     eng_config ec = {kv_type, (uint32_t)block, budget, n_ctx, no_cache, NULL};
