@@ -41,6 +41,8 @@
  */
 #include "canon.h"
 
+#include "buf.h"
+
 #include <assert.h>
 #include <math.h>
 #include <stdbool.h>
@@ -52,37 +54,10 @@
 /* ------------------------------------------------------------------ */
 /* Output buffer                                                       */
 
-typedef struct {
-    char *data;
-    size_t len, cap;
-    bool oom; /* an allocation failed; everything after it is dropped */
-} canon_buf;
+typedef kp_buf canon_buf; /* an allocation failure sets oom; everything after it is dropped */
 
-static void buf_put(canon_buf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) {
-            if (cap > SIZE_MAX / 2) {
-                b->oom = true;
-                return;
-            }
-            cap *= 2;
-        }
-        char *nd = realloc(b->data, cap);
-        if (!nd) {
-            b->oom = true;
-            return;
-        }
-        b->data = nd;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, s, n);
-    b->len += n;
-    b->data[b->len] = 0;
-}
-
-static void buf_putc(canon_buf *b, char c) { buf_put(b, &c, 1); }
+static void buf_put(canon_buf *b, const char *s, size_t n) { kp_buf_put(b, s, n); }
+static void buf_putc(canon_buf *b, char c) { kp_buf_putc(b, c); }
 
 /* ------------------------------------------------------------------ */
 /* Numbers                                                             */

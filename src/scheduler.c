@@ -26,6 +26,8 @@
  */
 #include "scheduler.h"
 
+#include "buf.h"
+
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -52,8 +54,7 @@ struct kp_sreq {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     /* output, under mu */
-    char *out;
-    size_t out_len, out_cap;
+    kp_buf out;
     uint32_t new_tokens, completion_tokens;
     bool started, started_seen, finish_seen;
     kp_finish finish;
@@ -110,7 +111,7 @@ static void sreq_free(kp_sreq *r) {
     free(r->all);
     free(r->text);
     free(r->logits);
-    free(r->out);
+    kp_buf_free(&r->out);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -141,7 +142,7 @@ bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u) {
         if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
     }
     for (;;) {
-        bool news = r->out_len > 0 || r->new_tokens > 0 || (r->started && !r->started_seen) ||
+        bool news = r->out.len > 0 || r->new_tokens > 0 || (r->started && !r->started_seen) ||
                     (r->finish != KP_FINISH_NONE && !r->finish_seen);
         if (news || timeout_ms == 0) break;
         if (timeout_ms < 0)
@@ -149,13 +150,12 @@ bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u) {
         else if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != 0)
             break;
     }
-    bool changed = r->out_len > 0 || r->new_tokens > 0 || (r->started && !r->started_seen) ||
+    bool changed = r->out.len > 0 || r->new_tokens > 0 || (r->started && !r->started_seen) ||
                    (r->finish != KP_FINISH_NONE && !r->finish_seen);
-    if (r->out_len > 0) {
-        u->text = r->out;
-        u->len = r->out_len;
-        r->out = NULL;
-        r->out_len = r->out_cap = 0;
+    if (r->out.len > 0) {
+        u->text = r->out.data; /* ownership moves to the caller */
+        u->len = r->out.len;
+        memset(&r->out, 0, sizeof r->out);
     }
     u->new_tokens = r->new_tokens;
     r->new_tokens = 0;
@@ -180,22 +180,7 @@ bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u) {
 /* Appends released text (engine thread). */
 static void emit(kp_sreq *r, const char *text, size_t n, bool token) {
     pthread_mutex_lock(&r->mu);
-    if (n > 0 && r->out_len + n + 1 > r->out_cap) {
-        size_t c = r->out_cap ? r->out_cap : 256;
-        while (c < r->out_len + n + 1) c *= 2;
-        char *nb = realloc(r->out, c);
-        if (nb) {
-            r->out = nb;
-            r->out_cap = c;
-        } else {
-            n = 0; /* out of memory: the text is lost, the request goes on */
-        }
-    }
-    if (n > 0) {
-        memcpy(r->out + r->out_len, text, n);
-        r->out_len += n;
-        r->out[r->out_len] = 0;
-    }
+    if (n > 0 && !kp_buf_put(&r->out, text, n)) r->out.oom = false; /* out of memory: this text is lost */
     if (token) r->new_tokens++;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);

@@ -42,6 +42,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "buf.h"
 #include "oai.h"
 
 #define N_STATUS 12
@@ -272,25 +273,13 @@ typedef struct {
     bool chat, include_usage, sent_role, done;
     char id[48];
     time_t created;
-    char *buf; /* SSE bytes not yet sent: buf[off..len) */
-    size_t len, off, cap;
+    kp_buf out; /* SSE bytes not yet sent: out.data[off..out.len) */
+    size_t off;
     double t0;
     kp_sreq_update last;
 } stream;
 
-static bool sb_add(stream *st, const char *b, size_t n) {
-    if (st->len + n > st->cap) {
-        size_t c = st->cap ? st->cap : 1024;
-        while (c < st->len + n) c *= 2;
-        char *nb = realloc(st->buf, c);
-        if (!nb) return false;
-        st->buf = nb;
-        st->cap = c;
-    }
-    memcpy(st->buf + st->len, b, n);
-    st->len += n;
-    return true;
-}
+static void sb_add(stream *st, const char *b, size_t n) { kp_buf_put(&st->out, b, n); }
 
 /* Appends `data: <j>\n\n` (j consumed). */
 static void sb_event(stream *st, json_t *j) {
@@ -358,8 +347,9 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max) {
     (void)pos;
     stream *st = cls;
     double waited = 0;
-    while (st->off == st->len) {
-        st->off = st->len = 0;
+    while (st->off == st->out.len) {
+        st->off = 0;
+        kp_buf_clear(&st->out);
         if (st->done) return MHD_CONTENT_READER_END_OF_STREAM;
         kp_sreq_update u;
         if (!kp_sreq_wait(st->r, 250, &u)) {
@@ -373,8 +363,9 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max) {
         }
         stream_update(st, &u);
     }
-    size_t n = st->len - st->off < max ? st->len - st->off : max;
-    memcpy(out, st->buf + st->off, n);
+    if (st->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
+    size_t n = st->out.len - st->off < max ? st->out.len - st->off : max;
+    memcpy(out, st->out.data + st->off, n);
     st->off += n;
     return (ssize_t)n;
 }
@@ -392,7 +383,7 @@ static void stream_free(void *cls) {
                 st->done ? kp_oai_finish_name(st->last.finish) ? kp_oai_finish_name(st->last.finish) : "ended"
                          : "client left");
     kp_sreq_release(st->r);
-    free(st->buf);
+    kp_buf_free(&st->out);
     free(st);
 }
 
@@ -900,35 +891,8 @@ static enum MHD_Result cache_unpin(kp_server *s, struct MHD_Connection *c, const
 
 /* ---- metrics ------------------------------------------------------------------------ */
 
-typedef struct {
-    char *b;
-    size_t len, cap;
-    bool oom;
-} text;
-
-static void tp(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void tp(text *t, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(t->b ? t->b + t->len : NULL, t->b ? t->cap - t->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) return;
-        if (t->b && t->len + (size_t)n < t->cap) {
-            t->len += (size_t)n;
-            return;
-        }
-        size_t c = t->cap ? t->cap * 2 : 8192;
-        while (c < t->len + (size_t)n + 1) c *= 2;
-        char *nb = realloc(t->b, c);
-        if (!nb) {
-            t->oom = true;
-            return;
-        }
-        t->b = nb;
-        t->cap = c;
-    }
-}
+typedef kp_buf text;
+#define tp kp_buf_printf
 
 static void metric(text *t, const char *name, const char *type, const char *help, double v) {
     tp(t, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
@@ -986,11 +950,11 @@ static enum MHD_Result metrics(kp_server *s, struct MHD_Connection *c) {
     histogram(&t, "kvpin_time_per_output_token_seconds", "Time between consecutive generated tokens of a request.",
               st.tpot_le, st.tpot_count, st.tpot_n, st.tpot_sum);
     if (t.oom) {
-        free(t.b);
+        kp_buf_free(&t);
         return fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
     }
-    enum MHD_Result r = reply(s, c, 200, "text/plain; version=0.0.4; charset=utf-8", t.b, t.len, NULL, NULL);
-    free(t.b);
+    enum MHD_Result r = reply(s, c, 200, "text/plain; version=0.0.4; charset=utf-8", t.data, t.len, NULL, NULL);
+    kp_buf_free(&t);
     return r;
 }
 
