@@ -55,6 +55,7 @@ struct kp_server {
     const kp_model *m;
     struct MHD_Daemon *d;
     uint16_t port;
+    uint32_t ctx; /* the engine's maximum sequence length */
     time_t started;
     atomic_uint_fast64_t next_id;
     atomic_uint_fast64_t by_status[N_STATUS]; /* last: other */
@@ -412,8 +413,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
         kp_oai_request_free(&q);
         return reply_error(s, c, &e);
     }
-    uint32_t ctx = eng_max_pos(kp_sched_lock(s->sched, NULL));
-    kp_sched_unlock(s->sched);
+    uint32_t ctx = s->ctx;
     if (n > ctx) {
         kp_oai_request_free(&q);
         free(ids);
@@ -1116,6 +1116,8 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     s->v = v;
     s->m = m;
     s->started = time(NULL);
+    s->ctx = eng_max_pos(kp_sched_lock(sched, NULL));
+    kp_sched_unlock(sched);
     struct addrinfo hints = {0}, *ai = NULL;
     hints.ai_family = AF_INET;
     hints.ai_socktype = SOCK_STREAM;
