@@ -48,7 +48,7 @@
 #define MM_ACT_BYTES (1 << 20) /* activation bytes per matmul task, kept in L2 */
 #define MAX_JOBS 3
 #define ATT_MIN_CHUNK 128
-#define ATT_TILE_ROWS 48 /* query rows (tokens x heads of a group) sharing each K/V step in prefill */
+#define ATT_TILE 8 /* query tokens sharing each loaded K/V block in prefill */
 
 struct kp_forward {
     const kp_model *m;
@@ -64,8 +64,8 @@ struct kp_forward {
     uint8_t *act[KP_DTYPE_COUNT_]; /* converted activations per dot type */
     size_t act_cap[KP_DTYPE_COUNT_];
     /* attention scratch */
-    float *att_ws;               /* [n_threads][att_ws_floats] tile workspaces, 64-byte aligned */
-    size_t att_ws_floats, att_ws_cap;
+    int64_t cap_scores;          /* floats per thread */
+    float *scores;               /* [n_threads][cap_scores] */
     size_t cap_partials;
     float *partials;
     int32_t *tiles;              /* [n_tiles][2]: first token, count */
@@ -101,7 +101,7 @@ void kp_forward_free(kp_forward *f) {
     free(f->x); free(f->xn); free(f->q); free(f->kk); free(f->vv); free(f->att);
     free(f->gate); free(f->up); free(f->rope_cs);
     for (int i = 0; i < KP_DTYPE_COUNT_; i++) free(f->act[i]);
-    free(f->att_ws);
+    free(f->scores);
     free(f->partials);
     free(f->tiles);
     free(f->probe);
@@ -313,51 +313,14 @@ typedef struct {
     kp_forward *f;
     const kp_batch *b;
     uint32_t layer;
-    int n_chunks;        /* position chunks per (token, kv head); 1: tiles */
-    int n_tiles;
+    int n_chunks;        /* position chunks per (token, kv head) */
     float scale;
+    int64_t max_pos;     /* longest context in the batch */
 } att_ctx;
 
-/* Streams the cached positions [p0, p1) of sequence s (layer, kv-head h)
- * through tile t. A step ends at a block's end or, inside a block, every
- * KP_ATTN_STEP rows, so where steps start depends only on the positions:
- * a token gets the same steps alone (decode) as inside a tile (prefill).
- * The next step's rows are prefetched: the blocks of a sequence are
- * scattered over the pool, which the hardware prefetcher cannot guess. */
-static void att_stream(kp_forward *f, kp_attn_tile *t, const kp_kvseq *s, uint32_t layer, uint32_t h,
-                       int64_t p0, int64_t p1) {
-    const kp_kvpool_config *kc = kp_kvpool_config_of(f->kv);
-    const kp_attn_kernels *ak = f->ak;
-    int64_t B = kc->block_size;
-    bool f16 = kc->kv_type == KP_DTYPE_F16;
-    size_t row_bytes = (size_t)t->hd * (f16 ? 2 : 4);
-    for (int64_t p = p0; p < p1;) {
-        int64_t r = p % B, rn = KP_ATTN_STEP - r % KP_ATTN_STEP;
-        if (rn > B - r) rn = B - r;
-        if (rn > p1 - p) rn = p1 - p;
-        int32_t blk = s->blocks[p / B];
-        const uint8_t *k = (const uint8_t *)kp_kvpool_k(f->kv, blk, layer, h) + (size_t)r * row_bytes;
-        const uint8_t *v = (const uint8_t *)kp_kvpool_v(f->kv, blk, layer, h) + (size_t)r * row_bytes;
-        int64_t pn = p + rn;
-        if (pn < p1) {
-            int64_t rr = pn % B, nn = p1 - pn < KP_ATTN_STEP ? p1 - pn : KP_ATTN_STEP;
-            int32_t nb = s->blocks[pn / B];
-            const uint8_t *kn = (const uint8_t *)kp_kvpool_k(f->kv, nb, layer, h) + (size_t)rr * row_bytes;
-            const uint8_t *vn = (const uint8_t *)kp_kvpool_v(f->kv, nb, layer, h) + (size_t)rr * row_bytes;
-            for (size_t o = 0; o < (size_t)nn * row_bytes; o += 64) {
-                __builtin_prefetch(kn + o);
-                __builtin_prefetch(vn + o);
-            }
-        }
-        if (f16) ak->tile_step_f16(t, (const uint16_t *)k, (const uint16_t *)v, (int)rn, (int32_t)p);
-        else ak->tile_step_f32(t, (const float *)k, (const float *)v, (int)rn, (int32_t)p);
-        p = pn;
-    }
-}
-
-/* Decode with few tokens: a task is (token, kv-head, chunk of positions);
- * it leaves the chunk's partial softmax state in f->partials, per head of
- * the group: [max, sum, acc[hd]]. */
+/* Partial result layout per task: for each of the G heads of the group:
+ * [max, sum, acc[hd]]. Per-thread scratch: scores [G][len], then one block
+ * of rows converted to F32 [block_size][hd]. */
 static void att_task(void *vctx, int task, int thread) {
     att_ctx *c = vctx;
     kp_forward *f = c->f;
@@ -373,41 +336,143 @@ static void att_task(void *vctx, int task, int thread) {
     int64_t per = (n_pos + c->n_chunks - 1) / c->n_chunks;
     per = (per + B - 1) / B * B;
     int64_t p0 = (int64_t)chunk * per, p1 = p0 + per < n_pos ? p0 + per : n_pos;
-    float *part = f->partials + (size_t)task * G * (hd + 2);
+    size_t Qd = (size_t)hp->n_head * hd;
+    float *out_base = f->att + (size_t)t * Qd + (size_t)h * G * hd;
+    float *part = c->n_chunks > 1 ? f->partials + (size_t)task * G * (hd + 2) : NULL;
     if (p0 >= p1) {
-        for (int g = 0; g < G; g++) {
-            part[g * (hd + 2)] = -INFINITY;
-            part[g * (hd + 2) + 1] = 0;
-        }
+        if (part)
+            for (int g = 0; g < G; g++) {
+                part[g * (hd + 2)] = -INFINITY;
+                part[g * (hd + 2) + 1] = 0;
+            }
         return;
     }
-    size_t Qd = (size_t)hp->n_head * hd;
-    kp_attn_tile at = {hd, G, 1, c->b->pos[t], c->scale, f->att_ws + (size_t)thread * f->att_ws_floats};
-    f->ak->tile_begin(&at, f->q + (size_t)t * Qd + (size_t)h * G * hd, (int64_t)Qd);
-    att_stream(f, &at, s, c->layer, (uint32_t)h, p0, p1);
-    f->ak->tile_partial(&at, part);
+    int64_t len = p1 - p0;
+    float *sc = f->scores + (size_t)thread * f->cap_scores; /* [G][len] */
+    const kp_attn_kernels *ak = f->ak;
+    const float *qv = f->q + (size_t)t * Qd + (size_t)h * G * hd;
+    bool f16 = kc->kv_type == KP_DTYPE_F16;
+    /* scores = q . k / sqrt(hd), block by block */
+    for (int64_t p = p0; p < p1;) {
+        int32_t blk = s->blocks[p / B];
+        int64_t r = p % B, rn = B - r < p1 - p ? B - r : p1 - p;
+        const void *kr = (const uint8_t *)kp_kvpool_k(f->kv, blk, c->layer, (uint32_t)h) +
+                         (size_t)r * hd * (f16 ? 2 : 4);
+        if (f16) ak->scores_f16(hd, G, qv, kr, rn, c->scale, sc + (p - p0), len);
+        else ak->scores_f32(hd, G, qv, kr, rn, c->scale, sc + (p - p0), len);
+        p += rn;
+    }
+    for (int g = 0; g < G; g++) {
+        float *row = sc + g * len;
+        float mx = -INFINITY;
+        for (int64_t i = 0; i < len; i++) mx = row[i] > mx ? row[i] : mx;
+        double sum = 0;
+        for (int64_t i = 0; i < len; i++) {
+            row[i] = expf(row[i] - mx);
+            sum += row[i];
+        }
+        float *acc = part ? part + g * (hd + 2) + 2 : out_base + g * hd;
+        memset(acc, 0, (size_t)hd * sizeof(float));
+        if (part) {
+            part[g * (hd + 2)] = mx;
+            part[g * (hd + 2) + 1] = (float)sum;
+        } else {
+            float inv = (float)(1.0 / sum);
+            for (int64_t i = 0; i < len; i++) row[i] *= inv;
+        }
+    }
+    /* acc += softmax weight * v */
+    for (int64_t p = p0; p < p1;) {
+        int32_t blk = s->blocks[p / B];
+        int64_t r = p % B, rn = B - r < p1 - p ? B - r : p1 - p;
+        const void *vr = (const uint8_t *)kp_kvpool_v(f->kv, blk, c->layer, (uint32_t)h) +
+                         (size_t)r * hd * (f16 ? 2 : 4);
+        if (part) { /* accumulators are strided by hd + 2 in the partials */
+            for (int g = 0; g < G; g++) {
+                float *acc = part + g * (hd + 2) + 2;
+                if (f16) ak->accum_f16(hd, 1, sc + g * len + (p - p0), len, vr, rn, acc);
+                else ak->accum_f32(hd, 1, sc + g * len + (p - p0), len, vr, rn, acc);
+            }
+        } else if (f16) {
+            ak->accum_f16(hd, G, sc + (p - p0), len, vr, rn, out_base);
+        } else {
+            ak->accum_f32(hd, G, sc + (p - p0), len, vr, rn, out_base);
+        }
+        p += rn;
+    }
 }
 
-/* Prefill: a task is (tile of consecutive tokens of one sequence, kv-head);
- * the tile's T * G query rows (about ATT_TILE_ROWS) share every cached K/V
- * step while it sits in L1 (see attn.h). Token i of the tile sees positions
- * 0..pos_i (causal). Tasks go kv-head by kv-head, so the threads share
- * one head's cached rows in L2 at a time, and within a head the last tiles,
- * which see the most positions, go first, so the threads finish together. */
+/* Prefill: a task is (tile of up to ATT_TILE consecutive tokens of one
+ * sequence, kv-head). Each block of cached K (then V) rows is loaded once
+ * and used by every token of the tile while it sits in L1, instead of being
+ * streamed from memory again for every token. Token i of the tile sees
+ * positions 0..pos_i (causal). Scratch per thread: [ATT_TILE][G][L] scores,
+ * L = the batch's longest context. */
 static void att_tile_task(void *vctx, int task, int thread) {
     att_ctx *c = vctx;
     kp_forward *f = c->f;
     const kp_hparams *hp = &f->m->hp;
+    const kp_kvpool_config *kc = kp_kvpool_config_of(f->kv);
+    const kp_attn_kernels *ak = f->ak;
     int hd = (int)hp->head_dim, G = (int)(hp->n_head / hp->n_head_kv);
-    int h = task / c->n_tiles;
-    const int32_t *tile = f->tiles + 2 * (c->n_tiles - 1 - task % c->n_tiles);
+    int h = task % (int)hp->n_head_kv;
+    const int32_t *tile = f->tiles + 2 * (task / (int)hp->n_head_kv);
     int t0 = tile[0], T = tile[1];
     const kp_kvseq *s = c->b->seqs[c->b->seq[t0]];
-    size_t Qd = (size_t)hp->n_head * hd, off = (size_t)h * G * hd;
-    kp_attn_tile at = {hd, G, T, c->b->pos[t0], c->scale, f->att_ws + (size_t)thread * f->att_ws_floats};
-    f->ak->tile_begin(&at, f->q + (size_t)t0 * Qd + off, (int64_t)Qd);
-    att_stream(f, &at, s, c->layer, (uint32_t)h, 0, (int64_t)c->b->pos[t0 + T - 1] + 1);
-    f->ak->tile_end(&at, f->att + (size_t)t0 * Qd + off, (int64_t)Qd);
+    int64_t L = c->max_pos, n_pos = (int64_t)c->b->pos[t0 + T - 1] + 1;
+    uint32_t B = kc->block_size;
+    size_t Qd = (size_t)hp->n_head * hd;
+    bool f16 = kc->kv_type == KP_DTYPE_F16;
+    float *sc = f->scores + (size_t)thread * f->cap_scores; /* [T][G][L] */
+    for (int64_t p = 0; p < n_pos;) {
+        int32_t blk = s->blocks[p / B];
+        int64_t r = p % B, rn = B - r < n_pos - p ? B - r : n_pos - p;
+        const void *kr = (const uint8_t *)kp_kvpool_k(f->kv, blk, c->layer, (uint32_t)h) +
+                         (size_t)r * hd * (f16 ? 2 : 4);
+        for (int i = 0; i < T; i++) {
+            int64_t lim = (int64_t)c->b->pos[t0 + i] + 1 - p; /* rows this token may see */
+            if (lim <= 0) continue;
+            int64_t m = rn < lim ? rn : lim;
+            const float *qv = f->q + (size_t)(t0 + i) * Qd + (size_t)h * G * hd;
+            float *dst = sc + (size_t)i * G * L + p;
+            if (f16) ak->scores_f16(hd, G, qv, kr, m, c->scale, dst, L);
+            else ak->scores_f32(hd, G, qv, kr, m, c->scale, dst, L);
+        }
+        p += rn;
+    }
+    for (int i = 0; i < T; i++) {
+        int64_t len = (int64_t)c->b->pos[t0 + i] + 1;
+        float *out = f->att + (size_t)(t0 + i) * Qd + (size_t)h * G * hd;
+        for (int g = 0; g < G; g++) {
+            float *row = sc + ((size_t)i * G + g) * L;
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < len; j++) mx = row[j] > mx ? row[j] : mx;
+            double sum = 0;
+            for (int64_t j = 0; j < len; j++) {
+                row[j] = expf(row[j] - mx);
+                sum += row[j];
+            }
+            float inv = (float)(1.0 / sum);
+            for (int64_t j = 0; j < len; j++) row[j] *= inv;
+            memset(out + g * hd, 0, (size_t)hd * sizeof(float));
+        }
+    }
+    for (int64_t p = 0; p < n_pos;) {
+        int32_t blk = s->blocks[p / B];
+        int64_t r = p % B, rn = B - r < n_pos - p ? B - r : n_pos - p;
+        const void *vr = (const uint8_t *)kp_kvpool_v(f->kv, blk, c->layer, (uint32_t)h) +
+                         (size_t)r * hd * (f16 ? 2 : 4);
+        for (int i = 0; i < T; i++) {
+            int64_t lim = (int64_t)c->b->pos[t0 + i] + 1 - p;
+            if (lim <= 0) continue;
+            int64_t m = rn < lim ? rn : lim;
+            float *out = f->att + (size_t)(t0 + i) * Qd + (size_t)h * G * hd;
+            const float *w = sc + (size_t)i * G * L + p;
+            if (f16) ak->accum_f16(hd, G, w, L, vr, m, out);
+            else ak->accum_f32(hd, G, w, L, vr, m, out);
+        }
+        p += rn;
+    }
 }
 
 /* Merges the chunk partials of each (token, kv head) into f->att. */
@@ -454,32 +519,27 @@ static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_
         if (n_chunks > by_len) n_chunks = (int)by_len;
         if (n_chunks < 1) n_chunks = 1;
     }
-    int tile_tokens = ATT_TILE_ROWS / G < 1 ? 1 : ATT_TILE_ROWS / G;
-    /* per-thread workspace, a multiple of 16 floats so each one starts on
-     * a cache line */
-    size_t ws = (kp_attn_tile_floats(hd, n_chunks == 1 ? tile_tokens * G : G) + 15) & ~(size_t)15;
-    if (ws * f->n_threads > f->att_ws_cap) {
-        free(f->att_ws);
-        f->att_ws_cap = 0;
-        f->att_ws = aligned_alloc(64, ws * f->n_threads * sizeof(float));
-        if (!f->att_ws) return kp_fail(err, KP_ENOMEM, "out of memory for attention workspace");
-        f->att_ws_cap = ws * f->n_threads;
+    int64_t need_scores = (int64_t)G * max_pos * (n_chunks == 1 ? ATT_TILE : 1);
+    if (need_scores > f->cap_scores) {
+        float *ns = realloc(f->scores, (size_t)need_scores * f->n_threads * sizeof(float));
+        if (!ns) return kp_fail(err, KP_ENOMEM, "out of memory for attention scores");
+        f->scores = ns;
+        f->cap_scores = need_scores;
     }
-    f->att_ws_floats = ws;
     if (n_chunks > 1) {
         size_t need = (size_t)base_tasks * n_chunks * G * (hd + 2) * sizeof(float);
         if (!grow((void **)&f->partials, &f->cap_partials, need))
             return kp_fail(err, KP_ENOMEM, "out of memory for attention partials");
     }
-    att_ctx c = {f, b, layer, n_chunks, 0, 1.0f / sqrtf((float)hd)};
+    att_ctx c = {f, b, layer, n_chunks, 1.0f / sqrtf((float)hd), max_pos};
     if (n_chunks == 1) {
-        /* tiles: runs of consecutive tokens of one sequence, at most tile_tokens */
+        /* tiles: runs of consecutive tokens of one sequence, at most ATT_TILE */
         if (!grow((void **)&f->tiles, &f->cap_tiles, (size_t)b->n_tokens * 2 * sizeof(int32_t)))
             return kp_fail(err, KP_ENOMEM, "out of memory for attention tiles");
         int n_tiles = 0;
         for (int t = 0; t < b->n_tokens;) {
             int T = 1;
-            while (T < tile_tokens && t + T < b->n_tokens && b->seq[t + T] == b->seq[t] &&
+            while (T < ATT_TILE && t + T < b->n_tokens && b->seq[t + T] == b->seq[t] &&
                    b->pos[t + T] == b->pos[t] + T)
                 T++;
             f->tiles[2 * n_tiles] = t;
@@ -487,12 +547,11 @@ static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_
             n_tiles++;
             t += T;
         }
-        c.n_tiles = n_tiles;
         kp_pool_run(f->threads, att_tile_task, &c, n_tiles * (int)hp->n_head_kv);
         return KP_OK;
     }
     kp_pool_run(f->threads, att_task, &c, base_tasks * n_chunks);
-    att_merge(f, b->n_tokens, n_chunks);
+    if (n_chunks > 1) att_merge(f, b->n_tokens, n_chunks);
     return KP_OK;
 }
 
