@@ -207,8 +207,8 @@ static bool request_tokens(kp_server *s, const json_t *prompt, const json_t *mes
         size_t len = 0;
         kp_error err = {0};
         kp_status st = kp_chat_render(s->cfg.chat, messages, tools, &o, &text, &len, &err);
-        if (st != KP_OK) {
-            status_error(st, &err, "messages", e);
+        if (st != KP_OK) { /* the renderer's messages start with the field at fault */
+            status_error(st, &err, !strncmp(err.msg, "tools", 5) ? "tools" : "messages", e);
             return false;
         }
         bool ok = tokenize_prompt(s, text, len, ids, n, e);
@@ -294,8 +294,11 @@ static void sb_event(stream *st, json_t *j) {
 }
 
 static json_t *chunk_base(const stream *st) {
-    return json_pack("{s:s, s:s, s:I, s:s}", "id", st->id, "object", st->chat ? "chat.completion.chunk" : "text_completion",
-                     "created", (json_int_t)st->created, "model", st->s->cfg.model_name);
+    json_t *j = json_pack("{s:s, s:s, s:I, s:s}", "id", st->id, "object",
+                          st->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)st->created,
+                          "model", st->s->cfg.model_name);
+    if (j && st->include_usage) json_object_set_new(j, "usage", json_null()); /* as OpenAI: null until the last */
+    return j;
 }
 
 /* One chunk carrying text and/or the finish reason. */
@@ -323,8 +326,8 @@ static void stream_update(stream *st, kp_sreq_update *u) {
     if (u->len > 0) sb_chunk(st, u->text, u->len, NULL);
     free(u->text);
     u->text = NULL;
+    st->last = *u; /* usage so far, for the log line */
     if (u->finish == KP_FINISH_NONE) return;
-    st->last = *u;
     if (u->finish == KP_FINISH_ERROR || u->finish == KP_FINISH_CANCELLED) {
         kp_oai_error e;
         status_error(u->finish == KP_FINISH_ERROR ? u->status : KP_EIO, &u->err, NULL, &e);
@@ -643,15 +646,20 @@ static enum MHD_Result detokenize(kp_server *s, struct MHD_Connection *c, conn *
     return reply_json(s, c, 200, json_pack("{s:o}", "content", content ? content : json_string("")));
 }
 
-static enum MHD_Result models(kp_server *s, struct MHD_Connection *c) {
+/* GET /v1/models (id NULL) or /v1/models/{id}. */
+static enum MHD_Result models(kp_server *s, struct MHD_Connection *c, const char *id) {
+    if (id && strcmp(id, s->cfg.model_name))
+        return fail(s, c, 404, "invalid_request_error", "model_not_found", "model",
+                    "the model \"%.200s\" does not exist; this server has \"%s\"", id, s->cfg.model_name);
     const kp_hparams *hp = &s->m->hp;
-    json_t *meta = json_pack("{s:s, s:I, s:I, s:I, s:I}", "arch", hp->arch_name, "n_vocab", (json_int_t)hp->n_vocab,
-                             "n_ctx_train", (json_int_t)hp->n_ctx_train, "n_layer", (json_int_t)hp->n_layer,
-                             "n_params_bytes", (json_int_t)s->m->weight_bytes);
-    return reply_json(s, c, 200,
-                      json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:o}]}", "object", "list", "data", "id",
-                                s->cfg.model_name, "object", "model", "created", (json_int_t)s->started, "owned_by",
-                                "kvpin", "meta", meta));
+    json_t *meta = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I}", "arch", hp->arch_name, "n_vocab",
+                             (json_int_t)hp->n_vocab, "n_ctx_train", (json_int_t)hp->n_ctx_train, "n_ctx",
+                             (json_int_t)s->ctx, "n_layer", (json_int_t)hp->n_layer, "weight_bytes",
+                             (json_int_t)s->m->weight_bytes);
+    json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", s->cfg.model_name, "object", "model", "created",
+                          (json_int_t)s->started, "owned_by", "kvpin", "meta", meta);
+    if (id) return reply_json(s, c, 200, m);
+    return reply_json(s, c, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
 }
 
 /* ---- cache endpoints ------------------------------------------------------------ */
@@ -1000,6 +1008,8 @@ static enum MHD_Result route(kp_server *s, struct MHD_Connection *c, const char 
         if (!strcmp(url, known[i].path)) allow = known[i].allow;
     bool pin_id = !strncmp(url, "/v1/cache/pin/", 14) && url[14];
     if (pin_id) allow = "DELETE";
+    bool model_id = !strncmp(url, "/v1/models/", 11) && url[11];
+    if (model_id) allow = "GET";
     if (!allow)
         return fail(s, c, 404, "invalid_request_error", "not_found", NULL, "no such endpoint: %s %.200s", method, url);
     bool method_ok = (!strcmp(allow, "GET") && get) || (!strcmp(allow, "POST") && post) ||
@@ -1025,7 +1035,8 @@ static enum MHD_Result route(kp_server *s, struct MHD_Connection *c, const char 
                           json_pack("{s:s, s:I, s:I}", "status", "ok", "running", (json_int_t)st.running, "queued",
                                     (json_int_t)st.queued));
     }
-    if (!strcmp(url, "/v1/models")) return models(s, c);
+    if (!strcmp(url, "/v1/models")) return models(s, c, NULL);
+    if (model_id) return models(s, c, url + 11);
     if (!strcmp(url, "/metrics")) return metrics(s, c);
     if (!strcmp(url, "/v1/completions") || !strcmp(url, "/completions")) return generate(s, c, cn, false);
     if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/chat/completions")) return generate(s, c, cn, true);

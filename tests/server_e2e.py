@@ -200,7 +200,7 @@ def hostile(srv):
         ("tools a string", "POST", X, {"messages": [{"role": "user", "content": "x"}], "tools": "x"}, 400, "tools"),
         ("tools on a template without tools", "POST", X,
          {"messages": [{"role": "user", "content": "x"}],
-          "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, 400, "messages"),
+          "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, 400, "tools"),
         ("tool_choice required", "POST", X,
          {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, 400, "tool_choice"),
         ("chat prompt too long", "POST", X, {"messages": [{"role": "user", "content": big}]}, 400, "messages"),
