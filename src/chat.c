@@ -29,6 +29,12 @@
  * Borrowed strings point into the caller's json_t, alive for the call.
  * Texts carry lengths: a JSON string may hold U+0000.
  *
+ * The way back, from generated text to OpenAI tool calls
+ * (kp_chat_parse_tool_calls, kp_chat_tool_holdback), is the last section:
+ * one scan cuts the text into content and call blocks for both, so the
+ * parser and the streaming holdback cannot disagree; its comment draws
+ * the block layout.
+ *
  * Whitespace trimming follows Python's str.strip() (Jinja's trim filter
  * and the .strip() calls in the templates): the code points for which
  * str.isspace() is true, U+0009-000D, U+001C-0020, U+0085, U+00A0,
@@ -974,4 +980,447 @@ kp_status kp_chat_render(kp_chat_family f, const json_t *messages, const json_t 
     *out = b.data;
     *len = b.len;
     return KP_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Tool calls in generated text                                        */
+/*
+ * The text is cut into blocks by one left-to-right scan that both the
+ * parser and the holdback use, so they always agree on where a call
+ * starts and ends. Qwen (Hermes layout):
+ *
+ *   content ... <tool_call>  ws  {json object}  ws  </tool_call>  ws  <tool_call> ...
+ *               ^ block start    ^js           ^je                ^ block end
+ *
+ * The object's extent is found by counting braces and brackets outside
+ * strings (jansson then parses exactly text[js..je)); a '<' outside a
+ * string cannot be JSON and ends the attempt at once, so a missing '}'
+ * does not swallow the next block. At each '<' the scan asks
+ * hermes_block what starts there:
+ *
+ *   MARK_NONE   not a block (the tag or what follows it does not match);
+ *               resume where the mismatch was
+ *   MARK_OPEN   the text ends inside what may still become a block
+ *   MARK_DONE   a block with a complete object; its end is after
+ *               "</tool_call>", or the end of the text when the closing
+ *               tag is missing or cut off
+ *
+ * A DONE block whose object is a well-formed call extends the current run
+ * of calls; anything else that is not whitespace (content, a malformed
+ * block) starts the run over. The calls are the run left at the end of the
+ * text. Each decision depends only on the bytes up to the point where it
+ * is made, and an OPEN block at the end counts as a possible call for the
+ * holdback, so the holdback of a prefix never passes the run of the whole
+ * text and never moves back as the text grows.
+ *
+ * Llama 3.1 has no markup: the message is calls from its first byte or
+ * not at all, so its scan walks objects from the start (after whitespace
+ * and an optional <|python_tag|>), ';' and whitespace between them.
+ *
+ * Compared with the reference parsers (llama.cpp common/chat-parser.cpp,
+ * vLLM's hermes and llama3_json parsers):
+ *   - Qwen: llama.cpp also takes bare JSON, <function=name>, <tools>,
+ *     ```json fences and text between calls (for Hermes 2 Pro fine-tunes);
+ *     kvpin reads only the <tool_call> blocks the Qwen templates teach, and
+ *     since the content is a prefix of the text, only calls that end the
+ *     message. Like vLLM, kvpin reads a complete object whose closing tag
+ *     is missing at the end of the text; llama.cpp returns such a text as
+ *     content once generation has finished.
+ *   - Llama 3.1: llama.cpp reads one call at the start of the message,
+ *     with "parameters" (optionally after "type": "function") and the rest
+ *     as content; vLLM reads several separated by "; " and accepts
+ *     "arguments". kvpin reads several, separated by ';' and/or whitespace,
+ *     under either key, and only when they are the whole message. The
+ *     built-in tool form <|python_tag|>name.call(...) is content: kvpin
+ *     renders no built-in tools.
+ *   - one malformed call makes llama.cpp and vLLM return the whole text as
+ *     content; kvpin keeps the calls that follow it (Qwen).
+ */
+
+#define TOOL_CALL_OPEN "<tool_call>"
+#define TOOL_CALL_CLOSE "</tool_call>"
+#define PYTHON_TAG "<|python_tag|>"
+
+static bool ascii_space(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+}
+
+static size_t skip_space(const char *t, size_t len, size_t i) {
+    while (i < len && ascii_space(t[i])) i++;
+    return i;
+}
+
+/* The length of t[0..n) without its trailing ASCII whitespace. */
+static size_t rtrim_len(const char *t, size_t n) {
+    while (n > 0 && ascii_space(t[n - 1])) n--;
+    return n;
+}
+
+static bool all_space(const char *t, size_t from, size_t to) {
+    return skip_space(t, to, from) == to;
+}
+
+typedef enum { MARK_NONE, MARK_OPEN, MARK_DONE } chat_mark;
+
+/* Does the literal lit occur at t[i]? MARK_DONE with *at after it; MARK_OPEN
+ * when the text ends inside it; MARK_NONE with *at on the first mismatch. */
+static chat_mark match_literal(const char *t, size_t len, size_t i, const char *lit, size_t *at) {
+    for (size_t k = 0; lit[k]; k++) {
+        if (i + k == len) return MARK_OPEN;
+        if (t[i + k] != lit[k]) {
+            *at = i + k;
+            return MARK_NONE;
+        }
+    }
+    *at = i + strlen(lit);
+    return MARK_DONE;
+}
+
+/* The JSON object starting with the '{' at t[js]: MARK_DONE with *je after
+ * its closing brace, MARK_OPEN when the text ends first, MARK_NONE with *je
+ * on a '<' outside strings. Only the nesting is checked here. */
+static chat_mark json_extent(const char *t, size_t len, size_t js, size_t *je) {
+    assert(js < len && t[js] == '{');
+    size_t depth = 0;
+    bool in_string = false, escaped = false;
+    for (size_t i = js; i < len; i++) {
+        char c = t[i];
+        if (in_string) {
+            if (escaped) escaped = false;
+            else if (c == '\\') escaped = true;
+            else if (c == '"') in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '{' || c == '[') {
+            depth++;
+        } else if (c == '}' || c == ']') {
+            if (--depth == 0) {
+                *je = i + 1;
+                return MARK_DONE;
+            }
+        } else if (c == '<') {
+            *je = i;
+            return MARK_NONE;
+        }
+    }
+    return MARK_OPEN;
+}
+
+/* What starts at the '<' at t[i] (see the comment above). DONE: the block
+ * is t[i..*end) and its object t[*js..*je). NONE: *next (> i) is where to
+ * look for the next block. */
+static chat_mark hermes_block(const char *t, size_t len, size_t i, size_t *js, size_t *je,
+                              size_t *end, size_t *next) {
+    size_t at = i + 1;
+    chat_mark m = match_literal(t, len, i, TOOL_CALL_OPEN, &at);
+    if (m != MARK_DONE) {
+        *next = at > i ? at : i + 1;
+        return m;
+    }
+    at = skip_space(t, len, at);
+    if (at == len) return MARK_OPEN;
+    if (t[at] != '{') {
+        *next = at;
+        return MARK_NONE;
+    }
+    *js = at;
+    m = json_extent(t, len, at, je);
+    if (m != MARK_DONE) {
+        *next = *je;
+        return m;
+    }
+    at = skip_space(t, len, *je);
+    size_t close_end = 0;
+    m = match_literal(t, len, at, TOOL_CALL_CLOSE, &close_end);
+    if (at == len || m == MARK_OPEN) {
+        *end = len; /* closing tag missing or cut off: the object is complete */
+        return MARK_DONE;
+    }
+    if (m == MARK_NONE) {
+        *next = close_end;
+        return MARK_NONE;
+    }
+    *end = close_end;
+    return MARK_DONE;
+}
+
+/* A decoded call: the name (a borrowed view into the parsed object) and
+ * the arguments as owned canonical JSON. */
+typedef struct {
+    json_t *object; /* the parsed call object, owned */
+    const char *name;
+    size_t name_len;
+    char *args; /* owned */
+    size_t args_len;
+} chat_decoded;
+
+static void decoded_free(chat_decoded *d) {
+    json_decref(d->object);
+    free(d->args);
+    memset(d, 0, sizeof *d);
+}
+
+/* The call object t[0..len): *ok says whether it is a well-formed call;
+ * when out is non-NULL and *ok, out receives it (the caller frees it with
+ * decoded_free). KP_ENOMEM only. */
+static kp_status decode_call(const char *t, size_t len, kp_chat_family f, bool *ok,
+                             chat_decoded *out) {
+    *ok = false;
+    json_error_t jerr;
+    json_t *obj = json_loadb(t, len, JSON_DECODE_INT_AS_REAL | JSON_REJECT_DUPLICATES, &jerr);
+    if (!obj) return json_error_code(&jerr) == json_error_out_of_memory ? KP_ENOMEM : KP_OK;
+    const json_t *name = json_object_get(obj, "name");
+    const char *own = f == KP_CHAT_LLAMA31 ? "parameters" : "arguments";
+    const char *other = f == KP_CHAT_LLAMA31 ? "arguments" : "parameters";
+    const json_t *args = json_object_get(obj, own);
+    if (!args) args = json_object_get(obj, other);
+    char *canon = NULL;
+    size_t canon_len = 0;
+    kp_status st = KP_OK;
+    if (json_is_object(obj) && json_is_string(name) && json_string_length(name) > 0) {
+        if (!args || json_is_null(args)) {
+            canon = malloc(3);
+            if (!canon) st = KP_ENOMEM;
+            else memcpy(canon, "{}", 3), canon_len = 2;
+        } else if (json_is_object(args)) {
+            st = kp_canon_dump(args, &canon, &canon_len, NULL);
+        } else if (json_is_string(args)) {
+            /* arguments written as a JSON text, the OpenAI wire form */
+            st = kp_canon_text(json_string_value(args), json_string_length(args), &canon,
+                               &canon_len, NULL);
+            if (st == KP_OK && canon[0] != '{') {
+                free(canon);
+                canon = NULL;
+            }
+        }
+        /* too deep, or otherwise not canonicalizable: not a call */
+        if (st != KP_OK && st != KP_ENOMEM) st = KP_OK;
+    }
+    if (st == KP_OK && canon) {
+        *ok = true;
+        if (out) {
+            out->object = obj;
+            out->name = json_string_value(name);
+            out->name_len = json_string_length(name);
+            out->args = canon;
+            out->args_len = canon_len;
+            return KP_OK;
+        }
+    }
+    free(canon);
+    json_decref(obj);
+    return st;
+}
+
+/* The objects of the calls found, as spans of the text. */
+typedef struct {
+    size_t *js, *je;
+    size_t n, cap;
+} chat_spans;
+
+static bool spans_push(chat_spans *s, size_t js, size_t je) {
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 8;
+        size_t *a = realloc(s->js, cap * sizeof *a);
+        if (!a) return false;
+        s->js = a;
+        size_t *b = realloc(s->je, cap * sizeof *b);
+        if (!b) return false;
+        s->je = b;
+        s->cap = cap;
+    }
+    s->js[s->n] = js;
+    s->je[s->n] = je;
+    s->n++;
+    return true;
+}
+
+static void spans_free(chat_spans *s) {
+    free(s->js);
+    free(s->je);
+    memset(s, 0, sizeof *s);
+}
+
+/* Where the scan for Qwen calls starts: after a leading <think>...</think>
+ * for qwen3 (len when that block is never closed: no call can follow). */
+static size_t hermes_scan_start(kp_chat_family f, const char *t, size_t len) {
+    if (f != KP_CHAT_QWEN3) return 0;
+    size_t i = skip_space(t, len, 0), at;
+    if (match_literal(t, len, i, "<think>", &at) != MARK_DONE) return 0;
+    const char *close = find(t + at, len - at, "</think>");
+    return close ? (size_t)(close - t) + strlen("</think>") : len;
+}
+
+/* The scan of Qwen blocks (see the comment at the top of this section).
+ * complete: the text is final (an OPEN block is content) rather than still
+ * growing (an OPEN block may become a call). Returns the start of the run
+ * of calls that ends the text, or SIZE_MAX when there is none; with spans
+ * non-NULL, the run's objects go there. KP_ENOMEM only. */
+static kp_status hermes_scan(kp_chat_family f, const char *t, size_t len, bool complete,
+                             size_t *run, chat_spans *spans) {
+    size_t from = hermes_scan_start(f, t, len);
+    size_t pos = from, prev_end = from;
+    *run = SIZE_MAX;
+    while (pos < len) {
+        const char *lt = memchr(t + pos, '<', len - pos);
+        if (!lt) break;
+        size_t i = (size_t)(lt - t), js = 0, je = 0, end = 0, next = i + 1;
+        chat_mark m = hermes_block(t, len, i, &js, &je, &end, &next);
+        if (m == MARK_NONE) {
+            assert(next > i);
+            pos = next;
+            continue;
+        }
+        if (!all_space(t, prev_end, i)) *run = SIZE_MAX;
+        if (m == MARK_OPEN) {
+            if (complete) *run = SIZE_MAX;
+            else if (*run == SIZE_MAX) *run = i;
+            return KP_OK;
+        }
+        bool ok = false;
+        if (decode_call(t + js, je - js, f, &ok, NULL) != KP_OK) return KP_ENOMEM;
+        if (!ok) {
+            *run = SIZE_MAX;
+        } else {
+            if (*run == SIZE_MAX) {
+                *run = i;
+                if (spans) spans->n = 0;
+            }
+            if (spans && !spans_push(spans, js, je)) return KP_ENOMEM;
+        }
+        prev_end = pos = end;
+    }
+    if (!all_space(t, prev_end, len)) *run = SIZE_MAX;
+    return KP_OK;
+}
+
+/* The Llama 3.1 message: calls from its first byte, or none. Same contract
+ * as hermes_scan; the run, when there is one, starts at 0. */
+static kp_status llama31_scan(const char *t, size_t len, bool complete, size_t *run,
+                              chat_spans *spans) {
+    *run = SIZE_MAX;
+    size_t at = skip_space(t, len, 0), next = 0;
+    if (at == len) {
+        if (!complete) *run = 0;
+        return KP_OK;
+    }
+    if (t[at] == '<') {
+        chat_mark m = match_literal(t, len, at, PYTHON_TAG, &next);
+        if (m == MARK_OPEN && !complete) *run = 0;
+        if (m != MARK_DONE) return KP_OK;
+        at = skip_space(t, len, next);
+    }
+    size_t n_calls = 0;
+    for (;;) {
+        if (at == len) {
+            if (!complete || n_calls > 0) *run = 0;
+            return KP_OK;
+        }
+        if (t[at] != '{') return KP_OK;
+        size_t je = 0;
+        chat_mark m = json_extent(t, len, at, &je);
+        if (m == MARK_OPEN && !complete) *run = 0;
+        if (m != MARK_DONE) return KP_OK;
+        bool ok = false;
+        if (decode_call(t + at, je - at, KP_CHAT_LLAMA31, &ok, NULL) != KP_OK) return KP_ENOMEM;
+        if (!ok) return KP_OK;
+        if (spans && !spans_push(spans, at, je)) return KP_ENOMEM;
+        n_calls++;
+        at = je;
+        while (at < len && (ascii_space(t[at]) || t[at] == ';')) at++;
+    }
+}
+
+static kp_status scan_calls(kp_chat_family f, const char *t, size_t len, bool complete,
+                            size_t *run, chat_spans *spans) {
+    if (f == KP_CHAT_LLAMA31) return llama31_scan(t, len, complete, run, spans);
+    return hermes_scan(f, t, len, complete, run, spans);
+}
+
+/* "call_" and 24 characters of [A-Za-z0-9] from splitmix64 draws seeded by
+ * the seed and the index. */
+static void tool_call_id(uint64_t seed, size_t index, char out[5 + 24 + 1]) {
+    static const char alphabet[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    uint64_t state = seed ^ ((uint64_t)index * 0xD1B54A32D192ED03ull);
+    memcpy(out, "call_", 5);
+    for (int draw = 0; draw < 4; draw++) {
+        uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        for (int k = 0; k < 6; k++) {
+            out[5 + draw * 6 + k] = alphabet[z % 62];
+            z /= 62;
+        }
+    }
+    out[29] = 0;
+}
+
+/* {"id", "type": "function", "function": {"name", "arguments"}} or NULL. */
+static json_t *tool_call_object(const chat_decoded *d, uint64_t seed, size_t index) {
+    char id[30];
+    tool_call_id(seed, index, id);
+    json_t *fn = json_object(), *call = json_object();
+    bool ok = fn && call && !json_object_set_new(call, "id", json_string(id)) &&
+              !json_object_set_new(call, "type", json_string("function")) &&
+              !json_object_set_new(fn, "name", json_stringn(d->name, d->name_len)) &&
+              !json_object_set_new(fn, "arguments", json_stringn(d->args, d->args_len));
+    if (ok && !json_object_set_new(call, "function", fn)) return call;
+    if (!ok) json_decref(fn);
+    json_decref(call);
+    return NULL;
+}
+
+static kp_status parse_oom(kp_error *err) {
+    return kp_fail(err, KP_ENOMEM, "out of memory reading tool calls");
+}
+
+kp_status kp_chat_parse_tool_calls(kp_chat_family f, const char *text, size_t len,
+                                   uint64_t id_seed, json_t **calls, size_t *content_len,
+                                   kp_error *err) {
+    *calls = NULL;
+    *content_len = len;
+    if (!kp_chat_family_has_tools(f)) return KP_OK;
+    chat_spans spans = {0};
+    size_t run = SIZE_MAX;
+    if (scan_calls(f, text, len, true, &run, &spans) != KP_OK) {
+        spans_free(&spans);
+        return parse_oom(err);
+    }
+    if (run == SIZE_MAX) {
+        spans_free(&spans);
+        *content_len = rtrim_len(text, len);
+        return KP_OK;
+    }
+    assert(spans.n > 0);
+    json_t *arr = json_array();
+    kp_status st = arr ? KP_OK : KP_ENOMEM;
+    for (size_t k = 0; st == KP_OK && k < spans.n; k++) {
+        chat_decoded d = {0};
+        bool ok = false;
+        st = decode_call(text + spans.js[k], spans.je[k] - spans.js[k], f, &ok, &d);
+        assert(st != KP_OK || ok); /* the scan accepted it */
+        if (st != KP_OK) break;
+        json_t *call = tool_call_object(&d, id_seed, k);
+        decoded_free(&d);
+        if (!call || json_array_append_new(arr, call)) st = KP_ENOMEM;
+    }
+    spans_free(&spans);
+    if (st != KP_OK) {
+        json_decref(arr);
+        return parse_oom(err);
+    }
+    *calls = arr;
+    *content_len = rtrim_len(text, run);
+    return KP_OK;
+}
+
+size_t kp_chat_tool_holdback(kp_chat_family f, const char *text, size_t len) {
+    if (!kp_chat_family_has_tools(f)) return len;
+    size_t run = SIZE_MAX;
+    /* out of memory parsing a block's JSON: hold everything from the start
+     * of the run it might belong to, which is never wrong, only late */
+    if (scan_calls(f, text, len, false, &run, NULL) != KP_OK) return 0;
+    return rtrim_len(text, run == SIZE_MAX ? len : run);
 }

@@ -20,14 +20,27 @@
  * render the same bytes; every earlier turn rendered with the generation
  * prompt is a byte prefix of the whole conversation (the prefix-cache
  * property). Then every error path, each with the field it must name.
+ *
+ * Tool calls read back from generated text: tests/data/chat/tool_calls.json
+ * holds model outputs written by hand in each family's layout (some taken
+ * from llama.cpp's parser tests and the Qwen function-calling guide, each
+ * case names its source) with the calls and content derived from the
+ * layout. Every case is parsed, and its holdback checked on every prefix
+ * of the text: never past the final content, never moving back. Round
+ * trip: each assistant message with tool calls in conversations.json is
+ * rendered for every tools family, the assistant turn is cut out between
+ * the generation prompt and the end-of-turn token, and parsing it must give
+ * the same names and canonical arguments.
  */
 #include "chat.h"
 
 #include <jansson.h>
+#include <stdint.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "canon.h"
 #include "harness.h"
 
 static json_t *load_json(const char *rel) {
@@ -532,6 +545,370 @@ static void test_errors(void) {
                  "unknown chat template family");
 }
 
+/* ------------------------------------------------------------------ */
+/* Tool calls in generated text                                        */
+
+static const kp_chat_family tool_families[] = {KP_CHAT_QWEN25, KP_CHAT_QWEN3, KP_CHAT_LLAMA31};
+
+static bool is_id(const char *id) {
+    if (!id || strlen(id) != 5 + 24 || strncmp(id, "call_", 5)) return false;
+    for (size_t i = 5; id[i]; i++)
+        if (!((id[i] >= 'a' && id[i] <= 'z') || (id[i] >= 'A' && id[i] <= 'Z') ||
+              (id[i] >= '0' && id[i] <= '9')))
+            return false;
+    return true;
+}
+
+/* calls (from the parser) against want: an array of {"name","arguments"}
+ * (arguments as the expected canonical text). Checks the OpenAI shape. */
+static void check_calls(const json_t *calls, const json_t *want, const char *what) {
+    CHECK_MSG(json_is_array(calls) && json_array_size(calls) == json_array_size(want),
+              "%s: %zu calls, want %zu", what, json_array_size(calls), json_array_size(want));
+    if (!json_is_array(calls) || json_array_size(calls) != json_array_size(want)) return;
+    for (size_t k = 0; k < json_array_size(want); k++) {
+        const json_t *c = json_array_get(calls, k), *w = json_array_get(want, k);
+        const json_t *fn = json_object_get(c, "function");
+        const json_t *type = json_object_get(c, "type");
+        CHECK_MSG(json_object_size(c) == 3 && json_is_string(type) &&
+                      !strcmp(json_string_value(type), "function") &&
+                      is_id(json_string_value(json_object_get(c, "id"))) &&
+                      json_object_size(fn) == 2,
+                  "%s: call %zu is not {id, type: function, function: {name, arguments}}", what, k);
+        const json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
+        const json_t *wname = json_object_get(w, "name"), *wargs = json_object_get(w, "arguments");
+        CHECK_MSG(json_is_string(name) && json_equal(name, wname), "%s: call %zu name %s, want %s",
+                  what, k, json_string_value(name), json_string_value(wname));
+        CHECK_MSG(json_is_string(args) && json_equal(args, wargs),
+                  "%s: call %zu arguments %s, want %s", what, k, json_string_value(args),
+                  json_string_value(wargs));
+    }
+}
+
+/* The holdback on every prefix of text: at most the prefix, never moving
+ * back, never past content_len (the final content); equal to it on the
+ * whole text when the text holds calls. */
+static void check_holdback(kp_chat_family f, const char *text, size_t len, size_t content_len,
+                           bool has_calls, const char *what) {
+    size_t prev = 0, bad_at = SIZE_MAX;
+    const char *why = NULL;
+    for (size_t n = 0; n <= len && !why; n++) {
+        size_t h = kp_chat_tool_holdback(f, text, n);
+        if (h > n) why = "past the end of the prefix";
+        else if (h < prev) why = "moved back";
+        else if (h > content_len) why = "released bytes that end up in a call";
+        if (why) bad_at = n;
+        prev = h;
+    }
+    CHECK_MSG(!why, "%s (%s): holdback %s at prefix %zu", what, kp_chat_family_name(f),
+              why ? why : "", bad_at);
+    if (has_calls)
+        CHECK_MSG(prev == content_len, "%s (%s): holdback of the whole text %zu, content %zu",
+                  what, kp_chat_family_name(f), prev, content_len);
+}
+
+static void test_tool_call_cases(void) {
+    json_t *doc = load_json("tests/data/chat/tool_calls.json");
+    CHECK(doc != NULL);
+    if (!doc) return;
+    int parsed = 0, with_calls = 0, content_only = 0, untouched = 0;
+    size_t ci;
+    json_t *c;
+    json_array_foreach(json_object_get(doc, "cases"), ci, c) {
+        const char *name = json_string_value(json_object_get(c, "name"));
+        const json_t *text_j = json_object_get(c, "text"), *want = json_object_get(c, "calls");
+        const char *text = json_string_value(text_j);
+        size_t len = json_string_length(text_j);
+        size_t want_content = json_string_length(json_object_get(c, "content"));
+        size_t fi;
+        json_t *fname;
+        json_array_foreach(json_object_get(c, "families"), fi, fname) {
+            kp_chat_family f = kp_chat_family_from_name(json_string_value(fname));
+            CHECK_MSG(kp_chat_family_has_tools(f), "%s: family %s", name, json_string_value(fname));
+            json_t *calls = (json_t *)1;
+            size_t content_len = 1234567;
+            kp_error err = {0};
+            kp_status st = kp_chat_parse_tool_calls(f, text, len, 7, &calls, &content_len, &err);
+            CHECK_MSG(st == KP_OK, "%s: %s", name, err.msg);
+            CHECK_MSG(content_len == want_content,
+                      "%s (%s): content length %zu, want %zu: \"%.*s\"", name, json_string_value(fname), content_len, want_content,
+                      (int)(content_len <= len ? content_len : 0), text);
+            if (json_is_null(want)) {
+                CHECK_MSG(calls == NULL, "%s (%s): calls where there are none", name,
+                          json_string_value(fname));
+                content_only++;
+            } else {
+                char what[160];
+                snprintf(what, sizeof what, "%s (%s)", name, json_string_value(fname));
+                check_calls(calls, want, what);
+                with_calls++;
+            }
+            check_holdback(f, text, len, want_content, !json_is_null(want), name);
+            json_decref(calls);
+            parsed++;
+        }
+        /* families without tools (and no family) leave every text alone */
+        for (int f = 0; f <= KP_CHAT_FAMILY_COUNT; f++) {
+            if (kp_chat_family_has_tools((kp_chat_family)f)) continue;
+            json_t *calls = (json_t *)1;
+            size_t content_len = 0;
+            CHECK(kp_chat_parse_tool_calls((kp_chat_family)f, text, len, 7, &calls, &content_len,
+                                           NULL) == KP_OK);
+            CHECK_MSG(calls == NULL && content_len == len, "%s: family %s read calls", name,
+                      kp_chat_family_name((kp_chat_family)f));
+            CHECK(kp_chat_tool_holdback((kp_chat_family)f, text, len) == len);
+            json_decref(calls == (json_t *)1 ? NULL : calls);
+            untouched++;
+        }
+    }
+    CHECK_MSG(parsed >= 70 && with_calls >= 30 && content_only >= 30,
+              "%d parsed, %d with calls, %d content only", parsed, with_calls, content_only);
+    CHECK(untouched >= 45 * 9);
+    json_decref(doc);
+}
+
+/* Holdback offsets derived from the layouts by hand; REST: nothing is
+ * held but the trailing whitespace. */
+#define REST SIZE_MAX
+static void test_tool_holdback_values(void) {
+    static const struct {
+        kp_chat_family f;
+        const char *text;
+        size_t want;
+    } cases[] = {
+        {KP_CHAT_QWEN25, "", 0},
+        {KP_CHAT_QWEN25, "Hi", 2},
+        {KP_CHAT_QWEN25, "Hi \n", 2},                              /* trailing whitespace */
+        {KP_CHAT_QWEN25, "Hi <", 2},                               /* a prefix of <tool_call> */
+        {KP_CHAT_QWEN25, "Hi <tool_c", 2},
+        {KP_CHAT_QWEN25, "Hi <tool_d", REST},                      /* no longer one */
+        {KP_CHAT_QWEN25, "Hi <b>", REST},
+        {KP_CHAT_QWEN25, "Hi <tool_call>\n{\"name\": \"f\"", 2},   /* a call being written */
+        {KP_CHAT_QWEN25, "Hi <tool_call>\nx", REST},               /* not JSON: content */
+        {KP_CHAT_QWEN25, "Hi <tool_call>{\"a\": \"<\"", 2},        /* '<' in a string */
+        {KP_CHAT_QWEN25, "Hi <tool_call>{\"a\": <b", REST},        /* '<' outside: not JSON */
+        {KP_CHAT_QWEN25, "Hi <tool_call>{\"a\": <", 19},           /* ...but may start a block */
+        {KP_CHAT_QWEN25, "Hi <tool_call>{\"name\": \"f\"}</tool_call>", 2},
+        {KP_CHAT_QWEN25, "Hi <tool_call>{\"name\": \"f\"}</tool_call> ok", REST},
+        {KP_CHAT_QWEN25, "Hi <tool_call>{\"name\": 1}</tool_call>\n", REST}, /* malformed */
+        {KP_CHAT_QWEN25, "Hi <tool_call>{\"name\": \"f\"}</tool_call>\n<tool", 2},
+        {KP_CHAT_QWEN25, "Hi <tool_call>{\"name\": \"f\"}</tool_call>\n<tool_call>{\"n", 2},
+        {KP_CHAT_QWEN25, "<think>\nhm <tool_c", 10},               /* qwen2.5 does not think */
+        {KP_CHAT_QWEN3, "<think>\nhm <tool_c", REST},              /* inside the thinking */
+        {KP_CHAT_QWEN3, "<thi", REST},                             /* not a tool call either way */
+        {KP_CHAT_QWEN3, "<think>\nhm\n</think>\n\n<tool_c", 19},
+        {KP_CHAT_LLAMA31, "", 0},
+        {KP_CHAT_LLAMA31, "  {", 0},
+        {KP_CHAT_LLAMA31, "{\"name\": \"f\", \"parameters\": {}}", 0},
+        {KP_CHAT_LLAMA31, "{\"name\": \"f\", \"parameters\": {}};", 0},
+        {KP_CHAT_LLAMA31, "{\"name\": \"f\", \"parameters\": {}}\n{", 0},
+        {KP_CHAT_LLAMA31, "{\"name\": \"f\", \"parameters\": {}} ok", REST},
+        {KP_CHAT_LLAMA31, "{\"name\": 1} ", REST},                 /* malformed: content */
+        {KP_CHAT_LLAMA31, "<|pyth", 0},
+        {KP_CHAT_LLAMA31, "<|python_tag|>{\"na", 0},
+        {KP_CHAT_LLAMA31, "<|python_tag|>print(1)", REST},
+        {KP_CHAT_LLAMA31, "Sure ", REST},
+        {KP_CHAT_LLAMA31, "Sure {", REST},
+        {KP_CHAT_CHATML, "Hi <tool_c \n", 12},                     /* no tools: nothing held */
+        {KP_CHAT_LLAMA3, "{\"name\"", 7},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *t = cases[i].text;
+        size_t len = strlen(t), want = cases[i].want;
+        if (want == REST)
+            while (want == REST || (want > 0 && strchr(" \t\n\r", t[want - 1])))
+                want = want == REST ? len : want - 1;
+        size_t h = kp_chat_tool_holdback(cases[i].f, t, len);
+        CHECK_MSG(h == want, "%s \"%s\": %zu, want %zu", kp_chat_family_name(cases[i].f), t, h,
+                  want);
+    }
+}
+#undef REST
+
+/* Texts glued from pieces of every layout (calls, broken calls, tags cut
+ * in half, thinking, prose) in a fixed pseudo-random order: the holdback
+ * guarantees hold on every prefix, and the content is a trimmed prefix. */
+static void test_tool_holdback_random(void) {
+    static const char *const pieces[] = {
+        "Hi ", "\n", " ", "ok.", "<b>", ";", "{", "}", "<", "<tool", "</tool_call>",
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>",
+        "<tool_call>{\"name\": \"g\"}</tool_call>",
+        "<tool_call>\n{\"name\": \"\"}\n</tool_call>",
+        "<tool_call>\n{\"name\": \"h\", \"arguments\": {\"s\": \"<tool_call>}\"}}",
+        "<tool_call>\n{\"name\": \"i\", \"arguments\": {\"a\": [1, {\"b\": 2}",
+        "<think>\n", "</think>\n\n", "<|python_tag|>",
+        "{\"name\": \"f\", \"parameters\": {}}", "{\"name\": \"j\", \"arguments\": {\"x\": \"}\"}}",
+        "{\"parameters\": {}}",
+    };
+    const size_t n_pieces = sizeof pieces / sizeof pieces[0];
+    uint64_t rng = 0x2545F4914F6CDD1Dull;
+    int texts = 0, with_calls = 0;
+    char text[1024];
+    for (int round = 0; round < 400; round++) {
+        size_t len = 0;
+        int n = 1 + (int)((rng >> 33) % 7);
+        for (int k = 0; k < n; k++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            const char *piece = pieces[(rng >> 33) % n_pieces];
+            size_t pl = strlen(piece);
+            if (len + pl >= sizeof text) break;
+            memcpy(text + len, piece, pl);
+            len += pl;
+        }
+        text[len] = 0;
+        for (size_t fi = 0; fi < sizeof tool_families / sizeof tool_families[0]; fi++) {
+            kp_chat_family f = tool_families[fi];
+            json_t *calls = NULL;
+            size_t content_len = SIZE_MAX;
+            CHECK(kp_chat_parse_tool_calls(f, text, len, 1, &calls, &content_len, NULL) == KP_OK);
+            CHECK_MSG(content_len <= len && (content_len == 0 ||
+                                             !strchr(" \t\n\r\v\f", text[content_len - 1])),
+                      "%s \"%s\": content length %zu", kp_chat_family_name(f), text, content_len);
+            check_holdback(f, text, len, content_len, calls != NULL, text);
+            with_calls += calls != NULL;
+            json_decref(calls);
+            texts++;
+        }
+    }
+    CHECK(texts == 1200 && with_calls >= 100);
+}
+
+/* Render an assistant turn with tool calls, cut it out of the rendering,
+ * parse it back. */
+static void test_tool_round_trip(void) {
+    json_t *convs = load_json("tests/data/chat/conversations.json");
+    CHECK(convs != NULL);
+    if (!convs) return;
+    int round_trips = 0, refused = 0;
+    for (size_t fi = 0; fi < sizeof tool_families / sizeof tool_families[0]; fi++) {
+        kp_chat_family f = tool_families[fi];
+        const char *eot = f == KP_CHAT_LLAMA31 ? "<|eot_id|>" : "<|im_end|>";
+        const char *cname;
+        json_t *conv;
+        json_object_foreach(convs, cname, conv) {
+            json_t *msgs = json_object_get(conv, "messages");
+            json_t *tools = json_object_get(conv, "tools");
+            for (size_t k = 1; k < json_array_size(msgs); k++) {
+                json_t *m = json_array_get(msgs, k);
+                json_t *want_calls = json_object_get(m, "tool_calls");
+                if (strcmp(role_of(msgs, k), "assistant") || !json_array_size(want_calls)) continue;
+                if (strcmp(role_of(msgs, k - 1), "user") && strcmp(role_of(msgs, k - 1), "tool"))
+                    continue;
+                json_t *head = json_array(), *upto = json_array();
+                for (size_t i = 0; i < k; i++) json_array_append(head, json_array_get(msgs, i));
+                for (size_t i = 0; i <= k; i++) json_array_append(upto, json_array_get(msgs, i));
+                kp_chat_opts gen = some_opts(f, true), closed = some_opts(f, false);
+                char *prompt = NULL, *full = NULL;
+                size_t prompt_len = 0, full_len = 0;
+                kp_error err = {0};
+                kp_status st = kp_chat_render(f, head, tools, &gen, &prompt, &prompt_len, &err);
+                CHECK_MSG(st == KP_OK, "%s / %s: %s", kp_chat_family_name(f), cname, err.msg);
+                st = kp_chat_render(f, upto, tools, &closed, &full, &full_len, &err);
+                if (f == KP_CHAT_LLAMA31 && json_array_size(want_calls) > 1) {
+                    CHECK(st == KP_EINVAL); /* one call per message */
+                    refused++;
+                } else if (st != KP_OK || !prompt) {
+                    CHECK_MSG(false, "%s / %s: %s", kp_chat_family_name(f), cname, err.msg);
+                } else {
+                    CHECK(prompt_len <= full_len && !memcmp(prompt, full, prompt_len));
+                    const char *gen_text = full + prompt_len;
+                    const char *end = strstr(gen_text, eot);
+                    CHECK(end != NULL);
+                    size_t gen_len = end ? (size_t)(end - gen_text) : 0;
+                    json_t *calls = NULL;
+                    size_t content_len = 0;
+                    st = kp_chat_parse_tool_calls(f, gen_text, gen_len, 99, &calls, &content_len,
+                                                  &err);
+                    CHECK(st == KP_OK);
+                    /* the expected calls: names as sent, arguments canonical */
+                    json_t *want = json_array();
+                    size_t j;
+                    json_t *tc;
+                    json_array_foreach(want_calls, j, tc) {
+                        json_t *fn = json_object_get(tc, "function");
+                        const char *a = json_string_value(json_object_get(fn, "arguments"));
+                        char *canon = NULL;
+                        size_t canon_len = 0;
+                        CHECK(kp_canon_text(a, strlen(a), &canon, &canon_len, NULL) == KP_OK);
+                        json_array_append_new(want, json_pack("{s:O,s:s#}", "name",
+                                                              json_object_get(fn, "name"),
+                                                              "arguments", canon, canon_len));
+                        free(canon);
+                    }
+                    char what[200];
+                    snprintf(what, sizeof what, "round trip %s / %s: \"%.*s\"",
+                             kp_chat_family_name(f), cname, (int)gen_len, gen_text);
+                    check_calls(calls, want, what);
+                    /* the content is what the turn shows in front of the calls */
+                    const json_t *content = json_object_get(m, "content");
+                    const char *sent = json_is_string(content) ? json_string_value(content) : "";
+                    size_t sent_len = json_is_string(content) ? json_string_length(content) : 0;
+                    while (sent_len && strchr(" \t\n\r", sent[sent_len - 1])) sent_len--;
+                    if (f == KP_CHAT_QWEN25)
+                        CHECK_MSG(content_len == sent_len && !memcmp(gen_text, sent, sent_len),
+                                  "%s: content \"%.*s\"", what, (int)content_len, gen_text);
+                    else if (f == KP_CHAT_QWEN3) /* after the <think> block the template adds */
+                        CHECK_MSG(content_len >= 8 && !memcmp(gen_text, "<think>\n", 8) &&
+                                      !memmem(gen_text, content_len, "<tool_call>", 11),
+                                  "%s: content \"%.*s\"", what, (int)content_len, gen_text);
+                    else
+                        CHECK_EQ_INT(content_len, 0);
+                    check_holdback(f, gen_text, gen_len, content_len, true, what);
+                    json_decref(want);
+                    json_decref(calls);
+                    round_trips++;
+                }
+                free(prompt);
+                free(full);
+                json_decref(head);
+                json_decref(upto);
+            }
+        }
+    }
+    CHECK_MSG(round_trips >= 14, "only %d round trips", round_trips);
+    CHECK_EQ_INT(refused, 1);
+    json_decref(convs);
+}
+
+static void test_tool_call_ids(void) {
+    const char *two = "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n"
+                      "<tool_call>\n{\"name\": \"b\", \"arguments\": {}}\n</tool_call>";
+    const char *other = "{\"name\": \"x\", \"parameters\": {\"q\": 1}}";
+    json_t *c1 = NULL, *c2 = NULL, *c3 = NULL, *c4 = NULL;
+    size_t n = 0;
+    CHECK(kp_chat_parse_tool_calls(KP_CHAT_QWEN25, two, strlen(two), 42, &c1, &n, NULL) == KP_OK);
+    CHECK(kp_chat_parse_tool_calls(KP_CHAT_QWEN3, two, strlen(two), 42, &c2, &n, NULL) == KP_OK);
+    CHECK(kp_chat_parse_tool_calls(KP_CHAT_QWEN25, two, strlen(two), 43, &c3, &n, NULL) == KP_OK);
+    CHECK(kp_chat_parse_tool_calls(KP_CHAT_LLAMA31, other, strlen(other), 42, &c4, &n, NULL) ==
+          KP_OK);
+#define ID(arr, i) json_string_value(json_object_get(json_array_get(arr, i), "id"))
+    CHECK(json_array_size(c1) == 2 && json_array_size(c3) == 2 && json_array_size(c4) == 1);
+    CHECK(is_id(ID(c1, 0)) && is_id(ID(c1, 1)) && is_id(ID(c3, 0)));
+    CHECK(ID(c1, 0) && ID(c1, 1) && strcmp(ID(c1, 0), ID(c1, 1)) != 0); /* per index */
+    CHECK(ID(c1, 0) && ID(c2, 0) && !strcmp(ID(c1, 0), ID(c2, 0)));     /* same seed */
+    CHECK(ID(c1, 1) && ID(c2, 1) && !strcmp(ID(c1, 1), ID(c2, 1)));
+    CHECK(ID(c1, 0) && ID(c3, 0) && strcmp(ID(c1, 0), ID(c3, 0)) != 0); /* other seed */
+    CHECK(ID(c1, 1) && ID(c3, 1) && strcmp(ID(c1, 1), ID(c3, 1)) != 0);
+    CHECK(ID(c1, 0) && ID(c4, 0) && !strcmp(ID(c1, 0), ID(c4, 0)));     /* not the text */
+#undef ID
+    json_decref(c1);
+    json_decref(c2);
+    json_decref(c3);
+    json_decref(c4);
+
+    /* lengths, not C strings: a NUL in the content, and nothing read past len */
+    static const char with_nul[] = "a\0b\n<tool_call>{\"name\": \"f\"}</tool_call>";
+    json_t *calls = NULL;
+    CHECK(kp_chat_parse_tool_calls(KP_CHAT_QWEN25, with_nul, sizeof with_nul - 1, 1, &calls, &n,
+                                   NULL) == KP_OK);
+    CHECK(json_array_size(calls) == 1 && n == 3);
+    json_decref(calls);
+    calls = NULL;
+    CHECK(kp_chat_parse_tool_calls(KP_CHAT_QWEN25, with_nul, 4, 1, &calls, &n, NULL) == KP_OK);
+    CHECK(calls == NULL && n == 3);
+    CHECK(kp_chat_parse_tool_calls(KP_CHAT_LLAMA31, "", 0, 1, &calls, &n, NULL) == KP_OK);
+    CHECK(calls == NULL && n == 0);
+}
+
 int main(void) {
     RUN(test_detect_and_names);
     RUN(test_goldens);
@@ -540,5 +917,10 @@ int main(void) {
     RUN(test_arguments);
     RUN(test_options);
     RUN(test_errors);
+    RUN(test_tool_call_cases);
+    RUN(test_tool_holdback_values);
+    RUN(test_tool_holdback_random);
+    RUN(test_tool_round_trip);
+    RUN(test_tool_call_ids);
     return harness_finish("chat");
 }
