@@ -278,6 +278,12 @@ typedef struct {
     size_t off;
     double t0;
     kp_sreq_update last;
+    /* chat with tools: the whole text so far; full.data[0..released) was sent
+     * as content, the rest may still turn out to be a tool call */
+    bool tools;
+    kp_buf full;
+    size_t released;
+    uint64_t id_seed;
 } stream;
 
 static void sb_add(stream *st, const char *b, size_t n) { kp_buf_put(&st->out, b, n); }
@@ -321,9 +327,56 @@ static void sb_chunk(stream *st, const char *text, size_t len, const char *finis
     sb_event(st, j);
 }
 
+/* The tool-call chunk: delta.tool_calls with an index on each call (calls consumed). */
+static void sb_tool_calls(stream *st, json_t *calls) {
+    size_t i;
+    json_t *c;
+    json_array_foreach(calls, i, c) json_object_set_new(c, "index", json_integer((json_int_t)i));
+    json_t *j = chunk_base(st);
+    json_t *delta = json_pack("{s:o}", "tool_calls", calls);
+    if (!st->sent_role) {
+        json_object_set_new(delta, "role", json_string("assistant"));
+        st->sent_role = true;
+    }
+    json_object_set_new(j, "choices", json_pack("[{s:i, s:o, s:n, s:n}]", "index", 0, "delta", delta, "logprobs",
+                                                "finish_reason"));
+    sb_event(st, j);
+}
+
+/* With tools: sends the text that can no longer become a tool call; at the
+ * end (final) parses the calls, sends the rest of the content and the
+ * calls. Returns the finish reason to report ("tool_calls" when calls were
+ * found). */
+static const char *stream_tools(stream *st, const char *text, size_t len, bool final, const char *finish) {
+    kp_buf_put(&st->full, text, len);
+    kp_chat_family f = st->s->cfg.chat;
+    if (!final) {
+        size_t hold = kp_chat_tool_holdback(f, st->full.data ? st->full.data : "", st->full.len);
+        if (hold > st->released) {
+            sb_chunk(st, st->full.data + st->released, hold - st->released, NULL);
+            st->released = hold;
+        }
+        return finish;
+    }
+    json_t *calls = NULL;
+    size_t content = st->full.len;
+    kp_error err;
+    kp_chat_parse_tool_calls(f, st->full.data ? st->full.data : "", st->full.len, st->id_seed, &calls, &content, &err);
+    if (content > st->released) sb_chunk(st, st->full.data + st->released, content - st->released, NULL);
+    st->released = content > st->released ? content : st->released;
+    if (!calls) return finish;
+    sb_tool_calls(st, calls);
+    return "tool_calls";
+}
+
 /* Turns a scheduler update into SSE events. */
 static void stream_update(stream *st, kp_sreq_update *u) {
-    if (u->len > 0) sb_chunk(st, u->text, u->len, NULL);
+    const char *finish = kp_oai_finish_name(u->finish);
+    bool over = u->finish == KP_FINISH_LENGTH || u->finish == KP_FINISH_STOP;
+    if (st->tools)
+        finish = stream_tools(st, u->text ? u->text : "", u->len, over, finish);
+    else if (u->len > 0)
+        sb_chunk(st, u->text, u->len, NULL);
     free(u->text);
     u->text = NULL;
     st->last = *u; /* usage so far, for the log line */
@@ -334,7 +387,7 @@ static void stream_update(stream *st, kp_sreq_update *u) {
         if (u->finish == KP_FINISH_CANCELLED) snprintf(e.message, sizeof e.message, "the request was cancelled");
         sb_event(st, kp_oai_error_json(&e));
     } else {
-        sb_chunk(st, NULL, 0, kp_oai_finish_name(u->finish));
+        sb_chunk(st, NULL, 0, finish);
         if (st->include_usage) {
             json_t *j = chunk_base(st);
             json_object_set_new(j, "choices", json_array());
@@ -388,6 +441,7 @@ static void stream_free(void *cls) {
                          : "client left");
     kp_sreq_release(st->r);
     kp_buf_free(&st->out);
+    kp_buf_free(&st->full);
     free(st);
 }
 
@@ -435,6 +489,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
     free(ids);
     free(ptext);
     bool stream_it = q.stream, usage = q.include_usage;
+    bool tools = chat && q.tools && kp_chat_family_has_tools(s->cfg.chat);
     kp_oai_request_free(&q);
     if (st != KP_OK) {
         status_error(st, &err, st == KP_ERANGE ? (chat ? "messages" : "prompt") : NULL, &e);
@@ -496,6 +551,8 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
         sm->created = time(NULL);
         sm->t0 = cn->t0;
         memcpy(sm->id, id, sizeof id);
+        sm->tools = tools;
+        sm->id_seed = p.sp.seed ^ (uint64_t)sm->created;
         if (chat) sb_chunk(sm, "", 0, NULL); /* the role first, as OpenAI does */
         u.text = text;
         u.len = tlen;
@@ -516,7 +573,20 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
     }
     json_t *choice;
     const char *finish = kp_oai_finish_name(u.finish);
-    if (chat)
+    json_t *calls = NULL;
+    size_t content = tlen;
+    if (tools && (u.finish == KP_FINISH_LENGTH || u.finish == KP_FINISH_STOP)) {
+        kp_error err2;
+        kp_chat_parse_tool_calls(s->cfg.chat, text ? text : "", tlen, p.sp.seed ^ (uint64_t)time(NULL), &calls,
+                                 &content, &err2);
+    }
+    if (chat && calls) {
+        json_t *msg = json_pack("{s:s, s:o, s:o}", "role", "assistant", "content",
+                                content ? json_stringn(text, content) : json_null(), "tool_calls", calls);
+        choice = json_pack("{s:i, s:o, s:n, s:s}", "index", 0, "message", msg, "logprobs", "finish_reason",
+                           "tool_calls");
+        finish = "tool_calls";
+    } else if (chat)
         choice = json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s?}", "index", 0, "message", "role", "assistant", "content",
                            text ? text : "", tlen, "logprobs", "finish_reason", finish);
     else
