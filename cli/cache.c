@@ -426,7 +426,9 @@ int cmd_run_cached(int argc, char **argv) {
     const kp_hparams *hp = &m->hp;
     uint32_t n_ctx = o.n_ctx ? o.n_ctx : (hp->n_ctx_train && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
     uint64_t per = kp_model_kv_bytes_per_token(hp, o.kv_type);
+    /* default: the context plus as much again for cached turns, at most half of RAM */
     uint64_t budget = o.budget ? o.budget : 2 * ((uint64_t)n_ctx + o.block) * per;
+    if (!o.budget && cli_half_of_ram() && budget > cli_half_of_ram()) budget = cli_half_of_ram();
     eng_config ec = {o.kv_type, o.block, budget, n_ctx, o.no_cache, NULL};
     if (eng_new(&e, m, pool, o.scalar ? kp_kernels_scalar() : kp_kernels_best(), &ec, &err) != KP_OK ||
         tok_stream_new(&ts, v, o.special, &err) != KP_OK) {

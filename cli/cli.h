@@ -45,6 +45,10 @@ char *cli_read_all(const char *path, size_t *len);
 /* Peak resident set size of this process in bytes (VmHWM), 0 if unknown. */
 uint64_t cli_peak_rss(void);
 
+/* Half of the machine's physical memory in bytes (0 when unknown): the cap
+ * of a default KV budget. */
+uint64_t cli_half_of_ram(void);
+
 /* Monotonic clock in seconds. */
 double cli_now(void);
 

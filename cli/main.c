@@ -226,6 +226,11 @@ char *cli_read_all(const char *path, size_t *len) {
     return buf;
 }
 
+uint64_t cli_half_of_ram(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 2 : 0;
+}
+
 uint64_t cli_peak_rss(void) {
     FILE *f = fopen("/proc/self/status", "r");
     char line[256];

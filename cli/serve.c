@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "chat.h"
 #include "cli.h"
@@ -40,10 +39,6 @@ static void serve_usage(FILE *f) {
             "gemma, phi3, zephyr.\n");
 }
 
-static uint64_t half_of_ram(void) {
-    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-    return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 2 : 0;
-}
 
 /* The token's text, or "" (for chat templates' bos_token / eos_token). */
 static const char *token_text(const tok_vocab *v, int32_t id) {
@@ -137,7 +132,7 @@ int cmd_serve(int argc, char **argv) {
     char b1[32], b2[32];
     if (!budget) {
         budget = 2 * (uint64_t)parallel * ((uint64_t)n_ctx + (uint64_t)block) * per;
-        uint64_t half = half_of_ram();
+        uint64_t half = cli_half_of_ram();
         if (half && budget > half) {
             budget = half;
             fprintf(stderr, "kvpin serve: note: the KV budget is capped at half of RAM (%s): %llu full-context "
