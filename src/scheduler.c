@@ -83,7 +83,7 @@ struct kp_sched {
     kp_sreq **item_req;
     kp_crep *crep;
     kp_sched_stats st; /* under mu */
-    double last_expire;
+    double last_expire, last_stats;
 };
 
 static double now_s(void) {
@@ -474,12 +474,20 @@ static void *loop(void *arg) {
             s->last_expire = t;
         }
         step(s);
-        pfx_stats kv;
-        eng_stats(s->e, &kv);
-        pthread_mutex_unlock(&s->eng_mu);
-        pthread_mutex_lock(&s->mu);
-        s->st.kv = kv;
-        pthread_mutex_unlock(&s->mu);
+        /* the memory bill for metrics: O(blocks + nodes), so at most every 100 ms
+         * and when the engine goes idle, not after every step */
+        bool idle = s->n_running == 0;
+        if (idle || now_s() - s->last_stats >= 0.1) {
+            pfx_stats kv;
+            eng_stats(s->e, &kv);
+            s->last_stats = now_s();
+            pthread_mutex_unlock(&s->eng_mu);
+            pthread_mutex_lock(&s->mu);
+            s->st.kv = kv;
+            pthread_mutex_unlock(&s->mu);
+        } else {
+            pthread_mutex_unlock(&s->eng_mu);
+        }
     }
     /* shutting down: everything still here is cancelled */
     pthread_mutex_lock(&s->eng_mu);
