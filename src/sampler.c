@@ -152,45 +152,34 @@ static bool penalties_on(const kp_sampler_params *p) {
            (p->repeat_penalty != 1.0f || p->presence_penalty != 0 || p->frequency_penalty != 0);
 }
 
-int32_t kp_sampler_sample(kp_sampler *s, const float *logits) {
+/* The candidates: every id with its logit, penalties applied. */
+static void fill_candidates(kp_sampler *s, const float *logits, bool pen) {
     const kp_sampler_params *p = &s->p;
     int32_t n = s->n_vocab;
-    bool pen = penalties_on(p) && s->hist_len > 0;
-    if (!pen && p->temp <= 0) return kp_argmax(logits, n);
     for (int32_t i = 0; i < n; i++) s->c[i] = (cand){i, logits[i], 0};
-    if (pen) {
-        for (int32_t i = 0; i < s->hist_len; i++) {
-            int32_t t = s->hist[(s->hist_head + i) % s->hist_cap];
-            if (t >= 0 && t < n) s->counts[t]++;
-        }
-        for (int32_t i = 0; i < s->hist_len; i++) {
-            int32_t t = s->hist[(s->hist_head + i) % s->hist_cap];
-            if (t < 0 || t >= n || s->counts[t] == 0) continue;
-            float *l = &s->c[t].logit;
-            *l = *l <= 0 ? *l * p->repeat_penalty : *l / p->repeat_penalty;
-            *l -= (float)s->counts[t] * p->frequency_penalty + p->presence_penalty;
-            s->counts[t] = 0; /* once per distinct token */
-        }
+    if (!pen) return;
+    for (int32_t i = 0; i < s->hist_len; i++) {
+        int32_t t = s->hist[(s->hist_head + i) % s->hist_cap];
+        if (t >= 0 && t < n) s->counts[t]++;
     }
-    if (p->temp <= 0) {
-        int32_t best = 0;
-        for (int32_t i = 1; i < n; i++)
-            if (s->c[i].logit > s->c[best].logit) best = i;
-        return best;
+    for (int32_t i = 0; i < s->hist_len; i++) {
+        int32_t t = s->hist[(s->hist_head + i) % s->hist_cap];
+        if (t < 0 || t >= n || s->counts[t] == 0) continue;
+        float *l = &s->c[t].logit;
+        *l = *l <= 0 ? *l * p->repeat_penalty : *l / p->repeat_penalty;
+        *l -= (float)s->counts[t] * p->frequency_penalty + p->presence_penalty;
+        s->counts[t] = 0; /* once per distinct token */
     }
-    int32_t m = n;
-    if (p->top_k > 0 && p->top_k < m) m = p->top_k;
-    if (m < n) select_top(s->c, n, m); /* the m best first, O(n log m) */
-    qsort(s->c, (size_t)m, sizeof(cand), cand_desc);
-    /* softmax over the kept candidates */
-    float mx = s->c[0].logit;
-    double sum = 0;
-    for (int32_t i = 0; i < m; i++) sum += s->c[i].p = expf(s->c[i].logit - mx);
-    for (int32_t i = 0; i < m; i++) s->c[i].p = (float)(s->c[i].p / sum);
+}
+
+/* Where top-p and min-p cut the sorted candidates c[0..m) whose
+ * probabilities are exp(logit - mx) / sum (stored in .p): the new m. */
+static int32_t cut(const kp_sampler_params *p, cand *c, int32_t m, float mx, double sum) {
+    for (int32_t i = 0; i < m; i++) c[i].p = (float)(expf(c[i].logit - mx) / sum);
     if (p->top_p < 1.0f) {
         double cum = 0;
         for (int32_t i = 0; i < m; i++) {
-            cum += s->c[i].p;
+            cum += c[i].p;
             if (cum >= p->top_p) {
                 m = i + 1;
                 break;
@@ -198,13 +187,74 @@ int32_t kp_sampler_sample(kp_sampler *s, const float *logits) {
         }
     }
     if (p->min_p > 0) {
-        float lim = s->c[0].p * p->min_p;
+        float lim = c[0].p * p->min_p;
         int32_t k = 1;
-        while (k < m && s->c[k].p >= lim) k++;
+        while (k < m && c[k].p >= lim) k++;
         m = k;
     }
+    return m;
+}
+
+int32_t kp_sampler_sample(kp_sampler *s, const float *logits) {
+    const kp_sampler_params *p = &s->p;
+    int32_t n = s->n_vocab;
+    bool pen = penalties_on(p) && s->hist_len > 0;
+    if (!pen && p->temp <= 0) return kp_argmax(logits, n);
+    fill_candidates(s, logits, pen);
+    if (p->temp <= 0) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < n; i++)
+            if (s->c[i].logit > s->c[best].logit) best = i;
+        return best;
+    }
+    int32_t m = n;
+    float mx;
+    if (p->top_k > 0 && p->top_k < n) {
+        m = p->top_k;
+        select_top(s->c, n, m); /* the m best first, O(n log m) */
+        qsort(s->c, (size_t)m, sizeof(cand), cand_desc);
+        mx = s->c[0].logit;
+        double sum = 0; /* softmax over the kept candidates */
+        for (int32_t i = 0; i < m; i++) sum += expf(s->c[i].logit - mx);
+        m = cut(p, s->c, m, mx, sum);
+    } else {
+        /* no top-k: the softmax is over every candidate */
+        mx = s->c[0].logit;
+        for (int32_t i = 1; i < n; i++)
+            if (s->c[i].logit > mx) mx = s->c[i].logit;
+        if (p->top_p >= 1.0f && p->min_p <= 0) {
+            /* everything survives: draw over the ids in any fixed order, no sort */
+            double sum = 0;
+            for (int32_t i = 0; i < n; i++) sum += s->c[i].p = expf((s->c[i].logit - mx) / p->temp);
+            double r = next_unit(s->rng) * sum, acc = 0;
+            for (int32_t i = 0; i < n; i++) {
+                acc += s->c[i].p;
+                if (r < acc) return s->c[i].id;
+            }
+            return s->c[n - 1].id;
+        }
+        double sum = 0;
+        for (int32_t i = 0; i < n; i++) sum += expf(s->c[i].logit - mx);
+        /* top-p / min-p keep a head of the sorted list: sort the smallest
+         * head (64, 256, ...) inside which the cut falls, not all n */
+        for (int32_t h = 64;; h *= 4) {
+            if (h >= n) {
+                qsort(s->c, (size_t)n, sizeof(cand), cand_desc);
+                m = cut(p, s->c, n, mx, sum);
+                break;
+            }
+            select_top(s->c, n, h);
+            qsort(s->c, (size_t)h, sizeof(cand), cand_desc);
+            m = cut(p, s->c, h, mx, sum);
+            /* inside the head unless the cut kept all of it and the head's last
+             * candidate could still be followed by more survivors */
+            bool inside = m < h;
+            if (inside) break;
+            fill_candidates(s, logits, pen); /* select_top dropped the rest */
+        }
+    }
     /* temperature on the survivors, then draw */
-    sum = 0;
+    double sum = 0;
     for (int32_t i = 0; i < m; i++) sum += s->c[i].p = expf((s->c[i].logit - mx) / p->temp);
     double r = next_unit(s->rng) * sum, acc = 0;
     for (int32_t i = 0; i < m; i++) {

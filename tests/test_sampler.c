@@ -1,0 +1,231 @@
+/*
+ * test_sampler.c - the sampling chain against a float64 reference.
+ *
+ * The reference follows llama.cpp's chain in the order sampler.h states:
+ * penalties over the recent tokens, top-k, softmax, top-p (smallest head of
+ * the sorted list whose mass reaches p), min-p (probability >= min_p x the
+ * best one), then a softmax at the temperature over the survivors. For
+ * random logits and many parameter sets, every drawn token must be a
+ * survivor, and the frequencies of thousands of draws must match the reference
+ * probabilities (within 5 standard errors, plus a little). Greedy must be
+ * the argmax (ties to the lowest id) after penalties; the same seed must
+ * give the same tokens; bad parameters are refused.
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "sampler.h"
+
+static uint64_t rs = 0x853c49e6748fea9bull;
+static double unit(void) {
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (double)(rs >> 11) / 9007199254740992.0;
+}
+
+typedef struct {
+    int id;
+    double l;
+} rc;
+
+static int rc_desc(const void *a, const void *b) {
+    const rc *x = a, *y = b;
+    if (x->l != y->l) return x->l < y->l ? 1 : -1;
+    return x->id - y->id;
+}
+
+/* Reference probabilities prob[0..n) (0 for tokens that do not survive). */
+static void reference(const kp_sampler_params *p, const float *logits, int n, const int *hist, int n_hist,
+                      double *prob) {
+    rc *c = malloc(n * sizeof *c);
+    for (int i = 0; i < n; i++) c[i] = (rc){i, logits[i]};
+    int *cnt = calloc(n, sizeof *cnt);
+    for (int i = 0; i < n_hist; i++) cnt[hist[i]]++;
+    for (int i = 0; i < n; i++)
+        if (cnt[i]) {
+            double l = c[i].l;
+            l = l <= 0 ? l * p->repeat_penalty : l / p->repeat_penalty;
+            c[i].l = (float)(l - (cnt[i] * (double)p->frequency_penalty + p->presence_penalty));
+        }
+    qsort(c, n, sizeof *c, rc_desc);
+    int m = p->top_k > 0 && p->top_k < n ? p->top_k : n;
+    double sum = 0, *q = malloc(n * sizeof *q);
+    for (int i = 0; i < m; i++) sum += exp(c[i].l - c[0].l);
+    for (int i = 0; i < m; i++) q[i] = exp(c[i].l - c[0].l) / sum;
+    if (p->top_p < 1) {
+        double cum = 0;
+        for (int i = 0; i < m; i++) {
+            cum += q[i];
+            if (cum >= p->top_p) {
+                m = i + 1;
+                break;
+            }
+        }
+    }
+    if (p->min_p > 0) {
+        int k = 1;
+        while (k < m && q[k] >= q[0] * p->min_p) k++;
+        m = k;
+    }
+    memset(prob, 0, n * sizeof *prob);
+    sum = 0;
+    for (int i = 0; i < m; i++) sum += exp((c[i].l - c[0].l) / p->temp);
+    for (int i = 0; i < m; i++) prob[c[i].id] = exp((c[i].l - c[0].l) / p->temp) / sum;
+    free(c);
+    free(cnt);
+    free(q);
+}
+
+static void check_distribution(int n, kp_sampler_params p, bool with_history) {
+    kp_error err = {0};
+    float *logits = malloc(n * sizeof *logits);
+    double *prob = malloc(n * sizeof *prob);
+    /* a peaked head and a long flat tail, like a language model's logits */
+    for (int i = 0; i < n; i++) logits[i] = (float)(unit() * 4.0 + (unit() < 0.01 ? 6.0 * unit() : 0.0));
+    int hist[8] = {0};
+    int n_hist = 0;
+    kp_sampler *s = NULL;
+    CHECK(kp_sampler_new(&s, &p, n, &err) == KP_OK);
+    if (with_history) {
+        for (int i = 0; i < 8; i++) {
+            int best = 0;
+            for (int k = 1; k < n; k++)
+                if (logits[k] > logits[best] && (i == 0 || unit() < 0.5)) best = k;
+            hist[n_hist++] = (i & 1) ? best : (int)(unit() * n);
+            kp_sampler_accept(s, hist[n_hist - 1]);
+        }
+    }
+    reference(&p, logits, n, hist, p.repeat_last_n == 0 ? 0 : n_hist, prob);
+    const int draws = n > 1000 ? 1500 : 6000;
+    int *seen = calloc(n, sizeof *seen);
+    int outside = 0;
+    /* the sampler's history stays as accepted above: sampling does not accept */
+    for (int d = 0; d < draws; d++) {
+        int32_t id = kp_sampler_sample(s, logits);
+        if (id < 0 || id >= n || prob[id] == 0) {
+            outside++;
+            continue;
+        }
+        seen[id]++;
+    }
+    CHECK_MSG(outside == 0, "n %d top_k %d top_p %g min_p %g temp %g: %d draws outside the survivors", n, p.top_k,
+              (double)p.top_p, (double)p.min_p, (double)p.temp, outside);
+    /* tokens expected at least 5 times one by one, the rarer ones as one group */
+    double worst = 0, f_rare = 0, p_rare = 0;
+    for (int i = 0; i < n; i++) {
+        double f = (double)seen[i] / draws;
+        if (prob[i] * draws < 5) {
+            f_rare += f;
+            p_rare += prob[i];
+            continue;
+        }
+        double z = fabs(f - prob[i]) / sqrt(prob[i] * (1 - prob[i]) / draws);
+        if (z > worst) worst = z;
+    }
+    if (p_rare * draws >= 5) {
+        double z = fabs(f_rare - p_rare) / sqrt(p_rare * (1 - p_rare) / draws);
+        if (z > worst) worst = z;
+    }
+    CHECK_MSG(worst < 5.0, "n %d top_k %d top_p %g min_p %g temp %g: frequencies off by %.1f standard errors", n,
+              p.top_k, (double)p.top_p, (double)p.min_p, (double)p.temp, worst);
+    kp_sampler_free(s);
+    free(seen);
+    free(logits);
+    free(prob);
+}
+
+static void test_distributions(void) {
+    const int ns[2] = {300, 49152};
+    const int top_k[3] = {0, 1, 40};
+    const float top_p[3] = {1.0f, 0.9f, 0.3f}, min_p[3] = {0.0f, 0.05f, 0.5f}, temp[2] = {1.0f, 0.6f};
+    int cases = 0;
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 3; b++)
+            for (int c = 0; c < 3; c++)
+                for (int d = 0; d < 3; d++)
+                    for (int e = 0; e < 2; e++) {
+                        if (ns[a] > 1000 && (b + c + d + e) % 6) continue; /* keep the big vocabulary cheap */
+                        kp_sampler_params p = kp_sampler_defaults();
+                        p.top_k = top_k[b];
+                        p.top_p = top_p[c];
+                        p.min_p = min_p[d];
+                        p.temp = temp[e];
+                        p.seed = (uint64_t)(cases + 1);
+                        check_distribution(ns[a], p, false);
+                        cases++;
+                    }
+    /* penalties change the logits before everything else */
+    kp_sampler_params p = kp_sampler_defaults();
+    p.top_k = 0;
+    p.top_p = 0.95f;
+    p.repeat_penalty = 1.3f;
+    p.presence_penalty = 0.5f;
+    p.frequency_penalty = 0.25f;
+    p.seed = 99;
+    check_distribution(300, p, true);
+    CHECK(cases > 40);
+}
+
+static void test_greedy_and_seed(void) {
+    kp_error err = {0};
+    float l[6] = {0.5f, 2.0f, -1.0f, 2.0f, 1.9f, 0.0f};
+    kp_sampler_params p = kp_sampler_defaults();
+    p.temp = 0;
+    kp_sampler *s = NULL;
+    CHECK(kp_sampler_new(&s, &p, 6, &err) == KP_OK);
+    CHECK_EQ_INT(kp_sampler_sample(s, l), 1); /* a tie goes to the lowest id */
+    kp_sampler_free(s);
+    /* a repeat penalty on 1 and 3 makes 4 the greedy choice: 2/1.1 < 1.9 */
+    p.repeat_penalty = 1.1f;
+    CHECK(kp_sampler_new(&s, &p, 6, &err) == KP_OK);
+    kp_sampler_accept(s, 1);
+    kp_sampler_accept(s, 3);
+    CHECK_EQ_INT(kp_sampler_sample(s, l), 4);
+    kp_sampler_free(s);
+    /* the same seed, the same tokens; another seed, other tokens */
+    float big[1000];
+    for (int i = 0; i < 1000; i++) big[i] = (float)unit() * 3;
+    int32_t a[64], b[64], c[64];
+    for (int run = 0; run < 3; run++) {
+        kp_sampler_params q = kp_sampler_defaults();
+        q.top_k = 0;
+        q.top_p = 1;
+        q.min_p = 0;
+        q.temp = 1;
+        q.seed = run == 2 ? 43 : 42;
+        CHECK(kp_sampler_new(&s, &q, 1000, &err) == KP_OK);
+        for (int i = 0; i < 64; i++) (run == 0 ? a : run == 1 ? b : c)[i] = kp_sampler_sample(s, big);
+        kp_sampler_free(s);
+    }
+    CHECK(!memcmp(a, b, sizeof a));
+    CHECK(memcmp(a, c, sizeof a) != 0);
+}
+
+static void test_bad_params(void) {
+    kp_error err = {0};
+    kp_sampler *s = NULL;
+    kp_sampler_params p = kp_sampler_defaults();
+    p.top_p = 1.5f;
+    CHECK_EQ_INT(kp_sampler_new(&s, &p, 10, &err), KP_EINVAL);
+    p = kp_sampler_defaults();
+    p.temp = NAN;
+    CHECK_EQ_INT(kp_sampler_check(&p, &err), KP_EINVAL);
+    p = kp_sampler_defaults();
+    p.repeat_penalty = 0;
+    CHECK_EQ_INT(kp_sampler_check(&p, &err), KP_EINVAL);
+    p = kp_sampler_defaults();
+    CHECK_EQ_INT(kp_sampler_new(&s, &p, 0, &err), KP_EINVAL);
+    CHECK(s == NULL);
+    kp_sampler_free(NULL);
+}
+
+int main(void) {
+    RUN(test_greedy_and_seed);
+    RUN(test_bad_params);
+    RUN(test_distributions);
+    return harness_finish("sampler");
+}
