@@ -58,6 +58,7 @@ struct kp_server {
     uint32_t ctx; /* the engine's maximum sequence length */
     time_t started;
     atomic_uint_fast64_t next_id;
+    atomic_bool stopping; /* kp_server_free has begun: waits end, streams close */
     atomic_uint_fast64_t by_status[N_STATUS]; /* last: other */
 };
 
@@ -409,6 +410,10 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max) {
         kp_buf_clear(&st->out);
         if (st->done) return MHD_CONTENT_READER_END_OF_STREAM;
         kp_sreq_update u;
+        if (atomic_load(&st->s->stopping)) { /* shutting down: end the stream, the request is cancelled */
+            kp_sreq_cancel(st->r);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
         if (!kp_sreq_wait(st->r, 250, &u)) {
             free(u.text);
             waited += 0.25;
@@ -519,7 +524,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
         }
         u = v;
         if (u.finish != KP_FINISH_NONE || (stream_it && u.started)) break;
-        if (client_gone(c)) {
+        if (client_gone(c) || atomic_load(&s->stopping)) {
             kp_sreq_cancel(r);
             log_request(s, chat ? "chat" : "completion", &u, cn->t0, "client left");
             kp_sreq_release(r);
@@ -913,7 +918,7 @@ static enum MHD_Result cache_pin(kp_server *s, struct MHD_Connection *c, conn *c
         kp_sreq_wait(r, 200, &u);
         free(u.text);
         if (u.finish != KP_FINISH_NONE) break;
-        if (client_gone(c)) {
+        if (client_gone(c) || atomic_load(&s->stopping)) {
             kp_sreq_release(r);
             free(ids);
             return MHD_NO;
@@ -1232,6 +1237,7 @@ uint16_t kp_server_port(const kp_server *s) { return s->port; }
 
 void kp_server_free(kp_server *s) {
     if (!s) return;
+    atomic_store(&s->stopping, true); /* every wait below returns within 250 ms */
     MHD_stop_daemon(s->d);
     free(s);
 }

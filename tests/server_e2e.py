@@ -304,7 +304,19 @@ def disconnects():
     st, c = srv.get("/v1/cache")
     ok(c["counts"]["cached_tokens"] > 20, "what the cancelled requests computed stays cached: %s" % c["counts"])
     no_leaks(srv, "after disconnects")
+    # SIGTERM while a stream and a plain request run: both end, the server exits at once
+    live = []
+    for stream in (True, False):
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=20)
+        body = json.dumps(dict(long_req, stream=stream)).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        live.append(s)
+    time.sleep(0.5)
+    t0 = time.time()
     srv.stop()
+    ok(time.time() - t0 < 10, "shutdown with live requests took %.1f s" % (time.time() - t0))
+    for s in live:
+        s.close()
 
 
 def auth():
