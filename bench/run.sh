@@ -49,5 +49,12 @@ python3 bench/report.py "$out"
 # runs everything at a tenth of the size in under a minute.
 if [ -f build/bench/smollm2-135m-Q8_0.gguf ]; then
     echo "== prefix cache (build/bench/smollm2-135m-Q8_0.gguf)"
-    build/rel/bench_prefix -m build/bench/smollm2-135m-Q8_0.gguf -t "$THREADS" ${BENCH_PREFIX_ARGS:-}
+    build/rel/bench_prefix -m build/bench/smollm2-135m-Q8_0.gguf -t "$THREADS" ${BENCH_PREFIX_ARGS:-} |
+        tee build/bench/prefix.txt
+    # The server (issue #5): 8 streams vs 1, overhead per streamed token, and
+    # the same agent loop through HTTP against bench_prefix's in-process one.
+    echo "== kvpin serve (build/bench/smollm2-135m-Q8_0.gguf)"
+    case " ${BENCH_PREFIX_ARGS:-} " in *" --quick "*) q=--quick ;; *) q= ;; esac
+    python3 bench/server_bench.py --kvpin ./kvpin -m build/bench/smollm2-135m-Q8_0.gguf -t "$THREADS" \
+        --reps "$REPS" --tokens "$TG" --prefix build/bench/prefix.txt $q
 fi
