@@ -175,7 +175,7 @@ typedef struct kp_kernels {
      * thread's whole share at once: a few weight rows, kept in L1 while
      * all the tokens of the batch stream past them. Summation order may
      * differ with nr and nc; results agree within float rounding.
-     * aux is NULL, or, for Q8_0 activations (weights Q8_0 and Q4_0), the
+     * aux is NULL, or, for Q8_0 activations (weights Q8_0, Q4_0 and Q5_0), the
      * kp_q8_0_aux rows of the nc activation rows, row c at
      * (char *)aux + c*aux_stride; with it the kernel skips converting
      * scales and summing quants itself (same results). Ignored for other

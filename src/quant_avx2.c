@@ -1710,6 +1710,10 @@ static const kp_kernels kernels_avx2 = {
             [KP_DTYPE_Q4_0] = gemm_q4_0,
             [KP_DTYPE_Q4_K] = gemm_q4_K,
             [KP_DTYPE_Q6_K] = gemm_q6_K,
+            [KP_DTYPE_Q4_1] = kp_qmore_avx2_gemm_q4_1, /* quant_more_avx2.c */
+            [KP_DTYPE_Q5_0] = kp_qmore_avx2_gemm_q5_0,
+            [KP_DTYPE_Q5_1] = kp_qmore_avx2_gemm_q5_1,
+            [KP_DTYPE_Q5_K] = kp_qmore_avx2_gemm_q5_K,
         },
 };
 
@@ -1733,6 +1737,10 @@ static const kp_kernels kernels_avx512vnni = {
             [KP_DTYPE_Q4_0] = gemm_q4_0_vnni,
             [KP_DTYPE_Q4_K] = gemm_q4_K_vnni,
             [KP_DTYPE_Q6_K] = gemm_q6_K_vnni,
+            [KP_DTYPE_Q4_1] = kp_qmore_vnni_gemm_q4_1, /* quant_more_avx2.c */
+            [KP_DTYPE_Q5_0] = kp_qmore_vnni_gemm_q5_0,
+            [KP_DTYPE_Q5_1] = kp_qmore_vnni_gemm_q5_1,
+            [KP_DTYPE_Q5_K] = kp_qmore_vnni_gemm_q5_K,
         },
 };
 #pragma GCC diagnostic pop

@@ -151,6 +151,40 @@ void kp_qmore_avx2_tile_q5_1(int64_t n, int nr, int nc, const void *w, size_t w_
                              const void *a, size_t a_stride, float *out, size_t out_stride);
 void kp_qmore_avx2_tile_q5_K(int64_t n, int nr, int nc, const void *w, size_t w_stride,
                              const void *a, size_t a_stride, float *out, size_t out_stride);
+
+/* gemm of the avx2 table. aux: for Q5_0 (Q8_0 activations) NULL or the
+ * activation rows' kp_q8_0_aux rows, as quant.h describes; ignored for the
+ * others. Each output is bit for bit the same whatever the call's shape,
+ * and equal to what dot_tile of the same type computes for it. */
+void kp_qmore_avx2_gemm_q4_1(int64_t n, int nr, int nc, const void *w, size_t w_stride,
+                             const void *a, size_t a_stride, const void *aux, size_t aux_stride,
+                             float *out, size_t out_stride);
+void kp_qmore_avx2_gemm_q5_0(int64_t n, int nr, int nc, const void *w, size_t w_stride,
+                             const void *a, size_t a_stride, const void *aux, size_t aux_stride,
+                             float *out, size_t out_stride);
+void kp_qmore_avx2_gemm_q5_1(int64_t n, int nr, int nc, const void *w, size_t w_stride,
+                             const void *a, size_t a_stride, const void *aux, size_t aux_stride,
+                             float *out, size_t out_stride);
+void kp_qmore_avx2_gemm_q5_K(int64_t n, int nr, int nc, const void *w, size_t w_stride,
+                             const void *a, size_t a_stride, const void *aux, size_t aux_stride,
+                             float *out, size_t out_stride);
+
+/* gemm of the avx512vnni table (vpdpbusd on 256-bit vectors): the same
+ * results as the avx2 gemm of the type, bit for bit. Call only through
+ * that table, which kp_kernels_avx512vnni() hands out when the CPU has
+ * AVX512 F/VL/BW and VNNI besides AVX2, FMA and F16C. */
+void kp_qmore_vnni_gemm_q4_1(int64_t n, int nr, int nc, const void *w, size_t w_stride,
+                             const void *a, size_t a_stride, const void *aux, size_t aux_stride,
+                             float *out, size_t out_stride);
+void kp_qmore_vnni_gemm_q5_0(int64_t n, int nr, int nc, const void *w, size_t w_stride,
+                             const void *a, size_t a_stride, const void *aux, size_t aux_stride,
+                             float *out, size_t out_stride);
+void kp_qmore_vnni_gemm_q5_1(int64_t n, int nr, int nc, const void *w, size_t w_stride,
+                             const void *a, size_t a_stride, const void *aux, size_t aux_stride,
+                             float *out, size_t out_stride);
+void kp_qmore_vnni_gemm_q5_K(int64_t n, int nr, int nc, const void *w, size_t w_stride,
+                             const void *a, size_t a_stride, const void *aux, size_t aux_stride,
+                             float *out, size_t out_stride);
 #endif
 
 #endif

@@ -1,39 +1,89 @@
 /*
  * quant_more_avx2.c - AVX2 + FMA + F16C kernels for Q4_1, Q5_0, Q5_1 and
- * Q5_K weights, and the Q8_1 activation quantizer (layouts in
- * quant_more.h; quant_avx2.c puts these functions into its table).
+ * Q5_K weights (vec_dot, dot_tile, and the gemm of the avx2 and avx512vnni
+ * tables), and the Q8_1 activation quantizer. Layouts in quant_more.h;
+ * quant_avx2.c puts these functions into its tables.
  *
- * Compiled without -march flags: every function carries
- * __attribute__((target("avx2,fma,f16c"))) and is reached only through the
- * AVX2 table, which kp_kernels_avx2() hands out when the CPU has all three.
- * Outside x86-64 the file is empty.
+ * Compiled without -march flags: every function carries a target attribute
+ * (avx2,fma,f16c; the kp_qmore_vnni_* gemm kernels add avx512f/vl/bw/vnni)
+ * and is reached only through a table that kp_kernels_best() hands out
+ * when the CPU has what it uses. Outside x86-64 the file is empty.
  *
- * One 32-element block of a legacy type becomes 32 bytes in element order
- * (bytes 0..15 from the low nibbles, 16..31 from the high nibbles); Q5_0 and
- * Q5_1 OR in bit 4 from qh, expanded one bit per byte:
+ * Decoding. One 32-element block of a legacy type becomes 32 bytes in
+ * element order (bytes 0..15 from the low nibbles, 16..31 from the high
+ * nibbles), unsigned: q in 0..15 (Q4_1) or 0..31 (Q5_0 and Q5_1, which OR
+ * in bit 4 from qh, expanded one bit per byte):
  *
  *   qh (uint32) --broadcast, vpshufb--> byte j holds qh byte j/8
  *               --AND 1 << (j%8), compare--> 0xFF where bit j is set
  *               --AND 0x10--> bit 4 of quant j
  *
- * Products with vpmaddubsw (unsigned x signed bytes -> int16 pair sums):
+ * A Q5_K super-block is 4 chunks of 64 elements: 32 bytes of qs each (low
+ * nibbles: sub-block 2c, high nibbles: sub-block 2c+1) and bits 2c, 2c+1
+ * of the 32 qh bytes, moved to bit 4 with one shift and one AND.
  *
- *   Q4_1 . Q8_1   q in 0..15 unsigned; pair sums <= 2*15*128
- *   Q5_1 . Q8_1   q in 0..31 unsigned; pair sums <= 2*31*128 < 32767
- *   Q5_0 . Q8_0   w = q - 16 in -16..15: |w| x sign(a, w)
- *   Q5_K . Q8_K   q in 0..31 unsigned; per 32-element sub-block the int16
- *                 pair sums are multiplied by the 6-bit scale in vpmaddwd
- *                 (<= 63*2*7874 per int32 lane), the mins term is
- *                 m[j] * (bsums[2j] + bsums[2j+1]) in one vpmaddwd
+ * Products: vpmaddubsw multiplies unsigned quants by signed activation
+ * bytes into int16 pair sums (at most 2*31*128 = 7936 in magnitude, so no
+ * saturation), vpmaddwd widens them to int32:
  *
- * The "+ m" of Q4_1/Q5_1 costs one scalar m_w * s_a per block pair (s_a is
- * the Q8_1 block's stored d*sum). dot_tile (any nr, nc >= 1) works on
- * register tiles of 4 weight rows x up to 4 activation rows: each weight
- * block is decoded once per tile and multiplied with the same block of
- * every activation row in it (the tile width is a compile-time constant in
- * each specialisation, so the accumulators stay in registers); Q5_K tiles
- * are 1 weight row x up to 4 activation rows. The weight rows of a tile
- * stay in L1 while the activation rows stream past them.
+ *   Q4_1 . Q8_1   S = q.a                        block: dw*da*S + mw*sa
+ *   Q5_1 . Q8_1   S = q.a                        (sa: the stored block sum)
+ *   Q5_0 . Q8_0   S = (q - 16).a = q.a + bias/8  block: dw*da*S
+ *                 (bias = -128 sum(a), kp_q8_0_aux's, exact)
+ *   Q5_K . Q8_K   isum = sum_j sc_j (q.a)_j (vpmaddwd by the 6-bit scale),
+ *                 imin = sum_j m_j (bsums[2j] + bsums[2j+1]) (one vpmaddwd)
+ *                 super-block: d*da*isum - dmin*da*imin
+ *
+ * Canonical order. dot_tile and gemm give each output bit for bit the same
+ * value whatever the shape of the call (quant.h's contract), and the
+ * avx512vnni table's gemm the same value as the avx2 table's: every path
+ * computes an output in the order of one vector lane whose lanes are
+ * weight rows,
+ *
+ *   Q4_1, Q5_0, Q5_1  per K chunk of LEG_KC blocks: acc = 0, then per block
+ *                       acc = fma(float(S), dw * da, acc)
+ *                       acc = fma(mw, sa, acc)             (Q4_1, Q5_1)
+ *                     out = chunk 0, out += chunk 1, ...
+ *   Q5_K              the same per chunk of K5_KC super-blocks, with
+ *                       acc = fma(float(isum), d * da, acc)
+ *                       acc = fma(-float(imin), dmin * da, acc)
+ *
+ * and integer sums are exact however they are formed:
+ *
+ *   few activation rows (dot_tile; gemm with fewer than PANEL_MIN_COLS,
+ *   i.e. decode): 8 weight rows x NC (1..4) activation rows. Each row's
+ *   block gives a vector of 8 partial sums; vphaddd folds the 8 rows'
+ *   vectors into one vector of exact sums, one lane per row:
+ *
+ *     p_r = vpmaddwd(vpmaddubsw(q_r, a_c), 1)              r = 0..7
+ *     hadd(hadd(p0, p1), hadd(p2, p3)) = [s0 s1 s2 s3 | s0' s1' s2' s3']
+ *     (likewise rows 4..7), then [s0+s0' .. s3+s3' | s4+s4' .. s7+s7']
+ *
+ *   many activation rows (gemm in prefill): the call's weight rows are
+ *   repacked per K chunk, on the stack, into panels of 8 rows whose 32-byte
+ *   steps hold the same 4 quants of every row, one int32 lane per row; 4
+ *   activation quants are broadcast to all lanes, so there are no
+ *   horizontal sums at all:
+ *
+ *     panel step (b, g), 32 bytes:  row0 q[4g..4g+3] | row1 q[4g..] | ... | row7
+ *     steps of one block b:         g = 0..7 (32 quants); Q5_K: per sub-block
+ *
+ *     AVX2   s16 += vpmaddubsw(q, a4) over 4 steps (<= 4*7936 = 31744 <
+ *            2^15; Q4_1, whose pair sums stay <= 2*15*128, over all 8),
+ *            then vpmaddwd by 1 (Q5_K: by the scale pair) into int32
+ *     VNNI   s = vpdpbusd(s, u, a4), 4 products into int32 per step. Q5_0
+ *            stores u = 8q (<= 248) and starts from s = bias, so
+ *            s = 8q.a - 128 sum(a) = 8S, with dw stored / 8 (powers of two
+ *            scale exactly: the same float products). Q5_K multiplies each
+ *            sub-block sum by its int32 scale (vpmulld).
+ *
+ *   Repacking costs about one activation row's products and is reused by
+ *   all of them, hence the threshold. Activation block terms (Q5_0: aux d
+ *   and bias, from the caller or computed; Q8_1: d and s as floats) are
+ *   staged once per call for PANEL_CC activation rows at a time.
+ *
+ * Stack use of a gemm call: at most about 48 KiB (leg_stage; q5k_stage
+ * 31 KiB).
  *
  * kp_qmore_avx2_act_q8_1 is bit-identical to kp_qmore_quant_row_q8_1 for
  * finite inputs (roundf = round half away from zero, the same 1/d).
@@ -43,12 +93,27 @@
 #if defined(__x86_64__)
 
 #include <immintrin.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "quant_impl.h"
 
 #include "quant_avx2_inl.h"
+#define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
+#define VNNI_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
 #define UNROLL _Pragma("GCC unroll 8")
+
+enum { PACK_AVX2, PACK_VNNI }; /* which panel kernels: avx2 or avx512vnni table */
+
+#define PANEL_MIN_COLS 8 /* activation rows from which gemm repacks weights */
+#define PANEL_RC 16      /* weight rows repacked per chunk: 2 panels */
+#define PANEL_CC 16      /* activation rows with staged block terms at a time */
+#define LEG_KC 64        /* Q4_1/Q5_0/Q5_1 blocks per K chunk: 2048 elements */
+#define K5_KC 6          /* Q5_K super-blocks per K chunk: 1536 elements */
+
+/* ------------------------------------------------------------------------ */
+/* small helpers                                                             */
+/* ------------------------------------------------------------------------ */
 
 AVX2_INLINE float hsum_ps(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -66,6 +131,17 @@ AVX2_INLINE int hsum_epi32(__m256i v) {
 
 AVX2_INLINE float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 
+/* a * b + c, rounded once (as one lane of vfmadd). */
+AVX2_INLINE float fma_ss(float a, float b, float c) {
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+}
+
+AVX2_INLINE int32_t load_i32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
 /* 16 packed nibble bytes -> 32 bytes in element order (low nibbles, then high). */
 AVX2_INLINE __m256i unpack_nibbles(const uint8_t qs[16]) {
     const __m128i b = _mm_loadu_si128((const __m128i *)qs);
@@ -75,15 +151,79 @@ AVX2_INLINE __m256i unpack_nibbles(const uint8_t qs[16]) {
 
 /* 0x10 in byte j where bit j of the little-endian uint32 at qh is set. */
 AVX2_INLINE __m256i fifth_bits(const uint8_t qh[4]) {
-    uint32_t h;
-    memcpy(&h, qh, sizeof h);
     const __m256i spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32((int)h),
+        _mm256_set1_epi32(load_i32(qh)),
         _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
                          3, 3, 3, 3, 3, 3, 3));
     const __m256i bit = _mm256_set1_epi64x(0x8040201008040201ll);
     const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
     return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+/* The 8 FP16 values at byte offset off in rows wr[0..7], as floats. */
+AVX2_INLINE __m256 half8_at(const char *const *wr, size_t off) {
+    __m128i h = _mm_cvtsi32_si128(*(const uint16_t *)(wr[0] + off));
+    h = _mm_insert_epi16(h, *(const uint16_t *)(wr[1] + off), 1);
+    h = _mm_insert_epi16(h, *(const uint16_t *)(wr[2] + off), 2);
+    h = _mm_insert_epi16(h, *(const uint16_t *)(wr[3] + off), 3);
+    h = _mm_insert_epi16(h, *(const uint16_t *)(wr[4] + off), 4);
+    h = _mm_insert_epi16(h, *(const uint16_t *)(wr[5] + off), 5);
+    h = _mm_insert_epi16(h, *(const uint16_t *)(wr[6] + off), 6);
+    h = _mm_insert_epi16(h, *(const uint16_t *)(wr[7] + off), 7);
+    return _mm256_cvtph_ps(h);
+}
+
+/* 8 x 8 transpose of int32: afterwards v[g] holds lane g of every input
+ * vector, in input order. */
+AVX2_INLINE void transpose8_epi32(__m256i v[8]) {
+    __m256i t[8], u[8];
+    UNROLL for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+    }
+    UNROLL for (int i = 0; i < 2; i++) {
+        u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
+        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
+        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    UNROLL for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x20);
+        v[4 + i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x31);
+    }
+}
+
+/* The 8 exact sums of 8 int32 vectors: lane r = sum of the lanes of v[r]. */
+AVX2_INLINE __m256i fold8_epi32(const __m256i v[8]) {
+    const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+}
+
+/* Writes (add = 0) or adds (add = 1) lanes 0..nr-1 of acc to o[0..nr). */
+AVX2_INLINE void panel_store(__m256 acc, float *o, int nr, int add) {
+    if (nr == 8) {
+        _mm256_storeu_ps(o, add ? _mm256_add_ps(acc, _mm256_loadu_ps(o)) : acc);
+    } else {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, acc);
+        for (int r = 0; r < nr; r++) o[r] = add ? o[r] + tmp[r] : tmp[r];
+    }
+}
+
+/* out[c*os + r] = 0 for r < nr, c < nc: the result of an empty dot product. */
+AVX2_INLINE void zero_out(int nr, int nc, float *out, size_t os) {
+    for (int c = 0; c < nc; c++)
+        for (int r = 0; r < nr; r++) out[(size_t)c * os + (size_t)r] = 0.0f;
+}
+
+/* Row pointers of weight rows r0 .. r0+7, rows past nr repeating row nr-1
+ * (computed, never stored). */
+AVX2_INLINE void rows8(const void *w, size_t w_stride, int r0, int nr, const char *wr[8]) {
+    for (int r = 0; r < 8; r++) {
+        const int row = r0 + r < nr ? r0 + r : nr - 1;
+        wr[r] = (const char *)w + (size_t)row * w_stride;
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -92,173 +232,411 @@ AVX2_INLINE __m256i fifth_bits(const uint8_t qh[4]) {
 
 enum { WQ4_1, WQ5_0, WQ5_1 };
 
-/* A decoded weight block: the unsigned operand of vpmaddubsw, the signed
- * quants (Q5_0 only), scale d and offset m (0 for Q5_0). */
-typedef struct {
-    __m256i u, q;
-    float d, m;
-} wblock;
+/* Bytes per block; every layout has d at offset 0, Q4_1/Q5_1 m at 2. */
+AVX2_INLINE size_t legacy_size(int kind) {
+    return kind == WQ4_1 ? sizeof(kp_block_q4_1) : kind == WQ5_0 ? sizeof(kp_block_q5_0) : sizeof(kp_block_q5_1);
+}
 
-AVX2_INLINE wblock decode(const void *wrow, int64_t ib, int kind) {
-    wblock r;
-    if (kind == WQ4_1) {
-        const kp_block_q4_1 *x = (const kp_block_q4_1 *)wrow + ib;
-        r.u = r.q = unpack_nibbles(x->qs);
-        r.d = half_to_float(x->d);
-        r.m = half_to_float(x->m);
-    } else if (kind == WQ5_1) {
-        const kp_block_q5_1 *x = (const kp_block_q5_1 *)wrow + ib;
-        r.u = r.q = _mm256_or_si256(unpack_nibbles(x->qs), fifth_bits(x->qh));
-        r.d = half_to_float(x->d);
-        r.m = half_to_float(x->m);
-    } else {
+/* The 32 quants of weight block ib, unsigned (0..15 or 0..31), in element order. */
+AVX2_INLINE __m256i legacy_quants(const char *wrow, int64_t ib, int kind) {
+    if (kind == WQ4_1) return unpack_nibbles(((const kp_block_q4_1 *)wrow + ib)->qs);
+    if (kind == WQ5_0) {
         const kp_block_q5_0 *x = (const kp_block_q5_0 *)wrow + ib;
-        const __m256i q = _mm256_or_si256(unpack_nibbles(x->qs), fifth_bits(x->qh));
-        r.q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
-        r.u = _mm256_sign_epi8(r.q, r.q);
-        r.d = half_to_float(x->d);
-        r.m = 0.0f;
+        return _mm256_or_si256(unpack_nibbles(x->qs), fifth_bits(x->qh));
     }
-    return r;
+    const kp_block_q5_1 *x = (const kp_block_q5_1 *)wrow + ib;
+    return _mm256_or_si256(unpack_nibbles(x->qs), fifth_bits(x->qh));
 }
 
-/* Integer dot product of one weight block with 32 activation quants, as 8 int32. */
-AVX2_INLINE __m256i block_dot(wblock w, const int8_t *aq, int kind) {
-    const __m256i a = _mm256_loadu_si256((const __m256i *)aq);
-    const __m256i p16 = kind == WQ5_0 ? _mm256_maddubs_epi16(w.u, _mm256_sign_epi8(a, w.q))
-                                      : _mm256_maddubs_epi16(w.u, a);
-    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+/* The 32 quants of activation block ib (Q8_0 for Q5_0, else Q8_1). */
+AVX2_INLINE const int8_t *act_quants(const char *arow, int64_t ib, int kind) {
+    if (kind == WQ5_0) return ((const kp_block_q8_0 *)arow + ib)->qs;
+    return ((const kp_block_q8_1 *)arow + ib)->qs;
 }
 
-/* One weight row (nb blocks) against NC activation rows (Q8_0 for Q5_0,
- * Q8_1 otherwise); out[c*out_stride] for c < NC. */
-AVX2_INLINE void row_legacy(int64_t nb, const void *wrow, const char *a, size_t a_stride,
-                            float *out, size_t out_stride, int kind, const int NC) {
-    __m256 acc[4];
-    float macc[4];
-    UNROLL for (int c = 0; c < NC; c++) {
-        acc[c] = _mm256_setzero_ps();
-        macc[c] = 0.0f;
-    }
-    for (int64_t ib = 0; ib < nb; ib++) {
-        const wblock w = decode(wrow, ib, kind);
-        UNROLL for (int c = 0; c < NC; c++) {
-            const char *arow = a + (size_t)c * a_stride;
-            if (kind == WQ5_0) {
-                const kp_block_q8_0 *y = (const kp_block_q8_0 *)arow + ib;
-                const __m256i p = block_dot(w, y->qs, kind);
-                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(w.d * half_to_float(y->d)),
-                                         _mm256_cvtepi32_ps(p), acc[c]);
-            } else {
-                const kp_block_q8_1 *y = (const kp_block_q8_1 *)arow + ib;
-                const __m256i p = block_dot(w, y->qs, kind);
-                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(w.d * half_to_float(y->d)),
-                                         _mm256_cvtepi32_ps(p), acc[c]);
-                macc[c] += w.m * half_to_float(y->s);
-            }
-        }
-    }
-    UNROLL for (int c = 0; c < NC; c++) out[(size_t)c * out_stride] = hsum_ps(acc[c]) + macc[c];
-}
-
-/*
- * dot_tile's register tile: 4 weight rows x NC (1..4) activation rows. For
- * one block and one activation row, the four rows' int32 partial sums are
- * folded by three vphaddd into one vector whose lanes are rows
- *
- *   hadd(hadd(p0, p1), hadd(p2, p3)) = [s0 s1 s2 s3 | s0' s1' s2' s3']
- *
- * so a block costs one conversion and one FMA per activation row (scaled by
- * [d_w0..d_w3] * d_a); out[c][r] = lane r + lane r+4 (+ the "+ m" terms,
- * m_w[r] * s_a, kept in a 4-lane accumulator). wr[4] may repeat a row when
- * nr < 4; only rows r < nr are stored.
- */
-AVX2_INLINE void tile4_legacy(int64_t nb, const char *const *wr, int nr, const char *a,
-                              size_t a_stride, float *out, size_t out_stride, int kind,
-                              const int NC) {
+/* vec_dot: one weight row, one activation row. Q5_0: (q - 16).a as
+ * vpmaddubsw(q, a) - vpmaddubsw(16, a), pair sums within +-12032. */
+AVX2_INLINE float dot_legacy(int64_t nb, const char *wrow, const char *arow, int kind) {
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[4];
-    __m128 accm[4];
-    UNROLL for (int c = 0; c < NC; c++) {
-        acc[c] = _mm256_setzero_ps();
-        accm[c] = _mm_setzero_ps();
-    }
+    __m256 acc = _mm256_setzero_ps();
+    float macc = 0.0f;
     for (int64_t ib = 0; ib < nb; ib++) {
-        __m256i q[4], u[4];
-        float dw[4], mw[4];
-        UNROLL for (int r = 0; r < 4; r++) {
-            const wblock w = decode(wr[r], ib, kind);
-            q[r] = w.q;
-            u[r] = w.u;
-            dw[r] = w.d;
-            mw[r] = w.m;
-        }
-        const __m128 d4 = _mm_loadu_ps(dw), m4 = _mm_loadu_ps(mw);
-        const __m256 d8 = _mm256_set_m128(d4, d4);
-        UNROLL for (int c = 0; c < NC; c++) {
-            const char *arow = a + (size_t)c * a_stride;
-            const int8_t *aq;
-            float da;
-            if (kind == WQ5_0) {
-                const kp_block_q8_0 *y = (const kp_block_q8_0 *)arow + ib;
-                aq = y->qs;
-                da = half_to_float(y->d);
-            } else {
-                const kp_block_q8_1 *y = (const kp_block_q8_1 *)arow + ib;
-                aq = y->qs;
-                da = half_to_float(y->d);
-                accm[c] = _mm_fmadd_ps(m4, _mm_set1_ps(half_to_float(y->s)), accm[c]);
-            }
-            const __m256i av = _mm256_loadu_si256((const __m256i *)aq);
-            __m256i p[4];
-            UNROLL for (int r = 0; r < 4; r++) {
-                const __m256i sa = kind == WQ5_0 ? _mm256_sign_epi8(av, q[r]) : av;
-                p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(u[r], sa), ones);
-            }
-            const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(d8, _mm256_set1_ps(da)), acc[c]);
+        const __m256i q = legacy_quants(wrow, ib, kind);
+        const __m256i a = _mm256_loadu_si256((const __m256i *)act_quants(arow, ib, kind));
+        const float dw = half_to_float(*(const uint16_t *)(wrow + (size_t)ib * legacy_size(kind)));
+        if (kind == WQ5_0) {
+            const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q, a), _mm256_maddubs_epi16(_mm256_set1_epi8(16), a));
+            const __m256i p = _mm256_madd_epi16(p16, ones);
+            const float da = half_to_float(((const kp_block_q8_0 *)arow + ib)->d);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * da), _mm256_cvtepi32_ps(p), acc);
+        } else {
+            const kp_block_q8_1 *y = (const kp_block_q8_1 *)arow + ib;
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), ones);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * half_to_float(y->d)), _mm256_cvtepi32_ps(p), acc);
+            const float mw = half_to_float(*(const uint16_t *)(wrow + (size_t)ib * legacy_size(kind) + 2));
+            macc += mw * half_to_float(y->s);
         }
     }
-    UNROLL for (int c = 0; c < NC; c++) {
-        const __m128 v = _mm_add_ps(_mm_add_ps(_mm256_castps256_ps128(acc[c]), _mm256_extractf128_ps(acc[c], 1)),
-                                    accm[c]);
-        float tmp[4];
-        _mm_storeu_ps(tmp, v);
-        for (int r = 0; r < nr; r++) out[(size_t)c * out_stride + (size_t)r] = tmp[r];
-    }
+    return hsum_ps(acc) + macc;
 }
 
-/* Loop order: groups of 4 weight rows (they stay in L1), then groups of up
- * to 4 activation rows streaming past them. */
-AVX2_INLINE void tile_legacy(int64_t n, int nr, int nc, const void *w, size_t w_stride,
-                             const void *a, size_t a_stride, float *out, size_t out_stride,
+/* A Q8_1 activation block's d and s as floats (exact). */
+typedef struct {
+    float d, s;
+} q8_1_ds;
+
+/* Block terms of activation row c from block ib0 on, len blocks. Q5_0: the
+ * caller's kp_q8_0_aux entries, or kp_q8_0_aux_row's values computed into
+ * own (vectorized). */
+AVX2_INLINE const kp_q8_0_aux *q8_0_terms(const char *a, size_t a_stride, const void *aux, size_t aux_stride,
+                                          int c, int64_t ib0, int64_t len, kp_q8_0_aux *own) {
+    if (aux) return (const kp_q8_0_aux *)((const char *)aux + (size_t)c * aux_stride) + ib0;
+    const kp_block_q8_0 *y = (const kp_block_q8_0 *)(a + (size_t)c * a_stride) + ib0;
+    const __m256i one8 = _mm256_set1_epi8(1), one16 = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < len; b++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)y[b].qs);
+        own[b].d = half_to_float(y[b].d);
+        own[b].bias = -128 * hsum_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(one8, v), one16));
+    }
+    return own;
+}
+
+/* Q8_1: d and s of each block, converted into own. */
+AVX2_INLINE const q8_1_ds *q8_1_terms(const char *a, size_t a_stride, int c, int64_t ib0, int64_t len,
+                                      q8_1_ds *own) {
+    const kp_block_q8_1 *y = (const kp_block_q8_1 *)(a + (size_t)c * a_stride) + ib0;
+    for (int64_t b = 0; b < len; b++) {
+        own[b].d = half_to_float(y[b].d);
+        own[b].s = half_to_float(y[b].s);
+    }
+    return own;
+}
+
+/* Staged block terms of up to N activation rows for one K chunk. */
+#define ACT_TERMS(N)                     \
+    union {                              \
+        kp_q8_0_aux ax[N][LEG_KC];       \
+        q8_1_ds ds[N][LEG_KC];           \
+    }
+
+/* One 8 x NC tile over blocks [ib0, ib0 + len): wr[8] weight rows (R = 4:
+ * only rows 0..3 are computed), ar[NC] activation rows, ax[c] (Q5_0) or
+ * ds[c] (Q8_1) their block terms from ib0. */
+AVX2_INLINE void oct_tile(int64_t ib0, int64_t len, const char *const *wr, const char *const *ar,
+                          const kp_q8_0_aux *const *ax, const q8_1_ds *const *ds, int kind, int nr,
+                          float *out, size_t os, int add, const int NC, const int R) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const size_t blk = legacy_size(kind);
+    __m256 acc[4];
+    UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        const int64_t ib = ib0 + b;
+        __m256i q[8];
+        UNROLL for (int r = 0; r < R; r++) q[r] = legacy_quants(wr[r], ib, kind);
+        const __m256 dw8 = half8_at(wr, (size_t)ib * blk);
+        const __m256 mw8 = kind == WQ5_0 ? _mm256_setzero_ps() : half8_at(wr, (size_t)ib * blk + 2);
+        UNROLL for (int c = 0; c < NC; c++) {
+            const __m256i av = _mm256_loadu_si256((const __m256i *)act_quants(ar[c], ib, kind));
+            __m256i p[8];
+            UNROLL for (int r = 0; r < R; r++) p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], av), ones);
+            UNROLL for (int r = R; r < 8; r++) p[r] = p[r - R];
+            __m256i t = fold8_epi32(p);
+            if (kind == WQ5_0) {
+                t = _mm256_add_epi32(t, _mm256_set1_epi32(ax[c][b].bias / 8));
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw8, _mm256_set1_ps(ax[c][b].d)), acc[c]);
+            } else {
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw8, _mm256_set1_ps(ds[c][b].d)), acc[c]);
+                acc[c] = _mm256_fmadd_ps(mw8, _mm256_set1_ps(ds[c][b].s), acc[c]);
+            }
+        }
+    }
+    UNROLL for (int c = 0; c < NC; c++) panel_store(acc[c], out + (size_t)c * os, nr, add);
+}
+
+/* Few activation rows: K chunks, then groups of 4 activation rows (their
+ * block terms staged once), then groups of 8 weight rows. */
+AVX2_INLINE void tile_legacy(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
+                             size_t a_stride, const void *aux, size_t aux_stride, float *out, size_t out_stride,
                              int kind) {
     const int64_t nb = n / 32;
-    for (int r0 = 0; r0 < nr; r0 += 4) {
-        const int nrr = nr - r0 < 4 ? nr - r0 : 4;
-        const char *wr[4];
-        for (int r = 0; r < 4; r++) wr[r] = (const char *)w + (size_t)(r0 + (r < nrr ? r : nrr - 1)) * w_stride;
+    ACT_TERMS(4) own;
+    if (nb <= 0) zero_out(nr, nc, out, out_stride);
+    for (int64_t ib0 = 0; ib0 < nb; ib0 += LEG_KC) {
+        const int64_t len = nb - ib0 < LEG_KC ? nb - ib0 : LEG_KC;
         for (int c0 = 0; c0 < nc; c0 += 4) {
-            const char *ac = (const char *)a + (size_t)c0 * a_stride;
-            float *o = out + (size_t)c0 * out_stride + (size_t)r0;
-            switch (nc - c0) {
-            case 1: tile4_legacy(nb, wr, nrr, ac, a_stride, o, out_stride, kind, 1); break;
-            case 2: tile4_legacy(nb, wr, nrr, ac, a_stride, o, out_stride, kind, 2); break;
-            case 3: tile4_legacy(nb, wr, nrr, ac, a_stride, o, out_stride, kind, 3); break;
-            default: tile4_legacy(nb, wr, nrr, ac, a_stride, o, out_stride, kind, 4); break;
+            const int ncc = nc - c0 < 4 ? nc - c0 : 4;
+            const char *ar[4];
+            const kp_q8_0_aux *ax[4] = {NULL, NULL, NULL, NULL};
+            const q8_1_ds *ds[4] = {NULL, NULL, NULL, NULL};
+            for (int c = 0; c < ncc; c++) {
+                ar[c] = (const char *)a + (size_t)(c0 + c) * a_stride;
+                if (kind == WQ5_0) ax[c] = q8_0_terms(a, a_stride, aux, aux_stride, c0 + c, ib0, len, own.ax[c]);
+                else ds[c] = q8_1_terms(a, a_stride, c0 + c, ib0, len, own.ds[c]);
+            }
+            for (int r0 = 0; r0 < nr; r0 += 8) {
+                const int nrr = nr - r0 < 8 ? nr - r0 : 8;
+                const char *wr[8];
+                rows8(w, w_stride, r0, nr, wr);
+                float *o = out + (size_t)c0 * out_stride + (size_t)r0;
+                const int add = ib0 > 0;
+                switch (ncc + 4 * (nrr > 4)) { /* 4 rows or fewer: compute 4 */
+                case 1: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, 1, 4); break;
+                case 2: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, 2, 4); break;
+                case 3: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, 3, 4); break;
+                case 4: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, 4, 4); break;
+                case 5: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, 1, 8); break;
+                case 6: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, 2, 8); break;
+                case 7: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, 3, 8); break;
+                default: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, 4, 8); break;
+                }
             }
         }
     }
 }
 
-#define LEGACY(type, kind)                                                                   \
-    AVX2 void kp_qmore_avx2_vec_dot_##type(int64_t n, float *s, const void *w, const void *a) { \
-        row_legacy(n / 32, w, a, 0, s, 0, kind, 1);                                          \
-    }                                                                                        \
-    AVX2 void kp_qmore_avx2_tile_##type(int64_t n, int nr, int nc, const void *w,            \
-                                        size_t w_stride, const void *a, size_t a_stride,     \
-                                        float *out, size_t out_stride) {                     \
-        tile_legacy(n, nr, nc, w, w_stride, a, a_stride, out, out_stride, kind);             \
+/* gemm's staging area for many activation rows: two panels of 8 weight
+ * rows over one K chunk, their scales (Q5_0 in the VNNI table: dw / 8) and
+ * offsets, and the block terms of PANEL_CC activation rows. */
+typedef struct {
+    __m256i q[PANEL_RC / 8][LEG_KC][8]; /* [panel][block][step]: 8 rows x 4 quants */
+    float dw[PANEL_RC / 8][LEG_KC][8];  /* [panel][block][row] */
+    float mw[PANEL_RC / 8][LEG_KC][8];  /* Q4_1/Q5_1 */
+    ACT_TERMS(PANEL_CC) act;
+} leg_stage;
+
+/* Repacks len blocks (from block ib0) of the 8 rows wr[] into one panel. */
+AVX2_INLINE void leg_pack(const char *const *wr, int64_t ib0, int64_t len, int kind, int pack, __m256i (*q)[8],
+                          float (*dw)[8], float (*mw)[8]) {
+    const size_t blk = legacy_size(kind);
+    const __m256 dscale = _mm256_set1_ps(pack == PACK_VNNI && kind == WQ5_0 ? 0.125f : 1.0f);
+    for (int64_t b = 0; b < len; b++) {
+        const int64_t ib = ib0 + b;
+        __m256i v[8];
+        for (int r = 0; r < 8; r++) {
+            v[r] = legacy_quants(wr[r], ib, kind);
+            if (pack == PACK_VNNI && kind == WQ5_0) v[r] = _mm256_slli_epi16(v[r], 3); /* 8q <= 248: no carry */
+        }
+        _mm256_store_ps(dw[b], _mm256_mul_ps(half8_at(wr, (size_t)ib * blk), dscale));
+        if (kind != WQ5_0) _mm256_store_ps(mw[b], half8_at(wr, (size_t)ib * blk + 2));
+        transpose8_epi32(v);
+        for (int g = 0; g < 8; g++) _mm256_store_si256(&q[b][g], v[g]);
+    }
+}
+
+/* One AVX2 panel (8 rows) x NC activation rows ar[] over len blocks from ib0. */
+AVX2_INLINE void leg_panel_tile(const __m256i (*q)[8], const float (*dw)[8], const float (*mw)[8],
+                                const char *const *ar, const kp_q8_0_aux *const *ax, const q8_1_ds *const *ds,
+                                int64_t ib0, int64_t len, int kind, int nr, float *out, size_t os, int add,
+                                const int NC) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int one_stage = kind == WQ4_1; /* Q4_1: one int16 stage of 8 steps, else two of 4 */
+    __m256 acc[4];
+    UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        const int8_t *aq[4];
+        __m256i t[4], s[4];
+        UNROLL for (int c = 0; c < NC; c++) {
+            aq[c] = act_quants(ar[c], ib0 + b, kind);
+            t[c] = _mm256_setzero_si256();
+        }
+        UNROLL for (int h = 0; h < 2; h++) {
+            if (h == 0 || !one_stage) UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
+            UNROLL for (int g = 4 * h; g < 4 * h + 4; g++) {
+                const __m256i w = _mm256_load_si256(&q[b][g]);
+                UNROLL for (int c = 0; c < NC; c++)
+                    s[c] = _mm256_add_epi16(s[c], _mm256_maddubs_epi16(w, _mm256_set1_epi32(load_i32(aq[c] + 4 * g))));
+            }
+            if (h == 1 || !one_stage)
+                UNROLL for (int c = 0; c < NC; c++) t[c] = _mm256_add_epi32(t[c], _mm256_madd_epi16(s[c], ones));
+        }
+        const __m256 d8 = _mm256_load_ps(dw[b]);
+        if (kind == WQ5_0) {
+            UNROLL for (int c = 0; c < NC; c++) {
+                const __m256i u = _mm256_add_epi32(t[c], _mm256_set1_epi32(ax[c][b].bias / 8));
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), _mm256_mul_ps(d8, _mm256_set1_ps(ax[c][b].d)), acc[c]);
+            }
+        } else {
+            const __m256 m8 = _mm256_load_ps(mw[b]);
+            UNROLL for (int c = 0; c < NC; c++) {
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t[c]), _mm256_mul_ps(d8, _mm256_set1_ps(ds[c][b].d)), acc[c]);
+                acc[c] = _mm256_fmadd_ps(m8, _mm256_set1_ps(ds[c][b].s), acc[c]);
+            }
+        }
+    }
+    UNROLL for (int c = 0; c < NC; c++) panel_store(acc[c], out + (size_t)c * os, nr, add);
+}
+
+/* P (1 or 2) panels x NC activation rows with vpdpbusd: each broadcast
+ * activation load feeds P instructions. HAS_M: Q4_1/Q5_1 (sums from 0, the
+ * "+ m" term), else Q5_0 (sums from the bias). Panel p's rows go to
+ * out + 8p (nr[p] of them). */
+VNNI_INLINE void leg_panel_tile_vnni_nc(const __m256i (*const *q)[8], const float (*const *dw)[8],
+                                        const float (*const *mw)[8], const char *const *ar,
+                                        const kp_q8_0_aux *const *ax, const q8_1_ds *const *ds, int64_t ib0,
+                                        int64_t len, const int *nr, float *out, size_t os, int add, const int NC,
+                                        const int P, const int HAS_M) {
+    const int kind = HAS_M ? WQ4_1 : WQ5_0; /* the activation layout: Q8_1 or Q8_0 */
+    __m256 acc[2][4];
+    UNROLL for (int p = 0; p < P; p++) UNROLL for (int c = 0; c < NC; c++) acc[p][c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        const int8_t *aq[4];
+        __m256i s[2][4];
+        UNROLL for (int c = 0; c < NC; c++) {
+            aq[c] = act_quants(ar[c], ib0 + b, kind);
+            const __m256i s0 = HAS_M ? _mm256_setzero_si256() : _mm256_set1_epi32(ax[c][b].bias);
+            UNROLL for (int p = 0; p < P; p++) s[p][c] = s0;
+        }
+        UNROLL for (int g = 0; g < 8; g++) {
+            __m256i u[2];
+            UNROLL for (int p = 0; p < P; p++) u[p] = _mm256_load_si256(&q[p][b][g]);
+            UNROLL for (int c = 0; c < NC; c++) {
+                const __m256i a4 = _mm256_set1_epi32(load_i32(aq[c] + 4 * g));
+                UNROLL for (int p = 0; p < P; p++) s[p][c] = _mm256_dpbusd_epi32(s[p][c], u[p], a4);
+            }
+        }
+        UNROLL for (int p = 0; p < P; p++) {
+            const __m256 d8 = _mm256_load_ps(dw[p][b]);
+            if (HAS_M) {
+                const __m256 m8 = _mm256_load_ps(mw[p][b]);
+                UNROLL for (int c = 0; c < NC; c++) {
+                    acc[p][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[p][c]), _mm256_mul_ps(d8, _mm256_set1_ps(ds[c][b].d)),
+                                                acc[p][c]);
+                    acc[p][c] = _mm256_fmadd_ps(m8, _mm256_set1_ps(ds[c][b].s), acc[p][c]);
+                }
+            } else {
+                UNROLL for (int c = 0; c < NC; c++)
+                    acc[p][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[p][c]), _mm256_mul_ps(d8, _mm256_set1_ps(ax[c][b].d)),
+                                                acc[p][c]);
+            }
+        }
+    }
+    UNROLL for (int p = 0; p < P; p++)
+        UNROLL for (int c = 0; c < NC; c++) panel_store(acc[p][c], out + (size_t)c * os + 8 * p, nr[p], add);
+}
+
+/* The VNNI panel tile; a function of its own, since AVX2 code cannot
+ * inline VNNI instructions. */
+static VNNI void leg_panel_tile_vnni(const __m256i (*const *q)[8], const float (*const *dw)[8],
+                                     const float (*const *mw)[8], const char *const *ar, const kp_q8_0_aux *const *ax,
+                                     const q8_1_ds *const *ds, int64_t ib0, int64_t len, const int *nr, float *out,
+                                     size_t os, int add, int nc, int n_panels, int kind) {
+#define LEG_VNNI(NC, P, M) leg_panel_tile_vnni_nc(q, dw, mw, ar, ax, ds, ib0, len, nr, out, os, add, NC, P, M)
+    switch (nc + 4 * (n_panels - 1) + 8 * (kind != WQ5_0)) {
+    case 1: LEG_VNNI(1, 1, 0); break;
+    case 2: LEG_VNNI(2, 1, 0); break;
+    case 3: LEG_VNNI(3, 1, 0); break;
+    case 4: LEG_VNNI(4, 1, 0); break;
+    case 5: LEG_VNNI(1, 2, 0); break;
+    case 6: LEG_VNNI(2, 2, 0); break;
+    case 7: LEG_VNNI(3, 2, 0); break;
+    case 8: LEG_VNNI(4, 2, 0); break;
+    case 9: LEG_VNNI(1, 1, 1); break;
+    case 10: LEG_VNNI(2, 1, 1); break;
+    case 11: LEG_VNNI(3, 1, 1); break;
+    case 12: LEG_VNNI(4, 1, 1); break;
+    case 13: LEG_VNNI(1, 2, 1); break;
+    case 14: LEG_VNNI(2, 2, 1); break;
+    case 15: LEG_VNNI(3, 2, 1); break;
+    default: LEG_VNNI(4, 2, 1); break;
+    }
+#undef LEG_VNNI
+}
+
+/* Many activation rows: chunks of PANEL_RC weight rows, K chunks of LEG_KC
+ * blocks (repacked once), PANEL_CC activation rows with staged terms, then
+ * tiles of up to 4 activation rows. */
+AVX2_INLINE void gemm_leg_panel(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
+                                size_t a_stride, const void *aux, size_t aux_stride, float *out, size_t out_stride,
+                                int kind, int pack, leg_stage *st) {
+    const int64_t nb = n / 32;
+    if (nb <= 0) zero_out(nr, nc, out, out_stride);
+    for (int rc0 = 0; rc0 < nr; rc0 += PANEL_RC) {
+        const int rc = nr - rc0 < PANEL_RC ? nr - rc0 : PANEL_RC;
+        const int n_panels = (rc + 7) / 8;
+        for (int64_t ib0 = 0; ib0 < nb; ib0 += LEG_KC) {
+            const int64_t len = nb - ib0 < LEG_KC ? nb - ib0 : LEG_KC;
+            for (int p = 0; p < n_panels; p++) {
+                const char *wr[8];
+                rows8(w, w_stride, rc0 + 8 * p, nr, wr);
+                leg_pack(wr, ib0, len, kind, pack, st->q[p], st->dw[p], st->mw[p]);
+            }
+            const int add = ib0 > 0;
+            for (int cc0 = 0; cc0 < nc; cc0 += PANEL_CC) {
+                const int ccn = nc - cc0 < PANEL_CC ? nc - cc0 : PANEL_CC;
+                const kp_q8_0_aux *axc[PANEL_CC] = {NULL};
+                const q8_1_ds *dsc[PANEL_CC] = {NULL};
+                for (int c = 0; c < ccn; c++) {
+                    if (kind == WQ5_0) axc[c] = q8_0_terms(a, a_stride, aux, aux_stride, cc0 + c, ib0, len, st->act.ax[c]);
+                    else dsc[c] = q8_1_terms(a, a_stride, cc0 + c, ib0, len, st->act.ds[c]);
+                }
+                if (pack == PACK_VNNI) { /* all panels of the chunk at once */
+                    const __m256i(*q[2])[8] = {(const __m256i(*)[8])st->q[0], (const __m256i(*)[8])st->q[1]};
+                    const float(*dw[2])[8] = {(const float(*)[8])st->dw[0], (const float(*)[8])st->dw[1]};
+                    const float(*mw[2])[8] = {(const float(*)[8])st->mw[0], (const float(*)[8])st->mw[1]};
+                    const int npr[2] = {rc < 8 ? rc : 8, rc - 8};
+                    for (int c0 = 0; c0 < ccn; c0 += 4) {
+                        const int ncc = ccn - c0 < 4 ? ccn - c0 : 4;
+                        const char *ar[4];
+                        for (int c = 0; c < ncc; c++) ar[c] = (const char *)a + (size_t)(cc0 + c0 + c) * a_stride;
+                        float *o = out + (size_t)(cc0 + c0) * out_stride + (size_t)rc0;
+                        leg_panel_tile_vnni(q, dw, mw, ar, axc + c0, dsc + c0, ib0, len, npr, o, out_stride, add, ncc,
+                                            n_panels, kind);
+                    }
+                    continue;
+                }
+                for (int p = 0; p < n_panels; p++) {
+                    const int npr = rc - 8 * p < 8 ? rc - 8 * p : 8;
+                    const __m256i(*q)[8] = (const __m256i(*)[8])st->q[p];
+                    const float(*dw)[8] = (const float(*)[8])st->dw[p];
+                    const float(*mw)[8] = (const float(*)[8])st->mw[p];
+                    for (int c0 = 0; c0 < ccn; c0 += 4) {
+                        const int ncc = ccn - c0 < 4 ? ccn - c0 : 4;
+                        const char *ar[4];
+                        for (int c = 0; c < ncc; c++) ar[c] = (const char *)a + (size_t)(cc0 + c0 + c) * a_stride;
+                        float *o = out + (size_t)(cc0 + c0) * out_stride + (size_t)(rc0 + 8 * p);
+                        const kp_q8_0_aux *const *ax = axc + c0;
+                        const q8_1_ds *const *ds = dsc + c0;
+                        switch (ncc) {
+                        case 1: leg_panel_tile(q, dw, mw, ar, ax, ds, ib0, len, kind, npr, o, out_stride, add, 1); break;
+                        case 2: leg_panel_tile(q, dw, mw, ar, ax, ds, ib0, len, kind, npr, o, out_stride, add, 2); break;
+                        case 3: leg_panel_tile(q, dw, mw, ar, ax, ds, ib0, len, kind, npr, o, out_stride, add, 3); break;
+                        default: leg_panel_tile(q, dw, mw, ar, ax, ds, ib0, len, kind, npr, o, out_stride, add, 4); break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+AVX2_INLINE void gemm_legacy(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
+                             size_t a_stride, const void *aux, size_t aux_stride, float *out, size_t out_stride,
+                             int kind, int pack) {
+    if (nc >= PANEL_MIN_COLS) {
+        leg_stage st __attribute__((aligned(32)));
+        gemm_leg_panel(n, nr, nc, w, w_stride, a, a_stride, aux, aux_stride, out, out_stride, kind, pack, &st);
+    } else {
+        tile_legacy(n, nr, nc, w, w_stride, a, a_stride, aux, aux_stride, out, out_stride, kind);
+    }
+}
+
+#define LEGACY(type, kind)                                                                                    \
+    AVX2 void kp_qmore_avx2_vec_dot_##type(int64_t n, float *s, const void *w, const void *a) {               \
+        *s = dot_legacy(n / 32, w, a, kind);                                                                  \
+    }                                                                                                         \
+    AVX2 void kp_qmore_avx2_tile_##type(int64_t n, int nr, int nc, const void *w, size_t w_stride,            \
+                                        const void *a, size_t a_stride, float *out, size_t out_stride) {      \
+        tile_legacy(n, nr, nc, w, w_stride, a, a_stride, NULL, 0, out, out_stride, kind);                     \
+    }                                                                                                         \
+    AVX2 void kp_qmore_avx2_gemm_##type(int64_t n, int nr, int nc, const void *w, size_t w_stride,            \
+                                        const void *a, size_t a_stride, const void *aux, size_t aux_stride,   \
+                                        float *out, size_t out_stride) {                                      \
+        gemm_legacy(n, nr, nc, w, w_stride, a, a_stride, aux, aux_stride, out, out_stride, kind, PACK_AVX2);  \
+    }                                                                                                         \
+    VNNI void kp_qmore_vnni_gemm_##type(int64_t n, int nr, int nc, const void *w, size_t w_stride,            \
+                                        const void *a, size_t a_stride, const void *aux, size_t aux_stride,   \
+                                        float *out, size_t out_stride) {                                      \
+        gemm_legacy(n, nr, nc, w, w_stride, a, a_stride, aux, aux_stride, out, out_stride, kind, PACK_VNNI);  \
     }
 LEGACY(q4_1, WQ4_1)
 LEGACY(q5_0, WQ5_0)
@@ -269,9 +647,10 @@ LEGACY(q5_1, WQ5_1)
 /* Q5_K                                                                      */
 /* ------------------------------------------------------------------------ */
 
-/* sc[0..7] and m[0..7] of the 12 packed scale bytes (Q4_K's packing, see
- * quant.h), with 32-bit word operations (x86 is little-endian). */
-AVX2_INLINE void q5k_scales(const uint8_t packed[12], uint8_t out[16]) {
+/* sc[0..7] (bytes 0..7) and m[0..7] (bytes 8..15) of the 12 packed scale
+ * bytes (Q4_K's packing, see quant.h), with 32-bit word operations (x86 is
+ * little-endian). */
+AVX2_INLINE __m128i q5k_scales_mins(const uint8_t packed[12]) {
     uint32_t u[3], r[4];
     memcpy(u, packed, sizeof u);
     const uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
@@ -279,81 +658,345 @@ AVX2_INLINE void q5k_scales(const uint8_t packed[12], uint8_t out[16]) {
     r[1] = (u[2] & k4) | ((u[0] >> 6) & k2) << 4;        /* sc 4..7 */
     r[2] = u[1] & k6;                                    /* m 0..3 */
     r[3] = ((u[2] >> 4) & k4) | ((u[1] >> 6) & k2) << 4; /* m 4..7 */
-    memcpy(out, r, sizeof r);
+    return _mm_loadu_si128((const __m128i *)r);
 }
 
-/* One Q5_K weight row against NC Q8_K activation rows. */
-AVX2_INLINE void row_q5_K(int64_t nb, const void *wrow, const char *a, size_t a_stride,
-                          float *out, size_t out_stride, const int NC) {
-    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
-    __m256 acc[4];
-    UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+/* Bit k (0..7) of every byte of hb, moved to bit 4 (16-bit shifts: the
+ * bits that cross into the neighbouring byte are masked off). */
+AVX2_INLINE __m256i bit_to_4(__m256i hb, int k) {
+    const __m256i v = k <= 4 ? _mm256_slli_epi16(hb, 4 - k) : _mm256_srli_epi16(hb, k - 4);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
 
-    for (int64_t i = 0; i < nb; i++) {
-        const kp_block_q5_K *x = (const kp_block_q5_K *)wrow + i;
-        uint8_t scm[16]; /* sc[8] then m[8] */
-        q5k_scales(x->scales, scm);
-        /* mins duplicated per pair of bsums: m0 m0 m1 m1 ... m7 m7 as int16 */
-        const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
-            _mm_loadu_si128((const __m128i *)scm),
-            _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
-        const float dx = half_to_float(x->d), dminx = half_to_float(x->dmin);
-        const __m256i hb = _mm256_loadu_si256((const __m256i *)x->qh);
+/* The quants (0..31) of chunk c (sub-blocks 2c and 2c+1) of a super-block;
+ * hb = its 32 qh bytes. */
+AVX2_INLINE void q5k_quants(const kp_block_q5_K *x, __m256i hb, int c, __m256i *lo, __m256i *hi) {
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m256i bits = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * c));
+    *lo = _mm256_or_si256(_mm256_and_si256(bits, m4), bit_to_4(hb, 2 * c));
+    *hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), bit_to_4(hb, 2 * c + 1));
+}
 
-        __m256i sumi[4];
-        UNROLL for (int c = 0; c < NC; c++) sumi[c] = _mm256_setzero_si256();
-        UNROLL for (int j = 0; j < 4; j++) {
-            const __m256i bits = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * j));
-            const __m256i h_lo = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * j), one);
-            const __m256i h_hi = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * j + 1), one);
-            const __m256i q_lo = _mm256_or_si256(_mm256_and_si256(bits, m4), _mm256_slli_epi16(h_lo, 4));
-            const __m256i q_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4),
-                                                 _mm256_slli_epi16(h_hi, 4));
-            const __m256i s_lo = _mm256_set1_epi16(scm[2 * j]), s_hi = _mm256_set1_epi16(scm[2 * j + 1]);
-            UNROLL for (int c = 0; c < NC; c++) {
-                const kp_block_q8_K *y = (const kp_block_q8_K *)(a + (size_t)c * a_stride) + i;
-                const __m256i p_lo = _mm256_maddubs_epi16(q_lo, _mm256_loadu_si256((const __m256i *)(y->qs + 64 * j)));
-                const __m256i p_hi = _mm256_maddubs_epi16(q_hi, _mm256_loadu_si256((const __m256i *)(y->qs + 64 * j + 32)));
-                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(_mm256_madd_epi16(p_lo, s_lo),
-                                                                     _mm256_madd_epi16(p_hi, s_hi)));
-            }
-        }
+/* One Q5_K super-block x against super-block i of NC Q8_K activation rows:
+ * sumi[c] and pm[c] are 8 partial sums of sum_j sc_j (q.a)_j and of
+ * sum_j m_j bsum_j (exact integers once summed). */
+AVX2_INLINE void q5k_sb(const kp_block_q5_K *x, const char *a, size_t a_stride, int64_t i, __m256i *sumi,
+                        __m256i *pm, const int NC) {
+    const __m128i scm = q5k_scales_mins(x->scales);
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm)); /* 8 scales, both lanes */
+    /* mins duplicated per pair of bsums: m0 m0 m1 m1 ... m7 m7 as int16 */
+    const __m256i mins16 = _mm256_cvtepu8_epi16(
+        _mm_shuffle_epi8(scm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)x->qh);
+    UNROLL for (int c = 0; c < NC; c++) sumi[c] = _mm256_setzero_si256();
+    UNROLL for (int j = 0; j < 4; j++) {
+        __m256i q_lo, q_hi;
+        q5k_quants(x, hb, j, &q_lo, &q_hi);
+        /* broadcast word 2j (sub-block 2j) and 2j+1 */
+        const __m256i s_lo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((4 * j + 1) << 8 | 4 * j)));
+        const __m256i s_hi = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((4 * j + 3) << 8 | (4 * j + 2))));
         UNROLL for (int c = 0; c < NC; c++) {
             const kp_block_q8_K *y = (const kp_block_q8_K *)(a + (size_t)c * a_stride) + i;
-            const __m256i pm = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), mins16);
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dx * y->d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
-            acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(dminx * y->d), _mm256_cvtepi32_ps(pm), acc[c]);
+            const __m256i p_lo = _mm256_maddubs_epi16(q_lo, _mm256_loadu_si256((const __m256i *)(y->qs + 64 * j)));
+            const __m256i p_hi = _mm256_maddubs_epi16(q_hi, _mm256_loadu_si256((const __m256i *)(y->qs + 64 * j + 32)));
+            sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(_mm256_madd_epi16(p_lo, s_lo), _mm256_madd_epi16(p_hi, s_hi)));
         }
     }
-    UNROLL for (int c = 0; c < NC; c++) out[(size_t)c * out_stride] = hsum_ps(acc[c]);
+    UNROLL for (int c = 0; c < NC; c++) {
+        const kp_block_q8_K *y = (const kp_block_q8_K *)(a + (size_t)c * a_stride) + i;
+        pm[c] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), mins16);
+    }
 }
 
+/* vec_dot: one row, one activation row, in the canonical order. */
 AVX2 void kp_qmore_avx2_vec_dot_q5_K(int64_t n, float *s, const void *w, const void *a) {
-    row_q5_K(n / KP_QK_K, w, a, 0, s, 0, 1);
+    const int64_t nb = n / KP_QK_K;
+    float acc = 0.0f, out = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        const kp_block_q5_K *x = (const kp_block_q5_K *)w + i;
+        const float da = ((const kp_block_q8_K *)a + i)->d;
+        __m256i sumi, pm;
+        q5k_sb(x, a, 0, i, &sumi, &pm, 1);
+        acc = fma_ss((float)hsum_epi32(sumi), half_to_float(x->d) * da, acc);
+        acc = fma_ss(-(float)hsum_epi32(pm), half_to_float(x->dmin) * da, acc);
+        if ((i + 1) % K5_KC == 0 || i + 1 == nb) { /* end of a K chunk */
+            out = i < K5_KC ? acc : out + acc;
+            acc = 0.0f;
+        }
+    }
+    *s = out;
 }
 
-AVX2 void kp_qmore_avx2_tile_q5_K(int64_t n, int nr, int nc, const void *w, size_t w_stride,
-                                  const void *a, size_t a_stride, float *out, size_t out_stride) {
+/* Few activation rows: 8 weight rows x NC activation rows over super-blocks
+ * [i0, i0 + len); each row's partial sums (q5k_sb) are folded into one
+ * vector of exact sums, one lane per row. */
+AVX2_INLINE void q5k_rows_tile(const char *const *wr, const char *ar, size_t a_stride, int64_t i0, int64_t len,
+                               int nr, float *out, size_t os, int add, const int NC) {
+    __m256 acc[4];
+    UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    const int rows = nr <= 4 ? 4 : 8; /* the rest repeat rows 0..3 */
+    for (int64_t b = 0; b < len; b++) {
+        const int64_t i = i0 + b;
+        __m256i S[4][8], M[4][8];
+        for (int r = 0; r < rows; r++) {
+            /* 8 rows in step defeat the hardware prefetcher in decode */
+            const char *next = wr[r] + (size_t)(i + 2) * sizeof(kp_block_q5_K);
+            for (size_t off = 0; off < sizeof(kp_block_q5_K); off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+            __m256i s4[4], m4[4];
+            q5k_sb((const kp_block_q5_K *)wr[r] + i, ar, a_stride, i, s4, m4, NC);
+            UNROLL for (int c = 0; c < NC; c++) {
+                S[c][r] = s4[c];
+                M[c][r] = m4[c];
+            }
+        }
+        for (int r = rows; r < 8; r++)
+            UNROLL for (int c = 0; c < NC; c++) {
+                S[c][r] = S[c][r - 4];
+                M[c][r] = M[c][r - 4];
+            }
+        const size_t blk = (size_t)i * sizeof(kp_block_q5_K);
+        const __m256 d8 = half8_at(wr, blk + offsetof(kp_block_q5_K, d));
+        const __m256 m8 = half8_at(wr, blk + offsetof(kp_block_q5_K, dmin));
+        UNROLL for (int c = 0; c < NC; c++) {
+            const __m256 da = _mm256_set1_ps(((const kp_block_q8_K *)(ar + (size_t)c * a_stride) + i)->d);
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold8_epi32(S[c])), _mm256_mul_ps(d8, da), acc[c]);
+            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(fold8_epi32(M[c])), _mm256_mul_ps(m8, da), acc[c]);
+        }
+    }
+    UNROLL for (int c = 0; c < NC; c++) panel_store(acc[c], out + (size_t)c * os, nr, add);
+}
+
+AVX2 void kp_qmore_avx2_tile_q5_K(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
+                                  size_t a_stride, float *out, size_t out_stride) {
     const int64_t nb = n / KP_QK_K;
-    for (int r = 0; r < nr; r++) {
-        const void *wr = (const char *)w + (size_t)r * w_stride;
-        for (int c0 = 0; c0 < nc; c0 += 4) {
-            const char *ac = (const char *)a + (size_t)c0 * a_stride;
-            float *o = out + (size_t)c0 * out_stride + (size_t)r;
-            switch (nc - c0) {
-            case 1: row_q5_K(nb, wr, ac, a_stride, o, out_stride, 1); break;
-            case 2: row_q5_K(nb, wr, ac, a_stride, o, out_stride, 2); break;
-            case 3: row_q5_K(nb, wr, ac, a_stride, o, out_stride, 3); break;
-            default: row_q5_K(nb, wr, ac, a_stride, o, out_stride, 4); break;
+    if (nb <= 0) zero_out(nr, nc, out, out_stride);
+    for (int c0 = 0; c0 < nc; c0 += 4) {
+        const int ncc = nc - c0 < 4 ? nc - c0 : 4;
+        const char *ac = (const char *)a + (size_t)c0 * a_stride;
+        for (int r0 = 0; r0 < nr; r0 += 8) {
+            const int nrr = nr - r0 < 8 ? nr - r0 : 8;
+            const char *wr[8];
+            rows8(w, w_stride, r0, nr, wr);
+            float *o = out + (size_t)c0 * out_stride + (size_t)r0;
+            for (int64_t i0 = 0; i0 < nb; i0 += K5_KC) {
+                const int64_t len = nb - i0 < K5_KC ? nb - i0 : K5_KC;
+                const int add = i0 > 0;
+                switch (ncc) {
+                case 1: q5k_rows_tile(wr, ac, a_stride, i0, len, nrr, o, out_stride, add, 1); break;
+                case 2: q5k_rows_tile(wr, ac, a_stride, i0, len, nrr, o, out_stride, add, 2); break;
+                case 3: q5k_rows_tile(wr, ac, a_stride, i0, len, nrr, o, out_stride, add, 3); break;
+                default: q5k_rows_tile(wr, ac, a_stride, i0, len, nrr, o, out_stride, add, 4); break;
+                }
             }
         }
     }
 }
+
+/*
+ * Many activation rows: panels of 8 rows per super-block,
+ *
+ *   q[j][g]   sub-block j (32 quants), step g: 8 rows x 4 quants 0..31
+ *   sc[j]     per row: scale j (AVX2: as an int16 pair, VNNI: int32)
+ *   mn[j]     per row: min j as an int16 pair (m, m)
+ *   per row:  isum = sum_j sc_j * (q.a)_j,  imin = sum_j m_j * bsum_j
+ *
+ * AVX2 forms (q.a)_j as two int16 stages of 4 steps, each widened and
+ * scaled by vpmaddwd with the scale pair; VNNI as one vpdpbusd chain,
+ * then vpmulld. imin: vpmaddwd (VNNI: vpdpwssd) of mn[j] with a broadcast
+ * pair of bsums. Totals stay far inside int32 (|isum| < 2^26).
+ */
+typedef struct {
+    __m256i q[8][8];
+    __m256i sc[8], mn[8];
+    float d[8], dmin[8];
+} q5k_panel;
+
+typedef struct {
+    q5k_panel p[PANEL_RC / 8][K5_KC];
+} q5k_stage;
+
+AVX2_INLINE uint32_t pair16(int v) { return (uint32_t)(uint16_t)v | (uint32_t)(uint16_t)v << 16; }
+
+AVX2_INLINE void q5k_pack(const char *const *wr, int64_t i, int pack, q5k_panel *p) {
+    __m256i v[8][8]; /* [sub-block][row] */
+    uint32_t sc[8][8], mn[8][8];
+    for (int r = 0; r < 8; r++) {
+        const kp_block_q5_K *x = (const kp_block_q5_K *)wr[r] + i;
+        uint8_t sm[16];
+        _mm_storeu_si128((__m128i *)sm, q5k_scales_mins(x->scales));
+        for (int j = 0; j < 8; j++) {
+            sc[j][r] = pack == PACK_VNNI ? sm[j] : pair16(sm[j]);
+            mn[j][r] = pair16(sm[8 + j]);
+        }
+        p->d[r] = half_to_float(x->d);
+        p->dmin[r] = half_to_float(x->dmin);
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)x->qh);
+        for (int c = 0; c < 4; c++) q5k_quants(x, hb, c, &v[2 * c][r], &v[2 * c + 1][r]);
+    }
+    for (int j = 0; j < 8; j++) {
+        transpose8_epi32(v[j]);
+        for (int g = 0; g < 8; g++) _mm256_store_si256(&p->q[j][g], v[j][g]);
+        _mm256_store_si256(&p->sc[j], _mm256_loadu_si256((const __m256i *)sc[j]));
+        _mm256_store_si256(&p->mn[j], _mm256_loadu_si256((const __m256i *)mn[j]));
+    }
+}
+
+/* The activation quants at byte offset off of super-block i of row c,
+ * 4 of them broadcast to every lane. */
+#define K5_A4(ar, c, i, off) _mm256_set1_epi32(load_i32(((const kp_block_q8_K *)(ar)[c] + (i))->qs + (off)))
+
+/* imin of NC activation rows: m_j * (bsums[2j] + bsums[2j+1]) per row. */
+AVX2_INLINE __m256i q5k_imin(const q5k_panel *p, const kp_block_q8_K *y) {
+    __m256i im = _mm256_setzero_si256();
+    UNROLL for (int j = 0; j < 8; j++)
+        im = _mm256_add_epi32(im, _mm256_madd_epi16(_mm256_load_si256(&p->mn[j]), _mm256_set1_epi32(load_i32(&y->bsums[2 * j]))));
+    return im;
+}
+
+/* One AVX2 panel x NC activation rows over super-blocks [i0, i0 + len). */
+AVX2_INLINE void q5k_panel_tile(const q5k_panel *panels, const char *const *ar, int64_t i0, int64_t len, int nr,
+                                float *out, size_t os, int add, const int NC) {
+    __m256 acc[4];
+    UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        const int64_t i = i0 + b;
+        const q5k_panel *p = panels + b;
+        __m256i isum[4], s[4];
+        UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            const __m256i sc = _mm256_load_si256(&p->sc[j]);
+            UNROLL for (int h = 0; h < 2; h++) {
+                UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
+                UNROLL for (int g = 4 * h; g < 4 * h + 4; g++) {
+                    const __m256i w = _mm256_load_si256(&p->q[j][g]);
+                    UNROLL for (int c = 0; c < NC; c++)
+                        s[c] = _mm256_add_epi16(s[c], _mm256_maddubs_epi16(w, K5_A4(ar, c, i, 32 * j + 4 * g)));
+                }
+                UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(s[c], sc));
+            }
+        }
+        const __m256 d8 = _mm256_load_ps(p->d), m8 = _mm256_load_ps(p->dmin);
+        UNROLL for (int c = 0; c < NC; c++) {
+            const kp_block_q8_K *y = (const kp_block_q8_K *)ar[c] + i;
+            const __m256 da = _mm256_set1_ps(y->d);
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(d8, da), acc[c]);
+            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(q5k_imin(p, y)), _mm256_mul_ps(m8, da), acc[c]);
+        }
+    }
+    UNROLL for (int c = 0; c < NC; c++) panel_store(acc[c], out + (size_t)c * os, nr, add);
+}
+
+/* The same with vpdpbusd for the sub-block sums and vpmulld for the scales. */
+VNNI_INLINE void q5k_panel_tile_vnni_nc(const q5k_panel *panels, const char *const *ar, int64_t i0, int64_t len,
+                                        int nr, float *out, size_t os, int add, const int NC) {
+    __m256 acc[4];
+    UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        const int64_t i = i0 + b;
+        const q5k_panel *p = panels + b;
+        __m256i isum[4], s[4];
+        UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
+            UNROLL for (int g = 0; g < 8; g++) {
+                const __m256i w = _mm256_load_si256(&p->q[j][g]);
+                UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_dpbusd_epi32(s[c], w, K5_A4(ar, c, i, 32 * j + 4 * g));
+            }
+            const __m256i sc = _mm256_load_si256(&p->sc[j]);
+            UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(s[c], sc));
+        }
+        const __m256 d8 = _mm256_load_ps(p->d), m8 = _mm256_load_ps(p->dmin);
+        UNROLL for (int c = 0; c < NC; c++) {
+            const kp_block_q8_K *y = (const kp_block_q8_K *)ar[c] + i;
+            __m256i im = _mm256_setzero_si256();
+            UNROLL for (int j = 0; j < 8; j++)
+                im = _mm256_dpwssd_epi32(im, _mm256_load_si256(&p->mn[j]), _mm256_set1_epi32(load_i32(&y->bsums[2 * j])));
+            const __m256 da = _mm256_set1_ps(y->d);
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(d8, da), acc[c]);
+            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im), _mm256_mul_ps(m8, da), acc[c]);
+        }
+    }
+    UNROLL for (int c = 0; c < NC; c++) panel_store(acc[c], out + (size_t)c * os, nr, add);
+}
+
+static VNNI void q5k_panel_tile_vnni(const q5k_panel *panels, const char *const *ar, int64_t i0, int64_t len, int nr,
+                                     float *out, size_t os, int add, int nc) {
+    switch (nc) {
+    case 1: q5k_panel_tile_vnni_nc(panels, ar, i0, len, nr, out, os, add, 1); break;
+    case 2: q5k_panel_tile_vnni_nc(panels, ar, i0, len, nr, out, os, add, 2); break;
+    case 3: q5k_panel_tile_vnni_nc(panels, ar, i0, len, nr, out, os, add, 3); break;
+    default: q5k_panel_tile_vnni_nc(panels, ar, i0, len, nr, out, os, add, 4); break;
+    }
+}
+
+AVX2_INLINE void gemm_q5k_panel(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
+                                size_t a_stride, float *out, size_t out_stride, int pack, q5k_stage *st) {
+    const int64_t nb = n / KP_QK_K;
+    if (nb <= 0) zero_out(nr, nc, out, out_stride);
+    for (int rc0 = 0; rc0 < nr; rc0 += PANEL_RC) {
+        const int rc = nr - rc0 < PANEL_RC ? nr - rc0 : PANEL_RC;
+        const int n_panels = (rc + 7) / 8;
+        for (int64_t i0 = 0; i0 < nb; i0 += K5_KC) {
+            const int64_t len = nb - i0 < K5_KC ? nb - i0 : K5_KC;
+            for (int p = 0; p < n_panels; p++) {
+                const char *wr[8];
+                rows8(w, w_stride, rc0 + 8 * p, nr, wr);
+                for (int64_t b = 0; b < len; b++) q5k_pack(wr, i0 + b, pack, &st->p[p][b]);
+            }
+            const int add = i0 > 0;
+            for (int p = 0; p < n_panels; p++) {
+                const int npr = rc - 8 * p < 8 ? rc - 8 * p : 8;
+                for (int c0 = 0; c0 < nc; c0 += 4) {
+                    const int ncc = nc - c0 < 4 ? nc - c0 : 4;
+                    const char *ar[4];
+                    for (int c = 0; c < ncc; c++) ar[c] = (const char *)a + (size_t)(c0 + c) * a_stride;
+                    float *o = out + (size_t)c0 * out_stride + (size_t)(rc0 + 8 * p);
+                    if (pack == PACK_VNNI) {
+                        q5k_panel_tile_vnni(st->p[p], ar, i0, len, npr, o, out_stride, add, ncc);
+                        continue;
+                    }
+                    switch (ncc) {
+                    case 1: q5k_panel_tile(st->p[p], ar, i0, len, npr, o, out_stride, add, 1); break;
+                    case 2: q5k_panel_tile(st->p[p], ar, i0, len, npr, o, out_stride, add, 2); break;
+                    case 3: q5k_panel_tile(st->p[p], ar, i0, len, npr, o, out_stride, add, 3); break;
+                    default: q5k_panel_tile(st->p[p], ar, i0, len, npr, o, out_stride, add, 4); break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* gemm for Q5_K: panels for many activation rows, else dot_tile's kernel. */
+AVX2_INLINE void gemm_q5k(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a, size_t a_stride,
+                          float *out, size_t out_stride, int pack) {
+    if (nc < PANEL_MIN_COLS) {
+        kp_qmore_avx2_tile_q5_K(n, nr, nc, w, w_stride, a, a_stride, out, out_stride);
+        return;
+    }
+    q5k_stage st __attribute__((aligned(32)));
+    gemm_q5k_panel(n, nr, nc, w, w_stride, a, a_stride, out, out_stride, pack, &st);
+}
+
+AVX2 void kp_qmore_avx2_gemm_q5_K(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
+                                  size_t a_stride, const void *aux, size_t aux_stride, float *out, size_t out_stride) {
+    (void)aux;
+    (void)aux_stride;
+    gemm_q5k(n, nr, nc, w, w_stride, a, a_stride, out, out_stride, PACK_AVX2);
+}
+
+VNNI void kp_qmore_vnni_gemm_q5_K(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
+                                  size_t a_stride, const void *aux, size_t aux_stride, float *out, size_t out_stride) {
+    (void)aux;
+    (void)aux_stride;
+    gemm_q5k(n, nr, nc, w, w_stride, a, a_stride, out, out_stride, PACK_VNNI);
+}
+
+#undef K5_A4
 
 /* ------------------------------------------------------------------------ */
 /* Q8_1 activations                                                          */
 /* ------------------------------------------------------------------------ */
-
 
 AVX2 void kp_qmore_avx2_act_q8_1(const float *x, void *dst, int64_t n) {
     kp_block_q8_1 *y = dst;

@@ -13,9 +13,13 @@
  *     d_w*d_a*sum(q_w*q_a) + m_w*s_a with the stored s);
  *   - error bounds that follow from each quantizer's definition, and a
  *     naive quantizer computed here that Q5_K's search must beat;
+ *   - invariants of quant.h's contract: gemm gives each output bit for
+ *     bit the same value for every shape of call, the same as dot_tile,
+ *     and the same in the avx2 and avx512vnni tables;
  *   - end to end: models written by mkmodel in each type must give logits
  *     close to the same-seed F32 model's, within what the type's weight
- *     error implies, measured against Q8_0 and Q4_0 on the same model.
+ *     error implies, measured against Q8_0 and Q4_0 on the same model,
+ *     and the same logits fed token by token as in one batch.
  * Random inputs use a fresh seed each run (KP_TEST_SEED=<n> replays one);
  * the seed is printed when a check fails.
  */
@@ -193,7 +197,7 @@ static void ref_decode(kp_dtype t, const uint8_t *b, int64_t n, double *out) {
  */
 static double ref_dot(kp_dtype wt, const uint8_t *w, const uint8_t *a, int64_t n, double *mag) {
     const kp_dtype at = kp_vec_dot_type(wt);
-    static double dw[4096], da[4096];
+    static double dw[8192], da[8192];
     double s = 0, m = 0;
     if (at != KP_DTYPE_Q8_1) {
         ref_decode(wt, w, n, dw);
@@ -747,6 +751,222 @@ static void test_vec_dot_and_tiles(void) {
     CHECK(n_tile_checks > 0);
 }
 
+/*
+ * gemm of the SIMD tables, as the forward pass calls it (quant.h's
+ * contract): for every shape of call each output must be, bit for bit,
+ * what a 1 x 1 call computes for it, and what dot_tile computes; the
+ * avx512vnni table must compute what the avx2 table computes; with and
+ * without kp_q8_0_aux rows (Q5_0) the same; and every output must agree
+ * with the float64 dot of the decoded rows, and with the scalar table's
+ * vec_dot, within float rounding. Outputs outside the nr x nc block stay
+ * untouched.
+ *
+ * Lengths: a short one with every nr in 1..19 and nc in 1..21 (across the
+ * kernels' groups of 4 and 8 rows, 2-panel chunks of 16 rows, the switch
+ * to repacked panels at 8 activation rows and the staging of 16), and
+ * 4352 elements (across the K chunks of 2048 and 1536 elements) with a
+ * list of shapes at various offsets. Besides Gaussian rows the inputs hold
+ * rows at the integer extremes: weights with every quant at its largest
+ * or smallest value, activations with every quant at -128 or 127, where
+ * int16 intermediate sums come closest to overflowing.
+ */
+
+/* Weight row r of type wt: rows 0 and 1 have every quant at its largest
+ * and its smallest value (Q5_K: every scale and min 63), row 2 positive
+ * values (a large "+ m"); the others quantized Gaussian values. */
+static void gemm_weight_row(kp_dtype wt, int r, uint8_t *dst, int64_t n, float *xf) {
+    if (r >= 2) {
+        gauss_row(xf, n, 0.05f);
+        if (r == 2)
+            for (int64_t i = 0; i < n; i++) xf[i] = fabsf(xf[i]) + 0.02f;
+        CHECK(kp_quantize_row(wt, xf, dst, n));
+        return;
+    }
+    for (int64_t ib = 0; ib < n / block_elems(wt); ib++) {
+        uint8_t *p = dst + ib * block_bytes(wt);
+        memset(p, r == 0 ? 0xFF : 0x00, block_bytes(wt));
+        if (wt == KP_DTYPE_Q5_K) memset(p + 4, 0xFF, 12);
+        put_half(p, rng_gauss() * 0.01f);
+        if (wt != KP_DTYPE_Q5_0) put_half(p + 2, rng_gauss() * 0.01f); /* m or dmin */
+    }
+}
+
+/* Activation row c for weight type wt: rows 0 and 1 have every quant at
+ * -128 and at 127, row 2 each quant at either, at random (with consistent
+ * block sums: Q8_1's s, Q8_K's bsums); row 3 Gaussian values plus an
+ * offset (large block sums); the others Gaussian values, all through the
+ * scalar table's quantize_act. */
+static void gemm_act_row(kp_dtype wt, int c, uint8_t *dst, int64_t n, float *xf) {
+    const kp_dtype at = kp_vec_dot_type(wt);
+    if (c >= 3) {
+        gauss_row(xf, n, 1.0f);
+        if (c == 3)
+            for (int64_t i = 0; i < n; i++) xf[i] += 0.7f;
+        kp_kernels_scalar()->quantize_act[wt](xf, dst, n);
+        return;
+    }
+    const int be = block_elems(at);
+    for (int64_t ib = 0; ib < n / be; ib++) {
+        uint8_t *p = dst + ib * block_bytes(at);
+        int8_t q[256];
+        int sum = 0;
+        for (int e = 0; e < be; e++) {
+            q[e] = (int8_t)(c == 0 ? -128 : c == 1 ? 127 : (rng_u64() >> 20 & 1) ? 127 : -128);
+            sum += q[e];
+        }
+        const float d = kp_fp16_to_fp32(kp_fp32_to_fp16(0.01f + 0.01f * (float)rng_unit()));
+        if (at == KP_DTYPE_Q8_K) { /* [float d][int8 x256][int16 bsums x16], little-endian */
+            memcpy(p, &d, 4);
+            memcpy(p + 4, q, 256);
+            for (int j = 0; j < 16; j++) {
+                int bs = 0;
+                for (int e = 0; e < 16; e++) bs += q[16 * j + e];
+                p[260 + 2 * j] = (uint8_t)(bs & 0xFF);
+                p[261 + 2 * j] = (uint8_t)((bs >> 8) & 0xFF);
+            }
+        } else if (at == KP_DTYPE_Q8_1) { /* [half d][half s][int8 x32] */
+            put_half(p, d);
+            put_half(p + 2, d * (float)sum);
+            memcpy(p + 4, q, 32);
+        } else { /* Q8_0: [half d][int8 x32] */
+            put_half(p, d);
+            memcpy(p + 2, q, 32);
+        }
+    }
+}
+
+static void test_gemm(void) {
+    enum { R = 19, C = 21, OS = 23, NBIG = 4352 };
+    static const int shapes[][4] = {/* nr, nc, first row, first column */
+                                    {1, 1, 0, 0},  {1, 21, 0, 0}, {4, 4, 0, 0},   {5, 1, 3, 7},   {3, 7, 2, 3},
+                                    {16, 8, 0, 0}, {17, 9, 1, 2}, {19, 21, 0, 0}, {8, 16, 11, 5}, {7, 8, 0, 13},
+                                    {19, 17, 0, 4}, {2, 20, 17, 1}, {9, 13, 10, 8}};
+    const kp_kernels *tabs[2] = {kp_kernels_avx2(), kp_kernels_avx512vnni()};
+    if (!tabs[0]) {
+        printf("quant_more: no AVX2 on this CPU, gemm not tested\n");
+        return;
+    }
+    static float xf[NBIG], single[2][R * C], plain[R * C], out[C * OS];
+    static kp_q8_0_aux aux[C][NBIG / 32];
+    static double want[R * C], mag[R * C];
+    int n_shapes = 0;
+    for (int ti = 0; ti < N_NEW; ti++) {
+        const kp_dtype wt = new_types[ti], at = kp_vec_dot_type(wt);
+        for (int li = 0; li < 2; li++) {
+            const int64_t n = li == 0 ? (block_elems(wt) == 32 ? 96 : 256) : NBIG;
+            /* row strides padded, kept a multiple of the blocks' alignment */
+            const size_t wrs = kp_dtype_row_size(wt, n) + 6, ars = kp_dtype_row_size(at, n) + 4;
+            uint8_t *w = malloc(R * wrs), *a = malloc(C * ars);
+            CHECK(w && a);
+            if (!w || !a) {
+                free(w);
+                free(a);
+                return;
+            }
+            for (int r = 0; r < R; r++) gemm_weight_row(wt, r, w + r * wrs, n, xf);
+            for (int c = 0; c < C; c++) {
+                gemm_act_row(wt, c, a + c * ars, n, xf);
+                if (at == KP_DTYPE_Q8_0) kp_q8_0_aux_row(a + c * ars, aux[c], n);
+            }
+            for (int r = 0; r < R; r++)
+                for (int c = 0; c < C; c++) want[r * C + c] = ref_dot(wt, w + r * wrs, a + c * ars, n, &mag[r * C + c]);
+            const double rel = 1e-5 + 4e-7 * sqrt((double)n);
+
+            for (int k = 0; k < 2; k++) {
+                const kp_kernels *K = tabs[k];
+                if (!K) continue;
+                CHECK_MSG(K->gemm[wt] != NULL, "%s has no gemm for %s", K->name, kp_dtype_name(wt));
+                if (!K->gemm[wt]) continue;
+                for (int with_aux = 0; with_aux <= (at == KP_DTYPE_Q8_0); with_aux++) {
+                    const void *ax = with_aux ? (const void *)aux : NULL;
+                    const size_t axs = with_aux ? sizeof aux[0] : 0;
+                    /* each output alone */
+                    float *one = with_aux ? plain : single[k];
+                    int bad = 0;
+                    for (int r = 0; r < R; r++)
+                        for (int c = 0; c < C; c++) {
+                            const int ix = r * C + c;
+                            K->gemm[wt](n, 1, 1, w + r * wrs, wrs, a + c * ars, ars,
+                                        ax ? (const char *)ax + c * axs : NULL, axs, &one[ix], 1);
+                            bad += !(fabs(one[ix] - want[ix]) <= rel * mag[ix]);
+                        }
+                    CHECK_MSG(bad == 0, "%s %s n=%lld gemm 1 x 1%s: %d of %d wrong", K->name, kp_dtype_name(wt),
+                              (long long)n, with_aux ? " with aux" : "", bad, R * C);
+                    if (with_aux)
+                        CHECK_MSG(memcmp(plain, single[k], sizeof plain) == 0, "%s %s n=%lld: gemm with aux differs",
+                                  K->name, kp_dtype_name(wt), (long long)n);
+                    /* every shape of call reproduces them */
+                    const int n_sweep = li == 0 ? R * C : (int)(sizeof shapes / sizeof shapes[0]);
+                    for (int si = 0; si < n_sweep; si++) {
+                        int nr, nc, r0, c0;
+                        if (li == 0) { /* every nr, nc, at offsets that vary with them */
+                            nr = 1 + si / C;
+                            nc = 1 + si % C;
+                            r0 = (7 * nr) % (R - nr + 1);
+                            c0 = (5 * nc) % (C - nc + 1);
+                        } else {
+                            nr = shapes[si][0];
+                            nc = shapes[si][1];
+                            r0 = shapes[si][2];
+                            c0 = shapes[si][3];
+                        }
+                        for (int i = 0; i < C * OS; i++) out[i] = -12345.0f;
+                        K->gemm[wt](n, nr, nc, w + r0 * wrs, wrs, a + c0 * ars, ars,
+                                    ax ? (const char *)ax + c0 * axs : NULL, axs, out, OS);
+                        int not_same = 0, clobbered = 0;
+                        for (int c = 0; c < C; c++)
+                            for (int r = 0; r < OS; r++) {
+                                const float v = out[c * OS + r];
+                                if (c < nc && r < nr) not_same += memcmp(&v, &single[k][(r0 + r) * C + c0 + c], sizeof v) != 0;
+                                else clobbered += v != -12345.0f;
+                            }
+                        n_shapes++;
+                        CHECK_MSG(not_same == 0 && clobbered == 0,
+                                  "%s %s n=%lld gemm %dx%d at (%d,%d)%s: %d outputs differ from 1 x 1 calls, %d clobbered",
+                                  K->name, kp_dtype_name(wt), (long long)n, nr, nc, r0, c0, with_aux ? " with aux" : "",
+                                  not_same, clobbered);
+                    }
+                }
+                /* dot_tile (shared by both tables): every 1..4 x 1..4 and one call over everything */
+                for (int si = 0; si < 17; si++) {
+                    const int nr = si < 16 ? 1 + si / 4 : R, nc = si < 16 ? 1 + si % 4 : C;
+                    const int r0 = si < 16 ? (3 * si) % (R - nr + 1) : 0, c0 = si < 16 ? (5 * si) % (C - nc + 1) : 0;
+                    for (int i = 0; i < C * OS; i++) out[i] = -12345.0f;
+                    K->dot_tile[wt](n, nr, nc, w + r0 * wrs, wrs, a + c0 * ars, ars, out, OS);
+                    int not_same = 0, clobbered = 0;
+                    for (int c = 0; c < C; c++)
+                        for (int r = 0; r < OS; r++) {
+                            const float v = out[c * OS + r];
+                            if (c < nc && r < nr) not_same += memcmp(&v, &single[k][(r0 + r) * C + c0 + c], sizeof v) != 0;
+                            else clobbered += v != -12345.0f;
+                        }
+                    CHECK_MSG(not_same == 0 && clobbered == 0,
+                              "%s %s n=%lld dot_tile %dx%d at (%d,%d): %d outputs differ from gemm, %d clobbered",
+                              K->name, kp_dtype_name(wt), (long long)n, nr, nc, r0, c0, not_same, clobbered);
+                }
+            }
+            if (tabs[1] && tabs[1]->gemm[wt])
+                CHECK_MSG(memcmp(single[0], single[1], sizeof single[0]) == 0, "%s n=%lld: avx2 and %s gemm differ",
+                          kp_dtype_name(wt), (long long)n, tabs[1]->name);
+            /* and the scalar table, within float rounding */
+            int bad = 0;
+            for (int r = 0; r < R; r++)
+                for (int c = 0; c < C; c++) {
+                    float s0;
+                    kp_kernels_scalar()->vec_dot[wt](n, &s0, w + r * wrs, a + c * ars);
+                    bad += !(fabs(s0 - single[0][r * C + c]) <= 2 * rel * mag[r * C + c]);
+                }
+            CHECK_MSG(bad == 0, "%s n=%lld: %d gemm outputs differ from the scalar vec_dot", kp_dtype_name(wt),
+                      (long long)n, bad);
+            free(w);
+            free(a);
+        }
+    }
+    printf("quant_more: %d gemm calls checked bit for bit against 1 x 1 calls (%s)\n", n_shapes,
+           tabs[1] ? "avx2 and avx512vnni" : "avx2");
+    CHECK(n_shapes > 0);
+}
+
 static void test_api(void) {
     CHECK_EQ_INT(kp_vec_dot_type(KP_DTYPE_Q5_0), KP_DTYPE_Q8_0);
     CHECK_EQ_INT(kp_vec_dot_type(KP_DTYPE_Q4_1), KP_DTYPE_Q8_1);
@@ -755,13 +975,15 @@ static void test_api(void) {
     CHECK_EQ_INT(kp_vec_dot_type(KP_DTYPE_Q8_1), KP_DTYPE_COUNT_); /* no weight type */
     for (int ti = 0; ti < N_NEW; ti++) CHECK(kp_dtype_get(new_types[ti])->has_kernels);
     CHECK(!kp_dtype_get(KP_DTYPE_Q8_1)->has_kernels);
-    const kp_kernels *tabs[2] = {kp_kernels_scalar(), kp_kernels_avx2()};
-    for (int k = 0; k < 2; k++) {
+    const kp_kernels *tabs[3] = {kp_kernels_scalar(), kp_kernels_avx2(), kp_kernels_avx512vnni()};
+    for (int k = 0; k < 3; k++) {
         if (!tabs[k]) continue;
         for (int ti = 0; ti < N_NEW; ti++) {
             const kp_dtype t = new_types[ti];
             CHECK_MSG(tabs[k]->quantize_act[t] && tabs[k]->vec_dot[t] && tabs[k]->dot_tile[t], "%s: %s entries",
                       tabs[k]->name, kp_dtype_name(t));
+            /* whole-block kernels in the SIMD tables (the scalar one covers them with dot_tile) */
+            if (k > 0) CHECK_MSG(tabs[k]->gemm[t] != NULL, "%s: %s gemm", tabs[k]->name, kp_dtype_name(t));
         }
         CHECK(!tabs[k]->vec_dot[KP_DTYPE_Q8_1]);
     }
@@ -809,8 +1031,9 @@ static void rig_close(rig *r) {
 
 enum { E2E_TOKENS = 24 };
 
-/* Logits of every position of a fixed token sequence; malloc'd, NULL on failure. */
-static float *model_logits(const char *path, int *n_vocab) {
+/* Logits of every position of a fixed token sequence, fed as one batch or
+ * (by_token) one token per forward call; malloc'd, NULL on failure. */
+static float *model_logits(const char *path, int *n_vocab, bool by_token) {
     rig r;
     if (!rig_open(&r, path, E2E_TOKENS)) {
         rig_close(&r);
@@ -827,13 +1050,16 @@ static float *model_logits(const char *path, int *n_vocab) {
     }
     kp_kvseq seq = {0};
     kp_kvseq *seqs[1] = {&seq};
-    kp_batch b = {E2E_TOKENS, toks, pos, sq, want, seqs, 1};
     float *out = malloc((size_t)E2E_TOKENS * *n_vocab * sizeof(float));
     kp_error err = {0};
-    if (out && kp_forward_run(r.fw, &b, out, &err) != KP_OK) {
-        fprintf(stderr, "forward %s: %s\n", path, err.msg);
-        free(out);
-        out = NULL;
+    for (int i = 0; out && i < (by_token ? E2E_TOKENS : 1); i++) {
+        const int at = by_token ? i : 0;
+        kp_batch b = {by_token ? 1 : E2E_TOKENS, toks + at, pos + at, sq + at, want + at, seqs, 1};
+        if (kp_forward_run(r.fw, &b, out + (size_t)at * *n_vocab, &err) != KP_OK) {
+            fprintf(stderr, "forward %s: %s\n", path, err.msg);
+            free(out);
+            out = NULL;
+        }
     }
     kp_kvseq_release(&seq, r.kv);
     rig_close(&r);
@@ -906,8 +1132,26 @@ static void test_model_logits(void) {
         CHECK_MSG(st == KP_OK, "mkmodel %s: %s", kp_dtype_name(types[k]), err.msg);
         if (st != KP_OK) continue;
         int nv = 0;
-        logits[k] = model_logits(paths[k], &nv);
+        logits[k] = model_logits(paths[k], &nv, false);
         CHECK_MSG(logits[k] != NULL, "%s model does not run", kp_dtype_name(types[k]));
+        /* decode (gemm with one activation row) computes what the batch computed */
+        float *one = model_logits(paths[k], &nv, true);
+        CHECK_MSG(one != NULL, "%s model does not run token by token", kp_dtype_name(types[k]));
+        if (one && logits[k]) {
+            double worst = 0;
+            for (int i = 0; i < E2E_TOKENS; i++) {
+                double e = 0, ss = 0;
+                for (int v = 0; v < nv; v++) {
+                    const double x = one[(size_t)i * nv + v], y = logits[k][(size_t)i * nv + v];
+                    e += (x - y) * (x - y);
+                    ss += y * y;
+                }
+                worst = fmax(worst, sqrt(e / ss));
+            }
+            CHECK_MSG(worst <= 1e-5, "%s: token by token vs one batch: logits rel L2 %.3g", kp_dtype_name(types[k]),
+                      worst);
+        }
+        free(one);
         if (k == 0) n_vocab = nv;
         if (k > 0) werr[k] = weights_rel_err(paths[0], paths[k]);
     }
@@ -960,6 +1204,7 @@ int main(void) {
     RUN(test_quant_quality);
     RUN(test_nonfinite_inputs);
     RUN(test_vec_dot_and_tiles);
+    RUN(test_gemm);
     RUN(test_model_logits);
     if (harness_failed) fprintf(stderr, "quant_more: random seed was %llu (rerun with KP_TEST_SEED=%llu)\n",
                                 (unsigned long long)seed, (unsigned long long)seed);
