@@ -99,9 +99,6 @@
 #include "quant_impl.h"
 
 #include "quant_avx2_inl.h"
-#define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
-#define VNNI_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
-#define UNROLL _Pragma("GCC unroll 8")
 
 enum { PACK_AVX2, PACK_VNNI }; /* which panel kernels: avx2 or avx512vnni table */
 
@@ -115,31 +112,11 @@ enum { PACK_AVX2, PACK_VNNI }; /* which panel kernels: avx2 or avx512vnni table 
 /* small helpers                                                             */
 /* ------------------------------------------------------------------------ */
 
-AVX2_INLINE float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 AVX2_INLINE int hsum_epi32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
     return _mm_cvtsi128_si32(s);
-}
-
-AVX2_INLINE float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
-
-/* a * b + c, rounded once (as one lane of vfmadd). */
-AVX2_INLINE float fma_ss(float a, float b, float c) {
-    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
-}
-
-AVX2_INLINE int32_t load_i32(const void *p) {
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
 }
 
 /* 16 packed nibble bytes -> 32 bytes in element order (low nibbles, then high). */
@@ -158,63 +135,6 @@ AVX2_INLINE __m256i fifth_bits(const uint8_t qh[4]) {
     const __m256i bit = _mm256_set1_epi64x(0x8040201008040201ll);
     const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
     return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
-}
-
-/* The 8 FP16 values at byte offset off in rows wr[0..7], as floats. */
-AVX2_INLINE __m256 half8_at(const char *const *wr, size_t off) {
-    __m128i h = _mm_cvtsi32_si128(*(const uint16_t *)(wr[0] + off));
-    h = _mm_insert_epi16(h, *(const uint16_t *)(wr[1] + off), 1);
-    h = _mm_insert_epi16(h, *(const uint16_t *)(wr[2] + off), 2);
-    h = _mm_insert_epi16(h, *(const uint16_t *)(wr[3] + off), 3);
-    h = _mm_insert_epi16(h, *(const uint16_t *)(wr[4] + off), 4);
-    h = _mm_insert_epi16(h, *(const uint16_t *)(wr[5] + off), 5);
-    h = _mm_insert_epi16(h, *(const uint16_t *)(wr[6] + off), 6);
-    h = _mm_insert_epi16(h, *(const uint16_t *)(wr[7] + off), 7);
-    return _mm256_cvtph_ps(h);
-}
-
-/* 8 x 8 transpose of int32: afterwards v[g] holds lane g of every input
- * vector, in input order. */
-AVX2_INLINE void transpose8_epi32(__m256i v[8]) {
-    __m256i t[8], u[8];
-    UNROLL for (int i = 0; i < 4; i++) {
-        t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
-    }
-    UNROLL for (int i = 0; i < 2; i++) {
-        u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    UNROLL for (int i = 0; i < 4; i++) {
-        v[i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x20);
-        v[4 + i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x31);
-    }
-}
-
-/* The 8 exact sums of 8 int32 vectors: lane r = sum of the lanes of v[r]. */
-AVX2_INLINE __m256i fold8_epi32(const __m256i v[8]) {
-    const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
-}
-
-/* Writes (add = 0) or adds (add = 1) lanes 0..nr-1 of acc to o[0..nr). */
-AVX2_INLINE void panel_store(__m256 acc, float *o, int nr, int add) {
-    if (nr == 8) {
-        _mm256_storeu_ps(o, add ? _mm256_add_ps(acc, _mm256_loadu_ps(o)) : acc);
-    } else {
-        float tmp[8];
-        _mm256_storeu_ps(tmp, acc);
-        for (int r = 0; r < nr; r++) o[r] = add ? o[r] + tmp[r] : tmp[r];
-    }
-}
-
-/* out[c*os + r] = 0 for r < nr, c < nc: the result of an empty dot product. */
-AVX2_INLINE void zero_out(int nr, int nc, float *out, size_t os) {
-    for (int c = 0; c < nc; c++)
-        for (int r = 0; r < nr; r++) out[(size_t)c * os + (size_t)r] = 0.0f;
 }
 
 /* Row pointers of weight rows r0 .. r0+7, rows past nr repeating row nr-1
