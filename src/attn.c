@@ -1,12 +1,26 @@
 /*
- * attn.c - attention inner loops, scalar and AVX2 (see attn.h).
+ * attn.c - attention inner loops in portable C, the workspace size of a
+ * tile, and the choice of table (see attn.h; the AVX2 table lives in
+ * attn_avx2.c). No state; the tables are constant.
  *
- * The AVX2 versions keep one K row (converted from F16 with F16C) in
- * registers while computing the G dot products, and one V row while
- * updating the G accumulators. Head sizes that are not a multiple of 8
- * use the scalar code. No state; the tables are constant.
+ * Scalar tile workspace (M = n_tok * G rows, hd = head size), in floats:
+ *
+ *   offset                 size      what
+ *   0                      M * hd    q, row by row (a copy of the queries)
+ *   M*hd                   M * hd    o, running weighted sums of V
+ *   2*M*hd                 M         m, running max
+ *   2*M*hd + M             M         l, running sum of exp
+ *   2*M*hd + 2M            STEP      s: one row's scores, then weights
+ *   ... + STEP             STEP*hd   K rows of the step as F32 (F16 steps)
+ *   ... + STEP*hd          STEP*hd   V rows of the step as F32 (F16 steps)
+ *
+ * kp_attn_tile_floats returns the largest size any table needs (the AVX2
+ * layouts are drawn in attn_avx2.c).
  */
 #include "attn.h"
+
+#include <math.h>
+#include <string.h>
 
 #include "quant.h"
 
@@ -48,134 +62,141 @@ static void accum_f16_c(int hd, int G, const float *w, int64_t w_stride, const u
         }
 }
 
-static const kp_attn_kernels attn_scalar = {"scalar", scores_f32_c, scores_f16_c, accum_f32_c,
-                                            accum_f16_c};
+/* ---- tiles --------------------------------------------------------------- */
+
+size_t kp_attn_tile_floats(int hd, int n_rows) {
+    /* the AVX-512 query-lane layout is the largest: rows padded to a
+     * multiple of 48 (at least 48), [hd][Mp] queries and sums, 4 per-row
+     * vectors, [STEP][Mp] scores, [STEP][hd] K and V, each part rounded up
+     * to 16 floats */
+    size_t Mp = ((size_t)(n_rows < 8 ? 8 : n_rows) + 47) / 48 * 48;
+    size_t h = (size_t)hd;
+    return 2 * h * Mp + 4 * Mp + KP_ATTN_STEP * Mp + 2 * KP_ATTN_STEP * h + 16 * 12;
+}
+
+typedef struct {
+    int M;
+    float *q, *o, *m, *l, *s, *kf, *vf;
+} scalar_ws;
+
+static scalar_ws scalar_layout(const kp_attn_tile *t) {
+    scalar_ws w;
+    size_t M = (size_t)t->n_tok * t->G, hd = (size_t)t->hd;
+    w.M = (int)M;
+    w.q = t->ws;
+    w.o = w.q + M * hd;
+    w.m = w.o + M * hd;
+    w.l = w.m + M;
+    w.s = w.l + M;
+    w.kf = w.s + KP_ATTN_STEP;
+    w.vf = w.kf + KP_ATTN_STEP * hd;
+    return w;
+}
+
+static void tile_begin_c(kp_attn_tile *t, const float *q, int64_t q_stride) {
+    scalar_ws w = scalar_layout(t);
+    int hd = t->hd;
+    for (int r = 0; r < w.M; r++) {
+        memcpy(w.q + (size_t)r * hd, q + (r / t->G) * q_stride + (r % t->G) * hd, (size_t)hd * sizeof(float));
+        memset(w.o + (size_t)r * hd, 0, (size_t)hd * sizeof(float));
+        w.m[r] = -INFINITY;
+        w.l[r] = 0;
+    }
+}
+
+static void tile_step_f32_c(kp_attn_tile *t, const float *k, const float *v, int n_keys, int32_t key_pos) {
+    scalar_ws w = scalar_layout(t);
+    int hd = t->hd;
+    for (int r = 0; r < w.M; r++) {
+        int64_t lim = (int64_t)t->pos0 + r / t->G - key_pos + 1; /* keys this row sees */
+        int nvis = lim < 0 ? 0 : lim > n_keys ? n_keys : (int)lim;
+        if (nvis == 0) continue;
+        const float *qr = w.q + (size_t)r * hd;
+        float *o = w.o + (size_t)r * hd;
+        float mold = w.m[r], mx = mold;
+        for (int j = 0; j < nvis; j++) {
+            float s = 0;
+            for (int d = 0; d < hd; d++) s += qr[d] * k[(size_t)j * hd + d];
+            w.s[j] = s * t->scale;
+            mx = w.s[j] > mx ? w.s[j] : mx;
+        }
+        float a = mx == mold ? 1.0f : expf(mold - mx), sum = 0;
+        for (int j = 0; j < nvis; j++) {
+            w.s[j] = expf(w.s[j] - mx);
+            sum += w.s[j];
+        }
+        float l = w.l[r] * a + sum;
+        if (a != 1.0f)
+            for (int d = 0; d < hd; d++) o[d] *= a;
+        for (int j = 0; j < nvis; j++)
+            for (int d = 0; d < hd; d++) o[d] += w.s[j] * v[(size_t)j * hd + d];
+        w.m[r] = mx;
+        w.l[r] = l;
+    }
+}
+
+static void tile_step_f16_c(kp_attn_tile *t, const uint16_t *k, const uint16_t *v, int n_keys,
+                            int32_t key_pos) {
+    scalar_ws w = scalar_layout(t);
+    kp_fp16_to_fp32_row(k, w.kf, (int64_t)n_keys * t->hd);
+    kp_fp16_to_fp32_row(v, w.vf, (int64_t)n_keys * t->hd);
+    tile_step_f32_c(t, w.kf, w.vf, n_keys, key_pos);
+}
+
+static void tile_end_c(const kp_attn_tile *t, float *out, int64_t out_stride) {
+    scalar_ws w = scalar_layout(t);
+    int hd = t->hd;
+    for (int r = 0; r < w.M; r++) {
+        float inv = 1.0f / w.l[r];
+        float *dst = out + (r / t->G) * out_stride + (r % t->G) * hd;
+        for (int d = 0; d < hd; d++) dst[d] = w.o[(size_t)r * hd + d] * inv;
+    }
+}
+
+static void tile_partial_c(const kp_attn_tile *t, float *part) {
+    scalar_ws w = scalar_layout(t);
+    int hd = t->hd;
+    for (int r = 0; r < w.M; r++) {
+        float *p = part + (size_t)r * (hd + 2);
+        p[0] = w.m[r];
+        p[1] = w.l[r];
+        memcpy(p + 2, w.o + (size_t)r * hd, (size_t)hd * sizeof(float));
+    }
+}
+
+static void exp_row_c(const float *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = expf(x[i]);
+}
+
+static void swiglu_row_c(float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) gate[i] = gate[i] * up[i] / (1.0f + expf(-gate[i]));
+}
+
+static const kp_attn_kernels attn_scalar = {
+    .name = "scalar",
+    .tile_begin = tile_begin_c,
+    .tile_step_f32 = tile_step_f32_c,
+    .tile_step_f16 = tile_step_f16_c,
+    .tile_end = tile_end_c,
+    .tile_partial = tile_partial_c,
+    .exp_row = exp_row_c,
+    .swiglu_row = swiglu_row_c,
+    .scores_f32 = scores_f32_c,
+    .scores_f16 = scores_f16_c,
+    .accum_f32 = accum_f32_c,
+    .accum_f16 = accum_f16_c,
+};
 
 const kp_attn_kernels *kp_attn_scalar(void) { return &attn_scalar; }
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define MAX_HD_VEC 32 /* head_dim up to 256 in registers-by-loop */
-
-AVX2 static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-AVX2 static inline __m256 load_row(const float *p) { return _mm256_loadu_ps(p); }
-AVX2 static inline __m256 load_row_h(const uint16_t *p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-}
-
-/* 4 dot products reduced at once: lane sums of a0..a3 -> one __m128. */
-AVX2 static inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-    __m256 s01 = _mm256_hadd_ps(a0, a1), s23 = _mm256_hadd_ps(a2, a3);
-    __m256 s = _mm256_hadd_ps(s01, s23); /* lanes: 0 1 2 3 | 0 1 2 3 (two halves) */
-    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-}
-
-/* Scores, 4 rows at a time: each q vector load serves 4 rows and the four
- * sums are reduced together. LOAD converts 8 elements of a row. */
-#define SCORES_BODY(LOAD)                                                                 \
-    if (hd % 8 || hd / 8 > MAX_HD_VEC) {                                                  \
-        SCALAR(hd, G, q, k, n_rows, scale, out, out_stride);                              \
-        return;                                                                           \
-    }                                                                                     \
-    int nv = hd / 8;                                                                      \
-    __m128 vscale = _mm_set1_ps(scale);                                                   \
-    int64_t i = 0;                                                                        \
-    for (; i + 4 <= n_rows; i += 4) {                                                     \
-        for (int g = 0; g < G; g++) {                                                     \
-            const float *qg = q + g * hd;                                                 \
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                   \
-            for (int j = 0; j < nv; j++) {                                                \
-                __m256 qj = _mm256_loadu_ps(qg + 8 * j);                                  \
-                a0 = _mm256_fmadd_ps(LOAD(k + (i + 0) * hd + 8 * j), qj, a0);             \
-                a1 = _mm256_fmadd_ps(LOAD(k + (i + 1) * hd + 8 * j), qj, a1);             \
-                a2 = _mm256_fmadd_ps(LOAD(k + (i + 2) * hd + 8 * j), qj, a2);             \
-                a3 = _mm256_fmadd_ps(LOAD(k + (i + 3) * hd + 8 * j), qj, a3);             \
-            }                                                                             \
-            _mm_storeu_ps(out + g * out_stride + i, _mm_mul_ps(hsum4(a0, a1, a2, a3), vscale)); \
-        }                                                                                 \
-    }                                                                                     \
-    for (; i < n_rows; i++)                                                               \
-        for (int g = 0; g < G; g++) {                                                     \
-            const float *qg = q + g * hd;                                                 \
-            __m256 a0 = _mm256_setzero_ps();                                              \
-            for (int j = 0; j < nv; j++)                                                  \
-                a0 = _mm256_fmadd_ps(LOAD(k + i * hd + 8 * j), _mm256_loadu_ps(qg + 8 * j), a0); \
-            out[g * out_stride + i] = hsum(a0) * scale;                                   \
-        }
-
-#define SCALAR scores_f32_c
-AVX2 static void scores_f32_avx2(int hd, int G, const float *q, const float *k, int64_t n_rows,
-                                 float scale, float *out, int64_t out_stride) {
-    SCORES_BODY(load_row)
-}
-#undef SCALAR
-#define SCALAR scores_f16_c
-AVX2 static void scores_f16_avx2(int hd, int G, const float *q, const uint16_t *k, int64_t n_rows,
-                                 float scale, float *out, int64_t out_stride) {
-    SCORES_BODY(load_row_h)
-}
-#undef SCALAR
-
-/* Accumulation with the accumulators in registers: 4 vectors (32 dims) of
- * up to 3 heads at a time (12 registers), rows streaming through. */
-#define ACCUM_BODY(LOAD)                                                                  \
-    if (hd % 32) {                                                                        \
-        SCALAR(hd, G, w, w_stride, v, n_rows, acc);                                       \
-        return;                                                                           \
-    }                                                                                     \
-    for (int g0 = 0; g0 < G; g0 += 3) {                                                   \
-        int gn = G - g0 < 3 ? G - g0 : 3;                                                 \
-        for (int j0 = 0; j0 < hd; j0 += 32) {                                             \
-            __m256 c[3][4];                                                               \
-            for (int g = 0; g < gn; g++)                                                  \
-                for (int u = 0; u < 4; u++)                                               \
-                    c[g][u] = _mm256_loadu_ps(acc + (g0 + g) * hd + j0 + 8 * u);          \
-            for (int64_t i = 0; i < n_rows; i++) {                                        \
-                __m256 r0 = LOAD(v + i * hd + j0), r1 = LOAD(v + i * hd + j0 + 8);         \
-                __m256 r2 = LOAD(v + i * hd + j0 + 16), r3 = LOAD(v + i * hd + j0 + 24);   \
-                for (int g = 0; g < gn; g++) {                                            \
-                    __m256 wi = _mm256_broadcast_ss(w + (g0 + g) * w_stride + i);         \
-                    c[g][0] = _mm256_fmadd_ps(wi, r0, c[g][0]);                           \
-                    c[g][1] = _mm256_fmadd_ps(wi, r1, c[g][1]);                           \
-                    c[g][2] = _mm256_fmadd_ps(wi, r2, c[g][2]);                           \
-                    c[g][3] = _mm256_fmadd_ps(wi, r3, c[g][3]);                           \
-                }                                                                         \
-            }                                                                             \
-            for (int g = 0; g < gn; g++)                                                  \
-                for (int u = 0; u < 4; u++)                                               \
-                    _mm256_storeu_ps(acc + (g0 + g) * hd + j0 + 8 * u, c[g][u]);          \
-        }                                                                                 \
-    }
-
-#define SCALAR accum_f32_c
-AVX2 static void accum_f32_avx2(int hd, int G, const float *w, int64_t w_stride, const float *v,
-                                int64_t n_rows, float *acc) {
-    ACCUM_BODY(load_row)
-}
-#undef SCALAR
-#define SCALAR accum_f16_c
-AVX2 static void accum_f16_avx2(int hd, int G, const float *w, int64_t w_stride, const uint16_t *v,
-                                int64_t n_rows, float *acc) {
-    ACCUM_BODY(load_row_h)
-}
-#undef SCALAR
-
-static const kp_attn_kernels attn_avx2 = {"avx2", scores_f32_avx2, scores_f16_avx2, accum_f32_avx2,
-                                          accum_f16_avx2};
-
 const kp_attn_kernels *kp_attn_best(void) {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &attn_avx2;
-    return &attn_scalar;
-}
-#else
-const kp_attn_kernels *kp_attn_best(void) { return &attn_scalar; }
+    /* kp_kernels_avx2 checks AVX2, FMA and F16C without writing shared state */
+    const kp_attn_kernels *a = NULL;
+    if (kp_kernels_avx2()) {
+#if defined(__x86_64__)
+        if (__builtin_cpu_supports("avx512f")) a = kp_attn_avx512_table();
 #endif
+        if (!a) a = kp_attn_avx2_table();
+    }
+    return a ? a : &attn_scalar;
+}

@@ -2,9 +2,46 @@
  * attn.h - the inner loops of attention over cached K/V rows (floor 1:
  * kernels; pure functions on plain arrays).
  *
- * One call handles a run of consecutive cached positions of one kv-head for
- * the G query heads that share it (grouped-query attention), so each K or V
- * row is loaded and converted from F16 once for all G heads:
+ * Tiles (what the forward pass uses). A tile is n_tok consecutive tokens of
+ * one sequence and the G query heads that share one kv-head (grouped-query
+ * attention): M = n_tok * G query rows, row r = (token r / G, head r % G).
+ * Token i sits at position pos0 + i and sees the cached positions
+ * <= pos0 + i (causal). The caller streams the cached K/V rows of that
+ * kv-head through the tile in steps of at most KP_ATTN_STEP consecutive
+ * positions; each K and V row is loaded (and converted from F16) once per
+ * step for all M rows. Every row keeps a running max m, a running sum l
+ * and a running weighted sum o of V rows (online softmax), so no row of
+ * scores over the whole context is ever stored:
+ *
+ *   begin:  m = -inf, l = 0, o = 0
+ *   step:   for the visible keys j of the step, in order:
+ *             s_j = dot(q, k_j) * scale        (dot: fused multiply-adds over
+ *                                               d = 0..hd-1 in order, from 0)
+ *           m' = max(m, max_j s_j)
+ *           a  = m' == m ? 1 : exp(m - m')
+ *           p_j = exp(s_j - m');  l = l*a + (p_0 + p_1 + ...)  (sum in key
+ *                                                             order, one fma)
+ *           o = o*a, then o += p_j * v_j for j in order (fused)
+ *           m = m'
+ *   end:    out = o * (1 / l)
+ *
+ * Determinism: a row's result depends only on its query, its position, the
+ * cached rows and where the steps start and end, never on the other rows
+ * of the tile or how many there are. Within one table, a token computed
+ * alone (decode) and the same token inside a tile of 16 (prefill) give
+ * bitwise the same output; the forward pass relies on it so that a
+ * sequence's logits do not depend on how it was fed. The avx2 and avx512
+ * tables give the same bits; the scalar table is deterministic in the same
+ * sense but rounds differently. A tile with free_order set may compute
+ * few-row tiles in another summation order (dot products in 8 partial
+ * sums, faster for single-token decode): still within float rounding of
+ * the above, but no longer bitwise equal to a larger tile.
+ *
+ * exp is computed by the table's exp_row (the scalar table: expf).
+ *
+ * Row kernels (the older interface; the forward pass now uses tiles): one
+ * call handles a run of consecutive cached positions of one kv-head for
+ * the G query heads that share it:
  *
  *   scores:  out[g*out_stride + i] = scale * dot(q[g*hd .. +hd], K[i*hd .. +hd])
  *   accum:   acc[g*hd + j] += sum_i w[g*w_stride + i] * V[i*hd + j]
@@ -18,8 +55,60 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Most cached positions one tile step takes. */
+#define KP_ATTN_STEP 16
+
+/* One tile in flight. The caller fills every field before tile_begin and
+ * leaves them alone until it has the results (tile_end, tile_partial; both
+ * may be called); ws is the kernel's workspace (query
+ * copy, running state, converted K/V of one step): at least
+ * kp_attn_tile_floats(hd, n_tok * G) floats, borrowed, 64-byte alignment
+ * recommended. */
+typedef struct {
+    int hd;          /* head size, >= 1 */
+    int G;           /* query heads per kv-head, >= 1 */
+    int n_tok;       /* tokens in the tile, >= 1 */
+    int32_t pos0;    /* position of the tile's first token */
+    float scale;     /* score scale, usually 1/sqrt(hd) */
+    bool free_order; /* true: a tile of few rows may sum in another order
+                        (faster, see above); for tiles whose results are
+                        merged with others anyway */
+    float *ws;
+} kp_attn_tile;
+
+/* Workspace floats a tile of n_rows query rows needs, for every table. */
+size_t kp_attn_tile_floats(int hd, int n_rows);
+
 typedef struct {
     const char *name;
+    /* ---- tiles (see the top of this file) ---- */
+    /* Starts a tile: row r's query is q[(r / G) * q_stride + (r % G) * hd
+     * .. + hd] (the G heads of a token are contiguous). q is copied. */
+    void (*tile_begin)(kp_attn_tile *t, const float *q, int64_t q_stride);
+    /* One step: n_keys (1..KP_ATTN_STEP) consecutive cached positions
+     * key_pos .. key_pos + n_keys - 1, their K rows k[j*hd .. +hd] and V rows
+     * v[j*hd .. +hd]. Only these rows are read. A row that sees none of
+     * the positions is left unchanged. */
+    void (*tile_step_f32)(kp_attn_tile *t, const float *k, const float *v, int n_keys, int32_t key_pos);
+    void (*tile_step_f16)(kp_attn_tile *t, const uint16_t *k, const uint16_t *v, int n_keys,
+                          int32_t key_pos);
+    /* Writes row r's attention output, normalized, to out[(r / G) *
+     * out_stride + (r % G) * hd .. + hd]. Every row must have seen at least
+     * one position. */
+    void (*tile_end)(const kp_attn_tile *t, float *out, int64_t out_stride);
+    /* Writes row r's unnormalized state to part[r * (hd + 2) ..]: m, l, then
+     * o[hd] (for merging tiles that cover different positions of the same
+     * rows). A row that saw nothing has m = -inf, l = 0, o = 0. */
+    void (*tile_partial)(const kp_attn_tile *t, float *part);
+    /* y[i] = e^x[i] for i < n (x may equal y). SIMD tables: at most 2 ulp
+     * from e^x for x in [-87.3, 88]; 0 below about -87.34 (no subnormal
+     * results), and for -inf. */
+    void (*exp_row)(const float *x, float *y, int64_t n);
+    /* gate[i] = silu(gate[i]) * up[i] = gate[i] * up[i] / (1 + e^-gate[i])
+     * for i < n, e^ as exp_row (the SwiGLU of the feed-forward block, the
+     * other exp-heavy loop of a layer). */
+    void (*swiglu_row)(float *gate, const float *up, int64_t n);
+    /* ---- row kernels ---- */
     void (*scores_f32)(int hd, int G, const float *q, const float *k, int64_t n_rows, float scale,
                        float *out, int64_t out_stride);
     void (*scores_f16)(int hd, int G, const float *q, const uint16_t *k, int64_t n_rows, float scale,
@@ -32,8 +121,16 @@ typedef struct {
 
 /* Portable C; always available. */
 const kp_attn_kernels *kp_attn_scalar(void);
-/* AVX2+FMA+F16C when the CPU has them and hd is a multiple of 8 is handled
- * inside (other hd fall back per call), else the scalar table. */
+/* The AVX2+FMA+F16C table, without checking the CPU; NULL when kvpin is not
+ * built for x86-64. Head sizes that are not a multiple of 8 fall back to the
+ * scalar code inside it. */
+const kp_attn_kernels *kp_attn_avx2_table(void);
+/* The same with the prefill (many-row) tile loops on 16-lane AVX-512F
+ * vectors; its results equal the AVX2 table's bit for bit. NULL when not
+ * built for x86-64; the CPU is not checked. */
+const kp_attn_kernels *kp_attn_avx512_table(void);
+/* The AVX-512 table when the CPU has AVX-512F, AVX2, FMA and F16C, else the
+ * AVX2 table when it has the last three, else the scalar one. */
 const kp_attn_kernels *kp_attn_best(void);
 
 #endif

@@ -12,7 +12,7 @@
  *   att     = softmax(q k^T / sqrt(hd)) v  over 0..pos      [n][Q]
  *   x      += att @ wo
  *   xn      = rmsnorm(x) * ffn_norm
- *   x      += (silu(xn @ w_gate) * (xn @ w_up)) @ w_down
+ *   x      += (silu(xn @ w_gate) * (xn @ w_up)) @ w_down       silu with a vector exp
  *
  * then logits = rmsnorm(x) * output_norm @ output for the requested tokens.
  *
@@ -28,13 +28,26 @@
  * computed once per token next to the conversion.
  * Products that share an input (q/k/v, gate/up) run as one parallel region.
  *
- * Attention: the query heads of a GQA group are handled together so each
- * cached K/V row is loaded once per group. In prefill a task is (tile of up
- * to ATT_TILE consecutive tokens of one sequence, kv-head): each block of
- * K/V rows serves the whole tile from L1. When the batch is too small to
- * keep every thread busy (decode), a task is (token, kv-head, chunk of
- * positions) and the chunks' partial softmax results (max, sum, weighted V)
- * are merged afterwards, so long caches are still read by every thread.
+ * Attention (kernels in attn.h: flash-style tiles with an online softmax,
+ * so no row of scores over the whole context is stored): the query heads
+ * of a GQA group are handled together so each cached K/V row is loaded
+ * once per group. In prefill a task is (tile of consecutive tokens of one
+ * sequence, kv-head), about ATT_TILE_ROWS query rows: the cached rows are
+ * streamed through the tile in steps of up to KP_ATTN_STEP positions, and
+ * each step's K/V rows serve the whole tile from L1. Steps start at
+ * positions fixed by the block layout, and the kernels compute every row
+ * independently of its tile, so a token's output is bitwise the same
+ * whatever tile it lands in (prefill of any split, or decode).
+ *
+ *   cached positions of the sequence   0 ......................... pos
+ *   steps (B = 16)                     |16 |16 |16 | ... |16 |16 |..|
+ *   tile of T tokens x G heads         each step: T*G rows x 16 keys
+ *
+ * When the batch is too small to keep every thread busy (decode), a task
+ * is (token, kv-head, chunk of positions) and the chunks' partial softmax
+ * states (max, sum, weighted V) are merged afterwards, so long caches are
+ * still read by every thread; those results are merged anyway, so their
+ * tiles may sum in a faster order (kp_attn_tile.free_order).
  */
 #include "forward.h"
 
@@ -48,7 +61,7 @@
 #define MM_ACT_BYTES (1 << 20) /* activation bytes per matmul task, kept in L2 */
 #define MAX_JOBS 3
 #define ATT_MIN_CHUNK 128
-#define ATT_TILE 8 /* query tokens sharing each loaded K/V block in prefill */
+#define ATT_TILE_ROWS 48 /* query rows (tokens x heads of a group) sharing each K/V step in prefill */
 
 struct kp_forward {
     const kp_model *m;
@@ -64,8 +77,8 @@ struct kp_forward {
     uint8_t *act[KP_DTYPE_COUNT_]; /* converted activations per dot type */
     size_t act_cap[KP_DTYPE_COUNT_];
     /* attention scratch */
-    int64_t cap_scores;          /* floats per thread */
-    float *scores;               /* [n_threads][cap_scores] */
+    float *att_ws;               /* [n_threads][att_ws_floats] tile workspaces, 64-byte aligned */
+    size_t att_ws_floats, att_ws_cap;
     size_t cap_partials;
     float *partials;
     int32_t *tiles;              /* [n_tiles][2]: first token, count */
@@ -101,7 +114,7 @@ void kp_forward_free(kp_forward *f) {
     free(f->x); free(f->xn); free(f->q); free(f->kk); free(f->vv); free(f->att);
     free(f->gate); free(f->up); free(f->rope_cs);
     for (int i = 0; i < KP_DTYPE_COUNT_; i++) free(f->act[i]);
-    free(f->scores);
+    free(f->att_ws);
     free(f->partials);
     free(f->tiles);
     free(f->probe);
@@ -153,7 +166,20 @@ static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float
     for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
-static float silu(float x) { return x / (1.0f + expf(-x)); }
+/* gate = silu(gate) * up, a task per token row, with the attention
+ * table's vector exp. */
+typedef struct {
+    float *gate;
+    const float *up;
+    size_t n_ff;
+    const kp_attn_kernels *ak;
+} swiglu_ctx;
+
+static void swiglu_task(void *vctx, int task, int thread) {
+    (void)thread;
+    swiglu_ctx *c = vctx;
+    c->ak->swiglu_row(c->gate + (size_t)task * c->n_ff, c->up + (size_t)task * c->n_ff, (int64_t)c->n_ff);
+}
 
 /* ---- matrix products ---------------------------------------------------- */
 
@@ -313,14 +339,51 @@ typedef struct {
     kp_forward *f;
     const kp_batch *b;
     uint32_t layer;
-    int n_chunks;        /* position chunks per (token, kv head) */
+    int n_chunks;        /* position chunks per (token, kv head); 1: tiles */
+    int n_tiles;
     float scale;
-    int64_t max_pos;     /* longest context in the batch */
 } att_ctx;
 
-/* Partial result layout per task: for each of the G heads of the group:
- * [max, sum, acc[hd]]. Per-thread scratch: scores [G][len], then one block
- * of rows converted to F32 [block_size][hd]. */
+/* Streams the cached positions [p0, p1) of sequence s (layer, kv-head h)
+ * through tile t. A step ends at a block's end or, inside a block, every
+ * KP_ATTN_STEP rows, so where steps start depends only on the positions:
+ * a token gets the same steps alone (decode) as inside a tile (prefill).
+ * The next step's rows are prefetched: the blocks of a sequence are
+ * scattered over the pool, which the hardware prefetcher cannot guess. */
+static void att_stream(kp_forward *f, kp_attn_tile *t, const kp_kvseq *s, uint32_t layer, uint32_t h,
+                       int64_t p0, int64_t p1) {
+    const kp_kvpool_config *kc = kp_kvpool_config_of(f->kv);
+    const kp_attn_kernels *ak = f->ak;
+    int64_t B = kc->block_size;
+    bool f16 = kc->kv_type == KP_DTYPE_F16;
+    size_t row_bytes = (size_t)t->hd * (f16 ? 2 : 4);
+    for (int64_t p = p0; p < p1;) {
+        int64_t r = p % B, rn = KP_ATTN_STEP - r % KP_ATTN_STEP;
+        if (rn > B - r) rn = B - r;
+        if (rn > p1 - p) rn = p1 - p;
+        int32_t blk = s->blocks[p / B];
+        const uint8_t *k = (const uint8_t *)kp_kvpool_k(f->kv, blk, layer, h) + (size_t)r * row_bytes;
+        const uint8_t *v = (const uint8_t *)kp_kvpool_v(f->kv, blk, layer, h) + (size_t)r * row_bytes;
+        int64_t pn = p + rn;
+        if (pn < p1) {
+            int64_t rr = pn % B, nn = p1 - pn < KP_ATTN_STEP ? p1 - pn : KP_ATTN_STEP;
+            int32_t nb = s->blocks[pn / B];
+            const uint8_t *kn = (const uint8_t *)kp_kvpool_k(f->kv, nb, layer, h) + (size_t)rr * row_bytes;
+            const uint8_t *vn = (const uint8_t *)kp_kvpool_v(f->kv, nb, layer, h) + (size_t)rr * row_bytes;
+            for (size_t o = 0; o < (size_t)nn * row_bytes; o += 64) {
+                __builtin_prefetch(kn + o);
+                __builtin_prefetch(vn + o);
+            }
+        }
+        if (f16) ak->tile_step_f16(t, (const uint16_t *)k, (const uint16_t *)v, (int)rn, (int32_t)p);
+        else ak->tile_step_f32(t, (const float *)k, (const float *)v, (int)rn, (int32_t)p);
+        p = pn;
+    }
+}
+
+/* Decode with few tokens: a task is (token, kv-head, chunk of positions);
+ * it leaves the chunk's partial softmax state in f->partials, per head of
+ * the group: [max, sum, acc[hd]]. */
 static void att_task(void *vctx, int task, int thread) {
     att_ctx *c = vctx;
     kp_forward *f = c->f;
@@ -336,143 +399,44 @@ static void att_task(void *vctx, int task, int thread) {
     int64_t per = (n_pos + c->n_chunks - 1) / c->n_chunks;
     per = (per + B - 1) / B * B;
     int64_t p0 = (int64_t)chunk * per, p1 = p0 + per < n_pos ? p0 + per : n_pos;
-    size_t Qd = (size_t)hp->n_head * hd;
-    float *out_base = f->att + (size_t)t * Qd + (size_t)h * G * hd;
-    float *part = c->n_chunks > 1 ? f->partials + (size_t)task * G * (hd + 2) : NULL;
+    float *part = f->partials + (size_t)task * G * (hd + 2);
     if (p0 >= p1) {
-        if (part)
-            for (int g = 0; g < G; g++) {
-                part[g * (hd + 2)] = -INFINITY;
-                part[g * (hd + 2) + 1] = 0;
-            }
+        for (int g = 0; g < G; g++) {
+            part[g * (hd + 2)] = -INFINITY;
+            part[g * (hd + 2) + 1] = 0;
+        }
         return;
     }
-    int64_t len = p1 - p0;
-    float *sc = f->scores + (size_t)thread * f->cap_scores; /* [G][len] */
-    const kp_attn_kernels *ak = f->ak;
-    const float *qv = f->q + (size_t)t * Qd + (size_t)h * G * hd;
-    bool f16 = kc->kv_type == KP_DTYPE_F16;
-    /* scores = q . k / sqrt(hd), block by block */
-    for (int64_t p = p0; p < p1;) {
-        int32_t blk = s->blocks[p / B];
-        int64_t r = p % B, rn = B - r < p1 - p ? B - r : p1 - p;
-        const void *kr = (const uint8_t *)kp_kvpool_k(f->kv, blk, c->layer, (uint32_t)h) +
-                         (size_t)r * hd * (f16 ? 2 : 4);
-        if (f16) ak->scores_f16(hd, G, qv, kr, rn, c->scale, sc + (p - p0), len);
-        else ak->scores_f32(hd, G, qv, kr, rn, c->scale, sc + (p - p0), len);
-        p += rn;
-    }
-    for (int g = 0; g < G; g++) {
-        float *row = sc + g * len;
-        float mx = -INFINITY;
-        for (int64_t i = 0; i < len; i++) mx = row[i] > mx ? row[i] : mx;
-        double sum = 0;
-        for (int64_t i = 0; i < len; i++) {
-            row[i] = expf(row[i] - mx);
-            sum += row[i];
-        }
-        float *acc = part ? part + g * (hd + 2) + 2 : out_base + g * hd;
-        memset(acc, 0, (size_t)hd * sizeof(float));
-        if (part) {
-            part[g * (hd + 2)] = mx;
-            part[g * (hd + 2) + 1] = (float)sum;
-        } else {
-            float inv = (float)(1.0 / sum);
-            for (int64_t i = 0; i < len; i++) row[i] *= inv;
-        }
-    }
-    /* acc += softmax weight * v */
-    for (int64_t p = p0; p < p1;) {
-        int32_t blk = s->blocks[p / B];
-        int64_t r = p % B, rn = B - r < p1 - p ? B - r : p1 - p;
-        const void *vr = (const uint8_t *)kp_kvpool_v(f->kv, blk, c->layer, (uint32_t)h) +
-                         (size_t)r * hd * (f16 ? 2 : 4);
-        if (part) { /* accumulators are strided by hd + 2 in the partials */
-            for (int g = 0; g < G; g++) {
-                float *acc = part + g * (hd + 2) + 2;
-                if (f16) ak->accum_f16(hd, 1, sc + g * len + (p - p0), len, vr, rn, acc);
-                else ak->accum_f32(hd, 1, sc + g * len + (p - p0), len, vr, rn, acc);
-            }
-        } else if (f16) {
-            ak->accum_f16(hd, G, sc + (p - p0), len, vr, rn, out_base);
-        } else {
-            ak->accum_f32(hd, G, sc + (p - p0), len, vr, rn, out_base);
-        }
-        p += rn;
-    }
+    size_t Qd = (size_t)hp->n_head * hd;
+    /* the chunks are merged, so no summation order is worth keeping */
+    kp_attn_tile at = {.hd = hd, .G = G, .n_tok = 1, .pos0 = c->b->pos[t], .scale = c->scale,
+                       .free_order = true, .ws = f->att_ws + (size_t)thread * f->att_ws_floats};
+    f->ak->tile_begin(&at, f->q + (size_t)t * Qd + (size_t)h * G * hd, (int64_t)Qd);
+    att_stream(f, &at, s, c->layer, (uint32_t)h, p0, p1);
+    f->ak->tile_partial(&at, part);
 }
 
-/* Prefill: a task is (tile of up to ATT_TILE consecutive tokens of one
- * sequence, kv-head). Each block of cached K (then V) rows is loaded once
- * and used by every token of the tile while it sits in L1, instead of being
- * streamed from memory again for every token. Token i of the tile sees
- * positions 0..pos_i (causal). Scratch per thread: [ATT_TILE][G][L] scores,
- * L = the batch's longest context. */
+/* Prefill: a task is (tile of consecutive tokens of one sequence, kv-head);
+ * the tile's T * G query rows (about ATT_TILE_ROWS) share every cached K/V
+ * step while it sits in L1 (see attn.h). Token i of the tile sees positions
+ * 0..pos_i (causal). Tasks go kv-head by kv-head, so the threads share
+ * one head's cached rows in L2 at a time, and within a head the last tiles,
+ * which see the most positions, go first, so the threads finish together. */
 static void att_tile_task(void *vctx, int task, int thread) {
     att_ctx *c = vctx;
     kp_forward *f = c->f;
     const kp_hparams *hp = &f->m->hp;
-    const kp_kvpool_config *kc = kp_kvpool_config_of(f->kv);
-    const kp_attn_kernels *ak = f->ak;
     int hd = (int)hp->head_dim, G = (int)(hp->n_head / hp->n_head_kv);
-    int h = task % (int)hp->n_head_kv;
-    const int32_t *tile = f->tiles + 2 * (task / (int)hp->n_head_kv);
+    int h = task / c->n_tiles;
+    const int32_t *tile = f->tiles + 2 * (c->n_tiles - 1 - task % c->n_tiles);
     int t0 = tile[0], T = tile[1];
     const kp_kvseq *s = c->b->seqs[c->b->seq[t0]];
-    int64_t L = c->max_pos, n_pos = (int64_t)c->b->pos[t0 + T - 1] + 1;
-    uint32_t B = kc->block_size;
-    size_t Qd = (size_t)hp->n_head * hd;
-    bool f16 = kc->kv_type == KP_DTYPE_F16;
-    float *sc = f->scores + (size_t)thread * f->cap_scores; /* [T][G][L] */
-    for (int64_t p = 0; p < n_pos;) {
-        int32_t blk = s->blocks[p / B];
-        int64_t r = p % B, rn = B - r < n_pos - p ? B - r : n_pos - p;
-        const void *kr = (const uint8_t *)kp_kvpool_k(f->kv, blk, c->layer, (uint32_t)h) +
-                         (size_t)r * hd * (f16 ? 2 : 4);
-        for (int i = 0; i < T; i++) {
-            int64_t lim = (int64_t)c->b->pos[t0 + i] + 1 - p; /* rows this token may see */
-            if (lim <= 0) continue;
-            int64_t m = rn < lim ? rn : lim;
-            const float *qv = f->q + (size_t)(t0 + i) * Qd + (size_t)h * G * hd;
-            float *dst = sc + (size_t)i * G * L + p;
-            if (f16) ak->scores_f16(hd, G, qv, kr, m, c->scale, dst, L);
-            else ak->scores_f32(hd, G, qv, kr, m, c->scale, dst, L);
-        }
-        p += rn;
-    }
-    for (int i = 0; i < T; i++) {
-        int64_t len = (int64_t)c->b->pos[t0 + i] + 1;
-        float *out = f->att + (size_t)(t0 + i) * Qd + (size_t)h * G * hd;
-        for (int g = 0; g < G; g++) {
-            float *row = sc + ((size_t)i * G + g) * L;
-            float mx = -INFINITY;
-            for (int64_t j = 0; j < len; j++) mx = row[j] > mx ? row[j] : mx;
-            double sum = 0;
-            for (int64_t j = 0; j < len; j++) {
-                row[j] = expf(row[j] - mx);
-                sum += row[j];
-            }
-            float inv = (float)(1.0 / sum);
-            for (int64_t j = 0; j < len; j++) row[j] *= inv;
-            memset(out + g * hd, 0, (size_t)hd * sizeof(float));
-        }
-    }
-    for (int64_t p = 0; p < n_pos;) {
-        int32_t blk = s->blocks[p / B];
-        int64_t r = p % B, rn = B - r < n_pos - p ? B - r : n_pos - p;
-        const void *vr = (const uint8_t *)kp_kvpool_v(f->kv, blk, c->layer, (uint32_t)h) +
-                         (size_t)r * hd * (f16 ? 2 : 4);
-        for (int i = 0; i < T; i++) {
-            int64_t lim = (int64_t)c->b->pos[t0 + i] + 1 - p;
-            if (lim <= 0) continue;
-            int64_t m = rn < lim ? rn : lim;
-            float *out = f->att + (size_t)(t0 + i) * Qd + (size_t)h * G * hd;
-            const float *w = sc + (size_t)i * G * L + p;
-            if (f16) ak->accum_f16(hd, G, w, L, vr, m, out);
-            else ak->accum_f32(hd, G, w, L, vr, m, out);
-        }
-        p += rn;
-    }
+    size_t Qd = (size_t)hp->n_head * hd, off = (size_t)h * G * hd;
+    kp_attn_tile at = {.hd = hd, .G = G, .n_tok = T, .pos0 = c->b->pos[t0], .scale = c->scale,
+                       .ws = f->att_ws + (size_t)thread * f->att_ws_floats};
+    f->ak->tile_begin(&at, f->q + (size_t)t0 * Qd + off, (int64_t)Qd);
+    att_stream(f, &at, s, c->layer, (uint32_t)h, 0, (int64_t)c->b->pos[t0 + T - 1] + 1);
+    f->ak->tile_end(&at, f->att + (size_t)t0 * Qd + off, (int64_t)Qd);
 }
 
 /* Merges the chunk partials of each (token, kv head) into f->att. */
@@ -519,27 +483,32 @@ static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_
         if (n_chunks > by_len) n_chunks = (int)by_len;
         if (n_chunks < 1) n_chunks = 1;
     }
-    int64_t need_scores = (int64_t)G * max_pos * (n_chunks == 1 ? ATT_TILE : 1);
-    if (need_scores > f->cap_scores) {
-        float *ns = realloc(f->scores, (size_t)need_scores * f->n_threads * sizeof(float));
-        if (!ns) return kp_fail(err, KP_ENOMEM, "out of memory for attention scores");
-        f->scores = ns;
-        f->cap_scores = need_scores;
+    int tile_tokens = ATT_TILE_ROWS / G < 1 ? 1 : ATT_TILE_ROWS / G;
+    /* per-thread workspace, a multiple of 16 floats so each one starts on
+     * a cache line */
+    size_t ws = (kp_attn_tile_floats(hd, n_chunks == 1 ? tile_tokens * G : G) + 15) & ~(size_t)15;
+    if (ws * f->n_threads > f->att_ws_cap) {
+        free(f->att_ws);
+        f->att_ws_cap = 0;
+        f->att_ws = aligned_alloc(64, ws * f->n_threads * sizeof(float));
+        if (!f->att_ws) return kp_fail(err, KP_ENOMEM, "out of memory for attention workspace");
+        f->att_ws_cap = ws * f->n_threads;
     }
+    f->att_ws_floats = ws;
     if (n_chunks > 1) {
         size_t need = (size_t)base_tasks * n_chunks * G * (hd + 2) * sizeof(float);
         if (!grow((void **)&f->partials, &f->cap_partials, need))
             return kp_fail(err, KP_ENOMEM, "out of memory for attention partials");
     }
-    att_ctx c = {f, b, layer, n_chunks, 1.0f / sqrtf((float)hd), max_pos};
+    att_ctx c = {f, b, layer, n_chunks, 0, 1.0f / sqrtf((float)hd)};
     if (n_chunks == 1) {
-        /* tiles: runs of consecutive tokens of one sequence, at most ATT_TILE */
+        /* tiles: runs of consecutive tokens of one sequence, at most tile_tokens */
         if (!grow((void **)&f->tiles, &f->cap_tiles, (size_t)b->n_tokens * 2 * sizeof(int32_t)))
             return kp_fail(err, KP_ENOMEM, "out of memory for attention tiles");
         int n_tiles = 0;
         for (int t = 0; t < b->n_tokens;) {
             int T = 1;
-            while (T < ATT_TILE && t + T < b->n_tokens && b->seq[t + T] == b->seq[t] &&
+            while (T < tile_tokens && t + T < b->n_tokens && b->seq[t + T] == b->seq[t] &&
                    b->pos[t + T] == b->pos[t] + T)
                 T++;
             f->tiles[2 * n_tiles] = t;
@@ -547,11 +516,12 @@ static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_
             n_tiles++;
             t += T;
         }
+        c.n_tiles = n_tiles;
         kp_pool_run(f->threads, att_tile_task, &c, n_tiles * (int)hp->n_head_kv);
         return KP_OK;
     }
     kp_pool_run(f->threads, att_task, &c, base_tasks * n_chunks);
-    if (n_chunks > 1) att_merge(f, b->n_tokens, n_chunks);
+    att_merge(f, b->n_tokens, n_chunks);
     return KP_OK;
 }
 
@@ -702,7 +672,9 @@ kp_status kp_forward_run(kp_forward *f, const kp_batch *b, float *logits_out, kp
         for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->x + t * E, L->ffn_norm, (int64_t)E, hp->rms_eps);
         mm_job gu[2] = {{&L->w_gate, f->gate}, {&L->w_up, f->up}};
         if ((st = matmul(f, f->xn, n, 2, gu, err)) != KP_OK) return st;
-        for (size_t i = 0; i < (size_t)n * F; i++) f->gate[i] = silu(f->gate[i]) * f->up[i];
+        swiglu_ctx sw = {f->gate, f->up, F, f->ak};
+        if (n >= 4) kp_pool_run(f->threads, swiglu_task, &sw, n);
+        else for (int t = 0; t < n; t++) swiglu_task(&sw, t, 0);
         mm_job d = {&L->w_down, f->xn};
         if ((st = matmul(f, f->gate, n, 1, &d, err)) != KP_OK) return st;
         for (size_t i = 0; i < (size_t)n * E; i++) f->x[i] += f->xn[i];

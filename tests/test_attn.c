@@ -1,8 +1,19 @@
 /*
  * test_attn.c - attention inner loops (src/attn.h) against a float64
- * computation, for both tables, F32 and F16 rows, every G up to 8, head
- * sizes with and without the vector path, and row counts around the 4-row
- * unrolling.
+ * computation, for every table this CPU can run (scalar, avx2, avx512):
+ *
+ * - row kernels: F32 and F16 rows, every G up to 8, head sizes with and
+ *   without the vector path, row counts around the 4-row unrolling;
+ * - exp_row against exp() in double: 2 ulp, 0 below the normal range;
+ *   swiglu_row against float64;
+ * - tiles: random head sizes (also ones that are not a multiple of 8, which
+ *   fall back to scalar code), G, tile sizes (few-row and many-row
+ *   layouts, padding rows), positions, block sizes (partial steps), F32
+ *   and F16 K/V, both summation orders, normalized and partial results,
+ *   each step's rows in a buffer of their exact size (ASan sees over-reads);
+ * - determinism: a tile's rows equal, bit for bit, the same rows computed
+ *   in smaller tiles or one token at a time, and the avx2 and avx512
+ *   tables agree bit for bit.
  */
 #include <stdint.h>
 #include <time.h>
@@ -72,10 +83,294 @@ static void check_table(const kp_attn_kernels *a) {
 static void test_scalar(void) { check_table(kp_attn_scalar()); }
 static void test_best(void) { check_table(kp_attn_best()); }
 
+/* The tables this CPU can run, scalar first. */
+static int tables(const kp_attn_kernels *out[3]) {
+    int n = 0;
+    out[n++] = kp_attn_scalar();
+#if defined(__x86_64__)
+    if (kp_kernels_avx2() && kp_attn_avx2_table()) {
+        out[n++] = kp_attn_avx2_table();
+        if (__builtin_cpu_supports("avx512f") && kp_attn_avx512_table()) out[n++] = kp_attn_avx512_table();
+    }
+#endif
+    return n;
+}
+
+static uint32_t urand(uint32_t n) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng >> 33) % n;
+}
+
+/* ---- exp ------------------------------------------------------------------ */
+
+static void check_exp(const kp_attn_kernels *a) {
+    enum { N = 4099 }; /* not a multiple of the vector width */
+    float *x = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) x[i] = (float)(-90.0 + 95.0 * (frand() + 1.0) / 2.0);
+    static const float special[] = {0.0f, -0.0f, -1e-30f, 1e-30f, -0.34657359f, 0.34657359f, -87.3f,
+                                    -87.33f, -87.34f, -87.5f, -100.0f, -1e30f, 1.0f, 20.0f};
+    size_t ns = sizeof special / sizeof *special;
+    for (size_t i = 0; i < ns; i++) x[i] = special[i];
+    x[ns] = -INFINITY;
+    a->exp_row(x, y, N);
+    double worst_ulp = 0;
+    for (int i = 0; i < N; i++) {
+        double e = exp((double)x[i]);
+        if (x[i] >= -87.3f) {
+            double ulp = (double)nextafterf((float)e, INFINITY) - (float)e;
+            double d = fabs(y[i] - e) / ulp;
+            worst_ulp = d > worst_ulp ? d : worst_ulp;
+            CHECK_MSG(d <= 2.0, "%s exp(%.9g) = %.9g, want %.9g (%.2f ulp)", a->name, x[i], y[i], e, d);
+        } else if (x[i] < -87.34f) {
+            CHECK_MSG(y[i] >= 0 && y[i] < 1.2e-38f, "%s exp(%.9g) = %.9g", a->name, x[i], y[i]);
+        }
+    }
+    CHECK(y[0] == 1.0f && y[1] == 1.0f);
+    CHECK(y[ns] == 0.0f); /* -inf */
+    /* in place */
+    memcpy(y, x, N * sizeof(float));
+    a->exp_row(y, y, 7);
+    float z[7];
+    a->exp_row(x, z, 7);
+    CHECK(memcmp(y, z, sizeof z) == 0);
+    printf("  %s exp: worst %.2f ulp\n", a->name, worst_ulp);
+    free(x);
+    free(y);
+}
+
+/* swiglu_row against float64: a few roundings of the result (the
+ * product, the exp, the sum and the quotient), or 1e-35 absolute where
+ * gate < -88 (e^-gate saturates, e^88, or overflows to inf: the result is
+ * below 2e-36 either way). */
+static void check_swiglu(const kp_attn_kernels *a) {
+    enum { N = 1031 };
+    float *g = malloc(N * sizeof(float)), *u = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) {
+        g[i] = (float)(i % 5 == 0 ? 100.0 * frand() : 8.0 * frand());
+        u[i] = 3.0f * frand();
+    }
+    g[0] = 0.0f, g[1] = -100.0f, g[2] = 100.0f, g[3] = -88.5f;
+    memcpy(y, g, N * sizeof(float));
+    a->swiglu_row(y, u, N);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        double ref = (double)g[i] * u[i] / (1.0 + exp(-(double)g[i]));
+        double d = fabs(y[i] - ref) / (fabs(ref) + 1e-30);
+        if (g[i] > -80) worst = d > worst ? d : worst;
+        CHECK_MSG(fabs(y[i] - ref) <= 6e-7 * fabs(ref) + 1e-35, "%s swiglu(%.9g, %.9g) = %.9g, want %.9g", a->name,
+                  g[i], u[i], y[i], ref);
+    }
+    printf("  %s swiglu: worst rel %.3g\n", a->name, worst);
+    free(g);
+    free(u);
+    free(y);
+}
+
+static void test_exp(void) {
+    const kp_attn_kernels *ts[3];
+    int n = tables(ts);
+    for (int i = 0; i < n; i++) {
+        check_exp(ts[i]);
+        check_swiglu(ts[i]);
+    }
+}
+
+/* ---- tiles ------------------------------------------------------------------ */
+
+typedef struct {
+    int hd, G, n_tok, B, f16, free_order;
+    int32_t pos0;
+    int n_pos;              /* cached positions 0..n_pos-1, n_pos = pos0 + n_tok */
+    float *q;               /* [n_tok][G * hd] */
+    float *k, *v;           /* [n_pos][hd], values exactly representable in F16 */
+    uint16_t *kh, *vh;
+} tile_case;
+
+static void case_new(tile_case *c, int hd, int G, int n_tok, int32_t pos0, int B, int f16, int free_order) {
+    c->hd = hd, c->G = G, c->n_tok = n_tok, c->pos0 = pos0, c->B = B, c->f16 = f16, c->free_order = free_order;
+    c->n_pos = pos0 + n_tok;
+    size_t nq = (size_t)n_tok * G * hd, nkv = (size_t)c->n_pos * hd;
+    c->q = malloc(nq * sizeof(float));
+    c->k = malloc(nkv * sizeof(float));
+    c->v = malloc(nkv * sizeof(float));
+    c->kh = malloc(nkv * sizeof(uint16_t));
+    c->vh = malloc(nkv * sizeof(uint16_t));
+    /* larger queries give peaked softmaxes, so the running max moves */
+    float qs = 1.0f + (float)urand(8);
+    for (size_t i = 0; i < nq; i++) c->q[i] = qs * frand();
+    for (size_t i = 0; i < nkv; i++) {
+        c->kh[i] = kp_fp32_to_fp16(frand());
+        c->vh[i] = kp_fp32_to_fp16(frand());
+        c->k[i] = kp_fp16_to_fp32(c->kh[i]);
+        c->v[i] = kp_fp16_to_fp32(c->vh[i]);
+    }
+}
+
+static void case_free(tile_case *c) {
+    free(c->q); free(c->k); free(c->v); free(c->kh); free(c->vh);
+}
+
+/* Runs tokens [t0, t0 + T) of the case as one tile, streaming positions
+ * 0..pos of its last token the way the forward pass does (a step ends at a
+ * block end or every KP_ATTN_STEP rows inside a block), each step's rows
+ * copied into buffers of exactly their size. out: [T][G * hd]; part (may
+ * be NULL): [T * G][hd + 2]. */
+static void run_tile(const kp_attn_kernels *a, const tile_case *c, int t0, int T, float *out, float *part) {
+    int hd = c->hd;
+    size_t ws_n = kp_attn_tile_floats(hd, T * c->G);
+    kp_attn_tile t = {.hd = hd, .G = c->G, .n_tok = T, .pos0 = c->pos0 + t0, .scale = 1.0f / sqrtf((float)hd),
+                      .free_order = c->free_order != 0, .ws = malloc(ws_n * sizeof(float))};
+    a->tile_begin(&t, c->q + (size_t)t0 * c->G * hd, (int64_t)c->G * hd);
+    int64_t p1 = (int64_t)c->pos0 + t0 + T;
+    for (int64_t p = 0; p < p1;) {
+        int64_t r = p % c->B, rn = KP_ATTN_STEP - r % KP_ATTN_STEP;
+        if (rn > c->B - r) rn = c->B - r;
+        if (rn > p1 - p) rn = p1 - p;
+        size_t n = (size_t)rn * hd;
+        if (c->f16) {
+            uint16_t *kb = malloc(n * 2), *vb = malloc(n * 2);
+            memcpy(kb, c->kh + (size_t)p * hd, n * 2);
+            memcpy(vb, c->vh + (size_t)p * hd, n * 2);
+            a->tile_step_f16(&t, kb, vb, (int)rn, (int32_t)p);
+            free(kb);
+            free(vb);
+        } else {
+            float *kb = malloc(n * 4), *vb = malloc(n * 4);
+            memcpy(kb, c->k + (size_t)p * hd, n * 4);
+            memcpy(vb, c->v + (size_t)p * hd, n * 4);
+            a->tile_step_f32(&t, kb, vb, (int)rn, (int32_t)p);
+            free(kb);
+            free(vb);
+        }
+        p += rn;
+    }
+    a->tile_end(&t, out, (int64_t)c->G * hd);
+    if (part) a->tile_partial(&t, part);
+    free(t.ws);
+}
+
+/* float64 attention of row (token i, head g): out[hd], and the partial
+ * state (max score, sum of exp, unnormalized sum). */
+static void ref_row(const tile_case *c, int i, int g, double *out, double *m, double *l) {
+    int hd = c->hd, n = c->pos0 + i + 1;
+    double scale = 1.0 / sqrt((double)hd), mx = -INFINITY, sum = 0;
+    double *s = malloc((size_t)n * sizeof(double));
+    const float *q = c->q + ((size_t)i * c->G + g) * hd;
+    for (int p = 0; p < n; p++) {
+        double d = 0;
+        for (int j = 0; j < hd; j++) d += (double)q[j] * c->k[(size_t)p * hd + j];
+        s[p] = d * (double)(float)scale;
+        mx = s[p] > mx ? s[p] : mx;
+    }
+    for (int j = 0; j < hd; j++) out[j] = 0;
+    for (int p = 0; p < n; p++) {
+        double w = exp(s[p] - mx);
+        sum += w;
+        for (int j = 0; j < hd; j++) out[j] += w * c->v[(size_t)p * hd + j];
+    }
+    *m = mx;
+    *l = sum;
+    free(s);
+}
+
+static void check_tiles(const kp_attn_kernels *a) {
+    static const int hds[] = {8, 16, 24, 32, 40, 64, 72, 128, 256, 4, 12, 20, 36};
+    static const int blocks[] = {1, 3, 5, 8, 16, 32};
+    double worst = 0;
+    for (int trial = 0; trial < 160; trial++) {
+        int hd = hds[urand(sizeof hds / sizeof *hds)];
+        int G = 1 + (int)urand(8);
+        int n_tok = trial % 4 == 0 ? 1 : 1 + (int)urand(20);
+        int32_t pos0 = (int32_t)urand(70);
+        tile_case c;
+        case_new(&c, hd, G, n_tok, pos0, blocks[urand(6)], (int)urand(2), (int)urand(2));
+        size_t W = (size_t)G * hd;
+        float *out = malloc((size_t)n_tok * W * sizeof(float));
+        float *part = malloc((size_t)n_tok * G * (hd + 2) * sizeof(float));
+        run_tile(a, &c, 0, n_tok, out, part);
+        double *ref = malloc((size_t)hd * sizeof(double)), case_worst = 0;
+        for (int i = 0; i < n_tok; i++)
+            for (int g = 0; g < G; g++) {
+                double m, l;
+                ref_row(&c, i, g, ref, &m, &l);
+                const float *o = out + (size_t)i * W + (size_t)g * hd;
+                const float *pp = part + ((size_t)i * G + g) * (hd + 2);
+                /* the partial state is relative to the kernel's own max */
+                double rescale = exp(m - pp[0]);
+                CHECK_MSG(fabs(pp[0] - m) <= 1e-5 * (1 + fabs(m)), "%s partial max %g vs %g", a->name, pp[0], m);
+                CHECK_MSG(fabs(pp[1] - l * rescale) <= 1e-5 * l * rescale, "%s partial sum %g vs %g", a->name,
+                          pp[1], l * rescale);
+                for (int j = 0; j < hd; j++) {
+                    double d = fabs(o[j] - ref[j] / l);
+                    case_worst = d > case_worst ? d : case_worst;
+                    double dp = fabs(pp[2 + j] - ref[j] * rescale);
+                    if (dp > 1e-5 * l * rescale) {
+                        CHECK_MSG(false, "%s partial o[%d] %g vs %g", a->name, j, pp[2 + j], ref[j] * rescale);
+                        break;
+                    }
+                }
+            }
+        CHECK_MSG(case_worst < 1e-5, "%s tile hd=%d G=%d n_tok=%d pos0=%d B=%d f16=%d free=%d: %g", a->name, hd, G,
+                  n_tok, pos0, c.B, c.f16, c.free_order, case_worst);
+        worst = case_worst > worst ? case_worst : worst;
+        free(ref);
+        free(out);
+        free(part);
+        case_free(&c);
+    }
+    printf("  %s tiles: worst |out - float64| %.3g\n", a->name, worst);
+}
+
+static void test_tiles(void) {
+    const kp_attn_kernels *ts[3];
+    int n = tables(ts);
+    for (int i = 0; i < n; i++) check_tiles(ts[i]);
+}
+
+/* A tile's rows are bitwise the rows of smaller tiles (down to one token,
+ * the decode case): both layouts, every table, F32 and F16. */
+static void check_same_bits(const kp_attn_kernels *a, const kp_attn_kernels *other) {
+    static const int shapes[][2] = {{64, 3}, {32, 2}, {24, 1}, {128, 4}, {16, 8}, {12, 3}, {40, 5}};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+        for (int f16 = 0; f16 < 2; f16++) {
+            int hd = shapes[si][0], G = shapes[si][1], T = 2 + (int)urand(19);
+            tile_case c;
+            case_new(&c, hd, G, T, (int32_t)urand(80), (int)(urand(2) ? 16 : 1 + urand(32)), f16, 0);
+            size_t W = (size_t)G * hd;
+            float *whole = malloc((size_t)T * W * sizeof(float)), *split = malloc((size_t)T * W * sizeof(float));
+            run_tile(a, &c, 0, T, whole, NULL);
+            for (int t0 = 0; t0 < T;) { /* random consecutive pieces, often single tokens */
+                int n = urand(3) == 0 ? 1 + (int)urand((uint32_t)(T - t0)) : 1;
+                run_tile(a, &c, t0, n, split + (size_t)t0 * W, NULL);
+                t0 += n;
+            }
+            CHECK_MSG(memcmp(whole, split, (size_t)T * W * sizeof(float)) == 0,
+                      "%s: tile of %d tokens (hd %d, G %d, f16 %d) differs from smaller tiles", a->name, T, hd, G, f16);
+            if (other) {
+                run_tile(other, &c, 0, T, split, NULL);
+                CHECK_MSG(memcmp(whole, split, (size_t)T * W * sizeof(float)) == 0,
+                          "%s and %s differ (hd %d, G %d, f16 %d)", a->name, other->name, hd, G, f16);
+            }
+            free(whole);
+            free(split);
+            case_free(&c);
+        }
+}
+
+static void test_same_bits(void) {
+    const kp_attn_kernels *ts[3];
+    int n = tables(ts);
+    for (int i = 0; i < n; i++) check_same_bits(ts[i], i == 2 ? ts[1] : NULL);
+    if (n < 3) printf("  (no AVX-512 on this CPU: avx2 vs avx512 not compared)\n");
+}
+
 int main(void) {
     rng = (uint64_t)time(NULL);
     printf("test_attn seed %llu, best table %s\n", (unsigned long long)rng, kp_attn_best()->name);
     RUN(test_scalar);
     RUN(test_best);
+    RUN(test_exp);
+    RUN(test_tiles);
+    RUN(test_same_bits);
     return harness_finish("attn");
 }

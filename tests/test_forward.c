@@ -329,6 +329,58 @@ static void test_invariants(void) {
     }
 }
 
+/* Long contexts: single-token decode then splits the cached positions into
+ * chunks across the threads and merges their partial softmaxes, so its
+ * logits equal one-batch prefill only up to float rounding (not bit for
+ * bit, as for short contexts). F32 weights (no activation quantization
+ * that could amplify a rounding flip), 2 threads, positions up to 260
+ * (decode splits past 128); the tolerance is more than 10x the spread
+ * seen (up to 8e-6 with F16 K/V). */
+static void long_context_for(const char *model_path, kp_dtype kv_type, const kp_kernels *k) {
+    enum { N = 260, SPLIT = 100 };
+    rig r;
+    if (!rig_open(&r, harness_path(model_path), kv_type, N, 2, k)) {
+        CHECK_MSG(false, "cannot open %s", model_path);
+        return;
+    }
+    int nv = (int)r.m->hp.n_vocab;
+    int32_t toks[N];
+    for (int i = 0; i < N; i++) toks[i] = (int32_t)(rnd() % nv);
+    float *ref = malloc((size_t)N * nv * sizeof(float)), *got = malloc((size_t)N * nv * sizeof(float));
+    kp_kvseq a = {0};
+    CHECK(feed(&r, &a, toks, N, true, ref));
+    kp_kvseq_release(&a, r.kv);
+    kp_kvseq b = {0};
+    CHECK(feed(&r, &b, toks, SPLIT, true, got));
+    for (int i = SPLIT; i < N; i++) CHECK(feed(&r, &b, toks + i, 1, false, got + (size_t)i * nv));
+    double worst_prefix = 0, worst_decode = 0;
+    for (int i = 0; i < N; i++) {
+        double d = rel_diff(got + (size_t)i * nv, ref + (size_t)i * nv, nv);
+        if (i < SPLIT) worst_prefix = d > worst_prefix ? d : worst_prefix;
+        else worst_decode = d > worst_decode ? d : worst_decode;
+    }
+    /* the prefix batch is a tile-for-tile prefix of the whole batch */
+    CHECK_MSG(worst_prefix == 0, "%s kv %s %s: prefix rel %.3g", model_path, kp_dtype_name(kv_type), k->name,
+              worst_prefix);
+    CHECK_MSG(worst_decode <= 1e-4, "%s kv %s %s: long decode rel %.3g", model_path, kp_dtype_name(kv_type),
+              k->name, worst_decode);
+    printf("  %s kv %s %s: long-context decode vs prefill rel %.3g\n", model_path, kp_dtype_name(kv_type),
+           k->name, worst_decode);
+    kp_kvseq_release(&b, r.kv);
+    CHECK_EQ_INT(kp_kvpool_n_free(r.kv), kp_kvpool_n_blocks(r.kv));
+    free(ref);
+    free(got);
+    rig_close(&r);
+}
+
+static void test_long_context(void) {
+    const kp_kernels *ks[2] = {kp_kernels_scalar(), kp_kernels_best()};
+    for (int i = 0; i < 2; i++) {
+        long_context_for("models/stories260K.gguf", KP_DTYPE_F32, ks[i]);
+        long_context_for("tests/data/models/gen-llama-gqa-f32.gguf", KP_DTYPE_F16, ks[i]);
+    }
+}
+
 /* Scalar and best kernels agree on whole models. Without activation
  * quantization (F32 weights) only the summation order differs; with
  * quantized weights a rounding flip of a quantized activation propagates,
@@ -429,6 +481,7 @@ int main(void) {
     TIMED(test_bad_batches);
     TIMED(test_goldens);
     TIMED(test_invariants);
+    TIMED(test_long_context);
     TIMED(test_scalar_vs_best);
     return harness_finish("forward");
 }
