@@ -24,44 +24,6 @@
 
 #include "quant.h"
 
-static void scores_f32_c(int hd, int G, const float *q, const float *k, int64_t n_rows, float scale,
-                         float *out, int64_t out_stride) {
-    for (int64_t i = 0; i < n_rows; i++)
-        for (int g = 0; g < G; g++) {
-            float s = 0;
-            for (int j = 0; j < hd; j++) s += q[g * hd + j] * k[i * hd + j];
-            out[g * out_stride + i] = s * scale;
-        }
-}
-
-static void scores_f16_c(int hd, int G, const float *q, const uint16_t *k, int64_t n_rows, float scale,
-                         float *out, int64_t out_stride) {
-    for (int64_t i = 0; i < n_rows; i++)
-        for (int g = 0; g < G; g++) {
-            float s = 0;
-            for (int j = 0; j < hd; j++) s += q[g * hd + j] * kp_fp16_to_fp32(k[i * hd + j]);
-            out[g * out_stride + i] = s * scale;
-        }
-}
-
-static void accum_f32_c(int hd, int G, const float *w, int64_t w_stride, const float *v, int64_t n_rows,
-                        float *acc) {
-    for (int64_t i = 0; i < n_rows; i++)
-        for (int g = 0; g < G; g++) {
-            float wi = w[g * w_stride + i];
-            for (int j = 0; j < hd; j++) acc[g * hd + j] += wi * v[i * hd + j];
-        }
-}
-
-static void accum_f16_c(int hd, int G, const float *w, int64_t w_stride, const uint16_t *v,
-                        int64_t n_rows, float *acc) {
-    for (int64_t i = 0; i < n_rows; i++)
-        for (int g = 0; g < G; g++) {
-            float wi = w[g * w_stride + i];
-            for (int j = 0; j < hd; j++) acc[g * hd + j] += wi * kp_fp16_to_fp32(v[i * hd + j]);
-        }
-}
-
 /* ---- tiles --------------------------------------------------------------- */
 
 size_t kp_attn_tile_floats(int hd, int n_rows) {
@@ -181,10 +143,6 @@ static const kp_attn_kernels attn_scalar = {
     .tile_partial = tile_partial_c,
     .exp_row = exp_row_c,
     .swiglu_row = swiglu_row_c,
-    .scores_f32 = scores_f32_c,
-    .scores_f16 = scores_f16_c,
-    .accum_f32 = accum_f32_c,
-    .accum_f16 = accum_f16_c,
 };
 
 const kp_attn_kernels *kp_attn_scalar(void) { return &attn_scalar; }

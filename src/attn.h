@@ -37,16 +37,7 @@
  * sums, faster for single-token decode): still within float rounding of
  * the above, but no longer bitwise equal to a larger tile.
  *
- * exp is computed by the table's exp_row (the scalar table: expf).
- *
- * Row kernels (the older interface; the forward pass now uses tiles): one
- * call handles a run of consecutive cached positions of one kv-head for
- * the G query heads that share it:
- *
- *   scores:  out[g*out_stride + i] = scale * dot(q[g*hd .. +hd], K[i*hd .. +hd])
- *   accum:   acc[g*hd + j] += sum_i w[g*w_stride + i] * V[i*hd + j]
- *
- * for g < G, i < n_rows, j < hd. K and V rows are F32 or F16 (IEEE half).
+ * exp is computed by the table's exp_row (the scalar table: expf). K and V rows are F32 or F16 (IEEE half).
  */
 #ifndef KP_ATTN_H
 #define KP_ATTN_H
@@ -108,15 +99,6 @@ typedef struct {
      * for i < n, e^ as exp_row (the SwiGLU of the feed-forward block, the
      * other exp-heavy loop of a layer). */
     void (*swiglu_row)(float *gate, const float *up, int64_t n);
-    /* ---- row kernels ---- */
-    void (*scores_f32)(int hd, int G, const float *q, const float *k, int64_t n_rows, float scale,
-                       float *out, int64_t out_stride);
-    void (*scores_f16)(int hd, int G, const float *q, const uint16_t *k, int64_t n_rows, float scale,
-                       float *out, int64_t out_stride);
-    void (*accum_f32)(int hd, int G, const float *w, int64_t w_stride, const float *v,
-                      int64_t n_rows, float *acc);
-    void (*accum_f16)(int hd, int G, const float *w, int64_t w_stride, const uint16_t *v,
-                      int64_t n_rows, float *acc);
 } kp_attn_kernels;
 
 /* Portable C; always available. */

@@ -979,88 +979,6 @@ static void tile_partial_avx512(const kp_attn_tile *t, float *part) { tile_parti
 
 #define MAX_HD_VEC 32 /* head_dim up to 256 in registers-by-loop */
 
-/* Scores, 4 rows at a time: each q vector load serves 4 rows and the four
- * sums are reduced together. LOAD converts 8 elements of a row. */
-#define SCORES_BODY(LOAD, SCALAR)                                                         \
-    if (hd % 8 || hd / 8 > MAX_HD_VEC) {                                                  \
-        kp_attn_scalar()->SCALAR(hd, G, q, k, n_rows, scale, out, out_stride);            \
-        return;                                                                           \
-    }                                                                                     \
-    int nv = hd / 8;                                                                      \
-    __m128 vscale = _mm_set1_ps(scale);                                                   \
-    int64_t i = 0;                                                                        \
-    for (; i + 4 <= n_rows; i += 4) {                                                     \
-        for (int g = 0; g < G; g++) {                                                     \
-            const float *qg = q + g * hd;                                                 \
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                   \
-            for (int j = 0; j < nv; j++) {                                                \
-                __m256 qj = _mm256_loadu_ps(qg + 8 * j);                                  \
-                a0 = _mm256_fmadd_ps(LOAD(k + (i + 0) * hd + 8 * j), qj, a0);             \
-                a1 = _mm256_fmadd_ps(LOAD(k + (i + 1) * hd + 8 * j), qj, a1);             \
-                a2 = _mm256_fmadd_ps(LOAD(k + (i + 2) * hd + 8 * j), qj, a2);             \
-                a3 = _mm256_fmadd_ps(LOAD(k + (i + 3) * hd + 8 * j), qj, a3);             \
-            }                                                                             \
-            _mm_storeu_ps(out + g * out_stride + i, _mm_mul_ps(hsum4(a0, a1, a2, a3), vscale)); \
-        }                                                                                 \
-    }                                                                                     \
-    for (; i < n_rows; i++)                                                               \
-        for (int g = 0; g < G; g++) {                                                     \
-            const float *qg = q + g * hd;                                                 \
-            __m256 a0 = _mm256_setzero_ps();                                              \
-            for (int j = 0; j < nv; j++)                                                  \
-                a0 = _mm256_fmadd_ps(LOAD(k + i * hd + 8 * j), _mm256_loadu_ps(qg + 8 * j), a0); \
-            out[g * out_stride + i] = hsum(a0) * scale;                                   \
-        }
-
-AVX2 static void scores_f32_avx2(int hd, int G, const float *q, const float *k, int64_t n_rows,
-                                 float scale, float *out, int64_t out_stride) {
-    SCORES_BODY(load8_f32, scores_f32)
-}
-AVX2 static void scores_f16_avx2(int hd, int G, const float *q, const uint16_t *k, int64_t n_rows,
-                                 float scale, float *out, int64_t out_stride) {
-    SCORES_BODY(load8_f16, scores_f16)
-}
-
-/* Accumulation with the accumulators in registers: 4 vectors (32 dims) of
- * up to 3 heads at a time (12 registers), rows streaming through. */
-#define ACCUM_BODY(LOAD, SCALAR)                                                          \
-    if (hd % 32) {                                                                        \
-        kp_attn_scalar()->SCALAR(hd, G, w, w_stride, v, n_rows, acc);                     \
-        return;                                                                           \
-    }                                                                                     \
-    for (int g0 = 0; g0 < G; g0 += 3) {                                                   \
-        int gn = G - g0 < 3 ? G - g0 : 3;                                                 \
-        for (int j0 = 0; j0 < hd; j0 += 32) {                                             \
-            __m256 c[3][4];                                                               \
-            for (int g = 0; g < gn; g++)                                                  \
-                for (int u = 0; u < 4; u++)                                               \
-                    c[g][u] = _mm256_loadu_ps(acc + (g0 + g) * hd + j0 + 8 * u);          \
-            for (int64_t i = 0; i < n_rows; i++) {                                        \
-                __m256 r0 = LOAD(v + i * hd + j0), r1 = LOAD(v + i * hd + j0 + 8);         \
-                __m256 r2 = LOAD(v + i * hd + j0 + 16), r3 = LOAD(v + i * hd + j0 + 24);   \
-                for (int g = 0; g < gn; g++) {                                            \
-                    __m256 wi = _mm256_broadcast_ss(w + (g0 + g) * w_stride + i);         \
-                    c[g][0] = _mm256_fmadd_ps(wi, r0, c[g][0]);                           \
-                    c[g][1] = _mm256_fmadd_ps(wi, r1, c[g][1]);                           \
-                    c[g][2] = _mm256_fmadd_ps(wi, r2, c[g][2]);                           \
-                    c[g][3] = _mm256_fmadd_ps(wi, r3, c[g][3]);                           \
-                }                                                                         \
-            }                                                                             \
-            for (int g = 0; g < gn; g++)                                                  \
-                for (int u = 0; u < 4; u++)                                               \
-                    _mm256_storeu_ps(acc + (g0 + g) * hd + j0 + 8 * u, c[g][u]);          \
-        }                                                                                 \
-    }
-
-AVX2 static void accum_f32_avx2(int hd, int G, const float *w, int64_t w_stride, const float *v,
-                                int64_t n_rows, float *acc) {
-    ACCUM_BODY(load8_f32, accum_f32)
-}
-AVX2 static void accum_f16_avx2(int hd, int G, const float *w, int64_t w_stride, const uint16_t *v,
-                                int64_t n_rows, float *acc) {
-    ACCUM_BODY(load8_f16, accum_f16)
-}
-
 static const kp_attn_kernels attn_avx2 = {
     .name = "avx2",
     .tile_begin = tile_begin_avx2,
@@ -1070,10 +988,6 @@ static const kp_attn_kernels attn_avx2 = {
     .tile_partial = tile_partial_avx2,
     .exp_row = exp_row_avx2,
     .swiglu_row = swiglu_row_avx2,
-    .scores_f32 = scores_f32_avx2,
-    .scores_f16 = scores_f16_avx2,
-    .accum_f32 = accum_f32_avx2,
-    .accum_f16 = accum_f16_avx2,
 };
 
 static const kp_attn_kernels attn_avx512 = {
@@ -1085,10 +999,6 @@ static const kp_attn_kernels attn_avx512 = {
     .tile_partial = tile_partial_avx512,
     .exp_row = exp_row_avx512,
     .swiglu_row = swiglu_row_avx512,
-    .scores_f32 = scores_f32_avx2,
-    .scores_f16 = scores_f16_avx2,
-    .accum_f32 = accum_f32_avx2,
-    .accum_f16 = accum_f16_avx2,
 };
 
 const kp_attn_kernels *kp_attn_avx2_table(void) { return &attn_avx2; }
