@@ -212,7 +212,7 @@ static void quant_row_q4_0(const float *x, void *dst, int64_t n) {
  * keep the best. Note that `min`, once improved, also moves the later
  * grids (as in llama.cpp). Returns scale; *the_min = -min (>= 0).
  */
-float kp_quant_fit_scale_min(int n, int nmax, const float *x, const float *weights, uint8_t *L,
+static float kp_quant_fit_scale_min(int n, int nmax, const float *x, const float *weights, uint8_t *L,
                              float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep) {
     float min = x[0], max = x[0];
     float sum_w = weights[0];
@@ -279,7 +279,7 @@ float kp_quant_fit_scale_min(int n, int nmax, const float *x, const float *weigh
 /* Q4_K/Q5_K: the 8 sub-block scales and mins as 6-bit integers relative
  * to max_scale / 63 and max_min / 63, packed into 12 bytes (layout table in
  * quant.h), and the two FP16 super-block scales. */
-void kp_quant_k_pack_scales(const float scales[8], const float mins[8], float max_scale,
+static void kp_quant_k_pack_scales(const float scales[8], const float mins[8], float max_scale,
                             float max_min, uint8_t packed[12], uint16_t *d, uint16_t *dmin) {
     const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
     const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
@@ -313,41 +313,44 @@ void kp_quant_q4k_unpack_scales(const uint8_t q[12], uint8_t sc[8], uint8_t m[8]
     }
 }
 
+void kp_quant_k_scales(const float *x, int nmax, float rmin, int nstep, uint8_t L[KP_QK_K],
+                       uint8_t packed[12], uint16_t *d, uint16_t *dmin) {
+    uint8_t Laux[32];
+    float weights[32], mins[KP_QK_K / 32], scales[KP_QK_K / 32];
+    float max_scale = 0, max_min = 0; /* the scales and mins are >= 0 */
+    for (int j = 0; j < KP_QK_K / 32; j++) {
+        const float *xs = x + 32 * j;
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
+        const float av_x = sqrtf(sum_x2 / 32);
+        for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(xs[l]);
+        scales[j] = kp_quant_fit_scale_min(32, nmax, xs, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    kp_quant_k_pack_scales(scales, mins, max_scale, max_min, packed, d, dmin);
+    /* requantize with the scales as stored */
+    uint8_t sc[8], m[8];
+    kp_quant_q4k_unpack_scales(packed, sc, m);
+    const float d_all = kp_fp16_to_fp32(*d), dmin_all = kp_fp16_to_fp32(*dmin);
+    for (int j = 0; j < KP_QK_K / 32; j++) {
+        const float dj = d_all * sc[j];
+        if (!dj) continue;
+        const float dm = dmin_all * m[j];
+        for (int ii = 0; ii < 32; ii++) {
+            const int l = nearest_int((x[32 * j + ii] + dm) / dj);
+            L[32 * j + ii] = (uint8_t)imax(0, imin(nmax, l));
+        }
+    }
+}
+
 static void quant_row_q4_K(const float *x, void *dst, int64_t n) {
     kp_block_q4_K *y = dst;
     const int64_t nb = n / KP_QK_K;
-    uint8_t L[KP_QK_K], Laux[32];
-    float weights[32], mins[KP_QK_K / 32], scales[KP_QK_K / 32];
+    uint8_t L[KP_QK_K];
 
     for (int64_t i = 0; i < nb; i++, x += KP_QK_K) {
-        float max_scale = 0, max_min = 0; /* the scales and mins are >= 0 */
-        for (int j = 0; j < KP_QK_K / 32; j++) {
-            const float *xs = x + 32 * j;
-            float sum_x2 = 0;
-            for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
-            const float av_x = sqrtf(sum_x2 / 32);
-            for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(xs[l]);
-            scales[j] = kp_quant_fit_scale_min(32, 15, xs, weights, L + 32 * j, &mins[j], Laux, -1.f,
-                                          0.1f, 20);
-            if (scales[j] > max_scale) max_scale = scales[j];
-            if (mins[j] > max_min) max_min = mins[j];
-        }
-
-        kp_quant_k_pack_scales(scales, mins, max_scale, max_min, y[i].scales, &y[i].d, &y[i].dmin);
-
-        /* requantize with the scales as stored */
-        uint8_t sc[8], m[8];
-        kp_quant_q4k_unpack_scales(y[i].scales, sc, m);
-        const float d_all = kp_fp16_to_fp32(y[i].d), dmin_all = kp_fp16_to_fp32(y[i].dmin);
-        for (int j = 0; j < KP_QK_K / 32; j++) {
-            const float d = d_all * sc[j];
-            if (!d) continue;
-            const float dm = dmin_all * m[j];
-            for (int ii = 0; ii < 32; ii++) {
-                const int l = nearest_int((x[32 * j + ii] + dm) / d);
-                L[32 * j + ii] = (uint8_t)imax(0, imin(15, l));
-            }
-        }
+        kp_quant_k_scales(x, 15, -1.f, 20, L, y[i].scales, &y[i].d, &y[i].dmin);
 
         uint8_t *q = y[i].qs;
         for (int j = 0; j < KP_QK_K; j += 64, q += 32)

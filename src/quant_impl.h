@@ -53,12 +53,13 @@ _Static_assert(sizeof(kp_block_q8_K) == 292, "Q8_K block is 292 bytes");
 /* Q4_K: unpacks the 12 packed bytes into sc[8] (scales) and m[8] (mins). */
 void kp_quant_q4k_unpack_scales(const uint8_t packed[12], uint8_t sc[8], uint8_t m[8]);
 
-/* Q4_K/Q5_K quantizer pieces shared with quant_more.c (see quant.c):
- * llama.cpp's make_qkx2_quants sub-block fit, and the 6-bit scale packing. */
-float kp_quant_fit_scale_min(int n, int nmax, const float *x, const float *weights, uint8_t *L,
-                             float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep);
-void kp_quant_k_pack_scales(const float scales[8], const float mins[8], float max_scale,
-                            float max_min, uint8_t packed[12], uint16_t *d, uint16_t *dmin);
+/* The Q4_K/Q5_K quantizer part both types share (quant.c; llama.cpp's
+ * make_qkx2_quants sub-block fit and 6-bit scale packing): fits the 8 sub-blocks of x[0..256)
+ * (levels 0..nmax, llama.cpp's rmin and nstep for the type), packs the
+ * scales and mins, and writes the levels L requantized with the scales as
+ * stored. Q4_K: nmax 15, rmin -1, nstep 20; Q5_K: 31, -0.5, 15. */
+void kp_quant_k_scales(const float *x, int nmax, float rmin, int nstep, uint8_t L[256],
+                       uint8_t packed[12], uint16_t *d, uint16_t *dmin);
 
 /* Reference row quantizers (quant.c), used by both tables' quantize_act. */
 void kp_quant_row_q8_0(const float *x, void *dst, int64_t n);

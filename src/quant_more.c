@@ -163,38 +163,11 @@ void kp_qmore_quant_row_q8_1(const float *x, void *dst, int64_t n) {
 }
 
 static void quant_row_q5_K(const float *x, kp_block_q5_K *y, int64_t nb) {
-    uint8_t L[KP_QK_K], Laux[32];
-    float weights[32], mins[KP_QK_K / 32], scales[KP_QK_K / 32];
+    uint8_t L[KP_QK_K];
 
     for (int64_t i = 0; i < nb; i++, x += KP_QK_K) {
-        float max_scale = 0, max_min = 0; /* the scales and mins are >= 0 */
-        for (int j = 0; j < KP_QK_K / 32; j++) {
-            const float *xs = x + 32 * j;
-            float sum_x2 = 0;
-            for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
-            const float av_x = sqrtf(sum_x2 / 32);
-            for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(xs[l]);
-            scales[j] = kp_quant_fit_scale_min(32, 31, xs, weights, L + 32 * j, &mins[j], Laux, -0.5f, 0.1f, 15);
-            if (scales[j] > max_scale) max_scale = scales[j];
-            if (mins[j] > max_min) max_min = mins[j];
-        }
-
-        /* 6-bit scales and mins, packed as Q4_K's (quant.h) */
-        kp_quant_k_pack_scales(scales, mins, max_scale, max_min, y[i].scales, &y[i].d, &y[i].dmin);
-
-        /* requantize with the scales as stored */
-        uint8_t sc[8], m[8];
-        kp_quant_q4k_unpack_scales(y[i].scales, sc, m);
-        const float d_all = half(y[i].d), dmin_all = half(y[i].dmin);
-        for (int j = 0; j < KP_QK_K / 32; j++) {
-            const float d = d_all * sc[j];
-            if (!d) continue;
-            const float dm = dmin_all * m[j];
-            for (int ii = 0; ii < 32; ii++) {
-                const int l = nearest_int((x[32 * j + ii] + dm) / d);
-                L[32 * j + ii] = (uint8_t)imax(0, imin(31, l));
-            }
-        }
+        /* sub-block fit, 6-bit scales packed as Q4_K's, requantized as stored */
+        kp_quant_k_scales(x, 31, -0.5f, 15, L, y[i].scales, &y[i].d, &y[i].dmin);
 
         memset(y[i].qh, 0, sizeof y[i].qh);
         uint8_t *ql = y[i].qs;
