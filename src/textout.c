@@ -14,6 +14,8 @@
  */
 #include "textout.h"
 
+#include "buf.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,20 +25,9 @@ struct kp_textout {
     size_t stop_len[KP_TEXTOUT_MAX_STOPS];
     int n_stops;
     bool strip_space, stopped;
-    char *pend, *out;
-    size_t pend_len, pend_cap, out_cap, released;
+    kp_buf pend, out; /* pending text; the bytes the last call released */
+    size_t released;
 };
-
-static bool grow(char **buf, size_t *cap, size_t need) {
-    if (need <= *cap) return true;
-    size_t c = *cap ? *cap : 128;
-    while (c < need) c *= 2;
-    char *nb = realloc(*buf, c);
-    if (!nb) return false;
-    *buf = nb;
-    *cap = c;
-    return true;
-}
 
 kp_status kp_textout_new(kp_textout **out, const tok_vocab *v, const char *const *stops, int n_stops,
                          bool special, bool strip_space, kp_error *err) {
@@ -71,26 +62,26 @@ void kp_textout_free(kp_textout *t) {
     if (!t) return;
     tok_stream_free(t->ts);
     for (int i = 0; i < t->n_stops; i++) free(t->stops[i]);
-    free(t->pend);
-    free(t->out);
+    kp_buf_free(&t->pend);
+    kp_buf_free(&t->out);
     free(t);
 }
 
 /* Bytes of pending safe to release; sets stopped on a whole stop string. */
 static size_t scan(kp_textout *t) {
-    size_t safe = t->pend_len;
+    size_t safe = t->pend.len;
     for (int i = 0; i < t->n_stops; i++) {
         const char *s = t->stops[i];
         size_t sl = t->stop_len[i];
-        const char *found = t->pend_len ? memmem(t->pend, t->pend_len, s, sl) : NULL;
+        const char *found = t->pend.len ? memmem(t->pend.data, t->pend.len, s, sl) : NULL;
         if (found) {
             t->stopped = true;
-            if ((size_t)(found - t->pend) < safe) safe = (size_t)(found - t->pend);
+            if ((size_t)(found - t->pend.data) < safe) safe = (size_t)(found - t->pend.data);
             continue;
         }
         for (size_t k = sl - 1; k > 0; k--) /* longest suffix of pending that begins s */
-            if (k <= t->pend_len && !memcmp(t->pend + t->pend_len - k, s, k)) {
-                if (t->pend_len - k < safe) safe = t->pend_len - k;
+            if (k <= t->pend.len && !memcmp(t->pend.data + t->pend.len - k, s, k)) {
+                if (t->pend.len - k < safe) safe = t->pend.len - k;
                 break;
             }
     }
@@ -100,11 +91,12 @@ static size_t scan(kp_textout *t) {
 /* Moves pending[0..n) to out. */
 static void release(kp_textout *t, size_t n, const char **text, size_t *len) {
     if (n == 0) return;
-    memcpy(t->out, t->pend, n);
-    memmove(t->pend, t->pend + n, t->pend_len - n);
-    t->pend_len -= n;
+    kp_buf_clear(&t->out);
+    if (!kp_buf_put(&t->out, t->pend.data, n)) return; /* out of memory: held back for now */
+    memmove(t->pend.data, t->pend.data + n, t->pend.len - n);
+    t->pend.len -= n;
     t->released += n;
-    *text = t->out;
+    *text = t->out.data;
     *len = n;
 }
 
@@ -113,10 +105,10 @@ static kp_status append(kp_textout *t, const char *b, size_t n, kp_error *err) {
         if (b[0] == ' ') b++, n--;
         t->strip_space = false;
     }
-    if (!grow(&t->pend, &t->pend_cap, t->pend_len + n + 1) || !grow(&t->out, &t->out_cap, t->pend_len + n + 1))
+    if (!kp_buf_put(&t->pend, b, n)) {
+        t->pend.oom = false;
         return kp_fail(err, KP_ENOMEM, "out of memory for generated text");
-    if (n) memcpy(t->pend + t->pend_len, b, n);
-    t->pend_len += n;
+    }
     return KP_OK;
 }
 
@@ -146,7 +138,7 @@ void kp_textout_finish(kp_textout *t, const char **text, size_t *n) {
     tok_stream_flush(t->ts, &b, &nb);
     kp_error err;
     if (append(t, b, nb, &err) != KP_OK) nb = 0; /* out of memory: release what is held */
-    release(t, t->pend_len, text, n);
+    release(t, t->pend.len, text, n);
 }
 
 size_t kp_textout_released(const kp_textout *t) { return t->released; }
