@@ -447,7 +447,6 @@ AVX2_INLINE void tile_legacy(int64_t n, int nr, int nc, const void *w, size_t w_
  * the caller's aux, or are computed per call for PANEL_CC activation rows
  * at a time and reused by every panel of the call.
  */
-#define PREFETCH_BLOCKS 4 /* blocks ahead panel_pack prefetches in each row */
 #define PANEL_RC 16 /* weight rows repacked per chunk: 2 panels (16 KiB each) */
 _Static_assert(PANEL_RC == 16, "the VNNI tile takes the two panels of a chunk together");
 #define PANEL_CC 16 /* activation rows with computed aux at a time */
@@ -467,10 +466,7 @@ AVX2_INLINE void panel_pack(const char *const *wr, int64_t ib0, int64_t len, int
     for (int64_t b = 0; b < len; b++) {
         __m256i v[8];
         for (int r = 0; r < 8; r++) {
-            /* 8 row streams at once: ask for each row's data a few blocks early
-             * (batched decode reads the weights from DRAM; 312 -> 370 tok/s for
-             * 8 streams on the 135M Q8_0 shape) */
-            _mm_prefetch(wr[r] + (size_t)(ib0 + b + PREFETCH_BLOCKS) * blk, _MM_HINT_T0);
+            pack_prefetch(wr[r], (size_t)(ib0 + b) * blk, blk);
             v[r] = legacy_quants(wr[r], ib0 + b, kind);
             if (pack == PACK_VNNI)
                 v[r] = kind == WQ8_0 ? _mm256_xor_si256(v[r], _mm256_set1_epi8((char)0x80))

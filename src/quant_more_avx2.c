@@ -333,6 +333,7 @@ AVX2_INLINE void leg_pack(const char *const *wr, int64_t ib0, int64_t len, int k
         const int64_t ib = ib0 + b;
         __m256i v[8];
         for (int r = 0; r < 8; r++) {
+            pack_prefetch(wr[r], (size_t)ib * blk, blk);
             v[r] = legacy_quants(wr[r], ib, kind);
             if (pack == PACK_VNNI && kind == WQ5_0) v[r] = _mm256_slli_epi16(v[r], 3); /* 8q <= 248: no carry */
         }
