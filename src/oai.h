@@ -17,7 +17,9 @@
  * temperature [0,2], top_p [0,1], top_k >= 0, min_p [0,1], seed,
  * presence_penalty and frequency_penalty [-2,2], repeat_penalty (0,10],
  * stop (a string or up to 16 strings), stream, stream_options.include_usage,
- * n (1 only), user, ignore_eos. Fields OpenAI defines that kvpin does not
+ * n (1 only), user, ignore_eos, return_token_ids (the prompt's and the
+ * completion's token ids in the choice, so a client can resend a turn as
+ * ids and reuse the cache to the last token). Fields OpenAI defines that kvpin does not
  * act on are accepted only at their neutral value (logprobs false/null,
  * echo false, best_of 1, logit_bias {} or null, tool_choice "auto"/"none"/
  * null, parallel_tool_calls, response_format {"type":"text"}, metadata,
@@ -69,7 +71,7 @@ typedef struct {
     bool seed_set;
     const char *stops[KP_OAI_MAX_STOPS]; /* into root */
     int n_stops;
-    bool stream, include_usage, ignore_eos;
+    bool stream, include_usage, ignore_eos, return_token_ids;
     const char *model;        /* into root, NULL when absent */
 } kp_oai_request;
 

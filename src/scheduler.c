@@ -168,6 +168,7 @@ bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u) {
     u->prompt_tokens = r->n_prompt;
     u->cached_tokens = r->report.reused_tokens;
     u->completion_tokens = r->completion_tokens;
+    u->ids = r->all; /* entries below n_prompt + completion_tokens are final */
     u->report = r->report;
     u->doctor = r->doctor;
     u->has_doctor = r->has_doctor;

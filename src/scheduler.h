@@ -96,6 +96,10 @@ typedef struct {
     doctor_report doctor;    /* divergence, snippets and cause (JSON-escaped snippets) */
     bool has_doctor;
     double queue_ms, ttft_ms; /* waiting time; submit to first token */
+    /* the token ids: prompt_tokens of the prompt, then completion_tokens
+     * generated ones (an end-of-generation token included); owned by the
+     * request, valid until kp_sreq_release */
+    const int32_t *ids;
 } kp_sreq_update;
 
 /* Waits up to timeout_ms (< 0: forever) for new text or the end, then

@@ -272,7 +272,7 @@ static bool client_gone(struct MHD_Connection *c) {
 typedef struct {
     kp_server *s;
     kp_sreq *r;
-    bool chat, include_usage, sent_role, done;
+    bool chat, include_usage, sent_role, done, return_ids;
     char id[48];
     time_t created;
     kp_buf out; /* SSE bytes not yet sent: out.data[off..out.len) */
@@ -308,8 +308,18 @@ static json_t *chunk_base(const stream *st) {
     return j;
 }
 
-/* One chunk carrying text and/or the finish reason. */
-static void sb_chunk(stream *st, const char *text, size_t len, const char *finish) {
+/* return_token_ids: the prompt's and the completion's ids on a choice. */
+static void add_token_ids(json_t *choice, const kp_sreq_update *u) {
+    json_t *p = json_array(), *g = json_array();
+    for (uint32_t i = 0; u->ids && i < u->prompt_tokens + u->completion_tokens; i++)
+        json_array_append_new(i < u->prompt_tokens ? p : g, json_integer(u->ids[i]));
+    json_object_set_new(choice, "prompt_token_ids", p);
+    json_object_set_new(choice, "token_ids", g);
+}
+
+/* One chunk carrying text and/or the finish reason; ids (the last chunk of
+ * a return_token_ids stream) adds the token ids, all of them at once. */
+static void sb_chunk(stream *st, const char *text, size_t len, const char *finish, const kp_sreq_update *ids) {
     json_t *j = chunk_base(st);
     json_t *choice;
     if (st->chat) {
@@ -324,6 +334,7 @@ static void sb_chunk(stream *st, const char *text, size_t len, const char *finis
         choice = json_pack("{s:i, s:s%, s:n, s:s?}", "index", 0, "text", text ? text : "", text ? len : 0,
                            "logprobs", "finish_reason", finish);
     }
+    if (ids && choice) add_token_ids(choice, ids);
     json_object_set_new(j, "choices", json_pack("[o]", choice));
     sb_event(st, j);
 }
@@ -354,7 +365,7 @@ static const char *stream_tools(stream *st, const char *text, size_t len, bool f
     if (!final) {
         size_t hold = kp_chat_tool_holdback(f, st->full.data ? st->full.data : "", st->full.len);
         if (hold > st->released) {
-            sb_chunk(st, st->full.data + st->released, hold - st->released, NULL);
+            sb_chunk(st, st->full.data + st->released, hold - st->released, NULL, NULL);
             st->released = hold;
         }
         return finish;
@@ -363,7 +374,7 @@ static const char *stream_tools(stream *st, const char *text, size_t len, bool f
     size_t content = st->full.len;
     kp_error err;
     kp_chat_parse_tool_calls(f, st->full.data ? st->full.data : "", st->full.len, st->id_seed, &calls, &content, &err);
-    if (content > st->released) sb_chunk(st, st->full.data + st->released, content - st->released, NULL);
+    if (content > st->released) sb_chunk(st, st->full.data + st->released, content - st->released, NULL, NULL);
     st->released = content > st->released ? content : st->released;
     if (!calls) return finish;
     sb_tool_calls(st, calls);
@@ -377,7 +388,7 @@ static void stream_update(stream *st, kp_sreq_update *u) {
     if (st->tools)
         finish = stream_tools(st, u->text ? u->text : "", u->len, over, finish);
     else if (u->len > 0)
-        sb_chunk(st, u->text, u->len, NULL);
+        sb_chunk(st, u->text, u->len, NULL, NULL);
     free(u->text);
     u->text = NULL;
     st->last = *u; /* usage so far, for the log line */
@@ -388,7 +399,7 @@ static void stream_update(stream *st, kp_sreq_update *u) {
         if (u->finish == KP_FINISH_CANCELLED) snprintf(e.message, sizeof e.message, "the request was cancelled");
         sb_event(st, kp_oai_error_json(&e));
     } else {
-        sb_chunk(st, NULL, 0, finish);
+        sb_chunk(st, NULL, 0, finish, st->return_ids ? u : NULL);
         if (st->include_usage) {
             json_t *j = chunk_base(st);
             json_object_set_new(j, "choices", json_array());
@@ -493,7 +504,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
     kp_status st = kp_sched_submit(s->sched, &p, &r, &err);
     free(ids);
     free(ptext);
-    bool stream_it = q.stream, usage = q.include_usage;
+    bool stream_it = q.stream, usage = q.include_usage, return_ids = q.return_token_ids;
     bool tools = chat && q.tools && kp_chat_family_has_tools(s->cfg.chat);
     kp_oai_request_free(&q);
     if (st != KP_OK) {
@@ -553,12 +564,13 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
         sm->r = r;
         sm->chat = chat;
         sm->include_usage = usage;
+        sm->return_ids = return_ids;
         sm->created = time(NULL);
         sm->t0 = cn->t0;
         memcpy(sm->id, id, sizeof id);
         sm->tools = tools;
         sm->id_seed = p.sp.seed ^ (uint64_t)sm->created;
-        if (chat) sb_chunk(sm, "", 0, NULL); /* the role first, as OpenAI does */
+        if (chat) sb_chunk(sm, "", 0, NULL, NULL); /* the role first, as OpenAI does */
         u.text = text;
         u.len = tlen;
         stream_update(sm, &u); /* frees text */
@@ -597,6 +609,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
     else
         choice = json_pack("{s:i, s:s%, s:n, s:s?}", "index", 0, "text", text ? text : "", tlen, "logprobs",
                            "finish_reason", finish);
+    if (return_ids && choice) add_token_ids(choice, &u);
     json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o, s:o}", "id", id, "object",
                           chat ? "chat.completion" : "text_completion", "created", (json_int_t)time(NULL), "model",
                           s->cfg.model_name, "choices", choice, "usage",

@@ -157,6 +157,8 @@ def hostile(srv):
         ("prompt a number", "POST", C, {"prompt": 5}, 400, "prompt"),
         ("prompt empty array", "POST", C, {"prompt": []}, 400, "prompt"),
         ("several prompts", "POST", C, {"prompt": ["a", "b"]}, 400, "prompt"),
+        ("return_token_ids a string", "POST", C, {"prompt": "a", "return_token_ids": "yes"}, 400,
+         "return_token_ids"),
         ("nested token arrays", "POST", C, {"prompt": [[1, 2]]}, 400, "prompt"),
         ("negative token id", "POST", C, {"prompt": [1, -1]}, 400, "prompt"),
         ("token id past the vocabulary", "POST", C, {"prompt": [1, 999999]}, 400, "prompt"),
@@ -408,6 +410,48 @@ def agent_loop(srv):
     ok(st == 200 and p["reused_tokens"] >= want and p["cause"] in ("hit", "other"), "probe: %r" % p)
 
 
+def token_ids(srv):
+    """return_token_ids: the prompt's ids equal /tokenize, the completion's
+    ids detokenize to the text, and resending prompt + completion as ids
+    reuses every token the cache holds."""
+    prompt = "Once upon a time, there was a little dog named Max."
+    body = {"prompt": prompt, "max_tokens": 10, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    st, _, j = srv.post("/v1/completions", body)
+    if not ok(st == 200, "return_token_ids: %d %r" % (st, j)):
+        return
+    ch = j["choices"][0]
+    ok(ch["prompt_token_ids"] == tokenize(srv, prompt), "prompt_token_ids vs /tokenize: %r" % ch["prompt_token_ids"])
+    gen = ch["token_ids"]
+    ok(len(gen) == j["usage"]["completion_tokens"] == 10, "token_ids: %d ids, usage %d" %
+       (len(gen), j["usage"]["completion_tokens"]))
+    # (detokenized after the prompt: a leading space of the first piece is kept there)
+    st, _, d = srv.post("/detokenize", {"tokens": ch["prompt_token_ids"][1:] + gen})
+    ok(st == 200 and d["content"] == prompt + ch["text"], "token_ids detokenize to %r, text %r" % (d, ch["text"]))
+    # the next turn as ids: everything but the last sampled token is cached
+    tail = tokenize(srv, " The end.")[1:]  # without the BOS
+    again = ch["prompt_token_ids"] + gen + tail
+    st, _, k = srv.post("/v1/completions", {"prompt": again, "max_tokens": 1, "temperature": 0})
+    want = len(ch["prompt_token_ids"]) + len(gen) - 1
+    ok(st == 200 and k["usage"]["prompt_tokens_details"]["cached_tokens"] == want,
+       "resent as ids: cached %s, expected %d" % (k.get("usage"), want))
+    ok("token_ids" not in k["choices"][0], "token ids only when asked for")
+    # streamed: all the ids on the last chunk, the same as unstreamed
+    body["stream"] = True
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
+    c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    events = [json.loads(e[6:]) for e in c.getresponse().read().split(b"\n\n") if e.startswith(b"data: {")]
+    c.close()
+    with_ids = [e["choices"][0] for e in events if e["choices"] and "token_ids" in e["choices"][0]]
+    ok(len(with_ids) == 1 and with_ids[0]["finish_reason"] == "length" and with_ids[0]["token_ids"] == gen and
+       with_ids[0]["prompt_token_ids"] == ch["prompt_token_ids"], "streamed token ids: %r" % with_ids)
+    # chat: the rendered prompt's ids
+    st, _, j = srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                                                 "temperature": 0, "return_token_ids": True})
+    ch = j["choices"][0] if st == 200 else {}
+    ok(st == 200 and len(ch["prompt_token_ids"]) == j["usage"]["prompt_tokens"] and
+       len(ch["token_ids"]) == j["usage"]["completion_tokens"], "chat return_token_ids: %r" % j)
+
+
 def sse(srv, body):
     """Streams a completion; returns (text, finish_reason, usage, saw_done)."""
     c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
@@ -494,6 +538,7 @@ def main():
         n = hostile(srv)
         ok(n >= 40, "only %d hostile requests" % n)
         agent_loop(srv)
+        token_ids(srv)
         pins(srv)
         concurrent(srv)
         no_leaks(srv, "at the end")
