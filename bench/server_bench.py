@@ -7,8 +7,9 @@
     (one stream, client-side timestamps) vs `kvpin bench` tgN in-process on
     the same model and threads (goal < 2% of the decode step);
   3 agent loop through HTTP: the loop of tools/bench_prefix (T turns, each
-    = the stable history + a volatile tail, history growing by G tokens a
-    turn; prompts sent as token ids), time to first token of the warm turns
+    = the previous prompt + its answer + a new tail, growing by G tokens a
+    turn; prompts sent as token ids, the answer's ids from
+    return_token_ids), time to first token of the warm turns
     vs the same loop in-process (bench_prefix's table, given with --prefix
     FILE) (goal: within 10%).
 
@@ -123,18 +124,17 @@ def inproc_tg(kvpin, model, threads, n, reps):
     raise SystemExit("server_bench: no tg result from kvpin bench")
 
 
-def agent_loop(port, n_vocab, n_final, turns, vol, ans, rng):
-    """bench_prefix's agent loop through HTTP; returns per-turn TTFT (s)."""
+def agent_loop(port, n_vocab, n_final, turns, vol, rng):
+    """bench_prefix's agent loop through HTTP; returns per-turn TTFT (s) and cached tokens."""
     grow = n_final // turns
-    hist = [rng.randrange(3, n_vocab) for _ in range(grow - vol)]
+    ans = grow - vol
+    prompt = [rng.randrange(3, n_vocab) for _ in range(grow)]
     ttfts, cached = [], []
     for i in range(turns):
-        if i > 0:  # the answer's tokens are not known here; the reuse ends before it anyway
-            hist += [rng.randrange(3, n_vocab) for _ in range(grow)]
-        prompt = hist + [rng.randrange(3, n_vocab) for _ in range(vol)]
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
-        body = {"prompt": prompt, "max_tokens": ans, "ignore_eos": True, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}}
+        # the last turn only needs its first token
+        body = {"prompt": prompt, "max_tokens": ans if i + 1 < turns else 1, "ignore_eos": True, "temperature": 0,
+                "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
         t0 = time.perf_counter()
         c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
         r = c.getresponse()  # headers leave once the first token is sampled
@@ -143,6 +143,8 @@ def agent_loop(port, n_vocab, n_final, turns, vol, ans, rng):
         c.close()
         u = [json.loads(l[6:]) for l in data.split(b"\n\n") if l.startswith(b"data: {")]
         cached.append(u[-1]["usage"]["prompt_tokens_details"]["cached_tokens"])
+        last = [e["choices"][0] for e in u if e["choices"] and "token_ids" in e["choices"][0]][0]
+        prompt = last["prompt_token_ids"] + last["token_ids"] + [rng.randrange(3, n_vocab) for _ in range(vol)]
     return ttfts, cached
 
 
@@ -198,11 +200,11 @@ def main():
     goals.append(("server overhead per streamed token", "< 2% of a decode step", "%+.1f%%" % over, over < 2))
 
     div = 10 if a.quick else 1
-    n_final, turns, vol, ans = 20000 // div, 20, 200 // div, 8
-    p, port, log = start(a.kvpin, a.model, a.threads, "--parallel", "1", "--ctx", str(n_final + vol + ans + 64),
+    n_final, turns, vol = 20000 // div, 20, 200 // div
+    p, port, log = start(a.kvpin, a.model, a.threads, "--parallel", "1", "--ctx", str(n_final + 64),
                          "--prefill-chunk", "256")
     try:
-        ttft, cached = agent_loop(port, n_vocab, n_final, turns, vol, ans, rng)
+        ttft, cached = agent_loop(port, n_vocab, n_final, turns, vol, rng)
     finally:
         stop(p, log)
     print("agent loop through HTTP (%d turns to %d tokens): TTFT ms per turn: %s" %
