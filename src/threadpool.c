@@ -8,13 +8,16 @@
  *   bits 47..24  n_tasks of that run
  *   bits 23..0   next task to hand out
  *
- * A thread claims task t by a compare-and-swap that moves `next` from t to
- * t + 1 while the generation is unchanged; only then does it read fn/ctx
+ * A thread claims tasks t..t+k-1 by a compare-and-swap that moves `next`
+ * from t to t + k while the generation is unchanged (k shrinks as the run
+ * drains, see work()); only then does it read fn/ctx
  * (written by the caller before it published the generation, so they are
  * that run's). The caller publishes a run, claims tasks like everyone else,
  * and waits only until `done` reaches n_tasks: never for an idle or
  * descheduled worker to check in. On a busy machine a worker that does not
- * get a core simply does no task; the caller does them.
+ * get a core simply claims nothing and the caller does the tasks; one
+ * descheduled while it holds a claim delays the run by that claim only,
+ * a share that shrinks as the run drains.
  *
  * (A worker stalled for exactly 65536 runs could mistake a new state for
  * its old one; the generation would have to wrap while it never ran.)
@@ -30,6 +33,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -40,6 +44,7 @@
 #endif
 
 #define SPIN_ITERS 100000
+#define CLAIM_SPLIT 4 /* a claim takes 1/(CLAIM_SPLIT x threads) of the tasks left */
 #define MAX_TASKS ((1 << 24) - 1)
 #define GEN(s) ((uint32_t)((s) >> 48))
 #define NTASKS(s) ((int)(((s) >> 24) & 0xFFFFFF))
@@ -51,8 +56,8 @@ struct kp_pool {
     pthread_mutex_t mu;
     pthread_cond_t wake;
     _Atomic uint64_t state;
-    atomic_int done;
-    atomic_int sleepers;
+    _Alignas(64) atomic_int done; /* its own cache line: claims and completions do not collide */
+    _Alignas(64) atomic_int sleepers;
     atomic_bool stop;
     kp_task_fn fn;
     void *ctx;
@@ -63,15 +68,21 @@ typedef struct {
     int index;
 } worker_arg;
 
-/* Claims and runs tasks of generation `gen` until none is left. */
+/* Claims and runs tasks of generation `gen` until none is left. A claim
+ * takes a run of tasks, 1/(CLAIM_SPLIT x threads) of those left (guided
+ * self-scheduling), so a decode step's ~10,000 small matmul tasks cost tens
+ * of atomic operations on the shared word rather than one each, and each
+ * thread reads a contiguous stretch of weight rows. */
 static void work(kp_pool *p, uint32_t gen, int thread) {
     uint64_t s = atomic_load_explicit(&p->state, memory_order_acquire);
     for (;;) {
         if (GEN(s) != gen || NEXT(s) >= NTASKS(s)) return;
-        if (atomic_compare_exchange_weak_explicit(&p->state, &s, s + 1, memory_order_acq_rel,
+        int next = NEXT(s), k = (NTASKS(s) - next) / (CLAIM_SPLIT * p->n_threads);
+        if (k < 1) k = 1;
+        if (atomic_compare_exchange_weak_explicit(&p->state, &s, s + (uint64_t)k, memory_order_acq_rel,
                                                   memory_order_acquire)) {
-            p->fn(p->ctx, NEXT(s), thread);
-            atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+            for (int t = next; t < next + k; t++) p->fn(p->ctx, t, thread);
+            atomic_fetch_add_explicit(&p->done, k, memory_order_release);
             s = atomic_load_explicit(&p->state, memory_order_acquire);
         }
     }
@@ -116,7 +127,9 @@ kp_status kp_pool_new(kp_pool **out, int n_threads, kp_error *err) {
     *out = NULL;
     if (n_threads < 1 || n_threads > 1024)
         return kp_fail(err, KP_EINVAL, "thread count %d out of range 1..1024", n_threads);
-    kp_pool *p = calloc(1, sizeof *p);
+    size_t size = (sizeof(kp_pool) + 63) / 64 * 64; /* over-aligned members: aligned_alloc */
+    kp_pool *p = aligned_alloc(64, size);
+    if (p) memset(p, 0, size);
     if (!p) return kp_fail(err, KP_ENOMEM, "out of memory creating a thread pool");
     p->n_threads = 1;
     pthread_mutex_init(&p->mu, NULL);
