@@ -302,7 +302,7 @@ AVX2_INLINE const kp_q8_0_aux *legacy_aux(const char *a, size_t a_stride, const 
  * allowed), ar[NC] activation rows, ax[c] their aux entries from ib0. */
 AVX2_INLINE void oct_tile(int64_t ib0, int64_t len, const char *const *wr, const char *const *ar,
                           const kp_q8_0_aux *const *ax, int kind, int nr, float *out, size_t os,
-                          int add, const int NC, const int R) {
+                          int add, size_t pf, const int NC, const int R) {
     const __m256i ones = _mm256_set1_epi16(1);
     const size_t blk = kind == WQ8_0 ? sizeof(kp_block_q8_0) : sizeof(kp_block_q4_0);
     __m256 acc[4];
@@ -310,6 +310,7 @@ AVX2_INLINE void oct_tile(int64_t ib0, int64_t len, const char *const *wr, const
     for (int64_t b = 0; b < len; b++) {
         const int64_t ib = ib0 + b;
         __m256i q[8], u[8];
+        if (pf) UNROLL for (int r = 0; r < R; r++) _mm_prefetch(wr[r] + pf + (size_t)ib * blk, _MM_HINT_T0);
         UNROLL for (int r = 0; r < R; r++) {
             q[r] = legacy_quants(wr[r], ib, kind);
             u[r] = kind == WQ8_0 ? _mm256_sign_epi8(q[r], q[r]) : q[r];
@@ -336,13 +337,14 @@ AVX2_INLINE void oct_tile(int64_t ib0, int64_t len, const char *const *wr, const
  * exact integers, so the same results. */
 VNNI_INLINE void oct_tile_vnni_nc(int64_t ib0, int64_t len, const char *const *wr, const char *const *ar,
                                   const kp_q8_0_aux *const *ax, int kind, int nr, float *out, size_t os,
-                                  int add, const int NC, const int R) {
+                                  int add, size_t pf, const int NC, const int R) {
     const size_t blk = kind == WQ8_0 ? sizeof(kp_block_q8_0) : sizeof(kp_block_q4_0);
     __m256 acc[4];
     UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < len; b++) {
         const int64_t ib = ib0 + b;
         __m256i u[8];
+        if (pf) UNROLL for (int r = 0; r < R; r++) _mm_prefetch(wr[r] + pf + (size_t)ib * blk, _MM_HINT_T0);
         UNROLL for (int r = 0; r < R; r++) {
             u[r] = legacy_quants(wr[r], ib, kind);
             if (kind == WQ8_0) u[r] = _mm256_xor_si256(u[r], _mm256_set1_epi8((char)0x80));
@@ -363,16 +365,16 @@ VNNI_INLINE void oct_tile_vnni_nc(int64_t ib0, int64_t len, const char *const *w
 
 static VNNI void oct_tile_vnni(int64_t ib0, int64_t len, const char *const *wr, const char *const *ar,
                                const kp_q8_0_aux *const *ax, int kind, int nr, float *out, size_t os,
-                               int add, int nc) {
+                               int add, int nc, size_t pf) {
     switch (nc + 4 * (nr > 4)) {
-    case 1: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 1, 4); break;
-    case 2: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 2, 4); break;
-    case 3: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 3, 4); break;
-    case 4: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 4, 4); break;
-    case 5: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 1, 8); break;
-    case 6: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 2, 8); break;
-    case 7: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 3, 8); break;
-    default: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, 4, 8); break;
+    case 1: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, pf, 1, 4); break;
+    case 2: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, pf, 2, 4); break;
+    case 3: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, pf, 3, 4); break;
+    case 4: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, pf, 4, 4); break;
+    case 5: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, pf, 1, 8); break;
+    case 6: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, pf, 2, 8); break;
+    case 7: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, pf, 3, 8); break;
+    default: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, pf, 4, 8); break;
     }
 }
 
@@ -381,6 +383,7 @@ AVX2_INLINE void tile_legacy(int64_t n, int nr, int nc, const void *w, size_t w_
                              float *out, size_t out_stride, int kind, int pack) {
     const int64_t nb = n / 32;
     kp_q8_0_aux own[4][PANEL_KC];
+    const size_t pf = decode_pf(w_stride, nc, PANEL_MIN_COLS);
     if (nb <= 0) zero_out(nr, nc, out, out_stride);
     for (int64_t ib0 = 0; ib0 < nb; ib0 += PANEL_KC) {
         const int64_t len = nb - ib0 < PANEL_KC ? nb - ib0 : PANEL_KC;
@@ -399,18 +402,18 @@ AVX2_INLINE void tile_legacy(int64_t n, int nr, int nc, const void *w, size_t w_
                 float *o = out + (size_t)c0 * out_stride + (size_t)r0;
                 const int add = ib0 > 0;
                 if (pack == PACK_VNNI) {
-                    oct_tile_vnni(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, ncc);
+                    oct_tile_vnni(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, ncc, pf);
                     continue;
                 }
                 switch (ncc + 4 * (nrr > 4)) { /* 4 rows or fewer: compute 4 */
-                case 1: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 1, 4); break;
-                case 2: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 2, 4); break;
-                case 3: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 3, 4); break;
-                case 4: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 4, 4); break;
-                case 5: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 1, 8); break;
-                case 6: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 2, 8); break;
-                case 7: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 3, 8); break;
-                default: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, 4, 8); break;
+                case 1: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, pf, 1, 4); break;
+                case 2: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, pf, 2, 4); break;
+                case 3: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, pf, 3, 4); break;
+                case 4: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, pf, 4, 4); break;
+                case 5: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, pf, 1, 8); break;
+                case 6: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, pf, 2, 8); break;
+                case 7: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, pf, 3, 8); break;
+                default: oct_tile(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, pf, 4, 8); break;
                 }
             }
         }
@@ -692,12 +695,15 @@ AVX2_INLINE __m256 float_w8(const char *row, int64_t k, int64_t n, int kind) {
 }
 
 AVX2_INLINE void float_tile(const char *const *wr, int kind, int64_t k0, int64_t len8, int64_t n,
-                            const float (*sa)[FP_KC], int nr, float *out, size_t os, int add,
+                            const float (*sa)[FP_KC], int nr, float *out, size_t os, int add, size_t pf,
                             const int R, const int C) {
+    const size_t es = kind == ELEM_F32 ? 4 : 2;
     __m256 acc[4][FP_NC];
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     for (int64_t k = 0; k < len8; k += 8) {
         __m256 w[4];
+        if (pf && (size_t)(k0 + k) * es % 64 < 8 * es) /* once per cache line */
+            UNROLL for (int r = 0; r < R; r++) _mm_prefetch(wr[r] + pf + (size_t)(k0 + k) * es, _MM_HINT_T0);
         UNROLL for (int r = 0; r < R; r++) w[r] = float_w8(wr[r], k0 + k, n, kind);
         UNROLL for (int c = 0; c < C; c++) {
             const __m256 av = _mm256_load_ps(&sa[c][k]);
@@ -716,6 +722,7 @@ AVX2_INLINE void float_tile(const char *const *wr, int kind, int64_t k0, int64_t
 AVX2_INLINE void tile_float(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
                             size_t a_stride, float *out, size_t out_stride, int kind) {
     float sa[FP_NC][FP_KC] __attribute__((aligned(32)));
+    const size_t pf = decode_pf(w_stride, nc, FP_NC + 1);
     if (n <= 0) zero_out(nr, nc, out, out_stride);
     for (int64_t k0 = 0; k0 < n; k0 += FP_KC) {
         const int64_t len = n - k0 < FP_KC ? n - k0 : FP_KC;
@@ -737,12 +744,12 @@ AVX2_INLINE void tile_float(int64_t n, int nr, int nc, const void *w, size_t w_s
                 const float(*sp)[FP_KC] = (const float(*)[FP_KC])sa;
                 const int add = k0 > 0;
                 switch (ncc) {
-                case 1: float_tile(wr, kind, k0, len8, n, sp, nrr, o, out_stride, add, 4, 1); break;
-                case 2: float_tile(wr, kind, k0, len8, n, sp, nrr, o, out_stride, add, 4, 2); break;
-                case 3: float_tile(wr, kind, k0, len8, n, sp, nrr, o, out_stride, add, 4, 3); break;
-                case 4: float_tile(wr, kind, k0, len8, n, sp, nrr, o, out_stride, add, 2, 4); break;
-                case 5: float_tile(wr, kind, k0, len8, n, sp, nrr, o, out_stride, add, 2, 5); break;
-                default: float_tile(wr, kind, k0, len8, n, sp, nrr, o, out_stride, add, 2, 6); break;
+                case 1: float_tile(wr, kind, k0, len8, n, sp, nrr, o, out_stride, add, pf, 4, 1); break;
+                case 2: float_tile(wr, kind, k0, len8, n, sp, nrr, o, out_stride, add, pf, 4, 2); break;
+                case 3: float_tile(wr, kind, k0, len8, n, sp, nrr, o, out_stride, add, pf, 4, 3); break;
+                case 4: float_tile(wr, kind, k0, len8, n, sp, nrr, o, out_stride, add, pf, 2, 4); break;
+                case 5: float_tile(wr, kind, k0, len8, n, sp, nrr, o, out_stride, add, pf, 2, 5); break;
+                default: float_tile(wr, kind, k0, len8, n, sp, nrr, o, out_stride, add, pf, 2, 6); break;
                 }
             }
         }
@@ -796,12 +803,15 @@ VNNI_INLINE float hsum512(__m512 v) {
 }
 
 VNNI_INLINE void float_tile512(const char *const *wr, int kind, int64_t k0, int64_t len16, int64_t n,
-                               const float (*sa)[F5_KC], int nr, float *out, size_t os, int add,
+                               const float (*sa)[F5_KC], int nr, float *out, size_t os, int add, size_t pf,
                                const int R, const int C) {
+    const size_t es = kind == ELEM_F32 ? 4 : 2;
     __m512 acc[4][F5_NC];
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
     for (int64_t k = 0; k < len16; k += 16) {
         __m512 w[4];
+        if (pf && (size_t)(k0 + k) * es % 64 < 16 * es) /* once per cache line */
+            UNROLL for (int r = 0; r < R; r++) _mm_prefetch(wr[r] + pf + (size_t)(k0 + k) * es, _MM_HINT_T0);
         UNROLL for (int r = 0; r < R; r++) w[r] = float_w16(wr[r], k0 + k, n, kind);
         UNROLL for (int c = 0; c < C; c++) {
             const __m512 av = _mm512_load_ps(&sa[c][k]);
@@ -820,6 +830,7 @@ VNNI_INLINE void float_tile512(const char *const *wr, int kind, int64_t k0, int6
 VNNI_INLINE void tile_float512(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
                                size_t a_stride, float *out, size_t out_stride, int kind) {
     float sa[F5_NC][F5_KC] __attribute__((aligned(64)));
+    const size_t pf = decode_pf(w_stride, nc, 5);
     if (n <= 0) zero_out(nr, nc, out, out_stride);
     for (int64_t k0 = 0; k0 < n; k0 += F5_KC) {
         const int64_t len = n - k0 < F5_KC ? n - k0 : F5_KC;
@@ -841,14 +852,14 @@ VNNI_INLINE void tile_float512(int64_t n, int nr, int nc, const void *w, size_t 
                 const float(*sp)[F5_KC] = (const float(*)[F5_KC])sa;
                 const int add = k0 > 0;
                 switch (ncc) {
-                case 1: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, 4, 1); break;
-                case 2: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, 4, 2); break;
-                case 3: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, 4, 3); break;
-                case 4: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, 4, 4); break;
-                case 5: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, 2, 5); break;
-                case 6: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, 2, 6); break;
-                case 7: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, 2, 7); break;
-                default: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, 2, 8); break;
+                case 1: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 4, 1); break;
+                case 2: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 4, 2); break;
+                case 3: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 4, 3); break;
+                case 4: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 4, 4); break;
+                case 5: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 2, 5); break;
+                case 6: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 2, 6); break;
+                case 7: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 2, 7); break;
+                default: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 2, 8); break;
                 }
             }
         }

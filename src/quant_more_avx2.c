@@ -244,7 +244,7 @@ AVX2_INLINE const q8_1_ds *q8_1_terms(const char *a, size_t a_stride, int c, int
  * ds[c] (Q8_1) their block terms from ib0. */
 AVX2_INLINE void oct_tile(int64_t ib0, int64_t len, const char *const *wr, const char *const *ar,
                           const kp_q8_0_aux *const *ax, const q8_1_ds *const *ds, int kind, int nr,
-                          float *out, size_t os, int add, const int NC, const int R) {
+                          float *out, size_t os, int add, size_t pf, const int NC, const int R) {
     const __m256i ones = _mm256_set1_epi16(1);
     const size_t blk = legacy_size(kind);
     __m256 acc[4];
@@ -252,6 +252,7 @@ AVX2_INLINE void oct_tile(int64_t ib0, int64_t len, const char *const *wr, const
     for (int64_t b = 0; b < len; b++) {
         const int64_t ib = ib0 + b;
         __m256i q[8];
+        if (pf) UNROLL for (int r = 0; r < R; r++) _mm_prefetch(wr[r] + pf + (size_t)ib * blk, _MM_HINT_T0);
         UNROLL for (int r = 0; r < R; r++) q[r] = legacy_quants(wr[r], ib, kind);
         const __m256 dw8 = half8_at(wr, (size_t)ib * blk);
         const __m256 mw8 = kind == WQ5_0 ? _mm256_setzero_ps() : half8_at(wr, (size_t)ib * blk + 2);
@@ -280,6 +281,7 @@ AVX2_INLINE void tile_legacy(int64_t n, int nr, int nc, const void *w, size_t w_
                              int kind) {
     const int64_t nb = n / 32;
     ACT_TERMS(4) own;
+    const size_t pf = decode_pf(w_stride, nc, PANEL_MIN_COLS);
     if (nb <= 0) zero_out(nr, nc, out, out_stride);
     for (int64_t ib0 = 0; ib0 < nb; ib0 += LEG_KC) {
         const int64_t len = nb - ib0 < LEG_KC ? nb - ib0 : LEG_KC;
@@ -300,14 +302,14 @@ AVX2_INLINE void tile_legacy(int64_t n, int nr, int nc, const void *w, size_t w_
                 float *o = out + (size_t)c0 * out_stride + (size_t)r0;
                 const int add = ib0 > 0;
                 switch (ncc + 4 * (nrr > 4)) { /* 4 rows or fewer: compute 4 */
-                case 1: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, 1, 4); break;
-                case 2: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, 2, 4); break;
-                case 3: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, 3, 4); break;
-                case 4: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, 4, 4); break;
-                case 5: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, 1, 8); break;
-                case 6: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, 2, 8); break;
-                case 7: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, 3, 8); break;
-                default: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, 4, 8); break;
+                case 1: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, pf, 1, 4); break;
+                case 2: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, pf, 2, 4); break;
+                case 3: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, pf, 3, 4); break;
+                case 4: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, pf, 4, 4); break;
+                case 5: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, pf, 1, 8); break;
+                case 6: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, pf, 2, 8); break;
+                case 7: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, pf, 3, 8); break;
+                default: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, pf, 4, 8); break;
                 }
             }
         }
