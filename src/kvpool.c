@@ -99,19 +99,22 @@ uint32_t kp_kvpool_refcount(const kp_kvpool *p, int32_t id) {
     return p->refcount[id];
 }
 
+/* Run r (= (layer * n_head_kv + head) * 2 + 0 for K, 1 for V) of block b. */
+static uint8_t *run_at(const kp_kvpool *p, uint64_t r, int32_t block) {
+    return p->mem + (r * p->n_blocks + (uint64_t)block) * p->head_bytes;
+}
+
 void kp_kvpool_copy(kp_kvpool *p, int32_t dst, int32_t src) {
-    memcpy(p->mem + (uint64_t)dst * p->block_bytes, p->mem + (uint64_t)src * p->block_bytes,
-           p->block_bytes);
+    uint64_t runs = (uint64_t)p->cfg.n_layer * p->cfg.n_head_kv * 2;
+    for (uint64_t r = 0; r < runs; r++) memcpy(run_at(p, r, dst), run_at(p, r, src), p->head_bytes);
 }
 
 void *kp_kvpool_k(const kp_kvpool *p, int32_t block, uint32_t layer, uint32_t head) {
-    uint64_t run = ((uint64_t)layer * p->cfg.n_head_kv + head) * 2;
-    return p->mem + (uint64_t)block * p->block_bytes + run * p->head_bytes;
+    return run_at(p, ((uint64_t)layer * p->cfg.n_head_kv + head) * 2, block);
 }
 
 void *kp_kvpool_v(const kp_kvpool *p, int32_t block, uint32_t layer, uint32_t head) {
-    uint64_t run = ((uint64_t)layer * p->cfg.n_head_kv + head) * 2 + 1;
-    return p->mem + (uint64_t)block * p->block_bytes + run * p->head_bytes;
+    return run_at(p, ((uint64_t)layer * p->cfg.n_head_kv + head) * 2 + 1, block);
 }
 
 kp_status kp_kvseq_reserve(kp_kvseq *s, kp_kvpool *p, uint32_t n_pos, kp_error *err) {

@@ -2,17 +2,23 @@
  * kvpool.h - the KV cache storage: fixed-size blocks of positions from one
  * pool sized by a byte budget, and per-sequence block tables.
  *
- * One block id covers every layer. Inside a block, for each layer and each
- * kv-head, the keys of the block's consecutive positions are contiguous, then
- * the values (attention streams them):
+ * One block id covers every layer. The pool is laid out run by run: for
+ * each layer and kv-head, the keys of block 0, block 1, ... side by side,
+ * then the values, so a sequence whose blocks have consecutive ids (the
+ * free list hands out low ids first) is one long stream per layer and head,
+ * which the hardware prefetcher follows in decode:
  *
- *   block b (block_bytes = n_layer * n_head_kv * 2 * B * head_dim * esize)
- *   +-----------------------------------------------------------------+
- *   | layer 0 | head 0 | K[pos 0..B-1][head_dim] | V[pos 0..B-1][hd]  |
- *   |         | head 1 | K[...]                  | V[...]             |
- *   | ...                                                             |
- *   | layer L-1 | head H-1 | K | V                                    |
- *   +-----------------------------------------------------------------+
+ *   pool (n_blocks blocks; a run = B * head_dim * esize bytes)
+ *   +--------------------------------------------------------------------+
+ *   | layer 0, head 0, K | run of block 0 | run of block 1 | ... | n-1   |
+ *   | layer 0, head 0, V | run of block 0 | run of block 1 | ...         |
+ *   | layer 0, head 1, K | ...                                           |
+ *   | ...                                                                |
+ *   | layer L-1, head H-1, V | ...                                       |
+ *   +--------------------------------------------------------------------+
+ *
+ *   a run: K (or V) [pos 0..B-1][head_dim], the block's positions in order
+ *   block_bytes = n_layer * n_head_kv * 2 * B * head_dim * esize
  *
  * Position p of a sequence lives in block table[p / B], row p % B.
  * Blocks are reference-counted so several sequences (and the prefix index)
