@@ -1,7 +1,8 @@
 /*
  * attn_avx2.c - the SIMD attention tables (see attn.h for the math and the
  * determinism contract): "avx2" (AVX2+FMA+F16C) and "avx512", which is the
- * same but runs the many-row tile loops on 16-lane AVX-512F vectors. Head
+ * same but runs the many-row tile loops, and the row layout's scores and
+ * weighted sums (head sizes a multiple of 16), on 16-lane AVX-512F vectors. Head
  * sizes that are not a multiple of 8 use the scalar functions (all of a
  * tile's calls, so its workspace keeps one layout). No state; the tables
  * are constant.
@@ -643,19 +644,9 @@ AVX2_INLINE void rows_accum_3x1(int hd, int n_keys, const float *p, const void *
     _mm256_storeu_ps(o, c0), _mm256_storeu_ps(o + hd, c1), _mm256_storeu_ps(o + 2 * hd, c2);
 }
 
-/* The step, reading K and V rows where they are (each element is converted
- * once per block of 3 rows). Rows go 3 at a time; padding rows have q = 0
- * and weights 0. Uses w.q, w.o, w.m, w.l, w.al, w.p. */
-AVX2_INLINE void rows_step(kp_attn_tile *t, const keys_ws *w, const void *k, const void *v, int n_keys,
-                           int32_t key_pos, bool f16) {
-    int hd = t->hd, M3 = (w->M + 2) / 3 * 3, n4 = n_keys / 4 * 4;
-    __m128 scale = _mm_set1_ps(t->scale);
-    for (int r0 = 0; r0 < M3; r0 += 3) {
-        const float *q = w->q + (size_t)r0 * hd;
-        float *s = w->p + (size_t)r0 * STEP;
-        for (int j = 0; j < n4; j += 4) rows_scores_3x4(hd, q, kv_at(k, (size_t)j * hd, f16), s + j, scale, f16);
-        for (int j = n4; j < n_keys; j++) rows_scores_3x1(hd, q, kv_at(k, (size_t)j * hd, f16), s + j, t->scale, f16);
-    }
+/* The step's online softmax over the scores in w.p (3-row blocks, M3 rows):
+ * weights in place, running max and sum, each row's rescale in w.al. */
+AVX2_INLINE void rows_softmax(kp_attn_tile *t, const keys_ws *w, int M3, int n_keys, int32_t key_pos) {
     const __m256 ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
     const __m256 idx0 = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), idx1 = _mm256_setr_ps(8, 9, 10, 11, 12, 13, 14, 15);
     for (int r = 0; r < M3; r++) {
@@ -684,6 +675,22 @@ AVX2_INLINE void rows_step(kp_attn_tile *t, const keys_ws *w, const void *k, con
         w->m[r] = mx;
         w->al[r] = a;
     }
+}
+
+/* The step, reading K and V rows where they are (each element is converted
+ * once per block of 3 rows). Rows go 3 at a time; padding rows have q = 0
+ * and weights 0. Uses w.q, w.o, w.m, w.l, w.al, w.p. */
+AVX2_INLINE void rows_step(kp_attn_tile *t, const keys_ws *w, const void *k, const void *v, int n_keys,
+                           int32_t key_pos, bool f16) {
+    int hd = t->hd, M3 = (w->M + 2) / 3 * 3, n4 = n_keys / 4 * 4;
+    __m128 scale = _mm_set1_ps(t->scale);
+    for (int r0 = 0; r0 < M3; r0 += 3) {
+        const float *q = w->q + (size_t)r0 * hd;
+        float *s = w->p + (size_t)r0 * STEP;
+        for (int j = 0; j < n4; j += 4) rows_scores_3x4(hd, q, kv_at(k, (size_t)j * hd, f16), s + j, scale, f16);
+        for (int j = n4; j < n_keys; j++) rows_scores_3x1(hd, q, kv_at(k, (size_t)j * hd, f16), s + j, t->scale, f16);
+    }
+    rows_softmax(t, w, M3, n_keys, key_pos);
     for (int r0 = 0; r0 < M3; r0 += 3) {
         float *o = w->o + (size_t)r0 * hd;
         const float *p = w->p + (size_t)r0 * STEP, *al = w->al + r0;
@@ -731,7 +738,7 @@ static void tile_partial_gran(const kp_attn_tile *t, float *part, int gran) {
  * 8 elements of a row (F16: true for half rows); LANES_STEP is the
  * query-lane step of the table, GRAN its row block, KEY_BLOCK the keys its
  * score loop takes at a time (K is zero up to a multiple of it). */
-#define TILE_STEP_BODY(LOAD, F16, SCALAR_STEP, GRAN, KEY_BLOCK, LANES_STEP)             \
+#define TILE_STEP_BODY(LOAD, F16, SCALAR_STEP, GRAN, KEY_BLOCK, LANES_STEP, ROWS_STEP)  \
     int hd = t->hd;                                                                     \
     switch (layout_of(t)) {                                                             \
     case LAYOUT_SCALAR:                                                                 \
@@ -753,18 +760,18 @@ static void tile_partial_gran(const kp_attn_tile *t, float *part, int gran) {
     }                                                                                   \
     default: {                                                                          \
         keys_ws w = keys_layout(t);                                                     \
-        rows_step(t, &w, k, v, n_keys, key_pos, F16);                                   \
+        ROWS_STEP(t, &w, k, v, n_keys, key_pos, F16);                                   \
         break;                                                                          \
     }                                                                                   \
     }
 
 AVX2 static void tile_step_f32_avx2(kp_attn_tile *t, const float *k, const float *v, int n_keys, int32_t key_pos) {
-    TILE_STEP_BODY(load8_f32, false, tile_step_f32, GRAN_AVX2, 4, lanes_step)
+    TILE_STEP_BODY(load8_f32, false, tile_step_f32, GRAN_AVX2, 4, lanes_step, rows_step)
 }
 
 AVX2 static void tile_step_f16_avx2(kp_attn_tile *t, const uint16_t *k, const uint16_t *v, int n_keys,
                                     int32_t key_pos) {
-    TILE_STEP_BODY(load8_f16, true, tile_step_f16, GRAN_AVX2, 4, lanes_step)
+    TILE_STEP_BODY(load8_f16, true, tile_step_f16, GRAN_AVX2, 4, lanes_step, rows_step)
 }
 
 static void tile_begin_avx2(kp_attn_tile *t, const float *q, int64_t q_stride) {
@@ -957,14 +964,88 @@ AVX512_INLINE void lanes512_step(kp_attn_tile *t, const lanes_ws *w, int n_keys,
     }
 }
 
+/* The row layout (chunked decode, free order) on 16 lanes: scores of 3 rows
+ * x 4 keys over d in 16 lanes, each 512-bit sum folded to 8 lanes, then
+ * hsum4 as on 8 lanes; weighted V sums of 3 rows x 64 dims per pass. */
+AVX512_INLINE __m512 load16_kv(const void *p, size_t i, bool f16) {
+    return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)))
+               : _mm512_loadu_ps((const float *)p + i);
+}
+
+AVX512_INLINE __m256 fold512(__m512 v) {
+    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
+AVX512_INLINE void rows512_scores_3x4(int hd, const float *q, const void *k, float *s, __m128 scale, bool f16) {
+    __m512 c[3][4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < 3; r++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) c[r][j] = _mm512_setzero_ps();
+    size_t h = (size_t)hd;
+    for (int d = 0; d < hd; d += 16) {
+        __m512 x[3], kk[4];
+        _Pragma("GCC unroll 4") for (int r = 0; r < 3; r++) x[r] = _mm512_loadu_ps(q + r * h + d);
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) kk[j] = load16_kv(k, j * h + d, f16);
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
+            _Pragma("GCC unroll 4") for (int r = 0; r < 3; r++) c[r][j] = _mm512_fmadd_ps(x[r], kk[j], c[r][j]);
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < 3; r++)
+        _mm_storeu_ps(s + r * STEP, _mm_mul_ps(hsum4(fold512(c[r][0]), fold512(c[r][1]), fold512(c[r][2]),
+                                                     fold512(c[r][3])), scale));
+}
+
+AVX512_INLINE void rows512_accum_3x4(int hd, int n_keys, const float *p, const void *v, float *o, const float *al,
+                                     bool f16) {
+    __m512 c[3][4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < 3; r++) {
+        const __m512 a = _mm512_set1_ps(al[r]);
+        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) c[r][i] = _mm512_mul_ps(_mm512_loadu_ps(o + (size_t)r * hd + 16 * i), a);
+    }
+    for (int j = 0; j < n_keys; j++) {
+        __m512 vv[4];
+        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) vv[i] = load16_kv(v, (size_t)j * hd + 16 * i, f16);
+        _Pragma("GCC unroll 4") for (int r = 0; r < 3; r++) {
+            const __m512 x = _mm512_set1_ps(p[r * STEP + j]);
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) c[r][i] = _mm512_fmadd_ps(x, vv[i], c[r][i]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < 3; r++)
+        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) _mm512_storeu_ps(o + (size_t)r * hd + 16 * i, c[r][i]);
+}
+
+AVX512_INLINE void rows512_step(kp_attn_tile *t, const keys_ws *w, const void *k, const void *v, int n_keys,
+                                int32_t key_pos, bool f16) {
+    int hd = t->hd, M3 = (w->M + 2) / 3 * 3, n4 = n_keys / 4 * 4;
+    if (hd % 16) {
+        rows_step(t, w, k, v, n_keys, key_pos, f16);
+        return;
+    }
+    __m128 scale = _mm_set1_ps(t->scale);
+    for (int r0 = 0; r0 < M3; r0 += 3) {
+        const float *q = w->q + (size_t)r0 * hd;
+        float *s = w->p + (size_t)r0 * STEP;
+        for (int j = 0; j < n4; j += 4)
+            rows512_scores_3x4(hd, q, kv_at(k, (size_t)j * hd, f16), s + j, scale, f16);
+        for (int j = n4; j < n_keys; j++) rows_scores_3x1(hd, q, kv_at(k, (size_t)j * hd, f16), s + j, t->scale, f16);
+    }
+    rows_softmax(t, w, M3, n_keys, key_pos);
+    for (int r0 = 0; r0 < M3; r0 += 3) {
+        float *o = w->o + (size_t)r0 * hd;
+        const float *p = w->p + (size_t)r0 * STEP, *al = w->al + r0;
+        int d0 = 0;
+        for (; d0 + 64 <= hd; d0 += 64) rows512_accum_3x4(hd, n_keys, p, kv_at(v, (size_t)d0, f16), o + d0, al, f16);
+        for (; d0 + 32 <= hd; d0 += 32) rows_accum_3x4(hd, n_keys, p, kv_at(v, (size_t)d0, f16), o + d0, al, f16);
+        for (; d0 < hd; d0 += 8) rows_accum_3x1(hd, n_keys, p, kv_at(v, (size_t)d0, f16), o + d0, al, f16);
+    }
+}
+
 AVX512 static void tile_step_f32_avx512(kp_attn_tile *t, const float *k, const float *v, int n_keys,
                                         int32_t key_pos) {
-    TILE_STEP_BODY(load8_f32, false, tile_step_f32, GRAN_AVX512, 8, lanes512_step)
+    TILE_STEP_BODY(load8_f32, false, tile_step_f32, GRAN_AVX512, 8, lanes512_step, rows512_step)
 }
 
 AVX512 static void tile_step_f16_avx512(kp_attn_tile *t, const uint16_t *k, const uint16_t *v, int n_keys,
                                         int32_t key_pos) {
-    TILE_STEP_BODY(load8_f16, true, tile_step_f16, GRAN_AVX512, 8, lanes512_step)
+    TILE_STEP_BODY(load8_f16, true, tile_step_f16, GRAN_AVX512, 8, lanes512_step, rows512_step)
 }
 
 static void tile_begin_avx512(kp_attn_tile *t, const float *q, int64_t q_stride) {
