@@ -4,7 +4,9 @@
  * kp_pool_run(pool, fn, ctx, n_tasks) calls fn(ctx, task, thread) for every
  * task in [0, n_tasks) across the pool's threads (the calling thread is
  * thread 0 and works too) and returns when all are done. Tasks are handed
- * out by an atomic counter, so uneven tasks balance themselves.
+ * out by an atomic counter in runs of consecutive ids that shrink as the
+ * run drains, so uneven tasks balance themselves and a thread works through
+ * neighbouring tasks (the matmul's weight rows prefetch across them).
  *
  * The pool is created once per model session, never per token. Between
  * runs, workers spin briefly (decode issues hundreds of runs per token and a
