@@ -378,6 +378,54 @@ static VNNI void oct_tile_vnni(int64_t ib0, int64_t len, const char *const *wr, 
     }
 }
 
+/* Q8_0 decode (one activation row) with VNNI, 16 weight rows at once: rows r
+ * and r + 8 share a 512-bit vector, so the fold to one sum per row, the
+ * conversion and the scaling run once per 16 rows; the row scales come in
+ * with one gather. The lanes hold rows 0-3, 8-11, 4-7, 12-15 until the
+ * end. The same integers and the same float operations per row as
+ * oct_tile_vnni_nc, so the same results. */
+static VNNI void hex_tile_vnni(int64_t ib0, int64_t len, const char *w0, size_t ws, const char *ar,
+                               const kp_q8_0_aux *ax, int kind, float *out, int add, size_t pf) {
+    const size_t blk = kind == WQ8_0 ? sizeof(kp_block_q8_0) : sizeof(kp_block_q4_0);
+    const __m512i lane_row = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
+    const __m512i offs = _mm512_mullo_epi32(lane_row, _mm512_set1_epi32((int)ws));
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        const int64_t ib = ib0 + b;
+        const __m256i av = _mm256_loadu_si256((const __m256i *)((const kp_block_q8_0 *)ar + ib)->qs);
+        const __m512i av2 = _mm512_inserti64x4(_mm512_castsi256_si512(av), av, 1);
+        __m512i p[8];
+        UNROLL for (int r = 0; r < 8; r++) {
+            const char *ra = w0 + (size_t)r * ws, *rb = ra + 8 * ws;
+            if (pf) {
+                _mm_prefetch(ra + pf + (size_t)ib * blk, _MM_HINT_T0);
+                _mm_prefetch(rb + pf + (size_t)ib * blk, _MM_HINT_T0);
+            }
+            __m256i ua = legacy_quants(ra, ib, kind), ub = legacy_quants(rb, ib, kind);
+            if (kind == WQ8_0) {
+                ua = _mm256_xor_si256(ua, _mm256_set1_epi8((char)0x80));
+                ub = _mm256_xor_si256(ub, _mm256_set1_epi8((char)0x80));
+            }
+            p[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_inserti64x4(_mm512_castsi256_si512(ua), ub, 1),
+                                       av2);
+        }
+        __m512i s2[4];
+        UNROLL for (int i = 0; i < 4; i++)
+            s2[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2 * i], p[2 * i + 1]),
+                                     _mm512_unpackhi_epi32(p[2 * i], p[2 * i + 1]));
+        const __m512i q0 = _mm512_add_epi32(_mm512_unpacklo_epi64(s2[0], s2[1]), _mm512_unpackhi_epi64(s2[0], s2[1]));
+        const __m512i q1 = _mm512_add_epi32(_mm512_unpacklo_epi64(s2[2], s2[3]), _mm512_unpackhi_epi64(s2[2], s2[3]));
+        __m512i t = _mm512_add_epi32(_mm512_shuffle_i32x4(q0, q1, _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_i32x4(q0, q1, _MM_SHUFFLE(3, 1, 3, 1)));
+        t = _mm512_add_epi32(t, _mm512_set1_epi32(kind == WQ8_0 ? ax[b].bias : ax[b].bias / 16));
+        const __m512i g = _mm512_i32gather_epi32(offs, (const void *)(w0 + (size_t)ib * blk), 1);
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, _mm512_set1_ps(ax[b].d)), acc);
+    }
+    acc = _mm512_permutexvar_ps(lane_row, acc); /* lane_row is its own inverse */
+    _mm512_storeu_ps(out, add ? _mm512_add_ps(acc, _mm512_loadu_ps(out)) : acc);
+}
+
 AVX2_INLINE void tile_legacy(int64_t n, int nr, int nc, const void *w, size_t w_stride,
                              const void *a, size_t a_stride, const void *aux, size_t aux_stride,
                              float *out, size_t out_stride, int kind, int pack) {
@@ -401,6 +449,11 @@ AVX2_INLINE void tile_legacy(int64_t n, int nr, int nc, const void *w, size_t w_
                 for (int r = 0; r < 8; r++) wr[r] = (const char *)w + (size_t)(r0 + (r < nrr ? r : nrr - 1)) * w_stride;
                 float *o = out + (size_t)c0 * out_stride + (size_t)r0;
                 const int add = ib0 > 0;
+                if (pack == PACK_VNNI && kind == WQ8_0 && ncc == 1 && nr - r0 >= 16) { /* Q4_0: no gain measured */
+                    hex_tile_vnni(ib0, len, wr[0], w_stride, ar[0], ax[0], kind, o, add, pf);
+                    r0 += 8; /* 16 rows done */
+                    continue;
+                }
                 if (pack == PACK_VNNI) {
                     oct_tile_vnni(ib0, len, wr, ar, ax, kind, nrr, o, out_stride, add, ncc, pf);
                     continue;
