@@ -1216,11 +1216,7 @@ static AVX2 void tile_q6_K(int64_t n, int nr, int nc, const void *w, size_t w_st
  * Totals stay far inside int32 (Q4_K < 2^25, Q6_K < 2^29).
  */
 
-typedef struct {
-    __m256i q[8][8];
-    __m256i sc[8], mn[8];
-    float d[8], dmin[8];
-} q4k_panel;
+typedef kmin_panel q4k_panel; /* quant_avx2_inl.h, shared with Q5_K */
 
 typedef struct {
     __m256i q[16][4];
@@ -1297,7 +1293,6 @@ AVX2_INLINE void q6k_pack(const char *const *wr, int64_t i, int pack, q6k_panel 
 
 /* The activation quants at byte offset off of super-block i of row c,
  * 4 of them broadcast to every lane. */
-#define KQ_A4(ar, c, i, off) _mm256_set1_epi32(load_i32(((const kp_block_q8_K *)(ar)[c] + (i))->qs + (off)))
 
 /* One panel x NC activation rows over super-blocks [i0, i0 + len). */
 AVX2_INLINE void kq_tile(const void *panels, const char *const *ar, int64_t i0, int64_t len, int kind,
@@ -1368,31 +1363,12 @@ VNNI_INLINE void kq_tile_vnni_nc(const void *panels, const char *const *ar, int6
     UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < len; b++) {
         const int64_t i = i0 + b;
-        __m256i isum[4], s[4];
-        UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
         if (kind == KQ4) {
-            const q4k_panel *p = (const q4k_panel *)panels + b;
-            for (int j = 0; j < 8; j++) {
-                UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
-                UNROLL for (int g = 0; g < 8; g++) {
-                    const __m256i w = _mm256_load_si256(&p->q[j][g]);
-                    UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_dpbusd_epi32(s[c], w, KQ_A4(ar, c, i, 32 * j + 4 * g));
-                }
-                const __m256i sc = _mm256_load_si256(&p->sc[j]);
-                UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(s[c], sc));
-            }
-            const __m256 d8 = _mm256_load_ps(p->d), m8 = _mm256_load_ps(p->dmin);
-            UNROLL for (int c = 0; c < NC; c++) {
-                const kp_block_q8_K *y = (const kp_block_q8_K *)ar[c] + i;
-                __m256i im = _mm256_setzero_si256();
-                UNROLL for (int j = 0; j < 8; j++)
-                    im = _mm256_dpwssd_epi32(im, _mm256_load_si256(&p->mn[j]), _mm256_set1_epi32(load_i32(&y->bsums[2 * j])));
-                const __m256 da = _mm256_set1_ps(y->d);
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(d8, da), acc[c]);
-                acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im), _mm256_mul_ps(m8, da), acc[c]);
-            }
+            kmin_panel_step_vnni((const q4k_panel *)panels + b, ar, i, acc, NC);
         } else {
             const q6k_panel *p = (const q6k_panel *)panels + b;
+            __m256i isum[4], s[4];
+            UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
             for (int j = 0; j < 16; j++) {
                 const __m256i sc = _mm256_load_si256(&p->sc[j]);
                 UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
@@ -1492,7 +1468,6 @@ KQUANT_GEMM(gemm_q6_K, AVX2, tile_q6_K, KQ6, PACK_AVX2)
 KQUANT_GEMM(gemm_q4_K_vnni, VNNI, tile_q4_K, KQ4, PACK_VNNI)
 KQUANT_GEMM(gemm_q6_K_vnni, VNNI, tile_q6_K, KQ6, PACK_VNNI)
 #undef KQUANT_GEMM
-#undef KQ_A4
 
 /* ------------------------------------------------------------------------ */
 /* activation conversion (bit-identical to the reference quantizers)         */

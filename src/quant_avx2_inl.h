@@ -1,7 +1,8 @@
 /*
  * quant_avx2_inl.h - private to src/quant*_avx2.c: the target macros (AVX2,
  * VNNI) and the small AVX2 helpers both kernel files use (horizontal sums,
- * FP16 loads, 8x8 transposes, panel stores). Include only on x86-64,
+ * FP16 loads, 8x8 transposes, panel stores, the Q4_K/Q5_K panel and its
+ * VNNI step). Include only on x86-64,
  * after <immintrin.h>.
  */
 #ifndef KP_QUANT_AVX2_INL_H
@@ -11,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "quant_impl.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
@@ -137,6 +140,48 @@ AVX2_INLINE __m256 round_half_away(__m256 t) {
     const __m256 ge_half = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
     const __m256 one = _mm256_or_ps(_mm256_and_ps(t, sign), _mm256_set1_ps(1.0f));
     return _mm256_add_ps(tr, _mm256_and_ps(ge_half, one));
+}
+
+
+/* A panel of 8 weight rows over one super-block of a K-quant with 8
+ * sub-blocks of 32, a scale and a min each (Q4_K, Q5_K): quants repacked so
+ * a 32-byte step holds 4 consecutive quants of every row, per-row scales
+ * and mins in int32 lanes, the super-block scales as floats. */
+typedef struct {
+    __m256i q[8][8];       /* [sub-block][step]: 8 rows x 4 unsigned quants */
+    __m256i sc[8], mn[8];  /* per row: scale j (AVX2 int16 pair, VNNI int32); min j as an int16 pair */
+    float d[8], dmin[8];   /* per row: the super-block's scale and min scale */
+} kmin_panel;
+
+/* 4 activation quants at qs[off] of super-block i of activation row c, in every lane. */
+#define KQ_A4(ar, c, i, off) _mm256_set1_epi32(load_i32(((const kp_block_q8_K *)(ar)[c] + (i))->qs + (off)))
+
+/* acc[c] += one kmin_panel x NC activation rows (super-block i), VNNI:
+ * vpdpbusd over each sub-block, vpmulld by its scale, the mins against the
+ * activation bsums by vpdpwssd. */
+VNNI_INLINE void kmin_panel_step_vnni(const kmin_panel *p, const char *const *ar, int64_t i, __m256 *acc,
+                                      const int NC) {
+    __m256i isum[4], s[4];
+    UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
+        UNROLL for (int g = 0; g < 8; g++) {
+            const __m256i w = _mm256_load_si256(&p->q[j][g]);
+            UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_dpbusd_epi32(s[c], w, KQ_A4(ar, c, i, 32 * j + 4 * g));
+        }
+        const __m256i sc = _mm256_load_si256(&p->sc[j]);
+        UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(s[c], sc));
+    }
+    const __m256 d8 = _mm256_load_ps(p->d), m8 = _mm256_load_ps(p->dmin);
+    UNROLL for (int c = 0; c < NC; c++) {
+        const kp_block_q8_K *y = (const kp_block_q8_K *)ar[c] + i;
+        __m256i im = _mm256_setzero_si256();
+        UNROLL for (int j = 0; j < 8; j++)
+            im = _mm256_dpwssd_epi32(im, _mm256_load_si256(&p->mn[j]), _mm256_set1_epi32(load_i32(&y->bsums[2 * j])));
+        const __m256 da = _mm256_set1_ps(y->d);
+        acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(d8, da), acc[c]);
+        acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im), _mm256_mul_ps(m8, da), acc[c]);
+    }
 }
 
 #endif

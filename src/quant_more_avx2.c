@@ -728,11 +728,7 @@ AVX2 void kp_qmore_avx2_tile_q5_K(int64_t n, int nr, int nc, const void *w, size
  * then vpmulld. imin: vpmaddwd (VNNI: vpdpwssd) of mn[j] with a broadcast
  * pair of bsums. Totals stay far inside int32 (|isum| < 2^26).
  */
-typedef struct {
-    __m256i q[8][8];
-    __m256i sc[8], mn[8];
-    float d[8], dmin[8];
-} q5k_panel;
+typedef kmin_panel q5k_panel; /* quant_avx2_inl.h, shared with Q4_K */
 
 typedef struct {
     q5k_panel p[PANEL_RC / 8][K5_KC];
@@ -766,7 +762,6 @@ AVX2_INLINE void q5k_pack(const char *const *wr, int64_t i, int pack, q5k_panel 
 
 /* The activation quants at byte offset off of super-block i of row c,
  * 4 of them broadcast to every lane. */
-#define K5_A4(ar, c, i, off) _mm256_set1_epi32(load_i32(((const kp_block_q8_K *)(ar)[c] + (i))->qs + (off)))
 
 /* imin of NC activation rows: m_j * (bsums[2j] + bsums[2j+1]) per row. */
 AVX2_INLINE __m256i q5k_imin(const q5k_panel *p, const kp_block_q8_K *y) {
@@ -793,7 +788,7 @@ AVX2_INLINE void q5k_panel_tile(const q5k_panel *panels, const char *const *ar, 
                 UNROLL for (int g = 4 * h; g < 4 * h + 4; g++) {
                     const __m256i w = _mm256_load_si256(&p->q[j][g]);
                     UNROLL for (int c = 0; c < NC; c++)
-                        s[c] = _mm256_add_epi16(s[c], _mm256_maddubs_epi16(w, K5_A4(ar, c, i, 32 * j + 4 * g)));
+                        s[c] = _mm256_add_epi16(s[c], _mm256_maddubs_epi16(w, KQ_A4(ar, c, i, 32 * j + 4 * g)));
                 }
                 UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(s[c], sc));
             }
@@ -814,31 +809,7 @@ VNNI_INLINE void q5k_panel_tile_vnni_nc(const q5k_panel *panels, const char *con
                                         int nr, float *out, size_t os, int add, const int NC) {
     __m256 acc[4];
     UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < len; b++) {
-        const int64_t i = i0 + b;
-        const q5k_panel *p = panels + b;
-        __m256i isum[4], s[4];
-        UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j++) {
-            UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
-            UNROLL for (int g = 0; g < 8; g++) {
-                const __m256i w = _mm256_load_si256(&p->q[j][g]);
-                UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_dpbusd_epi32(s[c], w, K5_A4(ar, c, i, 32 * j + 4 * g));
-            }
-            const __m256i sc = _mm256_load_si256(&p->sc[j]);
-            UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(s[c], sc));
-        }
-        const __m256 d8 = _mm256_load_ps(p->d), m8 = _mm256_load_ps(p->dmin);
-        UNROLL for (int c = 0; c < NC; c++) {
-            const kp_block_q8_K *y = (const kp_block_q8_K *)ar[c] + i;
-            __m256i im = _mm256_setzero_si256();
-            UNROLL for (int j = 0; j < 8; j++)
-                im = _mm256_dpwssd_epi32(im, _mm256_load_si256(&p->mn[j]), _mm256_set1_epi32(load_i32(&y->bsums[2 * j])));
-            const __m256 da = _mm256_set1_ps(y->d);
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(d8, da), acc[c]);
-            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im), _mm256_mul_ps(m8, da), acc[c]);
-        }
-    }
+    for (int64_t b = 0; b < len; b++) kmin_panel_step_vnni(panels + b, ar, i0 + b, acc, NC);
     UNROLL for (int c = 0; c < NC; c++) panel_store(acc[c], out + (size_t)c * os, nr, add);
 }
 
@@ -915,7 +886,6 @@ VNNI void kp_qmore_vnni_gemm_q5_K(int64_t n, int nr, int nc, const void *w, size
     gemm_q5k(n, nr, nc, w, w_stride, a, a_stride, out, out_stride, PACK_VNNI);
 }
 
-#undef K5_A4
 
 /* ------------------------------------------------------------------------ */
 /* Q8_1 activations                                                          */
