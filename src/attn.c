@@ -105,25 +105,31 @@ static void tile_step_f16_c(kp_attn_tile *t, const uint16_t *k, const uint16_t *
     tile_step_f32_c(t, w.kf, w.vf, n_keys, key_pos);
 }
 
+void kp_attn_rows_end(const float *o, const float *l, int M, int G, int hd, float *out, int64_t out_stride) {
+    for (int r = 0; r < M; r++) {
+        float inv = 1.0f / l[r];
+        float *dst = out + (r / G) * out_stride + (r % G) * hd;
+        for (int d = 0; d < hd; d++) dst[d] = o[(size_t)r * hd + d] * inv;
+    }
+}
+
+void kp_attn_rows_partial(const float *o, const float *m, const float *l, int M, int hd, float *part) {
+    for (int r = 0; r < M; r++) {
+        float *p = part + (size_t)r * (hd + 2);
+        p[0] = m[r];
+        p[1] = l[r];
+        memcpy(p + 2, o + (size_t)r * hd, (size_t)hd * sizeof(float));
+    }
+}
+
 static void tile_end_c(const kp_attn_tile *t, float *out, int64_t out_stride) {
     scalar_ws w = scalar_layout(t);
-    int hd = t->hd;
-    for (int r = 0; r < w.M; r++) {
-        float inv = 1.0f / w.l[r];
-        float *dst = out + (r / t->G) * out_stride + (r % t->G) * hd;
-        for (int d = 0; d < hd; d++) dst[d] = w.o[(size_t)r * hd + d] * inv;
-    }
+    kp_attn_rows_end(w.o, w.l, w.M, t->G, t->hd, out, out_stride);
 }
 
 static void tile_partial_c(const kp_attn_tile *t, float *part) {
     scalar_ws w = scalar_layout(t);
-    int hd = t->hd;
-    for (int r = 0; r < w.M; r++) {
-        float *p = part + (size_t)r * (hd + 2);
-        p[0] = w.m[r];
-        p[1] = w.l[r];
-        memcpy(p + 2, w.o + (size_t)r * hd, (size_t)hd * sizeof(float));
-    }
+    kp_attn_rows_partial(w.o, w.m, w.l, w.M, t->hd, part);
 }
 
 static void exp_row_c(const float *x, float *y, int64_t n) {

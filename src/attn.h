@@ -103,12 +103,21 @@ typedef struct {
 
 /* Portable C; always available. */
 const kp_attn_kernels *kp_attn_scalar(void);
+
+/* For the tables' tile_end and tile_partial of workspaces that keep each
+ * row's running sum o[M][hd], max m[M] and sum l[M] row by row: writes
+ * o / l to the tile's output rows (row r -> token r / G, head r % G), or
+ * the partial state [m, l, o[hd]] of every row. */
+void kp_attn_rows_end(const float *o, const float *l, int M, int G, int hd, float *out, int64_t out_stride);
+void kp_attn_rows_partial(const float *o, const float *m, const float *l, int M, int hd, float *part);
 /* The AVX2+FMA+F16C table, without checking the CPU; NULL when kvpin is not
  * built for x86-64. Head sizes that are not a multiple of 8 fall back to the
  * scalar code inside it. */
 const kp_attn_kernels *kp_attn_avx2_table(void);
-/* The same with the prefill (many-row) tile loops on 16-lane AVX-512F
- * vectors; its results equal the AVX2 table's bit for bit. NULL when not
+/* The same with the prefill (many-row) tile loops, and the scores and
+ * weighted sums of free-order tiles (chunked decode), on 16-lane AVX-512F
+ * vectors; its results equal the AVX2 table's bit for bit except in
+ * free-order tiles, which promise no summation order. NULL when not
  * built for x86-64; the CPU is not checked. */
 const kp_attn_kernels *kp_attn_avx512_table(void);
 /* The AVX-512 table when the CPU has AVX-512F, AVX2, FMA and F16C, else the

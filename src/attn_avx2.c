@@ -529,23 +529,12 @@ AVX2_INLINE void keys_step(kp_attn_tile *t, const keys_ws *w, int n_keys, int32_
 
 static void keys_end(const kp_attn_tile *t, float *out, int64_t out_stride) {
     keys_ws w = keys_layout(t);
-    int hd = t->hd, G = t->G;
-    for (int r = 0; r < w.M; r++) {
-        float inv = 1.0f / w.l[r];
-        float *dst = out + (r / G) * out_stride + (r % G) * hd;
-        for (int d = 0; d < hd; d++) dst[d] = w.o[(size_t)r * hd + d] * inv;
-    }
+    kp_attn_rows_end(w.o, w.l, w.M, t->G, t->hd, out, out_stride);
 }
 
 static void keys_partial(const kp_attn_tile *t, float *part) {
     keys_ws w = keys_layout(t);
-    int hd = t->hd;
-    for (int r = 0; r < w.M; r++) {
-        float *p = part + (size_t)r * (hd + 2);
-        p[0] = w.m[r];
-        p[1] = w.l[r];
-        memcpy(p + 2, w.o + (size_t)r * hd, (size_t)hd * sizeof(float));
-    }
+    kp_attn_rows_partial(w.o, w.m, w.l, w.M, t->hd, part);
 }
 
 /* ---- row layout (few rows, free order) ----------------------------------- */
