@@ -378,6 +378,146 @@ static VNNI void oct_tile_vnni(int64_t ib0, int64_t len, const char *const *wr, 
     }
 }
 
+/*
+ * Q4_0 with few activation rows: a row pair per vector. The 16 quant bytes
+ * of rows r and r + 4 fill the two 128-bit halves of one vector (a load and
+ * a vinserti128 from memory, no shuffle), the low and high nibbles come out
+ * with a mask and a shift, and they meet the activation's first and second
+ * 16 quants, each broadcast to both halves:
+ *
+ *   x_k = [qs(row k) | qs(row k+4)]                         k = 0..3
+ *   p_k = vpmaddwd(vpmaddubsw(x_k & 15, a_lo) + vpmaddubsw(x_k >> 4 & 15, a_hi), 1)
+ *         (VNNI: vpdpbusd twice)  = [4 partial sums of row k | of row k+4]
+ *
+ * (int16 pair sums at most 2 * 15 * 128 each, 7680 for the two.) Four such
+ * vectors fold in two unpack-and-add steps to the 8 row sums in row order:
+ *
+ *   s01 = lo32(p0, p1) + hi32(p0, p1),  s23 likewise,  t = lo64(s01, s23) + hi64(s01, s23)
+ *
+ * so a block of 8 rows costs 9 in-lane shuffles and adds where oct_tile's
+ * hadd tree took 14 shuffle-port operations. The integer sums are oct_tile's exact ones and the float steps
+ * the same, so the results are too.
+ */
+
+/* Low and high nibbles of block ib of rows ra and rb, as [ra | rb]. */
+AVX2_INLINE void q4_pair(const char *ra, const char *rb, int64_t ib, __m256i *lo, __m256i *hi) {
+    const __m128i xa = _mm_loadu_si128((const __m128i *)((const kp_block_q4_0 *)ra + ib)->qs);
+    const __m256i x = _mm256_inserti128_si256(_mm256_castsi128_si256(xa),
+                                              _mm_loadu_si128((const __m128i *)((const kp_block_q4_0 *)rb + ib)->qs), 1);
+    const __m256i m = _mm256_set1_epi8(0xF);
+    *lo = _mm256_and_si256(x, m);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m);
+}
+
+/* [row k | row k+4] partial sums, k = 0..3 -> the 8 row sums in row order. */
+AVX2_INLINE __m256i fold_pairs(const __m256i p[4]) {
+    const __m256i s01 = _mm256_add_epi32(_mm256_unpacklo_epi32(p[0], p[1]), _mm256_unpackhi_epi32(p[0], p[1]));
+    const __m256i s23 = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2], p[3]), _mm256_unpackhi_epi32(p[2], p[3]));
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23));
+}
+
+/* One 8 x NC Q4_0 tile over blocks [ib0, ib0 + len), as oct_tile (rows past
+ * nr repeat, computed and not stored). */
+AVX2_INLINE void q4_tile(int64_t ib0, int64_t len, const char *const *wr, const char *const *ar,
+                         const kp_q8_0_aux *const *ax, int nr, float *out, size_t os, int add, size_t pf,
+                         const int NC) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4];
+    UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        const int64_t ib = ib0 + b;
+        __m256i lo[4], hi[4];
+        if (pf) UNROLL for (int r = 0; r < 8; r++) _mm_prefetch(wr[r] + pf + (size_t)ib * sizeof(kp_block_q4_0), _MM_HINT_T0);
+        UNROLL for (int k = 0; k < 4; k++) q4_pair(wr[k], wr[k + 4], ib, &lo[k], &hi[k]);
+        const __m256 dw8 = half8_at(wr, (size_t)ib * sizeof(kp_block_q4_0));
+        UNROLL for (int c = 0; c < NC; c++) {
+            const kp_block_q8_0 *y = (const kp_block_q8_0 *)ar[c] + ib;
+            const __m256i alo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)y->qs));
+            const __m256i ahi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(y->qs + 16)));
+            __m256i p[4];
+            UNROLL for (int k = 0; k < 4; k++)
+                p[k] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[k], alo), _mm256_maddubs_epi16(hi[k], ahi)), ones);
+            const __m256i t = _mm256_add_epi32(fold_pairs(p), _mm256_set1_epi32(ax[c][b].bias / 16));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw8, _mm256_set1_ps(ax[c][b].d)), acc[c]);
+        }
+    }
+    UNROLL for (int c = 0; c < NC; c++) panel_store(acc[c], out + (size_t)c * os, nr, add);
+}
+
+/* q4_tile with vpdpbusd for the products (the same exact sums). */
+VNNI_INLINE void q4_tile_vnni_nc(int64_t ib0, int64_t len, const char *const *wr, const char *const *ar,
+                                 const kp_q8_0_aux *const *ax, int nr, float *out, size_t os, int add, size_t pf,
+                                 const int NC) {
+    __m256 acc[4];
+    UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        const int64_t ib = ib0 + b;
+        __m256i lo[4], hi[4];
+        if (pf) UNROLL for (int r = 0; r < 8; r++) _mm_prefetch(wr[r] + pf + (size_t)ib * sizeof(kp_block_q4_0), _MM_HINT_T0);
+        UNROLL for (int k = 0; k < 4; k++) q4_pair(wr[k], wr[k + 4], ib, &lo[k], &hi[k]);
+        const __m256 dw8 = half8_at(wr, (size_t)ib * sizeof(kp_block_q4_0));
+        UNROLL for (int c = 0; c < NC; c++) {
+            const kp_block_q8_0 *y = (const kp_block_q8_0 *)ar[c] + ib;
+            const __m256i alo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)y->qs));
+            const __m256i ahi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(y->qs + 16)));
+            __m256i p[4];
+            UNROLL for (int k = 0; k < 4; k++)
+                p[k] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo[k], alo), hi[k], ahi);
+            const __m256i t = _mm256_add_epi32(fold_pairs(p), _mm256_set1_epi32(ax[c][b].bias / 16));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw8, _mm256_set1_ps(ax[c][b].d)), acc[c]);
+        }
+    }
+    UNROLL for (int c = 0; c < NC; c++) panel_store(acc[c], out + (size_t)c * os, nr, add);
+}
+
+/* Q4_0 decode (one activation row) with VNNI, 16 weight rows: as
+ * q4_tile_vnni_nc with four rows per 512-bit vector (rows k, k+4, k+8,
+ * k+12), so the fold gives the 16 row sums in row order, and one gather
+ * brings the 16 row scales. The same integers and float steps per row. */
+static VNNI void q4_hex_tile_vnni(int64_t ib0, int64_t len, const char *w0, size_t ws, const char *ar,
+                                  const kp_q8_0_aux *ax, float *out, int add, size_t pf) {
+    const size_t blk = sizeof(kp_block_q4_0);
+    const __m512i offs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)ws));
+    const __m512i m = _mm512_set1_epi8(0xF);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        const int64_t ib = ib0 + b;
+        const char *wb = w0 + (size_t)ib * blk + 2; /* qs of block ib, row 0 */
+        if (pf) UNROLL for (int r = 0; r < 16; r++) _mm_prefetch(wb + (size_t)r * ws + pf, _MM_HINT_T0);
+        const kp_block_q8_0 *y = (const kp_block_q8_0 *)ar + ib;
+        const __m512i alo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y->qs));
+        const __m512i ahi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y->qs + 16)));
+        __m512i p[4];
+        UNROLL for (int k = 0; k < 4; k++) {
+            __m512i x = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(wb + (size_t)k * ws)));
+            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(wb + (size_t)(k + 4) * ws)), 1);
+            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(wb + (size_t)(k + 8) * ws)), 2);
+            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(wb + (size_t)(k + 12) * ws)), 3);
+            const __m512i lo = _mm512_and_si512(x, m), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m);
+            p[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo), hi, ahi);
+        }
+        const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1]));
+        const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
+        __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+        t = _mm512_add_epi32(t, _mm512_set1_epi32(ax[b].bias / 16));
+        const __m512i g = _mm512_i32gather_epi32(offs, (const void *)(wb - 2), 1);
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, _mm512_set1_ps(ax[b].d)), acc);
+    }
+    _mm512_storeu_ps(out, add ? _mm512_add_ps(acc, _mm512_loadu_ps(out)) : acc);
+}
+
+static VNNI void q4_tile_vnni(int64_t ib0, int64_t len, const char *const *wr, const char *const *ar,
+                              const kp_q8_0_aux *const *ax, int nr, float *out, size_t os, int add, int nc, size_t pf) {
+    switch (nc) {
+    case 1: q4_tile_vnni_nc(ib0, len, wr, ar, ax, nr, out, os, add, pf, 1); break;
+    case 2: q4_tile_vnni_nc(ib0, len, wr, ar, ax, nr, out, os, add, pf, 2); break;
+    case 3: q4_tile_vnni_nc(ib0, len, wr, ar, ax, nr, out, os, add, pf, 3); break;
+    default: q4_tile_vnni_nc(ib0, len, wr, ar, ax, nr, out, os, add, pf, 4); break;
+    }
+}
+
 /* Q8_0 decode (one activation row) with VNNI, 16 weight rows at once: rows r
  * and r + 8 share a 512-bit vector, so the fold to one sum per row, the
  * conversion and the scaling run once per 16 rows; the row scales come in
@@ -452,6 +592,24 @@ AVX2_INLINE void tile_legacy(int64_t n, int nr, int nc, const void *w, size_t w_
                 if (pack == PACK_VNNI && kind == WQ8_0 && ncc == 1 && nr - r0 >= 16) { /* Q4_0: no gain measured */
                     hex_tile_vnni(ib0, len, wr[0], w_stride, ar[0], ax[0], kind, o, add, pf);
                     r0 += 8; /* 16 rows done */
+                    continue;
+                }
+                if (kind == WQ4_0 && pack == PACK_VNNI && ncc == 1 && nr - r0 >= 16) {
+                    q4_hex_tile_vnni(ib0, len, wr[0], w_stride, ar[0], ax[0], o, add, pf);
+                    r0 += 8; /* 16 rows done */
+                    continue;
+                }
+                if (kind == WQ4_0 && nrr > 4 && pack == PACK_VNNI) {
+                    q4_tile_vnni(ib0, len, wr, ar, ax, nrr, o, out_stride, add, ncc, pf);
+                    continue;
+                }
+                if (kind == WQ4_0 && nrr > 4) {
+                    switch (ncc) {
+                    case 1: q4_tile(ib0, len, wr, ar, ax, nrr, o, out_stride, add, pf, 1); break;
+                    case 2: q4_tile(ib0, len, wr, ar, ax, nrr, o, out_stride, add, pf, 2); break;
+                    case 3: q4_tile(ib0, len, wr, ar, ax, nrr, o, out_stride, add, pf, 3); break;
+                    default: q4_tile(ib0, len, wr, ar, ax, nrr, o, out_stride, add, pf, 4); break;
+                    }
                     continue;
                 }
                 if (pack == PACK_VNNI) {
