@@ -274,11 +274,88 @@ AVX2_INLINE void oct_tile(int64_t ib0, int64_t len, const char *const *wr, const
     UNROLL for (int c = 0; c < NC; c++) panel_store(acc[c], out + (size_t)c * os, nr, add);
 }
 
+/*
+ * One activation row with VNNI, 16 weight rows (decode): four rows per
+ * 512-bit vector, x_k = [qs(row k) | qs(row k+4) | qs(row k+8) | qs(row
+ * k+12)], 128-bit inserts from memory; the low and high nibbles meet the
+ * activation's first and second 16 quants, broadcast to all four lanes, in
+ * two vpdpbusd. Q5_0/Q5_1 add bit 4 by a masked byte add: one gather brings
+ * the 16 rows' qh words (lane j: row j), so 128-bit lane i holds rows 4i..
+ * 4i+3 and a vpshufb spreads row 4i+k's qh bytes over the bytes of x_k's
+ * lane i, where vptestmb against 1 << (j mod 8) gives the mask. Two
+ * unpack-and-add steps fold the four vectors to the 16 row sums in row
+ * order. The same exact integer sums and the same float steps per row as
+ * oct_tile, so the same results.
+ */
+VNNI_INLINE __m512i leg_hex_fold(const __m512i p[4]) {
+    const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1]));
+    const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+}
+
+/* The 4 bytes at w0 + at of rows w0 + j * ws (offs: j * ws), lane j = row j. */
+VNNI_INLINE __m512i leg_hex_gather(const char *w0, __m512i offs, size_t at) {
+    return _mm512_i32gather_epi32(offs, (const void *)(w0 + at), 1);
+}
+
+static VNNI void leg_hex_tile_vnni(int64_t ib0, int64_t len, const char *w0, size_t ws, const char *ar,
+                                   const kp_q8_0_aux *ax, const q8_1_ds *ds, int kind, float *out, int add,
+                                   size_t pf) {
+    const size_t blk = legacy_size(kind);
+    const size_t qs_at = kind == WQ4_1 ? offsetof(kp_block_q4_1, qs)
+                         : kind == WQ5_0 ? offsetof(kp_block_q5_0, qs) : offsetof(kp_block_q5_1, qs);
+    const size_t qh_at = kind == WQ5_0 ? offsetof(kp_block_q5_0, qh) : offsetof(kp_block_q5_1, qh);
+    const __m512i offs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)ws));
+    const __m512i m = _mm512_set1_epi8(0xF), five = _mm512_set1_epi8(0x10);
+    const __m512i bit = _mm512_set1_epi64(0x8040201008040201ll);
+    const __m512i spread = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        const int64_t ib = ib0 + b;
+        const char *wb = w0 + (size_t)ib * blk;
+        /* one prefetch per row every 2 blocks (44 bytes) still touches every line */
+        if (pf && !(b & 1)) UNROLL for (int r = 0; r < 16; r++) _mm_prefetch(wb + (size_t)r * ws + pf, _MM_HINT_T0);
+        const int8_t *aq = act_quants(ar, ib, kind);
+        const __m512i alo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)aq));
+        const __m512i ahi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(aq + 16)));
+        const __m512i dm = leg_hex_gather(wb, offs, 0); /* d | m << 16 (Q4_1/Q5_1) */
+        const __m512i qh = kind == WQ4_1 ? _mm512_setzero_si512() : leg_hex_gather(wb, offs, qh_at);
+        __m512i p[4];
+        UNROLL for (int k = 0; k < 4; k++) {
+            const char *q0 = wb + qs_at + (size_t)k * ws;
+            __m512i x = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)q0));
+            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(q0 + 4 * ws)), 1);
+            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(q0 + 8 * ws)), 2);
+            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(q0 + 12 * ws)), 3);
+            __m512i lo = _mm512_and_si512(x, m), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m);
+            if (kind != WQ4_1) {
+                const __m512i blo = _mm512_shuffle_epi8(qh, _mm512_add_epi8(spread, _mm512_set1_epi8((char)(4 * k))));
+                const __m512i bhi = _mm512_shuffle_epi8(qh, _mm512_add_epi8(spread, _mm512_set1_epi8((char)(4 * k + 2))));
+                lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(blo, bit), lo, five);
+                hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(bhi, bit), hi, five);
+            }
+            p[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo), hi, ahi);
+        }
+        __m512i t = leg_hex_fold(p);
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+        if (kind == WQ5_0) {
+            t = _mm512_add_epi32(t, _mm512_set1_epi32(ax[b].bias / 8));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, _mm512_set1_ps(ax[b].d)), acc);
+        } else {
+            const __m512 mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, _mm512_set1_ps(ds[b].d)), acc);
+            acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(ds[b].s), acc);
+        }
+    }
+    _mm512_storeu_ps(out, add ? _mm512_add_ps(acc, _mm512_loadu_ps(out)) : acc);
+}
+
 /* Few activation rows: K chunks, then groups of 4 activation rows (their
  * block terms staged once), then groups of 8 weight rows. */
 AVX2_INLINE void tile_legacy(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
                              size_t a_stride, const void *aux, size_t aux_stride, float *out, size_t out_stride,
-                             int kind) {
+                             int kind, int pack) {
     const int64_t nb = n / 32;
     ACT_TERMS(4) own;
     const size_t pf = decode_pf(w_stride, nc, PANEL_MIN_COLS);
@@ -301,6 +378,11 @@ AVX2_INLINE void tile_legacy(int64_t n, int nr, int nc, const void *w, size_t w_
                 rows8(w, w_stride, r0, nr, wr);
                 float *o = out + (size_t)c0 * out_stride + (size_t)r0;
                 const int add = ib0 > 0;
+                if (pack == PACK_VNNI && ncc == 1 && nr - r0 >= 16) {
+                    leg_hex_tile_vnni(ib0, len, wr[0], w_stride, ar[0], ax[0], ds[0], kind, o, add, pf);
+                    r0 += 8; /* 16 rows done */
+                    continue;
+                }
                 switch (ncc + 4 * (nrr > 4)) { /* 4 rows or fewer: compute 4 */
                 case 1: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, pf, 1, 4); break;
                 case 2: oct_tile(ib0, len, wr, ar, ax, ds, kind, nrr, o, out_stride, add, pf, 2, 4); break;
@@ -539,7 +621,7 @@ AVX2_INLINE void gemm_legacy(int64_t n, int nr, int nc, const void *w, size_t w_
         leg_stage st __attribute__((aligned(32)));
         gemm_leg_panel(n, nr, nc, w, w_stride, a, a_stride, aux, aux_stride, out, out_stride, kind, pack, &st);
     } else {
-        tile_legacy(n, nr, nc, w, w_stride, a, a_stride, aux, aux_stride, out, out_stride, kind);
+        tile_legacy(n, nr, nc, w, w_stride, a, a_stride, aux, aux_stride, out, out_stride, kind, pack);
     }
 }
 
@@ -549,7 +631,7 @@ AVX2_INLINE void gemm_legacy(int64_t n, int nr, int nc, const void *w, size_t w_
     }                                                                                                         \
     AVX2 void kp_qmore_avx2_tile_##type(int64_t n, int nr, int nc, const void *w, size_t w_stride,            \
                                         const void *a, size_t a_stride, float *out, size_t out_stride) {      \
-        tile_legacy(n, nr, nc, w, w_stride, a, a_stride, NULL, 0, out, out_stride, kind);                     \
+        tile_legacy(n, nr, nc, w, w_stride, a, a_stride, NULL, 0, out, out_stride, kind, PACK_AVX2);                     \
     }                                                                                                         \
     AVX2 void kp_qmore_avx2_gemm_##type(int64_t n, int nr, int nc, const void *w, size_t w_stride,            \
                                         const void *a, size_t a_stride, const void *aux, size_t aux_stride,   \

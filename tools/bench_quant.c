@@ -134,7 +134,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     const kp_dtype types[] = {KP_DTYPE_F32, KP_DTYPE_F16, KP_DTYPE_BF16, KP_DTYPE_Q8_0,
-                              KP_DTYPE_Q4_0, KP_DTYPE_Q4_K, KP_DTYPE_Q6_K};
+                              KP_DTYPE_Q4_0, KP_DTYPE_Q4_1, KP_DTYPE_Q5_0, KP_DTYPE_Q5_1,
+                              KP_DTYPE_Q4_K, KP_DTYPE_Q5_K, KP_DTYPE_Q6_K};
     const kp_kernels *tabs[3] = {kp_kernels_scalar(), kp_kernels_avx2(), kp_kernels_avx512vnni()};
     float *xf = malloc((size_t)K * sizeof(float));
     if (!xf) return 1;
