@@ -67,6 +67,7 @@ static void tile_begin_c(kp_attn_tile *t, const float *q, int64_t q_stride) {
 }
 
 static void tile_step_f32_c(kp_attn_tile *t, const float *k, const float *v, int n_keys, int32_t key_pos) {
+    kp_attn_prefetch_next(t, 0, 1);
     scalar_ws w = scalar_layout(t);
     int hd = t->hd;
     for (int r = 0; r < w.M; r++) {

@@ -64,8 +64,28 @@ typedef struct {
     bool free_order; /* true: a tile of few rows may sum in another order
                         (faster, see above); for tiles whose results are
                         merged with others anyway */
+    /* The K and V rows of the step that will follow this one (next_bytes
+     * bytes each from next_k and next_v), or next_bytes 0: a hint that a
+     * step may use to prefetch them while it computes. Set before each
+     * step; never read through. */
+    const void *next_k, *next_v;
+    size_t next_bytes;
     float *ws;
 } kp_attn_tile;
+
+/* Prefetches slice i of n (whole cache lines, i < n) of the next step's K
+ * and V rows that t->next_* name; nothing when there are none. Steps of
+ * many rows call it once with (0, 1) before they compute; steps of few rows
+ * (decode) spread the slices over their work, which keeps the loads in
+ * flight while they compute instead of queueing them all at once. */
+static inline __attribute__((always_inline)) void kp_attn_prefetch_next(const kp_attn_tile *t, int i, int n) {
+    size_t lines = (t->next_bytes + 63) / 64, per = (lines + (size_t)n - 1) / (size_t)n;
+    const char *k = (const char *)t->next_k, *v = (const char *)t->next_v;
+    for (size_t l = (size_t)i * per; l < lines && l < (size_t)(i + 1) * per; l++) {
+        __builtin_prefetch(k + 64 * l);
+        __builtin_prefetch(v + 64 * l);
+    }
+}
 
 /* Workspace floats a tile of n_rows query rows needs, for every table. */
 size_t kp_attn_tile_floats(int hd, int n_rows);

@@ -673,12 +673,17 @@ AVX2_INLINE void rows_step(kp_attn_tile *t, const keys_ws *w, const void *k, con
                            int32_t key_pos, bool f16) {
     int hd = t->hd, M3 = (w->M + 2) / 3 * 3, n4 = n_keys / 4 * 4;
     __m128 scale = _mm_set1_ps(t->scale);
+    /* the next step's rows: a slice per 4 keys of the first row block (see kp_attn_prefetch_next) */
     for (int r0 = 0; r0 < M3; r0 += 3) {
         const float *q = w->q + (size_t)r0 * hd;
         float *s = w->p + (size_t)r0 * STEP;
-        for (int j = 0; j < n4; j += 4) rows_scores_3x4(hd, q, kv_at(k, (size_t)j * hd, f16), s + j, scale, f16);
+        for (int j = 0; j < n4; j += 4) {
+            if (r0 == 0) kp_attn_prefetch_next(t, j / 4, STEP / 4);
+            rows_scores_3x4(hd, q, kv_at(k, (size_t)j * hd, f16), s + j, scale, f16);
+        }
         for (int j = n4; j < n_keys; j++) rows_scores_3x1(hd, q, kv_at(k, (size_t)j * hd, f16), s + j, t->scale, f16);
     }
+    for (int i = n4 / 4; i < STEP / 4; i++) kp_attn_prefetch_next(t, i, STEP / 4); /* short steps */
     rows_softmax(t, w, M3, n_keys, key_pos);
     for (int r0 = 0; r0 < M3; r0 += 3) {
         float *o = w->o + (size_t)r0 * hd;
@@ -734,6 +739,7 @@ static void tile_partial_gran(const kp_attn_tile *t, float *part, int gran) {
         kp_attn_scalar()->SCALAR_STEP(t, k, v, n_keys, key_pos);                        \
         break;                                                                          \
     case LAYOUT_LANES: {                                                                \
+        kp_attn_prefetch_next(t, 0, 1);                                                 \
         lanes_ws w = lanes_layout(t, GRAN);                                             \
         ROWS_TO_F32(LOAD, k, w.kf, n_keys, (n_keys + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK, hd); \
         ROWS_TO_F32(LOAD, v, w.vf, n_keys, n_keys, hd);                                 \
@@ -741,6 +747,7 @@ static void tile_partial_gran(const kp_attn_tile *t, float *part, int gran) {
         break;                                                                          \
     }                                                                                   \
     case LAYOUT_KEYS: {                                                                 \
+        kp_attn_prefetch_next(t, 0, 1);                                                 \
         keys_ws w = keys_layout(t);                                                     \
         KEYS_TRANSPOSE(LOAD, k, w.kt, n_keys, hd);                                      \
         ROWS_TO_F32(LOAD, v, w.vf, n_keys, n_keys, hd);                                 \
@@ -1012,10 +1019,13 @@ AVX512_INLINE void rows512_step(kp_attn_tile *t, const keys_ws *w, const void *k
     for (int r0 = 0; r0 < M3; r0 += 3) {
         const float *q = w->q + (size_t)r0 * hd;
         float *s = w->p + (size_t)r0 * STEP;
-        for (int j = 0; j < n4; j += 4)
+        for (int j = 0; j < n4; j += 4) {
+            if (r0 == 0) kp_attn_prefetch_next(t, j / 4, STEP / 4);
             rows512_scores_3x4(hd, q, kv_at(k, (size_t)j * hd, f16), s + j, scale, f16);
+        }
         for (int j = n4; j < n_keys; j++) rows_scores_3x1(hd, q, kv_at(k, (size_t)j * hd, f16), s + j, t->scale, f16);
     }
+    for (int i = n4 / 4; i < STEP / 4; i++) kp_attn_prefetch_next(t, i, STEP / 4); /* short steps */
     rows_softmax(t, w, M3, n_keys, key_pos);
     for (int r0 = 0; r0 < M3; r0 += 3) {
         float *o = w->o + (size_t)r0 * hd;

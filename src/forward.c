@@ -344,40 +344,43 @@ typedef struct {
     float scale;
 } att_ctx;
 
-/* Streams the cached positions [p0, p1) of sequence s (layer, kv-head h)
- * through tile t. A step ends at a block's end or, inside a block, every
+/* The step of cached positions from p (< p1) of sequence s: its row count,
+ * K and V rows. A step ends at a block's end or, inside a block, every
  * KP_ATTN_STEP rows, so where steps start depends only on the positions:
- * a token gets the same steps alone (decode) as inside a tile (prefill).
- * The next step's rows are prefetched: the blocks of a sequence are
- * scattered over the pool, which the hardware prefetcher cannot guess. */
+ * a token gets the same steps alone (decode) as inside a tile (prefill). */
+static int64_t att_step_at(kp_forward *f, const kp_kvseq *s, uint32_t layer, uint32_t h, int64_t p, int64_t p1,
+                           size_t row_bytes, const void **k, const void **v) {
+    int64_t B = kp_kvpool_config_of(f->kv)->block_size;
+    int64_t r = p % B, rn = KP_ATTN_STEP - r % KP_ATTN_STEP;
+    if (rn > B - r) rn = B - r;
+    if (rn > p1 - p) rn = p1 - p;
+    int32_t blk = s->blocks[p / B];
+    *k = (const uint8_t *)kp_kvpool_k(f->kv, blk, layer, h) + (size_t)r * row_bytes;
+    *v = (const uint8_t *)kp_kvpool_v(f->kv, blk, layer, h) + (size_t)r * row_bytes;
+    return rn;
+}
+
+/* Streams the cached positions [p0, p1) of sequence s (layer, kv-head h)
+ * through tile t, step by step. Each step is told the next step's rows
+ * (t->next_*), which it prefetches while it computes: the blocks of a
+ * sequence are scattered over the pool, which the hardware prefetcher
+ * cannot guess. */
 static void att_stream(kp_forward *f, kp_attn_tile *t, const kp_kvseq *s, uint32_t layer, uint32_t h,
                        int64_t p0, int64_t p1) {
-    const kp_kvpool_config *kc = kp_kvpool_config_of(f->kv);
     const kp_attn_kernels *ak = f->ak;
-    int64_t B = kc->block_size;
-    bool f16 = kc->kv_type == KP_DTYPE_F16;
+    bool f16 = kp_kvpool_config_of(f->kv)->kv_type == KP_DTYPE_F16;
     size_t row_bytes = (size_t)t->hd * (f16 ? 2 : 4);
+    const void *k = NULL, *v = NULL;
+    int64_t rn = p0 < p1 ? att_step_at(f, s, layer, h, p0, p1, row_bytes, &k, &v) : 0;
     for (int64_t p = p0; p < p1;) {
-        int64_t r = p % B, rn = KP_ATTN_STEP - r % KP_ATTN_STEP;
-        if (rn > B - r) rn = B - r;
-        if (rn > p1 - p) rn = p1 - p;
-        int32_t blk = s->blocks[p / B];
-        const uint8_t *k = (const uint8_t *)kp_kvpool_k(f->kv, blk, layer, h) + (size_t)r * row_bytes;
-        const uint8_t *v = (const uint8_t *)kp_kvpool_v(f->kv, blk, layer, h) + (size_t)r * row_bytes;
-        int64_t pn = p + rn;
-        if (pn < p1) {
-            int64_t rr = pn % B, nn = p1 - pn < KP_ATTN_STEP ? p1 - pn : KP_ATTN_STEP;
-            int32_t nb = s->blocks[pn / B];
-            const uint8_t *kn = (const uint8_t *)kp_kvpool_k(f->kv, nb, layer, h) + (size_t)rr * row_bytes;
-            const uint8_t *vn = (const uint8_t *)kp_kvpool_v(f->kv, nb, layer, h) + (size_t)rr * row_bytes;
-            for (size_t o = 0; o < (size_t)nn * row_bytes; o += 64) {
-                __builtin_prefetch(kn + o);
-                __builtin_prefetch(vn + o);
-            }
-        }
-        if (f16) ak->tile_step_f16(t, (const uint16_t *)k, (const uint16_t *)v, (int)rn, (int32_t)p);
-        else ak->tile_step_f32(t, (const float *)k, (const float *)v, (int)rn, (int32_t)p);
-        p = pn;
+        const void *kn = NULL, *vn = NULL;
+        int64_t pn = p + rn, nn = pn < p1 ? att_step_at(f, s, layer, h, pn, p1, row_bytes, &kn, &vn) : 0;
+        t->next_k = kn;
+        t->next_v = vn;
+        t->next_bytes = (size_t)nn * row_bytes;
+        if (f16) ak->tile_step_f16(t, k, v, (int)rn, (int32_t)p);
+        else ak->tile_step_f32(t, k, v, (int)rn, (int32_t)p);
+        p = pn, k = kn, v = vn, rn = nn;
     }
 }
 
