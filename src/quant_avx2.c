@@ -1269,7 +1269,7 @@ enum { KQ4, KQ6 };
  * sums, one lane per row, so the float work is the panel's, lane for lane.
  */
 AVX2_INLINE void kq_rows_tile(const char *const *wr, const char *ar, size_t a_stride, int64_t i0, int64_t len,
-                              int kind, int nr, float *out, size_t os, int add, const int NC) {
+                              int kind, int nr, float *out, size_t os, int add, size_t pf, const int NC) {
     __m256 acc[4];
     UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < len; b++) {
@@ -1277,9 +1277,10 @@ AVX2_INLINE void kq_rows_tile(const char *const *wr, const char *ar, size_t a_st
         __m256i S[4][8], M[4][8];
         const int rows = nr <= 4 ? 4 : 8; /* the rest repeat rows 0..3 */
         for (int r = 0; r < rows; r++) {
-            /* 8 rows in step defeat the hardware prefetcher in decode */
+            /* 8 rows in step defeat the hardware prefetcher in decode: ask
+             * for the rows pf bytes on (decode_pf), else 2 super-blocks on */
             const size_t bsz = kind == KQ4 ? sizeof(kp_block_q4_K) : sizeof(kp_block_q6_K);
-            const char *next = wr[r] + (size_t)(i + 2) * bsz;
+            const char *next = pf ? wr[r] + pf + (size_t)i * bsz : wr[r] + (size_t)(i + 2) * bsz;
             for (size_t off = 0; off < bsz; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
             __m256i s4[4], m4[4];
             if (kind == KQ4) q4k_sb((const kp_block_q4_K *)wr[r] + i, ar, a_stride, i, s4, m4, NC);
@@ -1317,6 +1318,7 @@ AVX2_INLINE void kq_rows_tile(const char *const *wr, const char *ar, size_t a_st
 AVX2_INLINE void tile_kquant(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
                              size_t a_stride, float *out, size_t out_stride, int kind) {
     const int64_t nb = n / KP_QK_K;
+    const size_t pf = decode_pf(w_stride, nc, PANEL_MIN_COLS);
     if (nb <= 0) zero_out(nr, nc, out, out_stride);
     for (int c0 = 0; c0 < nc; c0 += 4) {
         const int ncc = nc - c0 < 4 ? nc - c0 : 4;
@@ -1330,10 +1332,10 @@ AVX2_INLINE void tile_kquant(int64_t n, int nr, int nc, const void *w, size_t w_
                 const int64_t len = nb - i0 < KQ_KC ? nb - i0 : KQ_KC;
                 const int add = i0 > 0;
                 switch (ncc) {
-                case 1: kq_rows_tile(wr, ac, a_stride, i0, len, kind, nrr, o, out_stride, add, 1); break;
-                case 2: kq_rows_tile(wr, ac, a_stride, i0, len, kind, nrr, o, out_stride, add, 2); break;
-                case 3: kq_rows_tile(wr, ac, a_stride, i0, len, kind, nrr, o, out_stride, add, 3); break;
-                default: kq_rows_tile(wr, ac, a_stride, i0, len, kind, nrr, o, out_stride, add, 4); break;
+                case 1: kq_rows_tile(wr, ac, a_stride, i0, len, kind, nrr, o, out_stride, add, pf, 1); break;
+                case 2: kq_rows_tile(wr, ac, a_stride, i0, len, kind, nrr, o, out_stride, add, pf, 2); break;
+                case 3: kq_rows_tile(wr, ac, a_stride, i0, len, kind, nrr, o, out_stride, add, pf, 3); break;
+                default: kq_rows_tile(wr, ac, a_stride, i0, len, kind, nrr, o, out_stride, add, pf, 4); break;
                 }
             }
         }
