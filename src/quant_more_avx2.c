@@ -736,7 +736,7 @@ AVX2 void kp_qmore_avx2_vec_dot_q5_K(int64_t n, float *s, const void *w, const v
  * [i0, i0 + len); each row's partial sums (q5k_sb) are folded into one
  * vector of exact sums, one lane per row. */
 AVX2_INLINE void q5k_rows_tile(const char *const *wr, const char *ar, size_t a_stride, int64_t i0, int64_t len,
-                               int nr, float *out, size_t os, int add, const int NC) {
+                               int nr, float *out, size_t os, int add, size_t pf, const int NC) {
     __m256 acc[4];
     UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     const int rows = nr <= 4 ? 4 : 8; /* the rest repeat rows 0..3 */
@@ -744,8 +744,9 @@ AVX2_INLINE void q5k_rows_tile(const char *const *wr, const char *ar, size_t a_s
         const int64_t i = i0 + b;
         __m256i S[4][8], M[4][8];
         for (int r = 0; r < rows; r++) {
-            /* 8 rows in step defeat the hardware prefetcher in decode */
-            const char *next = wr[r] + (size_t)(i + 2) * sizeof(kp_block_q5_K);
+            /* 8 rows in step defeat the hardware prefetcher in decode: ask
+             * for the rows pf bytes on (decode_pf), else 2 super-blocks on */
+            const char *next = wr[r] + (pf ? pf + (size_t)i * sizeof(kp_block_q5_K) : (size_t)(i + 2) * sizeof(kp_block_q5_K));
             for (size_t off = 0; off < sizeof(kp_block_q5_K); off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
             __m256i s4[4], m4[4];
             q5k_sb((const kp_block_q5_K *)wr[r] + i, ar, a_stride, i, s4, m4, NC);
@@ -774,6 +775,7 @@ AVX2_INLINE void q5k_rows_tile(const char *const *wr, const char *ar, size_t a_s
 AVX2 void kp_qmore_avx2_tile_q5_K(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
                                   size_t a_stride, float *out, size_t out_stride) {
     const int64_t nb = n / KP_QK_K;
+    const size_t pf = decode_pf(w_stride, nc, PANEL_MIN_COLS);
     if (nb <= 0) zero_out(nr, nc, out, out_stride);
     for (int c0 = 0; c0 < nc; c0 += 4) {
         const int ncc = nc - c0 < 4 ? nc - c0 : 4;
@@ -787,10 +789,10 @@ AVX2 void kp_qmore_avx2_tile_q5_K(int64_t n, int nr, int nc, const void *w, size
                 const int64_t len = nb - i0 < K5_KC ? nb - i0 : K5_KC;
                 const int add = i0 > 0;
                 switch (ncc) {
-                case 1: q5k_rows_tile(wr, ac, a_stride, i0, len, nrr, o, out_stride, add, 1); break;
-                case 2: q5k_rows_tile(wr, ac, a_stride, i0, len, nrr, o, out_stride, add, 2); break;
-                case 3: q5k_rows_tile(wr, ac, a_stride, i0, len, nrr, o, out_stride, add, 3); break;
-                default: q5k_rows_tile(wr, ac, a_stride, i0, len, nrr, o, out_stride, add, 4); break;
+                case 1: q5k_rows_tile(wr, ac, a_stride, i0, len, nrr, o, out_stride, add, pf, 1); break;
+                case 2: q5k_rows_tile(wr, ac, a_stride, i0, len, nrr, o, out_stride, add, pf, 2); break;
+                case 3: q5k_rows_tile(wr, ac, a_stride, i0, len, nrr, o, out_stride, add, pf, 3); break;
+                default: q5k_rows_tile(wr, ac, a_stride, i0, len, nrr, o, out_stride, add, pf, 4); break;
                 }
             }
         }
