@@ -73,19 +73,24 @@ typedef struct {
  * self-scheduling), so a decode step's ~10,000 small matmul tasks cost tens
  * of atomic operations on the shared word rather than one each, and each
  * thread reads a contiguous stretch of weight rows. */
+/* Claims and runs tasks of run gen until none are left, then adds the
+ * count it ran to `done` once (an atomic add per claim cost a contended
+ * cache line transfer each time). */
 static void work(kp_pool *p, uint32_t gen, int thread) {
     uint64_t s = atomic_load_explicit(&p->state, memory_order_acquire);
+    int ran = 0;
     for (;;) {
-        if (GEN(s) != gen || NEXT(s) >= NTASKS(s)) return;
+        if (GEN(s) != gen || NEXT(s) >= NTASKS(s)) break;
         int next = NEXT(s), k = (NTASKS(s) - next) / (CLAIM_SPLIT * p->n_threads);
         if (k < 1) k = 1;
         if (atomic_compare_exchange_weak_explicit(&p->state, &s, s + (uint64_t)k, memory_order_acq_rel,
                                                   memory_order_acquire)) {
             for (int t = next; t < next + k; t++) p->fn(p->ctx, t, thread);
-            atomic_fetch_add_explicit(&p->done, k, memory_order_release);
+            ran += k;
             s = atomic_load_explicit(&p->state, memory_order_acquire);
         }
     }
+    if (ran) atomic_fetch_add_explicit(&p->done, ran, memory_order_release);
 }
 
 static void *worker_main(void *arg) {
