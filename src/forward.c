@@ -372,6 +372,8 @@ static void att_stream(kp_forward *f, kp_attn_tile *t, const kp_kvseq *s, uint32
     size_t row_bytes = (size_t)t->hd * (f16 ? 2 : 4);
     const void *k = NULL, *v = NULL;
     int64_t rn = p0 < p1 ? att_step_at(f, s, layer, h, p0, p1, row_bytes, &k, &v) : 0;
+    t->next_k = k, t->next_v = v, t->next_bytes = (size_t)rn * row_bytes;
+    kp_attn_prefetch_next(t, 0, 1); /* the first step's rows, before it needs them */
     for (int64_t p = p0; p < p1;) {
         const void *kn = NULL, *vn = NULL;
         int64_t pn = p + rn, nn = pn < p1 ? att_step_at(f, s, layer, h, pn, p1, row_bytes, &kn, &vn) : 0;
