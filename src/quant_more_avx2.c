@@ -59,6 +59,10 @@
  *     hadd(hadd(p0, p1), hadd(p2, p3)) = [s0 s1 s2 s3 | s0' s1' s2' s3']
  *     (likewise rows 4..7), then [s0+s0' .. s3+s3' | s4+s4' .. s7+s7']
  *
+ *   and with one activation row in the avx512vnni table, 16 weight rows,
+ *   four to a 512-bit vector, their nibbles against the activation halves
+ *   by vpdpbusd and folded by unpacks (leg_hex_tile_vnni)
+ *
  *   many activation rows (gemm in prefill): the call's weight rows are
  *   repacked per K chunk, on the stack, into panels of 8 rows whose 32-byte
  *   steps hold the same 4 quants of every row, one int32 lane per row; 4
