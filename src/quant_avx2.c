@@ -253,6 +253,7 @@ enum { PACK_AVX2, PACK_VNNI }; /* which integer kernels: avx2 or avx512vnni tabl
 #define PANEL_KC 64 /* Q8_0/Q4_0 blocks per K chunk: 2048 elements */
 #define KQ_KC 6     /* Q4_K/Q6_K super-blocks per K chunk: 1536 elements */
 #define PANEL_MIN_COLS 8
+#define PANEL_PF_COLS 16 /* below this many activation rows the panel packs prefetch rows ahead (decode_pf) */
 
 /*
  * Q8_0/Q4_0 with few activation rows (decode, dot_tile): a tile of 8 weight
@@ -675,21 +676,22 @@ typedef struct {
 
 /* Repacks len blocks (from block ib0) of the 8 rows wr[] into one panel. */
 AVX2_INLINE void panel_pack(const char *const *wr, int64_t ib0, int64_t len, int kind, int pack,
-                            __m256i (*q)[8], float (*dw)[8]) {
+                            __m256i (*q)[8], float (*dw)[8], size_t pf) {
     const size_t blk = kind == WQ8_0 ? sizeof(kp_block_q8_0) : sizeof(kp_block_q4_0);
     const float dscale = pack == PACK_VNNI && kind == WQ4_0 ? 1.0f / 16 : 1.0f;
     for (int64_t b = 0; b < len; b++) {
         __m256i v[8];
         for (int r = 0; r < 8; r++) {
-            pack_prefetch(wr[r], (size_t)(ib0 + b) * blk, blk);
+            if (pf) _mm_prefetch(wr[r] + pf + (size_t)(ib0 + b) * blk, _MM_HINT_T0);
+            else pack_prefetch(wr[r], (size_t)(ib0 + b) * blk, blk);
             v[r] = legacy_quants(wr[r], ib0 + b, kind);
             if (pack == PACK_VNNI)
                 v[r] = kind == WQ8_0 ? _mm256_xor_si256(v[r], _mm256_set1_epi8((char)0x80))
                                      : _mm256_slli_epi16(v[r], 4); /* nibbles: no carry */
             dw[b][r] = dscale * half_to_float(*(const uint16_t *)(wr[r] + (size_t)(ib0 + b) * blk));
         }
-        transpose8_epi32(v);
-        for (int g = 0; g < 8; g++) _mm256_store_si256(&q[b][g], v[g]);
+        __m256i *const dst[8] = {&q[b][0], &q[b][1], &q[b][2], &q[b][3], &q[b][4], &q[b][5], &q[b][6], &q[b][7]};
+        transpose8_epi32_store(v, dst);
     }
 }
 
@@ -790,6 +792,7 @@ AVX2_INLINE void gemm_panel(int64_t n, int nr, int nc, const void *w, size_t w_s
                             size_t a_stride, const void *aux, size_t aux_stride, float *out,
                             size_t out_stride, int kind, int pack, panel_stage *st) {
     const int64_t nb = n / 32;
+    const size_t pf = decode_pf(w_stride, nc, PANEL_PF_COLS);
     if (nb <= 0) zero_out(nr, nc, out, out_stride);
     for (int rc0 = 0; rc0 < nr; rc0 += PANEL_RC) {
         const int rc = nr - rc0 < PANEL_RC ? nr - rc0 : PANEL_RC;
@@ -802,7 +805,7 @@ AVX2_INLINE void gemm_panel(int64_t n, int nr, int nc, const void *w, size_t w_s
                     const int row = rc0 + 8 * p + r < nr ? rc0 + 8 * p + r : nr - 1;
                     wr[r] = (const char *)w + (size_t)row * w_stride;
                 }
-                panel_pack(wr, ib0, len, kind, pack, st->q[p], st->dw[p]);
+                panel_pack(wr, ib0, len, kind, pack, st->q[p], st->dw[p], pf);
             }
             for (int cc0 = 0; cc0 < nc; cc0 += PANEL_CC) {
                 const int ccn = nc - cc0 < PANEL_CC ? nc - cc0 : PANEL_CC;
@@ -1416,8 +1419,9 @@ AVX2_INLINE void q4k_pack(const char *const *wr, int64_t i, int pack, q4k_panel 
         }
     }
     for (int j = 0; j < 8; j++) {
-        transpose8_epi32(v[j]);
-        for (int g = 0; g < 8; g++) _mm256_store_si256(&p->q[j][g], v[j][g]);
+        __m256i *const dst[8] = {&p->q[j][0], &p->q[j][1], &p->q[j][2], &p->q[j][3],
+                                 &p->q[j][4], &p->q[j][5], &p->q[j][6], &p->q[j][7]};
+        transpose8_epi32_store(v[j], dst);
         _mm256_store_si256(&p->sc[j], _mm256_loadu_si256((const __m256i *)sc[j]));
         _mm256_store_si256(&p->mn[j], _mm256_loadu_si256((const __m256i *)mn[j]));
     }
@@ -1445,8 +1449,9 @@ AVX2_INLINE void q6k_pack(const char *const *wr, int64_t i, int pack, q6k_panel 
         }
     }
     for (int t = 0; t < 8; t++) { /* quants 32t..32t+31 = sub-blocks 2t, 2t+1 */
-        transpose8_epi32(v[t]);
-        for (int g = 0; g < 8; g++) _mm256_store_si256(&p->q[2 * t + g / 4][g % 4], v[t][g]);
+        __m256i *const dst[8] = {&p->q[2 * t][0],     &p->q[2 * t][1],     &p->q[2 * t][2],     &p->q[2 * t][3],
+                                 &p->q[2 * t + 1][0], &p->q[2 * t + 1][1], &p->q[2 * t + 1][2], &p->q[2 * t + 1][3]};
+        transpose8_epi32_store(v[t], dst);
     }
     for (int j = 0; j < 16; j++) _mm256_store_si256(&p->sc[j], _mm256_loadu_si256((const __m256i *)sc[j]));
     for (int q = 0; q < 8; q++) _mm256_store_si256(&p->sp[q], _mm256_loadu_si256((const __m256i *)sp[q]));

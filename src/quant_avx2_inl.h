@@ -55,9 +55,11 @@ AVX2_INLINE __m256 half8_at(const char *const *wr, size_t off) {
     return _mm256_cvtph_ps(h);
 }
 
-/* 8 x 8 transpose of int32: afterwards v[g] holds lane g of every input
- * row, in row order. */
-AVX2_INLINE void transpose8_epi32(__m256i v[8]) {
+/* 8 x 8 transpose of int32, stored: *dst[g] = lane g of every row v[0..7],
+ * in row order. Each result goes from its register to its place (a copy
+ * through an array let the compiler join two 256-bit stores into one
+ * 512-bit reload, which cannot be forwarded and stalled the panel packs). */
+AVX2_INLINE void transpose8_epi32_store(const __m256i v[8], __m256i *const dst[8]) {
     __m256i t[8], u[8];
     UNROLL for (int i = 0; i < 4; i++) {
         t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
@@ -70,8 +72,8 @@ AVX2_INLINE void transpose8_epi32(__m256i v[8]) {
         u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
     }
     UNROLL for (int i = 0; i < 4; i++) {
-        v[i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x20);
-        v[4 + i] = _mm256_permute2x128_si256(u[i], u[4 + i], 0x31);
+        _mm256_store_si256(dst[i], _mm256_permute2x128_si256(u[i], u[4 + i], 0x20));
+        _mm256_store_si256(dst[4 + i], _mm256_permute2x128_si256(u[i], u[4 + i], 0x31));
     }
 }
 

@@ -427,8 +427,8 @@ AVX2_INLINE void leg_pack(const char *const *wr, int64_t ib0, int64_t len, int k
         }
         _mm256_store_ps(dw[b], _mm256_mul_ps(half8_at(wr, (size_t)ib * blk), dscale));
         if (kind != WQ5_0) _mm256_store_ps(mw[b], half8_at(wr, (size_t)ib * blk + 2));
-        transpose8_epi32(v);
-        for (int g = 0; g < 8; g++) _mm256_store_si256(&q[b][g], v[g]);
+        __m256i *const dst[8] = {&q[b][0], &q[b][1], &q[b][2], &q[b][3], &q[b][4], &q[b][5], &q[b][6], &q[b][7]};
+        transpose8_epi32_store(v, dst);
     }
 }
 
@@ -841,8 +841,9 @@ AVX2_INLINE void q5k_pack(const char *const *wr, int64_t i, int pack, q5k_panel 
         for (int c = 0; c < 4; c++) q5k_quants(x, hb, c, &v[2 * c][r], &v[2 * c + 1][r]);
     }
     for (int j = 0; j < 8; j++) {
-        transpose8_epi32(v[j]);
-        for (int g = 0; g < 8; g++) _mm256_store_si256(&p->q[j][g], v[j][g]);
+        __m256i *const dst[8] = {&p->q[j][0], &p->q[j][1], &p->q[j][2], &p->q[j][3],
+                                 &p->q[j][4], &p->q[j][5], &p->q[j][6], &p->q[j][7]};
+        transpose8_epi32_store(v[j], dst);
         _mm256_store_si256(&p->sc[j], _mm256_loadu_si256((const __m256i *)sc[j]));
         _mm256_store_si256(&p->mn[j], _mm256_loadu_si256((const __m256i *)mn[j]));
     }
