@@ -418,58 +418,50 @@ AVX2_INLINE __m256i fold_pairs(const __m256i p[4]) {
 }
 
 /* One 8 x NC Q4_0 tile over blocks [ib0, ib0 + len), as oct_tile (rows past
- * nr repeat, computed and not stored). */
+ * nr repeat, computed and not stored); DOT(lo, hi, a_lo, a_hi) is one row
+ * pair's vector of partial sums (vpmaddubsw or vpdpbusd: the same exact
+ * sums). */
+#define Q4_TILE_BODY(DOT)                                                                                      \
+    __m256 acc[4];                                                                                             \
+    UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();                                          \
+    for (int64_t b = 0; b < len; b++) {                                                                        \
+        const int64_t ib = ib0 + b;                                                                            \
+        __m256i lo[4], hi[4];                                                                                  \
+        if (pf)                                                                                                \
+            UNROLL for (int r = 0; r < 8; r++) _mm_prefetch(wr[r] + pf + (size_t)ib * sizeof(kp_block_q4_0), _MM_HINT_T0); \
+        UNROLL for (int k = 0; k < 4; k++) q4_pair(wr[k], wr[k + 4], ib, &lo[k], &hi[k]);                      \
+        const __m256 dw8 = half8_at(wr, (size_t)ib * sizeof(kp_block_q4_0));                                  \
+        UNROLL for (int c = 0; c < NC; c++) {                                                                  \
+            const kp_block_q8_0 *y = (const kp_block_q8_0 *)ar[c] + ib;                                        \
+            const __m256i alo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)y->qs));          \
+            const __m256i ahi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(y->qs + 16)));   \
+            __m256i p[4];                                                                                      \
+            UNROLL for (int k = 0; k < 4; k++) p[k] = DOT(lo[k], hi[k], alo, ahi);                             \
+            const __m256i t = _mm256_add_epi32(fold_pairs(p), _mm256_set1_epi32(ax[c][b].bias / 16));          \
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw8, _mm256_set1_ps(ax[c][b].d)), acc[c]); \
+        }                                                                                                      \
+    }                                                                                                          \
+    UNROLL for (int c = 0; c < NC; c++) panel_store(acc[c], out + (size_t)c * os, nr, add);
+
+#define Q4_DOT_AVX2(lo, hi, alo, ahi)                                                                          \
+    _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_maddubs_epi16(hi, ahi)),          \
+                      _mm256_set1_epi16(1))
+#define Q4_DOT_VNNI(lo, hi, alo, ahi) _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, alo), hi, ahi)
+
 AVX2_INLINE void q4_tile(int64_t ib0, int64_t len, const char *const *wr, const char *const *ar,
                          const kp_q8_0_aux *const *ax, int nr, float *out, size_t os, int add, size_t pf,
                          const int NC) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[4];
-    UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < len; b++) {
-        const int64_t ib = ib0 + b;
-        __m256i lo[4], hi[4];
-        if (pf) UNROLL for (int r = 0; r < 8; r++) _mm_prefetch(wr[r] + pf + (size_t)ib * sizeof(kp_block_q4_0), _MM_HINT_T0);
-        UNROLL for (int k = 0; k < 4; k++) q4_pair(wr[k], wr[k + 4], ib, &lo[k], &hi[k]);
-        const __m256 dw8 = half8_at(wr, (size_t)ib * sizeof(kp_block_q4_0));
-        UNROLL for (int c = 0; c < NC; c++) {
-            const kp_block_q8_0 *y = (const kp_block_q8_0 *)ar[c] + ib;
-            const __m256i alo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)y->qs));
-            const __m256i ahi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(y->qs + 16)));
-            __m256i p[4];
-            UNROLL for (int k = 0; k < 4; k++)
-                p[k] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[k], alo), _mm256_maddubs_epi16(hi[k], ahi)), ones);
-            const __m256i t = _mm256_add_epi32(fold_pairs(p), _mm256_set1_epi32(ax[c][b].bias / 16));
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw8, _mm256_set1_ps(ax[c][b].d)), acc[c]);
-        }
-    }
-    UNROLL for (int c = 0; c < NC; c++) panel_store(acc[c], out + (size_t)c * os, nr, add);
+    Q4_TILE_BODY(Q4_DOT_AVX2)
 }
 
-/* q4_tile with vpdpbusd for the products (the same exact sums). */
 VNNI_INLINE void q4_tile_vnni_nc(int64_t ib0, int64_t len, const char *const *wr, const char *const *ar,
                                  const kp_q8_0_aux *const *ax, int nr, float *out, size_t os, int add, size_t pf,
                                  const int NC) {
-    __m256 acc[4];
-    UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < len; b++) {
-        const int64_t ib = ib0 + b;
-        __m256i lo[4], hi[4];
-        if (pf) UNROLL for (int r = 0; r < 8; r++) _mm_prefetch(wr[r] + pf + (size_t)ib * sizeof(kp_block_q4_0), _MM_HINT_T0);
-        UNROLL for (int k = 0; k < 4; k++) q4_pair(wr[k], wr[k + 4], ib, &lo[k], &hi[k]);
-        const __m256 dw8 = half8_at(wr, (size_t)ib * sizeof(kp_block_q4_0));
-        UNROLL for (int c = 0; c < NC; c++) {
-            const kp_block_q8_0 *y = (const kp_block_q8_0 *)ar[c] + ib;
-            const __m256i alo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)y->qs));
-            const __m256i ahi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(y->qs + 16)));
-            __m256i p[4];
-            UNROLL for (int k = 0; k < 4; k++)
-                p[k] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo[k], alo), hi[k], ahi);
-            const __m256i t = _mm256_add_epi32(fold_pairs(p), _mm256_set1_epi32(ax[c][b].bias / 16));
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw8, _mm256_set1_ps(ax[c][b].d)), acc[c]);
-        }
-    }
-    UNROLL for (int c = 0; c < NC; c++) panel_store(acc[c], out + (size_t)c * os, nr, add);
+    Q4_TILE_BODY(Q4_DOT_VNNI)
 }
+#undef Q4_TILE_BODY
+#undef Q4_DOT_AVX2
+#undef Q4_DOT_VNNI
 
 /* Q4_0 decode (one activation row) with VNNI, 16 weight rows: as
  * q4_tile_vnni_nc with four rows per 512-bit vector (rows k, k+4, k+8,
