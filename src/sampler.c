@@ -110,9 +110,12 @@ void kp_sampler_accept(kp_sampler *s, int32_t token) {
 }
 
 int32_t kp_argmax(const float *logits, int32_t n) {
+    /* the best value kept in a register: comparing against logits[best]
+     * made every step wait for a load that depended on the last one */
     int32_t best = 0;
+    float bv = logits[0];
     for (int32_t i = 1; i < n; i++)
-        if (logits[i] > logits[best]) best = i;
+        if (logits[i] > bv) bv = logits[i], best = i;
     return best;
 }
 
