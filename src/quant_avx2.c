@@ -673,15 +673,15 @@ AVX2_INLINE void panel_pack(const char *const *wr, int64_t ib0, int64_t len, int
     const float dscale = pack == PACK_VNNI && kind == WQ4_0 ? 1.0f / 16 : 1.0f;
     for (int64_t b = 0; b < len; b++) {
         __m256i v[8];
-        for (int r = 0; r < 8; r++) {
+        UNROLL for (int r = 0; r < 8; r++) {
             if (pf) _mm_prefetch(wr[r] + pf + (size_t)(ib0 + b) * blk, _MM_HINT_T0);
             else pack_prefetch(wr[r], (size_t)(ib0 + b) * blk, blk);
             v[r] = legacy_quants(wr[r], ib0 + b, kind);
             if (pack == PACK_VNNI)
                 v[r] = kind == WQ8_0 ? _mm256_xor_si256(v[r], _mm256_set1_epi8((char)0x80))
                                      : _mm256_slli_epi16(v[r], 4); /* nibbles: no carry */
-            dw[b][r] = dscale * half_to_float(*(const uint16_t *)(wr[r] + (size_t)(ib0 + b) * blk));
         }
+        _mm256_storeu_ps(dw[b], _mm256_mul_ps(half8_at(wr, (size_t)(ib0 + b) * blk), _mm256_set1_ps(dscale)));
         __m256i *const dst[8] = {&q[b][0], &q[b][1], &q[b][2], &q[b][3], &q[b][4], &q[b][5], &q[b][6], &q[b][7]};
         transpose8_epi32_store(v, dst);
     }
