@@ -253,7 +253,6 @@ enum { PACK_AVX2, PACK_VNNI }; /* which integer kernels: avx2 or avx512vnni tabl
 #define PANEL_KC 64 /* Q8_0/Q4_0 blocks per K chunk: 2048 elements */
 #define KQ_KC 6     /* Q4_K/Q6_K super-blocks per K chunk: 1536 elements */
 #define PANEL_MIN_COLS 8
-#define PANEL_PF_COLS 16 /* below this many activation rows the panel packs prefetch rows ahead (decode_pf) */
 
 /*
  * Q8_0/Q4_0 with few activation rows (decode, dot_tile): a tile of 8 weight

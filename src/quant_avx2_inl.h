@@ -126,6 +126,11 @@ AVX2_INLINE size_t decode_pf(size_t w_stride, int nc, int panel_min_cols) {
     return ((rows + 7) & ~(size_t)7) * w_stride;
 }
 
+/* Below this many activation rows a panel pack (gemm with a few decode
+ * sequences) prefetches the rows decode_pf bytes ahead, as the tiles do;
+ * from it on the panels are compute-bound and PACK_PREFETCH_BLOCKS serves. */
+#define PANEL_PF_COLS 16
+
 /* Largest of the 8 lanes. */
 AVX2_INLINE float hmax_ps(__m256 v) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

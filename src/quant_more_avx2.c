@@ -414,14 +414,15 @@ typedef struct {
 
 /* Repacks len blocks (from block ib0) of the 8 rows wr[] into one panel. */
 AVX2_INLINE void leg_pack(const char *const *wr, int64_t ib0, int64_t len, int kind, int pack, __m256i (*q)[8],
-                          float (*dw)[8], float (*mw)[8]) {
+                          float (*dw)[8], float (*mw)[8], size_t pf) {
     const size_t blk = legacy_size(kind);
     const __m256 dscale = _mm256_set1_ps(pack == PACK_VNNI && kind == WQ5_0 ? 0.125f : 1.0f);
     for (int64_t b = 0; b < len; b++) {
         const int64_t ib = ib0 + b;
         __m256i v[8];
-        for (int r = 0; r < 8; r++) {
-            pack_prefetch(wr[r], (size_t)ib * blk, blk);
+        UNROLL for (int r = 0; r < 8; r++) {
+            if (pf) _mm_prefetch(wr[r] + pf + (size_t)ib * blk, _MM_HINT_T0);
+            else pack_prefetch(wr[r], (size_t)ib * blk, blk);
             v[r] = legacy_quants(wr[r], ib, kind);
             if (pack == PACK_VNNI && kind == WQ5_0) v[r] = _mm256_slli_epi16(v[r], 3); /* 8q <= 248: no carry */
         }
@@ -558,6 +559,7 @@ AVX2_INLINE void gemm_leg_panel(int64_t n, int nr, int nc, const void *w, size_t
                                 size_t a_stride, const void *aux, size_t aux_stride, float *out, size_t out_stride,
                                 int kind, int pack, leg_stage *st) {
     const int64_t nb = n / 32;
+    const size_t pf = decode_pf(w_stride, nc, PANEL_PF_COLS);
     if (nb <= 0) zero_out(nr, nc, out, out_stride);
     for (int rc0 = 0; rc0 < nr; rc0 += PANEL_RC) {
         const int rc = nr - rc0 < PANEL_RC ? nr - rc0 : PANEL_RC;
@@ -567,7 +569,7 @@ AVX2_INLINE void gemm_leg_panel(int64_t n, int nr, int nc, const void *w, size_t
             for (int p = 0; p < n_panels; p++) {
                 const char *wr[8];
                 rows8(w, w_stride, rc0 + 8 * p, nr, wr);
-                leg_pack(wr, ib0, len, kind, pack, st->q[p], st->dw[p], st->mw[p]);
+                leg_pack(wr, ib0, len, kind, pack, st->q[p], st->dw[p], st->mw[p], pf);
             }
             const int add = ib0 > 0;
             for (int cc0 = 0; cc0 < nc; cc0 += PANEL_CC) {
