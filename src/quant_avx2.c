@@ -1563,6 +1563,8 @@ AVX2_INLINE void gemm_kq_panel(int64_t n, int nr, int nc, const void *w, size_t 
                                size_t a_stride, float *out, size_t out_stride, int kind, int pack,
                                kq_stage *st) {
     const int64_t nb = n / KP_QK_K;
+    const size_t pf = decode_pf(w_stride, nc, PANEL_PF_COLS);
+    const size_t bsz = kind == KQ4 ? sizeof(kp_block_q4_K) : sizeof(kp_block_q6_K);
     if (nb <= 0) zero_out(nr, nc, out, out_stride);
     for (int rc0 = 0; rc0 < nr; rc0 += PANEL_RC) {
         const int rc = nr - rc0 < PANEL_RC ? nr - rc0 : PANEL_RC;
@@ -1576,6 +1578,10 @@ AVX2_INLINE void gemm_kq_panel(int64_t n, int nr, int nc, const void *w, size_t 
                     wr[r] = (const char *)w + (size_t)row * w_stride;
                 }
                 for (int64_t b = 0; b < len; b++) {
+                    if (pf) /* few activation rows: stream the rows ahead, as the tiles do */
+                        for (int r = 0; r < 8; r++)
+                            for (size_t off = 0; off < bsz; off += 64)
+                                _mm_prefetch(wr[r] + pf + (size_t)(i0 + b) * bsz + off, _MM_HINT_T0);
                     if (kind == KQ4) q4k_pack(wr, i0 + b, pack, &st->p.q4k[p][b]);
                     else q6k_pack(wr, i0 + b, pack, &st->p.q6k[p][b]);
                 }

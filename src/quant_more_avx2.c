@@ -917,6 +917,7 @@ static VNNI void q5k_panel_tile_vnni(const q5k_panel *panels, const char *const 
 AVX2_INLINE void gemm_q5k_panel(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
                                 size_t a_stride, float *out, size_t out_stride, int pack, q5k_stage *st) {
     const int64_t nb = n / KP_QK_K;
+    const size_t pf = decode_pf(w_stride, nc, PANEL_PF_COLS);
     if (nb <= 0) zero_out(nr, nc, out, out_stride);
     for (int rc0 = 0; rc0 < nr; rc0 += PANEL_RC) {
         const int rc = nr - rc0 < PANEL_RC ? nr - rc0 : PANEL_RC;
@@ -926,7 +927,13 @@ AVX2_INLINE void gemm_q5k_panel(int64_t n, int nr, int nc, const void *w, size_t
             for (int p = 0; p < n_panels; p++) {
                 const char *wr[8];
                 rows8(w, w_stride, rc0 + 8 * p, nr, wr);
-                for (int64_t b = 0; b < len; b++) q5k_pack(wr, i0 + b, pack, &st->p[p][b]);
+                for (int64_t b = 0; b < len; b++) {
+                    if (pf) /* few activation rows: stream the rows ahead, as the tiles do */
+                        for (int r = 0; r < 8; r++)
+                            for (size_t off = 0; off < sizeof(kp_block_q5_K); off += 64)
+                                _mm_prefetch(wr[r] + pf + (size_t)(i0 + b) * sizeof(kp_block_q5_K) + off, _MM_HINT_T0);
+                    q5k_pack(wr, i0 + b, pack, &st->p[p][b]);
+                }
             }
             const int add = i0 > 0;
             for (int p = 0; p < n_panels; p++) {
