@@ -1093,21 +1093,7 @@ FLOAT_TILE512(tile_bf16_512, gemm_bf16_512, ELEM_BF16)
 /* Q4_K weights . Q8_K activations                                           */
 /* ------------------------------------------------------------------------ */
 
-/*
- * Unpacks the 12 scale bytes with 32-bit word operations (x86 is
- * little-endian): bytes 0..7 of the result are sc[0..7], 8..15 are m[0..7].
- * Same mapping as kp_quant_q4k_unpack_scales.
- */
-AVX2_INLINE __m128i q4k_scales_mins(const uint8_t packed[12]) {
-    uint32_t u[3], r[4];
-    memcpy(u, packed, sizeof u);
-    const uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
-    r[0] = u[0] & k6;                                          /* sc 0..3 */
-    r[1] = (u[2] & k4) | ((u[0] >> 6) & k2) << 4;              /* sc 4..7 */
-    r[2] = u[1] & k6;                                          /* m 0..3 */
-    r[3] = ((u[2] >> 4) & k4) | ((u[1] >> 6) & k2) << 4;       /* m 4..7 */
-    return _mm_loadu_si128((const __m128i *)r);
-}
+/* (scales and mins: kq_scales_mins, quant_avx2_inl.h; the mapping of kp_quant_q4k_unpack_scales) */
 
 /* One Q4_K super-block x against super-block i of NC Q8_K activation rows:
  * sumi[c] and pm[c] are 8 partial sums of sum_j sc_j (q.a)_j and of
@@ -1115,7 +1101,7 @@ AVX2_INLINE __m128i q4k_scales_mins(const uint8_t packed[12]) {
 AVX2_INLINE void q4k_sb(const kp_block_q4_K *x, const char *a, size_t a_stride, int64_t i, __m256i *sumi,
                         __m256i *pm, const int NC) {
     const __m256i m4 = _mm256_set1_epi8(0xF);
-    const __m128i scm = q4k_scales_mins(x->scales);
+    const __m128i scm = kq_scales_mins(x->scales);
     /* 8 scales as int16, in both 128-bit lanes */
     const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
     /* mins duplicated per pair of bsums: m0 m0 m1 m1 ... m7 m7 as int16 */
@@ -1396,7 +1382,7 @@ AVX2_INLINE void q4k_pack(const char *const *wr, int64_t i, int pack, q4k_panel 
     for (int r = 0; r < 8; r++) {
         const kp_block_q4_K *x = (const kp_block_q4_K *)wr[r] + i;
         uint8_t sm[16];
-        _mm_storeu_si128((__m128i *)sm, q4k_scales_mins(x->scales));
+        _mm_storeu_si128((__m128i *)sm, kq_scales_mins(x->scales));
         for (int j = 0; j < 8; j++) {
             sc[j][r] = pack == PACK_VNNI ? sm[j] : pair16(sm[j]);
             mn[j][r] = pair16(sm[8 + j]);

@@ -150,6 +150,23 @@ AVX2_INLINE __m256 round_half_away(__m256 t) {
 }
 
 
+/* The 8 6-bit scales (bytes 0..7) and 8 6-bit mins (bytes 8..15) of the 12
+ * packed scale bytes of a Q4_K or Q5_K super-block (quant.h's packing), in
+ * vector registers: with u0..u2 the three little-endian words,
+ *   sc 0..3 = u0 & 0x3f..           sc 4..7 = (u2 & 0x0f..) | (u0 >> 2 & 0x30..)
+ *   m  0..3 = u1 & 0x3f..           m  4..7 = (u2 >> 4 & 0x0f..) | (u1 >> 2 & 0x30..)
+ * (built in general registers and reloaded as a vector, the four words
+ * could not be store-forwarded). Reads 16 bytes from packed: the scales are
+ * followed by the block's quants in both layouts. */
+AVX2_INLINE __m128i kq_scales_mins(const uint8_t *packed) {
+    const __m128i u = _mm_loadu_si128((const __m128i *)packed);
+    const __m128i a = _mm_srlv_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4));
+    const __m128i b = _mm_srli_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0)), 2);
+    const __m128i m1 = _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f);
+    const __m128i m2 = _mm_setr_epi32(0, 0x30303030, 0, 0x30303030);
+    return _mm_or_si128(_mm_and_si128(a, m1), _mm_and_si128(b, m2));
+}
+
 /* A panel of 8 weight rows over one super-block of a K-quant with 8
  * sub-blocks of 32, a scale and a min each (Q4_K, Q5_K): quants repacked so
  * a 32-byte step holds 4 consecutive quants of every row, per-row scales

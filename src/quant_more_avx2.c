@@ -658,19 +658,6 @@ LEGACY(q5_1, WQ5_1)
 /* Q5_K                                                                      */
 /* ------------------------------------------------------------------------ */
 
-/* sc[0..7] (bytes 0..7) and m[0..7] (bytes 8..15) of the 12 packed scale
- * bytes (Q4_K's packing, see quant.h), with 32-bit word operations (x86 is
- * little-endian). */
-AVX2_INLINE __m128i q5k_scales_mins(const uint8_t packed[12]) {
-    uint32_t u[3], r[4];
-    memcpy(u, packed, sizeof u);
-    const uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
-    r[0] = u[0] & k6;                                    /* sc 0..3 */
-    r[1] = (u[2] & k4) | ((u[0] >> 6) & k2) << 4;        /* sc 4..7 */
-    r[2] = u[1] & k6;                                    /* m 0..3 */
-    r[3] = ((u[2] >> 4) & k4) | ((u[1] >> 6) & k2) << 4; /* m 4..7 */
-    return _mm_loadu_si128((const __m128i *)r);
-}
 
 /* Bit k (0..7) of every byte of hb, moved to bit 4 (16-bit shifts: the
  * bits that cross into the neighbouring byte are masked off). */
@@ -693,7 +680,7 @@ AVX2_INLINE void q5k_quants(const kp_block_q5_K *x, __m256i hb, int c, __m256i *
  * sum_j m_j bsum_j (exact integers once summed). */
 AVX2_INLINE void q5k_sb(const kp_block_q5_K *x, const char *a, size_t a_stride, int64_t i, __m256i *sumi,
                         __m256i *pm, const int NC) {
-    const __m128i scm = q5k_scales_mins(x->scales);
+    const __m128i scm = kq_scales_mins(x->scales);
     const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm)); /* 8 scales, both lanes */
     /* mins duplicated per pair of bsums: m0 m0 m1 m1 ... m7 m7 as int16 */
     const __m256i mins16 = _mm256_cvtepu8_epi16(
@@ -832,7 +819,7 @@ AVX2_INLINE void q5k_pack(const char *const *wr, int64_t i, int pack, q5k_panel 
     for (int r = 0; r < 8; r++) {
         const kp_block_q5_K *x = (const kp_block_q5_K *)wr[r] + i;
         uint8_t sm[16];
-        _mm_storeu_si128((__m128i *)sm, q5k_scales_mins(x->scales));
+        _mm_storeu_si128((__m128i *)sm, kq_scales_mins(x->scales));
         for (int j = 0; j < 8; j++) {
             sc[j][r] = pack == PACK_VNNI ? sm[j] : pair16(sm[j]);
             mn[j][r] = pair16(sm[8 + j]);
