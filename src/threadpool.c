@@ -72,10 +72,9 @@ typedef struct {
  * takes a run of tasks, 1/(CLAIM_SPLIT x threads) of those left (guided
  * self-scheduling), so a decode step's ~10,000 small matmul tasks cost tens
  * of atomic operations on the shared word rather than one each, and each
- * thread reads a contiguous stretch of weight rows. */
-/* Claims and runs tasks of run gen until none are left, then adds the
- * count it ran to `done` once (an atomic add per claim cost a contended
- * cache line transfer each time). */
+ * thread reads a contiguous stretch of weight rows. When none is left it
+ * adds the count it ran to `done` once (an atomic add per claim cost a
+ * contended cache line transfer each time). */
 static void work(kp_pool *p, uint32_t gen, int thread) {
     uint64_t s = atomic_load_explicit(&p->state, memory_order_acquire);
     int ran = 0;
