@@ -668,30 +668,37 @@ AVX2_INLINE void rows_softmax(kp_attn_tile *t, const keys_ws *w, int M3, int n_k
 
 /* The step, reading K and V rows where they are (each element is converted
  * once per block of 3 rows). Rows go 3 at a time; padding rows have q = 0
- * and weights 0. Uses w.q, w.o, w.m, w.l, w.al, w.p. */
+ * and weights 0. Uses w.q, w.o, w.m, w.l, w.al, w.p. The body is shared by
+ * the 8- and 16-lane tables: SCORES_3X4 scores 3 rows x 4 keys, ACCUM_WIDE
+ * accumulates WIDTH dims of 3 rows (then 32- and 8-dim passes finish the
+ * head). While the first row block scores its keys, the next step's rows are
+ * prefetched, a slice per 4 keys (kp_attn_prefetch_next). */
+#define ROWS_STEP_BODY(SCORES_3X4, ACCUM_WIDE, WIDTH)                                                         \
+    int hd = t->hd, M3 = (w->M + 2) / 3 * 3, n4 = n_keys / 4 * 4;                                             \
+    __m128 scale = _mm_set1_ps(t->scale);                                                                      \
+    for (int r0 = 0; r0 < M3; r0 += 3) {                                                                       \
+        const float *q = w->q + (size_t)r0 * hd;                                                               \
+        float *s = w->p + (size_t)r0 * STEP;                                                                   \
+        for (int j = 0; j < n4; j += 4) {                                                                      \
+            if (r0 == 0) kp_attn_prefetch_next(t, j / 4, STEP / 4);                                            \
+            SCORES_3X4(hd, q, kv_at(k, (size_t)j * hd, f16), s + j, scale, f16);                               \
+        }                                                                                                      \
+        for (int j = n4; j < n_keys; j++) rows_scores_3x1(hd, q, kv_at(k, (size_t)j * hd, f16), s + j, t->scale, f16); \
+    }                                                                                                          \
+    for (int i = n4 / 4; i < STEP / 4; i++) kp_attn_prefetch_next(t, i, STEP / 4); /* short steps */         \
+    rows_softmax(t, w, M3, n_keys, key_pos);                                                                   \
+    for (int r0 = 0; r0 < M3; r0 += 3) {                                                                       \
+        float *o = w->o + (size_t)r0 * hd;                                                                     \
+        const float *p = w->p + (size_t)r0 * STEP, *al = w->al + r0;                                           \
+        int d0 = 0;                                                                                            \
+        for (; d0 + (WIDTH) <= hd; d0 += (WIDTH)) ACCUM_WIDE(hd, n_keys, p, kv_at(v, (size_t)d0, f16), o + d0, al, f16); \
+        for (; d0 + 32 <= hd; d0 += 32) rows_accum_3x4(hd, n_keys, p, kv_at(v, (size_t)d0, f16), o + d0, al, f16); \
+        for (; d0 < hd; d0 += 8) rows_accum_3x1(hd, n_keys, p, kv_at(v, (size_t)d0, f16), o + d0, al, f16);    \
+    }
+
 AVX2_INLINE void rows_step(kp_attn_tile *t, const keys_ws *w, const void *k, const void *v, int n_keys,
                            int32_t key_pos, bool f16) {
-    int hd = t->hd, M3 = (w->M + 2) / 3 * 3, n4 = n_keys / 4 * 4;
-    __m128 scale = _mm_set1_ps(t->scale);
-    /* the next step's rows: a slice per 4 keys of the first row block (see kp_attn_prefetch_next) */
-    for (int r0 = 0; r0 < M3; r0 += 3) {
-        const float *q = w->q + (size_t)r0 * hd;
-        float *s = w->p + (size_t)r0 * STEP;
-        for (int j = 0; j < n4; j += 4) {
-            if (r0 == 0) kp_attn_prefetch_next(t, j / 4, STEP / 4);
-            rows_scores_3x4(hd, q, kv_at(k, (size_t)j * hd, f16), s + j, scale, f16);
-        }
-        for (int j = n4; j < n_keys; j++) rows_scores_3x1(hd, q, kv_at(k, (size_t)j * hd, f16), s + j, t->scale, f16);
-    }
-    for (int i = n4 / 4; i < STEP / 4; i++) kp_attn_prefetch_next(t, i, STEP / 4); /* short steps */
-    rows_softmax(t, w, M3, n_keys, key_pos);
-    for (int r0 = 0; r0 < M3; r0 += 3) {
-        float *o = w->o + (size_t)r0 * hd;
-        const float *p = w->p + (size_t)r0 * STEP, *al = w->al + r0;
-        int d0 = 0;
-        for (; d0 + 32 <= hd; d0 += 32) rows_accum_3x4(hd, n_keys, p, kv_at(v, (size_t)d0, f16), o + d0, al, f16);
-        for (; d0 < hd; d0 += 8) rows_accum_3x1(hd, n_keys, p, kv_at(v, (size_t)d0, f16), o + d0, al, f16);
-    }
+    ROWS_STEP_BODY(rows_scores_3x4, rows_accum_3x4, 32)
 }
 
 /* ---- the tile entry points (both tables) ---------------------------------- */
@@ -1010,32 +1017,13 @@ AVX512_INLINE void rows512_accum_3x4(int hd, int n_keys, const float *p, const v
 
 AVX512_INLINE void rows512_step(kp_attn_tile *t, const keys_ws *w, const void *k, const void *v, int n_keys,
                                 int32_t key_pos, bool f16) {
-    int hd = t->hd, M3 = (w->M + 2) / 3 * 3, n4 = n_keys / 4 * 4;
-    if (hd % 16) {
+    if (t->hd % 16) {
         rows_step(t, w, k, v, n_keys, key_pos, f16);
         return;
     }
-    __m128 scale = _mm_set1_ps(t->scale);
-    for (int r0 = 0; r0 < M3; r0 += 3) {
-        const float *q = w->q + (size_t)r0 * hd;
-        float *s = w->p + (size_t)r0 * STEP;
-        for (int j = 0; j < n4; j += 4) {
-            if (r0 == 0) kp_attn_prefetch_next(t, j / 4, STEP / 4);
-            rows512_scores_3x4(hd, q, kv_at(k, (size_t)j * hd, f16), s + j, scale, f16);
-        }
-        for (int j = n4; j < n_keys; j++) rows_scores_3x1(hd, q, kv_at(k, (size_t)j * hd, f16), s + j, t->scale, f16);
-    }
-    for (int i = n4 / 4; i < STEP / 4; i++) kp_attn_prefetch_next(t, i, STEP / 4); /* short steps */
-    rows_softmax(t, w, M3, n_keys, key_pos);
-    for (int r0 = 0; r0 < M3; r0 += 3) {
-        float *o = w->o + (size_t)r0 * hd;
-        const float *p = w->p + (size_t)r0 * STEP, *al = w->al + r0;
-        int d0 = 0;
-        for (; d0 + 64 <= hd; d0 += 64) rows512_accum_3x4(hd, n_keys, p, kv_at(v, (size_t)d0, f16), o + d0, al, f16);
-        for (; d0 + 32 <= hd; d0 += 32) rows_accum_3x4(hd, n_keys, p, kv_at(v, (size_t)d0, f16), o + d0, al, f16);
-        for (; d0 < hd; d0 += 8) rows_accum_3x1(hd, n_keys, p, kv_at(v, (size_t)d0, f16), o + d0, al, f16);
-    }
+    ROWS_STEP_BODY(rows512_scores_3x4, rows512_accum_3x4, 64)
 }
+#undef ROWS_STEP_BODY
 
 AVX512 static void tile_step_f32_avx512(kp_attn_tile *t, const float *k, const float *v, int n_keys,
                                         int32_t key_pos) {
