@@ -8,10 +8,10 @@
  * times, or `--turns FILE.jsonl` (one JSON object per line, {"prompt": "..."};
  * blank lines are skipped). run, per turn:
  *
- *   tokenize -> eng_prefill (reuse the cached prefix, compute the rest)
+ *   tokenize -> kp_eng_prefill (reuse the cached prefix, compute the rest)
  *            -> generate -n tokens (greedy unless --temp; every generated
  *               token is decoded, so the cache holds prompt + answer)
- *            -> eng_finish (index prompt + answer)
+ *            -> kp_eng_finish (index prompt + answer)
  *   stdout: the generated text of the turn and a newline (as `kvpin run`)
  *   stderr: reused / computed tokens, time to first token, cache report
  *
@@ -19,7 +19,7 @@
  * text followed by their generated text, and the matching tokens), the one
  * with the longest common token prefix with this prompt (ties: the most
  * recent). It is what the index holds along the matched path, without
- * walking the tree. The divergence token is the index's own (eng_report),
+ * walking the tree. The divergence token is the index's own (kp_eng_report),
  * so an evicted prefix shows as fewer reused tokens and cause "evicted".
  *
  * doctor does the same comparison on prompts alone, with the tokenizer only
@@ -164,19 +164,19 @@ static size_t text_divergence(const char *a, size_t na, const char *b, size_t nb
 }
 
 /* Explains turn `cur` against the cached text (NULL: nothing cached). */
-static kp_status explain(const tok_vocab *v, const turn *cur, const char *cached, size_t cached_len,
-                         size_t token_index, doctor_cache_state state, bool special, doctor_escape mode,
-                         doctor_report *rep, kp_error *err) {
-    if (state == DOCTOR_CACHE_NOTHING) {
+static kp_status explain(const kp_tok_vocab *v, const turn *cur, const char *cached, size_t cached_len,
+                         size_t token_index, kp_doctor_cache_state state, bool special, kp_doctor_escape mode,
+                         kp_doctor_report *rep, kp_error *err) {
+    if (state == KP_DOCTOR_CACHE_NOTHING) {
         cached = "";
         cached_len = 0;
     }
     size_t tdiv = text_divergence(cached, cached_len, cur->text, cur->prompt_len);
-    doctor_tokens tk = {token_index,
+    kp_doctor_tokens tk = {token_index,
                         kp_crep_token_byte(v, cur->ids, cur->n_prompt, token_index, cur->text, cur->prompt_len, special,
                                    tdiv),
                         cur->n_prompt};
-    return doctor_explain(cached, cached_len, cur->text, cur->prompt_len, &tk, state, mode, rep, err);
+    return kp_doctor_explain(cached, cached_len, cur->text, cur->prompt_len, &tk, state, mode, rep, err);
 }
 
 /* ---- kvpin run --prompt-cache ----------------------------------------- */
@@ -329,16 +329,16 @@ static bool load_sources(const cache_opts *o, turn_list *t) {
 
 /* Tokenizes every turn's prompt into ids / n_prompt (an empty prompt
  * without BOS becomes [BOS], as in `kvpin run`). */
-static bool tokenize_turns(const tok_vocab *v, turn_list *t, bool add_special, bool special, const char *cmd) {
+static bool tokenize_turns(const kp_tok_vocab *v, turn_list *t, bool add_special, bool special, const char *cmd) {
     kp_error err = {0};
     for (size_t i = 0; i < t->n; i++) {
         turn *u = &t->v[i];
-        if (tok_encode(v, u->text, u->prompt_len, add_special, special, &u->ids, &u->n_ids, &err) != KP_OK) {
+        if (kp_tok_encode(v, u->text, u->prompt_len, add_special, special, &u->ids, &u->n_ids, &err) != KP_OK) {
             fprintf(stderr, "kvpin %s: turn %zu: %s\n", cmd, i + 1, err.msg);
             return false;
         }
         if (u->n_ids == 0 && !strcmp(cmd, "run")) {
-            if (tok_bos(v) < 0) {
+            if (kp_tok_bos(v) < 0) {
                 fprintf(stderr, "kvpin %s: turn %zu: the prompt is empty and the model has no BOS token\n", cmd,
                         i + 1);
                 return false;
@@ -346,7 +346,7 @@ static bool tokenize_turns(const tok_vocab *v, turn_list *t, bool add_special, b
             free(u->ids);
             u->ids = malloc(sizeof(int32_t));
             if (!u->ids) return false;
-            u->ids[0] = tok_bos(v);
+            u->ids[0] = kp_tok_bos(v);
             u->n_ids = 1;
         }
         u->n_prompt = u->n_ids;
@@ -369,19 +369,19 @@ static bool buf_append(char **buf, size_t *len, size_t *cap, const char *b, size
     return true;
 }
 
-static void print_report(const turn_list *t, size_t i, const eng_report *r, const tok_vocab *v, bool special) {
+static void print_report(const turn_list *t, size_t i, const kp_eng_report *r, const kp_tok_vocab *v, bool special) {
     const turn *cur = &t->v[i];
     size_t common;
     long j = best_earlier(t, i, cur->ids, cur->n_prompt, &common);
-    doctor_cache_state state = r->evicted ? DOCTOR_CACHE_EVICTED
-                               : j < 0 || r->cold ? DOCTOR_CACHE_NOTHING
-                                                  : DOCTOR_CACHE_TEXT;
-    if (state == DOCTOR_CACHE_EVICTED && j < 0) state = DOCTOR_CACHE_NOTHING;
-    doctor_report rep;
+    kp_doctor_cache_state state = r->evicted ? KP_DOCTOR_CACHE_EVICTED
+                               : j < 0 || r->cold ? KP_DOCTOR_CACHE_NOTHING
+                                                  : KP_DOCTOR_CACHE_TEXT;
+    if (state == KP_DOCTOR_CACHE_EVICTED && j < 0) state = KP_DOCTOR_CACHE_NOTHING;
+    kp_doctor_report rep;
     kp_error err = {0};
     const char *cached = j >= 0 ? t->v[j].text : NULL;
     size_t cached_len = j >= 0 ? t->v[j].len : 0;
-    if (explain(v, cur, cached, cached_len, r->diverged_at_token, state, special, DOCTOR_ESCAPE_HUMAN, &rep,
+    if (explain(v, cur, cached, cached_len, r->diverged_at_token, state, special, KP_DOCTOR_ESCAPE_HUMAN, &rep,
                 &err) != KP_OK) {
         fprintf(stderr, "  cache report: %s\n", err.msg);
         return;
@@ -390,12 +390,12 @@ static void print_report(const turn_list *t, size_t i, const eng_report *r, cons
     snprintf(subject, sizeof subject, "turn %zu", i + 1);
     fprintf(stderr, "  cache: diverged at token %u of %u, byte %zu (line %zu): %s\n", r->diverged_at_token,
             r->prompt_tokens, rep.div.byte, rep.finding.line, rep.finding.detail);
-    if (rep.finding.cause != DOCTOR_CAUSE_COLD) {
+    if (rep.finding.cause != KP_DOCTOR_CAUSE_COLD) {
         fprintf(stderr, "    cached : %s\n", rep.cached_snippet);
         fprintf(stderr, "    request: %s\n", rep.request_snippet);
     }
-    if (rep.finding.cause != DOCTOR_CAUSE_HIT && !(rep.finding.cause == DOCTOR_CAUSE_COLD && i == 0)) {
-        doctor_advice(rep.finding.cause, rep.finding.detail, rep.finding.line, rep.div.percent_recomputed, subject,
+    if (rep.finding.cause != KP_DOCTOR_CAUSE_HIT && !(rep.finding.cause == KP_DOCTOR_CAUSE_COLD && i == 0)) {
+        kp_doctor_advice(rep.finding.cause, rep.finding.detail, rep.finding.line, rep.div.percent_recomputed, subject,
                       advice, sizeof advice);
         fprintf(stderr, "    advice : %s\n", advice);
     }
@@ -407,17 +407,17 @@ int cmd_run_cached(int argc, char **argv) {
     if (rc >= 0) return rc;
     kp_error err = {0};
     kp_model *m = NULL;
-    tok_vocab *v = NULL;
+    kp_tok_vocab *v = NULL;
     kp_pool *pool = NULL;
-    eng_engine *e = NULL;
+    kp_engine *e = NULL;
     kp_sampler *smp = NULL;
-    tok_stream *ts = NULL;
+    kp_tok_stream *ts = NULL;
     float *logits = NULL;
     turn_list t = {0};
     rc = 1;
     if (!load_sources(&o, &t)) goto done;
     const char *path = o.model_path ? o.model_path : cli_default_model();
-    if (kp_model_load(&m, path, &err) != KP_OK || tok_vocab_load(&v, m->file, &err) != KP_OK ||
+    if (kp_model_load(&m, path, &err) != KP_OK || kp_tok_vocab_load(&v, m->file, &err) != KP_OK ||
         kp_pool_new(&pool, o.n_threads > 0 ? o.n_threads : kp_cpu_count(), &err) != KP_OK) {
         fprintf(stderr, "kvpin run: %s\n", err.msg);
         goto done;
@@ -429,9 +429,9 @@ int cmd_run_cached(int argc, char **argv) {
     /* default: the context plus as much again for cached turns, at most half of RAM */
     uint64_t budget = o.budget ? o.budget : 2 * ((uint64_t)n_ctx + o.block) * per;
     if (!o.budget && cli_half_of_ram() && budget > cli_half_of_ram()) budget = cli_half_of_ram();
-    eng_config ec = {o.kv_type, o.block, budget, n_ctx, o.no_cache, NULL};
-    if (eng_new(&e, m, pool, o.scalar ? kp_kernels_scalar() : kp_kernels_best(), &ec, &err) != KP_OK ||
-        tok_stream_new(&ts, v, o.special, &err) != KP_OK) {
+    kp_eng_config ec = {o.kv_type, o.block, budget, n_ctx, o.no_cache, NULL};
+    if (kp_eng_new(&e, m, pool, o.scalar ? kp_kernels_scalar() : kp_kernels_best(), &ec, &err) != KP_OK ||
+        kp_tok_stream_new(&ts, v, o.special, &err) != KP_OK) {
         fprintf(stderr, "kvpin run: %s\n", err.msg);
         goto done;
     }
@@ -440,30 +440,30 @@ int cmd_run_cached(int argc, char **argv) {
     uint64_t total_reused = 0, total_prompt = 0;
     for (size_t i = 0; i < t.n; i++) {
         turn *u = &t.v[i];
-        eng_seq s = {0};
-        eng_report r;
+        kp_eng_seq s = {0};
+        kp_eng_report r;
         if (kp_sampler_new(&smp, &o.sp, (int32_t)hp->n_vocab, &err) != KP_OK) {
             fprintf(stderr, "kvpin run: %s\n", err.msg);
             goto done;
         }
         for (size_t k = 0; k < u->n_prompt; k++) kp_sampler_accept(smp, u->ids[k]);
-        pfx_stats st0, st1;
-        eng_stats(e, &st0);
+        kp_pfx_stats st0, st1;
+        kp_eng_stats(e, &st0);
         double t0 = cli_now();
-        if (eng_prefill(e, u->ids, (uint32_t)u->n_prompt, &s, logits, &r, &err) != KP_OK) {
+        if (kp_eng_prefill(e, u->ids, (uint32_t)u->n_prompt, &s, logits, &r, &err) != KP_OK) {
             fprintf(stderr, "kvpin run: turn %zu: %s\n", i + 1, err.msg);
             goto done;
         }
         size_t cap_ids = u->n_prompt + (size_t)o.n_predict + 1;
         int32_t *ids = realloc(u->ids, cap_ids * sizeof(int32_t));
         if (!ids) {
-            eng_seq_abort(e, &s);
+            kp_eng_seq_abort(e, &s);
             goto done;
         }
         u->ids = ids;
         char *text = u->text;
         size_t cap_text = u->len + 1;
-        bool strip_space = u->n_prompt == 1 && u->ids[0] == tok_bos(v) && tok_add_space_prefix(v);
+        bool strip_space = u->n_prompt == 1 && u->ids[0] == kp_tok_bos(v) && kp_tok_add_space_prefix(v);
         double t_first = 0;
         const char *reason = "length";
         int64_t n_gen = 0;
@@ -473,16 +473,16 @@ int cmd_run_cached(int argc, char **argv) {
             if (n_gen == 0) t_first = cli_now() - t0;
             n_gen++;
             kp_sampler_accept(smp, tok);
-            if (tok_is_eog(v, tok)) {
+            if (kp_tok_is_eog(v, tok)) {
                 reason = "end of generation token";
                 break;
             }
-            if (eng_seq_len(&s) >= eng_max_pos(e)) {
+            if (kp_eng_seq_len(&s) >= kp_eng_max_pos(e)) {
                 reason = "context full";
                 break;
             }
             /* every generated token is decoded: the cache then holds prompt + answer */
-            if (eng_decode(e, &s, tok, logits, &err) != KP_OK) {
+            if (kp_eng_decode(e, &s, tok, logits, &err) != KP_OK) {
                 fprintf(stderr, "kvpin run: turn %zu: %s\n", i + 1, err.msg);
                 failed = true;
                 break;
@@ -490,7 +490,7 @@ int cmd_run_cached(int argc, char **argv) {
             u->ids[u->n_ids++] = tok;
             const char *bytes;
             size_t nb;
-            if (tok_stream_push(ts, tok, &bytes, &nb, &err) != KP_OK) {
+            if (kp_tok_stream_push(ts, tok, &bytes, &nb, &err) != KP_OK) {
                 fprintf(stderr, "kvpin run: %s\n", err.msg);
                 failed = true;
                 break;
@@ -505,7 +505,7 @@ int cmd_run_cached(int argc, char **argv) {
         }
         const char *bytes;
         size_t nb;
-        tok_stream_flush(ts, &bytes, &nb);
+        kp_tok_stream_flush(ts, &bytes, &nb);
         if (nb) fwrite(bytes, 1, nb, stdout);
         if (nb && !buf_append(&text, &u->len, &cap_text, bytes, nb)) failed = true;
         u->text = text;
@@ -514,13 +514,13 @@ int cmd_run_cached(int argc, char **argv) {
         kp_sampler_free(smp);
         smp = NULL;
         if (failed) {
-            eng_seq_abort(e, &s);
+            kp_eng_seq_abort(e, &s);
             goto done;
         }
         uint32_t added = 0;
-        if (eng_finish(e, &s, u->ids, (uint32_t)u->n_ids, &added, &err) != KP_OK)
+        if (kp_eng_finish(e, &s, u->ids, (uint32_t)u->n_ids, &added, &err) != KP_OK)
             fprintf(stderr, "kvpin run: turn %zu: could not index: %s\n", i + 1, err.msg);
-        eng_stats(e, &st1);
+        kp_eng_stats(e, &st1);
         total_reused += r.reused_tokens;
         total_prompt += u->n_prompt;
         if (o.print_tokens) {
@@ -535,8 +535,8 @@ int cmd_run_cached(int argc, char **argv) {
                 reason, st1.n_evictions > st0.n_evictions ? ", evicted cached prefixes to make room" : "");
         if (!o.no_cache) print_report(&t, i, &r, v, o.special);
     }
-    pfx_stats st;
-    eng_stats(e, &st);
+    kp_pfx_stats st;
+    kp_eng_stats(e, &st);
     char b1[32], b2[32];
     fprintf(stderr, "prefix cache: %llu of %llu prompt tokens reused; %llu tokens cached in %s of a %s budget",
             (unsigned long long)total_reused, (unsigned long long)total_prompt,
@@ -546,12 +546,12 @@ int cmd_run_cached(int argc, char **argv) {
     rc = 0;
 done:
     kp_sampler_free(smp);
-    tok_stream_free(ts);
+    kp_tok_stream_free(ts);
     free(logits);
-    eng_free(e);
+    kp_eng_free(e);
     turns_free(&t);
     kp_pool_free(pool);
-    tok_vocab_free(v);
+    kp_tok_vocab_free(v);
     kp_model_free(m);
     return rc;
 }
@@ -608,12 +608,12 @@ int cmd_doctor(int argc, char **argv) {
     }
     turn_list t = {0};
     gguf *g = NULL;
-    tok_vocab *v = NULL;
+    kp_tok_vocab *v = NULL;
     kp_error err = {0};
     int rc = 1;
     if (!turns_load_jsonl(&t, file, "doctor")) goto done;
-    if (gguf_open(&g, model ? model : cli_default_model(), &err) != KP_OK ||
-        tok_vocab_load(&v, g, &err) != KP_OK) {
+    if (kp_gguf_open(&g, model ? model : cli_default_model(), &err) != KP_OK ||
+        kp_tok_vocab_load(&v, g, &err) != KP_OK) {
         fprintf(stderr, "kvpin doctor: %s\n", err.msg);
         goto done;
     }
@@ -625,16 +625,16 @@ int cmd_doctor(int argc, char **argv) {
         turn *u = &t.v[i];
         size_t common;
         long j = best_earlier(&t, i, u->ids, u->n_prompt, &common);
-        doctor_report rep;
+        kp_doctor_report rep;
         if (explain(v, u, j >= 0 ? t.v[j].text : NULL, j >= 0 ? t.v[j].len : 0, common,
-                    j >= 0 ? DOCTOR_CACHE_TEXT : DOCTOR_CACHE_NOTHING, special,
-                    json ? DOCTOR_ESCAPE_JSON : DOCTOR_ESCAPE_HUMAN, &rep, &err) != KP_OK) {
+                    j >= 0 ? KP_DOCTOR_CACHE_TEXT : KP_DOCTOR_CACHE_NOTHING, special,
+                    json ? KP_DOCTOR_ESCAPE_JSON : KP_DOCTOR_ESCAPE_HUMAN, &rep, &err) != KP_OK) {
             fprintf(stderr, "kvpin doctor: turn %zu: %s\n", i + 1, err.msg);
             goto done;
         }
         char subject[32], advice[512];
         snprintf(subject, sizeof subject, "turn %zu", i + 1);
-        doctor_advice(rep.finding.cause, rep.finding.detail, rep.finding.line, rep.div.percent_recomputed, subject,
+        kp_doctor_advice(rep.finding.cause, rep.finding.detail, rep.finding.line, rep.div.percent_recomputed, subject,
                       advice, sizeof advice);
         total += u->n_prompt;
         reusable += common;
@@ -643,7 +643,7 @@ int cmd_doctor(int argc, char **argv) {
             worst = i;
             memcpy(worst_advice, advice, sizeof advice);
         }
-        const char *cause = doctor_cause_name(rep.finding.cause);
+        const char *cause = kp_doctor_cause_name(rep.finding.cause);
         if (json) {
             /* snippets are already escaped for a JSON string literal */
             printf("{\"turn\":%zu,\"prompt_tokens\":%zu,\"reusable_tokens\":%zu,\"diverged_at_token\":%zu,"
@@ -673,8 +673,8 @@ int cmd_doctor(int argc, char **argv) {
     fflush(stdout);
     rc = 0;
 done:
-    tok_vocab_free(v);
-    gguf_close(g);
+    kp_tok_vocab_free(v);
+    kp_gguf_close(g);
     turns_free(&t);
     return rc;
 }

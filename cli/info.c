@@ -14,7 +14,7 @@
 #include "gguf.h"
 #include "model.h"
 
-static void print_str(gguf_str s, size_t max) {
+static void print_str(kp_gguf_str s, size_t max) {
     size_t n = s.len < max ? (size_t)s.len : max;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s.data[i];
@@ -26,13 +26,13 @@ static void print_str(gguf_str s, size_t max) {
 }
 
 static void print_token(const gguf *g, const char *key, const char *label) {
-    const gguf_kv *kv = gguf_find(g, key);
-    const gguf_value *toks = NULL;
-    gguf_get_arr(g, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &toks, NULL);
+    const kp_gguf_kv *kv = kp_gguf_find(g, key);
+    const kp_gguf_value *toks = NULL;
+    kp_gguf_get_arr(g, "tokenizer.ggml.tokens", KP_GGUF_TYPE_STRING, &toks, NULL);
     if (!kv) return;
-    int64_t id = kv->value.type == GGUF_TYPE_INT32 || kv->value.type == GGUF_TYPE_INT64
+    int64_t id = kv->value.type == KP_GGUF_TYPE_INT32 || kv->value.type == KP_GGUF_TYPE_INT64
                      ? kv->value.v.i64 : (int64_t)kv->value.v.u64;
-    if (kv->value.type == GGUF_TYPE_UINT32 && kv->value.v.u64 == UINT32_MAX) id = -1; /* "none" */
+    if (kv->value.type == KP_GGUF_TYPE_UINT32 && kv->value.v.u64 == UINT32_MAX) id = -1; /* "none" */
     printf("  %-8s %lld", label, (long long)id);
     if (toks && id >= 0 && (uint64_t)id < toks->v.arr.n) {
         fputs(" '", stdout);
@@ -72,23 +72,23 @@ int cmd_info(int argc, char **argv) {
     if (!path) path = cli_default_model();
     gguf *g;
     kp_error err = {0};
-    if (gguf_open(&g, path, &err) != KP_OK) {
+    if (kp_gguf_open(&g, path, &err) != KP_OK) {
         fprintf(stderr, "kvpin info: %s\n", err.msg);
         return 1;
     }
     char b1[32];
     printf("file:          %s\n", path);
     printf("format:        GGUF v%u, %s, %zu metadata keys, %zu tensors, alignment %u\n",
-           gguf_version(g), cli_bytes(gguf_file_size(g), b1, sizeof b1), gguf_n_kv(g),
-           gguf_n_tensors(g), gguf_alignment(g));
-    gguf_str s;
-    if (gguf_get_str(g, "general.name", &s, NULL) == KP_OK && s.data) {
+           kp_gguf_version(g), cli_bytes(kp_gguf_file_size(g), b1, sizeof b1), kp_gguf_n_kv(g),
+           kp_gguf_n_tensors(g), kp_gguf_alignment(g));
+    kp_gguf_str s;
+    if (kp_gguf_get_str(g, "general.name", &s, NULL) == KP_OK && s.data) {
         printf("name:          ");
         print_str(s, 80);
         putchar('\n');
     }
-    gguf_str arch = {0};
-    gguf_get_str(g, "general.architecture", &arch, NULL);
+    kp_gguf_str arch = {0};
+    kp_gguf_get_str(g, "general.architecture", &arch, NULL);
     printf("architecture:  ");
     if (arch.data) print_str(arch, 40);
     else fputs("(none: vocabulary-only file)", stdout);
@@ -96,12 +96,12 @@ int cmd_info(int argc, char **argv) {
 
     /* tensor types */
     uint64_t count[KP_DTYPE_COUNT_] = {0}, bytes[KP_DTYPE_COUNT_] = {0};
-    for (size_t i = 0; i < gguf_n_tensors(g); i++) {
-        const gguf_tensor *t = gguf_tensor_at(g, i);
+    for (size_t i = 0; i < kp_gguf_n_tensors(g); i++) {
+        const kp_gguf_tensor *t = kp_gguf_tensor_at(g, i);
         count[t->type]++;
         bytes[t->type] += t->n_bytes;
     }
-    if (gguf_n_tensors(g)) {
+    if (kp_gguf_n_tensors(g)) {
         printf("tensor types: ");
         for (int t = 0; t < KP_DTYPE_COUNT_; t++)
             if (count[t])
@@ -111,12 +111,12 @@ int cmd_info(int argc, char **argv) {
     }
 
     /* tokenizer */
-    gguf_str tm = {0}, pre = {0};
-    const gguf_value *toks = NULL, *merges = NULL;
-    gguf_get_str(g, "tokenizer.ggml.model", &tm, NULL);
-    gguf_get_str(g, "tokenizer.ggml.pre", &pre, NULL);
-    gguf_get_arr(g, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &toks, NULL);
-    gguf_get_arr(g, "tokenizer.ggml.merges", GGUF_TYPE_STRING, &merges, NULL);
+    kp_gguf_str tm = {0}, pre = {0};
+    const kp_gguf_value *toks = NULL, *merges = NULL;
+    kp_gguf_get_str(g, "tokenizer.ggml.model", &tm, NULL);
+    kp_gguf_get_str(g, "tokenizer.ggml.pre", &pre, NULL);
+    kp_gguf_get_arr(g, "tokenizer.ggml.tokens", KP_GGUF_TYPE_STRING, &toks, NULL);
+    kp_gguf_get_arr(g, "tokenizer.ggml.merges", KP_GGUF_TYPE_STRING, &merges, NULL);
     if (tm.data) {
         printf("tokenizer:     ");
         print_str(tm, 32);
@@ -131,19 +131,19 @@ int cmd_info(int argc, char **argv) {
         print_token(g, "tokenizer.ggml.eot_token_id", "eot");
         print_token(g, "tokenizer.ggml.unknown_token_id", "unk");
         print_token(g, "tokenizer.ggml.padding_token_id", "pad");
-        bool add_bos = gguf_str_eq(tm, "llama"), add_eos = false;
-        bool has_bos = gguf_find(g, "tokenizer.ggml.add_bos_token") != NULL;
-        gguf_get_bool(g, "tokenizer.ggml.add_bos_token", add_bos, &add_bos, NULL);
-        gguf_get_bool(g, "tokenizer.ggml.add_eos_token", add_eos, &add_eos, NULL);
+        bool add_bos = kp_gguf_str_eq(tm, "llama"), add_eos = false;
+        bool has_bos = kp_gguf_find(g, "tokenizer.ggml.add_bos_token") != NULL;
+        kp_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", add_bos, &add_bos, NULL);
+        kp_gguf_get_bool(g, "tokenizer.ggml.add_eos_token", add_eos, &add_eos, NULL);
         printf("  add_bos  %s%s, add_eos %s\n", add_bos ? "true" : "false",
                has_bos ? "" : " (default)", add_eos ? "true" : "false");
-        gguf_str tmpl = {0};
-        gguf_get_str(g, "tokenizer.chat_template", &tmpl, NULL);
+        kp_gguf_str tmpl = {0};
+        kp_gguf_get_str(g, "tokenizer.chat_template", &tmpl, NULL);
         if (tmpl.data) printf("chat template: %llu bytes\n", (unsigned long long)tmpl.len);
     }
 
-    if (!arch.data || gguf_n_tensors(g) == 0) {
-        gguf_close(g);
+    if (!arch.data || kp_gguf_n_tensors(g) == 0) {
+        kp_gguf_close(g);
         return 0;
     }
     kp_model *m;

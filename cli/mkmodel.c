@@ -28,11 +28,11 @@ static void mk_usage(FILE *out) {
 int cmd_mkmodel(int argc, char **argv) {
     const char *out = NULL, *tokenizer = NULL, *preset = "tiny";
     kp_error err = {0};
-    mkmodel_spec spec;
+    kp_mkmodel_spec spec;
     /* the preset first, so later options override it */
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--preset")) preset = argv[i + 1];
-    if (mkmodel_spec_preset(preset, &spec, &err) != KP_OK) {
+    if (kp_mkmodel_spec_preset(preset, &spec, &err) != KP_OK) {
         fprintf(stderr, "kvpin mkmodel: %s\n", err.msg);
         return 2;
     }
@@ -90,14 +90,14 @@ int cmd_mkmodel(int argc, char **argv) {
         return 2;
     }
     if (!tokenizer) tokenizer = cli_default_model();
-    mkmodel_report rep;
-    if (mkmodel_write(&spec, tokenizer, out, &rep, &err) != KP_OK) {
+    kp_mkmodel_report rep;
+    if (kp_mkmodel_write(&spec, tokenizer, out, &rep, &err) != KP_OK) {
         fprintf(stderr, "kvpin mkmodel: %s\n", err.msg);
         return 1;
     }
     const kp_dtype_info *wt = kp_dtype_get(spec.wtype);
     for (size_t i = 0; i < rep.n_fallback; i++) {
-        const mkmodel_fallback *f = &rep.fallback[i];
+        const kp_mkmodel_fallback *f = &rep.fallback[i];
         fprintf(stderr, "%-28s rows of %lld not a multiple of %u (%s) -> %s\n", f->tensor,
                 (long long)f->row_len, wt->block_size, wt->name, kp_dtype_name(f->type));
     }
@@ -106,6 +106,6 @@ int cmd_mkmodel(int argc, char **argv) {
                 rep.n_fallback, rep.n_weights);
     fprintf(stderr, "wrote %s (%s, %u layers, n_embd %u, %s, seed %llu)\n", out, spec.arch,
             spec.n_layer, spec.n_embd, kp_dtype_name(spec.wtype), (unsigned long long)spec.seed);
-    mkmodel_report_clear(&rep);
+    kp_mkmodel_report_clear(&rep);
     return 0;
 }

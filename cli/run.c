@@ -153,9 +153,9 @@ static bool prompt_tokens(cli_session *s, const run_opts *o, const char *cmd, in
             while (*p == ' ' || *p == ',' || *p == '\n' || *p == '\t') p++;
             if (!*p) break;
             long v = strtol(p, &end, 10);
-            if (end == p || v < 0 || v >= tok_n_vocab(s->tok)) {
+            if (end == p || v < 0 || v >= kp_tok_n_vocab(s->tok)) {
                 fprintf(stderr, "kvpin %s: bad token id in --tokens near '%.16s' (vocabulary of %d)\n",
-                        cmd, p, tok_n_vocab(s->tok));
+                        cmd, p, kp_tok_n_vocab(s->tok));
                 free(*ids);
                 *ids = NULL;
                 return false;
@@ -180,21 +180,21 @@ static bool prompt_tokens(cli_session *s, const run_opts *o, const char *cmd, in
     }
     const char *t = text ? text : o->prompt ? o->prompt : "";
     if (!text) len = strlen(t);
-    kp_status st = tok_encode(s->tok, t, len, !o->no_bos, o->special, ids, n, &err);
+    kp_status st = kp_tok_encode(s->tok, t, len, !o->no_bos, o->special, ids, n, &err);
     free(text);
     if (st != KP_OK) {
         fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
         return false;
     }
     if (*n == 0) { /* empty prompt and no BOS: start from BOS anyway if there is one */
-        if (tok_bos(s->tok) < 0) {
+        if (kp_tok_bos(s->tok) < 0) {
             fprintf(stderr, "kvpin %s: the prompt is empty and the model has no BOS token\n", cmd);
             return false;
         }
         free(*ids);
         *ids = malloc(sizeof(int32_t));
         if (!*ids) return false;
-        (*ids)[0] = tok_bos(s->tok);
+        (*ids)[0] = kp_tok_bos(s->tok);
         *n = 1;
     }
     return true;
@@ -236,7 +236,7 @@ static int do_generate(int argc, char **argv, bool inspect) {
     if (kp_sampler_new(&smp, &o.sp, (int32_t)hp->n_vocab, &err) != KP_OK ||
         kp_textout_new(&to, s.tok, o.stops, o.n_stops, o.special,
                        /* drop the SPM leading space when generation starts right after BOS */
-                       n_prompt == 1 && ids[0] == tok_bos(s.tok) && tok_add_space_prefix(s.tok),
+                       n_prompt == 1 && ids[0] == kp_tok_bos(s.tok) && kp_tok_add_space_prefix(s.tok),
                        &err) != KP_OK) {
         fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
         goto done;
@@ -255,7 +255,7 @@ static int do_generate(int argc, char **argv, bool inspect) {
                n_prompt - 1, layer, (int)o.head, (int)(o.head / (hp->n_head / hp->n_head_kv)));
         for (int32_t p = 0; pr && p < np; p++) {
             size_t pl;
-            const char *piece = tok_piece_view(s.tok, ids[p], true, &pl);
+            const char *piece = kp_tok_piece_view(s.tok, ids[p], true, &pl);
             int bar = (int)(pr[p] * 40 + 0.5f);
             printf("    pos %4d  %-14.*s %6.4f %.*s\n", p, (int)(pl > 14 ? 14 : pl), piece, (double)pr[p],
                    bar, "########################################");
@@ -270,7 +270,7 @@ static int do_generate(int argc, char **argv, bool inspect) {
         if (n_gen == 0) t_first = cli_now() - t0;
         gen[n_gen++] = tok;
         kp_sampler_accept(smp, tok);
-        if (tok_is_eog(s.tok, tok)) {
+        if (kp_tok_is_eog(s.tok, tok)) {
             reason = "end of generation token";
             break;
         }
@@ -302,7 +302,7 @@ static int do_generate(int argc, char **argv, bool inspect) {
             int32_t np;
             const float *pr = kp_forward_probe(s.fw, &np);
             size_t pl;
-            const char *piece = tok_piece_view(s.tok, tok, true, &pl);
+            const char *piece = kp_tok_piece_view(s.tok, tok, true, &pl);
             printf("decode: token %d '%.*s' at position %u -> appended 1 K/V row per layer and kv-head;"
                    " cache length %u\n", tok, (int)pl, piece, s.seq.n_pos - 1, s.seq.n_pos);
             printf("  attention of position %u over the cache:", s.seq.n_pos - 1);

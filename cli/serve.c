@@ -41,9 +41,9 @@ static void serve_usage(FILE *f) {
 
 
 /* The token's text, or "" (for chat templates' bos_token / eos_token). */
-static const char *token_text(const tok_vocab *v, int32_t id) {
+static const char *token_text(const kp_tok_vocab *v, int32_t id) {
     size_t len;
-    const char *t = id >= 0 ? tok_text(v, id, &len) : NULL;
+    const char *t = id >= 0 ? kp_tok_text(v, id, &len) : NULL;
     return t ? t : "";
 }
 
@@ -114,14 +114,14 @@ int cmd_serve(int argc, char **argv) {
     }
     kp_error err = {0};
     kp_model *m = NULL;
-    tok_vocab *v = NULL;
+    kp_tok_vocab *v = NULL;
     kp_pool *pool = NULL;
-    eng_engine *e = NULL;
+    kp_engine *e = NULL;
     kp_sched *sched = NULL;
     kp_server *srv = NULL;
     int rc = 1;
     const char *path = model_path ? model_path : cli_default_model();
-    if (kp_model_load(&m, path, &err) != KP_OK || tok_vocab_load(&v, m->file, &err) != KP_OK ||
+    if (kp_model_load(&m, path, &err) != KP_OK || kp_tok_vocab_load(&v, m->file, &err) != KP_OK ||
         kp_pool_new(&pool, threads > 0 ? (int)threads : kp_cpu_count(), &err) != KP_OK) {
         fprintf(stderr, "kvpin serve: %s\n", err.msg);
         goto done;
@@ -141,9 +141,9 @@ int cmd_serve(int argc, char **argv) {
         }
     }
     if (!tmpl) {
-        gguf_str t;
+        kp_gguf_str t;
         kp_error e2;
-        if (gguf_get_str(m->file, "tokenizer.chat_template", &t, &e2) == KP_OK && t.len > 0) {
+        if (kp_gguf_get_str(m->file, "tokenizer.chat_template", &t, &e2) == KP_OK && t.len > 0) {
             char *txt = malloc(t.len + 1);
             if (txt) {
                 memcpy(txt, t.data, t.len);
@@ -160,8 +160,8 @@ int cmd_serve(int argc, char **argv) {
                             "(--chat-template NAME to change)\n");
         }
     }
-    eng_config ec = {kv_type, (uint32_t)block, budget, n_ctx, no_cache, NULL};
-    if (eng_new(&e, m, pool, NULL, &ec, &err) != KP_OK) {
+    kp_eng_config ec = {kv_type, (uint32_t)block, budget, n_ctx, no_cache, NULL};
+    if (kp_eng_new(&e, m, pool, NULL, &ec, &err) != KP_OK) {
         fprintf(stderr, "kvpin serve: %s\n", err.msg);
         goto done;
     }
@@ -179,8 +179,8 @@ int cmd_serve(int argc, char **argv) {
     cfg.max_body = (size_t)max_body;
     cfg.timeout_s = (unsigned)timeout;
     cfg.chat = fam;
-    cfg.chat_bos = token_text(v, tok_bos(v));
-    cfg.chat_eos = token_text(v, tok_eos(v));
+    cfg.chat_bos = token_text(v, kp_tok_bos(v));
+    cfg.chat_eos = token_text(v, kp_tok_eos(v));
     cfg.quiet = quiet;
     /* SIGINT/SIGTERM are taken by sigwait below; SIGPIPE from a client that left is ignored */
     sigset_t set;
@@ -210,9 +210,9 @@ int cmd_serve(int argc, char **argv) {
 done:
     kp_server_free(srv);
     kp_sched_free(sched);
-    eng_free(e);
+    kp_eng_free(e);
     kp_pool_free(pool);
-    tok_vocab_free(v);
+    kp_tok_vocab_free(v);
     kp_model_free(m);
     return rc;
 }

@@ -16,7 +16,7 @@ bool cli_session_open(cli_session *s, const cli_session_opts *o, const char *cmd
     memset(s, 0, sizeof *s);
     const char *path = o->model_path ? o->model_path : cli_default_model();
     if (kp_model_load(&s->m, path, &err) != KP_OK) goto fail;
-    if (tok_vocab_load(&s->tok, s->m->file, &err) != KP_OK) goto fail;
+    if (kp_tok_vocab_load(&s->tok, s->m->file, &err) != KP_OK) goto fail;
     s->n_threads = o->n_threads > 0 ? o->n_threads : kp_cpu_count();
     if (kp_pool_new(&s->pool, s->n_threads, &err) != KP_OK) goto fail;
     s->n_ctx = o->n_ctx ? o->n_ctx : (s->m->hp.n_ctx_train < 4096 ? s->m->hp.n_ctx_train : 4096);
@@ -57,7 +57,7 @@ void cli_session_close(cli_session *s) {
     kp_forward_free(s->fw);
     kp_kvpool_free(s->kv);
     kp_pool_free(s->pool);
-    tok_vocab_free(s->tok);
+    kp_tok_vocab_free(s->tok);
     kp_model_free(s->m);
     memset(s, 0, sizeof *s);
 }

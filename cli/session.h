@@ -14,7 +14,7 @@
 
 typedef struct {
     kp_model *m;
-    tok_vocab *tok;
+    kp_tok_vocab *tok;
     kp_pool *pool;
     kp_kvpool *kv;
     kp_forward *fw;

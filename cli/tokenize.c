@@ -13,17 +13,17 @@
 #include "gguf.h"
 #include "tok.h"
 
-static bool open_vocab(const char *path, gguf **g, tok_vocab **v, const char *cmd) {
+static bool open_vocab(const char *path, gguf **g, kp_tok_vocab **v, const char *cmd) {
     kp_error err = {0};
     *g = NULL;
     *v = NULL;
-    if (gguf_open(g, path ? path : cli_default_model(), &err) != KP_OK ||
-        tok_vocab_load(v, *g, &err) != KP_OK) {
+    if (kp_gguf_open(g, path ? path : cli_default_model(), &err) != KP_OK ||
+        kp_tok_vocab_load(v, *g, &err) != KP_OK) {
         fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
-        gguf_close(*g);
+        kp_gguf_close(*g);
         return false;
     }
-    const char *warn = tok_warnings(*v);
+    const char *warn = kp_tok_warnings(*v);
     if (warn) fprintf(stderr, "kvpin %s: warning: %s\n", cmd, warn);
     return true;
 }
@@ -47,7 +47,7 @@ int cmd_tokenize(int argc, char **argv) {
         }
     }
     gguf *g;
-    tok_vocab *v;
+    kp_tok_vocab *v;
     if (!open_vocab(path, &g, &v, "tokenize")) return 1;
     size_t len;
     char *text = cli_read_all("-", &len);
@@ -56,7 +56,7 @@ int cmd_tokenize(int argc, char **argv) {
     size_t n = 0;
     kp_error err = {0};
     if (text) {
-        if (tok_encode(v, text, len, !no_bos, special, &ids, &n, &err) != KP_OK) {
+        if (kp_tok_encode(v, text, len, !no_bos, special, &ids, &n, &err) != KP_OK) {
             fprintf(stderr, "kvpin tokenize: %s\n", err.msg);
         } else {
             for (size_t i = 0; i < n; i++) printf("%s%d", i ? " " : "", ids[i]);
@@ -66,8 +66,8 @@ int cmd_tokenize(int argc, char **argv) {
     }
     free(ids);
     free(text);
-    tok_vocab_free(v);
-    gguf_close(g);
+    kp_tok_vocab_free(v);
+    kp_gguf_close(g);
     return rc;
 }
 
@@ -91,15 +91,15 @@ int cmd_detokenize(int argc, char **argv) {
         }
     }
     gguf *g;
-    tok_vocab *v;
+    kp_tok_vocab *v;
     if (!open_vocab(path, &g, &v, "detokenize")) return 1;
     char *input = NULL;
     size_t len = 0;
     if (first_id == argc) {
         input = cli_read_all("-", &len);
         if (!input) {
-            tok_vocab_free(v);
-            gguf_close(g);
+            kp_tok_vocab_free(v);
+            kp_gguf_close(g);
             return 1;
         }
     }
@@ -119,9 +119,9 @@ int cmd_detokenize(int argc, char **argv) {
             word = argv[i++];
         }
         long id = strtol(word, &end, 10);
-        if (end == word || (!input && *end) || id < 0 || id >= tok_n_vocab(v)) {
+        if (end == word || (!input && *end) || id < 0 || id >= kp_tok_n_vocab(v)) {
             fprintf(stderr, "kvpin detokenize: '%.20s' is not a token id of this vocabulary (0..%d)\n",
-                    word, tok_n_vocab(v) - 1);
+                    word, kp_tok_n_vocab(v) - 1);
             goto done;
         }
         if (input) p = end;
@@ -136,7 +136,7 @@ int cmd_detokenize(int argc, char **argv) {
     char *text = NULL;
     size_t tl = 0;
     kp_error err = {0};
-    if (ids && tok_detokenize(v, ids, n, false, special, &text, &tl, &err) == KP_OK) {
+    if (ids && kp_tok_detokenize(v, ids, n, false, special, &text, &tl, &err) == KP_OK) {
         fwrite(text, 1, tl, stdout);
         free(text);
         rc = 0;
@@ -146,7 +146,7 @@ int cmd_detokenize(int argc, char **argv) {
 done:
     free(ids);
     free(input);
-    tok_vocab_free(v);
-    gguf_close(g);
+    kp_tok_vocab_free(v);
+    kp_gguf_close(g);
     return rc;
 }

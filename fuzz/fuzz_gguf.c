@@ -2,7 +2,7 @@
  * fuzz_gguf.c - libFuzzer target for the GGUF reader (src/gguf.c).
  *
  * What it owns: nothing but one input at a time. Each input is parsed with
- * gguf_open_memory() straight from libFuzzer's buffer, which is a heap copy
+ * kp_gguf_open_memory() straight from libFuzzer's buffer, which is a heap copy
  * of exactly `size` bytes, so AddressSanitizer flags any read one byte past
  * the end of the file.
  *
@@ -13,8 +13,8 @@
  *               names the input ("fuzz.gguf");
  *   success  -> every KV is walked: scalars read, strings touched at their
  *               first and last byte, arrays recursed into (nesting <= 8),
- *               every fixed-size element read with gguf_arr_i64 and
- *               gguf_arr_f64, every string element touched;
+ *               every fixed-size element read with kp_gguf_arr_i64 and
+ *               kp_gguf_arr_f64, every string element touched;
  *            -> every typed lookup (u32, i32, u64, f32, bool, str, arr) is
  *               called on every key and on a few well-known keys, and a
  *               KP_OK answer must agree with the stored value;
@@ -46,46 +46,46 @@ static volatile uint64_t fuzz_sink;
         if (!(cond)) __builtin_trap();                                                    \
     } while (0)
 
-static void touch_str(gguf_str s) {
+static void touch_str(kp_gguf_str s) {
     REQUIRE(s.data != NULL || s.len == 0);
     if (s.len) fuzz_sink += (uint8_t)s.data[0] + (uint8_t)s.data[s.len - 1];
 }
 
-static void walk_value(const gguf_value *v, int depth) {
+static void walk_value(const kp_gguf_value *v, int depth) {
     REQUIRE(depth <= 8);
     switch (v->type) {
-    case GGUF_TYPE_UINT8: case GGUF_TYPE_UINT16: case GGUF_TYPE_UINT32: case GGUF_TYPE_UINT64:
+    case KP_GGUF_TYPE_UINT8: case KP_GGUF_TYPE_UINT16: case KP_GGUF_TYPE_UINT32: case KP_GGUF_TYPE_UINT64:
         fuzz_sink += v->v.u64;
         break;
-    case GGUF_TYPE_INT8: case GGUF_TYPE_INT16: case GGUF_TYPE_INT32: case GGUF_TYPE_INT64:
+    case KP_GGUF_TYPE_INT8: case KP_GGUF_TYPE_INT16: case KP_GGUF_TYPE_INT32: case KP_GGUF_TYPE_INT64:
         fuzz_sink += (uint64_t)v->v.i64;
         break;
-    case GGUF_TYPE_FLOAT32: case GGUF_TYPE_FLOAT64:
+    case KP_GGUF_TYPE_FLOAT32: case KP_GGUF_TYPE_FLOAT64:
         fuzz_sink += v->v.f64 == v->v.f64;
         break;
-    case GGUF_TYPE_BOOL:
+    case KP_GGUF_TYPE_BOOL:
         fuzz_sink += v->v.b;
         break;
-    case GGUF_TYPE_STRING:
+    case KP_GGUF_TYPE_STRING:
         touch_str(v->v.str);
         break;
-    case GGUF_TYPE_ARRAY: {
-        gguf_type et = v->v.arr.elem_type;
-        REQUIRE((unsigned)et < GGUF_TYPE_COUNT_);
-        if (gguf_type_size(et)) {
+    case KP_GGUF_TYPE_ARRAY: {
+        kp_gguf_type et = v->v.arr.elem_type;
+        REQUIRE((unsigned)et < KP_GGUF_TYPE_COUNT_);
+        if (kp_gguf_type_size(et)) {
             REQUIRE(v->v.arr.raw != NULL);
             for (uint64_t i = 0; i < v->v.arr.n; i++) {
-                fuzz_sink += (uint64_t)gguf_arr_i64(v, i);
-                double d = gguf_arr_f64(v, i);
+                fuzz_sink += (uint64_t)kp_gguf_arr_i64(v, i);
+                double d = kp_gguf_arr_f64(v, i);
                 fuzz_sink += d == d;
             }
-        } else if (et == GGUF_TYPE_STRING) {
+        } else if (et == KP_GGUF_TYPE_STRING) {
             REQUIRE(v->v.arr.strs != NULL || v->v.arr.n == 0);
             for (uint64_t i = 0; i < v->v.arr.n; i++) touch_str(v->v.arr.strs[i]);
         } else {
             REQUIRE(v->v.arr.items != NULL || v->v.arr.n == 0);
             for (uint64_t i = 0; i < v->v.arr.n; i++) {
-                REQUIRE(v->v.arr.items[i].type == GGUF_TYPE_ARRAY);
+                REQUIRE(v->v.arr.items[i].type == KP_GGUF_TYPE_ARRAY);
                 walk_value(&v->v.arr.items[i], depth + 1);
             }
         }
@@ -96,82 +96,82 @@ static void walk_value(const gguf_value *v, int depth) {
     }
 }
 
-static bool is_uint(gguf_type t) {
-    return t == GGUF_TYPE_UINT8 || t == GGUF_TYPE_UINT16 || t == GGUF_TYPE_UINT32 ||
-           t == GGUF_TYPE_UINT64;
+static bool is_uint(kp_gguf_type t) {
+    return t == KP_GGUF_TYPE_UINT8 || t == KP_GGUF_TYPE_UINT16 || t == KP_GGUF_TYPE_UINT32 ||
+           t == KP_GGUF_TYPE_UINT64;
 }
-static bool is_sint(gguf_type t) {
-    return t == GGUF_TYPE_INT8 || t == GGUF_TYPE_INT16 || t == GGUF_TYPE_INT32 ||
-           t == GGUF_TYPE_INT64;
+static bool is_sint(kp_gguf_type t) {
+    return t == KP_GGUF_TYPE_INT8 || t == KP_GGUF_TYPE_INT16 || t == KP_GGUF_TYPE_INT32 ||
+           t == KP_GGUF_TYPE_INT64;
 }
 
 /* Calls every typed getter on `key`; a KP_OK answer must match the stored value. */
 static void check_getters(const gguf *g, const char *key) {
     kp_error err;
-    const gguf_kv *kv = gguf_find(g, key);
+    const kp_gguf_kv *kv = kp_gguf_find(g, key);
     uint32_t u32;
     int32_t i32;
     uint64_t u64;
     float f32;
     bool b;
-    gguf_str s;
-    const gguf_value *arr;
+    kp_gguf_str s;
+    const kp_gguf_value *arr;
 
     memset(&err, 0, sizeof err);
-    if (gguf_get_u32(g, key, 7, &u32, &err) == KP_OK) {
+    if (kp_gguf_get_u32(g, key, 7, &u32, &err) == KP_OK) {
         if (!kv) REQUIRE(u32 == 7);
         else if (is_uint(kv->value.type)) REQUIRE(u32 == kv->value.v.u64);
         else REQUIRE(is_sint(kv->value.type) && (int64_t)u32 == kv->value.v.i64);
     } else {
         REQUIRE(kv && err.msg[0] && strstr(err.msg, FUZZ_NAME));
     }
-    if (gguf_get_i32(g, key, -7, &i32, &err) == KP_OK) {
+    if (kp_gguf_get_i32(g, key, -7, &i32, &err) == KP_OK) {
         if (!kv) REQUIRE(i32 == -7);
         else if (is_uint(kv->value.type)) REQUIRE((uint64_t)i32 == kv->value.v.u64);
         else REQUIRE(is_sint(kv->value.type) && i32 == kv->value.v.i64);
     } else {
         REQUIRE(kv);
     }
-    if (gguf_get_u64(g, key, 7, &u64, &err) == KP_OK) {
+    if (kp_gguf_get_u64(g, key, 7, &u64, &err) == KP_OK) {
         if (!kv) REQUIRE(u64 == 7);
         else if (is_uint(kv->value.type)) REQUIRE(u64 == kv->value.v.u64);
         else REQUIRE(is_sint(kv->value.type) && kv->value.v.i64 >= 0);
     } else {
         REQUIRE(kv);
     }
-    if (gguf_get_f32(g, key, 0.5f, &f32, &err) == KP_OK) {
-        REQUIRE(!kv || kv->value.type == GGUF_TYPE_FLOAT32 || kv->value.type == GGUF_TYPE_FLOAT64);
+    if (kp_gguf_get_f32(g, key, 0.5f, &f32, &err) == KP_OK) {
+        REQUIRE(!kv || kv->value.type == KP_GGUF_TYPE_FLOAT32 || kv->value.type == KP_GGUF_TYPE_FLOAT64);
         fuzz_sink += f32 == f32;
     } else {
         REQUIRE(kv);
     }
-    if (gguf_get_bool(g, key, true, &b, &err) == KP_OK) {
-        REQUIRE(!kv || kv->value.type == GGUF_TYPE_BOOL);
+    if (kp_gguf_get_bool(g, key, true, &b, &err) == KP_OK) {
+        REQUIRE(!kv || kv->value.type == KP_GGUF_TYPE_BOOL);
         fuzz_sink += b;
     } else {
         REQUIRE(kv);
     }
-    if (gguf_get_str(g, key, &s, &err) == KP_OK) {
-        REQUIRE(kv ? kv->value.type == GGUF_TYPE_STRING : s.data == NULL && s.len == 0);
+    if (kp_gguf_get_str(g, key, &s, &err) == KP_OK) {
+        REQUIRE(kv ? kv->value.type == KP_GGUF_TYPE_STRING : s.data == NULL && s.len == 0);
         if (kv) touch_str(s);
     } else {
         REQUIRE(kv);
     }
-    for (int et = 0; et < GGUF_TYPE_COUNT_; et++) {
-        if (gguf_get_arr(g, key, (gguf_type)et, &arr, &err) == KP_OK) {
-            REQUIRE(kv ? arr == &kv->value && arr->v.arr.elem_type == (gguf_type)et : arr == NULL);
+    for (int et = 0; et < KP_GGUF_TYPE_COUNT_; et++) {
+        if (kp_gguf_get_arr(g, key, (kp_gguf_type)et, &arr, &err) == KP_OK) {
+            REQUIRE(kv ? arr == &kv->value && arr->v.arr.elem_type == (kp_gguf_type)et : arr == NULL);
         } else {
             REQUIRE(kv && arr == NULL);
         }
     }
 }
 
-static void check_tensor(const gguf *g, const uint8_t *base, size_t size, const gguf_tensor *t) {
+static void check_tensor(const gguf *g, const uint8_t *base, size_t size, const kp_gguf_tensor *t) {
     const kp_dtype_info *ti = kp_dtype_get(t->type);
     uint64_t n_el = 1;
     REQUIRE(ti != NULL);
-    REQUIRE(t->n_dims >= 1 && t->n_dims <= GGUF_MAX_DIMS);
-    for (int d = 0; d < GGUF_MAX_DIMS; d++) {
+    REQUIRE(t->n_dims >= 1 && t->n_dims <= KP_GGUF_MAX_DIMS);
+    for (int d = 0; d < KP_GGUF_MAX_DIMS; d++) {
         REQUIRE(t->ne[d] >= 1);
         if ((uint32_t)d >= t->n_dims) REQUIRE(t->ne[d] == 1);
         n_el *= (uint64_t)t->ne[d];
@@ -179,9 +179,9 @@ static void check_tensor(const gguf *g, const uint8_t *base, size_t size, const 
     REQUIRE(n_el == t->n_elements);
     REQUIRE(t->ne[0] % ti->block_size == 0);
     REQUIRE(t->n_bytes == t->n_elements / ti->block_size * ti->type_size);
-    REQUIRE(t->offset % gguf_alignment(g) == 0);
+    REQUIRE(t->offset % kp_gguf_alignment(g) == 0);
     const uint8_t *p = t->data;
-    REQUIRE(p == base + gguf_data_offset(g) + t->offset);
+    REQUIRE(p == base + kp_gguf_data_offset(g) + t->offset);
     REQUIRE(t->n_bytes <= size && (size_t)(p - base) <= size - t->n_bytes);
     fuzz_sink += p[0] + p[t->n_bytes - 1];
 }
@@ -193,13 +193,13 @@ static int range_cmp(const void *a, const void *b) {
 
 /* Tensors' byte ranges [offset, offset + n_bytes) must not overlap. */
 static void check_disjoint(const gguf *g) {
-    size_t n = gguf_n_tensors(g);
+    size_t n = kp_gguf_n_tensors(g);
     if (n < 2) return;
     uint64_t(*ranges)[2] = malloc(n * sizeof *ranges);
     if (!ranges) return;
     for (size_t i = 0; i < n; i++) {
-        ranges[i][0] = gguf_tensor_at(g, i)->offset;
-        ranges[i][1] = gguf_tensor_at(g, i)->n_bytes;
+        ranges[i][0] = kp_gguf_tensor_at(g, i)->offset;
+        ranges[i][1] = kp_gguf_tensor_at(g, i)->n_bytes;
     }
     qsort(ranges, n, sizeof *ranges, range_cmp);
     for (size_t i = 1; i < n; i++) REQUIRE(ranges[i][0] >= ranges[i - 1][0] + ranges[i - 1][1]);
@@ -207,7 +207,7 @@ static void check_disjoint(const gguf *g) {
 }
 
 /* Copies a key or name into a C string; false if it holds a NUL or is too long. */
-static bool as_cstr(gguf_str s, char *buf, size_t cap) {
+static bool as_cstr(kp_gguf_str s, char *buf, size_t cap) {
     if (s.len >= cap || (s.len && memchr(s.data, 0, s.len))) return false;
     if (s.len) memcpy(buf, s.data, s.len);
     buf[s.len] = 0;
@@ -230,7 +230,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char name[256];
 
     memset(&err, 0, sizeof err);
-    kp_status st = gguf_open_memory(&g, data, size, FUZZ_NAME, &err);
+    kp_status st = kp_gguf_open_memory(&g, data, size, FUZZ_NAME, &err);
     if (st != KP_OK) {
         REQUIRE(g == NULL);
         REQUIRE(st == KP_EFORMAT || st == KP_EUNSUPPORTED || st == KP_ENOMEM);
@@ -238,35 +238,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     REQUIRE(g != NULL);
-    uint32_t a = gguf_alignment(g);
+    uint32_t a = kp_gguf_alignment(g);
     REQUIRE(a != 0 && (a & (a - 1)) == 0);
-    REQUIRE(gguf_data_offset(g) <= size);
-    REQUIRE(gguf_file_size(g) == size);
-    REQUIRE(gguf_version(g) == 2 || gguf_version(g) == 3);
+    REQUIRE(kp_gguf_data_offset(g) <= size);
+    REQUIRE(kp_gguf_file_size(g) == size);
+    REQUIRE(kp_gguf_version(g) == 2 || kp_gguf_version(g) == 3);
 
-    for (size_t i = 0; i < gguf_n_kv(g); i++) {
-        const gguf_kv *kv = gguf_kv_at(g, i);
+    for (size_t i = 0; i < kp_gguf_n_kv(g); i++) {
+        const kp_gguf_kv *kv = kp_gguf_kv_at(g, i);
         REQUIRE(kv != NULL);
         touch_str(kv->key);
         walk_value(&kv->value, 0);
         if (as_cstr(kv->key, name, sizeof name)) {
-            REQUIRE(gguf_find(g, name) == kv);
+            REQUIRE(kp_gguf_find(g, name) == kv);
             check_getters(g, name);
         }
     }
-    REQUIRE(gguf_kv_at(g, gguf_n_kv(g)) == NULL);
+    REQUIRE(kp_gguf_kv_at(g, kp_gguf_n_kv(g)) == NULL);
     for (size_t i = 0; i < sizeof common_keys / sizeof common_keys[0]; i++)
         check_getters(g, common_keys[i]);
 
-    for (size_t i = 0; i < gguf_n_tensors(g); i++) {
-        const gguf_tensor *t = gguf_tensor_at(g, i);
+    for (size_t i = 0; i < kp_gguf_n_tensors(g); i++) {
+        const kp_gguf_tensor *t = kp_gguf_tensor_at(g, i);
         REQUIRE(t != NULL);
         touch_str(t->name);
         check_tensor(g, data, size, t);
-        if (as_cstr(t->name, name, sizeof name)) REQUIRE(gguf_find_tensor(g, name) == t);
+        if (as_cstr(t->name, name, sizeof name)) REQUIRE(kp_gguf_find_tensor(g, name) == t);
     }
-    REQUIRE(gguf_tensor_at(g, gguf_n_tensors(g)) == NULL);
+    REQUIRE(kp_gguf_tensor_at(g, kp_gguf_n_tensors(g)) == NULL);
     check_disjoint(g);
-    gguf_close(g);
+    kp_gguf_close(g);
     return 0;
 }

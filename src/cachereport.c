@@ -23,13 +23,13 @@ typedef struct {
 } entry;
 
 struct kp_crep {
-    const tok_vocab *v;
+    const kp_tok_vocab *v;
     entry *e;
     uint32_t n, max_entries;
     uint64_t total, max_tokens;
 };
 
-kp_status kp_crep_new(kp_crep **out, const tok_vocab *v, uint32_t max_entries, uint64_t max_tokens,
+kp_status kp_crep_new(kp_crep **out, const kp_tok_vocab *v, uint32_t max_entries, uint64_t max_tokens,
                       kp_error *err) {
     *out = NULL;
     if (max_entries == 0) return kp_fail(err, KP_EINVAL, "a history of 0 entries");
@@ -89,14 +89,14 @@ kp_status kp_crep_add(kp_crep *c, const int32_t *tokens, uint32_t n, kp_error *e
     return KP_OK;
 }
 
-size_t kp_crep_token_byte(const tok_vocab *v, const int32_t *ids, size_t n, size_t k, const char *text,
+size_t kp_crep_token_byte(const kp_tok_vocab *v, const int32_t *ids, size_t n, size_t k, const char *text,
                           size_t len, bool special, size_t limit) {
     if (k >= n) return len < limit ? len : limit;
     kp_error err;
     char *full = NULL, *pre = NULL;
     size_t fl = 0, pl = 0, off = 0;
-    if (tok_detokenize(v, ids, n, true, special, &full, &fl, &err) == KP_OK &&
-        tok_detokenize(v, ids, k, true, special, &pre, &pl, &err) == KP_OK) {
+    if (kp_tok_detokenize(v, ids, n, true, special, &full, &fl, &err) == KP_OK &&
+        kp_tok_detokenize(v, ids, k, true, special, &pre, &pl, &err) == KP_OK) {
         size_t lead = fl >= len && !memcmp(full + (fl - len), text, len) ? fl - len : 0;
         off = pl > lead ? pl - lead : 0;
     }
@@ -107,7 +107,7 @@ size_t kp_crep_token_byte(const tok_vocab *v, const int32_t *ids, size_t n, size
 }
 
 kp_status kp_crep_explain(kp_crep *c, const int32_t *tokens, uint32_t n, const char *text, size_t text_len,
-                          const eng_report *r, doctor_escape mode, doctor_report *out, kp_error *err) {
+                          const kp_eng_report *r, kp_doctor_escape mode, kp_doctor_report *out, kp_error *err) {
     const entry *best = NULL;
     uint32_t common = 0;
     for (uint32_t i = 0; i < c->n; i++) {
@@ -117,15 +117,15 @@ kp_status kp_crep_explain(kp_crep *c, const int32_t *tokens, uint32_t n, const c
             common = l;
         }
     }
-    doctor_cache_state state = r->evicted ? DOCTOR_CACHE_EVICTED
-                               : !best || r->cold ? DOCTOR_CACHE_NOTHING
-                                                  : DOCTOR_CACHE_TEXT;
-    if (state == DOCTOR_CACHE_EVICTED && !best) state = DOCTOR_CACHE_NOTHING;
+    kp_doctor_cache_state state = r->evicted ? KP_DOCTOR_CACHE_EVICTED
+                               : !best || r->cold ? KP_DOCTOR_CACHE_NOTHING
+                                                  : KP_DOCTOR_CACHE_TEXT;
+    if (state == KP_DOCTOR_CACHE_EVICTED && !best) state = KP_DOCTOR_CACHE_NOTHING;
     char *req = NULL, *cached = NULL;
     size_t rl = 0, cl = 0;
-    kp_status st = tok_detokenize(c->v, tokens, n, true, true, &req, &rl, err);
-    if (st == KP_OK && state != DOCTOR_CACHE_NOTHING)
-        st = tok_detokenize(c->v, best->t, best->n, true, true, &cached, &cl, err);
+    kp_status st = kp_tok_detokenize(c->v, tokens, n, true, true, &req, &rl, err);
+    if (st == KP_OK && state != KP_DOCTOR_CACHE_NOTHING)
+        st = kp_tok_detokenize(c->v, best->t, best->n, true, true, &cached, &cl, err);
     if (st == KP_OK) {
         /* what detokenizing adds in front of the request's own text */
         size_t lead = 0;
@@ -141,8 +141,8 @@ kp_status kp_crep_explain(kp_crep *c, const int32_t *tokens, uint32_t n, const c
         while (i < cl && i < rlen && ct[i] == rt[i]) i++;
         for (int k = 0; k < 3 && i > 0 && i < rlen && ((unsigned char)rt[i] & 0xC0) == 0x80; k++) i--;
         size_t tk = r->diverged_at_token <= n ? r->diverged_at_token : n;
-        doctor_tokens dt = {tk, kp_crep_token_byte(c->v, tokens, n, tk, rt, rlen, true, i), n};
-        st = doctor_explain(ct, state == DOCTOR_CACHE_NOTHING ? 0 : cl, rt, rlen, &dt, state, mode, out, err);
+        kp_doctor_tokens dt = {tk, kp_crep_token_byte(c->v, tokens, n, tk, rt, rlen, true, i), n};
+        st = kp_doctor_explain(ct, state == KP_DOCTOR_CACHE_NOTHING ? 0 : cl, rt, rlen, &dt, state, mode, out, err);
     }
     free(req);
     free(cached);

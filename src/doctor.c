@@ -60,29 +60,29 @@
 /* ------------------------------------------------------------------ */
 /* Cause names                                                         */
 
-static const char *const cause_names[DOCTOR_CAUSE_COUNT] = {
-    [DOCTOR_CAUSE_HIT] = "hit",
-    [DOCTOR_CAUSE_COLD] = "cold",
-    [DOCTOR_CAUSE_EVICTED] = "evicted",
-    [DOCTOR_CAUSE_TIMESTAMP] = "timestamp",
-    [DOCTOR_CAUSE_COUNTER] = "counter",
-    [DOCTOR_CAUSE_IDENTIFIER] = "identifier",
-    [DOCTOR_CAUSE_REORDERED_JSON] = "reordered_json",
-    [DOCTOR_CAUSE_WHITESPACE] = "whitespace",
-    [DOCTOR_CAUSE_INSERTED_AT_FRONT] = "inserted_at_front",
-    [DOCTOR_CAUSE_OTHER] = "other",
+static const char *const cause_names[KP_DOCTOR_CAUSE_COUNT] = {
+    [KP_DOCTOR_CAUSE_HIT] = "hit",
+    [KP_DOCTOR_CAUSE_COLD] = "cold",
+    [KP_DOCTOR_CAUSE_EVICTED] = "evicted",
+    [KP_DOCTOR_CAUSE_TIMESTAMP] = "timestamp",
+    [KP_DOCTOR_CAUSE_COUNTER] = "counter",
+    [KP_DOCTOR_CAUSE_IDENTIFIER] = "identifier",
+    [KP_DOCTOR_CAUSE_REORDERED_JSON] = "reordered_json",
+    [KP_DOCTOR_CAUSE_WHITESPACE] = "whitespace",
+    [KP_DOCTOR_CAUSE_INSERTED_AT_FRONT] = "inserted_at_front",
+    [KP_DOCTOR_CAUSE_OTHER] = "other",
 };
 
-const char *doctor_cause_name(doctor_cause cause) {
-    if ((unsigned)cause >= DOCTOR_CAUSE_COUNT) return "invalid";
+const char *kp_doctor_cause_name(kp_doctor_cause cause) {
+    if ((unsigned)cause >= KP_DOCTOR_CAUSE_COUNT) return "invalid";
     return cause_names[cause];
 }
 
-kp_status doctor_cause_parse(const char *name, doctor_cause *out, kp_error *err) {
-    if (!name || !out) return kp_fail(err, KP_EINVAL, "doctor_cause_parse: NULL argument");
-    for (int i = 0; i < DOCTOR_CAUSE_COUNT; i++) {
+kp_status kp_doctor_cause_parse(const char *name, kp_doctor_cause *out, kp_error *err) {
+    if (!name || !out) return kp_fail(err, KP_EINVAL, "kp_doctor_cause_parse: NULL argument");
+    for (int i = 0; i < KP_DOCTOR_CAUSE_COUNT; i++) {
         if (strcmp(name, cause_names[i]) == 0) {
-            *out = (doctor_cause)i;
+            *out = (kp_doctor_cause)i;
             return KP_OK;
         }
     }
@@ -188,11 +188,11 @@ static size_t snap_divergence(const char *c, size_t clen, const char *r, size_t 
 
 /* Escapes the character at s[i] into out (>= 7 bytes); returns the escaped
  * length and sets *used to the bytes of s consumed. */
-static size_t escape_char(const char *s, size_t n, size_t i, doctor_escape mode, char *out,
+static size_t escape_char(const char *s, size_t n, size_t i, kp_doctor_escape mode, char *out,
                           size_t *used) {
     const unsigned char *u = (const unsigned char *)s + i;
     size_t len = utf8_len(u, n - i);
-    bool json = mode == DOCTOR_ESCAPE_JSON;
+    bool json = mode == KP_DOCTOR_ESCAPE_JSON;
     if (len == 0) { /* not UTF-8 */
         *used = 1;
         if (json) return (size_t)sprintf(out, "\\ufffd");
@@ -231,7 +231,7 @@ static size_t escape_char(const char *s, size_t n, size_t i, doctor_escape mode,
 
 /* Appends into buf[0..cap) keeping a NUL terminator; text that does not fit
  * is dropped whole-character-wise. `need` counts what the full text would
- * take (snprintf semantics for doctor_advice). */
+ * take (snprintf semantics for kp_doctor_advice). */
 typedef struct {
     char *buf;
     size_t cap;
@@ -289,7 +289,7 @@ static void sb_escaped(sbuf *b, const char *s, size_t n, size_t start, size_t en
     if (end > n) end = n;
     while (i < end && chars < max_chars) {
         size_t used;
-        size_t k = escape_char(s, n, i, DOCTOR_ESCAPE_HUMAN, esc, &used);
+        size_t k = escape_char(s, n, i, KP_DOCTOR_ESCAPE_HUMAN, esc, &used);
         sb_putn(b, esc, k);
         i += used;
         chars++;
@@ -315,7 +315,7 @@ static void sb_rewind(sbuf *b, size_t len) {
 /* ------------------------------------------------------------------ */
 /* Snippets                                                            */
 
-void doctor_snippet_span(const char *text, size_t len, size_t at_byte, size_t before,
+void kp_doctor_snippet_span(const char *text, size_t len, size_t at_byte, size_t before,
                          size_t after, size_t *start, size_t *end, size_t *at_out) {
     if (!text) len = 0;
     if (at_byte > len) at_byte = len;
@@ -329,10 +329,10 @@ void doctor_snippet_span(const char *text, size_t len, size_t at_byte, size_t be
     if (at_out) *at_out = a;
 }
 
-size_t doctor_snippet(const char *text, size_t len, size_t at_byte, size_t before, size_t after,
-                      doctor_escape mode, char *out, size_t cap, size_t *marker) {
+size_t kp_doctor_snippet(const char *text, size_t len, size_t at_byte, size_t before, size_t after,
+                      kp_doctor_escape mode, char *out, size_t cap, size_t *marker) {
     size_t s, e, a;
-    doctor_snippet_span(text, len, at_byte, before, after, &s, &e, &a);
+    kp_doctor_snippet_span(text, len, at_byte, before, after, &s, &e, &a);
     size_t w = 0;
     bool marked = false;
     if (cap) out[0] = 0;
@@ -364,17 +364,17 @@ static size_t common_prefix(const char *c, size_t clen, const char *r, size_t rl
     return i;
 }
 
-kp_status doctor_diverge(const char *cached, size_t cached_len, const char *request,
-                         size_t request_len, const doctor_tokens *tokens,
-                         doctor_divergence *out, kp_error *err) {
+kp_status kp_doctor_diverge(const char *cached, size_t cached_len, const char *request,
+                         size_t request_len, const kp_doctor_tokens *tokens,
+                         kp_doctor_divergence *out, kp_error *err) {
     if (!out || (!cached && cached_len) || (!request && request_len))
-        return kp_fail(err, KP_EINVAL, "doctor_diverge: NULL text or output");
+        return kp_fail(err, KP_EINVAL, "kp_doctor_diverge: NULL text or output");
     size_t n = cached_len < request_len ? cached_len : request_len;
     size_t raw = common_prefix(cached, cached_len, request, request_len, 0);
-    doctor_divergence dv = {0};
+    kp_doctor_divergence dv = {0};
     dv.full_match = raw == n;
     dv.byte = snap_divergence(cached, cached_len, request, request_len, raw);
-    dv.token_index = DOCTOR_NO_TOKEN;
+    dv.token_index = KP_DOCTOR_NO_TOKEN;
     dv.token_byte = dv.byte;
     dv.reused_bytes = dv.byte;
     if (tokens) {
@@ -1094,19 +1094,19 @@ static void sb_change(sbuf *b, const char *c, size_t clen, const char *r, size_t
 /* ------------------------------------------------------------------ */
 /* Classification                                                      */
 
-kp_status doctor_classify(const char *cached, size_t cached_len, const char *request,
-                          size_t request_len, size_t diverge_byte, doctor_cache_state state,
-                          doctor_finding *out, kp_error *err) {
+kp_status kp_doctor_classify(const char *cached, size_t cached_len, const char *request,
+                          size_t request_len, size_t diverge_byte, kp_doctor_cache_state state,
+                          kp_doctor_finding *out, kp_error *err) {
     if (!out || (!cached && cached_len) || (!request && request_len))
-        return kp_fail(err, KP_EINVAL, "doctor_classify: NULL text or output");
-    if (state != DOCTOR_CACHE_TEXT && state != DOCTOR_CACHE_NOTHING &&
-        state != DOCTOR_CACHE_EVICTED)
-        return kp_fail(err, KP_EINVAL, "doctor_classify: bad cache state %d", (int)state);
+        return kp_fail(err, KP_EINVAL, "kp_doctor_classify: NULL text or output");
+    if (state != KP_DOCTOR_CACHE_TEXT && state != KP_DOCTOR_CACHE_NOTHING &&
+        state != KP_DOCTOR_CACHE_EVICTED)
+        return kp_fail(err, KP_EINVAL, "kp_doctor_classify: bad cache state %d", (int)state);
     const char *c = cached, *r = request;
     size_t clen = cached_len, rlen = request_len;
-    if (state == DOCTOR_CACHE_NOTHING) clen = 0;
+    if (state == KP_DOCTOR_CACHE_NOTHING) clen = 0;
     size_t n = clen < rlen ? clen : rlen;
-    if (state != DOCTOR_CACHE_NOTHING) {
+    if (state != KP_DOCTOR_CACHE_NOTHING) {
         size_t both = cached_len < rlen ? cached_len : rlen;
         if (diverge_byte > both)
             return kp_fail(err, KP_EINVAL,
@@ -1121,7 +1121,7 @@ kp_status doctor_classify(const char *cached, size_t cached_len, const char *req
     bool full = raw == n;
     size_t d = snap_divergence(c, clen, r, rlen, raw);
 
-    doctor_finding f;
+    kp_doctor_finding f;
     memset(&f, 0, sizeof f);
     f.byte = d;
     f.line = 1 + count_lines(r, 0, d);
@@ -1131,47 +1131,47 @@ kp_status doctor_classify(const char *cached, size_t cached_len, const char *req
     f.in_json = inside_json(r, rlen, d);
 
     sbuf body;
-    char body_buf[DOCTOR_DETAIL_MAX];
+    char body_buf[KP_DOCTOR_DETAIL_MAX];
     sb_init(&body, body_buf, sizeof body_buf);
 
-    doctor_cause cause;
+    kp_doctor_cause cause;
     size_t a, ec, er;
-    if (state == DOCTOR_CACHE_NOTHING || clen == 0) {
-        cause = DOCTOR_CAUSE_COLD;
+    if (state == KP_DOCTOR_CACHE_NOTHING || clen == 0) {
+        cause = KP_DOCTOR_CAUSE_COLD;
         sb_puts(&body, "nothing was cached");
-    } else if (state == DOCTOR_CACHE_EVICTED) {
-        cause = DOCTOR_CAUSE_EVICTED;
+    } else if (state == KP_DOCTOR_CACHE_EVICTED) {
+        cause = KP_DOCTOR_CAUSE_EVICTED;
         sb_printf(&body, "the matching prefix of %zu bytes was cached and then evicted", d);
     } else if (full) {
-        cause = DOCTOR_CAUSE_HIT;
+        cause = KP_DOCTOR_CAUSE_HIT;
         if (clen == rlen) sb_printf(&body, "the request equals the cached text (%zu bytes)", clen);
         else if (clen < rlen)
             sb_printf(&body, "the request starts with the whole cached text (%zu bytes)", clen);
         else sb_printf(&body, "the cached text covers the whole request (%zu bytes)", rlen);
     } else if (check_reordered_json(c, clen, r, rlen, d, &body)) {
-        cause = DOCTOR_CAUSE_REORDERED_JSON;
+        cause = KP_DOCTOR_CAUSE_REORDERED_JSON;
     } else if (check_whitespace(c, clen, r, rlen, d, &body)) {
-        cause = DOCTOR_CAUSE_WHITESPACE;
+        cause = KP_DOCTOR_CAUSE_WHITESPACE;
     } else if (check_insertion(c, clen, r, rlen, d, &body)) {
-        cause = DOCTOR_CAUSE_INSERTED_AT_FRONT;
+        cause = KP_DOCTOR_CAUSE_INSERTED_AT_FRONT;
     } else if (field_at(c, clen, r, rlen, d, match_datetime, &a, &ec, &er)) {
-        cause = DOCTOR_CAUSE_TIMESTAMP;
+        cause = KP_DOCTOR_CAUSE_TIMESTAMP;
         sb_change(&body, c, clen, r, rlen, a, ec, er);
     } else if (id_span(c, clen, r, rlen, d, false, &a, &ec, &er) ||
                id_span(c, clen, r, rlen, d, true, &a, &ec, &er)) {
-        cause = DOCTOR_CAUSE_IDENTIFIER;
+        cause = KP_DOCTOR_CAUSE_IDENTIFIER;
         sb_change(&body, c, clen, r, rlen, a, ec, er);
     } else if (number_span(c, clen, r, rlen, d, &a, &ec, &er)) {
-        cause = DOCTOR_CAUSE_COUNTER;
+        cause = KP_DOCTOR_CAUSE_COUNTER;
         sb_change(&body, c, clen, r, rlen, a, ec, er);
     } else if (check_rewrite(c, clen, r, rlen, d, f.line, &body)) {
-        cause = DOCTOR_CAUSE_INSERTED_AT_FRONT;
+        cause = KP_DOCTOR_CAUSE_INSERTED_AT_FRONT;
     } else {
         /* Show the changed word from its start to the end of its line. */
         size_t w = d;
         while (w > 0 && d - w < 24 && is_word((unsigned char)c[w - 1])) w--;
         const char *nlc = memchr(c + d, '\n', clen - d), *nlr = memchr(r + d, '\n', rlen - d);
-        cause = d == 0 ? DOCTOR_CAUSE_COLD : DOCTOR_CAUSE_OTHER;
+        cause = d == 0 ? KP_DOCTOR_CAUSE_COLD : KP_DOCTOR_CAUSE_OTHER;
         if (d == 0) sb_puts(&body, "the cached text and the request differ from the first byte (");
         sb_change(&body, c, clen, r, rlen, w, nlc ? (size_t)(nlc - c) : clen,
                   nlr ? (size_t)(nlr - r) : rlen);
@@ -1180,7 +1180,7 @@ kp_status doctor_classify(const char *cached, size_t cached_len, const char *req
     f.cause = cause;
     sbuf detail;
     sb_init(&detail, f.detail, sizeof f.detail);
-    sb_puts(&detail, doctor_cause_name(cause));
+    sb_puts(&detail, kp_doctor_cause_name(cause));
     sb_puts(&detail, ": ");
     sb_puts(&detail, body_buf);
     sb_printf(&detail, " on line %zu", f.line);
@@ -1192,10 +1192,10 @@ kp_status doctor_classify(const char *cached, size_t cached_len, const char *req
 /* Advice                                                              */
 
 /* The part of a detail between "<name>: " and " on line N" (when present). */
-static void detail_middle(const char *detail, doctor_cause cause, const char **mid, size_t *len) {
+static void detail_middle(const char *detail, kp_doctor_cause cause, const char **mid, size_t *len) {
     const char *s = detail;
     size_t n = strlen(s);
-    const char *name = doctor_cause_name(cause);
+    const char *name = kp_doctor_cause_name(cause);
     size_t nl = strlen(name);
     if (n > nl + 2 && memcmp(s, name, nl) == 0 && s[nl] == ':' && s[nl + 1] == ' ') {
         s += nl + 2;
@@ -1208,7 +1208,7 @@ static void detail_middle(const char *detail, doctor_cause cause, const char **m
     *len = n;
 }
 
-size_t doctor_advice(doctor_cause cause, const char *detail, size_t line,
+size_t kp_doctor_advice(kp_doctor_cause cause, const char *detail, size_t line,
                      double percent_recomputed, const char *subject, char *out, size_t cap) {
     sbuf b;
     sb_init(&b, out, cap);
@@ -1231,47 +1231,47 @@ size_t doctor_advice(doctor_cause cause, const char *detail, size_t line,
     }
     const char *fix = NULL;
     switch (cause) {
-    case DOCTOR_CAUSE_HIT:
+    case KP_DOCTOR_CAUSE_HIT:
         sb_puts(&b, "it reuses the whole cached prefix and computes only new text");
         fix = "nothing to fix";
         break;
-    case DOCTOR_CAUSE_COLD:
+    case KP_DOCTOR_CAUSE_COLD:
         sb_puts(&b, "nothing cached shares its start");
         fix = "send the stable part of the prompt first and keep it byte-identical across "
               "requests so later ones reuse it";
         break;
-    case DOCTOR_CAUSE_EVICTED:
+    case KP_DOCTOR_CAUSE_EVICTED:
         sb_puts(&b, "its prefix");
         if (line) sb_printf(&b, " up to line %zu", line);
         sb_puts(&b, " was cached but has been evicted");
         fix = "raise the KV budget or pin that prefix";
         break;
-    case DOCTOR_CAUSE_TIMESTAMP:
+    case KP_DOCTOR_CAUSE_TIMESTAMP:
         sb_printf(&b, "%s holds a timestamp that changes every turn", noun);
         fix = "move it to the end of the prompt or round it to the day";
         break;
-    case DOCTOR_CAUSE_COUNTER:
+    case KP_DOCTOR_CAUSE_COUNTER:
         sb_printf(&b, "%s holds a number that changes every turn", noun);
         fix = "move it to the end of the prompt or leave it out";
         break;
-    case DOCTOR_CAUSE_IDENTIFIER:
+    case KP_DOCTOR_CAUSE_IDENTIFIER:
         sb_printf(&b, "%s holds an identifier that changes every request", noun);
         fix = "keep ids out of the start of the prompt or move them to the end";
         break;
-    case DOCTOR_CAUSE_REORDERED_JSON:
+    case KP_DOCTOR_CAUSE_REORDERED_JSON:
         sb_printf(&b, "the JSON %s has the same keys in another order", prep);
         fix = "serialize JSON with a fixed key order (kvpin canon prints canonical JSON)";
         break;
-    case DOCTOR_CAUSE_WHITESPACE:
+    case KP_DOCTOR_CAUSE_WHITESPACE:
         sb_printf(&b, "%s differs only in whitespace", noun);
         fix = "normalize line endings, indentation and trailing spaces before sending";
         break;
-    case DOCTOR_CAUSE_INSERTED_AT_FRONT:
+    case KP_DOCTOR_CAUSE_INSERTED_AT_FRONT:
         sb_printf(&b, "the text in front of cached text changed %s", prep);
         fix = "add new content after the cached prefix, and rewrite or drop old turns rarely "
               "and in large steps";
         break;
-    case DOCTOR_CAUSE_OTHER:
+    case KP_DOCTOR_CAUSE_OTHER:
         sb_printf(&b, "%s was edited", noun);
         fix = "keep the stable part of the prompt first and put text that changes at the end";
         break;
@@ -1297,25 +1297,25 @@ size_t doctor_advice(doctor_cause cause, const char *detail, size_t line,
 /* ------------------------------------------------------------------ */
 /* Everything at once                                                  */
 
-kp_status doctor_explain(const char *cached, size_t cached_len, const char *request,
-                         size_t request_len, const doctor_tokens *tokens,
-                         doctor_cache_state state, doctor_escape mode, doctor_report *out,
+kp_status kp_doctor_explain(const char *cached, size_t cached_len, const char *request,
+                         size_t request_len, const kp_doctor_tokens *tokens,
+                         kp_doctor_cache_state state, kp_doctor_escape mode, kp_doctor_report *out,
                          kp_error *err) {
-    if (!out) return kp_fail(err, KP_EINVAL, "doctor_explain: NULL report");
-    doctor_report rep;
+    if (!out) return kp_fail(err, KP_EINVAL, "kp_doctor_explain: NULL report");
+    kp_doctor_report rep;
     memset(&rep, 0, sizeof rep);
-    const char *c = state == DOCTOR_CACHE_NOTHING ? "" : cached;
-    size_t clen = state == DOCTOR_CACHE_NOTHING ? 0 : cached_len;
-    if (!c && clen) return kp_fail(err, KP_EINVAL, "doctor_explain: NULL cached text");
-    kp_status st = doctor_diverge(c, clen, request, request_len, tokens, &rep.div, err);
+    const char *c = state == KP_DOCTOR_CACHE_NOTHING ? "" : cached;
+    size_t clen = state == KP_DOCTOR_CACHE_NOTHING ? 0 : cached_len;
+    if (!c && clen) return kp_fail(err, KP_EINVAL, "kp_doctor_explain: NULL cached text");
+    kp_status st = kp_doctor_diverge(c, clen, request, request_len, tokens, &rep.div, err);
     if (st != KP_OK) return st;
-    st = doctor_classify(c, clen, request, request_len, rep.div.byte, state, &rep.finding, err);
+    st = kp_doctor_classify(c, clen, request, request_len, rep.div.byte, state, &rep.finding, err);
     if (st != KP_OK) return st;
     assert(rep.finding.byte == rep.div.byte);
-    doctor_snippet(c, clen, rep.div.byte, DOCTOR_SNIPPET_BEFORE, DOCTOR_SNIPPET_AFTER, mode,
+    kp_doctor_snippet(c, clen, rep.div.byte, KP_DOCTOR_SNIPPET_BEFORE, KP_DOCTOR_SNIPPET_AFTER, mode,
                    rep.cached_snippet, sizeof rep.cached_snippet, &rep.cached_marker);
-    doctor_snippet(request, request_len, rep.div.byte, DOCTOR_SNIPPET_BEFORE,
-                   DOCTOR_SNIPPET_AFTER, mode, rep.request_snippet, sizeof rep.request_snippet,
+    kp_doctor_snippet(request, request_len, rep.div.byte, KP_DOCTOR_SNIPPET_BEFORE,
+                   KP_DOCTOR_SNIPPET_AFTER, mode, rep.request_snippet, sizeof rep.request_snippet,
                    &rep.request_marker);
     *out = rep;
     return KP_OK;

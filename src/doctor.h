@@ -14,17 +14,17 @@
  *
  * The pieces, each usable alone:
  *
- *   doctor_diverge   first differing byte (on a UTF-8 character start), the
+ *   kp_doctor_diverge   first differing byte (on a UTF-8 character start), the
  *                    token-level reuse point, the share of the prompt
  *                    recomputed;
- *   doctor_classify  the cause (doctor_cause) and a one-line detail, the line
+ *   kp_doctor_classify  the cause (kp_doctor_cause) and a one-line detail, the line
  *                    of the divergence and whether it lies inside JSON;
- *   doctor_snippet   ~40 characters of text around a byte offset, valid
+ *   kp_doctor_snippet   ~40 characters of text around a byte offset, valid
  *                    UTF-8, control characters escaped;
- *   doctor_advice    one sentence for a person, e.g. "turn 3 re-prefills 97%
+ *   kp_doctor_advice    one sentence for a person, e.g. "turn 3 re-prefills 97%
  *                    of its prompt: line 2 holds a timestamp that changes
  *                    every turn (...); move it to the end of the prompt";
- *   doctor_explain   all of the above in one doctor_report.
+ *   kp_doctor_explain   all of the above in one kp_doctor_report.
  *
  * Every function is pure: no global state, safe from any number of threads.
  * Texts are byte strings with explicit lengths (NUL bytes allowed); they are
@@ -39,43 +39,43 @@
 #include "status.h"
 
 /* Why the request did not reuse more of the cache. The names returned by
- * doctor_cause_name are stable (logs, JSON, metrics labels). */
+ * kp_doctor_cause_name are stable (logs, JSON, metrics labels). */
 typedef enum {
-    DOCTOR_CAUSE_HIT = 0,            /* "hit": the request starts with the whole
+    KP_DOCTOR_CAUSE_HIT = 0,            /* "hit": the request starts with the whole
                                         cached text, or is covered by it;
                                         nothing was missed */
-    DOCTOR_CAUSE_COLD,               /* "cold": nothing cached shares the start */
-    DOCTOR_CAUSE_EVICTED,            /* "evicted": a matching prefix was cached but
+    KP_DOCTOR_CAUSE_COLD,               /* "cold": nothing cached shares the start */
+    KP_DOCTOR_CAUSE_EVICTED,            /* "evicted": a matching prefix was cached but
                                         its blocks were evicted (the caller, which
                                         owns the prefix index, decides this) */
-    DOCTOR_CAUSE_TIMESTAMP,          /* "timestamp": a date or time changed */
-    DOCTOR_CAUSE_COUNTER,            /* "counter": a number changed */
-    DOCTOR_CAUSE_IDENTIFIER,         /* "identifier": a UUID, hex id, request id or
+    KP_DOCTOR_CAUSE_TIMESTAMP,          /* "timestamp": a date or time changed */
+    KP_DOCTOR_CAUSE_COUNTER,            /* "counter": a number changed */
+    KP_DOCTOR_CAUSE_IDENTIFIER,         /* "identifier": a UUID, hex id, request id or
                                         base64-like token changed */
-    DOCTOR_CAUSE_REORDERED_JSON,     /* "reordered_json": the same JSON keys in
+    KP_DOCTOR_CAUSE_REORDERED_JSON,     /* "reordered_json": the same JSON keys in
                                         another order */
-    DOCTOR_CAUSE_WHITESPACE,         /* "whitespace": equal once whitespace is
+    KP_DOCTOR_CAUSE_WHITESPACE,         /* "whitespace": equal once whitespace is
                                         ignored (CRLF vs LF, trailing spaces,
                                         indentation, JSON formatting) */
-    DOCTOR_CAUSE_INSERTED_AT_FRONT,  /* "inserted_at_front": text inserted before
+    KP_DOCTOR_CAUSE_INSERTED_AT_FRONT,  /* "inserted_at_front": text inserted before
                                         text that was cached, which follows intact
                                         (a summary prepended, a head rewritten) */
-    DOCTOR_CAUSE_OTHER,              /* "other": any other edit */
-    DOCTOR_CAUSE_COUNT
-} doctor_cause;
+    KP_DOCTOR_CAUSE_OTHER,              /* "other": any other edit */
+    KP_DOCTOR_CAUSE_COUNT
+} kp_doctor_cause;
 
 /* The stable name of a cause ("timestamp", ...); "invalid" for a value
  * outside the enum. The string is static. */
-const char *doctor_cause_name(doctor_cause cause);
+const char *kp_doctor_cause_name(kp_doctor_cause cause);
 
 /* Parses a stable name (exact, case-sensitive) into *out. KP_ENOTFOUND (and
  * a message naming the text) for an unknown name, KP_EINVAL for NULL. */
-kp_status doctor_cause_parse(const char *name, doctor_cause *out, kp_error *err);
+kp_status kp_doctor_cause_parse(const char *name, kp_doctor_cause *out, kp_error *err);
 
 /* ------------------------------------------------------------------ */
 /* Divergence                                                          */
 
-#define DOCTOR_NO_TOKEN ((size_t)-1)
+#define KP_DOCTOR_NO_TOKEN ((size_t)-1)
 
 /* What the caller knows from the token level (the prefix index matches token
  * ids, so reuse is token-exact). */
@@ -85,7 +85,7 @@ typedef struct {
     size_t token_byte;  /* byte offset in the request where that token starts
                            (request_len when every request token matched) */
     size_t n_tokens;    /* tokens in the request, or 0 when unknown */
-} doctor_tokens;
+} kp_doctor_tokens;
 
 typedef struct {
     /* The text divergence: the first byte where the texts differ, moved back
@@ -95,7 +95,7 @@ typedef struct {
      * changed: classify and snippets look here. */
     size_t byte;
     bool full_match;     /* one text starts with the whole other one */
-    /* The token divergence, copied from doctor_tokens (DOCTOR_NO_TOKEN and
+    /* The token divergence, copied from kp_doctor_tokens (KP_DOCTOR_NO_TOKEN and
      * token_byte == byte without it). */
     size_t token_index;
     size_t token_byte;
@@ -107,7 +107,7 @@ typedef struct {
      * known ((n_tokens - token_index) / n_tokens), else by bytes
      * ((request_len - reused_bytes) / request_len); 0 for an empty request. */
     double percent_recomputed;
-} doctor_divergence;
+} kp_doctor_divergence;
 
 /* Compares cached[0..cached_len) with request[0..request_len) and fills *out.
  * tokens may be NULL. The texts need not be valid UTF-8 (snapping moves back
@@ -115,38 +115,38 @@ typedef struct {
  * nonzero length, or when the token information contradicts the texts:
  * token_byte > request_len, token_byte past the text divergence (identical
  * tokens cannot run past a byte difference), or token_index > n_tokens. */
-kp_status doctor_diverge(const char *cached, size_t cached_len, const char *request,
-                         size_t request_len, const doctor_tokens *tokens,
-                         doctor_divergence *out, kp_error *err);
+kp_status kp_doctor_diverge(const char *cached, size_t cached_len, const char *request,
+                         size_t request_len, const kp_doctor_tokens *tokens,
+                         kp_doctor_divergence *out, kp_error *err);
 
 /* ------------------------------------------------------------------ */
 /* Classification                                                      */
 
 /* What the caller's cache held for this request. */
 typedef enum {
-    DOCTOR_CACHE_TEXT = 0, /* `cached` is the longest cached match, still cached */
-    DOCTOR_CACHE_NOTHING,  /* nothing was cached: the cause is cold */
-    DOCTOR_CACHE_EVICTED   /* `cached` was cached once and has been evicted */
-} doctor_cache_state;
+    KP_DOCTOR_CACHE_TEXT = 0, /* `cached` is the longest cached match, still cached */
+    KP_DOCTOR_CACHE_NOTHING,  /* nothing was cached: the cause is cold */
+    KP_DOCTOR_CACHE_EVICTED   /* `cached` was cached once and has been evicted */
+} kp_doctor_cache_state;
 
-#define DOCTOR_DETAIL_MAX 320
+#define KP_DOCTOR_DETAIL_MAX 320
 
 typedef struct {
-    doctor_cause cause;
+    kp_doctor_cause cause;
     /* One line, printable UTF-8 (control characters escaped), for example
      * "timestamp: '2026-11-28 09:14' -> '2026-11-29 10:02' on line 2". It
      * starts with the cause name and a colon. */
-    char detail[DOCTOR_DETAIL_MAX];
-    size_t byte;   /* the divergence examined (see doctor_classify) */
+    char detail[KP_DOCTOR_DETAIL_MAX];
+    size_t byte;   /* the divergence examined (see kp_doctor_classify) */
     size_t line;   /* 1-based line of `byte` in the request */
     size_t column; /* 1-based column of `byte`, in characters */
     bool in_json;  /* `byte` lies inside a JSON object or array of the request
                       (a bracketed region that parses as JSON) */
-} doctor_finding;
+} kp_doctor_finding;
 
 /* Classifies the change at the divergence. diverge_byte may be any offset at
  * or before the first difference (the text divergence or the token start
- * from doctor_diverge): the bytes before it must be equal in both texts, and
+ * from kp_doctor_diverge): the bytes before it must be equal in both texts, and
  * the classifier moves forward to the first differing character itself.
  *
  * The cause is decided in this order, on the texts around the divergence d
@@ -181,9 +181,9 @@ typedef struct {
  * diverge_byte > 0 with state NOTHING (whose cached text is ignored and may
  * be NULL). Allocates only inside jansson (a failed parse, for whatever
  * reason, counts as "not JSON"). */
-kp_status doctor_classify(const char *cached, size_t cached_len, const char *request,
-                          size_t request_len, size_t diverge_byte, doctor_cache_state state,
-                          doctor_finding *out, kp_error *err);
+kp_status kp_doctor_classify(const char *cached, size_t cached_len, const char *request,
+                          size_t request_len, size_t diverge_byte, kp_doctor_cache_state state,
+                          kp_doctor_finding *out, kp_error *err);
 
 /* ------------------------------------------------------------------ */
 /* Snippets                                                            */
@@ -192,33 +192,33 @@ typedef enum {
     /* For people: \n \t \r \\ and \xNN for other control bytes, DEL and
      * bytes that are not valid UTF-8; U+2028, U+2029 and C1 controls as
      * \uNNNN. Quotes are kept. */
-    DOCTOR_ESCAPE_HUMAN = 0,
+    KP_DOCTOR_ESCAPE_HUMAN = 0,
     /* The content of a JSON string literal (write it between quotes): \" \\
      * \n \t \r \b \f, \u00NN for other controls, \ufffd for invalid bytes,
      * \u2028 \u2029 and C1 controls escaped. */
-    DOCTOR_ESCAPE_JSON
-} doctor_escape;
+    KP_DOCTOR_ESCAPE_JSON
+} kp_doctor_escape;
 
-#define DOCTOR_SNIPPET_BEFORE 16 /* characters before the divergence */
-#define DOCTOR_SNIPPET_AFTER 24  /* characters from the divergence on */
-/* Enough for DOCTOR_SNIPPET_BEFORE + AFTER characters, each escaped to at
+#define KP_DOCTOR_SNIPPET_BEFORE 16 /* characters before the divergence */
+#define KP_DOCTOR_SNIPPET_AFTER 24  /* characters from the divergence on */
+/* Enough for KP_DOCTOR_SNIPPET_BEFORE + AFTER characters, each escaped to at
  * most 6 bytes, and the NUL. */
-#define DOCTOR_SNIPPET_MAX 256
+#define KP_DOCTOR_SNIPPET_MAX 256
 
 /* The character-aligned window around `at` (clamped to len, moved back to a
  * character start): up to `before` characters before it and `after`
  * characters from it on. A character is one valid UTF-8 sequence or one
  * invalid byte. Sets [*start, *end); *at_out receives the aligned `at`. */
-void doctor_snippet_span(const char *text, size_t len, size_t at, size_t before, size_t after,
+void kp_doctor_snippet_span(const char *text, size_t len, size_t at, size_t before, size_t after,
                          size_t *start, size_t *end, size_t *at_out);
 
-/* Writes the window of doctor_snippet_span, escaped in `mode`, to
+/* Writes the window of kp_doctor_snippet_span, escaped in `mode`, to
  * out[0..cap) (always NUL-terminated when cap > 0; escapes and characters
  * are never cut: what does not fit is left out whole). *marker (may be NULL)
  * receives the offset in out where the character at `at` begins. Returns
  * the length written. */
-size_t doctor_snippet(const char *text, size_t len, size_t at, size_t before, size_t after,
-                      doctor_escape mode, char *out, size_t cap, size_t *marker);
+size_t kp_doctor_snippet(const char *text, size_t len, size_t at, size_t before, size_t after,
+                      kp_doctor_escape mode, char *out, size_t cap, size_t *marker);
 
 /* ------------------------------------------------------------------ */
 /* Advice                                                              */
@@ -229,31 +229,31 @@ size_t doctor_snippet(const char *text, size_t len, size_t at, size_t before, si
  *    changes every turn ('2026-11-28 09:14' -> '2026-11-29 10:02'); move it
  *    to the end of the prompt or round it to the day"
  * subject names the request ("turn 3"; NULL -> "the request"). detail may be
- * NULL; a detail in doctor_finding's format contributes its middle part
+ * NULL; a detail in kp_doctor_finding's format contributes its middle part
  * (the leading "<cause>: " and trailing " on line N" are dropped), any
  * other detail is quoted whole. line is 1-based (0: not mentioned).
  * Returns the length of the full sentence (as snprintf does). */
-size_t doctor_advice(doctor_cause cause, const char *detail, size_t line,
+size_t kp_doctor_advice(kp_doctor_cause cause, const char *detail, size_t line,
                      double percent_recomputed, const char *subject, char *out, size_t cap);
 
 /* ------------------------------------------------------------------ */
 /* Everything at once                                                  */
 
 typedef struct {
-    doctor_divergence div;
-    doctor_finding finding;
-    char cached_snippet[DOCTOR_SNIPPET_MAX];  /* around div.byte, escaped */
-    char request_snippet[DOCTOR_SNIPPET_MAX];
+    kp_doctor_divergence div;
+    kp_doctor_finding finding;
+    char cached_snippet[KP_DOCTOR_SNIPPET_MAX];  /* around div.byte, escaped */
+    char request_snippet[KP_DOCTOR_SNIPPET_MAX];
     size_t cached_marker;  /* offset of div.byte inside cached_snippet */
     size_t request_marker; /* offset of div.byte inside request_snippet */
-} doctor_report;
+} kp_doctor_report;
 
-/* doctor_diverge, then doctor_classify at the text divergence, then both
- * snippets (DOCTOR_SNIPPET_BEFORE/AFTER characters, escaped in `mode`).
- * Errors as doctor_diverge and doctor_classify. */
-kp_status doctor_explain(const char *cached, size_t cached_len, const char *request,
-                         size_t request_len, const doctor_tokens *tokens,
-                         doctor_cache_state state, doctor_escape mode, doctor_report *out,
+/* kp_doctor_diverge, then kp_doctor_classify at the text divergence, then both
+ * snippets (KP_DOCTOR_SNIPPET_BEFORE/AFTER characters, escaped in `mode`).
+ * Errors as kp_doctor_diverge and kp_doctor_classify. */
+kp_status kp_doctor_explain(const char *cached, size_t cached_len, const char *request,
+                         size_t request_len, const kp_doctor_tokens *tokens,
+                         kp_doctor_cache_state state, kp_doctor_escape mode, kp_doctor_report *out,
                          kp_error *err);
 
 #endif

@@ -1,11 +1,11 @@
 /*
  * engine.c - the engine (engine.h): KV pool + prefix index + forward pass,
- * one sequence at a time (eng_prefill / eng_decode) or many sequences per
- * forward call (eng_begin + eng_step, for a scheduler).
+ * one sequence at a time (kp_eng_prefill / kp_eng_decode) or many sequences per
+ * forward call (kp_eng_begin + kp_eng_step, for a scheduler).
  *
- * Owns: the kp_kvpool (budget_bytes / block_bytes blocks), the pfx_index
+ * Owns: the kp_kvpool (budget_bytes / block_bytes blocks), the kp_pfx_index
  * over it (or none), the kp_forward scratch. Borrows: model, threads,
- * kernels. The caller owns each eng_seq (its block table and lease).
+ * kernels. The caller owns each kp_eng_seq (its block table and lease).
  *
  * Prefill of tokens[0..n) against the index:
  *
@@ -18,7 +18,7 @@
  *   n_reuse = match.n_reuse: the whole match, or n - 1 on a full hit (the
  *   last position is computed again to get its logits).
  *
- * A step (eng_step) packs the items' tokens into one kp_batch, items in
+ * A step (kp_eng_step) packs the items' tokens into one kp_batch, items in
  * order, each item's tokens at consecutive positions from its sequence's
  * length; items that cannot get blocks or are invalid are left out with
  * their own status, the others still run:
@@ -31,13 +31,13 @@
  *     (prefix.h's contract): prefill appends from n_reuse, decode appends at
  *     n_pos, nothing rewinds;
  *   - blocks are reserved before every forward call; when the pool answers
- *     KP_EFULL the engine asks pfx_evict for exactly the missing blocks and
+ *     KP_EFULL the engine asks kp_pfx_evict for exactly the missing blocks and
  *     retries; when nothing unheld is left it drops the sequence's own lease
  *     (a lease holds whole nodes, also cached rows past the ones the
  *     sequence uses) and tries once more, and gives up (KP_EFULL) only then.
  *     Eviction never takes rows a sequence reads: the sequence holds its own
  *     reference to every block in its table;
- *   - eng_finish indexes only positions that have K/V (min(n, n_pos)), then
+ *   - kp_eng_finish indexes only positions that have K/V (min(n, n_pos)), then
  *     drops the lease and every block reference of the sequence: once all
  *     sequences are finished and the index is freed, every block is free.
  */
@@ -50,18 +50,18 @@
 
 #define ENG_BATCH 256 /* prompt tokens per forward call */
 
-struct eng_engine {
+struct kp_engine {
     const kp_model *m;
     kp_kvpool *kv;
-    pfx_index *idx; /* NULL: prefix cache off */
+    kp_pfx_index *idx; /* NULL: prefix cache off */
     kp_forward *fw;
     uint32_t max_pos;
-    pfx_config pfx_cfg; /* kept for eng_clear */
+    kp_pfx_config pfx_cfg; /* kept for kp_eng_clear */
     bool has_pfx_cfg;
     /* batch scratch, ENG_BATCH entries each */
     int32_t *pos, *seqi;
     uint8_t *want;
-    /* eng_step scratch, grown on demand */
+    /* kp_eng_step scratch, grown on demand */
     uint32_t step_cap, step_seq_cap;
     int32_t *step_tok, *step_pos, *step_seq;
     uint8_t *step_want;
@@ -69,10 +69,10 @@ struct eng_engine {
     float *step_logits; /* [step_seq_cap][n_vocab] */
 };
 
-kp_status eng_new(eng_engine **out, const kp_model *m, kp_pool *threads, const kp_kernels *kernels,
-                  const eng_config *cfg, kp_error *err) {
+kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_pool *threads, const kp_kernels *kernels,
+                  const kp_eng_config *cfg, kp_error *err) {
     *out = NULL;
-    eng_config c = {KP_DTYPE_F16, 16, 0, 0, false, NULL};
+    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 0, false, NULL};
     if (cfg) c = *cfg;
     if (!c.block_size) c.block_size = 16;
     if (!c.max_pos) c.max_pos = m->hp.n_ctx_train && m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
@@ -82,7 +82,7 @@ kp_status eng_new(eng_engine **out, const kp_model *m, kp_pool *threads, const k
     if (c.budget_bytes < block_bytes)
         return kp_fail(err, KP_EINVAL, "KV budget of %llu bytes is smaller than one block (%llu bytes)",
                        (unsigned long long)c.budget_bytes, (unsigned long long)block_bytes);
-    eng_engine *e = calloc(1, sizeof *e);
+    kp_engine *e = calloc(1, sizeof *e);
     if (!e) return kp_fail(err, KP_ENOMEM, "out of memory for the engine");
     e->m = m;
     e->max_pos = c.max_pos;
@@ -101,19 +101,19 @@ kp_status eng_new(eng_engine **out, const kp_model *m, kp_pool *threads, const k
     kp_kvpool_config kc = {m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, c.kv_type, c.block_size,
                            c.budget_bytes};
     if ((st = kp_kvpool_new(&e->kv, &kc, err)) != KP_OK) goto fail;
-    if (!c.no_prefix_cache && (st = pfx_new(&e->idx, e->kv, c.pfx, err)) != KP_OK) goto fail;
+    if (!c.no_prefix_cache && (st = kp_pfx_new(&e->idx, e->kv, c.pfx, err)) != KP_OK) goto fail;
     if ((st = kp_forward_new(&e->fw, m, e->kv, threads, kernels, err)) != KP_OK) goto fail;
     *out = e;
     return KP_OK;
 fail:
-    eng_free(e);
+    kp_eng_free(e);
     return st;
 }
 
-void eng_free(eng_engine *e) {
+void kp_eng_free(kp_engine *e) {
     if (!e) return;
     kp_forward_free(e->fw);
-    pfx_free(e->idx);
+    kp_pfx_free(e->idx);
     kp_kvpool_free(e->kv);
     free(e->pos);
     free(e->seqi);
@@ -127,21 +127,21 @@ void eng_free(eng_engine *e) {
     free(e);
 }
 
-pfx_index *eng_index(eng_engine *e) { return e->idx; }
-kp_kvpool *eng_kvpool(eng_engine *e) { return e->kv; }
-uint32_t eng_max_pos(const eng_engine *e) { return e->max_pos; }
-uint32_t eng_seq_len(const eng_seq *seq) { return seq->kv.n_pos; }
+kp_pfx_index *kp_eng_index(kp_engine *e) { return e->idx; }
+kp_kvpool *kp_eng_kvpool(kp_engine *e) { return e->kv; }
+uint32_t kp_eng_max_pos(const kp_engine *e) { return e->max_pos; }
+uint32_t kp_eng_seq_len(const kp_eng_seq *seq) { return seq->kv.n_pos; }
 
 /* Makes sure positions [0, n_pos) of s have blocks, evicting unheld cached
  * prefixes when the pool is full. */
-static kp_status reserve(eng_engine *e, eng_seq *seq, uint32_t n_pos, eng_report *r, kp_error *err) {
+static kp_status reserve(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_eng_report *r, kp_error *err) {
     kp_kvseq *s = &seq->kv;
     uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
     for (;;) {
         kp_status st = kp_kvseq_reserve(s, e->kv, n_pos, err);
         if (st != KP_EFULL) return st;
         uint32_t need = (uint32_t)(((uint64_t)n_pos + B - 1) / B) - s->n_blocks;
-        uint64_t got = e->idx ? pfx_evict(e->idx, (uint64_t)need * kp_kvpool_block_bytes(e->kv),
+        uint64_t got = e->idx ? kp_pfx_evict(e->idx, (uint64_t)need * kp_kvpool_block_bytes(e->kv),
                                           (int64_t)time(NULL))
                               : 0;
         if (r) {
@@ -152,7 +152,7 @@ static kp_status reserve(eng_engine *e, eng_seq *seq, uint32_t n_pos, eng_report
             /* Everything evictable is on our own held path (a lease holds a
              * whole node, also the part past the rows we use). Our rows stay
              * valid without it: the sequence holds its own block references. */
-            pfx_release(e->idx, &seq->lease);
+            kp_pfx_release(e->idx, &seq->lease);
             continue;
         }
         if (got == 0)
@@ -163,14 +163,14 @@ static kp_status reserve(eng_engine *e, eng_seq *seq, uint32_t n_pos, eng_report
     }
 }
 
-void eng_seq_abort(eng_engine *e, eng_seq *seq) {
-    if (e->idx) pfx_release(e->idx, &seq->lease);
+void kp_eng_seq_abort(kp_engine *e, kp_eng_seq *seq) {
+    if (e->idx) kp_pfx_release(e->idx, &seq->lease);
     kp_kvseq_release(&seq->kv, e->kv);
     memset(seq, 0, sizeof *seq);
 }
 
 /* Runs tokens[0..n) at positions start.. of seq; logits of the last one. */
-static kp_status run_tokens(eng_engine *e, eng_seq *seq, const int32_t *tokens, uint32_t n, float *logits,
+static kp_status run_tokens(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n, float *logits,
                             kp_error *err) {
     kp_kvseq *seqs[1] = {&seq->kv};
     for (uint32_t i = 0; i < n; i += ENG_BATCH) {
@@ -187,9 +187,9 @@ static kp_status run_tokens(eng_engine *e, eng_seq *seq, const int32_t *tokens, 
     return KP_OK;
 }
 
-kp_status eng_begin(eng_engine *e, const int32_t *tokens, uint32_t n, eng_seq *seq, eng_report *report,
+kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_seq *seq, kp_eng_report *report,
                     kp_error *err) {
-    eng_report r;
+    kp_eng_report r;
     memset(&r, 0, sizeof r);
     r.cached_next = -1;
     r.prompt_tokens = n;
@@ -204,24 +204,24 @@ kp_status eng_begin(eng_engine *e, const int32_t *tokens, uint32_t n, eng_seq *s
         if (tokens[i] < 0 || tokens[i] >= nv)
             return kp_fail(err, KP_EINVAL, "token %d at %u is outside the vocabulary of %d", tokens[i], i, nv);
     if (e->idx) {
-        pfx_match_result mr;
-        pfx_match(e->idx, tokens, n, &mr);
-        pfx_stats ps;
-        pfx_get_stats(e->idx, &ps);
+        kp_pfx_match_result mr;
+        kp_pfx_match(e->idx, tokens, n, &mr);
+        kp_pfx_stats ps;
+        kp_pfx_get_stats(e->idx, &ps);
         r.cold = ps.n_nodes == 0;
         r.diverged_at_token = mr.n_match;
         r.cached_next = mr.cached_next;
         r.n_continuations = mr.n_continuations;
         r.evicted = mr.evicted;
         r.evicted_len = mr.evicted_len;
-        kp_status st = pfx_acquire(e->idx, tokens, mr.n_reuse, &seq->kv, &seq->lease, err);
+        kp_status st = kp_pfx_acquire(e->idx, tokens, mr.n_reuse, &seq->kv, &seq->lease, err);
         if (st == KP_EFULL) { /* the partial-block copy found no free block: compute instead */
             uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
-            st = pfx_acquire(e->idx, tokens, mr.n_reuse / B * B, &seq->kv, &seq->lease, err);
+            st = kp_pfx_acquire(e->idx, tokens, mr.n_reuse / B * B, &seq->kv, &seq->lease, err);
         }
         if (st != KP_OK) {
             if (report) *report = r;
-            eng_seq_abort(e, seq);
+            kp_eng_seq_abort(e, seq);
             return st;
         }
         r.reused_tokens = seq->kv.n_pos;
@@ -234,17 +234,17 @@ kp_status eng_begin(eng_engine *e, const int32_t *tokens, uint32_t n, eng_seq *s
     return KP_OK;
 }
 
-void eng_probe(eng_engine *e, const int32_t *tokens, uint32_t n, eng_report *r) {
+void kp_eng_probe(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_report *r) {
     memset(r, 0, sizeof *r);
     r->cached_next = -1;
     r->prompt_tokens = n;
     r->computed_tokens = n;
     r->cold = true;
     if (!e->idx || n == 0) return;
-    pfx_match_result mr;
-    pfx_match(e->idx, tokens, n, &mr);
-    pfx_stats ps;
-    pfx_get_stats(e->idx, &ps);
+    kp_pfx_match_result mr;
+    kp_pfx_match(e->idx, tokens, n, &mr);
+    kp_pfx_stats ps;
+    kp_pfx_get_stats(e->idx, &ps);
     r->cold = ps.n_nodes == 0;
     r->diverged_at_token = mr.n_match;
     r->cached_next = mr.cached_next;
@@ -255,10 +255,10 @@ void eng_probe(eng_engine *e, const int32_t *tokens, uint32_t n, eng_report *r) 
     r->computed_tokens = n - mr.n_reuse;
 }
 
-kp_status eng_prefill(eng_engine *e, const int32_t *tokens, uint32_t n, eng_seq *seq,
-                      float *logits_out, eng_report *report, kp_error *err) {
-    eng_report r;
-    kp_status st = eng_begin(e, tokens, n, seq, &r, err);
+kp_status kp_eng_prefill(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_seq *seq,
+                      float *logits_out, kp_eng_report *report, kp_error *err) {
+    kp_eng_report r;
+    kp_status st = kp_eng_begin(e, tokens, n, seq, &r, err);
     if (report) *report = r;
     if (st != KP_OK) return st;
     if ((st = reserve(e, seq, n, &r, err)) != KP_OK) goto fail;
@@ -269,12 +269,12 @@ kp_status eng_prefill(eng_engine *e, const int32_t *tokens, uint32_t n, eng_seq 
     return KP_OK;
 fail:
     if (report) *report = r;
-    eng_seq_abort(e, seq);
+    kp_eng_seq_abort(e, seq);
     return st;
 }
 
 /* Grows the step scratch to hold n tokens and n_items sequences. */
-static kp_status step_scratch(eng_engine *e, uint32_t n, uint32_t n_items, kp_error *err) {
+static kp_status step_scratch(kp_engine *e, uint32_t n, uint32_t n_items, kp_error *err) {
     if (n > e->step_cap) {
         uint32_t c = e->step_cap ? e->step_cap : 64;
         while (c < n) c *= 2;
@@ -302,10 +302,10 @@ static kp_status step_scratch(eng_engine *e, uint32_t n, uint32_t n_items, kp_er
     return KP_OK;
 }
 
-kp_status eng_step(eng_engine *e, eng_item *items, uint32_t n_items, kp_error *err) {
+kp_status kp_eng_step(kp_engine *e, kp_eng_item *items, uint32_t n_items, kp_error *err) {
     uint32_t total = 0;
     for (uint32_t i = 0; i < n_items; i++) {
-        eng_item *it = &items[i];
+        kp_eng_item *it = &items[i];
         it->status = KP_OK;
         it->err.msg[0] = 0;
         uint32_t p = it->seq->kv.n_pos;
@@ -339,7 +339,7 @@ kp_status eng_step(eng_engine *e, eng_item *items, uint32_t n_items, kp_error *e
     if (st != KP_OK) return st;
     uint32_t t = 0, ns = 0, nl = 0;
     for (uint32_t i = 0; i < n_items; i++) {
-        eng_item *it = &items[i];
+        kp_eng_item *it = &items[i];
         if (it->status != KP_OK) continue;
         e->step_seqs[ns] = &it->seq->kv;
         for (uint32_t j = 0; j < it->n; j++, t++) {
@@ -356,14 +356,14 @@ kp_status eng_step(eng_engine *e, eng_item *items, uint32_t n_items, kp_error *e
     size_t nv = e->m->hp.n_vocab;
     uint32_t l = 0;
     for (uint32_t i = 0; i < n_items; i++) {
-        eng_item *it = &items[i];
+        kp_eng_item *it = &items[i];
         if (it->status != KP_OK || !it->logits) continue;
         memcpy(it->logits, e->step_logits + (size_t)l++ * nv, nv * sizeof(float));
     }
     return KP_OK;
 }
 
-kp_status eng_decode(eng_engine *e, eng_seq *seq, int32_t token, float *logits_out, kp_error *err) {
+kp_status kp_eng_decode(kp_engine *e, kp_eng_seq *seq, int32_t token, float *logits_out, kp_error *err) {
     uint32_t p = seq->kv.n_pos;
     if (p >= e->max_pos)
         return kp_fail(err, KP_ERANGE, "the sequence reached the maximum of %u positions", e->max_pos);
@@ -375,26 +375,26 @@ kp_status eng_decode(eng_engine *e, eng_seq *seq, int32_t token, float *logits_o
     return st;
 }
 
-kp_status eng_finish(eng_engine *e, eng_seq *seq, const int32_t *tokens, uint32_t n, uint32_t *n_added,
+kp_status kp_eng_finish(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n, uint32_t *n_added,
                      kp_error *err) {
     kp_status st = KP_OK;
     if (n_added) *n_added = 0;
     if (n > seq->kv.n_pos) n = seq->kv.n_pos;
-    if (e->idx && n > 0 && tokens) st = pfx_insert(e->idx, tokens, n, &seq->kv, NULL, n_added, err);
-    eng_seq_abort(e, seq);
+    if (e->idx && n > 0 && tokens) st = kp_pfx_insert(e->idx, tokens, n, &seq->kv, NULL, n_added, err);
+    kp_eng_seq_abort(e, seq);
     return st;
 }
 
-kp_status eng_clear(eng_engine *e, kp_error *err) {
+kp_status kp_eng_clear(kp_engine *e, kp_error *err) {
     if (!e->idx) return KP_OK;
-    pfx_free(e->idx);
+    kp_pfx_free(e->idx);
     e->idx = NULL;
-    return pfx_new(&e->idx, e->kv, e->has_pfx_cfg ? &e->pfx_cfg : NULL, err);
+    return kp_pfx_new(&e->idx, e->kv, e->has_pfx_cfg ? &e->pfx_cfg : NULL, err);
 }
 
-void eng_stats(eng_engine *e, pfx_stats *out) {
+void kp_eng_stats(kp_engine *e, kp_pfx_stats *out) {
     if (e->idx) {
-        pfx_get_stats(e->idx, out);
+        kp_pfx_get_stats(e->idx, out);
         return;
     }
     memset(out, 0, sizeof *out);

@@ -60,11 +60,11 @@ struct gguf {
     uint32_t alignment;
     uint64_t data_offset;
     size_t n_kv;
-    gguf_kv *kvs;
-    gguf_kv **kv_sorted;   /* by key bytes */
+    kp_gguf_kv *kvs;
+    kp_gguf_kv **kv_sorted;   /* by key bytes */
     size_t n_tensors;
-    gguf_tensor *tensors;
-    gguf_tensor **tensor_sorted; /* by name bytes */
+    kp_gguf_tensor *tensors;
+    kp_gguf_tensor **tensor_sorted; /* by name bytes */
 };
 
 /* A bounds-checked cursor over the file bytes. */
@@ -111,7 +111,7 @@ static kp_status cur_u64(cursor *c, uint64_t *v, const char *what) {
     return st;
 }
 
-static kp_status cur_str(cursor *c, gguf_str *s, const char *what) {
+static kp_status cur_str(cursor *c, kp_gguf_str *s, const char *what) {
     uint64_t len;
     size_t at = c->pos;
     kp_status st = cur_u64(c, &len, what);
@@ -127,43 +127,43 @@ static kp_status cur_str(cursor *c, gguf_str *s, const char *what) {
     return KP_OK;
 }
 
-size_t gguf_type_size(gguf_type t) {
+size_t kp_gguf_type_size(kp_gguf_type t) {
     switch (t) {
-    case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_BOOL: return 1;
-    case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16: return 2;
-    case GGUF_TYPE_UINT32: case GGUF_TYPE_INT32: case GGUF_TYPE_FLOAT32: return 4;
-    case GGUF_TYPE_UINT64: case GGUF_TYPE_INT64: case GGUF_TYPE_FLOAT64: return 8;
+    case KP_GGUF_TYPE_UINT8: case KP_GGUF_TYPE_INT8: case KP_GGUF_TYPE_BOOL: return 1;
+    case KP_GGUF_TYPE_UINT16: case KP_GGUF_TYPE_INT16: return 2;
+    case KP_GGUF_TYPE_UINT32: case KP_GGUF_TYPE_INT32: case KP_GGUF_TYPE_FLOAT32: return 4;
+    case KP_GGUF_TYPE_UINT64: case KP_GGUF_TYPE_INT64: case KP_GGUF_TYPE_FLOAT64: return 8;
     default: return 0;
     }
 }
 
-const char *gguf_type_name(gguf_type t) {
-    static const char *const names[GGUF_TYPE_COUNT_] = {
+const char *kp_gguf_type_name(kp_gguf_type t) {
+    static const char *const names[KP_GGUF_TYPE_COUNT_] = {
         "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "str", "arr", "u64", "i64", "f64"};
-    return (unsigned)t < GGUF_TYPE_COUNT_ ? names[t] : "?";
+    return (unsigned)t < KP_GGUF_TYPE_COUNT_ ? names[t] : "?";
 }
 
 /* Decodes one scalar of fixed-size type t from b into v. */
-static void decode_scalar(gguf_type t, const uint8_t *b, gguf_value *v) {
+static void decode_scalar(kp_gguf_type t, const uint8_t *b, kp_gguf_value *v) {
     v->type = t;
     switch (t) {
-    case GGUF_TYPE_UINT8: v->v.u64 = b[0]; break;
-    case GGUF_TYPE_INT8: v->v.i64 = (int8_t)b[0]; break;
-    case GGUF_TYPE_UINT16: v->v.u64 = (uint16_t)(b[0] | b[1] << 8); break;
-    case GGUF_TYPE_INT16: v->v.i64 = (int16_t)(uint16_t)(b[0] | b[1] << 8); break;
-    case GGUF_TYPE_UINT32: v->v.u64 = le32(b); break;
-    case GGUF_TYPE_INT32: v->v.i64 = (int32_t)le32(b); break;
-    case GGUF_TYPE_UINT64: v->v.u64 = le64(b); break;
-    case GGUF_TYPE_INT64: v->v.i64 = (int64_t)le64(b); break;
-    case GGUF_TYPE_BOOL: v->v.b = b[0] != 0; break;
-    case GGUF_TYPE_FLOAT32: {
+    case KP_GGUF_TYPE_UINT8: v->v.u64 = b[0]; break;
+    case KP_GGUF_TYPE_INT8: v->v.i64 = (int8_t)b[0]; break;
+    case KP_GGUF_TYPE_UINT16: v->v.u64 = (uint16_t)(b[0] | b[1] << 8); break;
+    case KP_GGUF_TYPE_INT16: v->v.i64 = (int16_t)(uint16_t)(b[0] | b[1] << 8); break;
+    case KP_GGUF_TYPE_UINT32: v->v.u64 = le32(b); break;
+    case KP_GGUF_TYPE_INT32: v->v.i64 = (int32_t)le32(b); break;
+    case KP_GGUF_TYPE_UINT64: v->v.u64 = le64(b); break;
+    case KP_GGUF_TYPE_INT64: v->v.i64 = (int64_t)le64(b); break;
+    case KP_GGUF_TYPE_BOOL: v->v.b = b[0] != 0; break;
+    case KP_GGUF_TYPE_FLOAT32: {
         uint32_t u = le32(b);
         float f;
         memcpy(&f, &u, 4);
         v->v.f64 = f;
         break;
     }
-    case GGUF_TYPE_FLOAT64: {
+    case KP_GGUF_TYPE_FLOAT64: {
         uint64_t u = le64(b);
         memcpy(&v->v.f64, &u, 8);
         break;
@@ -172,8 +172,8 @@ static void decode_scalar(gguf_type t, const uint8_t *b, gguf_value *v) {
     }
 }
 
-static void value_free(gguf_value *v) {
-    if (v->type != GGUF_TYPE_ARRAY) return;
+static void value_free(kp_gguf_value *v) {
+    if (v->type != KP_GGUF_TYPE_ARRAY) return;
     free(v->v.arr.strs);
     if (v->v.arr.items) {
         for (uint64_t i = 0; i < v->v.arr.n; i++) value_free(&v->v.arr.items[i]);
@@ -183,30 +183,30 @@ static void value_free(gguf_value *v) {
     v->v.arr.items = NULL;
 }
 
-static kp_status read_value(cursor *c, gguf_type t, gguf_value *v, int depth, const char *key);
+static kp_status read_value(cursor *c, kp_gguf_type t, kp_gguf_value *v, int depth, const char *key);
 
-static kp_status read_array(cursor *c, gguf_value *v, int depth, const char *key) {
+static kp_status read_array(cursor *c, kp_gguf_value *v, int depth, const char *key) {
     uint32_t et;
     uint64_t n;
     kp_status st;
-    v->type = GGUF_TYPE_ARRAY;
+    v->type = KP_GGUF_TYPE_ARRAY;
     memset(&v->v.arr, 0, sizeof v->v.arr);
     if ((st = cur_u32(c, &et, "array element type")) != KP_OK) return st;
     if ((st = cur_u64(c, &n, "array length")) != KP_OK) return st;
-    if (et >= GGUF_TYPE_COUNT_)
+    if (et >= KP_GGUF_TYPE_COUNT_)
         return kp_fail(c->err, KP_EFORMAT, "%s: key '%s': unknown array element type %u", c->name,
                        key, et);
     if (depth >= GGUF_MAX_DEPTH)
         return kp_fail(c->err, KP_EFORMAT, "%s: key '%s': arrays nested deeper than %d levels",
                        c->name, key, GGUF_MAX_DEPTH);
-    v->v.arr.elem_type = (gguf_type)et;
-    size_t es = gguf_type_size((gguf_type)et);
+    v->v.arr.elem_type = (kp_gguf_type)et;
+    size_t es = kp_gguf_type_size((kp_gguf_type)et);
     /* smallest encoded element: fixed size, 8 (string length), 12 (array header) */
-    size_t min_elem = es ? es : (et == GGUF_TYPE_STRING ? 8 : 12);
+    size_t min_elem = es ? es : (et == KP_GGUF_TYPE_STRING ? 8 : 12);
     if (n > cur_left(c) / min_elem)
         return kp_fail(c->err, KP_EFORMAT,
                        "%s: key '%s': array of %llu %s elements does not fit in the %zu bytes left",
-                       c->name, key, (unsigned long long)n, gguf_type_name((gguf_type)et),
+                       c->name, key, (unsigned long long)n, kp_gguf_type_name((kp_gguf_type)et),
                        cur_left(c));
     v->v.arr.n = n;
     if (es) {
@@ -215,8 +215,8 @@ static kp_status read_array(cursor *c, gguf_value *v, int depth, const char *key
         v->v.arr.raw = b;
         return KP_OK;
     }
-    if (et == GGUF_TYPE_STRING) {
-        v->v.arr.strs = n ? malloc((size_t)n * sizeof(gguf_str)) : NULL;
+    if (et == KP_GGUF_TYPE_STRING) {
+        v->v.arr.strs = n ? malloc((size_t)n * sizeof(kp_gguf_str)) : NULL;
         if (n && !v->v.arr.strs)
             return kp_fail(c->err, KP_ENOMEM, "%s: out of memory for array '%s'", c->name, key);
         for (uint64_t i = 0; i < n; i++)
@@ -224,21 +224,21 @@ static kp_status read_array(cursor *c, gguf_value *v, int depth, const char *key
         return KP_OK;
     }
     /* nested arrays */
-    v->v.arr.items = n ? calloc((size_t)n, sizeof(gguf_value)) : NULL;
+    v->v.arr.items = n ? calloc((size_t)n, sizeof(kp_gguf_value)) : NULL;
     if (n && !v->v.arr.items)
         return kp_fail(c->err, KP_ENOMEM, "%s: out of memory for array '%s'", c->name, key);
     for (uint64_t i = 0; i < n; i++) {
-        v->v.arr.items[i].type = GGUF_TYPE_ARRAY;
+        v->v.arr.items[i].type = KP_GGUF_TYPE_ARRAY;
         if ((st = read_array(c, &v->v.arr.items[i], depth + 1, key)) != KP_OK) return st;
     }
     return KP_OK;
 }
 
-static kp_status read_value(cursor *c, gguf_type t, gguf_value *v, int depth, const char *key) {
+static kp_status read_value(cursor *c, kp_gguf_type t, kp_gguf_value *v, int depth, const char *key) {
     v->type = t;
-    if (t == GGUF_TYPE_STRING) return cur_str(c, &v->v.str, "string value");
-    if (t == GGUF_TYPE_ARRAY) return read_array(c, v, depth, key);
-    size_t es = gguf_type_size(t);
+    if (t == KP_GGUF_TYPE_STRING) return cur_str(c, &v->v.str, "string value");
+    if (t == KP_GGUF_TYPE_ARRAY) return read_array(c, v, depth, key);
+    size_t es = kp_gguf_type_size(t);
     if (!es)
         return kp_fail(c->err, KP_EFORMAT, "%s: key '%s': unknown value type %u", c->name, key,
                        (unsigned)t);
@@ -248,8 +248,8 @@ static kp_status read_value(cursor *c, gguf_type t, gguf_value *v, int depth, co
     return st;
 }
 
-/* Copies a gguf_str into a printable, NUL-terminated, truncated buffer for messages. */
-static const char *printable(gguf_str s, char *buf, size_t cap) {
+/* Copies a kp_gguf_str into a printable, NUL-terminated, truncated buffer for messages. */
+static const char *printable(kp_gguf_str s, char *buf, size_t cap) {
     size_t n = s.len < cap - 1 ? (size_t)s.len : cap - 1;
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)s.data[i];
@@ -259,7 +259,7 @@ static const char *printable(gguf_str s, char *buf, size_t cap) {
     return buf;
 }
 
-static int str_cmp(gguf_str a, gguf_str b) {
+static int str_cmp(kp_gguf_str a, kp_gguf_str b) {
     size_t n = a.len < b.len ? (size_t)a.len : (size_t)b.len;
     int r = n ? memcmp(a.data, b.data, n) : 0;
     if (r) return r;
@@ -267,17 +267,17 @@ static int str_cmp(gguf_str a, gguf_str b) {
 }
 
 static int kv_ptr_cmp(const void *a, const void *b) {
-    return str_cmp((*(gguf_kv *const *)a)->key, (*(gguf_kv *const *)b)->key);
+    return str_cmp((*(kp_gguf_kv *const *)a)->key, (*(kp_gguf_kv *const *)b)->key);
 }
 static int tensor_ptr_cmp(const void *a, const void *b) {
-    return str_cmp((*(gguf_tensor *const *)a)->name, (*(gguf_tensor *const *)b)->name);
+    return str_cmp((*(kp_gguf_tensor *const *)a)->name, (*(kp_gguf_tensor *const *)b)->name);
 }
 static int tensor_off_cmp(const void *a, const void *b) {
-    uint64_t x = (*(gguf_tensor *const *)a)->offset, y = (*(gguf_tensor *const *)b)->offset;
+    uint64_t x = (*(kp_gguf_tensor *const *)a)->offset, y = (*(kp_gguf_tensor *const *)b)->offset;
     return x < y ? -1 : x > y;
 }
 
-bool gguf_str_eq(gguf_str s, const char *c) {
+bool kp_gguf_str_eq(kp_gguf_str s, const char *c) {
     size_t n = strlen(c);
     return s.len == n && (n == 0 || memcmp(s.data, c, n) == 0);
 }
@@ -289,25 +289,25 @@ static kp_status parse_kvs(gguf *g, cursor *c, uint64_t n_kv) {
     if (n_kv > cur_left(c) / 13)
         return kp_fail(c->err, KP_EFORMAT, "%s: header claims %llu metadata keys, more than fit in the file",
                        g->name, (unsigned long long)n_kv);
-    g->kvs = n_kv ? calloc((size_t)n_kv, sizeof(gguf_kv)) : NULL;
-    g->kv_sorted = n_kv ? malloc((size_t)n_kv * sizeof(gguf_kv *)) : NULL;
+    g->kvs = n_kv ? calloc((size_t)n_kv, sizeof(kp_gguf_kv)) : NULL;
+    g->kv_sorted = n_kv ? malloc((size_t)n_kv * sizeof(kp_gguf_kv *)) : NULL;
     if (n_kv && (!g->kvs || !g->kv_sorted))
         return kp_fail(c->err, KP_ENOMEM, "%s: out of memory for %llu keys", g->name,
                        (unsigned long long)n_kv);
     for (uint64_t i = 0; i < n_kv; i++) {
-        gguf_kv *kv = &g->kvs[i];
+        kp_gguf_kv *kv = &g->kvs[i];
         uint32_t t;
         g->n_kv = (size_t)i + 1; /* so value_free sees what was decoded */
         if ((st = cur_str(c, &kv->key, "metadata key")) != KP_OK) return st;
         printable(kv->key, kbuf, sizeof kbuf);
         if ((st = cur_u32(c, &t, "metadata value type")) != KP_OK) return st;
-        if (t >= GGUF_TYPE_COUNT_)
+        if (t >= KP_GGUF_TYPE_COUNT_)
             return kp_fail(c->err, KP_EFORMAT, "%s: key '%s' has unknown value type %u", g->name,
                            kbuf, t);
-        if ((st = read_value(c, (gguf_type)t, &kv->value, 0, kbuf)) != KP_OK) return st;
+        if ((st = read_value(c, (kp_gguf_type)t, &kv->value, 0, kbuf)) != KP_OK) return st;
         g->kv_sorted[i] = kv;
     }
-    if (n_kv) qsort(g->kv_sorted, (size_t)n_kv, sizeof(gguf_kv *), kv_ptr_cmp);
+    if (n_kv) qsort(g->kv_sorted, (size_t)n_kv, sizeof(kp_gguf_kv *), kv_ptr_cmp);
     for (uint64_t i = 1; i < n_kv; i++)
         if (str_cmp(g->kv_sorted[i - 1]->key, g->kv_sorted[i]->key) == 0)
             return kp_fail(c->err, KP_EFORMAT, "%s: duplicate metadata key '%s'", g->name,
@@ -316,12 +316,12 @@ static kp_status parse_kvs(gguf *g, cursor *c, uint64_t n_kv) {
 }
 
 static kp_status parse_alignment(gguf *g, kp_error *err) {
-    g->alignment = GGUF_DEFAULT_ALIGNMENT;
-    const gguf_kv *kv = gguf_find(g, "general.alignment");
+    g->alignment = KP_GGUF_DEFAULT_ALIGNMENT;
+    const kp_gguf_kv *kv = kp_gguf_find(g, "general.alignment");
     if (!kv) return KP_OK;
-    if (kv->value.type != GGUF_TYPE_UINT32)
+    if (kv->value.type != KP_GGUF_TYPE_UINT32)
         return kp_fail(err, KP_EFORMAT, "%s: general.alignment must be a u32, found %s", g->name,
-                       gguf_type_name(kv->value.type));
+                       kp_gguf_type_name(kv->value.type));
     uint64_t a = kv->value.v.u64;
     if (a == 0 || (a & (a - 1)) != 0)
         return kp_fail(err, KP_EFORMAT, "%s: general.alignment %llu is not a power of two",
@@ -330,17 +330,17 @@ static kp_status parse_alignment(gguf *g, kp_error *err) {
     return KP_OK;
 }
 
-static kp_status parse_tensor_info(gguf *g, cursor *c, gguf_tensor *t) {
+static kp_status parse_tensor_info(gguf *g, cursor *c, kp_gguf_tensor *t) {
     kp_status st;
     char nbuf[96];
     if ((st = cur_str(c, &t->name, "tensor name")) != KP_OK) return st;
     printable(t->name, nbuf, sizeof nbuf);
     if ((st = cur_u32(c, &t->n_dims, "tensor n_dims")) != KP_OK) return st;
-    if (t->n_dims == 0 || t->n_dims > GGUF_MAX_DIMS)
+    if (t->n_dims == 0 || t->n_dims > KP_GGUF_MAX_DIMS)
         return kp_fail(c->err, KP_EFORMAT, "%s: tensor '%s' has %u dimensions (1..%d allowed)",
-                       g->name, nbuf, t->n_dims, GGUF_MAX_DIMS);
+                       g->name, nbuf, t->n_dims, KP_GGUF_MAX_DIMS);
     uint64_t n_el = 1;
-    for (uint32_t d = 0; d < GGUF_MAX_DIMS; d++) t->ne[d] = 1;
+    for (uint32_t d = 0; d < KP_GGUF_MAX_DIMS; d++) t->ne[d] = 1;
     for (uint32_t d = 0; d < t->n_dims; d++) {
         uint64_t ne;
         if ((st = cur_u64(c, &ne, "tensor dimension")) != KP_OK) return st;
@@ -378,8 +378,8 @@ static kp_status parse_tensors(gguf *g, cursor *c, uint64_t n_tensors) {
     if (n_tensors > cur_left(c) / 32)
         return kp_fail(c->err, KP_EFORMAT, "%s: header claims %llu tensors, more than fit in the file",
                        g->name, (unsigned long long)n_tensors);
-    g->tensors = n_tensors ? calloc((size_t)n_tensors, sizeof(gguf_tensor)) : NULL;
-    g->tensor_sorted = n_tensors ? malloc((size_t)n_tensors * sizeof(gguf_tensor *)) : NULL;
+    g->tensors = n_tensors ? calloc((size_t)n_tensors, sizeof(kp_gguf_tensor)) : NULL;
+    g->tensor_sorted = n_tensors ? malloc((size_t)n_tensors * sizeof(kp_gguf_tensor *)) : NULL;
     if (n_tensors && (!g->tensors || !g->tensor_sorted))
         return kp_fail(c->err, KP_ENOMEM, "%s: out of memory for %llu tensors", g->name,
                        (unsigned long long)n_tensors);
@@ -399,7 +399,7 @@ static kp_status parse_tensors(gguf *g, cursor *c, uint64_t n_tensors) {
                        g->name, (unsigned long long)g->data_offset, g->size);
     uint64_t data_size = g->size - g->data_offset;
     for (size_t i = 0; i < g->n_tensors; i++) {
-        gguf_tensor *t = &g->tensors[i];
+        kp_gguf_tensor *t = &g->tensors[i];
         printable(t->name, nbuf, sizeof nbuf);
         if (t->offset % a != 0)
             return kp_fail(c->err, KP_EFORMAT, "%s: tensor '%s' offset %llu is not a multiple of the alignment %u",
@@ -411,19 +411,19 @@ static kp_status parse_tensors(gguf *g, cursor *c, uint64_t n_tensors) {
                            (unsigned long long)t->n_bytes, (unsigned long long)data_size);
         t->data = g->base + g->data_offset + t->offset;
     }
-    qsort(g->tensor_sorted, g->n_tensors, sizeof(gguf_tensor *), tensor_ptr_cmp);
+    qsort(g->tensor_sorted, g->n_tensors, sizeof(kp_gguf_tensor *), tensor_ptr_cmp);
     for (size_t i = 1; i < g->n_tensors; i++)
         if (str_cmp(g->tensor_sorted[i - 1]->name, g->tensor_sorted[i]->name) == 0)
             return kp_fail(c->err, KP_EFORMAT, "%s: duplicate tensor name '%s'", g->name,
                            printable(g->tensor_sorted[i]->name, nbuf, sizeof nbuf));
     /* overlap check on a temporary offset-sorted view */
-    gguf_tensor **by_off = malloc(g->n_tensors * sizeof(gguf_tensor *));
+    kp_gguf_tensor **by_off = malloc(g->n_tensors * sizeof(kp_gguf_tensor *));
     if (!by_off) return kp_fail(c->err, KP_ENOMEM, "%s: out of memory", g->name);
     for (size_t i = 0; i < g->n_tensors; i++) by_off[i] = &g->tensors[i];
-    qsort(by_off, g->n_tensors, sizeof(gguf_tensor *), tensor_off_cmp);
+    qsort(by_off, g->n_tensors, sizeof(kp_gguf_tensor *), tensor_off_cmp);
     st = KP_OK;
     for (size_t i = 1; i < g->n_tensors; i++) {
-        const gguf_tensor *p = by_off[i - 1], *t = by_off[i];
+        const kp_gguf_tensor *p = by_off[i - 1], *t = by_off[i];
         if (t->offset < p->offset + p->n_bytes) {
             char pbuf[96];
             st = kp_fail(c->err, KP_EFORMAT, "%s: tensors '%s' and '%s' overlap in the data section",
@@ -469,7 +469,7 @@ static kp_status gguf_new(gguf **out, const char *name, kp_error *err) {
     return KP_OK;
 }
 
-kp_status gguf_open_memory(gguf **out, const void *data, size_t size, const char *name,
+kp_status kp_gguf_open_memory(gguf **out, const void *data, size_t size, const char *name,
                            kp_error *err) {
     gguf *g;
     *out = NULL;
@@ -478,18 +478,18 @@ kp_status gguf_open_memory(gguf **out, const void *data, size_t size, const char
     g->base = data;
     g->size = size;
     if (!data && size) {
-        gguf_close(g);
+        kp_gguf_close(g);
         return kp_fail(err, KP_EINVAL, "%s: NULL buffer", name ? name : "(memory)");
     }
     if ((st = parse(g, err)) != KP_OK) {
-        gguf_close(g);
+        kp_gguf_close(g);
         return st;
     }
     *out = g;
     return KP_OK;
 }
 
-kp_status gguf_open(gguf **out, const char *path, kp_error *err) {
+kp_status kp_gguf_open(gguf **out, const char *path, kp_error *err) {
     gguf *g;
     struct stat sb;
     *out = NULL;
@@ -523,14 +523,14 @@ kp_status gguf_open(gguf **out, const char *path, kp_error *err) {
     g->size = (size_t)sb.st_size;
     g->mapped = true;
     if ((st = parse(g, err)) != KP_OK) {
-        gguf_close(g);
+        kp_gguf_close(g);
         return st;
     }
     *out = g;
     return KP_OK;
 }
 
-void gguf_close(gguf *g) {
+void kp_gguf_close(gguf *g) {
     if (!g) return;
     for (size_t i = 0; i < g->n_kv; i++) value_free(&g->kvs[i].value);
     free(g->kvs);
@@ -542,20 +542,20 @@ void gguf_close(gguf *g) {
     free(g);
 }
 
-uint32_t gguf_version(const gguf *g) { return g->version; }
-const char *gguf_path(const gguf *g) { return g->name; }
-uint64_t gguf_file_size(const gguf *g) { return g->size; }
-uint32_t gguf_alignment(const gguf *g) { return g->alignment; }
-uint64_t gguf_data_offset(const gguf *g) { return g->data_offset; }
-size_t gguf_n_kv(const gguf *g) { return g->n_kv; }
-const gguf_kv *gguf_kv_at(const gguf *g, size_t i) { return i < g->n_kv ? &g->kvs[i] : NULL; }
-size_t gguf_n_tensors(const gguf *g) { return g->n_tensors; }
-const gguf_tensor *gguf_tensor_at(const gguf *g, size_t i) {
+uint32_t kp_gguf_version(const gguf *g) { return g->version; }
+const char *kp_gguf_path(const gguf *g) { return g->name; }
+uint64_t kp_gguf_file_size(const gguf *g) { return g->size; }
+uint32_t kp_gguf_alignment(const gguf *g) { return g->alignment; }
+uint64_t kp_gguf_data_offset(const gguf *g) { return g->data_offset; }
+size_t kp_gguf_n_kv(const gguf *g) { return g->n_kv; }
+const kp_gguf_kv *kp_gguf_kv_at(const gguf *g, size_t i) { return i < g->n_kv ? &g->kvs[i] : NULL; }
+size_t kp_gguf_n_tensors(const gguf *g) { return g->n_tensors; }
+const kp_gguf_tensor *kp_gguf_tensor_at(const gguf *g, size_t i) {
     return i < g->n_tensors ? &g->tensors[i] : NULL;
 }
 
-const gguf_kv *gguf_find(const gguf *g, const char *key) {
-    gguf_str k = {key, strlen(key)};
+const kp_gguf_kv *kp_gguf_find(const gguf *g, const char *key) {
+    kp_gguf_str k = {key, strlen(key)};
     size_t lo = 0, hi = g->n_kv;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -566,8 +566,8 @@ const gguf_kv *gguf_find(const gguf *g, const char *key) {
     return NULL;
 }
 
-const gguf_tensor *gguf_find_tensor(const gguf *g, const char *name) {
-    gguf_str k = {name, strlen(name)};
+const kp_gguf_tensor *kp_gguf_find_tensor(const gguf *g, const char *name) {
+    kp_gguf_str k = {name, strlen(name)};
     size_t lo = 0, hi = g->n_tensors;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -578,22 +578,22 @@ const gguf_tensor *gguf_find_tensor(const gguf *g, const char *name) {
     return NULL;
 }
 
-static bool is_unsigned(gguf_type t) {
-    return t == GGUF_TYPE_UINT8 || t == GGUF_TYPE_UINT16 || t == GGUF_TYPE_UINT32 ||
-           t == GGUF_TYPE_UINT64;
+static bool is_unsigned(kp_gguf_type t) {
+    return t == KP_GGUF_TYPE_UINT8 || t == KP_GGUF_TYPE_UINT16 || t == KP_GGUF_TYPE_UINT32 ||
+           t == KP_GGUF_TYPE_UINT64;
 }
-static bool is_signed(gguf_type t) {
-    return t == GGUF_TYPE_INT8 || t == GGUF_TYPE_INT16 || t == GGUF_TYPE_INT32 ||
-           t == GGUF_TYPE_INT64;
+static bool is_signed(kp_gguf_type t) {
+    return t == KP_GGUF_TYPE_INT8 || t == KP_GGUF_TYPE_INT16 || t == KP_GGUF_TYPE_INT32 ||
+           t == KP_GGUF_TYPE_INT64;
 }
 
 /* Reads an integer key as a value in [min, max]; the widened value lands in *out. */
 static kp_status get_int(const gguf *g, const char *key, int64_t min, uint64_t max, bool *found,
                          uint64_t *as_u, int64_t *as_i, kp_error *err) {
-    const gguf_kv *kv = gguf_find(g, key);
+    const kp_gguf_kv *kv = kp_gguf_find(g, key);
     *found = kv != NULL;
     if (!kv) return KP_OK;
-    gguf_type t = kv->value.type;
+    kp_gguf_type t = kv->value.type;
     if (is_unsigned(t)) {
         if (kv->value.v.u64 > max) goto range;
         *as_u = kv->value.v.u64;
@@ -608,12 +608,12 @@ static kp_status get_int(const gguf *g, const char *key, int64_t min, uint64_t m
         return KP_OK;
     }
     return kp_fail(err, KP_EFORMAT, "%s: key '%s' should be an integer, found %s", g->name, key,
-                   gguf_type_name(t));
+                   kp_gguf_type_name(t));
 range:
     return kp_fail(err, KP_EFORMAT, "%s: key '%s' value is out of range", g->name, key);
 }
 
-kp_status gguf_get_u32(const gguf *g, const char *key, uint32_t def, uint32_t *out, kp_error *err) {
+kp_status kp_gguf_get_u32(const gguf *g, const char *key, uint32_t def, uint32_t *out, kp_error *err) {
     bool found;
     uint64_t u = 0;
     int64_t i = 0;
@@ -622,7 +622,7 @@ kp_status gguf_get_u32(const gguf *g, const char *key, uint32_t def, uint32_t *o
     return st;
 }
 
-kp_status gguf_get_i32(const gguf *g, const char *key, int32_t def, int32_t *out, kp_error *err) {
+kp_status kp_gguf_get_i32(const gguf *g, const char *key, int32_t def, int32_t *out, kp_error *err) {
     bool found;
     uint64_t u = 0;
     int64_t i = 0;
@@ -631,7 +631,7 @@ kp_status gguf_get_i32(const gguf *g, const char *key, int32_t def, int32_t *out
     return st;
 }
 
-kp_status gguf_get_u64(const gguf *g, const char *key, uint64_t def, uint64_t *out, kp_error *err) {
+kp_status kp_gguf_get_u64(const gguf *g, const char *key, uint64_t def, uint64_t *out, kp_error *err) {
     bool found;
     uint64_t u = 0;
     int64_t i = 0;
@@ -640,54 +640,54 @@ kp_status gguf_get_u64(const gguf *g, const char *key, uint64_t def, uint64_t *o
     return st;
 }
 
-kp_status gguf_get_f32(const gguf *g, const char *key, float def, float *out, kp_error *err) {
-    const gguf_kv *kv = gguf_find(g, key);
+kp_status kp_gguf_get_f32(const gguf *g, const char *key, float def, float *out, kp_error *err) {
+    const kp_gguf_kv *kv = kp_gguf_find(g, key);
     if (!kv) {
         *out = def;
         return KP_OK;
     }
-    if (kv->value.type != GGUF_TYPE_FLOAT32 && kv->value.type != GGUF_TYPE_FLOAT64)
+    if (kv->value.type != KP_GGUF_TYPE_FLOAT32 && kv->value.type != KP_GGUF_TYPE_FLOAT64)
         return kp_fail(err, KP_EFORMAT, "%s: key '%s' should be a float, found %s", g->name, key,
-                       gguf_type_name(kv->value.type));
+                       kp_gguf_type_name(kv->value.type));
     *out = (float)kv->value.v.f64;
     return KP_OK;
 }
 
-kp_status gguf_get_bool(const gguf *g, const char *key, bool def, bool *out, kp_error *err) {
-    const gguf_kv *kv = gguf_find(g, key);
+kp_status kp_gguf_get_bool(const gguf *g, const char *key, bool def, bool *out, kp_error *err) {
+    const kp_gguf_kv *kv = kp_gguf_find(g, key);
     if (!kv) {
         *out = def;
         return KP_OK;
     }
-    if (kv->value.type != GGUF_TYPE_BOOL)
+    if (kv->value.type != KP_GGUF_TYPE_BOOL)
         return kp_fail(err, KP_EFORMAT, "%s: key '%s' should be a bool, found %s", g->name, key,
-                       gguf_type_name(kv->value.type));
+                       kp_gguf_type_name(kv->value.type));
     *out = kv->value.v.b;
     return KP_OK;
 }
 
-kp_status gguf_get_str(const gguf *g, const char *key, gguf_str *out, kp_error *err) {
-    const gguf_kv *kv = gguf_find(g, key);
+kp_status kp_gguf_get_str(const gguf *g, const char *key, kp_gguf_str *out, kp_error *err) {
+    const kp_gguf_kv *kv = kp_gguf_find(g, key);
     out->data = NULL;
     out->len = 0;
     if (!kv) return KP_OK;
-    if (kv->value.type != GGUF_TYPE_STRING)
+    if (kv->value.type != KP_GGUF_TYPE_STRING)
         return kp_fail(err, KP_EFORMAT, "%s: key '%s' should be a string, found %s", g->name, key,
-                       gguf_type_name(kv->value.type));
+                       kp_gguf_type_name(kv->value.type));
     *out = kv->value.v.str;
     return KP_OK;
 }
 
-kp_status gguf_get_arr(const gguf *g, const char *key, gguf_type elem_type, const gguf_value **out,
+kp_status kp_gguf_get_arr(const gguf *g, const char *key, kp_gguf_type elem_type, const kp_gguf_value **out,
                        kp_error *err) {
-    const gguf_kv *kv = gguf_find(g, key);
+    const kp_gguf_kv *kv = kp_gguf_find(g, key);
     *out = NULL;
     if (!kv) return KP_OK;
-    if (kv->value.type != GGUF_TYPE_ARRAY || kv->value.v.arr.elem_type != elem_type)
+    if (kv->value.type != KP_GGUF_TYPE_ARRAY || kv->value.v.arr.elem_type != elem_type)
         return kp_fail(err, KP_EFORMAT, "%s: key '%s' should be an array of %s, found %s%s%s",
-                       g->name, key, gguf_type_name(elem_type), gguf_type_name(kv->value.type),
-                       kv->value.type == GGUF_TYPE_ARRAY ? " of " : "",
-                       kv->value.type == GGUF_TYPE_ARRAY ? gguf_type_name(kv->value.v.arr.elem_type) : "");
+                       g->name, key, kp_gguf_type_name(elem_type), kp_gguf_type_name(kv->value.type),
+                       kv->value.type == KP_GGUF_TYPE_ARRAY ? " of " : "",
+                       kv->value.type == KP_GGUF_TYPE_ARRAY ? kp_gguf_type_name(kv->value.v.arr.elem_type) : "");
     *out = &kv->value;
     return KP_OK;
 }
@@ -702,24 +702,24 @@ static int64_t f64_to_i64(double d) {
     return (int64_t)d;
 }
 
-int64_t gguf_arr_i64(const gguf_value *arr, uint64_t i) {
-    gguf_value v;
-    size_t es = gguf_type_size(arr->v.arr.elem_type);
+int64_t kp_gguf_arr_i64(const kp_gguf_value *arr, uint64_t i) {
+    kp_gguf_value v;
+    size_t es = kp_gguf_type_size(arr->v.arr.elem_type);
     decode_scalar(arr->v.arr.elem_type, arr->v.arr.raw + i * es, &v);
     switch (v.type) {
-    case GGUF_TYPE_FLOAT32: case GGUF_TYPE_FLOAT64: return f64_to_i64(v.v.f64);
-    case GGUF_TYPE_BOOL: return v.v.b;
+    case KP_GGUF_TYPE_FLOAT32: case KP_GGUF_TYPE_FLOAT64: return f64_to_i64(v.v.f64);
+    case KP_GGUF_TYPE_BOOL: return v.v.b;
     default: return is_unsigned(v.type) ? (int64_t)v.v.u64 : v.v.i64;
     }
 }
 
-double gguf_arr_f64(const gguf_value *arr, uint64_t i) {
-    gguf_value v;
-    size_t es = gguf_type_size(arr->v.arr.elem_type);
+double kp_gguf_arr_f64(const kp_gguf_value *arr, uint64_t i) {
+    kp_gguf_value v;
+    size_t es = kp_gguf_type_size(arr->v.arr.elem_type);
     decode_scalar(arr->v.arr.elem_type, arr->v.arr.raw + i * es, &v);
     switch (v.type) {
-    case GGUF_TYPE_FLOAT32: case GGUF_TYPE_FLOAT64: return v.v.f64;
-    case GGUF_TYPE_BOOL: return v.v.b;
+    case KP_GGUF_TYPE_FLOAT32: case KP_GGUF_TYPE_FLOAT64: return v.v.f64;
+    case KP_GGUF_TYPE_BOOL: return v.v.b;
     default: return is_unsigned(v.type) ? (double)v.v.u64 : (double)v.v.i64;
     }
 }

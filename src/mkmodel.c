@@ -25,14 +25,14 @@
  *   {arch}.vocab_size                      u32   n_vocab
  *   {arch}.rope.freq_base                  f32   rope_base
  *   {arch}.attention.layer_norm_rms_epsilon f32  rms_eps
- *   general.file_type                      u32   mkmodel_file_type(wtype), also when
+ *   general.file_type                      u32   kp_mkmodel_file_type(wtype), also when
  *                                                some weights fell back (as llama-quantize)
  *   general.quantization_version           u32   2, when wtype is not F32 (as
  *                                                llama-quantize writes it)
  *   tokenizer.*                            (verbatim, in the source file's order)
  *
  * Tensors, in file order (also the order their values are drawn); W =
- * mkmodel_weight_type(wtype, row length), hd = head_dim, ne in ggml order
+ * kp_mkmodel_weight_type(wtype, row length), hd = head_dim, ne in ggml order
  * [row length, rows]:
  *
  *   token_embd.weight              W    [n_embd, n_vocab]   N(0,1) untied, N(0,1/n_embd) tied
@@ -168,7 +168,7 @@ static double rng_normal(mk_rng *r) {
 
 typedef struct {
     const char *name;
-    mkmodel_spec spec;
+    kp_mkmodel_spec spec;
 } mk_preset;
 
 static const mk_preset presets[] = {
@@ -185,7 +185,7 @@ static const mk_preset presets[] = {
       "qwen3-tiny", 0}},
 };
 
-kp_status mkmodel_spec_preset(const char *name, mkmodel_spec *out, kp_error *err) {
+kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_error *err) {
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
         if (strcmp(presets[i].name, name) == 0) {
             *out = presets[i].spec;
@@ -207,7 +207,7 @@ static mk_arch arch_of(const char *arch) {
     return ARCH_UNKNOWN;
 }
 
-int mkmodel_file_type(kp_dtype wtype) {
+int kp_mkmodel_file_type(kp_dtype wtype) {
     switch (wtype) { /* llama_ftype */
     case KP_DTYPE_F32: return 0;
     case KP_DTYPE_F16: return 1;
@@ -230,8 +230,8 @@ int mkmodel_file_type(kp_dtype wtype) {
  * size, a 32-element type has nothing smaller and stays, and what still
  * does not divide the row is written as F16.
  */
-kp_dtype mkmodel_weight_type(kp_dtype wtype, int64_t row_len) {
-    if (mkmodel_file_type(wtype) < 0) return KP_DTYPE_COUNT_;
+kp_dtype kp_mkmodel_weight_type(kp_dtype wtype, int64_t row_len) {
+    if (kp_mkmodel_file_type(wtype) < 0) return KP_DTYPE_COUNT_;
     const uint32_t bs = kp_dtype_get(wtype)->block_size;
     if (row_len % bs == 0) return wtype;
     kp_dtype t = wtype;
@@ -244,22 +244,22 @@ kp_dtype mkmodel_weight_type(kp_dtype wtype, int64_t row_len) {
     return row_len % kp_dtype_get(t)->block_size == 0 ? t : KP_DTYPE_F16;
 }
 
-void mkmodel_report_clear(mkmodel_report *r) {
+void kp_mkmodel_report_clear(kp_mkmodel_report *r) {
     if (!r) return;
     free(r->fallback);
     memset(r, 0, sizeof *r);
 }
 
-static uint32_t head_dim_of(const mkmodel_spec *s) {
+static uint32_t head_dim_of(const kp_mkmodel_spec *s) {
     return s->head_dim ? s->head_dim : (s->n_head ? s->n_embd / s->n_head : 0);
 }
 
-kp_status mkmodel_validate(const mkmodel_spec *s, uint64_t n_vocab, kp_error *err) {
+kp_status kp_mkmodel_validate(const kp_mkmodel_spec *s, uint64_t n_vocab, kp_error *err) {
     if (arch_of(s->arch) == ARCH_UNKNOWN)
         return kp_fail(err, KP_EUNSUPPORTED,
                        "mkmodel: architecture '%s' (mkmodel writes llama, qwen2, qwen3)",
                        s->arch ? s->arch : "(null)");
-    if (mkmodel_file_type(s->wtype) < 0)
+    if (kp_mkmodel_file_type(s->wtype) < 0)
         return kp_fail(err, KP_EUNSUPPORTED,
                        "mkmodel: weight type %s (mkmodel writes F32 F16 BF16 Q8_0 Q4_0 Q4_1 "
                        "Q5_0 Q5_1 Q4_K Q5_K Q6_K)",
@@ -301,7 +301,7 @@ kp_status mkmodel_validate(const mkmodel_spec *s, uint64_t n_vocab, kp_error *er
 typedef enum { INIT_GAUSS, INIT_NORM } mk_init;
 
 typedef struct {
-    char name[GGUF_W_MAX_TENSOR_NAME];
+    char name[KP_GGUF_W_MAX_TENSOR_NAME];
     uint32_t n_dims;
     int64_t ne[2];
     kp_dtype type;
@@ -324,14 +324,14 @@ static void plan_add(mk_plan *p, const char *name, int64_t ne0, int64_t ne1, kp_
     t->ne[0] = ne0;
     t->ne[1] = ne1 > 0 ? ne1 : 1;
     /* 2-D weights: the spec's type, or llama-quantize's fallback for this row length */
-    t->type = ne1 > 0 ? mkmodel_weight_type(type, ne0) : type;
+    t->type = ne1 > 0 ? kp_mkmodel_weight_type(type, ne0) : type;
     t->init = init;
     t->scale = scale;
 }
 
 static double inv_sqrt(uint64_t n) { return 1.0 / sqrt((double)n); }
 
-static kp_status plan_build(const mkmodel_spec *s, uint64_t n_vocab, mk_plan *p, kp_error *err) {
+static kp_status plan_build(const kp_mkmodel_spec *s, uint64_t n_vocab, mk_plan *p, kp_error *err) {
     mk_arch arch = arch_of(s->arch);
     int64_t hd = head_dim_of(s);
     int64_t nq = (int64_t)s->n_head * hd, nkv = (int64_t)s->n_head_kv * hd;
@@ -345,7 +345,7 @@ static kp_status plan_build(const mkmodel_spec *s, uint64_t n_vocab, mk_plan *p,
 
     plan_add(p, "token_embd.weight", E, V, W, INIT_GAUSS, s->tied ? inv_sqrt(E) : 1.0);
     for (uint32_t l = 0; l < s->n_layer; l++) {
-        char nm[GGUF_W_MAX_TENSOR_NAME];
+        char nm[KP_GGUF_W_MAX_TENSOR_NAME];
 #define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%u." suffix, l), nm)
         plan_add(p, BLK("attn_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
         plan_add(p, BLK("attn_q.weight"), E, nq, W, INIT_GAUSS, inv_sqrt(E));
@@ -375,7 +375,7 @@ static kp_status plan_build(const mkmodel_spec *s, uint64_t n_vocab, mk_plan *p,
 
 /* ---- metadata ---- */
 
-static kp_status add_metadata(gguf_w *w, const mkmodel_spec *s, uint64_t n_vocab,
+static kp_status add_metadata(kp_gguf_w *w, const kp_mkmodel_spec *s, uint64_t n_vocab,
                               const gguf *tok, kp_error *err) {
     mk_arch arch = arch_of(s->arch);
     uint32_t hd = head_dim_of(s);
@@ -386,33 +386,33 @@ static kp_status add_metadata(gguf_w *w, const mkmodel_spec *s, uint64_t n_vocab
     do {                                                                                      \
         if ((st = (call)) != KP_OK) return st;                                                \
     } while (0)
-    TRY(gguf_w_add_str(w, "general.architecture", s->arch, err));
-    TRY(gguf_w_add_str(w, "general.name", s->name ? s->name : s->arch, err));
-    if (s->alignment != 0 && s->alignment != GGUF_DEFAULT_ALIGNMENT)
-        TRY(gguf_w_add_u32(w, "general.alignment", s->alignment, err));
-    TRY(gguf_w_add_u32(w, KEY("block_count"), s->n_layer, err));
-    TRY(gguf_w_add_u32(w, KEY("context_length"), s->n_ctx, err));
-    TRY(gguf_w_add_u32(w, KEY("embedding_length"), s->n_embd, err));
-    TRY(gguf_w_add_u32(w, KEY("feed_forward_length"), s->n_ff, err));
-    TRY(gguf_w_add_u32(w, KEY("attention.head_count"), s->n_head, err));
-    TRY(gguf_w_add_u32(w, KEY("attention.head_count_kv"), s->n_head_kv, err));
+    TRY(kp_gguf_w_add_str(w, "general.architecture", s->arch, err));
+    TRY(kp_gguf_w_add_str(w, "general.name", s->name ? s->name : s->arch, err));
+    if (s->alignment != 0 && s->alignment != KP_GGUF_DEFAULT_ALIGNMENT)
+        TRY(kp_gguf_w_add_u32(w, "general.alignment", s->alignment, err));
+    TRY(kp_gguf_w_add_u32(w, KEY("block_count"), s->n_layer, err));
+    TRY(kp_gguf_w_add_u32(w, KEY("context_length"), s->n_ctx, err));
+    TRY(kp_gguf_w_add_u32(w, KEY("embedding_length"), s->n_embd, err));
+    TRY(kp_gguf_w_add_u32(w, KEY("feed_forward_length"), s->n_ff, err));
+    TRY(kp_gguf_w_add_u32(w, KEY("attention.head_count"), s->n_head, err));
+    TRY(kp_gguf_w_add_u32(w, KEY("attention.head_count_kv"), s->n_head_kv, err));
     if ((uint64_t)hd * s->n_head != s->n_embd || arch == ARCH_QWEN3) {
-        TRY(gguf_w_add_u32(w, KEY("attention.key_length"), hd, err));
-        TRY(gguf_w_add_u32(w, KEY("attention.value_length"), hd, err));
+        TRY(kp_gguf_w_add_u32(w, KEY("attention.key_length"), hd, err));
+        TRY(kp_gguf_w_add_u32(w, KEY("attention.value_length"), hd, err));
     }
-    TRY(gguf_w_add_u32(w, KEY("rope.dimension_count"), hd, err));
-    TRY(gguf_w_add_u32(w, KEY("vocab_size"), (uint32_t)n_vocab, err));
-    TRY(gguf_w_add_f32(w, KEY("rope.freq_base"), s->rope_base, err));
-    TRY(gguf_w_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), s->rms_eps, err));
-    TRY(gguf_w_add_u32(w, "general.file_type", (uint32_t)mkmodel_file_type(s->wtype), err));
+    TRY(kp_gguf_w_add_u32(w, KEY("rope.dimension_count"), hd, err));
+    TRY(kp_gguf_w_add_u32(w, KEY("vocab_size"), (uint32_t)n_vocab, err));
+    TRY(kp_gguf_w_add_f32(w, KEY("rope.freq_base"), s->rope_base, err));
+    TRY(kp_gguf_w_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), s->rms_eps, err));
+    TRY(kp_gguf_w_add_u32(w, "general.file_type", (uint32_t)kp_mkmodel_file_type(s->wtype), err));
     if (s->wtype != KP_DTYPE_F32)
-        TRY(gguf_w_add_u32(w, "general.quantization_version", 2, err));
+        TRY(kp_gguf_w_add_u32(w, "general.quantization_version", 2, err));
     static const char prefix[] = "tokenizer.";
-    for (size_t i = 0; i < gguf_n_kv(tok); i++) {
-        const gguf_kv *kv = gguf_kv_at(tok, i);
+    for (size_t i = 0; i < kp_gguf_n_kv(tok); i++) {
+        const kp_gguf_kv *kv = kp_gguf_kv_at(tok, i);
         if (kv->key.len >= sizeof prefix - 1 &&
             memcmp(kv->key.data, prefix, sizeof prefix - 1) == 0)
-            TRY(gguf_w_copy_kv(w, kv, err));
+            TRY(kp_gguf_w_copy_kv(w, kv, err));
     }
 #undef TRY
 #undef KEY
@@ -422,7 +422,7 @@ static kp_status add_metadata(gguf_w *w, const mkmodel_spec *s, uint64_t n_vocab
 /* ---- data ---- */
 
 /* Draws, encodes and writes one tensor, a row at a time. */
-static kp_status write_tensor(gguf_w *w, const mk_tensor *t, mk_rng *rng, float *row,
+static kp_status write_tensor(kp_gguf_w *w, const mk_tensor *t, mk_rng *rng, float *row,
                               void *encoded, const char *out_path, kp_error *err) {
     size_t row_bytes = kp_dtype_row_size(t->type, t->ne[0]);
     for (int64_t r = 0; r < t->ne[1]; r++) {
@@ -434,14 +434,14 @@ static kp_status write_tensor(gguf_w *w, const mk_tensor *t, mk_rng *rng, float 
         if (!kp_quantize_row(t->type, row, encoded, t->ne[0]))
             return kp_fail(err, KP_EUNSUPPORTED, "mkmodel: '%s': cannot encode %s as %s",
                            out_path, t->name, kp_dtype_name(t->type));
-        kp_status st = gguf_w_write_data(w, encoded, row_bytes, err);
+        kp_status st = kp_gguf_w_write_data(w, encoded, row_bytes, err);
         if (st != KP_OK) return st;
     }
     return KP_OK;
 }
 
 /* Sets *r to the plan's 2-D weights and those not of the spec's type. */
-static kp_status fill_report(const mk_plan *plan, kp_dtype wtype, mkmodel_report *r,
+static kp_status fill_report(const mk_plan *plan, kp_dtype wtype, kp_mkmodel_report *r,
                              kp_error *err) {
     memset(r, 0, sizeof *r);
     size_t n_fb = 0;
@@ -455,7 +455,7 @@ static kp_status fill_report(const mk_plan *plan, kp_dtype wtype, mkmodel_report
     for (size_t i = 0; i < plan->n; i++) {
         const mk_tensor *t = &plan->t[i];
         if (t->n_dims != 2 || t->type == wtype) continue;
-        mkmodel_fallback *f = &r->fallback[r->n_fallback++];
+        kp_mkmodel_fallback *f = &r->fallback[r->n_fallback++];
         snprintf(f->tensor, sizeof f->tensor, "%s", t->name);
         f->row_len = t->ne[0];
         f->type = t->type;
@@ -463,20 +463,20 @@ static kp_status fill_report(const mk_plan *plan, kp_dtype wtype, mkmodel_report
     return KP_OK;
 }
 
-kp_status mkmodel_write(const mkmodel_spec *spec, const char *tokenizer_gguf_path,
-                        const char *out_path, mkmodel_report *report, kp_error *err) {
+kp_status kp_mkmodel_write(const kp_mkmodel_spec *spec, const char *tokenizer_gguf_path,
+                        const char *out_path, kp_mkmodel_report *report, kp_error *err) {
     gguf *tok = NULL;
-    gguf_w *w = NULL;
+    kp_gguf_w *w = NULL;
     mk_plan plan = {0};
     float *row = NULL;
     void *encoded = NULL;
     if (report) memset(report, 0, sizeof *report);
 
     /* Everything that can be refused is refused before the output is created. */
-    kp_status st = gguf_open(&tok, tokenizer_gguf_path, err);
+    kp_status st = kp_gguf_open(&tok, tokenizer_gguf_path, err);
     if (st != KP_OK) goto done;
-    const gguf_value *tokens = NULL;
-    st = gguf_get_arr(tok, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &tokens, err);
+    const kp_gguf_value *tokens = NULL;
+    st = kp_gguf_get_arr(tok, "tokenizer.ggml.tokens", KP_GGUF_TYPE_STRING, &tokens, err);
     if (st != KP_OK) goto done;
     if (!tokens || tokens->v.arr.n == 0) {
         st = kp_fail(err, KP_EFORMAT, "mkmodel: '%s' has no tokenizer.ggml.tokens list",
@@ -484,19 +484,19 @@ kp_status mkmodel_write(const mkmodel_spec *spec, const char *tokenizer_gguf_pat
         goto done;
     }
     uint64_t n_vocab = tokens->v.arr.n;
-    if ((st = mkmodel_validate(spec, n_vocab, err)) != KP_OK) goto done;
+    if ((st = kp_mkmodel_validate(spec, n_vocab, err)) != KP_OK) goto done;
     if ((st = plan_build(spec, n_vocab, &plan, err)) != KP_OK) goto done;
     if (report && (st = fill_report(&plan, spec->wtype, report, err)) != KP_OK) goto done;
-    if ((st = gguf_w_new(&w, err)) != KP_OK) goto done;
+    if ((st = kp_gguf_w_new(&w, err)) != KP_OK) goto done;
     if ((st = add_metadata(w, spec, n_vocab, tok, err)) != KP_OK) goto done;
-    gguf_close(tok); /* its metadata was copied into the writer */
+    kp_gguf_close(tok); /* its metadata was copied into the writer */
     tok = NULL;
 
     int64_t max_row = 0;
     size_t max_bytes = 0;
     for (size_t i = 0; i < plan.n; i++) {
         const mk_tensor *t = &plan.t[i];
-        if ((st = gguf_w_add_tensor(w, t->name, t->type, t->n_dims, t->ne, err)) != KP_OK)
+        if ((st = kp_gguf_w_add_tensor(w, t->name, t->type, t->n_dims, t->ne, err)) != KP_OK)
             goto done;
         if (t->ne[0] > max_row) max_row = t->ne[0];
         size_t b = kp_dtype_row_size(t->type, t->ne[0]);
@@ -509,17 +509,17 @@ kp_status mkmodel_write(const mkmodel_spec *spec, const char *tokenizer_gguf_pat
         goto done;
     }
 
-    if ((st = gguf_w_begin(w, out_path, err)) != KP_OK) goto done;
+    if ((st = kp_gguf_w_begin(w, out_path, err)) != KP_OK) goto done;
     mk_rng rng;
     rng_seed(&rng, spec->seed);
     for (size_t i = 0; i < plan.n && st == KP_OK; i++)
         st = write_tensor(w, &plan.t[i], &rng, row, encoded, out_path, err);
-    if (st == KP_OK) st = gguf_w_finish(w, err);
+    if (st == KP_OK) st = kp_gguf_w_finish(w, err);
 
 done:
-    if (st != KP_OK) mkmodel_report_clear(report);
-    gguf_close(tok);
-    gguf_w_free(w); /* removes the partial file unless finish succeeded */
+    if (st != KP_OK) kp_mkmodel_report_clear(report);
+    kp_gguf_close(tok);
+    kp_gguf_w_free(w); /* removes the partial file unless finish succeeded */
     free(plan.t);
     free(row);
     free(encoded);

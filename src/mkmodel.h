@@ -9,7 +9,7 @@
  * keys are the ones llama.cpp loads. The file is the one llama-quantize
  * --pure would make from the same weights in F32 (same types, same bytes,
  * same general.file_type), including its fallback for row lengths that the
- * type cannot encode (mkmodel_weight_type).
+ * type cannot encode (kp_mkmodel_weight_type).
  *
  * Weights (fan_in = a matrix's row length, ggml ne[0]):
  *   2-D matrices            N(0, 1/fan_in)
@@ -18,7 +18,7 @@
  *   norm weights            1 + 0.1 N(0,1)
  *   qwen2 q/k/v biases      0.5 N(0,1)
  * Norms and biases are F32; every 2-D weight (token_embd and output too) has
- * mkmodel_weight_type(spec's type, its row length): the spec's type unless
+ * kp_mkmodel_weight_type(spec's type, its row length): the spec's type unless
  * the row length is not a multiple of its block size. The values are drawn
  * in F32 from one stream in file
  * order and then converted, so files that differ only in `wtype` hold the
@@ -51,7 +51,7 @@ typedef struct {
     uint64_t seed;
     const char *name;    /* general.name (borrowed); NULL = the arch name */
     uint32_t alignment;  /* 0 = 32 (no general.alignment key); else a power of two */
-} mkmodel_spec;
+} kp_mkmodel_spec;
 
 /* Fills *out with a named shape (wtype F32, seed 1, alignment 0):
  *   "smollm2-135m"  llama, 30 layers, n_embd 576, 9 heads / 3 kv heads
@@ -66,21 +66,21 @@ typedef struct {
  *                   (!= n_embd / n_head, as in real Qwen3), n_ff 768, tied,
  *                   rope base 1e6, eps 1e-6, ctx 32768
  * The strings in *out are static. KP_ENOTFOUND for an unknown name. */
-kp_status mkmodel_spec_preset(const char *name, mkmodel_spec *out, kp_error *err);
+kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_error *err);
 
 /* Checks a spec against a vocabulary size: a known arch, nonzero sizes,
  * n_head a multiple of n_head_kv, an even head_dim, a weight type mkmodel
  * writes, positive rope base and eps, a power-of-two alignment, and
  * n_vocab >= 1 (KP_EINVAL naming what is wrong). A weight type mkmodel does
  * not write is KP_EUNSUPPORTED. Row lengths are never refused: every type
- * mkmodel writes has a fallback (mkmodel_weight_type). */
-kp_status mkmodel_validate(const mkmodel_spec *spec, uint64_t n_vocab, kp_error *err);
+ * mkmodel writes has a fallback (kp_mkmodel_weight_type). */
+kp_status kp_mkmodel_validate(const kp_mkmodel_spec *spec, uint64_t n_vocab, kp_error *err);
 
 /* The llama.cpp `general.file_type` (llama_ftype) written for a weight type,
  * as llama-quantize labels it: F32 0, F16 1, Q4_0 2, Q4_1 3, Q8_0 7, Q5_0 8,
  * Q5_1 9, Q4_K 15 (MOSTLY_Q4_K_M), Q5_K 17 (MOSTLY_Q5_K_M), Q6_K 18, BF16 32;
  * -1 for the types mkmodel does not write. */
-int mkmodel_file_type(kp_dtype wtype);
+int kp_mkmodel_file_type(kp_dtype wtype);
 
 /*
  * The type in which a 2-D weight with rows of row_len (>= 1) elements is
@@ -95,26 +95,26 @@ int mkmodel_file_type(kp_dtype wtype);
  * F32, F16 and BF16 never fall back. KP_DTYPE_COUNT_ for a wtype that
  * mkmodel does not write.
  */
-kp_dtype mkmodel_weight_type(kp_dtype wtype, int64_t row_len);
+kp_dtype kp_mkmodel_weight_type(kp_dtype wtype, int64_t row_len);
 
 /* A 2-D weight written in another type than the spec's (see above). */
 typedef struct {
     char tensor[64];   /* "blk.0.attn_q.weight" */
     int64_t row_len;   /* its row length, ggml ne[0] */
     kp_dtype type;     /* the type written */
-} mkmodel_fallback;
+} kp_mkmodel_fallback;
 
-/* What mkmodel_write did. The call overwrites the whole struct (it frees
+/* What kp_mkmodel_write did. The call overwrites the whole struct (it frees
  * nothing that was in it); the caller owns `fallback` afterwards and
- * releases it with mkmodel_report_clear. */
+ * releases it with kp_mkmodel_report_clear. */
 typedef struct {
     size_t n_weights;            /* 2-D weights written */
     size_t n_fallback;           /* of those, written in a fallback type */
-    mkmodel_fallback *fallback;  /* [n_fallback] in file order, or NULL */
-} mkmodel_report;
+    kp_mkmodel_fallback *fallback;  /* [n_fallback] in file order, or NULL */
+} kp_mkmodel_report;
 
 /* Frees r->fallback and zeroes *r; r == NULL is a no-op. */
-void mkmodel_report_clear(mkmodel_report *r);
+void kp_mkmodel_report_clear(kp_mkmodel_report *r);
 
 /* Writes the model described by `spec` to `out_path`, with every
  * `tokenizer.*` key of the GGUF file `tokenizer_gguf_path` (which must have
@@ -125,7 +125,7 @@ void mkmodel_report_clear(mkmodel_report *r);
  * (nothing is written), the reader's errors for the tokenizer file, KP_EIO
  * when the output cannot be created or written (a partial output file is
  * removed), KP_ENOMEM. */
-kp_status mkmodel_write(const mkmodel_spec *spec, const char *tokenizer_gguf_path,
-                        const char *out_path, mkmodel_report *report, kp_error *err);
+kp_status kp_mkmodel_write(const kp_mkmodel_spec *spec, const char *tokenizer_gguf_path,
+                        const char *out_path, kp_mkmodel_report *report, kp_error *err);
 
 #endif

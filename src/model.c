@@ -50,20 +50,20 @@ uint64_t kp_model_kv_bytes_per_token(const kp_hparams *hp, kp_dtype kv_type) {
 
 static kp_status get_weight(const kp_model *m, const char *name, int64_t n_in, int64_t n_out,
                             bool optional, kp_weight *w, kp_error *err) {
-    const gguf_tensor *t = gguf_find_tensor(m->file, name);
+    const kp_gguf_tensor *t = kp_gguf_find_tensor(m->file, name);
     memset(w, 0, sizeof *w);
     if (!t) {
         if (optional) return KP_OK;
-        return kp_fail(err, KP_EFORMAT, "%s: missing tensor '%s'", gguf_path(m->file), name);
+        return kp_fail(err, KP_EFORMAT, "%s: missing tensor '%s'", kp_gguf_path(m->file), name);
     }
     if (t->n_dims != 2 || t->ne[0] != n_in || t->ne[1] != n_out)
         return kp_fail(err, KP_EFORMAT, "%s: tensor '%s' has shape [%lld, %lld, %lld], expected [%lld, %lld]",
-                       gguf_path(m->file), name, (long long)t->ne[0], (long long)t->ne[1],
+                       kp_gguf_path(m->file), name, (long long)t->ne[0], (long long)t->ne[1],
                        (long long)t->ne[2], (long long)n_in, (long long)n_out);
     const kp_dtype_info *ti = kp_dtype_get(t->type);
     if (!ti->has_kernels || t->type == KP_DTYPE_Q8_K)
         return kp_fail(err, KP_EUNSUPPORTED, "%s: tensor '%s' has type %s, which kvpin cannot compute with yet",
-                       gguf_path(m->file), name, ti->name);
+                       kp_gguf_path(m->file), name, ti->name);
     w->type = (kp_dtype)t->type;
     w->n_in = n_in;
     w->n_out = n_out;
@@ -75,19 +75,19 @@ static kp_status get_weight(const kp_model *m, const char *name, int64_t n_in, i
 /* Decodes a 1-D tensor of n elements into an owned F32 array. */
 static kp_status get_vector(const kp_model *m, const char *name, int64_t n, bool optional,
                             float **out, kp_error *err) {
-    const gguf_tensor *t = gguf_find_tensor(m->file, name);
+    const kp_gguf_tensor *t = kp_gguf_find_tensor(m->file, name);
     *out = NULL;
     if (!t) {
         if (optional) return KP_OK;
-        return kp_fail(err, KP_EFORMAT, "%s: missing tensor '%s'", gguf_path(m->file), name);
+        return kp_fail(err, KP_EFORMAT, "%s: missing tensor '%s'", kp_gguf_path(m->file), name);
     }
     if (t->n_elements != (uint64_t)n || t->ne[0] != n)
         return kp_fail(err, KP_EFORMAT, "%s: tensor '%s' has %llu elements, expected %lld",
-                       gguf_path(m->file), name, (unsigned long long)t->n_elements, (long long)n);
+                       kp_gguf_path(m->file), name, (unsigned long long)t->n_elements, (long long)n);
     const kp_dtype_info *ti = kp_dtype_get(t->type);
     if (!ti->has_kernels)
         return kp_fail(err, KP_EUNSUPPORTED, "%s: tensor '%s' has unsupported type %s",
-                       gguf_path(m->file), name, ti->name);
+                       kp_gguf_path(m->file), name, ti->name);
     float *v = malloc((size_t)n * sizeof(float));
     if (!v) return kp_fail(err, KP_ENOMEM, "out of memory loading '%s'", name);
     kp_dequantize_row((kp_dtype)t->type, t->data, v, n);
@@ -98,61 +98,61 @@ static kp_status get_vector(const kp_model *m, const char *name, int64_t n, bool
 static kp_status read_hparams(kp_model *m, kp_error *err) {
     gguf *g = m->file;
     kp_hparams *hp = &m->hp;
-    gguf_str arch;
+    kp_gguf_str arch;
     kp_status st;
     char key[128];
-    if ((st = gguf_get_str(g, "general.architecture", &arch, err)) != KP_OK) return st;
+    if ((st = kp_gguf_get_str(g, "general.architecture", &arch, err)) != KP_OK) return st;
     if (!arch.data)
         return kp_fail(err, KP_EFORMAT, "%s: no general.architecture key (is this a vocab-only file?)",
-                       gguf_path(g));
-    if (gguf_str_eq(arch, "llama")) hp->arch = KP_ARCH_LLAMA;
-    else if (gguf_str_eq(arch, "qwen2")) hp->arch = KP_ARCH_QWEN2;
-    else if (gguf_str_eq(arch, "qwen3")) hp->arch = KP_ARCH_QWEN3;
+                       kp_gguf_path(g));
+    if (kp_gguf_str_eq(arch, "llama")) hp->arch = KP_ARCH_LLAMA;
+    else if (kp_gguf_str_eq(arch, "qwen2")) hp->arch = KP_ARCH_QWEN2;
+    else if (kp_gguf_str_eq(arch, "qwen3")) hp->arch = KP_ARCH_QWEN3;
     else
         return kp_fail(err, KP_EUNSUPPORTED,
                        "%s: unsupported architecture '%.*s' (kvpin runs llama, qwen2, qwen3)",
-                       gguf_path(g), (int)(arch.len > 64 ? 64 : arch.len), arch.data);
+                       kp_gguf_path(g), (int)(arch.len > 64 ? 64 : arch.len), arch.data);
     hp->arch_name = kp_arch_name(hp->arch);
     const char *a = hp->arch_name;
 #define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", a, suffix), key)
 #define REQ_U32(suffix, field)                                                          \
     do {                                                                                \
-        if ((st = gguf_get_u32(g, KEY(suffix), 0, &hp->field, err)) != KP_OK) return st; \
+        if ((st = kp_gguf_get_u32(g, KEY(suffix), 0, &hp->field, err)) != KP_OK) return st; \
         if (hp->field == 0)                                                             \
-            return kp_fail(err, KP_EFORMAT, "%s: missing or zero %s", gguf_path(g), key); \
+            return kp_fail(err, KP_EFORMAT, "%s: missing or zero %s", kp_gguf_path(g), key); \
     } while (0)
     REQ_U32("block_count", n_layer);
     REQ_U32("embedding_length", n_embd);
     REQ_U32("attention.head_count", n_head);
     REQ_U32("feed_forward_length", n_ff);
-    if ((st = gguf_get_u32(g, KEY("attention.head_count_kv"), hp->n_head, &hp->n_head_kv, err))) return st;
+    if ((st = kp_gguf_get_u32(g, KEY("attention.head_count_kv"), hp->n_head, &hp->n_head_kv, err))) return st;
     if (hp->n_head_kv == 0 || hp->n_head % hp->n_head_kv != 0)
         return kp_fail(err, KP_EFORMAT, "%s: head_count %u is not a multiple of head_count_kv %u",
-                       gguf_path(g), hp->n_head, hp->n_head_kv);
+                       kp_gguf_path(g), hp->n_head, hp->n_head_kv);
     uint32_t def_hd = hp->n_embd / hp->n_head, vlen;
-    if ((st = gguf_get_u32(g, KEY("attention.key_length"), def_hd, &hp->head_dim, err))) return st;
-    if ((st = gguf_get_u32(g, KEY("attention.value_length"), hp->head_dim, &vlen, err))) return st;
+    if ((st = kp_gguf_get_u32(g, KEY("attention.key_length"), def_hd, &hp->head_dim, err))) return st;
+    if ((st = kp_gguf_get_u32(g, KEY("attention.value_length"), hp->head_dim, &vlen, err))) return st;
     if (hp->head_dim == 0 || vlen != hp->head_dim || hp->head_dim % 2 != 0)
         return kp_fail(err, KP_EUNSUPPORTED, "%s: head dims key %u / value %u not supported",
-                       gguf_path(g), hp->head_dim, vlen);
-    if ((st = gguf_get_u32(g, KEY("context_length"), 2048, &hp->n_ctx_train, err))) return st;
-    if ((st = gguf_get_f32(g, KEY("attention.layer_norm_rms_epsilon"), 1e-5f, &hp->rms_eps, err))) return st;
-    if ((st = gguf_get_f32(g, KEY("rope.freq_base"), 10000.0f, &hp->rope_base, err))) return st;
-    if ((st = gguf_get_u32(g, KEY("rope.dimension_count"), hp->head_dim, &hp->n_rot, err))) return st;
+                       kp_gguf_path(g), hp->head_dim, vlen);
+    if ((st = kp_gguf_get_u32(g, KEY("context_length"), 2048, &hp->n_ctx_train, err))) return st;
+    if ((st = kp_gguf_get_f32(g, KEY("attention.layer_norm_rms_epsilon"), 1e-5f, &hp->rms_eps, err))) return st;
+    if ((st = kp_gguf_get_f32(g, KEY("rope.freq_base"), 10000.0f, &hp->rope_base, err))) return st;
+    if ((st = kp_gguf_get_u32(g, KEY("rope.dimension_count"), hp->head_dim, &hp->n_rot, err))) return st;
     if (hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0)
         return kp_fail(err, KP_EFORMAT, "%s: rope.dimension_count %u invalid for head_dim %u",
-                       gguf_path(g), hp->n_rot, hp->head_dim);
+                       kp_gguf_path(g), hp->n_rot, hp->head_dim);
     if (!(hp->rms_eps > 0) || !(hp->rope_base > 0))
-        return kp_fail(err, KP_EFORMAT, "%s: rms epsilon and rope base must be positive", gguf_path(g));
+        return kp_fail(err, KP_EFORMAT, "%s: rms epsilon and rope base must be positive", kp_gguf_path(g));
     float factor = 0;
-    gguf_str stype;
-    if ((st = gguf_get_str(g, KEY("rope.scaling.type"), &stype, err))) return st;
-    if ((st = gguf_get_f32(g, KEY("rope.scaling.factor"), 0.0f, &factor, err))) return st;
-    if (factor == 0 && (st = gguf_get_f32(g, KEY("rope.scale_linear"), 0.0f, &factor, err))) return st;
-    if (stype.data && !gguf_str_eq(stype, "linear") && !gguf_str_eq(stype, "none"))
+    kp_gguf_str stype;
+    if ((st = kp_gguf_get_str(g, KEY("rope.scaling.type"), &stype, err))) return st;
+    if ((st = kp_gguf_get_f32(g, KEY("rope.scaling.factor"), 0.0f, &factor, err))) return st;
+    if (factor == 0 && (st = kp_gguf_get_f32(g, KEY("rope.scale_linear"), 0.0f, &factor, err))) return st;
+    if (stype.data && !kp_gguf_str_eq(stype, "linear") && !kp_gguf_str_eq(stype, "none"))
         return kp_fail(err, KP_EUNSUPPORTED, "%s: rope scaling '%.*s' is not supported (linear is)",
-                       gguf_path(g), (int)(stype.len > 32 ? 32 : stype.len), stype.data);
-    if (stype.data && gguf_str_eq(stype, "none")) factor = 0;
+                       kp_gguf_path(g), (int)(stype.len > 32 ? 32 : stype.len), stype.data);
+    if (stype.data && kp_gguf_str_eq(stype, "none")) factor = 0;
     hp->rope_freq_scale = factor > 0 ? 1.0f / factor : 1.0f;
     hp->rope_type = hp->arch == KP_ARCH_LLAMA ? KP_ROPE_NORM : KP_ROPE_NEOX;
 #undef REQ_U32
@@ -166,15 +166,15 @@ kp_status kp_model_from_gguf(kp_model **out, gguf *g, kp_error *err) {
     char name[96];
     *out = NULL;
     if (!m) {
-        gguf_close(g);
+        kp_gguf_close(g);
         return kp_fail(err, KP_ENOMEM, "out of memory loading a model");
     }
     m->file = g;
     if ((st = read_hparams(m, err)) != KP_OK) goto fail;
     kp_hparams *hp = &m->hp;
-    const gguf_tensor *te = gguf_find_tensor(g, "token_embd.weight");
+    const kp_gguf_tensor *te = kp_gguf_find_tensor(g, "token_embd.weight");
     if (!te || te->n_dims != 2) {
-        st = kp_fail(err, KP_EFORMAT, "%s: missing 2-D tensor 'token_embd.weight'", gguf_path(g));
+        st = kp_fail(err, KP_EFORMAT, "%s: missing 2-D tensor 'token_embd.weight'", kp_gguf_path(g));
         goto fail;
     }
     hp->n_vocab = (uint32_t)te->ne[1];
@@ -212,7 +212,7 @@ kp_status kp_model_from_gguf(kp_model **out, gguf *g, kp_error *err) {
         if ((st = get_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, !qk_norm, &L->k_norm, err))) goto fail;
 #undef NAME
     }
-    for (size_t i = 0; i < gguf_n_tensors(g); i++) m->weight_bytes += gguf_tensor_at(g, i)->n_bytes;
+    for (size_t i = 0; i < kp_gguf_n_tensors(g); i++) m->weight_bytes += kp_gguf_tensor_at(g, i)->n_bytes;
     *out = m;
     return KP_OK;
 fail:
@@ -223,7 +223,7 @@ fail:
 kp_status kp_model_load(kp_model **out, const char *path, kp_error *err) {
     gguf *g;
     *out = NULL;
-    kp_status st = gguf_open(&g, path, err);
+    kp_status st = kp_gguf_open(&g, path, err);
     if (st != KP_OK) return st;
     return kp_model_from_gguf(out, g, err);
 }
@@ -241,6 +241,6 @@ void kp_model_free(kp_model *m) {
     }
     free(m->output_norm);
     free(m->rope_freqs);
-    gguf_close(m->file);
+    kp_gguf_close(m->file);
     free(m);
 }

@@ -342,23 +342,23 @@ json_t *kp_oai_usage_json(uint32_t prompt, uint32_t cached, uint32_t completion)
                      "prompt_tokens_details", "cached_tokens", (json_int_t)cached);
 }
 
-json_t *kp_oai_cache_json(const eng_report *r, const doctor_report *d) {
+json_t *kp_oai_cache_json(const kp_eng_report *r, const kp_doctor_report *d) {
     json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:b}", "prompt_tokens", (json_int_t)r->prompt_tokens,
                           "reused_tokens", (json_int_t)r->reused_tokens, "computed_tokens",
                           (json_int_t)r->computed_tokens, "diverged_at_token", (json_int_t)r->diverged_at_token,
                           "evicted", r->evicted);
     if (!o || !d) return o;
     char advice[512] = "";
-    if (d->finding.cause != DOCTOR_CAUSE_HIT)
-        doctor_advice(d->finding.cause, d->finding.detail, d->finding.line, d->div.percent_recomputed,
+    if (d->finding.cause != KP_DOCTOR_CAUSE_HIT)
+        kp_doctor_advice(d->finding.cause, d->finding.detail, d->finding.line, d->div.percent_recomputed,
                       "this request", advice, sizeof advice);
     json_object_set_new(o, "diverged_at_byte", json_integer((json_int_t)d->div.byte));
     json_object_set_new(o, "reused_bytes", json_integer((json_int_t)d->div.reused_bytes));
-    json_object_set_new(o, "cause", json_string(doctor_cause_name(d->finding.cause)));
+    json_object_set_new(o, "cause", json_string(kp_doctor_cause_name(d->finding.cause)));
     json_object_set_new(o, "detail", json_string(d->finding.detail));
     json_object_set_new(o, "line", json_integer((json_int_t)d->finding.line));
     json_object_set_new(o, "percent_recomputed", json_real(d->div.percent_recomputed));
-    /* the snippets are JSON-escaped already (DOCTOR_ESCAPE_JSON): decode them back */
+    /* the snippets are JSON-escaped already (KP_DOCTOR_ESCAPE_JSON): decode them back */
     const char *names[2] = {"cached_snippet", "request_snippet"};
     const char *snips[2] = {d->cached_snippet, d->request_snippet};
     for (int i = 0; i < 2; i++) {

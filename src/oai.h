@@ -92,7 +92,7 @@ json_t *kp_oai_error_json(const kp_oai_error *e);
 
 /* The `kvpin_cache` object: the cache report of one request. d may be NULL
  * (no report). */
-json_t *kp_oai_cache_json(const eng_report *r, const doctor_report *d);
+json_t *kp_oai_cache_json(const kp_eng_report *r, const kp_doctor_report *d);
 
 /* The usage object with prompt_tokens_details.cached_tokens. */
 json_t *kp_oai_usage_json(uint32_t prompt, uint32_t cached, uint32_t completion);

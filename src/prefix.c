@@ -46,11 +46,11 @@
  *
  * So a sequence reusing n positions takes, for each block index, the block
  * of the deepest path node touching that index below n. The index never
- * writes rows. Sequences keep (V) by construction: pfx_acquire gives a
+ * writes rows. Sequences keep (V) by construction: kp_pfx_acquire gives a
  * private copy of a partial last block (copy-on-write with kp_kvpool_copy),
  * so the first position a sequence writes is never in a block anyone else
  * reads at that row; a sequence only appends, so the rows it indexed with
- * pfx_insert stay as they were. Blocks of a node are the sequence's own
+ * kp_pfx_insert stay as they were. Blocks of a node are the sequence's own
  * blocks at insert time: the prefix that was already indexed is kept
  * (stored once), only the new positions take the sequence's blocks.
  *
@@ -80,7 +80,7 @@
  *
  * Evicted record: a ring of (hash of path[0..d0], d0 + 1, d1) for each
  * evicted leaf: when a later query leaves the cache at depth d0 with the
- * evicted run's first token next, pfx_match says "evicted". The hash is
+ * evicted run's first token next, kp_pfx_match says "evicted". The hash is
  * only advisory (a collision mislabels a report, never a hit).
  *
  * Memory accounting: idx_refs[b] counts the index's references to pool
@@ -101,9 +101,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct pfx_node {
-    pfx_node *parent;         /* NULL for the root */
-    pfx_node **children;      /* sorted by children[i]->tokens[0] */
+struct kp_pfx_node {
+    kp_pfx_node *parent;         /* NULL for the root */
+    kp_pfx_node **children;      /* sorted by children[i]->tokens[0] */
     uint32_t n_children, cap_children;
     int32_t *tokens;          /* the run: path positions [depth - n_tokens, depth) */
     uint32_t n_tokens, cap_tokens;
@@ -114,31 +114,31 @@ struct pfx_node {
     uint32_t pin, pin_here;   /* pins likewise */
     uint64_t last_used;       /* logical clock */
     uint64_t hits;
-    pfx_node *lru_prev;       /* towards the most recently used */
-    pfx_node *lru_next;       /* towards the least recently used */
+    kp_pfx_node *lru_prev;       /* towards the most recently used */
+    kp_pfx_node *lru_next;       /* towards the least recently used */
 };
 
 typedef struct {
-    uint64_t hash;       /* pfx_hash(path, prefix_len) */
+    uint64_t hash;       /* kp_pfx_hash(path, prefix_len) */
     uint32_t prefix_len; /* evicted node's d0 + 1: its parent's path plus its first token */
     uint32_t evicted_len;
 } pfx_evicted;
 
 typedef struct {
     uint64_t id;
-    pfx_node *node;
+    kp_pfx_node *node;
     int64_t expires; /* 0: never */
 } pfx_pin_entry;
 
-struct pfx_index {
+struct kp_pfx_index {
     kp_kvpool *pool;   /* borrowed */
-    pfx_config cfg;
+    kp_pfx_config cfg;
     uint32_t B;        /* positions per block */
     uint64_t block_bytes;
     uint32_t n_pool_blocks;
 
-    pfx_node root;
-    pfx_node *lru_head, *lru_tail; /* every non-root node */
+    kp_pfx_node root;
+    kp_pfx_node *lru_head, *lru_tail; /* every non-root node */
     uint32_t n_nodes;
 
     uint32_t *idx_refs;    /* [n_pool_blocks] the index's references per block */
@@ -163,13 +163,13 @@ struct pfx_index {
 
 /* ---- small helpers ------------------------------------------------------ */
 
-static uint32_t node_start(const pfx_node *n) { return n->depth - n->n_tokens; }
-static uint32_t first_block(const pfx_index *p, const pfx_node *n) { return node_start(n) / p->B; }
-static uint32_t blocks_for(const pfx_index *p, uint32_t start, uint32_t end) {
+static uint32_t node_start(const kp_pfx_node *n) { return n->depth - n->n_tokens; }
+static uint32_t first_block(const kp_pfx_index *p, const kp_pfx_node *n) { return node_start(n) / p->B; }
+static uint32_t blocks_for(const kp_pfx_index *p, uint32_t start, uint32_t end) {
     return (end - 1) / p->B - start / p->B + 1;
 }
 
-uint64_t pfx_hash(const int32_t *tokens, uint32_t n) {
+uint64_t kp_pfx_hash(const int32_t *tokens, uint32_t n) {
     uint64_t h = 0x9e3779b97f4a7c15ull;
     for (uint32_t i = 0; i < n; i++) {
         h ^= (uint32_t)tokens[i];
@@ -184,7 +184,7 @@ uint64_t pfx_hash(const int32_t *tokens, uint32_t n) {
 }
 
 /* Slot of the child whose run starts with tok (or where it would go). */
-static uint32_t child_slot(const pfx_node *n, int32_t tok, bool *found) {
+static uint32_t child_slot(const kp_pfx_node *n, int32_t tok, bool *found) {
     uint32_t lo = 0, hi = n->n_children;
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
@@ -206,25 +206,25 @@ static bool grow(void **arr, uint32_t *cap, uint32_t need, size_t elem) {
     return true;
 }
 
-static bool path_reserve(pfx_index *p, uint32_t n) {
+static bool path_reserve(kp_pfx_index *p, uint32_t n) {
     return grow((void **)&p->path, &p->path_cap, n ? n : 1, sizeof(int32_t));
 }
 
 /* Writes the path tokens of n into p->path[0..n->depth) (capacity checked by caller). */
-static void fill_path(pfx_index *p, const pfx_node *n) {
+static void fill_path(kp_pfx_index *p, const kp_pfx_node *n) {
     for (; n->parent; n = n->parent)
         memcpy(p->path + node_start(n), n->tokens, (size_t)n->n_tokens * sizeof(int32_t));
 }
 
 /* ---- the index's block references --------------------------------------- */
 
-static void idx_ref(pfx_index *p, int32_t b) {
+static void idx_ref(kp_pfx_index *p, int32_t b) {
     kp_kvpool_ref(p->pool, b);
     if (p->idx_refs[b]++ == 0) p->n_idx_blocks++;
 }
 
 /* Drops one index reference; returns the bytes returned to the pool. */
-static uint64_t idx_unref(pfx_index *p, int32_t b) {
+static uint64_t idx_unref(kp_pfx_index *p, int32_t b) {
     assert(p->idx_refs[b] > 0);
     bool last = kp_kvpool_refcount(p->pool, b) == 1;
     if (--p->idx_refs[b] == 0) p->n_idx_blocks--;
@@ -234,7 +234,7 @@ static uint64_t idx_unref(pfx_index *p, int32_t b) {
 
 /* ---- LRU list ----------------------------------------------------------- */
 
-static void lru_unlink(pfx_index *p, pfx_node *n) {
+static void lru_unlink(kp_pfx_index *p, kp_pfx_node *n) {
     if (n->lru_prev) n->lru_prev->lru_next = n->lru_next;
     else p->lru_head = n->lru_next;
     if (n->lru_next) n->lru_next->lru_prev = n->lru_prev;
@@ -242,7 +242,7 @@ static void lru_unlink(pfx_index *p, pfx_node *n) {
     n->lru_prev = n->lru_next = NULL;
 }
 
-static void lru_push_front(pfx_index *p, pfx_node *n) {
+static void lru_push_front(kp_pfx_index *p, kp_pfx_node *n) {
     n->lru_prev = NULL;
     n->lru_next = p->lru_head;
     if (p->lru_head) p->lru_head->lru_prev = n;
@@ -251,7 +251,7 @@ static void lru_push_front(pfx_index *p, pfx_node *n) {
 }
 
 /* Puts u just before n (towards the most recent end). */
-static void lru_insert_before(pfx_index *p, pfx_node *u, pfx_node *n) {
+static void lru_insert_before(kp_pfx_index *p, kp_pfx_node *u, kp_pfx_node *n) {
     u->lru_next = n;
     u->lru_prev = n->lru_prev;
     if (n->lru_prev) n->lru_prev->lru_next = u;
@@ -260,7 +260,7 @@ static void lru_insert_before(pfx_index *p, pfx_node *u, pfx_node *n) {
 }
 
 /* Marks the path ending at n as used now. */
-static void touch_path(pfx_index *p, pfx_node *n) {
+static void touch_path(kp_pfx_index *p, kp_pfx_node *n) {
     p->tick++;
     for (; n->parent; n = n->parent) {
         n->last_used = p->tick;
@@ -271,7 +271,7 @@ static void touch_path(pfx_index *p, pfx_node *n) {
 
 /* ---- nodes -------------------------------------------------------------- */
 
-static void node_free(pfx_node *n) {
+static void node_free(kp_pfx_node *n) {
     if (!n) return;
     free(n->children);
     free(n->tokens);
@@ -281,9 +281,9 @@ static void node_free(pfx_node *n) {
 
 /* A detached node for run tokens[0..n_tokens) ending at depth; block table
  * allocated (n_blocks set) but not filled. NULL on allocation failure. */
-static pfx_node *node_new(const pfx_index *p, const int32_t *tokens, uint32_t n_tokens, uint32_t depth,
+static kp_pfx_node *node_new(const kp_pfx_index *p, const int32_t *tokens, uint32_t n_tokens, uint32_t depth,
                           uint32_t cap_children) {
-    pfx_node *n = calloc(1, sizeof *n);
+    kp_pfx_node *n = calloc(1, sizeof *n);
     if (!n) return NULL;
     n->depth = depth;
     n->n_tokens = n->cap_tokens = n_tokens;
@@ -291,7 +291,7 @@ static pfx_node *node_new(const pfx_index *p, const int32_t *tokens, uint32_t n_
     n->tokens = malloc((size_t)n_tokens * sizeof(int32_t));
     n->blocks = malloc((size_t)n->n_blocks * sizeof(int32_t));
     if (cap_children) {
-        n->children = malloc((size_t)cap_children * sizeof(pfx_node *));
+        n->children = malloc((size_t)cap_children * sizeof(kp_pfx_node *));
         n->cap_children = cap_children;
     }
     if (!n->tokens || !n->blocks || (cap_children && !n->children)) {
@@ -302,12 +302,12 @@ static pfx_node *node_new(const pfx_index *p, const int32_t *tokens, uint32_t n_
     return n;
 }
 
-static void hold_path(pfx_node *n) {
+static void hold_path(kp_pfx_node *n) {
     n->hold_here++;
     for (; n; n = n->parent) n->hold++;
 }
 
-static void unhold_path(pfx_node *n) {
+static void unhold_path(kp_pfx_node *n) {
     assert(n->hold_here > 0);
     n->hold_here--;
     for (; n; n = n->parent) n->hold--;
@@ -317,12 +317,12 @@ static void unhold_path(pfx_node *n) {
  * takes the head and becomes n's parent; n keeps the tail, its children,
  * holds and pins. Returns the new node, NULL (nothing changed) when out of
  * memory. The new node has room for a second child. */
-static pfx_node *split(pfx_index *p, pfx_node *n, uint32_t at) {
+static kp_pfx_node *split(kp_pfx_index *p, kp_pfx_node *n, uint32_t at) {
     uint32_t d0 = node_start(n);
     assert(n->parent && d0 < at && at < n->depth);
-    pfx_node *u = node_new(p, n->tokens, at - d0, at, 2);
+    kp_pfx_node *u = node_new(p, n->tokens, at - d0, at, 2);
     if (!u) return NULL;
-    pfx_node *parent = n->parent;
+    kp_pfx_node *parent = n->parent;
     bool found;
     uint32_t s = child_slot(parent, n->tokens[0], &found); /* before n's run changes */
     assert(found && parent->children[s] == n);
@@ -353,9 +353,9 @@ static pfx_node *split(pfx_index *p, pfx_node *n, uint32_t at) {
  * it into that child; the child keeps its identity. Returns bytes returned
  * to the pool (a mid-block boundary may drop n's copy of a block). A merge
  * is optional: skipped when memory is short. */
-static uint64_t try_merge(pfx_index *p, pfx_node *n) {
+static uint64_t try_merge(kp_pfx_index *p, kp_pfx_node *n) {
     if (!n->parent || n->n_children != 1 || n->hold_here || n->pin_here) return 0;
-    pfx_node *c = n->children[0];
+    kp_pfx_node *c = n->children[0];
     uint32_t overlap = n->depth % p->B ? 1 : 0;
     uint32_t nt = n->n_tokens + c->n_tokens, nb = n->n_blocks - overlap + c->n_blocks;
     int32_t *tokens = malloc((size_t)nt * sizeof(int32_t));
@@ -378,7 +378,7 @@ static uint64_t try_merge(pfx_index *p, pfx_node *n) {
     c->blocks = blocks;
     c->n_blocks = c->cap_blocks = nb;
     if (n->hits > c->hits) c->hits = n->hits;
-    pfx_node *parent = n->parent;
+    kp_pfx_node *parent = n->parent;
     bool found;
     uint32_t s = child_slot(parent, n->tokens[0], &found);
     assert(found && parent->children[s] == n);
@@ -392,7 +392,7 @@ static uint64_t try_merge(pfx_index *p, pfx_node *n) {
 }
 
 /* Fills a new node's block table from seq and takes the index references. */
-static void take_seq_blocks(pfx_index *p, pfx_node *n, const kp_kvseq *seq) {
+static void take_seq_blocks(kp_pfx_index *p, kp_pfx_node *n, const kp_kvseq *seq) {
     uint32_t f = first_block(p, n);
     for (uint32_t i = 0; i < n->n_blocks; i++) {
         n->blocks[i] = seq->blocks[f + i];
@@ -401,10 +401,10 @@ static void take_seq_blocks(pfx_index *p, pfx_node *n, const kp_kvseq *seq) {
 }
 
 /* Links the detached node c under parent at slot (room checked by the caller). */
-static void link_child(pfx_index *p, pfx_node *parent, uint32_t slot, pfx_node *c) {
+static void link_child(kp_pfx_index *p, kp_pfx_node *parent, uint32_t slot, kp_pfx_node *c) {
     assert(parent->n_children < parent->cap_children);
     memmove(parent->children + slot + 1, parent->children + slot,
-            (size_t)(parent->n_children - slot) * sizeof(pfx_node *));
+            (size_t)(parent->n_children - slot) * sizeof(kp_pfx_node *));
     parent->children[slot] = c;
     parent->n_children++;
     c->parent = parent;
@@ -413,7 +413,7 @@ static void link_child(pfx_index *p, pfx_node *parent, uint32_t slot, pfx_node *
 }
 
 /* Extends leaf n (depth m) with tokens[m..end) from seq. */
-static kp_status extend_leaf(pfx_index *p, pfx_node *n, const int32_t *tokens, uint32_t end,
+static kp_status extend_leaf(kp_pfx_index *p, kp_pfx_node *n, const int32_t *tokens, uint32_t end,
                              const kp_kvseq *seq, kp_error *err) {
     uint32_t m = n->depth, d0 = node_start(n);
     uint32_t nt = end - d0, nb = blocks_for(p, d0, end);
@@ -445,15 +445,15 @@ static kp_status extend_leaf(pfx_index *p, pfx_node *n, const int32_t *tokens, u
 /* Follows tokens[0..n) down the tree. Returns how many matched; *node_out
  * is the node whose run the walk ended on (the root if none) and *off how
  * many of its run's tokens matched (== n_tokens at a node boundary). */
-static uint32_t descend(const pfx_index *p, const int32_t *tokens, uint32_t n, pfx_node **node_out,
+static uint32_t descend(const kp_pfx_index *p, const int32_t *tokens, uint32_t n, kp_pfx_node **node_out,
                         uint32_t *off) {
-    pfx_node *node = (pfx_node *)&p->root; /* the tree is only read here */
+    kp_pfx_node *node = (kp_pfx_node *)&p->root; /* the tree is only read here */
     uint32_t m = 0, k = 0;
     while (m < n) {
         bool found;
         uint32_t s = child_slot(node, tokens[m], &found);
         if (!found) break;
-        pfx_node *c = node->children[s];
+        kp_pfx_node *c = node->children[s];
         k = 1;
         while (k < c->n_tokens && m + k < n && c->tokens[k] == tokens[m + k]) k++;
         m += k;
@@ -467,13 +467,13 @@ static uint32_t descend(const pfx_index *p, const int32_t *tokens, uint32_t n, p
 
 /* ---- eviction ----------------------------------------------------------- */
 
-static void record_evicted(pfx_index *p, pfx_node *leaf) {
+static void record_evicted(kp_pfx_index *p, kp_pfx_node *leaf) {
     uint32_t size = p->cfg.evicted_record_size;
     if (!size || !path_reserve(p, leaf->depth)) return;
     fill_path(p, leaf);
     uint32_t len = node_start(leaf) + 1;
     pfx_evicted *e = &p->evicted[p->evicted_next];
-    e->hash = pfx_hash(p->path, len);
+    e->hash = kp_pfx_hash(p->path, len);
     e->prefix_len = len;
     e->evicted_len = leaf->depth;
     p->evicted_next = (p->evicted_next + 1) % size;
@@ -481,15 +481,15 @@ static void record_evicted(pfx_index *p, pfx_node *leaf) {
 }
 
 /* Removes an unheld, unpinned leaf; returns bytes returned to the pool. */
-static uint64_t evict_leaf(pfx_index *p, pfx_node *leaf) {
+static uint64_t evict_leaf(kp_pfx_index *p, kp_pfx_node *leaf) {
     assert(leaf->parent && !leaf->n_children && !leaf->hold && !leaf->pin);
     record_evicted(p, leaf);
-    pfx_node *parent = leaf->parent;
+    kp_pfx_node *parent = leaf->parent;
     bool found;
     uint32_t s = child_slot(parent, leaf->tokens[0], &found);
     assert(found && parent->children[s] == leaf);
     memmove(parent->children + s, parent->children + s + 1,
-            (size_t)(parent->n_children - s - 1) * sizeof(pfx_node *));
+            (size_t)(parent->n_children - s - 1) * sizeof(kp_pfx_node *));
     parent->n_children--;
     uint64_t freed = 0;
     for (uint32_t i = 0; i < leaf->n_blocks; i++) freed += idx_unref(p, leaf->blocks[i]);
@@ -502,10 +502,10 @@ static uint64_t evict_leaf(pfx_index *p, pfx_node *leaf) {
     return freed;
 }
 
-static uint64_t evict_lru(pfx_index *p, uint64_t bytes_needed) {
+static uint64_t evict_lru(kp_pfx_index *p, uint64_t bytes_needed) {
     uint64_t freed = 0;
     while (freed < bytes_needed) {
-        pfx_node *v = p->lru_tail;
+        kp_pfx_node *v = p->lru_tail;
         while (v && (v->n_children || v->hold || v->pin)) v = v->lru_prev;
         if (!v) break;
         freed += evict_leaf(p, v);
@@ -515,10 +515,10 @@ static uint64_t evict_lru(pfx_index *p, uint64_t bytes_needed) {
 
 /* ---- public API --------------------------------------------------------- */
 
-kp_status pfx_new(pfx_index **out, kp_kvpool *pool, const pfx_config *cfg, kp_error *err) {
+kp_status kp_pfx_new(kp_pfx_index **out, kp_kvpool *pool, const kp_pfx_config *cfg, kp_error *err) {
     *out = NULL;
     if (!pool) return kp_fail(err, KP_EINVAL, "the prefix index needs a KV pool");
-    pfx_index *p = calloc(1, sizeof *p);
+    kp_pfx_index *p = calloc(1, sizeof *p);
     if (!p) return kp_fail(err, KP_ENOMEM, "out of memory creating the prefix index");
     p->pool = pool;
     p->B = kp_kvpool_config_of(pool)->block_size;
@@ -535,24 +535,24 @@ kp_status pfx_new(pfx_index **out, kp_kvpool *pool, const pfx_config *cfg, kp_er
     if (p->cfg.evicted_record_size)
         p->evicted = calloc(p->cfg.evicted_record_size, sizeof(pfx_evicted));
     if (!p->idx_refs || !p->mark || (p->cfg.evicted_record_size && !p->evicted)) {
-        pfx_free(p);
+        kp_pfx_free(p);
         return kp_fail(err, KP_ENOMEM, "out of memory creating the prefix index");
     }
     *out = p;
     return KP_OK;
 }
 
-void pfx_free(pfx_index *p) {
+void kp_pfx_free(kp_pfx_index *p) {
     if (!p) return;
     /* post-order: free the last child's subtree first */
-    pfx_node *n = &p->root;
+    kp_pfx_node *n = &p->root;
     for (;;) {
         if (n->n_children) {
             n = n->children[n->n_children - 1];
             continue;
         }
         if (!n->parent) break;
-        pfx_node *parent = n->parent;
+        kp_pfx_node *parent = n->parent;
         for (uint32_t i = 0; i < n->n_blocks; i++) idx_unref(p, n->blocks[i]);
         node_free(n);
         parent->n_children--;
@@ -567,10 +567,10 @@ void pfx_free(pfx_index *p) {
     free(p);
 }
 
-void pfx_match(const pfx_index *p, const int32_t *tokens, uint32_t n, pfx_match_result *out) {
+void kp_pfx_match(const kp_pfx_index *p, const int32_t *tokens, uint32_t n, kp_pfx_match_result *out) {
     memset(out, 0, sizeof *out);
     out->cached_next = -1;
-    pfx_node *node;
+    kp_pfx_node *node;
     uint32_t off;
     uint32_t m = descend(p, tokens, n, &node, &off);
     out->n_match = m;
@@ -587,7 +587,7 @@ void pfx_match(const pfx_index *p, const int32_t *tokens, uint32_t n, pfx_match_
         if (node->n_children == 1) out->cached_next = node->children[0]->tokens[0];
     }
     if (m < n && p->n_evicted) {
-        uint64_t h = pfx_hash(tokens, m + 1);
+        uint64_t h = kp_pfx_hash(tokens, m + 1);
         uint32_t size = p->cfg.evicted_record_size;
         for (uint32_t i = 0; i < p->n_evicted; i++) {
             const pfx_evicted *e = &p->evicted[(p->evicted_next + size - 1 - i) % size];
@@ -600,17 +600,17 @@ void pfx_match(const pfx_index *p, const int32_t *tokens, uint32_t n, pfx_match_
     }
 }
 
-kp_status pfx_acquire(pfx_index *p, const int32_t *tokens, uint32_t n_reuse, kp_kvseq *seq,
-                      pfx_lease *lease, kp_error *err) {
+kp_status kp_pfx_acquire(kp_pfx_index *p, const int32_t *tokens, uint32_t n_reuse, kp_kvseq *seq,
+                      kp_pfx_lease *lease, kp_error *err) {
     if (seq->n_blocks || seq->n_pos)
-        return kp_fail(err, KP_EINVAL, "pfx_acquire needs an empty sequence (it has %u positions)", seq->n_pos);
+        return kp_fail(err, KP_EINVAL, "kp_pfx_acquire needs an empty sequence (it has %u positions)", seq->n_pos);
     if (lease && lease->node)
-        return kp_fail(err, KP_EINVAL, "pfx_acquire: the lease already holds a path; release it first");
+        return kp_fail(err, KP_EINVAL, "kp_pfx_acquire: the lease already holds a path; release it first");
     if (n_reuse == 0) {
         p->n_lookups++;
         return KP_OK;
     }
-    pfx_node *node;
+    kp_pfx_node *node;
     uint32_t off;
     uint32_t m = descend(p, tokens, n_reuse, &node, &off);
     if (m < n_reuse)
@@ -621,7 +621,7 @@ kp_status pfx_acquire(pfx_index *p, const int32_t *tokens, uint32_t n_reuse, kp_
         return kp_fail(err, KP_ENOMEM, "out of memory growing a block table");
     /* each block index from the deepest path node touching it below n_reuse */
     uint32_t lo = nb;
-    for (pfx_node *x = node; x->parent && lo > 0; x = x->parent) {
+    for (kp_pfx_node *x = node; x->parent && lo > 0; x = x->parent) {
         uint32_t e = x->depth < n_reuse ? x->depth : n_reuse;
         uint32_t f = first_block(p, x), last = (e - 1) / B;
         if (last >= lo) last = lo - 1;
@@ -658,7 +658,7 @@ kp_status pfx_acquire(pfx_index *p, const int32_t *tokens, uint32_t n_reuse, kp_
     seq->n_blocks = nb;
     seq->n_pos = n_reuse;
     touch_path(p, node);
-    for (pfx_node *x = node; x->parent; x = x->parent) x->hits++;
+    for (kp_pfx_node *x = node; x->parent; x = x->parent) x->hits++;
     p->n_lookups++;
     p->n_hits++;
     p->reused_tokens += n_reuse;
@@ -672,14 +672,14 @@ kp_status pfx_acquire(pfx_index *p, const int32_t *tokens, uint32_t n_reuse, kp_
     return KP_OK;
 }
 
-kp_status pfx_insert(pfx_index *p, const int32_t *tokens, uint32_t n, const kp_kvseq *seq,
-                     pfx_lease *lease, uint32_t *n_added, kp_error *err) {
+kp_status kp_pfx_insert(kp_pfx_index *p, const int32_t *tokens, uint32_t n, const kp_kvseq *seq,
+                     kp_pfx_lease *lease, uint32_t *n_added, kp_error *err) {
     if (n_added) *n_added = 0;
     if (n == 0) return KP_OK;
     if (seq->n_pos < n || seq->n_blocks < ((uint64_t)n + p->B - 1) / p->B)
         return kp_fail(err, KP_EINVAL, "cannot index %u positions from a sequence of %u (%u blocks)", n,
                        seq->n_pos, seq->n_blocks);
-    pfx_node *node = &p->root, *target = NULL;
+    kp_pfx_node *node = &p->root, *target = NULL;
     uint32_t m = 0, added = 0;
     while (!target) {
         if (m == n) {
@@ -694,9 +694,9 @@ kp_status pfx_insert(pfx_index *p, const int32_t *tokens, uint32_t n, const kp_k
                 if (st != KP_OK) return st;
                 target = node;
             } else {
-                pfx_node *c = node_new(p, tokens + m, n - m, n, 0);
+                kp_pfx_node *c = node_new(p, tokens + m, n - m, n, 0);
                 if (!c || !grow((void **)&node->children, &node->cap_children, node->n_children + 1,
-                                sizeof(pfx_node *))) {
+                                sizeof(kp_pfx_node *))) {
                     node_free(c);
                     return kp_fail(err, KP_ENOMEM, "out of memory adding a prefix-index node");
                 }
@@ -707,7 +707,7 @@ kp_status pfx_insert(pfx_index *p, const int32_t *tokens, uint32_t n, const kp_k
             added = n - m;
             break;
         }
-        pfx_node *c = node->children[s];
+        kp_pfx_node *c = node->children[s];
         uint32_t k = 1;
         while (k < c->n_tokens && m + k < n && c->tokens[k] == tokens[m + k]) k++;
         if (k == c->n_tokens) {
@@ -721,8 +721,8 @@ kp_status pfx_insert(pfx_index *p, const int32_t *tokens, uint32_t n, const kp_k
         }
         /* diverges mid-run at depth m + k: split there, add the new tail */
         uint32_t at = m + k;
-        pfx_node *leaf = node_new(p, tokens + at, n - at, n, 0);
-        pfx_node *u = leaf ? split(p, c, at) : NULL;
+        kp_pfx_node *leaf = node_new(p, tokens + at, n - at, n, 0);
+        kp_pfx_node *u = leaf ? split(p, c, at) : NULL;
         if (!u) {
             node_free(leaf);
             return kp_fail(err, KP_ENOMEM, "out of memory splitting a prefix-index run");
@@ -734,7 +734,7 @@ kp_status pfx_insert(pfx_index *p, const int32_t *tokens, uint32_t n, const kp_k
     }
     touch_path(p, target);
     if (lease) {
-        pfx_node *old = lease->node;
+        kp_pfx_node *old = lease->node;
         hold_path(target);
         lease->node = target;
         if (old) {
@@ -748,29 +748,29 @@ kp_status pfx_insert(pfx_index *p, const int32_t *tokens, uint32_t n, const kp_k
     return KP_OK;
 }
 
-void pfx_release(pfx_index *p, pfx_lease *lease) {
+void kp_pfx_release(kp_pfx_index *p, kp_pfx_lease *lease) {
     if (!lease || !lease->node) return;
-    pfx_node *n = lease->node;
+    kp_pfx_node *n = lease->node;
     lease->node = NULL;
     unhold_path(n);
     p->n_leases--;
     try_merge(p, n);
 }
 
-uint64_t pfx_evict(pfx_index *p, uint64_t bytes_needed, int64_t now) {
-    pfx_expire(p, now);
+uint64_t kp_pfx_evict(kp_pfx_index *p, uint64_t bytes_needed, int64_t now) {
+    kp_pfx_expire(p, now);
     return evict_lru(p, bytes_needed);
 }
 
 /* Distinct blocks on pinned paths, plus on the path of extra (may be NULL). */
-static uint64_t count_pinned_blocks(pfx_index *p, const pfx_node *extra) {
+static uint64_t count_pinned_blocks(kp_pfx_index *p, const kp_pfx_node *extra) {
     if (++p->epoch == 0) {
         memset(p->mark, 0, (size_t)p->n_pool_blocks * sizeof(uint32_t));
         p->epoch = 1;
     }
     uint64_t count = 0;
     for (uint32_t i = 0; i <= p->n_pins; i++) {
-        const pfx_node *n = i < p->n_pins ? p->pins[i].node : extra;
+        const kp_pfx_node *n = i < p->n_pins ? p->pins[i].node : extra;
         for (; n && n->parent; n = n->parent)
             for (uint32_t b = 0; b < n->n_blocks; b++)
                 if (p->mark[n->blocks[b]] != p->epoch) {
@@ -781,18 +781,18 @@ static uint64_t count_pinned_blocks(pfx_index *p, const pfx_node *extra) {
     return count;
 }
 
-kp_status pfx_pin(pfx_index *p, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
+kp_status kp_pfx_pin(kp_pfx_index *p, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
                   uint64_t *id, kp_error *err) {
     *id = 0;
     if (n == 0) return kp_fail(err, KP_EINVAL, "cannot pin an empty prefix");
     if (ttl_seconds < 0) return kp_fail(err, KP_EINVAL, "pin ttl %lld is negative", (long long)ttl_seconds);
-    pfx_node *node;
+    kp_pfx_node *node;
     uint32_t off;
     uint32_t m = descend(p, tokens, n, &node, &off);
     if (m < n) return kp_fail(err, KP_ENOTFOUND, "cannot pin: only %u of the %u tokens are cached", m, n);
     bool did_split = false;
     if (off < node->n_tokens) {
-        pfx_node *u = split(p, node, n);
+        kp_pfx_node *u = split(p, node, n);
         if (!u) return kp_fail(err, KP_ENOMEM, "out of memory splitting a run to pin it");
         node = u;
         did_split = true;
@@ -808,7 +808,7 @@ kp_status pfx_pin(pfx_index *p, const int32_t *tokens, uint32_t n, int64_t ttl_s
         return kp_fail(err, KP_ENOMEM, "out of memory recording a pin");
     }
     node->pin_here++;
-    for (pfx_node *x = node; x; x = x->parent) x->pin++;
+    for (kp_pfx_node *x = node; x; x = x->parent) x->pin++;
     pfx_pin_entry *e = &p->pins[p->n_pins++];
     e->id = ++p->next_pin_id;
     e->node = node;
@@ -818,16 +818,16 @@ kp_status pfx_pin(pfx_index *p, const int32_t *tokens, uint32_t n, int64_t ttl_s
     return KP_OK;
 }
 
-static void unpin_at(pfx_index *p, uint32_t i) {
-    pfx_node *n = p->pins[i].node;
+static void unpin_at(kp_pfx_index *p, uint32_t i) {
+    kp_pfx_node *n = p->pins[i].node;
     p->pins[i] = p->pins[--p->n_pins];
     assert(n->pin_here > 0);
     n->pin_here--;
-    for (pfx_node *x = n; x; x = x->parent) x->pin--;
+    for (kp_pfx_node *x = n; x; x = x->parent) x->pin--;
     try_merge(p, n);
 }
 
-kp_status pfx_unpin(pfx_index *p, uint64_t id, kp_error *err) {
+kp_status kp_pfx_unpin(kp_pfx_index *p, uint64_t id, kp_error *err) {
     for (uint32_t i = 0; i < p->n_pins; i++)
         if (p->pins[i].id == id) {
             unpin_at(p, i);
@@ -836,7 +836,7 @@ kp_status pfx_unpin(pfx_index *p, uint64_t id, kp_error *err) {
     return kp_fail(err, KP_ENOTFOUND, "no pin with id %llu (expired or never made)", (unsigned long long)id);
 }
 
-uint32_t pfx_expire(pfx_index *p, int64_t now) {
+uint32_t kp_pfx_expire(kp_pfx_index *p, int64_t now) {
     uint32_t n = 0;
     for (uint32_t i = 0; i < p->n_pins;) {
         if (p->pins[i].expires && p->pins[i].expires <= now) {
@@ -849,7 +849,7 @@ uint32_t pfx_expire(pfx_index *p, int64_t now) {
     return n;
 }
 
-void pfx_get_stats(pfx_index *p, pfx_stats *out) {
+void kp_pfx_get_stats(kp_pfx_index *p, kp_pfx_stats *out) {
     memset(out, 0, sizeof *out);
     uint64_t bb = p->block_bytes;
     out->block_bytes = bb;
@@ -867,7 +867,7 @@ void pfx_get_stats(pfx_index *p, pfx_stats *out) {
             out->saved_bytes += seq_refs * bb;
         }
     }
-    for (const pfx_node *n = p->lru_head; n; n = n->lru_next) {
+    for (const kp_pfx_node *n = p->lru_head; n; n = n->lru_next) {
         out->n_nodes++;
         if (!n->n_children) out->n_leaves++;
         out->cached_tokens += n->n_tokens;
@@ -882,7 +882,7 @@ void pfx_get_stats(pfx_index *p, pfx_stats *out) {
 }
 
 /* Preorder successor (root excluded from the walk; NULL at the end). */
-static pfx_node *next_preorder(pfx_node *n) {
+static kp_pfx_node *next_preorder(kp_pfx_node *n) {
     if (n->n_children) return n->children[0];
     for (; n->parent; n = n->parent) {
         bool found;
@@ -892,12 +892,12 @@ static pfx_node *next_preorder(pfx_node *n) {
     return NULL;
 }
 
-kp_status pfx_walk(pfx_index *p, pfx_walk_fn fn, void *ctx, kp_error *err) {
-    for (pfx_node *n = next_preorder(&p->root); n; n = next_preorder(n)) {
+kp_status kp_pfx_walk(kp_pfx_index *p, kp_pfx_walk_fn fn, void *ctx, kp_error *err) {
+    for (kp_pfx_node *n = next_preorder(&p->root); n; n = next_preorder(n)) {
         if (!path_reserve(p, n->depth)) return kp_fail(err, KP_ENOMEM, "out of memory walking the prefix index");
         /* preorder: the ancestors already wrote path[0..start) */
         memcpy(p->path + node_start(n), n->tokens, (size_t)n->n_tokens * sizeof(int32_t));
-        pfx_node_info info = {
+        kp_pfx_node_info info = {
             .path = p->path,
             .start = node_start(n),
             .end = n->depth,
@@ -917,20 +917,20 @@ kp_status pfx_walk(pfx_index *p, pfx_walk_fn fn, void *ctx, kp_error *err) {
 
 /* A leaf's blocks that no other index node holds (a mid-block start shares
  * the parent's last block when it is the same block). */
-static uint32_t own_blocks(const pfx_node *leaf) {
-    const pfx_node *parent = leaf->parent;
+static uint32_t own_blocks(const kp_pfx_node *leaf) {
+    const kp_pfx_node *parent = leaf->parent;
     bool shares = parent->parent && parent->blocks[parent->n_blocks - 1] == leaf->blocks[0];
     return leaf->n_blocks - (shares ? 1 : 0);
 }
 
-kp_status pfx_top(pfx_index *p, pfx_prefix_info *out, uint32_t max, uint32_t *n_out, kp_error *err) {
+kp_status kp_pfx_top(kp_pfx_index *p, kp_pfx_prefix_info *out, uint32_t max, uint32_t *n_out, kp_error *err) {
     *n_out = 0;
     if (max == 0) return KP_OK;
     /* the max deepest leaves, by insertion into out (kept sorted) */
-    const pfx_node **pick = calloc(max, sizeof *pick);
+    const kp_pfx_node **pick = calloc(max, sizeof *pick);
     if (!pick) return kp_fail(err, KP_ENOMEM, "out of memory listing cached prefixes");
     uint32_t n_pick = 0;
-    for (const pfx_node *n = p->lru_head; n; n = n->lru_next) {
+    for (const kp_pfx_node *n = p->lru_head; n; n = n->lru_next) {
         if (n->n_children) continue;
         uint32_t i = n_pick < max ? n_pick++ : max;
         while (i > 0 && pick[i - 1]->depth < n->depth) {
@@ -940,14 +940,14 @@ kp_status pfx_top(pfx_index *p, pfx_prefix_info *out, uint32_t max, uint32_t *n_
         if (i < max) pick[i] = n;
     }
     for (uint32_t i = 0; i < n_pick; i++) {
-        const pfx_node *n = pick[i];
+        const kp_pfx_node *n = pick[i];
         if (!path_reserve(p, n->depth)) {
             free(pick);
             return kp_fail(err, KP_ENOMEM, "out of memory listing cached prefixes");
         }
         fill_path(p, n);
-        pfx_prefix_info *o = &out[i];
-        o->hash = pfx_hash(p->path, n->depth);
+        kp_pfx_prefix_info *o = &out[i];
+        o->hash = kp_pfx_hash(p->path, n->depth);
         o->n_tokens = n->depth;
         o->bytes = (uint64_t)((n->depth + p->B - 1) / p->B) * p->block_bytes;
         o->own_bytes = (uint64_t)own_blocks(n) * p->block_bytes;
@@ -961,8 +961,8 @@ kp_status pfx_top(pfx_index *p, pfx_prefix_info *out, uint32_t max, uint32_t *n_
     return KP_OK;
 }
 
-kp_status pfx_check(pfx_index *p, kp_error *err) {
-    const pfx_node *root = &p->root;
+kp_status kp_pfx_check(kp_pfx_index *p, kp_error *err) {
+    const kp_pfx_node *root = &p->root;
     if (root->n_tokens || root->depth || root->n_blocks || root->hold_here || root->pin_here)
         return kp_fail(err, KP_EFORMAT, "prefix index: the root has a run, blocks, a lease or a pin");
     uint32_t *refs = calloc(p->n_pool_blocks ? p->n_pool_blocks : 1, sizeof(uint32_t));
@@ -970,12 +970,12 @@ kp_status pfx_check(pfx_index *p, kp_error *err) {
     kp_status st = KP_OK;
     uint64_t leases = 0, pins = 0;
     uint32_t n_nodes = 0;
-    for (pfx_node *n = &p->root; n && st == KP_OK; n = next_preorder(n)) {
+    for (kp_pfx_node *n = &p->root; n && st == KP_OK; n = next_preorder(n)) {
         uint32_t hold = n->hold_here, pin = n->pin_here;
         leases += n->hold_here;
         pins += n->pin_here;
         for (uint32_t i = 0; i < n->n_children; i++) {
-            const pfx_node *c = n->children[i];
+            const kp_pfx_node *c = n->children[i];
             hold += c->hold;
             pin += c->pin;
             if (c->parent != n)
@@ -1031,7 +1031,7 @@ kp_status pfx_check(pfx_index *p, kp_error *err) {
     if (n_nodes != p->n_nodes)
         return kp_fail(err, KP_EFORMAT, "prefix index: %u nodes in the tree, %u counted", n_nodes, p->n_nodes);
     uint32_t in_lru = 0;
-    for (const pfx_node *n = p->lru_head; n; n = n->lru_next) {
+    for (const kp_pfx_node *n = p->lru_head; n; n = n->lru_next) {
         if (++in_lru > n_nodes || !n->parent || (n->lru_next ? n->lru_next->lru_prev != n : p->lru_tail != n))
             return kp_fail(err, KP_EFORMAT, "prefix index: the LRU list is broken");
     }

@@ -11,17 +11,17 @@
  *
  * A request's life with the index:
  *
- *   pfx_match(tokens)                    -> how much is cached, where it diverged
- *   pfx_acquire(tokens, m.n_reuse, &seq, &lease)
+ *   kp_pfx_match(tokens)                    -> how much is cached, where it diverged
+ *   kp_pfx_acquire(tokens, m.n_reuse, &seq, &lease)
  *                                        -> seq holds the cached rows; forward runs
  *                                           from position seq.n_pos
- *   (KP_EFULL from the pool: pfx_evict(bytes, now), then retry)
- *   pfx_insert(tokens, n, &seq, &lease)  -> after prefill / each step / at the end
- *   pfx_release(&lease); kp_kvseq_release(&seq, pool)
+ *   (KP_EFULL from the pool: kp_pfx_evict(bytes, now), then retry)
+ *   kp_pfx_insert(tokens, n, &seq, &lease)  -> after prefill / each step / at the end
+ *   kp_pfx_release(&lease); kp_kvseq_release(&seq, pool)
  *
  * Contract for sequences: a sequence writes only positions >= its n_pos at
- * the time of pfx_acquire or pfx_insert (it appends, it never rewinds over
- * rows it reused or indexed). pfx_acquire hands out a private copy of a
+ * the time of kp_pfx_acquire or kp_pfx_insert (it appends, it never rewinds over
+ * rows it reused or indexed). kp_pfx_acquire hands out a private copy of a
  * shared partial block, so appending never touches a row someone else reads.
  */
 #ifndef KP_PREFIX_H
@@ -33,38 +33,38 @@
 #include "kvpool.h"
 #include "status.h"
 
-typedef struct pfx_index pfx_index;
-typedef struct pfx_node pfx_node;
+typedef struct kp_pfx_index kp_pfx_index;
+typedef struct kp_pfx_node kp_pfx_node;
 
 typedef struct {
     uint64_t pinned_cap_bytes;    /* pinned prefixes may hold at most this many bytes; 0: no pins */
     uint32_t evicted_record_size; /* how many evicted runs are remembered (0: none) */
-} pfx_config;
+} kp_pfx_config;
 
 /* A running sequence's hold on an indexed path: while held, no node of the
  * path is evicted. {0} (node NULL) is the empty lease. Opaque: only the
  * functions below read or write it. */
 typedef struct {
-    pfx_node *node;
-} pfx_lease;
+    kp_pfx_node *node;
+} kp_pfx_lease;
 
 /* Makes an empty index over `pool` (borrowed; it must outlive the index).
  * cfg NULL: pinned cap = half the pool, 256 evicted runs remembered.
  * KP_ENOMEM on allocation failure (*out NULL). */
-kp_status pfx_new(pfx_index **out, kp_kvpool *pool, const pfx_config *cfg, kp_error *err);
+kp_status kp_pfx_new(kp_pfx_index **out, kp_kvpool *pool, const kp_pfx_config *cfg, kp_error *err);
 
 /* Drops every block reference the index holds and frees it. Outstanding
  * leases become invalid (their sequences keep their own block references).
- * pfx_free(NULL) is a no-op. */
-void pfx_free(pfx_index *p);
+ * kp_pfx_free(NULL) is a no-op. */
+void kp_pfx_free(kp_pfx_index *p);
 
 /* A 64-bit hash of a token run (not cryptographic; only for records and
  * reports; hits are always verified on the tokens themselves). */
-uint64_t pfx_hash(const int32_t *tokens, uint32_t n);
+uint64_t kp_pfx_hash(const int32_t *tokens, uint32_t n);
 
 typedef struct {
     uint32_t n_match;         /* leading query tokens found in the index, token-exact */
-    uint32_t n_reuse;         /* positions to take with pfx_acquire: n_match, except on
+    uint32_t n_reuse;         /* positions to take with kp_pfx_acquire: n_match, except on
                                  a full hit (n_match == n > 0) where it is n - 1: the
                                  last position is recomputed to get its logits */
     uint32_t edge_start;      /* the edge the query ended on or left the cache from: */
@@ -76,11 +76,11 @@ typedef struct {
     bool evicted;             /* n_match < n and the query's continuation at n_match
                                  (tokens[0..n_match]) was cached once and evicted */
     uint32_t evicted_len;     /* when evicted: the path length the evicted node had */
-} pfx_match_result;
+} kp_pfx_match_result;
 
 /* Longest cached prefix of tokens[0..n). Read-only: no LRU touch, no stats,
  * so a report (kvpin doctor, cache report) does not disturb the cache. */
-void pfx_match(const pfx_index *p, const int32_t *tokens, uint32_t n, pfx_match_result *out);
+void kp_pfx_match(const kp_pfx_index *p, const int32_t *tokens, uint32_t n, kp_pfx_match_result *out);
 
 /* Sets up the empty sequence *seq (all zero) to reuse the cached rows of
  * tokens[0..n_reuse): its block table references the index's blocks, except
@@ -95,8 +95,8 @@ void pfx_match(const pfx_index *p, const int32_t *tokens, uint32_t n, pfx_match_
  * KP_EINVAL: seq not empty, or tokens[0..n_reuse) not (or no longer) cached.
  * On success counts a lookup (a hit when n_reuse > 0) and touches the path
  * (LRU). */
-kp_status pfx_acquire(pfx_index *p, const int32_t *tokens, uint32_t n_reuse, kp_kvseq *seq,
-                      pfx_lease *lease, kp_error *err);
+kp_status kp_pfx_acquire(kp_pfx_index *p, const int32_t *tokens, uint32_t n_reuse, kp_kvseq *seq,
+                      kp_pfx_lease *lease, kp_error *err);
 
 /* Indexes tokens[0..n) whose K/V rows are in seq's blocks (seq->n_pos >= n):
  * the part already cached is kept as it is (stored once), new positions get
@@ -107,32 +107,32 @@ kp_status pfx_acquire(pfx_index *p, const int32_t *tokens, uint32_t n_reuse, kp_
  * holds what it indexed); pass NULL for a finished sequence. The sequence is
  * borrowed and keeps its own references. KP_EINVAL if seq lacks positions or
  * blocks; KP_ENOMEM with the index unchanged. */
-kp_status pfx_insert(pfx_index *p, const int32_t *tokens, uint32_t n, const kp_kvseq *seq,
-                     pfx_lease *lease, uint32_t *n_added, kp_error *err);
+kp_status kp_pfx_insert(kp_pfx_index *p, const int32_t *tokens, uint32_t n, const kp_kvseq *seq,
+                     kp_pfx_lease *lease, uint32_t *n_added, kp_error *err);
 
 /* Drops the hold of *lease and empties it. No-op on an empty lease. */
-void pfx_release(pfx_index *p, pfx_lease *lease);
+void kp_pfx_release(kp_pfx_index *p, kp_pfx_lease *lease);
 
 /* Frees at least bytes_needed of pool memory if it can: first expires pins
  * whose ttl has passed at `now`, then evicts least-recently-used leaves that
  * no lease holds and no pin covers (a parent becomes a leaf when its last
  * child goes). Returns the bytes actually returned to the pool (blocks still
  * used by a sequence are not freed by evicting them). Each evicted run is
- * remembered for pfx_match. Call it when kp_kvpool_alloc answers KP_EFULL. */
-uint64_t pfx_evict(pfx_index *p, uint64_t bytes_needed, int64_t now);
+ * remembered for kp_pfx_match. Call it when kp_kvpool_alloc answers KP_EFULL. */
+uint64_t kp_pfx_evict(kp_pfx_index *p, uint64_t bytes_needed, int64_t now);
 
-/* Pins the cached prefix tokens[0..n) until pfx_unpin(*id), or until
+/* Pins the cached prefix tokens[0..n) until kp_pfx_unpin(*id), or until
  * now + ttl_seconds (ttl 0: no expiry). A pinned path is never evicted.
  * KP_ENOTFOUND if the n tokens are not all cached; KP_EFULL if the pinned
  * bytes would exceed the configured cap; KP_EINVAL for n 0 or ttl < 0. */
-kp_status pfx_pin(pfx_index *p, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
+kp_status kp_pfx_pin(kp_pfx_index *p, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
                   uint64_t *id, kp_error *err);
 
 /* Removes pin id. KP_ENOTFOUND if there is no such pin (expired or never made). */
-kp_status pfx_unpin(pfx_index *p, uint64_t id, kp_error *err);
+kp_status kp_pfx_unpin(kp_pfx_index *p, uint64_t id, kp_error *err);
 
 /* Removes every pin whose expiry time is <= now; returns how many. */
-uint32_t pfx_expire(pfx_index *p, int64_t now);
+uint32_t kp_pfx_expire(kp_pfx_index *p, int64_t now);
 
 /* The memory bill. Every byte count is in whole KV blocks; a block several
  * nodes or sequences share counts once. */
@@ -151,16 +151,16 @@ typedef struct {
     uint32_t n_pins;
     uint32_t n_leases;
     uint64_t cached_tokens;     /* distinct indexed positions (sum of edge lengths) */
-    uint64_t n_evictions;       /* nodes evicted since pfx_new */
+    uint64_t n_evictions;       /* nodes evicted since kp_pfx_new */
     uint64_t evicted_bytes;     /* bytes eviction returned to the pool */
-    uint64_t n_lookups;         /* successful pfx_acquire calls */
+    uint64_t n_lookups;         /* successful kp_pfx_acquire calls */
     uint64_t n_hits;            /* ... with n_reuse > 0 */
     uint64_t reused_tokens;     /* sum of n_reuse */
-} pfx_stats;
+} kp_pfx_stats;
 
-void pfx_get_stats(pfx_index *p, pfx_stats *out);
+void kp_pfx_get_stats(kp_pfx_index *p, kp_pfx_stats *out);
 
-/* One node as pfx_walk shows it. Pointers are borrowed for the callback only. */
+/* One node as kp_pfx_walk shows it. Pointers are borrowed for the callback only. */
 typedef struct {
     const int32_t *path;        /* tokens[0..end) of the path to this node's end */
     uint32_t start, end;        /* this node's run is path[start..end) */
@@ -172,18 +172,18 @@ typedef struct {
     uint32_t n_pins;            /* pins on this node or below */
     uint64_t last_used;         /* logical clock of the last touch */
     uint64_t hits;              /* acquires that reused part of this node */
-} pfx_node_info;
+} kp_pfx_node_info;
 
 /* Returns nonzero to stop the walk. */
-typedef int (*pfx_walk_fn)(const pfx_node_info *node, void *ctx);
+typedef int (*kp_pfx_walk_fn)(const kp_pfx_node_info *node, void *ctx);
 
 /* Visits every node (root excluded) in preorder, children in token order.
  * KP_ENOMEM if the path buffer cannot grow. */
-kp_status pfx_walk(pfx_index *p, pfx_walk_fn fn, void *ctx, kp_error *err);
+kp_status kp_pfx_walk(kp_pfx_index *p, kp_pfx_walk_fn fn, void *ctx, kp_error *err);
 
 /* A cached prefix (a leaf: a path that ends) for cache listings. */
 typedef struct {
-    uint64_t hash;       /* pfx_hash of its tokens */
+    uint64_t hash;       /* kp_pfx_hash of its tokens */
     uint32_t n_tokens;
     uint64_t bytes;      /* K/V bytes of all its positions (shared ancestors included) */
     uint64_t own_bytes;  /* bytes the index holds for this prefix alone */
@@ -191,16 +191,16 @@ typedef struct {
     bool pinned;
     uint64_t last_used;
     uint64_t hits;
-} pfx_prefix_info;
+} kp_pfx_prefix_info;
 
 /* Fills out[0..*n_out) with the largest cached prefixes (most tokens first),
  * at most max. KP_ENOMEM if the path buffer cannot grow. */
-kp_status pfx_top(pfx_index *p, pfx_prefix_info *out, uint32_t max, uint32_t *n_out, kp_error *err);
+kp_status kp_pfx_top(kp_pfx_index *p, kp_pfx_prefix_info *out, uint32_t max, uint32_t *n_out, kp_error *err);
 
 /* Verifies the index's invariants (tree links and depths, block counts, the
  * index's block references against the pool's refcounts, hold and pin
  * counts, the LRU list, the pinned cap). KP_OK, or KP_EFORMAT naming the
  * first broken invariant. For tests and debug builds: O(nodes + blocks). */
-kp_status pfx_check(pfx_index *p, kp_error *err);
+kp_status kp_pfx_check(kp_pfx_index *p, kp_error *err);
 
 #endif

@@ -44,7 +44,7 @@ struct kp_sreq {
     size_t text_len;
     kp_sampler *smp;
     kp_textout *to;
-    eng_seq seq;
+    kp_eng_seq seq;
     float *logits;
     double t_submit, t_admit, t_last;
     kp_sreq *next;
@@ -60,15 +60,15 @@ struct kp_sreq {
     kp_finish finish;
     kp_status status;
     kp_error err;
-    eng_report report;
-    doctor_report doctor;
+    kp_eng_report report;
+    kp_doctor_report doctor;
     bool has_doctor;
     double queue_ms, ttft_ms;
 };
 
 struct kp_sched {
-    eng_engine *e;
-    const tok_vocab *v;
+    kp_engine *e;
+    const kp_tok_vocab *v;
     kp_sched_config cfg;
     uint32_t n_vocab, max_pos;
     pthread_t thread;
@@ -79,7 +79,7 @@ struct kp_sched {
     kp_sreq *qhead, *qtail;
     uint32_t n_queued, n_running;
     kp_sreq **running; /* [parallel], engine thread */
-    eng_item *items;   /* [parallel] */
+    kp_eng_item *items;   /* [parallel] */
     kp_sreq **item_req;
     kp_crep *crep;
     kp_sched_stats st; /* under mu */
@@ -226,7 +226,7 @@ kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, k
     r->n_prompt = r->n_all = p->n_prompt;
     r->max_tokens = p->max_tokens;
     r->ignore_eos = p->ignore_eos;
-    bool strip = p->n_prompt == 1 && p->prompt[0] == tok_bos(s->v) && tok_add_space_prefix(s->v);
+    bool strip = p->n_prompt == 1 && p->prompt[0] == kp_tok_bos(s->v) && kp_tok_add_space_prefix(s->v);
     if ((st = kp_sampler_new(&r->smp, &p->sp, (int32_t)s->n_vocab, err)) != KP_OK ||
         (st = kp_textout_new(&r->to, s->v, p->stops, p->n_stops, false, strip, err)) != KP_OK) {
         sreq_free(r);
@@ -267,14 +267,14 @@ static void finish(kp_sched *s, kp_sreq *r, kp_finish why, kp_status status, con
         kp_textout_finish(r->to, &t, &n);
         if (n) emit(r, t, n, false);
     }
-    uint32_t len = eng_seq_len(&r->seq);
+    uint32_t len = kp_eng_seq_len(&r->seq);
     if (len > 0) {
         kp_error e2;
         uint32_t n = len < r->n_all ? len : r->n_all;
-        eng_finish(s->e, &r->seq, r->all, n, NULL, &e2);
+        kp_eng_finish(s->e, &r->seq, r->all, n, NULL, &e2);
         kp_crep_add(s->crep, r->all, n, &e2);
     } else {
-        eng_seq_abort(s->e, &r->seq);
+        kp_eng_seq_abort(s->e, &r->seq);
     }
     pthread_mutex_lock(&s->mu);
     s->st.requests_finished++;
@@ -298,15 +298,15 @@ static bool admit(kp_sched *s, kp_sreq *r) {
         return false;
     }
     kp_error err = {0};
-    eng_report rep;
-    kp_status st = eng_begin(s->e, r->all, r->n_prompt, &r->seq, &rep, &err);
+    kp_eng_report rep;
+    kp_status st = kp_eng_begin(s->e, r->all, r->n_prompt, &r->seq, &rep, &err);
     if (st != KP_OK) {
         finish(s, r, KP_FINISH_ERROR, st, &err);
         return false;
     }
     r->fed = rep.reused_tokens;
-    doctor_report d;
-    bool has = kp_crep_explain(s->crep, r->all, r->n_prompt, r->text, r->text_len, &rep, DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
+    kp_doctor_report d;
+    bool has = kp_crep_explain(s->crep, r->all, r->n_prompt, r->text, r->text_len, &rep, KP_DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
     pthread_mutex_lock(&r->mu);
     r->report = rep;
     if (has) r->doctor = d;
@@ -350,7 +350,7 @@ static bool on_logits(kp_sched *s, kp_sreq *r) {
     pthread_mutex_lock(&r->mu);
     r->completion_tokens++;
     pthread_mutex_unlock(&r->mu);
-    if (tok_is_eog(s->v, tok) && !r->ignore_eos) {
+    if (kp_tok_is_eog(s->v, tok) && !r->ignore_eos) {
         emit(r, NULL, 0, true);
         finish(s, r, KP_FINISH_STOP, KP_OK, NULL);
         return true;
@@ -395,7 +395,7 @@ static void step(kp_sched *s) {
             s->running[i] = NULL;
             continue;
         }
-        eng_item *it = &s->items[ni];
+        kp_eng_item *it = &s->items[ni];
         memset(it, 0, sizeof *it);
         it->seq = &r->seq;
         if (r->fed < r->n_prompt) {
@@ -414,13 +414,13 @@ static void step(kp_sched *s) {
     }
     if (ni > 0) {
         kp_error err = {0};
-        kp_status st = eng_step(s->e, s->items, ni, &err);
+        kp_status st = kp_eng_step(s->e, s->items, ni, &err);
         pthread_mutex_lock(&s->mu);
         s->st.steps++;
         pthread_mutex_unlock(&s->mu);
         for (uint32_t k = 0; k < ni; k++) {
             kp_sreq *r = s->item_req[k];
-            eng_item *it = &s->items[k];
+            kp_eng_item *it = &s->items[k];
             uint32_t slot = 0;
             while (s->running[slot] != r) slot++;
             if (st != KP_OK || it->status != KP_OK) {
@@ -470,8 +470,8 @@ static void *loop(void *arg) {
             if (admit(s, r)) s->running[s->n_running++] = r; /* only this thread grows it */
         }
         double t = now_s();
-        if (t - s->last_expire > 1.0 && eng_index(s->e)) {
-            pfx_expire(eng_index(s->e), (int64_t)time(NULL));
+        if (t - s->last_expire > 1.0 && kp_eng_index(s->e)) {
+            kp_pfx_expire(kp_eng_index(s->e), (int64_t)time(NULL));
             s->last_expire = t;
         }
         step(s);
@@ -479,8 +479,8 @@ static void *loop(void *arg) {
          * and when the engine goes idle, not after every step */
         bool idle = s->n_running == 0;
         if (idle || now_s() - s->last_stats >= 0.1) {
-            pfx_stats kv;
-            eng_stats(s->e, &kv);
+            kp_pfx_stats kv;
+            kp_eng_stats(s->e, &kv);
             s->last_stats = now_s();
             pthread_mutex_unlock(&s->eng_mu);
             pthread_mutex_lock(&s->mu);
@@ -508,7 +508,7 @@ static void *loop(void *arg) {
     return NULL;
 }
 
-kp_status kp_sched_new(kp_sched **out, eng_engine *e, const tok_vocab *v, const kp_sched_config *cfg,
+kp_status kp_sched_new(kp_sched **out, kp_engine *e, const kp_tok_vocab *v, const kp_sched_config *cfg,
                        kp_error *err) {
     *out = NULL;
     if (!cfg || cfg->parallel == 0 || cfg->prefill_chunk == 0)
@@ -518,8 +518,8 @@ kp_status kp_sched_new(kp_sched **out, eng_engine *e, const tok_vocab *v, const 
     s->e = e;
     s->v = v;
     s->cfg = *cfg;
-    s->n_vocab = (uint32_t)tok_n_vocab(v);
-    s->max_pos = eng_max_pos(e);
+    s->n_vocab = (uint32_t)kp_tok_n_vocab(v);
+    s->max_pos = kp_eng_max_pos(e);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->eng_mu, NULL);
     pthread_cond_init(&s->work, NULL);
@@ -565,7 +565,7 @@ void kp_sched_free(kp_sched *s) {
     free(s);
 }
 
-eng_engine *kp_sched_lock(kp_sched *s, kp_crep **crep) {
+kp_engine *kp_sched_lock(kp_sched *s, kp_crep **crep) {
     pthread_mutex_lock(&s->eng_mu);
     if (crep) *crep = s->crep;
     return s->e;

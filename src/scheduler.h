@@ -3,7 +3,7 @@
  *
  * The scheduler owns one thread that owns the engine: every step it admits
  * queued requests (up to `parallel` running sequences), then runs ONE
- * eng_step holding a decode token of every generating sequence and a slice
+ * kp_eng_step holding a decode token of every generating sequence and a slice
  * of at most `prefill_chunk` prompt tokens of the sequences still
  * prefilling, so running streams keep flowing while a long prompt is
  * computed. It samples, applies stop strings and end-of-generation, and
@@ -12,9 +12,9 @@
  *
  *   submitter thread                      engine thread
  *   ----------------                      -------------
- *   kp_sched_submit --> queue (bounded) --> admit: eng_begin, cache report
- *   kp_sreq_wait   <--  text, done      <-- step: eng_step, sample, textout
- *   kp_sreq_cancel  --> flag            --> finish: eng_finish, history
+ *   kp_sched_submit --> queue (bounded) --> admit: kp_eng_begin, cache report
+ *   kp_sreq_wait   <--  text, done      <-- step: kp_eng_step, sample, textout
+ *   kp_sreq_cancel  --> flag            --> finish: kp_eng_finish, history
  *
  * Other threads reach the engine (cache endpoints) only through
  * kp_sched_lock / kp_sched_unlock, which exclude the step. Counters for
@@ -45,7 +45,7 @@ typedef struct {
 /* The engine and the vocabulary are borrowed (they must outlive the
  * scheduler); the scheduler's thread is the only user of the engine until
  * kp_sched_free, apart from kp_sched_lock holders. */
-kp_status kp_sched_new(kp_sched **out, eng_engine *e, const tok_vocab *v, const kp_sched_config *cfg,
+kp_status kp_sched_new(kp_sched **out, kp_engine *e, const kp_tok_vocab *v, const kp_sched_config *cfg,
                        kp_error *err);
 
 /* Stops the thread: running and queued requests finish with
@@ -92,8 +92,8 @@ typedef struct {
     kp_error err;
     /* usage, valid once started */
     uint32_t prompt_tokens, cached_tokens, completion_tokens;
-    eng_report report;       /* the engine's report of the prefill */
-    doctor_report doctor;    /* divergence, snippets and cause (JSON-escaped snippets) */
+    kp_eng_report report;       /* the engine's report of the prefill */
+    kp_doctor_report doctor;    /* divergence, snippets and cause (JSON-escaped snippets) */
     bool has_doctor;
     double queue_ms, ttft_ms; /* waiting time; submit to first token */
     /* the token ids: prompt_tokens of the prompt, then completion_tokens
@@ -118,7 +118,7 @@ void kp_sreq_release(kp_sreq *r);
 
 /* Excludes the engine thread (waits for the current step to end) and
  * returns the engine and the report history for cache endpoints. */
-eng_engine *kp_sched_lock(kp_sched *s, kp_crep **crep);
+kp_engine *kp_sched_lock(kp_sched *s, kp_crep **crep);
 void kp_sched_unlock(kp_sched *s);
 
 #define KP_SCHED_HIST_BUCKETS 12
@@ -127,7 +127,7 @@ typedef struct {
     uint64_t requests_started, requests_finished, requests_cancelled, requests_failed;
     uint64_t prompt_tokens, cached_tokens, generated_tokens, steps;
     uint32_t queued, running;
-    pfx_stats kv;            /* the memory bill after the last step */
+    kp_pfx_stats kv;            /* the memory bill after the last step */
     /* histograms: cumulative counts of observations <= le[i] seconds */
     double ttft_le[KP_SCHED_HIST_BUCKETS], tpot_le[KP_SCHED_HIST_BUCKETS];
     uint64_t ttft_count[KP_SCHED_HIST_BUCKETS], tpot_count[KP_SCHED_HIST_BUCKETS];

@@ -51,7 +51,7 @@ static const int STATUS_CODES[N_STATUS] = {200, 400, 401, 404, 405, 413, 429, 43
 struct kp_server {
     kp_server_config cfg;
     kp_sched *sched;
-    const tok_vocab *v;
+    const kp_tok_vocab *v;
     const kp_model *m;
     struct MHD_Daemon *d;
     uint16_t port;
@@ -163,12 +163,12 @@ static bool tokenize_prompt(kp_server *s, const char *text, size_t len, int32_t 
     kp_error err = {0};
     int32_t *t = NULL;
     size_t nt = 0;
-    if (tok_encode(s->v, text, len, false, true, &t, &nt, &err) != KP_OK) {
+    if (kp_tok_encode(s->v, text, len, false, true, &t, &nt, &err) != KP_OK) {
         status_error(KP_EINVAL, &err, "prompt", e);
         return false;
     }
-    int32_t bos = tok_bos(s->v);
-    if (tok_add_bos(s->v) && bos >= 0 && (nt == 0 || t[0] != bos)) {
+    int32_t bos = kp_tok_bos(s->v);
+    if (kp_tok_add_bos(s->v) && bos >= 0 && (nt == 0 || t[0] != bos)) {
         int32_t *t2 = malloc((nt + 1) * sizeof *t2);
         if (!t2) {
             free(t);
@@ -239,10 +239,10 @@ static bool request_tokens(kp_server *s, const json_t *prompt, const json_t *mes
         for (size_t i = 0; i < k; i++) {
             const json_t *x = json_array_get(prompt, i);
             json_int_t id = json_is_integer(x) ? json_integer_value(x) : -1;
-            if (id < 0 || id >= tok_n_vocab(s->v)) {
+            if (id < 0 || id >= kp_tok_n_vocab(s->v)) {
                 free(t);
                 return kp_oai_fail(e, 400, "invalid_request_error", NULL, "prompt",
-                                   "prompt[%zu] is not a token id of this model (0..%d)", i, tok_n_vocab(s->v) - 1);
+                                   "prompt[%zu] is not a token id of this model (0..%d)", i, kp_tok_n_vocab(s->v) - 1);
             }
             t[i] = (int32_t)id;
         }
@@ -473,9 +473,9 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
                                                q.tools, &ids, &n, &ptext, &tlen0, &e);
     if (q.prompt_tokens) {
         for (uint32_t i = 0; i < q.n_prompt_tokens && ok; i++)
-            if (q.prompt_tokens[i] >= tok_n_vocab(s->v))
+            if (q.prompt_tokens[i] >= kp_tok_n_vocab(s->v))
                 ok = kp_oai_fail(&e, 400, "invalid_request_error", NULL, "prompt",
-                                 "prompt[%u] is not a token id of this model (0..%d)", i, tok_n_vocab(s->v) - 1);
+                                 "prompt[%u] is not a token id of this model (0..%d)", i, kp_tok_n_vocab(s->v) - 1);
         ids = q.prompt_tokens;
         n = q.n_prompt_tokens;
         q.prompt_tokens = NULL;
@@ -646,7 +646,7 @@ static enum MHD_Result tokenize(kp_server *s, struct MHD_Connection *c, conn *cn
     int32_t *ids = NULL;
     size_t n = 0;
     kp_error err = {0};
-    kp_status st = tok_encode(s->v, json_string_value(content), json_string_length(content), as && json_is_true(as),
+    kp_status st = kp_tok_encode(s->v, json_string_value(content), json_string_length(content), as && json_is_true(as),
                               !ps || json_is_true(ps), &ids, &n, &err);
     if (st != KP_OK) {
         json_decref(o);
@@ -657,7 +657,7 @@ static enum MHD_Result tokenize(kp_server *s, struct MHD_Connection *c, conn *cn
     for (size_t i = 0; i < n; i++) {
         if (wp && json_is_true(wp)) {
             size_t pl;
-            const char *pc = tok_piece_view(s->v, ids[i], true, &pl);
+            const char *pc = kp_tok_piece_view(s->v, ids[i], true, &pl);
             json_t *piece = json_stringn(pc ? pc : "", pc ? pl : 0);
             if (!piece) { /* a piece that is not valid UTF-8 alone: its bytes */
                 piece = json_array();
@@ -690,11 +690,11 @@ static enum MHD_Result detokenize(kp_server *s, struct MHD_Connection *c, conn *
     for (size_t i = 0; ids && i < n; i++) {
         const json_t *x = json_array_get(t, i);
         json_int_t id = json_is_integer(x) ? json_integer_value(x) : -1;
-        if (id < 0 || id >= tok_n_vocab(s->v)) {
+        if (id < 0 || id >= kp_tok_n_vocab(s->v)) {
             free(ids);
             json_decref(o);
             return fail(s, c, 400, "invalid_request_error", NULL, "tokens",
-                        "tokens[%zu] is not a token id of this model (0..%d)", i, tok_n_vocab(s->v) - 1);
+                        "tokens[%zu] is not a token id of this model (0..%d)", i, kp_tok_n_vocab(s->v) - 1);
         }
         ids[i] = (int32_t)id;
     }
@@ -703,7 +703,7 @@ static enum MHD_Result detokenize(kp_server *s, struct MHD_Connection *c, conn *
     char *text = NULL;
     size_t len = 0;
     kp_error err = {0};
-    kp_status st = tok_detokenize(s->v, ids, n, false, true, &text, &len, &err);
+    kp_status st = kp_tok_detokenize(s->v, ids, n, false, true, &text, &len, &err);
     free(ids);
     if (st != KP_OK) {
         status_error(st, &err, "tokens", &e);
@@ -712,14 +712,14 @@ static enum MHD_Result detokenize(kp_server *s, struct MHD_Connection *c, conn *
     /* bytes that are not valid UTF-8 (a split character) become U+FFFD */
     json_t *content = json_stringn(text, len);
     if (!content) {
-        tok_stream *ts = NULL;
-        if (tok_stream_new(&ts, s->v, true, &err) == KP_OK) {
+        kp_tok_stream *ts = NULL;
+        if (kp_tok_stream_new(&ts, s->v, true, &err) == KP_OK) {
             size_t k = 0;
             char *clean = malloc(len * 3 + 4);
             for (size_t i = 0; clean && i < json_array_size(t); i++) {
                 const char *b;
                 size_t nb;
-                if (tok_stream_push(ts, (int32_t)json_integer_value(json_array_get(t, i)), &b, &nb, &err) == KP_OK &&
+                if (kp_tok_stream_push(ts, (int32_t)json_integer_value(json_array_get(t, i)), &b, &nb, &err) == KP_OK &&
                     k + nb <= len * 3) {
                     memcpy(clean + k, b, nb);
                     k += nb;
@@ -727,7 +727,7 @@ static enum MHD_Result detokenize(kp_server *s, struct MHD_Connection *c, conn *
             }
             content = clean ? json_stringn(clean, k) : NULL;
             free(clean);
-            tok_stream_free(ts);
+            kp_tok_stream_free(ts);
         }
     }
     free(text);
@@ -767,7 +767,7 @@ typedef struct {
     uint32_t n;
 } leaf_walk;
 
-static int walk_leaf(const pfx_node_info *ni, void *ctx) {
+static int walk_leaf(const kp_pfx_node_info *ni, void *ctx) {
     leaf_walk *w = ctx;
     if (ni->n_children) return 0;
     uint32_t at = w->n;
@@ -794,7 +794,7 @@ static int cmp_leaf(const void *a, const void *b) {
     return x->len < y->len ? 1 : x->len > y->len ? -1 : 0;
 }
 
-static json_t *kv_json(const pfx_stats *k, uint64_t per_token) {
+static json_t *kv_json(const kp_pfx_stats *k, uint64_t per_token) {
     uint64_t bb = k->block_bytes ? k->block_bytes : 1;
     return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "budget_bytes",
                      (json_int_t)k->budget_bytes, "used_bytes", (json_int_t)k->used_bytes, "free_bytes",
@@ -809,13 +809,13 @@ static json_t *kv_json(const pfx_stats *k, uint64_t per_token) {
 static enum MHD_Result cache_get(kp_server *s, struct MHD_Connection *c) {
     kp_error err = {0};
     leaf_walk w = {0};
-    pfx_stats k;
+    kp_pfx_stats k;
     kp_crep *crep;
-    eng_engine *e = kp_sched_lock(s->sched, &crep);
-    eng_stats(e, &k);
-    kp_status st = eng_index(e) ? pfx_walk(eng_index(e), walk_leaf, &w, &err) : KP_OK;
-    bool on = eng_index(e) != NULL;
-    kp_dtype kvt = kp_kvpool_config_of(eng_kvpool(e))->kv_type;
+    kp_engine *e = kp_sched_lock(s->sched, &crep);
+    kp_eng_stats(e, &k);
+    kp_status st = kp_eng_index(e) ? kp_pfx_walk(kp_eng_index(e), walk_leaf, &w, &err) : KP_OK;
+    bool on = kp_eng_index(e) != NULL;
+    kp_dtype kvt = kp_kvpool_config_of(kp_eng_kvpool(e))->kv_type;
     kp_sched_unlock(s->sched);
     if (st != KP_OK) return fail(s, c, 500, "server_error", NULL, NULL, "%s", err.msg);
     uint64_t per = kp_model_kv_bytes_per_token(&s->m->hp, kvt);
@@ -824,7 +824,7 @@ static enum MHD_Result cache_get(kp_server *s, struct MHD_Connection *c) {
     for (uint32_t i = 0; i < w.n; i++) {
         char *text = NULL;
         size_t len = 0;
-        tok_detokenize(s->v, w.top[i].head, w.top[i].n_head, true, true, &text, &len, &err);
+        kp_tok_detokenize(s->v, w.top[i].head, w.top[i].n_head, true, true, &text, &len, &err);
         json_t *words = text ? json_stringn(text, len) : NULL;
         free(text);
         uint64_t blocks = k.block_bytes ? (w.top[i].len * per + k.block_bytes - 1) / k.block_bytes : 0;
@@ -876,13 +876,13 @@ static enum MHD_Result cache_probe(kp_server *s, struct MHD_Connection *c, conn 
     bool ok = body_tokens(s, o, allowed, &ids, &n, &text, &tl, &e);
     json_decref(o);
     if (!ok) return reply_error(s, c, &e);
-    eng_report r;
-    doctor_report d;
+    kp_eng_report r;
+    kp_doctor_report d;
     kp_error err = {0};
     kp_crep *crep;
-    eng_engine *eng = kp_sched_lock(s->sched, &crep);
-    eng_probe(eng, ids, (uint32_t)n, &r);
-    bool has = kp_crep_explain(crep, ids, (uint32_t)n, text, tl, &r, DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
+    kp_engine *eng = kp_sched_lock(s->sched, &crep);
+    kp_eng_probe(eng, ids, (uint32_t)n, &r);
+    bool has = kp_crep_explain(crep, ids, (uint32_t)n, text, tl, &r, KP_DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
     kp_sched_unlock(s->sched);
     free(ids);
     free(text);
@@ -914,7 +914,7 @@ static enum MHD_Result cache_pin(kp_server *s, struct MHD_Connection *c, conn *c
     free(text);
     if (!ok) return reply_error(s, c, &e);
     kp_crep *crep;
-    bool on = eng_index(kp_sched_lock(s->sched, &crep)) != NULL;
+    bool on = kp_eng_index(kp_sched_lock(s->sched, &crep)) != NULL;
     kp_sched_unlock(s->sched);
     if (!on) {
         free(ids);
@@ -944,11 +944,11 @@ static enum MHD_Result cache_pin(kp_server *s, struct MHD_Connection *c, conn *c
         return reply_error(s, c, &e);
     }
     uint64_t id = 0;
-    pfx_stats k;
-    eng_engine *eng = kp_sched_lock(s->sched, &crep);
-    st = pfx_pin(eng_index(eng), ids, (uint32_t)n, ttl, (int64_t)time(NULL), &id, &err);
-    eng_stats(eng, &k);
-    kp_dtype kvt = kp_kvpool_config_of(eng_kvpool(eng))->kv_type;
+    kp_pfx_stats k;
+    kp_engine *eng = kp_sched_lock(s->sched, &crep);
+    st = kp_pfx_pin(kp_eng_index(eng), ids, (uint32_t)n, ttl, (int64_t)time(NULL), &id, &err);
+    kp_eng_stats(eng, &k);
+    kp_dtype kvt = kp_kvpool_config_of(kp_eng_kvpool(eng))->kv_type;
     kp_sched_unlock(s->sched);
     free(ids);
     if (st != KP_OK) {
@@ -976,8 +976,8 @@ static enum MHD_Result cache_unpin(kp_server *s, struct MHD_Connection *c, const
         return fail(s, c, 404, "invalid_request_error", "pin_not_found", "id", "no pin \"%.64s\"", sid);
     kp_error err = {0};
     kp_crep *crep;
-    eng_engine *e = kp_sched_lock(s->sched, &crep);
-    kp_status st = eng_index(e) ? pfx_unpin(eng_index(e), id, &err) : KP_ENOTFOUND;
+    kp_engine *e = kp_sched_lock(s->sched, &crep);
+    kp_status st = kp_eng_index(e) ? kp_pfx_unpin(kp_eng_index(e), id, &err) : KP_ENOTFOUND;
     kp_sched_unlock(s->sched);
     if (st != KP_OK)
         return fail(s, c, 404, "invalid_request_error", "pin_not_found", "id",
@@ -1200,7 +1200,7 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     vfprintf(stderr, fmt, ap);
 }
 
-kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *sched, const tok_vocab *v,
+kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *sched, const kp_tok_vocab *v,
                         const kp_model *m, kp_error *err) {
     *out = NULL;
     kp_server *s = calloc(1, sizeof *s);
@@ -1215,7 +1215,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     s->v = v;
     s->m = m;
     s->started = time(NULL);
-    s->ctx = eng_max_pos(kp_sched_lock(sched, NULL));
+    s->ctx = kp_eng_max_pos(kp_sched_lock(sched, NULL));
     kp_sched_unlock(sched);
     struct addrinfo hints = {0}, *ai = NULL;
     hints.ai_family = AF_INET;

@@ -49,7 +49,7 @@ typedef struct kp_server kp_server;
 
 /* Starts listening. Everything is borrowed and must outlive the server.
  * KP_EIO when the address cannot be bound (the message says why). */
-kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *sched, const tok_vocab *v,
+kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *sched, const kp_tok_vocab *v,
                         const kp_model *m, kp_error *err);
 
 /* The port actually bound. */

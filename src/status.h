@@ -8,7 +8,7 @@
  * turns errors into exit codes; the server turns them into HTTP errors.
  *
  *   kp_error err = {0};
- *   if (gguf_open(&g, path, &err) != KP_OK) { fprintf(stderr, "%s\n", err.msg); ... }
+ *   if (kp_gguf_open(&g, path, &err) != KP_OK) { fprintf(stderr, "%s\n", err.msg); ... }
  *
  * A NULL kp_error pointer is allowed everywhere: the code is still returned.
  */

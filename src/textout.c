@@ -1,7 +1,7 @@
 /*
  * textout.c - token ids to releasable text with stop strings (textout.h).
  *
- * Owns a tok_stream, copies of the stop strings and two buffers:
+ * Owns a kp_tok_stream, copies of the stop strings and two buffers:
  *
  *   pending: | released already (dropped) | held back: may begin a stop |
  *   out    : the bytes returned by the last call
@@ -20,7 +20,7 @@
 #include <string.h>
 
 struct kp_textout {
-    tok_stream *ts;
+    kp_tok_stream *ts;
     char *stops[KP_TEXTOUT_MAX_STOPS];
     size_t stop_len[KP_TEXTOUT_MAX_STOPS];
     int n_stops;
@@ -29,7 +29,7 @@ struct kp_textout {
     size_t released;
 };
 
-kp_status kp_textout_new(kp_textout **out, const tok_vocab *v, const char *const *stops, int n_stops,
+kp_status kp_textout_new(kp_textout **out, const kp_tok_vocab *v, const char *const *stops, int n_stops,
                          bool special, bool strip_space, kp_error *err) {
     *out = NULL;
     if (n_stops < 0 || n_stops > KP_TEXTOUT_MAX_STOPS)
@@ -38,7 +38,7 @@ kp_status kp_textout_new(kp_textout **out, const tok_vocab *v, const char *const
         if (!stops[i] || !stops[i][0]) return kp_fail(err, KP_EINVAL, "stop string %d is empty", i);
     kp_textout *t = calloc(1, sizeof *t);
     if (!t) return kp_fail(err, KP_ENOMEM, "out of memory");
-    kp_status st = tok_stream_new(&t->ts, v, special, err);
+    kp_status st = kp_tok_stream_new(&t->ts, v, special, err);
     if (st != KP_OK) {
         free(t);
         return st;
@@ -60,7 +60,7 @@ kp_status kp_textout_new(kp_textout **out, const tok_vocab *v, const char *const
 
 void kp_textout_free(kp_textout *t) {
     if (!t) return;
-    tok_stream_free(t->ts);
+    kp_tok_stream_free(t->ts);
     for (int i = 0; i < t->n_stops; i++) free(t->stops[i]);
     kp_buf_free(&t->pend);
     kp_buf_free(&t->out);
@@ -120,7 +120,7 @@ kp_status kp_textout_push(kp_textout *t, int32_t id, const char **text, size_t *
     if (t->stopped) return KP_OK;
     const char *b;
     size_t nb;
-    kp_status st = tok_stream_push(t->ts, id, &b, &nb, err);
+    kp_status st = kp_tok_stream_push(t->ts, id, &b, &nb, err);
     if (st != KP_OK) return st;
     if ((st = append(t, b, nb, err)) != KP_OK) return st;
     size_t safe = scan(t);
@@ -135,7 +135,7 @@ void kp_textout_finish(kp_textout *t, const char **text, size_t *n) {
     if (t->stopped) return;
     const char *b;
     size_t nb;
-    tok_stream_flush(t->ts, &b, &nb);
+    kp_tok_stream_flush(t->ts, &b, &nb);
     kp_error err;
     if (append(t, b, nb, &err) != KP_OK) nb = 0; /* out of memory: release what is held */
     release(t, t->pend.len, text, n);

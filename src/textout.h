@@ -1,7 +1,7 @@
 /*
  * textout.h - generated token ids to the text a client may see (floor 2).
  *
- * Wraps a tok_stream (which assembles UTF-8 characters split across tokens)
+ * Wraps a kp_tok_stream (which assembles UTF-8 characters split across tokens)
  * and applies stop strings: text that could still turn out to begin a stop
  * string is held back until it cannot, and text from a stop string on is
  * never released. So a caller can stream every released byte at once and
@@ -32,7 +32,7 @@ typedef struct kp_textout kp_textout;
  * At most KP_TEXTOUT_MAX_STOPS non-empty stops (KP_EINVAL otherwise).
  * special: render control tokens as their text. strip_space: drop one
  * leading ' ' of the first released text. */
-kp_status kp_textout_new(kp_textout **out, const tok_vocab *v, const char *const *stops, int n_stops,
+kp_status kp_textout_new(kp_textout **out, const kp_tok_vocab *v, const char *const *stops, int n_stops,
                          bool special, bool strip_space, kp_error *err);
 void kp_textout_free(kp_textout *t); /* NULL is a no-op */
 

@@ -2,7 +2,7 @@
  * tok.c - the tokenizer's public entry points: queries, text -> ids (with
  * the special-token split), ids -> text, and the streaming decoder.
  *
- * Owns no state beyond each call's scratch and each tok_stream's buffers;
+ * Owns no state beyond each call's scratch and each kp_tok_stream's buffers;
  * the vocabulary (tok_load.c) is only read.
  *
  * Encoding, as llama.cpp's llama_vocab::impl::tokenize:
@@ -33,7 +33,7 @@
  *
  * Streaming decoder: pending holds at most 3 bytes, always a valid but
  * incomplete UTF-8 prefix; each push decodes pending + piece with the
- * strict rules of unicode_utf8_next.
+ * strict rules of kp_unicode_utf8_next.
  */
 #include <assert.h>
 #include <ctype.h>
@@ -45,35 +45,35 @@
 
 /* ---- queries ---- */
 
-static bool valid_id(const tok_vocab *v, int32_t id) { return v && id >= 0 && id < v->n_vocab; }
+static bool valid_id(const kp_tok_vocab *v, int32_t id) { return v && id >= 0 && id < v->n_vocab; }
 
-int32_t tok_n_vocab(const tok_vocab *v) { return v->n_vocab; }
-tok_model tok_model_kind(const tok_vocab *v) { return v->model; }
-const char *tok_model_name(const tok_vocab *v) { return v->model_name; }
-const char *tok_pre_name(const tok_vocab *v) { return v->pre_name; }
-const char *tok_pre_warning(const tok_vocab *v) { return v->pre_warning; }
-const char *tok_warnings(const tok_vocab *v) { return v->warnings; }
-int32_t tok_bos(const tok_vocab *v) { return v->bos; }
-int32_t tok_eos(const tok_vocab *v) { return v->eos; }
-int32_t tok_eot(const tok_vocab *v) { return v->eot; }
-int32_t tok_unk(const tok_vocab *v) { return v->unk; }
-int32_t tok_pad(const tok_vocab *v) { return v->pad; }
-int32_t tok_nl(const tok_vocab *v) { return v->nl; }
-bool tok_add_bos(const tok_vocab *v) { return v->add_bos; }
-bool tok_add_eos(const tok_vocab *v) { return v->add_eos; }
-bool tok_add_space_prefix(const tok_vocab *v) { return v->add_space_prefix; }
+int32_t kp_tok_n_vocab(const kp_tok_vocab *v) { return v->n_vocab; }
+kp_tok_model kp_tok_model_kind(const kp_tok_vocab *v) { return v->model; }
+const char *kp_tok_model_name(const kp_tok_vocab *v) { return v->model_name; }
+const char *kp_tok_pre_name(const kp_tok_vocab *v) { return v->pre_name; }
+const char *kp_tok_pre_warning(const kp_tok_vocab *v) { return v->pre_warning; }
+const char *kp_tok_warnings(const kp_tok_vocab *v) { return v->warnings; }
+int32_t kp_tok_bos(const kp_tok_vocab *v) { return v->bos; }
+int32_t kp_tok_eos(const kp_tok_vocab *v) { return v->eos; }
+int32_t kp_tok_eot(const kp_tok_vocab *v) { return v->eot; }
+int32_t kp_tok_unk(const kp_tok_vocab *v) { return v->unk; }
+int32_t kp_tok_pad(const kp_tok_vocab *v) { return v->pad; }
+int32_t kp_tok_nl(const kp_tok_vocab *v) { return v->nl; }
+bool kp_tok_add_bos(const kp_tok_vocab *v) { return v->add_bos; }
+bool kp_tok_add_eos(const kp_tok_vocab *v) { return v->add_eos; }
+bool kp_tok_add_space_prefix(const kp_tok_vocab *v) { return v->add_space_prefix; }
 
-bool tok_is_eog(const tok_vocab *v, int32_t id) { return valid_id(v, id) && v->eog[id]; }
+bool kp_tok_is_eog(const kp_tok_vocab *v, int32_t id) { return valid_id(v, id) && v->eog[id]; }
 
-bool tok_is_control(const tok_vocab *v, int32_t id) {
-    return valid_id(v, id) && (v->attrs[id] & TOK_ATTR_CONTROL);
+bool kp_tok_is_control(const kp_tok_vocab *v, int32_t id) {
+    return valid_id(v, id) && (v->attrs[id] & KP_TOK_ATTR_CONTROL);
 }
 
-uint32_t tok_attr(const tok_vocab *v, int32_t id) { return valid_id(v, id) ? v->attrs[id] : 0; }
+uint32_t kp_tok_attr(const kp_tok_vocab *v, int32_t id) { return valid_id(v, id) ? v->attrs[id] : 0; }
 
-float tok_score(const tok_vocab *v, int32_t id) { return valid_id(v, id) ? v->scores[id] : 0.0f; }
+float kp_tok_score(const kp_tok_vocab *v, int32_t id) { return valid_id(v, id) ? v->scores[id] : 0.0f; }
 
-const char *tok_text(const tok_vocab *v, int32_t id, size_t *len) {
+const char *kp_tok_text(const kp_tok_vocab *v, int32_t id, size_t *len) {
     if (!valid_id(v, id)) {
         if (len) *len = 0;
         return NULL;
@@ -82,9 +82,9 @@ const char *tok_text(const tok_vocab *v, int32_t id, size_t *len) {
     return v->text_arena + v->text_off[id];
 }
 
-int32_t tok_find(const tok_vocab *v, const char *text, size_t len) {
+int32_t kp_tok_find(const kp_tok_vocab *v, const char *text, size_t len) {
     if (!v || (!text && len)) return -1;
-    return tok_lookup(v, text ? text : "", len);
+    return kp_tok_lookup(v, text ? text : "", len);
 }
 
 /* ---- special-token split ---- */
@@ -115,7 +115,7 @@ static int frag_push(frag_list *l, int32_t token, size_t off, size_t len) {
 }
 
 /* Marks present[i] for every special text that occurs somewhere in text. */
-static void find_present(const tok_vocab *v, const uint8_t *text, size_t len, uint8_t *present) {
+static void find_present(const kp_tok_vocab *v, const uint8_t *text, size_t len, uint8_t *present) {
     for (size_t i = 0; i < len; i++) {
         int32_t node = v->trie_root[text[i]];
         size_t j = i;
@@ -132,7 +132,7 @@ static void find_present(const tok_vocab *v, const uint8_t *text, size_t len, ui
 static bool is_space(char c) { return isspace((unsigned char)c) != 0; }
 
 /* Splits every raw fragment of `in` at the occurrences of token id. */
-static int split_on_token(const tok_vocab *v, const char *text, int32_t id, const frag_list *in,
+static int split_on_token(const kp_tok_vocab *v, const char *text, int32_t id, const frag_list *in,
                           frag_list *out) {
     const char *t = v->text_arena + v->text_off[id];
     size_t tl = v->text_len[id];
@@ -154,12 +154,12 @@ static int split_on_token(const tok_vocab *v, const char *text, int32_t id, cons
             }
             size_t mpos = (size_t)(m - text);
             size_t left = mpos - off;
-            if (attr & TOK_ATTR_LSTRIP)
+            if (attr & KP_TOK_ATTR_LSTRIP)
                 while (left > 0 && is_space(text[off + left - 1])) left--;
             if (left > 0 && frag_push(out, -1, off, left)) return -1;
             if (frag_push(out, id, 0, 0)) return -1;
             size_t r_off = mpos + tl, r_len = off + len - r_off;
-            if (attr & TOK_ATTR_RSTRIP)
+            if (attr & KP_TOK_ATTR_RSTRIP)
                 while (r_len > 0 && is_space(text[r_off])) {
                     r_off++;
                     r_len--;
@@ -171,7 +171,7 @@ static int split_on_token(const tok_vocab *v, const char *text, int32_t id, cons
     return 0;
 }
 
-static kp_status partition(const tok_vocab *v, const char *text, size_t len, bool parse_special,
+static kp_status partition(const kp_tok_vocab *v, const char *text, size_t len, bool parse_special,
                            frag_list *out, kp_error *err) {
     frag_list tmp = {0};
     uint8_t *present = NULL;
@@ -184,7 +184,7 @@ static kp_status partition(const tok_vocab *v, const char *text, size_t len, boo
     for (size_t i = 0; i < v->n_special; i++) {
         if (!present[i]) continue;
         int32_t id = v->special[i];
-        if (!parse_special && (v->attrs[id] & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN))) continue;
+        if (!parse_special && (v->attrs[id] & (KP_TOK_ATTR_CONTROL | KP_TOK_ATTR_UNKNOWN))) continue;
         if (split_on_token(v, text, id, out, &tmp)) goto nomem;
         frag_list swap = *out;
         *out = tmp;
@@ -217,8 +217,8 @@ static int reserve(char **p, size_t *cap, size_t need) {
     return 0;
 }
 
-static kp_status spm_fragment(const tok_vocab *v, tok_scratch *s, text_bufs *tb, const char *text,
-                              size_t len, bool prefix_space, tok_ids *out, kp_error *err) {
+static kp_status spm_fragment(const kp_tok_vocab *v, kp_tok_scratch *s, text_bufs *tb, const char *text,
+                              size_t len, bool prefix_space, kp_tok_ids *out, kp_error *err) {
     if (reserve(&tb->buf, &tb->cap, 3 * (len + 1)))
         return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
     size_t n = 0;
@@ -234,11 +234,11 @@ static kp_status spm_fragment(const tok_vocab *v, tok_scratch *s, text_bufs *tb,
             tb->buf[n++] = text[i];
         }
     }
-    return tok_spm_tokenize(v, s, tb->buf, n, out, err);
+    return kp_tok_spm_tokenize(v, s, tb->buf, n, out, err);
 }
 
-static kp_status bpe_fragment(const tok_vocab *v, tok_scratch *s, text_bufs *tb, const char *text,
-                              size_t len, tok_ids *out, kp_error *err) {
+static kp_status bpe_fragment(const kp_tok_vocab *v, kp_tok_scratch *s, text_bufs *tb, const char *text,
+                              size_t len, kp_tok_ids *out, kp_error *err) {
     /* code points as llama.cpp reads them, written back as UTF-8 (norm);
      * surrogates, which PCRE2 cannot match, become U+E000 (same length and
      * category C) in the copy the regexes see */
@@ -247,10 +247,10 @@ static kp_status bpe_fragment(const tok_vocab *v, tok_scratch *s, text_bufs *tb,
     bool surrogates = false;
     for (size_t i = 0; i < len;) {
         size_t used;
-        uint32_t cpt = unicode_decode_lenient((const uint8_t *)text + i, len - i, &used);
+        uint32_t cpt = kp_unicode_decode_lenient((const uint8_t *)text + i, len - i, &used);
         i += used;
         if (cpt >= 0xD800 && cpt <= 0xDFFF) surrogates = true;
-        n += unicode_encode(cpt, (uint8_t *)tb->buf + n);
+        n += kp_unicode_encode(cpt, (uint8_t *)tb->buf + n);
     }
     const char *match = tb->buf;
     if (surrogates) {
@@ -265,37 +265,37 @@ static kp_status bpe_fragment(const tok_vocab *v, tok_scratch *s, text_bufs *tb,
         }
         match = tb->buf2;
     }
-    tok_span *words = NULL;
+    kp_tok_span *words = NULL;
     size_t n_words = 0;
-    kp_status st = tok_pretok_split(v->pretok, match, n, &words, &n_words, err);
+    kp_status st = kp_tok_pretok_split(v->pretok, match, n, &words, &n_words, err);
     for (size_t w = 0; st == KP_OK && w < n_words; w++)
-        st = tok_bpe_word(v, s, (const uint8_t *)tb->buf + words[w].start, words[w].len, out, err);
+        st = kp_tok_bpe_word(v, s, (const uint8_t *)tb->buf + words[w].start, words[w].len, out, err);
     free(words);
     return st;
 }
 
-kp_status tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_special,
+kp_status kp_tok_encode(const kp_tok_vocab *v, const char *text, size_t len, bool add_special,
                      bool parse_special, int32_t **ids, size_t *n_ids, kp_error *err) {
-    if (!v || !ids || !n_ids || (!text && len)) return kp_fail(err, KP_EINVAL, "tok_encode: NULL argument");
+    if (!v || !ids || !n_ids || (!text && len)) return kp_fail(err, KP_EINVAL, "kp_tok_encode: NULL argument");
     *ids = NULL;
     *n_ids = 0;
-    if (len > TOK_MAX_TEXT)
-        return kp_fail(err, KP_ERANGE, "tok_encode: text of %zu bytes is longer than the %zu allowed",
-                       len, (size_t)TOK_MAX_TEXT);
+    if (len > KP_TOK_MAX_TEXT)
+        return kp_fail(err, KP_ERANGE, "kp_tok_encode: text of %zu bytes is longer than the %zu allowed",
+                       len, (size_t)KP_TOK_MAX_TEXT);
     frag_list frags = {0};
-    tok_ids out = {0};
+    kp_tok_ids out = {0};
     text_bufs tb = {0};
-    tok_scratch *s = tok_scratch_new();
+    kp_tok_scratch *s = kp_tok_scratch_new();
     kp_status st = s ? KP_OK : kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
     if (st == KP_OK) st = partition(v, text, len, parse_special, &frags, err);
-    if (st == KP_OK && add_special && v->add_bos) st = tok_ids_push(&out, v->bos, err);
+    if (st == KP_OK && add_special && v->add_bos) st = kp_tok_ids_push(&out, v->bos, err);
     bool prev_special = true; /* SPM: the first raw piece gets a leading space */
     for (size_t i = 0; st == KP_OK && i < frags.n; i++) {
         const frag *f = &frags.v[i];
         if (f->token >= 0) {
-            st = tok_ids_push(&out, f->token, err);
+            st = kp_tok_ids_push(&out, f->token, err);
             prev_special = true;
-        } else if (v->model == TOK_MODEL_SPM) {
+        } else if (v->model == KP_TOK_MODEL_SPM) {
             st = spm_fragment(v, s, &tb, text + f->off, f->len, v->add_space_prefix && prev_special,
                               &out, err);
             prev_special = false;
@@ -303,8 +303,8 @@ kp_status tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_
             st = bpe_fragment(v, s, &tb, text + f->off, f->len, &out, err);
         }
     }
-    if (st == KP_OK && add_special && v->add_eos) st = tok_ids_push(&out, v->eos, err);
-    tok_scratch_free(s);
+    if (st == KP_OK && add_special && v->add_eos) st = kp_tok_ids_push(&out, v->eos, err);
+    kp_tok_scratch_free(s);
     free(frags.v);
     free(tb.buf);
     free(tb.buf2);
@@ -319,12 +319,12 @@ kp_status tok_encode(const tok_vocab *v, const char *text, size_t len, bool add_
 
 /* ---- decoding ---- */
 
-const char *tok_piece_view(const tok_vocab *v, int32_t id, bool special, size_t *len) {
+const char *kp_tok_piece_view(const kp_tok_vocab *v, int32_t id, bool special, size_t *len) {
     if (!valid_id(v, id)) {
         if (len) *len = 0;
         return NULL;
     }
-    if (!special && (v->attrs[id] & (TOK_ATTR_UNKNOWN | TOK_ATTR_CONTROL))) {
+    if (!special && (v->attrs[id] & (KP_TOK_ATTR_UNKNOWN | KP_TOK_ATTR_CONTROL))) {
         if (len) *len = 0;
         return v->piece_arena;
     }
@@ -332,10 +332,10 @@ const char *tok_piece_view(const tok_vocab *v, int32_t id, bool special, size_t 
     return v->piece_arena + v->piece_off[id];
 }
 
-kp_status tok_piece(const tok_vocab *v, int32_t id, bool special, char *buf, size_t cap,
+kp_status kp_tok_piece(const kp_tok_vocab *v, int32_t id, bool special, char *buf, size_t cap,
                     size_t *len, kp_error *err) {
     size_t n;
-    const char *p = tok_piece_view(v, id, special, &n);
+    const char *p = kp_tok_piece_view(v, id, special, &n);
     if (!p) return kp_fail(err, KP_EINVAL, "token id %d is outside the vocabulary (%d tokens)", id,
                            v ? v->n_vocab : 0);
     if (len) *len = n;
@@ -385,9 +385,9 @@ static size_t clean_spaces(char *text, size_t total) {
     return total;
 }
 
-kp_status tok_detokenize(const tok_vocab *v, const int32_t *ids, size_t n_ids, bool remove_special,
+kp_status kp_tok_detokenize(const kp_tok_vocab *v, const int32_t *ids, size_t n_ids, bool remove_special,
                          bool unparse_special, char **text, size_t *len, kp_error *err) {
-    if (!v || !text || !len || (!ids && n_ids)) return kp_fail(err, KP_EINVAL, "tok_detokenize: NULL argument");
+    if (!v || !text || !len || (!ids && n_ids)) return kp_fail(err, KP_EINVAL, "kp_tok_detokenize: NULL argument");
     *text = NULL;
     *len = 0;
     size_t total = 0;
@@ -409,7 +409,7 @@ kp_status tok_detokenize(const tok_vocab *v, const int32_t *ids, size_t n_ids, b
     size_t o = 0;
     for (size_t i = 0; i < n_ids; i++) {
         size_t n;
-        const char *p = tok_piece_view(v, ids[i], unparse_special, &n);
+        const char *p = kp_tok_piece_view(v, ids[i], unparse_special, &n);
         if (remove_space && n > 0 && p[0] == ' ') {
             p++;
             n--;
@@ -427,8 +427,8 @@ kp_status tok_detokenize(const tok_vocab *v, const int32_t *ids, size_t n_ids, b
 
 /* ---- streaming ---- */
 
-struct tok_stream {
-    const tok_vocab *v;
+struct kp_tok_stream {
+    const kp_tok_vocab *v;
     bool special;
     uint8_t pending[4];
     size_t n_pending;
@@ -436,8 +436,8 @@ struct tok_stream {
     size_t out_cap;
 };
 
-kp_status tok_stream_new(tok_stream **out, const tok_vocab *v, bool special, kp_error *err) {
-    if (!out || !v) return kp_fail(err, KP_EINVAL, "tok_stream_new: NULL argument");
+kp_status kp_tok_stream_new(kp_tok_stream **out, const kp_tok_vocab *v, bool special, kp_error *err) {
+    if (!out || !v) return kp_fail(err, KP_EINVAL, "kp_tok_stream_new: NULL argument");
     *out = calloc(1, sizeof **out);
     if (!*out) return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
     (*out)->v = v;
@@ -445,25 +445,25 @@ kp_status tok_stream_new(tok_stream **out, const tok_vocab *v, bool special, kp_
     return KP_OK;
 }
 
-void tok_stream_free(tok_stream *s) {
+void kp_tok_stream_free(kp_tok_stream *s) {
     if (!s) return;
     free(s->out);
     free(s);
 }
 
-void tok_stream_reset(tok_stream *s) {
+void kp_tok_stream_reset(kp_tok_stream *s) {
     if (s) s->n_pending = 0;
 }
 
 static const char REPLACEMENT[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
 
-kp_status tok_stream_push(tok_stream *s, int32_t id, const char **bytes, size_t *n_bytes,
+kp_status kp_tok_stream_push(kp_tok_stream *s, int32_t id, const char **bytes, size_t *n_bytes,
                           kp_error *err) {
-    if (!s || !bytes || !n_bytes) return kp_fail(err, KP_EINVAL, "tok_stream_push: NULL argument");
+    if (!s || !bytes || !n_bytes) return kp_fail(err, KP_EINVAL, "kp_tok_stream_push: NULL argument");
     *bytes = NULL;
     *n_bytes = 0;
     size_t plen;
-    const char *piece = tok_piece_view(s->v, id, s->special, &plen);
+    const char *piece = kp_tok_piece_view(s->v, id, s->special, &plen);
     if (!piece)
         return kp_fail(err, KP_EINVAL, "token id %d is outside the vocabulary (%d tokens)", id, s->v->n_vocab);
     size_t n = s->n_pending + plen;
@@ -475,7 +475,7 @@ kp_status tok_stream_push(tok_stream *s, int32_t id, const char **bytes, size_t 
     size_t o = 0, i = 0;
     s->n_pending = 0;
     while (i < n) {
-        int r = unicode_utf8_next(in + i, n - i);
+        int r = kp_unicode_utf8_next(in + i, n - i);
         if (r > 0) {
             memmove(s->out + o, in + i, (size_t)r);
             o += (size_t)r;
@@ -495,7 +495,7 @@ kp_status tok_stream_push(tok_stream *s, int32_t id, const char **bytes, size_t 
     return KP_OK;
 }
 
-void tok_stream_flush(tok_stream *s, const char **bytes, size_t *n_bytes) {
+void kp_tok_stream_flush(kp_tok_stream *s, const char **bytes, size_t *n_bytes) {
     *bytes = NULL;
     *n_bytes = 0;
     if (!s) return;

@@ -1,5 +1,5 @@
 /*
- * tok_load.c - building a tok_vocab from GGUF metadata, the way llama.cpp's
+ * tok_load.c - building a kp_tok_vocab from GGUF metadata, the way llama.cpp's
  * llama_vocab::impl::load does, plus the token-text hash used everywhere.
  *
  * Owns every table of the vocabulary (tok_impl.h): all of it is copied out
@@ -51,7 +51,7 @@ enum { TT_UNDEFINED = 0, TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER_
 
 /* ---- text hash ---- */
 
-uint64_t tok_hash(const char *s, size_t len) {
+uint64_t kp_tok_hash(const char *s, size_t len) {
     uint64_t h = 0xcbf29ce484222325ull;
     for (size_t i = 0; i < len; i++) {
         h ^= (uint8_t)s[i];
@@ -60,36 +60,36 @@ uint64_t tok_hash(const char *s, size_t len) {
     return h ^ (h >> 29);
 }
 
-int32_t tok_lookup(const tok_vocab *v, const char *s, size_t len) {
+int32_t kp_tok_lookup(const kp_tok_vocab *v, const char *s, size_t len) {
     if (!v->slots) return -1;
-    for (uint64_t i = tok_hash(s, len) & v->slot_mask;; i = (i + 1) & v->slot_mask) {
+    for (uint64_t i = kp_tok_hash(s, len) & v->slot_mask;; i = (i + 1) & v->slot_mask) {
         int32_t id = v->slots[i];
         if (id < 0) return -1;
         if (v->text_len[id] == len && memcmp(v->text_arena + v->text_off[id], s, len) == 0) return id;
     }
 }
 
-static const char *text_of(const tok_vocab *v, int32_t id) { return v->text_arena + v->text_off[id]; }
+static const char *text_of(const kp_tok_vocab *v, int32_t id) { return v->text_arena + v->text_off[id]; }
 
-static bool text_is(const tok_vocab *v, int32_t id, const char *s) {
+static bool text_is(const kp_tok_vocab *v, int32_t id, const char *s) {
     size_t n = strlen(s);
     return v->text_len[id] == n && memcmp(text_of(v, id), s, n) == 0;
 }
 
-static int32_t find_cstr(const tok_vocab *v, const char *s) { return tok_lookup(v, s, strlen(s)); }
+static int32_t find_cstr(const kp_tok_vocab *v, const char *s) { return kp_tok_lookup(v, s, strlen(s)); }
 
 /* ---- helpers ---- */
 
 static const char *gname(const gguf *g) {
-    const char *p = gguf_path(g);
+    const char *p = kp_gguf_path(g);
     return p ? p : "gguf";
 }
 
 static kp_status oom(kp_error *err) { return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory"); }
 
 /* Appends one line to v->warnings. */
-static kp_status warn(tok_vocab *v, kp_error *err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static kp_status warn(tok_vocab *v, kp_error *err, const char *fmt, ...) {
+static kp_status warn(kp_tok_vocab *v, kp_error *err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static kp_status warn(kp_tok_vocab *v, kp_error *err, const char *fmt, ...) {
     char line[512];
     va_list ap;
     va_start(ap, fmt);
@@ -114,12 +114,12 @@ static char *dup_n(const char *s, size_t n) {
 }
 
 /* Numeric element types accepted for scores / token types. */
-static bool is_numeric(gguf_type t, bool allow_float) {
+static bool is_numeric(kp_gguf_type t, bool allow_float) {
     switch (t) {
-    case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16:
-    case GGUF_TYPE_UINT32: case GGUF_TYPE_INT32: case GGUF_TYPE_UINT64: case GGUF_TYPE_INT64:
+    case KP_GGUF_TYPE_UINT8: case KP_GGUF_TYPE_INT8: case KP_GGUF_TYPE_UINT16: case KP_GGUF_TYPE_INT16:
+    case KP_GGUF_TYPE_UINT32: case KP_GGUF_TYPE_INT32: case KP_GGUF_TYPE_UINT64: case KP_GGUF_TYPE_INT64:
         return true;
-    case GGUF_TYPE_FLOAT32: case GGUF_TYPE_FLOAT64:
+    case KP_GGUF_TYPE_FLOAT32: case KP_GGUF_TYPE_FLOAT64:
         return allow_float;
     default:
         return false;
@@ -128,11 +128,11 @@ static bool is_numeric(gguf_type t, bool allow_float) {
 
 /* An optional numeric array of at least n elements; *out = NULL if absent. */
 static kp_status get_num_arr(const gguf *g, const char *key, bool allow_float, uint64_t n,
-                             const gguf_value **out, kp_error *err) {
+                             const kp_gguf_value **out, kp_error *err) {
     *out = NULL;
-    const gguf_kv *kv = gguf_find(g, key);
+    const kp_gguf_kv *kv = kp_gguf_find(g, key);
     if (!kv) return KP_OK;
-    if (kv->value.type != GGUF_TYPE_ARRAY || !is_numeric(kv->value.v.arr.elem_type, allow_float))
+    if (kv->value.type != KP_GGUF_TYPE_ARRAY || !is_numeric(kv->value.v.arr.elem_type, allow_float))
         return kp_fail(err, KP_EFORMAT, "%s: %s should be an array of %s", gname(g), key,
                        allow_float ? "numbers" : "integers");
     if (kv->value.v.arr.n < n)
@@ -144,16 +144,16 @@ static kp_status get_num_arr(const gguf *g, const char *key, bool allow_float, u
 
 /* ---- steps ---- */
 
-static kp_status load_model_kind(tok_vocab *v, const gguf *g, kp_error *err) {
-    gguf_str m;
-    kp_status st = gguf_get_str(g, "tokenizer.ggml.model", &m, err);
+static kp_status load_model_kind(kp_tok_vocab *v, const gguf *g, kp_error *err) {
+    kp_gguf_str m;
+    kp_status st = kp_gguf_get_str(g, "tokenizer.ggml.model", &m, err);
     if (st != KP_OK) return st;
     if (!m.data) return kp_fail(err, KP_EFORMAT, "%s: missing tokenizer.ggml.model", gname(g));
-    if (gguf_str_eq(m, "llama")) {
-        v->model = TOK_MODEL_SPM;
+    if (kp_gguf_str_eq(m, "llama")) {
+        v->model = KP_TOK_MODEL_SPM;
         v->model_name = "llama";
-    } else if (gguf_str_eq(m, "gpt2")) {
-        v->model = TOK_MODEL_BPE;
+    } else if (kp_gguf_str_eq(m, "gpt2")) {
+        v->model = KP_TOK_MODEL_BPE;
         v->model_name = "gpt2";
     } else {
         return kp_fail(err, KP_EUNSUPPORTED, "unsupported tokenizer model '%.*s'",
@@ -162,9 +162,9 @@ static kp_status load_model_kind(tok_vocab *v, const gguf *g, kp_error *err) {
     return KP_OK;
 }
 
-static kp_status load_tokens(tok_vocab *v, const gguf *g, kp_error *err) {
-    const gguf_value *toks, *scores, *types;
-    kp_status st = gguf_get_arr(g, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &toks, err);
+static kp_status load_tokens(kp_tok_vocab *v, const gguf *g, kp_error *err) {
+    const kp_gguf_value *toks, *scores, *types;
+    kp_status st = kp_gguf_get_arr(g, "tokenizer.ggml.tokens", KP_GGUF_TYPE_STRING, &toks, err);
     if (st != KP_OK) return st;
     if (!toks) return kp_fail(err, KP_EFORMAT, "%s: missing tokenizer.ggml.tokens", gname(g));
     uint64_t n = toks->v.arr.n;
@@ -200,7 +200,7 @@ static kp_status load_tokens(tok_vocab *v, const gguf *g, kp_error *err) {
 
     size_t off = 0;
     for (uint64_t i = 0; i < n; i++) {
-        gguf_str s = toks->v.arr.strs[i];
+        kp_gguf_str s = toks->v.arr.strs[i];
         char *dst = v->text_arena + off;
         size_t len = s.len;
         if (len == 0) /* llama.cpp renames empty tokens */
@@ -213,7 +213,7 @@ static kp_status load_tokens(tok_vocab *v, const gguf *g, kp_error *err) {
         off += len + 1;
         if (len > v->max_token_len) v->max_token_len = (uint32_t)len;
 
-        uint64_t h = tok_hash(dst, len) & v->slot_mask;
+        uint64_t h = kp_tok_hash(dst, len) & v->slot_mask;
         for (;; h = (h + 1) & v->slot_mask) {
             int32_t other = v->slots[h];
             if (other < 0) break;
@@ -225,19 +225,19 @@ static kp_status load_tokens(tok_vocab *v, const gguf *g, kp_error *err) {
         }
         v->slots[h] = (int32_t)i;
 
-        float score = scores ? (float)gguf_arr_f64(scores, i) : 0.0f;
+        float score = scores ? (float)kp_gguf_arr_f64(scores, i) : 0.0f;
         v->scores[i] = score == 0.0f ? 0.0f : score; /* -0 sorts like +0 */
 
-        uint32_t attr = TOK_ATTR_NORMAL;
+        uint32_t attr = KP_TOK_ATTR_NORMAL;
         if (types) {
-            switch (gguf_arr_i64(types, i)) {
-            case TT_NORMAL: attr = TOK_ATTR_NORMAL; break;
-            case TT_UNKNOWN: attr = TOK_ATTR_UNKNOWN; break;
-            case TT_CONTROL: attr = TOK_ATTR_CONTROL; break;
-            case TT_USER_DEFINED: attr = TOK_ATTR_USER_DEFINED; break;
-            case TT_UNUSED: attr = TOK_ATTR_UNUSED; break;
-            case TT_BYTE: attr = TOK_ATTR_BYTE; break;
-            default: attr = TOK_ATTR_UNDEFINED; break;
+            switch (kp_gguf_arr_i64(types, i)) {
+            case TT_NORMAL: attr = KP_TOK_ATTR_NORMAL; break;
+            case TT_UNKNOWN: attr = KP_TOK_ATTR_UNKNOWN; break;
+            case TT_CONTROL: attr = KP_TOK_ATTR_CONTROL; break;
+            case TT_USER_DEFINED: attr = KP_TOK_ATTR_USER_DEFINED; break;
+            case TT_UNUSED: attr = KP_TOK_ATTR_UNUSED; break;
+            case TT_BYTE: attr = KP_TOK_ATTR_BYTE; break;
+            default: attr = KP_TOK_ATTR_UNDEFINED; break;
             }
         }
         v->attrs[i] = attr;
@@ -245,19 +245,19 @@ static kp_status load_tokens(tok_vocab *v, const gguf *g, kp_error *err) {
     return KP_OK;
 }
 
-static kp_status load_merges(tok_vocab *v, const gguf *g, kp_error *err) {
-    const gguf_value *arr;
-    kp_status st = gguf_get_arr(g, "tokenizer.ggml.merges", GGUF_TYPE_STRING, &arr, err);
+static kp_status load_merges(kp_tok_vocab *v, const gguf *g, kp_error *err) {
+    const kp_gguf_value *arr;
+    kp_status st = kp_gguf_get_arr(g, "tokenizer.ggml.merges", KP_GGUF_TYPE_STRING, &arr, err);
     if (st != KP_OK) return st;
     if (!arr) return kp_fail(err, KP_EFORMAT, "%s: missing tokenizer.ggml.merges", gname(g));
     uint64_t n = arr->v.arr.n;
     if (n > (uint64_t)INT32_MAX)
         return kp_fail(err, KP_EFORMAT, "%s: %llu merges", gname(g), (unsigned long long)n);
-    if ((st = tok_merges_init(&v->merges, (size_t)n, err)) != KP_OK) return st;
+    if ((st = kp_tok_merges_init(&v->merges, (size_t)n, err)) != KP_OK) return st;
     char *joined = malloc((size_t)v->max_token_len + 1);
     if (!joined) return oom(err);
     for (uint64_t i = 0; i < n; i++) {
-        gguf_str m = arr->v.arr.strs[i];
+        kp_gguf_str m = arr->v.arr.strs[i];
         const char *sp = m.len > 1 ? memchr(m.data + 1, ' ', m.len - 1) : NULL;
         int show = (int)(m.len > 64 ? 64 : m.len);
         if (!sp) {
@@ -266,7 +266,7 @@ static kp_status load_merges(tok_vocab *v, const gguf *g, kp_error *err) {
                            gname(g), (unsigned long long)i, show, m.data);
         }
         size_t la = (size_t)(sp - m.data), lb = m.len - la - 1;
-        int32_t a = tok_lookup(v, m.data, la), b = tok_lookup(v, sp + 1, lb);
+        int32_t a = kp_tok_lookup(v, m.data, la), b = kp_tok_lookup(v, sp + 1, lb);
         if (a < 0 || b < 0) {
             free(joined);
             return kp_fail(err, KP_EFORMAT, "%s: merge %llu ('%.*s') names a piece that is not a token",
@@ -276,22 +276,22 @@ static kp_status load_merges(tok_vocab *v, const gguf *g, kp_error *err) {
         if (la + lb <= v->max_token_len) {
             memcpy(joined, m.data, la);
             memcpy(joined + la, sp + 1, lb);
-            ab = tok_lookup(v, joined, la + lb);
+            ab = kp_tok_lookup(v, joined, la + lb);
         }
-        tok_merges_add(&v->merges, a, b, (int32_t)i, ab);
+        kp_tok_merges_add(&v->merges, a, b, (int32_t)i, ab);
     }
     free(joined);
     return KP_OK;
 }
 
 /* Defaults per model, then tokenizer.ggml.pre (BPE) and add_space_prefix. */
-static kp_status load_flags(tok_vocab *v, const gguf *g, kp_error *err) {
+static kp_status load_flags(kp_tok_vocab *v, const gguf *g, kp_error *err) {
     v->eot = v->eom = v->sep = v->pad = v->mask = v->nl = -1;
     v->fim_pre = v->fim_suf = v->fim_mid = v->fim_pad = v->fim_rep = v->fim_sep = -1;
-    gguf_str pre;
-    kp_status st = gguf_get_str(g, "tokenizer.ggml.pre", &pre, err);
+    kp_gguf_str pre;
+    kp_status st = kp_gguf_get_str(g, "tokenizer.ggml.pre", &pre, err);
     if (st != KP_OK) return st;
-    if (v->model == TOK_MODEL_SPM) {
+    if (v->model == KP_TOK_MODEL_SPM) {
         v->bos = 1;
         v->eos = 2;
         v->unk = 0;
@@ -299,7 +299,7 @@ static kp_status load_flags(tok_vocab *v, const gguf *g, kp_error *err) {
         v->clean_spaces = false;
         v->add_bos = true;
         v->add_eos = false;
-        v->pre_kind = TOK_PRE_DEFAULT;
+        v->pre_kind = KP_TOK_PRE_DEFAULT;
         v->pre_name = dup_n("default", 7);
     } else {
         v->bos = 11;
@@ -309,15 +309,15 @@ static kp_status load_flags(tok_vocab *v, const gguf *g, kp_error *err) {
         v->clean_spaces = true;
         v->add_bos = false;
         v->add_eos = false;
-        v->pre_kind = TOK_PRE_DEFAULT;
-        const tok_pre_info *info = pre.data && pre.len ? tok_pre_find(pre.data, pre.len) : NULL;
+        v->pre_kind = KP_TOK_PRE_DEFAULT;
+        const kp_tok_pre_info *info = pre.data && pre.len ? kp_tok_pre_find(pre.data, pre.len) : NULL;
         if (info) {
             v->pre_kind = info->kind;
             v->pre_name = dup_n(info->name, strlen(info->name));
-            if (info->flags & TOK_PRE_F_IGNORE_MERGES) v->ignore_merges = true;
-            if (info->flags & TOK_PRE_F_ADD_BOS) v->add_bos = true;
-            if (info->flags & TOK_PRE_F_NO_CLEAN) v->clean_spaces = false;
-            if (info->flags & TOK_PRE_F_NO_BOS) v->bos = -1;
+            if (info->flags & KP_TOK_PRE_F_IGNORE_MERGES) v->ignore_merges = true;
+            if (info->flags & KP_TOK_PRE_F_ADD_BOS) v->add_bos = true;
+            if (info->flags & KP_TOK_PRE_F_NO_CLEAN) v->clean_spaces = false;
+            if (info->flags & KP_TOK_PRE_F_NO_BOS) v->bos = -1;
         } else {
             char msg[256];
             if (!pre.data || pre.len == 0)
@@ -336,13 +336,13 @@ static kp_status load_flags(tok_vocab *v, const gguf *g, kp_error *err) {
         }
     }
     if (!v->pre_name) return oom(err);
-    return gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", v->add_space_prefix,
+    return kp_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", v->add_space_prefix,
                          &v->add_space_prefix, err);
 }
 
 /* True when every "▁" inside a token (not at its start) follows another
  * "▁": then no token spans a word start (see tok_merge.c). */
-static bool spm_words_separable(const tok_vocab *v) {
+static bool spm_words_separable(const kp_tok_vocab *v) {
     for (int32_t id = 0; id < v->n_vocab; id++) {
         const char *t = text_of(v, id);
         size_t len = v->text_len[id];
@@ -353,44 +353,44 @@ static bool spm_words_separable(const tok_vocab *v) {
     return true;
 }
 
-static void build_byte_tables(tok_vocab *v) {
+static void build_byte_tables(kp_tok_vocab *v) {
     static const char hex[] = "0123456789ABCDEF";
     for (int b = 0; b < 256; b++) {
         v->byte_fallback[b][0] = v->byte_fallback[b][1] = -1;
-        if (v->model == TOK_MODEL_SPM) {
+        if (v->model == KP_TOK_MODEL_SPM) {
             char buf[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
-            int32_t id = tok_lookup(v, buf, 6);
+            int32_t id = kp_tok_lookup(v, buf, 6);
             if (id < 0) {
                 char c = (char)b;
-                id = tok_lookup(v, &c, 1);
+                id = kp_tok_lookup(v, &c, 1);
             }
             v->byte_tok[b] = id;
         } else {
             uint8_t u[4];
-            size_t n = unicode_encode(unicode_byte_to_cpt((uint8_t)b), u);
-            v->byte_tok[b] = tok_lookup(v, (const char *)u, n);
-            for (size_t k = 0; k < n && k < 2; k++) v->byte_fallback[b][k] = tok_lookup(v, (const char *)&u[k], 1);
+            size_t n = kp_unicode_encode(kp_unicode_byte_to_cpt((uint8_t)b), u);
+            v->byte_tok[b] = kp_tok_lookup(v, (const char *)u, n);
+            for (size_t k = 0; k < n && k < 2; k++) v->byte_fallback[b][k] = kp_tok_lookup(v, (const char *)&u[k], 1);
         }
     }
 }
 
 /* Reads one special-id key into *dst (see the top comment for the rules). */
-static kp_status read_id(tok_vocab *v, const gguf *g, const char *key, int32_t *dst, bool strict,
+static kp_status read_id(kp_tok_vocab *v, const gguf *g, const char *key, int32_t *dst, bool strict,
                          kp_error *err) {
-    const gguf_kv *kv = gguf_find(g, key);
+    const kp_gguf_kv *kv = kp_gguf_find(g, key);
     if (!kv) return KP_OK;
     int64_t val;
     switch (kv->value.type) {
-    case GGUF_TYPE_UINT8: case GGUF_TYPE_UINT16: case GGUF_TYPE_UINT32: case GGUF_TYPE_UINT64:
+    case KP_GGUF_TYPE_UINT8: case KP_GGUF_TYPE_UINT16: case KP_GGUF_TYPE_UINT32: case KP_GGUF_TYPE_UINT64:
         val = kv->value.v.u64 > (uint64_t)INT64_MAX ? -1 : (int64_t)kv->value.v.u64;
         if (kv->value.v.u64 == UINT32_MAX || kv->value.v.u64 == UINT64_MAX) val = -1;
         break;
-    case GGUF_TYPE_INT8: case GGUF_TYPE_INT16: case GGUF_TYPE_INT32: case GGUF_TYPE_INT64:
+    case KP_GGUF_TYPE_INT8: case KP_GGUF_TYPE_INT16: case KP_GGUF_TYPE_INT32: case KP_GGUF_TYPE_INT64:
         val = kv->value.v.i64;
         break;
     default:
         return kp_fail(err, KP_EFORMAT, "%s: %s should be an integer, found %s", gname(g), key,
-                       gguf_type_name(kv->value.type));
+                       kp_gguf_type_name(kv->value.type));
     }
     if (val == -1) return KP_OK; /* "unset": keep the default */
     if (val < 0 || val >= v->n_vocab) {
@@ -404,7 +404,7 @@ static kp_status read_id(tok_vocab *v, const gguf *g, const char *key, int32_t *
     return KP_OK;
 }
 
-static kp_status load_special_ids(tok_vocab *v, const gguf *g, kp_error *err) {
+static kp_status load_special_ids(kp_tok_vocab *v, const gguf *g, kp_error *err) {
     const struct {
         const char *key;
         int32_t *dst;
@@ -433,11 +433,11 @@ static kp_status load_special_ids(tok_vocab *v, const gguf *g, kp_error *err) {
         if (*keys[i].dst >= v->n_vocab) *keys[i].dst = -1; /* default out of range: none */
         if ((st = read_id(v, g, keys[i].key, keys[i].dst, keys[i].strict, err)) != KP_OK) return st;
     }
-    if ((st = gguf_get_bool(g, "tokenizer.ggml.add_bos_token", v->add_bos, &v->add_bos, err)) != KP_OK)
+    if ((st = kp_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", v->add_bos, &v->add_bos, err)) != KP_OK)
         return st;
-    if ((st = gguf_get_bool(g, "tokenizer.ggml.add_eos_token", v->add_eos, &v->add_eos, err)) != KP_OK)
+    if ((st = kp_gguf_get_bool(g, "tokenizer.ggml.add_eos_token", v->add_eos, &v->add_eos, err)) != KP_OK)
         return st;
-    if ((st = gguf_get_bool(g, "tokenizer.ggml.add_sep_token", v->add_sep, &v->add_sep, err)) != KP_OK)
+    if ((st = kp_gguf_get_bool(g, "tokenizer.ggml.add_sep_token", v->add_sep, &v->add_sep, err)) != KP_OK)
         return st;
     if (v->add_bos && v->bos < 0)
         return kp_fail(err, KP_EFORMAT,
@@ -450,7 +450,7 @@ static kp_status load_special_ids(tok_vocab *v, const gguf *g, kp_error *err) {
     return KP_OK;
 }
 
-static bool text_in(const tok_vocab *v, int32_t id, const char *const *list) {
+static bool text_in(const kp_tok_vocab *v, int32_t id, const char *const *list) {
     for (; *list; list++)
         if (text_is(v, id, *list)) return true;
     return false;
@@ -458,19 +458,19 @@ static bool text_in(const tok_vocab *v, int32_t id, const char *const *list) {
 
 /* If *slot is unset, the first token (by id) whose text is in `list` fills
  * it and becomes CONTROL. */
-static void detect(tok_vocab *v, int32_t *slot, const char *const *list) {
+static void detect(kp_tok_vocab *v, int32_t *slot, const char *const *list) {
     if (*slot >= 0) return;
     for (int32_t id = 0; id < v->n_vocab; id++) {
         if (text_in(v, id, list)) {
             *slot = id;
-            v->attrs[id] |= TOK_ATTR_CONTROL;
+            v->attrs[id] |= KP_TOK_ATTR_CONTROL;
             return;
         }
     }
 }
 
 /* llama.cpp's text-based fix-ups and the end-of-generation set. */
-static void fix_special_tokens(tok_vocab *v) {
+static void fix_special_tokens(kp_tok_vocab *v) {
     static const char *const eot_texts[] = {
         "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
         "<EOT>", "_<EOT>", "[EOT]", "<\xef\xbd\x9c" "end\xe2\x96\x81" "of\xe2\x96\x81" "sentence\xef\xbd\x9c>",
@@ -508,8 +508,8 @@ static void fix_special_tokens(tok_vocab *v) {
 
     /* control tokens named "...unused..." are unused */
     for (int32_t id = 0; id < v->n_vocab; id++)
-        if ((v->attrs[id] & TOK_ATTR_CONTROL) && strstr(text_of(v, id), "unused"))
-            v->attrs[id] |= TOK_ATTR_UNUSED;
+        if ((v->attrs[id] & KP_TOK_ATTR_CONTROL) && strstr(text_of(v, id), "unused"))
+            v->attrs[id] |= KP_TOK_ATTR_UNUSED;
 
     if (v->fim_pad >= 0) v->eog[v->fim_pad] = 1;
     if (v->fim_rep >= 0) v->eog[v->fim_rep] = 1;
@@ -517,11 +517,11 @@ static void fix_special_tokens(tok_vocab *v) {
     for (int32_t id = 0; id < v->n_vocab; id++) {
         if (text_in(v, id, eog_texts)) {
             v->eog[id] = 1;
-            v->attrs[id] |= TOK_ATTR_CONTROL;
+            v->attrs[id] |= KP_TOK_ATTR_CONTROL;
         }
     }
     for (int32_t id = 0; id < v->n_vocab; id++)
-        if (text_in(v, id, always_rendered)) v->attrs[id] = TOK_ATTR_USER_DEFINED;
+        if (text_in(v, id, always_rendered)) v->attrs[id] = KP_TOK_ATTR_USER_DEFINED;
     if (v->eos >= 0) v->eog[v->eos] = 1;
     if (v->eot >= 0) v->eog[v->eot] = 1;
     if (v->eom >= 0) v->eog[v->eom] = 1;
@@ -535,13 +535,13 @@ static void fix_special_tokens(tok_vocab *v) {
     bool has_flush = flush >= 0 && v->eog[flush];
     if (end >= 0 && v->eog[end] && ((has_ret && has_call) || (has_call && has_flush))) {
         v->eog[end] = 0;
-        v->attrs[end] = TOK_ATTR_USER_DEFINED;
+        v->attrs[end] = KP_TOK_ATTR_USER_DEFINED;
     }
     /* gemma4 / paddleocr: "</s>" is not an end of generation there */
     int32_t tool = find_cstr(v, "<|tool_response>"), s_end = find_cstr(v, "</s>");
     if (tool >= 0 && v->eog[tool] && s_end >= 0 && v->eog[s_end]) {
         v->eog[s_end] = 0;
-        v->attrs[s_end] = TOK_ATTR_NORMAL;
+        v->attrs[s_end] = KP_TOK_ATTR_NORMAL;
     }
 }
 
@@ -556,10 +556,10 @@ static int by_len_desc(const void *a, const void *b) {
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-static kp_status build_special_list(tok_vocab *v, kp_error *err) {
+static kp_status build_special_list(kp_tok_vocab *v, kp_error *err) {
     size_t n = 0;
     for (int32_t id = 0; id < v->n_vocab; id++)
-        if (v->attrs[id] & (TOK_ATTR_CONTROL | TOK_ATTR_USER_DEFINED | TOK_ATTR_UNKNOWN)) n++;
+        if (v->attrs[id] & (KP_TOK_ATTR_CONTROL | KP_TOK_ATTR_USER_DEFINED | KP_TOK_ATTR_UNKNOWN)) n++;
     for (int b = 0; b < 256; b++) v->trie_root[b] = -1;
     if (n == 0) return KP_OK;
     len_id *tmp = malloc(n * sizeof *tmp);
@@ -570,7 +570,7 @@ static kp_status build_special_list(tok_vocab *v, kp_error *err) {
     }
     size_t k = 0, total = 0;
     for (int32_t id = 0; id < v->n_vocab; id++)
-        if (v->attrs[id] & (TOK_ATTR_CONTROL | TOK_ATTR_USER_DEFINED | TOK_ATTR_UNKNOWN)) {
+        if (v->attrs[id] & (KP_TOK_ATTR_CONTROL | KP_TOK_ATTR_USER_DEFINED | KP_TOK_ATTR_UNKNOWN)) {
             tmp[k].len = v->text_len[id];
             tmp[k].id = id;
             total += v->text_len[id];
@@ -579,7 +579,7 @@ static kp_status build_special_list(tok_vocab *v, kp_error *err) {
     qsort(tmp, n, sizeof *tmp, by_len_desc);
     for (size_t i = 0; i < n; i++) {
         v->special[i] = tmp[i].id;
-        if (!(v->attrs[tmp[i].id] & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN))) v->n_special_always++;
+        if (!(v->attrs[tmp[i].id] & (KP_TOK_ATTR_CONTROL | KP_TOK_ATTR_UNKNOWN))) v->n_special_always++;
     }
     v->n_special = n;
     free(tmp);
@@ -621,16 +621,16 @@ static size_t bpe_decode_text(const char *text, size_t len, char *out) {
     size_t o = 0;
     for (size_t i = 0; i < len;) {
         size_t used;
-        uint32_t cpt = unicode_decode_lenient((const uint8_t *)text + i, len - i, &used);
+        uint32_t cpt = kp_unicode_decode_lenient((const uint8_t *)text + i, len - i, &used);
         i += used;
-        int b = unicode_cpt_to_byte(cpt);
+        int b = kp_unicode_cpt_to_byte(cpt);
         if (b >= 0) {
             if (out) out[o] = (char)b;
             o++;
             continue;
         }
         uint8_t u[4];
-        size_t n = unicode_encode(cpt, u);
+        size_t n = kp_unicode_encode(cpt, u);
         if (out) {
             memcpy(out + o, "[UNK_BYTE_0x", 12);
             for (size_t k = 0; k < n; k++) {
@@ -645,7 +645,7 @@ static size_t bpe_decode_text(const char *text, size_t len, char *out) {
     return o;
 }
 
-static uint8_t byte_of(const tok_vocab *v, int32_t id) {
+static uint8_t byte_of(const kp_tok_vocab *v, int32_t id) {
     const char *t = text_of(v, id);
     uint32_t len = v->text_len[id], val = 0;
     for (uint32_t i = 3; i < 5 && i < len && isxdigit((unsigned char)t[i]); i++)
@@ -653,7 +653,7 @@ static uint8_t byte_of(const tok_vocab *v, int32_t id) {
     return (uint8_t)val;
 }
 
-static kp_status build_pieces(tok_vocab *v, kp_error *err) {
+static kp_status build_pieces(kp_tok_vocab *v, kp_error *err) {
     size_t cap = 1024;
     char *arena = malloc(cap);
     v->piece_off = malloc((size_t)v->n_vocab * sizeof *v->piece_off);
@@ -667,7 +667,7 @@ static kp_status build_pieces(tok_vocab *v, kp_error *err) {
         const char *t = text_of(v, id);
         size_t len = v->text_len[id], n = 0;
         uint32_t attr = v->attrs[id];
-        size_t need = off + 1 + (v->model == TOK_MODEL_BPE && (attr & TOK_ATTR_NORMAL) ? bpe_decode_text(t, len, NULL) : len);
+        size_t need = off + 1 + (v->model == KP_TOK_MODEL_BPE && (attr & KP_TOK_ATTR_NORMAL) ? bpe_decode_text(t, len, NULL) : len);
         if (need > cap) {
             while (cap < need) cap *= 2;
             char *a = realloc(arena, cap);
@@ -678,11 +678,11 @@ static kp_status build_pieces(tok_vocab *v, kp_error *err) {
             arena = a;
         }
         char *dst = arena + off;
-        if (attr & (TOK_ATTR_UNKNOWN | TOK_ATTR_CONTROL | TOK_ATTR_USER_DEFINED)) {
+        if (attr & (KP_TOK_ATTR_UNKNOWN | KP_TOK_ATTR_CONTROL | KP_TOK_ATTR_USER_DEFINED)) {
             memcpy(dst, t, len);
             n = len;
-        } else if (attr & TOK_ATTR_NORMAL) {
-            if (v->model == TOK_MODEL_SPM) {
+        } else if (attr & KP_TOK_ATTR_NORMAL) {
+            if (v->model == KP_TOK_MODEL_SPM) {
                 for (size_t i = 0; i < len; i++) {
                     if (i + 2 < len && memcmp(t + i, "\xe2\x96\x81", 3) == 0) {
                         dst[n++] = ' ';
@@ -694,7 +694,7 @@ static kp_status build_pieces(tok_vocab *v, kp_error *err) {
             } else {
                 n = bpe_decode_text(t, len, dst);
             }
-        } else if (attr & TOK_ATTR_BYTE) {
+        } else if (attr & KP_TOK_ATTR_BYTE) {
             dst[0] = (char)byte_of(v, id);
             n = 1;
         }
@@ -707,22 +707,22 @@ static kp_status build_pieces(tok_vocab *v, kp_error *err) {
     return KP_OK;
 }
 
-static void lowercase_copy(gguf_str s, char *out, size_t cap) {
+static void lowercase_copy(kp_gguf_str s, char *out, size_t cap) {
     size_t n = s.data ? (s.len < cap - 1 ? s.len : cap - 1) : 0;
     for (size_t i = 0; i < n; i++) out[i] = (char)tolower((unsigned char)s.data[i]);
     out[n] = 0;
 }
 
 /* Per-model token attributes llama.cpp sets by name (lstrip / rstrip). */
-static gguf_str str_or_empty(const gguf *g, const char *key) {
-    const gguf_kv *kv = gguf_find(g, key);
-    gguf_str none = {NULL, 0};
-    return kv && kv->value.type == GGUF_TYPE_STRING ? kv->value.v.str : none;
+static kp_gguf_str str_or_empty(const gguf *g, const char *key) {
+    const kp_gguf_kv *kv = kp_gguf_find(g, key);
+    kp_gguf_str none = {NULL, 0};
+    return kv && kv->value.type == KP_GGUF_TYPE_STRING ? kv->value.v.str : none;
 }
 
-static void model_quirks(tok_vocab *v, const gguf *g) {
-    gguf_str name = str_or_empty(g, "general.name"), pre = str_or_empty(g, "tokenizer.ggml.pre");
-    gguf_str arch = str_or_empty(g, "general.architecture");
+static void model_quirks(kp_tok_vocab *v, const gguf *g) {
+    kp_gguf_str name = str_or_empty(g, "general.name"), pre = str_or_empty(g, "tokenizer.ggml.pre");
+    kp_gguf_str arch = str_or_empty(g, "general.architecture");
     char lname[256], spre[256], sarch[256];
     lowercase_copy(name, lname, sizeof lname);
     snprintf(spre, sizeof spre, "%.*s", pre.data ? (int)(pre.len > 255 ? 255 : pre.len) : 0,
@@ -732,36 +732,36 @@ static void model_quirks(tok_vocab *v, const gguf *g) {
     if (strstr(spre, "jina-v2-de") || strstr(spre, "jina-v2-es") || strstr(spre, "jina-v2-code") ||
         strstr(sarch, "nomic-bert-moe") || strstr(sarch, "jina-bert-v3")) {
         int32_t id = find_cstr(v, "<mask>");
-        if (id >= 0) v->attrs[id] |= TOK_ATTR_LSTRIP;
+        if (id >= 0) v->attrs[id] |= KP_TOK_ATTR_LSTRIP;
     } else if (strstr(lname, "phi-3") || strstr(lname, "phi3")) {
-        for (size_t i = 0; i < v->n_special; i++) v->attrs[v->special[i]] |= TOK_ATTR_RSTRIP;
+        for (size_t i = 0; i < v->n_special; i++) v->attrs[v->special[i]] |= KP_TOK_ATTR_RSTRIP;
         int32_t id = find_cstr(v, "</s>");
-        if (id >= 0) v->attrs[id] |= TOK_ATTR_RSTRIP;
+        if (id >= 0) v->attrs[id] |= KP_TOK_ATTR_RSTRIP;
         static const char *const keep[] = {"<unk>", "<s>", "<|endoftext|>"};
         for (size_t k = 0; k < 3; k++)
-            if ((id = find_cstr(v, keep[k])) >= 0) v->attrs[id] &= ~(uint32_t)TOK_ATTR_RSTRIP;
+            if ((id = find_cstr(v, keep[k])) >= 0) v->attrs[id] &= ~(uint32_t)KP_TOK_ATTR_RSTRIP;
     } else if (strstr(lname, "modern-bert")) {
         int32_t id = find_cstr(v, "[MASK]");
-        if (id >= 0) v->attrs[id] |= TOK_ATTR_LSTRIP;
+        if (id >= 0) v->attrs[id] |= KP_TOK_ATTR_LSTRIP;
     }
 }
 
 /* The newline token: SPM's byte token for '\n', BPE's first id of "\n". */
-static kp_status find_newline(tok_vocab *v, kp_error *err) {
-    if (v->model == TOK_MODEL_SPM) {
+static kp_status find_newline(kp_tok_vocab *v, kp_error *err) {
+    if (v->model == KP_TOK_MODEL_SPM) {
         v->nl = v->byte_tok['\n'] >= 0 ? v->byte_tok['\n'] : v->pad;
         return KP_OK;
     }
     int32_t *ids = NULL;
     size_t n = 0;
-    kp_status st = tok_encode(v, "\n", 1, false, false, &ids, &n, err);
+    kp_status st = kp_tok_encode(v, "\n", 1, false, false, &ids, &n, err);
     if (st != KP_OK) return st;
     v->nl = n > 0 ? ids[0] : v->pad;
     free(ids);
     return KP_OK;
 }
 
-void tok_vocab_free(tok_vocab *v) {
+void kp_tok_vocab_free(kp_tok_vocab *v) {
     if (!v) return;
     free(v->pre_name);
     free(v->pre_warning);
@@ -775,28 +775,28 @@ void tok_vocab_free(tok_vocab *v) {
     free(v->slots);
     free(v->special);
     free(v->trie);
-    tok_merges_free(&v->merges);
-    tok_pretok_free(v->pretok);
+    kp_tok_merges_free(&v->merges);
+    kp_tok_pretok_free(v->pretok);
     free(v->piece_arena);
     free(v->piece_off);
     free(v->piece_len);
     free(v);
 }
 
-kp_status tok_vocab_load(tok_vocab **out, const gguf *g, kp_error *err) {
-    if (!out || !g) return kp_fail(err, KP_EINVAL, "tok_vocab_load: NULL argument");
+kp_status kp_tok_vocab_load(kp_tok_vocab **out, const gguf *g, kp_error *err) {
+    if (!out || !g) return kp_fail(err, KP_EINVAL, "kp_tok_vocab_load: NULL argument");
     *out = NULL;
-    tok_vocab *v = calloc(1, sizeof *v);
+    kp_tok_vocab *v = calloc(1, sizeof *v);
     if (!v) return oom(err);
     for (int b = 0; b < 256; b++) v->trie_root[b] = -1;
     kp_status st;
     if ((st = load_model_kind(v, g, err)) != KP_OK) goto fail;
     if ((st = load_tokens(v, g, err)) != KP_OK) goto fail;
-    if (v->model == TOK_MODEL_BPE && (st = load_merges(v, g, err)) != KP_OK) goto fail;
+    if (v->model == KP_TOK_MODEL_BPE && (st = load_merges(v, g, err)) != KP_OK) goto fail;
     if ((st = load_flags(v, g, err)) != KP_OK) goto fail;
     build_byte_tables(v);
-    if (v->model == TOK_MODEL_SPM) v->spm_word_cuts = spm_words_separable(v);
-    if (v->model == TOK_MODEL_BPE && (st = tok_pretok_new(&v->pretok, v->pre_kind, err)) != KP_OK)
+    if (v->model == KP_TOK_MODEL_SPM) v->spm_word_cuts = spm_words_separable(v);
+    if (v->model == KP_TOK_MODEL_BPE && (st = kp_tok_pretok_new(&v->pretok, v->pre_kind, err)) != KP_OK)
         goto fail;
     /* computed before the special-token list exists, as llama.cpp does */
     if ((st = find_newline(v, err)) != KP_OK) goto fail;
@@ -808,6 +808,6 @@ kp_status tok_vocab_load(tok_vocab **out, const gguf *g, kp_error *err) {
     *out = v;
     return KP_OK;
 fail:
-    tok_vocab_free(v);
+    kp_tok_vocab_free(v);
     return st;
 }

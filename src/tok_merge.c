@@ -40,7 +40,7 @@
  * addressing; ids stand for strings because every merge side is a token
  * (tok_load.c refuses files where it is not).
  *
- * Owns no global state; all scratch lives in a tok_scratch per encode call.
+ * Owns no global state; all scratch lives in a kp_tok_scratch per encode call.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -66,7 +66,7 @@ typedef struct {
     int32_t result;     /* BPE: merged token id */
 } tok_bigram;
 
-struct tok_scratch {
+struct kp_tok_scratch {
     tok_sym *syms;
     size_t syms_cap;
     tok_bigram *heap;
@@ -75,9 +75,9 @@ struct tok_scratch {
     size_t buf_cap;
 };
 
-tok_scratch *tok_scratch_new(void) { return calloc(1, sizeof(tok_scratch)); }
+kp_tok_scratch *kp_tok_scratch_new(void) { return calloc(1, sizeof(kp_tok_scratch)); }
 
-void tok_scratch_free(tok_scratch *s) {
+void kp_tok_scratch_free(kp_tok_scratch *s) {
     if (!s) return;
     free(s->syms);
     free(s->heap);
@@ -96,7 +96,7 @@ static kp_status grow(void **p, size_t *cap, size_t need, size_t elem, kp_error 
     return KP_OK;
 }
 
-kp_status tok_ids_push(tok_ids *a, int32_t id, kp_error *err) {
+kp_status kp_tok_ids_push(kp_tok_ids *a, int32_t id, kp_error *err) {
     if (a->n == a->cap) {
         kp_status st = grow((void **)&a->ids, &a->cap, a->n + 1, sizeof(int32_t), err);
         if (st != KP_OK) return st;
@@ -107,7 +107,7 @@ kp_status tok_ids_push(tok_ids *a, int32_t id, kp_error *err) {
 
 /* ---- min-heap of bigrams ---- */
 
-static kp_status heap_push(tok_scratch *s, tok_bigram b, kp_error *err) {
+static kp_status heap_push(kp_tok_scratch *s, tok_bigram b, kp_error *err) {
     kp_status st = grow((void **)&s->heap, &s->heap_cap, s->heap_n + 1, sizeof(tok_bigram), err);
     if (st != KP_OK) return st;
     size_t i = s->heap_n++;
@@ -121,7 +121,7 @@ static kp_status heap_push(tok_scratch *s, tok_bigram b, kp_error *err) {
     return KP_OK;
 }
 
-static tok_bigram heap_pop(tok_scratch *s) {
+static tok_bigram heap_pop(kp_tok_scratch *s) {
     tok_bigram top = s->heap[0];
     tok_bigram last = s->heap[--s->heap_n];
     size_t n = s->heap_n, i = 0;
@@ -146,13 +146,13 @@ static uint32_t float_order(float f) {
 
 /* ---- SPM ---- */
 
-static kp_status spm_try_add(const tok_vocab *v, tok_scratch *s, const char *text, int32_t left,
+static kp_status spm_try_add(const kp_tok_vocab *v, kp_tok_scratch *s, const char *text, int32_t left,
                              int32_t right, kp_error *err) {
     if (left < 0 || right < 0) return KP_OK;
     const tok_sym *l = &s->syms[left], *r = &s->syms[right];
     uint32_t size = l->n + r->n;
     if (size > v->max_token_len) return KP_OK; /* no token is that long */
-    int32_t id = tok_lookup(v, text + l->start, size);
+    int32_t id = kp_tok_lookup(v, text + l->start, size);
     if (id < 0) return KP_OK;
     tok_bigram b = {((uint64_t)(~float_order(v->scores[id])) << 32) | (uint32_t)left, left, size, id};
     return heap_push(s, b, err);
@@ -160,8 +160,8 @@ static kp_status spm_try_add(const tok_vocab *v, tok_scratch *s, const char *tex
 
 /* Merges the run of symbols starting at `first` (linked by next, ending at
  * -1) and appends its ids. */
-static kp_status spm_run(const tok_vocab *v, tok_scratch *s, const char *text, int32_t first,
-                         tok_ids *out, kp_error *err) {
+static kp_status spm_run(const kp_tok_vocab *v, kp_tok_scratch *s, const char *text, int32_t first,
+                         kp_tok_ids *out, kp_error *err) {
     kp_status st;
     s->heap_n = 0;
     for (int32_t i = first; s->syms[i].next >= 0; i = s->syms[i].next)
@@ -184,29 +184,29 @@ static kp_status spm_run(const tok_vocab *v, tok_scratch *s, const char *text, i
     /* a symbol that is not a token is spelled with byte tokens */
     for (int32_t i = first; i != -1; i = s->syms[i].next) {
         const tok_sym *sym = &s->syms[i];
-        int32_t id = tok_lookup(v, text + sym->start, sym->n);
+        int32_t id = kp_tok_lookup(v, text + sym->start, sym->n);
         if (id >= 0) {
-            if ((st = tok_ids_push(out, id, err)) != KP_OK) return st;
+            if ((st = kp_tok_ids_push(out, id, err)) != KP_OK) return st;
             continue;
         }
         for (uint32_t j = 0; j < sym->n; j++) {
             int32_t bt = v->byte_tok[(uint8_t)text[sym->start + j]];
             if (bt < 0) bt = v->unk; /* no byte token at all: llama.cpp would throw */
-            if (bt >= 0 && (st = tok_ids_push(out, bt, err)) != KP_OK) return st;
+            if (bt >= 0 && (st = kp_tok_ids_push(out, bt, err)) != KP_OK) return st;
         }
     }
     return KP_OK;
 }
 
-kp_status tok_spm_tokenize(const tok_vocab *v, tok_scratch *s, const char *text, size_t len,
-                           tok_ids *out, kp_error *err) {
+kp_status kp_tok_spm_tokenize(const kp_tok_vocab *v, kp_tok_scratch *s, const char *text, size_t len,
+                           kp_tok_ids *out, kp_error *err) {
     kp_status st;
     if (len == 0) return KP_OK;
     /* symbols: one per UTF-8 character (by lead byte, clamped to the end) */
     if ((st = grow((void **)&s->syms, &s->syms_cap, len, sizeof(tok_sym), err)) != KP_OK) return st;
     int32_t n_sym = 0;
     for (size_t off = 0; off < len;) {
-        size_t n = unicode_len_utf8((uint8_t)text[off]);
+        size_t n = kp_unicode_len_utf8((uint8_t)text[off]);
         if (n > len - off) n = len - off;
         tok_sym *sym = &s->syms[n_sym];
         sym->start = (uint32_t)off;
@@ -240,29 +240,29 @@ kp_status tok_spm_tokenize(const tok_vocab *v, tok_scratch *s, const char *text,
 
 /* ---- BPE ---- */
 
-static kp_status bpe_try_add(const tok_vocab *v, tok_scratch *s, int32_t left, int32_t right,
+static kp_status bpe_try_add(const kp_tok_vocab *v, kp_tok_scratch *s, int32_t left, int32_t right,
                              kp_error *err) {
     if (left < 0 || right < 0) return KP_OK;
     const tok_sym *l = &s->syms[left], *r = &s->syms[right];
     if (l->id < 0 || r->id < 0) return KP_OK; /* only tokens appear in merges */
     int32_t result;
-    int32_t rank = tok_merges_find(&v->merges, l->id, r->id, &result);
+    int32_t rank = kp_tok_merges_find(&v->merges, l->id, r->id, &result);
     if (rank < 0) return KP_OK;
     tok_bigram b = {((uint64_t)(uint32_t)rank << 32) | (uint32_t)left, left, l->n + r->n, result};
     return heap_push(s, b, err);
 }
 
-kp_status tok_bpe_word(const tok_vocab *v, tok_scratch *s, const uint8_t *word, size_t len,
-                       tok_ids *out, kp_error *err) {
+kp_status kp_tok_bpe_word(const kp_tok_vocab *v, kp_tok_scratch *s, const uint8_t *word, size_t len,
+                       kp_tok_ids *out, kp_error *err) {
     kp_status st;
     if (len == 0) return KP_OK;
     if (v->ignore_merges) {
         /* a word that is itself a token is emitted whole */
         if ((st = grow((void **)&s->buf, &s->buf_cap, 2 * len, 1, err)) != KP_OK) return st;
         size_t n = 0;
-        for (size_t i = 0; i < len; i++) n += unicode_encode(unicode_byte_to_cpt(word[i]), s->buf + n);
-        int32_t id = tok_lookup(v, (const char *)s->buf, n);
-        if (id >= 0) return tok_ids_push(out, id, err);
+        for (size_t i = 0; i < len; i++) n += kp_unicode_encode(kp_unicode_byte_to_cpt(word[i]), s->buf + n);
+        int32_t id = kp_tok_lookup(v, (const char *)s->buf, n);
+        if (id >= 0) return kp_tok_ids_push(out, id, err);
     }
     if ((st = grow((void **)&s->syms, &s->syms_cap, len, sizeof(tok_sym), err)) != KP_OK) return st;
     int32_t n_sym = (int32_t)len;
@@ -296,14 +296,14 @@ kp_status tok_bpe_word(const tok_vocab *v, tok_scratch *s, const uint8_t *word, 
     for (int32_t i = 0; i != -1; i = s->syms[i].next) {
         const tok_sym *sym = &s->syms[i];
         if (sym->id >= 0) {
-            if ((st = tok_ids_push(out, sym->id, err)) != KP_OK) return st;
+            if ((st = kp_tok_ids_push(out, sym->id, err)) != KP_OK) return st;
             continue;
         }
         /* not a token: llama.cpp looks up each byte of the encoded text */
         for (uint32_t j = 0; j < sym->n; j++) {
             const int32_t *fb = v->byte_fallback[word[sym->start + j]];
             for (int k = 0; k < 2; k++)
-                if (fb[k] >= 0 && (st = tok_ids_push(out, fb[k], err)) != KP_OK) return st;
+                if (fb[k] >= 0 && (st = kp_tok_ids_push(out, fb[k], err)) != KP_OK) return st;
         }
     }
     return KP_OK;
@@ -320,7 +320,7 @@ static uint64_t mix64(uint64_t x) {
     return x;
 }
 
-kp_status tok_merges_init(tok_merges *m, size_t n_merges, kp_error *err) {
+kp_status kp_tok_merges_init(kp_tok_merges *m, size_t n_merges, kp_error *err) {
     memset(m, 0, sizeof *m);
     size_t cap = 16;
     while (cap < 2 * n_merges) cap *= 2;
@@ -328,26 +328,26 @@ kp_status tok_merges_init(tok_merges *m, size_t n_merges, kp_error *err) {
     m->ranks = malloc(cap * sizeof *m->ranks);
     m->results = malloc(cap * sizeof *m->results);
     if (!m->keys || !m->ranks || !m->results) {
-        tok_merges_free(m);
+        kp_tok_merges_free(m);
         return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory for %zu merges", n_merges);
     }
-    for (size_t i = 0; i < cap; i++) m->keys[i] = TOK_MERGE_EMPTY;
+    for (size_t i = 0; i < cap; i++) m->keys[i] = KP_TOK_MERGE_EMPTY;
     m->mask = cap - 1;
     return KP_OK;
 }
 
-void tok_merges_free(tok_merges *m) {
+void kp_tok_merges_free(kp_tok_merges *m) {
     free(m->keys);
     free(m->ranks);
     free(m->results);
     memset(m, 0, sizeof *m);
 }
 
-void tok_merges_add(tok_merges *m, int32_t left, int32_t right, int32_t rank, int32_t result) {
+void kp_tok_merges_add(kp_tok_merges *m, int32_t left, int32_t right, int32_t rank, int32_t result) {
     uint64_t key = ((uint64_t)(uint32_t)left << 32) | (uint32_t)right;
     for (uint64_t i = mix64(key) & m->mask;; i = (i + 1) & m->mask) {
         if (m->keys[i] == key) return; /* first rank wins */
-        if (m->keys[i] == TOK_MERGE_EMPTY) {
+        if (m->keys[i] == KP_TOK_MERGE_EMPTY) {
             m->keys[i] = key;
             m->ranks[i] = rank;
             m->results[i] = result;
@@ -356,7 +356,7 @@ void tok_merges_add(tok_merges *m, int32_t left, int32_t right, int32_t rank, in
     }
 }
 
-int32_t tok_merges_find(const tok_merges *m, int32_t left, int32_t right, int32_t *result) {
+int32_t kp_tok_merges_find(const kp_tok_merges *m, int32_t left, int32_t right, int32_t *result) {
     if (!m->keys) return -1;
     uint64_t key = ((uint64_t)(uint32_t)left << 32) | (uint32_t)right;
     for (uint64_t i = mix64(key) & m->mask;; i = (i + 1) & m->mask) {
@@ -364,6 +364,6 @@ int32_t tok_merges_find(const tok_merges *m, int32_t left, int32_t right, int32_
             *result = m->results[i];
             return m->ranks[i];
         }
-        if (m->keys[i] == TOK_MERGE_EMPTY) return -1;
+        if (m->keys[i] == KP_TOK_MERGE_EMPTY) return -1;
     }
 }

@@ -77,133 +77,133 @@
 
 #define MAX_REGEXES 6
 
-static const char *const regex_lists[TOK_PRE_COUNT_][MAX_REGEXES + 1] = {
-    [TOK_PRE_DEFAULT] = {"[\\p{P}\\$\\+<=>\\^~\\|]+", RX_GPT2, "\\p{N}+", "[0-9][0-9][0-9]", NULL},
-    [TOK_PRE_LLAMA3] = {RX_LLAMA3, NULL},
-    [TOK_PRE_DEEPSEEK_LLM] = {"[\\r\\n]", RX_DEEPSEEK_LETTERS,
+static const char *const regex_lists[KP_TOK_PRE_COUNT_][MAX_REGEXES + 1] = {
+    [KP_TOK_PRE_DEFAULT] = {"[\\p{P}\\$\\+<=>\\^~\\|]+", RX_GPT2, "\\p{N}+", "[0-9][0-9][0-9]", NULL},
+    [KP_TOK_PRE_LLAMA3] = {RX_LLAMA3, NULL},
+    [KP_TOK_PRE_DEEPSEEK_LLM] = {"[\\r\\n]", RX_DEEPSEEK_LETTERS,
                               "\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}"
                               "\\x{3000}-\\x{3002}]+",
                               "(?<!\\s)\\s+$", RX_CJK, "\\p{N}+", NULL},
-    [TOK_PRE_DEEPSEEK3_LLM] = {"\\p{N}{1,3}", "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+",
+    [KP_TOK_PRE_DEEPSEEK3_LLM] = {"\\p{N}{1,3}", "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+",
                                "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|"
                                "[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\\r\\n]*|"
                                "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
                                NULL},
-    [TOK_PRE_DEEPSEEK_CODER] = {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", RX_CJK, "\\p{N}", NULL},
-    [TOK_PRE_FALCON] = {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RX_GPT2, "[0-9][0-9][0-9]", NULL},
-    [TOK_PRE_STARCODER] = {"\\p{N}", RX_GPT2, NULL},
-    [TOK_PRE_GPT2] = {RX_GPT2, NULL},
-    [TOK_PRE_QWEN2] = {RX_QWEN2, NULL},
-    [TOK_PRE_QWEN35] = {RX_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| "
+    [KP_TOK_PRE_DEEPSEEK_CODER] = {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", RX_CJK, "\\p{N}", NULL},
+    [KP_TOK_PRE_FALCON] = {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RX_GPT2, "[0-9][0-9][0-9]", NULL},
+    [KP_TOK_PRE_STARCODER] = {"\\p{N}", RX_GPT2, NULL},
+    [KP_TOK_PRE_GPT2] = {RX_GPT2, NULL},
+    [KP_TOK_PRE_QWEN2] = {RX_QWEN2, NULL},
+    [KP_TOK_PRE_QWEN35] = {RX_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| "
                                         "?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
                         NULL},
-    [TOK_PRE_PORO] = {RX_PORO, NULL},
-    [TOK_PRE_VIKING] = {RX_PORO, "\\p{N}", NULL},
-    [TOK_PRE_TEKKEN] = {"[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+|"
+    [KP_TOK_PRE_PORO] = {RX_PORO, NULL},
+    [KP_TOK_PRE_VIKING] = {RX_PORO, "\\p{N}", NULL},
+    [KP_TOK_PRE_TEKKEN] = {"[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+|"
                         "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*|"
                         "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
                         NULL},
-    [TOK_PRE_CHAMELEON] = {"<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
+    [KP_TOK_PRE_CHAMELEON] = {"<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
                            "([\\t\\n]|    |  )", "\\p{N}", "[\\p{P}!-/:-@\\[-`{-~]", RX_GPT2, NULL},
-    [TOK_PRE_GPT4O] = {"[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+" RX_CONTRACTIONS
+    [KP_TOK_PRE_GPT4O] = {"[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+" RX_CONTRACTIONS
                        "?|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*" RX_CONTRACTIONS
                        "?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
                        NULL},
-    [TOK_PRE_SEED_CODER] = {RX_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| "
+    [KP_TOK_PRE_SEED_CODER] = {RX_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| "
                                             "?[^\\s\\p{L}\\p{N}\\r\\n]+|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
                             NULL},
-    [TOK_PRE_BAILINGMOE] = {"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+    [KP_TOK_PRE_BAILINGMOE] = {"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
                             "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+",
                             NULL},
-    [TOK_PRE_UFAKZEKA] = {"[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    [KP_TOK_PRE_UFAKZEKA] = {"[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
                           "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
                           NULL},
 };
 
 /* ---- names (llama.cpp's llama_vocab::impl::load) ---- */
 
-#define IGN TOK_PRE_F_IGNORE_MERGES
-#define BOS TOK_PRE_F_ADD_BOS
-#define NOC TOK_PRE_F_NO_CLEAN
-#define NOB TOK_PRE_F_NO_BOS
+#define IGN KP_TOK_PRE_F_IGNORE_MERGES
+#define BOS KP_TOK_PRE_F_ADD_BOS
+#define NOC KP_TOK_PRE_F_NO_CLEAN
+#define NOB KP_TOK_PRE_F_NO_BOS
 
-static const tok_pre_info pre_names[] = {
-    {"default", TOK_PRE_DEFAULT, 0},
-    {"llama3", TOK_PRE_LLAMA3, IGN | BOS},
-    {"llama-v3", TOK_PRE_LLAMA3, IGN | BOS},
-    {"llama-bpe", TOK_PRE_LLAMA3, IGN | BOS},
-    {"falcon3", TOK_PRE_LLAMA3, IGN | BOS},
-    {"falcon-h1", TOK_PRE_LLAMA3, IGN | BOS},
-    {"pixtral", TOK_PRE_LLAMA3, IGN | BOS},
-    {"midm-2.0", TOK_PRE_LLAMA3, IGN | BOS},
-    {"lfm2", TOK_PRE_LLAMA3, IGN | BOS},
-    {"jina-v5-nano", TOK_PRE_LLAMA3, IGN | BOS},
-    {"deepseek-llm", TOK_PRE_DEEPSEEK_LLM, NOC},
-    {"deepseek-coder", TOK_PRE_DEEPSEEK_CODER, NOC},
-    {"deepseek-v3", TOK_PRE_DEEPSEEK3_LLM, NOC},
-    {"hunyuan-dense", TOK_PRE_DEEPSEEK3_LLM, NOC},
-    {"joyai-llm", TOK_PRE_DEEPSEEK3_LLM, NOC},
-    {"falcon", TOK_PRE_FALCON, 0},
-    {"mpt", TOK_PRE_GPT2, 0},
-    {"starcoder", TOK_PRE_STARCODER, 0},
-    {"gpt-2", TOK_PRE_GPT2, 0},
-    {"phi-2", TOK_PRE_GPT2, 0},
-    {"jina-es", TOK_PRE_GPT2, 0},
-    {"jina-de", TOK_PRE_GPT2, 0},
-    {"gigachat", TOK_PRE_GPT2, 0},
-    {"jina-v2-es", TOK_PRE_GPT2, 0},
-    {"jina-v2-de", TOK_PRE_GPT2, 0},
-    {"a.x-4.0", TOK_PRE_GPT2, 0},
-    {"mellum", TOK_PRE_GPT2, 0},
-    {"modern-bert", TOK_PRE_GPT2, 0},
-    {"jina-v1-en", TOK_PRE_GPT2, 0},
-    {"jina-v2-code", TOK_PRE_GPT2, 0},
-    {"roberta-bpe", TOK_PRE_GPT2, 0},
-    {"exaone4", TOK_PRE_GPT2, 0},
-    {"olmo", TOK_PRE_GPT2, 0},
-    {"jais", TOK_PRE_GPT2, 0},
-    {"trillion", TOK_PRE_GPT2, NOC},
-    {"granite-docling", TOK_PRE_GPT2, NOC},
-    {"refact", TOK_PRE_STARCODER, 0},
-    {"command-r", TOK_PRE_STARCODER, NOC},
-    {"smollm", TOK_PRE_STARCODER, NOC},
-    {"codeshell", TOK_PRE_STARCODER, 0},
-    {"exaone", TOK_PRE_STARCODER, 0},
-    {"minerva-7b", TOK_PRE_STARCODER, 0},
-    {"mellum2", TOK_PRE_STARCODER, 0},
-    {"qwen2", TOK_PRE_QWEN2, NOC},
-    {"deepseek-r1-qwen", TOK_PRE_QWEN2, NOC},
-    {"kormo", TOK_PRE_QWEN2, NOC},
-    {"f2llmv2", TOK_PRE_QWEN2, NOC},
-    {"megrez", TOK_PRE_QWEN2, 0},
-    {"stablelm2", TOK_PRE_QWEN2, 0},
-    {"hunyuan", TOK_PRE_QWEN2, NOC},
-    {"solar-open", TOK_PRE_QWEN2, NOC},
-    {"grok-2", TOK_PRE_QWEN2, NOC},
-    {"qwen35", TOK_PRE_QWEN35, NOC},
-    {"dbrx", TOK_PRE_LLAMA3, 0},
-    {"smaug-bpe", TOK_PRE_LLAMA3, 0},
-    {"glm4", TOK_PRE_LLAMA3, NOB},
-    {"chatglm-bpe", TOK_PRE_LLAMA3, NOB},
-    {"poro-chat", TOK_PRE_PORO, NOC},
-    {"bloom", TOK_PRE_PORO, 0},
-    {"gpt3-finnish", TOK_PRE_PORO, 0},
-    {"viking", TOK_PRE_VIKING, NOC},
-    {"tekken", TOK_PRE_TEKKEN, NOC | IGN | BOS},
-    {"chameleon", TOK_PRE_CHAMELEON, BOS | NOC},
-    {"gpt-4o", TOK_PRE_GPT4O, NOC},
-    {"llama4", TOK_PRE_GPT4O, NOC},
-    {"kanana2", TOK_PRE_GPT4O, NOC},
-    {"talkie", TOK_PRE_GPT4O, NOC},
-    {"minimax-m2", TOK_PRE_GPT4O, NOC},
-    {"seed-coder", TOK_PRE_SEED_CODER, NOC},
-    {"bailingmoe", TOK_PRE_BAILINGMOE, NOC},
-    {"bailingmoe2", TOK_PRE_BAILINGMOE, NOC},
-    {"llada-moe", TOK_PRE_BAILINGMOE, NOC},
-    {"ufakzeka", TOK_PRE_UFAKZEKA, NOC},
+static const kp_tok_pre_info pre_names[] = {
+    {"default", KP_TOK_PRE_DEFAULT, 0},
+    {"llama3", KP_TOK_PRE_LLAMA3, IGN | BOS},
+    {"llama-v3", KP_TOK_PRE_LLAMA3, IGN | BOS},
+    {"llama-bpe", KP_TOK_PRE_LLAMA3, IGN | BOS},
+    {"falcon3", KP_TOK_PRE_LLAMA3, IGN | BOS},
+    {"falcon-h1", KP_TOK_PRE_LLAMA3, IGN | BOS},
+    {"pixtral", KP_TOK_PRE_LLAMA3, IGN | BOS},
+    {"midm-2.0", KP_TOK_PRE_LLAMA3, IGN | BOS},
+    {"lfm2", KP_TOK_PRE_LLAMA3, IGN | BOS},
+    {"jina-v5-nano", KP_TOK_PRE_LLAMA3, IGN | BOS},
+    {"deepseek-llm", KP_TOK_PRE_DEEPSEEK_LLM, NOC},
+    {"deepseek-coder", KP_TOK_PRE_DEEPSEEK_CODER, NOC},
+    {"deepseek-v3", KP_TOK_PRE_DEEPSEEK3_LLM, NOC},
+    {"hunyuan-dense", KP_TOK_PRE_DEEPSEEK3_LLM, NOC},
+    {"joyai-llm", KP_TOK_PRE_DEEPSEEK3_LLM, NOC},
+    {"falcon", KP_TOK_PRE_FALCON, 0},
+    {"mpt", KP_TOK_PRE_GPT2, 0},
+    {"starcoder", KP_TOK_PRE_STARCODER, 0},
+    {"gpt-2", KP_TOK_PRE_GPT2, 0},
+    {"phi-2", KP_TOK_PRE_GPT2, 0},
+    {"jina-es", KP_TOK_PRE_GPT2, 0},
+    {"jina-de", KP_TOK_PRE_GPT2, 0},
+    {"gigachat", KP_TOK_PRE_GPT2, 0},
+    {"jina-v2-es", KP_TOK_PRE_GPT2, 0},
+    {"jina-v2-de", KP_TOK_PRE_GPT2, 0},
+    {"a.x-4.0", KP_TOK_PRE_GPT2, 0},
+    {"mellum", KP_TOK_PRE_GPT2, 0},
+    {"modern-bert", KP_TOK_PRE_GPT2, 0},
+    {"jina-v1-en", KP_TOK_PRE_GPT2, 0},
+    {"jina-v2-code", KP_TOK_PRE_GPT2, 0},
+    {"roberta-bpe", KP_TOK_PRE_GPT2, 0},
+    {"exaone4", KP_TOK_PRE_GPT2, 0},
+    {"olmo", KP_TOK_PRE_GPT2, 0},
+    {"jais", KP_TOK_PRE_GPT2, 0},
+    {"trillion", KP_TOK_PRE_GPT2, NOC},
+    {"granite-docling", KP_TOK_PRE_GPT2, NOC},
+    {"refact", KP_TOK_PRE_STARCODER, 0},
+    {"command-r", KP_TOK_PRE_STARCODER, NOC},
+    {"smollm", KP_TOK_PRE_STARCODER, NOC},
+    {"codeshell", KP_TOK_PRE_STARCODER, 0},
+    {"exaone", KP_TOK_PRE_STARCODER, 0},
+    {"minerva-7b", KP_TOK_PRE_STARCODER, 0},
+    {"mellum2", KP_TOK_PRE_STARCODER, 0},
+    {"qwen2", KP_TOK_PRE_QWEN2, NOC},
+    {"deepseek-r1-qwen", KP_TOK_PRE_QWEN2, NOC},
+    {"kormo", KP_TOK_PRE_QWEN2, NOC},
+    {"f2llmv2", KP_TOK_PRE_QWEN2, NOC},
+    {"megrez", KP_TOK_PRE_QWEN2, 0},
+    {"stablelm2", KP_TOK_PRE_QWEN2, 0},
+    {"hunyuan", KP_TOK_PRE_QWEN2, NOC},
+    {"solar-open", KP_TOK_PRE_QWEN2, NOC},
+    {"grok-2", KP_TOK_PRE_QWEN2, NOC},
+    {"qwen35", KP_TOK_PRE_QWEN35, NOC},
+    {"dbrx", KP_TOK_PRE_LLAMA3, 0},
+    {"smaug-bpe", KP_TOK_PRE_LLAMA3, 0},
+    {"glm4", KP_TOK_PRE_LLAMA3, NOB},
+    {"chatglm-bpe", KP_TOK_PRE_LLAMA3, NOB},
+    {"poro-chat", KP_TOK_PRE_PORO, NOC},
+    {"bloom", KP_TOK_PRE_PORO, 0},
+    {"gpt3-finnish", KP_TOK_PRE_PORO, 0},
+    {"viking", KP_TOK_PRE_VIKING, NOC},
+    {"tekken", KP_TOK_PRE_TEKKEN, NOC | IGN | BOS},
+    {"chameleon", KP_TOK_PRE_CHAMELEON, BOS | NOC},
+    {"gpt-4o", KP_TOK_PRE_GPT4O, NOC},
+    {"llama4", KP_TOK_PRE_GPT4O, NOC},
+    {"kanana2", KP_TOK_PRE_GPT4O, NOC},
+    {"talkie", KP_TOK_PRE_GPT4O, NOC},
+    {"minimax-m2", KP_TOK_PRE_GPT4O, NOC},
+    {"seed-coder", KP_TOK_PRE_SEED_CODER, NOC},
+    {"bailingmoe", KP_TOK_PRE_BAILINGMOE, NOC},
+    {"bailingmoe2", KP_TOK_PRE_BAILINGMOE, NOC},
+    {"llada-moe", KP_TOK_PRE_BAILINGMOE, NOC},
+    {"ufakzeka", KP_TOK_PRE_UFAKZEKA, NOC},
 };
 
-const tok_pre_info *tok_pre_find(const char *name, size_t len) {
+const kp_tok_pre_info *kp_tok_pre_find(const char *name, size_t len) {
     for (size_t i = 0; i < sizeof pre_names / sizeof pre_names[0]; i++)
         if (strlen(pre_names[i].name) == len && memcmp(pre_names[i].name, name, len) == 0)
             return &pre_names[i];
@@ -217,8 +217,8 @@ const tok_pre_info *tok_pre_find(const char *name, size_t len) {
 #define WS_BODY                                                                                    \
     "\\t-\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 
-struct tok_pretok {
-    tok_pre_kind kind;
+struct kp_tok_pretok {
+    kp_tok_pre_kind kind;
     size_t n;
     pcre2_code *code[MAX_REGEXES];
 };
@@ -268,23 +268,23 @@ static char *rewrite_regex(const char *rx) {
     return out;
 }
 
-void tok_pretok_free(tok_pretok *p) {
+void kp_tok_pretok_free(kp_tok_pretok *p) {
     if (!p) return;
     for (size_t i = 0; i < p->n; i++) pcre2_code_free(p->code[i]);
     free(p);
 }
 
-kp_status tok_pretok_new(tok_pretok **out, tok_pre_kind kind, kp_error *err) {
+kp_status kp_tok_pretok_new(kp_tok_pretok **out, kp_tok_pre_kind kind, kp_error *err) {
     *out = NULL;
-    if ((int)kind < 0 || kind >= TOK_PRE_COUNT_)
+    if ((int)kind < 0 || kind >= KP_TOK_PRE_COUNT_)
         return kp_fail(err, KP_EINVAL, "tokenizer: bad pre-tokenizer kind %d", (int)kind);
-    tok_pretok *p = calloc(1, sizeof *p);
+    kp_tok_pretok *p = calloc(1, sizeof *p);
     if (!p) return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
     p->kind = kind;
     for (size_t i = 0; regex_lists[kind][i]; i++) {
         char *rx = rewrite_regex(regex_lists[kind][i]);
         if (!rx) {
-            tok_pretok_free(p);
+            kp_tok_pretok_free(p);
             return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
         }
         int ec;
@@ -297,7 +297,7 @@ kp_status tok_pretok_new(tok_pretok **out, tok_pre_kind kind, kp_error *err) {
             kp_fail(err, KP_EFORMAT, "tokenizer: pre-tokenizer regex %zu does not compile at %zu: %s",
                     i, (size_t)eo, (const char *)msg);
             free(rx);
-            tok_pretok_free(p);
+            kp_tok_pretok_free(p);
             return KP_EFORMAT;
         }
         free(rx);
@@ -311,14 +311,14 @@ kp_status tok_pretok_new(tok_pretok **out, tok_pre_kind kind, kp_error *err) {
 /* ---- splitting ---- */
 
 typedef struct {
-    tok_span *v;
+    kp_tok_span *v;
     size_t n, cap;
 } span_list;
 
 static int span_push(span_list *l, size_t start, size_t len) {
     if (l->n == l->cap) {
         size_t nc = l->cap ? l->cap * 2 : 64;
-        tok_span *q = realloc(l->v, nc * sizeof *q);
+        kp_tok_span *q = realloc(l->v, nc * sizeof *q);
         if (!q) return -1;
         l->v = q;
         l->cap = nc;
@@ -331,7 +331,7 @@ static int span_push(span_list *l, size_t start, size_t len) {
 
 /* Splits one piece with one regex, appending the resulting pieces. */
 static kp_status split_piece(const pcre2_code *code, pcre2_match_data *md, const char *text,
-                             tok_span piece, span_list *out, kp_error *err) {
+                             kp_tok_span piece, span_list *out, kp_error *err) {
     const PCRE2_SPTR subj = (PCRE2_SPTR)(text + piece.start);
     const size_t n = piece.len;
     size_t prev_end = 0; /* end of the last emitted piece */
@@ -370,7 +370,7 @@ static kp_status split_piece(const pcre2_code *code, pcre2_match_data *md, const
     return KP_OK;
 }
 
-kp_status tok_pretok_split(const tok_pretok *p, const char *text, size_t len, tok_span **words,
+kp_status kp_tok_pretok_split(const kp_tok_pretok *p, const char *text, size_t len, kp_tok_span **words,
                            size_t *n_words, kp_error *err) {
     *words = NULL;
     *n_words = 0;

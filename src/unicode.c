@@ -32,14 +32,14 @@
  */
 #include "unicode.h"
 
-size_t unicode_len_utf8(uint8_t lead) {
+size_t kp_unicode_len_utf8(uint8_t lead) {
     static const uint8_t by_high_nibble[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
     return by_high_nibble[lead >> 4];
 }
 
 static int is_cont(uint8_t b) { return (b & 0xC0) == 0x80; }
 
-uint32_t unicode_decode_lenient(const uint8_t *s, size_t n, size_t *consumed) {
+uint32_t kp_unicode_decode_lenient(const uint8_t *s, size_t n, size_t *consumed) {
     uint8_t b0 = s[0];
     *consumed = 1;
     if (b0 < 0x80) return b0;
@@ -65,7 +65,7 @@ uint32_t unicode_decode_lenient(const uint8_t *s, size_t n, size_t *consumed) {
     return UNICODE_REPLACEMENT;
 }
 
-size_t unicode_encode(uint32_t cpt, uint8_t out[4]) {
+size_t kp_unicode_encode(uint32_t cpt, uint8_t out[4]) {
     if (cpt <= 0x7F) {
         out[0] = (uint8_t)cpt;
         return 1;
@@ -91,7 +91,7 @@ size_t unicode_encode(uint32_t cpt, uint8_t out[4]) {
     return 0;
 }
 
-int unicode_utf8_next(const uint8_t *s, size_t n) {
+int kp_unicode_utf8_next(const uint8_t *s, size_t n) {
     uint8_t b0 = s[0];
     int need;
     uint8_t lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
@@ -118,14 +118,14 @@ int unicode_utf8_next(const uint8_t *s, size_t n) {
     return need;
 }
 
-uint32_t unicode_byte_to_cpt(uint8_t byte) {
+uint32_t kp_unicode_byte_to_cpt(uint8_t byte) {
     if ((byte >= 0x21 && byte <= 0x7E) || (byte >= 0xA1 && byte <= 0xAC) || byte >= 0xAE) return byte;
     if (byte <= 0x20) return 0x100u + byte;              /* 33 bytes: U+0100..U+0120 */
     if (byte >= 0x7F && byte <= 0xA0) return 0x121u + (byte - 0x7Fu); /* 34: U+0121..U+0142 */
     return 0x143;                                         /* 0xAD */
 }
 
-int unicode_cpt_to_byte(uint32_t cpt) {
+int kp_unicode_cpt_to_byte(uint32_t cpt) {
     if ((cpt >= 0x21 && cpt <= 0x7E) || (cpt >= 0xA1 && cpt <= 0xAC) || (cpt >= 0xAE && cpt <= 0xFF))
         return (int)cpt;
     if (cpt >= 0x100 && cpt <= 0x120) return (int)(cpt - 0x100);

@@ -62,42 +62,42 @@ static void test_cause_names(void) {
     const char *expected[] = {"hit",        "cold",           "evicted",    "timestamp",
                               "counter",    "identifier",     "reordered_json", "whitespace",
                               "inserted_at_front", "other"};
-    CHECK_EQ_INT(sizeof expected / sizeof expected[0], DOCTOR_CAUSE_COUNT);
-    for (int i = 0; i < DOCTOR_CAUSE_COUNT; i++) {
-        CHECK_EQ_STR(doctor_cause_name((doctor_cause)i), expected[i]);
-        doctor_cause back = DOCTOR_CAUSE_COUNT;
-        CHECK_EQ_INT(doctor_cause_parse(expected[i], &back, NULL), KP_OK);
+    CHECK_EQ_INT(sizeof expected / sizeof expected[0], KP_DOCTOR_CAUSE_COUNT);
+    for (int i = 0; i < KP_DOCTOR_CAUSE_COUNT; i++) {
+        CHECK_EQ_STR(kp_doctor_cause_name((kp_doctor_cause)i), expected[i]);
+        kp_doctor_cause back = KP_DOCTOR_CAUSE_COUNT;
+        CHECK_EQ_INT(kp_doctor_cause_parse(expected[i], &back, NULL), KP_OK);
         CHECK_EQ_INT(back, i);
     }
-    CHECK_EQ_INT(DOCTOR_CAUSE_TIMESTAMP, 3); /* spot-check the order of the enum */
-    CHECK_EQ_STR(doctor_cause_name(DOCTOR_CAUSE_COUNT), "invalid");
-    CHECK_EQ_STR(doctor_cause_name((doctor_cause)-1), "invalid");
+    CHECK_EQ_INT(KP_DOCTOR_CAUSE_TIMESTAMP, 3); /* spot-check the order of the enum */
+    CHECK_EQ_STR(kp_doctor_cause_name(KP_DOCTOR_CAUSE_COUNT), "invalid");
+    CHECK_EQ_STR(kp_doctor_cause_name((kp_doctor_cause)-1), "invalid");
     kp_error err = {0};
-    doctor_cause c = DOCTOR_CAUSE_HIT;
-    CHECK_EQ_INT(doctor_cause_parse("Timestamp", &c, &err), KP_ENOTFOUND);
+    kp_doctor_cause c = KP_DOCTOR_CAUSE_HIT;
+    CHECK_EQ_INT(kp_doctor_cause_parse("Timestamp", &c, &err), KP_ENOTFOUND);
     CHECK(contains(err.msg, "Timestamp"));
-    CHECK_EQ_INT(doctor_cause_parse("timestamp ", &c, NULL), KP_ENOTFOUND);
-    CHECK_EQ_INT(doctor_cause_parse("", &c, NULL), KP_ENOTFOUND);
-    CHECK_EQ_INT(doctor_cause_parse(NULL, &c, NULL), KP_EINVAL);
-    CHECK_EQ_INT(c, DOCTOR_CAUSE_HIT); /* untouched on failure */
+    CHECK_EQ_INT(kp_doctor_cause_parse("timestamp ", &c, NULL), KP_ENOTFOUND);
+    CHECK_EQ_INT(kp_doctor_cause_parse("", &c, NULL), KP_ENOTFOUND);
+    CHECK_EQ_INT(kp_doctor_cause_parse(NULL, &c, NULL), KP_EINVAL);
+    CHECK_EQ_INT(c, KP_DOCTOR_CAUSE_HIT); /* untouched on failure */
 }
 
 /* ------------------------------------------------------------------ */
 /* Divergence and snapping                                             */
 
-static doctor_divergence diverge(const char *c, size_t cl, const char *r, size_t rl) {
-    doctor_divergence dv;
+static kp_doctor_divergence diverge(const char *c, size_t cl, const char *r, size_t rl) {
+    kp_doctor_divergence dv;
     memset(&dv, 0xAB, sizeof dv);
-    kp_status st = doctor_diverge(c, cl, r, rl, NULL, &dv, NULL);
+    kp_status st = kp_doctor_diverge(c, cl, r, rl, NULL, &dv, NULL);
     CHECK_EQ_INT(st, KP_OK);
     return dv;
 }
 
 static void test_diverge_ascii(void) {
-    doctor_divergence dv = diverge("abcdef", 6, "abcxyz", 6);
+    kp_doctor_divergence dv = diverge("abcdef", 6, "abcxyz", 6);
     CHECK_EQ_INT(dv.byte, 3);
     CHECK(!dv.full_match);
-    CHECK_EQ_INT(dv.token_index, DOCTOR_NO_TOKEN);
+    CHECK_EQ_INT(dv.token_index, KP_DOCTOR_NO_TOKEN);
     CHECK_EQ_INT(dv.token_byte, 3);
     CHECK_EQ_INT(dv.reused_bytes, 3);
     CHECK_NEAR(dv.percent_recomputed, 50.0, 1e-12); /* 3 of 6 bytes */
@@ -134,7 +134,7 @@ static void test_diverge_ascii(void) {
 static void test_diverge_utf8_snap(void) {
     /* é (C3 A9) vs è (C3 A8): first difference at byte 4, inside the
      * character that starts at 3 */
-    doctor_divergence dv = diverge("caf\xC3\xA9", 5, "caf\xC3\xA8", 5);
+    kp_doctor_divergence dv = diverge("caf\xC3\xA9", 5, "caf\xC3\xA8", 5);
     CHECK_EQ_INT(dv.byte, 3);
     /* € (E2 82 AC) vs ₹ (E2 82 B9): two shared bytes */
     dv = diverge("\xE2\x82\xAC", 3, "\xE2\x82\xB9", 3);
@@ -168,9 +168,9 @@ static void test_diverge_tokens(void) {
     const char *r = "System: date 2026-11-2 10:02 rest";
     size_t raw = 23;
     CHECK(memcmp(c, r, raw) == 0 && c[raw] != r[raw]);
-    doctor_tokens tk = {7, 21, 40};
-    doctor_divergence dv;
-    CHECK_EQ_INT(doctor_diverge(c, strlen(c), r, strlen(r), &tk, &dv, NULL), KP_OK);
+    kp_doctor_tokens tk = {7, 21, 40};
+    kp_doctor_divergence dv;
+    CHECK_EQ_INT(kp_doctor_diverge(c, strlen(c), r, strlen(r), &tk, &dv, NULL), KP_OK);
     CHECK_EQ_INT(dv.byte, raw);
     CHECK_EQ_INT(dv.token_index, 7);
     CHECK_EQ_INT(dv.token_byte, 21);
@@ -179,32 +179,32 @@ static void test_diverge_tokens(void) {
 
     /* without n_tokens the share is by bytes, from the token start */
     tk.n_tokens = 0;
-    CHECK_EQ_INT(doctor_diverge(c, strlen(c), r, strlen(r), &tk, &dv, NULL), KP_OK);
+    CHECK_EQ_INT(kp_doctor_diverge(c, strlen(c), r, strlen(r), &tk, &dv, NULL), KP_OK);
     CHECK_NEAR(dv.percent_recomputed, 100.0 * (double)(strlen(r) - 21) / (double)strlen(r), 1e-9);
 
     /* a byte-level token may start inside a character, after the snapped
      * divergence but not after the raw one */
-    doctor_tokens inside = {3, 4, 5};
-    CHECK_EQ_INT(doctor_diverge("caf\xC3\xA9", 5, "caf\xC3\xA8", 5, &inside, &dv, NULL), KP_OK);
+    kp_doctor_tokens inside = {3, 4, 5};
+    CHECK_EQ_INT(kp_doctor_diverge("caf\xC3\xA9", 5, "caf\xC3\xA8", 5, &inside, &dv, NULL), KP_OK);
     CHECK_EQ_INT(dv.byte, 3);
     CHECK_EQ_INT(dv.reused_bytes, 4);
 
     kp_error err = {0};
-    doctor_tokens past = {8, raw + 1, 40};
-    CHECK_EQ_INT(doctor_diverge(c, strlen(c), r, strlen(r), &past, &dv, &err), KP_EINVAL);
+    kp_doctor_tokens past = {8, raw + 1, 40};
+    CHECK_EQ_INT(kp_doctor_diverge(c, strlen(c), r, strlen(r), &past, &dv, &err), KP_EINVAL);
     CHECK(contains(err.msg, "first differing byte"));
-    doctor_tokens beyond = {8, strlen(r) + 1, 40};
-    CHECK_EQ_INT(doctor_diverge(c, strlen(c), r, strlen(r), &beyond, &dv, NULL), KP_EINVAL);
-    doctor_tokens too_many = {41, 21, 40};
-    CHECK_EQ_INT(doctor_diverge(c, strlen(c), r, strlen(r), &too_many, &dv, NULL), KP_EINVAL);
+    kp_doctor_tokens beyond = {8, strlen(r) + 1, 40};
+    CHECK_EQ_INT(kp_doctor_diverge(c, strlen(c), r, strlen(r), &beyond, &dv, NULL), KP_EINVAL);
+    kp_doctor_tokens too_many = {41, 21, 40};
+    CHECK_EQ_INT(kp_doctor_diverge(c, strlen(c), r, strlen(r), &too_many, &dv, NULL), KP_EINVAL);
     /* every token matched: nothing recomputed */
-    doctor_tokens all = {12, 11, 12};
-    CHECK_EQ_INT(doctor_diverge("hello world!", 12, "hello world", 11, &all, &dv, NULL), KP_OK);
+    kp_doctor_tokens all = {12, 11, 12};
+    CHECK_EQ_INT(kp_doctor_diverge("hello world!", 12, "hello world", 11, &all, &dv, NULL), KP_OK);
     CHECK_NEAR(dv.percent_recomputed, 0.0, 1e-12);
 
-    CHECK_EQ_INT(doctor_diverge(NULL, 3, r, strlen(r), NULL, &dv, NULL), KP_EINVAL);
-    CHECK_EQ_INT(doctor_diverge(c, 3, NULL, 1, NULL, &dv, NULL), KP_EINVAL);
-    CHECK_EQ_INT(doctor_diverge(c, 3, r, 3, NULL, NULL, NULL), KP_EINVAL);
+    CHECK_EQ_INT(kp_doctor_diverge(NULL, 3, r, strlen(r), NULL, &dv, NULL), KP_EINVAL);
+    CHECK_EQ_INT(kp_doctor_diverge(c, 3, NULL, 1, NULL, &dv, NULL), KP_EINVAL);
+    CHECK_EQ_INT(kp_doctor_diverge(c, 3, r, 3, NULL, NULL, NULL), KP_EINVAL);
 }
 
 /* ------------------------------------------------------------------ */
@@ -213,28 +213,28 @@ static void test_diverge_tokens(void) {
 static void test_snippet_escapes(void) {
     const char *t = "key:\tvalue\nnext \"quoted\" back\\slash\r\nend";
     size_t n = strlen(t);
-    char out[DOCTOR_SNIPPET_MAX];
+    char out[KP_DOCTOR_SNIPPET_MAX];
     size_t marker = 999;
-    size_t w = doctor_snippet(t, n, 0, 16, 200, DOCTOR_ESCAPE_HUMAN, out, sizeof out, &marker);
+    size_t w = kp_doctor_snippet(t, n, 0, 16, 200, KP_DOCTOR_ESCAPE_HUMAN, out, sizeof out, &marker);
     CHECK_EQ_INT(w, strlen(out));
     CHECK_EQ_INT(marker, 0);
     CHECK_EQ_STR(out, "key:\\tvalue\\nnext \"quoted\" back\\\\slash\\r\\nend");
-    w = doctor_snippet(t, n, 0, 16, 200, DOCTOR_ESCAPE_JSON, out, sizeof out, NULL);
+    w = kp_doctor_snippet(t, n, 0, 16, 200, KP_DOCTOR_ESCAPE_JSON, out, sizeof out, NULL);
     CHECK_EQ_STR(out, "key:\\tvalue\\nnext \\\"quoted\\\" back\\\\slash\\r\\nend");
 
     /* other controls, DEL, C1, line separators, invalid bytes */
     const char odd[] = "a\x01" "b\x7F" "c\xC2\x85" "d\xE2\x80\xA8" "e\xFF" "f\b\f";
     size_t on = sizeof odd - 1;
-    doctor_snippet(odd, on, 0, 0, 100, DOCTOR_ESCAPE_HUMAN, out, sizeof out, NULL);
+    kp_doctor_snippet(odd, on, 0, 0, 100, KP_DOCTOR_ESCAPE_HUMAN, out, sizeof out, NULL);
     CHECK_EQ_STR(out, "a\\x01b\\x7Fc\\u0085d\\u2028e\\xFFf\\x08\\x0C");
-    doctor_snippet(odd, on, 0, 0, 100, DOCTOR_ESCAPE_JSON, out, sizeof out, NULL);
+    kp_doctor_snippet(odd, on, 0, 0, 100, KP_DOCTOR_ESCAPE_JSON, out, sizeof out, NULL);
     CHECK_EQ_STR(out, "a\\u0001b\\u007fc\\u0085d\\u2028e\\ufffdf\\b\\f");
 
     /* JSON mode is a valid JSON string body that decodes to the span */
     const char *mixed = "T\xC3\xBCr \"x\"\t\xE2\x82\xAC\n\xF0\x9F\x98\x80 \\ \x1B[0m";
     size_t mn = strlen(mixed);
-    doctor_snippet(mixed, mn, 0, 0, 100, DOCTOR_ESCAPE_JSON, out, sizeof out, NULL);
-    char quoted[DOCTOR_SNIPPET_MAX + 2];
+    kp_doctor_snippet(mixed, mn, 0, 0, 100, KP_DOCTOR_ESCAPE_JSON, out, sizeof out, NULL);
+    char quoted[KP_DOCTOR_SNIPPET_MAX + 2];
     snprintf(quoted, sizeof quoted, "\"%s\"", out);
     json_error_t jerr;
     json_t *js = json_loads(quoted, JSON_DECODE_ANY, &jerr);
@@ -252,22 +252,22 @@ static void test_snippet_window_utf8(void) {
     for (int i = 0; i < 60; i++) memcpy(text + 2 * i, "\xC3\xA9", 2);
     text[120] = 0;
     size_t s, e, a;
-    doctor_snippet_span(text, 120, 61, 16, 24, &s, &e, &a);
+    kp_doctor_snippet_span(text, 120, 61, 16, 24, &s, &e, &a);
     CHECK_EQ_INT(a, 60);
     CHECK_EQ_INT(s, 60 - 2 * 16);
     CHECK_EQ_INT(e, 60 + 2 * 24);
-    char out[DOCTOR_SNIPPET_MAX];
+    char out[KP_DOCTOR_SNIPPET_MAX];
     size_t marker = 0;
-    size_t w = doctor_snippet(text, 120, 61, 16, 24, DOCTOR_ESCAPE_HUMAN, out, sizeof out, &marker);
+    size_t w = kp_doctor_snippet(text, 120, 61, 16, 24, KP_DOCTOR_ESCAPE_HUMAN, out, sizeof out, &marker);
     CHECK_EQ_INT(w, 80);
     CHECK_EQ_INT(marker, 32);
     CHECK(valid_utf8(out, w));
 
     /* the window is clamped at both ends */
-    doctor_snippet_span(text, 120, 2, 16, 200, &s, &e, &a);
+    kp_doctor_snippet_span(text, 120, 2, 16, 200, &s, &e, &a);
     CHECK_EQ_INT(s, 0);
     CHECK_EQ_INT(e, 120);
-    doctor_snippet_span(text, 120, 5000, 3, 3, &s, &e, &a);
+    kp_doctor_snippet_span(text, 120, 5000, 3, 3, &s, &e, &a);
     CHECK_EQ_INT(a, 120);
     CHECK_EQ_INT(s, 114);
     CHECK_EQ_INT(e, 120);
@@ -276,33 +276,33 @@ static void test_snippet_window_utf8(void) {
     char emoji[4 * 50 + 1];
     for (int i = 0; i < 50; i++) memcpy(emoji + 4 * i, "\xF0\x9F\x9F\xA2", 4);
     for (size_t at = 0; at <= 200; at++) {
-        w = doctor_snippet(emoji, 200, at, 16, 24, DOCTOR_ESCAPE_JSON, out, sizeof out, &marker);
+        w = kp_doctor_snippet(emoji, 200, at, 16, 24, KP_DOCTOR_ESCAPE_JSON, out, sizeof out, &marker);
         CHECK(valid_utf8(out, w));
         CHECK(w % 4 == 0);
         CHECK(marker % 4 == 0 && marker <= w);
     }
 
     /* a character split by the end of the text stays visible as bytes */
-    doctor_snippet("ab\xE2\x82", 4, 0, 0, 10, DOCTOR_ESCAPE_HUMAN, out, sizeof out, NULL);
+    kp_doctor_snippet("ab\xE2\x82", 4, 0, 0, 10, KP_DOCTOR_ESCAPE_HUMAN, out, sizeof out, NULL);
     CHECK_EQ_STR(out, "ab\\xE2\\x82");
 
     /* a small buffer never cuts an escape or a character */
-    w = doctor_snippet("\n\n", 2, 0, 0, 10, DOCTOR_ESCAPE_HUMAN, out, 3, NULL);
+    w = kp_doctor_snippet("\n\n", 2, 0, 0, 10, KP_DOCTOR_ESCAPE_HUMAN, out, 3, NULL);
     CHECK_EQ_INT(w, 2);
     CHECK_EQ_STR(out, "\\n");
-    w = doctor_snippet("\n\n", 2, 0, 0, 10, DOCTOR_ESCAPE_HUMAN, out, 2, NULL);
+    w = kp_doctor_snippet("\n\n", 2, 0, 0, 10, KP_DOCTOR_ESCAPE_HUMAN, out, 2, NULL);
     CHECK_EQ_INT(w, 0);
     CHECK_EQ_STR(out, "");
-    w = doctor_snippet("\xC3\xA9\xC3\xA9", 4, 0, 0, 10, DOCTOR_ESCAPE_HUMAN, out, 4, NULL);
+    w = kp_doctor_snippet("\xC3\xA9\xC3\xA9", 4, 0, 0, 10, KP_DOCTOR_ESCAPE_HUMAN, out, 4, NULL);
     CHECK_EQ_STR(out, "\xC3\xA9");
-    /* the worst case fits DOCTOR_SNIPPET_MAX: 40 control bytes */
+    /* the worst case fits KP_DOCTOR_SNIPPET_MAX: 40 control bytes */
     char ctl[64];
     memset(ctl, 0x01, sizeof ctl);
-    w = doctor_snippet(ctl, sizeof ctl, 32, DOCTOR_SNIPPET_BEFORE, DOCTOR_SNIPPET_AFTER,
-                       DOCTOR_ESCAPE_JSON, out, sizeof out, &marker);
-    CHECK_EQ_INT(w, 6 * (DOCTOR_SNIPPET_BEFORE + DOCTOR_SNIPPET_AFTER));
-    CHECK_EQ_INT(marker, 6 * DOCTOR_SNIPPET_BEFORE);
-    doctor_snippet(NULL, 0, 0, 4, 4, DOCTOR_ESCAPE_HUMAN, out, sizeof out, NULL);
+    w = kp_doctor_snippet(ctl, sizeof ctl, 32, KP_DOCTOR_SNIPPET_BEFORE, KP_DOCTOR_SNIPPET_AFTER,
+                       KP_DOCTOR_ESCAPE_JSON, out, sizeof out, &marker);
+    CHECK_EQ_INT(w, 6 * (KP_DOCTOR_SNIPPET_BEFORE + KP_DOCTOR_SNIPPET_AFTER));
+    CHECK_EQ_INT(marker, 6 * KP_DOCTOR_SNIPPET_BEFORE);
+    kp_doctor_snippet(NULL, 0, 0, 4, 4, KP_DOCTOR_ESCAPE_HUMAN, out, sizeof out, NULL);
     CHECK_EQ_STR(out, "");
 }
 
@@ -347,11 +347,11 @@ typedef struct {
     const char *name;
     const char *cached;
     const char *request;
-    doctor_cause cause;
+    kp_doctor_cause cause;
     size_t line;              /* expected line of the divergence; 0: not checked */
     const char *detail_has;   /* substring of the detail; NULL: not checked */
     int in_json;              /* 1 / 0 expected, -1 not checked */
-    doctor_cache_state state; /* DOCTOR_CACHE_TEXT unless stated */
+    kp_doctor_cache_state state; /* KP_DOCTOR_CACHE_TEXT unless stated */
 } pair;
 
 static const pair pairs[] = {
@@ -359,252 +359,252 @@ static const pair pairs[] = {
     {"iso date and time in the system prompt",
      SYS "Current time: 2026-11-28 09:14\n" TURN1,
      SYS "Current time: 2026-11-29 10:02\n" TURN1,
-     DOCTOR_CAUSE_TIMESTAMP, 3, "'2026-11-28 09:14' -> '2026-11-29 10:02'", 0, 0},
+     KP_DOCTOR_CAUSE_TIMESTAMP, 3, "'2026-11-28 09:14' -> '2026-11-29 10:02'", 0, 0},
     {"iso with T and Z, only the seconds moved",
      "Session started 2026-11-28T09:14:05Z. Keep answers short.\n" TURN1,
      "Session started 2026-11-28T09:14:07Z. Keep answers short.\n" TURN1,
-     DOCTOR_CAUSE_TIMESTAMP, 1, "'2026-11-28T09:14:05Z' -> '2026-11-28T09:14:07Z'", 0, 0},
+     KP_DOCTOR_CAUSE_TIMESTAMP, 1, "'2026-11-28T09:14:05Z' -> '2026-11-28T09:14:07Z'", 0, 0},
     {"iso with a zone offset",
      SYS "now=2026-11-28T09:14:05+01:00\n",
      SYS "now=2026-11-28T09:15:00+01:00\n",
-     DOCTOR_CAUSE_TIMESTAMP, 3, "+01:00' -> '", 0, 0},
+     KP_DOCTOR_CAUSE_TIMESTAMP, 3, "+01:00' -> '", 0, 0},
     {"rfc 2822 date header",
      "Date: Sat, 28 Nov 2026 09:14:00 +0000\nFrom: ci@orbit.dev\nSubject: nightly build\n",
      "Date: Sun, 29 Nov 2026 10:02:00 +0000\nFrom: ci@orbit.dev\nSubject: nightly build\n",
-     DOCTOR_CAUSE_TIMESTAMP, 1, "'Sat, 28 Nov 2026 09:14:00 +0000' -> 'Sun, 29 Nov 2026 10:02:00 +0000'",
+     KP_DOCTOR_CAUSE_TIMESTAMP, 1, "'Sat, 28 Nov 2026 09:14:00 +0000' -> 'Sun, 29 Nov 2026 10:02:00 +0000'",
      0, 0},
     {"today is weekday, month day",
      SYS "Today is Monday, November 29. Plan the sprint review.\n",
      SYS "Today is Tuesday, November 30. Plan the sprint review.\n",
-     DOCTOR_CAUSE_TIMESTAMP, 3, "'Monday, November 29' -> 'Tuesday, November 30'", 0, 0},
+     KP_DOCTOR_CAUSE_TIMESTAMP, 3, "'Monday, November 29' -> 'Tuesday, November 30'", 0, 0},
     {"weekdays sharing their first letter",
      "Today is Saturday, November 28, 2026.\n" SYS,
      "Today is Sunday, November 29, 2026.\n" SYS,
-     DOCTOR_CAUSE_TIMESTAMP, 1, "'Saturday, November 28, 2026' -> 'Sunday, November 29, 2026'", 0, 0},
+     KP_DOCTOR_CAUSE_TIMESTAMP, 1, "'Saturday, November 28, 2026' -> 'Sunday, November 29, 2026'", 0, 0},
     {"unix seconds",
      "[ctx ts=1732871640 user=ana]\n" TURN1,
      "[ctx ts=1732958040 user=ana]\n" TURN1,
-     DOCTOR_CAUSE_TIMESTAMP, 1, "'1732871640' -> '1732958040'", 0, 0},
+     KP_DOCTOR_CAUSE_TIMESTAMP, 1, "'1732871640' -> '1732958040'", 0, 0},
     {"unix milliseconds in a JSON context block",
      SYS "{\"created_ms\": 1764321240123, \"user\": \"ana\"}\n",
      SYS "{\"created_ms\": 1764321302456, \"user\": \"ana\"}\n",
-     DOCTOR_CAUSE_TIMESTAMP, 3, "'1764321240123' -> '1764321302456'", 1, 0},
+     KP_DOCTOR_CAUSE_TIMESTAMP, 3, "'1764321240123' -> '1764321302456'", 1, 0},
     {"a bare clock time",
      SYS "Local time 10:02:33. The office closes at six.\n",
      SYS "Local time 10:05:12. The office closes at six.\n",
-     DOCTOR_CAUSE_TIMESTAMP, 3, "'10:02:33' -> '10:05:12'", 0, 0},
+     KP_DOCTOR_CAUSE_TIMESTAMP, 3, "'10:02:33' -> '10:05:12'", 0, 0},
     {"12-hour clock with AM",
      "It is 9:14 AM in Lisbon; the user is on call.\n" SYS,
      "It is 10:02 AM in Lisbon; the user is on call.\n" SYS,
-     DOCTOR_CAUSE_TIMESTAMP, 1, "'9:14 AM' -> '10:02 AM'", 0, 0},
+     KP_DOCTOR_CAUSE_TIMESTAMP, 1, "'9:14 AM' -> '10:02 AM'", 0, 0},
     {"US numeric date",
      "Report date: 11/28/2026\nOpen incidents are listed below.\n",
      "Report date: 11/29/2026\nOpen incidents are listed below.\n",
-     DOCTOR_CAUSE_TIMESTAMP, 1, "'11/28/2026' -> '11/29/2026'", 0, 0},
+     KP_DOCTOR_CAUSE_TIMESTAMP, 1, "'11/28/2026' -> '11/29/2026'", 0, 0},
     {"German dotted date with time",
      "Du bist ein hilfreicher Assistent.\nStand: 28.11.2026 09:14\nAntworte auf Deutsch.\n",
      "Du bist ein hilfreicher Assistent.\nStand: 29.11.2026 10:02\nAntworte auf Deutsch.\n",
-     DOCTOR_CAUSE_TIMESTAMP, 2, "'28.11.2026 09:14' -> '29.11.2026 10:02'", 0, 0},
+     KP_DOCTOR_CAUSE_TIMESTAMP, 2, "'28.11.2026 09:14' -> '29.11.2026 10:02'", 0, 0},
     {"Llama 3 header, day month year",
      "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
      "Today Date: 28 Nov 2026\n\n" SYS,
      "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
      "Today Date: 29 Nov 2026\n\n" SYS,
-     DOCTOR_CAUSE_TIMESTAMP, 4, "'28 Nov 2026' -> '29 Nov 2026'", 0, 0},
+     KP_DOCTOR_CAUSE_TIMESTAMP, 4, "'28 Nov 2026' -> '29 Nov 2026'", 0, 0},
     {"Chinese date with multi-byte characters around it",
      "\xE4\xBD\xA0\xE6\x98\xAF\xE5\x8A\xA9\xE6\x89\x8B\xE3\x80\x82\xE4\xBB\x8A\xE5\xA4\xA9\xE6\x98\xAF"
      "2026\xE5\xB9\xB4" "11\xE6\x9C\x88" "28\xE6\x97\xA5\xE3\x80\x82\n",
      "\xE4\xBD\xA0\xE6\x98\xAF\xE5\x8A\xA9\xE6\x89\x8B\xE3\x80\x82\xE4\xBB\x8A\xE5\xA4\xA9\xE6\x98\xAF"
      "2026\xE5\xB9\xB4" "11\xE6\x9C\x88" "29\xE6\x97\xA5\xE3\x80\x82\n",
-     DOCTOR_CAUSE_TIMESTAMP, 1, "2026\xE5\xB9\xB4" "11\xE6\x9C\x88" "28\xE6\x97\xA5", 0, 0},
+     KP_DOCTOR_CAUSE_TIMESTAMP, 1, "2026\xE5\xB9\xB4" "11\xE6\x9C\x88" "28\xE6\x97\xA5", 0, 0},
 
     /* ---- counters ------------------------------------------------------ */
     {"turn number",
      SYS "[turn 3 of the session]\n" TURN1,
      SYS "[turn 4 of the session]\n" TURN1,
-     DOCTOR_CAUSE_COUNTER, 3, "'3' -> '4'", 0, 0},
+     KP_DOCTOR_CAUSE_COUNTER, 3, "'3' -> '4'", 0, 0},
     {"message count",
      SYS "messages: 17\n" TURN1 TURN2,
      SYS "messages: 18\n" TURN1 TURN2,
-     DOCTOR_CAUSE_COUNTER, 3, "'17' -> '18'", 0, 0},
+     KP_DOCTOR_CAUSE_COUNTER, 3, "'17' -> '18'", 0, 0},
     {"a counter gaining a digit",
      "Attempt 9 of 10. The previous attempt failed with exit code 2.\n",
      "Attempt 10 of 10. The previous attempt failed with exit code 2.\n",
-     DOCTOR_CAUSE_COUNTER, 1, "'9' -> '10'", 0, 0},
+     KP_DOCTOR_CAUSE_COUNTER, 1, "'9' -> '10'", 0, 0},
     {"budget with a thousands separator",
      SYS "Budget: 12,480 tokens left for this task.\n",
      SYS "Budget: 12,312 tokens left for this task.\n",
-     DOCTOR_CAUSE_COUNTER, 3, "'12,480' -> '12,312'", 0, 0},
+     KP_DOCTOR_CAUSE_COUNTER, 3, "'12,480' -> '12,312'", 0, 0},
     {"decimal balance",
      "Account summary. balance: 17.50 USD, plan: team.\n",
      "Account summary. balance: 17.75 USD, plan: team.\n",
-     DOCTOR_CAUSE_COUNTER, 1, "'17.50' -> '17.75'", 0, 0},
+     KP_DOCTOR_CAUSE_COUNTER, 1, "'17.50' -> '17.75'", 0, 0},
     {"counter inside a JSON state block",
      SYS "State: {\"turn\": 3, \"mode\": \"chat\", \"tools\": [\"search_code\"]}\n",
      SYS "State: {\"turn\": 4, \"mode\": \"chat\", \"tools\": [\"search_code\"]}\n",
-     DOCTOR_CAUSE_COUNTER, 3, "'3' -> '4'", 1, 0},
+     KP_DOCTOR_CAUSE_COUNTER, 3, "'3' -> '4'", 1, 0},
 
     /* ---- identifiers --------------------------------------------------- */
     {"UUID session id",
      "session_id: 550e8400-e29b-41d4-a716-446655440000\n" SYS,
      "session_id: 7c9e6679-7425-40de-944b-e07fc1f90ae7\n" SYS,
-     DOCTOR_CAUSE_IDENTIFIER, 1, "'550e8400-e29b-41d4-a716-446655440000' -> ", 0, 0},
+     KP_DOCTOR_CAUSE_IDENTIFIER, 1, "'550e8400-e29b-41d4-a716-446655440000' -> ", 0, 0},
     {"all-digit UUID (only its shape says it is an id)",
      SYS "fixture: 00000000-0000-0000-0000-000000000017\n" TURN1,
      SYS "fixture: 00000000-0000-0000-0000-000000000018\n" TURN1,
-     DOCTOR_CAUSE_IDENTIFIER, 3, "'00000000-0000-0000-0000-000000000017' -> ", 0, 0},
+     KP_DOCTOR_CAUSE_IDENTIFIER, 3, "'00000000-0000-0000-0000-000000000017' -> ", 0, 0},
     {"hex trace id",
      SYS "X-Trace: 4bf92f3577b34da6a3ce929d0e0e4736\n" TURN1,
      SYS "X-Trace: 00f067aa0ba902b7a3ce929d0e0e4736\n" TURN1,
-     DOCTOR_CAUSE_IDENTIFIER, 3, "'4bf92f3577b34da6a3ce929d0e0e4736' -> '00f067aa0ba902b7", 0, 0},
+     KP_DOCTOR_CAUSE_IDENTIFIER, 3, "'4bf92f3577b34da6a3ce929d0e0e4736' -> '00f067aa0ba902b7", 0, 0},
     {"request id with a prefix",
      "request_id=req_AbC123xYz; route=/v1/chat/completions\n" SYS,
      "request_id=req_Q9wE4rTy; route=/v1/chat/completions\n" SYS,
-     DOCTOR_CAUSE_IDENTIFIER, 1, "'req_AbC123xYz' -> 'req_Q9wE4rTy'", 0, 0},
+     KP_DOCTOR_CAUSE_IDENTIFIER, 1, "'req_AbC123xYz' -> 'req_Q9wE4rTy'", 0, 0},
     {"completion id inside JSON",
      "{\"id\": \"chatcmpl-9xQ2LmTz8KpR\", \"object\": \"chat.completion\", \"model\": \"qwen\"}",
      "{\"id\": \"chatcmpl-A1bC2dE3fG4h\", \"object\": \"chat.completion\", \"model\": \"qwen\"}",
-     DOCTOR_CAUSE_IDENTIFIER, 1, "'chatcmpl-9xQ2LmTz8KpR' -> 'chatcmpl-A1bC2dE3fG4h'", 1, 0},
+     KP_DOCTOR_CAUSE_IDENTIFIER, 1, "'chatcmpl-9xQ2LmTz8KpR' -> 'chatcmpl-A1bC2dE3fG4h'", 1, 0},
     {"git commit hash",
      SYS "Repository HEAD is at 3f2a9c1d8e7b on branch main.\n",
      SYS "Repository HEAD is at 8b1e0d4c2a6f on branch main.\n",
-     DOCTOR_CAUSE_IDENTIFIER, 3, "'3f2a9c1d8e7b' -> '8b1e0d4c2a6f'", 0, 0},
+     KP_DOCTOR_CAUSE_IDENTIFIER, 3, "'3f2a9c1d8e7b' -> '8b1e0d4c2a6f'", 0, 0},
     {"base64 nonce with + and /",
      "auth: nonce=mF+q/8Zr+Tx2/Lp9Ws== scope=repo\n" SYS,
      "auth: nonce=mF+q/8Zr+Tx2/Kd4Qv== scope=repo\n" SYS,
-     DOCTOR_CAUSE_IDENTIFIER, 1, "'mF+q/8Zr+Tx2/Lp9Ws==' -> 'mF+q/8Zr+Tx2/Kd4Qv=='", 0, 0},
+     KP_DOCTOR_CAUSE_IDENTIFIER, 1, "'mF+q/8Zr+Tx2/Lp9Ws==' -> 'mF+q/8Zr+Tx2/Kd4Qv=='", 0, 0},
 
     /* ---- reordered JSON ------------------------------------------------ */
     {"tool schema with shuffled top-level keys",
      SYS "Tools:\n" WEATHER_NDP "\nUser: weather in Porto?\n",
      SYS "Tools:\n" WEATHER_DNP "\nUser: weather in Porto?\n",
-     DOCTOR_CAUSE_REORDERED_JSON, 4, "'name', 'description', 'parameters' -> 'description', 'name'", 1,
+     KP_DOCTOR_CAUSE_REORDERED_JSON, 4, "'name', 'description', 'parameters' -> 'description', 'name'", 1,
      0},
     {"second tool of an array with nested keys shuffled",
      SYS "Tools: [" WEATHER_NDP "," SEARCH_TOOL "]\n" TURN1,
      SYS "Tools: [" WEATHER_NDP "," SEARCH_TOOL_SHUFFLED "]\n" TURN1,
-     DOCTOR_CAUSE_REORDERED_JSON, 3, "'type', 'properties', 'required' -> 'required', 'type'", 1, 0},
+     KP_DOCTOR_CAUSE_REORDERED_JSON, 3, "'type', 'properties', 'required' -> 'required', 'type'", 1, 0},
     {"pretty-printed request body with keys swapped",
      "{\n  \"model\": \"qwen2.5-7b-instruct\",\n  \"temperature\": 0.2,\n  \"stream\": true\n}\n",
      "{\n  \"temperature\": 0.2,\n  \"model\": \"qwen2.5-7b-instruct\",\n  \"stream\": true\n}\n",
-     DOCTOR_CAUSE_REORDERED_JSON, 2, NULL, 1, 0},
+     KP_DOCTOR_CAUSE_REORDERED_JSON, 2, NULL, 1, 0},
     {"keys shuffled and reformatted",
      "Context: {\"user\": {\"name\": \"ana\", \"team\": \"orbit\"}, \"lang\": \"pt\"}\n" TURN1,
      "Context: {\"lang\":\"pt\",\"user\":{\"team\":\"orbit\",\"name\":\"ana\"}}\n" TURN1,
-     DOCTOR_CAUSE_REORDERED_JSON, 1, NULL, 1, 0},
+     KP_DOCTOR_CAUSE_REORDERED_JSON, 1, NULL, 1, 0},
 
     /* ---- whitespace ---------------------------------------------------- */
     {"CRLF vs LF",
      "You are Atlas.\r\nAnswer concisely.\r\nCite files by path.\r\n",
      "You are Atlas.\nAnswer concisely.\nCite files by path.\n",
-     DOCTOR_CAUSE_WHITESPACE, 1, "CRLF vs LF, '\\r\\n' -> '\\n'", 0, 0},
+     KP_DOCTOR_CAUSE_WHITESPACE, 1, "CRLF vs LF, '\\r\\n' -> '\\n'", 0, 0},
     {"trailing spaces removed",
      "You are Atlas.   \nRules:\n- be brief\n- cite paths\n",
      "You are Atlas.\nRules:\n- be brief\n- cite paths\n",
-     DOCTOR_CAUSE_WHITESPACE, 1, "'   \\n' -> '\\n'", 0, 0},
+     KP_DOCTOR_CAUSE_WHITESPACE, 1, "'   \\n' -> '\\n'", 0, 0},
     {"indentation changed",
      SYS "Rules:\n  - be brief\n  - cite paths\n",
      SYS "Rules:\n    - be brief\n    - cite paths\n",
-     DOCTOR_CAUSE_WHITESPACE, 4, NULL, 0, 0},
+     KP_DOCTOR_CAUSE_WHITESPACE, 4, NULL, 0, 0},
     {"double space collapsed",
      "You are Atlas.  Answer concisely and cite files by path.\n",
      "You are Atlas. Answer concisely and cite files by path.\n",
-     DOCTOR_CAUSE_WHITESPACE, 1, NULL, 0, 0},
+     KP_DOCTOR_CAUSE_WHITESPACE, 1, NULL, 0, 0},
     {"tab indentation became spaces",
      SYS "```python\ndef parse(line):\n\treturn line.split(',')\n```\n",
      SYS "```python\ndef parse(line):\n    return line.split(',')\n```\n",
-     DOCTOR_CAUSE_WHITESPACE, 5, "'\\n\\t' -> '\\n    '", 0, 0},
+     KP_DOCTOR_CAUSE_WHITESPACE, 5, "'\\n\\t' -> '\\n    '", 0, 0},
     {"JSON formatting only, same key order",
      SYS "Last call: {\"city\": \"Porto\", \"days\": 3}\n",
      SYS "Last call: {\"city\":\"Porto\",\"days\":3}\n",
-     DOCTOR_CAUSE_WHITESPACE, 3, NULL, 1, 0},
+     KP_DOCTOR_CAUSE_WHITESPACE, 3, NULL, 1, 0},
     {"a blank line added at the very start",
      SYS TURN1,
      "\n" SYS TURN1,
-     DOCTOR_CAUSE_WHITESPACE, 1, NULL, 0, 0},
+     KP_DOCTOR_CAUSE_WHITESPACE, 1, NULL, 0, 0},
 
     /* ---- inserted at front --------------------------------------------- */
     {"summary prepended at byte 0",
      SYS TURN1 TURN2,
      "Summary of earlier conversation: the user is fixing a flaky parser test.\n" SYS TURN1 TURN2,
-     DOCTOR_CAUSE_INSERTED_AT_FRONT, 1, "bytes ('Summary of earlier conversation: the use...') inserted before cached text", 0, 0},
+     KP_DOCTOR_CAUSE_INSERTED_AT_FRONT, 1, "bytes ('Summary of earlier conversation: the use...') inserted before cached text", 0, 0},
     {"summary inserted after the system prompt",
      SYS TURN2 TURN3,
      SYS "Summary: earlier the user set up the build and ran the parser tests.\n" TURN2 TURN3,
-     DOCTOR_CAUSE_INSERTED_AT_FRONT, 3, "('Summary: earlier the user set up the bui...') inserted", 0, 0},
+     KP_DOCTOR_CAUSE_INSERTED_AT_FRONT, 3, "('Summary: earlier the user set up the bui...') inserted", 0, 0},
     {"prepended text that happens to start with the same word",
      "The user wants a refactor of src/parser.c without changing behaviour.\n" TURN1,
      "The conversation so far was summarized by the agent.\n"
      "The user wants a refactor of src/parser.c without changing behaviour.\n" TURN1,
-     DOCTOR_CAUSE_INSERTED_AT_FRONT, 1, "('The conversation so far was summarized b...') inserted", 0, 0},
+     KP_DOCTOR_CAUSE_INSERTED_AT_FRONT, 1, "('The conversation so far was summarized b...') inserted", 0, 0},
     {"a new tool put in front of the tools array",
      SYS "Tools: [" WEATHER_NDP "]\n" TURN1,
      SYS "Tools: [" SEARCH_TOOL "," WEATHER_NDP "]\n" TURN1,
-     DOCTOR_CAUSE_INSERTED_AT_FRONT, 3, "('{\"name\":\"search_code\"", 1, 0},
+     KP_DOCTOR_CAUSE_INSERTED_AT_FRONT, 3, "('{\"name\":\"search_code\"", 1, 0},
     {"head rewritten into a summary, later turns kept",
      SYS "Summary: the user set up the repo and asked about the build.\n" TURN1 TURN2 TURN3,
      SYS "Summary: the user set up the repo, ran the parser tests and installed deps.\n" TURN3
          TURN4,
-     DOCTOR_CAUSE_INSERTED_AT_FRONT, 3,
+     KP_DOCTOR_CAUSE_INSERTED_AT_FRONT, 3,
      "('Summary: the user set up the repo, ran t...') before cached text from line 8", 0, 0},
     {"oldest turn dropped by a sliding window",
      SYS TURN1 TURN2 TURN3,
      SYS TURN2 TURN3 TURN4,
-     DOCTOR_CAUSE_INSERTED_AT_FRONT, 3, "lines 3-4 (", 0, 0},
+     KP_DOCTOR_CAUSE_INSERTED_AT_FRONT, 3, "lines 3-4 (", 0, 0},
 
     /* ---- other edits --------------------------------------------------- */
     {"a sentence edited mid-line",
      SYS "Style: prefer short answers. Use bullet lists for steps.\n" TURN1,
      SYS "Style: prefer detailed answers with examples. Use bullet lists for steps.\n" TURN1,
-     DOCTOR_CAUSE_OTHER, 3, "'short answers", 0, 0},
+     KP_DOCTOR_CAUSE_OTHER, 3, "'short answers", 0, 0},
     {"one line replaced from its first character",
      SYS "Tone: terse and technical.\n" TURN1 TURN2,
      SYS "Persona: a friendly mentor.\n" TURN1 TURN2,
-     DOCTOR_CAUSE_OTHER, 3, "'Tone: terse and technical.' -> 'Persona: a friendly mentor.'", 0, 0},
+     KP_DOCTOR_CAUSE_OTHER, 3, "'Tone: terse and technical.' -> 'Persona: a friendly mentor.'", 0, 0},
     {"a few words inserted mid-sentence",
      "You are a helpful assistant for the Orbit team.\n" TURN1,
      "You are a very helpful assistant for the Orbit team.\n" TURN1,
-     DOCTOR_CAUSE_OTHER, 1, NULL, 0, 0},
+     KP_DOCTOR_CAUSE_OTHER, 1, NULL, 0, 0},
     {"a number written as a word",
      SYS "Give three examples for every rule.\n",
      SYS "Give four examples for every rule.\n",
-     DOCTOR_CAUSE_OTHER, 3, "'three examples", 0, 0},
+     KP_DOCTOR_CAUSE_OTHER, 3, "'three examples", 0, 0},
     {"tools array reordered (array order is not key order)",
      SYS "Tools: [" WEATHER_NDP "," SEARCH_TOOL "]\n",
      SYS "Tools: [" SEARCH_TOOL "," WEATHER_NDP "]\n",
-     DOCTOR_CAUSE_OTHER, 3, NULL, 1, 0},
+     KP_DOCTOR_CAUSE_OTHER, 3, NULL, 1, 0},
     {"umlaut vs e-acute sharing the lead byte",
      "Ville: Z\xC3\xBCrich, Suisse. R\xC3\xA9ponds en fran\xC3\xA7" "ais.\n",
      "Ville: Z\xC3\xA9land, Danemark. R\xC3\xA9ponds en fran\xC3\xA7" "ais.\n",
-     DOCTOR_CAUSE_OTHER, 1, "'Z\xC3\xBCrich", 0, 0},
+     KP_DOCTOR_CAUSE_OTHER, 1, "'Z\xC3\xBCrich", 0, 0},
     {"emoji status sharing two bytes",
      "Build status: \xF0\x9F\x9F\xA2 green, all 214 tests pass.\n",
      "Build status: \xF0\x9F\x94\xB4 red, 3 of 214 tests fail.\n",
-     DOCTOR_CAUSE_OTHER, 1, "'\xF0\x9F\x9F\xA2 green", 0, 0},
+     KP_DOCTOR_CAUSE_OTHER, 1, "'\xF0\x9F\x9F\xA2 green", 0, 0},
     {"Japanese kanji sharing two bytes",
      "\xE3\x81\x82\xE3\x81\xAA\xE3\x81\x9F\xE3\x81\xAF\xE8\xA6\xAA\xE5\x88\x87\xE3\x81\xAA"
      "\xE3\x82\xA2\xE3\x82\xB7\xE3\x82\xB9\xE3\x82\xBF\xE3\x83\xB3\xE3\x83\x88\xE3\x81\xA7\xE3\x81\x99\xE3\x80\x82\n",
      "\xE3\x81\x82\xE3\x81\xAA\xE3\x81\x9F\xE3\x81\xAF\xE8\xA6\x96\xE8\xA6\x9A\xE7\x9A\x84\xE3\x81\xAA"
      "\xE3\x82\xA2\xE3\x82\xB7\xE3\x82\xB9\xE3\x82\xBF\xE3\x83\xB3\xE3\x83\x88\xE3\x81\xA7\xE3\x81\x99\xE3\x80\x82\n",
-     DOCTOR_CAUSE_OTHER, 1, NULL, 0, 0},
+     KP_DOCTOR_CAUSE_OTHER, 1, NULL, 0, 0},
 
     /* ---- hits ---------------------------------------------------------- */
-    {"identical prompts", SYS TURN1, SYS TURN1, DOCTOR_CAUSE_HIT, 5, "equals the cached text", 0, 0},
-    {"next turn appended", SYS TURN1, SYS TURN1 TURN2, DOCTOR_CAUSE_HIT, 5,
+    {"identical prompts", SYS TURN1, SYS TURN1, KP_DOCTOR_CAUSE_HIT, 5, "equals the cached text", 0, 0},
+    {"next turn appended", SYS TURN1, SYS TURN1 TURN2, KP_DOCTOR_CAUSE_HIT, 5,
      "starts with the whole cached text", 0, 0},
-    {"request shorter than the cached text", SYS TURN1 TURN2, SYS TURN1, DOCTOR_CAUSE_HIT, 5,
+    {"request shorter than the cached text", SYS TURN1 TURN2, SYS TURN1, KP_DOCTOR_CAUSE_HIT, 5,
      "covers the whole request", 0, 0},
 
     /* ---- cold and evicted ---------------------------------------------- */
     {"unrelated prompts",
      "Translate to French: The meeting moved to Friday.\n",
      "Summarize this log:\n[ERROR] disk full on /dev/sda1\n",
-     DOCTOR_CAUSE_COLD, 1, "differ from the first byte", 0, 0},
-    {"nothing cached", SYS TURN1, SYS TURN1, DOCTOR_CAUSE_COLD, 1, "nothing was cached", 0,
-     DOCTOR_CACHE_NOTHING},
-    {"empty cached text", "", SYS, DOCTOR_CAUSE_COLD, 1, NULL, 0, 0},
-    {"evicted prefix", SYS TURN1, SYS TURN1 TURN2, DOCTOR_CAUSE_EVICTED, 5, "evicted", 0,
-     DOCTOR_CACHE_EVICTED},
+     KP_DOCTOR_CAUSE_COLD, 1, "differ from the first byte", 0, 0},
+    {"nothing cached", SYS TURN1, SYS TURN1, KP_DOCTOR_CAUSE_COLD, 1, "nothing was cached", 0,
+     KP_DOCTOR_CACHE_NOTHING},
+    {"empty cached text", "", SYS, KP_DOCTOR_CAUSE_COLD, 1, NULL, 0, 0},
+    {"evicted prefix", SYS TURN1, SYS TURN1 TURN2, KP_DOCTOR_CAUSE_EVICTED, 5, "evicted", 0,
+     KP_DOCTOR_CACHE_EVICTED},
 };
 
 #define N_PAIRS (sizeof pairs / sizeof pairs[0])
@@ -612,33 +612,33 @@ static const pair pairs[] = {
 /* Causes that do not depend on which text is the cached one. */
 static bool symmetric(const pair *p) {
     switch (p->cause) {
-    case DOCTOR_CAUSE_TIMESTAMP:
-    case DOCTOR_CAUSE_COUNTER:
-    case DOCTOR_CAUSE_IDENTIFIER:
-    case DOCTOR_CAUSE_REORDERED_JSON:
-    case DOCTOR_CAUSE_WHITESPACE:
-    case DOCTOR_CAUSE_HIT:
-        return p->state == DOCTOR_CACHE_TEXT;
+    case KP_DOCTOR_CAUSE_TIMESTAMP:
+    case KP_DOCTOR_CAUSE_COUNTER:
+    case KP_DOCTOR_CAUSE_IDENTIFIER:
+    case KP_DOCTOR_CAUSE_REORDERED_JSON:
+    case KP_DOCTOR_CAUSE_WHITESPACE:
+    case KP_DOCTOR_CAUSE_HIT:
+        return p->state == KP_DOCTOR_CACHE_TEXT;
     default: return false;
     }
 }
 
 static void test_pairs(void) {
     CHECK(N_PAIRS >= 40);
-    int per_cause[DOCTOR_CAUSE_COUNT] = {0};
+    int per_cause[KP_DOCTOR_CAUSE_COUNT] = {0};
     for (size_t k = 0; k < N_PAIRS; k++) {
         const pair *p = &pairs[k];
         size_t cl = strlen(p->cached), rl = strlen(p->request);
-        doctor_report rep;
+        kp_doctor_report rep;
         kp_error err = {0};
-        kp_status st = doctor_explain(p->cached, cl, p->request, rl, NULL, p->state,
-                                      DOCTOR_ESCAPE_HUMAN, &rep, &err);
+        kp_status st = kp_doctor_explain(p->cached, cl, p->request, rl, NULL, p->state,
+                                      KP_DOCTOR_ESCAPE_HUMAN, &rep, &err);
         CHECK_MSG(st == KP_OK, "%s: %s", p->name, err.msg);
         if (st != KP_OK) continue;
-        const doctor_finding *f = &rep.finding;
+        const kp_doctor_finding *f = &rep.finding;
         per_cause[f->cause]++;
         CHECK_MSG(f->cause == p->cause, "%s: got %s, expected %s (%s)", p->name,
-                  doctor_cause_name(f->cause), doctor_cause_name(p->cause), f->detail);
+                  kp_doctor_cause_name(f->cause), kp_doctor_cause_name(p->cause), f->detail);
         if (p->line) CHECK_MSG(f->line == p->line, "%s: line %zu, expected %zu", p->name, f->line, p->line);
         if (p->detail_has)
             CHECK_MSG(contains(f->detail, p->detail_has), "%s: detail \"%s\" lacks \"%s\"", p->name,
@@ -648,7 +648,7 @@ static void test_pairs(void) {
 
         /* the detail names its cause and stays one printable line */
         char prefix[40];
-        snprintf(prefix, sizeof prefix, "%s: ", doctor_cause_name(f->cause));
+        snprintf(prefix, sizeof prefix, "%s: ", kp_doctor_cause_name(f->cause));
         CHECK_MSG(strncmp(f->detail, prefix, strlen(prefix)) == 0, "%s: %s", p->name, f->detail);
         CHECK_MSG(valid_utf8(f->detail, strlen(f->detail)) && !has_control(f->detail), "%s", p->name);
 
@@ -670,17 +670,17 @@ static void test_pairs(void) {
         CHECK(memcmp(rep.cached_snippet, rep.request_snippet, rep.request_marker) == 0);
 
         /* the same in JSON mode parses back with jansson */
-        doctor_report jrep;
-        CHECK_EQ_INT(doctor_explain(p->cached, cl, p->request, rl, NULL, p->state,
-                                    DOCTOR_ESCAPE_JSON, &jrep, NULL),
+        kp_doctor_report jrep;
+        CHECK_EQ_INT(kp_doctor_explain(p->cached, cl, p->request, rl, NULL, p->state,
+                                    KP_DOCTOR_ESCAPE_JSON, &jrep, NULL),
                      KP_OK);
-        char quoted[DOCTOR_SNIPPET_MAX + 2];
+        char quoted[KP_DOCTOR_SNIPPET_MAX + 2];
         snprintf(quoted, sizeof quoted, "\"%s\"", jrep.request_snippet);
         json_t *js = json_loads(quoted, JSON_DECODE_ANY, NULL);
         CHECK_MSG(js != NULL, "%s: JSON snippet %s", p->name, quoted);
         if (js) {
             size_t s, e, a;
-            doctor_snippet_span(p->request, rl, d, DOCTOR_SNIPPET_BEFORE, DOCTOR_SNIPPET_AFTER, &s,
+            kp_doctor_snippet_span(p->request, rl, d, KP_DOCTOR_SNIPPET_BEFORE, KP_DOCTOR_SNIPPET_AFTER, &s,
                                 &e, &a);
             CHECK(json_string_length(js) == e - s &&
                   memcmp(json_string_value(js), p->request + s, e - s) == 0);
@@ -689,7 +689,7 @@ static void test_pairs(void) {
 
         /* advice is one valid sentence naming the line */
         char advice[512];
-        size_t need = doctor_advice(f->cause, f->detail, f->line, rep.div.percent_recomputed,
+        size_t need = kp_doctor_advice(f->cause, f->detail, f->line, rep.div.percent_recomputed,
                                     "turn 3", advice, sizeof advice);
         CHECK(need == strlen(advice) || need >= sizeof advice);
         CHECK(strncmp(advice, "turn 3 re-prefills ", 19) == 0);
@@ -697,22 +697,22 @@ static void test_pairs(void) {
 
         /* the classifier accepts any earlier start (a token start) */
         if (d > 0) {
-            doctor_finding early;
-            CHECK_EQ_INT(doctor_classify(p->cached, cl, p->request, rl, d - 1, p->state, &early, NULL),
+            kp_doctor_finding early;
+            CHECK_EQ_INT(kp_doctor_classify(p->cached, cl, p->request, rl, d - 1, p->state, &early, NULL),
                          KP_OK);
             CHECK_MSG(early.cause == f->cause && early.byte == d && strcmp(early.detail, f->detail) == 0,
                       "%s: from d-1: %s", p->name, early.detail);
         }
 
         if (symmetric(p)) {
-            doctor_finding sw;
-            CHECK_EQ_INT(doctor_classify(p->request, rl, p->cached, cl, 0, p->state, &sw, NULL), KP_OK);
+            kp_doctor_finding sw;
+            CHECK_EQ_INT(kp_doctor_classify(p->request, rl, p->cached, cl, 0, p->state, &sw, NULL), KP_OK);
             CHECK_MSG(sw.cause == p->cause, "%s swapped: %s", p->name, sw.detail);
         }
     }
     /* every cause is exercised by the table */
-    for (int c = 0; c < DOCTOR_CAUSE_COUNT; c++)
-        CHECK_MSG(per_cause[c] > 0, "no pair for %s", doctor_cause_name((doctor_cause)c));
+    for (int c = 0; c < KP_DOCTOR_CAUSE_COUNT; c++)
+        CHECK_MSG(per_cause[c] > 0, "no pair for %s", kp_doctor_cause_name((kp_doctor_cause)c));
 }
 
 /* ------------------------------------------------------------------ */
@@ -722,8 +722,8 @@ static void test_classify_position(void) {
     /* divergence on line 3, after 3 characters of which two are 2-byte */
     const char *c = "one\ntwo\n\xC3\xA0 \xC3\xA9x tail\n";
     const char *r = "one\ntwo\n\xC3\xA0 \xC3\xA9y tail\n";
-    doctor_finding f;
-    CHECK_EQ_INT(doctor_classify(c, strlen(c), r, strlen(r), 0, DOCTOR_CACHE_TEXT, &f, NULL), KP_OK);
+    kp_doctor_finding f;
+    CHECK_EQ_INT(kp_doctor_classify(c, strlen(c), r, strlen(r), 0, KP_DOCTOR_CACHE_TEXT, &f, NULL), KP_OK);
     CHECK_EQ_INT(f.byte, 8 + 5);
     CHECK_EQ_INT(f.line, 3);
     CHECK_EQ_INT(f.column, 4);
@@ -731,19 +731,19 @@ static void test_classify_position(void) {
     CHECK(contains(f.detail, " on line 3"));
 
     kp_error err = {0};
-    CHECK_EQ_INT(doctor_classify(c, strlen(c), r, strlen(r), 14, DOCTOR_CACHE_TEXT, &f, &err),
+    CHECK_EQ_INT(kp_doctor_classify(c, strlen(c), r, strlen(r), 14, KP_DOCTOR_CACHE_TEXT, &f, &err),
                  KP_EINVAL);
     CHECK(contains(err.msg, "differ before byte 14"));
-    CHECK_EQ_INT(doctor_classify(c, 3, r, strlen(r), 4, DOCTOR_CACHE_TEXT, &f, NULL), KP_EINVAL);
-    CHECK_EQ_INT(doctor_classify(c, strlen(c), r, strlen(r), 0, (doctor_cache_state)7, &f, NULL),
+    CHECK_EQ_INT(kp_doctor_classify(c, 3, r, strlen(r), 4, KP_DOCTOR_CACHE_TEXT, &f, NULL), KP_EINVAL);
+    CHECK_EQ_INT(kp_doctor_classify(c, strlen(c), r, strlen(r), 0, (kp_doctor_cache_state)7, &f, NULL),
                  KP_EINVAL);
-    CHECK_EQ_INT(doctor_classify(NULL, 2, r, strlen(r), 0, DOCTOR_CACHE_TEXT, &f, NULL), KP_EINVAL);
-    CHECK_EQ_INT(doctor_classify(c, strlen(c), r, strlen(r), 0, DOCTOR_CACHE_TEXT, NULL, NULL),
+    CHECK_EQ_INT(kp_doctor_classify(NULL, 2, r, strlen(r), 0, KP_DOCTOR_CACHE_TEXT, &f, NULL), KP_EINVAL);
+    CHECK_EQ_INT(kp_doctor_classify(c, strlen(c), r, strlen(r), 0, KP_DOCTOR_CACHE_TEXT, NULL, NULL),
                  KP_EINVAL);
     /* with nothing cached the cached text is ignored, even NULL */
-    CHECK_EQ_INT(doctor_classify(NULL, 0, r, strlen(r), 0, DOCTOR_CACHE_NOTHING, &f, NULL), KP_OK);
-    CHECK_EQ_INT(f.cause, DOCTOR_CAUSE_COLD);
-    CHECK_EQ_INT(doctor_classify(c, strlen(c), r, strlen(r), 3, DOCTOR_CACHE_NOTHING, &f, NULL),
+    CHECK_EQ_INT(kp_doctor_classify(NULL, 0, r, strlen(r), 0, KP_DOCTOR_CACHE_NOTHING, &f, NULL), KP_OK);
+    CHECK_EQ_INT(f.cause, KP_DOCTOR_CAUSE_COLD);
+    CHECK_EQ_INT(kp_doctor_classify(c, strlen(c), r, strlen(r), 3, KP_DOCTOR_CACHE_NOTHING, &f, NULL),
                  KP_EINVAL);
 }
 
@@ -753,9 +753,9 @@ static void test_insert_details(void) {
 #define NEW_SUMMARY "Summary: the user set up the repo, ran the parser tests and installed deps.\n"
 #define PREPENDED "Summary of earlier conversation: the user is fixing a flaky parser test.\n"
     char want[256];
-    doctor_finding f;
+    kp_doctor_finding f;
     const char *c = SYS OLD_SUMMARY TURN1 TURN2 TURN3, *r = SYS NEW_SUMMARY TURN3 TURN4;
-    CHECK_EQ_INT(doctor_classify(c, strlen(c), r, strlen(r), 0, DOCTOR_CACHE_TEXT, &f, NULL), KP_OK);
+    CHECK_EQ_INT(kp_doctor_classify(c, strlen(c), r, strlen(r), 0, KP_DOCTOR_CACHE_TEXT, &f, NULL), KP_OK);
     snprintf(want, sizeof want, "inserted_at_front: lines 3-7 (%zu bytes) replaced by %zu bytes (",
              sizeof(OLD_SUMMARY TURN1 TURN2) - 1, sizeof(NEW_SUMMARY) - 1);
     CHECK_MSG(strncmp(f.detail, want, strlen(want)) == 0, "%s", f.detail);
@@ -763,7 +763,7 @@ static void test_insert_details(void) {
 
     c = SYS TURN1 TURN2 TURN3;
     r = SYS TURN2 TURN3 TURN4;
-    CHECK_EQ_INT(doctor_classify(c, strlen(c), r, strlen(r), 0, DOCTOR_CACHE_TEXT, &f, NULL), KP_OK);
+    CHECK_EQ_INT(kp_doctor_classify(c, strlen(c), r, strlen(r), 0, KP_DOCTOR_CACHE_TEXT, &f, NULL), KP_OK);
     snprintf(want, sizeof want,
              "inserted_at_front: lines 3-4 (%zu bytes) removed before cached text from line 5 "
              "that follows intact on line 3",
@@ -772,7 +772,7 @@ static void test_insert_details(void) {
 
     c = SYS TURN1;
     r = PREPENDED SYS TURN1;
-    CHECK_EQ_INT(doctor_classify(c, strlen(c), r, strlen(r), 0, DOCTOR_CACHE_TEXT, &f, NULL), KP_OK);
+    CHECK_EQ_INT(kp_doctor_classify(c, strlen(c), r, strlen(r), 0, KP_DOCTOR_CACHE_TEXT, &f, NULL), KP_OK);
     snprintf(want, sizeof want, "inserted_at_front: %zu bytes ('%.40s...') inserted", sizeof(PREPENDED) - 1,
              PREPENDED);
     CHECK_MSG(strncmp(f.detail, want, strlen(want)) == 0, "%s", f.detail);
@@ -799,12 +799,12 @@ static void test_classify_large(void) {
     memcpy(c + n, tail_c, strlen(tail_c));
     memcpy(r + n, tail_r, strlen(tail_r));
     size_t len = n + strlen(tail_c);
-    doctor_report rep;
-    doctor_tokens tk = {5000, n + 16, 5100}; /* the token "09" */
-    CHECK_EQ_INT(doctor_explain(c, len, r, len, &tk, DOCTOR_CACHE_TEXT, DOCTOR_ESCAPE_HUMAN, &rep,
+    kp_doctor_report rep;
+    kp_doctor_tokens tk = {5000, n + 16, 5100}; /* the token "09" */
+    CHECK_EQ_INT(kp_doctor_explain(c, len, r, len, &tk, KP_DOCTOR_CACHE_TEXT, KP_DOCTOR_ESCAPE_HUMAN, &rep,
                                 NULL),
                  KP_OK);
-    CHECK_EQ_INT(rep.finding.cause, DOCTOR_CAUSE_TIMESTAMP);
+    CHECK_EQ_INT(rep.finding.cause, KP_DOCTOR_CAUSE_TIMESTAMP);
     CHECK_EQ_INT(rep.div.byte, n + 20);
     CHECK_NEAR(rep.div.percent_recomputed, 100.0 * 100.0 / 5100.0, 1e-9);
     CHECK(!rep.finding.in_json);
@@ -814,9 +814,9 @@ static void test_classify_large(void) {
     memcpy(r, c, 200000);
     c[200000] = 'a';
     r[200000] = 'b';
-    doctor_finding f;
-    CHECK_EQ_INT(doctor_classify(c, 200001, r, 200001, 0, DOCTOR_CACHE_TEXT, &f, NULL), KP_OK);
-    CHECK_EQ_INT(f.cause, DOCTOR_CAUSE_OTHER);
+    kp_doctor_finding f;
+    CHECK_EQ_INT(kp_doctor_classify(c, 200001, r, 200001, 0, KP_DOCTOR_CACHE_TEXT, &f, NULL), KP_OK);
+    CHECK_EQ_INT(f.cause, KP_DOCTOR_CAUSE_OTHER);
     CHECK(!f.in_json);
 
     /* brackets nested deeper than the matcher follows, around text that is
@@ -828,8 +828,8 @@ static void test_classify_large(void) {
     for (int i = 0; i < 400; i++) c[n++] = ']';
     memcpy(r, c, n);
     r[401] = '2';
-    CHECK_EQ_INT(doctor_classify(c, n, r, n, 0, DOCTOR_CACHE_TEXT, &f, NULL), KP_OK);
-    CHECK_EQ_INT(f.cause, DOCTOR_CAUSE_COUNTER);
+    CHECK_EQ_INT(kp_doctor_classify(c, n, r, n, 0, KP_DOCTOR_CACHE_TEXT, &f, NULL), KP_OK);
+    CHECK_EQ_INT(f.cause, KP_DOCTOR_CAUSE_COUNTER);
     CHECK(!f.in_json);
     free(c);
     free(r);
@@ -842,12 +842,12 @@ static void test_advice(void) {
     /* the example */
     const char *c = SYS "Now: 2026-11-28 09:14\n" TURN1;
     const char *r = SYS "Now: 2026-11-29 10:02\n" TURN1;
-    doctor_finding f;
-    CHECK_EQ_INT(doctor_classify(c, strlen(c), r, strlen(r), 0, DOCTOR_CACHE_TEXT, &f, NULL), KP_OK);
-    CHECK_EQ_INT(f.cause, DOCTOR_CAUSE_TIMESTAMP);
+    kp_doctor_finding f;
+    CHECK_EQ_INT(kp_doctor_classify(c, strlen(c), r, strlen(r), 0, KP_DOCTOR_CACHE_TEXT, &f, NULL), KP_OK);
+    CHECK_EQ_INT(f.cause, KP_DOCTOR_CAUSE_TIMESTAMP);
     CHECK_EQ_INT(f.line, 3);
     char out[512];
-    size_t need = doctor_advice(f.cause, f.detail, f.line, 97.0, "turn 3", out, sizeof out);
+    size_t need = kp_doctor_advice(f.cause, f.detail, f.line, 97.0, "turn 3", out, sizeof out);
     CHECK_EQ_STR(out, "turn 3 re-prefills 97% of its prompt: line 3 holds a timestamp that changes "
                       "every turn ('2026-11-28 09:14' -> '2026-11-29 10:02'); move it to the end of "
                       "the prompt or round it to the day");
@@ -855,7 +855,7 @@ static void test_advice(void) {
 
     /* snprintf-style truncation, cut on a character boundary */
     char small[40];
-    size_t need2 = doctor_advice(f.cause, f.detail, f.line, 97.0, "turn 3", small, sizeof small);
+    size_t need2 = kp_doctor_advice(f.cause, f.detail, f.line, 97.0, "turn 3", small, sizeof small);
     CHECK_EQ_INT(need2, need);
     CHECK_EQ_INT(strlen(small), sizeof small - 1);
     CHECK(strncmp(small, out, sizeof small - 1) == 0);
@@ -863,48 +863,48 @@ static void test_advice(void) {
     char subject[400], big[600];
     for (int i = 0; i < 199; i++) memcpy(subject + 2 * i, "\xC3\xA9", 2);
     subject[398] = 0;
-    doctor_advice(f.cause, f.detail, f.line, 97.0, subject, big, sizeof big);
+    kp_doctor_advice(f.cause, f.detail, f.line, 97.0, subject, big, sizeof big);
     CHECK(valid_utf8(big, strlen(big)));
     CHECK(strncmp(big, subject, 398) == 0 && contains(big, " re-prefills 97% "));
     char tiny[8];
-    doctor_advice(f.cause, f.detail, f.line, 97.0, "\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9", tiny,
+    kp_doctor_advice(f.cause, f.detail, f.line, 97.0, "\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9", tiny,
                   sizeof tiny);
     CHECK_EQ_STR(tiny, "\xC3\xA9\xC3\xA9\xC3\xA9");
-    CHECK_EQ_INT(doctor_advice(f.cause, f.detail, f.line, 97.0, "turn 3", NULL, 0), need);
+    CHECK_EQ_INT(kp_doctor_advice(f.cause, f.detail, f.line, 97.0, "turn 3", NULL, 0), need);
 
     /* percentages: never 0% for a little, never 100% for almost all */
-    doctor_advice(DOCTOR_CAUSE_OTHER, NULL, 2, 0.2, NULL, out, sizeof out);
+    kp_doctor_advice(KP_DOCTOR_CAUSE_OTHER, NULL, 2, 0.2, NULL, out, sizeof out);
     CHECK_EQ_STR(out, "the request re-prefills 1% of its prompt: line 2 was edited; keep the stable "
                       "part of the prompt first and put text that changes at the end");
-    doctor_advice(DOCTOR_CAUSE_COLD, NULL, 1, 99.7, NULL, out, sizeof out);
+    kp_doctor_advice(KP_DOCTOR_CAUSE_COLD, NULL, 1, 99.7, NULL, out, sizeof out);
     CHECK(contains(out, " 99% "));
-    doctor_advice(DOCTOR_CAUSE_COLD, NULL, 1, 100.0, NULL, out, sizeof out);
+    kp_doctor_advice(KP_DOCTOR_CAUSE_COLD, NULL, 1, 100.0, NULL, out, sizeof out);
     CHECK(contains(out, " 100% "));
-    doctor_advice(DOCTOR_CAUSE_HIT, NULL, 1, 0.0, NULL, out, sizeof out);
+    kp_doctor_advice(KP_DOCTOR_CAUSE_HIT, NULL, 1, 0.0, NULL, out, sizeof out);
     CHECK(contains(out, " 0% ") && contains(out, "nothing to fix"));
-    doctor_advice(DOCTOR_CAUSE_HIT, NULL, 1, -3.0, NULL, out, sizeof out);
+    kp_doctor_advice(KP_DOCTOR_CAUSE_HIT, NULL, 1, -3.0, NULL, out, sizeof out);
     CHECK(contains(out, " 0% "));
 
     /* every cause has its own sentence; line 0 says "the prompt" */
-    for (int k = 0; k < DOCTOR_CAUSE_COUNT; k++) {
-        doctor_advice((doctor_cause)k, NULL, 0, 50.0, "turn 2", out, sizeof out);
+    for (int k = 0; k < KP_DOCTOR_CAUSE_COUNT; k++) {
+        kp_doctor_advice((kp_doctor_cause)k, NULL, 0, 50.0, "turn 2", out, sizeof out);
         CHECK(strncmp(out, "turn 2 re-prefills 50% of its prompt: ", 38) == 0);
         CHECK(!contains(out, "line 0"));
         for (int j = 0; j < k; j++) {
             char other[512];
-            doctor_advice((doctor_cause)j, NULL, 0, 50.0, "turn 2", other, sizeof other);
+            kp_doctor_advice((kp_doctor_cause)j, NULL, 0, 50.0, "turn 2", other, sizeof other);
             CHECK(strcmp(out, other) != 0);
         }
     }
-    doctor_advice(DOCTOR_CAUSE_INSERTED_AT_FRONT, NULL, 7, 40.0, NULL, out, sizeof out);
+    kp_doctor_advice(KP_DOCTOR_CAUSE_INSERTED_AT_FRONT, NULL, 7, 40.0, NULL, out, sizeof out);
     CHECK(contains(out, "changed at line 7"));
-    doctor_advice(DOCTOR_CAUSE_REORDERED_JSON, NULL, 4, 40.0, NULL, out, sizeof out);
+    kp_doctor_advice(KP_DOCTOR_CAUSE_REORDERED_JSON, NULL, 4, 40.0, NULL, out, sizeof out);
     CHECK(contains(out, "the JSON at line 4 has the same keys in another order"));
     /* a foreign detail is quoted whole */
-    doctor_advice(DOCTOR_CAUSE_EVICTED, "LRU pressure from 3 agents", 2, 80.0, "turn 9", out,
+    kp_doctor_advice(KP_DOCTOR_CAUSE_EVICTED, "LRU pressure from 3 agents", 2, 80.0, "turn 9", out,
                   sizeof out);
     CHECK(contains(out, "(LRU pressure from 3 agents)"));
-    doctor_advice(DOCTOR_CAUSE_COUNT, NULL, 1, 10.0, NULL, out, sizeof out);
+    kp_doctor_advice(KP_DOCTOR_CAUSE_COUNT, NULL, 1, 10.0, NULL, out, sizeof out);
     CHECK(contains(out, "unknown"));
 }
 

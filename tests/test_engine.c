@@ -59,17 +59,17 @@ static double rel_diff(const float *a, const float *b, uint32_t n) {
 }
 
 typedef struct {
-    eng_engine *e;
-    eng_seq s;
+    kp_engine *e;
+    kp_eng_seq s;
     float *logits;
-    eng_report rep;
+    kp_eng_report rep;
 } runner;
 
 static bool open_engine(runner *r, const kp_model *m, kp_pool *pool, bool cache, uint64_t budget) {
     kp_error err = {0};
     memset(r, 0, sizeof *r);
-    eng_config c = {KP_DTYPE_F32, 16, budget, MAX_LEN + N_GEN + 8, !cache, NULL};
-    kp_status st = eng_new(&r->e, m, pool, NULL, &c, &err);
+    kp_eng_config c = {KP_DTYPE_F32, 16, budget, MAX_LEN + N_GEN + 8, !cache, NULL};
+    kp_status st = kp_eng_new(&r->e, m, pool, NULL, &c, &err);
     CHECK_MSG(st == KP_OK, "%s", err.msg);
     r->logits = malloc(m->hp.n_vocab * sizeof(float));
     return st == KP_OK && r->logits;
@@ -77,18 +77,18 @@ static bool open_engine(runner *r, const kp_model *m, kp_pool *pool, bool cache,
 
 static void close_engine(runner *r) {
     kp_error err = {0};
-    pfx_stats st;
-    eng_stats(r->e, &st);
-    if (eng_index(r->e)) {
-        CHECK_MSG(pfx_check(eng_index(r->e), &err) == KP_OK, "%s", err.msg);
+    kp_pfx_stats st;
+    kp_eng_stats(r->e, &st);
+    if (kp_eng_index(r->e)) {
+        CHECK_MSG(kp_pfx_check(kp_eng_index(r->e), &err) == KP_OK, "%s", err.msg);
         CHECK(st.used_bytes == st.index_bytes); /* no sequence holds anything */
     } else {
         CHECK(st.used_bytes == 0);
     }
-    CHECK(eng_clear(r->e, &err) == KP_OK);
-    kp_kvpool *kv = eng_kvpool(r->e);
+    CHECK(kp_eng_clear(r->e, &err) == KP_OK);
+    kp_kvpool *kv = kp_eng_kvpool(r->e);
     CHECK_EQ_INT(kp_kvpool_n_free(kv), kp_kvpool_n_blocks(kv));
-    eng_free(r->e);
+    kp_eng_free(r->e);
     free(r->logits);
 }
 
@@ -150,7 +150,7 @@ static void run_model(const char *rel, uint64_t seed) {
         }
         uint32_t expect_reuse = best == req.n ? req.n - 1 : best;
         for (int k = 0; k < 3; k++) {
-            kp_status st = eng_prefill(rs[k]->e, req.t, req.n, &rs[k]->s, rs[k]->logits, &rs[k]->rep, &err);
+            kp_status st = kp_eng_prefill(rs[k]->e, req.t, req.n, &rs[k]->s, rs[k]->logits, &rs[k]->rep, &err);
             CHECK_MSG(st == KP_OK, "engine %d request %u: %s", k, q, err.msg);
             if (st != KP_OK) ok = false;
         }
@@ -178,24 +178,24 @@ static void run_model(const char *rel, uint64_t seed) {
                           q, g, k);
             fin.t[fin.n++] = tok;
             for (int k = 0; k < 3; k++)
-                CHECK_MSG(eng_decode(rs[k]->e, &rs[k]->s, tok, rs[k]->logits, &err) == KP_OK, "%s", err.msg);
+                CHECK_MSG(kp_eng_decode(rs[k]->e, &rs[k]->s, tok, rs[k]->logits, &err) == KP_OK, "%s", err.msg);
             for (int k = 1; k < 3; k++) {
                 double d = rel_diff(rs[k]->logits, ref.logits, nv);
                 CHECK_MSG(d <= 1e-5, "request %u step %d engine %d: logits differ by %g", q, g, k, d);
             }
         }
         for (int k = 0; k < 3; k++) {
-            CHECK_EQ_INT(eng_seq_len(&rs[k]->s), fin.n);
-            CHECK(eng_finish(rs[k]->e, &rs[k]->s, fin.t, fin.n, NULL, &err) == KP_OK);
+            CHECK_EQ_INT(kp_eng_seq_len(&rs[k]->s), fin.n);
+            CHECK(kp_eng_finish(rs[k]->e, &rs[k]->s, fin.t, fin.n, NULL, &err) == KP_OK);
             CHECK(rs[k]->s.kv.n_blocks == 0 && rs[k]->s.lease.node == NULL);
-            if (eng_index(rs[k]->e)) CHECK_MSG(pfx_check(eng_index(rs[k]->e), &err) == KP_OK, "%s", err.msg);
+            if (kp_eng_index(rs[k]->e)) CHECK_MSG(kp_pfx_check(kp_eng_index(rs[k]->e), &err) == KP_OK, "%s", err.msg);
         }
         done[n_done++] = fin;
     }
     CHECK(full_hits > 0 && extensions > 0 && reused_total > 0);
     CHECK_MSG(evictions > 0, "the tiny budget never evicted");
-    pfx_stats st;
-    eng_stats(big.e, &st);
+    kp_pfx_stats st;
+    kp_eng_stats(big.e, &st);
     CHECK(st.n_hits > 0 && st.reused_tokens == reused_total);
     CHECK(st.n_evictions == 0);
     for (int k = 0; k < 3; k++) close_engine(rs[k]);
@@ -217,46 +217,46 @@ static void test_reuse_counts(void) {
         return;
     }
     CHECK(kp_pool_new(&pool, 1, &err) == KP_OK);
-    eng_engine *e = NULL;
-    CHECK(eng_new(&e, m, pool, NULL, NULL, &err) == KP_OK);
+    kp_engine *e = NULL;
+    CHECK(kp_eng_new(&e, m, pool, NULL, NULL, &err) == KP_OK);
     int32_t a[40];
     for (int i = 0; i < 40; i++) a[i] = i == 0 ? 1 : 100 + i;
-    eng_seq s = {0};
-    eng_report r;
-    CHECK(eng_prefill(e, a, 20, &s, NULL, &r, &err) == KP_OK);
+    kp_eng_seq s = {0};
+    kp_eng_report r;
+    CHECK(kp_eng_prefill(e, a, 20, &s, NULL, &r, &err) == KP_OK);
     CHECK(r.cold && r.reused_tokens == 0 && r.computed_tokens == 20);
-    CHECK(eng_finish(e, &s, a, 20, NULL, &err) == KP_OK);
-    CHECK(eng_prefill(e, a, 20, &s, NULL, &r, &err) == KP_OK);
+    CHECK(kp_eng_finish(e, &s, a, 20, NULL, &err) == KP_OK);
+    CHECK(kp_eng_prefill(e, a, 20, &s, NULL, &r, &err) == KP_OK);
     CHECK(!r.cold && r.reused_tokens == 19 && r.computed_tokens == 1 && r.diverged_at_token == 20);
-    CHECK(eng_finish(e, &s, a, 20, NULL, &err) == KP_OK);
-    CHECK(eng_prefill(e, a, 40, &s, NULL, &r, &err) == KP_OK);
+    CHECK(kp_eng_finish(e, &s, a, 20, NULL, &err) == KP_OK);
+    CHECK(kp_eng_prefill(e, a, 40, &s, NULL, &r, &err) == KP_OK);
     CHECK(r.reused_tokens == 20 && r.computed_tokens == 20);
-    CHECK(eng_finish(e, &s, a, 40, NULL, &err) == KP_OK);
+    CHECK(kp_eng_finish(e, &s, a, 40, NULL, &err) == KP_OK);
     a[25] = 7;
-    CHECK(eng_prefill(e, a, 40, &s, NULL, &r, &err) == KP_OK);
+    CHECK(kp_eng_prefill(e, a, 40, &s, NULL, &r, &err) == KP_OK);
     CHECK(r.reused_tokens == 25 && r.diverged_at_token == 25 && r.cached_next == 125);
-    eng_seq_abort(e, &s); /* cancelled: nothing indexed, nothing held */
-    pfx_stats st;
-    eng_stats(e, &st);
+    kp_eng_seq_abort(e, &s); /* cancelled: nothing indexed, nothing held */
+    kp_pfx_stats st;
+    kp_eng_stats(e, &st);
     CHECK(st.used_bytes == st.index_bytes && st.cached_tokens == 40 && st.n_leases == 0);
     /* errors are values and leave the sequence empty */
     int32_t badt[2] = {1, 100000};
-    CHECK(eng_prefill(e, badt, 2, &s, NULL, &r, &err) == KP_EINVAL);
-    CHECK(eng_prefill(e, a, 0, &s, NULL, &r, &err) == KP_EINVAL);
+    CHECK(kp_eng_prefill(e, badt, 2, &s, NULL, &r, &err) == KP_EINVAL);
+    CHECK(kp_eng_prefill(e, a, 0, &s, NULL, &r, &err) == KP_EINVAL);
     CHECK(s.kv.n_blocks == 0);
-    CHECK(eng_clear(e, &err) == KP_OK);
-    CHECK_EQ_INT(kp_kvpool_n_free(eng_kvpool(e)), kp_kvpool_n_blocks(eng_kvpool(e)));
-    eng_free(e);
-    eng_free(NULL);
+    CHECK(kp_eng_clear(e, &err) == KP_OK);
+    CHECK_EQ_INT(kp_kvpool_n_free(kp_eng_kvpool(e)), kp_kvpool_n_blocks(kp_eng_kvpool(e)));
+    kp_eng_free(e);
+    kp_eng_free(NULL);
     /* a budget below one block is refused */
-    eng_config c = {KP_DTYPE_F32, 16, 10, 0, false, NULL};
-    CHECK(eng_new(&e, m, pool, NULL, &c, &err) == KP_EINVAL && e == NULL);
+    kp_eng_config c = {KP_DTYPE_F32, 16, 10, 0, false, NULL};
+    CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_EINVAL && e == NULL);
     /* a budget of one sequence without a cache: a longer prompt is KP_EFULL */
-    eng_config c2 = {KP_DTYPE_F32, 16, kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16, 0, true, NULL};
-    CHECK(eng_new(&e, m, pool, NULL, &c2, &err) == KP_OK);
-    CHECK(eng_prefill(e, a, 17, &s, NULL, &r, &err) == KP_EFULL && s.kv.n_blocks == 0);
-    CHECK_EQ_INT(kp_kvpool_n_free(eng_kvpool(e)), kp_kvpool_n_blocks(eng_kvpool(e)));
-    eng_free(e);
+    kp_eng_config c2 = {KP_DTYPE_F32, 16, kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16, 0, true, NULL};
+    CHECK(kp_eng_new(&e, m, pool, NULL, &c2, &err) == KP_OK);
+    CHECK(kp_eng_prefill(e, a, 17, &s, NULL, &r, &err) == KP_EFULL && s.kv.n_blocks == 0);
+    CHECK_EQ_INT(kp_kvpool_n_free(kp_eng_kvpool(e)), kp_kvpool_n_blocks(kp_eng_kvpool(e)));
+    kp_eng_free(e);
     kp_pool_free(pool);
     kp_model_free(m);
 }
@@ -276,42 +276,42 @@ static void budget_case(uint32_t blocks, uint32_t expect_reuse) {
     CHECK(kp_pool_new(&pool, 1, &err) == KP_OK);
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
-    eng_config c = {KP_DTYPE_F32, 16, bb * blocks, 96, false, NULL}, cref = c;
+    kp_eng_config c = {KP_DTYPE_F32, 16, bb * blocks, 96, false, NULL}, cref = c;
     cref.no_prefix_cache = true;
-    eng_engine *e = NULL, *ref = NULL;
-    CHECK(eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
-    CHECK(eng_new(&ref, m, pool, NULL, &cref, &err) == KP_OK);
+    kp_engine *e = NULL, *ref = NULL;
+    CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
+    CHECK(kp_eng_new(&ref, m, pool, NULL, &cref, &err) == KP_OK);
     float *la = malloc(nv * sizeof(float)), *lb = malloc(nv * sizeof(float));
     int32_t a[96], b[96];
     for (int i = 0; i < 96; i++) {
         a[i] = i == 0 ? 1 : (i * 7) % 500 + 3;
         b[i] = i < 20 ? a[i] : (i * 11) % 500 + 5;
     }
-    eng_seq s = {0}, sr = {0};
-    eng_report r;
-    CHECK(eng_prefill(e, a, 96, &s, NULL, &r, &err) == KP_OK);
-    CHECK(eng_finish(e, &s, a, 96, NULL, &err) == KP_OK);
-    kp_status st = eng_prefill(e, b, 90, &s, la, &r, &err);
+    kp_eng_seq s = {0}, sr = {0};
+    kp_eng_report r;
+    CHECK(kp_eng_prefill(e, a, 96, &s, NULL, &r, &err) == KP_OK);
+    CHECK(kp_eng_finish(e, &s, a, 96, NULL, &err) == KP_OK);
+    kp_status st = kp_eng_prefill(e, b, 90, &s, la, &r, &err);
     CHECK_MSG(st == KP_OK, "%s", err.msg);
     CHECK_MSG(r.reused_tokens == expect_reuse && r.evictions > 0, "%u blocks: reused %u, expected %u", blocks,
               r.reused_tokens, expect_reuse);
-    CHECK(eng_prefill(ref, b, 90, &sr, lb, NULL, &err) == KP_OK);
+    CHECK(kp_eng_prefill(ref, b, 90, &sr, lb, NULL, &err) == KP_OK);
     for (int g = 0; g < 6 && st == KP_OK; g++) {
         CHECK(rel_diff(la, lb, nv) <= 1e-5);
         int32_t tok = kp_argmax(lb, (int32_t)nv);
         CHECK_EQ_INT(kp_argmax(la, (int32_t)nv), tok);
-        CHECK(eng_decode(e, &s, tok, la, &err) == KP_OK);
-        CHECK(eng_decode(ref, &sr, tok, lb, &err) == KP_OK);
+        CHECK(kp_eng_decode(e, &s, tok, la, &err) == KP_OK);
+        CHECK(kp_eng_decode(ref, &sr, tok, lb, &err) == KP_OK);
     }
-    CHECK(eng_finish(e, &s, b, 90, NULL, &err) == KP_OK);
-    eng_seq_abort(ref, &sr);
-    CHECK_MSG(pfx_check(eng_index(e), &err) == KP_OK, "%s", err.msg);
-    CHECK(eng_clear(e, &err) == KP_OK);
-    CHECK_EQ_INT(kp_kvpool_n_free(eng_kvpool(e)), kp_kvpool_n_blocks(eng_kvpool(e)));
+    CHECK(kp_eng_finish(e, &s, b, 90, NULL, &err) == KP_OK);
+    kp_eng_seq_abort(ref, &sr);
+    CHECK_MSG(kp_pfx_check(kp_eng_index(e), &err) == KP_OK, "%s", err.msg);
+    CHECK(kp_eng_clear(e, &err) == KP_OK);
+    CHECK_EQ_INT(kp_kvpool_n_free(kp_eng_kvpool(e)), kp_kvpool_n_blocks(kp_eng_kvpool(e)));
     free(la);
     free(lb);
-    eng_free(e);
-    eng_free(ref);
+    kp_eng_free(e);
+    kp_eng_free(ref);
     kp_pool_free(pool);
     kp_model_free(m);
 }
@@ -325,14 +325,14 @@ static void test_budget_of_one_sequence(void) {
  * (several sharing a head) are computed in random-size chunks inside steps
  * that also decode the other running sequences, under a budget that forces
  * eviction; every sequence's prompt logits and greedy continuation must
- * equal the same request run alone with eng_prefill / eng_decode on an
+ * equal the same request run alone with kp_eng_prefill / kp_eng_decode on an
  * engine without the cache. */
 #define N_CB 8
 #define CB_GEN 6
 typedef struct {
     int32_t t[64 + CB_GEN];
     uint32_t n, fed, gen, start;
-    eng_seq s;
+    kp_eng_seq s;
     float *logits;
     int32_t next;
     bool done;
@@ -350,11 +350,11 @@ static void batched_case(const char *rel, uint64_t seed, uint64_t budget_blocks)
     CHECK(kp_pool_new(&pool, 2, &err) == KP_OK);
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
-    eng_config cr = {KP_DTYPE_F32, 16, 0, 128, true, NULL};
-    eng_config cc = {KP_DTYPE_F32, 16, bb * budget_blocks, 128, false, NULL};
-    eng_engine *ref = NULL, *e = NULL;
-    CHECK(eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
-    CHECK(eng_new(&e, m, pool, NULL, &cc, &err) == KP_OK);
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 128, true, NULL};
+    kp_eng_config cc = {KP_DTYPE_F32, 16, bb * budget_blocks, 128, false, NULL};
+    kp_engine *ref = NULL, *e = NULL;
+    CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
+    CHECK(kp_eng_new(&e, m, pool, NULL, &cc, &err) == KP_OK);
     static cb_req rq[N_CB];
     float *lr = malloc(nv * sizeof(float));
     rng_state = seed;
@@ -369,16 +369,16 @@ static void batched_case(const char *rel, uint64_t seed, uint64_t budget_blocks)
         for (uint32_t i = 0; i < r->n; i++) r->t[i] = i < shared ? head[i] : i ? (int32_t)rnd(nv) : 1;
         r->start = rnd(6);
         r->logits = malloc(nv * sizeof(float));
-        eng_seq s = {0};
-        CHECK(eng_prefill(ref, r->t, r->n, &s, lr, NULL, &err) == KP_OK);
+        kp_eng_seq s = {0};
+        CHECK(kp_eng_prefill(ref, r->t, r->n, &s, lr, NULL, &err) == KP_OK);
         for (int g = 0; g < CB_GEN; g++) {
             r->want[g] = kp_argmax(lr, (int32_t)nv);
-            if (g + 1 < CB_GEN) CHECK(eng_decode(ref, &s, r->want[g], lr, &err) == KP_OK);
+            if (g + 1 < CB_GEN) CHECK(kp_eng_decode(ref, &s, r->want[g], lr, &err) == KP_OK);
         }
-        eng_seq_abort(ref, &s);
+        kp_eng_seq_abort(ref, &s);
     }
     /* batched: every step decodes the running sequences and feeds prompt chunks */
-    eng_item items[N_CB];
+    kp_eng_item items[N_CB];
     uint32_t n_done = 0, mixed_steps = 0;
     for (uint32_t step = 0; n_done < N_CB && step < 400; step++) {
         uint32_t ni = 0;
@@ -387,11 +387,11 @@ static void batched_case(const char *rel, uint64_t seed, uint64_t budget_blocks)
             cb_req *r = &rq[q];
             if (r->done || step < r->start) continue;
             if (r->fed == 0 && r->s.kv.n_pos == 0 && r->s.lease.node == NULL) {
-                eng_report rep;
-                CHECK_MSG(eng_begin(e, r->t, r->n, &r->s, &rep, &err) == KP_OK, "%s", err.msg);
+                kp_eng_report rep;
+                CHECK_MSG(kp_eng_begin(e, r->t, r->n, &r->s, &rep, &err) == KP_OK, "%s", err.msg);
                 r->fed = rep.reused_tokens;
             }
-            eng_item *it = &items[ni++];
+            kp_eng_item *it = &items[ni++];
             memset(it, 0, sizeof *it);
             it->seq = &r->s;
             if (r->fed < r->n) {
@@ -410,7 +410,7 @@ static void batched_case(const char *rel, uint64_t seed, uint64_t budget_blocks)
         }
         if (!ni) continue;
         mixed_steps += has_prefill && has_decode;
-        CHECK_MSG(eng_step(e, items, ni, &err) == KP_OK, "%s", err.msg);
+        CHECK_MSG(kp_eng_step(e, items, ni, &err) == KP_OK, "%s", err.msg);
         for (uint32_t i = 0; i < ni; i++) {
             CHECK_MSG(items[i].status == KP_OK, "step %u item %u: %s", step, i, items[i].err.msg);
             cb_req *r = NULL;
@@ -426,38 +426,38 @@ static void batched_case(const char *rel, uint64_t seed, uint64_t budget_blocks)
             r->t[r->n + r->gen] = tok;
             r->next = tok;
             if (++r->gen == CB_GEN) {
-                CHECK(eng_finish(e, &r->s, r->t, r->n + r->gen, NULL, &err) == KP_OK);
+                CHECK(kp_eng_finish(e, &r->s, r->t, r->n + r->gen, NULL, &err) == KP_OK);
                 r->done = true;
                 n_done++;
             }
         }
-        CHECK_MSG(pfx_check(eng_index(e), &err) == KP_OK, "%s", err.msg);
+        CHECK_MSG(kp_pfx_check(kp_eng_index(e), &err) == KP_OK, "%s", err.msg);
     }
     CHECK_EQ_INT(n_done, N_CB);
     CHECK(mixed_steps > 0);
-    pfx_stats ps;
-    eng_stats(e, &ps);
+    kp_pfx_stats ps;
+    kp_eng_stats(e, &ps);
     if (budget_blocks < 64) CHECK_MSG(ps.n_evictions > 0, "budget of %llu blocks: no eviction",
                                       (unsigned long long)budget_blocks);
     /* a bad item is left out, the others run */
-    eng_seq s1 = {0}, s2 = {0};
+    kp_eng_seq s1 = {0}, s2 = {0};
     int32_t good[2] = {1, 2}, bad[1] = {(int32_t)nv};
-    CHECK(eng_clear(e, &err) == KP_OK); /* nothing cached: s1 starts empty */
-    CHECK(eng_begin(e, good, 2, &s1, NULL, &err) == KP_OK);
-    CHECK_EQ_INT(eng_seq_len(&s1), 0);
-    eng_item two[3] = {{&s1, good, 2, lr, KP_OK, {0}}, {&s2, bad, 1, NULL, KP_OK, {0}}, {&s1, good, 1, NULL, KP_OK, {0}}};
-    CHECK(eng_step(e, two, 3, &err) == KP_OK);
+    CHECK(kp_eng_clear(e, &err) == KP_OK); /* nothing cached: s1 starts empty */
+    CHECK(kp_eng_begin(e, good, 2, &s1, NULL, &err) == KP_OK);
+    CHECK_EQ_INT(kp_eng_seq_len(&s1), 0);
+    kp_eng_item two[3] = {{&s1, good, 2, lr, KP_OK, {0}}, {&s2, bad, 1, NULL, KP_OK, {0}}, {&s1, good, 1, NULL, KP_OK, {0}}};
+    CHECK(kp_eng_step(e, two, 3, &err) == KP_OK);
     CHECK(two[0].status == KP_OK && two[1].status == KP_EINVAL && two[2].status == KP_EINVAL);
-    CHECK_EQ_INT(eng_seq_len(&s1), 2);
-    CHECK_EQ_INT(eng_seq_len(&s2), 0);
-    eng_seq_abort(e, &s1);
-    eng_seq_abort(e, &s2);
-    CHECK(eng_clear(e, &err) == KP_OK);
-    CHECK_EQ_INT(kp_kvpool_n_free(eng_kvpool(e)), kp_kvpool_n_blocks(eng_kvpool(e)));
+    CHECK_EQ_INT(kp_eng_seq_len(&s1), 2);
+    CHECK_EQ_INT(kp_eng_seq_len(&s2), 0);
+    kp_eng_seq_abort(e, &s1);
+    kp_eng_seq_abort(e, &s2);
+    CHECK(kp_eng_clear(e, &err) == KP_OK);
+    CHECK_EQ_INT(kp_kvpool_n_free(kp_eng_kvpool(e)), kp_kvpool_n_blocks(kp_eng_kvpool(e)));
     for (int q = 0; q < N_CB; q++) free(rq[q].logits);
     free(lr);
-    eng_free(e);
-    eng_free(ref);
+    kp_eng_free(e);
+    kp_eng_free(ref);
     kp_pool_free(pool);
     kp_model_free(m);
 }

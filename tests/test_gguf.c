@@ -131,22 +131,22 @@ static void gb_header(gb *b, uint32_t version, uint64_t n_tensors, uint64_t n_kv
     gb_u64(b, n_kv);
 }
 /* A key and its value type; the caller writes the value. */
-static void gb_key(gb *b, const char *key, gguf_type t) {
+static void gb_key(gb *b, const char *key, kp_gguf_type t) {
     gb_str(b, key);
     gb_u32(b, (uint32_t)t);
 }
 /* A key of type ARRAY and the array header; the caller writes n elements. */
-static void gb_arr(gb *b, const char *key, gguf_type elem, uint64_t n) {
-    gb_key(b, key, GGUF_TYPE_ARRAY);
+static void gb_arr(gb *b, const char *key, kp_gguf_type elem, uint64_t n) {
+    gb_key(b, key, KP_GGUF_TYPE_ARRAY);
     gb_u32(b, (uint32_t)elem);
     gb_u64(b, n);
 }
 static void gb_kv_u32(gb *b, const char *key, uint32_t v) {
-    gb_key(b, key, GGUF_TYPE_UINT32);
+    gb_key(b, key, KP_GGUF_TYPE_UINT32);
     gb_u32(b, v);
 }
 static void gb_kv_str(gb *b, const char *key, const char *v) {
-    gb_key(b, key, GGUF_TYPE_STRING);
+    gb_key(b, key, KP_GGUF_TYPE_STRING);
     gb_str(b, v);
 }
 static void gb_tensor(gb *b, const char *name, uint32_t n_dims, const uint64_t *ne, uint32_t type,
@@ -159,12 +159,12 @@ static void gb_tensor(gb *b, const char *name, uint32_t n_dims, const uint64_t *
 }
 /* `levels` arrays nested in one another; the innermost holds one u8 (7). */
 static void gb_nested(gb *b, const char *key, int levels) {
-    gb_key(b, key, GGUF_TYPE_ARRAY);
+    gb_key(b, key, KP_GGUF_TYPE_ARRAY);
     for (int i = 0; i < levels - 1; i++) {
-        gb_u32(b, GGUF_TYPE_ARRAY);
+        gb_u32(b, KP_GGUF_TYPE_ARRAY);
         gb_u64(b, 1);
     }
-    gb_u32(b, GGUF_TYPE_UINT8);
+    gb_u32(b, KP_GGUF_TYPE_UINT8);
     gb_u64(b, 1);
     gb_u8(b, 7);
 }
@@ -194,31 +194,31 @@ static void make_small(gb *b, uint32_t version) {
     gb_header(b, version, 3, 9);
     gb_kv_str(b, "general.architecture", "llama");
     gb_kv_u32(b, "llama.block_count", 2);
-    gb_key(b, "llama.rope.freq_base", GGUF_TYPE_FLOAT32);
+    gb_key(b, "llama.rope.freq_base", KP_GGUF_TYPE_FLOAT32);
     gb_f32(b, 10000.0f);
-    gb_arr(b, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, 3);
+    gb_arr(b, "tokenizer.ggml.tokens", KP_GGUF_TYPE_STRING, 3);
     gb_str(b, "<unk>");
     gb_str(b, "a");
     gb_str(b, "bc");
-    gb_arr(b, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, 3);
+    gb_arr(b, "tokenizer.ggml.scores", KP_GGUF_TYPE_FLOAT32, 3);
     gb_f32(b, 0.0f);
     gb_f32(b, -1.0f);
     gb_f32(b, -2.0f);
-    gb_arr(b, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, 3);
+    gb_arr(b, "tokenizer.ggml.token_type", KP_GGUF_TYPE_INT32, 3);
     gb_u32(b, 2);
     gb_u32(b, 1);
     gb_u32(b, 1);
-    gb_arr(b, "test.nested", GGUF_TYPE_ARRAY, 2);
-    gb_u32(b, GGUF_TYPE_UINT8);
+    gb_arr(b, "test.nested", KP_GGUF_TYPE_ARRAY, 2);
+    gb_u32(b, KP_GGUF_TYPE_UINT8);
     gb_u64(b, 2);
     gb_u8(b, 1);
     gb_u8(b, 2);
-    gb_u32(b, GGUF_TYPE_INT16);
+    gb_u32(b, KP_GGUF_TYPE_INT16);
     gb_u64(b, 1);
     gb_u16(b, (uint16_t)-3);
-    gb_key(b, "tokenizer.ggml.add_bos_token", GGUF_TYPE_BOOL);
+    gb_key(b, "tokenizer.ggml.add_bos_token", KP_GGUF_TYPE_BOOL);
     gb_u8(b, 1);
-    gb_key(b, "test.f64", GGUF_TYPE_FLOAT64);
+    gb_key(b, "test.f64", KP_GGUF_TYPE_FLOAT64);
     gb_f64(b, 0.25);
     gb_tensor(b, "a", 2, ne_a, KP_DTYPE_F32, 0);
     gb_tensor(b, "b", 1, ne_b, KP_DTYPE_F16, 32);
@@ -235,12 +235,12 @@ static void make_vocab_like(gb *b) {
     gb_header(b, 3, 0, 5);
     gb_kv_str(b, "general.architecture", "llama");
     gb_kv_str(b, "tokenizer.ggml.model", "gpt2");
-    gb_arr(b, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, 4);
+    gb_arr(b, "tokenizer.ggml.tokens", KP_GGUF_TYPE_STRING, 4);
     gb_str(b, "a");
     gb_str(b, "b");
     gb_str(b, "ab");
     gb_str(b, "\xc4\xa0");
-    gb_arr(b, "tokenizer.ggml.merges", GGUF_TYPE_STRING, 1);
+    gb_arr(b, "tokenizer.ggml.merges", KP_GGUF_TYPE_STRING, 1);
     gb_str(b, "a b");
     gb_kv_u32(b, "tokenizer.ggml.bos_token_id", 0);
 }
@@ -252,66 +252,66 @@ static void make_all_types(gb *b) {
                           ne_q4k[] = {256, 2}, ne_4d[] = {2, 3, 4, 5};
     gb_header(b, 3, 5, 31);
     gb_kv_u32(b, "general.alignment", 64);
-    gb_key(b, "t.u8", GGUF_TYPE_UINT8);
+    gb_key(b, "t.u8", KP_GGUF_TYPE_UINT8);
     gb_u8(b, 200);
-    gb_key(b, "t.i8", GGUF_TYPE_INT8);
+    gb_key(b, "t.i8", KP_GGUF_TYPE_INT8);
     gb_u8(b, (uint8_t)-100);
-    gb_key(b, "t.u16", GGUF_TYPE_UINT16);
+    gb_key(b, "t.u16", KP_GGUF_TYPE_UINT16);
     gb_u16(b, 60000);
-    gb_key(b, "t.i16", GGUF_TYPE_INT16);
+    gb_key(b, "t.i16", KP_GGUF_TYPE_INT16);
     gb_u16(b, (uint16_t)-30000);
     gb_kv_u32(b, "t.u32", 4000000000u);
-    gb_key(b, "t.i32", GGUF_TYPE_INT32);
+    gb_key(b, "t.i32", KP_GGUF_TYPE_INT32);
     gb_u32(b, (uint32_t)-2000000000);
-    gb_key(b, "t.f32", GGUF_TYPE_FLOAT32);
+    gb_key(b, "t.f32", KP_GGUF_TYPE_FLOAT32);
     gb_f32(b, 0.15625f);
-    gb_key(b, "t.bool", GGUF_TYPE_BOOL);
+    gb_key(b, "t.bool", KP_GGUF_TYPE_BOOL);
     gb_u8(b, 1);
-    gb_key(b, "t.bool0", GGUF_TYPE_BOOL);
+    gb_key(b, "t.bool0", KP_GGUF_TYPE_BOOL);
     gb_u8(b, 0);
-    gb_key(b, "t.str", GGUF_TYPE_STRING);
+    gb_key(b, "t.str", KP_GGUF_TYPE_STRING);
     gb_strn(b, "h\xc3\xa9l\0lo", 7); /* any bytes, including NUL */
     gb_kv_str(b, "t.empty", "");
-    gb_key(b, "t.u64", GGUF_TYPE_UINT64);
+    gb_key(b, "t.u64", KP_GGUF_TYPE_UINT64);
     gb_u64(b, 0xFEDCBA9876543210ull);
-    gb_key(b, "t.i64", GGUF_TYPE_INT64);
+    gb_key(b, "t.i64", KP_GGUF_TYPE_INT64);
     gb_u64(b, (uint64_t)(INT64_MIN + 1));
-    gb_key(b, "t.f64", GGUF_TYPE_FLOAT64);
+    gb_key(b, "t.f64", KP_GGUF_TYPE_FLOAT64);
     gb_f64(b, -1.0 / 3.0);
     /* arrays of every fixed-size element type, 3 elements each: min, 0/1, max */
-    gb_arr(b, "a.u8", GGUF_TYPE_UINT8, 3);
+    gb_arr(b, "a.u8", KP_GGUF_TYPE_UINT8, 3);
     gb_u8(b, 0), gb_u8(b, 1), gb_u8(b, 255);
-    gb_arr(b, "a.i8", GGUF_TYPE_INT8, 3);
+    gb_arr(b, "a.i8", KP_GGUF_TYPE_INT8, 3);
     gb_u8(b, 0x80), gb_u8(b, 0), gb_u8(b, 127);
-    gb_arr(b, "a.u16", GGUF_TYPE_UINT16, 3);
+    gb_arr(b, "a.u16", KP_GGUF_TYPE_UINT16, 3);
     gb_u16(b, 0), gb_u16(b, 1), gb_u16(b, 65535);
-    gb_arr(b, "a.i16", GGUF_TYPE_INT16, 3);
+    gb_arr(b, "a.i16", KP_GGUF_TYPE_INT16, 3);
     gb_u16(b, 0x8000), gb_u16(b, 0), gb_u16(b, 32767);
-    gb_arr(b, "a.u32", GGUF_TYPE_UINT32, 3);
+    gb_arr(b, "a.u32", KP_GGUF_TYPE_UINT32, 3);
     gb_u32(b, 0), gb_u32(b, 1), gb_u32(b, UINT32_MAX);
-    gb_arr(b, "a.i32", GGUF_TYPE_INT32, 3);
+    gb_arr(b, "a.i32", KP_GGUF_TYPE_INT32, 3);
     gb_u32(b, 0x80000000u), gb_u32(b, 0), gb_u32(b, INT32_MAX);
-    gb_arr(b, "a.u64", GGUF_TYPE_UINT64, 3);
+    gb_arr(b, "a.u64", KP_GGUF_TYPE_UINT64, 3);
     gb_u64(b, 0), gb_u64(b, 1), gb_u64(b, 1ull << 53);
-    gb_arr(b, "a.i64", GGUF_TYPE_INT64, 3);
+    gb_arr(b, "a.i64", KP_GGUF_TYPE_INT64, 3);
     gb_u64(b, (uint64_t)INT64_MIN), gb_u64(b, 0), gb_u64(b, INT64_MAX);
-    gb_arr(b, "a.f32", GGUF_TYPE_FLOAT32, 3);
+    gb_arr(b, "a.f32", KP_GGUF_TYPE_FLOAT32, 3);
     gb_f32(b, -1.5f), gb_f32(b, 0.0f), gb_f32(b, 3.25f);
-    gb_arr(b, "a.f64", GGUF_TYPE_FLOAT64, 3);
+    gb_arr(b, "a.f64", KP_GGUF_TYPE_FLOAT64, 3);
     gb_f64(b, -0.125), gb_f64(b, 0.0), gb_f64(b, 1e300);
-    gb_arr(b, "a.bool", GGUF_TYPE_BOOL, 3);
+    gb_arr(b, "a.bool", KP_GGUF_TYPE_BOOL, 3);
     gb_u8(b, 1), gb_u8(b, 0), gb_u8(b, 1);
-    gb_arr(b, "a.str", GGUF_TYPE_STRING, 3);
+    gb_arr(b, "a.str", KP_GGUF_TYPE_STRING, 3);
     gb_str(b, "x"), gb_str(b, ""), gb_str(b, "yz");
-    gb_arr(b, "a.empty", GGUF_TYPE_UINT32, 0);
+    gb_arr(b, "a.empty", KP_GGUF_TYPE_UINT32, 0);
     /* [[1, 2], [3]] of i32, and [[["p", "q"]], []] of strings */
-    gb_arr(b, "a.nested", GGUF_TYPE_ARRAY, 2);
-    gb_u32(b, GGUF_TYPE_INT32), gb_u64(b, 2), gb_u32(b, 1), gb_u32(b, 2);
-    gb_u32(b, GGUF_TYPE_INT32), gb_u64(b, 1), gb_u32(b, 3);
-    gb_arr(b, "a.nested3", GGUF_TYPE_ARRAY, 2);
-    gb_u32(b, GGUF_TYPE_ARRAY), gb_u64(b, 1);
-    gb_u32(b, GGUF_TYPE_STRING), gb_u64(b, 2), gb_str(b, "p"), gb_str(b, "q");
-    gb_u32(b, GGUF_TYPE_ARRAY), gb_u64(b, 0);
+    gb_arr(b, "a.nested", KP_GGUF_TYPE_ARRAY, 2);
+    gb_u32(b, KP_GGUF_TYPE_INT32), gb_u64(b, 2), gb_u32(b, 1), gb_u32(b, 2);
+    gb_u32(b, KP_GGUF_TYPE_INT32), gb_u64(b, 1), gb_u32(b, 3);
+    gb_arr(b, "a.nested3", KP_GGUF_TYPE_ARRAY, 2);
+    gb_u32(b, KP_GGUF_TYPE_ARRAY), gb_u64(b, 1);
+    gb_u32(b, KP_GGUF_TYPE_STRING), gb_u64(b, 2), gb_str(b, "p"), gb_str(b, "q");
+    gb_u32(b, KP_GGUF_TYPE_ARRAY), gb_u64(b, 0);
     gb_nested(b, "a.deep8", 8);
     /* tensors at 64-aligned offsets; sizes per ggml: Q8_0 34 B / 32, Q4_K 144 B / 256 */
     gb_tensor(b, "w.f32", 2, ne_f32, KP_DTYPE_F32, 0);      /* 48 B   */
@@ -340,30 +340,30 @@ static void make_all_types(gb *b) {
 
 static volatile uint64_t walk_sink; /* keeps the reads of a walk observable */
 
-static bool str_ok(gguf_str s, uint64_t *sum) {
+static bool str_ok(kp_gguf_str s, uint64_t *sum) {
     if (!s.data && s.len) return false;
     if (s.len) *sum += (uint8_t)s.data[0] + (uint8_t)s.data[s.len - 1];
     return true;
 }
 
 /* Reads every element of a value; false if its structure is inconsistent. */
-static bool walk_value(const gguf_value *v, int depth, uint64_t *sum) {
+static bool walk_value(const kp_gguf_value *v, int depth, uint64_t *sum) {
     if (depth > 8) return false;
     switch (v->type) {
-    case GGUF_TYPE_STRING: return str_ok(v->v.str, sum);
-    case GGUF_TYPE_ARRAY: {
-        gguf_type et = v->v.arr.elem_type;
-        if ((unsigned)et >= GGUF_TYPE_COUNT_) return false;
-        if (gguf_type_size(et)) {
+    case KP_GGUF_TYPE_STRING: return str_ok(v->v.str, sum);
+    case KP_GGUF_TYPE_ARRAY: {
+        kp_gguf_type et = v->v.arr.elem_type;
+        if ((unsigned)et >= KP_GGUF_TYPE_COUNT_) return false;
+        if (kp_gguf_type_size(et)) {
             if (!v->v.arr.raw) return false;
             for (uint64_t i = 0; i < v->v.arr.n; i++) {
-                *sum += (uint64_t)gguf_arr_i64(v, i);
-                double d = gguf_arr_f64(v, i);
+                *sum += (uint64_t)kp_gguf_arr_i64(v, i);
+                double d = kp_gguf_arr_f64(v, i);
                 *sum += d == d;
             }
             return true;
         }
-        if (et == GGUF_TYPE_STRING) {
+        if (et == KP_GGUF_TYPE_STRING) {
             if (v->v.arr.n && !v->v.arr.strs) return false;
             for (uint64_t i = 0; i < v->v.arr.n; i++)
                 if (!str_ok(v->v.arr.strs[i], sum)) return false;
@@ -371,12 +371,12 @@ static bool walk_value(const gguf_value *v, int depth, uint64_t *sum) {
         }
         if (v->v.arr.n && !v->v.arr.items) return false;
         for (uint64_t i = 0; i < v->v.arr.n; i++)
-            if (v->v.arr.items[i].type != GGUF_TYPE_ARRAY ||
+            if (v->v.arr.items[i].type != KP_GGUF_TYPE_ARRAY ||
                 !walk_value(&v->v.arr.items[i], depth + 1, sum))
                 return false;
         return true;
     }
-    default: return (unsigned)v->type < GGUF_TYPE_COUNT_;
+    default: return (unsigned)v->type < KP_GGUF_TYPE_COUNT_;
     }
 }
 
@@ -384,14 +384,14 @@ static bool walk_value(const gguf_value *v, int depth, uint64_t *sum) {
  * false if any tensor view is inconsistent or lies outside the bytes. */
 static bool walk_file(const gguf *g, const uint8_t *base, size_t size) {
     uint64_t sum = 0;
-    uint32_t a = gguf_alignment(g);
-    if (a == 0 || (a & (a - 1)) || gguf_data_offset(g) > size) return false;
-    for (size_t i = 0; i < gguf_n_kv(g); i++) {
-        const gguf_kv *kv = gguf_kv_at(g, i);
+    uint32_t a = kp_gguf_alignment(g);
+    if (a == 0 || (a & (a - 1)) || kp_gguf_data_offset(g) > size) return false;
+    for (size_t i = 0; i < kp_gguf_n_kv(g); i++) {
+        const kp_gguf_kv *kv = kp_gguf_kv_at(g, i);
         if (!kv || !str_ok(kv->key, &sum) || !walk_value(&kv->value, 0, &sum)) return false;
     }
-    for (size_t i = 0; i < gguf_n_tensors(g); i++) {
-        const gguf_tensor *t = gguf_tensor_at(g, i);
+    for (size_t i = 0; i < kp_gguf_n_tensors(g); i++) {
+        const kp_gguf_tensor *t = kp_gguf_tensor_at(g, i);
         const kp_dtype_info *ti = t ? kp_dtype_get(t->type) : NULL;
         if (!ti || t->n_dims < 1 || t->n_dims > 4 || t->offset % a) return false;
         uint64_t n_el = 1;
@@ -402,7 +402,7 @@ static bool walk_file(const gguf *g, const uint8_t *base, size_t size) {
         if (n_el != t->n_elements || t->n_bytes != n_el / ti->block_size * ti->type_size)
             return false;
         const uint8_t *p = t->data;
-        if (p != base + gguf_data_offset(g) + t->offset || t->n_bytes > size ||
+        if (p != base + kp_gguf_data_offset(g) + t->offset || t->n_bytes > size ||
             (size_t)(p - base) > size - t->n_bytes)
             return false;
         sum += p[0] + p[t->n_bytes - 1];
@@ -425,10 +425,10 @@ static parse_result parse_bytes(const uint8_t *bytes, size_t n, const char *name
     uint8_t *copy = exact_copy(bytes, n);
     gguf *g = (gguf *)copy; /* must be reset to NULL on failure */
     kp_error err = {0};
-    r.st = gguf_open_memory(&g, copy, n, name, &err);
+    r.st = kp_gguf_open_memory(&g, copy, n, name, &err);
     if (r.st == KP_OK) {
         r.walk_ok = g && walk_file(g, copy, n);
-        gguf_close(g);
+        kp_gguf_close(g);
     } else {
         r.clean_error = g == NULL && err.code == r.st && err.msg[0] && strstr(err.msg, name);
         snprintf(r.msg, sizeof r.msg, "%s", err.msg);
@@ -447,61 +447,61 @@ static void test_versions_and_scalars(void) {
         uint8_t *copy = exact_copy(b.p, b.n);
         gguf *g;
         kp_error err = {0};
-        CHECK_EQ_INT(gguf_open_memory(&g, copy, b.n, "all.gguf", &err), KP_OK);
+        CHECK_EQ_INT(kp_gguf_open_memory(&g, copy, b.n, "all.gguf", &err), KP_OK);
         if (!g) {
             fprintf(stderr, "  %s\n", err.msg);
             free(copy);
             gb_free(&b);
             continue;
         }
-        CHECK_EQ_INT(gguf_version(g), version);
-        CHECK_EQ_STR(gguf_path(g), "all.gguf");
-        CHECK_EQ_INT(gguf_file_size(g), b.n);
-        CHECK_EQ_INT(gguf_n_kv(g), 31);
-        CHECK_EQ_INT(gguf_n_tensors(g), 5);
+        CHECK_EQ_INT(kp_gguf_version(g), version);
+        CHECK_EQ_STR(kp_gguf_path(g), "all.gguf");
+        CHECK_EQ_INT(kp_gguf_file_size(g), b.n);
+        CHECK_EQ_INT(kp_gguf_n_kv(g), 31);
+        CHECK_EQ_INT(kp_gguf_n_tensors(g), 5);
         CHECK(walk_file(g, copy, b.n));
 
         /* file order is kept */
-        CHECK(gguf_str_eq(gguf_kv_at(g, 0)->key, "general.alignment"));
-        CHECK(gguf_str_eq(gguf_kv_at(g, 1)->key, "t.u8"));
-        CHECK(gguf_str_eq(gguf_kv_at(g, 30)->key, "a.deep8"));
-        CHECK(gguf_kv_at(g, 31) == NULL);
+        CHECK(kp_gguf_str_eq(kp_gguf_kv_at(g, 0)->key, "general.alignment"));
+        CHECK(kp_gguf_str_eq(kp_gguf_kv_at(g, 1)->key, "t.u8"));
+        CHECK(kp_gguf_str_eq(kp_gguf_kv_at(g, 30)->key, "a.deep8"));
+        CHECK(kp_gguf_kv_at(g, 31) == NULL);
 
-        const gguf_kv *kv;
-        CHECK((kv = gguf_find(g, "t.u8")) && kv->value.type == GGUF_TYPE_UINT8 &&
+        const kp_gguf_kv *kv;
+        CHECK((kv = kp_gguf_find(g, "t.u8")) && kv->value.type == KP_GGUF_TYPE_UINT8 &&
               kv->value.v.u64 == 200);
-        CHECK((kv = gguf_find(g, "t.i8")) && kv->value.type == GGUF_TYPE_INT8 &&
+        CHECK((kv = kp_gguf_find(g, "t.i8")) && kv->value.type == KP_GGUF_TYPE_INT8 &&
               kv->value.v.i64 == -100);
-        CHECK((kv = gguf_find(g, "t.u16")) && kv->value.type == GGUF_TYPE_UINT16 &&
+        CHECK((kv = kp_gguf_find(g, "t.u16")) && kv->value.type == KP_GGUF_TYPE_UINT16 &&
               kv->value.v.u64 == 60000);
-        CHECK((kv = gguf_find(g, "t.i16")) && kv->value.type == GGUF_TYPE_INT16 &&
+        CHECK((kv = kp_gguf_find(g, "t.i16")) && kv->value.type == KP_GGUF_TYPE_INT16 &&
               kv->value.v.i64 == -30000);
-        CHECK((kv = gguf_find(g, "t.u32")) && kv->value.type == GGUF_TYPE_UINT32 &&
+        CHECK((kv = kp_gguf_find(g, "t.u32")) && kv->value.type == KP_GGUF_TYPE_UINT32 &&
               kv->value.v.u64 == 4000000000u);
-        CHECK((kv = gguf_find(g, "t.i32")) && kv->value.type == GGUF_TYPE_INT32 &&
+        CHECK((kv = kp_gguf_find(g, "t.i32")) && kv->value.type == KP_GGUF_TYPE_INT32 &&
               kv->value.v.i64 == -2000000000);
-        CHECK((kv = gguf_find(g, "t.f32")) && kv->value.type == GGUF_TYPE_FLOAT32 &&
+        CHECK((kv = kp_gguf_find(g, "t.f32")) && kv->value.type == KP_GGUF_TYPE_FLOAT32 &&
               kv->value.v.f64 == 0.15625);
-        CHECK((kv = gguf_find(g, "t.bool")) && kv->value.type == GGUF_TYPE_BOOL && kv->value.v.b);
-        CHECK((kv = gguf_find(g, "t.bool0")) && kv->value.type == GGUF_TYPE_BOOL && !kv->value.v.b);
-        CHECK((kv = gguf_find(g, "t.str")) && kv->value.type == GGUF_TYPE_STRING &&
+        CHECK((kv = kp_gguf_find(g, "t.bool")) && kv->value.type == KP_GGUF_TYPE_BOOL && kv->value.v.b);
+        CHECK((kv = kp_gguf_find(g, "t.bool0")) && kv->value.type == KP_GGUF_TYPE_BOOL && !kv->value.v.b);
+        CHECK((kv = kp_gguf_find(g, "t.str")) && kv->value.type == KP_GGUF_TYPE_STRING &&
               kv->value.v.str.len == 7 && memcmp(kv->value.v.str.data, "h\xc3\xa9l\0lo", 7) == 0);
-        CHECK((kv = gguf_find(g, "t.empty")) && kv->value.type == GGUF_TYPE_STRING &&
-              kv->value.v.str.len == 0 && gguf_str_eq(kv->value.v.str, ""));
-        CHECK((kv = gguf_find(g, "t.u64")) && kv->value.type == GGUF_TYPE_UINT64 &&
+        CHECK((kv = kp_gguf_find(g, "t.empty")) && kv->value.type == KP_GGUF_TYPE_STRING &&
+              kv->value.v.str.len == 0 && kp_gguf_str_eq(kv->value.v.str, ""));
+        CHECK((kv = kp_gguf_find(g, "t.u64")) && kv->value.type == KP_GGUF_TYPE_UINT64 &&
               kv->value.v.u64 == 0xFEDCBA9876543210ull);
-        CHECK((kv = gguf_find(g, "t.i64")) && kv->value.type == GGUF_TYPE_INT64 &&
+        CHECK((kv = kp_gguf_find(g, "t.i64")) && kv->value.type == KP_GGUF_TYPE_INT64 &&
               kv->value.v.i64 == INT64_MIN + 1);
-        CHECK((kv = gguf_find(g, "t.f64")) && kv->value.type == GGUF_TYPE_FLOAT64 &&
+        CHECK((kv = kp_gguf_find(g, "t.f64")) && kv->value.type == KP_GGUF_TYPE_FLOAT64 &&
               kv->value.v.f64 == -1.0 / 3.0);
-        CHECK(gguf_find(g, "t.u") == NULL);
-        CHECK(gguf_find(g, "t.u88") == NULL);
-        CHECK(gguf_find(g, "") == NULL);
-        gguf_close(g);
+        CHECK(kp_gguf_find(g, "t.u") == NULL);
+        CHECK(kp_gguf_find(g, "t.u88") == NULL);
+        CHECK(kp_gguf_find(g, "") == NULL);
+        kp_gguf_close(g);
         free(copy);
         gb_free(&b);
     }
-    gguf_close(NULL);
+    kp_gguf_close(NULL);
 }
 
 static void test_arrays(void) {
@@ -510,7 +510,7 @@ static void test_arrays(void) {
     uint8_t *copy = exact_copy(b.p, b.n);
     gguf *g;
     kp_error err = {0};
-    CHECK_EQ_INT(gguf_open_memory(&g, copy, b.n, "all.gguf", &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_open_memory(&g, copy, b.n, "all.gguf", &err), KP_OK);
     if (!g) {
         free(copy);
         gb_free(&b);
@@ -518,86 +518,86 @@ static void test_arrays(void) {
     }
     static const struct {
         const char *key;
-        gguf_type et;
+        kp_gguf_type et;
         int64_t i[3];
         double f[3];
     } want[] = {
-        {"a.u8", GGUF_TYPE_UINT8, {0, 1, 255}, {0, 1, 255}},
-        {"a.i8", GGUF_TYPE_INT8, {-128, 0, 127}, {-128, 0, 127}},
-        {"a.u16", GGUF_TYPE_UINT16, {0, 1, 65535}, {0, 1, 65535}},
-        {"a.i16", GGUF_TYPE_INT16, {-32768, 0, 32767}, {-32768, 0, 32767}},
-        {"a.u32", GGUF_TYPE_UINT32, {0, 1, 4294967295ll}, {0, 1, 4294967295.0}},
-        {"a.i32", GGUF_TYPE_INT32, {INT32_MIN, 0, INT32_MAX}, {INT32_MIN, 0, INT32_MAX}},
-        {"a.u64", GGUF_TYPE_UINT64, {0, 1, 1ll << 53}, {0, 1, 9007199254740992.0}},
-        {"a.i64", GGUF_TYPE_INT64, {INT64_MIN, 0, INT64_MAX}, {-9223372036854775808.0, 0, 9223372036854775807.0}},
-        {"a.f32", GGUF_TYPE_FLOAT32, {-1, 0, 3}, {-1.5, 0, 3.25}},
-        {"a.f64", GGUF_TYPE_FLOAT64, {0, 0, INT64_MAX}, {-0.125, 0, 1e300}},
-        {"a.bool", GGUF_TYPE_BOOL, {1, 0, 1}, {1, 0, 1}},
+        {"a.u8", KP_GGUF_TYPE_UINT8, {0, 1, 255}, {0, 1, 255}},
+        {"a.i8", KP_GGUF_TYPE_INT8, {-128, 0, 127}, {-128, 0, 127}},
+        {"a.u16", KP_GGUF_TYPE_UINT16, {0, 1, 65535}, {0, 1, 65535}},
+        {"a.i16", KP_GGUF_TYPE_INT16, {-32768, 0, 32767}, {-32768, 0, 32767}},
+        {"a.u32", KP_GGUF_TYPE_UINT32, {0, 1, 4294967295ll}, {0, 1, 4294967295.0}},
+        {"a.i32", KP_GGUF_TYPE_INT32, {INT32_MIN, 0, INT32_MAX}, {INT32_MIN, 0, INT32_MAX}},
+        {"a.u64", KP_GGUF_TYPE_UINT64, {0, 1, 1ll << 53}, {0, 1, 9007199254740992.0}},
+        {"a.i64", KP_GGUF_TYPE_INT64, {INT64_MIN, 0, INT64_MAX}, {-9223372036854775808.0, 0, 9223372036854775807.0}},
+        {"a.f32", KP_GGUF_TYPE_FLOAT32, {-1, 0, 3}, {-1.5, 0, 3.25}},
+        {"a.f64", KP_GGUF_TYPE_FLOAT64, {0, 0, INT64_MAX}, {-0.125, 0, 1e300}},
+        {"a.bool", KP_GGUF_TYPE_BOOL, {1, 0, 1}, {1, 0, 1}},
     };
     for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
-        const gguf_value *arr = NULL;
-        CHECK_EQ_INT(gguf_get_arr(g, want[k].key, want[k].et, &arr, &err), KP_OK);
-        CHECK(arr && arr->type == GGUF_TYPE_ARRAY && arr->v.arr.n == 3);
+        const kp_gguf_value *arr = NULL;
+        CHECK_EQ_INT(kp_gguf_get_arr(g, want[k].key, want[k].et, &arr, &err), KP_OK);
+        CHECK(arr && arr->type == KP_GGUF_TYPE_ARRAY && arr->v.arr.n == 3);
         if (!arr || arr->v.arr.n != 3) continue;
         for (int i = 0; i < 3; i++) {
-            CHECK_MSG(gguf_arr_i64(arr, (uint64_t)i) == want[k].i[i], "%s[%d] = %lld", want[k].key,
-                      i, (long long)gguf_arr_i64(arr, (uint64_t)i));
-            CHECK_MSG(gguf_arr_f64(arr, (uint64_t)i) == want[k].f[i], "%s[%d] = %g", want[k].key,
-                      i, gguf_arr_f64(arr, (uint64_t)i));
+            CHECK_MSG(kp_gguf_arr_i64(arr, (uint64_t)i) == want[k].i[i], "%s[%d] = %lld", want[k].key,
+                      i, (long long)kp_gguf_arr_i64(arr, (uint64_t)i));
+            CHECK_MSG(kp_gguf_arr_f64(arr, (uint64_t)i) == want[k].f[i], "%s[%d] = %g", want[k].key,
+                      i, kp_gguf_arr_f64(arr, (uint64_t)i));
         }
     }
-    const gguf_value *arr = NULL;
-    CHECK_EQ_INT(gguf_get_arr(g, "a.empty", GGUF_TYPE_UINT32, &arr, &err), KP_OK);
+    const kp_gguf_value *arr = NULL;
+    CHECK_EQ_INT(kp_gguf_get_arr(g, "a.empty", KP_GGUF_TYPE_UINT32, &arr, &err), KP_OK);
     CHECK(arr && arr->v.arr.n == 0);
 
-    CHECK_EQ_INT(gguf_get_arr(g, "a.str", GGUF_TYPE_STRING, &arr, &err), KP_OK);
-    CHECK(arr && arr->v.arr.n == 3 && gguf_str_eq(arr->v.arr.strs[0], "x") &&
-          gguf_str_eq(arr->v.arr.strs[1], "") && gguf_str_eq(arr->v.arr.strs[2], "yz"));
+    CHECK_EQ_INT(kp_gguf_get_arr(g, "a.str", KP_GGUF_TYPE_STRING, &arr, &err), KP_OK);
+    CHECK(arr && arr->v.arr.n == 3 && kp_gguf_str_eq(arr->v.arr.strs[0], "x") &&
+          kp_gguf_str_eq(arr->v.arr.strs[1], "") && kp_gguf_str_eq(arr->v.arr.strs[2], "yz"));
 
-    CHECK_EQ_INT(gguf_get_arr(g, "a.nested", GGUF_TYPE_ARRAY, &arr, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_arr(g, "a.nested", KP_GGUF_TYPE_ARRAY, &arr, &err), KP_OK);
     CHECK(arr && arr->v.arr.n == 2);
     if (arr && arr->v.arr.n == 2) {
-        const gguf_value *x = &arr->v.arr.items[0], *y = &arr->v.arr.items[1];
-        CHECK(x->type == GGUF_TYPE_ARRAY && x->v.arr.elem_type == GGUF_TYPE_INT32 &&
-              x->v.arr.n == 2 && gguf_arr_i64(x, 0) == 1 && gguf_arr_i64(x, 1) == 2);
-        CHECK(y->type == GGUF_TYPE_ARRAY && y->v.arr.elem_type == GGUF_TYPE_INT32 &&
-              y->v.arr.n == 1 && gguf_arr_i64(y, 0) == 3);
+        const kp_gguf_value *x = &arr->v.arr.items[0], *y = &arr->v.arr.items[1];
+        CHECK(x->type == KP_GGUF_TYPE_ARRAY && x->v.arr.elem_type == KP_GGUF_TYPE_INT32 &&
+              x->v.arr.n == 2 && kp_gguf_arr_i64(x, 0) == 1 && kp_gguf_arr_i64(x, 1) == 2);
+        CHECK(y->type == KP_GGUF_TYPE_ARRAY && y->v.arr.elem_type == KP_GGUF_TYPE_INT32 &&
+              y->v.arr.n == 1 && kp_gguf_arr_i64(y, 0) == 3);
     }
-    CHECK_EQ_INT(gguf_get_arr(g, "a.nested3", GGUF_TYPE_ARRAY, &arr, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_arr(g, "a.nested3", KP_GGUF_TYPE_ARRAY, &arr, &err), KP_OK);
     CHECK(arr && arr->v.arr.n == 2);
     if (arr && arr->v.arr.n == 2) {
-        const gguf_value *x = &arr->v.arr.items[0];
-        CHECK(x->v.arr.elem_type == GGUF_TYPE_ARRAY && x->v.arr.n == 1);
+        const kp_gguf_value *x = &arr->v.arr.items[0];
+        CHECK(x->v.arr.elem_type == KP_GGUF_TYPE_ARRAY && x->v.arr.n == 1);
         if (x->v.arr.n == 1) {
-            const gguf_value *s = &x->v.arr.items[0];
-            CHECK(s->v.arr.elem_type == GGUF_TYPE_STRING && s->v.arr.n == 2 &&
-                  gguf_str_eq(s->v.arr.strs[0], "p") && gguf_str_eq(s->v.arr.strs[1], "q"));
+            const kp_gguf_value *s = &x->v.arr.items[0];
+            CHECK(s->v.arr.elem_type == KP_GGUF_TYPE_STRING && s->v.arr.n == 2 &&
+                  kp_gguf_str_eq(s->v.arr.strs[0], "p") && kp_gguf_str_eq(s->v.arr.strs[1], "q"));
         }
-        CHECK(arr->v.arr.items[1].v.arr.elem_type == GGUF_TYPE_ARRAY &&
+        CHECK(arr->v.arr.items[1].v.arr.elem_type == KP_GGUF_TYPE_ARRAY &&
               arr->v.arr.items[1].v.arr.n == 0);
     }
     /* 8 levels of nesting are accepted; the innermost holds one u8 = 7 */
-    CHECK_EQ_INT(gguf_get_arr(g, "a.deep8", GGUF_TYPE_ARRAY, &arr, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_arr(g, "a.deep8", KP_GGUF_TYPE_ARRAY, &arr, &err), KP_OK);
     int levels = 1;
-    while (arr && arr->v.arr.elem_type == GGUF_TYPE_ARRAY && arr->v.arr.n == 1) {
+    while (arr && arr->v.arr.elem_type == KP_GGUF_TYPE_ARRAY && arr->v.arr.n == 1) {
         arr = &arr->v.arr.items[0];
         levels++;
     }
     CHECK_EQ_INT(levels, 8);
-    CHECK(arr && arr->v.arr.elem_type == GGUF_TYPE_UINT8 && arr->v.arr.n == 1 &&
-          gguf_arr_i64(arr, 0) == 7);
+    CHECK(arr && arr->v.arr.elem_type == KP_GGUF_TYPE_UINT8 && arr->v.arr.n == 1 &&
+          kp_gguf_arr_i64(arr, 0) == 7);
 
     /* wrong element type, or not an array */
     err.msg[0] = 0;
-    CHECK_EQ_INT(gguf_get_arr(g, "a.u8", GGUF_TYPE_INT8, &arr, &err), KP_EFORMAT);
+    CHECK_EQ_INT(kp_gguf_get_arr(g, "a.u8", KP_GGUF_TYPE_INT8, &arr, &err), KP_EFORMAT);
     CHECK(arr == NULL && strstr(err.msg, "all.gguf") && strstr(err.msg, "a.u8") &&
           strstr(err.msg, "array of i8"));
-    CHECK_EQ_INT(gguf_get_arr(g, "a.str", GGUF_TYPE_ARRAY, &arr, &err), KP_EFORMAT);
-    CHECK_EQ_INT(gguf_get_arr(g, "t.u32", GGUF_TYPE_UINT32, &arr, &err), KP_EFORMAT);
+    CHECK_EQ_INT(kp_gguf_get_arr(g, "a.str", KP_GGUF_TYPE_ARRAY, &arr, &err), KP_EFORMAT);
+    CHECK_EQ_INT(kp_gguf_get_arr(g, "t.u32", KP_GGUF_TYPE_UINT32, &arr, &err), KP_EFORMAT);
     CHECK(arr == NULL && strstr(err.msg, "t.u32"));
-    CHECK_EQ_INT(gguf_get_arr(g, "absent", GGUF_TYPE_UINT32, &arr, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_arr(g, "absent", KP_GGUF_TYPE_UINT32, &arr, &err), KP_OK);
     CHECK(arr == NULL);
-    gguf_close(g);
+    kp_gguf_close(g);
     free(copy);
     gb_free(&b);
 }
@@ -608,7 +608,7 @@ static void test_lookups(void) {
     uint8_t *copy = exact_copy(b.p, b.n);
     gguf *g;
     kp_error err = {0};
-    CHECK_EQ_INT(gguf_open_memory(&g, copy, b.n, "look.gguf", &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_open_memory(&g, copy, b.n, "look.gguf", &err), KP_OK);
     if (!g) {
         free(copy);
         gb_free(&b);
@@ -619,42 +619,42 @@ static void test_lookups(void) {
     uint64_t u64 = 0;
     float f32 = 0;
     bool bo = false;
-    gguf_str s = {"x", 1};
+    kp_gguf_str s = {"x", 1};
 
     /* absent keys give the default */
-    CHECK_EQ_INT(gguf_get_u32(g, "nope", 17, &u32, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_u32(g, "nope", 17, &u32, &err), KP_OK);
     CHECK_EQ_INT(u32, 17);
-    CHECK_EQ_INT(gguf_get_i32(g, "nope", -17, &i32, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_i32(g, "nope", -17, &i32, &err), KP_OK);
     CHECK_EQ_INT(i32, -17);
-    CHECK_EQ_INT(gguf_get_u64(g, "nope", 1ull << 40, &u64, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_u64(g, "nope", 1ull << 40, &u64, &err), KP_OK);
     CHECK(u64 == 1ull << 40);
-    CHECK_EQ_INT(gguf_get_f32(g, "nope", 2.5f, &f32, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_f32(g, "nope", 2.5f, &f32, &err), KP_OK);
     CHECK(f32 == 2.5f);
-    CHECK_EQ_INT(gguf_get_bool(g, "nope", true, &bo, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_bool(g, "nope", true, &bo, &err), KP_OK);
     CHECK(bo);
-    CHECK_EQ_INT(gguf_get_str(g, "nope", &s, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_str(g, "nope", &s, &err), KP_OK);
     CHECK(s.data == NULL && s.len == 0);
 
     /* narrower integers widen when they fit */
-    CHECK_EQ_INT(gguf_get_u32(g, "t.u8", 0, &u32, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_u32(g, "t.u8", 0, &u32, &err), KP_OK);
     CHECK_EQ_INT(u32, 200);
-    CHECK_EQ_INT(gguf_get_u32(g, "t.u16", 0, &u32, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_u32(g, "t.u16", 0, &u32, &err), KP_OK);
     CHECK_EQ_INT(u32, 60000);
-    CHECK_EQ_INT(gguf_get_u32(g, "t.u32", 0, &u32, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_u32(g, "t.u32", 0, &u32, &err), KP_OK);
     CHECK(u32 == 4000000000u);
-    CHECK_EQ_INT(gguf_get_u32(g, "general.alignment", 0, &u32, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_u32(g, "general.alignment", 0, &u32, &err), KP_OK);
     CHECK_EQ_INT(u32, 64);
-    CHECK_EQ_INT(gguf_get_i32(g, "t.i8", 0, &i32, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_i32(g, "t.i8", 0, &i32, &err), KP_OK);
     CHECK_EQ_INT(i32, -100);
-    CHECK_EQ_INT(gguf_get_i32(g, "t.i16", 0, &i32, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_i32(g, "t.i16", 0, &i32, &err), KP_OK);
     CHECK_EQ_INT(i32, -30000);
-    CHECK_EQ_INT(gguf_get_i32(g, "t.i32", 0, &i32, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_i32(g, "t.i32", 0, &i32, &err), KP_OK);
     CHECK_EQ_INT(i32, -2000000000);
-    CHECK_EQ_INT(gguf_get_i32(g, "t.u16", 0, &i32, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_i32(g, "t.u16", 0, &i32, &err), KP_OK);
     CHECK_EQ_INT(i32, 60000);
-    CHECK_EQ_INT(gguf_get_u64(g, "t.u64", 0, &u64, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_u64(g, "t.u64", 0, &u64, &err), KP_OK);
     CHECK(u64 == 0xFEDCBA9876543210ull);
-    CHECK_EQ_INT(gguf_get_u64(g, "t.u8", 0, &u64, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_u64(g, "t.u8", 0, &u64, &err), KP_OK);
     CHECK_EQ_INT(u64, 200);
 
     /* values that do not fit, and wrong types: KP_EFORMAT naming file and key;
@@ -668,45 +668,45 @@ static void test_lookups(void) {
     for (size_t i = 0; i < sizeof bad_u32 / sizeof bad_u32[0]; i++) {
         u32 = 12345;
         err.msg[0] = 0;
-        CHECK_EQ_INT(gguf_get_u32(g, bad_u32[i].key, 0, &u32, &err), KP_EFORMAT);
+        CHECK_EQ_INT(kp_gguf_get_u32(g, bad_u32[i].key, 0, &u32, &err), KP_EFORMAT);
         CHECK_EQ_INT(u32, 12345);
         CHECK_MSG(strstr(err.msg, "look.gguf") && strstr(err.msg, bad_u32[i].key) &&
                       strstr(err.msg, bad_u32[i].what),
                   "%s: %s", bad_u32[i].key, err.msg);
     }
-    CHECK_EQ_INT(gguf_get_i32(g, "t.u32", 0, &i32, &err), KP_EFORMAT); /* 4e9 > INT32_MAX */
-    CHECK_EQ_INT(gguf_get_i32(g, "t.i64", 0, &i32, &err), KP_EFORMAT);
-    CHECK_EQ_INT(gguf_get_u64(g, "t.i8", 0, &u64, &err), KP_EFORMAT);
-    CHECK_EQ_INT(gguf_get_u64(g, "t.f64", 0, &u64, &err), KP_EFORMAT);
+    CHECK_EQ_INT(kp_gguf_get_i32(g, "t.u32", 0, &i32, &err), KP_EFORMAT); /* 4e9 > INT32_MAX */
+    CHECK_EQ_INT(kp_gguf_get_i32(g, "t.i64", 0, &i32, &err), KP_EFORMAT);
+    CHECK_EQ_INT(kp_gguf_get_u64(g, "t.i8", 0, &u64, &err), KP_EFORMAT);
+    CHECK_EQ_INT(kp_gguf_get_u64(g, "t.f64", 0, &u64, &err), KP_EFORMAT);
 
     /* floats: f32 and f64 both read through get_f32 */
-    CHECK_EQ_INT(gguf_get_f32(g, "t.f32", 0, &f32, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_f32(g, "t.f32", 0, &f32, &err), KP_OK);
     CHECK(f32 == 0.15625f);
-    CHECK_EQ_INT(gguf_get_f32(g, "t.f64", 0, &f32, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_f32(g, "t.f64", 0, &f32, &err), KP_OK);
     CHECK(f32 == (float)(-1.0 / 3.0));
     err.msg[0] = 0;
-    CHECK_EQ_INT(gguf_get_f32(g, "t.u32", 0, &f32, &err), KP_EFORMAT);
+    CHECK_EQ_INT(kp_gguf_get_f32(g, "t.u32", 0, &f32, &err), KP_EFORMAT);
     CHECK(strstr(err.msg, "look.gguf") && strstr(err.msg, "t.u32") && strstr(err.msg, "float"));
 
-    CHECK_EQ_INT(gguf_get_bool(g, "t.bool", false, &bo, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_bool(g, "t.bool", false, &bo, &err), KP_OK);
     CHECK(bo);
-    CHECK_EQ_INT(gguf_get_bool(g, "t.bool0", true, &bo, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_bool(g, "t.bool0", true, &bo, &err), KP_OK);
     CHECK(!bo);
-    CHECK_EQ_INT(gguf_get_bool(g, "t.u8", false, &bo, &err), KP_EFORMAT);
+    CHECK_EQ_INT(kp_gguf_get_bool(g, "t.u8", false, &bo, &err), KP_EFORMAT);
 
-    CHECK_EQ_INT(gguf_get_str(g, "t.str", &s, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_str(g, "t.str", &s, &err), KP_OK);
     CHECK(s.len == 7 && memcmp(s.data, "h\xc3\xa9l\0lo", 7) == 0);
-    CHECK_EQ_INT(gguf_get_str(g, "t.u32", &s, &err), KP_EFORMAT);
+    CHECK_EQ_INT(kp_gguf_get_str(g, "t.u32", &s, &err), KP_EFORMAT);
     CHECK(s.data == NULL && s.len == 0);
 
     /* a NULL kp_error is allowed */
-    CHECK_EQ_INT(gguf_get_u32(g, "t.str", 0, &u32, NULL), KP_EFORMAT);
+    CHECK_EQ_INT(kp_gguf_get_u32(g, "t.str", 0, &u32, NULL), KP_EFORMAT);
 
-    CHECK(gguf_find_tensor(g, "w.f32") != NULL);
-    CHECK(gguf_find_tensor(g, "w.f3") == NULL);
-    CHECK(gguf_find_tensor(g, "nope") == NULL);
-    CHECK(gguf_tensor_at(g, 5) == NULL);
-    gguf_close(g);
+    CHECK(kp_gguf_find_tensor(g, "w.f32") != NULL);
+    CHECK(kp_gguf_find_tensor(g, "w.f3") == NULL);
+    CHECK(kp_gguf_find_tensor(g, "nope") == NULL);
+    CHECK(kp_gguf_tensor_at(g, 5) == NULL);
+    kp_gguf_close(g);
     free(copy);
     gb_free(&b);
 }
@@ -719,14 +719,14 @@ static size_t alignment_file(gb *b, int align_kind, uint32_t align, size_t fill,
     if (align_kind == 0) gb_kv_u32(b, "general.alignment", align);
     else if (align_kind == 1) gb_kv_u32(b, "general.alignmenz", align); /* same length */
     else if (align_kind == 2) {
-        gb_key(b, "general.alignment", GGUF_TYPE_UINT64);
+        gb_key(b, "general.alignment", KP_GGUF_TYPE_UINT64);
         gb_u64(b, align);
     } else {
         gb_kv_str(b, "general.alignment", "64");
     }
     char pad[128];
     memset(pad, 'x', sizeof pad);
-    gb_key(b, "fill", GGUF_TYPE_STRING);
+    gb_key(b, "fill", KP_GGUF_TYPE_STRING);
     gb_strn(b, pad, fill);
     gb_tensor(b, "t", 1, ne, KP_DTYPE_F32, offset);
     return b->n;
@@ -754,18 +754,18 @@ static void test_alignment(void) {
         uint8_t *copy = exact_copy(b.p, b.n);
         gguf *g;
         kp_error err = {0};
-        CHECK_EQ_INT(gguf_open_memory(&g, copy, b.n, "align.gguf", &err), KP_OK);
+        CHECK_EQ_INT(kp_gguf_open_memory(&g, copy, b.n, "align.gguf", &err), KP_OK);
         if (g) {
-            CHECK_EQ_INT(gguf_alignment(g), a);
-            CHECK_EQ_INT(gguf_data_offset(g), data_off);
-            const gguf_tensor *t = gguf_find_tensor(g, "t");
+            CHECK_EQ_INT(kp_gguf_alignment(g), a);
+            CHECK_EQ_INT(kp_gguf_data_offset(g), data_off);
+            const kp_gguf_tensor *t = kp_gguf_find_tensor(g, "t");
             CHECK(t && t->data == copy + data_off + 64 && t->n_bytes == 32 &&
                   ((const uint8_t *)t->data)[0] == 0x66 && ((const uint8_t *)t->data)[31] == 0x66);
             CHECK((const uint8_t *)t->data + 32 == copy + b.n);
         } else {
             fprintf(stderr, "  %s\n", err.msg);
         }
-        gguf_close(g);
+        kp_gguf_close(g);
         free(copy);
         gb_free(&b);
     }
@@ -809,18 +809,18 @@ static void test_zero_tensors_no_padding(void) {
     uint8_t *copy = exact_copy(b.p, b.n);
     gguf *g;
     kp_error err = {0};
-    CHECK_EQ_INT(gguf_open_memory(&g, copy, b.n, "vocab.gguf", &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_open_memory(&g, copy, b.n, "vocab.gguf", &err), KP_OK);
     if (g) {
-        CHECK_EQ_INT(gguf_n_tensors(g), 0);
-        CHECK_EQ_INT(gguf_n_kv(g), 5);
-        CHECK_EQ_INT(gguf_data_offset(g), b.n);
-        const gguf_value *toks = NULL;
-        CHECK_EQ_INT(gguf_get_arr(g, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &toks, &err), KP_OK);
-        CHECK(toks && toks->v.arr.n == 4 && gguf_str_eq(toks->v.arr.strs[3], "\xc4\xa0"));
-        CHECK(gguf_find_tensor(g, "x") == NULL);
-        CHECK(gguf_tensor_at(g, 0) == NULL);
+        CHECK_EQ_INT(kp_gguf_n_tensors(g), 0);
+        CHECK_EQ_INT(kp_gguf_n_kv(g), 5);
+        CHECK_EQ_INT(kp_gguf_data_offset(g), b.n);
+        const kp_gguf_value *toks = NULL;
+        CHECK_EQ_INT(kp_gguf_get_arr(g, "tokenizer.ggml.tokens", KP_GGUF_TYPE_STRING, &toks, &err), KP_OK);
+        CHECK(toks && toks->v.arr.n == 4 && kp_gguf_str_eq(toks->v.arr.strs[3], "\xc4\xa0"));
+        CHECK(kp_gguf_find_tensor(g, "x") == NULL);
+        CHECK(kp_gguf_tensor_at(g, 0) == NULL);
     }
-    gguf_close(g);
+    kp_gguf_close(g);
     free(copy);
     /* trailing bytes after the metadata are tolerated too (padding) */
     gb_pad(&b, 32);
@@ -835,7 +835,7 @@ static void test_tensor_views(void) {
     uint8_t *copy = exact_copy(b.p, b.n);
     gguf *g;
     kp_error err = {0};
-    CHECK_EQ_INT(gguf_open_memory(&g, copy, b.n, "tensors.gguf", &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_open_memory(&g, copy, b.n, "tensors.gguf", &err), KP_OK);
     if (!g) {
         free(copy);
         gb_free(&b);
@@ -857,12 +857,12 @@ static void test_tensor_views(void) {
         {"w.q4_k", KP_DTYPE_Q4_K, 2, {256, 2, 1, 1}, 320, 512, 2 * (4 + 12 + 128), 0x04},
         {"w.4d", KP_DTYPE_F32, 4, {2, 3, 4, 5}, 640, 120, 120 * 4, 0x05},
     };
-    uint64_t data_off = gguf_data_offset(g);
+    uint64_t data_off = kp_gguf_data_offset(g);
     CHECK_EQ_INT(data_off % 64, 0);
     CHECK_EQ_INT(data_off + 1120, b.n);
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        const gguf_tensor *t = gguf_find_tensor(g, want[i].name);
-        CHECK(t != NULL && t == gguf_tensor_at(g, i));
+        const kp_gguf_tensor *t = kp_gguf_find_tensor(g, want[i].name);
+        CHECK(t != NULL && t == kp_gguf_tensor_at(g, i));
         if (!t) continue;
         CHECK_EQ_INT(t->type, want[i].type);
         CHECK_EQ_INT(t->n_dims, want[i].n_dims);
@@ -876,7 +876,7 @@ static void test_tensor_views(void) {
         CHECK_EQ_INT(kp_dtype_row_size(t->type, t->ne[0]) * (t->n_elements / (uint64_t)t->ne[0]),
                      t->n_bytes);
     }
-    gguf_close(g);
+    kp_gguf_close(g);
     free(copy);
     gb_free(&b);
 }
@@ -884,28 +884,28 @@ static void test_tensor_views(void) {
 /* ------------------------------------------------------------- real file */
 
 /* Re-encodes a decoded value (its type word excluded); arrays are cut to max_n. */
-static void gb_value(gb *b, const gguf_value *v, uint64_t max_n) {
+static void gb_value(gb *b, const kp_gguf_value *v, uint64_t max_n) {
     switch (v->type) {
-    case GGUF_TYPE_UINT8: gb_u8(b, (uint8_t)v->v.u64); break;
-    case GGUF_TYPE_INT8: gb_u8(b, (uint8_t)v->v.i64); break;
-    case GGUF_TYPE_UINT16: gb_u16(b, (uint16_t)v->v.u64); break;
-    case GGUF_TYPE_INT16: gb_u16(b, (uint16_t)v->v.i64); break;
-    case GGUF_TYPE_UINT32: gb_u32(b, (uint32_t)v->v.u64); break;
-    case GGUF_TYPE_INT32: gb_u32(b, (uint32_t)v->v.i64); break;
-    case GGUF_TYPE_UINT64: gb_u64(b, v->v.u64); break;
-    case GGUF_TYPE_INT64: gb_u64(b, (uint64_t)v->v.i64); break;
-    case GGUF_TYPE_FLOAT32: gb_f32(b, (float)v->v.f64); break;
-    case GGUF_TYPE_FLOAT64: gb_f64(b, v->v.f64); break;
-    case GGUF_TYPE_BOOL: gb_u8(b, v->v.b); break;
-    case GGUF_TYPE_STRING: gb_strn(b, v->v.str.data, v->v.str.len); break;
-    case GGUF_TYPE_ARRAY: {
+    case KP_GGUF_TYPE_UINT8: gb_u8(b, (uint8_t)v->v.u64); break;
+    case KP_GGUF_TYPE_INT8: gb_u8(b, (uint8_t)v->v.i64); break;
+    case KP_GGUF_TYPE_UINT16: gb_u16(b, (uint16_t)v->v.u64); break;
+    case KP_GGUF_TYPE_INT16: gb_u16(b, (uint16_t)v->v.i64); break;
+    case KP_GGUF_TYPE_UINT32: gb_u32(b, (uint32_t)v->v.u64); break;
+    case KP_GGUF_TYPE_INT32: gb_u32(b, (uint32_t)v->v.i64); break;
+    case KP_GGUF_TYPE_UINT64: gb_u64(b, v->v.u64); break;
+    case KP_GGUF_TYPE_INT64: gb_u64(b, (uint64_t)v->v.i64); break;
+    case KP_GGUF_TYPE_FLOAT32: gb_f32(b, (float)v->v.f64); break;
+    case KP_GGUF_TYPE_FLOAT64: gb_f64(b, v->v.f64); break;
+    case KP_GGUF_TYPE_BOOL: gb_u8(b, v->v.b); break;
+    case KP_GGUF_TYPE_STRING: gb_strn(b, v->v.str.data, v->v.str.len); break;
+    case KP_GGUF_TYPE_ARRAY: {
         uint64_t n = v->v.arr.n < max_n ? v->v.arr.n : max_n;
-        size_t es = gguf_type_size(v->v.arr.elem_type);
+        size_t es = kp_gguf_type_size(v->v.arr.elem_type);
         gb_u32(b, v->v.arr.elem_type);
         gb_u64(b, n);
         if (es) gb_put(b, v->v.arr.raw, n * es);
         for (uint64_t i = 0; !es && i < n; i++) {
-            if (v->v.arr.elem_type == GGUF_TYPE_STRING)
+            if (v->v.arr.elem_type == KP_GGUF_TYPE_STRING)
                 gb_strn(b, v->v.arr.strs[i].data, v->v.arr.strs[i].len);
             else
                 gb_value(b, &v->v.arr.items[i], max_n);
@@ -921,17 +921,17 @@ static void gb_value(gb *b, const gguf_value *v, uint64_t max_n) {
  * tensor is cut to at most 4 elements per dim (row length kept for block
  * types), packed at aligned offsets, and followed by its first bytes. */
 static void gb_reencode(gb *b, const gguf *g, uint64_t max_n, size_t n_tensors, bool shrink) {
-    uint64_t a = gguf_alignment(g), next = 0, offs[16], sizes[16];
+    uint64_t a = kp_gguf_alignment(g), next = 0, offs[16], sizes[16];
     if (shrink && n_tensors > 16) n_tensors = 16;
-    gb_header(b, gguf_version(g), n_tensors, gguf_n_kv(g));
-    for (size_t i = 0; i < gguf_n_kv(g); i++) {
-        const gguf_kv *kv = gguf_kv_at(g, i);
+    gb_header(b, kp_gguf_version(g), n_tensors, kp_gguf_n_kv(g));
+    for (size_t i = 0; i < kp_gguf_n_kv(g); i++) {
+        const kp_gguf_kv *kv = kp_gguf_kv_at(g, i);
         gb_strn(b, kv->key.data, kv->key.len);
         gb_u32(b, kv->value.type);
         gb_value(b, &kv->value, max_n);
     }
     for (size_t i = 0; i < n_tensors; i++) {
-        const gguf_tensor *t = gguf_tensor_at(g, i);
+        const kp_gguf_tensor *t = kp_gguf_tensor_at(g, i);
         const kp_dtype_info *ti = kp_dtype_get(t->type);
         uint64_t ne[4], n_el = 1;
         for (uint32_t d = 0; d < t->n_dims; d++) {
@@ -955,7 +955,7 @@ static void gb_reencode(gb *b, const gguf *g, uint64_t max_n, size_t n_tensors, 
     size_t data = b->n;
     for (size_t i = 0; i < n_tensors; i++) {
         gb_fill(b, data + offs[i] - b->n, 0);
-        gb_put(b, gguf_tensor_at(g, i)->data, sizes[i]);
+        gb_put(b, kp_gguf_tensor_at(g, i)->data, sizes[i]);
     }
 }
 
@@ -978,67 +978,67 @@ static void test_real_file(void) {
     if (!path) return;
     gguf *g;
     kp_error err = {0};
-    kp_status st = gguf_open(&g, path, &err);
+    kp_status st = kp_gguf_open(&g, path, &err);
     CHECK_MSG(st == KP_OK, "%s", err.msg);
     if (st != KP_OK) return;
     /* header facts from models/SOURCES.md */
-    CHECK_EQ_INT(gguf_version(g), 3);
-    CHECK_EQ_INT(gguf_n_tensors(g), 48);
-    CHECK_EQ_INT(gguf_n_kv(g), 19);
-    CHECK_EQ_INT(gguf_data_offset(g), 14176);
-    CHECK_EQ_INT(gguf_alignment(g), 32);
-    CHECK_EQ_INT(gguf_file_size(g), 1185376);
-    CHECK(gguf_find(g, "general.alignment") == NULL);
+    CHECK_EQ_INT(kp_gguf_version(g), 3);
+    CHECK_EQ_INT(kp_gguf_n_tensors(g), 48);
+    CHECK_EQ_INT(kp_gguf_n_kv(g), 19);
+    CHECK_EQ_INT(kp_gguf_data_offset(g), 14176);
+    CHECK_EQ_INT(kp_gguf_alignment(g), 32);
+    CHECK_EQ_INT(kp_gguf_file_size(g), 1185376);
+    CHECK(kp_gguf_find(g, "general.alignment") == NULL);
     uint32_t u = 0;
-    CHECK_EQ_INT(gguf_get_u32(g, "llama.block_count", 0, &u, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_u32(g, "llama.block_count", 0, &u, &err), KP_OK);
     CHECK_EQ_INT(u, 5);
-    CHECK_EQ_INT(gguf_get_u32(g, "llama.embedding_length", 0, &u, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_u32(g, "llama.embedding_length", 0, &u, &err), KP_OK);
     CHECK_EQ_INT(u, 64);
-    CHECK_EQ_INT(gguf_get_u32(g, "llama.attention.head_count_kv", 0, &u, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_u32(g, "llama.attention.head_count_kv", 0, &u, &err), KP_OK);
     CHECK_EQ_INT(u, 4);
-    CHECK_EQ_INT(gguf_get_u32(g, "tokenizer.ggml.seperator_token_id", 0, &u, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_u32(g, "tokenizer.ggml.seperator_token_id", 0, &u, &err), KP_OK);
     CHECK(u == 4294967295u);
     float eps = 0;
-    CHECK_EQ_INT(gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", 0, &eps, &err), KP_OK);
+    CHECK_EQ_INT(kp_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", 0, &eps, &err), KP_OK);
     CHECK_NEAR(eps, 1e-5, 1e-12);
-    gguf_str s;
-    CHECK_EQ_INT(gguf_get_str(g, "general.architecture", &s, &err), KP_OK);
-    CHECK(gguf_str_eq(s, "llama"));
-    const gguf_value *toks = NULL, *types = NULL;
-    CHECK_EQ_INT(gguf_get_arr(g, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &toks, &err), KP_OK);
+    kp_gguf_str s;
+    CHECK_EQ_INT(kp_gguf_get_str(g, "general.architecture", &s, &err), KP_OK);
+    CHECK(kp_gguf_str_eq(s, "llama"));
+    const kp_gguf_value *toks = NULL, *types = NULL;
+    CHECK_EQ_INT(kp_gguf_get_arr(g, "tokenizer.ggml.tokens", KP_GGUF_TYPE_STRING, &toks, &err), KP_OK);
     CHECK(toks && toks->v.arr.n == 512);
     if (toks && toks->v.arr.n == 512) {
-        CHECK(gguf_str_eq(toks->v.arr.strs[0], "<unk>"));
-        CHECK(gguf_str_eq(toks->v.arr.strs[1], "<s>"));
-        CHECK(gguf_str_eq(toks->v.arr.strs[2], "</s>"));
-        CHECK(gguf_str_eq(toks->v.arr.strs[3], "<0x00>"));
-        CHECK(gguf_str_eq(toks->v.arr.strs[258], "<0xFF>"));
+        CHECK(kp_gguf_str_eq(toks->v.arr.strs[0], "<unk>"));
+        CHECK(kp_gguf_str_eq(toks->v.arr.strs[1], "<s>"));
+        CHECK(kp_gguf_str_eq(toks->v.arr.strs[2], "</s>"));
+        CHECK(kp_gguf_str_eq(toks->v.arr.strs[3], "<0x00>"));
+        CHECK(kp_gguf_str_eq(toks->v.arr.strs[258], "<0xFF>"));
     }
-    CHECK_EQ_INT(gguf_get_arr(g, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, &types, &err), KP_OK);
-    CHECK(types && types->v.arr.n == 512 && gguf_arr_i64(types, 3) == 6 &&
-          gguf_arr_i64(types, 258) == 6);
+    CHECK_EQ_INT(kp_gguf_get_arr(g, "tokenizer.ggml.token_type", KP_GGUF_TYPE_INT32, &types, &err), KP_OK);
+    CHECK(types && types->v.arr.n == 512 && kp_gguf_arr_i64(types, 3) == 6 &&
+          kp_gguf_arr_i64(types, 258) == 6);
 
-    const gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
-    const gguf_tensor *out = gguf_find_tensor(g, "output.weight");
+    const kp_gguf_tensor *emb = kp_gguf_find_tensor(g, "token_embd.weight");
+    const kp_gguf_tensor *out = kp_gguf_find_tensor(g, "output.weight");
     CHECK(emb && emb->type == KP_DTYPE_F32 && emb->n_dims == 2 && emb->ne[0] == 64 &&
           emb->ne[1] == 512 && emb->n_bytes == 64 * 512 * 4);
     /* llama2.c ties the two: byte-identical data at different offsets */
     CHECK(emb && out && emb->data != out->data && out->n_bytes == emb->n_bytes &&
           memcmp(emb->data, out->data, emb->n_bytes) == 0);
-    const gguf_tensor *down = gguf_find_tensor(g, "blk.4.ffn_down.weight");
+    const kp_gguf_tensor *down = kp_gguf_find_tensor(g, "blk.4.ffn_down.weight");
     CHECK(down && down->ne[0] == 172 && down->ne[1] == 64);
-    CHECK(gguf_find_tensor(g, "blk.5.ffn_down.weight") == NULL);
+    CHECK(kp_gguf_find_tensor(g, "blk.5.ffn_down.weight") == NULL);
 
     /* every tensor is F32 and the file has nothing past the last one */
     uint64_t end = 0;
     bool all_f32 = true;
-    for (size_t i = 0; i < gguf_n_tensors(g); i++) {
-        const gguf_tensor *t = gguf_tensor_at(g, i);
+    for (size_t i = 0; i < kp_gguf_n_tensors(g); i++) {
+        const kp_gguf_tensor *t = kp_gguf_tensor_at(g, i);
         all_f32 = all_f32 && t->type == KP_DTYPE_F32;
         if (t->offset + t->n_bytes > end) end = t->offset + t->n_bytes;
     }
     CHECK(all_f32);
-    CHECK_EQ_INT(gguf_data_offset(g) + end, gguf_file_size(g));
+    CHECK_EQ_INT(kp_gguf_data_offset(g) + end, kp_gguf_file_size(g));
 
     /* re-encoding what was decoded reproduces the header byte for byte */
     size_t n = 0;
@@ -1046,25 +1046,25 @@ static void test_real_file(void) {
     CHECK(raw && n == 1185376);
     if (raw && n >= 14176) {
         gb b = {0};
-        gb_reencode(&b, g, UINT64_MAX, gguf_n_tensors(g), false);
+        gb_reencode(&b, g, UINT64_MAX, kp_gguf_n_tensors(g), false);
         CHECK_EQ_INT(b.n, 14176);
         CHECK(b.n == 14176 && memcmp(b.p, raw, b.n) == 0);
         gb_free(&b);
         /* the memory path decodes the same file identically */
         gguf *m;
-        CHECK_EQ_INT(gguf_open_memory(&m, raw, n, "mem", &err), KP_OK);
+        CHECK_EQ_INT(kp_gguf_open_memory(&m, raw, n, "mem", &err), KP_OK);
         if (m) {
-            CHECK_EQ_INT(gguf_n_kv(m), 19);
-            CHECK_EQ_INT(gguf_n_tensors(m), 48);
-            CHECK_EQ_INT(gguf_data_offset(m), 14176);
-            const gguf_tensor *e2 = gguf_find_tensor(m, "token_embd.weight");
+            CHECK_EQ_INT(kp_gguf_n_kv(m), 19);
+            CHECK_EQ_INT(kp_gguf_n_tensors(m), 48);
+            CHECK_EQ_INT(kp_gguf_data_offset(m), 14176);
+            const kp_gguf_tensor *e2 = kp_gguf_find_tensor(m, "token_embd.weight");
             CHECK(e2 && emb && memcmp(e2->data, emb->data, emb->n_bytes) == 0);
             CHECK(walk_file(m, (const uint8_t *)raw, n));
         }
-        gguf_close(m);
+        kp_gguf_close(m);
     }
     free(raw);
-    gguf_close(g);
+    kp_gguf_close(g);
 }
 
 /* The stories260K header cut down to < 4 KB: every KV (arrays cut to 8
@@ -1072,9 +1072,9 @@ static void test_real_file(void) {
 static bool make_stories_cut(gb *b) {
     gguf *g;
     const char *path = stories_path();
-    if (!path || gguf_open(&g, path, NULL) != KP_OK) return false;
+    if (!path || kp_gguf_open(&g, path, NULL) != KP_OK) return false;
     gb_reencode(b, g, 8, 3, true);
-    gguf_close(g);
+    kp_gguf_close(g);
     return true;
 }
 
@@ -1118,37 +1118,37 @@ static void c_version_max(gb *b) { make_small(b, 3), gb_set_u32(b, 4, 0xFFFFFFFF
 static void c_version_be(gb *b) { make_small(b, 3), gb_set_u32(b, 4, 0x03000000u); }
 static void c_key_past_end(gb *b) { gb_header(b, 3, 0, 1), gb_u64(b, 100), gb_put(b, "abcdefghijk", 11); }
 static void c_str_past_end(gb *b) {
-    gb_header(b, 3, 0, 1), gb_key(b, "k", GGUF_TYPE_STRING), gb_u64(b, 9), gb_put(b, "abcdefgh", 8);
+    gb_header(b, 3, 0, 1), gb_key(b, "k", KP_GGUF_TYPE_STRING), gb_u64(b, 9), gb_put(b, "abcdefgh", 8);
 }
 static void c_str_huge(gb *b) {
-    gb_header(b, 3, 0, 1), gb_key(b, "k", GGUF_TYPE_STRING), gb_u64(b, UINT64_MAX);
+    gb_header(b, 3, 0, 1), gb_key(b, "k", KP_GGUF_TYPE_STRING), gb_u64(b, UINT64_MAX);
     gb_put(b, "abcdefghabcdefgh", 16);
 }
 static void c_key_huge(gb *b) { gb_header(b, 3, 0, 1), gb_u64(b, 1ull << 63), gb_fill(b, 32, 'k'); }
 static void c_arr_past_end(gb *b) {
-    gb_header(b, 3, 0, 1), gb_arr(b, "k", GGUF_TYPE_UINT32, 4), gb_u32(b, 1), gb_u32(b, 2), gb_u32(b, 3);
+    gb_header(b, 3, 0, 1), gb_arr(b, "k", KP_GGUF_TYPE_UINT32, 4), gb_u32(b, 1), gb_u32(b, 2), gb_u32(b, 3);
 }
 static void c_arr_2p62_u64(gb *b) {
-    gb_header(b, 3, 0, 1), gb_arr(b, "k", GGUF_TYPE_UINT64, 1ull << 62), gb_fill(b, 64, 0);
+    gb_header(b, 3, 0, 1), gb_arr(b, "k", KP_GGUF_TYPE_UINT64, 1ull << 62), gb_fill(b, 64, 0);
 }
 static void c_arr_huge_str(gb *b) {
-    gb_header(b, 3, 0, 1), gb_arr(b, "k", GGUF_TYPE_STRING, UINT64_MAX / 2), gb_fill(b, 64, 0);
+    gb_header(b, 3, 0, 1), gb_arr(b, "k", KP_GGUF_TYPE_STRING, UINT64_MAX / 2), gb_fill(b, 64, 0);
 }
 static void c_arr_huge_nested(gb *b) {
-    gb_header(b, 3, 0, 1), gb_arr(b, "k", GGUF_TYPE_ARRAY, 1ull << 60), gb_fill(b, 64, 0);
+    gb_header(b, 3, 0, 1), gb_arr(b, "k", KP_GGUF_TYPE_ARRAY, 1ull << 60), gb_fill(b, 64, 0);
 }
 static void c_arr_str_past_end(gb *b) {
-    gb_header(b, 3, 0, 1), gb_arr(b, "k", GGUF_TYPE_STRING, 2), gb_str(b, "ok"), gb_u64(b, 5);
+    gb_header(b, 3, 0, 1), gb_arr(b, "k", KP_GGUF_TYPE_STRING, 2), gb_str(b, "ok"), gb_u64(b, 5);
     gb_put(b, "abcd", 4);
 }
 static void c_nested_too_deep(gb *b) { gb_header(b, 3, 0, 1), gb_nested(b, "deep", 9); }
-static void c_unknown_type(gb *b) { gb_header(b, 3, 0, 1), gb_key(b, "k", (gguf_type)13), gb_u64(b, 0); }
+static void c_unknown_type(gb *b) { gb_header(b, 3, 0, 1), gb_key(b, "k", (kp_gguf_type)13), gb_u64(b, 0); }
 static void c_unknown_type_big(gb *b) {
-    gb_header(b, 3, 0, 1), gb_key(b, "k", (gguf_type)0x80000000u), gb_u64(b, 0);
+    gb_header(b, 3, 0, 1), gb_key(b, "k", (kp_gguf_type)0x80000000u), gb_u64(b, 0);
 }
-static void c_unknown_elem(gb *b) { gb_header(b, 3, 0, 1), gb_arr(b, "k", (gguf_type)13, 0), gb_u64(b, 0); }
+static void c_unknown_elem(gb *b) { gb_header(b, 3, 0, 1), gb_arr(b, "k", (kp_gguf_type)13, 0), gb_u64(b, 0); }
 static void c_unknown_nested_elem(gb *b) {
-    gb_header(b, 3, 0, 1), gb_arr(b, "k", GGUF_TYPE_ARRAY, 1), gb_u32(b, 99), gb_u64(b, 0);
+    gb_header(b, 3, 0, 1), gb_arr(b, "k", KP_GGUF_TYPE_ARRAY, 1), gb_u32(b, 99), gb_u64(b, 0);
 }
 static void c_n_kv_huge(gb *b) { make_small(b, 3), gb_set_u64(b, 16, 1ull << 62); }
 static void c_n_kv_max(gb *b) { make_small(b, 3), gb_set_u64(b, 16, UINT64_MAX); }
@@ -1312,7 +1312,7 @@ static void test_corrupt_table(void) {
         if (path) {
             gguf *g = (gguf *)&b;
             kp_error err = {0};
-            kp_status st = gguf_open(&g, path, &err);
+            kp_status st = kp_gguf_open(&g, path, &err);
             CHECK_MSG(st == c->want, "%s (file): %s", c->name, err.msg);
             CHECK(g == NULL && err.code == st && strstr(err.msg, path));
             /* an empty file is refused before mapping; the rest say the same as from memory */
@@ -1338,7 +1338,7 @@ static void test_open_errors(void) {
         const char *path = i == 0 ? harness_path(cases[i].path) : cases[i].path;
         gguf *g = (gguf *)&cases[i];
         kp_error err = {0};
-        CHECK_EQ_INT(gguf_open(&g, path, &err), cases[i].want);
+        CHECK_EQ_INT(kp_gguf_open(&g, path, &err), cases[i].want);
         CHECK(g == NULL && err.code == cases[i].want);
         CHECK_MSG(strstr(err.msg, cases[i].msg) && strstr(err.msg, path), "%s", err.msg);
     }
@@ -1352,17 +1352,17 @@ static void test_open_errors(void) {
     gguf *g = (gguf *)fifo;
     kp_error err = {0};
     alarm(10);
-    CHECK_EQ_INT(gguf_open(&g, fifo, &err), KP_EIO);
+    CHECK_EQ_INT(kp_gguf_open(&g, fifo, &err), KP_EIO);
     alarm(0);
     CHECK(g == NULL && strstr(err.msg, fifo) && strstr(err.msg, "not a regular file"));
     unlink(fifo);
     rmdir(dir);
 
     /* NULL kp_error is allowed on failure */
-    CHECK_EQ_INT(gguf_open(&g, "/nonexistent", NULL), KP_EIO);
-    CHECK_EQ_INT(gguf_open_memory(&g, "GGUX", 4, NULL, NULL), KP_EFORMAT);
+    CHECK_EQ_INT(kp_gguf_open(&g, "/nonexistent", NULL), KP_EIO);
+    CHECK_EQ_INT(kp_gguf_open_memory(&g, "GGUX", 4, NULL, NULL), KP_EFORMAT);
     CHECK(g == NULL);
-    CHECK_EQ_INT(gguf_open_memory(&g, NULL, 64, "null.gguf", &err), KP_EINVAL);
+    CHECK_EQ_INT(kp_gguf_open_memory(&g, NULL, 64, "null.gguf", &err), KP_EINVAL);
     CHECK(g == NULL && strstr(err.msg, "null.gguf"));
 }
 
@@ -1394,7 +1394,7 @@ static void test_forged_counts_fail_fast(void) {
      * proportional to the claimed count (here it would be 16 x 2^40 bytes) */
     gb b = {0};
     gb_header(&b, 3, 0, 1);
-    gb_arr(&b, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, 1ull << 40);
+    gb_arr(&b, "tokenizer.ggml.tokens", KP_GGUF_TYPE_STRING, 1ull << 40);
     gb_str(&b, "a");
     parse_result r = parse_bytes(b.p, b.n, "forged-arr.gguf");
     CHECK_EQ_INT(r.st, KP_EFORMAT);
@@ -1536,10 +1536,10 @@ static void test_regressions(void) {
         /* and through the mmap path */
         gguf *g;
         kp_error err = {0};
-        kp_status st = gguf_open(&g, path, &err);
+        kp_status st = kp_gguf_open(&g, path, &err);
         CHECK_MSG(st == r.st || (n == 0 && st == KP_EFORMAT), "%s: %s vs %s", e->d_name,
                   kp_status_str(st), kp_status_str(r.st));
-        gguf_close(g);
+        kp_gguf_close(g);
         free(raw);
     }
     closedir(d);

@@ -41,65 +41,65 @@ static void tmp_path(char buf[64]) {
 
 static bool file_exists(const char *path) { return access(path, F_OK) == 0; }
 
-static bool value_eq(const gguf_value *a, const gguf_value *b) {
+static bool value_eq(const kp_gguf_value *a, const kp_gguf_value *b) {
     if (a->type != b->type) return false;
     switch (a->type) {
-    case GGUF_TYPE_UINT8: case GGUF_TYPE_UINT16: case GGUF_TYPE_UINT32: case GGUF_TYPE_UINT64:
+    case KP_GGUF_TYPE_UINT8: case KP_GGUF_TYPE_UINT16: case KP_GGUF_TYPE_UINT32: case KP_GGUF_TYPE_UINT64:
         return a->v.u64 == b->v.u64;
-    case GGUF_TYPE_INT8: case GGUF_TYPE_INT16: case GGUF_TYPE_INT32: case GGUF_TYPE_INT64:
+    case KP_GGUF_TYPE_INT8: case KP_GGUF_TYPE_INT16: case KP_GGUF_TYPE_INT32: case KP_GGUF_TYPE_INT64:
         return a->v.i64 == b->v.i64;
-    case GGUF_TYPE_FLOAT32: case GGUF_TYPE_FLOAT64:
+    case KP_GGUF_TYPE_FLOAT32: case KP_GGUF_TYPE_FLOAT64:
         return memcmp(&a->v.f64, &b->v.f64, sizeof(double)) == 0;
-    case GGUF_TYPE_BOOL: return a->v.b == b->v.b;
-    case GGUF_TYPE_STRING:
+    case KP_GGUF_TYPE_BOOL: return a->v.b == b->v.b;
+    case KP_GGUF_TYPE_STRING:
         return a->v.str.len == b->v.str.len &&
                memcmp(a->v.str.data, b->v.str.data, a->v.str.len) == 0;
-    case GGUF_TYPE_ARRAY: {
+    case KP_GGUF_TYPE_ARRAY: {
         if (a->v.arr.elem_type != b->v.arr.elem_type || a->v.arr.n != b->v.arr.n) return false;
         uint64_t n = a->v.arr.n;
-        if (a->v.arr.elem_type == GGUF_TYPE_STRING) {
+        if (a->v.arr.elem_type == KP_GGUF_TYPE_STRING) {
             for (uint64_t i = 0; i < n; i++) {
-                gguf_str x = a->v.arr.strs[i], y = b->v.arr.strs[i];
+                kp_gguf_str x = a->v.arr.strs[i], y = b->v.arr.strs[i];
                 if (x.len != y.len || memcmp(x.data, y.data, x.len) != 0) return false;
             }
             return true;
         }
-        if (a->v.arr.elem_type == GGUF_TYPE_ARRAY) {
+        if (a->v.arr.elem_type == KP_GGUF_TYPE_ARRAY) {
             for (uint64_t i = 0; i < n; i++)
                 if (!value_eq(&a->v.arr.items[i], &b->v.arr.items[i])) return false;
             return true;
         }
         return n == 0 || memcmp(a->v.arr.raw, b->v.arr.raw,
-                                n * gguf_type_size(a->v.arr.elem_type)) == 0;
+                                n * kp_gguf_type_size(a->v.arr.elem_type)) == 0;
     }
     default: return false;
     }
 }
 
-static bool key_has_prefix(gguf_str key, const char *prefix) {
+static bool key_has_prefix(kp_gguf_str key, const char *prefix) {
     size_t n = strlen(prefix);
     return key.len >= n && memcmp(key.data, prefix, n) == 0;
 }
 
 static uint32_t get_u32(const gguf *g, const char *key) {
     uint32_t v = 0xFFFFFFFFu;
-    gguf_get_u32(g, key, 0xFFFFFFFFu, &v, NULL);
+    kp_gguf_get_u32(g, key, 0xFFFFFFFFu, &v, NULL);
     return v;
 }
 
 static float get_f32(const gguf *g, const char *key) {
     float v = -1.0f;
-    gguf_get_f32(g, key, -1.0f, &v, NULL);
+    kp_gguf_get_f32(g, key, -1.0f, &v, NULL);
     return v;
 }
 
 static bool str_is(const gguf *g, const char *key, const char *want) {
-    gguf_str s;
-    return gguf_get_str(g, key, &s, NULL) == KP_OK && s.data && gguf_str_eq(s, want);
+    kp_gguf_str s;
+    return kp_gguf_get_str(g, key, &s, NULL) == KP_OK && s.data && kp_gguf_str_eq(s, want);
 }
 
 /* Dequantizes a whole tensor into a malloc'd float array. */
-static float *tensor_floats(const gguf_tensor *t) {
+static float *tensor_floats(const kp_gguf_tensor *t) {
     int64_t rows = (int64_t)(t->n_elements / (uint64_t)t->ne[0]);
     size_t row_bytes = kp_dtype_row_size(t->type, t->ne[0]);
     float *out = malloc(t->n_elements * sizeof *out);
@@ -145,11 +145,11 @@ static void check_normal(const stats *s, double sd, const char *what) {
               s->within1 / n);
 }
 
-static mkmodel_spec preset(const char *name) {
-    mkmodel_spec s;
+static kp_mkmodel_spec preset(const char *name) {
+    kp_mkmodel_spec s;
     memset(&s, 0, sizeof s);
     kp_error err = {0};
-    kp_status st = mkmodel_spec_preset(name, &s, &err);
+    kp_status st = kp_mkmodel_spec_preset(name, &s, &err);
     CHECK_MSG(st == KP_OK, "%s", err.msg);
     return s;
 }
@@ -161,122 +161,122 @@ static void test_writer_roundtrip(void) {
     char path[64];
     tmp_path(path);
     kp_error err = {0};
-    gguf_w *w = NULL;
-    CHECK(gguf_w_new(&w, &err) == KP_OK);
-    CHECK(gguf_w_add_u8(w, "t.u8", 200, &err) == KP_OK);
-    CHECK(gguf_w_add_i8(w, "t.i8", -100, &err) == KP_OK);
-    CHECK(gguf_w_add_u16(w, "t.u16", 60000, &err) == KP_OK);
-    CHECK(gguf_w_add_i16(w, "t.i16", -30000, &err) == KP_OK);
-    CHECK(gguf_w_add_u32(w, "t.u32", 4000000000u, &err) == KP_OK);
-    CHECK(gguf_w_add_i32(w, "t.i32", -2000000000, &err) == KP_OK);
-    CHECK(gguf_w_add_u64(w, "t.u64", 0xFEDCBA9876543210ull, &err) == KP_OK);
-    CHECK(gguf_w_add_i64(w, "t.i64", INT64_MIN + 5, &err) == KP_OK);
-    CHECK(gguf_w_add_f32(w, "t.f32", 0.1f, &err) == KP_OK);
-    CHECK(gguf_w_add_f64(w, "t.f64", -1e300, &err) == KP_OK);
-    CHECK(gguf_w_add_bool(w, "t.bool", true, &err) == KP_OK);
-    CHECK(gguf_w_add_str(w, "t.str", "héllo", &err) == KP_OK);
-    CHECK(gguf_w_add_strn(w, "t.strn", "a\0b", 3, &err) == KP_OK);
-    CHECK(gguf_w_add_u32(w, "general.alignment", 64, &err) == KP_OK);
+    kp_gguf_w *w = NULL;
+    CHECK(kp_gguf_w_new(&w, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_u8(w, "t.u8", 200, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_i8(w, "t.i8", -100, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_u16(w, "t.u16", 60000, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_i16(w, "t.i16", -30000, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_u32(w, "t.u32", 4000000000u, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_i32(w, "t.i32", -2000000000, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_u64(w, "t.u64", 0xFEDCBA9876543210ull, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_i64(w, "t.i64", INT64_MIN + 5, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_f32(w, "t.f32", 0.1f, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_f64(w, "t.f64", -1e300, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_bool(w, "t.bool", true, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_str(w, "t.str", "héllo", &err) == KP_OK);
+    CHECK(kp_gguf_w_add_strn(w, "t.strn", "a\0b", 3, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_u32(w, "general.alignment", 64, &err) == KP_OK);
     const int16_t a16[3] = {-1, 2, -32768};
     const float af[2] = {1.5f, -0.25f};
     const bool ab[3] = {true, false, true};
     const double ad[1] = {3.25};
     const uint64_t a64[2] = {1, UINT64_MAX};
-    CHECK(gguf_w_add_arr(w, "a.i16", GGUF_TYPE_INT16, a16, 3, &err) == KP_OK);
-    CHECK(gguf_w_add_arr(w, "a.f32", GGUF_TYPE_FLOAT32, af, 2, &err) == KP_OK);
-    CHECK(gguf_w_add_arr(w, "a.bool", GGUF_TYPE_BOOL, ab, 3, &err) == KP_OK);
-    CHECK(gguf_w_add_arr(w, "a.f64", GGUF_TYPE_FLOAT64, ad, 1, &err) == KP_OK);
-    CHECK(gguf_w_add_arr(w, "a.u64", GGUF_TYPE_UINT64, a64, 2, &err) == KP_OK);
-    CHECK(gguf_w_add_arr(w, "a.empty", GGUF_TYPE_UINT32, NULL, 0, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_arr(w, "a.i16", KP_GGUF_TYPE_INT16, a16, 3, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_arr(w, "a.f32", KP_GGUF_TYPE_FLOAT32, af, 2, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_arr(w, "a.bool", KP_GGUF_TYPE_BOOL, ab, 3, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_arr(w, "a.f64", KP_GGUF_TYPE_FLOAT64, ad, 1, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_arr(w, "a.u64", KP_GGUF_TYPE_UINT64, a64, 2, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_arr(w, "a.empty", KP_GGUF_TYPE_UINT32, NULL, 0, &err) == KP_OK);
     const char *strs[3] = {"x", "", "long string"};
-    CHECK(gguf_w_add_arr_str(w, "a.str", strs, 3, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_arr_str(w, "a.str", strs, 3, &err) == KP_OK);
     /* a nested array [[7, 8], []] of INT32, built as the reader would decode it */
     const uint8_t raw78[8] = {7, 0, 0, 0, 8, 0, 0, 0};
-    gguf_value items[2];
+    kp_gguf_value items[2];
     memset(items, 0, sizeof items);
-    items[0].type = items[1].type = GGUF_TYPE_ARRAY;
-    items[0].v.arr.elem_type = items[1].v.arr.elem_type = GGUF_TYPE_INT32;
+    items[0].type = items[1].type = KP_GGUF_TYPE_ARRAY;
+    items[0].v.arr.elem_type = items[1].v.arr.elem_type = KP_GGUF_TYPE_INT32;
     items[0].v.arr.n = 2;
     items[0].v.arr.raw = raw78;
-    gguf_value nested;
+    kp_gguf_value nested;
     memset(&nested, 0, sizeof nested);
-    nested.type = GGUF_TYPE_ARRAY;
-    nested.v.arr.elem_type = GGUF_TYPE_ARRAY;
+    nested.type = KP_GGUF_TYPE_ARRAY;
+    nested.v.arr.elem_type = KP_GGUF_TYPE_ARRAY;
     nested.v.arr.n = 2;
     nested.v.arr.items = items;
-    CHECK(gguf_w_add_value(w, "a.nested", &nested, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_value(w, "a.nested", &nested, &err) == KP_OK);
 
     float f32data[6] = {1, 2, 3, 4, 5, 6};
     uint8_t q8data[2 * 34], f16data[10];
     for (size_t i = 0; i < sizeof q8data; i++) q8data[i] = (uint8_t)(i * 7 + 1);
     for (size_t i = 0; i < sizeof f16data; i++) f16data[i] = (uint8_t)(0x30 + i);
-    CHECK(gguf_w_add_tensor(w, "a", KP_DTYPE_F32, 2, (int64_t[]){3, 2}, &err) == KP_OK);
-    CHECK(gguf_w_add_tensor(w, "b", KP_DTYPE_Q8_0, 2, (int64_t[]){32, 2}, &err) == KP_OK);
-    CHECK(gguf_w_add_tensor(w, "c", KP_DTYPE_F16, 3, (int64_t[]){5, 1, 1}, &err) == KP_OK);
-    CHECK_EQ_INT(gguf_w_n_tensors(w), 3);
-    CHECK_EQ_INT(gguf_w_tensor_bytes(w, 1), 68);
-    CHECK(gguf_w_begin(w, path, &err) == KP_OK);
-    CHECK(gguf_w_write_data(w, f32data, 12, &err) == KP_OK); /* in two chunks */
-    CHECK(gguf_w_write_data(w, f32data + 3, 12, &err) == KP_OK);
-    CHECK(gguf_w_write_data(w, q8data, sizeof q8data, &err) == KP_OK);
-    CHECK(gguf_w_write_data(w, f16data, sizeof f16data, &err) == KP_OK);
-    CHECK_MSG(gguf_w_finish(w, &err) == KP_OK, "%s", err.msg);
-    uint64_t data_offset = gguf_w_data_offset(w);
-    gguf_w_free(w);
+    CHECK(kp_gguf_w_add_tensor(w, "a", KP_DTYPE_F32, 2, (int64_t[]){3, 2}, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_tensor(w, "b", KP_DTYPE_Q8_0, 2, (int64_t[]){32, 2}, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_tensor(w, "c", KP_DTYPE_F16, 3, (int64_t[]){5, 1, 1}, &err) == KP_OK);
+    CHECK_EQ_INT(kp_gguf_w_n_tensors(w), 3);
+    CHECK_EQ_INT(kp_gguf_w_tensor_bytes(w, 1), 68);
+    CHECK(kp_gguf_w_begin(w, path, &err) == KP_OK);
+    CHECK(kp_gguf_w_write_data(w, f32data, 12, &err) == KP_OK); /* in two chunks */
+    CHECK(kp_gguf_w_write_data(w, f32data + 3, 12, &err) == KP_OK);
+    CHECK(kp_gguf_w_write_data(w, q8data, sizeof q8data, &err) == KP_OK);
+    CHECK(kp_gguf_w_write_data(w, f16data, sizeof f16data, &err) == KP_OK);
+    CHECK_MSG(kp_gguf_w_finish(w, &err) == KP_OK, "%s", err.msg);
+    uint64_t data_offset = kp_gguf_w_data_offset(w);
+    kp_gguf_w_free(w);
 
     gguf *g = NULL;
-    CHECK_MSG(gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
+    CHECK_MSG(kp_gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
     if (g) {
-        CHECK_EQ_INT(gguf_version(g), 3);
-        CHECK_EQ_INT(gguf_alignment(g), 64);
-        CHECK_EQ_INT(gguf_data_offset(g), data_offset);
-        CHECK_EQ_INT(gguf_data_offset(g) % 64, 0);
-        CHECK_EQ_INT(gguf_file_size(g), data_offset + 64 + 128 + 64);
-        CHECK_EQ_INT(gguf_n_kv(g), 22);
-        const gguf_kv *kv = gguf_kv_at(g, 0);
-        CHECK(kv && gguf_str_eq(kv->key, "t.u8") && kv->value.type == GGUF_TYPE_UINT8 &&
+        CHECK_EQ_INT(kp_gguf_version(g), 3);
+        CHECK_EQ_INT(kp_gguf_alignment(g), 64);
+        CHECK_EQ_INT(kp_gguf_data_offset(g), data_offset);
+        CHECK_EQ_INT(kp_gguf_data_offset(g) % 64, 0);
+        CHECK_EQ_INT(kp_gguf_file_size(g), data_offset + 64 + 128 + 64);
+        CHECK_EQ_INT(kp_gguf_n_kv(g), 22);
+        const kp_gguf_kv *kv = kp_gguf_kv_at(g, 0);
+        CHECK(kv && kp_gguf_str_eq(kv->key, "t.u8") && kv->value.type == KP_GGUF_TYPE_UINT8 &&
               kv->value.v.u64 == 200);
-        const gguf_kv *k;
-        CHECK((k = gguf_find(g, "t.i8")) && k->value.type == GGUF_TYPE_INT8 &&
+        const kp_gguf_kv *k;
+        CHECK((k = kp_gguf_find(g, "t.i8")) && k->value.type == KP_GGUF_TYPE_INT8 &&
               k->value.v.i64 == -100);
-        CHECK((k = gguf_find(g, "t.u16")) && k->value.type == GGUF_TYPE_UINT16 &&
+        CHECK((k = kp_gguf_find(g, "t.u16")) && k->value.type == KP_GGUF_TYPE_UINT16 &&
               k->value.v.u64 == 60000);
-        CHECK((k = gguf_find(g, "t.i16")) && k->value.type == GGUF_TYPE_INT16 &&
+        CHECK((k = kp_gguf_find(g, "t.i16")) && k->value.type == KP_GGUF_TYPE_INT16 &&
               k->value.v.i64 == -30000);
-        CHECK((k = gguf_find(g, "t.u32")) && k->value.type == GGUF_TYPE_UINT32 &&
+        CHECK((k = kp_gguf_find(g, "t.u32")) && k->value.type == KP_GGUF_TYPE_UINT32 &&
               k->value.v.u64 == 4000000000u);
-        CHECK((k = gguf_find(g, "t.i32")) && k->value.type == GGUF_TYPE_INT32 &&
+        CHECK((k = kp_gguf_find(g, "t.i32")) && k->value.type == KP_GGUF_TYPE_INT32 &&
               k->value.v.i64 == -2000000000);
-        CHECK((k = gguf_find(g, "t.u64")) && k->value.type == GGUF_TYPE_UINT64 &&
+        CHECK((k = kp_gguf_find(g, "t.u64")) && k->value.type == KP_GGUF_TYPE_UINT64 &&
               k->value.v.u64 == 0xFEDCBA9876543210ull);
-        CHECK((k = gguf_find(g, "t.i64")) && k->value.type == GGUF_TYPE_INT64 &&
+        CHECK((k = kp_gguf_find(g, "t.i64")) && k->value.type == KP_GGUF_TYPE_INT64 &&
               k->value.v.i64 == INT64_MIN + 5);
-        CHECK((k = gguf_find(g, "t.f32")) && k->value.type == GGUF_TYPE_FLOAT32 &&
+        CHECK((k = kp_gguf_find(g, "t.f32")) && k->value.type == KP_GGUF_TYPE_FLOAT32 &&
               k->value.v.f64 == (double)0.1f);
-        CHECK((k = gguf_find(g, "t.f64")) && k->value.type == GGUF_TYPE_FLOAT64 &&
+        CHECK((k = kp_gguf_find(g, "t.f64")) && k->value.type == KP_GGUF_TYPE_FLOAT64 &&
               k->value.v.f64 == -1e300);
-        CHECK((k = gguf_find(g, "t.bool")) && k->value.type == GGUF_TYPE_BOOL && k->value.v.b);
+        CHECK((k = kp_gguf_find(g, "t.bool")) && k->value.type == KP_GGUF_TYPE_BOOL && k->value.v.b);
         CHECK(str_is(g, "t.str", "héllo"));
-        CHECK((k = gguf_find(g, "t.strn")) && k->value.v.str.len == 3 &&
+        CHECK((k = kp_gguf_find(g, "t.strn")) && k->value.v.str.len == 3 &&
               memcmp(k->value.v.str.data, "a\0b", 3) == 0);
-        CHECK((k = gguf_find(g, "a.i16")) && k->value.v.arr.n == 3 &&
-              gguf_arr_i64(&k->value, 0) == -1 && gguf_arr_i64(&k->value, 2) == -32768);
-        CHECK((k = gguf_find(g, "a.f32")) && gguf_arr_f64(&k->value, 1) == -0.25);
-        CHECK((k = gguf_find(g, "a.bool")) && k->value.v.arr.elem_type == GGUF_TYPE_BOOL &&
+        CHECK((k = kp_gguf_find(g, "a.i16")) && k->value.v.arr.n == 3 &&
+              kp_gguf_arr_i64(&k->value, 0) == -1 && kp_gguf_arr_i64(&k->value, 2) == -32768);
+        CHECK((k = kp_gguf_find(g, "a.f32")) && kp_gguf_arr_f64(&k->value, 1) == -0.25);
+        CHECK((k = kp_gguf_find(g, "a.bool")) && k->value.v.arr.elem_type == KP_GGUF_TYPE_BOOL &&
               k->value.v.arr.n == 3 && memcmp(k->value.v.arr.raw, "\1\0\1", 3) == 0);
-        CHECK((k = gguf_find(g, "a.f64")) && gguf_arr_f64(&k->value, 0) == 3.25);
-        CHECK((k = gguf_find(g, "a.u64")) && k->value.v.arr.n == 2 &&
+        CHECK((k = kp_gguf_find(g, "a.f64")) && kp_gguf_arr_f64(&k->value, 0) == 3.25);
+        CHECK((k = kp_gguf_find(g, "a.u64")) && k->value.v.arr.n == 2 &&
               memcmp(k->value.v.arr.raw + 8, "\xff\xff\xff\xff\xff\xff\xff\xff", 8) == 0);
-        CHECK((k = gguf_find(g, "a.empty")) && k->value.v.arr.n == 0 &&
-              k->value.v.arr.elem_type == GGUF_TYPE_UINT32);
-        CHECK((k = gguf_find(g, "a.str")) && k->value.v.arr.n == 3 &&
-              gguf_str_eq(k->value.v.arr.strs[0], "x") && k->value.v.arr.strs[1].len == 0 &&
-              gguf_str_eq(k->value.v.arr.strs[2], "long string"));
-        CHECK((k = gguf_find(g, "a.nested")) && value_eq(&k->value, &nested));
+        CHECK((k = kp_gguf_find(g, "a.empty")) && k->value.v.arr.n == 0 &&
+              k->value.v.arr.elem_type == KP_GGUF_TYPE_UINT32);
+        CHECK((k = kp_gguf_find(g, "a.str")) && k->value.v.arr.n == 3 &&
+              kp_gguf_str_eq(k->value.v.arr.strs[0], "x") && k->value.v.arr.strs[1].len == 0 &&
+              kp_gguf_str_eq(k->value.v.arr.strs[2], "long string"));
+        CHECK((k = kp_gguf_find(g, "a.nested")) && value_eq(&k->value, &nested));
 
-        CHECK_EQ_INT(gguf_n_tensors(g), 3);
-        const gguf_tensor *ta = gguf_find_tensor(g, "a"), *tb = gguf_find_tensor(g, "b"),
-                          *tc = gguf_find_tensor(g, "c");
+        CHECK_EQ_INT(kp_gguf_n_tensors(g), 3);
+        const kp_gguf_tensor *ta = kp_gguf_find_tensor(g, "a"), *tb = kp_gguf_find_tensor(g, "b"),
+                          *tc = kp_gguf_find_tensor(g, "c");
         CHECK(ta && tb && tc);
         if (ta && tb && tc) {
             CHECK(ta->n_dims == 2 && ta->ne[0] == 3 && ta->ne[1] == 2 && ta->type == 0);
@@ -289,7 +289,7 @@ static void test_writer_roundtrip(void) {
             CHECK(memcmp(tb->data, q8data, 68) == 0);
             CHECK(memcmp(tc->data, f16data, 10) == 0);
         }
-        gguf_close(g);
+        kp_gguf_close(g);
     }
     unlink(path);
 }
@@ -300,28 +300,28 @@ static void test_writer_reproduces_reference(void) {
     const char *src = harness_path(REF_GQA);
     kp_error err = {0};
     gguf *g = NULL;
-    CHECK_MSG(gguf_open(&g, src, &err) == KP_OK, "%s", err.msg);
+    CHECK_MSG(kp_gguf_open(&g, src, &err) == KP_OK, "%s", err.msg);
     if (!g) return;
     char path[64];
     tmp_path(path);
-    gguf_w *w = NULL;
-    CHECK(gguf_w_new(&w, &err) == KP_OK);
-    for (size_t i = 0; i < gguf_n_kv(g); i++)
-        CHECK_MSG(gguf_w_copy_kv(w, gguf_kv_at(g, i), &err) == KP_OK, "%s", err.msg);
-    for (size_t i = 0; i < gguf_n_tensors(g); i++) {
-        const gguf_tensor *t = gguf_tensor_at(g, i);
-        char name[GGUF_W_MAX_TENSOR_NAME];
+    kp_gguf_w *w = NULL;
+    CHECK(kp_gguf_w_new(&w, &err) == KP_OK);
+    for (size_t i = 0; i < kp_gguf_n_kv(g); i++)
+        CHECK_MSG(kp_gguf_w_copy_kv(w, kp_gguf_kv_at(g, i), &err) == KP_OK, "%s", err.msg);
+    for (size_t i = 0; i < kp_gguf_n_tensors(g); i++) {
+        const kp_gguf_tensor *t = kp_gguf_tensor_at(g, i);
+        char name[KP_GGUF_W_MAX_TENSOR_NAME];
         snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.data);
-        CHECK(gguf_w_add_tensor(w, name, t->type, t->n_dims, t->ne, &err) == KP_OK);
+        CHECK(kp_gguf_w_add_tensor(w, name, t->type, t->n_dims, t->ne, &err) == KP_OK);
     }
-    CHECK(gguf_w_begin(w, path, &err) == KP_OK);
-    for (size_t i = 0; i < gguf_n_tensors(g); i++) {
-        const gguf_tensor *t = gguf_tensor_at(g, i);
-        CHECK(gguf_w_write_data(w, t->data, t->n_bytes, &err) == KP_OK);
+    CHECK(kp_gguf_w_begin(w, path, &err) == KP_OK);
+    for (size_t i = 0; i < kp_gguf_n_tensors(g); i++) {
+        const kp_gguf_tensor *t = kp_gguf_tensor_at(g, i);
+        CHECK(kp_gguf_w_write_data(w, t->data, t->n_bytes, &err) == KP_OK);
     }
-    CHECK_MSG(gguf_w_finish(w, &err) == KP_OK, "%s", err.msg);
-    gguf_w_free(w);
-    gguf_close(g);
+    CHECK_MSG(kp_gguf_w_finish(w, &err) == KP_OK, "%s", err.msg);
+    kp_gguf_w_free(w);
+    kp_gguf_close(g);
 
     size_t n_ref = 0, n_out = 0;
     char *ref = harness_read_file(src, &n_ref), *out = harness_read_file(path, &n_out);
@@ -333,7 +333,7 @@ static void test_writer_reproduces_reference(void) {
     unlink(path);
 }
 
-/* The stream form, into memory, read back with gguf_open_memory. */
+/* The stream form, into memory, read back with kp_gguf_open_memory. */
 static void test_writer_stream(void) {
     char *mem = NULL;
     size_t size = 0;
@@ -341,107 +341,107 @@ static void test_writer_stream(void) {
     CHECK(f != NULL);
     if (!f) return;
     kp_error err = {0};
-    gguf_w *w = NULL;
-    CHECK(gguf_w_new(&w, &err) == KP_OK);
-    CHECK(gguf_w_add_str(w, "general.architecture", "llama", &err) == KP_OK);
-    CHECK(gguf_w_add_tensor(w, "x", KP_DTYPE_F32, 1, (int64_t[]){3}, &err) == KP_OK);
-    CHECK(gguf_w_begin_stream(w, f, "memory", &err) == KP_OK);
+    kp_gguf_w *w = NULL;
+    CHECK(kp_gguf_w_new(&w, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_str(w, "general.architecture", "llama", &err) == KP_OK);
+    CHECK(kp_gguf_w_add_tensor(w, "x", KP_DTYPE_F32, 1, (int64_t[]){3}, &err) == KP_OK);
+    CHECK(kp_gguf_w_begin_stream(w, f, "memory", &err) == KP_OK);
     const float x[3] = {1, -2, 3};
-    CHECK(gguf_w_write_data(w, x, sizeof x, &err) == KP_OK);
-    CHECK(gguf_w_finish(w, &err) == KP_OK);
-    gguf_w_free(w); /* does not close the stream */
+    CHECK(kp_gguf_w_write_data(w, x, sizeof x, &err) == KP_OK);
+    CHECK(kp_gguf_w_finish(w, &err) == KP_OK);
+    kp_gguf_w_free(w); /* does not close the stream */
     CHECK(fclose(f) == 0);
     gguf *g = NULL;
-    CHECK_MSG(gguf_open_memory(&g, mem, size, "memory", &err) == KP_OK, "%s", err.msg);
+    CHECK_MSG(kp_gguf_open_memory(&g, mem, size, "memory", &err) == KP_OK, "%s", err.msg);
     if (g) {
         CHECK(str_is(g, "general.architecture", "llama"));
-        const gguf_tensor *t = gguf_find_tensor(g, "x");
+        const kp_gguf_tensor *t = kp_gguf_find_tensor(g, "x");
         CHECK(t && t->n_bytes == 12 && memcmp(t->data, x, 12) == 0);
-        CHECK_EQ_INT(size, gguf_data_offset(g) + 32);
-        gguf_close(g);
+        CHECK_EQ_INT(size, kp_gguf_data_offset(g) + 32);
+        kp_gguf_close(g);
     }
     free(mem);
 }
 
 static void test_writer_errors(void) {
     kp_error err = {0};
-    gguf_w *w = NULL;
-    CHECK(gguf_w_new(&w, &err) == KP_OK);
-    CHECK(gguf_w_add_u32(w, "k", 1, &err) == KP_OK);
-    CHECK(gguf_w_add_str(w, "k", "again", &err) == KP_EINVAL);
+    kp_gguf_w *w = NULL;
+    CHECK(kp_gguf_w_new(&w, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_u32(w, "k", 1, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_str(w, "k", "again", &err) == KP_EINVAL);
     CHECK(strstr(err.msg, "duplicate") != NULL);
-    CHECK(gguf_w_add_u32(w, "", 1, &err) == KP_EINVAL);
-    CHECK(gguf_w_add_u32(w, "general.alignment", 48, &err) == KP_EINVAL);
-    CHECK(gguf_w_add_u16(w, "general.alignment", 64, &err) == KP_EINVAL);
-    CHECK(gguf_w_add_arr(w, "s", GGUF_TYPE_STRING, "x", 1, &err) == KP_EINVAL);
+    CHECK(kp_gguf_w_add_u32(w, "", 1, &err) == KP_EINVAL);
+    CHECK(kp_gguf_w_add_u32(w, "general.alignment", 48, &err) == KP_EINVAL);
+    CHECK(kp_gguf_w_add_u16(w, "general.alignment", 64, &err) == KP_EINVAL);
+    CHECK(kp_gguf_w_add_arr(w, "s", KP_GGUF_TYPE_STRING, "x", 1, &err) == KP_EINVAL);
     int64_t ne[2] = {100, 2};
-    CHECK(gguf_w_add_tensor(w, "q", KP_DTYPE_Q4_K, 2, ne, &err) == KP_EINVAL);
+    CHECK(kp_gguf_w_add_tensor(w, "q", KP_DTYPE_Q4_K, 2, ne, &err) == KP_EINVAL);
     CHECK(strstr(err.msg, "256") != NULL);
-    CHECK(gguf_w_add_tensor(w, "t", 31, 2, ne, &err) == KP_EINVAL); /* no type 31 */
-    CHECK(gguf_w_add_tensor(w, "t", KP_DTYPE_F32, 5, ne, &err) == KP_EINVAL);
-    CHECK(gguf_w_add_tensor(w, "t", KP_DTYPE_F32, 2, (int64_t[]){4, 0}, &err) == KP_EINVAL);
+    CHECK(kp_gguf_w_add_tensor(w, "t", 31, 2, ne, &err) == KP_EINVAL); /* no type 31 */
+    CHECK(kp_gguf_w_add_tensor(w, "t", KP_DTYPE_F32, 5, ne, &err) == KP_EINVAL);
+    CHECK(kp_gguf_w_add_tensor(w, "t", KP_DTYPE_F32, 2, (int64_t[]){4, 0}, &err) == KP_EINVAL);
     char longname[80];
     memset(longname, 'x', sizeof longname - 1);
     longname[79] = 0;
-    CHECK(gguf_w_add_tensor(w, longname, KP_DTYPE_F32, 1, ne, &err) == KP_EINVAL);
-    CHECK(gguf_w_add_tensor(w, "t", KP_DTYPE_F32, 2, ne, &err) == KP_OK);
-    CHECK(gguf_w_add_tensor(w, "t", KP_DTYPE_F32, 1, ne, &err) == KP_EINVAL);
-    CHECK(gguf_w_add_tensor(w, "u", KP_DTYPE_F32, 1, ne, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_tensor(w, longname, KP_DTYPE_F32, 1, ne, &err) == KP_EINVAL);
+    CHECK(kp_gguf_w_add_tensor(w, "t", KP_DTYPE_F32, 2, ne, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_tensor(w, "t", KP_DTYPE_F32, 1, ne, &err) == KP_EINVAL);
+    CHECK(kp_gguf_w_add_tensor(w, "u", KP_DTYPE_F32, 1, ne, &err) == KP_OK);
     /* the failed calls changed nothing: one key, two tensors */
-    CHECK_EQ_INT(gguf_w_n_tensors(w), 2);
-    CHECK(gguf_w_write_data(w, "x", 1, &err) == KP_EINVAL); /* before begin */
+    CHECK_EQ_INT(kp_gguf_w_n_tensors(w), 2);
+    CHECK(kp_gguf_w_write_data(w, "x", 1, &err) == KP_EINVAL); /* before begin */
 
     char path[64];
     tmp_path(path);
-    CHECK(gguf_w_begin(w, path, &err) == KP_OK);
-    CHECK(gguf_w_add_u32(w, "late", 1, &err) == KP_EINVAL);
+    CHECK(kp_gguf_w_begin(w, path, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_u32(w, "late", 1, &err) == KP_EINVAL);
     float buf[300] = {0};
-    CHECK(gguf_w_write_data(w, buf, 800, &err) == KP_OK); /* tensor t: 800 bytes */
-    CHECK(gguf_w_write_data(w, buf, 404, &err) == KP_EINVAL); /* u has 400 */
+    CHECK(kp_gguf_w_write_data(w, buf, 800, &err) == KP_OK); /* tensor t: 800 bytes */
+    CHECK(kp_gguf_w_write_data(w, buf, 404, &err) == KP_EINVAL); /* u has 400 */
     CHECK(strstr(err.msg, "'u'") != NULL);
-    CHECK(gguf_w_finish(w, &err) == KP_EINVAL); /* failed writer */
-    gguf_w_free(w);
+    CHECK(kp_gguf_w_finish(w, &err) == KP_EINVAL); /* failed writer */
+    kp_gguf_w_free(w);
     CHECK_MSG(!file_exists(path), "partial file %s left behind", path);
 
     /* finish with a tensor's data missing: refused, file removed */
-    CHECK(gguf_w_new(&w, &err) == KP_OK);
-    CHECK(gguf_w_add_tensor(w, "t", KP_DTYPE_F32, 1, ne, &err) == KP_OK);
+    CHECK(kp_gguf_w_new(&w, &err) == KP_OK);
+    CHECK(kp_gguf_w_add_tensor(w, "t", KP_DTYPE_F32, 1, ne, &err) == KP_OK);
     tmp_path(path);
-    CHECK(gguf_w_begin(w, path, &err) == KP_OK);
-    CHECK(gguf_w_write_data(w, buf, 16, &err) == KP_OK);
-    CHECK(gguf_w_finish(w, &err) == KP_EINVAL);
+    CHECK(kp_gguf_w_begin(w, path, &err) == KP_OK);
+    CHECK(kp_gguf_w_write_data(w, buf, 16, &err) == KP_OK);
+    CHECK(kp_gguf_w_finish(w, &err) == KP_EINVAL);
     CHECK(strstr(err.msg, "16 of 400") != NULL);
-    gguf_w_free(w);
+    kp_gguf_w_free(w);
     CHECK(!file_exists(path));
 
     /* a directory that does not exist */
-    CHECK(gguf_w_new(&w, &err) == KP_OK);
-    CHECK(gguf_w_begin(w, "/nonexistent-kvpin-dir/x.gguf", &err) == KP_EIO);
+    CHECK(kp_gguf_w_new(&w, &err) == KP_OK);
+    CHECK(kp_gguf_w_begin(w, "/nonexistent-kvpin-dir/x.gguf", &err) == KP_EIO);
     CHECK(strstr(err.msg, "/nonexistent-kvpin-dir/x.gguf") != NULL);
-    gguf_w_free(w);
+    kp_gguf_w_free(w);
 
     /* a full disk: the error surfaces at a write or at finish, never silently */
     if (file_exists("/dev/full")) {
-        CHECK(gguf_w_new(&w, &err) == KP_OK);
-        CHECK(gguf_w_add_tensor(w, "t", KP_DTYPE_F32, 1, ne, &err) == KP_OK);
-        kp_status st = gguf_w_begin(w, "/dev/full", &err);
-        if (st == KP_OK) st = gguf_w_write_data(w, buf, 400, &err);
-        if (st == KP_OK) st = gguf_w_finish(w, &err);
+        CHECK(kp_gguf_w_new(&w, &err) == KP_OK);
+        CHECK(kp_gguf_w_add_tensor(w, "t", KP_DTYPE_F32, 1, ne, &err) == KP_OK);
+        kp_status st = kp_gguf_w_begin(w, "/dev/full", &err);
+        if (st == KP_OK) st = kp_gguf_w_write_data(w, buf, 400, &err);
+        if (st == KP_OK) st = kp_gguf_w_finish(w, &err);
         CHECK_EQ_INT(st, KP_EIO);
         CHECK_MSG(strstr(err.msg, "space") != NULL, "%s", err.msg);
-        gguf_w_free(w);
+        kp_gguf_w_free(w);
     }
-    gguf_w_free(NULL);
+    kp_gguf_w_free(NULL);
 }
 
 /* ---- the generator ---- */
 
 /* Writes `spec` with `tok` as tokenizer source into a new temp file; returns
  * its path in `path`, or "" on failure (reported). */
-static bool write_model(const mkmodel_spec *spec, const char *tok, char path[64]) {
+static bool write_model(const kp_mkmodel_spec *spec, const char *tok, char path[64]) {
     tmp_path(path);
     kp_error err = {0};
-    kp_status st = mkmodel_write(spec, harness_path(tok), path, NULL, &err);
+    kp_status st = kp_mkmodel_write(spec, harness_path(tok), path, NULL, &err);
     CHECK_MSG(st == KP_OK, "%s %s: %s", spec->arch, kp_dtype_name(spec->wtype), err.msg);
     return st == KP_OK;
 }
@@ -453,7 +453,7 @@ typedef struct {
     bool is_weight;   /* 2-D: has the spec's type; else F32 */
 } expect_tensor;
 
-static size_t expected_tensors(const mkmodel_spec *s, int64_t n_vocab, expect_tensor *out) {
+static size_t expected_tensors(const kp_mkmodel_spec *s, int64_t n_vocab, expect_tensor *out) {
     int64_t hd = s->head_dim ? s->head_dim : s->n_embd / s->n_head;
     int64_t E = s->n_embd, q = s->n_head * hd, kv = s->n_head_kv * hd, F = s->n_ff;
     size_t n = 0;
@@ -490,7 +490,7 @@ static size_t expected_tensors(const mkmodel_spec *s, int64_t n_vocab, expect_te
 }
 
 /* Metadata and tensor infos of a generated file against its spec. */
-static void check_structure(const gguf *g, const mkmodel_spec *s, const char *tok_src) {
+static void check_structure(const gguf *g, const kp_mkmodel_spec *s, const char *tok_src) {
     char key[128];
     const char *a = s->arch;
     uint32_t hd = s->head_dim ? s->head_dim : s->n_embd / s->n_head;
@@ -506,7 +506,7 @@ static void check_structure(const gguf *g, const mkmodel_spec *s, const char *to
     CHECK_EQ_INT(get_u32(g, K("rope.dimension_count")), hd);
     CHECK(get_f32(g, K("rope.freq_base")) == s->rope_base);
     CHECK(get_f32(g, K("attention.layer_norm_rms_epsilon")) == s->rms_eps);
-    bool has_kl = gguf_find(g, K("attention.key_length")) != NULL;
+    bool has_kl = kp_gguf_find(g, K("attention.key_length")) != NULL;
     bool want_kl = hd * s->n_head != s->n_embd || strcmp(a, "qwen3") == 0;
     CHECK_EQ_INT(has_kl, want_kl);
     if (want_kl) {
@@ -514,36 +514,36 @@ static void check_structure(const gguf *g, const mkmodel_spec *s, const char *to
         CHECK_EQ_INT(get_u32(g, K("attention.value_length")), hd);
     }
 #undef K
-    int ftype = mkmodel_file_type(s->wtype);
+    int ftype = kp_mkmodel_file_type(s->wtype);
     CHECK_EQ_INT(get_u32(g, "general.file_type"), ftype);
-    CHECK_EQ_INT(gguf_find(g, "general.quantization_version") != NULL, s->wtype != KP_DTYPE_F32);
+    CHECK_EQ_INT(kp_gguf_find(g, "general.quantization_version") != NULL, s->wtype != KP_DTYPE_F32);
     uint32_t align = s->alignment ? s->alignment : 32;
-    CHECK_EQ_INT(gguf_alignment(g), align);
-    CHECK_EQ_INT(gguf_find(g, "general.alignment") != NULL, align != 32);
+    CHECK_EQ_INT(kp_gguf_alignment(g), align);
+    CHECK_EQ_INT(kp_gguf_find(g, "general.alignment") != NULL, align != 32);
 
     /* tokenizer: every tokenizer.* key of the source, equal, and no other */
     gguf *src = NULL;
     kp_error err = {0};
-    CHECK_MSG(gguf_open(&src, harness_path(tok_src), &err) == KP_OK, "%s", err.msg);
+    CHECK_MSG(kp_gguf_open(&src, harness_path(tok_src), &err) == KP_OK, "%s", err.msg);
     size_t n_tok_keys = 0;
     int64_t n_vocab = 0;
     if (src) {
-        for (size_t i = 0; i < gguf_n_kv(src); i++) {
-            const gguf_kv *kv = gguf_kv_at(src, i);
+        for (size_t i = 0; i < kp_gguf_n_kv(src); i++) {
+            const kp_gguf_kv *kv = kp_gguf_kv_at(src, i);
             if (!key_has_prefix(kv->key, "tokenizer.")) continue;
             n_tok_keys++;
             char name[256];
             snprintf(name, sizeof name, "%.*s", (int)kv->key.len, kv->key.data);
-            const gguf_kv *mine = gguf_find(g, name);
+            const kp_gguf_kv *mine = kp_gguf_find(g, name);
             CHECK_MSG(mine && value_eq(&mine->value, &kv->value), "tokenizer key %s", name);
         }
-        const gguf_kv *tokens = gguf_find(src, "tokenizer.ggml.tokens");
+        const kp_gguf_kv *tokens = kp_gguf_find(src, "tokenizer.ggml.tokens");
         n_vocab = tokens ? (int64_t)tokens->value.v.arr.n : 0;
-        gguf_close(src);
+        kp_gguf_close(src);
     }
     size_t n_mine = 0;
-    for (size_t i = 0; i < gguf_n_kv(g); i++)
-        n_mine += key_has_prefix(gguf_kv_at(g, i)->key, "tokenizer.");
+    for (size_t i = 0; i < kp_gguf_n_kv(g); i++)
+        n_mine += key_has_prefix(kp_gguf_kv_at(g, i)->key, "tokenizer.");
     CHECK_EQ_INT(n_mine, n_tok_keys);
     CHECK(n_tok_keys >= 3);
     snprintf(key, sizeof key, "%s.vocab_size", a);
@@ -552,10 +552,10 @@ static void check_structure(const gguf *g, const mkmodel_spec *s, const char *to
     /* tensors */
     expect_tensor *exp = calloc(4 + 14 * s->n_layer, sizeof *exp);
     size_t n_exp = exp ? expected_tensors(s, n_vocab, exp) : 0;
-    CHECK_EQ_INT(gguf_n_tensors(g), n_exp);
-    CHECK_EQ_INT(gguf_data_offset(g) % align, 0);
+    CHECK_EQ_INT(kp_gguf_n_tensors(g), n_exp);
+    CHECK_EQ_INT(kp_gguf_data_offset(g) % align, 0);
     for (size_t i = 0; i < n_exp; i++) {
-        const gguf_tensor *t = gguf_find_tensor(g, exp[i].name);
+        const kp_gguf_tensor *t = kp_gguf_find_tensor(g, exp[i].name);
         CHECK_MSG(t != NULL, "missing %s", exp[i].name);
         if (!t) continue;
         uint32_t want_type = exp[i].is_weight ? (uint32_t)s->wtype : KP_DTYPE_F32;
@@ -566,17 +566,17 @@ static void check_structure(const gguf *g, const mkmodel_spec *s, const char *to
         int64_t rows = exp[i].ne1 ? exp[i].ne1 : 1;
         CHECK_EQ_INT(t->n_bytes, kp_dtype_row_size(want_type, exp[i].ne0) * (uint64_t)rows);
         CHECK_EQ_INT(t->offset % align, 0);
-        CHECK_EQ_INT(((uintptr_t)t->data - (uintptr_t)gguf_tensor_at(g, 0)->data) % align, 0);
+        CHECK_EQ_INT(((uintptr_t)t->data - (uintptr_t)kp_gguf_tensor_at(g, 0)->data) % align, 0);
     }
     free(exp);
 }
 
 /* Weight statistics of an F32 file: every matrix N(0, scale^2) with the
  * documented scale, norms 1 + 0.1 N, biases 0.5 N (pooled per kind). */
-static void check_f32_statistics(const gguf *g, const mkmodel_spec *s) {
+static void check_f32_statistics(const gguf *g, const kp_mkmodel_spec *s) {
     stats mat = {0}, norms = {0}, biases = {0}, embd = {0};
-    for (size_t i = 0; i < gguf_n_tensors(g); i++) {
-        const gguf_tensor *t = gguf_tensor_at(g, i);
+    for (size_t i = 0; i < kp_gguf_n_tensors(g); i++) {
+        const kp_gguf_tensor *t = kp_gguf_tensor_at(g, i);
         char name[64];
         snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.data);
         const float *x = t->data;
@@ -608,7 +608,7 @@ static void check_f32_statistics(const gguf *g, const mkmodel_spec *s) {
 
 /* Relative RMS difference between a tensor of `q` and the same tensor of the F32 file. */
 static double rel_rms_error(const gguf *f32, const gguf *q, const char *name) {
-    const gguf_tensor *a = gguf_find_tensor(f32, name), *b = gguf_find_tensor(q, name);
+    const kp_gguf_tensor *a = kp_gguf_find_tensor(f32, name), *b = kp_gguf_find_tensor(q, name);
     if (!a || !b || a->n_elements != b->n_elements) return INFINITY;
     float *y = tensor_floats(b);
     if (!y) return INFINITY;
@@ -643,14 +643,14 @@ static void test_all_archs_and_types(void) {
     static const struct { const char *preset, *tok; } cases[] = {
         {"tiny", STORIES}, {"qwen2-tiny", REF_QWEN2}, {"qwen3-tiny", STORIES}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        mkmodel_spec s = preset(cases[c].preset);
+        kp_mkmodel_spec s = preset(cases[c].preset);
         s.n_layer = 1;
         s.seed = 42 + c;
         char f32_path[64];
         if (!write_model(&s, cases[c].tok, f32_path)) continue;
         gguf *f32 = NULL;
         kp_error err = {0};
-        CHECK_MSG(gguf_open(&f32, f32_path, &err) == KP_OK, "%s", err.msg);
+        CHECK_MSG(kp_gguf_open(&f32, f32_path, &err) == KP_OK, "%s", err.msg);
         if (!f32) continue;
         check_structure(f32, &s, cases[c].tok);
         check_f32_statistics(f32, &s);
@@ -659,11 +659,11 @@ static void test_all_archs_and_types(void) {
             char path[64];
             if (!write_model(&s, cases[c].tok, path)) continue;
             gguf *g = NULL;
-            CHECK_MSG(gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
+            CHECK_MSG(kp_gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
             if (g) {
                 check_structure(g, &s, cases[c].tok);
-                for (size_t i = 0; i < gguf_n_tensors(g); i++) {
-                    const gguf_tensor *t = gguf_tensor_at(g, i);
+                for (size_t i = 0; i < kp_gguf_n_tensors(g); i++) {
+                    const kp_gguf_tensor *t = kp_gguf_tensor_at(g, i);
                     char name[64];
                     snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.data);
                     double e = rel_rms_error(f32, g, name);
@@ -677,11 +677,11 @@ static void test_all_archs_and_types(void) {
                                   err_bounds[k].hi);
                     }
                 }
-                gguf_close(g);
+                kp_gguf_close(g);
             }
             unlink(path);
         }
-        gguf_close(f32);
+        kp_gguf_close(f32);
         unlink(f32_path);
     }
 }
@@ -690,7 +690,7 @@ static void test_all_archs_and_types(void) {
  * a narrow, deep qwen2 gives enough values (~26K norm weights, ~38K biases)
  * to pin their scales to within ~3%. */
 static void test_vector_statistics(void) {
-    mkmodel_spec s = preset("qwen2-tiny");
+    kp_mkmodel_spec s = preset("qwen2-tiny");
     s.n_embd = 32;
     s.n_head = 1;
     s.n_head_kv = 1;
@@ -701,11 +701,11 @@ static void test_vector_statistics(void) {
     if (write_model(&s, STORIES, path)) {
         gguf *g = NULL;
         kp_error err = {0};
-        CHECK_MSG(gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
+        CHECK_MSG(kp_gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
         if (g) {
-            CHECK_EQ_INT(gguf_n_tensors(g), 2 + 12 * 400);
+            CHECK_EQ_INT(kp_gguf_n_tensors(g), 2 + 12 * 400);
             check_f32_statistics(g, &s);
-            gguf_close(g);
+            kp_gguf_close(g);
         }
     }
     unlink(path);
@@ -721,7 +721,7 @@ static bool files_equal(const char *a, const char *b) {
 }
 
 static void test_determinism(void) {
-    mkmodel_spec s = preset("tiny");
+    kp_mkmodel_spec s = preset("tiny");
     s.n_layer = 1;
     s.wtype = KP_DTYPE_Q8_0;
     s.seed = 7;
@@ -737,9 +737,9 @@ static void test_determinism(void) {
         char *a = harness_read_file(p1, &n1), *b = harness_read_file(p3, &n3);
         CHECK(a && b && n1 == n3);
         gguf *g = NULL;
-        if (a && b && gguf_open(&g, p1, NULL) == KP_OK) {
-            CHECK(memcmp(a, b, gguf_data_offset(g)) == 0);
-            gguf_close(g);
+        if (a && b && kp_gguf_open(&g, p1, NULL) == KP_OK) {
+            CHECK(memcmp(a, b, kp_gguf_data_offset(g)) == 0);
+            kp_gguf_close(g);
         }
         free(a);
         free(b);
@@ -751,7 +751,7 @@ static void test_determinism(void) {
 
 /* A non-default alignment: general.alignment is written and every offset honours it. */
 static void test_alignment(void) {
-    mkmodel_spec s = preset("qwen2-tiny");
+    kp_mkmodel_spec s = preset("qwen2-tiny");
     s.n_layer = 1;
     s.alignment = 256;
     s.wtype = KP_DTYPE_Q4_0;
@@ -759,11 +759,11 @@ static void test_alignment(void) {
     if (write_model(&s, STORIES, path)) {
         gguf *g = NULL;
         kp_error err = {0};
-        CHECK_MSG(gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
+        CHECK_MSG(kp_gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
         if (g) {
             CHECK_EQ_INT(get_u32(g, "general.alignment"), 256);
             check_structure(g, &s, STORIES);
-            gguf_close(g);
+            kp_gguf_close(g);
         }
     }
     unlink(path);
@@ -776,40 +776,40 @@ static void test_alignment(void) {
  * skip_tokenizer), and the tensor infos (name, dims, type) are the same;
  * with same_order also in the same order at the same offsets. Returns the
  * generated file's path (caller unlinks) or "" in *path. */
-static void compare_to_reference(const mkmodel_spec *s, const char *tok, const char *ref_path,
+static void compare_to_reference(const kp_mkmodel_spec *s, const char *tok, const char *ref_path,
                                  const char *const *only_mine, size_t n_only_mine,
                                  bool skip_tokenizer, bool same_order, char path[64]) {
     kp_error err = {0};
     gguf *ref = NULL, *g = NULL;
-    CHECK_MSG(gguf_open(&ref, harness_path(ref_path), &err) == KP_OK, "%s", err.msg);
+    CHECK_MSG(kp_gguf_open(&ref, harness_path(ref_path), &err) == KP_OK, "%s", err.msg);
     if (!write_model(s, tok, path)) path[0] = 0;
-    CHECK_MSG(!path[0] || gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
+    CHECK_MSG(!path[0] || kp_gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
     if (!ref || !g) goto out;
     check_structure(g, s, tok);
     size_t n_ref = 0, n_mine = 0;
-    for (size_t i = 0; i < gguf_n_kv(ref); i++) {
-        const gguf_kv *kv = gguf_kv_at(ref, i);
+    for (size_t i = 0; i < kp_gguf_n_kv(ref); i++) {
+        const kp_gguf_kv *kv = kp_gguf_kv_at(ref, i);
         if (skip_tokenizer && key_has_prefix(kv->key, "tokenizer.")) continue;
         n_ref++;
         char name[256];
         snprintf(name, sizeof name, "%.*s", (int)kv->key.len, kv->key.data);
-        const gguf_kv *mine = gguf_find(g, name);
+        const kp_gguf_kv *mine = kp_gguf_find(g, name);
         CHECK_MSG(mine && value_eq(&mine->value, &kv->value), "%s: reference key %s", ref_path,
                   name);
     }
-    for (size_t i = 0; i < gguf_n_kv(g); i++)
-        n_mine += !(skip_tokenizer && key_has_prefix(gguf_kv_at(g, i)->key, "tokenizer."));
+    for (size_t i = 0; i < kp_gguf_n_kv(g); i++)
+        n_mine += !(skip_tokenizer && key_has_prefix(kp_gguf_kv_at(g, i)->key, "tokenizer."));
     CHECK_MSG(n_mine == n_ref + n_only_mine, "%s: %zu keys, reference %zu + %zu", ref_path,
               n_mine, n_ref, n_only_mine);
     for (size_t i = 0; i < n_only_mine; i++)
-        CHECK_MSG(gguf_find(g, only_mine[i]) && !gguf_find(ref, only_mine[i]), "%s: key %s",
+        CHECK_MSG(kp_gguf_find(g, only_mine[i]) && !kp_gguf_find(ref, only_mine[i]), "%s: key %s",
                   ref_path, only_mine[i]);
-    CHECK_EQ_INT(gguf_n_tensors(g), gguf_n_tensors(ref));
-    for (size_t i = 0; i < gguf_n_tensors(ref); i++) {
-        const gguf_tensor *b = gguf_tensor_at(ref, i);
+    CHECK_EQ_INT(kp_gguf_n_tensors(g), kp_gguf_n_tensors(ref));
+    for (size_t i = 0; i < kp_gguf_n_tensors(ref); i++) {
+        const kp_gguf_tensor *b = kp_gguf_tensor_at(ref, i);
         char name[64];
         snprintf(name, sizeof name, "%.*s", (int)b->name.len, b->name.data);
-        const gguf_tensor *a = same_order ? gguf_tensor_at(g, i) : gguf_find_tensor(g, name);
+        const kp_gguf_tensor *a = same_order ? kp_gguf_tensor_at(g, i) : kp_gguf_find_tensor(g, name);
         CHECK_MSG(a && a->name.len == b->name.len &&
                       memcmp(a->name.data, b->name.data, a->name.len) == 0 &&
                       a->n_dims == b->n_dims && a->type == b->type &&
@@ -818,13 +818,13 @@ static void compare_to_reference(const mkmodel_spec *s, const char *tok, const c
                   "%s: tensor %zu %s", ref_path, i, name);
     }
 out:
-    gguf_close(g);
-    gguf_close(ref);
+    kp_gguf_close(g);
+    kp_gguf_close(ref);
 }
 
 /* The shipped reference models' specs (models/gen/README.md). */
 static void test_reference_models(void) {
-    mkmodel_spec s;
+    kp_mkmodel_spec s;
     memset(&s, 0, sizeof s);
     s.arch = "llama";
     s.n_layer = 4;
@@ -856,12 +856,12 @@ static void test_reference_models(void) {
         size_t n1 = 0, n2 = 0;
         char *a = harness_read_file(path, &n1), *b = harness_read_file(harness_path(REF_GQA), &n2);
         gguf *ref = NULL;
-        CHECK(gguf_open(&ref, harness_path(REF_GQA), NULL) == KP_OK);
+        CHECK(kp_gguf_open(&ref, harness_path(REF_GQA), NULL) == KP_OK);
         CHECK_EQ_INT(n1, n2);
-        CHECK_MSG(a && b && ref && n1 == n2 && memcmp(a, b, gguf_data_offset(ref)) == 0,
+        CHECK_MSG(a && b && ref && n1 == n2 && memcmp(a, b, kp_gguf_data_offset(ref)) == 0,
                   "headers differ");
         CHECK(a && b && n1 == n2 && memcmp(a, b, n1) != 0);
-        gguf_close(ref);
+        kp_gguf_close(ref);
         free(a);
         free(b);
         unlink(path);
@@ -900,69 +900,69 @@ static void test_refusals(void) {
     tmp_path(path);
     unlink(path);
     /* types mkmodel does not write: refused, nothing written, the report left empty */
-    mkmodel_spec s = preset("tiny");
+    kp_mkmodel_spec s = preset("tiny");
     const kp_dtype unwritable[] = {KP_DTYPE_Q2_K, KP_DTYPE_Q3_K, KP_DTYPE_Q8_K, KP_DTYPE_Q8_1,
                                    KP_DTYPE_IQ4_NL};
     for (size_t i = 0; i < sizeof unwritable / sizeof unwritable[0]; i++) {
         s.wtype = unwritable[i];
-        mkmodel_report rep;
+        kp_mkmodel_report rep;
         memset(&rep, 0xAB, sizeof rep); /* garbage in: overwritten, never freed */
-        CHECK_EQ_INT(mkmodel_write(&s, harness_path(STORIES), path, &rep, &err), KP_EUNSUPPORTED);
+        CHECK_EQ_INT(kp_mkmodel_write(&s, harness_path(STORIES), path, &rep, &err), KP_EUNSUPPORTED);
         CHECK_MSG(strstr(err.msg, kp_dtype_name(unwritable[i])) && strstr(err.msg, "Q5_K"), "%s", err.msg);
         CHECK(rep.n_weights == 0 && rep.n_fallback == 0 && rep.fallback == NULL);
         CHECK(!file_exists(path));
-        CHECK_EQ_INT(mkmodel_weight_type(unwritable[i], 256), KP_DTYPE_COUNT_);
+        CHECK_EQ_INT(kp_mkmodel_weight_type(unwritable[i], 256), KP_DTYPE_COUNT_);
     }
     s = preset("tiny");
     s.wtype = KP_DTYPE_F32;
     s.arch = "gpt2";
-    CHECK_EQ_INT(mkmodel_validate(&s, 512, &err), KP_EUNSUPPORTED);
+    CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_EUNSUPPORTED);
     s.arch = "llama";
     s.n_head_kv = 3;
-    CHECK_EQ_INT(mkmodel_validate(&s, 512, &err), KP_EINVAL);
+    CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_EINVAL);
     s.n_head_kv = 2;
     s.head_dim = 7;
-    CHECK_EQ_INT(mkmodel_validate(&s, 512, &err), KP_EINVAL);
+    CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_EINVAL);
     s.head_dim = 0;
     s.alignment = 24;
-    CHECK_EQ_INT(mkmodel_validate(&s, 512, &err), KP_EINVAL);
+    CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_EINVAL);
     s.alignment = 0;
-    CHECK_EQ_INT(mkmodel_validate(&s, 0, &err), KP_EINVAL);
-    CHECK_EQ_INT(mkmodel_validate(&s, 512, &err), KP_OK);
-    CHECK_EQ_INT(mkmodel_spec_preset("nope", &s, &err), KP_ENOTFOUND);
+    CHECK_EQ_INT(kp_mkmodel_validate(&s, 0, &err), KP_EINVAL);
+    CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_OK);
+    CHECK_EQ_INT(kp_mkmodel_spec_preset("nope", &s, &err), KP_ENOTFOUND);
     CHECK(!file_exists(path));
 
     /* unwritable outputs fail cleanly */
     s = preset("tiny");
     s.n_layer = 1;
-    CHECK_EQ_INT(mkmodel_write(&s, harness_path(STORIES), "/nonexistent-kvpin-dir/m.gguf", NULL, &err),
+    CHECK_EQ_INT(kp_mkmodel_write(&s, harness_path(STORIES), "/nonexistent-kvpin-dir/m.gguf", NULL, &err),
                  KP_EIO);
     CHECK(strstr(err.msg, "/nonexistent-kvpin-dir/m.gguf") != NULL);
     if (file_exists("/dev/full")) {
-        mkmodel_report rep;
+        kp_mkmodel_report rep;
         s.n_embd = 80; /* with fallbacks (to F16), which the failed write must not report */
         s.n_head = 2;
         s.n_head_kv = 1;
         s.wtype = KP_DTYPE_Q4_0;
-        CHECK_EQ_INT(mkmodel_write(&s, harness_path(STORIES), "/dev/full", &rep, &err), KP_EIO);
+        CHECK_EQ_INT(kp_mkmodel_write(&s, harness_path(STORIES), "/dev/full", &rep, &err), KP_EIO);
         CHECK_MSG(strstr(err.msg, "space") != NULL, "%s", err.msg);
         CHECK(rep.n_weights == 0 && rep.n_fallback == 0 && rep.fallback == NULL);
         s = preset("tiny");
         s.n_layer = 1;
     }
     /* a missing tokenizer file, and one without tokens */
-    CHECK_EQ_INT(mkmodel_write(&s, "/nonexistent-kvpin-dir/tok.gguf", path, NULL, &err), KP_EIO);
+    CHECK_EQ_INT(kp_mkmodel_write(&s, "/nonexistent-kvpin-dir/tok.gguf", path, NULL, &err), KP_EIO);
     CHECK(!file_exists(path));
     char notok[64];
     tmp_path(notok);
-    gguf_w *w = NULL;
-    if (gguf_w_new(&w, &err) == KP_OK) {
-        CHECK(gguf_w_add_str(w, "general.architecture", "llama", &err) == KP_OK);
-        CHECK(gguf_w_begin(w, notok, &err) == KP_OK);
-        CHECK(gguf_w_finish(w, &err) == KP_OK);
-        gguf_w_free(w);
+    kp_gguf_w *w = NULL;
+    if (kp_gguf_w_new(&w, &err) == KP_OK) {
+        CHECK(kp_gguf_w_add_str(w, "general.architecture", "llama", &err) == KP_OK);
+        CHECK(kp_gguf_w_begin(w, notok, &err) == KP_OK);
+        CHECK(kp_gguf_w_finish(w, &err) == KP_OK);
+        kp_gguf_w_free(w);
     }
-    CHECK_EQ_INT(mkmodel_write(&s, notok, path, NULL, &err), KP_EFORMAT);
+    CHECK_EQ_INT(kp_mkmodel_write(&s, notok, path, NULL, &err), KP_EFORMAT);
     CHECK(strstr(err.msg, "tokenizer.ggml.tokens") != NULL);
     CHECK(!file_exists(path));
     unlink(notok);
@@ -987,13 +987,13 @@ static void test_weight_type_rule(void) {
         {KP_DTYPE_BF16, KP_DTYPE_BF16, 7},    {KP_DTYPE_Q6_K, KP_DTYPE_Q6_K, 256},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        CHECK_MSG(mkmodel_weight_type(cases[i].t, cases[i].n) == cases[i].want, "%s rows of %lld: %s, want %s",
+        CHECK_MSG(kp_mkmodel_weight_type(cases[i].t, cases[i].n) == cases[i].want, "%s rows of %lld: %s, want %s",
                   kp_dtype_name(cases[i].t), (long long)cases[i].n,
-                  kp_dtype_name(mkmodel_weight_type(cases[i].t, cases[i].n)), kp_dtype_name(cases[i].want));
+                  kp_dtype_name(kp_mkmodel_weight_type(cases[i].t, cases[i].n)), kp_dtype_name(cases[i].want));
 }
 
 /* The specs of the models in llama-quantize.txt (tests/data/quant_more/README.md). */
-static bool ref_case_spec(const char *name, mkmodel_spec *s) {
+static bool ref_case_spec(const char *name, kp_mkmodel_spec *s) {
     if (strcmp(name, "smollm2-1l") == 0) {
         *s = preset("smollm2-135m");
         s->n_layer = 1;
@@ -1028,22 +1028,22 @@ static uint64_t fnv1a64(const void *data, uint64_t n) {
  * (FNV-1a of the data), and report exactly the tensors that fell back.
  */
 static void check_against_llama_quantize(const char *name, int ftype, char **lines, size_t n_lines) {
-    mkmodel_spec s;
+    kp_mkmodel_spec s;
     CHECK_MSG(ref_case_spec(name, &s), "unknown reference model %s", name);
     if (!ref_case_spec(name, &s)) return;
     s.wtype = KP_DTYPE_COUNT_;
     for (uint32_t t = 0; t < KP_DTYPE_COUNT_; t++)
-        if (kp_dtype_get(t) && mkmodel_file_type((kp_dtype)t) == ftype) s.wtype = (kp_dtype)t;
+        if (kp_dtype_get(t) && kp_mkmodel_file_type((kp_dtype)t) == ftype) s.wtype = (kp_dtype)t;
     CHECK_MSG(s.wtype != KP_DTYPE_COUNT_, "ftype %d", ftype);
     if (s.wtype == KP_DTYPE_COUNT_) return;
     char path[64];
     tmp_path(path);
     kp_error err = {0};
-    mkmodel_report rep;
-    kp_status st = mkmodel_write(&s, harness_path(STORIES), path, &rep, &err);
+    kp_mkmodel_report rep;
+    kp_status st = kp_mkmodel_write(&s, harness_path(STORIES), path, &rep, &err);
     CHECK_MSG(st == KP_OK, "%s %s: %s", name, kp_dtype_name(s.wtype), err.msg);
     gguf *g = NULL;
-    if (st == KP_OK) CHECK_MSG(gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
+    if (st == KP_OK) CHECK_MSG(kp_gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
     if (!g) {
         unlink(path);
         return;
@@ -1066,7 +1066,7 @@ static void check_against_llama_quantize(const char *name, int ftype, char **lin
         n_tensors++;
         const bool fell_back = strcasecmp(ttype, kp_dtype_name(s.wtype)) != 0 && strcasecmp(ttype, "f32") != 0;
         n_ref_fallback += fell_back;
-        const gguf_tensor *t = gguf_find_tensor(g, tname);
+        const kp_gguf_tensor *t = kp_gguf_find_tensor(g, tname);
         char mine[32] = "";
         if (t) snprintf(mine, sizeof mine, "%016llx", (unsigned long long)fnv1a64(t->data, t->n_bytes));
         const bool ok = t && strcasecmp(kp_dtype_name(t->type), ttype) == 0 && t->n_bytes == bytes &&
@@ -1086,14 +1086,14 @@ static void check_against_llama_quantize(const char *name, int ftype, char **lin
     }
     CHECK_MSG(bad == 0, "%s ftype %d: %d tensors differ from llama-quantize's%s", name, ftype, bad,
               ftype == 0 ? " (the F32 source: mkmodel's weights changed; rerun tests/data/quant_more/make.sh)" : "");
-    CHECK_EQ_INT(gguf_n_tensors(g), n_tensors);
+    CHECK_EQ_INT(kp_gguf_n_tensors(g), n_tensors);
     CHECK_EQ_INT(rep.n_fallback, n_ref_fallback);
     CHECK_EQ_INT(rep.n_weights, 7 * s.n_layer + 1 + !s.tied);
     printf("mkmodel: %s as %s: %zu tensors, %d equal to llama-quantize's, %zu fell back\n", name,
            kp_dtype_name(s.wtype), n_tensors, (int)n_tensors - bad, rep.n_fallback);
-    mkmodel_report_clear(&rep);
+    kp_mkmodel_report_clear(&rep);
     CHECK(rep.fallback == NULL && rep.n_fallback == 0);
-    gguf_close(g);
+    kp_gguf_close(g);
     unlink(path);
 }
 
@@ -1132,7 +1132,7 @@ static void test_matches_llama_quantize(void) {
  * writes it: the 576-wide weights fall back to Q5_0, ffn_down (rows of 1536) stays
  * Q4_K, general.file_type says Q4_K_M, and the report lists the fallbacks. */
 static void test_smollm2_q4_k(void) {
-    mkmodel_spec s = preset("smollm2-135m");
+    kp_mkmodel_spec s = preset("smollm2-135m");
     CHECK_EQ_INT(s.n_layer, 30);
     CHECK_EQ_INT(s.n_embd, 576);
     CHECK(s.tied);
@@ -1141,8 +1141,8 @@ static void test_smollm2_q4_k(void) {
     char path[64];
     tmp_path(path);
     kp_error err = {0};
-    mkmodel_report rep;
-    CHECK_MSG(mkmodel_write(&s, harness_path(STORIES), path, &rep, &err) == KP_OK, "%s", err.msg);
+    kp_mkmodel_report rep;
+    CHECK_MSG(kp_mkmodel_write(&s, harness_path(STORIES), path, &rep, &err) == KP_OK, "%s", err.msg);
     CHECK_EQ_INT(rep.n_weights, 1 + 7 * 2);
     CHECK_EQ_INT(rep.n_fallback, 1 + 6 * 2);
     for (size_t i = 0; i < rep.n_fallback; i++) {
@@ -1152,23 +1152,23 @@ static void test_smollm2_q4_k(void) {
     }
     CHECK(rep.n_fallback > 0 && strcmp(rep.fallback[0].tensor, "token_embd.weight") == 0);
     gguf *g = NULL;
-    CHECK_MSG(gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
+    CHECK_MSG(kp_gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
     if (g) {
         CHECK_EQ_INT(get_u32(g, "general.file_type"), 15);
-        for (size_t i = 0; i < gguf_n_tensors(g); i++) {
-            const gguf_tensor *t = gguf_tensor_at(g, i);
+        for (size_t i = 0; i < kp_gguf_n_tensors(g); i++) {
+            const kp_gguf_tensor *t = kp_gguf_tensor_at(g, i);
             const uint32_t want = t->n_dims == 1 ? KP_DTYPE_F32 : t->ne[0] == 576 ? KP_DTYPE_Q5_0 : KP_DTYPE_Q4_K;
             CHECK_MSG(t->type == want, "%.*s: %s", (int)t->name.len, t->name.data, kp_dtype_name(t->type));
         }
-        gguf_close(g);
+        kp_gguf_close(g);
     }
-    mkmodel_report_clear(&rep);
-    mkmodel_report_clear(NULL);
+    kp_mkmodel_report_clear(&rep);
+    kp_mkmodel_report_clear(NULL);
     unlink(path);
 }
 
 static void test_presets(void) {
-    mkmodel_spec s = preset("qwen3-tiny");
+    kp_mkmodel_spec s = preset("qwen3-tiny");
     CHECK_EQ_STR(s.arch, "qwen3");
     CHECK_EQ_INT(s.head_dim, 128);
     CHECK(s.head_dim * s.n_head != s.n_embd);
@@ -1181,13 +1181,13 @@ static void test_presets(void) {
     CHECK(s.n_head == 9 && s.n_head_kv == 3 && s.n_ff == 1536 && s.n_ctx == 8192);
     CHECK(s.rope_base == 100000.0f && s.rms_eps == 1e-5f);
     /* llama_ftype values (llama.h) */
-    CHECK_EQ_INT(mkmodel_file_type(KP_DTYPE_Q4_K), 15);
-    CHECK_EQ_INT(mkmodel_file_type(KP_DTYPE_Q5_K), 17);
-    CHECK_EQ_INT(mkmodel_file_type(KP_DTYPE_Q4_1), 3);
-    CHECK_EQ_INT(mkmodel_file_type(KP_DTYPE_Q5_0), 8);
-    CHECK_EQ_INT(mkmodel_file_type(KP_DTYPE_Q5_1), 9);
-    CHECK_EQ_INT(mkmodel_file_type(KP_DTYPE_BF16), 32);
-    CHECK_EQ_INT(mkmodel_file_type(KP_DTYPE_Q2_K), -1);
+    CHECK_EQ_INT(kp_mkmodel_file_type(KP_DTYPE_Q4_K), 15);
+    CHECK_EQ_INT(kp_mkmodel_file_type(KP_DTYPE_Q5_K), 17);
+    CHECK_EQ_INT(kp_mkmodel_file_type(KP_DTYPE_Q4_1), 3);
+    CHECK_EQ_INT(kp_mkmodel_file_type(KP_DTYPE_Q5_0), 8);
+    CHECK_EQ_INT(kp_mkmodel_file_type(KP_DTYPE_Q5_1), 9);
+    CHECK_EQ_INT(kp_mkmodel_file_type(KP_DTYPE_BF16), 32);
+    CHECK_EQ_INT(kp_mkmodel_file_type(KP_DTYPE_Q2_K), -1);
 }
 
 int main(void) {

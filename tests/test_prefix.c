@@ -68,7 +68,7 @@ static bool table_ok(const kp_kvpool *pool, const int32_t *blocks, const int32_t
 
 typedef struct {
     kp_kvpool *pool;
-    pfx_index *idx;
+    kp_pfx_index *idx;
     uint32_t B;
     int64_t now;
 } bench;
@@ -84,15 +84,15 @@ static void bench_init(bench *t, uint32_t B, uint32_t n_blocks, uint32_t pinned_
         fprintf(stderr, "pool: %s\n", err.msg);
         exit(1);
     }
-    pfx_config pc = {(uint64_t)pinned_cap_blocks * kp_kvpool_block_bytes(t->pool), record};
-    if (pfx_new(&t->idx, t->pool, &pc, &err) != KP_OK) {
+    kp_pfx_config pc = {(uint64_t)pinned_cap_blocks * kp_kvpool_block_bytes(t->pool), record};
+    if (kp_pfx_new(&t->idx, t->pool, &pc, &err) != KP_OK) {
         fprintf(stderr, "index: %s\n", err.msg);
         exit(1);
     }
 }
 
 static void bench_done(bench *t) {
-    pfx_free(t->idx);
+    kp_pfx_free(t->idx);
     /* with every sequence released, the index held every used block */
     CHECK_EQ_INT(kp_kvpool_n_free(t->pool), kp_kvpool_n_blocks(t->pool));
     kp_kvpool_free(t->pool);
@@ -104,7 +104,7 @@ static kp_status compute(bench *t, kp_kvseq *s, const int32_t *tokens, uint32_t 
     kp_status st = kp_kvseq_reserve(s, t->pool, n, NULL);
     if (st == KP_EFULL) {
         uint32_t need = (n + t->B - 1) / t->B - s->n_blocks;
-        pfx_evict(t->idx, (uint64_t)need * kp_kvpool_block_bytes(t->pool), t->now);
+        kp_pfx_evict(t->idx, (uint64_t)need * kp_kvpool_block_bytes(t->pool), t->now);
         st = kp_kvseq_reserve(s, t->pool, n, NULL);
     }
     if (st != KP_OK) return st;
@@ -114,26 +114,26 @@ static kp_status compute(bench *t, kp_kvseq *s, const int32_t *tokens, uint32_t 
 }
 
 /* A request: reuse what is cached (if reuse), compute the rest. */
-static void prompt(bench *t, const int32_t *tokens, uint32_t n, bool reuse, kp_kvseq *s, pfx_lease *lease) {
+static void prompt(bench *t, const int32_t *tokens, uint32_t n, bool reuse, kp_kvseq *s, kp_pfx_lease *lease) {
     memset(s, 0, sizeof *s);
-    pfx_match_result m;
-    pfx_match(t->idx, tokens, n, &m);
+    kp_pfx_match_result m;
+    kp_pfx_match(t->idx, tokens, n, &m);
     kp_error err = {0};
-    if (reuse) CHECK_MSG(pfx_acquire(t->idx, tokens, m.n_reuse, s, lease, &err) == KP_OK, "%s", err.msg);
+    if (reuse) CHECK_MSG(kp_pfx_acquire(t->idx, tokens, m.n_reuse, s, lease, &err) == KP_OK, "%s", err.msg);
     CHECK(compute(t, s, tokens, n) == KP_OK);
 }
 
 /* Computes tokens from scratch (or reusing the cache) and indexes them. */
 static void add(bench *t, const int32_t *tokens, uint32_t n, bool reuse) {
     kp_kvseq s;
-    pfx_lease lease = {0};
+    kp_pfx_lease lease = {0};
     prompt(t, tokens, n, reuse, &s, &lease);
-    CHECK(pfx_insert(t->idx, tokens, n, &s, NULL, NULL, NULL) == KP_OK);
-    pfx_release(t->idx, &lease);
+    CHECK(kp_pfx_insert(t->idx, tokens, n, &s, NULL, NULL, NULL) == KP_OK);
+    kp_pfx_release(t->idx, &lease);
     kp_kvseq_release(&s, t->pool);
 }
 
-/* pfx_walk collectors */
+/* kp_pfx_walk collectors */
 typedef struct {
     uint32_t n;
     uint32_t start[64], end[64], n_blocks[64], first_block[64], holders[64];
@@ -141,7 +141,7 @@ typedef struct {
     int32_t blocks[64][8];
 } nodes_seen;
 
-static int collect(const pfx_node_info *ni, void *ctx) {
+static int collect(const kp_pfx_node_info *ni, void *ctx) {
     nodes_seen *s = ctx;
     if (s->n < 64) {
         s->start[s->n] = ni->start;
@@ -163,7 +163,7 @@ typedef struct {
 } rows_ctx;
 
 /* (V): every row a node relies on carries the fingerprint of its path. */
-static int check_node_rows(const pfx_node_info *ni, void *ctx) {
+static int check_node_rows(const kp_pfx_node_info *ni, void *ctx) {
     rows_ctx *c = ctx;
     for (uint32_t j = 0; j < ni->n_blocks; j++) {
         uint32_t i = ni->first_block + j, lo = i * c->B, hi = (i + 1) * c->B;
@@ -176,13 +176,13 @@ static int check_node_rows(const pfx_node_info *ni, void *ctx) {
 
 static uint32_t bad_rows(bench *t) {
     rows_ctx c = {t->pool, t->B, 0};
-    CHECK(pfx_walk(t->idx, check_node_rows, &c, NULL) == KP_OK);
+    CHECK(kp_pfx_walk(t->idx, check_node_rows, &c, NULL) == KP_OK);
     return c.bad;
 }
 
 static void check_ok(bench *t) {
     kp_error err = {0};
-    CHECK_MSG(pfx_check(t->idx, &err) == KP_OK, "%s", err.msg);
+    CHECK_MSG(kp_pfx_check(t->idx, &err) == KP_OK, "%s", err.msg);
     CHECK_EQ_INT(bad_rows(t), 0);
 }
 
@@ -196,11 +196,11 @@ static void test_split(void) {
     const int32_t a[] = {1, 2, 3, 4}, b[] = {1, 2, 9};
     add(&t, a, 4, true);
     nodes_seen s = {0};
-    pfx_walk(t.idx, collect, &s, NULL);
+    kp_pfx_walk(t.idx, collect, &s, NULL);
     CHECK_EQ_INT(s.n, 1);
     add(&t, b, 3, true);
     memset(&s, 0, sizeof s);
-    pfx_walk(t.idx, collect, &s, NULL);
+    kp_pfx_walk(t.idx, collect, &s, NULL);
     /* preorder, children in token order: [1 2], [3 4], [9] */
     CHECK_EQ_INT(s.n, 3);
     CHECK(s.start[0] == 0 && s.end[0] == 2 && s.run[0][0] == 1 && s.run[0][1] == 2);
@@ -211,40 +211,40 @@ static void test_split(void) {
     CHECK(s.n_blocks[0] == 1 && s.n_blocks[1] == 1 && s.n_blocks[2] == 1);
     check_ok(&t);
     /* [1 2] and [3 4] share block X (two index refs); [9] has the copy X' */
-    pfx_stats st;
-    pfx_get_stats(t.idx, &st);
+    kp_pfx_stats st;
+    kp_pfx_get_stats(t.idx, &st);
     CHECK_EQ_INT(st.index_bytes, blocks_bytes(&t, 2));
     CHECK_EQ_INT(st.used_bytes, blocks_bytes(&t, 2));
     CHECK_EQ_INT(st.n_nodes, 3);
     CHECK_EQ_INT(st.n_leaves, 2);
     CHECK_EQ_INT(st.cached_tokens, 5);
 
-    pfx_match_result m;
-    pfx_match(t.idx, a, 4, &m);
+    kp_pfx_match_result m;
+    kp_pfx_match(t.idx, a, 4, &m);
     CHECK(m.n_match == 4 && m.n_reuse == 3); /* full hit: recompute the last position */
     const int32_t q1[] = {1, 2, 9, 9};
-    pfx_match(t.idx, q1, 4, &m);
+    kp_pfx_match(t.idx, q1, 4, &m);
     CHECK(m.n_match == 3 && m.n_reuse == 3 && m.edge_start == 2 && m.edge_end == 3);
     CHECK(m.n_continuations == 0 && m.cached_next == -1 && !m.evicted);
     const int32_t q2[] = {1, 5};
-    pfx_match(t.idx, q2, 2, &m);
+    kp_pfx_match(t.idx, q2, 2, &m);
     CHECK(m.n_match == 1 && m.edge_start == 0 && m.edge_end == 2 && m.cached_next == 2);
     const int32_t q3[] = {1, 2, 7};
-    pfx_match(t.idx, q3, 3, &m);
+    kp_pfx_match(t.idx, q3, 3, &m);
     CHECK(m.n_match == 2 && m.n_continuations == 2 && m.cached_next == -1);
     const int32_t q4[] = {7};
-    pfx_match(t.idx, q4, 1, &m);
+    kp_pfx_match(t.idx, q4, 1, &m);
     CHECK(m.n_match == 0 && m.n_reuse == 0 && m.edge_end == 0 && m.n_continuations == 1 && m.cached_next == 1);
 
     /* the same tokens again (or a prefix of them) add nothing */
     kp_kvseq sq;
     prompt(&t, a, 4, false, &sq, NULL);
     uint32_t added = 99;
-    CHECK(pfx_insert(t.idx, a, 4, &sq, NULL, &added, NULL) == KP_OK && added == 0);
-    CHECK(pfx_insert(t.idx, a, 2, &sq, NULL, &added, NULL) == KP_OK && added == 0);
-    CHECK(pfx_insert(t.idx, a, 3, &sq, NULL, &added, NULL) == KP_OK && added == 0);
+    CHECK(kp_pfx_insert(t.idx, a, 4, &sq, NULL, &added, NULL) == KP_OK && added == 0);
+    CHECK(kp_pfx_insert(t.idx, a, 2, &sq, NULL, &added, NULL) == KP_OK && added == 0);
+    CHECK(kp_pfx_insert(t.idx, a, 3, &sq, NULL, &added, NULL) == KP_OK && added == 0);
     kp_kvseq_release(&sq, t.pool);
-    pfx_get_stats(t.idx, &st);
+    kp_pfx_get_stats(t.idx, &st);
     CHECK_EQ_INT(st.n_nodes, 3);
     CHECK_EQ_INT(st.index_bytes, blocks_bytes(&t, 2));
     check_ok(&t);
@@ -259,19 +259,19 @@ static void test_unaligned_reuse_and_cow(void) {
     const int32_t b[] = {5, 6, 7, 8, 9, 10, 11, 40, 41};
     add(&t, a, 10, false);
     nodes_seen s = {0};
-    pfx_walk(t.idx, collect, &s, NULL);
+    kp_pfx_walk(t.idx, collect, &s, NULL);
     CHECK(s.n == 1 && s.n_blocks[0] == 3);
 
-    pfx_match_result m;
-    pfx_match(t.idx, b, 9, &m);
+    kp_pfx_match_result m;
+    kp_pfx_match(t.idx, b, 9, &m);
     CHECK_EQ_INT(m.n_match, 7);
     CHECK_EQ_INT(m.cached_next, 12);
     nodes_seen before = {0};
-    pfx_walk(t.idx, collect, &before, NULL); /* the index's own blocks of a */
+    kp_pfx_walk(t.idx, collect, &before, NULL); /* the index's own blocks of a */
     kp_kvseq seq = {0};
-    pfx_lease lease = {0};
+    kp_pfx_lease lease = {0};
     kp_error err = {0};
-    CHECK_MSG(pfx_acquire(t.idx, b, m.n_reuse, &seq, &lease, &err) == KP_OK, "%s", err.msg);
+    CHECK_MSG(kp_pfx_acquire(t.idx, b, m.n_reuse, &seq, &lease, &err) == KP_OK, "%s", err.msg);
     CHECK_EQ_INT(seq.n_pos, 7);
     CHECK_EQ_INT(seq.n_blocks, 2);
     /* block 0 is shared (whole, never written); block 1 is a private copy */
@@ -280,8 +280,8 @@ static void test_unaligned_reuse_and_cow(void) {
     CHECK_EQ_INT(kp_kvpool_refcount(t.pool, seq.blocks[0]), 2);
     CHECK_EQ_INT(kp_kvpool_refcount(t.pool, seq.blocks[1]), 1);
     CHECK_EQ_INT(kp_kvpool_refcount(t.pool, before.blocks[0][1]), 1); /* the index's only */
-    pfx_stats st;
-    pfx_get_stats(t.idx, &st);
+    kp_pfx_stats st;
+    kp_pfx_get_stats(t.idx, &st);
     CHECK_EQ_INT(st.shared_bytes, blocks_bytes(&t, 1));
     CHECK_EQ_INT(st.saved_bytes, blocks_bytes(&t, 1));
     CHECK_EQ_INT(st.used_bytes, blocks_bytes(&t, 4));
@@ -291,28 +291,28 @@ static void test_unaligned_reuse_and_cow(void) {
     CHECK(table_ok(t.pool, seq.blocks, b, 9, 4));
     check_ok(&t);
     uint32_t added = 0;
-    CHECK(pfx_insert(t.idx, b, 9, &seq, &lease, &added, NULL) == KP_OK);
+    CHECK(kp_pfx_insert(t.idx, b, 9, &seq, &lease, &added, NULL) == KP_OK);
     CHECK_EQ_INT(added, 2);
     memset(&s, 0, sizeof s);
-    pfx_walk(t.idx, collect, &s, NULL);
+    kp_pfx_walk(t.idx, collect, &s, NULL);
     CHECK_EQ_INT(s.n, 3); /* [5..11] 0..7, [12 13 14] 7..10, [40 41] 7..9 */
     CHECK(s.end[0] == 7 && s.start[1] == 7 && s.end[1] == 10 && s.start[2] == 7 && s.end[2] == 9);
     CHECK(s.holders[0] == 1 && s.holders[1] == 0 && s.holders[2] == 1); /* the lease moved to b's leaf */
     check_ok(&t);
-    pfx_release(t.idx, &lease);
+    kp_pfx_release(t.idx, &lease);
     kp_kvseq_release(&seq, t.pool);
 
     /* a reuse that ends on a block boundary copies nothing */
-    pfx_acquire(t.idx, a, 8, &seq, NULL, NULL);
+    kp_pfx_acquire(t.idx, a, 8, &seq, NULL, NULL);
     CHECK(seq.n_pos == 8 && seq.n_blocks == 2);
     CHECK(kp_kvpool_refcount(t.pool, seq.blocks[0]) >= 2 && kp_kvpool_refcount(t.pool, seq.blocks[1]) >= 2);
     CHECK(table_ok(t.pool, seq.blocks, a, 8, 4));
     kp_kvseq_release(&seq, t.pool);
 
     /* a full hit: n_reuse = n - 1, the last position lands in a private copy */
-    pfx_match(t.idx, a, 10, &m);
+    kp_pfx_match(t.idx, a, 10, &m);
     CHECK(m.n_match == 10 && m.n_reuse == 9);
-    pfx_acquire(t.idx, a, m.n_reuse, &seq, NULL, NULL);
+    kp_pfx_acquire(t.idx, a, m.n_reuse, &seq, NULL, NULL);
     CHECK(seq.n_pos == 9 && seq.n_blocks == 3 && kp_kvpool_refcount(t.pool, seq.blocks[2]) == 1);
     put_row(t.pool, seq.blocks[2], 1, 0xdeadull); /* recompute position 9 into the copy */
     check_ok(&t); /* the index's row 9 is untouched */
@@ -327,15 +327,15 @@ static void test_block_size_one(void) {
     const int32_t a[] = {1, 2, 3, 4, 5}, b[] = {1, 2, 3, 9, 9, 9};
     add(&t, a, 5, true);
     kp_kvseq seq;
-    pfx_lease lease = {0};
+    kp_pfx_lease lease = {0};
     prompt(&t, b, 6, true, &seq, &lease);
     CHECK(seq.n_pos == 6);
     for (uint32_t i = 0; i < 3; i++) CHECK_EQ_INT(kp_kvpool_refcount(t.pool, seq.blocks[i]), 2);
-    CHECK(pfx_insert(t.idx, b, 6, &seq, NULL, NULL, NULL) == KP_OK);
-    pfx_release(t.idx, &lease);
+    CHECK(kp_pfx_insert(t.idx, b, 6, &seq, NULL, NULL, NULL) == KP_OK);
+    kp_pfx_release(t.idx, &lease);
     kp_kvseq_release(&seq, t.pool);
-    pfx_stats st;
-    pfx_get_stats(t.idx, &st);
+    kp_pfx_stats st;
+    kp_pfx_get_stats(t.idx, &st);
     CHECK_EQ_INT(st.index_bytes, blocks_bytes(&t, 8)); /* 3 shared + 2 + 3 */
     check_ok(&t);
     bench_done(&t);
@@ -348,26 +348,26 @@ static void test_lease_and_extend(void) {
     int32_t tok[16];
     for (int i = 0; i < 16; i++) tok[i] = 100 + i;
     kp_kvseq seq;
-    pfx_lease lease = {0};
+    kp_pfx_lease lease = {0};
     prompt(&t, tok, 5, true, &seq, &lease);
     uint32_t added = 0;
-    CHECK(pfx_insert(t.idx, tok, 5, &seq, &lease, &added, NULL) == KP_OK && added == 5);
+    CHECK(kp_pfx_insert(t.idx, tok, 5, &seq, &lease, &added, NULL) == KP_OK && added == 5);
     for (uint32_t n = 6; n <= 16; n++) {
         CHECK(compute(&t, &seq, tok, n) == KP_OK);
-        CHECK(pfx_insert(t.idx, tok, n, &seq, &lease, &added, NULL) == KP_OK && added == 1);
+        CHECK(kp_pfx_insert(t.idx, tok, n, &seq, &lease, &added, NULL) == KP_OK && added == 1);
     }
-    pfx_stats st;
-    pfx_get_stats(t.idx, &st);
+    kp_pfx_stats st;
+    kp_pfx_get_stats(t.idx, &st);
     CHECK_EQ_INT(st.n_nodes, 1);
     CHECK_EQ_INT(st.n_leases, 1);
     CHECK_EQ_INT(st.index_bytes, blocks_bytes(&t, 4));
     CHECK_EQ_INT(st.shared_bytes, blocks_bytes(&t, 4));
     check_ok(&t);
     /* held: nothing to evict */
-    CHECK_EQ_INT(pfx_evict(t.idx, blocks_bytes(&t, 100), t.now), 0);
-    pfx_release(t.idx, &lease);
-    CHECK_EQ_INT(pfx_evict(t.idx, blocks_bytes(&t, 100), t.now), 0); /* the sequence still uses them */
-    pfx_get_stats(t.idx, &st);
+    CHECK_EQ_INT(kp_pfx_evict(t.idx, blocks_bytes(&t, 100), t.now), 0);
+    kp_pfx_release(t.idx, &lease);
+    CHECK_EQ_INT(kp_pfx_evict(t.idx, blocks_bytes(&t, 100), t.now), 0); /* the sequence still uses them */
+    kp_pfx_get_stats(t.idx, &st);
     CHECK_EQ_INT(st.n_nodes, 0);
     CHECK_EQ_INT(st.n_evictions, 1);
     kp_kvseq_release(&seq, t.pool);
@@ -383,54 +383,54 @@ static void test_pins(void) {
     add(&t, b, 8, false);
     kp_error err = {0};
     uint64_t id1 = 0, id2 = 0, id3 = 0;
-    CHECK_MSG(pfx_pin(t.idx, a, 8, 10, t.now, &id1, &err) == KP_OK, "%s", err.msg);
+    CHECK_MSG(kp_pfx_pin(t.idx, a, 8, 10, t.now, &id1, &err) == KP_OK, "%s", err.msg);
     CHECK(id1 != 0);
     /* a third block would pass the cap of two */
-    CHECK(pfx_pin(t.idx, b, 4, 0, t.now, &id2, &err) == KP_EFULL);
+    CHECK(kp_pfx_pin(t.idx, b, 4, 0, t.now, &id2, &err) == KP_EFULL);
     CHECK(id2 == 0);
     check_ok(&t);
     /* pinning inside a pinned path costs nothing more; it splits the run at 5 */
-    CHECK(pfx_pin(t.idx, a, 5, 0, t.now, &id3, &err) == KP_OK);
+    CHECK(kp_pfx_pin(t.idx, a, 5, 0, t.now, &id3, &err) == KP_OK);
     nodes_seen s = {0};
-    pfx_walk(t.idx, collect, &s, NULL);
+    kp_pfx_walk(t.idx, collect, &s, NULL);
     CHECK(s.n == 3 && s.end[0] == 5 && s.start[1] == 5 && s.end[1] == 8);
     const int32_t c[] = {1, 1, 7};
-    CHECK(pfx_pin(t.idx, c, 3, 0, t.now, &id2, &err) == KP_ENOTFOUND);
-    CHECK(pfx_pin(t.idx, a, 0, 0, t.now, &id2, &err) == KP_EINVAL);
-    CHECK(pfx_pin(t.idx, a, 2, -1, t.now, &id2, &err) == KP_EINVAL);
-    pfx_stats st;
-    pfx_get_stats(t.idx, &st);
+    CHECK(kp_pfx_pin(t.idx, c, 3, 0, t.now, &id2, &err) == KP_ENOTFOUND);
+    CHECK(kp_pfx_pin(t.idx, a, 0, 0, t.now, &id2, &err) == KP_EINVAL);
+    CHECK(kp_pfx_pin(t.idx, a, 2, -1, t.now, &id2, &err) == KP_EINVAL);
+    kp_pfx_stats st;
+    kp_pfx_get_stats(t.idx, &st);
     CHECK_EQ_INT(st.pinned_bytes, blocks_bytes(&t, 2));
     CHECK_EQ_INT(st.n_pins, 2);
     check_ok(&t);
 
     /* evict everything possible: b goes, a stays */
-    pfx_evict(t.idx, blocks_bytes(&t, 100), t.now + 5);
-    pfx_match_result m;
-    pfx_match(t.idx, a, 8, &m);
+    kp_pfx_evict(t.idx, blocks_bytes(&t, 100), t.now + 5);
+    kp_pfx_match_result m;
+    kp_pfx_match(t.idx, a, 8, &m);
     CHECK_EQ_INT(m.n_match, 8);
-    pfx_match(t.idx, b, 8, &m);
+    kp_pfx_match(t.idx, b, 8, &m);
     CHECK_EQ_INT(m.n_match, 0);
     /* at now + 10 the ttl pin expires; the 5-token pin has no ttl */
-    CHECK_EQ_INT(pfx_expire(t.idx, t.now + 9), 0);
-    pfx_evict(t.idx, blocks_bytes(&t, 100), t.now + 10);
-    pfx_match(t.idx, a, 8, &m);
+    CHECK_EQ_INT(kp_pfx_expire(t.idx, t.now + 9), 0);
+    kp_pfx_evict(t.idx, blocks_bytes(&t, 100), t.now + 10);
+    kp_pfx_match(t.idx, a, 8, &m);
     CHECK_EQ_INT(m.n_match, 5);
-    CHECK(pfx_unpin(t.idx, id1, &err) == KP_ENOTFOUND); /* expired */
-    CHECK(pfx_unpin(t.idx, id3, &err) == KP_OK);
-    CHECK(pfx_unpin(t.idx, id3, &err) == KP_ENOTFOUND);
-    pfx_get_stats(t.idx, &st);
+    CHECK(kp_pfx_unpin(t.idx, id1, &err) == KP_ENOTFOUND); /* expired */
+    CHECK(kp_pfx_unpin(t.idx, id3, &err) == KP_OK);
+    CHECK(kp_pfx_unpin(t.idx, id3, &err) == KP_ENOTFOUND);
+    kp_pfx_get_stats(t.idx, &st);
     CHECK_EQ_INT(st.pinned_bytes, 0);
     check_ok(&t);
-    pfx_evict(t.idx, blocks_bytes(&t, 100), t.now + 10);
-    pfx_match(t.idx, a, 8, &m);
+    kp_pfx_evict(t.idx, blocks_bytes(&t, 100), t.now + 10);
+    kp_pfx_match(t.idx, a, 8, &m);
     CHECK_EQ_INT(m.n_match, 0);
     /* a cap of zero refuses every pin */
-    pfx_free(t.idx);
-    pfx_config zero = {0, 0};
-    CHECK(pfx_new(&t.idx, t.pool, &zero, NULL) == KP_OK);
+    kp_pfx_free(t.idx);
+    kp_pfx_config zero = {0, 0};
+    CHECK(kp_pfx_new(&t.idx, t.pool, &zero, NULL) == KP_OK);
     add(&t, a, 8, false);
-    CHECK(pfx_pin(t.idx, a, 1, 0, t.now, &id2, &err) == KP_EFULL);
+    CHECK(kp_pfx_pin(t.idx, a, 1, 0, t.now, &id2, &err) == KP_EFULL);
     check_ok(&t);
     bench_done(&t);
 }
@@ -444,28 +444,28 @@ static void test_eviction_order(void) {
     add(&t, p3, 5, false);
     /* a running sequence holds p1 (and makes it the most recent) */
     kp_kvseq seq = {0};
-    pfx_lease lease = {0};
-    CHECK(pfx_acquire(t.idx, p1, 4, &seq, &lease, NULL) == KP_OK);
+    kp_pfx_lease lease = {0};
+    CHECK(kp_pfx_acquire(t.idx, p1, 4, &seq, &lease, NULL) == KP_OK);
     uint32_t free0 = kp_kvpool_n_free(t.pool);
     /* the least recently used unheld leaf is p2 */
-    CHECK_EQ_INT(pfx_evict(t.idx, 1, t.now), blocks_bytes(&t, 2));
+    CHECK_EQ_INT(kp_pfx_evict(t.idx, 1, t.now), blocks_bytes(&t, 2));
     CHECK_EQ_INT(kp_kvpool_n_free(t.pool), free0 + 2);
-    pfx_match_result m;
-    pfx_match(t.idx, p2, 5, &m);
+    kp_pfx_match_result m;
+    kp_pfx_match(t.idx, p2, 5, &m);
     CHECK(m.n_match == 0 && m.evicted && m.evicted_len == 5);
-    pfx_match(t.idx, p3, 5, &m);
+    kp_pfx_match(t.idx, p3, 5, &m);
     CHECK_EQ_INT(m.n_match, 5);
-    CHECK_EQ_INT(pfx_evict(t.idx, 1, t.now), blocks_bytes(&t, 2));
-    pfx_match(t.idx, p3, 5, &m);
+    CHECK_EQ_INT(kp_pfx_evict(t.idx, 1, t.now), blocks_bytes(&t, 2));
+    kp_pfx_match(t.idx, p3, 5, &m);
     CHECK(m.n_match == 0 && m.evicted);
     /* only the held p1 is left */
-    CHECK_EQ_INT(pfx_evict(t.idx, 1, t.now), 0);
-    pfx_match(t.idx, p1, 5, &m);
+    CHECK_EQ_INT(kp_pfx_evict(t.idx, 1, t.now), 0);
+    kp_pfx_match(t.idx, p1, 5, &m);
     CHECK_EQ_INT(m.n_match, 5);
     check_ok(&t);
-    pfx_release(t.idx, &lease);
+    kp_pfx_release(t.idx, &lease);
     /* p1's first block is still used by the sequence: only the second is freed */
-    CHECK_EQ_INT(pfx_evict(t.idx, 1, t.now), blocks_bytes(&t, 1));
+    CHECK_EQ_INT(kp_pfx_evict(t.idx, 1, t.now), blocks_bytes(&t, 1));
     kp_kvseq_release(&seq, t.pool);
 
     /* leaves first: a shared parent goes only after its children */
@@ -473,27 +473,27 @@ static void test_eviction_order(void) {
     add(&t, a, 8, true);
     add(&t, b, 8, true);
     add(&t, c, 8, true);
-    pfx_stats st;
-    pfx_get_stats(t.idx, &st);
+    kp_pfx_stats st;
+    kp_pfx_get_stats(t.idx, &st);
     CHECK_EQ_INT(st.n_nodes, 4);
     /* touch a: b becomes the least recently used leaf */
-    CHECK(pfx_acquire(t.idx, a, 7, &seq, NULL, NULL) == KP_OK);
+    CHECK(kp_pfx_acquire(t.idx, a, 7, &seq, NULL, NULL) == KP_OK);
     kp_kvseq_release(&seq, t.pool);
-    pfx_evict(t.idx, 1, t.now);
-    pfx_match(t.idx, b, 8, &m);
+    kp_pfx_evict(t.idx, 1, t.now);
+    kp_pfx_match(t.idx, b, 8, &m);
     CHECK(m.n_match == 6 && m.evicted && m.evicted_len == 8);
-    pfx_match(t.idx, a, 8, &m);
+    kp_pfx_match(t.idx, a, 8, &m);
     CHECK_EQ_INT(m.n_match, 8);
-    pfx_match(t.idx, c, 8, &m);
+    kp_pfx_match(t.idx, c, 8, &m);
     CHECK_EQ_INT(m.n_match, 8);
-    pfx_evict(t.idx, 1, t.now); /* c next; then the parent merges with a */
-    pfx_get_stats(t.idx, &st);
+    kp_pfx_evict(t.idx, 1, t.now); /* c next; then the parent merges with a */
+    kp_pfx_get_stats(t.idx, &st);
     CHECK_EQ_INT(st.n_nodes, 1);
-    pfx_match(t.idx, c, 8, &m);
+    kp_pfx_match(t.idx, c, 8, &m);
     CHECK(m.n_match == 6 && m.evicted && m.edge_start == 0 && m.edge_end == 8 && m.cached_next == 1);
     check_ok(&t);
-    pfx_evict(t.idx, 1, t.now);
-    pfx_get_stats(t.idx, &st);
+    kp_pfx_evict(t.idx, 1, t.now);
+    kp_pfx_get_stats(t.idx, &st);
     CHECK_EQ_INT(st.n_nodes, 0);
     CHECK_EQ_INT(st.index_bytes, 0);
     CHECK_EQ_INT(st.n_evictions, 6); /* p2 p3 p1, b c, then the merged 7 7 7 7 7 7 1 1 */
@@ -504,33 +504,33 @@ static void test_evicted_record(void) {
     bench t;
     bench_init(&t, 4, 32, 8, 2);
     const int32_t a[] = {5, 6, 7, 8, 9, 10}, b[] = {1, 2}, c[] = {3, 4}, d[] = {4, 4};
-    pfx_match_result m;
-    pfx_match(t.idx, a, 6, &m);
+    kp_pfx_match_result m;
+    kp_pfx_match(t.idx, a, 6, &m);
     CHECK(m.n_match == 0 && !m.evicted); /* never seen */
     add(&t, a, 5, false);
-    pfx_match(t.idx, a, 6, &m);
+    kp_pfx_match(t.idx, a, 6, &m);
     CHECK(m.n_match == 5 && !m.evicted); /* 10 was never cached after 5..9 */
-    pfx_evict(t.idx, 1, t.now);
-    pfx_match(t.idx, a, 6, &m);
+    kp_pfx_evict(t.idx, 1, t.now);
+    kp_pfx_match(t.idx, a, 6, &m);
     CHECK(m.n_match == 0 && m.evicted && m.evicted_len == 5);
     const int32_t other[] = {5, 1};
-    pfx_match(t.idx, other, 2, &m); /* "5" continued the cache once: evicted */
+    kp_pfx_match(t.idx, other, 2, &m); /* "5" continued the cache once: evicted */
     CHECK(m.n_match == 0 && m.evicted);
     const int32_t never[] = {6, 5};
-    pfx_match(t.idx, never, 2, &m);
+    kp_pfx_match(t.idx, never, 2, &m);
     CHECK(!m.evicted);
     /* the record keeps only the last two evictions */
     add(&t, b, 2, false);
     add(&t, c, 2, false);
     add(&t, d, 2, false);
-    pfx_evict(t.idx, blocks_bytes(&t, 3), t.now);
-    pfx_match(t.idx, a, 6, &m);
+    kp_pfx_evict(t.idx, blocks_bytes(&t, 3), t.now);
+    kp_pfx_match(t.idx, a, 6, &m);
     CHECK(!m.evicted);
-    pfx_match(t.idx, b, 2, &m);
+    kp_pfx_match(t.idx, b, 2, &m);
     CHECK(!m.evicted);
-    pfx_match(t.idx, c, 2, &m);
+    kp_pfx_match(t.idx, c, 2, &m);
     CHECK(m.evicted);
-    pfx_match(t.idx, d, 2, &m);
+    kp_pfx_match(t.idx, d, 2, &m);
     CHECK(m.evicted);
     bench_done(&t);
 }
@@ -543,12 +543,12 @@ static void test_memory_bill(void) {
     for (int i = 0; i < 9; i++) tok[i] = i;
     add(&t, tok, 9, false);
     kp_kvseq seqs[8];
-    pfx_lease leases[8];
+    kp_pfx_lease leases[8];
     memset(seqs, 0, sizeof seqs);
     memset(leases, 0, sizeof leases);
-    for (int i = 0; i < 8; i++) CHECK(pfx_acquire(t.idx, tok, 8, &seqs[i], &leases[i], NULL) == KP_OK);
-    pfx_stats st;
-    pfx_get_stats(t.idx, &st);
+    for (int i = 0; i < 8; i++) CHECK(kp_pfx_acquire(t.idx, tok, 8, &seqs[i], &leases[i], NULL) == KP_OK);
+    kp_pfx_stats st;
+    kp_pfx_get_stats(t.idx, &st);
     CHECK_EQ_INT(st.budget_bytes, blocks_bytes(&t, 32));
     CHECK_EQ_INT(st.index_bytes, blocks_bytes(&t, 3));
     CHECK_EQ_INT(st.used_bytes, blocks_bytes(&t, 3));
@@ -559,26 +559,26 @@ static void test_memory_bill(void) {
     CHECK_EQ_INT(st.n_lookups, 8);
     CHECK_EQ_INT(st.n_hits, 8);
     CHECK_EQ_INT(st.reused_tokens, 64);
-    pfx_prefix_info top[4];
+    kp_pfx_prefix_info top[4];
     uint32_t n_top = 0;
-    CHECK(pfx_top(t.idx, top, 4, &n_top, NULL) == KP_OK);
+    CHECK(kp_pfx_top(t.idx, top, 4, &n_top, NULL) == KP_OK);
     CHECK_EQ_INT(n_top, 1);
     CHECK(top[0].n_tokens == 9 && top[0].bytes == blocks_bytes(&t, 3) && top[0].own_bytes == blocks_bytes(&t, 3));
-    CHECK(top[0].n_holders == 8 && !top[0].pinned && top[0].hash == pfx_hash(tok, 9) && top[0].hits == 8);
+    CHECK(top[0].n_holders == 8 && !top[0].pinned && top[0].hash == kp_pfx_hash(tok, 9) && top[0].hits == 8);
     /* a branch at 6 splits the run there: [0..5] keeps block index 1, which
      * [6 7 8] shares (the same block), while the branch has its own copy */
     const int32_t br[] = {0, 1, 2, 3, 4, 5, 50, 51, 52, 53, 54, 55};
     add(&t, br, 12, true);
-    CHECK(pfx_top(t.idx, top, 4, &n_top, NULL) == KP_OK);
+    CHECK(kp_pfx_top(t.idx, top, 4, &n_top, NULL) == KP_OK);
     CHECK_EQ_INT(n_top, 2);
     CHECK(top[0].n_tokens == 12 && top[0].bytes == blocks_bytes(&t, 3) && top[0].own_bytes == blocks_bytes(&t, 2));
     CHECK(top[1].n_tokens == 9 && top[1].bytes == blocks_bytes(&t, 3) && top[1].own_bytes == blocks_bytes(&t, 1));
-    CHECK(pfx_top(t.idx, top, 1, &n_top, NULL) == KP_OK && n_top == 1 && top[0].n_tokens == 12);
+    CHECK(kp_pfx_top(t.idx, top, 1, &n_top, NULL) == KP_OK && n_top == 1 && top[0].n_tokens == 12);
     for (int i = 0; i < 8; i++) {
-        pfx_release(t.idx, &leases[i]);
+        kp_pfx_release(t.idx, &leases[i]);
         kp_kvseq_release(&seqs[i], t.pool);
     }
-    pfx_get_stats(t.idx, &st);
+    kp_pfx_get_stats(t.idx, &st);
     CHECK_EQ_INT(st.shared_bytes, 0);
     CHECK_EQ_INT(st.n_leases, 0);
     check_ok(&t);
@@ -588,33 +588,33 @@ static void test_memory_bill(void) {
 static void test_errors(void) {
     bench t;
     bench_init(&t, 4, 3, 8, 8);
-    pfx_free(NULL);
+    kp_pfx_free(NULL);
     const int32_t a[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
     kp_kvseq seq = {0};
-    pfx_lease lease = {0};
+    kp_pfx_lease lease = {0};
     kp_error err = {0};
-    CHECK(pfx_acquire(t.idx, a, 3, &seq, &lease, &err) == KP_EINVAL); /* nothing cached */
-    CHECK(pfx_acquire(t.idx, a, 0, &seq, &lease, &err) == KP_OK && seq.n_pos == 0 && !lease.node);
+    CHECK(kp_pfx_acquire(t.idx, a, 3, &seq, &lease, &err) == KP_EINVAL); /* nothing cached */
+    CHECK(kp_pfx_acquire(t.idx, a, 0, &seq, &lease, &err) == KP_OK && seq.n_pos == 0 && !lease.node);
     CHECK(compute(&t, &seq, a, 10) == KP_OK); /* all 3 blocks */
-    CHECK(pfx_insert(t.idx, a, 11, &seq, NULL, NULL, &err) == KP_EINVAL);
-    CHECK(pfx_insert(t.idx, a, 10, &seq, NULL, NULL, &err) == KP_OK);
+    CHECK(kp_pfx_insert(t.idx, a, 11, &seq, NULL, NULL, &err) == KP_EINVAL);
+    CHECK(kp_pfx_insert(t.idx, a, 10, &seq, NULL, NULL, &err) == KP_OK);
     kp_kvseq other = {0};
-    CHECK(pfx_acquire(t.idx, a, 4, &seq, NULL, &err) == KP_EINVAL); /* seq not empty */
+    CHECK(kp_pfx_acquire(t.idx, a, 4, &seq, NULL, &err) == KP_EINVAL); /* seq not empty */
     /* the pool is full and the sequence uses every block: no copy possible */
-    CHECK(pfx_acquire(t.idx, a, 5, &other, &lease, &err) == KP_EFULL);
+    CHECK(kp_pfx_acquire(t.idx, a, 5, &other, &lease, &err) == KP_EFULL);
     CHECK(other.n_blocks == 0 && other.n_pos == 0 && !lease.node);
-    pfx_stats st;
-    pfx_get_stats(t.idx, &st);
+    kp_pfx_stats st;
+    kp_pfx_get_stats(t.idx, &st);
     CHECK_EQ_INT(st.n_leases, 0);
     check_ok(&t);
     kp_kvseq_release(&seq, t.pool);
     /* now the acquire's eviction cannot free its own (held) path either */
-    CHECK(pfx_acquire(t.idx, a, 5, &other, &lease, &err) == KP_EFULL);
+    CHECK(kp_pfx_acquire(t.idx, a, 5, &other, &lease, &err) == KP_EFULL);
     /* reuse on a block boundary needs no new block */
-    CHECK(pfx_acquire(t.idx, a, 4, &other, &lease, &err) == KP_OK);
-    CHECK(pfx_acquire(t.idx, a, 4, &seq, &lease, &err) == KP_EINVAL); /* lease in use */
-    pfx_release(t.idx, &lease);
-    pfx_release(t.idx, &lease); /* no-op */
+    CHECK(kp_pfx_acquire(t.idx, a, 4, &other, &lease, &err) == KP_OK);
+    CHECK(kp_pfx_acquire(t.idx, a, 4, &seq, &lease, &err) == KP_EINVAL); /* lease in use */
+    kp_pfx_release(t.idx, &lease);
+    kp_pfx_release(t.idx, &lease); /* no-op */
     kp_kvseq_release(&other, t.pool);
     check_ok(&t);
     bench_done(&t);
@@ -627,7 +627,7 @@ enum { MAXLEN = 20, N_LIVE = 4, N_HIST = 16, N_PINS = 32 };
 typedef struct {
     bool live;
     kp_kvseq seq;
-    pfx_lease lease;
+    kp_pfx_lease lease;
     uint32_t held; /* tokens[0..held) are held by the lease */
     int32_t tokens[MAXLEN];
     uint32_t n;
@@ -665,7 +665,7 @@ typedef struct {
     uint32_t n, best;
 } lcp_ctx;
 
-static int lcp_node(const pfx_node_info *ni, void *ctx) {
+static int lcp_node(const kp_pfx_node_info *ni, void *ctx) {
     lcp_ctx *c = ctx;
     uint32_t l = 0;
     while (l < c->n && l < ni->end && ni->path[l] == c->q[l]) l++;
@@ -675,7 +675,7 @@ static int lcp_node(const pfx_node_info *ni, void *ctx) {
 
 static uint32_t ref_match(sim *s, const int32_t *q, uint32_t n) {
     lcp_ctx c = {q, n, 0};
-    pfx_walk(s->t.idx, lcp_node, &c, NULL);
+    kp_pfx_walk(s->t.idx, lcp_node, &c, NULL);
     return c.best;
 }
 
@@ -683,7 +683,7 @@ typedef struct {
     uint32_t *refs;
 } refs_ctx;
 
-static int count_refs(const pfx_node_info *ni, void *ctx) {
+static int count_refs(const kp_pfx_node_info *ni, void *ctx) {
     refs_ctx *c = ctx;
     for (uint32_t i = 0; i < ni->n_blocks; i++) c->refs[ni->blocks[i]]++;
     return 0;
@@ -710,12 +710,12 @@ static void sim_drop(sim *s, sim_seq *q, bool index_it) {
     if (index_it && q->seq.n_pos) {
         kp_error err = {0};
         uint32_t n = q->seq.n_pos < q->n ? q->seq.n_pos : q->n;
-        CHECK_MSG(pfx_insert(s->t.idx, q->tokens, n, &q->seq, NULL, NULL, &err) == KP_OK, "%s", err.msg);
+        CHECK_MSG(kp_pfx_insert(s->t.idx, q->tokens, n, &q->seq, NULL, NULL, &err) == KP_OK, "%s", err.msg);
         uint32_t h = rnd(s, N_HIST);
         memcpy(s->hist[h], q->tokens, n * sizeof(int32_t));
         s->hist_n[h] = n;
     }
-    pfx_release(s->t.idx, &q->lease);
+    kp_pfx_release(s->t.idx, &q->lease);
     kp_kvseq_release(&q->seq, s->t.pool);
     q->live = false;
     q->held = 0;
@@ -723,11 +723,11 @@ static void sim_drop(sim *s, sim_seq *q, bool index_it) {
 
 /* Indexes a live sequence's computed tokens and moves its lease there. */
 static void sim_insert_running(sim *s, sim_seq *q) {
-    pfx_match_result m;
-    pfx_match(s->t.idx, q->tokens, q->n, &m);
+    kp_pfx_match_result m;
+    kp_pfx_match(s->t.idx, q->tokens, q->n, &m);
     uint32_t added = 0;
     kp_error err = {0};
-    CHECK_MSG(pfx_insert(s->t.idx, q->tokens, q->n, &q->seq, &q->lease, &added, &err) == KP_OK, "%s", err.msg);
+    CHECK_MSG(kp_pfx_insert(s->t.idx, q->tokens, q->n, &q->seq, &q->lease, &added, &err) == KP_OK, "%s", err.msg);
     CHECK_EQ_INT(added, q->n - m.n_match);
     q->held = q->n;
 }
@@ -739,14 +739,14 @@ static void sim_start(sim *s) {
     if (!q) return;
     memset(q, 0, sizeof *q);
     make_tokens(s, q->tokens, &q->n);
-    pfx_match_result m;
-    pfx_match(s->t.idx, q->tokens, q->n, &m);
+    kp_pfx_match_result m;
+    kp_pfx_match(s->t.idx, q->tokens, q->n, &m);
     CHECK_EQ_INT(m.n_match, ref_match(s, q->tokens, q->n));
     CHECK(m.n_reuse == (m.n_match == q->n ? q->n - 1 : m.n_match));
     q->live = true;
     if (rnd(s, 5)) {
         kp_error err = {0};
-        kp_status st = pfx_acquire(s->t.idx, q->tokens, m.n_reuse, &q->seq, &q->lease, &err);
+        kp_status st = kp_pfx_acquire(s->t.idx, q->tokens, m.n_reuse, &q->seq, &q->lease, &err);
         if (st == KP_EFULL) {
             CHECK(q->seq.n_blocks == 0 && !q->lease.node);
             q->live = false;
@@ -800,11 +800,11 @@ static void sim_pin_op(sim *s) {
     make_tokens(s, tok, &n);
     n = 1 + rnd(s, n);
     int64_t ttl = rnd(s, 2) ? 0 : 1 + rnd(s, 20);
-    pfx_match_result m;
-    pfx_match(s->t.idx, tok, n, &m);
+    kp_pfx_match_result m;
+    kp_pfx_match(s->t.idx, tok, n, &m);
     uint64_t id = 0;
     kp_error err = {0};
-    kp_status st = pfx_pin(s->t.idx, tok, n, ttl, s->t.now, &id, &err);
+    kp_status st = kp_pfx_pin(s->t.idx, tok, n, ttl, s->t.now, &id, &err);
     if (m.n_match < n) {
         CHECK(st == KP_ENOTFOUND);
     } else if (st == KP_OK) {
@@ -815,7 +815,7 @@ static void sim_pin_op(sim *s) {
             p->n = n;
             p->expires = ttl ? s->t.now + ttl : 0;
         } else {
-            CHECK(pfx_unpin(s->t.idx, id, NULL) == KP_OK);
+            CHECK(kp_pfx_unpin(s->t.idx, id, NULL) == KP_OK);
         }
     } else {
         CHECK_MSG(st == KP_EFULL, "%s", err.msg);
@@ -825,7 +825,7 @@ static void sim_pin_op(sim *s) {
 static void sim_check(sim *s, uint32_t step) {
     bench *t = &s->t;
     kp_error err = {0};
-    if (pfx_check(t->idx, &err) != KP_OK) {
+    if (kp_pfx_check(t->idx, &err) != KP_OK) {
         CHECK_MSG(0, "step %u: %s", step, err.msg);
         s->failures++;
         return;
@@ -833,7 +833,7 @@ static void sim_check(sim *s, uint32_t step) {
     uint32_t nb = kp_kvpool_n_blocks(t->pool);
     memset(s->refs, 0, nb * sizeof(uint32_t));
     refs_ctx rc = {s->refs};
-    pfx_walk(t->idx, count_refs, &rc, NULL);
+    kp_pfx_walk(t->idx, count_refs, &rc, NULL);
     for (int i = 0; i < N_LIVE; i++) {
         sim_seq *q = &s->live[i];
         if (!q->live) continue;
@@ -865,8 +865,8 @@ static void sim_check(sim *s, uint32_t step) {
         CHECK_MSG(0, "step %u: %u used + %u free != %u blocks", step, used, kp_kvpool_n_free(t->pool), nb);
         s->failures++;
     }
-    pfx_stats st;
-    pfx_get_stats(t->idx, &st);
+    kp_pfx_stats st;
+    kp_pfx_get_stats(t->idx, &st);
     if (st.used_bytes > st.budget_bytes || st.index_bytes > st.used_bytes || st.pinned_bytes > st.pinned_cap_bytes ||
         st.pinned_bytes > st.index_bytes || st.used_bytes != (uint64_t)used * st.block_bytes) {
         CHECK_MSG(0, "step %u: bill used %llu budget %llu index %llu pinned %llu cap %llu", step,
@@ -877,8 +877,8 @@ static void sim_check(sim *s, uint32_t step) {
     }
     /* pinned prefixes are all still there */
     for (uint32_t i = 0; i < s->n_pins; i++) {
-        pfx_match_result m;
-        pfx_match(t->idx, s->pins[i].tokens, s->pins[i].n, &m);
+        kp_pfx_match_result m;
+        kp_pfx_match(t->idx, s->pins[i].tokens, s->pins[i].n, &m);
         if (m.n_match != s->pins[i].n) {
             CHECK_MSG(0, "step %u: pinned prefix of %u tokens evicted (%u left)", step, s->pins[i].n, m.n_match);
             s->failures++;
@@ -922,7 +922,7 @@ static void run_property(uint64_t seed, uint32_t B, uint32_t n_blocks, uint32_t 
             uint64_t want = (uint64_t)rnd(&s, 4) * kp_kvpool_block_bytes(s.t.pool);
             sim_model_expire(&s, s.t.now);
             uint32_t free0 = kp_kvpool_n_free(s.t.pool);
-            uint64_t got = pfx_evict(s.t.idx, want, s.t.now);
+            uint64_t got = kp_pfx_evict(s.t.idx, want, s.t.now);
             CHECK_EQ_INT(got, (uint64_t)(kp_kvpool_n_free(s.t.pool) - free0) * kp_kvpool_block_bytes(s.t.pool));
             s.n_ops[4]++;
         } else if (op < 76) {
@@ -931,29 +931,29 @@ static void run_property(uint64_t seed, uint32_t B, uint32_t n_blocks, uint32_t 
         } else if (op < 80) {
             if (s.n_pins) {
                 uint32_t i = rnd(&s, s.n_pins);
-                CHECK(pfx_unpin(s.t.idx, s.pins[i].id, NULL) == KP_OK);
+                CHECK(kp_pfx_unpin(s.t.idx, s.pins[i].id, NULL) == KP_OK);
                 s.pins[i] = s.pins[--s.n_pins];
             }
-            CHECK(pfx_unpin(s.t.idx, 1000000 + rnd(&s, 1000), NULL) == KP_ENOTFOUND);
+            CHECK(kp_pfx_unpin(s.t.idx, 1000000 + rnd(&s, 1000), NULL) == KP_ENOTFOUND);
             s.n_ops[6]++;
         } else if (op < 86) {
             s.t.now += rnd(&s, 6);
             uint32_t expired = sim_model_expire(&s, s.t.now);
-            CHECK_EQ_INT(pfx_expire(s.t.idx, s.t.now), expired);
+            CHECK_EQ_INT(kp_pfx_expire(s.t.idx, s.t.now), expired);
             s.n_ops[7]++;
         } else {
             int32_t tok[MAXLEN];
             uint32_t n;
             make_tokens(&s, tok, &n);
-            pfx_match_result m;
-            pfx_match(s.t.idx, tok, n, &m);
+            kp_pfx_match_result m;
+            kp_pfx_match(s.t.idx, tok, n, &m);
             CHECK_EQ_INT(m.n_match, ref_match(&s, tok, n));
             s.n_ops[8]++;
         }
         sim_check(&s, step);
     }
-    pfx_stats st;
-    pfx_get_stats(s.t.idx, &st);
+    kp_pfx_stats st;
+    kp_pfx_get_stats(s.t.idx, &st);
     if (getenv("PFX_VERBOSE")) /* how much each run exercised */
         fprintf(stderr,
                 "seed %llu B %u: hits %llu/%llu evictions %llu nodes %u pins %u"

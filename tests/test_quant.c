@@ -698,7 +698,7 @@ static void test_matches_llama_quantize(void) {
     const char *dir = "tests/data/models/";
     char path[512];
     snprintf(path, sizeof path, "%sgen-llama-gqa-f32.gguf", dir);
-    if (gguf_open(&src, harness_path(path), &err) != KP_OK) {
+    if (kp_gguf_open(&src, harness_path(path), &err) != KP_OK) {
         CHECK_MSG(0, "cannot open the F32 source model: %s", err.msg);
         return;
     }
@@ -706,17 +706,17 @@ static void test_matches_llama_quantize(void) {
     for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
         gguf *dst = NULL;
         snprintf(path, sizeof path, "%s%s", dir, files[f].file);
-        if (gguf_open(&dst, harness_path(path), &err) != KP_OK) {
+        if (kp_gguf_open(&dst, harness_path(path), &err) != KP_OK) {
             CHECK_MSG(0, "cannot open %s: %s", files[f].file, err.msg);
             continue;
         }
         int64_t rows = 0, rows_bad = 0, tensors = 0;
-        for (size_t ti = 0; ti < gguf_n_tensors(src); ti++) {
-            const gguf_tensor *ts = gguf_tensor_at(src, ti);
+        for (size_t ti = 0; ti < kp_gguf_n_tensors(src); ti++) {
+            const kp_gguf_tensor *ts = kp_gguf_tensor_at(src, ti);
             if (ts->n_dims != 2 || ts->type != KP_DTYPE_F32) continue;
             char name[128];
             snprintf(name, sizeof name, "%.*s", (int)ts->name.len, ts->name.data);
-            const gguf_tensor *td = gguf_find_tensor(dst, name);
+            const kp_gguf_tensor *td = kp_gguf_find_tensor(dst, name);
             CHECK_MSG(td && td->type == (uint32_t)files[f].type && td->ne[0] == ts->ne[0] && td->ne[1] == ts->ne[1],
                       "%s: tensor %s missing or of another type/shape", files[f].file, name);
             if (!td || td->type != (uint32_t)files[f].type || td->ne[0] != ts->ne[0]) continue;
@@ -738,9 +738,9 @@ static void test_matches_llama_quantize(void) {
                files[f].file, (long long)rows, (long long)tensors, (long long)rows_bad);
         CHECK(tensors == 30);
         CHECK_EQ_INT(rows_bad, 0);
-        gguf_close(dst);
+        kp_gguf_close(dst);
     }
-    gguf_close(src);
+    kp_gguf_close(src);
 }
 
 /* ------------------------------------------------------------------------ */

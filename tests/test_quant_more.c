@@ -1070,17 +1070,17 @@ static float *model_logits(const char *path, int *n_vocab, bool by_token) {
 static double weights_rel_err(const char *f32_path, const char *q_path) {
     gguf *f = NULL, *g = NULL;
     double e = 0, s = 0;
-    if (gguf_open(&f, f32_path, NULL) != KP_OK || gguf_open(&g, q_path, NULL) != KP_OK) {
-        gguf_close(f);
+    if (kp_gguf_open(&f, f32_path, NULL) != KP_OK || kp_gguf_open(&g, q_path, NULL) != KP_OK) {
+        kp_gguf_close(f);
         return NAN;
     }
     static float a[1 << 12], b[1 << 12];
-    for (size_t i = 0; i < gguf_n_tensors(f); i++) {
-        const gguf_tensor *tf = gguf_tensor_at(f, i);
+    for (size_t i = 0; i < kp_gguf_n_tensors(f); i++) {
+        const kp_gguf_tensor *tf = kp_gguf_tensor_at(f, i);
         if (tf->n_dims != 2) continue;
         char name[96];
         snprintf(name, sizeof name, "%.*s", (int)tf->name.len, tf->name.data);
-        const gguf_tensor *tq = gguf_find_tensor(g, name);
+        const kp_gguf_tensor *tq = kp_gguf_find_tensor(g, name);
         if (!tq || tf->ne[0] > (int64_t)(sizeof a / sizeof a[0])) return NAN;
         const size_t rs_f = kp_dtype_row_size(tf->type, tf->ne[0]), rs_q = kp_dtype_row_size(tq->type, tq->ne[0]);
         for (int64_t r = 0; r < tf->ne[1]; r++) {
@@ -1092,8 +1092,8 @@ static double weights_rel_err(const char *f32_path, const char *q_path) {
             }
         }
     }
-    gguf_close(f);
-    gguf_close(g);
+    kp_gguf_close(f);
+    kp_gguf_close(g);
     return sqrt(e / s);
 }
 
@@ -1114,9 +1114,9 @@ static void tmp_path(char buf[64]) {
  * error far beyond that; a model that silently stayed F32 falls below.
  */
 static void test_model_logits(void) {
-    mkmodel_spec s;
+    kp_mkmodel_spec s;
     kp_error err = {0};
-    CHECK(mkmodel_spec_preset("tiny", &s, &err) == KP_OK);
+    CHECK(kp_mkmodel_spec_preset("tiny", &s, &err) == KP_OK);
     s.seed = 2024;
     static const kp_dtype types[] = {KP_DTYPE_F32, KP_DTYPE_Q8_0, KP_DTYPE_Q4_0, KP_DTYPE_Q4_1,
                                      KP_DTYPE_Q5_0, KP_DTYPE_Q5_1, KP_DTYPE_Q5_K};
@@ -1128,7 +1128,7 @@ static void test_model_logits(void) {
     for (int k = 0; k < NT; k++) {
         s.wtype = types[k];
         tmp_path(paths[k]);
-        kp_status st = mkmodel_write(&s, harness_path(STORIES), paths[k], NULL, &err);
+        kp_status st = kp_mkmodel_write(&s, harness_path(STORIES), paths[k], NULL, &err);
         CHECK_MSG(st == KP_OK, "mkmodel %s: %s", kp_dtype_name(types[k]), err.msg);
         if (st != KP_OK) continue;
         int nv = 0;

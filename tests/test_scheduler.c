@@ -3,7 +3,7 @@
  * gets alone.
  *
  * Reference: each request run by itself on an engine without the prefix
- * cache (eng_prefill + eng_decode, greedy, kp_textout for stop strings).
+ * cache (kp_eng_prefill + kp_eng_decode, greedy, kp_textout for stop strings).
  * The scheduler runs them all at once (parallel 4, a small prefill chunk
  * so prompts are split across steps that also decode), with prompts that
  * share heads, repeat, and extend earlier ones; text, finish reason and
@@ -40,21 +40,21 @@ static uint32_t rnd(uint32_t n) {
 }
 
 /* The request alone: greedy, text through kp_textout. */
-static void reference(eng_engine *ref, const tok_vocab *v, uint32_t nv, req_case *c) {
+static void reference(kp_engine *ref, const kp_tok_vocab *v, uint32_t nv, req_case *c) {
     kp_error err = {0};
-    eng_seq s = {0};
+    kp_eng_seq s = {0};
     float *lg = malloc(nv * sizeof(float));
     kp_textout *to = NULL;
     const char *stops[1] = {c->stop};
     CHECK(kp_textout_new(&to, v, stops, c->stop ? 1 : 0, false, false, &err) == KP_OK);
-    CHECK(eng_prefill(ref, c->prompt, c->n, &s, lg, NULL, &err) == KP_OK);
+    CHECK(kp_eng_prefill(ref, c->prompt, c->n, &s, lg, NULL, &err) == KP_OK);
     c->want_len = 0;
     c->want_finish = KP_FINISH_LENGTH;
     c->want_tokens = 0;
     for (uint32_t g = 0; g < c->max_tokens; g++) {
         int32_t t = kp_argmax(lg, (int32_t)nv);
         c->want_tokens++;
-        if (tok_is_eog(v, t)) {
+        if (kp_tok_is_eog(v, t)) {
             c->want_finish = KP_FINISH_STOP;
             break;
         }
@@ -68,7 +68,7 @@ static void reference(eng_engine *ref, const tok_vocab *v, uint32_t nv, req_case
             c->want_finish = KP_FINISH_STOP;
             break;
         }
-        if (g + 1 < c->max_tokens) CHECK(eng_decode(ref, &s, t, lg, &err) == KP_OK);
+        if (g + 1 < c->max_tokens) CHECK(kp_eng_decode(ref, &s, t, lg, &err) == KP_OK);
     }
     if (c->want_finish == KP_FINISH_LENGTH || c->want_finish == KP_FINISH_STOP) {
         const char *txt;
@@ -77,7 +77,7 @@ static void reference(eng_engine *ref, const tok_vocab *v, uint32_t nv, req_case
         memcpy(c->want + c->want_len, txt, n);
         c->want_len += n;
     }
-    eng_seq_abort(ref, &s);
+    kp_eng_seq_abort(ref, &s);
     kp_textout_free(to);
     free(lg);
 }
@@ -105,23 +105,23 @@ static void test_concurrent_equals_alone(void) {
     kp_model *m = NULL;
     kp_pool *pool = NULL;
     gguf *g = NULL;
-    tok_vocab *v = NULL;
+    kp_tok_vocab *v = NULL;
     CHECK(kp_model_load(&m, harness_path("models/stories260K.gguf"), &err) == KP_OK);
-    CHECK(gguf_open(&g, harness_path("models/stories260K.gguf"), &err) == KP_OK);
-    CHECK(tok_vocab_load(&v, g, &err) == KP_OK);
+    CHECK(kp_gguf_open(&g, harness_path("models/stories260K.gguf"), &err) == KP_OK);
+    CHECK(kp_tok_vocab_load(&v, g, &err) == KP_OK);
     CHECK(kp_pool_new(&pool, 2, &err) == KP_OK);
     uint32_t nv = m->hp.n_vocab;
-    eng_config cr = {KP_DTYPE_F32, 16, 0, 160, true, NULL};
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 160, true, NULL};
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
-    eng_config cc = {KP_DTYPE_F32, 16, bb * 4 * 10, 160, false, NULL}; /* parallel x context */
-    eng_engine *ref = NULL, *e = NULL;
-    CHECK(eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
-    CHECK(eng_new(&e, m, pool, NULL, &cc, &err) == KP_OK);
+    kp_eng_config cc = {KP_DTYPE_F32, 16, bb * 4 * 10, 160, false, NULL}; /* parallel x context */
+    kp_engine *ref = NULL, *e = NULL;
+    CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
+    CHECK(kp_eng_new(&e, m, pool, NULL, &cc, &err) == KP_OK);
     static req_case cs[NREQ];
     int32_t *enc = NULL;
     size_t ne = 0;
     const char *head = "Once upon a time, there was a little girl named Lily. She";
-    CHECK(tok_encode(v, head, strlen(head), true, false, &enc, &ne, &err) == KP_OK);
+    CHECK(kp_tok_encode(v, head, strlen(head), true, false, &enc, &ne, &err) == KP_OK);
     for (int i = 0; i < NREQ; i++) {
         req_case *c = &cs[i];
         memset(c, 0, sizeof *c);
@@ -171,7 +171,7 @@ static void test_concurrent_equals_alone(void) {
     CHECK_EQ_INT(collect(one, buf, sizeof buf, &len, &u), KP_FINISH_LENGTH);
     CHECK_EQ_INT(u.cached_tokens, cs[0].n - 1);
     CHECK_EQ_INT(u.completion_tokens, 0);
-    CHECK(u.has_doctor && u.doctor.finding.cause == DOCTOR_CAUSE_HIT);
+    CHECK(u.has_doctor && u.doctor.finding.cause == KP_DOCTOR_CAUSE_HIT);
     kp_sreq_release(one);
     /* too long for the context */
     static int32_t longp[200];
@@ -204,13 +204,13 @@ static void test_concurrent_equals_alone(void) {
           st.generated_tokens > 0 && st.cached_tokens >= cached_total);
     kp_sched_free(s);
     /* every block back once the cache is dropped */
-    CHECK(eng_clear(e, &err) == KP_OK);
-    CHECK_EQ_INT(kp_kvpool_n_free(eng_kvpool(e)), kp_kvpool_n_blocks(eng_kvpool(e)));
-    eng_free(e);
-    eng_free(ref);
+    CHECK(kp_eng_clear(e, &err) == KP_OK);
+    CHECK_EQ_INT(kp_kvpool_n_free(kp_eng_kvpool(e)), kp_kvpool_n_blocks(kp_eng_kvpool(e)));
+    kp_eng_free(e);
+    kp_eng_free(ref);
     kp_pool_free(pool);
-    tok_vocab_free(v);
-    gguf_close(g);
+    kp_tok_vocab_free(v);
+    kp_gguf_close(g);
     kp_model_free(m);
 }
 
@@ -220,14 +220,14 @@ static void test_queue_full_and_shutdown(void) {
     kp_model *m = NULL;
     kp_pool *pool = NULL;
     gguf *g = NULL;
-    tok_vocab *v = NULL;
+    kp_tok_vocab *v = NULL;
     CHECK(kp_model_load(&m, harness_path("models/stories260K.gguf"), &err) == KP_OK);
-    CHECK(gguf_open(&g, harness_path("models/stories260K.gguf"), &err) == KP_OK);
-    CHECK(tok_vocab_load(&v, g, &err) == KP_OK);
+    CHECK(kp_gguf_open(&g, harness_path("models/stories260K.gguf"), &err) == KP_OK);
+    CHECK(kp_tok_vocab_load(&v, g, &err) == KP_OK);
     CHECK(kp_pool_new(&pool, 1, &err) == KP_OK);
-    eng_engine *e = NULL;
-    eng_config cc = {KP_DTYPE_F16, 16, 0, 512, false, NULL};
-    CHECK(eng_new(&e, m, pool, NULL, &cc, &err) == KP_OK);
+    kp_engine *e = NULL;
+    kp_eng_config cc = {KP_DTYPE_F16, 16, 0, 512, false, NULL};
+    CHECK(kp_eng_new(&e, m, pool, NULL, &cc, &err) == KP_OK);
     kp_sched_config sc = {1, 3, 64};
     kp_sched *s = NULL;
     CHECK(kp_sched_new(&s, e, v, &sc, &err) == KP_OK);
@@ -250,12 +250,12 @@ static void test_queue_full_and_shutdown(void) {
         CHECK_EQ_INT(collect(r[i], buf, sizeof buf, &len, &u), KP_FINISH_CANCELLED);
         kp_sreq_release(r[i]);
     }
-    CHECK(eng_clear(e, &err) == KP_OK);
-    CHECK_EQ_INT(kp_kvpool_n_free(eng_kvpool(e)), kp_kvpool_n_blocks(eng_kvpool(e)));
-    eng_free(e);
+    CHECK(kp_eng_clear(e, &err) == KP_OK);
+    CHECK_EQ_INT(kp_kvpool_n_free(kp_eng_kvpool(e)), kp_kvpool_n_blocks(kp_eng_kvpool(e)));
+    kp_eng_free(e);
     kp_pool_free(pool);
-    tok_vocab_free(v);
-    gguf_close(g);
+    kp_tok_vocab_free(v);
+    kp_gguf_close(g);
     kp_model_free(m);
 }
 

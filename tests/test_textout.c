@@ -1,7 +1,7 @@
 /*
  * test_textout.c - released text with stop strings.
  *
- * Reference: the concatenated pieces of the generated ids (tok_stream's
+ * Reference: the concatenated pieces of the generated ids (kp_tok_stream's
  * contract for valid UTF-8; ids are drawn among tokens whose piece is
  * complete, valid UTF-8). For random
  * token streams over two vocabularies (SPM stories260K, BPE gpt-2) and stop
@@ -25,10 +25,10 @@ static uint32_t rnd(uint32_t n) {
     return (uint32_t)(rs % n);
 }
 
-static tok_vocab *load(const char *rel, gguf **g) {
+static kp_tok_vocab *load(const char *rel, gguf **g) {
     kp_error err = {0};
-    tok_vocab *v = NULL;
-    if (gguf_open(g, harness_path(rel), &err) != KP_OK || tok_vocab_load(&v, *g, &err) != KP_OK) {
+    kp_tok_vocab *v = NULL;
+    if (kp_gguf_open(g, harness_path(rel), &err) != KP_OK || kp_tok_vocab_load(&v, *g, &err) != KP_OK) {
         CHECK_MSG(false, "%s: %s", rel, err.msg);
         return NULL;
     }
@@ -55,10 +55,10 @@ static bool valid_utf8(const unsigned char *s, size_t n) {
 
 static void random_streams(const char *rel) {
     gguf *g = NULL;
-    tok_vocab *v = load(rel, &g);
+    kp_tok_vocab *v = load(rel, &g);
     if (!v) return;
     kp_error err = {0};
-    int32_t nv = tok_n_vocab(v);
+    int32_t nv = kp_tok_n_vocab(v);
     int n_stopped = 0;
     for (int round = 0; round < 300; round++) {
         int32_t ids[40];
@@ -69,7 +69,7 @@ static void random_streams(const char *rel) {
             const char *pc;
             do {
                 ids[i] = (int32_t)rnd((uint32_t)nv);
-                pc = tok_piece_view(v, ids[i], false, &pl);
+                pc = kp_tok_piece_view(v, ids[i], false, &pl);
             } while (!pc || pl == 0 || pl > 64 || !valid_utf8((const unsigned char *)pc, pl));
             memcpy(full + fl, pc, pl);
             fl += pl;
@@ -113,7 +113,7 @@ static void random_streams(const char *rel) {
                 size_t upto = 0, before = 0;
                 for (int j = 0; j <= i; j++) {
                     before = upto;
-                    tok_piece_view(v, ids[j], false, &pl);
+                    kp_tok_piece_view(v, ids[j], false, &pl);
                     upto += pl;
                 }
                 bool holds = false, held = false;
@@ -143,8 +143,8 @@ static void random_streams(const char *rel) {
         kp_textout_free(t);
     }
     CHECK(n_stopped > 50);
-    tok_vocab_free(v);
-    gguf_close(g);
+    kp_tok_vocab_free(v);
+    kp_gguf_close(g);
 }
 
 static void test_random_spm(void) { random_streams("models/stories260K.gguf"); }
@@ -152,7 +152,7 @@ static void test_random_bpe(void) { random_streams("tests/data/vocab/ggml-vocab-
 
 static void test_errors_and_strip(void) {
     gguf *g = NULL;
-    tok_vocab *v = load("models/stories260K.gguf", &g);
+    kp_tok_vocab *v = load("models/stories260K.gguf", &g);
     if (!v) return;
     kp_error err = {0};
     kp_textout *t = NULL;
@@ -165,7 +165,7 @@ static void test_errors_and_strip(void) {
     /* the leading SPM space of the first word is dropped once */
     size_t n = 0;
     int32_t *enc = NULL;
-    CHECK(tok_encode(v, "Once upon", 9, false, false, &enc, &n, &err) == KP_OK);
+    CHECK(kp_tok_encode(v, "Once upon", 9, false, false, &enc, &n, &err) == KP_OK);
     CHECK(kp_textout_new(&t, v, NULL, 0, false, true, &err) == KP_OK);
     char got[64];
     size_t gl = 0;
@@ -181,12 +181,12 @@ static void test_errors_and_strip(void) {
     const char *txt;
     size_t nt;
     bool st;
-    CHECK_EQ_INT(kp_textout_push(t, tok_n_vocab(v), &txt, &nt, &st, &err), KP_EINVAL);
+    CHECK_EQ_INT(kp_textout_push(t, kp_tok_n_vocab(v), &txt, &nt, &st, &err), KP_EINVAL);
     kp_textout_free(t);
     kp_textout_free(NULL);
     free(enc);
-    tok_vocab_free(v);
-    gguf_close(g);
+    kp_tok_vocab_free(v);
+    kp_gguf_close(g);
 }
 
 int main(void) {

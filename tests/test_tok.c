@@ -32,28 +32,28 @@ static const char *const upstream_vocabs[] = {
 
 /* ---- helpers ---- */
 
-static tok_vocab *load_path(const char *rel) {
+static kp_tok_vocab *load_path(const char *rel) {
     gguf *g = NULL;
     kp_error err = {0};
     const char *path = harness_path(rel);
-    if (gguf_open(&g, path, &err) != KP_OK) {
+    if (kp_gguf_open(&g, path, &err) != KP_OK) {
         fprintf(stderr, "cannot open %s: %s\n", path, err.msg);
         return NULL;
     }
-    tok_vocab *v = NULL;
-    if (tok_vocab_load(&v, g, &err) != KP_OK) fprintf(stderr, "cannot load %s: %s\n", path, err.msg);
-    gguf_close(g); /* the vocabulary must not borrow from the file */
+    kp_tok_vocab *v = NULL;
+    if (kp_tok_vocab_load(&v, g, &err) != KP_OK) fprintf(stderr, "cannot load %s: %s\n", path, err.msg);
+    kp_gguf_close(g); /* the vocabulary must not borrow from the file */
     return v;
 }
 
-static tok_vocab *load_vocab(const char *name) {
+static kp_tok_vocab *load_vocab(const char *name) {
     char rel[256];
     snprintf(rel, sizeof rel, VOCAB_DIR "ggml-vocab-%s.gguf", name);
     return load_path(rel);
 }
 
 /* The bundled model: models/stories260K.gguf (or a copy in tests/data). */
-static tok_vocab *load_stories(void) {
+static kp_tok_vocab *load_stories(void) {
     FILE *f = fopen(harness_path("models/stories260K.gguf"), "rb");
     if (f) {
         fclose(f);
@@ -62,22 +62,22 @@ static tok_vocab *load_stories(void) {
     return load_path("tests/data/stories260K.gguf");
 }
 
-static tok_vocab *load_qwen2(void) { return load_path(VOCAB_DIR "gen-qwen2-vocab.gguf"); }
+static kp_tok_vocab *load_qwen2(void) { return load_path(VOCAB_DIR "gen-qwen2-vocab.gguf"); }
 
 typedef struct {
     int32_t *ids;
     size_t n;
 } idvec;
 
-static idvec enc(const tok_vocab *v, const char *text, size_t len, bool add_special, bool parse_special) {
+static idvec enc(const kp_tok_vocab *v, const char *text, size_t len, bool add_special, bool parse_special) {
     idvec r = {0};
     kp_error err = {0};
-    kp_status st = tok_encode(v, text, len, add_special, parse_special, &r.ids, &r.n, &err);
-    CHECK_MSG(st == KP_OK, "tok_encode: %s", err.msg);
+    kp_status st = kp_tok_encode(v, text, len, add_special, parse_special, &r.ids, &r.n, &err);
+    CHECK_MSG(st == KP_OK, "kp_tok_encode: %s", err.msg);
     return r;
 }
 
-static idvec encs(const tok_vocab *v, const char *text, bool add_special, bool parse_special) {
+static idvec encs(const kp_tok_vocab *v, const char *text, bool add_special, bool parse_special) {
     return enc(v, text, strlen(text), add_special, parse_special);
 }
 
@@ -101,13 +101,13 @@ static idvec cat3(idvec a, const int32_t *mid, size_t n_mid, idvec c) {
 }
 
 /* Concatenated pieces (special = false) into a malloc'd buffer. */
-static char *pieces(const tok_vocab *v, idvec ids, size_t *len) {
+static char *pieces(const kp_tok_vocab *v, idvec ids, size_t *len) {
     size_t cap = 16, n = 0;
     char *out = malloc(cap);
     size_t bad = 0;
     for (size_t i = 0; i < ids.n; i++) {
         size_t pl;
-        const char *p = tok_piece_view(v, ids.ids[i], false, &pl);
+        const char *p = kp_tok_piece_view(v, ids.ids[i], false, &pl);
         if (!p) {
             bad++;
             continue;
@@ -200,7 +200,7 @@ static bool parse_out_line(const char **cursor, idvec *out) {
 }
 
 /* Checks every case of inp/out against v; returns the number of mismatches. */
-static int check_vectors(const tok_vocab *v, const char *name, const char *inp_rel, const char *out_rel) {
+static int check_vectors(const kp_tok_vocab *v, const char *name, const char *inp_rel, const char *out_rel) {
     cases c;
     size_t out_len;
     char *out = harness_read_file(harness_path(out_rel), &out_len);
@@ -239,7 +239,7 @@ static int check_vectors(const tok_vocab *v, const char *name, const char *inp_r
 static void test_upstream_vectors(void) {
     for (size_t k = 0; k < sizeof upstream_vocabs / sizeof upstream_vocabs[0]; k++) {
         const char *name = upstream_vocabs[k];
-        tok_vocab *v = load_vocab(name);
+        kp_tok_vocab *v = load_vocab(name);
         CHECK_MSG(v != NULL, "load %s", name);
         if (!v) continue;
         char inp[256], out[256];
@@ -247,26 +247,26 @@ static void test_upstream_vectors(void) {
         snprintf(out, sizeof out, VOCAB_DIR "ggml-vocab-%s.gguf.out", name);
         int bad = check_vectors(v, name, inp, out);
         if (bad) fprintf(stderr, "%s: %d of 46 cases differ\n", name, bad);
-        CHECK(tok_pre_warning(v) == NULL);
-        tok_vocab_free(v);
+        CHECK(kp_tok_pre_warning(v) == NULL);
+        kp_tok_vocab_free(v);
     }
 }
 
 static void test_golden_vectors(void) {
-    tok_vocab *s = load_stories();
+    kp_tok_vocab *s = load_stories();
     CHECK_MSG(s != NULL, "the bundled model models/stories260K.gguf is missing");
     if (s) {
         CHECK_EQ_INT(check_vectors(s, "stories260K", VOCAB_DIR "stories260K.gguf.inp",
                                    VOCAB_DIR "stories260K.gguf.out"), 0);
-        tok_vocab_free(s);
+        kp_tok_vocab_free(s);
     }
-    tok_vocab *q = load_qwen2();
+    kp_tok_vocab *q = load_qwen2();
     CHECK(q != NULL);
     if (q) {
-        CHECK_EQ_STR(tok_pre_name(q), "qwen2");
+        CHECK_EQ_STR(kp_tok_pre_name(q), "qwen2");
         CHECK_EQ_INT(check_vectors(q, "gen-qwen2", VOCAB_DIR "gen-qwen2-f32.gguf.inp",
                                    VOCAB_DIR "gen-qwen2-f32.gguf.out"), 0);
-        tok_vocab_free(q);
+        kp_tok_vocab_free(q);
     }
 }
 
@@ -276,7 +276,7 @@ static void test_golden_prompts(void) {
     static const char *lily = "Lily and Tom went to the park. They saw a big dog and";
     static const char *json = "{\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\"}}";
 
-    tok_vocab *s = load_stories();
+    kp_tok_vocab *s = load_stories();
     if (s) {
         static const int32_t e_once[] = {1, 403, 407, 261, 378};
         static const int32_t e_lily[] = {1, 317, 269, 274, 287, 263, 377, 267, 265, 282,
@@ -285,7 +285,7 @@ static void test_golden_prompts(void) {
                                          98, 424, 411, 294, 386, 436, 432, 313, 427, 295, 314, 316,
                                          285, 419, 436, 467, 410, 126, 436, 413, 422, 427, 411, 436,
                                          467, 313, 414, 430, 449, 411, 429, 413, 436, 128, 128};
-        CHECK(tok_add_bos(s)); /* no add_bos_token key: SPM adds BOS */
+        CHECK(kp_tok_add_bos(s)); /* no add_bos_token key: SPM adds BOS */
         idvec r = encs(s, once, true, false);
         CHECK(ids_eq(r, e_once, sizeof e_once / 4));
         free(r.ids);
@@ -298,10 +298,10 @@ static void test_golden_prompts(void) {
         r = encs(s, "", true, false); /* the empty prompt is BOS alone */
         CHECK(r.n == 1 && r.ids[0] == 1);
         free(r.ids);
-        tok_vocab_free(s);
+        kp_tok_vocab_free(s);
     }
 
-    tok_vocab *q = load_qwen2();
+    kp_tok_vocab *q = load_qwen2();
     if (q) {
         static const int32_t e_once[] = {46, 1198, 510, 261, 257, 640};
         static const int32_t e_lily[] = {43, 813, 290, 309, 296, 1816, 284, 262, 279, 668,
@@ -309,7 +309,7 @@ static void test_golden_prompts(void) {
         static const int32_t e_json[] = {90, 1, 77, 480, 1298, 366, 1136, 62, 732, 1032,
                                          1600, 366, 1845, 321, 316, 364, 1298, 1391, 1, 774,
                                          431, 1298, 366, 672, 752, 1, 92, 92};
-        CHECK(!tok_add_bos(q)); /* add_bos_token = false */
+        CHECK(!kp_tok_add_bos(q)); /* add_bos_token = false */
         idvec r = encs(q, once, true, false);
         CHECK(ids_eq(r, e_once, sizeof e_once / 4));
         free(r.ids);
@@ -322,11 +322,11 @@ static void test_golden_prompts(void) {
         r = encs(q, "", true, false); /* no BOS: nothing at all */
         CHECK_EQ_INT(r.n, 0);
         free(r.ids);
-        tok_vocab_free(q);
+        kp_tok_vocab_free(q);
     }
 
     /* llama-2-tiny-random's vocabulary is ggml-vocab-llama-spm's, token for token */
-    tok_vocab *l = load_vocab("llama-spm");
+    kp_tok_vocab *l = load_vocab("llama-spm");
     if (l) {
         static const int32_t e_lily[] = {1, 365, 2354, 322, 4335, 3512, 304, 278,
                                          14089, 29889, 2688, 4446, 263, 4802, 11203, 322};
@@ -338,84 +338,84 @@ static void test_golden_prompts(void) {
         r = encs(l, json, true, false);
         CHECK(ids_eq(r, e_json, sizeof e_json / 4));
         free(r.ids);
-        tok_vocab_free(l);
+        kp_tok_vocab_free(l);
     }
 }
 
 /* ---- vocabulary properties ---- */
 
 static void test_properties(void) {
-    tok_vocab *s = load_stories();
+    kp_tok_vocab *s = load_stories();
     if (s) {
-        CHECK_EQ_STR(tok_model_name(s), "llama");
-        CHECK_EQ_STR(tok_pre_name(s), "default");
-        CHECK_EQ_INT(tok_n_vocab(s), 512);
-        CHECK_EQ_INT(tok_bos(s), 1);
-        CHECK_EQ_INT(tok_eos(s), 2);
-        CHECK_EQ_INT(tok_unk(s), 0);
-        CHECK_EQ_INT(tok_pad(s), -1); /* padding_token_id = 0xFFFFFFFF: unset */
-        CHECK(tok_add_bos(s) && !tok_add_eos(s) && tok_add_space_prefix(s));
-        CHECK(tok_is_eog(s, 2) && !tok_is_eog(s, 1) && !tok_is_eog(s, 300));
-        CHECK(!tok_is_eog(s, -1) && !tok_is_eog(s, 512));
-        CHECK(tok_is_control(s, 1) && !tok_is_control(s, 300));
-        CHECK_EQ_INT(tok_nl(s), tok_find(s, "<0x0A>", 6));
+        CHECK_EQ_STR(kp_tok_model_name(s), "llama");
+        CHECK_EQ_STR(kp_tok_pre_name(s), "default");
+        CHECK_EQ_INT(kp_tok_n_vocab(s), 512);
+        CHECK_EQ_INT(kp_tok_bos(s), 1);
+        CHECK_EQ_INT(kp_tok_eos(s), 2);
+        CHECK_EQ_INT(kp_tok_unk(s), 0);
+        CHECK_EQ_INT(kp_tok_pad(s), -1); /* padding_token_id = 0xFFFFFFFF: unset */
+        CHECK(kp_tok_add_bos(s) && !kp_tok_add_eos(s) && kp_tok_add_space_prefix(s));
+        CHECK(kp_tok_is_eog(s, 2) && !kp_tok_is_eog(s, 1) && !kp_tok_is_eog(s, 300));
+        CHECK(!kp_tok_is_eog(s, -1) && !kp_tok_is_eog(s, 512));
+        CHECK(kp_tok_is_control(s, 1) && !kp_tok_is_control(s, 300));
+        CHECK_EQ_INT(kp_tok_nl(s), kp_tok_find(s, "<0x0A>", 6));
         size_t len;
-        CHECK_EQ_STR(tok_text(s, 1, &len), "<s>");
+        CHECK_EQ_STR(kp_tok_text(s, 1, &len), "<s>");
         CHECK_EQ_INT(len, 3);
-        CHECK(tok_text(s, 512, &len) == NULL && len == 0);
-        CHECK(tok_attr(s, 3) & 32); /* <0x00> is a byte token */
-        tok_vocab_free(s);
+        CHECK(kp_tok_text(s, 512, &len) == NULL && len == 0);
+        CHECK(kp_tok_attr(s, 3) & 32); /* <0x00> is a byte token */
+        kp_tok_vocab_free(s);
     }
-    tok_vocab *q = load_qwen2();
+    kp_tok_vocab *q = load_qwen2();
     if (q) {
-        CHECK_EQ_STR(tok_model_name(q), "gpt2");
+        CHECK_EQ_STR(kp_tok_model_name(q), "gpt2");
         /* bos = eos = 0 ("!"): llama.cpp puts the eos id in its end-of-generation set */
-        CHECK(tok_is_eog(q, 0) && !tok_is_eog(q, 1));
-        CHECK(!tok_add_bos(q) && !tok_add_space_prefix(q));
-        CHECK_EQ_INT(tok_nl(q), 198); /* GPT-2's "Ċ" */
-        tok_vocab_free(q);
+        CHECK(kp_tok_is_eog(q, 0) && !kp_tok_is_eog(q, 1));
+        CHECK(!kp_tok_add_bos(q) && !kp_tok_add_space_prefix(q));
+        CHECK_EQ_INT(kp_tok_nl(q), 198); /* GPT-2's "Ċ" */
+        kp_tok_vocab_free(q);
     }
-    tok_vocab *g = load_vocab("gpt-2");
+    kp_tok_vocab *g = load_vocab("gpt-2");
     if (g) {
-        CHECK(!tok_add_bos(g)); /* BPE without add_bos_token: no BOS */
-        CHECK(tok_is_eog(g, 50256) && tok_is_control(g, 50256));
+        CHECK(!kp_tok_add_bos(g)); /* BPE without add_bos_token: no BOS */
+        CHECK(kp_tok_is_eog(g, 50256) && kp_tok_is_control(g, 50256));
         idvec r = encs(g, "Hello", true, false);
         CHECK(!idvec_has(r, 50256));
         free(r.ids);
-        tok_vocab_free(g);
+        kp_tok_vocab_free(g);
     }
-    tok_vocab *d = load_vocab("deepseek-coder");
+    kp_tok_vocab *d = load_vocab("deepseek-coder");
     if (d) {
-        CHECK(tok_add_bos(d)); /* add_bos_token = true */
+        CHECK(kp_tok_add_bos(d)); /* add_bos_token = true */
         idvec r = encs(d, "Hello", true, false);
         CHECK(r.n >= 1 && r.ids[0] == 32013);
         free(r.ids);
-        CHECK(tok_is_eog(d, 32014));
-        tok_vocab_free(d);
+        CHECK(kp_tok_is_eog(d, 32014));
+        kp_tok_vocab_free(d);
     }
-    tok_vocab *p = load_vocab("phi-3");
+    kp_tok_vocab *p = load_vocab("phi-3");
     if (p) {
-        CHECK(tok_is_eog(p, 32000) && tok_is_eog(p, 32007)); /* <|endoftext|>, <|end|> */
-        tok_vocab_free(p);
+        CHECK(kp_tok_is_eog(p, 32000) && kp_tok_is_eog(p, 32007)); /* <|endoftext|>, <|end|> */
+        kp_tok_vocab_free(p);
     }
 }
 
 static void test_bert_refused(void) {
     gguf *g = NULL;
     kp_error err = {0};
-    CHECK(gguf_open(&g, harness_path(VOCAB_DIR "ggml-vocab-bert-bge.gguf"), &err) == KP_OK);
+    CHECK(kp_gguf_open(&g, harness_path(VOCAB_DIR "ggml-vocab-bert-bge.gguf"), &err) == KP_OK);
     if (!g) return;
-    tok_vocab *v = (tok_vocab *)1;
-    CHECK_EQ_INT(tok_vocab_load(&v, g, &err), KP_EUNSUPPORTED);
+    kp_tok_vocab *v = (kp_tok_vocab *)1;
+    CHECK_EQ_INT(kp_tok_vocab_load(&v, g, &err), KP_EUNSUPPORTED);
     CHECK(v == NULL);
     CHECK_EQ_STR(err.msg, "unsupported tokenizer model 'bert'");
-    gguf_close(g);
+    kp_gguf_close(g);
 }
 
 /* ---- special tokens ---- */
 
 static void test_special_tokens(void) {
-    tok_vocab *g = load_vocab("gpt-2");
+    kp_tok_vocab *g = load_vocab("gpt-2");
     if (g) {
         /* as plain text, GPT-2 spells "<|endoftext|>" as < | end of text | > */
         static const int32_t plain[] = {27, 91, 437, 1659, 5239, 91, 29};
@@ -434,10 +434,10 @@ static void test_special_tokens(void) {
         free(want.ids);
         free(a.ids);
         free(c.ids);
-        tok_vocab_free(g);
+        kp_tok_vocab_free(g);
     }
 
-    tok_vocab *l = load_vocab("llama-spm");
+    kp_tok_vocab *l = load_vocab("llama-spm");
     if (l) {
         /* after a special token the next piece gets its own leading space */
         static const int32_t bos[] = {1};
@@ -459,26 +459,26 @@ static void test_special_tokens(void) {
         /* control pieces are empty unless asked for */
         char buf[16];
         size_t len = 99;
-        CHECK_EQ_INT(tok_piece(l, 1, false, buf, sizeof buf, &len, NULL), KP_OK);
+        CHECK_EQ_INT(kp_tok_piece(l, 1, false, buf, sizeof buf, &len, NULL), KP_OK);
         CHECK_EQ_INT(len, 0);
-        CHECK_EQ_INT(tok_piece(l, 1, true, buf, sizeof buf, &len, NULL), KP_OK);
+        CHECK_EQ_INT(kp_tok_piece(l, 1, true, buf, sizeof buf, &len, NULL), KP_OK);
         CHECK(len == 3 && memcmp(buf, "<s>", 3) == 0);
-        CHECK_EQ_INT(tok_piece(l, 1, true, buf, 2, &len, NULL), KP_ERANGE);
-        tok_vocab_free(l);
+        CHECK_EQ_INT(kp_tok_piece(l, 1, true, buf, 2, &len, NULL), KP_ERANGE);
+        kp_tok_vocab_free(l);
     }
 
     /* user-defined tokens are matched without parse_special */
-    tok_vocab *m = load_vocab("mpt");
+    kp_tok_vocab *m = load_vocab("mpt");
     if (m) {
-        int32_t three = tok_find(m, "   ", 3);
+        int32_t three = kp_tok_find(m, "   ", 3);
         CHECK_EQ_INT(three, 50275);
-        CHECK(tok_attr(m, three) & 16); /* USER_DEFINED */
+        CHECK(kp_tok_attr(m, three) & 16); /* USER_DEFINED */
         idvec r = encs(m, "a   b", false, false);
         CHECK(r.n == 3 && r.ids[1] == three);
         free(r.ids);
-        tok_vocab_free(m);
+        kp_tok_vocab_free(m);
     }
-    tok_vocab *d = load_vocab("deepseek-coder");
+    kp_tok_vocab *d = load_vocab("deepseek-coder");
     if (d) {
         const char *bos_text = "<\xef\xbd\x9c" "begin\xe2\x96\x81" "of\xe2\x96\x81" "sentence\xef\xbd\x9c>";
         idvec r = encs(d, bos_text, false, true);
@@ -494,19 +494,19 @@ static void test_special_tokens(void) {
         r = encs(d, "\xc3\xbc", false, false); /* "ü" is a user-defined token there */
         CHECK(r.n == 1 && r.ids[0] == 32009);
         free(r.ids);
-        tok_vocab_free(d);
+        kp_tok_vocab_free(d);
     }
 }
 
 /* ---- round trips ---- */
 
-static void roundtrip_vocab(const tok_vocab *v, const char *name, const char *inp_rel, bool check_detok) {
+static void roundtrip_vocab(const kp_tok_vocab *v, const char *name, const char *inp_rel, bool check_detok) {
     cases c;
     if (!read_cases(inp_rel, &c)) {
         CHECK_MSG(0, "%s: cannot read %s", name, inp_rel);
         return;
     }
-    bool spm = tok_model_kind(v) == TOK_MODEL_SPM;
+    bool spm = kp_tok_model_kind(v) == KP_TOK_MODEL_SPM;
     for (int i = 0; i < c.n; i++) {
         idvec ids = enc(v, c.s[i], c.len[i], false, false);
         size_t n;
@@ -520,34 +520,34 @@ static void roundtrip_vocab(const tok_vocab *v, const char *name, const char *in
         if (check_detok) {
             char *d;
             size_t dn;
-            CHECK_EQ_INT(tok_detokenize(v, ids.ids, ids.n, false, false, &d, &dn, NULL), KP_OK);
+            CHECK_EQ_INT(kp_tok_detokenize(v, ids.ids, ids.n, false, false, &d, &dn, NULL), KP_OK);
             CHECK_MSG(dn == c.len[i] && memcmp(d, c.s[i], dn) == 0, "%s case %d: detokenize", name, i);
             free(d);
         }
         /* the stream gives the same bytes, in valid UTF-8 chunks */
-        tok_stream *st;
-        CHECK_EQ_INT(tok_stream_new(&st, v, false, NULL), KP_OK);
+        kp_tok_stream *st;
+        CHECK_EQ_INT(kp_tok_stream_new(&st, v, false, NULL), KP_OK);
         char *acc = malloc(c.len[i] + 8);
         size_t an = 0;
         bool chunks_ok = true;
         for (size_t k = 0; k < ids.n; k++) {
             const char *b;
             size_t bn;
-            CHECK_EQ_INT(tok_stream_push(st, ids.ids[k], &b, &bn, NULL), KP_OK);
+            CHECK_EQ_INT(kp_tok_stream_push(st, ids.ids[k], &b, &bn, NULL), KP_OK);
             if (!utf8_valid((const unsigned char *)b, bn)) chunks_ok = false;
             if (an + bn <= c.len[i] + 1) memcpy(acc + an, b, bn);
             an += bn;
         }
         const char *b;
         size_t bn;
-        tok_stream_flush(st, &b, &bn);
+        kp_tok_stream_flush(st, &b, &bn);
         CHECK_EQ_INT(bn, 0);
         CHECK(chunks_ok);
         size_t skip = spm && c.len[i] ? 1 : 0;
         CHECK_MSG(an == c.len[i] + skip && memcmp(acc + skip, c.s[i], c.len[i]) == 0,
                   "%s case %d: stream", name, i);
         free(acc);
-        tok_stream_free(st);
+        kp_tok_stream_free(st);
         free(ids.ids);
     }
     free(c.buf);
@@ -555,138 +555,138 @@ static void roundtrip_vocab(const tok_vocab *v, const char *name, const char *in
 
 static void test_roundtrip(void) {
     for (size_t k = 0; k < sizeof upstream_vocabs / sizeof upstream_vocabs[0]; k++) {
-        tok_vocab *v = load_vocab(upstream_vocabs[k]);
+        kp_tok_vocab *v = load_vocab(upstream_vocabs[k]);
         if (!v) continue;
         char inp[256];
         snprintf(inp, sizeof inp, VOCAB_DIR "ggml-vocab-%s.gguf.inp", upstream_vocabs[k]);
         /* SPM removes the leading space; these BPE pre-tokenizers do no space cleaning */
         const char *n = upstream_vocabs[k];
-        bool detok = tok_model_kind(v) == TOK_MODEL_SPM || strncmp(n, "deepseek", 8) == 0;
+        bool detok = kp_tok_model_kind(v) == KP_TOK_MODEL_SPM || strncmp(n, "deepseek", 8) == 0;
         roundtrip_vocab(v, n, inp, detok);
-        tok_vocab_free(v);
+        kp_tok_vocab_free(v);
     }
-    tok_vocab *s = load_stories();
+    kp_tok_vocab *s = load_stories();
     if (s) {
         roundtrip_vocab(s, "stories260K", VOCAB_DIR "stories260K.gguf.inp", true);
-        tok_vocab_free(s);
+        kp_tok_vocab_free(s);
     }
-    tok_vocab *q = load_qwen2();
+    kp_tok_vocab *q = load_qwen2();
     if (q) {
         roundtrip_vocab(q, "gen-qwen2", VOCAB_DIR "gen-qwen2-f32.gguf.inp", true);
-        tok_vocab_free(q);
+        kp_tok_vocab_free(q);
     }
 }
 
 static void test_detokenize_rules(void) {
-    tok_vocab *l = load_vocab("llama-spm");
+    kp_tok_vocab *l = load_vocab("llama-spm");
     if (l) {
         idvec r = encs(l, "Hello world", true, false); /* [BOS, ▁Hello, ▁world] */
         char *d;
         size_t n;
         /* with BOS in front the leading space stays (llama_detokenize) */
-        CHECK_EQ_INT(tok_detokenize(l, r.ids, r.n, false, false, &d, &n, NULL), KP_OK);
+        CHECK_EQ_INT(kp_tok_detokenize(l, r.ids, r.n, false, false, &d, &n, NULL), KP_OK);
         CHECK_EQ_STR(d, " Hello world");
         free(d);
-        CHECK_EQ_INT(tok_detokenize(l, r.ids, r.n, true, true, &d, &n, NULL), KP_OK);
+        CHECK_EQ_INT(kp_tok_detokenize(l, r.ids, r.n, true, true, &d, &n, NULL), KP_OK);
         CHECK_EQ_STR(d, " Hello world");
         free(d);
-        CHECK_EQ_INT(tok_detokenize(l, r.ids, r.n, false, true, &d, &n, NULL), KP_OK);
+        CHECK_EQ_INT(kp_tok_detokenize(l, r.ids, r.n, false, true, &d, &n, NULL), KP_OK);
         CHECK_EQ_STR(d, "<s> Hello world");
         free(d);
-        CHECK_EQ_INT(tok_detokenize(l, r.ids + 1, r.n - 1, false, false, &d, &n, NULL), KP_OK);
+        CHECK_EQ_INT(kp_tok_detokenize(l, r.ids + 1, r.n - 1, false, false, &d, &n, NULL), KP_OK);
         CHECK_EQ_STR(d, "Hello world");
         free(d);
         int32_t bad[] = {1, 32000};
-        CHECK_EQ_INT(tok_detokenize(l, bad, 2, false, false, &d, &n, NULL), KP_EINVAL);
+        CHECK_EQ_INT(kp_tok_detokenize(l, bad, 2, false, false, &d, &n, NULL), KP_EINVAL);
         free(r.ids);
-        tok_vocab_free(l);
+        kp_tok_vocab_free(l);
     }
-    tok_vocab *g = load_vocab("gpt-2");
+    kp_tok_vocab *g = load_vocab("gpt-2");
     if (g) {
         /* gpt-2 cleans tokenization spaces: " ," -> "," and " 's" -> "'s" */
         idvec r = encs(g, "Hello , it 's", false, false);
         char *d;
         size_t n;
-        CHECK_EQ_INT(tok_detokenize(g, r.ids, r.n, false, false, &d, &n, NULL), KP_OK);
+        CHECK_EQ_INT(kp_tok_detokenize(g, r.ids, r.n, false, false, &d, &n, NULL), KP_OK);
         CHECK_EQ_STR(d, "Hello, it's");
         free(d);
         free(r.ids);
-        tok_vocab_free(g);
+        kp_tok_vocab_free(g);
     }
 }
 
 /* ---- streaming ---- */
 
 static void test_stream_bytes(void) {
-    tok_vocab *s = load_stories();
+    kp_tok_vocab *s = load_stories();
     if (!s) return;
     /* "🦙" has no piece in stories260K: four byte tokens */
     idvec r = encs(s, "\xf0\x9f\xa6\x99", false, false);
-    int32_t b_f0 = tok_find(s, "<0xF0>", 6), b_9f = tok_find(s, "<0x9F>", 6);
-    int32_t b_a6 = tok_find(s, "<0xA6>", 6), b_99 = tok_find(s, "<0x99>", 6);
+    int32_t b_f0 = kp_tok_find(s, "<0xF0>", 6), b_9f = kp_tok_find(s, "<0x9F>", 6);
+    int32_t b_a6 = kp_tok_find(s, "<0xA6>", 6), b_99 = kp_tok_find(s, "<0x99>", 6);
     CHECK(r.n >= 4 && r.ids[r.n - 4] == b_f0 && r.ids[r.n - 3] == b_9f && r.ids[r.n - 2] == b_a6 &&
           r.ids[r.n - 1] == b_99);
     free(r.ids);
 
-    tok_stream *st;
-    CHECK_EQ_INT(tok_stream_new(&st, s, false, NULL), KP_OK);
+    kp_tok_stream *st;
+    CHECK_EQ_INT(kp_tok_stream_new(&st, s, false, NULL), KP_OK);
     const char *b;
     size_t n;
     int32_t seq[] = {b_f0, b_9f, b_a6};
     for (int i = 0; i < 3; i++) {
-        CHECK_EQ_INT(tok_stream_push(st, seq[i], &b, &n, NULL), KP_OK);
+        CHECK_EQ_INT(kp_tok_stream_push(st, seq[i], &b, &n, NULL), KP_OK);
         CHECK_EQ_INT(n, 0); /* held back: incomplete */
     }
-    CHECK_EQ_INT(tok_stream_push(st, b_99, &b, &n, NULL), KP_OK);
+    CHECK_EQ_INT(kp_tok_stream_push(st, b_99, &b, &n, NULL), KP_OK);
     CHECK(n == 4 && memcmp(b, "\xf0\x9f\xa6\x99", 4) == 0);
 
     /* an interrupted sequence is one U+FFFD, then the rest as usual */
-    int32_t a = tok_find(s, "a", 1);
+    int32_t a = kp_tok_find(s, "a", 1);
     CHECK(a >= 0);
-    CHECK_EQ_INT(tok_stream_push(st, b_f0, &b, &n, NULL), KP_OK);
-    CHECK_EQ_INT(tok_stream_push(st, b_9f, &b, &n, NULL), KP_OK);
-    CHECK_EQ_INT(tok_stream_push(st, a, &b, &n, NULL), KP_OK);
+    CHECK_EQ_INT(kp_tok_stream_push(st, b_f0, &b, &n, NULL), KP_OK);
+    CHECK_EQ_INT(kp_tok_stream_push(st, b_9f, &b, &n, NULL), KP_OK);
+    CHECK_EQ_INT(kp_tok_stream_push(st, a, &b, &n, NULL), KP_OK);
     CHECK(n == 4 && memcmp(b, "\xef\xbf\xbd" "a", 4) == 0);
     /* bytes that can never start a character: one U+FFFD each */
-    CHECK_EQ_INT(tok_stream_push(st, tok_find(s, "<0xFF>", 6), &b, &n, NULL), KP_OK);
+    CHECK_EQ_INT(kp_tok_stream_push(st, kp_tok_find(s, "<0xFF>", 6), &b, &n, NULL), KP_OK);
     CHECK(n == 3 && memcmp(b, "\xef\xbf\xbd", 3) == 0);
     /* ED A0 (a surrogate) is two maximal subparts: two U+FFFD */
-    CHECK_EQ_INT(tok_stream_push(st, tok_find(s, "<0xED>", 6), &b, &n, NULL), KP_OK);
+    CHECK_EQ_INT(kp_tok_stream_push(st, kp_tok_find(s, "<0xED>", 6), &b, &n, NULL), KP_OK);
     CHECK_EQ_INT(n, 0);
-    CHECK_EQ_INT(tok_stream_push(st, tok_find(s, "<0xA0>", 6), &b, &n, NULL), KP_OK);
+    CHECK_EQ_INT(kp_tok_stream_push(st, kp_tok_find(s, "<0xA0>", 6), &b, &n, NULL), KP_OK);
     CHECK(n == 6 && memcmp(b, "\xef\xbf\xbd\xef\xbf\xbd", 6) == 0);
     /* an out-of-range id leaves the stream untouched */
-    CHECK_EQ_INT(tok_stream_push(st, b_f0, &b, &n, NULL), KP_OK);
-    CHECK_EQ_INT(tok_stream_push(st, 512, &b, &n, NULL), KP_EINVAL);
-    CHECK_EQ_INT(tok_stream_push(st, -1, &b, &n, NULL), KP_EINVAL);
+    CHECK_EQ_INT(kp_tok_stream_push(st, b_f0, &b, &n, NULL), KP_OK);
+    CHECK_EQ_INT(kp_tok_stream_push(st, 512, &b, &n, NULL), KP_EINVAL);
+    CHECK_EQ_INT(kp_tok_stream_push(st, -1, &b, &n, NULL), KP_EINVAL);
     /* flush turns the held-back byte into U+FFFD and resets */
-    tok_stream_flush(st, &b, &n);
+    kp_tok_stream_flush(st, &b, &n);
     CHECK(n == 3 && memcmp(b, "\xef\xbf\xbd", 3) == 0);
-    tok_stream_flush(st, &b, &n);
+    kp_tok_stream_flush(st, &b, &n);
     CHECK_EQ_INT(n, 0);
     /* control tokens print nothing unless the stream renders specials */
-    CHECK_EQ_INT(tok_stream_push(st, 1, &b, &n, NULL), KP_OK);
+    CHECK_EQ_INT(kp_tok_stream_push(st, 1, &b, &n, NULL), KP_OK);
     CHECK_EQ_INT(n, 0);
-    tok_stream_free(st);
-    CHECK_EQ_INT(tok_stream_new(&st, s, true, NULL), KP_OK);
-    CHECK_EQ_INT(tok_stream_push(st, 1, &b, &n, NULL), KP_OK);
+    kp_tok_stream_free(st);
+    CHECK_EQ_INT(kp_tok_stream_new(&st, s, true, NULL), KP_OK);
+    CHECK_EQ_INT(kp_tok_stream_push(st, 1, &b, &n, NULL), KP_OK);
     CHECK(n == 3 && memcmp(b, "<s>", 3) == 0);
-    tok_stream_free(st);
-    tok_stream_free(NULL);
-    tok_vocab_free(s);
+    kp_tok_stream_free(st);
+    kp_tok_stream_free(NULL);
+    kp_tok_vocab_free(s);
 
     /* BPE: GPT-2 splits "🦙" into byte-level pieces that are not UTF-8 alone */
-    tok_vocab *g = load_vocab("gpt-2");
+    kp_tok_vocab *g = load_vocab("gpt-2");
     if (g) {
         idvec e = encs(g, "\xf0\x9f\xa6\x99\xf0\x9f\xa6\x99", false, false);
         CHECK(e.n >= 2);
-        tok_stream *gs;
-        CHECK_EQ_INT(tok_stream_new(&gs, g, false, NULL), KP_OK);
+        kp_tok_stream *gs;
+        CHECK_EQ_INT(kp_tok_stream_new(&gs, g, false, NULL), KP_OK);
         char acc[16];
         size_t an = 0;
         int held = 0;
         for (size_t i = 0; i < e.n; i++) {
-            CHECK_EQ_INT(tok_stream_push(gs, e.ids[i], &b, &n, NULL), KP_OK);
+            CHECK_EQ_INT(kp_tok_stream_push(gs, e.ids[i], &b, &n, NULL), KP_OK);
             if (n == 0) held++;
             CHECK(n % 4 == 0 && an + n <= sizeof acc);
             if (an + n <= sizeof acc) memcpy(acc + an, b, n);
@@ -695,20 +695,20 @@ static void test_stream_bytes(void) {
         CHECK(held > 0);
         CHECK(an == 8 && memcmp(acc, "\xf0\x9f\xa6\x99\xf0\x9f\xa6\x99", 8) == 0);
         free(e.ids);
-        tok_stream_free(gs);
-        tok_vocab_free(g);
+        kp_tok_stream_free(gs);
+        kp_tok_vocab_free(g);
     }
 }
 
 /* ---- robustness ---- */
 
 static void test_invalid_input(void) {
-    tok_vocab *s = load_stories();
-    tok_vocab *g = load_vocab("gpt-2");
+    kp_tok_vocab *s = load_stories();
+    kp_tok_vocab *g = load_vocab("gpt-2");
     if (s) {
         /* SPM spells bytes that are not UTF-8 with byte tokens */
         idvec r = encs(s, "a\xff" "b\xc3", false, false);
-        CHECK(idvec_has(r, tok_find(s, "<0xFF>", 6)) && idvec_has(r, tok_find(s, "<0xC3>", 6)));
+        CHECK(idvec_has(r, kp_tok_find(s, "<0xFF>", 6)) && idvec_has(r, kp_tok_find(s, "<0xC3>", 6)));
         size_t n;
         char *t = pieces(s, r, &n);
         CHECK(n == 5 && memcmp(t, " a\xff" "b\xc3", 5) == 0);
@@ -742,16 +742,16 @@ static void test_invalid_input(void) {
         free(bad.ids);
         /* bad arguments */
         int32_t *ids;
-        CHECK_EQ_INT(tok_encode(g, NULL, 3, false, false, &ids, &n, NULL), KP_EINVAL);
-        CHECK_EQ_INT(tok_encode(g, "abc", 3, false, false, NULL, &n, NULL), KP_EINVAL);
+        CHECK_EQ_INT(kp_tok_encode(g, NULL, 3, false, false, &ids, &n, NULL), KP_EINVAL);
+        CHECK_EQ_INT(kp_tok_encode(g, "abc", 3, false, false, NULL, &n, NULL), KP_EINVAL);
         char buf[8];
-        CHECK_EQ_INT(tok_piece(g, 50257, false, buf, sizeof buf, &n, NULL), KP_EINVAL);
-        CHECK_EQ_INT(tok_piece(g, -5, false, buf, sizeof buf, &n, NULL), KP_EINVAL);
-        CHECK(tok_piece_view(g, 50257, false, &n) == NULL);
+        CHECK_EQ_INT(kp_tok_piece(g, 50257, false, buf, sizeof buf, &n, NULL), KP_EINVAL);
+        CHECK_EQ_INT(kp_tok_piece(g, -5, false, buf, sizeof buf, &n, NULL), KP_EINVAL);
+        CHECK(kp_tok_piece_view(g, 50257, false, &n) == NULL);
     }
-    tok_vocab_free(s);
-    tok_vocab_free(g);
-    tok_vocab_free(NULL);
+    kp_tok_vocab_free(s);
+    kp_tok_vocab_free(g);
+    kp_tok_vocab_free(NULL);
 }
 
 static double now_s(void) {
@@ -767,7 +767,7 @@ static void test_long_inputs(void) {
     const char fills[] = {'a', ' ', '\n', '3', '!'};
     const char *names[] = {"gpt-2", "llama-spm", "deepseek-llm", "falcon"};
     for (size_t k = 0; k < 4; k++) {
-        tok_vocab *v = load_vocab(names[k]);
+        kp_tok_vocab *v = load_vocab(names[k]);
         if (!v) continue;
         for (size_t f = 0; f < sizeof fills; f++) {
             memset(text, fills[f], n);
@@ -778,13 +778,13 @@ static void test_long_inputs(void) {
             CHECK_MSG(dt < 20.0, "%s: %zu x '%c' took %.1f s", names[k], n, fills[f], dt);
             size_t pn;
             char *p = pieces(v, r, &pn);
-            size_t skip = tok_model_kind(v) == TOK_MODEL_SPM ? 1 : 0;
+            size_t skip = kp_tok_model_kind(v) == KP_TOK_MODEL_SPM ? 1 : 0;
             CHECK_MSG(pn == n + 4 + skip && memcmp(p + skip, text, n + 4) == 0, "%s: long '%c' round trip",
                       names[k], fills[f]);
             free(p);
             free(r.ids);
         }
-        tok_vocab_free(v);
+        kp_tok_vocab_free(v);
     }
     free(text);
 }
@@ -796,9 +796,9 @@ static void test_spm_word_cuts(void) {
                                        "\xc3\xa9", "\n", "\t", "Hello", "world", "<s>", "\xff",
                                        "ab", "\xe2\x96", "x", "\xe4\xb8\x80", "Once upon", " time,"};
     const size_t n_pool = sizeof pool / sizeof pool[0];
-    tok_vocab *vs[2] = {load_vocab("llama-spm"), load_stories()};
+    kp_tok_vocab *vs[2] = {load_vocab("llama-spm"), load_stories()};
     for (int k = 0; k < 2; k++) {
-        tok_vocab *v = vs[k];
+        kp_tok_vocab *v = vs[k];
         if (!v) continue;
         CHECK(v->spm_word_cuts);
         uint32_t seed = 7;
@@ -823,7 +823,7 @@ static void test_spm_word_cuts(void) {
         }
         v->spm_word_cuts = true;
         CHECK_EQ_INT(bad, 0);
-        tok_vocab_free(v);
+        kp_tok_vocab_free(v);
     }
 }
 
@@ -898,15 +898,15 @@ static void kv_i32s(gw *w, const char *k, const int32_t *v, size_t n) {
 }
 
 /* Loads the image; returns the status and fills *out / err. */
-static kp_status gw_load(gw *w, tok_vocab **out, kp_error *err) {
+static kp_status gw_load(gw *w, kp_tok_vocab **out, kp_error *err) {
     memcpy(w->d + 16, &w->n_kv, 8);
     gguf *g = NULL;
     *out = NULL;
-    kp_status st = gguf_open_memory(&g, w->d, w->n, "mem.gguf", err);
-    CHECK_MSG(st == KP_OK, "gguf_open_memory: %s", err->msg);
+    kp_status st = kp_gguf_open_memory(&g, w->d, w->n, "mem.gguf", err);
+    CHECK_MSG(st == KP_OK, "kp_gguf_open_memory: %s", err->msg);
     if (st == KP_OK) {
-        st = tok_vocab_load(out, g, err);
-        gguf_close(g);
+        st = kp_tok_vocab_load(out, g, err);
+        kp_gguf_close(g);
     }
     free(w->d);
     w->d = NULL;
@@ -930,7 +930,7 @@ static void spm_tiny(gw *w, bool space_prefix) {
 
 static void test_tiny_spm(void) {
     gw w;
-    tok_vocab *v;
+    kp_tok_vocab *v;
     kp_error err = {0};
     spm_tiny(&w, true);
     CHECK_EQ_INT(gw_load(&w, &v, &err), KP_OK);
@@ -954,7 +954,7 @@ static void test_tiny_spm(void) {
         r = encs(v, "ab", true, false); /* BOS by default */
         CHECK(ids_eq(r, e4, 2));
         free(r.ids);
-        tok_vocab_free(v);
+        kp_tok_vocab_free(v);
     }
     spm_tiny(&w, false);
     CHECK_EQ_INT(gw_load(&w, &v, &err), KP_OK);
@@ -964,8 +964,8 @@ static void test_tiny_spm(void) {
         idvec r = encs(v, "aaa", false, false);
         CHECK(ids_eq(r, e, 2));
         free(r.ids);
-        CHECK(!tok_add_space_prefix(v));
-        tok_vocab_free(v);
+        CHECK(!kp_tok_add_space_prefix(v));
+        kp_tok_vocab_free(v);
     }
 }
 
@@ -981,7 +981,7 @@ static void bpe_tiny(gw *w, const char *const *merges, size_t n_merges, const ch
 
 static void test_tiny_bpe(void) {
     gw w;
-    tok_vocab *v;
+    kp_tok_vocab *v;
     kp_error err = {0};
     static const char *const m1[] = {"a b", "ab c", "\xc4\xa0 a"};
     bpe_tiny(&w, m1, 3, "gpt-2");
@@ -996,15 +996,15 @@ static void test_tiny_bpe(void) {
         r = encs(v, "ab ad", false, false);
         CHECK(ids_eq(r, e2, 2));
         free(r.ids);
-        CHECK(tok_pre_warning(v) == NULL);
+        CHECK(kp_tok_pre_warning(v) == NULL);
         /* pieces map GPT-2 code points back to bytes; a code point outside the
          * map gets llama.cpp's marker (llama_decode_text) */
         size_t n;
-        const char *p = tok_piece_view(v, 7, false, &n);
+        const char *p = kp_tok_piece_view(v, 7, false, &n);
         CHECK(n == 2 && memcmp(p, " a", 2) == 0);
-        p = tok_piece_view(v, 8, false, &n);
+        p = kp_tok_piece_view(v, 8, false, &n);
         CHECK(n == 20 && memcmp(p, "x[UNK_BYTE_0x20x y]y", 20) == 0);
-        tok_vocab_free(v);
+        kp_tok_vocab_free(v);
     }
     /* ranks decide: "b c" (rank 0) before "a b" (rank 1) -> a + bc */
     static const char *const m2[] = {"b c", "a b", "ab c"};
@@ -1015,34 +1015,34 @@ static void test_tiny_bpe(void) {
         idvec r = encs(v, "abc", false, false);
         CHECK(ids_eq(r, e, 2));
         free(r.ids);
-        tok_vocab_free(v);
+        kp_tok_vocab_free(v);
     }
     /* an unknown pre-tokenizer is not fatal: default regexes and a warning */
     bpe_tiny(&w, m1, 3, "no-such-pre");
     CHECK_EQ_INT(gw_load(&w, &v, &err), KP_OK);
     if (v) {
-        CHECK_EQ_STR(tok_pre_name(v), "default");
-        CHECK(tok_pre_warning(v) != NULL && strstr(tok_pre_warning(v), "no-such-pre") != NULL);
-        CHECK(tok_warnings(v) != NULL);
-        tok_vocab_free(v);
+        CHECK_EQ_STR(kp_tok_pre_name(v), "default");
+        CHECK(kp_tok_pre_warning(v) != NULL && strstr(kp_tok_pre_warning(v), "no-such-pre") != NULL);
+        CHECK(kp_tok_warnings(v) != NULL);
+        kp_tok_vocab_free(v);
     }
     bpe_tiny(&w, m1, 3, NULL);
     CHECK_EQ_INT(gw_load(&w, &v, &err), KP_OK);
     if (v) {
-        CHECK(tok_pre_warning(v) != NULL);
-        CHECK(tok_bos(v) == -1 && !tok_add_bos(v)); /* default id 11 is outside 9 tokens */
-        tok_vocab_free(v);
+        CHECK(kp_tok_pre_warning(v) != NULL);
+        CHECK(kp_tok_bos(v) == -1 && !kp_tok_add_bos(v)); /* default id 11 is outside 9 tokens */
+        kp_tok_vocab_free(v);
     }
 }
 
 static void expect_load_error(gw *w, kp_status want, const char *needle, const char *what) {
-    tok_vocab *v = (tok_vocab *)1;
+    kp_tok_vocab *v = (kp_tok_vocab *)1;
     kp_error err = {0};
     kp_status st = gw_load(w, &v, &err);
     CHECK_MSG(st == want, "%s: status %d (%s), expected %d", what, st, err.msg, want);
     CHECK_MSG(v == NULL, "%s: vocabulary returned on error", what);
     CHECK_MSG(strstr(err.msg, needle) != NULL, "%s: message '%s' lacks '%s'", what, err.msg, needle);
-    if (st == KP_OK) tok_vocab_free(v);
+    if (st == KP_OK) kp_tok_vocab_free(v);
 }
 
 static void test_malformed(void) {
@@ -1122,14 +1122,14 @@ static void test_malformed(void) {
     kv_strs(&w, "tokenizer.ggml.tokens", toks, 5);
     kv_u32(&w, "tokenizer.ggml.bos_token_id", 0xFFFFFFFFu);
     kv_u32(&w, "tokenizer.ggml.padding_token_id", 77); /* optional id out of range: a warning */
-    tok_vocab *v;
+    kp_tok_vocab *v;
     kp_error err = {0};
     CHECK_EQ_INT(gw_load(&w, &v, &err), KP_OK);
     if (v) {
-        CHECK_EQ_INT(tok_bos(v), 1);
-        CHECK_EQ_INT(tok_pad(v), -1);
-        CHECK(tok_warnings(v) != NULL && strstr(tok_warnings(v), "padding_token_id") != NULL);
-        tok_vocab_free(v);
+        CHECK_EQ_INT(kp_tok_bos(v), 1);
+        CHECK_EQ_INT(kp_tok_pad(v), -1);
+        CHECK(kp_tok_warnings(v) != NULL && strstr(kp_tok_warnings(v), "padding_token_id") != NULL);
+        kp_tok_vocab_free(v);
     }
 
     static const char *const m_ok[] = {"a b"};
@@ -1145,7 +1145,7 @@ static void test_malformed(void) {
     kv_bool(&w, "tokenizer.ggml.add_bos_token", true); /* no usable bos id in 9 tokens */
     expect_load_error(&w, KP_EFORMAT, "add_bos_token", "add_bos without bos");
 
-    CHECK_EQ_INT(tok_vocab_load(NULL, NULL, NULL), KP_EINVAL);
+    CHECK_EQ_INT(kp_tok_vocab_load(NULL, NULL, NULL), KP_EINVAL);
 }
 
 int main(void) {

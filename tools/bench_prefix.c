@@ -13,11 +13,11 @@
  *                                '-- reusable: prompt + answer --'-- new ----'
  *
  *                   P_1 is G - V random tokens (the system spec) + T_1.
- *                   Each turn: eng_prefill, the answer's tokens each decoded
+ *                   Each turn: kp_eng_prefill, the answer's tokens each decoded
  *                   (so the cache holds prompt + answer; the last turn
- *                   decodes none), eng_finish. Goals: the last (warm) turn's
+ *                   decodes none), kp_eng_finish. Goals: the last (warm) turn's
  *                   time to first token <= 1/50 of a cold prefill of the
- *                   same prompt (the cache emptied with eng_clear); the
+ *                   same prompt (the cache emptied with kp_eng_clear); the
  *                   tokens computed over all turns <= 1.05 x the tokens that
  *                   were new (a turn's prompt less its longest common prefix
  *                   with any earlier turn's prompt + answer). The TTFT
@@ -36,9 +36,9 @@
  *                   must hold the spec once (spec + 8 x (tail + answer + one
  *                   partial block) at most, against 8 x the whole sequence
  *                   unshared); prefill work <= 1.05 x (spec + 8 tails).
- *   4 lookup        pfx_match of an N-token prompt against an index of
+ *   4 lookup        kp_pfx_match of an N-token prompt against an index of
  *                   1,000 cached prefixes < 1% of one decode step (the
- *                   fastest eng_decode measured in this run). The index is
+ *                   fastest kp_eng_decode measured in this run). The index is
  *                   built without the model: it lives on its own pool of one
  *                   layer, one head of width 1 (match compares tokens only,
  *                   never K/V), and each prefix is inserted from a kp_kvseq
@@ -172,27 +172,27 @@ static goal_row *goal_add(goal_table *g, const char *goal, bool pass) {
 /* ---- one run through the engine --------------------------------------- */
 
 typedef struct {
-    eng_engine *e;
+    kp_engine *e;
     float *logits;
     uint32_t n_vocab;
-    double min_decode_s; /* the fastest eng_decode seen (lookup goal's yardstick) */
+    double min_decode_s; /* the fastest kp_eng_decode seen (lookup goal's yardstick) */
     kp_error err;
 } bench;
 
 /* Prefills tokens[0..n) into *s, then greedily decodes n_answer tokens,
  * appending them to tokens[n..n + n_answer) (room needed). *ttft: prefill
  * until the first token is chosen. The sequence stays live. */
-static bool run_prompt(bench *b, int32_t *tokens, uint32_t n, uint32_t n_answer, eng_seq *s, eng_report *rep,
+static bool run_prompt(bench *b, int32_t *tokens, uint32_t n, uint32_t n_answer, kp_eng_seq *s, kp_eng_report *rep,
                        double *ttft) {
     double t0 = now_s();
-    if (eng_prefill(b->e, tokens, n, s, b->logits, rep, &b->err) != KP_OK) return false;
+    if (kp_eng_prefill(b->e, tokens, n, s, b->logits, rep, &b->err) != KP_OK) return false;
     int32_t tok = argmax(b->logits, b->n_vocab);
     *ttft = now_s() - t0;
     for (uint32_t k = 0; k < n_answer; k++) {
         tokens[n + k] = tok;
         double d0 = now_s();
-        if (eng_decode(b->e, s, tok, b->logits, &b->err) != KP_OK) {
-            eng_seq_abort(b->e, s);
+        if (kp_eng_decode(b->e, s, tok, b->logits, &b->err) != KP_OK) {
+            kp_eng_seq_abort(b->e, s);
             return false;
         }
         double dt = now_s() - d0;
@@ -234,10 +234,10 @@ static bool bench_agent(bench *b, uint32_t n_final, uint32_t turns, uint32_t vol
             uint32_t l = lcp(p, n, seen[j], seen_n[j]);
             if (l > common) common = l;
         }
-        eng_seq s = {0};
-        eng_report r;
+        kp_eng_seq s = {0};
+        kp_eng_report r;
         double ttft;
-        if (!run_prompt(b, p, n, a, &s, &r, &ttft) || eng_finish(b->e, &s, p, n + a, NULL, &b->err) != KP_OK) {
+        if (!run_prompt(b, p, n, a, &s, &r, &ttft) || kp_eng_finish(b->e, &s, p, n + a, NULL, &b->err) != KP_OK) {
             free(p);
             ok = false;
             break;
@@ -254,12 +254,12 @@ static bool bench_agent(bench *b, uint32_t n_final, uint32_t turns, uint32_t vol
     }
     if (ok) {
         /* the same last prompt, cold: the cache emptied first */
-        eng_seq s = {0};
-        eng_report r;
+        kp_eng_seq s = {0};
+        kp_eng_report r;
         double cold;
-        ok = eng_clear(b->e, &b->err) == KP_OK && run_prompt(b, seen[turns - 1], last_n, 0, &s, &r, &cold);
+        ok = kp_eng_clear(b->e, &b->err) == KP_OK && run_prompt(b, seen[turns - 1], last_n, 0, &s, &r, &cold);
         if (ok) {
-            eng_seq_abort(b->e, &s);
+            kp_eng_seq_abort(b->e, &s);
             printf("%5s %8u %8u %9u %8s %10.1f\n", "cold", last_n, r.reused_tokens, r.computed_tokens, "-",
                    cold * 1e3);
             goal_row *row = goal_add(g, "agent loop: last warm turn TTFT vs cold prefill", warm_ttft * 50 <= cold);
@@ -283,29 +283,29 @@ static bool bench_agent(bench *b, uint32_t n_final, uint32_t turns, uint32_t vol
 
 static bool bench_edit(bench *b, uint32_t m, uint64_t *rng, goal_table *g) {
     int32_t *p = malloc((size_t)m * sizeof *p), *q = malloc((size_t)m * sizeof *q);
-    bool ok = p && q && eng_clear(b->e, &b->err) == KP_OK;
+    bool ok = p && q && kp_eng_clear(b->e, &b->err) == KP_OK;
     uint32_t ks[3] = {5, m / 4, m - 1};
     printf("\n== 2. mid-prompt edit of a cached %u-token prompt\n", m);
     printf("%8s %8s %9s %9s %10s\n", "k", "reused", "computed", "expected", "TTFT ms");
     if (ok) {
         fill_random(p, m, b->n_vocab, rng);
-        eng_seq s = {0};
-        eng_report r;
+        kp_eng_seq s = {0};
+        kp_eng_report r;
         double t;
-        ok = run_prompt(b, p, m, 0, &s, &r, &t) && eng_finish(b->e, &s, p, m, NULL, &b->err) == KP_OK;
+        ok = run_prompt(b, p, m, 0, &s, &r, &t) && kp_eng_finish(b->e, &s, p, m, NULL, &b->err) == KP_OK;
     }
     for (int i = 0; ok && i < 3; i++) {
         uint32_t k = ks[i];
         memcpy(q, p, (size_t)m * sizeof *q);
         q[k] = (int32_t)(((uint32_t)p[k] + 1) % b->n_vocab);
-        eng_seq s = {0};
-        eng_report r;
+        kp_eng_seq s = {0};
+        kp_eng_report r;
         double t;
         if (!run_prompt(b, q, m, 0, &s, &r, &t)) {
             ok = false;
             break;
         }
-        eng_seq_abort(b->e, &s); /* the cache keeps the original prompt */
+        kp_eng_seq_abort(b->e, &s); /* the cache keeps the original prompt */
         uint32_t want = m - k > 0 ? m - k : 1;
         printf("%8u %8u %9u %9u %10.1f\n", k, r.reused_tokens, r.computed_tokens, want, t * 1e3);
         char name[96];
@@ -328,9 +328,9 @@ static bool bench_agents(bench *b, uint32_t spec, uint32_t tail, uint32_t ans, u
     enum { N_AGENTS = 8 };
     uint32_t n = spec + tail;
     int32_t *tok[N_AGENTS] = {0};
-    eng_seq s[N_AGENTS];
+    kp_eng_seq s[N_AGENTS];
     memset(s, 0, sizeof s);
-    bool ok = eng_clear(b->e, &b->err) == KP_OK;
+    bool ok = kp_eng_clear(b->e, &b->err) == KP_OK;
     for (int a = 0; ok && a < N_AGENTS; a++) ok = (tok[a] = malloc(((size_t)n + ans) * sizeof(int32_t))) != NULL;
     if (ok) {
         fill_random(tok[0], spec, b->n_vocab, rng);
@@ -342,28 +342,28 @@ static bool bench_agents(bench *b, uint32_t spec, uint32_t tail, uint32_t ans, u
     printf("\n== 3. eight agents: one %u-token spec, %u-token tails, %u-token answers\n", spec, tail, ans);
     printf("%6s %8s %9s %10s %14s\n", "agent", "reused", "computed", "TTFT ms", "pool used MB");
     uint64_t computed = 0, peak_used = 0;
-    pfx_stats st;
+    kp_pfx_stats st;
     for (int a = 0; ok && a < N_AGENTS; a++) {
-        eng_report r;
+        kp_eng_report r;
         double t;
         if (!run_prompt(b, tok[a], n, ans, &s[a], &r, &t)) {
             ok = false;
             break;
         }
         /* agent 0 finishes first so the spec is cached; the other seven stay live */
-        if (a == 0 && eng_finish(b->e, &s[0], tok[0], n + ans, NULL, &b->err) != KP_OK) ok = false;
+        if (a == 0 && kp_eng_finish(b->e, &s[0], tok[0], n + ans, NULL, &b->err) != KP_OK) ok = false;
         computed += r.computed_tokens;
-        eng_stats(b->e, &st);
+        kp_eng_stats(b->e, &st);
         if (st.used_bytes > peak_used) peak_used = st.used_bytes;
         printf("%6d %8u %9u %10.1f %14.1f\n", a, r.reused_tokens, r.computed_tokens, t * 1e3,
                (double)st.used_bytes / 1e6);
     }
     uint64_t shared = st.shared_bytes, saved = st.saved_bytes;
     for (int a = 1; ok && a < N_AGENTS; a++)
-        if (eng_finish(b->e, &s[a], tok[a], n + ans, NULL, &b->err) != KP_OK) ok = false;
-    for (int a = 1; a < N_AGENTS; a++) eng_seq_abort(b->e, &s[a]);
+        if (kp_eng_finish(b->e, &s[a], tok[a], n + ans, NULL, &b->err) != KP_OK) ok = false;
+    for (int a = 1; a < N_AGENTS; a++) kp_eng_seq_abort(b->e, &s[a]);
     if (ok) {
-        eng_stats(b->e, &st);
+        kp_eng_stats(b->e, &st);
         uint64_t bb = st.block_bytes;
         uint64_t once = (blocks_of(spec, bs) + N_AGENTS * (blocks_of(tail + ans, bs) + 1)) * bb;
         uint64_t unshared = N_AGENTS * blocks_of(n + ans, bs) * bb;
@@ -389,12 +389,12 @@ static bool bench_agents(bench *b, uint32_t spec, uint32_t tail, uint32_t ans, u
 /* ---- 4: lookup cost ------------------------------------------------------ */
 
 /* Indexes tokens[0..n) with blocks reserved but never written. */
-static bool index_tokens(pfx_index *idx, kp_kvpool *pool, const int32_t *tokens, uint32_t n, kp_error *err) {
+static bool index_tokens(kp_pfx_index *idx, kp_kvpool *pool, const int32_t *tokens, uint32_t n, kp_error *err) {
     kp_kvseq seq = {0};
     bool ok = kp_kvseq_reserve(&seq, pool, n, err) == KP_OK;
     if (ok) {
         seq.n_pos = n;
-        ok = pfx_insert(idx, tokens, n, &seq, NULL, NULL, err) == KP_OK;
+        ok = kp_pfx_insert(idx, tokens, n, &seq, NULL, NULL, err) == KP_OK;
     }
     kp_kvseq_release(&seq, pool);
     return ok;
@@ -407,12 +407,12 @@ static bool bench_lookup(bench *b, uint32_t n, uint32_t n_prefixes, uint64_t *rn
                         n_other * blocks_of(other_len, bs) + 16;
     kp_kvpool_config pc = {1, 1, 1, KP_DTYPE_F16, bs, 0};
     kp_kvpool *pool = NULL;
-    pfx_index *idx = NULL;
+    kp_pfx_index *idx = NULL;
     pc.budget_bytes = n_blocks * bs * 2 * 2; /* block = K and V rows of width 1, f16 */
     int32_t *q = malloc(((size_t)n + branch_len) * sizeof *q), *t = malloc(((size_t)n + branch_len) * sizeof *t);
     double *dt = malloc(reps * sizeof *dt);
     bool ok = q && t && dt && kp_kvpool_new(&pool, &pc, &b->err) == KP_OK &&
-              pfx_new(&idx, pool, NULL, &b->err) == KP_OK;
+              kp_pfx_new(&idx, pool, NULL, &b->err) == KP_OK;
     if (ok) {
         fill_random(q, n, b->n_vocab, rng);
         ok = index_tokens(idx, pool, q, n, &b->err);
@@ -428,10 +428,10 @@ static bool bench_lookup(bench *b, uint32_t n, uint32_t n_prefixes, uint64_t *rn
         fill_random(t, other_len, b->n_vocab, rng);
         ok = index_tokens(idx, pool, t, other_len, &b->err);
     }
-    ok = ok && pfx_check(idx, &b->err) == KP_OK;
+    ok = ok && kp_pfx_check(idx, &b->err) == KP_OK;
     if (ok) {
-        pfx_stats st;
-        pfx_get_stats(idx, &st);
+        kp_pfx_stats st;
+        kp_pfx_get_stats(idx, &st);
         printf("\n== 4. lookup: a %u-token prompt against %u cached prefixes (%u nodes, %llu tokens indexed)\n", n,
                st.n_leaves, st.n_nodes, (unsigned long long)st.cached_tokens);
         /* the query whole (a full hit) and with its last token changed */
@@ -439,27 +439,27 @@ static bool bench_lookup(bench *b, uint32_t n, uint32_t n_prefixes, uint64_t *rn
         for (int variant = 0; variant < 2; variant++) {
             memcpy(t, q, (size_t)n * sizeof *t);
             if (variant) t[n - 1] = (int32_t)(((uint32_t)q[n - 1] + 1) % b->n_vocab);
-            pfx_match_result m;
+            kp_pfx_match_result m;
             uint32_t matched = 0;
             for (uint32_t r = 0; r < reps; r++) {
                 double t0 = now_s();
-                pfx_match(idx, t, n, &m);
+                kp_pfx_match(idx, t, n, &m);
                 dt[r] = now_s() - t0;
                 matched = m.n_match;
             }
             qsort(dt, reps, sizeof *dt, cmp_double);
-            printf("pfx_match (%s): %u tokens matched, median %.1f us over %u runs\n",
+            printf("kp_pfx_match (%s): %u tokens matched, median %.1f us over %u runs\n",
                    variant ? "last token changed" : "full hit", matched, dt[reps / 2] * 1e6, reps);
             if (dt[reps / 2] > worst) worst = dt[reps / 2];
         }
         printf("one decode step (fastest measured): %.2f ms\n", b->min_decode_s * 1e3);
-        goal_row *row = goal_add(g, "lookup: pfx_match vs one decode step",
+        goal_row *row = goal_add(g, "lookup: kp_pfx_match vs one decode step",
                                  b->min_decode_s > 0 && worst < 0.01 * b->min_decode_s);
         snprintf(row->want, sizeof row->want, "< 1%% of a decode step");
         snprintf(row->got, sizeof row->got, "%.1f us vs %.2f ms (%.3f%%)", worst * 1e6, b->min_decode_s * 1e3,
                  b->min_decode_s > 0 ? 100 * worst / b->min_decode_s : 0);
     }
-    pfx_free(idx);
+    kp_pfx_free(idx);
     kp_kvpool_free(pool);
     free(q);
     free(t);
@@ -508,8 +508,8 @@ int main(int argc, char **argv) {
     uint32_t max_pos = n_final + 64;
     uint64_t per_token = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F16);
     uint64_t positions = (uint64_t)(n_final + turns * 2 * bs) * 105 / 100 + max_pos;
-    eng_config ec = {KP_DTYPE_F16, bs, positions * per_token, max_pos, false, NULL};
-    if (eng_new(&b.e, m, threads, kp_kernels_best(), &ec, &b.err) != KP_OK) goto done;
+    kp_eng_config ec = {KP_DTYPE_F16, bs, positions * per_token, max_pos, false, NULL};
+    if (kp_eng_new(&b.e, m, threads, kp_kernels_best(), &ec, &b.err) != KP_OK) goto done;
     b.n_vocab = m->hp.n_vocab;
     b.logits = malloc((size_t)b.n_vocab * sizeof *b.logits);
     if (!b.logits) {
@@ -544,7 +544,7 @@ int main(int argc, char **argv) {
 done:
     if (rc) fprintf(stderr, "bench_prefix: %s\n", b.err.msg);
     free(b.logits);
-    eng_free(b.e);
+    kp_eng_free(b.e);
     kp_pool_free(threads);
     kp_model_free(m);
     return rc;

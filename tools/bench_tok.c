@@ -141,21 +141,21 @@ static double now_s(void) {
 static int bench(const char *path, const char *text, size_t len) {
     kp_error err = {0};
     gguf *g;
-    tok_vocab *v;
+    kp_tok_vocab *v;
     double t0 = now_s();
-    if (gguf_open(&g, path, &err) != KP_OK || tok_vocab_load(&v, g, &err) != KP_OK) {
+    if (kp_gguf_open(&g, path, &err) != KP_OK || kp_tok_vocab_load(&v, g, &err) != KP_OK) {
         fprintf(stderr, "%s: %s\n", path, err.msg);
         return 1;
     }
-    gguf_close(g);
+    kp_gguf_close(g);
     double t_load = now_s() - t0, best = 1e9;
     size_t n_ids = 0;
     for (int rep = 0; rep < 3; rep++) {
         int32_t *ids;
         t0 = now_s();
-        if (tok_encode(v, text, len, false, false, &ids, &n_ids, &err) != KP_OK) {
+        if (kp_tok_encode(v, text, len, false, false, &ids, &n_ids, &err) != KP_OK) {
             fprintf(stderr, "%s: %s\n", path, err.msg);
-            tok_vocab_free(v);
+            kp_tok_vocab_free(v);
             return 1;
         }
         double dt = now_s() - t0;
@@ -164,8 +164,8 @@ static int bench(const char *path, const char *text, size_t len) {
     }
     const char *name = strrchr(path, '/');
     printf("%-34s %-5s %-15s load %6.1f ms  %8zu tokens  %7.1f ms  %6.2f MB/s\n", name ? name + 1 : path,
-           tok_model_name(v), tok_pre_name(v), t_load * 1e3, n_ids, best * 1e3, len / best / 1e6);
-    tok_vocab_free(v);
+           kp_tok_model_name(v), kp_tok_pre_name(v), t_load * 1e3, n_ids, best * 1e3, len / best / 1e6);
+    kp_tok_vocab_free(v);
     return 0;
 }
 
