@@ -32,11 +32,11 @@
 #include <time.h>
 
 #include "cli.h"
-#include "cachereport.h"
-#include "doctor.h"
-#include "engine.h"
-#include "sampler.h"
-#include "tok.h"
+#include "cache/cachereport.h"
+#include "cache/doctor.h"
+#include "cache/engine.h"
+#include "model/sampler.h"
+#include "tok/tok.h"
 
 /* ---- turns ------------------------------------------------------------ */
 

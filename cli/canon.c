@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "canon.h"
+#include "serve/canon.h"
 #include "cli.h"
 
 static void canon_usage(FILE *out) {

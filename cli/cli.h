@@ -12,8 +12,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "dtype.h"
-#include "sampler.h"
+#include "gguf/dtype.h"
+#include "model/sampler.h"
 
 /* The model used when -m is not given: the bundled one, found next to the
  * binary's repository or via $KVPIN_MODEL. */

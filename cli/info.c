@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "cli.h"
-#include "gguf.h"
-#include "model.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
 
 static void print_str(kp_gguf_str s, size_t max) {
     size_t n = s.len < max ? (size_t)s.len : max;

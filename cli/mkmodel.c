@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "mkmodel.h"
+#include "model/mkmodel.h"
 
 static void mk_usage(FILE *out) {
     fprintf(out,

@@ -17,9 +17,9 @@
 #include <time.h>
 
 #include "cli.h"
-#include "sampler.h"
+#include "model/sampler.h"
 #include "session.h"
-#include "textout.h"
+#include "tok/textout.h"
 
 #define MAX_STOPS KP_TEXTOUT_MAX_STOPS
 

@@ -15,12 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chat.h"
+#include "serve/chat.h"
 #include "cli.h"
-#include "engine.h"
-#include "scheduler.h"
-#include "server.h"
-#include "threadpool.h"
+#include "cache/engine.h"
+#include "serve/scheduler.h"
+#include "serve/server.h"
+#include "base/threadpool.h"
 
 static void serve_usage(FILE *f) {
     fprintf(f,

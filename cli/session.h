@@ -6,11 +6,11 @@
 #ifndef KP_CLI_SESSION_H
 #define KP_CLI_SESSION_H
 
-#include "forward.h"
-#include "kvpool.h"
-#include "model.h"
-#include "threadpool.h"
-#include "tok.h"
+#include "model/forward.h"
+#include "kv/kvpool.h"
+#include "model/model.h"
+#include "base/threadpool.h"
+#include "tok/tok.h"
 
 typedef struct {
     kp_model *m;

@@ -10,8 +10,8 @@
 #include <string.h>
 
 #include "cli.h"
-#include "gguf.h"
-#include "tok.h"
+#include "gguf/gguf.h"
+#include "tok/tok.h"
 
 static bool open_vocab(const char *path, gguf **g, kp_tok_vocab **v, const char *cmd) {
     kp_error err = {0};

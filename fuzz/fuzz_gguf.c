@@ -33,8 +33,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dtype.h"
-#include "gguf.h"
+#include "gguf/dtype.h"
+#include "gguf/gguf.h"
 
 #define FUZZ_NAME "fuzz.gguf"
 

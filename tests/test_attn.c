@@ -16,9 +16,9 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "attn.h"
+#include "kernels/attn.h"
 #include "harness.h"
-#include "quant.h"
+#include "kernels/quant.h"
 
 static uint64_t rng;
 static float frand(void) {

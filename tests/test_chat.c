@@ -32,7 +32,7 @@
  * the generation prompt and the end-of-turn token, and parsing it must give
  * the same names and canonical arguments.
  */
-#include "chat.h"
+#include "serve/chat.h"
 
 #include <jansson.h>
 #include <stdint.h>
@@ -40,7 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "canon.h"
+#include "serve/canon.h"
 #include "harness.h"
 
 static json_t *load_json(const char *rel) {

@@ -8,7 +8,7 @@
  * snippet is checked with an independent strict validator (RFC 3629) and,
  * for JSON-escaped snippets, by parsing them back with jansson.
  */
-#include "doctor.h"
+#include "cache/doctor.h"
 
 #include <jansson.h>
 #include <stdint.h>

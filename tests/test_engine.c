@@ -20,9 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "cache/engine.h"
 #include "harness.h"
-#include "sampler.h"
+#include "model/sampler.h"
 
 #define MAX_REQ 40
 #define MAX_LEN 96

@@ -22,9 +22,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "forward.h"
+#include "model/forward.h"
 #include "harness.h"
-#include "sampler.h"
+#include "model/sampler.h"
 
 typedef struct {
     kp_model *m;

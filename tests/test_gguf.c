@@ -45,8 +45,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "dtype.h"
-#include "gguf.h"
+#include "gguf/dtype.h"
+#include "gguf/gguf.h"
 #include "harness.h"
 
 /* Under AddressSanitizer: any single allocation above 64 MiB aborts the test. */

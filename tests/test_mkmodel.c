@@ -19,11 +19,11 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "gguf.h"
-#include "gguf_write.h"
+#include "gguf/gguf.h"
+#include "gguf/gguf_write.h"
 #include "harness.h"
-#include "mkmodel.h"
-#include "quant.h"
+#include "model/mkmodel.h"
+#include "kernels/quant.h"
 
 #define STORIES "models/stories260K.gguf"
 #define REF_GQA "tests/data/models/gen-llama-gqa-f32.gguf"

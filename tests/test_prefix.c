@@ -18,8 +18,8 @@
 #include <stdint.h>
 
 #include "harness.h"
-#include "kvpool.h"
-#include "prefix.h"
+#include "kv/kvpool.h"
+#include "cache/prefix.h"
 
 enum { N_LAYER = 2, HEAD_DIM = 2 }; /* HEAD_DIM f32 = 8 bytes = one fingerprint */
 

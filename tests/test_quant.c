@@ -18,9 +18,9 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "dtype.h"
-#include "gguf.h"
-#include "quant.h"
+#include "gguf/dtype.h"
+#include "gguf/gguf.h"
+#include "kernels/quant.h"
 
 /* ------------------------------------------------------------------------ */
 /* random numbers                                                            */

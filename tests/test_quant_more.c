@@ -29,11 +29,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "dtype.h"
-#include "forward.h"
-#include "gguf.h"
-#include "mkmodel.h"
-#include "quant.h"
+#include "gguf/dtype.h"
+#include "model/forward.h"
+#include "gguf/gguf.h"
+#include "model/mkmodel.h"
+#include "kernels/quant.h"
 
 #define STORIES "models/stories260K.gguf"
 #define REF_VECTORS "tests/data/quant_more/ref_vectors.bin"

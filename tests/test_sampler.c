@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "harness.h"
-#include "sampler.h"
+#include "model/sampler.h"
 
 static uint64_t rs = 0x853c49e6748fea9bull;
 static double unit(void) {

@@ -16,7 +16,7 @@
 #include <time.h>
 
 #include "harness.h"
-#include "scheduler.h"
+#include "serve/scheduler.h"
 
 #define NREQ 12
 #define MAXGEN 24

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "harness.h"
-#include "textout.h"
+#include "tok/textout.h"
 
 static uint64_t rs = 0x243f6a8885a308d3ull;
 static uint32_t rnd(uint32_t n) {

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "threadpool.h"
+#include "base/threadpool.h"
 
 typedef struct {
     atomic_int *hits;

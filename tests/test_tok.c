@@ -17,10 +17,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "gguf.h"
+#include "gguf/gguf.h"
 #include "harness.h"
-#include "tok.h"
-#include "tok_impl.h" /* white-box: the SPM word-cut switch */
+#include "tok/tok.h"
+#include "tok/tok_impl.h" /* white-box: the SPM word-cut switch */
 
 #define VOCAB_DIR "tests/data/vocab/"
 #define SPM_SPACE "\xe2\x96\x81"

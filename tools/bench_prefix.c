@@ -70,13 +70,13 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "engine.h"
-#include "kvpool.h"
-#include "model.h"
-#include "prefix.h"
-#include "quant.h"
-#include "status.h"
-#include "threadpool.h"
+#include "cache/engine.h"
+#include "kv/kvpool.h"
+#include "model/model.h"
+#include "cache/prefix.h"
+#include "kernels/quant.h"
+#include "base/status.h"
+#include "base/threadpool.h"
 
 /* ---- small helpers ------------------------------------------------------ */
 

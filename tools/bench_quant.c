@@ -27,7 +27,7 @@
  *                passes them). SIMD tables only (the scalar column shows 0).
  *
  * Build:  gcc -std=c11 -O2 -march=native -D_GNU_SOURCE -Isrc -o bench_quant \
- *             tools/bench_quant.c src/quant*.c src/dtype.c -lm
+ *             tools/bench_quant.c src/kernels/quant*.c src/gguf/dtype.c -lm
  * Run:    ./bench_quant [-k K] [-m MiB] [-n N] [-t TYPE]
  *         (-k 576 or 1536 for SmolLM2-135M's shapes; K a multiple of 32,
  *         types whose block size does not divide K are skipped)
@@ -39,8 +39,8 @@
 #include <strings.h>
 #include <time.h>
 
-#include "dtype.h"
-#include "quant.h"
+#include "gguf/dtype.h"
+#include "kernels/quant.h"
 
 static double now_s(void) {
     struct timespec ts;

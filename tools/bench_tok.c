@@ -11,7 +11,7 @@
  * Build and run from the repository root:
  *
  *   cc -std=c11 -O2 -D_GNU_SOURCE -Isrc -o build/bench_tok tools/bench_tok.c \
- *      src/tok*.c src/unicode.c src/gguf.c src/dtype.c src/status.c -lpcre2-8 -lm
+ *      src/tok/tok*.c src/base/unicode.c src/gguf/gguf.c src/gguf/dtype.c src/base/status.c -lpcre2-8 -lm
  *   build/bench_tok [vocab.gguf ...]
  *
  * Without arguments it uses the SPM and BPE vocabularies in tests/data/vocab.
@@ -21,8 +21,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "gguf.h"
-#include "tok.h"
+#include "gguf/gguf.h"
+#include "tok/tok.h"
 
 #define TARGET_BYTES (1u << 20)
 

@@ -1,0 +1,150 @@
+/*
+ * cachereport.c - cache reports from the engine's counts and doctor
+ * (cachereport.h).
+ *
+ * Owns a ring of copied token sequences (newest at the end of `v`):
+ *
+ *   v[0] oldest ... v[n-1] newest     total = sum of lengths <= max_tokens
+ *
+ * Invariants: no entry is a prefix of another (adding a longer sequence
+ * drops the entries it extends, a shorter one already covered is not
+ * added), so the history holds distinct conversations, not each turn of
+ * one; the best match for a request is the entry with the longest common
+ * token prefix, ties to the newest.
+ */
+#include "cache/cachereport.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int32_t *t;
+    uint32_t n;
+} entry;
+
+struct kp_crep {
+    const kp_tok_vocab *v;
+    entry *e;
+    uint32_t n, max_entries;
+    uint64_t total, max_tokens;
+};
+
+kp_status kp_crep_new(kp_crep **out, const kp_tok_vocab *v, uint32_t max_entries, uint64_t max_tokens,
+                      kp_error *err) {
+    *out = NULL;
+    if (max_entries == 0) return kp_fail(err, KP_EINVAL, "a history of 0 entries");
+    kp_crep *c = calloc(1, sizeof *c);
+    if (c) c->e = calloc(max_entries, sizeof *c->e);
+    if (!c || !c->e) {
+        free(c);
+        return kp_fail(err, KP_ENOMEM, "out of memory for the cache report history");
+    }
+    c->v = v;
+    c->max_entries = max_entries;
+    c->max_tokens = max_tokens;
+    *out = c;
+    return KP_OK;
+}
+
+void kp_crep_clear(kp_crep *c) {
+    for (uint32_t i = 0; i < c->n; i++) free(c->e[i].t);
+    c->n = 0;
+    c->total = 0;
+}
+
+void kp_crep_free(kp_crep *c) {
+    if (!c) return;
+    kp_crep_clear(c);
+    free(c->e);
+    free(c);
+}
+
+static uint32_t lcp(const int32_t *a, uint32_t na, const int32_t *b, uint32_t nb) {
+    uint32_t i = 0;
+    while (i < na && i < nb && a[i] == b[i]) i++;
+    return i;
+}
+
+static void drop(kp_crep *c, uint32_t i) {
+    c->total -= c->e[i].n;
+    free(c->e[i].t);
+    memmove(c->e + i, c->e + i + 1, (c->n - i - 1) * sizeof *c->e);
+    c->n--;
+}
+
+kp_status kp_crep_add(kp_crep *c, const int32_t *tokens, uint32_t n, kp_error *err) {
+    if (n == 0) return KP_OK;
+    for (uint32_t i = 0; i < c->n; i++)
+        if (lcp(tokens, n, c->e[i].t, c->e[i].n) == n) return KP_OK; /* covered */
+    int32_t *copy = malloc((size_t)n * sizeof *copy);
+    if (!copy) return kp_fail(err, KP_ENOMEM, "out of memory for the cache report history");
+    memcpy(copy, tokens, (size_t)n * sizeof *copy);
+    for (uint32_t i = c->n; i-- > 0;)
+        if (lcp(tokens, n, c->e[i].t, c->e[i].n) == c->e[i].n) drop(c, i); /* extended */
+    while (c->n > 0 && (c->n == c->max_entries || c->total + n > c->max_tokens)) drop(c, 0);
+    c->e[c->n].t = copy;
+    c->e[c->n].n = n;
+    c->n++;
+    c->total += n;
+    return KP_OK;
+}
+
+size_t kp_crep_token_byte(const kp_tok_vocab *v, const int32_t *ids, size_t n, size_t k, const char *text,
+                          size_t len, bool special, size_t limit) {
+    if (k >= n) return len < limit ? len : limit;
+    kp_error err;
+    char *full = NULL, *pre = NULL;
+    size_t fl = 0, pl = 0, off = 0;
+    if (kp_tok_detokenize(v, ids, n, true, special, &full, &fl, &err) == KP_OK &&
+        kp_tok_detokenize(v, ids, k, true, special, &pre, &pl, &err) == KP_OK) {
+        size_t lead = fl >= len && !memcmp(full + (fl - len), text, len) ? fl - len : 0;
+        off = pl > lead ? pl - lead : 0;
+    }
+    free(full);
+    free(pre);
+    if (off > len) off = len;
+    return off < limit ? off : limit;
+}
+
+kp_status kp_crep_explain(kp_crep *c, const int32_t *tokens, uint32_t n, const char *text, size_t text_len,
+                          const kp_eng_report *r, kp_doctor_escape mode, kp_doctor_report *out, kp_error *err) {
+    const entry *best = NULL;
+    uint32_t common = 0;
+    for (uint32_t i = 0; i < c->n; i++) {
+        uint32_t l = lcp(tokens, n, c->e[i].t, c->e[i].n);
+        if (!best || l >= common) {
+            best = &c->e[i];
+            common = l;
+        }
+    }
+    kp_doctor_cache_state state = r->evicted ? KP_DOCTOR_CACHE_EVICTED
+                               : !best || r->cold ? KP_DOCTOR_CACHE_NOTHING
+                                                  : KP_DOCTOR_CACHE_TEXT;
+    if (state == KP_DOCTOR_CACHE_EVICTED && !best) state = KP_DOCTOR_CACHE_NOTHING;
+    char *req = NULL, *cached = NULL;
+    size_t rl = 0, cl = 0;
+    kp_status st = kp_tok_detokenize(c->v, tokens, n, true, true, &req, &rl, err);
+    if (st == KP_OK && state != KP_DOCTOR_CACHE_NOTHING)
+        st = kp_tok_detokenize(c->v, best->t, best->n, true, true, &cached, &cl, err);
+    if (st == KP_OK) {
+        /* what detokenizing adds in front of the request's own text */
+        size_t lead = 0;
+        if (text && rl >= text_len && !memcmp(req + (rl - text_len), text, text_len)) lead = rl - text_len;
+        const char *rt = text ? text : req;
+        size_t rlen = text ? text_len : rl;
+        const char *ct = cached ? cached : "";
+        if (lead && cl >= lead && !memcmp(ct, req, lead)) {
+            ct += lead;
+            cl -= lead;
+        }
+        size_t i = 0;
+        while (i < cl && i < rlen && ct[i] == rt[i]) i++;
+        for (int k = 0; k < 3 && i > 0 && i < rlen && ((unsigned char)rt[i] & 0xC0) == 0x80; k++) i--;
+        size_t tk = r->diverged_at_token <= n ? r->diverged_at_token : n;
+        kp_doctor_tokens dt = {tk, kp_crep_token_byte(c->v, tokens, n, tk, rt, rlen, true, i), n};
+        st = kp_doctor_explain(ct, state == KP_DOCTOR_CACHE_NOTHING ? 0 : cl, rt, rlen, &dt, state, mode, out, err);
+    }
+    free(req);
+    free(cached);
+    return st;
+}

@@ -1,0 +1,61 @@
+/*
+ * cachereport.h - the cache report of one request, for the server (floor 4).
+ *
+ * The engine says how many tokens a request reused and where it left the
+ * prefix index (kp_eng_report); doctor explains a divergence from two texts.
+ * This module joins them: it keeps a bounded history of the token sequences
+ * that finished recently (what the cache was filled with), picks the one
+ * sharing the longest token prefix with a request, detokenizes both and lets
+ * doctor find the byte offset, the snippets and the cause:
+ *
+ *   history (newest first, at most max_entries / max_tokens in all)
+ *     [ sys + turn1 + answer1 + turn2 ... ]  <- longest common prefix: cached text
+ *     [ other agent's spec ... ]
+ *   request tokens -> request text; kp_eng_report.diverged_at_token -> byte
+ *
+ * Not thread-safe; the server calls it from its engine thread.
+ */
+#ifndef KP_CACHEREPORT_H
+#define KP_CACHEREPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache/doctor.h"
+#include "cache/engine.h"
+#include "base/status.h"
+#include "tok/tok.h"
+
+typedef struct kp_crep kp_crep;
+
+/* v is borrowed. The history holds at most max_entries sequences and
+ * max_tokens tokens in all (the oldest go first). */
+kp_status kp_crep_new(kp_crep **out, const kp_tok_vocab *v, uint32_t max_entries, uint64_t max_tokens,
+                      kp_error *err);
+void kp_crep_free(kp_crep *c); /* NULL is a no-op */
+
+/* Remembers a finished sequence (copied). A sequence that is a prefix of an
+ * entry adds nothing; an entry that is a prefix of it is replaced. */
+kp_status kp_crep_add(kp_crep *c, const int32_t *tokens, uint32_t n, kp_error *err);
+
+/* Forgets everything (the cache was cleared). */
+void kp_crep_clear(kp_crep *c);
+
+/* The report of tokens[0..n) given what the engine did (r from kp_eng_begin or
+ * kp_eng_probe). text (may be NULL) is the request's own text, the prompt the
+ * tokens came from: byte offsets then refer to it, and the cached text is
+ * aligned with it (what detokenizing puts in front of the text, such as the
+ * SPM space prefix, is dropped from both). Without it both texts are the
+ * detokenized ids. Control tokens are rendered as their text. Snippets are
+ * escaped in `mode`. KP_ENOMEM, or doctor's errors. */
+kp_status kp_crep_explain(kp_crep *c, const int32_t *tokens, uint32_t n, const char *text, size_t text_len,
+                          const kp_eng_report *r, kp_doctor_escape mode, kp_doctor_report *out, kp_error *err);
+
+/* The byte offset in the detokenized text of ids[0..n) where token k
+ * starts (detokenizing renders ids as one text; a leading space the
+ * tokenizer adds in front is not counted), clamped to limit. */
+size_t kp_crep_token_byte(const kp_tok_vocab *v, const int32_t *ids, size_t n, size_t k, const char *text,
+                          size_t len, bool special, size_t limit);
+
+#endif

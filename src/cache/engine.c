@@ -1,0 +1,407 @@
+/*
+ * engine.c - the engine (engine.h): KV pool + prefix index + forward pass,
+ * one sequence at a time (kp_eng_prefill / kp_eng_decode) or many sequences per
+ * forward call (kp_eng_begin + kp_eng_step, for a scheduler).
+ *
+ * Owns: the kp_kvpool (budget_bytes / block_bytes blocks), the kp_pfx_index
+ * over it (or none), the kp_forward scratch. Borrows: model, threads,
+ * kernels. The caller owns each kp_eng_seq (its block table and lease).
+ *
+ * Prefill of tokens[0..n) against the index:
+ *
+ *   tokens   | 0 ........ n_reuse-1 | n_reuse ............ n-1 |
+ *   source   | cached rows (acquire)| forward pass, batches of  |
+ *            | shared blocks, a     | ENG_BATCH tokens, logits  |
+ *            | private copy of the  | of the last token only    |
+ *            | partial last block   |                           |
+ *
+ *   n_reuse = match.n_reuse: the whole match, or n - 1 on a full hit (the
+ *   last position is computed again to get its logits).
+ *
+ * A step (kp_eng_step) packs the items' tokens into one kp_batch, items in
+ * order, each item's tokens at consecutive positions from its sequence's
+ * length; items that cannot get blocks or are invalid are left out with
+ * their own status, the others still run:
+ *
+ *   batch  | seq A: 1 decode token | seq B: 1 decode token | seq C: prefill chunk of 200 |
+ *   logits |        yes            |        yes            | last token only, if asked   |
+ *
+ * Invariants:
+ *   - a sequence only ever writes positions >= its n_pos at acquire time
+ *     (prefix.h's contract): prefill appends from n_reuse, decode appends at
+ *     n_pos, nothing rewinds;
+ *   - blocks are reserved before every forward call; when the pool answers
+ *     KP_EFULL the engine asks kp_pfx_evict for exactly the missing blocks and
+ *     retries; when nothing unheld is left it drops the sequence's own lease
+ *     (a lease holds whole nodes, also cached rows past the ones the
+ *     sequence uses) and tries once more, and gives up (KP_EFULL) only then.
+ *     Eviction never takes rows a sequence reads: the sequence holds its own
+ *     reference to every block in its table;
+ *   - kp_eng_finish indexes only positions that have K/V (min(n, n_pos)), then
+ *     drops the lease and every block reference of the sequence: once all
+ *     sequences are finished and the index is freed, every block is free.
+ */
+#include "cache/engine.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define ENG_BATCH 256 /* prompt tokens per forward call */
+
+struct kp_engine {
+    const kp_model *m;
+    kp_kvpool *kv;
+    kp_pfx_index *idx; /* NULL: prefix cache off */
+    kp_forward *fw;
+    uint32_t max_pos;
+    kp_pfx_config pfx_cfg; /* kept for kp_eng_clear */
+    bool has_pfx_cfg;
+    /* batch scratch, ENG_BATCH entries each */
+    int32_t *pos, *seqi;
+    uint8_t *want;
+    /* kp_eng_step scratch, grown on demand */
+    uint32_t step_cap, step_seq_cap;
+    int32_t *step_tok, *step_pos, *step_seq;
+    uint8_t *step_want;
+    kp_kvseq **step_seqs;
+    float *step_logits; /* [step_seq_cap][n_vocab] */
+};
+
+kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_pool *threads, const kp_kernels *kernels,
+                  const kp_eng_config *cfg, kp_error *err) {
+    *out = NULL;
+    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 0, false, NULL};
+    if (cfg) c = *cfg;
+    if (!c.block_size) c.block_size = 16;
+    if (!c.max_pos) c.max_pos = m->hp.n_ctx_train && m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
+    uint64_t per_tok = kp_model_kv_bytes_per_token(&m->hp, c.kv_type);
+    uint64_t block_bytes = per_tok * c.block_size;
+    if (!c.budget_bytes) c.budget_bytes = ((uint64_t)c.max_pos + c.block_size - 1) / c.block_size * block_bytes;
+    if (c.budget_bytes < block_bytes)
+        return kp_fail(err, KP_EINVAL, "KV budget of %llu bytes is smaller than one block (%llu bytes)",
+                       (unsigned long long)c.budget_bytes, (unsigned long long)block_bytes);
+    kp_engine *e = calloc(1, sizeof *e);
+    if (!e) return kp_fail(err, KP_ENOMEM, "out of memory for the engine");
+    e->m = m;
+    e->max_pos = c.max_pos;
+    if (c.pfx) {
+        e->pfx_cfg = *c.pfx;
+        e->has_pfx_cfg = true;
+    }
+    e->pos = malloc(ENG_BATCH * sizeof(int32_t));
+    e->seqi = calloc(ENG_BATCH, sizeof(int32_t));
+    e->want = calloc(ENG_BATCH, 1);
+    kp_status st = KP_ENOMEM;
+    if (!e->pos || !e->seqi || !e->want) {
+        kp_fail(err, KP_ENOMEM, "out of memory for the engine");
+        goto fail;
+    }
+    kp_kvpool_config kc = {m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, c.kv_type, c.block_size,
+                           c.budget_bytes};
+    if ((st = kp_kvpool_new(&e->kv, &kc, err)) != KP_OK) goto fail;
+    if (!c.no_prefix_cache && (st = kp_pfx_new(&e->idx, e->kv, c.pfx, err)) != KP_OK) goto fail;
+    if ((st = kp_forward_new(&e->fw, m, e->kv, threads, kernels, err)) != KP_OK) goto fail;
+    *out = e;
+    return KP_OK;
+fail:
+    kp_eng_free(e);
+    return st;
+}
+
+void kp_eng_free(kp_engine *e) {
+    if (!e) return;
+    kp_forward_free(e->fw);
+    kp_pfx_free(e->idx);
+    kp_kvpool_free(e->kv);
+    free(e->pos);
+    free(e->seqi);
+    free(e->want);
+    free(e->step_tok);
+    free(e->step_pos);
+    free(e->step_seq);
+    free(e->step_want);
+    free(e->step_seqs);
+    free(e->step_logits);
+    free(e);
+}
+
+kp_pfx_index *kp_eng_index(kp_engine *e) { return e->idx; }
+kp_kvpool *kp_eng_kvpool(kp_engine *e) { return e->kv; }
+uint32_t kp_eng_max_pos(const kp_engine *e) { return e->max_pos; }
+uint32_t kp_eng_seq_len(const kp_eng_seq *seq) { return seq->kv.n_pos; }
+
+/* Makes sure positions [0, n_pos) of s have blocks, evicting unheld cached
+ * prefixes when the pool is full. */
+static kp_status reserve(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_eng_report *r, kp_error *err) {
+    kp_kvseq *s = &seq->kv;
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
+    for (;;) {
+        kp_status st = kp_kvseq_reserve(s, e->kv, n_pos, err);
+        if (st != KP_EFULL) return st;
+        uint32_t need = (uint32_t)(((uint64_t)n_pos + B - 1) / B) - s->n_blocks;
+        uint64_t got = e->idx ? kp_pfx_evict(e->idx, (uint64_t)need * kp_kvpool_block_bytes(e->kv),
+                                          (int64_t)time(NULL))
+                              : 0;
+        if (r) {
+            r->evictions++;
+            r->evicted_bytes += got;
+        }
+        if (got == 0 && seq->lease.node) {
+            /* Everything evictable is on our own held path (a lease holds a
+             * whole node, also the part past the rows we use). Our rows stay
+             * valid without it: the sequence holds its own block references. */
+            kp_pfx_release(e->idx, &seq->lease);
+            continue;
+        }
+        if (got == 0)
+            return kp_fail(err, KP_EFULL,
+                           "KV budget full: %u positions need %u more blocks of %u and nothing cached "
+                           "can be evicted (raise --kv-budget)",
+                           n_pos, need, B);
+    }
+}
+
+void kp_eng_seq_abort(kp_engine *e, kp_eng_seq *seq) {
+    if (e->idx) kp_pfx_release(e->idx, &seq->lease);
+    kp_kvseq_release(&seq->kv, e->kv);
+    memset(seq, 0, sizeof *seq);
+}
+
+/* Runs tokens[0..n) at positions start.. of seq; logits of the last one. */
+static kp_status run_tokens(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n, float *logits,
+                            kp_error *err) {
+    kp_kvseq *seqs[1] = {&seq->kv};
+    for (uint32_t i = 0; i < n; i += ENG_BATCH) {
+        uint32_t m = n - i < ENG_BATCH ? n - i : ENG_BATCH;
+        bool last = i + m == n;
+        for (uint32_t j = 0; j < m; j++) {
+            e->pos[j] = (int32_t)(seq->kv.n_pos + j);
+            e->want[j] = last && j == m - 1 && logits;
+        }
+        kp_batch b = {(int32_t)m, tokens + i, e->pos, e->seqi, e->want, seqs, 1};
+        kp_status st = kp_forward_run(e->fw, &b, last ? logits : NULL, err);
+        if (st != KP_OK) return st;
+    }
+    return KP_OK;
+}
+
+kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_seq *seq, kp_eng_report *report,
+                    kp_error *err) {
+    kp_eng_report r;
+    memset(&r, 0, sizeof r);
+    r.cached_next = -1;
+    r.prompt_tokens = n;
+    if (report) *report = r;
+    if (n == 0 || !tokens) return kp_fail(err, KP_EINVAL, "empty prompt");
+    if (seq->kv.n_pos || seq->kv.n_blocks || seq->lease.node)
+        return kp_fail(err, KP_EINVAL, "prefill into a sequence that is not empty");
+    if (n > e->max_pos)
+        return kp_fail(err, KP_ERANGE, "the prompt has %u tokens, more than the maximum of %u", n, e->max_pos);
+    int32_t nv = (int32_t)e->m->hp.n_vocab;
+    for (uint32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= nv)
+            return kp_fail(err, KP_EINVAL, "token %d at %u is outside the vocabulary of %d", tokens[i], i, nv);
+    if (e->idx) {
+        kp_pfx_match_result mr;
+        kp_pfx_match(e->idx, tokens, n, &mr);
+        kp_pfx_stats ps;
+        kp_pfx_get_stats(e->idx, &ps);
+        r.cold = ps.n_nodes == 0;
+        r.diverged_at_token = mr.n_match;
+        r.cached_next = mr.cached_next;
+        r.n_continuations = mr.n_continuations;
+        r.evicted = mr.evicted;
+        r.evicted_len = mr.evicted_len;
+        kp_status st = kp_pfx_acquire(e->idx, tokens, mr.n_reuse, &seq->kv, &seq->lease, err);
+        if (st == KP_EFULL) { /* the partial-block copy found no free block: compute instead */
+            uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
+            st = kp_pfx_acquire(e->idx, tokens, mr.n_reuse / B * B, &seq->kv, &seq->lease, err);
+        }
+        if (st != KP_OK) {
+            if (report) *report = r;
+            kp_eng_seq_abort(e, seq);
+            return st;
+        }
+        r.reused_tokens = seq->kv.n_pos;
+        assert(r.reused_tokens <= mr.n_reuse && r.reused_tokens < n);
+    } else {
+        r.cold = true;
+    }
+    r.computed_tokens = n - r.reused_tokens;
+    if (report) *report = r;
+    return KP_OK;
+}
+
+void kp_eng_probe(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_report *r) {
+    memset(r, 0, sizeof *r);
+    r->cached_next = -1;
+    r->prompt_tokens = n;
+    r->computed_tokens = n;
+    r->cold = true;
+    if (!e->idx || n == 0) return;
+    kp_pfx_match_result mr;
+    kp_pfx_match(e->idx, tokens, n, &mr);
+    kp_pfx_stats ps;
+    kp_pfx_get_stats(e->idx, &ps);
+    r->cold = ps.n_nodes == 0;
+    r->diverged_at_token = mr.n_match;
+    r->cached_next = mr.cached_next;
+    r->n_continuations = mr.n_continuations;
+    r->evicted = mr.evicted;
+    r->evicted_len = mr.evicted_len;
+    r->reused_tokens = mr.n_reuse;
+    r->computed_tokens = n - mr.n_reuse;
+}
+
+kp_status kp_eng_prefill(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_seq *seq,
+                      float *logits_out, kp_eng_report *report, kp_error *err) {
+    kp_eng_report r;
+    kp_status st = kp_eng_begin(e, tokens, n, seq, &r, err);
+    if (report) *report = r;
+    if (st != KP_OK) return st;
+    if ((st = reserve(e, seq, n, &r, err)) != KP_OK) goto fail;
+    if ((st = run_tokens(e, seq, tokens + r.reused_tokens, r.computed_tokens, logits_out, err)) != KP_OK)
+        goto fail;
+    assert(seq->kv.n_pos == n);
+    if (report) *report = r;
+    return KP_OK;
+fail:
+    if (report) *report = r;
+    kp_eng_seq_abort(e, seq);
+    return st;
+}
+
+/* Grows the step scratch to hold n tokens and n_items sequences. */
+static kp_status step_scratch(kp_engine *e, uint32_t n, uint32_t n_items, kp_error *err) {
+    if (n > e->step_cap) {
+        uint32_t c = e->step_cap ? e->step_cap : 64;
+        while (c < n) c *= 2;
+        int32_t *tok = realloc(e->step_tok, c * sizeof *tok);
+        if (tok) e->step_tok = tok;
+        int32_t *pos = realloc(e->step_pos, c * sizeof *pos);
+        if (pos) e->step_pos = pos;
+        int32_t *si = realloc(e->step_seq, c * sizeof *si);
+        if (si) e->step_seq = si;
+        uint8_t *w = realloc(e->step_want, c);
+        if (w) e->step_want = w;
+        if (!tok || !pos || !si || !w) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %u tokens", n);
+        e->step_cap = c;
+    }
+    if (n_items > e->step_seq_cap) {
+        uint32_t c = e->step_seq_cap ? e->step_seq_cap : 8;
+        while (c < n_items) c *= 2;
+        kp_kvseq **sp = realloc(e->step_seqs, c * sizeof *sp);
+        if (sp) e->step_seqs = sp;
+        float *lg = realloc(e->step_logits, (size_t)c * e->m->hp.n_vocab * sizeof *lg);
+        if (lg) e->step_logits = lg;
+        if (!sp || !lg) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %u sequences", n_items);
+        e->step_seq_cap = c;
+    }
+    return KP_OK;
+}
+
+kp_status kp_eng_step(kp_engine *e, kp_eng_item *items, uint32_t n_items, kp_error *err) {
+    uint32_t total = 0;
+    for (uint32_t i = 0; i < n_items; i++) {
+        kp_eng_item *it = &items[i];
+        it->status = KP_OK;
+        it->err.msg[0] = 0;
+        uint32_t p = it->seq->kv.n_pos;
+        if (it->n == 0 || !it->tokens) {
+            it->status = kp_fail(&it->err, KP_EINVAL, "a step item without tokens");
+            continue;
+        }
+        if (it->n > e->max_pos || p > e->max_pos - it->n) {
+            it->status = kp_fail(&it->err, KP_ERANGE, "the sequence would reach %u positions, more than the "
+                                                      "maximum of %u", p + it->n, e->max_pos);
+            continue;
+        }
+        for (uint32_t j = 0; j < it->n; j++)
+            if (it->tokens[j] < 0 || it->tokens[j] >= (int32_t)e->m->hp.n_vocab) {
+                it->status = kp_fail(&it->err, KP_EINVAL, "token %d is outside the vocabulary of %u",
+                                     it->tokens[j], e->m->hp.n_vocab);
+                break;
+            }
+        if (it->status != KP_OK) continue;
+        for (uint32_t k = 0; k < i; k++)
+            if (items[k].seq == it->seq && items[k].status == KP_OK) {
+                it->status = kp_fail(&it->err, KP_EINVAL, "a sequence appears twice in one step");
+                break;
+            }
+        if (it->status != KP_OK) continue;
+        it->status = reserve(e, it->seq, p + it->n, NULL, &it->err);
+        if (it->status == KP_OK) total += it->n;
+    }
+    if (total == 0) return KP_OK;
+    kp_status st = step_scratch(e, total, n_items, err);
+    if (st != KP_OK) return st;
+    uint32_t t = 0, ns = 0, nl = 0;
+    for (uint32_t i = 0; i < n_items; i++) {
+        kp_eng_item *it = &items[i];
+        if (it->status != KP_OK) continue;
+        e->step_seqs[ns] = &it->seq->kv;
+        for (uint32_t j = 0; j < it->n; j++, t++) {
+            e->step_tok[t] = it->tokens[j];
+            e->step_pos[t] = (int32_t)(it->seq->kv.n_pos + j);
+            e->step_seq[t] = (int32_t)ns;
+            e->step_want[t] = it->logits && j == it->n - 1;
+            nl += e->step_want[t];
+        }
+        ns++;
+    }
+    kp_batch b = {(int32_t)total, e->step_tok, e->step_pos, e->step_seq, e->step_want, e->step_seqs, (int32_t)ns};
+    if ((st = kp_forward_run(e->fw, &b, nl ? e->step_logits : NULL, err)) != KP_OK) return st;
+    size_t nv = e->m->hp.n_vocab;
+    uint32_t l = 0;
+    for (uint32_t i = 0; i < n_items; i++) {
+        kp_eng_item *it = &items[i];
+        if (it->status != KP_OK || !it->logits) continue;
+        memcpy(it->logits, e->step_logits + (size_t)l++ * nv, nv * sizeof(float));
+    }
+    return KP_OK;
+}
+
+kp_status kp_eng_decode(kp_engine *e, kp_eng_seq *seq, int32_t token, float *logits_out, kp_error *err) {
+    uint32_t p = seq->kv.n_pos;
+    if (p >= e->max_pos)
+        return kp_fail(err, KP_ERANGE, "the sequence reached the maximum of %u positions", e->max_pos);
+    if (token < 0 || token >= (int32_t)e->m->hp.n_vocab)
+        return kp_fail(err, KP_EINVAL, "token %d is outside the vocabulary of %u", token, e->m->hp.n_vocab);
+    kp_status st = reserve(e, seq, p + 1, NULL, err);
+    if (st == KP_OK) st = run_tokens(e, seq, &token, 1, logits_out, err);
+    assert(st != KP_OK || seq->kv.n_pos == p + 1);
+    return st;
+}
+
+kp_status kp_eng_finish(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n, uint32_t *n_added,
+                     kp_error *err) {
+    kp_status st = KP_OK;
+    if (n_added) *n_added = 0;
+    if (n > seq->kv.n_pos) n = seq->kv.n_pos;
+    if (e->idx && n > 0 && tokens) st = kp_pfx_insert(e->idx, tokens, n, &seq->kv, NULL, n_added, err);
+    kp_eng_seq_abort(e, seq);
+    return st;
+}
+
+kp_status kp_eng_clear(kp_engine *e, kp_error *err) {
+    if (!e->idx) return KP_OK;
+    kp_pfx_free(e->idx);
+    e->idx = NULL;
+    return kp_pfx_new(&e->idx, e->kv, e->has_pfx_cfg ? &e->pfx_cfg : NULL, err);
+}
+
+void kp_eng_stats(kp_engine *e, kp_pfx_stats *out) {
+    if (e->idx) {
+        kp_pfx_get_stats(e->idx, out);
+        return;
+    }
+    memset(out, 0, sizeof *out);
+    uint64_t bb = kp_kvpool_block_bytes(e->kv);
+    uint32_t nb = kp_kvpool_n_blocks(e->kv);
+    out->block_bytes = bb;
+    out->budget_bytes = (uint64_t)nb * bb;
+    out->used_bytes = (uint64_t)(nb - kp_kvpool_n_free(e->kv)) * bb;
+    out->free_bytes = out->budget_bytes - out->used_bytes;
+}

@@ -1,0 +1,206 @@
+/*
+ * prefix.h - the prefix index: which token prefixes have their K/V rows in
+ * the KV pool, so a new request reuses them up to its first differing token.
+ *
+ * A radix tree over token ids (edges are token runs, not whole blocks);
+ * every node holds references to the kp_kvpool blocks that store the K/V of
+ * its positions. Hits are verified by comparing tokens. The index borrows
+ * the pool (the pool must outlive it) and belongs to one loaded model: its
+ * rows are valid only for that model's weights, RoPE settings and KV type.
+ * One thread owns it (no locks). See prefix.c for the tree and block layout.
+ *
+ * A request's life with the index:
+ *
+ *   kp_pfx_match(tokens)                    -> how much is cached, where it diverged
+ *   kp_pfx_acquire(tokens, m.n_reuse, &seq, &lease)
+ *                                        -> seq holds the cached rows; forward runs
+ *                                           from position seq.n_pos
+ *   (KP_EFULL from the pool: kp_pfx_evict(bytes, now), then retry)
+ *   kp_pfx_insert(tokens, n, &seq, &lease)  -> after prefill / each step / at the end
+ *   kp_pfx_release(&lease); kp_kvseq_release(&seq, pool)
+ *
+ * Contract for sequences: a sequence writes only positions >= its n_pos at
+ * the time of kp_pfx_acquire or kp_pfx_insert (it appends, it never rewinds over
+ * rows it reused or indexed). kp_pfx_acquire hands out a private copy of a
+ * shared partial block, so appending never touches a row someone else reads.
+ */
+#ifndef KP_PREFIX_H
+#define KP_PREFIX_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kv/kvpool.h"
+#include "base/status.h"
+
+typedef struct kp_pfx_index kp_pfx_index;
+typedef struct kp_pfx_node kp_pfx_node;
+
+typedef struct {
+    uint64_t pinned_cap_bytes;    /* pinned prefixes may hold at most this many bytes; 0: no pins */
+    uint32_t evicted_record_size; /* how many evicted runs are remembered (0: none) */
+} kp_pfx_config;
+
+/* A running sequence's hold on an indexed path: while held, no node of the
+ * path is evicted. {0} (node NULL) is the empty lease. Opaque: only the
+ * functions below read or write it. */
+typedef struct {
+    kp_pfx_node *node;
+} kp_pfx_lease;
+
+/* Makes an empty index over `pool` (borrowed; it must outlive the index).
+ * cfg NULL: pinned cap = half the pool, 256 evicted runs remembered.
+ * KP_ENOMEM on allocation failure (*out NULL). */
+kp_status kp_pfx_new(kp_pfx_index **out, kp_kvpool *pool, const kp_pfx_config *cfg, kp_error *err);
+
+/* Drops every block reference the index holds and frees it. Outstanding
+ * leases become invalid (their sequences keep their own block references).
+ * kp_pfx_free(NULL) is a no-op. */
+void kp_pfx_free(kp_pfx_index *p);
+
+/* A 64-bit hash of a token run (not cryptographic; only for records and
+ * reports; hits are always verified on the tokens themselves). */
+uint64_t kp_pfx_hash(const int32_t *tokens, uint32_t n);
+
+typedef struct {
+    uint32_t n_match;         /* leading query tokens found in the index, token-exact */
+    uint32_t n_reuse;         /* positions to take with kp_pfx_acquire: n_match, except on
+                                 a full hit (n_match == n > 0) where it is n - 1: the
+                                 last position is recomputed to get its logits */
+    uint32_t edge_start;      /* the edge the query ended on or left the cache from: */
+    uint32_t edge_end;        /*   its path depths [start, end); 0, 0 at the root */
+    int32_t cached_next;      /* the token the cache has at position n_match when
+                                 exactly one cached run continues there, else -1 */
+    uint32_t n_continuations; /* at a boundary: how many cached runs continue from
+                                 n_match (0: the cached path ends there) */
+    bool evicted;             /* n_match < n and the query's continuation at n_match
+                                 (tokens[0..n_match]) was cached once and evicted */
+    uint32_t evicted_len;     /* when evicted: the path length the evicted node had */
+} kp_pfx_match_result;
+
+/* Longest cached prefix of tokens[0..n). Read-only: no LRU touch, no stats,
+ * so a report (kvpin doctor, cache report) does not disturb the cache. */
+void kp_pfx_match(const kp_pfx_index *p, const int32_t *tokens, uint32_t n, kp_pfx_match_result *out);
+
+/* Sets up the empty sequence *seq (all zero) to reuse the cached rows of
+ * tokens[0..n_reuse): its block table references the index's blocks, except
+ * that a partial last block (n_reuse % block_size != 0) is replaced by a
+ * private copy, because the next position will be written into it. Then
+ * seq->n_pos == n_reuse and the engine runs forward from position n_reuse.
+ * *lease (may be NULL: no hold) receives a hold on the path. The copy may
+ * need a free block: acquire then evicts unheld, unpinned LRU leaves (its own
+ * path is held first); KP_EFULL if none is found, with nothing held or
+ * referenced and *seq as it came. n_reuse 0: empty sequence, empty lease,
+ * KP_OK.
+ * KP_EINVAL: seq not empty, or tokens[0..n_reuse) not (or no longer) cached.
+ * On success counts a lookup (a hit when n_reuse > 0) and touches the path
+ * (LRU). */
+kp_status kp_pfx_acquire(kp_pfx_index *p, const int32_t *tokens, uint32_t n_reuse, kp_kvseq *seq,
+                      kp_pfx_lease *lease, kp_error *err);
+
+/* Indexes tokens[0..n) whose K/V rows are in seq's blocks (seq->n_pos >= n):
+ * the part already cached is kept as it is (stored once), new positions get
+ * references to seq's blocks, splitting an edge where the tokens diverge
+ * mid-run. Inserting tokens already cached adds nothing. *n_added (may be
+ * NULL) receives the number of newly indexed positions. When lease is not
+ * NULL, it is moved to the inserted path (the sequence keeps running and
+ * holds what it indexed); pass NULL for a finished sequence. The sequence is
+ * borrowed and keeps its own references. KP_EINVAL if seq lacks positions or
+ * blocks; KP_ENOMEM with the index unchanged. */
+kp_status kp_pfx_insert(kp_pfx_index *p, const int32_t *tokens, uint32_t n, const kp_kvseq *seq,
+                     kp_pfx_lease *lease, uint32_t *n_added, kp_error *err);
+
+/* Drops the hold of *lease and empties it. No-op on an empty lease. */
+void kp_pfx_release(kp_pfx_index *p, kp_pfx_lease *lease);
+
+/* Frees at least bytes_needed of pool memory if it can: first expires pins
+ * whose ttl has passed at `now`, then evicts least-recently-used leaves that
+ * no lease holds and no pin covers (a parent becomes a leaf when its last
+ * child goes). Returns the bytes actually returned to the pool (blocks still
+ * used by a sequence are not freed by evicting them). Each evicted run is
+ * remembered for kp_pfx_match. Call it when kp_kvpool_alloc answers KP_EFULL. */
+uint64_t kp_pfx_evict(kp_pfx_index *p, uint64_t bytes_needed, int64_t now);
+
+/* Pins the cached prefix tokens[0..n) until kp_pfx_unpin(*id), or until
+ * now + ttl_seconds (ttl 0: no expiry). A pinned path is never evicted.
+ * KP_ENOTFOUND if the n tokens are not all cached; KP_EFULL if the pinned
+ * bytes would exceed the configured cap; KP_EINVAL for n 0 or ttl < 0. */
+kp_status kp_pfx_pin(kp_pfx_index *p, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
+                  uint64_t *id, kp_error *err);
+
+/* Removes pin id. KP_ENOTFOUND if there is no such pin (expired or never made). */
+kp_status kp_pfx_unpin(kp_pfx_index *p, uint64_t id, kp_error *err);
+
+/* Removes every pin whose expiry time is <= now; returns how many. */
+uint32_t kp_pfx_expire(kp_pfx_index *p, int64_t now);
+
+/* The memory bill. Every byte count is in whole KV blocks; a block several
+ * nodes or sequences share counts once. */
+typedef struct {
+    uint64_t budget_bytes;      /* the pool: n_blocks * block_bytes */
+    uint64_t used_bytes;        /* blocks in use by the index or any sequence */
+    uint64_t free_bytes;        /* budget - used */
+    uint64_t block_bytes;
+    uint64_t index_bytes;       /* blocks the index references */
+    uint64_t pinned_bytes;      /* blocks on pinned paths */
+    uint64_t pinned_cap_bytes;
+    uint64_t shared_bytes;      /* index blocks that running sequences also use */
+    uint64_t saved_bytes;       /* what those sequences would need more without sharing */
+    uint32_t n_nodes;           /* tree nodes, root excluded */
+    uint32_t n_leaves;          /* cached prefixes that end a path */
+    uint32_t n_pins;
+    uint32_t n_leases;
+    uint64_t cached_tokens;     /* distinct indexed positions (sum of edge lengths) */
+    uint64_t n_evictions;       /* nodes evicted since kp_pfx_new */
+    uint64_t evicted_bytes;     /* bytes eviction returned to the pool */
+    uint64_t n_lookups;         /* successful kp_pfx_acquire calls */
+    uint64_t n_hits;            /* ... with n_reuse > 0 */
+    uint64_t reused_tokens;     /* sum of n_reuse */
+} kp_pfx_stats;
+
+void kp_pfx_get_stats(kp_pfx_index *p, kp_pfx_stats *out);
+
+/* One node as kp_pfx_walk shows it. Pointers are borrowed for the callback only. */
+typedef struct {
+    const int32_t *path;        /* tokens[0..end) of the path to this node's end */
+    uint32_t start, end;        /* this node's run is path[start..end) */
+    const int32_t *blocks;      /* its block references, for block indexes */
+    uint32_t first_block;       /*   first_block .. first_block + n_blocks - 1 */
+    uint32_t n_blocks;
+    uint32_t n_children;
+    uint32_t n_holders;         /* leases on this node or below */
+    uint32_t n_pins;            /* pins on this node or below */
+    uint64_t last_used;         /* logical clock of the last touch */
+    uint64_t hits;              /* acquires that reused part of this node */
+} kp_pfx_node_info;
+
+/* Returns nonzero to stop the walk. */
+typedef int (*kp_pfx_walk_fn)(const kp_pfx_node_info *node, void *ctx);
+
+/* Visits every node (root excluded) in preorder, children in token order.
+ * KP_ENOMEM if the path buffer cannot grow. */
+kp_status kp_pfx_walk(kp_pfx_index *p, kp_pfx_walk_fn fn, void *ctx, kp_error *err);
+
+/* A cached prefix (a leaf: a path that ends) for cache listings. */
+typedef struct {
+    uint64_t hash;       /* kp_pfx_hash of its tokens */
+    uint32_t n_tokens;
+    uint64_t bytes;      /* K/V bytes of all its positions (shared ancestors included) */
+    uint64_t own_bytes;  /* bytes the index holds for this prefix alone */
+    uint32_t n_holders;
+    bool pinned;
+    uint64_t last_used;
+    uint64_t hits;
+} kp_pfx_prefix_info;
+
+/* Fills out[0..*n_out) with the largest cached prefixes (most tokens first),
+ * at most max. KP_ENOMEM if the path buffer cannot grow. */
+kp_status kp_pfx_top(kp_pfx_index *p, kp_pfx_prefix_info *out, uint32_t max, uint32_t *n_out, kp_error *err);
+
+/* Verifies the index's invariants (tree links and depths, block counts, the
+ * index's block references against the pool's refcounts, hold and pin
+ * counts, the LRU list, the pinned cap). KP_OK, or KP_EFORMAT naming the
+ * first broken invariant. For tests and debug builds: O(nodes + blocks). */
+kp_status kp_pfx_check(kp_pfx_index *p, kp_error *err);
+
+#endif

@@ -1,0 +1,167 @@
+/*
+ * attn.c - attention inner loops in portable C, the workspace size of a
+ * tile, and the choice of table (see attn.h; the AVX2 table lives in
+ * attn_avx2.c). No state; the tables are constant.
+ *
+ * Scalar tile workspace (M = n_tok * G rows, hd = head size), in floats:
+ *
+ *   offset                 size      what
+ *   0                      M * hd    q, row by row (a copy of the queries)
+ *   M*hd                   M * hd    o, running weighted sums of V
+ *   2*M*hd                 M         m, running max
+ *   2*M*hd + M             M         l, running sum of exp
+ *   2*M*hd + 2M            STEP      s: one row's scores, then weights
+ *   ... + STEP             STEP*hd   K rows of the step as F32 (F16 steps)
+ *   ... + STEP*hd          STEP*hd   V rows of the step as F32 (F16 steps)
+ *
+ * kp_attn_tile_floats returns the largest size any table needs (the AVX2
+ * layouts are drawn in attn_avx2.c).
+ */
+#include "kernels/attn.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "kernels/quant.h"
+
+/* ---- tiles --------------------------------------------------------------- */
+
+size_t kp_attn_tile_floats(int hd, int n_rows) {
+    /* the AVX-512 query-lane layout is the largest: rows padded to a
+     * multiple of 48 (at least 48), [hd][Mp] queries and sums, 4 per-row
+     * vectors, [STEP][Mp] scores, [STEP][hd] K and V, each part rounded up
+     * to 16 floats */
+    size_t Mp = ((size_t)(n_rows < 8 ? 8 : n_rows) + 47) / 48 * 48;
+    size_t h = (size_t)hd;
+    return 2 * h * Mp + 4 * Mp + KP_ATTN_STEP * Mp + 2 * KP_ATTN_STEP * h + 16 * 12;
+}
+
+typedef struct {
+    int M;
+    float *q, *o, *m, *l, *s, *kf, *vf;
+} scalar_ws;
+
+static scalar_ws scalar_layout(const kp_attn_tile *t) {
+    scalar_ws w;
+    size_t M = (size_t)t->n_tok * t->G, hd = (size_t)t->hd;
+    w.M = (int)M;
+    w.q = t->ws;
+    w.o = w.q + M * hd;
+    w.m = w.o + M * hd;
+    w.l = w.m + M;
+    w.s = w.l + M;
+    w.kf = w.s + KP_ATTN_STEP;
+    w.vf = w.kf + KP_ATTN_STEP * hd;
+    return w;
+}
+
+static void tile_begin_c(kp_attn_tile *t, const float *q, int64_t q_stride) {
+    scalar_ws w = scalar_layout(t);
+    int hd = t->hd;
+    for (int r = 0; r < w.M; r++) {
+        memcpy(w.q + (size_t)r * hd, q + (r / t->G) * q_stride + (r % t->G) * hd, (size_t)hd * sizeof(float));
+        memset(w.o + (size_t)r * hd, 0, (size_t)hd * sizeof(float));
+        w.m[r] = -INFINITY;
+        w.l[r] = 0;
+    }
+}
+
+static void tile_step_f32_c(kp_attn_tile *t, const float *k, const float *v, int n_keys, int32_t key_pos) {
+    kp_attn_prefetch_next(t, 0, 1);
+    scalar_ws w = scalar_layout(t);
+    int hd = t->hd;
+    for (int r = 0; r < w.M; r++) {
+        int64_t lim = (int64_t)t->pos0 + r / t->G - key_pos + 1; /* keys this row sees */
+        int nvis = lim < 0 ? 0 : lim > n_keys ? n_keys : (int)lim;
+        if (nvis == 0) continue;
+        const float *qr = w.q + (size_t)r * hd;
+        float *o = w.o + (size_t)r * hd;
+        float mold = w.m[r], mx = mold;
+        for (int j = 0; j < nvis; j++) {
+            float s = 0;
+            for (int d = 0; d < hd; d++) s += qr[d] * k[(size_t)j * hd + d];
+            w.s[j] = s * t->scale;
+            mx = w.s[j] > mx ? w.s[j] : mx;
+        }
+        float a = mx == mold ? 1.0f : expf(mold - mx), sum = 0;
+        for (int j = 0; j < nvis; j++) {
+            w.s[j] = expf(w.s[j] - mx);
+            sum += w.s[j];
+        }
+        float l = w.l[r] * a + sum;
+        if (a != 1.0f)
+            for (int d = 0; d < hd; d++) o[d] *= a;
+        for (int j = 0; j < nvis; j++)
+            for (int d = 0; d < hd; d++) o[d] += w.s[j] * v[(size_t)j * hd + d];
+        w.m[r] = mx;
+        w.l[r] = l;
+    }
+}
+
+static void tile_step_f16_c(kp_attn_tile *t, const uint16_t *k, const uint16_t *v, int n_keys,
+                            int32_t key_pos) {
+    scalar_ws w = scalar_layout(t);
+    kp_fp16_to_fp32_row(k, w.kf, (int64_t)n_keys * t->hd);
+    kp_fp16_to_fp32_row(v, w.vf, (int64_t)n_keys * t->hd);
+    tile_step_f32_c(t, w.kf, w.vf, n_keys, key_pos);
+}
+
+void kp_attn_rows_end(const float *o, const float *l, int M, int G, int hd, float *out, int64_t out_stride) {
+    for (int r = 0; r < M; r++) {
+        float inv = 1.0f / l[r];
+        float *dst = out + (r / G) * out_stride + (r % G) * hd;
+        for (int d = 0; d < hd; d++) dst[d] = o[(size_t)r * hd + d] * inv;
+    }
+}
+
+void kp_attn_rows_partial(const float *o, const float *m, const float *l, int M, int hd, float *part) {
+    for (int r = 0; r < M; r++) {
+        float *p = part + (size_t)r * (hd + 2);
+        p[0] = m[r];
+        p[1] = l[r];
+        memcpy(p + 2, o + (size_t)r * hd, (size_t)hd * sizeof(float));
+    }
+}
+
+static void tile_end_c(const kp_attn_tile *t, float *out, int64_t out_stride) {
+    scalar_ws w = scalar_layout(t);
+    kp_attn_rows_end(w.o, w.l, w.M, t->G, t->hd, out, out_stride);
+}
+
+static void tile_partial_c(const kp_attn_tile *t, float *part) {
+    scalar_ws w = scalar_layout(t);
+    kp_attn_rows_partial(w.o, w.m, w.l, w.M, t->hd, part);
+}
+
+static void exp_row_c(const float *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = expf(x[i]);
+}
+
+static void swiglu_row_c(float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) gate[i] = gate[i] * up[i] / (1.0f + expf(-gate[i]));
+}
+
+static const kp_attn_kernels attn_scalar = {
+    .name = "scalar",
+    .tile_begin = tile_begin_c,
+    .tile_step_f32 = tile_step_f32_c,
+    .tile_step_f16 = tile_step_f16_c,
+    .tile_end = tile_end_c,
+    .tile_partial = tile_partial_c,
+    .exp_row = exp_row_c,
+    .swiglu_row = swiglu_row_c,
+};
+
+const kp_attn_kernels *kp_attn_scalar(void) { return &attn_scalar; }
+
+const kp_attn_kernels *kp_attn_best(void) {
+    /* kp_kernels_avx2 checks AVX2, FMA and F16C without writing shared state */
+    const kp_attn_kernels *a = NULL;
+    if (kp_kernels_avx2()) {
+#if defined(__x86_64__)
+        if (__builtin_cpu_supports("avx512f")) a = kp_attn_avx512_table();
+#endif
+        if (!a) a = kp_attn_avx2_table();
+    }
+    return a ? a : &attn_scalar;
+}

@@ -1,0 +1,150 @@
+/*
+ * kvpool.c - block pool and block tables (see kvpool.h for the layout).
+ *
+ * Invariants: a block is on the free list iff its refcount is 0; the free
+ * list is a stack of ids; memory is one allocation of n_blocks * block_bytes,
+ * made once, so the budget is never exceeded.
+ */
+#include "kv/kvpool.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct kp_kvpool {
+    kp_kvpool_config cfg;
+    uint64_t block_bytes;
+    uint64_t head_bytes; /* bytes of one K (or V) run: block_size * head_dim * esize */
+    uint32_t n_blocks;
+    uint8_t *mem;
+    uint32_t *refcount;
+    int32_t *free_stack;
+    uint32_t n_free;
+};
+
+kp_status kp_kvpool_new(kp_kvpool **out, const kp_kvpool_config *cfg, kp_error *err) {
+    *out = NULL;
+    if (cfg->kv_type != KP_DTYPE_F32 && cfg->kv_type != KP_DTYPE_F16)
+        return kp_fail(err, KP_EINVAL, "KV type must be f32 or f16, not %s", kp_dtype_name(cfg->kv_type));
+    if (cfg->block_size == 0 || cfg->block_size > 4096)
+        return kp_fail(err, KP_EINVAL, "KV block size %u out of range 1..4096", cfg->block_size);
+    if (!cfg->n_layer || !cfg->n_head_kv || !cfg->head_dim)
+        return kp_fail(err, KP_EINVAL, "KV pool needs layers, heads and head_dim");
+    kp_kvpool *p = calloc(1, sizeof *p);
+    if (!p) return kp_fail(err, KP_ENOMEM, "out of memory creating the KV pool");
+    p->cfg = *cfg;
+    uint64_t esize = kp_dtype_row_size(cfg->kv_type, 1);
+    p->head_bytes = (uint64_t)cfg->block_size * cfg->head_dim * esize;
+    p->block_bytes = p->head_bytes * 2 * cfg->n_layer * cfg->n_head_kv;
+    uint64_t nb = cfg->budget_bytes / p->block_bytes;
+    if (nb == 0) {
+        unsigned long long bb = p->block_bytes;
+        kp_kvpool_free(p);
+        return kp_fail(err, KP_EINVAL, "KV budget of %llu bytes is smaller than one block (%llu bytes)",
+                       (unsigned long long)cfg->budget_bytes, bb);
+    }
+    if (nb > INT32_MAX) nb = INT32_MAX;
+    p->n_blocks = (uint32_t)nb;
+    p->mem = malloc((size_t)(nb * p->block_bytes));
+    p->refcount = calloc(nb, sizeof(uint32_t));
+    p->free_stack = malloc(nb * sizeof(int32_t));
+    if (!p->mem || !p->refcount || !p->free_stack) {
+        kp_kvpool_free(p);
+        return kp_fail(err, KP_ENOMEM, "out of memory for a KV pool of %llu blocks",
+                       (unsigned long long)nb);
+    }
+    /* lowest ids on top of the stack */
+    for (uint32_t i = 0; i < p->n_blocks; i++) p->free_stack[i] = (int32_t)(p->n_blocks - 1 - i);
+    p->n_free = p->n_blocks;
+    *out = p;
+    return KP_OK;
+}
+
+void kp_kvpool_free(kp_kvpool *p) {
+    if (!p) return;
+    free(p->mem);
+    free(p->refcount);
+    free(p->free_stack);
+    free(p);
+}
+
+const kp_kvpool_config *kp_kvpool_config_of(const kp_kvpool *p) { return &p->cfg; }
+uint32_t kp_kvpool_n_blocks(const kp_kvpool *p) { return p->n_blocks; }
+uint32_t kp_kvpool_n_free(const kp_kvpool *p) { return p->n_free; }
+uint64_t kp_kvpool_block_bytes(const kp_kvpool *p) { return p->block_bytes; }
+
+kp_status kp_kvpool_alloc(kp_kvpool *p, int32_t *id, kp_error *err) {
+    if (p->n_free == 0)
+        return kp_fail(err, KP_EFULL, "KV pool full: all %u blocks of %u positions are in use",
+                       p->n_blocks, p->cfg.block_size);
+    int32_t b = p->free_stack[--p->n_free];
+    assert(p->refcount[b] == 0);
+    p->refcount[b] = 1;
+    *id = b;
+    return KP_OK;
+}
+
+void kp_kvpool_ref(kp_kvpool *p, int32_t id) {
+    assert(id >= 0 && (uint32_t)id < p->n_blocks && p->refcount[id] > 0);
+    p->refcount[id]++;
+}
+
+void kp_kvpool_unref(kp_kvpool *p, int32_t id) {
+    assert(id >= 0 && (uint32_t)id < p->n_blocks && p->refcount[id] > 0);
+    if (--p->refcount[id] == 0) p->free_stack[p->n_free++] = id;
+}
+
+uint32_t kp_kvpool_refcount(const kp_kvpool *p, int32_t id) {
+    assert(id >= 0 && (uint32_t)id < p->n_blocks);
+    return p->refcount[id];
+}
+
+/* Run r (= (layer * n_head_kv + head) * 2 + 0 for K, 1 for V) of block b. */
+static uint8_t *run_at(const kp_kvpool *p, uint64_t r, int32_t block) {
+    return p->mem + (r * p->n_blocks + (uint64_t)block) * p->head_bytes;
+}
+
+void kp_kvpool_copy(kp_kvpool *p, int32_t dst, int32_t src) {
+    uint64_t runs = (uint64_t)p->cfg.n_layer * p->cfg.n_head_kv * 2;
+    for (uint64_t r = 0; r < runs; r++) memcpy(run_at(p, r, dst), run_at(p, r, src), p->head_bytes);
+}
+
+void *kp_kvpool_k(const kp_kvpool *p, int32_t block, uint32_t layer, uint32_t head) {
+    return run_at(p, ((uint64_t)layer * p->cfg.n_head_kv + head) * 2, block);
+}
+
+void *kp_kvpool_v(const kp_kvpool *p, int32_t block, uint32_t layer, uint32_t head) {
+    return run_at(p, ((uint64_t)layer * p->cfg.n_head_kv + head) * 2 + 1, block);
+}
+
+kp_status kp_kvseq_reserve(kp_kvseq *s, kp_kvpool *p, uint32_t n_pos, kp_error *err) {
+    uint32_t B = p->cfg.block_size;
+    uint32_t need = (uint32_t)(((uint64_t)n_pos + B - 1) / B);
+    if (need > s->cap_blocks) {
+        uint32_t cap = s->cap_blocks ? s->cap_blocks : 8;
+        while (cap < need) cap *= 2;
+        int32_t *nb = realloc(s->blocks, cap * sizeof(int32_t));
+        if (!nb) return kp_fail(err, KP_ENOMEM, "out of memory growing a block table");
+        s->blocks = nb;
+        s->cap_blocks = cap;
+    }
+    while (s->n_blocks < need) {
+        kp_status st = kp_kvpool_alloc(p, &s->blocks[s->n_blocks], err);
+        if (st != KP_OK) return st;
+        s->n_blocks++;
+    }
+    return KP_OK;
+}
+
+void kp_kvseq_truncate(kp_kvseq *s, kp_kvpool *p, uint32_t n_pos) {
+    uint32_t B = p->cfg.block_size;
+    uint32_t keep = (uint32_t)(((uint64_t)n_pos + B - 1) / B);
+    while (s->n_blocks > keep) kp_kvpool_unref(p, s->blocks[--s->n_blocks]);
+    if (s->n_pos > n_pos) s->n_pos = n_pos;
+}
+
+void kp_kvseq_release(kp_kvseq *s, kp_kvpool *p) {
+    kp_kvseq_truncate(s, p, 0);
+    free(s->blocks);
+    memset(s, 0, sizeof *s);
+}

@@ -1,0 +1,703 @@
+/*
+ * forward.c - the batched transformer forward pass (see forward.h).
+ *
+ * Per layer, for a batch of n tokens (E = n_embd, Q = n_head*hd,
+ * KV = n_head_kv*hd, F = n_ff):
+ *
+ *   xn      = rmsnorm(x) * attn_norm                        [n][E]
+ *   q, k, v = xn @ wq, wk, wv (+ qwen2 biases)              [n][Q], [n][KV], [n][KV]
+ *   qwen3:  q, k = per-head rmsnorm * q_norm, k_norm
+ *   q, k    = rope(q, k, pos)                               NORM or NEOX pairs
+ *   KV[seq][pos] = k, v                                     into the sequence's blocks
+ *   att     = softmax(q k^T / sqrt(hd)) v  over 0..pos      [n][Q]
+ *   x      += att @ wo
+ *   xn      = rmsnorm(x) * ffn_norm
+ *   x      += (silu(xn @ w_gate) * (xn @ w_up)) @ w_down       silu with a vector exp
+ *
+ * then logits = rmsnorm(x) * output_norm @ output for the requested tokens.
+ *
+ * Matrix products: activations are converted once per product to the
+ * weight type's dot type (F32, F16, BF16, Q8_0, Q8_K, as llama.cpp does), then
+ * the weight rows are split into tasks of MM_ROWS rows across the thread
+ * pool; a task hands its rows and the whole batch (or a chunk of about
+ * MM_ACT_BYTES of converted activations, which stays in L2) to one call of
+ * the kernel table's gemm, which keeps the rows in L1 while the tokens
+ * stream past them, so each weight row is read from memory once per chunk
+ * (types without a gemm kernel: dot_tile on 4 rows x 4 tokens at a time).
+ * Q8_0 activations carry per-block float scales and sums (kp_q8_0_aux),
+ * computed once per token next to the conversion.
+ * Products that share an input (q/k/v, gate/up) run as one parallel region.
+ *
+ * Attention (kernels in attn.h: flash-style tiles with an online softmax,
+ * so no row of scores over the whole context is stored): the query heads
+ * of a GQA group are handled together so each cached K/V row is loaded
+ * once per group. In prefill a task is (tile of consecutive tokens of one
+ * sequence, kv-head), about ATT_TILE_ROWS query rows: the cached rows are
+ * streamed through the tile in steps of up to KP_ATTN_STEP positions, and
+ * each step's K/V rows serve the whole tile from L1. Steps start at
+ * positions fixed by the block layout, and the kernels compute every row
+ * independently of its tile, so a token's output is bitwise the same
+ * whatever tile it lands in (prefill of any split, or decode).
+ *
+ *   cached positions of the sequence   0 ......................... pos
+ *   steps (B = 16)                     |16 |16 |16 | ... |16 |16 |..|
+ *   tile of T tokens x G heads         each step: T*G rows x 16 keys
+ *
+ * When the batch is too small to keep every thread busy (decode), a task
+ * is (token, kv-head, chunk of positions) and the chunks' partial softmax
+ * states (max, sum, weighted V) are merged afterwards, so long caches are
+ * still read by every thread; those results are merged anyway, so their
+ * tiles may sum in a faster order (kp_attn_tile.free_order).
+ */
+#include "model/forward.h"
+
+#include "kernels/attn.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MM_ROWS 16
+#define MM_ACT_BYTES (1 << 20) /* activation bytes per matmul task, kept in L2 */
+#define MAX_JOBS 3
+#define ATT_MIN_CHUNK 128
+#define ATT_TILE_ROWS 48 /* query rows (tokens x heads of a group) sharing each K/V step in prefill */
+
+struct kp_forward {
+    const kp_model *m;
+    kp_kvpool *kv;
+    kp_pool *threads;
+    const kp_kernels *k;
+    const kp_attn_kernels *ak;
+    int n_threads;
+    /* scratch sized for cap_tokens tokens */
+    int32_t cap_tokens;
+    float *x, *xn, *q, *kk, *vv, *att, *gate, *up;
+    float *rope_cs;              /* [n][n_rot/2][2] cos, sin */
+    uint8_t *act[KP_DTYPE_COUNT_]; /* converted activations per dot type */
+    size_t act_cap[KP_DTYPE_COUNT_];
+    /* attention scratch */
+    float *att_ws;               /* [n_threads][att_ws_floats] tile workspaces, 64-byte aligned */
+    size_t att_ws_floats, att_ws_cap;
+    size_t cap_partials;
+    float *partials;
+    int32_t *tiles;              /* [n_tiles][2]: first token, count */
+    size_t cap_tiles;
+    /* probe */
+    int probe_layer, probe_head;
+    float *probe;
+    int32_t probe_n, probe_cap;
+};
+
+kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_pool *threads,
+                         const kp_kernels *kernels, kp_error *err) {
+    *out = NULL;
+    const kp_kvpool_config *c = kp_kvpool_config_of(kv);
+    if (c->n_layer != m->hp.n_layer || c->n_head_kv != m->hp.n_head_kv ||
+        c->head_dim != m->hp.head_dim)
+        return kp_fail(err, KP_EINVAL, "KV pool shape does not match the model");
+    kp_forward *f = calloc(1, sizeof *f);
+    if (!f) return kp_fail(err, KP_ENOMEM, "out of memory creating the forward pass");
+    f->m = m;
+    f->kv = kv;
+    f->threads = threads;
+    f->k = kernels ? kernels : kp_kernels_best();
+    f->ak = f->k == kp_kernels_scalar() ? kp_attn_scalar() : kp_attn_best();
+    f->n_threads = kp_pool_size(threads);
+    f->probe_layer = -1;
+    *out = f;
+    return KP_OK;
+}
+
+void kp_forward_free(kp_forward *f) {
+    if (!f) return;
+    free(f->x); free(f->xn); free(f->q); free(f->kk); free(f->vv); free(f->att);
+    free(f->gate); free(f->up); free(f->rope_cs);
+    for (int i = 0; i < KP_DTYPE_COUNT_; i++) free(f->act[i]);
+    free(f->att_ws);
+    free(f->partials);
+    free(f->tiles);
+    free(f->probe);
+    free(f);
+}
+
+void kp_forward_set_probe(kp_forward *f, int layer, int head) {
+    f->probe_layer = layer;
+    f->probe_head = head;
+    f->probe_n = 0;
+}
+
+const float *kp_forward_probe(const kp_forward *f, int32_t *n_pos) {
+    *n_pos = f->probe_n;
+    return f->probe_layer >= 0 && f->probe_n > 0 ? f->probe : NULL;
+}
+
+static bool grow(void **p, size_t *cap, size_t need) {
+    if (need <= *cap) return true;
+    void *np = realloc(*p, need);
+    if (!np) return false;
+    *p = np;
+    *cap = need;
+    return true;
+}
+
+static kp_status ensure_scratch(kp_forward *f, int32_t n, kp_error *err) {
+    if (n <= f->cap_tokens) return KP_OK;
+    const kp_hparams *hp = &f->m->hp;
+    size_t E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim;
+    size_t KV = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+    float **bufs[] = {&f->x, &f->xn, &f->q, &f->kk, &f->vv, &f->att, &f->gate, &f->up, &f->rope_cs};
+    size_t sizes[] = {E, E, Q, KV, KV, Q, F, F, hp->n_rot};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        float *nb = realloc(*bufs[i], (size_t)n * sizes[i] * sizeof(float));
+        if (!nb) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %d tokens", n);
+        *bufs[i] = nb;
+    }
+    f->cap_tokens = n;
+    return KP_OK;
+}
+
+/* ---- small math --------------------------------------------------------- */
+
+static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+/* gate = silu(gate) * up, a task per token row, with the attention
+ * table's vector exp. */
+typedef struct {
+    float *gate;
+    const float *up;
+    size_t n_ff;
+    const kp_attn_kernels *ak;
+} swiglu_ctx;
+
+static void swiglu_task(void *vctx, int task, int thread) {
+    (void)thread;
+    swiglu_ctx *c = vctx;
+    c->ak->swiglu_row(c->gate + (size_t)task * c->n_ff, c->up + (size_t)task * c->n_ff, (int64_t)c->n_ff);
+}
+
+/* ---- matrix products ---------------------------------------------------- */
+
+typedef struct {
+    const kp_weight *w;
+    float *out;          /* [n][w->n_out] */
+} mm_job;
+
+typedef struct {
+    kp_forward *f;
+    int n;               /* tokens */
+    int chunk;           /* tokens per task: n, or a multiple of 4 */
+    int n_jobs;
+    mm_job jobs[MAX_JOBS];
+    int task_start[MAX_JOBS + 1]; /* row tasks of one token chunk, per job */
+} mm_ctx;
+
+/* The activation buffer of dot type at for n rows of n_in elements: the n
+ * converted rows, then, for Q8_0, n rows of kp_q8_0_aux (block scales and
+ * sums that gemm kernels would otherwise recompute in every task). */
+static size_t act_aux_offset(size_t n, size_t a_stride) { return (n * a_stride + 7) & ~(size_t)7; }
+
+static size_t act_bytes(kp_dtype at, size_t n, int64_t n_in) {
+    size_t a_stride = kp_dtype_row_size(at, n_in);
+    if (at != KP_DTYPE_Q8_0) return n * a_stride;
+    return act_aux_offset(n, a_stride) + n * (size_t)(n_in / 32) * sizeof(kp_q8_0_aux);
+}
+
+/* Task = (token chunk, job, MM_ROWS weight rows), token chunk slowest, so
+ * the threads work through one chunk of activations at a time. */
+static void mm_task(void *vctx, int task, int thread) {
+    (void)thread;
+    mm_ctx *c = vctx;
+    int per_chunk = c->task_start[c->n_jobs];
+    int t0 = task / per_chunk * c->chunk;
+    int nt = c->n - t0 < c->chunk ? c->n - t0 : c->chunk;
+    task %= per_chunk;
+    int j = 0;
+    while (task >= c->task_start[j + 1]) j++;
+    const mm_job *job = &c->jobs[j];
+    const kp_weight *w = job->w;
+    kp_dtype at = kp_vec_dot_type(w->type);
+    size_t a_stride = kp_dtype_row_size(at, w->n_in);
+    const uint8_t *act = c->f->act[at];
+    int64_t r0 = (int64_t)(task - c->task_start[j]) * MM_ROWS;
+    int64_t r1 = r0 + MM_ROWS < w->n_out ? r0 + MM_ROWS : w->n_out;
+    const uint8_t *wd = (const uint8_t *)w->data + r0 * w->row_bytes;
+    const uint8_t *ad = act + (size_t)t0 * a_stride;
+    float *od = job->out + (size_t)t0 * w->n_out + r0;
+    const kp_kernels *k = c->f->k;
+    if (k->gemm[w->type]) {
+        const uint8_t *aux = NULL;
+        size_t aux_stride = 0;
+        if (at == KP_DTYPE_Q8_0) {
+            aux_stride = (size_t)(w->n_in / 32) * sizeof(kp_q8_0_aux);
+            aux = act + act_aux_offset((size_t)c->n, a_stride) + (size_t)t0 * aux_stride;
+        }
+        k->gemm[w->type](w->n_in, (int)(r1 - r0), nt, wd, w->row_bytes, ad, a_stride, aux,
+                         aux_stride, od, (size_t)w->n_out);
+        return;
+    }
+    for (int c0 = 0; c0 < nt; c0 += 4) { /* no whole-block kernel: 4 x 4 tiles */
+        int nc = nt - c0 < 4 ? nt - c0 : 4;
+        for (int64_t r = 0; r < r1 - r0; r += 4) {
+            int nr = r1 - r0 - r < 4 ? (int)(r1 - r0 - r) : 4;
+            k->dot_tile[w->type](w->n_in, nr, nc, wd + r * w->row_bytes, w->row_bytes,
+                                 ad + (size_t)c0 * a_stride, a_stride,
+                                 od + (size_t)c0 * w->n_out + r, (size_t)w->n_out);
+        }
+    }
+}
+
+typedef struct {
+    kp_forward *f;
+    const float *x;
+    int n;               /* tokens */
+    int64_t n_in;
+    kp_dtype at;
+    kp_dtype wtype;
+} quant_ctx;
+
+static void quant_task(void *vctx, int task, int thread) {
+    (void)thread;
+    quant_ctx *c = vctx;
+    size_t stride = kp_dtype_row_size(c->at, c->n_in);
+    uint8_t *row = c->f->act[c->at] + (size_t)task * stride;
+    c->f->k->quantize_act[c->wtype](c->x + (size_t)task * c->n_in, row, c->n_in);
+    if (c->at == KP_DTYPE_Q8_0) {
+        size_t nb = (size_t)(c->n_in / 32);
+        kp_q8_0_aux *aux = (kp_q8_0_aux *)(c->f->act[c->at] + act_aux_offset((size_t)c->n, stride));
+        kp_q8_0_aux_row(row, aux + (size_t)task * nb, c->n_in);
+    }
+}
+
+/* out_j = x @ w_j for the jobs (all w_j share n_in); x is [n][n_in]. */
+static kp_status matmul(kp_forward *f, const float *x, int n, int n_jobs, const mm_job *jobs,
+                        kp_error *err) {
+    mm_ctx c = {.f = f, .n = n, .chunk = n, .n_jobs = n_jobs};
+    bool done[KP_DTYPE_COUNT_] = {false};
+    c.task_start[0] = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        const kp_weight *w = jobs[j].w;
+        kp_dtype at = kp_vec_dot_type(w->type);
+        c.jobs[j] = jobs[j];
+        c.task_start[j + 1] = c.task_start[j] + (int)((w->n_out + MM_ROWS - 1) / MM_ROWS);
+        size_t a_stride = kp_dtype_row_size(at, w->n_in);
+        if ((size_t)c.chunk * a_stride > MM_ACT_BYTES) {
+            size_t fit = MM_ACT_BYTES / a_stride / 4 * 4;
+            c.chunk = fit < 4 ? 4 : (int)fit;
+        }
+        if (done[at]) continue;
+        done[at] = true;
+        size_t need = act_bytes(at, (size_t)n, w->n_in);
+        if (!grow((void **)&f->act[at], &f->act_cap[at], need))
+            return kp_fail(err, KP_ENOMEM, "out of memory for activations");
+        quant_ctx q = {f, x, n, w->n_in, at, w->type};
+        if (n >= 8) kp_pool_run(f->threads, quant_task, &q, n);
+        else for (int t = 0; t < n; t++) quant_task(&q, t, 0);
+    }
+    int n_chunks = (n + c.chunk - 1) / c.chunk;
+    kp_pool_run(f->threads, mm_task, &c, n_chunks * c.task_start[n_jobs]);
+    return KP_OK;
+}
+
+/* ---- rope ---------------------------------------------------------------- */
+
+static void rope_tables(kp_forward *f, const kp_batch *b) {
+    const kp_hparams *hp = &f->m->hp;
+    int half = (int)hp->n_rot / 2;
+    for (int t = 0; t < b->n_tokens; t++) {
+        float *cs = f->rope_cs + (size_t)t * hp->n_rot;
+        for (int i = 0; i < half; i++) {
+            double inv = pow((double)hp->rope_base, -2.0 * i / (double)hp->n_rot);
+            double theta = (double)b->pos[t] * hp->rope_freq_scale * inv;
+            if (f->m->rope_freqs) theta /= f->m->rope_freqs[i];
+            cs[2 * i] = (float)cos(theta);
+            cs[2 * i + 1] = (float)sin(theta);
+        }
+    }
+}
+
+static void rope_apply(const kp_hparams *hp, float *v, const float *cs) {
+    int half = (int)hp->n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        float c = cs[2 * i], s = cs[2 * i + 1];
+        int a = hp->rope_type == KP_ROPE_NORM ? 2 * i : i;
+        int bb = hp->rope_type == KP_ROPE_NORM ? 2 * i + 1 : i + half;
+        float x0 = v[a], x1 = v[bb];
+        v[a] = x0 * c - x1 * s;
+        v[bb] = x0 * s + x1 * c;
+    }
+}
+
+/* ---- attention ----------------------------------------------------------- */
+
+typedef struct {
+    kp_forward *f;
+    const kp_batch *b;
+    uint32_t layer;
+    int n_chunks;        /* position chunks per (token, kv head); 1: tiles */
+    int n_tiles;
+    float scale;
+} att_ctx;
+
+/* The step of cached positions from p (< p1) of sequence s: its row count,
+ * K and V rows. A step ends at a block's end or, inside a block, every
+ * KP_ATTN_STEP rows, so where steps start depends only on the positions:
+ * a token gets the same steps alone (decode) as inside a tile (prefill). */
+static int64_t att_step_at(kp_forward *f, const kp_kvseq *s, uint32_t layer, uint32_t h, int64_t p, int64_t p1,
+                           size_t row_bytes, const void **k, const void **v) {
+    int64_t B = kp_kvpool_config_of(f->kv)->block_size;
+    int64_t r = p % B, rn = KP_ATTN_STEP - r % KP_ATTN_STEP;
+    if (rn > B - r) rn = B - r;
+    if (rn > p1 - p) rn = p1 - p;
+    int32_t blk = s->blocks[p / B];
+    *k = (const uint8_t *)kp_kvpool_k(f->kv, blk, layer, h) + (size_t)r * row_bytes;
+    *v = (const uint8_t *)kp_kvpool_v(f->kv, blk, layer, h) + (size_t)r * row_bytes;
+    return rn;
+}
+
+/* Streams the cached positions [p0, p1) of sequence s (layer, kv-head h)
+ * through tile t, step by step. Each step is told the next step's rows
+ * (t->next_*), which it prefetches while it computes: the blocks of a
+ * sequence are scattered over the pool, which the hardware prefetcher
+ * cannot guess. */
+static void att_stream(kp_forward *f, kp_attn_tile *t, const kp_kvseq *s, uint32_t layer, uint32_t h,
+                       int64_t p0, int64_t p1) {
+    const kp_attn_kernels *ak = f->ak;
+    bool f16 = kp_kvpool_config_of(f->kv)->kv_type == KP_DTYPE_F16;
+    size_t row_bytes = (size_t)t->hd * (f16 ? 2 : 4);
+    const void *k = NULL, *v = NULL;
+    int64_t rn = p0 < p1 ? att_step_at(f, s, layer, h, p0, p1, row_bytes, &k, &v) : 0;
+    t->next_k = k, t->next_v = v, t->next_bytes = (size_t)rn * row_bytes;
+    kp_attn_prefetch_next(t, 0, 1); /* the first step's rows, before it needs them */
+    for (int64_t p = p0; p < p1;) {
+        const void *kn = NULL, *vn = NULL;
+        int64_t pn = p + rn, nn = pn < p1 ? att_step_at(f, s, layer, h, pn, p1, row_bytes, &kn, &vn) : 0;
+        t->next_k = kn;
+        t->next_v = vn;
+        t->next_bytes = (size_t)nn * row_bytes;
+        if (f16) ak->tile_step_f16(t, k, v, (int)rn, (int32_t)p);
+        else ak->tile_step_f32(t, k, v, (int)rn, (int32_t)p);
+        p = pn, k = kn, v = vn, rn = nn;
+    }
+}
+
+/* Decode with few tokens: a task is (token, kv-head, chunk of positions);
+ * it leaves the chunk's partial softmax state in f->partials, per head of
+ * the group: [max, sum, acc[hd]]. */
+static void att_task(void *vctx, int task, int thread) {
+    att_ctx *c = vctx;
+    kp_forward *f = c->f;
+    const kp_hparams *hp = &f->m->hp;
+    const kp_kvpool_config *kc = kp_kvpool_config_of(f->kv);
+    int hd = (int)hp->head_dim, G = (int)(hp->n_head / hp->n_head_kv);
+    int chunk = task % c->n_chunks;
+    int h = (task / c->n_chunks) % (int)hp->n_head_kv;
+    int t = task / c->n_chunks / (int)hp->n_head_kv;
+    const kp_kvseq *s = c->b->seqs[c->b->seq[t]];
+    int64_t n_pos = (int64_t)c->b->pos[t] + 1;
+    uint32_t B = kc->block_size;
+    int64_t per = (n_pos + c->n_chunks - 1) / c->n_chunks;
+    per = (per + B - 1) / B * B;
+    int64_t p0 = (int64_t)chunk * per, p1 = p0 + per < n_pos ? p0 + per : n_pos;
+    float *part = f->partials + (size_t)task * G * (hd + 2);
+    if (p0 >= p1) {
+        for (int g = 0; g < G; g++) {
+            part[g * (hd + 2)] = -INFINITY;
+            part[g * (hd + 2) + 1] = 0;
+        }
+        return;
+    }
+    size_t Qd = (size_t)hp->n_head * hd;
+    /* the chunks are merged, so no summation order is worth keeping */
+    kp_attn_tile at = {.hd = hd, .G = G, .n_tok = 1, .pos0 = c->b->pos[t], .scale = c->scale,
+                       .free_order = true, .ws = f->att_ws + (size_t)thread * f->att_ws_floats};
+    f->ak->tile_begin(&at, f->q + (size_t)t * Qd + (size_t)h * G * hd, (int64_t)Qd);
+    att_stream(f, &at, s, c->layer, (uint32_t)h, p0, p1);
+    f->ak->tile_partial(&at, part);
+}
+
+/* Prefill: a task is (tile of consecutive tokens of one sequence, kv-head);
+ * the tile's T * G query rows (about ATT_TILE_ROWS) share every cached K/V
+ * step while it sits in L1 (see attn.h). Token i of the tile sees positions
+ * 0..pos_i (causal). Tasks go kv-head by kv-head, so the threads share
+ * one head's cached rows in L2 at a time, and within a head the last tiles,
+ * which see the most positions, go first, so the threads finish together. */
+static void att_tile_task(void *vctx, int task, int thread) {
+    att_ctx *c = vctx;
+    kp_forward *f = c->f;
+    const kp_hparams *hp = &f->m->hp;
+    int hd = (int)hp->head_dim, G = (int)(hp->n_head / hp->n_head_kv);
+    int h = task / c->n_tiles;
+    const int32_t *tile = f->tiles + 2 * (c->n_tiles - 1 - task % c->n_tiles);
+    int t0 = tile[0], T = tile[1];
+    const kp_kvseq *s = c->b->seqs[c->b->seq[t0]];
+    size_t Qd = (size_t)hp->n_head * hd, off = (size_t)h * G * hd;
+    kp_attn_tile at = {.hd = hd, .G = G, .n_tok = T, .pos0 = c->b->pos[t0], .scale = c->scale,
+                       .ws = f->att_ws + (size_t)thread * f->att_ws_floats};
+    f->ak->tile_begin(&at, f->q + (size_t)t0 * Qd + off, (int64_t)Qd);
+    att_stream(f, &at, s, c->layer, (uint32_t)h, 0, (int64_t)c->b->pos[t0 + T - 1] + 1);
+    f->ak->tile_end(&at, f->att + (size_t)t0 * Qd + off, (int64_t)Qd);
+}
+
+/* Merges the chunk partials of each (token, kv head) into f->att. */
+static void att_merge(kp_forward *f, int n_tokens, int n_chunks) {
+    const kp_hparams *hp = &f->m->hp;
+    int hd = (int)hp->head_dim, G = (int)(hp->n_head / hp->n_head_kv);
+    size_t Qd = (size_t)hp->n_head * hd;
+    for (int t = 0; t < n_tokens; t++)
+        for (int h = 0; h < (int)hp->n_head_kv; h++)
+            for (int g = 0; g < G; g++) {
+                float *out = f->att + (size_t)t * Qd + ((size_t)h * G + g) * hd;
+                size_t base = ((size_t)t * hp->n_head_kv + h) * n_chunks;
+                float mx = -INFINITY;
+                for (int c = 0; c < n_chunks; c++) {
+                    float m = f->partials[(base + c) * G * (hd + 2) + g * (hd + 2)];
+                    mx = m > mx ? m : mx;
+                }
+                double sum = 0;
+                memset(out, 0, (size_t)hd * sizeof(float));
+                for (int c = 0; c < n_chunks; c++) {
+                    const float *pp = f->partials + (base + c) * G * (hd + 2) + g * (hd + 2);
+                    if (pp[0] == -INFINITY) continue;
+                    float w = expf(pp[0] - mx);
+                    sum += (double)w * pp[1];
+                    for (int i = 0; i < hd; i++) out[i] += w * pp[2 + i];
+                }
+                float inv = (float)(1.0 / sum);
+                for (int i = 0; i < hd; i++) out[i] *= inv;
+            }
+}
+
+static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_error *err) {
+    const kp_hparams *hp = &f->m->hp;
+    int G = (int)(hp->n_head / hp->n_head_kv), hd = (int)hp->head_dim;
+    int64_t max_pos = 0;
+    for (int t = 0; t < b->n_tokens; t++) max_pos = b->pos[t] + 1 > max_pos ? b->pos[t] + 1 : max_pos;
+    int base_tasks = b->n_tokens * (int)hp->n_head_kv;
+    int n_chunks = 1;
+    if (base_tasks < 4 * f->n_threads && f->n_threads > 1) {
+        /* few (token, kv-head) pairs (decode): split the positions so every
+         * thread streams an equal share of the cache, in as few tasks as
+         * that takes: each task starts cold and leaves a partial to merge
+         * (n_threads chunks per pair against 4 x that: tg at depth 2048
+         * 157 -> 166 tok/s, 8192 75 -> 78, 135M Q4_0, 2 threads) */
+        n_chunks = f->n_threads;
+        int64_t by_len = (max_pos + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK;
+        if (n_chunks > by_len) n_chunks = (int)by_len;
+        if (n_chunks < 1) n_chunks = 1;
+    }
+    int tile_tokens = ATT_TILE_ROWS / G < 1 ? 1 : ATT_TILE_ROWS / G;
+    /* per-thread workspace, a multiple of 16 floats so each one starts on
+     * a cache line */
+    size_t ws = (kp_attn_tile_floats(hd, n_chunks == 1 ? tile_tokens * G : G) + 15) & ~(size_t)15;
+    if (ws * f->n_threads > f->att_ws_cap) {
+        free(f->att_ws);
+        f->att_ws_cap = 0;
+        f->att_ws = aligned_alloc(64, ws * f->n_threads * sizeof(float));
+        if (!f->att_ws) return kp_fail(err, KP_ENOMEM, "out of memory for attention workspace");
+        f->att_ws_cap = ws * f->n_threads;
+    }
+    f->att_ws_floats = ws;
+    if (n_chunks > 1) {
+        size_t need = (size_t)base_tasks * n_chunks * G * (hd + 2) * sizeof(float);
+        if (!grow((void **)&f->partials, &f->cap_partials, need))
+            return kp_fail(err, KP_ENOMEM, "out of memory for attention partials");
+    }
+    att_ctx c = {f, b, layer, n_chunks, 0, 1.0f / sqrtf((float)hd)};
+    if (n_chunks == 1) {
+        /* tiles: runs of consecutive tokens of one sequence, at most tile_tokens */
+        if (!grow((void **)&f->tiles, &f->cap_tiles, (size_t)b->n_tokens * 2 * sizeof(int32_t)))
+            return kp_fail(err, KP_ENOMEM, "out of memory for attention tiles");
+        int n_tiles = 0;
+        for (int t = 0; t < b->n_tokens;) {
+            int T = 1;
+            while (T < tile_tokens && t + T < b->n_tokens && b->seq[t + T] == b->seq[t] &&
+                   b->pos[t + T] == b->pos[t] + T)
+                T++;
+            f->tiles[2 * n_tiles] = t;
+            f->tiles[2 * n_tiles + 1] = T;
+            n_tiles++;
+            t += T;
+        }
+        c.n_tiles = n_tiles;
+        kp_pool_run(f->threads, att_tile_task, &c, n_tiles * (int)hp->n_head_kv);
+        return KP_OK;
+    }
+    kp_pool_run(f->threads, att_task, &c, base_tasks * n_chunks);
+    att_merge(f, b->n_tokens, n_chunks);
+    return KP_OK;
+}
+
+/* Softmax weights of the batch's last token, (layer, probe_head), for inspect. */
+static kp_status probe_capture(kp_forward *f, const kp_batch *b, uint32_t layer, kp_error *err) {
+    const kp_hparams *hp = &f->m->hp;
+    const kp_kvpool_config *kc = kp_kvpool_config_of(f->kv);
+    if (f->probe_layer != (int)layer || f->probe_head < 0 || f->probe_head >= (int)hp->n_head)
+        return KP_OK;
+    int t = b->n_tokens - 1, hd = (int)hp->head_dim;
+    int kvh = f->probe_head / (int)(hp->n_head / hp->n_head_kv);
+    int32_t n_pos = b->pos[t] + 1;
+    if (n_pos > f->probe_cap) {
+        float *np = realloc(f->probe, (size_t)n_pos * sizeof(float));
+        if (!np) return kp_fail(err, KP_ENOMEM, "out of memory for the attention probe");
+        f->probe = np;
+        f->probe_cap = n_pos;
+    }
+    const kp_kvseq *s = b->seqs[b->seq[t]];
+    const float *qv = f->q + (size_t)t * hp->n_head * hd + (size_t)f->probe_head * hd;
+    float mx = -INFINITY, scale = 1.0f / sqrtf((float)hd);
+    for (int32_t p = 0; p < n_pos; p++) {
+        const uint8_t *kb = kp_kvpool_k(f->kv, s->blocks[p / kc->block_size], layer, (uint32_t)kvh);
+        size_t off = (size_t)(p % kc->block_size) * hd;
+        float d = kc->kv_type == KP_DTYPE_F16
+                      ? f->k->dot_f32_f16(hd, qv, (const uint16_t *)kb + off)
+                      : f->k->dot_f32(hd, qv, (const float *)kb + off);
+        f->probe[p] = d * scale;
+        mx = f->probe[p] > mx ? f->probe[p] : mx;
+    }
+    double sum = 0;
+    for (int32_t p = 0; p < n_pos; p++) sum += f->probe[p] = expf(f->probe[p] - mx);
+    for (int32_t p = 0; p < n_pos; p++) f->probe[p] = (float)(f->probe[p] / sum);
+    f->probe_n = n_pos;
+    return KP_OK;
+}
+
+/* ---- the pass ------------------------------------------------------------ */
+
+static kp_status validate(kp_forward *f, const kp_batch *b, kp_error *err) {
+    const kp_hparams *hp = &f->m->hp;
+    if (b->n_tokens <= 0) return kp_fail(err, KP_EINVAL, "empty batch");
+    for (int t = 0; t < b->n_tokens; t++) {
+        if (b->tokens[t] < 0 || (uint32_t)b->tokens[t] >= hp->n_vocab)
+            return kp_fail(err, KP_EINVAL, "token id %d out of range (vocabulary of %u)",
+                           b->tokens[t], hp->n_vocab);
+        if (b->seq[t] < 0 || b->seq[t] >= b->n_seqs)
+            return kp_fail(err, KP_EINVAL, "token %d names sequence %d of %d", t, b->seq[t], b->n_seqs);
+        if (b->pos[t] < 0 || b->pos[t] >= INT32_MAX - 1)
+            return kp_fail(err, KP_EINVAL, "position %d out of range", b->pos[t]);
+    }
+    /* per sequence: consecutive positions starting at or before its length */
+    for (int s = 0; s < b->n_seqs; s++) {
+        int32_t expect = -1;
+        for (int t = 0; t < b->n_tokens; t++) {
+            if (b->seq[t] != s) continue;
+            if (expect < 0) {
+                if ((uint32_t)b->pos[t] > b->seqs[s]->n_pos)
+                    return kp_fail(err, KP_EINVAL, "sequence %d: position %d leaves a gap after its %u cached positions",
+                                   s, b->pos[t], b->seqs[s]->n_pos);
+            } else if (b->pos[t] != expect) {
+                return kp_fail(err, KP_EINVAL, "sequence %d: positions in a batch must be consecutive (%d after %d)",
+                               s, b->pos[t], expect - 1);
+            }
+            expect = b->pos[t] + 1;
+        }
+    }
+    return KP_OK;
+}
+
+static void store_kv(kp_forward *f, const kp_batch *b, uint32_t layer) {
+    const kp_hparams *hp = &f->m->hp;
+    const kp_kvpool_config *kc = kp_kvpool_config_of(f->kv);
+    size_t hd = hp->head_dim, KVd = (size_t)hp->n_head_kv * hd;
+    for (int t = 0; t < b->n_tokens; t++) {
+        const kp_kvseq *s = b->seqs[b->seq[t]];
+        int32_t blk = s->blocks[b->pos[t] / kc->block_size];
+        size_t row = (size_t)(b->pos[t] % kc->block_size) * hd;
+        for (uint32_t h = 0; h < hp->n_head_kv; h++) {
+            const float *ks = f->kk + t * KVd + h * hd, *vs = f->vv + t * KVd + h * hd;
+            if (kc->kv_type == KP_DTYPE_F16) {
+                kp_fp32_to_fp16_row(ks, (uint16_t *)kp_kvpool_k(f->kv, blk, layer, h) + row, (int64_t)hd);
+                kp_fp32_to_fp16_row(vs, (uint16_t *)kp_kvpool_v(f->kv, blk, layer, h) + row, (int64_t)hd);
+            } else {
+                memcpy((float *)kp_kvpool_k(f->kv, blk, layer, h) + row, ks, hd * sizeof(float));
+                memcpy((float *)kp_kvpool_v(f->kv, blk, layer, h) + row, vs, hd * sizeof(float));
+            }
+        }
+    }
+}
+
+kp_status kp_forward_run(kp_forward *f, const kp_batch *b, float *logits_out, kp_error *err) {
+    const kp_model *m = f->m;
+    const kp_hparams *hp = &m->hp;
+    kp_status st;
+    if ((st = validate(f, b, err)) != KP_OK) return st;
+    int n = b->n_tokens;
+    /* reserve blocks; on failure every sequence keeps its old length */
+    for (int s = 0; s < b->n_seqs; s++) {
+        uint32_t need = 0;
+        int32_t first = -1;
+        for (int t = 0; t < n; t++) {
+            if (b->seq[t] != s) continue;
+            if (first < 0) first = b->pos[t];
+            need = (uint32_t)b->pos[t] + 1;
+        }
+        if (first < 0) continue;
+        if ((uint32_t)first < b->seqs[s]->n_pos) kp_kvseq_truncate(b->seqs[s], f->kv, (uint32_t)first);
+        if ((st = kp_kvseq_reserve(b->seqs[s], f->kv, need, err)) != KP_OK) return st;
+    }
+    if ((st = ensure_scratch(f, n, err)) != KP_OK) return st;
+    size_t E = hp->n_embd, hd = hp->head_dim, Qd = (size_t)hp->n_head * hd;
+    size_t KVd = (size_t)hp->n_head_kv * hd, F = hp->n_ff;
+    for (int t = 0; t < n; t++)
+        kp_dequantize_row(m->tok_embd.type,
+                          (const uint8_t *)m->tok_embd.data + (size_t)b->tokens[t] * m->tok_embd.row_bytes,
+                          f->x + t * E, (int64_t)E);
+    rope_tables(f, b);
+    f->probe_n = 0;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const kp_layer *L = &m->layers[l];
+        for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->x + t * E, L->attn_norm, (int64_t)E, hp->rms_eps);
+        mm_job qkv[3] = {{&L->wq, f->q}, {&L->wk, f->kk}, {&L->wv, f->vv}};
+        if ((st = matmul(f, f->xn, n, 3, qkv, err)) != KP_OK) return st;
+        for (int t = 0; t < n; t++) {
+            float *qt = f->q + t * Qd, *kt = f->kk + t * KVd, *vt = f->vv + t * KVd;
+            if (L->bq) {
+                for (size_t i = 0; i < Qd; i++) qt[i] += L->bq[i];
+                for (size_t i = 0; i < KVd; i++) kt[i] += L->bk[i];
+                for (size_t i = 0; i < KVd; i++) vt[i] += L->bv[i];
+            }
+            if (L->q_norm) {
+                for (uint32_t h = 0; h < hp->n_head; h++)
+                    rmsnorm(qt + h * hd, qt + h * hd, L->q_norm, (int64_t)hd, hp->rms_eps);
+                for (uint32_t h = 0; h < hp->n_head_kv; h++)
+                    rmsnorm(kt + h * hd, kt + h * hd, L->k_norm, (int64_t)hd, hp->rms_eps);
+            }
+            const float *cs = f->rope_cs + (size_t)t * hp->n_rot;
+            for (uint32_t h = 0; h < hp->n_head; h++) rope_apply(hp, qt + h * hd, cs);
+            for (uint32_t h = 0; h < hp->n_head_kv; h++) rope_apply(hp, kt + h * hd, cs);
+        }
+        store_kv(f, b, l);
+        if ((st = attention(f, b, l, err)) != KP_OK) return st;
+        if ((st = probe_capture(f, b, l, err)) != KP_OK) return st;
+        mm_job o = {&L->wo, f->xn};
+        if ((st = matmul(f, f->att, n, 1, &o, err)) != KP_OK) return st;
+        for (size_t i = 0; i < (size_t)n * E; i++) f->x[i] += f->xn[i];
+        for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->x + t * E, L->ffn_norm, (int64_t)E, hp->rms_eps);
+        mm_job gu[2] = {{&L->w_gate, f->gate}, {&L->w_up, f->up}};
+        if ((st = matmul(f, f->xn, n, 2, gu, err)) != KP_OK) return st;
+        swiglu_ctx sw = {f->gate, f->up, F, f->ak};
+        if (n >= 4) kp_pool_run(f->threads, swiglu_task, &sw, n);
+        else for (int t = 0; t < n; t++) swiglu_task(&sw, t, 0);
+        mm_job d = {&L->w_down, f->xn};
+        if ((st = matmul(f, f->gate, n, 1, &d, err)) != KP_OK) return st;
+        for (size_t i = 0; i < (size_t)n * E; i++) f->x[i] += f->xn[i];
+    }
+    /* sequences now hold every position the batch wrote */
+    for (int t = 0; t < n; t++) b->seqs[b->seq[t]]->n_pos = (uint32_t)b->pos[t] + 1;
+    /* logits for the requested tokens: gather their rows, norm, project */
+    int n_out = 0;
+    for (int t = 0; t < n; t++) {
+        bool want = b->logits ? b->logits[t] != 0 : t == n - 1;
+        if (!want) continue;
+        rmsnorm(f->xn + (size_t)n_out * E, f->x + t * E, m->output_norm, (int64_t)E, hp->rms_eps);
+        n_out++;
+    }
+    if (n_out == 0) return KP_OK;
+    mm_job lo = {&m->output, logits_out};
+    return matmul(f, f->xn, n_out, 1, &lo, err);
+}

@@ -1,0 +1,63 @@
+/*
+ * forward.h - the batched transformer forward pass over KV blocks.
+ *
+ * One call processes a batch of tokens that may belong to several
+ * sequences, each token with its own position. For every layer it computes
+ * Q, K, V for all tokens with matrix-matrix products (each weight is read
+ * once per call for the whole batch), writes K and V of every token into
+ * its sequence's KV blocks, then lets every token attend to positions
+ * 0..pos of its own sequence. So a prompt's prefill, a prefill chunk, and
+ * the decode steps of eight sequences are the same code path.
+ *
+ * The pass owns only scratch memory; the model, the KV pool, the sequences
+ * and the thread pool are borrowed.
+ */
+#ifndef KP_FORWARD_H
+#define KP_FORWARD_H
+
+#include <stdint.h>
+
+#include "kv/kvpool.h"
+#include "model/model.h"
+#include "kernels/quant.h"
+#include "base/status.h"
+#include "base/threadpool.h"
+
+typedef struct kp_forward kp_forward;
+
+/* All borrowed; they must outlive the kp_forward. kernels NULL: the best
+ * table for this CPU. */
+kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_pool *threads,
+                         const kp_kernels *kernels, kp_error *err);
+void kp_forward_free(kp_forward *f);
+
+typedef struct {
+    int32_t n_tokens;
+    const int32_t *tokens;  /* [n_tokens] token ids */
+    const int32_t *pos;     /* [n_tokens] position of each token in its sequence */
+    const int32_t *seq;     /* [n_tokens] index into seqs */
+    const uint8_t *logits;  /* [n_tokens] nonzero: return this token's logits;
+                               NULL: only the batch's last token */
+    kp_kvseq **seqs;        /* [n_seqs] borrowed; their KV grows */
+    int32_t n_seqs;
+} kp_batch;
+
+/* Runs the batch. For each sequence, the batch's tokens must have
+ * consecutive increasing positions starting at or before the sequence's
+ * current length (a position below the length truncates the sequence
+ * there and overwrites: that is how a cached prompt recomputes its last
+ * token). Blocks are
+ * reserved as needed (KP_EFULL when the pool is full; the sequences then
+ * keep what they had). logits_out receives n_vocab floats per requested
+ * token, in batch order. Bad token ids, positions or sequence indexes:
+ * KP_EINVAL, nothing computed. */
+kp_status kp_forward_run(kp_forward *f, const kp_batch *b, float *logits_out, kp_error *err);
+
+/* Attention probe for `kvpin inspect`: after each run, the softmax weights
+ * of the batch's last token for (layer, head) over positions 0..pos are
+ * kept; kp_forward_probe returns them (NULL if the probe is off) and their
+ * count. layer < 0 turns the probe off. */
+void kp_forward_set_probe(kp_forward *f, int layer, int head);
+const float *kp_forward_probe(const kp_forward *f, int32_t *n_pos);
+
+#endif

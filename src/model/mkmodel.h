@@ -1,0 +1,131 @@
+/*
+ * mkmodel.h - writes GGUF models with seeded random weights.
+ *
+ * For tests and benchmarks that need a model of a given shape and weight
+ * type without shipping one: llama, qwen2 (q/k/v biases) and qwen3 (per-head
+ * q/k RMS norms) layouts, in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q4_K, Q5_K or Q6_K, with the tokenizer taken from any GGUF file (every
+ * `tokenizer.*` key, copied verbatim). Tensor names, shapes and metadata
+ * keys are the ones llama.cpp loads. The file is the one llama-quantize
+ * --pure would make from the same weights in F32 (same types, same bytes,
+ * same general.file_type), including its fallback for row lengths that the
+ * type cannot encode (kp_mkmodel_weight_type).
+ *
+ * Weights (fan_in = a matrix's row length, ggml ne[0]):
+ *   2-D matrices            N(0, 1/fan_in)
+ *   token_embd, untied      N(0, 1)         (its input is one-hot)
+ *   token_embd, tied        N(0, 1/n_embd)  (it is also the output projection)
+ *   norm weights            1 + 0.1 N(0,1)
+ *   qwen2 q/k/v biases      0.5 N(0,1)
+ * Norms and biases are F32; every 2-D weight (token_embd and output too) has
+ * kp_mkmodel_weight_type(spec's type, its row length): the spec's type unless
+ * the row length is not a multiple of its block size. The values are drawn
+ * in F32 from one stream in file
+ * order and then converted, so files that differ only in `wtype` hold the
+ * same weights up to quantization error. The same spec, seed and tokenizer
+ * file give a byte-identical output on any machine.
+ */
+#ifndef KP_MKMODEL_H
+#define KP_MKMODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gguf/dtype.h"
+#include "base/status.h"
+
+typedef struct {
+    const char *arch;    /* "llama", "qwen2" or "qwen3" (borrowed) */
+    uint32_t n_layer;
+    uint32_t n_embd;
+    uint32_t n_head;
+    uint32_t n_head_kv;  /* divides n_head */
+    uint32_t head_dim;   /* 0 = n_embd / n_head */
+    uint32_t n_ff;
+    uint32_t n_ctx;      /* {arch}.context_length */
+    float rope_base;     /* {arch}.rope.freq_base */
+    float rms_eps;       /* {arch}.attention.layer_norm_rms_epsilon */
+    bool tied;           /* no output.weight: token_embd is the output projection */
+    kp_dtype wtype;      /* type of every 2-D weight */
+    uint64_t seed;
+    const char *name;    /* general.name (borrowed); NULL = the arch name */
+    uint32_t alignment;  /* 0 = 32 (no general.alignment key); else a power of two */
+} kp_mkmodel_spec;
+
+/* Fills *out with a named shape (wtype F32, seed 1, alignment 0):
+ *   "smollm2-135m"  llama, 30 layers, n_embd 576, 9 heads / 3 kv heads
+ *                   (head_dim 64), n_ff 1536, tied, rope base 100000,
+ *                   eps 1e-5, ctx 8192 (576 is not a multiple of 256: as
+ *                   K-quants, every weight but ffn_down falls back)
+ *   "tiny"          llama, 2 layers, n_embd 256, 4 / 2 heads (head_dim 64),
+ *                   n_ff 512, untied, rope base 10000, eps 1e-5, ctx 2048
+ *   "qwen2-tiny"    qwen2, 2 layers, n_embd 256, 4 / 2 heads (head_dim 64),
+ *                   n_ff 768, tied, rope base 1e6, eps 1e-6, ctx 32768
+ *   "qwen3-tiny"    qwen3, 2 layers, n_embd 256, 4 / 2 heads, head_dim 128
+ *                   (!= n_embd / n_head, as in real Qwen3), n_ff 768, tied,
+ *                   rope base 1e6, eps 1e-6, ctx 32768
+ * The strings in *out are static. KP_ENOTFOUND for an unknown name. */
+kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_error *err);
+
+/* Checks a spec against a vocabulary size: a known arch, nonzero sizes,
+ * n_head a multiple of n_head_kv, an even head_dim, a weight type mkmodel
+ * writes, positive rope base and eps, a power-of-two alignment, and
+ * n_vocab >= 1 (KP_EINVAL naming what is wrong). A weight type mkmodel does
+ * not write is KP_EUNSUPPORTED. Row lengths are never refused: every type
+ * mkmodel writes has a fallback (kp_mkmodel_weight_type). */
+kp_status kp_mkmodel_validate(const kp_mkmodel_spec *spec, uint64_t n_vocab, kp_error *err);
+
+/* The llama.cpp `general.file_type` (llama_ftype) written for a weight type,
+ * as llama-quantize labels it: F32 0, F16 1, Q4_0 2, Q4_1 3, Q8_0 7, Q5_0 8,
+ * Q5_1 9, Q4_K 15 (MOSTLY_Q4_K_M), Q5_K 17 (MOSTLY_Q5_K_M), Q6_K 18, BF16 32;
+ * -1 for the types mkmodel does not write. */
+int kp_mkmodel_file_type(kp_dtype wtype);
+
+/*
+ * The type in which a 2-D weight with rows of row_len (>= 1) elements is
+ * written when the spec asks for wtype: llama-quantize's rule for
+ * incompatible shapes (llama.cpp src/llama-quant.cpp, tensor_type_fallback):
+ *
+ *   row_len a multiple of wtype's block size     -> wtype
+ *   otherwise Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, and a type with
+ *     32-element blocks (Q8_0 Q4_0 Q4_1 Q5_0 Q5_1) stays itself;
+ *   and if row_len is not a multiple of that type's block size either -> F16
+ *
+ * F32, F16 and BF16 never fall back. KP_DTYPE_COUNT_ for a wtype that
+ * mkmodel does not write.
+ */
+kp_dtype kp_mkmodel_weight_type(kp_dtype wtype, int64_t row_len);
+
+/* A 2-D weight written in another type than the spec's (see above). */
+typedef struct {
+    char tensor[64];   /* "blk.0.attn_q.weight" */
+    int64_t row_len;   /* its row length, ggml ne[0] */
+    kp_dtype type;     /* the type written */
+} kp_mkmodel_fallback;
+
+/* What kp_mkmodel_write did. The call overwrites the whole struct (it frees
+ * nothing that was in it); the caller owns `fallback` afterwards and
+ * releases it with kp_mkmodel_report_clear. */
+typedef struct {
+    size_t n_weights;            /* 2-D weights written */
+    size_t n_fallback;           /* of those, written in a fallback type */
+    kp_mkmodel_fallback *fallback;  /* [n_fallback] in file order, or NULL */
+} kp_mkmodel_report;
+
+/* Frees r->fallback and zeroes *r; r == NULL is a no-op. */
+void kp_mkmodel_report_clear(kp_mkmodel_report *r);
+
+/* Writes the model described by `spec` to `out_path`, with every
+ * `tokenizer.*` key of the GGUF file `tokenizer_gguf_path` (which must have
+ * a non-empty string array tokenizer.ggml.tokens: its length is n_vocab).
+ * Streams tensor by tensor, row by row: memory use is a few rows. When
+ * `report` is not NULL it receives the weight count and the list of
+ * weights written in a fallback type (all zero after a failure). Errors: KP_EINVAL / KP_EUNSUPPORTED for a bad spec
+ * (nothing is written), the reader's errors for the tokenizer file, KP_EIO
+ * when the output cannot be created or written (a partial output file is
+ * removed), KP_ENOMEM. */
+kp_status kp_mkmodel_write(const kp_mkmodel_spec *spec, const char *tokenizer_gguf_path,
+                        const char *out_path, kp_mkmodel_report *report, kp_error *err);
+
+#endif

@@ -1,0 +1,246 @@
+/*
+ * model.c - hyperparameters and weight views from a GGUF file (see model.h).
+ *
+ * Metadata keys read (ARCH = general.architecture):
+ *
+ *   key                                   default            meaning
+ *   ARCH.block_count                      required           n_layer
+ *   ARCH.embedding_length                 required           n_embd
+ *   ARCH.attention.head_count             required           n_head
+ *   ARCH.attention.head_count_kv          n_head             n_head_kv (GQA)
+ *   ARCH.attention.key_length             n_embd/n_head      head_dim (must equal value_length)
+ *   ARCH.feed_forward_length              required           n_ff
+ *   ARCH.context_length                   2048               n_ctx_train
+ *   ARCH.attention.layer_norm_rms_epsilon 1e-5               rms eps
+ *   ARCH.rope.freq_base                   10000              theta base
+ *   ARCH.rope.dimension_count             head_dim           n_rot
+ *   ARCH.rope.scaling.type                none               "linear" supported
+ *   ARCH.rope.scaling.factor / ARCH.rope.scale_linear        linear factor
+ *
+ * Tensors (ggml order [ne0, ne1]); N = layer:
+ *   token_embd.weight [n_embd, n_vocab]    output.weight [n_embd, n_vocab] (absent: tied)
+ *   output_norm.weight [n_embd]            rope_freqs.weight [n_rot/2] (optional)
+ *   blk.N.attn_norm.weight [n_embd]        blk.N.ffn_norm.weight [n_embd]
+ *   blk.N.attn_q.weight [n_embd, n_head*hd]  blk.N.attn_k/v.weight [n_embd, n_head_kv*hd]
+ *   blk.N.attn_output.weight [n_head*hd, n_embd]
+ *   blk.N.ffn_gate/up.weight [n_embd, n_ff]  blk.N.ffn_down.weight [n_ff, n_embd]
+ *   qwen2: blk.N.attn_q/k/v.bias            qwen3: blk.N.attn_q_norm/k_norm.weight [hd]
+ */
+#include "model/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/quant.h"
+
+const char *kp_arch_name(kp_arch a) {
+    switch (a) {
+    case KP_ARCH_LLAMA: return "llama";
+    case KP_ARCH_QWEN2: return "qwen2";
+    case KP_ARCH_QWEN3: return "qwen3";
+    }
+    return "?";
+}
+
+uint64_t kp_model_kv_bytes_per_token(const kp_hparams *hp, kp_dtype kv_type) {
+    return 2ull * hp->n_layer * hp->n_head_kv * hp->head_dim *
+           kp_dtype_row_size(kv_type, 1);
+}
+
+static kp_status get_weight(const kp_model *m, const char *name, int64_t n_in, int64_t n_out,
+                            bool optional, kp_weight *w, kp_error *err) {
+    const kp_gguf_tensor *t = kp_gguf_find_tensor(m->file, name);
+    memset(w, 0, sizeof *w);
+    if (!t) {
+        if (optional) return KP_OK;
+        return kp_fail(err, KP_EFORMAT, "%s: missing tensor '%s'", kp_gguf_path(m->file), name);
+    }
+    if (t->n_dims != 2 || t->ne[0] != n_in || t->ne[1] != n_out)
+        return kp_fail(err, KP_EFORMAT, "%s: tensor '%s' has shape [%lld, %lld, %lld], expected [%lld, %lld]",
+                       kp_gguf_path(m->file), name, (long long)t->ne[0], (long long)t->ne[1],
+                       (long long)t->ne[2], (long long)n_in, (long long)n_out);
+    const kp_dtype_info *ti = kp_dtype_get(t->type);
+    if (!ti->has_kernels || t->type == KP_DTYPE_Q8_K)
+        return kp_fail(err, KP_EUNSUPPORTED, "%s: tensor '%s' has type %s, which kvpin cannot compute with yet",
+                       kp_gguf_path(m->file), name, ti->name);
+    w->type = (kp_dtype)t->type;
+    w->n_in = n_in;
+    w->n_out = n_out;
+    w->row_bytes = kp_dtype_row_size(t->type, n_in);
+    w->data = t->data;
+    return KP_OK;
+}
+
+/* Decodes a 1-D tensor of n elements into an owned F32 array. */
+static kp_status get_vector(const kp_model *m, const char *name, int64_t n, bool optional,
+                            float **out, kp_error *err) {
+    const kp_gguf_tensor *t = kp_gguf_find_tensor(m->file, name);
+    *out = NULL;
+    if (!t) {
+        if (optional) return KP_OK;
+        return kp_fail(err, KP_EFORMAT, "%s: missing tensor '%s'", kp_gguf_path(m->file), name);
+    }
+    if (t->n_elements != (uint64_t)n || t->ne[0] != n)
+        return kp_fail(err, KP_EFORMAT, "%s: tensor '%s' has %llu elements, expected %lld",
+                       kp_gguf_path(m->file), name, (unsigned long long)t->n_elements, (long long)n);
+    const kp_dtype_info *ti = kp_dtype_get(t->type);
+    if (!ti->has_kernels)
+        return kp_fail(err, KP_EUNSUPPORTED, "%s: tensor '%s' has unsupported type %s",
+                       kp_gguf_path(m->file), name, ti->name);
+    float *v = malloc((size_t)n * sizeof(float));
+    if (!v) return kp_fail(err, KP_ENOMEM, "out of memory loading '%s'", name);
+    kp_dequantize_row((kp_dtype)t->type, t->data, v, n);
+    *out = v;
+    return KP_OK;
+}
+
+static kp_status read_hparams(kp_model *m, kp_error *err) {
+    gguf *g = m->file;
+    kp_hparams *hp = &m->hp;
+    kp_gguf_str arch;
+    kp_status st;
+    char key[128];
+    if ((st = kp_gguf_get_str(g, "general.architecture", &arch, err)) != KP_OK) return st;
+    if (!arch.data)
+        return kp_fail(err, KP_EFORMAT, "%s: no general.architecture key (is this a vocab-only file?)",
+                       kp_gguf_path(g));
+    if (kp_gguf_str_eq(arch, "llama")) hp->arch = KP_ARCH_LLAMA;
+    else if (kp_gguf_str_eq(arch, "qwen2")) hp->arch = KP_ARCH_QWEN2;
+    else if (kp_gguf_str_eq(arch, "qwen3")) hp->arch = KP_ARCH_QWEN3;
+    else
+        return kp_fail(err, KP_EUNSUPPORTED,
+                       "%s: unsupported architecture '%.*s' (kvpin runs llama, qwen2, qwen3)",
+                       kp_gguf_path(g), (int)(arch.len > 64 ? 64 : arch.len), arch.data);
+    hp->arch_name = kp_arch_name(hp->arch);
+    const char *a = hp->arch_name;
+#define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", a, suffix), key)
+#define REQ_U32(suffix, field)                                                          \
+    do {                                                                                \
+        if ((st = kp_gguf_get_u32(g, KEY(suffix), 0, &hp->field, err)) != KP_OK) return st; \
+        if (hp->field == 0)                                                             \
+            return kp_fail(err, KP_EFORMAT, "%s: missing or zero %s", kp_gguf_path(g), key); \
+    } while (0)
+    REQ_U32("block_count", n_layer);
+    REQ_U32("embedding_length", n_embd);
+    REQ_U32("attention.head_count", n_head);
+    REQ_U32("feed_forward_length", n_ff);
+    if ((st = kp_gguf_get_u32(g, KEY("attention.head_count_kv"), hp->n_head, &hp->n_head_kv, err))) return st;
+    if (hp->n_head_kv == 0 || hp->n_head % hp->n_head_kv != 0)
+        return kp_fail(err, KP_EFORMAT, "%s: head_count %u is not a multiple of head_count_kv %u",
+                       kp_gguf_path(g), hp->n_head, hp->n_head_kv);
+    uint32_t def_hd = hp->n_embd / hp->n_head, vlen;
+    if ((st = kp_gguf_get_u32(g, KEY("attention.key_length"), def_hd, &hp->head_dim, err))) return st;
+    if ((st = kp_gguf_get_u32(g, KEY("attention.value_length"), hp->head_dim, &vlen, err))) return st;
+    if (hp->head_dim == 0 || vlen != hp->head_dim || hp->head_dim % 2 != 0)
+        return kp_fail(err, KP_EUNSUPPORTED, "%s: head dims key %u / value %u not supported",
+                       kp_gguf_path(g), hp->head_dim, vlen);
+    if ((st = kp_gguf_get_u32(g, KEY("context_length"), 2048, &hp->n_ctx_train, err))) return st;
+    if ((st = kp_gguf_get_f32(g, KEY("attention.layer_norm_rms_epsilon"), 1e-5f, &hp->rms_eps, err))) return st;
+    if ((st = kp_gguf_get_f32(g, KEY("rope.freq_base"), 10000.0f, &hp->rope_base, err))) return st;
+    if ((st = kp_gguf_get_u32(g, KEY("rope.dimension_count"), hp->head_dim, &hp->n_rot, err))) return st;
+    if (hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0)
+        return kp_fail(err, KP_EFORMAT, "%s: rope.dimension_count %u invalid for head_dim %u",
+                       kp_gguf_path(g), hp->n_rot, hp->head_dim);
+    if (!(hp->rms_eps > 0) || !(hp->rope_base > 0))
+        return kp_fail(err, KP_EFORMAT, "%s: rms epsilon and rope base must be positive", kp_gguf_path(g));
+    float factor = 0;
+    kp_gguf_str stype;
+    if ((st = kp_gguf_get_str(g, KEY("rope.scaling.type"), &stype, err))) return st;
+    if ((st = kp_gguf_get_f32(g, KEY("rope.scaling.factor"), 0.0f, &factor, err))) return st;
+    if (factor == 0 && (st = kp_gguf_get_f32(g, KEY("rope.scale_linear"), 0.0f, &factor, err))) return st;
+    if (stype.data && !kp_gguf_str_eq(stype, "linear") && !kp_gguf_str_eq(stype, "none"))
+        return kp_fail(err, KP_EUNSUPPORTED, "%s: rope scaling '%.*s' is not supported (linear is)",
+                       kp_gguf_path(g), (int)(stype.len > 32 ? 32 : stype.len), stype.data);
+    if (stype.data && kp_gguf_str_eq(stype, "none")) factor = 0;
+    hp->rope_freq_scale = factor > 0 ? 1.0f / factor : 1.0f;
+    hp->rope_type = hp->arch == KP_ARCH_LLAMA ? KP_ROPE_NORM : KP_ROPE_NEOX;
+#undef REQ_U32
+#undef KEY
+    return KP_OK;
+}
+
+kp_status kp_model_from_gguf(kp_model **out, gguf *g, kp_error *err) {
+    kp_model *m = calloc(1, sizeof *m);
+    kp_status st;
+    char name[96];
+    *out = NULL;
+    if (!m) {
+        kp_gguf_close(g);
+        return kp_fail(err, KP_ENOMEM, "out of memory loading a model");
+    }
+    m->file = g;
+    if ((st = read_hparams(m, err)) != KP_OK) goto fail;
+    kp_hparams *hp = &m->hp;
+    const kp_gguf_tensor *te = kp_gguf_find_tensor(g, "token_embd.weight");
+    if (!te || te->n_dims != 2) {
+        st = kp_fail(err, KP_EFORMAT, "%s: missing 2-D tensor 'token_embd.weight'", kp_gguf_path(g));
+        goto fail;
+    }
+    hp->n_vocab = (uint32_t)te->ne[1];
+    int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim;
+    int64_t KV = (int64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+    if ((st = get_weight(m, "token_embd.weight", E, hp->n_vocab, false, &m->tok_embd, err))) goto fail;
+    if ((st = get_weight(m, "output.weight", E, hp->n_vocab, true, &m->output, err))) goto fail;
+    hp->tied_output = m->output.data == NULL;
+    if (hp->tied_output) m->output = m->tok_embd;
+    if ((st = get_vector(m, "output_norm.weight", E, false, &m->output_norm, err))) goto fail;
+    if ((st = get_vector(m, "rope_freqs.weight", hp->n_rot / 2, true, &m->rope_freqs, err))) goto fail;
+    m->layers = calloc(hp->n_layer, sizeof(kp_layer));
+    if (!m->layers) {
+        st = kp_fail(err, KP_ENOMEM, "out of memory loading %u layers", hp->n_layer);
+        goto fail;
+    }
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        kp_layer *L = &m->layers[l];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%u.%s", l, s), name)
+        if ((st = get_vector(m, NAME("attn_norm.weight"), E, false, &L->attn_norm, err))) goto fail;
+        if ((st = get_vector(m, NAME("ffn_norm.weight"), E, false, &L->ffn_norm, err))) goto fail;
+        if ((st = get_weight(m, NAME("attn_q.weight"), E, Q, false, &L->wq, err))) goto fail;
+        if ((st = get_weight(m, NAME("attn_k.weight"), E, KV, false, &L->wk, err))) goto fail;
+        if ((st = get_weight(m, NAME("attn_v.weight"), E, KV, false, &L->wv, err))) goto fail;
+        if ((st = get_weight(m, NAME("attn_output.weight"), Q, E, false, &L->wo, err))) goto fail;
+        if ((st = get_weight(m, NAME("ffn_gate.weight"), E, F, false, &L->w_gate, err))) goto fail;
+        if ((st = get_weight(m, NAME("ffn_up.weight"), E, F, false, &L->w_up, err))) goto fail;
+        if ((st = get_weight(m, NAME("ffn_down.weight"), F, E, false, &L->w_down, err))) goto fail;
+        bool biases = hp->arch == KP_ARCH_QWEN2;
+        if ((st = get_vector(m, NAME("attn_q.bias"), Q, !biases, &L->bq, err))) goto fail;
+        if ((st = get_vector(m, NAME("attn_k.bias"), KV, !biases, &L->bk, err))) goto fail;
+        if ((st = get_vector(m, NAME("attn_v.bias"), KV, !biases, &L->bv, err))) goto fail;
+        bool qk_norm = hp->arch == KP_ARCH_QWEN3;
+        if ((st = get_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, !qk_norm, &L->q_norm, err))) goto fail;
+        if ((st = get_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, !qk_norm, &L->k_norm, err))) goto fail;
+#undef NAME
+    }
+    for (size_t i = 0; i < kp_gguf_n_tensors(g); i++) m->weight_bytes += kp_gguf_tensor_at(g, i)->n_bytes;
+    *out = m;
+    return KP_OK;
+fail:
+    kp_model_free(m);
+    return st;
+}
+
+kp_status kp_model_load(kp_model **out, const char *path, kp_error *err) {
+    gguf *g;
+    *out = NULL;
+    kp_status st = kp_gguf_open(&g, path, err);
+    if (st != KP_OK) return st;
+    return kp_model_from_gguf(out, g, err);
+}
+
+void kp_model_free(kp_model *m) {
+    if (!m) return;
+    if (m->layers) {
+        for (uint32_t l = 0; l < m->hp.n_layer; l++) {
+            kp_layer *L = &m->layers[l];
+            free(L->attn_norm); free(L->ffn_norm);
+            free(L->bq); free(L->bk); free(L->bv);
+            free(L->q_norm); free(L->k_norm);
+        }
+        free(m->layers);
+    }
+    free(m->output_norm);
+    free(m->rope_freqs);
+    kp_gguf_close(m->file);
+    free(m);
+}

@@ -1,0 +1,88 @@
+/*
+ * model.h - a loaded model: hyperparameters and views of the weights.
+ *
+ * The weights are never copied: every kp_weight points into the GGUF mapping
+ * and is used in place by the kernels of its type. Only the small 1-D tensors
+ * (norm weights, biases, RoPE frequency factors) are decoded into owned F32
+ * arrays, whatever type the file stores them in.
+ *
+ * Supported architectures: llama (Llama 2/3, Mistral, SmolLM: NORM rope,
+ * optional rope_freqs.weight, linear rope scaling), qwen2 (q/k/v biases, NEOX
+ * rope), qwen3 (per-head q_norm/k_norm, NEOX rope). Anything else, or a
+ * missing or mis-shaped tensor, is refused at load time with a message that
+ * names the tensor.
+ */
+#ifndef KP_MODEL_H
+#define KP_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gguf/dtype.h"
+#include "gguf/gguf.h"
+#include "base/status.h"
+
+typedef enum { KP_ARCH_LLAMA, KP_ARCH_QWEN2, KP_ARCH_QWEN3 } kp_arch;
+typedef enum { KP_ROPE_NORM, KP_ROPE_NEOX } kp_rope_type;
+
+/* A 2-D weight in ggml order: n_out rows of n_in elements, each row
+ * row_bytes long, rows contiguous. Borrowed from the mapping. */
+typedef struct {
+    kp_dtype type;
+    int64_t n_in;   /* ne[0]: the row length (input size) */
+    int64_t n_out;  /* ne[1]: rows (output size) */
+    size_t row_bytes;
+    const void *data;
+} kp_weight;
+
+typedef struct {
+    kp_arch arch;
+    const char *arch_name;
+    uint32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
+    uint32_t n_rot;          /* rotated dims per head (rope.dimension_count) */
+    float rms_eps;
+    float rope_base;
+    float rope_freq_scale;   /* 1 / linear scaling factor */
+    kp_rope_type rope_type;
+    bool tied_output;        /* output projection is token_embd */
+} kp_hparams;
+
+typedef struct {
+    float *attn_norm;               /* [n_embd] */
+    kp_weight wq;                   /* n_embd -> n_head*head_dim */
+    kp_weight wk, wv;               /* n_embd -> n_head_kv*head_dim */
+    kp_weight wo;                   /* n_head*head_dim -> n_embd */
+    float *bq, *bk, *bv;            /* qwen2 biases, NULL otherwise */
+    float *q_norm, *k_norm;         /* qwen3 per-head norms [head_dim], NULL otherwise */
+    float *ffn_norm;                /* [n_embd] */
+    kp_weight w_gate, w_up;         /* n_embd -> n_ff */
+    kp_weight w_down;               /* n_ff -> n_embd */
+} kp_layer;
+
+typedef struct kp_model {
+    gguf *file;                     /* owned */
+    kp_hparams hp;
+    kp_weight tok_embd;             /* n_embd x n_vocab (one row per token) */
+    float *output_norm;             /* [n_embd] */
+    kp_weight output;               /* n_embd -> n_vocab (== tok_embd when tied) */
+    float *rope_freqs;              /* [n_rot/2] divisors of theta, or NULL */
+    kp_layer *layers;               /* [n_layer] */
+    uint64_t weight_bytes;          /* bytes of all tensors in the file */
+} kp_model;
+
+/* Opens and validates a model file. On success *out owns the mapping;
+ * free with kp_model_free. */
+kp_status kp_model_load(kp_model **out, const char *path, kp_error *err);
+
+/* Builds a model over an already opened GGUF, taking ownership of g (also on
+ * failure). */
+kp_status kp_model_from_gguf(kp_model **out, gguf *g, kp_error *err);
+
+void kp_model_free(kp_model *m);
+
+/* KV bytes per token: 2 x n_layer x n_head_kv x head_dim x bytes(kv_type). */
+uint64_t kp_model_kv_bytes_per_token(const kp_hparams *hp, kp_dtype kv_type);
+
+const char *kp_arch_name(kp_arch a);
+
+#endif

@@ -1,0 +1,243 @@
+/*
+ * chat.h - chat templates: OpenAI-style messages -> prompt text, floor 3.
+ *
+ * A model's chat template (Jinja text in its GGUF metadata) decides how a
+ * conversation becomes the text the model reads. kvpin does not run Jinja:
+ * it recognises the template's family and renders that family's layout in
+ * C, byte for byte as Hugging Face transformers renders the real template
+ * (tests/test_chat.c compares against jinja2 renderings of the templates in
+ * tests/data/chat/templates/).
+ *
+ *   [{"role":"system","content":"Be brief."},      <|im_start|>system
+ *    {"role":"user","content":"Hi"}]          ->    Be brief.<|im_end|>
+ *                                                   <|im_start|>user
+ *   family qwen3, add_generation_prompt             Hi<|im_end|>
+ *                                                   <|im_start|>assistant
+ *
+ * Rendering is byte-stable, which is what lets the prefix cache work:
+ *   - the same messages and tools always give the same bytes;
+ *   - tool schemas and tool-call arguments are written as canonical JSON
+ *     (canon.h), so a client that reorders keys or changes spacing sends
+ *     the same prompt;
+ *   - appending messages never rewrites earlier turns: the rendering of
+ *     messages[0..k) with the generation prompt, where message k-1 is a
+ *     user or tool message and message k is an assistant message, is a
+ *     byte prefix of the rendering of the whole list. (Qwen 3 re-renders
+ *     its own answers without their <think> part once a new user message
+ *     follows, as its template does; the prefix still holds up to the
+ *     generation prompt.)
+ *
+ * Families (name for --chat-template, what kp_chat_detect looks for):
+ *
+ *   chatml    <|im_start|>role ... <|im_end|> (OpenHermes, Dolphin...)
+ *   qwen2     ChatML with "You are a helpful assistant." as default system
+ *   qwen2.5   ChatML, default system "You are Qwen, created by Alibaba
+ *             Cloud...", tools block, <tool_call> / <tool_response>   [tools]
+ *   qwen3     ChatML, tools block, <think> handling                   [tools]
+ *   llama3    <|start_header_id|>role<|end_header_id|> (Llama 3.0)
+ *   llama3.1  Llama 3.1 / 3.2 / 3.3: date header, tools in the first
+ *             user message, one tool call per message, ipython role  [tools]
+ *   llama2    <s>[INST] <<SYS>> ... <</SYS>> ... [/INST]
+ *   mistral   <s> [INST] system\n\nuser [/INST] answer</s> (v0.1-v0.2
+ *             layout; system merged into the first user message; v0.3 and
+ *             later templates are detected as mistral and rendered so too,
+ *             because theirs moves the system prompt every turn)
+ *   gemma     <start_of_turn>user/model, system merged into the first
+ *             user turn (Gemma 3 layout; Gemma 2 is the same without one)
+ *   phi3      <|system|> <|user|> <|assistant|> ... <|end|>
+ *   zephyr    <|system|> <|user|> <|assistant|> ... </s>
+ *
+ * Messages (the "messages" array of a /v1/chat/completions request):
+ *
+ *   role          "system" | "user" | "assistant" | "tool"
+ *   content       a string; an array of {"type":"text","text":...} parts,
+ *                 joined with "\n" as llama.cpp's and vLLM's servers join
+ *                 them; null or absent only for an assistant message with
+ *                 tool_calls (rendered as "")
+ *   tool_calls    assistant only: [{"id", "type":"function", "function":
+ *                 {"name", "arguments"}}]; arguments is a JSON text (the
+ *                 OpenAI form), re-written canonically when it parses and
+ *                 kept verbatim when it does not, or a JSON object
+ *   tool_call_id, name          tool messages: checked to be strings
+ *   reasoning_content           assistant: a string or null (qwen3 only)
+ *
+ * Other members are ignored.
+ *
+ * The way back: kp_chat_parse_tool_calls reads the tool calls out of the
+ * text a model generated after such a rendering, and kp_chat_tool_holdback
+ * tells a streaming server which tail of the text may still become a call.
+ * What each tools family's calls look like (the layouts its template
+ * teaches the model):
+ *
+ *   qwen2.5, qwen3   zero or more <tool_call> blocks at the end of the
+ *                    message, after optional content (qwen3: after an
+ *                    optional leading <think>...</think>):
+ *
+ *                      Let me look.\n<tool_call>\n{"name": "get_weather",
+ *                      "arguments": {"city": "Paris"}}\n</tool_call>
+ *
+ *   llama3.1         the whole message is one or more JSON objects,
+ *                    optionally after <|python_tag|>, separated by ';'
+ *                    and/or whitespace:
+ *
+ *                      {"name": "get_weather", "parameters": {"city": "Paris"}}
+ *
+ * Every function here is pure: no global state, safe from any number of
+ * threads.
+ */
+#ifndef KP_CHAT_H
+#define KP_CHAT_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+
+typedef enum {
+    KP_CHAT_UNKNOWN = 0,
+    KP_CHAT_CHATML,
+    KP_CHAT_QWEN2,
+    KP_CHAT_QWEN25,
+    KP_CHAT_QWEN3,
+    KP_CHAT_LLAMA3,
+    KP_CHAT_LLAMA31,
+    KP_CHAT_LLAMA2,
+    KP_CHAT_MISTRAL,
+    KP_CHAT_GEMMA,
+    KP_CHAT_PHI3,
+    KP_CHAT_ZEPHYR,
+    KP_CHAT_FAMILY_COUNT
+} kp_chat_family;
+
+/* What a rendering needs beyond the messages. A zeroed struct (or NULL) is
+ * valid: no BOS/EOS text, no generation prompt, default date, thinking on. */
+typedef struct {
+    const char *bos_token;      /* the BOS token's text, e.g. "<s>",
+                                   "<|begin_of_text|>"; NULL = "" */
+    const char *eos_token;      /* the EOS token's text, e.g. "</s>"; NULL = "" */
+    bool add_generation_prompt; /* end with the opening of an assistant turn
+                                   (families whose template has one) */
+    const char *date_string;    /* llama3.1 "Today Date:"; NULL = "26 Jul 2024",
+                                   the 3.1 template's own default (a fixed date
+                                   keeps the system header, and the cache, stable) */
+    bool disable_thinking;      /* qwen3: the template's enable_thinking=false,
+                                   an empty <think></think> after the prompt */
+} kp_chat_opts;
+
+/* The family of a chat template, recognised from distinctive substrings of
+ * its Jinja text ("<|im_start|>", "<|start_header_id|>", "[INST]" with or
+ * without "<<SYS>>", "<start_of_turn>", "<|assistant|>" with "<|end|>" or
+ * "<|user|>"...). KP_CHAT_UNKNOWN when none matches or text is NULL; the
+ * caller then asks for --chat-template. text is borrowed. */
+kp_chat_family kp_chat_detect(const char *template_text);
+
+/* The family named name ("chatml", "qwen2", "qwen2.5", "qwen3", "llama3",
+ * "llama3.1", "llama2", "mistral", "gemma", "phi3", "zephyr"; case does not
+ * matter, and "qwen25", "llama31", "llama3.2", "llama3.3" are accepted), or
+ * KP_CHAT_UNKNOWN. */
+kp_chat_family kp_chat_family_from_name(const char *name);
+
+/* The canonical name of a family ("qwen2.5"...), "unknown" for
+ * KP_CHAT_UNKNOWN or a value outside the enum. The string is static. */
+const char *kp_chat_family_name(kp_chat_family f);
+
+/* Whether the family's template renders tools and tool calls. */
+bool kp_chat_family_has_tools(kp_chat_family f);
+
+/* Renders messages (a JSON array, borrowed) and tools (NULL, JSON null, or
+ * an array of tool objects, borrowed; an empty array is the same as none)
+ * as family f's template does. On success *out is a malloc'd NUL-terminated
+ * string the caller frees and *len its length; the text contains the BOS and
+ * EOS token texts where the template writes them, so it is meant to be
+ * tokenized with special-token parsing and without adding another BOS.
+ * Errors (KP_EINVAL unless noted; *out NULL, *len 0), with the field named:
+ *   messages not a non-empty array, a message not an object,
+ *   'messages[3].role: unknown role "foo"',
+ *   'messages[1].content must be a string or an array of text parts',
+ *   a content part that is not {"type":"text","text":string},
+ *   malformed tool_calls / tools, tool_calls on a non-assistant message,
+ *   tools or tool messages for a family without tools,
+ *   an order the family's template refuses (llama2, mistral and gemma need
+ *   user/assistant turns to alternate after an optional first system
+ *   message; llama3.1 takes one tool call per message and needs a user
+ *   message to carry the tool list),
+ *   KP_EUNSUPPORTED for KP_CHAT_UNKNOWN, KP_ENOMEM. */
+kp_status kp_chat_render(kp_chat_family f, const json_t *messages, const json_t *tools,
+                         const kp_chat_opts *opts, char **out, size_t *len, kp_error *err);
+
+/* The tool calls in text[0..len) generated by a model of family f after a
+ * rendering with tools (the text after the generation prompt, without the
+ * end-of-turn token). text is borrowed and may hold any bytes.
+ *
+ * On KP_OK, *calls is a new JSON array (the caller owns the reference) of
+ * OpenAI tool-call objects, in the order the model wrote them,
+ *
+ *   {"id": "call_<24 letters and digits>", "type": "function",
+ *    "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}
+ *
+ * whose arguments are the canonical JSON text (canon.h) of the call's
+ * arguments object ("{}" when the call has none), or NULL when the text
+ * holds no call. *content_len is the length of the ordinary content: the
+ * content is text[0..*content_len), the text in front of the calls with
+ * its trailing whitespace dropped (ASCII space, \t, \n, \v, \f, \r); when
+ * there is no call, the whole text without its trailing whitespace.
+ *
+ * Which text counts as calls (the rest is content, never an error):
+ *   - qwen2.5 / qwen3: the run of well-formed <tool_call> blocks that ends
+ *     the message, separated by whitespace only. A block is "<tool_call>",
+ *     whitespace, a JSON object, whitespace, "</tool_call>"; the last block
+ *     may lack its closing tag (or end in a cut-off piece of it) when its
+ *     JSON is complete. Text after a block, a block whose JSON does not
+ *     parse or names no function, or a block cut off inside its JSON ends
+ *     the run: what comes before stays content, so no byte of the text is
+ *     ever dropped except call markup and the whitespace around it (a
+ *     well-formed call followed by a malformed one is content, both of
+ *     them; a malformed one followed by a well-formed one leaves the first
+ *     in the content and returns the second). qwen3 only: a
+ *     <think>...</think> at the start of the text is left untouched (it is
+ *     part of the content; calls inside it are not calls); a <think> that
+ *     is never closed makes the whole text content.
+ *   - llama3.1: the whole text, after optional whitespace and an optional
+ *     "<|python_tag|>", is one or more JSON objects separated by ';' and/or
+ *     whitespace; anything else makes the whole text content.
+ *   - a well-formed call object has a "name" that is a non-empty string,
+ *     and arguments under "arguments" (qwen) or "parameters" (llama3.1,
+ *     either key is accepted by both) that are an object, a string holding
+ *     a JSON object, null or absent. Other members are ignored.
+ *   - families without tools: *calls is NULL and *content_len is len (the
+ *     text is returned untouched).
+ *
+ * Ids are "call_" and 24 characters derived from id_seed and the call's
+ * index only: the same seed gives the same ids, whatever the text.
+ * Errors: KP_ENOMEM only (then *calls is NULL and *content_len is len). */
+kp_status kp_chat_parse_tool_calls(kp_chat_family f, const char *text, size_t len,
+                                   uint64_t id_seed, json_t **calls, size_t *content_len,
+                                   kp_error *err);
+
+/* For streaming: the offset in text[0..len) from which output must be held
+ * back, because the bytes from there on are, or may become as more text
+ * arrives, a tool call of family f or the whitespace in front of one. len
+ * when nothing needs holding; always len for families without tools.
+ *
+ *   qwen2.5 / qwen3   the start of the run of calls that may still end the
+ *                     message: a complete well-formed <tool_call> block, a
+ *                     block still being written, or any proper prefix of
+ *                     "<tool_call>" at the end of the text ("Hi <tool_c" ->
+ *                     2, "Hi <b>" -> 6), and the whitespace before it
+ *   llama3.1          0 while the text so far may become a calls message
+ *                     (it starts, after whitespace, with '{' or with a
+ *                     prefix of "<|python_tag|>", and is well-formed so far)
+ *
+ * Trailing whitespace is held too (it is dropped from the content when
+ * nothing follows it). Guarantees, for the prefixes p of a final text T:
+ * the offset never decreases as p grows, and it never passes T's
+ * *content_len from kp_chat_parse_tool_calls: the bytes released before
+ * it are always the first bytes of T's content, never part of a call.
+ * O(len), plus a JSON parse of every complete block on each call. When
+ * memory runs out parsing one, it returns 0 (hold everything); a caller
+ * keeps what it already released and releases nothing more. */
+size_t kp_chat_tool_holdback(kp_chat_family f, const char *text, size_t len);
+
+#endif

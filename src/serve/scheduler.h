@@ -1,0 +1,140 @@
+/*
+ * scheduler.h - continuous batching: many requests, one engine thread (floor 4).
+ *
+ * The scheduler owns one thread that owns the engine: every step it admits
+ * queued requests (up to `parallel` running sequences), then runs ONE
+ * kp_eng_step holding a decode token of every generating sequence and a slice
+ * of at most `prefill_chunk` prompt tokens of the sequences still
+ * prefilling, so running streams keep flowing while a long prompt is
+ * computed. It samples, applies stop strings and end-of-generation, and
+ * hands text to the request's owner. A finished (or cancelled) sequence is
+ * indexed whole in the prefix cache and released.
+ *
+ *   submitter thread                      engine thread
+ *   ----------------                      -------------
+ *   kp_sched_submit --> queue (bounded) --> admit: kp_eng_begin, cache report
+ *   kp_sreq_wait   <--  text, done      <-- step: kp_eng_step, sample, textout
+ *   kp_sreq_cancel  --> flag            --> finish: kp_eng_finish, history
+ *
+ * Other threads reach the engine (cache endpoints) only through
+ * kp_sched_lock / kp_sched_unlock, which exclude the step. Counters for
+ * metrics are copied out with kp_sched_stats without waiting for a step.
+ */
+#ifndef KP_SCHED_H
+#define KP_SCHED_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cache/cachereport.h"
+#include "cache/doctor.h"
+#include "cache/engine.h"
+#include "model/sampler.h"
+#include "base/status.h"
+#include "tok/textout.h"
+#include "tok/tok.h"
+
+typedef struct kp_sched kp_sched;
+
+typedef struct {
+    uint32_t parallel;      /* running sequences at most (>= 1) */
+    uint32_t queue_max;     /* requests waiting at most; more: KP_EFULL */
+    uint32_t prefill_chunk; /* prompt tokens per step, over all prefilling sequences */
+} kp_sched_config;
+
+/* The engine and the vocabulary are borrowed (they must outlive the
+ * scheduler); the scheduler's thread is the only user of the engine until
+ * kp_sched_free, apart from kp_sched_lock holders. */
+kp_status kp_sched_new(kp_sched **out, kp_engine *e, const kp_tok_vocab *v, const kp_sched_config *cfg,
+                       kp_error *err);
+
+/* Stops the thread: running and queued requests finish with
+ * KP_FINISH_CANCELLED (their owners may still wait and release them).
+ * NULL is a no-op. */
+void kp_sched_free(kp_sched *s);
+
+typedef enum {
+    KP_FINISH_NONE = 0,  /* still running */
+    KP_FINISH_LENGTH,    /* max_tokens or the context end */
+    KP_FINISH_STOP,      /* end-of-generation token or a stop string */
+    KP_FINISH_CANCELLED, /* kp_sreq_cancel, or the scheduler stopped */
+    KP_FINISH_ERROR      /* see the update's status and err */
+} kp_finish;
+
+typedef struct {
+    const int32_t *prompt;   /* copied */
+    uint32_t n_prompt;       /* >= 1 */
+    uint32_t max_tokens;     /* 0: prefill only (the prompt is cached) */
+    kp_sampler_params sp;
+    const char *const *stops; /* copied; at most KP_TEXTOUT_MAX_STOPS */
+    int n_stops;
+    bool ignore_eos;         /* keep going past end-of-generation tokens */
+    const char *text;        /* the prompt's text for the cache report (copied; NULL: none) */
+    size_t text_len;
+} kp_sreq_params;
+
+typedef struct kp_sreq kp_sreq;
+
+/* Queues a request. *out holds the caller's reference (kp_sreq_release).
+ * KP_EFULL: the queue is full (try later); KP_ERANGE: the prompt does not
+ * fit the context (the message says how long each is); KP_EINVAL: bad
+ * parameters; KP_ENOMEM. */
+kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, kp_error *err);
+
+/* What happened since the last kp_sreq_wait. */
+typedef struct {
+    char *text;              /* new released text (malloc'd, caller frees; NULL if none) */
+    size_t len;
+    uint32_t new_tokens;     /* tokens generated since the last wait */
+    bool started;            /* the prompt is computed: report and cached_tokens are final */
+    kp_finish finish;        /* != NONE: the request is over, nothing more comes */
+    kp_status status;        /* KP_FINISH_ERROR: why */
+    kp_error err;
+    /* usage, valid once started */
+    uint32_t prompt_tokens, cached_tokens, completion_tokens;
+    kp_eng_report report;       /* the engine's report of the prefill */
+    kp_doctor_report doctor;    /* divergence, snippets and cause (JSON-escaped snippets) */
+    bool has_doctor;
+    double queue_ms, ttft_ms; /* waiting time; submit to first token */
+    /* the token ids: prompt_tokens of the prompt, then completion_tokens
+     * generated ones (an end-of-generation token included); owned by the
+     * request, valid until kp_sreq_release */
+    const int32_t *ids;
+} kp_sreq_update;
+
+/* Waits up to timeout_ms (< 0: forever) for new text or the end, then
+ * moves what is new into *u (text ownership passes to the caller) and
+ * fills the rest. Returns true when anything changed (text, started,
+ * finish), false on timeout. */
+bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u);
+
+/* Asks the scheduler to stop the request (a client went away). The tokens
+ * it computed stay cached. Safe to call more than once, and after the end. */
+void kp_sreq_cancel(kp_sreq *r);
+
+/* Drops the caller's reference: cancels the request if it is still running.
+ * NULL is a no-op. */
+void kp_sreq_release(kp_sreq *r);
+
+/* Excludes the engine thread (waits for the current step to end) and
+ * returns the engine and the report history for cache endpoints. */
+kp_engine *kp_sched_lock(kp_sched *s, kp_crep **crep);
+void kp_sched_unlock(kp_sched *s);
+
+#define KP_SCHED_HIST_BUCKETS 12
+
+typedef struct {
+    uint64_t requests_started, requests_finished, requests_cancelled, requests_failed;
+    uint64_t prompt_tokens, cached_tokens, generated_tokens, steps;
+    uint32_t queued, running;
+    kp_pfx_stats kv;            /* the memory bill after the last step */
+    /* histograms: cumulative counts of observations <= le[i] seconds */
+    double ttft_le[KP_SCHED_HIST_BUCKETS], tpot_le[KP_SCHED_HIST_BUCKETS];
+    uint64_t ttft_count[KP_SCHED_HIST_BUCKETS], tpot_count[KP_SCHED_HIST_BUCKETS];
+    uint64_t ttft_n, tpot_n;
+    double ttft_sum, tpot_sum;
+} kp_sched_stats;
+
+void kp_sched_stats_get(kp_sched *s, kp_sched_stats *out);
+
+#endif

@@ -1,0 +1,1256 @@
+/*
+ * server.c - HTTP routing, OpenAI endpoints, streaming, cache endpoints and
+ * metrics over libmicrohttpd (server.h).
+ *
+ * Owns: the MHD daemon, per-connection state (conn: the body being
+ * received), per-stream state (stream: the scheduler request and the SSE
+ * bytes not yet sent), the request counters. Borrows the scheduler, the
+ * vocabulary and the model.
+ *
+ * One request through the server:
+ *
+ *   MHD thread of the connection
+ *   access_cb #1   headers: make conn, check Content-Length <= max_body
+ *   access_cb #2.. body pieces appended (413 once over the limit)
+ *   access_cb last route(method, url):
+ *     completions/chat: parse (oai.c) -> text -> tokens -> kp_sched_submit
+ *       wait until the prompt is computed or the request failed, watching
+ *       the socket (a client that leaves cancels the request)
+ *       stream:  200 + text/event-stream; reader callback blocks in
+ *                kp_sreq_wait and writes `data: {chunk}\n\n` ... `[DONE]`
+ *       else:    wait for the end, one JSON body
+ *     free callback / connection end: kp_sreq_release (cancels if running)
+ *
+ * Invariants: every response goes through reply()/reply_json() or the
+ * stream reader, which count it by status for /metrics; a scheduler
+ * request is released exactly once, by whoever holds it last (the handler
+ * when it answers with a plain body, else the stream's free callback).
+ */
+#include "serve/server.h"
+
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "base/buf.h"
+#include "serve/oai.h"
+
+#define N_STATUS 12
+static const int STATUS_CODES[N_STATUS] = {200, 400, 401, 404, 405, 413, 429, 431, 500, 503, 504, 0};
+
+struct kp_server {
+    kp_server_config cfg;
+    kp_sched *sched;
+    const kp_tok_vocab *v;
+    const kp_model *m;
+    struct MHD_Daemon *d;
+    uint16_t port;
+    uint32_t ctx; /* the engine's maximum sequence length */
+    time_t started;
+    atomic_uint_fast64_t next_id;
+    atomic_bool stopping; /* kp_server_free has begun: waits end, streams close */
+    atomic_uint_fast64_t by_status[N_STATUS]; /* last: other */
+};
+
+typedef struct {
+    char *body;
+    size_t len, cap;
+    bool too_big;
+    double t0;
+} conn;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void count_status(kp_server *s, unsigned status) {
+    int i = 0;
+    while (i < N_STATUS - 1 && STATUS_CODES[i] != (int)status) i++;
+    atomic_fetch_add(&s->by_status[i], 1);
+}
+
+/* ---- plain responses ------------------------------------------------------ */
+
+static enum MHD_Result reply(kp_server *s, struct MHD_Connection *c, unsigned status, const char *type,
+                             const char *body, size_t len, const char *extra_header, const char *extra_value) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    if (extra_header) MHD_add_response_header(r, extra_header, extra_value);
+    enum MHD_Result ok = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    count_status(s, status);
+    return ok;
+}
+
+/* Sends j (consumed). */
+static enum MHD_Result reply_json(kp_server *s, struct MHD_Connection *c, unsigned status, json_t *j) {
+    char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!text) return reply(s, c, 500, "application/json", "{\"error\":{\"message\":\"out of memory\","
+                                                            "\"type\":\"server_error\",\"param\":null,\"code\":null}}",
+                            84, NULL, NULL);
+    enum MHD_Result ok = reply(s, c, status, "application/json", text, strlen(text), NULL, NULL);
+    free(text);
+    return ok;
+}
+
+static enum MHD_Result reply_error(kp_server *s, struct MHD_Connection *c, const kp_oai_error *e) {
+    json_t *j = kp_oai_error_json(e);
+    char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    const char *h = NULL, *hv = NULL;
+    if (e->http == 503) h = "Retry-After", hv = "1";
+    if (e->http == 401) h = "WWW-Authenticate", hv = "Bearer";
+    enum MHD_Result ok = reply(s, c, (unsigned)e->http, "application/json", text ? text : "{}",
+                               text ? strlen(text) : 2, h, hv);
+    free(text);
+    return ok;
+}
+
+static enum MHD_Result fail(kp_server *s, struct MHD_Connection *c, int http, const char *type, const char *code,
+                            const char *param, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+static enum MHD_Result fail(kp_server *s, struct MHD_Connection *c, int http, const char *type, const char *code,
+                            const char *param, const char *fmt, ...) {
+    kp_oai_error e;
+    kp_oai_fail(&e, http, type, code, param, "%s", "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.message, sizeof e.message, fmt, ap);
+    va_end(ap);
+    return reply_error(s, c, &e);
+}
+
+/* Maps a library status to an HTTP error for the client. */
+static void status_error(kp_status st, const kp_error *err, const char *param, kp_oai_error *e) {
+    switch (st) {
+    case KP_EFULL:
+        kp_oai_fail(e, 503, "server_error", "overloaded", param, "%s", err->msg);
+        break;
+    case KP_ERANGE:
+        kp_oai_fail(e, 400, "invalid_request_error", "context_length_exceeded", param, "%s", err->msg);
+        break;
+    case KP_EINVAL:
+    case KP_EFORMAT:
+    case KP_EUNSUPPORTED:
+    case KP_ENOTFOUND:
+        kp_oai_fail(e, 400, "invalid_request_error", NULL, param, "%s", err->msg);
+        break;
+    default:
+        kp_oai_fail(e, 500, "server_error", NULL, param, "%s", err->msg[0] ? err->msg : "internal error");
+    }
+}
+
+/* ---- prompts ---------------------------------------------------------------- */
+
+/* Text -> tokens the way the model expects a prompt: special tokens in the
+ * text are parsed, BOS added when the vocabulary wants one and the text
+ * does not start with it already. */
+static bool tokenize_prompt(kp_server *s, const char *text, size_t len, int32_t **ids, size_t *n,
+                            kp_oai_error *e) {
+    kp_error err = {0};
+    int32_t *t = NULL;
+    size_t nt = 0;
+    if (kp_tok_encode(s->v, text, len, false, true, &t, &nt, &err) != KP_OK) {
+        status_error(KP_EINVAL, &err, "prompt", e);
+        return false;
+    }
+    int32_t bos = kp_tok_bos(s->v);
+    if (kp_tok_add_bos(s->v) && bos >= 0 && (nt == 0 || t[0] != bos)) {
+        int32_t *t2 = malloc((nt + 1) * sizeof *t2);
+        if (!t2) {
+            free(t);
+            return kp_oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        }
+        t2[0] = bos;
+        if (nt) memcpy(t2 + 1, t, nt * sizeof *t);
+        free(t);
+        t = t2;
+        nt++;
+    }
+    if (nt == 0) {
+        free(t);
+        return kp_oai_fail(e, 400, "invalid_request_error", NULL, "prompt",
+                           "the prompt is empty and the model has no BOS token to start from");
+    }
+    *ids = t;
+    *n = nt;
+    return true;
+}
+
+/* The prompt of a request body: "prompt" (text or token ids) or "messages"
+ * (+ "tools") through the chat template. */
+static bool request_tokens(kp_server *s, const json_t *prompt, const json_t *messages, const json_t *tools,
+                           int32_t **ids, size_t *n, char **text_out, size_t *text_len, kp_oai_error *e) {
+    *ids = NULL;
+    *n = 0;
+    *text_out = NULL;
+    *text_len = 0;
+    if (messages) {
+        if (s->cfg.chat == KP_CHAT_UNKNOWN)
+            return kp_oai_fail(e, 400, "invalid_request_error", "no_chat_template", "messages",
+                               "the model has no chat template kvpin can render; start the server with "
+                               "--chat-template NAME or use /v1/completions");
+        kp_chat_opts o = {s->cfg.chat_bos, s->cfg.chat_eos, true, NULL, false};
+        char *text = NULL;
+        size_t len = 0;
+        kp_error err = {0};
+        kp_status st = kp_chat_render(s->cfg.chat, messages, tools, &o, &text, &len, &err);
+        if (st != KP_OK) { /* the renderer's messages start with the field at fault */
+            status_error(st, &err, !strncmp(err.msg, "tools", 5) ? "tools" : "messages", e);
+            return false;
+        }
+        bool ok = tokenize_prompt(s, text, len, ids, n, e);
+        if (ok) {
+            *text_out = text;
+            *text_len = len;
+        } else {
+            free(text);
+        }
+        return ok;
+    }
+    const json_t *p = json_is_string(prompt) ? prompt
+                      : json_is_array(prompt) && json_array_size(prompt) == 1 &&
+                              json_is_string(json_array_get(prompt, 0))
+                          ? json_array_get(prompt, 0)
+                          : NULL;
+    if (p) {
+        if (!tokenize_prompt(s, json_string_value(p), json_string_length(p), ids, n, e)) return false;
+        *text_out = strdup(json_string_value(p)); /* NULL (no text in the report) when out of memory */
+        *text_len = *text_out ? json_string_length(p) : 0;
+        return true;
+    }
+    if (json_is_array(prompt) && json_array_size(prompt) > 0) {
+        size_t k = json_array_size(prompt);
+        int32_t *t = malloc(k * sizeof *t);
+        if (!t) return kp_oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        for (size_t i = 0; i < k; i++) {
+            const json_t *x = json_array_get(prompt, i);
+            json_int_t id = json_is_integer(x) ? json_integer_value(x) : -1;
+            if (id < 0 || id >= kp_tok_n_vocab(s->v)) {
+                free(t);
+                return kp_oai_fail(e, 400, "invalid_request_error", NULL, "prompt",
+                                   "prompt[%zu] is not a token id of this model (0..%d)", i, kp_tok_n_vocab(s->v) - 1);
+            }
+            t[i] = (int32_t)id;
+        }
+        *ids = t;
+        *n = k;
+        return true;
+    }
+    return kp_oai_fail(e, 400, "invalid_request_error", NULL, messages ? "messages" : "prompt",
+                       "prompt must be a string, an array of one string or a non-empty array of token ids");
+}
+
+/* ---- the client may leave while we wait -------------------------------------- */
+
+static bool client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return false;
+    struct pollfd p = {ci->connect_fd, POLLIN | POLLRDHUP, 0};
+    if (poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & (POLLHUP | POLLERR | POLLRDHUP)) return true;
+    char b;
+    ssize_t k = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return k == 0;
+}
+
+/* ---- generation ----------------------------------------------------------------- */
+
+typedef struct {
+    kp_server *s;
+    kp_sreq *r;
+    bool chat, include_usage, sent_role, done, return_ids;
+    char id[48];
+    time_t created;
+    kp_buf out; /* SSE bytes not yet sent: out.data[off..out.len) */
+    size_t off;
+    double t0;
+    kp_sreq_update last;
+    /* chat with tools: the whole text so far; full.data[0..released) was sent
+     * as content, the rest may still turn out to be a tool call */
+    bool tools;
+    kp_buf full;
+    size_t released;
+    uint64_t id_seed;
+} stream;
+
+static void sb_add(stream *st, const char *b, size_t n) { kp_buf_put(&st->out, b, n); }
+
+/* Appends `data: <j>\n\n` (j consumed). */
+static void sb_event(stream *st, json_t *j) {
+    char *t = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!t) return;
+    sb_add(st, "data: ", 6);
+    sb_add(st, t, strlen(t));
+    sb_add(st, "\n\n", 2);
+    free(t);
+}
+
+static json_t *chunk_base(const stream *st) {
+    json_t *j = json_pack("{s:s, s:s, s:I, s:s}", "id", st->id, "object",
+                          st->chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)st->created,
+                          "model", st->s->cfg.model_name);
+    if (j && st->include_usage) json_object_set_new(j, "usage", json_null()); /* as OpenAI: null until the last */
+    return j;
+}
+
+/* return_token_ids: the prompt's and the completion's ids on a choice. */
+static void add_token_ids(json_t *choice, const kp_sreq_update *u) {
+    json_t *p = json_array(), *g = json_array();
+    for (uint32_t i = 0; u->ids && i < u->prompt_tokens + u->completion_tokens; i++)
+        json_array_append_new(i < u->prompt_tokens ? p : g, json_integer(u->ids[i]));
+    json_object_set_new(choice, "prompt_token_ids", p);
+    json_object_set_new(choice, "token_ids", g);
+}
+
+/* One chunk carrying text and/or the finish reason; ids (the last chunk of
+ * a return_token_ids stream) adds the token ids, all of them at once. */
+static void sb_chunk(stream *st, const char *text, size_t len, const char *finish, const kp_sreq_update *ids) {
+    json_t *j = chunk_base(st);
+    json_t *choice;
+    if (st->chat) {
+        json_t *delta = json_object();
+        if (!st->sent_role) {
+            json_object_set_new(delta, "role", json_string("assistant"));
+            st->sent_role = true;
+        }
+        if (text) json_object_set_new(delta, "content", json_stringn(text, len));
+        choice = json_pack("{s:i, s:o, s:n, s:s?}", "index", 0, "delta", delta, "logprobs", "finish_reason", finish);
+    } else {
+        choice = json_pack("{s:i, s:s%, s:n, s:s?}", "index", 0, "text", text ? text : "", text ? len : 0,
+                           "logprobs", "finish_reason", finish);
+    }
+    if (ids && choice) add_token_ids(choice, ids);
+    json_object_set_new(j, "choices", json_pack("[o]", choice));
+    sb_event(st, j);
+}
+
+/* The tool-call chunk: delta.tool_calls with an index on each call (calls consumed). */
+static void sb_tool_calls(stream *st, json_t *calls) {
+    size_t i;
+    json_t *c;
+    json_array_foreach(calls, i, c) json_object_set_new(c, "index", json_integer((json_int_t)i));
+    json_t *j = chunk_base(st);
+    json_t *delta = json_pack("{s:o}", "tool_calls", calls);
+    if (!st->sent_role) {
+        json_object_set_new(delta, "role", json_string("assistant"));
+        st->sent_role = true;
+    }
+    json_object_set_new(j, "choices", json_pack("[{s:i, s:o, s:n, s:n}]", "index", 0, "delta", delta, "logprobs",
+                                                "finish_reason"));
+    sb_event(st, j);
+}
+
+/* With tools: sends the text that can no longer become a tool call; at the
+ * end (final) parses the calls, sends the rest of the content and the
+ * calls. Returns the finish reason to report ("tool_calls" when calls were
+ * found). */
+static const char *stream_tools(stream *st, const char *text, size_t len, bool final, const char *finish) {
+    kp_buf_put(&st->full, text, len);
+    kp_chat_family f = st->s->cfg.chat;
+    if (!final) {
+        size_t hold = kp_chat_tool_holdback(f, st->full.data ? st->full.data : "", st->full.len);
+        if (hold > st->released) {
+            sb_chunk(st, st->full.data + st->released, hold - st->released, NULL, NULL);
+            st->released = hold;
+        }
+        return finish;
+    }
+    json_t *calls = NULL;
+    size_t content = st->full.len;
+    kp_error err;
+    kp_chat_parse_tool_calls(f, st->full.data ? st->full.data : "", st->full.len, st->id_seed, &calls, &content, &err);
+    if (content > st->released) sb_chunk(st, st->full.data + st->released, content - st->released, NULL, NULL);
+    st->released = content > st->released ? content : st->released;
+    if (!calls) return finish;
+    sb_tool_calls(st, calls);
+    return "tool_calls";
+}
+
+/* Turns a scheduler update into SSE events. */
+static void stream_update(stream *st, kp_sreq_update *u) {
+    const char *finish = kp_oai_finish_name(u->finish);
+    bool over = u->finish == KP_FINISH_LENGTH || u->finish == KP_FINISH_STOP;
+    if (st->tools)
+        finish = stream_tools(st, u->text ? u->text : "", u->len, over, finish);
+    else if (u->len > 0)
+        sb_chunk(st, u->text, u->len, NULL, NULL);
+    free(u->text);
+    u->text = NULL;
+    st->last = *u; /* usage so far, for the log line */
+    if (u->finish == KP_FINISH_NONE) return;
+    if (u->finish == KP_FINISH_ERROR || u->finish == KP_FINISH_CANCELLED) {
+        kp_oai_error e;
+        status_error(u->finish == KP_FINISH_ERROR ? u->status : KP_EIO, &u->err, NULL, &e);
+        if (u->finish == KP_FINISH_CANCELLED) snprintf(e.message, sizeof e.message, "the request was cancelled");
+        sb_event(st, kp_oai_error_json(&e));
+    } else {
+        sb_chunk(st, NULL, 0, finish, st->return_ids ? u : NULL);
+        if (st->include_usage) {
+            json_t *j = chunk_base(st);
+            json_object_set_new(j, "choices", json_array());
+            json_object_set_new(j, "usage", kp_oai_usage_json(u->prompt_tokens, u->cached_tokens, u->completion_tokens));
+            json_object_set_new(j, "kvpin_cache", kp_oai_cache_json(&u->report, u->has_doctor ? &u->doctor : NULL));
+            sb_event(st, j);
+        }
+    }
+    sb_add(st, "data: [DONE]\n\n", 14);
+    st->done = true;
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max) {
+    (void)pos;
+    stream *st = cls;
+    double waited = 0;
+    while (st->off == st->out.len) {
+        st->off = 0;
+        kp_buf_clear(&st->out);
+        if (st->done) return MHD_CONTENT_READER_END_OF_STREAM;
+        kp_sreq_update u;
+        if (atomic_load(&st->s->stopping)) { /* shutting down: end the stream, the request is cancelled */
+            kp_sreq_cancel(st->r);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (!kp_sreq_wait(st->r, 250, &u)) {
+            free(u.text);
+            waited += 0.25;
+            if (waited >= 5) { /* an SSE comment: keeps proxies open and finds clients that left */
+                sb_add(st, ": keep-alive\n\n", 14);
+                waited = 0;
+            }
+            continue;
+        }
+        stream_update(st, &u);
+    }
+    if (st->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
+    size_t n = st->out.len - st->off < max ? st->out.len - st->off : max;
+    memcpy(out, st->out.data + st->off, n);
+    st->off += n;
+    return (ssize_t)n;
+}
+
+static void log_request(kp_server *s, const char *what, const kp_sreq_update *u, double t0, const char *how) {
+    if (s->cfg.quiet) return;
+    fprintf(stderr, "kvpin serve: %s: prompt %u (cached %u), completion %u, ttft %.1f ms, %.1f ms total, %s\n",
+            what, u->prompt_tokens, u->cached_tokens, u->completion_tokens, u->ttft_ms, (now_s() - t0) * 1e3, how);
+}
+
+static void stream_free(void *cls) {
+    stream *st = cls;
+    if (!st->done) kp_sreq_cancel(st->r);
+    log_request(st->s, st->chat ? "chat stream" : "completion stream", &st->last, st->t0,
+                st->done ? kp_oai_finish_name(st->last.finish) ? kp_oai_finish_name(st->last.finish) : "ended"
+                         : "client left");
+    kp_sreq_release(st->r);
+    kp_buf_free(&st->out);
+    kp_buf_free(&st->full);
+    free(st);
+}
+
+static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn, bool chat) {
+    kp_oai_request q;
+    kp_oai_error e;
+    if (!kp_oai_parse(cn->body, cn->len, chat, &q, &e)) return reply_error(s, c, &e);
+    int32_t *ids = NULL;
+    size_t n = 0, tlen0 = 0;
+    char *ptext = NULL;
+    bool ok = q.prompt_tokens ? true
+                              : request_tokens(s, chat ? NULL : json_object_get(q.root, "prompt"), q.messages,
+                                               q.tools, &ids, &n, &ptext, &tlen0, &e);
+    if (q.prompt_tokens) {
+        for (uint32_t i = 0; i < q.n_prompt_tokens && ok; i++)
+            if (q.prompt_tokens[i] >= kp_tok_n_vocab(s->v))
+                ok = kp_oai_fail(&e, 400, "invalid_request_error", NULL, "prompt",
+                                 "prompt[%u] is not a token id of this model (0..%d)", i, kp_tok_n_vocab(s->v) - 1);
+        ids = q.prompt_tokens;
+        n = q.n_prompt_tokens;
+        q.prompt_tokens = NULL;
+    }
+    if (!ok) {
+        free(ids);
+        free(ptext);
+        kp_oai_request_free(&q);
+        return reply_error(s, c, &e);
+    }
+    uint32_t ctx = s->ctx;
+    if (n > ctx) {
+        kp_oai_request_free(&q);
+        free(ids);
+        free(ptext);
+        return fail(s, c, 400, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt",
+                    "the prompt has %zu tokens, more than the context of %u tokens", n, ctx);
+    }
+    uint32_t max_tokens = q.max_tokens_set ? q.max_tokens
+                          : chat           ? ctx - (uint32_t)n
+                                           : (s->cfg.completion_max_tokens ? s->cfg.completion_max_tokens : 16);
+    if (!q.seed_set) q.sp.seed = (uint64_t)time(NULL) ^ (atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull);
+    kp_sreq_params p = {ids, (uint32_t)n, max_tokens, q.sp, q.stops, q.n_stops, q.ignore_eos, ptext, tlen0};
+    kp_sreq *r = NULL;
+    kp_error err = {0};
+    kp_status st = kp_sched_submit(s->sched, &p, &r, &err);
+    free(ids);
+    free(ptext);
+    bool stream_it = q.stream, usage = q.include_usage, return_ids = q.return_token_ids;
+    bool tools = chat && q.tools && kp_chat_family_has_tools(s->cfg.chat);
+    kp_oai_request_free(&q);
+    if (st != KP_OK) {
+        status_error(st, &err, st == KP_ERANGE ? (chat ? "messages" : "prompt") : NULL, &e);
+        return reply_error(s, c, &e);
+    }
+    /* wait until the prompt is computed (or the request failed) */
+    kp_sreq_update u = {0};
+    char *text = NULL;
+    size_t tlen = 0, tcap = 0;
+    for (;;) {
+        kp_sreq_update v;
+        kp_sreq_wait(r, 100, &v);
+        if (v.text) {
+            if (tlen + v.len + 1 > tcap) {
+                size_t nc = tcap ? tcap : 1024;
+                while (nc < tlen + v.len + 1) nc *= 2;
+                char *nb = realloc(text, nc);
+                if (nb) text = nb, tcap = nc;
+            }
+            if (tlen + v.len + 1 <= tcap) {
+                memcpy(text + tlen, v.text, v.len);
+                tlen += v.len;
+                text[tlen] = 0;
+            }
+            free(v.text);
+            v.text = NULL;
+        }
+        u = v;
+        if (u.finish != KP_FINISH_NONE || (stream_it && u.started)) break;
+        if (client_gone(c) || atomic_load(&s->stopping)) {
+            kp_sreq_cancel(r);
+            log_request(s, chat ? "chat" : "completion", &u, cn->t0, "client left");
+            kp_sreq_release(r);
+            free(text);
+            return MHD_NO;
+        }
+    }
+    if (u.finish == KP_FINISH_ERROR || (u.finish == KP_FINISH_CANCELLED && !u.started)) {
+        status_error(u.finish == KP_FINISH_ERROR ? u.status : KP_EIO, &u.err, NULL, &e);
+        if (u.finish == KP_FINISH_CANCELLED) kp_oai_fail(&e, 503, "server_error", NULL, NULL, "the server is stopping");
+        kp_sreq_release(r);
+        free(text);
+        return reply_error(s, c, &e);
+    }
+    char id[48];
+    snprintf(id, sizeof id, "%s-%016llx", chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)(atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull ^ (uint64_t)s->started));
+    if (stream_it) {
+        stream *sm = calloc(1, sizeof *sm);
+        if (!sm) {
+            kp_sreq_release(r);
+            free(text);
+            return fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
+        }
+        sm->s = s;
+        sm->r = r;
+        sm->chat = chat;
+        sm->include_usage = usage;
+        sm->return_ids = return_ids;
+        sm->created = time(NULL);
+        sm->t0 = cn->t0;
+        memcpy(sm->id, id, sizeof id);
+        sm->tools = tools;
+        sm->id_seed = p.sp.seed ^ (uint64_t)sm->created;
+        if (chat) sb_chunk(sm, "", 0, NULL, NULL); /* the role first, as OpenAI does */
+        u.text = text;
+        u.len = tlen;
+        stream_update(sm, &u); /* frees text */
+        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, sm,
+                                                                      stream_free);
+        if (!resp) {
+            stream_free(sm);
+            return MHD_NO;
+        }
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+        enum MHD_Result res = MHD_queue_response(c, 200, resp);
+        MHD_destroy_response(resp);
+        count_status(s, 200);
+        return res;
+    }
+    json_t *choice;
+    const char *finish = kp_oai_finish_name(u.finish);
+    json_t *calls = NULL;
+    size_t content = tlen;
+    if (tools && (u.finish == KP_FINISH_LENGTH || u.finish == KP_FINISH_STOP)) {
+        kp_error err2;
+        kp_chat_parse_tool_calls(s->cfg.chat, text ? text : "", tlen, p.sp.seed ^ (uint64_t)time(NULL), &calls,
+                                 &content, &err2);
+    }
+    if (chat && calls) {
+        json_t *msg = json_pack("{s:s, s:o, s:o}", "role", "assistant", "content",
+                                content ? json_stringn(text, content) : json_null(), "tool_calls", calls);
+        choice = json_pack("{s:i, s:o, s:n, s:s}", "index", 0, "message", msg, "logprobs", "finish_reason",
+                           "tool_calls");
+        finish = "tool_calls";
+    } else if (chat)
+        choice = json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s?}", "index", 0, "message", "role", "assistant", "content",
+                           text ? text : "", tlen, "logprobs", "finish_reason", finish);
+    else
+        choice = json_pack("{s:i, s:s%, s:n, s:s?}", "index", 0, "text", text ? text : "", tlen, "logprobs",
+                           "finish_reason", finish);
+    if (return_ids && choice) add_token_ids(choice, &u);
+    json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o, s:o}", "id", id, "object",
+                          chat ? "chat.completion" : "text_completion", "created", (json_int_t)time(NULL), "model",
+                          s->cfg.model_name, "choices", choice, "usage",
+                          kp_oai_usage_json(u.prompt_tokens, u.cached_tokens, u.completion_tokens), "kvpin_cache",
+                          kp_oai_cache_json(&u.report, u.has_doctor ? &u.doctor : NULL));
+    log_request(s, chat ? "chat" : "completion", &u, cn->t0, finish ? finish : "cancelled");
+    free(text);
+    kp_sreq_release(r);
+    return reply_json(s, c, 200, j);
+}
+
+/* ---- small endpoints ---------------------------------------------------------- */
+
+static enum MHD_Result tokenize(kp_server *s, struct MHD_Connection *c, conn *cn) {
+    kp_oai_error e;
+    json_t *o = kp_oai_parse_object(cn->body, cn->len, &e);
+    if (!o) return reply_error(s, c, &e);
+    static const char *const allowed[] = {"content", "add_special", "parse_special", "with_pieces", NULL};
+    const json_t *content = json_object_get(o, "content");
+    const json_t *as = json_object_get(o, "add_special"), *ps = json_object_get(o, "parse_special");
+    const json_t *wp = json_object_get(o, "with_pieces");
+    if (!kp_oai_only_fields(o, allowed, &e) ||
+        (!json_is_string(content) &&
+         !kp_oai_fail(&e, 400, "invalid_request_error", NULL, "content", "content must be a string")) ||
+        (as && !json_is_boolean(as) &&
+         !kp_oai_fail(&e, 400, "invalid_request_error", NULL, "add_special", "add_special must be true or false")) ||
+        (ps && !json_is_boolean(ps) &&
+         !kp_oai_fail(&e, 400, "invalid_request_error", NULL, "parse_special", "parse_special must be true or false")) ||
+        (wp && !json_is_boolean(wp) &&
+         !kp_oai_fail(&e, 400, "invalid_request_error", NULL, "with_pieces", "with_pieces must be true or false"))) {
+        json_decref(o);
+        return reply_error(s, c, &e);
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    kp_error err = {0};
+    kp_status st = kp_tok_encode(s->v, json_string_value(content), json_string_length(content), as && json_is_true(as),
+                              !ps || json_is_true(ps), &ids, &n, &err);
+    if (st != KP_OK) {
+        json_decref(o);
+        status_error(st, &err, "content", &e);
+        return reply_error(s, c, &e);
+    }
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++) {
+        if (wp && json_is_true(wp)) {
+            size_t pl;
+            const char *pc = kp_tok_piece_view(s->v, ids[i], true, &pl);
+            json_t *piece = json_stringn(pc ? pc : "", pc ? pl : 0);
+            if (!piece) { /* a piece that is not valid UTF-8 alone: its bytes */
+                piece = json_array();
+                for (size_t k = 0; k < pl; k++) json_array_append_new(piece, json_integer((unsigned char)pc[k]));
+            }
+            json_array_append_new(arr, json_pack("{s:i, s:o}", "id", ids[i], "piece", piece));
+        } else {
+            json_array_append_new(arr, json_integer(ids[i]));
+        }
+    }
+    free(ids);
+    json_decref(o);
+    return reply_json(s, c, 200, json_pack("{s:o}", "tokens", arr));
+}
+
+static enum MHD_Result detokenize(kp_server *s, struct MHD_Connection *c, conn *cn) {
+    kp_oai_error e;
+    json_t *o = kp_oai_parse_object(cn->body, cn->len, &e);
+    if (!o) return reply_error(s, c, &e);
+    static const char *const allowed[] = {"tokens", NULL};
+    const json_t *t = json_object_get(o, "tokens");
+    if (!kp_oai_only_fields(o, allowed, &e) ||
+        (!json_is_array(t) &&
+         !kp_oai_fail(&e, 400, "invalid_request_error", NULL, "tokens", "tokens must be an array of token ids"))) {
+        json_decref(o);
+        return reply_error(s, c, &e);
+    }
+    size_t n = json_array_size(t);
+    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    for (size_t i = 0; ids && i < n; i++) {
+        const json_t *x = json_array_get(t, i);
+        json_int_t id = json_is_integer(x) ? json_integer_value(x) : -1;
+        if (id < 0 || id >= kp_tok_n_vocab(s->v)) {
+            free(ids);
+            json_decref(o);
+            return fail(s, c, 400, "invalid_request_error", NULL, "tokens",
+                        "tokens[%zu] is not a token id of this model (0..%d)", i, kp_tok_n_vocab(s->v) - 1);
+        }
+        ids[i] = (int32_t)id;
+    }
+    json_decref(o);
+    if (!ids) return fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
+    char *text = NULL;
+    size_t len = 0;
+    kp_error err = {0};
+    kp_status st = kp_tok_detokenize(s->v, ids, n, false, true, &text, &len, &err);
+    free(ids);
+    if (st != KP_OK) {
+        status_error(st, &err, "tokens", &e);
+        return reply_error(s, c, &e);
+    }
+    /* bytes that are not valid UTF-8 (a split character) become U+FFFD */
+    json_t *content = json_stringn(text, len);
+    if (!content) {
+        kp_tok_stream *ts = NULL;
+        if (kp_tok_stream_new(&ts, s->v, true, &err) == KP_OK) {
+            size_t k = 0;
+            char *clean = malloc(len * 3 + 4);
+            for (size_t i = 0; clean && i < json_array_size(t); i++) {
+                const char *b;
+                size_t nb;
+                if (kp_tok_stream_push(ts, (int32_t)json_integer_value(json_array_get(t, i)), &b, &nb, &err) == KP_OK &&
+                    k + nb <= len * 3) {
+                    memcpy(clean + k, b, nb);
+                    k += nb;
+                }
+            }
+            content = clean ? json_stringn(clean, k) : NULL;
+            free(clean);
+            kp_tok_stream_free(ts);
+        }
+    }
+    free(text);
+    return reply_json(s, c, 200, json_pack("{s:o}", "content", content ? content : json_string("")));
+}
+
+/* GET /v1/models (id NULL) or /v1/models/{id}. */
+static enum MHD_Result models(kp_server *s, struct MHD_Connection *c, const char *id) {
+    if (id && strcmp(id, s->cfg.model_name))
+        return fail(s, c, 404, "invalid_request_error", "model_not_found", "model",
+                    "the model \"%.200s\" does not exist; this server has \"%s\"", id, s->cfg.model_name);
+    const kp_hparams *hp = &s->m->hp;
+    json_t *meta = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I}", "arch", hp->arch_name, "n_vocab",
+                             (json_int_t)hp->n_vocab, "n_ctx_train", (json_int_t)hp->n_ctx_train, "n_ctx",
+                             (json_int_t)s->ctx, "n_layer", (json_int_t)hp->n_layer, "weight_bytes",
+                             (json_int_t)s->m->weight_bytes);
+    json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", s->cfg.model_name, "object", "model", "created",
+                          (json_int_t)s->started, "owned_by", "kvpin", "meta", meta);
+    if (id) return reply_json(s, c, 200, m);
+    return reply_json(s, c, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
+}
+
+/* ---- cache endpoints ------------------------------------------------------------ */
+
+typedef struct {
+    uint32_t len;
+    int32_t head[24];
+    uint32_t n_head;
+    uint32_t holders, pins;
+    uint64_t hits;
+} leaf;
+
+#define TOP_PREFIXES 10
+
+typedef struct {
+    leaf top[TOP_PREFIXES];
+    uint32_t n;
+} leaf_walk;
+
+static int walk_leaf(const kp_pfx_node_info *ni, void *ctx) {
+    leaf_walk *w = ctx;
+    if (ni->n_children) return 0;
+    uint32_t at = w->n;
+    if (w->n == TOP_PREFIXES) {
+        at = 0;
+        for (uint32_t i = 1; i < w->n; i++)
+            if (w->top[i].len < w->top[at].len) at = i;
+        if (w->top[at].len >= ni->end) return 0;
+    } else {
+        w->n++;
+    }
+    leaf *l = &w->top[at];
+    l->len = ni->end;
+    l->n_head = ni->end < 24 ? ni->end : 24;
+    memcpy(l->head, ni->path, l->n_head * sizeof *l->head);
+    l->holders = ni->n_holders;
+    l->pins = ni->n_pins;
+    l->hits = ni->hits;
+    return 0;
+}
+
+static int cmp_leaf(const void *a, const void *b) {
+    const leaf *x = a, *y = b;
+    return x->len < y->len ? 1 : x->len > y->len ? -1 : 0;
+}
+
+static json_t *kv_json(const kp_pfx_stats *k, uint64_t per_token) {
+    uint64_t bb = k->block_bytes ? k->block_bytes : 1;
+    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "budget_bytes",
+                     (json_int_t)k->budget_bytes, "used_bytes", (json_int_t)k->used_bytes, "free_bytes",
+                     (json_int_t)k->free_bytes, "pinned_bytes", (json_int_t)k->pinned_bytes, "pinned_cap_bytes",
+                     (json_int_t)k->pinned_cap_bytes, "index_bytes", (json_int_t)k->index_bytes, "shared_bytes",
+                     (json_int_t)k->shared_bytes, "saved_bytes", (json_int_t)k->saved_bytes, "block_bytes",
+                     (json_int_t)k->block_bytes, "bytes_per_token", (json_int_t)per_token, "blocks_total",
+                     (json_int_t)(k->budget_bytes / bb), "blocks_used", (json_int_t)(k->used_bytes / bb),
+                     "blocks_free", (json_int_t)(k->free_bytes / bb));
+}
+
+static enum MHD_Result cache_get(kp_server *s, struct MHD_Connection *c) {
+    kp_error err = {0};
+    leaf_walk w = {0};
+    kp_pfx_stats k;
+    kp_crep *crep;
+    kp_engine *e = kp_sched_lock(s->sched, &crep);
+    kp_eng_stats(e, &k);
+    kp_status st = kp_eng_index(e) ? kp_pfx_walk(kp_eng_index(e), walk_leaf, &w, &err) : KP_OK;
+    bool on = kp_eng_index(e) != NULL;
+    kp_dtype kvt = kp_kvpool_config_of(kp_eng_kvpool(e))->kv_type;
+    kp_sched_unlock(s->sched);
+    if (st != KP_OK) return fail(s, c, 500, "server_error", NULL, NULL, "%s", err.msg);
+    uint64_t per = kp_model_kv_bytes_per_token(&s->m->hp, kvt);
+    qsort(w.top, w.n, sizeof *w.top, cmp_leaf);
+    json_t *list = json_array();
+    for (uint32_t i = 0; i < w.n; i++) {
+        char *text = NULL;
+        size_t len = 0;
+        kp_tok_detokenize(s->v, w.top[i].head, w.top[i].n_head, true, true, &text, &len, &err);
+        json_t *words = text ? json_stringn(text, len) : NULL;
+        free(text);
+        uint64_t blocks = k.block_bytes ? (w.top[i].len * per + k.block_bytes - 1) / k.block_bytes : 0;
+        json_array_append_new(
+            list, json_pack("{s:I, s:I, s:b, s:I, s:I, s:o}", "tokens", (json_int_t)w.top[i].len, "bytes",
+                            (json_int_t)(blocks * k.block_bytes), "pinned", w.top[i].pins > 0, "holders",
+                            (json_int_t)w.top[i].holders, "hits", (json_int_t)w.top[i].hits, "first_words",
+                            words ? words : json_string("")));
+    }
+    kp_sched_stats ss;
+    kp_sched_stats_get(s->sched, &ss);
+    json_t *counts = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "nodes",
+                               (json_int_t)k.n_nodes, "prefixes", (json_int_t)k.n_leaves, "pins", (json_int_t)k.n_pins,
+                               "leases", (json_int_t)k.n_leases, "cached_tokens", (json_int_t)k.cached_tokens,
+                               "evictions", (json_int_t)k.n_evictions, "evicted_bytes", (json_int_t)k.evicted_bytes,
+                               "lookups", (json_int_t)k.n_lookups, "hits", (json_int_t)k.n_hits, "reused_tokens",
+                               (json_int_t)k.reused_tokens, "running", (json_int_t)ss.running, "queued",
+                               (json_int_t)ss.queued);
+    return reply_json(s, c, 200,
+                      json_pack("{s:s, s:b, s:o, s:o, s:o}", "object", "kvpin.cache", "prefix_cache", on, "kv",
+                                kv_json(&k, per), "counts", counts, "prefixes", list));
+}
+
+/* The tokens of a probe or pin body: {"prompt": ...} or {"messages": [...], "tools": [...]}. */
+static bool body_tokens(kp_server *s, json_t *o, const char *const *allowed, int32_t **ids, size_t *n,
+                        char **text, size_t *text_len, kp_oai_error *e) {
+    if (!kp_oai_only_fields(o, allowed, e)) return false;
+    const json_t *prompt = json_object_get(o, "prompt"), *messages = json_object_get(o, "messages");
+    const json_t *tools = json_object_get(o, "tools");
+    if (!prompt == !messages)
+        return kp_oai_fail(e, 400, "invalid_request_error", NULL, "prompt", "give either prompt or messages");
+    if (messages && (!json_is_array(messages) || json_array_size(messages) == 0))
+        return kp_oai_fail(e, 400, "invalid_request_error", NULL, "messages",
+                           "messages must be a non-empty array of message objects");
+    if (tools && !json_is_null(tools) && !json_is_array(tools))
+        return kp_oai_fail(e, 400, "invalid_request_error", NULL, "tools", "tools must be an array of tool objects");
+    if (json_is_null(tools) || (tools && json_array_size(tools) == 0)) tools = NULL;
+    return request_tokens(s, prompt, messages, tools, ids, n, text, text_len, e);
+}
+
+static enum MHD_Result cache_probe(kp_server *s, struct MHD_Connection *c, conn *cn) {
+    kp_oai_error e;
+    json_t *o = kp_oai_parse_object(cn->body, cn->len, &e);
+    if (!o) return reply_error(s, c, &e);
+    static const char *const allowed[] = {"prompt", "messages", "tools", "model", NULL};
+    int32_t *ids = NULL;
+    size_t n = 0, tl = 0;
+    char *text = NULL;
+    bool ok = body_tokens(s, o, allowed, &ids, &n, &text, &tl, &e);
+    json_decref(o);
+    if (!ok) return reply_error(s, c, &e);
+    kp_eng_report r;
+    kp_doctor_report d;
+    kp_error err = {0};
+    kp_crep *crep;
+    kp_engine *eng = kp_sched_lock(s->sched, &crep);
+    kp_eng_probe(eng, ids, (uint32_t)n, &r);
+    bool has = kp_crep_explain(crep, ids, (uint32_t)n, text, tl, &r, KP_DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
+    kp_sched_unlock(s->sched);
+    free(ids);
+    free(text);
+    json_t *j = kp_oai_cache_json(&r, has ? &d : NULL);
+    json_object_set_new(j, "object", json_string("kvpin.cache.probe"));
+    return reply_json(s, c, 200, j);
+}
+
+static enum MHD_Result cache_pin(kp_server *s, struct MHD_Connection *c, conn *cn) {
+    kp_oai_error e;
+    json_t *o = kp_oai_parse_object(cn->body, cn->len, &e);
+    if (!o) return reply_error(s, c, &e);
+    static const char *const allowed[] = {"prompt", "messages", "tools", "model", "ttl", NULL};
+    const json_t *ttl_j = json_object_get(o, "ttl");
+    int64_t ttl = 0;
+    if (ttl_j && !json_is_null(ttl_j)) {
+        if (!json_is_integer(ttl_j) || json_integer_value(ttl_j) < 0 || json_integer_value(ttl_j) > (1ll << 40)) {
+            json_decref(o);
+            return fail(s, c, 400, "invalid_request_error", NULL, "ttl",
+                        "ttl must be a whole number of seconds >= 0 (0: until unpinned)");
+        }
+        ttl = json_integer_value(ttl_j);
+    }
+    int32_t *ids = NULL;
+    size_t n = 0, tl = 0;
+    char *text = NULL;
+    bool ok = body_tokens(s, o, allowed, &ids, &n, &text, &tl, &e);
+    json_decref(o);
+    free(text);
+    if (!ok) return reply_error(s, c, &e);
+    kp_crep *crep;
+    bool on = kp_eng_index(kp_sched_lock(s->sched, &crep)) != NULL;
+    kp_sched_unlock(s->sched);
+    if (!on) {
+        free(ids);
+        return fail(s, c, 400, "invalid_request_error", "prefix_cache_off", NULL,
+                    "the prefix cache is off (--no-prefix-cache): nothing can be pinned");
+    }
+    /* compute the prefix (prefill only), then pin it */
+    kp_sreq_params p = {ids, (uint32_t)n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0};
+    kp_sreq *r = NULL;
+    kp_error err = {0};
+    kp_status st = kp_sched_submit(s->sched, &p, &r, &err);
+    kp_sreq_update u = {0};
+    while (st == KP_OK) {
+        kp_sreq_wait(r, 200, &u);
+        free(u.text);
+        if (u.finish != KP_FINISH_NONE) break;
+        if (client_gone(c) || atomic_load(&s->stopping)) {
+            kp_sreq_release(r);
+            free(ids);
+            return MHD_NO;
+        }
+    }
+    kp_sreq_release(r);
+    if (st != KP_OK || u.finish == KP_FINISH_ERROR) {
+        status_error(st != KP_OK ? st : u.status, st != KP_OK ? &err : &u.err, "prompt", &e);
+        free(ids);
+        return reply_error(s, c, &e);
+    }
+    uint64_t id = 0;
+    kp_pfx_stats k;
+    kp_engine *eng = kp_sched_lock(s->sched, &crep);
+    st = kp_pfx_pin(kp_eng_index(eng), ids, (uint32_t)n, ttl, (int64_t)time(NULL), &id, &err);
+    kp_eng_stats(eng, &k);
+    kp_dtype kvt = kp_kvpool_config_of(kp_eng_kvpool(eng))->kv_type;
+    kp_sched_unlock(s->sched);
+    free(ids);
+    if (st != KP_OK) {
+        if (st == KP_EFULL) return fail(s, c, 400, "invalid_request_error", "pinned_cap", NULL, "%s", err.msg);
+        status_error(st, &err, "prompt", &e);
+        return reply_error(s, c, &e);
+    }
+    uint64_t per = kp_model_kv_bytes_per_token(&s->m->hp, kvt);
+    uint64_t bb = k.block_bytes ? k.block_bytes : 1;
+    char sid[32];
+    snprintf(sid, sizeof sid, "pin-%llu", (unsigned long long)id);
+    json_t *j = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I}", "object", "kvpin.cache.pin", "id", sid, "tokens",
+                          (json_int_t)n, "bytes", (json_int_t)((n * per + bb - 1) / bb * bb), "ttl", (json_int_t)ttl,
+                          "pinned_bytes", (json_int_t)k.pinned_bytes, "pinned_cap_bytes",
+                          (json_int_t)k.pinned_cap_bytes);
+    json_object_set_new(j, "expires_at", ttl ? json_integer((json_int_t)(time(NULL) + ttl)) : json_null());
+    return reply_json(s, c, 200, j);
+}
+
+static enum MHD_Result cache_unpin(kp_server *s, struct MHD_Connection *c, const char *sid) {
+    const char *num = !strncmp(sid, "pin-", 4) ? sid + 4 : sid;
+    char *end = NULL;
+    unsigned long long id = *num >= '0' && *num <= '9' ? strtoull(num, &end, 10) : 0;
+    if (!end || *end)
+        return fail(s, c, 404, "invalid_request_error", "pin_not_found", "id", "no pin \"%.64s\"", sid);
+    kp_error err = {0};
+    kp_crep *crep;
+    kp_engine *e = kp_sched_lock(s->sched, &crep);
+    kp_status st = kp_eng_index(e) ? kp_pfx_unpin(kp_eng_index(e), id, &err) : KP_ENOTFOUND;
+    kp_sched_unlock(s->sched);
+    if (st != KP_OK)
+        return fail(s, c, 404, "invalid_request_error", "pin_not_found", "id",
+                    "no pin \"%.64s\" (never made, removed or expired)", sid);
+    return reply_json(s, c, 200, json_pack("{s:s, s:s, s:b}", "object", "kvpin.cache.pin", "id", sid, "deleted", 1));
+}
+
+/* ---- metrics ------------------------------------------------------------------------ */
+
+typedef kp_buf text;
+#define tp kp_buf_printf
+
+static void metric(text *t, const char *name, const char *type, const char *help, double v) {
+    tp(t, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+static void histogram(text *t, const char *name, const char *help, const double *le, const uint64_t *count,
+                      uint64_t n, double sum) {
+    tp(t, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (int i = 0; i < KP_SCHED_HIST_BUCKETS; i++) tp(t, "%s_bucket{le=\"%g\"} %llu\n", name, le[i], (unsigned long long)count[i]);
+    tp(t, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.17g\n%s_count %llu\n", name, (unsigned long long)n, name, sum, name,
+       (unsigned long long)n);
+}
+
+static enum MHD_Result metrics(kp_server *s, struct MHD_Connection *c) {
+    kp_sched_stats st;
+    kp_sched_stats_get(s->sched, &st);
+    text t = {0};
+    metric(&t, "kvpin_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", (double)st.prompt_tokens);
+    metric(&t, "kvpin_prompt_tokens_cached_total", "counter", "Prompt tokens whose K/V came from the prefix cache.",
+           (double)st.cached_tokens);
+    metric(&t, "kvpin_generated_tokens_total", "counter", "Tokens generated.", (double)st.generated_tokens);
+    metric(&t, "kvpin_prefix_hit_ratio", "gauge", "Cached share of all prompt tokens so far.",
+           st.prompt_tokens ? (double)st.cached_tokens / (double)st.prompt_tokens : 0.0);
+    tp(&t, "# HELP kvpin_requests_total HTTP responses by status code.\n# TYPE kvpin_requests_total counter\n");
+    for (int i = 0; i < N_STATUS; i++) {
+        uint64_t v = atomic_load(&s->by_status[i]);
+        if (STATUS_CODES[i])
+            tp(&t, "kvpin_requests_total{status=\"%d\"} %llu\n", STATUS_CODES[i], (unsigned long long)v);
+        else
+            tp(&t, "kvpin_requests_total{status=\"other\"} %llu\n", (unsigned long long)v);
+    }
+    metric(&t, "kvpin_generations_finished_total", "counter", "Generation requests that ended (any reason).",
+           (double)st.requests_finished);
+    metric(&t, "kvpin_generations_cancelled_total", "counter", "Generation requests cancelled (client left).",
+           (double)st.requests_cancelled);
+    metric(&t, "kvpin_generations_failed_total", "counter", "Generation requests that failed.",
+           (double)st.requests_failed);
+    metric(&t, "kvpin_queue_length", "gauge", "Requests waiting for a sequence slot.", st.queued);
+    metric(&t, "kvpin_running_sequences", "gauge", "Sequences prefilling or decoding.", st.running);
+    metric(&t, "kvpin_engine_steps_total", "counter", "Forward steps run by the engine.", (double)st.steps);
+    uint64_t bb = st.kv.block_bytes ? st.kv.block_bytes : 1;
+    metric(&t, "kvpin_kv_bytes_used", "gauge", "KV cache bytes in use (index and sequences, shared once).",
+           (double)st.kv.used_bytes);
+    metric(&t, "kvpin_kv_bytes_budget", "gauge", "KV cache byte budget.", (double)st.kv.budget_bytes);
+    metric(&t, "kvpin_kv_bytes_pinned", "gauge", "KV bytes on pinned prefixes.", (double)st.kv.pinned_bytes);
+    metric(&t, "kvpin_kv_bytes_shared", "gauge", "Cached KV bytes that running sequences also use.",
+           (double)st.kv.shared_bytes);
+    metric(&t, "kvpin_kv_blocks_used", "gauge", "KV blocks in use.", (double)(st.kv.used_bytes / bb));
+    metric(&t, "kvpin_kv_blocks_free", "gauge", "KV blocks free.", (double)(st.kv.free_bytes / bb));
+    metric(&t, "kvpin_kv_evictions_total", "counter", "Cached prefix nodes evicted.", (double)st.kv.n_evictions);
+    metric(&t, "kvpin_kv_cached_tokens", "gauge", "Distinct positions held by the prefix index.",
+           (double)st.kv.cached_tokens);
+    histogram(&t, "kvpin_time_to_first_token_seconds", "From request arrival to its first generated token.",
+              st.ttft_le, st.ttft_count, st.ttft_n, st.ttft_sum);
+    histogram(&t, "kvpin_time_per_output_token_seconds", "Time between consecutive generated tokens of a request.",
+              st.tpot_le, st.tpot_count, st.tpot_n, st.tpot_sum);
+    if (t.oom) {
+        kp_buf_free(&t);
+        return fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    enum MHD_Result r = reply(s, c, 200, "text/plain; version=0.0.4; charset=utf-8", t.data, t.len, NULL, NULL);
+    kp_buf_free(&t);
+    return r;
+}
+
+/* ---- routing ---------------------------------------------------------------------------- */
+
+static bool authorized(kp_server *s, struct MHD_Connection *c) {
+    if (!s->cfg.api_key) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncmp(h, "Bearer ", 7)) return false;
+    const char *k = h + 7, *want = s->cfg.api_key;
+    size_t lk = strlen(k), lw = strlen(want);
+    unsigned diff = lk != lw; /* compare in time independent of where they differ */
+    for (size_t i = 0; i < lw; i++) diff |= (unsigned)(want[i] ^ (i < lk ? k[i] : 0));
+    return diff == 0;
+}
+
+typedef enum { R_NONE, R_GET, R_POST, R_DELETE } route_method;
+
+static enum MHD_Result route(kp_server *s, struct MHD_Connection *c, const char *url, const char *method, conn *cn) {
+    if (cn->too_big)
+        return fail(s, c, 413, "invalid_request_error", "body_too_large", NULL,
+                    "the request body is larger than the limit of %zu bytes", s->cfg.max_body);
+    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+    bool del = !strcmp(method, "DELETE");
+    static const struct {
+        const char *path;
+        const char *allow;
+    } known[] = {{"/health", "GET"},
+                 {"/v1/health", "GET"},
+                 {"/v1/models", "GET"},
+                 {"/metrics", "GET"},
+                 {"/v1/completions", "POST"},
+                 {"/v1/chat/completions", "POST"},
+                 {"/completions", "POST"},
+                 {"/chat/completions", "POST"},
+                 {"/tokenize", "POST"},
+                 {"/detokenize", "POST"},
+                 {"/v1/cache", "GET"},
+                 {"/v1/cache/probe", "POST"},
+                 {"/v1/cache/pin", "POST"}};
+    const char *allow = NULL;
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+        if (!strcmp(url, known[i].path)) allow = known[i].allow;
+    bool pin_id = !strncmp(url, "/v1/cache/pin/", 14) && url[14];
+    if (pin_id) allow = "DELETE";
+    bool model_id = !strncmp(url, "/v1/models/", 11) && url[11];
+    if (model_id) allow = "GET";
+    if (!allow)
+        return fail(s, c, 404, "invalid_request_error", "not_found", NULL, "no such endpoint: %s %.200s", method, url);
+    bool method_ok = (!strcmp(allow, "GET") && get) || (!strcmp(allow, "POST") && post) ||
+                     (!strcmp(allow, "DELETE") && del);
+    if (!method_ok) {
+        kp_oai_error e;
+        kp_oai_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s %s is not allowed; use %s", method,
+                    url, allow);
+        json_t *j = kp_oai_error_json(&e);
+        char *t = json_dumps(j, JSON_COMPACT);
+        json_decref(j);
+        enum MHD_Result r = reply(s, c, 405, "application/json", t ? t : "{}", t ? strlen(t) : 2, "Allow", allow);
+        free(t);
+        return r;
+    }
+    if (strcmp(url, "/health") && strcmp(url, "/v1/health") && !authorized(s, c))
+        return fail(s, c, 401, "invalid_request_error", "invalid_api_key", NULL,
+                    "missing or wrong API key: send the header \"Authorization: Bearer <key>\"");
+    if (!strcmp(url, "/health") || !strcmp(url, "/v1/health")) {
+        kp_sched_stats st;
+        kp_sched_stats_get(s->sched, &st);
+        return reply_json(s, c, 200,
+                          json_pack("{s:s, s:I, s:I}", "status", "ok", "running", (json_int_t)st.running, "queued",
+                                    (json_int_t)st.queued));
+    }
+    if (!strcmp(url, "/v1/models")) return models(s, c, NULL);
+    if (model_id) return models(s, c, url + 11);
+    if (!strcmp(url, "/metrics")) return metrics(s, c);
+    if (!strcmp(url, "/v1/completions") || !strcmp(url, "/completions")) return generate(s, c, cn, false);
+    if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/chat/completions")) return generate(s, c, cn, true);
+    if (!strcmp(url, "/tokenize")) return tokenize(s, c, cn);
+    if (!strcmp(url, "/detokenize")) return detokenize(s, c, cn);
+    if (!strcmp(url, "/v1/cache")) return cache_get(s, c);
+    if (!strcmp(url, "/v1/cache/probe")) return cache_probe(s, c, cn);
+    if (!strcmp(url, "/v1/cache/pin")) return cache_pin(s, c, cn);
+    return cache_unpin(s, c, url + 14);
+}
+
+static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                 const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    (void)version;
+    kp_server *s = cls;
+    conn *cn = *con_cls;
+    if (!cn) {
+        cn = calloc(1, sizeof *cn);
+        if (!cn) return MHD_NO;
+        cn->t0 = now_s();
+        *con_cls = cn;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl) {
+            char *end;
+            unsigned long long v = strtoull(cl, &end, 10);
+            if (*end || v > s->cfg.max_body) cn->too_big = true;
+        }
+        if (cn->too_big) /* answer before reading the body; MHD then closes the connection */
+            return route(s, c, url, method, cn);
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!cn->too_big && cn->len + *upload_size > s->cfg.max_body) {
+            cn->too_big = true;
+            free(cn->body);
+            cn->body = NULL;
+            cn->len = cn->cap = 0;
+        }
+        if (!cn->too_big) {
+            if (cn->len + *upload_size + 1 > cn->cap) {
+                size_t nc = cn->cap ? cn->cap : 4096;
+                while (nc < cn->len + *upload_size + 1) nc *= 2;
+                char *nb = realloc(cn->body, nc);
+                if (!nb) return MHD_NO;
+                cn->body = nb;
+                cn->cap = nc;
+            }
+            memcpy(cn->body + cn->len, upload, *upload_size);
+            cn->len += *upload_size;
+            cn->body[cn->len] = 0;
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    return route(s, c, url, method, cn);
+}
+
+static void completed_cb(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why) {
+    (void)cls;
+    (void)c;
+    (void)why;
+    conn *cn = *con_cls;
+    if (!cn) return;
+    free(cn->body);
+    free(cn);
+    *con_cls = NULL;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    kp_server *s = cls;
+    if (s->cfg.quiet) return;
+    fprintf(stderr, "kvpin serve: http: ");
+    vfprintf(stderr, fmt, ap);
+}
+
+kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *sched, const kp_tok_vocab *v,
+                        const kp_model *m, kp_error *err) {
+    *out = NULL;
+    kp_server *s = calloc(1, sizeof *s);
+    if (!s) return kp_fail(err, KP_ENOMEM, "out of memory for the server");
+    s->cfg = *cfg;
+    if (!s->cfg.host) s->cfg.host = "127.0.0.1";
+    if (!s->cfg.model_name) s->cfg.model_name = "kvpin";
+    if (!s->cfg.max_body) s->cfg.max_body = 8u << 20;
+    if (!s->cfg.timeout_s) s->cfg.timeout_s = 60;
+    if (!s->cfg.max_connections) s->cfg.max_connections = 256;
+    s->sched = sched;
+    s->v = v;
+    s->m = m;
+    s->started = time(NULL);
+    s->ctx = kp_eng_max_pos(kp_sched_lock(sched, NULL));
+    kp_sched_unlock(sched);
+    struct addrinfo hints = {0}, *ai = NULL;
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    int gai = getaddrinfo(s->cfg.host, NULL, &hints, &ai);
+    if (gai != 0 || !ai) {
+        free(s);
+        return kp_fail(err, KP_EIO, "cannot resolve --host %s: %s", cfg->host, gai_strerror(gai));
+    }
+    struct sockaddr_in addr;
+    memcpy(&addr, ai->ai_addr, sizeof addr);
+    freeaddrinfo(ai);
+    addr.sin_port = htons(s->cfg.port);
+    s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
+                            s->cfg.port, NULL, NULL, access_cb, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                            MHD_OPTION_NOTIFY_COMPLETED, completed_cb, s, MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)s->cfg.timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_END);
+    if (!s->d) {
+        free(s);
+        return kp_fail(err, KP_EIO, "cannot listen on %s:%u (in use, or not an address of this machine)",
+                       cfg->host ? cfg->host : "127.0.0.1", (unsigned)cfg->port);
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : s->cfg.port;
+    *out = s;
+    return KP_OK;
+}
+
+uint16_t kp_server_port(const kp_server *s) { return s->port; }
+
+void kp_server_free(kp_server *s) {
+    if (!s) return;
+    atomic_store(&s->stopping, true); /* every wait below returns within 250 ms */
+    MHD_stop_daemon(s->d);
+    free(s);
+}

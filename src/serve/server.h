@@ -1,0 +1,62 @@
+/*
+ * server.h - kvpin's OpenAI-compatible HTTP API (floor 5).
+ *
+ * libmicrohttpd serves HTTP/1.1 with one thread per connection (a blocked
+ * stream never stalls another client); jansson reads and writes JSON. The
+ * server turns requests into token ids (tokenizer, chat template) and hands
+ * them to the scheduler (scheduler.h), which owns the engine; it streams
+ * text back as server-sent events and reports, in every response, how much
+ * of the prompt came from the prefix cache and why the rest did not.
+ *
+ *   POST /v1/completions          POST /v1/chat/completions
+ *   GET  /v1/models  /health  /metrics (Prometheus text)
+ *   POST /tokenize  /detokenize
+ *   GET  /v1/cache                POST /v1/cache/probe
+ *   POST /v1/cache/pin            DELETE /v1/cache/pin/{id}
+ *
+ * Errors are OpenAI-style JSON bodies with the right status: 400 (bad JSON,
+ * wrong types, unknown fields, prompt longer than the context), 401 (API
+ * key), 404, 405, 413 (body too large), 503 (queue full, with Retry-After).
+ */
+#ifndef KP_SERVER_H
+#define KP_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "serve/chat.h"
+#include "model/model.h"
+#include "serve/scheduler.h"
+#include "base/status.h"
+#include "tok/tok.h"
+
+typedef struct {
+    const char *host;          /* bind address (IPv4 literal or name); NULL: 127.0.0.1 */
+    uint16_t port;             /* 0: any free port (see kp_server_port) */
+    const char *api_key;       /* NULL: no authentication */
+    const char *model_name;    /* the id /v1/models reports */
+    size_t max_body;           /* request body limit in bytes; 0: 8 MiB */
+    unsigned timeout_s;        /* idle connection timeout; 0: 60 s */
+    unsigned max_connections;  /* 0: 256 */
+    kp_chat_family chat;       /* KP_CHAT_UNKNOWN: chat answers 400 */
+    const char *chat_bos;      /* the BOS / EOS token texts for templates */
+    const char *chat_eos;
+    uint32_t completion_max_tokens; /* default max_tokens of /v1/completions; 0: 16 */
+    bool quiet;                /* no request log on stderr */
+} kp_server_config;
+
+typedef struct kp_server kp_server;
+
+/* Starts listening. Everything is borrowed and must outlive the server.
+ * KP_EIO when the address cannot be bound (the message says why). */
+kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *sched, const kp_tok_vocab *v,
+                        const kp_model *m, kp_error *err);
+
+/* The port actually bound. */
+uint16_t kp_server_port(const kp_server *s);
+
+/* Stops accepting, ends every connection, frees. NULL is a no-op. The
+ * scheduler is not freed. */
+void kp_server_free(kp_server *s);
+
+#endif
