@@ -150,6 +150,8 @@ int cmd_info(int argc, char **argv) {
     int rc = 0;
     if (kp_model_from_gguf(&m, g, &err) != KP_OK) { /* takes g */
         printf("compute:       not runnable by kvpin: %s\n", err.msg);
+        fflush(stdout);
+        fprintf(stderr, "kvpin info: %s\n", err.msg);
         return 1;
     }
     const kp_hparams *hp = &m->hp;

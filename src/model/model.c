@@ -178,6 +178,18 @@ kp_status kp_model_from_gguf(kp_model **out, gguf *g, kp_error *err) {
         goto fail;
     }
     hp->n_vocab = (uint32_t)te->ne[1];
+    /* The vocabulary sizes every logits and sampler buffer; a file whose
+     * token list disagrees with the embedding's rows would have the output
+     * matrix write past them (or sample rows no token names). */
+    const kp_gguf_value *toks = NULL;
+    if ((st = kp_gguf_get_arr(g, "tokenizer.ggml.tokens", KP_GGUF_TYPE_STRING, &toks, err)) != KP_OK) goto fail;
+    if (toks && toks->v.arr.n != hp->n_vocab) {
+        st = kp_fail(err, KP_EFORMAT,
+                     "%s: the vocabulary has %llu tokens (tokenizer.ggml.tokens) but token_embd.weight has %u "
+                     "rows; the two must match",
+                     kp_gguf_path(g), (unsigned long long)toks->v.arr.n, hp->n_vocab);
+        goto fail;
+    }
     int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim;
     int64_t KV = (int64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
     if ((st = get_weight(m, "token_embd.weight", E, hp->n_vocab, false, &m->tok_embd, err))) goto fail;

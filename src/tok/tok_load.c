@@ -174,6 +174,15 @@ static kp_status load_tokens(kp_tok_vocab *v, const gguf *g, kp_error *err) {
     if ((st = get_num_arr(g, "tokenizer.ggml.scores", true, n, &scores, err)) != KP_OK) return st;
     if ((st = get_num_arr(g, "tokenizer.ggml.token_type", false, n, &types, err)) != KP_OK) return st;
 
+    /* A model file's embedding has one row per token (a vocabulary-only
+     * file has no tensors): refuse a token list that disagrees with it. */
+    const kp_gguf_tensor *te = kp_gguf_find_tensor(g, "token_embd.weight");
+    if (te && te->n_dims == 2 && (uint64_t)te->ne[1] != n)
+        return kp_fail(err, KP_EFORMAT,
+                       "%s: the vocabulary has %llu tokens (tokenizer.ggml.tokens) but token_embd.weight has "
+                       "%llu rows; the two must match",
+                       gname(g), (unsigned long long)n, (unsigned long long)te->ne[1]);
+
     v->n_vocab = (int32_t)n;
     size_t arena = 0;
     for (uint64_t i = 0; i < n; i++) {

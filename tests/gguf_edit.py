@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""gguf_edit.py - makes hostile copies of a GGUF model file for the tests.
+
+Reads a GGUF v2/v3 file with the standard library only, changes metadata
+arrays, and writes a copy whose tensor table and tensor data are byte for
+byte the original's (the data section is re-aligned after the new metadata).
+
+  gguf_edit.py IN OUT --resize KEY N [--resize KEY N ...]
+
+--resize cuts the array KEY to its first N entries, or extends it to N
+entries (strings "[EXTRA i]", numbers 0 for scores, 1 (normal) for token
+types, or the last element repeated for other numeric arrays).
+
+Format (little-endian), as the GGUF specification gives it:
+  u32 magic "GGUF" | u32 version | u64 n_tensors | u64 n_kv
+  n_kv x (string key | u32 type | value)      string = u64 len + bytes
+  n_tensors x (string name | u32 n_dims | u64 ne[n_dims] | u32 type | u64 offset)
+  padding to general.alignment (default 32) | tensor data
+"""
+import struct
+import sys
+
+SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+T_STRING, T_ARRAY = 8, 9
+
+
+class Reader:
+    def __init__(self, data):
+        self.d, self.o = data, 0
+
+    def take(self, fmt):
+        v = struct.unpack_from("<" + fmt, self.d, self.o)
+        self.o += struct.calcsize("<" + fmt)
+        return v[0]
+
+    def string(self):
+        n = self.take("Q")
+        s = self.d[self.o:self.o + n]
+        self.o += n
+        return s
+
+    def value(self, t):
+        if t in SCALAR:
+            return self.take(SCALAR[t])
+        if t == T_STRING:
+            return self.string()
+        if t == T_ARRAY:
+            et, n = self.take("I"), self.take("Q")
+            return (et, [self.value(et) for _ in range(n)])
+        raise ValueError("unknown GGUF value type %d" % t)
+
+
+def put_string(out, s):
+    out += struct.pack("<Q", len(s)) + s
+
+
+def put_value(out, t, v):
+    if t in SCALAR:
+        out += struct.pack("<" + SCALAR[t], v)
+    elif t == T_STRING:
+        put_string(out, v)
+    else:
+        et, items = v
+        out += struct.pack("<IQ", et, len(items))
+        for x in items:
+            put_value(out, et, x)
+
+
+def edit(src, dst, resize):
+    data = open(src, "rb").read()
+    r = Reader(data)
+    if data[:4] != b"GGUF":
+        raise SystemExit("%s: not a GGUF file" % src)
+    r.o = 4
+    version, n_tensors, n_kv = r.take("I"), r.take("Q"), r.take("Q")
+    kvs = []
+    for _ in range(n_kv):
+        k = r.string()
+        t = r.take("I")
+        kvs.append([k, t, r.value(t)])
+    tensors_start = r.o
+    for _ in range(n_tensors):
+        r.string()
+        nd = r.take("I")
+        r.o += 8 * nd + 4 + 8
+    tensors_end = r.o
+    align = 32
+    for k, t, v in kvs:
+        if k == b"general.alignment":
+            align = v
+    data_start = (tensors_end + align - 1) // align * align
+    for key, n in resize:
+        for kv in kvs:
+            if kv[0] == key.encode():
+                et, items = kv[2]
+                if n <= len(items):
+                    items = items[:n]
+                else:
+                    for i in range(len(items), n):
+                        if et == T_STRING:
+                            items.append(b"[EXTRA %d]" % i)
+                        elif key.endswith("token_type"):
+                            items.append(1)
+                        elif key.endswith("scores"):
+                            items.append(0.0)
+                        else:
+                            items.append(items[-1])
+                kv[2] = (et, items)
+                break
+        else:
+            raise SystemExit("%s: no array %s" % (src, key))
+    out = bytearray(b"GGUF")
+    out += struct.pack("<IQQ", version, n_tensors, n_kv)
+    for k, t, v in kvs:
+        put_string(out, k)
+        out += struct.pack("<I", t)
+        put_value(out, t, v)
+    out += data[tensors_start:tensors_end]
+    out += b"\0" * ((align - len(out) % align) % align)
+    out += data[data_start:]
+    open(dst, "wb").write(out)
+
+
+def main(argv):
+    if len(argv) < 3 or "--resize" not in argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    src, dst, rest = argv[0], argv[1], argv[2:]
+    resize = []
+    while rest:
+        if rest[0] != "--resize" or len(rest) < 3:
+            print("gguf_edit.py: expected --resize KEY N", file=sys.stderr)
+            return 2
+        resize.append((rest[1], int(rest[2])))
+        rest = rest[3:]
+    edit(src, dst, resize)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
