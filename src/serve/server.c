@@ -43,6 +43,7 @@
 #include <time.h>
 
 #include "base/buf.h"
+#include "base/unicode.h"
 #include "serve/oai.h"
 
 #define N_STATUS 12
@@ -209,7 +210,10 @@ static bool request_tokens(kp_server *s, const json_t *prompt, const json_t *mes
         kp_error err = {0};
         kp_status st = kp_chat_render(s->cfg.chat, messages, tools, &o, &text, &len, &err);
         if (st != KP_OK) { /* the renderer's messages start with the field at fault */
-            status_error(st, &err, !strncmp(err.msg, "tools", 5) ? "tools" : "messages", e);
+            const char *field = !strncmp(err.msg, "tools", 5) ? "tools" : "messages";
+            if (st == KP_ERANGE) /* nesting too deep: a bad request, not a long prompt */
+                return kp_oai_fail(e, 400, "invalid_request_error", NULL, field, "%s", err.msg);
+            status_error(st, &err, field, e);
             return false;
         }
         bool ok = tokenize_prompt(s, text, len, ids, n, e);
@@ -709,25 +713,29 @@ static enum MHD_Result detokenize(kp_server *s, struct MHD_Connection *c, conn *
         status_error(st, &err, "tokens", &e);
         return reply_error(s, c, &e);
     }
-    /* bytes that are not valid UTF-8 (a split character) become U+FFFD */
+    /* bytes that are not valid UTF-8 (a split character, a stray byte
+     * token) become U+FFFD, one per maximal invalid subpart */
     json_t *content = json_stringn(text, len);
     if (!content) {
-        kp_tok_stream *ts = NULL;
-        if (kp_tok_stream_new(&ts, s->v, true, &err) == KP_OK) {
-            size_t k = 0;
-            char *clean = malloc(len * 3 + 4);
-            for (size_t i = 0; clean && i < json_array_size(t); i++) {
-                const char *b;
-                size_t nb;
-                if (kp_tok_stream_push(ts, (int32_t)json_integer_value(json_array_get(t, i)), &b, &nb, &err) == KP_OK &&
-                    k + nb <= len * 3) {
-                    memcpy(clean + k, b, nb);
-                    k += nb;
-                }
+        char *clean = malloc(len * 3 + 1); /* each byte at most one U+FFFD */
+        size_t k = 0;
+        for (size_t i = 0; clean && i < len;) {
+            int step = kp_unicode_utf8_next((const uint8_t *)text + i, len - i);
+            if (step > 0) {
+                memcpy(clean + k, text + i, (size_t)step);
+                k += (size_t)step;
+                i += (size_t)step;
+                continue;
             }
-            content = clean ? json_stringn(clean, k) : NULL;
-            free(clean);
-            kp_tok_stream_free(ts);
+            memcpy(clean + k, "\xEF\xBF\xBD", 3);
+            k += 3;
+            i = step < 0 ? i + (size_t)-step : len; /* 0: an incomplete character ends the text */
+        }
+        content = clean ? json_stringn(clean, k) : NULL;
+        free(clean);
+        if (!content) {
+            free(text);
+            return fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
         }
     }
     free(text);
