@@ -4,7 +4,7 @@
 #   make test       every test, built with AddressSanitizer + UBSan (build/asan/)
 #   make asan       the sanitizer build of kvpin and the tests, without running them
 #   make check      the layering of src/ (floors, no include upward, no circle)
-#   make fuzz       libFuzzer on the GGUF reader for FUZZ_SECONDS (default 60)
+#   make fuzz       every libFuzzer target for FUZZ_SECONDS each (default 60)
 #   make bench      benchmark tables (see README)
 #   make deps       install the Debian packages the build needs (apt-get)
 #   make clean
@@ -30,6 +30,7 @@ LDLIBS  := $(PKG_LIBS) -lm -pthread
 
 SRC     := $(wildcard src/*/*.c)
 TESTS   := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
+FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
 
 CLI     := $(wildcard cli/*.c)
 REL_OBJ  := $(patsubst src/%.c,build/rel/%.o,$(SRC))
@@ -65,10 +66,16 @@ build/asan/kvpin: build/asan/libkvpin.a $(ASAN_CLI)
 build/asan/test_%: tests/test_%.c tests/harness.h build/asan/libkvpin.a
 	$(CC) $(CFLAGS_ASAN) -o $@ $< build/asan/libkvpin.a $(LDLIBS)
 
+# Allocation failure injection: the test's own malloc & co. stand in for
+# libc's in every call kvpin's objects make (tests/test_alloc_fail.c).
+WRAP_ALLOC := -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=free,--wrap=aligned_alloc,--wrap=strdup
+build/asan/test_alloc_fail: tests/test_alloc_fail.c tests/harness.h build/asan/libkvpin.a
+	$(CC) $(CFLAGS_ASAN) -o $@ $< build/asan/libkvpin.a $(LDLIBS) $(WRAP_ALLOC)
+
 build/rel build/asan build/fuzz:
 	mkdir -p $@
 
-asan: build/asan/kvpin $(addprefix build/asan/,$(TESTS))
+asan: build/asan/kvpin $(addprefix build/asan/,$(TESTS)) $(addprefix build/asan/fuzz_,$(FUZZ_TARGETS))
 
 # The floors of src/ (tools/check_floors.py): no include runs up a floor,
 # no circle. Prints the include graph.
@@ -80,14 +87,43 @@ test: check asan
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  sh tests/run_all.sh build/asan $(TESTS)
 
+# ---- fuzzing (fuzz/README.md): libFuzzer targets fuzz/fuzz_NAME.c ----
+# make fuzz                        every target for FUZZ_SECONDS each
+# make fuzz FUZZ_TARGET=model      one target
+# Corpora grow under build/fuzz/corpus-NAME; a crash is written to
+# fuzz/regress-NAME/ (commit it with the fix: make test replays it).
+FUZZ_TARGET  ?= $(FUZZ_TARGETS)
 FUZZ_SECONDS ?= 60
-build/fuzz/fuzz_gguf: fuzz/fuzz_gguf.c $(SRC) $(wildcard src/*.h) | build/fuzz
-	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Isrc \
-	  -o $@ fuzz/fuzz_gguf.c src/gguf/gguf.c src/gguf/dtype.c src/base/status.c
-fuzz: build/fuzz/fuzz_gguf
-	mkdir -p build/fuzz/corpus
-	build/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -dict=fuzz/gguf.dict \
-	  build/fuzz/corpus fuzz/seeds
+FUZZ_MAXLEN_gguf  := 65536
+FUZZ_MAXLEN_model := 262144
+FUZZ_MAXLEN_tok   := 4096
+FUZZ_MAXLEN_oai   := 16384
+FUZZ_MAXLEN_http  := 8192
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -Isrc -g -O1 -fsanitize=fuzzer,address,undefined \
+	      -fno-sanitize-recover=all $(PKG_CFLAGS) -pthread
+FUZZ_OBJ := $(patsubst src/%.c,build/fuzz/obj/%.o,$(SRC))
+build/fuzz/obj/%.o: src/%.c | build/fuzz
+	@mkdir -p $(dir $@)
+	clang $(subst -fsanitize=fuzzer,-fsanitize=fuzzer-no-link,$(FUZZ_FLAGS)) -MMD -MP -c -o $@ $<
+build/fuzz/libkvpin.a: $(FUZZ_OBJ)
+	rm -f $@ && ar rcs $@ $^
+build/fuzz/fuzz_%: fuzz/fuzz_%.c build/fuzz/libkvpin.a
+	clang $(FUZZ_FLAGS) -o $@ $< build/fuzz/libkvpin.a $(LDLIBS)
+fuzz: $(addprefix build/fuzz/fuzz_,$(FUZZ_TARGET))
+	@for t in $(FUZZ_TARGET); do \
+	  mkdir -p build/fuzz/corpus-$$t fuzz/regress-$$t; \
+	  dict=""; [ -f fuzz/$$t.dict ] && dict="-dict=fuzz/$$t.dict"; \
+	  echo "fuzz_$$t: $(FUZZ_SECONDS) s"; \
+	  build/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=$(FUZZ_MAXLEN_$$t) $$dict \
+	    -print_final_stats=1 -artifact_prefix=fuzz/regress-$$t/ build/fuzz/corpus-$$t fuzz/seeds-$$t \
+	    2>build/fuzz/$$t.log || { tail -40 build/fuzz/$$t.log; exit 1; }; \
+	  grep -E "^stat::(number_of_executed_units|peak_rss)" build/fuzz/$$t.log; \
+	done
+
+# The same targets without libFuzzer (fuzz/standalone.c), for make test:
+# every seed and saved crash replayed under ASan and UBSan.
+build/asan/fuzz_%: fuzz/fuzz_%.c fuzz/standalone.c build/asan/libkvpin.a
+	$(CC) $(CFLAGS_ASAN) -o $@ $< fuzz/standalone.c build/asan/libkvpin.a $(LDLIBS)
 
 build/rel/bench_%: tools/bench_%.c build/rel/libkvpin.a
 	$(CC) $(CFLAGS_RELEASE) -o $@ $< build/rel/libkvpin.a $(LDLIBS)
