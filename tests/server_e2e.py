@@ -9,7 +9,8 @@ Expected values come from outside the server's own answer:
   - the divergence byte of a timestamp edit from the two prompt texts;
   - each of 16 concurrent greedy streams from the same request run alone;
   - no leaked KV blocks: after the load, the blocks in use are exactly the
-    blocks the prefix index holds, and no sequence holds a lease.
+    blocks the prefix index holds, and no sequence holds a lease;
+  - API keys by their documented precedence; -np as --parallel.
 """
 import http.client
 import json
@@ -40,18 +41,29 @@ def ok(cond, what):
     return cond
 
 
+def server_env(env):
+    """The environment of a server: ours without KVPIN_API_KEY, plus env."""
+    e = dict(os.environ)
+    e.pop("KVPIN_API_KEY", None)
+    e.update(env or {})
+    return e
+
+
 class Server:
-    def __init__(self, *args):
+    def __init__(self, *args, quiet=True, env=None):
         self.log = tempfile.NamedTemporaryFile(prefix="kvpin-serve-", suffix=".log", delete=False)
-        cmd = [KVPIN, "serve", "-m", MODEL, "--port", "0", "-t", "1", "--quiet"] + list(args)
-        self.p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log)
+        cmd = [KVPIN, "serve", "-m", MODEL, "--port", "0", "-t", "1"] + (["--quiet"] if quiet else []) + list(args)
+        self.p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, env=server_env(env))
         self.port = None
         deadline = time.time() + 30
         while time.time() < deadline and self.port is None:
             with open(self.log.name, "rb") as f:
-                m = re.search(rb"listening on http://[0-9.]+:(\d+)", f.read())
+                m = re.search(rb"listening on (http://(\[[0-9a-f:.%]+\]|[0-9.]+):(\d+)) ", f.read())
             if m:
-                self.port = int(m.group(1))
+                self.url = m.group(1).decode()
+                self.port = int(m.group(3))
+                self.host = m.group(2).decode().strip("[]")  # where to connect: loopback for "every address"
+                self.host = {"::": "::1", "0.0.0.0": "127.0.0.1"}.get(self.host, self.host)
             elif self.p.poll() is not None:
                 break
             else:
@@ -60,8 +72,11 @@ class Server:
             raise RuntimeError("server did not start: " + open(self.log.name, errors="replace").read())
         SERVERS.append(self)
 
-    def request(self, method, path, body=None, headers=None, timeout=60):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+    def log_text(self):
+        return open(self.log.name, errors="replace").read()
+
+    def request(self, method, path, body=None, headers=None, timeout=60, host=None):
+        c = http.client.HTTPConnection(host or self.host, self.port, timeout=timeout)
         if isinstance(body, (dict, list)):
             body = json.dumps(body).encode()
         elif isinstance(body, str):
@@ -337,6 +352,86 @@ def auth():
     srv.stop()
 
 
+def start_fails(args, env=None):
+    """kvpin serve ARGS that must refuse to start: (exit code, stderr)."""
+    p = subprocess.run([KVPIN, "serve", "-m", MODEL, "--port", "0", "-t", "1", "--quiet"] + args,
+                       env=server_env(env), capture_output=True, timeout=60)
+    return p.returncode, p.stderr.decode(errors="replace")
+
+
+def api_keys():
+    """--api-key, else --api-key-file (first line, trailing whitespace cut), else $KVPIN_API_KEY."""
+    d = tempfile.mkdtemp(prefix="kvpin-keys-")
+    kf, empty, missing = os.path.join(d, "key"), os.path.join(d, "empty"), os.path.join(d, "missing")
+    with open(kf, "w") as f:
+        f.write("filekey \t\r\nsecond line\n")
+    os.chmod(kf, 0o600)
+    with open(empty, "w") as f:
+        f.write("  \nkey on line two\n")
+
+    def works(srv):
+        """The keys among envkey, filekey, argkey, "second line" that the server takes."""
+        got = set()
+        for key in ("envkey", "filekey", "argkey", "second line"):
+            st, _, _ = srv.request("GET", "/v1/models", headers={"Authorization": "Bearer " + key})
+            if st == 200:
+                got.add(key)
+        st, _, _ = srv.request("GET", "/v1/models")
+        ok(st == 401, "no key: %d" % st)
+        return got
+
+    env = {"KVPIN_API_KEY": "envkey"}
+    srv = Server("--ctx", "256", env=env)
+    ok(works(srv) == {"envkey"}, "KVPIN_API_KEY alone is the key")
+    srv.stop()
+    srv = Server("--ctx", "256", "--api-key-file", kf, env=env)
+    ok(works(srv) == {"filekey"}, "--api-key-file wins over KVPIN_API_KEY, first line, whitespace trimmed")
+    srv.stop()
+    srv = Server("--ctx", "256", "--api-key=argkey", "--api-key-file=" + kf, env=env)
+    ok(works(srv) == {"argkey"}, "--api-key wins over both")
+    with open("/proc/%d/cmdline" % srv.p.pid, "rb") as f:
+        cmdline = f.read()
+    ok(b"argkey" not in cmdline and b"--api-key=" in cmdline, "the key is blanked from ps: %r" % cmdline)
+    srv.stop()
+    for what, args, e, want in [
+            ("an empty first line", ["--api-key-file", empty], None, "first line is empty"),
+            ("a missing file", ["--api-key-file", missing], None, "cannot read --api-key-file " + missing),
+            ("a directory", ["--api-key-file", d], None, d),
+            ("a missing file next to --api-key", ["--api-key", "k", "--api-key-file", missing], None, missing),
+            ("an empty --api-key", ["--api-key="], None, "--api-key must not be empty"),
+            ("an empty KVPIN_API_KEY", [], {"KVPIN_API_KEY": ""}, "KVPIN_API_KEY is set but empty")]:
+        rc, err = start_fails(args, e)
+        ok(rc == 2 and want in err and len(err.strip().split("\n")) == 1,
+           "%s: exit %d, expected 2 and one line with %r: %r" % (what, rc, want, err))
+    for f in (kf, empty):
+        os.unlink(f)
+    os.rmdir(d)
+
+
+def parallel_np():
+    """-np 2 is --parallel 2: of three long requests two run, one waits."""
+    srv = Server("-np", "2", "--ctx", "60000")
+    body = json.dumps({"prompt": "Once", "max_tokens": 100000, "ignore_eos": True, "stream": True}).encode()
+    socks = []
+    for _ in range(3):
+        s = socket.create_connection((srv.host, srv.port), timeout=20)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        socks.append(s)
+    deadline, j = time.time() + 10, {}
+    while time.time() < deadline:
+        st, j = srv.get("/health")
+        if j.get("running", 0) + j.get("queued", 0) == 3 and j.get("queued") < 3:  # all in, admitted
+            time.sleep(0.3)  # (more would run now if -np were not 2)
+            st, j = srv.get("/health")
+            break
+        time.sleep(0.05)
+    ok(j.get("running") == 2 and j.get("queued") == 1, "-np 2: %s" % j)
+    for s in socks:
+        s.close()
+    ok(wait_idle(srv), "the -np 2 requests ended")
+    srv.stop()
+
+
 def queue_full():
     srv = Server("--parallel", "1", "--queue", "1", "--ctx", "60000")
     socks = []
@@ -544,6 +639,8 @@ def main():
         no_leaks(srv, "at the end")
         srv.stop()
         auth()
+        api_keys()
+        parallel_np()
         queue_full()
         disconnects()
     finally:
