@@ -44,7 +44,7 @@ static const cli_opt shared[] = {
      CLI_PRESENCE_PENALTY},
     {"frequency-penalty", NULL, NULL, "P", "subtract P x its count from the logit of a seen token (0: off)",
      CLI_FREQUENCY_PENALTY},
-    {"host", NULL, NULL, "HOST", "address to listen on: an IPv4 address or a name",
+    {"host", NULL, NULL, "HOST", "address to listen on: IPv4, IPv6 (::1, [::1], :: for all) or a name",
      CLI_HOST},
     {"port", NULL, NULL, "PORT", "TCP port to listen on (0: any free port)", CLI_PORT},
     {"parallel", "np", NULL, "N", "sequences that run at once", CLI_PARALLEL},

@@ -61,7 +61,7 @@ static void serve_usage(FILE *f) {
             "--timeout 60. --port 0 picks a free port (the URL is printed on stderr). The chat template is\n"
             "recognised from the model's tokenizer.chat_template (chatml when the model has none).\n"
             "API key: --api-key, else --api-key-file, else $KVPIN_API_KEY; none of them: no key needed.\n"
-            "With a key, every request but GET /health needs it.\n");
+            "With a key, every request but GET /health needs it (401 before any other answer).\n");
 }
 
 /* The first line of path, trailing whitespace dropped, into a malloc'd
@@ -279,8 +279,7 @@ int cmd_serve(int argc, char **argv) {
             (unsigned long long)per, hp->n_layer, hp->n_head_kv, hp->head_dim, kp_dtype_row_size(kv_type, 1),
             cli_bytes(budget, b2, sizeof b2), (unsigned long long)(budget / per), n_ctx, (long long)parallel,
             no_cache ? "off" : "on");
-    fprintf(stderr, "kvpin serve: listening on http://%s:%u (OpenAI API at /v1)\n", host,
-            (unsigned)kp_server_port(srv));
+    fprintf(stderr, "kvpin serve: listening on %s (OpenAI API at /v1)\n", kp_server_url(srv));
     int sig = 0;
     sigwait(&set, &sig);
     fprintf(stderr, "kvpin serve: %s, shutting down\n", sig == SIGINT ? "interrupted" : "terminated");

@@ -10,7 +10,9 @@ Expected values come from outside the server's own answer:
   - each of 16 concurrent greedy streams from the same request run alone;
   - no leaked KV blocks: after the load, the blocks in use are exactly the
     blocks the prefix index holds, and no sequence holds a lease;
-  - API keys by their documented precedence; -np as --parallel.
+  - API keys by their documented precedence, RFC 7235's case-insensitive
+    scheme, 401 before 404/405/413; IPv6 on ::1 (skipped, with a message,
+    where the machine cannot bind ::1); -np as --parallel.
 """
 import http.client
 import json
@@ -349,6 +351,27 @@ def auth():
     ok(st == 200, "/health needs no key")
     st, j = srv.get("/metrics")
     ok(st == 401, "/metrics needs the key")
+    # RFC 7235: the scheme is case-insensitive, then one or more spaces
+    body = {"prompt": "a", "max_tokens": 1}
+    for value in ("bearer sekret", "BEARER sekret", "bEaReR sekret", "Bearer   sekret"):
+        st, _, _ = srv.post("/v1/completions", body, headers={"Authorization": value})
+        ok(st == 200, "Authorization: %r: %d" % (value, st))
+    for value in ("Basic sekret", "Bearersekret", "Bearer", "Bearer sekret2", "Bearer sekre", "sekret"):
+        st, _, _ = srv.post("/v1/completions", body, headers={"Authorization": value})
+        ok(st == 401, "Authorization: %r: %d, expected 401" % (value, st))
+    srv.stop()
+    # without the key, 401 comes before 404, 405 and 413 (the client learns nothing of routes or limits)
+    srv = Server("--api-key", "sekret", "--ctx", "256", "--max-body", "4K")
+    cases = [("unknown path", "GET", "/v2/everything", None, 404),
+             ("wrong method", "GET", "/v1/completions", None, 405),
+             ("unpin an unknown id", "DELETE", "/v1/cache/pin/pin-424242", None, 404),
+             ("body over --max-body", "POST", "/v1/completions", {"prompt": "x" * 8000}, 413)]
+    for what, method, path, body, status in cases:
+        st, h, data = srv.request(method, path, body)
+        ok(st == 401 and json.loads(data)["error"]["code"] == "invalid_api_key" and "Allow" not in h,
+           "%s without the key: %d %r, expected 401" % (what, st, data[:100]))
+        st, _, _ = srv.request(method, path, body, headers={"Authorization": "Bearer sekret"})
+        ok(st == status, "%s with the key: %d, expected %d" % (what, st, status))
     srv.stop()
 
 
@@ -430,6 +453,35 @@ def parallel_np():
         s.close()
     ok(wait_idle(srv), "the -np 2 requests ended")
     srv.stop()
+
+
+def ipv6():
+    """--host ::1, [::1], :: and a host name; the URL printed has the brackets."""
+    try:
+        probe = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        probe.bind(("::1", 0))
+        probe.close()
+    except OSError as e:
+        print("SKIP e2e_server: IPv6: this machine cannot bind ::1 (%s)" % e, flush=True)
+        return
+    for host in ("::1", "[::1]"):
+        srv = Server("--host", host, "--ctx", "256")
+        ok(srv.url == "http://[::1]:%d" % srv.port, "--host %s: listening on %s" % (host, srv.url))
+        st, _, j = srv.post("/v1/completions", {"prompt": "Once", "max_tokens": 2, "temperature": 0})
+        ok(st == 200 and j["usage"]["completion_tokens"] == 2, "--host %s: a completion over ::1: %d" % (host, st))
+        srv.stop()
+    srv = Server("--host", "::", "--ctx", "256")  # every address, IPv6 and IPv4
+    ok(srv.url == "http://[::]:%d" % srv.port, "--host ::: %s" % srv.url)
+    for h in ("::1", "127.0.0.1"):
+        st, j = srv.get("/health") if h == "::1" else (srv.request("GET", "/health", host=h)[0], None)
+        ok(st == 200, "--host ::, a client on %s: %s" % (h, st))
+    srv.stop()
+    srv = Server("--host", "localhost", "--ctx", "256")
+    ok(srv.url in ("http://127.0.0.1:%d" % srv.port, "http://[::1]:%d" % srv.port), "--host localhost: %s" % srv.url)
+    ok(srv.get("/health")[0] == 200, "--host localhost answers")
+    srv.stop()
+    rc, err = start_fails(["--host", "no.such.host.invalid"])
+    ok(rc == 1 and "cannot resolve --host no.such.host.invalid" in err, "an unknown host: %d %r" % (rc, err))
 
 
 def queue_full():
@@ -640,6 +692,7 @@ def main():
         srv.stop()
         auth()
         api_keys()
+        ipv6()
         parallel_np()
         queue_full()
         disconnects()

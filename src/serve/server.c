@@ -39,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -58,6 +59,7 @@ struct kp_server {
     uint32_t ctx; /* the engine's maximum sequence length */
     time_t started;
     atomic_uint_fast64_t next_id;
+    char url[96];                  /* http://ADDRESS:PORT of the listening socket */
     atomic_bool stopping; /* kp_server_free has begun: waits end, streams close */
     atomic_uint_fast64_t by_status[N_STATUS]; /* last: other */
 };
@@ -1056,11 +1058,14 @@ static enum MHD_Result metrics(kp_server *s, struct MHD_Connection *c) {
 
 /* ---- routing ---------------------------------------------------------------------------- */
 
+/* "Authorization: Bearer KEY" with the server's key; the scheme is
+ * case-insensitive and followed by one or more spaces (RFC 7235). */
 static bool authorized(kp_server *s, struct MHD_Connection *c) {
     if (!s->cfg.api_key) return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7)) return false;
-    const char *k = h + 7, *want = s->cfg.api_key;
+    if (!h || strncasecmp(h, "Bearer", 6) || h[6] != ' ') return false;
+    const char *k = h + 6, *want = s->cfg.api_key;
+    while (*k == ' ') k++;
     size_t lk = strlen(k), lw = strlen(want);
     unsigned diff = lk != lw; /* compare in time independent of where they differ */
     for (size_t i = 0; i < lw; i++) diff |= (unsigned)(want[i] ^ (i < lk ? k[i] : 0));
@@ -1070,6 +1075,10 @@ static bool authorized(kp_server *s, struct MHD_Connection *c) {
 typedef enum { R_NONE, R_GET, R_POST, R_DELETE } route_method;
 
 static enum MHD_Result route(kp_server *s, struct MHD_Connection *c, const char *url, const char *method, conn *cn) {
+    /* the key before anything else: without it a client learns nothing of routes or limits */
+    if (strcmp(url, "/health") && strcmp(url, "/v1/health") && !authorized(s, c))
+        return fail(s, c, 401, "invalid_request_error", "invalid_api_key", NULL,
+                    "missing or wrong API key: send the header \"Authorization: Bearer <key>\"");
     if (cn->too_big)
         return fail(s, c, 413, "invalid_request_error", "body_too_large", NULL,
                     "the request body is larger than the limit of %zu bytes", s->cfg.max_body);
@@ -1113,9 +1122,6 @@ static enum MHD_Result route(kp_server *s, struct MHD_Connection *c, const char 
         free(t);
         return r;
     }
-    if (strcmp(url, "/health") && strcmp(url, "/v1/health") && !authorized(s, c))
-        return fail(s, c, 401, "invalid_request_error", "invalid_api_key", NULL,
-                    "missing or wrong API key: send the header \"Authorization: Bearer <key>\"");
     if (!strcmp(url, "/health") || !strcmp(url, "/v1/health")) {
         kp_sched_stats st;
         kp_sched_stats_get(s->sched, &st);
@@ -1217,36 +1223,74 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     s->started = time(NULL);
     s->ctx = kp_eng_max_pos(kp_sched_lock(sched, NULL));
     kp_sched_unlock(sched);
+    /* the address: an IPv4 or IPv6 literal ("[::1]" too) or a name; the
+     * first of getaddrinfo's answers that can be bound */
+    char host[256];
+    size_t hl = strlen(s->cfg.host);
+    if (hl >= 2 && s->cfg.host[0] == '[' && s->cfg.host[hl - 1] == ']')
+        snprintf(host, sizeof host, "%.*s", (int)(hl - 2), s->cfg.host + 1);
+    else
+        snprintf(host, sizeof host, "%s", s->cfg.host);
     struct addrinfo hints = {0}, *ai = NULL;
-    hints.ai_family = AF_INET;
+    hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
-    int gai = getaddrinfo(s->cfg.host, NULL, &hints, &ai);
+    int gai = getaddrinfo(host, NULL, &hints, &ai);
     if (gai != 0 || !ai) {
         free(s);
         return kp_fail(err, KP_EIO, "cannot resolve --host %s: %s", cfg->host, gai_strerror(gai));
     }
-    struct sockaddr_in addr;
-    memcpy(&addr, ai->ai_addr, sizeof addr);
+    bool v6_seen = false;
+    for (const struct addrinfo *a = ai; a && !s->d; a = a->ai_next) {
+        struct sockaddr_storage addr;
+        unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+        if (a->ai_family == AF_INET) {
+            memcpy(&addr, a->ai_addr, sizeof(struct sockaddr_in));
+            ((struct sockaddr_in *)&addr)->sin_port = htons(s->cfg.port);
+        } else if (a->ai_family == AF_INET6) {
+            v6_seen = true;
+            if (MHD_is_feature_supported(MHD_FEATURE_IPv6) != MHD_YES) continue;
+            struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&addr;
+            memcpy(a6, a->ai_addr, sizeof *a6);
+            a6->sin6_port = htons(s->cfg.port);
+            /* "::" takes IPv4 clients too, as 0.0.0.0 plus :: would */
+            flags |= IN6_IS_ADDR_UNSPECIFIED(&a6->sin6_addr) ? MHD_USE_DUAL_STACK : MHD_USE_IPv6;
+        } else {
+            continue;
+        }
+        s->d = MHD_start_daemon(flags, s->cfg.port, NULL, NULL, access_cb, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                                MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED,
+                                completed_cb, s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.timeout_s,
+                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+                                MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_END);
+        if (!s->d) continue;
+        const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+        s->port = di ? di->port : s->cfg.port;
+        /* the URL of what was bound: numeric, IPv6 in brackets, a zone's % as %25 */
+        char num[INET6_ADDRSTRLEN + 32] = "?";
+        getnameinfo(a->ai_addr, a->ai_addrlen, num, sizeof num, NULL, 0, NI_NUMERICHOST);
+        char *pct = strchr(num, '%');
+        if (a->ai_family == AF_INET6 && pct)
+            snprintf(s->url, sizeof s->url, "http://[%.*s%%25%s]:%u", (int)(pct - num), num, pct + 1,
+                     (unsigned)s->port);
+        else
+            snprintf(s->url, sizeof s->url, a->ai_family == AF_INET6 ? "http://[%s]:%u" : "http://%s:%u", num,
+                     (unsigned)s->port);
+    }
     freeaddrinfo(ai);
-    addr.sin_port = htons(s->cfg.port);
-    s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
-                            s->cfg.port, NULL, NULL, access_cb, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                            MHD_OPTION_NOTIFY_COMPLETED, completed_cb, s, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)s->cfg.timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_END);
     if (!s->d) {
         free(s);
-        return kp_fail(err, KP_EIO, "cannot listen on %s:%u (in use, or not an address of this machine)",
+        if (v6_seen && MHD_is_feature_supported(MHD_FEATURE_IPv6) != MHD_YES)
+            return kp_fail(err, KP_EIO, "cannot listen on %s: this libmicrohttpd has no IPv6", cfg->host);
+        return kp_fail(err, KP_EIO, "cannot listen on %s port %u (in use, or not an address of this machine)",
                        cfg->host ? cfg->host : "127.0.0.1", (unsigned)cfg->port);
     }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? di->port : s->cfg.port;
     *out = s;
     return KP_OK;
 }
 
 uint16_t kp_server_port(const kp_server *s) { return s->port; }
+
+const char *kp_server_url(const kp_server *s) { return s->url; }
 
 void kp_server_free(kp_server *s) {
     if (!s) return;
