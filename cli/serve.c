@@ -52,7 +52,7 @@ static void serve_usage(FILE *f) {
             "usage: kvpin serve [options]\n"
             "An OpenAI-compatible HTTP server (POST /v1/completions, /v1/chat/completions, GET /v1/models,\n"
             "/health, /metrics, /v1/cache, POST /v1/cache/probe, /v1/cache/pin, DELETE /v1/cache/pin/ID,\n"
-            "POST /tokenize, /detokenize). stderr gets a line per completion unless --quiet.\n");
+            "POST /tokenize, /detokenize). stderr gets one line per request (see README.md) unless --quiet.\n");
     cli_print_options(f, serve_tab);
     fprintf(f,
             "Defaults: the bundled model, --host 127.0.0.1, --port 8080, -np 4, -c min(training context,\n"

@@ -10,6 +10,8 @@ Expected values come from outside the server's own answer:
   - each of 16 concurrent greedy streams from the same request run alone;
   - no leaked KV blocks: after the load, the blocks in use are exactly the
     blocks the prefix index holds, and no sequence holds a lease;
+  - the request log: one line per request whose status, id, tokens and
+    cause are what the client received (response, x-request-id header);
   - API keys by their documented precedence, RFC 7235's case-insensitive
     scheme, 401 before 404/405/413; IPv6 on ::1 (skipped, with a message,
     where the machine cannot bind ::1); -np as --parallel.
@@ -455,6 +457,134 @@ def parallel_np():
     srv.stop()
 
 
+LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z ((?:[a-z_]+=\S+ ?)+)$")
+LOG_KEYS = ["id", "client", "method", "path", "status", "error", "prompt", "cached", "computed", "cause",
+            "completion", "finish", "ttft_ms", "total_ms"]
+
+
+def log_lines(srv, n, seconds=10):
+    """The request lines of srv's log (dicts, plus "time"), once there are n of them."""
+    deadline = time.time() + seconds
+    while True:
+        lines = [l for l in srv.log_text().split("\n") if l and not l.startswith("kvpin serve:")]
+        if len(lines) >= n or time.time() > deadline:
+            break
+        time.sleep(0.05)
+    out = []
+    for l in lines:
+        m = LOG_LINE.match(l)
+        if not ok(m is not None, "not a log line: %r" % l):
+            continue
+        kv = dict(f.split("=", 1) for f in m.group(2).split(" "))
+        ok(list(kv) == LOG_KEYS, "log keys %s" % list(kv))
+        kv["time"] = m.group(1)
+        out.append(kv)
+    return out
+
+
+def request_log():
+    """One line per request (errors too) with the status, id, tokens and cause the client saw; the id is
+    the x-request-id header of every response, the client's own when sane."""
+    import datetime
+    t_start = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    srv = Server("--ctx", "60000", "-np", "1", "--api-key", "k", "--max-body", "4K", quiet=False)
+    A = {"Authorization": "Bearer k"}
+    want = []  # (x-request-id seen, {field: expected})
+
+    def gen_fields(j, finish):
+        u, c = j["usage"], j["kvpin_cache"]
+        return {"prompt": str(u["prompt_tokens"]), "cached": str(u["prompt_tokens_details"]["cached_tokens"]),
+                "computed": str(c["computed_tokens"]), "cause": c["cause"], "completion": str(u["completion_tokens"]),
+                "finish": finish}
+
+    body = {"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0}
+    for rid in ("client-id-1", "client-id-2"):  # the second is a hit
+        st, h, j = srv.post("/v1/completions", body, headers=dict(A, **{"X-Request-Id": rid}))
+        ok(st == 200 and h.get("x-request-id") == rid, "the client's x-request-id echoed: %r" % h.get("x-request-id"))
+        want.append((h.get("x-request-id"), dict(gen_fields(j, j["choices"][0]["finish_reason"]), status="200",
+                                                 error="-", method="POST", path="/v1/completions")))
+    ok(want[1][1]["cause"] == "hit", "the second request hits the cache: %s" % want[1][1])
+    # insane ids are replaced by the server's own, unique per request
+    for bad in ("x" * 65, "has space", "tab\there"):
+        st, h, _ = srv.request("GET", "/v1/models", headers=dict(A, **{"X-Request-Id": bad}))
+        rid = h.get("x-request-id", "")
+        ok(st == 200 and rid and rid != bad and re.match(r"^[\x21-\x7e]{1,64}$", rid), "insane id %r -> %r" % (bad, rid))
+        want.append((rid, {"status": "200", "error": "-", "method": "GET", "path": "/v1/models", "prompt": "-",
+                           "cause": "-", "finish": "-"}))
+    # a stream: the header on the stream's response, the usage of its last chunk in the line
+    c = http.client.HTTPConnection(srv.host, srv.port, timeout=60)
+    c.request("POST", "/v1/chat/completions", body=json.dumps(
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0, "stream": True,
+         "stream_options": {"include_usage": True}}), headers=A)
+    r = c.getresponse()
+    rid = r.getheader("x-request-id")
+    events = [json.loads(e[6:]) for e in r.read().split(b"\n\n") if e.startswith(b"data: {")]
+    c.close()
+    last = [e for e in events if e.get("usage")]
+    finish = [e["choices"][0]["finish_reason"] for e in events if e["choices"] and e["choices"][0]["finish_reason"]]
+    ok(r.status == 200 and rid and len(last) == 1 and len(finish) == 1, "stream: %s %r" % (r.status, rid))
+    if last and finish:
+        want.append((rid, dict(gen_fields(last[0], finish[0]), status="200", error="-",
+                               path="/v1/chat/completions")))
+    # errors: each with its status and code
+    for what, method, path, b, headers, status, code in [
+            ("no key", "GET", "/v2/x", None, {}, "401", "invalid_api_key"),
+            ("unknown path", "GET", "/v2/x%20y", None, A, "404", "not_found"),
+            ("wrong method", "GET", "/v1/completions", None, A, "405", "method_not_allowed"),
+            ("bad JSON", "POST", "/v1/completions", b"{", A, "400", "-"),
+            ("too long", "POST", "/v1/completions", {"prompt": "x" * 5000}, A, "413", "body_too_large"),
+            ("unknown field", "POST", "/v1/completions", {"prompt": "a", "zz": 1}, A, "400", "-")]:
+        st, h, data = srv.request(method, path, b, headers=headers)
+        ok(str(st) == status and h.get("x-request-id"), "%s: %d %r" % (what, st, h.get("x-request-id")))
+        want.append((h.get("x-request-id"), {"status": status, "error": code, "method": method, "path": path,
+                                              "prompt": "-"}))
+    # a client that leaves before its answer: 499
+    st, h, j = srv.post("/tokenize", {"content": "Once", "add_special": True}, headers=A)
+    want.append((h.get("x-request-id"), {"status": "200", "path": "/tokenize"}))
+    s = socket.create_connection((srv.host, srv.port), timeout=20)
+    lb = json.dumps({"prompt": "Once", "max_tokens": 100000, "ignore_eos": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nX-Request-Id: gone-1\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(lb) + lb)
+    time.sleep(0.5)
+    s.close()
+    want.append(("gone-1", {"status": "499", "error": "client_left", "finish": "client_left",
+                            "prompt": str(len(j["tokens"]))}))
+    ok(wait_idle(srv), "the request of the client that left ended")
+    t_end = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    lines = log_lines(srv, len(want) + 1)  # wait_idle's /health requests are logged too
+    by_id = {}
+    for kv in lines:
+        by_id.setdefault(kv["id"], []).append(kv)
+    n_health = sum(1 for kv in lines if kv["path"] == "/health")
+    ok(len(lines) == len(want) + n_health and n_health >= 1,
+       "%d log lines for %d requests and %d /health" % (len(lines), len(want), n_health))
+    for rid, fields in want:
+        got = by_id.get(rid, [])
+        if not ok(len(got) == 1, "request %r: %d log lines" % (rid, len(got))):
+            continue
+        kv = got[0]
+        for k, v in fields.items():
+            ok(kv[k] == v, "request %r: %s=%s, expected %s" % (rid, k, kv[k], v))
+        t = datetime.datetime.strptime(kv["time"], "%Y-%m-%dT%H:%M:%S.%f")
+        ok(t_start - datetime.timedelta(seconds=1) <= t <= t_end + datetime.timedelta(seconds=1),
+           "request %r: time %s outside %s .. %s" % (rid, kv["time"], t_start, t_end))
+        ok(re.match(r"^127\.0\.0\.1:\d+$", kv["client"]) is not None, "client %s" % kv["client"])
+        ok(float(kv["total_ms"]) >= 0 and (kv["ttft_ms"] == "-" or float(kv["ttft_ms"]) <= float(kv["total_ms"])),
+           "request %r: ttft %s, total %s" % (rid, kv["ttft_ms"], kv["total_ms"]))
+        if fields.get("completion", "0") != "0" and fields["status"] == "200":
+            ok(kv["ttft_ms"] != "-", "request %r: no time to first token" % rid)
+    ok(len(set(kv["id"] for kv in lines)) == len(lines), "request ids are unique")
+    srv.stop()
+    # --quiet: no request lines at all
+    srv = Server("--ctx", "256")
+    srv.get("/health")
+    srv.post("/v1/completions", {"prompt": "a", "max_tokens": 1})
+    time.sleep(0.3)
+    ok(not [l for l in srv.log_text().split("\n") if l and not l.startswith("kvpin serve:")],
+       "--quiet logs no requests: %r" % srv.log_text()[-500:])
+    srv.stop()
+
+
 def ipv6():
     """--host ::1, [::1], :: and a host name; the URL printed has the brackets."""
     try:
@@ -465,10 +595,13 @@ def ipv6():
         print("SKIP e2e_server: IPv6: this machine cannot bind ::1 (%s)" % e, flush=True)
         return
     for host in ("::1", "[::1]"):
-        srv = Server("--host", host, "--ctx", "256")
+        srv = Server("--host", host, "--ctx", "256", quiet=False)
         ok(srv.url == "http://[::1]:%d" % srv.port, "--host %s: listening on %s" % (host, srv.url))
         st, _, j = srv.post("/v1/completions", {"prompt": "Once", "max_tokens": 2, "temperature": 0})
         ok(st == 200 and j["usage"]["completion_tokens"] == 2, "--host %s: a completion over ::1: %d" % (host, st))
+        lines = log_lines(srv, 1)
+        ok(len(lines) == 1 and re.match(r"^\[::1\]:\d+$", lines[0]["client"]) is not None,
+           "--host %s: the client in the log: %s" % (host, lines and lines[0]["client"]))
         srv.stop()
     srv = Server("--host", "::", "--ctx", "256")  # every address, IPv6 and IPv4
     ok(srv.url == "http://[::]:%d" % srv.port, "--host ::: %s" % srv.url)
@@ -692,6 +825,7 @@ def main():
         srv.stop()
         auth()
         api_keys()
+        request_log()
         ipv6()
         parallel_np()
         queue_full()

@@ -19,6 +19,13 @@
  * key), 404, 405, 413 (body too large), 503 (queue full, with Retry-After).
  * With an API key every path but /health and /v1/health needs it, and 401
  * comes before any other answer (404, 405, 413).
+ *
+ * Every response carries an x-request-id header: the client's own when it
+ * sent a sane one (1 to 64 visible ASCII characters), else one the server
+ * makes. Unless quiet, each request ends with one line on stderr (see
+ * README.md): time, id, client, method, path, status, error code, prompt /
+ * cached / computed tokens, cache cause, completion tokens, finish, time to
+ * first token, total time.
  */
 #ifndef KP_SERVER_H
 #define KP_SERVER_H
