@@ -38,7 +38,7 @@ ASAN_OBJ := $(patsubst src/%.c,build/asan/%.o,$(SRC))
 REL_CLI  := $(patsubst cli/%.c,build/rel/cli_%.o,$(CLI))
 ASAN_CLI := $(patsubst cli/%.c,build/asan/cli_%.o,$(CLI))
 
-.PHONY: all test asan check fuzz bench deps clean
+.PHONY: all test asan check fuzz bench deps clean FORCE
 all: kvpin
 
 kvpin: build/rel/libkvpin.a $(REL_CLI)
@@ -54,6 +54,20 @@ build/rel/cli_%.o: cli/%.c | build/rel
 	$(CC) $(CFLAGS_RELEASE) -c -o $@ $<
 build/asan/cli_%.o: cli/%.c | build/asan
 	$(CC) $(CFLAGS_ASAN) -c -o $@ $<
+
+# What `kvpin --version` reports: the commit (with -dirty), the compiler and
+# the flags, in a generated header that version.c gets with -include.
+# tools/buildinfo.sh runs on every make but rewrites the header only when its
+# text changes, so version.c is recompiled only then.
+build/rel/buildinfo.h: FORCE | build/rel
+	@sh tools/buildinfo.sh $@ '$(CC)' '$(filter-out -MMD -MP,$(CFLAGS_RELEASE))'
+build/asan/buildinfo.h: FORCE | build/asan
+	@sh tools/buildinfo.sh $@ '$(CC)' '$(filter-out -MMD -MP,$(CFLAGS_ASAN))'
+build/rel/cli_version.o: cli/version.c build/rel/buildinfo.h | build/rel
+	$(CC) $(CFLAGS_RELEASE) -include build/rel/buildinfo.h -c -o $@ $<
+build/asan/cli_version.o: cli/version.c build/asan/buildinfo.h | build/asan
+	$(CC) $(CFLAGS_ASAN) -include build/asan/buildinfo.h -c -o $@ $<
+FORCE:
 
 build/rel/libkvpin.a: $(REL_OBJ)
 	rm -f $@ && ar rcs $@ $^

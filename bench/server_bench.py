@@ -36,8 +36,9 @@ import time
 
 def start(kvpin, model, threads, *extra):
     log = tempfile.NamedTemporaryFile(prefix="kvpin-bench-", suffix=".log", delete=False)
+    env = {k: v for k, v in os.environ.items() if k != "KVPIN_API_KEY"}  # the requests send no key
     p = subprocess.Popen([kvpin, "serve", "-m", model, "-t", str(threads), "--port", "0", "--quiet"] + list(extra),
-                         stdout=subprocess.DEVNULL, stderr=log)
+                         stdout=subprocess.DEVNULL, stderr=log, env=env)
     deadline = time.time() + 60
     while time.time() < deadline:
         m = re.search(rb"listening on http://[0-9.]+:(\d+)", open(log.name, "rb").read())

@@ -59,40 +59,51 @@ static bool parse_depths(const char *s, int64_t *depths, int *n) {
     return true;
 }
 
+enum { O_N_PROMPT = CLI_OWN, O_N_GEN, O_N_DEPTH, O_REPS };
+
+/* llama-bench's spellings: -p/-n are token counts here, not a prompt */
+static const cli_opt bench_tab[] = {
+    CLI_USE(CLI_MODEL),
+    {"n-prompt", "p", NULL, "N", "prompt tokens of the pp test (0: skip it)", O_N_PROMPT},
+    {"n-gen", "n", NULL, "N", "generated tokens of the tg test (0: skip it)", O_N_GEN},
+    {"n-depth", "d", NULL, "D[,D...]", "cache depths to test at (repeatable)", O_N_DEPTH},
+    {"repetitions", "r", NULL, "N", "runs of each test", O_REPS},
+    CLI_USE(CLI_THREADS), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_JSON), CLI_USE(CLI_SCALAR), {0},
+};
+
+static void bench_usage(FILE *f) {
+    fprintf(f, "usage: kvpin bench [options]\n"
+               "Prompt processing (ppN) and generation (tgN) tokens/s at cache depths, like llama-bench:\n"
+               "median, min and max of -r runs; tg also shows the bandwidth it reaches.\n");
+    cli_print_options(f, bench_tab);
+    fprintf(f, "Defaults: -p 512, -n 128, -d 0, -r 5, --kv-type f16.\n");
+}
+
 int cmd_bench(int argc, char **argv) {
     cli_session_opts so = {0};
     so.kv_type = KP_DTYPE_F16;
     int64_t n_pp = 512, n_tg = 128, reps = 5, depths[MAX_DEPTHS];
     int n_depths = 0;
     bool json = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    cli_args a;
+    cli_args_init(&a, "bench", bench_tab, bench_usage, argc, argv);
+    for (int k; (k = cli_args_next(&a)) != CLI_END;) {
+        const char *v = a.val;
         int64_t t;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: kvpin bench [-m MODEL] [-p 512] [-n 128] [-d DEPTH[,DEPTH...]]... [-r 5]\n"
-                   "                   [-t N] [--kv-type f16|f32] [--json] [--scalar]\n"
-                   "-p 0 or -n 0 skips that test. --json prints one object per test.\n");
-            return 0;
-        }
-        if (!strcmp(a, "--json")) { json = true; continue; }
-        if (!strcmp(a, "--scalar")) { so.scalar = true; continue; }
-        if (!v) {
-            fprintf(stderr, "kvpin bench: unknown option or missing value: '%s'\n", a);
-            return 2;
-        }
-        i++;
-        if (!strcmp(a, "-m")) so.model_path = v;
-        else if (!strcmp(a, "-p")) { if (!cli_parse_i64(a, v, 0, 1 << 20, &n_pp)) return 2; }
-        else if (!strcmp(a, "-n")) { if (!cli_parse_i64(a, v, 0, 1 << 20, &n_tg)) return 2; }
-        else if (!strcmp(a, "-r")) { if (!cli_parse_i64(a, v, 1, 1000, &reps)) return 2; }
-        else if (!strcmp(a, "-t")) { if (!cli_parse_i64(a, v, 1, 1024, &t)) return 2; so.n_threads = (int)t; }
-        else if (!strcmp(a, "-d")) { if (!parse_depths(v, depths, &n_depths)) return 2; }
-        else if (!strcmp(a, "--kv-type")) { if (!cli_parse_kv_type(v, &so.kv_type)) return 2; }
-        else {
-            fprintf(stderr, "kvpin bench: unknown option '%s'\n", a);
-            return 2;
+        switch (k) {
+        case CLI_STOP: return a.rc;
+        case CLI_JSON: json = true; break;
+        case CLI_SCALAR: so.scalar = true; break;
+        case CLI_MODEL: so.model_path = v; break;
+        case O_N_PROMPT: if (!cli_parse_i64(a.opt, v, 0, 1 << 20, &n_pp)) return 2; break;
+        case O_N_GEN: if (!cli_parse_i64(a.opt, v, 0, 1 << 20, &n_tg)) return 2; break;
+        case O_REPS: if (!cli_parse_i64(a.opt, v, 1, 1000, &reps)) return 2; break;
+        case CLI_THREADS: if (!cli_args_int(&a, &t)) return 2; so.n_threads = (int)t; break;
+        case O_N_DEPTH: if (!parse_depths(v, depths, &n_depths)) return 2; break;
+        case CLI_KV_TYPE: if (!cli_parse_kv_type(v, &so.kv_type)) return 2; break;
         }
     }
+    if (!cli_args_no_operands(&a)) return 2;
     if (n_depths == 0) depths[n_depths++] = 0;
     int64_t max_depth = 0;
     for (int i = 0; i < n_depths; i++) max_depth = depths[i] > max_depth ? depths[i] : max_depth;

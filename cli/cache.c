@@ -181,36 +181,48 @@ static kp_status explain(const kp_tok_vocab *v, const turn *cur, const char *cac
 
 /* ---- kvpin run --prompt-cache ----------------------------------------- */
 
+enum { O_TURNS = CLI_OWN, O_PROMPT_CACHE, O_STOP };
+
+static const cli_opt cache_tab[] = {
+    {"prompt-cache", NULL, NULL, NULL, "this mode (implied by several -p/-f, --turns, --no-prefix-cache)",
+     O_PROMPT_CACHE},
+    CLI_USE(CLI_MODEL), CLI_USE(CLI_PROMPT), CLI_USE(CLI_FILE),
+    {"turns", NULL, NULL, "FILE", "the prompts, one JSON object per line: {\"prompt\": \"...\"}", O_TURNS},
+    CLI_USE(CLI_N_PREDICT), CLI_SAMPLING_OPTS, CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE),
+    CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_KV_BLOCK), CLI_USE(CLI_NO_PREFIX_CACHE), CLI_USE(CLI_NO_BOS),
+    CLI_USE(CLI_SPECIAL), CLI_USE(CLI_PRINT_TOKENS), CLI_USE(CLI_SCALAR),
+    /* run's option, refused here; listed so that a scan steps over its value */
+    {"stop", NULL, NULL, "STR", NULL, O_STOP},
+    {0},
+};
+
+static void cache_usage(FILE *f);
+
+/* Scans the arguments with run --prompt-cache's table (a superset of run's),
+ * so every spelling counts: -p X, -pX, --prompt=X, --file X, ... */
 bool cli_cache_wanted(int argc, char **argv) {
     int n_f = 0, n_p = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--prompt-cache") || !strcmp(argv[i], "--turns") ||
-            !strcmp(argv[i], "--no-prefix-cache"))
-            return true;
-        if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "-p")) {
-            if (!strcmp(argv[i], "-f")) n_f++;
-            else n_p++;
-            i++;
-        }
+    bool cache = false;
+    cli_args a;
+    cli_args_init(&a, "run", cache_tab, cache_usage, argc, argv);
+    a.quiet = true;
+    for (int k; (k = cli_args_next(&a)) != CLI_END;) {
+        n_f += k == CLI_FILE;
+        n_p += k == CLI_PROMPT;
+        cache |= k == O_PROMPT_CACHE || k == O_TURNS || k == CLI_NO_PREFIX_CACHE;
     }
-    return n_f > 1 || n_p > 1;
+    return cache || n_f > 1 || n_p > 1;
 }
 
 static void cache_usage(FILE *f) {
-    fprintf(f,
-            "usage: kvpin run --prompt-cache [-m MODEL] (-f FILE | -p TEXT)... | --turns FILE.jsonl\n"
-            "                 [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
-            "                 [--repeat-penalty R] [--repeat-last-n N] [--presence-penalty P]\n"
-            "                 [--frequency-penalty P] [-t N] [--ctx N] [--kv-type f16|f32]\n"
-            "                 [--kv-budget BYTES] [--kv-block N] [--no-prefix-cache] [--no-bos]\n"
-            "                 [--special] [--print-tokens] [--scalar]\n"
-            "Runs the prompts one after another through one engine: each turn reuses the K/V\n"
-            "of what earlier turns computed (prompt + answer) up to its first differing token.\n"
-            "--turns reads one JSON object per line: {\"prompt\": \"...\"}. Each turn's text goes\n"
-            "to stdout followed by a newline; per turn, stderr shows reused and computed\n"
-            "tokens, time to first token and where and why the prompt left the cache.\n"
-            "Defaults: greedy (--temp 0), -n 128, --kv-type f16, --kv-block 16, --ctx\n"
-            "min(training context, 4096), --kv-budget room for 2 x ctx positions.\n");
+    fprintf(f, "usage: kvpin run --prompt-cache [options] (-f FILE | -p TEXT)... | --turns FILE.jsonl\n"
+               "Runs the prompts one after another through one engine: each turn reuses the K/V\n"
+               "of what earlier turns computed (prompt + answer) up to its first differing token.\n"
+               "Each turn's text goes to stdout followed by a newline; per turn, stderr shows reused\n"
+               "and computed tokens, time to first token and where and why the prompt left the cache.\n");
+    cli_print_options(f, cache_tab);
+    fprintf(f, "Defaults: greedy (--temp 0), -n 128, --kv-type f16, --kv-block 16, -c min(training\n"
+               "context, 4096), --kv-budget room for 2 x ctx positions (at most half of RAM).\n");
 }
 
 typedef struct {
@@ -237,58 +249,67 @@ static int parse_cache_opts(int argc, char **argv, cache_opts *o) {
     o->sp.temp = 0;
     o->kv_type = KP_DTYPE_F16;
     o->block = 16;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    cli_args a;
+    cli_args_init(&a, "run", cache_tab, cache_usage, argc, argv);
+    a.help_cmd = "kvpin run --prompt-cache --help";
+    for (int k; (k = cli_args_next(&a)) != CLI_END;) {
+        const char *v = a.val, *opt = a.opt;
         int64_t n;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            cache_usage(stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--prompt-cache")) continue;
-        if (!strcmp(a, "--no-prefix-cache")) { o->no_cache = true; continue; }
-        if (!strcmp(a, "--no-bos")) { o->no_bos = true; continue; }
-        if (!strcmp(a, "--special")) { o->special = true; continue; }
-        if (!strcmp(a, "--print-tokens")) { o->print_tokens = true; continue; }
-        if (!strcmp(a, "--scalar")) { o->scalar = true; continue; }
-        if (!v) {
-            fprintf(stderr, "kvpin run: unknown option or missing value: '%s'\n", a);
+        switch (k) {
+        case CLI_STOP: return a.rc;
+        case O_PROMPT_CACHE: break;
+        case CLI_NO_PREFIX_CACHE: o->no_cache = true; break;
+        case CLI_NO_BOS: o->no_bos = true; break;
+        case CLI_SPECIAL: o->special = true; break;
+        case CLI_PRINT_TOKENS: o->print_tokens = true; break;
+        case CLI_SCALAR: o->scalar = true; break;
+        case CLI_MODEL: o->model_path = v; break;
+        case O_TURNS: o->turns_file = v; break;
+        case O_STOP:
+            fprintf(stderr, "kvpin run: %s is not supported with --prompt-cache (see kvpin run --prompt-cache --help)\n",
+                    opt);
             return 2;
-        }
-        i++;
-        if (!strcmp(a, "-m")) o->model_path = v;
-        else if (!strcmp(a, "--turns")) o->turns_file = v;
-        else if (!strcmp(a, "-f") || !strcmp(a, "-p")) {
+        case CLI_FILE:
+        case CLI_PROMPT:
             if (o->n_srcs == 256) {
                 fprintf(stderr, "kvpin run: at most 256 -f/-p prompts\n");
                 return 2;
             }
-            o->src_is_file[o->n_srcs] = a[1] == 'f';
+            o->src_is_file[o->n_srcs] = k == CLI_FILE;
             o->srcs[o->n_srcs++] = v;
-        } else if (!strcmp(a, "-n")) {
-            if (!cli_parse_i64(a, v, 0, 1 << 24, &o->n_predict)) return 2;
-        } else if (!strcmp(a, "-t")) {
-            if (!cli_parse_i64(a, v, 1, 1024, &n)) return 2;
+            break;
+        case CLI_N_PREDICT:
+            if (!cli_args_int(&a, &o->n_predict)) return 2;
+            break;
+        case CLI_THREADS:
+            if (!cli_args_int(&a, &n)) return 2;
             o->n_threads = (int)n;
-        } else if (!strcmp(a, "--ctx")) {
-            if (!cli_parse_i64(a, v, 1, 1 << 24, &n)) return 2;
+            break;
+        case CLI_CTX_SIZE:
+            if (!cli_args_int(&a, &n)) return 2;
             o->n_ctx = (uint32_t)n;
-        } else if (!strcmp(a, "--kv-block")) {
-            if (!cli_parse_i64(a, v, 1, 4096, &n)) return 2;
+            break;
+        case CLI_KV_BLOCK:
+            if (!cli_args_int(&a, &n)) return 2;
             o->block = (uint32_t)n;
-        } else if (!strcmp(a, "--kv-budget")) {
-            if (!cli_parse_bytes(a, v, &o->budget)) return 2;
-        } else if (!strcmp(a, "--kv-type")) {
-            if (!cli_parse_kv_type(v, &o->kv_type)) return 2;
-        } else {
-            int r = cli_parse_sampler_opt(a, v, &o->sp, &o->seed_set);
-            if (r < 0) return 2;
-            if (r == 0) {
-                fprintf(stderr, "kvpin run: unknown option '%s' with --prompt-cache (see kvpin run --prompt-cache --help)\n", a);
+            break;
+        case CLI_KV_BUDGET:
+            if (!cli_parse_bytes(opt, v, &o->budget)) return 2;
+            if (o->budget == 0) {
+                fprintf(stderr, "kvpin run: %s 0 leaves no room for the KV cache: leave %s out for the default "
+                                "(2 x ctx positions), give a size such as 64M, or use --no-prefix-cache to "
+                                "keep nothing cached\n", opt, opt);
                 return 2;
             }
+            break;
+        case CLI_KV_TYPE:
+            if (!cli_parse_kv_type(v, &o->kv_type)) return 2;
+            break;
+        default: /* the sampling options (the table holds nothing else) */
+            if (cli_parse_sampler_opt(&a, &o->sp, &o->seed_set) <= 0) return 2;
         }
     }
+    if (!cli_args_no_operands(&a)) return 2;
     if (o->turns_file && o->n_srcs) {
         fprintf(stderr, "kvpin run: give --turns or -f/-p prompts, not both\n");
         return 2;
@@ -572,35 +593,37 @@ static void json_str(FILE *f, const char *s) {
     fputc('"', f);
 }
 
+static const cli_opt doctor_tab[] = {
+    CLI_USE(CLI_MODEL), CLI_USE(CLI_JSON), CLI_USE(CLI_SPECIAL), {0},
+};
+
 static void doctor_usage(FILE *f) {
-    fprintf(f,
-            "usage: kvpin doctor [-m MODEL] FILE.jsonl [--json] [--special]\n"
-            "Explains, offline, how much of each prompt in a log could reuse the K/V of an\n"
-            "earlier prompt, where it diverged (token and byte), why (cold, timestamp, counter,\n"
-            "identifier, reordered_json, whitespace, inserted_at_front, ...) and what to do.\n"
-            "FILE holds one JSON object per line: {\"prompt\": \"...\"}. Only the model's\n"
-            "vocabulary is read (default: the bundled model). --json prints one object per\n"
-            "turn: turn, prompt_tokens, reusable_tokens, diverged_at_token, diverged_at_byte,\n"
-            "cause, cached_snippet, request_snippet, advice.\n");
+    fprintf(f, "usage: kvpin doctor [options] FILE.jsonl\n"
+               "Explains, offline, how much of each prompt in a log could reuse the K/V of an\n"
+               "earlier prompt, where it diverged (token and byte), why (cold, timestamp, counter,\n"
+               "identifier, reordered_json, whitespace, inserted_at_front, ...) and what to do.\n"
+               "FILE holds one JSON object per line: {\"prompt\": \"...\"}. Only the model's\n"
+               "vocabulary is read. --json prints one object per turn: turn, prompt_tokens,\n"
+               "reusable_tokens, diverged_at_token, diverged_at_byte, cause, cached_snippet,\n"
+               "request_snippet, advice.\n");
+    cli_print_options(f, doctor_tab);
 }
 
 int cmd_doctor(int argc, char **argv) {
     const char *model = NULL, *file = NULL;
     bool json = false, special = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            doctor_usage(stdout);
-            return 0;
-        } else if (!strcmp(argv[i], "--json")) json = true;
-        else if (!strcmp(argv[i], "--special")) special = true;
-        else if (!strcmp(argv[i], "-m") && i + 1 < argc) model = argv[++i];
-        else if (argv[i][0] == '-' && argv[i][1]) {
-            fprintf(stderr, "kvpin doctor: unknown option or missing value: '%s'\n", argv[i]);
-            return 2;
-        } else if (file) {
-            fprintf(stderr, "kvpin doctor: one FILE.jsonl only ('%s' and '%s')\n", file, argv[i]);
-            return 2;
-        } else file = argv[i];
+    cli_args a;
+    cli_args_init(&a, "doctor", doctor_tab, doctor_usage, argc, argv);
+    for (int k; (k = cli_args_next(&a)) != CLI_END;) {
+        if (k == CLI_STOP) return a.rc;
+        if (k == CLI_JSON) json = true;
+        else if (k == CLI_SPECIAL) special = true;
+        else if (k == CLI_MODEL) model = a.val;
+    }
+    if (a.first_arg < argc) file = argv[a.first_arg];
+    if (a.first_arg + 1 < argc) {
+        fprintf(stderr, "kvpin doctor: one FILE.jsonl only ('%s' and '%s')\n", file, argv[a.first_arg + 1]);
+        return 2;
     }
     if (!file) {
         doctor_usage(stderr);

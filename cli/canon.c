@@ -15,34 +15,32 @@
 #include "serve/canon.h"
 #include "cli.h"
 
+enum { O_NEWLINE = CLI_OWN };
+static const cli_opt canon_tab[] = {{"newline", NULL, NULL, NULL, "end the output with a newline", O_NEWLINE}, {0}};
+
 static void canon_usage(FILE *out) {
     fprintf(out,
-            "usage: kvpin canon [FILE|-] [--newline]\n"
+            "usage: kvpin canon [options] [FILE|-]\n"
             "Prints the canonical JSON (RFC 8785) of the document in FILE (stdin when\n"
             "FILE is - or missing): members sorted by name (UTF-16 order), no\n"
             "whitespace, numbers as JavaScript prints them, minimal string escapes.\n"
-            "Duplicate member names, NaN and numbers beyond a double are errors.\n"
-            "--newline: end the output with a newline.\n");
+            "Duplicate member names, NaN and numbers beyond a double are errors.\n");
+    cli_print_options(out, canon_tab);
 }
 
 int cmd_canon(int argc, char **argv) {
     const char *path = NULL;
     bool newline = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--newline")) newline = true;
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            canon_usage(stdout);
-            return 0;
-        } else if (argv[i][0] == '-' && argv[i][1] != 0) {
-            fprintf(stderr, "kvpin canon: unknown option '%s'\n", argv[i]);
-            canon_usage(stderr);
-            return 2;
-        } else if (path) {
-            fprintf(stderr, "kvpin canon: one input file only ('%s' and '%s')\n", path, argv[i]);
-            return 2;
-        } else {
-            path = argv[i];
-        }
+    cli_args a;
+    cli_args_init(&a, "canon", canon_tab, canon_usage, argc, argv);
+    for (int k; (k = cli_args_next(&a)) != CLI_END;) {
+        if (k == CLI_STOP) return a.rc;
+        if (k == O_NEWLINE) newline = true;
+    }
+    if (a.first_arg < argc) path = argv[a.first_arg];
+    if (a.first_arg + 1 < argc) {
+        fprintf(stderr, "kvpin canon: one input file only ('%s' and '%s')\n", path, argv[a.first_arg + 1]);
+        return 2;
     }
     if (!path) path = "-";
     const char *name = strcmp(path, "-") ? path : "<stdin>";

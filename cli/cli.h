@@ -9,11 +9,125 @@
 #ifndef KP_CLI_H
 #define KP_CLI_H
 
+#include <getopt.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "gguf/dtype.h"
 #include "model/sampler.h"
+
+/* The version `kvpin --version` prints (the commit, compiler and flags come
+ * from the build: build/<dir>/buildinfo.h, written by tools/buildinfo.sh). */
+#define KP_VERSION "0.9.0"
+
+/* Prints the version, commit, compiler, build flags and the kernel tables
+ * this CPU gets (cli/version.c). */
+void cli_print_version(FILE *out);
+
+/* ---- options ------------------------------------------------------------
+ *
+ * Every command parses its arguments with getopt_long over a table of
+ * cli_opt (opts.c). An entry either describes an option of the command, or
+ * names one of the shared options by its key alone ({.key = CLI_MODEL},
+ * CLI_USE): those are spelled, and described in --help, the same way in
+ * every command, as llama.cpp spells them. -h/--help and --version belong to
+ * every table without being listed.
+ *
+ * Spellings accepted: -m FILE, -mFILE, --model FILE, --model=FILE, a
+ * unique abbreviation of a long name (--mod), the aliases (--ctx for
+ * --ctx-size), and two-letter short options (-np N and -np=N for
+ * --parallel, serve's -to S; getopt_long cannot take them, so they are
+ * rewritten to the long option before parsing; -np4 is not one). Options
+ * and operands may be mixed; "--" ends the options. Options given several
+ * times are seen several times. */
+typedef struct {
+    const char *name;   /* the canonical long name, "ctx-size"; NULL: a shared option (by key) */
+    const char *shorts; /* the short spelling without its dash ("c", "np"), or NULL */
+    const char *alias;  /* one more long name accepted but not shown ("ctx"), or NULL */
+    const char *arg;    /* the value's name in --help ("N"); NULL: the option takes no value */
+    const char *help;   /* its line in --help ('\n' continues it); NULL: accepted, not shown */
+    int key;            /* what cli_args_next returns for it; 0 ends a table */
+} cli_opt;
+
+/* Keys of the shared options; a command's own keys start at CLI_OWN. */
+enum {
+    CLI_HELP = 256, CLI_VERSION, CLI_MODEL, CLI_THREADS, CLI_CTX_SIZE, CLI_N_PREDICT, CLI_PROMPT, CLI_FILE,
+    CLI_SEED, CLI_TEMP, CLI_TOP_K, CLI_TOP_P, CLI_MIN_P, CLI_REPEAT_PENALTY, CLI_REPEAT_LAST_N,
+    CLI_PRESENCE_PENALTY, CLI_FREQUENCY_PENALTY, CLI_HOST, CLI_PORT, CLI_PARALLEL, CLI_KV_TYPE, CLI_KV_BUDGET,
+    CLI_KV_BLOCK, CLI_NO_PREFIX_CACHE, CLI_NO_BOS, CLI_SPECIAL, CLI_PRINT_TOKENS, CLI_SCALAR, CLI_JSON,
+    CLI_OWN = 1000
+};
+#define CLI_USE(k) {.key = (k)}
+#define CLI_SAMPLING_OPTS                                                                                   \
+    CLI_USE(CLI_SEED), CLI_USE(CLI_TEMP), CLI_USE(CLI_TOP_K), CLI_USE(CLI_TOP_P), CLI_USE(CLI_MIN_P),       \
+        CLI_USE(CLI_REPEAT_PENALTY), CLI_USE(CLI_REPEAT_LAST_N), CLI_USE(CLI_PRESENCE_PENALTY),             \
+        CLI_USE(CLI_FREQUENCY_PENALTY)
+
+/* What cli_args_next returns besides option keys. */
+enum { CLI_END = -1, CLI_STOP = -2, CLI_BAD = -3 };
+
+#define CLI_MAX_OPTS 64
+
+/* The parser of one command line. getopt_long's state is global: one
+ * cli_args at a time. */
+typedef struct {
+    const char *cmd;      /* "run": messages start "kvpin run: " */
+    const char *help_cmd; /* what error messages point to; default "kvpin CMD --help" */
+    void (*usage)(FILE *out);
+    bool quiet;           /* a scan: nothing printed, --help/--version/errors returned as keys */
+    int argc;
+    char **argv;
+    const cli_opt *ent[CLI_MAX_OPTS];
+    int n_ent;
+    struct option longs[2 * CLI_MAX_OPTS + 1];
+    char shorts[3 * CLI_MAX_OPTS + 2];
+    char arena[512];      /* rewritten "-np=N" arguments */
+    size_t arena_used;
+    bool bad;             /* init found an error (printed); the first next() stops */
+    /* after each cli_args_next: */
+    const cli_opt *cur;   /* the option's entry */
+    const char *val;      /* the option's value; NULL for a flag */
+    char opt[64];         /* the option as the user spelled it ("-n", "--ctx"), for messages */
+    int rc;               /* CLI_STOP: the exit code (0 after --help or --version, 2 after an error) */
+    int first_arg;        /* CLI_END: argv[first_arg .. argc) are the operands */
+} cli_args;
+
+/* Prepares to parse argv[1..argc) (argv[0] is the command's name) against
+ * tab, which ends with an entry of key 0. argv's pointers are permuted and
+ * -np arguments rewritten in place (as getopt_long does). usage prints the
+ * command's --help. */
+void cli_args_init(cli_args *a, const char *cmd, const cli_opt *tab, void (*usage)(FILE *), int argc, char **argv);
+
+/* The next option's key (its value in a->val), CLI_END after the last one,
+ * or CLI_STOP when the command must return a->rc: --help and --version were
+ * printed (0), or an unknown option, a missing value or a value given to a
+ * flag was reported in one line naming the option and the help command
+ * (2). In a quiet scan: CLI_HELP, CLI_VERSION and CLI_BAD are returned
+ * instead and parsing goes on. */
+int cli_args_next(cli_args *a);
+
+/* The value of the shared option cli_args_next just returned, as an
+ * integer in that option's range (the same in every command: -t 1..1024,
+ * -c 1..2^24, -n 0..2^24, --port 0..65535, -np 1..256, --kv-block 1..4096,
+ * --top-k 0..2^30, --repeat-last-n -1..2^20); false, with a message naming
+ * the option, when it is not one. */
+bool cli_args_int(const cli_args *a, int64_t *out);
+
+/* The sampling options (CLI_SAMPLING_OPTS): applies the option
+ * cli_args_next just returned to sp. Returns 1 when it is one of them and
+ * was applied, 0 when it is not a sampling option, -1 when the value is bad
+ * (an error was printed). */
+int cli_parse_sampler_opt(const cli_args *a, kp_sampler_params *sp, bool *seed_set);
+
+/* At CLI_END: false, with a message, when there are operands (for commands
+ * that take none). */
+bool cli_args_no_operands(cli_args *a);
+
+/* The --help lines of tab's options (and of --help and --version), one
+ * format for all: the short spelling right-aligned in a column, the long
+ * one and its value, the description from one column on. */
+void cli_print_options(FILE *out, const cli_opt *tab);
 
 /* The model used when -m is not given: the bundled one, found next to the
  * binary's repository or via $KVPIN_MODEL. */
@@ -26,12 +140,6 @@ bool cli_parse_f32(const char *opt, const char *s, float *out);
 bool cli_parse_u64(const char *opt, const char *s, uint64_t *out);
 /* "f32" / "f16" for the KV cache. */
 bool cli_parse_kv_type(const char *s, kp_dtype *out);
-/* Sampling options shared by run and run --prompt-cache: --temp --top-k
- * --top-p --min-p --repeat-penalty --repeat-last-n --presence-penalty
- * --frequency-penalty --seed with value v. Returns 1 when `opt` is one of
- * them and was applied, 0 when it is not a sampling option, -1 when the
- * value is bad (an error was printed). */
-int cli_parse_sampler_opt(const char *opt, const char *v, kp_sampler_params *sp, bool *seed_set);
 /* Sizes like 512M, 2G, 1024 (bytes). */
 bool cli_parse_bytes(const char *opt, const char *s, uint64_t *out);
 

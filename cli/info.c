@@ -57,18 +57,32 @@ static void print_kv_bill(const kp_hparams *hp, uint32_t n_ctx) {
     }
 }
 
+static const cli_opt info_tab[] = {CLI_USE(CLI_MODEL), {0}};
+static const cli_opt kv_tab[] = {CLI_USE(CLI_MODEL), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE), {0}};
+
+static void info_usage(FILE *f) {
+    fprintf(f, "usage: kvpin info [options]\n"
+               "Describes a model file: architecture, hyperparameters, tensor types, tokenizer,\n"
+               "special tokens and the KV cache bill; vocabulary-only files too.\n");
+    cli_print_options(f, info_tab);
+}
+static void kv_usage(FILE *f) {
+    fprintf(f, "usage: kvpin kv [options]\n"
+               "The KV cache memory bill of a model: bytes per token by the formula\n"
+               "2 x layers x kv-heads x head_dim x element size, and for -c positions.\n");
+    cli_print_options(f, kv_tab);
+    fprintf(f, "Defaults: -c the training context, --kv-type f16.\n");
+}
+
 int cmd_info(int argc, char **argv) {
     const char *path = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") && i + 1 < argc) path = argv[++i];
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: kvpin info [-m MODEL.gguf]\n");
-            return 0;
-        } else {
-            fprintf(stderr, "kvpin info: unknown argument '%s'\n", argv[i]);
-            return 2;
-        }
+    cli_args a;
+    cli_args_init(&a, "info", info_tab, info_usage, argc, argv);
+    for (int k; (k = cli_args_next(&a)) != CLI_END;) {
+        if (k == CLI_STOP) return a.rc;
+        if (k == CLI_MODEL) path = a.val;
     }
+    if (!cli_args_no_operands(&a)) return 2;
     if (!path) path = cli_default_model();
     gguf *g;
     kp_error err = {0};
@@ -178,20 +192,15 @@ int cmd_kv(int argc, char **argv) {
     const char *path = NULL;
     int64_t ctx = -1;
     kp_dtype kv_type = KP_DTYPE_F16;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") && i + 1 < argc) path = argv[++i];
-        else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) {
-            if (!cli_parse_i64("--ctx", argv[++i], 1, 1 << 30, &ctx)) return 2;
-        } else if (!strcmp(argv[i], "--kv-type") && i + 1 < argc) {
-            if (!cli_parse_kv_type(argv[++i], &kv_type)) return 2;
-        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: kvpin kv [-m MODEL.gguf] [--ctx N] [--kv-type f16|f32]\n");
-            return 0;
-        } else {
-            fprintf(stderr, "kvpin kv: unknown argument '%s'\n", argv[i]);
-            return 2;
-        }
+    cli_args a;
+    cli_args_init(&a, "kv", kv_tab, kv_usage, argc, argv);
+    for (int k; (k = cli_args_next(&a)) != CLI_END;) {
+        if (k == CLI_STOP) return a.rc;
+        if (k == CLI_MODEL) path = a.val;
+        else if (k == CLI_CTX_SIZE && !cli_parse_i64(a.opt, a.val, 1, 1 << 30, &ctx)) return 2;
+        else if (k == CLI_KV_TYPE && !cli_parse_kv_type(a.val, &kv_type)) return 2;
     }
+    if (!cli_args_no_operands(&a)) return 2;
     if (!path) path = cli_default_model();
     kp_model *m;
     kp_error err = {0};

@@ -33,7 +33,8 @@ static const struct {
 };
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: kvpin COMMAND [options]   (kvpin COMMAND --help for its options)\n\n");
+    fprintf(out, "usage: kvpin COMMAND [options]   (kvpin COMMAND --help for its options)\n"
+                 "       kvpin --version           (also: kvpin version)\n\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(out, "  %-11s %s\n", commands[i].name, commands[i].help);
 }
@@ -45,6 +46,14 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        if (argc > 2) {
+            fprintf(stderr, "kvpin %s: unexpected argument '%s'\n", argv[1], argv[2]);
+            return 2;
+        }
+        cli_print_version(stdout);
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
@@ -117,30 +126,31 @@ bool cli_parse_f32(const char *opt, const char *s, float *out) {
     return true;
 }
 
-int cli_parse_sampler_opt(const char *opt, const char *v, kp_sampler_params *sp, bool *seed_set) {
+int cli_parse_sampler_opt(const cli_args *a, kp_sampler_params *sp, bool *seed_set) {
     int64_t n;
-    if (!strcmp(opt, "--seed")) {
+    float *field = NULL;
+    const char *opt = a->opt, *v = a->val;
+    switch (a->cur ? a->cur->key : 0) {
+    case CLI_SEED:
         if (!cli_parse_u64(opt, v, &sp->seed)) return -1;
         *seed_set = true;
         return 1;
-    }
-    if (!strcmp(opt, "--top-k")) {
-        if (!cli_parse_i64(opt, v, 0, 1 << 30, &n)) return -1;
+    case CLI_TOP_K:
+        if (!cli_args_int(a, &n)) return -1;
         sp->top_k = (int32_t)n;
         return 1;
-    }
-    if (!strcmp(opt, "--repeat-last-n")) {
-        if (!cli_parse_i64(opt, v, -1, 1 << 20, &n)) return -1;
+    case CLI_REPEAT_LAST_N:
+        if (!cli_args_int(a, &n)) return -1;
         sp->repeat_last_n = (int32_t)n;
         return 1;
+    case CLI_TEMP: field = &sp->temp; break;
+    case CLI_TOP_P: field = &sp->top_p; break;
+    case CLI_MIN_P: field = &sp->min_p; break;
+    case CLI_REPEAT_PENALTY: field = &sp->repeat_penalty; break;
+    case CLI_PRESENCE_PENALTY: field = &sp->presence_penalty; break;
+    case CLI_FREQUENCY_PENALTY: field = &sp->frequency_penalty; break;
+    default: return 0;
     }
-    float *field = !strcmp(opt, "--temp") ? &sp->temp
-                   : !strcmp(opt, "--top-p") ? &sp->top_p
-                   : !strcmp(opt, "--min-p") ? &sp->min_p
-                   : !strcmp(opt, "--repeat-penalty") ? &sp->repeat_penalty
-                   : !strcmp(opt, "--presence-penalty") ? &sp->presence_penalty
-                   : !strcmp(opt, "--frequency-penalty") ? &sp->frequency_penalty : NULL;
-    if (!field) return 0;
     return cli_parse_f32(opt, v, field) ? 1 : -1;
 }
 

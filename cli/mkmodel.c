@@ -8,83 +8,103 @@
 #include "cli.h"
 #include "model/mkmodel.h"
 
+enum {
+    O_OUTPUT = CLI_OWN, O_PRESET, O_TOKENIZER, O_TYPE, O_ARCH, O_LAYERS, O_EMBD, O_HEADS, O_KV_HEADS, O_HEAD_DIM,
+    O_FF, O_CTX_TRAIN, O_ROPE_BASE, O_EPS, O_TIED, O_UNTIED, O_NAME
+};
+
+static const cli_opt mk_tab[] = {
+    {"output", "o", NULL, "FILE", "write the model to FILE", O_OUTPUT},
+    {"preset", NULL, NULL, "NAME", "the shape to start from: smollm2-135m, tiny, qwen2-tiny, qwen3-tiny", O_PRESET},
+    {"tokenizer", NULL, NULL, "FILE", "copy every tokenizer.* key from this GGUF file", O_TOKENIZER},
+    {"type", NULL, NULL, "T", "weight type: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K", O_TYPE},
+    {"arch", NULL, NULL, "ARCH", "llama, qwen2 or qwen3", O_ARCH},
+    {"layers", NULL, NULL, "N", "layers", O_LAYERS},
+    {"embd", NULL, NULL, "N", "embedding width", O_EMBD},
+    {"heads", NULL, NULL, "N", "query heads", O_HEADS},
+    {"kv-heads", NULL, NULL, "N", "key/value heads", O_KV_HEADS},
+    {"head-dim", NULL, NULL, "N", "width of a head", O_HEAD_DIM},
+    {"ff", NULL, NULL, "N", "feed-forward width", O_FF},
+    {"ctx-train", NULL, "ctx", "N", "the training context the model declares", O_CTX_TRAIN},
+    {"rope-base", NULL, NULL, "F", "RoPE frequency base", O_ROPE_BASE},
+    {"eps", NULL, NULL, "F", "RMS norm epsilon", O_EPS},
+    {"tied", NULL, NULL, NULL, "the output matrix is the token embedding", O_TIED},
+    {"untied", NULL, NULL, NULL, "a separate output matrix", O_UNTIED},
+    CLI_USE(CLI_SEED),
+    {"name", NULL, NULL, "NAME", "general.name of the model", O_NAME},
+    {0},
+};
+
 static void mk_usage(FILE *out) {
     fprintf(out,
-            "usage: kvpin mkmodel -o OUT.gguf [--preset NAME] [--tokenizer FILE.gguf] [--type T]\n"
-            "                     [--arch llama|qwen2|qwen3] [--layers N] [--embd N] [--heads N]\n"
-            "                     [--kv-heads N] [--head-dim N] [--ff N] [--ctx N] [--rope-base F]\n"
-            "                     [--eps F] [--tied | --untied] [--seed S] [--name NAME]\n"
-            "presets: smollm2-135m, tiny, qwen2-tiny, qwen3-tiny (default tiny)\n"
-            "types: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K (default F32)\n"
-            "Every 2-D weight gets --type, as llama-quantize --pure writes it, with the same\n"
-            "fallback for rows whose length is not a multiple of the type's block size:\n"
-            "Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0 (e.g. the 576-wide rows of\n"
-            "smollm2-135m), and F16 when even 32 does not divide the row. Those tensors are\n"
-            "listed on stderr; general.file_type stays the one of --type (Q4_K: Q4_K_M).\n"
-            "The tokenizer (every tokenizer.* key) is copied from --tokenizer (default: the\n"
-            "bundled model).\n");
+            "usage: kvpin mkmodel -o OUT.gguf [options]\n"
+            "Writes a GGUF model with seeded random weights. Every 2-D weight gets --type, as\n"
+            "llama-quantize --pure writes it, with the same fallback for rows whose length is not a\n"
+            "multiple of the type's block size: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0 (e.g. the\n"
+            "576-wide rows of smollm2-135m), and F16 when even 32 does not divide the row. Those\n"
+            "tensors are listed on stderr; general.file_type stays the one of --type (Q4_K: Q4_K_M).\n");
+    cli_print_options(out, mk_tab);
+    fprintf(out, "Defaults: --preset tiny, --type F32, the preset's shape and seed, --tokenizer the\n"
+                 "bundled model. Options after the preset override it, in any order.\n");
 }
 
 int cmd_mkmodel(int argc, char **argv) {
     const char *out = NULL, *tokenizer = NULL, *preset = "tiny";
     kp_error err = {0};
     kp_mkmodel_spec spec;
-    /* the preset first, so later options override it */
-    for (int i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], "--preset")) preset = argv[i + 1];
+    cli_args a;
+    /* the preset first (a quiet scan), so the other options override it */
+    cli_args_init(&a, "mkmodel", mk_tab, mk_usage, argc, argv);
+    a.quiet = true;
+    for (int k; (k = cli_args_next(&a)) != CLI_END;)
+        if (k == O_PRESET) preset = a.val;
     if (kp_mkmodel_spec_preset(preset, &spec, &err) != KP_OK) {
         fprintf(stderr, "kvpin mkmodel: %s\n", err.msg);
         return 2;
     }
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    cli_args_init(&a, "mkmodel", mk_tab, mk_usage, argc, argv);
+    for (int k; (k = cli_args_next(&a)) != CLI_END;) {
+        const char *v = a.val, *opt = a.opt;
         int64_t n;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            mk_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--tied")) {
-            spec.tied = true;
-        } else if (!strcmp(a, "--untied")) {
-            spec.tied = false;
-        } else if (!v) {
-            fprintf(stderr, "kvpin mkmodel: unknown argument or missing value: '%s'\n", a);
-            return 2;
-        } else {
-            i++;
-            if (!strcmp(a, "-o")) out = v;
-            else if (!strcmp(a, "--preset")) continue;
-            else if (!strcmp(a, "--tokenizer")) tokenizer = v;
-            else if (!strcmp(a, "--arch")) spec.arch = v;
-            else if (!strcmp(a, "--name")) spec.name = v;
-            else if (!strcmp(a, "--type")) {
-                if (!kp_dtype_parse(v, &spec.wtype)) {
-                    fprintf(stderr, "kvpin mkmodel: unknown type '%s'\n", v);
-                    return 2;
-                }
-            } else if (!strcmp(a, "--seed")) {
-                if (!cli_parse_u64(a, v, &spec.seed)) return 2;
-            } else if (!strcmp(a, "--rope-base")) {
-                if (!cli_parse_f32(a, v, &spec.rope_base)) return 2;
-            } else if (!strcmp(a, "--eps")) {
-                if (!cli_parse_f32(a, v, &spec.rms_eps)) return 2;
-            } else {
-                uint32_t *field = !strcmp(a, "--layers") ? &spec.n_layer
-                                  : !strcmp(a, "--embd") ? &spec.n_embd
-                                  : !strcmp(a, "--heads") ? &spec.n_head
-                                  : !strcmp(a, "--kv-heads") ? &spec.n_head_kv
-                                  : !strcmp(a, "--head-dim") ? &spec.head_dim
-                                  : !strcmp(a, "--ff") ? &spec.n_ff
-                                  : !strcmp(a, "--ctx") ? &spec.n_ctx : NULL;
-                if (!field) {
-                    fprintf(stderr, "kvpin mkmodel: unknown argument '%s'\n", a);
-                    return 2;
-                }
-                if (!cli_parse_i64(a, v, 0, 1 << 24, &n)) return 2;
-                *field = (uint32_t)n;
+        uint32_t *field = NULL;
+        switch (k) {
+        case CLI_STOP: return a.rc;
+        case O_TIED: spec.tied = true; break;
+        case O_UNTIED: spec.tied = false; break;
+        case O_OUTPUT: out = v; break;
+        case O_PRESET: break;
+        case O_TOKENIZER: tokenizer = v; break;
+        case O_ARCH: spec.arch = v; break;
+        case O_NAME: spec.name = v; break;
+        case O_TYPE:
+            if (!kp_dtype_parse(v, &spec.wtype)) {
+                fprintf(stderr, "kvpin mkmodel: unknown type '%s'\n", v);
+                return 2;
             }
+            break;
+        case CLI_SEED:
+            if (!cli_parse_u64(opt, v, &spec.seed)) return 2;
+            break;
+        case O_ROPE_BASE:
+            if (!cli_parse_f32(opt, v, &spec.rope_base)) return 2;
+            break;
+        case O_EPS:
+            if (!cli_parse_f32(opt, v, &spec.rms_eps)) return 2;
+            break;
+        case O_LAYERS: field = &spec.n_layer; break;
+        case O_EMBD: field = &spec.n_embd; break;
+        case O_HEADS: field = &spec.n_head; break;
+        case O_KV_HEADS: field = &spec.n_head_kv; break;
+        case O_HEAD_DIM: field = &spec.head_dim; break;
+        case O_FF: field = &spec.n_ff; break;
+        case O_CTX_TRAIN: field = &spec.n_ctx; break;
+        }
+        if (field) {
+            if (!cli_parse_i64(opt, v, 0, 1 << 24, &n)) return 2;
+            *field = (uint32_t)n;
         }
     }
+    if (!cli_args_no_operands(&a)) return 2;
     if (!out) {
         mk_usage(stderr);
         return 2;

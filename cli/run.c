@@ -40,31 +40,62 @@ typedef struct {
     int64_t layer, head;
 } run_opts;
 
+enum { O_STOP = CLI_OWN, O_TOKENS, O_OUTPUT, O_LAYER, O_HEAD, O_PROMPT_CACHE };
+
+static const cli_opt run_tab[] = {
+    CLI_USE(CLI_MODEL), CLI_USE(CLI_PROMPT), CLI_USE(CLI_FILE), CLI_USE(CLI_N_PREDICT), CLI_SAMPLING_OPTS,
+    {"stop", NULL, NULL, "STR", "end the text before STR (repeatable, at most 16)", O_STOP},
+    CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_NO_BOS), CLI_USE(CLI_SPECIAL),
+    CLI_USE(CLI_PRINT_TOKENS), CLI_USE(CLI_SCALAR),
+    /* cmd_run hands these to cache.c before run's parser sees them */
+    {"prompt-cache", NULL, NULL, NULL, "several prompts through one prefix cache: -p/-f repeated, or\n"
+                                       "--turns FILE.jsonl (see kvpin run --prompt-cache --help)", O_PROMPT_CACHE},
+    {0},
+};
+static const cli_opt logits_tab[] = {
+    CLI_USE(CLI_MODEL), CLI_USE(CLI_PROMPT), CLI_USE(CLI_FILE),
+    {"tokens", NULL, NULL, "IDS", "the prompt as token ids, \"1 2 3\" (instead of -p or -f)", O_TOKENS},
+    {"output", "o", NULL, "FILE", "write the logits to FILE", O_OUTPUT},
+    CLI_USE(CLI_NO_BOS), CLI_USE(CLI_SPECIAL), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE),
+    CLI_USE(CLI_SCALAR), {0},
+};
+static const cli_opt inspect_tab[] = {
+    CLI_USE(CLI_MODEL), CLI_USE(CLI_PROMPT), CLI_USE(CLI_FILE), CLI_USE(CLI_N_PREDICT),
+    {"layer", NULL, NULL, "L", "the layer whose attention is shown (default: the last)", O_LAYER},
+    {"head", NULL, NULL, "H", "the query head whose attention is shown (default: 0)", O_HEAD},
+    CLI_SAMPLING_OPTS, CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_NO_BOS),
+    CLI_USE(CLI_SPECIAL), CLI_USE(CLI_PRINT_TOKENS), CLI_USE(CLI_SCALAR), {0},
+};
+
+static void run_help(FILE *f) {
+    fprintf(f, "usage: kvpin run [options]\n"
+               "Generates text from a prompt: stdout gets the text as it is generated, stderr a summary\n"
+               "(prefill and decode speed, time to first token, the KV cache bill).\n");
+    cli_print_options(f, run_tab);
+    fprintf(f, "Defaults: -n 128, --temp 0.8, --top-k 40, --top-p 0.95, --min-p 0.05, --repeat-penalty 1,\n"
+               "--repeat-last-n 64, --kv-type f16, -c min(training context, 4096), a random seed.\n"
+               "Without -p/-f the prompt is empty (generation starts at BOS).\n");
+}
+static void logits_help(FILE *f) {
+    fprintf(f, "usage: kvpin logits [options] (-p TEXT | -f FILE | --tokens IDS) -o OUT.f32\n"
+               "Runs the prompt in one batch and writes float32 little-endian logits for every\n"
+               "position ([n_tokens][n_vocab]) to OUT; prints the token ids on stdout.\n");
+    cli_print_options(f, logits_tab);
+    fprintf(f, "Defaults: --kv-type f32, -c the prompt's length when it exceeds min(training context, 4096).\n");
+}
+static void inspect_help(FILE *f) {
+    fprintf(f, "usage: kvpin inspect [options] (-p TEXT | -f FILE)\n"
+               "Shows prefill writing the KV cache and each decode step appending to it: the\n"
+               "cache length and the attention of the newest position over every cached\n"
+               "position for one layer and query head.\n");
+    cli_print_options(f, inspect_tab);
+    fprintf(f, "Defaults: -n 8, greedy (--temp 0), --kv-type f16, -c min(training context, 4096).\n");
+}
+
 static void run_usage(FILE *f, const char *cmd) {
-    if (!strcmp(cmd, "run"))
-        fprintf(f,
-                "usage: kvpin run [-m MODEL] [-p TEXT | -f FILE] [-n N] [--temp T] [--top-k K]\n"
-                "                 [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N]\n"
-                "                 [--presence-penalty P] [--frequency-penalty P] [--seed S]\n"
-                "                 [--stop STR]... [-t N] [--ctx N] [--kv-type f16|f32] [--no-bos]\n"
-                "                 [--special] [--print-tokens] [--scalar]\n"
-                "Streams the generated text to stdout; a summary goes to stderr.\n"
-                "Defaults: -n 128, --temp 0.8, --top-k 40, --top-p 0.95, --min-p 0.05,\n"
-                "--kv-type f16, -t all cores, --ctx min(training context, 4096), a random seed.\n"
-                "--temp 0 is greedy. Without -p/-f the prompt is empty (generation starts at BOS).\n");
-    else if (!strcmp(cmd, "logits"))
-        fprintf(f,
-                "usage: kvpin logits [-m MODEL] (-p TEXT | -f FILE | --tokens \"1 2 3\") -o OUT.f32\n"
-                "                    [--no-bos] [--special] [--kv-type f32|f16] [-t N] [--scalar]\n"
-                "Runs the prompt in one batch and writes float32 little-endian logits for every\n"
-                "position ([n_tokens][n_vocab]) to OUT; prints the token ids on stdout.\n");
-    else
-        fprintf(f,
-                "usage: kvpin inspect [-m MODEL] -p TEXT [-n N] [--layer L] [--head H]\n"
-                "                     [--kv-type f16|f32] [-t N]\n"
-                "Shows prefill writing the KV cache and each decode step appending to it: the\n"
-                "cache length and the attention of the newest position over every cached\n"
-                "position (layer L, query head H; defaults: last layer, head 0; greedy, -n 8).\n");
+    if (!strcmp(cmd, "run")) run_help(f);
+    else if (!strcmp(cmd, "logits")) logits_help(f);
+    else inspect_help(f);
 }
 
 static int parse_run_opts(int argc, char **argv, const char *cmd, run_opts *o) {
@@ -74,57 +105,57 @@ static int parse_run_opts(int argc, char **argv, const char *cmd, run_opts *o) {
     o->sp = kp_sampler_defaults();
     if (!strcmp(cmd, "inspect")) o->sp.temp = 0;
     o->layer = -1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    bool logits = !strcmp(cmd, "logits"), inspect = !strcmp(cmd, "inspect");
+    cli_args a;
+    cli_args_init(&a, cmd, logits ? logits_tab : inspect ? inspect_tab : run_tab,
+                  logits ? logits_help : inspect ? inspect_help : run_help, argc, argv);
+    for (int k; (k = cli_args_next(&a)) != CLI_END;) {
+        const char *v = a.val;
         int64_t n;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            run_usage(stdout, cmd);
-            return 0;
-        }
-        if (!strcmp(a, "--no-bos")) { o->no_bos = true; continue; }
-        if (!strcmp(a, "--special")) { o->special = true; continue; }
-        if (!strcmp(a, "--print-tokens")) { o->print_tokens = true; continue; }
-        if (!strcmp(a, "--scalar")) { o->so.scalar = true; continue; }
-        if (!v) {
-            fprintf(stderr, "kvpin %s: unknown option or missing value: '%s'\n", cmd, a);
-            return 2;
-        }
-        i++;
-        if (!strcmp(a, "-m")) o->so.model_path = v;
-        else if (!strcmp(a, "-p")) o->prompt = v;
-        else if (!strcmp(a, "-f")) o->prompt_file = v;
-        else if (!strcmp(a, "--tokens") && !strcmp(cmd, "logits")) o->tokens = v;
-        else if (!strcmp(a, "-o") && !strcmp(cmd, "logits")) o->out = v;
-        else if (!strcmp(a, "--stop") && !strcmp(cmd, "run")) {
+        switch (k) {
+        case CLI_STOP: return a.rc;
+        case O_PROMPT_CACHE: break; /* not seen here: cmd_run sends it to cache.c */
+        case CLI_NO_BOS: o->no_bos = true; break;
+        case CLI_SPECIAL: o->special = true; break;
+        case CLI_PRINT_TOKENS: o->print_tokens = true; break;
+        case CLI_SCALAR: o->so.scalar = true; break;
+        case CLI_MODEL: o->so.model_path = v; break;
+        case CLI_PROMPT: o->prompt = v; break;
+        case CLI_FILE: o->prompt_file = v; break;
+        case O_TOKENS: o->tokens = v; break;
+        case O_OUTPUT: o->out = v; break;
+        case O_STOP:
             if (o->n_stops == MAX_STOPS || !*v) {
                 fprintf(stderr, "kvpin %s: at most %d non-empty --stop strings\n", cmd, MAX_STOPS);
                 return 2;
             }
             o->stops[o->n_stops++] = v;
-        } else if (!strcmp(a, "-n")) {
-            if (!cli_parse_i64(a, v, 0, 1 << 24, &o->n_predict)) return 2;
-        } else if (!strcmp(a, "-t")) {
-            if (!cli_parse_i64(a, v, 1, 1024, &n)) return 2;
+            break;
+        case CLI_N_PREDICT:
+            if (!cli_args_int(&a, &o->n_predict)) return 2;
+            break;
+        case CLI_THREADS:
+            if (!cli_args_int(&a, &n)) return 2;
             o->so.n_threads = (int)n;
-        } else if (!strcmp(a, "--ctx")) {
-            if (!cli_parse_i64(a, v, 1, 1 << 24, &n)) return 2;
+            break;
+        case CLI_CTX_SIZE:
+            if (!cli_args_int(&a, &n)) return 2;
             o->so.n_ctx = (uint32_t)n;
-        } else if (!strcmp(a, "--kv-type")) {
+            break;
+        case CLI_KV_TYPE:
             if (!cli_parse_kv_type(v, &o->so.kv_type)) return 2;
-        } else if (!strcmp(a, "--layer")) {
-            if (!cli_parse_i64(a, v, 0, 1 << 20, &o->layer)) return 2;
-        } else if (!strcmp(a, "--head")) {
-            if (!cli_parse_i64(a, v, 0, 1 << 20, &o->head)) return 2;
-        } else {
-            int r = cli_parse_sampler_opt(a, v, &o->sp, &o->seed_set);
-            if (r < 0) return 2;
-            if (r == 0) {
-                fprintf(stderr, "kvpin %s: unknown option '%s' (see kvpin %s --help)\n", cmd, a, cmd);
-                return 2;
-            }
+            break;
+        case O_LAYER:
+            if (!cli_parse_i64(a.opt, v, 0, 1 << 20, &o->layer)) return 2;
+            break;
+        case O_HEAD:
+            if (!cli_parse_i64(a.opt, v, 0, 1 << 20, &o->head)) return 2;
+            break;
+        default: /* the sampling options (the tables hold nothing else) */
+            if (cli_parse_sampler_opt(&a, &o->sp, &o->seed_set) <= 0) return 2;
         }
     }
+    if (!cli_args_no_operands(&a)) return 2;
     if (o->prompt && o->prompt_file) {
         fprintf(stderr, "kvpin %s: give -p or -f, not both\n", cmd);
         return 2;

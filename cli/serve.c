@@ -10,10 +10,12 @@
  *   of the machine's RAM (then a note says how many full-context sequences
  *   fit).
  */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "serve/chat.h"
 #include "cli.h"
@@ -22,23 +24,75 @@
 #include "serve/server.h"
 #include "base/threadpool.h"
 
+enum {
+    O_API_KEY = CLI_OWN, O_API_KEY_FILE, O_CHAT_TEMPLATE, O_QUEUE, O_PREFILL_CHUNK, O_MAX_BODY, O_TIMEOUT,
+    O_ALIAS, O_QUIET
+};
+
+static const cli_opt serve_tab[] = {
+    CLI_USE(CLI_MODEL), CLI_USE(CLI_HOST), CLI_USE(CLI_PORT), CLI_USE(CLI_PARALLEL), CLI_USE(CLI_CTX_SIZE),
+    CLI_USE(CLI_THREADS), CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_BLOCK),
+    CLI_USE(CLI_NO_PREFIX_CACHE),
+    {"api-key", NULL, NULL, "KEY", "require \"Authorization: Bearer KEY\"; other users can read it in\n"
+                                   "ps: prefer --api-key-file or $KVPIN_API_KEY", O_API_KEY},
+    {"api-key-file", NULL, NULL, "FILE", "the API key is the first line of FILE", O_API_KEY_FILE},
+    {"chat-template", NULL, NULL, "NAME", "chat template: chatml, qwen2, qwen2.5, qwen3, llama3, llama3.1,\n"
+                                          "llama2, mistral, gemma, phi3, zephyr", O_CHAT_TEMPLATE},
+    {"alias", "a", NULL, "NAME", "the model id /v1/models reports (default: the file name)", O_ALIAS},
+    {"queue", NULL, NULL, "N", "requests that may wait for a sequence (more: 503)", O_QUEUE},
+    {"prefill-chunk", NULL, NULL, "N", "prompt tokens prefilled per step while others decode", O_PREFILL_CHUNK},
+    {"max-body", NULL, NULL, "BYTES", "largest request body (more: 413)", O_MAX_BODY},
+    {"timeout", "to", NULL, "S", "seconds an idle connection is kept", O_TIMEOUT},
+    {"quiet", NULL, NULL, NULL, "no request log and no HTTP-library messages on stderr", O_QUIET},
+    {0},
+};
+
 static void serve_usage(FILE *f) {
     fprintf(f,
-            "usage: kvpin serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [--parallel N] [--ctx N]\n"
-            "                   [--kv-budget BYTES] [--kv-type f16|f32] [--kv-block N] [--api-key KEY]\n"
-            "                   [--no-prefix-cache] [--chat-template NAME] [-t N] [--queue N]\n"
-            "                   [--prefill-chunk N] [--max-body BYTES] [--timeout S] [--alias NAME] [--quiet]\n"
+            "usage: kvpin serve [options]\n"
             "An OpenAI-compatible HTTP server (POST /v1/completions, /v1/chat/completions, GET /v1/models,\n"
             "/health, /metrics, /v1/cache, POST /v1/cache/probe, /v1/cache/pin, DELETE /v1/cache/pin/ID,\n"
-            "POST /tokenize, /detokenize). Defaults: the bundled model, 127.0.0.1:8080, --parallel 4,\n"
-            "--ctx min(training context, 4096), a KV budget for parallel x ctx positions plus as much again\n"
-            "for cached prefixes (at most half of RAM), --queue 64, --prefill-chunk 256 tokens per step,\n"
-            "--max-body 8M, --timeout 60 (idle seconds). --port 0 picks a free port (printed on stderr).\n"
-            "Chat templates: recognised from the model's tokenizer.chat_template (chatml when the model has\n"
-            "none), or --chat-template chatml, qwen2, qwen2.5, qwen3, llama3, llama3.1, llama2, mistral,\n"
-            "gemma, phi3, zephyr.\n");
+            "POST /tokenize, /detokenize). stderr gets one line per request (see README.md) unless --quiet.\n");
+    cli_print_options(f, serve_tab);
+    fprintf(f,
+            "Defaults: the bundled model, --host 127.0.0.1, --port 8080, -np 4, -c min(training context,\n"
+            "4096), --kv-budget room for np x ctx positions plus as much again for cached prefixes (at most\n"
+            "half of RAM), --kv-type f16, --kv-block 16, --queue 64, --prefill-chunk 256, --max-body 8M,\n"
+            "--timeout 60. --port 0 picks a free port (the URL is printed on stderr). The chat template is\n"
+            "recognised from the model's tokenizer.chat_template (chatml when the model has none).\n"
+            "API key: --api-key, else --api-key-file, else $KVPIN_API_KEY; none of them: no key needed.\n"
+            "With a key, every request but GET /health needs it (401 before any other answer).\n");
 }
 
+/* The first line of path, trailing whitespace dropped, into a malloc'd
+ * string; NULL and a message when the file cannot be read or the line is
+ * empty. */
+static char *read_key_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "kvpin serve: cannot read --api-key-file %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    char buf[4097];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    bool err = ferror(f);
+    struct stat st;
+    bool shared = fstat(fileno(f), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO));
+    fclose(f);
+    buf[n] = 0;
+    size_t len = strcspn(buf, "\n");
+    while (len > 0 && (buf[len - 1] == ' ' || buf[len - 1] == '\t' || buf[len - 1] == '\r')) len--;
+    if (err || len == 0 || len == sizeof buf - 1) {
+        fprintf(stderr, "kvpin serve: --api-key-file %s: %s\n", path,
+                err ? "read error" : len == 0 ? "the first line is empty (it must hold the key)"
+                                              : "the first line is longer than 4096 bytes");
+        return NULL;
+    }
+    if (shared)
+        fprintf(stderr, "kvpin serve: note: --api-key-file %s can be read by other users (chmod 600 it)\n", path);
+    buf[len] = 0;
+    return strdup(buf);
+}
 
 /* The token's text, or "" (for chat templates' bos_token / eos_token). */
 static const char *token_text(const kp_tok_vocab *v, int32_t id) {
@@ -47,60 +101,81 @@ static const char *token_text(const kp_tok_vocab *v, int32_t id) {
     return t ? t : "";
 }
 
+/* The API key: --api-key (arg), else the first line of --api-key-file
+ * (file), else $KVPIN_API_KEY; *out NULL when none is given. A file given
+ * is read even when --api-key wins, so a broken one is always reported.
+ * False, with a message, on an empty key, an unreadable file or no memory. */
+static bool api_key_of(const char *arg, const char *file, char **out) {
+    const char *env = getenv("KVPIN_API_KEY");
+    char *from_file = file ? read_key_file(file) : NULL;
+    *out = NULL;
+    if (file && !from_file) return false;
+    if (arg && !*arg) {
+        fprintf(stderr, "kvpin serve: --api-key must not be empty\n");
+        free(from_file);
+        return false;
+    }
+    if (!arg && !file && env && !*env) {
+        fprintf(stderr, "kvpin serve: KVPIN_API_KEY is set but empty: unset it, or set it to the key\n");
+        return false;
+    }
+    if (arg) {
+        free(from_file);
+        *out = strdup(arg);
+    } else {
+        *out = from_file ? from_file : env ? strdup(env) : NULL;
+    }
+    if ((arg || file || env) && !*out) {
+        fprintf(stderr, "kvpin serve: out of memory\n");
+        return false;
+    }
+    return true;
+}
+
 int cmd_serve(int argc, char **argv) {
-    const char *model_path = NULL, *host = "127.0.0.1", *api_key = NULL, *tmpl = NULL, *alias = NULL;
+    const char *model_path = NULL, *host = "127.0.0.1", *key_arg = NULL, *key_file = NULL, *tmpl = NULL;
+    const char *alias = NULL;
     int64_t port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 64, chunk = 256, block = 16, timeout = 60;
     uint64_t budget = 0, max_body = 8u << 20;
     kp_dtype kv_type = KP_DTYPE_F16;
-    bool no_cache = false, quiet = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            serve_usage(stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--no-prefix-cache")) {
-            no_cache = true;
-            continue;
-        }
-        if (!strcmp(a, "--quiet")) {
-            quiet = true;
-            continue;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kvpin serve: %s needs a value (or is unknown)\n", a);
-            serve_usage(stderr);
-            return 2;
-        }
-        const char *v = argv[++i];
+    bool no_cache = false, quiet = false, budget_set = false;
+    cli_args a;
+    cli_args_init(&a, "serve", serve_tab, serve_usage, argc, argv);
+    for (int k; (k = cli_args_next(&a)) != CLI_END;) {
+        const char *v = a.val, *opt = a.opt;
         bool ok = true;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model_path = v;
-        else if (!strcmp(a, "--host")) host = v;
-        else if (!strcmp(a, "--port")) ok = cli_parse_i64(a, v, 0, 65535, &port);
-        else if (!strcmp(a, "--parallel") || !strcmp(a, "-np")) ok = cli_parse_i64(a, v, 1, 256, &parallel);
-        else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) ok = cli_parse_i64(a, v, 1, 1 << 24, &ctx);
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) ok = cli_parse_i64(a, v, 1, 1024, &threads);
-        else if (!strcmp(a, "--queue")) ok = cli_parse_i64(a, v, 0, 1 << 20, &queue);
-        else if (!strcmp(a, "--prefill-chunk")) ok = cli_parse_i64(a, v, 1, 1 << 16, &chunk);
-        else if (!strcmp(a, "--kv-block")) ok = cli_parse_i64(a, v, 1, 4096, &block);
-        else if (!strcmp(a, "--timeout")) ok = cli_parse_i64(a, v, 1, 86400, &timeout);
-        else if (!strcmp(a, "--kv-budget")) ok = cli_parse_bytes(a, v, &budget);
-        else if (!strcmp(a, "--max-body")) ok = cli_parse_bytes(a, v, &max_body);
-        else if (!strcmp(a, "--kv-type")) {
-            ok = cli_parse_kv_type(v, &kv_type);
-            if (!ok) fprintf(stderr, "kvpin serve: --kv-type must be f16 or f32\n");
-        } else if (!strcmp(a, "--api-key")) api_key = v;
-        else if (!strcmp(a, "--chat-template")) tmpl = v;
-        else if (!strcmp(a, "--alias")) alias = v;
-        else {
-            fprintf(stderr, "kvpin serve: unknown option %s\n", a);
-            serve_usage(stderr);
-            return 2;
+        switch (k) {
+        case CLI_STOP: return a.rc;
+        case CLI_NO_PREFIX_CACHE: no_cache = true; break;
+        case O_QUIET: quiet = true; break;
+        case CLI_MODEL: model_path = v; break;
+        case CLI_HOST: host = v; break;
+        case CLI_PORT: ok = cli_args_int(&a, &port); break;
+        case CLI_PARALLEL: ok = cli_args_int(&a, &parallel); break;
+        case CLI_CTX_SIZE: ok = cli_args_int(&a, &ctx); break;
+        case CLI_THREADS: ok = cli_args_int(&a, &threads); break;
+        case O_QUEUE: ok = cli_parse_i64(opt, v, 0, 1 << 20, &queue); break;
+        case O_PREFILL_CHUNK: ok = cli_parse_i64(opt, v, 1, 1 << 16, &chunk); break;
+        case CLI_KV_BLOCK: ok = cli_args_int(&a, &block); break;
+        case O_TIMEOUT: ok = cli_parse_i64(opt, v, 1, 86400, &timeout); break;
+        case CLI_KV_BUDGET:
+            ok = cli_parse_bytes(opt, v, &budget);
+            budget_set = true;
+            break;
+        case O_MAX_BODY: ok = cli_parse_bytes(opt, v, &max_body); break;
+        case CLI_KV_TYPE: ok = cli_parse_kv_type(v, &kv_type); break;
+        case O_API_KEY: key_arg = v; break;
+        case O_API_KEY_FILE: key_file = v; break;
+        case O_CHAT_TEMPLATE: tmpl = v; break;
+        case O_ALIAS: alias = v; break;
         }
         if (!ok) return 2;
     }
-    if (api_key && !*api_key) {
-        fprintf(stderr, "kvpin serve: --api-key must not be empty\n");
+    if (!cli_args_no_operands(&a)) return 2;
+    if (budget_set && budget == 0) {
+        fprintf(stderr, "kvpin serve: --kv-budget 0 leaves no room for the KV cache: leave --kv-budget out for "
+                        "the default (np x ctx positions plus as much again for cached prefixes), give a size "
+                        "such as 512M or 2G, or use --no-prefix-cache to keep nothing cached\n");
         return 2;
     }
     if (max_body < 1024) {
@@ -112,6 +187,9 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "kvpin serve: unknown --chat-template %s (see kvpin serve --help)\n", tmpl);
         return 2;
     }
+    char *api_key = NULL;
+    if (!api_key_of(key_arg, key_file, &api_key)) return 2;
+    if (key_arg) memset((char *)key_arg, 'x', strlen(key_arg)); /* out of ps from now on (not before) */
     kp_error err = {0};
     kp_model *m = NULL;
     kp_tok_vocab *v = NULL;
@@ -201,8 +279,7 @@ int cmd_serve(int argc, char **argv) {
             (unsigned long long)per, hp->n_layer, hp->n_head_kv, hp->head_dim, kp_dtype_row_size(kv_type, 1),
             cli_bytes(budget, b2, sizeof b2), (unsigned long long)(budget / per), n_ctx, (long long)parallel,
             no_cache ? "off" : "on");
-    fprintf(stderr, "kvpin serve: listening on http://%s:%u (OpenAI API at /v1)\n", host,
-            (unsigned)kp_server_port(srv));
+    fprintf(stderr, "kvpin serve: listening on %s (OpenAI API at /v1)\n", kp_server_url(srv));
     int sig = 0;
     sigwait(&set, &sig);
     fprintf(stderr, "kvpin serve: %s, shutting down\n", sig == SIGINT ? "interrupted" : "terminated");
@@ -214,5 +291,6 @@ done:
     kp_pool_free(pool);
     kp_tok_vocab_free(v);
     kp_model_free(m);
+    free(api_key);
     return rc;
 }

@@ -28,24 +28,32 @@ static bool open_vocab(const char *path, gguf **g, kp_tok_vocab **v, const char 
     return true;
 }
 
+static const cli_opt tokenize_tab[] = {CLI_USE(CLI_MODEL), CLI_USE(CLI_NO_BOS), CLI_USE(CLI_SPECIAL), {0}};
+static const cli_opt detokenize_tab[] = {CLI_USE(CLI_MODEL), CLI_USE(CLI_SPECIAL), {0}};
+
+static void tokenize_usage(FILE *f) {
+    fprintf(f, "usage: kvpin tokenize [options] < text\n"
+               "Reads all of stdin as UTF-8 and prints the token ids on one line.\n");
+    cli_print_options(f, tokenize_tab);
+}
+static void detokenize_usage(FILE *f) {
+    fprintf(f, "usage: kvpin detokenize [options] [ID ...]\n"
+               "Prints the text of the ids (from the arguments, or stdin when none).\n");
+    cli_print_options(f, detokenize_tab);
+}
+
 int cmd_tokenize(int argc, char **argv) {
     const char *path = NULL;
     bool no_bos = false, special = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") && i + 1 < argc) path = argv[++i];
-        else if (!strcmp(argv[i], "--no-bos")) no_bos = true;
-        else if (!strcmp(argv[i], "--special")) special = true;
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: kvpin tokenize [-m MODEL] [--no-bos] [--special] < text\n"
-                   "Reads all of stdin as UTF-8 and prints the token ids on one line.\n"
-                   "--no-bos: add neither BOS nor EOS. --special: parse special-token text\n"
-                   "(e.g. <|im_start|>) into its id.\n");
-            return 0;
-        } else {
-            fprintf(stderr, "kvpin tokenize: unknown argument '%s'\n", argv[i]);
-            return 2;
-        }
+    cli_args a;
+    cli_args_init(&a, "tokenize", tokenize_tab, tokenize_usage, argc, argv);
+    for (int k; (k = cli_args_next(&a)) != CLI_END;) {
+        if (k == CLI_STOP) return a.rc;
+        if (k == CLI_MODEL) path = a.val;
+        else if (k == CLI_NO_BOS) no_bos = true;
+        else if (k == CLI_SPECIAL) special = true;
     }
+    if (!cli_args_no_operands(&a)) return 2;
     gguf *g;
     kp_tok_vocab *v;
     if (!open_vocab(path, &g, &v, "tokenize")) return 1;
@@ -74,22 +82,14 @@ int cmd_tokenize(int argc, char **argv) {
 int cmd_detokenize(int argc, char **argv) {
     const char *path = NULL;
     bool special = false;
-    int first_id = argc;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") && i + 1 < argc) path = argv[++i];
-        else if (!strcmp(argv[i], "--special")) special = true;
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: kvpin detokenize [-m MODEL] [--special] [ID ...]\n"
-                   "Prints the text of the ids (from the arguments, or stdin when none).\n");
-            return 0;
-        } else if (argv[i][0] == '-' && (argv[i][1] < '0' || argv[i][1] > '9')) {
-            fprintf(stderr, "kvpin detokenize: unknown argument '%s'\n", argv[i]);
-            return 2;
-        } else {
-            first_id = i;
-            break;
-        }
+    cli_args a;
+    cli_args_init(&a, "detokenize", detokenize_tab, detokenize_usage, argc, argv);
+    for (int k; (k = cli_args_next(&a)) != CLI_END;) {
+        if (k == CLI_STOP) return a.rc;
+        if (k == CLI_MODEL) path = a.val;
+        else if (k == CLI_SPECIAL) special = true;
     }
+    int first_id = a.first_arg;
     gguf *g;
     kp_tok_vocab *v;
     if (!open_vocab(path, &g, &v, "detokenize")) return 1;

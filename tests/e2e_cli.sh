@@ -111,5 +111,149 @@ check "prompt longer than the context" sh -c "[ $rc -eq 1 ] && grep -q 'more tha
 "$KVPIN" detokenize -m $M 99999 >/dev/null 2>"$T/err.txt"; rc=$?
 check "detokenize bad id" sh -c "[ $rc -eq 1 ] && grep -q 'not a token id' '$T/err.txt'"
 
+# ---- options: getopt_long spellings, the same in every command
+# --opt=value and the long names give what the short ones give (the golden ids above)
+"$KVPIN" run --model=$M --prompt="Once upon a time" --temp=0 --n-predict=10 --kv-type=f32 --print-tokens \
+    >/dev/null 2>"$T/err.txt"
+check "--opt=value: greedy ids equal llama.cpp's" grep -q "^tokens: 432 383 286 261 376 298 315 421 395 317$" "$T/err.txt"
+"$KVPIN" run -m$M -p"Once upon a time" --temp 0 -n10 --kv-type f32 --print-tokens >/dev/null 2>"$T/err.txt"
+check "-mFILE -pTEXT -n10: the same ids" grep -q "^tokens: 432 383 286 261 376 298 315 421 395 317$" "$T/err.txt"
+for spell in "--ctx-size=64" "-c 64" "--ctx 64" "--ctx=64"; do
+    # shellcheck disable=SC2086 # $spell is one option and its value
+    "$KVPIN" run -p "$(python3 -c "print('Once upon a time ' * 300)")" $spell -n 1 >/dev/null 2>"$T/err.txt"; rc=$?
+    check "context option '$spell' is the context" sh -c "[ $rc -eq 1 ] && grep -q 'more than the context of 64' '$T/err.txt'"
+done
+"$KVPIN" kv -m tests/data/models/gen-llama-gqa-q8_0.gguf --ctx-size=1000 >"$T/kv.txt"
+check "kv --ctx-size=1000" grep -q "1000 tokens -> .*(1024000 bytes)" "$T/kv.txt"
+# -np is --parallel (the two-letter short option), also as -np=N; elsewhere it is unknown
+"$KVPIN" serve -np 0 >/dev/null 2>"$T/err.txt"; rc=$?
+check "serve -np 0 is --parallel 0" sh -c "[ $rc -eq 2 ] && grep -q -- '--parallel must be between 1 and 256, got 0' '$T/err.txt'"
+"$KVPIN" serve -np=300 >/dev/null 2>"$T/err.txt"; rc=$?
+check "serve -np=300 is --parallel=300" sh -c "[ $rc -eq 2 ] && grep -q -- '--parallel must be between 1 and 256, got 300' '$T/err.txt'"
+"$KVPIN" run -np 2 >/dev/null 2>"$T/err.txt"; rc=$?
+check "run -np: unknown, named" sh -c "[ $rc -eq 2 ] && grep -q \"unknown option '-np'\" '$T/err.txt'"
+# a value that looks like an option is a value
+"$KVPIN" run -m $M -p "-np" -n 2 --temp 0 >/dev/null 2>&1; rc=$?
+check "-p -np: '-np' is the prompt" [ $rc -eq 0 ]
+# several -p / --prompt / --prompt= switch run to its prompt-cache mode: turn 2 reuses n - 1 tokens
+n=$(printf 'Once upon a time' | "$KVPIN" tokenize -m $M | wc -w)
+"$KVPIN" run -m $M --prompt "Once upon a time" --prompt="Once upon a time" -n 2 -t 1 >/dev/null 2>"$T/err.txt"
+check "--prompt twice is the prompt cache" grep -q "^turn 2: $n prompt tokens, $((n - 1)) reused, 1 computed" "$T/err.txt"
+printf 'Once upon a time' >"$T/p.txt"
+"$KVPIN" run -m $M --file="$T/p.txt" -f"$T/p.txt" -n 2 -t 1 >/dev/null 2>"$T/err.txt"
+check "--file= and -fFILE are the prompt cache" grep -q "^turn 2: $n prompt tokens, $((n - 1)) reused, 1 computed" "$T/err.txt"
+"$KVPIN" run -m $M -p "Once upon a time" --no-prefix-cache -n 2 -t 1 >/dev/null 2>"$T/err.txt"
+check "--no-prefix-cache is the prompt-cache mode" grep -q "^turn 1: $n prompt tokens, 0 reused" "$T/err.txt"
+"$KVPIN" run -m $M -p a -p b --kv-budget 0 >/dev/null 2>"$T/err.txt"; rc=$?
+check "run --kv-budget 0: exit 2, says what to pass" sh -c "[ $rc -eq 2 ] && grep -q 'kv-budget out for the default' '$T/err.txt'"
+"$KVPIN" serve --kv-budget=0 >/dev/null 2>"$T/err.txt"; rc=$?
+check "serve --kv-budget 0: exit 2, says what to pass" sh -c "[ $rc -eq 2 ] && grep -q 'kv-budget out for the default' '$T/err.txt'"
+
+# every command: an unknown option, a missing value and an operand where none is taken are one
+# line naming the option and `kvpin CMD --help`, exit 2; --help exits 0
+CMDS="serve run logits inspect kv info tokenize detokenize doctor canon bench mkmodel"
+for c in $CMDS; do
+    "$KVPIN" $c --no-such-option </dev/null >/dev/null 2>"$T/err.txt"; rc=$?
+    check "$c --no-such-option: exit 2 ($rc), one line naming it" sh -c "[ $rc -eq 2 ] &&
+        [ \$(wc -l <'$T/err.txt') -eq 1 ] && grep -q \"'--no-such-option' (see kvpin $c --help)\" '$T/err.txt'"
+    "$KVPIN" $c -Z </dev/null >/dev/null 2>"$T/err.txt"; rc=$?
+    check "$c -Z: exit 2" sh -c "[ $rc -eq 2 ] && grep -q \"unknown option '-Z'\" '$T/err.txt'"
+    "$KVPIN" $c --help >"$T/help-$c.txt" 2>&1; rc=$?
+    check "$c --help: exit 0" sh -c "[ $rc -eq 0 ] && grep -q '^usage: kvpin $c' '$T/help-$c.txt'"
+done
+for c in serve run logits inspect kv info tokenize detokenize doctor bench; do
+    "$KVPIN" $c -m </dev/null >/dev/null 2>"$T/err.txt"; rc=$?
+    check "$c -m without a value: exit 2" sh -c "[ $rc -eq 2 ] && grep -q \"option '-m' needs a value (see kvpin $c --help)\" '$T/err.txt'"
+    "$KVPIN" $c --model </dev/null >/dev/null 2>"$T/err.txt"; rc=$?
+    check "$c --model without a value: exit 2" sh -c "[ $rc -eq 2 ] && grep -q \"option '--model' needs a value\" '$T/err.txt'"
+done
+"$KVPIN" run --no-bos=yes >/dev/null 2>"$T/err.txt"; rc=$?
+check "a value given to a flag: exit 2" sh -c "[ $rc -eq 2 ] && grep -q \"option '--no-bos' takes no value\" '$T/err.txt'"
+"$KVPIN" run -m $M stray >/dev/null 2>"$T/err.txt"; rc=$?
+check "an operand run does not take: exit 2" sh -c "[ $rc -eq 2 ] && grep -q \"unexpected argument 'stray'\" '$T/err.txt'"
+"$KVPIN" run --prompt-cache --help >"$T/help-cache.txt" 2>&1
+# a shared option's help line (and its continuation lines) reads the same in every command that has
+# it, and every command's descriptions start in one column
+check "shared options read the same in every --help" python3 - "$T" $CMDS cache <<'PY'
+import re, sys
+d, cmds = sys.argv[1], sys.argv[2:]
+shared = ["model", "threads", "ctx-size", "n-predict", "prompt", "file", "seed", "temp", "top-k", "top-p",
+          "min-p", "repeat-penalty", "repeat-last-n", "presence-penalty", "frequency-penalty", "host", "port",
+          "parallel", "kv-type", "kv-budget", "kv-block", "no-prefix-cache", "no-bos", "special", "print-tokens",
+          "scalar", "json", "help", "version"]
+opt_line = re.compile(r"^ {2,7}(-[a-z]+, )?--([a-z0-9-]+)( \S+)? +\S")
+lines, cols = {}, set()
+for c in cmds:
+    text = open("%s/help-%s.txt" % (d, c)).read().split("\n")
+    for i, l in enumerate(text):
+        m = opt_line.match(l)
+        if not m:
+            continue
+        cols.add(len(l) - len(l[m.end(3) if m.group(3) else m.end(2):].lstrip(" ")))
+        block = [l]
+        for k in text[i + 1:]:
+            if not k.startswith(" " * 20) or opt_line.match(k):
+                break
+            block.append(k)
+        lines.setdefault(m.group(2), {})[c] = "\n".join(block)
+assert len(cols) == 1, "descriptions start in columns %s" % sorted(cols)
+for name in shared:
+    seen = lines.get(name, {})
+    if name in ("prompt", "n-predict"):  # bench's -p/-n are --n-prompt/--n-gen (llama-bench's)
+        assert "bench" not in seen
+    assert seen, "--%s in no --help" % name
+    assert len(set(seen.values())) == 1, "--%s differs:\n%s" % (name, "\n".join("%s: %s" % kv for kv in seen.items()))
+assert set(lines["model"]) == set(cmds) - {"canon", "mkmodel"}, sorted(lines["model"])
+assert set(lines["help"]) == set(lines["version"]) == set(cmds)
+PY
+# README's ## Commands block lists every option each --help shows
+check "README lists every option of every command" python3 - "$T" $CMDS <<'PY'
+import re, sys
+d, cmds = sys.argv[1], sys.argv[2:]
+readme = open("README.md").read()
+block = readme.split("## Commands", 1)[1].split("\n\n", 2)[1]
+syn, cur = {}, None
+for l in block.split("\n"):
+    m = re.match(r"\s+kvpin (run --prompt-cache|\S+)", l)
+    if m:
+        cur = "cache" if m.group(1) == "run --prompt-cache" else m.group(1)
+    syn[cur] = syn.get(cur, "") + " " + l
+for c in cmds + ["cache"]:  # an option counts as listed by its long or its short spelling
+    opts = re.findall(r"^ {2,7}(?:-([a-z]+), )?--([a-z0-9-]+)", open("%s/help-%s.txt" % (d, c)).read(), re.M)
+    missing = [l for sh, l in opts if l not in ("help", "version") and
+               not re.search(r"(?<![\w-])(--%s|%s)(?![\w-])" % (re.escape(l), "-" + sh if sh else "--%s" % l),
+                             syn.get(c, ""))]
+    assert not missing, "README's synopsis of %s lacks %s" % (c, missing)
+PY
+
+# ---- --version: the version, the commit of this checkout, the compiler, the flags, the kernels
+"$KVPIN" --version >"$T/v1.txt" 2>&1; rc=$?
+"$KVPIN" version >"$T/v2.txt" 2>&1
+"$KVPIN" serve --version >"$T/v3.txt" 2>&1
+"$KVPIN" bench --version >"$T/v4.txt" 2>&1
+check "--version exits 0" [ $rc -eq 0 ]
+check "kvpin version, kvpin CMD --version: the same" sh -c "cmp -s '$T/v1.txt' '$T/v2.txt' && cmp -s '$T/v1.txt' '$T/v3.txt' && cmp -s '$T/v1.txt' '$T/v4.txt'"
+check "--version: the version" grep -q "^kvpin [0-9][0-9]*\.[0-9][0-9]*\.[0-9][0-9]*$" "$T/v1.txt"
+check "--version: compiler and flags" sh -c "grep -q '^compiler: *\(gcc\|clang\) [0-9]' '$T/v1.txt' && grep -q '^flags: .*-std=c11' '$T/v1.txt'"
+if head=$(git rev-parse --short HEAD 2>/dev/null) && [ "$(git rev-parse --show-toplevel)" = "$(pwd)" ]; then
+    dirty=""; [ -n "$(git status --porcelain)" ] && dirty="-dirty"
+    check "--version: the commit is git's ($head$dirty)" grep -q "^commit: *$head$dirty$" "$T/v1.txt"
+else
+    check "--version: commit unknown outside a checkout" grep -q "^commit: *unknown$" "$T/v1.txt"
+fi
+if [ "$(uname -m)" = x86_64 ]; then # the tables this CPU must get, from the kernel's list of its flags
+    check "--version: the kernels this CPU gets" python3 - "$T/v1.txt" <<'PY'
+import re, sys
+flags = set(re.search(r"^flags\s*:(.*)$", open("/proc/cpuinfo").read(), re.M).group(1).split())
+avx2 = {"avx2", "fma", "f16c"} <= flags
+matrix = "avx512vnni" if avx2 and {"avx512f", "avx512vl", "avx512bw", "avx512_vnni"} <= flags else \
+    "avx2" if avx2 else "scalar"
+attn = "avx512" if avx2 and "avx512f" in flags else "avx2" if avx2 else "scalar"
+want = "kernels:   %s (matrix), %s (attention)" % (matrix, attn)
+got = [l for l in open(sys.argv[1]).read().split("\n") if l.startswith("kernels:")]
+assert got == [want], (got, want)
+PY
+fi
+
 echo "e2e_cli: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -56,7 +56,8 @@ fi
 start() { # start NAME ARGS...: starts a server; its URL goes to $T/NAME.url
     name=$1; shift
     : >"$T/$name.err"
-    "$KVPIN" serve -m $M --port 0 -t 1 --kv-type f32 --quiet "$@" 2>"$T/$name.err" &
+    # (not the caller's KVPIN_API_KEY: the key is what the arguments say)
+    env -u KVPIN_API_KEY "$KVPIN" serve -m $M --port 0 -t 1 --kv-type f32 --quiet "$@" 2>"$T/$name.err" &
     pid=$!
     PIDS="$PIDS $pid"
     echo "$pid" >"$T/$name.pid"

@@ -9,7 +9,12 @@ Expected values come from outside the server's own answer:
   - the divergence byte of a timestamp edit from the two prompt texts;
   - each of 16 concurrent greedy streams from the same request run alone;
   - no leaked KV blocks: after the load, the blocks in use are exactly the
-    blocks the prefix index holds, and no sequence holds a lease.
+    blocks the prefix index holds, and no sequence holds a lease;
+  - the request log: one line per request whose status, id, tokens and
+    cause are what the client received (response, x-request-id header);
+  - API keys by their documented precedence, RFC 7235's case-insensitive
+    scheme, 401 before 404/405/413; IPv6 on ::1 (skipped, with a message,
+    where the machine cannot bind ::1); -np as --parallel.
 """
 import http.client
 import json
@@ -40,18 +45,29 @@ def ok(cond, what):
     return cond
 
 
+def server_env(env):
+    """The environment of a server: ours without KVPIN_API_KEY, plus env."""
+    e = dict(os.environ)
+    e.pop("KVPIN_API_KEY", None)
+    e.update(env or {})
+    return e
+
+
 class Server:
-    def __init__(self, *args):
+    def __init__(self, *args, quiet=True, env=None):
         self.log = tempfile.NamedTemporaryFile(prefix="kvpin-serve-", suffix=".log", delete=False)
-        cmd = [KVPIN, "serve", "-m", MODEL, "--port", "0", "-t", "1", "--quiet"] + list(args)
-        self.p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log)
+        cmd = [KVPIN, "serve", "-m", MODEL, "--port", "0", "-t", "1"] + (["--quiet"] if quiet else []) + list(args)
+        self.p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, env=server_env(env))
         self.port = None
         deadline = time.time() + 30
         while time.time() < deadline and self.port is None:
             with open(self.log.name, "rb") as f:
-                m = re.search(rb"listening on http://[0-9.]+:(\d+)", f.read())
+                m = re.search(rb"listening on (http://(\[[0-9a-f:.%]+\]|[0-9.]+):(\d+)) ", f.read())
             if m:
-                self.port = int(m.group(1))
+                self.url = m.group(1).decode()
+                self.port = int(m.group(3))
+                self.host = m.group(2).decode().strip("[]")  # where to connect: loopback for "every address"
+                self.host = {"::": "::1", "0.0.0.0": "127.0.0.1"}.get(self.host, self.host)
             elif self.p.poll() is not None:
                 break
             else:
@@ -60,8 +76,11 @@ class Server:
             raise RuntimeError("server did not start: " + open(self.log.name, errors="replace").read())
         SERVERS.append(self)
 
-    def request(self, method, path, body=None, headers=None, timeout=60):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+    def log_text(self):
+        return open(self.log.name, errors="replace").read()
+
+    def request(self, method, path, body=None, headers=None, timeout=60, host=None):
+        c = http.client.HTTPConnection(host or self.host, self.port, timeout=timeout)
         if isinstance(body, (dict, list)):
             body = json.dumps(body).encode()
         elif isinstance(body, str):
@@ -334,7 +353,268 @@ def auth():
     ok(st == 200, "/health needs no key")
     st, j = srv.get("/metrics")
     ok(st == 401, "/metrics needs the key")
+    # RFC 7235: the scheme is case-insensitive, then one or more spaces
+    body = {"prompt": "a", "max_tokens": 1}
+    for value in ("bearer sekret", "BEARER sekret", "bEaReR sekret", "Bearer   sekret"):
+        st, _, _ = srv.post("/v1/completions", body, headers={"Authorization": value})
+        ok(st == 200, "Authorization: %r: %d" % (value, st))
+    for value in ("Basic sekret", "Bearersekret", "Bearer", "Bearer sekret2", "Bearer sekre", "sekret"):
+        st, _, _ = srv.post("/v1/completions", body, headers={"Authorization": value})
+        ok(st == 401, "Authorization: %r: %d, expected 401" % (value, st))
     srv.stop()
+    # without the key, 401 comes before 404, 405 and 413 (the client learns nothing of routes or limits)
+    srv = Server("--api-key", "sekret", "--ctx", "256", "--max-body", "4K")
+    cases = [("unknown path", "GET", "/v2/everything", None, 404),
+             ("wrong method", "GET", "/v1/completions", None, 405),
+             ("unpin an unknown id", "DELETE", "/v1/cache/pin/pin-424242", None, 404),
+             ("body over --max-body", "POST", "/v1/completions", {"prompt": "x" * 8000}, 413)]
+    for what, method, path, body, status in cases:
+        st, h, data = srv.request(method, path, body)
+        ok(st == 401 and json.loads(data)["error"]["code"] == "invalid_api_key" and "Allow" not in h,
+           "%s without the key: %d %r, expected 401" % (what, st, data[:100]))
+        st, _, _ = srv.request(method, path, body, headers={"Authorization": "Bearer sekret"})
+        ok(st == status, "%s with the key: %d, expected %d" % (what, st, status))
+    srv.stop()
+
+
+def start_fails(args, env=None):
+    """kvpin serve ARGS that must refuse to start: (exit code, stderr)."""
+    p = subprocess.run([KVPIN, "serve", "-m", MODEL, "--port", "0", "-t", "1", "--quiet"] + args,
+                       env=server_env(env), capture_output=True, timeout=60)
+    return p.returncode, p.stderr.decode(errors="replace")
+
+
+def api_keys():
+    """--api-key, else --api-key-file (first line, trailing whitespace cut), else $KVPIN_API_KEY."""
+    d = tempfile.mkdtemp(prefix="kvpin-keys-")
+    kf, empty, missing = os.path.join(d, "key"), os.path.join(d, "empty"), os.path.join(d, "missing")
+    with open(kf, "w") as f:
+        f.write("filekey \t\r\nsecond line\n")
+    os.chmod(kf, 0o600)
+    with open(empty, "w") as f:
+        f.write("  \nkey on line two\n")
+
+    def works(srv):
+        """The keys among envkey, filekey, argkey, "second line" that the server takes."""
+        got = set()
+        for key in ("envkey", "filekey", "argkey", "second line"):
+            st, _, _ = srv.request("GET", "/v1/models", headers={"Authorization": "Bearer " + key})
+            if st == 200:
+                got.add(key)
+        st, _, _ = srv.request("GET", "/v1/models")
+        ok(st == 401, "no key: %d" % st)
+        return got
+
+    env = {"KVPIN_API_KEY": "envkey"}
+    srv = Server("--ctx", "256", env=env)
+    ok(works(srv) == {"envkey"}, "KVPIN_API_KEY alone is the key")
+    srv.stop()
+    srv = Server("--ctx", "256", "--api-key-file", kf, env=env)
+    ok(works(srv) == {"filekey"}, "--api-key-file wins over KVPIN_API_KEY, first line, whitespace trimmed")
+    srv.stop()
+    srv = Server("--ctx", "256", "--api-key=argkey", "--api-key-file=" + kf, env=env)
+    ok(works(srv) == {"argkey"}, "--api-key wins over both")
+    with open("/proc/%d/cmdline" % srv.p.pid, "rb") as f:
+        cmdline = f.read()
+    ok(b"argkey" not in cmdline and b"--api-key=" in cmdline, "the key is blanked from ps: %r" % cmdline)
+    srv.stop()
+    for what, args, e, want in [
+            ("an empty first line", ["--api-key-file", empty], None, "first line is empty"),
+            ("a missing file", ["--api-key-file", missing], None, "cannot read --api-key-file " + missing),
+            ("a directory", ["--api-key-file", d], None, d),
+            ("a missing file next to --api-key", ["--api-key", "k", "--api-key-file", missing], None, missing),
+            ("an empty --api-key", ["--api-key="], None, "--api-key must not be empty"),
+            ("an empty KVPIN_API_KEY", [], {"KVPIN_API_KEY": ""}, "KVPIN_API_KEY is set but empty")]:
+        rc, err = start_fails(args, e)
+        ok(rc == 2 and want in err and len(err.strip().split("\n")) == 1,
+           "%s: exit %d, expected 2 and one line with %r: %r" % (what, rc, want, err))
+    for f in (kf, empty):
+        os.unlink(f)
+    os.rmdir(d)
+
+
+def parallel_np():
+    """-np 2 is --parallel 2: of three long requests two run, one waits."""
+    srv = Server("-np", "2", "--ctx", "60000")
+    body = json.dumps({"prompt": "Once", "max_tokens": 100000, "ignore_eos": True, "stream": True}).encode()
+    socks = []
+    for _ in range(3):
+        s = socket.create_connection((srv.host, srv.port), timeout=20)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        socks.append(s)
+    deadline, j = time.time() + 10, {}
+    while time.time() < deadline:
+        st, j = srv.get("/health")
+        if j.get("running", 0) + j.get("queued", 0) == 3 and j.get("queued") < 3:  # all in, admitted
+            time.sleep(0.3)  # (more would run now if -np were not 2)
+            st, j = srv.get("/health")
+            break
+        time.sleep(0.05)
+    ok(j.get("running") == 2 and j.get("queued") == 1, "-np 2: %s" % j)
+    for s in socks:
+        s.close()
+    ok(wait_idle(srv), "the -np 2 requests ended")
+    srv.stop()
+
+
+LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z ((?:[a-z_]+=\S+ ?)+)$")
+LOG_KEYS = ["id", "client", "method", "path", "status", "error", "prompt", "cached", "computed", "cause",
+            "completion", "finish", "ttft_ms", "total_ms"]
+
+
+def log_lines(srv, n, seconds=10):
+    """The request lines of srv's log (dicts, plus "time"), once there are n of them."""
+    deadline = time.time() + seconds
+    while True:
+        lines = [l for l in srv.log_text().split("\n") if l and not l.startswith("kvpin serve:")]
+        if len(lines) >= n or time.time() > deadline:
+            break
+        time.sleep(0.05)
+    out = []
+    for l in lines:
+        m = LOG_LINE.match(l)
+        if not ok(m is not None, "not a log line: %r" % l):
+            continue
+        kv = dict(f.split("=", 1) for f in m.group(2).split(" "))
+        ok(list(kv) == LOG_KEYS, "log keys %s" % list(kv))
+        kv["time"] = m.group(1)
+        out.append(kv)
+    return out
+
+
+def request_log():
+    """One line per request (errors too) with the status, id, tokens and cause the client saw; the id is
+    the x-request-id header of every response, the client's own when sane."""
+    import datetime
+    t_start = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    srv = Server("--ctx", "60000", "-np", "1", "--api-key", "k", "--max-body", "4K", quiet=False)
+    A = {"Authorization": "Bearer k"}
+    want = []  # (x-request-id seen, {field: expected})
+
+    def gen_fields(j, finish):
+        u, c = j["usage"], j["kvpin_cache"]
+        return {"prompt": str(u["prompt_tokens"]), "cached": str(u["prompt_tokens_details"]["cached_tokens"]),
+                "computed": str(c["computed_tokens"]), "cause": c["cause"], "completion": str(u["completion_tokens"]),
+                "finish": finish}
+
+    body = {"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0}
+    for rid in ("client-id-1", "client-id-2"):  # the second is a hit
+        st, h, j = srv.post("/v1/completions", body, headers=dict(A, **{"X-Request-Id": rid}))
+        ok(st == 200 and h.get("x-request-id") == rid, "the client's x-request-id echoed: %r" % h.get("x-request-id"))
+        want.append((h.get("x-request-id"), dict(gen_fields(j, j["choices"][0]["finish_reason"]), status="200",
+                                                 error="-", method="POST", path="/v1/completions")))
+    ok(want[1][1]["cause"] == "hit", "the second request hits the cache: %s" % want[1][1])
+    # insane ids are replaced by the server's own, unique per request
+    for bad in ("x" * 65, "has space", "tab\there"):
+        st, h, _ = srv.request("GET", "/v1/models", headers=dict(A, **{"X-Request-Id": bad}))
+        rid = h.get("x-request-id", "")
+        ok(st == 200 and rid and rid != bad and re.match(r"^[\x21-\x7e]{1,64}$", rid), "insane id %r -> %r" % (bad, rid))
+        want.append((rid, {"status": "200", "error": "-", "method": "GET", "path": "/v1/models", "prompt": "-",
+                           "cause": "-", "finish": "-"}))
+    # a stream: the header on the stream's response, the usage of its last chunk in the line
+    c = http.client.HTTPConnection(srv.host, srv.port, timeout=60)
+    c.request("POST", "/v1/chat/completions", body=json.dumps(
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0, "stream": True,
+         "stream_options": {"include_usage": True}}), headers=A)
+    r = c.getresponse()
+    rid = r.getheader("x-request-id")
+    events = [json.loads(e[6:]) for e in r.read().split(b"\n\n") if e.startswith(b"data: {")]
+    c.close()
+    last = [e for e in events if e.get("usage")]
+    finish = [e["choices"][0]["finish_reason"] for e in events if e["choices"] and e["choices"][0]["finish_reason"]]
+    ok(r.status == 200 and rid and len(last) == 1 and len(finish) == 1, "stream: %s %r" % (r.status, rid))
+    if last and finish:
+        want.append((rid, dict(gen_fields(last[0], finish[0]), status="200", error="-",
+                               path="/v1/chat/completions")))
+    # errors: each with its status and code
+    for what, method, path, b, headers, status, code in [
+            ("no key", "GET", "/v2/x", None, {}, "401", "invalid_api_key"),
+            ("unknown path", "GET", "/v2/x%20y", None, A, "404", "not_found"),
+            ("wrong method", "GET", "/v1/completions", None, A, "405", "method_not_allowed"),
+            ("bad JSON", "POST", "/v1/completions", b"{", A, "400", "-"),
+            ("too long", "POST", "/v1/completions", {"prompt": "x" * 5000}, A, "413", "body_too_large"),
+            ("unknown field", "POST", "/v1/completions", {"prompt": "a", "zz": 1}, A, "400", "-")]:
+        st, h, data = srv.request(method, path, b, headers=headers)
+        ok(str(st) == status and h.get("x-request-id"), "%s: %d %r" % (what, st, h.get("x-request-id")))
+        want.append((h.get("x-request-id"), {"status": status, "error": code, "method": method, "path": path,
+                                              "prompt": "-"}))
+    # a client that leaves before its answer: 499
+    st, h, j = srv.post("/tokenize", {"content": "Once", "add_special": True}, headers=A)
+    want.append((h.get("x-request-id"), {"status": "200", "path": "/tokenize"}))
+    s = socket.create_connection((srv.host, srv.port), timeout=20)
+    lb = json.dumps({"prompt": "Once", "max_tokens": 100000, "ignore_eos": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nX-Request-Id: gone-1\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(lb) + lb)
+    time.sleep(0.5)
+    s.close()
+    want.append(("gone-1", {"status": "499", "error": "client_left", "finish": "client_left",
+                            "prompt": str(len(j["tokens"]))}))
+    ok(wait_idle(srv), "the request of the client that left ended")
+    t_end = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    lines = log_lines(srv, len(want) + 1)  # wait_idle's /health requests are logged too
+    by_id = {}
+    for kv in lines:
+        by_id.setdefault(kv["id"], []).append(kv)
+    n_health = sum(1 for kv in lines if kv["path"] == "/health")
+    ok(len(lines) == len(want) + n_health and n_health >= 1,
+       "%d log lines for %d requests and %d /health" % (len(lines), len(want), n_health))
+    for rid, fields in want:
+        got = by_id.get(rid, [])
+        if not ok(len(got) == 1, "request %r: %d log lines" % (rid, len(got))):
+            continue
+        kv = got[0]
+        for k, v in fields.items():
+            ok(kv[k] == v, "request %r: %s=%s, expected %s" % (rid, k, kv[k], v))
+        t = datetime.datetime.strptime(kv["time"], "%Y-%m-%dT%H:%M:%S.%f")
+        ok(t_start - datetime.timedelta(seconds=1) <= t <= t_end + datetime.timedelta(seconds=1),
+           "request %r: time %s outside %s .. %s" % (rid, kv["time"], t_start, t_end))
+        ok(re.match(r"^127\.0\.0\.1:\d+$", kv["client"]) is not None, "client %s" % kv["client"])
+        ok(float(kv["total_ms"]) >= 0 and (kv["ttft_ms"] == "-" or float(kv["ttft_ms"]) <= float(kv["total_ms"])),
+           "request %r: ttft %s, total %s" % (rid, kv["ttft_ms"], kv["total_ms"]))
+        if fields.get("completion", "0") != "0" and fields["status"] == "200":
+            ok(kv["ttft_ms"] != "-", "request %r: no time to first token" % rid)
+    ok(len(set(kv["id"] for kv in lines)) == len(lines), "request ids are unique")
+    srv.stop()
+    # --quiet: no request lines at all
+    srv = Server("--ctx", "256")
+    srv.get("/health")
+    srv.post("/v1/completions", {"prompt": "a", "max_tokens": 1})
+    time.sleep(0.3)
+    ok(not [l for l in srv.log_text().split("\n") if l and not l.startswith("kvpin serve:")],
+       "--quiet logs no requests: %r" % srv.log_text()[-500:])
+    srv.stop()
+
+
+def ipv6():
+    """--host ::1, [::1], :: and a host name; the URL printed has the brackets."""
+    try:
+        probe = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        probe.bind(("::1", 0))
+        probe.close()
+    except OSError as e:
+        print("SKIP e2e_server: IPv6: this machine cannot bind ::1 (%s)" % e, flush=True)
+        return
+    for host in ("::1", "[::1]"):
+        srv = Server("--host", host, "--ctx", "256", quiet=False)
+        ok(srv.url == "http://[::1]:%d" % srv.port, "--host %s: listening on %s" % (host, srv.url))
+        st, _, j = srv.post("/v1/completions", {"prompt": "Once", "max_tokens": 2, "temperature": 0})
+        ok(st == 200 and j["usage"]["completion_tokens"] == 2, "--host %s: a completion over ::1: %d" % (host, st))
+        lines = log_lines(srv, 1)
+        ok(len(lines) == 1 and re.match(r"^\[::1\]:\d+$", lines[0]["client"]) is not None,
+           "--host %s: the client in the log: %s" % (host, lines and lines[0]["client"]))
+        srv.stop()
+    srv = Server("--host", "::", "--ctx", "256")  # every address, IPv6 and IPv4
+    ok(srv.url == "http://[::]:%d" % srv.port, "--host ::: %s" % srv.url)
+    for h in ("::1", "127.0.0.1"):
+        st, j = srv.get("/health") if h == "::1" else (srv.request("GET", "/health", host=h)[0], None)
+        ok(st == 200, "--host ::, a client on %s: %s" % (h, st))
+    srv.stop()
+    srv = Server("--host", "localhost", "--ctx", "256")
+    ok(srv.url in ("http://127.0.0.1:%d" % srv.port, "http://[::1]:%d" % srv.port), "--host localhost: %s" % srv.url)
+    ok(srv.get("/health")[0] == 200, "--host localhost answers")
+    srv.stop()
+    rc, err = start_fails(["--host", "no.such.host.invalid"])
+    ok(rc == 1 and "cannot resolve --host no.such.host.invalid" in err, "an unknown host: %d %r" % (rc, err))
 
 
 def queue_full():
@@ -544,6 +824,10 @@ def main():
         no_leaks(srv, "at the end")
         srv.stop()
         auth()
+        api_keys()
+        request_log()
+        ipv6()
+        parallel_np()
         queue_full()
         disconnects()
     finally:

@@ -25,6 +25,17 @@
  * stream reader, which count it by status for /metrics; a scheduler
  * request is released exactly once, by whoever holds it last (the handler
  * when it answers with a plain body, else the stream's free callback).
+ *
+ * The request log: each request's conn carries a reqlog (its id, client,
+ * method, path, then the status and error code of the answer, the tokens
+ * and times of a generation). reply() finds the conn of the request being
+ * answered through the connection's socket context (sock: the conn of the
+ * request in progress; one at a time, as MHD runs a connection's requests
+ * one after another on its thread), adds the x-request-id header and notes
+ * the status. The line is written when the request ends: by completed_cb,
+ * or for a stream by its free callback, which holds a copy of the reqlog.
+ * A request that got no answer (its client left, or the server stopped
+ * first) is logged with status 499.
  */
 #include "serve/server.h"
 
@@ -39,11 +50,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/buf.h"
 #include "base/unicode.h"
+#include "cache/doctor.h"
 #include "serve/oai.h"
 
 #define N_STATUS 12
@@ -59,16 +73,41 @@ struct kp_server {
     uint32_t ctx; /* the engine's maximum sequence length */
     time_t started;
     atomic_uint_fast64_t next_id;
+    atomic_uint_fast64_t next_req; /* request ids */
+    char url[96];                  /* http://ADDRESS:PORT of the listening socket */
     atomic_bool stopping; /* kp_server_free has begun: waits end, streams close */
     atomic_uint_fast64_t by_status[N_STATUS]; /* last: other */
 };
+
+/* What the log line of a request says (log_line). */
+typedef struct {
+    char id[72];          /* x-request-id: the client's when sane, else one of ours */
+    char client[72];      /* ADDRESS:PORT, [v6]:PORT */
+    char method[16];
+    char path[208];       /* percent-escaped, cut at 200 bytes */
+    double t0;            /* arrival (now_s) */
+    unsigned status;      /* of the answer queued; 0: none yet */
+    const char *code;     /* the error code of an error answer (static), or NULL */
+    bool gen;             /* a generation that reached the scheduler: the fields below hold */
+    uint32_t prompt, cached, computed, completion;
+    const char *cause;    /* the cache report's cause (static), or NULL */
+    const char *finish;   /* stop, length, tool_calls, cancelled, error, client_left (static), or NULL */
+    double ttft_ms;
+} reqlog;
 
 typedef struct {
     char *body;
     size_t len, cap;
     bool too_big;
     double t0;
+    reqlog log;
+    bool streamed; /* a stream answers it and writes its log line */
 } conn;
+
+/* A connection's socket context: the request it is serving. */
+typedef struct {
+    conn *cur;
+} sock;
 
 static double now_s(void) {
     struct timespec ts;
@@ -82,6 +121,100 @@ static void count_status(kp_server *s, unsigned status) {
     atomic_fetch_add(&s->by_status[i], 1);
 }
 
+/* The request the connection is answering, or NULL. */
+static conn *current(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    sock *k = ci ? ci->socket_context : NULL;
+    return k ? k->cur : NULL;
+}
+
+/* ---- the request log ------------------------------------------------------ */
+
+/* The generation's numbers, from the scheduler's last update. */
+static void note_gen(reqlog *l, const kp_sreq_update *u, const char *finish) {
+    l->gen = true;
+    l->prompt = u->prompt_tokens;
+    l->cached = u->cached_tokens;
+    l->computed = u->report.computed_tokens;
+    l->completion = u->completion_tokens;
+    l->cause = u->has_doctor ? kp_doctor_cause_name(u->doctor.finding.cause) : NULL;
+    l->finish = finish;
+    l->ttft_ms = u->ttft_ms;
+}
+
+/* One line on stderr, one fputs (whole even when threads log at once):
+ *   TIME id= client= method= path= status= error= prompt= cached= computed=
+ *   cause= completion= finish= ttft_ms= total_ms=
+ * "-" where a field does not apply (see README.md). */
+static void log_line(const kp_server *s, const reqlog *l) {
+    if (s->cfg.quiet) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char when[40], num[4][16], ttft[24];
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+    const uint32_t v[4] = {l->prompt, l->cached, l->computed, l->completion};
+    for (int i = 0; i < 4; i++) {
+        if (l->gen) snprintf(num[i], sizeof num[i], "%u", v[i]);
+        else snprintf(num[i], sizeof num[i], "-");
+    }
+    if (l->gen && l->completion) snprintf(ttft, sizeof ttft, "%.1f", l->ttft_ms);
+    else snprintf(ttft, sizeof ttft, "-");
+    char line[1024];
+    snprintf(line, sizeof line,
+             "%s.%03dZ id=%s client=%s method=%s path=%s status=%u error=%s prompt=%s cached=%s computed=%s "
+             "cause=%s completion=%s finish=%s ttft_ms=%s total_ms=%.1f\n",
+             when, (int)(ts.tv_nsec / 1000000), l->id, l->client, l->method, l->path, l->status ? l->status : 499,
+             l->code ? l->code : l->status ? "-" : "client_left", num[0], num[1], num[2], l->cause ? l->cause : "-",
+             num[3], l->finish ? l->finish : "-", ttft, (now_s() - l->t0) * 1e3);
+    fputs(line, stderr);
+}
+
+/* A client's x-request-id is used when sane: 1 to 64 visible ASCII
+ * characters (no spaces, so the log stays key=value). */
+static bool sane_request_id(const char *h) {
+    size_t n = h ? strlen(h) : 0;
+    if (n == 0 || n > 64) return false;
+    for (size_t i = 0; i < n; i++)
+        if (h[i] < 0x21 || h[i] > 0x7e) return false;
+    return true;
+}
+
+/* Fills l for a request that just arrived. */
+static void log_begin(kp_server *s, struct MHD_Connection *c, const char *method, const char *url, reqlog *l) {
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id");
+    if (sane_request_id(h))
+        snprintf(l->id, sizeof l->id, "%s", h);
+    else
+        snprintf(l->id, sizeof l->id, "%llx-%x-%llu", (unsigned long long)s->started, (unsigned)getpid() & 0xffff,
+                 (unsigned long long)atomic_fetch_add(&s->next_req, 1) + 1);
+    snprintf(l->client, sizeof l->client, "-");
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ci && ci->client_addr) {
+        const struct sockaddr *sa = ci->client_addr;
+        char host[64], port[8];
+        socklen_t len = sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+        if (getnameinfo(sa, len, host, sizeof host, port, sizeof port, NI_NUMERICHOST | NI_NUMERICSERV) == 0)
+            snprintf(l->client, sizeof l->client, sa->sa_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host, port);
+    }
+    snprintf(l->method, sizeof l->method, "%.15s", method);
+    for (char *m = l->method; *m; m++)
+        if (*m < 0x21 || *m > 0x7e) *m = '?';
+    /* the path as MHD decoded it, re-escaped: no spaces or control bytes in the line */
+    size_t k = 0;
+    for (const unsigned char *u = (const unsigned char *)url; *u && k + 4 < sizeof l->path; u++) {
+        if (k >= 200) {
+            memcpy(l->path + k, "...", 3);
+            k += 3;
+            break;
+        }
+        if (*u < 0x21 || *u > 0x7e || *u == '%') k += (size_t)snprintf(l->path + k, 4, "%%%02X", *u);
+        else l->path[k++] = (char)*u;
+    }
+    l->path[k] = 0;
+}
+
 /* ---- plain responses ------------------------------------------------------ */
 
 static enum MHD_Result reply(kp_server *s, struct MHD_Connection *c, unsigned status, const char *type,
@@ -90,6 +223,11 @@ static enum MHD_Result reply(kp_server *s, struct MHD_Connection *c, unsigned st
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
     if (extra_header) MHD_add_response_header(r, extra_header, extra_value);
+    conn *cn = current(c);
+    if (cn) {
+        MHD_add_response_header(r, "x-request-id", cn->log.id);
+        cn->log.status = status;
+    }
     enum MHD_Result ok = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     count_status(s, status);
@@ -113,6 +251,8 @@ static enum MHD_Result reply_error(kp_server *s, struct MHD_Connection *c, const
     char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     const char *h = NULL, *hv = NULL;
+    conn *cn = current(c);
+    if (cn) cn->log.code = e->code;
     if (e->http == 503) h = "Retry-After", hv = "1";
     if (e->http == 401) h = "WWW-Authenticate", hv = "Bearer";
     enum MHD_Result ok = reply(s, c, (unsigned)e->http, "application/json", text ? text : "{}",
@@ -289,6 +429,8 @@ typedef struct {
     kp_buf full;
     size_t released;
     uint64_t id_seed;
+    reqlog log;          /* the request's log line, written by stream_free */
+    const char *finish;  /* the finish reason sent, once done */
 } stream;
 
 static void sb_add(stream *st, const char *b, size_t n) { kp_buf_put(&st->out, b, n); }
@@ -403,6 +545,7 @@ static void stream_update(stream *st, kp_sreq_update *u) {
         if (u->finish == KP_FINISH_CANCELLED) snprintf(e.message, sizeof e.message, "the request was cancelled");
         sb_event(st, kp_oai_error_json(&e));
     } else {
+        st->finish = finish;
         sb_chunk(st, NULL, 0, finish, st->return_ids ? u : NULL);
         if (st->include_usage) {
             json_t *j = chunk_base(st);
@@ -447,18 +590,23 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max) {
     return (ssize_t)n;
 }
 
-static void log_request(kp_server *s, const char *what, const kp_sreq_update *u, double t0, const char *how) {
-    if (s->cfg.quiet) return;
-    fprintf(stderr, "kvpin serve: %s: prompt %u (cached %u), completion %u, ttft %.1f ms, %.1f ms total, %s\n",
-            what, u->prompt_tokens, u->cached_tokens, u->completion_tokens, u->ttft_ms, (now_s() - t0) * 1e3, how);
+/* The log's word for how a generation ended (not done: the client left). */
+static const char *finish_word(const kp_sreq_update *u, bool done) {
+    if (!done) return "client_left";
+    switch (u->finish) {
+    case KP_FINISH_LENGTH: return "length";
+    case KP_FINISH_STOP: return "stop";
+    case KP_FINISH_CANCELLED: return "cancelled";
+    case KP_FINISH_ERROR: return "error";
+    default: return NULL;
+    }
 }
 
 static void stream_free(void *cls) {
     stream *st = cls;
     if (!st->done) kp_sreq_cancel(st->r);
-    log_request(st->s, st->chat ? "chat stream" : "completion stream", &st->last, st->t0,
-                st->done ? kp_oai_finish_name(st->last.finish) ? kp_oai_finish_name(st->last.finish) : "ended"
-                         : "client left");
+    note_gen(&st->log, &st->last, st->done && st->finish ? st->finish : finish_word(&st->last, st->done));
+    log_line(st->s, &st->log);
     kp_sreq_release(st->r);
     kp_buf_free(&st->out);
     kp_buf_free(&st->full);
@@ -541,7 +689,9 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
         if (u.finish != KP_FINISH_NONE || (stream_it && u.started)) break;
         if (client_gone(c) || atomic_load(&s->stopping)) {
             kp_sreq_cancel(r);
-            log_request(s, chat ? "chat" : "completion", &u, cn->t0, "client left");
+            bool stopping = atomic_load(&s->stopping);
+            note_gen(&cn->log, &u, stopping ? "cancelled" : "client_left");
+            if (stopping) cn->log.code = "server_stopping";
             kp_sreq_release(r);
             free(text);
             return MHD_NO;
@@ -550,6 +700,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
     if (u.finish == KP_FINISH_ERROR || (u.finish == KP_FINISH_CANCELLED && !u.started)) {
         status_error(u.finish == KP_FINISH_ERROR ? u.status : KP_EIO, &u.err, NULL, &e);
         if (u.finish == KP_FINISH_CANCELLED) kp_oai_fail(&e, 503, "server_error", NULL, NULL, "the server is stopping");
+        note_gen(&cn->log, &u, finish_word(&u, true));
         kp_sreq_release(r);
         free(text);
         return reply_error(s, c, &e);
@@ -571,6 +722,9 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
         sm->return_ids = return_ids;
         sm->created = time(NULL);
         sm->t0 = cn->t0;
+        sm->log = cn->log;
+        sm->log.status = 200;
+        cn->streamed = true;
         memcpy(sm->id, id, sizeof id);
         sm->tools = tools;
         sm->id_seed = p.sp.seed ^ (uint64_t)sm->created;
@@ -581,10 +735,13 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, sm,
                                                                       stream_free);
         if (!resp) {
+            sm->log.status = 500;
+            sm->log.code = "out_of_memory";
             stream_free(sm);
             return MHD_NO;
         }
         MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+        MHD_add_response_header(resp, "x-request-id", cn->log.id);
         MHD_add_response_header(resp, "Cache-Control", "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
         enum MHD_Result res = MHD_queue_response(c, 200, resp);
@@ -619,7 +776,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
                           s->cfg.model_name, "choices", choice, "usage",
                           kp_oai_usage_json(u.prompt_tokens, u.cached_tokens, u.completion_tokens), "kvpin_cache",
                           kp_oai_cache_json(&u.report, u.has_doctor ? &u.doctor : NULL));
-    log_request(s, chat ? "chat" : "completion", &u, cn->t0, finish ? finish : "cancelled");
+    note_gen(&cn->log, &u, finish ? finish : finish_word(&u, true));
     free(text);
     kp_sreq_release(r);
     return reply_json(s, c, 200, j);
@@ -1064,11 +1221,14 @@ static enum MHD_Result metrics(kp_server *s, struct MHD_Connection *c) {
 
 /* ---- routing ---------------------------------------------------------------------------- */
 
+/* "Authorization: Bearer KEY" with the server's key; the scheme is
+ * case-insensitive and followed by one or more spaces (RFC 7235). */
 static bool authorized(kp_server *s, struct MHD_Connection *c) {
     if (!s->cfg.api_key) return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7)) return false;
-    const char *k = h + 7, *want = s->cfg.api_key;
+    if (!h || strncasecmp(h, "Bearer", 6) || h[6] != ' ') return false;
+    const char *k = h + 6, *want = s->cfg.api_key;
+    while (*k == ' ') k++;
     size_t lk = strlen(k), lw = strlen(want);
     unsigned diff = lk != lw; /* compare in time independent of where they differ */
     for (size_t i = 0; i < lw; i++) diff |= (unsigned)(want[i] ^ (i < lk ? k[i] : 0));
@@ -1078,6 +1238,10 @@ static bool authorized(kp_server *s, struct MHD_Connection *c) {
 typedef enum { R_NONE, R_GET, R_POST, R_DELETE } route_method;
 
 static enum MHD_Result route(kp_server *s, struct MHD_Connection *c, const char *url, const char *method, conn *cn) {
+    /* the key before anything else: without it a client learns nothing of routes or limits */
+    if (strcmp(url, "/health") && strcmp(url, "/v1/health") && !authorized(s, c))
+        return fail(s, c, 401, "invalid_request_error", "invalid_api_key", NULL,
+                    "missing or wrong API key: send the header \"Authorization: Bearer <key>\"");
     if (cn->too_big)
         return fail(s, c, 413, "invalid_request_error", "body_too_large", NULL,
                     "the request body is larger than the limit of %zu bytes", s->cfg.max_body);
@@ -1117,13 +1281,11 @@ static enum MHD_Result route(kp_server *s, struct MHD_Connection *c, const char 
         json_t *j = kp_oai_error_json(&e);
         char *t = json_dumps(j, JSON_COMPACT);
         json_decref(j);
+        cn->log.code = e.code;
         enum MHD_Result r = reply(s, c, 405, "application/json", t ? t : "{}", t ? strlen(t) : 2, "Allow", allow);
         free(t);
         return r;
     }
-    if (strcmp(url, "/health") && strcmp(url, "/v1/health") && !authorized(s, c))
-        return fail(s, c, 401, "invalid_request_error", "invalid_api_key", NULL,
-                    "missing or wrong API key: send the header \"Authorization: Bearer <key>\"");
     if (!strcmp(url, "/health") || !strcmp(url, "/v1/health")) {
         kp_sched_stats st;
         kp_sched_stats_get(s->sched, &st);
@@ -1154,6 +1316,10 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char
         if (!cn) return MHD_NO;
         cn->t0 = now_s();
         *con_cls = cn;
+        cn->log.t0 = cn->t0;
+        log_begin(s, c, method, url, &cn->log);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        if (ci && ci->socket_context) ((sock *)ci->socket_context)->cur = cn;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
             char *end;
@@ -1191,14 +1357,30 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char
 }
 
 static void completed_cb(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why) {
-    (void)cls;
-    (void)c;
     (void)why;
+    kp_server *s = cls;
     conn *cn = *con_cls;
     if (!cn) return;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (ci && ci->socket_context && ((sock *)ci->socket_context)->cur == cn) ((sock *)ci->socket_context)->cur = NULL;
+    if (!cn->streamed) log_line(s, &cn->log);
     free(cn->body);
     free(cn);
     *con_cls = NULL;
+}
+
+/* Gives each connection its sock (NULL when out of memory: then its
+ * answers carry no x-request-id and log no status). */
+static void connection_cb(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    (void)cls;
+    (void)c;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        *socket_context = calloc(1, sizeof(sock));
+    } else {
+        free(*socket_context);
+        *socket_context = NULL;
+    }
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -1225,36 +1407,75 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     s->started = time(NULL);
     s->ctx = kp_eng_max_pos(kp_sched_lock(sched, NULL));
     kp_sched_unlock(sched);
+    /* the address: an IPv4 or IPv6 literal ("[::1]" too) or a name; the
+     * first of getaddrinfo's answers that can be bound */
+    char host[256];
+    size_t hl = strlen(s->cfg.host);
+    if (hl >= 2 && s->cfg.host[0] == '[' && s->cfg.host[hl - 1] == ']')
+        snprintf(host, sizeof host, "%.*s", (int)(hl - 2), s->cfg.host + 1);
+    else
+        snprintf(host, sizeof host, "%s", s->cfg.host);
     struct addrinfo hints = {0}, *ai = NULL;
-    hints.ai_family = AF_INET;
+    hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
-    int gai = getaddrinfo(s->cfg.host, NULL, &hints, &ai);
+    int gai = getaddrinfo(host, NULL, &hints, &ai);
     if (gai != 0 || !ai) {
         free(s);
         return kp_fail(err, KP_EIO, "cannot resolve --host %s: %s", cfg->host, gai_strerror(gai));
     }
-    struct sockaddr_in addr;
-    memcpy(&addr, ai->ai_addr, sizeof addr);
+    bool v6_seen = false;
+    for (const struct addrinfo *a = ai; a && !s->d; a = a->ai_next) {
+        struct sockaddr_storage addr;
+        unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+        if (a->ai_family == AF_INET) {
+            memcpy(&addr, a->ai_addr, sizeof(struct sockaddr_in));
+            ((struct sockaddr_in *)&addr)->sin_port = htons(s->cfg.port);
+        } else if (a->ai_family == AF_INET6) {
+            v6_seen = true;
+            if (MHD_is_feature_supported(MHD_FEATURE_IPv6) != MHD_YES) continue;
+            struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&addr;
+            memcpy(a6, a->ai_addr, sizeof *a6);
+            a6->sin6_port = htons(s->cfg.port);
+            /* "::" takes IPv4 clients too, as 0.0.0.0 plus :: would */
+            flags |= IN6_IS_ADDR_UNSPECIFIED(&a6->sin6_addr) ? MHD_USE_DUAL_STACK : MHD_USE_IPv6;
+        } else {
+            continue;
+        }
+        s->d = MHD_start_daemon(flags, s->cfg.port, NULL, NULL, access_cb, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                                MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED,
+                                completed_cb, s, MHD_OPTION_NOTIFY_CONNECTION, connection_cb, s,
+                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.timeout_s,
+                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+                                MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_END);
+        if (!s->d) continue;
+        const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+        s->port = di ? di->port : s->cfg.port;
+        /* the URL of what was bound: numeric, IPv6 in brackets, a zone's % as %25 */
+        char num[INET6_ADDRSTRLEN + 32] = "?";
+        getnameinfo(a->ai_addr, a->ai_addrlen, num, sizeof num, NULL, 0, NI_NUMERICHOST);
+        char *pct = strchr(num, '%');
+        if (a->ai_family == AF_INET6 && pct)
+            snprintf(s->url, sizeof s->url, "http://[%.*s%%25%s]:%u", (int)(pct - num), num, pct + 1,
+                     (unsigned)s->port);
+        else
+            snprintf(s->url, sizeof s->url, a->ai_family == AF_INET6 ? "http://[%s]:%u" : "http://%s:%u", num,
+                     (unsigned)s->port);
+    }
     freeaddrinfo(ai);
-    addr.sin_port = htons(s->cfg.port);
-    s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
-                            s->cfg.port, NULL, NULL, access_cb, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                            MHD_OPTION_NOTIFY_COMPLETED, completed_cb, s, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)s->cfg.timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_END);
     if (!s->d) {
         free(s);
-        return kp_fail(err, KP_EIO, "cannot listen on %s:%u (in use, or not an address of this machine)",
+        if (v6_seen && MHD_is_feature_supported(MHD_FEATURE_IPv6) != MHD_YES)
+            return kp_fail(err, KP_EIO, "cannot listen on %s: this libmicrohttpd has no IPv6", cfg->host);
+        return kp_fail(err, KP_EIO, "cannot listen on %s port %u (in use, or not an address of this machine)",
                        cfg->host ? cfg->host : "127.0.0.1", (unsigned)cfg->port);
     }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? di->port : s->cfg.port;
     *out = s;
     return KP_OK;
 }
 
 uint16_t kp_server_port(const kp_server *s) { return s->port; }
+
+const char *kp_server_url(const kp_server *s) { return s->url; }
 
 void kp_server_free(kp_server *s) {
     if (!s) return;

@@ -17,6 +17,15 @@
  * Errors are OpenAI-style JSON bodies with the right status: 400 (bad JSON,
  * wrong types, unknown fields, prompt longer than the context), 401 (API
  * key), 404, 405, 413 (body too large), 503 (queue full, with Retry-After).
+ * With an API key every path but /health and /v1/health needs it, and 401
+ * comes before any other answer (404, 405, 413).
+ *
+ * Every response carries an x-request-id header: the client's own when it
+ * sent a sane one (1 to 64 visible ASCII characters), else one the server
+ * makes. Unless quiet, each request ends with one line on stderr (see
+ * README.md): time, id, client, method, path, status, error code, prompt /
+ * cached / computed tokens, cache cause, completion tokens, finish, time to
+ * first token, total time.
  */
 #ifndef KP_SERVER_H
 #define KP_SERVER_H
@@ -31,7 +40,8 @@
 #include "tok/tok.h"
 
 typedef struct {
-    const char *host;          /* bind address (IPv4 literal or name); NULL: 127.0.0.1 */
+    const char *host;          /* bind address: IPv4 or IPv6 literal ("::1", "[::1]", "::" for
+                                * every IPv6 and IPv4 address) or a name; NULL: 127.0.0.1 */
     uint16_t port;             /* 0: any free port (see kp_server_port) */
     const char *api_key;       /* NULL: no authentication */
     const char *model_name;    /* the id /v1/models reports */
@@ -54,6 +64,10 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
 
 /* The port actually bound. */
 uint16_t kp_server_port(const kp_server *s);
+
+/* The address bound, as a URL: "http://127.0.0.1:8080", "http://[::1]:8080"
+ * (numeric, whatever name --host gave). Owned by the server. */
+const char *kp_server_url(const kp_server *s);
 
 /* Stops accepting, ends every connection, frees. NULL is a no-op. The
  * scheduler is not freed. */
