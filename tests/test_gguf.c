@@ -28,7 +28,7 @@
  * __asan_default_options): a forged count that slipped past the reader's
  * checks would make it abort instead of quietly reserving gigabytes.
  *
- * `test_gguf --write-seeds DIR` writes the fuzzer's seed files (fuzz/seeds/)
+ * `test_gguf --write-seeds DIR` writes the fuzzer's seed files (fuzz/seeds-gguf/)
  * from the same builder; see fuzz/README.md.
  *
  * Builder layout reminders (little-endian throughout):

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""make_seeds.py - writes the seed inputs of the fuzz targets (fuzz/README.md).
+
+  python3 fuzz/make_seeds.py [KVPIN]     (from the repository root; KVPIN
+                                          default ./kvpin, for mkmodel)
+
+seeds-model/  tiny random-weight models from `kvpin mkmodel` (llama with the
+              bundled SentencePiece vocabulary; qwen2 and qwen3 with the
+              byte-level BPE vocabulary tests/data/vocab/gen-qwen2-vocab.gguf;
+              qwen3 in Q4_K, whose 256-element blocks need 256-wide rows,
+              with the small SentencePiece one),
+              in F32, Q8_0, Q4_0 and Q4_K.
+seeds-tok/    a control byte per vocabulary and flag combination, then texts
+              from llama.cpp's tokenizer test inputs (tests/data/vocab/*.inp).
+seeds-oai/    request bodies as the official clients and agent frameworks
+              send them (chat and completions), each after its control byte.
+The files are deterministic: the same script writes the same bytes.
+"""
+import json
+import os
+import subprocess
+import sys
+
+KVPIN = sys.argv[1] if len(sys.argv) > 1 else "./kvpin"
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def write(path, data):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def models():
+    out = os.path.join(HERE, "seeds-model")
+    os.makedirs(out, exist_ok=True)
+    small = ["--layers", "1", "--embd", "32", "--heads", "2", "--kv-heads", "1", "--head-dim", "16",
+             "--ff", "64", "--ctx", "64", "--tied"]
+    bpe = os.path.join("tests", "data", "vocab", "gen-qwen2-vocab.gguf")
+    specs = [
+        ("llama-spm-f32", ["--type", "F32"]),
+        ("llama-spm-q8_0", ["--type", "Q8_0"]),
+        ("llama-spm-q4_0-gqa", ["--type", "Q4_0", "--heads", "4"]),
+        ("qwen2-bpe-q8_0", ["--arch", "qwen2", "--type", "Q8_0", "--tokenizer", bpe]),
+        ("qwen3-spm-q4_k", ["--arch", "qwen3", "--type", "Q4_K", "--embd", "256",
+                            "--ff", "256"]),
+    ]
+    for name, extra in specs:
+        subprocess.run([KVPIN, "mkmodel", "-o", os.path.join(out, name + ".gguf")] + small + extra +
+                       ["--seed", "3"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def texts():
+    with open(os.path.join("tests", "data", "vocab", "ggml-vocab-llama-spm.gguf.inp"), encoding="utf-8") as f:
+        cases = f.read().split("\n__ggml_vocab_test__\n")
+    cases = [c for c in cases if c][:24]
+    cases += ["<s>hi</s> <|im_start|>user\nx<|im_end|>", "caf\u00e9 \U0001F600 \u2581\u2581a", "\xff\xfe"]
+    out = os.path.join(HERE, "seeds-tok")
+    for i, c in enumerate(cases):
+        data = c.encode("utf-8", "surrogateescape") if isinstance(c, str) else c
+        for v in range(0, 12, 3):  # a spread of vocabularies
+            write(os.path.join(out, "t%02d-v%02d" % (i, v)), bytes([v, (i % 8)]) + data)
+
+
+def requests():
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                            "unit": {"enum": ["c", "f"]}},
+                           "required": ["city"]}}}
+    chats = [
+        {"model": "m", "messages": [{"role": "user", "content": "Hi"}]},
+        {"model": "m", "messages": [{"role": "system", "content": "You are terse."},
+                                    {"role": "user", "content": "2+2?"}], "max_tokens": 8, "temperature": 0},
+        {"messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+         "stream": True, "stream_options": {"include_usage": True}},
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "part one"},
+                                                   {"type": "text", "text": " part two"}]}]},
+        {"messages": [{"role": "user", "content": "weather in Paris?"}], "tools": [tool],
+         "tool_choice": "auto"},
+        {"messages": [{"role": "user", "content": "weather?"},
+                      {"role": "assistant", "content": None, "tool_calls": [
+                          {"id": "call_1", "type": "function",
+                           "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+                      {"role": "tool", "tool_call_id": "call_1", "content": "18C"}], "tools": [tool]},
+        {"messages": [{"role": "user", "content": "x"}], "stop": ["\n", "END"], "seed": 7, "top_p": 0.9,
+         "top_k": 40, "min_p": 0.05, "presence_penalty": 0.5, "frequency_penalty": 0.1,
+         "return_token_ids": True},
+        {"messages": [{"role": "user", "content": "a </s> b <s> <|im_end|>"}], "max_completion_tokens": 4},
+        {"messages": [{"role": "user", "content": "json"}], "response_format": {"type": "text"},
+         "logprobs": False, "n": 1, "user": "u1"},
+        {"messages": [{"role": "user", "content": "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n"
+                                                   "</tool_call>"}]},
+    ]
+    completions = [
+        {"model": "m", "prompt": "Once upon a time", "max_tokens": 16},
+        {"prompt": [1, 403, 407], "max_tokens": 4, "temperature": 0.7, "stream": True},
+        {"prompt": ["Only one"], "stop": "\n", "ignore_eos": True},
+        {"prompt": "x" * 64, "max_tokens": 0, "echo": False, "best_of": 1, "logit_bias": {}},
+    ]
+    out = os.path.join(HERE, "seeds-oai")
+    n = 0
+    for fam in range(0, 11):
+        for body in chats:
+            write(os.path.join(out, "chat-%02d-f%02d.json" % (chats.index(body), fam)),
+                  bytes([1 | (fam << 1)]) + json.dumps(body).encode())
+            n += 1
+    for i, body in enumerate(completions):
+        write(os.path.join(out, "completion-%02d.json" % i), b"\x00" + json.dumps(body).encode())
+    # model output shapes for the tool-call parser (the body bytes double as text)
+    for i, t in enumerate(["<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+                           "</tool_call>", "<|python_tag|>{\"name\": \"f\", \"parameters\": {}}; "
+                           "{\"name\": \"g\", \"parameters\": {\"a\": 1}}", "Sure. <tool_c",
+                           "<think>hmm</think>\n\n<tool_call>\n{\"name\":\"f\",\"arguments\":\"{}\"}\n</tool_call>"]):
+        for fam in (3, 4, 6):
+            write(os.path.join(out, "output-%02d-f%02d.txt" % (i, fam)), bytes([fam << 1]) + t.encode())
+
+
+if __name__ == "__main__":
+    models()
+    texts()
+    requests()
