@@ -26,7 +26,7 @@
 
 enum {
     O_API_KEY = CLI_OWN, O_API_KEY_FILE, O_CHAT_TEMPLATE, O_QUEUE, O_PREFILL_CHUNK, O_MAX_BODY, O_TIMEOUT,
-    O_ALIAS, O_QUIET
+    O_ALIAS, O_QUIET, O_REQUEST_TIMEOUT, O_MAX_CONNECTIONS, O_MAX_PER_ADDRESS
 };
 
 static const cli_opt serve_tab[] = {
@@ -43,6 +43,12 @@ static const cli_opt serve_tab[] = {
     {"prefill-chunk", NULL, NULL, "N", "prompt tokens prefilled per step while others decode", O_PREFILL_CHUNK},
     {"max-body", NULL, NULL, "BYTES", "largest request body (more: 413)", O_MAX_BODY},
     {"timeout", "to", NULL, "S", "seconds an idle connection is kept", O_TIMEOUT},
+    {"request-timeout", NULL, NULL, "S", "seconds a request's head and body may take to arrive, from the\n"
+                                         "connection's start or its previous answer (slow clients are cut)",
+     O_REQUEST_TIMEOUT},
+    {"max-connections", NULL, NULL, "N", "open connections at most (more are refused)", O_MAX_CONNECTIONS},
+    {"max-connections-per-address", NULL, NULL, "N", "open connections from one client address at most",
+     O_MAX_PER_ADDRESS},
     {"quiet", NULL, NULL, NULL, "no request log and no HTTP-library messages on stderr", O_QUIET},
     {0},
 };
@@ -58,7 +64,8 @@ static void serve_usage(FILE *f) {
             "Defaults: the bundled model, --host 127.0.0.1, --port 8080, -np 4, -c min(training context,\n"
             "4096), --kv-budget room for np x ctx positions plus as much again for cached prefixes (at most\n"
             "half of RAM), --kv-type f16, --kv-block 16, --queue 64, --prefill-chunk 256, --max-body 8M,\n"
-            "--timeout 60. --port 0 picks a free port (the URL is printed on stderr). The chat template is\n"
+            "--timeout 60, --request-timeout 30, --max-connections 1024, --max-connections-per-address 64.\n"
+            "--port 0 picks a free port (the URL is printed on stderr). The chat template is\n"
             "recognised from the model's tokenizer.chat_template (chatml when the model has none).\n"
             "API key: --api-key, else --api-key-file, else $KVPIN_API_KEY; none of them: no key needed.\n"
             "With a key, every request but GET /health needs it (401 before any other answer).\n");
@@ -136,6 +143,7 @@ int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *host = "127.0.0.1", *key_arg = NULL, *key_file = NULL, *tmpl = NULL;
     const char *alias = NULL;
     int64_t port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 64, chunk = 256, block = 16, timeout = 60;
+    int64_t request_timeout = 30, max_conn = 1024, max_per_addr = 64;
     uint64_t budget = 0, max_body = 8u << 20;
     kp_dtype kv_type = KP_DTYPE_F16;
     bool no_cache = false, quiet = false, budget_set = false;
@@ -158,6 +166,9 @@ int cmd_serve(int argc, char **argv) {
         case O_PREFILL_CHUNK: ok = cli_parse_i64(opt, v, 1, 1 << 16, &chunk); break;
         case CLI_KV_BLOCK: ok = cli_args_int(&a, &block); break;
         case O_TIMEOUT: ok = cli_parse_i64(opt, v, 1, 86400, &timeout); break;
+        case O_REQUEST_TIMEOUT: ok = cli_parse_i64(opt, v, 1, 86400, &request_timeout); break;
+        case O_MAX_CONNECTIONS: ok = cli_parse_i64(opt, v, 1, 1 << 16, &max_conn); break;
+        case O_MAX_PER_ADDRESS: ok = cli_parse_i64(opt, v, 1, 1 << 16, &max_per_addr); break;
         case CLI_KV_BUDGET:
             ok = cli_parse_bytes(opt, v, &budget);
             budget_set = true;
@@ -256,6 +267,9 @@ int cmd_serve(int argc, char **argv) {
     cfg.model_name = alias ? alias : slash ? slash + 1 : path;
     cfg.max_body = (size_t)max_body;
     cfg.timeout_s = (unsigned)timeout;
+    cfg.request_timeout_s = (unsigned)request_timeout;
+    cfg.max_connections = (unsigned)max_conn;
+    cfg.max_per_address = (unsigned)max_per_addr;
     cfg.chat = fam;
     cfg.chat_bos = token_text(v, kp_tok_bos(v));
     cfg.chat_eos = token_text(v, kp_tok_eos(v));

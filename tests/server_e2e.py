@@ -22,6 +22,7 @@ import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -302,26 +303,33 @@ def hostile(srv):
 
 
 def disconnects():
-    """Clients that leave mid-stream, while waiting for a plain answer, or
-    while queued: their sequences are freed at once, their prefix stays."""
+    """Clients that leave mid-stream or while waiting for a plain answer.
+    A stream's failed write, or a connection reset (SO_LINGER 0), cancels
+    the request at once. A plain answer's client that only closed cannot be
+    told from one that half-closed (TCP shows both as the end of its input)
+    until the answer is written, so that request runs to its max_tokens and
+    is then freed. Either way what was computed stays cached."""
     srv = Server("--ctx", "60000", "--parallel", "2")
     long_req = {"prompt": "Once upon a time", "max_tokens": 100000, "ignore_eos": True, "temperature": 0}
-    for stream in (True, False):
+    for how in ("stream", "reset", "close"):
         s = socket.create_connection(("127.0.0.1", srv.port), timeout=20)
-        body = json.dumps(dict(long_req, stream=stream)).encode()
+        body = json.dumps(dict(long_req, stream=how == "stream",
+                               max_tokens=300 if how == "close" else 100000)).encode()
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        if stream:
+        if how == "stream":
             first = s.recv(200)
             ok(first.startswith(b"HTTP/1.1 200"), "stream start: %r" % first[:40])
-        else:
+        elif how == "reset":
             time.sleep(0.5)
             st, j = srv.get("/health")
             ok(j["running"] == 1, "the long request runs: %s" % j)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         s.close()
-        ok(wait_idle(srv), "a client that left (stream=%s) still holds its sequence" % stream)
+        ok(wait_idle(srv, 60), "a client that left (%s) still holds its sequence" % how)
     m = srv.request("GET", "/metrics")[2].decode()
-    ok(re.search(r"^kvpin_generations_cancelled_total 2$", m, re.M) is not None, "both requests were cancelled")
+    ok(re.search(r"^kvpin_generations_cancelled_total 2$", m, re.M) is not None,
+       "the stream and the reset request were cancelled, the closed one ran to its end")
     st, c = srv.get("/v1/cache")
     ok(c["counts"]["cached_tokens"] > 20, "what the cancelled requests computed stays cached: %s" % c["counts"])
     no_leaks(srv, "after disconnects")
@@ -546,6 +554,7 @@ def request_log():
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nX-Request-Id: gone-1\r\n"
               b"Content-Length: %d\r\n\r\n" % len(lb) + lb)
     time.sleep(0.5)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset: the client left
     s.close()
     want.append(("gone-1", {"status": "499", "error": "client_left", "finish": "client_left",
                             "prompt": str(len(j["tokens"]))}))

@@ -77,6 +77,14 @@ struct kp_server {
     char url[96];                  /* http://ADDRESS:PORT of the listening socket */
     atomic_bool stopping; /* kp_server_free has begun: waits end, streams close */
     atomic_uint_fast64_t by_status[N_STATUS]; /* last: other */
+    /* the request deadline: every open connection, and the thread that
+     * cuts those whose request head and body did not arrive in time */
+    pthread_mutex_t guard_mu;
+    pthread_cond_t guard_cv;
+    struct sock *socks; /* doubly linked, under guard_mu */
+    pthread_t guard;
+    bool guard_started, guard_stop;
+    atomic_uint_fast64_t cut_slow; /* connections cut at the deadline */
 };
 
 /* What the log line of a request says (log_line). */
@@ -104,9 +112,23 @@ typedef struct {
     bool streamed; /* a stream answers it and writes its log line */
 } conn;
 
-/* A connection's socket context: the request it is serving. */
-typedef struct {
+/* A connection's socket context: the request it is serving, and its
+ * deadline. Between the connection's start (or the end of its previous
+ * request) and the last byte of a request's body, the request must arrive
+ * by `deadline`, however slowly its bytes come (an idle timeout alone lets
+ * a client that sends a byte every few seconds hold a connection forever);
+ * the guard thread shuts the socket down when it does not. fd, deadline,
+ * receiving, cut and the links are under the server's guard_mu: the
+ * registration ends (connection_cb, MHD_CONNECTION_NOTIFY_CLOSED) before
+ * libmicrohttpd closes the descriptor, so the guard never touches a reused
+ * one. */
+typedef struct sock {
     conn *cur;
+    int fd;
+    double deadline;
+    bool receiving; /* a request head or body is still arriving */
+    bool cut;
+    struct sock *prev, *next;
 } sock;
 
 static double now_s(void) {
@@ -398,17 +420,63 @@ static bool request_tokens(kp_server *s, const json_t *prompt, const json_t *mes
                        "prompt must be a string, an array of one string or a non-empty array of token ids");
 }
 
+/* ---- slow clients: the request deadline ----------------------------------------- */
+
+/* The request of c has arrived whole: no deadline while it is answered. */
+static void guard_received(kp_server *s, struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    sock *k = ci ? ci->socket_context : NULL;
+    if (!k) return;
+    pthread_mutex_lock(&s->guard_mu);
+    k->receiving = false;
+    pthread_mutex_unlock(&s->guard_mu);
+}
+
+/* An answer is done: the next request on the connection has its own deadline. */
+static void guard_rearm(kp_server *s, sock *k) {
+    pthread_mutex_lock(&s->guard_mu);
+    k->receiving = true;
+    k->deadline = now_s() + s->cfg.request_timeout_s;
+    pthread_mutex_unlock(&s->guard_mu);
+}
+
+/* The guard thread: four times a second, shuts down the sockets whose
+ * request is late (libmicrohttpd's thread of the connection then sees the
+ * end of its input and closes it). */
+static void *guard_main(void *arg) {
+    kp_server *s = arg;
+    pthread_mutex_lock(&s->guard_mu);
+    while (!s->guard_stop) {
+        double t = now_s();
+        for (sock *k = s->socks; k; k = k->next)
+            if (k->receiving && !k->cut && t > k->deadline) {
+                shutdown(k->fd, SHUT_RDWR);
+                k->cut = true;
+                atomic_fetch_add(&s->cut_slow, 1);
+            }
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 250000000L;
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&s->guard_cv, &s->guard_mu, &until);
+    }
+    pthread_mutex_unlock(&s->guard_mu);
+    return NULL;
+}
+
 /* ---- the client may leave while we wait -------------------------------------- */
 
+/* Whether the client can no longer receive the answer: the connection was
+ * reset, or failed. A client that only shut down its sending side (or
+ * closed the socket: TCP cannot tell the two apart until something is
+ * written) has sent its whole request and may still read the answer, so it
+ * is not gone; a closed client is found out at the first write. */
 static bool client_gone(struct MHD_Connection *c) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!ci) return false;
-    struct pollfd p = {ci->connect_fd, POLLIN | POLLRDHUP, 0};
+    struct pollfd p = {ci->connect_fd, 0, 0}; /* POLLERR and POLLHUP are always reported */
     if (poll(&p, 1, 0) <= 0) return false;
-    if (p.revents & (POLLHUP | POLLERR | POLLRDHUP)) return true;
-    char b;
-    ssize_t k = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return k == 0;
+    return (p.revents & (POLLHUP | POLLERR)) != 0;
 }
 
 /* ---- generation ----------------------------------------------------------------- */
@@ -1191,6 +1259,9 @@ static enum MHD_Result metrics(kp_server *s, struct MHD_Connection *c) {
            (double)st.requests_cancelled);
     metric(&t, "kvpin_generations_failed_total", "counter", "Generation requests that failed.",
            (double)st.requests_failed);
+    metric(&t, "kvpin_http_requests_cut_total", "counter",
+           "Connections shut down because a request's head and body did not arrive within --request-timeout.",
+           (double)atomic_load(&s->cut_slow));
     metric(&t, "kvpin_queue_length", "gauge", "Requests waiting for a sequence slot.", st.queued);
     metric(&t, "kvpin_running_sequences", "gauge", "Sequences prefilling or decoding.", st.running);
     metric(&t, "kvpin_engine_steps_total", "counter", "Forward steps run by the engine.", (double)st.steps);
@@ -1306,6 +1377,66 @@ static enum MHD_Result route(kp_server *s, struct MHD_Connection *c, const char 
     return cache_unpin(s, c, url + 14);
 }
 
+/* The framing headers of a request: every Content-Length and
+ * Transfer-Encoding line (libmicrohttpd keeps repeated headers apart). */
+typedef struct {
+    const char *cl[4], *te[4];
+    int n_cl, n_te;
+} framing;
+
+static enum MHD_Result framing_cb(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    framing *f = cls;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
+        if (f->n_cl < 4) f->cl[f->n_cl] = value;
+        f->n_cl++;
+    } else if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+        if (f->n_te < 4) f->te[f->n_te] = value;
+        f->n_te++;
+    }
+    return MHD_YES;
+}
+
+/* Refuses, before any of the body is read, a request whose length is not
+ * told one way only (RFC 9112 6.3; a proxy in front that reads it another
+ * way would let a second request hide in the body): two Content-Length
+ * values that differ, a Content-Length that is not digits, Content-Length
+ * together with Transfer-Encoding (400), and a transfer coding other than
+ * chunked (501). Returns true when it answered (*r holds the result). */
+static bool bad_framing(kp_server *s, struct MHD_Connection *c, enum MHD_Result *r) {
+    framing f = {{0}, {0}, 0, 0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, framing_cb, &f);
+    for (int i = 0; i < f.n_cl && i < 4; i++) {
+        const char *v = f.cl[i] ? f.cl[i] : "";
+        size_t n = strspn(v, "0123456789");
+        if (n == 0 || v[n] || n > 19) {
+            *r = fail(s, c, 400, "invalid_request_error", "bad_framing", NULL,
+                      "Content-Length \"%.40s\" is not a number of bytes", v);
+            return true;
+        }
+        if (i > 0 && strtoull(v, NULL, 10) != strtoull(f.cl[0], NULL, 10)) {
+            *r = fail(s, c, 400, "invalid_request_error", "bad_framing", NULL,
+                      "two different Content-Length headers (%.20s and %.20s)", f.cl[0], v);
+            return true;
+        }
+    }
+    if (f.n_cl > 4) {
+        *r = fail(s, c, 400, "invalid_request_error", "bad_framing", NULL, "%d Content-Length headers", f.n_cl);
+        return true;
+    }
+    if (f.n_te > 0 && f.n_cl > 0) {
+        *r = fail(s, c, 400, "invalid_request_error", "bad_framing", NULL,
+                  "Content-Length together with Transfer-Encoding: send one of them");
+        return true;
+    }
+    if (f.n_te > 1 || (f.n_te == 1 && strcasecmp(f.te[0] ? f.te[0] : "", "chunked"))) {
+        *r = fail(s, c, 501, "invalid_request_error", "unsupported_transfer_encoding", NULL,
+                  "Transfer-Encoding \"%.40s\" is not supported (only chunked)", f.te[0] ? f.te[0] : "");
+        return true;
+    }
+    return false;
+}
+
 static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     (void)version;
@@ -1320,6 +1451,8 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char
         log_begin(s, c, method, url, &cn->log);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         if (ci && ci->socket_context) ((sock *)ci->socket_context)->cur = cn;
+        enum MHD_Result r;
+        if (bad_framing(s, c, &r)) return r; /* answered before the body; MHD then closes the connection */
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
             char *end;
@@ -1353,6 +1486,7 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char
         *upload_size = 0;
         return MHD_YES;
     }
+    guard_received(s, c);
     return route(s, c, url, method, cn);
 }
 
@@ -1363,6 +1497,7 @@ static void completed_cb(void *cls, struct MHD_Connection *c, void **con_cls, en
     if (!cn) return;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     if (ci && ci->socket_context && ((sock *)ci->socket_context)->cur == cn) ((sock *)ci->socket_context)->cur = NULL;
+    if (ci && ci->socket_context) guard_rearm(s, ci->socket_context);
     if (!cn->streamed) log_line(s, &cn->log);
     free(cn->body);
     free(cn);
@@ -1373,12 +1508,30 @@ static void completed_cb(void *cls, struct MHD_Connection *c, void **con_cls, en
  * answers carry no x-request-id and log no status). */
 static void connection_cb(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe) {
-    (void)cls;
-    (void)c;
+    kp_server *s = cls;
     if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
-        *socket_context = calloc(1, sizeof(sock));
+        sock *k = calloc(1, sizeof(sock));
+        *socket_context = k;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!k || !ci) return; /* out of memory: this connection has no deadline (the idle timeout stays) */
+        k->fd = ci->connect_fd;
+        pthread_mutex_lock(&s->guard_mu);
+        k->deadline = now_s() + s->cfg.request_timeout_s;
+        k->receiving = true;
+        k->next = s->socks;
+        if (s->socks) s->socks->prev = k;
+        s->socks = k;
+        pthread_mutex_unlock(&s->guard_mu);
     } else {
-        free(*socket_context);
+        sock *k = *socket_context;
+        if (k && k->fd) { /* registered */
+            pthread_mutex_lock(&s->guard_mu);
+            if (k->prev) k->prev->next = k->next;
+            else s->socks = k->next;
+            if (k->next) k->next->prev = k->prev;
+            pthread_mutex_unlock(&s->guard_mu);
+        }
+        free(k);
         *socket_context = NULL;
     }
 }
@@ -1400,7 +1553,11 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     if (!s->cfg.model_name) s->cfg.model_name = "kvpin";
     if (!s->cfg.max_body) s->cfg.max_body = 8u << 20;
     if (!s->cfg.timeout_s) s->cfg.timeout_s = 60;
-    if (!s->cfg.max_connections) s->cfg.max_connections = 256;
+    if (!s->cfg.max_connections) s->cfg.max_connections = 1024;
+    if (!s->cfg.max_per_address) s->cfg.max_per_address = 64;
+    if (!s->cfg.request_timeout_s) s->cfg.request_timeout_s = 30;
+    pthread_mutex_init(&s->guard_mu, NULL);
+    pthread_cond_init(&s->guard_cv, NULL);
     s->sched = sched;
     s->v = v;
     s->m = m;
@@ -1420,6 +1577,8 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     hints.ai_socktype = SOCK_STREAM;
     int gai = getaddrinfo(host, NULL, &hints, &ai);
     if (gai != 0 || !ai) {
+        pthread_mutex_destroy(&s->guard_mu);
+        pthread_cond_destroy(&s->guard_cv);
         free(s);
         return kp_fail(err, KP_EIO, "cannot resolve --host %s: %s", cfg->host, gai_strerror(gai));
     }
@@ -1446,6 +1605,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
                                 completed_cb, s, MHD_OPTION_NOTIFY_CONNECTION, connection_cb, s,
                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.timeout_s,
                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+                                MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg.max_per_address,
                                 MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_END);
         if (!s->d) continue;
         const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
@@ -1462,7 +1622,17 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
                      (unsigned)s->port);
     }
     freeaddrinfo(ai);
+    if (s->d && pthread_create(&s->guard, NULL, guard_main, s) == 0) s->guard_started = true;
+    if (s->d && !s->guard_started) {
+        MHD_stop_daemon(s->d);
+        pthread_mutex_destroy(&s->guard_mu);
+        pthread_cond_destroy(&s->guard_cv);
+        free(s);
+        return kp_fail(err, KP_EIO, "cannot start the request-deadline thread");
+    }
     if (!s->d) {
+        pthread_mutex_destroy(&s->guard_mu);
+        pthread_cond_destroy(&s->guard_cv);
         free(s);
         if (v6_seen && MHD_is_feature_supported(MHD_FEATURE_IPv6) != MHD_YES)
             return kp_fail(err, KP_EIO, "cannot listen on %s: this libmicrohttpd has no IPv6", cfg->host);
@@ -1480,6 +1650,15 @@ const char *kp_server_url(const kp_server *s) { return s->url; }
 void kp_server_free(kp_server *s) {
     if (!s) return;
     atomic_store(&s->stopping, true); /* every wait below returns within 250 ms */
-    MHD_stop_daemon(s->d);
+    MHD_stop_daemon(s->d);                /* every connection is closed and unregistered */
+    if (s->guard_started) {
+        pthread_mutex_lock(&s->guard_mu);
+        s->guard_stop = true;
+        pthread_cond_signal(&s->guard_cv);
+        pthread_mutex_unlock(&s->guard_mu);
+        pthread_join(s->guard, NULL);
+    }
+    pthread_mutex_destroy(&s->guard_mu);
+    pthread_cond_destroy(&s->guard_cv);
     free(s);
 }

@@ -47,7 +47,10 @@ typedef struct {
     const char *model_name;    /* the id /v1/models reports */
     size_t max_body;           /* request body limit in bytes; 0: 8 MiB */
     unsigned timeout_s;        /* idle connection timeout; 0: 60 s */
-    unsigned max_connections;  /* 0: 256 */
+    unsigned request_timeout_s; /* a request's head and body must arrive within this many seconds
+                                 * of the connection's start or its previous answer; 0: 30 s */
+    unsigned max_connections;  /* open connections at most; 0: 1024 */
+    unsigned max_per_address;  /* open connections from one client address at most; 0: 64 */
     kp_chat_family chat;       /* KP_CHAT_UNKNOWN: chat answers 400 */
     const char *chat_bos;      /* the BOS / EOS token texts for templates */
     const char *chat_eos;
