@@ -47,7 +47,7 @@ static const cli_opt serve_tab[] = {
                                          "connection's start or its previous answer (slow clients are cut)",
      O_REQUEST_TIMEOUT},
     {"max-connections", NULL, NULL, "N", "open connections at most (more are refused)", O_MAX_CONNECTIONS},
-    {"max-connections-per-address", NULL, NULL, "N", "open connections from one client address at most",
+    {"max-per-address", NULL, NULL, "N", "open connections from one client address at most",
      O_MAX_PER_ADDRESS},
     {"quiet", NULL, NULL, NULL, "no request log and no HTTP-library messages on stderr", O_QUIET},
     {0},
@@ -64,7 +64,7 @@ static void serve_usage(FILE *f) {
             "Defaults: the bundled model, --host 127.0.0.1, --port 8080, -np 4, -c min(training context,\n"
             "4096), --kv-budget room for np x ctx positions plus as much again for cached prefixes (at most\n"
             "half of RAM), --kv-type f16, --kv-block 16, --queue 64, --prefill-chunk 256, --max-body 8M,\n"
-            "--timeout 60, --request-timeout 30, --max-connections 1024, --max-connections-per-address 64.\n"
+            "--timeout 60, --request-timeout 30, --max-connections 1024, --max-per-address 64.\n"
             "--port 0 picks a free port (the URL is printed on stderr). The chat template is\n"
             "recognised from the model's tokenizer.chat_template (chatml when the model has none).\n"
             "API key: --api-key, else --api-key-file, else $KVPIN_API_KEY; none of them: no key needed.\n"

@@ -139,7 +139,7 @@ def slowloris(per_address="32"):
     head every 1.5 s; meanwhile a client at 127.0.0.1 asks /health 10 times
     over 20 s. Every one must be answered, in well under a second."""
     srv = Server(R, "--timeout", "5", "--request-timeout", "6", "--max-connections", "128",
-                 "--max-connections-per-address", per_address)
+                 "--max-per-address", per_address)
     try:
         stop = threading.Event()
 
