@@ -447,8 +447,8 @@ int cmd_run_cached(int argc, char **argv) {
             goto done;
         }
         for (size_t k = 0; k < u->n_prompt; k++) kp_sampler_accept(smp, u->ids[k]);
-        kp_pfx_stats st0, st1;
-        kp_eng_stats(e, &st0);
+        kp_eng_stats st0, st1;
+        kp_eng_get_stats(e, &st0);
         double t0 = cli_now();
         if (kp_eng_prefill(e, u->ids, (uint32_t)u->n_prompt, &s, logits, &r, &err) != KP_OK) {
             fprintf(stderr, "kvpin run: turn %zu: %s\n", i + 1, err.msg);
@@ -520,7 +520,7 @@ int cmd_run_cached(int argc, char **argv) {
         uint32_t added = 0;
         if (kp_eng_finish(e, &s, u->ids, (uint32_t)u->n_ids, &added, &err) != KP_OK)
             fprintf(stderr, "kvpin run: turn %zu: could not index: %s\n", i + 1, err.msg);
-        kp_eng_stats(e, &st1);
+        kp_eng_get_stats(e, &st1);
         total_reused += r.reused_tokens;
         total_prompt += u->n_prompt;
         if (o.print_tokens) {
@@ -535,8 +535,8 @@ int cmd_run_cached(int argc, char **argv) {
                 reason, st1.n_evictions > st0.n_evictions ? ", evicted cached prefixes to make room" : "");
         if (!o.no_cache) print_report(&t, i, &r, v, o.special);
     }
-    kp_pfx_stats st;
-    kp_eng_stats(e, &st);
+    kp_eng_stats st;
+    kp_eng_get_stats(e, &st);
     char b1[32], b2[32];
     fprintf(stderr, "prefix cache: %llu of %llu prompt tokens reused; %llu tokens cached in %s of a %s budget",
             (unsigned long long)total_reused, (unsigned long long)total_prompt,

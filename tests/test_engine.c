@@ -21,6 +21,8 @@
 #include <string.h>
 
 #include "cache/engine.h"
+#include "cache/prefix.h"
+#include "kv/kvpool.h"
 #include "harness.h"
 #include "model/sampler.h"
 
@@ -58,6 +60,13 @@ static double rel_diff(const float *a, const float *b, uint32_t n) {
     return md / mb;
 }
 
+/* KV bytes in use (0: every block of the pool is free). */
+static uint64_t used_bytes(kp_engine *e) {
+    kp_eng_stats st;
+    kp_eng_get_stats(e, &st);
+    return st.used_bytes;
+}
+
 typedef struct {
     kp_engine *e;
     kp_eng_seq s;
@@ -77,17 +86,16 @@ static bool open_engine(runner *r, const kp_model *m, kp_pool *pool, bool cache,
 
 static void close_engine(runner *r) {
     kp_error err = {0};
-    kp_pfx_stats st;
-    kp_eng_stats(r->e, &st);
-    if (kp_eng_index(r->e)) {
-        CHECK_MSG(kp_pfx_check(kp_eng_index(r->e), &err) == KP_OK, "%s", err.msg);
+    kp_eng_stats st;
+    kp_eng_get_stats(r->e, &st);
+    CHECK_MSG(kp_eng_check(r->e, &err) == KP_OK, "%s", err.msg);
+    if (st.prefix_cache) {
         CHECK(st.used_bytes == st.index_bytes); /* no sequence holds anything */
     } else {
         CHECK(st.used_bytes == 0);
     }
     CHECK(kp_eng_clear(r->e, &err) == KP_OK);
-    kp_kvpool *kv = kp_eng_kvpool(r->e);
-    CHECK_EQ_INT(kp_kvpool_n_free(kv), kp_kvpool_n_blocks(kv));
+    CHECK_EQ_INT(used_bytes(r->e), 0);
     kp_eng_free(r->e);
     free(r->logits);
 }
@@ -188,14 +196,14 @@ static void run_model(const char *rel, uint64_t seed) {
             CHECK_EQ_INT(kp_eng_seq_len(&rs[k]->s), fin.n);
             CHECK(kp_eng_finish(rs[k]->e, &rs[k]->s, fin.t, fin.n, NULL, &err) == KP_OK);
             CHECK(rs[k]->s.kv.n_blocks == 0 && rs[k]->s.lease.node == NULL);
-            if (kp_eng_index(rs[k]->e)) CHECK_MSG(kp_pfx_check(kp_eng_index(rs[k]->e), &err) == KP_OK, "%s", err.msg);
+            CHECK_MSG(kp_eng_check(rs[k]->e, &err) == KP_OK, "%s", err.msg);
         }
         done[n_done++] = fin;
     }
     CHECK(full_hits > 0 && extensions > 0 && reused_total > 0);
     CHECK_MSG(evictions > 0, "the tiny budget never evicted");
-    kp_pfx_stats st;
-    kp_eng_stats(big.e, &st);
+    kp_eng_stats st;
+    kp_eng_get_stats(big.e, &st);
     CHECK(st.n_hits > 0 && st.reused_tokens == reused_total);
     CHECK(st.n_evictions == 0);
     for (int k = 0; k < 3; k++) close_engine(rs[k]);
@@ -236,8 +244,8 @@ static void test_reuse_counts(void) {
     CHECK(kp_eng_prefill(e, a, 40, &s, NULL, &r, &err) == KP_OK);
     CHECK(r.reused_tokens == 25 && r.diverged_at_token == 25 && r.cached_next == 125);
     kp_eng_seq_abort(e, &s); /* cancelled: nothing indexed, nothing held */
-    kp_pfx_stats st;
-    kp_eng_stats(e, &st);
+    kp_eng_stats st;
+    kp_eng_get_stats(e, &st);
     CHECK(st.used_bytes == st.index_bytes && st.cached_tokens == 40 && st.n_leases == 0);
     /* errors are values and leave the sequence empty */
     int32_t badt[2] = {1, 100000};
@@ -245,7 +253,7 @@ static void test_reuse_counts(void) {
     CHECK(kp_eng_prefill(e, a, 0, &s, NULL, &r, &err) == KP_EINVAL);
     CHECK(s.kv.n_blocks == 0);
     CHECK(kp_eng_clear(e, &err) == KP_OK);
-    CHECK_EQ_INT(kp_kvpool_n_free(kp_eng_kvpool(e)), kp_kvpool_n_blocks(kp_eng_kvpool(e)));
+    CHECK_EQ_INT(used_bytes(e), 0);
     kp_eng_free(e);
     kp_eng_free(NULL);
     /* a budget below one block is refused */
@@ -255,7 +263,7 @@ static void test_reuse_counts(void) {
     kp_eng_config c2 = {KP_DTYPE_F32, 16, kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16, 0, true, NULL};
     CHECK(kp_eng_new(&e, m, pool, NULL, &c2, &err) == KP_OK);
     CHECK(kp_eng_prefill(e, a, 17, &s, NULL, &r, &err) == KP_EFULL && s.kv.n_blocks == 0);
-    CHECK_EQ_INT(kp_kvpool_n_free(kp_eng_kvpool(e)), kp_kvpool_n_blocks(kp_eng_kvpool(e)));
+    CHECK_EQ_INT(used_bytes(e), 0);
     kp_eng_free(e);
     kp_pool_free(pool);
     kp_model_free(m);
@@ -305,9 +313,9 @@ static void budget_case(uint32_t blocks, uint32_t expect_reuse) {
     }
     CHECK(kp_eng_finish(e, &s, b, 90, NULL, &err) == KP_OK);
     kp_eng_seq_abort(ref, &sr);
-    CHECK_MSG(kp_pfx_check(kp_eng_index(e), &err) == KP_OK, "%s", err.msg);
+    CHECK_MSG(kp_eng_check(e, &err) == KP_OK, "%s", err.msg);
     CHECK(kp_eng_clear(e, &err) == KP_OK);
-    CHECK_EQ_INT(kp_kvpool_n_free(kp_eng_kvpool(e)), kp_kvpool_n_blocks(kp_eng_kvpool(e)));
+    CHECK_EQ_INT(used_bytes(e), 0);
     free(la);
     free(lb);
     kp_eng_free(e);
@@ -431,12 +439,12 @@ static void batched_case(const char *rel, uint64_t seed, uint64_t budget_blocks)
                 n_done++;
             }
         }
-        CHECK_MSG(kp_pfx_check(kp_eng_index(e), &err) == KP_OK, "%s", err.msg);
+        CHECK_MSG(kp_eng_check(e, &err) == KP_OK, "%s", err.msg);
     }
     CHECK_EQ_INT(n_done, N_CB);
     CHECK(mixed_steps > 0);
-    kp_pfx_stats ps;
-    kp_eng_stats(e, &ps);
+    kp_eng_stats ps;
+    kp_eng_get_stats(e, &ps);
     if (budget_blocks < 64) CHECK_MSG(ps.n_evictions > 0, "budget of %llu blocks: no eviction",
                                       (unsigned long long)budget_blocks);
     /* a bad item is left out, the others run */
@@ -453,7 +461,7 @@ static void batched_case(const char *rel, uint64_t seed, uint64_t budget_blocks)
     kp_eng_seq_abort(e, &s1);
     kp_eng_seq_abort(e, &s2);
     CHECK(kp_eng_clear(e, &err) == KP_OK);
-    CHECK_EQ_INT(kp_kvpool_n_free(kp_eng_kvpool(e)), kp_kvpool_n_blocks(kp_eng_kvpool(e)));
+    CHECK_EQ_INT(used_bytes(e), 0);
     for (int q = 0; q < N_CB; q++) free(rq[q].logits);
     free(lr);
     kp_eng_free(e);
@@ -468,10 +476,150 @@ static void test_batched_equals_alone(void) {
     batched_case("models/stories260K.gguf", 0x5eed0003ull, 20); /* evictions */
 }
 
+/* A prefix index fed by hand the way the engine feeds its own: match,
+ * acquire the reusable rows, blocks for the rest (no K/V is computed: the
+ * index only counts blocks), insert the whole sequence, release. */
+typedef struct {
+    kp_kvpool *pool;
+    kp_pfx_index *idx;
+} mirror;
+
+static void mirror_add(mirror *x, const int32_t *t, uint32_t n) {
+    kp_kvseq seq = {0};
+    kp_pfx_lease lease = {0};
+    kp_pfx_match_result mr;
+    kp_pfx_match(x->idx, t, n, &mr);
+    CHECK(kp_pfx_acquire(x->idx, t, mr.n_reuse, &seq, &lease, NULL) == KP_OK);
+    CHECK(kp_kvseq_reserve(&seq, x->pool, n, NULL) == KP_OK);
+    seq.n_pos = n;
+    CHECK(kp_pfx_insert(x->idx, t, n, &seq, NULL, NULL, NULL) == KP_OK);
+    kp_pfx_release(x->idx, &lease);
+    kp_kvseq_release(&seq, x->pool);
+}
+
+static void same_top(kp_engine *e, mirror *x, const char *when) {
+    kp_eng_prefix a[8];
+    kp_pfx_prefix_info b[8];
+    uint32_t na = 99, nb = 98;
+    CHECK(kp_eng_top(e, a, 8, &na, NULL) == KP_OK);
+    CHECK(kp_pfx_top(x->idx, b, 8, &nb, NULL) == KP_OK);
+    CHECK_MSG(na == nb, "%s: %u prefixes vs %u", when, na, nb);
+    for (uint32_t i = 0; i < na && i < nb; i++)
+        CHECK_MSG(a[i].hash == b[i].hash && a[i].n_tokens == b[i].n_tokens && a[i].n_head == b[i].n_head &&
+                      !memcmp(a[i].head, b[i].head, b[i].n_head * sizeof(int32_t)) && a[i].bytes == b[i].bytes &&
+                      a[i].own_bytes == b[i].own_bytes && a[i].n_holders == b[i].n_holders &&
+                      a[i].pinned == b[i].pinned && a[i].last_used == b[i].last_used && a[i].hits == b[i].hits,
+                  "%s: prefix %u differs", when, i);
+    kp_eng_stats es;
+    kp_pfx_stats ps;
+    kp_eng_get_stats(e, &es);
+    kp_pfx_get_stats(x->idx, &ps);
+    CHECK_MSG(es.prefix_cache && es.budget_bytes == ps.budget_bytes && es.used_bytes == ps.used_bytes &&
+                  es.free_bytes == ps.free_bytes && es.block_bytes == ps.block_bytes &&
+                  es.index_bytes == ps.index_bytes && es.pinned_bytes == ps.pinned_bytes &&
+                  es.pinned_cap_bytes == ps.pinned_cap_bytes && es.shared_bytes == ps.shared_bytes &&
+                  es.saved_bytes == ps.saved_bytes && es.n_nodes == ps.n_nodes && es.n_leaves == ps.n_leaves &&
+                  es.n_pins == ps.n_pins && es.n_leases == ps.n_leases && es.cached_tokens == ps.cached_tokens &&
+                  es.n_evictions == ps.n_evictions && es.n_lookups == ps.n_lookups && es.n_hits == ps.n_hits &&
+                  es.reused_tokens == ps.reused_tokens,
+              "%s: the memory bills differ", when);
+}
+
+/* kp_eng_top / kp_eng_pin / kp_eng_unpin / kp_eng_expire / kp_eng_get_stats
+ * answer what kp_pfx_* answer for an index that saw the same sequences. */
+static void test_cache_operations(void) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_pool *pool = NULL;
+    if (kp_model_load(&m, harness_path("models/stories260K.gguf"), &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        return;
+    }
+    CHECK(kp_pool_new(&pool, 1, &err) == KP_OK);
+    const kp_hparams *hp = &m->hp;
+    uint64_t bb = kp_model_kv_bytes_per_token(hp, KP_DTYPE_F32) * 16;
+    kp_pfx_config pc = {bb * 5, 16}; /* pins may hold 5 blocks */
+    kp_eng_config c = {KP_DTYPE_F32, 16, bb * 64, 256, false, &pc};
+    kp_engine *e = NULL;
+    CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
+    mirror x = {0};
+    kp_kvpool_config kc = {hp->n_layer, hp->n_head_kv, hp->head_dim, KP_DTYPE_F32, 16, bb * 64};
+    CHECK(kp_kvpool_new(&x.pool, &kc, &err) == KP_OK);
+    CHECK(kp_pfx_new(&x.idx, x.pool, &pc, &err) == KP_OK);
+    /* sequences sharing heads, one of more than KP_PFX_HEAD_TOKENS tokens, a
+     * full repeat, and eleven leaves of equal length (ties in the listing) */
+    static int32_t t[20][80];
+    uint32_t len[20];
+    for (int k = 0; k < 20; k++) {
+        len[k] = k < 3 ? 30 + 20 * (uint32_t)k : 10;
+        for (uint32_t i = 0; i < len[k]; i++) t[k][i] = i == 0 ? 1 : k < 3 ? 100 + (int32_t)i : 200 + k * 7 + (int32_t)i;
+    }
+    memcpy(t[19], t[0], sizeof t[0]);
+    len[19] = len[0];
+    kp_eng_seq s = {0};
+    for (int k = 0; k < 20; k++) {
+        CHECK(kp_eng_prefill(e, t[k], len[k], &s, NULL, NULL, &err) == KP_OK);
+        CHECK(kp_eng_finish(e, &s, t[k], len[k], NULL, &err) == KP_OK);
+        mirror_add(&x, t[k], len[k]);
+    }
+    same_top(e, &x, "after the sequences");
+    kp_eng_prefix one[1];
+    uint32_t n1 = 0;
+    CHECK(kp_eng_top(e, one, 1, &n1, &err) == KP_OK && n1 == 1 && one[0].n_tokens == 70 &&
+          one[0].n_head == KP_PFX_HEAD_TOKENS && !memcmp(one[0].head, t[2], sizeof one[0].head));
+    /* pins: the same ids, caps and errors */
+    uint64_t ia = 0, ib = 0;
+    kp_status sa = kp_eng_pin(e, t[0], 20, 10, 1000, &ia, &err);
+    kp_status sb = kp_pfx_pin(x.idx, t[0], 20, 10, 1000, &ib, NULL);
+    CHECK(sa == KP_OK && sb == KP_OK && ia == ib && ia > 0);
+    uint64_t ja = 0, jb = 0;
+    CHECK(kp_eng_pin(e, t[5], 10, 0, 1000, &ja, &err) == KP_OK && kp_pfx_pin(x.idx, t[5], 10, 0, 1000, &jb, NULL) == KP_OK &&
+          ja == jb);
+    same_top(e, &x, "after two pins");
+    uint64_t ka = 0, kb = 0; /* 70 tokens (5 blocks) and the 10-token pin: 6 blocks, over the cap */
+    sa = kp_eng_pin(e, t[2], 70, 0, 1000, &ka, &err);
+    sb = kp_pfx_pin(x.idx, t[2], 70, 0, 1000, &kb, NULL);
+    CHECK_MSG(sa == KP_EFULL && sb == KP_EFULL && ka == 0, "%d %d %s", sa, sb, err.msg);
+    int32_t other[3] = {1, 2, 3};
+    CHECK(kp_eng_pin(e, other, 3, 0, 1000, &ka, &err) == KP_ENOTFOUND && kp_pfx_pin(x.idx, other, 3, 0, 1000, &kb, NULL) == KP_ENOTFOUND);
+    CHECK(kp_eng_pin(e, t[0], 0, 0, 1000, &ka, &err) == KP_EINVAL);
+    CHECK(kp_eng_pin(e, t[0], 5, -1, 1000, &ka, &err) == KP_EINVAL);
+    same_top(e, &x, "after refused pins");
+    /* expiry: the 10 s pin ends at 1010 */
+    CHECK_EQ_INT(kp_eng_expire(e, 1009), kp_pfx_expire(x.idx, 1009));
+    uint32_t ea = kp_eng_expire(e, 1010), eb = kp_pfx_expire(x.idx, 1010);
+    CHECK(ea == 1 && eb == 1);
+    CHECK(kp_eng_unpin(e, ia, &err) == KP_ENOTFOUND && kp_pfx_unpin(x.idx, ib, NULL) == KP_ENOTFOUND);
+    same_top(e, &x, "after expiry");
+    CHECK(kp_eng_unpin(e, ja, &err) == KP_OK && kp_pfx_unpin(x.idx, jb, NULL) == KP_OK);
+    CHECK(kp_eng_unpin(e, ja, &err) == KP_ENOTFOUND);
+    same_top(e, &x, "after unpin");
+    CHECK_MSG(kp_eng_check(e, &err) == KP_OK, "%s", err.msg);
+    kp_pfx_free(x.idx);
+    kp_kvpool_free(x.pool);
+    kp_eng_free(e);
+    /* without a prefix cache: nothing listed, nothing to pin */
+    kp_eng_config off = {KP_DTYPE_F32, 16, bb * 8, 128, true, NULL};
+    CHECK(kp_eng_new(&e, m, pool, NULL, &off, &err) == KP_OK);
+    CHECK(kp_eng_top(e, one, 1, &n1, &err) == KP_OK && n1 == 0);
+    CHECK(kp_eng_pin(e, t[0], 5, 0, 0, &ka, &err) == KP_EUNSUPPORTED && ka == 0);
+    CHECK(kp_eng_unpin(e, 1, &err) == KP_ENOTFOUND);
+    CHECK_EQ_INT(kp_eng_expire(e, 1 << 30), 0);
+    kp_eng_stats es;
+    kp_eng_get_stats(e, &es);
+    CHECK(!es.prefix_cache && es.kv_type == KP_DTYPE_F32 && es.block_size == 16 &&
+          es.bytes_per_token == kp_model_kv_bytes_per_token(hp, KP_DTYPE_F32) && es.block_bytes == bb &&
+          es.budget_bytes == bb * 8 && es.used_bytes == 0 && es.free_bytes == bb * 8);
+    kp_eng_free(e);
+    kp_pool_free(pool);
+    kp_model_free(m);
+}
+
 int main(void) {
     RUN(test_batched_equals_alone);
     RUN(test_budget_of_one_sequence);
     RUN(test_reuse_counts);
+    RUN(test_cache_operations);
     RUN(test_equal_stories);
     RUN(test_equal_qwen2_q8);
     return harness_finish("engine");

@@ -127,8 +127,6 @@ void kp_eng_free(kp_engine *e) {
     free(e);
 }
 
-kp_pfx_index *kp_eng_index(kp_engine *e) { return e->idx; }
-kp_kvpool *kp_eng_kvpool(kp_engine *e) { return e->kv; }
 uint32_t kp_eng_max_pos(const kp_engine *e) { return e->max_pos; }
 uint32_t kp_eng_seq_len(const kp_eng_seq *seq) { return seq->kv.n_pos; }
 
@@ -392,16 +390,62 @@ kp_status kp_eng_clear(kp_engine *e, kp_error *err) {
     return kp_pfx_new(&e->idx, e->kv, e->has_pfx_cfg ? &e->pfx_cfg : NULL, err);
 }
 
-void kp_eng_stats(kp_engine *e, kp_pfx_stats *out) {
-    if (e->idx) {
-        kp_pfx_get_stats(e->idx, out);
+void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out) {
+    memset(out, 0, sizeof *out);
+    const kp_kvpool_config *kc = kp_kvpool_config_of(e->kv);
+    uint64_t bb = kp_kvpool_block_bytes(e->kv);
+    out->prefix_cache = e->idx != NULL;
+    out->kv_type = kc->kv_type;
+    out->block_size = kc->block_size;
+    out->bytes_per_token = kp_model_kv_bytes_per_token(&e->m->hp, kc->kv_type);
+    out->block_bytes = bb;
+    if (!e->idx) {
+        uint32_t nb = kp_kvpool_n_blocks(e->kv);
+        out->budget_bytes = (uint64_t)nb * bb;
+        out->used_bytes = (uint64_t)(nb - kp_kvpool_n_free(e->kv)) * bb;
+        out->free_bytes = out->budget_bytes - out->used_bytes;
         return;
     }
-    memset(out, 0, sizeof *out);
-    uint64_t bb = kp_kvpool_block_bytes(e->kv);
-    uint32_t nb = kp_kvpool_n_blocks(e->kv);
-    out->block_bytes = bb;
-    out->budget_bytes = (uint64_t)nb * bb;
-    out->used_bytes = (uint64_t)(nb - kp_kvpool_n_free(e->kv)) * bb;
-    out->free_bytes = out->budget_bytes - out->used_bytes;
+    kp_pfx_stats ps;
+    kp_pfx_get_stats(e->idx, &ps);
+    out->budget_bytes = ps.budget_bytes;
+    out->used_bytes = ps.used_bytes;
+    out->free_bytes = ps.free_bytes;
+    out->index_bytes = ps.index_bytes;
+    out->pinned_bytes = ps.pinned_bytes;
+    out->pinned_cap_bytes = ps.pinned_cap_bytes;
+    out->shared_bytes = ps.shared_bytes;
+    out->saved_bytes = ps.saved_bytes;
+    out->n_nodes = ps.n_nodes;
+    out->n_leaves = ps.n_leaves;
+    out->n_pins = ps.n_pins;
+    out->n_leases = ps.n_leases;
+    out->cached_tokens = ps.cached_tokens;
+    out->n_evictions = ps.n_evictions;
+    out->evicted_bytes = ps.evicted_bytes;
+    out->n_lookups = ps.n_lookups;
+    out->n_hits = ps.n_hits;
+    out->reused_tokens = ps.reused_tokens;
 }
+
+kp_status kp_eng_top(kp_engine *e, kp_eng_prefix *out, uint32_t max, uint32_t *n_out, kp_error *err) {
+    *n_out = 0;
+    return e->idx ? kp_pfx_top(e->idx, out, max, n_out, err) : KP_OK;
+}
+
+kp_status kp_eng_pin(kp_engine *e, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
+                     uint64_t *id, kp_error *err) {
+    *id = 0;
+    if (!e->idx) return kp_fail(err, KP_EUNSUPPORTED, "the prefix cache is off: nothing can be pinned");
+    return kp_pfx_pin(e->idx, tokens, n, ttl_seconds, now, id, err);
+}
+
+kp_status kp_eng_unpin(kp_engine *e, uint64_t id, kp_error *err) {
+    if (!e->idx) return kp_fail(err, KP_ENOTFOUND, "no pin with id %llu (the prefix cache is off)",
+                                (unsigned long long)id);
+    return kp_pfx_unpin(e->idx, id, err);
+}
+
+uint32_t kp_eng_expire(kp_engine *e, int64_t now) { return e->idx ? kp_pfx_expire(e->idx, now) : 0; }
+
+kp_status kp_eng_check(kp_engine *e, kp_error *err) { return e->idx ? kp_pfx_check(e->idx, err) : KP_OK; }

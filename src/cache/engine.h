@@ -17,6 +17,13 @@
  * prefixes that no running sequence holds, then retries. Outputs with and
  * without the prefix cache are the same: a reused row is the row the same
  * tokens at the same positions would produce again.
+ *
+ * The engine is the only way to the pool and the index: cache listings,
+ * pins and the memory bill are engine operations (kp_eng_top, kp_eng_pin,
+ * kp_eng_unpin, kp_eng_expire, kp_eng_probe, kp_eng_get_stats), so callers
+ * above this floor never include prefix.h or kvpool.h themselves. This
+ * header includes them for the layout of kp_eng_seq (a block table and a
+ * lease, held by value in the caller) and kp_eng_config.pfx.
  */
 #ifndef KP_ENGINE_H
 #define KP_ENGINE_H
@@ -151,14 +158,73 @@ void kp_eng_seq_abort(kp_engine *e, kp_eng_seq *seq);
  * (no-op) without an index; KP_ENOMEM leaves the engine without a cache. */
 kp_status kp_eng_clear(kp_engine *e, kp_error *err);
 
-/* The memory bill (kp_pfx_get_stats; without an index only the pool fields
- * budget/used/free/block_bytes are set). */
-void kp_eng_stats(kp_engine *e, kp_pfx_stats *out);
+/* The memory bill of the KV pool and the prefix index. Every byte count is
+ * in whole KV blocks; a block several nodes or sequences share counts once.
+ * Without a prefix cache the index fields are 0. */
+typedef struct {
+    bool prefix_cache;          /* the engine has a prefix index */
+    kp_dtype kv_type;           /* KP_DTYPE_F16 or KP_DTYPE_F32 */
+    uint32_t block_size;        /* positions per KV block */
+    uint64_t bytes_per_token;   /* K and V of one position over all layers */
+    uint64_t block_bytes;       /* block_size * bytes_per_token */
+    uint64_t budget_bytes;      /* the pool: n_blocks * block_bytes */
+    uint64_t used_bytes;        /* blocks in use by the index or any sequence */
+    uint64_t free_bytes;        /* budget - used */
+    uint64_t index_bytes;       /* blocks the index references */
+    uint64_t pinned_bytes;      /* blocks on pinned paths */
+    uint64_t pinned_cap_bytes;  /* the cap of pinned_bytes */
+    uint64_t shared_bytes;      /* index blocks that running sequences also use */
+    uint64_t saved_bytes;       /* what those sequences would need more without sharing */
+    uint32_t n_nodes;           /* index tree nodes */
+    uint32_t n_leaves;          /* cached prefixes that end a path */
+    uint32_t n_pins;
+    uint32_t n_leases;          /* running sequences holding a cached path */
+    uint64_t cached_tokens;     /* distinct indexed positions */
+    uint64_t n_evictions;       /* nodes evicted since the index was made */
+    uint64_t evicted_bytes;     /* bytes eviction returned to the pool */
+    uint64_t n_lookups;         /* prefills that consulted the index */
+    uint64_t n_hits;            /* ... and reused at least one position */
+    uint64_t reused_tokens;     /* positions those prefills reused */
+} kp_eng_stats;
 
-/* Borrowed internals, for reports and tests (NULL index with
- * no_prefix_cache). */
-kp_pfx_index *kp_eng_index(kp_engine *e);
-kp_kvpool *kp_eng_kvpool(kp_engine *e);
+/* Fills *out: O(pool blocks + index nodes), so a caller polling it should
+ * not do so every step. */
+void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out);
+
+/* A cached prefix as cache listings show it (prefix.h's kp_pfx_prefix_info:
+ * hash, n_tokens, its first tokens in head[0..n_head), bytes, holders,
+ * pinned, hits). */
+typedef kp_pfx_prefix_info kp_eng_prefix;
+
+/* The largest cached prefixes, most tokens first (ties: most recently used
+ * first), at most max, into out[0..*n_out); O(index nodes). None without a
+ * prefix cache. KP_ENOMEM. */
+kp_status kp_eng_top(kp_engine *e, kp_eng_prefix *out, uint32_t max, uint32_t *n_out, kp_error *err);
+
+/* Pins the cached prefix tokens[0..n) until kp_eng_unpin(*id), or until
+ * now + ttl_seconds (ttl 0: no expiry; `now` in seconds of the caller's
+ * clock, which kp_eng_expire must use too). A pinned prefix is never
+ * evicted; the pinned bytes are capped (kp_eng_config.pfx). *id receives
+ * the pin's id (> 0). KP_ENOTFOUND if the n tokens are not all cached;
+ * KP_EFULL over the pinned-bytes cap; KP_EINVAL for n 0 or ttl < 0;
+ * KP_EUNSUPPORTED without a prefix cache; KP_ENOMEM. */
+kp_status kp_eng_pin(kp_engine *e, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
+                     uint64_t *id, kp_error *err);
+
+/* Removes pin id. KP_ENOTFOUND if there is no such pin (never made,
+ * removed, expired) or no prefix cache. */
+kp_status kp_eng_unpin(kp_engine *e, uint64_t id, kp_error *err);
+
+/* Removes every pin whose expiry time is <= now; returns how many (0
+ * without a prefix cache). */
+uint32_t kp_eng_expire(kp_engine *e, int64_t now);
+
+/* Verifies the invariants of the prefix index against the pool (prefix.h's
+ * kp_pfx_check): KP_OK, or KP_EFORMAT naming the first broken one. For
+ * tests and debugging: O(nodes + blocks). KP_OK without a prefix cache. */
+kp_status kp_eng_check(kp_engine *e, kp_error *err);
+
+/* The longest sequence the engine runs (kp_eng_config.max_pos). */
 uint32_t kp_eng_max_pos(const kp_engine *e);
 
 #endif

@@ -470,8 +470,8 @@ static void *loop(void *arg) {
             if (admit(s, r)) s->running[s->n_running++] = r; /* only this thread grows it */
         }
         double t = now_s();
-        if (t - s->last_expire > 1.0 && kp_eng_index(s->e)) {
-            kp_pfx_expire(kp_eng_index(s->e), (int64_t)time(NULL));
+        if (t - s->last_expire > 1.0) {
+            kp_eng_expire(s->e, (int64_t)time(NULL));
             s->last_expire = t;
         }
         step(s);
@@ -479,8 +479,8 @@ static void *loop(void *arg) {
          * and when the engine goes idle, not after every step */
         bool idle = s->n_running == 0;
         if (idle || now_s() - s->last_stats >= 0.1) {
-            kp_pfx_stats kv;
-            kp_eng_stats(s->e, &kv);
+            kp_eng_stats kv;
+            kp_eng_get_stats(s->e, &kv);
             s->last_stats = now_s();
             pthread_mutex_unlock(&s->eng_mu);
             pthread_mutex_lock(&s->mu);

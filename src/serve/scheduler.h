@@ -127,7 +127,7 @@ typedef struct {
     uint64_t requests_started, requests_finished, requests_cancelled, requests_failed;
     uint64_t prompt_tokens, cached_tokens, generated_tokens, steps;
     uint32_t queued, running;
-    kp_pfx_stats kv;            /* the memory bill after the last step */
+    kp_eng_stats kv;            /* the memory bill after the last step */
     /* histograms: cumulative counts of observations <= le[i] seconds */
     double ttft_le[KP_SCHED_HIST_BUCKETS], tpot_le[KP_SCHED_HIST_BUCKETS];
     uint64_t ttft_count[KP_SCHED_HIST_BUCKETS], tpot_count[KP_SCHED_HIST_BUCKETS];
