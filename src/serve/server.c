@@ -752,8 +752,6 @@ static enum MHD_Result models(kp_server *s, struct MHD_Connection *c, const char
 
 /* ---- cache endpoints ------------------------------------------------------------ */
 
-#define TOP_PREFIXES 10
-
 static json_t *kv_json(const kp_eng_stats *k) {
     uint64_t bb = k->block_bytes ? k->block_bytes : 1;
     return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "budget_bytes",
@@ -768,30 +766,27 @@ static json_t *kv_json(const kp_eng_stats *k) {
 
 static enum MHD_Result cache_get(kp_server *s, struct MHD_Connection *c) {
     kp_error err = {0};
-    kp_eng_prefix top[TOP_PREFIXES];
-    uint32_t n_top = 0;
-    kp_eng_stats k;
-    kp_crep *crep;
-    kp_engine *e = kp_sched_lock(s->sched, &crep);
-    kp_eng_get_stats(e, &k);
-    kp_status st = kp_eng_top(e, top, TOP_PREFIXES, &n_top, &err);
-    kp_sched_unlock(s->sched);
-    if (st != KP_OK) return fail(s, c, 500, "server_error", NULL, NULL, "%s", err.msg);
+    /* the counters first: the snapshot is published before the running
+     * table shrinks, so "running": 0 comes with the cache the requests left */
+    kp_sched_stats ss;
+    kp_sched_stats_get(s->sched, &ss);
+    kp_sched_cache snap;
+    kp_sched_cache_get(s->sched, &snap);
+    const kp_eng_stats k = snap.kv;
     json_t *list = json_array();
-    for (uint32_t i = 0; i < n_top; i++) {
+    for (uint32_t i = 0; i < snap.n_top; i++) {
+        const kp_eng_prefix *p = &snap.top[i];
         char *text = NULL;
         size_t len = 0;
-        kp_tok_detokenize(s->v, top[i].head, top[i].n_head, true, true, &text, &len, &err);
+        kp_tok_detokenize(s->v, p->head, p->n_head, true, true, &text, &len, &err);
         json_t *words = text ? json_stringn(text, len) : NULL;
         free(text);
         json_array_append_new(
-            list, json_pack("{s:I, s:I, s:b, s:I, s:I, s:o}", "tokens", (json_int_t)top[i].n_tokens, "bytes",
-                            (json_int_t)top[i].bytes, "pinned", top[i].pinned, "holders",
-                            (json_int_t)top[i].n_holders, "hits", (json_int_t)top[i].hits, "first_words",
+            list, json_pack("{s:I, s:I, s:b, s:I, s:I, s:o}", "tokens", (json_int_t)p->n_tokens, "bytes",
+                            (json_int_t)p->bytes, "pinned", p->pinned, "holders", (json_int_t)p->n_holders, "hits",
+                            (json_int_t)p->hits, "first_words",
                             words ? words : json_string("")));
     }
-    kp_sched_stats ss;
-    kp_sched_stats_get(s->sched, &ss);
     json_t *counts = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "nodes",
                                (json_int_t)k.n_nodes, "prefixes", (json_int_t)k.n_leaves, "pins", (json_int_t)k.n_pins,
                                "leases", (json_int_t)k.n_leases, "cached_tokens", (json_int_t)k.cached_tokens,
@@ -834,12 +829,15 @@ static enum MHD_Result cache_probe(kp_server *s, struct MHD_Connection *c, conn 
     if (!ok) return reply_error(s, c, &e);
     kp_eng_report r;
     kp_doctor_report d;
+    bool has = false;
     kp_error err = {0};
-    kp_crep *crep;
-    kp_engine *eng = kp_sched_lock(s->sched, &crep);
-    kp_eng_probe(eng, ids, (uint32_t)n, &r);
-    bool has = kp_crep_explain(crep, ids, (uint32_t)n, text, tl, &r, KP_DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
-    kp_sched_unlock(s->sched);
+    kp_status st = kp_sched_probe(s->sched, ids, (uint32_t)n, text, tl, &r, &d, &has, &err);
+    if (st != KP_OK) {
+        free(ids);
+        free(text);
+        status_error(st, &err, "prompt", &e);
+        return reply_error(s, c, &e);
+    }
     free(ids);
     free(text);
     json_t *j = kp_oai_cache_json(&r, has ? &d : NULL);
@@ -869,11 +867,9 @@ static enum MHD_Result cache_pin(kp_server *s, struct MHD_Connection *c, conn *c
     json_decref(o);
     free(text);
     if (!ok) return reply_error(s, c, &e);
-    kp_crep *crep;
-    kp_eng_stats k;
-    kp_eng_get_stats(kp_sched_lock(s->sched, &crep), &k);
-    kp_sched_unlock(s->sched);
-    if (!k.prefix_cache) {
+    kp_sched_cache snap;
+    kp_sched_cache_get(s->sched, &snap);
+    if (!snap.kv.prefix_cache) {
         free(ids);
         return fail(s, c, 400, "invalid_request_error", "prefix_cache_off", NULL,
                     "the prefix cache is off (--no-prefix-cache): nothing can be pinned");
@@ -901,10 +897,8 @@ static enum MHD_Result cache_pin(kp_server *s, struct MHD_Connection *c, conn *c
         return reply_error(s, c, &e);
     }
     uint64_t id = 0;
-    kp_engine *eng = kp_sched_lock(s->sched, &crep);
-    st = kp_eng_pin(eng, ids, (uint32_t)n, ttl, (int64_t)time(NULL), &id, &err);
-    kp_eng_get_stats(eng, &k);
-    kp_sched_unlock(s->sched);
+    kp_eng_stats k;
+    st = kp_sched_pin(s->sched, ids, (uint32_t)n, ttl, (int64_t)time(NULL), &id, &k, &err);
     free(ids);
     if (st != KP_OK) {
         if (st == KP_EFULL) return fail(s, c, 400, "invalid_request_error", "pinned_cap", NULL, "%s", err.msg);
@@ -929,10 +923,12 @@ static enum MHD_Result cache_unpin(kp_server *s, struct MHD_Connection *c, const
     if (!end || *end)
         return fail(s, c, 404, "invalid_request_error", "pin_not_found", "id", "no pin \"%.64s\"", sid);
     kp_error err = {0};
-    kp_crep *crep;
-    kp_engine *e = kp_sched_lock(s->sched, &crep);
-    kp_status st = kp_eng_unpin(e, id, &err);
-    kp_sched_unlock(s->sched);
+    kp_status st = kp_sched_unpin(s->sched, id, &err);
+    if (st == KP_EFULL) {
+        kp_oai_error e;
+        status_error(st, &err, NULL, &e);
+        return reply_error(s, c, &e);
+    }
     if (st != KP_OK)
         return fail(s, c, 404, "invalid_request_error", "pin_not_found", "id",
                     "no pin \"%.64s\" (never made, removed or expired)", sid);
@@ -1169,8 +1165,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     s->v = v;
     s->m = m;
     s->started = time(NULL);
-    s->ctx = kp_eng_max_pos(kp_sched_lock(sched, NULL));
-    kp_sched_unlock(sched);
+    s->ctx = kp_sched_max_pos(sched);
     struct addrinfo hints = {0}, *ai = NULL;
     hints.ai_family = AF_INET;
     hints.ai_socktype = SOCK_STREAM;
