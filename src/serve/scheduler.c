@@ -10,12 +10,14 @@
  * A request's life and who may touch what:
  *
  *   submit --queued--> admitted --prefilling--> generating --> ended --> told
- *   (caller)  (mu)     (engine thread only: seq, all[], fed, sampler)   (r->mu)
+ *   (caller)  (mu)     (engine thread only: seq, gen, fed)              (r->mu)
  *
- *   all[]  | prompt 0..n_prompt-1 | generated tokens ...      | n_all
- *   fed    = positions the sequence holds (K/V computed)
+ *   gen tokens | prompt 0..n_prompt-1 | generated tokens ...  | n_all
+ *   fed        = positions the sequence holds (K/V computed)
  *   prefilling while fed < n_prompt; generating: fed == n_all - 1, the
- *   newest sampled token all[n_all-1] is the next decode input.
+ *   newest sampled token (n_all - 1) is the next decode input. The gen
+ *   (cache/gen.h) samples, applies stop strings, end-of-generation,
+ *   max_tokens and the context end, and releases the text.
  *
  * One iteration of the engine thread:
  *
@@ -58,12 +60,10 @@
 struct kp_sreq {
     /* set at submit, then owned by the engine thread */
     int32_t *all;
-    uint32_t n_prompt, n_all, cap, max_tokens, fed;
-    bool ignore_eos;
+    kp_gen *gen;  /* prompt + generated tokens, sampler, text, limits */
+    uint32_t n_prompt, fed;
     char *text; /* the prompt text, for the report; NULL: none */
     size_t text_len;
-    kp_sampler *smp;
-    kp_textout *to;
     kp_eng_seq seq;
     float *logits;
     double t_submit, t_admit, t_last;
@@ -158,9 +158,7 @@ static void observe(double v, const double *le, uint64_t *count, uint64_t *n, do
 /* ---- requests ---------------------------------------------------------- */
 
 static void sreq_free(kp_sreq *r) {
-    kp_sampler_free(r->smp);
-    kp_textout_free(r->to);
-    free(r->all);
+    kp_gen_free(r->gen);
     free(r->text);
     free(r->logits);
     kp_buf_free(&r->out);
@@ -220,7 +218,7 @@ bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u) {
     u->prompt_tokens = r->n_prompt;
     u->cached_tokens = r->report.reused_tokens;
     u->completion_tokens = r->completion_tokens;
-    u->ids = r->all; /* entries below n_prompt + completion_tokens are final */
+    u->ids = kp_gen_tokens(r->gen); /* entries below n_prompt + completion_tokens are final */
     u->report = r->report;
     u->doctor = r->doctor;
     u->has_doctor = r->has_doctor;
@@ -241,31 +239,25 @@ static void emit(kp_sreq *r, const char *text, size_t n, bool token) {
 
 kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, kp_error *err) {
     *out = NULL;
-    if (!p->prompt || p->n_prompt == 0) return kp_fail(err, KP_EINVAL, "the prompt is empty");
-    if (p->n_prompt > s->max_pos)
-        return kp_fail(err, KP_ERANGE, "the prompt has %u tokens, more than the context of %u tokens", p->n_prompt,
-                       s->max_pos);
-    for (uint32_t i = 0; i < p->n_prompt; i++)
-        if (p->prompt[i] < 0 || (uint32_t)p->prompt[i] >= s->n_vocab)
-            return kp_fail(err, KP_EINVAL, "prompt token %u is %d, outside the vocabulary of %u", i, p->prompt[i],
-                           s->n_vocab);
-    kp_status st = kp_sampler_check(&p->sp, err);
-    if (st != KP_OK) return st;
     kp_sreq *r = calloc(1, sizeof *r);
     if (!r) return kp_fail(err, KP_ENOMEM, "out of memory for a request");
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     atomic_init(&r->cancel, false);
     atomic_init(&r->refs, 2);
-    uint64_t want = (uint64_t)p->n_prompt + p->max_tokens + 1;
-    r->cap = want < s->max_pos + 1ull ? (uint32_t)want : s->max_pos + 1;
-    r->all = malloc((size_t)r->cap * sizeof *r->all);
-    r->logits = malloc((size_t)s->n_vocab * sizeof *r->logits);
-    if (!r->all || !r->logits) {
+    /* checks the prompt (empty, longer than the context, ids) and the sampling parameters */
+    kp_gen_params gp = {p->sp, p->max_tokens, s->max_pos, (int32_t)s->n_vocab, p->ignore_eos, p->stops, p->n_stops,
+                        false};
+    kp_status st = kp_gen_new(&r->gen, s->v, p->prompt, p->n_prompt, &gp, err);
+    if (st != KP_OK) {
         sreq_free(r);
-        return kp_fail(err, KP_ENOMEM, "out of memory for a request of %u tokens", r->cap);
+        return st;
     }
-    memcpy(r->all, p->prompt, (size_t)p->n_prompt * sizeof *r->all);
+    r->logits = malloc((size_t)s->n_vocab * sizeof *r->logits);
+    if (!r->logits) {
+        sreq_free(r);
+        return kp_fail(err, KP_ENOMEM, "out of memory for a request");
+    }
     if (p->text) {
         if (!(r->text = malloc(p->text_len + 1))) {
             sreq_free(r);
@@ -275,16 +267,7 @@ kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, k
         r->text[p->text_len] = 0;
         r->text_len = p->text_len;
     }
-    r->n_prompt = r->n_all = p->n_prompt;
-    r->max_tokens = p->max_tokens;
-    r->ignore_eos = p->ignore_eos;
-    bool strip = p->n_prompt == 1 && p->prompt[0] == kp_tok_bos(s->v) && kp_tok_add_space_prefix(s->v);
-    if ((st = kp_sampler_new(&r->smp, &p->sp, (int32_t)s->n_vocab, err)) != KP_OK ||
-        (st = kp_textout_new(&r->to, s->v, p->stops, p->n_stops, false, strip, err)) != KP_OK) {
-        sreq_free(r);
-        return st;
-    }
-    for (uint32_t i = 0; i < p->n_prompt; i++) kp_sampler_accept(r->smp, p->prompt[i]);
+    r->n_prompt = p->n_prompt;
     r->t_submit = now_s();
     pthread_mutex_lock(&s->mu);
     if (s->stop || s->n_queued >= s->cfg.queue_max) {
@@ -341,18 +324,15 @@ static void publish(kp_sched *s, bool now_) {
  * its sequence, counts it; the owner hears of it in deliver(), after the
  * snapshot shows the cache it left. Engine thread. */
 static void finish(kp_sched *s, kp_sreq *r, kp_finish why, kp_status status, const kp_error *err) {
-    if (why == KP_FINISH_LENGTH || why == KP_FINISH_STOP) { /* release held-back text (none after a stop string) */
-        const char *t;
-        size_t n;
-        kp_textout_finish(r->to, &t, &n);
-        if (n) emit(r, t, n, false);
-    }
-    uint32_t len = kp_eng_seq_len(&r->seq);
+    kp_gen_out o; /* ended from here (not by the gen): LENGTH releases held-back text */
+    kp_gen_stop(r->gen, why, &o);
+    if (o.len) emit(r, o.text, o.len, false);
+    uint32_t len = kp_eng_seq_len(&r->seq), n_all = kp_gen_n_tokens(r->gen);
     if (len > 0) {
         kp_error e2;
-        uint32_t n = len < r->n_all ? len : r->n_all;
-        kp_eng_finish(s->e, &r->seq, r->all, n, NULL, &e2);
-        kp_crep_add(s->crep, r->all, n, &e2);
+        uint32_t n = len < n_all ? len : n_all;
+        kp_eng_finish(s->e, &r->seq, kp_gen_tokens(r->gen), n, NULL, &e2);
+        kp_crep_add(s->crep, kp_gen_tokens(r->gen), n, &e2);
     } else {
         kp_eng_seq_abort(s->e, &r->seq);
     }
@@ -395,7 +375,8 @@ static bool admit(kp_sched *s, kp_sreq *r) {
     }
     kp_error err = {0};
     kp_eng_report rep;
-    kp_status st = kp_eng_begin(s->e, r->all, r->n_prompt, &r->seq, &rep, &err);
+    const int32_t *prompt = kp_gen_tokens(r->gen);
+    kp_status st = kp_eng_begin(s->e, prompt, r->n_prompt, &r->seq, &rep, &err);
     if (st != KP_OK) {
         finish(s, r, KP_FINISH_ERROR, st, &err);
         return false;
@@ -403,7 +384,7 @@ static bool admit(kp_sched *s, kp_sreq *r) {
     s->dirty = true;
     r->fed = rep.reused_tokens;
     kp_doctor_report d;
-    bool has = kp_crep_explain(s->crep, r->all, r->n_prompt, r->text, r->text_len, &rep, KP_DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
+    bool has = kp_crep_explain(s->crep, prompt, r->n_prompt, r->text, r->text_len, &rep, KP_DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
     pthread_mutex_lock(&r->mu);
     r->report = rep;
     if (has) r->doctor = d;
@@ -417,8 +398,9 @@ static bool admit(kp_sched *s, kp_sreq *r) {
     pthread_mutex_unlock(&s->mu);
     return true;
 }
-/* The prompt is computed and r->logits holds the next token's logits.
- * Returns true when the request finished (r may be freed then). */
+/* The prompt is computed and r->logits holds the next token's logits: the
+ * gen samples, releases text and says whether the request ended. Returns
+ * true when it did (r then waits in s->ended). */
 static bool on_logits(kp_sched *s, kp_sreq *r) {
     double t = now_s();
     bool first = r->completion_tokens == 0;
@@ -428,44 +410,29 @@ static bool on_logits(kp_sched *s, kp_sreq *r) {
         r->ttft_ms = (t - r->t_submit) * 1e3;
         pthread_mutex_unlock(&r->mu);
     }
-    if (r->max_tokens == 0) {
-        finish(s, r, KP_FINISH_LENGTH, KP_OK, NULL);
-        return true;
-    }
-    int32_t tok = kp_sampler_sample(r->smp, r->logits);
-    kp_sampler_accept(r->smp, tok);
-    r->all[r->n_all++] = tok;
-    pthread_mutex_lock(&s->mu);
-    s->st.generated_tokens++;
-    if (first)
-        observe(t - r->t_submit, TTFT_LE, s->st.ttft_count, &s->st.ttft_n, &s->st.ttft_sum);
-    else
-        observe(t - r->t_last, TPOT_LE, s->st.tpot_count, &s->st.tpot_n, &s->st.tpot_sum);
-    pthread_mutex_unlock(&s->mu);
-    r->t_last = t;
-    pthread_mutex_lock(&r->mu);
-    r->completion_tokens++;
-    pthread_mutex_unlock(&r->mu);
-    if (kp_tok_is_eog(s->v, tok) && !r->ignore_eos) {
-        emit(r, NULL, 0, true);
-        finish(s, r, KP_FINISH_STOP, KP_OK, NULL);
-        return true;
-    }
-    const char *text;
-    size_t n;
-    bool stopped = false;
+    kp_gen_out o;
     kp_error err = {0};
-    if (kp_textout_push(r->to, tok, &text, &n, &stopped, &err) != KP_OK) {
-        finish(s, r, KP_FINISH_ERROR, KP_ENOMEM, &err);
+    kp_status st = kp_gen_step(r->gen, r->logits, &o, &err);
+    if (o.token >= 0) {
+        pthread_mutex_lock(&s->mu);
+        s->st.generated_tokens++;
+        if (first)
+            observe(t - r->t_submit, TTFT_LE, s->st.ttft_count, &s->st.ttft_n, &s->st.ttft_sum);
+        else
+            observe(t - r->t_last, TPOT_LE, s->st.tpot_count, &s->st.tpot_n, &s->st.tpot_sum);
+        pthread_mutex_unlock(&s->mu);
+        r->t_last = t;
+        pthread_mutex_lock(&r->mu);
+        r->completion_tokens++;
+        pthread_mutex_unlock(&r->mu);
+    }
+    if (st != KP_OK) {
+        finish(s, r, KP_FINISH_ERROR, st, &err);
         return true;
     }
-    emit(r, text, n, true);
-    if (stopped) {
-        finish(s, r, KP_FINISH_STOP, KP_OK, NULL);
-        return true;
-    }
-    if (r->completion_tokens >= r->max_tokens || r->n_all > s->max_pos || r->n_all >= r->cap) {
-        finish(s, r, KP_FINISH_LENGTH, KP_OK, NULL);
+    if (o.len || o.token >= 0) emit(r, o.text, o.len, o.token >= 0);
+    if (o.finish != KP_FINISH_NONE) {
+        finish(s, r, o.finish, KP_OK, NULL);
         return true;
     }
     return false;
@@ -498,11 +465,11 @@ static void step(kp_sched *s) {
             if (budget == 0) continue;
             uint32_t c = r->n_prompt - r->fed < budget ? r->n_prompt - r->fed : budget;
             budget -= c;
-            it->tokens = r->all + r->fed;
+            it->tokens = kp_gen_tokens(r->gen) + r->fed;
             it->n = c;
             it->logits = r->fed + c == r->n_prompt ? r->logits : NULL;
         } else {
-            it->tokens = &r->all[r->n_all - 1];
+            it->tokens = kp_gen_tokens(r->gen) + kp_gen_n_tokens(r->gen) - 1;
             it->n = 1;
             it->logits = r->logits;
         }

@@ -6,14 +6,15 @@
  * kp_eng_step holding a decode token of every generating sequence and a slice
  * of at most `prefill_chunk` prompt tokens of the sequences still
  * prefilling, so running streams keep flowing while a long prompt is
- * computed. It samples, applies stop strings and end-of-generation, and
- * hands text to the request's owner. A finished (or cancelled) sequence is
+ * computed. Each request's kp_gen (cache/gen.h) samples, applies stop
+ * strings, end-of-generation and the limits; the text goes to the
+ * request's owner. A finished (or cancelled) sequence is
  * indexed whole in the prefix cache and released.
  *
  *   submitter thread                      engine thread
  *   ----------------                      -------------
  *   kp_sched_submit --> queue (bounded) --> admit: kp_eng_begin, cache report
- *   kp_sreq_wait   <--  text, done      <-- step: kp_eng_step, sample, textout
+ *   kp_sreq_wait   <--  text, done      <-- step: kp_eng_step, kp_gen_step
  *   kp_sreq_cancel  --> flag            --> finish: kp_eng_finish, history
  *
  * Other threads never touch the engine: cache reads come from a snapshot
@@ -32,6 +33,7 @@
 #include "cache/cachereport.h"
 #include "cache/doctor.h"
 #include "cache/engine.h"
+#include "cache/gen.h"
 #include "model/sampler.h"
 #include "base/status.h"
 #include "tok/textout.h"
@@ -56,13 +58,7 @@ kp_status kp_sched_new(kp_sched **out, kp_engine *e, const kp_tok_vocab *v, cons
  * NULL is a no-op. */
 void kp_sched_free(kp_sched *s);
 
-typedef enum {
-    KP_FINISH_NONE = 0,  /* still running */
-    KP_FINISH_LENGTH,    /* max_tokens or the context end */
-    KP_FINISH_STOP,      /* end-of-generation token or a stop string */
-    KP_FINISH_CANCELLED, /* kp_sreq_cancel, or the scheduler stopped */
-    KP_FINISH_ERROR      /* see the update's status and err */
-} kp_finish;
+/* kp_finish (how a request ended) is cache/gen.h's. */
 
 typedef struct {
     const int32_t *prompt;   /* copied */
