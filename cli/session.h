@@ -11,6 +11,7 @@
 #include "model/model.h"
 #include "base/threadpool.h"
 #include "tok/tok.h"
+#include "cli.h"
 
 typedef struct {
     kp_model *m;
@@ -25,13 +26,7 @@ typedef struct {
     const kp_kernels *kernels;
 } cli_session;
 
-typedef struct {
-    const char *model_path;  /* NULL: the bundled model */
-    int n_threads;           /* <= 0: all cores */
-    kp_dtype kv_type;
-    uint32_t n_ctx;          /* 0: min(training context, 4096) */
-    bool scalar;             /* portable kernels instead of AVX2 */
-} cli_session_opts;
+/* cli_session_opts: cli.h */
 
 /* Prints the error itself (prefixed by `cmd`) and returns false on failure. */
 bool cli_session_open(cli_session *s, const cli_session_opts *o, const char *cmd);

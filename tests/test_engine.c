@@ -453,7 +453,7 @@ static void batched_case(const char *rel, uint64_t seed, uint64_t budget_blocks)
     CHECK(kp_eng_clear(e, &err) == KP_OK); /* nothing cached: s1 starts empty */
     CHECK(kp_eng_begin(e, good, 2, &s1, NULL, &err) == KP_OK);
     CHECK_EQ_INT(kp_eng_seq_len(&s1), 0);
-    kp_eng_item two[3] = {{&s1, good, 2, lr, KP_OK, {0}}, {&s2, bad, 1, NULL, KP_OK, {0}}, {&s1, good, 1, NULL, KP_OK, {0}}};
+    kp_eng_item two[3] = {{&s1, good, 2, lr, KP_OK, {0}, false}, {&s2, bad, 1, NULL, KP_OK, {0}, false}, {&s1, good, 1, NULL, KP_OK, {0}, false}};
     CHECK(kp_eng_step(e, two, 3, &err) == KP_OK);
     CHECK(two[0].status == KP_OK && two[1].status == KP_EINVAL && two[2].status == KP_EINVAL);
     CHECK_EQ_INT(kp_eng_seq_len(&s1), 2);

@@ -34,6 +34,7 @@
 #include "model/forward.h"
 #include "kv/kvpool.h"
 #include "model/model.h"
+#include "cache/gen.h"
 #include "cache/prefix.h"
 #include "kernels/quant.h"
 #include "base/status.h"
@@ -117,9 +118,11 @@ typedef struct {
     kp_eng_seq *seq;          /* borrowed; at most once per step */
     const int32_t *tokens; /* n >= 1 tokens appended at seq's current length */
     uint32_t n;
-    float *logits;         /* NULL, or n_vocab floats: the logits of the last token */
+    float *logits;         /* NULL, or n_vocab floats: the logits of the last token
+                              (n x n_vocab with all_logits) */
     kp_status status;      /* out: KP_OK when the item ran */
     kp_error err;          /* out: why it did not */
+    bool all_logits;       /* logits of every token of the item, in order (kvpin logits) */
 } kp_eng_item;
 
 /* Runs all items in one forward pass (each weight is read once for the
@@ -137,6 +140,21 @@ kp_status kp_eng_step(kp_engine *e, kp_eng_item *items, uint32_t n_items, kp_err
  * (n_vocab floats, may be NULL). KP_ERANGE past max_pos, KP_EFULL, KP_EINVAL
  * for a bad token id; the sequence is unchanged on error. */
 kp_status kp_eng_decode(kp_engine *e, kp_eng_seq *seq, int32_t token, float *logits_out, kp_error *err);
+
+/* Appends tokens[0..n) (n >= 1) at seq's length, in forward calls of at
+ * most `batch` tokens (0: 256), reserving blocks (evicting unheld cached
+ * prefixes when the pool is full); logits_out (n_vocab floats, may be NULL)
+ * receives the last token's logits. For a caller that feeds a sequence
+ * itself (kvpin bench). Errors as kp_eng_decode; on error the sequence may
+ * hold some of the tokens (whole forward calls). */
+kp_status kp_eng_append(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n, uint32_t batch,
+                        float *logits_out, kp_error *err);
+
+/* Forgets positions >= n_pos of seq (whole blocks past it are dropped), so
+ * the next tokens overwrite them (kvpin bench reruns a test from one
+ * depth). Only without a prefix cache, whose blocks a sequence may share:
+ * KP_EUNSUPPORTED otherwise. */
+kp_status kp_eng_seq_truncate(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_error *err);
 
 /* Positions the sequence holds (prompt + decoded tokens). */
 uint32_t kp_eng_seq_len(const kp_eng_seq *seq);
@@ -226,5 +244,48 @@ kp_status kp_eng_check(kp_engine *e, kp_error *err);
 
 /* The longest sequence the engine runs (kp_eng_config.max_pos). */
 uint32_t kp_eng_max_pos(const kp_engine *e);
+
+/* The attention probe of the forward pass (kvpin inspect; forward.h's
+ * kp_forward_set_probe / kp_forward_probe): after every forward call, the
+ * softmax weights of its last token for (layer, query head) over positions
+ * 0..pos are kept; kp_eng_attn_probe returns them (borrowed until the next
+ * call; NULL when off) and their count. layer < 0 turns the probe off. */
+void kp_eng_set_attn_probe(kp_engine *e, int layer, int head);
+const float *kp_eng_attn_probe(const kp_engine *e, int32_t *n_pos);
+
+/* ---- one sequence, start to end ------------------------------------------ */
+
+/* Hooks and options of kp_eng_generate; every hook may be NULL. */
+typedef struct {
+    void *ctx;
+    /* the prompt is computed (r: what the prefill reused) */
+    void (*on_prefill)(void *ctx, const kp_eng_report *r);
+    /* after every kp_gen_step: the token, the released text, the finish */
+    void (*on_step)(void *ctx, const kp_gen_out *o);
+    /* a generated token's K/V was appended; seq_len: positions now held */
+    void (*on_decode)(void *ctx, int32_t token, uint32_t seq_len);
+    uint32_t batch;   /* prompt tokens per forward call; 0: 256 */
+    bool decode_last; /* decode also the token that ended generation by max_tokens or a
+                         stop string (when a position is left), so the sequence holds the
+                         whole answer for kp_eng_finish to index */
+} kp_eng_gen_opts;
+
+/* Runs generation g (cache/gen.h) on seq to its end, synchronously:
+ *
+ *   seq empty   -> kp_eng_prefill of g's prompt through the prefix cache
+ *   seq holds the prompt's first k < n_prompt tokens (the caller's own
+ *               sequence, e.g. a benchmark's depth) -> the rest appended
+ *   loop: kp_gen_step(logits) -> on_step; finished: stop; else decode the
+ *         token -> on_decode
+ *
+ * *report (may be NULL) receives what the prefill reused. The sequence is
+ * left as generation leaves it (the prompt and the decoded tokens): the
+ * caller then indexes it (kp_eng_finish with kp_gen_tokens), releases it
+ * (kp_eng_seq_abort) or keeps it. o NULL: no hooks, defaults. Errors: the
+ * prefill's (then seq is empty), kp_eng_decode's and kp_gen_step's (then
+ * seq holds what was computed); KP_EINVAL when g already ran or seq holds
+ * the whole prompt; KP_ENOMEM. */
+kp_status kp_eng_generate(kp_engine *e, kp_eng_seq *seq, kp_gen *g, const kp_eng_gen_opts *o,
+                          kp_eng_report *report, kp_error *err);
 
 #endif
