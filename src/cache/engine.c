@@ -72,11 +72,7 @@ struct kp_engine {
     uint32_t max_pos;
     kp_pfx_config pfx_cfg; /* kept for kp_eng_clear */
     bool has_pfx_cfg;
-    /* batch scratch of run_tokens, batch_cap entries each (seqi all 0) */
-    uint32_t batch_cap;
-    int32_t *pos, *seqi;
-    uint8_t *want;
-    /* kp_eng_step scratch, grown on demand */
+    /* kp_eng_step and run_tokens scratch, grown on demand */
     uint32_t step_cap, step_seq_cap;
     int32_t *step_tok, *step_pos, *step_seq;
     uint8_t *step_want;
@@ -124,9 +120,6 @@ void kp_eng_free(kp_engine *e) {
     kp_forward_free(e->fw);
     kp_pfx_free(e->idx);
     kp_kvpool_free(e->kv);
-    free(e->pos);
-    free(e->seqi);
-    free(e->want);
     free(e->step_tok);
     free(e->step_pos);
     free(e->step_seq);
@@ -176,18 +169,39 @@ void kp_eng_seq_abort(kp_engine *e, kp_eng_seq *seq) {
     memset(seq, 0, sizeof *seq);
 }
 
-/* Grows the scratch of run_tokens to batches of n tokens. */
-static kp_status batch_scratch(kp_engine *e, uint32_t n, kp_error *err) {
-    if (n <= e->batch_cap) return KP_OK;
-    int32_t *pos = realloc(e->pos, n * sizeof *pos);
-    if (pos) e->pos = pos;
-    int32_t *si = realloc(e->seqi, n * sizeof *si);
-    if (si) e->seqi = si;
-    uint8_t *w = realloc(e->want, n);
-    if (w) e->want = w;
-    if (!pos || !si || !w) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %u tokens", n);
-    memset(e->seqi, 0, n * sizeof *si);
-    e->batch_cap = n;
+/* Grows the step scratch to hold n tokens, n_items sequences and n_rows
+ * rows of logits. */
+static kp_status step_scratch(kp_engine *e, uint32_t n, uint32_t n_items, uint32_t n_rows, kp_error *err) {
+    if (n > e->step_cap) {
+        uint32_t c = e->step_cap ? e->step_cap : 64;
+        while (c < n) c *= 2;
+        int32_t *tok = realloc(e->step_tok, c * sizeof *tok);
+        if (tok) e->step_tok = tok;
+        int32_t *pos = realloc(e->step_pos, c * sizeof *pos);
+        if (pos) e->step_pos = pos;
+        int32_t *si = realloc(e->step_seq, c * sizeof *si);
+        if (si) e->step_seq = si;
+        uint8_t *w = realloc(e->step_want, c);
+        if (w) e->step_want = w;
+        if (!tok || !pos || !si || !w) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %u tokens", n);
+        e->step_cap = c;
+    }
+    if (n_items > e->step_seq_cap) {
+        uint32_t c = e->step_seq_cap ? e->step_seq_cap : 8;
+        while (c < n_items) c *= 2;
+        kp_kvseq **sp = realloc(e->step_seqs, c * sizeof *sp);
+        if (!sp) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %u sequences", n_items);
+        e->step_seqs = sp;
+        e->step_seq_cap = c;
+    }
+    if (n_rows > e->step_logit_cap) {
+        uint32_t c = e->step_logit_cap ? e->step_logit_cap : 8;
+        while (c < n_rows) c *= 2;
+        float *lg = realloc(e->step_logits, (size_t)c * e->m->hp.n_vocab * sizeof *lg);
+        if (!lg) return kp_fail(err, KP_ENOMEM, "out of memory for %u rows of logits", n_rows);
+        e->step_logits = lg;
+        e->step_logit_cap = c;
+    }
     return KP_OK;
 }
 
@@ -196,17 +210,18 @@ static kp_status batch_scratch(kp_engine *e, uint32_t n, kp_error *err) {
 static kp_status run_tokens(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n, uint32_t batch,
                             float *logits, kp_error *err) {
     if (!batch) batch = ENG_BATCH;
-    kp_status st = batch_scratch(e, n < batch ? n : batch, err);
+    kp_status st = step_scratch(e, n < batch ? n : batch, 1, 0, err);
     if (st != KP_OK) return st;
     kp_kvseq *seqs[1] = {&seq->kv};
     for (uint32_t i = 0; i < n; i += batch) {
         uint32_t m = n - i < batch ? n - i : batch;
         bool last = i + m == n;
         for (uint32_t j = 0; j < m; j++) {
-            e->pos[j] = (int32_t)(seq->kv.n_pos + j);
-            e->want[j] = last && j == m - 1 && logits;
+            e->step_pos[j] = (int32_t)(seq->kv.n_pos + j);
+            e->step_seq[j] = 0;
+            e->step_want[j] = last && j == m - 1 && logits;
         }
-        kp_batch b = {(int32_t)m, tokens + i, e->pos, e->seqi, e->want, seqs, 1};
+        kp_batch b = {(int32_t)m, tokens + i, e->step_pos, e->step_seq, e->step_want, seqs, 1};
         kp_status st = kp_forward_run(e->fw, &b, last ? logits : NULL, err);
         if (st != KP_OK) return st;
     }
@@ -332,42 +347,6 @@ kp_status kp_eng_seq_truncate(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_
         return kp_fail(err, KP_EUNSUPPORTED, "a sequence cannot be cut back in an engine with a prefix cache "
                                              "(its blocks may be shared)");
     if (n_pos < seq->kv.n_pos) kp_kvseq_truncate(&seq->kv, e->kv, n_pos);
-    return KP_OK;
-}
-
-/* Grows the step scratch to hold n tokens, n_items sequences and n_rows
- * rows of logits. */
-static kp_status step_scratch(kp_engine *e, uint32_t n, uint32_t n_items, uint32_t n_rows, kp_error *err) {
-    if (n > e->step_cap) {
-        uint32_t c = e->step_cap ? e->step_cap : 64;
-        while (c < n) c *= 2;
-        int32_t *tok = realloc(e->step_tok, c * sizeof *tok);
-        if (tok) e->step_tok = tok;
-        int32_t *pos = realloc(e->step_pos, c * sizeof *pos);
-        if (pos) e->step_pos = pos;
-        int32_t *si = realloc(e->step_seq, c * sizeof *si);
-        if (si) e->step_seq = si;
-        uint8_t *w = realloc(e->step_want, c);
-        if (w) e->step_want = w;
-        if (!tok || !pos || !si || !w) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %u tokens", n);
-        e->step_cap = c;
-    }
-    if (n_items > e->step_seq_cap) {
-        uint32_t c = e->step_seq_cap ? e->step_seq_cap : 8;
-        while (c < n_items) c *= 2;
-        kp_kvseq **sp = realloc(e->step_seqs, c * sizeof *sp);
-        if (!sp) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %u sequences", n_items);
-        e->step_seqs = sp;
-        e->step_seq_cap = c;
-    }
-    if (n_rows > e->step_logit_cap) {
-        uint32_t c = e->step_logit_cap ? e->step_logit_cap : 8;
-        while (c < n_rows) c *= 2;
-        float *lg = realloc(e->step_logits, (size_t)c * e->m->hp.n_vocab * sizeof *lg);
-        if (!lg) return kp_fail(err, KP_ENOMEM, "out of memory for %u rows of logits", n_rows);
-        e->step_logits = lg;
-        e->step_logit_cap = c;
-    }
     return KP_OK;
 }
 

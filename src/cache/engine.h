@@ -7,9 +7,15 @@
  *   kp_eng_seq s = {0};
  *   kp_eng_prefill(e, prompt, n, &s, logits, &report)  -> reuse the cached prefix,
  *                                                      compute the rest in batches
- *   loop: token = sample(logits); kp_eng_decode(e, &s, token, logits)
+ *   loop: token = kp_gen_step(gen, logits); kp_eng_decode(e, &s, token, logits)
  *   kp_eng_finish(e, &s, prompt_and_answer, n_all)     -> index the whole sequence,
  *                                                      release it
+ *
+ * kp_eng_generate is that loop for one sequence (the command line: run,
+ * run --prompt-cache, bench); a scheduler runs many sequences per forward
+ * call with kp_eng_begin + kp_eng_step and steps each one's kp_gen itself.
+ * Either way the kp_gen (cache/gen.h) decides sampling, text, stop strings
+ * and the end; the engine only computes.
  *
  * The engine owns the KV pool (sized by a byte budget) and the prefix index
  * (none with no_prefix_cache); it borrows the model, the thread pool and the
