@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "cache/engine.h"
+#include "cache/gen.h"
 #include "cache/prefix.h"
 #include "kv/kvpool.h"
 #include "harness.h"
@@ -214,17 +215,28 @@ static void run_model(const char *rel, uint64_t seed) {
 static void test_equal_stories(void) { run_model("models/stories260K.gguf", 0x9e3779b97f4a7c15ull); }
 static void test_equal_qwen2_q8(void) { run_model("tests/data/models/gen-qwen2-q8_0.gguf", 0x1234567887654321ull); }
 
+/* The bundled model and a pool of one thread. */
+static bool load_stories(kp_model **m, kp_pool **pool) {
+    kp_error err = {0};
+    *m = NULL;
+    *pool = NULL;
+    bool ok = kp_model_load(m, harness_path("models/stories260K.gguf"), &err) == KP_OK &&
+              kp_pool_new(pool, 1, &err) == KP_OK;
+    CHECK_MSG(ok, "%s", err.msg);
+    if (!ok) {
+        kp_model_free(*m);
+        *m = NULL;
+    }
+    return ok;
+}
+
 /* The plain cases by hand: an identical prompt reuses n - 1, an extension
  * reuses the whole earlier sequence, an edit at position k reuses k. */
 static void test_reuse_counts(void) {
     kp_error err = {0};
-    kp_model *m = NULL;
-    kp_pool *pool = NULL;
-    if (kp_model_load(&m, harness_path("models/stories260K.gguf"), &err) != KP_OK) {
-        CHECK_MSG(false, "%s", err.msg);
-        return;
-    }
-    CHECK(kp_pool_new(&pool, 1, &err) == KP_OK);
+    kp_model *m;
+    kp_pool *pool;
+    if (!load_stories(&m, &pool)) return;
     kp_engine *e = NULL;
     CHECK(kp_eng_new(&e, m, pool, NULL, NULL, &err) == KP_OK);
     int32_t a[40];
@@ -529,13 +541,9 @@ static void same_top(kp_engine *e, mirror *x, const char *when) {
  * answer what kp_pfx_* answer for an index that saw the same sequences. */
 static void test_cache_operations(void) {
     kp_error err = {0};
-    kp_model *m = NULL;
-    kp_pool *pool = NULL;
-    if (kp_model_load(&m, harness_path("models/stories260K.gguf"), &err) != KP_OK) {
-        CHECK_MSG(false, "%s", err.msg);
-        return;
-    }
-    CHECK(kp_pool_new(&pool, 1, &err) == KP_OK);
+    kp_model *m;
+    kp_pool *pool;
+    if (!load_stories(&m, &pool)) return;
     const kp_hparams *hp = &m->hp;
     uint64_t bb = kp_model_kv_bytes_per_token(hp, KP_DTYPE_F32) * 16;
     kp_pfx_config pc = {bb * 5, 16}; /* pins may hold 5 blocks */
@@ -615,11 +623,155 @@ static void test_cache_operations(void) {
     kp_model_free(m);
 }
 
+/* What kp_eng_generate's hooks saw. */
+typedef struct {
+    int prefills, steps, decodes;
+    uint32_t reused, last_len;
+    int32_t tokens[64];
+    bool ordered;
+} hooks_seen;
+
+static void seen_prefill(void *c, const kp_eng_report *r) {
+    hooks_seen *h = c;
+    h->prefills++;
+    h->reused = r->reused_tokens;
+}
+
+static void seen_step(void *c, const kp_gen_out *o) {
+    hooks_seen *h = c;
+    if (o->token >= 0 && h->steps < 64) h->tokens[h->steps++] = o->token;
+}
+
+static void seen_decode(void *c, int32_t tok, uint32_t seq_len) {
+    hooks_seen *h = c;
+    h->ordered &= h->last_len == 0 || seq_len == h->last_len + 1;
+    h->ordered &= h->decodes < h->steps && tok == h->tokens[h->decodes];
+    h->last_len = seq_len;
+    h->decodes++;
+}
+
+/* kp_eng_generate gives the greedy tokens of prefill + decode by hand, its
+ * hooks see every step, decode_last leaves the whole answer in the
+ * sequence, and a rerun of the indexed prompt reuses it; all_logits,
+ * kp_eng_append, kp_eng_seq_truncate and the attention probe. */
+static void test_generate_and_feeding(void) {
+    kp_error err = {0};
+    kp_model *m;
+    kp_pool *pool;
+    kp_tok_vocab *v = NULL;
+    if (!load_stories(&m, &pool)) return;
+    CHECK(kp_tok_vocab_load(&v, m->file, &err) == KP_OK);
+    uint32_t nv = m->hp.n_vocab;
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 256, true, NULL}, cc = {KP_DTYPE_F32, 16, 0, 256, false, NULL};
+    cc.budget_bytes = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 256 * 4;
+    kp_engine *ref = NULL, *e = NULL;
+    CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
+    CHECK(kp_eng_new(&e, m, pool, NULL, &cc, &err) == KP_OK);
+    int32_t p[20];
+    for (int i = 0; i < 20; i++) p[i] = i ? 30 + 7 * i : 1;
+    /* by hand: greedy on the reference */
+    float *lg = malloc(nv * sizeof *lg), *all = malloc(20 * nv * sizeof *all), *one = malloc(nv * sizeof *one);
+    int32_t want[12];
+    kp_eng_seq sr = {0};
+    CHECK(kp_eng_prefill(ref, p, 20, &sr, lg, NULL, &err) == KP_OK);
+    for (int k = 0; k < 12; k++) {
+        want[k] = kp_argmax(lg, (int32_t)nv);
+        if (k < 11) CHECK(kp_eng_decode(ref, &sr, want[k], lg, &err) == KP_OK);
+    }
+    kp_eng_seq_abort(ref, &sr);
+    kp_gen_params gp = {kp_sampler_defaults(), 12, 256, 0, true, NULL, 0, false};
+    gp.sp.temp = 0;
+    for (int decode_last = 0; decode_last < 2; decode_last++) {
+        for (int run = 0; run < 2; run++) { /* the second run finds the first one indexed */
+            kp_gen *gen = NULL;
+            CHECK(kp_gen_new(&gen, v, p, 20, &gp, &err) == KP_OK);
+            hooks_seen h = {.ordered = true};
+            kp_eng_gen_opts o = {&h, seen_prefill, seen_step, seen_decode, 0, decode_last};
+            kp_eng_seq s = {0};
+            kp_eng_report r;
+            CHECK_MSG(kp_eng_generate(e, &s, gen, &o, &r, &err) == KP_OK, "%s", err.msg);
+            CHECK(!memcmp(kp_gen_tokens(gen) + 20, want, sizeof want) && kp_gen_n_generated(gen) == 12);
+            CHECK(h.prefills == 1 && h.steps == 12 && !memcmp(h.tokens, want, sizeof want) && h.ordered);
+            CHECK_EQ_INT(h.decodes, decode_last ? 12 : 11);
+            CHECK_EQ_INT(kp_eng_seq_len(&s), 20 + (decode_last ? 12 : 11));
+            CHECK_EQ_INT(r.reused_tokens, h.reused);
+            CHECK_EQ_INT(r.reused_tokens, run == 0 && decode_last == 0 ? 0 : 19); /* a full hit: n - 1 */
+            CHECK(kp_eng_generate(e, &s, gen, &o, NULL, &err) == KP_EINVAL); /* it ran already */
+            CHECK(kp_eng_finish(e, &s, kp_gen_tokens(gen), kp_gen_n_tokens(gen), NULL, &err) == KP_OK);
+            kp_gen_free(gen);
+        }
+    }
+    kp_eng_stats st;
+    kp_eng_get_stats(e, &st);
+    CHECK_EQ_INT(st.cached_tokens, 32); /* the whole answer of the decode_last runs */
+    /* all_logits: every position's logits, as decoding one by one gives them */
+    kp_eng_seq s = {0};
+    kp_eng_item it = {&s, p, 20, all, KP_OK, {0}, true};
+    CHECK(kp_eng_step(ref, &it, 1, &err) == KP_OK && it.status == KP_OK && kp_eng_seq_len(&s) == 20);
+    kp_eng_seq_abort(ref, &s);
+    for (int k = 0; k < 20; k++) {
+        CHECK(kp_eng_decode(ref, &s, p[k], one, &err) == KP_OK);
+        CHECK_MSG(rel_diff(all + (size_t)k * nv, one, nv) <= 1e-5, "position %d", k);
+    }
+    kp_eng_seq_abort(ref, &s);
+    /* two items asking: the rows go to each */
+    kp_eng_seq s2 = {0};
+    float *all2 = malloc(20 * nv * sizeof *all2);
+    kp_eng_item two[2] = {{&s, p, 20, all2, KP_OK, {0}, true}, {&s2, p, 7, one, KP_OK, {0}, false}};
+    CHECK(kp_eng_step(ref, two, 2, &err) == KP_OK && two[0].status == KP_OK && two[1].status == KP_OK);
+    CHECK(rel_diff(all2, all, 20 * nv) <= 1e-5 && rel_diff(one, all + 6 * (size_t)nv, nv) <= 1e-5);
+    kp_eng_seq_abort(ref, &s);
+    kp_eng_seq_abort(ref, &s2);
+    /* append in batches, truncate, append again: the same logits */
+    CHECK(kp_eng_append(ref, &s, p, 20, 3, lg, &err) == KP_OK && kp_eng_seq_len(&s) == 20);
+    CHECK(rel_diff(lg, all + 19 * (size_t)nv, nv) <= 1e-5);
+    CHECK(kp_eng_seq_truncate(ref, &s, 8, &err) == KP_OK && kp_eng_seq_len(&s) == 8);
+    CHECK(kp_eng_append(ref, &s, p + 8, 12, 0, one, &err) == KP_OK && kp_eng_seq_len(&s) == 20);
+    CHECK(rel_diff(one, all + 19 * (size_t)nv, nv) <= 1e-5);
+    int32_t badt[1] = {(int32_t)nv};
+    CHECK(kp_eng_append(ref, &s, badt, 1, 0, NULL, &err) == KP_EINVAL && kp_eng_seq_len(&s) == 20);
+    /* generate onto a sequence that holds the prompt's head: the same tokens */
+    CHECK(kp_eng_seq_truncate(ref, &s, 13, &err) == KP_OK);
+    kp_gen *gen = NULL;
+    CHECK(kp_gen_new(&gen, v, p, 20, &gp, &err) == KP_OK);
+    kp_eng_report r;
+    CHECK(kp_eng_generate(ref, &s, gen, NULL, &r, &err) == KP_OK);
+    CHECK(r.reused_tokens == 13 && r.computed_tokens == 7 && !memcmp(kp_gen_tokens(gen) + 20, want, sizeof want));
+    kp_gen_free(gen);
+    CHECK(kp_gen_new(&gen, v, p, 20, &gp, &err) == KP_OK);
+    CHECK(kp_eng_generate(ref, &s, gen, NULL, NULL, &err) == KP_EINVAL); /* holds more than the prompt */
+    kp_gen_free(gen);
+    kp_eng_seq_abort(ref, &s);
+    CHECK(kp_eng_seq_truncate(e, &s, 0, &err) == KP_EUNSUPPORTED); /* blocks may be shared with the index */
+    /* the attention probe: weights of the last token over every position */
+    kp_eng_set_attn_probe(ref, 0, 1);
+    CHECK(kp_eng_append(ref, &s, p, 20, 0, NULL, &err) == KP_OK);
+    int32_t np = 0;
+    const float *w = kp_eng_attn_probe(ref, &np);
+    double sum = 0;
+    for (int32_t k = 0; w && k < np; k++) sum += w[k];
+    CHECK(w && np == 20 && fabs(sum - 1) < 1e-4);
+    kp_eng_set_attn_probe(ref, -1, 0);
+    CHECK(kp_eng_decode(ref, &s, 5, NULL, &err) == KP_OK && kp_eng_attn_probe(ref, &np) == NULL);
+    kp_eng_seq_abort(ref, &s);
+    CHECK_EQ_INT(used_bytes(ref), 0);
+    free(lg);
+    free(all);
+    free(all2);
+    free(one);
+    kp_eng_free(e);
+    kp_eng_free(ref);
+    kp_pool_free(pool);
+    kp_tok_vocab_free(v);
+    kp_model_free(m);
+}
+
 int main(void) {
     RUN(test_batched_equals_alone);
     RUN(test_budget_of_one_sequence);
     RUN(test_reuse_counts);
     RUN(test_cache_operations);
+    RUN(test_generate_and_feeding);
     RUN(test_equal_stories);
     RUN(test_equal_qwen2_q8);
     return harness_finish("engine");

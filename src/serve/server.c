@@ -20,6 +20,11 @@
  *                kp_sreq_wait and writes `data: {chunk}\n\n` ... `[DONE]`
  *       else:    wait for the end, one JSON body
  *     free callback / connection end: kp_sreq_release (cancels if running)
+ *     cache endpoints: GET /v1/cache reads the scheduler's snapshot
+ *       (kp_sched_cache_get: memory bill, top prefixes); probe, pin and
+ *       unpin are kp_sched_probe / kp_sched_pin / kp_sched_unpin, served by
+ *       the engine thread between two steps. No HTTP thread touches the
+ *       engine, its pool or its index.
  *
  * Invariants: every response goes through reply()/reply_json() or the
  * stream reader, which count it by status for /metrics; a scheduler
