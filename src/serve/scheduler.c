@@ -398,6 +398,7 @@ static bool admit(kp_sched *s, kp_sreq *r) {
     pthread_mutex_unlock(&s->mu);
     return true;
 }
+
 /* The prompt is computed and r->logits holds the next token's logits: the
  * gen samples, releases text and says whether the request ended. Returns
  * true when it did (r then waits in s->ended). */
