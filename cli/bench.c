@@ -2,21 +2,28 @@
  * bench.c - `kvpin bench`: prompt processing (pp) and text generation (tg)
  * speed, like llama-bench, at one or more cache depths.
  *
- * For each depth D the cache is first filled with D tokens (not timed).
- * ppP times one batched forward of P tokens at positions D..D+P-1; tgN
- * times N single-token decode steps after D cached positions. Each test
- * runs -r times (the sequence is cut back to D between runs, so the depth
- * fill is reused) and reports tokens/s as median, min and max. For tg the
- * table also shows the bytes a decode step must read (all weights + the
- * K/V of every cached position) times tokens/s: the achieved bandwidth,
- * next to this machine's measured memory copy bandwidth.
+ * One engine without a prefix cache (cache/engine.h), its pool sized for
+ * the deepest test. For each depth D the sequence is first filled with D
+ * tokens (not timed). ppP times one batched forward of P tokens at
+ * positions D..D+P-1 (kp_eng_append, up to EVAL_BATCH tokens per call);
+ * tgN times kp_eng_generate of N greedy tokens after D cached positions:
+ * the prompt's token at D, then N - 1 decode steps, each sampling its token
+ * (N single-token forward calls at positions D..D+N-1). Each test runs -r
+ * times (the sequence is cut back to D between runs, so the depth fill is
+ * reused) and reports tokens/s as median, min and max. For tg the table
+ * also shows the bytes a decode step must read (all weights + the K/V of
+ * every cached position) times tokens/s: the achieved bandwidth, next to
+ * this machine's measured memory copy bandwidth.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/engine.h"
+#include "cache/gen.h"
 #include "cli.h"
-#include "session.h"
+
+#define EVAL_BATCH 2048 /* prompt tokens per forward call */
 
 #define MAX_DEPTHS 16
 
@@ -108,15 +115,21 @@ int cmd_bench(int argc, char **argv) {
     int64_t max_depth = 0;
     for (int i = 0; i < n_depths; i++) max_depth = depths[i] > max_depth ? depths[i] : max_depth;
     so.n_ctx = (uint32_t)(max_depth + (n_pp > n_tg ? n_pp : n_tg) + 1);
-    cli_session s;
-    if (!cli_session_open(&s, &so, "bench")) return 1;
-    const kp_hparams *hp = &s.m->hp;
+    cli_model cm;
+    if (!cli_model_open(&cm, &so, "bench")) return 1;
+    const kp_hparams *hp = &cm.m->hp;
     int64_t n_fill = max_depth + (n_pp > n_tg ? n_pp : n_tg);
     int32_t *toks = malloc((size_t)(n_fill + 1) * sizeof(int32_t));
     float *logits = malloc(hp->n_vocab * sizeof(float));
     double *tps = malloc((size_t)reps * sizeof(double));
+    kp_engine *e = NULL;
+    kp_eng_seq seq = {0};
+    kp_gen *g = NULL;
+    kp_error err = {0};
     int rc = 1;
     if (!toks || !logits || !tps) goto done;
+    kp_eng_config ec = {so.kv_type, 16, 0, so.n_ctx, true, NULL};
+    if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK) goto fail;
     uint64_t x = 12345;
     for (int64_t i = 0; i <= n_fill; i++) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
@@ -125,13 +138,13 @@ int cmd_bench(int argc, char **argv) {
     double bw = json ? 0 : copy_bandwidth();
     const char *name = strrchr(so.model_path ? so.model_path : cli_default_model(), '/');
     name = name ? name + 1 : (so.model_path ? so.model_path : cli_default_model());
-    uint64_t kv_per = kp_model_kv_bytes_per_token(hp, s.kv_type);
+    uint64_t kv_per = kp_model_kv_bytes_per_token(hp, so.kv_type);
     if (!json) {
         char b1[32];
         printf("model %s: %s, %u layers, weights %s (%s), KV %s, %d threads, kernels %s\n", name,
-               hp->arch_name, hp->n_layer, cli_bytes(s.m->weight_bytes, b1, sizeof b1),
-               kp_dtype_name(s.m->layers[0].wq.type), kp_dtype_name(s.kv_type), s.n_threads,
-               s.kernels->name);
+               hp->arch_name, hp->n_layer, cli_bytes(cm.m->weight_bytes, b1, sizeof b1),
+               kp_dtype_name(cm.m->layers[0].wq.type), kp_dtype_name(so.kv_type), cm.n_threads,
+               cm.kernels->name);
         printf("memory copy bandwidth: %.1f GB/s\n\n", bw / 1e9);
         printf("| %-8s | %6s | %10s | %10s | %10s | %22s |\n", "test", "depth", "t/s median", "t/s min",
                "t/s max", "tg bytes/token -> GB/s");
@@ -140,21 +153,26 @@ int cmd_bench(int argc, char **argv) {
     }
     for (int di = 0; di < n_depths; di++) {
         int64_t d = depths[di];
-        kp_kvseq_release(&s.seq, s.kv);
-        if (d > 0 && !cli_session_eval(&s, toks, (int32_t)d, NULL, logits, "bench")) goto done;
+        kp_eng_seq_abort(e, &seq);
+        if (d > 0 && kp_eng_append(e, &seq, toks, (uint32_t)d, EVAL_BATCH, logits, &err) != KP_OK) goto fail;
         for (int kind = 0; kind < 2; kind++) {
             int64_t n = kind == 0 ? n_pp : n_tg;
             if (n == 0) continue;
             for (int64_t r = 0; r < reps; r++) {
-                kp_kvseq_truncate(&s.seq, s.kv, (uint32_t)d);
+                if (kp_eng_seq_truncate(e, &seq, (uint32_t)d, &err) != KP_OK) goto fail;
+                /* tg: greedy, every token counts (no end of generation), the
+                 * prompt is the depth and the token at d */
+                kp_gen_params gp = {kp_sampler_defaults(), (uint32_t)n, so.n_ctx, (int32_t)hp->n_vocab, true,
+                                    NULL, 0, false};
+                gp.sp.temp = 0;
+                if (kind == 1 && kp_gen_new(&g, cm.tok, toks, (uint32_t)d + 1, &gp, &err) != KP_OK) goto fail;
                 double t0 = cli_now();
-                if (kind == 0) {
-                    if (!cli_session_eval(&s, toks + d, (int32_t)n, NULL, logits, "bench")) goto done;
-                } else {
-                    for (int64_t i = 0; i < n; i++)
-                        if (!cli_session_eval(&s, toks + d + i, 1, NULL, logits, "bench")) goto done;
-                }
+                kp_status st = kind == 0 ? kp_eng_append(e, &seq, toks + d, (uint32_t)n, EVAL_BATCH, logits, &err)
+                                         : kp_eng_generate(e, &seq, g, NULL, NULL, &err);
                 double dt = cli_now() - t0;
+                kp_gen_free(g);
+                g = NULL;
+                if (st != KP_OK) goto fail;
                 tps[r] = n / (dt > 0 ? dt : 1e-9);
             }
             qsort(tps, (size_t)reps, sizeof(double), cmp_double);
@@ -162,12 +180,12 @@ int cmd_bench(int argc, char **argv) {
             char test[32];
             snprintf(test, sizeof test, "%s%lld", kind == 0 ? "pp" : "tg", (long long)n);
             /* bytes per decode step: every weight once + K/V of the cache (mid-run length) */
-            double bytes = (double)s.m->weight_bytes + (double)kv_per * (double)(d + n / 2);
+            double bytes = (double)cm.m->weight_bytes + (double)kv_per * (double)(d + n / 2);
             if (json) {
                 printf("{\"engine\":\"kvpin\",\"model\":\"%s\",\"test\":\"%s\",\"depth\":%lld,\"n_threads\":%d,"
                        "\"kv_type\":\"%s\",\"kernels\":\"%s\",\"tps_median\":%.3f,\"tps_min\":%.3f,"
                        "\"tps_max\":%.3f,\"reps\":%lld",
-                       name, test, (long long)d, s.n_threads, kp_dtype_name(s.kv_type), s.kernels->name,
+                       name, test, (long long)d, cm.n_threads, kp_dtype_name(so.kv_type), cm.kernels->name,
                        med, tps[0], tps[reps - 1], (long long)reps);
                 if (kind == 1) printf(",\"bytes_per_token\":%.0f,\"gbps\":%.3f", bytes, bytes * med / 1e9);
                 printf("}\n");
@@ -183,10 +201,16 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "kvpin bench: %s\n", err.msg);
 done:
+    if (e) kp_eng_seq_abort(e, &seq);
+    kp_gen_free(g);
+    kp_eng_free(e);
     free(toks);
     free(logits);
     free(tps);
-    cli_session_close(&s);
+    cli_model_close(&cm);
     return rc;
 }

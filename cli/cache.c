@@ -8,9 +8,11 @@
  * times, or `--turns FILE.jsonl` (one JSON object per line, {"prompt": "..."};
  * blank lines are skipped). run, per turn:
  *
- *   tokenize -> kp_eng_prefill (reuse the cached prefix, compute the rest)
- *            -> generate -n tokens (greedy unless --temp; every generated
- *               token is decoded, so the cache holds prompt + answer)
+ *   tokenize -> kp_eng_generate: prefill (reuse the cached prefix, compute
+ *               the rest), then up to -n tokens (greedy unless --temp; the
+ *               kp_gen applies --stop strings and the limits; every
+ *               generated token but an end-of-generation one is decoded,
+ *               so the cache holds prompt + answer)
  *            -> kp_eng_finish (index prompt + answer)
  *   stdout: the generated text of the turn and a newline (as `kvpin run`)
  *   stderr: reused / computed tokens, time to first token, cache report
@@ -35,7 +37,9 @@
 #include "cache/cachereport.h"
 #include "cache/doctor.h"
 #include "cache/engine.h"
+#include "cache/gen.h"
 #include "model/sampler.h"
+#include "tok/textout.h"
 #include "tok/tok.h"
 
 /* ---- turns ------------------------------------------------------------ */
@@ -191,8 +195,7 @@ static const cli_opt cache_tab[] = {
     CLI_USE(CLI_N_PREDICT), CLI_SAMPLING_OPTS, CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE),
     CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_KV_BLOCK), CLI_USE(CLI_NO_PREFIX_CACHE), CLI_USE(CLI_NO_BOS),
     CLI_USE(CLI_SPECIAL), CLI_USE(CLI_PRINT_TOKENS), CLI_USE(CLI_SCALAR),
-    /* run's option, refused here; listed so that a scan steps over its value */
-    {"stop", NULL, NULL, "STR", NULL, O_STOP},
+    {"stop", NULL, NULL, "STR", "end the text before STR (repeatable, at most 16)", O_STOP},
     {0},
 };
 
@@ -234,6 +237,8 @@ typedef struct {
     int64_t n_predict;
     kp_sampler_params sp;
     bool seed_set;
+    const char *stops[KP_TEXTOUT_MAX_STOPS];
+    int n_stops;
     int n_threads;
     uint32_t n_ctx;
     kp_dtype kv_type;
@@ -266,9 +271,12 @@ static int parse_cache_opts(int argc, char **argv, cache_opts *o) {
         case CLI_MODEL: o->model_path = v; break;
         case O_TURNS: o->turns_file = v; break;
         case O_STOP:
-            fprintf(stderr, "kvpin run: %s is not supported with --prompt-cache (see kvpin run --prompt-cache --help)\n",
-                    opt);
-            return 2;
+            if (o->n_stops == KP_TEXTOUT_MAX_STOPS || !*v) {
+                fprintf(stderr, "kvpin run: at most %d non-empty --stop strings\n", KP_TEXTOUT_MAX_STOPS);
+                return 2;
+            }
+            o->stops[o->n_stops++] = v;
+            break;
         case CLI_FILE:
         case CLI_PROMPT:
             if (o->n_srcs == 256) {
@@ -422,126 +430,94 @@ static void print_report(const turn_list *t, size_t i, const kp_eng_report *r, c
     }
 }
 
+/* What the hooks of kp_eng_generate need for one turn. */
+typedef struct {
+    turn *u;
+    size_t cap_text;
+    double t0, t_first;
+    bool first, failed;
+} turn_ctx;
+
+/* Each step's released text goes to stdout and after the turn's text. */
+static void turn_step(void *vc, const kp_gen_out *o) {
+    turn_ctx *c = vc;
+    if (o->token >= 0 && c->first) {
+        c->t_first = cli_now() - c->t0;
+        c->first = false;
+    }
+    if (!o->len) return;
+    fwrite(o->text, 1, o->len, stdout);
+    if (!buf_append(&c->u->text, &c->u->len, &c->cap_text, o->text, o->len)) c->failed = true;
+}
+
 int cmd_run_cached(int argc, char **argv) {
     cache_opts o;
     int rc = parse_cache_opts(argc, argv, &o);
     if (rc >= 0) return rc;
     kp_error err = {0};
-    kp_model *m = NULL;
-    kp_tok_vocab *v = NULL;
-    kp_pool *pool = NULL;
+    cli_model cm = {0};
     kp_engine *e = NULL;
-    kp_sampler *smp = NULL;
-    kp_tok_stream *ts = NULL;
-    float *logits = NULL;
+    kp_gen *g = NULL;
     turn_list t = {0};
     rc = 1;
     if (!load_sources(&o, &t)) goto done;
-    const char *path = o.model_path ? o.model_path : cli_default_model();
-    if (kp_model_load(&m, path, &err) != KP_OK || kp_tok_vocab_load(&v, m->file, &err) != KP_OK ||
-        kp_pool_new(&pool, o.n_threads > 0 ? o.n_threads : kp_cpu_count(), &err) != KP_OK) {
-        fprintf(stderr, "kvpin run: %s\n", err.msg);
-        goto done;
-    }
+    cli_session_opts so = {o.model_path, o.n_threads, o.kv_type, o.n_ctx, o.scalar};
+    if (!cli_model_open(&cm, &so, "run")) goto done;
+    kp_tok_vocab *v = cm.tok;
     if (!tokenize_turns(v, &t, !o.no_bos, o.special, "run")) goto done;
-    const kp_hparams *hp = &m->hp;
+    const kp_hparams *hp = &cm.m->hp;
     uint32_t n_ctx = o.n_ctx ? o.n_ctx : (hp->n_ctx_train && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
     uint64_t per = kp_model_kv_bytes_per_token(hp, o.kv_type);
     /* default: the context plus as much again for cached turns, at most half of RAM */
     uint64_t budget = o.budget ? o.budget : 2 * ((uint64_t)n_ctx + o.block) * per;
     if (!o.budget && cli_half_of_ram() && budget > cli_half_of_ram()) budget = cli_half_of_ram();
     kp_eng_config ec = {o.kv_type, o.block, budget, n_ctx, o.no_cache, NULL};
-    if (kp_eng_new(&e, m, pool, o.scalar ? kp_kernels_scalar() : kp_kernels_best(), &ec, &err) != KP_OK ||
-        kp_tok_stream_new(&ts, v, o.special, &err) != KP_OK) {
+    if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK) {
         fprintf(stderr, "kvpin run: %s\n", err.msg);
         goto done;
     }
-    logits = malloc(hp->n_vocab * sizeof(float));
-    if (!logits) goto done;
     uint64_t total_reused = 0, total_prompt = 0;
     for (size_t i = 0; i < t.n; i++) {
         turn *u = &t.v[i];
         kp_eng_seq s = {0};
         kp_eng_report r;
-        if (kp_sampler_new(&smp, &o.sp, (int32_t)hp->n_vocab, &err) != KP_OK) {
-            fprintf(stderr, "kvpin run: %s\n", err.msg);
-            goto done;
-        }
-        for (size_t k = 0; k < u->n_prompt; k++) kp_sampler_accept(smp, u->ids[k]);
-        kp_pfx_stats st0, st1;
-        kp_eng_stats(e, &st0);
-        double t0 = cli_now();
-        if (kp_eng_prefill(e, u->ids, (uint32_t)u->n_prompt, &s, logits, &r, &err) != KP_OK) {
+        kp_gen_params gp = {o.sp,   (uint32_t)o.n_predict, n_ctx, (int32_t)hp->n_vocab, false, o.stops, o.n_stops,
+                            o.special};
+        if (kp_gen_new(&g, v, u->ids, (uint32_t)u->n_prompt, &gp, &err) != KP_OK) {
             fprintf(stderr, "kvpin run: turn %zu: %s\n", i + 1, err.msg);
             goto done;
         }
-        size_t cap_ids = u->n_prompt + (size_t)o.n_predict + 1;
-        int32_t *ids = realloc(u->ids, cap_ids * sizeof(int32_t));
-        if (!ids) {
+        kp_eng_stats st0, st1;
+        kp_eng_get_stats(e, &st0);
+        turn_ctx c = {u, u->len + 1, cli_now(), 0, true, false};
+        /* every generated token but an end-of-generation one is decoded: the
+         * cache then holds prompt + answer */
+        kp_eng_gen_opts go = {&c, NULL, turn_step, NULL, 0, true};
+        kp_status st = kp_eng_generate(e, &s, g, &go, &r, &err);
+        if (st != KP_OK) {
+            fflush(stdout);
+            fprintf(stderr, "kvpin run: turn %zu: %s\n", i + 1, err.msg);
             kp_eng_seq_abort(e, &s);
             goto done;
         }
-        u->ids = ids;
-        char *text = u->text;
-        size_t cap_text = u->len + 1;
-        bool strip_space = u->n_prompt == 1 && u->ids[0] == kp_tok_bos(v) && kp_tok_add_space_prefix(v);
-        double t_first = 0;
-        const char *reason = "length";
-        int64_t n_gen = 0;
-        bool failed = false;
-        while (n_gen < o.n_predict) {
-            int32_t tok = kp_sampler_sample(smp, logits);
-            if (n_gen == 0) t_first = cli_now() - t0;
-            n_gen++;
-            kp_sampler_accept(smp, tok);
-            if (kp_tok_is_eog(v, tok)) {
-                reason = "end of generation token";
-                break;
-            }
-            if (kp_eng_seq_len(&s) >= kp_eng_max_pos(e)) {
-                reason = "context full";
-                break;
-            }
-            /* every generated token is decoded: the cache then holds prompt + answer */
-            if (kp_eng_decode(e, &s, tok, logits, &err) != KP_OK) {
-                fprintf(stderr, "kvpin run: turn %zu: %s\n", i + 1, err.msg);
-                failed = true;
-                break;
-            }
-            u->ids[u->n_ids++] = tok;
-            const char *bytes;
-            size_t nb;
-            if (kp_tok_stream_push(ts, tok, &bytes, &nb, &err) != KP_OK) {
-                fprintf(stderr, "kvpin run: %s\n", err.msg);
-                failed = true;
-                break;
-            }
-            if (strip_space && nb > 0) {
-                if (bytes[0] == ' ') bytes++, nb--;
-                strip_space = false;
-            }
-            if (nb) fwrite(bytes, 1, nb, stdout);
-            if (nb && !buf_append(&text, &u->len, &cap_text, bytes, nb)) failed = true;
-            u->text = text;
-        }
-        const char *bytes;
-        size_t nb;
-        kp_tok_stream_flush(ts, &bytes, &nb);
-        if (nb) fwrite(bytes, 1, nb, stdout);
-        if (nb && !buf_append(&text, &u->len, &cap_text, bytes, nb)) failed = true;
-        u->text = text;
         putchar('\n');
         fflush(stdout);
-        kp_sampler_free(smp);
-        smp = NULL;
-        if (failed) {
+        /* the turn's tokens as the cache holds them: prompt + decoded answer */
+        uint32_t n_ids = kp_eng_seq_len(&s);
+        int32_t *ids = realloc(u->ids, (size_t)n_ids * sizeof(int32_t));
+        if (!ids || c.failed) {
+            if (ids) u->ids = ids;
             kp_eng_seq_abort(e, &s);
+            fprintf(stderr, "kvpin run: out of memory\n");
             goto done;
         }
+        memcpy(ids, kp_gen_tokens(g), (size_t)n_ids * sizeof(int32_t));
+        u->ids = ids;
+        u->n_ids = n_ids;
         uint32_t added = 0;
         if (kp_eng_finish(e, &s, u->ids, (uint32_t)u->n_ids, &added, &err) != KP_OK)
             fprintf(stderr, "kvpin run: turn %zu: could not index: %s\n", i + 1, err.msg);
-        kp_eng_stats(e, &st1);
+        kp_eng_get_stats(e, &st1);
         total_reused += r.reused_tokens;
         total_prompt += u->n_prompt;
         if (o.print_tokens) {
@@ -551,13 +527,16 @@ int cmd_run_cached(int argc, char **argv) {
         }
         fprintf(stderr,
                 "turn %zu: %u prompt tokens, %u reused, %u computed, time to first token %.1f ms, "
-                "%lld generated (stopped by %s)%s\n",
-                i + 1, r.prompt_tokens, r.reused_tokens, r.computed_tokens, t_first * 1e3, (long long)n_gen,
-                reason, st1.n_evictions > st0.n_evictions ? ", evicted cached prefixes to make room" : "");
+                "%u generated (stopped by %s)%s\n",
+                i + 1, r.prompt_tokens, r.reused_tokens, r.computed_tokens, c.t_first * 1e3, kp_gen_n_generated(g),
+                kp_gen_cause_name(kp_gen_cause_of(g)),
+                st1.n_evictions > st0.n_evictions ? ", evicted cached prefixes to make room" : "");
+        kp_gen_free(g);
+        g = NULL;
         if (!o.no_cache) print_report(&t, i, &r, v, o.special);
     }
-    kp_pfx_stats st;
-    kp_eng_stats(e, &st);
+    kp_eng_stats st;
+    kp_eng_get_stats(e, &st);
     char b1[32], b2[32];
     fprintf(stderr, "prefix cache: %llu of %llu prompt tokens reused; %llu tokens cached in %s of a %s budget",
             (unsigned long long)total_reused, (unsigned long long)total_prompt,
@@ -566,14 +545,10 @@ int cmd_run_cached(int argc, char **argv) {
     fprintf(stderr, ", %llu evictions%s\n", (unsigned long long)st.n_evictions, o.no_cache ? " (cache off)" : "");
     rc = 0;
 done:
-    kp_sampler_free(smp);
-    kp_tok_stream_free(ts);
-    free(logits);
+    kp_gen_free(g);
     kp_eng_free(e);
     turns_free(&t);
-    kp_pool_free(pool);
-    kp_tok_vocab_free(v);
-    kp_model_free(m);
+    cli_model_close(&cm);
     return rc;
 }
 

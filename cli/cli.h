@@ -14,8 +14,38 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "base/threadpool.h"
 #include "gguf/dtype.h"
+#include "kernels/quant.h"
+#include "model/model.h"
 #include "model/sampler.h"
+#include "tok/tok.h"
+
+/* The options every model-running subcommand shares (run, logits,
+ * inspect, bench). */
+typedef struct {
+    const char *model_path;  /* NULL: the bundled model */
+    int n_threads;           /* <= 0: all cores */
+    kp_dtype kv_type;
+    uint32_t n_ctx;          /* 0: min(training context, 4096) */
+    bool scalar;             /* portable kernels instead of AVX2 */
+} cli_session_opts;
+
+/* What such a subcommand loads before it makes its engine
+ * (cache/engine.h): the model, its tokenizer, a thread pool, the kernels. */
+typedef struct {
+    kp_model *m;
+    kp_tok_vocab *tok;
+    kp_pool *pool;
+    int n_threads;
+    const kp_kernels *kernels;
+    uint32_t n_ctx;          /* o->n_ctx, else min(training context, 4096) */
+} cli_model;
+
+/* Loads what o names (model.c); prints the error itself (prefixed by
+ * `cmd`) and returns false on failure, with *cm empty. */
+bool cli_model_open(cli_model *cm, const cli_session_opts *o, const char *cmd);
+void cli_model_close(cli_model *cm); /* an empty or closed one is a no-op */
 
 /* The version `kvpin --version` prints (the commit, compiler and flags come
  * from the build: build/<dir>/buildinfo.h, written by tools/buildinfo.sh). */

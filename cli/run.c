@@ -1,25 +1,32 @@
 /*
  * run.c - `kvpin run`, `kvpin logits`, `kvpin inspect`: one sequence through
- * the model.
+ * an engine without a prefix cache (cache/engine.h).
  *
- * run: prefill the prompt in one batched pass (the KV of every prompt
- * position is written), then decode one token at a time (each step appends
- * one K/V row per layer and kv-head), streaming text to stdout as whole
- * UTF-8 characters; a summary goes to stderr.
- * logits: the prompt in one batch with logits for every position, written
- * as float32 [n_tokens][n_vocab].
- * inspect: run's loop, printing the cache length and the newest position's
- * attention over every cached position for one layer and head.
+ * run: kp_eng_generate: prefill the prompt in batches of up to EVAL_BATCH
+ * tokens (the KV of every prompt position is written), then decode one
+ * token at a time (each step appends one K/V row per layer and kv-head);
+ * the kp_gen (cache/gen.h) samples, applies stop strings and the limits
+ * and releases text, streamed to stdout as whole UTF-8 characters; a
+ * summary goes to stderr.
+ * logits: the prompt in batches of up to EVAL_BATCH tokens with logits for
+ * every position (kp_eng_step with all_logits), written as float32
+ * [n_tokens][n_vocab].
+ * inspect: run's loop with the engine's attention probe, printing the cache
+ * length and the newest position's attention over every cached position for
+ * one layer and head.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "cache/engine.h"
+#include "cache/gen.h"
 #include "cli.h"
 #include "model/sampler.h"
-#include "session.h"
 #include "tok/textout.h"
+
+#define EVAL_BATCH 2048 /* prompt tokens per forward call */
 
 #define MAX_STOPS KP_TEXTOUT_MAX_STOPS
 
@@ -170,7 +177,7 @@ static int parse_run_opts(int argc, char **argv, const char *cmd, run_opts *o) {
 }
 
 /* Tokenizes the prompt of o (text or --tokens); prints errors. */
-static bool prompt_tokens(cli_session *s, const run_opts *o, const char *cmd, int32_t **ids,
+static bool prompt_tokens(const kp_tok_vocab *voc, const run_opts *o, const char *cmd, int32_t **ids,
                           size_t *n) {
     kp_error err = {0};
     *ids = NULL;
@@ -184,9 +191,9 @@ static bool prompt_tokens(cli_session *s, const run_opts *o, const char *cmd, in
             while (*p == ' ' || *p == ',' || *p == '\n' || *p == '\t') p++;
             if (!*p) break;
             long v = strtol(p, &end, 10);
-            if (end == p || v < 0 || v >= kp_tok_n_vocab(s->tok)) {
+            if (end == p || v < 0 || v >= kp_tok_n_vocab(voc)) {
                 fprintf(stderr, "kvpin %s: bad token id in --tokens near '%.16s' (vocabulary of %d)\n",
-                        cmd, p, kp_tok_n_vocab(s->tok));
+                        cmd, p, kp_tok_n_vocab(voc));
                 free(*ids);
                 *ids = NULL;
                 return false;
@@ -211,24 +218,86 @@ static bool prompt_tokens(cli_session *s, const run_opts *o, const char *cmd, in
     }
     const char *t = text ? text : o->prompt ? o->prompt : "";
     if (!text) len = strlen(t);
-    kp_status st = kp_tok_encode(s->tok, t, len, !o->no_bos, o->special, ids, n, &err);
+    kp_status st = kp_tok_encode(voc, t, len, !o->no_bos, o->special, ids, n, &err);
     free(text);
     if (st != KP_OK) {
         fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
         return false;
     }
     if (*n == 0) { /* empty prompt and no BOS: start from BOS anyway if there is one */
-        if (kp_tok_bos(s->tok) < 0) {
+        if (kp_tok_bos(voc) < 0) {
             fprintf(stderr, "kvpin %s: the prompt is empty and the model has no BOS token\n", cmd);
             return false;
         }
         free(*ids);
         *ids = malloc(sizeof(int32_t));
         if (!*ids) return false;
-        (*ids)[0] = kp_tok_bos(s->tok);
+        (*ids)[0] = kp_tok_bos(voc);
         *n = 1;
     }
     return true;
+}
+
+/* What the hooks of kp_eng_generate need. */
+typedef struct {
+    bool inspect;
+    kp_engine *e;
+    const kp_eng_seq *seq;
+    const kp_tok_vocab *v;
+    const kp_hparams *hp;
+    const int32_t *ids;
+    size_t n_prompt;
+    int layer, head;
+    double t0, t_prefill, t_first, t_decode0;
+    bool first;
+} gen_ctx;
+
+static void on_prefill(void *vc, const kp_eng_report *r) {
+    (void)r;
+    gen_ctx *c = vc;
+    c->t_prefill = cli_now() - c->t0;
+    if (c->inspect) {
+        int32_t np;
+        const float *pr = kp_eng_attn_probe(c->e, &np);
+        printf("prefill: %zu prompt tokens in one batch -> K/V written for positions 0..%zu; cache length %u\n",
+               c->n_prompt, c->n_prompt - 1, kp_eng_seq_len(c->seq));
+        printf("  attention of position %zu (layer %d, head %d, kv-head %d) over the cache:\n", c->n_prompt - 1,
+               c->layer, c->head, c->head / (int)(c->hp->n_head / c->hp->n_head_kv));
+        for (int32_t p = 0; pr && p < np; p++) {
+            size_t pl;
+            const char *piece = kp_tok_piece_view(c->v, c->ids[p], true, &pl);
+            int bar = (int)(pr[p] * 40 + 0.5f);
+            printf("    pos %4d  %-14.*s %6.4f %.*s\n", p, (int)(pl > 14 ? 14 : pl), piece, (double)pr[p], bar,
+                   "########################################");
+        }
+    }
+    c->t_decode0 = cli_now();
+}
+
+static void on_step(void *vc, const kp_gen_out *o) {
+    gen_ctx *c = vc;
+    if (o->token >= 0 && c->first) {
+        c->t_first = cli_now() - c->t0;
+        c->first = false;
+    }
+    if (!c->inspect && o->len > 0) {
+        fwrite(o->text, 1, o->len, stdout);
+        if (o->finish == KP_FINISH_NONE) fflush(stdout);
+    }
+}
+
+static void on_decode(void *vc, int32_t tok, uint32_t seq_len) {
+    gen_ctx *c = vc;
+    if (!c->inspect) return;
+    int32_t np;
+    const float *pr = kp_eng_attn_probe(c->e, &np);
+    size_t pl;
+    const char *piece = kp_tok_piece_view(c->v, tok, true, &pl);
+    printf("decode: token %d '%.*s' at position %u -> appended 1 K/V row per layer and kv-head;"
+           " cache length %u\n", tok, (int)pl, piece, seq_len - 1, seq_len);
+    printf("  attention of position %u over the cache:", seq_len - 1);
+    for (int32_t p = 0; pr && p < np; p++) printf("%s%.3f", p % 12 ? " " : "\n    ", (double)pr[p]);
+    printf("\n");
 }
 
 static int do_generate(int argc, char **argv, bool inspect) {
@@ -240,152 +309,87 @@ static int do_generate(int argc, char **argv, bool inspect) {
         run_usage(stderr, cmd);
         return 2;
     }
-    cli_session s;
-    if (!cli_session_open(&s, &o.so, cmd)) return 1;
-    const kp_hparams *hp = &s.m->hp;
+    cli_model cm;
+    if (!cli_model_open(&cm, &o.so, cmd)) return 1;
+    const kp_hparams *hp = &cm.m->hp;
     int layer = o.layer < 0 ? (int)hp->n_layer - 1 : (int)o.layer;
     if (inspect && (layer >= (int)hp->n_layer || o.head >= hp->n_head)) {
         fprintf(stderr, "kvpin inspect: the model has %u layers and %u heads\n", hp->n_layer, hp->n_head);
-        cli_session_close(&s);
+        cli_model_close(&cm);
         return 2;
     }
     int32_t *ids = NULL;
     size_t n_prompt = 0;
-    kp_sampler *smp = NULL;
-    kp_textout *to = NULL;
-    float *logits = malloc(hp->n_vocab * sizeof(float));
-    int32_t *gen = malloc(((size_t)o.n_predict + 1) * sizeof(int32_t));
+    kp_engine *e = NULL;
+    kp_gen *g = NULL;
+    kp_eng_seq seq = {0};
     kp_error err = {0};
     rc = 1;
-    if (!logits || !gen) goto done;
-    if (!prompt_tokens(&s, &o, cmd, &ids, &n_prompt)) goto done;
-    if (n_prompt > s.n_ctx) {
+    if (!prompt_tokens(cm.tok, &o, cmd, &ids, &n_prompt)) goto done;
+    if (n_prompt > cm.n_ctx) {
         fprintf(stderr, "kvpin %s: the prompt has %zu tokens, more than the context of %u (use --ctx)\n",
-                cmd, n_prompt, s.n_ctx);
+                cmd, n_prompt, cm.n_ctx);
         goto done;
     }
-    if (kp_sampler_new(&smp, &o.sp, (int32_t)hp->n_vocab, &err) != KP_OK ||
-        kp_textout_new(&to, s.tok, o.stops, o.n_stops, o.special,
-                       /* drop the SPM leading space when generation starts right after BOS */
-                       n_prompt == 1 && ids[0] == kp_tok_bos(s.tok) && kp_tok_add_space_prefix(s.tok),
-                       &err) != KP_OK) {
+    /* one sequence, no prefix cache: a pool of exactly the context */
+    kp_eng_config ec = {o.so.kv_type, 16, 0, cm.n_ctx, true, NULL};
+    uint32_t n_predict = (uint32_t)o.n_predict;
+    kp_gen_params gp = {o.sp, n_predict, cm.n_ctx, (int32_t)hp->n_vocab, false, o.stops, o.n_stops, o.special};
+    if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK ||
+        kp_gen_new(&g, cm.tok, ids, (uint32_t)n_prompt, &gp, &err) != KP_OK) {
         fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
         goto done;
     }
-    for (size_t i = 0; i < n_prompt; i++) kp_sampler_accept(smp, ids[i]);
-    if (inspect) kp_forward_set_probe(s.fw, layer, (int)o.head);
-    double t0 = cli_now();
-    if (!cli_session_eval(&s, ids, (int32_t)n_prompt, NULL, logits, cmd)) goto done;
-    double t_prefill = cli_now() - t0, t_first = 0;
-    if (inspect) {
-        int32_t np;
-        const float *pr = kp_forward_probe(s.fw, &np);
-        printf("prefill: %zu prompt tokens in one batch -> K/V written for positions 0..%zu; cache length %u\n",
-               n_prompt, n_prompt - 1, s.seq.n_pos);
-        printf("  attention of position %zu (layer %d, head %d, kv-head %d) over the cache:\n",
-               n_prompt - 1, layer, (int)o.head, (int)(o.head / (hp->n_head / hp->n_head_kv)));
-        for (int32_t p = 0; pr && p < np; p++) {
-            size_t pl;
-            const char *piece = kp_tok_piece_view(s.tok, ids[p], true, &pl);
-            int bar = (int)(pr[p] * 40 + 0.5f);
-            printf("    pos %4d  %-14.*s %6.4f %.*s\n", p, (int)(pl > 14 ? 14 : pl), piece, (double)pr[p],
-                   bar, "########################################");
-        }
-    }
-    int64_t n_gen = 0;
-    bool stopped = false;
-    const char *reason = "length";
-    double t_decode0 = cli_now();
-    while (n_gen < o.n_predict) {
-        int32_t tok = kp_sampler_sample(smp, logits);
-        if (n_gen == 0) t_first = cli_now() - t0;
-        gen[n_gen++] = tok;
-        kp_sampler_accept(smp, tok);
-        if (kp_tok_is_eog(s.tok, tok)) {
-            reason = "end of generation token";
-            break;
-        }
-        if (!inspect) {
-            const char *text;
-            size_t nt;
-            bool hit;
-            if (kp_textout_push(to, tok, &text, &nt, &hit, &err) != KP_OK) {
-                fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
-                goto done;
-            }
-            if (nt > 0) {
-                fwrite(text, 1, nt, stdout);
-                fflush(stdout);
-            }
-            if (hit) {
-                stopped = true;
-                reason = "stop string";
-                break;
-            }
-        }
-        if (n_gen == o.n_predict) break;
-        if (s.seq.n_pos >= s.n_ctx) {
-            reason = "context full";
-            break;
-        }
-        if (!cli_session_eval(&s, &tok, 1, NULL, logits, cmd)) goto done;
-        if (inspect) {
-            int32_t np;
-            const float *pr = kp_forward_probe(s.fw, &np);
-            size_t pl;
-            const char *piece = kp_tok_piece_view(s.tok, tok, true, &pl);
-            printf("decode: token %d '%.*s' at position %u -> appended 1 K/V row per layer and kv-head;"
-                   " cache length %u\n", tok, (int)pl, piece, s.seq.n_pos - 1, s.seq.n_pos);
-            printf("  attention of position %u over the cache:", s.seq.n_pos - 1);
-            for (int32_t p = 0; pr && p < np; p++) printf("%s%.3f", p % 12 ? " " : "\n    ", (double)pr[p]);
-            printf("\n");
-        }
-    }
-    if (!stopped && !inspect) {
-        const char *text;
-        size_t nt;
-        kp_textout_finish(to, &text, &nt);
-        if (nt > 0) fwrite(text, 1, nt, stdout);
+    if (inspect) kp_eng_set_attn_probe(e, layer, (int)o.head);
+    gen_ctx c = {inspect, e, &seq, cm.tok, hp, ids, n_prompt, layer, (int)o.head, cli_now(), 0, 0, 0, true};
+    c.t_decode0 = c.t0;
+    kp_eng_gen_opts go = {&c, on_prefill, on_step, on_decode, EVAL_BATCH, false};
+    if (kp_eng_generate(e, &seq, g, &go, NULL, &err) != KP_OK) {
+        fflush(stdout);
+        fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
+        goto done;
     }
     if (!inspect) putchar('\n');
     fflush(stdout);
-    double t_decode = cli_now() - t_decode0;
-    uint64_t per = kp_model_kv_bytes_per_token(hp, s.kv_type);
-    uint32_t used_blocks = kp_kvpool_n_blocks(s.kv) - kp_kvpool_n_free(s.kv);
+    double t_decode = cli_now() - c.t_decode0;
+    uint32_t n_gen = kp_gen_n_generated(g), n_pos = kp_eng_seq_len(&seq);
+    const char *reason = kp_gen_cause_name(kp_gen_cause_of(g));
+    kp_eng_stats st;
+    kp_eng_get_stats(e, &st);
+    uint64_t per = st.bytes_per_token, used_blocks = st.used_bytes / st.block_bytes;
     char b1[32], b2[32];
     if (o.print_tokens) {
+        const int32_t *gen = kp_gen_tokens(g) + n_prompt;
         fprintf(stderr, "tokens:");
-        for (int64_t i = 0; i < n_gen; i++) fprintf(stderr, " %d", gen[i]);
+        for (uint32_t i = 0; i < n_gen; i++) fprintf(stderr, " %d", gen[i]);
         fprintf(stderr, "\n");
     }
     fprintf(stderr, "prompt: %zu tokens, prefill %.1f ms (%.1f tok/s), time to first token %.1f ms\n",
-            n_prompt, t_prefill * 1e3, n_prompt / (t_prefill > 0 ? t_prefill : 1e-9), t_first * 1e3);
-    fprintf(stderr, "generated: %lld tokens, decode %.1f tok/s, stopped by %s (seed %llu)\n",
-            (long long)n_gen, n_gen > 1 ? (n_gen - 1) / (t_decode > 0 ? t_decode : 1e-9) : 0.0,
-            reason, (unsigned long long)o.sp.seed);
+            n_prompt, c.t_prefill * 1e3, n_prompt / (c.t_prefill > 0 ? c.t_prefill : 1e-9), c.t_first * 1e3);
+    fprintf(stderr, "generated: %u tokens, decode %.1f tok/s, stopped by %s (seed %llu)\n", n_gen,
+            n_gen > 1 ? (n_gen - 1) / (t_decode > 0 ? t_decode : 1e-9) : 0.0, reason,
+            (unsigned long long)o.sp.seed);
     fprintf(stderr, "KV cache: %u positions x %llu bytes (2 x %u layers x %u kv-heads x %u head_dim x %zu) = %s;"
             " %u blocks of %u positions hold %s\n",
-            s.seq.n_pos, (unsigned long long)per, hp->n_layer, hp->n_head_kv, hp->head_dim,
-            kp_dtype_row_size(s.kv_type, 1), cli_bytes(per * s.seq.n_pos, b1, sizeof b1), used_blocks,
-            kp_kvpool_config_of(s.kv)->block_size,
-            cli_bytes(used_blocks * kp_kvpool_block_bytes(s.kv), b2, sizeof b2));
-    uint64_t rss = cli_peak_rss(), kv_bytes = used_blocks * kp_kvpool_block_bytes(s.kv);
+            n_pos, (unsigned long long)per, hp->n_layer, hp->n_head_kv, hp->head_dim,
+            kp_dtype_row_size(st.kv_type, 1), cli_bytes(per * n_pos, b1, sizeof b1), (unsigned)used_blocks,
+            st.block_size, cli_bytes(st.used_bytes, b2, sizeof b2));
+    uint64_t rss = cli_peak_rss();
     if (rss) {
         char b3[32], b4[32];
-        uint64_t known = s.m->weight_bytes + kv_bytes;
+        uint64_t known = cm.m->weight_bytes + st.used_bytes;
         fprintf(stderr, "memory: peak RSS %s = weights %s (mapped, used in place) + KV blocks %s + other %s\n",
-                cli_bytes(rss, b1, sizeof b1), cli_bytes(s.m->weight_bytes, b2, sizeof b2),
-                cli_bytes(kv_bytes, b3, sizeof b3),
+                cli_bytes(rss, b1, sizeof b1), cli_bytes(cm.m->weight_bytes, b2, sizeof b2),
+                cli_bytes(st.used_bytes, b3, sizeof b3),
                 rss > known ? cli_bytes(rss - known, b4, sizeof b4) : "0 B");
     }
     rc = 0;
 done:
-    kp_textout_free(to);
-    kp_sampler_free(smp);
+    if (e) kp_eng_seq_abort(e, &seq);
+    kp_gen_free(g);
+    kp_eng_free(e);
     free(ids);
-    free(gen);
-    free(logits);
-    cli_session_close(&s);
+    cli_model_close(&cm);
     return rc;
 }
 
@@ -403,29 +407,45 @@ int cmd_logits(int argc, char **argv) {
         run_usage(stderr, "logits");
         return 2;
     }
-    cli_session s;
+    cli_model cm;
     int32_t *ids = NULL;
     size_t n = 0;
     float *all = NULL;
     FILE *f = NULL;
+    kp_engine *e = NULL;
+    kp_eng_seq seq = {0};
+    kp_error err = {0};
     rc = 1;
     bool ctx_given = o.so.n_ctx != 0;
-    if (!cli_session_open(&s, &o.so, "logits")) return 1;
-    if (!prompt_tokens(&s, &o, "logits", &ids, &n)) goto done;
-    uint32_t nv = s.m->hp.n_vocab;
+    if (!cli_model_open(&cm, &o.so, "logits")) return 1;
+    if (!prompt_tokens(cm.tok, &o, "logits", &ids, &n)) goto done;
+    uint32_t nv = cm.m->hp.n_vocab;
     all = malloc(n * nv * sizeof(float));
     if (!all) {
         fprintf(stderr, "kvpin logits: out of memory for %zu x %u logits\n", n, nv);
         goto done;
     }
-    if (n > s.n_ctx) {
+    if (n > cm.n_ctx) {
         if (ctx_given) {
-            fprintf(stderr, "kvpin logits: %zu tokens exceed the context of %u\n", n, s.n_ctx);
+            fprintf(stderr, "kvpin logits: %zu tokens exceed the context of %u\n", n, cm.n_ctx);
             goto done;
         }
-        if (!cli_session_set_ctx(&s, (uint32_t)n, "logits")) goto done; /* exactly the prompt */
+        cm.n_ctx = (uint32_t)n; /* exactly the prompt */
     }
-    if (!cli_session_eval(&s, ids, (int32_t)n, all, NULL, "logits")) goto done;
+    kp_eng_config ec = {o.so.kv_type, 16, 0, cm.n_ctx, true, NULL};
+    if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK) {
+        fprintf(stderr, "kvpin logits: %s\n", err.msg);
+        goto done;
+    }
+    for (size_t i = 0; i < n; i += EVAL_BATCH) {
+        uint32_t m = n - i < EVAL_BATCH ? (uint32_t)(n - i) : EVAL_BATCH;
+        kp_eng_item it = {&seq, ids + i, m, all + i * nv, KP_OK, {0}, true};
+        kp_status st = kp_eng_step(e, &it, 1, &err);
+        if (st != KP_OK || it.status != KP_OK) {
+            fprintf(stderr, "kvpin logits: %s\n", st != KP_OK ? err.msg : it.err.msg);
+            goto done;
+        }
+    }
     f = fopen(o.out, "wb");
     if (!f || fwrite(all, sizeof(float), n * nv, f) != n * nv || fclose(f) != 0) {
         fprintf(stderr, "kvpin logits: cannot write %s\n", o.out);
@@ -437,8 +457,10 @@ int cmd_logits(int argc, char **argv) {
     printf("\n");
     rc = 0;
 done:
+    if (e) kp_eng_seq_abort(e, &seq);
+    kp_eng_free(e);
     free(all);
     free(ids);
-    cli_session_close(&s);
+    cli_model_close(&cm);
     return rc;
 }

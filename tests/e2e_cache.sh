@@ -106,6 +106,16 @@ $RUN --prompt-cache -p "Once upon a time" -p "Once upon a time" >/dev/null 2>"$T
 n=$(printf 'Once upon a time' | "$KVPIN" tokenize -m $M | wc -w)
 check "identical prompt reuses n - 1" grep -q "^turn 2: $n prompt tokens, $((n - 1)) reused, 1 computed" "$T/err4.txt"
 
+# --stop: each turn's answer ends where the same turn run alone with --stop ends
+$RUN --prompt-cache -n 60 -p "Once upon a time" -p "The cat" --stop "Lily." --stop "park" >"$T/out5.txt" 2>"$T/err5.txt"
+check "--prompt-cache --stop succeeds" test $? -eq 0
+$RUN -n 60 -p "Once upon a time" --stop "Lily." --stop "park" >"$T/s1.txt" 2>/dev/null
+$RUN -n 60 -p "The cat" --stop "Lily." --stop "park" >"$T/s2.txt" 2>/dev/null
+cat "$T/s1.txt" "$T/s2.txt" >"$T/s12.txt"
+check "--prompt-cache --stop: each turn as run alone" cmp -s "$T/out5.txt" "$T/s12.txt"
+check "--prompt-cache --stop: no stop text shown" sh -c "! grep -q -e 'Lily\.' -e park '$T/out5.txt'"
+check "--prompt-cache --stop: stop reason" grep -q "^turn 1: .*(stopped by stop string)" "$T/err5.txt"
+
 # ---- kvpin doctor --json: field names and values
 "$KVPIN" doctor -m $M "$T/turns.jsonl" --json >"$T/doc.json" 2>"$T/doc.err"
 check "doctor --json succeeds" test $? -eq 0

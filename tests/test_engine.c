@@ -21,6 +21,9 @@
 #include <string.h>
 
 #include "cache/engine.h"
+#include "cache/gen.h"
+#include "cache/prefix.h"
+#include "kv/kvpool.h"
 #include "harness.h"
 #include "model/sampler.h"
 
@@ -58,6 +61,13 @@ static double rel_diff(const float *a, const float *b, uint32_t n) {
     return md / mb;
 }
 
+/* KV bytes in use (0: every block of the pool is free). */
+static uint64_t used_bytes(kp_engine *e) {
+    kp_eng_stats st;
+    kp_eng_get_stats(e, &st);
+    return st.used_bytes;
+}
+
 typedef struct {
     kp_engine *e;
     kp_eng_seq s;
@@ -77,17 +87,16 @@ static bool open_engine(runner *r, const kp_model *m, kp_pool *pool, bool cache,
 
 static void close_engine(runner *r) {
     kp_error err = {0};
-    kp_pfx_stats st;
-    kp_eng_stats(r->e, &st);
-    if (kp_eng_index(r->e)) {
-        CHECK_MSG(kp_pfx_check(kp_eng_index(r->e), &err) == KP_OK, "%s", err.msg);
+    kp_eng_stats st;
+    kp_eng_get_stats(r->e, &st);
+    CHECK_MSG(kp_eng_check(r->e, &err) == KP_OK, "%s", err.msg);
+    if (st.prefix_cache) {
         CHECK(st.used_bytes == st.index_bytes); /* no sequence holds anything */
     } else {
         CHECK(st.used_bytes == 0);
     }
     CHECK(kp_eng_clear(r->e, &err) == KP_OK);
-    kp_kvpool *kv = kp_eng_kvpool(r->e);
-    CHECK_EQ_INT(kp_kvpool_n_free(kv), kp_kvpool_n_blocks(kv));
+    CHECK_EQ_INT(used_bytes(r->e), 0);
     kp_eng_free(r->e);
     free(r->logits);
 }
@@ -188,14 +197,14 @@ static void run_model(const char *rel, uint64_t seed) {
             CHECK_EQ_INT(kp_eng_seq_len(&rs[k]->s), fin.n);
             CHECK(kp_eng_finish(rs[k]->e, &rs[k]->s, fin.t, fin.n, NULL, &err) == KP_OK);
             CHECK(rs[k]->s.kv.n_blocks == 0 && rs[k]->s.lease.node == NULL);
-            if (kp_eng_index(rs[k]->e)) CHECK_MSG(kp_pfx_check(kp_eng_index(rs[k]->e), &err) == KP_OK, "%s", err.msg);
+            CHECK_MSG(kp_eng_check(rs[k]->e, &err) == KP_OK, "%s", err.msg);
         }
         done[n_done++] = fin;
     }
     CHECK(full_hits > 0 && extensions > 0 && reused_total > 0);
     CHECK_MSG(evictions > 0, "the tiny budget never evicted");
-    kp_pfx_stats st;
-    kp_eng_stats(big.e, &st);
+    kp_eng_stats st;
+    kp_eng_get_stats(big.e, &st);
     CHECK(st.n_hits > 0 && st.reused_tokens == reused_total);
     CHECK(st.n_evictions == 0);
     for (int k = 0; k < 3; k++) close_engine(rs[k]);
@@ -206,17 +215,28 @@ static void run_model(const char *rel, uint64_t seed) {
 static void test_equal_stories(void) { run_model("models/stories260K.gguf", 0x9e3779b97f4a7c15ull); }
 static void test_equal_qwen2_q8(void) { run_model("tests/data/models/gen-qwen2-q8_0.gguf", 0x1234567887654321ull); }
 
+/* The bundled model and a pool of one thread. */
+static bool load_stories(kp_model **m, kp_pool **pool) {
+    kp_error err = {0};
+    *m = NULL;
+    *pool = NULL;
+    bool ok = kp_model_load(m, harness_path("models/stories260K.gguf"), &err) == KP_OK &&
+              kp_pool_new(pool, 1, &err) == KP_OK;
+    CHECK_MSG(ok, "%s", err.msg);
+    if (!ok) {
+        kp_model_free(*m);
+        *m = NULL;
+    }
+    return ok;
+}
+
 /* The plain cases by hand: an identical prompt reuses n - 1, an extension
  * reuses the whole earlier sequence, an edit at position k reuses k. */
 static void test_reuse_counts(void) {
     kp_error err = {0};
-    kp_model *m = NULL;
-    kp_pool *pool = NULL;
-    if (kp_model_load(&m, harness_path("models/stories260K.gguf"), &err) != KP_OK) {
-        CHECK_MSG(false, "%s", err.msg);
-        return;
-    }
-    CHECK(kp_pool_new(&pool, 1, &err) == KP_OK);
+    kp_model *m;
+    kp_pool *pool;
+    if (!load_stories(&m, &pool)) return;
     kp_engine *e = NULL;
     CHECK(kp_eng_new(&e, m, pool, NULL, NULL, &err) == KP_OK);
     int32_t a[40];
@@ -236,8 +256,8 @@ static void test_reuse_counts(void) {
     CHECK(kp_eng_prefill(e, a, 40, &s, NULL, &r, &err) == KP_OK);
     CHECK(r.reused_tokens == 25 && r.diverged_at_token == 25 && r.cached_next == 125);
     kp_eng_seq_abort(e, &s); /* cancelled: nothing indexed, nothing held */
-    kp_pfx_stats st;
-    kp_eng_stats(e, &st);
+    kp_eng_stats st;
+    kp_eng_get_stats(e, &st);
     CHECK(st.used_bytes == st.index_bytes && st.cached_tokens == 40 && st.n_leases == 0);
     /* errors are values and leave the sequence empty */
     int32_t badt[2] = {1, 100000};
@@ -245,7 +265,7 @@ static void test_reuse_counts(void) {
     CHECK(kp_eng_prefill(e, a, 0, &s, NULL, &r, &err) == KP_EINVAL);
     CHECK(s.kv.n_blocks == 0);
     CHECK(kp_eng_clear(e, &err) == KP_OK);
-    CHECK_EQ_INT(kp_kvpool_n_free(kp_eng_kvpool(e)), kp_kvpool_n_blocks(kp_eng_kvpool(e)));
+    CHECK_EQ_INT(used_bytes(e), 0);
     kp_eng_free(e);
     kp_eng_free(NULL);
     /* a budget below one block is refused */
@@ -255,7 +275,7 @@ static void test_reuse_counts(void) {
     kp_eng_config c2 = {KP_DTYPE_F32, 16, kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16, 0, true, NULL};
     CHECK(kp_eng_new(&e, m, pool, NULL, &c2, &err) == KP_OK);
     CHECK(kp_eng_prefill(e, a, 17, &s, NULL, &r, &err) == KP_EFULL && s.kv.n_blocks == 0);
-    CHECK_EQ_INT(kp_kvpool_n_free(kp_eng_kvpool(e)), kp_kvpool_n_blocks(kp_eng_kvpool(e)));
+    CHECK_EQ_INT(used_bytes(e), 0);
     kp_eng_free(e);
     kp_pool_free(pool);
     kp_model_free(m);
@@ -305,9 +325,9 @@ static void budget_case(uint32_t blocks, uint32_t expect_reuse) {
     }
     CHECK(kp_eng_finish(e, &s, b, 90, NULL, &err) == KP_OK);
     kp_eng_seq_abort(ref, &sr);
-    CHECK_MSG(kp_pfx_check(kp_eng_index(e), &err) == KP_OK, "%s", err.msg);
+    CHECK_MSG(kp_eng_check(e, &err) == KP_OK, "%s", err.msg);
     CHECK(kp_eng_clear(e, &err) == KP_OK);
-    CHECK_EQ_INT(kp_kvpool_n_free(kp_eng_kvpool(e)), kp_kvpool_n_blocks(kp_eng_kvpool(e)));
+    CHECK_EQ_INT(used_bytes(e), 0);
     free(la);
     free(lb);
     kp_eng_free(e);
@@ -431,12 +451,12 @@ static void batched_case(const char *rel, uint64_t seed, uint64_t budget_blocks)
                 n_done++;
             }
         }
-        CHECK_MSG(kp_pfx_check(kp_eng_index(e), &err) == KP_OK, "%s", err.msg);
+        CHECK_MSG(kp_eng_check(e, &err) == KP_OK, "%s", err.msg);
     }
     CHECK_EQ_INT(n_done, N_CB);
     CHECK(mixed_steps > 0);
-    kp_pfx_stats ps;
-    kp_eng_stats(e, &ps);
+    kp_eng_stats ps;
+    kp_eng_get_stats(e, &ps);
     if (budget_blocks < 64) CHECK_MSG(ps.n_evictions > 0, "budget of %llu blocks: no eviction",
                                       (unsigned long long)budget_blocks);
     /* a bad item is left out, the others run */
@@ -445,7 +465,7 @@ static void batched_case(const char *rel, uint64_t seed, uint64_t budget_blocks)
     CHECK(kp_eng_clear(e, &err) == KP_OK); /* nothing cached: s1 starts empty */
     CHECK(kp_eng_begin(e, good, 2, &s1, NULL, &err) == KP_OK);
     CHECK_EQ_INT(kp_eng_seq_len(&s1), 0);
-    kp_eng_item two[3] = {{&s1, good, 2, lr, KP_OK, {0}}, {&s2, bad, 1, NULL, KP_OK, {0}}, {&s1, good, 1, NULL, KP_OK, {0}}};
+    kp_eng_item two[3] = {{&s1, good, 2, lr, KP_OK, {0}, false}, {&s2, bad, 1, NULL, KP_OK, {0}, false}, {&s1, good, 1, NULL, KP_OK, {0}, false}};
     CHECK(kp_eng_step(e, two, 3, &err) == KP_OK);
     CHECK(two[0].status == KP_OK && two[1].status == KP_EINVAL && two[2].status == KP_EINVAL);
     CHECK_EQ_INT(kp_eng_seq_len(&s1), 2);
@@ -453,7 +473,7 @@ static void batched_case(const char *rel, uint64_t seed, uint64_t budget_blocks)
     kp_eng_seq_abort(e, &s1);
     kp_eng_seq_abort(e, &s2);
     CHECK(kp_eng_clear(e, &err) == KP_OK);
-    CHECK_EQ_INT(kp_kvpool_n_free(kp_eng_kvpool(e)), kp_kvpool_n_blocks(kp_eng_kvpool(e)));
+    CHECK_EQ_INT(used_bytes(e), 0);
     for (int q = 0; q < N_CB; q++) free(rq[q].logits);
     free(lr);
     kp_eng_free(e);
@@ -468,10 +488,290 @@ static void test_batched_equals_alone(void) {
     batched_case("models/stories260K.gguf", 0x5eed0003ull, 20); /* evictions */
 }
 
+/* A prefix index fed by hand the way the engine feeds its own: match,
+ * acquire the reusable rows, blocks for the rest (no K/V is computed: the
+ * index only counts blocks), insert the whole sequence, release. */
+typedef struct {
+    kp_kvpool *pool;
+    kp_pfx_index *idx;
+} mirror;
+
+static void mirror_add(mirror *x, const int32_t *t, uint32_t n) {
+    kp_kvseq seq = {0};
+    kp_pfx_lease lease = {0};
+    kp_pfx_match_result mr;
+    kp_pfx_match(x->idx, t, n, &mr);
+    CHECK(kp_pfx_acquire(x->idx, t, mr.n_reuse, &seq, &lease, NULL) == KP_OK);
+    CHECK(kp_kvseq_reserve(&seq, x->pool, n, NULL) == KP_OK);
+    seq.n_pos = n;
+    CHECK(kp_pfx_insert(x->idx, t, n, &seq, NULL, NULL, NULL) == KP_OK);
+    kp_pfx_release(x->idx, &lease);
+    kp_kvseq_release(&seq, x->pool);
+}
+
+static void same_top(kp_engine *e, mirror *x, const char *when) {
+    kp_eng_prefix a[8];
+    kp_pfx_prefix_info b[8];
+    uint32_t na = 99, nb = 98;
+    CHECK(kp_eng_top(e, a, 8, &na, NULL) == KP_OK);
+    CHECK(kp_pfx_top(x->idx, b, 8, &nb, NULL) == KP_OK);
+    CHECK_MSG(na == nb, "%s: %u prefixes vs %u", when, na, nb);
+    for (uint32_t i = 0; i < na && i < nb; i++)
+        CHECK_MSG(a[i].hash == b[i].hash && a[i].n_tokens == b[i].n_tokens && a[i].n_head == b[i].n_head &&
+                      !memcmp(a[i].head, b[i].head, b[i].n_head * sizeof(int32_t)) && a[i].bytes == b[i].bytes &&
+                      a[i].own_bytes == b[i].own_bytes && a[i].n_holders == b[i].n_holders &&
+                      a[i].pinned == b[i].pinned && a[i].last_used == b[i].last_used && a[i].hits == b[i].hits,
+                  "%s: prefix %u differs", when, i);
+    kp_eng_stats es;
+    kp_pfx_stats ps;
+    kp_eng_get_stats(e, &es);
+    kp_pfx_get_stats(x->idx, &ps);
+    CHECK_MSG(es.prefix_cache && es.budget_bytes == ps.budget_bytes && es.used_bytes == ps.used_bytes &&
+                  es.free_bytes == ps.free_bytes && es.block_bytes == ps.block_bytes &&
+                  es.index_bytes == ps.index_bytes && es.pinned_bytes == ps.pinned_bytes &&
+                  es.pinned_cap_bytes == ps.pinned_cap_bytes && es.shared_bytes == ps.shared_bytes &&
+                  es.saved_bytes == ps.saved_bytes && es.n_nodes == ps.n_nodes && es.n_leaves == ps.n_leaves &&
+                  es.n_pins == ps.n_pins && es.n_leases == ps.n_leases && es.cached_tokens == ps.cached_tokens &&
+                  es.n_evictions == ps.n_evictions && es.n_lookups == ps.n_lookups && es.n_hits == ps.n_hits &&
+                  es.reused_tokens == ps.reused_tokens,
+              "%s: the memory bills differ", when);
+}
+
+/* kp_eng_top / kp_eng_pin / kp_eng_unpin / kp_eng_expire / kp_eng_get_stats
+ * answer what kp_pfx_* answer for an index that saw the same sequences. */
+static void test_cache_operations(void) {
+    kp_error err = {0};
+    kp_model *m;
+    kp_pool *pool;
+    if (!load_stories(&m, &pool)) return;
+    const kp_hparams *hp = &m->hp;
+    uint64_t bb = kp_model_kv_bytes_per_token(hp, KP_DTYPE_F32) * 16;
+    kp_pfx_config pc = {bb * 5, 16}; /* pins may hold 5 blocks */
+    kp_eng_config c = {KP_DTYPE_F32, 16, bb * 64, 256, false, &pc};
+    kp_engine *e = NULL;
+    CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
+    mirror x = {0};
+    kp_kvpool_config kc = {hp->n_layer, hp->n_head_kv, hp->head_dim, KP_DTYPE_F32, 16, bb * 64};
+    CHECK(kp_kvpool_new(&x.pool, &kc, &err) == KP_OK);
+    CHECK(kp_pfx_new(&x.idx, x.pool, &pc, &err) == KP_OK);
+    /* sequences sharing heads, one of more than KP_PFX_HEAD_TOKENS tokens, a
+     * full repeat, and eleven leaves of equal length (ties in the listing) */
+    static int32_t t[20][80];
+    uint32_t len[20];
+    for (int k = 0; k < 20; k++) {
+        len[k] = k < 3 ? 30 + 20 * (uint32_t)k : 10;
+        for (uint32_t i = 0; i < len[k]; i++) t[k][i] = i == 0 ? 1 : k < 3 ? 100 + (int32_t)i : 200 + k * 7 + (int32_t)i;
+    }
+    memcpy(t[19], t[0], sizeof t[0]);
+    len[19] = len[0];
+    kp_eng_seq s = {0};
+    for (int k = 0; k < 20; k++) {
+        CHECK(kp_eng_prefill(e, t[k], len[k], &s, NULL, NULL, &err) == KP_OK);
+        CHECK(kp_eng_finish(e, &s, t[k], len[k], NULL, &err) == KP_OK);
+        mirror_add(&x, t[k], len[k]);
+    }
+    same_top(e, &x, "after the sequences");
+    kp_eng_prefix one[1];
+    uint32_t n1 = 0;
+    CHECK(kp_eng_top(e, one, 1, &n1, &err) == KP_OK && n1 == 1 && one[0].n_tokens == 70 &&
+          one[0].n_head == KP_PFX_HEAD_TOKENS && !memcmp(one[0].head, t[2], sizeof one[0].head));
+    /* pins: the same ids, caps and errors */
+    uint64_t ia = 0, ib = 0;
+    kp_status sa = kp_eng_pin(e, t[0], 20, 10, 1000, &ia, &err);
+    kp_status sb = kp_pfx_pin(x.idx, t[0], 20, 10, 1000, &ib, NULL);
+    CHECK(sa == KP_OK && sb == KP_OK && ia == ib && ia > 0);
+    uint64_t ja = 0, jb = 0;
+    CHECK(kp_eng_pin(e, t[5], 10, 0, 1000, &ja, &err) == KP_OK && kp_pfx_pin(x.idx, t[5], 10, 0, 1000, &jb, NULL) == KP_OK &&
+          ja == jb);
+    same_top(e, &x, "after two pins");
+    uint64_t ka = 0, kb = 0; /* 70 tokens (5 blocks) and the 10-token pin: 6 blocks, over the cap */
+    sa = kp_eng_pin(e, t[2], 70, 0, 1000, &ka, &err);
+    sb = kp_pfx_pin(x.idx, t[2], 70, 0, 1000, &kb, NULL);
+    CHECK_MSG(sa == KP_EFULL && sb == KP_EFULL && ka == 0, "%d %d %s", sa, sb, err.msg);
+    int32_t other[3] = {1, 2, 3};
+    CHECK(kp_eng_pin(e, other, 3, 0, 1000, &ka, &err) == KP_ENOTFOUND && kp_pfx_pin(x.idx, other, 3, 0, 1000, &kb, NULL) == KP_ENOTFOUND);
+    CHECK(kp_eng_pin(e, t[0], 0, 0, 1000, &ka, &err) == KP_EINVAL);
+    CHECK(kp_eng_pin(e, t[0], 5, -1, 1000, &ka, &err) == KP_EINVAL);
+    same_top(e, &x, "after refused pins");
+    /* expiry: the 10 s pin ends at 1010 */
+    CHECK_EQ_INT(kp_eng_expire(e, 1009), kp_pfx_expire(x.idx, 1009));
+    uint32_t ea = kp_eng_expire(e, 1010), eb = kp_pfx_expire(x.idx, 1010);
+    CHECK(ea == 1 && eb == 1);
+    CHECK(kp_eng_unpin(e, ia, &err) == KP_ENOTFOUND && kp_pfx_unpin(x.idx, ib, NULL) == KP_ENOTFOUND);
+    same_top(e, &x, "after expiry");
+    CHECK(kp_eng_unpin(e, ja, &err) == KP_OK && kp_pfx_unpin(x.idx, jb, NULL) == KP_OK);
+    CHECK(kp_eng_unpin(e, ja, &err) == KP_ENOTFOUND);
+    same_top(e, &x, "after unpin");
+    CHECK_MSG(kp_eng_check(e, &err) == KP_OK, "%s", err.msg);
+    kp_pfx_free(x.idx);
+    kp_kvpool_free(x.pool);
+    kp_eng_free(e);
+    /* without a prefix cache: nothing listed, nothing to pin */
+    kp_eng_config off = {KP_DTYPE_F32, 16, bb * 8, 128, true, NULL};
+    CHECK(kp_eng_new(&e, m, pool, NULL, &off, &err) == KP_OK);
+    CHECK(kp_eng_top(e, one, 1, &n1, &err) == KP_OK && n1 == 0);
+    CHECK(kp_eng_pin(e, t[0], 5, 0, 0, &ka, &err) == KP_EUNSUPPORTED && ka == 0);
+    CHECK(kp_eng_unpin(e, 1, &err) == KP_ENOTFOUND);
+    CHECK_EQ_INT(kp_eng_expire(e, 1 << 30), 0);
+    kp_eng_stats es;
+    kp_eng_get_stats(e, &es);
+    CHECK(!es.prefix_cache && es.kv_type == KP_DTYPE_F32 && es.block_size == 16 &&
+          es.bytes_per_token == kp_model_kv_bytes_per_token(hp, KP_DTYPE_F32) && es.block_bytes == bb &&
+          es.budget_bytes == bb * 8 && es.used_bytes == 0 && es.free_bytes == bb * 8);
+    kp_eng_free(e);
+    kp_pool_free(pool);
+    kp_model_free(m);
+}
+
+/* What kp_eng_generate's hooks saw. */
+typedef struct {
+    int prefills, steps, decodes;
+    uint32_t reused, last_len;
+    int32_t tokens[64];
+    bool ordered;
+} hooks_seen;
+
+static void seen_prefill(void *c, const kp_eng_report *r) {
+    hooks_seen *h = c;
+    h->prefills++;
+    h->reused = r->reused_tokens;
+}
+
+static void seen_step(void *c, const kp_gen_out *o) {
+    hooks_seen *h = c;
+    if (o->token >= 0 && h->steps < 64) h->tokens[h->steps++] = o->token;
+}
+
+static void seen_decode(void *c, int32_t tok, uint32_t seq_len) {
+    hooks_seen *h = c;
+    h->ordered &= h->last_len == 0 || seq_len == h->last_len + 1;
+    h->ordered &= h->decodes < h->steps && tok == h->tokens[h->decodes];
+    h->last_len = seq_len;
+    h->decodes++;
+}
+
+/* kp_eng_generate gives the greedy tokens of prefill + decode by hand, its
+ * hooks see every step, decode_last leaves the whole answer in the
+ * sequence, and a rerun of the indexed prompt reuses it; all_logits,
+ * kp_eng_append, kp_eng_seq_truncate and the attention probe. */
+static void test_generate_and_feeding(void) {
+    kp_error err = {0};
+    kp_model *m;
+    kp_pool *pool;
+    kp_tok_vocab *v = NULL;
+    if (!load_stories(&m, &pool)) return;
+    CHECK(kp_tok_vocab_load(&v, m->file, &err) == KP_OK);
+    uint32_t nv = m->hp.n_vocab;
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 256, true, NULL}, cc = {KP_DTYPE_F32, 16, 0, 256, false, NULL};
+    cc.budget_bytes = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 256 * 4;
+    kp_engine *ref = NULL, *e = NULL;
+    CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
+    CHECK(kp_eng_new(&e, m, pool, NULL, &cc, &err) == KP_OK);
+    int32_t p[20];
+    for (int i = 0; i < 20; i++) p[i] = i ? 30 + 7 * i : 1;
+    /* by hand: greedy on the reference */
+    float *lg = malloc(nv * sizeof *lg), *all = malloc(20 * nv * sizeof *all), *one = malloc(nv * sizeof *one);
+    int32_t want[12];
+    kp_eng_seq sr = {0};
+    CHECK(kp_eng_prefill(ref, p, 20, &sr, lg, NULL, &err) == KP_OK);
+    for (int k = 0; k < 12; k++) {
+        want[k] = kp_argmax(lg, (int32_t)nv);
+        if (k < 11) CHECK(kp_eng_decode(ref, &sr, want[k], lg, &err) == KP_OK);
+    }
+    kp_eng_seq_abort(ref, &sr);
+    kp_gen_params gp = {kp_sampler_defaults(), 12, 256, 0, true, NULL, 0, false};
+    gp.sp.temp = 0;
+    for (int decode_last = 0; decode_last < 2; decode_last++) {
+        for (int run = 0; run < 2; run++) { /* the second run finds the first one indexed */
+            kp_gen *gen = NULL;
+            CHECK(kp_gen_new(&gen, v, p, 20, &gp, &err) == KP_OK);
+            hooks_seen h = {.ordered = true};
+            kp_eng_gen_opts o = {&h, seen_prefill, seen_step, seen_decode, 0, decode_last};
+            kp_eng_seq s = {0};
+            kp_eng_report r;
+            CHECK_MSG(kp_eng_generate(e, &s, gen, &o, &r, &err) == KP_OK, "%s", err.msg);
+            CHECK(!memcmp(kp_gen_tokens(gen) + 20, want, sizeof want) && kp_gen_n_generated(gen) == 12);
+            CHECK(h.prefills == 1 && h.steps == 12 && !memcmp(h.tokens, want, sizeof want) && h.ordered);
+            CHECK_EQ_INT(h.decodes, decode_last ? 12 : 11);
+            CHECK_EQ_INT(kp_eng_seq_len(&s), 20 + (decode_last ? 12 : 11));
+            CHECK_EQ_INT(r.reused_tokens, h.reused);
+            CHECK_EQ_INT(r.reused_tokens, run == 0 && decode_last == 0 ? 0 : 19); /* a full hit: n - 1 */
+            CHECK(kp_eng_generate(e, &s, gen, &o, NULL, &err) == KP_EINVAL); /* it ran already */
+            CHECK(kp_eng_finish(e, &s, kp_gen_tokens(gen), kp_gen_n_tokens(gen), NULL, &err) == KP_OK);
+            kp_gen_free(gen);
+        }
+    }
+    kp_eng_stats st;
+    kp_eng_get_stats(e, &st);
+    CHECK_EQ_INT(st.cached_tokens, 32); /* the whole answer of the decode_last runs */
+    /* all_logits: every position's logits, as decoding one by one gives them */
+    kp_eng_seq s = {0};
+    kp_eng_item it = {&s, p, 20, all, KP_OK, {0}, true};
+    CHECK(kp_eng_step(ref, &it, 1, &err) == KP_OK && it.status == KP_OK && kp_eng_seq_len(&s) == 20);
+    kp_eng_seq_abort(ref, &s);
+    for (int k = 0; k < 20; k++) {
+        CHECK(kp_eng_decode(ref, &s, p[k], one, &err) == KP_OK);
+        CHECK_MSG(rel_diff(all + (size_t)k * nv, one, nv) <= 1e-5, "position %d", k);
+    }
+    kp_eng_seq_abort(ref, &s);
+    /* two items asking: the rows go to each */
+    kp_eng_seq s2 = {0};
+    float *all2 = malloc(20 * nv * sizeof *all2);
+    kp_eng_item two[2] = {{&s, p, 20, all2, KP_OK, {0}, true}, {&s2, p, 7, one, KP_OK, {0}, false}};
+    CHECK(kp_eng_step(ref, two, 2, &err) == KP_OK && two[0].status == KP_OK && two[1].status == KP_OK);
+    CHECK(rel_diff(all2, all, 20 * nv) <= 1e-5 && rel_diff(one, all + 6 * (size_t)nv, nv) <= 1e-5);
+    kp_eng_seq_abort(ref, &s);
+    kp_eng_seq_abort(ref, &s2);
+    /* append in batches, truncate, append again: the same logits */
+    CHECK(kp_eng_append(ref, &s, p, 20, 3, lg, &err) == KP_OK && kp_eng_seq_len(&s) == 20);
+    CHECK(rel_diff(lg, all + 19 * (size_t)nv, nv) <= 1e-5);
+    CHECK(kp_eng_seq_truncate(ref, &s, 8, &err) == KP_OK && kp_eng_seq_len(&s) == 8);
+    CHECK(kp_eng_append(ref, &s, p + 8, 12, 0, one, &err) == KP_OK && kp_eng_seq_len(&s) == 20);
+    CHECK(rel_diff(one, all + 19 * (size_t)nv, nv) <= 1e-5);
+    int32_t badt[1] = {(int32_t)nv};
+    CHECK(kp_eng_append(ref, &s, badt, 1, 0, NULL, &err) == KP_EINVAL && kp_eng_seq_len(&s) == 20);
+    /* generate onto a sequence that holds the prompt's head: the same tokens */
+    CHECK(kp_eng_seq_truncate(ref, &s, 13, &err) == KP_OK);
+    kp_gen *gen = NULL;
+    CHECK(kp_gen_new(&gen, v, p, 20, &gp, &err) == KP_OK);
+    kp_eng_report r;
+    CHECK(kp_eng_generate(ref, &s, gen, NULL, &r, &err) == KP_OK);
+    CHECK(r.reused_tokens == 13 && r.computed_tokens == 7 && !memcmp(kp_gen_tokens(gen) + 20, want, sizeof want));
+    kp_gen_free(gen);
+    CHECK(kp_gen_new(&gen, v, p, 20, &gp, &err) == KP_OK);
+    CHECK(kp_eng_generate(ref, &s, gen, NULL, NULL, &err) == KP_EINVAL); /* holds more than the prompt */
+    kp_gen_free(gen);
+    kp_eng_seq_abort(ref, &s);
+    CHECK(kp_eng_seq_truncate(e, &s, 0, &err) == KP_EUNSUPPORTED); /* blocks may be shared with the index */
+    /* the attention probe: weights of the last token over every position */
+    kp_eng_set_attn_probe(ref, 0, 1);
+    CHECK(kp_eng_append(ref, &s, p, 20, 0, NULL, &err) == KP_OK);
+    int32_t np = 0;
+    const float *w = kp_eng_attn_probe(ref, &np);
+    double sum = 0;
+    for (int32_t k = 0; w && k < np; k++) sum += w[k];
+    CHECK(w && np == 20 && fabs(sum - 1) < 1e-4);
+    kp_eng_set_attn_probe(ref, -1, 0);
+    CHECK(kp_eng_decode(ref, &s, 5, NULL, &err) == KP_OK && kp_eng_attn_probe(ref, &np) == NULL);
+    kp_eng_seq_abort(ref, &s);
+    CHECK_EQ_INT(used_bytes(ref), 0);
+    free(lg);
+    free(all);
+    free(all2);
+    free(one);
+    kp_eng_free(e);
+    kp_eng_free(ref);
+    kp_pool_free(pool);
+    kp_tok_vocab_free(v);
+    kp_model_free(m);
+}
+
 int main(void) {
     RUN(test_batched_equals_alone);
     RUN(test_budget_of_one_sequence);
     RUN(test_reuse_counts);
+    RUN(test_cache_operations);
+    RUN(test_generate_and_feeding);
     RUN(test_equal_stories);
     RUN(test_equal_qwen2_q8);
     return harness_finish("engine");

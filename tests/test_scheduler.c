@@ -9,8 +9,13 @@
  * share heads, repeat, and extend earlier ones; text, finish reason and
  * token counts must match the reference, and cached_tokens must be what the
  * prefix index held. Also: cancellation, a full queue, prefill-only
- * requests, prompts longer than the context, and no block leaked.
+ * requests, prompts longer than the context, and no block leaked. Cache
+ * operations (probe, pin, unpin) from another thread while four sequences
+ * decode are each answered before the engine completes two more steps
+ * (kp_sched_stats' step counter), with what kp_eng_* answer (a full hit, the
+ * pin in the snapshot at once, gone after unpin).
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -37,6 +42,38 @@ static uint32_t rnd(uint32_t n) {
     rs ^= rs >> 7;
     rs ^= rs << 17;
     return (uint32_t)(rs % n);
+}
+
+/* KV bytes in use (0: every block of the pool is free). */
+static uint64_t used_bytes(kp_engine *e) {
+    kp_eng_stats st;
+    kp_eng_get_stats(e, &st);
+    return st.used_bytes;
+}
+
+/* A model, its vocabulary and a thread pool. */
+typedef struct {
+    kp_model *m;
+    gguf *g;
+    kp_tok_vocab *v;
+    kp_pool *pool;
+} fixture;
+
+static bool fixture_open(fixture *f, const char *rel, int threads) {
+    kp_error err = {0};
+    memset(f, 0, sizeof *f);
+    bool ok = kp_model_load(&f->m, harness_path(rel), &err) == KP_OK &&
+              kp_gguf_open(&f->g, harness_path(rel), &err) == KP_OK &&
+              kp_tok_vocab_load(&f->v, f->g, &err) == KP_OK && kp_pool_new(&f->pool, threads, &err) == KP_OK;
+    CHECK_MSG(ok, "%s: %s", rel, err.msg);
+    return ok;
+}
+
+static void fixture_close(fixture *f) {
+    kp_pool_free(f->pool);
+    kp_tok_vocab_free(f->v);
+    kp_gguf_close(f->g);
+    kp_model_free(f->m);
 }
 
 /* The request alone: greedy, text through kp_textout. */
@@ -102,14 +139,11 @@ static kp_finish collect(kp_sreq *r, char *buf, size_t cap, size_t *len, kp_sreq
 
 static void test_concurrent_equals_alone(void) {
     kp_error err = {0};
-    kp_model *m = NULL;
-    kp_pool *pool = NULL;
-    gguf *g = NULL;
-    kp_tok_vocab *v = NULL;
-    CHECK(kp_model_load(&m, harness_path("models/stories260K.gguf"), &err) == KP_OK);
-    CHECK(kp_gguf_open(&g, harness_path("models/stories260K.gguf"), &err) == KP_OK);
-    CHECK(kp_tok_vocab_load(&v, g, &err) == KP_OK);
-    CHECK(kp_pool_new(&pool, 2, &err) == KP_OK);
+    fixture fx;
+    if (!fixture_open(&fx, "models/stories260K.gguf", 2)) return;
+    kp_model *m = fx.m;
+    kp_pool *pool = fx.pool;
+    kp_tok_vocab *v = fx.v;
     uint32_t nv = m->hp.n_vocab;
     kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 160, true, NULL};
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
@@ -205,26 +239,20 @@ static void test_concurrent_equals_alone(void) {
     kp_sched_free(s);
     /* every block back once the cache is dropped */
     CHECK(kp_eng_clear(e, &err) == KP_OK);
-    CHECK_EQ_INT(kp_kvpool_n_free(kp_eng_kvpool(e)), kp_kvpool_n_blocks(kp_eng_kvpool(e)));
+    CHECK_EQ_INT(used_bytes(e), 0);
     kp_eng_free(e);
     kp_eng_free(ref);
-    kp_pool_free(pool);
-    kp_tok_vocab_free(v);
-    kp_gguf_close(g);
-    kp_model_free(m);
+    fixture_close(&fx);
 }
 
 /* A full queue answers KP_EFULL; releasing queued requests frees them. */
 static void test_queue_full_and_shutdown(void) {
     kp_error err = {0};
-    kp_model *m = NULL;
-    kp_pool *pool = NULL;
-    gguf *g = NULL;
-    kp_tok_vocab *v = NULL;
-    CHECK(kp_model_load(&m, harness_path("models/stories260K.gguf"), &err) == KP_OK);
-    CHECK(kp_gguf_open(&g, harness_path("models/stories260K.gguf"), &err) == KP_OK);
-    CHECK(kp_tok_vocab_load(&v, g, &err) == KP_OK);
-    CHECK(kp_pool_new(&pool, 1, &err) == KP_OK);
+    fixture fx;
+    if (!fixture_open(&fx, "models/stories260K.gguf", 1)) return;
+    kp_model *m = fx.m;
+    kp_pool *pool = fx.pool;
+    kp_tok_vocab *v = fx.v;
     kp_engine *e = NULL;
     kp_eng_config cc = {KP_DTYPE_F16, 16, 0, 512, false, NULL};
     CHECK(kp_eng_new(&e, m, pool, NULL, &cc, &err) == KP_OK);
@@ -251,16 +279,141 @@ static void test_queue_full_and_shutdown(void) {
         kp_sreq_release(r[i]);
     }
     CHECK(kp_eng_clear(e, &err) == KP_OK);
-    CHECK_EQ_INT(kp_kvpool_n_free(kp_eng_kvpool(e)), kp_kvpool_n_blocks(kp_eng_kvpool(e)));
+    CHECK_EQ_INT(used_bytes(e), 0);
     kp_eng_free(e);
-    kp_pool_free(pool);
-    kp_tok_vocab_free(v);
-    kp_gguf_close(g);
-    kp_model_free(m);
+    fixture_close(&fx);
+}
+
+/* The cache operations while requests decode. */
+typedef struct {
+    kp_sched *s;
+    const int32_t *p;
+    uint32_t n;
+    uint64_t max_steps, ops, steps_during;
+    int failures;
+} ops_ctx;
+
+static uint64_t steps_now(kp_sched *s) {
+    kp_sched_stats st;
+    kp_sched_stats_get(s, &st);
+    return st.steps;
+}
+
+/* 50 probes, pins and unpins, each timed in engine steps: it is served
+ * before the step after the one in flight, so at most 2 steps complete
+ * between reading the counter and the answer (1 in flight, 1 more if a step
+ * ended between the read and the queueing). */
+static void *cache_ops(void *arg) {
+    ops_ctx *c = arg;
+    uint64_t first = steps_now(c->s), id = 0;
+    for (int i = 0; i < 50; i++) {
+        kp_error err = {0};
+        kp_eng_report r;
+        kp_doctor_report d;
+        bool has = false;
+        kp_sched_cache snap;
+        uint64_t s0 = steps_now(c->s);
+        kp_status st;
+        if (i % 3 == 0) {
+            st = kp_sched_probe(c->s, c->p, c->n, NULL, 0, &r, &d, &has, &err);
+            if (st != KP_OK || r.reused_tokens != c->n - 1 || !has || d.finding.cause != KP_DOCTOR_CAUSE_HIT)
+                c->failures++;
+        } else if (i % 3 == 1) {
+            kp_eng_stats after;
+            st = kp_sched_pin(c->s, c->p, c->n, 0, (int64_t)time(NULL), &id, &after, &err);
+            kp_sched_cache_get(c->s, &snap); /* the snapshot holds the pin already */
+            if (st != KP_OK || id == 0 || after.n_pins != 1 || snap.kv.n_pins != 1 || !snap.n_top) c->failures++;
+        } else {
+            st = kp_sched_unpin(c->s, id, &err);
+            kp_sched_cache_get(c->s, &snap);
+            if (st != KP_OK || snap.kv.n_pins != 0) c->failures++;
+        }
+        uint64_t d_steps = steps_now(c->s) - s0;
+        if (d_steps > c->max_steps) c->max_steps = d_steps;
+        c->ops++;
+        if (i % 3 == 2 && kp_sched_unpin(c->s, id, &err) != KP_ENOTFOUND) c->failures++; /* gone */
+    }
+    c->steps_during = steps_now(c->s) - first;
+    return NULL;
+}
+
+static void test_cache_ops_between_steps(void) {
+    kp_error err = {0};
+    /* a model whose decode step takes milliseconds (13 MB of F32 weights read
+     * per step), one engine thread: the caller's wake-up is short next to a step */
+    fixture fx;
+    if (!fixture_open(&fx, "tests/data/models/gen-llama-gqa-f32.gguf", 1)) return;
+    kp_model *m = fx.m;
+    kp_pool *pool = fx.pool;
+    kp_tok_vocab *v = fx.v;
+    kp_eng_config cc = {KP_DTYPE_F32, 16, 0, 1024, false, NULL};
+    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
+    cc.budget_bytes = bb * (1024 / 16) * 6;
+    kp_engine *e = NULL;
+    CHECK(kp_eng_new(&e, m, pool, NULL, &cc, &err) == KP_OK);
+    kp_sched_config sc = {4, 16, 64};
+    kp_sched *s = NULL;
+    CHECK(kp_sched_new(&s, e, v, &sc, &err) == KP_OK);
+    /* a prefix in the cache to probe and pin */
+    int32_t p[24];
+    for (int i = 0; i < 24; i++) p[i] = i ? 20 + 3 * i : 1;
+    kp_sreq_params pp = {p, 24, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0};
+    kp_sreq *r0 = NULL;
+    CHECK(kp_sched_submit(s, &pp, &r0, &err) == KP_OK);
+    char buf[64];
+    size_t len;
+    kp_sreq_update u;
+    CHECK_EQ_INT(collect(r0, buf, sizeof buf, &len, &u), KP_FINISH_LENGTH);
+    kp_sreq_release(r0);
+    kp_sched_cache snap;
+    kp_sched_cache_get(s, &snap); /* published before the owner heard of the end */
+    CHECK(snap.kv.prefix_cache && snap.n_top == 1 && snap.top[0].n_tokens == 24 && snap.kv.cached_tokens == 24);
+    /* four sequences decoding for as long as the test needs */
+    kp_sreq *run[4];
+    for (int k = 0; k < 4; k++) {
+        int32_t q[3] = {1, 100 + k, 200 + k};
+        kp_sreq_params rp = {q, 3, 100000, kp_sampler_defaults(), NULL, 0, true, NULL, 0};
+        rp.sp.temp = 0;
+        CHECK(kp_sched_submit(s, &rp, &run[k], &err) == KP_OK);
+    }
+    for (int k = 0; k < 4; k++)
+        while (kp_sreq_wait(run[k], 5000, &u), free(u.text), u.completion_tokens == 0 && u.finish == KP_FINISH_NONE) {
+        }
+    ops_ctx c = {s, p, 24, 0, 0, 0, 0};
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, cache_ops, &c) == 0);
+    pthread_join(th, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6;
+    printf("scheduler: 50 cache operations in %.1f ms while 4 sequences ran %llu steps (%.2f ms a step); the "
+           "slowest waited %llu steps\n", ms, (unsigned long long)c.steps_during,
+           c.steps_during ? ms / (double)c.steps_during : 0.0, (unsigned long long)c.max_steps);
+    CHECK_EQ_INT(c.ops, 50);
+    CHECK_EQ_INT(c.failures, 0);
+    CHECK_MSG(c.max_steps <= 2, "an operation waited %llu engine steps", (unsigned long long)c.max_steps);
+    CHECK_MSG(c.steps_during >= 25, "only %llu steps ran during the operations: the sequences did not decode",
+              (unsigned long long)c.steps_during);
+    kp_sched_stats st;
+    kp_sched_stats_get(s, &st);
+    CHECK_EQ_INT(st.running, 4); /* still decoding */
+    for (int k = 0; k < 4; k++) {
+        kp_sreq_cancel(run[k]);
+        char b2[1];
+        CHECK_EQ_INT(collect(run[k], b2, 0, &len, &u), KP_FINISH_CANCELLED);
+        kp_sreq_release(run[k]);
+    }
+    kp_sched_free(s);
+    CHECK(kp_eng_clear(e, &err) == KP_OK);
+    CHECK_EQ_INT(used_bytes(e), 0);
+    kp_eng_free(e);
+    fixture_close(&fx);
 }
 
 int main(void) {
     RUN(test_concurrent_equals_alone);
     RUN(test_queue_full_and_shutdown);
+    RUN(test_cache_ops_between_steps);
     return harness_finish("scheduler");
 }

@@ -342,7 +342,7 @@ static bool bench_agents(bench *b, uint32_t spec, uint32_t tail, uint32_t ans, u
     printf("\n== 3. eight agents: one %u-token spec, %u-token tails, %u-token answers\n", spec, tail, ans);
     printf("%6s %8s %9s %10s %14s\n", "agent", "reused", "computed", "TTFT ms", "pool used MB");
     uint64_t computed = 0, peak_used = 0;
-    kp_pfx_stats st;
+    kp_eng_stats st;
     for (int a = 0; ok && a < N_AGENTS; a++) {
         kp_eng_report r;
         double t;
@@ -353,7 +353,7 @@ static bool bench_agents(bench *b, uint32_t spec, uint32_t tail, uint32_t ans, u
         /* agent 0 finishes first so the spec is cached; the other seven stay live */
         if (a == 0 && kp_eng_finish(b->e, &s[0], tok[0], n + ans, NULL, &b->err) != KP_OK) ok = false;
         computed += r.computed_tokens;
-        kp_eng_stats(b->e, &st);
+        kp_eng_get_stats(b->e, &st);
         if (st.used_bytes > peak_used) peak_used = st.used_bytes;
         printf("%6d %8u %9u %10.1f %14.1f\n", a, r.reused_tokens, r.computed_tokens, t * 1e3,
                (double)st.used_bytes / 1e6);
@@ -363,7 +363,7 @@ static bool bench_agents(bench *b, uint32_t spec, uint32_t tail, uint32_t ans, u
         if (kp_eng_finish(b->e, &s[a], tok[a], n + ans, NULL, &b->err) != KP_OK) ok = false;
     for (int a = 1; a < N_AGENTS; a++) kp_eng_seq_abort(b->e, &s[a]);
     if (ok) {
-        kp_eng_stats(b->e, &st);
+        kp_eng_get_stats(b->e, &st);
         uint64_t bb = st.block_bytes;
         uint64_t once = (blocks_of(spec, bs) + N_AGENTS * (blocks_of(tail + ans, bs) + 1)) * bb;
         uint64_t unshared = N_AGENTS * blocks_of(n + ans, bs) * bb;

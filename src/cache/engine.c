@@ -1,19 +1,23 @@
 /*
  * engine.c - the engine (engine.h): KV pool + prefix index + forward pass,
- * one sequence at a time (kp_eng_prefill / kp_eng_decode) or many sequences per
- * forward call (kp_eng_begin + kp_eng_step, for a scheduler).
+ * one sequence at a time (kp_eng_prefill / kp_eng_decode / kp_eng_append,
+ * and kp_eng_generate, the synchronous generation loop over a kp_gen) or
+ * many sequences per forward call (kp_eng_begin + kp_eng_step, for a
+ * scheduler), and the cache operations on the index it owns (top, pin,
+ * unpin, expire, probe, the memory bill).
  *
  * Owns: the kp_kvpool (budget_bytes / block_bytes blocks), the kp_pfx_index
- * over it (or none), the kp_forward scratch. Borrows: model, threads,
- * kernels. The caller owns each kp_eng_seq (its block table and lease).
+ * over it (or none), the kp_forward scratch, batch and step scratch.
+ * Borrows: model, threads, kernels. The caller owns each kp_eng_seq (its
+ * block table and lease) and each kp_gen.
  *
  * Prefill of tokens[0..n) against the index:
  *
  *   tokens   | 0 ........ n_reuse-1 | n_reuse ............ n-1 |
  *   source   | cached rows (acquire)| forward pass, batches of  |
- *            | shared blocks, a     | ENG_BATCH tokens, logits  |
- *            | private copy of the  | of the last token only    |
- *            | partial last block   |                           |
+ *            | shared blocks, a     | ENG_BATCH tokens (or the  |
+ *            | private copy of the  | caller's batch), logits   |
+ *            | partial last block   | of the last token only    |
  *
  *   n_reuse = match.n_reuse: the whole match, or n - 1 on a full hit (the
  *   last position is computed again to get its logits).
@@ -26,10 +30,20 @@
  *   batch  | seq A: 1 decode token | seq B: 1 decode token | seq C: prefill chunk of 200 |
  *   logits |        yes            |        yes            | last token only, if asked   |
  *
+ * Logit rows come back in batch order; an item with all_logits asks for a
+ * row per token. When one item asks, the forward pass writes its rows in
+ * place; with several they go through step_logits and are copied out.
+ *
+ * kp_eng_generate: prefill (through the index) or append the rest of the
+ * prompt, then kp_gen_step on the newest logits and kp_eng_decode of the
+ * token it sampled, until the gen says it ended; the sequence stays with
+ * the caller (finish, abort or keep).
+ *
  * Invariants:
  *   - a sequence only ever writes positions >= its n_pos at acquire time
  *     (prefix.h's contract): prefill appends from n_reuse, decode appends at
- *     n_pos, nothing rewinds;
+ *     n_pos, nothing rewinds (kp_eng_seq_truncate exists only without an
+ *     index, where no block is shared);
  *   - blocks are reserved before every forward call; when the pool answers
  *     KP_EFULL the engine asks kp_pfx_evict for exactly the missing blocks and
  *     retries; when nothing unheld is left it drops the sequence's own lease
@@ -58,15 +72,13 @@ struct kp_engine {
     uint32_t max_pos;
     kp_pfx_config pfx_cfg; /* kept for kp_eng_clear */
     bool has_pfx_cfg;
-    /* batch scratch, ENG_BATCH entries each */
-    int32_t *pos, *seqi;
-    uint8_t *want;
-    /* kp_eng_step scratch, grown on demand */
+    /* kp_eng_step and run_tokens scratch, grown on demand */
     uint32_t step_cap, step_seq_cap;
     int32_t *step_tok, *step_pos, *step_seq;
     uint8_t *step_want;
     kp_kvseq **step_seqs;
-    float *step_logits; /* [step_seq_cap][n_vocab] */
+    uint32_t step_logit_cap;
+    float *step_logits; /* [step_logit_cap][n_vocab] */
 };
 
 kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_pool *threads, const kp_kernels *kernels,
@@ -90,14 +102,7 @@ kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_pool *threads, const
         e->pfx_cfg = *c.pfx;
         e->has_pfx_cfg = true;
     }
-    e->pos = malloc(ENG_BATCH * sizeof(int32_t));
-    e->seqi = calloc(ENG_BATCH, sizeof(int32_t));
-    e->want = calloc(ENG_BATCH, 1);
     kp_status st = KP_ENOMEM;
-    if (!e->pos || !e->seqi || !e->want) {
-        kp_fail(err, KP_ENOMEM, "out of memory for the engine");
-        goto fail;
-    }
     kp_kvpool_config kc = {m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, c.kv_type, c.block_size,
                            c.budget_bytes};
     if ((st = kp_kvpool_new(&e->kv, &kc, err)) != KP_OK) goto fail;
@@ -115,9 +120,6 @@ void kp_eng_free(kp_engine *e) {
     kp_forward_free(e->fw);
     kp_pfx_free(e->idx);
     kp_kvpool_free(e->kv);
-    free(e->pos);
-    free(e->seqi);
-    free(e->want);
     free(e->step_tok);
     free(e->step_pos);
     free(e->step_seq);
@@ -127,8 +129,6 @@ void kp_eng_free(kp_engine *e) {
     free(e);
 }
 
-kp_pfx_index *kp_eng_index(kp_engine *e) { return e->idx; }
-kp_kvpool *kp_eng_kvpool(kp_engine *e) { return e->kv; }
 uint32_t kp_eng_max_pos(const kp_engine *e) { return e->max_pos; }
 uint32_t kp_eng_seq_len(const kp_eng_seq *seq) { return seq->kv.n_pos; }
 
@@ -169,18 +169,59 @@ void kp_eng_seq_abort(kp_engine *e, kp_eng_seq *seq) {
     memset(seq, 0, sizeof *seq);
 }
 
-/* Runs tokens[0..n) at positions start.. of seq; logits of the last one. */
-static kp_status run_tokens(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n, float *logits,
-                            kp_error *err) {
+/* Grows the step scratch to hold n tokens, n_items sequences and n_rows
+ * rows of logits. */
+static kp_status step_scratch(kp_engine *e, uint32_t n, uint32_t n_items, uint32_t n_rows, kp_error *err) {
+    if (n > e->step_cap) {
+        uint32_t c = e->step_cap ? e->step_cap : 64;
+        while (c < n) c *= 2;
+        int32_t *tok = realloc(e->step_tok, c * sizeof *tok);
+        if (tok) e->step_tok = tok;
+        int32_t *pos = realloc(e->step_pos, c * sizeof *pos);
+        if (pos) e->step_pos = pos;
+        int32_t *si = realloc(e->step_seq, c * sizeof *si);
+        if (si) e->step_seq = si;
+        uint8_t *w = realloc(e->step_want, c);
+        if (w) e->step_want = w;
+        if (!tok || !pos || !si || !w) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %u tokens", n);
+        e->step_cap = c;
+    }
+    if (n_items > e->step_seq_cap) {
+        uint32_t c = e->step_seq_cap ? e->step_seq_cap : 8;
+        while (c < n_items) c *= 2;
+        kp_kvseq **sp = realloc(e->step_seqs, c * sizeof *sp);
+        if (!sp) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %u sequences", n_items);
+        e->step_seqs = sp;
+        e->step_seq_cap = c;
+    }
+    if (n_rows > e->step_logit_cap) {
+        uint32_t c = e->step_logit_cap ? e->step_logit_cap : 8;
+        while (c < n_rows) c *= 2;
+        float *lg = realloc(e->step_logits, (size_t)c * e->m->hp.n_vocab * sizeof *lg);
+        if (!lg) return kp_fail(err, KP_ENOMEM, "out of memory for %u rows of logits", n_rows);
+        e->step_logits = lg;
+        e->step_logit_cap = c;
+    }
+    return KP_OK;
+}
+
+/* Runs tokens[0..n) at positions seq length.. (blocks reserved), in forward
+ * calls of at most `batch` tokens (0: ENG_BATCH); logits of the last one. */
+static kp_status run_tokens(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n, uint32_t batch,
+                            float *logits, kp_error *err) {
+    if (!batch) batch = ENG_BATCH;
+    kp_status st = step_scratch(e, n < batch ? n : batch, 1, 0, err);
+    if (st != KP_OK) return st;
     kp_kvseq *seqs[1] = {&seq->kv};
-    for (uint32_t i = 0; i < n; i += ENG_BATCH) {
-        uint32_t m = n - i < ENG_BATCH ? n - i : ENG_BATCH;
+    for (uint32_t i = 0; i < n; i += batch) {
+        uint32_t m = n - i < batch ? n - i : batch;
         bool last = i + m == n;
         for (uint32_t j = 0; j < m; j++) {
-            e->pos[j] = (int32_t)(seq->kv.n_pos + j);
-            e->want[j] = last && j == m - 1 && logits;
+            e->step_pos[j] = (int32_t)(seq->kv.n_pos + j);
+            e->step_seq[j] = 0;
+            e->step_want[j] = last && j == m - 1 && logits;
         }
-        kp_batch b = {(int32_t)m, tokens + i, e->pos, e->seqi, e->want, seqs, 1};
+        kp_batch b = {(int32_t)m, tokens + i, e->step_pos, e->step_seq, e->step_want, seqs, 1};
         kp_status st = kp_forward_run(e->fw, &b, last ? logits : NULL, err);
         if (st != KP_OK) return st;
     }
@@ -255,14 +296,15 @@ void kp_eng_probe(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_report
     r->computed_tokens = n - mr.n_reuse;
 }
 
-kp_status kp_eng_prefill(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_seq *seq,
-                      float *logits_out, kp_eng_report *report, kp_error *err) {
+/* kp_eng_prefill in forward calls of `batch` tokens. */
+static kp_status prefill(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_seq *seq, float *logits_out,
+                         kp_eng_report *report, uint32_t batch, kp_error *err) {
     kp_eng_report r;
     kp_status st = kp_eng_begin(e, tokens, n, seq, &r, err);
     if (report) *report = r;
     if (st != KP_OK) return st;
     if ((st = reserve(e, seq, n, &r, err)) != KP_OK) goto fail;
-    if ((st = run_tokens(e, seq, tokens + r.reused_tokens, r.computed_tokens, logits_out, err)) != KP_OK)
+    if ((st = run_tokens(e, seq, tokens + r.reused_tokens, r.computed_tokens, batch, logits_out, err)) != KP_OK)
         goto fail;
     assert(seq->kv.n_pos == n);
     if (report) *report = r;
@@ -273,32 +315,38 @@ fail:
     return st;
 }
 
-/* Grows the step scratch to hold n tokens and n_items sequences. */
-static kp_status step_scratch(kp_engine *e, uint32_t n, uint32_t n_items, kp_error *err) {
-    if (n > e->step_cap) {
-        uint32_t c = e->step_cap ? e->step_cap : 64;
-        while (c < n) c *= 2;
-        int32_t *tok = realloc(e->step_tok, c * sizeof *tok);
-        if (tok) e->step_tok = tok;
-        int32_t *pos = realloc(e->step_pos, c * sizeof *pos);
-        if (pos) e->step_pos = pos;
-        int32_t *si = realloc(e->step_seq, c * sizeof *si);
-        if (si) e->step_seq = si;
-        uint8_t *w = realloc(e->step_want, c);
-        if (w) e->step_want = w;
-        if (!tok || !pos || !si || !w) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %u tokens", n);
-        e->step_cap = c;
-    }
-    if (n_items > e->step_seq_cap) {
-        uint32_t c = e->step_seq_cap ? e->step_seq_cap : 8;
-        while (c < n_items) c *= 2;
-        kp_kvseq **sp = realloc(e->step_seqs, c * sizeof *sp);
-        if (sp) e->step_seqs = sp;
-        float *lg = realloc(e->step_logits, (size_t)c * e->m->hp.n_vocab * sizeof *lg);
-        if (lg) e->step_logits = lg;
-        if (!sp || !lg) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %u sequences", n_items);
-        e->step_seq_cap = c;
-    }
+kp_status kp_eng_prefill(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_seq *seq, float *logits_out,
+                         kp_eng_report *report, kp_error *err) {
+    return prefill(e, tokens, n, seq, logits_out, report, 0, err);
+}
+
+/* KP_EINVAL for a bad token id, KP_ERANGE when seq would pass max_pos. */
+static kp_status check_tokens(const kp_engine *e, const kp_eng_seq *seq, const int32_t *tokens, uint32_t n,
+                              kp_error *err) {
+    uint32_t p = seq->kv.n_pos;
+    if (n > e->max_pos || p > e->max_pos - n)
+        return kp_fail(err, KP_ERANGE, "the sequence would reach %u positions, more than the maximum of %u",
+                       p + n, e->max_pos);
+    for (uint32_t j = 0; j < n; j++)
+        if (tokens[j] < 0 || tokens[j] >= (int32_t)e->m->hp.n_vocab)
+            return kp_fail(err, KP_EINVAL, "token %d is outside the vocabulary of %u", tokens[j], e->m->hp.n_vocab);
+    return KP_OK;
+}
+
+kp_status kp_eng_append(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n, uint32_t batch,
+                        float *logits_out, kp_error *err) {
+    if (n == 0 || !tokens) return kp_fail(err, KP_EINVAL, "nothing to append");
+    kp_status st = check_tokens(e, seq, tokens, n, err);
+    if (st == KP_OK) st = reserve(e, seq, seq->kv.n_pos + n, NULL, err);
+    if (st == KP_OK) st = run_tokens(e, seq, tokens, n, batch, logits_out, err);
+    return st;
+}
+
+kp_status kp_eng_seq_truncate(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_error *err) {
+    if (e->idx)
+        return kp_fail(err, KP_EUNSUPPORTED, "a sequence cannot be cut back in an engine with a prefix cache "
+                                             "(its blocks may be shared)");
+    if (n_pos < seq->kv.n_pos) kp_kvseq_truncate(&seq->kv, e->kv, n_pos);
     return KP_OK;
 }
 
@@ -313,18 +361,7 @@ kp_status kp_eng_step(kp_engine *e, kp_eng_item *items, uint32_t n_items, kp_err
             it->status = kp_fail(&it->err, KP_EINVAL, "a step item without tokens");
             continue;
         }
-        if (it->n > e->max_pos || p > e->max_pos - it->n) {
-            it->status = kp_fail(&it->err, KP_ERANGE, "the sequence would reach %u positions, more than the "
-                                                      "maximum of %u", p + it->n, e->max_pos);
-            continue;
-        }
-        for (uint32_t j = 0; j < it->n; j++)
-            if (it->tokens[j] < 0 || it->tokens[j] >= (int32_t)e->m->hp.n_vocab) {
-                it->status = kp_fail(&it->err, KP_EINVAL, "token %d is outside the vocabulary of %u",
-                                     it->tokens[j], e->m->hp.n_vocab);
-                break;
-            }
-        if (it->status != KP_OK) continue;
+        if ((it->status = check_tokens(e, it->seq, it->tokens, it->n, &it->err)) != KP_OK) continue;
         for (uint32_t k = 0; k < i; k++)
             if (items[k].seq == it->seq && items[k].status == KP_OK) {
                 it->status = kp_fail(&it->err, KP_EINVAL, "a sequence appears twice in one step");
@@ -335,9 +372,19 @@ kp_status kp_eng_step(kp_engine *e, kp_eng_item *items, uint32_t n_items, kp_err
         if (it->status == KP_OK) total += it->n;
     }
     if (total == 0) return KP_OK;
-    kp_status st = step_scratch(e, total, n_items, err);
+    /* logit rows: one per item asking, or one per token with all_logits; a
+     * single item asking gets them written in place */
+    uint32_t n_rows = 0, n_asking = 0;
+    kp_eng_item *asking = NULL;
+    for (uint32_t i = 0; i < n_items; i++)
+        if (items[i].status == KP_OK && items[i].logits) {
+            n_rows += items[i].all_logits ? items[i].n : 1;
+            n_asking++;
+            asking = &items[i];
+        }
+    kp_status st = step_scratch(e, total, n_items, n_asking > 1 ? n_rows : 0, err);
     if (st != KP_OK) return st;
-    uint32_t t = 0, ns = 0, nl = 0;
+    uint32_t t = 0, ns = 0;
     for (uint32_t i = 0; i < n_items; i++) {
         kp_eng_item *it = &items[i];
         if (it->status != KP_OK) continue;
@@ -346,19 +393,22 @@ kp_status kp_eng_step(kp_engine *e, kp_eng_item *items, uint32_t n_items, kp_err
             e->step_tok[t] = it->tokens[j];
             e->step_pos[t] = (int32_t)(it->seq->kv.n_pos + j);
             e->step_seq[t] = (int32_t)ns;
-            e->step_want[t] = it->logits && j == it->n - 1;
-            nl += e->step_want[t];
+            e->step_want[t] = it->logits && (it->all_logits || j == it->n - 1);
         }
         ns++;
     }
     kp_batch b = {(int32_t)total, e->step_tok, e->step_pos, e->step_seq, e->step_want, e->step_seqs, (int32_t)ns};
-    if ((st = kp_forward_run(e->fw, &b, nl ? e->step_logits : NULL, err)) != KP_OK) return st;
+    float *out = n_asking == 1 ? asking->logits : n_asking ? e->step_logits : NULL;
+    if ((st = kp_forward_run(e->fw, &b, out, err)) != KP_OK) return st;
+    if (n_asking < 2) return KP_OK;
     size_t nv = e->m->hp.n_vocab;
     uint32_t l = 0;
     for (uint32_t i = 0; i < n_items; i++) {
         kp_eng_item *it = &items[i];
         if (it->status != KP_OK || !it->logits) continue;
-        memcpy(it->logits, e->step_logits + (size_t)l++ * nv, nv * sizeof(float));
+        uint32_t rows = it->all_logits ? it->n : 1;
+        memcpy(it->logits, e->step_logits + (size_t)l * nv, rows * nv * sizeof(float));
+        l += rows;
     }
     return KP_OK;
 }
@@ -370,7 +420,7 @@ kp_status kp_eng_decode(kp_engine *e, kp_eng_seq *seq, int32_t token, float *log
     if (token < 0 || token >= (int32_t)e->m->hp.n_vocab)
         return kp_fail(err, KP_EINVAL, "token %d is outside the vocabulary of %u", token, e->m->hp.n_vocab);
     kp_status st = reserve(e, seq, p + 1, NULL, err);
-    if (st == KP_OK) st = run_tokens(e, seq, &token, 1, logits_out, err);
+    if (st == KP_OK) st = run_tokens(e, seq, &token, 1, 0, logits_out, err);
     assert(st != KP_OK || seq->kv.n_pos == p + 1);
     return st;
 }
@@ -392,16 +442,112 @@ kp_status kp_eng_clear(kp_engine *e, kp_error *err) {
     return kp_pfx_new(&e->idx, e->kv, e->has_pfx_cfg ? &e->pfx_cfg : NULL, err);
 }
 
-void kp_eng_stats(kp_engine *e, kp_pfx_stats *out) {
-    if (e->idx) {
-        kp_pfx_get_stats(e->idx, out);
+void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out) {
+    memset(out, 0, sizeof *out);
+    const kp_kvpool_config *kc = kp_kvpool_config_of(e->kv);
+    uint64_t bb = kp_kvpool_block_bytes(e->kv);
+    out->prefix_cache = e->idx != NULL;
+    out->kv_type = kc->kv_type;
+    out->block_size = kc->block_size;
+    out->bytes_per_token = kp_model_kv_bytes_per_token(&e->m->hp, kc->kv_type);
+    out->block_bytes = bb;
+    if (!e->idx) {
+        uint32_t nb = kp_kvpool_n_blocks(e->kv);
+        out->budget_bytes = (uint64_t)nb * bb;
+        out->used_bytes = (uint64_t)(nb - kp_kvpool_n_free(e->kv)) * bb;
+        out->free_bytes = out->budget_bytes - out->used_bytes;
         return;
     }
-    memset(out, 0, sizeof *out);
-    uint64_t bb = kp_kvpool_block_bytes(e->kv);
-    uint32_t nb = kp_kvpool_n_blocks(e->kv);
-    out->block_bytes = bb;
-    out->budget_bytes = (uint64_t)nb * bb;
-    out->used_bytes = (uint64_t)(nb - kp_kvpool_n_free(e->kv)) * bb;
-    out->free_bytes = out->budget_bytes - out->used_bytes;
+    kp_pfx_stats ps;
+    kp_pfx_get_stats(e->idx, &ps);
+    out->budget_bytes = ps.budget_bytes;
+    out->used_bytes = ps.used_bytes;
+    out->free_bytes = ps.free_bytes;
+    out->index_bytes = ps.index_bytes;
+    out->pinned_bytes = ps.pinned_bytes;
+    out->pinned_cap_bytes = ps.pinned_cap_bytes;
+    out->shared_bytes = ps.shared_bytes;
+    out->saved_bytes = ps.saved_bytes;
+    out->n_nodes = ps.n_nodes;
+    out->n_leaves = ps.n_leaves;
+    out->n_pins = ps.n_pins;
+    out->n_leases = ps.n_leases;
+    out->cached_tokens = ps.cached_tokens;
+    out->n_evictions = ps.n_evictions;
+    out->evicted_bytes = ps.evicted_bytes;
+    out->n_lookups = ps.n_lookups;
+    out->n_hits = ps.n_hits;
+    out->reused_tokens = ps.reused_tokens;
+}
+
+kp_status kp_eng_top(kp_engine *e, kp_eng_prefix *out, uint32_t max, uint32_t *n_out, kp_error *err) {
+    *n_out = 0;
+    return e->idx ? kp_pfx_top(e->idx, out, max, n_out, err) : KP_OK;
+}
+
+kp_status kp_eng_pin(kp_engine *e, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
+                     uint64_t *id, kp_error *err) {
+    *id = 0;
+    if (!e->idx) return kp_fail(err, KP_EUNSUPPORTED, "the prefix cache is off: nothing can be pinned");
+    return kp_pfx_pin(e->idx, tokens, n, ttl_seconds, now, id, err);
+}
+
+kp_status kp_eng_unpin(kp_engine *e, uint64_t id, kp_error *err) {
+    if (!e->idx) return kp_fail(err, KP_ENOTFOUND, "no pin with id %llu (the prefix cache is off)",
+                                (unsigned long long)id);
+    return kp_pfx_unpin(e->idx, id, err);
+}
+
+uint32_t kp_eng_expire(kp_engine *e, int64_t now) { return e->idx ? kp_pfx_expire(e->idx, now) : 0; }
+
+kp_status kp_eng_check(kp_engine *e, kp_error *err) { return e->idx ? kp_pfx_check(e->idx, err) : KP_OK; }
+
+void kp_eng_set_attn_probe(kp_engine *e, int layer, int head) { kp_forward_set_probe(e->fw, layer, head); }
+
+const float *kp_eng_attn_probe(const kp_engine *e, int32_t *n_pos) { return kp_forward_probe(e->fw, n_pos); }
+
+/* ---- the synchronous generation loop ------------------------------------- */
+
+kp_status kp_eng_generate(kp_engine *e, kp_eng_seq *seq, kp_gen *g, const kp_eng_gen_opts *o,
+                          kp_eng_report *report, kp_error *err) {
+    static const kp_eng_gen_opts none = {0};
+    if (!o) o = &none;
+    const int32_t *tok = kp_gen_tokens(g);
+    uint32_t n_prompt = kp_gen_n_prompt(g), have = seq->kv.n_pos;
+    kp_eng_report r;
+    memset(&r, 0, sizeof r);
+    r.cached_next = -1;
+    r.prompt_tokens = n_prompt;
+    if (report) *report = r;
+    if (kp_gen_n_tokens(g) != n_prompt || kp_gen_finish(g) != KP_FINISH_NONE)
+        return kp_fail(err, KP_EINVAL, "the generation has already run");
+    bool empty = have == 0 && seq->kv.n_blocks == 0 && !seq->lease.node;
+    if (!empty && have >= n_prompt)
+        return kp_fail(err, KP_EINVAL, "the sequence holds %u positions, the prompt only %u", have, n_prompt);
+    float *logits = malloc((size_t)e->m->hp.n_vocab * sizeof *logits);
+    if (!logits) return kp_fail(err, KP_ENOMEM, "out of memory for a row of logits");
+    kp_status st;
+    if (empty) { /* through the prefix cache */
+        st = prefill(e, tok, n_prompt, seq, logits, &r, o->batch, err);
+    } else { /* the caller's sequence holds tok[0..have) already */
+        r.reused_tokens = r.diverged_at_token = have;
+        r.computed_tokens = n_prompt - have;
+        st = kp_eng_append(e, seq, tok + have, n_prompt - have, o->batch, logits, err);
+    }
+    if (report) *report = r;
+    if (st == KP_OK && o->on_prefill) o->on_prefill(o->ctx, &r);
+    while (st == KP_OK) {
+        kp_gen_out out;
+        if ((st = kp_gen_step(g, logits, &out, err)) != KP_OK) break;
+        if (o->on_step) o->on_step(o->ctx, &out);
+        bool last = out.finish != KP_FINISH_NONE;
+        if (last && !(o->decode_last && out.token >= 0 && seq->kv.n_pos < e->max_pos &&
+                      (out.cause == KP_GEN_MAX_TOKENS || out.cause == KP_GEN_STOP_STRING)))
+            break;
+        if ((st = kp_eng_decode(e, seq, out.token, last ? NULL : logits, err)) != KP_OK) break;
+        if (o->on_decode) o->on_decode(o->ctx, out.token, seq->kv.n_pos);
+        if (last) break;
+    }
+    free(logits);
+    return st;
 }

@@ -7,9 +7,15 @@
  *   kp_eng_seq s = {0};
  *   kp_eng_prefill(e, prompt, n, &s, logits, &report)  -> reuse the cached prefix,
  *                                                      compute the rest in batches
- *   loop: token = sample(logits); kp_eng_decode(e, &s, token, logits)
+ *   loop: token = kp_gen_step(gen, logits); kp_eng_decode(e, &s, token, logits)
  *   kp_eng_finish(e, &s, prompt_and_answer, n_all)     -> index the whole sequence,
  *                                                      release it
+ *
+ * kp_eng_generate is that loop for one sequence (the command line: run,
+ * run --prompt-cache, bench); a scheduler runs many sequences per forward
+ * call with kp_eng_begin + kp_eng_step and steps each one's kp_gen itself.
+ * Either way the kp_gen (cache/gen.h) decides sampling, text, stop strings
+ * and the end; the engine only computes.
  *
  * The engine owns the KV pool (sized by a byte budget) and the prefix index
  * (none with no_prefix_cache); it borrows the model, the thread pool and the
@@ -17,6 +23,13 @@
  * prefixes that no running sequence holds, then retries. Outputs with and
  * without the prefix cache are the same: a reused row is the row the same
  * tokens at the same positions would produce again.
+ *
+ * The engine is the only way to the pool and the index: cache listings,
+ * pins and the memory bill are engine operations (kp_eng_top, kp_eng_pin,
+ * kp_eng_unpin, kp_eng_expire, kp_eng_probe, kp_eng_get_stats), so callers
+ * above this floor never include prefix.h or kvpool.h themselves. This
+ * header includes them for the layout of kp_eng_seq (a block table and a
+ * lease, held by value in the caller) and kp_eng_config.pfx.
  */
 #ifndef KP_ENGINE_H
 #define KP_ENGINE_H
@@ -27,6 +40,7 @@
 #include "model/forward.h"
 #include "kv/kvpool.h"
 #include "model/model.h"
+#include "cache/gen.h"
 #include "cache/prefix.h"
 #include "kernels/quant.h"
 #include "base/status.h"
@@ -110,9 +124,11 @@ typedef struct {
     kp_eng_seq *seq;          /* borrowed; at most once per step */
     const int32_t *tokens; /* n >= 1 tokens appended at seq's current length */
     uint32_t n;
-    float *logits;         /* NULL, or n_vocab floats: the logits of the last token */
+    float *logits;         /* NULL, or n_vocab floats: the logits of the last token
+                              (n x n_vocab with all_logits) */
     kp_status status;      /* out: KP_OK when the item ran */
     kp_error err;          /* out: why it did not */
+    bool all_logits;       /* logits of every token of the item, in order (kvpin logits) */
 } kp_eng_item;
 
 /* Runs all items in one forward pass (each weight is read once for the
@@ -130,6 +146,21 @@ kp_status kp_eng_step(kp_engine *e, kp_eng_item *items, uint32_t n_items, kp_err
  * (n_vocab floats, may be NULL). KP_ERANGE past max_pos, KP_EFULL, KP_EINVAL
  * for a bad token id; the sequence is unchanged on error. */
 kp_status kp_eng_decode(kp_engine *e, kp_eng_seq *seq, int32_t token, float *logits_out, kp_error *err);
+
+/* Appends tokens[0..n) (n >= 1) at seq's length, in forward calls of at
+ * most `batch` tokens (0: 256), reserving blocks (evicting unheld cached
+ * prefixes when the pool is full); logits_out (n_vocab floats, may be NULL)
+ * receives the last token's logits. For a caller that feeds a sequence
+ * itself (kvpin bench). Errors as kp_eng_decode; on error the sequence may
+ * hold some of the tokens (whole forward calls). */
+kp_status kp_eng_append(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n, uint32_t batch,
+                        float *logits_out, kp_error *err);
+
+/* Forgets positions >= n_pos of seq (whole blocks past it are dropped), so
+ * the next tokens overwrite them (kvpin bench reruns a test from one
+ * depth). Only without a prefix cache, whose blocks a sequence may share:
+ * KP_EUNSUPPORTED otherwise. */
+kp_status kp_eng_seq_truncate(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_error *err);
 
 /* Positions the sequence holds (prompt + decoded tokens). */
 uint32_t kp_eng_seq_len(const kp_eng_seq *seq);
@@ -151,14 +182,116 @@ void kp_eng_seq_abort(kp_engine *e, kp_eng_seq *seq);
  * (no-op) without an index; KP_ENOMEM leaves the engine without a cache. */
 kp_status kp_eng_clear(kp_engine *e, kp_error *err);
 
-/* The memory bill (kp_pfx_get_stats; without an index only the pool fields
- * budget/used/free/block_bytes are set). */
-void kp_eng_stats(kp_engine *e, kp_pfx_stats *out);
+/* The memory bill of the KV pool and the prefix index. Every byte count is
+ * in whole KV blocks; a block several nodes or sequences share counts once.
+ * Without a prefix cache the index fields are 0. */
+typedef struct {
+    bool prefix_cache;          /* the engine has a prefix index */
+    kp_dtype kv_type;           /* KP_DTYPE_F16 or KP_DTYPE_F32 */
+    uint32_t block_size;        /* positions per KV block */
+    uint64_t bytes_per_token;   /* K and V of one position over all layers */
+    uint64_t block_bytes;       /* block_size * bytes_per_token */
+    uint64_t budget_bytes;      /* the pool: n_blocks * block_bytes */
+    uint64_t used_bytes;        /* blocks in use by the index or any sequence */
+    uint64_t free_bytes;        /* budget - used */
+    uint64_t index_bytes;       /* blocks the index references */
+    uint64_t pinned_bytes;      /* blocks on pinned paths */
+    uint64_t pinned_cap_bytes;  /* the cap of pinned_bytes */
+    uint64_t shared_bytes;      /* index blocks that running sequences also use */
+    uint64_t saved_bytes;       /* what those sequences would need more without sharing */
+    uint32_t n_nodes;           /* index tree nodes */
+    uint32_t n_leaves;          /* cached prefixes that end a path */
+    uint32_t n_pins;
+    uint32_t n_leases;          /* running sequences holding a cached path */
+    uint64_t cached_tokens;     /* distinct indexed positions */
+    uint64_t n_evictions;       /* nodes evicted since the index was made */
+    uint64_t evicted_bytes;     /* bytes eviction returned to the pool */
+    uint64_t n_lookups;         /* prefills that consulted the index */
+    uint64_t n_hits;            /* ... and reused at least one position */
+    uint64_t reused_tokens;     /* positions those prefills reused */
+} kp_eng_stats;
 
-/* Borrowed internals, for reports and tests (NULL index with
- * no_prefix_cache). */
-kp_pfx_index *kp_eng_index(kp_engine *e);
-kp_kvpool *kp_eng_kvpool(kp_engine *e);
+/* Fills *out: O(pool blocks + index nodes), so a caller polling it should
+ * not do so every step. */
+void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out);
+
+/* A cached prefix as cache listings show it (prefix.h's kp_pfx_prefix_info:
+ * hash, n_tokens, its first tokens in head[0..n_head), bytes, holders,
+ * pinned, hits). */
+typedef kp_pfx_prefix_info kp_eng_prefix;
+
+/* The largest cached prefixes, most tokens first (ties: most recently used
+ * first), at most max, into out[0..*n_out); O(index nodes). None without a
+ * prefix cache. KP_ENOMEM. */
+kp_status kp_eng_top(kp_engine *e, kp_eng_prefix *out, uint32_t max, uint32_t *n_out, kp_error *err);
+
+/* Pins the cached prefix tokens[0..n) until kp_eng_unpin(*id), or until
+ * now + ttl_seconds (ttl 0: no expiry; `now` in seconds of the caller's
+ * clock, which kp_eng_expire must use too). A pinned prefix is never
+ * evicted; the pinned bytes are capped (kp_eng_config.pfx). *id receives
+ * the pin's id (> 0). KP_ENOTFOUND if the n tokens are not all cached;
+ * KP_EFULL over the pinned-bytes cap; KP_EINVAL for n 0 or ttl < 0;
+ * KP_EUNSUPPORTED without a prefix cache; KP_ENOMEM. */
+kp_status kp_eng_pin(kp_engine *e, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
+                     uint64_t *id, kp_error *err);
+
+/* Removes pin id. KP_ENOTFOUND if there is no such pin (never made,
+ * removed, expired) or no prefix cache. */
+kp_status kp_eng_unpin(kp_engine *e, uint64_t id, kp_error *err);
+
+/* Removes every pin whose expiry time is <= now; returns how many (0
+ * without a prefix cache). */
+uint32_t kp_eng_expire(kp_engine *e, int64_t now);
+
+/* Verifies the invariants of the prefix index against the pool (prefix.h's
+ * kp_pfx_check): KP_OK, or KP_EFORMAT naming the first broken one. For
+ * tests and debugging: O(nodes + blocks). KP_OK without a prefix cache. */
+kp_status kp_eng_check(kp_engine *e, kp_error *err);
+
+/* The longest sequence the engine runs (kp_eng_config.max_pos). */
 uint32_t kp_eng_max_pos(const kp_engine *e);
+
+/* The attention probe of the forward pass (kvpin inspect; forward.h's
+ * kp_forward_set_probe / kp_forward_probe): after every forward call, the
+ * softmax weights of its last token for (layer, query head) over positions
+ * 0..pos are kept; kp_eng_attn_probe returns them (borrowed until the next
+ * call; NULL when off) and their count. layer < 0 turns the probe off. */
+void kp_eng_set_attn_probe(kp_engine *e, int layer, int head);
+const float *kp_eng_attn_probe(const kp_engine *e, int32_t *n_pos);
+
+/* ---- one sequence, start to end ------------------------------------------ */
+
+/* Hooks and options of kp_eng_generate; every hook may be NULL. */
+typedef struct {
+    void *ctx;
+    /* the prompt is computed (r: what the prefill reused) */
+    void (*on_prefill)(void *ctx, const kp_eng_report *r);
+    /* after every kp_gen_step: the token, the released text, the finish */
+    void (*on_step)(void *ctx, const kp_gen_out *o);
+    /* a generated token's K/V was appended; seq_len: positions now held */
+    void (*on_decode)(void *ctx, int32_t token, uint32_t seq_len);
+    uint32_t batch;   /* prompt tokens per forward call; 0: 256 */
+    bool decode_last; /* decode also the token that ended generation by max_tokens or a
+                         stop string (when a position is left), so the sequence holds the
+                         whole answer for kp_eng_finish to index */
+} kp_eng_gen_opts;
+
+/* Runs generation g (cache/gen.h) on seq to its end, synchronously:
+ *
+ *   seq empty   -> kp_eng_prefill of g's prompt through the prefix cache
+ *   seq holds the prompt's first k < n_prompt tokens (the caller's own
+ *               sequence, e.g. a benchmark's depth) -> the rest appended
+ *   loop: kp_gen_step(logits) -> on_step; finished: stop; else decode the
+ *         token -> on_decode
+ *
+ * *report (may be NULL) receives what the prefill reused. The sequence is
+ * left as generation leaves it (the prompt and the decoded tokens): the
+ * caller then indexes it (kp_eng_finish with kp_gen_tokens), releases it
+ * (kp_eng_seq_abort) or keeps it. o NULL: no hooks, defaults. Errors: the
+ * prefill's (then seq is empty), kp_eng_decode's and kp_gen_step's (then
+ * seq holds what was computed); KP_EINVAL when g already ran or seq holds
+ * the whole prompt; KP_ENOMEM. */
+kp_status kp_eng_generate(kp_engine *e, kp_eng_seq *seq, kp_gen *g, const kp_eng_gen_opts *o,
+                          kp_eng_report *report, kp_error *err);
 
 #endif

@@ -949,6 +949,8 @@ kp_status kp_pfx_top(kp_pfx_index *p, kp_pfx_prefix_info *out, uint32_t max, uin
         kp_pfx_prefix_info *o = &out[i];
         o->hash = kp_pfx_hash(p->path, n->depth);
         o->n_tokens = n->depth;
+        o->n_head = n->depth < KP_PFX_HEAD_TOKENS ? n->depth : KP_PFX_HEAD_TOKENS;
+        memcpy(o->head, p->path, (size_t)o->n_head * sizeof(int32_t));
         o->bytes = (uint64_t)((n->depth + p->B - 1) / p->B) * p->block_bytes;
         o->own_bytes = (uint64_t)own_blocks(n) * p->block_bytes;
         o->n_holders = n->hold;

@@ -181,10 +181,15 @@ typedef int (*kp_pfx_walk_fn)(const kp_pfx_node_info *node, void *ctx);
  * KP_ENOMEM if the path buffer cannot grow. */
 kp_status kp_pfx_walk(kp_pfx_index *p, kp_pfx_walk_fn fn, void *ctx, kp_error *err);
 
+/* Leading tokens a cache listing shows of each prefix (its first words). */
+#define KP_PFX_HEAD_TOKENS 24
+
 /* A cached prefix (a leaf: a path that ends) for cache listings. */
 typedef struct {
     uint64_t hash;       /* kp_pfx_hash of its tokens */
     uint32_t n_tokens;
+    int32_t head[KP_PFX_HEAD_TOKENS]; /* its first n_head = min(n_tokens, KP_PFX_HEAD_TOKENS) tokens */
+    uint32_t n_head;
     uint64_t bytes;      /* K/V bytes of all its positions (shared ancestors included) */
     uint64_t own_bytes;  /* bytes the index holds for this prefix alone */
     uint32_t n_holders;
@@ -193,8 +198,9 @@ typedef struct {
     uint64_t hits;
 } kp_pfx_prefix_info;
 
-/* Fills out[0..*n_out) with the largest cached prefixes (most tokens first),
- * at most max. KP_ENOMEM if the path buffer cannot grow. */
+/* Fills out[0..*n_out) with the largest cached prefixes (most tokens first;
+ * equally long ones most recently used first), at most max. O(nodes).
+ * KP_ENOMEM if the path buffer cannot grow. */
 kp_status kp_pfx_top(kp_pfx_index *p, kp_pfx_prefix_info *out, uint32_t max, uint32_t *n_out, kp_error *err);
 
 /* Verifies the index's invariants (tree links and depths, block counts, the

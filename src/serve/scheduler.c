@@ -1,28 +1,50 @@
 /*
  * scheduler.c - the engine thread and its requests (scheduler.h).
  *
- * Owns: the thread, the queue (FIFO of kp_sreq under `mu`), the running
- * table (engine thread only), the report history (kp_crep) and the stats.
- * Borrows the engine and the vocabulary.
+ * Owns: the thread, the queue (FIFO of kp_sreq under `mu`), the queue of
+ * cache operations (under `mu`), the running table (engine thread only),
+ * the report history (kp_crep, engine thread only), the cache snapshot
+ * (under `snap_mu`) and the stats. Borrows the engine and the vocabulary;
+ * only the engine thread calls the engine.
  *
  * A request's life and who may touch what:
  *
- *   submit --queued--> admitted --prefilling--> generating --> finished
- *   (caller)  (mu)     (engine thread only: seq, all[], fed, sampler)
+ *   submit --queued--> admitted --prefilling--> generating --> ended --> told
+ *   (caller)  (mu)     (engine thread only: seq, gen, fed)              (r->mu)
  *
- *   all[]  | prompt 0..n_prompt-1 | generated tokens ...      | n_all
- *   fed    = positions the sequence holds (K/V computed)
+ *   gen tokens | prompt 0..n_prompt-1 | generated tokens ...  | n_all
+ *   fed        = positions the sequence holds (K/V computed)
  *   prefilling while fed < n_prompt; generating: fed == n_all - 1, the
- *   newest sampled token all[n_all-1] is the next decode input.
+ *   newest sampled token (n_all - 1) is the next decode input. The gen
+ *   (cache/gen.h) samples, applies stop strings, end-of-generation,
+ *   max_tokens and the context end, and releases the text.
+ *
+ * One iteration of the engine thread:
+ *
+ *   take the queued operations and admissions (mu)
+ *   serve the operations: probe (kp_eng_probe + kp_crep_explain), pin,
+ *     unpin; publish the snapshot if one changed the cache; callers go on
+ *   admit (kp_eng_begin, cache report); expire pins (every second)
+ *   step: one kp_eng_step for every running sequence, sample, text
+ *   publish the snapshot (at once when a request ended or the engine is
+ *     idle, else at most every 50 ms), compact the running table, tell the
+ *     owners of ended requests
+ *
+ * so an operation waits for at most the step in flight, and whoever learns
+ * that a request ended (its owner, or "running" in the counters) finds the
+ * cache it left in the snapshot.
  *
  * Output fields of a request (text, usage, report, finish) are written by
  * the engine thread and read by the owner, both under the request's own
  * mutex; `cancel` is an atomic flag. A request has two references (owner,
- * scheduler); the last release frees it.
+ * scheduler); the last release frees it. A cache operation lives on its
+ * caller's stack: queued under `mu`, served on the engine thread, `done`
+ * set under `mu` as the engine thread's last touch.
  *
- * Locks: `mu` (queue, counters, stats) and `eng_mu` (the engine: held by the
- * thread for a whole admit+step, or by kp_sched_lock). A request's `mu` is
- * taken last and never held while taking another lock.
+ * Locks: `mu` (queue, operations, counters, stats) and `snap_mu` (the
+ * snapshot), each held only to copy; neither is held across an engine
+ * call, and a request's `mu` is taken last and never held while taking
+ * another lock.
  */
 #include "serve/scheduler.h"
 
@@ -38,16 +60,17 @@
 struct kp_sreq {
     /* set at submit, then owned by the engine thread */
     int32_t *all;
-    uint32_t n_prompt, n_all, cap, max_tokens, fed;
-    bool ignore_eos;
+    kp_gen *gen;  /* prompt + generated tokens, sampler, text, limits */
+    uint32_t n_prompt, fed;
     char *text; /* the prompt text, for the report; NULL: none */
     size_t text_len;
-    kp_sampler *smp;
-    kp_textout *to;
     kp_eng_seq seq;
     float *logits;
     double t_submit, t_admit, t_last;
-    kp_sreq *next;
+    kp_sreq *next;       /* the queue, then the list of requests that ended this iteration */
+    kp_finish why;       /* how it ended, told to the owner once the snapshot is out */
+    kp_status why_status;
+    kp_error why_err;
     /* shared */
     atomic_bool cancel;
     atomic_int refs;
@@ -66,6 +89,29 @@ struct kp_sreq {
     double queue_ms, ttft_ms;
 };
 
+typedef enum { OP_PROBE, OP_PIN, OP_UNPIN } op_kind;
+
+/* A cache operation: on the caller's stack, queued under mu, served by the
+ * engine thread, which sets done (under mu) last and never touches it
+ * after that. */
+typedef struct sched_op {
+    op_kind kind;
+    const int32_t *tokens;
+    uint32_t n;
+    const char *text;
+    size_t text_len;
+    int64_t ttl, now;
+    uint64_t id;            /* unpin: in; pin: out */
+    kp_eng_report *rep;     /* probe */
+    kp_doctor_report *doc;
+    bool has_doc;
+    kp_eng_stats *after;    /* pin, may be NULL */
+    kp_status st;
+    kp_error err;
+    bool done;
+    struct sched_op *next;
+} sched_op;
+
 struct kp_sched {
     kp_engine *e;
     const kp_tok_vocab *v;
@@ -73,17 +119,23 @@ struct kp_sched {
     uint32_t n_vocab, max_pos;
     pthread_t thread;
     bool started_thread;
-    pthread_mutex_t mu, eng_mu;
-    pthread_cond_t work;
+    pthread_mutex_t mu;      /* queue, operations, counters, stats */
+    pthread_mutex_t snap_mu; /* snap */
+    pthread_cond_t work;     /* the engine thread waits for requests or operations */
+    pthread_cond_t op_done;  /* callers wait for their operation */
     bool stop;
     kp_sreq *qhead, *qtail;
+    sched_op *ops, *ops_tail;
     uint32_t n_queued, n_running;
-    kp_sreq **running; /* [parallel], engine thread */
+    kp_sreq **running;    /* [parallel], engine thread */
     kp_eng_item *items;   /* [parallel] */
     kp_sreq **item_req;
-    kp_crep *crep;
-    kp_sched_stats st; /* under mu */
-    double last_expire, last_stats;
+    kp_sreq *ended;       /* requests that ended this iteration, engine thread */
+    kp_crep *crep;        /* engine thread */
+    kp_sched_stats st;    /* under mu */
+    kp_sched_cache snap;  /* under snap_mu */
+    bool dirty;           /* the engine changed since the last snapshot (engine thread) */
+    double last_expire, last_publish;
 };
 
 static double now_s(void) {
@@ -106,9 +158,7 @@ static void observe(double v, const double *le, uint64_t *count, uint64_t *n, do
 /* ---- requests ---------------------------------------------------------- */
 
 static void sreq_free(kp_sreq *r) {
-    kp_sampler_free(r->smp);
-    kp_textout_free(r->to);
-    free(r->all);
+    kp_gen_free(r->gen);
     free(r->text);
     free(r->logits);
     kp_buf_free(&r->out);
@@ -168,7 +218,7 @@ bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u) {
     u->prompt_tokens = r->n_prompt;
     u->cached_tokens = r->report.reused_tokens;
     u->completion_tokens = r->completion_tokens;
-    u->ids = r->all; /* entries below n_prompt + completion_tokens are final */
+    u->ids = kp_gen_tokens(r->gen); /* entries below n_prompt + completion_tokens are final */
     u->report = r->report;
     u->doctor = r->doctor;
     u->has_doctor = r->has_doctor;
@@ -189,31 +239,25 @@ static void emit(kp_sreq *r, const char *text, size_t n, bool token) {
 
 kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, kp_error *err) {
     *out = NULL;
-    if (!p->prompt || p->n_prompt == 0) return kp_fail(err, KP_EINVAL, "the prompt is empty");
-    if (p->n_prompt > s->max_pos)
-        return kp_fail(err, KP_ERANGE, "the prompt has %u tokens, more than the context of %u tokens", p->n_prompt,
-                       s->max_pos);
-    for (uint32_t i = 0; i < p->n_prompt; i++)
-        if (p->prompt[i] < 0 || (uint32_t)p->prompt[i] >= s->n_vocab)
-            return kp_fail(err, KP_EINVAL, "prompt token %u is %d, outside the vocabulary of %u", i, p->prompt[i],
-                           s->n_vocab);
-    kp_status st = kp_sampler_check(&p->sp, err);
-    if (st != KP_OK) return st;
     kp_sreq *r = calloc(1, sizeof *r);
     if (!r) return kp_fail(err, KP_ENOMEM, "out of memory for a request");
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     atomic_init(&r->cancel, false);
     atomic_init(&r->refs, 2);
-    uint64_t want = (uint64_t)p->n_prompt + p->max_tokens + 1;
-    r->cap = want < s->max_pos + 1ull ? (uint32_t)want : s->max_pos + 1;
-    r->all = malloc((size_t)r->cap * sizeof *r->all);
-    r->logits = malloc((size_t)s->n_vocab * sizeof *r->logits);
-    if (!r->all || !r->logits) {
+    /* checks the prompt (empty, longer than the context, ids) and the sampling parameters */
+    kp_gen_params gp = {p->sp, p->max_tokens, s->max_pos, (int32_t)s->n_vocab, p->ignore_eos, p->stops, p->n_stops,
+                        false};
+    kp_status st = kp_gen_new(&r->gen, s->v, p->prompt, p->n_prompt, &gp, err);
+    if (st != KP_OK) {
         sreq_free(r);
-        return kp_fail(err, KP_ENOMEM, "out of memory for a request of %u tokens", r->cap);
+        return st;
     }
-    memcpy(r->all, p->prompt, (size_t)p->n_prompt * sizeof *r->all);
+    r->logits = malloc((size_t)s->n_vocab * sizeof *r->logits);
+    if (!r->logits) {
+        sreq_free(r);
+        return kp_fail(err, KP_ENOMEM, "out of memory for a request");
+    }
     if (p->text) {
         if (!(r->text = malloc(p->text_len + 1))) {
             sreq_free(r);
@@ -223,16 +267,7 @@ kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, k
         r->text[p->text_len] = 0;
         r->text_len = p->text_len;
     }
-    r->n_prompt = r->n_all = p->n_prompt;
-    r->max_tokens = p->max_tokens;
-    r->ignore_eos = p->ignore_eos;
-    bool strip = p->n_prompt == 1 && p->prompt[0] == kp_tok_bos(s->v) && kp_tok_add_space_prefix(s->v);
-    if ((st = kp_sampler_new(&r->smp, &p->sp, (int32_t)s->n_vocab, err)) != KP_OK ||
-        (st = kp_textout_new(&r->to, s->v, p->stops, p->n_stops, false, strip, err)) != KP_OK) {
-        sreq_free(r);
-        return st;
-    }
-    for (uint32_t i = 0; i < p->n_prompt; i++) kp_sampler_accept(r->smp, p->prompt[i]);
+    r->n_prompt = p->n_prompt;
     r->t_submit = now_s();
     pthread_mutex_lock(&s->mu);
     if (s->stop || s->n_queued >= s->cfg.queue_max) {
@@ -258,36 +293,77 @@ kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, k
 
 /* ---- the engine thread --------------------------------------------------- */
 
-/* Ends a request: indexes what it computed, releases its sequence, tells
- * the owner. Engine thread, under eng_mu. */
-static void finish(kp_sched *s, kp_sreq *r, kp_finish why, kp_status status, const kp_error *err) {
-    if (why == KP_FINISH_LENGTH || why == KP_FINISH_STOP) { /* release held-back text (none after a stop string) */
-        const char *t;
-        size_t n;
-        kp_textout_finish(r->to, &t, &n);
-        if (n) emit(r, t, n, false);
+/* Publishes what the cache holds for kp_sched_cache_get and the metrics:
+ * the memory bill and the top prefixes, O(pool blocks + index nodes),
+ * computed without a lock and copied under the snapshot mutex. Only when
+ * the engine changed: always when `now_` (a request ended, a pin changed,
+ * the engine goes idle), else at most every 50 ms. */
+static void publish(kp_sched *s, bool now_) {
+    double t = now_s();
+    if (!s->dirty || (!now_ && t - s->last_publish < 0.05)) return;
+    kp_sched_cache c;
+    kp_eng_get_stats(s->e, &c.kv);
+    kp_error err;
+    if (kp_eng_top(s->e, c.top, KP_SCHED_TOP, &c.n_top, &err) != KP_OK) { /* out of memory: keep the old list */
+        pthread_mutex_lock(&s->snap_mu);
+        c.n_top = s->snap.n_top;
+        memcpy(c.top, s->snap.top, sizeof c.top);
+        pthread_mutex_unlock(&s->snap_mu);
     }
-    uint32_t len = kp_eng_seq_len(&r->seq);
+    pthread_mutex_lock(&s->snap_mu);
+    s->snap = c;
+    pthread_mutex_unlock(&s->snap_mu);
+    pthread_mutex_lock(&s->mu);
+    s->st.kv = c.kv;
+    pthread_mutex_unlock(&s->mu);
+    s->dirty = false;
+    s->last_publish = t;
+}
+
+/* Ends a request on the engine side: indexes what it computed, releases
+ * its sequence, counts it; the owner hears of it in deliver(), after the
+ * snapshot shows the cache it left. Engine thread. */
+static void finish(kp_sched *s, kp_sreq *r, kp_finish why, kp_status status, const kp_error *err) {
+    kp_gen_out o; /* ended from here (not by the gen): LENGTH releases held-back text */
+    kp_gen_stop(r->gen, why, &o);
+    if (o.len) emit(r, o.text, o.len, false);
+    uint32_t len = kp_eng_seq_len(&r->seq), n_all = kp_gen_n_tokens(r->gen);
     if (len > 0) {
         kp_error e2;
-        uint32_t n = len < r->n_all ? len : r->n_all;
-        kp_eng_finish(s->e, &r->seq, r->all, n, NULL, &e2);
-        kp_crep_add(s->crep, r->all, n, &e2);
+        uint32_t n = len < n_all ? len : n_all;
+        kp_eng_finish(s->e, &r->seq, kp_gen_tokens(r->gen), n, NULL, &e2);
+        kp_crep_add(s->crep, kp_gen_tokens(r->gen), n, &e2);
     } else {
         kp_eng_seq_abort(s->e, &r->seq);
     }
+    s->dirty = true;
     pthread_mutex_lock(&s->mu);
     s->st.requests_finished++;
     if (why == KP_FINISH_CANCELLED) s->st.requests_cancelled++;
     if (why == KP_FINISH_ERROR) s->st.requests_failed++;
     pthread_mutex_unlock(&s->mu);
-    pthread_mutex_lock(&r->mu);
-    r->finish = why;
-    r->status = status;
-    if (err) r->err = *err;
-    pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-    sreq_unref(r);
+    r->why = why;
+    r->why_status = status;
+    if (err) r->why_err = *err;
+    r->next = s->ended;
+    s->ended = r;
+}
+
+/* Tells the owners of the requests that ended how they ended, and drops the
+ * scheduler's references. Engine thread, after publish(). */
+static void deliver(kp_sched *s) {
+    while (s->ended) {
+        kp_sreq *r = s->ended;
+        s->ended = r->next;
+        r->next = NULL;
+        pthread_mutex_lock(&r->mu);
+        r->finish = r->why;
+        r->status = r->why_status;
+        r->err = r->why_err;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        sreq_unref(r);
+    }
 }
 
 /* Takes a queued request into the running table. */
@@ -299,14 +375,16 @@ static bool admit(kp_sched *s, kp_sreq *r) {
     }
     kp_error err = {0};
     kp_eng_report rep;
-    kp_status st = kp_eng_begin(s->e, r->all, r->n_prompt, &r->seq, &rep, &err);
+    const int32_t *prompt = kp_gen_tokens(r->gen);
+    kp_status st = kp_eng_begin(s->e, prompt, r->n_prompt, &r->seq, &rep, &err);
     if (st != KP_OK) {
         finish(s, r, KP_FINISH_ERROR, st, &err);
         return false;
     }
+    s->dirty = true;
     r->fed = rep.reused_tokens;
     kp_doctor_report d;
-    bool has = kp_crep_explain(s->crep, r->all, r->n_prompt, r->text, r->text_len, &rep, KP_DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
+    bool has = kp_crep_explain(s->crep, prompt, r->n_prompt, r->text, r->text_len, &rep, KP_DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
     pthread_mutex_lock(&r->mu);
     r->report = rep;
     if (has) r->doctor = d;
@@ -321,8 +399,9 @@ static bool admit(kp_sched *s, kp_sreq *r) {
     return true;
 }
 
-/* The prompt is computed and r->logits holds the next token's logits.
- * Returns true when the request finished (r may be freed then). */
+/* The prompt is computed and r->logits holds the next token's logits: the
+ * gen samples, releases text and says whether the request ended. Returns
+ * true when it did (r then waits in s->ended). */
 static bool on_logits(kp_sched *s, kp_sreq *r) {
     double t = now_s();
     bool first = r->completion_tokens == 0;
@@ -332,44 +411,29 @@ static bool on_logits(kp_sched *s, kp_sreq *r) {
         r->ttft_ms = (t - r->t_submit) * 1e3;
         pthread_mutex_unlock(&r->mu);
     }
-    if (r->max_tokens == 0) {
-        finish(s, r, KP_FINISH_LENGTH, KP_OK, NULL);
-        return true;
-    }
-    int32_t tok = kp_sampler_sample(r->smp, r->logits);
-    kp_sampler_accept(r->smp, tok);
-    r->all[r->n_all++] = tok;
-    pthread_mutex_lock(&s->mu);
-    s->st.generated_tokens++;
-    if (first)
-        observe(t - r->t_submit, TTFT_LE, s->st.ttft_count, &s->st.ttft_n, &s->st.ttft_sum);
-    else
-        observe(t - r->t_last, TPOT_LE, s->st.tpot_count, &s->st.tpot_n, &s->st.tpot_sum);
-    pthread_mutex_unlock(&s->mu);
-    r->t_last = t;
-    pthread_mutex_lock(&r->mu);
-    r->completion_tokens++;
-    pthread_mutex_unlock(&r->mu);
-    if (kp_tok_is_eog(s->v, tok) && !r->ignore_eos) {
-        emit(r, NULL, 0, true);
-        finish(s, r, KP_FINISH_STOP, KP_OK, NULL);
-        return true;
-    }
-    const char *text;
-    size_t n;
-    bool stopped = false;
+    kp_gen_out o;
     kp_error err = {0};
-    if (kp_textout_push(r->to, tok, &text, &n, &stopped, &err) != KP_OK) {
-        finish(s, r, KP_FINISH_ERROR, KP_ENOMEM, &err);
+    kp_status st = kp_gen_step(r->gen, r->logits, &o, &err);
+    if (o.token >= 0) {
+        pthread_mutex_lock(&s->mu);
+        s->st.generated_tokens++;
+        if (first)
+            observe(t - r->t_submit, TTFT_LE, s->st.ttft_count, &s->st.ttft_n, &s->st.ttft_sum);
+        else
+            observe(t - r->t_last, TPOT_LE, s->st.tpot_count, &s->st.tpot_n, &s->st.tpot_sum);
+        pthread_mutex_unlock(&s->mu);
+        r->t_last = t;
+        pthread_mutex_lock(&r->mu);
+        r->completion_tokens++;
+        pthread_mutex_unlock(&r->mu);
+    }
+    if (st != KP_OK) {
+        finish(s, r, KP_FINISH_ERROR, st, &err);
         return true;
     }
-    emit(r, text, n, true);
-    if (stopped) {
-        finish(s, r, KP_FINISH_STOP, KP_OK, NULL);
-        return true;
-    }
-    if (r->completion_tokens >= r->max_tokens || r->n_all > s->max_pos || r->n_all >= r->cap) {
-        finish(s, r, KP_FINISH_LENGTH, KP_OK, NULL);
+    if (o.len || o.token >= 0) emit(r, o.text, o.len, o.token >= 0);
+    if (o.finish != KP_FINISH_NONE) {
+        finish(s, r, o.finish, KP_OK, NULL);
         return true;
     }
     return false;
@@ -402,52 +466,112 @@ static void step(kp_sched *s) {
             if (budget == 0) continue;
             uint32_t c = r->n_prompt - r->fed < budget ? r->n_prompt - r->fed : budget;
             budget -= c;
-            it->tokens = r->all + r->fed;
+            it->tokens = kp_gen_tokens(r->gen) + r->fed;
             it->n = c;
             it->logits = r->fed + c == r->n_prompt ? r->logits : NULL;
         } else {
-            it->tokens = &r->all[r->n_all - 1];
+            it->tokens = kp_gen_tokens(r->gen) + kp_gen_n_tokens(r->gen) - 1;
             it->n = 1;
             it->logits = r->logits;
         }
         s->item_req[ni++] = r;
     }
-    if (ni > 0) {
-        kp_error err = {0};
-        kp_status st = kp_eng_step(s->e, s->items, ni, &err);
-        pthread_mutex_lock(&s->mu);
-        s->st.steps++;
-        pthread_mutex_unlock(&s->mu);
-        for (uint32_t k = 0; k < ni; k++) {
-            kp_sreq *r = s->item_req[k];
-            kp_eng_item *it = &s->items[k];
-            uint32_t slot = 0;
-            while (s->running[slot] != r) slot++;
-            if (st != KP_OK || it->status != KP_OK) {
-                kp_status why = st != KP_OK ? st : it->status;
-                if (why == KP_ERANGE && r->fed >= r->n_prompt)
-                    finish(s, r, KP_FINISH_LENGTH, KP_OK, NULL);
-                else
-                    finish(s, r, KP_FINISH_ERROR, why, st != KP_OK ? &err : &it->err);
-                s->running[slot] = NULL;
-                continue;
-            }
-            r->fed += it->n;
-            if (it->logits && on_logits(s, r)) s->running[slot] = NULL;
+    if (ni == 0) return;
+    kp_error err = {0};
+    kp_status st = kp_eng_step(s->e, s->items, ni, &err);
+    s->dirty = true;
+    pthread_mutex_lock(&s->mu);
+    s->st.steps++;
+    pthread_mutex_unlock(&s->mu);
+    for (uint32_t k = 0; k < ni; k++) {
+        kp_sreq *r = s->item_req[k];
+        kp_eng_item *it = &s->items[k];
+        uint32_t slot = 0;
+        while (s->running[slot] != r) slot++;
+        if (st != KP_OK || it->status != KP_OK) {
+            kp_status why = st != KP_OK ? st : it->status;
+            if (why == KP_ERANGE && r->fed >= r->n_prompt)
+                finish(s, r, KP_FINISH_LENGTH, KP_OK, NULL);
+            else
+                finish(s, r, KP_FINISH_ERROR, why, st != KP_OK ? &err : &it->err);
+            s->running[slot] = NULL;
+            continue;
+        }
+        r->fed += it->n;
+        if (it->logits && on_logits(s, r)) s->running[slot] = NULL;
+    }
+}
+
+/* Serves the operations taken off the queue, publishes the snapshot when
+ * one changed the cache, then tells their callers. Engine thread. */
+static void serve_ops(kp_sched *s, sched_op *ops) {
+    bool wrote = false;
+    for (sched_op *o = ops; o; o = o->next) {
+        o->err.msg[0] = 0;
+        switch (o->kind) {
+        case OP_PROBE:
+            kp_eng_probe(s->e, o->tokens, o->n, o->rep);
+            o->has_doc = kp_crep_explain(s->crep, o->tokens, o->n, o->text, o->text_len, o->rep,
+                                         KP_DOCTOR_ESCAPE_JSON, o->doc, &o->err) == KP_OK;
+            o->st = KP_OK;
+            break;
+        case OP_PIN:
+            o->st = kp_eng_pin(s->e, o->tokens, o->n, o->ttl, o->now, &o->id, &o->err);
+            if (o->after) kp_eng_get_stats(s->e, o->after);
+            wrote |= o->st == KP_OK;
+            break;
+        case OP_UNPIN:
+            o->st = kp_eng_unpin(s->e, o->id, &o->err);
+            wrote |= o->st == KP_OK;
+            break;
         }
     }
-    compact(s);
+    if (wrote) {
+        s->dirty = true;
+        publish(s, true);
+    }
+    pthread_mutex_lock(&s->mu);
+    while (ops) {
+        sched_op *o = ops;
+        ops = o->next;
+        o->done = true; /* the caller may return (and its op vanish) from here on */
+    }
+    pthread_cond_broadcast(&s->op_done);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Queues *o to the engine thread and waits until it is served. */
+static kp_status run_op(kp_sched *s, sched_op *o, kp_error *err) {
+    o->done = false;
+    o->next = NULL;
+    pthread_mutex_lock(&s->mu);
+    if (s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        return kp_fail(err, KP_EFULL, "the server is shutting down");
+    }
+    if (s->ops_tail)
+        s->ops_tail->next = o;
+    else
+        s->ops = o;
+    s->ops_tail = o;
+    pthread_cond_signal(&s->work);
+    while (!o->done) pthread_cond_wait(&s->op_done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    if (o->st != KP_OK && err) *err = o->err;
+    return o->st;
 }
 
 static void *loop(void *arg) {
     kp_sched *s = arg;
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        while (!s->stop && s->n_running == 0 && !s->qhead) pthread_cond_wait(&s->work, &s->mu);
+        while (!s->stop && s->n_running == 0 && !s->qhead && !s->ops) pthread_cond_wait(&s->work, &s->mu);
         if (s->stop) {
             pthread_mutex_unlock(&s->mu);
             break;
         }
+        sched_op *ops = s->ops;
+        s->ops = s->ops_tail = NULL;
         kp_sreq *adm = NULL, **tail = &adm;
         uint32_t n_adm = 0;
         while (s->n_running + n_adm < s->cfg.parallel && s->qhead) {
@@ -462,7 +586,7 @@ static void *loop(void *arg) {
         }
         s->st.queued = s->n_queued;
         pthread_mutex_unlock(&s->mu);
-        pthread_mutex_lock(&s->eng_mu);
+        if (ops) serve_ops(s, ops);
         while (adm) {
             kp_sreq *r = adm;
             adm = r->next;
@@ -470,41 +594,47 @@ static void *loop(void *arg) {
             if (admit(s, r)) s->running[s->n_running++] = r; /* only this thread grows it */
         }
         double t = now_s();
-        if (t - s->last_expire > 1.0 && kp_eng_index(s->e)) {
-            kp_pfx_expire(kp_eng_index(s->e), (int64_t)time(NULL));
+        if (t - s->last_expire > 1.0) {
+            if (kp_eng_expire(s->e, (int64_t)time(NULL)) > 0) s->dirty = true;
             s->last_expire = t;
         }
         step(s);
-        /* the memory bill for metrics: O(blocks + nodes), so at most every 100 ms
-         * and when the engine goes idle, not after every step */
-        bool idle = s->n_running == 0;
-        if (idle || now_s() - s->last_stats >= 0.1) {
-            kp_pfx_stats kv;
-            kp_eng_stats(s->e, &kv);
-            s->last_stats = now_s();
-            pthread_mutex_unlock(&s->eng_mu);
-            pthread_mutex_lock(&s->mu);
-            s->st.kv = kv;
-            pthread_mutex_unlock(&s->mu);
-        } else {
-            pthread_mutex_unlock(&s->eng_mu);
-        }
+        /* the snapshot first, then the table and the owners: whoever sees a
+         * request end or the engine idle finds the cache it left */
+        bool idle = true;
+        for (uint32_t i = 0; i < s->n_running; i++) idle &= s->running[i] == NULL;
+        publish(s, s->ended != NULL || idle);
+        compact(s);
+        deliver(s);
     }
-    /* shutting down: everything still here is cancelled */
-    pthread_mutex_lock(&s->eng_mu);
+    /* shutting down: everything still here is cancelled, waiting operations fail */
     for (uint32_t i = 0; i < s->n_running; i++) finish(s, s->running[i], KP_FINISH_CANCELLED, KP_OK, NULL);
     s->n_running = 0;
     pthread_mutex_lock(&s->mu);
     kp_sreq *q = s->qhead;
     s->qhead = s->qtail = NULL;
     s->n_queued = 0;
+    s->st.running = 0;
+    s->st.queued = 0;
+    sched_op *ops = s->ops;
+    s->ops = s->ops_tail = NULL;
+    for (sched_op *o = ops; o; o = o->next) {
+        o->st = kp_fail(&o->err, KP_EFULL, "the server is shutting down");
+    }
+    while (ops) {
+        sched_op *o = ops;
+        ops = o->next;
+        o->done = true;
+    }
+    pthread_cond_broadcast(&s->op_done);
     pthread_mutex_unlock(&s->mu);
     while (q) {
         kp_sreq *r = q;
         q = r->next;
         finish(s, r, KP_FINISH_CANCELLED, KP_OK, NULL);
     }
-    pthread_mutex_unlock(&s->eng_mu);
+    publish(s, true);
+    deliver(s);
     return NULL;
 }
 
@@ -521,8 +651,9 @@ kp_status kp_sched_new(kp_sched **out, kp_engine *e, const kp_tok_vocab *v, cons
     s->n_vocab = (uint32_t)kp_tok_n_vocab(v);
     s->max_pos = kp_eng_max_pos(e);
     pthread_mutex_init(&s->mu, NULL);
-    pthread_mutex_init(&s->eng_mu, NULL);
+    pthread_mutex_init(&s->snap_mu, NULL);
     pthread_cond_init(&s->work, NULL);
+    pthread_cond_init(&s->op_done, NULL);
     memcpy(s->st.ttft_le, TTFT_LE, sizeof TTFT_LE);
     memcpy(s->st.tpot_le, TPOT_LE, sizeof TPOT_LE);
     s->running = calloc(cfg->parallel, sizeof *s->running);
@@ -534,6 +665,8 @@ kp_status kp_sched_new(kp_sched **out, kp_engine *e, const kp_tok_vocab *v, cons
         goto fail;
     }
     if ((st = kp_crep_new(&s->crep, v, 256, 4u << 20, err)) != KP_OK) goto fail;
+    s->dirty = true;
+    publish(s, true); /* the first snapshot, before the thread owns the engine */
     if (pthread_create(&s->thread, NULL, loop, s) != 0) {
         st = kp_fail(err, KP_EIO, "cannot start the engine thread");
         goto fail;
@@ -560,18 +693,41 @@ void kp_sched_free(kp_sched *s) {
     free(s->items);
     free(s->item_req);
     pthread_mutex_destroy(&s->mu);
-    pthread_mutex_destroy(&s->eng_mu);
+    pthread_mutex_destroy(&s->snap_mu);
     pthread_cond_destroy(&s->work);
+    pthread_cond_destroy(&s->op_done);
     free(s);
 }
 
-kp_engine *kp_sched_lock(kp_sched *s, kp_crep **crep) {
-    pthread_mutex_lock(&s->eng_mu);
-    if (crep) *crep = s->crep;
-    return s->e;
+void kp_sched_cache_get(kp_sched *s, kp_sched_cache *out) {
+    pthread_mutex_lock(&s->snap_mu);
+    *out = s->snap;
+    pthread_mutex_unlock(&s->snap_mu);
 }
 
-void kp_sched_unlock(kp_sched *s) { pthread_mutex_unlock(&s->eng_mu); }
+kp_status kp_sched_probe(kp_sched *s, const int32_t *tokens, uint32_t n, const char *text, size_t text_len,
+                         kp_eng_report *r, kp_doctor_report *d, bool *has_doctor, kp_error *err) {
+    sched_op o = {.kind = OP_PROBE, .tokens = tokens, .n = n, .text = text, .text_len = text_len, .rep = r, .doc = d};
+    *has_doctor = false;
+    kp_status st = run_op(s, &o, err);
+    *has_doctor = st == KP_OK && o.has_doc;
+    return st;
+}
+
+kp_status kp_sched_pin(kp_sched *s, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
+                       uint64_t *id, kp_eng_stats *after, kp_error *err) {
+    sched_op o = {.kind = OP_PIN, .tokens = tokens, .n = n, .ttl = ttl_seconds, .now = now, .after = after};
+    kp_status st = run_op(s, &o, err);
+    *id = st == KP_OK ? o.id : 0;
+    return st;
+}
+
+kp_status kp_sched_unpin(kp_sched *s, uint64_t id, kp_error *err) {
+    sched_op o = {.kind = OP_UNPIN, .id = id};
+    return run_op(s, &o, err);
+}
+
+uint32_t kp_sched_max_pos(const kp_sched *s) { return s->max_pos; }
 
 void kp_sched_stats_get(kp_sched *s, kp_sched_stats *out) {
     pthread_mutex_lock(&s->mu);

@@ -1,24 +1,28 @@
 /*
- * scheduler.h - continuous batching: many requests, one engine thread (floor 4).
+ * scheduler.h - continuous batching: many requests, one engine thread (floor 5).
  *
  * The scheduler owns one thread that owns the engine: every step it admits
  * queued requests (up to `parallel` running sequences), then runs ONE
  * kp_eng_step holding a decode token of every generating sequence and a slice
  * of at most `prefill_chunk` prompt tokens of the sequences still
  * prefilling, so running streams keep flowing while a long prompt is
- * computed. It samples, applies stop strings and end-of-generation, and
- * hands text to the request's owner. A finished (or cancelled) sequence is
+ * computed. Each request's kp_gen (cache/gen.h) samples, applies stop
+ * strings, end-of-generation and the limits; the text goes to the
+ * request's owner. A finished (or cancelled) sequence is
  * indexed whole in the prefix cache and released.
  *
  *   submitter thread                      engine thread
  *   ----------------                      -------------
  *   kp_sched_submit --> queue (bounded) --> admit: kp_eng_begin, cache report
- *   kp_sreq_wait   <--  text, done      <-- step: kp_eng_step, sample, textout
+ *   kp_sreq_wait   <--  text, done      <-- step: kp_eng_step, kp_gen_step
  *   kp_sreq_cancel  --> flag            --> finish: kp_eng_finish, history
  *
- * Other threads reach the engine (cache endpoints) only through
- * kp_sched_lock / kp_sched_unlock, which exclude the step. Counters for
- * metrics are copied out with kp_sched_stats without waiting for a step.
+ * Other threads never touch the engine: cache reads come from a snapshot
+ * the engine thread publishes (kp_sched_cache_get), cache operations
+ * (probe, pin, unpin) are queued to the engine thread, which serves them
+ * between two steps while the caller waits (kp_sched_probe, kp_sched_pin,
+ * kp_sched_unpin). Counters for metrics are copied out with
+ * kp_sched_stats_get without waiting for a step.
  */
 #ifndef KP_SCHED_H
 #define KP_SCHED_H
@@ -29,6 +33,7 @@
 #include "cache/cachereport.h"
 #include "cache/doctor.h"
 #include "cache/engine.h"
+#include "cache/gen.h"
 #include "model/sampler.h"
 #include "base/status.h"
 #include "tok/textout.h"
@@ -44,7 +49,7 @@ typedef struct {
 
 /* The engine and the vocabulary are borrowed (they must outlive the
  * scheduler); the scheduler's thread is the only user of the engine until
- * kp_sched_free, apart from kp_sched_lock holders. */
+ * kp_sched_free. */
 kp_status kp_sched_new(kp_sched **out, kp_engine *e, const kp_tok_vocab *v, const kp_sched_config *cfg,
                        kp_error *err);
 
@@ -53,13 +58,7 @@ kp_status kp_sched_new(kp_sched **out, kp_engine *e, const kp_tok_vocab *v, cons
  * NULL is a no-op. */
 void kp_sched_free(kp_sched *s);
 
-typedef enum {
-    KP_FINISH_NONE = 0,  /* still running */
-    KP_FINISH_LENGTH,    /* max_tokens or the context end */
-    KP_FINISH_STOP,      /* end-of-generation token or a stop string */
-    KP_FINISH_CANCELLED, /* kp_sreq_cancel, or the scheduler stopped */
-    KP_FINISH_ERROR      /* see the update's status and err */
-} kp_finish;
+/* kp_finish (how a request ended) is cache/gen.h's. */
 
 typedef struct {
     const int32_t *prompt;   /* copied */
@@ -116,10 +115,50 @@ void kp_sreq_cancel(kp_sreq *r);
  * NULL is a no-op. */
 void kp_sreq_release(kp_sreq *r);
 
-/* Excludes the engine thread (waits for the current step to end) and
- * returns the engine and the report history for cache endpoints. */
-kp_engine *kp_sched_lock(kp_sched *s, kp_crep **crep);
-void kp_sched_unlock(kp_sched *s);
+/* ---- cache operations ------------------------------------------------------
+ *
+ * The engine thread owns the engine, its pool and index, and the report
+ * history; other threads never touch them. They read a snapshot the engine
+ * thread publishes, or queue an operation that the engine thread serves
+ * between two steps (before the next one starts, waking it when idle)
+ * while the caller waits: so every call returns within about one step. */
+
+#define KP_SCHED_TOP 10
+
+/* What the cache holds, as of the last publication: after every change the
+ * engine made, at most every 50 ms while sequences run, at once after a
+ * request ends (before its owner hears of it), after a pin or unpin (before
+ * the call returns) and when the engine goes idle. */
+typedef struct {
+    kp_eng_stats kv;                  /* the memory bill */
+    kp_eng_prefix top[KP_SCHED_TOP];  /* the largest cached prefixes, most tokens first */
+    uint32_t n_top;
+} kp_sched_cache;
+
+/* Copies the last published snapshot (a short mutex, no engine wait). */
+void kp_sched_cache_get(kp_sched *s, kp_sched_cache *out);
+
+/* What a prefill of tokens[0..n) would reuse now (kp_eng_probe) and, when
+ * *has_doctor comes back true, why it leaves the cache where it does
+ * (kp_crep_explain against the report history, snippets JSON-escaped;
+ * text, may be NULL, is the prompt's text). Served by the engine thread.
+ * KP_EFULL when the scheduler is shutting down. */
+kp_status kp_sched_probe(kp_sched *s, const int32_t *tokens, uint32_t n, const char *text, size_t text_len,
+                         kp_eng_report *r, kp_doctor_report *d, bool *has_doctor, kp_error *err);
+
+/* kp_eng_pin on the engine thread: pins the cached tokens[0..n) for ttl
+ * seconds from now (0: until unpinned), *id its id, *after (may be NULL)
+ * the memory bill right after it. Errors as kp_eng_pin, KP_EFULL also when
+ * shutting down. The next snapshot already holds the pin. */
+kp_status kp_sched_pin(kp_sched *s, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
+                       uint64_t *id, kp_eng_stats *after, kp_error *err);
+
+/* kp_eng_unpin on the engine thread. KP_ENOTFOUND (no such pin), KP_EFULL
+ * when shutting down. */
+kp_status kp_sched_unpin(kp_sched *s, uint64_t id, kp_error *err);
+
+/* The engine's longest sequence (kp_eng_max_pos), fixed at kp_sched_new. */
+uint32_t kp_sched_max_pos(const kp_sched *s);
 
 #define KP_SCHED_HIST_BUCKETS 12
 
@@ -127,7 +166,7 @@ typedef struct {
     uint64_t requests_started, requests_finished, requests_cancelled, requests_failed;
     uint64_t prompt_tokens, cached_tokens, generated_tokens, steps;
     uint32_t queued, running;
-    kp_pfx_stats kv;            /* the memory bill after the last step */
+    kp_eng_stats kv;            /* the memory bill of the last snapshot (kp_sched_cache) */
     /* histograms: cumulative counts of observations <= le[i] seconds */
     double ttft_le[KP_SCHED_HIST_BUCKETS], tpot_le[KP_SCHED_HIST_BUCKETS];
     uint64_t ttft_count[KP_SCHED_HIST_BUCKETS], tpot_count[KP_SCHED_HIST_BUCKETS];

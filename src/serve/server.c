@@ -20,6 +20,11 @@
  *                kp_sreq_wait and writes `data: {chunk}\n\n` ... `[DONE]`
  *       else:    wait for the end, one JSON body
  *     free callback / connection end: kp_sreq_release (cancels if running)
+ *     cache endpoints: GET /v1/cache reads the scheduler's snapshot
+ *       (kp_sched_cache_get: memory bill, top prefixes); probe, pin and
+ *       unpin are kp_sched_probe / kp_sched_pin / kp_sched_unpin, served by
+ *       the engine thread between two steps. No HTTP thread touches the
+ *       engine, its pool or its index.
  *
  * Invariants: every response goes through reply()/reply_json() or the
  * stream reader, which count it by status for /metrics; a scheduler
@@ -985,90 +990,41 @@ static enum MHD_Result models(kp_server *s, struct MHD_Connection *c, const char
 
 /* ---- cache endpoints ------------------------------------------------------------ */
 
-typedef struct {
-    uint32_t len;
-    int32_t head[24];
-    uint32_t n_head;
-    uint32_t holders, pins;
-    uint64_t hits;
-} leaf;
-
-#define TOP_PREFIXES 10
-
-typedef struct {
-    leaf top[TOP_PREFIXES];
-    uint32_t n;
-} leaf_walk;
-
-static int walk_leaf(const kp_pfx_node_info *ni, void *ctx) {
-    leaf_walk *w = ctx;
-    if (ni->n_children) return 0;
-    uint32_t at = w->n;
-    if (w->n == TOP_PREFIXES) {
-        at = 0;
-        for (uint32_t i = 1; i < w->n; i++)
-            if (w->top[i].len < w->top[at].len) at = i;
-        if (w->top[at].len >= ni->end) return 0;
-    } else {
-        w->n++;
-    }
-    leaf *l = &w->top[at];
-    l->len = ni->end;
-    l->n_head = ni->end < 24 ? ni->end : 24;
-    memcpy(l->head, ni->path, l->n_head * sizeof *l->head);
-    l->holders = ni->n_holders;
-    l->pins = ni->n_pins;
-    l->hits = ni->hits;
-    return 0;
-}
-
-static int cmp_leaf(const void *a, const void *b) {
-    const leaf *x = a, *y = b;
-    return x->len < y->len ? 1 : x->len > y->len ? -1 : 0;
-}
-
-static json_t *kv_json(const kp_pfx_stats *k, uint64_t per_token) {
+static json_t *kv_json(const kp_eng_stats *k) {
     uint64_t bb = k->block_bytes ? k->block_bytes : 1;
     return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "budget_bytes",
                      (json_int_t)k->budget_bytes, "used_bytes", (json_int_t)k->used_bytes, "free_bytes",
                      (json_int_t)k->free_bytes, "pinned_bytes", (json_int_t)k->pinned_bytes, "pinned_cap_bytes",
                      (json_int_t)k->pinned_cap_bytes, "index_bytes", (json_int_t)k->index_bytes, "shared_bytes",
                      (json_int_t)k->shared_bytes, "saved_bytes", (json_int_t)k->saved_bytes, "block_bytes",
-                     (json_int_t)k->block_bytes, "bytes_per_token", (json_int_t)per_token, "blocks_total",
+                     (json_int_t)k->block_bytes, "bytes_per_token", (json_int_t)k->bytes_per_token, "blocks_total",
                      (json_int_t)(k->budget_bytes / bb), "blocks_used", (json_int_t)(k->used_bytes / bb),
                      "blocks_free", (json_int_t)(k->free_bytes / bb));
 }
 
 static enum MHD_Result cache_get(kp_server *s, struct MHD_Connection *c) {
     kp_error err = {0};
-    leaf_walk w = {0};
-    kp_pfx_stats k;
-    kp_crep *crep;
-    kp_engine *e = kp_sched_lock(s->sched, &crep);
-    kp_eng_stats(e, &k);
-    kp_status st = kp_eng_index(e) ? kp_pfx_walk(kp_eng_index(e), walk_leaf, &w, &err) : KP_OK;
-    bool on = kp_eng_index(e) != NULL;
-    kp_dtype kvt = kp_kvpool_config_of(kp_eng_kvpool(e))->kv_type;
-    kp_sched_unlock(s->sched);
-    if (st != KP_OK) return fail(s, c, 500, "server_error", NULL, NULL, "%s", err.msg);
-    uint64_t per = kp_model_kv_bytes_per_token(&s->m->hp, kvt);
-    qsort(w.top, w.n, sizeof *w.top, cmp_leaf);
-    json_t *list = json_array();
-    for (uint32_t i = 0; i < w.n; i++) {
-        char *text = NULL;
-        size_t len = 0;
-        kp_tok_detokenize(s->v, w.top[i].head, w.top[i].n_head, true, true, &text, &len, &err);
-        json_t *words = text ? json_stringn(text, len) : NULL;
-        free(text);
-        uint64_t blocks = k.block_bytes ? (w.top[i].len * per + k.block_bytes - 1) / k.block_bytes : 0;
-        json_array_append_new(
-            list, json_pack("{s:I, s:I, s:b, s:I, s:I, s:o}", "tokens", (json_int_t)w.top[i].len, "bytes",
-                            (json_int_t)(blocks * k.block_bytes), "pinned", w.top[i].pins > 0, "holders",
-                            (json_int_t)w.top[i].holders, "hits", (json_int_t)w.top[i].hits, "first_words",
-                            words ? words : json_string("")));
-    }
+    /* the counters first: the snapshot is published before the running
+     * table shrinks, so "running": 0 comes with the cache the requests left */
     kp_sched_stats ss;
     kp_sched_stats_get(s->sched, &ss);
+    kp_sched_cache snap;
+    kp_sched_cache_get(s->sched, &snap);
+    const kp_eng_stats k = snap.kv;
+    json_t *list = json_array();
+    for (uint32_t i = 0; i < snap.n_top; i++) {
+        const kp_eng_prefix *p = &snap.top[i];
+        char *text = NULL;
+        size_t len = 0;
+        kp_tok_detokenize(s->v, p->head, p->n_head, true, true, &text, &len, &err);
+        json_t *words = text ? json_stringn(text, len) : NULL;
+        free(text);
+        json_array_append_new(
+            list, json_pack("{s:I, s:I, s:b, s:I, s:I, s:o}", "tokens", (json_int_t)p->n_tokens, "bytes",
+                            (json_int_t)p->bytes, "pinned", p->pinned, "holders", (json_int_t)p->n_holders, "hits",
+                            (json_int_t)p->hits, "first_words",
+                            words ? words : json_string("")));
+    }
     json_t *counts = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "nodes",
                                (json_int_t)k.n_nodes, "prefixes", (json_int_t)k.n_leaves, "pins", (json_int_t)k.n_pins,
                                "leases", (json_int_t)k.n_leases, "cached_tokens", (json_int_t)k.cached_tokens,
@@ -1077,8 +1033,8 @@ static enum MHD_Result cache_get(kp_server *s, struct MHD_Connection *c) {
                                (json_int_t)k.reused_tokens, "running", (json_int_t)ss.running, "queued",
                                (json_int_t)ss.queued);
     return reply_json(s, c, 200,
-                      json_pack("{s:s, s:b, s:o, s:o, s:o}", "object", "kvpin.cache", "prefix_cache", on, "kv",
-                                kv_json(&k, per), "counts", counts, "prefixes", list));
+                      json_pack("{s:s, s:b, s:o, s:o, s:o}", "object", "kvpin.cache", "prefix_cache", k.prefix_cache,
+                                "kv", kv_json(&k), "counts", counts, "prefixes", list));
 }
 
 /* The tokens of a probe or pin body: {"prompt": ...} or {"messages": [...], "tools": [...]}. */
@@ -1111,12 +1067,15 @@ static enum MHD_Result cache_probe(kp_server *s, struct MHD_Connection *c, conn 
     if (!ok) return reply_error(s, c, &e);
     kp_eng_report r;
     kp_doctor_report d;
+    bool has = false;
     kp_error err = {0};
-    kp_crep *crep;
-    kp_engine *eng = kp_sched_lock(s->sched, &crep);
-    kp_eng_probe(eng, ids, (uint32_t)n, &r);
-    bool has = kp_crep_explain(crep, ids, (uint32_t)n, text, tl, &r, KP_DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
-    kp_sched_unlock(s->sched);
+    kp_status st = kp_sched_probe(s->sched, ids, (uint32_t)n, text, tl, &r, &d, &has, &err);
+    if (st != KP_OK) {
+        free(ids);
+        free(text);
+        status_error(st, &err, "prompt", &e);
+        return reply_error(s, c, &e);
+    }
     free(ids);
     free(text);
     json_t *j = kp_oai_cache_json(&r, has ? &d : NULL);
@@ -1146,10 +1105,9 @@ static enum MHD_Result cache_pin(kp_server *s, struct MHD_Connection *c, conn *c
     json_decref(o);
     free(text);
     if (!ok) return reply_error(s, c, &e);
-    kp_crep *crep;
-    bool on = kp_eng_index(kp_sched_lock(s->sched, &crep)) != NULL;
-    kp_sched_unlock(s->sched);
-    if (!on) {
+    kp_sched_cache snap;
+    kp_sched_cache_get(s->sched, &snap);
+    if (!snap.kv.prefix_cache) {
         free(ids);
         return fail(s, c, 400, "invalid_request_error", "prefix_cache_off", NULL,
                     "the prefix cache is off (--no-prefix-cache): nothing can be pinned");
@@ -1177,20 +1135,15 @@ static enum MHD_Result cache_pin(kp_server *s, struct MHD_Connection *c, conn *c
         return reply_error(s, c, &e);
     }
     uint64_t id = 0;
-    kp_pfx_stats k;
-    kp_engine *eng = kp_sched_lock(s->sched, &crep);
-    st = kp_pfx_pin(kp_eng_index(eng), ids, (uint32_t)n, ttl, (int64_t)time(NULL), &id, &err);
-    kp_eng_stats(eng, &k);
-    kp_dtype kvt = kp_kvpool_config_of(kp_eng_kvpool(eng))->kv_type;
-    kp_sched_unlock(s->sched);
+    kp_eng_stats k;
+    st = kp_sched_pin(s->sched, ids, (uint32_t)n, ttl, (int64_t)time(NULL), &id, &k, &err);
     free(ids);
     if (st != KP_OK) {
         if (st == KP_EFULL) return fail(s, c, 400, "invalid_request_error", "pinned_cap", NULL, "%s", err.msg);
         status_error(st, &err, "prompt", &e);
         return reply_error(s, c, &e);
     }
-    uint64_t per = kp_model_kv_bytes_per_token(&s->m->hp, kvt);
-    uint64_t bb = k.block_bytes ? k.block_bytes : 1;
+    uint64_t per = k.bytes_per_token, bb = k.block_bytes ? k.block_bytes : 1;
     char sid[32];
     snprintf(sid, sizeof sid, "pin-%llu", (unsigned long long)id);
     json_t *j = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I}", "object", "kvpin.cache.pin", "id", sid, "tokens",
@@ -1208,10 +1161,12 @@ static enum MHD_Result cache_unpin(kp_server *s, struct MHD_Connection *c, const
     if (!end || *end)
         return fail(s, c, 404, "invalid_request_error", "pin_not_found", "id", "no pin \"%.64s\"", sid);
     kp_error err = {0};
-    kp_crep *crep;
-    kp_engine *e = kp_sched_lock(s->sched, &crep);
-    kp_status st = kp_eng_index(e) ? kp_pfx_unpin(kp_eng_index(e), id, &err) : KP_ENOTFOUND;
-    kp_sched_unlock(s->sched);
+    kp_status st = kp_sched_unpin(s->sched, id, &err);
+    if (st == KP_EFULL) {
+        kp_oai_error e;
+        status_error(st, &err, NULL, &e);
+        return reply_error(s, c, &e);
+    }
     if (st != KP_OK)
         return fail(s, c, 404, "invalid_request_error", "pin_not_found", "id",
                     "no pin \"%.64s\" (never made, removed or expired)", sid);
@@ -1562,8 +1517,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     s->v = v;
     s->m = m;
     s->started = time(NULL);
-    s->ctx = kp_eng_max_pos(kp_sched_lock(sched, NULL));
-    kp_sched_unlock(sched);
+    s->ctx = kp_sched_max_pos(sched);
     /* the address: an IPv4 or IPv6 literal ("[::1]" too) or a name; the
      * first of getaddrinfo's answers that can be bound */
     char host[256];

@@ -1,0 +1,34 @@
+/*
+ * model.c - what a model-running subcommand loads (cli.h: cli_model): the
+ * model file, its tokenizer, a thread pool and the kernel table. The KV
+ * pool, the forward pass and generation belong to the engine the
+ * subcommand makes from these (cache/engine.h).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+bool cli_model_open(cli_model *cm, const cli_session_opts *o, const char *cmd) {
+    kp_error err = {0};
+    memset(cm, 0, sizeof *cm);
+    const char *path = o->model_path ? o->model_path : cli_default_model();
+    cm->n_threads = o->n_threads > 0 ? o->n_threads : kp_cpu_count();
+    if (kp_model_load(&cm->m, path, &err) != KP_OK || kp_tok_vocab_load(&cm->tok, cm->m->file, &err) != KP_OK ||
+        kp_pool_new(&cm->pool, cm->n_threads, &err) != KP_OK) {
+        fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
+        cli_model_close(cm);
+        return false;
+    }
+    cm->kernels = o->scalar ? kp_kernels_scalar() : kp_kernels_best();
+    uint32_t train = cm->m->hp.n_ctx_train;
+    cm->n_ctx = o->n_ctx ? o->n_ctx : train < 4096 ? train : 4096;
+    return true;
+}
+
+void cli_model_close(cli_model *cm) {
+    kp_pool_free(cm->pool);
+    kp_tok_vocab_free(cm->tok);
+    kp_model_free(cm->m);
+    memset(cm, 0, sizeof *cm);
+}

@@ -1,0 +1,401 @@
+/*
+ * test_gen.c - one sequence's generation state (cache/gen.h).
+ *
+ * The logits are scripted: a row whose largest entry is the token wanted
+ * next, so greedy sampling replays a chosen token sequence. Expected
+ * values come from elsewhere:
+ *   - the text from kp_tok_detokenize of the same ids (SPM stories260K:
+ *     detokenizing drops the leading space exactly when the ids do not start
+ *     with BOS, so [BOS] + ids gives the text after a longer prompt and ids
+ *     alone the text right after a BOS-only prompt), cut before the first
+ *     occurrence of a stop string;
+ *   - the end from the rules themselves: after max_tokens tokens, at the
+ *     first end-of-generation token, or at the token that would need
+ *     position max_pos;
+ *   - sampled tokens from a kp_sampler with the same seed that saw the same
+ *     prompt.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/gen.h"
+#include "harness.h"
+
+static uint64_t rs = 0x6a09e667f3bcc908ull;
+static uint32_t rnd(uint32_t n) {
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (uint32_t)(rs % n);
+}
+
+static kp_tok_vocab *voc;
+static gguf *voc_file;
+static int32_t nv;
+
+/* A row of logits whose argmax is tok. */
+static const float *row(int32_t tok) {
+    static float *r;
+    if (!r) r = calloc((size_t)nv, sizeof *r);
+    memset(r, 0, (size_t)nv * sizeof *r);
+    r[tok] = 10;
+    return r;
+}
+
+/* A token with a plain, non-empty piece: not control, not a byte token, not
+ * end-of-generation. */
+static int32_t plain_token(void) {
+    for (;;) {
+        int32_t t = (int32_t)rnd((uint32_t)nv);
+        size_t len;
+        const char *p = kp_tok_piece_view(voc, t, false, &len);
+        if (!p || len == 0 || kp_tok_is_eog(voc, t) || kp_tok_is_control(voc, t)) continue;
+        const char *raw = kp_tok_text(voc, t, NULL);
+        if (raw && raw[0] == '<') continue; /* <0x..> byte tokens, <unk> */
+        return t;
+    }
+}
+
+/* The text of ids generated after prompt (BOS alone or longer). */
+static char *expected_text(const int32_t *ids, size_t n, bool bos_only, size_t *len) {
+    int32_t *all = malloc((n + 1) * sizeof *all);
+    all[0] = kp_tok_bos(voc);
+    memcpy(all + 1, ids, n * sizeof *ids);
+    char *text = NULL;
+    kp_error err = {0};
+    kp_status st = bos_only ? kp_tok_detokenize(voc, ids, n, false, false, &text, len, &err)
+                            : kp_tok_detokenize(voc, all, n + 1, false, false, &text, len, &err);
+    CHECK_MSG(st == KP_OK, "%s", err.msg);
+    free(all);
+    return text;
+}
+
+typedef struct {
+    char text[4096];
+    size_t len;
+    uint32_t steps;
+    kp_gen_out last;
+} run_out;
+
+/* Steps g with the scripted tokens until it ends; it must end by then. */
+static void run(kp_gen *g, const int32_t *script, uint32_t n_script, run_out *o) {
+    memset(o, 0, sizeof *o);
+    for (uint32_t i = 0; i <= n_script; i++) {
+        kp_gen_out out;
+        kp_error err = {0};
+        kp_status st = kp_gen_step(g, row(script[i < n_script ? i : 0]), &out, &err);
+        CHECK_MSG(st == KP_OK, "%s", err.msg);
+        if (out.token >= 0) {
+            CHECK_MSG(i < n_script, "still running after %u scripted tokens", n_script);
+            CHECK_EQ_INT(out.token, script[i < n_script ? i : 0]);
+            o->steps++;
+        }
+        if (o->len + out.len <= sizeof o->text) memcpy(o->text + o->len, out.text, out.len);
+        o->len += out.len;
+        o->last = out;
+        if (out.finish != KP_FINISH_NONE) break;
+    }
+}
+
+static kp_gen_params greedy(uint32_t max_tokens, uint32_t max_pos) {
+    kp_gen_params p = {kp_sampler_defaults(), max_tokens, max_pos, 0, false, NULL, 0, false};
+    p.sp.temp = 0;
+    return p;
+}
+
+/* With no stop string the text is the detokenized ids, with and without
+ * the leading space of a BOS-only prompt; max_tokens ends it. */
+static void test_text_and_max_tokens(void) {
+    for (int round = 0; round < 40; round++) {
+        bool bos_only = round % 2 == 0;
+        int32_t prompt[3] = {kp_tok_bos(voc), plain_token(), plain_token()};
+        uint32_t n_prompt = bos_only ? 1 : 3, n = 1 + rnd(30);
+        int32_t ids[32];
+        for (uint32_t i = 0; i < n; i++) ids[i] = plain_token();
+        kp_gen_params p = greedy(n, 4096);
+        kp_gen *g = NULL;
+        kp_error err = {0};
+        CHECK_MSG(kp_gen_new(&g, voc, prompt, n_prompt, &p, &err) == KP_OK, "%s", err.msg);
+        const int32_t *tokens = kp_gen_tokens(g);
+        run_out o;
+        run(g, ids, n, &o);
+        size_t want_len;
+        char *want = expected_text(ids, n, bos_only, &want_len);
+        CHECK_MSG(o.len == want_len && !memcmp(o.text, want, want_len), "'%.*s' vs '%s'", (int)o.len, o.text,
+                  want);
+        CHECK(o.steps == n && o.last.finish == KP_FINISH_LENGTH && o.last.cause == KP_GEN_MAX_TOKENS);
+        CHECK(kp_gen_finish(g) == KP_FINISH_LENGTH && kp_gen_cause_of(g) == KP_GEN_MAX_TOKENS);
+        CHECK(kp_gen_tokens(g) == tokens && kp_gen_n_tokens(g) == n_prompt + n && kp_gen_n_generated(g) == n &&
+              kp_gen_n_prompt(g) == n_prompt);
+        CHECK(!memcmp(tokens, prompt, n_prompt * sizeof *prompt) && !memcmp(tokens + n_prompt, ids, n * sizeof *ids));
+        /* after the end: nothing sampled, the same finish */
+        kp_gen_out again;
+        CHECK(kp_gen_step(g, row(ids[0]), &again, &err) == KP_OK && again.token == -1 && again.len == 0 &&
+              again.finish == KP_FINISH_LENGTH);
+        CHECK_EQ_INT(kp_gen_n_tokens(g), n_prompt + n);
+        free(want);
+        kp_gen_free(g);
+    }
+}
+
+/* A stop string straddling two tokens ends generation at the token that
+ * completes it; the text is the expected text cut before it, and no step
+ * released a byte of it. */
+static void test_stop_across_tokens(void) {
+    int done = 0;
+    for (int round = 0; round < 200 && done < 30; round++) {
+        int32_t prompt[2] = {kp_tok_bos(voc), plain_token()};
+        int32_t ids[24];
+        uint32_t n = 24;
+        for (uint32_t i = 0; i < n; i++) ids[i] = plain_token();
+        size_t full_len;
+        char *full = expected_text(ids, n, false, &full_len);
+        /* where token k's text ends in the full text */
+        uint32_t k = 3 + rnd(n - 6);
+        size_t end_k;
+        char *head = expected_text(ids, k + 1, false, &end_k);
+        free(head);
+        size_t piece_next;
+        kp_tok_piece_view(voc, ids[k + 1], false, &piece_next);
+        if (end_k < 2 || piece_next < 2 || end_k + 2 > full_len) {
+            free(full);
+            continue;
+        }
+        char stop[5];
+        memcpy(stop, full + end_k - 2, 4); /* 2 bytes of token k, 2 of token k + 1 */
+        stop[4] = 0;
+        if (strlen(stop) != 4) {
+            free(full);
+            continue;
+        }
+        size_t cut = (size_t)((char *)memmem(full, full_len, stop, 4) - full);
+        kp_gen_params p = greedy(n, 4096);
+        const char *stops[2] = {"\x01never", stop};
+        p.stops = stops;
+        p.n_stops = 2;
+        kp_gen *g = NULL;
+        kp_error err = {0};
+        CHECK_MSG(kp_gen_new(&g, voc, prompt, 2, &p, &err) == KP_OK, "%s", err.msg);
+        run_out o;
+        run(g, ids, n, &o);
+        CHECK_MSG(o.len == cut && !memcmp(o.text, full, cut), "stop '%s': '%.*s' vs '%.*s'", stop, (int)o.len,
+                  o.text, (int)cut, full);
+        CHECK(o.last.finish == KP_FINISH_STOP && o.last.cause == KP_GEN_STOP_STRING);
+        /* the first occurrence ends within the token whose text reaches past it */
+        size_t reach = 0;
+        uint32_t at = 0;
+        while (reach < cut + 4) {
+            char *t = expected_text(ids, ++at, false, &reach);
+            free(t);
+        }
+        CHECK_EQ_INT(o.steps, at);
+        CHECK_EQ_INT(kp_gen_n_generated(g), at);
+        kp_gen_free(g);
+        free(full);
+        done++;
+    }
+    CHECK_MSG(done >= 10, "only %d stop cases", done);
+}
+
+/* Text that may begin a stop string is held back, and released by the
+ * step that ends generation (max_tokens, context end) or by kp_gen_stop
+ * with LENGTH; not by a cancel. */
+static void test_held_back_released_at_the_end(void) {
+    for (int round = 0; round < 20; round++) {
+        int32_t prompt[2] = {kp_tok_bos(voc), plain_token()};
+        int32_t ids[12];
+        uint32_t n = 6 + rnd(6);
+        for (uint32_t i = 0; i < n; i++) ids[i] = plain_token();
+        size_t full_len, last_len;
+        char *full = expected_text(ids, n, false, &full_len);
+        kp_tok_piece_view(voc, ids[n - 1], false, &last_len);
+        /* a stop string that starts with the whole last piece and never completes */
+        char stop[64];
+        snprintf(stop, sizeof stop, "%.*s\x01", (int)last_len, full + full_len - last_len);
+        const char *stops[1] = {stop};
+        for (int how = 0; how < 4; how++) {
+            /* 0: max_tokens, 1: context end, 2: kp_gen_stop LENGTH, 3: kp_gen_stop CANCELLED */
+            kp_gen_params p = greedy(how == 0 ? n : 1000, how == 1 ? 2 + n - 1 : 4096);
+            p.stops = stops;
+            p.n_stops = 1;
+            kp_gen *g = NULL;
+            kp_error err = {0};
+            CHECK(kp_gen_new(&g, voc, prompt, 2, &p, &err) == KP_OK);
+            run_out o;
+            if (how < 2) {
+                run(g, ids, n, &o);
+                CHECK(o.last.finish == KP_FINISH_LENGTH &&
+                      o.last.cause == (how == 0 ? KP_GEN_MAX_TOKENS : KP_GEN_CONTEXT));
+                CHECK(o.steps == n && o.last.len >= last_len &&
+                      !memcmp(o.last.text + o.last.len - last_len, full + full_len - last_len, last_len));
+            } else {
+                memset(&o, 0, sizeof o);
+                for (uint32_t i = 0; i < n; i++) {
+                    kp_gen_out out;
+                    CHECK(kp_gen_step(g, row(ids[i]), &out, &err) == KP_OK && out.finish == KP_FINISH_NONE);
+                    memcpy(o.text + o.len, out.text, out.len);
+                    o.len += out.len;
+                }
+                CHECK_EQ_INT(o.len, full_len - last_len); /* the last piece is held back */
+                kp_gen_out end;
+                kp_gen_stop(g, how == 2 ? KP_FINISH_LENGTH : KP_FINISH_CANCELLED, &end);
+                CHECK(end.token == -1 && end.cause == KP_GEN_STOPPED &&
+                      end.finish == (how == 2 ? KP_FINISH_LENGTH : KP_FINISH_CANCELLED));
+                CHECK_EQ_INT(end.len, how == 2 ? last_len : 0);
+                memcpy(o.text + o.len, end.text, end.len);
+                o.len += end.len;
+                CHECK(kp_gen_finish(g) == end.finish);
+                kp_gen_stop(g, KP_FINISH_ERROR, &end); /* already ended: kept */
+                CHECK(end.finish == (how == 2 ? KP_FINISH_LENGTH : KP_FINISH_CANCELLED) && end.len == 0);
+            }
+            size_t want = how == 3 ? full_len - last_len : full_len;
+            CHECK_MSG(o.len == want && !memcmp(o.text, full, want), "how %d: '%.*s' vs '%s'", how, (int)o.len,
+                      o.text, full);
+            kp_gen_free(g);
+        }
+        free(full);
+    }
+}
+
+/* An end-of-generation token ends it (STOP, its text not shown) unless
+ * ignore_eos, which makes it an ordinary token. */
+static void test_eog_and_ignore_eos(void) {
+    int32_t eos = kp_tok_eos(voc);
+    CHECK(eos >= 0 && kp_tok_is_eog(voc, eos));
+    for (int round = 0; round < 10; round++) {
+        int32_t prompt[2] = {kp_tok_bos(voc), plain_token()};
+        int32_t ids[16];
+        uint32_t n = 16, at = 2 + rnd(10);
+        for (uint32_t i = 0; i < n; i++) ids[i] = i == at ? eos : plain_token();
+        for (int ignore = 0; ignore < 2; ignore++) {
+            kp_gen_params p = greedy(n, 4096);
+            p.ignore_eos = ignore;
+            kp_gen *g = NULL;
+            kp_error err = {0};
+            CHECK(kp_gen_new(&g, voc, prompt, 2, &p, &err) == KP_OK);
+            run_out o;
+            run(g, ids, n, &o);
+            uint32_t n_text = ignore ? n : at; /* ids whose text is shown */
+            size_t want_len;
+            char *want = expected_text(ids, n_text, false, &want_len);
+            CHECK_MSG(o.len == want_len && !memcmp(o.text, want, want_len), "'%.*s' vs '%s'", (int)o.len, o.text,
+                      want);
+            if (ignore)
+                CHECK(o.steps == n && o.last.finish == KP_FINISH_LENGTH && o.last.cause == KP_GEN_MAX_TOKENS);
+            else
+                CHECK(o.steps == at + 1 && o.last.token == eos && o.last.finish == KP_FINISH_STOP &&
+                      o.last.cause == KP_GEN_EOG && kp_gen_tokens(g)[2 + at] == eos &&
+                      kp_gen_n_generated(g) == at + 1);
+            free(want);
+            kp_gen_free(g);
+        }
+    }
+}
+
+/* The context end: a prompt of 3 in a context of max_pos positions ends
+ * with the token that would need position max_pos, shown; max_tokens 0
+ * samples nothing. */
+static void test_context_end_and_zero(void) {
+    int32_t prompt[3] = {kp_tok_bos(voc), plain_token(), plain_token()};
+    int32_t ids[40];
+    for (int i = 0; i < 40; i++) ids[i] = plain_token();
+    for (uint32_t max_pos = 3; max_pos < 12; max_pos++) {
+        kp_gen_params p = greedy(1000, max_pos);
+        kp_gen *g = NULL;
+        kp_error err = {0};
+        CHECK(kp_gen_new(&g, voc, prompt, 3, &p, &err) == KP_OK);
+        run_out o;
+        run(g, ids, 40, &o);
+        uint32_t want_n = max_pos + 1 - 3;
+        CHECK_EQ_INT(o.steps, want_n);
+        CHECK(o.last.finish == KP_FINISH_LENGTH && o.last.cause == KP_GEN_CONTEXT);
+        CHECK_EQ_INT(kp_gen_n_tokens(g), max_pos + 1);
+        size_t want_len;
+        char *want = expected_text(ids, want_n, false, &want_len);
+        CHECK(o.len == want_len && !memcmp(o.text, want, want_len));
+        free(want);
+        kp_gen_free(g);
+    }
+    kp_gen_params p = greedy(0, 100);
+    kp_gen *g = NULL;
+    CHECK(kp_gen_new(&g, voc, prompt, 3, &p, NULL) == KP_OK);
+    kp_gen_out out;
+    CHECK(kp_gen_step(g, row(ids[0]), &out, NULL) == KP_OK);
+    CHECK(out.token == -1 && out.len == 0 && out.finish == KP_FINISH_LENGTH && out.cause == KP_GEN_MAX_TOKENS);
+    CHECK_EQ_INT(kp_gen_n_generated(g), 0);
+    kp_gen_free(g);
+}
+
+/* Sampling: the tokens a seeded sampler draws after seeing the prompt
+ * (penalties on, so the prompt matters). */
+static void test_sampling_equals_sampler(void) {
+    kp_gen_params p = greedy(50, 4096);
+    p.ignore_eos = true;
+    p.sp.temp = 0.9f;
+    p.sp.repeat_penalty = 1.3f;
+    p.sp.seed = 77;
+    int32_t prompt[5] = {kp_tok_bos(voc), plain_token(), plain_token(), plain_token(), plain_token()};
+    kp_gen *g = NULL;
+    kp_sampler *ref = NULL;
+    kp_error err = {0};
+    CHECK(kp_gen_new(&g, voc, prompt, 5, &p, &err) == KP_OK);
+    CHECK(kp_sampler_new(&ref, &p.sp, nv, &err) == KP_OK);
+    for (int i = 0; i < 5; i++) kp_sampler_accept(ref, prompt[i]);
+    float *lg = malloc((size_t)nv * sizeof *lg);
+    for (int step = 0; step < 50; step++) {
+        for (int32_t i = 0; i < nv; i++) lg[i] = (float)rnd(1000) / 200.0f;
+        kp_gen_out out;
+        kp_status st = kp_gen_step(g, lg, &out, &err);
+        int32_t want = kp_sampler_sample(ref, lg);
+        kp_sampler_accept(ref, want);
+        CHECK_EQ_INT(out.token, want);
+        if (st != KP_OK || out.finish != KP_FINISH_NONE) break;
+    }
+    free(lg);
+    kp_sampler_free(ref);
+    kp_gen_free(g);
+}
+
+static void test_errors(void) {
+    kp_gen *g = NULL;
+    kp_error err = {0};
+    int32_t prompt[3] = {1, 2, 3};
+    kp_gen_params p = greedy(5, 2);
+    CHECK(kp_gen_new(&g, voc, prompt, 3, &p, &err) == KP_ERANGE && !g && strstr(err.msg, "context of 2"));
+    p.max_pos = 100;
+    CHECK(kp_gen_new(&g, voc, prompt, 0, &p, &err) == KP_EINVAL && !g);
+    int32_t bad[2] = {1, nv};
+    CHECK(kp_gen_new(&g, voc, bad, 2, &p, &err) == KP_EINVAL && !g);
+    const char *stops[KP_TEXTOUT_MAX_STOPS + 1];
+    for (int i = 0; i <= KP_TEXTOUT_MAX_STOPS; i++) stops[i] = "x";
+    p.stops = stops;
+    p.n_stops = KP_TEXTOUT_MAX_STOPS + 1;
+    CHECK(kp_gen_new(&g, voc, prompt, 3, &p, &err) == KP_EINVAL && !g);
+    p.n_stops = 0;
+    p.sp.top_p = 2;
+    CHECK(kp_gen_new(&g, voc, prompt, 3, &p, &err) == KP_EINVAL && !g);
+    kp_gen_free(NULL);
+    CHECK_EQ_STR(kp_gen_cause_name(KP_GEN_CONTEXT), "context full");
+    CHECK_EQ_STR(kp_gen_cause_name(KP_GEN_EOG), "end of generation token");
+}
+
+int main(void) {
+    kp_error err = {0};
+    if (kp_gguf_open(&voc_file, harness_path("models/stories260K.gguf"), &err) != KP_OK ||
+        kp_tok_vocab_load(&voc, voc_file, &err) != KP_OK) {
+        fprintf(stderr, "test_gen: %s\n", err.msg);
+        return 1;
+    }
+    nv = kp_tok_n_vocab(voc);
+    RUN(test_text_and_max_tokens);
+    RUN(test_stop_across_tokens);
+    RUN(test_held_back_released_at_the_end);
+    RUN(test_eog_and_ignore_eos);
+    RUN(test_context_end_and_zero);
+    RUN(test_sampling_equals_sampler);
+    RUN(test_errors);
+    free((void *)row(0));
+    kp_tok_vocab_free(voc);
+    kp_gguf_close(voc_file);
+    return harness_finish("gen");
+}
