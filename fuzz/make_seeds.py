@@ -14,6 +14,9 @@ seeds-tok/    a control byte per vocabulary and flag combination, then texts
               from llama.cpp's tokenizer test inputs (tests/data/vocab/*.inp).
 seeds-oai/    request bodies as the official clients and agent frameworks
               send them (chat and completions), each after its control byte.
+seeds-http/   whole HTTP requests (head and body) to every endpoint: plain,
+              chunked, keep-alive pairs, with and without an API key header,
+              and a few malformed framings.
 The files are deterministic: the same script writes the same bytes.
 """
 import json
@@ -115,7 +118,42 @@ def requests():
             write(os.path.join(out, "output-%02d-f%02d.txt" % (i, fam)), bytes([fam << 1]) + t.encode())
 
 
+def http():
+    out = os.path.join(HERE, "seeds-http")
+    small = [{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0},
+             {"prompt": [1, 403, 407], "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}]
+    chat = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+            "max_tokens": 4, "temperature": 0}
+    reqs = []
+
+    def post(path, body, extra=b""):
+        data = json.dumps(body).encode()
+        return (b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n%s"
+                b"Content-Length: %d\r\n\r\n" % (path.encode(), extra, len(data))) + data
+
+    for b in small:
+        reqs.append(post("/v1/completions", b))
+    reqs.append(post("/v1/chat/completions", chat, b"Authorization: Bearer k\r\nX-Request-Id: fuzz-1\r\n"))
+    reqs.append(post("/tokenize", {"content": "Once upon a time", "add_special": True}))
+    reqs.append(post("/detokenize", {"tokens": [1, 403, 407, 231]}))
+    reqs.append(post("/v1/cache/probe", {"prompt": "Once upon a time"}))
+    reqs.append(post("/v1/cache/pin", {"prompt": "Once upon a time", "ttl": 5}))
+    for path in ("/health", "/v1/models", "/metrics", "/v1/cache", "/nope"):
+        reqs.append(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode())
+    reqs.append(b"DELETE /v1/cache/pin/1 HTTP/1.1\r\nHost: x\r\n\r\n")
+    body = json.dumps(small[0]).encode()
+    reqs.append(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+    reqs.append(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    reqs.append(b"POST /tokenize HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\nhello")
+    reqs.append(b"POST /tokenize HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n")
+    reqs.append(b"GET /health HTTP/1.0\r\n\r\n")
+    for i, r in enumerate(reqs):
+        write(os.path.join(out, "req-%02d.http" % i), r)
+
+
 if __name__ == "__main__":
     models()
     texts()
     requests()
+    http()
