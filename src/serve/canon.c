@@ -1,8 +1,8 @@
 /*
  * canon.c - RFC 8785 canonical JSON over jansson values (see canon.h).
  *
- * Owns no state. One output buffer per call grows by doubling; an
- * allocation failure is remembered in it and reported once at the end.
+ * Owns no state. One output buffer (kp_buf) per call; an allocation
+ * failure is remembered in it and reported once at the end.
  *
  * Numbers: ECMAScript Number::toString (ECMA-262 section 6.1.6.1.20) for a
  * finite x > 0, in two steps.
@@ -50,14 +50,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ------------------------------------------------------------------ */
-/* Output buffer                                                       */
-
-typedef kp_buf canon_buf; /* an allocation failure sets oom; everything after it is dropped */
-
-static void buf_put(canon_buf *b, const char *s, size_t n) { kp_buf_put(b, s, n); }
-static void buf_putc(canon_buf *b, char c) { kp_buf_putc(b, c); }
 
 /* ------------------------------------------------------------------ */
 /* Numbers                                                             */
@@ -216,15 +208,15 @@ static uint32_t utf8_next(const unsigned char *s, size_t *i) {
     return cp;
 }
 
-static void put_string(canon_buf *b, const char *str, size_t n) {
+static void put_string(kp_buf *b, const char *str, size_t n) {
     static const char hex[] = "0123456789abcdef";
     const unsigned char *s = (const unsigned char *)str;
-    buf_putc(b, '"');
+    kp_buf_putc(b, '"');
     size_t run = 0; /* start of the bytes copied as they are */
     for (size_t i = 0; i < n; i++) {
         unsigned c = s[i];
         if (c >= 0x20 && c != '"' && c != '\\') continue;
-        buf_put(b, str + run, i - run);
+        kp_buf_put(b, str + run, i - run);
         run = i + 1;
         char esc[6] = {'\\', 0, 0, 0, 0, 0};
         size_t elen = 2;
@@ -242,10 +234,10 @@ static void put_string(canon_buf *b, const char *str, size_t n) {
             esc[5] = hex[c & 15];
             elen = 6;
         }
-        buf_put(b, esc, elen);
+        kp_buf_put(b, esc, elen);
     }
-    buf_put(b, str + run, n - run);
-    buf_putc(b, '"');
+    kp_buf_put(b, str + run, n - run);
+    kp_buf_putc(b, '"');
 }
 
 /* ------------------------------------------------------------------ */
@@ -286,18 +278,18 @@ static int member_compare(const void *pa, const void *pb) {
 /* ------------------------------------------------------------------ */
 /* Values                                                              */
 
-static kp_status write_value(canon_buf *b, const json_t *v, int depth, kp_error *err) {
+static kp_status write_value(kp_buf *b, const json_t *v, int depth, kp_error *err) {
     switch (json_typeof(v)) {
-    case JSON_NULL: buf_put(b, "null", 4); return KP_OK;
-    case JSON_TRUE: buf_put(b, "true", 4); return KP_OK;
-    case JSON_FALSE: buf_put(b, "false", 5); return KP_OK;
+    case JSON_NULL: kp_buf_put(b, "null", 4); return KP_OK;
+    case JSON_TRUE: kp_buf_put(b, "true", 4); return KP_OK;
+    case JSON_FALSE: kp_buf_put(b, "false", 5); return KP_OK;
     case JSON_INTEGER:
     case JSON_REAL: {
         double x = json_is_integer(v) ? (double)json_integer_value(v) : json_real_value(v);
         char text[KP_CANON_NUMBER_MAX];
         size_t n = kp_canon_number(x, text);
         if (n == 0) return kp_fail(err, KP_EINVAL, "JSON has no form for the number %g", x);
-        buf_put(b, text, n);
+        kp_buf_put(b, text, n);
         return KP_OK;
     }
     case JSON_STRING: {
@@ -311,13 +303,13 @@ static kp_status write_value(canon_buf *b, const json_t *v, int depth, kp_error 
     case JSON_ARRAY: {
         if (depth >= KP_CANON_MAX_DEPTH)
             return kp_fail(err, KP_ERANGE, "JSON nested deeper than %d levels", KP_CANON_MAX_DEPTH);
-        buf_putc(b, '[');
+        kp_buf_putc(b, '[');
         for (size_t i = 0; i < json_array_size(v); i++) {
-            if (i) buf_putc(b, ',');
+            if (i) kp_buf_putc(b, ',');
             kp_status st = write_value(b, json_array_get(v, i), depth + 1, err);
             if (st != KP_OK) return st;
         }
-        buf_putc(b, ']');
+        kp_buf_putc(b, ']');
         return KP_OK;
     }
     case JSON_OBJECT: {
@@ -342,14 +334,14 @@ static kp_status write_value(canon_buf *b, const json_t *v, int depth, kp_error 
         assert(m == count);
         if (m > 1) qsort(members, m, sizeof *members, member_compare);
         kp_status st = KP_OK;
-        buf_putc(b, '{');
+        kp_buf_putc(b, '{');
         for (size_t i = 0; i < m && st == KP_OK; i++) {
-            if (i) buf_putc(b, ',');
+            if (i) kp_buf_putc(b, ',');
             put_string(b, members[i].name, members[i].name_len);
-            buf_putc(b, ':');
+            kp_buf_putc(b, ':');
             st = write_value(b, members[i].value, depth + 1, err);
         }
-        buf_putc(b, '}');
+        kp_buf_putc(b, '}');
         free(members);
         return st;
     }
@@ -361,16 +353,13 @@ kp_status kp_canon_dump(const json_t *v, char **out, size_t *len, kp_error *err)
     *out = NULL;
     *len = 0;
     if (!v) return kp_fail(err, KP_EINVAL, "no JSON value to canonicalize");
-    canon_buf b = {0};
-    buf_put(&b, "", 0); /* an empty result is still a NUL-terminated string */
+    kp_buf b = {0};
     kp_status st = write_value(&b, v, 0, err);
-    if (st == KP_OK && b.oom) st = kp_fail(err, KP_ENOMEM, "out of memory writing canonical JSON");
     if (st != KP_OK) {
-        free(b.data);
+        kp_buf_free(&b);
         return st;
     }
-    *out = b.data;
-    *len = b.len;
+    if (!kp_buf_take(&b, out, len)) return kp_fail(err, KP_ENOMEM, "out of memory writing canonical JSON");
     return KP_OK;
 }
 

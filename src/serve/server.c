@@ -96,8 +96,7 @@ typedef struct {
 } reqlog;
 
 typedef struct {
-    char *body;
-    size_t len, cap;
+    kp_buf body; /* the request body received so far */
     bool too_big;
     double t0;
     reqlog log;
@@ -616,7 +615,7 @@ static void stream_free(void *cls) {
 static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn, bool chat) {
     kp_oai_request q;
     kp_oai_error e;
-    if (!kp_oai_parse(cn->body, cn->len, chat, &q, &e)) return reply_error(s, c, &e);
+    if (!kp_oai_parse(cn->body.data, cn->body.len, chat, &q, &e)) return reply_error(s, c, &e);
     int32_t *ids = NULL;
     size_t n = 0, tlen0 = 0;
     char *ptext = NULL;
@@ -786,7 +785,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
 
 static enum MHD_Result tokenize(kp_server *s, struct MHD_Connection *c, conn *cn) {
     kp_oai_error e;
-    json_t *o = kp_oai_parse_object(cn->body, cn->len, &e);
+    json_t *o = kp_oai_parse_object(cn->body.data, cn->body.len, &e);
     if (!o) return reply_error(s, c, &e);
     static const char *const allowed[] = {"content", "add_special", "parse_special", "with_pieces", NULL};
     const json_t *content = json_object_get(o, "content");
@@ -836,7 +835,7 @@ static enum MHD_Result tokenize(kp_server *s, struct MHD_Connection *c, conn *cn
 
 static enum MHD_Result detokenize(kp_server *s, struct MHD_Connection *c, conn *cn) {
     kp_oai_error e;
-    json_t *o = kp_oai_parse_object(cn->body, cn->len, &e);
+    json_t *o = kp_oai_parse_object(cn->body.data, cn->body.len, &e);
     if (!o) return reply_error(s, c, &e);
     static const char *const allowed[] = {"tokens", NULL};
     const json_t *t = json_object_get(o, "tokens");
@@ -1032,7 +1031,7 @@ static bool body_tokens(kp_server *s, json_t *o, const char *const *allowed, int
 
 static enum MHD_Result cache_probe(kp_server *s, struct MHD_Connection *c, conn *cn) {
     kp_oai_error e;
-    json_t *o = kp_oai_parse_object(cn->body, cn->len, &e);
+    json_t *o = kp_oai_parse_object(cn->body.data, cn->body.len, &e);
     if (!o) return reply_error(s, c, &e);
     static const char *const allowed[] = {"prompt", "messages", "tools", "model", NULL};
     int32_t *ids = NULL;
@@ -1058,7 +1057,7 @@ static enum MHD_Result cache_probe(kp_server *s, struct MHD_Connection *c, conn 
 
 static enum MHD_Result cache_pin(kp_server *s, struct MHD_Connection *c, conn *cn) {
     kp_oai_error e;
-    json_t *o = kp_oai_parse_object(cn->body, cn->len, &e);
+    json_t *o = kp_oai_parse_object(cn->body.data, cn->body.len, &e);
     if (!o) return reply_error(s, c, &e);
     static const char *const allowed[] = {"prompt", "messages", "tools", "model", "ttl", NULL};
     const json_t *ttl_j = json_object_get(o, "ttl");
@@ -1331,25 +1330,11 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char
         return MHD_YES;
     }
     if (*upload_size) {
-        if (!cn->too_big && cn->len + *upload_size > s->cfg.max_body) {
+        if (!cn->too_big && cn->body.len + *upload_size > s->cfg.max_body) {
             cn->too_big = true;
-            free(cn->body);
-            cn->body = NULL;
-            cn->len = cn->cap = 0;
+            kp_buf_free(&cn->body);
         }
-        if (!cn->too_big) {
-            if (cn->len + *upload_size + 1 > cn->cap) {
-                size_t nc = cn->cap ? cn->cap : 4096;
-                while (nc < cn->len + *upload_size + 1) nc *= 2;
-                char *nb = realloc(cn->body, nc);
-                if (!nb) return MHD_NO;
-                cn->body = nb;
-                cn->cap = nc;
-            }
-            memcpy(cn->body + cn->len, upload, *upload_size);
-            cn->len += *upload_size;
-            cn->body[cn->len] = 0;
-        }
+        if (!cn->too_big && !kp_buf_put(&cn->body, upload, *upload_size)) return MHD_NO;
         *upload_size = 0;
         return MHD_YES;
     }
@@ -1364,7 +1349,7 @@ static void completed_cb(void *cls, struct MHD_Connection *c, void **con_cls, en
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     if (ci && ci->socket_context && ((sock *)ci->socket_context)->cur == cn) ((sock *)ci->socket_context)->cur = NULL;
     if (!cn->streamed) log_line(s, &cn->log);
-    free(cn->body);
+    kp_buf_free(&cn->body);
     free(cn);
     *con_cls = NULL;
 }
