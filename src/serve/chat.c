@@ -1166,32 +1166,24 @@ static kp_status decode_call(const char *t, size_t len, kp_chat_family f, bool *
     return st;
 }
 
-/* The objects of the calls found, as spans of the text. */
+/* The objects of the calls found, as spans text[js..je) of the text. */
 typedef struct {
-    size_t *js, *je;
+    struct {
+        size_t js, je;
+    } *v;
     size_t n, cap;
 } chat_spans;
 
 static bool spans_push(chat_spans *s, size_t js, size_t je) {
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? 2 * s->cap : 8;
-        size_t *a = realloc(s->js, cap * sizeof *a);
-        if (!a) return false;
-        s->js = a;
-        size_t *b = realloc(s->je, cap * sizeof *b);
-        if (!b) return false;
-        s->je = b;
-        s->cap = cap;
-    }
-    s->js[s->n] = js;
-    s->je[s->n] = je;
+    if (!kp_grow((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v)) return false;
+    s->v[s->n].js = js;
+    s->v[s->n].je = je;
     s->n++;
     return true;
 }
 
 static void spans_free(chat_spans *s) {
-    free(s->js);
-    free(s->je);
+    free(s->v);
     memset(s, 0, sizeof *s);
 }
 
@@ -1353,7 +1345,7 @@ kp_status kp_chat_parse_tool_calls(kp_chat_family f, const char *text, size_t le
     for (size_t k = 0; st == KP_OK && k < spans.n; k++) {
         chat_decoded d = {0};
         bool ok = false;
-        st = decode_call(text + spans.js[k], spans.je[k] - spans.js[k], f, &ok, &d);
+        st = decode_call(text + spans.v[k].js, spans.v[k].je - spans.v[k].js, f, &ok, &d);
         assert(st != KP_OK || ok); /* the scan accepted it */
         if (st != KP_OK) break;
         json_t *call = tool_call_object(&d, id_seed, k);
