@@ -86,7 +86,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 static bool valid_utf8(const char *s, size_t n) {
     for (size_t i = 0; i < n;) {
-        int k = kp_unicode_utf8_next((const uint8_t *)s + i, n - i);
+        int k = kp_unicode_utf8_decode((const uint8_t *)s + i, n - i, NULL);
         if (k <= 0) return false;
         i += (size_t)k;
     }

@@ -42,6 +42,7 @@
 #include "serve/canon.h"
 
 #include "base/buf.h"
+#include "base/unicode.h"
 
 #include <assert.h>
 #include <math.h>
@@ -158,53 +159,23 @@ size_t kp_canon_number(double x, char out[KP_CANON_NUMBER_MAX]) {
 /* ------------------------------------------------------------------ */
 /* Strings                                                             */
 
-/* Strict UTF-8 (RFC 3629): no overlong forms, no surrogates, <= U+10FFFF. */
-static bool utf8_valid(const unsigned char *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        unsigned b = s[i];
-        size_t len;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (b < 0x80) {
-            i++;
-            continue;
-        }
-        if (b >= 0xC2 && b <= 0xDF) len = 2;
-        else if (b == 0xE0) { len = 3; lo = 0xA0; }
-        else if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) len = 3;
-        else if (b == 0xED) { len = 3; hi = 0x9F; }
-        else if (b == 0xF0) { len = 4; lo = 0x90; }
-        else if (b >= 0xF1 && b <= 0xF3) len = 4;
-        else if (b == 0xF4) { len = 4; hi = 0x8F; }
-        else return false;
-        if (n - i < len || s[i + 1] < lo || s[i + 1] > hi) return false;
-        for (size_t j = 2; j < len; j++)
-            if (s[i + j] < 0x80 || s[i + j] > 0xBF) return false;
-        i += len;
+/* Strict UTF-8 (kp_unicode_utf8_decode): no overlong forms, no surrogates,
+ * nothing over U+10FFFF, no sequence cut short. */
+static bool utf8_valid(const char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        int k = kp_unicode_utf8_decode((const uint8_t *)s + i, n - i, NULL);
+        if (k <= 0) return false;
+        i += (size_t)k;
     }
     return true;
 }
 
 /* Next code point of valid UTF-8 s[*i..n); advances *i. */
-static uint32_t utf8_next(const unsigned char *s, size_t *i) {
-    uint32_t b = s[*i];
-    if (b < 0x80) {
-        *i += 1;
-        return b;
-    }
-    if (b < 0xE0) {
-        uint32_t cp = ((b & 0x1F) << 6) | (s[*i + 1] & 0x3F);
-        *i += 2;
-        return cp;
-    }
-    if (b < 0xF0) {
-        uint32_t cp = ((b & 0x0F) << 12) | ((uint32_t)(s[*i + 1] & 0x3F) << 6) | (s[*i + 2] & 0x3F);
-        *i += 3;
-        return cp;
-    }
-    uint32_t cp = ((b & 0x07) << 18) | ((uint32_t)(s[*i + 1] & 0x3F) << 12) |
-                  ((uint32_t)(s[*i + 2] & 0x3F) << 6) | (s[*i + 3] & 0x3F);
-    *i += 4;
+static uint32_t utf8_next(const char *s, size_t n, size_t *i) {
+    uint32_t cp = 0;
+    int k = kp_unicode_utf8_decode((const uint8_t *)s + *i, n - *i, &cp);
+    assert(k > 0);
+    *i += (size_t)k;
     return cp;
 }
 
@@ -256,10 +227,9 @@ static uint32_t utf16_lead(uint32_t cp) {
 
 /* Compares two valid UTF-8 strings as arrays of UTF-16 code units. */
 static int utf16_compare(const char *a, size_t alen, const char *b, size_t blen) {
-    const unsigned char *sa = (const unsigned char *)a, *sb = (const unsigned char *)b;
     size_t i = 0, j = 0;
     while (i < alen && j < blen) {
-        uint32_t ca = utf8_next(sa, &i), cb = utf8_next(sb, &j);
+        uint32_t ca = utf8_next(a, alen, &i), cb = utf8_next(b, blen, &j);
         if (ca == cb) continue;
         uint32_t la = utf16_lead(ca), lb = utf16_lead(cb);
         if (la != lb) return la < lb ? -1 : 1;
@@ -295,7 +265,7 @@ static kp_status write_value(kp_buf *b, const json_t *v, int depth, kp_error *er
     case JSON_STRING: {
         const char *s = json_string_value(v);
         size_t n = json_string_length(v);
-        if (!utf8_valid((const unsigned char *)s, n))
+        if (!utf8_valid(s, n))
             return kp_fail(err, KP_EINVAL, "a JSON string is not valid UTF-8");
         put_string(b, s, n);
         return KP_OK;
@@ -326,7 +296,7 @@ static kp_status write_value(kp_buf *b, const json_t *v, int depth, kp_error *er
             members[m].name = json_object_iter_key(it);
             members[m].name_len = json_object_iter_key_len(it);
             members[m].value = json_object_iter_value(it);
-            if (!utf8_valid((const unsigned char *)members[m].name, members[m].name_len)) {
+            if (!utf8_valid(members[m].name, members[m].name_len)) {
                 free(members);
                 return kp_fail(err, KP_EINVAL, "a JSON member name is not valid UTF-8");
             }

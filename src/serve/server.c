@@ -876,7 +876,7 @@ static enum MHD_Result detokenize(kp_server *s, struct MHD_Connection *c, conn *
         char *clean = malloc(len * 3 + 1); /* each byte at most one U+FFFD */
         size_t k = 0;
         for (size_t i = 0; clean && i < len;) {
-            int step = kp_unicode_utf8_next((const uint8_t *)text + i, len - i);
+            int step = kp_unicode_utf8_decode((const uint8_t *)text + i, len - i, NULL);
             if (step > 0) {
                 memcpy(clean + k, text + i, (size_t)step);
                 k += (size_t)step;

@@ -33,7 +33,7 @@
  *
  * Streaming decoder: pending holds at most 3 bytes, always a valid but
  * incomplete UTF-8 prefix; each push decodes pending + piece with the
- * strict rules of kp_unicode_utf8_next.
+ * strict rules of kp_unicode_utf8_decode.
  */
 #include <assert.h>
 #include <ctype.h>
@@ -462,7 +462,7 @@ kp_status kp_tok_stream_push(kp_tok_stream *s, int32_t id, const char **bytes, s
     size_t o = 0, i = 0;
     s->n_pending = 0;
     while (i < n) {
-        int r = kp_unicode_utf8_next(in + i, n - i);
+        int r = kp_unicode_utf8_decode(in + i, n - i, NULL);
         if (r > 0) {
             memmove(s->out + o, in + i, (size_t)r);
             o += (size_t)r;
