@@ -49,6 +49,7 @@
 #include <strings.h>
 
 #include "base/buf.h"
+#include "base/unicode.h"
 #include "serve/canon.h"
 
 /* ------------------------------------------------------------------ */
@@ -126,22 +127,14 @@ static bool py_space(uint32_t cp) {
 }
 
 /* The code point starting at s[i] and its length in *n. Strings from
- * jansson are valid UTF-8; a sequence cut short by the end of the string
- * (possible only in values built with jansson's *_nocheck calls) counts
- * as one byte that is not a space. */
+ * jansson are valid UTF-8; bytes that are not (possible only in values
+ * built with jansson's *_nocheck calls) count one by one, as characters
+ * that are not spaces. */
 static uint32_t cp_at(const unsigned char *s, size_t i, size_t len, size_t *n) {
-    uint32_t b = s[i];
-    size_t need = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-    if (need > len - i) { *n = 1; return 0xFFFD; }
-    if (b < 0x80) { *n = 1; return b; }
-    if (b < 0xE0) { *n = 2; return ((b & 0x1F) << 6) | (s[i + 1] & 0x3F); }
-    if (b < 0xF0) {
-        *n = 3;
-        return ((b & 0x0F) << 12) | ((uint32_t)(s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F);
-    }
-    *n = 4;
-    return ((b & 0x07) << 18) | ((uint32_t)(s[i + 1] & 0x3F) << 12) |
-           ((uint32_t)(s[i + 2] & 0x3F) << 6) | (s[i + 3] & 0x3F);
+    uint32_t cp;
+    int k = kp_unicode_utf8_decode(s + i, len - i, &cp);
+    *n = k > 0 ? (size_t)k : 1;
+    return k > 0 ? cp : KP_UNICODE_REPLACEMENT;
 }
 
 typedef struct {
