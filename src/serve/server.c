@@ -1234,75 +1234,114 @@ static bool authorized(kp_server *s, struct MHD_Connection *c) {
     return diff == 0;
 }
 
-typedef enum { R_NONE, R_GET, R_POST, R_DELETE } route_method;
+/* The route table's view of a handler: id is the rest of the path after a
+ * prefix entry's path (never empty), NULL for an exact entry. ROUTE_FN
+ * defines one of these over a handler. */
+typedef enum MHD_Result (*route_fn)(kp_server *s, struct MHD_Connection *c, conn *cn, const char *id);
+#define ROUTE_FN(name)                                                                                   \
+    static enum MHD_Result name(kp_server *s, struct MHD_Connection *c, conn *cn __attribute__((unused)), \
+                                const char *id __attribute__((unused)))
+
+ROUTE_FN(on_health) {
+    kp_sched_stats st;
+    kp_sched_stats_get(s->sched, &st);
+    return reply_json(s, c, 200,
+                      json_pack("{s:s, s:I, s:I}", "status", "ok", "running", (json_int_t)st.running, "queued",
+                                (json_int_t)st.queued));
+}
+ROUTE_FN(on_models) { return models(s, c, id); }
+ROUTE_FN(on_metrics) { return metrics(s, c); }
+ROUTE_FN(on_completions) { return generate(s, c, cn, false); }
+ROUTE_FN(on_chat) { return generate(s, c, cn, true); }
+ROUTE_FN(on_tokenize) { return tokenize(s, c, cn); }
+ROUTE_FN(on_detokenize) { return detokenize(s, c, cn); }
+ROUTE_FN(on_cache) { return cache_get(s, c); }
+ROUTE_FN(on_probe) { return cache_probe(s, c, cn); }
+ROUTE_FN(on_pin) { return cache_pin(s, c, cn); }
+ROUTE_FN(on_unpin) { return cache_unpin(s, c, id); }
+
+/* Every endpoint, once. A request whose path matches no entry is a 404;
+ * one whose path matches but whose method does not is a 405 naming the
+ * methods of the entries that match it. "GET" entries answer HEAD too.
+ * A prefix entry matches its path followed by a non-empty id. `key`: the
+ * entry needs the API key (when the server has one); a path that no entry
+ * without `key` matches, an unknown one included, needs it before anything
+ * else is said about it. */
+typedef struct {
+    const char *method;
+    const char *path;
+    bool prefix;
+    bool key;
+    route_fn fn;
+} route_entry;
+
+static const route_entry ROUTES[] = {
+    {"GET", "/health", false, false, on_health},
+    {"GET", "/v1/health", false, false, on_health},
+    {"GET", "/v1/models", false, true, on_models},
+    {"GET", "/v1/models/", true, true, on_models},
+    {"GET", "/metrics", false, true, on_metrics},
+    {"POST", "/v1/completions", false, true, on_completions},
+    {"POST", "/completions", false, true, on_completions},
+    {"POST", "/v1/chat/completions", false, true, on_chat},
+    {"POST", "/chat/completions", false, true, on_chat},
+    {"POST", "/tokenize", false, true, on_tokenize},
+    {"POST", "/detokenize", false, true, on_detokenize},
+    {"GET", "/v1/cache", false, true, on_cache},
+    {"POST", "/v1/cache/probe", false, true, on_probe},
+    {"POST", "/v1/cache/pin", false, true, on_pin},
+    {"DELETE", "/v1/cache/pin/", true, true, on_unpin},
+};
+
+/* Does url fall under e? *id: what follows a prefix, NULL for an exact path. */
+static bool route_path_matches(const route_entry *e, const char *url, const char **id) {
+    size_t n = strlen(e->path);
+    if (strncmp(url, e->path, n)) return false;
+    *id = e->prefix ? url + n : NULL;
+    return e->prefix ? url[n] != 0 : url[n] == 0;
+}
+
+static bool route_method_matches(const route_entry *e, const char *method) {
+    return !strcmp(method, e->method) || (!strcmp(e->method, "GET") && !strcmp(method, "HEAD"));
+}
 
 static enum MHD_Result route(kp_server *s, struct MHD_Connection *c, const char *url, const char *method, conn *cn) {
+    const route_entry *hit = NULL; /* the first entry matching path and method */
+    const char *id = NULL;
+    bool open = false;   /* an entry of this path answers without the key */
+    char allow[64] = ""; /* the methods of the other entries of this path */
+    for (size_t i = 0; i < sizeof ROUTES / sizeof *ROUTES; i++) {
+        const route_entry *e = &ROUTES[i];
+        const char *rest;
+        if (!route_path_matches(e, url, &rest)) continue;
+        open = open || !e->key;
+        if (route_method_matches(e, method)) {
+            if (!hit) hit = e, id = rest;
+        } else {
+            size_t used = strlen(allow);
+            snprintf(allow + used, sizeof allow - used, "%s%s", used ? ", " : "", e->method);
+        }
+    }
     /* the key before anything else: without it a client learns nothing of routes or limits */
-    if (strcmp(url, "/health") && strcmp(url, "/v1/health") && !authorized(s, c))
+    if (!open && !authorized(s, c))
         return fail(s, c, 401, "invalid_request_error", "invalid_api_key", NULL,
                     "missing or wrong API key: send the header \"Authorization: Bearer <key>\"");
     if (cn->too_big)
         return fail(s, c, 413, "invalid_request_error", "body_too_large", NULL,
                     "the request body is larger than the limit of %zu bytes", s->cfg.max_body);
-    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
-    bool del = !strcmp(method, "DELETE");
-    static const struct {
-        const char *path;
-        const char *allow;
-    } known[] = {{"/health", "GET"},
-                 {"/v1/health", "GET"},
-                 {"/v1/models", "GET"},
-                 {"/metrics", "GET"},
-                 {"/v1/completions", "POST"},
-                 {"/v1/chat/completions", "POST"},
-                 {"/completions", "POST"},
-                 {"/chat/completions", "POST"},
-                 {"/tokenize", "POST"},
-                 {"/detokenize", "POST"},
-                 {"/v1/cache", "GET"},
-                 {"/v1/cache/probe", "POST"},
-                 {"/v1/cache/pin", "POST"}};
-    const char *allow = NULL;
-    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
-        if (!strcmp(url, known[i].path)) allow = known[i].allow;
-    bool pin_id = !strncmp(url, "/v1/cache/pin/", 14) && url[14];
-    if (pin_id) allow = "DELETE";
-    bool model_id = !strncmp(url, "/v1/models/", 11) && url[11];
-    if (model_id) allow = "GET";
-    if (!allow)
+    if (hit) return hit->fn(s, c, cn, id);
+    if (!allow[0])
         return fail(s, c, 404, "invalid_request_error", "not_found", NULL, "no such endpoint: %s %.200s", method, url);
-    bool method_ok = (!strcmp(allow, "GET") && get) || (!strcmp(allow, "POST") && post) ||
-                     (!strcmp(allow, "DELETE") && del);
-    if (!method_ok) {
-        kp_oai_error e;
-        kp_oai_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s %s is not allowed; use %s", method,
-                    url, allow);
-        json_t *j = kp_oai_error_json(&e);
-        char *t = json_dumps(j, JSON_COMPACT);
-        json_decref(j);
-        cn->log.code = e.code;
-        enum MHD_Result r = reply(s, c, 405, "application/json", t ? t : "{}", t ? strlen(t) : 2, "Allow", allow);
-        free(t);
-        return r;
-    }
-    if (!strcmp(url, "/health") || !strcmp(url, "/v1/health")) {
-        kp_sched_stats st;
-        kp_sched_stats_get(s->sched, &st);
-        return reply_json(s, c, 200,
-                          json_pack("{s:s, s:I, s:I}", "status", "ok", "running", (json_int_t)st.running, "queued",
-                                    (json_int_t)st.queued));
-    }
-    if (!strcmp(url, "/v1/models")) return models(s, c, NULL);
-    if (model_id) return models(s, c, url + 11);
-    if (!strcmp(url, "/metrics")) return metrics(s, c);
-    if (!strcmp(url, "/v1/completions") || !strcmp(url, "/completions")) return generate(s, c, cn, false);
-    if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/chat/completions")) return generate(s, c, cn, true);
-    if (!strcmp(url, "/tokenize")) return tokenize(s, c, cn);
-    if (!strcmp(url, "/detokenize")) return detokenize(s, c, cn);
-    if (!strcmp(url, "/v1/cache")) return cache_get(s, c);
-    if (!strcmp(url, "/v1/cache/probe")) return cache_probe(s, c, cn);
-    if (!strcmp(url, "/v1/cache/pin")) return cache_pin(s, c, cn);
-    return cache_unpin(s, c, url + 14);
+    kp_oai_error e;
+    kp_oai_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s %s is not allowed; use %s", method,
+                url, allow);
+    json_t *j = kp_oai_error_json(&e);
+    char *t = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    cn->log.code = e.code;
+    enum MHD_Result r = reply(s, c, 405, "application/json", t ? t : "{}", t ? strlen(t) : 2, "Allow", allow);
+    free(t);
+    return r;
 }
 
 static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char *url, const char *method,
