@@ -187,17 +187,8 @@ static bool is_fixed_type(kp_gguf_type t) {
     return t < KP_GGUF_TYPE_COUNT_ && t != KP_GGUF_TYPE_STRING && t != KP_GGUF_TYPE_ARRAY;
 }
 
-/* Width of a fixed-size GGUF type (computed here so the writer does not
- * depend on the reader's implementation). */
-static unsigned fixed_width(kp_gguf_type t) {
-    switch (t) {
-    case KP_GGUF_TYPE_UINT8: case KP_GGUF_TYPE_INT8: case KP_GGUF_TYPE_BOOL: return 1;
-    case KP_GGUF_TYPE_UINT16: case KP_GGUF_TYPE_INT16: return 2;
-    case KP_GGUF_TYPE_UINT32: case KP_GGUF_TYPE_INT32: case KP_GGUF_TYPE_FLOAT32: return 4;
-    case KP_GGUF_TYPE_UINT64: case KP_GGUF_TYPE_INT64: case KP_GGUF_TYPE_FLOAT64: return 8;
-    default: return 0;
-    }
-}
+/* Width in bytes of a fixed-size GGUF type, 0 for the others. */
+static unsigned fixed_width(kp_gguf_type t) { return (unsigned)kp_gguf_type_size(t); }
 
 /* The special key: general.alignment sets the data alignment. */
 static kp_status alignment_check(kp_gguf_w *w, const char *key, size_t len, kp_gguf_type type,
