@@ -49,6 +49,7 @@
 #include <strings.h>
 
 #include "base/buf.h"
+#include "base/rng.h"
 #include "base/unicode.h"
 #include "serve/canon.h"
 
@@ -1284,10 +1285,7 @@ static void tool_call_id(uint64_t seed, size_t index, char out[5 + 24 + 1]) {
     uint64_t state = seed ^ ((uint64_t)index * 0xD1B54A32D192ED03ull);
     memcpy(out, "call_", 5);
     for (int draw = 0; draw < 4; draw++) {
-        uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
+        uint64_t z = kp_splitmix64(&state);
         for (int k = 0; k < 6; k++) {
             out[5 + draw * 6 + k] = alphabet[z % 62];
             z /= 62;

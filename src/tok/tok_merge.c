@@ -47,6 +47,7 @@
 
 #include "tok/tok_impl.h"
 #include "base/buf.h"
+#include "base/rng.h"
 #include "base/unicode.h"
 
 #define U2581 "\xe2\x96\x81" /* the SentencePiece space */
@@ -303,15 +304,6 @@ kp_status kp_tok_bpe_word(const kp_tok_vocab *v, kp_tok_scratch *s, const uint8_
 
 /* ---- merge table ---- */
 
-static uint64_t mix64(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
-
 kp_status kp_tok_merges_init(kp_tok_merges *m, size_t n_merges, kp_error *err) {
     memset(m, 0, sizeof *m);
     size_t cap = 16;
@@ -337,7 +329,7 @@ void kp_tok_merges_free(kp_tok_merges *m) {
 
 void kp_tok_merges_add(kp_tok_merges *m, int32_t left, int32_t right, int32_t rank, int32_t result) {
     uint64_t key = ((uint64_t)(uint32_t)left << 32) | (uint32_t)right;
-    for (uint64_t i = mix64(key) & m->mask;; i = (i + 1) & m->mask) {
+    for (uint64_t i = kp_mix64(key) & m->mask;; i = (i + 1) & m->mask) {
         if (m->keys[i] == key) return; /* first rank wins */
         if (m->keys[i] == KP_TOK_MERGE_EMPTY) {
             m->keys[i] = key;
@@ -351,7 +343,7 @@ void kp_tok_merges_add(kp_tok_merges *m, int32_t left, int32_t right, int32_t ra
 int32_t kp_tok_merges_find(const kp_tok_merges *m, int32_t left, int32_t right, int32_t *result) {
     if (!m->keys) return -1;
     uint64_t key = ((uint64_t)(uint32_t)left << 32) | (uint32_t)right;
-    for (uint64_t i = mix64(key) & m->mask;; i = (i + 1) & m->mask) {
+    for (uint64_t i = kp_mix64(key) & m->mask;; i = (i + 1) & m->mask) {
         if (m->keys[i] == key) {
             *result = m->results[i];
             return m->ranks[i];
