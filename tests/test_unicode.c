@@ -12,6 +12,8 @@
  *   - every scalar value U+0000..U+10FFFF, encoded with Table 3-6, decodes
  *     to itself; the surrogates so encoded are ill-formed;
  *   - the first and last code point of each row of Table 3-7;
+ *   - kp_unicode_utf8_valid agrees with the oracle read character by
+ *     character over every string of up to 3 bytes;
  *   - the example of "U+FFFD Substitution of Maximal Subparts" in 3.9:
  *     61 F1 80 80 E1 80 C2 62 80 63 80 BF 64 reads as
  *     a FFFD FFFD FFFD b FFFD c FFFD FFFD d.
@@ -166,6 +168,34 @@ static void test_four_byte_leads(void) {
     report(&t, "4 bytes");
 }
 
+static bool oracle_valid(const uint8_t *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int k = oracle(s + i, n - i, &cp);
+        if (k <= 0) return false;
+        i += (size_t)k;
+    }
+    return true;
+}
+
+static void test_valid(void) {
+    long wrong = 0, valid = 0;
+    uint8_t s[3];
+    CHECK(kp_unicode_utf8_valid(s, 0));
+    for (int a = 0; a < 256; a++)
+        for (int b = 0; b < 256; b++)
+            for (int c = 0; c < 256; c++) {
+                s[0] = (uint8_t)a, s[1] = (uint8_t)b, s[2] = (uint8_t)c;
+                for (size_t n = 1; n <= 3; n++) {
+                    bool want = oracle_valid(s, n);
+                    valid += want;
+                    wrong += kp_unicode_utf8_valid(s, n) != want;
+                }
+            }
+    CHECK_EQ_INT(wrong, 0);
+    CHECK(valid > 0);
+}
+
 static void test_every_scalar_value(void) {
     long wrong = 0, surrogates_accepted = 0;
     for (uint32_t cp = 0; cp <= 0x10FFFF; cp++) {
@@ -245,6 +275,7 @@ static void test_substitution_example(void) {
 int main(void) {
     RUN(test_every_short_input);
     RUN(test_four_byte_leads);
+    RUN(test_valid);
     RUN(test_every_scalar_value);
     RUN(test_row_edges);
     RUN(test_substitution_example);

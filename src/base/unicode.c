@@ -120,6 +120,15 @@ int kp_unicode_utf8_decode(const uint8_t *s, size_t n, uint32_t *cpt) {
     return need;
 }
 
+bool kp_unicode_utf8_valid(const uint8_t *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        int k = kp_unicode_utf8_decode(s + i, n - i, NULL);
+        if (k <= 0) return false;
+        i += (size_t)k;
+    }
+    return true;
+}
+
 uint32_t kp_unicode_byte_to_cpt(uint8_t byte) {
     if ((byte >= 0x21 && byte <= 0x7E) || (byte >= 0xA1 && byte <= 0xAC) || byte >= 0xAE) return byte;
     if (byte <= 0x20) return 0x100u + byte;              /* 33 bytes: U+0100..U+0120 */

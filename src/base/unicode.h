@@ -17,6 +17,7 @@
 #ifndef KP_UNICODE_H
 #define KP_UNICODE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -69,6 +70,10 @@ size_t kp_unicode_encode(uint32_t cpt, uint8_t out[4]);
  *              "U+FFFD Substitution of Maximal Subparts": replace those k
  *              bytes with one U+FFFD and go on at s[k]); *cpt untouched. */
 int kp_unicode_utf8_decode(const uint8_t *s, size_t n, uint32_t *cpt);
+
+/* True when s[0..n) is a sequence of well-formed characters (as above),
+ * none cut short by the end; true for n == 0. */
+bool kp_unicode_utf8_valid(const uint8_t *s, size_t n);
 
 /* GPT-2 byte-level mapping: the printable bytes '!'..'~', 0xA1..0xAC and
  * 0xAE..0xFF map to themselves; the other 68 bytes map, in increasing byte

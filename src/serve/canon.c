@@ -159,17 +159,6 @@ size_t kp_canon_number(double x, char out[KP_CANON_NUMBER_MAX]) {
 /* ------------------------------------------------------------------ */
 /* Strings                                                             */
 
-/* Strict UTF-8 (kp_unicode_utf8_decode): no overlong forms, no surrogates,
- * nothing over U+10FFFF, no sequence cut short. */
-static bool utf8_valid(const char *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        int k = kp_unicode_utf8_decode((const uint8_t *)s + i, n - i, NULL);
-        if (k <= 0) return false;
-        i += (size_t)k;
-    }
-    return true;
-}
-
 /* Next code point of valid UTF-8 s[*i..n); advances *i. */
 static uint32_t utf8_next(const char *s, size_t n, size_t *i) {
     uint32_t cp = 0;
@@ -265,7 +254,7 @@ static kp_status write_value(kp_buf *b, const json_t *v, int depth, kp_error *er
     case JSON_STRING: {
         const char *s = json_string_value(v);
         size_t n = json_string_length(v);
-        if (!utf8_valid(s, n))
+        if (!kp_unicode_utf8_valid((const uint8_t *)s, n))
             return kp_fail(err, KP_EINVAL, "a JSON string is not valid UTF-8");
         put_string(b, s, n);
         return KP_OK;
@@ -296,7 +285,7 @@ static kp_status write_value(kp_buf *b, const json_t *v, int depth, kp_error *er
             members[m].name = json_object_iter_key(it);
             members[m].name_len = json_object_iter_key_len(it);
             members[m].value = json_object_iter_value(it);
-            if (!utf8_valid(members[m].name, members[m].name_len)) {
+            if (!kp_unicode_utf8_valid((const uint8_t *)members[m].name, members[m].name_len)) {
                 free(members);
                 return kp_fail(err, KP_EINVAL, "a JSON member name is not valid UTF-8");
             }
