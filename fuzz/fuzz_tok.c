@@ -84,15 +84,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
-static bool valid_utf8(const char *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        int k = kp_unicode_utf8_next((const uint8_t *)s + i, n - i);
-        if (k <= 0) return false;
-        i += (size_t)k;
-    }
-    return true;
-}
-
 /* Appends n bytes to the malloc'd *buf of *len bytes; false when out of memory. */
 static bool append(char **buf, size_t *len, const char *b, size_t n) {
     char *nb = realloc(*buf, *len + n + 1);
@@ -137,14 +128,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
             p = kp_tok_piece_view(v, ids[i], special, &pl);
             REQUIRE(p != NULL);
-            pieces_valid = pieces_valid && valid_utf8(p, pl);
+            pieces_valid = pieces_valid && kp_unicode_utf8_valid((const uint8_t *)p, pl);
             ok = append(&all, &all_n, b, bn) && append(&pieces, &pieces_n, p, pl);
         }
         const char *b;
         size_t bn;
         kp_tok_stream_flush(s, &b, &bn);
         if (ok && append(&all, &all_n, b, bn)) {
-            REQUIRE(valid_utf8(all, all_n));
+            REQUIRE(kp_unicode_utf8_valid((const uint8_t *)all, all_n));
             if (pieces_valid) REQUIRE(all_n == pieces_n && (all_n == 0 || !memcmp(all, pieces, all_n)));
         }
         free(all);

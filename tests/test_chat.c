@@ -533,6 +533,22 @@ static void test_errors(void) {
     CHECK(kp_chat_render(KP_CHAT_LLAMA3, bad, NULL, NULL, &out, &len, &err) == KP_OK);
     CHECK(out && len == strlen("<|start_header_id|>user<|end_header_id|>\n\nok \xe2<|eot_id|>"));
     free(out);
+    /* U+0085 is whitespace (Python's str.strip removes it); the overlong
+     * form C0 A0 of a space is not UTF-8, so it is no character at all and
+     * stays */
+    json_t *nel = json_pack("[{s:s,s:o}]", "role", "user", "content",
+                            json_stringn_nocheck("\xc2\x85ok\xc0\xa0 \xc0\xa0\xc2\x85", 11));
+    CHECK(kp_chat_render(KP_CHAT_LLAMA3, nel, NULL, NULL, &out, &len, &err) == KP_OK);
+    static const char nel_want[] = "<|start_header_id|>user<|end_header_id|>\n\nok\xc0\xa0 \xc0\xa0<|eot_id|>";
+    CHECK(out && len == sizeof nel_want - 1 && memcmp(out, nel_want, len) == 0);
+    free(out);
+    json_decref(nel);
+    json_t *lead = json_pack("[{s:s,s:o}]", "role", "user", "content", json_stringn_nocheck("\xc0\xa0ok", 4));
+    CHECK(kp_chat_render(KP_CHAT_LLAMA3, lead, NULL, NULL, &out, &len, &err) == KP_OK);
+    static const char lead_want[] = "<|start_header_id|>user<|end_header_id|>\n\n\xc0\xa0ok<|eot_id|>";
+    CHECK(out && len == sizeof lead_want - 1 && memcmp(out, lead_want, len) == 0);
+    free(out);
+    json_decref(lead);
     json_array_append_new(bad, json_pack("{s:s,s:o}", "role", "tool", "content",
                                          json_stringn_nocheck("\xff", 1)));
     CHECK(kp_chat_render(KP_CHAT_LLAMA31, bad, NULL, NULL, &out, &len, &err) == KP_EINVAL);

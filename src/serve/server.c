@@ -109,8 +109,7 @@ typedef struct {
 } reqlog;
 
 typedef struct {
-    char *body;
-    size_t len, cap;
+    kp_buf body; /* the request body received so far */
     bool too_big;
     double t0;
     reqlog log;
@@ -689,7 +688,7 @@ static void stream_free(void *cls) {
 static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn, bool chat) {
     kp_oai_request q;
     kp_oai_error e;
-    if (!kp_oai_parse(cn->body, cn->len, chat, &q, &e)) return reply_error(s, c, &e);
+    if (!kp_oai_parse(cn->body.data, cn->body.len, chat, &q, &e)) return reply_error(s, c, &e);
     int32_t *ids = NULL;
     size_t n = 0, tlen0 = 0;
     char *ptext = NULL;
@@ -859,7 +858,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
 
 static enum MHD_Result tokenize(kp_server *s, struct MHD_Connection *c, conn *cn) {
     kp_oai_error e;
-    json_t *o = kp_oai_parse_object(cn->body, cn->len, &e);
+    json_t *o = kp_oai_parse_object(cn->body.data, cn->body.len, &e);
     if (!o) return reply_error(s, c, &e);
     static const char *const allowed[] = {"content", "add_special", "parse_special", "with_pieces", NULL};
     const json_t *content = json_object_get(o, "content");
@@ -909,7 +908,7 @@ static enum MHD_Result tokenize(kp_server *s, struct MHD_Connection *c, conn *cn
 
 static enum MHD_Result detokenize(kp_server *s, struct MHD_Connection *c, conn *cn) {
     kp_oai_error e;
-    json_t *o = kp_oai_parse_object(cn->body, cn->len, &e);
+    json_t *o = kp_oai_parse_object(cn->body.data, cn->body.len, &e);
     if (!o) return reply_error(s, c, &e);
     static const char *const allowed[] = {"tokens", NULL};
     const json_t *t = json_object_get(o, "tokens");
@@ -950,7 +949,7 @@ static enum MHD_Result detokenize(kp_server *s, struct MHD_Connection *c, conn *
         char *clean = malloc(len * 3 + 1); /* each byte at most one U+FFFD */
         size_t k = 0;
         for (size_t i = 0; clean && i < len;) {
-            int step = kp_unicode_utf8_next((const uint8_t *)text + i, len - i);
+            int step = kp_unicode_utf8_decode((const uint8_t *)text + i, len - i, NULL);
             if (step > 0) {
                 memcpy(clean + k, text + i, (size_t)step);
                 k += (size_t)step;
@@ -1056,7 +1055,7 @@ static bool body_tokens(kp_server *s, json_t *o, const char *const *allowed, int
 
 static enum MHD_Result cache_probe(kp_server *s, struct MHD_Connection *c, conn *cn) {
     kp_oai_error e;
-    json_t *o = kp_oai_parse_object(cn->body, cn->len, &e);
+    json_t *o = kp_oai_parse_object(cn->body.data, cn->body.len, &e);
     if (!o) return reply_error(s, c, &e);
     static const char *const allowed[] = {"prompt", "messages", "tools", "model", NULL};
     int32_t *ids = NULL;
@@ -1085,7 +1084,7 @@ static enum MHD_Result cache_probe(kp_server *s, struct MHD_Connection *c, conn 
 
 static enum MHD_Result cache_pin(kp_server *s, struct MHD_Connection *c, conn *cn) {
     kp_oai_error e;
-    json_t *o = kp_oai_parse_object(cn->body, cn->len, &e);
+    json_t *o = kp_oai_parse_object(cn->body.data, cn->body.len, &e);
     if (!o) return reply_error(s, c, &e);
     static const char *const allowed[] = {"prompt", "messages", "tools", "model", "ttl", NULL};
     const json_t *ttl_j = json_object_get(o, "ttl");
@@ -1261,75 +1260,114 @@ static bool authorized(kp_server *s, struct MHD_Connection *c) {
     return diff == 0;
 }
 
-typedef enum { R_NONE, R_GET, R_POST, R_DELETE } route_method;
+/* The route table's view of a handler: id is the rest of the path after a
+ * prefix entry's path (never empty), NULL for an exact entry. ROUTE_FN
+ * defines one of these over a handler. */
+typedef enum MHD_Result (*route_fn)(kp_server *s, struct MHD_Connection *c, conn *cn, const char *id);
+#define ROUTE_FN(name)                                                                                   \
+    static enum MHD_Result name(kp_server *s, struct MHD_Connection *c, conn *cn __attribute__((unused)), \
+                                const char *id __attribute__((unused)))
+
+ROUTE_FN(on_health) {
+    kp_sched_stats st;
+    kp_sched_stats_get(s->sched, &st);
+    return reply_json(s, c, 200,
+                      json_pack("{s:s, s:I, s:I}", "status", "ok", "running", (json_int_t)st.running, "queued",
+                                (json_int_t)st.queued));
+}
+ROUTE_FN(on_models) { return models(s, c, id); }
+ROUTE_FN(on_metrics) { return metrics(s, c); }
+ROUTE_FN(on_completions) { return generate(s, c, cn, false); }
+ROUTE_FN(on_chat) { return generate(s, c, cn, true); }
+ROUTE_FN(on_tokenize) { return tokenize(s, c, cn); }
+ROUTE_FN(on_detokenize) { return detokenize(s, c, cn); }
+ROUTE_FN(on_cache) { return cache_get(s, c); }
+ROUTE_FN(on_probe) { return cache_probe(s, c, cn); }
+ROUTE_FN(on_pin) { return cache_pin(s, c, cn); }
+ROUTE_FN(on_unpin) { return cache_unpin(s, c, id); }
+
+/* Every endpoint, once. A request whose path matches no entry is a 404;
+ * one whose path matches but whose method does not is a 405 naming the
+ * methods of the entries that match it. "GET" entries answer HEAD too.
+ * A prefix entry matches its path followed by a non-empty id. `key`: the
+ * entry needs the API key (when the server has one); a path that no entry
+ * without `key` matches, an unknown one included, needs it before anything
+ * else is said about it. */
+typedef struct {
+    const char *method;
+    const char *path;
+    bool prefix;
+    bool key;
+    route_fn fn;
+} route_entry;
+
+static const route_entry ROUTES[] = {
+    {"GET", "/health", false, false, on_health},
+    {"GET", "/v1/health", false, false, on_health},
+    {"GET", "/v1/models", false, true, on_models},
+    {"GET", "/v1/models/", true, true, on_models},
+    {"GET", "/metrics", false, true, on_metrics},
+    {"POST", "/v1/completions", false, true, on_completions},
+    {"POST", "/completions", false, true, on_completions},
+    {"POST", "/v1/chat/completions", false, true, on_chat},
+    {"POST", "/chat/completions", false, true, on_chat},
+    {"POST", "/tokenize", false, true, on_tokenize},
+    {"POST", "/detokenize", false, true, on_detokenize},
+    {"GET", "/v1/cache", false, true, on_cache},
+    {"POST", "/v1/cache/probe", false, true, on_probe},
+    {"POST", "/v1/cache/pin", false, true, on_pin},
+    {"DELETE", "/v1/cache/pin/", true, true, on_unpin},
+};
+
+/* Does url fall under e? *id: what follows a prefix, NULL for an exact path. */
+static bool route_path_matches(const route_entry *e, const char *url, const char **id) {
+    size_t n = strlen(e->path);
+    if (strncmp(url, e->path, n)) return false;
+    *id = e->prefix ? url + n : NULL;
+    return e->prefix ? url[n] != 0 : url[n] == 0;
+}
+
+static bool route_method_matches(const route_entry *e, const char *method) {
+    return !strcmp(method, e->method) || (!strcmp(e->method, "GET") && !strcmp(method, "HEAD"));
+}
 
 static enum MHD_Result route(kp_server *s, struct MHD_Connection *c, const char *url, const char *method, conn *cn) {
+    const route_entry *hit = NULL; /* the first entry matching path and method */
+    const char *id = NULL;
+    bool open = false;   /* an entry of this path answers without the key */
+    char allow[64] = ""; /* the methods of the other entries of this path */
+    for (size_t i = 0; i < sizeof ROUTES / sizeof *ROUTES; i++) {
+        const route_entry *e = &ROUTES[i];
+        const char *rest;
+        if (!route_path_matches(e, url, &rest)) continue;
+        open = open || !e->key;
+        if (route_method_matches(e, method)) {
+            if (!hit) hit = e, id = rest;
+        } else {
+            size_t used = strlen(allow);
+            snprintf(allow + used, sizeof allow - used, "%s%s", used ? ", " : "", e->method);
+        }
+    }
     /* the key before anything else: without it a client learns nothing of routes or limits */
-    if (strcmp(url, "/health") && strcmp(url, "/v1/health") && !authorized(s, c))
+    if (!open && !authorized(s, c))
         return fail(s, c, 401, "invalid_request_error", "invalid_api_key", NULL,
                     "missing or wrong API key: send the header \"Authorization: Bearer <key>\"");
     if (cn->too_big)
         return fail(s, c, 413, "invalid_request_error", "body_too_large", NULL,
                     "the request body is larger than the limit of %zu bytes", s->cfg.max_body);
-    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
-    bool del = !strcmp(method, "DELETE");
-    static const struct {
-        const char *path;
-        const char *allow;
-    } known[] = {{"/health", "GET"},
-                 {"/v1/health", "GET"},
-                 {"/v1/models", "GET"},
-                 {"/metrics", "GET"},
-                 {"/v1/completions", "POST"},
-                 {"/v1/chat/completions", "POST"},
-                 {"/completions", "POST"},
-                 {"/chat/completions", "POST"},
-                 {"/tokenize", "POST"},
-                 {"/detokenize", "POST"},
-                 {"/v1/cache", "GET"},
-                 {"/v1/cache/probe", "POST"},
-                 {"/v1/cache/pin", "POST"}};
-    const char *allow = NULL;
-    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
-        if (!strcmp(url, known[i].path)) allow = known[i].allow;
-    bool pin_id = !strncmp(url, "/v1/cache/pin/", 14) && url[14];
-    if (pin_id) allow = "DELETE";
-    bool model_id = !strncmp(url, "/v1/models/", 11) && url[11];
-    if (model_id) allow = "GET";
-    if (!allow)
+    if (hit) return hit->fn(s, c, cn, id);
+    if (!allow[0])
         return fail(s, c, 404, "invalid_request_error", "not_found", NULL, "no such endpoint: %s %.200s", method, url);
-    bool method_ok = (!strcmp(allow, "GET") && get) || (!strcmp(allow, "POST") && post) ||
-                     (!strcmp(allow, "DELETE") && del);
-    if (!method_ok) {
-        kp_oai_error e;
-        kp_oai_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s %s is not allowed; use %s", method,
-                    url, allow);
-        json_t *j = kp_oai_error_json(&e);
-        char *t = json_dumps(j, JSON_COMPACT);
-        json_decref(j);
-        cn->log.code = e.code;
-        enum MHD_Result r = reply(s, c, 405, "application/json", t ? t : "{}", t ? strlen(t) : 2, "Allow", allow);
-        free(t);
-        return r;
-    }
-    if (!strcmp(url, "/health") || !strcmp(url, "/v1/health")) {
-        kp_sched_stats st;
-        kp_sched_stats_get(s->sched, &st);
-        return reply_json(s, c, 200,
-                          json_pack("{s:s, s:I, s:I}", "status", "ok", "running", (json_int_t)st.running, "queued",
-                                    (json_int_t)st.queued));
-    }
-    if (!strcmp(url, "/v1/models")) return models(s, c, NULL);
-    if (model_id) return models(s, c, url + 11);
-    if (!strcmp(url, "/metrics")) return metrics(s, c);
-    if (!strcmp(url, "/v1/completions") || !strcmp(url, "/completions")) return generate(s, c, cn, false);
-    if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/chat/completions")) return generate(s, c, cn, true);
-    if (!strcmp(url, "/tokenize")) return tokenize(s, c, cn);
-    if (!strcmp(url, "/detokenize")) return detokenize(s, c, cn);
-    if (!strcmp(url, "/v1/cache")) return cache_get(s, c);
-    if (!strcmp(url, "/v1/cache/probe")) return cache_probe(s, c, cn);
-    if (!strcmp(url, "/v1/cache/pin")) return cache_pin(s, c, cn);
-    return cache_unpin(s, c, url + 14);
+    kp_oai_error e;
+    kp_oai_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s %s is not allowed; use %s", method,
+                url, allow);
+    json_t *j = kp_oai_error_json(&e);
+    char *t = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    cn->log.code = e.code;
+    enum MHD_Result r = reply(s, c, 405, "application/json", t ? t : "{}", t ? strlen(t) : 2, "Allow", allow);
+    free(t);
+    return r;
 }
 
 /* The framing headers of a request: every Content-Length and
@@ -1419,25 +1457,11 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char
         return MHD_YES;
     }
     if (*upload_size) {
-        if (!cn->too_big && cn->len + *upload_size > s->cfg.max_body) {
+        if (!cn->too_big && cn->body.len + *upload_size > s->cfg.max_body) {
             cn->too_big = true;
-            free(cn->body);
-            cn->body = NULL;
-            cn->len = cn->cap = 0;
+            kp_buf_free(&cn->body);
         }
-        if (!cn->too_big) {
-            if (cn->len + *upload_size + 1 > cn->cap) {
-                size_t nc = cn->cap ? cn->cap : 4096;
-                while (nc < cn->len + *upload_size + 1) nc *= 2;
-                char *nb = realloc(cn->body, nc);
-                if (!nb) return MHD_NO;
-                cn->body = nb;
-                cn->cap = nc;
-            }
-            memcpy(cn->body + cn->len, upload, *upload_size);
-            cn->len += *upload_size;
-            cn->body[cn->len] = 0;
-        }
+        if (!cn->too_big && !kp_buf_put(&cn->body, upload, *upload_size)) return MHD_NO;
         *upload_size = 0;
         return MHD_YES;
     }
@@ -1454,7 +1478,7 @@ static void completed_cb(void *cls, struct MHD_Connection *c, void **con_cls, en
     if (ci && ci->socket_context && ((sock *)ci->socket_context)->cur == cn) ((sock *)ci->socket_context)->cur = NULL;
     if (ci && ci->socket_context) guard_rearm(s, ci->socket_context);
     if (!cn->streamed) log_line(s, &cn->log);
-    free(cn->body);
+    kp_buf_free(&cn->body);
     free(cn);
     *con_cls = NULL;
 }

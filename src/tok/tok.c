@@ -33,7 +33,7 @@
  *
  * Streaming decoder: pending holds at most 3 bytes, always a valid but
  * incomplete UTF-8 prefix; each push decodes pending + piece with the
- * strict rules of kp_unicode_utf8_next.
+ * strict rules of kp_unicode_utf8_decode.
  */
 #include <assert.h>
 #include <ctype.h>
@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "tok/tok_impl.h"
+#include "base/buf.h"
 #include "base/unicode.h"
 
 /* ---- queries ---- */
@@ -52,7 +53,7 @@ kp_tok_model kp_tok_model_kind(const kp_tok_vocab *v) { return v->model; }
 const char *kp_tok_model_name(const kp_tok_vocab *v) { return v->model_name; }
 const char *kp_tok_pre_name(const kp_tok_vocab *v) { return v->pre_name; }
 const char *kp_tok_pre_warning(const kp_tok_vocab *v) { return v->pre_warning; }
-const char *kp_tok_warnings(const kp_tok_vocab *v) { return v->warnings; }
+const char *kp_tok_warnings(const kp_tok_vocab *v) { return v->warnings.data; }
 int32_t kp_tok_bos(const kp_tok_vocab *v) { return v->bos; }
 int32_t kp_tok_eos(const kp_tok_vocab *v) { return v->eos; }
 int32_t kp_tok_eot(const kp_tok_vocab *v) { return v->eot; }
@@ -100,13 +101,7 @@ typedef struct {
 } frag_list;
 
 static int frag_push(frag_list *l, int32_t token, size_t off, size_t len) {
-    if (l->n == l->cap) {
-        size_t nc = l->cap ? l->cap * 2 : 16;
-        frag *q = realloc(l->v, nc * sizeof *q);
-        if (!q) return -1;
-        l->v = q;
-        l->cap = nc;
-    }
+    if (!kp_grow((void **)&l->v, &l->cap, l->n + 1, sizeof *l->v)) return -1;
     l->v[l->n].token = token;
     l->v[l->n].off = off;
     l->v[l->n].len = len;
@@ -206,20 +201,9 @@ typedef struct {
     size_t cap, cap2;
 } text_bufs;
 
-static int reserve(char **p, size_t *cap, size_t need) {
-    if (need <= *cap) return 0;
-    size_t nc = *cap ? *cap : 256;
-    while (nc < need) nc *= 2;
-    char *q = realloc(*p, nc);
-    if (!q) return -1;
-    *p = q;
-    *cap = nc;
-    return 0;
-}
-
 static kp_status spm_fragment(const kp_tok_vocab *v, kp_tok_scratch *s, text_bufs *tb, const char *text,
                               size_t len, bool prefix_space, kp_tok_ids *out, kp_error *err) {
-    if (reserve(&tb->buf, &tb->cap, 3 * (len + 1)))
+    if (!kp_grow((void **)&tb->buf, &tb->cap, 3 * (len + 1), 1))
         return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
     size_t n = 0;
     if (prefix_space) {
@@ -242,7 +226,8 @@ static kp_status bpe_fragment(const kp_tok_vocab *v, kp_tok_scratch *s, text_buf
     /* code points as llama.cpp reads them, written back as UTF-8 (norm);
      * surrogates, which PCRE2 cannot match, become U+E000 (same length and
      * category C) in the copy the regexes see */
-    if (reserve(&tb->buf, &tb->cap, 3 * len + 4)) return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
+    if (!kp_grow((void **)&tb->buf, &tb->cap, 3 * len + 4, 1))
+        return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
     size_t n = 0;
     bool surrogates = false;
     for (size_t i = 0; i < len;) {
@@ -254,7 +239,8 @@ static kp_status bpe_fragment(const kp_tok_vocab *v, kp_tok_scratch *s, text_buf
     }
     const char *match = tb->buf;
     if (surrogates) {
-        if (reserve(&tb->buf2, &tb->cap2, n + 1)) return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
+        if (!kp_grow((void **)&tb->buf2, &tb->cap2, n + 1, 1))
+            return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
         memcpy(tb->buf2, tb->buf, n);
         for (size_t i = 0; i + 2 < n; i++) {
             uint8_t b0 = (uint8_t)tb->buf2[i], b1 = (uint8_t)tb->buf2[i + 1];
@@ -468,14 +454,15 @@ kp_status kp_tok_stream_push(kp_tok_stream *s, int32_t id, const char **bytes, s
         return kp_fail(err, KP_EINVAL, "token id %d is outside the vocabulary (%d tokens)", id, s->v->n_vocab);
     size_t n = s->n_pending + plen;
     /* room for the input itself and, worst case, 3 output bytes per input byte */
-    if (reserve(&s->out, &s->out_cap, n + 3 * n + 1)) return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
+    if (!kp_grow((void **)&s->out, &s->out_cap, n + 3 * n + 1, 1))
+        return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
     uint8_t *in = (uint8_t *)s->out + 3 * n + 1; /* input copy behind the output area */
     memcpy(in, s->pending, s->n_pending);
     memcpy(in + s->n_pending, piece, plen);
     size_t o = 0, i = 0;
     s->n_pending = 0;
     while (i < n) {
-        int r = kp_unicode_utf8_next(in + i, n - i);
+        int r = kp_unicode_utf8_decode(in + i, n - i, NULL);
         if (r > 0) {
             memmove(s->out + o, in + i, (size_t)r);
             o += (size_t)r;
@@ -501,7 +488,7 @@ void kp_tok_stream_flush(kp_tok_stream *s, const char **bytes, size_t *n_bytes) 
     if (!s) return;
     if (s->n_pending) {
         s->n_pending = 0;
-        if (reserve(&s->out, &s->out_cap, 3) == 0) {
+        if (kp_grow((void **)&s->out, &s->out_cap, 3, 1)) {
             memcpy(s->out, REPLACEMENT, 3);
             *bytes = s->out;
             *n_bytes = 3;

@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/buf.h"
 #include "base/status.h"
 #include "tok/tok.h"
 
@@ -109,7 +110,7 @@ struct kp_tok_vocab {
     char *pre_name;             /* resolved pre-tokenizer name (owned) */
     kp_tok_pre_kind pre_kind;
     char *pre_warning;          /* owned, or NULL */
-    char *warnings;             /* owned, or NULL */
+    kp_buf warnings;            /* lines joined by '\n'; data NULL when none */
 
     int32_t n_vocab;
     char *text_arena;           /* every token text, each NUL-terminated */

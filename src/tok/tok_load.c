@@ -43,6 +43,7 @@
 #include <string.h>
 
 #include "tok/tok_impl.h"
+#include "base/buf.h"
 #include "base/unicode.h"
 
 /* GGUF token types (tokenizer.ggml.token_type) */
@@ -95,13 +96,8 @@ static kp_status warn(kp_tok_vocab *v, kp_error *err, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    size_t old = v->warnings ? strlen(v->warnings) : 0, add = strlen(line);
-    char *w = realloc(v->warnings, old + add + 2);
-    if (!w) return oom(err);
-    if (old) w[old++] = '\n';
-    memcpy(w + old, line, add + 1);
-    v->warnings = w;
-    return KP_OK;
+    if (v->warnings.len) kp_buf_putc(&v->warnings, '\n');
+    return kp_buf_puts(&v->warnings, line) ? KP_OK : oom(err);
 }
 
 static char *dup_n(const char *s, size_t n) {
@@ -663,28 +659,20 @@ static uint8_t byte_of(const kp_tok_vocab *v, int32_t id) {
 }
 
 static kp_status build_pieces(kp_tok_vocab *v, kp_error *err) {
-    size_t cap = 1024;
-    char *arena = malloc(cap);
+    size_t cap = 0;
+    char *arena = NULL;
     v->piece_off = malloc((size_t)v->n_vocab * sizeof *v->piece_off);
     v->piece_len = malloc((size_t)v->n_vocab * sizeof *v->piece_len);
-    if (!arena || !v->piece_off || !v->piece_len) {
-        free(arena);
-        return oom(err);
-    }
+    if (!v->piece_off || !v->piece_len) return oom(err);
     size_t off = 0;
     for (int32_t id = 0; id < v->n_vocab; id++) {
         const char *t = text_of(v, id);
         size_t len = v->text_len[id], n = 0;
         uint32_t attr = v->attrs[id];
         size_t need = off + 1 + (v->model == KP_TOK_MODEL_BPE && (attr & KP_TOK_ATTR_NORMAL) ? bpe_decode_text(t, len, NULL) : len);
-        if (need > cap) {
-            while (cap < need) cap *= 2;
-            char *a = realloc(arena, cap);
-            if (!a) {
-                free(arena);
-                return oom(err);
-            }
-            arena = a;
+        if (!kp_grow((void **)&arena, &cap, need, 1)) {
+            free(arena);
+            return oom(err);
         }
         char *dst = arena + off;
         if (attr & (KP_TOK_ATTR_UNKNOWN | KP_TOK_ATTR_CONTROL | KP_TOK_ATTR_USER_DEFINED)) {
@@ -774,7 +762,7 @@ void kp_tok_vocab_free(kp_tok_vocab *v) {
     if (!v) return;
     free(v->pre_name);
     free(v->pre_warning);
-    free(v->warnings);
+    kp_buf_free(&v->warnings);
     free(v->text_arena);
     free(v->text_off);
     free(v->text_len);
