@@ -272,7 +272,26 @@ static void test_substitution_example(void) {
     CHECK(n == sizeof want / sizeof want[0] && memcmp(got, want, sizeof want) == 0);
 }
 
+/* kp_unicode_utf8_repair on the same example (Unicode 15, 3.9, Table 3-8:
+ * "a" U+FFFD U+FFFD U+FFFD "b" U+FFFD "c" U+FFFD U+FFFD "d"), on a
+ * character cut short by the end, and on text that is already valid. */
+static void test_repair(void) {
+    static const uint8_t in[] = {0x61, 0xF1, 0x80, 0x80, 0xE1, 0x80, 0xC2, 0x62, 0x80, 0x63, 0x80, 0xBF, 0x64};
+    static const char want[] = "a\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD" "b\xEF\xBF\xBD" "c\xEF\xBF\xBD\xEF\xBF\xBD" "d";
+    uint8_t out[3 * sizeof in];
+    size_t n = kp_unicode_utf8_repair(in, sizeof in, out);
+    CHECK(n == sizeof want - 1 && memcmp(out, want, n) == 0);
+    static const uint8_t cut[] = {0x41, 0xF0, 0x9F, 0x98};
+    n = kp_unicode_utf8_repair(cut, sizeof cut, out);
+    CHECK(n == 4 && memcmp(out, "A\xEF\xBF\xBD", 4) == 0);
+    static const char ok[] = "caf\xC3\xA9 \xF0\x9F\x98\x80";
+    n = kp_unicode_utf8_repair((const uint8_t *)ok, sizeof ok - 1, out);
+    CHECK(n == sizeof ok - 1 && memcmp(out, ok, n) == 0);
+    CHECK(kp_unicode_utf8_repair(in, 0, out) == 0);
+}
+
 int main(void) {
+    RUN(test_repair);
     RUN(test_every_short_input);
     RUN(test_four_byte_leads);
     RUN(test_valid);

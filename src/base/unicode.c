@@ -25,6 +25,8 @@
  */
 #include "base/unicode.h"
 
+#include <string.h>
+
 size_t kp_unicode_len_utf8(uint8_t lead) {
     static const uint8_t by_high_nibble[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
     return by_high_nibble[lead >> 4];
@@ -127,6 +129,23 @@ bool kp_unicode_utf8_valid(const uint8_t *s, size_t n) {
         i += (size_t)k;
     }
     return true;
+}
+
+size_t kp_unicode_utf8_repair(const uint8_t *s, size_t n, uint8_t *out) {
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        int step = kp_unicode_utf8_decode(s + i, n - i, NULL);
+        if (step > 0) {
+            memcpy(out + k, s + i, (size_t)step);
+            k += (size_t)step;
+            i += (size_t)step;
+            continue;
+        }
+        memcpy(out + k, "\xEF\xBF\xBD", 3);
+        k += 3;
+        i = step < 0 ? i + (size_t)-step : n; /* 0: a character cut short by the end */
+    }
+    return k;
 }
 
 uint32_t kp_unicode_byte_to_cpt(uint8_t byte) {

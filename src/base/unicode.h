@@ -75,6 +75,13 @@ int kp_unicode_utf8_decode(const uint8_t *s, size_t n, uint32_t *cpt);
  * none cut short by the end; true for n == 0. */
 bool kp_unicode_utf8_valid(const uint8_t *s, size_t n);
 
+/* Copies s[0..n) to out, every maximal subpart that is not well-formed
+ * (and a character cut short by the end) replaced by one U+FFFD, so the
+ * result is valid UTF-8 that keeps every well-formed character. out holds
+ * at least 3 * n bytes (a byte becomes at most one 3-byte U+FFFD). Returns
+ * the bytes written. */
+size_t kp_unicode_utf8_repair(const uint8_t *s, size_t n, uint8_t *out);
+
 /* GPT-2 byte-level mapping: the printable bytes '!'..'~', 0xA1..0xAC and
  * 0xAE..0xFF map to themselves; the other 68 bytes map, in increasing byte
  * order, to U+0100, U+0101, ... (so ' ' -> U+0120 'Ġ', '\n' -> U+010A 'Ċ'). */

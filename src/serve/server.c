@@ -947,19 +947,7 @@ static enum MHD_Result detokenize(kp_server *s, struct MHD_Connection *c, conn *
     json_t *content = json_stringn(text, len);
     if (!content) {
         char *clean = malloc(len * 3 + 1); /* each byte at most one U+FFFD */
-        size_t k = 0;
-        for (size_t i = 0; clean && i < len;) {
-            int step = kp_unicode_utf8_decode((const uint8_t *)text + i, len - i, NULL);
-            if (step > 0) {
-                memcpy(clean + k, text + i, (size_t)step);
-                k += (size_t)step;
-                i += (size_t)step;
-                continue;
-            }
-            memcpy(clean + k, "\xEF\xBF\xBD", 3);
-            k += 3;
-            i = step < 0 ? i + (size_t)-step : len; /* 0: an incomplete character ends the text */
-        }
+        size_t k = clean ? kp_unicode_utf8_repair((const uint8_t *)text, len, (uint8_t *)clean) : 0;
         content = clean ? json_stringn(clean, k) : NULL;
         free(clean);
         if (!content) {
