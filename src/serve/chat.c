@@ -157,10 +157,6 @@ static chat_span py_strip(const char *str, size_t len, bool left, bool right) {
     return (chat_span){str + b, e - b};
 }
 
-static void put_trimmed(kp_buf *b, const char *s, size_t len) {
-    chat_span t = py_strip(s, len, true, true);
-    kp_buf_put(b, t.s, t.len);
-}
 
 /* s[0..len) without leading / trailing '\n' (Python's strip('\n') family). */
 static chat_span strip_newlines(const char *s, size_t len, bool left, bool right) {
@@ -482,13 +478,45 @@ static kp_status check_alternation(const chat_conv *c, size_t first, kp_chat_fam
 typedef struct {
     const char *bos, *eos, *date;
     bool gen, no_think;
+    /* the rendering, and the ranges of it that hold the client's text */
+    const kp_buf *out;
+    kp_tok_range *plain;
+    size_t n_plain, cap_plain;
+    bool plain_oom;
 } chat_env;
 
-#define PUT_CONTENT(b, m) kp_buf_put(b, (m)->content, (m)->content_len)
+/* Appends text that came from the client (message content, tool
+ * definitions, a call's name and arguments) to b. When b is the rendering
+ * itself, the range it fills is recorded as plain: kp_tok_encode_plain
+ * never turns a control token's text found there into that token, so a
+ * message cannot close its own turn with "<|im_end|>" or end the prompt
+ * with "</s>"; only the template's markup (written with kp_buf_puts) can. */
+static void put_client(kp_buf *b, chat_env *e, const char *s, size_t n) {
+    size_t at = b->len;
+    kp_buf_put(b, s, n);
+    if (b != e->out || n == 0 || b->oom) return;
+    if (e->n_plain && e->plain[e->n_plain - 1].start + e->plain[e->n_plain - 1].len == at) {
+        e->plain[e->n_plain - 1].len += n; /* adjacent: one range */
+        return;
+    }
+    if (!kp_grow((void **)&e->plain, &e->cap_plain, e->n_plain + 1, sizeof *e->plain)) {
+        e->plain_oom = true;
+        return;
+    }
+    e->plain[e->n_plain++] = (kp_tok_range){at, n};
+}
+
+#define PUT_CONTENT(b, m) put_client(b, e, (m)->content, (m)->content_len)
+
+/* The client's text s[0..len) without Python's leading and trailing whitespace. */
+static void put_trimmed(kp_buf *b, chat_env *e, const char *s, size_t len) {
+    chat_span t = py_strip(s, len, true, true);
+    put_client(b, e, t.s, t.len);
+}
 
 /* teknium/OpenHermes-2.5-Mistral-7B; Qwen/Qwen2-7B-Instruct adds a default
  * system message when the first message is not one. */
-static kp_status render_chatml(kp_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_chatml(kp_buf *b, const chat_conv *c, chat_env *e,
                                const char *default_system, kp_error *err) {
     (void)err;
     if (default_system && c->msgs[0].role != ROLE_SYSTEM) {
@@ -517,25 +545,25 @@ static const char qwen_tools_outro[] =
 static const char qwen25_default_system[] =
     "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 
-static void put_qwen_tools(kp_buf *b, const chat_conv *c) {
+static void put_qwen_tools(kp_buf *b, chat_env *e, const chat_conv *c) {
     kp_buf_puts(b, qwen_tools_intro);
     for (size_t t = 0; t < c->n_tools; t++) {
         kp_buf_puts(b, "\n");
-        kp_buf_put(b, c->tools[t].text, c->tools[t].len);
+        put_client(b, e, c->tools[t].text, c->tools[t].len);
     }
     kp_buf_puts(b, qwen_tools_outro);
 }
 
-static void put_qwen_call(kp_buf *b, const chat_call *call) {
+static void put_qwen_call(kp_buf *b, chat_env *e, const chat_call *call) {
     kp_buf_puts(b, "<tool_call>\n{\"name\": \"");
-    kp_buf_put(b, call->name, call->name_len);
+    put_client(b, e, call->name, call->name_len);
     kp_buf_puts(b, "\", \"arguments\": ");
-    kp_buf_put(b, call->args, call->args_len);
+    put_client(b, e, call->args, call->args_len);
     kp_buf_puts(b, "}\n</tool_call>");
 }
 
 /* Tool results: consecutive tool messages share one user turn. */
-static void put_qwen_tool_result(kp_buf *b, const chat_conv *c, size_t i) {
+static void put_qwen_tool_result(kp_buf *b, chat_env *e, const chat_conv *c, size_t i) {
     if (i == 0 || c->msgs[i - 1].role != ROLE_TOOL) kp_buf_puts(b, "<|im_start|>user");
     kp_buf_puts(b, "\n<tool_response>\n");
     PUT_CONTENT(b, &c->msgs[i]);
@@ -544,7 +572,7 @@ static void put_qwen_tool_result(kp_buf *b, const chat_conv *c, size_t i) {
 }
 
 /* Qwen/Qwen2.5-7B-Instruct */
-static kp_status render_qwen25(kp_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_qwen25(kp_buf *b, const chat_conv *c, chat_env *e,
                                kp_error *err) {
     (void)err;
     const chat_msg *first = &c->msgs[0];
@@ -554,7 +582,7 @@ static kp_status render_qwen25(kp_buf *b, const chat_conv *c, const chat_env *e,
     else kp_buf_puts(b, qwen25_default_system);
     if (c->n_tools) {
         kp_buf_puts(b, "\n\n");
-        put_qwen_tools(b, c);
+        put_qwen_tools(b, e, c);
     } else {
         kp_buf_puts(b, "<|im_end|>\n");
     }
@@ -575,11 +603,11 @@ static kp_status render_qwen25(kp_buf *b, const chat_conv *c, const chat_env *e,
             }
             for (size_t j = 0; j < m->n_calls; j++) {
                 kp_buf_puts(b, "\n");
-                put_qwen_call(b, &m->calls[j]);
+                put_qwen_call(b, e, &m->calls[j]);
             }
             kp_buf_puts(b, "<|im_end|>\n");
         } else if (m->role == ROLE_TOOL) {
-            put_qwen_tool_result(b, c, i);
+            put_qwen_tool_result(b, e, c, i);
         }
     }
     if (e->gen) kp_buf_puts(b, "<|im_start|>assistant\n");
@@ -587,7 +615,7 @@ static kp_status render_qwen25(kp_buf *b, const chat_conv *c, const chat_env *e,
 }
 
 /* Qwen/Qwen3-0.6B (the whole Qwen 3 line shares it) */
-static kp_status render_qwen3(kp_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_qwen3(kp_buf *b, const chat_conv *c, chat_env *e,
                               kp_error *err) {
     (void)err;
     const chat_msg *first = &c->msgs[0];
@@ -597,7 +625,7 @@ static kp_status render_qwen3(kp_buf *b, const chat_conv *c, const chat_env *e,
             PUT_CONTENT(b, first);
             kp_buf_puts(b, "\n\n");
         }
-        put_qwen_tools(b, c);
+        put_qwen_tools(b, e, c);
     } else if (first->role == ROLE_SYSTEM) {
         kp_buf_puts(b, "<|im_start|>system\n");
         PUT_CONTENT(b, first);
@@ -648,19 +676,19 @@ static kp_status render_qwen3(kp_buf *b, const chat_conv *c, const chat_env *e,
                 chat_span r = strip_newlines(reasoning.s, reasoning.len, true, true);
                 chat_span body = strip_newlines(content.s, content.len, true, false);
                 kp_buf_puts(b, "<think>\n");
-                kp_buf_put(b, r.s, r.len);
+                put_client(b, e, r.s, r.len);
                 kp_buf_puts(b, "\n</think>\n\n");
-                kp_buf_put(b, body.s, body.len);
+                put_client(b, e, body.s, body.len);
             } else {
-                kp_buf_put(b, content.s, content.len);
+                put_client(b, e, content.s, content.len);
             }
             for (size_t j = 0; j < m->n_calls; j++) {
                 if (j > 0 || content.len) kp_buf_puts(b, "\n");
-                put_qwen_call(b, &m->calls[j]);
+                put_qwen_call(b, e, &m->calls[j]);
             }
             kp_buf_puts(b, "<|im_end|>\n");
         } else if (m->role == ROLE_TOOL) {
-            put_qwen_tool_result(b, c, i);
+            put_qwen_tool_result(b, e, c, i);
         }
     }
     if (e->gen) {
@@ -670,21 +698,21 @@ static kp_status render_qwen3(kp_buf *b, const chat_conv *c, const chat_env *e,
     return KP_OK;
 }
 
-static void put_llama3_turn(kp_buf *b, const char *role, const char *text, size_t len) {
+static void put_llama3_turn(kp_buf *b, chat_env *e, const char *role, const char *text, size_t len) {
     kp_buf_puts(b, "<|start_header_id|>");
     kp_buf_puts(b, role);
     kp_buf_puts(b, "<|end_header_id|>\n\n");
-    put_trimmed(b, text, len);
+    put_trimmed(b, e, text, len);
     kp_buf_puts(b, "<|eot_id|>");
 }
 
 /* meta-llama/Meta-Llama-3-8B-Instruct */
-static kp_status render_llama3(kp_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_llama3(kp_buf *b, const chat_conv *c, chat_env *e,
                                kp_error *err) {
     (void)err;
     for (size_t i = 0; i < c->n; i++) {
         if (i == 0) kp_buf_puts(b, e->bos);
-        put_llama3_turn(b, role_names[c->msgs[i].role], c->msgs[i].content,
+        put_llama3_turn(b, e, role_names[c->msgs[i].role], c->msgs[i].content,
                         c->msgs[i].content_len);
     }
     if (e->gen) kp_buf_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
@@ -693,7 +721,7 @@ static kp_status render_llama3(kp_buf *b, const chat_conv *c, const chat_env *e,
 
 /* meta-llama/Llama-3.1-8B-Instruct, Llama-3.2-*-Instruct, Llama-3.3-70B-
  * Instruct (tools_in_user_message left at its default, true). */
-static kp_status render_llama31(kp_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_llama31(kp_buf *b, const chat_conv *c, chat_env *e,
                                 kp_error *err) {
     size_t i = 0;
     kp_buf_puts(b, e->bos);
@@ -703,7 +731,7 @@ static kp_status render_llama31(kp_buf *b, const chat_conv *c, const chat_env *e
     kp_buf_puts(b, e->date);
     kp_buf_puts(b, "\n\n");
     if (c->msgs[0].role == ROLE_SYSTEM) {
-        put_trimmed(b, c->msgs[0].content, c->msgs[0].content_len);
+        put_trimmed(b, e, c->msgs[0].content, c->msgs[0].content_len);
         i = 1;
     }
     kp_buf_puts(b, "<|eot_id|>");
@@ -719,10 +747,10 @@ static kp_status render_llama31(kp_buf *b, const chat_conv *c, const chat_env *e
                  "Respond in the format {\"name\": function name, \"parameters\": dictionary of "
                  "argument name and its value}.Do not use variables.\n\n");
         for (size_t t = 0; t < c->n_tools; t++) {
-            kp_buf_put(b, c->tools[t].text, c->tools[t].len);
+            put_client(b, e, c->tools[t].text, c->tools[t].len);
             kp_buf_puts(b, "\n\n");
         }
-        put_trimmed(b, c->msgs[i].content, c->msgs[i].content_len);
+        put_trimmed(b, e, c->msgs[i].content, c->msgs[i].content_len);
         kp_buf_puts(b, "<|eot_id|>");
         i++;
     }
@@ -735,9 +763,9 @@ static kp_status render_llama31(kp_buf *b, const chat_conv *c, const chat_env *e
                                "tool call per message, not %zu",
                                i, m->n_calls);
             kp_buf_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"");
-            kp_buf_put(b, m->calls[0].name, m->calls[0].name_len);
+            put_client(b, e, m->calls[0].name, m->calls[0].name_len);
             kp_buf_puts(b, "\", \"parameters\": ");
-            kp_buf_put(b, m->calls[0].args, m->calls[0].args_len);
+            put_client(b, e, m->calls[0].args, m->calls[0].args_len);
             kp_buf_puts(b, "}<|eot_id|>");
         } else if (m->role == ROLE_TOOL) {
             /* the template writes `content | tojson`: a JSON string */
@@ -749,11 +777,11 @@ static kp_status render_llama31(kp_buf *b, const chat_conv *c, const chat_env *e
             json_decref(s);
             if (st != KP_OK) return st;
             kp_buf_puts(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
-            kp_buf_put(b, quoted, qlen);
+            put_client(b, e, quoted, qlen);
             kp_buf_puts(b, "<|eot_id|>");
             free(quoted);
         } else {
-            put_llama3_turn(b, role_names[m->role], m->content, m->content_len);
+            put_llama3_turn(b, e, role_names[m->role], m->content, m->content_len);
         }
     }
     if (e->gen) kp_buf_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
@@ -761,7 +789,7 @@ static kp_status render_llama31(kp_buf *b, const chat_conv *c, const chat_env *e
 }
 
 /* meta-llama/Llama-2-7b-chat-hf (no generation prompt: "[/INST]" is it) */
-static kp_status render_llama2(kp_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_llama2(kp_buf *b, const chat_conv *c, chat_env *e,
                                kp_error *err) {
     size_t first = c->msgs[0].role == ROLE_SYSTEM ? 1 : 0;
     kp_status st = check_alternation(c, first, KP_CHAT_LLAMA2, err);
@@ -783,11 +811,11 @@ static kp_status render_llama2(kp_buf *b, const chat_conv *c, const chat_env *e,
         if (m->role == ROLE_USER) {
             kp_buf_puts(b, e->bos);
             kp_buf_puts(b, "[INST] ");
-            put_trimmed(b, text, len);
+            put_trimmed(b, e, text, len);
             kp_buf_puts(b, " [/INST]");
         } else {
             kp_buf_puts(b, " ");
-            put_trimmed(b, text, len);
+            put_trimmed(b, e, text, len);
             kp_buf_puts(b, " ");
             kp_buf_puts(b, e->eos);
         }
@@ -799,7 +827,7 @@ static kp_status render_llama2(kp_buf *b, const chat_conv *c, const chat_env *e,
 
 /* mistralai/Mixtral-8x7B-Instruct-v0.1 and Mistral-7B-Instruct-v0.2 (no
  * generation prompt: "[/INST]" is it) */
-static kp_status render_mistral(kp_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_mistral(kp_buf *b, const chat_conv *c, chat_env *e,
                                 kp_error *err) {
     size_t first = c->msgs[0].role == ROLE_SYSTEM ? 1 : 0;
     kp_status st = check_alternation(c, first, KP_CHAT_MISTRAL, err);
@@ -826,7 +854,7 @@ static kp_status render_mistral(kp_buf *b, const chat_conv *c, const chat_env *e
 
 /* google/gemma-3-*-it (google/gemma-2-*-it renders the same but refuses a
  * system message) */
-static kp_status render_gemma(kp_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_gemma(kp_buf *b, const chat_conv *c, chat_env *e,
                               kp_error *err) {
     size_t first = c->msgs[0].role == ROLE_SYSTEM ? 1 : 0;
     kp_status st = check_alternation(c, first, KP_CHAT_GEMMA, err);
@@ -839,7 +867,7 @@ static kp_status render_gemma(kp_buf *b, const chat_conv *c, const chat_env *e,
             PUT_CONTENT(b, &c->msgs[0]);
             kp_buf_puts(b, "\n\n");
         }
-        put_trimmed(b, m->content, m->content_len);
+        put_trimmed(b, e, m->content, m->content_len);
         kp_buf_puts(b, "<end_of_turn>\n");
     }
     if (e->gen) kp_buf_puts(b, "<start_of_turn>model\n");
@@ -847,7 +875,7 @@ static kp_status render_gemma(kp_buf *b, const chat_conv *c, const chat_env *e,
 }
 
 /* microsoft/Phi-3.5-mini-instruct (an empty system message is left out) */
-static kp_status render_phi3(kp_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_phi3(kp_buf *b, const chat_conv *c, chat_env *e,
                              kp_error *err) {
     (void)err;
     for (size_t i = 0; i < c->n; i++) {
@@ -864,7 +892,7 @@ static kp_status render_phi3(kp_buf *b, const chat_conv *c, const chat_env *e,
 }
 
 /* HuggingFaceH4/zephyr-7b-beta */
-static kp_status render_zephyr(kp_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_zephyr(kp_buf *b, const chat_conv *c, chat_env *e,
                                kp_error *err) {
     (void)err;
     for (size_t i = 0; i < c->n; i++) {
@@ -884,8 +912,16 @@ static kp_status render_zephyr(kp_buf *b, const chat_conv *c, const chat_env *e,
 
 kp_status kp_chat_render(kp_chat_family f, const json_t *messages, const json_t *tools,
                          const kp_chat_opts *opts, char **out, size_t *len, kp_error *err) {
+    return kp_chat_render_plain(f, messages, tools, opts, out, len, NULL, NULL, err);
+}
+
+kp_status kp_chat_render_plain(kp_chat_family f, const json_t *messages, const json_t *tools,
+                               const kp_chat_opts *opts, char **out, size_t *len, kp_tok_range **plain,
+                               size_t *n_plain, kp_error *err) {
     *out = NULL;
     *len = 0;
+    if (plain) *plain = NULL;
+    if (n_plain) *n_plain = 0;
     if ((unsigned)f >= KP_CHAT_FAMILY_COUNT || f == KP_CHAT_UNKNOWN)
         return kp_fail(err, KP_EUNSUPPORTED,
                        "unknown chat template family; name one (chatml, qwen2, qwen2.5, qwen3, "
@@ -903,6 +939,7 @@ kp_status kp_chat_render(kp_chat_family f, const json_t *messages, const json_t 
     kp_status st = conv_load(&conv, messages, tools, err);
     if (st == KP_OK) st = check_tool_support(&conv, f, err);
     kp_buf b = {0};
+    env.out = &b;
     if (st == KP_OK) {
         switch (f) {
         case KP_CHAT_CHATML: st = render_chatml(&b, &conv, &env, NULL, err); break;
@@ -923,11 +960,23 @@ kp_status kp_chat_render(kp_chat_family f, const json_t *messages, const json_t 
         }
     }
     conv_free(&conv);
+    if (st == KP_OK && env.plain_oom) st = oom(err);
     if (st != KP_OK) {
         kp_buf_free(&b);
+        free(env.plain);
         return st;
     }
-    return kp_buf_take(&b, out, len) ? KP_OK : oom(err);
+    if (!kp_buf_take(&b, out, len)) {
+        free(env.plain);
+        return oom(err);
+    }
+    if (plain) {
+        *plain = env.plain;
+        *n_plain = env.n_plain;
+    } else {
+        free(env.plain);
+    }
+    return KP_OK;
 }
 
 /* ------------------------------------------------------------------ */

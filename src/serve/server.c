@@ -325,12 +325,12 @@ static void status_error(kp_status st, const kp_error *err, const char *param, k
 /* Text -> tokens the way the model expects a prompt: special tokens in the
  * text are parsed, BOS added when the vocabulary wants one and the text
  * does not start with it already. */
-static bool tokenize_prompt(kp_server *s, const char *text, size_t len, int32_t **ids, size_t *n,
-                            kp_oai_error *e) {
+static bool tokenize_prompt(kp_server *s, const char *text, size_t len, const kp_tok_range *plain, size_t n_plain,
+                            int32_t **ids, size_t *n, kp_oai_error *e) {
     kp_error err = {0};
     int32_t *t = NULL;
     size_t nt = 0;
-    if (kp_tok_encode(s->v, text, len, false, true, &t, &nt, &err) != KP_OK) {
+    if (kp_tok_encode_plain(s->v, text, len, false, plain, n_plain, &t, &nt, &err) != KP_OK) {
         status_error(KP_EINVAL, &err, "prompt", e);
         return false;
     }
@@ -358,9 +358,13 @@ static bool tokenize_prompt(kp_server *s, const char *text, size_t len, int32_t 
 }
 
 /* The prompt of a request body: "prompt" (text or token ids) or "messages"
- * (+ "tools") through the chat template. */
+ * (+ "tools") through the chat template. Only the template's markup may
+ * produce control tokens: the client's text in a rendering is tokenized as
+ * plain text (kp_chat_render_plain's ranges), and so is a completions
+ * prompt unless parse_special asks otherwise. */
 static bool request_tokens(kp_server *s, const json_t *prompt, const json_t *messages, const json_t *tools,
-                           int32_t **ids, size_t *n, char **text_out, size_t *text_len, kp_oai_error *e) {
+                           bool parse_special, int32_t **ids, size_t *n, char **text_out, size_t *text_len,
+                           kp_oai_error *e) {
     *ids = NULL;
     *n = 0;
     *text_out = NULL;
@@ -374,7 +378,9 @@ static bool request_tokens(kp_server *s, const json_t *prompt, const json_t *mes
         char *text = NULL;
         size_t len = 0;
         kp_error err = {0};
-        kp_status st = kp_chat_render(s->cfg.chat, messages, tools, &o, &text, &len, &err);
+        kp_tok_range *plain = NULL;
+        size_t n_plain = 0;
+        kp_status st = kp_chat_render_plain(s->cfg.chat, messages, tools, &o, &text, &len, &plain, &n_plain, &err);
         if (st != KP_OK) { /* the renderer's messages start with the field at fault */
             const char *field = !strncmp(err.msg, "tools", 5) ? "tools" : "messages";
             if (st == KP_ERANGE) /* nesting too deep: a bad request, not a long prompt */
@@ -382,7 +388,8 @@ static bool request_tokens(kp_server *s, const json_t *prompt, const json_t *mes
             status_error(st, &err, field, e);
             return false;
         }
-        bool ok = tokenize_prompt(s, text, len, ids, n, e);
+        bool ok = tokenize_prompt(s, text, len, plain, n_plain, ids, n, e);
+        free(plain);
         if (ok) {
             *text_out = text;
             *text_len = len;
@@ -397,7 +404,9 @@ static bool request_tokens(kp_server *s, const json_t *prompt, const json_t *mes
                           ? json_array_get(prompt, 0)
                           : NULL;
     if (p) {
-        if (!tokenize_prompt(s, json_string_value(p), json_string_length(p), ids, n, e)) return false;
+        kp_tok_range all = {0, json_string_length(p)};
+        if (!tokenize_prompt(s, json_string_value(p), json_string_length(p), &all, parse_special ? 0 : 1, ids, n, e))
+            return false;
         *text_out = strdup(json_string_value(p)); /* NULL (no text in the report) when out of memory */
         *text_len = *text_out ? json_string_length(p) : 0;
         return true;
@@ -694,7 +703,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
     char *ptext = NULL;
     bool ok = q.prompt_tokens ? true
                               : request_tokens(s, chat ? NULL : json_object_get(q.root, "prompt"), q.messages,
-                                               q.tools, &ids, &n, &ptext, &tlen0, &e);
+                                               q.tools, q.parse_special, &ids, &n, &ptext, &tlen0, &e);
     if (q.prompt_tokens) {
         for (uint32_t i = 0; i < q.n_prompt_tokens && ok; i++)
             if (q.prompt_tokens[i] >= kp_tok_n_vocab(s->v))
@@ -1038,14 +1047,17 @@ static bool body_tokens(kp_server *s, json_t *o, const char *const *allowed, int
     if (tools && !json_is_null(tools) && !json_is_array(tools))
         return kp_oai_fail(e, 400, "invalid_request_error", NULL, "tools", "tools must be an array of tool objects");
     if (json_is_null(tools) || (tools && json_array_size(tools) == 0)) tools = NULL;
-    return request_tokens(s, prompt, messages, tools, ids, n, text, text_len, e);
+    const json_t *ps = json_object_get(o, "parse_special");
+    if (ps && !json_is_boolean(ps) && !json_is_null(ps))
+        return kp_oai_fail(e, 400, "invalid_request_error", NULL, "parse_special", "parse_special must be true or false");
+    return request_tokens(s, prompt, messages, tools, json_is_true(ps), ids, n, text, text_len, e);
 }
 
 static enum MHD_Result cache_probe(kp_server *s, struct MHD_Connection *c, conn *cn) {
     kp_oai_error e;
     json_t *o = kp_oai_parse_object(cn->body.data, cn->body.len, &e);
     if (!o) return reply_error(s, c, &e);
-    static const char *const allowed[] = {"prompt", "messages", "tools", "model", NULL};
+    static const char *const allowed[] = {"prompt", "messages", "tools", "model", "parse_special", NULL};
     int32_t *ids = NULL;
     size_t n = 0, tl = 0;
     char *text = NULL;
@@ -1074,7 +1086,7 @@ static enum MHD_Result cache_pin(kp_server *s, struct MHD_Connection *c, conn *c
     kp_oai_error e;
     json_t *o = kp_oai_parse_object(cn->body.data, cn->body.len, &e);
     if (!o) return reply_error(s, c, &e);
-    static const char *const allowed[] = {"prompt", "messages", "tools", "model", "ttl", NULL};
+    static const char *const allowed[] = {"prompt", "messages", "tools", "model", "ttl", "parse_special", NULL};
     const json_t *ttl_j = json_object_get(o, "ttl");
     int64_t ttl = 0;
     if (ttl_j && !json_is_null(ttl_j)) {

@@ -126,9 +126,30 @@ static void find_present(const kp_tok_vocab *v, const uint8_t *text, size_t len,
 
 static bool is_space(char c) { return isspace((unsigned char)c) != 0; }
 
-/* Splits every raw fragment of `in` at the occurrences of token id. */
+/* The ranges of the text where control tokens are not parsed (sorted,
+ * disjoint), or none. */
+typedef struct {
+    const kp_tok_range *v;
+    size_t n;
+} plain_ranges;
+
+/* Whether [pos, pos + n) overlaps a plain range (binary search for the
+ * last range starting before its end). */
+static bool in_plain(const plain_ranges *p, size_t pos, size_t n) {
+    size_t lo = 0, hi = p->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (p->v[mid].start < pos + n) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo > 0 && p->v[lo - 1].start + p->v[lo - 1].len > pos;
+}
+
+/* Splits every raw fragment of `in` at the occurrences of token id, except
+ * occurrences that overlap a plain range when the token is a control or
+ * unknown one (those stay text). */
 static int split_on_token(const kp_tok_vocab *v, const char *text, int32_t id, const frag_list *in,
-                          frag_list *out) {
+                          const plain_ranges *plain, frag_list *out) {
     const char *t = v->text_arena + v->text_off[id];
     size_t tl = v->text_len[id];
     uint32_t attr = v->attrs[id];
@@ -140,14 +161,19 @@ static int split_on_token(const kp_tok_vocab *v, const char *text, int32_t id, c
             if (frag_push(out, fr.token, 0, 0)) return -1;
             continue;
         }
-        size_t off = fr.off, len = fr.len;
+        size_t off = fr.off, len = fr.len, scan = fr.off;
+        bool guarded = plain->n && (attr & (KP_TOK_ATTR_CONTROL | KP_TOK_ATTR_UNKNOWN));
         while (len > 0) {
-            const char *m = memmem(text + off, len, t, tl);
+            const char *m = memmem(text + scan, off + len - scan, t, tl);
             if (!m) {
                 if (frag_push(out, -1, off, len)) return -1;
                 break;
             }
             size_t mpos = (size_t)(m - text);
+            if (guarded && in_plain(plain, mpos, tl)) { /* the client's text: not a token */
+                scan = mpos + 1;
+                continue;
+            }
             size_t left = mpos - off;
             if (attr & KP_TOK_ATTR_LSTRIP)
                 while (left > 0 && is_space(text[off + left - 1])) left--;
@@ -159,7 +185,7 @@ static int split_on_token(const kp_tok_vocab *v, const char *text, int32_t id, c
                     r_off++;
                     r_len--;
                 }
-            off = r_off;
+            off = scan = r_off;
             len = r_len;
         }
     }
@@ -167,7 +193,7 @@ static int split_on_token(const kp_tok_vocab *v, const char *text, int32_t id, c
 }
 
 static kp_status partition(const kp_tok_vocab *v, const char *text, size_t len, bool parse_special,
-                           frag_list *out, kp_error *err) {
+                           const plain_ranges *plain, frag_list *out, kp_error *err) {
     frag_list tmp = {0};
     uint8_t *present = NULL;
     if (len == 0) return KP_OK;
@@ -180,7 +206,7 @@ static kp_status partition(const kp_tok_vocab *v, const char *text, size_t len, 
         if (!present[i]) continue;
         int32_t id = v->special[i];
         if (!parse_special && (v->attrs[id] & (KP_TOK_ATTR_CONTROL | KP_TOK_ATTR_UNKNOWN))) continue;
-        if (split_on_token(v, text, id, out, &tmp)) goto nomem;
+        if (split_on_token(v, text, id, out, plain, &tmp)) goto nomem;
         frag_list swap = *out;
         *out = tmp;
         tmp = swap;
@@ -260,8 +286,9 @@ static kp_status bpe_fragment(const kp_tok_vocab *v, kp_tok_scratch *s, text_buf
     return st;
 }
 
-kp_status kp_tok_encode(const kp_tok_vocab *v, const char *text, size_t len, bool add_special,
-                     bool parse_special, int32_t **ids, size_t *n_ids, kp_error *err) {
+static kp_status encode(const kp_tok_vocab *v, const char *text, size_t len, bool add_special,
+                        bool parse_special, const plain_ranges *plain, int32_t **ids, size_t *n_ids,
+                        kp_error *err) {
     if (!v || !ids || !n_ids || (!text && len)) return kp_fail(err, KP_EINVAL, "kp_tok_encode: NULL argument");
     *ids = NULL;
     *n_ids = 0;
@@ -273,7 +300,7 @@ kp_status kp_tok_encode(const kp_tok_vocab *v, const char *text, size_t len, boo
     text_bufs tb = {0};
     kp_tok_scratch *s = kp_tok_scratch_new();
     kp_status st = s ? KP_OK : kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
-    if (st == KP_OK) st = partition(v, text, len, parse_special, &frags, err);
+    if (st == KP_OK) st = partition(v, text, len, parse_special, plain, &frags, err);
     if (st == KP_OK && add_special && v->add_bos) st = kp_tok_ids_push(&out, v->bos, err);
     bool prev_special = true; /* SPM: the first raw piece gets a leading space */
     for (size_t i = 0; st == KP_OK && i < frags.n; i++) {
@@ -301,6 +328,27 @@ kp_status kp_tok_encode(const kp_tok_vocab *v, const char *text, size_t len, boo
     *ids = out.ids;
     *n_ids = out.n;
     return KP_OK;
+}
+
+kp_status kp_tok_encode(const kp_tok_vocab *v, const char *text, size_t len, bool add_special,
+                        bool parse_special, int32_t **ids, size_t *n_ids, kp_error *err) {
+    plain_ranges none = {NULL, 0};
+    return encode(v, text, len, add_special, parse_special, &none, ids, n_ids, err);
+}
+
+kp_status kp_tok_encode_plain(const kp_tok_vocab *v, const char *text, size_t len, bool add_special,
+                              const kp_tok_range *plain, size_t n_plain, int32_t **ids, size_t *n_ids,
+                              kp_error *err) {
+    if (ids) *ids = NULL;
+    if (n_ids) *n_ids = 0;
+    if (n_plain && !plain) return kp_fail(err, KP_EINVAL, "kp_tok_encode_plain: NULL ranges");
+    for (size_t i = 0; i < n_plain; i++)
+        if (plain[i].start > len || plain[i].len > len - plain[i].start ||
+            (i > 0 && plain[i].start < plain[i - 1].start + plain[i - 1].len))
+            return kp_fail(err, KP_EINVAL, "kp_tok_encode_plain: range %zu (%zu+%zu) is out of order or past the "
+                                           "text of %zu bytes", i, plain[i].start, plain[i].len, len);
+    plain_ranges p = {plain, n_plain};
+    return encode(v, text, len, add_special, true, &p, ids, n_ids, err);
 }
 
 /* ---- decoding ---- */
