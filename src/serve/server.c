@@ -13,7 +13,8 @@
  *   access_cb #1   headers: make conn, check Content-Length <= max_body
  *   access_cb #2.. body pieces appended (413 once over the limit)
  *   access_cb last route(method, url):
- *     completions/chat: parse (oai.c) -> text -> tokens -> kp_sched_submit
+ *     completions/chat: parse (oai.c) -> text -> tokens -> kp_sched_fit (400
+ *       kv_budget_exceeded when the KV budget can never hold it) -> kp_sched_submit
  *       wait until the prompt is computed or the request failed, watching
  *       the socket (a client that leaves cancels the request)
  *       stream:  200 + text/event-stream; reader callback blocks in
@@ -319,6 +320,17 @@ static void status_error(kp_status st, const kp_error *err, const char *param, k
     default:
         kp_oai_fail(e, 500, "server_error", NULL, param, "%s", err->msg[0] ? err->msg : "internal error");
     }
+}
+
+/* 400 kv_budget_exceeded (into *e, false) when a request of n prompt tokens
+ * and max_tokens can never fit the KV budget (kp_sched_fit). */
+static bool fits_budget(kp_server *s, uint32_t n, uint32_t max_tokens, bool max_tokens_set, const char *prompt_param,
+                        kp_oai_error *e) {
+    uint32_t eff;
+    kp_error err = {0};
+    if (kp_sched_fit(s->sched, n, max_tokens, max_tokens_set, &eff, &err) == KP_OK) return true;
+    return kp_oai_fail(e, 400, "invalid_request_error", "kv_budget_exceeded",
+                       n > kp_sched_kv_positions(s->sched) ? prompt_param : "max_tokens", "%s", err.msg);
 }
 
 /* ---- prompts ---------------------------------------------------------------- */
@@ -722,8 +734,15 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
     uint32_t max_tokens = q.max_tokens_set ? q.max_tokens
                           : chat           ? ctx - (uint32_t)n
                                            : (s->cfg.completion_max_tokens ? s->cfg.completion_max_tokens : 16);
+    if (!fits_budget(s, (uint32_t)n, max_tokens, q.max_tokens_set, chat ? "messages" : "prompt", &e)) {
+        kp_oai_request_free(&q);
+        free(ids);
+        free(ptext);
+        return reply_error(s, c, &e);
+    }
     if (!q.seed_set) q.sp.seed = (uint64_t)time(NULL) ^ (atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull);
-    kp_sreq_params p = {ids, (uint32_t)n, max_tokens, q.sp, q.stops, q.n_stops, q.ignore_eos, ptext, tlen0};
+    kp_sreq_params p = {ids,   (uint32_t)n, max_tokens, q.sp, q.stops, q.n_stops, q.ignore_eos,
+                        ptext, tlen0,       q.max_tokens_set};
     kp_sreq *r = NULL;
     kp_error err = {0};
     kp_status st = kp_sched_submit(s->sched, &p, &r, &err);
@@ -1113,7 +1132,11 @@ static enum MHD_Result cache_pin(kp_server *s, struct MHD_Connection *c, conn *c
                     "the prefix cache is off (--no-prefix-cache): nothing can be pinned");
     }
     /* compute the prefix (prefill only), then pin it */
-    kp_sreq_params p = {ids, (uint32_t)n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0};
+    if (!fits_budget(s, (uint32_t)n, 0, true, "prompt", &e)) {
+        free(ids);
+        return reply_error(s, c, &e);
+    }
+    kp_sreq_params p = {ids, (uint32_t)n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true};
     kp_sreq *r = NULL;
     kp_error err = {0};
     kp_status st = kp_sched_submit(s->sched, &p, &r, &err);
@@ -1217,7 +1240,16 @@ static enum MHD_Result metrics(kp_server *s, struct MHD_Connection *c) {
     metric(&t, "kvpin_http_requests_cut_total", "counter",
            "Connections shut down because a request's head and body did not arrive within --request-timeout.",
            (double)atomic_load(&s->cut_slow));
-    metric(&t, "kvpin_queue_length", "gauge", "Requests waiting for a sequence slot.", st.queued);
+    metric(&t, "kvpin_queue_length", "gauge", "Requests waiting to be admitted (for a sequence slot or KV blocks).",
+           st.queued);
+    metric(&t, "kvpin_requests_waiting_for_kv", "gauge",
+           "Queued requests a free sequence slot would take now but for the KV blocks the queue's head waits for.",
+           st.waiting_for_kv);
+    metric(&t, "kvpin_preemptions_total", "counter",
+           "Running sequences sent back to the queue (cached, released, resumed later) so others could grow.",
+           (double)st.preemptions);
+    metric(&t, "kvpin_preemption_recomputed_tokens_total", "counter",
+           "Positions resumed requests computed again (not found in the prefix cache).", (double)st.resumed_computed);
     metric(&t, "kvpin_running_sequences", "gauge", "Sequences prefilling or decoding.", st.running);
     metric(&t, "kvpin_engine_steps_total", "counter", "Forward steps run by the engine.", (double)st.steps);
     uint64_t bb = st.kv.block_bytes ? st.kv.block_bytes : 1;
@@ -1236,6 +1268,10 @@ static enum MHD_Result metrics(kp_server *s, struct MHD_Connection *c) {
               st.ttft_le, st.ttft_count, st.ttft_n, st.ttft_sum);
     histogram(&t, "kvpin_time_per_output_token_seconds", "Time between consecutive generated tokens of a request.",
               st.tpot_le, st.tpot_count, st.tpot_n, st.tpot_sum);
+    histogram(&t, "kvpin_kv_wait_seconds",
+              "Time a request waited at the queue's head, a sequence slot free, for KV blocks (per admission "
+              "that waited).",
+              st.kvwait_le, st.kvwait_count, st.kvwait_n, st.kvwait_sum);
     if (t.oom) {
         kp_buf_free(&t);
         return fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
