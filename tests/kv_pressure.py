@@ -5,19 +5,24 @@ tests/e2e_kv_pressure.sh with the binary in $KVPIN).
 A server with `--kv-budget 409600` (40 blocks of 16 positions of the bundled
 model, 640 bytes per token) takes 300 distinct requests from 8 clients at
 once: completions with an explicit max_tokens and chats that run to the end
-of the context (streaming and not, mixed; every request fits the budget
-alone, none fits together with three others). Expected values come from
+of the context (--ctx 512; streaming and not, mixed; every request fits the
+budget alone, four long ones do not fit together). Expected values come from
 outside the pressured server:
   - every request ends without an error (no 503, no error event in a
-    stream), with the token ids, text and finish reason the same request
-    gets from a server with the default (big) budget, greedy;
-  - the pressure was real: /metrics counts preemptions;
+    stream), with the token ids, text, finish reason and completion_tokens
+    the same request gets from a server with the default (big) budget,
+    greedy;
+  - the pressure was real: /metrics counts preemptions and waits for KV,
+    and the answers' kvpin_cache.preemptions add up to the preemptions;
   - no leaked KV blocks afterwards (blocks in use == blocks the index holds);
   - a request that can never fit (its prompt, or its prompt + max_tokens,
     holds more positions than the budget) gets 400 kv_budget_exceeded at
     once with the numbers in the message, and a chat without max_tokens is
     cut to what the budget holds: prompt_tokens + completion_tokens - 1 ==
-    the budget's positions (the last token is never fed back).
+    the budget's positions (the last token is never fed back);
+  - a pin that leaves too little room: the request runs alone to the
+    positions left (budget - pinned blocks) and ends with finish length and
+    kvpin_cache.note.
 Prints the figures: requests, preemptions, errors, 503s, mismatches.
 """
 import http.client
@@ -51,16 +56,18 @@ def requests(n=300, seed=1234):
             body = {"messages": [{"role": "system", "content": "You tell short stories for children."},
                                  {"role": "user", "content": "Story %d about %s" % (i, words)}]}
         body.update({"temperature": 0, "return_token_ids": True, "stream": kind % 2 == 1})
+        if body["stream"]:
+            body["stream_options"] = {"include_usage": True}
         out.append(("/v1/chat/completions" if kind >= 2 else "/v1/completions", body))
     return out
 
 
 def send(port, path, body):
-    """One request; returns a dict: status, ids, text, finish, error, usage."""
+    """One request; returns a dict: status, ids, text, finish, error, usage, cache (kvpin_cache)."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
     r = c.getresponse()
-    res = {"status": r.status, "ids": None, "text": "", "finish": None, "error": None, "usage": None}
+    res = {"status": r.status, "ids": None, "text": "", "finish": None, "error": None, "usage": None, "cache": None}
     chat = "chat" in path
     if not body.get("stream") or r.status != 200:
         data = r.read()
@@ -75,27 +82,16 @@ def send(port, path, body):
             return res
         ch = j["choices"][0]
         res.update(ids=ch.get("token_ids"), text=ch["message"]["content"] if chat else ch["text"],
-                   finish=ch["finish_reason"], usage=j["usage"])
+                   finish=ch["finish_reason"], usage=j["usage"], cache=j.get("kvpin_cache"))
         return res
-    buf = b""
-    while True:
-        chunk = r.read1(65536)
-        if not chunk:
-            break
-        buf += chunk
+    raw = r.read()
     c.close()
-    done = False
-    for ev in buf.split(b"\n\n"):
-        if not ev.startswith(b"data: "):
-            continue
-        data = ev[6:]
-        if data == b"[DONE]":
-            done = True
-            continue
-        j = json.loads(data)
+    for j in (json.loads(e[6:]) for e in raw.split(b"\n\n") if e.startswith(b"data: {")):
         if "error" in j:
             res["error"] = j["error"]
             continue
+        if j.get("usage"):
+            res["usage"], res["cache"] = j["usage"], j.get("kvpin_cache")
         if not j.get("choices"):
             continue
         ch = j["choices"][0]
@@ -103,6 +99,7 @@ def send(port, path, body):
         res["finish"] = ch["finish_reason"] or res["finish"]
         if "token_ids" in ch:
             res["ids"] = ch["token_ids"]
+    done = raw.rstrip().endswith(b"data: [DONE]")
     if not done and not res["error"]:
         res["error"] = "the stream ended without [DONE]"
     return res
@@ -171,6 +168,11 @@ def pressure():
         differ += not same
         ok(same, "request %d (%s, stream %s) differs from the big-budget server:\n%.300r\n%.300r" %
            (k, reqs[k][0], reqs[k][1]["stream"], g, w))
+    # each answer says how often it stepped aside; together, what /metrics counted
+    told = [g["cache"]["preemptions"] for g in got if g.get("cache")]
+    ok(len(told) == len(got) and sum(told) == pre, "kvpin_cache.preemptions of %d answers sum to %d, /metrics %r" %
+       (len(told), sum(told), pre))
+    ok(not any("note" in g["cache"] for g in got if g.get("cache")), "a note (no room even alone) without pins")
     first_err = next((g for g in got if g["status"] != 200 or g["error"]), None)
     gen = sum(len(w["ids"] or []) for w in want)
     print("kv pressure: %d requests (%d tokens generated), %s preemptions, %s waits for KV, %d errors (%d of them "
@@ -204,6 +206,18 @@ def never_fits():
     ok(st == 200 and j["choices"][0]["finish_reason"] == "length" and
        u["prompt_tokens"] + u["completion_tokens"] - 1 == 640, "a chat without max_tokens is cut to the budget: %d %r" %
        (st, u or j))
+    # a pin of 300 positions (19 of the 40 blocks) leaves 21 blocks, 336
+    # positions: a request that fits the budget but not that runs alone to
+    # them and ends with a note instead of waiting for ever
+    st, _, pin = srv.post("/v1/cache/pin", {"prompt": [1] + [300] * 299})
+    ok(st == 200, "pin: %d %r" % (st, pin))
+    st, _, j = srv.post("/v1/completions", {"prompt": [1] + list(range(5, 14)), "max_tokens": 600, "temperature": 0,
+                                            "ignore_eos": True})
+    c = j.get("kvpin_cache", {}) if st == 200 else {}
+    ok(st == 200 and j["choices"][0]["finish_reason"] == "length" and j["usage"]["completion_tokens"] == 336 - 10 + 1
+       and "pinned" in c.get("note", ""), "the room a pin leaves: %d %r" % (st, j.get("usage", j)))
+    st, _, _ = srv.request("DELETE", "/v1/cache/pin/" + pin.get("id", "none"))
+    ok(st == 200, "unpin: %d" % st)
     ok(wait_idle(srv), "idle after the refusals")
     no_leaks(R, srv, "after the refusals")
     srv.stop()

@@ -104,6 +104,7 @@ typedef struct {
     const char *code;     /* the error code of an error answer (static), or NULL */
     bool gen;             /* a generation that reached the scheduler: the fields below hold */
     uint32_t prompt, cached, computed, completion;
+    uint32_t preempted;   /* times the generation stepped aside for KV memory and resumed */
     const char *cause;    /* the cache report's cause (static), or NULL */
     const char *finish;   /* stop, length, tool_calls, cancelled, error, client_left (static), or NULL */
     double ttft_ms;
@@ -165,6 +166,7 @@ static void note_gen(reqlog *l, const kp_sreq_update *u, const char *finish) {
     l->cached = u->cached_tokens;
     l->computed = u->report.computed_tokens;
     l->completion = u->completion_tokens;
+    l->preempted = u->preemptions;
     l->cause = u->has_doctor ? kp_doctor_cause_name(u->doctor.finding.cause) : NULL;
     l->finish = finish;
     l->ttft_ms = u->ttft_ms;
@@ -172,7 +174,7 @@ static void note_gen(reqlog *l, const kp_sreq_update *u, const char *finish) {
 
 /* One line on stderr, one fputs (whole even when threads log at once):
  *   TIME id= client= method= path= status= error= prompt= cached= computed=
- *   cause= completion= finish= ttft_ms= total_ms=
+ *   cause= completion= finish= preempted= ttft_ms= total_ms=
  * "-" where a field does not apply (see README.md). */
 static void log_line(const kp_server *s, const reqlog *l) {
     if (s->cfg.quiet) return;
@@ -180,10 +182,10 @@ static void log_line(const kp_server *s, const reqlog *l) {
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;
     gmtime_r(&ts.tv_sec, &tm);
-    char when[40], num[4][16], ttft[24];
+    char when[40], num[5][16], ttft[24];
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
-    const uint32_t v[4] = {l->prompt, l->cached, l->computed, l->completion};
-    for (int i = 0; i < 4; i++) {
+    const uint32_t v[5] = {l->prompt, l->cached, l->computed, l->completion, l->preempted};
+    for (int i = 0; i < 5; i++) {
         if (l->gen) snprintf(num[i], sizeof num[i], "%u", v[i]);
         else snprintf(num[i], sizeof num[i], "-");
     }
@@ -192,10 +194,10 @@ static void log_line(const kp_server *s, const reqlog *l) {
     char line[1024];
     snprintf(line, sizeof line,
              "%s.%03dZ id=%s client=%s method=%s path=%s status=%u error=%s prompt=%s cached=%s computed=%s "
-             "cause=%s completion=%s finish=%s ttft_ms=%s total_ms=%.1f\n",
+             "cause=%s completion=%s finish=%s preempted=%s ttft_ms=%s total_ms=%.1f\n",
              when, (int)(ts.tv_nsec / 1000000), l->id, l->client, l->method, l->path, l->status ? l->status : 499,
              l->code ? l->code : l->status ? "-" : "client_left", num[0], num[1], num[2], l->cause ? l->cause : "-",
-             num[3], l->finish ? l->finish : "-", ttft, (now_s() - l->t0) * 1e3);
+             num[3], l->finish ? l->finish : "-", num[4], ttft, (now_s() - l->t0) * 1e3);
     fputs(line, stderr);
 }
 
@@ -320,6 +322,16 @@ static void status_error(kp_status st, const kp_error *err, const char *param, k
     default:
         kp_oai_fail(e, 500, "server_error", NULL, param, "%s", err->msg[0] ? err->msg : "internal error");
     }
+}
+
+/* A generation's kvpin_cache object: the report of its prompt's prefill,
+ * the times it was preempted, and a note when the KV budget cut it short. */
+static json_t *gen_cache_json(const kp_sreq_update *u) {
+    json_t *j = kp_oai_cache_json(&u->report, u->has_doctor ? &u->doctor : NULL);
+    if (!j) return NULL;
+    json_object_set_new(j, "preemptions", json_integer((json_int_t)u->preemptions));
+    if (u->finish == KP_FINISH_LENGTH && u->err.msg[0]) json_object_set_new(j, "note", json_string(u->err.msg));
+    return j;
 }
 
 /* 400 kv_budget_exceeded (into *e, false) when a request of n prompt tokens
@@ -636,7 +648,7 @@ static void stream_update(stream *st, kp_sreq_update *u) {
             json_t *j = chunk_base(st);
             json_object_set_new(j, "choices", json_array());
             json_object_set_new(j, "usage", kp_oai_usage_json(u->prompt_tokens, u->cached_tokens, u->completion_tokens));
-            json_object_set_new(j, "kvpin_cache", kp_oai_cache_json(&u->report, u->has_doctor ? &u->doctor : NULL));
+            json_object_set_new(j, "kvpin_cache", gen_cache_json(u));
             sb_event(st, j);
         }
     }
@@ -867,7 +879,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
                           chat ? "chat.completion" : "text_completion", "created", (json_int_t)time(NULL), "model",
                           s->cfg.model_name, "choices", choice, "usage",
                           kp_oai_usage_json(u.prompt_tokens, u.cached_tokens, u.completion_tokens), "kvpin_cache",
-                          kp_oai_cache_json(&u.report, u.has_doctor ? &u.doctor : NULL));
+                          gen_cache_json(&u));
     note_gen(&cn->log, &u, finish ? finish : finish_word(&u, true));
     free(text);
     kp_sreq_release(r);
