@@ -13,7 +13,8 @@
  *   access_cb #1   headers: make conn, check Content-Length <= max_body
  *   access_cb #2.. body pieces appended (413 once over the limit)
  *   access_cb last route(method, url):
- *     completions/chat: parse (oai.c) -> text -> tokens -> kp_sched_submit
+ *     completions/chat: parse (oai.c) -> text -> tokens -> kp_sched_fit (400
+ *       kv_budget_exceeded when the KV budget can never hold it) -> kp_sched_submit
  *       wait until the prompt is computed or the request failed, watching
  *       the socket (a client that leaves cancels the request)
  *       stream:  200 + text/event-stream; reader callback blocks in
@@ -103,6 +104,7 @@ typedef struct {
     const char *code;     /* the error code of an error answer (static), or NULL */
     bool gen;             /* a generation that reached the scheduler: the fields below hold */
     uint32_t prompt, cached, computed, completion;
+    uint32_t preempted;   /* times the generation stepped aside for KV memory and resumed */
     const char *cause;    /* the cache report's cause (static), or NULL */
     const char *finish;   /* stop, length, tool_calls, cancelled, error, client_left (static), or NULL */
     double ttft_ms;
@@ -163,6 +165,7 @@ static void note_gen(reqlog *l, const kp_sreq_update *u, const char *finish) {
     l->cached = u->cached_tokens;
     l->computed = u->report.computed_tokens;
     l->completion = u->completion_tokens;
+    l->preempted = u->preemptions;
     l->cause = u->has_doctor ? kp_doctor_cause_name(u->doctor.finding.cause) : NULL;
     l->finish = finish;
     l->ttft_ms = u->ttft_ms;
@@ -170,7 +173,7 @@ static void note_gen(reqlog *l, const kp_sreq_update *u, const char *finish) {
 
 /* One line on stderr, one fputs (whole even when threads log at once):
  *   TIME id= client= method= path= status= error= prompt= cached= computed=
- *   cause= completion= finish= ttft_ms= total_ms=
+ *   cause= completion= finish= preempted= ttft_ms= total_ms=
  * "-" where a field does not apply (see README.md). */
 static void log_line(const kp_server *s, const reqlog *l) {
     if (s->cfg.quiet) return;
@@ -178,10 +181,10 @@ static void log_line(const kp_server *s, const reqlog *l) {
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;
     gmtime_r(&ts.tv_sec, &tm);
-    char when[40], num[4][16], ttft[24];
+    char when[40], num[5][16], ttft[24];
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
-    const uint32_t v[4] = {l->prompt, l->cached, l->computed, l->completion};
-    for (int i = 0; i < 4; i++) {
+    const uint32_t v[5] = {l->prompt, l->cached, l->computed, l->completion, l->preempted};
+    for (int i = 0; i < 5; i++) {
         if (l->gen) snprintf(num[i], sizeof num[i], "%u", v[i]);
         else snprintf(num[i], sizeof num[i], "-");
     }
@@ -190,10 +193,10 @@ static void log_line(const kp_server *s, const reqlog *l) {
     char line[1024];
     snprintf(line, sizeof line,
              "%s.%03dZ id=%s client=%s method=%s path=%s status=%u error=%s prompt=%s cached=%s computed=%s "
-             "cause=%s completion=%s finish=%s ttft_ms=%s total_ms=%.1f\n",
+             "cause=%s completion=%s finish=%s preempted=%s ttft_ms=%s total_ms=%.1f\n",
              when, (int)(ts.tv_nsec / 1000000), l->id, l->client, l->method, l->path, l->status ? l->status : 499,
              l->code ? l->code : l->status ? "-" : "client_left", num[0], num[1], num[2], l->cause ? l->cause : "-",
-             num[3], l->finish ? l->finish : "-", ttft, (now_s() - l->t0) * 1e3);
+             num[3], l->finish ? l->finish : "-", num[4], ttft, (now_s() - l->t0) * 1e3);
     fputs(line, stderr);
 }
 
@@ -318,6 +321,27 @@ static void status_error(kp_status st, const kp_error *err, const char *param, k
     default:
         kp_oai_fail(e, 500, "server_error", NULL, param, "%s", err->msg[0] ? err->msg : "internal error");
     }
+}
+
+/* A generation's kvpin_cache object: the report of its prompt's prefill,
+ * the times it was preempted, and a note when the KV budget cut it short. */
+static json_t *gen_cache_json(const kp_sreq_update *u) {
+    json_t *j = kp_oai_cache_json(&u->report, u->has_doctor ? &u->doctor : NULL);
+    if (!j) return NULL;
+    json_object_set_new(j, "preemptions", json_integer((json_int_t)u->preemptions));
+    if (u->finish == KP_FINISH_LENGTH && u->err.msg[0]) json_object_set_new(j, "note", json_string(u->err.msg));
+    return j;
+}
+
+/* 400 kv_budget_exceeded (into *e, false) when a request of n prompt tokens
+ * and max_tokens can never fit the KV budget (kp_sched_fit). */
+static bool fits_budget(kp_server *s, uint32_t n, uint32_t max_tokens, bool max_tokens_set, const char *prompt_param,
+                        kp_oai_error *e) {
+    uint32_t eff;
+    kp_error err = {0};
+    if (kp_sched_fit(s->sched, n, max_tokens, max_tokens_set, &eff, &err) == KP_OK) return true;
+    return kp_oai_fail(e, 400, "invalid_request_error", "kv_budget_exceeded",
+                       n > kp_sched_kv_positions(s->sched) ? prompt_param : "max_tokens", "%s", err.msg);
 }
 
 /* ---- prompts ---------------------------------------------------------------- */
@@ -632,7 +656,7 @@ static void stream_update(stream *st, kp_sreq_update *u) {
             json_t *j = chunk_base(st);
             json_object_set_new(j, "choices", json_array());
             json_object_set_new(j, "usage", kp_oai_usage_json(u->prompt_tokens, u->cached_tokens, u->completion_tokens));
-            json_object_set_new(j, "kvpin_cache", kp_oai_cache_json(&u->report, u->has_doctor ? &u->doctor : NULL));
+            json_object_set_new(j, "kvpin_cache", gen_cache_json(u));
             sb_event(st, j);
         }
     }
@@ -730,8 +754,15 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
     uint32_t max_tokens = q.max_tokens_set ? q.max_tokens
                           : chat           ? ctx - (uint32_t)n
                                            : (s->cfg.completion_max_tokens ? s->cfg.completion_max_tokens : 16);
+    if (!fits_budget(s, (uint32_t)n, max_tokens, q.max_tokens_set, chat ? "messages" : "prompt", &e)) {
+        kp_oai_request_free(&q);
+        free(ids);
+        free(ptext);
+        return reply_error(s, c, &e);
+    }
     if (!q.seed_set) q.sp.seed = (uint64_t)time(NULL) ^ (atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull);
-    kp_sreq_params p = {ids, (uint32_t)n, max_tokens, q.sp, q.stops, q.n_stops, q.ignore_eos, ptext, tlen0};
+    kp_sreq_params p = {ids,   (uint32_t)n, max_tokens, q.sp, q.stops, q.n_stops, q.ignore_eos,
+                        ptext, tlen0,       q.max_tokens_set};
     kp_sreq *r = NULL;
     kp_error err = {0};
     kp_status st = kp_sched_submit(s->sched, &p, &r, &err);
@@ -856,7 +887,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
                           chat ? "chat.completion" : "text_completion", "created", (json_int_t)time(NULL), "model",
                           s->cfg.model_name, "choices", choice, "usage",
                           kp_oai_usage_json(u.prompt_tokens, u.cached_tokens, u.completion_tokens), "kvpin_cache",
-                          kp_oai_cache_json(&u.report, u.has_doctor ? &u.doctor : NULL));
+                          gen_cache_json(&u));
     note_gen(&cn->log, &u, finish ? finish : finish_word(&u, true));
     free(text);
     kp_sreq_release(r);
@@ -1112,7 +1143,11 @@ static enum MHD_Result cache_pin(kp_server *s, struct MHD_Connection *c, conn *c
                     "the prefix cache is off (--no-prefix-cache): nothing can be pinned");
     }
     /* compute the prefix (prefill only), then pin it */
-    kp_sreq_params p = {ids, (uint32_t)n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0};
+    if (!fits_budget(s, (uint32_t)n, 0, true, "prompt", &e)) {
+        free(ids);
+        return reply_error(s, c, &e);
+    }
+    kp_sreq_params p = {ids, (uint32_t)n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true};
     kp_sreq *r = NULL;
     kp_error err = {0};
     kp_status st = kp_sched_submit(s->sched, &p, &r, &err);
@@ -1216,7 +1251,16 @@ static enum MHD_Result metrics(kp_server *s, struct MHD_Connection *c) {
     metric(&t, "kvpin_http_requests_cut_total", "counter",
            "Connections shut down because a request's head and body did not arrive within --request-timeout.",
            (double)atomic_load(&s->cut_slow));
-    metric(&t, "kvpin_queue_length", "gauge", "Requests waiting for a sequence slot.", st.queued);
+    metric(&t, "kvpin_queue_length", "gauge", "Requests waiting to be admitted (for a sequence slot or KV blocks).",
+           st.queued);
+    metric(&t, "kvpin_requests_waiting_for_kv", "gauge",
+           "Queued requests a free sequence slot would take now but for the KV blocks the queue's head waits for.",
+           st.waiting_for_kv);
+    metric(&t, "kvpin_preemptions_total", "counter",
+           "Running sequences sent back to the queue (cached, released, resumed later) so others could grow.",
+           (double)st.preemptions);
+    metric(&t, "kvpin_preemption_recomputed_tokens_total", "counter",
+           "Positions resumed requests computed again (not found in the prefix cache).", (double)st.resumed_computed);
     metric(&t, "kvpin_running_sequences", "gauge", "Sequences prefilling or decoding.", st.running);
     metric(&t, "kvpin_engine_steps_total", "counter", "Forward steps run by the engine.", (double)st.steps);
     uint64_t bb = st.kv.block_bytes ? st.kv.block_bytes : 1;
@@ -1235,6 +1279,10 @@ static enum MHD_Result metrics(kp_server *s, struct MHD_Connection *c) {
               st.ttft_le, st.ttft_count, st.ttft_n, st.ttft_sum);
     histogram(&t, "kvpin_time_per_output_token_seconds", "Time between consecutive generated tokens of a request.",
               st.tpot_le, st.tpot_count, st.tpot_n, st.tpot_sum);
+    histogram(&t, "kvpin_kv_wait_seconds",
+              "Time a request waited at the queue's head, a sequence slot free, for KV blocks (per admission "
+              "that waited).",
+              st.kvwait_le, st.kvwait_count, st.kvwait_n, st.kvwait_sum);
     if (t.oom) {
         kp_buf_free(&t);
         return fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
