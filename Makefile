@@ -1,6 +1,9 @@
 # kvpin - one Makefile for everything.
 #
-#   make            release build: ./kvpin
+#   make            release build: ./kvpin, build/rel/libkvpin.a and libkvpin.so
+#   make install    kvpin, the library, kvpin.h, kvpin.pc, the man page, bash
+#                   completion and the bundled model under PREFIX (/usr/local),
+#                   staged under DESTDIR; make uninstall removes them
 #   make test       every test, built with AddressSanitizer + UBSan (build/asan/)
 #   make asan       the sanitizer build of kvpin and the tests, without running them
 #   make check      the layering of src/ (floors, no include upward, no circle)
@@ -22,7 +25,11 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -l
 # -march=native when the compiler accepts it, else a portable x86-64 build;
 # kernels pick AVX2/FMA/F16C at run time either way (see src/quant.c).
 MARCH   := $(shell $(CC) -march=native -E -x c /dev/null >/dev/null 2>&1 && echo -march=native)
-WARN    := -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Isrc -MMD -MP
+WARN    := -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Isrc -Iinclude -MMD -MP
+# The library's objects: position-independent (one set of objects makes
+# both libkvpin.a and libkvpin.so) and every symbol hidden but the
+# functions include/kvpin.h marks KP_API.
+LIB_CFLAGS := -fPIC -fvisibility=hidden
 CFLAGS_RELEASE := $(WARN) -O2 $(MARCH) -g $(PKG_CFLAGS) -pthread
 CFLAGS_ASAN    := $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
 	              -fno-omit-frame-pointer $(PKG_CFLAGS) -pthread
@@ -38,18 +45,25 @@ ASAN_OBJ := $(patsubst src/%.c,build/asan/%.o,$(SRC))
 REL_CLI  := $(patsubst cli/%.c,build/rel/cli_%.o,$(CLI))
 ASAN_CLI := $(patsubst cli/%.c,build/asan/cli_%.o,$(CLI))
 
-.PHONY: all test asan check fuzz bench deps clean FORCE
-all: kvpin
+.PHONY: all test asan check fuzz bench deps clean install uninstall FORCE
+all: kvpin build/rel/libkvpin.so
 
 kvpin: build/rel/libkvpin.a $(REL_CLI)
 	$(CC) $(CFLAGS_RELEASE) -o $@ $(REL_CLI) build/rel/libkvpin.a $(LDLIBS)
 
-build/rel/%.o: src/%.c | build/rel
+build/rel/%.o: src/%.c build/rel/lib.flags | build/rel
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_RELEASE) -c -o $@ $<
-build/asan/%.o: src/%.c | build/asan
+	$(CC) $(CFLAGS_RELEASE) $(LIB_CFLAGS) -c -o $@ $<
+build/asan/%.o: src/%.c build/asan/lib.flags | build/asan
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ASAN) -c -o $@ $<
+	$(CC) $(CFLAGS_ASAN) $(LIB_CFLAGS) -c -o $@ $<
+# The flags the library objects of a build were compiled with, rewritten
+# only when they change: a build tree made with other flags (before
+# LIB_CFLAGS, say) is recompiled rather than linked into a broken .so.
+build/rel/lib.flags: FORCE | build/rel
+	@f='$(CFLAGS_RELEASE) $(LIB_CFLAGS)'; [ "$$(cat $@ 2>/dev/null)" = "$$f" ] || echo "$$f" >$@
+build/asan/lib.flags: FORCE | build/asan
+	@f='$(CFLAGS_ASAN) $(LIB_CFLAGS)'; [ "$$(cat $@ 2>/dev/null)" = "$$f" ] || echo "$$f" >$@
 build/rel/cli_%.o: cli/%.c | build/rel
 	$(CC) $(CFLAGS_RELEASE) -c -o $@ $<
 build/asan/cli_%.o: cli/%.c | build/asan
@@ -74,6 +88,20 @@ build/rel/libkvpin.a: $(REL_OBJ)
 build/asan/libkvpin.a: $(ASAN_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
+# The shared library: the same objects; the version script exports kp_*
+# only (the objects already hide everything else), -z defs refuses an
+# undefined symbol at link time. VERSION and the SONAME's major number are
+# read from include/kvpin.h, their one place.
+VERSION  := $(shell sed -n 's/^\#define KP_VERSION "\(.*\)"/\1/p' include/kvpin.h)
+SOMAJOR  := $(shell sed -n 's/^\#define KP_VERSION_MAJOR \([0-9]*\)/\1/p' include/kvpin.h)
+SONAME   := libkvpin.so.$(SOMAJOR)
+build/rel/libkvpin.so.$(VERSION): $(REL_OBJ) src/api/kvpin.map
+	$(CC) -shared -pthread -Wl,-soname,$(SONAME) -Wl,--version-script=src/api/kvpin.map -Wl,-z,defs \
+	  -o $@ $(REL_OBJ) $(LDLIBS)
+build/rel/libkvpin.so: build/rel/libkvpin.so.$(VERSION)
+	ln -sf libkvpin.so.$(VERSION) build/rel/$(SONAME)
+	ln -sf $(SONAME) $@
+
 build/asan/kvpin: build/asan/libkvpin.a $(ASAN_CLI)
 	$(CC) $(CFLAGS_ASAN) -o $@ $(ASAN_CLI) build/asan/libkvpin.a $(LDLIBS)
 
@@ -97,7 +125,8 @@ check:
 	python3 tools/check_floors.py
 
 # Unit tests run first, then the end-to-end tests that drive the binary.
-test: check asan
+# tests/e2e_library.sh checks the release libraries (no sanitizer).
+test: check asan build/rel/libkvpin.so build/rel/libkvpin.a
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  sh tests/run_all.sh build/asan $(TESTS)
 
@@ -113,7 +142,7 @@ FUZZ_MAXLEN_model := 262144
 FUZZ_MAXLEN_tok   := 4096
 FUZZ_MAXLEN_oai   := 16384
 FUZZ_MAXLEN_http  := 8192
-FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -Isrc -g -O1 -fsanitize=fuzzer,address,undefined \
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -Isrc -Iinclude -g -O1 -fsanitize=fuzzer,address,undefined \
 	      -fno-sanitize-recover=all $(PKG_CFLAGS) -pthread
 FUZZ_OBJ := $(patsubst src/%.c,build/fuzz/obj/%.o,$(SRC))
 build/fuzz/obj/%.o: src/%.c | build/fuzz

@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "kvpin.h"
 #include "base/threadpool.h"
 #include "gguf/dtype.h"
 #include "kernels/quant.h"
@@ -47,9 +48,10 @@ typedef struct {
 bool cli_model_open(cli_model *cm, const cli_session_opts *o, const char *cmd);
 void cli_model_close(cli_model *cm); /* an empty or closed one is a no-op */
 
-/* The version `kvpin --version` prints (the commit, compiler and flags come
- * from the build: build/<dir>/buildinfo.h, written by tools/buildinfo.sh). */
-#define KP_VERSION "0.9.0"
+/* The version `kvpin --version` prints is the library's KP_VERSION
+ * (kvpin.h, the single place it is written); the commit, compiler and
+ * flags come from the build: build/<dir>/buildinfo.h, written by
+ * tools/buildinfo.sh. */
 
 /* Prints the version, commit, compiler, build flags and the kernel tables
  * this CPU gets (cli/version.c). */
