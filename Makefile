@@ -1,10 +1,12 @@
 # kvpin - one Makefile for everything.
 #
 #   make            release build: ./kvpin, build/rel/libkvpin.a and libkvpin.so
-#   make install    kvpin, the library, kvpin.h, kvpin.pc, the man page, bash
-#                   completion and the bundled model under PREFIX (/usr/local),
-#                   staged under DESTDIR; make uninstall removes them
-#   make test       every test, built with AddressSanitizer + UBSan (build/asan/)
+#   make install    kvpin, the libraries, kvpin.h, kvpin.pc and the bundled
+#                   model under PREFIX (/usr/local), staged under DESTDIR;
+#                   make uninstall removes them
+#   make test       every test, built with AddressSanitizer + UBSan (build/asan/),
+#                   and the release library installed into build/test/prefix
+#                   (tests/e2e_library.sh builds examples/ against it)
 #   make asan       the sanitizer build of kvpin and the tests, without running them
 #   make check      the layering of src/ (floors, no include upward, no circle)
 #   make fuzz       every libFuzzer target for FUZZ_SECONDS each (default 60)
@@ -45,7 +47,7 @@ ASAN_OBJ := $(patsubst src/%.c,build/asan/%.o,$(SRC))
 REL_CLI  := $(patsubst cli/%.c,build/rel/cli_%.o,$(CLI))
 ASAN_CLI := $(patsubst cli/%.c,build/asan/cli_%.o,$(CLI))
 
-.PHONY: all test asan check fuzz bench deps clean install uninstall FORCE
+.PHONY: all test asan check fuzz bench deps clean install uninstall test-install FORCE
 all: kvpin build/rel/libkvpin.so
 
 kvpin: build/rel/libkvpin.a $(REL_CLI)
@@ -77,6 +79,13 @@ build/rel/buildinfo.h: FORCE | build/rel
 	@sh tools/buildinfo.sh $@ '$(CC)' '$(filter-out -MMD -MP,$(CFLAGS_RELEASE))'
 build/asan/buildinfo.h: FORCE | build/asan
 	@sh tools/buildinfo.sh $@ '$(CC)' '$(filter-out -MMD -MP,$(CFLAGS_ASAN))'
+# Where the release binary looks for the bundled model after the places
+# relative to itself (cli/main.c: cli_default_model): PREFIX's data
+# directory, in a header rewritten only when PREFIX changes.
+build/rel/paths.h: FORCE | build/rel
+	@t='#define KP_DATADIR "$(DATADIR)/kvpin"'; [ "$$(cat $@ 2>/dev/null)" = "$$t" ] || echo "$$t" >$@
+build/rel/cli_main.o: cli/main.c build/rel/paths.h | build/rel
+	$(CC) $(CFLAGS_RELEASE) -include build/rel/paths.h -c -o $@ $<
 build/rel/cli_version.o: cli/version.c build/rel/buildinfo.h | build/rel
 	$(CC) $(CFLAGS_RELEASE) -include build/rel/buildinfo.h -c -o $@ $<
 build/asan/cli_version.o: cli/version.c build/asan/buildinfo.h | build/asan
@@ -125,8 +134,9 @@ check:
 	python3 tools/check_floors.py
 
 # Unit tests run first, then the end-to-end tests that drive the binary.
-# tests/e2e_library.sh checks the release libraries (no sanitizer).
-test: check asan build/rel/libkvpin.so build/rel/libkvpin.a
+# tests/e2e_library.sh checks the release libraries (no sanitizer),
+# installed into TEST_PREFIX.
+test: check asan test-install
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  sh tests/run_all.sh build/asan $(TESTS)
 
@@ -176,6 +186,46 @@ bench: kvpin build/rel/bench_tok build/rel/bench_quant build/rel/bench_prefix
 
 deps:
 	sh tools/deps.sh
+
+# ---- make install PREFIX=/usr/local DESTDIR= ; make uninstall ----
+# The binary, both libraries (libkvpin.so.VERSION, its SONAME link
+# libkvpin.so.MAJOR and the development link libkvpin.so), kvpin.h,
+# kvpin.pc, and the bundled model where an installed kvpin looks for it.
+# DESTDIR stages the tree elsewhere (packages); the paths inside the files
+# stay PREFIX's. After a system-wide install, run ldconfig.
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+DATADIR    ?= $(PREFIX)/share
+MANDIR     ?= $(DATADIR)/man
+D          := $(DESTDIR)
+INSTALLED  := $(BINDIR)/kvpin $(LIBDIR)/libkvpin.a $(LIBDIR)/libkvpin.so.$(VERSION) $(LIBDIR)/$(SONAME) \
+	      $(LIBDIR)/libkvpin.so $(INCLUDEDIR)/kvpin.h $(LIBDIR)/pkgconfig/kvpin.pc \
+	      $(DATADIR)/kvpin/stories260K.gguf
+install: kvpin build/rel/libkvpin.a build/rel/libkvpin.so src/api/kvpin.pc.in
+	install -d $(D)$(BINDIR) $(D)$(LIBDIR)/pkgconfig $(D)$(INCLUDEDIR) $(D)$(DATADIR)/kvpin
+	install -m 755 kvpin $(D)$(BINDIR)/kvpin
+	install -m 644 build/rel/libkvpin.a $(D)$(LIBDIR)/libkvpin.a
+	install -m 755 build/rel/libkvpin.so.$(VERSION) $(D)$(LIBDIR)/libkvpin.so.$(VERSION)
+	ln -sf libkvpin.so.$(VERSION) $(D)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(D)$(LIBDIR)/libkvpin.so
+	install -m 644 include/kvpin.h $(D)$(INCLUDEDIR)/kvpin.h
+	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|' \
+	    -e 's|@DATADIR@|$(DATADIR)|; s|@VERSION@|$(VERSION)|' \
+	    src/api/kvpin.pc.in >$(D)$(LIBDIR)/pkgconfig/kvpin.pc
+	install -m 644 models/stories260K.gguf $(D)$(DATADIR)/kvpin/stories260K.gguf
+uninstall:
+	rm -f $(addprefix $(D),$(INSTALLED))
+	-rmdir $(D)$(DATADIR)/kvpin 2>/dev/null
+
+# make test installs into this scratch prefix first: tests/e2e_library.sh
+# builds examples/ against the installed library with pkg-config (shared
+# and static) and runs them, and checks the tree and the installed kvpin.
+TEST_PREFIX := $(CURDIR)/build/test/prefix
+test-install: kvpin build/rel/libkvpin.so
+	rm -rf $(TEST_PREFIX)
+	$(MAKE) --no-print-directory install PREFIX=$(TEST_PREFIX)
 
 clean:
 	rm -rf build kvpin

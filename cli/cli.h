@@ -161,8 +161,12 @@ bool cli_args_no_operands(cli_args *a);
  * one and its value, the description from one column on. */
 void cli_print_options(FILE *out, const cli_opt *tab);
 
-/* The model used when -m is not given: the bundled one, found next to the
- * binary's repository or via $KVPIN_MODEL. */
+/* The model used when -m is not given: $KVPIN_MODEL, else the bundled one,
+ * found next to the binary's repository (<root>/models/), in the installed
+ * tree relative to the binary (PREFIX/bin/kvpin: PREFIX/share/kvpin/), or in
+ * the data directory the release build was made for (KP_DATADIR, from the
+ * Makefile's PREFIX); else models/stories260K.gguf in the working
+ * directory. */
 const char *cli_default_model(void);
 
 /* Strict number parsing for option values; print an error naming the
