@@ -1,9 +1,9 @@
 # kvpin - one Makefile for everything.
 #
 #   make            release build: ./kvpin, build/rel/libkvpin.a and libkvpin.so
-#   make install    kvpin, the libraries, kvpin.h, kvpin.pc and the bundled
-#                   model under PREFIX (/usr/local), staged under DESTDIR;
-#                   make uninstall removes them
+#   make install    kvpin, the libraries, kvpin.h, kvpin.pc, the man page, the
+#                   bash completion and the bundled model under PREFIX
+#                   (/usr/local), staged under DESTDIR; make uninstall removes them
 #   make test       every test, built with AddressSanitizer + UBSan (build/asan/),
 #                   and the release library installed into build/test/prefix
 #                   (tests/e2e_library.sh builds examples/ against it)
@@ -190,7 +190,8 @@ deps:
 # ---- make install PREFIX=/usr/local DESTDIR= ; make uninstall ----
 # The binary, both libraries (libkvpin.so.VERSION, its SONAME link
 # libkvpin.so.MAJOR and the development link libkvpin.so), kvpin.h,
-# kvpin.pc, and the bundled model where an installed kvpin looks for it.
+# kvpin.pc, the man page, the bash completion, and the bundled model where
+# an installed kvpin looks for it.
 # DESTDIR stages the tree elsewhere (packages); the paths inside the files
 # stay PREFIX's. After a system-wide install, run ldconfig.
 PREFIX     ?= /usr/local
@@ -199,12 +200,14 @@ LIBDIR     ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
 DATADIR    ?= $(PREFIX)/share
 MANDIR     ?= $(DATADIR)/man
+BASHCOMPDIR ?= $(DATADIR)/bash-completion/completions
 D          := $(DESTDIR)
 INSTALLED  := $(BINDIR)/kvpin $(LIBDIR)/libkvpin.a $(LIBDIR)/libkvpin.so.$(VERSION) $(LIBDIR)/$(SONAME) \
 	      $(LIBDIR)/libkvpin.so $(INCLUDEDIR)/kvpin.h $(LIBDIR)/pkgconfig/kvpin.pc \
-	      $(DATADIR)/kvpin/stories260K.gguf
-install: kvpin build/rel/libkvpin.a build/rel/libkvpin.so src/api/kvpin.pc.in
-	install -d $(D)$(BINDIR) $(D)$(LIBDIR)/pkgconfig $(D)$(INCLUDEDIR) $(D)$(DATADIR)/kvpin
+	      $(DATADIR)/kvpin/stories260K.gguf $(MANDIR)/man1/kvpin.1 $(BASHCOMPDIR)/kvpin
+install: kvpin build/rel/libkvpin.a build/rel/libkvpin.so src/api/kvpin.pc.in docs/kvpin.1 docs/kvpin.bash-completion
+	install -d $(D)$(BINDIR) $(D)$(LIBDIR)/pkgconfig $(D)$(INCLUDEDIR) $(D)$(DATADIR)/kvpin \
+	  $(D)$(MANDIR)/man1 $(D)$(BASHCOMPDIR)
 	install -m 755 kvpin $(D)$(BINDIR)/kvpin
 	install -m 644 build/rel/libkvpin.a $(D)$(LIBDIR)/libkvpin.a
 	install -m 755 build/rel/libkvpin.so.$(VERSION) $(D)$(LIBDIR)/libkvpin.so.$(VERSION)
@@ -215,9 +218,11 @@ install: kvpin build/rel/libkvpin.a build/rel/libkvpin.so src/api/kvpin.pc.in
 	    -e 's|@DATADIR@|$(DATADIR)|; s|@VERSION@|$(VERSION)|' \
 	    src/api/kvpin.pc.in >$(D)$(LIBDIR)/pkgconfig/kvpin.pc
 	install -m 644 models/stories260K.gguf $(D)$(DATADIR)/kvpin/stories260K.gguf
+	install -m 644 docs/kvpin.1 $(D)$(MANDIR)/man1/kvpin.1
+	install -m 644 docs/kvpin.bash-completion $(D)$(BASHCOMPDIR)/kvpin
 uninstall:
 	rm -f $(addprefix $(D),$(INSTALLED))
-	-rmdir $(D)$(DATADIR)/kvpin 2>/dev/null
+	rmdir $(D)$(DATADIR)/kvpin 2>/dev/null || true
 
 # make test installs into this scratch prefix first: tests/e2e_library.sh
 # builds examples/ against the installed library with pkg-config (shared

@@ -54,7 +54,9 @@ lib/libkvpin.so
 lib/libkvpin.so.$major
 lib/libkvpin.so.$ver
 lib/pkgconfig/kvpin.pc
+share/bash-completion/completions/kvpin
 share/kvpin/stories260K.gguf
+share/man/man1/kvpin.1
 EOF
 (cd "$P" && find . ! -type d | sed 's|^\./||' | sort) >"$T/have.txt"
 check "the installed files are make install's: $(tr '\n' ' ' <"$T/have.txt")" cmp -s "$T/want.txt" "$T/have.txt"
