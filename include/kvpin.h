@@ -217,9 +217,10 @@ typedef struct {
 
 /* Makes a session over lm (borrowed: it must outlive the session). p NULL:
  * the defaults. On success *out is the caller's (kp_session_free); on
- * failure NULL. KP_RC_INVAL (NULL lm, a budget smaller than one block or
- * than n_ctx positions, a kv_type outside the enum), KP_RC_RANGE (n_ctx
- * over 2^24 or kv_block over 4096), KP_RC_NOMEM. */
+ * failure NULL. KP_RC_INVAL (NULL lm, a budget smaller than one block, a
+ * kv_type outside the enum), KP_RC_RANGE (n_ctx over 2^24, kv_block over
+ * 4096, n_threads over 1024), KP_RC_NOMEM. A budget smaller than n_ctx
+ * positions is allowed: a sequence that outgrows it fails with KP_RC_FULL. */
 KP_API kp_rc kp_session_new(kp_session **out, const kp_lm *lm, const kp_session_params *p, kp_err *err);
 
 /* Frees the KV pool, the prefix cache and the threads. NULL is a no-op. */
@@ -323,7 +324,8 @@ typedef struct {
     kp_cause cause;
     const char *cause_name;     /* "hit", "cold", ... (static storage) */
     uint32_t evictions;         /* cached prefixes evicted to make room for this prompt */
-    double percent_recomputed;  /* 100 x computed / prompt tokens */
+    double percent_recomputed;  /* the share of the prompt past the divergence:
+                                   100 x (prompt - diverged_at_token) / prompt tokens */
     char detail[KP_REPORT_DETAIL_MAX];         /* "timestamp: '09:14' -> '10:02' on line 1" */
     char cached_snippet[KP_REPORT_SNIPPET_MAX];  /* ~40 characters of each text around */
     char request_snippet[KP_REPORT_SNIPPET_MAX]; /* the divergence, control bytes escaped */
@@ -336,7 +338,8 @@ typedef struct {
 typedef struct {
     const int32_t *tokens; /* the generated ids (an end-of-generation id included) */
     size_t n_tokens;
-    const char *text;      /* every byte on_text received, NUL-terminated */
+    const char *text;      /* the generated text, NUL-terminated: every byte
+                              on_text received (also without on_text) */
     size_t text_len;
     kp_end end;
     const char *end_cause; /* "length", "context full", "end of generation token",
@@ -369,8 +372,9 @@ KP_API kp_rc kp_generate_text(kp_session *s, const char *text, size_t len, const
                               kp_output *out, kp_err *err);
 
 /* The cache report prompt[0..n_prompt) would get now, without computing or
- * caching anything (no LRU touch). KP_RC_INVAL (NULL arguments, n_prompt
- * 0), KP_RC_NOMEM. */
+ * caching anything (no LRU touch); its texts are the detokenized ids.
+ * KP_RC_INVAL (NULL arguments, n_prompt 0 or over 2^32, an id outside the
+ * vocabulary). */
 KP_API kp_rc kp_session_probe(kp_session *s, const int32_t *prompt, size_t n_prompt, kp_cache_report *out,
                               kp_err *err);
 
@@ -398,7 +402,8 @@ KP_API void kp_session_memory(kp_session *s, kp_memory *out);
 
 /* Computes prefix[0..n) into the cache when it is not all cached yet, then
  * pins it: it is never evicted until kp_session_unpin(*pin_id), or until
- * ttl_seconds have passed (0: no expiry). *pin_id (> 0) names the pin.
+ * ttl_seconds have passed (0: no expiry; expired pins are dropped at the
+ * start of the session's next call). *pin_id (> 0) names the pin.
  * KP_RC_UNSUPPORTED without a prefix cache, KP_RC_FULL over the pinned-bytes
  * cap, KP_RC_INVAL (n 0, a bad id, ttl < 0), KP_RC_RANGE (n > n_ctx),
  * KP_RC_NOMEM. */

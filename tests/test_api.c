@@ -319,6 +319,8 @@ static void test_report_timestamp(void) {
     CHECK_EQ_INT(m1.used_bytes, m0.used_bytes);
     CHECK_EQ_INT(m1.cached_tokens, m0.cached_tokens);
     CHECK(kp_session_probe(s, ib, 0, &r, &err) == KP_RC_INVAL);
+    int32_t badp[1] = {100000};
+    CHECK(kp_session_probe(s, badp, 1, &r, &err) == KP_RC_INVAL);
     kp_mem_free(ia);
     kp_mem_free(ib);
 done:
@@ -540,6 +542,43 @@ done:
     kp_lm_free(lm);
 }
 
+/* A budget of 6 blocks of 16 positions: two prompts of 2-3 blocks each
+ * fill it, a third evicts the least recently used one (the first), which
+ * then comes back as "evicted" and reuses less than it shares with what it
+ * computed before. */
+static void test_eviction(void) {
+    kp_lm *lm = open_lm();
+    if (!lm) return;
+    kp_lm_info info;
+    kp_lm_describe(lm, &info);
+    kp_session_params p = {0};
+    p.n_ctx = 64;
+    p.kv_budget = 6ull * 16 * (2ull * info.n_layer * info.n_head_kv * info.head_dim * 2);
+    kp_session *s = new_session(lm, &p);
+    const char *v[] = {"Tom had a red ball. He liked to play with it every day in the sun.",
+                       "Lily went to the park with her mom. They saw a big dog and a little cat there.",
+                       "The bird sang a song in the tree. A boy named Sam heard it and smiled at the bird."};
+    kp_request rq = greedy(8);
+    kp_output out;
+    kp_err err;
+    for (int i = 0; i < 3 && s; i++) CHECK(kp_generate_text(s, v[i], strlen(v[i]), &rq, &out, &err) == KP_RC_OK);
+    CHECK(out.cache.evictions > 0);
+    kp_memory m;
+    kp_session_memory(s, &m);
+    CHECK(m.n_evictions > 0);
+    CHECK(m.used_bytes <= m.budget_bytes);
+    size_t n0;
+    int32_t *ids0 = tokens_of(lm, v[0], &n0);
+    CHECK(kp_generate_text(s, v[0], strlen(v[0]), &rq, &out, &err) == KP_RC_OK);
+    CHECK(out.cache.cause == KP_CAUSE_EVICTED);
+    CHECK_EQ_STR(out.cache.cause_name, "evicted");
+    CHECK(out.cache.reused_tokens < n0 - 1);
+    CHECK_MSG(strstr(out.cache.advice, "evict") != NULL, "%s", out.cache.advice);
+    kp_mem_free(ids0);
+    kp_session_free(s);
+    kp_lm_free(lm);
+}
+
 /* Sampling with a seed is reproducible across sessions. */
 static void test_seeded_sampling(void) {
     kp_lm *lm = open_lm();
@@ -571,6 +610,7 @@ int main(void) {
     RUN(test_stop_and_cancel);
     RUN(test_pins_and_clear);
     RUN(test_memory_bill);
+    RUN(test_eviction);
     RUN(test_limits_and_bad_input);
     RUN(test_seeded_sampling);
     return harness_finish("api");

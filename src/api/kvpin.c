@@ -160,7 +160,8 @@ kp_rc kp_lm_open(kp_lm **out, const char *path, kp_err *err) {
     if (st == KP_OK && (st = kp_tok_vocab_load(&lm->v, lm->m->file, &ie)) != KP_OK) {
         char msg[KP_ERROR_MSG_MAX];
         snprintf(msg, sizeof msg, "%s", ie.msg);
-        if (strncmp(msg, path, strlen(path)) != 0) snprintf(ie.msg, sizeof ie.msg, "%.200s: tokenizer: %.280s", path, msg);
+        if (strncmp(msg, path, strlen(path)) != 0) /* name the file */
+            snprintf(ie.msg, sizeof ie.msg, "%.200s: tokenizer: %.280s", path, msg);
     }
     if (st != KP_OK) {
         kp_lm_free(lm);
@@ -334,7 +335,8 @@ static void fill_report(kp_cache_report *o, const kp_eng_report *r, const kp_doc
     o->computed_tokens = r->computed_tokens;
     o->diverged_at_token = r->diverged_at_token;
     o->evictions = r->evictions;
-    o->percent_recomputed = r->prompt_tokens ? 100.0 * r->computed_tokens / r->prompt_tokens : 0;
+    o->percent_recomputed =
+        r->prompt_tokens ? 100.0 * (r->prompt_tokens - r->diverged_at_token) / r->prompt_tokens : 0;
     kp_doctor_cause c = r->cold                                    ? KP_DOCTOR_CAUSE_COLD
                         : r->evicted                               ? KP_DOCTOR_CAUSE_EVICTED
                         : r->diverged_at_token >= r->prompt_tokens ? KP_DOCTOR_CAUSE_HIT
@@ -423,7 +425,8 @@ static kp_rc generate(kp_session *s, const int32_t *tokens, size_t n, const char
     kp_request defaults = kp_request_defaults();
     if (!req) req = &defaults;
     if (!tokens || n == 0) return fail(err, KP_RC_INVAL, "the prompt is empty");
-    if (n > s->n_ctx) return fail(err, KP_RC_RANGE, "the prompt has %zu tokens, more than the context of %u", n, s->n_ctx);
+    if (n > s->n_ctx)
+        return fail(err, KP_RC_RANGE, "the prompt has %zu tokens, more than the context of %u", n, s->n_ctx);
     if (req->n_stops > KP_MAX_STOPS)
         return fail(err, KP_RC_INVAL, "%zu stop strings, at most %d", req->n_stops, KP_MAX_STOPS);
     if (req->n_stops && !req->stops) return fail(err, KP_RC_INVAL, "n_stops is %zu but stops is NULL", req->n_stops);
@@ -513,8 +516,9 @@ kp_rc kp_generate_text(kp_session *s, const char *text, size_t len, const kp_req
 }
 
 kp_rc kp_session_probe(kp_session *s, const int32_t *prompt, size_t n_prompt, kp_cache_report *out, kp_err *err) {
-    if (!s || !prompt || !n_prompt || !out) return fail(err, KP_RC_INVAL, "kp_session_probe: NULL argument or empty prompt");
-    if (n_prompt > UINT32_MAX) return fail(err, KP_RC_RANGE, "a prompt of %zu tokens", n_prompt);
+    if (!s || !prompt || !n_prompt || !out)
+        return fail(err, KP_RC_INVAL, "kp_session_probe: NULL argument or empty prompt");
+    if (n_prompt > UINT32_MAX) return fail(err, KP_RC_INVAL, "a prompt of %zu tokens", n_prompt);
     int32_t n_vocab = kp_tok_n_vocab(s->lm->v);
     for (size_t i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= n_vocab)
@@ -556,7 +560,8 @@ kp_rc kp_session_pin(kp_session *s, const int32_t *prefix, size_t n, int64_t ttl
     if (!s->prefix_cache) return fail(err, KP_RC_UNSUPPORTED, "the session has no prefix cache: nothing can be pinned");
     if (n == 0) return fail(err, KP_RC_INVAL, "an empty prefix cannot be pinned");
     if (ttl_seconds < 0) return fail(err, KP_RC_INVAL, "a negative ttl (%lld s)", (long long)ttl_seconds);
-    if (n > s->n_ctx) return fail(err, KP_RC_RANGE, "the prefix has %zu tokens, more than the context of %u", n, s->n_ctx);
+    if (n > s->n_ctx)
+        return fail(err, KP_RC_RANGE, "the prefix has %zu tokens, more than the context of %u", n, s->n_ctx);
     expire(s);
     kp_error ie = {0};
     kp_eng_report r;
