@@ -58,8 +58,8 @@ def folder_of(path):
     parts = path.split(os.sep)
     if parts[0] == "src" and len(parts) >= 3:
         return parts[1], FLOORS.get(parts[1])
-    if parts[0] == "include":
-        return "include", FLOORS["api"]
+    if parts[0] == "include":  # kvpin.h: the public face of src/api/, the same folder
+        return "api", FLOORS["api"]
     return parts[0], TOP
 
 
