@@ -1,6 +1,6 @@
 /*
- * quant_impl.h - private to src/quant*.c: the block structs of quant.h's
- * layout tables, and the few functions the scalar and AVX2 files share.
+ * quant_impl.h - private to src/quant*.c: the few functions the scalar and
+ * AVX2 files share (block structs: quant_blocks.h).
  * Nothing outside the quant module includes this file.
  */
 #ifndef KP_QUANT_IMPL_H
@@ -10,45 +10,7 @@
 
 #include "kernels/quant.h"
 
-#define KP_QK8_0 32
-#define KP_QK4_0 32
-#define KP_QK_K 256
-
-typedef struct {
-    uint16_t d;            /* half */
-    int8_t qs[KP_QK8_0];
-} kp_block_q8_0;
-
-typedef struct {
-    uint16_t d;            /* half */
-    uint8_t qs[KP_QK4_0 / 2];
-} kp_block_q4_0;
-
-typedef struct {
-    uint16_t d;            /* half: scale of the 6-bit scales */
-    uint16_t dmin;         /* half: scale of the 6-bit mins */
-    uint8_t scales[12];
-    uint8_t qs[KP_QK_K / 2];
-} kp_block_q4_K;
-
-typedef struct {
-    uint8_t ql[KP_QK_K / 2];
-    uint8_t qh[KP_QK_K / 4];
-    int8_t scales[KP_QK_K / 16];
-    uint16_t d;            /* half */
-} kp_block_q6_K;
-
-typedef struct {
-    float d;
-    int8_t qs[KP_QK_K];
-    int16_t bsums[KP_QK_K / 16];
-} kp_block_q8_K;
-
-_Static_assert(sizeof(kp_block_q8_0) == 34, "Q8_0 block is 34 bytes");
-_Static_assert(sizeof(kp_block_q4_0) == 18, "Q4_0 block is 18 bytes");
-_Static_assert(sizeof(kp_block_q4_K) == 144, "Q4_K block is 144 bytes");
-_Static_assert(sizeof(kp_block_q6_K) == 210, "Q6_K block is 210 bytes");
-_Static_assert(sizeof(kp_block_q8_K) == 292, "Q8_K block is 292 bytes");
+#include "kernels/quant_blocks.h"
 
 /* Q4_K: unpacks the 12 packed bytes into sc[8] (scales) and m[8] (mins). */
 void kp_quant_q4k_unpack_scales(const uint8_t packed[12], uint8_t sc[8], uint8_t m[8]);

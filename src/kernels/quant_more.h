@@ -5,47 +5,7 @@
  * dispatch switches and kernel tables; nothing outside the quant module
  * includes this file (the public contract stays quant.h).
  *
- * Block layouts, exactly llama.cpp's (ggml-common.h). All multi-byte fields
- * are little-endian; `half` is IEEE binary16.
- *
- *   Q4_1  (32 elements, 20 bytes)     x[i] = d * q[i] + m, q in 0..15
- *   +0  half d
- *   +2  half m
- *   +4  uint8 qs[16]   q[j] = qs[j] & 15, q[j+16] = qs[j] >> 4   (j < 16)
- *
- *   Q5_0  (32 elements, 22 bytes)     x[i] = d * (q[i] - 16), q in 0..31
- *   +0  half d
- *   +2  uint8 qh[4]    h = qh as a little-endian uint32; bit i of h is bit 4 of q[i]
- *   +6  uint8 qs[16]   low 4 bits as in Q4_1:
- *                      q[j] = (qs[j] & 15) | (h >> j & 1) << 4
- *                      q[j+16] = (qs[j] >> 4) | (h >> (j+16) & 1) << 4
- *
- *   Q5_1  (32 elements, 24 bytes)     x[i] = d * q[i] + m, q in 0..31
- *   +0  half d
- *   +2  half m
- *   +4  uint8 qh[4]    as in Q5_0
- *   +8  uint8 qs[16]   as in Q5_0
- *
- *   Q8_1  (32 elements, 36 bytes; activations only, as llama.cpp uses it)
- *   +0  half d                        x[i] = d * qs[i]
- *   +2  half s         d * (qs[0] + ... + qs[31]), rounded to half: the
- *                      block sum that the "+ m" term of Q4_1/Q5_1 needs
- *   +4  int8 qs[32]
- *
- *   Q5_K  (256 elements = 8 sub-blocks of 32, 176 bytes)
- *   +0  half d         super-block scale of the 6-bit sub-block scales
- *   +2  half dmin      super-block scale of the 6-bit sub-block mins
- *   +4  uint8 scales[12]  sc[8], m[8] packed exactly as Q4_K's (quant.h)
- *   +16 uint8 qh[32]   bit 4 of the quants: for chunk c < 4 (64 elements), l < 32:
- *   +48 uint8 qs[128]    q[64c + l]      = (qs[32c + l] & 15) | (qh[l] >> 2c     & 1) << 4
- *                        q[64c + 32 + l] = (qs[32c + l] >> 4) | (qh[l] >> (2c+1) & 1) << 4
- *       x[i] = d * sc[i/32] * q[i] - dmin * m[i/32],  q in 0..31
- *
- * Dot products pair each weight type with the activation type llama.cpp
- * uses for it (kp_vec_dot_type): Q5_0 . Q8_0, Q4_1 . Q8_1, Q5_1 . Q8_1,
- * Q5_K . Q8_K. With Q8_1 the dot product of one block is
- *   d_w * d_a * sum(q_w * q_a) + m_w * s_a
- * (the stored s, not the exact sum, as in llama.cpp).
+ * Block layouts and structs: quant_blocks.h.
  */
 #ifndef KP_QUANT_MORE_H
 #define KP_QUANT_MORE_H
@@ -56,49 +16,7 @@
 
 #include "kernels/quant.h"
 
-#define KP_QK4_1 32
-#define KP_QK5_0 32
-#define KP_QK5_1 32
-#define KP_QK8_1 32
-
-typedef struct {
-    uint16_t d; /* half */
-    uint16_t m; /* half */
-    uint8_t qs[KP_QK4_1 / 2];
-} kp_block_q4_1;
-
-typedef struct {
-    uint16_t d; /* half */
-    uint8_t qh[4];
-    uint8_t qs[KP_QK5_0 / 2];
-} kp_block_q5_0;
-
-typedef struct {
-    uint16_t d; /* half */
-    uint16_t m; /* half */
-    uint8_t qh[4];
-    uint8_t qs[KP_QK5_1 / 2];
-} kp_block_q5_1;
-
-typedef struct {
-    uint16_t d; /* half */
-    uint16_t s; /* half: d * sum(qs) */
-    int8_t qs[KP_QK8_1];
-} kp_block_q8_1;
-
-typedef struct {
-    uint16_t d;    /* half: scale of the 6-bit scales */
-    uint16_t dmin; /* half: scale of the 6-bit mins */
-    uint8_t scales[12];
-    uint8_t qh[256 / 8];
-    uint8_t qs[256 / 2];
-} kp_block_q5_K;
-
-_Static_assert(sizeof(kp_block_q4_1) == 20, "Q4_1 block is 20 bytes");
-_Static_assert(sizeof(kp_block_q5_0) == 22, "Q5_0 block is 22 bytes");
-_Static_assert(sizeof(kp_block_q5_1) == 24, "Q5_1 block is 24 bytes");
-_Static_assert(sizeof(kp_block_q8_1) == 36, "Q8_1 block is 36 bytes");
-_Static_assert(sizeof(kp_block_q5_K) == 176, "Q5_K block is 176 bytes");
+#include "kernels/quant_blocks.h"
 
 /* ---- conversions (quant_more.c) ---------------------------------------- */
 
