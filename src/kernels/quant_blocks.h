@@ -83,6 +83,10 @@
  * Q8_K. With Q8_1 the dot product of one block is
  *   d_w * d_a * sum(q_w * q_a) + m_w * s_a
  * (the stored s, not the exact sum, as in llama.cpp).
+ *
+ * Below the structs: the reference reading of the packed fields (the Q4_K/
+ * Q5_K scales and mins, the 5-bit and 6-bit quants), inline, shared by the
+ * dequantizers (quant_ref.c) and the portable kernels (quant_scalar.c).
  */
 #ifndef KP_QUANT_BLOCKS_H
 #define KP_QUANT_BLOCKS_H
@@ -174,5 +178,51 @@ _Static_assert(sizeof(kp_block_q8_K) == 292, "Q8_K block is 292 bytes");
 _Static_assert(offsetof(kp_block_q5_K, qh) == 16 && offsetof(kp_block_q5_K, qs) == 48, "Q5_K offsets");
 _Static_assert(offsetof(kp_block_q6_K, d) == 208, "Q6_K offsets");
 _Static_assert(offsetof(kp_block_q8_K, bsums) == 260, "Q8_K offsets");
+
+/* Q4_K/Q5_K: sc[j], m[j] from the 12 packed scale bytes (table above). */
+static inline void unpack_k_scales(const uint8_t q[12], uint8_t sc[8], uint8_t m[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = q[j] & 63;
+        m[j] = q[j + 4] & 63;
+    }
+    for (int j = 4; j < 8; j++) {
+        sc[j] = (uint8_t)((q[j + 4] & 0xF) | (q[j - 4] >> 6) << 4);
+        m[j] = (uint8_t)((q[j + 4] >> 4) | (q[j] >> 6) << 4);
+    }
+}
+
+/* Q5_0/Q5_1: the 32 quants (0..31) of a block. */
+static inline void unpack_q5(const uint8_t qh[4], const uint8_t qs[16], uint8_t q[32]) {
+    const uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 |
+                       (uint32_t)qh[3] << 24;
+    for (int j = 0; j < 16; j++) {
+        q[j] = (uint8_t)((qs[j] & 0xF) | ((h >> j) & 1) << 4);
+        q[j + 16] = (uint8_t)((qs[j] >> 4) | ((h >> (j + 16)) & 1) << 4);
+    }
+}
+
+/* Q5_K: the 256 quants (0..31) of a block. */
+static inline void unpack_q5_K(const kp_block_q5_K *x, uint8_t q[KP_QK_K]) {
+    for (int c = 0; c < 4; c++) {
+        for (int l = 0; l < 32; l++) {
+            const uint8_t b = x->qs[32 * c + l], h = x->qh[l];
+            q[64 * c + l] = (uint8_t)((b & 0xF) | ((h >> (2 * c)) & 1) << 4);
+            q[64 * c + 32 + l] = (uint8_t)((b >> 4) | ((h >> (2 * c + 1)) & 1) << 4);
+        }
+    }
+}
+
+/* Q6_K: the 256 signed quants (q - 32) of a block. */
+static inline void unpack_q6_K(const kp_block_q6_K *x, int8_t q[KP_QK_K]) {
+    const uint8_t *ql = x->ql, *qh = x->qh;
+    for (int h = 0; h < 2; h++, ql += 64, qh += 32, q += 128) {
+        for (int l = 0; l < 32; l++) {
+            q[l] = (int8_t)(((ql[l] & 0xF) | ((qh[l] >> 0) & 3) << 4) - 32);
+            q[l + 32] = (int8_t)(((ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4) - 32);
+            q[l + 64] = (int8_t)(((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32);
+            q[l + 96] = (int8_t)(((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32);
+        }
+    }
+}
 
 #endif

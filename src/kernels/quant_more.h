@@ -18,22 +18,6 @@
 
 #include "kernels/quant_blocks.h"
 
-/* ---- conversions (quant_more.c) ---------------------------------------- */
-
-/* Encodes n floats (a multiple of t's block size, checked by the caller) as
- * t in {Q4_1, Q5_0, Q5_1, Q5_K, Q8_1} with llama.cpp's reference algorithm
- * (quantize_row_*_ref), byte for byte. Returns false, writing nothing, for
- * any other type. */
-bool kp_qmore_quantize_row(kp_dtype t, const float *x, void *dst, int64_t n);
-
-/* Decodes n elements (a multiple of the block size) of t in {Q4_1, Q5_0,
- * Q5_1, Q5_K, Q8_1}; false, writing nothing, for any other type. */
-bool kp_qmore_dequantize_row(kp_dtype t, const void *src, float *dst, int64_t n);
-
-/* The Q8_1 reference quantizer (quantize_act of Q4_1 and Q5_1 in the scalar
- * table; the AVX2 version produces the same bytes). */
-void kp_qmore_quant_row_q8_1(const float *x, void *dst, int64_t n);
-
 /* ---- scalar kernels (quant_more.c), signatures of kp_kernels ----------- */
 
 void kp_qmore_vec_dot_q4_1_scalar(int64_t n, float *s, const void *w, const void *a);
