@@ -18,22 +18,6 @@
 
 #include "kernels/quant_blocks.h"
 
-/* ---- scalar kernels (quant_more.c), signatures of kp_kernels ----------- */
-
-void kp_qmore_vec_dot_q4_1_scalar(int64_t n, float *s, const void *w, const void *a);
-void kp_qmore_vec_dot_q5_0_scalar(int64_t n, float *s, const void *w, const void *a);
-void kp_qmore_vec_dot_q5_1_scalar(int64_t n, float *s, const void *w, const void *a);
-void kp_qmore_vec_dot_q5_K_scalar(int64_t n, float *s, const void *w, const void *a);
-
-void kp_qmore_tile_q4_1_scalar(int64_t n, int nr, int nc, const void *w, size_t w_stride,
-                               const void *a, size_t a_stride, float *out, size_t out_stride);
-void kp_qmore_tile_q5_0_scalar(int64_t n, int nr, int nc, const void *w, size_t w_stride,
-                               const void *a, size_t a_stride, float *out, size_t out_stride);
-void kp_qmore_tile_q5_1_scalar(int64_t n, int nr, int nc, const void *w, size_t w_stride,
-                               const void *a, size_t a_stride, float *out, size_t out_stride);
-void kp_qmore_tile_q5_K_scalar(int64_t n, int nr, int nc, const void *w, size_t w_stride,
-                               const void *a, size_t a_stride, float *out, size_t out_stride);
-
 /* ---- AVX2 + FMA + F16C kernels (quant_more_avx2.c; x86-64 builds only) -
  * Call only through the AVX2 table, which kp_kernels_avx2() hands out when
  * the CPU has all three extensions. */
