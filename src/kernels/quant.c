@@ -7,7 +7,6 @@
  */
 #include "kernels/quant.h"
 
-#include "kernels/quant_impl.h"
 #include "kernels/tables.h"
 
 void kp_fp32_to_fp16_row(const float *x, uint16_t *y, int64_t n) {
@@ -15,10 +14,12 @@ void kp_fp32_to_fp16_row(const float *x, uint16_t *y, int64_t n) {
 }
 
 void kp_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n) {
+#if defined(__x86_64__)
     if (kp_kernels_avx2()) {
         kp_quant_avx2_fp16_to_fp32_row(x, y, n);
         return;
     }
+#endif
     for (int64_t i = 0; i < n; i++) y[i] = kp_fp16_to_fp32(x[i]);
 }
 
@@ -33,7 +34,7 @@ const kp_kernels *kp_kernels_avx2(void) {
     ok = ok && __builtin_cpu_supports("f16c"); /* clang 14 has no "f16c" here; every
                                                  AVX2 CPU has F16C */
 #endif
-    if (ok) return kp_quant_avx2_table();
+    if (ok) return &kp_quant_avx2_kernels;
 #endif
     return NULL;
 }
@@ -42,7 +43,7 @@ const kp_kernels *kp_kernels_avx512vnni(void) {
 #if defined(__x86_64__)
     if (kp_kernels_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
-        return kp_quant_avx512vnni_table();
+        return &kp_quant_avx512vnni_kernels;
 #endif
     return NULL;
 }

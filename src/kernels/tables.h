@@ -11,9 +11,22 @@
 #ifndef KP_KERNELS_TABLES_H
 #define KP_KERNELS_TABLES_H
 
+#include <stdint.h>
+
 #include "kernels/quant.h"
 
 /* quant_scalar.c: portable C, every type. */
 extern const kp_kernels kp_quant_scalar_kernels;
+
+#if defined(__x86_64__)
+/* quant_avx2.c: AVX2 + FMA + F16C. */
+extern const kp_kernels kp_quant_avx2_kernels;
+
+/* quant_avx512.c: the avx2 table with AVX512 F/VL/BW + VNNI gemm kernels. */
+extern const kp_kernels kp_quant_avx512vnni_kernels;
+
+/* quant_avx2.c: kp_fp16_to_fp32_row with F16C (AVX2 CPUs only). */
+void kp_quant_avx2_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n);
+#endif
 
 #endif
