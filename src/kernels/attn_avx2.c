@@ -62,6 +62,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/tables.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -713,7 +715,7 @@ static int layout_of(const kp_attn_tile *t) {
 
 static void tile_begin_gran(kp_attn_tile *t, const float *q, int64_t q_stride, int gran) {
     switch (layout_of(t)) {
-    case LAYOUT_SCALAR: kp_attn_scalar()->tile_begin(t, q, q_stride); break;
+    case LAYOUT_SCALAR: kp_attn_scalar_kernels.tile_begin(t, q, q_stride); break;
     case LAYOUT_LANES: lanes_begin(t, q, q_stride, gran); break;
     default: keys_begin(t, q, q_stride); break;
     }
@@ -721,7 +723,7 @@ static void tile_begin_gran(kp_attn_tile *t, const float *q, int64_t q_stride, i
 
 static void tile_end_gran(const kp_attn_tile *t, float *out, int64_t out_stride, int gran) {
     switch (layout_of(t)) {
-    case LAYOUT_SCALAR: kp_attn_scalar()->tile_end(t, out, out_stride); break;
+    case LAYOUT_SCALAR: kp_attn_scalar_kernels.tile_end(t, out, out_stride); break;
     case LAYOUT_LANES: lanes_end(t, out, out_stride, gran); break;
     default: keys_end(t, out, out_stride); break;
     }
@@ -729,7 +731,7 @@ static void tile_end_gran(const kp_attn_tile *t, float *out, int64_t out_stride,
 
 static void tile_partial_gran(const kp_attn_tile *t, float *part, int gran) {
     switch (layout_of(t)) {
-    case LAYOUT_SCALAR: kp_attn_scalar()->tile_partial(t, part); break;
+    case LAYOUT_SCALAR: kp_attn_scalar_kernels.tile_partial(t, part); break;
     case LAYOUT_LANES: lanes_partial(t, part, gran); break;
     default: keys_partial(t, part); break;
     }
@@ -743,7 +745,7 @@ static void tile_partial_gran(const kp_attn_tile *t, float *part, int gran) {
     int hd = t->hd;                                                                     \
     switch (layout_of(t)) {                                                             \
     case LAYOUT_SCALAR:                                                                 \
-        kp_attn_scalar()->SCALAR_STEP(t, k, v, n_keys, key_pos);                        \
+        kp_attn_scalar_kernels.SCALAR_STEP(t, k, v, n_keys, key_pos);                        \
         break;                                                                          \
     case LAYOUT_LANES: {                                                                \
         kp_attn_prefetch_next(t, 0, 1);                                                 \
@@ -1047,7 +1049,7 @@ static void tile_partial_avx512(const kp_attn_tile *t, float *part) { tile_parti
 
 #define MAX_HD_VEC 32 /* head_dim up to 256 in registers-by-loop */
 
-static const kp_attn_kernels attn_avx2 = {
+const kp_attn_kernels kp_attn_avx2_kernels = {
     .name = "avx2",
     .tile_begin = tile_begin_avx2,
     .tile_step_f32 = tile_step_f32_avx2,
@@ -1058,7 +1060,7 @@ static const kp_attn_kernels attn_avx2 = {
     .swiglu_row = swiglu_row_avx2,
 };
 
-static const kp_attn_kernels attn_avx512 = {
+const kp_attn_kernels kp_attn_avx512_kernels = {
     .name = "avx512",
     .tile_begin = tile_begin_avx512,
     .tile_step_f32 = tile_step_f32_avx512,
@@ -1069,10 +1071,8 @@ static const kp_attn_kernels attn_avx512 = {
     .swiglu_row = swiglu_row_avx512,
 };
 
-const kp_attn_kernels *kp_attn_avx2_table(void) { return &attn_avx2; }
-const kp_attn_kernels *kp_attn_avx512_table(void) { return &attn_avx512; }
+#else /* not x86-64: no SIMD tables */
 
-#else
-const kp_attn_kernels *kp_attn_avx2_table(void) { return NULL; }
-const kp_attn_kernels *kp_attn_avx512_table(void) { return NULL; }
+typedef int kp_attn_avx2_unused;
+
 #endif
