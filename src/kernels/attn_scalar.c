@@ -18,7 +18,7 @@
  *   ... + STEP*hd          STEP*hd   V rows of the step as F32 (F16 steps)
  *
  * kp_attn_tile_floats returns the largest size any table needs (the SIMD
- * layouts are drawn in attn_avx2.c).
+ * layouts are drawn in attn_avx2_inl.h).
  */
 #include "kernels/attn.h"
 

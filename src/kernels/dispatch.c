@@ -13,7 +13,7 @@
  *   attention tables
  *   scalar              -                              attn_scalar.c
  *   avx2                AVX2, FMA, F16C                 attn_avx2.c
- *   avx512              the above, AVX512F              attn_avx2.c
+ *   avx512              the above, AVX512F              attn_avx512.c
  *
  * CPU detection is __builtin_cpu_supports, which reads the CPU model libgcc
  * (compiler-rt with clang) fills in a constructor from cpuid, with the

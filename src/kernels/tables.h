@@ -36,9 +36,10 @@ void kp_quant_avx2_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n);
 extern const kp_attn_kernels kp_attn_scalar_kernels;
 
 #if defined(__x86_64__)
-/* attn_avx2.c: AVX2 + FMA + F16C, and the 16-lane "avx512" table
- * (AVX-512F besides). */
+/* attn_avx2.c: AVX2 + FMA + F16C; also what the avx512 table does not redo. */
 extern const kp_attn_kernels kp_attn_avx2_kernels;
+
+/* attn_avx512.c: the avx2 table with 16-lane AVX-512F loops. */
 extern const kp_attn_kernels kp_attn_avx512_kernels;
 #endif
 
