@@ -9,7 +9,7 @@
  *     inlined), so it is compiled with the target of the kernel that uses it;
  *   - small helpers: horizontal sums, FP16 loads, the 8x8 transpose, panel
  *     stores, the prefetch distances;
- *   - the canonical summation order every integer path follows (below);
+ *   - the canonical summation order every path follows (below);
  *   - per weight family, what both tables share: decoding a block's quants
  *     (Q8_0/Q4_0: legacy_*, Q4_1/Q5_0/Q5_1: leg_*, Q4_K/Q5_K/Q6_K: kq_*),
  *     staging the activation block terms, repacking weight rows into the
@@ -17,9 +17,9 @@
  *     Q4_K/Q5_K, q6k_pack), the few-row tile of Q4_1/Q5_0/Q5_1 (both tables
  *     use it), and the loops of dot_tile and gemm.
  *
- * The loops (tile_legacy, gemm_panel, leg_tile, gemm_leg_panel,
- * gemm_kq_panel and the gemm_* wrappers) take the table's kernel for one
- * tile as a function argument: an AVX2_INLINE/VNNI_INLINE function (or a
+ * The loops (tile_legacy, gemm_panel, gemm_legacy; leg_tile,
+ * gemm_leg_panel, leg_gemm; gemm_kq_panel, gemm_kquant) take the table's
+ * kernel for one tile as a function argument: an AVX2_INLINE/VNNI_INLINE function (or a
  * static kernel) of the including file, always a constant at the call, so
  * that from -O1 on the call is direct and inlined, as if the loop were
  * written out in each file.

@@ -2,8 +2,7 @@
  * quant_scalar.c - the portable kernel table "scalar" (quant.h), every type
  * with kernels: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K
  * and Q6_K (byte layouts in quant_blocks.h). Plain ISO C, no target
- * attributes; always available, and the reference the SIMD tables are
- * tested against.
+ * attributes; always available.
  *
  * What it owns: straightforward loops, integer dot products inside a
  * block, float accumulation across blocks (F32/F16/BF16 rows accumulate in

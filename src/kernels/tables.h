@@ -2,8 +2,9 @@
  * tables.h - private to src/kernels/: the kernel tables, one per file and
  * instruction set, for the quant kernels (kp_kernels) and for attention
  * (kp_attn_kernels). dispatch.c alone chooses among them and hands them out
- * (kp_kernels_* in quant.h, kp_attn_* in attn.h); a SIMD file may name the
- * table it falls back to. Nothing outside src/kernels/ includes this file.
+ * (kp_kernels_* in quant.h, kp_attn_* in attn.h), with the F16C row
+ * conversion below; a SIMD file may name the table it falls back to.
+ * Nothing outside src/kernels/ includes this file.
  *
  * Each table is a constant object defined by its file; the SIMD ones exist
  * only in x86-64 builds, and using one is correct only on a CPU with the
