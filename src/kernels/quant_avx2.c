@@ -820,13 +820,14 @@ AVX2 void kp_avx2_vec_dot_q6_K(int64_t n, float *s, const void *w, const void *a
 /*
  * 8 weight rows x NC (1..4) activation rows over super-blocks [i0, i0+len):
  * each row's super-block gives vectors of partial integer sums (q4k_sb,
- * q6k_sb); fold8_epi32 turns the 8 rows' vectors into one vector of exact
+ * q5k_sb, q6k_sb); fold8_epi32 turns the 8 rows' vectors into one vector of exact
  * sums, one lane per row, so the float work is the panel's, lane for lane.
  */
 AVX2_INLINE void kq_rows_tile(const char *const *wr, const char *ar, size_t a_stride, int64_t i0, int64_t len,
                               int kind, int nr, float *out, size_t os, int add, size_t pf, const int NC) {
     __m256 acc[4];
     UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    const size_t bsz = kind == KQ4 ? sizeof(kp_block_q4_K) : kind == KQ5 ? sizeof(kp_block_q5_K) : sizeof(kp_block_q6_K);
     for (int64_t b = 0; b < len; b++) {
         const int64_t i = i0 + b;
         __m256i S[4][8], M[4][8];
@@ -834,24 +835,27 @@ AVX2_INLINE void kq_rows_tile(const char *const *wr, const char *ar, size_t a_st
         for (int r = 0; r < rows; r++) {
             /* 8 rows in step defeat the hardware prefetcher in decode: ask
              * for the rows pf bytes on (decode_pf), else 2 super-blocks on */
-            const size_t bsz = kind == KQ4 ? sizeof(kp_block_q4_K) : sizeof(kp_block_q6_K);
             const char *next = pf ? wr[r] + pf + (size_t)i * bsz : wr[r] + (size_t)(i + 2) * bsz;
             for (size_t off = 0; off < bsz; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
             __m256i s4[4], m4[4];
             if (kind == KQ4) q4k_sb((const kp_block_q4_K *)wr[r] + i, ar, a_stride, i, s4, m4, NC);
+            else if (kind == KQ5) q5k_sb((const kp_block_q5_K *)wr[r] + i, ar, a_stride, i, s4, m4, NC);
             else q6k_sb((const kp_block_q6_K *)wr[r] + i, ar, a_stride, i, s4, NC);
             UNROLL for (int c = 0; c < NC; c++) {
                 S[c][r] = s4[c];
-                if (kind == KQ4) M[c][r] = m4[c];
+                if (kind != KQ6) M[c][r] = m4[c];
             }
         }
         for (int r = rows; r < 8; r++)
             UNROLL for (int c = 0; c < NC; c++) {
                 S[c][r] = S[c][r - 4];
-                if (kind == KQ4) M[c][r] = M[c][r - 4];
+                if (kind != KQ6) M[c][r] = M[c][r - 4];
             }
-        if (kind == KQ4) {
-            const size_t blk = (size_t)i * sizeof(kp_block_q4_K);
+        if (kind != KQ6) { /* Q4_K and Q5_K: d and dmin at the same offsets */
+            _Static_assert(offsetof(kp_block_q5_K, d) == offsetof(kp_block_q4_K, d) &&
+                               offsetof(kp_block_q5_K, dmin) == offsetof(kp_block_q4_K, dmin),
+                           "Q4_K and Q5_K start alike");
+            const size_t blk = (size_t)i * bsz;
             const __m256 d8 = half8_at(wr, blk + offsetof(kp_block_q4_K, d));
             const __m256 m8 = half8_at(wr, blk + offsetof(kp_block_q4_K, dmin));
             UNROLL for (int c = 0; c < NC; c++) {
@@ -900,76 +904,13 @@ AVX2 void kp_avx2_dot_tile_q4_K(int64_t n, int nr, int nc, const void *w, size_t
                                 size_t a_stride, float *out, size_t out_stride) {
     tile_kquant(n, nr, nc, w, w_stride, a, a_stride, out, out_stride, KQ4);
 }
+AVX2 void kp_avx2_dot_tile_q5_K(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
+                                size_t a_stride, float *out, size_t out_stride) {
+    tile_kquant(n, nr, nc, w, w_stride, a, a_stride, out, out_stride, KQ5);
+}
 AVX2 void kp_avx2_dot_tile_q6_K(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
                                 size_t a_stride, float *out, size_t out_stride) {
     tile_kquant(n, nr, nc, w, w_stride, a, a_stride, out, out_stride, KQ6);
-}
-
-/* Few activation rows: 8 weight rows x NC activation rows over super-blocks
- * [i0, i0 + len); each row's partial sums (q5k_sb) are folded into one
- * vector of exact sums, one lane per row. */
-AVX2_INLINE void q5k_rows_tile(const char *const *wr, const char *ar, size_t a_stride, int64_t i0, int64_t len,
-                               int nr, float *out, size_t os, int add, size_t pf, const int NC) {
-    __m256 acc[4];
-    UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
-    const int rows = nr <= 4 ? 4 : 8; /* the rest repeat rows 0..3 */
-    for (int64_t b = 0; b < len; b++) {
-        const int64_t i = i0 + b;
-        __m256i S[4][8], M[4][8];
-        for (int r = 0; r < rows; r++) {
-            /* 8 rows in step defeat the hardware prefetcher in decode: ask
-             * for the rows pf bytes on (decode_pf), else 2 super-blocks on */
-            const char *next = wr[r] + (pf ? pf + (size_t)i * sizeof(kp_block_q5_K) : (size_t)(i + 2) * sizeof(kp_block_q5_K));
-            for (size_t off = 0; off < sizeof(kp_block_q5_K); off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
-            __m256i s4[4], m4[4];
-            q5k_sb((const kp_block_q5_K *)wr[r] + i, ar, a_stride, i, s4, m4, NC);
-            UNROLL for (int c = 0; c < NC; c++) {
-                S[c][r] = s4[c];
-                M[c][r] = m4[c];
-            }
-        }
-        for (int r = rows; r < 8; r++)
-            UNROLL for (int c = 0; c < NC; c++) {
-                S[c][r] = S[c][r - 4];
-                M[c][r] = M[c][r - 4];
-            }
-        const size_t blk = (size_t)i * sizeof(kp_block_q5_K);
-        const __m256 d8 = half8_at(wr, blk + offsetof(kp_block_q5_K, d));
-        const __m256 m8 = half8_at(wr, blk + offsetof(kp_block_q5_K, dmin));
-        UNROLL for (int c = 0; c < NC; c++) {
-            const __m256 da = _mm256_set1_ps(((const kp_block_q8_K *)(ar + (size_t)c * a_stride) + i)->d);
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fold8_epi32(S[c])), _mm256_mul_ps(d8, da), acc[c]);
-            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(fold8_epi32(M[c])), _mm256_mul_ps(m8, da), acc[c]);
-        }
-    }
-    UNROLL for (int c = 0; c < NC; c++) panel_store(acc[c], out + (size_t)c * os, nr, add);
-}
-
-AVX2 void kp_avx2_dot_tile_q5_K(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
-                                  size_t a_stride, float *out, size_t out_stride) {
-    const int64_t nb = n / KP_QK_K;
-    const size_t pf = decode_pf(w_stride, nc, PANEL_MIN_COLS);
-    if (nb <= 0) zero_out(nr, nc, out, out_stride);
-    for (int c0 = 0; c0 < nc; c0 += 4) {
-        const int ncc = nc - c0 < 4 ? nc - c0 : 4;
-        const char *ac = (const char *)a + (size_t)c0 * a_stride;
-        for (int r0 = 0; r0 < nr; r0 += 8) {
-            const int nrr = nr - r0 < 8 ? nr - r0 : 8;
-            const char *wr[8];
-            rows8(w, w_stride, r0, nr, wr);
-            float *o = out + (size_t)c0 * out_stride + (size_t)r0;
-            for (int64_t i0 = 0; i0 < nb; i0 += KQ_KC) {
-                const int64_t len = nb - i0 < KQ_KC ? nb - i0 : KQ_KC;
-                const int add = i0 > 0;
-                switch (ncc) {
-                case 1: q5k_rows_tile(wr, ac, a_stride, i0, len, nrr, o, out_stride, add, pf, 1); break;
-                case 2: q5k_rows_tile(wr, ac, a_stride, i0, len, nrr, o, out_stride, add, pf, 2); break;
-                case 3: q5k_rows_tile(wr, ac, a_stride, i0, len, nrr, o, out_stride, add, pf, 3); break;
-                default: q5k_rows_tile(wr, ac, a_stride, i0, len, nrr, o, out_stride, add, pf, 4); break;
-                }
-            }
-        }
-    }
 }
 
 /* One panel x NC activation rows over super-blocks [i0, i0 + len). */
