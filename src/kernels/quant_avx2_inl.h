@@ -560,8 +560,8 @@ AVX2_INLINE const q8_1_ds *q8_1_terms(const char *a, size_t a_stride, int c, int
  *   hadd(hadd(p0, p1), hadd(p2, p3)) = [s0 s1 s2 s3 | s0' s1' s2' s3']
  *   (likewise rows 4..7), then [s0+s0' .. s3+s3' | s4+s4' .. s7+s7'] */
 AVX2_INLINE void leg_oct_tile(int64_t ib0, int64_t len, const char *const *wr, const char *const *ar,
-                          const kp_q8_0_aux *const *ax, const q8_1_ds *const *ds, int kind, int nr,
-                          float *out, size_t os, int add, size_t pf, const int NC, const int R) {
+                              const kp_q8_0_aux *const *ax, const q8_1_ds *const *ds, int kind, int nr,
+                              float *out, size_t os, int add, size_t pf, const int NC, const int R) {
     const __m256i ones = _mm256_set1_epi16(1);
     const size_t blk = leg_size(kind);
     __m256 acc[4];
