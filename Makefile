@@ -25,7 +25,7 @@ PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -ljansson -lmicrohttpd)
 
 # -march=native when the compiler accepts it, else a portable x86-64 build;
-# kernels pick AVX2/FMA/F16C at run time either way (see src/quant.c).
+# kernels pick AVX2/FMA/F16C at run time either way (see src/kernels/dispatch.c).
 MARCH   := $(shell $(CC) -march=native -E -x c /dev/null >/dev/null 2>&1 && echo -march=native)
 WARN    := -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Isrc -Iinclude -MMD -MP
 # The library's objects: position-independent (one set of objects makes
@@ -129,9 +129,11 @@ build/rel build/asan build/fuzz:
 asan: build/asan/kvpin $(addprefix build/asan/,$(TESTS)) $(addprefix build/asan/fuzz_,$(FUZZ_TARGETS))
 
 # The floors of src/ (tools/check_floors.py): no include runs up a floor,
-# no circle. Prints the include graph.
-check:
-	python3 tools/check_floors.py
+# no circle of includes, and no circle of calls between the files of one
+# folder (read from the objects of the sanitizer build). Prints the include
+# graph.
+check: build/asan/libkvpin.a
+	python3 tools/check_floors.py --objects build/asan
 
 # Unit tests run first, then the end-to-end tests that drive the binary.
 # tests/e2e_library.sh checks the release libraries (no sanitizer),

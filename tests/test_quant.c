@@ -4,7 +4,7 @@
  * References, none taken from kvpin's own output:
  *   - float64 decoders of FP16/BF16 (ldexp) and of every block layout,
  *     written here from the layout description (byte offsets and bit
- *     shifts, no shared code with src/quant.c);
+ *     shifts, no shared code with src/kernels/);
  *   - float64 round-to-nearest-even searches for the FP16/BF16 rounding;
  *   - float64 dot products of the dequantized rows;
  *   - llama-quantize --pure outputs in ../shared/models/gen (Q8_0, Q4_0,

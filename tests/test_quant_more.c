@@ -1,6 +1,6 @@
 /*
  * test_quant_more.c - the weight types Q4_1, Q5_0, Q5_1, Q5_K and the
- * activation type Q8_1 (src/quant_more*.c, reached through quant.h).
+ * activation type Q8_1 (src/kernels/quant_*.c, reached through quant.h).
  *
  * References, none taken from kvpin's own output:
  *   - llama.cpp's quantize_row_*_ref outputs on 48 chosen rows

@@ -104,6 +104,8 @@ def symbol_graph(objdir):
     """{object: set(objects it takes symbols from)} per folder, from nm."""
     defs, uses = {}, defaultdict(set)
     objs = [p for p in files_under(objdir, (".o",)) if not os.path.basename(p).startswith(("cli_", "test_"))]
+    # objects of deleted sources (DIR/FLOOR/x.o without src/FLOOR/x.c) are stale
+    objs = [p for p in objs if os.path.isfile(os.path.join("src", os.path.relpath(p, objdir))[:-2] + ".c")]
     for o in objs:
         out = subprocess.run(["nm", o], capture_output=True, text=True, check=True).stdout
         for line in out.splitlines():

@@ -1,6 +1,7 @@
 /*
  * tok_load.c - building a kp_tok_vocab from GGUF metadata, the way llama.cpp's
- * llama_vocab::impl::load does, plus the token-text hash used everywhere.
+ * llama_vocab::impl::load does, and its token-text hash (kp_tok_hash and
+ * kp_tok_lookup, inline in tok_impl.h since every tokenizer file uses them).
  *
  * Owns every table of the vocabulary (tok_impl.h): all of it is copied out
  * of the GGUF, so the file may be closed after loading. Load order:
@@ -49,26 +50,6 @@
 /* GGUF token types (tokenizer.ggml.token_type) */
 enum { TT_UNDEFINED = 0, TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER_DEFINED = 4,
        TT_UNUSED = 5, TT_BYTE = 6 };
-
-/* ---- text hash ---- */
-
-uint64_t kp_tok_hash(const char *s, size_t len) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < len; i++) {
-        h ^= (uint8_t)s[i];
-        h *= 0x100000001b3ull;
-    }
-    return h ^ (h >> 29);
-}
-
-int32_t kp_tok_lookup(const kp_tok_vocab *v, const char *s, size_t len) {
-    if (!v->slots) return -1;
-    for (uint64_t i = kp_tok_hash(s, len) & v->slot_mask;; i = (i + 1) & v->slot_mask) {
-        int32_t id = v->slots[i];
-        if (id < 0) return -1;
-        if (v->text_len[id] == len && memcmp(v->text_arena + v->text_off[id], s, len) == 0) return id;
-    }
-}
 
 static const char *text_of(const kp_tok_vocab *v, int32_t id) { return v->text_arena + v->text_off[id]; }
 
