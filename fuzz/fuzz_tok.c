@@ -38,12 +38,12 @@
 /* Loaded once before the first input and never changed: the fuzzer's
  * fixture, not library state. */
 static kp_tok_vocab *vocabs[MAX_VOCABS];
-static gguf *files[MAX_VOCABS];
+static kp_gguf *files[MAX_VOCABS];
 static int n_vocabs;
 
 static void load(const char *path) {
     kp_error err;
-    gguf *g;
+    kp_gguf *g;
     kp_tok_vocab *v;
     if (n_vocabs == MAX_VOCABS || kp_gguf_open(&g, path, &err) != KP_OK) return;
     if (kp_tok_vocab_load(&v, g, &err) != KP_OK) {

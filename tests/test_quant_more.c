@@ -1068,7 +1068,7 @@ static float *model_logits(const char *path, int *n_vocab, bool by_token) {
 
 /* Relative RMS error of all 2-D weights of file q against the F32 file f. */
 static double weights_rel_err(const char *f32_path, const char *q_path) {
-    gguf *f = NULL, *g = NULL;
+    kp_gguf *f = NULL, *g = NULL;
     double e = 0, s = 0;
     if (kp_gguf_open(&f, f32_path, NULL) != KP_OK || kp_gguf_open(&g, q_path, NULL) != KP_OK) {
         kp_gguf_close(f);

@@ -54,7 +54,7 @@ static uint64_t used_bytes(kp_engine *e) {
 /* A model, its vocabulary and a thread pool. */
 typedef struct {
     kp_model *m;
-    gguf *g;
+    kp_gguf *g;
     kp_tok_vocab *v;
     kp_pool *pool;
 } fixture;

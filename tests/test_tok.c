@@ -33,7 +33,7 @@ static const char *const upstream_vocabs[] = {
 /* ---- helpers ---- */
 
 static kp_tok_vocab *load_path(const char *rel) {
-    gguf *g = NULL;
+    kp_gguf *g = NULL;
     kp_error err = {0};
     const char *path = harness_path(rel);
     if (kp_gguf_open(&g, path, &err) != KP_OK) {
@@ -401,7 +401,7 @@ static void test_properties(void) {
 }
 
 static void test_bert_refused(void) {
-    gguf *g = NULL;
+    kp_gguf *g = NULL;
     kp_error err = {0};
     CHECK(kp_gguf_open(&g, harness_path(VOCAB_DIR "ggml-vocab-bert-bge.gguf"), &err) == KP_OK);
     if (!g) return;
@@ -900,7 +900,7 @@ static void kv_i32s(gw *w, const char *k, const int32_t *v, size_t n) {
 /* Loads the image; returns the status and fills *out / err. */
 static kp_status gw_load(gw *w, kp_tok_vocab **out, kp_error *err) {
     memcpy(w->d + 16, &w->n_kv, 8);
-    gguf *g = NULL;
+    kp_gguf *g = NULL;
     *out = NULL;
     kp_status st = kp_gguf_open_memory(&g, w->d, w->n, "mem.gguf", err);
     CHECK_MSG(st == KP_OK, "kp_gguf_open_memory: %s", err->msg);

@@ -354,7 +354,7 @@ static kp_status plan_build(const kp_mkmodel_spec *s, uint64_t n_vocab, mk_plan 
 /* ---- metadata ---- */
 
 static kp_status add_metadata(kp_gguf_w *w, const kp_mkmodel_spec *s, uint64_t n_vocab,
-                              const gguf *tok, kp_error *err) {
+                              const kp_gguf *tok, kp_error *err) {
     mk_arch arch = arch_of(s->arch);
     uint32_t hd = head_dim_of(s);
     char key[128];
@@ -443,7 +443,7 @@ static kp_status fill_report(const mk_plan *plan, kp_dtype wtype, kp_mkmodel_rep
 
 kp_status kp_mkmodel_write(const kp_mkmodel_spec *spec, const char *tokenizer_gguf_path,
                         const char *out_path, kp_mkmodel_report *report, kp_error *err) {
-    gguf *tok = NULL;
+    kp_gguf *tok = NULL;
     kp_gguf_w *w = NULL;
     mk_plan plan = {0};
     float *row = NULL;

@@ -87,7 +87,7 @@ enum {
  *   KP_ENOMEM.
  * An unknown `tokenizer.ggml.pre` is not an error: the default pre-tokenizer
  * is used and kp_tok_pre_warning() says so. */
-kp_status kp_tok_vocab_load(kp_tok_vocab **out, const gguf *g, kp_error *err);
+kp_status kp_tok_vocab_load(kp_tok_vocab **out, const kp_gguf *g, kp_error *err);
 
 void kp_tok_vocab_free(kp_tok_vocab *v); /* NULL is a no-op */
 

@@ -62,7 +62,7 @@ static int32_t find_cstr(const kp_tok_vocab *v, const char *s) { return kp_tok_l
 
 /* ---- helpers ---- */
 
-static const char *gname(const gguf *g) {
+static const char *gname(const kp_gguf *g) {
     const char *p = kp_gguf_path(g);
     return p ? p : "gguf";
 }
@@ -104,7 +104,7 @@ static bool is_numeric(kp_gguf_type t, bool allow_float) {
 }
 
 /* An optional numeric array of at least n elements; *out = NULL if absent. */
-static kp_status get_num_arr(const gguf *g, const char *key, bool allow_float, uint64_t n,
+static kp_status get_num_arr(const kp_gguf *g, const char *key, bool allow_float, uint64_t n,
                              const kp_gguf_value **out, kp_error *err) {
     *out = NULL;
     const kp_gguf_kv *kv = kp_gguf_find(g, key);
@@ -121,7 +121,7 @@ static kp_status get_num_arr(const gguf *g, const char *key, bool allow_float, u
 
 /* ---- steps ---- */
 
-static kp_status load_model_kind(kp_tok_vocab *v, const gguf *g, kp_error *err) {
+static kp_status load_model_kind(kp_tok_vocab *v, const kp_gguf *g, kp_error *err) {
     kp_gguf_str m;
     kp_status st = kp_gguf_get_str(g, "tokenizer.ggml.model", &m, err);
     if (st != KP_OK) return st;
@@ -139,7 +139,7 @@ static kp_status load_model_kind(kp_tok_vocab *v, const gguf *g, kp_error *err) 
     return KP_OK;
 }
 
-static kp_status load_tokens(kp_tok_vocab *v, const gguf *g, kp_error *err) {
+static kp_status load_tokens(kp_tok_vocab *v, const kp_gguf *g, kp_error *err) {
     const kp_gguf_value *toks, *scores, *types;
     kp_status st = kp_gguf_get_arr(g, "tokenizer.ggml.tokens", KP_GGUF_TYPE_STRING, &toks, err);
     if (st != KP_OK) return st;
@@ -231,7 +231,7 @@ static kp_status load_tokens(kp_tok_vocab *v, const gguf *g, kp_error *err) {
     return KP_OK;
 }
 
-static kp_status load_merges(kp_tok_vocab *v, const gguf *g, kp_error *err) {
+static kp_status load_merges(kp_tok_vocab *v, const kp_gguf *g, kp_error *err) {
     const kp_gguf_value *arr;
     kp_status st = kp_gguf_get_arr(g, "tokenizer.ggml.merges", KP_GGUF_TYPE_STRING, &arr, err);
     if (st != KP_OK) return st;
@@ -271,7 +271,7 @@ static kp_status load_merges(kp_tok_vocab *v, const gguf *g, kp_error *err) {
 }
 
 /* Defaults per model, then tokenizer.ggml.pre (BPE) and add_space_prefix. */
-static kp_status load_flags(kp_tok_vocab *v, const gguf *g, kp_error *err) {
+static kp_status load_flags(kp_tok_vocab *v, const kp_gguf *g, kp_error *err) {
     v->eot = v->eom = v->sep = v->pad = v->mask = v->nl = -1;
     v->fim_pre = v->fim_suf = v->fim_mid = v->fim_pad = v->fim_rep = v->fim_sep = -1;
     kp_gguf_str pre;
@@ -361,7 +361,7 @@ static void build_byte_tables(kp_tok_vocab *v) {
 }
 
 /* Reads one special-id key into *dst (see the top comment for the rules). */
-static kp_status read_id(kp_tok_vocab *v, const gguf *g, const char *key, int32_t *dst, bool strict,
+static kp_status read_id(kp_tok_vocab *v, const kp_gguf *g, const char *key, int32_t *dst, bool strict,
                          kp_error *err) {
     const kp_gguf_kv *kv = kp_gguf_find(g, key);
     if (!kv) return KP_OK;
@@ -390,7 +390,7 @@ static kp_status read_id(kp_tok_vocab *v, const gguf *g, const char *key, int32_
     return KP_OK;
 }
 
-static kp_status load_special_ids(kp_tok_vocab *v, const gguf *g, kp_error *err) {
+static kp_status load_special_ids(kp_tok_vocab *v, const kp_gguf *g, kp_error *err) {
     const struct {
         const char *key;
         int32_t *dst;
@@ -692,13 +692,13 @@ static void lowercase_copy(kp_gguf_str s, char *out, size_t cap) {
 }
 
 /* Per-model token attributes llama.cpp sets by name (lstrip / rstrip). */
-static kp_gguf_str str_or_empty(const gguf *g, const char *key) {
+static kp_gguf_str str_or_empty(const kp_gguf *g, const char *key) {
     const kp_gguf_kv *kv = kp_gguf_find(g, key);
     kp_gguf_str none = {NULL, 0};
     return kv && kv->value.type == KP_GGUF_TYPE_STRING ? kv->value.v.str : none;
 }
 
-static void model_quirks(kp_tok_vocab *v, const gguf *g) {
+static void model_quirks(kp_tok_vocab *v, const kp_gguf *g) {
     kp_gguf_str name = str_or_empty(g, "general.name"), pre = str_or_empty(g, "tokenizer.ggml.pre");
     kp_gguf_str arch = str_or_empty(g, "general.architecture");
     char lname[256], spre[256], sarch[256];
@@ -761,7 +761,7 @@ void kp_tok_vocab_free(kp_tok_vocab *v) {
     free(v);
 }
 
-kp_status kp_tok_vocab_load(kp_tok_vocab **out, const gguf *g, kp_error *err) {
+kp_status kp_tok_vocab_load(kp_tok_vocab **out, const kp_gguf *g, kp_error *err) {
     if (!out || !g) return kp_fail(err, KP_EINVAL, "kp_tok_vocab_load: NULL argument");
     *out = NULL;
     kp_tok_vocab *v = calloc(1, sizeof *v);
