@@ -12,6 +12,9 @@
  *      template writes, in the template's order; each says which template
  *      it follows. Refusals the template makes (raise_exception: roles
  *      that do not alternate, two tool calls for Llama 3.1) are errors.
+ *      In between, for families without a tool syntax, generic_tools
+ *      rewrites the loaded conversation into the generic tool format
+ *      (plain system / user / assistant messages; its section says how).
  *
  *   chat_conv                        chat_msg (one per message)
  *   +-----------------------------+  +----------------------------------+
@@ -1215,6 +1218,10 @@ kp_status kp_chat_render_plain(kp_chat_family f, const json_t *messages, const j
  * is made, and an OPEN block at the end counts as a possible call for the
  * holdback, so the holdback of a prefix never passes the run of the whole
  * text and never moves back as the text grows.
+ *
+ * The generic format uses the same scan with blocks that start at '{'
+ * (generic_block: the object {"tool_calls": [...]}, whose calls are
+ * checked and returned together).
  *
  * Llama 3.1 has no markup: the message is calls from its first byte or
  * not at all, so its scan walks objects from the start (after whitespace
