@@ -15,6 +15,13 @@ Expected values come from outside the server's own answer:
   - API keys by their documented precedence, RFC 7235's case-insensitive
     scheme, 401 before 404/405/413; IPv6 on ::1 (skipped, with a message,
     where the machine cannot bind ::1); -np as --parallel;
+  - tools on the chatml template (the generic tool format of src/serve/chat.h):
+    the prompt, detokenized, holds each tool's canonical JSON (json.dumps with
+    sorted keys, no spaces: RFC 8785 for these values) in the documented
+    block; a second request with the same tools, keys permuted, reuses the
+    cache past the block (cached_tokens is the longest common token prefix);
+    tool_choice "none" renders no tools; any tool call in a reply, streamed
+    or not, has OpenAI's shape;
   - cache endpoints under the load of eight decoding streams answer within a
     second at the 99th percentile (a generous bound: they are served between
     two steps).
@@ -223,9 +230,9 @@ def hostile(srv):
          "messages"),
         ("message not an object", "POST", X, {"messages": ["hi"]}, 400, "messages"),
         ("tools a string", "POST", X, {"messages": [{"role": "user", "content": "x"}], "tools": "x"}, 400, "tools"),
-        ("tools on a template without tools", "POST", X,
-         {"messages": [{"role": "user", "content": "x"}],
-          "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, 400, "tools"),
+        ("a tool whose function is not an object", "POST", X,
+         {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": 3}]}, 400,
+         "tools"),
         ("tool_choice required", "POST", X,
          {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, 400, "tool_choice"),
         ("chat prompt too long", "POST", X, {"messages": [{"role": "user", "content": big}]}, 400, "messages"),
@@ -902,6 +909,126 @@ def pins(srv):
     ok(c["counts"]["pins"] == 0 and c["kv"]["pinned_bytes"] == 0, "unpinned: %s" % c["counts"])
 
 
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                   "required": ["city"]}}}
+
+
+def permuted(v):
+    """v with every object's members in reverse order."""
+    if isinstance(v, dict):
+        return {k: permuted(v[k]) for k in reversed(list(v))}
+    if isinstance(v, list):
+        return [permuted(x) for x in v]
+    return v
+
+
+def chat_events(srv, body):
+    """Streams a chat completion; returns the parsed data events (None on error)."""
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
+    c.request("POST", "/v1/chat/completions", body=json.dumps(dict(body, stream=True)),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    if r.status != 200:
+        return None
+    return [json.loads(e[6:]) for e in data.split(b"\n\n") if e.startswith(b"data: {")]
+
+
+def call_shape_ok(call):
+    fn = call.get("function", {})
+    try:
+        args_ok = isinstance(json.loads(fn.get("arguments")), dict)
+    except (TypeError, ValueError):
+        args_ok = False
+    return (re.fullmatch(r"call_[A-Za-z0-9]{24}", call.get("id", "")) is not None and call.get("type") == "function"
+            and isinstance(fn.get("name"), str) and fn["name"] and args_ok)
+
+
+def tools_generic():
+    """Tools on a template without a tool syntax (chatml): the generic format."""
+    srv = Server("--ctx", "2048", "--chat-template", "chatml")
+    canon = json.dumps(WEATHER, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    block = ("# Tools\n\nYou may call one or more functions to assist with the user query. The functions, one "
+             "JSON object each:\n" + canon + "\n\nTo call functions, end your reply with one JSON object in this "
+             "form, and nothing after it:\n"
+             '{"tool_calls":[{"name":"<function-name>","arguments":<args-json-object>}]}')
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
+    base = {"messages": msgs, "max_tokens": 8, "temperature": 0, "return_token_ids": True}
+    st, _, plain = srv.post("/v1/chat/completions", base)
+    st1, _, one = srv.post("/v1/chat/completions", dict(base, tools=[WEATHER]))
+    if not ok(st == 200 and st1 == 200, "tools on chatml: %d %r / %d %r" % (st, plain, st1, one)):
+        srv.stop()
+        return
+    ok(one["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"], "the tools are in the prompt")
+    ids1 = one["choices"][0]["prompt_token_ids"]
+    st, _, d = srv.post("/detokenize", {"tokens": ids1})
+    want = ("<|im_start|>system\nBe brief.\n\n" + block + "<|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+            "<|im_start|>assistant\n")
+    ok(st == 200 and d["content"].endswith(want), "the prompt is the documented rendering: %r" % d)
+    # the same tools with their keys permuted, another question: cached past the tool block
+    q2 = [msgs[0], {"role": "user", "content": "And in Oslo, please?"}]
+    st, _, two = srv.post("/v1/chat/completions", dict(base, messages=q2, tools=[permuted(WEATHER)]))
+    ids2 = two["choices"][0]["prompt_token_ids"] if st == 200 else []
+    n = lcp(ids1, ids2)
+    cached = two["usage"]["prompt_tokens_details"]["cached_tokens"] if st == 200 else -1
+    ok(cached == n, "second request with the tools: cached %d, common prefix %d" % (cached, n))
+    st, _, d = srv.post("/detokenize", {"tokens": ids2[:n]})
+    ok(st == 200 and block + "<|im_end|>" in d["content"], "the cached prefix holds the whole tool block: %r" % d)
+    # tool_choice none: no tools rendered
+    st, _, none = srv.post("/v1/chat/completions", dict(base, tools=[WEATHER], tool_choice="none"))
+    ok(st == 200 and none["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"],
+       "tool_choice none: %d prompt tokens, %d without tools" % (none["usage"]["prompt_tokens"] if st == 200 else -1,
+                                                                 plain["usage"]["prompt_tokens"]))
+    # a history with a call and its result: accepted, and the call is in the prompt in the reply shape
+    hist = q2[:2] + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{ "city" : "Oslo" }'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    st, _, h = srv.post("/v1/chat/completions", dict(base, messages=hist, tools=[WEATHER]))
+    st2, _, d = srv.post("/detokenize", {"tokens": h["choices"][0]["prompt_token_ids"] if st == 200 else [0]})
+    ok(st == 200 and st2 == 200 and
+       '<|im_start|>assistant\n{"tool_calls":[{"name":"get_weather","arguments":{"city":"Oslo"}}]}<|im_end|>\n'
+       '<|im_start|>user\n{"tool_results":[{"tool_call_id":"call_1","name":"get_weather","content":"sunny"}]}'
+       "<|im_end|>\n" in d["content"], "history with a tool call: %r" % (d,))
+    # replies: OpenAI's shape whatever the model writes (a call is unlikely from this model)
+    calls_seen = 0
+    for seed in range(4):
+        body = dict(base, tools=[WEATHER], seed=seed, temperature=1, max_tokens=24)
+        st, _, j = srv.post("/v1/chat/completions", body)
+        m = j["choices"][0]["message"] if st == 200 else {}
+        fin = j["choices"][0]["finish_reason"] if st == 200 else None
+        if m.get("tool_calls"):
+            calls_seen += 1
+            ok(fin == "tool_calls" and all(call_shape_ok(c) for c in m["tool_calls"]), "tool calls: %r" % j)
+        else:
+            ok(st == 200 and isinstance(m.get("content"), str) and fin in ("stop", "length"), "reply: %r" % j)
+        ev = chat_events(srv, body)
+        if not ok(ev is not None and len(ev) > 0, "streamed with tools"):
+            continue
+        content = "".join(e["choices"][0]["delta"].get("content") or "" for e in ev if e["choices"])
+        deltas = [t for e in ev if e["choices"] for t in e["choices"][0]["delta"].get("tool_calls", [])]
+        finish = [e["choices"][0]["finish_reason"] for e in ev if e["choices"] and e["choices"][0]["finish_reason"]]
+        ok(content == (m.get("content") or ""), "streamed content %r, unstreamed %r" % (content, m.get("content")))
+        ok(finish == [fin], "streamed finish %r, unstreamed %r" % (finish, fin))
+        # per call: a first delta with index, id, type, name (arguments ""), then the arguments
+        got = {}
+        for t in deltas:
+            c = got.setdefault(t["index"], {"id": None, "name": None, "arguments": ""})
+            if "id" in t:
+                ok(t.get("type") == "function" and c["id"] is None, "first delta of a call: %r" % t)
+                c["id"], c["name"] = t["id"], t["function"]["name"]
+            c["arguments"] += t["function"].get("arguments", "")
+        want_calls = [(c["function"]["name"], c["function"]["arguments"]) for c in m.get("tool_calls") or []]
+        ok([(got[i]["name"], got[i]["arguments"]) for i in sorted(got)] == want_calls,
+           "streamed calls %r, unstreamed %r" % (got, want_calls))
+    print("e2e_server: tools on chatml: %d of 4 replies were calls" % calls_seen)
+    no_leaks(srv, "after the tool requests")
+    srv.stop()
+
+
 def main():
     try:
         srv = Server("--ctx", "512", "--parallel", "8", "--max-body", "64K", "--timeout", "2",
@@ -922,6 +1049,7 @@ def main():
         parallel_np()
         queue_full()
         disconnects()
+        tools_generic()
     finally:
         for s in list(SERVERS):
             s.p.kill()

@@ -28,6 +28,13 @@ and both documented in DATA_DIR/README.md:
     for tool schemas and arguments so that key order and spacing sent by a
     client never change the prompt. For strings both give the same bytes.
 
+Templates of families without a tool syntax of their own (all but
+qwen2.5, qwen3 and llama3.1) are given conversations with tools in kvpin's
+generic tool format (src/serve/chat.h): `generic_tools` below rewrites the
+tools, tool calls and tool messages into plain system / user / assistant
+messages, a second implementation of the documented bytes, and the real
+template renders the result.
+
 The date the Llama 3.1-3.3 templates print is passed as date_string
 ("26 Jul 2024", kvpin's default and the 3.1 template's own fallback, unless
 a conversation sets "date_string"), so the output does not depend on the
@@ -132,6 +139,67 @@ def normalize(conv):
     return messages, (conv.get("tools") or None)
 
 
+# ------------------------------------------------------------------ the generic tool format
+NATIVE_TOOLS = {"qwen2.5", "qwen3", "llama3.1"}
+GENERIC_INTRO = ("# Tools\n\nYou may call one or more functions to assist with the user query. "
+                 "The functions, one JSON object each:\n")
+GENERIC_OUTRO = ("\nTo call functions, end your reply with one JSON object in this form, and "
+                 "nothing after it:\n"
+                 '{"tool_calls":[{"name":"<function-name>","arguments":<args-json-object>}]}')
+
+
+def generic_tools(family, messages, tools):
+    """The conversation in the generic tool format (chat.h), as plain messages."""
+    if not tools and not any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
+        return messages, tools
+    out = []
+    block = GENERIC_INTRO + "".join(canonical(t) + "\n" for t in tools or []) + GENERIC_OUTRO
+    if tools and messages[0]["role"] != "system":
+        prefix = "You are a helpful assistant.\n\n" if family == "qwen2" else ""
+        out.append({"role": "system", "content": prefix + block})
+    alternate = family in ("llama2", "mistral", "gemma")
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        if m["role"] == "tool":
+            results = []
+            while i < len(messages) and messages[i]["role"] == "tool":
+                t = messages[i]
+                name = t.get("name")
+                if name is None and t.get("tool_call_id") is not None:
+                    prev = [x for x in out if x.get("_calls")]
+                    for c in (prev[-1]["_calls"] if prev else []):
+                        if c.get("id") == t["tool_call_id"]:
+                            name = c["function"]["name"]
+                            break
+                r = ""
+                if t.get("tool_call_id") is not None:
+                    r += '"tool_call_id":' + canonical(t["tool_call_id"]) + ","
+                if name is not None:
+                    r += '"name":' + canonical(name) + ","
+                results.append("{" + r + '"content":' + canonical(t["content"]) + "}")
+                i += 1
+            text = '{"tool_results":[' + ",".join(results) + "]}"
+            if alternate and i < len(messages) and messages[i]["role"] == "user":
+                text += "\n\n" + messages[i]["content"]
+                i += 1
+            out.append({"role": "user", "content": text})
+            continue
+        m = dict(m)
+        if i == 0 and m["role"] == "system" and tools:
+            m["content"] = (m["content"] + "\n\n" if m["content"] else "") + block
+        elif m.get("tool_calls"):
+            calls = ",".join('{"name":' + canonical(c["function"]["name"]) + ',"arguments":' +
+                             canonical(c["function"]["arguments"]) + "}" for c in m["tool_calls"])
+            m["content"] = (m["content"] + "\n" if m["content"] else "") + '{"tool_calls":[' + calls + "]}"
+            m["_calls"] = m.pop("tool_calls")
+        out.append(m)
+        i += 1
+    for m in out:
+        m.pop("_calls", None)
+    return out, None
+
+
 # ------------------------------------------------------------------ rendering
 def raise_exception(message):
     raise jinja2.exceptions.TemplateError(message)
@@ -168,6 +236,8 @@ def main():
         stem = t["file"][: -len(".jinja")]
         for conv_name, conv in conversations.items():
             messages, tools = normalize(conv)
+            if t["family"] not in NATIVE_TOOLS:
+                messages, tools = generic_tools(t["family"], messages, tools)
             base = os.path.join(out_dir, stem + "__" + conv_name)
             extra = {}
             if "enable_thinking" in conv:

@@ -12,6 +12,9 @@
  *      template writes, in the template's order; each says which template
  *      it follows. Refusals the template makes (raise_exception: roles
  *      that do not alternate, two tool calls for Llama 3.1) are errors.
+ *      In between, for families without a tool syntax, generic_tools
+ *      rewrites the loaded conversation into the generic tool format
+ *      (plain system / user / assistant messages; its section says how).
  *
  *   chat_conv                        chat_msg (one per message)
  *   +-----------------------------+  +----------------------------------+
@@ -189,6 +192,9 @@ typedef struct {
     size_t name_len;
     char *args; /* owned: canonical JSON, or the client's text when it is not JSON */
     size_t args_len;
+    bool args_verbatim; /* args is the client's text, not JSON */
+    const char *id;     /* borrowed; NULL when absent */
+    size_t id_len;
 } chat_call;
 
 typedef struct {
@@ -199,6 +205,9 @@ typedef struct {
     size_t reasoning_len;
     chat_call *calls;
     size_t n_calls;
+    const char *tool_call_id, *tool_name; /* tool messages, borrowed; NULL when absent */
+    size_t tool_call_id_len, tool_name_len;
+    size_t src; /* the index of the request's message it comes from */
 } chat_msg;
 
 typedef struct {
@@ -281,6 +290,7 @@ static kp_status load_arguments(chat_call *c, size_t i, size_t j, const json_t *
         if (st == KP_OK) return KP_OK;
         if (st == KP_ENOMEM) return oom(err);
         /* not JSON (or not canonicalizable): the model gets the client's text */
+        c->args_verbatim = true;
         c->args = malloc(len + 1);
         if (!c->args) return oom(err);
         memcpy(c->args, text, len);
@@ -334,6 +344,8 @@ static kp_status load_calls(chat_msg *m, size_t i, const json_t *calls, kp_error
                            i, j);
         m->calls[j].name = json_string_value(name);
         m->calls[j].name_len = json_string_length(name);
+        m->calls[j].id = json_string_value(id);
+        m->calls[j].id_len = id ? json_string_length(id) : 0;
         m->n_calls = j + 1; /* from here on conv_free releases args */
         kp_status st = load_arguments(&m->calls[j], i, j, json_object_get(fn, "arguments"), err);
         if (st != KP_OK) return st;
@@ -388,6 +400,9 @@ static kp_status load_message(chat_msg *m, size_t i, const json_t *msg, kp_error
         if (v && !json_is_null(v) && !json_is_string(v))
             return kp_fail(err, KP_EINVAL, "messages[%zu].%s must be a string", i,
                            string_fields[k]);
+        const char **at = k == 0 ? &m->tool_call_id : &m->tool_name;
+        *at = json_string_value(v); /* NULL unless a string */
+        *(k == 0 ? &m->tool_call_id_len : &m->tool_name_len) = *at ? json_string_length(v) : 0;
     }
     return KP_OK;
 }
@@ -425,30 +440,11 @@ static kp_status conv_load(chat_conv *c, const json_t *messages, const json_t *t
     if (!c->msgs) return oom(err);
     c->n = n;
     for (size_t i = 0; i < n; i++) {
+        c->msgs[i].src = i;
         kp_status st = load_message(&c->msgs[i], i, json_array_get(messages, i), err);
         if (st != KP_OK) return st;
     }
     return load_tools(c, tools, err);
-}
-
-/* Tools and tool traffic are refused by families whose template has none. */
-static kp_status check_tool_support(const chat_conv *c, kp_chat_family f, kp_error *err) {
-    if (families[f].tools) return KP_OK;
-    if (c->n_tools)
-        return kp_fail(err, KP_EINVAL, "tools: the %s chat template does not support tools",
-                       families[f].name);
-    for (size_t i = 0; i < c->n; i++) {
-        if (c->msgs[i].role == ROLE_TOOL)
-            return kp_fail(err, KP_EINVAL,
-                           "messages[%zu]: the %s chat template does not support tool messages", i,
-                           families[f].name);
-        if (c->msgs[i].n_calls)
-            return kp_fail(err, KP_EINVAL,
-                           "messages[%zu].tool_calls: the %s chat template does not support tool "
-                           "calls",
-                           i, families[f].name);
-    }
-    return KP_OK;
 }
 
 /* llama2, mistral, gemma: after an optional first system message, user and
@@ -462,14 +458,227 @@ static kp_status check_alternation(const chat_conv *c, size_t first, kp_chat_fam
             return kp_fail(err, KP_EINVAL,
                            "messages[%zu].role: the %s chat template takes a system message only "
                            "as the first message",
-                           i, families[f].name);
+                           c->msgs[i].src, families[f].name);
         return kp_fail(err, KP_EINVAL,
                        "messages[%zu].role: the %s chat template expects \"%s\" here (after an "
                        "optional first system message, user and assistant messages alternate, "
                        "starting with user)",
-                       i, families[f].name, role_names[want]);
+                       c->msgs[i].src, families[f].name, role_names[want]);
     }
     return KP_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* The generic tool format                                             */
+/*
+ * Families whose template has no tool syntax get tools through one format
+ * of kvpin's own (chat.h has the bytes). It is a rewrite of the loaded
+ * conversation into plain system / user / assistant messages, so every
+ * renderer writes it as its template writes any such message:
+ *
+ *   tools                   the tools block appended to the first system
+ *                           message (after "\n\n"), or a system message
+ *                           of its own in front (qwen2: its default
+ *                           system text, "\n\n", the block)
+ *   assistant + tool_calls  content, "\n" when there is content, then
+ *                           {"tool_calls":[{"name":..,"arguments":..}]}
+ *   tool messages in a row  one user message {"tool_results":[...]};
+ *                           llama2, mistral and gemma (whose templates
+ *                           need strict alternation) also take a user
+ *                           message right after them into it, after
+ *                           "\n\n"
+ *
+ * The rewritten messages are message content, so the whole of it, tool
+ * definitions included, is the client's text (plain ranges). chat_msg.src
+ * keeps the request's index for error messages.
+ */
+
+static const char generic_tools_intro[] =
+    "# Tools\n\nYou may call one or more functions to assist with the user query. The "
+    "functions, one JSON object each:\n";
+static const char generic_tools_outro[] =
+    "\nTo call functions, end your reply with one JSON object in this form, and nothing after "
+    "it:\n{\"tool_calls\":[{\"name\":\"<function-name>\",\"arguments\":<args-json-object>}]}";
+
+/* The canonical JSON string of s[0..n) (a quoted, escaped string). */
+static bool put_json_string(kp_buf *b, const char *s, size_t n) {
+    json_t *v = json_stringn(s, n);
+    char *q = NULL;
+    size_t qlen = 0;
+    bool ok = v && kp_canon_dump(v, &q, &qlen, NULL) == KP_OK;
+    json_decref(v);
+    if (ok) kp_buf_put(b, q, qlen);
+    free(q);
+    return ok;
+}
+
+static kp_status generic_utf8(size_t src, kp_error *err) {
+    return kp_fail(err, KP_EINVAL, "messages[%zu] is not valid UTF-8", src);
+}
+
+/* {"tool_calls":[...]} of an assistant message's calls. */
+static kp_status generic_put_calls(kp_buf *b, const chat_msg *m, kp_error *err) {
+    kp_buf_puts(b, "{\"tool_calls\":[");
+    for (size_t j = 0; j < m->n_calls; j++) {
+        const chat_call *call = &m->calls[j];
+        kp_buf_puts(b, j ? ",{\"name\":" : "{\"name\":");
+        if (!put_json_string(b, call->name, call->name_len)) return generic_utf8(m->src, err);
+        kp_buf_puts(b, ",\"arguments\":");
+        if (!call->args_verbatim) kp_buf_put(b, call->args, call->args_len);
+        else if (!put_json_string(b, call->args, call->args_len)) return generic_utf8(m->src, err);
+        kp_buf_puts(b, "}");
+    }
+    kp_buf_puts(b, "]}");
+    return KP_OK;
+}
+
+/* The name of the call the tool message m answers: its own "name", else
+ * the call with its tool_call_id in the last assistant message with calls
+ * of prev[0..n_prev). NULL when neither is known. */
+static const char *generic_tool_name(const chat_msg *prev, size_t n_prev, const chat_msg *m,
+                                     size_t *len) {
+    *len = m->tool_name_len;
+    if (m->tool_name || !m->tool_call_id) return m->tool_name;
+    for (size_t k = n_prev; k-- > 0;) {
+        if (prev[k].role != ROLE_ASSISTANT || !prev[k].n_calls) continue;
+        for (size_t j = 0; j < prev[k].n_calls; j++) {
+            const chat_call *call = &prev[k].calls[j];
+            if (call->id && call->id_len == m->tool_call_id_len &&
+                !memcmp(call->id, m->tool_call_id, call->id_len)) {
+                *len = call->name_len;
+                return call->name;
+            }
+        }
+        break;
+    }
+    return NULL;
+}
+
+/* {"tool_call_id":..,"name":..,"content":..} of the tool message m, the
+ * messages before it being prev[0..n_prev) (members that are not known
+ * are left out). */
+static kp_status generic_put_result(kp_buf *b, const chat_msg *prev, size_t n_prev,
+                                    const chat_msg *m, kp_error *err) {
+    size_t name_len = 0;
+    const char *name = generic_tool_name(prev, n_prev, m, &name_len);
+    bool ok = true;
+    kp_buf_puts(b, "{");
+    if (m->tool_call_id) {
+        kp_buf_puts(b, "\"tool_call_id\":");
+        ok = put_json_string(b, m->tool_call_id, m->tool_call_id_len);
+        kp_buf_puts(b, ",");
+    }
+    if (ok && name) {
+        kp_buf_puts(b, "\"name\":");
+        ok = put_json_string(b, name, name_len);
+        kp_buf_puts(b, ",");
+    }
+    kp_buf_puts(b, "\"content\":");
+    ok = ok && put_json_string(b, m->content, m->content_len);
+    kp_buf_puts(b, "}");
+    return ok ? KP_OK : generic_utf8(m->src, err);
+}
+
+static void msg_release(chat_msg *m) {
+    free(m->content);
+    for (size_t j = 0; j < m->n_calls; j++) free(m->calls[j].args);
+    free(m->calls);
+    m->content = NULL;
+    m->calls = NULL;
+    m->n_calls = 0;
+}
+
+/* Replaces m's content with b's bytes (b is emptied). */
+static kp_status msg_set_content(chat_msg *m, kp_buf *b, kp_error *err) {
+    char *text = NULL;
+    size_t len = 0;
+    if (!kp_buf_take(b, &text, &len)) return oom(err);
+    free(m->content);
+    m->content = text;
+    m->content_len = len;
+    return KP_OK;
+}
+
+/* The tools block of chat.h. */
+static void generic_put_tools(kp_buf *b, const chat_conv *c) {
+    kp_buf_puts(b, generic_tools_intro);
+    for (size_t t = 0; t < c->n_tools; t++) {
+        kp_buf_put(b, c->tools[t].text, c->tools[t].len);
+        kp_buf_puts(b, "\n");
+    }
+    kp_buf_puts(b, generic_tools_outro);
+}
+
+/* Rewrites c in the generic format (the comment above) for family f. */
+static kp_status generic_tools(chat_conv *c, kp_chat_family f, kp_error *err) {
+    bool alternate = f == KP_CHAT_LLAMA2 || f == KP_CHAT_MISTRAL || f == KP_CHAT_GEMMA;
+    bool insert = c->n_tools && c->msgs[0].role != ROLE_SYSTEM;
+    chat_msg *out = calloc(c->n + 1, sizeof *out);
+    if (!out) return oom(err);
+    size_t n = 0;
+    kp_status st = KP_OK;
+    kp_buf b = {0};
+    if (insert) {
+        out[n].role = ROLE_SYSTEM;
+        out[n].src = 0;
+        if (f == KP_CHAT_QWEN2) kp_buf_puts(&b, "You are a helpful assistant.\n\n");
+        generic_put_tools(&b, c);
+        st = msg_set_content(&out[n++], &b, err);
+    }
+    for (size_t i = 0; i < c->n && st == KP_OK;) {
+        chat_msg *m = &c->msgs[i];
+        if (m->role == ROLE_TOOL) {
+            /* the run of tool messages (and, alternating, a user message after it) */
+            chat_msg *r = &out[n++];
+            r->role = ROLE_USER;
+            r->src = m->src;
+            kp_buf_puts(&b, "{\"tool_results\":[");
+            size_t k = i;
+            for (; st == KP_OK && k < c->n && c->msgs[k].role == ROLE_TOOL; k++) {
+                if (k > i) kp_buf_puts(&b, ",");
+                st = generic_put_result(&b, out, n - 1, &c->msgs[k], err);
+            }
+            kp_buf_puts(&b, "]}");
+            if (st == KP_OK && alternate && k < c->n && c->msgs[k].role == ROLE_USER) {
+                kp_buf_puts(&b, "\n\n");
+                kp_buf_put(&b, c->msgs[k].content, c->msgs[k].content_len);
+                k++;
+            }
+            if (st == KP_OK) st = msg_set_content(r, &b, err);
+            for (size_t j = i; j < k; j++) msg_release(&c->msgs[j]);
+            i = k;
+            continue;
+        }
+        out[n] = *m; /* moved: the old slot no longer owns anything */
+        memset(m, 0, sizeof *m);
+        m = &out[n++];
+        if (i == 0 && m->role == ROLE_SYSTEM && c->n_tools) {
+            kp_buf_put(&b, m->content, m->content_len);
+            if (m->content_len) kp_buf_puts(&b, "\n\n");
+            generic_put_tools(&b, c);
+            st = msg_set_content(m, &b, err);
+        } else if (m->n_calls) {
+            kp_buf_put(&b, m->content, m->content_len);
+            if (m->content_len) kp_buf_puts(&b, "\n");
+            st = generic_put_calls(&b, m, err);
+            if (st == KP_OK) st = msg_set_content(m, &b, err);
+        }
+        i++;
+    }
+    kp_buf_free(&b);
+    /* the calls are in the content now (tool results looked their names up) */
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = 0; j < out[i].n_calls; j++) free(out[i].calls[j].args);
+        free(out[i].calls);
+        out[i].calls = NULL;
+        out[i].n_calls = 0;
+    }
+    /* out takes the place of c->msgs whatever happened: conv_free frees both */
+    for (size_t i = 0; i < c->n; i++) msg_release(&c->msgs[i]);
+    free(c->msgs);
+    c->msgs = out;
+    c->n = n;
+    return st;
 }
 
 /* ------------------------------------------------------------------ */
@@ -937,7 +1146,7 @@ kp_status kp_chat_render_plain(kp_chat_family f, const json_t *messages, const j
     };
     chat_conv conv;
     kp_status st = conv_load(&conv, messages, tools, err);
-    if (st == KP_OK) st = check_tool_support(&conv, f, err);
+    if (st == KP_OK && !families[f].tools) st = generic_tools(&conv, f, err);
     kp_buf b = {0};
     env.out = &b;
     if (st == KP_OK) {
@@ -1009,6 +1218,10 @@ kp_status kp_chat_render_plain(kp_chat_family f, const json_t *messages, const j
  * is made, and an OPEN block at the end counts as a possible call for the
  * holdback, so the holdback of a prefix never passes the run of the whole
  * text and never moves back as the text grows.
+ *
+ * The generic format uses the same scan with blocks that start at '{'
+ * (generic_block: the object {"tool_calls": [...]}, whose calls are
+ * checked and returned together).
  *
  * Llama 3.1 has no markup: the message is calls from its first byte or
  * not at all, so its scan walks objects from the start (after whitespace
@@ -1141,6 +1354,31 @@ static chat_mark hermes_block(const char *t, size_t len, size_t i, size_t *js, s
     return MARK_DONE;
 }
 
+/* The generic format's block at the '{' at t[i]: the object
+ * {"tool_calls": [...]} ("tool_calls" its first member, JSON whitespace
+ * allowed between the tokens), as hermes_block says it. */
+static chat_mark generic_block(const char *t, size_t len, size_t i, size_t *js, size_t *je,
+                               size_t *end, size_t *next) {
+    static const char *const header[] = {"\"tool_calls\"", ":", "["};
+    size_t at = i + 1;
+    *next = i + 1;
+    for (size_t k = 0; k < 3; k++) {
+        at = skip_space(t, len, at);
+        if (at == len) return MARK_OPEN;
+        chat_mark m = match_literal(t, len, at, header[k], &at);
+        if (m != MARK_DONE) return m;
+    }
+    *js = i;
+    chat_mark m = json_extent(t, len, i, je);
+    if (m == MARK_NONE) *next = *je > i ? *je : i + 1;
+    if (m == MARK_DONE) *end = *je;
+    return m;
+}
+
+static bool generic_family(kp_chat_family f) {
+    return f > KP_CHAT_UNKNOWN && f < KP_CHAT_FAMILY_COUNT && !families[f].tools;
+}
+
 /* A decoded call: the name (a borrowed view into the parsed object) and
  * the arguments as owned canonical JSON. */
 typedef struct {
@@ -1157,15 +1395,11 @@ static void decoded_free(chat_decoded *d) {
     memset(d, 0, sizeof *d);
 }
 
-/* The call object t[0..len): *ok says whether it is a well-formed call;
- * when out is non-NULL and *ok, out receives it (the caller frees it with
- * decoded_free). KP_ENOMEM only. */
-static kp_status decode_call(const char *t, size_t len, kp_chat_family f, bool *ok,
-                             chat_decoded *out) {
+/* The call value obj (a reference the function takes over): *ok says
+ * whether it is a well-formed call; when out is non-NULL and *ok, out
+ * receives it (the caller frees it with decoded_free). KP_ENOMEM only. */
+static kp_status decode_value(json_t *obj, kp_chat_family f, bool *ok, chat_decoded *out) {
     *ok = false;
-    json_error_t jerr;
-    json_t *obj = json_loadb(t, len, JSON_DECODE_INT_AS_REAL | JSON_REJECT_DUPLICATES, &jerr);
-    if (!obj) return json_error_code(&jerr) == json_error_out_of_memory ? KP_ENOMEM : KP_OK;
     const json_t *name = json_object_get(obj, "name");
     const char *own = f == KP_CHAT_LLAMA31 ? "parameters" : "arguments";
     const char *other = f == KP_CHAT_LLAMA31 ? "arguments" : "parameters";
@@ -1209,6 +1443,38 @@ static kp_status decode_call(const char *t, size_t len, kp_chat_family f, bool *
     return st;
 }
 
+/* JSON text t[0..len) parsed as kvpin reads calls: NULL when it is not
+ * JSON (*st KP_OK) or memory ran out (*st KP_ENOMEM). */
+static json_t *load_call_json(const char *t, size_t len, kp_status *st) {
+    json_error_t jerr;
+    json_t *v = json_loadb(t, len, JSON_DECODE_INT_AS_REAL | JSON_REJECT_DUPLICATES, &jerr);
+    *st = !v && json_error_code(&jerr) == json_error_out_of_memory ? KP_ENOMEM : KP_OK;
+    return v;
+}
+
+/* The call object t[0..len), as decode_value. */
+static kp_status decode_call(const char *t, size_t len, kp_chat_family f, bool *ok,
+                             chat_decoded *out) {
+    kp_status st;
+    json_t *obj = load_call_json(t, len, &st);
+    *ok = false;
+    return obj ? decode_value(obj, f, ok, out) : st;
+}
+
+/* The generic block object t[0..len): *ok when it is an object whose
+ * "tool_calls" is a non-empty array of well-formed calls. KP_ENOMEM only. */
+static kp_status generic_check(const char *t, size_t len, bool *ok) {
+    kp_status st;
+    json_t *obj = load_call_json(t, len, &st);
+    const json_t *arr = json_object_get(obj, "tool_calls");
+    *ok = json_array_size(arr) > 0;
+    for (size_t k = 0; *ok && st == KP_OK && k < json_array_size(arr); k++)
+        st = decode_value(json_incref(json_array_get(arr, k)), KP_CHAT_UNKNOWN, ok, NULL);
+    json_decref(obj);
+    if (st != KP_OK) *ok = false;
+    return st;
+}
+
 /* The objects of the calls found, as spans text[js..je) of the text. */
 typedef struct {
     struct {
@@ -1249,12 +1515,14 @@ static kp_status hermes_scan(kp_chat_family f, const char *t, size_t len, bool c
                              size_t *run, chat_spans *spans) {
     size_t from = hermes_scan_start(f, t, len);
     size_t pos = from, prev_end = from;
+    bool generic = generic_family(f); /* blocks start at '{' (generic_block) */
     *run = SIZE_MAX;
     while (pos < len) {
-        const char *lt = memchr(t + pos, '<', len - pos);
+        const char *lt = memchr(t + pos, generic ? '{' : '<', len - pos);
         if (!lt) break;
         size_t i = (size_t)(lt - t), js = 0, je = 0, end = 0, next = i + 1;
-        chat_mark m = hermes_block(t, len, i, &js, &je, &end, &next);
+        chat_mark m = generic ? generic_block(t, len, i, &js, &je, &end, &next)
+                              : hermes_block(t, len, i, &js, &je, &end, &next);
         if (m == MARK_NONE) {
             assert(next > i);
             pos = next;
@@ -1267,7 +1535,9 @@ static kp_status hermes_scan(kp_chat_family f, const char *t, size_t len, bool c
             return KP_OK;
         }
         bool ok = false;
-        if (decode_call(t + js, je - js, f, &ok, NULL) != KP_OK) return KP_ENOMEM;
+        if ((generic ? generic_check(t + js, je - js, &ok) : decode_call(t + js, je - js, f, &ok, NULL)) !=
+            KP_OK)
+            return KP_ENOMEM;
         if (!ok) {
             *run = SIZE_MAX;
         } else {
@@ -1367,7 +1637,7 @@ kp_status kp_chat_parse_tool_calls(kp_chat_family f, const char *text, size_t le
                                    kp_error *err) {
     *calls = NULL;
     *content_len = len;
-    if (!kp_chat_family_has_tools(f)) return KP_OK;
+    if (!kp_chat_family_has_tools(f) && !generic_family(f)) return KP_OK;
     chat_spans spans = {0};
     size_t run = SIZE_MAX;
     if (scan_calls(f, text, len, true, &run, &spans) != KP_OK) {
@@ -1383,14 +1653,25 @@ kp_status kp_chat_parse_tool_calls(kp_chat_family f, const char *text, size_t le
     json_t *arr = json_array();
     kp_status st = arr ? KP_OK : KP_ENOMEM;
     for (size_t k = 0; st == KP_OK && k < spans.n; k++) {
-        chat_decoded d = {0};
-        bool ok = false;
-        st = decode_call(text + spans.v[k].js, spans.v[k].je - spans.v[k].js, f, &ok, &d);
-        assert(st != KP_OK || ok); /* the scan accepted it */
-        if (st != KP_OK) break;
-        json_t *call = tool_call_object(&d, id_seed, k);
-        decoded_free(&d);
-        if (!call || json_array_append_new(arr, call)) st = KP_ENOMEM;
+        const char *js = text + spans.v[k].js;
+        size_t jlen = spans.v[k].je - spans.v[k].js;
+        /* a generic block holds an array of calls, a native one a call */
+        json_t *block = generic_family(f) ? load_call_json(js, jlen, &st) : NULL;
+        const json_t *list = json_object_get(block, "tool_calls");
+        size_t n_in = block ? json_array_size(list) : 1;
+        if (generic_family(f) && !block && st == KP_OK) st = KP_ENOMEM; /* parsed by the scan */
+        for (size_t j = 0; st == KP_OK && j < n_in; j++) {
+            chat_decoded d = {0};
+            bool ok = false;
+            st = block ? decode_value(json_incref(json_array_get(list, j)), f, &ok, &d)
+                       : decode_call(js, jlen, f, &ok, &d);
+            assert(st != KP_OK || ok); /* the scan accepted it */
+            if (st != KP_OK) break;
+            json_t *call = tool_call_object(&d, id_seed, json_array_size(arr));
+            decoded_free(&d);
+            if (!call || json_array_append_new(arr, call)) st = KP_ENOMEM;
+        }
+        json_decref(block);
     }
     spans_free(&spans);
     if (st != KP_OK) {
@@ -1403,10 +1684,129 @@ kp_status kp_chat_parse_tool_calls(kp_chat_family f, const char *text, size_t le
 }
 
 size_t kp_chat_tool_holdback(kp_chat_family f, const char *text, size_t len) {
-    if (!kp_chat_family_has_tools(f)) return len;
+    if (!kp_chat_family_has_tools(f) && !generic_family(f)) return len;
     size_t run = SIZE_MAX;
     /* out of memory parsing a block's JSON: hold everything from the start
      * of the run it might belong to, which is never wrong, only late */
     if (scan_calls(f, text, len, false, &run, NULL) != KP_OK) return 0;
     return rtrim_len(text, run == SIZE_MAX ? len : run);
+}
+
+/* ------------------------------------------------------------------ */
+/* What a forced call looks like                                       */
+
+void kp_chat_call_form_free(kp_chat_call_form *form) {
+    if (!form) return;
+    free(form->prefix);
+    free(form->suffix);
+    json_decref(form->schema);
+    memset(form, 0, sizeof *form);
+}
+
+static bool form_literal(char **out, size_t *len, const char *s) {
+    *len = strlen(s);
+    *out = strdup(s);
+    return *out != NULL;
+}
+
+/* The schema of one call of tool t (tools[i]): name as const, the
+ * arguments under key as the tool's parameters schema (an object schema:
+ * "type": "object" is added when the schema has no type; none at all is an
+ * empty parameter list) into *out. */
+static kp_status form_call_schema(const json_t *t, size_t i, const char *key, json_t **out,
+                                  kp_error *err) {
+    const json_t *fn = json_object_get(t, "function");
+    const json_t *params = json_object_get(fn, "parameters");
+    json_t *args;
+    if (!params || json_is_null(params)) {
+        args = json_pack("{s:s, s:{}, s:b}", "type", "object", "properties", "additionalProperties", 0);
+    } else if (!json_is_object(params)) {
+        return kp_fail(err, KP_EINVAL, "tools[%zu].function.parameters must be a JSON Schema object",
+                       i);
+    } else {
+        const json_t *type = json_object_get(params, "type");
+        bool object = !type || (json_is_string(type) && !strcmp(json_string_value(type), "object"));
+        for (size_t k = 0; json_is_array(type) && k < json_array_size(type); k++) {
+            const json_t *x = json_array_get(type, k);
+            object = object || (json_is_string(x) && !strcmp(json_string_value(x), "object"));
+        }
+        if (!object)
+            return kp_fail(err, KP_EINVAL,
+                           "tools[%zu].function.parameters: the arguments of a call are a JSON "
+                           "object, so the schema's type must be \"object\"",
+                           i);
+        args = json_deep_copy(params);
+        if (args && !type) json_object_set_new(args, "type", json_string("object"));
+        else if (args && json_is_array(type)) json_object_set_new(args, "type", json_string("object"));
+    }
+    json_t *call = args ? json_pack("{s:s, s:{s:{s:O}, s:o}, s:[s,s], s:b}", "type", "object",
+                                    "properties", "name", "const", json_object_get(fn, "name"),
+                                    key, args, "required", "name", key,
+                                    "additionalProperties", 0)
+                        : NULL;
+    *out = call;
+    return call ? KP_OK : oom(err);
+}
+
+kp_status kp_chat_call_form_build(kp_chat_family f, const json_t *tools, const char *name,
+                                  bool parallel, kp_chat_call_form *form, kp_error *err) {
+    memset(form, 0, sizeof *form);
+    if ((unsigned)f >= KP_CHAT_FAMILY_COUNT || f == KP_CHAT_UNKNOWN)
+        return kp_fail(err, KP_EUNSUPPORTED, "unknown chat template family");
+    if (!json_is_array(tools) || json_array_size(tools) == 0)
+        return kp_fail(err, KP_EINVAL, "tools: forcing a call needs a non-empty tools array");
+    const char *key = f == KP_CHAT_LLAMA31 ? "parameters" : "arguments";
+    json_t *any = json_array();
+    if (!any) return oom(err);
+    kp_status st = KP_OK;
+    for (size_t i = 0; st == KP_OK && i < json_array_size(tools); i++) {
+        const json_t *t = json_array_get(tools, i), *type = json_object_get(t, "type");
+        const json_t *fn = json_object_get(t, "function");
+        const json_t *fname = json_object_get(fn, "name");
+        if (!json_is_object(t) || !json_is_object(fn) || !json_is_string(fname) ||
+            json_string_length(fname) == 0 ||
+            (type && !(json_is_string(type) && !strcmp(json_string_value(type), "function")))) {
+            st = kp_fail(err, KP_EINVAL,
+                         "tools[%zu] must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                         i);
+            break;
+        }
+        if (name && strcmp(json_string_value(fname), name) != 0) continue;
+        json_t *call = NULL;
+        st = form_call_schema(t, i, key, &call, err);
+        if (st == KP_OK && json_array_append_new(any, call)) st = oom(err);
+    }
+    if (st == KP_OK && json_array_size(any) == 0)
+        st = kp_fail(err, KP_EINVAL, "tool_choice: no function named \"%.64s\" in tools", name);
+    json_t *one = NULL;
+    if (st == KP_OK) {
+        one = json_array_size(any) == 1 ? json_incref(json_array_get(any, 0))
+                                        : json_pack("{s:O}", "anyOf", any);
+        if (!one) st = oom(err);
+    }
+    json_decref(any);
+    if (st != KP_OK) return st;
+    bool ok;
+    if (kp_chat_family_has_tools(f)) { /* one call in the template's own syntax */
+        bool qwen = f != KP_CHAT_LLAMA31;
+        form->schema = one;
+        ok = form_literal(&form->prefix, &form->prefix_len, qwen ? TOOL_CALL_OPEN "\n" : "") &&
+             form_literal(&form->suffix, &form->suffix_len, qwen ? "\n" TOOL_CALL_CLOSE : "");
+    } else {
+        form->schema = json_pack("{s:s, s:{s:{s:s, s:o, s:i}}, s:[s], s:b}", "type", "object",
+                                 "properties", "tool_calls", "type", "array", "items", one,
+                                 "minItems", 1, "required", "tool_calls",
+                                 "additionalProperties", 0);
+        if (form->schema && !parallel)
+            json_object_set_new(json_object_get(json_object_get(form->schema, "properties"),
+                                                "tool_calls"),
+                                "maxItems", json_integer(1));
+        ok = form->schema && form_literal(&form->prefix, &form->prefix_len, "") &&
+             form_literal(&form->suffix, &form->suffix_len, "");
+    }
+    if (!ok) {
+        kp_chat_call_form_free(form);
+        return oom(err);
+    }
+    return KP_OK;
 }

@@ -82,6 +82,48 @@
  *
  *                      {"name": "get_weather", "parameters": {"city": "Paris"}}
  *
+ * The generic tool format. Families marked [tools] above keep their
+ * template's own tool syntax; every other family gets tools through one
+ * format of kvpin's own, written as ordinary messages of the template:
+ *
+ *   - the tools block goes at the end of the first system message, after
+ *     "\n\n" (into a system message of its own in front when there is
+ *     none; qwen2's holds its default system text, "\n\n", the block;
+ *     llama2, mistral and gemma merge it into the first user turn as they
+ *     merge any system message). Its bytes, with each tool object of the
+ *     request in canonical JSON (canon.h) on a line of its own:
+ *
+ *       # Tools\n
+ *       \n
+ *       You may call one or more functions to assist with the user query.
+ *       The functions, one JSON object each:\n            (one line)
+ *       {"function":{"description":..,"name":..,"parameters":..},"type":"function"}\n
+ *       ...one line per tool...
+ *       \n
+ *       To call functions, end your reply with one JSON object in this
+ *       form, and nothing after it:\n                     (one line)
+ *       {"tool_calls":[{"name":"<function-name>","arguments":<args-json-object>}]}
+ *
+ *   - an assistant message with tool_calls is its content, "\n" when the
+ *     content is not empty, and
+ *       {"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]}
+ *     (names as JSON strings, arguments canonical; arguments that are not
+ *     JSON as a JSON string);
+ *   - tool messages in a row are one user message
+ *       {"tool_results":[{"tool_call_id":"call_1","name":"get_weather",
+ *                         "content":"{\"temp\":18}"}]}
+ *     (members in this order; the name is the message's "name", else that
+ *     of the call with this id in the last assistant message with calls;
+ *     unknown members are left out; content is a JSON string); llama2,
+ *     mistral and gemma, whose templates need user and assistant to
+ *     alternate, put a user message that follows the results into the
+ *     same turn after "\n\n".
+ *
+ * All of it is message content: the client's text, tokenized as plain
+ * text, and stable bytes for the same tools and calls. A reply is read
+ * back as calls when it ends with such a {"tool_calls": [...]} object
+ * (kp_chat_parse_tool_calls below).
+ *
  * Every function here is pure: no global state, safe from any number of
  * threads.
  */
@@ -144,7 +186,9 @@ kp_chat_family kp_chat_family_from_name(const char *name);
  * KP_CHAT_UNKNOWN or a value outside the enum. The string is static. */
 const char *kp_chat_family_name(kp_chat_family f);
 
-/* Whether the family's template renders tools and tool calls. */
+/* Whether the family's own template has a tool syntax (qwen2.5, qwen3,
+ * llama3.1). The other families render tools, tool calls and tool messages
+ * in the generic format (above). */
 bool kp_chat_family_has_tools(kp_chat_family f);
 
 /* Renders messages (a JSON array, borrowed) and tools (NULL, JSON null, or
@@ -159,7 +203,8 @@ bool kp_chat_family_has_tools(kp_chat_family f);
  *   'messages[1].content must be a string or an array of text parts',
  *   a content part that is not {"type":"text","text":string},
  *   malformed tool_calls / tools, tool_calls on a non-assistant message,
- *   tools or tool messages for a family without tools,
+ *   a tool call's name or a tool message that is not valid UTF-8 (strings
+ *   built with jansson's *_nocheck calls) in the generic format,
  *   an order the family's template refuses (llama2, mistral and gemma need
  *   user/assistant turns to alternate after an optional first system
  *   message; llama3.1 takes one tool call per message and needs a user
@@ -215,12 +260,20 @@ kp_status kp_chat_render_plain(kp_chat_family f, const json_t *messages, const j
  *   - llama3.1: the whole text, after optional whitespace and an optional
  *     "<|python_tag|>", is one or more JSON objects separated by ';' and/or
  *     whitespace; anything else makes the whole text content.
+ *   - the generic format (every other family): the run of well-formed
+ *     blocks that ends the message, separated by whitespace only, as for
+ *     qwen; a block is a JSON object whose first member is "tool_calls"
+ *     (JSON whitespace allowed anywhere between its tokens), a non-empty
+ *     array of well-formed call objects; the calls of all the run's blocks
+ *     are returned in order. A block with any malformed call, an empty
+ *     array, or text after it (a ``` fence too) is content.
  *   - a well-formed call object has a "name" that is a non-empty string,
- *     and arguments under "arguments" (qwen) or "parameters" (llama3.1,
- *     either key is accepted by both) that are an object, a string holding
- *     a JSON object, null or absent. Other members are ignored.
- *   - families without tools: *calls is NULL and *content_len is len (the
- *     text is returned untouched).
+ *     and arguments under "arguments" (qwen, generic) or "parameters"
+ *     (llama3.1; either key is accepted by all) that are an object, a
+ *     string holding a JSON object, null or absent. Other members are
+ *     ignored.
+ *   - KP_CHAT_UNKNOWN (or a value outside the enum): *calls is NULL and
+ *     *content_len is len (the text is returned untouched).
  *
  * Ids are "call_" and 24 characters derived from id_seed and the call's
  * index only: the same seed gives the same ids, whatever the text.
@@ -232,7 +285,7 @@ kp_status kp_chat_parse_tool_calls(kp_chat_family f, const char *text, size_t le
 /* For streaming: the offset in text[0..len) from which output must be held
  * back, because the bytes from there on are, or may become as more text
  * arrives, a tool call of family f or the whitespace in front of one. len
- * when nothing needs holding; always len for families without tools.
+ * when nothing needs holding; always len for KP_CHAT_UNKNOWN.
  *
  *   qwen2.5 / qwen3   the start of the run of calls that may still end the
  *                     message: a complete well-formed <tool_call> block, a
@@ -242,6 +295,9 @@ kp_status kp_chat_parse_tool_calls(kp_chat_family f, const char *text, size_t le
  *   llama3.1          0 while the text so far may become a calls message
  *                     (it starts, after whitespace, with '{' or with a
  *                     prefix of "<|python_tag|>", and is well-formed so far)
+ *   generic           as qwen, with blocks starting at a '{' that is, or
+ *                     may still become, {"tool_calls": [ ("Hi {" -> 2,
+ *                     "Hi {\"tool" -> 2, "Hi {\"a\"" -> 7)
  *
  * Trailing whitespace is held too (it is dropped from the content when
  * nothing follows it). Guarantees, for the prefixes p of a final text T:
@@ -252,5 +308,50 @@ kp_status kp_chat_parse_tool_calls(kp_chat_family f, const char *text, size_t le
  * memory runs out parsing one, it returns 0 (hold everything); a caller
  * keeps what it already released and releases nothing more. */
 size_t kp_chat_tool_holdback(kp_chat_family f, const char *text, size_t len);
+
+/* What a forced tool call must look like, for constrained decoding: the
+ * model's reply is prefix, then a JSON value valid under schema, then
+ * suffix, and kp_chat_parse_tool_calls reads every such reply back as the
+ * calls it holds (with no content).
+ *
+ *   family              prefix            schema                  suffix
+ *   qwen2.5, qwen3      "<tool_call>\n"   one call object         "\n</tool_call>"
+ *   llama3.1            ""                one call object         ""
+ *                                         ("parameters", not "arguments")
+ *   generic (others)    ""                {"tool_calls": [calls]}  ""
+ *
+ * A call object's schema is
+ *   {"type":"object","properties":{"name":{"const":NAME},"arguments":ARGS},
+ *    "required":["name","arguments"],"additionalProperties":false}
+ * with ARGS the tool's function.parameters (copied; "type":"object" set
+ * when it has no type or a list of types with "object"; no parameters is
+ * {"type":"object","properties":{},"additionalProperties":false}); with
+ * several tools, {"anyOf": [one per tool, in order]}. The generic schema is
+ *   {"type":"object","properties":{"tool_calls":{"type":"array",
+ *    "items":CALL,"minItems":1[,"maxItems":1]}},"required":["tool_calls"],
+ *    "additionalProperties":false}
+ * with maxItems only when parallel is false. The native forms hold one call.
+ *
+ * tools is the request's array (borrowed); name NULL for any of its
+ * functions (tool_choice "required"), or the one function to call
+ * (tool_choice {"type":"function","function":{"name":...}}).
+ * On KP_OK, form owns its members (kp_chat_call_form_free). Errors (form
+ * zeroed): KP_EINVAL for tools that are not a non-empty array of
+ * {"type":"function","function":{"name":...}}, parameters that are not an
+ * object schema, a name no tool has ("tool_choice: no function named ...");
+ * KP_EUNSUPPORTED for KP_CHAT_UNKNOWN; KP_ENOMEM. */
+typedef struct {
+    char *prefix; /* literal bytes before the JSON value */
+    size_t prefix_len;
+    json_t *schema; /* JSON Schema of the value (owned reference) */
+    char *suffix; /* literal bytes after it */
+    size_t suffix_len;
+} kp_chat_call_form;
+
+kp_status kp_chat_call_form_build(kp_chat_family f, const json_t *tools, const char *name,
+                                  bool parallel, kp_chat_call_form *form, kp_error *err);
+
+/* Frees what form holds and zeroes it; NULL is a no-op. */
+void kp_chat_call_form_free(kp_chat_call_form *form);
 
 #endif

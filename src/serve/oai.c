@@ -180,7 +180,7 @@ static bool neutral(const char *k, const json_t *v, bool chat, kp_oai_error *e, 
     if (chat && !strcmp(k, "tool_choice")) {
         if (json_is_null(v) || (json_is_string(v) && (!strcmp(json_string_value(v), "auto") ||
                                                       !strcmp(json_string_value(v), "none"))))
-            return true;
+            return true; /* kp_oai_parse drops the tools for "none" */
         return BAD(e, k, "tool_choice must be \"auto\" or \"none\" (forcing a tool is not supported)");
     }
     if (chat && !strcmp(k, "parallel_tool_calls")) {
@@ -312,6 +312,10 @@ bool kp_oai_parse(const char *body, size_t len, bool chat, kp_oai_request *r, kp
         kp_oai_request_free(r);
         return BAD(e, "stream_options", "stream_options is only allowed with stream: true");
     }
+    /* tool_choice "none": the model is not shown the tools (nor are its
+     * replies read as calls); calls and results in the history still render */
+    const json_t *choice = chat ? json_object_get(r->root, "tool_choice") : NULL;
+    if (json_is_string(choice) && !strcmp(json_string_value(choice), "none")) r->tools = NULL;
     return true;
 }
 

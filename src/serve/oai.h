@@ -26,6 +26,7 @@
  * echo false, best_of 1, logit_bias {} or null, tool_choice "auto"/"none"/
  * null, parallel_tool_calls, response_format {"type":"text"}, metadata,
  * store false); any other field is an error ("unknown field").
+ * tool_choice "none" leaves tools NULL: the tools are not rendered.
  */
 #ifndef KP_OAI_H
 #define KP_OAI_H

@@ -590,20 +590,34 @@ static void sb_chunk(stream *st, const char *text, size_t len, const char *finis
     sb_event(st, j);
 }
 
-/* The tool-call chunk: delta.tool_calls with an index on each call (calls consumed). */
-static void sb_tool_calls(stream *st, json_t *calls) {
-    size_t i;
-    json_t *c;
-    json_array_foreach(calls, i, c) json_object_set_new(c, "index", json_integer((json_int_t)i));
+/* One chunk whose delta is {"tool_calls": [call]} (call consumed). */
+static void sb_tool_call_delta(stream *st, json_t *call) {
     json_t *j = chunk_base(st);
-    json_t *delta = json_pack("{s:o}", "tool_calls", calls);
-    if (!st->sent_role) {
+    json_t *delta = json_pack("{s:[o]}", "tool_calls", call);
+    if (delta && !st->sent_role) {
         json_object_set_new(delta, "role", json_string("assistant"));
         st->sent_role = true;
     }
     json_object_set_new(j, "choices", json_pack("[{s:i, s:o, s:n, s:n}]", "index", 0, "delta", delta, "logprobs",
                                                 "finish_reason"));
     sb_event(st, j);
+}
+
+/* The tool calls as OpenAI streams them (calls consumed): per call, a chunk
+ * with its index, id, type and name and empty arguments, then a chunk with
+ * its index and the arguments. */
+static void sb_tool_calls(stream *st, json_t *calls) {
+    size_t i;
+    json_t *c;
+    json_array_foreach(calls, i, c) {
+        json_t *fn = json_object_get(c, "function");
+        sb_tool_call_delta(st, json_pack("{s:I, s:O, s:s, s:{s:O, s:s}}", "index", (json_int_t)i, "id",
+                                         json_object_get(c, "id"), "type", "function", "function", "name",
+                                         json_object_get(fn, "name"), "arguments", ""));
+        sb_tool_call_delta(st, json_pack("{s:I, s:{s:O}}", "index", (json_int_t)i, "function", "arguments",
+                                         json_object_get(fn, "arguments")));
+    }
+    json_decref(calls);
 }
 
 /* With tools: sends the text that can no longer become a tool call; at the
@@ -625,6 +639,7 @@ static const char *stream_tools(stream *st, const char *text, size_t len, bool f
     size_t content = st->full.len;
     kp_error err;
     kp_chat_parse_tool_calls(f, st->full.data ? st->full.data : "", st->full.len, st->id_seed, &calls, &content, &err);
+    if (!calls) content = st->full.len; /* all of it, trailing whitespace too, as unstreamed */
     if (content > st->released) sb_chunk(st, st->full.data + st->released, content - st->released, NULL, NULL);
     st->released = content > st->released ? content : st->released;
     if (!calls) return finish;
@@ -769,7 +784,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
     free(ids);
     free(ptext);
     bool stream_it = q.stream, usage = q.include_usage, return_ids = q.return_token_ids;
-    bool tools = chat && q.tools && kp_chat_family_has_tools(s->cfg.chat);
+    bool tools = chat && q.tools; /* the template's tool syntax, or the generic format (chat.h) */
     kp_oai_request_free(&q);
     if (st != KP_OK) {
         status_error(st, &err, st == KP_ERANGE ? (chat ? "messages" : "prompt") : NULL, &e);

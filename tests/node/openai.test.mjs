@@ -4,7 +4,8 @@
  * tests/e2e_openai.sh starts the servers and runs this file with
  * `node --test`; the environment names them:
  *
- *   KVPIN_URL        chatml template, --api-key, F32 KV    (most tests)
+ *   KVPIN_URL        chatml template, --api-key, F32 KV    (most tests, and
+ *                    tools in the generic format)
  *   KVPIN_API_KEY    that server's key
  *   KVPIN_TOOLS_URL  qwen2.5 template (tools), no key       (tool tests)
  *   KVPIN_MODEL_ID   the id GET /v1/models must report
@@ -483,9 +484,72 @@ test('tools: tool_choice forcing a tool and malformed tools are 400 naming the f
         OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'tool_choice'));
     await rejectsWith(tools.chat.completions.create({ ...base, tools: [1] }), OpenAI.BadRequestError, 400,
         (e) => assert.match(e.param ?? '', /^tools/, `param ${e.param}`));
-    // the chatml family renders no tools: the request is refused, naming tools
-    await rejectsWith(client.chat.completions.create({ ...base, tools: [WEATHER] }), OpenAI.BadRequestError, 400,
-        (e) => assert.match(e.param ?? '', /^tools/, `param ${e.param}`));
+});
+
+/* ---- tools on a template without tool syntax (chatml: the generic format) -- */
+
+/* A choice's message in the OpenAI reference shape: content a string (or
+ * null next to tool calls), tool_calls {id, type: function, function: {name,
+ * arguments: a JSON object's text}}, finish_reason tool_calls exactly then. */
+function checkToolReply(choice) {
+    const m = choice.message;
+    assert.equal(m.role, 'assistant');
+    if (m.tool_calls && m.tool_calls.length) {
+        assert.equal(choice.finish_reason, 'tool_calls');
+        for (const c of m.tool_calls) {
+            assert.match(c.id, /^call_[A-Za-z0-9]{24}$/);
+            assert.equal(c.type, 'function');
+            assert.equal(typeof c.function.name, 'string');
+            assert.equal(typeof JSON.parse(c.function.arguments), 'object');
+        }
+    } else {
+        assert.equal(typeof m.content, 'string');
+        assert.ok(['stop', 'length'].includes(choice.finish_reason), choice.finish_reason);
+    }
+}
+
+test('tools on chatml: accepted, well-formed, streamed the same; a call and its result render', async () => {
+    const base = { model: MODEL, messages: ASK, max_tokens: 12, temperature: 0 };
+    const none = await client.chat.completions.create(base);
+    const one = await client.chat.completions.create({ ...base, tools: [WEATHER, TIME] });
+    checkEnvelope(one, 'chat.completion');
+    checkToolReply(one.choices[0]);
+    assert.ok(one.usage.prompt_tokens > none.usage.prompt_tokens + 50, 'the tool block is in the prompt');
+    // keys reordered: the same prompt, all but the last token cached
+    const re = await client.chat.completions.create({ ...base, tools: [WEATHER_REORDERED, TIME] });
+    assert.equal(re.usage.prompt_tokens, one.usage.prompt_tokens);
+    assert.equal(re.usage.prompt_tokens_details.cached_tokens, re.usage.prompt_tokens - 1);
+    // streamed through the client: the same message as unstreamed
+    const stream = await client.chat.completions.create({ ...base, tools: [WEATHER, TIME], stream: true });
+    let content = '', finish = null;
+    const calls = [];
+    for await (const chunk of stream) {
+        const ch = chunk.choices[0];
+        if (!ch) continue;
+        content += ch.delta.content ?? '';
+        for (const t of ch.delta.tool_calls ?? []) {
+            calls[t.index] ??= { id: t.id, name: t.function?.name, arguments: '' };
+            calls[t.index].arguments += t.function?.arguments ?? '';
+        }
+        finish = ch.finish_reason ?? finish;
+    }
+    assert.equal(finish, one.choices[0].finish_reason);
+    assert.equal(content, one.choices[0].message.content ?? '');
+    assert.deepEqual(calls.map((c) => [c.name, c.arguments]),
+        (one.choices[0].message.tool_calls ?? []).map((c) => [c.function.name, c.function.arguments]));
+    // a call in the history and its result; tool_choice none renders no tools
+    const hist = [
+        ...ASK,
+        { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+        { role: 'tool', tool_call_id: 'call_1', content: 'sunny' },
+    ];
+    const h = await client.chat.completions.create({ ...base, messages: hist, tools: [WEATHER, TIME] });
+    checkToolReply(h.choices[0]);
+    assert.ok(h.usage.prompt_tokens > one.usage.prompt_tokens + 20, 'the call and the result are in the prompt');
+    assert.ok(h.usage.prompt_tokens_details.cached_tokens >= one.usage.prompt_tokens - 5,
+        'the turn before is reused (up to the assistant opener)');
+    const off = await client.chat.completions.create({ ...base, tools: [WEATHER], tool_choice: 'none' });
+    assert.equal(off.usage.prompt_tokens, none.usage.prompt_tokens);
 });
 
 /* ---- errors ----------------------------------------------------------------- */
