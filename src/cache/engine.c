@@ -48,6 +48,14 @@
  * kp_pfx_evict takes exactly such nodes (leaves first, a parent when its
  * last child went), so free + evictable is what a reserve can reach.
  *
+ * Forks (kp_eng_fork, n choices of one prompt): the new sequence takes a
+ * reference to every whole block of the source and a private copy of its
+ * partial last block, so both append into blocks of their own and (V) of
+ * prefix.h holds; it has no lease (its references keep its rows).
+ *
+ *   source | blk 0 | blk 1 | blk 2 (rows 0..4 of 16) |
+ *   fork   | blk 0 | blk 1 | copy of blk 2           |   blocks 0, 1: refcount + 1
+ *
  * kp_eng_generate: prefill (through the index) or append the rest of the
  * prompt, then kp_gen_step on the newest logits and kp_eng_decode of the
  * token it sampled, until the gen says it ended; the sequence stays with

@@ -1016,17 +1016,20 @@ static enum MHD_Result generate_choices(kp_server *s, struct MHD_Connection *c, 
     kp_sreq_update bad = {0};
     while (q->stream ? !started && !sm->done : m->n_over < m->n) {
         kp_sreq_update u;
-        if (!kp_sreq_wait_any(m->rs, m->n, 100, &m->which, &u)) {
-            if (client_gone(c) || atomic_load(&s->stopping)) {
-                cancel_all(m);
-                bool stopping = atomic_load(&s->stopping);
-                note_gen(&cn->log, &m->ch[0].last, stopping ? "cancelled" : "client_left");
-                if (stopping) cn->log.code = "server_stopping";
-                mstream_free_all(m);
-                return MHD_NO;
+        bool news = kp_sreq_wait_any(m->rs, m->n, 100, &m->which, &u);
+        if (client_gone(c) || atomic_load(&s->stopping)) {
+            if (news) {
+                free(u.text);
+                free(u.lp);
             }
-            continue;
+            cancel_all(m);
+            bool stopping = atomic_load(&s->stopping);
+            note_gen(&cn->log, &m->ch[0].last, stopping ? "cancelled" : "client_left");
+            if (stopping) cn->log.code = "server_stopping";
+            mstream_free_all(m);
+            return MHD_NO;
         }
+        if (!news) continue;
         uint32_t i = m->which;
         if (u.finish == KP_FINISH_ERROR || (u.finish == KP_FINISH_CANCELLED && !u.started)) {
             free(u.text);
