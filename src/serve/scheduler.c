@@ -298,9 +298,8 @@ void kp_sreq_release(kp_sreq *r) {
     sreq_unref(r);
 }
 
-bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u) {
-    memset(u, 0, sizeof *u);
-    pthread_mutex_lock(&r->mu);
+/* The CLOCK_REALTIME time timeout_ms (> 0) from now, for a timed wait. */
+static struct timespec deadline(int timeout_ms) {
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     if (timeout_ms > 0) {
@@ -308,6 +307,13 @@ bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u) {
         until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
         if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
     }
+    return until;
+}
+
+bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u) {
+    memset(u, 0, sizeof *u);
+    pthread_mutex_lock(&r->mu);
+    struct timespec until = deadline(timeout_ms);
     for (;;) {
         bool news = r->out.len > 0 || r->lp.len > 0 || r->new_tokens > 0 || (r->started && !r->started_seen) ||
                     (r->finish != KP_FINISH_NONE && !r->finish_seen);
@@ -371,13 +377,7 @@ bool kp_sreq_wait_any(kp_sreq *const *rs, uint32_t n, int timeout_ms, uint32_t *
         *which = 0;
         return kp_sreq_wait(rs[0], timeout_ms, u);
     }
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    if (timeout_ms > 0) {
-        until.tv_sec += timeout_ms / 1000;
-        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = deadline(timeout_ms);
     for (;;) {
         pthread_mutex_lock(&g->mu);
         uint64_t t0 = g->ticks;

@@ -718,6 +718,28 @@ static void stream_free(void *cls) {
     free(st);
 }
 
+/* Answers 200 with the event stream that reader produces from cls (free_cb
+ * releases cls when the response ends; st is its stream, for the log line
+ * of a response that could not be made). */
+static enum MHD_Result sse_response(kp_server *s, struct MHD_Connection *c, conn *cn, MHD_ContentReaderCallback reader,
+                                    void *cls, MHD_ContentReaderFreeCallback free_cb, stream *st) {
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, reader, cls, free_cb);
+    if (!resp) {
+        st->log.status = 500;
+        st->log.code = "out_of_memory";
+        free_cb(cls);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "x-request-id", cn->log.id);
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    enum MHD_Result res = MHD_queue_response(c, 200, resp);
+    MHD_destroy_response(resp);
+    count_status(s, 200);
+    return res;
+}
+
 /* ---- n choices and logprobs ------------------------------------------------ *
  *
  * A request with n > 1 or logprobs goes through kp_sched_submit_n: n
@@ -1072,22 +1094,7 @@ static enum MHD_Result generate_choices(kp_server *s, struct MHD_Connection *c, 
     sm->log = cn->log;
     sm->log.status = 200;
     cn->streamed = true;
-    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, mstream_reader, m,
-                                                                  mstream_free);
-    if (!resp) {
-        sm->log.status = 500;
-        sm->log.code = "out_of_memory";
-        mstream_free(m);
-        return MHD_NO;
-    }
-    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
-    MHD_add_response_header(resp, "x-request-id", cn->log.id);
-    MHD_add_response_header(resp, "Cache-Control", "no-cache");
-    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-    enum MHD_Result res = MHD_queue_response(c, 200, resp);
-    MHD_destroy_response(resp);
-    count_status(s, 200);
-    return res;
+    return sse_response(s, c, cn, mstream_reader, m, mstream_free, sm);
 }
 
 static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn, bool chat) {
@@ -1223,22 +1230,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
         u.text = text;
         u.len = tlen;
         stream_update(sm, &u); /* frees text */
-        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, sm,
-                                                                      stream_free);
-        if (!resp) {
-            sm->log.status = 500;
-            sm->log.code = "out_of_memory";
-            stream_free(sm);
-            return MHD_NO;
-        }
-        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
-        MHD_add_response_header(resp, "x-request-id", cn->log.id);
-        MHD_add_response_header(resp, "Cache-Control", "no-cache");
-        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-        enum MHD_Result res = MHD_queue_response(c, 200, resp);
-        MHD_destroy_response(resp);
-        count_status(s, 200);
-        return res;
+        return sse_response(s, c, cn, stream_reader, sm, stream_free, sm);
     }
     json_t *choice;
     const char *finish = kp_oai_finish_name(u.finish);
