@@ -161,8 +161,9 @@ static bool neutral(const char *k, const json_t *v, bool chat, kp_oai_error *e, 
         if (json_is_null(v) || json_is_false(v)) return true;
         return BAD(e, k, "%s is not supported by kvpin", k);
     }
-    if (!strcmp(k, "best_of") || !strcmp(k, "suffix")) {
-        if (json_is_null(v) || (!strcmp(k, "best_of") && json_is_integer(v) && json_integer_value(v) == 1))
+    if (!strcmp(k, "top_logprobs") || !strcmp(k, "best_of") || !strcmp(k, "suffix")) { /* chat's top_logprobs: above */
+        if (json_is_null(v) || (!strcmp(k, "best_of") && json_is_integer(v) && json_integer_value(v) == 1) ||
+            (!strcmp(k, "top_logprobs") && json_is_integer(v) && json_integer_value(v) == 0))
             return true;
         return BAD(e, k, "%s is not supported by kvpin", k);
     }
