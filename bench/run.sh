@@ -58,4 +58,10 @@ if [ -f build/bench/smollm2-135m-Q8_0.gguf ]; then
     case " ${BENCH_PREFIX_ARGS:-} " in *" --quick "*) q=--quick ;; *) q= ;; esac
     python3 bench/server_bench.py --kvpin ./kvpin -m build/bench/smollm2-135m-Q8_0.gguf -t "$THREADS" \
         --reps "$REPS" --tokens "$TG" --prefix build/bench/prefix.txt $q
+    # n choices (issue #11): n 8 on a 2,000-token prompt as one request (one
+    # prefill, forked) against 8 separate requests: prompt positions
+    # computed, KV bytes held, wall time (about 9 minutes on 2 shared cores).
+    echo "== n 8 from one prefill (build/bench/smollm2-135m-Q8_0.gguf)"
+    python3 bench/choices_bench.py --kvpin ./kvpin -m build/bench/smollm2-135m-Q8_0.gguf -t "$THREADS" \
+        --reps "$REPS" -n 8 --prompt 2000 --tokens 16
 fi

@@ -13,7 +13,10 @@
  * within 1e-5 relative. The reuse of `big` must equal the longest common
  * token prefix with any earlier finished sequence, computed here by brute
  * force (n - 1 on a full hit). At the end every block must be free once the
- * index is dropped.
+ * index is dropped. A fork (kp_eng_fork) holds the prompt's whole blocks
+ * once and a private copy of its partial block: decoding the same tokens
+ * in the source and the forks gives the logits of a fresh prefill of the
+ * whole sequence, and the forks' writes never reach the source.
  */
 #include <math.h>
 #include <stdio.h>
@@ -859,7 +862,64 @@ static void test_generate_and_feeding(void) {
     kp_model_free(m);
 }
 
+/* Forks of a 37-token prompt (2 whole blocks of 16 and a partial one). */
+static void test_fork(void) {
+    kp_error err = {0};
+    kp_model *m;
+    kp_pool *pool;
+    if (!load_stories(&m, &pool)) return;
+    for (int cache = 0; cache < 2; cache++) {
+        kp_engine *e = NULL;
+        kp_eng_config c = {KP_DTYPE_F32, 16, 0, 256, !cache, NULL};
+        CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
+        uint32_t nv = m->hp.n_vocab;
+        float *l0 = malloc(nv * sizeof *l0), *l1 = malloc(nv * sizeof *l1), *l2 = malloc(nv * sizeof *l2),
+              *ref = malloc(nv * sizeof *ref);
+        int32_t t[40];
+        for (int i = 0; i < 40; i++) t[i] = i == 0 ? 1 : 50 + 3 * i;
+        kp_eng_seq a = {0}, b = {0}, d = {0}, r = {0};
+        CHECK(kp_eng_prefill(e, t, 37, &a, l0, NULL, &err) == KP_OK);
+        uint64_t before = used_bytes(e);
+        CHECK_EQ_INT(kp_eng_fork_blocks(e, 37), 1);
+        CHECK_EQ_INT(kp_eng_fork_blocks(e, 32), 0);
+        CHECK(kp_eng_fork(e, &a, &b, &err) == KP_OK);
+        CHECK(kp_eng_fork(e, &a, &d, &err) == KP_OK);
+        kp_eng_stats st;
+        kp_eng_get_stats(e, &st);
+        CHECK_EQ_INT(st.used_bytes, before + 2 * st.block_bytes); /* only the two partial copies are new */
+        CHECK_EQ_INT(kp_eng_seq_len(&b), 37);
+        CHECK(kp_eng_fork(e, &a, &b, &err) == KP_EINVAL); /* b is not empty */
+        /* different tokens into a and b at position 37 (the copied block), the same into d */
+        CHECK(kp_eng_decode(e, &a, t[37], l0, &err) == KP_OK);
+        CHECK(kp_eng_decode(e, &b, 9, l1, &err) == KP_OK);
+        CHECK(kp_eng_decode(e, &d, t[37], l2, &err) == KP_OK);
+        CHECK(kp_eng_prefill(e, t, 38, &r, ref, NULL, &err) == KP_OK);
+        CHECK_MSG(rel_diff(l0, ref, nv) < 1e-5 && rel_diff(l2, ref, nv) < 1e-5, "fork: %g %g", rel_diff(l0, ref, nv),
+                  rel_diff(l2, ref, nv));
+        CHECK(rel_diff(l1, ref, nv) > 1e-3); /* another token, other logits: b wrote its own block */
+        kp_eng_seq_abort(e, &r);
+        CHECK(kp_eng_decode(e, &a, t[38], l0, &err) == KP_OK); /* a still sees its own token at 37 */
+        CHECK(kp_eng_prefill(e, t, 39, &r, ref, NULL, &err) == KP_OK);
+        CHECK(rel_diff(l0, ref, nv) < 1e-5);
+        kp_eng_seq_abort(e, &r);
+        CHECK(kp_eng_finish(e, &a, t, 39, NULL, &err) == KP_OK);
+        kp_eng_seq_abort(e, &b);
+        kp_eng_seq_abort(e, &d);
+        CHECK_MSG(kp_eng_check(e, &err) == KP_OK, "%s", err.msg);
+        CHECK(kp_eng_clear(e, &err) == KP_OK);
+        CHECK_EQ_INT(used_bytes(e), 0);
+        kp_eng_free(e);
+        free(l0);
+        free(l1);
+        free(l2);
+        free(ref);
+    }
+    kp_pool_free(pool);
+    kp_model_free(m);
+}
+
 int main(void) {
+    RUN(test_fork);
     RUN(test_batched_equals_alone);
     RUN(test_budget_of_one_sequence);
     RUN(test_reuse_counts);

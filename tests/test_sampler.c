@@ -9,7 +9,11 @@
  * survivor, and the frequencies of thousands of draws must match the reference
  * probabilities (within 5 standard errors, plus a little). Greedy must be
  * the argmax (ties to the lowest id) after penalties; the same seed must
- * give the same tokens; bad parameters are refused.
+ * give the same tokens; bad parameters are refused. kp_sampler_sample_lp
+ * must draw the same tokens as kp_sampler_sample and report the log of the
+ * reference probabilities (temperature 1 for greedy), its top list sorted
+ * and equal to the reference's most likely tokens, masked (-inf) tokens
+ * never listed.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -205,6 +209,80 @@ static void test_greedy_and_seed(void) {
     CHECK(memcmp(a, c, sizeof a) != 0);
 }
 
+/* kp_sampler_sample_lp against the reference, for one parameter set. */
+static void check_logprobs(int n, kp_sampler_params p, bool mask) {
+    kp_error err = {0};
+    float *logits = malloc(n * sizeof *logits);
+    double *prob = malloc(n * sizeof *prob);
+    for (int i = 0; i < n; i++) logits[i] = (float)(unit() * 4.0 + (unit() < 0.01 ? 6.0 * unit() : 0.0));
+    if (mask) /* every other token masked out, as a constraint would */
+        for (int i = 0; i < n; i += 2) logits[i] = -INFINITY;
+    kp_sampler_params ref = p;
+    if (ref.temp <= 0) ref.temp = 1; /* greedy reports the temperature-1 distribution */
+    int hist[4] = {3, 5, 5, 7};
+    int n_hist = p.repeat_penalty != 1.0f ? 4 : 0;
+    reference(&ref, logits, n, hist, n_hist, prob);
+    kp_sampler *a = NULL, *b = NULL;
+    CHECK(kp_sampler_new(&a, &p, n, &err) == KP_OK);
+    CHECK(kp_sampler_new(&b, &p, n, &err) == KP_OK);
+    for (int i = 0; i < n_hist; i++) {
+        kp_sampler_accept(a, hist[i]);
+        kp_sampler_accept(b, hist[i]);
+    }
+    /* the reference's most likely tokens, by probability then id */
+    rc *order = malloc(n * sizeof *order);
+    for (int i = 0; i < n; i++) order[i] = (rc){i, prob[i]};
+    qsort(order, n, sizeof *order, rc_desc);
+    int alive = 0;
+    for (int i = 0; i < n; i++) alive += prob[i] > 0;
+    for (int d = 0; d < 50; d++) {
+        kp_token_logprobs lp;
+        int32_t t1 = kp_sampler_sample(a, logits);
+        int32_t t2 = kp_sampler_sample_lp(b, logits, 20, &lp);
+        CHECK_EQ_INT(t1, t2);
+        CHECK_EQ_INT(lp.token, t2);
+        CHECK_MSG(prob[t2] > 0 && fabs(lp.logprob - log(prob[t2])) < 1e-4, "temp %g top_k %d: logprob %g, ref %g",
+                  (double)p.temp, p.top_k, (double)lp.logprob, log(prob[t2]));
+        CHECK_EQ_INT((int)lp.n_top, alive < 20 ? alive : 20);
+        bool listed = false;
+        for (uint32_t k = 0; k < lp.n_top; k++) {
+            CHECK(fabs(lp.top_logprob[k] - log(order[k].l)) < 1e-4);
+            if (k > 0) CHECK(lp.top_logprob[k] <= lp.top_logprob[k - 1]);
+            CHECK(prob[lp.top_token[k]] > 0);
+            listed |= lp.top_token[k] == t2;
+        }
+        CHECK(lp.logprob <= lp.top_logprob[0] + 1e-6f);
+        if (alive <= 20) CHECK(listed);
+        if (p.temp <= 0) CHECK_EQ_INT(lp.top_token[0], t2); /* greedy takes the most likely */
+    }
+    kp_sampler_free(a);
+    kp_sampler_free(b);
+    free(order);
+    free(logits);
+    free(prob);
+}
+
+static void test_logprobs(void) {
+    const int top_k[3] = {0, 5, 40};
+    const float top_p[2] = {1.0f, 0.8f}, temp[3] = {1.0f, 0.5f, 0.0f};
+    int cases = 0;
+    for (int b = 0; b < 3; b++)
+        for (int c = 0; c < 2; c++)
+            for (int e = 0; e < 3; e++)
+                for (int m = 0; m < 2; m++) {
+                    kp_sampler_params p = kp_sampler_defaults();
+                    p.top_k = top_k[b];
+                    p.top_p = top_p[c];
+                    p.min_p = cases % 3 == 0 ? 0.05f : 0.0f;
+                    p.temp = temp[e];
+                    p.repeat_penalty = cases % 4 == 1 ? 1.3f : 1.0f;
+                    p.seed = (uint64_t)(cases + 7);
+                    check_logprobs(cases % 2 ? 300 : 4000, p, m == 1);
+                    cases++;
+                }
+    CHECK(cases == 36);
+}
+
 static void test_bad_params(void) {
     kp_error err = {0};
     kp_sampler *s = NULL;
@@ -227,5 +305,6 @@ int main(void) {
     RUN(test_greedy_and_seed);
     RUN(test_bad_params);
     RUN(test_distributions);
+    RUN(test_logprobs);
     return harness_finish("sampler");
 }

@@ -13,7 +13,10 @@
  * operations (probe, pin, unpin) from another thread while four sequences
  * decode are each answered before the engine completes two more steps
  * (kp_sched_stats' step counter), with what kp_eng_* answer (a full hit, the
- * pin in the snapshot at once, gone after unpin).
+ * pin in the snapshot at once, gone after unpin). Choices
+ * (kp_sched_submit_n): choice i equals the request with seed + i alone
+ * (text, tokens, logprobs), the prompt is computed once (the stats), n
+ * above parallel is refused, cancelling every choice ends them, no leak.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -635,7 +638,114 @@ static void test_kv_budget_and_pins(void) {
     fixture_close(&fx);
 }
 
+/* Waits for the end of r, collecting text, ids and logprob entries. */
+static kp_finish collect_lp(kp_sreq *r, char *buf, size_t cap, size_t *len, int32_t *lp_tok, uint32_t *n_lp,
+                            kp_sreq_update *last) {
+    *len = 0;
+    *n_lp = 0;
+    for (;;) {
+        kp_sreq_update u;
+        kp_sreq_wait(r, 5000, &u);
+        if (u.text) {
+            if (*len + u.len <= cap) memcpy(buf + *len, u.text, u.len);
+            *len += u.len;
+            free(u.text);
+        }
+        for (uint32_t k = 0; k < u.n_lp; k++) {
+            if (*n_lp < 64) lp_tok[*n_lp] = u.lp[k].token;
+            (*n_lp)++;
+        }
+        free(u.lp);
+        if (u.finish != KP_FINISH_NONE) {
+            *last = u;
+            return u.finish;
+        }
+    }
+}
+
+static void test_choices(void) {
+    kp_error err = {0};
+    fixture fx;
+    if (!fixture_open(&fx, "models/stories260K.gguf", 1)) return;
+    kp_engine *e = NULL;
+    kp_eng_config cc = {KP_DTYPE_F16, 16, 0, 512, false, NULL};
+    CHECK(kp_eng_new(&e, fx.m, fx.pool, NULL, &cc, &err) == KP_OK);
+    kp_sched_config sc = {3, 8, 16};
+    kp_sched *s = NULL;
+    CHECK(kp_sched_new(&s, e, fx.v, &sc, &err) == KP_OK);
+    int32_t prompt[41];
+    for (int i = 0; i < 41; i++) prompt[i] = i == 0 ? 1 : 30 + 7 * i;
+    kp_sampler_params sp = kp_sampler_defaults();
+    sp.temp = 1;
+    sp.seed = 77;
+    kp_sreq_params p = {prompt, 41, 12, sp, NULL, 0, true, NULL, 0, true};
+    kp_sreq *r[3] = {0};
+    kp_sched_stats a, b;
+    kp_sched_stats_get(s, &a);
+    CHECK(kp_sched_submit_n(s, &p, 3, 2, r, &err) == KP_OK);
+    char got[3][1024];
+    size_t len[3];
+    int32_t ids[3][64], lpt[3][64];
+    uint32_t nlp[3];
+    for (int i = 0; i < 3; i++) {
+        kp_sreq_update u;
+        CHECK_EQ_INT(collect_lp(r[i], got[i], sizeof got[i], &len[i], lpt[i], &nlp[i], &u), KP_FINISH_LENGTH);
+        CHECK_EQ_INT(u.completion_tokens, 12);
+        CHECK_EQ_INT(nlp[i], 12);
+        memcpy(ids[i], u.ids + 41, 12 * sizeof(int32_t));
+        CHECK(!memcmp(lpt[i], ids[i], 12 * sizeof(int32_t))); /* an entry per token, in order */
+        CHECK_EQ_INT(u.report.computed_tokens, i == 0 ? 41 : 0);
+        kp_sreq_release(r[i]);
+    }
+    kp_sched_stats_get(s, &b);
+    CHECK_EQ_INT((b.prompt_tokens - b.cached_tokens) - (a.prompt_tokens - a.cached_tokens), 41); /* once */
+    CHECK_EQ_INT(b.prompt_tokens - a.prompt_tokens, 3 * 41);
+    CHECK(memcmp(ids[0], ids[1], sizeof ids[0]) || memcmp(ids[1], ids[2], sizeof ids[0]));
+    /* choice i is the request with seed 77 + i alone (the prompt now comes from the cache) */
+    for (int i = 0; i < 3; i++) {
+        kp_sreq_params q = p;
+        q.sp.seed = 77 + (uint64_t)i;
+        kp_sreq *one = NULL;
+        CHECK(kp_sched_submit(s, &q, &one, &err) == KP_OK);
+        char t[1024];
+        size_t n;
+        kp_sreq_update u;
+        CHECK_EQ_INT(collect(one, t, sizeof t, &n, &u), KP_FINISH_LENGTH);
+        CHECK_MSG(n == len[i] && !memcmp(t, got[i], n) && !memcmp(u.ids + 41, ids[i], 12 * sizeof(int32_t)),
+                  "choice %d differs from seed %d alone", i, 77 + i);
+        kp_sreq_release(one);
+    }
+    /* more choices than parallel sequences: refused, nothing queued */
+    kp_sreq *four[4];
+    CHECK(kp_sched_submit_n(s, &p, 4, -1, four, &err) == KP_EINVAL && four[0] == NULL);
+    /* the KV fit counts the prompt once and max_tokens per choice: 41 + 3 x 199 > 512 positions */
+    p.max_tokens = 200;
+    CHECK(kp_sched_submit_n(s, &p, 3, -1, r, &err) == KP_ERANGE && r[0] == NULL);
+    CHECK(kp_sched_submit_n(s, &p, 2, -1, r, &err) == KP_OK); /* 41 + 2 x 199 fits */
+    for (int i = 0; i < 2; i++) kp_sreq_release(r[i]);
+    /* cancelling every choice ends them all */
+    p.max_tokens = 100;
+    prompt[3] = 5;
+    CHECK(kp_sched_submit_n(s, &p, 3, -1, r, &err) == KP_OK);
+    for (int i = 0; i < 3; i++) kp_sreq_cancel(r[i]);
+    for (int i = 0; i < 3; i++) {
+        kp_sreq_update u;
+        CHECK_EQ_INT(collect(r[i], got[0], sizeof got[0], &len[0], &u), KP_FINISH_CANCELLED);
+        kp_sreq_release(r[i]);
+    }
+    kp_sched_free(s);
+    kp_eng_stats st;
+    kp_eng_get_stats(e, &st);
+    CHECK(st.used_bytes == st.index_bytes && st.n_leases == 0);
+    CHECK_MSG(kp_eng_check(e, &err) == KP_OK, "%s", err.msg);
+    CHECK(kp_eng_clear(e, &err) == KP_OK);
+    CHECK_EQ_INT(used_bytes(e), 0);
+    kp_eng_free(e);
+    fixture_close(&fx);
+}
+
 int main(void) {
+    RUN(test_choices);
     RUN(test_concurrent_equals_alone);
     RUN(test_queue_full_and_shutdown);
     RUN(test_cache_ops_between_steps);

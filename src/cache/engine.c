@@ -48,6 +48,14 @@
  * kp_pfx_evict takes exactly such nodes (leaves first, a parent when its
  * last child went), so free + evictable is what a reserve can reach.
  *
+ * Forks (kp_eng_fork, n choices of one prompt): the new sequence takes a
+ * reference to every whole block of the source and a private copy of its
+ * partial last block, so both append into blocks of their own and (V) of
+ * prefix.h holds; it has no lease (its references keep its rows).
+ *
+ *   source | blk 0 | blk 1 | blk 2 (rows 0..4 of 16) |
+ *   fork   | blk 0 | blk 1 | copy of blk 2           |   blocks 0, 1: refcount + 1
+ *
  * kp_eng_generate: prefill (through the index) or append the rest of the
  * prompt, then kp_gen_step on the newest logits and kp_eng_decode of the
  * token it sampled, until the gen says it ended; the sequence stays with
@@ -70,6 +78,8 @@
  *     sequences are finished and the index is freed, every block is free.
  */
 #include "cache/engine.h"
+
+#include "base/buf.h"
 
 #include <assert.h>
 #include <stdlib.h>
@@ -186,6 +196,43 @@ static kp_status reserve(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_eng_r
                            "can be evicted (raise --kv-budget)",
                            n_pos, need, B);
     }
+}
+
+uint32_t kp_eng_fork_blocks(const kp_engine *e, uint32_t n_pos) {
+    return n_pos % kp_kvpool_config_of(e->kv)->block_size ? 1 : 0;
+}
+
+kp_status kp_eng_fork(kp_engine *e, const kp_eng_seq *src, kp_eng_seq *dst, kp_error *err) {
+    if (dst->kv.n_pos || dst->kv.n_blocks || dst->lease.node)
+        return kp_fail(err, KP_EINVAL, "fork into a sequence that is not empty");
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size, n = src->kv.n_pos;
+    uint32_t nb = (uint32_t)(((uint64_t)n + B - 1) / B);
+    if (nb == 0) return KP_OK;
+    if (!kp_grow_u32((void **)&dst->kv.blocks, &dst->kv.cap_blocks, nb, sizeof(int32_t)))
+        return kp_fail(err, KP_ENOMEM, "out of memory growing a block table");
+    int32_t copy = -1;
+    if (n % B) { /* the partial block: a private copy (src's blocks are held: eviction cannot take them) */
+        kp_status st;
+        while ((st = kp_kvpool_alloc(e->kv, &copy, err)) == KP_EFULL) {
+            uint64_t got = e->idx ? kp_pfx_evict(e->idx, kp_kvpool_block_bytes(e->kv), (int64_t)time(NULL)) : 0;
+            if (got == 0)
+                return kp_fail(err, KP_EFULL, "KV budget full: no block for the copy of a forked sequence's "
+                                              "last block (raise --kv-budget)");
+        }
+        if (st != KP_OK) return st;
+        kp_kvpool_copy(e->kv, copy, src->kv.blocks[nb - 1]);
+    }
+    for (uint32_t i = 0; i < nb; i++) {
+        if (i == nb - 1 && copy >= 0) {
+            dst->kv.blocks[i] = copy;
+        } else {
+            dst->kv.blocks[i] = src->kv.blocks[i];
+            kp_kvpool_ref(e->kv, src->kv.blocks[i]);
+        }
+    }
+    dst->kv.n_blocks = nb;
+    dst->kv.n_pos = n;
+    return KP_OK;
 }
 
 void kp_eng_seq_abort(kp_engine *e, kp_eng_seq *seq) {

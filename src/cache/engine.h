@@ -162,6 +162,23 @@ kp_status kp_eng_append(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, ui
  * KP_EUNSUPPORTED otherwise. */
 kp_status kp_eng_seq_truncate(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_error *err);
 
+/* Makes the empty sequence *dst a fork of src: the same positions, the
+ * same K/V, with no row computed again. Every whole block of src is
+ * shared (its reference count grows: the rows are stored once); a
+ * partially filled last block is copied into a block of dst's own
+ * (copy-on-write: both append into that block, each into its own), taken
+ * from the pool, evicting an unheld cached prefix when the pool is full.
+ * dst holds no lease on the index (its block references keep its rows
+ * alive; src's lease keeps the path cached). For n choices of one prompt:
+ * the prompt is prefilled once, then forked n - 1 times. KP_EINVAL (dst
+ * not empty), KP_EFULL (no block for the copy even after eviction; dst
+ * stays empty), KP_ENOMEM. */
+kp_status kp_eng_fork(kp_engine *e, const kp_eng_seq *src, kp_eng_seq *dst, kp_error *err);
+
+/* Blocks kp_eng_fork of a sequence of n_pos positions takes from the pool
+ * (1 when the last block is partial, else 0). */
+uint32_t kp_eng_fork_blocks(const kp_engine *e, uint32_t n_pos);
+
 /* Positions the sequence holds (prompt + decoded tokens). */
 uint32_t kp_eng_seq_len(const kp_eng_seq *seq);
 

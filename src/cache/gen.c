@@ -28,6 +28,9 @@ struct kp_gen {
     int32_t *tok;
     uint32_t n_prompt, n_tok, cap, max_tokens, max_pos;
     bool ignore_eos;
+    bool logprobs;
+    uint32_t top_logprobs;
+    kp_token_logprobs lp; /* the last step's, with logprobs */
     kp_finish finish;
     kp_gen_cause cause;
     kp_buf last; /* the text of the step that ended generation */
@@ -74,6 +77,11 @@ kp_status kp_gen_new(kp_gen **out, const kp_tok_vocab *v, const int32_t *prompt,
     return KP_OK;
 }
 
+void kp_gen_set_logprobs(kp_gen *g, int32_t top_n) {
+    g->logprobs = top_n >= 0;
+    g->top_logprobs = top_n < 0 ? 0 : top_n > KP_LOGPROBS_MAX ? KP_LOGPROBS_MAX : (uint32_t)top_n;
+}
+
 void kp_gen_free(kp_gen *g) {
     if (!g) return;
     kp_sampler_free(g->smp);
@@ -110,12 +118,15 @@ kp_status kp_gen_step(kp_gen *g, const float *logits, kp_gen_out *out, kp_error 
     out->len = 0;
     out->finish = g->finish;
     out->cause = g->cause;
+    out->lp = NULL;
     if (g->finish != KP_FINISH_NONE) return KP_OK;
     if (g->max_tokens == 0) {
         end(g, KP_FINISH_LENGTH, KP_GEN_MAX_TOKENS, NULL, 0, out);
         return KP_OK;
     }
-    int32_t tok = kp_sampler_sample(g->smp, logits);
+    int32_t tok = g->logprobs ? kp_sampler_sample_lp(g->smp, logits, (int32_t)g->top_logprobs, &g->lp)
+                              : kp_sampler_sample(g->smp, logits);
+    if (g->logprobs) out->lp = &g->lp;
     kp_sampler_accept(g->smp, tok);
     g->tok[g->n_tok++] = tok;
     out->token = tok;
@@ -151,6 +162,7 @@ void kp_gen_stop(kp_gen *g, kp_finish why, kp_gen_out *out) {
     out->len = 0;
     out->finish = g->finish;
     out->cause = g->cause;
+    out->lp = NULL;
     if (g->finish != KP_FINISH_NONE) return;
     if (why == KP_FINISH_LENGTH || why == KP_FINISH_STOP) {
         end(g, why, KP_GEN_STOPPED, NULL, 0, out);

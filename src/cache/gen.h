@@ -90,6 +90,11 @@ kp_status kp_gen_new(kp_gen **out, const kp_tok_vocab *v, const int32_t *prompt,
                      const kp_gen_params *p, kp_error *err);
 void kp_gen_free(kp_gen *g); /* NULL is a no-op */
 
+/* From the next step on, each step reports its token's log-probabilities
+ * and those of the top_n (at most KP_LOGPROBS_MAX) most likely tokens in
+ * kp_gen_out.lp (top_n < 0: off, the default). */
+void kp_gen_set_logprobs(kp_gen *g, int32_t top_n);
+
 /* What one step did. */
 typedef struct {
     int32_t token;      /* the sampled token, appended to the tokens; -1: none */
@@ -97,6 +102,10 @@ typedef struct {
     size_t len;
     kp_finish finish;   /* KP_FINISH_NONE: decode token and step again */
     kp_gen_cause cause;
+    const kp_token_logprobs *lp; /* with logprobs and a sampled token: its log-probabilities in the
+                                    distribution the sampler drew from (kp_sampler_sample_lp: after
+                                    whatever was done to the logits, penalties, truncation and
+                                    temperature); valid until the next call; else NULL */
 } kp_gen_out;
 
 /* Samples the next token from logits (n_vocab floats: the newest

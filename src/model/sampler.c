@@ -193,18 +193,14 @@ static int32_t draw(kp_sampler *s, int32_t m, float mx) {
     return s->c[m - 1].id;
 }
 
-int32_t kp_sampler_sample(kp_sampler *s, const float *logits) {
+/* The truncation samplers on the candidates (penalties applied, s->c
+ * filled): top-k, then top-p and min-p on the temperature-1 softmax. Leaves
+ * the m survivors in s->c[0..m) (sorted best first, except when nothing
+ * truncates: then every candidate survives in id order) and their largest
+ * logit in *mx. */
+static int32_t keep_survivors(kp_sampler *s, const float *logits, bool pen, float *mx_out) {
     const kp_sampler_params *p = &s->p;
     int32_t n = s->n_vocab;
-    bool pen = penalties_on(p) && s->hist_len > 0;
-    if (!pen && p->temp <= 0) return kp_argmax(logits, n);
-    fill_candidates(s, logits, pen);
-    if (p->temp <= 0) {
-        int32_t best = 0;
-        for (int32_t i = 1; i < n; i++)
-            if (s->c[i].logit > s->c[best].logit) best = i;
-        return best;
-    }
     int32_t m = n;
     float mx;
     if (p->top_k > 0 && p->top_k < n) {
@@ -222,7 +218,8 @@ int32_t kp_sampler_sample(kp_sampler *s, const float *logits) {
             if (s->c[i].logit > mx) mx = s->c[i].logit;
         if (p->top_p >= 1.0f && p->min_p <= 0) {
             /* everything survives: draw over the ids in any fixed order, no sort */
-            return draw(s, n, mx);
+            *mx_out = mx;
+            return n;
         }
         double sum = 0;
         for (int32_t i = 0; i < n; i++) sum += expf(s->c[i].logit - mx);
@@ -244,5 +241,76 @@ int32_t kp_sampler_sample(kp_sampler *s, const float *logits) {
             fill_candidates(s, logits, pen); /* select_top dropped the rest */
         }
     }
+    *mx_out = mx;
+    return m;
+}
+
+/* The chain; *m_out the survivors left in s->c[0..m) with their largest
+ * logit *mx_out (0 for the greedy paths, which fill nothing or all). */
+static int32_t sample(kp_sampler *s, const float *logits, int32_t *m_out, float *mx_out) {
+    const kp_sampler_params *p = &s->p;
+    int32_t n = s->n_vocab;
+    bool pen = penalties_on(p) && s->hist_len > 0;
+    *m_out = 0;
+    if (!pen && p->temp <= 0) return kp_argmax(logits, n);
+    fill_candidates(s, logits, pen);
+    if (p->temp <= 0) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < n; i++)
+            if (s->c[i].logit > s->c[best].logit) best = i;
+        return best;
+    }
+    float mx;
+    int32_t m = keep_survivors(s, logits, pen, &mx);
+    *m_out = m;
+    *mx_out = mx;
     return draw(s, m, mx);
+}
+
+int32_t kp_sampler_sample(kp_sampler *s, const float *logits) {
+    int32_t m;
+    float mx;
+    return sample(s, logits, &m, &mx);
+}
+
+/* log p of the survivors c[0..m) at temperature t: (logit - mx) / t - log sum. */
+static double log_sum(const cand *c, int32_t m, float mx, float t) {
+    double sum = 0;
+    for (int32_t i = 0; i < m; i++) sum += exp(((double)c[i].logit - mx) / t);
+    return log(sum);
+}
+
+int32_t kp_sampler_sample_lp(kp_sampler *s, const float *logits, int32_t n_top, kp_token_logprobs *lp) {
+    int32_t m;
+    float mx;
+    int32_t tok = sample(s, logits, &m, &mx);
+    float t = s->p.temp;
+    if (t <= 0) { /* greedy: the distribution of temperature 1 after the same truncation */
+        t = 1.0f;
+        bool pen = penalties_on(&s->p) && s->hist_len > 0;
+        fill_candidates(s, logits, pen);
+        m = keep_survivors(s, logits, pen, &mx);
+    }
+    double ls = log_sum(s->c, m, mx, t);
+    lp->token = tok;
+    lp->logprob = -INFINITY;
+    for (int32_t i = 0; i < m; i++)
+        if (s->c[i].id == tok) {
+            lp->logprob = (float)(((double)s->c[i].logit - mx) / t - ls);
+            break;
+        }
+    if (n_top > KP_LOGPROBS_MAX) n_top = KP_LOGPROBS_MAX;
+    if (n_top > m) n_top = m;
+    lp->n_top = 0;
+    if (n_top <= 0) return tok;
+    select_top(s->c, m, n_top);
+    qsort(s->c, (size_t)n_top, sizeof(cand), cand_desc);
+    for (int32_t i = 0; i < n_top; i++) {
+        double l = ((double)s->c[i].logit - mx) / t - ls;
+        if (!isfinite(l)) break; /* probability 0 (a masked token): not listed */
+        lp->top_token[i] = s->c[i].id;
+        lp->top_logprob[i] = (float)l;
+        lp->n_top = (uint32_t)i + 1;
+    }
+    return tok;
 }

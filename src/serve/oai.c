@@ -14,6 +14,9 @@
  */
 #include "serve/oai.h"
 
+#include "base/unicode.h"
+#include "tok/tok.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -154,12 +157,11 @@ static bool parse_stop(const json_t *v, kp_oai_request *r, kp_oai_error *e) {
 /* Fields OpenAI defines that kvpin accepts at their neutral value only. */
 static bool neutral(const char *k, const json_t *v, bool chat, kp_oai_error *e, bool *known) {
     *known = true;
-    if (!strcmp(k, "logprobs") || !strcmp(k, "echo") || !strcmp(k, "store")) {
+    if (!strcmp(k, "echo") || !strcmp(k, "store")) {
         if (json_is_null(v) || json_is_false(v)) return true;
-        if (!strcmp(k, "logprobs") && json_is_integer(v) && json_integer_value(v) == 0) return true;
         return BAD(e, k, "%s is not supported by kvpin", k);
     }
-    if (!strcmp(k, "top_logprobs") || !strcmp(k, "best_of") || !strcmp(k, "suffix")) {
+    if (!strcmp(k, "top_logprobs") || !strcmp(k, "best_of") || !strcmp(k, "suffix")) { /* chat's top_logprobs: above */
         if (json_is_null(v) || (!strcmp(k, "best_of") && json_is_integer(v) && json_integer_value(v) == 1) ||
             (!strcmp(k, "top_logprobs") && json_is_integer(v) && json_integer_value(v) == 0))
             return true;
@@ -212,7 +214,8 @@ bool kp_oai_parse(const char *body, size_t len, bool chat, kp_oai_request *r, kp
     r->sp.min_p = 0.0f;
     r->root = kp_oai_parse_object(body, len, e);
     if (!r->root) return false;
-    bool have_prompt = false;
+    bool have_prompt = false, top_set = false;
+    r->n = 1;
     const char *k;
     json_t *v;
     json_object_foreach(r->root, k, v) {
@@ -283,8 +286,22 @@ bool kp_oai_parse(const char *body, size_t len, bool chat, kp_oai_request *r, kp
             }
         } else if (!strcmp(k, "n")) {
             if (json_is_null(v)) continue;
-            if ((ok = get_count(v, k, 1, 1 << 20, &i, e)) && i != 1)
-                ok = BAD(e, k, "n must be 1: kvpin returns one choice per request");
+            if ((ok = get_count(v, k, 1, KP_OAI_MAX_N, &i, e))) r->n = (uint32_t)i;
+        } else if (!strcmp(k, "logprobs")) {
+            if (json_is_null(v) || json_is_false(v)) continue;
+            if (chat) {
+                if (!json_is_true(v)) ok = BAD(e, k, "logprobs must be true or false");
+                r->logprobs = true;
+            } else if ((ok = get_count(v, k, 0, 5, &i, e))) { /* the legacy shape: how many top tokens */
+                r->logprobs = true;
+                r->top_logprobs = (uint32_t)i;
+            }
+        } else if (chat && !strcmp(k, "top_logprobs")) {
+            if (json_is_null(v)) continue;
+            if ((ok = get_count(v, k, 0, KP_LOGPROBS_MAX, &i, e))) {
+                r->top_logprobs = (uint32_t)i;
+                top_set = true;
+            }
         } else if (!strcmp(k, "ignore_eos")) {
             ok = get_bool(v, k, &r->ignore_eos, e);
         } else if (!chat && !strcmp(k, "parse_special")) {
@@ -307,6 +324,10 @@ bool kp_oai_parse(const char *body, size_t len, bool chat, kp_oai_request *r, kp
     if (!chat && !have_prompt) {
         kp_oai_request_free(r);
         return BAD(e, "prompt", "prompt is required");
+    }
+    if (chat && top_set && !r->logprobs && r->top_logprobs > 0) {
+        kp_oai_request_free(r);
+        return BAD(e, "top_logprobs", "top_logprobs needs logprobs: true");
     }
     if (r->include_usage && !r->stream) {
         kp_oai_request_free(r);
@@ -384,6 +405,76 @@ json_t *kp_oai_cache_json(const kp_eng_report *r, const kp_doctor_report *d) {
     }
     json_object_set_new(o, "advice", advice[0] ? json_string(advice) : json_null());
     return o;
+}
+
+/* A JSON string of bytes[0..n) that may not be valid UTF-8 (a piece of a
+ * character): the bytes that break it become U+FFFD. */
+static json_t *piece_string(const char *b, size_t n) {
+    json_t *j = json_stringn(b, n);
+    if (j) return j;
+    uint8_t *t = malloc(3 * n + 1);
+    if (!t) return json_string("");
+    size_t m = kp_unicode_utf8_repair((const uint8_t *)b, n, t);
+    j = json_stringn((const char *)t, m);
+    free(t);
+    return j ? j : json_string("");
+}
+
+static json_t *bytes_json(const char *b, size_t n) {
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(a, json_integer((unsigned char)b[i]));
+    return a;
+}
+
+static const char *piece(const kp_tok_vocab *v, int32_t id, size_t *len) {
+    const char *p = kp_tok_piece_view(v, id, false, len);
+    if (!p) *len = 0;
+    return p ? p : "";
+}
+
+bool kp_oai_logprobs_append(const kp_tok_vocab *v, bool chat, const kp_token_logprobs *lp, uint32_t n,
+                            json_t *out, size_t *text_off) {
+    json_t *content = chat ? json_object_get(out, "content") : NULL;
+    json_t *tokens = json_object_get(out, "tokens"), *tlp = json_object_get(out, "token_logprobs"),
+           *top = json_object_get(out, "top_logprobs"), *off = json_object_get(out, "text_offset");
+    if (chat ? !content : !tokens || !tlp || !top || !off) return false;
+    for (uint32_t i = 0; i < n; i++) {
+        size_t len;
+        const char *t = piece(v, lp[i].token, &len);
+        if (chat) {
+            json_t *tops = json_array();
+            for (uint32_t k = 0; k < lp[i].n_top; k++) {
+                size_t l2;
+                const char *t2 = piece(v, lp[i].top_token[k], &l2);
+                json_array_append_new(tops, json_pack("{s:o, s:f, s:o}", "token", piece_string(t2, l2), "logprob",
+                                                      (double)lp[i].top_logprob[k], "bytes", bytes_json(t2, l2)));
+            }
+            json_array_append_new(content, json_pack("{s:o, s:f, s:o, s:o}", "token", piece_string(t, len), "logprob",
+                                                     (double)lp[i].logprob, "bytes", bytes_json(t, len),
+                                                     "top_logprobs", tops));
+        } else {
+            json_t *tops = json_object();
+            for (uint32_t k = 0; k < lp[i].n_top; k++) {
+                size_t l2;
+                const char *t2 = piece(v, lp[i].top_token[k], &l2);
+                json_t *key = piece_string(t2, l2);
+                if (!json_object_get(tops, json_string_value(key))) /* two tokens of one text: the likelier */
+                    json_object_set_new(tops, json_string_value(key), json_real((double)lp[i].top_logprob[k]));
+                json_decref(key);
+            }
+            json_array_append_new(tokens, piece_string(t, len));
+            json_array_append_new(tlp, json_real((double)lp[i].logprob));
+            json_array_append_new(top, tops);
+            json_array_append_new(off, json_integer((json_int_t)*text_off));
+        }
+        *text_off += len;
+    }
+    return true;
+}
+
+json_t *kp_oai_logprobs_new(bool chat) {
+    if (chat) return json_pack("{s:[], s:n}", "content", "refusal");
+    return json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
 }
 
 const char *kp_oai_finish_name(kp_finish finish) {

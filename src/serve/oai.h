@@ -17,13 +17,13 @@
  * temperature [0,2], top_p [0,1], top_k >= 0, min_p [0,1], seed,
  * presence_penalty and frequency_penalty [-2,2], repeat_penalty (0,10],
  * stop (a string or up to 16 strings), stream, stream_options.include_usage,
- * n (1 only), user, ignore_eos, parse_special (completions: control-token
+ * n (1..KP_OAI_MAX_N choices), logprobs (completions: an integer 0..5, the
+ * top tokens listed; chat: true/false, with top_logprobs 0..20), user, ignore_eos, parse_special (completions: control-token
  * texts such as "</s>" in the prompt become those tokens; off by default,
  * so text is text), return_token_ids (the prompt's and the
  * completion's token ids in the choice, so a client can resend a turn as
  * ids and reuse the cache to the last token). Fields OpenAI defines that kvpin does not
- * act on are accepted only at their neutral value (logprobs false/null,
- * echo false, best_of 1, logit_bias {} or null, tool_choice "auto"/"none"/
+ * act on are accepted only at their neutral value (echo false, best_of 1, logit_bias {} or null, tool_choice "auto"/"none"/
  * null, parallel_tool_calls, response_format {"type":"text"}, metadata,
  * store false); any other field is an error ("unknown field").
  * tool_choice "none" leaves tools NULL: the tools are not rendered.
@@ -40,8 +40,10 @@
 #include "model/sampler.h"
 #include "serve/scheduler.h"
 #include "base/status.h"
+#include "tok/tok.h"
 
 #define KP_OAI_MAX_STOPS 16
+#define KP_OAI_MAX_N 16 /* choices per request at most (and at most the server's parallel sequences) */
 
 /* An error for the client: HTTP status, OpenAI type/code and the field. */
 typedef struct {
@@ -76,6 +78,9 @@ typedef struct {
     int n_stops;
     bool stream, include_usage, ignore_eos, return_token_ids;
     bool parse_special;       /* completions: control-token texts in the prompt are tokens */
+    uint32_t n;               /* choices (1..KP_OAI_MAX_N) */
+    bool logprobs;            /* report the generated tokens' log-probabilities */
+    uint32_t top_logprobs;    /* ... with this many most likely tokens each */
     const char *model;        /* into root, NULL when absent */
 } kp_oai_request;
 
@@ -100,6 +105,24 @@ json_t *kp_oai_cache_json(const kp_eng_report *r, const kp_doctor_report *d);
 
 /* The usage object with prompt_tokens_details.cached_tokens. */
 json_t *kp_oai_usage_json(uint32_t prompt, uint32_t cached, uint32_t completion);
+
+/* An empty logprobs object of a choice: chat {"content": [], "refusal":
+ * null}; completions (OpenAI's legacy shape) {"tokens": [],
+ * "token_logprobs": [], "top_logprobs": [], "text_offset": []}. */
+json_t *kp_oai_logprobs_new(bool chat);
+
+/* Appends the entries of lp[0..n) (kp_sreq_update.lp) to out (made by
+ * kp_oai_logprobs_new with the same chat): chat content[] items {token,
+ * logprob, bytes, top_logprobs: [{token, logprob, bytes}]}; completions
+ * one entry per token in each list, top_logprobs an object {token text:
+ * logprob} (two top tokens of the same text: the likelier one), text_offset
+ * the byte offset of the token's text in the choice's text. Token texts are
+ * the pieces of v (kp_tok_piece_view): a piece that is part of a UTF-8
+ * character has its broken bytes as U+FFFD in `token`, and its raw bytes in
+ * `bytes`. *text_off: the offset of the next token, advanced by each
+ * piece's length. false when out is not of that shape. */
+bool kp_oai_logprobs_append(const kp_tok_vocab *v, bool chat, const kp_token_logprobs *lp, uint32_t n,
+                            json_t *out, size_t *text_off);
 
 /* "stop", "length" for the scheduler's finish reasons. */
 const char *kp_oai_finish_name(kp_finish finish);

@@ -92,6 +92,26 @@
  * their place at the queue's front, so they resume before anything that
  * arrived after them.
  *
+ * Choices (kp_sched_submit_n). The n requests of one call share a group
+ * id and sit side by side in the queue. When the first (the leader) is at
+ * the head, it is admitted with the followers right behind it only when
+ * there are slots for all and the KV rule holds with one block per
+ * follower for its copy of the leader's partial last prompt block. The
+ * followers wait in the running table (no step item, `lead` set) until
+ * the step in which the leader's prefill ends; then each gets
+ * kp_eng_fork of the leader's sequence (whole blocks shared, the partial
+ * one copied) and a copy of its logits, and samples with its own seed:
+ *
+ *   running | L prefilling | F1 waiting | F2 waiting |   --step-->
+ *           | L sampling   | F1 = fork(L), sampling | F2 = fork(L), sampling |
+ *
+ * A leader that leaves before its prefill ends (finished, failed,
+ * preempted) sends its waiting followers back to the queue, counted as
+ * preemptions; a follower that reaches the queue's head on its own is an
+ * ordinary request (prefilled through the prefix cache). Followers count
+ * their prompt tokens as cached in the stats, so prompt minus cached is
+ * what was computed.
+ *
  * Output fields of a request (text, usage, report, finish) are written by
  * the engine thread and read by the owner, both under the request's own
  * mutex; `cancel` is an atomic flag. A request has two references (owner,
@@ -149,7 +169,32 @@ struct kp_sreq {
     bool has_doctor;
     double queue_ms, ttft_ms;
     uint32_t preemptions;
+    kp_buf lp;           /* kp_token_logprobs records not yet waited for */
+    /* n choices (kp_sched_submit_n) */
+    uint64_t group;      /* the choices' common id; 0: a request alone */
+    bool follower;       /* a choice > 0: admitted with the first, forks from its prefill */
+    kp_sreq *lead;       /* engine thread: running, waiting for lead's prefill to fork from it */
+    uint32_t n_wait;     /* engine thread: followers waiting on this one's prefill */
+    struct sgroup *grp;  /* wakes kp_sreq_wait_any; NULL alone */
 };
+
+/* What the choices of one kp_sched_submit_n share: a tick counter under a
+ * mutex that every change of any of them advances (kp_sreq_wait_any
+ * sleeps on it). Freed by the last choice. */
+typedef struct sgroup {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t ticks;
+    atomic_int refs;
+} sgroup;
+
+static void group_poke(kp_sreq *r) {
+    if (!r->grp) return;
+    pthread_mutex_lock(&r->grp->mu);
+    r->grp->ticks++;
+    pthread_cond_broadcast(&r->grp->cv);
+    pthread_mutex_unlock(&r->grp->mu);
+}
 
 typedef enum { OP_PROBE, OP_PIN, OP_UNPIN } op_kind;
 
@@ -195,6 +240,7 @@ struct kp_sched {
     kp_sreq *ended;       /* requests that ended this iteration, engine thread */
     kp_sreq **full;       /* [parallel]: step items that found no KV block, engine thread */
     uint32_t kv_positions; /* the budget's blocks x block size */
+    uint64_t next_group;   /* ids of kp_sched_submit_n groups, under mu */
     uint64_t kv_budget, kv_per_token;
     kp_crep *crep;        /* engine thread */
     kp_sched_stats st;    /* under mu */
@@ -227,6 +273,12 @@ static void sreq_free(kp_sreq *r) {
     free(r->text);
     free(r->logits);
     kp_buf_free(&r->out);
+    kp_buf_free(&r->lp);
+    if (r->grp && atomic_fetch_sub(&r->grp->refs, 1) == 1) {
+        pthread_mutex_destroy(&r->grp->mu);
+        pthread_cond_destroy(&r->grp->cv);
+        free(r->grp);
+    }
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -246,9 +298,8 @@ void kp_sreq_release(kp_sreq *r) {
     sreq_unref(r);
 }
 
-bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u) {
-    memset(u, 0, sizeof *u);
-    pthread_mutex_lock(&r->mu);
+/* The CLOCK_REALTIME time timeout_ms (> 0) from now, for a timed wait. */
+static struct timespec deadline(int timeout_ms) {
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     if (timeout_ms > 0) {
@@ -256,8 +307,15 @@ bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u) {
         until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
         if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
     }
+    return until;
+}
+
+bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u) {
+    memset(u, 0, sizeof *u);
+    pthread_mutex_lock(&r->mu);
+    struct timespec until = deadline(timeout_ms);
     for (;;) {
-        bool news = r->out.len > 0 || r->new_tokens > 0 || (r->started && !r->started_seen) ||
+        bool news = r->out.len > 0 || r->lp.len > 0 || r->new_tokens > 0 || (r->started && !r->started_seen) ||
                     (r->finish != KP_FINISH_NONE && !r->finish_seen);
         if (news || timeout_ms == 0) break;
         if (timeout_ms < 0)
@@ -265,12 +323,17 @@ bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u) {
         else if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != 0)
             break;
     }
-    bool changed = r->out.len > 0 || r->new_tokens > 0 || (r->started && !r->started_seen) ||
+    bool changed = r->out.len > 0 || r->lp.len > 0 || r->new_tokens > 0 || (r->started && !r->started_seen) ||
                    (r->finish != KP_FINISH_NONE && !r->finish_seen);
     if (r->out.len > 0) {
         u->text = r->out.data; /* ownership moves to the caller */
         u->len = r->out.len;
         memset(&r->out, 0, sizeof r->out);
+    }
+    if (r->lp.len > 0) {
+        u->lp = (kp_token_logprobs *)(void *)r->lp.data; /* ownership moves to the caller */
+        u->n_lp = (uint32_t)(r->lp.len / sizeof *u->lp);
+        memset(&r->lp, 0, sizeof r->lp);
     }
     u->new_tokens = r->new_tokens;
     r->new_tokens = 0;
@@ -294,13 +357,50 @@ bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u) {
     return changed;
 }
 
-/* Appends released text (engine thread). */
-static void emit(kp_sreq *r, const char *text, size_t n, bool token) {
+/* Appends released text and a token's log-probabilities (lp may be NULL)
+ * (engine thread). */
+static void emit_lp(kp_sreq *r, const char *text, size_t n, bool token, const kp_token_logprobs *lp) {
     pthread_mutex_lock(&r->mu);
     if (n > 0 && !kp_buf_put(&r->out, text, n)) r->out.oom = false; /* out of memory: this text is lost */
+    if (lp && !kp_buf_put(&r->lp, lp, sizeof *lp)) r->lp.oom = false; /* ... these logprobs */
     if (token) r->new_tokens++;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
+    group_poke(r);
+}
+
+static void emit(kp_sreq *r, const char *text, size_t n, bool token) { emit_lp(r, text, n, token, NULL); }
+
+bool kp_sreq_wait_any(kp_sreq *const *rs, uint32_t n, int timeout_ms, uint32_t *which, kp_sreq_update *u) {
+    sgroup *g = n > 1 ? rs[0]->grp : NULL;
+    if (!g) {
+        *which = 0;
+        return kp_sreq_wait(rs[0], timeout_ms, u);
+    }
+    struct timespec until = deadline(timeout_ms);
+    for (;;) {
+        pthread_mutex_lock(&g->mu);
+        uint64_t t0 = g->ticks;
+        pthread_mutex_unlock(&g->mu);
+        for (uint32_t k = 1; k <= n; k++) {
+            uint32_t j = (*which + k) % n;
+            if (kp_sreq_wait(rs[j], 0, u)) {
+                *which = j;
+                return true;
+            }
+        }
+        if (timeout_ms == 0) return false;
+        pthread_mutex_lock(&g->mu);
+        bool timed_out = false;
+        while (g->ticks == t0 && !timed_out) {
+            if (timeout_ms < 0)
+                pthread_cond_wait(&g->cv, &g->mu);
+            else
+                timed_out = pthread_cond_timedwait(&g->cv, &g->mu, &until) != 0;
+        }
+        pthread_mutex_unlock(&g->mu);
+        if (timed_out) return false;
+    }
 }
 
 kp_status kp_sched_fit(const kp_sched *s, uint32_t n_prompt, uint32_t max_tokens, bool max_tokens_set,
@@ -328,13 +428,11 @@ kp_status kp_sched_fit(const kp_sched *s, uint32_t n_prompt, uint32_t max_tokens
 
 uint32_t kp_sched_kv_positions(const kp_sched *s) { return s->kv_positions; }
 
-kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, kp_error *err) {
+/* A request of p's with max_tokens and seed, not queued yet (one reference
+ * for the owner, one for the scheduler). */
+static kp_status sreq_make(kp_sched *s, const kp_sreq_params *p, uint32_t max_tokens, uint64_t seed,
+                           int32_t logprobs, kp_sreq **out, kp_error *err) {
     *out = NULL;
-    uint32_t max_tokens = p->max_tokens;
-    if (p->n_prompt <= s->max_pos) { /* longer: kp_gen_new says so */
-        kp_status st = kp_sched_fit(s, p->n_prompt, p->max_tokens, p->max_tokens_set, &max_tokens, err);
-        if (st != KP_OK) return st;
-    }
     kp_sreq *r = calloc(1, sizeof *r);
     if (!r) return kp_fail(err, KP_ENOMEM, "out of memory for a request");
     pthread_mutex_init(&r->mu, NULL);
@@ -344,11 +442,13 @@ kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, k
     /* checks the prompt (empty, longer than the context, ids) and the sampling parameters */
     kp_gen_params gp = {p->sp, max_tokens, s->max_pos, (int32_t)s->n_vocab, p->ignore_eos, p->stops, p->n_stops,
                         false};
+    gp.sp.seed = seed;
     kp_status st = kp_gen_new(&r->gen, s->v, p->prompt, p->n_prompt, &gp, err);
     if (st != KP_OK) {
         sreq_free(r);
         return st;
     }
+    kp_gen_set_logprobs(r->gen, logprobs);
     r->logits = malloc((size_t)s->n_vocab * sizeof *r->logits);
     if (!r->logits) {
         sreq_free(r);
@@ -365,25 +465,94 @@ kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, k
     }
     r->n_prompt = r->n_fill = p->n_prompt;
     r->t_submit = now_s();
+    *out = r;
+    return KP_OK;
+}
+
+kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, kp_error *err) {
+    return kp_sched_submit_n(s, p, 1, -1, out, err);
+}
+
+kp_status kp_sched_submit_n(kp_sched *s, const kp_sreq_params *p, uint32_t n, int32_t logprobs, kp_sreq **out,
+                            kp_error *err) {
+    for (uint32_t i = 0; i < n; i++) out[i] = NULL;
+    if (n == 0 || n > s->cfg.parallel)
+        return kp_fail(err, KP_EINVAL, "n is %u: a request has 1 to %u choices (the server's parallel sequences)", n,
+                       s->cfg.parallel);
+    if (logprobs > KP_LOGPROBS_MAX)
+        return kp_fail(err, KP_EINVAL, "top_logprobs is %d, more than %d", logprobs, KP_LOGPROBS_MAX);
+    uint32_t max_tokens = p->max_tokens;
+    if (p->n_prompt <= s->max_pos) { /* longer: kp_gen_new says so */
+        kp_status st = kp_sched_fit(s, p->n_prompt, p->max_tokens, p->max_tokens_set, &max_tokens, err);
+        if (st != KP_OK) return st;
+        /* n choices: the prompt once, the generated positions of each */
+        uint64_t gen = max_tokens ? max_tokens - 1 : 0;
+        if (p->n_prompt + gen > s->max_pos) gen = s->max_pos - p->n_prompt;
+        uint64_t q = s->kv_positions, need = p->n_prompt + gen * n;
+        if (n > 1 && need > q) {
+            if (p->max_tokens_set)
+                return kp_fail(err, KP_ERANGE,
+                               "the prompt's %u tokens and %u choices of max_tokens %u need %llu positions of KV "
+                               "cache, more than the %llu positions the KV budget holds; lower n or max_tokens",
+                               p->n_prompt, n, max_tokens, (unsigned long long)need, (unsigned long long)q);
+            max_tokens = (uint32_t)((q - p->n_prompt) / n + 1); /* n_prompt + n (max - 1) <= q */
+        }
+    }
+    kp_status st = KP_OK;
+    sgroup *g = NULL;
+    if (n > 1) {
+        if (!(g = calloc(1, sizeof *g))) return kp_fail(err, KP_ENOMEM, "out of memory for a request");
+        pthread_mutex_init(&g->mu, NULL);
+        pthread_cond_init(&g->cv, NULL);
+        atomic_init(&g->refs, 0);
+    }
+    for (uint32_t i = 0; i < n && st == KP_OK; i++) {
+        st = sreq_make(s, p, max_tokens, p->sp.seed + i, logprobs, &out[i], err);
+        if (st == KP_OK && g) {
+            out[i]->grp = g;
+            atomic_fetch_add(&g->refs, 1);
+            out[i]->follower = i > 0;
+        }
+    }
+    if (st != KP_OK) {
+        bool shared = g && atomic_load(&g->refs) > 0; /* then the last sreq_free frees g */
+        for (uint32_t i = 0; i < n; i++) {
+            if (out[i]) sreq_free(out[i]);
+            out[i] = NULL;
+        }
+        if (g && !shared) {
+            pthread_mutex_destroy(&g->mu);
+            pthread_cond_destroy(&g->cv);
+            free(g);
+        }
+        return st;
+    }
     pthread_mutex_lock(&s->mu);
     if (s->stop || s->n_queued >= s->cfg.queue_max) {
         bool stopping = s->stop;
         pthread_mutex_unlock(&s->mu);
-        sreq_free(r);
+        for (uint32_t i = 0; i < n; i++) {
+            sreq_free(out[i]);
+            out[i] = NULL;
+        }
         return stopping ? kp_fail(err, KP_EFULL, "the server is shutting down")
                         : kp_fail(err, KP_EFULL, "%u requests are already waiting; try again shortly",
                                   s->cfg.queue_max);
     }
-    if (s->qtail)
-        s->qtail->next = r;
-    else
-        s->qhead = r;
-    s->qtail = r;
-    s->n_queued++;
+    uint64_t group = n > 1 ? ++s->next_group : 0;
+    for (uint32_t i = 0; i < n; i++) { /* the choices side by side in the queue */
+        kp_sreq *r = out[i];
+        r->group = group;
+        if (s->qtail)
+            s->qtail->next = r;
+        else
+            s->qhead = r;
+        s->qtail = r;
+        s->n_queued++;
+    }
     s->st.queued = s->n_queued;
     pthread_cond_signal(&s->work);
     pthread_mutex_unlock(&s->mu);
-    *out = r;
     return KP_OK;
 }
 
@@ -416,10 +585,30 @@ static void publish(kp_sched *s, bool now_) {
     s->last_publish = t;
 }
 
+static void preempt(kp_sched *s, kp_sreq *r);
+static bool on_logits(kp_sched *s, kp_sreq *r);
+
+/* r leaves the running table: if it waited for a leader's prefill, the
+ * leader no longer counts it; if followers waited for r's prefill, they
+ * go back to the queue (to be prefilled on their own). Engine thread. */
+static void leave_group(kp_sched *s, kp_sreq *r) {
+    if (r->lead) {
+        r->lead->n_wait--;
+        r->lead = NULL;
+    }
+    for (uint32_t i = 0; r->n_wait > 0 && i < s->n_running; i++) {
+        kp_sreq *q = s->running[i];
+        if (!q || q->lead != r) continue;
+        s->running[i] = NULL;
+        preempt(s, q); /* drops q->lead, r->n_wait */
+    }
+}
+
 /* Ends a request on the engine side: indexes what it computed, releases
  * its sequence, counts it; the owner hears of it in deliver(), after the
  * snapshot shows the cache it left. Engine thread. */
 static void finish(kp_sched *s, kp_sreq *r, kp_finish why, kp_status status, const kp_error *err) {
+    leave_group(s, r);
     kp_gen_out o; /* ended from here (not by the gen): LENGTH releases held-back text */
     kp_gen_stop(r->gen, why, &o);
     if (o.len) emit(r, o.text, o.len, false);
@@ -458,6 +647,7 @@ static void deliver(kp_sched *s) {
         r->err = r->why_err;
         pthread_cond_broadcast(&r->cv);
         pthread_mutex_unlock(&r->mu);
+        group_poke(r);
         sreq_unref(r);
     }
 }
@@ -476,14 +666,19 @@ static void finish_no_room(kp_sched *s, kp_sreq *r) {
     finish(s, r, KP_FINISH_LENGTH, KP_OK, &note);
 }
 
-/* Whether the queue's head r may be admitted now: the KV rule of the top
- * comment. Engine thread. */
-static bool kv_room(kp_sched *s, kp_sreq *r) {
+/* Whether the queue's head r, and `followers` choices of it that fork
+ * from its prefill, may be admitted now: the KV rule of the top comment.
+ * Engine thread. */
+static bool kv_room(kp_sched *s, kp_sreq *r, uint32_t followers) {
     uint64_t pending = s->n_running; /* a block per running sequence */
     for (uint32_t i = 0; i < s->n_running; i++) {
         kp_sreq *q = s->running[i];
-        if (q->fed < q->n_fill) pending += kp_eng_seq_blocks_missing(s->e, &q->seq, q->n_fill);
+        if (q->lead) /* a follower takes a copy of the leader's partial block */
+            pending += kp_eng_fork_blocks(s->e, q->lead->n_fill);
+        else if (q->fed < q->n_fill)
+            pending += kp_eng_seq_blocks_missing(s->e, &q->seq, q->n_fill);
     }
+    pending += (uint64_t)followers * kp_eng_fork_blocks(s->e, r->n_fill);
     kp_eng_room room;
     kp_error err;
     if (kp_eng_room_for(s->e, kp_gen_tokens(r->gen), r->n_fill, s->n_running > 0, &room, &err) != KP_OK)
@@ -543,9 +738,81 @@ static bool admit(kp_sched *s, kp_sreq *r, bool no_room) {
     return true;
 }
 
+/* Takes follower f (a choice of lead's, nothing generated yet) into the
+ * running table beside lead: it waits for lead's prefill, then forks from
+ * it (fork_followers). false: it was cancelled instead. Engine thread. */
+static bool admit_follower(kp_sched *s, kp_sreq *f, kp_sreq *lead) {
+    f->t_admit = now_s();
+    f->t_kv = 0;
+    if (atomic_load(&f->cancel)) {
+        finish(s, f, KP_FINISH_CANCELLED, KP_OK, NULL);
+        return false;
+    }
+    f->fed = 0;
+    f->lead = lead;
+    lead->n_wait++;
+    return true;
+}
+
+/* The followers of r that directly follow it in the queue and may fork
+ * from its prefill (choices of the same group, nothing generated by any
+ * of them). Engine thread, the queue's head r. */
+static uint32_t queued_followers(kp_sched *s, kp_sreq *r) {
+    uint32_t k = 0;
+    if (!r->group || r->follower || kp_gen_n_generated(r->gen) > 0) return 0;
+    pthread_mutex_lock(&s->mu);
+    for (kp_sreq *f = r->next; f && f->group == r->group && f->follower && kp_gen_n_generated(f->gen) == 0;
+         f = f->next)
+        k++;
+    pthread_mutex_unlock(&s->mu);
+    return k;
+}
+
+/* Gives the followers waiting on r, whose prompt r just computed (r->logits
+ * holds its last position's), their sequences: a fork of r's
+ * (kp_eng_fork) and a copy of the logits; each then samples its first
+ * token. A follower whose fork finds no block goes back to the queue.
+ * Engine thread, in the step that ended r's prefill, before r samples. */
+static void fork_followers(kp_sched *s, kp_sreq *r) {
+    for (uint32_t i = 0; r->n_wait > 0 && i < s->n_running; i++) {
+        kp_sreq *q = s->running[i];
+        if (!q || q->lead != r) continue;
+        q->lead = NULL;
+        r->n_wait--;
+        kp_error err = {0};
+        if (kp_eng_fork(s->e, &r->seq, &q->seq, &err) != KP_OK) {
+            s->running[i] = NULL;
+            preempt(s, q);
+            continue;
+        }
+        s->dirty = true;
+        memcpy(q->logits, r->logits, (size_t)s->n_vocab * sizeof *q->logits);
+        q->fed = q->n_fill;
+        q->admitted = true;
+        kp_eng_report rep = r->report; /* the engine thread wrote it: no lock to read */
+        rep.reused_tokens = q->n_fill;
+        rep.computed_tokens = 0;
+        rep.evictions = 0;
+        rep.evicted_bytes = 0;
+        pthread_mutex_lock(&q->mu);
+        q->report = rep;
+        q->has_doctor = false;
+        q->queue_ms = (q->t_admit - q->t_submit) * 1e3;
+        pthread_mutex_unlock(&q->mu);
+        pthread_mutex_lock(&s->mu);
+        s->st.requests_started++;
+        s->st.prompt_tokens += q->n_prompt;
+        s->st.cached_tokens += q->n_prompt;
+        pthread_mutex_unlock(&s->mu);
+        if (on_logits(s, q)) s->running[i] = NULL;
+    }
+}
+
 /* Admits from the queue's head while a sequence slot is free and the KV
  * rule holds (FIFO: a head that must wait holds back everything behind
- * it). Engine thread. */
+ * it). The choices of one kp_sched_submit_n come in together: the first
+ * with the followers right behind it, when there are slots for all.
+ * Engine thread. */
 static void admit_queued(kp_sched *s) {
     bool waiting = false;
     while (s->n_running < s->cfg.parallel) {
@@ -553,8 +820,13 @@ static void admit_queued(kp_sched *s) {
         kp_sreq *r = s->qhead; /* only this thread unlinks the head: it stays ours */
         pthread_mutex_unlock(&s->mu);
         if (!r) break;
+        uint32_t k = queued_followers(s, r);
+        if (s->n_running + 1 + k > s->cfg.parallel) {
+            if (s->n_running > 0) break; /* the choices wait for slots for all of them */
+            k = s->cfg.parallel - 1;
+        }
         bool no_room = false;
-        if (!atomic_load(&r->cancel) && !kv_room(s, r)) {
+        if (!atomic_load(&r->cancel) && !kv_room(s, r, k)) {
             if (s->n_running > 0) { /* room comes back as running sequences grow no more, end or step aside */
                 if (r->t_kv == 0) r->t_kv = now_s();
                 waiting = true;
@@ -574,6 +846,26 @@ static void admit_queued(kp_sched *s) {
             s->running[s->n_running++] = r; /* only this thread grows it */
             s->st.running = s->n_running;
             pthread_mutex_unlock(&s->mu);
+            for (uint32_t j = 0; j < k; j++) {
+                pthread_mutex_lock(&s->mu);
+                kp_sreq *f = s->qhead;
+                bool ours = f && f->group == r->group && f->follower;
+                if (ours) {
+                    s->qhead = f->next;
+                    if (!s->qhead) s->qtail = NULL;
+                    s->n_queued--;
+                    s->st.queued = s->n_queued;
+                }
+                pthread_mutex_unlock(&s->mu);
+                if (!ours) break;
+                f->next = NULL;
+                if (admit_follower(s, f, r)) {
+                    pthread_mutex_lock(&s->mu);
+                    s->running[s->n_running++] = f;
+                    s->st.running = s->n_running;
+                    pthread_mutex_unlock(&s->mu);
+                }
+            }
         }
     }
     pthread_mutex_lock(&s->mu);
@@ -586,6 +878,7 @@ static void admit_queued(kp_sched *s) {
  * what it computed is indexed (a resume reuses whatever is still cached),
  * its sequence released; its gen stays as it is. Engine thread. */
 static void preempt(kp_sched *s, kp_sreq *r) {
+    leave_group(s, r);
     uint32_t len = kp_eng_seq_len(&r->seq), n_all = kp_gen_n_tokens(r->gen);
     kp_error err;
     kp_eng_finish(s->e, &r->seq, kp_gen_tokens(r->gen), len < n_all ? len : n_all, NULL, &err);
@@ -637,7 +930,8 @@ static bool on_logits(kp_sched *s, kp_sreq *r) {
         finish(s, r, KP_FINISH_ERROR, st, &err);
         return true;
     }
-    if (o.len || o.token >= 0) emit(r, o.text, o.len, o.token >= 0);
+    const kp_token_logprobs *lp = o.token >= 0 && o.cause != KP_GEN_EOG ? o.lp : NULL; /* EOG: not shown */
+    if (o.len || o.token >= 0) emit_lp(r, o.text, o.len, o.token >= 0, lp);
     if (o.finish != KP_FINISH_NONE) {
         finish(s, r, o.finish, KP_OK, NULL);
         return true;
@@ -688,11 +982,13 @@ static void step(kp_sched *s) {
     uint32_t ni = 0, budget = s->cfg.prefill_chunk, n_live = 0;
     for (uint32_t i = 0; i < s->n_running; i++) {
         kp_sreq *r = s->running[i];
+        if (!r) continue; /* a follower sent back when its leader left */
         if (atomic_load(&r->cancel)) {
             finish(s, r, KP_FINISH_CANCELLED, KP_OK, NULL);
             s->running[i] = NULL;
             continue;
         }
+        if (r->lead) continue; /* waits for its leader's prefill */
         n_live++;
         kp_eng_item *it = &s->items[ni];
         memset(it, 0, sizeof *it);
@@ -738,6 +1034,7 @@ static void step(kp_sched *s) {
             continue;
         }
         r->fed += it->n;
+        if (it->logits && r->n_wait > 0 && r->fed == r->n_fill) fork_followers(s, r);
         if (it->logits && on_logits(s, r)) s->running[slot] = NULL;
     }
     make_room(s, n_full, n_live);
@@ -853,7 +1150,8 @@ static void *loop(void *arg) {
         deliver(s);
     }
     /* shutting down: everything still here is cancelled, waiting operations fail */
-    for (uint32_t i = 0; i < s->n_running; i++) finish(s, s->running[i], KP_FINISH_CANCELLED, KP_OK, NULL);
+    for (uint32_t i = 0; i < s->n_running; i++)
+        if (s->running[i]) finish(s, s->running[i], KP_FINISH_CANCELLED, KP_OK, NULL);
     s->n_running = 0;
     pthread_mutex_lock(&s->mu);
     kp_sreq *q = s->qhead;

@@ -120,6 +120,27 @@ uint32_t kp_sched_kv_positions(const kp_sched *s);
  * may be preempted and resumed (kp_sreq_update.preemptions). */
 kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, kp_error *err);
 
+/* n choices of one prompt (1 <= n <= parallel, KP_EINVAL otherwise),
+ * logprobs >= 0: each update's lp carries the generated tokens'
+ * log-probabilities with the logprobs (<= KP_LOGPROBS_MAX, KP_EINVAL
+ * otherwise) most likely tokens each; < 0: none.
+ * queues n requests at once into out[0..n), choice i sampling with seed
+ * p->sp.seed + i (so choice i is the request with that seed alone), each
+ * the caller's to wait on and release like kp_sched_submit's. They are
+ * admitted together, when n sequence slots are free and the KV pool has
+ * room for the prompt once plus a block per choice; choice 0 prefills
+ * the prompt and the others wait for it, then fork from it (kp_eng_fork:
+ * the prompt's whole blocks are shared, the partial last one copied), so
+ * the prompt is computed and stored once. A choice's update then reports
+ * the whole prompt as cached (its report: reused = prompt_tokens). KV
+ * fit (kp_sched_fit) counts the prompt once and max_tokens per choice.
+ * If choice 0 leaves before its prefill ends (preempted, failed), the
+ * waiting choices go back to the queue and are prefilled on their own,
+ * through the prefix cache. Errors as kp_sched_submit; on error nothing
+ * is queued and out[] is NULL. */
+kp_status kp_sched_submit_n(kp_sched *s, const kp_sreq_params *p, uint32_t n, int32_t logprobs, kp_sreq **out,
+                            kp_error *err);
+
 /* What happened since the last kp_sreq_wait. */
 typedef struct {
     char *text;              /* new released text (malloc'd, caller frees; NULL if none) */
@@ -142,6 +163,11 @@ typedef struct {
      * generated ones (an end-of-generation token included); owned by the
      * request, valid until kp_sreq_release */
     const int32_t *ids;
+    /* with logprobs: an entry per token generated since the last wait, in
+     * order (malloc'd, caller frees; NULL if none); an end-of-generation
+     * token that ended the request has none (its text is not shown) */
+    kp_token_logprobs *lp;
+    uint32_t n_lp;
 } kp_sreq_update;
 
 /* Waits up to timeout_ms (< 0: forever) for new text or the end, then
@@ -149,6 +175,13 @@ typedef struct {
  * fills the rest. Returns true when anything changed (text, started,
  * finish), false on timeout. */
 bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u);
+
+/* kp_sreq_wait over the n choices rs[0..n) of one kp_sched_submit_n:
+ * waits up to timeout_ms (< 0: forever) until one of them has news, moves
+ * it into *u as kp_sreq_wait does and sets *which to its index. The
+ * search starts after the *which given (pass n - 1 to start at 0), so no
+ * choice starves the others. Returns false on timeout. */
+bool kp_sreq_wait_any(kp_sreq *const *rs, uint32_t n, int timeout_ms, uint32_t *which, kp_sreq_update *u);
 
 /* Asks the scheduler to stop the request (a client went away). The tokens
  * it computed stay cached. Safe to call more than once, and after the end. */

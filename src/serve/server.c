@@ -733,6 +733,385 @@ static void stream_free(void *cls) {
     free(st);
 }
 
+/* Answers 200 with the event stream that reader produces from cls (free_cb
+ * releases cls when the response ends; st is its stream, for the log line
+ * of a response that could not be made). */
+static enum MHD_Result sse_response(kp_server *s, struct MHD_Connection *c, conn *cn, MHD_ContentReaderCallback reader,
+                                    void *cls, MHD_ContentReaderFreeCallback free_cb, stream *st) {
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, reader, cls, free_cb);
+    if (!resp) {
+        st->log.status = 500;
+        st->log.code = "out_of_memory";
+        free_cb(cls);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "x-request-id", cn->log.id);
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    enum MHD_Result res = MHD_queue_response(c, 200, resp);
+    MHD_destroy_response(resp);
+    count_status(s, 200);
+    return res;
+}
+
+/* ---- n choices and logprobs ------------------------------------------------ *
+ *
+ * A request with n > 1 or logprobs goes through kp_sched_submit_n: n
+ * scheduler requests (choice i samples with seed + i), waited on together
+ * with kp_sreq_wait_any. The choices' text, logprobs and finish are kept
+ * per choice; usage counts the prompt once (choice 0's prompt and cached
+ * tokens) and sums the completions. Streaming: every chunk names its
+ * choice (`index`) and carries the logprobs of the tokens it brings; each
+ * choice gets its own finish chunk; usage (when asked) comes once, after
+ * the last choice ended. With tools, a streamed choice's text is held
+ * until it ends, then sent as content or tool calls. A failed choice
+ * fails the request; a client that leaves cancels every choice. */
+
+typedef struct {
+    kp_buf text;         /* the text so far (non-streaming, or streaming with tools) */
+    json_t *lp;          /* the logprobs object being built (non-streaming); NULL: none asked */
+    size_t lp_off;       /* text offset of the next token's logprob entry */
+    kp_sreq_update last; /* the last update (usage, report, ids, finish); no text or lp */
+} choice;
+
+typedef struct {
+    stream base; /* id, flags, the SSE bytes not yet sent, the log line; base.r is NULL */
+    kp_sreq *rs[KP_OAI_MAX_N];
+    choice ch[KP_OAI_MAX_N];
+    uint32_t n, which, n_over;
+    bool logprobs;
+} mstream;
+
+static void mstream_free_all(mstream *m) {
+    for (uint32_t i = 0; i < m->n; i++) {
+        kp_sreq_release(m->rs[i]);
+        kp_buf_free(&m->ch[i].text);
+        json_decref(m->ch[i].lp);
+    }
+    kp_buf_free(&m->base.out);
+    kp_buf_free(&m->base.full);
+    free(m);
+}
+
+static void cancel_all(mstream *m) {
+    for (uint32_t i = 0; i < m->n; i++) kp_sreq_cancel(m->rs[i]);
+}
+
+/* The usage of the whole request: the prompt once, the completions summed;
+ * *computed: the positions every choice's prefill computed together. */
+static json_t *choices_usage(const mstream *m, uint32_t *completion, uint32_t *computed) {
+    uint32_t done = 0, comp = 0;
+    for (uint32_t i = 0; i < m->n; i++) {
+        done += m->ch[i].last.completion_tokens;
+        comp += m->ch[i].last.report.computed_tokens;
+    }
+    if (completion) *completion = done;
+    if (computed) *computed = comp;
+    return kp_oai_usage_json(m->ch[0].last.prompt_tokens, m->ch[0].last.cached_tokens, done);
+}
+
+static json_t *choices_cache_json(const mstream *m) {
+    uint32_t computed;
+    json_decref(choices_usage(m, NULL, &computed));
+    json_t *j = gen_cache_json(&m->ch[0].last);
+    if (j) {
+        json_object_set_new(j, "choices", json_integer((json_int_t)m->n));
+        json_object_set_new(j, "choices_computed_tokens", json_integer((json_int_t)computed));
+    }
+    return j;
+}
+
+/* Moves update u of choice c in: text (when keep_text), logprobs into c->lp
+ * (when built here) or into *lp_out (a new object, streaming), the rest
+ * into c->last. */
+static void choice_take(const mstream *m, choice *c, kp_sreq_update *u, bool keep_text, json_t **lp_out) {
+    const kp_server *s = m->base.s;
+    if (lp_out) *lp_out = NULL;
+    if (m->logprobs && u->n_lp > 0) {
+        json_t *o = lp_out ? kp_oai_logprobs_new(m->base.chat) : c->lp;
+        kp_oai_logprobs_append(s->v, m->base.chat, u->lp, u->n_lp, o, &c->lp_off);
+        if (lp_out) *lp_out = o;
+    }
+    if (keep_text && u->len) kp_buf_put(&c->text, u->text, u->len);
+    free(u->lp);
+    u->lp = NULL;
+    u->n_lp = 0;
+    free(u->text);
+    u->text = NULL;
+    u->len = 0;
+    c->last = *u;
+}
+
+/* A streamed chunk of choice i: text (may be NULL), its logprobs (lp, consumed,
+ * may be NULL), the finish reason (NULL: none yet), token ids (the last chunk
+ * with return_token_ids). */
+static void mchunk(mstream *m, uint32_t i, const char *text, size_t len, json_t *lp, const char *finish,
+                   const kp_sreq_update *ids) {
+    stream *st = &m->base;
+    json_t *j = chunk_base(st), *choice;
+    if (st->chat) {
+        json_t *delta = json_object();
+        if (text) json_object_set_new(delta, "content", json_stringn(text, len));
+        choice = json_pack("{s:i, s:o, s:o, s:s?}", "index", (int)i, "delta", delta, "logprobs",
+                           lp ? lp : json_null(), "finish_reason", finish);
+    } else {
+        choice = json_pack("{s:i, s:s%, s:o, s:s?}", "index", (int)i, "text", text ? text : "", text ? len : 0,
+                           "logprobs", lp ? lp : json_null(), "finish_reason", finish);
+    }
+    if (ids && choice) add_token_ids(choice, ids);
+    json_object_set_new(j, "choices", json_pack("[o]", choice));
+    sb_event(st, j);
+}
+
+/* With tools, at a choice's end: its calls parsed out of the text, the rest
+ * sent as content; returns the finish reason to report. */
+static const char *mchunk_tools(mstream *m, uint32_t i, const char *finish) {
+    stream *st = &m->base;
+    choice *c = &m->ch[i];
+    json_t *calls = NULL;
+    size_t content = c->text.len;
+    kp_error err;
+    kp_chat_parse_tool_calls(st->s->cfg.chat, c->text.data ? c->text.data : "", c->text.len, st->id_seed + i, &calls,
+                             &content, &err);
+    if (content) mchunk(m, i, c->text.data, content, NULL, NULL, NULL);
+    if (!calls) return finish;
+    size_t k;
+    json_t *call;
+    json_array_foreach(calls, k, call) json_object_set_new(call, "index", json_integer((json_int_t)k));
+    json_t *j = chunk_base(st);
+    json_object_set_new(j, "choices", json_pack("[{s:i, s:{s:o}, s:n, s:n}]", "index", (int)i, "delta", "tool_calls",
+                                                calls, "logprobs", "finish_reason"));
+    sb_event(st, j);
+    return "tool_calls";
+}
+
+/* Turns an update of choice i into SSE events. */
+static void mstream_update(mstream *m, uint32_t i, kp_sreq_update *u) {
+    stream *st = &m->base;
+    choice *c = &m->ch[i];
+    json_t *lp;
+    const char *text = u->text;
+    size_t len = u->len;
+    u->text = NULL; /* choice_take frees the rest */
+    choice_take(m, c, u, st->tools, &lp);
+    if (st->tools) {
+        if (len) kp_buf_put(&c->text, text, len);
+        if (lp) mchunk(m, i, NULL, 0, lp, NULL, NULL);
+    } else if (len || lp) {
+        mchunk(m, i, text ? text : "", len, lp, NULL, NULL);
+    }
+    free((char *)text);
+    st->last = c->last;
+    if (u->finish == KP_FINISH_NONE) return;
+    if (u->finish == KP_FINISH_ERROR || u->finish == KP_FINISH_CANCELLED) {
+        kp_oai_error e;
+        status_error(u->finish == KP_FINISH_ERROR ? u->status : KP_EIO, &u->err, NULL, &e);
+        if (u->finish == KP_FINISH_CANCELLED) snprintf(e.message, sizeof e.message, "the request was cancelled");
+        sb_event(st, kp_oai_error_json(&e));
+        cancel_all(m);
+    } else {
+        const char *finish = kp_oai_finish_name(u->finish);
+        if (st->tools) finish = mchunk_tools(m, i, finish);
+        mchunk(m, i, NULL, 0, NULL, finish, st->return_ids ? &c->last : NULL);
+        st->finish = finish;
+        if (++m->n_over < m->n) return;
+        if (st->include_usage) {
+            json_t *j = chunk_base(st);
+            json_object_set_new(j, "choices", json_array());
+            json_object_set_new(j, "usage", choices_usage(m, NULL, NULL));
+            json_object_set_new(j, "kvpin_cache", choices_cache_json(m));
+            sb_event(st, j);
+        }
+    }
+    sb_add(st, "data: [DONE]\n\n", 14);
+    st->done = true;
+}
+
+static ssize_t mstream_reader(void *cls, uint64_t pos, char *out, size_t max) {
+    (void)pos;
+    mstream *m = cls;
+    stream *st = &m->base;
+    double waited = 0;
+    while (st->off == st->out.len) {
+        st->off = 0;
+        kp_buf_clear(&st->out);
+        if (st->done) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (atomic_load(&st->s->stopping)) {
+            cancel_all(m);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        kp_sreq_update u;
+        if (!kp_sreq_wait_any(m->rs, m->n, 250, &m->which, &u)) {
+            waited += 0.25;
+            if (waited >= 5) {
+                sb_add(st, ": keep-alive\n\n", 14);
+                waited = 0;
+            }
+            continue;
+        }
+        mstream_update(m, m->which, &u);
+    }
+    if (st->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
+    size_t n = st->out.len - st->off < max ? st->out.len - st->off : max;
+    memcpy(out, st->out.data + st->off, n);
+    st->off += n;
+    return (ssize_t)n;
+}
+
+static void mstream_free(void *cls) {
+    mstream *m = cls;
+    stream *st = &m->base;
+    if (!st->done) cancel_all(m);
+    uint32_t completion;
+    json_decref(choices_usage(m, &completion, NULL));
+    st->last.completion_tokens = completion;
+    note_gen(&st->log, &st->last, st->done && st->finish ? st->finish : finish_word(&st->last, st->done));
+    log_line(st->s, &st->log);
+    mstream_free_all(m);
+}
+
+/* The final choice object of choice i (non-streaming). */
+static json_t *choice_json(mstream *m, uint32_t i, const char **finish_out) {
+    stream *st = &m->base;
+    choice *c = &m->ch[i];
+    const char *text = c->text.data ? c->text.data : "";
+    size_t tlen = c->text.len;
+    const char *finish = kp_oai_finish_name(c->last.finish);
+    json_t *calls = NULL, *ch;
+    size_t content = tlen;
+    if (st->tools && (c->last.finish == KP_FINISH_LENGTH || c->last.finish == KP_FINISH_STOP)) {
+        kp_error err;
+        kp_chat_parse_tool_calls(st->s->cfg.chat, text, tlen, st->id_seed + i, &calls, &content, &err);
+    }
+    json_t *lp = c->lp ? c->lp : json_null();
+    c->lp = NULL;
+    if (st->chat && calls) {
+        json_t *msg = json_pack("{s:s, s:o, s:o}", "role", "assistant", "content",
+                                content ? json_stringn(text, content) : json_null(), "tool_calls", calls);
+        finish = "tool_calls";
+        ch = json_pack("{s:i, s:o, s:o, s:s}", "index", (int)i, "message", msg, "logprobs", lp, "finish_reason",
+                       finish);
+    } else if (st->chat) {
+        ch = json_pack("{s:i, s:{s:s, s:s%}, s:o, s:s?}", "index", (int)i, "message", "role", "assistant", "content",
+                       text, tlen, "logprobs", lp, "finish_reason", finish);
+    } else {
+        ch = json_pack("{s:i, s:s%, s:o, s:s?}", "index", (int)i, "text", text, tlen, "logprobs", lp,
+                       "finish_reason", finish);
+    }
+    if (st->return_ids && ch) add_token_ids(ch, &c->last);
+    if (finish_out && finish) *finish_out = finish;
+    return ch;
+}
+
+/* generate() for n > 1 or logprobs: submits the choices, waits, answers
+ * (one JSON body, or the stream). p's strings are copied by the submit. */
+static enum MHD_Result generate_choices(kp_server *s, struct MHD_Connection *c, conn *cn, const kp_oai_request *q,
+                                        const kp_sreq_params *p, bool tools) {
+    bool chat = q->chat;
+    kp_oai_error e;
+    mstream *m = calloc(1, sizeof *m);
+    if (!m) return fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
+    m->n = q->n;
+    m->which = m->n - 1;
+    m->logprobs = q->logprobs;
+    kp_error err = {0};
+    kp_status st = kp_sched_submit_n(s->sched, p, m->n, q->logprobs ? (int32_t)q->top_logprobs : -1, m->rs, &err);
+    if (st != KP_OK) {
+        const char *param = st == KP_ERANGE ? (chat ? "messages" : "prompt") : st == KP_EINVAL ? "n" : NULL;
+        free(m);
+        status_error(st, &err, param, &e);
+        return reply_error(s, c, &e);
+    }
+    stream *sm = &m->base;
+    sm->s = s;
+    sm->chat = chat;
+    sm->include_usage = q->include_usage;
+    sm->return_ids = q->return_token_ids;
+    sm->tools = tools;
+    sm->created = time(NULL);
+    sm->t0 = cn->t0;
+    sm->id_seed = p->sp.seed ^ (uint64_t)sm->created;
+    snprintf(sm->id, sizeof sm->id, "%s-%016llx", chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)(atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull ^ (uint64_t)s->started));
+    for (uint32_t i = 0; i < m->n; i++)
+        if (m->logprobs && !(m->ch[i].lp = kp_oai_logprobs_new(chat))) {
+            mstream_free_all(m);
+            return fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
+        }
+    if (q->stream && chat) /* the role first, for every choice, as OpenAI does */
+        for (uint32_t i = 0; i < m->n; i++) {
+            json_t *j = chunk_base(sm);
+            json_object_set_new(j, "choices", json_pack("[{s:i, s:{s:s, s:s}, s:n, s:n}]", "index", (int)i, "delta",
+                                                        "role", "assistant", "content", "", "logprobs",
+                                                        "finish_reason"));
+            sb_event(sm, j);
+        }
+    /* non-streaming: until every choice ended; streaming: until choice 0's
+     * prompt is computed (what came by then is in the stream's first bytes) */
+    bool started = false, failed = false;
+    kp_sreq_update bad = {0};
+    while (q->stream ? !started && !sm->done : m->n_over < m->n) {
+        kp_sreq_update u;
+        bool news = kp_sreq_wait_any(m->rs, m->n, 100, &m->which, &u);
+        if (client_gone(c) || atomic_load(&s->stopping)) {
+            if (news) {
+                free(u.text);
+                free(u.lp);
+            }
+            cancel_all(m);
+            bool stopping = atomic_load(&s->stopping);
+            note_gen(&cn->log, &m->ch[0].last, stopping ? "cancelled" : "client_left");
+            if (stopping) cn->log.code = "server_stopping";
+            mstream_free_all(m);
+            return MHD_NO;
+        }
+        if (!news) continue;
+        uint32_t i = m->which;
+        if (u.finish == KP_FINISH_ERROR || (u.finish == KP_FINISH_CANCELLED && !u.started)) {
+            free(u.text);
+            free(u.lp);
+            bad = u;
+            failed = true;
+            break;
+        }
+        if (q->stream) {
+            mstream_update(m, i, &u);
+        } else {
+            choice_take(m, &m->ch[i], &u, true, NULL);
+            if (u.finish != KP_FINISH_NONE) m->n_over++;
+        }
+        if (m->ch[0].last.started) started = true;
+    }
+    if (failed) {
+        cancel_all(m);
+        status_error(bad.finish == KP_FINISH_ERROR ? bad.status : KP_EIO, &bad.err, NULL, &e);
+        if (bad.finish == KP_FINISH_CANCELLED) kp_oai_fail(&e, 503, "server_error", NULL, NULL, "the server is stopping");
+        note_gen(&cn->log, &bad, finish_word(&bad, true));
+        mstream_free_all(m);
+        return reply_error(s, c, &e);
+    }
+    if (!q->stream) {
+        json_t *arr = json_array();
+        const char *finish = NULL;
+        for (uint32_t i = 0; i < m->n; i++) json_array_append_new(arr, choice_json(m, i, &finish));
+        uint32_t completion;
+        json_t *usage = choices_usage(m, &completion, NULL);
+        json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o, s:o}", "id", sm->id, "object",
+                              chat ? "chat.completion" : "text_completion", "created", (json_int_t)time(NULL), "model",
+                              s->cfg.model_name, "choices", arr, "usage", usage, "kvpin_cache", choices_cache_json(m));
+        kp_sreq_update l = m->ch[0].last;
+        l.completion_tokens = completion;
+        note_gen(&cn->log, &l, finish ? finish : finish_word(&l, true));
+        mstream_free_all(m);
+        return reply_json(s, c, 200, j);
+    }
+    sm->log = cn->log;
+    sm->log.status = 200;
+    cn->streamed = true;
+    return sse_response(s, c, cn, mstream_reader, m, mstream_free, sm);
+}
+
 static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn, bool chat) {
     kp_oai_request q;
     kp_oai_error e;
@@ -778,6 +1157,13 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
     if (!q.seed_set) q.sp.seed = (uint64_t)time(NULL) ^ (atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull);
     kp_sreq_params p = {ids,   (uint32_t)n, max_tokens, q.sp, q.stops, q.n_stops, q.ignore_eos,
                         ptext, tlen0,       q.max_tokens_set};
+    if (q.n > 1 || q.logprobs) {
+        enum MHD_Result res = generate_choices(s, c, cn, &q, &p, chat && q.tools && kp_chat_family_has_tools(s->cfg.chat));
+        free(ids);
+        free(ptext);
+        kp_oai_request_free(&q);
+        return res;
+    }
     kp_sreq *r = NULL;
     kp_error err = {0};
     kp_status st = kp_sched_submit(s->sched, &p, &r, &err);
@@ -859,22 +1245,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
         u.text = text;
         u.len = tlen;
         stream_update(sm, &u); /* frees text */
-        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, sm,
-                                                                      stream_free);
-        if (!resp) {
-            sm->log.status = 500;
-            sm->log.code = "out_of_memory";
-            stream_free(sm);
-            return MHD_NO;
-        }
-        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
-        MHD_add_response_header(resp, "x-request-id", cn->log.id);
-        MHD_add_response_header(resp, "Cache-Control", "no-cache");
-        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-        enum MHD_Result res = MHD_queue_response(c, 200, resp);
-        MHD_destroy_response(resp);
-        count_status(s, 200);
-        return res;
+        return sse_response(s, c, cn, stream_reader, sm, stream_free, sm);
     }
     json_t *choice;
     const char *finish = kp_oai_finish_name(u.finish);

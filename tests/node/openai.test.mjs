@@ -567,10 +567,10 @@ test('errors: bad fields are 400 naming the param; an unknown endpoint is 404', 
         OpenAI.BadRequestError, 400, (e) => assert.match(e.param ?? '', /^messages/));
     await rejectsWith(client.chat.completions.create({ ...base, no_such_field: 1 }), OpenAI.BadRequestError, 400,
         (e) => assert.equal(e.param, 'no_such_field'));
-    await rejectsWith(client.chat.completions.create({ ...base, n: 2 }), OpenAI.BadRequestError, 400,
+    await rejectsWith(client.chat.completions.create({ ...base, n: 17 }), OpenAI.BadRequestError, 400,
         (e) => assert.equal(e.param, 'n'));
-    await rejectsWith(client.chat.completions.create({ ...base, logprobs: true }), OpenAI.BadRequestError, 400,
-        (e) => assert.equal(e.param, 'logprobs'));
+    await rejectsWith(client.chat.completions.create({ ...base, logprobs: true, top_logprobs: 21 }),
+        OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'top_logprobs'));
     await rejectsWith(client.chat.completions.create({ ...base, response_format: { type: 'json_object' } }),
         OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'response_format'));
     await rejectsWith(client.chat.completions.create({ ...base, stream_options: { include_usage: true } }),
@@ -625,4 +625,70 @@ test('seed: the same seed gives the same text at temperature 1; seeds differ', a
     assert.ok(texts.size >= 2, `3 seeds gave ${texts.size} distinct texts`);
     const chat = (seed) => client.chat.completions.create({ model: MODEL, messages: STORY, max_tokens: 16, temperature: 1, seed });
     assert.equal((await chat(11)).choices[0].message.content, (await chat(11)).choices[0].message.content);
+});
+
+/* ---- n and logprobs ------------------------------------------------------ */
+
+test('n: 4 choices from one prefill; usage counts the prompt once; choice i is seed + i alone', async () => {
+    const prompt = 'A small dog ran to the park to find a friend.';
+    const P = (await tokenize(prompt)).length;
+    const req = { model: MODEL, prompt, max_tokens: 8, temperature: 1, seed: 40, ignore_eos: true };
+    const r = await client.completions.create({ ...req, n: 4 });
+    assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2, 3]);
+    assert.equal(r.usage.prompt_tokens, P);
+    assert.equal(r.usage.completion_tokens, 4 * 8);
+    checkUsage(r.usage, P, 32);
+    for (const i of [0, 3]) {
+        const one = await client.completions.create({ ...req, seed: 40 + i });
+        assert.equal(one.choices[0].text, r.choices[i].text, `choice ${i} vs seed ${40 + i}`);
+    }
+    /* chat, streamed: every chunk names its choice; the deltas per index give the non-streamed contents */
+    const creq = { model: MODEL, messages: STORY, max_tokens: 6, temperature: 1, seed: 5, n: 2 };
+    const whole = await client.chat.completions.create(creq);
+    const chunks = await collect(await client.chat.completions.create({ ...creq, stream: true,
+        stream_options: { include_usage: true } }));
+    const got = ['', ''];
+    const finishes = [0, 0];
+    for (const c of chunks)
+        for (const ch of c.choices) {
+            got[ch.index] += ch.delta.content ?? '';
+            if (ch.finish_reason) finishes[ch.index]++;
+        }
+    assert.deepEqual(got, whole.choices.map((c) => c.message.content));
+    assert.deepEqual(finishes, [1, 1]);
+    const last = chunks[chunks.length - 1];
+    assert.deepEqual(last.choices, []);
+    assert.equal(last.usage.prompt_tokens, whole.usage.prompt_tokens);
+    assert.equal(last.usage.completion_tokens, whole.usage.completion_tokens);
+});
+
+test('logprobs: completions (legacy shape) and chat (content[]), streamed too', async () => {
+    const r = await client.completions.create({ model: MODEL, prompt: ONCE.prompt, max_tokens: 5, temperature: 0,
+        logprobs: 3 });
+    const lp = r.choices[0].logprobs;
+    assert.equal(lp.tokens.length, 5);
+    assert.equal(lp.tokens.join(''), r.choices[0].text);
+    assert.equal(lp.token_logprobs.length, 5);
+    assert.equal(lp.text_offset[0], 0);
+    lp.top_logprobs.forEach((top, k) => {
+        const v = Object.values(top);
+        assert.ok(v.length >= 1 && v.length <= 3);
+        assert.deepEqual([...v].sort((a, b) => b - a), v, 'top_logprobs most likely first');
+        assert.ok(lp.token_logprobs[k] <= 0 && lp.token_logprobs[k] <= v[0] + 1e-6);
+        assert.equal(top[lp.tokens[k]], lp.token_logprobs[k], 'greedy: the token is the most likely');
+    });
+    const c = await client.chat.completions.create({ model: MODEL, messages: STORY, max_tokens: 5, temperature: 1,
+        seed: 3, logprobs: true, top_logprobs: 2 });
+    const content = c.choices[0].logprobs.content;
+    assert.equal(content.map((e) => e.token).join(''), c.choices[0].message.content);
+    for (const e of content) {
+        assert.equal(typeof e.logprob, 'number');
+        assert.deepEqual(e.bytes, [...Buffer.from(e.token, 'utf8')]);
+        assert.equal(e.top_logprobs.length, 2);
+        assert.ok(e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob && e.logprob <= e.top_logprobs[0].logprob + 1e-6);
+    }
+    const chunks = await collect(await client.chat.completions.create({ model: MODEL, messages: STORY, max_tokens: 5,
+        temperature: 1, seed: 3, logprobs: true, top_logprobs: 2, stream: true }));
+    const streamed = chunks.flatMap((k) => k.choices.flatMap((ch) => ch.logprobs?.content ?? []));
+    assert.deepEqual(streamed, content);
 });
