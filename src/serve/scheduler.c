@@ -366,7 +366,11 @@ kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, k
     r->n_prompt = r->n_fill = p->n_prompt;
     r->t_submit = now_s();
     pthread_mutex_lock(&s->mu);
-    if (s->stop || s->n_queued >= s->cfg.queue_max) {
+    /* queued requests that a free sequence slot takes at the engine's next
+     * iteration are not waiting: queue_max bounds the others (queue 0: a
+     * request is taken only when a slot is free for it) */
+    uint32_t free_slots = s->cfg.parallel > s->n_running ? s->cfg.parallel - s->n_running : 0;
+    if (s->stop || s->n_queued >= s->cfg.queue_max + free_slots) {
         bool stopping = s->stop;
         pthread_mutex_unlock(&s->mu);
         sreq_free(r);

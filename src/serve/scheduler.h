@@ -56,7 +56,9 @@ typedef struct kp_sched kp_sched;
 
 typedef struct {
     uint32_t parallel;      /* running sequences at most (>= 1) */
-    uint32_t queue_max;     /* requests waiting at most; more: KP_EFULL (preempted ones return even past it) */
+    uint32_t queue_max;     /* requests waiting for a sequence at most, beyond those a free sequence
+                               slot takes (0: only those); more: KP_EFULL (preempted ones return even
+                               past it) */
     uint32_t prefill_chunk; /* prompt tokens per step, over all prefilling sequences */
 } kp_sched_config;
 
