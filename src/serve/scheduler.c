@@ -149,6 +149,11 @@ struct kp_sreq {
     bool has_doctor;
     double queue_ms, ttft_ms;
     uint32_t preemptions;
+    /* the first prefill's progress, under mu (progress: the owner asked, kp_sreq_progress) */
+    atomic_bool progress;
+    bool prog_admitted, prog_new;
+    uint32_t prog_done;
+    double prog_ms;
 };
 
 typedef enum { OP_PROBE, OP_PIN, OP_UNPIN } op_kind;
@@ -240,6 +245,10 @@ void kp_sreq_cancel(kp_sreq *r) {
     if (r) atomic_store(&r->cancel, true);
 }
 
+void kp_sreq_progress(kp_sreq *r) {
+    if (r) atomic_store(&r->progress, true);
+}
+
 void kp_sreq_release(kp_sreq *r) {
     if (!r) return;
     kp_sreq_cancel(r);
@@ -258,7 +267,7 @@ bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u) {
     }
     for (;;) {
         bool news = r->out.len > 0 || r->new_tokens > 0 || (r->started && !r->started_seen) ||
-                    (r->finish != KP_FINISH_NONE && !r->finish_seen);
+                    (r->finish != KP_FINISH_NONE && !r->finish_seen) || r->prog_new;
         if (news || timeout_ms == 0) break;
         if (timeout_ms < 0)
             pthread_cond_wait(&r->cv, &r->mu);
@@ -266,7 +275,11 @@ bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u) {
             break;
     }
     bool changed = r->out.len > 0 || r->new_tokens > 0 || (r->started && !r->started_seen) ||
-                   (r->finish != KP_FINISH_NONE && !r->finish_seen);
+                   (r->finish != KP_FINISH_NONE && !r->finish_seen) || r->prog_new;
+    r->prog_new = false;
+    u->admitted = r->prog_admitted;
+    u->prefill_done = r->started ? r->n_prompt : r->prog_done;
+    u->prefill_ms = r->prog_ms;
     if (r->out.len > 0) {
         u->text = r->out.data; /* ownership moves to the caller */
         u->len = r->out.len;
@@ -364,6 +377,7 @@ kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, k
         r->text_len = p->text_len;
     }
     r->n_prompt = r->n_fill = p->n_prompt;
+    atomic_init(&r->progress, false);
     r->t_submit = now_s();
     pthread_mutex_lock(&s->mu);
     /* queued requests that a free sequence slot takes at the engine's next
@@ -538,6 +552,12 @@ static bool admit(kp_sched *s, kp_sreq *r, bool no_room) {
     if (has) r->doctor = d;
     r->has_doctor = has;
     r->queue_ms = (r->t_admit - r->t_submit) * 1e3;
+    r->prog_admitted = true;
+    r->prog_done = rep.reused_tokens;
+    if (atomic_load(&r->progress)) {
+        r->prog_new = true;
+        pthread_cond_broadcast(&r->cv);
+    }
     pthread_mutex_unlock(&r->mu);
     pthread_mutex_lock(&s->mu);
     s->st.requests_started++;
@@ -649,6 +669,17 @@ static bool on_logits(kp_sched *s, kp_sreq *r) {
     return false;
 }
 
+/* The first prefill of r (which asked for progress) advanced: its owner
+ * is woken with the positions computed so far. Engine thread. */
+static void prefill_progress(kp_sreq *r) {
+    pthread_mutex_lock(&r->mu);
+    r->prog_done = r->fed;
+    r->prog_ms = (now_s() - r->t_admit) * 1e3;
+    r->prog_new = true;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
 /* Removes finished requests (NULL slots) from the running table. */
 static void compact(kp_sched *s) {
     uint32_t k = 0;
@@ -742,6 +773,8 @@ static void step(kp_sched *s) {
             continue;
         }
         r->fed += it->n;
+        if (atomic_load(&r->progress) && r->completion_tokens == 0 && !r->started && r->fed <= r->n_prompt)
+            prefill_progress(r);
         if (it->logits && on_logits(s, r)) s->running[slot] = NULL;
     }
     make_room(s, n_full, n_live);

@@ -140,6 +140,12 @@ typedef struct {
     kp_doctor_report doctor;    /* divergence, snippets and cause (JSON-escaped snippets) */
     bool has_doctor;
     double queue_ms, ttft_ms; /* waiting time; submit to first token */
+    /* the prompt's first prefill: admitted, its positions computed so far
+     * (the cached ones included; n_prompt once started) and the time since
+     * admission. After kp_sreq_progress, each slice wakes the owner. */
+    bool admitted;
+    uint32_t prefill_done;
+    double prefill_ms;
     /* the token ids: prompt_tokens of the prompt, then completion_tokens
      * generated ones (an end-of-generation token included); owned by the
      * request, valid until kp_sreq_release */
@@ -151,6 +157,11 @@ typedef struct {
  * fills the rest. Returns true when anything changed (text, started,
  * finish), false on timeout. */
 bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u);
+
+/* From now on, kp_sreq_wait also wakes after every slice of the prompt's
+ * first prefill (kp_sreq_update.prefill_done), for a client that shows
+ * progress. Call it right after kp_sreq_submit. */
+void kp_sreq_progress(kp_sreq *r);
 
 /* Asks the scheduler to stop the request (a client went away). The tokens
  * it computed stay cached. Safe to call more than once, and after the end. */
