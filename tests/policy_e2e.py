@@ -15,7 +15,9 @@ Expected values come from outside the server's answer:
     processed counts the cached tokens; the first at the cache, the last at
     the total, never decreasing);
   - the bugs as found: --queue 0 answered 503 with a sequence free;
-    /metrics had kvpin_kv_bytes_budget 0 before the first request.
+    /metrics had kvpin_kv_bytes_budget 0 before the first request;
+  - kvpin run's progress bar on a terminal (a pty): the same greedy text as
+    without one.
 """
 import json
 import re
@@ -335,6 +337,40 @@ def pin_messages():
     srv.stop()
 
 
+def run_progress_bar():
+    """kvpin run on a long prompt: with stderr a terminal (a pty) a progress
+    bar shows the prefill, and the greedy text is the text of the run whose
+    stderr is not a terminal (one batch, no bar)."""
+    import os
+    import pty
+    import subprocess
+    from kvpin_test import KVPIN, MODEL
+    prompt = "Once upon a time there was a little girl named Lily. " * 60  # > 512 tokens
+    cmd = [KVPIN, "run", "-m", MODEL, "-c", "2048", "-t", "1", "-p", prompt, "-n", "8", "--temp", "0"]
+    plain = subprocess.run(cmd, capture_output=True, timeout=300)
+    R.ok(plain.returncode == 0 and b"prefill [" not in plain.stderr, "no bar without a terminal: %r" % plain.stderr[-200:])
+    master, slave = pty.openpty()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    err = b""
+    while True:
+        try:
+            got = os.read(master, 65536)
+        except OSError:
+            break
+        if not got:
+            break
+        err += got
+    out, _ = p.communicate(timeout=300)
+    os.close(master)
+    R.ok(p.returncode == 0, "run with a terminal: %s" % p.returncode)
+    bars = re.findall(rb"prefill \[#* *\] (\d+)/(\d+) tokens", err)
+    R.ok(len(bars) >= 2 and all(b[1] == bars[0][1] for b in bars), "the bar redraws: %r" % bars[:3])
+    R.ok(bars and int(bars[-1][0]) == int(bars[-1][1]) - 1, "the bar reaches the prompt's last token: %r" % bars[-1:])
+    R.ok(out == plain.stdout and out.strip(), "the same greedy text with and without the bar: %r %r" %
+         (out[-60:], plain.stdout[-60:]))
+
+
 def main():
     srv = Server(R, "--chat-template", "chatml", "--ctx", "512", quiet=False)
     try:
@@ -347,6 +383,7 @@ def main():
     progress()
     bugs()
     pin_messages()
+    run_progress_bar()
     return R.finish()
 
 
