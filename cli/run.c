@@ -7,7 +7,9 @@
  * token at a time (each step appends one K/V row per layer and kv-head);
  * the kp_gen (cache/gen.h) samples, applies stop strings and the limits
  * and releases text, streamed to stdout as whole UTF-8 characters; a
- * summary goes to stderr.
+ * summary goes to stderr. When stderr is a terminal and the prompt is long
+ * (more than PROGRESS_MIN tokens), the prompt is prefilled in slices of
+ * PROGRESS_SLICE first, with a progress bar on stderr (prefill_with_bar).
  * logits: the prompt in batches of up to EVAL_BATCH tokens with logits for
  * every position (kp_eng_step with all_logits), written as float32
  * [n_tokens][n_vocab].
@@ -19,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cache/engine.h"
 #include "cache/gen.h"
@@ -27,6 +30,8 @@
 #include "tok/textout.h"
 
 #define EVAL_BATCH 2048 /* prompt tokens per forward call */
+#define PROGRESS_MIN 512   /* longer prompts show a prefill progress bar on a terminal */
+#define PROGRESS_SLICE 256 /* prompt tokens per forward call while the bar shows */
 
 #define MAX_STOPS KP_TEXTOUT_MAX_STOPS
 
@@ -300,6 +305,34 @@ static void on_decode(void *vc, int32_t tok, uint32_t seq_len) {
     printf("\n");
 }
 
+/* Prefills ids[0..n - 1) into the empty seq in slices, redrawing a bar on
+ * stderr after each, and clears the bar; kp_eng_generate then appends the
+ * last token (and computes its logits). False with *err on failure (seq
+ * is then released). */
+static bool prefill_with_bar(kp_engine *e, kp_eng_seq *seq, const int32_t *ids, size_t n, kp_error *err) {
+    size_t done = 0, upto = n - 1;
+    double t0 = cli_now();
+    while (done < upto) {
+        uint32_t m = (uint32_t)(upto - done < PROGRESS_SLICE ? upto - done : PROGRESS_SLICE);
+        kp_status st = done == 0 ? kp_eng_prefill(e, ids, m, seq, NULL, NULL, err)
+                                 : kp_eng_append(e, seq, ids + done, m, PROGRESS_SLICE, NULL, err);
+        if (st != KP_OK) {
+            fprintf(stderr, "\r\033[K");
+            kp_eng_seq_abort(e, seq);
+            return false;
+        }
+        done += m;
+        int width = 40, fill = (int)(width * done / n);
+        double dt = cli_now() - t0;
+        fprintf(stderr, "\rprefill [%.*s%*s] %zu/%zu tokens, %.0f tok/s", fill,
+                "########################################", width - fill, "", done, n, dt > 0 ? done / dt : 0.0);
+        fflush(stderr);
+    }
+    fprintf(stderr, "\r\033[K");
+    fflush(stderr);
+    return true;
+}
+
 static int do_generate(int argc, char **argv, bool inspect) {
     const char *cmd = inspect ? "inspect" : "run";
     run_opts o;
@@ -344,6 +377,10 @@ static int do_generate(int argc, char **argv, bool inspect) {
     gen_ctx c = {inspect, e, &seq, cm.tok, hp, ids, n_prompt, layer, (int)o.head, cli_now(), 0, 0, 0, true};
     c.t_decode0 = c.t0;
     kp_eng_gen_opts go = {&c, on_prefill, on_step, on_decode, EVAL_BATCH, false};
+    if (!inspect && n_prompt > PROGRESS_MIN && isatty(STDERR_FILENO) && !prefill_with_bar(e, &seq, ids, n_prompt, &err)) {
+        fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
+        goto done;
+    }
     if (kp_eng_generate(e, &seq, g, &go, NULL, &err) != KP_OK) {
         fflush(stdout);
         fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);

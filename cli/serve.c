@@ -26,7 +26,7 @@
 
 enum {
     O_API_KEY = CLI_OWN, O_API_KEY_FILE, O_CHAT_TEMPLATE, O_QUEUE, O_PREFILL_CHUNK, O_MAX_BODY, O_TIMEOUT,
-    O_ALIAS, O_QUIET, O_REQUEST_TIMEOUT, O_MAX_CONNECTIONS, O_MAX_PER_ADDRESS
+    O_ALIAS, O_QUIET, O_REQUEST_TIMEOUT, O_MAX_CONNECTIONS, O_MAX_PER_ADDRESS, O_STRICT_API
 };
 
 static const cli_opt serve_tab[] = {
@@ -49,6 +49,8 @@ static const cli_opt serve_tab[] = {
     {"max-connections", NULL, NULL, "N", "open connections at most (more are refused)", O_MAX_CONNECTIONS},
     {"max-per-address", NULL, NULL, "N", "open connections from one client address at most",
      O_MAX_PER_ADDRESS},
+    {"strict-api", NULL, NULL, NULL, "refuse unknown request fields (400) instead of ignoring them and\n"
+                                     "naming them in the x-kvpin-ignored-fields header", O_STRICT_API},
     {"quiet", NULL, NULL, NULL, "no request log and no HTTP-library messages on stderr", O_QUIET},
     {0},
 };
@@ -146,7 +148,7 @@ int cmd_serve(int argc, char **argv) {
     int64_t request_timeout = 30, max_conn = 1024, max_per_addr = 64;
     uint64_t budget = 0, max_body = 8u << 20;
     kp_dtype kv_type = KP_DTYPE_F16;
-    bool no_cache = false, quiet = false, budget_set = false;
+    bool no_cache = false, quiet = false, budget_set = false, strict_api = false;
     cli_args a;
     cli_args_init(&a, "serve", serve_tab, serve_usage, argc, argv);
     for (int k; (k = cli_args_next(&a)) != CLI_END;) {
@@ -156,6 +158,7 @@ int cmd_serve(int argc, char **argv) {
         case CLI_STOP: return a.rc;
         case CLI_NO_PREFIX_CACHE: no_cache = true; break;
         case O_QUIET: quiet = true; break;
+        case O_STRICT_API: strict_api = true; break;
         case CLI_MODEL: model_path = v; break;
         case CLI_HOST: host = v; break;
         case CLI_PORT: ok = cli_args_int(&a, &port); break;
@@ -274,6 +277,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.chat_bos = token_text(v, kp_tok_bos(v));
     cfg.chat_eos = token_text(v, kp_tok_eos(v));
     cfg.quiet = quiet;
+    cfg.strict_api = strict_api;
     /* SIGINT/SIGTERM are taken by sigwait below; SIGPIPE from a client that left is ignored */
     sigset_t set;
     sigemptyset(&set);

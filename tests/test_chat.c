@@ -328,6 +328,55 @@ static char *render_text(kp_chat_family f, const char *messages_json, const char
     return out;
 }
 
+/* The developer role renders exactly as system, and content given as text
+ * parts exactly as the same text given as a string, in every role and
+ * family (an invariant of the rendering, not a golden). */
+static void test_developer_and_parts(void) {
+    static const char *const as_system =
+        "[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi\"},"
+        "{\"role\":\"assistant\",\"content\":\"Hello\"},{\"role\":\"user\",\"content\":\"Bye\"}]";
+    static const char *const as_developer =
+        "[{\"role\":\"developer\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi\"},"
+        "{\"role\":\"assistant\",\"content\":\"Hello\"},{\"role\":\"user\",\"content\":\"Bye\"}]";
+    static const char *const as_parts =
+        "[{\"role\":\"developer\",\"content\":[{\"type\":\"text\",\"text\":\"Be brief.\"}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hi\"}]},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"Hello\"}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Bye\"}]}]";
+    for (int fi = 1; fi < KP_CHAT_FAMILY_COUNT; fi++) {
+        kp_chat_family f = (kp_chat_family)fi;
+        kp_chat_opts o = some_opts(f, true);
+        kp_status st;
+        kp_error err = {0};
+        char *a = render_text(f, as_system, NULL, &o, &st, &err);
+        CHECK_MSG(a != NULL, "%s: %s", kp_chat_family_name(f), err.msg);
+        char *b = render_text(f, as_developer, NULL, &o, &st, &err);
+        char *c = render_text(f, as_parts, NULL, &o, &st, &err);
+        CHECK_MSG(a && b && !strcmp(a, b), "%s: developer renders differently from system", kp_chat_family_name(f));
+        CHECK_MSG(a && c && !strcmp(a, c), "%s: text parts render differently from strings", kp_chat_family_name(f));
+        free(a);
+        free(b);
+        free(c);
+    }
+    /* tool messages with text parts (a tools family) */
+    static const char *const tool_str =
+        "[{\"role\":\"user\",\"content\":\"w?\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":"
+        "[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"sunny\"}]";
+    static const char *const tool_parts =
+        "[{\"role\":\"user\",\"content\":\"w?\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":"
+        "[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":[{\"type\":\"text\",\"text\":\"sunny\"}]}]";
+    kp_chat_opts o = some_opts(KP_CHAT_QWEN25, true);
+    kp_status st;
+    kp_error err = {0};
+    char *a = render_text(KP_CHAT_QWEN25, tool_str, NULL, &o, &st, &err);
+    char *b = render_text(KP_CHAT_QWEN25, tool_parts, NULL, &o, &st, &err);
+    CHECK_MSG(a && b && !strcmp(a, b), "tool message: text parts render differently from a string");
+    free(a);
+    free(b);
+}
+
 static void test_arguments(void) {
     kp_chat_opts o = {.add_generation_prompt = true};
     kp_status st;
@@ -1383,6 +1432,7 @@ int main(void) {
     RUN(test_prefix_property);
     RUN(test_key_order_stability);
     RUN(test_arguments);
+    RUN(test_developer_and_parts);
     RUN(test_options);
     RUN(test_errors);
     RUN(test_tool_call_cases);

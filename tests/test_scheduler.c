@@ -287,6 +287,48 @@ static void test_queue_full_and_shutdown(void) {
     fixture_close(&fx);
 }
 
+/* --queue 0: no request waits for a sequence, but one that a free slot
+ * takes is served (it used to be refused, as if the queue were full). */
+static void test_queue_zero(void) {
+    kp_error err = {0};
+    fixture fx;
+    if (!fixture_open(&fx, "models/stories260K.gguf", 1)) return;
+    kp_engine *e = NULL;
+    kp_eng_config cc = {KP_DTYPE_F16, 16, 0, 512, false, NULL};
+    CHECK(kp_eng_new(&e, fx.m, fx.pool, NULL, &cc, &err) == KP_OK);
+    kp_sched_config sc = {1, 0, 64};
+    kp_sched *s = NULL;
+    CHECK(kp_sched_new(&s, e, fx.v, &sc, &err) == KP_OK);
+    int32_t prompt[2] = {1, 400};
+    kp_sreq_params p = {prompt, 2, 4, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true};
+    kp_sreq *r = NULL;
+    CHECK(kp_sched_submit(s, &p, &r, &err) == KP_OK); /* the free slot takes it */
+    char buf[4096];
+    size_t len;
+    kp_sreq_update u;
+    if (r) CHECK_EQ_INT(collect(r, buf, sizeof buf, &len, &u), KP_FINISH_LENGTH);
+    kp_sreq_release(r);
+    /* one that runs for long holds the only slot: the next has no slot and no queue */
+    kp_sreq_params lp = {prompt, 2, 400, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true};
+    kp_sreq *a = NULL, *b = NULL;
+    CHECK(kp_sched_submit(s, &lp, &a, &err) == KP_OK);
+    for (int i = 0; i < 2000; i++) { /* until the engine has admitted it */
+        kp_sched_stats st;
+        kp_sched_stats_get(s, &st);
+        if (st.running == 1) break;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    CHECK(kp_sched_submit(s, &p, &b, &err) == KP_EFULL);
+    kp_sreq_release(b);
+    kp_sreq_release(a);
+    kp_sched_free(s);
+    CHECK(kp_eng_clear(e, &err) == KP_OK);
+    CHECK_EQ_INT(used_bytes(e), 0);
+    kp_eng_free(e);
+    fixture_close(&fx);
+}
+
 /* The cache operations while requests decode. */
 typedef struct {
     kp_sched *s;
@@ -748,6 +790,7 @@ int main(void) {
     RUN(test_choices);
     RUN(test_concurrent_equals_alone);
     RUN(test_queue_full_and_shutdown);
+    RUN(test_queue_zero);
     RUN(test_cache_ops_between_steps);
     RUN(test_kv_pressure_equals_alone);
     RUN(test_kv_budget_and_pins);

@@ -358,14 +358,17 @@ static kp_status load_message(chat_msg *m, size_t i, const json_t *msg, kp_error
     const json_t *role = json_object_get(msg, "role");
     if (!json_is_string(role))
         return kp_fail(err, KP_EINVAL,
-                       "messages[%zu].role must be a string (\"system\", \"user\", "
-                       "\"assistant\" or \"tool\")",
+                       "messages[%zu].role must be a string (\"system\", \"developer\", "
+                       "\"user\", \"assistant\" or \"tool\")",
                        i);
     const char *r = json_string_value(role);
     int found = -1;
     for (int k = 0; k < 4; k++)
         if (json_string_length(role) == strlen(role_names[k]) && !strcmp(r, role_names[k]))
             found = k;
+    /* OpenAI's developer messages are the system messages of newer models:
+     * every template renders them as system */
+    if (json_string_length(role) == 9 && !strcmp(r, "developer")) found = ROLE_SYSTEM;
     if (found < 0)
         return kp_fail(err, KP_EINVAL, "messages[%zu].role: unknown role \"%.64s\"", i, r);
     m->role = (chat_role)found;

@@ -49,11 +49,13 @@
  *
  * Messages (the "messages" array of a /v1/chat/completions request):
  *
- *   role          "system" | "user" | "assistant" | "tool"
- *   content       a string; an array of {"type":"text","text":...} parts,
- *                 joined with "\n" as llama.cpp's and vLLM's servers join
- *                 them; null or absent only for an assistant message with
- *                 tool_calls (rendered as "")
+ *   role          "system" | "developer" | "user" | "assistant" | "tool";
+ *                 developer (OpenAI's name for the system message of newer
+ *                 models) is rendered exactly as system
+ *   content       a string; an array of {"type":"text","text":...} parts
+ *                 (any role), joined with "\n" as llama.cpp's and vLLM's
+ *                 servers join them; null or absent only for an assistant
+ *                 message with tool_calls (rendered as "")
  *   tool_calls    assistant only: [{"id", "type":"function", "function":
  *                 {"name", "arguments"}}]; arguments is a JSON text (the
  *                 OpenAI form), re-written canonically when it parses and

@@ -5,9 +5,14 @@
  * the token array. Every field is looked at once, in a table-driven walk
  * over the body's members:
  *
- *   member --known?--> typed check (number range, integer, string, bool)
+ *   member --acted on?------> typed check (number range, integer, string, bool)
+ *          \-policy field?--> n_predict, chat_template_kwargs, cache fields...
+ *          \-OpenAI, not acted on?--> type check, named in r->ignored
  *          \-neutral-only?--> accepted if neutral, else 400 naming it
- *          \-otherwise------> 400 "unknown field"
+ *          \-otherwise------> named in r->ignored (strict: 400 "unknown field")
+ *
+ * then the members of messages, content parts, tool calls and tools the
+ * same way (check_messages, check_tools), by path ("messages[0].foo").
  *
  * Numbers: JSON integers and reals are both accepted where a number is
  * meant; integers must be integral and within range (2^31 for counts).
@@ -157,37 +162,19 @@ static bool parse_stop(const json_t *v, kp_oai_request *r, kp_oai_error *e) {
 /* Fields OpenAI defines that kvpin accepts at their neutral value only. */
 static bool neutral(const char *k, const json_t *v, bool chat, kp_oai_error *e, bool *known) {
     *known = true;
-    if (!strcmp(k, "echo") || !strcmp(k, "store")) {
-        if (json_is_null(v) || json_is_false(v)) return true;
+    if (!strcmp(k, "top_logprobs")) { /* completions; chat's top_logprobs is read above */
+        if (json_is_null(v) || (json_is_integer(v) && json_integer_value(v) == 0)) return true;
         return BAD(e, k, "%s is not supported by kvpin", k);
     }
-    if (!strcmp(k, "top_logprobs") || !strcmp(k, "best_of") || !strcmp(k, "suffix")) { /* chat's top_logprobs: above */
-        if (json_is_null(v) || (!strcmp(k, "best_of") && json_is_integer(v) && json_integer_value(v) == 1) ||
-            (!strcmp(k, "top_logprobs") && json_is_integer(v) && json_integer_value(v) == 0))
-            return true;
-        return BAD(e, k, "%s is not supported by kvpin", k);
-    }
-    if (!strcmp(k, "logit_bias")) {
-        if (json_is_null(v) || (json_is_object(v) && json_object_size(v) == 0)) return true;
-        return BAD(e, k, "logit_bias is not supported by kvpin");
-    }
-    if (!strcmp(k, "metadata")) {
-        if (json_is_null(v) || json_is_object(v)) return true;
-        return BAD(e, k, "metadata must be an object");
-    }
-    if (!strcmp(k, "user")) {
-        if (json_is_null(v) || json_is_string(v)) return true;
-        return BAD(e, k, "user must be a string");
+    if (!strcmp(k, "grammar")) {
+        if (json_is_null(v) || (json_is_string(v) && json_string_length(v) == 0)) return true;
+        return BAD(e, k, "grammar is not supported by kvpin");
     }
     if (chat && !strcmp(k, "tool_choice")) {
         if (json_is_null(v) || (json_is_string(v) && (!strcmp(json_string_value(v), "auto") ||
                                                       !strcmp(json_string_value(v), "none"))))
             return true; /* kp_oai_parse drops the tools for "none" */
         return BAD(e, k, "tool_choice must be \"auto\" or \"none\" (forcing a tool is not supported)");
-    }
-    if (chat && !strcmp(k, "parallel_tool_calls")) {
-        if (json_is_null(v) || json_is_boolean(v)) return true;
-        return BAD(e, k, "parallel_tool_calls must be true or false");
     }
     if (chat && !strcmp(k, "response_format")) {
         const json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
@@ -198,15 +185,268 @@ static bool neutral(const char *k, const json_t *v, bool chat, kp_oai_error *e, 
     return true;
 }
 
+/* ---- the request policy ------------------------------------------------- */
+
+#define OOM(e) kp_oai_fail(e, 500, "server_error", NULL, NULL, "out of memory")
+
+bool kp_oai_note_ignored(kp_buf *list, const char *name) {
+    if (list->len >= 3 && !memcmp(list->data + list->len - 3, "...", 3)) return true; /* cut already */
+    char clean[97];
+    size_t n = 0;
+    for (const unsigned char *u = (const unsigned char *)name; *u && n < 96; u++)
+        clean[n++] = *u < 0x21 || *u > 0x7e || *u == ',' ? '?' : (char)*u;
+    clean[n] = 0;
+    if (list->len + 1 + n + 4 > 1024) return kp_buf_puts(list, list->len ? ",..." : "...");
+    if (list->len && !kp_buf_putc(list, ',')) return false;
+    return kp_buf_puts(list, clean);
+}
+
+static bool in_list(const char *k, const char *const *list) {
+    for (int i = 0; list[i]; i++)
+        if (!strcmp(k, list[i])) return true;
+    return false;
+}
+
+/* A field kvpin does not act on at path: named in r->ignored; an unknown
+ * one (!known) is refused instead when strict. */
+static bool other_field(kp_oai_request *r, bool strict, bool known, const char *path, kp_oai_error *e) {
+    if (!known && strict) return BAD(e, path, "unknown field \"%s\"", path);
+    return kp_oai_note_ignored(&r->ignored, path) || OOM(e);
+}
+
+/* The unknown members of obj (not in known[]) at "prefix.member". */
+static bool unknown_members(kp_oai_request *r, bool strict, const json_t *obj, const char *const *known,
+                            const char *prefix, kp_oai_error *e) {
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)obj, k, v) {
+        if (in_list(k, known)) continue;
+        char path[192];
+        snprintf(path, sizeof path, "%s.%.96s", prefix, k);
+        if (!other_field(r, strict, false, path, e)) return false;
+    }
+    return true;
+}
+
+enum { F_COMPL = 1, F_CHAT = 2, F_BOTH = 3 };
+typedef enum { T_STRING, T_BOOL, T_INT, T_OBJECT, T_ARRAY, T_ANY } field_type;
+
+/* OpenAI's fields that kvpin accepts (type-checked) without acting on them. */
+static const struct {
+    const char *name;
+    int where;
+    field_type type;
+} NOT_ACTED[] = {
+    {"user", F_BOTH, T_STRING},          {"metadata", F_BOTH, T_OBJECT},
+    {"store", F_BOTH, T_BOOL},           {"logit_bias", F_BOTH, T_OBJECT},
+    {"service_tier", F_BOTH, T_STRING},  {"safety_identifier", F_BOTH, T_STRING},
+    {"echo", F_COMPL, T_BOOL},           {"best_of", F_COMPL, T_INT},
+    {"suffix", F_COMPL, T_STRING},       {"reasoning_effort", F_CHAT, T_STRING},
+    {"verbosity", F_CHAT, T_STRING},     {"modalities", F_CHAT, T_ARRAY},
+    {"prediction", F_CHAT, T_OBJECT},    {"audio", F_CHAT, T_OBJECT},
+    {"web_search_options", F_CHAT, T_OBJECT}, {"parallel_tool_calls", F_CHAT, T_BOOL},
+    {"function_call", F_CHAT, T_ANY},    {"functions", F_CHAT, T_ARRAY},
+};
+
+/* Whether v asks for what kvpin does anyway (so the field is not named). */
+static bool asks_nothing(const char *k, const json_t *v) {
+    if (json_is_null(v)) return true;
+    if (!strcmp(k, "echo") || !strcmp(k, "store")) return json_is_false(v);
+    if (!strcmp(k, "parallel_tool_calls")) return json_is_true(v);
+    if (!strcmp(k, "best_of")) return json_is_integer(v) && json_integer_value(v) == 1;
+    if (!strcmp(k, "suffix")) return json_string_length(v) == 0;
+    if (!strcmp(k, "logit_bias")) return json_object_size(v) == 0;
+    if (!strcmp(k, "modalities"))
+        return json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)) &&
+               !strcmp(json_string_value(json_array_get(v, 0)), "text");
+    return false;
+}
+
+static const char *const TYPE_WORD[] = {"a string", "true or false", "an integer", "an object", "an array", ""};
+
+/* One of NOT_ACTED (*known true), checked and named. */
+static bool not_acted(const char *k, const json_t *v, bool chat, kp_oai_request *r, kp_oai_error *e, bool *known) {
+    *known = false;
+    for (size_t i = 0; i < sizeof NOT_ACTED / sizeof NOT_ACTED[0]; i++) {
+        if (strcmp(k, NOT_ACTED[i].name) || !(NOT_ACTED[i].where & (chat ? F_CHAT : F_COMPL))) continue;
+        *known = true;
+        field_type t = NOT_ACTED[i].type;
+        bool ok = json_is_null(v) || t == T_ANY || (t == T_STRING && json_is_string(v)) ||
+                  (t == T_BOOL && json_is_boolean(v)) || (t == T_INT && json_is_integer(v)) ||
+                  (t == T_OBJECT && json_is_object(v)) || (t == T_ARRAY && json_is_array(v));
+        if (!ok) return BAD(e, k, "%s must be %s", k, TYPE_WORD[t]);
+        return asks_nothing(k, v) || other_field(r, false, true, k, e);
+    }
+    return true;
+}
+
+/* chat_template_kwargs: the template variables kvpin's renderings know
+ * (add_generation_prompt, enable_thinking); others are named. A free-form
+ * map by nature, so never refused for its members. */
+static bool template_kwargs(const json_t *v, kp_oai_request *r, kp_oai_error *e) {
+    if (json_is_null(v)) return true;
+    if (!json_is_object(v)) return BAD(e, "chat_template_kwargs", "chat_template_kwargs must be an object");
+    const char *k;
+    json_t *x;
+    json_object_foreach((json_t *)v, k, x) {
+        char path[160];
+        snprintf(path, sizeof path, "chat_template_kwargs.%.96s", k);
+        if (!strcmp(k, "add_generation_prompt") && !json_is_null(x)) {
+            if (!get_bool(x, path, &r->add_generation_prompt, e)) return false;
+        } else if (!strcmp(k, "enable_thinking") && !json_is_null(x)) {
+            if (!get_bool(x, path, &r->enable_thinking, e)) return false;
+            r->enable_thinking_set = true;
+        } else if (!other_field(r, false, true, path, e)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The fields of this section's own (llama.cpp's and OpenAI's cache fields)
+ * that kvpin acts on; *known false when k is none of them. */
+static bool policy_field(const char *k, const json_t *v, bool chat, kp_oai_request *r, int64_t *n_predict,
+                         kp_oai_error *e, bool *known) {
+    *known = true;
+    if (json_is_null(v)) return true;
+    if (!strcmp(k, "n_predict")) return get_count(v, k, -1, INT32_MAX, n_predict, e);
+    if (chat && !strcmp(k, "add_generation_prompt")) return get_bool(v, k, &r->add_generation_prompt, e);
+    if (chat && !strcmp(k, "chat_template_kwargs")) return template_kwargs(v, r, e);
+    if (!strcmp(k, "return_progress")) return get_bool(v, k, &r->return_progress, e);
+    if (!strcmp(k, "cache_prompt")) {
+        bool on = true;
+        if (!get_bool(v, k, &on, e)) return false;
+        return on || other_field(r, false, true, k, e); /* cached equals recomputed: reuse is always on */
+    }
+    if (!strcmp(k, "prompt_cache_key")) {
+        if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v))
+            return BAD(e, k, "prompt_cache_key must be a string");
+        if (json_string_length(v) > 256) return BAD(e, k, "prompt_cache_key is longer than 256 bytes");
+        r->prompt_cache_key = json_string_value(v);
+        return true;
+    }
+    if (!strcmp(k, "prompt_cache_retention")) {
+        const char *x = json_is_string(v) ? json_string_value(v) : "";
+        if (strcmp(x, "in_memory") && strcmp(x, "24h"))
+            return BAD(e, k, "prompt_cache_retention must be \"in_memory\" or \"24h\"");
+        r->retention = x;
+        r->retain_24h = !strcmp(x, "24h");
+        return true;
+    }
+    *known = false;
+    return true;
+}
+
+static const char *const MSG_KNOWN[] = {"role", "content", "name", "tool_calls", "tool_call_id",
+                                        "reasoning_content", NULL};
+static const char *const MSG_NOT_ACTED[] = {"refusal", "audio", "function_call", NULL};
+static const char *const PART_KNOWN[] = {"type", "text", NULL};
+static const char *const CALL_KNOWN[] = {"id", "type", "function", "index", NULL};
+static const char *const CALL_FN_KNOWN[] = {"name", "arguments", NULL};
+static const char *const TOOL_KNOWN[] = {"type", "function", NULL};
+static const char *const TOOL_FN_KNOWN[] = {"name", "description", "parameters", "strict", NULL};
+
+/* The members of the messages that kvpin does not read, and the content
+ * parts it cannot; the rest of the checking is the renderer's (chat.h). */
+static bool check_messages(kp_oai_request *r, bool strict, kp_oai_error *e) {
+    size_t i, j;
+    json_t *m, *part, *call;
+    char path[192];
+    json_array_foreach((json_t *)r->messages, i, m) {
+        if (!json_is_object(m)) continue;
+        const char *k;
+        json_t *v;
+        json_object_foreach(m, k, v) {
+            if (in_list(k, MSG_KNOWN)) continue;
+            bool na = in_list(k, MSG_NOT_ACTED);
+            if (na && json_is_null(v)) continue;
+            snprintf(path, sizeof path, "messages[%zu].%.96s", i, k);
+            if (!other_field(r, strict, na, path, e)) return false;
+        }
+        const json_t *content = json_object_get(m, "content");
+        json_array_foreach((json_t *)(json_is_array(content) ? content : NULL), j, part) {
+            if (!json_is_object(part)) continue;
+            const json_t *t = json_object_get(part, "type");
+            snprintf(path, sizeof path, "messages[%zu].content[%zu].type", i, j);
+            if (!json_is_string(t)) return BAD(e, path, "%s must be a string (\"text\")", path);
+            if (strcmp(json_string_value(t), "text"))
+                return BAD(e, path,
+                           "%s: kvpin serves text models and cannot read \"%.64s\" parts; send the content as "
+                           "a string or as {\"type\": \"text\", \"text\": ...} parts",
+                           path, json_string_value(t));
+            snprintf(path, sizeof path, "messages[%zu].content[%zu]", i, j);
+            if (!unknown_members(r, strict, part, PART_KNOWN, path, e)) return false;
+        }
+        const json_t *calls = json_object_get(m, "tool_calls");
+        json_array_foreach((json_t *)(json_is_array(calls) ? calls : NULL), j, call) {
+            if (!json_is_object(call)) continue;
+            snprintf(path, sizeof path, "messages[%zu].tool_calls[%zu]", i, j);
+            if (!unknown_members(r, strict, call, CALL_KNOWN, path, e)) return false;
+            const json_t *fn = json_object_get(call, "function");
+            snprintf(path, sizeof path, "messages[%zu].tool_calls[%zu].function", i, j);
+            if (json_is_object(fn) && !unknown_members(r, strict, fn, CALL_FN_KNOWN, path, e)) return false;
+        }
+    }
+    return true;
+}
+
+/* Deletes the members of obj not in known[]. */
+static void drop_unknown(json_t *obj, const char *const *known) {
+    const char *k;
+    json_t *v;
+    void *tmp;
+    json_object_foreach_safe(obj, tmp, k, v) {
+        if (!in_list(k, known)) json_object_del(obj, k);
+    }
+}
+
+/* The unknown members of tool definitions: named (or refused when
+ * strict) and left out of what the template renders (r->tools_own). */
+static bool check_tools(kp_oai_request *r, bool strict, kp_oai_error *e) {
+    size_t i;
+    json_t *t;
+    size_t before = r->ignored.len;
+    json_array_foreach((json_t *)r->tools, i, t) {
+        if (!json_is_object(t)) continue;
+        char path[64];
+        snprintf(path, sizeof path, "tools[%zu]", i);
+        if (!unknown_members(r, strict, t, TOOL_KNOWN, path, e)) return false;
+        const json_t *fn = json_object_get(t, "function");
+        snprintf(path, sizeof path, "tools[%zu].function", i);
+        if (json_is_object(fn) && !unknown_members(r, strict, fn, TOOL_FN_KNOWN, path, e)) return false;
+    }
+    if (r->ignored.len == before) return true;
+    json_t *own = json_deep_copy(r->tools);
+    if (!own) return OOM(e);
+    json_array_foreach(own, i, t) {
+        if (!json_is_object(t)) continue;
+        drop_unknown(t, TOOL_KNOWN);
+        json_t *fn = json_object_get(t, "function");
+        if (json_is_object(fn)) drop_unknown(fn, TOOL_FN_KNOWN);
+    }
+    r->tools_own = own;
+    r->tools = own;
+    return true;
+}
+
 void kp_oai_request_free(kp_oai_request *r) {
     json_decref(r->root);
+    json_decref(r->tools_own);
+    kp_buf_free(&r->ignored);
     free(r->prompt_tokens);
     memset(r, 0, sizeof *r);
 }
 
 bool kp_oai_parse(const char *body, size_t len, bool chat, kp_oai_request *r, kp_oai_error *e) {
+    return kp_oai_parse_opts(body, len, chat, false, r, e);
+}
+
+bool kp_oai_parse_opts(const char *body, size_t len, bool chat, bool strict, kp_oai_request *r, kp_oai_error *e) {
     memset(r, 0, sizeof *r);
     r->chat = chat;
+    r->add_generation_prompt = true;
+    r->enable_thinking = true;
+    int64_t n_predict = -1;
     r->sp = kp_sampler_defaults();
     r->sp.temp = 1.0f; /* OpenAI's defaults: temperature 1, top_p 1, no top-k / min-p */
     r->sp.top_p = 1.0f;
@@ -279,10 +519,14 @@ bool kp_oai_parse(const char *body, size_t len, bool chat, kp_oai_request *r, kp
             if (!json_is_object(v)) {
                 ok = BAD(e, k, "stream_options must be an object");
             } else {
-                static const char *const allowed[] = {"include_usage", NULL};
+                static const char *const known[] = {"include_usage", "include_obfuscation", NULL};
                 const json_t *iu = json_object_get(v, "include_usage");
-                ok = kp_oai_only_fields(v, allowed, e) &&
-                     (!iu || json_is_null(iu) || get_bool(iu, "stream_options.include_usage", &r->include_usage, e));
+                const json_t *io = json_object_get(v, "include_obfuscation");
+                bool obf = false;
+                ok = unknown_members(r, strict, v, known, "stream_options", e) &&
+                     (!iu || json_is_null(iu) || get_bool(iu, "stream_options.include_usage", &r->include_usage, e)) &&
+                     (!io || json_is_null(io) || get_bool(io, "stream_options.include_obfuscation", &obf, e)) &&
+                     (!obf || other_field(r, false, true, "stream_options.include_obfuscation", e));
             }
         } else if (!strcmp(k, "n")) {
             if (json_is_null(v)) continue;
@@ -309,8 +553,10 @@ bool kp_oai_parse(const char *body, size_t len, bool chat, kp_oai_request *r, kp
         } else if (!strcmp(k, "return_token_ids")) {
             ok = json_is_null(v) || get_bool(v, k, &r->return_token_ids, e);
         } else {
-            ok = neutral(k, v, chat, e, &known);
-            if (ok && !known) ok = BAD(e, k, "unknown field \"%s\"", k);
+            ok = policy_field(k, v, chat, r, &n_predict, e, &known);
+            if (ok && !known) ok = not_acted(k, v, chat, r, e, &known);
+            if (ok && !known) ok = neutral(k, v, chat, e, &known);
+            if (ok && !known) ok = other_field(r, strict, false, k, e);
         }
         if (!ok) {
             kp_oai_request_free(r);
@@ -337,6 +583,22 @@ bool kp_oai_parse(const char *body, size_t len, bool chat, kp_oai_request *r, kp
      * replies read as calls); calls and results in the history still render */
     const json_t *choice = chat ? json_object_get(r->root, "tool_choice") : NULL;
     if (json_is_string(choice) && !strcmp(json_string_value(choice), "none")) r->tools = NULL;
+    if (n_predict >= 0) { /* llama.cpp's name of max_tokens (-1: no limit) */
+        if (r->max_tokens_set && r->max_tokens != (uint32_t)n_predict) {
+            kp_oai_request_free(r);
+            return BAD(e, "n_predict", "n_predict (%lld) and max_tokens (%u) disagree; send one of them",
+                       (long long)n_predict, r->max_tokens);
+        }
+        r->max_tokens = (uint32_t)n_predict;
+        r->max_tokens_set = true;
+    }
+    bool ok = (!r->return_progress || r->stream || other_field(r, false, true, "return_progress", e)) &&
+              (!chat || check_messages(r, strict, e)) && (!r->tools || check_tools(r, strict, e));
+    if (!ok || r->ignored.oom) {
+        if (ok) OOM(e);
+        kp_oai_request_free(r);
+        return false;
+    }
     return true;
 }
 

@@ -18,15 +18,20 @@
  * presence_penalty and frequency_penalty [-2,2], repeat_penalty (0,10],
  * stop (a string or up to 16 strings), stream, stream_options.include_usage,
  * n (1..KP_OAI_MAX_N choices), logprobs (completions: an integer 0..5, the
- * top tokens listed; chat: true/false, with top_logprobs 0..20), user, ignore_eos, parse_special (completions: control-token
+ * top tokens listed; chat: true/false, with top_logprobs 0..20),
+ * ignore_eos, parse_special (completions: control-token
  * texts such as "</s>" in the prompt become those tokens; off by default,
  * so text is text), return_token_ids (the prompt's and the
  * completion's token ids in the choice, so a client can resend a turn as
- * ids and reuse the cache to the last token). Fields OpenAI defines that kvpin does not
- * act on are accepted only at their neutral value (echo false, best_of 1, logit_bias {} or null, tool_choice "auto"/"none"/
- * null, parallel_tool_calls, response_format {"type":"text"}, metadata,
- * store false); any other field is an error ("unknown field").
- * tool_choice "none" leaves tools NULL: the tools are not rendered.
+ * ids and reuse the cache to the last token), n_predict (llama.cpp's
+ * max_tokens; -1: none), cache_prompt, return_progress, prompt_cache_key,
+ * prompt_cache_retention; chat also add_generation_prompt and
+ * chat_template_kwargs (add_generation_prompt, enable_thinking). Fields
+ * others will act on are accepted at their neutral value only
+ * (tool_choice "auto"/"none"/null, response_format {"type":"text"},
+ * grammar null/""). Other OpenAI fields and unknown ones: the policy at
+ * kp_oai_parse_opts. tool_choice "none" leaves tools NULL: the tools are
+ * not rendered.
  */
 #ifndef KP_OAI_H
 #define KP_OAI_H
@@ -39,6 +44,7 @@
 #include "cache/engine.h"
 #include "model/sampler.h"
 #include "serve/scheduler.h"
+#include "base/buf.h"
 #include "base/status.h"
 #include "tok/tok.h"
 
@@ -82,12 +88,49 @@ typedef struct {
     bool logprobs;            /* report the generated tokens' log-probabilities */
     uint32_t top_logprobs;    /* ... with this many most likely tokens each */
     const char *model;        /* into root, NULL when absent */
+    /* the request policy (kp_oai_parse_opts) */
+    kp_buf ignored;           /* the fields kvpin accepted without acting on them, and the
+                                 unknown ones: "a,b,messages[0].foo" (data NULL when none) */
+    json_t *tools_own;        /* tools without their unknown members, when it had some (owned;
+                                 tools then points here) */
+    bool add_generation_prompt; /* chat: end with the assistant opener (default true) */
+    bool enable_thinking_set, enable_thinking; /* chat_template_kwargs.enable_thinking */
+    bool return_progress;     /* stream prompt_progress objects during the prefill */
+    const char *prompt_cache_key; /* into root, NULL when absent */
+    bool retain_24h;          /* prompt_cache_retention "24h" */
+    const char *retention;    /* into root: "in_memory", "24h", or NULL when absent */
 } kp_oai_request;
 
 /* Parses body[0..len). On failure returns false with *e set (400 and the
- * field) and *r empty. kp_oai_request_free releases a parsed request. */
+ * field) and *r empty. kp_oai_request_free releases a parsed request.
+ *
+ * The policy. Fields kvpin acts on are checked strictly (type, range,
+ * the value's meaning). Fields of the OpenAI API that kvpin does not act
+ * on are checked for their type and accepted; so are unknown fields,
+ * inside message objects, content parts, tool calls and tool definitions
+ * too (the unknown members of a tool definition are left out of the
+ * rendering). Both kinds are listed in r->ignored by path ("user",
+ * "messages[0].foo", "tools[1].function.bar"), except where the value asks
+ * for what kvpin does anyway (null, echo false, best_of 1, logit_bias {},
+ * store false, modalities ["text"], cache_prompt true...). strict: an
+ * unknown field is a 400 "unknown field" naming its path instead.
+ * Content parts that are not text (image_url, input_audio, file...) are a
+ * 400 naming the part's type field ("messages[1].content[0].type"). The
+ * fields other parts of kvpin will act on (response_format, grammar,
+ * tool_choice, n, logprobs, top_logprobs) are accepted at their neutral
+ * values only. README.md has the table of every field. */
+bool kp_oai_parse_opts(const char *body, size_t len, bool chat, bool strict, kp_oai_request *r, kp_oai_error *e);
+
+/* kp_oai_parse_opts, not strict. */
 bool kp_oai_parse(const char *body, size_t len, bool chat, kp_oai_request *r, kp_oai_error *e);
 void kp_oai_request_free(kp_oai_request *r);
+
+/* Adds name (a field's path) to a list of ignored fields (r->ignored):
+ * comma-separated, each name cut at 96 bytes with bytes outside visible
+ * ASCII (and ',') written as '?', the whole list at most 1024 bytes (then
+ * it ends in "..."), so that it can go into an HTTP header and a log line
+ * as it is. False when out of memory. */
+bool kp_oai_note_ignored(kp_buf *list, const char *name);
 
 /* Parses a JSON object body for the small endpoints (tokenize, probe, pin):
  * NULL with *e set when it is not a JSON object. */

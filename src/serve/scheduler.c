@@ -176,6 +176,11 @@ struct kp_sreq {
     kp_sreq *lead;       /* engine thread: running, waiting for lead's prefill to fork from it */
     uint32_t n_wait;     /* engine thread: followers waiting on this one's prefill */
     struct sgroup *grp;  /* wakes kp_sreq_wait_any; NULL alone */
+    /* the first prefill's progress, under mu (progress: the owner asked, kp_sreq_progress) */
+    atomic_bool progress;
+    bool prog_admitted, prog_new;
+    uint32_t prog_done;
+    double prog_ms;
 };
 
 /* What the choices of one kp_sched_submit_n share: a tick counter under a
@@ -292,6 +297,10 @@ void kp_sreq_cancel(kp_sreq *r) {
     if (r) atomic_store(&r->cancel, true);
 }
 
+void kp_sreq_progress(kp_sreq *r) {
+    if (r) atomic_store(&r->progress, true);
+}
+
 void kp_sreq_release(kp_sreq *r) {
     if (!r) return;
     kp_sreq_cancel(r);
@@ -316,7 +325,7 @@ bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u) {
     struct timespec until = deadline(timeout_ms);
     for (;;) {
         bool news = r->out.len > 0 || r->lp.len > 0 || r->new_tokens > 0 || (r->started && !r->started_seen) ||
-                    (r->finish != KP_FINISH_NONE && !r->finish_seen);
+                    (r->finish != KP_FINISH_NONE && !r->finish_seen) || r->prog_new;
         if (news || timeout_ms == 0) break;
         if (timeout_ms < 0)
             pthread_cond_wait(&r->cv, &r->mu);
@@ -324,7 +333,11 @@ bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u) {
             break;
     }
     bool changed = r->out.len > 0 || r->lp.len > 0 || r->new_tokens > 0 || (r->started && !r->started_seen) ||
-                   (r->finish != KP_FINISH_NONE && !r->finish_seen);
+                   (r->finish != KP_FINISH_NONE && !r->finish_seen) || r->prog_new;
+    r->prog_new = false;
+    u->admitted = r->prog_admitted;
+    u->prefill_done = r->started ? r->n_prompt : r->prog_done;
+    u->prefill_ms = r->prog_ms;
     if (r->out.len > 0) {
         u->text = r->out.data; /* ownership moves to the caller */
         u->len = r->out.len;
@@ -464,6 +477,7 @@ static kp_status sreq_make(kp_sched *s, const kp_sreq_params *p, uint32_t max_to
         r->text_len = p->text_len;
     }
     r->n_prompt = r->n_fill = p->n_prompt;
+    atomic_init(&r->progress, false);
     r->t_submit = now_s();
     *out = r;
     return KP_OK;
@@ -528,7 +542,11 @@ kp_status kp_sched_submit_n(kp_sched *s, const kp_sreq_params *p, uint32_t n, in
         return st;
     }
     pthread_mutex_lock(&s->mu);
-    if (s->stop || s->n_queued >= s->cfg.queue_max) {
+    /* queued requests that a free sequence slot takes at the engine's next
+     * iteration are not waiting: queue_max bounds the others (queue 0: a
+     * request is taken only when a slot is free for it) */
+    uint32_t free_slots = s->cfg.parallel > s->n_running ? s->cfg.parallel - s->n_running : 0;
+    if (s->stop || s->n_queued >= s->cfg.queue_max + free_slots) {
         bool stopping = s->stop;
         pthread_mutex_unlock(&s->mu);
         for (uint32_t i = 0; i < n; i++) {
@@ -729,6 +747,12 @@ static bool admit(kp_sched *s, kp_sreq *r, bool no_room) {
     if (has) r->doctor = d;
     r->has_doctor = has;
     r->queue_ms = (r->t_admit - r->t_submit) * 1e3;
+    r->prog_admitted = true;
+    r->prog_done = rep.reused_tokens;
+    if (atomic_load(&r->progress)) {
+        r->prog_new = true;
+        pthread_cond_broadcast(&r->cv);
+    }
     pthread_mutex_unlock(&r->mu);
     pthread_mutex_lock(&s->mu);
     s->st.requests_started++;
@@ -939,6 +963,17 @@ static bool on_logits(kp_sched *s, kp_sreq *r) {
     return false;
 }
 
+/* The first prefill of r (which asked for progress) advanced: its owner
+ * is woken with the positions computed so far. Engine thread. */
+static void prefill_progress(kp_sreq *r) {
+    pthread_mutex_lock(&r->mu);
+    r->prog_done = r->fed;
+    r->prog_ms = (now_s() - r->t_admit) * 1e3;
+    r->prog_new = true;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
 /* Removes finished requests (NULL slots) from the running table. */
 static void compact(kp_sched *s) {
     uint32_t k = 0;
@@ -1034,6 +1069,8 @@ static void step(kp_sched *s) {
             continue;
         }
         r->fed += it->n;
+        if (atomic_load(&r->progress) && r->completion_tokens == 0 && !r->started && r->fed <= r->n_prompt)
+            prefill_progress(r);
         if (it->logits && r->n_wait > 0 && r->fed == r->n_fill) fork_followers(s, r);
         if (it->logits && on_logits(s, r)) s->running[slot] = NULL;
     }

@@ -56,7 +56,9 @@ typedef struct kp_sched kp_sched;
 
 typedef struct {
     uint32_t parallel;      /* running sequences at most (>= 1) */
-    uint32_t queue_max;     /* requests waiting at most; more: KP_EFULL (preempted ones return even past it) */
+    uint32_t queue_max;     /* requests waiting for a sequence at most, beyond those a free sequence
+                               slot takes (0: only those); more: KP_EFULL (preempted ones return even
+                               past it) */
     uint32_t prefill_chunk; /* prompt tokens per step, over all prefilling sequences */
 } kp_sched_config;
 
@@ -159,6 +161,12 @@ typedef struct {
     kp_doctor_report doctor;    /* divergence, snippets and cause (JSON-escaped snippets) */
     bool has_doctor;
     double queue_ms, ttft_ms; /* waiting time; submit to first token */
+    /* the prompt's first prefill: admitted, its positions computed so far
+     * (the cached ones included; n_prompt once started) and the time since
+     * admission. After kp_sreq_progress, each slice wakes the owner. */
+    bool admitted;
+    uint32_t prefill_done;
+    double prefill_ms;
     /* the token ids: prompt_tokens of the prompt, then completion_tokens
      * generated ones (an end-of-generation token included); owned by the
      * request, valid until kp_sreq_release */
@@ -182,6 +190,11 @@ bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u);
  * search starts after the *which given (pass n - 1 to start at 0), so no
  * choice starves the others. Returns false on timeout. */
 bool kp_sreq_wait_any(kp_sreq *const *rs, uint32_t n, int timeout_ms, uint32_t *which, kp_sreq_update *u);
+
+/* From now on, kp_sreq_wait also wakes after every slice of the prompt's
+ * first prefill (kp_sreq_update.prefill_done), for a client that shows
+ * progress. Call it right after kp_sreq_submit. */
+void kp_sreq_progress(kp_sreq *r);
 
 /* Asks the scheduler to stop the request (a client went away). The tokens
  * it computed stay cached. Safe to call more than once, and after the end. */

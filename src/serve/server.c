@@ -64,6 +64,7 @@
 #include "base/buf.h"
 #include "base/unicode.h"
 #include "cache/doctor.h"
+#include "serve/cachekeys.h"
 #include "serve/oai.h"
 
 #define N_STATUS 12
@@ -91,6 +92,7 @@ struct kp_server {
     pthread_t guard;
     bool guard_started, guard_stop;
     atomic_uint_fast64_t cut_slow; /* connections cut at the deadline */
+    kp_ckeys *ckeys;               /* requests by prompt_cache_key, retention pins */
 };
 
 /* What the log line of a request says (log_line). */
@@ -108,6 +110,7 @@ typedef struct {
     const char *cause;    /* the cache report's cause (static), or NULL */
     const char *finish;   /* stop, length, tool_calls, cancelled, error, client_left (static), or NULL */
     double ttft_ms;
+    char ignored[208];    /* the request's ignored fields (x-kvpin-ignored-fields), "" when none */
 } reqlog;
 
 typedef struct {
@@ -173,7 +176,7 @@ static void note_gen(reqlog *l, const kp_sreq_update *u, const char *finish) {
 
 /* One line on stderr, one fputs (whole even when threads log at once):
  *   TIME id= client= method= path= status= error= prompt= cached= computed=
- *   cause= completion= finish= preempted= ttft_ms= total_ms=
+ *   cause= completion= finish= preempted= ttft_ms= total_ms= ignored=
  * "-" where a field does not apply (see README.md). */
 static void log_line(const kp_server *s, const reqlog *l) {
     if (s->cfg.quiet) return;
@@ -193,10 +196,11 @@ static void log_line(const kp_server *s, const reqlog *l) {
     char line[1024];
     snprintf(line, sizeof line,
              "%s.%03dZ id=%s client=%s method=%s path=%s status=%u error=%s prompt=%s cached=%s computed=%s "
-             "cause=%s completion=%s finish=%s preempted=%s ttft_ms=%s total_ms=%.1f\n",
+             "cause=%s completion=%s finish=%s preempted=%s ttft_ms=%s total_ms=%.1f ignored=%s\n",
              when, (int)(ts.tv_nsec / 1000000), l->id, l->client, l->method, l->path, l->status ? l->status : 499,
              l->code ? l->code : l->status ? "-" : "client_left", num[0], num[1], num[2], l->cause ? l->cause : "-",
-             num[3], l->finish ? l->finish : "-", num[4], ttft, (now_s() - l->t0) * 1e3);
+             num[3], l->finish ? l->finish : "-", num[4], ttft, (now_s() - l->t0) * 1e3,
+             l->ignored[0] ? l->ignored : "-");
     fputs(line, stderr);
 }
 
@@ -271,6 +275,17 @@ static enum MHD_Result reply_json(kp_server *s, struct MHD_Connection *c, unsign
                                                             "\"type\":\"server_error\",\"param\":null,\"code\":null}}",
                             84, NULL, NULL);
     enum MHD_Result ok = reply(s, c, status, "application/json", text, strlen(text), NULL, NULL);
+    free(text);
+    return ok;
+}
+
+/* reply_json with one more header (name NULL: none). */
+static enum MHD_Result reply_json_h(kp_server *s, struct MHD_Connection *c, unsigned status, json_t *j,
+                                    const char *name, const char *value) {
+    char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!text) return reply_json(s, c, status, NULL);
+    enum MHD_Result ok = reply(s, c, status, "application/json", text, strlen(text), name, value);
     free(text);
     return ok;
 }
@@ -381,14 +396,21 @@ static bool tokenize_prompt(kp_server *s, const char *text, size_t len, const kp
     return true;
 }
 
+/* How a chat prompt is rendered (kp_chat_opts beyond the tokens' texts). */
+typedef struct {
+    bool add_generation_prompt; /* chat: end with the assistant opener */
+    bool disable_thinking;      /* qwen3's enable_thinking false */
+} prompt_opts;
+
 /* The prompt of a request body: "prompt" (text or token ids) or "messages"
- * (+ "tools") through the chat template. Only the template's markup may
+ * (+ "tools") through the chat template, rendered as po says (NULL: the
+ * generation prompt on, thinking on). Only the template's markup may
  * produce control tokens: the client's text in a rendering is tokenized as
  * plain text (kp_chat_render_plain's ranges), and so is a completions
  * prompt unless parse_special asks otherwise. */
 static bool request_tokens(kp_server *s, const json_t *prompt, const json_t *messages, const json_t *tools,
-                           bool parse_special, int32_t **ids, size_t *n, char **text_out, size_t *text_len,
-                           kp_oai_error *e) {
+                           bool parse_special, const prompt_opts *po, int32_t **ids, size_t *n, char **text_out,
+                           size_t *text_len, kp_oai_error *e) {
     *ids = NULL;
     *n = 0;
     *text_out = NULL;
@@ -398,7 +420,8 @@ static bool request_tokens(kp_server *s, const json_t *prompt, const json_t *mes
             return kp_oai_fail(e, 400, "invalid_request_error", "no_chat_template", "messages",
                                "the model has no chat template kvpin can render; start the server with "
                                "--chat-template NAME or use /v1/completions");
-        kp_chat_opts o = {s->cfg.chat_bos, s->cfg.chat_eos, true, NULL, false};
+        kp_chat_opts o = {s->cfg.chat_bos, s->cfg.chat_eos, po ? po->add_generation_prompt : true, NULL,
+                          po ? po->disable_thinking : false};
         char *text = NULL;
         size_t len = 0;
         kp_error err = {0};
@@ -536,6 +559,12 @@ typedef struct {
     uint64_t id_seed;
     reqlog log;          /* the request's log line, written by stream_free */
     const char *finish;  /* the finish reason sent, once done */
+    /* return_progress: prompt_progress chunks until the prompt is computed */
+    bool progress, prog_any, prog_over;
+    uint32_t prog_sent;
+    /* prompt_cache_key ("" none) and prompt_cache_retention (NULL none) */
+    char key[KP_CKEYS_KEY_MAX + 1];
+    const char *retention;
 } stream;
 
 static void sb_add(stream *st, const char *b, size_t n) { kp_buf_put(&st->out, b, n); }
@@ -647,10 +676,85 @@ static const char *stream_tools(stream *st, const char *text, size_t len, bool f
     return "tool_calls";
 }
 
+/* return_progress: a chunk with no choices and llama.cpp's prompt_progress
+ * object (total prompt tokens, those from the cache, those computed so far
+ * counting the cached ones, milliseconds since the prefill began). The
+ * first one is the state at admission (processed = cache), the last one
+ * processed = total; slices that passed between two waits are reported
+ * once, by the later. */
+static void sb_progress(stream *st, const kp_sreq_update *u) {
+    if (!st->prog_any && u->prefill_done > u->report.reused_tokens) { /* the state at admission comes first */
+        kp_sreq_update at = *u;
+        at.prefill_done = u->report.reused_tokens;
+        at.prefill_ms = 0;
+        sb_progress(st, &at);
+    }
+    json_t *j = chunk_base(st);
+    json_object_set_new(j, "choices", json_array());
+    json_object_set_new(j, "prompt_progress",
+                        json_pack("{s:I, s:I, s:I, s:I}", "total", (json_int_t)u->prompt_tokens, "cache",
+                                  (json_int_t)u->report.reused_tokens, "processed", (json_int_t)u->prefill_done,
+                                  "time_ms", (json_int_t)(u->prefill_ms + 0.5)));
+    sb_event(st, j);
+    st->prog_any = true;
+    st->prog_sent = u->prefill_done;
+    st->prog_over = u->prefill_done >= u->prompt_tokens;
+}
+
+/* prompt_cache_retention "24h": pins the prompt of a generation that
+ * ended (its tokens are cached by now) for 24 hours; the key's previous
+ * retention pin (or the oldest keyless one past the table's bound) is
+ * removed. rj (the report) gets the pin or why there is none. */
+static void retain_prompt(kp_server *s, const char *key, const kp_sreq_update *u, json_t *rj) {
+    kp_error err = {0}, err2 = {0};
+    uint64_t id = 0;
+    kp_eng_stats k;
+    int64_t now = (int64_t)time(NULL), ttl = 24 * 3600;
+    kp_status st = u->ids && u->prompt_tokens
+                       ? kp_sched_pin(s->sched, u->ids, u->prompt_tokens, ttl, now, &id, &k, &err)
+                       : kp_fail(&err, KP_EINVAL, "no prompt to pin");
+    if (st == KP_OK) {
+        uint64_t old = kp_ckeys_retain(s->ckeys, key, id, now + ttl, now);
+        if (old && old != id) kp_sched_unpin(s->sched, old, &err2); /* gone already (expired, unpinned): fine */
+        char sid[32];
+        snprintf(sid, sizeof sid, "pin-%llu", (unsigned long long)id);
+        json_object_set_new(rj, "pinned", json_true());
+        json_object_set_new(rj, "pin", json_string(sid));
+        json_object_set_new(rj, "tokens", json_integer((json_int_t)u->prompt_tokens));
+        json_object_set_new(rj, "expires_at", json_integer((json_int_t)(now + ttl)));
+    } else {
+        json_object_set_new(rj, "pinned", json_false());
+        json_object_set_new(rj, "code", json_string(st == KP_EFULL ? "pinned_cap" : "not_pinned"));
+        json_object_set_new(rj, "error", json_string(err.msg));
+    }
+    kp_sched_cache snap;
+    kp_sched_cache_get(s->sched, &snap); /* published before the pin and unpin returned */
+    json_object_set_new(rj, "pinned_bytes", json_integer((json_int_t)snap.kv.pinned_bytes));
+    json_object_set_new(rj, "pinned_cap_bytes", json_integer((json_int_t)snap.kv.pinned_cap_bytes));
+}
+
+/* At the end of a generation: counts it under its prompt_cache_key ("":
+ * none) and makes its retention pin (retention NULL: none); cj (the
+ * kvpin_cache object, may be NULL) gets "prompt_cache_key" and
+ * "retention". */
+static void cache_fields(kp_server *s, const char *key, const char *retention, const kp_sreq_update *u, json_t *cj) {
+    if (key[0]) {
+        kp_ckeys_note(s->ckeys, key, u->prompt_tokens, u->cached_tokens, (int64_t)time(NULL));
+        if (cj) json_object_set_new(cj, "prompt_cache_key", json_string(key));
+    }
+    if (!retention) return;
+    json_t *rj = json_pack("{s:s}", "policy", retention);
+    if (rj && !strcmp(retention, "24h")) retain_prompt(s, key[0] ? key : NULL, u, rj);
+    if (cj) json_object_set_new(cj, "retention", rj);
+    else json_decref(rj);
+}
+
 /* Turns a scheduler update into SSE events. */
 static void stream_update(stream *st, kp_sreq_update *u) {
     const char *finish = kp_oai_finish_name(u->finish);
     bool over = u->finish == KP_FINISH_LENGTH || u->finish == KP_FINISH_STOP;
+    if (st->progress && u->admitted && !st->prog_over && (!st->prog_any || u->prefill_done != st->prog_sent))
+        sb_progress(st, u);
     if (st->tools)
         finish = stream_tools(st, u->text ? u->text : "", u->len, over, finish);
     else if (u->len > 0)
@@ -667,11 +771,13 @@ static void stream_update(stream *st, kp_sreq_update *u) {
     } else {
         st->finish = finish;
         sb_chunk(st, NULL, 0, finish, st->return_ids ? u : NULL);
+        json_t *cj = st->include_usage ? gen_cache_json(u) : NULL;
+        cache_fields(st->s, st->key, st->retention, u, cj);
         if (st->include_usage) {
             json_t *j = chunk_base(st);
             json_object_set_new(j, "choices", json_array());
             json_object_set_new(j, "usage", kp_oai_usage_json(u->prompt_tokens, u->cached_tokens, u->completion_tokens));
-            json_object_set_new(j, "kvpin_cache", gen_cache_json(u));
+            json_object_set_new(j, "kvpin_cache", cj);
             sb_event(st, j);
         }
     }
@@ -737,7 +843,8 @@ static void stream_free(void *cls) {
  * releases cls when the response ends; st is its stream, for the log line
  * of a response that could not be made). */
 static enum MHD_Result sse_response(kp_server *s, struct MHD_Connection *c, conn *cn, MHD_ContentReaderCallback reader,
-                                    void *cls, MHD_ContentReaderFreeCallback free_cb, stream *st) {
+                                    void *cls, MHD_ContentReaderFreeCallback free_cb, stream *st,
+                                    const char *hname, const char *hvalue) {
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, reader, cls, free_cb);
     if (!resp) {
         st->log.status = 500;
@@ -749,6 +856,7 @@ static enum MHD_Result sse_response(kp_server *s, struct MHD_Connection *c, conn
     MHD_add_response_header(resp, "x-request-id", cn->log.id);
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    if (hname) MHD_add_response_header(resp, hname, hvalue);
     enum MHD_Result res = MHD_queue_response(c, 200, resp);
     MHD_destroy_response(resp);
     count_status(s, 200);
@@ -916,11 +1024,13 @@ static void mstream_update(mstream *m, uint32_t i, kp_sreq_update *u) {
         mchunk(m, i, NULL, 0, NULL, finish, st->return_ids ? &c->last : NULL);
         st->finish = finish;
         if (++m->n_over < m->n) return;
+        json_t *cj = st->include_usage ? choices_cache_json(m) : NULL;
+        cache_fields(st->s, st->key, st->retention, &m->ch[0].last, cj);
         if (st->include_usage) {
             json_t *j = chunk_base(st);
             json_object_set_new(j, "choices", json_array());
             json_object_set_new(j, "usage", choices_usage(m, NULL, NULL));
-            json_object_set_new(j, "kvpin_cache", choices_cache_json(m));
+            json_object_set_new(j, "kvpin_cache", cj);
             sb_event(st, j);
         }
     }
@@ -1007,7 +1117,8 @@ static json_t *choice_json(mstream *m, uint32_t i, const char **finish_out) {
 /* generate() for n > 1 or logprobs: submits the choices, waits, answers
  * (one JSON body, or the stream). p's strings are copied by the submit. */
 static enum MHD_Result generate_choices(kp_server *s, struct MHD_Connection *c, conn *cn, const kp_oai_request *q,
-                                        const kp_sreq_params *p, bool tools) {
+                                        const kp_sreq_params *p, bool tools, const char *key,
+                                        const char *retention, const char *ign_h, const char *ignored) {
     bool chat = q->chat;
     kp_oai_error e;
     mstream *m = calloc(1, sizeof *m);
@@ -1032,6 +1143,8 @@ static enum MHD_Result generate_choices(kp_server *s, struct MHD_Connection *c, 
     sm->created = time(NULL);
     sm->t0 = cn->t0;
     sm->id_seed = p->sp.seed ^ (uint64_t)sm->created;
+    snprintf(sm->key, sizeof sm->key, "%s", key);
+    sm->retention = retention;
     snprintf(sm->id, sizeof sm->id, "%s-%016llx", chat ? "chatcmpl" : "cmpl",
              (unsigned long long)(atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull ^ (uint64_t)s->started));
     for (uint32_t i = 0; i < m->n; i++)
@@ -1097,31 +1210,44 @@ static enum MHD_Result generate_choices(kp_server *s, struct MHD_Connection *c, 
         for (uint32_t i = 0; i < m->n; i++) json_array_append_new(arr, choice_json(m, i, &finish));
         uint32_t completion;
         json_t *usage = choices_usage(m, &completion, NULL);
+        json_t *cj = choices_cache_json(m);
+        cache_fields(s, key, retention, &m->ch[0].last, cj);
         json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o, s:o}", "id", sm->id, "object",
                               chat ? "chat.completion" : "text_completion", "created", (json_int_t)time(NULL), "model",
-                              s->cfg.model_name, "choices", arr, "usage", usage, "kvpin_cache", choices_cache_json(m));
+                              s->cfg.model_name, "choices", arr, "usage", usage, "kvpin_cache", cj);
         kp_sreq_update l = m->ch[0].last;
         l.completion_tokens = completion;
         note_gen(&cn->log, &l, finish ? finish : finish_word(&l, true));
         mstream_free_all(m);
-        return reply_json(s, c, 200, j);
+        return reply_json_h(s, c, 200, j, ign_h, ignored);
     }
     sm->log = cn->log;
     sm->log.status = 200;
     cn->streamed = true;
-    return sse_response(s, c, cn, mstream_reader, m, mstream_free, sm);
+    return sse_response(s, c, cn, mstream_reader, m, mstream_free, sm, ign_h, ignored);
 }
 
 static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn, bool chat) {
     kp_oai_request q;
     kp_oai_error e;
-    if (!kp_oai_parse(cn->body.data, cn->body.len, chat, &q, &e)) return reply_error(s, c, &e);
+    if (!kp_oai_parse_opts(cn->body.data, cn->body.len, chat, s->cfg.strict_api, &q, &e)) return reply_error(s, c, &e);
+    /* the request policy's leftovers: what the template cannot do, the names for the header and the log */
+    if (q.enable_thinking_set && s->cfg.chat != KP_CHAT_QWEN3)
+        kp_oai_note_ignored(&q.ignored, "chat_template_kwargs.enable_thinking");
+    char ignored[1100];
+    snprintf(ignored, sizeof ignored, "%s", q.ignored.data ? q.ignored.data : "");
+    snprintf(cn->log.ignored, sizeof cn->log.ignored, "%.200s", ignored);
+    const char *ign_h = ignored[0] ? "x-kvpin-ignored-fields" : NULL;
+    char key[KP_CKEYS_KEY_MAX + 1];
+    snprintf(key, sizeof key, "%s", q.prompt_cache_key ? q.prompt_cache_key : "");
+    const char *retention = !q.retention ? NULL : q.retain_24h ? "24h" : "in_memory";
+    prompt_opts po = {q.add_generation_prompt, q.enable_thinking_set && !q.enable_thinking};
     int32_t *ids = NULL;
     size_t n = 0, tlen0 = 0;
     char *ptext = NULL;
     bool ok = q.prompt_tokens ? true
                               : request_tokens(s, chat ? NULL : json_object_get(q.root, "prompt"), q.messages,
-                                               q.tools, q.parse_special, &ids, &n, &ptext, &tlen0, &e);
+                                               q.tools, q.parse_special, &po, &ids, &n, &ptext, &tlen0, &e);
     if (q.prompt_tokens) {
         for (uint32_t i = 0; i < q.n_prompt_tokens && ok; i++)
             if (q.prompt_tokens[i] >= kp_tok_n_vocab(s->v))
@@ -1158,7 +1284,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
     kp_sreq_params p = {ids,   (uint32_t)n, max_tokens, q.sp, q.stops, q.n_stops, q.ignore_eos,
                         ptext, tlen0,       q.max_tokens_set};
     if (q.n > 1 || q.logprobs) {
-        enum MHD_Result res = generate_choices(s, c, cn, &q, &p, chat && q.tools && kp_chat_family_has_tools(s->cfg.chat));
+        enum MHD_Result res = generate_choices(s, c, cn, &q, &p, chat && q.tools, key, retention, ign_h, ignored);
         free(ids);
         free(ptext);
         kp_oai_request_free(&q);
@@ -1170,12 +1296,14 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
     free(ids);
     free(ptext);
     bool stream_it = q.stream, usage = q.include_usage, return_ids = q.return_token_ids;
+    bool progress = q.return_progress && q.stream;
     bool tools = chat && q.tools; /* the template's tool syntax, or the generic format (chat.h) */
     kp_oai_request_free(&q);
     if (st != KP_OK) {
         status_error(st, &err, st == KP_ERANGE ? (chat ? "messages" : "prompt") : NULL, &e);
         return reply_error(s, c, &e);
     }
+    if (progress) kp_sreq_progress(r);
     /* wait until the prompt is computed (or the request failed) */
     kp_sreq_update u = {0};
     char *text = NULL;
@@ -1199,7 +1327,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
             v.text = NULL;
         }
         u = v;
-        if (u.finish != KP_FINISH_NONE || (stream_it && u.started)) break;
+        if (u.finish != KP_FINISH_NONE || (stream_it && (u.started || (progress && u.admitted)))) break;
         if (client_gone(c) || atomic_load(&s->stopping)) {
             kp_sreq_cancel(r);
             bool stopping = atomic_load(&s->stopping);
@@ -1241,11 +1369,14 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
         memcpy(sm->id, id, sizeof id);
         sm->tools = tools;
         sm->id_seed = p.sp.seed ^ (uint64_t)sm->created;
+        sm->progress = progress;
+        memcpy(sm->key, key, sizeof key);
+        sm->retention = retention;
         if (chat) sb_chunk(sm, "", 0, NULL, NULL); /* the role first, as OpenAI does */
         u.text = text;
         u.len = tlen;
         stream_update(sm, &u); /* frees text */
-        return sse_response(s, c, cn, stream_reader, sm, stream_free, sm);
+        return sse_response(s, c, cn, stream_reader, sm, stream_free, sm, ign_h, ignored);
     }
     json_t *choice;
     const char *finish = kp_oai_finish_name(u.finish);
@@ -1269,15 +1400,16 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
         choice = json_pack("{s:i, s:s%, s:n, s:s?}", "index", 0, "text", text ? text : "", tlen, "logprobs",
                            "finish_reason", finish);
     if (return_ids && choice) add_token_ids(choice, &u);
+    json_t *cj = gen_cache_json(&u);
+    cache_fields(s, key, retention, &u, cj);
     json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o, s:o}", "id", id, "object",
                           chat ? "chat.completion" : "text_completion", "created", (json_int_t)time(NULL), "model",
                           s->cfg.model_name, "choices", choice, "usage",
-                          kp_oai_usage_json(u.prompt_tokens, u.cached_tokens, u.completion_tokens), "kvpin_cache",
-                          gen_cache_json(&u));
+                          kp_oai_usage_json(u.prompt_tokens, u.cached_tokens, u.completion_tokens), "kvpin_cache", cj);
     note_gen(&cn->log, &u, finish ? finish : finish_word(&u, true));
     free(text);
     kp_sreq_release(r);
-    return reply_json(s, c, 200, j);
+    return reply_json_h(s, c, 200, j, ign_h, ignored);
 }
 
 /* ---- small endpoints ---------------------------------------------------------- */
@@ -1445,15 +1577,22 @@ static enum MHD_Result cache_get(kp_server *s, struct MHD_Connection *c) {
                                "lookups", (json_int_t)k.n_lookups, "hits", (json_int_t)k.n_hits, "reused_tokens",
                                (json_int_t)k.reused_tokens, "running", (json_int_t)ss.running, "queued",
                                (json_int_t)ss.queued);
+    json_t *keys = kp_ckeys_json(s->ckeys);
     return reply_json(s, c, 200,
-                      json_pack("{s:s, s:b, s:o, s:o, s:o}", "object", "kvpin.cache", "prefix_cache", k.prefix_cache,
-                                "kv", kv_json(&k), "counts", counts, "prefixes", list));
+                      json_pack("{s:s, s:b, s:o, s:o, s:o, s:o}", "object", "kvpin.cache", "prefix_cache",
+                                k.prefix_cache, "kv", kv_json(&k), "counts", counts, "prefixes", list,
+                                "prompt_cache_keys", keys ? keys : json_array()));
 }
 
 /* The tokens of a probe or pin body: {"prompt": ...} or {"messages": [...], "tools": [...]}. */
-static bool body_tokens(kp_server *s, json_t *o, const char *const *allowed, int32_t **ids, size_t *n,
-                        char **text, size_t *text_len, kp_oai_error *e) {
+static bool body_tokens(kp_server *s, json_t *o, const char *const *allowed, bool add_gen, int32_t **ids,
+                        size_t *n, char **text, size_t *text_len, kp_oai_error *e) {
     if (!kp_oai_only_fields(o, allowed, e)) return false;
+    const json_t *ag = json_object_get(o, "add_generation_prompt");
+    if (ag && !json_is_boolean(ag) && !json_is_null(ag))
+        return kp_oai_fail(e, 400, "invalid_request_error", NULL, "add_generation_prompt",
+                           "add_generation_prompt must be true or false");
+    prompt_opts po = {json_is_boolean(ag) ? json_is_true(ag) : add_gen, false};
     const json_t *prompt = json_object_get(o, "prompt"), *messages = json_object_get(o, "messages");
     const json_t *tools = json_object_get(o, "tools");
     if (!prompt == !messages)
@@ -1467,18 +1606,19 @@ static bool body_tokens(kp_server *s, json_t *o, const char *const *allowed, int
     const json_t *ps = json_object_get(o, "parse_special");
     if (ps && !json_is_boolean(ps) && !json_is_null(ps))
         return kp_oai_fail(e, 400, "invalid_request_error", NULL, "parse_special", "parse_special must be true or false");
-    return request_tokens(s, prompt, messages, tools, json_is_true(ps), ids, n, text, text_len, e);
+    return request_tokens(s, prompt, messages, tools, json_is_true(ps), &po, ids, n, text, text_len, e);
 }
 
 static enum MHD_Result cache_probe(kp_server *s, struct MHD_Connection *c, conn *cn) {
     kp_oai_error e;
     json_t *o = kp_oai_parse_object(cn->body.data, cn->body.len, &e);
     if (!o) return reply_error(s, c, &e);
-    static const char *const allowed[] = {"prompt", "messages", "tools", "model", "parse_special", NULL};
+    static const char *const allowed[] = {"prompt", "messages", "tools", "model", "parse_special",
+                                          "add_generation_prompt", NULL};
     int32_t *ids = NULL;
     size_t n = 0, tl = 0;
     char *text = NULL;
-    bool ok = body_tokens(s, o, allowed, &ids, &n, &text, &tl, &e);
+    bool ok = body_tokens(s, o, allowed, true, &ids, &n, &text, &tl, &e); /* what a chat request would send */
     json_decref(o);
     if (!ok) return reply_error(s, c, &e);
     kp_eng_report r;
@@ -1503,7 +1643,8 @@ static enum MHD_Result cache_pin(kp_server *s, struct MHD_Connection *c, conn *c
     kp_oai_error e;
     json_t *o = kp_oai_parse_object(cn->body.data, cn->body.len, &e);
     if (!o) return reply_error(s, c, &e);
-    static const char *const allowed[] = {"prompt", "messages", "tools", "model", "ttl", "parse_special", NULL};
+    static const char *const allowed[] = {"prompt",        "messages", "tools", "model", "ttl", "parse_special",
+                                          "add_generation_prompt", NULL};
     const json_t *ttl_j = json_object_get(o, "ttl");
     int64_t ttl = 0;
     if (ttl_j && !json_is_null(ttl_j)) {
@@ -1517,7 +1658,8 @@ static enum MHD_Result cache_pin(kp_server *s, struct MHD_Connection *c, conn *c
     int32_t *ids = NULL;
     size_t n = 0, tl = 0;
     char *text = NULL;
-    bool ok = body_tokens(s, o, allowed, &ids, &n, &text, &tl, &e);
+    /* a pinned conversation ends where the next turn's messages go on: no assistant opener */
+    bool ok = body_tokens(s, o, allowed, false, &ids, &n, &text, &tl, &e);
     json_decref(o);
     free(text);
     if (!ok) return reply_error(s, c, &e);
@@ -1969,6 +2111,12 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     if (!s->cfg.max_connections) s->cfg.max_connections = 1024;
     if (!s->cfg.max_per_address) s->cfg.max_per_address = 64;
     if (!s->cfg.request_timeout_s) s->cfg.request_timeout_s = 30;
+    /* 256 keys, 64 keyless retention pins: a key table that serves many agents, bounded */
+    kp_status cst = kp_ckeys_new(&s->ckeys, 256, 64, err);
+    if (cst != KP_OK) {
+        free(s);
+        return cst;
+    }
     pthread_mutex_init(&s->guard_mu, NULL);
     pthread_cond_init(&s->guard_cv, NULL);
     s->sched = sched;
@@ -1991,6 +2139,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     if (gai != 0 || !ai) {
         pthread_mutex_destroy(&s->guard_mu);
         pthread_cond_destroy(&s->guard_cv);
+        kp_ckeys_free(s->ckeys);
         free(s);
         return kp_fail(err, KP_EIO, "cannot resolve --host %s: %s", cfg->host, gai_strerror(gai));
     }
@@ -2039,12 +2188,14 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
         MHD_stop_daemon(s->d);
         pthread_mutex_destroy(&s->guard_mu);
         pthread_cond_destroy(&s->guard_cv);
+        kp_ckeys_free(s->ckeys);
         free(s);
         return kp_fail(err, KP_EIO, "cannot start the request-deadline thread");
     }
     if (!s->d) {
         pthread_mutex_destroy(&s->guard_mu);
         pthread_cond_destroy(&s->guard_cv);
+        kp_ckeys_free(s->ckeys);
         free(s);
         if (v6_seen && MHD_is_feature_supported(MHD_FEATURE_IPv6) != MHD_YES)
             return kp_fail(err, KP_EIO, "cannot listen on %s: this libmicrohttpd has no IPv6", cfg->host);
@@ -2072,5 +2223,6 @@ void kp_server_free(kp_server *s) {
     }
     pthread_mutex_destroy(&s->guard_mu);
     pthread_cond_destroy(&s->guard_cv);
+    kp_ckeys_free(s->ckeys);
     free(s);
 }

@@ -20,6 +20,11 @@
  * With an API key every path but /health and /v1/health needs it, and 401
  * comes before any other answer (404, 405, 413).
  *
+ * Completions and chat responses (streams too) carry x-kvpin-ignored-fields
+ * when the request had fields kvpin accepted without acting on them, or
+ * unknown ones ("user,messages[0].foo"; with strict_api unknown fields are
+ * a 400 instead); the log line has them as ignored=.
+ *
  * Every response carries an x-request-id header: the client's own when it
  * sent a sane one (1 to 64 visible ASCII characters), else one the server
  * makes. Unless quiet, each request ends with one line on stderr (see
@@ -56,6 +61,8 @@ typedef struct {
     const char *chat_eos;
     uint32_t completion_max_tokens; /* default max_tokens of /v1/completions; 0: 16 */
     bool quiet;                /* no request log on stderr */
+    bool strict_api;           /* unknown request fields are a 400 instead of being ignored and named
+                                  in x-kvpin-ignored-fields (oai.h, kp_oai_parse_opts) */
 } kp_server_config;
 
 typedef struct kp_server kp_server;
