@@ -1780,6 +1780,93 @@ static void test_mask_counters(void) {
     kp_gvocab_free(gv);
 }
 
+/* The walk's shortcuts (whole subtrees accepted when the state loops on
+ * their bytes, on whole UTF-8 characters, or would with its counters
+ * unbounded) against brute force, on a vocabulary rich in non-ASCII
+ * pieces: a slice of deepseek-llm's plus every byte and pieces that split
+ * characters. Random walks over several string-heavy schemas. */
+static void test_mask_unicode(void) {
+    kp_tok_vocab *src = load_vocab("tests/data/vocab/ggml-vocab-deepseek-llm.gguf");
+    CHECK(src != NULL);
+    if (!src) return;
+    static const char *const extra[] = {"\xc3\xa9\"", "\xe6\x97\xa5\xe6\x9c\xac\"", "\"\xe6\x97\xa5", "\xe6\x97",
+                                        "\xa5\xe6", "a\xff", "\xf0\x9f\x99", "\x82\"}", "\xe6\x97\xa5\xe6\x9c\xac\xe6\x97\xa5\xe6\x9c\xac",
+                                        "\\u00e9", "\xed\xa0\x80", "\xc0\xaf", "\"", "\",", "\"}", "\xe4\xb8\xad\xe6\x96\x87" "abc"};
+    enum { STRIDE = 37 };
+    int32_t n_src = kp_tok_n_vocab(src);
+    int32_t n = 256 + (n_src + STRIDE - 1) / STRIDE + (int32_t)(sizeof extra / sizeof extra[0]) + 1;
+    const char **pieces = calloc((size_t)n, sizeof *pieces);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    uint8_t *eog = calloc((size_t)n, 1);
+    static char bytes[256];
+    int32_t k = 0;
+    for (int b = 0; b < 256; b++, k++) {
+        bytes[b] = (char)b;
+        pieces[k] = &bytes[b];
+        lens[k] = 1;
+    }
+    for (int32_t id = 0; id < n_src; id += STRIDE, k++) pieces[k] = kp_tok_piece_view(src, id, false, &lens[k]);
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++, k++) {
+        pieces[k] = extra[i];
+        lens[k] = strlen(extra[i]);
+    }
+    eog[k++] = 1; /* an end token */
+    kp_gvocab *gv = NULL;
+    kp_error err = {0};
+    CHECK(kp_gvocab_new_raw(&gv, k, pieces, lens, eog, &err) == KP_OK);
+    static const char *const schemas[] = {
+        "{\"type\":\"string\"}",
+        "{\"type\":\"string\",\"minLength\":2,\"maxLength\":5}",
+        "{\"type\":\"string\",\"maxLength\":40}",
+        "{\"type\":\"object\",\"properties\":{\"\xe5\x90\x8d\":{\"type\":\"string\"},\"n\":{\"enum\":[\"\xe6\x97\xa5\xe6\x9c\xac\",\"caf\xc3\xa9\"]}}}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":3}}",
+    };
+    size_t words = kp_gvocab_mask_words(gv);
+    uint32_t *mask = malloc(words * 4);
+    rng r = {0x5DEECE66Dull};
+    int states = 0, diffs = 0;
+    for (size_t si = 0; gv && si < sizeof schemas / sizeof schemas[0]; si++) {
+        kp_grammar *g = schema_g(schemas[si], 1);
+        for (int walk = 0; g && walk < 3; walk++) {
+            kp_gmatch *m = NULL;
+            CHECK(kp_gmatch_new(&m, g, gv, &err) == KP_OK);
+            for (int step = 0; m && step < 12; step++) {
+                size_t na = 0;
+                CHECK(kp_gmatch_mask(m, mask, &na, &err) == KP_OK);
+                for (int32_t id = 0; id < k; id++) {
+                    bool want;
+                    if (eog[id]) {
+                        want = kp_gmatch_complete(m);
+                    } else {
+                        kp_gmatch *c = NULL;
+                        CHECK(kp_gmatch_clone(&c, m, &err) == KP_OK);
+                        want = kp_gmatch_accept_bytes(c, pieces[id], lens[id], NULL) == KP_OK;
+                        kp_gmatch_free(c);
+                    }
+                    if (want != bit(mask, id) && diffs++ < 5)
+                        fprintf(stderr, "  %s: token %d (%zu bytes): brute %d fast %d\n", schemas[si], id, lens[id], want, !want);
+                }
+                states++;
+                if (na == 0) break;
+                int32_t id = pick(&r, mask, words, na);
+                if (eog[id]) break;
+                CHECK(kp_gmatch_accept_token(m, id, &err) == KP_OK);
+            }
+            kp_gmatch_free(m);
+        }
+        kp_grammar_free(g);
+    }
+    CHECK_EQ_INT(diffs, 0);
+    CHECK(states > 50);
+    printf("  %d tokens (non-ASCII rich): %d states, fast mask = brute force\n", k, states);
+    free(mask);
+    free(pieces);
+    free(lens);
+    free(eog);
+    kp_gvocab_free(gv);
+    kp_tok_vocab_free(src);
+}
+
 static void test_dump(void) {
     kp_grammar *g = gbnf("root ::= \"ab\" [x-z]* ( \"c\" | d ){2,3}\nd ::= [^a]\n");
     kp_buf b = {0};
@@ -1814,6 +1901,7 @@ int main(int argc, char **argv) {
     RUN_IF(test_matcher_api);
     RUN_IF(test_bounds);
     RUN_IF(test_mask_counters);
+    RUN_IF(test_mask_unicode);
     RUN_IF(test_dump);
     RUN_IF(test_multibyte);
     RUN_IF(test_property_bpe_small);

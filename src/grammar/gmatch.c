@@ -11,10 +11,11 @@
  *
  * REP counters are clamped to CLAMP (unbounded stays unbounded): a token
  * of fewer than CLAMP bytes cannot tell larger counts apart, since every
- * iteration of a repetition reads a byte. The walk of a clamped key
- * stops at depth CLAMP and calls every longer token uncertain (they are
- * few: whitespace runs, long identifiers), so x{0,1000} costs one key
- * instead of a thousand.
+ * iteration of a repetition reads a byte. The walk of a clamped key uses
+ * unbounded counters, stops at depth CLAMP and calls every longer token
+ * uncertain (they are few: whitespace runs, long identifiers), so
+ * x{0,1000} costs one key instead of a thousand.
+ *
  * With the stack below the key replaced by SENTINEL, one walk over the
  * vocabulary trie sorts every token into
  *
@@ -42,6 +43,21 @@
  * and for all, tokens with a quote are uncertain (what follows the string
  * decides), so a string in any context costs one OR and a few hundred
  * token walks.
+ *
+ * The walk (visit, an explicit DFS over the trie) skips what it can:
+ *
+ *   - a node whose state takes only a few bytes (first set, plus FOLLOW
+ *     after an escape) visits just those children, through the node's
+ *     child table (structure: after '{' only '"', '}' and whitespace);
+ *   - a node whose state loops back to itself on every byte below it, or
+ *     on the ASCII bytes below and on every whole UTF-8 character while
+ *     the bytes below are well-formed UTF-8 (gvocab.h), accepts its whole
+ *     subtree as a rank range without visiting it (string content); a
+ *     state inside bounded repetitions is tried with its counters made
+ *     unbounded (kp_gpda_relax) when no token below is longer than the
+ *     smallest counter left;
+ *   - a dead state skips its subtree; under a pending escape the subtree
+ *     is uncertain as a whole.
  *
  * Memory: the engine is compacted (the live configurations copied into a
  * fresh engine) at the start of a call once it exceeds COMPACT_NODES nodes
@@ -79,6 +95,17 @@ typedef struct {
     uint64_t stamp;   /* the mask call that last ORed it */
 } gentry;
 
+/* One open trie node of an entry walk: its children are being visited,
+ * either in order (next, up to end) or only those whose byte is in
+ * `bytes` (table: the node's child table). */
+typedef struct {
+    uint32_t cfg, next, end;
+    const uint32_t *table;
+    kp_gset bytes;
+    uint16_t bi;
+    uint8_t u;
+} wframe;
+
 typedef struct {
     int refs;
     gentry *e;
@@ -99,6 +126,7 @@ struct kp_gmatch {
     /* walk scratch, max_len + 2 deep */
     uint32_t *st_cfg;
     uint8_t *st_unc;
+    void *wst; /* entry walks: one frame per depth */
     uint32_t *list, n_list, cap_list; /* accepted ids of an entry being built */
     uint32_t *ulist, n_ulist, cap_ulist;
     uint32_t *todo, n_todo, cap_todo; /* uncertain ranks to check */
@@ -211,7 +239,8 @@ static kp_status alloc_scratch(kp_gmatch *m, kp_error *err) {
     size_t d = (size_t)m->v->max_len + 2;
     m->st_cfg = malloc(d * sizeof *m->st_cfg);
     m->st_unc = malloc(d);
-    if (!m->st_cfg || !m->st_unc) return kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory");
+    m->wst = malloc((d + 1) * sizeof(wframe));
+    if (!m->st_cfg || !m->st_unc || !m->wst) return kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory");
     return KP_OK;
 }
 
@@ -248,6 +277,7 @@ void kp_gmatch_free(kp_gmatch *m) {
     cache_unref(m->cache);
     free(m->st_cfg);
     free(m->st_unc);
+    free(m->wst);
     free(m->list);
     free(m->ulist);
     free(m->todo);
@@ -285,6 +315,7 @@ kp_status kp_gmatch_clone(kp_gmatch **out, const kp_gmatch *m, kp_error *err) {
     if (st != KP_OK) {
         free(c->st_cfg);
         free(c->st_unc);
+        free(c->wst);
         free(c);
         return st;
     }
@@ -400,68 +431,155 @@ static bool list_push(uint32_t **v, uint32_t *n, uint32_t *cap, uint32_t x) {
     return true;
 }
 
-/* Walks the whole trie from the key's pseudo stack: builds and caches its
- * entry. */
+
+typedef struct {
+    kp_gmatch *m;
+    const kp_gset *follow;
+    uint32_t cut;
+    wframe *st;
+    uint32_t sp;
+    uint64_t steps;
+} walker;
+
+static bool push_range(kp_gmatch *m, uint32_t **v, uint32_t *n, uint32_t *cap, uint32_t r0, uint32_t r1, bool ids) {
+    if (r1 <= r0) return true;
+    if (!grow((void **)v, cap, *n + (r1 - r0), sizeof **v)) return false;
+    for (uint32_t r = r0; r < r1; r++) (*v)[(*n)++] = ids ? (uint32_t)m->v->rank_id[r] : r;
+    return true;
+}
+
+static bool set_subset(const kp_gset *a, const uint64_t *b) {
+    for (int w = 0; w < 4; w++)
+        if (b[w] & ~a->w[w]) return false;
+    return true;
+}
+
+/* Opens node's children for visiting (frame on the walker's stack). */
+static kp_status open_node(walker *w, uint32_t cfg, uint8_t u, uint32_t first_child, uint32_t end,
+                           const uint32_t *table, kp_error *err) {
+    kp_gpda *p = &w->m->pda;
+    wframe *f = &w->st[w->sp++];
+    f->cfg = cfg;
+    f->u = u;
+    f->next = first_child;
+    f->end = end;
+    f->table = NULL;
+    f->bi = 0;
+    if (table && !u) {
+        /* only the bytes a leaf takes, or the FOLLOW bytes after an escape, lead anywhere */
+        const kp_gset *fs = kp_gpda_first(p, cfg);
+        if (!fs) return kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory");
+        f->bytes = *fs;
+        if (p->cfgs[cfg].flags & KP_GCFG_ESC)
+            for (int i = 0; i < 4; i++) f->bytes.w[i] |= w->follow->w[i];
+        int n = 0;
+        for (int i = 0; i < 4; i++) n += __builtin_popcountll(f->bytes.w[i]);
+        if (n <= 48) f->table = table;
+    }
+    return KP_OK;
+}
+
+/* Visits trie node t from its parent's state (pc, pu). */
+static kp_status visit(walker *w, uint32_t t, uint32_t pc, uint8_t pu, kp_error *err) {
+    kp_gmatch *m = w->m;
+    kp_gpda *p = &m->pda;
+    const kp_gvocab *v = m->v;
+    const kp_gvnode *nd = &v->nodes[t];
+    uint32_t d = nd->depth;
+    uint8_t b = nd->byte;
+    uint32_t r0 = nd->rank, rh = r0 + nd->here, r1 = nd->rank_end;
+    if (d >= w->cut) /* a clamped counter might run out: the real stack decides */
+        return push_range(m, &m->ulist, &m->n_ulist, &m->cap_ulist, r0, r1, false) ? KP_OK : KP_ENOMEM;
+    uint8_t u = pu || ((p->cfgs[pc].flags & KP_GCFG_ESC) && kp_gset_has(w->follow, b));
+    uint32_t c = kp_gpda_peek(p, pc, b);
+    w->steps++;
+    if (c == UINT32_MAX) {
+        kp_status st = kp_gpda_step(p, pc, b, &c, err);
+        if (st == KP_EFULL) {
+            m->stats.bound_skips++;
+            c = KP_GPDA_DEAD;
+        } else if (st != KP_OK) {
+            return st;
+        }
+    }
+    const kp_gcfg *cc = &p->cfgs[c];
+    bool ok = true;
+    if (cc->n || cc->flags)
+        ok = push_range(m, &m->list, &m->n_list, &m->cap_list, r0, rh, true);
+    else if (u)
+        ok = push_range(m, &m->ulist, &m->n_ulist, &m->cap_ulist, r0, rh, false);
+    if (!ok) return KP_ENOMEM;
+    if (rh == r1) return KP_OK; /* no longer tokens */
+    if (cc->n == 0 && !(cc->flags & KP_GCFG_ESC))
+        return !u || push_range(m, &m->ulist, &m->n_ulist, &m->cap_ulist, rh, r1, false) ? KP_OK : KP_ENOMEM;
+    if (cc->n && nd->sub != UINT32_MAX && nd->max_depth < w->cut) {
+        /* c loops to itself on every byte below, or on the ASCII bytes below
+         * and on every whole UTF-8 character (and the bytes below are
+         * well-formed UTF-8): the whole subtree is accepted */
+        const uint64_t *below = v->subs + (size_t)nd->sub * 4;
+        bool loops = false, u8 = (nd->utf8 & (1u << KP_GV_U8_START)) && (below[2] | below[3]);
+        uint64_t ascii[4] = {below[0], below[1], 0, 0};
+        /* bounded repetitions: the same with the counters made unbounded,
+         * when no token below is long enough to exhaust one */
+        uint32_t lc, min_rem;
+        kp_status st = kp_gpda_relax(p, c, &lc, &min_rem, err);
+        if (st != KP_OK) return st;
+        const kp_gset *fs = kp_gpda_first(p, lc), *loop;
+        if (!fs) return KP_ENOMEM;
+        if ((uint32_t)(nd->max_depth - d) <= min_rem && set_subset(fs, u8 ? ascii : below) &&
+            (st = kp_gpda_loop(p, lc, &loop, err)) == KP_OK) {
+            loops = set_subset(loop, below);
+            if (!loops && u8 && set_subset(loop, ascii)) st = kp_gpda_u8loop(p, lc, &loops, err);
+        }
+        if (st != KP_OK) return st;
+        if (loops) return push_range(m, &m->list, &m->n_list, &m->cap_list, rh, r1, true) ? KP_OK : KP_ENOMEM;
+    }
+    const uint32_t *tab = nd->tab == UINT32_MAX ? NULL : v->ctab + (size_t)nd->tab * 256;
+    return open_node(w, c, u, t + 1, nd->end, tab, err);
+}
+
+/* Walks the vocabulary trie from the key's pseudo stack: builds and
+ * caches its entry. */
 static kp_status build_entry(kp_gmatch *m, const gkey *k, gentry **out, kp_error *err) {
     kp_gpda *p = &m->pda;
     const kp_gvocab *v = m->v;
     const kp_grammar *g = m->g;
     uint32_t n = k->tail;
     for (uint32_t i = k->n; i-- > 0;) {
-        n = kp_gpda_node(p, k->pos[i], n, k->need[i], k->rem[i]);
+        /* a clamped counter cannot run out (need: be met) within the walk's
+         * depth: unbounded stand-ins keep the stand-in stack looping */
+        uint32_t need = k->need[i] == CLAMP ? KP_GREP_INF : k->need[i];
+        uint32_t rem = k->rem[i] == CLAMP ? KP_GREP_INF : k->rem[i];
+        n = kp_gpda_node(p, k->pos[i], n, need, rem);
         if (n == UINT32_MAX) return kp_fail(err, KP_EFULL, "grammar matcher: more than %u stack frames", p->max_nodes);
     }
     uint32_t c0;
     kp_status st = kp_gpda_single(p, n, &c0, err);
     if (st != KP_OK) return st;
-    const kp_gset *follow = &g->follow[g->elem_rule[k->pos[k->n - 1]]];
+    walker w = {.m = m, .follow = &g->follow[g->elem_rule[k->pos[k->n - 1]]], .cut = k->clamped ? CLAMP : UINT32_MAX,
+                .st = m->wst};
     m->n_list = m->n_ulist = 0;
-    m->st_cfg[0] = c0;
-    m->st_unc[0] = 0;
-    uint32_t cut = k->clamped ? CLAMP : UINT32_MAX;
-    uint64_t steps = 0;
-    for (uint32_t t = 0; t < v->n_nodes;) {
-        uint32_t d = v->ndepth[t];
-        uint8_t b = v->nbyte[t];
-        uint32_t pc = m->st_cfg[d - 1];
-        uint32_t r0 = v->nrank[t], rh = r0 + v->nhere[t], r1 = v->nrank[v->nend[t]];
-        if (d >= cut) { /* a clamped counter might run out: the real stack decides */
-            for (uint32_t r = r0; r < r1; r++)
-                if (!list_push(&m->ulist, &m->n_ulist, &m->cap_ulist, r)) goto oom;
-            t = v->nend[t];
-            continue;
-        }
-        bool u = m->st_unc[d - 1] || ((p->cfgs[pc].flags & KP_GCFG_ESC) && kp_gset_has(follow, b));
-        uint32_t c = kp_gpda_peek(p, pc, b);
-        steps++;
-        if (c == UINT32_MAX) {
-            st = kp_gpda_step(p, pc, b, &c, err);
-            if (st == KP_EFULL) {
-                m->stats.bound_skips++;
-                c = KP_GPDA_DEAD;
-            } else if (st != KP_OK) {
-                return st;
+    if ((st = open_node(&w, c0, 0, 0, v->n_nodes, v->root_tab, err)) != KP_OK) return st;
+    while (w.sp) {
+        wframe *f = &w.st[w.sp - 1];
+        uint32_t child = UINT32_MAX;
+        if (f->table) {
+            while (f->bi < 256 && child == UINT32_MAX) {
+                uint16_t bb = f->bi++;
+                if (kp_gset_has(&f->bytes, (uint8_t)bb)) child = f->table[bb];
             }
+        } else if (f->next < f->end) {
+            child = f->next;
+            f->next = v->nodes[child].end;
         }
-        const kp_gcfg *cc = &p->cfgs[c];
-        if (cc->n || cc->flags) {
-            for (uint32_t r = r0; r < rh; r++)
-                if (!list_push(&m->list, &m->n_list, &m->cap_list, (uint32_t)v->rank_id[r])) goto oom;
-        } else if (u) {
-            for (uint32_t r = r0; r < rh; r++)
-                if (!list_push(&m->ulist, &m->n_ulist, &m->cap_ulist, r)) goto oom;
-        }
-        if (cc->n == 0 && !(cc->flags & KP_GCFG_ESC)) {
-            if (u)
-                for (uint32_t r = rh; r < r1; r++)
-                    if (!list_push(&m->ulist, &m->n_ulist, &m->cap_ulist, r)) goto oom;
-            t = v->nend[t];
+        if (child == UINT32_MAX) {
+            w.sp--;
             continue;
         }
-        m->st_cfg[d] = c;
-        m->st_unc[d] = u;
-        t++;
+        if ((st = visit(&w, child, f->cfg, f->u, err)) != KP_OK)
+            return st == KP_ENOMEM ? kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory") : st;
     }
+    uint64_t steps = w.steps;
     /* accepted ids: a list when that is smaller than a bitset */
     size_t words = kp_gvocab_mask_words(v);
     uint32_t *acc, *unc = NULL;

@@ -35,6 +35,22 @@
  * distribution: softmax over the allowed tokens only (top-k, top-p, min-p
  * and temperature act on what is left).
  *
+ * Mask caches live with a matcher and its clones. A request whose schema
+ * was seen before gets warm masks when the caller keeps, per schema, the
+ * grammar and a matcher at the start and kp_gmatch_clone's it for each
+ * request (kp_gmatch_reset a finished one); a fresh matcher builds its
+ * cache entries on first use (the cold cost measured by bench_grammar).
+ *
+ * How it works (details in each file's top comment):
+ *
+ *   schema.c / gbnf.c --> builder --> gram.c: checks, FIRST/FOLLOW, flat
+ *                                     kp_grammar (rules of TERM/REF/REP)
+ *   pda.c: parse stacks as hash-consed frame lists, sets of them as
+ *          interned configurations, a lazily built DFA over them
+ *   gvocab.c: the vocabulary's pieces as a byte trie (preorder)
+ *   gmatch.c: the matcher; masks = per-leaf cached entries keyed by the
+ *             top two stack frames, plus a walk of the uncertain tokens
+ *
  * Tokens. A token is allowed iff feeding every byte of its piece
  * (kp_tok_piece_view with special = false) keeps the matcher alive. A
  * token whose piece is empty (control tokens) is never allowed, except an

@@ -30,15 +30,94 @@ void kp_gvocab_free(kp_gvocab *gv) {
     free(gv->rank_off);
     free(gv->rank_len);
     free(gv->bytes);
-    free(gv->nbyte);
-    free(gv->ndepth);
-    free(gv->nend);
-    free(gv->nrank);
-    free(gv->nhere);
+    free(gv->nodes);
     free(gv->kind);
     free(gv->id_rank);
     free(gv->eog);
+    free(gv->ctab);
+    free(gv->subs);
     free(gv);
+}
+
+/* The trie as the build lays it out (separate arrays), packed into nodes[]
+ * with the shortcuts at the end. */
+typedef struct {
+    uint8_t *nbyte;
+    uint16_t *ndepth;
+    uint32_t *nend, *nrank, *nhere;
+} trie;
+
+static void trie_free(trie *t) {
+    free(t->nbyte);
+    free(t->ndepth);
+    free(t->nend);
+    free(t->nrank);
+    free(t->nhere);
+}
+
+/* nodes[] with the child tables and the subtree byte sets (see gvocab.h). */
+static bool pack(kp_gvocab *gv, const trie *tr) {
+    uint32_t n = gv->n_nodes;
+    uint64_t *all = calloc((size_t)n + 1, 32); /* every node's set, for the bottom-up pass */
+    uint32_t *kids = calloc((size_t)n + 1, sizeof *kids);
+    gv->nodes = calloc((size_t)n + 1, sizeof *gv->nodes);
+    if (!all || !kids || !gv->nodes) {
+        free(all);
+        free(kids);
+        return false;
+    }
+    memset(gv->root_tab, 0xFF, sizeof gv->root_tab);
+    for (uint32_t k = 0; k < n; k = tr->nend[k]) gv->root_tab[tr->nbyte[k]] = k;
+    uint32_t n_tabs = 0, n_subs = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        for (uint32_t c = k + 1; c < tr->nend[k]; c = tr->nend[c]) kids[k]++;
+        if (kids[k] >= KP_GV_TABLE_KIDS) n_tabs++;
+        if (tr->nend[k] - k - 1 >= KP_GV_SUB_NODES) n_subs++;
+    }
+    /* bottom-up: a node's set is its children's bytes and their sets */
+    for (uint32_t k = n; k-- > 0;) {
+        gv->nodes[k].max_depth = tr->ndepth[k];
+        uint8_t u8 = 0xFF; /* no bytes below: well-formed from every state */
+        for (uint32_t c = k + 1; c < tr->nend[k]; c = tr->nend[c]) {
+            uint8_t ok = 0;
+            for (int q = 0; q < KP_GV_U8_N; q++) {
+                int nq = kp_gv_u8_next(q, tr->nbyte[c]);
+                if (nq >= 0 && (gv->nodes[c].utf8 >> nq & 1)) ok |= (uint8_t)(1u << q);
+            }
+            u8 &= ok;
+            uint64_t *d = all + (size_t)k * 4, *s = all + (size_t)c * 4;
+            for (int w = 0; w < 4; w++) d[w] |= s[w];
+            d[tr->nbyte[c] >> 6] |= 1ull << (tr->nbyte[c] & 63);
+            if (gv->nodes[c].max_depth > gv->nodes[k].max_depth) gv->nodes[k].max_depth = gv->nodes[c].max_depth;
+        }
+        gv->nodes[k].utf8 = u8;
+    }
+    gv->ctab = malloc(((size_t)n_tabs + 1) * 256 * sizeof *gv->ctab);
+    gv->subs = malloc(((size_t)n_subs + 1) * 32);
+    bool ok = gv->ctab && gv->subs;
+    for (uint32_t k = 0; ok && k < n; k++) {
+        kp_gvnode *nd = &gv->nodes[k];
+        nd->end = tr->nend[k];
+        nd->rank = tr->nrank[k];
+        nd->rank_end = tr->nrank[tr->nend[k]];
+        nd->here = tr->nhere[k];
+        nd->depth = tr->ndepth[k];
+        nd->byte = tr->nbyte[k];
+        nd->tab = nd->sub = UINT32_MAX;
+        if (kids[k] >= KP_GV_TABLE_KIDS) {
+            uint32_t *t = gv->ctab + (size_t)gv->n_tabs * 256;
+            memset(t, 0xFF, 256 * sizeof *t);
+            for (uint32_t c = k + 1; c < tr->nend[k]; c = tr->nend[c]) t[tr->nbyte[c]] = c;
+            nd->tab = gv->n_tabs++;
+        }
+        if (tr->nend[k] - k - 1 >= KP_GV_SUB_NODES) {
+            memcpy(gv->subs + (size_t)gv->n_subs * 4, all + (size_t)k * 4, 32);
+            nd->sub = gv->n_subs++;
+        }
+    }
+    free(all);
+    free(kids);
+    return ok;
 }
 
 kp_status kp_gvocab_new_raw(kp_gvocab **out, int32_t n_vocab, const char *const *pieces, const size_t *lens,
@@ -49,6 +128,7 @@ kp_status kp_gvocab_new_raw(kp_gvocab **out, int32_t n_vocab, const char *const 
     kp_gvocab *gv = calloc(1, sizeof *gv);
     tokref *t = malloc(((size_t)n_vocab + 1) * sizeof *t);
     uint32_t *path = NULL;
+    trie tr = {0};
     if (!gv || !t) goto oom;
     gv->n_vocab = n_vocab;
     gv->kind = calloc((size_t)n_vocab + 1, 1);
@@ -76,14 +156,14 @@ kp_status kp_gvocab_new_raw(kp_gvocab **out, int32_t n_vocab, const char *const 
     gv->rank_len = malloc(((size_t)n + 1) * sizeof *gv->rank_len);
     gv->bytes = malloc(total + 1);
     /* nodes: at most total (one per byte) */
-    gv->nbyte = malloc(total + 1);
-    gv->ndepth = malloc((total + 1) * sizeof *gv->ndepth);
-    gv->nend = malloc((total + 1) * sizeof *gv->nend);
-    gv->nrank = malloc((total + 2) * sizeof *gv->nrank);
-    gv->nhere = calloc(total + 1, sizeof *gv->nhere);
+    tr.nbyte = malloc(total + 1);
+    tr.ndepth = malloc((total + 1) * sizeof *tr.ndepth);
+    tr.nend = malloc((total + 1) * sizeof *tr.nend);
+    tr.nrank = malloc((total + 2) * sizeof *tr.nrank);
+    tr.nhere = calloc(total + 1, sizeof *tr.nhere);
     path = malloc((KP_GV_MAX_PIECE + 2) * sizeof *path);
-    if (!gv->rank_id || !gv->rank_off || !gv->rank_len || !gv->bytes || !gv->nbyte || !gv->ndepth || !gv->nend ||
-        !gv->nrank || !gv->nhere || !path)
+    if (!gv->rank_id || !gv->rank_off || !gv->rank_len || !gv->bytes || !tr.nbyte || !tr.ndepth || !tr.nend ||
+        !tr.nrank || !tr.nhere || !path)
         goto oom;
     size_t off = 0;
     uint32_t nn = 0, depth = 0;
@@ -101,26 +181,31 @@ kp_status kp_gvocab_new_raw(kp_gvocab **out, int32_t n_vocab, const char *const 
         }
         off += t[r].len;
         /* close the previous token's nodes below the common prefix */
-        while (depth > lcp) gv->nend[path[depth--]] = nn;
+        while (depth > lcp) tr.nend[path[depth--]] = nn;
         for (uint32_t d = lcp + 1; d <= t[r].len; d++) {
-            gv->nbyte[nn] = t[r].p[d - 1];
-            gv->ndepth[nn] = (uint16_t)d;
-            gv->nrank[nn] = r;
+            tr.nbyte[nn] = t[r].p[d - 1];
+            tr.ndepth[nn] = (uint16_t)d;
+            tr.nrank[nn] = r;
             path[d] = nn++;
         }
         depth = t[r].len;
-        gv->nhere[path[depth]]++;
+        tr.nhere[path[depth]]++;
     }
-    while (depth > 0) gv->nend[path[depth--]] = nn;
+    while (depth > 0) tr.nend[path[depth--]] = nn;
     gv->n_nodes = nn;
-    gv->nrank[nn] = n;
+    tr.nrank[nn] = n;
     free(t);
+    t = NULL;
     free(path);
+    path = NULL;
+    if (!pack(gv, &tr)) goto oom;
+    trie_free(&tr);
     *out = gv;
     return KP_OK;
 oom:
     free(t);
     free(path);
+    trie_free(&tr);
     kp_gvocab_free(gv);
     return kp_fail(err, KP_ENOMEM, "grammar vocabulary index: out of memory");
 }

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grammar/gvocab.h" /* the UTF-8 decoder states */
 #include "grammar/pda.h"
 
 #define MEMO_MAX_SLOTS (1u << 21)
@@ -94,6 +95,13 @@ void kp_gpda_fini(kp_gpda *p) {
     free(p->stamp);
     free(p->work);
     free(p->out);
+    free(p->first);
+    free(p->first_ok);
+    free(p->loop);
+    free(p->loop_ok);
+    free(p->u8);
+    free(p->relax);
+    free(p->relax_rem);
     memset(p, 0, sizeof *p);
 }
 
@@ -241,6 +249,7 @@ static uint32_t cfg_get(kp_gpda *p, const uint32_t *v, uint32_t n, uint32_t flag
     c->n = n;
     c->flags = flags;
     c->row = UINT32_MAX;
+    c->puts = 0;
     c->hnext = p->cbucket[h & p->cbucket_mask];
     p->cbucket[h & p->cbucket_mask] = id;
     p->n_leaves += n;
@@ -286,7 +295,8 @@ static kp_status closure(kp_gpda *p, uint32_t *flags, kp_error *err) {
             const kp_grep *rp = &g->reps[KP_GE_ARG(e)];
             if (nd.need == 0 && !push(p, mk(p, nd.pos + 1, nd.parent))) return full(p, err);
             if (nd.rem != 0) {
-                uint32_t need = nd.need ? nd.need - 1u : 0u;
+                /* need KP_GREP_INF (only in the mask cache's stand-in stacks): never satisfied */
+                uint32_t need = nd.need == KP_GREP_INF ? KP_GREP_INF : nd.need ? nd.need - 1u : 0u;
                 uint32_t rem = nd.rem == KP_GREP_INF ? KP_GREP_INF : nd.rem - 1u;
                 uint32_t cont = node_get(p, nd.pos, nd.parent, need, rem);
                 if (cont == UINT32_MAX) return full(p, err);
@@ -326,12 +336,21 @@ kp_status kp_gpda_single(kp_gpda *p, uint32_t leaf, uint32_t *cfg, kp_error *err
     return KP_OK;
 }
 
+static uint32_t memo_get(const kp_gpda *p, uint64_t key) {
+    uint32_t h = (uint32_t)(key * 0x9E3779B97F4A7C15ull >> 32) & p->memo_mask;
+    for (; p->memo_key[h]; h = (h + 1) & p->memo_mask)
+        if (p->memo_key[h] == key) return p->memo_val[h];
+    return UINT32_MAX;
+}
+
 static void memo_put(kp_gpda *p, uint32_t cfg, uint8_t b, uint32_t val) {
     kp_gcfg *c = &p->cfgs[cfg];
-    if (c->row == UINT32_MAX && p->n_rows < KP_GPDA_MAX_ROWS &&
+    if (c->row == UINT32_MAX && ++c->puts >= KP_GPDA_ROW_AFTER && p->n_rows < KP_GPDA_MAX_ROWS &&
         grow((void **)&p->rows, &p->cap_rows, (p->n_rows + 1) * 256, sizeof *p->rows)) {
+        /* hot: a dense row, filled from the hash */
         c->row = p->n_rows++;
-        memset(p->rows + (size_t)c->row * 256, 0xFF, 256 * sizeof *p->rows);
+        uint32_t *row = p->rows + (size_t)c->row * 256;
+        for (int x = 0; x < 256; x++) row[x] = memo_get(p, ((uint64_t)cfg << 8 | (uint64_t)x) + 1);
     }
     if (c->row != UINT32_MAX) {
         p->rows[(size_t)c->row * 256 + b] = val;
@@ -378,14 +397,9 @@ kp_status kp_gpda_step(kp_gpda *p, uint32_t cfg, uint8_t b, uint32_t *out, kp_er
         *out = known;
         return KP_OK;
     }
-    uint64_t key = ((uint64_t)cfg << 8 | b) + 1;
-    if (p->cfgs[cfg].row == UINT32_MAX) {
-        uint32_t h = (uint32_t)(key * 0x9E3779B97F4A7C15ull >> 32) & p->memo_mask;
-        for (; p->memo_key[h]; h = (h + 1) & p->memo_mask)
-            if (p->memo_key[h] == key) {
-                *out = p->memo_val[h];
-                return KP_OK;
-            }
+    if (p->cfgs[cfg].row == UINT32_MAX && (known = memo_get(p, ((uint64_t)cfg << 8 | b) + 1)) != UINT32_MAX) {
+        *out = known;
+        return KP_OK;
     }
     const kp_grammar *g = p->g;
     new_epoch(p);
@@ -403,6 +417,167 @@ kp_status kp_gpda_step(kp_gpda *p, uint32_t cfg, uint8_t b, uint32_t *out, kp_er
     st = finish_cfg(p, flags, out, err);
     if (st == KP_OK) memo_put(p, cfg, b, *out);
     return st;
+}
+
+/* Grows a per-cfg set cache to hold cfg. */
+static bool set_cache(kp_gset **sets, uint8_t **ok, uint32_t *cap, uint32_t cfg) {
+    if (cfg < *cap) return true;
+    uint32_t old = *cap, nc = old, c2 = old;
+    if (!grow((void **)sets, &nc, cfg + 1, sizeof **sets)) return false;
+    if (!grow((void **)ok, &c2, nc, 1)) return false;
+    memset(*ok + old, 0, nc - old);
+    *cap = nc;
+    return true;
+}
+
+const kp_gset *kp_gpda_first(kp_gpda *p, uint32_t cfg) {
+    if (!set_cache(&p->first, &p->first_ok, &p->cap_first, cfg)) return NULL;
+    kp_gset *f = &p->first[cfg];
+    if (!p->first_ok[cfg]) {
+        memset(f, 0, sizeof *f);
+        const kp_gcfg *c = &p->cfgs[cfg];
+        for (uint32_t i = 0; i < c->n; i++) {
+            const kp_gset *s = &p->g->sets[KP_GE_ARG(p->g->elems[p->nodes[p->leaves[c->off + i]].pos])];
+            for (int w = 0; w < 4; w++) f->w[w] |= s->w[w];
+        }
+        p->first_ok[cfg] = 1;
+    }
+    return f;
+}
+
+/* a and b hold the same leaves (flags aside: they do not change what the
+ * next byte does) */
+static bool same_leaves(const kp_gpda *p, uint32_t a, uint32_t b) {
+    const kp_gcfg *x = &p->cfgs[a], *y = &p->cfgs[b];
+    return a == b || (x->n == y->n && x->n && memcmp(p->leaves + x->off, p->leaves + y->off, (size_t)x->n * 4) == 0);
+}
+
+kp_status kp_gpda_loop(kp_gpda *p, uint32_t cfg, const kp_gset **out, kp_error *err) {
+    const kp_gset *f = kp_gpda_first(p, cfg);
+    if (!f || !set_cache(&p->loop, &p->loop_ok, &p->cap_loop, cfg))
+        return kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory");
+    if (!p->loop_ok[cfg]) {
+        kp_gset fs = *f, l = {{0}};
+        for (int w = 0; w < 4; w++)
+            for (uint64_t x = fs.w[w]; x; x &= x - 1) {
+                uint8_t b = (uint8_t)(w * 64 + __builtin_ctzll(x));
+                uint32_t nc = kp_gpda_peek(p, cfg, b);
+                if (nc == UINT32_MAX) {
+                    kp_status st = kp_gpda_step(p, cfg, b, &nc, err);
+                    if (st != KP_OK) return st;
+                }
+                if (same_leaves(p, nc, cfg)) kp_gset_add(&l, b);
+            }
+        p->loop[cfg] = l;
+        p->loop_ok[cfg] = 1;
+    }
+    *out = &p->loop[cfg];
+    return KP_OK;
+}
+
+kp_status kp_gpda_u8loop(kp_gpda *p, uint32_t cfg, bool *out, kp_error *err) {
+    if (cfg >= p->cap_u8) {
+        uint32_t old = p->cap_u8;
+        if (!grow((void **)&p->u8, &p->cap_u8, cfg + 1, 1)) return kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory");
+        memset(p->u8 + old, 0, p->cap_u8 - old);
+    }
+    if (p->u8[cfg]) {
+        *out = p->u8[cfg] == 1;
+        return KP_OK;
+    }
+    /* a DFS over (cfg, decoder state) pairs below the lead bytes */
+    enum { MAXP = 64 };
+    uint32_t pc[MAXP];
+    uint8_t pq[MAXP];
+    uint32_t n = 0, top = 0;
+    pc[n] = cfg;
+    pq[n++] = KP_GV_U8_START;
+    bool ok = true;
+    while (top < n && ok) {
+        uint32_t c = pc[top];
+        int q = pq[top++];
+        for (int b = 0x80; b <= 0xF4 && ok; b++) {
+            int nq = kp_gv_u8_next(q, (uint8_t)b);
+            if (nq < 0) continue;
+            uint32_t nc = kp_gpda_peek(p, c, (uint8_t)b);
+            if (nc == UINT32_MAX) {
+                kp_status st = kp_gpda_step(p, c, (uint8_t)b, &nc, err);
+                if (st != KP_OK) return st;
+            }
+            if (nq == KP_GV_U8_START) {
+                ok = same_leaves(p, nc, cfg);
+                continue;
+            }
+            if (p->cfgs[nc].n == 0) {
+                ok = false;
+                break;
+            }
+            uint32_t i = 0;
+            while (i < n && !(pc[i] == nc && pq[i] == nq)) i++;
+            if (i == n) {
+                if (n == MAXP) {
+                    ok = false; /* not a simple character loop */
+                    break;
+                }
+                pc[n] = nc;
+                pq[n++] = (uint8_t)nq;
+            }
+        }
+    }
+    p->u8[cfg] = ok ? 1 : 2;
+    *out = ok;
+    return KP_OK;
+}
+
+kp_status kp_gpda_relax(kp_gpda *p, uint32_t cfg, uint32_t *relaxed, uint32_t *min_rem, kp_error *err) {
+    if (cfg >= p->cap_relax) {
+        uint32_t old = p->cap_relax, c2 = old;
+        if (!grow((void **)&p->relax, &p->cap_relax, cfg + 1, sizeof *p->relax) ||
+            !grow((void **)&p->relax_rem, &c2, p->cap_relax, sizeof *p->relax_rem))
+            return kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory");
+        memset(p->relax + old, 0xFF, (size_t)(p->cap_relax - old) * sizeof *p->relax);
+    }
+    if (p->relax[cfg] != UINT32_MAX) {
+        *relaxed = p->relax[cfg];
+        *min_rem = p->relax_rem[cfg];
+        return KP_OK;
+    }
+    const kp_gcfg c = p->cfgs[cfg];
+    uint32_t mn = KP_GREP_INF, chain[512];
+    new_epoch(p); /* p->out holds the relaxed leaves */
+    p->n_out = 0;
+    for (uint32_t i = 0; i < c.n; i++) {
+        uint32_t n_chain = 0, n = p->leaves[c.off + i];
+        for (; n > KP_GPDA_SENTINEL && n_chain < 512; n = p->nodes[n].parent) chain[n_chain++] = n;
+        if (n > KP_GPDA_SENTINEL) { /* deeper than the walk's stand-in stacks go: leave it */
+            *relaxed = cfg;
+            *min_rem = 0;
+            return KP_OK;
+        }
+        uint32_t parent = n;
+        for (uint32_t k = n_chain; k-- > 0;) {
+            kp_gnode nd = p->nodes[chain[k]];
+            if (KP_GE_TYPE(p->g->elems[nd.pos]) == KP_GE_REP) {
+                if (nd.rem != KP_GREP_INF && nd.rem < mn) mn = nd.rem;
+                /* a repetition that may end still may (its exit is among the
+                 * leaves); one that may not never will */
+                if (nd.need) nd.need = KP_GREP_INF;
+                nd.rem = KP_GREP_INF;
+            }
+            parent = node_get(p, nd.pos, parent, nd.need, nd.rem);
+            if (parent == UINT32_MAX) return full(p, err);
+        }
+        if (!grow((void **)&p->out, &p->cap_out, p->n_out + 1, sizeof *p->out)) return full(p, err);
+        p->out[p->n_out++] = parent;
+    }
+    uint32_t r;
+    kp_status st = finish_cfg(p, mn == KP_GREP_INF ? c.flags : 0, &r, err);
+    if (st != KP_OK) return st;
+    p->relax[cfg] = r;
+    p->relax_rem[cfg] = mn;
+    *relaxed = r;
+    *min_rem = mn;
+    return KP_OK;
 }
 
 kp_status kp_gpda_import(kp_gpda *dst, const kp_gpda *src, uint32_t cfg, uint32_t *out, kp_error *err) {

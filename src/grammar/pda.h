@@ -9,6 +9,20 @@
  *        leaf                                      bottom
  *   [pos p1 | TERM] -> [pos p2, need, rem] -> ... -> NIL
  *
+ * For example, with (ws written inline as a repetition, as schema.c does)
+ *
+ *   root  ::= "{" ws "\"n\"" ws ":" ws num ws "}"      ws   = wsch{0,20}
+ *   num   ::= digit+                                  wsch ::= [ \n]
+ *
+ * the input {"n": 4 leaves three stacks alive, one per way to go on:
+ *
+ *   [digit: [0-9]] -> [num: digit+ need 0 rem inf] -> [root: ws{20} "}"] -> NIL  more digits
+ *   [wsch: [ \n]]  -> [root: ws{19} "}"] -> NIL  (this iteration took one)  whitespace
+ *   [root: "}"]    -> NIL                                                      the end
+ *
+ * where [root: ws{k} "}"] is the REP node at the ws before "}" with k
+ * iterations left. A frame is shared by every stack that contains it.
+ *
  * A node (pos, parent, need, rem) says "continue at element pos, then pop
  * to parent". Top nodes (leaves) always sit on a TERM; the other nodes are
  * return points (any element but END) and REP counters (need: iterations
@@ -30,8 +44,10 @@
  *       |
  *       leaves [n3, n8]  flags   (leaf pool + cfg table)
  *
- * The memo is a dense row of 256 next-cfg ids per stepped cfg (UINT32_MAX:
- * not computed yet), for the first KP_GPDA_MAX_ROWS cfgs, then a hash.
+ * The memo is a hash of (cfg, byte); a cfg stepped from KP_GPDA_ROW_AFTER
+ * times gets a dense row of 256 next-cfg ids instead (UINT32_MAX: not
+ * computed yet), up to KP_GPDA_MAX_ROWS rows: walks step most cfgs once or
+ * twice, the few hot ones (inside a string, a number) many times.
  *
  * Ids: node 0 NIL, node 1 SENTINEL; cfg 0 DEAD (no leaf, no flag).
  * Memory grows with every new node/cfg; the owner compacts by copying the
@@ -50,6 +66,7 @@
 #define KP_GPDA_SENTINEL 1u
 #define KP_GPDA_DEAD 0u
 #define KP_GPDA_MAX_ROWS 16384u
+#define KP_GPDA_ROW_AFTER 4u
 
 enum { KP_GCFG_COMPLETE = 1, KP_GCFG_ESC = 2 };
 
@@ -63,7 +80,8 @@ typedef struct {
     uint32_t off, n; /* leaves: leaf pool [off, off + n) */
     uint32_t flags;
     uint32_t hnext;
-    uint32_t row; /* its transition row in rows[] (256 entries), or UINT32_MAX */
+    uint32_t row;  /* its transition row in rows[] (256 entries), or UINT32_MAX */
+    uint32_t puts; /* transitions memoized from it so far */
 } kp_gcfg;
 
 typedef struct kp_gpda {
@@ -83,6 +101,13 @@ typedef struct kp_gpda {
     uint32_t *stamp, cap_stamp, epoch;
     uint32_t *work, n_work, cap_work;
     uint32_t *out, n_out, cap_out;
+    /* per cfg, computed on demand: the bytes any leaf takes (first), the
+     * bytes leading back to it (loop), *_ok 0/1; whether every UTF-8
+     * character leads back to it (u8: 0 unknown, 1 yes, 2 no) */
+    kp_gset *first, *loop;
+    uint8_t *first_ok, *loop_ok, *u8;
+    uint32_t cap_first, cap_loop, cap_u8;
+    uint32_t *relax, *relax_rem, cap_relax; /* kp_gpda_relax; UINT32_MAX: not yet */
 } kp_gpda;
 
 /* A fresh engine over g (borrowed), capped at max_nodes nodes. */
@@ -125,6 +150,28 @@ static inline const uint32_t *kp_gpda_leaves(const kp_gpda *p, uint32_t cfg) {
 static inline bool kp_gpda_alive(const kp_gpda *p, uint32_t cfg) {
     return p->cfgs[cfg].n > 0 || (p->cfgs[cfg].flags & KP_GCFG_COMPLETE);
 }
+
+/* The bytes some leaf of cfg takes (a cfg steps to DEAD on every other
+ * byte); NULL when out of memory. */
+const kp_gset *kp_gpda_first(kp_gpda *p, uint32_t cfg);
+
+/* The bytes b after which cfg has the same leaves again (its flags may
+ * differ; computed once per cfg: a step per byte of its first set). The
+ * pointer is valid until the next call. */
+kp_status kp_gpda_loop(kp_gpda *p, uint32_t cfg, const kp_gset **out, kp_error *err);
+
+/* *out: from cfg, every well-formed multi-byte UTF-8 character leads back
+ * to cfg's leaves, through states that all have leaves (e.g. inside a JSON
+ * string). Cached per cfg. */
+kp_status kp_gpda_u8loop(kp_gpda *p, uint32_t cfg, bool *out, kp_error *err);
+
+/* The cfg with every REP counter of its stacks made unbounded (rem
+ * KP_GREP_INF; need KP_GREP_INF where it was not 0: a repetition that may
+ * not end yet never will), flags dropped, and the smallest bounded rem it
+ * had (KP_GREP_INF: none).
+ * A byte string of at most that many bytes cannot exhaust a counter, so
+ * on strings that stay inside the repetitions cfg behaves as *relaxed. */
+kp_status kp_gpda_relax(kp_gpda *p, uint32_t cfg, uint32_t *relaxed, uint32_t *min_rem, kp_error *err);
 
 /* Copies configuration cfg of src (its leaves' whole stacks) into dst,
  * giving its id there. dst and src have the same grammar. */
