@@ -1,7 +1,12 @@
 # kvpin - one Makefile for everything.
 #
-#   make            release build: ./kvpin
-#   make test       every test, built with AddressSanitizer + UBSan (build/asan/)
+#   make            release build: ./kvpin, build/rel/libkvpin.a and libkvpin.so
+#   make install    kvpin, the libraries, kvpin.h, kvpin.pc, the man page, the
+#                   bash completion and the bundled model under PREFIX
+#                   (/usr/local), staged under DESTDIR; make uninstall removes them
+#   make test       every test, built with AddressSanitizer + UBSan (build/asan/),
+#                   and the release library installed into build/test/prefix
+#                   (tests/e2e_library.sh builds examples/ against it)
 #   make asan       the sanitizer build of kvpin and the tests, without running them
 #   make check      the layering of src/ (floors, no include upward, no circle)
 #   make fuzz       every libFuzzer target for FUZZ_SECONDS each (default 60)
@@ -20,9 +25,13 @@ PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -ljansson -lmicrohttpd)
 
 # -march=native when the compiler accepts it, else a portable x86-64 build;
-# kernels pick AVX2/FMA/F16C at run time either way (see src/quant.c).
+# kernels pick AVX2/FMA/F16C at run time either way (see src/kernels/dispatch.c).
 MARCH   := $(shell $(CC) -march=native -E -x c /dev/null >/dev/null 2>&1 && echo -march=native)
-WARN    := -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Isrc -MMD -MP
+WARN    := -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Isrc -Iinclude -MMD -MP
+# The library's objects: position-independent (one set of objects makes
+# both libkvpin.a and libkvpin.so) and every symbol hidden but the
+# functions include/kvpin.h marks KP_API.
+LIB_CFLAGS := -fPIC -fvisibility=hidden
 CFLAGS_RELEASE := $(WARN) -O2 $(MARCH) -g $(PKG_CFLAGS) -pthread
 CFLAGS_ASAN    := $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
 	              -fno-omit-frame-pointer $(PKG_CFLAGS) -pthread
@@ -38,18 +47,25 @@ ASAN_OBJ := $(patsubst src/%.c,build/asan/%.o,$(SRC))
 REL_CLI  := $(patsubst cli/%.c,build/rel/cli_%.o,$(CLI))
 ASAN_CLI := $(patsubst cli/%.c,build/asan/cli_%.o,$(CLI))
 
-.PHONY: all test asan check fuzz bench deps clean FORCE
-all: kvpin
+.PHONY: all test asan check fuzz bench deps clean install uninstall test-install FORCE
+all: kvpin build/rel/libkvpin.so
 
 kvpin: build/rel/libkvpin.a $(REL_CLI)
 	$(CC) $(CFLAGS_RELEASE) -o $@ $(REL_CLI) build/rel/libkvpin.a $(LDLIBS)
 
-build/rel/%.o: src/%.c | build/rel
+build/rel/%.o: src/%.c build/rel/lib.flags | build/rel
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_RELEASE) -c -o $@ $<
-build/asan/%.o: src/%.c | build/asan
+	$(CC) $(CFLAGS_RELEASE) $(LIB_CFLAGS) -c -o $@ $<
+build/asan/%.o: src/%.c build/asan/lib.flags | build/asan
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ASAN) -c -o $@ $<
+	$(CC) $(CFLAGS_ASAN) $(LIB_CFLAGS) -c -o $@ $<
+# The flags the library objects of a build were compiled with, rewritten
+# only when they change: a build tree made with other flags (before
+# LIB_CFLAGS, say) is recompiled rather than linked into a broken .so.
+build/rel/lib.flags: FORCE | build/rel
+	@f='$(CFLAGS_RELEASE) $(LIB_CFLAGS)'; [ "$$(cat $@ 2>/dev/null)" = "$$f" ] || echo "$$f" >$@
+build/asan/lib.flags: FORCE | build/asan
+	@f='$(CFLAGS_ASAN) $(LIB_CFLAGS)'; [ "$$(cat $@ 2>/dev/null)" = "$$f" ] || echo "$$f" >$@
 build/rel/cli_%.o: cli/%.c | build/rel
 	$(CC) $(CFLAGS_RELEASE) -c -o $@ $<
 build/asan/cli_%.o: cli/%.c | build/asan
@@ -63,6 +79,13 @@ build/rel/buildinfo.h: FORCE | build/rel
 	@sh tools/buildinfo.sh $@ '$(CC)' '$(filter-out -MMD -MP,$(CFLAGS_RELEASE))'
 build/asan/buildinfo.h: FORCE | build/asan
 	@sh tools/buildinfo.sh $@ '$(CC)' '$(filter-out -MMD -MP,$(CFLAGS_ASAN))'
+# Where the release binary looks for the bundled model after the places
+# relative to itself (cli/main.c: cli_default_model): PREFIX's data
+# directory, in a header rewritten only when PREFIX changes.
+build/rel/paths.h: FORCE | build/rel
+	@t='#define KP_DATADIR "$(DATADIR)/kvpin"'; [ "$$(cat $@ 2>/dev/null)" = "$$t" ] || echo "$$t" >$@
+build/rel/cli_main.o: cli/main.c build/rel/paths.h | build/rel
+	$(CC) $(CFLAGS_RELEASE) -include build/rel/paths.h -c -o $@ $<
 build/rel/cli_version.o: cli/version.c build/rel/buildinfo.h | build/rel
 	$(CC) $(CFLAGS_RELEASE) -include build/rel/buildinfo.h -c -o $@ $<
 build/asan/cli_version.o: cli/version.c build/asan/buildinfo.h | build/asan
@@ -73,6 +96,20 @@ build/rel/libkvpin.a: $(REL_OBJ)
 	rm -f $@ && ar rcs $@ $^
 build/asan/libkvpin.a: $(ASAN_OBJ)
 	rm -f $@ && ar rcs $@ $^
+
+# The shared library: the same objects; the version script exports kp_*
+# only (the objects already hide everything else), -z defs refuses an
+# undefined symbol at link time. VERSION and the SONAME's major number are
+# read from include/kvpin.h, their one place.
+VERSION  := $(shell sed -n 's/^\#define KP_VERSION "\(.*\)"/\1/p' include/kvpin.h)
+SOMAJOR  := $(shell sed -n 's/^\#define KP_VERSION_MAJOR \([0-9]*\)/\1/p' include/kvpin.h)
+SONAME   := libkvpin.so.$(SOMAJOR)
+build/rel/libkvpin.so.$(VERSION): $(REL_OBJ) src/api/kvpin.map
+	$(CC) -shared -pthread -Wl,-soname,$(SONAME) -Wl,--version-script=src/api/kvpin.map -Wl,-z,defs \
+	  -o $@ $(REL_OBJ) $(LDLIBS)
+build/rel/libkvpin.so: build/rel/libkvpin.so.$(VERSION)
+	ln -sf libkvpin.so.$(VERSION) build/rel/$(SONAME)
+	ln -sf $(SONAME) $@
 
 build/asan/kvpin: build/asan/libkvpin.a $(ASAN_CLI)
 	$(CC) $(CFLAGS_ASAN) -o $@ $(ASAN_CLI) build/asan/libkvpin.a $(LDLIBS)
@@ -92,12 +129,16 @@ build/rel build/asan build/fuzz:
 asan: build/asan/kvpin $(addprefix build/asan/,$(TESTS)) $(addprefix build/asan/fuzz_,$(FUZZ_TARGETS))
 
 # The floors of src/ (tools/check_floors.py): no include runs up a floor,
-# no circle. Prints the include graph.
-check:
-	python3 tools/check_floors.py
+# no circle of includes, and no circle of calls between the files of one
+# folder (read from the objects of the sanitizer build). Prints the include
+# graph.
+check: build/asan/libkvpin.a
+	python3 tools/check_floors.py --objects build/asan
 
 # Unit tests run first, then the end-to-end tests that drive the binary.
-test: check asan
+# tests/e2e_library.sh checks the release libraries (no sanitizer),
+# installed into TEST_PREFIX.
+test: check asan test-install
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  sh tests/run_all.sh build/asan $(TESTS)
 
@@ -113,7 +154,7 @@ FUZZ_MAXLEN_model := 262144
 FUZZ_MAXLEN_tok   := 4096
 FUZZ_MAXLEN_oai   := 16384
 FUZZ_MAXLEN_http  := 8192
-FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -Isrc -g -O1 -fsanitize=fuzzer,address,undefined \
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -Isrc -Iinclude -g -O1 -fsanitize=fuzzer,address,undefined \
 	      -fno-sanitize-recover=all $(PKG_CFLAGS) -pthread
 FUZZ_OBJ := $(patsubst src/%.c,build/fuzz/obj/%.o,$(SRC))
 build/fuzz/obj/%.o: src/%.c | build/fuzz
@@ -147,6 +188,51 @@ bench: kvpin build/rel/bench_tok build/rel/bench_quant build/rel/bench_prefix bu
 
 deps:
 	sh tools/deps.sh
+
+# ---- make install PREFIX=/usr/local DESTDIR= ; make uninstall ----
+# The binary, both libraries (libkvpin.so.VERSION, its SONAME link
+# libkvpin.so.MAJOR and the development link libkvpin.so), kvpin.h,
+# kvpin.pc, the man page, the bash completion, and the bundled model where
+# an installed kvpin looks for it.
+# DESTDIR stages the tree elsewhere (packages); the paths inside the files
+# stay PREFIX's. After a system-wide install, run ldconfig.
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+DATADIR    ?= $(PREFIX)/share
+MANDIR     ?= $(DATADIR)/man
+BASHCOMPDIR ?= $(DATADIR)/bash-completion/completions
+D          := $(DESTDIR)
+INSTALLED  := $(BINDIR)/kvpin $(LIBDIR)/libkvpin.a $(LIBDIR)/libkvpin.so.$(VERSION) $(LIBDIR)/$(SONAME) \
+	      $(LIBDIR)/libkvpin.so $(INCLUDEDIR)/kvpin.h $(LIBDIR)/pkgconfig/kvpin.pc \
+	      $(DATADIR)/kvpin/stories260K.gguf $(MANDIR)/man1/kvpin.1 $(BASHCOMPDIR)/kvpin
+install: kvpin build/rel/libkvpin.a build/rel/libkvpin.so src/api/kvpin.pc.in docs/kvpin.1 docs/kvpin.bash-completion
+	install -d $(D)$(BINDIR) $(D)$(LIBDIR)/pkgconfig $(D)$(INCLUDEDIR) $(D)$(DATADIR)/kvpin \
+	  $(D)$(MANDIR)/man1 $(D)$(BASHCOMPDIR)
+	install -m 755 kvpin $(D)$(BINDIR)/kvpin
+	install -m 644 build/rel/libkvpin.a $(D)$(LIBDIR)/libkvpin.a
+	install -m 755 build/rel/libkvpin.so.$(VERSION) $(D)$(LIBDIR)/libkvpin.so.$(VERSION)
+	ln -sf libkvpin.so.$(VERSION) $(D)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(D)$(LIBDIR)/libkvpin.so
+	install -m 644 include/kvpin.h $(D)$(INCLUDEDIR)/kvpin.h
+	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|' \
+	    -e 's|@DATADIR@|$(DATADIR)|; s|@VERSION@|$(VERSION)|' \
+	    src/api/kvpin.pc.in >$(D)$(LIBDIR)/pkgconfig/kvpin.pc
+	install -m 644 models/stories260K.gguf $(D)$(DATADIR)/kvpin/stories260K.gguf
+	install -m 644 docs/kvpin.1 $(D)$(MANDIR)/man1/kvpin.1
+	install -m 644 docs/kvpin.bash-completion $(D)$(BASHCOMPDIR)/kvpin
+uninstall:
+	rm -f $(addprefix $(D),$(INSTALLED))
+	rmdir $(D)$(DATADIR)/kvpin 2>/dev/null || true
+
+# make test installs into this scratch prefix first: tests/e2e_library.sh
+# builds examples/ against the installed library with pkg-config (shared
+# and static) and runs them, and checks the tree and the installed kvpin.
+TEST_PREFIX := $(CURDIR)/build/test/prefix
+test-install: kvpin build/rel/libkvpin.so
+	rm -rf $(TEST_PREFIX)
+	$(MAKE) --no-print-directory install PREFIX=$(TEST_PREFIX)
 
 clean:
 	rm -rf build kvpin

@@ -605,7 +605,7 @@ int cmd_doctor(int argc, char **argv) {
         return 2;
     }
     turn_list t = {0};
-    gguf *g = NULL;
+    kp_gguf *g = NULL;
     kp_tok_vocab *v = NULL;
     kp_error err = {0};
     int rc = 1;

@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "kvpin.h"
 #include "base/threadpool.h"
 #include "gguf/dtype.h"
 #include "kernels/quant.h"
@@ -47,9 +48,10 @@ typedef struct {
 bool cli_model_open(cli_model *cm, const cli_session_opts *o, const char *cmd);
 void cli_model_close(cli_model *cm); /* an empty or closed one is a no-op */
 
-/* The version `kvpin --version` prints (the commit, compiler and flags come
- * from the build: build/<dir>/buildinfo.h, written by tools/buildinfo.sh). */
-#define KP_VERSION "0.9.0"
+/* The version `kvpin --version` prints is the library's KP_VERSION
+ * (kvpin.h, the single place it is written); the commit, compiler and
+ * flags come from the build: build/<dir>/buildinfo.h, written by
+ * tools/buildinfo.sh. */
 
 /* Prints the version, commit, compiler, build flags and the kernel tables
  * this CPU gets (cli/version.c). */
@@ -159,8 +161,12 @@ bool cli_args_no_operands(cli_args *a);
  * one and its value, the description from one column on. */
 void cli_print_options(FILE *out, const cli_opt *tab);
 
-/* The model used when -m is not given: the bundled one, found next to the
- * binary's repository or via $KVPIN_MODEL. */
+/* The model used when -m is not given: $KVPIN_MODEL, else the bundled one,
+ * found next to the binary's repository (<root>/models/), in the installed
+ * tree relative to the binary (PREFIX/bin/kvpin: PREFIX/share/kvpin/), or in
+ * the data directory the release build was made for (KP_DATADIR, from the
+ * Makefile's PREFIX); else models/stories260K.gguf in the working
+ * directory. */
 const char *cli_default_model(void);
 
 /* Strict number parsing for option values; print an error naming the

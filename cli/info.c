@@ -25,7 +25,7 @@ static void print_str(kp_gguf_str s, size_t max) {
     if (s.len > max) fputs("...", stdout);
 }
 
-static void print_token(const gguf *g, const char *key, const char *label) {
+static void print_token(const kp_gguf *g, const char *key, const char *label) {
     const kp_gguf_kv *kv = kp_gguf_find(g, key);
     const kp_gguf_value *toks = NULL;
     kp_gguf_get_arr(g, "tokenizer.ggml.tokens", KP_GGUF_TYPE_STRING, &toks, NULL);
@@ -84,7 +84,7 @@ int cmd_info(int argc, char **argv) {
     }
     if (!cli_args_no_operands(&a)) return 2;
     if (!path) path = cli_default_model();
-    gguf *g;
+    kp_gguf *g;
     kp_error err = {0};
     if (kp_gguf_open(&g, path, &err) != KP_OK) {
         fprintf(stderr, "kvpin info: %s\n", err.msg);

@@ -63,25 +63,45 @@ int main(int argc, char **argv) {
     return 2;
 }
 
+/* The bundled model's file name, and where an installed tree keeps it
+ * relative to the binary (PREFIX/bin/kvpin -> PREFIX/share/kvpin/). */
+#define BUNDLED_MODEL "stories260K.gguf"
+#define INSTALLED_REL "../share/kvpin/"
+
 const char *cli_default_model(void) {
-    static char path[PATH_MAX + 32];
+    static char path[PATH_MAX + 64];
     const char *env = getenv("KVPIN_MODEL");
     if (env && *env) return env;
-    /* the repository layout: <root>/kvpin or <root>/build/x/kvpin, model in <root>/models */
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     /* path holds exe + the suffix: no truncation */
     if (n > 0) {
         exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        /* the repository layout: <root>/kvpin or <root>/build/x/kvpin, model in <root>/models */
+        char dir[PATH_MAX];
+        memcpy(dir, exe, (size_t)n + 1);
         for (int up = 0; up < 3; up++) {
-            char *slash = strrchr(exe, '/');
-            if (!slash) break;
-            *slash = 0;
-            snprintf(path, sizeof path, "%s/models/stories260K.gguf", exe);
+            char *s = strrchr(dir, '/');
+            if (!s) break;
+            *s = 0;
+            snprintf(path, sizeof path, "%s/models/" BUNDLED_MODEL, dir);
             if (access(path, R_OK) == 0) return path;
         }
+        /* an installed tree, wherever it was moved: PREFIX/bin/kvpin */
+        if (slash) {
+            slash[1] = 0;
+            snprintf(path, sizeof path, "%s" INSTALLED_REL BUNDLED_MODEL, exe);
+            char real[PATH_MAX];
+            if (access(path, R_OK) == 0) return realpath(path, real) ? strcpy(path, real) : path;
+        }
     }
-    return "models/stories260K.gguf";
+#ifdef KP_DATADIR
+    /* the data directory of the PREFIX the binary was built for (make install) */
+    snprintf(path, sizeof path, "%s/" BUNDLED_MODEL, KP_DATADIR);
+    if (access(path, R_OK) == 0) return path;
+#endif
+    return "models/" BUNDLED_MODEL;
 }
 
 bool cli_parse_i64(const char *opt, const char *s, int64_t min, int64_t max, int64_t *out) {

@@ -13,7 +13,7 @@
 #include "gguf/gguf.h"
 #include "tok/tok.h"
 
-static bool open_vocab(const char *path, gguf **g, kp_tok_vocab **v, const char *cmd) {
+static bool open_vocab(const char *path, kp_gguf **g, kp_tok_vocab **v, const char *cmd) {
     kp_error err = {0};
     *g = NULL;
     *v = NULL;
@@ -54,7 +54,7 @@ int cmd_tokenize(int argc, char **argv) {
         else if (k == CLI_SPECIAL) special = true;
     }
     if (!cli_args_no_operands(&a)) return 2;
-    gguf *g;
+    kp_gguf *g;
     kp_tok_vocab *v;
     if (!open_vocab(path, &g, &v, "tokenize")) return 1;
     size_t len;
@@ -90,7 +90,7 @@ int cmd_detokenize(int argc, char **argv) {
         else if (k == CLI_SPECIAL) special = true;
     }
     int first_id = a.first_arg;
-    gguf *g;
+    kp_gguf *g;
     kp_tok_vocab *v;
     if (!open_vocab(path, &g, &v, "detokenize")) return 1;
     char *input = NULL;

@@ -1,7 +1,7 @@
 /*
  * version.c - `kvpin --version`: what this binary is and what it runs on.
  *
- * KP_VERSION is cli.h's; the commit (git rev-parse --short HEAD, "-dirty"
+ * KP_VERSION is kvpin.h's; the commit (git rev-parse --short HEAD, "-dirty"
  * when the tree had changes, "unknown" outside a git checkout), the
  * compiler command and the build flags are KP_GIT_COMMIT, KP_BUILD_CC and
  * KP_BUILD_FLAGS from build/<dir>/buildinfo.h, which tools/buildinfo.sh

@@ -106,7 +106,7 @@ static bool is_sint(kp_gguf_type t) {
 }
 
 /* Calls every typed getter on `key`; a KP_OK answer must match the stored value. */
-static void check_getters(const gguf *g, const char *key) {
+static void check_getters(const kp_gguf *g, const char *key) {
     kp_error err;
     const kp_gguf_kv *kv = kp_gguf_find(g, key);
     uint32_t u32;
@@ -166,7 +166,7 @@ static void check_getters(const gguf *g, const char *key) {
     }
 }
 
-static void check_tensor(const gguf *g, const uint8_t *base, size_t size, const kp_gguf_tensor *t) {
+static void check_tensor(const kp_gguf *g, const uint8_t *base, size_t size, const kp_gguf_tensor *t) {
     const kp_dtype_info *ti = kp_dtype_get(t->type);
     uint64_t n_el = 1;
     REQUIRE(ti != NULL);
@@ -192,7 +192,7 @@ static int range_cmp(const void *a, const void *b) {
 }
 
 /* Tensors' byte ranges [offset, offset + n_bytes) must not overlap. */
-static void check_disjoint(const gguf *g) {
+static void check_disjoint(const kp_gguf *g) {
     size_t n = kp_gguf_n_tensors(g);
     if (n < 2) return;
     uint64_t(*ranges)[2] = malloc(n * sizeof *ranges);
@@ -225,7 +225,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id",
         "tokenizer.ggml.add_bos_token", "absent.key",
     };
-    gguf *g = (gguf *)&fuzz_sink; /* must be overwritten with NULL on failure */
+    kp_gguf *g = (kp_gguf *)&fuzz_sink; /* must be overwritten with NULL on failure */
     kp_error err;
     char name[256];
 

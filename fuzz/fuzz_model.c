@@ -47,7 +47,7 @@ static int32_t argmax(const float *v, uint32_t n) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kp_error err = {0};
-    gguf *g = NULL;
+    kp_gguf *g = NULL;
     if (kp_gguf_open_memory(&g, data, size, "fuzz.gguf", &err) != KP_OK) {
         REQUIRE(g == NULL && err.msg[0]);
         return 0;

@@ -38,12 +38,12 @@
 /* Loaded once before the first input and never changed: the fuzzer's
  * fixture, not library state. */
 static kp_tok_vocab *vocabs[MAX_VOCABS];
-static gguf *files[MAX_VOCABS];
+static kp_gguf *files[MAX_VOCABS];
 static int n_vocabs;
 
 static void load(const char *path) {
     kp_error err;
-    gguf *g;
+    kp_gguf *g;
     kp_tok_vocab *v;
     if (n_vocabs == MAX_VOCABS || kp_gguf_open(&g, path, &err) != KP_OK) return;
     if (kp_tok_vocab_load(&v, g, &err) != KP_OK) {
@@ -82,15 +82,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         abort();
     }
     return 0;
-}
-
-static bool valid_utf8(const char *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        int k = kp_unicode_utf8_next((const uint8_t *)s + i, n - i);
-        if (k <= 0) return false;
-        i += (size_t)k;
-    }
-    return true;
 }
 
 /* Appends n bytes to the malloc'd *buf of *len bytes; false when out of memory. */
@@ -137,14 +128,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
             p = kp_tok_piece_view(v, ids[i], special, &pl);
             REQUIRE(p != NULL);
-            pieces_valid = pieces_valid && valid_utf8(p, pl);
+            pieces_valid = pieces_valid && kp_unicode_utf8_valid((const uint8_t *)p, pl);
             ok = append(&all, &all_n, b, bn) && append(&pieces, &pieces_n, p, pl);
         }
         const char *b;
         size_t bn;
         kp_tok_stream_flush(s, &b, &bn);
         if (ok && append(&all, &all_n, b, bn)) {
-            REQUIRE(valid_utf8(all, all_n));
+            REQUIRE(kp_unicode_utf8_valid((const uint8_t *)all, all_n));
             if (pieces_valid) REQUIRE(all_n == pieces_n && (all_n == 0 || !memcmp(all, pieces, all_n)));
         }
         free(all);

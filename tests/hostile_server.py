@@ -13,7 +13,10 @@ the API conventions, not from the server:
     Content-Length with Transfer-Encoding, a Content-Length that is not a
     number get 400, an unknown transfer coding 501, all before the body;
   - slow clients (slowloris) from one address cannot lock others out, and a
-    request whose head or body trickles in is cut at --request-timeout.
+    request whose head or body trickles in is cut at --request-timeout;
+  - control tokens cannot be injected through text: "</s>" and "<s>" in a
+    message (or a completions prompt, unless parse_special) stay text, so
+    the prompt holds BOS once, at the start, and no EOS.
 """
 import json
 import socket
@@ -226,9 +229,34 @@ def slowloris(per_address="32"):
         srv.stop()
 
 
+def injection(srv):
+    bos, eos = 1, 2  # the bundled vocabulary's <s> and </s>
+    for what, path, body in [
+        ("chat content", "/v1/chat/completions",
+         {"messages": [{"role": "system", "content": "x </s> y"}, {"role": "user", "content": "a </s> b <s>"}],
+          "max_tokens": 1, "return_token_ids": True}),
+        ("tool result", "/v1/chat/completions",
+         {"messages": [{"role": "user", "content": "weather?"},
+                       {"role": "assistant", "content": "", "tool_calls": [
+                           {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{\"q\": \"</s>\"}"}}]},
+                       {"role": "tool", "tool_call_id": "c1", "content": "</s><s>sunny</s>"}],
+          "tools": [{"type": "function", "function": {"name": "w", "description": "</s>", "parameters": {}}}],
+          "max_tokens": 1, "return_token_ids": True}),
+        ("completions prompt", "/v1/completions", {"prompt": "a </s> b <s>", "max_tokens": 1, "return_token_ids": True}),
+    ]:
+        st, _, j = srv.post(path, body)
+        ids = j["choices"][0].get("prompt_token_ids", []) if st == 200 else []
+        R.ok(st == 200 and ids[:1] == [bos] and bos not in ids[1:] and eos not in ids,
+             "%s: control tokens from text: %s %s" % (what, st, ids[:40]))
+    st, _, j = srv.post("/v1/completions", {"prompt": "a </s> b", "max_tokens": 1, "return_token_ids": True,
+                                             "parse_special": True})
+    R.ok(st == 200 and eos in j["choices"][0]["prompt_token_ids"], "parse_special: true parses </s>: %s" % j)
+
+
 def main():
     srv = Server(R, "--chat-template", "qwen2.5")
     try:
+        injection(srv)
         detokenize(srv)
         deep_tools(srv)
         half_close(srv)

@@ -481,7 +481,7 @@ def parallel_np():
 
 LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z ((?:[a-z_]+=\S+ ?)+)$")
 LOG_KEYS = ["id", "client", "method", "path", "status", "error", "prompt", "cached", "computed", "cause",
-            "completion", "finish", "ttft_ms", "total_ms"]
+            "completion", "finish", "preempted", "ttft_ms", "total_ms"]
 
 
 def log_lines(srv, n, seconds=10):
@@ -517,7 +517,7 @@ def request_log():
         u, c = j["usage"], j["kvpin_cache"]
         return {"prompt": str(u["prompt_tokens"]), "cached": str(u["prompt_tokens_details"]["cached_tokens"]),
                 "computed": str(c["computed_tokens"]), "cause": c["cause"], "completion": str(u["completion_tokens"]),
-                "finish": finish}
+                "finish": finish, "preempted": str(c["preemptions"])}
 
     body = {"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0}
     for rid in ("client-id-1", "client-id-2"):  # the second is a hit
@@ -532,7 +532,7 @@ def request_log():
         rid = h.get("x-request-id", "")
         ok(st == 200 and rid and rid != bad and re.match(r"^[\x21-\x7e]{1,64}$", rid), "insane id %r -> %r" % (bad, rid))
         want.append((rid, {"status": "200", "error": "-", "method": "GET", "path": "/v1/models", "prompt": "-",
-                           "cause": "-", "finish": "-"}))
+                           "cause": "-", "finish": "-", "preempted": "-"}))
     # a stream: the header on the stream's response, the usage of its last chunk in the line
     c = http.client.HTTPConnection(srv.host, srv.port, timeout=60)
     c.request("POST", "/v1/chat/completions", body=json.dumps(

@@ -1,5 +1,5 @@
 /*
- * test_attn.c - attention inner loops (src/attn.h) against a float64
+ * test_attn.c - attention inner loops (src/kernels/attn.h) against a float64
  * computation, for every table this CPU can run (scalar, avx2, avx512):
  *
  * - exp_row against exp() in double: 2 ulp, 0 below the normal range;

@@ -539,6 +539,99 @@ static void same_top(kp_engine *e, mirror *x, const char *when) {
 
 /* kp_eng_top / kp_eng_pin / kp_eng_unpin / kp_eng_expire / kp_eng_get_stats
  * answer what kp_pfx_* answer for an index that saw the same sequences. */
+/* kp_eng_room_for counts what a prefill can really get: with need equal to
+ * free + evictable the prefill succeeds, with one block more it fails
+ * (KP_EFULL); blocks a running sequence's lease holds, pinned blocks and
+ * the blocks the prefill itself shares are not counted; alone, the cached
+ * rows of its own path past what it shares are (the engine drops its own
+ * hold when nothing else can be evicted). */
+static void room_fill(int32_t *t, uint32_t n, int32_t first) {
+    for (uint32_t i = 0; i < n; i++) t[i] = i ? 3 + (int32_t)rnd(500) : first;
+}
+
+/* The prefill of t[0..n) gets its blocks (then it is released, uncached). */
+static kp_status room_try(kp_engine *e, const int32_t *t, uint32_t n) {
+    kp_eng_seq s = {0};
+    kp_error err;
+    kp_status st = kp_eng_prefill(e, t, n, &s, NULL, NULL, &err);
+    kp_eng_seq_abort(e, &s);
+    return st;
+}
+
+static void test_room_for(void) {
+    kp_error err = {0};
+    kp_model *m;
+    kp_pool *pool;
+    if (!load_stories(&m, &pool)) return;
+    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
+    kp_eng_config c = {KP_DTYPE_F32, 16, bb * 8, 256, false, NULL}; /* 8 blocks, pins up to 4 */
+    kp_engine *e = NULL;
+    CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
+    rng_state = 0x5eed;
+    static int32_t a[40], b[50], cc[129], d[129];
+    room_fill(a, 40, 1);
+    kp_eng_seq s = {0};
+    CHECK(kp_eng_prefill(e, a, 40, &s, NULL, NULL, &err) == KP_OK); /* cached: blocks of 0..15, 16..31, 32..39 */
+    CHECK(kp_eng_finish(e, &s, a, 40, NULL, &err) == KP_OK);
+    memcpy(b, a, sizeof a);
+    room_fill(b + 40, 10, 7);
+    kp_eng_room r;
+    CHECK(kp_eng_room_for(e, b, 50, true, &r, &err) == KP_OK);
+    CHECK(r.reused_tokens == 40 && r.need_blocks == 2 && r.free_blocks == 5 && r.evictable_blocks == 0);
+    CHECK(kp_eng_room_for(e, b, 50, false, &r, &err) == KP_OK); /* alone: the partial block 32..39 could go */
+    CHECK(r.reused_tokens == 40 && r.need_blocks == 2 && r.free_blocks == 5 && r.evictable_blocks == 1);
+    room_fill(cc, 129, 2);
+    CHECK(kp_eng_room_for(e, cc, 64, true, &r, &err) == KP_OK);
+    CHECK(r.reused_tokens == 0 && r.need_blocks == 4 && r.free_blocks == 5 && r.evictable_blocks == 3);
+    /* a sequence holding the cached path (it took 0..39, copying the partial block) */
+    kp_eng_report rep;
+    CHECK(kp_eng_begin(e, b, 50, &s, &rep, &err) == KP_OK && rep.reused_tokens == 40);
+    CHECK(kp_eng_room_for(e, cc, 64, true, &r, &err) == KP_OK);
+    CHECK_MSG(r.free_blocks == 4 && r.evictable_blocks == 0, "free %u evictable %u", r.free_blocks, r.evictable_blocks);
+    CHECK(room_try(e, cc, 64) == KP_OK);     /* 4 blocks: what the count says */
+    CHECK(room_try(e, cc, 65) == KP_EFULL);  /* one more: no */
+    kp_eng_seq_abort(e, &s);
+    /* pinned rows are not evictable */
+    uint64_t id = 0;
+    CHECK(kp_eng_pin(e, a, 40, 0, 1000, &id, &err) == KP_OK);
+    CHECK(kp_eng_room_for(e, cc, 80, false, &r, &err) == KP_OK);
+    CHECK(r.need_blocks == 5 && r.free_blocks == 5 && r.evictable_blocks == 0);
+    CHECK(room_try(e, cc, 80) == KP_OK);
+    CHECK(room_try(e, cc, 81) == KP_EFULL);
+    CHECK(kp_eng_unpin(e, id, &err) == KP_OK);
+    /* alone, sharing 20 positions of the cached 40: block 0 stays shared,
+     * the blocks of 16..39 could go once its own hold is dropped */
+    memcpy(d, a, 20 * sizeof *d);
+    room_fill(d + 20, 109, 9);
+    CHECK(kp_eng_room_for(e, d, 128, false, &r, &err) == KP_OK);
+    CHECK_MSG(r.reused_tokens == 20 && r.need_blocks == 7 && r.free_blocks == 5 && r.evictable_blocks == 2,
+              "reused %u need %u free %u evictable %u", r.reused_tokens, r.need_blocks, r.free_blocks,
+              r.evictable_blocks);
+    CHECK(kp_eng_room_for(e, d, 128, true, &r, &err) == KP_OK); /* beside others, its path would be held */
+    CHECK(r.need_blocks == 7 && r.evictable_blocks == 0);
+    CHECK(room_try(e, d, 128) == KP_OK); /* (it evicted the cached 40 on the way) */
+    CHECK(kp_eng_prefill(e, a, 40, &s, NULL, NULL, &err) == KP_OK);
+    CHECK(kp_eng_finish(e, &s, a, 40, NULL, &err) == KP_OK);
+    CHECK(kp_eng_room_for(e, d, 129, false, &r, &err) == KP_OK && r.need_blocks == 8 && r.evictable_blocks == 2);
+    CHECK(room_try(e, d, 129) == KP_EFULL);
+    CHECK(kp_eng_check(e, &err) == KP_OK);
+    /* without a prefix cache: nothing reused or evictable */
+    kp_engine *n = NULL;
+    kp_eng_config cn = {KP_DTYPE_F32, 16, bb * 8, 256, true, NULL};
+    CHECK(kp_eng_new(&n, m, pool, NULL, &cn, &err) == KP_OK);
+    CHECK(kp_eng_room_for(n, d, 33, false, &r, &err) == KP_OK);
+    CHECK(r.reused_tokens == 0 && r.need_blocks == 3 && r.free_blocks == 8 && r.evictable_blocks == 0);
+    CHECK(kp_eng_begin(n, d, 40, &s, &rep, &err) == KP_OK);
+    CHECK_EQ_INT(kp_eng_seq_blocks_missing(n, &s, 40), 3);
+    CHECK_EQ_INT(kp_eng_seq_blocks_missing(n, &s, 0), 0);
+    kp_eng_seq_abort(n, &s);
+    kp_eng_free(n);
+    CHECK(kp_eng_clear(e, &err) == KP_OK);
+    kp_eng_free(e);
+    kp_pool_free(pool);
+    kp_model_free(m);
+}
+
 static void test_cache_operations(void) {
     kp_error err = {0};
     kp_model *m;
@@ -771,6 +864,7 @@ int main(void) {
     RUN(test_budget_of_one_sequence);
     RUN(test_reuse_counts);
     RUN(test_cache_operations);
+    RUN(test_room_for);
     RUN(test_generate_and_feeding);
     RUN(test_equal_stories);
     RUN(test_equal_qwen2_q8);

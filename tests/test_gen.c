@@ -30,7 +30,7 @@ static uint32_t rnd(uint32_t n) {
 }
 
 static kp_tok_vocab *voc;
-static gguf *voc_file;
+static kp_gguf *voc_file;
 static int32_t nv;
 
 /* A row of logits whose argmax is tok. */

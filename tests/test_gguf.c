@@ -382,7 +382,7 @@ static bool walk_value(const kp_gguf_value *v, int depth, uint64_t *sum) {
 
 /* Walks every KV and tensor of a parsed file over the bytes [base, base+size);
  * false if any tensor view is inconsistent or lies outside the bytes. */
-static bool walk_file(const gguf *g, const uint8_t *base, size_t size) {
+static bool walk_file(const kp_gguf *g, const uint8_t *base, size_t size) {
     uint64_t sum = 0;
     uint32_t a = kp_gguf_alignment(g);
     if (a == 0 || (a & (a - 1)) || kp_gguf_data_offset(g) > size) return false;
@@ -423,7 +423,7 @@ typedef struct {
 static parse_result parse_bytes(const uint8_t *bytes, size_t n, const char *name) {
     parse_result r = {0};
     uint8_t *copy = exact_copy(bytes, n);
-    gguf *g = (gguf *)copy; /* must be reset to NULL on failure */
+    kp_gguf *g = (kp_gguf *)copy; /* must be reset to NULL on failure */
     kp_error err = {0};
     r.st = kp_gguf_open_memory(&g, copy, n, name, &err);
     if (r.st == KP_OK) {
@@ -445,7 +445,7 @@ static void test_versions_and_scalars(void) {
         make_all_types(&b);
         gb_set_u32(&b, 4, version);
         uint8_t *copy = exact_copy(b.p, b.n);
-        gguf *g;
+        kp_gguf *g;
         kp_error err = {0};
         CHECK_EQ_INT(kp_gguf_open_memory(&g, copy, b.n, "all.gguf", &err), KP_OK);
         if (!g) {
@@ -508,7 +508,7 @@ static void test_arrays(void) {
     gb b = {0};
     make_all_types(&b);
     uint8_t *copy = exact_copy(b.p, b.n);
-    gguf *g;
+    kp_gguf *g;
     kp_error err = {0};
     CHECK_EQ_INT(kp_gguf_open_memory(&g, copy, b.n, "all.gguf", &err), KP_OK);
     if (!g) {
@@ -606,7 +606,7 @@ static void test_lookups(void) {
     gb b = {0};
     make_all_types(&b);
     uint8_t *copy = exact_copy(b.p, b.n);
-    gguf *g;
+    kp_gguf *g;
     kp_error err = {0};
     CHECK_EQ_INT(kp_gguf_open_memory(&g, copy, b.n, "look.gguf", &err), KP_OK);
     if (!g) {
@@ -752,7 +752,7 @@ static void test_alignment(void) {
         gb_fill(&b, 64, 0x55);
         gb_fill(&b, 32, 0x66); /* the tensor: 8 floats at offset 64 */
         uint8_t *copy = exact_copy(b.p, b.n);
-        gguf *g;
+        kp_gguf *g;
         kp_error err = {0};
         CHECK_EQ_INT(kp_gguf_open_memory(&g, copy, b.n, "align.gguf", &err), KP_OK);
         if (g) {
@@ -807,7 +807,7 @@ static void test_zero_tensors_no_padding(void) {
     make_vocab_like(&b);
     CHECK(b.n % 32 != 0); /* the file really ends unpadded */
     uint8_t *copy = exact_copy(b.p, b.n);
-    gguf *g;
+    kp_gguf *g;
     kp_error err = {0};
     CHECK_EQ_INT(kp_gguf_open_memory(&g, copy, b.n, "vocab.gguf", &err), KP_OK);
     if (g) {
@@ -833,7 +833,7 @@ static void test_tensor_views(void) {
     gb b = {0};
     make_all_types(&b);
     uint8_t *copy = exact_copy(b.p, b.n);
-    gguf *g;
+    kp_gguf *g;
     kp_error err = {0};
     CHECK_EQ_INT(kp_gguf_open_memory(&g, copy, b.n, "tensors.gguf", &err), KP_OK);
     if (!g) {
@@ -920,7 +920,7 @@ static void gb_value(gb *b, const kp_gguf_value *v, uint64_t max_n) {
  * n_tensors (<= 16) tensor infos, padded to the alignment. With shrink, each
  * tensor is cut to at most 4 elements per dim (row length kept for block
  * types), packed at aligned offsets, and followed by its first bytes. */
-static void gb_reencode(gb *b, const gguf *g, uint64_t max_n, size_t n_tensors, bool shrink) {
+static void gb_reencode(gb *b, const kp_gguf *g, uint64_t max_n, size_t n_tensors, bool shrink) {
     uint64_t a = kp_gguf_alignment(g), next = 0, offs[16], sizes[16];
     if (shrink && n_tensors > 16) n_tensors = 16;
     gb_header(b, kp_gguf_version(g), n_tensors, kp_gguf_n_kv(g));
@@ -976,7 +976,7 @@ static void test_real_file(void) {
     const char *path = stories_path();
     CHECK_MSG(path != NULL, "stories260K.gguf not found under tests/data or models");
     if (!path) return;
-    gguf *g;
+    kp_gguf *g;
     kp_error err = {0};
     kp_status st = kp_gguf_open(&g, path, &err);
     CHECK_MSG(st == KP_OK, "%s", err.msg);
@@ -1051,7 +1051,7 @@ static void test_real_file(void) {
         CHECK(b.n == 14176 && memcmp(b.p, raw, b.n) == 0);
         gb_free(&b);
         /* the memory path decodes the same file identically */
-        gguf *m;
+        kp_gguf *m;
         CHECK_EQ_INT(kp_gguf_open_memory(&m, raw, n, "mem", &err), KP_OK);
         if (m) {
             CHECK_EQ_INT(kp_gguf_n_kv(m), 19);
@@ -1070,7 +1070,7 @@ static void test_real_file(void) {
 /* The stories260K header cut down to < 4 KB: every KV (arrays cut to 8
  * elements) and its first 3 tensors shrunk to <= 4 per dim, with real data. */
 static bool make_stories_cut(gb *b) {
-    gguf *g;
+    kp_gguf *g;
     const char *path = stories_path();
     if (!path || kp_gguf_open(&g, path, NULL) != KP_OK) return false;
     gb_reencode(b, g, 8, 3, true);
@@ -1310,7 +1310,7 @@ static void test_corrupt_table(void) {
         const char *path = write_temp(dir, name, b.p, b.n);
         CHECK(path != NULL);
         if (path) {
-            gguf *g = (gguf *)&b;
+            kp_gguf *g = (kp_gguf *)&b;
             kp_error err = {0};
             kp_status st = kp_gguf_open(&g, path, &err);
             CHECK_MSG(st == c->want, "%s (file): %s", c->name, err.msg);
@@ -1336,7 +1336,7 @@ static void test_open_errors(void) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *path = i == 0 ? harness_path(cases[i].path) : cases[i].path;
-        gguf *g = (gguf *)&cases[i];
+        kp_gguf *g = (kp_gguf *)&cases[i];
         kp_error err = {0};
         CHECK_EQ_INT(kp_gguf_open(&g, path, &err), cases[i].want);
         CHECK(g == NULL && err.code == cases[i].want);
@@ -1349,7 +1349,7 @@ static void test_open_errors(void) {
     char fifo[64];
     snprintf(fifo, sizeof fifo, "%s/model.gguf", dir);
     CHECK(mkfifo(fifo, 0600) == 0);
-    gguf *g = (gguf *)fifo;
+    kp_gguf *g = (kp_gguf *)fifo;
     kp_error err = {0};
     alarm(10);
     CHECK_EQ_INT(kp_gguf_open(&g, fifo, &err), KP_EIO);
@@ -1534,7 +1534,7 @@ static void test_regressions(void) {
         parse_result r = parse_bytes((const uint8_t *)raw, n, e->d_name);
         CHECK_MSG(r.st == KP_OK ? r.walk_ok : r.clean_error, "%s: %s", e->d_name, r.msg);
         /* and through the mmap path */
-        gguf *g;
+        kp_gguf *g;
         kp_error err = {0};
         kp_status st = kp_gguf_open(&g, path, &err);
         CHECK_MSG(st == r.st || (n == 0 && st == KP_EFORMAT), "%s: %s vs %s", e->d_name,

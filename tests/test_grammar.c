@@ -31,7 +31,7 @@
 /* ---- helpers ---- */
 
 static kp_tok_vocab *load_vocab(const char *rel) {
-    gguf *g = NULL;
+    kp_gguf *g = NULL;
     kp_error err = {0};
     if (kp_gguf_open(&g, harness_path(rel), &err) != KP_OK) {
         fprintf(stderr, "cannot open %s: %s\n", rel, err.msg);

@@ -81,19 +81,19 @@ static bool key_has_prefix(kp_gguf_str key, const char *prefix) {
     return key.len >= n && memcmp(key.data, prefix, n) == 0;
 }
 
-static uint32_t get_u32(const gguf *g, const char *key) {
+static uint32_t get_u32(const kp_gguf *g, const char *key) {
     uint32_t v = 0xFFFFFFFFu;
     kp_gguf_get_u32(g, key, 0xFFFFFFFFu, &v, NULL);
     return v;
 }
 
-static float get_f32(const gguf *g, const char *key) {
+static float get_f32(const kp_gguf *g, const char *key) {
     float v = -1.0f;
     kp_gguf_get_f32(g, key, -1.0f, &v, NULL);
     return v;
 }
 
-static bool str_is(const gguf *g, const char *key, const char *want) {
+static bool str_is(const kp_gguf *g, const char *key, const char *want) {
     kp_gguf_str s;
     return kp_gguf_get_str(g, key, &s, NULL) == KP_OK && s.data && kp_gguf_str_eq(s, want);
 }
@@ -224,7 +224,7 @@ static void test_writer_roundtrip(void) {
     uint64_t data_offset = kp_gguf_w_data_offset(w);
     kp_gguf_w_free(w);
 
-    gguf *g = NULL;
+    kp_gguf *g = NULL;
     CHECK_MSG(kp_gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
     if (g) {
         CHECK_EQ_INT(kp_gguf_version(g), 3);
@@ -299,7 +299,7 @@ static void test_writer_roundtrip(void) {
 static void test_writer_reproduces_reference(void) {
     const char *src = harness_path(REF_GQA);
     kp_error err = {0};
-    gguf *g = NULL;
+    kp_gguf *g = NULL;
     CHECK_MSG(kp_gguf_open(&g, src, &err) == KP_OK, "%s", err.msg);
     if (!g) return;
     char path[64];
@@ -351,7 +351,7 @@ static void test_writer_stream(void) {
     CHECK(kp_gguf_w_finish(w, &err) == KP_OK);
     kp_gguf_w_free(w); /* does not close the stream */
     CHECK(fclose(f) == 0);
-    gguf *g = NULL;
+    kp_gguf *g = NULL;
     CHECK_MSG(kp_gguf_open_memory(&g, mem, size, "memory", &err) == KP_OK, "%s", err.msg);
     if (g) {
         CHECK(str_is(g, "general.architecture", "llama"));
@@ -490,7 +490,7 @@ static size_t expected_tensors(const kp_mkmodel_spec *s, int64_t n_vocab, expect
 }
 
 /* Metadata and tensor infos of a generated file against its spec. */
-static void check_structure(const gguf *g, const kp_mkmodel_spec *s, const char *tok_src) {
+static void check_structure(const kp_gguf *g, const kp_mkmodel_spec *s, const char *tok_src) {
     char key[128];
     const char *a = s->arch;
     uint32_t hd = s->head_dim ? s->head_dim : s->n_embd / s->n_head;
@@ -522,7 +522,7 @@ static void check_structure(const gguf *g, const kp_mkmodel_spec *s, const char 
     CHECK_EQ_INT(kp_gguf_find(g, "general.alignment") != NULL, align != 32);
 
     /* tokenizer: every tokenizer.* key of the source, equal, and no other */
-    gguf *src = NULL;
+    kp_gguf *src = NULL;
     kp_error err = {0};
     CHECK_MSG(kp_gguf_open(&src, harness_path(tok_src), &err) == KP_OK, "%s", err.msg);
     size_t n_tok_keys = 0;
@@ -573,7 +573,7 @@ static void check_structure(const gguf *g, const kp_mkmodel_spec *s, const char 
 
 /* Weight statistics of an F32 file: every matrix N(0, scale^2) with the
  * documented scale, norms 1 + 0.1 N, biases 0.5 N (pooled per kind). */
-static void check_f32_statistics(const gguf *g, const kp_mkmodel_spec *s) {
+static void check_f32_statistics(const kp_gguf *g, const kp_mkmodel_spec *s) {
     stats mat = {0}, norms = {0}, biases = {0}, embd = {0};
     for (size_t i = 0; i < kp_gguf_n_tensors(g); i++) {
         const kp_gguf_tensor *t = kp_gguf_tensor_at(g, i);
@@ -607,7 +607,7 @@ static void check_f32_statistics(const gguf *g, const kp_mkmodel_spec *s) {
 }
 
 /* Relative RMS difference between a tensor of `q` and the same tensor of the F32 file. */
-static double rel_rms_error(const gguf *f32, const gguf *q, const char *name) {
+static double rel_rms_error(const kp_gguf *f32, const kp_gguf *q, const char *name) {
     const kp_gguf_tensor *a = kp_gguf_find_tensor(f32, name), *b = kp_gguf_find_tensor(q, name);
     if (!a || !b || a->n_elements != b->n_elements) return INFINITY;
     float *y = tensor_floats(b);
@@ -648,7 +648,7 @@ static void test_all_archs_and_types(void) {
         s.seed = 42 + c;
         char f32_path[64];
         if (!write_model(&s, cases[c].tok, f32_path)) continue;
-        gguf *f32 = NULL;
+        kp_gguf *f32 = NULL;
         kp_error err = {0};
         CHECK_MSG(kp_gguf_open(&f32, f32_path, &err) == KP_OK, "%s", err.msg);
         if (!f32) continue;
@@ -658,7 +658,7 @@ static void test_all_archs_and_types(void) {
             s.wtype = err_bounds[k].t;
             char path[64];
             if (!write_model(&s, cases[c].tok, path)) continue;
-            gguf *g = NULL;
+            kp_gguf *g = NULL;
             CHECK_MSG(kp_gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
             if (g) {
                 check_structure(g, &s, cases[c].tok);
@@ -699,7 +699,7 @@ static void test_vector_statistics(void) {
     s.seed = 99;
     char path[64];
     if (write_model(&s, STORIES, path)) {
-        gguf *g = NULL;
+        kp_gguf *g = NULL;
         kp_error err = {0};
         CHECK_MSG(kp_gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
         if (g) {
@@ -736,7 +736,7 @@ static void test_determinism(void) {
         size_t n1 = 0, n3 = 0;
         char *a = harness_read_file(p1, &n1), *b = harness_read_file(p3, &n3);
         CHECK(a && b && n1 == n3);
-        gguf *g = NULL;
+        kp_gguf *g = NULL;
         if (a && b && kp_gguf_open(&g, p1, NULL) == KP_OK) {
             CHECK(memcmp(a, b, kp_gguf_data_offset(g)) == 0);
             kp_gguf_close(g);
@@ -757,7 +757,7 @@ static void test_alignment(void) {
     s.wtype = KP_DTYPE_Q4_0;
     char path[64];
     if (write_model(&s, STORIES, path)) {
-        gguf *g = NULL;
+        kp_gguf *g = NULL;
         kp_error err = {0};
         CHECK_MSG(kp_gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
         if (g) {
@@ -780,7 +780,7 @@ static void compare_to_reference(const kp_mkmodel_spec *s, const char *tok, cons
                                  const char *const *only_mine, size_t n_only_mine,
                                  bool skip_tokenizer, bool same_order, char path[64]) {
     kp_error err = {0};
-    gguf *ref = NULL, *g = NULL;
+    kp_gguf *ref = NULL, *g = NULL;
     CHECK_MSG(kp_gguf_open(&ref, harness_path(ref_path), &err) == KP_OK, "%s", err.msg);
     if (!write_model(s, tok, path)) path[0] = 0;
     CHECK_MSG(!path[0] || kp_gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
@@ -855,7 +855,7 @@ static void test_reference_models(void) {
     if (path[0]) {
         size_t n1 = 0, n2 = 0;
         char *a = harness_read_file(path, &n1), *b = harness_read_file(harness_path(REF_GQA), &n2);
-        gguf *ref = NULL;
+        kp_gguf *ref = NULL;
         CHECK(kp_gguf_open(&ref, harness_path(REF_GQA), NULL) == KP_OK);
         CHECK_EQ_INT(n1, n2);
         CHECK_MSG(a && b && ref && n1 == n2 && memcmp(a, b, kp_gguf_data_offset(ref)) == 0,
@@ -1042,7 +1042,7 @@ static void check_against_llama_quantize(const char *name, int ftype, char **lin
     kp_mkmodel_report rep;
     kp_status st = kp_mkmodel_write(&s, harness_path(STORIES), path, &rep, &err);
     CHECK_MSG(st == KP_OK, "%s %s: %s", name, kp_dtype_name(s.wtype), err.msg);
-    gguf *g = NULL;
+    kp_gguf *g = NULL;
     if (st == KP_OK) CHECK_MSG(kp_gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
     if (!g) {
         unlink(path);
@@ -1151,7 +1151,7 @@ static void test_smollm2_q4_k(void) {
                   "%s", rep.fallback[i].tensor);
     }
     CHECK(rep.n_fallback > 0 && strcmp(rep.fallback[0].tensor, "token_embd.weight") == 0);
-    gguf *g = NULL;
+    kp_gguf *g = NULL;
     CHECK_MSG(kp_gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
     if (g) {
         CHECK_EQ_INT(get_u32(g, "general.file_type"), 15);

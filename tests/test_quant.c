@@ -4,7 +4,7 @@
  * References, none taken from kvpin's own output:
  *   - float64 decoders of FP16/BF16 (ldexp) and of every block layout,
  *     written here from the layout description (byte offsets and bit
- *     shifts, no shared code with src/quant.c);
+ *     shifts, no shared code with src/kernels/);
  *   - float64 round-to-nearest-even searches for the FP16/BF16 rounding;
  *   - float64 dot products of the dequantized rows;
  *   - llama-quantize --pure outputs in ../shared/models/gen (Q8_0, Q4_0,
@@ -694,7 +694,7 @@ static void test_matches_llama_quantize(void) {
         {"gen-llama-gqa-f16.gguf", KP_DTYPE_F16},   {"gen-llama-gqa-bf16.gguf", KP_DTYPE_BF16},
     };
     kp_error err = {0};
-    gguf *src = NULL;
+    kp_gguf *src = NULL;
     const char *dir = "tests/data/models/";
     char path[512];
     snprintf(path, sizeof path, "%sgen-llama-gqa-f32.gguf", dir);
@@ -704,7 +704,7 @@ static void test_matches_llama_quantize(void) {
     }
     static uint8_t mine[768 * 4];
     for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
-        gguf *dst = NULL;
+        kp_gguf *dst = NULL;
         snprintf(path, sizeof path, "%s%s", dir, files[f].file);
         if (kp_gguf_open(&dst, harness_path(path), &err) != KP_OK) {
             CHECK_MSG(0, "cannot open %s: %s", files[f].file, err.msg);

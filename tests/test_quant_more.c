@@ -1,6 +1,6 @@
 /*
  * test_quant_more.c - the weight types Q4_1, Q5_0, Q5_1, Q5_K and the
- * activation type Q8_1 (src/quant_more*.c, reached through quant.h).
+ * activation type Q8_1 (src/kernels/quant_*.c, reached through quant.h).
  *
  * References, none taken from kvpin's own output:
  *   - llama.cpp's quantize_row_*_ref outputs on 48 chosen rows
@@ -1068,7 +1068,7 @@ static float *model_logits(const char *path, int *n_vocab, bool by_token) {
 
 /* Relative RMS error of all 2-D weights of file q against the F32 file f. */
 static double weights_rel_err(const char *f32_path, const char *q_path) {
-    gguf *f = NULL, *g = NULL;
+    kp_gguf *f = NULL, *g = NULL;
     double e = 0, s = 0;
     if (kp_gguf_open(&f, f32_path, NULL) != KP_OK || kp_gguf_open(&g, q_path, NULL) != KP_OK) {
         kp_gguf_close(f);

@@ -54,7 +54,7 @@ static uint64_t used_bytes(kp_engine *e) {
 /* A model, its vocabulary and a thread pool. */
 typedef struct {
     kp_model *m;
-    gguf *g;
+    kp_gguf *g;
     kp_tok_vocab *v;
     kp_pool *pool;
 } fixture;
@@ -172,7 +172,7 @@ static void test_concurrent_equals_alone(void) {
     CHECK(kp_sched_new(&s, e, v, &sc, &err) == KP_OK);
     kp_sreq *r[NREQ] = {0};
     for (int i = 0; i < NREQ; i++) {
-        kp_sreq_params p = {cs[i].prompt, cs[i].n, cs[i].max_tokens, kp_sampler_defaults(), NULL, 0, false, NULL, 0};
+        kp_sreq_params p = {cs[i].prompt, cs[i].n, cs[i].max_tokens, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true};
         p.sp.temp = 0;
         const char *stops[1] = {cs[i].stop};
         p.stops = stops;
@@ -196,7 +196,7 @@ static void test_concurrent_equals_alone(void) {
     }
     CHECK_MSG(cached_total > 0, "no request reused a cached prefix");
     /* the same prompt again: everything but the last token comes from the cache */
-    kp_sreq_params p = {cs[0].prompt, cs[0].n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0};
+    kp_sreq_params p = {cs[0].prompt, cs[0].n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true};
     kp_sreq *one = NULL;
     CHECK(kp_sched_submit(s, &p, &one, &err) == KP_OK);
     char buf[64];
@@ -260,7 +260,7 @@ static void test_queue_full_and_shutdown(void) {
     kp_sched *s = NULL;
     CHECK(kp_sched_new(&s, e, v, &sc, &err) == KP_OK);
     int32_t prompt[2] = {1, 400};
-    kp_sreq_params p = {prompt, 2, 400, kp_sampler_defaults(), NULL, 0, true, NULL, 0};
+    kp_sreq_params p = {prompt, 2, 400, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true};
     kp_sreq *r[8] = {0};
     int ok = 0, full = 0;
     for (int i = 0; i < 8; i++) {
@@ -357,7 +357,7 @@ static void test_cache_ops_between_steps(void) {
     /* a prefix in the cache to probe and pin */
     int32_t p[24];
     for (int i = 0; i < 24; i++) p[i] = i ? 20 + 3 * i : 1;
-    kp_sreq_params pp = {p, 24, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0};
+    kp_sreq_params pp = {p, 24, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true};
     kp_sreq *r0 = NULL;
     CHECK(kp_sched_submit(s, &pp, &r0, &err) == KP_OK);
     char buf[64];
@@ -372,7 +372,7 @@ static void test_cache_ops_between_steps(void) {
     kp_sreq *run[4];
     for (int k = 0; k < 4; k++) {
         int32_t q[3] = {1, 100 + k, 200 + k};
-        kp_sreq_params rp = {q, 3, 100000, kp_sampler_defaults(), NULL, 0, true, NULL, 0};
+        kp_sreq_params rp = {q, 3, 100000, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true};
         rp.sp.temp = 0;
         CHECK(kp_sched_submit(s, &rp, &run[k], &err) == KP_OK);
     }
@@ -411,9 +411,235 @@ static void test_cache_ops_between_steps(void) {
     fixture_close(&fx);
 }
 
+/* ---- KV pressure ----------------------------------------------------------- */
+
+#define NP 12
+
+typedef struct {
+    int32_t prompt[40];
+    uint32_t n, max_tokens;
+    kp_sampler_params sp;
+    bool ignore_eos;
+    int32_t want[96]; /* generated tokens alone */
+    uint32_t n_want;
+    char text[2048];
+    size_t text_len;
+    kp_finish finish;
+} kv_case;
+
+typedef struct {
+    char *buf;
+    size_t len;
+} text_sink;
+
+static void sink_step(void *ctx, const kp_gen_out *o) {
+    text_sink *t = ctx;
+    memcpy(t->buf + t->len, o->text, o->len);
+    t->len += o->len;
+}
+
+/* The request alone, through the same generation loop on an engine with
+ * room for everything and no prefix cache. */
+static void kv_reference(kp_engine *ref, const kp_tok_vocab *v, uint32_t max_pos, kv_case *c) {
+    kp_error err = {0};
+    kp_gen_params gp = {c->sp, c->max_tokens, max_pos, 0, c->ignore_eos, NULL, 0, false};
+    kp_gen *g = NULL;
+    CHECK(kp_gen_new(&g, v, c->prompt, c->n, &gp, &err) == KP_OK);
+    text_sink t = {c->text, 0};
+    kp_eng_gen_opts o = {.ctx = &t, .on_step = sink_step};
+    kp_eng_seq s = {0};
+    CHECK_MSG(kp_eng_generate(ref, &s, g, &o, NULL, &err) == KP_OK, "%s", err.msg);
+    c->text_len = t.len;
+    c->n_want = kp_gen_n_generated(g);
+    memcpy(c->want, kp_gen_tokens(g) + c->n, c->n_want * sizeof(int32_t));
+    c->finish = kp_gen_finish(g);
+    kp_eng_seq_abort(ref, &s);
+    kp_gen_free(g);
+}
+
+/* A budget of six blocks (96 positions) and twelve requests of up to 60
+ * positions each, four at a time, greedy and seeded sampling: every one
+ * completes with the tokens and text it gets alone, some of them after
+ * being preempted (the stats must say so, or the test pressed nothing),
+ * and no block is left behind. Contexts stay under 128 positions, where
+ * decode equals prefill bit for bit (test_forward), so a resumed sequence
+ * recomputed by prefill goes on exactly as it would have. */
+static void test_kv_pressure_equals_alone(void) {
+    kp_error err = {0};
+    fixture fx;
+    if (!fixture_open(&fx, "models/stories260K.gguf", 2)) return;
+    kp_model *m = fx.m;
+    kp_tok_vocab *v = fx.v;
+    uint32_t nv = m->hp.n_vocab;
+    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 128, true, NULL};
+    kp_eng_config cc = {KP_DTYPE_F32, 16, bb * 6, 128, false, NULL};
+    kp_engine *ref = NULL, *e = NULL;
+    CHECK(kp_eng_new(&ref, m, fx.pool, NULL, &cr, &err) == KP_OK);
+    CHECK(kp_eng_new(&e, m, fx.pool, NULL, &cc, &err) == KP_OK);
+    static kv_case cs[NP];
+    int32_t head[16];
+    for (int i = 0; i < 16; i++) head[i] = i ? (int32_t)(3 + rnd(nv - 3)) : 1;
+    for (int i = 0; i < NP; i++) {
+        kv_case *c = &cs[i];
+        memset(c, 0, sizeof *c);
+        uint32_t shared = i % 3 == 0 ? 16 : i % 3 == 1 ? 5 : 0; /* some share a head (cache hits) */
+        c->n = shared + 4 + rnd(20);
+        for (uint32_t k = 0; k < c->n; k++) c->prompt[k] = k < shared ? head[k] : k ? (int32_t)(3 + rnd(nv - 3)) : 1;
+        c->max_tokens = 60 - c->n + 1; /* n + max_tokens - 1 = 60 positions at most */
+        c->ignore_eos = i % 2 == 0;
+        c->sp = kp_sampler_defaults();
+        if (i % 4 < 2) {
+            c->sp.temp = 0;
+        } else {
+            c->sp.temp = 0.9f;
+            c->sp.seed = 1000 + (uint64_t)i;
+        }
+        kv_reference(ref, v, 128, c);
+    }
+    kp_sched_config sc = {4, 64, 16};
+    kp_sched *s = NULL;
+    CHECK(kp_sched_new(&s, e, v, &sc, &err) == KP_OK);
+    CHECK_EQ_INT(kp_sched_kv_positions(s), 96);
+    kp_sreq *r[NP] = {0};
+    for (int i = 0; i < NP; i++) {
+        kp_sreq_params p = {cs[i].prompt, cs[i].n, cs[i].max_tokens, cs[i].sp, NULL, 0, cs[i].ignore_eos, NULL, 0,
+                            true};
+        CHECK_MSG(kp_sched_submit(s, &p, &r[i], &err) == KP_OK, "%s", err.msg);
+    }
+    uint32_t preempted = 0, preempted_seeded = 0;
+    for (int i = 0; i < NP; i++) {
+        static char buf[4096];
+        size_t len;
+        kp_sreq_update u;
+        kp_finish f = collect(r[i], buf, sizeof buf, &len, &u);
+        CHECK_MSG(f == cs[i].finish, "request %d: finish %d, alone %d (%s)", i, f, cs[i].finish, u.err.msg);
+        CHECK_MSG(u.err.msg[0] == 0, "request %d: %s", i, u.err.msg);
+        CHECK_EQ_INT(u.completion_tokens, cs[i].n_want);
+        CHECK_EQ_INT(u.prompt_tokens, cs[i].n);
+        CHECK_MSG(u.completion_tokens == cs[i].n_want &&
+                      !memcmp(u.ids + cs[i].n, cs[i].want, cs[i].n_want * sizeof(int32_t)),
+                  "request %d (%s, preempted %u times): tokens differ from alone", i,
+                  cs[i].sp.temp == 0 ? "greedy" : "seeded", u.preemptions);
+        CHECK_MSG(len == cs[i].text_len && !memcmp(buf, cs[i].text, len), "request %d: '%.*s' vs alone '%.*s'", i,
+                  (int)len, buf, (int)cs[i].text_len, cs[i].text);
+        preempted += u.preemptions;
+        if (cs[i].sp.temp > 0) preempted_seeded += u.preemptions;
+        kp_sreq_release(r[i]);
+    }
+    kp_sched_stats st;
+    kp_sched_stats_get(s, &st);
+    printf("scheduler: %d requests over 6 KV blocks: %llu preemptions (%u of seeded ones), %llu waits for KV, %llu "
+           "positions recomputed on resume\n", NP, (unsigned long long)st.preemptions, preempted_seeded,
+           (unsigned long long)st.kvwait_n, (unsigned long long)st.resumed_computed);
+    CHECK_MSG(st.preemptions > 0, "no preemption: the budget was not pressed");
+    CHECK_EQ_INT(st.preemptions, preempted);
+    CHECK_MSG(preempted_seeded > 0, "no seeded request was preempted: its sampler state was not put to the test");
+    CHECK(st.requests_failed == 0 && st.requests_started == NP && st.kvwait_n > 0);
+    kp_sched_free(s);
+    CHECK(kp_eng_check(e, &err) == KP_OK);
+    kp_eng_stats k;
+    kp_eng_get_stats(e, &k);
+    CHECK_EQ_INT(k.used_bytes, k.index_bytes); /* nothing but the cache holds blocks */
+    CHECK(kp_eng_clear(e, &err) == KP_OK);
+    CHECK_EQ_INT(used_bytes(e), 0);
+    kp_eng_free(e);
+    kp_eng_free(ref);
+    fixture_close(&fx);
+}
+
+/* What can never fit is refused with the numbers; a default max_tokens is
+ * cut to the budget; pins that leave too little room end a request with
+ * finish LENGTH and a note instead of a wait that never ends. */
+static void test_kv_budget_and_pins(void) {
+    kp_error err = {0};
+    fixture fx;
+    if (!fixture_open(&fx, "models/stories260K.gguf", 1)) return;
+    kp_model *m = fx.m;
+    kp_tok_vocab *v = fx.v;
+    uint64_t per = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32), bb = per * 16;
+    kp_eng_config cc = {KP_DTYPE_F32, 16, bb * 6, 256, false, NULL}; /* 96 positions; pins up to 3 blocks */
+    kp_engine *e = NULL;
+    CHECK(kp_eng_new(&e, m, fx.pool, NULL, &cc, &err) == KP_OK);
+    kp_sched_config sc = {2, 8, 32};
+    kp_sched *s = NULL;
+    CHECK(kp_sched_new(&s, e, v, &sc, &err) == KP_OK);
+    uint32_t mt = 0;
+    char num[64];
+    CHECK_EQ_INT(kp_sched_fit(s, 90, 7, true, &mt, &err), KP_OK);
+    CHECK_EQ_INT(mt, 7); /* 96 positions: fits exactly */
+    CHECK_EQ_INT(kp_sched_fit(s, 90, 8, true, &mt, &err), KP_ERANGE);
+    snprintf(num, sizeof num, "%llu", (unsigned long long)(bb * 6));
+    CHECK_MSG(strstr(err.msg, "90") && strstr(err.msg, " 8 ") && strstr(err.msg, "97") && strstr(err.msg, "96") &&
+                  strstr(err.msg, num),
+              "%s", err.msg);
+    CHECK_EQ_INT(kp_sched_fit(s, 90, 100, false, &mt, &err), KP_OK);
+    CHECK_EQ_INT(mt, 7);
+    CHECK_EQ_INT(kp_sched_fit(s, 97, 0, true, &mt, &err), KP_ERANGE);
+    CHECK(strstr(err.msg, "97") && strstr(err.msg, "96"));
+    static int32_t t[100];
+    for (int i = 0; i < 100; i++) t[i] = i ? 3 + (i * 37) % 400 : 1;
+    kp_sreq *r = NULL;
+    kp_sreq_params p = {t, 97, 0, kp_sampler_defaults(), NULL, 0, true, NULL, 0, false};
+    CHECK_EQ_INT(kp_sched_submit(s, &p, &r, &err), KP_ERANGE);
+    CHECK(r == NULL);
+    /* a default max_tokens runs to the budget's end */
+    p.n_prompt = 10;
+    p.max_tokens = 1000;
+    p.sp.temp = 0;
+    CHECK(kp_sched_submit(s, &p, &r, &err) == KP_OK);
+    static char buf[8192];
+    size_t len;
+    kp_sreq_update u;
+    CHECK_EQ_INT(collect(r, buf, sizeof buf, &len, &u), KP_FINISH_LENGTH);
+    CHECK_EQ_INT(u.completion_tokens, 96 - 10 + 1);
+    kp_sreq_release(r);
+    /* a pinned prefix of 48 positions (3 blocks) leaves 48 */
+    int32_t pin[48];
+    for (int i = 0; i < 48; i++) pin[i] = 5 + i;
+    kp_sreq_params pp = {pin, 48, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true};
+    CHECK(kp_sched_submit(s, &pp, &r, &err) == KP_OK);
+    CHECK_EQ_INT(collect(r, buf, sizeof buf, &len, &u), KP_FINISH_LENGTH);
+    kp_sreq_release(r);
+    uint64_t id = 0;
+    CHECK_MSG(kp_sched_pin(s, pin, 48, 0, (int64_t)time(NULL), &id, NULL, &err) == KP_OK, "%s", err.msg);
+    /* 10 + 80 - 1 positions fit the budget, not the room the pin leaves:
+     * it grows to 48 positions alone, then ends with a note */
+    kp_sreq_params q = {t, 10, 80, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true};
+    q.sp.temp = 0;
+    CHECK(kp_sched_submit(s, &q, &r, &err) == KP_OK);
+    CHECK_EQ_INT(collect(r, buf, sizeof buf, &len, &u), KP_FINISH_LENGTH);
+    CHECK_EQ_INT(u.completion_tokens, 48 - 10 + 1);
+    CHECK_MSG(u.status == KP_OK && strstr(u.err.msg, "pinned"), "%d %s", u.status, u.err.msg);
+    kp_sreq_release(r);
+    /* a prompt of 4 blocks cannot start beside 3 pinned ones: it ends at once */
+    q.n_prompt = 60;
+    q.max_tokens = 5;
+    CHECK(kp_sched_submit(s, &q, &r, &err) == KP_OK);
+    CHECK_EQ_INT(collect(r, buf, sizeof buf, &len, &u), KP_FINISH_LENGTH);
+    CHECK(u.completion_tokens == 0 && strstr(u.err.msg, "pinned"));
+    kp_sreq_release(r);
+    /* unpinned, the same request runs */
+    CHECK(kp_sched_unpin(s, id, &err) == KP_OK);
+    CHECK(kp_sched_submit(s, &q, &r, &err) == KP_OK);
+    CHECK_EQ_INT(collect(r, buf, sizeof buf, &len, &u), KP_FINISH_LENGTH);
+    CHECK(u.completion_tokens == 5 && u.err.msg[0] == 0);
+    kp_sreq_release(r);
+    kp_sched_stats st;
+    kp_sched_stats_get(s, &st);
+    CHECK_EQ_INT(st.requests_failed, 0);
+    kp_sched_free(s);
+    CHECK(kp_eng_clear(e, &err) == KP_OK);
+    CHECK_EQ_INT(used_bytes(e), 0);
+    kp_eng_free(e);
+    fixture_close(&fx);
+}
+
 int main(void) {
     RUN(test_concurrent_equals_alone);
     RUN(test_queue_full_and_shutdown);
     RUN(test_cache_ops_between_steps);
+    RUN(test_kv_pressure_equals_alone);
+    RUN(test_kv_budget_and_pins);
     return harness_finish("scheduler");
 }

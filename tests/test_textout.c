@@ -25,7 +25,7 @@ static uint32_t rnd(uint32_t n) {
     return (uint32_t)(rs % n);
 }
 
-static kp_tok_vocab *load(const char *rel, gguf **g) {
+static kp_tok_vocab *load(const char *rel, kp_gguf **g) {
     kp_error err = {0};
     kp_tok_vocab *v = NULL;
     if (kp_gguf_open(g, harness_path(rel), &err) != KP_OK || kp_tok_vocab_load(&v, *g, &err) != KP_OK) {
@@ -54,7 +54,7 @@ static bool valid_utf8(const unsigned char *s, size_t n) {
 }
 
 static void random_streams(const char *rel) {
-    gguf *g = NULL;
+    kp_gguf *g = NULL;
     kp_tok_vocab *v = load(rel, &g);
     if (!v) return;
     kp_error err = {0};
@@ -151,7 +151,7 @@ static void test_random_spm(void) { random_streams("models/stories260K.gguf"); }
 static void test_random_bpe(void) { random_streams("tests/data/vocab/ggml-vocab-gpt-2.gguf"); }
 
 static void test_errors_and_strip(void) {
-    gguf *g = NULL;
+    kp_gguf *g = NULL;
     kp_tok_vocab *v = load("models/stories260K.gguf", &g);
     if (!v) return;
     kp_error err = {0};

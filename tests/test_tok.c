@@ -33,7 +33,7 @@ static const char *const upstream_vocabs[] = {
 /* ---- helpers ---- */
 
 static kp_tok_vocab *load_path(const char *rel) {
-    gguf *g = NULL;
+    kp_gguf *g = NULL;
     kp_error err = {0};
     const char *path = harness_path(rel);
     if (kp_gguf_open(&g, path, &err) != KP_OK) {
@@ -401,7 +401,7 @@ static void test_properties(void) {
 }
 
 static void test_bert_refused(void) {
-    gguf *g = NULL;
+    kp_gguf *g = NULL;
     kp_error err = {0};
     CHECK(kp_gguf_open(&g, harness_path(VOCAB_DIR "ggml-vocab-bert-bge.gguf"), &err) == KP_OK);
     if (!g) return;
@@ -900,7 +900,7 @@ static void kv_i32s(gw *w, const char *k, const int32_t *v, size_t n) {
 /* Loads the image; returns the status and fills *out / err. */
 static kp_status gw_load(gw *w, kp_tok_vocab **out, kp_error *err) {
     memcpy(w->d + 16, &w->n_kv, 8);
-    gguf *g = NULL;
+    kp_gguf *g = NULL;
     *out = NULL;
     kp_status st = kp_gguf_open_memory(&g, w->d, w->n, "mem.gguf", err);
     CHECK_MSG(st == KP_OK, "kp_gguf_open_memory: %s", err->msg);
@@ -1148,7 +1148,74 @@ static void test_malformed(void) {
     CHECK_EQ_INT(kp_tok_vocab_load(NULL, NULL, NULL), KP_EINVAL);
 }
 
+static idvec enc_plain(const kp_tok_vocab *v, const char *text, const kp_tok_range *r, size_t n_r) {
+    idvec out = {0};
+    kp_error err = {0};
+    kp_status st = kp_tok_encode_plain(v, text, strlen(text), false, r, n_r, &out.ids, &out.n, &err);
+    CHECK_MSG(st == KP_OK, "kp_tok_encode_plain: %s", err.msg);
+    return out;
+}
+
+/* kp_tok_encode_plain against kp_tok_encode: no ranges is parse_special,
+ * a range over everything is plain text, and a control token's text is a
+ * token exactly where it lies outside every range (whole, or cut by a
+ * range's edge: then it is text). Every case's expected ids are spelled
+ * with kp_tok_encode on the same vocabulary, which test_special_tokens
+ * holds to llama.cpp. */
+static void test_encode_plain(void) {
+    kp_tok_vocab *g = load_vocab("gpt-2");
+    if (g) {
+        const char *t = "Hi<|endoftext|> a <|endoftext|>b";
+        size_t n = strlen(t);
+        idvec special = encs(g, t, false, true), text = encs(g, t, false, false);
+        idvec none = enc_plain(g, t, NULL, 0);
+        kp_tok_range all = {0, n};
+        idvec whole = enc_plain(g, t, &all, 1);
+        CHECK(none.n == special.n && !memcmp(none.ids, special.ids, none.n * sizeof *none.ids));
+        CHECK(whole.n == text.n && !memcmp(whole.ids, text.ids, whole.n * sizeof *whole.ids));
+        /* the second control text is the client's: only the first is a token */
+        kp_tok_range second = {15, n - 15}; /* " a <|endoftext|>b" */
+        idvec mixed = enc_plain(g, t, &second, 1);
+        idvec head = encs(g, "Hi", false, false), tail = encs(g, " a <|endoftext|>b", false, false);
+        static const int32_t eot[] = {50256};
+        idvec want = cat3(head, eot, 1, tail);
+        CHECK(ids_eq(mixed, want.ids, want.n));
+        /* a range that cuts the first control text: text too */
+        kp_tok_range cut = {5, 1}, ranges2[2] = {{5, 1}, {20, 2}};
+        idvec c1 = enc_plain(g, t, &cut, 1);
+        int n_eot = 0;
+        for (size_t i = 0; i < c1.n; i++) n_eot += c1.ids[i] == 50256;
+        CHECK_EQ_INT(n_eot, 1); /* the second one, outside every range, is still a token */
+        idvec c2 = enc_plain(g, t, ranges2, 2);
+        CHECK(!idvec_has(c2, 50256));
+        /* ranges out of order, overlapping or past the text are refused */
+        kp_tok_range bad1[2] = {{10, 2}, {5, 1}}, bad2 = {n - 1, 2}, bad3[2] = {{3, 4}, {5, 2}};
+        int32_t *ids = NULL;
+        size_t ni = 0;
+        kp_error err = {0};
+        CHECK(kp_tok_encode_plain(g, t, n, false, bad1, 2, &ids, &ni, &err) == KP_EINVAL && !ids);
+        CHECK(kp_tok_encode_plain(g, t, n, false, &bad2, 1, &ids, &ni, &err) == KP_EINVAL && !ids);
+        CHECK(kp_tok_encode_plain(g, t, n, false, bad3, 2, &ids, &ni, &err) == KP_EINVAL && !ids);
+        free(special.ids), free(text.ids), free(none.ids), free(whole.ids), free(mixed.ids);
+        free(head.ids), free(tail.ids), free(want.ids), free(c1.ids), free(c2.ids);
+        kp_tok_vocab_free(g);
+    }
+    kp_tok_vocab *st = load_stories();
+    if (st) { /* SentencePiece: </s> and <s> in the client's text stay text */
+        const char *t = "<s>user: a </s> b <s>";
+        kp_tok_range client = {9, strlen(t) - 9};
+        idvec r = enc_plain(st, t, &client, 1);
+        CHECK(r.n > 2 && r.ids[0] == kp_tok_bos(st));
+        int controls = 0;
+        for (size_t i = 1; i < r.n; i++) controls += r.ids[i] == kp_tok_bos(st) || r.ids[i] == kp_tok_eos(st);
+        CHECK_EQ_INT(controls, 0);
+        free(r.ids);
+        kp_tok_vocab_free(st);
+    }
+}
+
 int main(void) {
+    RUN(test_encode_plain);
     RUN(test_upstream_vectors);
     RUN(test_golden_vectors);
     RUN(test_golden_prompts);

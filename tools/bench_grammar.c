@@ -149,7 +149,7 @@ static int cmp_id(const void *a, const void *b) {
 }
 
 static kp_tok_vocab *load_tok(const char *path) {
-    gguf *g = NULL;
+    kp_gguf *g = NULL;
     kp_error err = {0};
     kp_tok_vocab *v = NULL;
     if (kp_gguf_open(&g, path, &err) != KP_OK) return NULL;

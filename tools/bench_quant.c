@@ -26,8 +26,12 @@
  *                kp_q8_0_aux rows for Q8_0 activations, as the forward pass
  *                passes them). SIMD tables only (the scalar column shows 0).
  *
- * Build:  gcc -std=c11 -O2 -march=native -D_GNU_SOURCE -Isrc -o bench_quant \
- *             tools/bench_quant.c src/kernels/quant*.c src/gguf/dtype.c -lm
+ * Build:  make build/rel/bench_quant, or alone (dispatch.c, which picks the
+ *         tables, knows the attention tables too):
+ *         gcc -std=c11 -O2 -march=native -D_GNU_SOURCE -Isrc -o bench_quant tools/bench_quant.c \
+ *             src/kernels/dispatch.c src/kernels/quant_ref.c src/kernels/quant_scalar.c \
+ *             src/kernels/quant_avx2.c src/kernels/quant_avx512.c src/kernels/attn_scalar.c \
+ *             src/kernels/attn_avx2.c src/kernels/attn_avx512.c src/gguf/dtype.c -lm
  * Run:    ./bench_quant [-k K] [-m MiB] [-n N] [-t TYPE]
  *         (-k 576 or 1536 for SmolLM2-135M's shapes; K a multiple of 32,
  *         types whose block size does not divide K are skipped)

@@ -140,7 +140,7 @@ static double now_s(void) {
 
 static int bench(const char *path, const char *text, size_t len) {
     kp_error err = {0};
-    gguf *g;
+    kp_gguf *g;
     kp_tok_vocab *v;
     double t0 = now_s();
     if (kp_gguf_open(&g, path, &err) != KP_OK || kp_tok_vocab_load(&v, g, &err) != KP_OK) {

@@ -50,6 +50,8 @@
  */
 #include "cache/doctor.h"
 
+#include "base/unicode.h"
+
 #include <assert.h>
 #include <jansson.h>
 #include <stdarg.h>
@@ -111,41 +113,18 @@ static unsigned char at(const char *s, size_t n, size_t i) {
     return i < n ? (unsigned char)s[i] : 0;
 }
 
-/* Length of the valid UTF-8 sequence at s[0..n) (n >= 1), or 0 when the
- * first byte does not start one (it then counts as a character alone). */
-static size_t utf8_len(const unsigned char *s, size_t n) {
-    unsigned lead = s[0];
-    size_t len;
-    if (lead < 0x80) return 1;
-    if (lead >= 0xC2 && lead <= 0xDF) len = 2;
-    else if (lead >= 0xE0 && lead <= 0xEF) len = 3;
-    else if (lead >= 0xF0 && lead <= 0xF4) len = 4;
-    else return 0;
-    if (n < len) return 0;
-    for (size_t k = 1; k < len; k++)
-        if (!is_cont(s[k])) return 0;
-    if (lead == 0xE0 && s[1] < 0xA0) return 0; /* overlong */
-    if (lead == 0xED && s[1] > 0x9F) return 0; /* surrogate */
-    if (lead == 0xF0 && s[1] < 0x90) return 0; /* overlong */
-    if (lead == 0xF4 && s[1] > 0x8F) return 0; /* > U+10FFFF */
-    return len;
+/* Length of the valid UTF-8 sequence at s[0..n) (n >= 1), or 0 when none
+ * starts there, invalid or cut short by the end (the first byte then counts
+ * as a character alone); *cp (when not NULL) its code point. */
+static size_t utf8_len(const unsigned char *s, size_t n, uint32_t *cp) {
+    int k = kp_unicode_utf8_decode(s, n, cp);
+    return k > 0 ? (size_t)k : 0;
 }
 
 /* Bytes of the character at s[i] (1 for an invalid byte); i < n. */
 static size_t char_len(const char *s, size_t n, size_t i) {
-    size_t len = utf8_len((const unsigned char *)s + i, n - i);
+    size_t len = utf8_len((const unsigned char *)s + i, n - i, NULL);
     return len ? len : 1;
-}
-
-static uint32_t utf8_decode(const unsigned char *s, size_t len) {
-    switch (len) {
-    case 1: return s[0];
-    case 2: return ((uint32_t)(s[0] & 0x1F) << 6) | (s[1] & 0x3F);
-    case 3: return ((uint32_t)(s[0] & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) | (s[2] & 0x3F);
-    default:
-        return ((uint32_t)(s[0] & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) |
-               ((uint32_t)(s[2] & 0x3F) << 6) | (s[3] & 0x3F);
-    }
 }
 
 /* Moves i back to the start of the character that contains it: the start p
@@ -154,7 +133,7 @@ static size_t char_start(const char *s, size_t n, size_t i) {
     if (i >= n || !is_cont((unsigned char)s[i])) return i;
     for (size_t back = 1; back <= 3 && back <= i; back++) {
         size_t p = i - back;
-        size_t len = utf8_len((const unsigned char *)s + p, n - p);
+        size_t len = utf8_len((const unsigned char *)s + p, n - p, NULL);
         if (len > back) return p;
         if (!is_cont((unsigned char)s[p])) break;
     }
@@ -165,7 +144,7 @@ static size_t char_start(const char *s, size_t n, size_t i) {
 static size_t char_before(const char *s, size_t n, size_t i) {
     for (size_t back = 2; back <= 4 && back <= i; back++) {
         size_t p = i - back;
-        if (utf8_len((const unsigned char *)s + p, n - p) == back) return p;
+        if (utf8_len((const unsigned char *)s + p, n - p, NULL) == back) return p;
     }
     return i - 1;
 }
@@ -191,7 +170,8 @@ static size_t snap_divergence(const char *c, size_t clen, const char *r, size_t 
 static size_t escape_char(const char *s, size_t n, size_t i, kp_doctor_escape mode, char *out,
                           size_t *used) {
     const unsigned char *u = (const unsigned char *)s + i;
-    size_t len = utf8_len(u, n - i);
+    uint32_t cp = 0;
+    size_t len = utf8_len(u, n - i, &cp);
     bool json = mode == KP_DOCTOR_ESCAPE_JSON;
     if (len == 0) { /* not UTF-8 */
         *used = 1;
@@ -222,7 +202,6 @@ static size_t escape_char(const char *s, size_t n, size_t i, kp_doctor_escape mo
         out[0] = (char)ch;
         return 1;
     }
-    uint32_t cp = utf8_decode(u, len);
     if ((cp >= 0x80 && cp <= 0x9F) || cp == 0x2028 || cp == 0x2029)
         return (size_t)sprintf(out, "\\u%04x", (unsigned)cp);
     memcpy(out, u, len);

@@ -34,6 +34,20 @@
  * row per token. When one item asks, the forward pass writes its rows in
  * place; with several they go through step_logits and are copied out.
  *
+ * Admission (kp_eng_room_for): what a prefill would take and what the pool
+ * could give it, counted the way reserve() and kp_pfx_acquire take blocks:
+ *
+ *   need      = ceil(n / B) - reused / B   (the partial block's copy counts)
+ *   free      = the pool's free list
+ *   evictable = blocks every reference of which is held by an index node
+ *               that no lease holds and no pin covers (refcount == those
+ *               references: eviction would return it), less the blocks the
+ *               prefill itself shares; with hold_path, the nodes on its
+ *               own path count as held
+ *
+ * kp_pfx_evict takes exactly such nodes (leaves first, a parent when its
+ * last child went), so free + evictable is what a reserve can reach.
+ *
  * kp_eng_generate: prefill (through the index) or append the rest of the
  * prompt, then kp_gen_step on the newest logits and kp_eng_decode of the
  * token it sampled, until the gen says it ended; the sequence stays with
@@ -79,6 +93,9 @@ struct kp_engine {
     kp_kvseq **step_seqs;
     uint32_t step_logit_cap;
     float *step_logits; /* [step_logit_cap][n_vocab] */
+    /* kp_eng_room_for scratch, one entry per pool block */
+    uint32_t *room_refs;  /* references from nodes eviction could take */
+    int32_t *room_shared; /* the blocks the prefill would share, by block index */
 };
 
 kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_pool *threads, const kp_kernels *kernels,
@@ -126,11 +143,19 @@ void kp_eng_free(kp_engine *e) {
     free(e->step_want);
     free(e->step_seqs);
     free(e->step_logits);
+    free(e->room_refs);
+    free(e->room_shared);
     free(e);
 }
 
 uint32_t kp_eng_max_pos(const kp_engine *e) { return e->max_pos; }
 uint32_t kp_eng_seq_len(const kp_eng_seq *seq) { return seq->kv.n_pos; }
+
+uint32_t kp_eng_seq_blocks_missing(const kp_engine *e, const kp_eng_seq *seq, uint32_t n_pos) {
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
+    uint32_t nb = (uint32_t)(((uint64_t)n_pos + B - 1) / B);
+    return nb > seq->kv.n_blocks ? nb - seq->kv.n_blocks : 0;
+}
 
 /* Makes sure positions [0, n_pos) of s have blocks, evicting unheld cached
  * prefixes when the pool is full. */
@@ -294,6 +319,74 @@ void kp_eng_probe(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_report
     r->evicted_len = mr.evicted_len;
     r->reused_tokens = mr.n_reuse;
     r->computed_tokens = n - mr.n_reuse;
+}
+
+/* kp_eng_room_for's walk over the index. */
+typedef struct {
+    const int32_t *tokens;
+    uint32_t reuse, shared; /* shared = reuse / B: the whole blocks the prefill shares */
+    bool hold_path;
+    uint32_t *refs;
+    int32_t *shared_ids;
+} room_walk;
+
+/* A node is on the prefill's path when its run starts below `reuse` and its
+ * path agrees with the tokens up to min(end, reuse): the nodes the lease
+ * would hold (the chain down to the one holding position reuse - 1). */
+static int room_visit(const kp_pfx_node_info *nd, void *ctx) {
+    room_walk *w = ctx;
+    bool on_path = false;
+    if (nd->start < w->reuse && nd->path[nd->start] == w->tokens[nd->start]) {
+        uint32_t m = nd->end < w->reuse ? nd->end : w->reuse;
+        on_path = !memcmp(nd->path, w->tokens, (size_t)m * sizeof *w->tokens);
+    }
+    if (on_path) /* preorder: a deeper node's block of an index wins, as in kp_pfx_acquire */
+        for (uint32_t i = 0; i < nd->n_blocks; i++)
+            if (nd->first_block + i < w->shared) w->shared_ids[nd->first_block + i] = nd->blocks[i];
+    if (nd->n_holders == 0 && nd->n_pins == 0 && !(on_path && w->hold_path))
+        for (uint32_t i = 0; i < nd->n_blocks; i++) w->refs[nd->blocks[i]]++;
+    return 0;
+}
+
+kp_status kp_eng_room_for(kp_engine *e, const int32_t *tokens, uint32_t n, bool hold_path, kp_eng_room *out,
+                          kp_error *err) {
+    memset(out, 0, sizeof *out);
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size, nb = kp_kvpool_n_blocks(e->kv);
+    out->free_blocks = kp_kvpool_n_free(e->kv);
+    if (n == 0 || !tokens) return KP_OK;
+    uint32_t reuse = 0;
+    if (e->idx) {
+        kp_pfx_match_result mr;
+        kp_pfx_match(e->idx, tokens, n, &mr);
+        reuse = mr.n_reuse;
+    }
+    out->reused_tokens = reuse;
+    out->need_blocks = (uint32_t)(((uint64_t)n + B - 1) / B) - reuse / B;
+    if (!e->idx) return KP_OK;
+    if (!e->room_refs) {
+        e->room_refs = malloc((size_t)nb * sizeof *e->room_refs);
+        e->room_shared = malloc((size_t)nb * sizeof *e->room_shared);
+        if (!e->room_refs || !e->room_shared) {
+            free(e->room_refs);
+            free(e->room_shared);
+            e->room_refs = NULL;
+            e->room_shared = NULL;
+            return kp_fail(err, KP_ENOMEM, "out of memory for the admission check of %u blocks", nb);
+        }
+    }
+    memset(e->room_refs, 0, (size_t)nb * sizeof *e->room_refs);
+    room_walk w = {tokens, reuse, reuse / B, hold_path, e->room_refs, e->room_shared};
+    for (uint32_t i = 0; i < w.shared; i++) e->room_shared[i] = -1;
+    kp_status st = kp_pfx_walk(e->idx, room_visit, &w, err);
+    if (st != KP_OK) return st;
+    /* a shared block stays referenced by the prefill: evicting its nodes frees nothing */
+    for (uint32_t i = 0; i < w.shared; i++)
+        if (e->room_shared[i] >= 0) e->room_refs[e->room_shared[i]] = UINT32_MAX;
+    /* a block comes back only when every reference to it is one eviction can take */
+    for (uint32_t b = 0; b < nb; b++)
+        if (e->room_refs[b] && e->room_refs[b] != UINT32_MAX && e->room_refs[b] == kp_kvpool_refcount(e->kv, (int32_t)b))
+            out->evictable_blocks++;
+    return KP_OK;
 }
 
 /* kp_eng_prefill in forward calls of `batch` tokens. */

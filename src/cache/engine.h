@@ -165,6 +165,39 @@ kp_status kp_eng_seq_truncate(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_
 /* Positions the sequence holds (prompt + decoded tokens). */
 uint32_t kp_eng_seq_len(const kp_eng_seq *seq);
 
+/* Blocks seq still has to take from the pool to hold n_pos positions: 0
+ * when its block table covers them already. */
+uint32_t kp_eng_seq_blocks_missing(const kp_engine *e, const kp_eng_seq *seq, uint32_t n_pos);
+
+/* ---- admission: what a prefill takes, what the pool can give ------------ */
+
+/* The room for a prefill of tokens[0..n), in KV blocks (a scheduler
+ * admits it when need_blocks plus what its running sequences still need
+ * is at most free_blocks + evictable_blocks). */
+typedef struct {
+    uint32_t reused_tokens;    /* what kp_eng_begin would reuse now (kp_eng_probe) */
+    uint32_t need_blocks;      /* blocks the prefill takes from the pool: ceil(n / B) less
+                                  the whole blocks it shares with the cache (reused_tokens / B);
+                                  the private copy of a shared partial block counts */
+    uint32_t free_blocks;      /* free in the pool now */
+    uint32_t evictable_blocks; /* blocks that evicting every cached prefix no running sequence
+                                  holds and no pin covers would return to the pool, less those
+                                  the prefill itself would share */
+} kp_eng_room;
+
+/* Fills *out for a prefill of tokens[0..n) as the pool is now, without
+ * changing anything (read-only, like kp_eng_probe). hold_path: count the
+ * cached path the prefill would hold (its lease, kp_eng_begin) as held,
+ * as the sequences running beside it will find it; false: as a sequence
+ * running alone finds the pool (kp_eng_step then drops a sequence's own
+ * hold when nothing else can be evicted, so only the rows it shares stay).
+ * With free + evictable >= need, kp_eng_begin and the steps that feed
+ * tokens[reused..n) get their blocks, as long as nothing else takes blocks
+ * in between. Without a prefix cache nothing is reused or evictable.
+ * O(pool blocks + index nodes + the path's tokens). KP_ENOMEM (scratch). */
+kp_status kp_eng_room_for(kp_engine *e, const int32_t *tokens, uint32_t n, bool hold_path, kp_eng_room *out,
+                          kp_error *err);
+
 /* Indexes tokens[0..min(n, kp_eng_seq_len)) - the tokens fed to the sequence,
  * prompt then generated, in order; a sampled token never decoded has no
  * K/V and is left out - and releases the sequence (*seq becomes {0}).

@@ -97,6 +97,8 @@
  */
 #include "cache/prefix.h"
 
+#include "base/buf.h"
+
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
@@ -195,19 +197,8 @@ static uint32_t child_slot(const kp_pfx_node *n, int32_t tok, bool *found) {
     return lo;
 }
 
-static bool grow(void **arr, uint32_t *cap, uint32_t need, size_t elem) {
-    if (need <= *cap) return true;
-    uint32_t c = *cap ? *cap : 4;
-    while (c < need) c = c > UINT32_MAX / 2 ? need : c * 2;
-    void *a = realloc(*arr, (size_t)c * elem);
-    if (!a) return false;
-    *arr = a;
-    *cap = c;
-    return true;
-}
-
 static bool path_reserve(kp_pfx_index *p, uint32_t n) {
-    return grow((void **)&p->path, &p->path_cap, n ? n : 1, sizeof(int32_t));
+    return kp_grow_u32((void **)&p->path, &p->path_cap, n ? n : 1, sizeof(int32_t));
 }
 
 /* Writes the path tokens of n into p->path[0..n->depth) (capacity checked by caller). */
@@ -417,8 +408,8 @@ static kp_status extend_leaf(kp_pfx_index *p, kp_pfx_node *n, const int32_t *tok
                              const kp_kvseq *seq, kp_error *err) {
     uint32_t m = n->depth, d0 = node_start(n);
     uint32_t nt = end - d0, nb = blocks_for(p, d0, end);
-    if (!grow((void **)&n->tokens, &n->cap_tokens, nt, sizeof(int32_t)) ||
-        !grow((void **)&n->blocks, &n->cap_blocks, nb, sizeof(int32_t)))
+    if (!kp_grow_u32((void **)&n->tokens, &n->cap_tokens, nt, sizeof(int32_t)) ||
+        !kp_grow_u32((void **)&n->blocks, &n->cap_blocks, nb, sizeof(int32_t)))
         return kp_fail(err, KP_ENOMEM, "out of memory extending a prefix-index run");
     memcpy(n->tokens + n->n_tokens, tokens + m, (size_t)(end - m) * sizeof(int32_t));
     uint32_t f = d0 / p->B;
@@ -617,7 +608,7 @@ kp_status kp_pfx_acquire(kp_pfx_index *p, const int32_t *tokens, uint32_t n_reus
         return kp_fail(err, KP_EINVAL, "only %u of the %u positions to reuse are cached", m, n_reuse);
     uint32_t B = p->B, nb = (uint32_t)(((uint64_t)n_reuse + B - 1) / B);
     bool fresh = seq->blocks == NULL;
-    if (!grow((void **)&seq->blocks, &seq->cap_blocks, nb, sizeof(int32_t)))
+    if (!kp_grow_u32((void **)&seq->blocks, &seq->cap_blocks, nb, sizeof(int32_t)))
         return kp_fail(err, KP_ENOMEM, "out of memory growing a block table");
     /* each block index from the deepest path node touching it below n_reuse */
     uint32_t lo = nb;
@@ -695,8 +686,8 @@ kp_status kp_pfx_insert(kp_pfx_index *p, const int32_t *tokens, uint32_t n, cons
                 target = node;
             } else {
                 kp_pfx_node *c = node_new(p, tokens + m, n - m, n, 0);
-                if (!c || !grow((void **)&node->children, &node->cap_children, node->n_children + 1,
-                                sizeof(kp_pfx_node *))) {
+                if (!c || !kp_grow_u32((void **)&node->children, &node->cap_children,
+                                       node->n_children + 1, sizeof(kp_pfx_node *))) {
                     node_free(c);
                     return kp_fail(err, KP_ENOMEM, "out of memory adding a prefix-index node");
                 }
@@ -803,7 +794,7 @@ kp_status kp_pfx_pin(kp_pfx_index *p, const int32_t *tokens, uint32_t n, int64_t
         return kp_fail(err, KP_EFULL, "pinning %u tokens would make %llu pinned bytes, over the cap of %llu", n,
                        (unsigned long long)bytes, (unsigned long long)p->cfg.pinned_cap_bytes);
     }
-    if (!grow((void **)&p->pins, &p->cap_pins, p->n_pins + 1, sizeof(pfx_pin_entry))) {
+    if (!kp_grow_u32((void **)&p->pins, &p->cap_pins, p->n_pins + 1, sizeof(pfx_pin_entry))) {
         if (did_split) try_merge(p, node);
         return kp_fail(err, KP_ENOMEM, "out of memory recording a pin");
     }

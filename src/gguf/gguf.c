@@ -51,7 +51,7 @@
 
 #define GGUF_MAX_DEPTH 8
 
-struct gguf {
+struct kp_gguf {
     char *name;            /* path or caller-supplied name, for messages */
     const uint8_t *base;   /* mapping or borrowed buffer */
     size_t size;
@@ -282,7 +282,7 @@ bool kp_gguf_str_eq(kp_gguf_str s, const char *c) {
     return s.len == n && (n == 0 || memcmp(s.data, c, n) == 0);
 }
 
-static kp_status parse_kvs(gguf *g, cursor *c, uint64_t n_kv) {
+static kp_status parse_kvs(kp_gguf *g, cursor *c, uint64_t n_kv) {
     kp_status st;
     char kbuf[96];
     /* each KV needs at least 8 (key len) + 4 (type) + 1 (smallest value) bytes */
@@ -315,7 +315,7 @@ static kp_status parse_kvs(gguf *g, cursor *c, uint64_t n_kv) {
     return KP_OK;
 }
 
-static kp_status parse_alignment(gguf *g, kp_error *err) {
+static kp_status parse_alignment(kp_gguf *g, kp_error *err) {
     g->alignment = KP_GGUF_DEFAULT_ALIGNMENT;
     const kp_gguf_kv *kv = kp_gguf_find(g, "general.alignment");
     if (!kv) return KP_OK;
@@ -330,7 +330,7 @@ static kp_status parse_alignment(gguf *g, kp_error *err) {
     return KP_OK;
 }
 
-static kp_status parse_tensor_info(gguf *g, cursor *c, kp_gguf_tensor *t) {
+static kp_status parse_tensor_info(kp_gguf *g, cursor *c, kp_gguf_tensor *t) {
     kp_status st;
     char nbuf[96];
     if ((st = cur_str(c, &t->name, "tensor name")) != KP_OK) return st;
@@ -371,7 +371,7 @@ static kp_status parse_tensor_info(gguf *g, cursor *c, kp_gguf_tensor *t) {
     return KP_OK;
 }
 
-static kp_status parse_tensors(gguf *g, cursor *c, uint64_t n_tensors) {
+static kp_status parse_tensors(kp_gguf *g, cursor *c, uint64_t n_tensors) {
     kp_status st;
     char nbuf[96];
     /* each tensor info needs at least 8 + 4 + 8 + 4 + 8 bytes */
@@ -436,7 +436,7 @@ static kp_status parse_tensors(gguf *g, cursor *c, uint64_t n_tensors) {
     return st;
 }
 
-static kp_status parse(gguf *g, kp_error *err) {
+static kp_status parse(kp_gguf *g, kp_error *err) {
     cursor c = {g->base, g->size, 0, g->name, err};
     const uint8_t *magic;
     uint64_t n_tensors, n_kv;
@@ -458,8 +458,8 @@ static kp_status parse(gguf *g, kp_error *err) {
     return parse_tensors(g, &c, n_tensors);
 }
 
-static kp_status gguf_new(gguf **out, const char *name, kp_error *err) {
-    gguf *g = calloc(1, sizeof *g);
+static kp_status gguf_new(kp_gguf **out, const char *name, kp_error *err) {
+    kp_gguf *g = calloc(1, sizeof *g);
     if (g) g->name = strdup(name ? name : "(memory)");
     if (!g || !g->name) {
         free(g);
@@ -469,9 +469,9 @@ static kp_status gguf_new(gguf **out, const char *name, kp_error *err) {
     return KP_OK;
 }
 
-kp_status kp_gguf_open_memory(gguf **out, const void *data, size_t size, const char *name,
+kp_status kp_gguf_open_memory(kp_gguf **out, const void *data, size_t size, const char *name,
                            kp_error *err) {
-    gguf *g;
+    kp_gguf *g;
     *out = NULL;
     kp_status st = gguf_new(&g, name, err);
     if (st != KP_OK) return st;
@@ -489,8 +489,8 @@ kp_status kp_gguf_open_memory(gguf **out, const void *data, size_t size, const c
     return KP_OK;
 }
 
-kp_status kp_gguf_open(gguf **out, const char *path, kp_error *err) {
-    gguf *g;
+kp_status kp_gguf_open(kp_gguf **out, const char *path, kp_error *err) {
+    kp_gguf *g;
     struct stat sb;
     *out = NULL;
     /* O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused
@@ -530,7 +530,7 @@ kp_status kp_gguf_open(gguf **out, const char *path, kp_error *err) {
     return KP_OK;
 }
 
-void kp_gguf_close(gguf *g) {
+void kp_gguf_close(kp_gguf *g) {
     if (!g) return;
     for (size_t i = 0; i < g->n_kv; i++) value_free(&g->kvs[i].value);
     free(g->kvs);
@@ -542,19 +542,19 @@ void kp_gguf_close(gguf *g) {
     free(g);
 }
 
-uint32_t kp_gguf_version(const gguf *g) { return g->version; }
-const char *kp_gguf_path(const gguf *g) { return g->name; }
-uint64_t kp_gguf_file_size(const gguf *g) { return g->size; }
-uint32_t kp_gguf_alignment(const gguf *g) { return g->alignment; }
-uint64_t kp_gguf_data_offset(const gguf *g) { return g->data_offset; }
-size_t kp_gguf_n_kv(const gguf *g) { return g->n_kv; }
-const kp_gguf_kv *kp_gguf_kv_at(const gguf *g, size_t i) { return i < g->n_kv ? &g->kvs[i] : NULL; }
-size_t kp_gguf_n_tensors(const gguf *g) { return g->n_tensors; }
-const kp_gguf_tensor *kp_gguf_tensor_at(const gguf *g, size_t i) {
+uint32_t kp_gguf_version(const kp_gguf *g) { return g->version; }
+const char *kp_gguf_path(const kp_gguf *g) { return g->name; }
+uint64_t kp_gguf_file_size(const kp_gguf *g) { return g->size; }
+uint32_t kp_gguf_alignment(const kp_gguf *g) { return g->alignment; }
+uint64_t kp_gguf_data_offset(const kp_gguf *g) { return g->data_offset; }
+size_t kp_gguf_n_kv(const kp_gguf *g) { return g->n_kv; }
+const kp_gguf_kv *kp_gguf_kv_at(const kp_gguf *g, size_t i) { return i < g->n_kv ? &g->kvs[i] : NULL; }
+size_t kp_gguf_n_tensors(const kp_gguf *g) { return g->n_tensors; }
+const kp_gguf_tensor *kp_gguf_tensor_at(const kp_gguf *g, size_t i) {
     return i < g->n_tensors ? &g->tensors[i] : NULL;
 }
 
-const kp_gguf_kv *kp_gguf_find(const gguf *g, const char *key) {
+const kp_gguf_kv *kp_gguf_find(const kp_gguf *g, const char *key) {
     kp_gguf_str k = {key, strlen(key)};
     size_t lo = 0, hi = g->n_kv;
     while (lo < hi) {
@@ -566,7 +566,7 @@ const kp_gguf_kv *kp_gguf_find(const gguf *g, const char *key) {
     return NULL;
 }
 
-const kp_gguf_tensor *kp_gguf_find_tensor(const gguf *g, const char *name) {
+const kp_gguf_tensor *kp_gguf_find_tensor(const kp_gguf *g, const char *name) {
     kp_gguf_str k = {name, strlen(name)};
     size_t lo = 0, hi = g->n_tensors;
     while (lo < hi) {
@@ -588,7 +588,7 @@ static bool is_signed(kp_gguf_type t) {
 }
 
 /* Reads an integer key as a value in [min, max]; the widened value lands in *out. */
-static kp_status get_int(const gguf *g, const char *key, int64_t min, uint64_t max, bool *found,
+static kp_status get_int(const kp_gguf *g, const char *key, int64_t min, uint64_t max, bool *found,
                          uint64_t *as_u, int64_t *as_i, kp_error *err) {
     const kp_gguf_kv *kv = kp_gguf_find(g, key);
     *found = kv != NULL;
@@ -613,7 +613,7 @@ range:
     return kp_fail(err, KP_EFORMAT, "%s: key '%s' value is out of range", g->name, key);
 }
 
-kp_status kp_gguf_get_u32(const gguf *g, const char *key, uint32_t def, uint32_t *out, kp_error *err) {
+kp_status kp_gguf_get_u32(const kp_gguf *g, const char *key, uint32_t def, uint32_t *out, kp_error *err) {
     bool found;
     uint64_t u = 0;
     int64_t i = 0;
@@ -622,7 +622,7 @@ kp_status kp_gguf_get_u32(const gguf *g, const char *key, uint32_t def, uint32_t
     return st;
 }
 
-kp_status kp_gguf_get_i32(const gguf *g, const char *key, int32_t def, int32_t *out, kp_error *err) {
+kp_status kp_gguf_get_i32(const kp_gguf *g, const char *key, int32_t def, int32_t *out, kp_error *err) {
     bool found;
     uint64_t u = 0;
     int64_t i = 0;
@@ -631,7 +631,7 @@ kp_status kp_gguf_get_i32(const gguf *g, const char *key, int32_t def, int32_t *
     return st;
 }
 
-kp_status kp_gguf_get_u64(const gguf *g, const char *key, uint64_t def, uint64_t *out, kp_error *err) {
+kp_status kp_gguf_get_u64(const kp_gguf *g, const char *key, uint64_t def, uint64_t *out, kp_error *err) {
     bool found;
     uint64_t u = 0;
     int64_t i = 0;
@@ -640,7 +640,7 @@ kp_status kp_gguf_get_u64(const gguf *g, const char *key, uint64_t def, uint64_t
     return st;
 }
 
-kp_status kp_gguf_get_f32(const gguf *g, const char *key, float def, float *out, kp_error *err) {
+kp_status kp_gguf_get_f32(const kp_gguf *g, const char *key, float def, float *out, kp_error *err) {
     const kp_gguf_kv *kv = kp_gguf_find(g, key);
     if (!kv) {
         *out = def;
@@ -653,7 +653,7 @@ kp_status kp_gguf_get_f32(const gguf *g, const char *key, float def, float *out,
     return KP_OK;
 }
 
-kp_status kp_gguf_get_bool(const gguf *g, const char *key, bool def, bool *out, kp_error *err) {
+kp_status kp_gguf_get_bool(const kp_gguf *g, const char *key, bool def, bool *out, kp_error *err) {
     const kp_gguf_kv *kv = kp_gguf_find(g, key);
     if (!kv) {
         *out = def;
@@ -666,7 +666,7 @@ kp_status kp_gguf_get_bool(const gguf *g, const char *key, bool def, bool *out, 
     return KP_OK;
 }
 
-kp_status kp_gguf_get_str(const gguf *g, const char *key, kp_gguf_str *out, kp_error *err) {
+kp_status kp_gguf_get_str(const kp_gguf *g, const char *key, kp_gguf_str *out, kp_error *err) {
     const kp_gguf_kv *kv = kp_gguf_find(g, key);
     out->data = NULL;
     out->len = 0;
@@ -678,7 +678,7 @@ kp_status kp_gguf_get_str(const gguf *g, const char *key, kp_gguf_str *out, kp_e
     return KP_OK;
 }
 
-kp_status kp_gguf_get_arr(const gguf *g, const char *key, kp_gguf_type elem_type, const kp_gguf_value **out,
+kp_status kp_gguf_get_arr(const kp_gguf *g, const char *key, kp_gguf_type elem_type, const kp_gguf_value **out,
                        kp_error *err) {
     const kp_gguf_kv *kv = kp_gguf_find(g, key);
     *out = NULL;

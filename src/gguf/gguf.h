@@ -9,7 +9,7 @@
  *
  * Typical use:
  *
- *   gguf *g; kp_error err;
+ *   kp_gguf *g; kp_error err;
  *   if (kp_gguf_open(&g, "model.gguf", &err) != KP_OK) { puts(err.msg); ... }
  *   uint32_t n_layer;
  *   kp_gguf_get_u32(g, "llama.block_count", 0, &n_layer, &err);
@@ -89,45 +89,45 @@ typedef struct {
     const void *data;          /* inside the mapping */
 } kp_gguf_tensor;
 
-typedef struct gguf gguf;
+typedef struct kp_gguf kp_gguf;
 
 /* Maps and parses `path`. On success *out owns the mapping; free with kp_gguf_close. */
-kp_status kp_gguf_open(gguf **out, const char *path, kp_error *err);
+kp_status kp_gguf_open(kp_gguf **out, const char *path, kp_error *err);
 
 /* Parses a caller-owned buffer (borrowed: it must outlive the gguf). `name`
  * is used in messages. Used by the fuzzer and tests. */
-kp_status kp_gguf_open_memory(gguf **out, const void *data, size_t size, const char *name,
+kp_status kp_gguf_open_memory(kp_gguf **out, const void *data, size_t size, const char *name,
                            kp_error *err);
 
-void kp_gguf_close(gguf *g); /* NULL is a no-op */
+void kp_gguf_close(kp_gguf *g); /* NULL is a no-op */
 
-uint32_t kp_gguf_version(const gguf *g);
-const char *kp_gguf_path(const gguf *g);
-uint64_t kp_gguf_file_size(const gguf *g);
-uint32_t kp_gguf_alignment(const gguf *g);
-uint64_t kp_gguf_data_offset(const gguf *g); /* file offset of the tensor data section */
+uint32_t kp_gguf_version(const kp_gguf *g);
+const char *kp_gguf_path(const kp_gguf *g);
+uint64_t kp_gguf_file_size(const kp_gguf *g);
+uint32_t kp_gguf_alignment(const kp_gguf *g);
+uint64_t kp_gguf_data_offset(const kp_gguf *g); /* file offset of the tensor data section */
 
-size_t kp_gguf_n_kv(const gguf *g);
-const kp_gguf_kv *kp_gguf_kv_at(const gguf *g, size_t i); /* file order */
-const kp_gguf_kv *kp_gguf_find(const gguf *g, const char *key); /* NULL if absent */
+size_t kp_gguf_n_kv(const kp_gguf *g);
+const kp_gguf_kv *kp_gguf_kv_at(const kp_gguf *g, size_t i); /* file order */
+const kp_gguf_kv *kp_gguf_find(const kp_gguf *g, const char *key); /* NULL if absent */
 
-size_t kp_gguf_n_tensors(const gguf *g);
-const kp_gguf_tensor *kp_gguf_tensor_at(const gguf *g, size_t i); /* file order */
-const kp_gguf_tensor *kp_gguf_find_tensor(const gguf *g, const char *name);
+size_t kp_gguf_n_tensors(const kp_gguf *g);
+const kp_gguf_tensor *kp_gguf_tensor_at(const kp_gguf *g, size_t i); /* file order */
+const kp_gguf_tensor *kp_gguf_find_tensor(const kp_gguf *g, const char *name);
 
 /* Typed lookups. Absent key: *out = def and KP_OK. Present with a type that
  * cannot represent the value exactly (a string for u32, a negative int for
  * u32, a u64 over UINT32_MAX...): KP_EFORMAT naming the key. Any integer
  * type is accepted where it fits; floats accept FLOAT32/FLOAT64. */
-kp_status kp_gguf_get_u32(const gguf *g, const char *key, uint32_t def, uint32_t *out, kp_error *err);
-kp_status kp_gguf_get_i32(const gguf *g, const char *key, int32_t def, int32_t *out, kp_error *err);
-kp_status kp_gguf_get_u64(const gguf *g, const char *key, uint64_t def, uint64_t *out, kp_error *err);
-kp_status kp_gguf_get_f32(const gguf *g, const char *key, float def, float *out, kp_error *err);
-kp_status kp_gguf_get_bool(const gguf *g, const char *key, bool def, bool *out, kp_error *err);
+kp_status kp_gguf_get_u32(const kp_gguf *g, const char *key, uint32_t def, uint32_t *out, kp_error *err);
+kp_status kp_gguf_get_i32(const kp_gguf *g, const char *key, int32_t def, int32_t *out, kp_error *err);
+kp_status kp_gguf_get_u64(const kp_gguf *g, const char *key, uint64_t def, uint64_t *out, kp_error *err);
+kp_status kp_gguf_get_f32(const kp_gguf *g, const char *key, float def, float *out, kp_error *err);
+kp_status kp_gguf_get_bool(const kp_gguf *g, const char *key, bool def, bool *out, kp_error *err);
 /* Absent: out->data = NULL, out->len = 0 and KP_OK. */
-kp_status kp_gguf_get_str(const gguf *g, const char *key, kp_gguf_str *out, kp_error *err);
+kp_status kp_gguf_get_str(const kp_gguf *g, const char *key, kp_gguf_str *out, kp_error *err);
 /* An array whose elements have type `elem_type`; absent: *out = NULL, KP_OK. */
-kp_status kp_gguf_get_arr(const gguf *g, const char *key, kp_gguf_type elem_type, const kp_gguf_value **out,
+kp_status kp_gguf_get_arr(const kp_gguf *g, const char *key, kp_gguf_type elem_type, const kp_gguf_value **out,
                        kp_error *err);
 
 /* Element i of a fixed-size-element array, widened (caller checks i < n).

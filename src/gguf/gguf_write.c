@@ -48,17 +48,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/buf.h"
 #include "gguf/dtype.h"
 
 #define GGUF_W_VERSION 3u
 #define GGUF_W_MAX_KEY 65535u
 #define GGUF_W_MAX_NESTING 16
 #define GGUF_W_IO_BUFFER (1u << 20)
-
-typedef struct {
-    uint8_t *p;
-    size_t len, cap;
-} wbuf;
 
 typedef struct {
     size_t off, len; /* the key's bytes inside `keys` */
@@ -79,9 +75,9 @@ struct kp_gguf_w {
     wstate state;
     uint32_t alignment;
 
-    wbuf kv;          /* serialized key/value pairs, in order of addition */
+    kp_buf kv;        /* serialized key/value pairs, in order of addition */
     uint64_t n_kv;
-    wbuf keys;        /* raw bytes of every key, for the duplicate check */
+    kp_buf keys;      /* raw bytes of every key, for the duplicate check */
     wkey *key_index;
     size_t n_keys, cap_keys;
 
@@ -99,51 +95,17 @@ struct kp_gguf_w {
     uint64_t pos;
 };
 
-/* ---- byte buffer ---- */
+/* ---- little-endian encoding into a kp_buf ---- */
 
-static bool wbuf_reserve(wbuf *b, size_t extra) {
-    if (extra > SIZE_MAX - b->len) return false;
-    size_t need = b->len + extra;
-    if (need <= b->cap) return true;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < need) {
-        if (cap > SIZE_MAX / 2) {
-            cap = need;
-            break;
-        }
-        cap *= 2;
-    }
-    uint8_t *p = realloc(b->p, cap);
-    if (!p) return false;
-    b->p = p;
-    b->cap = cap;
-    return true;
-}
-
-static bool wbuf_put(wbuf *b, const void *data, size_t n) {
-    if (n == 0) return true;
-    if (!wbuf_reserve(b, n)) return false;
-    memcpy(b->p + b->len, data, n);
-    b->len += n;
-    return true;
-}
-
-static bool wbuf_le(wbuf *b, uint64_t v, unsigned width) {
+static bool put_le(kp_buf *b, uint64_t v, unsigned width) {
     uint8_t bytes[8];
     for (unsigned i = 0; i < width; i++) bytes[i] = (uint8_t)(v >> (8 * i));
-    return wbuf_put(b, bytes, width);
+    return kp_buf_put(b, bytes, width);
 }
 
-static bool wbuf_zeros(wbuf *b, size_t n) {
-    if (!wbuf_reserve(b, n)) return false;
-    memset(b->p + b->len, 0, n);
-    b->len += n;
-    return true;
-}
-
-static bool wbuf_str(wbuf *b, const char *s, uint64_t len) {
+static bool put_str(kp_buf *b, const char *s, uint64_t len) {
     if (len > SIZE_MAX) return false;
-    return wbuf_le(b, len, 8) && wbuf_put(b, s, (size_t)len);
+    return put_le(b, len, 8) && kp_buf_put(b, s, (size_t)len);
 }
 
 static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
@@ -178,8 +140,8 @@ void kp_gguf_w_free(kp_gguf_w *w) {
     if (w->own_file && w->state != W_DONE && w->is_regular && w->path) unlink(w->path);
     free(w->io_buffer);
     free(w->path);
-    free(w->kv.p);
-    free(w->keys.p);
+    kp_buf_free(&w->kv);
+    kp_buf_free(&w->keys);
     free(w->key_index);
     free(w->tensors);
     free(w);
@@ -198,7 +160,7 @@ static kp_status key_check(kp_gguf_w *w, const char *key, size_t len, kp_error *
                        GGUF_W_MAX_KEY);
     for (size_t i = 0; i < w->n_keys; i++) {
         const wkey *k = &w->key_index[i];
-        if (k->len == len && memcmp(w->keys.p + k->off, key, len) == 0)
+        if (k->len == len && memcmp(w->keys.data + k->off, key, len) == 0)
             return kp_fail(err, KP_EINVAL, "kp_gguf_w: duplicate metadata key '%.*s'",
                            (int)(len > 200 ? 200 : len), key);
     }
@@ -208,39 +170,25 @@ static kp_status key_check(kp_gguf_w *w, const char *key, size_t len, kp_error *
 /* Records the key after its value was serialized; rolls back on failure. */
 static kp_status key_commit(kp_gguf_w *w, const char *key, size_t len, size_t kv_len_before,
                             kp_error *err) {
-    if (w->n_keys == w->cap_keys) {
-        size_t cap = w->cap_keys ? w->cap_keys * 2 : 32;
-        wkey *p = realloc(w->key_index, cap * sizeof *p);
-        if (!p) goto oom;
-        w->key_index = p;
-        w->cap_keys = cap;
-    }
     size_t off = w->keys.len;
-    if (!wbuf_put(&w->keys, key, len)) goto oom;
+    if (!kp_grow((void **)&w->key_index, &w->cap_keys, w->n_keys + 1, sizeof *w->key_index) ||
+        !kp_buf_put(&w->keys, key, len)) {
+        kp_buf_truncate(&w->keys, off);
+        kp_buf_truncate(&w->kv, kv_len_before);
+        return kp_fail(err, KP_ENOMEM, "kp_gguf_w: out of memory adding metadata key '%.*s'",
+                       (int)(len > 200 ? 200 : len), key);
+    }
     w->key_index[w->n_keys++] = (wkey){off, len};
     w->n_kv++;
     return KP_OK;
-oom:
-    w->kv.len = kv_len_before;
-    return kp_fail(err, KP_ENOMEM, "kp_gguf_w: out of memory adding metadata key '%.*s'",
-                   (int)(len > 200 ? 200 : len), key);
 }
 
 static bool is_fixed_type(kp_gguf_type t) {
     return t < KP_GGUF_TYPE_COUNT_ && t != KP_GGUF_TYPE_STRING && t != KP_GGUF_TYPE_ARRAY;
 }
 
-/* Width of a fixed-size GGUF type (computed here so the writer does not
- * depend on the reader's implementation). */
-static unsigned fixed_width(kp_gguf_type t) {
-    switch (t) {
-    case KP_GGUF_TYPE_UINT8: case KP_GGUF_TYPE_INT8: case KP_GGUF_TYPE_BOOL: return 1;
-    case KP_GGUF_TYPE_UINT16: case KP_GGUF_TYPE_INT16: return 2;
-    case KP_GGUF_TYPE_UINT32: case KP_GGUF_TYPE_INT32: case KP_GGUF_TYPE_FLOAT32: return 4;
-    case KP_GGUF_TYPE_UINT64: case KP_GGUF_TYPE_INT64: case KP_GGUF_TYPE_FLOAT64: return 8;
-    default: return 0;
-    }
-}
+/* Width in bytes of a fixed-size GGUF type, 0 for the others. */
+static unsigned fixed_width(kp_gguf_type t) { return (unsigned)kp_gguf_type_size(t); }
 
 /* The special key: general.alignment sets the data alignment. */
 static kp_status alignment_check(kp_gguf_w *w, const char *key, size_t len, kp_gguf_type type,
@@ -265,16 +213,16 @@ static kp_status add_scalar(kp_gguf_w *w, const char *key, kp_gguf_type type, ui
     kp_status st = key_check(w, key, len, err);
     if (st != KP_OK) return st;
     size_t before = w->kv.len;
-    if (!wbuf_str(&w->kv, key, len) || !wbuf_le(&w->kv, (uint32_t)type, 4) ||
-        !wbuf_le(&w->kv, bits, fixed_width(type))) {
-        w->kv.len = before;
+    if (!put_str(&w->kv, key, len) || !put_le(&w->kv, (uint32_t)type, 4) ||
+        !put_le(&w->kv, bits, fixed_width(type))) {
+        kp_buf_truncate(&w->kv, before);
         return kp_fail(err, KP_ENOMEM, "kp_gguf_w: out of memory adding metadata key '%s'", key);
     }
     uint32_t old_alignment = w->alignment;
     st = alignment_check(w, key, len, type, bits, err);
     if (st == KP_OK) st = key_commit(w, key, len, before, err);
     if (st != KP_OK) {
-        w->kv.len = before;
+        kp_buf_truncate(&w->kv, before);
         w->alignment = old_alignment;
     }
     return st;
@@ -321,9 +269,9 @@ kp_status kp_gguf_w_add_strn(kp_gguf_w *w, const char *key, const char *s, uint6
     if (st != KP_OK) return st;
     if (!s && len > 0) return kp_fail(err, KP_EINVAL, "kp_gguf_w: NULL string for key '%s'", key);
     size_t before = w->kv.len;
-    if (!wbuf_str(&w->kv, key, klen) || !wbuf_le(&w->kv, KP_GGUF_TYPE_STRING, 4) ||
-        !wbuf_str(&w->kv, s, len)) {
-        w->kv.len = before;
+    if (!put_str(&w->kv, key, klen) || !put_le(&w->kv, KP_GGUF_TYPE_STRING, 4) ||
+        !put_str(&w->kv, s, len)) {
+        kp_buf_truncate(&w->kv, before);
         return kp_fail(err, KP_ENOMEM, "kp_gguf_w: out of memory adding metadata key '%s'", key);
     }
     return key_commit(w, key, klen, before, err);
@@ -335,10 +283,10 @@ kp_status kp_gguf_w_add_str(kp_gguf_w *w, const char *key, const char *s, kp_err
 }
 
 /* Appends n host-order elements of a fixed-size type, little-endian. */
-static bool put_host_elems(wbuf *b, kp_gguf_type t, const void *elems, uint64_t n) {
+static bool put_host_elems(kp_buf *b, kp_gguf_type t, const void *elems, uint64_t n) {
     unsigned width = fixed_width(t);
     if (n > SIZE_MAX / 8) return false;
-    if (!wbuf_reserve(b, (size_t)n * width)) return false;
+    if (!kp_buf_reserve(b, (size_t)n * width)) return false;
     for (uint64_t i = 0; i < n; i++) {
         uint64_t bits = 0;
         switch (t) {
@@ -355,7 +303,7 @@ static bool put_host_elems(wbuf *b, kp_gguf_type t, const void *elems, uint64_t 
         case KP_GGUF_TYPE_FLOAT64: bits = f64_bits(((const double *)elems)[i]); break;
         default: return false;
         }
-        wbuf_le(b, bits, width); /* cannot fail: reserved above */
+        put_le(b, bits, width); /* cannot fail: reserved above */
     }
     return true;
 }
@@ -371,10 +319,10 @@ kp_status kp_gguf_w_add_arr(kp_gguf_w *w, const char *key, kp_gguf_type elem_typ
                        kp_gguf_type_name(elem_type));
     if (!elems && n > 0) return kp_fail(err, KP_EINVAL, "kp_gguf_w: NULL array for key '%s'", key);
     size_t before = w->kv.len;
-    if (!wbuf_str(&w->kv, key, klen) || !wbuf_le(&w->kv, KP_GGUF_TYPE_ARRAY, 4) ||
-        !wbuf_le(&w->kv, (uint32_t)elem_type, 4) || !wbuf_le(&w->kv, n, 8) ||
+    if (!put_str(&w->kv, key, klen) || !put_le(&w->kv, KP_GGUF_TYPE_ARRAY, 4) ||
+        !put_le(&w->kv, (uint32_t)elem_type, 4) || !put_le(&w->kv, n, 8) ||
         !put_host_elems(&w->kv, elem_type, elems, n)) {
-        w->kv.len = before;
+        kp_buf_truncate(&w->kv, before);
         return kp_fail(err, KP_ENOMEM, "kp_gguf_w: out of memory adding metadata key '%s'", key);
     }
     return key_commit(w, key, klen, before, err);
@@ -390,31 +338,31 @@ kp_status kp_gguf_w_add_arr_str(kp_gguf_w *w, const char *key, const char *const
             return kp_fail(err, KP_EINVAL, "kp_gguf_w: key '%s': string %llu is NULL", key,
                            (unsigned long long)i);
     size_t before = w->kv.len;
-    bool ok = wbuf_str(&w->kv, key, klen) && wbuf_le(&w->kv, KP_GGUF_TYPE_ARRAY, 4) &&
-              wbuf_le(&w->kv, KP_GGUF_TYPE_STRING, 4) && wbuf_le(&w->kv, n, 8);
-    for (uint64_t i = 0; ok && i < n; i++) ok = wbuf_str(&w->kv, strs[i], strlen(strs[i]));
+    bool ok = put_str(&w->kv, key, klen) && put_le(&w->kv, KP_GGUF_TYPE_ARRAY, 4) &&
+              put_le(&w->kv, KP_GGUF_TYPE_STRING, 4) && put_le(&w->kv, n, 8);
+    for (uint64_t i = 0; ok && i < n; i++) ok = put_str(&w->kv, strs[i], strlen(strs[i]));
     if (!ok) {
-        w->kv.len = before;
+        kp_buf_truncate(&w->kv, before);
         return kp_fail(err, KP_ENOMEM, "kp_gguf_w: out of memory adding metadata key '%s'", key);
     }
     return key_commit(w, key, klen, before, err);
 }
 
 /* Serializes the body of an ARRAY value (elem_type, n, elements). */
-static kp_status put_array_body(wbuf *b, const kp_gguf_value *v, int depth, const char *key,
+static kp_status put_array_body(kp_buf *b, const kp_gguf_value *v, int depth, const char *key,
                                 kp_error *err) {
     if (depth > GGUF_W_MAX_NESTING)
         return kp_fail(err, KP_EINVAL, "kp_gguf_w: key '%s': arrays nested deeper than %d", key,
                        GGUF_W_MAX_NESTING);
     kp_gguf_type et = v->v.arr.elem_type;
     uint64_t n = v->v.arr.n;
-    if (!wbuf_le(b, (uint32_t)et, 4) || !wbuf_le(b, n, 8)) goto oom;
+    if (!put_le(b, (uint32_t)et, 4) || !put_le(b, n, 8)) goto oom;
     if (is_fixed_type(et)) {
         unsigned width = fixed_width(et);
         if (n > 0 && !v->v.arr.raw)
             return kp_fail(err, KP_EINVAL, "kp_gguf_w: key '%s': array without elements", key);
         if (n > SIZE_MAX / width) goto oom;
-        if (!wbuf_put(b, v->v.arr.raw, (size_t)n * width)) goto oom;
+        if (!kp_buf_put(b, v->v.arr.raw, (size_t)n * width)) goto oom;
     } else if (et == KP_GGUF_TYPE_STRING) {
         if (n > 0 && !v->v.arr.strs)
             return kp_fail(err, KP_EINVAL, "kp_gguf_w: key '%s': array without strings", key);
@@ -423,7 +371,7 @@ static kp_status put_array_body(wbuf *b, const kp_gguf_value *v, int depth, cons
             if (s->len > 0 && !s->data)
                 return kp_fail(err, KP_EINVAL, "kp_gguf_w: key '%s': string %llu has no data", key,
                                (unsigned long long)i);
-            if (!wbuf_str(b, s->data, s->len)) goto oom;
+            if (!put_str(b, s->data, s->len)) goto oom;
         }
     } else if (et == KP_GGUF_TYPE_ARRAY) {
         if (n > 0 && !v->v.arr.items)
@@ -450,7 +398,7 @@ static uint64_t scalar_bits(const kp_gguf_value *v) {
     case KP_GGUF_TYPE_UINT8: case KP_GGUF_TYPE_UINT16: case KP_GGUF_TYPE_UINT32: case KP_GGUF_TYPE_UINT64:
         return v->v.u64;
     case KP_GGUF_TYPE_INT8: case KP_GGUF_TYPE_INT16: case KP_GGUF_TYPE_INT32: case KP_GGUF_TYPE_INT64:
-        return (uint64_t)v->v.i64; /* truncated to the width by wbuf_le */
+        return (uint64_t)v->v.i64; /* truncated to the width by put_le */
     case KP_GGUF_TYPE_FLOAT32: return f32_bits((float)v->v.f64); /* exact: it was a float */
     case KP_GGUF_TYPE_FLOAT64: return f64_bits(v->v.f64);
     case KP_GGUF_TYPE_BOOL: return v->v.b ? 1 : 0;
@@ -471,18 +419,18 @@ static kp_status add_value_n(kp_gguf_w *w, const char *key, size_t klen, const k
     if (!v || v->type >= KP_GGUF_TYPE_COUNT_)
         return kp_fail(err, KP_EINVAL, "kp_gguf_w: key '%s': bad value", kname);
     size_t before = w->kv.len;
-    if (!wbuf_str(&w->kv, key, klen) || !wbuf_le(&w->kv, (uint32_t)v->type, 4)) goto oom;
+    if (!put_str(&w->kv, key, klen) || !put_le(&w->kv, (uint32_t)v->type, 4)) goto oom;
     uint32_t old_alignment = w->alignment;
     if (is_fixed_type(v->type)) {
         uint64_t bits = scalar_bits(v);
-        if (!wbuf_le(&w->kv, bits, fixed_width(v->type))) goto oom;
+        if (!put_le(&w->kv, bits, fixed_width(v->type))) goto oom;
         st = alignment_check(w, key, klen, v->type, v->type == KP_GGUF_TYPE_UINT32 ? bits : 0, err);
     } else if (v->type == KP_GGUF_TYPE_STRING) {
         if (v->v.str.len > 0 && !v->v.str.data) {
-            w->kv.len = before;
+            kp_buf_truncate(&w->kv, before);
             return kp_fail(err, KP_EINVAL, "kp_gguf_w: key '%s': string has no data", kname);
         }
-        if (!wbuf_str(&w->kv, v->v.str.data, v->v.str.len)) goto oom;
+        if (!put_str(&w->kv, v->v.str.data, v->v.str.len)) goto oom;
         st = alignment_check(w, key, klen, v->type, 0, err);
     } else {
         st = put_array_body(&w->kv, v, 0, kname, err);
@@ -490,12 +438,12 @@ static kp_status add_value_n(kp_gguf_w *w, const char *key, size_t klen, const k
     }
     if (st == KP_OK) st = key_commit(w, key, klen, before, err);
     if (st != KP_OK) {
-        w->kv.len = before;
+        kp_buf_truncate(&w->kv, before);
         w->alignment = old_alignment;
     }
     return st;
 oom:
-    w->kv.len = before;
+    kp_buf_truncate(&w->kv, before);
     return kp_fail(err, KP_ENOMEM, "kp_gguf_w: out of memory adding metadata key '%s'", kname);
 }
 
@@ -546,13 +494,8 @@ kp_status kp_gguf_w_add_tensor(kp_gguf_w *w, const char *name, uint32_t type, ui
     for (size_t i = 0; i < w->n_tensors; i++)
         if (strcmp(w->tensors[i].name, name) == 0)
             return kp_fail(err, KP_EINVAL, "kp_gguf_w: duplicate tensor name '%s'", name);
-    if (w->n_tensors == w->cap_tensors) {
-        size_t cap = w->cap_tensors ? w->cap_tensors * 2 : 64;
-        wtensor *p = realloc(w->tensors, cap * sizeof *p);
-        if (!p) return kp_fail(err, KP_ENOMEM, "kp_gguf_w: out of memory adding tensor '%s'", name);
-        w->tensors = p;
-        w->cap_tensors = cap;
-    }
+    if (!kp_grow((void **)&w->tensors, &w->cap_tensors, w->n_tensors + 1, sizeof *w->tensors))
+        return kp_fail(err, KP_ENOMEM, "kp_gguf_w: out of memory adding tensor '%s'", name);
     wtensor *t = &w->tensors[w->n_tensors++];
     memset(t, 0, sizeof *t);
     memcpy(t->name, name, len + 1);
@@ -612,26 +555,26 @@ static kp_status write_header(kp_gguf_w *w, kp_error *err) {
         }
         off = align_up(end, w->alignment);
     }
-    wbuf h = {0};
-    bool ok = wbuf_put(&h, "GGUF", 4) && wbuf_le(&h, GGUF_W_VERSION, 4) &&
-              wbuf_le(&h, w->n_tensors, 8) && wbuf_le(&h, w->n_kv, 8) &&
-              wbuf_put(&h, w->kv.p, w->kv.len);
+    kp_buf h = {0};
+    bool ok = kp_buf_put(&h, "GGUF", 4) && put_le(&h, GGUF_W_VERSION, 4) &&
+              put_le(&h, w->n_tensors, 8) && put_le(&h, w->n_kv, 8) &&
+              kp_buf_put(&h, w->kv.data, w->kv.len);
     for (size_t i = 0; ok && i < w->n_tensors; i++) {
         const wtensor *t = &w->tensors[i];
-        ok = wbuf_str(&h, t->name, strlen(t->name)) && wbuf_le(&h, t->n_dims, 4);
-        for (uint32_t d = 0; ok && d < t->n_dims; d++) ok = wbuf_le(&h, (uint64_t)t->ne[d], 8);
-        ok = ok && wbuf_le(&h, t->type, 4) && wbuf_le(&h, t->offset, 8);
+        ok = put_str(&h, t->name, strlen(t->name)) && put_le(&h, t->n_dims, 4);
+        for (uint32_t d = 0; ok && d < t->n_dims; d++) ok = put_le(&h, (uint64_t)t->ne[d], 8);
+        ok = ok && put_le(&h, t->type, 4) && put_le(&h, t->offset, 8);
     }
-    if (ok) ok = wbuf_zeros(&h, (size_t)(align_up(h.len, w->alignment) - h.len));
+    if (ok) ok = kp_buf_fill(&h, 0, (size_t)(align_up(h.len, w->alignment) - h.len));
     if (!ok) {
-        free(h.p);
+        kp_buf_free(&h);
         w->state = W_FAILED;
         return kp_fail(err, KP_ENOMEM, "kp_gguf_w: out of memory building the header of '%s'",
                        w->path);
     }
     w->data_offset = h.len;
-    kp_status st = emit(w, h.p, h.len, err);
-    free(h.p);
+    kp_status st = emit(w, h.data, h.len, err);
+    kp_buf_free(&h);
     return st;
 }
 

@@ -115,10 +115,8 @@ static bool parse_char(gp *g, const char **pp, uint32_t *cpt) {
         *pp = p + 2;
         return true;
     }
-    int k = kp_unicode_utf8_next((const uint8_t *)p, (size_t)(g->end - p));
+    int k = kp_unicode_utf8_decode((const uint8_t *)p, (size_t)(g->end - p), cpt);
     if (k <= 0) return fail_at(g, p, KP_EINVAL, "invalid UTF-8");
-    size_t used;
-    *cpt = kp_unicode_decode_lenient((const uint8_t *)p, (size_t)k, &used);
     *pp = p + k;
     return true;
 }

@@ -1,6 +1,7 @@
 /*
- * attn.h - the inner loops of attention over cached K/V rows (floor 1:
- * kernels; pure functions on plain arrays).
+ * attn.h - the inner loops of attention over cached K/V rows (floor 2:
+ * kernels; pure functions on plain arrays). The tables live in
+ * attn_scalar.c, attn_avx2.c and attn_avx512.c; dispatch.c hands them out.
  *
  * Tiles (what the forward pass uses). A tile is n_tok consecutive tokens of
  * one sequence and the G query heads that share one kv-head (grouped-query

@@ -9,45 +9,10 @@
  * pass) split a matrix product into blocks of rows and threads; a kernel
  * sees plain arrays only.
  *
- * Types with kernels (dtype.h `has_kernels`) and their block layouts.
- * All multi-byte fields are little-endian; `half` is IEEE binary16.
- *
- *   F32, F16, BF16: one element per "block" (4, 2, 2 bytes).
- *
- *   Q8_0  (32 elements, 34 bytes)     x[i] = d * qs[i]
- *   +0  half d
- *   +2  int8 qs[32]
- *
- *   Q4_0  (32 elements, 18 bytes)     x[i] = d * (q[i] - 8), q in 0..15
- *   +0  half d
- *   +2  uint8 qs[16]   q[j] = qs[j] & 15, q[j+16] = qs[j] >> 4   (j < 16)
- *
- *   Q4_K  (256 elements = 8 sub-blocks of 32, 144 bytes)
- *   +0  half d         super-block scale of the 6-bit sub-block scales
- *   +2  half dmin      super-block scale of the 6-bit sub-block mins
- *   +4  uint8 scales[12]  8 scales sc[j] and 8 mins m[j], 6 bits each:
- *         j < 4:  sc[j] = scales[j] & 63          m[j] = scales[j+4] & 63
- *         j >= 4: sc[j] = (scales[j+4] & 15) | (scales[j-4] >> 6) << 4
- *                 m[j]  = (scales[j+4] >> 4) | (scales[j]   >> 6) << 4
- *   +16 uint8 qs[128]  4-bit quants; for chunk c < 4 (64 elements) and l < 32:
- *         q[64c + l] = qs[32c + l] & 15,  q[64c + 32 + l] = qs[32c + l] >> 4
- *       x[i] = d * sc[i/32] * q[i] - dmin * m[i/32]
- *
- *   Q6_K  (256 elements = 16 sub-blocks of 16, 210 bytes)
- *   +0   uint8 ql[128]  low 4 bits      for half h < 2, l < 32 (base = 128h):
- *   +128 uint8 qh[64]   high 2 bits       q[base+l]    = ql[64h+l] & 15    | (qh[32h+l] >> 0 & 3) << 4
- *   +192 int8 scales[16]                  q[base+l+32] = ql[64h+l+32] & 15 | (qh[32h+l] >> 2 & 3) << 4
- *   +208 half d                           q[base+l+64] = ql[64h+l] >> 4    | (qh[32h+l] >> 4 & 3) << 4
- *                                         q[base+l+96] = ql[64h+l+32] >> 4 | (qh[32h+l] >> 6 & 3) << 4
- *       x[i] = d * scales[i/16] * (q[i] - 32)
- *
- *   Q8_K  (256 elements, 292 bytes; activations only, never in files)
- *   +0   float d
- *   +4   int8 qs[256]      x[i] = d * qs[i]
- *   +260 int16 bsums[16]   bsums[j] = sum of qs[16j .. 16j+15]
- *
- *   Q4_1, Q5_0, Q5_1, Q5_K (weights) and Q8_1 (activations of Q4_1 and
- *   Q5_1): layout tables in quant_more.h.
+ * Types with kernels (dtype.h `has_kernels`): F32, F16, BF16, Q8_0, Q4_0,
+ * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weights, and the activation types
+ * Q8_K and Q8_1. Their block layouts, exactly llama.cpp's, are drawn in
+ * quant_blocks.h next to their structs.
  *
  * Row pointers handed to the kernels must be aligned to the block's
  * natural alignment (2 bytes for F16/BF16/Q8_0/Q4_0/Q4_K/Q6_K and

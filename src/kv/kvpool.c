@@ -7,6 +7,8 @@
  */
 #include "kv/kvpool.h"
 
+#include "base/buf.h"
+
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,14 +122,8 @@ void *kp_kvpool_v(const kp_kvpool *p, int32_t block, uint32_t layer, uint32_t he
 kp_status kp_kvseq_reserve(kp_kvseq *s, kp_kvpool *p, uint32_t n_pos, kp_error *err) {
     uint32_t B = p->cfg.block_size;
     uint32_t need = (uint32_t)(((uint64_t)n_pos + B - 1) / B);
-    if (need > s->cap_blocks) {
-        uint32_t cap = s->cap_blocks ? s->cap_blocks : 8;
-        while (cap < need) cap *= 2;
-        int32_t *nb = realloc(s->blocks, cap * sizeof(int32_t));
-        if (!nb) return kp_fail(err, KP_ENOMEM, "out of memory growing a block table");
-        s->blocks = nb;
-        s->cap_blocks = cap;
-    }
+    if (!kp_grow_u32((void **)&s->blocks, &s->cap_blocks, need, sizeof(int32_t)))
+        return kp_fail(err, KP_ENOMEM, "out of memory growing a block table");
     while (s->n_blocks < need) {
         kp_status st = kp_kvpool_alloc(p, &s->blocks[s->n_blocks], err);
         if (st != KP_OK) return st;

@@ -51,6 +51,7 @@
  */
 #include "model/forward.h"
 
+#include "base/buf.h"
 #include "kernels/attn.h"
 
 #include <math.h>
@@ -86,7 +87,8 @@ struct kp_forward {
     /* probe */
     int probe_layer, probe_head;
     float *probe;
-    int32_t probe_n, probe_cap;
+    int32_t probe_n;
+    size_t probe_cap;
 };
 
 kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_pool *threads,
@@ -130,15 +132,6 @@ void kp_forward_set_probe(kp_forward *f, int layer, int head) {
 const float *kp_forward_probe(const kp_forward *f, int32_t *n_pos) {
     *n_pos = f->probe_n;
     return f->probe_layer >= 0 && f->probe_n > 0 ? f->probe : NULL;
-}
-
-static bool grow(void **p, size_t *cap, size_t need) {
-    if (need <= *cap) return true;
-    void *np = realloc(*p, need);
-    if (!np) return false;
-    *p = np;
-    *cap = need;
-    return true;
 }
 
 static kp_status ensure_scratch(kp_forward *f, int32_t n, kp_error *err) {
@@ -293,7 +286,7 @@ static kp_status matmul(kp_forward *f, const float *x, int n, int n_jobs, const 
         if (done[at]) continue;
         done[at] = true;
         size_t need = act_bytes(at, (size_t)n, w->n_in);
-        if (!grow((void **)&f->act[at], &f->act_cap[at], need))
+        if (!kp_grow((void **)&f->act[at], &f->act_cap[at], need, 1))
             return kp_fail(err, KP_ENOMEM, "out of memory for activations");
         quant_ctx q = {f, x, n, w->n_in, at, w->type};
         if (n >= 8) kp_pool_run(f->threads, quant_task, &q, n);
@@ -505,13 +498,13 @@ static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_
     f->att_ws_floats = ws;
     if (n_chunks > 1) {
         size_t need = (size_t)base_tasks * n_chunks * G * (hd + 2) * sizeof(float);
-        if (!grow((void **)&f->partials, &f->cap_partials, need))
+        if (!kp_grow((void **)&f->partials, &f->cap_partials, need, 1))
             return kp_fail(err, KP_ENOMEM, "out of memory for attention partials");
     }
     att_ctx c = {f, b, layer, n_chunks, 0, 1.0f / sqrtf((float)hd)};
     if (n_chunks == 1) {
         /* tiles: runs of consecutive tokens of one sequence, at most tile_tokens */
-        if (!grow((void **)&f->tiles, &f->cap_tiles, (size_t)b->n_tokens * 2 * sizeof(int32_t)))
+        if (!kp_grow((void **)&f->tiles, &f->cap_tiles, (size_t)b->n_tokens * 2 * sizeof(int32_t), 1))
             return kp_fail(err, KP_ENOMEM, "out of memory for attention tiles");
         int n_tiles = 0;
         for (int t = 0; t < b->n_tokens;) {
@@ -542,12 +535,8 @@ static kp_status probe_capture(kp_forward *f, const kp_batch *b, uint32_t layer,
     int t = b->n_tokens - 1, hd = (int)hp->head_dim;
     int kvh = f->probe_head / (int)(hp->n_head / hp->n_head_kv);
     int32_t n_pos = b->pos[t] + 1;
-    if (n_pos > f->probe_cap) {
-        float *np = realloc(f->probe, (size_t)n_pos * sizeof(float));
-        if (!np) return kp_fail(err, KP_ENOMEM, "out of memory for the attention probe");
-        f->probe = np;
-        f->probe_cap = n_pos;
-    }
+    if (!kp_grow((void **)&f->probe, &f->probe_cap, (size_t)n_pos, sizeof(float)))
+        return kp_fail(err, KP_ENOMEM, "out of memory for the attention probe");
     const kp_kvseq *s = b->seqs[b->seq[t]];
     const float *qv = f->q + (size_t)t * hp->n_head * hd + (size_t)f->probe_head * hd;
     float mx = -INFINITY, scale = 1.0f / sqrtf((float)hd);

@@ -77,6 +77,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/rng.h"
 #include "gguf/gguf.h"
 #include "gguf/gguf_write.h"
 #include "kernels/quant.h"
@@ -84,42 +85,19 @@
 /* ---- random numbers ---- */
 
 typedef struct {
-    uint64_t s[4];
+    kp_rng r;
     bool has_spare;
     double spare;
 } mk_rng;
 
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static void rng_seed(mk_rng *r, uint64_t seed) {
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+    kp_rng_seed(&r->r, seed);
     r->has_spare = false;
     r->spare = 0;
 }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t rng_next(mk_rng *r) { /* xoshiro256** */
-    uint64_t *s = r->s;
-    uint64_t result = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
-
 /* Uniform in [0, 1), 53 random bits. */
-static double rng_uniform(mk_rng *r) { return (double)(rng_next(r) >> 11) * 0x1.0p-53; }
+static double rng_uniform(mk_rng *r) { return kp_rng_unit(&r->r); }
 
 /* Natural logarithm of x > 0, from exactly rounded operations only:
  * x = m * 2^e with m in [sqrt(1/2), sqrt(2)), ln m = 2 atanh(s) with
@@ -376,7 +354,7 @@ static kp_status plan_build(const kp_mkmodel_spec *s, uint64_t n_vocab, mk_plan 
 /* ---- metadata ---- */
 
 static kp_status add_metadata(kp_gguf_w *w, const kp_mkmodel_spec *s, uint64_t n_vocab,
-                              const gguf *tok, kp_error *err) {
+                              const kp_gguf *tok, kp_error *err) {
     mk_arch arch = arch_of(s->arch);
     uint32_t hd = head_dim_of(s);
     char key[128];
@@ -465,7 +443,7 @@ static kp_status fill_report(const mk_plan *plan, kp_dtype wtype, kp_mkmodel_rep
 
 kp_status kp_mkmodel_write(const kp_mkmodel_spec *spec, const char *tokenizer_gguf_path,
                         const char *out_path, kp_mkmodel_report *report, kp_error *err) {
-    gguf *tok = NULL;
+    kp_gguf *tok = NULL;
     kp_gguf_w *w = NULL;
     mk_plan plan = {0};
     float *row = NULL;

@@ -96,7 +96,7 @@ static kp_status get_vector(const kp_model *m, const char *name, int64_t n, bool
 }
 
 static kp_status read_hparams(kp_model *m, kp_error *err) {
-    gguf *g = m->file;
+    kp_gguf *g = m->file;
     kp_hparams *hp = &m->hp;
     kp_gguf_str arch;
     kp_status st;
@@ -160,7 +160,7 @@ static kp_status read_hparams(kp_model *m, kp_error *err) {
     return KP_OK;
 }
 
-kp_status kp_model_from_gguf(kp_model **out, gguf *g, kp_error *err) {
+kp_status kp_model_from_gguf(kp_model **out, kp_gguf *g, kp_error *err) {
     kp_model *m = calloc(1, sizeof *m);
     kp_status st;
     char name[96];
@@ -233,7 +233,7 @@ fail:
 }
 
 kp_status kp_model_load(kp_model **out, const char *path, kp_error *err) {
-    gguf *g;
+    kp_gguf *g;
     *out = NULL;
     kp_status st = kp_gguf_open(&g, path, err);
     if (st != KP_OK) return st;

@@ -60,7 +60,7 @@ typedef struct {
 } kp_layer;
 
 typedef struct kp_model {
-    gguf *file;                     /* owned */
+    kp_gguf *file;                     /* owned */
     kp_hparams hp;
     kp_weight tok_embd;             /* n_embd x n_vocab (one row per token) */
     float *output_norm;             /* [n_embd] */
@@ -76,7 +76,7 @@ kp_status kp_model_load(kp_model **out, const char *path, kp_error *err);
 
 /* Builds a model over an already opened GGUF, taking ownership of g (also on
  * failure). */
-kp_status kp_model_from_gguf(kp_model **out, gguf *g, kp_error *err);
+kp_status kp_model_from_gguf(kp_model **out, kp_gguf *g, kp_error *err);
 
 void kp_model_free(kp_model *m);
 

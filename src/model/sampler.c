@@ -7,6 +7,8 @@
  */
 #include "model/sampler.h"
 
+#include "base/rng.h"
+
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -25,7 +27,7 @@ struct kp_sampler {
     int32_t *hist;       /* ring of accepted tokens */
     int32_t hist_cap, hist_len, hist_head;
     uint32_t *counts;    /* scratch: occurrences in the window */
-    uint64_t rng[4];
+    kp_rng rng;
 };
 
 kp_sampler_params kp_sampler_defaults(void) {
@@ -45,25 +47,6 @@ kp_status kp_sampler_check(const kp_sampler_params *p, kp_error *err) {
     return KP_OK;
 }
 
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t next_u64(uint64_t *s) {
-    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3];
-    s[2] ^= t; s[3] = rotl(s[3], 45);
-    return r;
-}
-
-/* uniform in [0, 1) with 53 random bits */
-static double next_unit(uint64_t *s) { return (double)(next_u64(s) >> 11) * 0x1.0p-53; }
-
 kp_status kp_sampler_new(kp_sampler **out, const kp_sampler_params *p, int32_t n_vocab,
                          kp_error *err) {
     *out = NULL;
@@ -82,8 +65,7 @@ kp_status kp_sampler_new(kp_sampler **out, const kp_sampler_params *p, int32_t n
         kp_sampler_free(s);
         return kp_fail(err, KP_ENOMEM, "out of memory creating a sampler");
     }
-    uint64_t x = p->seed;
-    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    kp_rng_seed(&s->rng, p->seed);
     *out = s;
     return KP_OK;
 }
@@ -198,6 +180,19 @@ static int32_t cut(const kp_sampler_params *p, cand *c, int32_t m, float mx, dou
     return m;
 }
 
+/* Temperature on the survivors c[0..m) (mx: their largest logit), then one
+ * draw from them. */
+static int32_t draw(kp_sampler *s, int32_t m, float mx) {
+    double sum = 0;
+    for (int32_t i = 0; i < m; i++) sum += s->c[i].p = expf((s->c[i].logit - mx) / s->p.temp);
+    double r = kp_rng_unit(&s->rng) * sum, acc = 0;
+    for (int32_t i = 0; i < m; i++) {
+        acc += s->c[i].p;
+        if (r < acc) return s->c[i].id;
+    }
+    return s->c[m - 1].id;
+}
+
 int32_t kp_sampler_sample(kp_sampler *s, const float *logits) {
     const kp_sampler_params *p = &s->p;
     int32_t n = s->n_vocab;
@@ -227,14 +222,7 @@ int32_t kp_sampler_sample(kp_sampler *s, const float *logits) {
             if (s->c[i].logit > mx) mx = s->c[i].logit;
         if (p->top_p >= 1.0f && p->min_p <= 0) {
             /* everything survives: draw over the ids in any fixed order, no sort */
-            double sum = 0;
-            for (int32_t i = 0; i < n; i++) sum += s->c[i].p = expf((s->c[i].logit - mx) / p->temp);
-            double r = next_unit(s->rng) * sum, acc = 0;
-            for (int32_t i = 0; i < n; i++) {
-                acc += s->c[i].p;
-                if (r < acc) return s->c[i].id;
-            }
-            return s->c[n - 1].id;
+            return draw(s, n, mx);
         }
         double sum = 0;
         for (int32_t i = 0; i < n; i++) sum += expf(s->c[i].logit - mx);
@@ -256,13 +244,5 @@ int32_t kp_sampler_sample(kp_sampler *s, const float *logits) {
             fill_candidates(s, logits, pen); /* select_top dropped the rest */
         }
     }
-    /* temperature on the survivors, then draw */
-    double sum = 0;
-    for (int32_t i = 0; i < m; i++) sum += s->c[i].p = expf((s->c[i].logit - mx) / p->temp);
-    double r = next_unit(s->rng) * sum, acc = 0;
-    for (int32_t i = 0; i < m; i++) {
-        acc += s->c[i].p;
-        if (r < acc) return s->c[i].id;
-    }
-    return s->c[m - 1].id;
+    return draw(s, m, mx);
 }

@@ -1,8 +1,8 @@
 /*
  * canon.c - RFC 8785 canonical JSON over jansson values (see canon.h).
  *
- * Owns no state. One output buffer per call grows by doubling; an
- * allocation failure is remembered in it and reported once at the end.
+ * Owns no state. One output buffer (kp_buf) per call; an allocation
+ * failure is remembered in it and reported once at the end.
  *
  * Numbers: ECMAScript Number::toString (ECMA-262 section 6.1.6.1.20) for a
  * finite x > 0, in two steps.
@@ -42,6 +42,7 @@
 #include "serve/canon.h"
 
 #include "base/buf.h"
+#include "base/unicode.h"
 
 #include <assert.h>
 #include <math.h>
@@ -50,14 +51,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ------------------------------------------------------------------ */
-/* Output buffer                                                       */
-
-typedef kp_buf canon_buf; /* an allocation failure sets oom; everything after it is dropped */
-
-static void buf_put(canon_buf *b, const char *s, size_t n) { kp_buf_put(b, s, n); }
-static void buf_putc(canon_buf *b, char c) { kp_buf_putc(b, c); }
 
 /* ------------------------------------------------------------------ */
 /* Numbers                                                             */
@@ -166,65 +159,24 @@ size_t kp_canon_number(double x, char out[KP_CANON_NUMBER_MAX]) {
 /* ------------------------------------------------------------------ */
 /* Strings                                                             */
 
-/* Strict UTF-8 (RFC 3629): no overlong forms, no surrogates, <= U+10FFFF. */
-static bool utf8_valid(const unsigned char *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        unsigned b = s[i];
-        size_t len;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (b < 0x80) {
-            i++;
-            continue;
-        }
-        if (b >= 0xC2 && b <= 0xDF) len = 2;
-        else if (b == 0xE0) { len = 3; lo = 0xA0; }
-        else if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) len = 3;
-        else if (b == 0xED) { len = 3; hi = 0x9F; }
-        else if (b == 0xF0) { len = 4; lo = 0x90; }
-        else if (b >= 0xF1 && b <= 0xF3) len = 4;
-        else if (b == 0xF4) { len = 4; hi = 0x8F; }
-        else return false;
-        if (n - i < len || s[i + 1] < lo || s[i + 1] > hi) return false;
-        for (size_t j = 2; j < len; j++)
-            if (s[i + j] < 0x80 || s[i + j] > 0xBF) return false;
-        i += len;
-    }
-    return true;
-}
-
 /* Next code point of valid UTF-8 s[*i..n); advances *i. */
-static uint32_t utf8_next(const unsigned char *s, size_t *i) {
-    uint32_t b = s[*i];
-    if (b < 0x80) {
-        *i += 1;
-        return b;
-    }
-    if (b < 0xE0) {
-        uint32_t cp = ((b & 0x1F) << 6) | (s[*i + 1] & 0x3F);
-        *i += 2;
-        return cp;
-    }
-    if (b < 0xF0) {
-        uint32_t cp = ((b & 0x0F) << 12) | ((uint32_t)(s[*i + 1] & 0x3F) << 6) | (s[*i + 2] & 0x3F);
-        *i += 3;
-        return cp;
-    }
-    uint32_t cp = ((b & 0x07) << 18) | ((uint32_t)(s[*i + 1] & 0x3F) << 12) |
-                  ((uint32_t)(s[*i + 2] & 0x3F) << 6) | (s[*i + 3] & 0x3F);
-    *i += 4;
+static uint32_t utf8_next(const char *s, size_t n, size_t *i) {
+    uint32_t cp = 0;
+    int k = kp_unicode_utf8_decode((const uint8_t *)s + *i, n - *i, &cp);
+    assert(k > 0);
+    *i += (size_t)k;
     return cp;
 }
 
-static void put_string(canon_buf *b, const char *str, size_t n) {
+static void put_string(kp_buf *b, const char *str, size_t n) {
     static const char hex[] = "0123456789abcdef";
     const unsigned char *s = (const unsigned char *)str;
-    buf_putc(b, '"');
+    kp_buf_putc(b, '"');
     size_t run = 0; /* start of the bytes copied as they are */
     for (size_t i = 0; i < n; i++) {
         unsigned c = s[i];
         if (c >= 0x20 && c != '"' && c != '\\') continue;
-        buf_put(b, str + run, i - run);
+        kp_buf_put(b, str + run, i - run);
         run = i + 1;
         char esc[6] = {'\\', 0, 0, 0, 0, 0};
         size_t elen = 2;
@@ -242,10 +194,10 @@ static void put_string(canon_buf *b, const char *str, size_t n) {
             esc[5] = hex[c & 15];
             elen = 6;
         }
-        buf_put(b, esc, elen);
+        kp_buf_put(b, esc, elen);
     }
-    buf_put(b, str + run, n - run);
-    buf_putc(b, '"');
+    kp_buf_put(b, str + run, n - run);
+    kp_buf_putc(b, '"');
 }
 
 /* ------------------------------------------------------------------ */
@@ -264,10 +216,9 @@ static uint32_t utf16_lead(uint32_t cp) {
 
 /* Compares two valid UTF-8 strings as arrays of UTF-16 code units. */
 static int utf16_compare(const char *a, size_t alen, const char *b, size_t blen) {
-    const unsigned char *sa = (const unsigned char *)a, *sb = (const unsigned char *)b;
     size_t i = 0, j = 0;
     while (i < alen && j < blen) {
-        uint32_t ca = utf8_next(sa, &i), cb = utf8_next(sb, &j);
+        uint32_t ca = utf8_next(a, alen, &i), cb = utf8_next(b, blen, &j);
         if (ca == cb) continue;
         uint32_t la = utf16_lead(ca), lb = utf16_lead(cb);
         if (la != lb) return la < lb ? -1 : 1;
@@ -286,24 +237,24 @@ static int member_compare(const void *pa, const void *pb) {
 /* ------------------------------------------------------------------ */
 /* Values                                                              */
 
-static kp_status write_value(canon_buf *b, const json_t *v, int depth, kp_error *err) {
+static kp_status write_value(kp_buf *b, const json_t *v, int depth, kp_error *err) {
     switch (json_typeof(v)) {
-    case JSON_NULL: buf_put(b, "null", 4); return KP_OK;
-    case JSON_TRUE: buf_put(b, "true", 4); return KP_OK;
-    case JSON_FALSE: buf_put(b, "false", 5); return KP_OK;
+    case JSON_NULL: kp_buf_put(b, "null", 4); return KP_OK;
+    case JSON_TRUE: kp_buf_put(b, "true", 4); return KP_OK;
+    case JSON_FALSE: kp_buf_put(b, "false", 5); return KP_OK;
     case JSON_INTEGER:
     case JSON_REAL: {
         double x = json_is_integer(v) ? (double)json_integer_value(v) : json_real_value(v);
         char text[KP_CANON_NUMBER_MAX];
         size_t n = kp_canon_number(x, text);
         if (n == 0) return kp_fail(err, KP_EINVAL, "JSON has no form for the number %g", x);
-        buf_put(b, text, n);
+        kp_buf_put(b, text, n);
         return KP_OK;
     }
     case JSON_STRING: {
         const char *s = json_string_value(v);
         size_t n = json_string_length(v);
-        if (!utf8_valid((const unsigned char *)s, n))
+        if (!kp_unicode_utf8_valid((const uint8_t *)s, n))
             return kp_fail(err, KP_EINVAL, "a JSON string is not valid UTF-8");
         put_string(b, s, n);
         return KP_OK;
@@ -311,13 +262,13 @@ static kp_status write_value(canon_buf *b, const json_t *v, int depth, kp_error 
     case JSON_ARRAY: {
         if (depth >= KP_CANON_MAX_DEPTH)
             return kp_fail(err, KP_ERANGE, "JSON nested deeper than %d levels", KP_CANON_MAX_DEPTH);
-        buf_putc(b, '[');
+        kp_buf_putc(b, '[');
         for (size_t i = 0; i < json_array_size(v); i++) {
-            if (i) buf_putc(b, ',');
+            if (i) kp_buf_putc(b, ',');
             kp_status st = write_value(b, json_array_get(v, i), depth + 1, err);
             if (st != KP_OK) return st;
         }
-        buf_putc(b, ']');
+        kp_buf_putc(b, ']');
         return KP_OK;
     }
     case JSON_OBJECT: {
@@ -334,7 +285,7 @@ static kp_status write_value(canon_buf *b, const json_t *v, int depth, kp_error 
             members[m].name = json_object_iter_key(it);
             members[m].name_len = json_object_iter_key_len(it);
             members[m].value = json_object_iter_value(it);
-            if (!utf8_valid((const unsigned char *)members[m].name, members[m].name_len)) {
+            if (!kp_unicode_utf8_valid((const uint8_t *)members[m].name, members[m].name_len)) {
                 free(members);
                 return kp_fail(err, KP_EINVAL, "a JSON member name is not valid UTF-8");
             }
@@ -342,14 +293,14 @@ static kp_status write_value(canon_buf *b, const json_t *v, int depth, kp_error 
         assert(m == count);
         if (m > 1) qsort(members, m, sizeof *members, member_compare);
         kp_status st = KP_OK;
-        buf_putc(b, '{');
+        kp_buf_putc(b, '{');
         for (size_t i = 0; i < m && st == KP_OK; i++) {
-            if (i) buf_putc(b, ',');
+            if (i) kp_buf_putc(b, ',');
             put_string(b, members[i].name, members[i].name_len);
-            buf_putc(b, ':');
+            kp_buf_putc(b, ':');
             st = write_value(b, members[i].value, depth + 1, err);
         }
-        buf_putc(b, '}');
+        kp_buf_putc(b, '}');
         free(members);
         return st;
     }
@@ -361,16 +312,13 @@ kp_status kp_canon_dump(const json_t *v, char **out, size_t *len, kp_error *err)
     *out = NULL;
     *len = 0;
     if (!v) return kp_fail(err, KP_EINVAL, "no JSON value to canonicalize");
-    canon_buf b = {0};
-    buf_put(&b, "", 0); /* an empty result is still a NUL-terminated string */
+    kp_buf b = {0};
     kp_status st = write_value(&b, v, 0, err);
-    if (st == KP_OK && b.oom) st = kp_fail(err, KP_ENOMEM, "out of memory writing canonical JSON");
     if (st != KP_OK) {
-        free(b.data);
+        kp_buf_free(&b);
         return st;
     }
-    *out = b.data;
-    *len = b.len;
+    if (!kp_buf_take(&b, out, len)) return kp_fail(err, KP_ENOMEM, "out of memory writing canonical JSON");
     return KP_OK;
 }
 

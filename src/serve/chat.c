@@ -48,6 +48,9 @@
 #include <string.h>
 #include <strings.h>
 
+#include "base/buf.h"
+#include "base/rng.h"
+#include "base/unicode.h"
 #include "serve/canon.h"
 
 /* ------------------------------------------------------------------ */
@@ -116,41 +119,6 @@ kp_chat_family kp_chat_detect(const char *t) {
 }
 
 /* ------------------------------------------------------------------ */
-/* Output buffer                                                       */
-
-typedef struct {
-    char *data;
-    size_t len, cap;
-    bool oom;
-} chat_buf;
-
-static void put(chat_buf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        while (cap < b->len + n + 1) {
-            if (cap > SIZE_MAX / 2) {
-                b->oom = true;
-                return;
-            }
-            cap *= 2;
-        }
-        char *nd = realloc(b->data, cap);
-        if (!nd) {
-            b->oom = true;
-            return;
-        }
-        b->data = nd;
-        b->cap = cap;
-    }
-    if (n) memcpy(b->data + b->len, s, n);
-    b->len += n;
-    b->data[b->len] = 0;
-}
-
-static void puts_(chat_buf *b, const char *s) { put(b, s, strlen(s)); }
-
-/* ------------------------------------------------------------------ */
 /* Python-style strip                                                  */
 
 static bool py_space(uint32_t cp) {
@@ -160,22 +128,14 @@ static bool py_space(uint32_t cp) {
 }
 
 /* The code point starting at s[i] and its length in *n. Strings from
- * jansson are valid UTF-8; a sequence cut short by the end of the string
- * (possible only in values built with jansson's *_nocheck calls) counts
- * as one byte that is not a space. */
+ * jansson are valid UTF-8; bytes that are not (possible only in values
+ * built with jansson's *_nocheck calls) count one by one, as characters
+ * that are not spaces. */
 static uint32_t cp_at(const unsigned char *s, size_t i, size_t len, size_t *n) {
-    uint32_t b = s[i];
-    size_t need = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-    if (need > len - i) { *n = 1; return 0xFFFD; }
-    if (b < 0x80) { *n = 1; return b; }
-    if (b < 0xE0) { *n = 2; return ((b & 0x1F) << 6) | (s[i + 1] & 0x3F); }
-    if (b < 0xF0) {
-        *n = 3;
-        return ((b & 0x0F) << 12) | ((uint32_t)(s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F);
-    }
-    *n = 4;
-    return ((b & 0x07) << 18) | ((uint32_t)(s[i + 1] & 0x3F) << 12) |
-           ((uint32_t)(s[i + 2] & 0x3F) << 6) | (s[i + 3] & 0x3F);
+    uint32_t cp;
+    int k = kp_unicode_utf8_decode(s + i, len - i, &cp);
+    *n = k > 0 ? (size_t)k : 1;
+    return k > 0 ? cp : KP_UNICODE_REPLACEMENT;
 }
 
 typedef struct {
@@ -197,10 +157,6 @@ static chat_span py_strip(const char *str, size_t len, bool left, bool right) {
     return (chat_span){str + b, e - b};
 }
 
-static void put_trimmed(chat_buf *b, const char *s, size_t len) {
-    chat_span t = py_strip(s, len, true, true);
-    put(b, t.s, t.len);
-}
 
 /* s[0..len) without leading / trailing '\n' (Python's strip('\n') family). */
 static chat_span strip_newlines(const char *s, size_t len, bool left, bool right) {
@@ -286,8 +242,7 @@ static kp_status load_content(chat_msg *m, size_t i, const json_t *content, kp_e
     if (!json_is_array(content))
         return kp_fail(err, KP_EINVAL,
                        "messages[%zu].content must be a string or an array of text parts", i);
-    chat_buf b = {0};
-    put(&b, "", 0);
+    kp_buf b = {0};
     for (size_t p = 0; p < json_array_size(content); p++) {
         const json_t *part = json_array_get(content, p);
         const json_t *type = json_object_get(part, "type");
@@ -305,19 +260,13 @@ static kp_status load_content(chat_msg *m, size_t i, const json_t *content, kp_e
         else if (!json_is_string(text))
             st = kp_fail(err, KP_EINVAL, "messages[%zu].content[%zu].text must be a string", i, p);
         if (st != KP_OK) {
-            free(b.data);
+            kp_buf_free(&b);
             return st;
         }
-        if (p) put(&b, "\n", 1);
-        put(&b, json_string_value(text), json_string_length(text));
+        if (p) kp_buf_put(&b, "\n", 1);
+        kp_buf_put(&b, json_string_value(text), json_string_length(text));
     }
-    if (b.oom) {
-        free(b.data);
-        return oom(err);
-    }
-    m->content = b.data;
-    m->content_len = b.len;
-    return KP_OK;
+    return kp_buf_take(&b, &m->content, &m->content_len) ? KP_OK : oom(err);
 }
 
 /* Canonical JSON of arguments given as a JSON text or as a value. */
@@ -529,28 +478,60 @@ static kp_status check_alternation(const chat_conv *c, size_t first, kp_chat_fam
 typedef struct {
     const char *bos, *eos, *date;
     bool gen, no_think;
+    /* the rendering, and the ranges of it that hold the client's text */
+    const kp_buf *out;
+    kp_tok_range *plain;
+    size_t n_plain, cap_plain;
+    bool plain_oom;
 } chat_env;
 
-#define PUT_CONTENT(b, m) put(b, (m)->content, (m)->content_len)
+/* Appends text that came from the client (message content, tool
+ * definitions, a call's name and arguments) to b. When b is the rendering
+ * itself, the range it fills is recorded as plain: kp_tok_encode_plain
+ * never turns a control token's text found there into that token, so a
+ * message cannot close its own turn with "<|im_end|>" or end the prompt
+ * with "</s>"; only the template's markup (written with kp_buf_puts) can. */
+static void put_client(kp_buf *b, chat_env *e, const char *s, size_t n) {
+    size_t at = b->len;
+    kp_buf_put(b, s, n);
+    if (b != e->out || n == 0 || b->oom) return;
+    if (e->n_plain && e->plain[e->n_plain - 1].start + e->plain[e->n_plain - 1].len == at) {
+        e->plain[e->n_plain - 1].len += n; /* adjacent: one range */
+        return;
+    }
+    if (!kp_grow((void **)&e->plain, &e->cap_plain, e->n_plain + 1, sizeof *e->plain)) {
+        e->plain_oom = true;
+        return;
+    }
+    e->plain[e->n_plain++] = (kp_tok_range){at, n};
+}
+
+#define PUT_CONTENT(b, m) put_client(b, e, (m)->content, (m)->content_len)
+
+/* The client's text s[0..len) without Python's leading and trailing whitespace. */
+static void put_trimmed(kp_buf *b, chat_env *e, const char *s, size_t len) {
+    chat_span t = py_strip(s, len, true, true);
+    put_client(b, e, t.s, t.len);
+}
 
 /* teknium/OpenHermes-2.5-Mistral-7B; Qwen/Qwen2-7B-Instruct adds a default
  * system message when the first message is not one. */
-static kp_status render_chatml(chat_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_chatml(kp_buf *b, const chat_conv *c, chat_env *e,
                                const char *default_system, kp_error *err) {
     (void)err;
     if (default_system && c->msgs[0].role != ROLE_SYSTEM) {
-        puts_(b, "<|im_start|>system\n");
-        puts_(b, default_system);
-        puts_(b, "<|im_end|>\n");
+        kp_buf_puts(b, "<|im_start|>system\n");
+        kp_buf_puts(b, default_system);
+        kp_buf_puts(b, "<|im_end|>\n");
     }
     for (size_t i = 0; i < c->n; i++) {
-        puts_(b, "<|im_start|>");
-        puts_(b, role_names[c->msgs[i].role]);
-        puts_(b, "\n");
+        kp_buf_puts(b, "<|im_start|>");
+        kp_buf_puts(b, role_names[c->msgs[i].role]);
+        kp_buf_puts(b, "\n");
         PUT_CONTENT(b, &c->msgs[i]);
-        puts_(b, "<|im_end|>\n");
+        kp_buf_puts(b, "<|im_end|>\n");
     }
-    if (e->gen) puts_(b, "<|im_start|>assistant\n");
+    if (e->gen) kp_buf_puts(b, "<|im_start|>assistant\n");
     return KP_OK;
 }
 
@@ -564,91 +545,91 @@ static const char qwen_tools_outro[] =
 static const char qwen25_default_system[] =
     "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 
-static void put_qwen_tools(chat_buf *b, const chat_conv *c) {
-    puts_(b, qwen_tools_intro);
+static void put_qwen_tools(kp_buf *b, chat_env *e, const chat_conv *c) {
+    kp_buf_puts(b, qwen_tools_intro);
     for (size_t t = 0; t < c->n_tools; t++) {
-        puts_(b, "\n");
-        put(b, c->tools[t].text, c->tools[t].len);
+        kp_buf_puts(b, "\n");
+        put_client(b, e, c->tools[t].text, c->tools[t].len);
     }
-    puts_(b, qwen_tools_outro);
+    kp_buf_puts(b, qwen_tools_outro);
 }
 
-static void put_qwen_call(chat_buf *b, const chat_call *call) {
-    puts_(b, "<tool_call>\n{\"name\": \"");
-    put(b, call->name, call->name_len);
-    puts_(b, "\", \"arguments\": ");
-    put(b, call->args, call->args_len);
-    puts_(b, "}\n</tool_call>");
+static void put_qwen_call(kp_buf *b, chat_env *e, const chat_call *call) {
+    kp_buf_puts(b, "<tool_call>\n{\"name\": \"");
+    put_client(b, e, call->name, call->name_len);
+    kp_buf_puts(b, "\", \"arguments\": ");
+    put_client(b, e, call->args, call->args_len);
+    kp_buf_puts(b, "}\n</tool_call>");
 }
 
 /* Tool results: consecutive tool messages share one user turn. */
-static void put_qwen_tool_result(chat_buf *b, const chat_conv *c, size_t i) {
-    if (i == 0 || c->msgs[i - 1].role != ROLE_TOOL) puts_(b, "<|im_start|>user");
-    puts_(b, "\n<tool_response>\n");
+static void put_qwen_tool_result(kp_buf *b, chat_env *e, const chat_conv *c, size_t i) {
+    if (i == 0 || c->msgs[i - 1].role != ROLE_TOOL) kp_buf_puts(b, "<|im_start|>user");
+    kp_buf_puts(b, "\n<tool_response>\n");
     PUT_CONTENT(b, &c->msgs[i]);
-    puts_(b, "\n</tool_response>");
-    if (i + 1 == c->n || c->msgs[i + 1].role != ROLE_TOOL) puts_(b, "<|im_end|>\n");
+    kp_buf_puts(b, "\n</tool_response>");
+    if (i + 1 == c->n || c->msgs[i + 1].role != ROLE_TOOL) kp_buf_puts(b, "<|im_end|>\n");
 }
 
 /* Qwen/Qwen2.5-7B-Instruct */
-static kp_status render_qwen25(chat_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_qwen25(kp_buf *b, const chat_conv *c, chat_env *e,
                                kp_error *err) {
     (void)err;
     const chat_msg *first = &c->msgs[0];
     bool has_system = first->role == ROLE_SYSTEM;
-    puts_(b, "<|im_start|>system\n");
+    kp_buf_puts(b, "<|im_start|>system\n");
     if (has_system) PUT_CONTENT(b, first);
-    else puts_(b, qwen25_default_system);
+    else kp_buf_puts(b, qwen25_default_system);
     if (c->n_tools) {
-        puts_(b, "\n\n");
-        put_qwen_tools(b, c);
+        kp_buf_puts(b, "\n\n");
+        put_qwen_tools(b, e, c);
     } else {
-        puts_(b, "<|im_end|>\n");
+        kp_buf_puts(b, "<|im_end|>\n");
     }
     for (size_t i = 0; i < c->n; i++) {
         const chat_msg *m = &c->msgs[i];
         if (m->role == ROLE_USER || (m->role == ROLE_SYSTEM && i > 0) ||
             (m->role == ROLE_ASSISTANT && !m->n_calls)) {
-            puts_(b, "<|im_start|>");
-            puts_(b, role_names[m->role]);
-            puts_(b, "\n");
+            kp_buf_puts(b, "<|im_start|>");
+            kp_buf_puts(b, role_names[m->role]);
+            kp_buf_puts(b, "\n");
             PUT_CONTENT(b, m);
-            puts_(b, "<|im_end|>\n");
+            kp_buf_puts(b, "<|im_end|>\n");
         } else if (m->role == ROLE_ASSISTANT) {
-            puts_(b, "<|im_start|>assistant");
+            kp_buf_puts(b, "<|im_start|>assistant");
             if (m->content_len) {
-                puts_(b, "\n");
+                kp_buf_puts(b, "\n");
                 PUT_CONTENT(b, m);
             }
             for (size_t j = 0; j < m->n_calls; j++) {
-                puts_(b, "\n");
-                put_qwen_call(b, &m->calls[j]);
+                kp_buf_puts(b, "\n");
+                put_qwen_call(b, e, &m->calls[j]);
             }
-            puts_(b, "<|im_end|>\n");
+            kp_buf_puts(b, "<|im_end|>\n");
         } else if (m->role == ROLE_TOOL) {
-            put_qwen_tool_result(b, c, i);
+            put_qwen_tool_result(b, e, c, i);
         }
     }
-    if (e->gen) puts_(b, "<|im_start|>assistant\n");
+    if (e->gen) kp_buf_puts(b, "<|im_start|>assistant\n");
     return KP_OK;
 }
 
 /* Qwen/Qwen3-0.6B (the whole Qwen 3 line shares it) */
-static kp_status render_qwen3(chat_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_qwen3(kp_buf *b, const chat_conv *c, chat_env *e,
                               kp_error *err) {
     (void)err;
     const chat_msg *first = &c->msgs[0];
     if (c->n_tools) {
-        puts_(b, "<|im_start|>system\n");
+        kp_buf_puts(b, "<|im_start|>system\n");
         if (first->role == ROLE_SYSTEM) {
             PUT_CONTENT(b, first);
-            puts_(b, "\n\n");
+            kp_buf_puts(b, "\n\n");
         }
-        put_qwen_tools(b, c);
+        put_qwen_tools(b, e, c);
     } else if (first->role == ROLE_SYSTEM) {
-        puts_(b, "<|im_start|>system\n");
+        kp_buf_puts(b, "<|im_start|>system\n");
         PUT_CONTENT(b, first);
-        puts_(b, "<|im_end|>\n");
+        kp_buf_puts(b, "<|im_end|>\n");
     }
     /* the last user message that is not a wrapped tool response */
     size_t last_query = c->n - 1;
@@ -668,11 +649,11 @@ static kp_status render_qwen3(chat_buf *b, const chat_conv *c, const chat_env *e
     for (size_t i = 0; i < c->n; i++) {
         const chat_msg *m = &c->msgs[i];
         if (m->role == ROLE_USER || (m->role == ROLE_SYSTEM && i > 0)) {
-            puts_(b, "<|im_start|>");
-            puts_(b, role_names[m->role]);
-            puts_(b, "\n");
+            kp_buf_puts(b, "<|im_start|>");
+            kp_buf_puts(b, role_names[m->role]);
+            kp_buf_puts(b, "\n");
             PUT_CONTENT(b, m);
-            puts_(b, "<|im_end|>\n");
+            kp_buf_puts(b, "<|im_end|>\n");
         } else if (m->role == ROLE_ASSISTANT) {
             chat_span content = {m->content, m->content_len}, reasoning = {"", 0};
             if (m->reasoning) {
@@ -690,87 +671,87 @@ static kp_status render_qwen3(chat_buf *b, const chat_conv *c, const chat_env *e
                 if (open) head = (chat_span){open + 7, (size_t)(head.s + head.len - (open + 7))};
                 reasoning = strip_newlines(head.s, head.len, true, false);
             }
-            puts_(b, "<|im_start|>assistant\n");
+            kp_buf_puts(b, "<|im_start|>assistant\n");
             if (i > last_query && (i + 1 == c->n || reasoning.len)) {
                 chat_span r = strip_newlines(reasoning.s, reasoning.len, true, true);
                 chat_span body = strip_newlines(content.s, content.len, true, false);
-                puts_(b, "<think>\n");
-                put(b, r.s, r.len);
-                puts_(b, "\n</think>\n\n");
-                put(b, body.s, body.len);
+                kp_buf_puts(b, "<think>\n");
+                put_client(b, e, r.s, r.len);
+                kp_buf_puts(b, "\n</think>\n\n");
+                put_client(b, e, body.s, body.len);
             } else {
-                put(b, content.s, content.len);
+                put_client(b, e, content.s, content.len);
             }
             for (size_t j = 0; j < m->n_calls; j++) {
-                if (j > 0 || content.len) puts_(b, "\n");
-                put_qwen_call(b, &m->calls[j]);
+                if (j > 0 || content.len) kp_buf_puts(b, "\n");
+                put_qwen_call(b, e, &m->calls[j]);
             }
-            puts_(b, "<|im_end|>\n");
+            kp_buf_puts(b, "<|im_end|>\n");
         } else if (m->role == ROLE_TOOL) {
-            put_qwen_tool_result(b, c, i);
+            put_qwen_tool_result(b, e, c, i);
         }
     }
     if (e->gen) {
-        puts_(b, "<|im_start|>assistant\n");
-        if (e->no_think) puts_(b, "<think>\n\n</think>\n\n");
+        kp_buf_puts(b, "<|im_start|>assistant\n");
+        if (e->no_think) kp_buf_puts(b, "<think>\n\n</think>\n\n");
     }
     return KP_OK;
 }
 
-static void put_llama3_turn(chat_buf *b, const char *role, const char *text, size_t len) {
-    puts_(b, "<|start_header_id|>");
-    puts_(b, role);
-    puts_(b, "<|end_header_id|>\n\n");
-    put_trimmed(b, text, len);
-    puts_(b, "<|eot_id|>");
+static void put_llama3_turn(kp_buf *b, chat_env *e, const char *role, const char *text, size_t len) {
+    kp_buf_puts(b, "<|start_header_id|>");
+    kp_buf_puts(b, role);
+    kp_buf_puts(b, "<|end_header_id|>\n\n");
+    put_trimmed(b, e, text, len);
+    kp_buf_puts(b, "<|eot_id|>");
 }
 
 /* meta-llama/Meta-Llama-3-8B-Instruct */
-static kp_status render_llama3(chat_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_llama3(kp_buf *b, const chat_conv *c, chat_env *e,
                                kp_error *err) {
     (void)err;
     for (size_t i = 0; i < c->n; i++) {
-        if (i == 0) puts_(b, e->bos);
-        put_llama3_turn(b, role_names[c->msgs[i].role], c->msgs[i].content,
+        if (i == 0) kp_buf_puts(b, e->bos);
+        put_llama3_turn(b, e, role_names[c->msgs[i].role], c->msgs[i].content,
                         c->msgs[i].content_len);
     }
-    if (e->gen) puts_(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    if (e->gen) kp_buf_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
     return KP_OK;
 }
 
 /* meta-llama/Llama-3.1-8B-Instruct, Llama-3.2-*-Instruct, Llama-3.3-70B-
  * Instruct (tools_in_user_message left at its default, true). */
-static kp_status render_llama31(chat_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_llama31(kp_buf *b, const chat_conv *c, chat_env *e,
                                 kp_error *err) {
     size_t i = 0;
-    puts_(b, e->bos);
-    puts_(b, "<|start_header_id|>system<|end_header_id|>\n\n");
-    if (c->n_tools) puts_(b, "Environment: ipython\n");
-    puts_(b, "Cutting Knowledge Date: December 2023\nToday Date: ");
-    puts_(b, e->date);
-    puts_(b, "\n\n");
+    kp_buf_puts(b, e->bos);
+    kp_buf_puts(b, "<|start_header_id|>system<|end_header_id|>\n\n");
+    if (c->n_tools) kp_buf_puts(b, "Environment: ipython\n");
+    kp_buf_puts(b, "Cutting Knowledge Date: December 2023\nToday Date: ");
+    kp_buf_puts(b, e->date);
+    kp_buf_puts(b, "\n\n");
     if (c->msgs[0].role == ROLE_SYSTEM) {
-        put_trimmed(b, c->msgs[0].content, c->msgs[0].content_len);
+        put_trimmed(b, e, c->msgs[0].content, c->msgs[0].content_len);
         i = 1;
     }
-    puts_(b, "<|eot_id|>");
+    kp_buf_puts(b, "<|eot_id|>");
     if (c->n_tools) {
         if (i == c->n || c->msgs[i].role != ROLE_USER)
             return kp_fail(err, KP_EINVAL,
                            "messages[%zu]: the llama3.1 chat template puts the tool list into the "
                            "first user message, so one must follow the optional system message",
                            i);
-        puts_(b, "<|start_header_id|>user<|end_header_id|>\n\n"
+        kp_buf_puts(b, "<|start_header_id|>user<|end_header_id|>\n\n"
                  "Given the following functions, please respond with a JSON for a function call "
                  "with its proper arguments that best answers the given prompt.\n\n"
                  "Respond in the format {\"name\": function name, \"parameters\": dictionary of "
                  "argument name and its value}.Do not use variables.\n\n");
         for (size_t t = 0; t < c->n_tools; t++) {
-            put(b, c->tools[t].text, c->tools[t].len);
-            puts_(b, "\n\n");
+            put_client(b, e, c->tools[t].text, c->tools[t].len);
+            kp_buf_puts(b, "\n\n");
         }
-        put_trimmed(b, c->msgs[i].content, c->msgs[i].content_len);
-        puts_(b, "<|eot_id|>");
+        put_trimmed(b, e, c->msgs[i].content, c->msgs[i].content_len);
+        kp_buf_puts(b, "<|eot_id|>");
         i++;
     }
     for (; i < c->n; i++) {
@@ -781,11 +762,11 @@ static kp_status render_llama31(chat_buf *b, const chat_conv *c, const chat_env 
                                "messages[%zu].tool_calls: the llama3.1 chat template takes one "
                                "tool call per message, not %zu",
                                i, m->n_calls);
-            puts_(b, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"");
-            put(b, m->calls[0].name, m->calls[0].name_len);
-            puts_(b, "\", \"parameters\": ");
-            put(b, m->calls[0].args, m->calls[0].args_len);
-            puts_(b, "}<|eot_id|>");
+            kp_buf_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"");
+            put_client(b, e, m->calls[0].name, m->calls[0].name_len);
+            kp_buf_puts(b, "\", \"parameters\": ");
+            put_client(b, e, m->calls[0].args, m->calls[0].args_len);
+            kp_buf_puts(b, "}<|eot_id|>");
         } else if (m->role == ROLE_TOOL) {
             /* the template writes `content | tojson`: a JSON string */
             json_t *s = json_stringn(m->content, m->content_len);
@@ -795,78 +776,77 @@ static kp_status render_llama31(chat_buf *b, const chat_conv *c, const chat_env 
             kp_status st = kp_canon_dump(s, &quoted, &qlen, err);
             json_decref(s);
             if (st != KP_OK) return st;
-            puts_(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
-            put(b, quoted, qlen);
-            puts_(b, "<|eot_id|>");
+            kp_buf_puts(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
+            put_client(b, e, quoted, qlen);
+            kp_buf_puts(b, "<|eot_id|>");
             free(quoted);
         } else {
-            put_llama3_turn(b, role_names[m->role], m->content, m->content_len);
+            put_llama3_turn(b, e, role_names[m->role], m->content, m->content_len);
         }
     }
-    if (e->gen) puts_(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    if (e->gen) kp_buf_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
     return KP_OK;
 }
 
 /* meta-llama/Llama-2-7b-chat-hf (no generation prompt: "[/INST]" is it) */
-static kp_status render_llama2(chat_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_llama2(kp_buf *b, const chat_conv *c, chat_env *e,
                                kp_error *err) {
     size_t first = c->msgs[0].role == ROLE_SYSTEM ? 1 : 0;
     kp_status st = check_alternation(c, first, KP_CHAT_LLAMA2, err);
     if (st != KP_OK) return st;
-    chat_buf merged = {0};
+    kp_buf merged = {0};
     for (size_t i = first; i < c->n; i++) {
         const chat_msg *m = &c->msgs[i];
         const char *text = m->content;
         size_t len = m->content_len;
         if (i == first && first == 1) {
-            merged.len = 0;
-            puts_(&merged, "<<SYS>>\n");
+            kp_buf_puts(&merged, "<<SYS>>\n");
             PUT_CONTENT(&merged, &c->msgs[0]);
-            puts_(&merged, "\n<</SYS>>\n\n");
+            kp_buf_puts(&merged, "\n<</SYS>>\n\n");
             PUT_CONTENT(&merged, m);
             if (merged.oom) break;
             text = merged.data;
             len = merged.len;
         }
         if (m->role == ROLE_USER) {
-            puts_(b, e->bos);
-            puts_(b, "[INST] ");
-            put_trimmed(b, text, len);
-            puts_(b, " [/INST]");
+            kp_buf_puts(b, e->bos);
+            kp_buf_puts(b, "[INST] ");
+            put_trimmed(b, e, text, len);
+            kp_buf_puts(b, " [/INST]");
         } else {
-            puts_(b, " ");
-            put_trimmed(b, text, len);
-            puts_(b, " ");
-            puts_(b, e->eos);
+            kp_buf_puts(b, " ");
+            put_trimmed(b, e, text, len);
+            kp_buf_puts(b, " ");
+            kp_buf_puts(b, e->eos);
         }
     }
     bool failed = merged.oom;
-    free(merged.data);
+    kp_buf_free(&merged);
     return failed ? oom(err) : KP_OK;
 }
 
 /* mistralai/Mixtral-8x7B-Instruct-v0.1 and Mistral-7B-Instruct-v0.2 (no
  * generation prompt: "[/INST]" is it) */
-static kp_status render_mistral(chat_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_mistral(kp_buf *b, const chat_conv *c, chat_env *e,
                                 kp_error *err) {
     size_t first = c->msgs[0].role == ROLE_SYSTEM ? 1 : 0;
     kp_status st = check_alternation(c, first, KP_CHAT_MISTRAL, err);
     if (st != KP_OK) return st;
-    puts_(b, e->bos);
+    kp_buf_puts(b, e->bos);
     for (size_t i = first; i < c->n; i++) {
         const chat_msg *m = &c->msgs[i];
         if (m->role == ROLE_USER) {
-            puts_(b, " [INST] ");
+            kp_buf_puts(b, " [INST] ");
             if (i == first && first == 1) {
                 PUT_CONTENT(b, &c->msgs[0]);
-                puts_(b, "\n\n");
+                kp_buf_puts(b, "\n\n");
             }
             PUT_CONTENT(b, m);
-            puts_(b, " [/INST]");
+            kp_buf_puts(b, " [/INST]");
         } else {
-            puts_(b, " ");
+            kp_buf_puts(b, " ");
             PUT_CONTENT(b, m);
-            puts_(b, e->eos);
+            kp_buf_puts(b, e->eos);
         }
     }
     return KP_OK;
@@ -874,56 +854,56 @@ static kp_status render_mistral(chat_buf *b, const chat_conv *c, const chat_env 
 
 /* google/gemma-3-*-it (google/gemma-2-*-it renders the same but refuses a
  * system message) */
-static kp_status render_gemma(chat_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_gemma(kp_buf *b, const chat_conv *c, chat_env *e,
                               kp_error *err) {
     size_t first = c->msgs[0].role == ROLE_SYSTEM ? 1 : 0;
     kp_status st = check_alternation(c, first, KP_CHAT_GEMMA, err);
     if (st != KP_OK) return st;
-    puts_(b, e->bos);
+    kp_buf_puts(b, e->bos);
     for (size_t i = first; i < c->n; i++) {
         const chat_msg *m = &c->msgs[i];
-        puts_(b, m->role == ROLE_ASSISTANT ? "<start_of_turn>model\n" : "<start_of_turn>user\n");
+        kp_buf_puts(b, m->role == ROLE_ASSISTANT ? "<start_of_turn>model\n" : "<start_of_turn>user\n");
         if (i == first && first == 1) {
             PUT_CONTENT(b, &c->msgs[0]);
-            puts_(b, "\n\n");
+            kp_buf_puts(b, "\n\n");
         }
-        put_trimmed(b, m->content, m->content_len);
-        puts_(b, "<end_of_turn>\n");
+        put_trimmed(b, e, m->content, m->content_len);
+        kp_buf_puts(b, "<end_of_turn>\n");
     }
-    if (e->gen) puts_(b, "<start_of_turn>model\n");
+    if (e->gen) kp_buf_puts(b, "<start_of_turn>model\n");
     return KP_OK;
 }
 
 /* microsoft/Phi-3.5-mini-instruct (an empty system message is left out) */
-static kp_status render_phi3(chat_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_phi3(kp_buf *b, const chat_conv *c, chat_env *e,
                              kp_error *err) {
     (void)err;
     for (size_t i = 0; i < c->n; i++) {
         const chat_msg *m = &c->msgs[i];
         if (m->role == ROLE_SYSTEM && m->content_len == 0) continue;
-        puts_(b, "<|");
-        puts_(b, role_names[m->role]);
-        puts_(b, "|>\n");
+        kp_buf_puts(b, "<|");
+        kp_buf_puts(b, role_names[m->role]);
+        kp_buf_puts(b, "|>\n");
         PUT_CONTENT(b, m);
-        puts_(b, "<|end|>\n");
+        kp_buf_puts(b, "<|end|>\n");
     }
-    puts_(b, e->gen ? "<|assistant|>\n" : e->eos);
+    kp_buf_puts(b, e->gen ? "<|assistant|>\n" : e->eos);
     return KP_OK;
 }
 
 /* HuggingFaceH4/zephyr-7b-beta */
-static kp_status render_zephyr(chat_buf *b, const chat_conv *c, const chat_env *e,
+static kp_status render_zephyr(kp_buf *b, const chat_conv *c, chat_env *e,
                                kp_error *err) {
     (void)err;
     for (size_t i = 0; i < c->n; i++) {
-        puts_(b, "<|");
-        puts_(b, role_names[c->msgs[i].role]);
-        puts_(b, "|>\n");
+        kp_buf_puts(b, "<|");
+        kp_buf_puts(b, role_names[c->msgs[i].role]);
+        kp_buf_puts(b, "|>\n");
         PUT_CONTENT(b, &c->msgs[i]);
-        puts_(b, e->eos);
-        puts_(b, "\n");
+        kp_buf_puts(b, e->eos);
+        kp_buf_puts(b, "\n");
     }
-    if (e->gen) puts_(b, "<|assistant|>\n");
+    if (e->gen) kp_buf_puts(b, "<|assistant|>\n");
     return KP_OK;
 }
 
@@ -932,8 +912,16 @@ static kp_status render_zephyr(chat_buf *b, const chat_conv *c, const chat_env *
 
 kp_status kp_chat_render(kp_chat_family f, const json_t *messages, const json_t *tools,
                          const kp_chat_opts *opts, char **out, size_t *len, kp_error *err) {
+    return kp_chat_render_plain(f, messages, tools, opts, out, len, NULL, NULL, err);
+}
+
+kp_status kp_chat_render_plain(kp_chat_family f, const json_t *messages, const json_t *tools,
+                               const kp_chat_opts *opts, char **out, size_t *len, kp_tok_range **plain,
+                               size_t *n_plain, kp_error *err) {
     *out = NULL;
     *len = 0;
+    if (plain) *plain = NULL;
+    if (n_plain) *n_plain = 0;
     if ((unsigned)f >= KP_CHAT_FAMILY_COUNT || f == KP_CHAT_UNKNOWN)
         return kp_fail(err, KP_EUNSUPPORTED,
                        "unknown chat template family; name one (chatml, qwen2, qwen2.5, qwen3, "
@@ -950,8 +938,8 @@ kp_status kp_chat_render(kp_chat_family f, const json_t *messages, const json_t 
     chat_conv conv;
     kp_status st = conv_load(&conv, messages, tools, err);
     if (st == KP_OK) st = check_tool_support(&conv, f, err);
-    chat_buf b = {0};
-    put(&b, "", 0);
+    kp_buf b = {0};
+    env.out = &b;
     if (st == KP_OK) {
         switch (f) {
         case KP_CHAT_CHATML: st = render_chatml(&b, &conv, &env, NULL, err); break;
@@ -972,13 +960,22 @@ kp_status kp_chat_render(kp_chat_family f, const json_t *messages, const json_t 
         }
     }
     conv_free(&conv);
-    if (st == KP_OK && b.oom) st = oom(err);
+    if (st == KP_OK && env.plain_oom) st = oom(err);
     if (st != KP_OK) {
-        free(b.data);
+        kp_buf_free(&b);
+        free(env.plain);
         return st;
     }
-    *out = b.data;
-    *len = b.len;
+    if (!kp_buf_take(&b, out, len)) {
+        free(env.plain);
+        return oom(err);
+    }
+    if (plain) {
+        *plain = env.plain;
+        *n_plain = env.n_plain;
+    } else {
+        free(env.plain);
+    }
     return KP_OK;
 }
 
@@ -1212,32 +1209,24 @@ static kp_status decode_call(const char *t, size_t len, kp_chat_family f, bool *
     return st;
 }
 
-/* The objects of the calls found, as spans of the text. */
+/* The objects of the calls found, as spans text[js..je) of the text. */
 typedef struct {
-    size_t *js, *je;
+    struct {
+        size_t js, je;
+    } *v;
     size_t n, cap;
 } chat_spans;
 
 static bool spans_push(chat_spans *s, size_t js, size_t je) {
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? 2 * s->cap : 8;
-        size_t *a = realloc(s->js, cap * sizeof *a);
-        if (!a) return false;
-        s->js = a;
-        size_t *b = realloc(s->je, cap * sizeof *b);
-        if (!b) return false;
-        s->je = b;
-        s->cap = cap;
-    }
-    s->js[s->n] = js;
-    s->je[s->n] = je;
+    if (!kp_grow((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v)) return false;
+    s->v[s->n].js = js;
+    s->v[s->n].je = je;
     s->n++;
     return true;
 }
 
 static void spans_free(chat_spans *s) {
-    free(s->js);
-    free(s->je);
+    free(s->v);
     memset(s, 0, sizeof *s);
 }
 
@@ -1345,10 +1334,7 @@ static void tool_call_id(uint64_t seed, size_t index, char out[5 + 24 + 1]) {
     uint64_t state = seed ^ ((uint64_t)index * 0xD1B54A32D192ED03ull);
     memcpy(out, "call_", 5);
     for (int draw = 0; draw < 4; draw++) {
-        uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
+        uint64_t z = kp_splitmix64(&state);
         for (int k = 0; k < 6; k++) {
             out[5 + draw * 6 + k] = alphabet[z % 62];
             z /= 62;
@@ -1399,7 +1385,7 @@ kp_status kp_chat_parse_tool_calls(kp_chat_family f, const char *text, size_t le
     for (size_t k = 0; st == KP_OK && k < spans.n; k++) {
         chat_decoded d = {0};
         bool ok = false;
-        st = decode_call(text + spans.js[k], spans.je[k] - spans.js[k], f, &ok, &d);
+        st = decode_call(text + spans.v[k].js, spans.v[k].je - spans.v[k].js, f, &ok, &d);
         assert(st != KP_OK || ok); /* the scan accepted it */
         if (st != KP_OK) break;
         json_t *call = tool_call_object(&d, id_seed, k);

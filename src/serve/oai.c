@@ -287,6 +287,8 @@ bool kp_oai_parse(const char *body, size_t len, bool chat, kp_oai_request *r, kp
                 ok = BAD(e, k, "n must be 1: kvpin returns one choice per request");
         } else if (!strcmp(k, "ignore_eos")) {
             ok = get_bool(v, k, &r->ignore_eos, e);
+        } else if (!chat && !strcmp(k, "parse_special")) {
+            ok = json_is_null(v) || get_bool(v, k, &r->parse_special, e);
         } else if (!strcmp(k, "return_token_ids")) {
             ok = json_is_null(v) || get_bool(v, k, &r->return_token_ids, e);
         } else {

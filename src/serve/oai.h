@@ -17,7 +17,9 @@
  * temperature [0,2], top_p [0,1], top_k >= 0, min_p [0,1], seed,
  * presence_penalty and frequency_penalty [-2,2], repeat_penalty (0,10],
  * stop (a string or up to 16 strings), stream, stream_options.include_usage,
- * n (1 only), user, ignore_eos, return_token_ids (the prompt's and the
+ * n (1 only), user, ignore_eos, parse_special (completions: control-token
+ * texts such as "</s>" in the prompt become those tokens; off by default,
+ * so text is text), return_token_ids (the prompt's and the
  * completion's token ids in the choice, so a client can resend a turn as
  * ids and reuse the cache to the last token). Fields OpenAI defines that kvpin does not
  * act on are accepted only at their neutral value (logprobs false/null,
@@ -72,6 +74,7 @@ typedef struct {
     const char *stops[KP_OAI_MAX_STOPS]; /* into root */
     int n_stops;
     bool stream, include_usage, ignore_eos, return_token_ids;
+    bool parse_special;       /* completions: control-token texts in the prompt are tokens */
     const char *model;        /* into root, NULL when absent */
 } kp_oai_request;
 

@@ -10,22 +10,27 @@
  * A request's life and who may touch what:
  *
  *   submit --queued--> admitted --prefilling--> generating --> ended --> told
- *   (caller)  (mu)     (engine thread only: seq, gen, fed)              (r->mu)
+ *   (caller)  (mu)  ^  (engine thread only: seq, gen, fed)  |           (r->mu)
+ *                   +------------- preempted ---------------+
  *
  *   gen tokens | prompt 0..n_prompt-1 | generated tokens ...  | n_all
+ *   fill       = the tokens this admission prefills: n_prompt the first
+ *                time, n_all (prompt + generated so far) on a resume
  *   fed        = positions the sequence holds (K/V computed)
- *   prefilling while fed < n_prompt; generating: fed == n_all - 1, the
+ *   prefilling while fed < n_fill; generating: fed == n_all - 1, the
  *   newest sampled token (n_all - 1) is the next decode input. The gen
  *   (cache/gen.h) samples, applies stop strings, end-of-generation,
  *   max_tokens and the context end, and releases the text.
  *
  * One iteration of the engine thread:
  *
- *   take the queued operations and admissions (mu)
+ *   take the queued operations, unlink cancelled queued requests (mu)
  *   serve the operations: probe (kp_eng_probe + kp_crep_explain), pin,
  *     unpin; publish the snapshot if one changed the cache; callers go on
- *   admit (kp_eng_begin, cache report); expire pins (every second)
- *   step: one kp_eng_step for every running sequence, sample, text
+ *   admit from the queue's head while a slot is free and the KV rule
+ *     below holds (kp_eng_begin, cache report); expire pins (every second)
+ *   step: one kp_eng_step for every running sequence, sample, text;
+ *     preempt for the items that found no KV block
  *   publish the snapshot (at once when a request ended or the engine is
  *     idle, else at most every 50 ms), compact the running table, tell the
  *     owners of ended requests
@@ -33,6 +38,59 @@
  * so an operation waits for at most the step in flight, and whoever learns
  * that a request ended (its owner, or "running" in the counters) finds the
  * cache it left in the snapshot.
+ *
+ * KV memory. Blocks are counted as kp_eng_room_for counts them (free, plus
+ * what evicting every unheld, unpinned cached prefix returns). The rules:
+ *
+ *   submit   kp_sched_fit: a request whose positions (prompt + max_tokens
+ *            - 1, at most the context) exceed the budget's is refused; an
+ *            implicit max_tokens is cut to fit. So any request fits the
+ *            pool alone, pins aside.
+ *   admit    the queue's head X is admitted when
+ *              need(X) + pending + running  <=  free + evictable
+ *            need(X): blocks of X's prompt beyond the whole blocks it
+ *            shares with the cache (the copy of a partial one counts);
+ *            pending: blocks the running sequences still have to take for
+ *            the rest of their prompts; running: one block per running
+ *            sequence, the most a decode step takes, so admitting X never
+ *            makes the next step fail. With others running, the evictable
+ *            blocks exclude the path X will hold; with none, X alone may
+ *            use every unpinned block. Strictly FIFO: nothing behind a head
+ *            that waits for KV is admitted, so no request is overtaken
+ *            (a big prompt may hold small ones back until running
+ *            sequences end; it is never starved). A request that does not
+ *            fit even with nothing running can only be kept out by pins:
+ *            it ends at once, finish LENGTH with a note.
+ *   preempt  a step item that gets KP_EFULL (its sequence could not grow,
+ *            the engine having evicted every unheld prefix) makes the
+ *            youngest running sequence V (the last admitted; possibly the
+ *            item's own) step aside: V's tokens are indexed (so a resume
+ *            reuses what is still cached), V is released (its rows become
+ *            evictable cache) and goes back to the queue's FRONT with its
+ *            kp_gen intact (sampler, tokens, text). Resumed, it is admitted
+ *            like any request with fill = n_all and continues: its owner
+ *            sees the same tokens, only later. A sequence that ran the
+ *            step alone and still could not grow is kept out by pins: it
+ *            ends with finish LENGTH and a note instead of waiting forever
+ *            (one whose companions all ended in that step retries: their
+ *            blocks are cache now).
+ *
+ * Why this always makes progress. The running table is in admission
+ * order and each step's items follow it, so the oldest running sequence O
+ * reserves its blocks first. O is never a victim while another sequence
+ * runs (the victim is the youngest). Right after an admission the pool
+ * holds, beyond the newcomer's prompt, a block per running sequence and
+ * every pending prompt block, so the next step's items all get theirs;
+ * hence O's item fails only in a step with no admission since its last
+ * success, and each such failure removes one other running sequence. After
+ * at most parallel - 1 failures O runs alone, and alone it can always grow
+ * to its limit (kp_sched_fit; the engine drops O's own hold on cached
+ * rows when nothing else can be evicted) unless pins take the room, in
+ * which case it ends. So O finishes in a bounded number of steps, then the
+ * next oldest is O, and the queue's head is admitted at the latest when
+ * nothing runs (it fits alone, or ends for pins). Preempted requests keep
+ * their place at the queue's front, so they resume before anything that
+ * arrived after them.
  *
  * Output fields of a request (text, usage, report, finish) are written by
  * the engine thread and read by the owner, both under the request's own
@@ -44,7 +102,8 @@
  * Locks: `mu` (queue, operations, counters, stats) and `snap_mu` (the
  * snapshot), each held only to copy; neither is held across an engine
  * call, and a request's `mu` is taken last and never held while taking
- * another lock.
+ * another lock. Only the engine thread takes requests off the queue, so
+ * it may look at the head, unlock, decide, and then unlink it.
  */
 #include "serve/scheduler.h"
 
@@ -61,7 +120,9 @@ struct kp_sreq {
     /* set at submit, then owned by the engine thread */
     int32_t *all;
     kp_gen *gen;  /* prompt + generated tokens, sampler, text, limits */
-    uint32_t n_prompt, fed;
+    uint32_t n_prompt, n_fill, fed;
+    bool admitted;       /* admitted once: the report and usage are those of that prefill */
+    double t_kv;         /* when it began waiting at the queue's head for KV blocks; 0: not */
     char *text; /* the prompt text, for the report; NULL: none */
     size_t text_len;
     kp_eng_seq seq;
@@ -87,6 +148,7 @@ struct kp_sreq {
     kp_doctor_report doctor;
     bool has_doctor;
     double queue_ms, ttft_ms;
+    uint32_t preemptions;
 };
 
 typedef enum { OP_PROBE, OP_PIN, OP_UNPIN } op_kind;
@@ -131,6 +193,9 @@ struct kp_sched {
     kp_eng_item *items;   /* [parallel] */
     kp_sreq **item_req;
     kp_sreq *ended;       /* requests that ended this iteration, engine thread */
+    kp_sreq **full;       /* [parallel]: step items that found no KV block, engine thread */
+    uint32_t kv_positions; /* the budget's blocks x block size */
+    uint64_t kv_budget, kv_per_token;
     kp_crep *crep;        /* engine thread */
     kp_sched_stats st;    /* under mu */
     kp_sched_cache snap;  /* under snap_mu */
@@ -224,6 +289,7 @@ bool kp_sreq_wait(kp_sreq *r, int timeout_ms, kp_sreq_update *u) {
     u->has_doctor = r->has_doctor;
     u->queue_ms = r->queue_ms;
     u->ttft_ms = r->ttft_ms;
+    u->preemptions = r->preemptions;
     pthread_mutex_unlock(&r->mu);
     return changed;
 }
@@ -237,8 +303,38 @@ static void emit(kp_sreq *r, const char *text, size_t n, bool token) {
     pthread_mutex_unlock(&r->mu);
 }
 
+kp_status kp_sched_fit(const kp_sched *s, uint32_t n_prompt, uint32_t max_tokens, bool max_tokens_set,
+                       uint32_t *max_tokens_out, kp_error *err) {
+    *max_tokens_out = max_tokens;
+    uint32_t q = s->kv_positions;
+    if (n_prompt > q)
+        return kp_fail(err, KP_ERANGE,
+                       "the prompt has %u tokens, more than the %u positions the KV budget holds (%llu bytes at "
+                       "%llu bytes per token)",
+                       n_prompt, q, (unsigned long long)s->kv_budget, (unsigned long long)s->kv_per_token);
+    uint64_t need = (uint64_t)n_prompt + (max_tokens ? max_tokens - 1 : 0);
+    if (need > s->max_pos) need = s->max_pos; /* the gen stops at the context's end */
+    if (need <= q) return KP_OK;
+    if (max_tokens_set)
+        return kp_fail(err, KP_ERANGE,
+                       "the prompt's %u tokens and max_tokens %u need %llu positions of KV cache, more than the %u "
+                       "positions the KV budget holds (%llu bytes at %llu bytes per token); lower max_tokens or "
+                       "raise the KV budget",
+                       n_prompt, max_tokens, (unsigned long long)need, q, (unsigned long long)s->kv_budget,
+                       (unsigned long long)s->kv_per_token);
+    *max_tokens_out = q - n_prompt + 1; /* n_prompt + max - 1 == q */
+    return KP_OK;
+}
+
+uint32_t kp_sched_kv_positions(const kp_sched *s) { return s->kv_positions; }
+
 kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, kp_error *err) {
     *out = NULL;
+    uint32_t max_tokens = p->max_tokens;
+    if (p->n_prompt <= s->max_pos) { /* longer: kp_gen_new says so */
+        kp_status st = kp_sched_fit(s, p->n_prompt, p->max_tokens, p->max_tokens_set, &max_tokens, err);
+        if (st != KP_OK) return st;
+    }
     kp_sreq *r = calloc(1, sizeof *r);
     if (!r) return kp_fail(err, KP_ENOMEM, "out of memory for a request");
     pthread_mutex_init(&r->mu, NULL);
@@ -246,7 +342,7 @@ kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, k
     atomic_init(&r->cancel, false);
     atomic_init(&r->refs, 2);
     /* checks the prompt (empty, longer than the context, ids) and the sampling parameters */
-    kp_gen_params gp = {p->sp, p->max_tokens, s->max_pos, (int32_t)s->n_vocab, p->ignore_eos, p->stops, p->n_stops,
+    kp_gen_params gp = {p->sp, max_tokens, s->max_pos, (int32_t)s->n_vocab, p->ignore_eos, p->stops, p->n_stops,
                         false};
     kp_status st = kp_gen_new(&r->gen, s->v, p->prompt, p->n_prompt, &gp, err);
     if (st != KP_OK) {
@@ -267,7 +363,7 @@ kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, k
         r->text[p->text_len] = 0;
         r->text_len = p->text_len;
     }
-    r->n_prompt = p->n_prompt;
+    r->n_prompt = r->n_fill = p->n_prompt;
     r->t_submit = now_s();
     pthread_mutex_lock(&s->mu);
     if (s->stop || s->n_queued >= s->cfg.queue_max) {
@@ -366,25 +462,73 @@ static void deliver(kp_sched *s) {
     }
 }
 
-/* Takes a queued request into the running table. */
-static bool admit(kp_sched *s, kp_sreq *r) {
+/* Ends r with finish LENGTH and a note: the KV budget has no room for it
+ * even alone, because pinned prefixes hold the rest. Engine thread. */
+static void finish_no_room(kp_sched *s, kp_sreq *r) {
+    kp_eng_stats k;
+    kp_eng_get_stats(s->e, &k);
+    kp_error note = {0};
+    kp_fail(&note, KP_EFULL,
+            "the KV budget has no room for this sequence at %u positions even with nothing else running: pinned "
+            "prefixes hold %llu of its %llu bytes (unpin some, or raise the KV budget)",
+            kp_gen_n_tokens(r->gen), (unsigned long long)k.pinned_bytes, (unsigned long long)k.budget_bytes);
+    note.code = KP_OK;
+    finish(s, r, KP_FINISH_LENGTH, KP_OK, &note);
+}
+
+/* Whether the queue's head r may be admitted now: the KV rule of the top
+ * comment. Engine thread. */
+static bool kv_room(kp_sched *s, kp_sreq *r) {
+    uint64_t pending = s->n_running; /* a block per running sequence */
+    for (uint32_t i = 0; i < s->n_running; i++) {
+        kp_sreq *q = s->running[i];
+        if (q->fed < q->n_fill) pending += kp_eng_seq_blocks_missing(s->e, &q->seq, q->n_fill);
+    }
+    kp_eng_room room;
+    kp_error err;
+    if (kp_eng_room_for(s->e, kp_gen_tokens(r->gen), r->n_fill, s->n_running > 0, &room, &err) != KP_OK)
+        return true; /* out of memory for the count: admit; a step that finds no block preempts */
+    return room.need_blocks + pending <= (uint64_t)room.free_blocks + room.evictable_blocks;
+}
+
+/* Takes a request off the queue into the running table (false: it ended
+ * instead: cancelled, no room even alone, or an error). no_room: it does
+ * not fit even with nothing running. */
+static bool admit(kp_sched *s, kp_sreq *r, bool no_room) {
     r->t_admit = now_s();
+    if (r->t_kv > 0) {
+        pthread_mutex_lock(&s->mu);
+        observe(r->t_admit - r->t_kv, s->st.kvwait_le, s->st.kvwait_count, &s->st.kvwait_n, &s->st.kvwait_sum);
+        pthread_mutex_unlock(&s->mu);
+        r->t_kv = 0;
+    }
     if (atomic_load(&r->cancel)) {
         finish(s, r, KP_FINISH_CANCELLED, KP_OK, NULL);
         return false;
     }
+    if (no_room) {
+        finish_no_room(s, r);
+        return false;
+    }
     kp_error err = {0};
     kp_eng_report rep;
-    const int32_t *prompt = kp_gen_tokens(r->gen);
-    kp_status st = kp_eng_begin(s->e, prompt, r->n_prompt, &r->seq, &rep, &err);
+    const int32_t *tokens = kp_gen_tokens(r->gen);
+    kp_status st = kp_eng_begin(s->e, tokens, r->n_fill, &r->seq, &rep, &err);
     if (st != KP_OK) {
         finish(s, r, KP_FINISH_ERROR, st, &err);
         return false;
     }
     s->dirty = true;
     r->fed = rep.reused_tokens;
+    if (r->admitted) { /* a resume: the report and usage stay those of the first prefill */
+        pthread_mutex_lock(&s->mu);
+        s->st.resumed_computed += rep.computed_tokens;
+        pthread_mutex_unlock(&s->mu);
+        return true;
+    }
+    r->admitted = true;
     kp_doctor_report d;
-    bool has = kp_crep_explain(s->crep, prompt, r->n_prompt, r->text, r->text_len, &rep, KP_DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
+    bool has = kp_crep_explain(s->crep, tokens, r->n_prompt, r->text, r->text_len, &rep, KP_DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
     pthread_mutex_lock(&r->mu);
     r->report = rep;
     if (has) r->doctor = d;
@@ -397,6 +541,68 @@ static bool admit(kp_sched *s, kp_sreq *r) {
     s->st.cached_tokens += rep.reused_tokens;
     pthread_mutex_unlock(&s->mu);
     return true;
+}
+
+/* Admits from the queue's head while a sequence slot is free and the KV
+ * rule holds (FIFO: a head that must wait holds back everything behind
+ * it). Engine thread. */
+static void admit_queued(kp_sched *s) {
+    bool waiting = false;
+    while (s->n_running < s->cfg.parallel) {
+        pthread_mutex_lock(&s->mu);
+        kp_sreq *r = s->qhead; /* only this thread unlinks the head: it stays ours */
+        pthread_mutex_unlock(&s->mu);
+        if (!r) break;
+        bool no_room = false;
+        if (!atomic_load(&r->cancel) && !kv_room(s, r)) {
+            if (s->n_running > 0) { /* room comes back as running sequences grow no more, end or step aside */
+                if (r->t_kv == 0) r->t_kv = now_s();
+                waiting = true;
+                break;
+            }
+            no_room = true; /* nothing runs and it does not fit: pins keep it out */
+        }
+        pthread_mutex_lock(&s->mu);
+        s->qhead = r->next;
+        if (!s->qhead) s->qtail = NULL;
+        s->n_queued--;
+        s->st.queued = s->n_queued;
+        pthread_mutex_unlock(&s->mu);
+        r->next = NULL;
+        if (admit(s, r, no_room)) {
+            pthread_mutex_lock(&s->mu);
+            s->running[s->n_running++] = r; /* only this thread grows it */
+            s->st.running = s->n_running;
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    uint32_t slots = s->cfg.parallel - s->n_running;
+    s->st.waiting_for_kv = waiting ? (s->n_queued < slots ? s->n_queued : slots) : 0;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Sends running request r back to the queue's front to free its blocks:
+ * what it computed is indexed (a resume reuses whatever is still cached),
+ * its sequence released; its gen stays as it is. Engine thread. */
+static void preempt(kp_sched *s, kp_sreq *r) {
+    uint32_t len = kp_eng_seq_len(&r->seq), n_all = kp_gen_n_tokens(r->gen);
+    kp_error err;
+    kp_eng_finish(s->e, &r->seq, kp_gen_tokens(r->gen), len < n_all ? len : n_all, NULL, &err);
+    r->fed = 0;
+    r->n_fill = n_all; /* the prompt of the resume: everything so far */
+    s->dirty = true;
+    pthread_mutex_lock(&r->mu);
+    r->preemptions++;
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&s->mu);
+    r->next = s->qhead;
+    s->qhead = r;
+    if (!s->qtail) s->qtail = r;
+    s->n_queued++;
+    s->st.queued = s->n_queued;
+    s->st.preemptions++;
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* The prompt is computed and r->logits holds the next token's logits: the
@@ -450,8 +656,36 @@ static void compact(kp_sched *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* The items that found no KV block: the youngest running sequence steps
+ * aside for each (preempt); one that ran alone in the step ends instead
+ * (pins hold the room it needs). One whose companions all ended in the step
+ * just tries again: their blocks are cache now. n_live: the sequences that
+ * ran the step. Engine thread, after the step's results. */
+static void make_room(kp_sched *s, uint32_t n_full, uint32_t n_live) {
+    for (uint32_t k = 0; k < n_full; k++) {
+        kp_sreq *r = s->full[k];
+        uint32_t slot = UINT32_MAX, live = 0, young = 0;
+        for (uint32_t i = 0; i < s->n_running; i++) {
+            if (!s->running[i]) continue;
+            live++;
+            young = i;
+            if (s->running[i] == r) slot = i;
+        }
+        if (slot == UINT32_MAX) continue; /* stepped aside for an earlier item already */
+        if (live == 1) {
+            if (n_live == 1) {
+                finish_no_room(s, r);
+                s->running[slot] = NULL;
+            }
+            continue;
+        }
+        preempt(s, s->running[young]);
+        s->running[young] = NULL;
+    }
+}
+
 static void step(kp_sched *s) {
-    uint32_t ni = 0, budget = s->cfg.prefill_chunk;
+    uint32_t ni = 0, budget = s->cfg.prefill_chunk, n_live = 0;
     for (uint32_t i = 0; i < s->n_running; i++) {
         kp_sreq *r = s->running[i];
         if (atomic_load(&r->cancel)) {
@@ -459,16 +693,17 @@ static void step(kp_sched *s) {
             s->running[i] = NULL;
             continue;
         }
+        n_live++;
         kp_eng_item *it = &s->items[ni];
         memset(it, 0, sizeof *it);
         it->seq = &r->seq;
-        if (r->fed < r->n_prompt) {
+        if (r->fed < r->n_fill) {
             if (budget == 0) continue;
-            uint32_t c = r->n_prompt - r->fed < budget ? r->n_prompt - r->fed : budget;
+            uint32_t c = r->n_fill - r->fed < budget ? r->n_fill - r->fed : budget;
             budget -= c;
             it->tokens = kp_gen_tokens(r->gen) + r->fed;
             it->n = c;
-            it->logits = r->fed + c == r->n_prompt ? r->logits : NULL;
+            it->logits = r->fed + c == r->n_fill ? r->logits : NULL;
         } else {
             it->tokens = kp_gen_tokens(r->gen) + kp_gen_n_tokens(r->gen) - 1;
             it->n = 1;
@@ -483,14 +718,19 @@ static void step(kp_sched *s) {
     pthread_mutex_lock(&s->mu);
     s->st.steps++;
     pthread_mutex_unlock(&s->mu);
+    uint32_t n_full = 0;
     for (uint32_t k = 0; k < ni; k++) {
         kp_sreq *r = s->item_req[k];
         kp_eng_item *it = &s->items[k];
         uint32_t slot = 0;
         while (s->running[slot] != r) slot++;
+        if (st == KP_OK && it->status == KP_EFULL) { /* no block: someone steps aside, r tries again */
+            s->full[n_full++] = r;
+            continue;
+        }
         if (st != KP_OK || it->status != KP_OK) {
             kp_status why = st != KP_OK ? st : it->status;
-            if (why == KP_ERANGE && r->fed >= r->n_prompt)
+            if (why == KP_ERANGE && r->fed >= r->n_fill)
                 finish(s, r, KP_FINISH_LENGTH, KP_OK, NULL);
             else
                 finish(s, r, KP_FINISH_ERROR, why, st != KP_OK ? &err : &it->err);
@@ -500,6 +740,7 @@ static void step(kp_sched *s) {
         r->fed += it->n;
         if (it->logits && on_logits(s, r)) s->running[slot] = NULL;
     }
+    make_room(s, n_full, n_live);
 }
 
 /* Serves the operations taken off the queue, publishes the snapshot when
@@ -572,27 +813,31 @@ static void *loop(void *arg) {
         }
         sched_op *ops = s->ops;
         s->ops = s->ops_tail = NULL;
-        kp_sreq *adm = NULL, **tail = &adm;
-        uint32_t n_adm = 0;
-        while (s->n_running + n_adm < s->cfg.parallel && s->qhead) {
-            kp_sreq *r = s->qhead;
-            s->qhead = r->next;
-            if (!s->qhead) s->qtail = NULL;
-            r->next = NULL;
-            *tail = r;
-            tail = &r->next;
-            n_adm++;
-            s->n_queued--;
+        /* cancelled requests leave the queue at once, wherever they wait */
+        kp_sreq *gone = NULL, **pp = &s->qhead;
+        s->qtail = NULL;
+        while (*pp) {
+            kp_sreq *r = *pp;
+            if (atomic_load(&r->cancel)) {
+                *pp = r->next;
+                r->next = gone;
+                gone = r;
+                s->n_queued--;
+            } else {
+                s->qtail = r;
+                pp = &r->next;
+            }
         }
         s->st.queued = s->n_queued;
         pthread_mutex_unlock(&s->mu);
         if (ops) serve_ops(s, ops);
-        while (adm) {
-            kp_sreq *r = adm;
-            adm = r->next;
+        while (gone) {
+            kp_sreq *r = gone;
+            gone = r->next;
             r->next = NULL;
-            if (admit(s, r)) s->running[s->n_running++] = r; /* only this thread grows it */
+            finish(s, r, KP_FINISH_CANCELLED, KP_OK, NULL);
         }
+        admit_queued(s);
         double t = now_s();
         if (t - s->last_expire > 1.0) {
             if (kp_eng_expire(s->e, (int64_t)time(NULL)) > 0) s->dirty = true;
@@ -656,11 +901,19 @@ kp_status kp_sched_new(kp_sched **out, kp_engine *e, const kp_tok_vocab *v, cons
     pthread_cond_init(&s->op_done, NULL);
     memcpy(s->st.ttft_le, TTFT_LE, sizeof TTFT_LE);
     memcpy(s->st.tpot_le, TPOT_LE, sizeof TPOT_LE);
+    memcpy(s->st.kvwait_le, TTFT_LE, sizeof TTFT_LE);
+    kp_eng_stats k;
+    kp_eng_get_stats(e, &k);
+    uint64_t kv_pos = k.budget_bytes / k.block_bytes * k.block_size;
+    s->kv_positions = kv_pos > UINT32_MAX ? UINT32_MAX : (uint32_t)kv_pos;
+    s->kv_budget = k.budget_bytes;
+    s->kv_per_token = k.bytes_per_token;
     s->running = calloc(cfg->parallel, sizeof *s->running);
+    s->full = calloc(cfg->parallel, sizeof *s->full);
     s->items = calloc(cfg->parallel, sizeof *s->items);
     s->item_req = calloc(cfg->parallel, sizeof *s->item_req);
     kp_status st = KP_ENOMEM;
-    if (!s->running || !s->items || !s->item_req) {
+    if (!s->running || !s->items || !s->item_req || !s->full) {
         kp_fail(err, KP_ENOMEM, "out of memory for the scheduler");
         goto fail;
     }
@@ -692,6 +945,7 @@ void kp_sched_free(kp_sched *s) {
     free(s->running);
     free(s->items);
     free(s->item_req);
+    free(s->full);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->snap_mu);
     pthread_cond_destroy(&s->work);

@@ -2,20 +2,33 @@
  * scheduler.h - continuous batching: many requests, one engine thread (floor 5).
  *
  * The scheduler owns one thread that owns the engine: every step it admits
- * queued requests (up to `parallel` running sequences), then runs ONE
- * kp_eng_step holding a decode token of every generating sequence and a slice
- * of at most `prefill_chunk` prompt tokens of the sequences still
- * prefilling, so running streams keep flowing while a long prompt is
- * computed. Each request's kp_gen (cache/gen.h) samples, applies stop
- * strings, end-of-generation and the limits; the text goes to the
- * request's owner. A finished (or cancelled) sequence is
- * indexed whole in the prefix cache and released.
+ * queued requests (up to `parallel` running sequences, and only while the
+ * KV pool has room for their prompts), then runs ONE kp_eng_step holding a
+ * decode token of every generating sequence and a slice of at most
+ * `prefill_chunk` prompt tokens of the sequences still prefilling, so
+ * running streams keep flowing while a long prompt is computed. Each
+ * request's kp_gen (cache/gen.h) samples, applies stop strings,
+ * end-of-generation and the limits; the text goes to the request's owner.
+ * A finished (or cancelled) sequence is indexed whole in the prefix cache
+ * and released.
  *
  *   submitter thread                      engine thread
  *   ----------------                      -------------
  *   kp_sched_submit --> queue (bounded) --> admit: kp_eng_begin, cache report
  *   kp_sreq_wait   <--  text, done      <-- step: kp_eng_step, kp_gen_step
  *   kp_sreq_cancel  --> flag            --> finish: kp_eng_finish, history
+ *                                           preempt: kp_eng_finish, back to
+ *                                             the queue's front
+ *
+ * KV memory is never a request's error. A request that can never fit the
+ * budget is refused at submit (KP_ERANGE, kp_sched_fit); one that fits
+ * waits in the queue until its prompt's blocks can be had, and a running
+ * sequence that cannot grow makes the most recently admitted one step
+ * aside (preemption): that one's tokens are cached, it is released and
+ * queued again at the front with its generation intact, and on its turn it
+ * is prefilled again through the prefix cache and goes on where it was.
+ * Its owner sees the same tokens, later. scheduler.c's top comment has the
+ * rules and why they always make progress.
  *
  * Other threads never touch the engine: cache reads come from a snapshot
  * the engine thread publishes (kp_sched_cache_get), cache operations
@@ -43,7 +56,7 @@ typedef struct kp_sched kp_sched;
 
 typedef struct {
     uint32_t parallel;      /* running sequences at most (>= 1) */
-    uint32_t queue_max;     /* requests waiting at most; more: KP_EFULL */
+    uint32_t queue_max;     /* requests waiting at most; more: KP_EFULL (preempted ones return even past it) */
     uint32_t prefill_chunk; /* prompt tokens per step, over all prefilling sequences */
 } kp_sched_config;
 
@@ -70,14 +83,41 @@ typedef struct {
     bool ignore_eos;         /* keep going past end-of-generation tokens */
     const char *text;        /* the prompt's text for the cache report (copied; NULL: none) */
     size_t text_len;
+    bool max_tokens_set;     /* the caller asked for max_tokens: refused (KP_ERANGE) when the KV
+                                budget cannot hold them; false: max_tokens is a default, cut to
+                                what the budget holds (kp_sched_fit) */
 } kp_sreq_params;
 
 typedef struct kp_sreq kp_sreq;
 
-/* Queues a request. *out holds the caller's reference (kp_sreq_release).
- * KP_EFULL: the queue is full (try later); KP_ERANGE: the prompt does not
- * fit the context (the message says how long each is); KP_EINVAL: bad
- * parameters; KP_ENOMEM. */
+/* Whether a request of n_prompt tokens and max_tokens could ever fit the
+ * KV budget, whatever else runs. A request needs
+ *
+ *   positions = min(n_prompt + max_tokens - 1, context)   (n_prompt when max_tokens is 0)
+ *
+ * (the last token generated is never fed back), and the budget holds
+ * kp_sched_kv_positions of them. KP_OK with *max_tokens_out the max_tokens
+ * it runs with: max_tokens, or, when !max_tokens_set and it would need
+ * more, cut so that positions is exactly what the budget holds.
+ * KP_ERANGE when the prompt alone, or the prompt and an explicit
+ * max_tokens, need more: the message says the numbers (prompt tokens,
+ * max_tokens, positions the budget holds, bytes per token, the budget).
+ * Pinned prefixes are not taken into account (they come and go). Prompts
+ * longer than the context are kp_sched_submit's KP_ERANGE, not this one's. */
+kp_status kp_sched_fit(const kp_sched *s, uint32_t n_prompt, uint32_t max_tokens, bool max_tokens_set,
+                       uint32_t *max_tokens_out, kp_error *err);
+
+/* Positions the whole KV budget holds (its blocks x positions per block),
+ * fixed at kp_sched_new. */
+uint32_t kp_sched_kv_positions(const kp_sched *s);
+
+/* Queues a request (with max_tokens as kp_sched_fit says). *out holds the
+ * caller's reference (kp_sreq_release). KP_EFULL: the queue is full (try
+ * later); KP_ERANGE: the prompt does not fit the context (the message says
+ * how long each is) or the request can never fit the KV budget
+ * (kp_sched_fit); KP_EINVAL: bad parameters; KP_ENOMEM. A queued request
+ * never fails for lack of KV memory: it waits for room, and a running one
+ * may be preempted and resumed (kp_sreq_update.preemptions). */
 kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, kp_error *err);
 
 /* What happened since the last kp_sreq_wait. */
@@ -88,10 +128,13 @@ typedef struct {
     bool started;            /* the prompt is computed: report and cached_tokens are final */
     kp_finish finish;        /* != NONE: the request is over, nothing more comes */
     kp_status status;        /* KP_FINISH_ERROR: why */
-    kp_error err;
-    /* usage, valid once started */
+    kp_error err;            /* KP_FINISH_ERROR: why; KP_FINISH_LENGTH with status KP_OK and a
+                                message: a note (pinned prefixes left the sequence no room) */
+    /* usage, valid once started: those of the prompt's first admission (a
+     * resumed request's later prefills are not counted again) */
     uint32_t prompt_tokens, cached_tokens, completion_tokens;
-    kp_eng_report report;       /* the engine's report of the prefill */
+    uint32_t preemptions;       /* times the request was preempted and resumed so far */
+    kp_eng_report report;       /* the engine's report of the (first) prefill */
     kp_doctor_report doctor;    /* divergence, snippets and cause (JSON-escaped snippets) */
     bool has_doctor;
     double queue_ms, ttft_ms; /* waiting time; submit to first token */
@@ -165,13 +208,20 @@ uint32_t kp_sched_max_pos(const kp_sched *s);
 typedef struct {
     uint64_t requests_started, requests_finished, requests_cancelled, requests_failed;
     uint64_t prompt_tokens, cached_tokens, generated_tokens, steps;
+    uint64_t preemptions;       /* running sequences sent back to the queue to make room */
+    uint64_t resumed_computed;  /* positions resumed requests had to compute again */
     uint32_t queued, running;
+    uint32_t waiting_for_kv;    /* queued requests a free sequence slot would take now but for the
+                                   KV blocks the queue's head waits for (the queue is FIFO) */
     kp_eng_stats kv;            /* the memory bill of the last snapshot (kp_sched_cache) */
     /* histograms: cumulative counts of observations <= le[i] seconds */
-    double ttft_le[KP_SCHED_HIST_BUCKETS], tpot_le[KP_SCHED_HIST_BUCKETS];
-    uint64_t ttft_count[KP_SCHED_HIST_BUCKETS], tpot_count[KP_SCHED_HIST_BUCKETS];
-    uint64_t ttft_n, tpot_n;
-    double ttft_sum, tpot_sum;
+    double ttft_le[KP_SCHED_HIST_BUCKETS], tpot_le[KP_SCHED_HIST_BUCKETS], kvwait_le[KP_SCHED_HIST_BUCKETS];
+    uint64_t ttft_count[KP_SCHED_HIST_BUCKETS], tpot_count[KP_SCHED_HIST_BUCKETS],
+        kvwait_count[KP_SCHED_HIST_BUCKETS];
+    uint64_t ttft_n, tpot_n, kvwait_n;
+    double ttft_sum, tpot_sum, kvwait_sum;
+    /* kvwait: per admission that had to wait, the time the request spent at
+     * the head of the queue, a sequence slot free, waiting for KV blocks */
 } kp_sched_stats;
 
 void kp_sched_stats_get(kp_sched *s, kp_sched_stats *out);

@@ -13,7 +13,8 @@
  *   access_cb #1   headers: make conn, check Content-Length <= max_body
  *   access_cb #2.. body pieces appended (413 once over the limit)
  *   access_cb last route(method, url):
- *     completions/chat: parse (oai.c) -> text -> tokens -> kp_sched_submit
+ *     completions/chat: parse (oai.c) -> text -> tokens -> kp_sched_fit (400
+ *       kv_budget_exceeded when the KV budget can never hold it) -> kp_sched_submit
  *       wait until the prompt is computed or the request failed, watching
  *       the socket (a client that leaves cancels the request)
  *       stream:  200 + text/event-stream; reader callback blocks in
@@ -103,14 +104,14 @@ typedef struct {
     const char *code;     /* the error code of an error answer (static), or NULL */
     bool gen;             /* a generation that reached the scheduler: the fields below hold */
     uint32_t prompt, cached, computed, completion;
+    uint32_t preempted;   /* times the generation stepped aside for KV memory and resumed */
     const char *cause;    /* the cache report's cause (static), or NULL */
     const char *finish;   /* stop, length, tool_calls, cancelled, error, client_left (static), or NULL */
     double ttft_ms;
 } reqlog;
 
 typedef struct {
-    char *body;
-    size_t len, cap;
+    kp_buf body; /* the request body received so far */
     bool too_big;
     double t0;
     reqlog log;
@@ -164,6 +165,7 @@ static void note_gen(reqlog *l, const kp_sreq_update *u, const char *finish) {
     l->cached = u->cached_tokens;
     l->computed = u->report.computed_tokens;
     l->completion = u->completion_tokens;
+    l->preempted = u->preemptions;
     l->cause = u->has_doctor ? kp_doctor_cause_name(u->doctor.finding.cause) : NULL;
     l->finish = finish;
     l->ttft_ms = u->ttft_ms;
@@ -171,7 +173,7 @@ static void note_gen(reqlog *l, const kp_sreq_update *u, const char *finish) {
 
 /* One line on stderr, one fputs (whole even when threads log at once):
  *   TIME id= client= method= path= status= error= prompt= cached= computed=
- *   cause= completion= finish= ttft_ms= total_ms=
+ *   cause= completion= finish= preempted= ttft_ms= total_ms=
  * "-" where a field does not apply (see README.md). */
 static void log_line(const kp_server *s, const reqlog *l) {
     if (s->cfg.quiet) return;
@@ -179,10 +181,10 @@ static void log_line(const kp_server *s, const reqlog *l) {
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;
     gmtime_r(&ts.tv_sec, &tm);
-    char when[40], num[4][16], ttft[24];
+    char when[40], num[5][16], ttft[24];
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
-    const uint32_t v[4] = {l->prompt, l->cached, l->computed, l->completion};
-    for (int i = 0; i < 4; i++) {
+    const uint32_t v[5] = {l->prompt, l->cached, l->computed, l->completion, l->preempted};
+    for (int i = 0; i < 5; i++) {
         if (l->gen) snprintf(num[i], sizeof num[i], "%u", v[i]);
         else snprintf(num[i], sizeof num[i], "-");
     }
@@ -191,10 +193,10 @@ static void log_line(const kp_server *s, const reqlog *l) {
     char line[1024];
     snprintf(line, sizeof line,
              "%s.%03dZ id=%s client=%s method=%s path=%s status=%u error=%s prompt=%s cached=%s computed=%s "
-             "cause=%s completion=%s finish=%s ttft_ms=%s total_ms=%.1f\n",
+             "cause=%s completion=%s finish=%s preempted=%s ttft_ms=%s total_ms=%.1f\n",
              when, (int)(ts.tv_nsec / 1000000), l->id, l->client, l->method, l->path, l->status ? l->status : 499,
              l->code ? l->code : l->status ? "-" : "client_left", num[0], num[1], num[2], l->cause ? l->cause : "-",
-             num[3], l->finish ? l->finish : "-", ttft, (now_s() - l->t0) * 1e3);
+             num[3], l->finish ? l->finish : "-", num[4], ttft, (now_s() - l->t0) * 1e3);
     fputs(line, stderr);
 }
 
@@ -321,17 +323,38 @@ static void status_error(kp_status st, const kp_error *err, const char *param, k
     }
 }
 
+/* A generation's kvpin_cache object: the report of its prompt's prefill,
+ * the times it was preempted, and a note when the KV budget cut it short. */
+static json_t *gen_cache_json(const kp_sreq_update *u) {
+    json_t *j = kp_oai_cache_json(&u->report, u->has_doctor ? &u->doctor : NULL);
+    if (!j) return NULL;
+    json_object_set_new(j, "preemptions", json_integer((json_int_t)u->preemptions));
+    if (u->finish == KP_FINISH_LENGTH && u->err.msg[0]) json_object_set_new(j, "note", json_string(u->err.msg));
+    return j;
+}
+
+/* 400 kv_budget_exceeded (into *e, false) when a request of n prompt tokens
+ * and max_tokens can never fit the KV budget (kp_sched_fit). */
+static bool fits_budget(kp_server *s, uint32_t n, uint32_t max_tokens, bool max_tokens_set, const char *prompt_param,
+                        kp_oai_error *e) {
+    uint32_t eff;
+    kp_error err = {0};
+    if (kp_sched_fit(s->sched, n, max_tokens, max_tokens_set, &eff, &err) == KP_OK) return true;
+    return kp_oai_fail(e, 400, "invalid_request_error", "kv_budget_exceeded",
+                       n > kp_sched_kv_positions(s->sched) ? prompt_param : "max_tokens", "%s", err.msg);
+}
+
 /* ---- prompts ---------------------------------------------------------------- */
 
 /* Text -> tokens the way the model expects a prompt: special tokens in the
  * text are parsed, BOS added when the vocabulary wants one and the text
  * does not start with it already. */
-static bool tokenize_prompt(kp_server *s, const char *text, size_t len, int32_t **ids, size_t *n,
-                            kp_oai_error *e) {
+static bool tokenize_prompt(kp_server *s, const char *text, size_t len, const kp_tok_range *plain, size_t n_plain,
+                            int32_t **ids, size_t *n, kp_oai_error *e) {
     kp_error err = {0};
     int32_t *t = NULL;
     size_t nt = 0;
-    if (kp_tok_encode(s->v, text, len, false, true, &t, &nt, &err) != KP_OK) {
+    if (kp_tok_encode_plain(s->v, text, len, false, plain, n_plain, &t, &nt, &err) != KP_OK) {
         status_error(KP_EINVAL, &err, "prompt", e);
         return false;
     }
@@ -359,9 +382,13 @@ static bool tokenize_prompt(kp_server *s, const char *text, size_t len, int32_t 
 }
 
 /* The prompt of a request body: "prompt" (text or token ids) or "messages"
- * (+ "tools") through the chat template. */
+ * (+ "tools") through the chat template. Only the template's markup may
+ * produce control tokens: the client's text in a rendering is tokenized as
+ * plain text (kp_chat_render_plain's ranges), and so is a completions
+ * prompt unless parse_special asks otherwise. */
 static bool request_tokens(kp_server *s, const json_t *prompt, const json_t *messages, const json_t *tools,
-                           int32_t **ids, size_t *n, char **text_out, size_t *text_len, kp_oai_error *e) {
+                           bool parse_special, int32_t **ids, size_t *n, char **text_out, size_t *text_len,
+                           kp_oai_error *e) {
     *ids = NULL;
     *n = 0;
     *text_out = NULL;
@@ -375,7 +402,9 @@ static bool request_tokens(kp_server *s, const json_t *prompt, const json_t *mes
         char *text = NULL;
         size_t len = 0;
         kp_error err = {0};
-        kp_status st = kp_chat_render(s->cfg.chat, messages, tools, &o, &text, &len, &err);
+        kp_tok_range *plain = NULL;
+        size_t n_plain = 0;
+        kp_status st = kp_chat_render_plain(s->cfg.chat, messages, tools, &o, &text, &len, &plain, &n_plain, &err);
         if (st != KP_OK) { /* the renderer's messages start with the field at fault */
             const char *field = !strncmp(err.msg, "tools", 5) ? "tools" : "messages";
             if (st == KP_ERANGE) /* nesting too deep: a bad request, not a long prompt */
@@ -383,7 +412,8 @@ static bool request_tokens(kp_server *s, const json_t *prompt, const json_t *mes
             status_error(st, &err, field, e);
             return false;
         }
-        bool ok = tokenize_prompt(s, text, len, ids, n, e);
+        bool ok = tokenize_prompt(s, text, len, plain, n_plain, ids, n, e);
+        free(plain);
         if (ok) {
             *text_out = text;
             *text_len = len;
@@ -398,7 +428,9 @@ static bool request_tokens(kp_server *s, const json_t *prompt, const json_t *mes
                           ? json_array_get(prompt, 0)
                           : NULL;
     if (p) {
-        if (!tokenize_prompt(s, json_string_value(p), json_string_length(p), ids, n, e)) return false;
+        kp_tok_range all = {0, json_string_length(p)};
+        if (!tokenize_prompt(s, json_string_value(p), json_string_length(p), &all, parse_special ? 0 : 1, ids, n, e))
+            return false;
         *text_out = strdup(json_string_value(p)); /* NULL (no text in the report) when out of memory */
         *text_len = *text_out ? json_string_length(p) : 0;
         return true;
@@ -624,7 +656,7 @@ static void stream_update(stream *st, kp_sreq_update *u) {
             json_t *j = chunk_base(st);
             json_object_set_new(j, "choices", json_array());
             json_object_set_new(j, "usage", kp_oai_usage_json(u->prompt_tokens, u->cached_tokens, u->completion_tokens));
-            json_object_set_new(j, "kvpin_cache", kp_oai_cache_json(&u->report, u->has_doctor ? &u->doctor : NULL));
+            json_object_set_new(j, "kvpin_cache", gen_cache_json(u));
             sb_event(st, j);
         }
     }
@@ -689,13 +721,13 @@ static void stream_free(void *cls) {
 static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn, bool chat) {
     kp_oai_request q;
     kp_oai_error e;
-    if (!kp_oai_parse(cn->body, cn->len, chat, &q, &e)) return reply_error(s, c, &e);
+    if (!kp_oai_parse(cn->body.data, cn->body.len, chat, &q, &e)) return reply_error(s, c, &e);
     int32_t *ids = NULL;
     size_t n = 0, tlen0 = 0;
     char *ptext = NULL;
     bool ok = q.prompt_tokens ? true
                               : request_tokens(s, chat ? NULL : json_object_get(q.root, "prompt"), q.messages,
-                                               q.tools, &ids, &n, &ptext, &tlen0, &e);
+                                               q.tools, q.parse_special, &ids, &n, &ptext, &tlen0, &e);
     if (q.prompt_tokens) {
         for (uint32_t i = 0; i < q.n_prompt_tokens && ok; i++)
             if (q.prompt_tokens[i] >= kp_tok_n_vocab(s->v))
@@ -722,8 +754,15 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
     uint32_t max_tokens = q.max_tokens_set ? q.max_tokens
                           : chat           ? ctx - (uint32_t)n
                                            : (s->cfg.completion_max_tokens ? s->cfg.completion_max_tokens : 16);
+    if (!fits_budget(s, (uint32_t)n, max_tokens, q.max_tokens_set, chat ? "messages" : "prompt", &e)) {
+        kp_oai_request_free(&q);
+        free(ids);
+        free(ptext);
+        return reply_error(s, c, &e);
+    }
     if (!q.seed_set) q.sp.seed = (uint64_t)time(NULL) ^ (atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull);
-    kp_sreq_params p = {ids, (uint32_t)n, max_tokens, q.sp, q.stops, q.n_stops, q.ignore_eos, ptext, tlen0};
+    kp_sreq_params p = {ids,   (uint32_t)n, max_tokens, q.sp, q.stops, q.n_stops, q.ignore_eos,
+                        ptext, tlen0,       q.max_tokens_set};
     kp_sreq *r = NULL;
     kp_error err = {0};
     kp_status st = kp_sched_submit(s->sched, &p, &r, &err);
@@ -848,7 +887,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
                           chat ? "chat.completion" : "text_completion", "created", (json_int_t)time(NULL), "model",
                           s->cfg.model_name, "choices", choice, "usage",
                           kp_oai_usage_json(u.prompt_tokens, u.cached_tokens, u.completion_tokens), "kvpin_cache",
-                          kp_oai_cache_json(&u.report, u.has_doctor ? &u.doctor : NULL));
+                          gen_cache_json(&u));
     note_gen(&cn->log, &u, finish ? finish : finish_word(&u, true));
     free(text);
     kp_sreq_release(r);
@@ -859,7 +898,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
 
 static enum MHD_Result tokenize(kp_server *s, struct MHD_Connection *c, conn *cn) {
     kp_oai_error e;
-    json_t *o = kp_oai_parse_object(cn->body, cn->len, &e);
+    json_t *o = kp_oai_parse_object(cn->body.data, cn->body.len, &e);
     if (!o) return reply_error(s, c, &e);
     static const char *const allowed[] = {"content", "add_special", "parse_special", "with_pieces", NULL};
     const json_t *content = json_object_get(o, "content");
@@ -909,7 +948,7 @@ static enum MHD_Result tokenize(kp_server *s, struct MHD_Connection *c, conn *cn
 
 static enum MHD_Result detokenize(kp_server *s, struct MHD_Connection *c, conn *cn) {
     kp_oai_error e;
-    json_t *o = kp_oai_parse_object(cn->body, cn->len, &e);
+    json_t *o = kp_oai_parse_object(cn->body.data, cn->body.len, &e);
     if (!o) return reply_error(s, c, &e);
     static const char *const allowed[] = {"tokens", NULL};
     const json_t *t = json_object_get(o, "tokens");
@@ -948,19 +987,7 @@ static enum MHD_Result detokenize(kp_server *s, struct MHD_Connection *c, conn *
     json_t *content = json_stringn(text, len);
     if (!content) {
         char *clean = malloc(len * 3 + 1); /* each byte at most one U+FFFD */
-        size_t k = 0;
-        for (size_t i = 0; clean && i < len;) {
-            int step = kp_unicode_utf8_next((const uint8_t *)text + i, len - i);
-            if (step > 0) {
-                memcpy(clean + k, text + i, (size_t)step);
-                k += (size_t)step;
-                i += (size_t)step;
-                continue;
-            }
-            memcpy(clean + k, "\xEF\xBF\xBD", 3);
-            k += 3;
-            i = step < 0 ? i + (size_t)-step : len; /* 0: an incomplete character ends the text */
-        }
+        size_t k = clean ? kp_unicode_utf8_repair((const uint8_t *)text, len, (uint8_t *)clean) : 0;
         content = clean ? json_stringn(clean, k) : NULL;
         free(clean);
         if (!content) {
@@ -1051,14 +1078,17 @@ static bool body_tokens(kp_server *s, json_t *o, const char *const *allowed, int
     if (tools && !json_is_null(tools) && !json_is_array(tools))
         return kp_oai_fail(e, 400, "invalid_request_error", NULL, "tools", "tools must be an array of tool objects");
     if (json_is_null(tools) || (tools && json_array_size(tools) == 0)) tools = NULL;
-    return request_tokens(s, prompt, messages, tools, ids, n, text, text_len, e);
+    const json_t *ps = json_object_get(o, "parse_special");
+    if (ps && !json_is_boolean(ps) && !json_is_null(ps))
+        return kp_oai_fail(e, 400, "invalid_request_error", NULL, "parse_special", "parse_special must be true or false");
+    return request_tokens(s, prompt, messages, tools, json_is_true(ps), ids, n, text, text_len, e);
 }
 
 static enum MHD_Result cache_probe(kp_server *s, struct MHD_Connection *c, conn *cn) {
     kp_oai_error e;
-    json_t *o = kp_oai_parse_object(cn->body, cn->len, &e);
+    json_t *o = kp_oai_parse_object(cn->body.data, cn->body.len, &e);
     if (!o) return reply_error(s, c, &e);
-    static const char *const allowed[] = {"prompt", "messages", "tools", "model", NULL};
+    static const char *const allowed[] = {"prompt", "messages", "tools", "model", "parse_special", NULL};
     int32_t *ids = NULL;
     size_t n = 0, tl = 0;
     char *text = NULL;
@@ -1085,9 +1115,9 @@ static enum MHD_Result cache_probe(kp_server *s, struct MHD_Connection *c, conn 
 
 static enum MHD_Result cache_pin(kp_server *s, struct MHD_Connection *c, conn *cn) {
     kp_oai_error e;
-    json_t *o = kp_oai_parse_object(cn->body, cn->len, &e);
+    json_t *o = kp_oai_parse_object(cn->body.data, cn->body.len, &e);
     if (!o) return reply_error(s, c, &e);
-    static const char *const allowed[] = {"prompt", "messages", "tools", "model", "ttl", NULL};
+    static const char *const allowed[] = {"prompt", "messages", "tools", "model", "ttl", "parse_special", NULL};
     const json_t *ttl_j = json_object_get(o, "ttl");
     int64_t ttl = 0;
     if (ttl_j && !json_is_null(ttl_j)) {
@@ -1113,7 +1143,11 @@ static enum MHD_Result cache_pin(kp_server *s, struct MHD_Connection *c, conn *c
                     "the prefix cache is off (--no-prefix-cache): nothing can be pinned");
     }
     /* compute the prefix (prefill only), then pin it */
-    kp_sreq_params p = {ids, (uint32_t)n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0};
+    if (!fits_budget(s, (uint32_t)n, 0, true, "prompt", &e)) {
+        free(ids);
+        return reply_error(s, c, &e);
+    }
+    kp_sreq_params p = {ids, (uint32_t)n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true};
     kp_sreq *r = NULL;
     kp_error err = {0};
     kp_status st = kp_sched_submit(s->sched, &p, &r, &err);
@@ -1217,7 +1251,16 @@ static enum MHD_Result metrics(kp_server *s, struct MHD_Connection *c) {
     metric(&t, "kvpin_http_requests_cut_total", "counter",
            "Connections shut down because a request's head and body did not arrive within --request-timeout.",
            (double)atomic_load(&s->cut_slow));
-    metric(&t, "kvpin_queue_length", "gauge", "Requests waiting for a sequence slot.", st.queued);
+    metric(&t, "kvpin_queue_length", "gauge", "Requests waiting to be admitted (for a sequence slot or KV blocks).",
+           st.queued);
+    metric(&t, "kvpin_requests_waiting_for_kv", "gauge",
+           "Queued requests a free sequence slot would take now but for the KV blocks the queue's head waits for.",
+           st.waiting_for_kv);
+    metric(&t, "kvpin_preemptions_total", "counter",
+           "Running sequences sent back to the queue (cached, released, resumed later) so others could grow.",
+           (double)st.preemptions);
+    metric(&t, "kvpin_preemption_recomputed_tokens_total", "counter",
+           "Positions resumed requests computed again (not found in the prefix cache).", (double)st.resumed_computed);
     metric(&t, "kvpin_running_sequences", "gauge", "Sequences prefilling or decoding.", st.running);
     metric(&t, "kvpin_engine_steps_total", "counter", "Forward steps run by the engine.", (double)st.steps);
     uint64_t bb = st.kv.block_bytes ? st.kv.block_bytes : 1;
@@ -1236,6 +1279,10 @@ static enum MHD_Result metrics(kp_server *s, struct MHD_Connection *c) {
               st.ttft_le, st.ttft_count, st.ttft_n, st.ttft_sum);
     histogram(&t, "kvpin_time_per_output_token_seconds", "Time between consecutive generated tokens of a request.",
               st.tpot_le, st.tpot_count, st.tpot_n, st.tpot_sum);
+    histogram(&t, "kvpin_kv_wait_seconds",
+              "Time a request waited at the queue's head, a sequence slot free, for KV blocks (per admission "
+              "that waited).",
+              st.kvwait_le, st.kvwait_count, st.kvwait_n, st.kvwait_sum);
     if (t.oom) {
         kp_buf_free(&t);
         return fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
@@ -1261,75 +1308,114 @@ static bool authorized(kp_server *s, struct MHD_Connection *c) {
     return diff == 0;
 }
 
-typedef enum { R_NONE, R_GET, R_POST, R_DELETE } route_method;
+/* The route table's view of a handler: id is the rest of the path after a
+ * prefix entry's path (never empty), NULL for an exact entry. ROUTE_FN
+ * defines one of these over a handler. */
+typedef enum MHD_Result (*route_fn)(kp_server *s, struct MHD_Connection *c, conn *cn, const char *id);
+#define ROUTE_FN(name)                                                                                   \
+    static enum MHD_Result name(kp_server *s, struct MHD_Connection *c, conn *cn __attribute__((unused)), \
+                                const char *id __attribute__((unused)))
+
+ROUTE_FN(on_health) {
+    kp_sched_stats st;
+    kp_sched_stats_get(s->sched, &st);
+    return reply_json(s, c, 200,
+                      json_pack("{s:s, s:I, s:I}", "status", "ok", "running", (json_int_t)st.running, "queued",
+                                (json_int_t)st.queued));
+}
+ROUTE_FN(on_models) { return models(s, c, id); }
+ROUTE_FN(on_metrics) { return metrics(s, c); }
+ROUTE_FN(on_completions) { return generate(s, c, cn, false); }
+ROUTE_FN(on_chat) { return generate(s, c, cn, true); }
+ROUTE_FN(on_tokenize) { return tokenize(s, c, cn); }
+ROUTE_FN(on_detokenize) { return detokenize(s, c, cn); }
+ROUTE_FN(on_cache) { return cache_get(s, c); }
+ROUTE_FN(on_probe) { return cache_probe(s, c, cn); }
+ROUTE_FN(on_pin) { return cache_pin(s, c, cn); }
+ROUTE_FN(on_unpin) { return cache_unpin(s, c, id); }
+
+/* Every endpoint, once. A request whose path matches no entry is a 404;
+ * one whose path matches but whose method does not is a 405 naming the
+ * methods of the entries that match it. "GET" entries answer HEAD too.
+ * A prefix entry matches its path followed by a non-empty id. `key`: the
+ * entry needs the API key (when the server has one); a path that no entry
+ * without `key` matches, an unknown one included, needs it before anything
+ * else is said about it. */
+typedef struct {
+    const char *method;
+    const char *path;
+    bool prefix;
+    bool key;
+    route_fn fn;
+} route_entry;
+
+static const route_entry ROUTES[] = {
+    {"GET", "/health", false, false, on_health},
+    {"GET", "/v1/health", false, false, on_health},
+    {"GET", "/v1/models", false, true, on_models},
+    {"GET", "/v1/models/", true, true, on_models},
+    {"GET", "/metrics", false, true, on_metrics},
+    {"POST", "/v1/completions", false, true, on_completions},
+    {"POST", "/completions", false, true, on_completions},
+    {"POST", "/v1/chat/completions", false, true, on_chat},
+    {"POST", "/chat/completions", false, true, on_chat},
+    {"POST", "/tokenize", false, true, on_tokenize},
+    {"POST", "/detokenize", false, true, on_detokenize},
+    {"GET", "/v1/cache", false, true, on_cache},
+    {"POST", "/v1/cache/probe", false, true, on_probe},
+    {"POST", "/v1/cache/pin", false, true, on_pin},
+    {"DELETE", "/v1/cache/pin/", true, true, on_unpin},
+};
+
+/* Does url fall under e? *id: what follows a prefix, NULL for an exact path. */
+static bool route_path_matches(const route_entry *e, const char *url, const char **id) {
+    size_t n = strlen(e->path);
+    if (strncmp(url, e->path, n)) return false;
+    *id = e->prefix ? url + n : NULL;
+    return e->prefix ? url[n] != 0 : url[n] == 0;
+}
+
+static bool route_method_matches(const route_entry *e, const char *method) {
+    return !strcmp(method, e->method) || (!strcmp(e->method, "GET") && !strcmp(method, "HEAD"));
+}
 
 static enum MHD_Result route(kp_server *s, struct MHD_Connection *c, const char *url, const char *method, conn *cn) {
+    const route_entry *hit = NULL; /* the first entry matching path and method */
+    const char *id = NULL;
+    bool open = false;   /* an entry of this path answers without the key */
+    char allow[64] = ""; /* the methods of the other entries of this path */
+    for (size_t i = 0; i < sizeof ROUTES / sizeof *ROUTES; i++) {
+        const route_entry *e = &ROUTES[i];
+        const char *rest;
+        if (!route_path_matches(e, url, &rest)) continue;
+        open = open || !e->key;
+        if (route_method_matches(e, method)) {
+            if (!hit) hit = e, id = rest;
+        } else {
+            size_t used = strlen(allow);
+            snprintf(allow + used, sizeof allow - used, "%s%s", used ? ", " : "", e->method);
+        }
+    }
     /* the key before anything else: without it a client learns nothing of routes or limits */
-    if (strcmp(url, "/health") && strcmp(url, "/v1/health") && !authorized(s, c))
+    if (!open && !authorized(s, c))
         return fail(s, c, 401, "invalid_request_error", "invalid_api_key", NULL,
                     "missing or wrong API key: send the header \"Authorization: Bearer <key>\"");
     if (cn->too_big)
         return fail(s, c, 413, "invalid_request_error", "body_too_large", NULL,
                     "the request body is larger than the limit of %zu bytes", s->cfg.max_body);
-    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
-    bool del = !strcmp(method, "DELETE");
-    static const struct {
-        const char *path;
-        const char *allow;
-    } known[] = {{"/health", "GET"},
-                 {"/v1/health", "GET"},
-                 {"/v1/models", "GET"},
-                 {"/metrics", "GET"},
-                 {"/v1/completions", "POST"},
-                 {"/v1/chat/completions", "POST"},
-                 {"/completions", "POST"},
-                 {"/chat/completions", "POST"},
-                 {"/tokenize", "POST"},
-                 {"/detokenize", "POST"},
-                 {"/v1/cache", "GET"},
-                 {"/v1/cache/probe", "POST"},
-                 {"/v1/cache/pin", "POST"}};
-    const char *allow = NULL;
-    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
-        if (!strcmp(url, known[i].path)) allow = known[i].allow;
-    bool pin_id = !strncmp(url, "/v1/cache/pin/", 14) && url[14];
-    if (pin_id) allow = "DELETE";
-    bool model_id = !strncmp(url, "/v1/models/", 11) && url[11];
-    if (model_id) allow = "GET";
-    if (!allow)
+    if (hit) return hit->fn(s, c, cn, id);
+    if (!allow[0])
         return fail(s, c, 404, "invalid_request_error", "not_found", NULL, "no such endpoint: %s %.200s", method, url);
-    bool method_ok = (!strcmp(allow, "GET") && get) || (!strcmp(allow, "POST") && post) ||
-                     (!strcmp(allow, "DELETE") && del);
-    if (!method_ok) {
-        kp_oai_error e;
-        kp_oai_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s %s is not allowed; use %s", method,
-                    url, allow);
-        json_t *j = kp_oai_error_json(&e);
-        char *t = json_dumps(j, JSON_COMPACT);
-        json_decref(j);
-        cn->log.code = e.code;
-        enum MHD_Result r = reply(s, c, 405, "application/json", t ? t : "{}", t ? strlen(t) : 2, "Allow", allow);
-        free(t);
-        return r;
-    }
-    if (!strcmp(url, "/health") || !strcmp(url, "/v1/health")) {
-        kp_sched_stats st;
-        kp_sched_stats_get(s->sched, &st);
-        return reply_json(s, c, 200,
-                          json_pack("{s:s, s:I, s:I}", "status", "ok", "running", (json_int_t)st.running, "queued",
-                                    (json_int_t)st.queued));
-    }
-    if (!strcmp(url, "/v1/models")) return models(s, c, NULL);
-    if (model_id) return models(s, c, url + 11);
-    if (!strcmp(url, "/metrics")) return metrics(s, c);
-    if (!strcmp(url, "/v1/completions") || !strcmp(url, "/completions")) return generate(s, c, cn, false);
-    if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/chat/completions")) return generate(s, c, cn, true);
-    if (!strcmp(url, "/tokenize")) return tokenize(s, c, cn);
-    if (!strcmp(url, "/detokenize")) return detokenize(s, c, cn);
-    if (!strcmp(url, "/v1/cache")) return cache_get(s, c);
-    if (!strcmp(url, "/v1/cache/probe")) return cache_probe(s, c, cn);
-    if (!strcmp(url, "/v1/cache/pin")) return cache_pin(s, c, cn);
-    return cache_unpin(s, c, url + 14);
+    kp_oai_error e;
+    kp_oai_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s %s is not allowed; use %s", method,
+                url, allow);
+    json_t *j = kp_oai_error_json(&e);
+    char *t = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    cn->log.code = e.code;
+    enum MHD_Result r = reply(s, c, 405, "application/json", t ? t : "{}", t ? strlen(t) : 2, "Allow", allow);
+    free(t);
+    return r;
 }
 
 /* The framing headers of a request: every Content-Length and
@@ -1419,25 +1505,11 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char
         return MHD_YES;
     }
     if (*upload_size) {
-        if (!cn->too_big && cn->len + *upload_size > s->cfg.max_body) {
+        if (!cn->too_big && cn->body.len + *upload_size > s->cfg.max_body) {
             cn->too_big = true;
-            free(cn->body);
-            cn->body = NULL;
-            cn->len = cn->cap = 0;
+            kp_buf_free(&cn->body);
         }
-        if (!cn->too_big) {
-            if (cn->len + *upload_size + 1 > cn->cap) {
-                size_t nc = cn->cap ? cn->cap : 4096;
-                while (nc < cn->len + *upload_size + 1) nc *= 2;
-                char *nb = realloc(cn->body, nc);
-                if (!nb) return MHD_NO;
-                cn->body = nb;
-                cn->cap = nc;
-            }
-            memcpy(cn->body + cn->len, upload, *upload_size);
-            cn->len += *upload_size;
-            cn->body[cn->len] = 0;
-        }
+        if (!cn->too_big && !kp_buf_put(&cn->body, upload, *upload_size)) return MHD_NO;
         *upload_size = 0;
         return MHD_YES;
     }
@@ -1454,7 +1526,7 @@ static void completed_cb(void *cls, struct MHD_Connection *c, void **con_cls, en
     if (ci && ci->socket_context && ((sock *)ci->socket_context)->cur == cn) ((sock *)ci->socket_context)->cur = NULL;
     if (ci && ci->socket_context) guard_rearm(s, ci->socket_context);
     if (!cn->streamed) log_line(s, &cn->log);
-    free(cn->body);
+    kp_buf_free(&cn->body);
     free(cn);
     *con_cls = NULL;
 }

@@ -33,7 +33,7 @@
  *
  * Streaming decoder: pending holds at most 3 bytes, always a valid but
  * incomplete UTF-8 prefix; each push decodes pending + piece with the
- * strict rules of kp_unicode_utf8_next.
+ * strict rules of kp_unicode_utf8_decode.
  */
 #include <assert.h>
 #include <ctype.h>
@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "tok/tok_impl.h"
+#include "base/buf.h"
 #include "base/unicode.h"
 
 /* ---- queries ---- */
@@ -52,7 +53,7 @@ kp_tok_model kp_tok_model_kind(const kp_tok_vocab *v) { return v->model; }
 const char *kp_tok_model_name(const kp_tok_vocab *v) { return v->model_name; }
 const char *kp_tok_pre_name(const kp_tok_vocab *v) { return v->pre_name; }
 const char *kp_tok_pre_warning(const kp_tok_vocab *v) { return v->pre_warning; }
-const char *kp_tok_warnings(const kp_tok_vocab *v) { return v->warnings; }
+const char *kp_tok_warnings(const kp_tok_vocab *v) { return v->warnings.data; }
 int32_t kp_tok_bos(const kp_tok_vocab *v) { return v->bos; }
 int32_t kp_tok_eos(const kp_tok_vocab *v) { return v->eos; }
 int32_t kp_tok_eot(const kp_tok_vocab *v) { return v->eot; }
@@ -100,13 +101,7 @@ typedef struct {
 } frag_list;
 
 static int frag_push(frag_list *l, int32_t token, size_t off, size_t len) {
-    if (l->n == l->cap) {
-        size_t nc = l->cap ? l->cap * 2 : 16;
-        frag *q = realloc(l->v, nc * sizeof *q);
-        if (!q) return -1;
-        l->v = q;
-        l->cap = nc;
-    }
+    if (!kp_grow((void **)&l->v, &l->cap, l->n + 1, sizeof *l->v)) return -1;
     l->v[l->n].token = token;
     l->v[l->n].off = off;
     l->v[l->n].len = len;
@@ -131,9 +126,30 @@ static void find_present(const kp_tok_vocab *v, const uint8_t *text, size_t len,
 
 static bool is_space(char c) { return isspace((unsigned char)c) != 0; }
 
-/* Splits every raw fragment of `in` at the occurrences of token id. */
+/* The ranges of the text where control tokens are not parsed (sorted,
+ * disjoint), or none. */
+typedef struct {
+    const kp_tok_range *v;
+    size_t n;
+} plain_ranges;
+
+/* Whether [pos, pos + n) overlaps a plain range (binary search for the
+ * last range starting before its end). */
+static bool in_plain(const plain_ranges *p, size_t pos, size_t n) {
+    size_t lo = 0, hi = p->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (p->v[mid].start < pos + n) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo > 0 && p->v[lo - 1].start + p->v[lo - 1].len > pos;
+}
+
+/* Splits every raw fragment of `in` at the occurrences of token id, except
+ * occurrences that overlap a plain range when the token is a control or
+ * unknown one (those stay text). */
 static int split_on_token(const kp_tok_vocab *v, const char *text, int32_t id, const frag_list *in,
-                          frag_list *out) {
+                          const plain_ranges *plain, frag_list *out) {
     const char *t = v->text_arena + v->text_off[id];
     size_t tl = v->text_len[id];
     uint32_t attr = v->attrs[id];
@@ -145,14 +161,19 @@ static int split_on_token(const kp_tok_vocab *v, const char *text, int32_t id, c
             if (frag_push(out, fr.token, 0, 0)) return -1;
             continue;
         }
-        size_t off = fr.off, len = fr.len;
+        size_t off = fr.off, len = fr.len, scan = fr.off;
+        bool guarded = plain->n && (attr & (KP_TOK_ATTR_CONTROL | KP_TOK_ATTR_UNKNOWN));
         while (len > 0) {
-            const char *m = memmem(text + off, len, t, tl);
+            const char *m = memmem(text + scan, off + len - scan, t, tl);
             if (!m) {
                 if (frag_push(out, -1, off, len)) return -1;
                 break;
             }
             size_t mpos = (size_t)(m - text);
+            if (guarded && in_plain(plain, mpos, tl)) { /* the client's text: not a token */
+                scan = mpos + 1;
+                continue;
+            }
             size_t left = mpos - off;
             if (attr & KP_TOK_ATTR_LSTRIP)
                 while (left > 0 && is_space(text[off + left - 1])) left--;
@@ -164,7 +185,7 @@ static int split_on_token(const kp_tok_vocab *v, const char *text, int32_t id, c
                     r_off++;
                     r_len--;
                 }
-            off = r_off;
+            off = scan = r_off;
             len = r_len;
         }
     }
@@ -172,7 +193,7 @@ static int split_on_token(const kp_tok_vocab *v, const char *text, int32_t id, c
 }
 
 static kp_status partition(const kp_tok_vocab *v, const char *text, size_t len, bool parse_special,
-                           frag_list *out, kp_error *err) {
+                           const plain_ranges *plain, frag_list *out, kp_error *err) {
     frag_list tmp = {0};
     uint8_t *present = NULL;
     if (len == 0) return KP_OK;
@@ -185,7 +206,7 @@ static kp_status partition(const kp_tok_vocab *v, const char *text, size_t len, 
         if (!present[i]) continue;
         int32_t id = v->special[i];
         if (!parse_special && (v->attrs[id] & (KP_TOK_ATTR_CONTROL | KP_TOK_ATTR_UNKNOWN))) continue;
-        if (split_on_token(v, text, id, out, &tmp)) goto nomem;
+        if (split_on_token(v, text, id, out, plain, &tmp)) goto nomem;
         frag_list swap = *out;
         *out = tmp;
         tmp = swap;
@@ -206,20 +227,9 @@ typedef struct {
     size_t cap, cap2;
 } text_bufs;
 
-static int reserve(char **p, size_t *cap, size_t need) {
-    if (need <= *cap) return 0;
-    size_t nc = *cap ? *cap : 256;
-    while (nc < need) nc *= 2;
-    char *q = realloc(*p, nc);
-    if (!q) return -1;
-    *p = q;
-    *cap = nc;
-    return 0;
-}
-
 static kp_status spm_fragment(const kp_tok_vocab *v, kp_tok_scratch *s, text_bufs *tb, const char *text,
                               size_t len, bool prefix_space, kp_tok_ids *out, kp_error *err) {
-    if (reserve(&tb->buf, &tb->cap, 3 * (len + 1)))
+    if (!kp_grow((void **)&tb->buf, &tb->cap, 3 * (len + 1), 1))
         return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
     size_t n = 0;
     if (prefix_space) {
@@ -242,7 +252,8 @@ static kp_status bpe_fragment(const kp_tok_vocab *v, kp_tok_scratch *s, text_buf
     /* code points as llama.cpp reads them, written back as UTF-8 (norm);
      * surrogates, which PCRE2 cannot match, become U+E000 (same length and
      * category C) in the copy the regexes see */
-    if (reserve(&tb->buf, &tb->cap, 3 * len + 4)) return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
+    if (!kp_grow((void **)&tb->buf, &tb->cap, 3 * len + 4, 1))
+        return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
     size_t n = 0;
     bool surrogates = false;
     for (size_t i = 0; i < len;) {
@@ -254,7 +265,8 @@ static kp_status bpe_fragment(const kp_tok_vocab *v, kp_tok_scratch *s, text_buf
     }
     const char *match = tb->buf;
     if (surrogates) {
-        if (reserve(&tb->buf2, &tb->cap2, n + 1)) return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
+        if (!kp_grow((void **)&tb->buf2, &tb->cap2, n + 1, 1))
+            return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
         memcpy(tb->buf2, tb->buf, n);
         for (size_t i = 0; i + 2 < n; i++) {
             uint8_t b0 = (uint8_t)tb->buf2[i], b1 = (uint8_t)tb->buf2[i + 1];
@@ -274,8 +286,9 @@ static kp_status bpe_fragment(const kp_tok_vocab *v, kp_tok_scratch *s, text_buf
     return st;
 }
 
-kp_status kp_tok_encode(const kp_tok_vocab *v, const char *text, size_t len, bool add_special,
-                     bool parse_special, int32_t **ids, size_t *n_ids, kp_error *err) {
+static kp_status encode(const kp_tok_vocab *v, const char *text, size_t len, bool add_special,
+                        bool parse_special, const plain_ranges *plain, int32_t **ids, size_t *n_ids,
+                        kp_error *err) {
     if (!v || !ids || !n_ids || (!text && len)) return kp_fail(err, KP_EINVAL, "kp_tok_encode: NULL argument");
     *ids = NULL;
     *n_ids = 0;
@@ -287,7 +300,7 @@ kp_status kp_tok_encode(const kp_tok_vocab *v, const char *text, size_t len, boo
     text_bufs tb = {0};
     kp_tok_scratch *s = kp_tok_scratch_new();
     kp_status st = s ? KP_OK : kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
-    if (st == KP_OK) st = partition(v, text, len, parse_special, &frags, err);
+    if (st == KP_OK) st = partition(v, text, len, parse_special, plain, &frags, err);
     if (st == KP_OK && add_special && v->add_bos) st = kp_tok_ids_push(&out, v->bos, err);
     bool prev_special = true; /* SPM: the first raw piece gets a leading space */
     for (size_t i = 0; st == KP_OK && i < frags.n; i++) {
@@ -315,6 +328,27 @@ kp_status kp_tok_encode(const kp_tok_vocab *v, const char *text, size_t len, boo
     *ids = out.ids;
     *n_ids = out.n;
     return KP_OK;
+}
+
+kp_status kp_tok_encode(const kp_tok_vocab *v, const char *text, size_t len, bool add_special,
+                        bool parse_special, int32_t **ids, size_t *n_ids, kp_error *err) {
+    plain_ranges none = {NULL, 0};
+    return encode(v, text, len, add_special, parse_special, &none, ids, n_ids, err);
+}
+
+kp_status kp_tok_encode_plain(const kp_tok_vocab *v, const char *text, size_t len, bool add_special,
+                              const kp_tok_range *plain, size_t n_plain, int32_t **ids, size_t *n_ids,
+                              kp_error *err) {
+    if (ids) *ids = NULL;
+    if (n_ids) *n_ids = 0;
+    if (n_plain && !plain) return kp_fail(err, KP_EINVAL, "kp_tok_encode_plain: NULL ranges");
+    for (size_t i = 0; i < n_plain; i++)
+        if (plain[i].start > len || plain[i].len > len - plain[i].start ||
+            (i > 0 && plain[i].start < plain[i - 1].start + plain[i - 1].len))
+            return kp_fail(err, KP_EINVAL, "kp_tok_encode_plain: range %zu (%zu+%zu) is out of order or past the "
+                                           "text of %zu bytes", i, plain[i].start, plain[i].len, len);
+    plain_ranges p = {plain, n_plain};
+    return encode(v, text, len, add_special, true, &p, ids, n_ids, err);
 }
 
 /* ---- decoding ---- */
@@ -468,14 +502,15 @@ kp_status kp_tok_stream_push(kp_tok_stream *s, int32_t id, const char **bytes, s
         return kp_fail(err, KP_EINVAL, "token id %d is outside the vocabulary (%d tokens)", id, s->v->n_vocab);
     size_t n = s->n_pending + plen;
     /* room for the input itself and, worst case, 3 output bytes per input byte */
-    if (reserve(&s->out, &s->out_cap, n + 3 * n + 1)) return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
+    if (!kp_grow((void **)&s->out, &s->out_cap, n + 3 * n + 1, 1))
+        return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
     uint8_t *in = (uint8_t *)s->out + 3 * n + 1; /* input copy behind the output area */
     memcpy(in, s->pending, s->n_pending);
     memcpy(in + s->n_pending, piece, plen);
     size_t o = 0, i = 0;
     s->n_pending = 0;
     while (i < n) {
-        int r = kp_unicode_utf8_next(in + i, n - i);
+        int r = kp_unicode_utf8_decode(in + i, n - i, NULL);
         if (r > 0) {
             memmove(s->out + o, in + i, (size_t)r);
             o += (size_t)r;
@@ -501,7 +536,7 @@ void kp_tok_stream_flush(kp_tok_stream *s, const char **bytes, size_t *n_bytes) 
     if (!s) return;
     if (s->n_pending) {
         s->n_pending = 0;
-        if (reserve(&s->out, &s->out_cap, 3) == 0) {
+        if (kp_grow((void **)&s->out, &s->out_cap, 3, 1)) {
             memcpy(s->out, REPLACEMENT, 3);
             *bytes = s->out;
             *n_bytes = 3;

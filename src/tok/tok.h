@@ -87,7 +87,7 @@ enum {
  *   KP_ENOMEM.
  * An unknown `tokenizer.ggml.pre` is not an error: the default pre-tokenizer
  * is used and kp_tok_pre_warning() says so. */
-kp_status kp_tok_vocab_load(kp_tok_vocab **out, const gguf *g, kp_error *err);
+kp_status kp_tok_vocab_load(kp_tok_vocab **out, const kp_gguf *g, kp_error *err);
 
 void kp_tok_vocab_free(kp_tok_vocab *v); /* NULL is a no-op */
 
@@ -144,6 +144,25 @@ int32_t kp_tok_find(const kp_tok_vocab *v, const char *text, size_t len);
  * (len > KP_TOK_MAX_TEXT, or a regex hitting PCRE2's match limit), KP_ENOMEM. */
 kp_status kp_tok_encode(const kp_tok_vocab *v, const char *text, size_t len, bool add_special,
                      bool parse_special, int32_t **ids, size_t *n_ids, kp_error *err);
+
+/* A byte range [start, start + len) of a text. */
+typedef struct {
+    size_t start, len;
+} kp_tok_range;
+
+/* kp_tok_encode with parse_special, except inside the byte ranges
+ * plain[0..n_plain) (sorted by start, not overlapping): a control or
+ * unknown token's text that overlaps one of them is not a token there, as
+ * with parse_special false (user-defined tokens are parsed everywhere, as
+ * kp_tok_encode always parses them). For a rendered chat template: its
+ * markup may produce control tokens (<|im_start|>, </s>), the client's
+ * text (the plain ranges) may not, so "a </s> b" in a message stays text.
+ * With no ranges this is kp_tok_encode(..., parse_special = true, ...); a
+ * range over the whole text gives parse_special = false. Errors as
+ * kp_tok_encode; KP_EINVAL for ranges out of order or past the text. */
+kp_status kp_tok_encode_plain(const kp_tok_vocab *v, const char *text, size_t len, bool add_special,
+                              const kp_tok_range *plain, size_t n_plain, int32_t **ids, size_t *n_ids,
+                              kp_error *err);
 
 /* ---- ids -> text ---- */
 

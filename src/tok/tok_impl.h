@@ -16,7 +16,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
+#include "base/buf.h"
 #include "base/status.h"
 #include "tok/tok.h"
 
@@ -109,7 +111,7 @@ struct kp_tok_vocab {
     char *pre_name;             /* resolved pre-tokenizer name (owned) */
     kp_tok_pre_kind pre_kind;
     char *pre_warning;          /* owned, or NULL */
-    char *warnings;             /* owned, or NULL */
+    kp_buf warnings;            /* lines joined by '\n'; data NULL when none */
 
     int32_t n_vocab;
     char *text_arena;           /* every token text, each NUL-terminated */
@@ -161,10 +163,27 @@ typedef struct kp_tok_trie_node {
     uint8_t byte;
 } kp_tok_trie_node;
 
-/* Hash of a byte string (FNV-1a, 64 bit). */
-uint64_t kp_tok_hash(const char *s, size_t len);
+/* Hash of a byte string (FNV-1a, 64 bit). Inline, as the lookup below: the
+ * loader (tok_load.c) and the tokenizers (tok.c, tok_merge.c) all use them,
+ * and none of those files calls the others in a circle. */
+static inline uint64_t kp_tok_hash(const char *s, size_t len) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < len; i++) {
+        h ^= (uint8_t)s[i];
+        h *= 0x100000001b3ull;
+    }
+    return h ^ (h >> 29);
+}
+
 /* Id of the token whose text is s[0..len), or -1 (the vocabulary's hash). */
-int32_t kp_tok_lookup(const kp_tok_vocab *v, const char *s, size_t len);
+static inline int32_t kp_tok_lookup(const kp_tok_vocab *v, const char *s, size_t len) {
+    if (!v->slots) return -1;
+    for (uint64_t i = kp_tok_hash(s, len) & v->slot_mask;; i = (i + 1) & v->slot_mask) {
+        int32_t id = v->slots[i];
+        if (id < 0) return -1;
+        if (v->text_len[id] == len && memcmp(v->text_arena + v->text_off[id], s, len) == 0) return id;
+    }
+}
 
 /* ---- growable id array ---- */
 

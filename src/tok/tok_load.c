@@ -1,6 +1,7 @@
 /*
  * tok_load.c - building a kp_tok_vocab from GGUF metadata, the way llama.cpp's
- * llama_vocab::impl::load does, plus the token-text hash used everywhere.
+ * llama_vocab::impl::load does, and its token-text hash (kp_tok_hash and
+ * kp_tok_lookup, inline in tok_impl.h since every tokenizer file uses them).
  *
  * Owns every table of the vocabulary (tok_impl.h): all of it is copied out
  * of the GGUF, so the file may be closed after loading. Load order:
@@ -43,31 +44,12 @@
 #include <string.h>
 
 #include "tok/tok_impl.h"
+#include "base/buf.h"
 #include "base/unicode.h"
 
 /* GGUF token types (tokenizer.ggml.token_type) */
 enum { TT_UNDEFINED = 0, TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER_DEFINED = 4,
        TT_UNUSED = 5, TT_BYTE = 6 };
-
-/* ---- text hash ---- */
-
-uint64_t kp_tok_hash(const char *s, size_t len) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < len; i++) {
-        h ^= (uint8_t)s[i];
-        h *= 0x100000001b3ull;
-    }
-    return h ^ (h >> 29);
-}
-
-int32_t kp_tok_lookup(const kp_tok_vocab *v, const char *s, size_t len) {
-    if (!v->slots) return -1;
-    for (uint64_t i = kp_tok_hash(s, len) & v->slot_mask;; i = (i + 1) & v->slot_mask) {
-        int32_t id = v->slots[i];
-        if (id < 0) return -1;
-        if (v->text_len[id] == len && memcmp(v->text_arena + v->text_off[id], s, len) == 0) return id;
-    }
-}
 
 static const char *text_of(const kp_tok_vocab *v, int32_t id) { return v->text_arena + v->text_off[id]; }
 
@@ -80,7 +62,7 @@ static int32_t find_cstr(const kp_tok_vocab *v, const char *s) { return kp_tok_l
 
 /* ---- helpers ---- */
 
-static const char *gname(const gguf *g) {
+static const char *gname(const kp_gguf *g) {
     const char *p = kp_gguf_path(g);
     return p ? p : "gguf";
 }
@@ -95,13 +77,8 @@ static kp_status warn(kp_tok_vocab *v, kp_error *err, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    size_t old = v->warnings ? strlen(v->warnings) : 0, add = strlen(line);
-    char *w = realloc(v->warnings, old + add + 2);
-    if (!w) return oom(err);
-    if (old) w[old++] = '\n';
-    memcpy(w + old, line, add + 1);
-    v->warnings = w;
-    return KP_OK;
+    if (v->warnings.len) kp_buf_putc(&v->warnings, '\n');
+    return kp_buf_puts(&v->warnings, line) ? KP_OK : oom(err);
 }
 
 static char *dup_n(const char *s, size_t n) {
@@ -127,7 +104,7 @@ static bool is_numeric(kp_gguf_type t, bool allow_float) {
 }
 
 /* An optional numeric array of at least n elements; *out = NULL if absent. */
-static kp_status get_num_arr(const gguf *g, const char *key, bool allow_float, uint64_t n,
+static kp_status get_num_arr(const kp_gguf *g, const char *key, bool allow_float, uint64_t n,
                              const kp_gguf_value **out, kp_error *err) {
     *out = NULL;
     const kp_gguf_kv *kv = kp_gguf_find(g, key);
@@ -144,7 +121,7 @@ static kp_status get_num_arr(const gguf *g, const char *key, bool allow_float, u
 
 /* ---- steps ---- */
 
-static kp_status load_model_kind(kp_tok_vocab *v, const gguf *g, kp_error *err) {
+static kp_status load_model_kind(kp_tok_vocab *v, const kp_gguf *g, kp_error *err) {
     kp_gguf_str m;
     kp_status st = kp_gguf_get_str(g, "tokenizer.ggml.model", &m, err);
     if (st != KP_OK) return st;
@@ -162,7 +139,7 @@ static kp_status load_model_kind(kp_tok_vocab *v, const gguf *g, kp_error *err) 
     return KP_OK;
 }
 
-static kp_status load_tokens(kp_tok_vocab *v, const gguf *g, kp_error *err) {
+static kp_status load_tokens(kp_tok_vocab *v, const kp_gguf *g, kp_error *err) {
     const kp_gguf_value *toks, *scores, *types;
     kp_status st = kp_gguf_get_arr(g, "tokenizer.ggml.tokens", KP_GGUF_TYPE_STRING, &toks, err);
     if (st != KP_OK) return st;
@@ -254,7 +231,7 @@ static kp_status load_tokens(kp_tok_vocab *v, const gguf *g, kp_error *err) {
     return KP_OK;
 }
 
-static kp_status load_merges(kp_tok_vocab *v, const gguf *g, kp_error *err) {
+static kp_status load_merges(kp_tok_vocab *v, const kp_gguf *g, kp_error *err) {
     const kp_gguf_value *arr;
     kp_status st = kp_gguf_get_arr(g, "tokenizer.ggml.merges", KP_GGUF_TYPE_STRING, &arr, err);
     if (st != KP_OK) return st;
@@ -294,7 +271,7 @@ static kp_status load_merges(kp_tok_vocab *v, const gguf *g, kp_error *err) {
 }
 
 /* Defaults per model, then tokenizer.ggml.pre (BPE) and add_space_prefix. */
-static kp_status load_flags(kp_tok_vocab *v, const gguf *g, kp_error *err) {
+static kp_status load_flags(kp_tok_vocab *v, const kp_gguf *g, kp_error *err) {
     v->eot = v->eom = v->sep = v->pad = v->mask = v->nl = -1;
     v->fim_pre = v->fim_suf = v->fim_mid = v->fim_pad = v->fim_rep = v->fim_sep = -1;
     kp_gguf_str pre;
@@ -384,7 +361,7 @@ static void build_byte_tables(kp_tok_vocab *v) {
 }
 
 /* Reads one special-id key into *dst (see the top comment for the rules). */
-static kp_status read_id(kp_tok_vocab *v, const gguf *g, const char *key, int32_t *dst, bool strict,
+static kp_status read_id(kp_tok_vocab *v, const kp_gguf *g, const char *key, int32_t *dst, bool strict,
                          kp_error *err) {
     const kp_gguf_kv *kv = kp_gguf_find(g, key);
     if (!kv) return KP_OK;
@@ -413,7 +390,7 @@ static kp_status read_id(kp_tok_vocab *v, const gguf *g, const char *key, int32_
     return KP_OK;
 }
 
-static kp_status load_special_ids(kp_tok_vocab *v, const gguf *g, kp_error *err) {
+static kp_status load_special_ids(kp_tok_vocab *v, const kp_gguf *g, kp_error *err) {
     const struct {
         const char *key;
         int32_t *dst;
@@ -663,28 +640,20 @@ static uint8_t byte_of(const kp_tok_vocab *v, int32_t id) {
 }
 
 static kp_status build_pieces(kp_tok_vocab *v, kp_error *err) {
-    size_t cap = 1024;
-    char *arena = malloc(cap);
+    size_t cap = 0;
+    char *arena = NULL;
     v->piece_off = malloc((size_t)v->n_vocab * sizeof *v->piece_off);
     v->piece_len = malloc((size_t)v->n_vocab * sizeof *v->piece_len);
-    if (!arena || !v->piece_off || !v->piece_len) {
-        free(arena);
-        return oom(err);
-    }
+    if (!v->piece_off || !v->piece_len) return oom(err);
     size_t off = 0;
     for (int32_t id = 0; id < v->n_vocab; id++) {
         const char *t = text_of(v, id);
         size_t len = v->text_len[id], n = 0;
         uint32_t attr = v->attrs[id];
         size_t need = off + 1 + (v->model == KP_TOK_MODEL_BPE && (attr & KP_TOK_ATTR_NORMAL) ? bpe_decode_text(t, len, NULL) : len);
-        if (need > cap) {
-            while (cap < need) cap *= 2;
-            char *a = realloc(arena, cap);
-            if (!a) {
-                free(arena);
-                return oom(err);
-            }
-            arena = a;
+        if (!kp_grow((void **)&arena, &cap, need, 1)) {
+            free(arena);
+            return oom(err);
         }
         char *dst = arena + off;
         if (attr & (KP_TOK_ATTR_UNKNOWN | KP_TOK_ATTR_CONTROL | KP_TOK_ATTR_USER_DEFINED)) {
@@ -723,13 +692,13 @@ static void lowercase_copy(kp_gguf_str s, char *out, size_t cap) {
 }
 
 /* Per-model token attributes llama.cpp sets by name (lstrip / rstrip). */
-static kp_gguf_str str_or_empty(const gguf *g, const char *key) {
+static kp_gguf_str str_or_empty(const kp_gguf *g, const char *key) {
     const kp_gguf_kv *kv = kp_gguf_find(g, key);
     kp_gguf_str none = {NULL, 0};
     return kv && kv->value.type == KP_GGUF_TYPE_STRING ? kv->value.v.str : none;
 }
 
-static void model_quirks(kp_tok_vocab *v, const gguf *g) {
+static void model_quirks(kp_tok_vocab *v, const kp_gguf *g) {
     kp_gguf_str name = str_or_empty(g, "general.name"), pre = str_or_empty(g, "tokenizer.ggml.pre");
     kp_gguf_str arch = str_or_empty(g, "general.architecture");
     char lname[256], spre[256], sarch[256];
@@ -774,7 +743,7 @@ void kp_tok_vocab_free(kp_tok_vocab *v) {
     if (!v) return;
     free(v->pre_name);
     free(v->pre_warning);
-    free(v->warnings);
+    kp_buf_free(&v->warnings);
     free(v->text_arena);
     free(v->text_off);
     free(v->text_len);
@@ -792,7 +761,7 @@ void kp_tok_vocab_free(kp_tok_vocab *v) {
     free(v);
 }
 
-kp_status kp_tok_vocab_load(kp_tok_vocab **out, const gguf *g, kp_error *err) {
+kp_status kp_tok_vocab_load(kp_tok_vocab **out, const kp_gguf *g, kp_error *err) {
     if (!out || !g) return kp_fail(err, KP_EINVAL, "kp_tok_vocab_load: NULL argument");
     *out = NULL;
     kp_tok_vocab *v = calloc(1, sizeof *v);

@@ -46,6 +46,8 @@
 #include <string.h>
 
 #include "tok/tok_impl.h"
+#include "base/buf.h"
+#include "base/rng.h"
 #include "base/unicode.h"
 
 #define U2581 "\xe2\x96\x81" /* the SentencePiece space */
@@ -85,22 +87,13 @@ void kp_tok_scratch_free(kp_tok_scratch *s) {
     free(s);
 }
 
-static kp_status grow(void **p, size_t *cap, size_t need, size_t elem, kp_error *err) {
-    if (need <= *cap) return KP_OK;
-    size_t nc = *cap ? *cap : 64;
-    while (nc < need) nc *= 2;
-    void *q = realloc(*p, nc * elem);
-    if (!q) return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory (%zu bytes)", nc * elem);
-    *p = q;
-    *cap = nc;
-    return KP_OK;
+static kp_status oom(size_t n, size_t elem, kp_error *err) {
+    return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory (%zu x %zu bytes)", n, elem);
 }
 
 kp_status kp_tok_ids_push(kp_tok_ids *a, int32_t id, kp_error *err) {
-    if (a->n == a->cap) {
-        kp_status st = grow((void **)&a->ids, &a->cap, a->n + 1, sizeof(int32_t), err);
-        if (st != KP_OK) return st;
-    }
+    if (!kp_grow((void **)&a->ids, &a->cap, a->n + 1, sizeof(int32_t)))
+        return oom(a->n + 1, sizeof(int32_t), err);
     a->ids[a->n++] = id;
     return KP_OK;
 }
@@ -108,8 +101,8 @@ kp_status kp_tok_ids_push(kp_tok_ids *a, int32_t id, kp_error *err) {
 /* ---- min-heap of bigrams ---- */
 
 static kp_status heap_push(kp_tok_scratch *s, tok_bigram b, kp_error *err) {
-    kp_status st = grow((void **)&s->heap, &s->heap_cap, s->heap_n + 1, sizeof(tok_bigram), err);
-    if (st != KP_OK) return st;
+    if (!kp_grow((void **)&s->heap, &s->heap_cap, s->heap_n + 1, sizeof(tok_bigram)))
+        return oom(s->heap_n + 1, sizeof(tok_bigram), err);
     size_t i = s->heap_n++;
     while (i > 0) {
         size_t parent = (i - 1) / 2;
@@ -203,7 +196,7 @@ kp_status kp_tok_spm_tokenize(const kp_tok_vocab *v, kp_tok_scratch *s, const ch
     kp_status st;
     if (len == 0) return KP_OK;
     /* symbols: one per UTF-8 character (by lead byte, clamped to the end) */
-    if ((st = grow((void **)&s->syms, &s->syms_cap, len, sizeof(tok_sym), err)) != KP_OK) return st;
+    if (!kp_grow((void **)&s->syms, &s->syms_cap, len, sizeof(tok_sym))) return oom(len, sizeof(tok_sym), err);
     int32_t n_sym = 0;
     for (size_t off = 0; off < len;) {
         size_t n = kp_unicode_len_utf8((uint8_t)text[off]);
@@ -258,13 +251,13 @@ kp_status kp_tok_bpe_word(const kp_tok_vocab *v, kp_tok_scratch *s, const uint8_
     if (len == 0) return KP_OK;
     if (v->ignore_merges) {
         /* a word that is itself a token is emitted whole */
-        if ((st = grow((void **)&s->buf, &s->buf_cap, 2 * len, 1, err)) != KP_OK) return st;
+        if (!kp_grow((void **)&s->buf, &s->buf_cap, 2 * len, 1)) return oom(2 * len, 1, err);
         size_t n = 0;
         for (size_t i = 0; i < len; i++) n += kp_unicode_encode(kp_unicode_byte_to_cpt(word[i]), s->buf + n);
         int32_t id = kp_tok_lookup(v, (const char *)s->buf, n);
         if (id >= 0) return kp_tok_ids_push(out, id, err);
     }
-    if ((st = grow((void **)&s->syms, &s->syms_cap, len, sizeof(tok_sym), err)) != KP_OK) return st;
+    if (!kp_grow((void **)&s->syms, &s->syms_cap, len, sizeof(tok_sym))) return oom(len, sizeof(tok_sym), err);
     int32_t n_sym = (int32_t)len;
     for (int32_t i = 0; i < n_sym; i++) {
         tok_sym *sym = &s->syms[i];
@@ -311,15 +304,6 @@ kp_status kp_tok_bpe_word(const kp_tok_vocab *v, kp_tok_scratch *s, const uint8_
 
 /* ---- merge table ---- */
 
-static uint64_t mix64(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
-
 kp_status kp_tok_merges_init(kp_tok_merges *m, size_t n_merges, kp_error *err) {
     memset(m, 0, sizeof *m);
     size_t cap = 16;
@@ -345,7 +329,7 @@ void kp_tok_merges_free(kp_tok_merges *m) {
 
 void kp_tok_merges_add(kp_tok_merges *m, int32_t left, int32_t right, int32_t rank, int32_t result) {
     uint64_t key = ((uint64_t)(uint32_t)left << 32) | (uint32_t)right;
-    for (uint64_t i = mix64(key) & m->mask;; i = (i + 1) & m->mask) {
+    for (uint64_t i = kp_mix64(key) & m->mask;; i = (i + 1) & m->mask) {
         if (m->keys[i] == key) return; /* first rank wins */
         if (m->keys[i] == KP_TOK_MERGE_EMPTY) {
             m->keys[i] = key;
@@ -359,7 +343,7 @@ void kp_tok_merges_add(kp_tok_merges *m, int32_t left, int32_t right, int32_t ra
 int32_t kp_tok_merges_find(const kp_tok_merges *m, int32_t left, int32_t right, int32_t *result) {
     if (!m->keys) return -1;
     uint64_t key = ((uint64_t)(uint32_t)left << 32) | (uint32_t)right;
-    for (uint64_t i = mix64(key) & m->mask;; i = (i + 1) & m->mask) {
+    for (uint64_t i = kp_mix64(key) & m->mask;; i = (i + 1) & m->mask) {
         if (m->keys[i] == key) {
             *result = m->results[i];
             return m->ranks[i];

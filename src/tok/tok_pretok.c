@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "tok/tok_impl.h"
+#include "base/buf.h"
 
 /* ---- regex lists ---- */
 
@@ -316,13 +317,7 @@ typedef struct {
 } span_list;
 
 static int span_push(span_list *l, size_t start, size_t len) {
-    if (l->n == l->cap) {
-        size_t nc = l->cap ? l->cap * 2 : 64;
-        kp_tok_span *q = realloc(l->v, nc * sizeof *q);
-        if (!q) return -1;
-        l->v = q;
-        l->cap = nc;
-    }
+    if (!kp_grow((void **)&l->v, &l->cap, l->n + 1, sizeof *l->v)) return -1;
     l->v[l->n].start = start;
     l->v[l->n].len = len;
     l->n++;

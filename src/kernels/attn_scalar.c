@@ -1,7 +1,10 @@
 /*
- * attn.c - attention inner loops in portable C, the workspace size of a
- * tile, and the choice of table (see attn.h; the AVX2 table lives in
- * attn_avx2.c). No state; the tables are constant.
+ * attn_scalar.c - the attention table "scalar" (attn.h) in portable C, the
+ * workspace size of a tile for every table, and the end/partial helpers of
+ * row-by-row workspaces that the SIMD tables share. Plain ISO C, no target
+ * attributes; it calls no SIMD code (F16 K/V rows are converted with
+ * kp_fp16_to_fp32, the same bits as F16C). No state; the table is constant
+ * (tables.h; dispatch.c hands it out as kp_attn_scalar()).
  *
  * Scalar tile workspace (M = n_tok * G rows, hd = head size), in floats:
  *
@@ -14,8 +17,8 @@
  *   ... + STEP             STEP*hd   K rows of the step as F32 (F16 steps)
  *   ... + STEP*hd          STEP*hd   V rows of the step as F32 (F16 steps)
  *
- * kp_attn_tile_floats returns the largest size any table needs (the AVX2
- * layouts are drawn in attn_avx2.c).
+ * kp_attn_tile_floats returns the largest size any table needs (the SIMD
+ * layouts are drawn in attn_avx2_inl.h).
  */
 #include "kernels/attn.h"
 
@@ -23,6 +26,7 @@
 #include <string.h>
 
 #include "kernels/quant.h"
+#include "kernels/tables.h"
 
 /* ---- tiles --------------------------------------------------------------- */
 
@@ -101,8 +105,10 @@ static void tile_step_f32_c(kp_attn_tile *t, const float *k, const float *v, int
 static void tile_step_f16_c(kp_attn_tile *t, const uint16_t *k, const uint16_t *v, int n_keys,
                             int32_t key_pos) {
     scalar_ws w = scalar_layout(t);
-    kp_fp16_to_fp32_row(k, w.kf, (int64_t)n_keys * t->hd);
-    kp_fp16_to_fp32_row(v, w.vf, (int64_t)n_keys * t->hd);
+    for (int64_t i = 0; i < (int64_t)n_keys * t->hd; i++) {
+        w.kf[i] = kp_fp16_to_fp32(k[i]);
+        w.vf[i] = kp_fp16_to_fp32(v[i]);
+    }
     tile_step_f32_c(t, w.kf, w.vf, n_keys, key_pos);
 }
 
@@ -141,7 +147,7 @@ static void swiglu_row_c(float *gate, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++) gate[i] = gate[i] * up[i] / (1.0f + expf(-gate[i]));
 }
 
-static const kp_attn_kernels attn_scalar = {
+const kp_attn_kernels kp_attn_scalar_kernels = {
     .name = "scalar",
     .tile_begin = tile_begin_c,
     .tile_step_f32 = tile_step_f32_c,
@@ -151,17 +157,3 @@ static const kp_attn_kernels attn_scalar = {
     .exp_row = exp_row_c,
     .swiglu_row = swiglu_row_c,
 };
-
-const kp_attn_kernels *kp_attn_scalar(void) { return &attn_scalar; }
-
-const kp_attn_kernels *kp_attn_best(void) {
-    /* kp_kernels_avx2 checks AVX2, FMA and F16C without writing shared state */
-    const kp_attn_kernels *a = NULL;
-    if (kp_kernels_avx2()) {
-#if defined(__x86_64__)
-        if (__builtin_cpu_supports("avx512f")) a = kp_attn_avx512_table();
-#endif
-        if (!a) a = kp_attn_avx2_table();
-    }
-    return a ? a : &attn_scalar;
-}

@@ -1,35 +1,45 @@
 /*
- * quant.c - conversions, reference quantizers, dequantizers and the portable
- * kernel table (see quant.h for the byte layouts of every type).
+ * quant_ref.c - the reference code of every element type: FP16/BF16
+ * conversions, the reference quantizers, the dequantizers, and the pairing
+ * of weight and activation types (quant.h; byte layouts in quant_blocks.h).
+ * Portable ISO C, no target attributes; it calls no other file of
+ * src/kernels/ (the kernel files call it, never the reverse).
  *
  * What it owns:
- *   - FP16/BF16 <-> FP32 conversions, bit-exact (round to nearest even).
+ *   - FP16/BF16 <-> FP32 conversions, bit-exact (round to nearest even),
+ *     and their row forms that the portable table uses as quantize_act.
  *   - The reference quantizers. They reproduce llama.cpp's algorithms
- *     operation for operation (same order, same float rounding; this file
- *     is built as ISO C, so no FMA contraction), which makes their output
- *     byte-identical to llama-quantize --pure:
+ *     (quantize_row_*_ref) operation for operation (same order, same float
+ *     rounding; built as ISO C, so no FMA contraction), which makes their
+ *     output byte-identical to llama-quantize --pure (no importance matrix):
  *
  *       Q8_0  d = amax/127, q = roundf(x/d)
  *       Q4_0  d = -(signed value of largest |x|)/8, q = min(15, trunc(x/d + 8.5))
+ *       Q4_1  per block of 32: d = (max - min)/15, m = min,
+ *             q = min(15, trunc((x - min)/d + 0.5))
+ *       Q5_0  d = -(signed value of the largest |x|)/16,
+ *             q = min(31, trunc(x/d + 16.5))
+ *       Q5_1  d = (max - min)/31, m = min, q = trunc((x - min)/d + 0.5)
+ *       Q8_1  d = amax/127, q = roundf(x/d), s = d * sum(q)
  *       Q4_K  per 32-element sub-block: weighted least-squares fit of
- *             x ~ scale*q - min (q in 0..15, weights |x| + rms of the sub-block)
- *             over 21 candidate grids; then 6-bit quantized scales/mins
- *             relative to the largest ones, and a final requantization of q
- *             with the stored (rounded) scales
+ *       Q5_K  x ~ scale*q - min (q in 0..15 resp. 0..31, weights |x| + rms
+ *             of the sub-block) over 21 resp. 16 candidate grids
+ *             (llama.cpp's make_qkx2_quants); then 6-bit quantized
+ *             scales/mins relative to the largest ones, and a final
+ *             requantization of q with the stored (rounded) scales
  *       Q6_K  per 16-element sub-block: x^2-weighted fit of x ~ scale*q
  *             (q in -32..31) over 19 candidate grids; then 8-bit scales
  *             relative to the largest, and requantization
  *       Q8_K  d = max/-127 (signed value of largest |x|), q = round(x/d),
  *             bsums = sums of 16 consecutive q
  *
- *   - The scalar kernel table: straightforward loops, integer dot products
- *     inside a block, float accumulation across blocks (F32/F16/BF16 rows
- *     accumulate in double). dot_tile and gemm are nr*nc vec_dot calls.
- *   - kp_kernels_best: picks the AVX512-VNNI or the AVX2 table
- *     (quant_avx2.c) at run time.
+ *     "/d" is a multiplication by id = 1/d (0 when d is 0), as in llama.cpp.
+ *   - The dequantizers, one loop per layout, and kp_q8_0_aux_row.
  *
- * Invariants: no mutable state; every function is reentrant. The kernel
- * tables are `static const`.
+ * Invariants: no mutable state; every function is reentrant. Float-to-int
+ * casts are range-checked (to_int_in) so that NaN or inf inputs give
+ * defined, memory-safe garbage rather than undefined behaviour; for finite
+ * inputs the checks never change a result.
  *
  * Rounding helper: nearest_int() adds 1.5*2^23 so the FPU rounds to nearest
  * even, exactly as llama.cpp's helper of the same name; arguments outside
@@ -38,54 +48,21 @@
  */
 #include "kernels/quant.h"
 
-#include <assert.h>
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
-#include "kernels/quant_impl.h"
-#include "kernels/quant_more.h"
-
-#define GROUP_MAX_EPS 1e-15f
-
-static inline int imin(int a, int b) { return a < b ? a : b; }
-static inline int imax(int a, int b) { return a > b ? a : b; }
-
-static inline uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static inline float f32_from_bits(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+#include "kernels/quant_blocks.h"
+#include "kernels/quant_ref.h"
 
 /* ------------------------------------------------------------------------ */
 /* FP16 / BF16                                                               */
 /* ------------------------------------------------------------------------ */
 
-/*
- *   binary16:  s eeeee mmmmmmmmmm        bias 15, subnormal = m * 2^-24
- *   binary32:  s eeeeeeee m(23)          bias 127
- *   bfloat16:  the top 16 bits of binary32
- */
-float kp_fp16_to_fp32(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    const uint32_t exp = (h >> 10) & 0x1Fu;
-    const uint32_t mant = h & 0x3FFu;
-    if (exp == 0) { /* zero or subnormal: mant * 2^-24, exact in float */
-        const float v = (float)mant * 0x1p-24f;
-        return sign ? -v : v;
-    }
-    if (exp == 31) /* inf; a NaN comes out quiet (payload kept), as with F16C */
-        return f32_from_bits(sign | 0x7F800000u | (mant ? (mant | 0x200u) << 13 : 0));
-    return f32_from_bits(sign | ((exp + 112u) << 23) | (mant << 13));
-}
+float kp_fp16_to_fp32(uint16_t h) { return ref_fp16_to_fp32(h); }
 
 uint16_t kp_fp32_to_fp16(float f) {
-    const uint32_t u = f32_bits(f);
+    const uint32_t u = ref_f32_bits(f);
     const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
     const uint32_t a = u & 0x7FFFFFFFu;
     if (a > 0x7F800000u) /* NaN: quiet, top 9 payload bits kept */
@@ -109,43 +86,36 @@ uint16_t kp_fp32_to_fp16(float f) {
     return (uint16_t)(sign | h);
 }
 
-float kp_bf16_to_fp32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+float kp_bf16_to_fp32(uint16_t h) { return ref_bf16_to_fp32(h); }
 
 uint16_t kp_fp32_to_bf16(float f) {
-    const uint32_t u = f32_bits(f);
+    const uint32_t u = ref_f32_bits(f);
     if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 64); /* quiet NaN */
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
-static void fp32_to_fp16_row_scalar(const float *x, void *dst, int64_t n) {
+void kp_quant_row_f16(const float *x, void *dst, int64_t n) {
     uint16_t *y = dst;
     for (int64_t i = 0; i < n; i++) y[i] = kp_fp32_to_fp16(x[i]);
 }
 
-static void fp32_to_bf16_row_scalar(const float *x, void *dst, int64_t n) {
+void kp_quant_row_bf16(const float *x, void *dst, int64_t n) {
     uint16_t *y = dst;
     for (int64_t i = 0; i < n; i++) y[i] = kp_fp32_to_bf16(x[i]);
 }
 
-static void fp32_copy_row(const float *x, void *dst, int64_t n) {
+void kp_quant_row_f32(const float *x, void *dst, int64_t n) {
     if (n > 0) memcpy(dst, x, (size_t)n * sizeof(float));
 }
 
-void kp_fp32_to_fp16_row(const float *x, uint16_t *y, int64_t n) {
-    kp_kernels_best()->quantize_act[KP_DTYPE_F16](x, y, n);
-}
-
-void kp_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n) {
-    if (kp_kernels_avx2()) {
-        kp_quant_avx2_fp16_to_fp32_row(x, y, n);
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) y[i] = kp_fp16_to_fp32(x[i]);
-}
-
 /* ------------------------------------------------------------------------ */
-/* Reference quantizers                                                      */
+/* Helpers of the quantizers                                                 */
 /* ------------------------------------------------------------------------ */
+
+#define GROUP_MAX_EPS 1e-15f
+
+static inline int imin(int a, int b) { return a < b ? a : b; }
+static inline int imax(int a, int b) { return a > b ? a : b; }
 
 static inline int nearest_int(float fval) {
     if (!(fabsf(fval) <= 4194303.f)) fval = fval > 0 ? 4194303.f : fval < 0 ? -4194303.f : 0.f;
@@ -155,12 +125,50 @@ static inline int nearest_int(float fval) {
     return (i & 0x007fffff) - 0x00400000;
 }
 
-/* (int)v truncated toward zero when lo <= v <= hi; 0 otherwise (NaN).
+/* (int)v truncated toward zero when lo <= v <= hi; 0 otherwise (NaN, inf).
  * Float-to-int casts of out-of-range values are undefined in C; for the
  * values the reference quantizers produce this is exactly their cast. */
 static inline int to_int_in(float v, int lo, int hi) {
     return v >= (float)lo && v <= (float)hi ? (int)v : 0;
 }
+
+/* min and max of a block of 32 (starting from +-FLT_MAX, as llama.cpp). */
+static void block_min_max(const float *x, float *min_out, float *max_out) {
+    float min = FLT_MAX, max = -FLT_MAX;
+    for (int j = 0; j < 32; j++) {
+        if (x[j] < min) min = x[j];
+        if (x[j] > max) max = x[j];
+    }
+    *min_out = min;
+    *max_out = max;
+}
+
+/* The signed value of the first element with the largest |x| (0 if all 0). */
+static float block_signed_absmax(const float *x) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; j++) {
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    }
+    return max;
+}
+
+/* Packs 32 five-bit quants q[0..31] into qh (bit 4 of each) and qs. */
+static void pack_q5(const uint8_t q[32], uint8_t qh[4], uint8_t qs[16]) {
+    uint32_t h = 0;
+    for (int j = 0; j < 16; j++) {
+        qs[j] = (uint8_t)((q[j] & 0x0F) | (q[j + 16] & 0x0F) << 4);
+        h |= (uint32_t)((q[j] & 0x10u) >> 4) << j;
+        h |= (uint32_t)((q[j + 16] & 0x10u) >> 4) << (j + 16);
+    }
+    for (int k = 0; k < 4; k++) qh[k] = (uint8_t)(h >> (8 * k)); /* little-endian */
+}
+
+/* ------------------------------------------------------------------------ */
+/* Reference quantizers, one per type                                        */
+/* ------------------------------------------------------------------------ */
 
 void kp_quant_row_q8_0(const float *x, void *dst, int64_t n) {
     kp_block_q8_0 *y = dst;
@@ -182,14 +190,7 @@ static void quant_row_q4_0(const float *x, void *dst, int64_t n) {
     kp_block_q4_0 *y = dst;
     const int64_t nb = n / KP_QK4_0;
     for (int64_t i = 0; i < nb; i++, x += KP_QK4_0) {
-        float amax = 0.0f, max = 0.0f; /* largest |x| and its signed value */
-        for (int j = 0; j < KP_QK4_0; j++) {
-            if (amax < fabsf(x[j])) {
-                amax = fabsf(x[j]);
-                max = x[j];
-            }
-        }
-        const float d = max / -8;
+        const float d = block_signed_absmax(x) / -8;
         const float id = d ? 1.0f / d : 0.0f;
         y[i].d = kp_fp32_to_fp16(d);
         for (int j = 0; j < KP_QK4_0 / 2; j++) {
@@ -198,6 +199,69 @@ static void quant_row_q4_0(const float *x, void *dst, int64_t n) {
             const uint8_t q1 = (uint8_t)imin(15, to_int_in(x1 + 8.5f, 0, 127));
             y[i].qs[j] = (uint8_t)(q0 | q1 << 4);
         }
+    }
+}
+
+static void quant_row_q4_1(const float *x, kp_block_q4_1 *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += KP_QK4_1) {
+        float min, max;
+        block_min_max(x, &min, &max);
+        const float d = (max - min) / 15;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = kp_fp32_to_fp16(d);
+        y[i].m = kp_fp32_to_fp16(min);
+        for (int j = 0; j < 16; j++) {
+            const float x0 = (x[j] - min) * id, x1 = (x[16 + j] - min) * id;
+            const int q0 = imin(15, (int8_t)to_int_in(x0 + 0.5f, -128, 127));
+            const int q1 = imin(15, (int8_t)to_int_in(x1 + 0.5f, -128, 127));
+            y[i].qs[j] = (uint8_t)((uint8_t)q0 | (uint8_t)q1 << 4);
+        }
+    }
+}
+
+static void quant_row_q5_0(const float *x, kp_block_q5_0 *y, int64_t nb) {
+    uint8_t q[32];
+    for (int64_t i = 0; i < nb; i++, x += KP_QK5_0) {
+        const float d = block_signed_absmax(x) / -16;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = kp_fp32_to_fp16(d);
+        for (int j = 0; j < 32; j++)
+            q[j] = (uint8_t)imin(31, (int8_t)to_int_in(x[j] * id + 16.5f, -128, 127));
+        pack_q5(q, y[i].qh, y[i].qs);
+    }
+}
+
+static void quant_row_q5_1(const float *x, kp_block_q5_1 *y, int64_t nb) {
+    uint8_t q[32];
+    for (int64_t i = 0; i < nb; i++, x += KP_QK5_1) {
+        float min, max;
+        block_min_max(x, &min, &max);
+        const float d = (max - min) / 31;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = kp_fp32_to_fp16(d);
+        y[i].m = kp_fp32_to_fp16(min);
+        for (int j = 0; j < 32; j++) q[j] = (uint8_t)to_int_in((x[j] - min) * id + 0.5f, 0, 255);
+        pack_q5(q, y[i].qh, y[i].qs);
+    }
+}
+
+void kp_quant_row_q8_1(const float *x, void *dst, int64_t n) {
+    kp_block_q8_1 *y = dst;
+    for (int64_t i = 0; i < n / KP_QK8_1; i++, x += KP_QK8_1) {
+        float amax = 0.0f;
+        for (int j = 0; j < KP_QK8_1; j++) {
+            const float v = fabsf(x[j]);
+            amax = amax > v ? amax : v;
+        }
+        const float d = amax / 127;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = kp_fp32_to_fp16(d);
+        int sum = 0;
+        for (int j = 0; j < KP_QK8_1; j++) {
+            y[i].qs[j] = (int8_t)to_int_in(roundf(x[j] * id), -128, 127);
+            sum += y[i].qs[j];
+        }
+        y[i].s = kp_fp32_to_fp16((float)sum * d);
     }
 }
 
@@ -212,8 +276,8 @@ static void quant_row_q4_0(const float *x, void *dst, int64_t n) {
  * keep the best. Note that `min`, once improved, also moves the later
  * grids (as in llama.cpp). Returns scale; *the_min = -min (>= 0).
  */
-static float kp_quant_fit_scale_min(int n, int nmax, const float *x, const float *weights, uint8_t *L,
-                             float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep) {
+static float fit_scale_min(int n, int nmax, const float *x, const float *weights, uint8_t *L,
+                           float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep) {
     float min = x[0], max = x[0];
     float sum_w = weights[0];
     float sum_x = sum_w * x[0];
@@ -278,9 +342,9 @@ static float kp_quant_fit_scale_min(int n, int nmax, const float *x, const float
 
 /* Q4_K/Q5_K: the 8 sub-block scales and mins as 6-bit integers relative
  * to max_scale / 63 and max_min / 63, packed into 12 bytes (layout table in
- * quant.h), and the two FP16 super-block scales. */
-static void kp_quant_k_pack_scales(const float scales[8], const float mins[8], float max_scale,
-                            float max_min, uint8_t packed[12], uint16_t *d, uint16_t *dmin) {
+ * quant_blocks.h), and the two FP16 super-block scales. */
+static void pack_k_scales(const float scales[8], const float mins[8], float max_scale,
+                          float max_min, uint8_t packed[12], uint16_t *d, uint16_t *dmin) {
     const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
     const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
     for (int j = 0; j < KP_QK_K / 32; j++) {
@@ -301,20 +365,13 @@ static void kp_quant_k_pack_scales(const float scales[8], const float mins[8], f
     *dmin = kp_fp32_to_fp16(max_min / 63.f);
 }
 
-/* Q4_K: sc[j], m[j] from the 12 packed bytes (layout table in quant.h). */
-void kp_quant_q4k_unpack_scales(const uint8_t q[12], uint8_t sc[8], uint8_t m[8]) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = q[j] & 63;
-        m[j] = q[j + 4] & 63;
-    }
-    for (int j = 4; j < 8; j++) {
-        sc[j] = (uint8_t)((q[j + 4] & 0xF) | (q[j - 4] >> 6) << 4);
-        m[j] = (uint8_t)((q[j + 4] >> 4) | (q[j] >> 6) << 4);
-    }
-}
-
-void kp_quant_k_scales(const float *x, int nmax, float rmin, int nstep, uint8_t L[KP_QK_K],
-                       uint8_t packed[12], uint16_t *d, uint16_t *dmin) {
+/* The Q4_K/Q5_K quantizer part both types share (make_qkx2_quants per
+ * sub-block and the 6-bit scale packing): fits the 8 sub-blocks of
+ * x[0..256) (levels 0..nmax, llama.cpp's rmin and nstep for the type),
+ * packs the scales and mins, and writes the levels L requantized with the
+ * scales as stored. Q4_K: nmax 15, rmin -1, nstep 20; Q5_K: 31, -0.5, 15. */
+static void k_scales(const float *x, int nmax, float rmin, int nstep, uint8_t L[KP_QK_K],
+                     uint8_t packed[12], uint16_t *d, uint16_t *dmin) {
     uint8_t Laux[32];
     float weights[32], mins[KP_QK_K / 32], scales[KP_QK_K / 32];
     float max_scale = 0, max_min = 0; /* the scales and mins are >= 0 */
@@ -324,14 +381,14 @@ void kp_quant_k_scales(const float *x, int nmax, float rmin, int nstep, uint8_t 
         for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
         const float av_x = sqrtf(sum_x2 / 32);
         for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(xs[l]);
-        scales[j] = kp_quant_fit_scale_min(32, nmax, xs, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep);
+        scales[j] = fit_scale_min(32, nmax, xs, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep);
         if (scales[j] > max_scale) max_scale = scales[j];
         if (mins[j] > max_min) max_min = mins[j];
     }
-    kp_quant_k_pack_scales(scales, mins, max_scale, max_min, packed, d, dmin);
+    pack_k_scales(scales, mins, max_scale, max_min, packed, d, dmin);
     /* requantize with the scales as stored */
     uint8_t sc[8], m[8];
-    kp_quant_q4k_unpack_scales(packed, sc, m);
+    unpack_k_scales(packed, sc, m);
     const float d_all = kp_fp16_to_fp32(*d), dmin_all = kp_fp16_to_fp32(*dmin);
     for (int j = 0; j < KP_QK_K / 32; j++) {
         const float dj = d_all * sc[j];
@@ -350,11 +407,30 @@ static void quant_row_q4_K(const float *x, void *dst, int64_t n) {
     uint8_t L[KP_QK_K];
 
     for (int64_t i = 0; i < nb; i++, x += KP_QK_K) {
-        kp_quant_k_scales(x, 15, -1.f, 20, L, y[i].scales, &y[i].d, &y[i].dmin);
+        k_scales(x, 15, -1.f, 20, L, y[i].scales, &y[i].d, &y[i].dmin);
 
         uint8_t *q = y[i].qs;
         for (int j = 0; j < KP_QK_K; j += 64, q += 32)
             for (int l = 0; l < 32; l++) q[l] = (uint8_t)(L[j + l] | L[j + l + 32] << 4);
+    }
+}
+
+static void quant_row_q5_K(const float *x, kp_block_q5_K *y, int64_t nb) {
+    uint8_t L[KP_QK_K];
+
+    for (int64_t i = 0; i < nb; i++, x += KP_QK_K) {
+        /* sub-block fit, 6-bit scales packed as Q4_K's, requantized as stored */
+        k_scales(x, 31, -0.5f, 15, L, y[i].scales, &y[i].d, &y[i].dmin);
+
+        memset(y[i].qh, 0, sizeof y[i].qh);
+        uint8_t *ql = y[i].qs;
+        for (int c = 0; c < 4; c++, ql += 32) {
+            for (int l = 0; l < 32; l++) {
+                const int l1 = L[64 * c + l], l2 = L[64 * c + 32 + l];
+                y[i].qh[l] |= (uint8_t)((l1 >> 4) << (2 * c) | (l2 >> 4) << (2 * c + 1));
+                ql[l] = (uint8_t)((l1 & 0xF) | (l2 & 0xF) << 4);
+            }
+        }
     }
 }
 
@@ -494,16 +570,19 @@ bool kp_quantize_row(kp_dtype t, const float *src, void *dst, int64_t n) {
     const kp_dtype_info *info = kp_dtype_get((uint32_t)t);
     if (!info || n < 0 || n % info->block_size != 0) return false;
     switch (t) {
-    case KP_DTYPE_F32: fp32_copy_row(src, dst, n); return true;
-    case KP_DTYPE_F16: fp32_to_fp16_row_scalar(src, dst, n); return true;
-    case KP_DTYPE_BF16: fp32_to_bf16_row_scalar(src, dst, n); return true;
+    case KP_DTYPE_F32: kp_quant_row_f32(src, dst, n); return true;
+    case KP_DTYPE_F16: kp_quant_row_f16(src, dst, n); return true;
+    case KP_DTYPE_BF16: kp_quant_row_bf16(src, dst, n); return true;
     case KP_DTYPE_Q8_0: kp_quant_row_q8_0(src, dst, n); return true;
     case KP_DTYPE_Q4_0: quant_row_q4_0(src, dst, n); return true;
     case KP_DTYPE_Q4_K: quant_row_q4_K(src, dst, n); return true;
     case KP_DTYPE_Q6_K: quant_row_q6_K(src, dst, n); return true;
     case KP_DTYPE_Q8_K: kp_quant_row_q8_K(src, dst, n); return true;
-    case KP_DTYPE_Q4_1: case KP_DTYPE_Q5_0: case KP_DTYPE_Q5_1: case KP_DTYPE_Q5_K:
-    case KP_DTYPE_Q8_1: return kp_qmore_quantize_row(t, src, dst, n); /* quant_more.c */
+    case KP_DTYPE_Q4_1: quant_row_q4_1(src, dst, n / KP_QK4_1); return true;
+    case KP_DTYPE_Q5_0: quant_row_q5_0(src, dst, n / KP_QK5_0); return true;
+    case KP_DTYPE_Q5_1: quant_row_q5_1(src, dst, n / KP_QK5_1); return true;
+    case KP_DTYPE_Q5_K: quant_row_q5_K(src, dst, n / KP_QK_K); return true;
+    case KP_DTYPE_Q8_1: kp_quant_row_q8_1(src, dst, n); return true;
     default: return false;
     }
 }
@@ -529,11 +608,46 @@ static void dequant_q4_0(const kp_block_q4_0 *x, float *y, int64_t nb) {
     }
 }
 
+static void dequant_q4_1(const kp_block_q4_1 *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += KP_QK4_1) {
+        const float d = kp_fp16_to_fp32(x[i].d), m = kp_fp16_to_fp32(x[i].m);
+        for (int j = 0; j < 16; j++) {
+            y[j] = (x[i].qs[j] & 0xF) * d + m;
+            y[j + 16] = (x[i].qs[j] >> 4) * d + m;
+        }
+    }
+}
+
+static void dequant_q5_0(const kp_block_q5_0 *x, float *y, int64_t nb) {
+    uint8_t q[32];
+    for (int64_t i = 0; i < nb; i++, y += KP_QK5_0) {
+        const float d = kp_fp16_to_fp32(x[i].d);
+        unpack_q5(x[i].qh, x[i].qs, q);
+        for (int j = 0; j < 32; j++) y[j] = (q[j] - 16) * d;
+    }
+}
+
+static void dequant_q5_1(const kp_block_q5_1 *x, float *y, int64_t nb) {
+    uint8_t q[32];
+    for (int64_t i = 0; i < nb; i++, y += KP_QK5_1) {
+        const float d = kp_fp16_to_fp32(x[i].d), m = kp_fp16_to_fp32(x[i].m);
+        unpack_q5(x[i].qh, x[i].qs, q);
+        for (int j = 0; j < 32; j++) y[j] = q[j] * d + m;
+    }
+}
+
+static void dequant_q8_1(const kp_block_q8_1 *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += KP_QK8_1) {
+        const float d = kp_fp16_to_fp32(x[i].d);
+        for (int j = 0; j < 32; j++) y[j] = x[i].qs[j] * d;
+    }
+}
+
 static void dequant_q4_K(const kp_block_q4_K *x, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         const float d = kp_fp16_to_fp32(x[i].d), min = kp_fp16_to_fp32(x[i].dmin);
         uint8_t sc[8], m[8];
-        kp_quant_q4k_unpack_scales(x[i].scales, sc, m);
+        unpack_k_scales(x[i].scales, sc, m);
         const uint8_t *q = x[i].qs;
         for (int j = 0; j < 4; j++, q += 32) {
             const float d1 = d * sc[2 * j], m1 = min * m[2 * j];
@@ -544,15 +658,16 @@ static void dequant_q4_K(const kp_block_q4_K *x, float *y, int64_t nb) {
     }
 }
 
-/* Q6_K: the 256 signed quants (q - 32) of one block. */
-static void q6k_unpack(const kp_block_q6_K *x, int8_t q[KP_QK_K]) {
-    const uint8_t *ql = x->ql, *qh = x->qh;
-    for (int h = 0; h < 2; h++, ql += 64, qh += 32, q += 128) {
-        for (int l = 0; l < 32; l++) {
-            q[l] = (int8_t)(((ql[l] & 0xF) | ((qh[l] >> 0) & 3) << 4) - 32);
-            q[l + 32] = (int8_t)(((ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4) - 32);
-            q[l + 64] = (int8_t)(((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32);
-            q[l + 96] = (int8_t)(((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32);
+static void dequant_q5_K(const kp_block_q5_K *x, float *y, int64_t nb) {
+    uint8_t q[KP_QK_K];
+    for (int64_t i = 0; i < nb; i++, y += KP_QK_K) {
+        const float d = kp_fp16_to_fp32(x[i].d), min = kp_fp16_to_fp32(x[i].dmin);
+        uint8_t sc[8], m[8];
+        unpack_k_scales(x[i].scales, sc, m);
+        unpack_q5_K(&x[i], q);
+        for (int j = 0; j < 8; j++) {
+            const float d1 = d * sc[j], m1 = min * m[j];
+            for (int l = 0; l < 32; l++) y[32 * j + l] = d1 * q[32 * j + l] - m1;
         }
     }
 }
@@ -561,7 +676,7 @@ static void dequant_q6_K(const kp_block_q6_K *x, float *y, int64_t nb) {
     int8_t q[KP_QK_K];
     for (int64_t i = 0; i < nb; i++, y += KP_QK_K) {
         const float d = kp_fp16_to_fp32(x[i].d);
-        q6k_unpack(&x[i], q);
+        unpack_q6_K(&x[i], q);
         for (int j = 0; j < KP_QK_K; j++) y[j] = d * x[i].scales[j / 16] * q[j];
     }
 }
@@ -579,7 +694,11 @@ bool kp_dequantize_row(kp_dtype t, const void *src, float *dst, int64_t n) {
     case KP_DTYPE_F32:
         if (n > 0) memcpy(dst, src, (size_t)n * sizeof(float));
         return true;
-    case KP_DTYPE_F16: kp_fp16_to_fp32_row(src, dst, n); return true;
+    case KP_DTYPE_F16: { /* the same bits as the F16C row of kp_fp16_to_fp32_row */
+        const uint16_t *x = src;
+        for (int64_t i = 0; i < n; i++) dst[i] = kp_fp16_to_fp32(x[i]);
+        return true;
+    }
     case KP_DTYPE_BF16: {
         const uint16_t *x = src;
         for (int64_t i = 0; i < n; i++) dst[i] = kp_bf16_to_fp32(x[i]);
@@ -590,8 +709,11 @@ bool kp_dequantize_row(kp_dtype t, const void *src, float *dst, int64_t n) {
     case KP_DTYPE_Q4_K: dequant_q4_K(src, dst, nb); return true;
     case KP_DTYPE_Q6_K: dequant_q6_K(src, dst, nb); return true;
     case KP_DTYPE_Q8_K: dequant_q8_K(src, dst, nb); return true;
-    case KP_DTYPE_Q4_1: case KP_DTYPE_Q5_0: case KP_DTYPE_Q5_1: case KP_DTYPE_Q5_K:
-    case KP_DTYPE_Q8_1: return kp_qmore_dequantize_row(t, src, dst, n); /* quant_more.c */
+    case KP_DTYPE_Q4_1: dequant_q4_1(src, dst, nb); return true;
+    case KP_DTYPE_Q5_0: dequant_q5_0(src, dst, nb); return true;
+    case KP_DTYPE_Q5_1: dequant_q5_1(src, dst, nb); return true;
+    case KP_DTYPE_Q8_1: dequant_q8_1(src, dst, nb); return true;
+    case KP_DTYPE_Q5_K: dequant_q5_K(src, dst, nb); return true;
     default: return false;
     }
 }
@@ -612,100 +734,6 @@ kp_dtype kp_vec_dot_type(kp_dtype w) {
     }
 }
 
-/* ------------------------------------------------------------------------ */
-/* Scalar kernels                                                            */
-/* ------------------------------------------------------------------------ */
-
-static void vec_dot_f32_scalar(int64_t n, float *s, const void *w, const void *a) {
-    const float *x = w, *y = a;
-    double sum = 0;
-    for (int64_t i = 0; i < n; i++) sum += (double)x[i] * y[i];
-    *s = (float)sum;
-}
-
-static void vec_dot_f16_scalar(int64_t n, float *s, const void *w, const void *a) {
-    const uint16_t *x = w, *y = a;
-    double sum = 0;
-    for (int64_t i = 0; i < n; i++) sum += (double)kp_fp16_to_fp32(x[i]) * kp_fp16_to_fp32(y[i]);
-    *s = (float)sum;
-}
-
-static void vec_dot_bf16_scalar(int64_t n, float *s, const void *w, const void *a) {
-    const uint16_t *x = w, *y = a;
-    double sum = 0;
-    for (int64_t i = 0; i < n; i++) sum += (double)kp_bf16_to_fp32(x[i]) * kp_bf16_to_fp32(y[i]);
-    *s = (float)sum;
-}
-
-static void vec_dot_q8_0_scalar(int64_t n, float *s, const void *w, const void *a) {
-    const kp_block_q8_0 *x = w, *y = a;
-    float sumf = 0;
-    for (int64_t i = 0; i < n / KP_QK8_0; i++) {
-        int sumi = 0;
-        for (int j = 0; j < KP_QK8_0; j++) sumi += x[i].qs[j] * y[i].qs[j];
-        sumf += sumi * (kp_fp16_to_fp32(x[i].d) * kp_fp16_to_fp32(y[i].d));
-    }
-    *s = sumf;
-}
-
-static void vec_dot_q4_0_scalar(int64_t n, float *s, const void *w, const void *a) {
-    const kp_block_q4_0 *x = w;
-    const kp_block_q8_0 *y = a;
-    float sumf = 0;
-    for (int64_t i = 0; i < n / KP_QK4_0; i++) {
-        int sumi = 0;
-        for (int j = 0; j < KP_QK4_0 / 2; j++) {
-            sumi += ((x[i].qs[j] & 0xF) - 8) * y[i].qs[j];
-            sumi += ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + KP_QK4_0 / 2];
-        }
-        sumf += sumi * (kp_fp16_to_fp32(x[i].d) * kp_fp16_to_fp32(y[i].d));
-    }
-    *s = sumf;
-}
-
-static void vec_dot_q4_K_scalar(int64_t n, float *s, const void *w, const void *a) {
-    const kp_block_q4_K *x = w;
-    const kp_block_q8_K *y = a;
-    float sumf = 0;
-    for (int64_t i = 0; i < n / KP_QK_K; i++) {
-        uint8_t sc[8], m[8];
-        kp_quant_q4k_unpack_scales(x[i].scales, sc, m);
-        const uint8_t *q4 = x[i].qs;
-        const int8_t *q8 = y[i].qs;
-        int sumi = 0;
-        for (int j = 0; j < 4; j++, q4 += 32, q8 += 64) {
-            int s_lo = 0, s_hi = 0;
-            for (int l = 0; l < 32; l++) {
-                s_lo += (q4[l] & 0xF) * q8[l];
-                s_hi += (q4[l] >> 4) * q8[l + 32];
-            }
-            sumi += sc[2 * j] * s_lo + sc[2 * j + 1] * s_hi;
-        }
-        int summ = 0;
-        for (int j = 0; j < 8; j++) summ += m[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
-        sumf += y[i].d * kp_fp16_to_fp32(x[i].d) * sumi - y[i].d * kp_fp16_to_fp32(x[i].dmin) * summ;
-    }
-    *s = sumf;
-}
-
-static void vec_dot_q6_K_scalar(int64_t n, float *s, const void *w, const void *a) {
-    const kp_block_q6_K *x = w;
-    const kp_block_q8_K *y = a;
-    int8_t q[KP_QK_K];
-    float sumf = 0;
-    for (int64_t i = 0; i < n / KP_QK_K; i++) {
-        q6k_unpack(&x[i], q);
-        int sumi = 0;
-        for (int j = 0; j < KP_QK_K / 16; j++) {
-            int sub = 0;
-            for (int l = 0; l < 16; l++) sub += q[16 * j + l] * y[i].qs[16 * j + l];
-            sumi += x[i].scales[j] * sub;
-        }
-        sumf += kp_fp16_to_fp32(x[i].d) * y[i].d * sumi;
-    }
-    *s = sumf;
-}
-
 void kp_q8_0_aux_row(const void *a, kp_q8_0_aux *aux, int64_t n) {
     const kp_block_q8_0 *y = a;
     for (int64_t i = 0; i < n / KP_QK8_0; i++) {
@@ -714,157 +742,4 @@ void kp_q8_0_aux_row(const void *a, kp_q8_0_aux *aux, int64_t n) {
         aux[i].d = kp_fp16_to_fp32(y[i].d);
         aux[i].bias = -128 * sum;
     }
-}
-
-typedef void (*vec_dot_fn)(int64_t n, float *s, const void *w, const void *a);
-
-static void dot_tile_generic(vec_dot_fn dot, int64_t n, int nr, int nc, const void *w,
-                             size_t w_stride, const void *a, size_t a_stride, float *out,
-                             size_t out_stride) {
-    for (int c = 0; c < nc; c++)
-        for (int r = 0; r < nr; r++)
-            dot(n, &out[(size_t)c * out_stride + (size_t)r], (const char *)w + (size_t)r * w_stride,
-                (const char *)a + (size_t)c * a_stride);
-}
-
-#define SCALAR_TILE(name, dot)                                                             \
-    static void name(int64_t n, int nr, int nc, const void *w, size_t w_stride,           \
-                     const void *a, size_t a_stride, float *out, size_t out_stride) {     \
-        dot_tile_generic(dot, n, nr, nc, w, w_stride, a, a_stride, out, out_stride);       \
-    }
-SCALAR_TILE(tile_f32_scalar, vec_dot_f32_scalar)
-SCALAR_TILE(tile_f16_scalar, vec_dot_f16_scalar)
-SCALAR_TILE(tile_bf16_scalar, vec_dot_bf16_scalar)
-SCALAR_TILE(tile_q8_0_scalar, vec_dot_q8_0_scalar)
-SCALAR_TILE(tile_q4_0_scalar, vec_dot_q4_0_scalar)
-SCALAR_TILE(tile_q4_K_scalar, vec_dot_q4_K_scalar)
-SCALAR_TILE(tile_q6_K_scalar, vec_dot_q6_K_scalar)
-#undef SCALAR_TILE
-
-#define SCALAR_GEMM(name, dot)                                                                \
-    static void name(int64_t n, int nr, int nc, const void *w, size_t w_stride,              \
-                     const void *a, size_t a_stride, const void *aux, size_t aux_stride,      \
-                     float *out, size_t out_stride) {                                        \
-        (void)aux;                                                                            \
-        (void)aux_stride;                                                                     \
-        dot_tile_generic(dot, n, nr, nc, w, w_stride, a, a_stride, out, out_stride);          \
-    }
-SCALAR_GEMM(gemm_f32_scalar, vec_dot_f32_scalar)
-SCALAR_GEMM(gemm_f16_scalar, vec_dot_f16_scalar)
-SCALAR_GEMM(gemm_bf16_scalar, vec_dot_bf16_scalar)
-SCALAR_GEMM(gemm_q8_0_scalar, vec_dot_q8_0_scalar)
-SCALAR_GEMM(gemm_q4_0_scalar, vec_dot_q4_0_scalar)
-SCALAR_GEMM(gemm_q4_K_scalar, vec_dot_q4_K_scalar)
-SCALAR_GEMM(gemm_q6_K_scalar, vec_dot_q6_K_scalar)
-#undef SCALAR_GEMM
-
-static float dot_f32_scalar(int64_t n, const float *x, const float *y) {
-    float sum = 0;
-    for (int64_t i = 0; i < n; i++) sum += x[i] * y[i];
-    return sum;
-}
-
-static float dot_f32_f16_scalar(int64_t n, const float *x, const uint16_t *y) {
-    float sum = 0;
-    for (int64_t i = 0; i < n; i++) sum += x[i] * kp_fp16_to_fp32(y[i]);
-    return sum;
-}
-
-static void axpy_f32_scalar(int64_t n, float a, const float *x, float *y) {
-    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
-}
-
-static void axpy_f16_scalar(int64_t n, float a, const uint16_t *x, float *y) {
-    for (int64_t i = 0; i < n; i++) y[i] += a * kp_fp16_to_fp32(x[i]);
-}
-
-static const kp_kernels kernels_scalar = {
-    .name = "scalar",
-    .quantize_act =
-        {
-            [KP_DTYPE_F32] = fp32_copy_row,
-            [KP_DTYPE_F16] = fp32_to_fp16_row_scalar,
-            [KP_DTYPE_BF16] = fp32_to_bf16_row_scalar,
-            [KP_DTYPE_Q8_0] = kp_quant_row_q8_0,
-            [KP_DTYPE_Q4_0] = kp_quant_row_q8_0,
-            [KP_DTYPE_Q4_K] = kp_quant_row_q8_K,
-            [KP_DTYPE_Q6_K] = kp_quant_row_q8_K,
-            [KP_DTYPE_Q4_1] = kp_qmore_quant_row_q8_1, /* quant_more.c */
-            [KP_DTYPE_Q5_0] = kp_quant_row_q8_0,
-            [KP_DTYPE_Q5_1] = kp_qmore_quant_row_q8_1,
-            [KP_DTYPE_Q5_K] = kp_quant_row_q8_K,
-        },
-    .vec_dot =
-        {
-            [KP_DTYPE_F32] = vec_dot_f32_scalar,
-            [KP_DTYPE_F16] = vec_dot_f16_scalar,
-            [KP_DTYPE_BF16] = vec_dot_bf16_scalar,
-            [KP_DTYPE_Q8_0] = vec_dot_q8_0_scalar,
-            [KP_DTYPE_Q4_0] = vec_dot_q4_0_scalar,
-            [KP_DTYPE_Q4_K] = vec_dot_q4_K_scalar,
-            [KP_DTYPE_Q6_K] = vec_dot_q6_K_scalar,
-            [KP_DTYPE_Q4_1] = kp_qmore_vec_dot_q4_1_scalar, /* quant_more.c */
-            [KP_DTYPE_Q5_0] = kp_qmore_vec_dot_q5_0_scalar,
-            [KP_DTYPE_Q5_1] = kp_qmore_vec_dot_q5_1_scalar,
-            [KP_DTYPE_Q5_K] = kp_qmore_vec_dot_q5_K_scalar,
-        },
-    .dot_tile =
-        {
-            [KP_DTYPE_F32] = tile_f32_scalar,
-            [KP_DTYPE_F16] = tile_f16_scalar,
-            [KP_DTYPE_BF16] = tile_bf16_scalar,
-            [KP_DTYPE_Q8_0] = tile_q8_0_scalar,
-            [KP_DTYPE_Q4_0] = tile_q4_0_scalar,
-            [KP_DTYPE_Q4_K] = tile_q4_K_scalar,
-            [KP_DTYPE_Q6_K] = tile_q6_K_scalar,
-            [KP_DTYPE_Q4_1] = kp_qmore_tile_q4_1_scalar, /* quant_more.c */
-            [KP_DTYPE_Q5_0] = kp_qmore_tile_q5_0_scalar,
-            [KP_DTYPE_Q5_1] = kp_qmore_tile_q5_1_scalar,
-            [KP_DTYPE_Q5_K] = kp_qmore_tile_q5_K_scalar,
-        },
-    .gemm =
-        {
-            [KP_DTYPE_F32] = gemm_f32_scalar,
-            [KP_DTYPE_F16] = gemm_f16_scalar,
-            [KP_DTYPE_BF16] = gemm_bf16_scalar,
-            [KP_DTYPE_Q8_0] = gemm_q8_0_scalar,
-            [KP_DTYPE_Q4_0] = gemm_q4_0_scalar,
-            [KP_DTYPE_Q4_K] = gemm_q4_K_scalar,
-            [KP_DTYPE_Q6_K] = gemm_q6_K_scalar,
-        },
-    .dot_f32 = dot_f32_scalar,
-    .dot_f32_f16 = dot_f32_f16_scalar,
-    .axpy_f32 = axpy_f32_scalar,
-    .axpy_f16 = axpy_f16_scalar,
-};
-
-const kp_kernels *kp_kernels_scalar(void) { return &kernels_scalar; }
-
-const kp_kernels *kp_kernels_avx2(void) {
-#if defined(__x86_64__)
-    /* libgcc fills the CPU model in a constructor; no __builtin_cpu_init()
-     * here, it would write shared state from every calling thread */
-    bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#if !defined(__clang__)
-    ok = ok && __builtin_cpu_supports("f16c"); /* clang 14 has no "f16c" here; every
-                                                 AVX2 CPU has F16C */
-#endif
-    if (ok) return kp_quant_avx2_table();
-#endif
-    return NULL;
-}
-
-const kp_kernels *kp_kernels_avx512vnni(void) {
-#if defined(__x86_64__)
-    if (kp_kernels_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
-        return kp_quant_avx512vnni_table();
-#endif
-    return NULL;
-}
-
-const kp_kernels *kp_kernels_best(void) {
-    const kp_kernels *k = kp_kernels_avx512vnni();
-    if (!k) k = kp_kernels_avx2();
-    return k ? k : &kernels_scalar;
 }

@@ -1,0 +1,735 @@
+/*
+ * quant_avx512.c - the "avx512vnni" kernel table (quant.h): the avx2 table
+ * (quant_avx2.c) with every gemm, and the F32/F16/BF16 dot_tile, replaced
+ * by kernels that use AVX-512: vpdpbusd (AVX512-VNNI with AVX512-VL) on
+ * 256-bit vectors, and 512-bit vectors where they pay, for the integer
+ * types; 512-bit FMA for the float types. Every type with kernels: F32,
+ * F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
+ *
+ * Compiled without -march flags: every function here carries
+ * __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,
+ * avx512vnni"))) (VNNI, VNNI_INLINE of quant_avx2_inl.h), and dispatch.c
+ * hands the table out only when the CPU has all of them. Outside x86-64
+ * the file is empty. quantize_act, vec_dot, the integer dot_tile and the
+ * attention helpers are the avx2 table's (quant_avx2.h); the gemm loops,
+ * the weight decoding and the panel packs are quant_avx2_inl.h's, given
+ * the VNNI tiles below. The few-row paths of the K-quant gemms are the
+ * avx2 dot_tile kernels.
+ *
+ * vpdpbusd adds 4 products of unsigned and signed bytes into an int32 lane
+ * in one instruction, without vpmaddubsw's int16 saturation, so Q8_0
+ * weights can be stored with a +128 offset (u = w + 128) and corrected
+ * once per block by the activation's aux bias (-128 sum(a)); Q4_0 stores
+ * 16q (16q - 128 = 16(q - 8)) with its scale / 16, Q5_0 stores 8q with its
+ * scale / 8 (powers of two scale exactly: the same float products). The
+ * integer sums are exact however they are formed, and every path follows
+ * the canonical order of quant_avx2_inl.h, so the integer types give the
+ * avx2 table's results bit for bit. The float types have their own
+ * canonical order on 16 lanes (below), the same for dot_tile and gemm.
+ *
+ * Decode with one activation row takes 16 weight rows at once (four or two
+ * to a 512-bit vector; hex_tile_vnni, q4_hex_tile_vnni, leg_hex_tile_vnni),
+ * so that the fold to one sum per row, the conversion and the scaling run
+ * once per 16 rows.
+ *
+ * Stack use: as the avx2 table (quant_avx2.c); 16 KiB for float types.
+ */
+#include "kernels/quant_avx2.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "kernels/quant_avx2_inl.h"
+#include "kernels/tables.h"
+
+/* ------------------------------------------------------------------------ */
+/* F32, F16 and BF16 on 512-bit vectors                                      */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * The avx512vnni table's F32/F16/BF16 kernels: the same register tiles on
+ * 512-bit vectors (16 lanes; 2 x 8 tiles for many activation rows, 4 x C in
+ * decode), chunks of F5_KC elements padded with zeros to a multiple of 16,
+ * lane i summing k = i mod 16, then one fixed horizontal sum. Its own
+ * canonical order (16 lanes), shared by every call shape of that table.
+ */
+#define F5_KC 512 /* elements per K chunk */
+#define F5_NC 8   /* activation rows per tile (at most) */
+
+VNNI_INLINE __m512 load_x16(const void *row, int64_t i, int kind) {
+    if (kind == ELEM_F32) return _mm512_loadu_ps((const float *)row + i);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i));
+    if (kind == ELEM_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+VNNI_INLINE __m512 float_w16(const char *row, int64_t k, int64_t n, int kind) {
+    if (k + 16 <= n) return load_x16(row, k, kind);
+    float t[16];
+    for (int i = 0; i < 16; i++) t[i] = k + i < n ? load_x1(row, k + i, kind) : 0.0f;
+    return _mm512_loadu_ps(t);
+}
+
+VNNI_INLINE float hsum512(__m512 v) {
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    return hsum_ps(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
+}
+
+VNNI_INLINE void float_tile512(const char *const *wr, int kind, int64_t k0, int64_t len16, int64_t n,
+                               const float (*sa)[F5_KC], int nr, float *out, size_t os, int add, size_t pf,
+                               const int R, const int C) {
+    const size_t es = kind == ELEM_F32 ? 4 : 2;
+    __m512 acc[4][F5_NC];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < len16; k += 16) {
+        __m512 w[4];
+        if (pf && (size_t)(k0 + k) * es % 64 < 16 * es) /* once per cache line */
+            UNROLL for (int r = 0; r < R; r++) _mm_prefetch(wr[r] + pf + (size_t)(k0 + k) * es, _MM_HINT_T0);
+        UNROLL for (int r = 0; r < R; r++) w[r] = float_w16(wr[r], k0 + k, n, kind);
+        UNROLL for (int c = 0; c < C; c++) {
+            const __m512 av = _mm512_load_ps(&sa[c][k]);
+            UNROLL for (int r = 0; r < R; r++) acc[r][c] = _mm512_fmadd_ps(w[r], av, acc[r][c]);
+        }
+    }
+    UNROLL for (int c = 0; c < C; c++)
+        UNROLL for (int r = 0; r < R; r++) {
+            if (r >= nr) break;
+            float *o = out + (size_t)c * os + (size_t)r;
+            const float v = hsum512(acc[r][c]);
+            *o = add ? *o + v : v;
+        }
+}
+
+VNNI_INLINE void tile_float512(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
+                               size_t a_stride, float *out, size_t out_stride, int kind) {
+    float sa[F5_NC][F5_KC] __attribute__((aligned(64)));
+    const size_t pf = decode_pf(w_stride, nc, 5);
+    if (n <= 0) zero_out(nr, nc, out, out_stride);
+    for (int64_t k0 = 0; k0 < n; k0 += F5_KC) {
+        const int64_t len = n - k0 < F5_KC ? n - k0 : F5_KC;
+        const int64_t len16 = (len + 15) & ~(int64_t)15;
+        for (int c0 = 0; c0 < nc; c0 += F5_NC) {
+            const int ncc = nc - c0 < F5_NC ? nc - c0 : F5_NC;
+            for (int c = 0; c < ncc; c++) {
+                const char *arow = (const char *)a + (size_t)(c0 + c) * a_stride;
+                int64_t k = 0;
+                for (; k + 16 <= len; k += 16) _mm512_store_ps(&sa[c][k], load_x16(arow, k0 + k, kind));
+                for (; k < len16; k++) sa[c][k] = k < len ? load_x1(arow, k0 + k, kind) : 0.0f;
+            }
+            const int R = ncc <= 4 ? 4 : 2;
+            for (int r0 = 0; r0 < nr; r0 += R) {
+                const int nrr = nr - r0 < R ? nr - r0 : R;
+                const char *wr[4];
+                for (int r = 0; r < R; r++) wr[r] = (const char *)w + (size_t)(r0 + (r < nrr ? r : nrr - 1)) * w_stride;
+                float *o = out + (size_t)c0 * out_stride + (size_t)r0;
+                const float(*sp)[F5_KC] = (const float(*)[F5_KC])sa;
+                const int add = k0 > 0;
+                switch (ncc) {
+                case 1: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 4, 1); break;
+                case 2: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 4, 2); break;
+                case 3: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 4, 3); break;
+                case 4: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 4, 4); break;
+                case 5: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 2, 5); break;
+                case 6: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 2, 6); break;
+                case 7: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 2, 7); break;
+                default: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 2, 8); break;
+                }
+            }
+        }
+    }
+}
+
+#define FLOAT_TILE512(name, gname, kind)                                                        \
+    static VNNI void name(int64_t n, int nr, int nc, const void *w, size_t w_stride,           \
+                          const void *a, size_t a_stride, float *out, size_t out_stride) {     \
+        tile_float512(n, nr, nc, w, w_stride, a, a_stride, out, out_stride, kind);              \
+    }                                                                                           \
+    static VNNI void gname(int64_t n, int nr, int nc, const void *w, size_t w_stride,          \
+                           const void *a, size_t a_stride, const void *aux, size_t aux_stride,  \
+                           float *out, size_t out_stride) {                                    \
+        (void)aux;                                                                              \
+        (void)aux_stride;                                                                       \
+        tile_float512(n, nr, nc, w, w_stride, a, a_stride, out, out_stride, kind);              \
+    }
+FLOAT_TILE512(tile_f32_512, gemm_f32_512, ELEM_F32)
+FLOAT_TILE512(tile_f16_512, gemm_f16_512, ELEM_F16)
+FLOAT_TILE512(tile_bf16_512, gemm_bf16_512, ELEM_BF16)
+#undef FLOAT_TILE512
+
+/* ------------------------------------------------------------------------ */
+/* Q8_0 and Q4_0 weights . Q8_0 activations                                  */
+/* ------------------------------------------------------------------------ */
+
+/* oct_tile with vpdpbusd: Q8_0 quants offset to w + 128 (unsigned), each
+ * row's sum then corrected by the aux bias; Q4_0 as in oct_tile. The same
+ * exact integers, so the same results. */
+VNNI_INLINE void oct_tile_vnni_nc(int64_t ib0, int64_t len, const char *const *wr, const char *const *ar,
+                                  const kp_q8_0_aux *const *ax, int kind, int nr, float *out, size_t os,
+                                  int add, size_t pf, const int NC, const int R) {
+    const size_t blk = kind == WQ8_0 ? sizeof(kp_block_q8_0) : sizeof(kp_block_q4_0);
+    __m256 acc[4];
+    UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        const int64_t ib = ib0 + b;
+        __m256i u[8];
+        if (pf) UNROLL for (int r = 0; r < R; r++) _mm_prefetch(wr[r] + pf + (size_t)ib * blk, _MM_HINT_T0);
+        UNROLL for (int r = 0; r < R; r++) {
+            u[r] = legacy_quants(wr[r], ib, kind);
+            if (kind == WQ8_0) u[r] = _mm256_xor_si256(u[r], _mm256_set1_epi8((char)0x80));
+        }
+        const __m256 dw8 = half8_at(wr, (size_t)ib * blk);
+        UNROLL for (int c = 0; c < NC; c++) {
+            const __m256i av = _mm256_loadu_si256((const __m256i *)((const kp_block_q8_0 *)ar[c] + ib)->qs);
+            __m256i p[8];
+            UNROLL for (int r = 0; r < R; r++) p[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[r], av);
+            UNROLL for (int r = R; r < 8; r++) p[r] = p[r - R];
+            const int32_t bias = kind == WQ8_0 ? ax[c][b].bias : ax[c][b].bias / 16;
+            const __m256i t = _mm256_add_epi32(fold8_epi32(p), _mm256_set1_epi32(bias));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(dw8, _mm256_set1_ps(ax[c][b].d)), acc[c]);
+        }
+    }
+    UNROLL for (int c = 0; c < NC; c++) panel_store(acc[c], out + (size_t)c * os, nr, add);
+}
+
+static VNNI void oct_tile_vnni(int64_t ib0, int64_t len, const char *const *wr, const char *const *ar,
+                               const kp_q8_0_aux *const *ax, int kind, int nr, float *out, size_t os,
+                               int add, int nc, size_t pf) {
+    switch (nc + 4 * (nr > 4)) {
+    case 1: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, pf, 1, 4); break;
+    case 2: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, pf, 2, 4); break;
+    case 3: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, pf, 3, 4); break;
+    case 4: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, pf, 4, 4); break;
+    case 5: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, pf, 1, 8); break;
+    case 6: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, pf, 2, 8); break;
+    case 7: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, pf, 3, 8); break;
+    default: oct_tile_vnni_nc(ib0, len, wr, ar, ax, kind, nr, out, os, add, pf, 4, 8); break;
+    }
+}
+
+#define Q4_DOT_VNNI(lo, hi, alo, ahi) _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, alo), hi, ahi)
+
+/* q4_tile (quant_avx2.c) with vpdpbusd: the same exact sums. */
+VNNI_INLINE void q4_tile_vnni_nc(int64_t ib0, int64_t len, const char *const *wr, const char *const *ar,
+                                 const kp_q8_0_aux *const *ax, int nr, float *out, size_t os, int add, size_t pf,
+                                 const int NC) {
+    Q4_TILE_BODY(Q4_DOT_VNNI)
+}
+#undef Q4_DOT_VNNI
+#undef Q4_TILE_BODY
+
+/* Q4_0 decode (one activation row) with VNNI, 16 weight rows: as
+ * q4_tile_vnni_nc with four rows per 512-bit vector (rows k, k+4, k+8,
+ * k+12), so the fold gives the 16 row sums in row order, and one gather
+ * brings the 16 row scales. The same integers and float steps per row. */
+static VNNI void q4_hex_tile_vnni(int64_t ib0, int64_t len, const char *w0, size_t ws, const char *ar,
+                                  const kp_q8_0_aux *ax, float *out, int add, size_t pf) {
+    const size_t blk = sizeof(kp_block_q4_0);
+    const __m512i offs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)ws));
+    const __m512i m = _mm512_set1_epi8(0xF);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        const int64_t ib = ib0 + b;
+        const char *wb = w0 + (size_t)ib * blk + 2; /* qs of block ib, row 0 */
+        /* one prefetch per row every 3 blocks (54 bytes) still touches every line */
+        if (pf && b % 3 == 0) UNROLL for (int r = 0; r < 16; r++) _mm_prefetch(wb + (size_t)r * ws + pf, _MM_HINT_T0);
+        const kp_block_q8_0 *y = (const kp_block_q8_0 *)ar + ib;
+        const __m512i alo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y->qs));
+        const __m512i ahi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y->qs + 16)));
+        __m512i p[4];
+        UNROLL for (int k = 0; k < 4; k++) {
+            __m512i x = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(wb + (size_t)k * ws)));
+            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(wb + (size_t)(k + 4) * ws)), 1);
+            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(wb + (size_t)(k + 8) * ws)), 2);
+            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(wb + (size_t)(k + 12) * ws)), 3);
+            const __m512i lo = _mm512_and_si512(x, m), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m);
+            p[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo), hi, ahi);
+        }
+        const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1]));
+        const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
+        __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+        t = _mm512_add_epi32(t, _mm512_set1_epi32(ax[b].bias / 16));
+        const __m512i g = _mm512_i32gather_epi32(offs, (const void *)(wb - 2), 1);
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, _mm512_set1_ps(ax[b].d)), acc);
+    }
+    _mm512_storeu_ps(out, add ? _mm512_add_ps(acc, _mm512_loadu_ps(out)) : acc);
+}
+
+static VNNI void q4_tile_vnni(int64_t ib0, int64_t len, const char *const *wr, const char *const *ar,
+                              const kp_q8_0_aux *const *ax, int nr, float *out, size_t os, int add, int nc, size_t pf) {
+    switch (nc) {
+    case 1: q4_tile_vnni_nc(ib0, len, wr, ar, ax, nr, out, os, add, pf, 1); break;
+    case 2: q4_tile_vnni_nc(ib0, len, wr, ar, ax, nr, out, os, add, pf, 2); break;
+    case 3: q4_tile_vnni_nc(ib0, len, wr, ar, ax, nr, out, os, add, pf, 3); break;
+    default: q4_tile_vnni_nc(ib0, len, wr, ar, ax, nr, out, os, add, pf, 4); break;
+    }
+}
+
+/* Q8_0 decode (one activation row) with VNNI, 16 weight rows at once: rows r
+ * and r + 8 share a 512-bit vector, so the fold to one sum per row, the
+ * conversion and the scaling run once per 16 rows; the row scales come in
+ * with one gather. The lanes hold rows 0-3, 8-11, 4-7, 12-15 until the
+ * end. The same integers and the same float operations per row as
+ * oct_tile_vnni_nc, so the same results. */
+static VNNI void hex_tile_vnni(int64_t ib0, int64_t len, const char *w0, size_t ws, const char *ar,
+                               const kp_q8_0_aux *ax, int kind, float *out, int add, size_t pf) {
+    const size_t blk = kind == WQ8_0 ? sizeof(kp_block_q8_0) : sizeof(kp_block_q4_0);
+    const __m512i lane_row = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
+    const __m512i offs = _mm512_mullo_epi32(lane_row, _mm512_set1_epi32((int)ws));
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        const int64_t ib = ib0 + b;
+        const __m256i av = _mm256_loadu_si256((const __m256i *)((const kp_block_q8_0 *)ar + ib)->qs);
+        const __m512i av2 = _mm512_inserti64x4(_mm512_castsi256_si512(av), av, 1);
+        __m512i p[8];
+        UNROLL for (int r = 0; r < 8; r++) {
+            const char *ra = w0 + (size_t)r * ws, *rb = ra + 8 * ws;
+            if (pf) {
+                _mm_prefetch(ra + pf + (size_t)ib * blk, _MM_HINT_T0);
+                _mm_prefetch(rb + pf + (size_t)ib * blk, _MM_HINT_T0);
+            }
+            __m256i ua = legacy_quants(ra, ib, kind), ub = legacy_quants(rb, ib, kind);
+            if (kind == WQ8_0) {
+                ua = _mm256_xor_si256(ua, _mm256_set1_epi8((char)0x80));
+                ub = _mm256_xor_si256(ub, _mm256_set1_epi8((char)0x80));
+            }
+            p[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_inserti64x4(_mm512_castsi256_si512(ua), ub, 1),
+                                       av2);
+        }
+        __m512i s2[4];
+        UNROLL for (int i = 0; i < 4; i++)
+            s2[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2 * i], p[2 * i + 1]),
+                                     _mm512_unpackhi_epi32(p[2 * i], p[2 * i + 1]));
+        const __m512i q0 = _mm512_add_epi32(_mm512_unpacklo_epi64(s2[0], s2[1]), _mm512_unpackhi_epi64(s2[0], s2[1]));
+        const __m512i q1 = _mm512_add_epi32(_mm512_unpacklo_epi64(s2[2], s2[3]), _mm512_unpackhi_epi64(s2[2], s2[3]));
+        __m512i t = _mm512_add_epi32(_mm512_shuffle_i32x4(q0, q1, _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_i32x4(q0, q1, _MM_SHUFFLE(3, 1, 3, 1)));
+        t = _mm512_add_epi32(t, _mm512_set1_epi32(kind == WQ8_0 ? ax[b].bias : ax[b].bias / 16));
+        const __m512i g = _mm512_i32gather_epi32(offs, (const void *)(w0 + (size_t)ib * blk), 1);
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, _mm512_set1_ps(ax[b].d)), acc);
+    }
+    acc = _mm512_permutexvar_ps(lane_row, acc); /* lane_row is its own inverse */
+    _mm512_storeu_ps(out, add ? _mm512_add_ps(acc, _mm512_loadu_ps(out)) : acc);
+}
+
+/* The avx512vnni table's tile of tile_legacy (legacy_rows_fn): with one
+ * activation row, 16 weight rows at once while 16 remain; else Q4_0 row
+ * pairs when more than 4 rows remain, else oct_tile_vnni. */
+VNNI_INLINE int legacy_rows_vnni(int64_t ib0, int64_t len, const char *const *wr, size_t w_stride, int rows_left,
+                                 const char *const *ar, const kp_q8_0_aux *const *ax, int kind, float *o, size_t os,
+                                 int add, int ncc, size_t pf) {
+    const int nrr = rows_left < 8 ? rows_left : 8;
+    if (ncc == 1 && rows_left >= 16) {
+        if (kind == WQ8_0) hex_tile_vnni(ib0, len, wr[0], w_stride, ar[0], ax[0], kind, o, add, pf);
+        else q4_hex_tile_vnni(ib0, len, wr[0], w_stride, ar[0], ax[0], o, add, pf);
+        return 16;
+    }
+    if (kind == WQ4_0 && nrr > 4) q4_tile_vnni(ib0, len, wr, ar, ax, nrr, o, os, add, ncc, pf);
+    else oct_tile_vnni(ib0, len, wr, ar, ax, kind, nrr, o, os, add, ncc, pf);
+    return 8;
+}
+
+/* P (1 or 2) panels of 8 rows x NC activation rows: with two panels each
+ * broadcast activation load feeds two vpdpbusd, which keeps the loads from
+ * limiting the loop. Panel p's rows go to out + 8p (nr[p] of them). */
+VNNI_INLINE void panel_tile_vnni_nc(const __m256i (*const *q)[8], const float (*const *dw)[8],
+                                    const char *const *ar, const kp_q8_0_aux *const *ax, int64_t ib0,
+                                    int64_t len, const int *nr, float *out, size_t os, int add, const int NC,
+                                    const int P) {
+    __m256 acc[2][4];
+    UNROLL for (int p = 0; p < P; p++) UNROLL for (int c = 0; c < NC; c++) acc[p][c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        const int8_t *aq[4];
+        __m256i s[2][4];
+        UNROLL for (int c = 0; c < NC; c++) {
+            aq[c] = ((const kp_block_q8_0 *)ar[c] + ib0 + b)->qs;
+            UNROLL for (int p = 0; p < P; p++) s[p][c] = _mm256_set1_epi32(ax[c][b].bias);
+        }
+        UNROLL for (int g = 0; g < 8; g++) {
+            __m256i u[2];
+            UNROLL for (int p = 0; p < P; p++) u[p] = _mm256_load_si256(&q[p][b][g]);
+            UNROLL for (int c = 0; c < NC; c++) {
+                const __m256i a4 = _mm256_set1_epi32(load_i32(aq[c] + 4 * g));
+                UNROLL for (int p = 0; p < P; p++) s[p][c] = _mm256_dpbusd_epi32(s[p][c], u[p], a4);
+            }
+        }
+        UNROLL for (int p = 0; p < P; p++) {
+            const __m256 d8 = _mm256_load_ps(dw[p][b]);
+            UNROLL for (int c = 0; c < NC; c++)
+                acc[p][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[p][c]), _mm256_mul_ps(d8, _mm256_set1_ps(ax[c][b].d)),
+                                            acc[p][c]);
+        }
+    }
+    UNROLL for (int p = 0; p < P; p++)
+        UNROLL for (int c = 0; c < NC; c++) panel_store(acc[p][c], out + (size_t)c * os + 8 * p, nr[p], add);
+}
+
+/* The VNNI panel tile; a function of its own, since AVX2 code cannot
+ * inline VNNI instructions. n_panels (1 or 2) panels, nc activation rows. */
+static VNNI void panel_tile_vnni(const __m256i (*const *q)[8], const float (*const *dw)[8], const char *const *ar,
+                                 const kp_q8_0_aux *const *ax, int64_t ib0, int64_t len, const int *nr,
+                                 float *out, size_t os, int add, int nc, int n_panels) {
+    switch (nc + 4 * (n_panels - 1)) {
+    case 1: panel_tile_vnni_nc(q, dw, ar, ax, ib0, len, nr, out, os, add, 1, 1); break;
+    case 2: panel_tile_vnni_nc(q, dw, ar, ax, ib0, len, nr, out, os, add, 2, 1); break;
+    case 3: panel_tile_vnni_nc(q, dw, ar, ax, ib0, len, nr, out, os, add, 3, 1); break;
+    case 4: panel_tile_vnni_nc(q, dw, ar, ax, ib0, len, nr, out, os, add, 4, 1); break;
+    case 5: panel_tile_vnni_nc(q, dw, ar, ax, ib0, len, nr, out, os, add, 1, 2); break;
+    case 6: panel_tile_vnni_nc(q, dw, ar, ax, ib0, len, nr, out, os, add, 2, 2); break;
+    case 7: panel_tile_vnni_nc(q, dw, ar, ax, ib0, len, nr, out, os, add, 3, 2); break;
+    default: panel_tile_vnni_nc(q, dw, ar, ax, ib0, len, nr, out, os, add, 4, 2); break;
+    }
+}
+
+/* The avx512vnni table's products of a K chunk in gemm_panel
+ * (legacy_panels_fn): both panels of the chunk at once, 4 activation rows
+ * at a time. */
+VNNI_INLINE void legacy_panels_vnni(const panel_stage *st, int rc0, int rc, int n_panels, const void *a,
+                                    size_t a_stride, const kp_q8_0_aux *const *axc, int cc0, int ccn, int64_t ib0,
+                                    int64_t len, int kind, float *out, size_t out_stride) {
+    (void)kind;
+    const __m256i(*q[2])[8] = {(const __m256i(*)[8])st->q[0], (const __m256i(*)[8])st->q[1]};
+    const float(*dw[2])[8] = {(const float(*)[8])st->dw[0], (const float(*)[8])st->dw[1]};
+    const int npr[2] = {rc < 8 ? rc : 8, rc - 8};
+    for (int c0 = 0; c0 < ccn; c0 += 4) {
+        const int ncc = ccn - c0 < 4 ? ccn - c0 : 4;
+        const char *ar[4];
+        for (int c = 0; c < ncc; c++) ar[c] = (const char *)a + (size_t)(cc0 + c0 + c) * a_stride;
+        float *o = out + (size_t)(cc0 + c0) * out_stride + (size_t)rc0;
+        panel_tile_vnni(q, dw, ar, axc + c0, ib0, len, npr, o, out_stride, ib0 > 0, ncc, n_panels);
+    }
+}
+
+#define LEGACY_GEMM(name, kind)                                                                                  \
+    static VNNI void name(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,              \
+                          size_t a_stride, const void *aux, size_t aux_stride, float *out, size_t out_stride) { \
+        gemm_legacy(n, nr, nc, w, w_stride, a, a_stride, aux, aux_stride, out, out_stride, kind, PACK_VNNI,     \
+                    legacy_rows_vnni, legacy_panels_vnni);                                                       \
+    }
+LEGACY_GEMM(gemm_q8_0, WQ8_0)
+LEGACY_GEMM(gemm_q4_0, WQ4_0)
+#undef LEGACY_GEMM
+
+/* ------------------------------------------------------------------------ */
+/* Q4_1, Q5_0, Q5_1 weights . Q8_1 or Q8_0 activations                       */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * One activation row with VNNI, 16 weight rows (decode): four rows per
+ * 512-bit vector, x_k = [qs(row k) | qs(row k+4) | qs(row k+8) | qs(row
+ * k+12)], 128-bit inserts from memory; the low and high nibbles meet the
+ * activation's first and second 16 quants, broadcast to all four lanes, in
+ * two vpdpbusd. Q5_0/Q5_1 add bit 4 by a masked byte add: one gather brings
+ * the 16 rows' qh words (lane j: row j), so 128-bit lane i holds rows 4i..
+ * 4i+3 and a vpshufb spreads row 4i+k's qh bytes over the bytes of x_k's
+ * lane i, where vptestmb against 1 << (j mod 8) gives the mask. Two
+ * unpack-and-add steps fold the four vectors to the 16 row sums in row
+ * order. The same exact integer sums and the same float steps per row as
+ * leg_oct_tile, so the same results.
+ */
+VNNI_INLINE __m512i leg_hex_fold(const __m512i p[4]) {
+    const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1]));
+    const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+}
+
+/* The 4 bytes at w0 + at of rows w0 + j * ws (offs: j * ws), lane j = row j. */
+VNNI_INLINE __m512i leg_hex_gather(const char *w0, __m512i offs, size_t at) {
+    return _mm512_i32gather_epi32(offs, (const void *)(w0 + at), 1);
+}
+
+static VNNI void leg_hex_tile_vnni(int64_t ib0, int64_t len, const char *w0, size_t ws, const char *ar,
+                                   const kp_q8_0_aux *ax, const q8_1_ds *ds, int kind, float *out, int add,
+                                   size_t pf) {
+    const size_t blk = leg_size(kind);
+    const size_t qs_at = kind == WQ4_1 ? offsetof(kp_block_q4_1, qs)
+                         : kind == WQ5_0 ? offsetof(kp_block_q5_0, qs) : offsetof(kp_block_q5_1, qs);
+    const size_t qh_at = kind == WQ5_0 ? offsetof(kp_block_q5_0, qh) : offsetof(kp_block_q5_1, qh);
+    const __m512i offs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)ws));
+    const __m512i m = _mm512_set1_epi8(0xF), five = _mm512_set1_epi8(0x10);
+    const __m512i bit = _mm512_set1_epi64(0x8040201008040201ll);
+    const __m512i spread = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        const int64_t ib = ib0 + b;
+        const char *wb = w0 + (size_t)ib * blk;
+        /* one prefetch per row every 2 blocks (44 bytes) still touches every line */
+        if (pf && !(b & 1)) UNROLL for (int r = 0; r < 16; r++) _mm_prefetch(wb + (size_t)r * ws + pf, _MM_HINT_T0);
+        const int8_t *aq = leg_act_quants(ar, ib, kind);
+        const __m512i alo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)aq));
+        const __m512i ahi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(aq + 16)));
+        const __m512i dm = leg_hex_gather(wb, offs, 0); /* d | m << 16 (Q4_1/Q5_1) */
+        const __m512i qh = kind == WQ4_1 ? _mm512_setzero_si512() : leg_hex_gather(wb, offs, qh_at);
+        __m512i p[4];
+        UNROLL for (int k = 0; k < 4; k++) {
+            const char *q0 = wb + qs_at + (size_t)k * ws;
+            __m512i x = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)q0));
+            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(q0 + 4 * ws)), 1);
+            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(q0 + 8 * ws)), 2);
+            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(q0 + 12 * ws)), 3);
+            __m512i lo = _mm512_and_si512(x, m), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m);
+            if (kind != WQ4_1) {
+                const __m512i blo = _mm512_shuffle_epi8(qh, _mm512_add_epi8(spread, _mm512_set1_epi8((char)(4 * k))));
+                const __m512i bhi = _mm512_shuffle_epi8(qh, _mm512_add_epi8(spread, _mm512_set1_epi8((char)(4 * k + 2))));
+                lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(blo, bit), lo, five);
+                hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(bhi, bit), hi, five);
+            }
+            p[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo), hi, ahi);
+        }
+        __m512i t = leg_hex_fold(p);
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+        if (kind == WQ5_0) {
+            t = _mm512_add_epi32(t, _mm512_set1_epi32(ax[b].bias / 8));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, _mm512_set1_ps(ax[b].d)), acc);
+        } else {
+            const __m512 mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, _mm512_set1_ps(ds[b].d)), acc);
+            acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(ds[b].s), acc);
+        }
+    }
+    _mm512_storeu_ps(out, add ? _mm512_add_ps(acc, _mm512_loadu_ps(out)) : acc);
+}
+/* The avx512vnni table's tile of leg_tile (leg_rows_fn): with one
+ * activation row, 16 weight rows at once while 16 remain, else the AVX2
+ * tile both tables have. */
+VNNI_INLINE int leg_rows_vnni(int64_t ib0, int64_t len, const char *const *wr, size_t w_stride, int rows_left,
+                              const char *const *ar, const kp_q8_0_aux *const *ax, const q8_1_ds *const *ds, int kind,
+                              float *o, size_t os, int add, int ncc, size_t pf) {
+    if (ncc == 1 && rows_left >= 16) {
+        leg_hex_tile_vnni(ib0, len, wr[0], w_stride, ar[0], ax[0], ds[0], kind, o, add, pf);
+        return 16;
+    }
+    return leg_oct_rows(ib0, len, wr, w_stride, rows_left, ar, ax, ds, kind, o, os, add, ncc, pf);
+}
+
+/* P (1 or 2) panels x NC activation rows with vpdpbusd: each broadcast
+ * activation load feeds P instructions. HAS_M: Q4_1/Q5_1 (sums from 0, the
+ * "+ m" term), else Q5_0 (sums from the bias). Panel p's rows go to
+ * out + 8p (nr[p] of them). */
+VNNI_INLINE void leg_panel_tile_vnni_nc(const __m256i (*const *q)[8], const float (*const *dw)[8],
+                                        const float (*const *mw)[8], const char *const *ar,
+                                        const kp_q8_0_aux *const *ax, const q8_1_ds *const *ds, int64_t ib0,
+                                        int64_t len, const int *nr, float *out, size_t os, int add, const int NC,
+                                        const int P, const int HAS_M) {
+    const int kind = HAS_M ? WQ4_1 : WQ5_0; /* the activation layout: Q8_1 or Q8_0 */
+    __m256 acc[2][4];
+    UNROLL for (int p = 0; p < P; p++) UNROLL for (int c = 0; c < NC; c++) acc[p][c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        const int8_t *aq[4];
+        __m256i s[2][4];
+        UNROLL for (int c = 0; c < NC; c++) {
+            aq[c] = leg_act_quants(ar[c], ib0 + b, kind);
+            const __m256i s0 = HAS_M ? _mm256_setzero_si256() : _mm256_set1_epi32(ax[c][b].bias);
+            UNROLL for (int p = 0; p < P; p++) s[p][c] = s0;
+        }
+        UNROLL for (int g = 0; g < 8; g++) {
+            __m256i u[2];
+            UNROLL for (int p = 0; p < P; p++) u[p] = _mm256_load_si256(&q[p][b][g]);
+            UNROLL for (int c = 0; c < NC; c++) {
+                const __m256i a4 = _mm256_set1_epi32(load_i32(aq[c] + 4 * g));
+                UNROLL for (int p = 0; p < P; p++) s[p][c] = _mm256_dpbusd_epi32(s[p][c], u[p], a4);
+            }
+        }
+        UNROLL for (int p = 0; p < P; p++) {
+            const __m256 d8 = _mm256_load_ps(dw[p][b]);
+            if (HAS_M) {
+                const __m256 m8 = _mm256_load_ps(mw[p][b]);
+                UNROLL for (int c = 0; c < NC; c++) {
+                    acc[p][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[p][c]), _mm256_mul_ps(d8, _mm256_set1_ps(ds[c][b].d)),
+                                                acc[p][c]);
+                    acc[p][c] = _mm256_fmadd_ps(m8, _mm256_set1_ps(ds[c][b].s), acc[p][c]);
+                }
+            } else {
+                UNROLL for (int c = 0; c < NC; c++)
+                    acc[p][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[p][c]), _mm256_mul_ps(d8, _mm256_set1_ps(ax[c][b].d)),
+                                                acc[p][c]);
+            }
+        }
+    }
+    UNROLL for (int p = 0; p < P; p++)
+        UNROLL for (int c = 0; c < NC; c++) panel_store(acc[p][c], out + (size_t)c * os + 8 * p, nr[p], add);
+}
+
+/* The VNNI panel tile; a function of its own, since AVX2 code cannot
+ * inline VNNI instructions. */
+static VNNI void leg_panel_tile_vnni(const __m256i (*const *q)[8], const float (*const *dw)[8],
+                                     const float (*const *mw)[8], const char *const *ar, const kp_q8_0_aux *const *ax,
+                                     const q8_1_ds *const *ds, int64_t ib0, int64_t len, const int *nr, float *out,
+                                     size_t os, int add, int nc, int n_panels, int kind) {
+#define LEG_VNNI(NC, P, M) leg_panel_tile_vnni_nc(q, dw, mw, ar, ax, ds, ib0, len, nr, out, os, add, NC, P, M)
+    switch (nc + 4 * (n_panels - 1) + 8 * (kind != WQ5_0)) {
+    case 1: LEG_VNNI(1, 1, 0); break;
+    case 2: LEG_VNNI(2, 1, 0); break;
+    case 3: LEG_VNNI(3, 1, 0); break;
+    case 4: LEG_VNNI(4, 1, 0); break;
+    case 5: LEG_VNNI(1, 2, 0); break;
+    case 6: LEG_VNNI(2, 2, 0); break;
+    case 7: LEG_VNNI(3, 2, 0); break;
+    case 8: LEG_VNNI(4, 2, 0); break;
+    case 9: LEG_VNNI(1, 1, 1); break;
+    case 10: LEG_VNNI(2, 1, 1); break;
+    case 11: LEG_VNNI(3, 1, 1); break;
+    case 12: LEG_VNNI(4, 1, 1); break;
+    case 13: LEG_VNNI(1, 2, 1); break;
+    case 14: LEG_VNNI(2, 2, 1); break;
+    case 15: LEG_VNNI(3, 2, 1); break;
+    default: LEG_VNNI(4, 2, 1); break;
+    }
+#undef LEG_VNNI
+}
+
+/* The avx512vnni table's products of a K chunk in gemm_leg_panel
+ * (leg_panels_fn): both panels of the chunk at once, 4 activation rows at
+ * a time. */
+VNNI_INLINE void leg_panels_vnni(const leg_stage *st, int rc0, int rc, int n_panels, const void *a, size_t a_stride,
+                                 const kp_q8_0_aux *const *axc, const q8_1_ds *const *dsc, int cc0, int ccn,
+                                 int64_t ib0, int64_t len, int kind, float *out, size_t out_stride) {
+    const __m256i(*q[2])[8] = {(const __m256i(*)[8])st->q[0], (const __m256i(*)[8])st->q[1]};
+    const float(*dw[2])[8] = {(const float(*)[8])st->dw[0], (const float(*)[8])st->dw[1]};
+    const float(*mw[2])[8] = {(const float(*)[8])st->mw[0], (const float(*)[8])st->mw[1]};
+    const int npr[2] = {rc < 8 ? rc : 8, rc - 8};
+    for (int c0 = 0; c0 < ccn; c0 += 4) {
+        const int ncc = ccn - c0 < 4 ? ccn - c0 : 4;
+        const char *ar[4];
+        for (int c = 0; c < ncc; c++) ar[c] = (const char *)a + (size_t)(cc0 + c0 + c) * a_stride;
+        float *o = out + (size_t)(cc0 + c0) * out_stride + (size_t)rc0;
+        leg_panel_tile_vnni(q, dw, mw, ar, axc + c0, dsc + c0, ib0, len, npr, o, out_stride, ib0 > 0, ncc, n_panels,
+                            kind);
+    }
+}
+
+#define LEG_GEMM(name, kind)                                                                                     \
+    static VNNI void name(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,              \
+                          size_t a_stride, const void *aux, size_t aux_stride, float *out, size_t out_stride) { \
+        leg_gemm(n, nr, nc, w, w_stride, a, a_stride, aux, aux_stride, out, out_stride, kind, PACK_VNNI,        \
+                 leg_rows_vnni, leg_panels_vnni);                                                                \
+    }
+LEG_GEMM(gemm_q4_1, WQ4_1)
+LEG_GEMM(gemm_q5_0, WQ5_0)
+LEG_GEMM(gemm_q5_1, WQ5_1)
+#undef LEG_GEMM
+
+/* ------------------------------------------------------------------------ */
+/* Q4_K, Q5_K and Q6_K weights . Q8_K activations                            */
+/* ------------------------------------------------------------------------ */
+
+/* acc[c] += one kmin_panel x NC activation rows (super-block i), VNNI:
+ * vpdpbusd over each sub-block, vpmulld by its scale, the mins against the
+ * activation bsums by vpdpwssd. */
+VNNI_INLINE void kmin_panel_step_vnni(const kmin_panel *p, const char *const *ar, int64_t i, __m256 *acc,
+                                      const int NC) {
+    __m256i isum[4], s[4];
+    UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
+        UNROLL for (int g = 0; g < 8; g++) {
+            const __m256i w = _mm256_load_si256(&p->q[j][g]);
+            UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_dpbusd_epi32(s[c], w, KQ_A4(ar, c, i, 32 * j + 4 * g));
+        }
+        const __m256i sc = _mm256_load_si256(&p->sc[j]);
+        UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(s[c], sc));
+    }
+    const __m256 d8 = _mm256_load_ps(p->d), m8 = _mm256_load_ps(p->dmin);
+    UNROLL for (int c = 0; c < NC; c++) {
+        const kp_block_q8_K *y = (const kp_block_q8_K *)ar[c] + i;
+        __m256i im = _mm256_setzero_si256();
+        UNROLL for (int j = 0; j < 8; j++)
+            im = _mm256_dpwssd_epi32(im, _mm256_load_si256(&p->mn[j]), _mm256_set1_epi32(load_i32(&y->bsums[2 * j])));
+        const __m256 da = _mm256_set1_ps(y->d);
+        acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(d8, da), acc[c]);
+        acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im), _mm256_mul_ps(m8, da), acc[c]);
+    }
+}
+
+/* A panel tile of gemm_kq_panel (kq_panels_fn) with vpdpbusd for the
+ * sub-block sums and vpmulld for the scales. */
+VNNI_INLINE void kq_tile_vnni_nc(const void *panels, const char *const *ar, int64_t i0, int64_t len, int kind,
+                                 int nr, float *out, size_t os, int add, const int NC) {
+    __m256 acc[4];
+    UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        const int64_t i = i0 + b;
+        if (kind != KQ6) {
+            kmin_panel_step_vnni((const kmin_panel *)panels + b, ar, i, acc, NC);
+        } else {
+            const q6k_panel *p = (const q6k_panel *)panels + b;
+            __m256i isum[4], s[4];
+            UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+            for (int j = 0; j < 16; j++) {
+                const __m256i sc = _mm256_load_si256(&p->sc[j]);
+                UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
+                UNROLL for (int g = 0; g < 4; g++) {
+                    const __m256i w = _mm256_load_si256(&p->q[j][g]);
+                    UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_dpbusd_epi32(s[c], w, KQ_A4(ar, c, i, 16 * j + 4 * g));
+                }
+                UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(s[c], sc));
+            }
+            const __m256 d8 = _mm256_load_ps(p->d);
+            UNROLL for (int c = 0; c < NC; c++) {
+                const kp_block_q8_K *y = (const kp_block_q8_K *)ar[c] + i;
+                __m256i corr = _mm256_setzero_si256();
+                UNROLL for (int q = 0; q < 8; q++)
+                    corr = _mm256_dpwssd_epi32(corr, _mm256_load_si256(&p->sp[q]), _mm256_set1_epi32(load_i32(&y->bsums[2 * q])));
+                const __m256i t = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(corr, 5));
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(d8, _mm256_set1_ps(y->d)), acc[c]);
+            }
+        }
+    }
+    UNROLL for (int c = 0; c < NC; c++) panel_store(acc[c], out + (size_t)c * os, nr, add);
+}
+
+static VNNI void kq_tile_vnni(const void *panels, const char *const *ar, int64_t i0, int64_t len, int kind,
+                              int nr, float *out, size_t os, int add, int nc) {
+    switch (nc) {
+    case 1: kq_tile_vnni_nc(panels, ar, i0, len, kind, nr, out, os, add, 1); break;
+    case 2: kq_tile_vnni_nc(panels, ar, i0, len, kind, nr, out, os, add, 2); break;
+    case 3: kq_tile_vnni_nc(panels, ar, i0, len, kind, nr, out, os, add, 3); break;
+    default: kq_tile_vnni_nc(panels, ar, i0, len, kind, nr, out, os, add, 4); break;
+    }
+}
+
+#define KQUANT_GEMM(name, tile, kind)                                                                            \
+    static VNNI void name(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,              \
+                          size_t a_stride, const void *aux, size_t aux_stride, float *out, size_t out_stride) { \
+        (void)aux;                                                                                               \
+        (void)aux_stride;                                                                                        \
+        gemm_kquant(n, nr, nc, w, w_stride, a, a_stride, out, out_stride, kind, PACK_VNNI, tile, kq_tile_vnni);  \
+    }
+KQUANT_GEMM(gemm_q4_K, kp_avx2_dot_tile_q4_K, KQ4)
+KQUANT_GEMM(gemm_q5_K, kp_avx2_dot_tile_q5_K, KQ5)
+KQUANT_GEMM(gemm_q6_K, kp_avx2_dot_tile_q6_K, KQ6)
+#undef KQUANT_GEMM
+
+const kp_kernels kp_quant_avx512vnni_kernels = {
+    .name = "avx512vnni",
+    KP_AVX2_SHARED_ENTRIES,
+    .dot_tile[KP_DTYPE_F32] = tile_f32_512,
+    .dot_tile[KP_DTYPE_F16] = tile_f16_512,
+    .dot_tile[KP_DTYPE_BF16] = tile_bf16_512,
+    .gemm =
+        {
+            [KP_DTYPE_F32] = gemm_f32_512,
+            [KP_DTYPE_F16] = gemm_f16_512,
+            [KP_DTYPE_BF16] = gemm_bf16_512,
+            [KP_DTYPE_Q8_0] = gemm_q8_0,
+            [KP_DTYPE_Q4_0] = gemm_q4_0,
+            [KP_DTYPE_Q4_1] = gemm_q4_1,
+            [KP_DTYPE_Q5_0] = gemm_q5_0,
+            [KP_DTYPE_Q5_1] = gemm_q5_1,
+            [KP_DTYPE_Q4_K] = gemm_q4_K,
+            [KP_DTYPE_Q5_K] = gemm_q5_K,
+            [KP_DTYPE_Q6_K] = gemm_q6_K,
+        },
+};
+
+#else /* not x86-64: no AVX-512 table */
+
+typedef int kp_quant_avx512_unused;
+
+#endif
