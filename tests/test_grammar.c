@@ -1867,6 +1867,72 @@ static void test_mask_unicode(void) {
     kp_tok_vocab_free(src);
 }
 
+/* Prefix and suffix bytes around the document (a forced tool call) and no
+ * outer whitespace: exactly prefix + document + suffix, nothing after; the
+ * shortest completion from the start is prefix + shortest document +
+ * suffix; the reference counts keep a grammar alive until the last free. */
+static void test_schema_affixes(void) {
+    static const char pre[] = "<tool_call>\n{\"name\": \"f\", \"arguments\": ";
+    static const char suf[] = "}\n</tool_call>";
+    json_error_t je;
+    json_t *sc = json_loads("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+                            "\"required\":[\"a\"],\"additionalProperties\":false}",
+                            0, &je);
+    CHECK(sc != NULL);
+    kp_gvocab *gv = tiny_vocab();
+    for (int outer = 0; outer < 2 && sc && gv; outer++) {
+        kp_schema_opts o = kp_schema_opts_default();
+        o.ws_max = 1;
+        o.no_outer_ws = !outer;
+        o.prefix = pre;
+        o.prefix_len = strlen(pre);
+        o.suffix = suf;
+        o.suffix_len = strlen(suf);
+        kp_grammar *g = NULL;
+        kp_error err = {0};
+        CHECK_MSG(kp_grammar_compile_schema(sc, &o, &g, &err) == KP_OK, "%s", err.msg);
+        if (!g) continue;
+        char doc[256];
+        snprintf(doc, sizeof doc, "%s{\"a\": 12}%s", pre, suf);
+        CHECK_EQ_INT(run_bytes(g, gv, doc, strlen(doc)), 2);
+        kp_gmatch *m = NULL;
+        CHECK(kp_gmatch_new(&m, g, gv, &err) == KP_OK);
+        CHECK(kp_gmatch_accept_bytes(m, doc, strlen(doc), &err) == KP_OK);
+        CHECK_MSG(kp_gmatch_complete(m) && !kp_gmatch_can_continue(m), "outer %d: complete %d, can continue %d", outer, kp_gmatch_complete(m), kp_gmatch_can_continue(m)); /* the suffix ends it, outer ws or not */
+        kp_gmatch_free(m);
+        snprintf(doc, sizeof doc, "%s{\"a\": 12}", pre);
+        CHECK_EQ_INT(run_bytes(g, gv, doc, strlen(doc)), 1); /* the suffix is still due */
+        snprintf(doc, sizeof doc, "%s {\"a\":1}%s", pre, suf);
+        CHECK_EQ_INT(run_bytes(g, gv, doc, strlen(doc)), outer ? 2 : 0);
+        CHECK_EQ_INT(run_bytes(g, gv, "{\"a\":1}", 7), 0); /* no prefix */
+        snprintf(doc, sizeof doc, "%s{\"a\":1}}", pre);
+        CHECK_EQ_INT(run_bytes(g, gv, doc, strlen(doc)), 1);
+        snprintf(doc, sizeof doc, "%s{\"a\":1}}\n</tool_call>x", pre);
+        CHECK_EQ_INT(run_bytes(g, gv, doc, strlen(doc)), 0); /* nothing after the suffix */
+        CHECK(kp_gmatch_new(&m, g, gv, &err) == KP_OK);
+        kp_buf b = {0};
+        CHECK(m && kp_gmatch_completion(m, 4096, &b, &err) == KP_OK);
+        CHECK(b.len > strlen(pre) + strlen(suf) && !memcmp(b.data, pre, strlen(pre)) &&
+              !memcmp(b.data + b.len - strlen(suf), suf, strlen(suf)));
+        CHECK(b.len && run_bytes(g, gv, b.data, b.len) == 2);
+        kp_buf_free(&b);
+        kp_gmatch_free(m);
+        CHECK(kp_grammar_ref(g) == g); /* two references: one free leaves it usable */
+        kp_grammar_free(g);
+        CHECK_EQ_INT(run_bytes(g, gv, "x", 1), 0);
+        kp_grammar_free(g);
+    }
+    kp_schema_opts bad = kp_schema_opts_default();
+    bad.prefix_len = 3;
+    kp_grammar *g = NULL;
+    kp_error err = {0};
+    CHECK(kp_grammar_compile_schema(sc, &bad, &g, &err) == KP_EINVAL && g == NULL);
+    kp_grammar_ref(NULL);
+    kp_grammar_free(NULL);
+    json_decref(sc);
+    kp_gvocab_free(gv);
+}
+
 static void test_dump(void) {
     kp_grammar *g = gbnf("root ::= \"ab\" [x-z]* ( \"c\" | d ){2,3}\nd ::= [^a]\n");
     kp_buf b = {0};
@@ -1897,6 +1963,7 @@ int main(int argc, char **argv) {
     RUN_IF(test_schema_arrays_refs);
     RUN_IF(test_schema_whitespace);
     RUN_IF(test_schema_errors);
+    RUN_IF(test_schema_affixes);
     RUN_IF(test_validator_itself);
     RUN_IF(test_matcher_api);
     RUN_IF(test_bounds);

@@ -325,6 +325,8 @@ kp_status kp_gmatch_clone(kp_gmatch **out, const kp_gmatch *m, kp_error *err) {
     return KP_OK;
 }
 
+const kp_gvocab *kp_gmatch_vocab(const kp_gmatch *m) { return m->v; }
+
 void kp_gmatch_reset(kp_gmatch *m) {
     m->cfg = m->start;
     m->finished = false;

@@ -670,6 +670,7 @@ kp_status kp_gb_finish(kp_gbuild *b, uint32_t root, kp_grammar **out, kp_error *
     fixpoint_follow(&a);
 
     g = calloc(1, sizeof *g);
+    if (g) atomic_init(&g->refs, 1);
     if (!g) goto oom;
     g->n_rules = n;
     g->root = root;
@@ -769,8 +770,13 @@ done:
     return st;
 }
 
+kp_grammar *kp_grammar_ref(kp_grammar *g) {
+    if (g) atomic_fetch_add(&g->refs, 1);
+    return g;
+}
+
 void kp_grammar_free(kp_grammar *g) {
-    if (!g) return;
+    if (!g || atomic_fetch_sub(&g->refs, 1) != 1) return;
     if (g->names)
         for (uint32_t r = 0; r < g->n_rules; r++) free(g->names[r]);
     free(g->names);

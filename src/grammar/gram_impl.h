@@ -35,6 +35,7 @@
 #define KP_GRAM_IMPL_H
 
 #include <stdbool.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "base/status.h"
@@ -77,6 +78,7 @@ struct kp_grammar {
     uint32_t *min_len;  /* per rule: bytes of its shortest expansion (saturating) */
     uint32_t *best_alt; /* per rule: an alternative (index into alt_pos) of that length */
     char **names;       /* per rule */
+    atomic_uint refs;   /* kp_grammar_ref / kp_grammar_free; 1 when built */
 };
 
 /* ---- the builder ---- */

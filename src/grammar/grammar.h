@@ -8,7 +8,7 @@
  *               from a JSON Schema (kp_grammar_compile_schema), "any JSON
  *               object" (kp_grammar_json_object) or llama.cpp's GBNF
  *               (kp_grammar_compile_gbnf). Immutable: any number of threads
- *               may read it.
+ *               may read it; reference counted (kp_grammar_ref).
  *   kp_gvocab   the vocabulary's token byte strings as a byte trie, built
  *               once per vocabulary (per model), immutable, shared.
  *   kp_gmatch   one generation's position in a grammar (a set of parse
@@ -101,9 +101,19 @@ typedef struct {
      * row. Default 20 (a newline and two-space indentation nine levels
      * deep); 0 forces compact JSON. At most KP_GRAMMAR_MAX_REPEAT. */
     int ws_max;
+    /* No whitespace before and after the document (between its tokens,
+     * ws_max still applies): generation then ends right after the value's
+     * last byte. Default false. */
+    bool no_outer_ws;
+    /* Literal bytes before and after the document (any bytes; borrowed,
+     * copied into the grammar): the documents become prefix + JSON +
+     * suffix, e.g. a forced tool call's opening markup, the arguments of
+     * schema S, its closing markup. Default none (NULL, 0). */
+    const char *prefix, *suffix;
+    size_t prefix_len, suffix_len;
 } kp_schema_opts;
 
-/* ws_max 20. */
+/* ws_max 20, outer whitespace allowed, no prefix or suffix. */
 kp_schema_opts kp_schema_opts_default(void);
 
 /* Compiles a JSON Schema (an object or a boolean) into a grammar whose
@@ -137,7 +147,12 @@ kp_status kp_grammar_json_object(const kp_schema_opts *o, kp_grammar **out, kp_e
  * KP_ERANGE, KP_ENOMEM as above. */
 kp_status kp_grammar_compile_gbnf(const char *text, size_t len, kp_grammar **out, kp_error *err);
 
-void kp_grammar_free(kp_grammar *g); /* NULL is a no-op */
+/* Grammars are reference counted (atomically: any thread may take and
+ * drop references). kp_grammar_ref takes one more and returns g;
+ * kp_grammar_free drops one and frees g with the last. A compiled grammar
+ * starts with one, the caller's. NULL is a no-op for both. */
+kp_grammar *kp_grammar_ref(kp_grammar *g);
+void kp_grammar_free(kp_grammar *g);
 
 /* Appends a GBNF-like listing of the compiled grammar to out (one rule per
  * line; classes are byte ranges, written \xHH for non-ASCII bytes, so the
@@ -182,6 +197,10 @@ void kp_gmatch_free(kp_gmatch *m); /* NULL is a no-op */
 /* An independent matcher in the same state (its stacks copied, its mask
  * cache shared with m: use m and its clones from one thread at a time). */
 kp_status kp_gmatch_clone(kp_gmatch **out, const kp_gmatch *m, kp_error *err);
+
+/* The vocabulary index m was made for (kp_gvocab_mask_words of it sizes
+ * m's masks). */
+const kp_gvocab *kp_gmatch_vocab(const kp_gmatch *m);
 
 /* Back to the start of the grammar (the caches stay). */
 void kp_gmatch_reset(kp_gmatch *m);

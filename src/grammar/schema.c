@@ -16,7 +16,9 @@
  *
  * The documents (the output shape):
  *
- *   root    ws value ws; ws = [ \t\n\r]{0,ws_max} between any two tokens
+ *   root    prefix ws value ws suffix; ws = [ \t\n\r]{0,ws_max} between any
+ *           two tokens (the outer two left out with no_outer_ws); prefix
+ *           and suffix literal bytes (default none)
  *   object  "{" ws members "}" with the declared properties in schema
  *           order, required ones always, optional ones maybe, then any
  *           additional ones (when allowed) whose keys are none of the
@@ -154,6 +156,12 @@ static bool push_ws(sc *c, kp_gseq *s) {
         if (c->r_wsch == UINT32_MAX || !kp_gb_alt1(c->b, c->r_wsch, kp_gb_term(c->b, &ws))) return oom(c);
     }
     return push(c, s, kp_gb_rep(c->b, c->r_wsch, 0, c->ws_max));
+}
+/* Literal bytes b[0..n) (any bytes, not only UTF-8). */
+static bool push_bytes(sc *c, kp_gseq *s, const char *b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!push(c, s, kp_gb_byte(c->b, (uint8_t)b[i]))) return false;
+    return true;
 }
 static bool add_alt(sc *c, uint32_t rule, kp_gseq *s) { return kp_gb_alt(c->b, rule, s) || oom(c); }
 static bool alt_ref(sc *c, uint32_t rule, uint32_t sub) {
@@ -1036,6 +1044,8 @@ static kp_status compile(const json_t *schema, const kp_schema_opts *o, bool any
     *out = NULL;
     kp_schema_opts d = kp_schema_opts_default();
     if (!o) o = &d;
+    if ((o->prefix_len && !o->prefix) || (o->suffix_len && !o->suffix))
+        return kp_fail(err, KP_EINVAL, "json schema: NULL prefix or suffix with a length");
     if (o->ws_max < 0 || o->ws_max > (int)KP_GRAMMAR_MAX_REPEAT)
         return kp_fail(err, KP_EINVAL, "json schema: ws_max %d outside 0..%u", o->ws_max, KP_GRAMMAR_MAX_REPEAT);
     kp_gbuild b;
@@ -1056,7 +1066,9 @@ static kp_status compile(const json_t *schema, const kp_schema_opts *o, bool any
     }
     kp_gseq s = {0};
     if (c.st == KP_OK && v != UINT32_MAX &&
-        !(push_ws(&c, &s) && push(&c, &s, KP_GE(KP_GE_REF, v)) && push_ws(&c, &s) && add_alt(&c, root, &s)))
+        !(push_bytes(&c, &s, o->prefix, o->prefix_len) && (o->no_outer_ws || push_ws(&c, &s)) &&
+          push(&c, &s, KP_GE(KP_GE_REF, v)) && (o->no_outer_ws || push_ws(&c, &s)) &&
+          push_bytes(&c, &s, o->suffix, o->suffix_len) && add_alt(&c, root, &s)))
         oom(&c);
     kp_gseq_free(&s);
     free(c.refs);
