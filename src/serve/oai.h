@@ -17,14 +17,18 @@
  * temperature [0,2], top_p [0,1], top_k >= 0, min_p [0,1], seed,
  * presence_penalty and frequency_penalty [-2,2], repeat_penalty (0,10],
  * stop (a string or up to 16 strings), stream, stream_options.include_usage,
- * n (1 only), user, ignore_eos, parse_special (completions: control-token
+ * n (1 only), user, ignore_eos, response_format ({"type": "text"},
+ * {"type": "json_object"}, {"type": "json_schema", "json_schema": {"name",
+ * "description", "schema", "strict"}}; llama.cpp's {"type": "json_object",
+ * "schema": S} too), grammar (llama.cpp's GBNF text) and json_schema
+ * (llama.cpp's: a schema), at most one of them; parse_special (completions: control-token
  * texts such as "</s>" in the prompt become those tokens; off by default,
  * so text is text), return_token_ids (the prompt's and the
  * completion's token ids in the choice, so a client can resend a turn as
  * ids and reuse the cache to the last token). Fields OpenAI defines that kvpin does not
  * act on are accepted only at their neutral value (logprobs false/null,
  * echo false, best_of 1, logit_bias {} or null, tool_choice "auto"/"none"/
- * null, parallel_tool_calls, response_format {"type":"text"}, metadata,
+ * null, parallel_tool_calls, metadata,
  * store false); any other field is an error ("unknown field").
  */
 #ifndef KP_OAI_H
@@ -37,6 +41,7 @@
 #include "cache/doctor.h"
 #include "cache/engine.h"
 #include "model/sampler.h"
+#include "serve/gcache.h"
 #include "serve/scheduler.h"
 #include "base/status.h"
 
@@ -76,6 +81,13 @@ typedef struct {
     bool stream, include_usage, ignore_eos, return_token_ids;
     bool parse_special;       /* completions: control-token texts in the prompt are tokens */
     const char *model;        /* into root, NULL when absent */
+    /* constrained output (response_format, grammar, json_schema): 0 none,
+     * else the kp_gc_kind to compile (serve/gcache.h) */
+    int constraint;
+    const json_t *schema;         /* into root: KP_GC_SCHEMA */
+    const char *grammar;          /* into root: KP_GC_GBNF */
+    size_t grammar_len;
+    const char *constraint_param; /* the field it came from, for errors */
 } kp_oai_request;
 
 /* Parses body[0..len). On failure returns false with *e set (400 and the

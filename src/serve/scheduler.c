@@ -120,6 +120,7 @@ struct kp_sreq {
     /* set at submit, then owned by the engine thread */
     int32_t *all;
     kp_gen *gen;  /* prompt + generated tokens, sampler, text, limits */
+    kp_grammar *grammar; /* a reference, until the engine thread constrains gen with it */
     uint32_t n_prompt, n_fill, fed;
     bool admitted;       /* admitted once: the report and usage are those of that prefill */
     double t_kv;         /* when it began waiting at the queue's head for KV blocks; 0: not */
@@ -150,6 +151,8 @@ struct kp_sreq {
     double queue_ms, ttft_ms;
     uint32_t preemptions;
 };
+
+#define SCHED_WARM 8 /* grammars whose matchers (and mask caches) the engine thread keeps */
 
 typedef enum { OP_PROBE, OP_PIN, OP_UNPIN } op_kind;
 
@@ -201,6 +204,17 @@ struct kp_sched {
     kp_sched_cache snap;  /* under snap_mu */
     bool dirty;           /* the engine changed since the last snapshot (engine thread) */
     double last_expire, last_publish;
+    /* constrained decoding, engine thread: the vocabulary's index (built on
+     * the first constrained request) and a matcher at the start of each of
+     * the last SCHED_WARM grammars (a reference each), whose clones share
+     * its warm mask cache */
+    kp_gvocab *gv;
+    struct {
+        kp_grammar *g;
+        kp_gmatch *m;
+        uint64_t used;
+    } warm[SCHED_WARM];
+    uint64_t warm_clock;
 };
 
 static double now_s(void) {
@@ -224,6 +238,7 @@ static void observe(double v, const double *le, uint64_t *count, uint64_t *n, do
 
 static void sreq_free(kp_sreq *r) {
     kp_gen_free(r->gen);
+    kp_grammar_free(r->grammar);
     free(r->text);
     free(r->logits);
     kp_buf_free(&r->out);
@@ -363,6 +378,7 @@ kp_status kp_sched_submit(kp_sched *s, const kp_sreq_params *p, kp_sreq **out, k
         r->text[p->text_len] = 0;
         r->text_len = p->text_len;
     }
+    r->grammar = kp_grammar_ref(p->grammar);
     r->n_prompt = r->n_fill = p->n_prompt;
     r->t_submit = now_s();
     pthread_mutex_lock(&s->mu);
@@ -605,6 +621,39 @@ static void preempt(kp_sched *s, kp_sreq *r) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Engine thread: constrains r's gen to r->grammar with a clone of the
+ * warm matcher of that grammar (made, evicting the least recently used
+ * one, when the grammar is not among the kept ones), and drops r's
+ * reference. */
+static kp_status constrain(kp_sched *s, kp_sreq *r, kp_error *err) {
+    kp_status st;
+    if (!s->gv && (st = kp_gvocab_new(&s->gv, s->v, err)) != KP_OK) return st;
+    int k = -1, lru = 0;
+    for (int i = 0; i < SCHED_WARM; i++) {
+        if (s->warm[i].g == r->grammar) k = i;
+        if (s->warm[i].used < s->warm[lru].used) lru = i;
+    }
+    if (k < 0) {
+        k = lru;
+        kp_gmatch_free(s->warm[k].m);
+        kp_grammar_free(s->warm[k].g);
+        s->warm[k].g = NULL;
+        if ((st = kp_gmatch_new(&s->warm[k].m, r->grammar, s->gv, err)) != KP_OK) {
+            s->warm[k].m = NULL;
+            s->warm[k].used = 0;
+            return st;
+        }
+        s->warm[k].g = kp_grammar_ref(r->grammar);
+    }
+    s->warm[k].used = ++s->warm_clock;
+    kp_gmatch *m = NULL;
+    if ((st = kp_gmatch_clone(&m, s->warm[k].m, err)) != KP_OK) return st;
+    if ((st = kp_gen_constrain(r->gen, m, err)) != KP_OK) return st;
+    kp_grammar_free(r->grammar);
+    r->grammar = NULL;
+    return KP_OK;
+}
+
 /* The prompt is computed and r->logits holds the next token's logits: the
  * gen samples, releases text and says whether the request ended. Returns
  * true when it did (r then waits in s->ended). */
@@ -619,6 +668,13 @@ static bool on_logits(kp_sched *s, kp_sreq *r) {
     }
     kp_gen_out o;
     kp_error err = {0};
+    if (r->grammar) {
+        kp_status cst = constrain(s, r, &err);
+        if (cst != KP_OK) {
+            finish(s, r, KP_FINISH_ERROR, cst, &err);
+            return true;
+        }
+    }
     kp_status st = kp_gen_step(r->gen, r->logits, &o, &err);
     if (o.token >= 0) {
         pthread_mutex_lock(&s->mu);
@@ -942,6 +998,11 @@ void kp_sched_free(kp_sched *s) {
         pthread_join(s->thread, NULL);
     }
     kp_crep_free(s->crep);
+    for (int i = 0; i < SCHED_WARM; i++) {
+        kp_gmatch_free(s->warm[i].m);
+        kp_grammar_free(s->warm[i].g);
+    }
+    kp_gvocab_free(s->gv);
     free(s->running);
     free(s->items);
     free(s->item_req);
