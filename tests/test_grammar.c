@@ -1933,6 +1933,77 @@ static void test_schema_affixes(void) {
     kp_gvocab_free(gv);
 }
 
+/* Clones of one matcher share its mask cache (a server's warm matcher per
+ * schema): masks of clones that walk different paths, one after another
+ * and interleaved, equal brute force (each token's bytes fed to a clone). */
+static void test_clone_shared_cache(void) {
+    kp_tok_vocab *v = load_stories();
+    CHECK(v != NULL);
+    if (!v) return;
+    kp_gvocab *gv = NULL;
+    kp_error err = {0};
+    CHECK(kp_gvocab_new(&gv, v, &err) == KP_OK);
+    kp_grammar *g = schema_g("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"maxLength\":6},"
+                             "\"b\":{\"type\":\"array\",\"items\":{\"enum\":[\"x\",\"yy\",1]},\"maxItems\":3},"
+                             "\"c\":{\"type\":\"integer\"}},\"required\":[\"a\",\"b\"],\"additionalProperties\":false}",
+                             1);
+    kp_gmatch *proto = NULL;
+    CHECK(gv && g && kp_gmatch_new(&proto, g, gv, &err) == KP_OK);
+    size_t words = gv ? kp_gvocab_mask_words(gv) : 0;
+    uint32_t *mask = malloc(words * 4 + 4);
+    int32_t n = kp_tok_n_vocab(v);
+    rng r = {0x2545F4914F6CDD1Dull};
+    int diffs = 0, states = 0;
+    enum { W = 3 };
+    for (int round = 0; proto && round < 4; round++) {
+        kp_gmatch *w[W] = {0};
+        bool live[W];
+        for (int i = 0; i < W; i++) {
+            CHECK(kp_gmatch_clone(&w[i], proto, &err) == KP_OK);
+            live[i] = w[i] != NULL;
+        }
+        for (int step = 0; step < 40; step++) {
+            int i = (int)rn(&r, W); /* interleaved */
+            if (!live[i]) continue;
+            size_t na = 0;
+            CHECK(kp_gmatch_mask(w[i], mask, &na, &err) == KP_OK);
+            for (int32_t id = 0; id < n; id++) {
+                size_t len;
+                const char *pc = kp_tok_piece_view(v, id, false, &len);
+                bool want;
+                if (kp_tok_is_eog(v, id)) {
+                    want = kp_gmatch_complete(w[i]);
+                } else if (!pc || len == 0) {
+                    want = false;
+                } else {
+                    kp_gmatch *c = NULL;
+                    CHECK(kp_gmatch_clone(&c, w[i], &err) == KP_OK);
+                    want = kp_gmatch_accept_bytes(c, pc, len, NULL) == KP_OK;
+                    kp_gmatch_free(c);
+                }
+                if (want != bit(mask, id) && diffs++ < 5)
+                    fprintf(stderr, "  clone %d step %d: token %d brute %d mask %d\n", i, step, id, want, !want);
+            }
+            states++;
+            if (na == 0) {
+                live[i] = false;
+                continue;
+            }
+            int32_t id = pick(&r, mask, words, na);
+            CHECK(kp_gmatch_accept_token(w[i], id, &err) == KP_OK);
+            if (kp_gmatch_finished(w[i])) live[i] = false;
+        }
+        for (int i = 0; i < W; i++) kp_gmatch_free(w[i]);
+    }
+    CHECK_EQ_INT(diffs, 0);
+    CHECK(states > 100);
+    free(mask);
+    kp_gmatch_free(proto);
+    kp_grammar_free(g);
+    kp_gvocab_free(gv);
+    kp_tok_vocab_free(v);
+}
+
 static void test_dump(void) {
     kp_grammar *g = gbnf("root ::= \"ab\" [x-z]* ( \"c\" | d ){2,3}\nd ::= [^a]\n");
     kp_buf b = {0};
@@ -1969,6 +2040,7 @@ int main(int argc, char **argv) {
     RUN_IF(test_bounds);
     RUN_IF(test_mask_counters);
     RUN_IF(test_mask_unicode);
+    RUN_IF(test_clone_shared_cache);
     RUN_IF(test_dump);
     RUN_IF(test_multibyte);
     RUN_IF(test_property_bpe_small);

@@ -92,7 +92,7 @@ typedef struct {
     bool acc_bits;    /* acc is a bitset of mask_words words, else n_acc ids */
     uint32_t *acc;
     uint32_t *unc;    /* ranks, ascending */
-    uint64_t stamp;   /* the mask call that last ORed it */
+    uint64_t stamp;   /* the mask call (gcache.calls) that last ORed it */
 } gentry;
 
 /* One open trie node of an entry walk: its children are being visited,
@@ -113,6 +113,7 @@ typedef struct {
     uint32_t *bucket, mask;
     size_t bytes;
     uint64_t flushes;
+    uint64_t calls; /* mask calls by any matcher sharing the cache (entry stamps) */
 } gcache;
 
 struct kp_gmatch {
@@ -122,7 +123,6 @@ struct kp_gmatch {
     uint32_t cfg, start;
     bool finished;
     gcache *cache;
-    uint64_t calls;
     /* walk scratch, max_len + 2 deep */
     uint32_t *st_cfg;
     uint8_t *st_unc;
@@ -677,7 +677,7 @@ kp_status kp_gmatch_mask(kp_gmatch *m, uint32_t *mask, size_t *n_allowed, kp_err
     kp_status st = maybe_compact(m, err);
     if (st != KP_OK) return st;
     m->stats.masks++;
-    uint64_t stamp = ++m->calls;
+    uint64_t stamp = ++m->cache->calls; /* the cache's clock: unique over m and its clones */
     uint64_t skips0 = m->stats.bound_skips;
     uint32_t cfg = m->cfg;
     uint32_t n_leaves = kp_gpda_cfg(&m->pda, cfg)->n;
