@@ -584,6 +584,13 @@ static void test_constrained_end(void) {
                   "'%.*s'", (int)text.len, text.data);
         CHECK((uint32_t)steps == kp_gen_n_generated(g)); /* ended on the completing token itself */
         kp_buf_free(&text);
+        if (round % 2) { /* an ended gen hands its matcher back; reset, it matches the grammar again */
+            kp_gmatch *back = kp_gen_release_matcher(g);
+            CHECK(back == m && kp_gen_matcher(g) == NULL && kp_gmatch_grammar(back) == gr);
+            kp_gmatch_reset(back);
+            CHECK(back && kp_gmatch_accept_bytes(back, "no", 2, &err) == KP_OK && kp_gmatch_complete(back));
+            kp_gmatch_free(back);
+        }
         kp_gen_free(g);
     }
     /* constrain after a step: refused, the matcher freed by the gen */
@@ -593,6 +600,7 @@ static void test_constrained_end(void) {
     kp_gmatch *m = NULL;
     kp_gen_out o;
     CHECK(kp_gen_new(&g, voc, prompt, 2, &p, &err) == KP_OK);
+    CHECK(kp_gen_release_matcher(g) == NULL);
     CHECK(kp_gen_step(g, row(plain_token()), &o, &err) == KP_OK);
     CHECK(kp_gmatch_new(&m, gr, gv, &err) == KP_OK);
     CHECK(kp_gen_constrain(g, m, &err) == KP_EINVAL);

@@ -128,6 +128,13 @@ kp_status kp_gen_constrain(kp_gen *g, kp_gmatch *m, kp_error *err) {
 
 const kp_gmatch *kp_gen_matcher(const kp_gen *g) { return g->m; }
 
+kp_gmatch *kp_gen_release_matcher(kp_gen *g) {
+    if (g->finish == KP_FINISH_NONE) return NULL; /* still running: it needs its matcher */
+    kp_gmatch *m = g->m;
+    g->m = NULL;
+    return m;
+}
+
 /* Ends generation: out gets text (the step's own, may be empty) followed
  * by what the textout held back. */
 static void end(kp_gen *g, kp_finish why, kp_gen_cause cause, const char *text, size_t len, kp_gen_out *out) {

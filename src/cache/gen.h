@@ -116,6 +116,11 @@ kp_status kp_gen_constrain(kp_gen *g, kp_gmatch *m, kp_error *err);
 /* The constraint's matcher (NULL: none), for reading (complete, finished). */
 const kp_gmatch *kp_gen_matcher(const kp_gen *g);
 
+/* Hands the constraint's matcher back to the caller (NULL: none), who then
+ * owns it (to reset and reuse it for another generation of the same
+ * grammar). Only for a gen that has ended: it steps no more. */
+kp_gmatch *kp_gen_release_matcher(kp_gen *g);
+
 /* What one step did. */
 typedef struct {
     int32_t token;      /* the sampled token, appended to the tokens; -1: none */

@@ -326,6 +326,7 @@ kp_status kp_gmatch_clone(kp_gmatch **out, const kp_gmatch *m, kp_error *err) {
 }
 
 const kp_gvocab *kp_gmatch_vocab(const kp_gmatch *m) { return m->v; }
+const kp_grammar *kp_gmatch_grammar(const kp_gmatch *m) { return m->g; }
 
 void kp_gmatch_reset(kp_gmatch *m) {
     m->cfg = m->start;

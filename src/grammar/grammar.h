@@ -202,7 +202,12 @@ kp_status kp_gmatch_clone(kp_gmatch **out, const kp_gmatch *m, kp_error *err);
  * m's masks). */
 const kp_gvocab *kp_gmatch_vocab(const kp_gmatch *m);
 
-/* Back to the start of the grammar (the caches stay). */
+/* The grammar m matches (borrowed from its creator). */
+const kp_grammar *kp_gmatch_grammar(const kp_gmatch *m);
+
+/* Back to the start of the grammar (the caches stay: the mask cache shared
+ * with the clones, and m's own memo of parse-stack transitions, which a
+ * fresh clone lacks; a server reuses finished matchers for that). */
 void kp_gmatch_reset(kp_gmatch *m);
 
 /* Feeds bytes. All or nothing: on any error the matcher is unchanged.

@@ -152,7 +152,8 @@ struct kp_sreq {
     uint32_t preemptions;
 };
 
-#define SCHED_WARM 8 /* grammars whose matchers (and mask caches) the engine thread keeps */
+#define SCHED_WARM 8   /* grammars whose matchers (and mask caches) the engine thread keeps */
+#define SCHED_SPARES 4 /* finished matchers kept per such grammar for reuse */
 
 typedef enum { OP_PROBE, OP_PIN, OP_UNPIN } op_kind;
 
@@ -213,6 +214,8 @@ struct kp_sched {
         kp_grammar *g;
         kp_gmatch *m;
         uint64_t used;
+        kp_gmatch *spare[SCHED_SPARES]; /* finished requests' matchers, reset: their transition memo is warm too */
+        int n_spare;
     } warm[SCHED_WARM];
     uint64_t warm_clock;
 };
@@ -435,10 +438,26 @@ static void publish(kp_sched *s, bool now_) {
 /* Ends a request on the engine side: indexes what it computed, releases
  * its sequence, counts it; the owner hears of it in deliver(), after the
  * snapshot shows the cache it left. Engine thread. */
+/* Engine thread, r ended: its constraint's matcher goes back, reset, to the
+ * spares of its grammar's warm slot (freed when the grammar is not kept
+ * or the slot has enough). */
+static void recycle(kp_sched *s, kp_sreq *r) {
+    kp_gmatch *m = kp_gen_release_matcher(r->gen);
+    if (!m) return;
+    for (int i = 0; i < SCHED_WARM; i++)
+        if (s->warm[i].g && s->warm[i].g == kp_gmatch_grammar(m) && s->warm[i].n_spare < SCHED_SPARES) {
+            kp_gmatch_reset(m);
+            s->warm[i].spare[s->warm[i].n_spare++] = m;
+            return;
+        }
+    kp_gmatch_free(m);
+}
+
 static void finish(kp_sched *s, kp_sreq *r, kp_finish why, kp_status status, const kp_error *err) {
     kp_gen_out o; /* ended from here (not by the gen): LENGTH releases held-back text */
     kp_gen_stop(r->gen, why, &o);
     if (o.len) emit(r, o.text, o.len, false);
+    recycle(s, r);
     uint32_t len = kp_eng_seq_len(&r->seq), n_all = kp_gen_n_tokens(r->gen);
     if (len > 0) {
         kp_error e2;
@@ -621,8 +640,9 @@ static void preempt(kp_sched *s, kp_sreq *r) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Engine thread: constrains r's gen to r->grammar with a clone of the
- * warm matcher of that grammar (made, evicting the least recently used
+/* Engine thread: constrains r's gen to r->grammar with a spare matcher of
+ * that grammar's warm slot (a finished request's, reset) or else a clone
+ * of the slot's matcher (the slot made, evicting the least recently used
  * one, when the grammar is not among the kept ones), and drops r's
  * reference. */
 static kp_status constrain(kp_sched *s, kp_sreq *r, kp_error *err) {
@@ -636,6 +656,7 @@ static kp_status constrain(kp_sched *s, kp_sreq *r, kp_error *err) {
     if (k < 0) {
         k = lru;
         kp_gmatch_free(s->warm[k].m);
+        while (s->warm[k].n_spare > 0) kp_gmatch_free(s->warm[k].spare[--s->warm[k].n_spare]);
         kp_grammar_free(s->warm[k].g);
         s->warm[k].g = NULL;
         if ((st = kp_gmatch_new(&s->warm[k].m, r->grammar, s->gv, err)) != KP_OK) {
@@ -647,7 +668,10 @@ static kp_status constrain(kp_sched *s, kp_sreq *r, kp_error *err) {
     }
     s->warm[k].used = ++s->warm_clock;
     kp_gmatch *m = NULL;
-    if ((st = kp_gmatch_clone(&m, s->warm[k].m, err)) != KP_OK) return st;
+    if (s->warm[k].n_spare > 0)
+        m = s->warm[k].spare[--s->warm[k].n_spare]; /* reset when it came back */
+    else if ((st = kp_gmatch_clone(&m, s->warm[k].m, err)) != KP_OK)
+        return st;
     if ((st = kp_gen_constrain(r->gen, m, err)) != KP_OK) return st;
     kp_grammar_free(r->grammar);
     r->grammar = NULL;
@@ -1000,6 +1024,7 @@ void kp_sched_free(kp_sched *s) {
     kp_crep_free(s->crep);
     for (int i = 0; i < SCHED_WARM; i++) {
         kp_gmatch_free(s->warm[i].m);
+        while (s->warm[i].n_spare > 0) kp_gmatch_free(s->warm[i].spare[--s->warm[i].n_spare]);
         kp_grammar_free(s->warm[i].g);
     }
     kp_gvocab_free(s->gv);

@@ -33,8 +33,9 @@
  * Constrained requests (kp_sreq_params.grammar): the engine thread builds
  * the vocabulary's index (kp_gvocab) on the first one and keeps, for the
  * last few grammars seen, a matcher at the start whose mask cache warms up
- * over requests; each request's gen gets a clone of it (all of them used
- * on the engine thread only). A server that hands the same kp_grammar to
+ * over requests; each request's gen gets a clone of it, or the reset
+ * matcher of a finished request of the same grammar (all of them used on
+ * the engine thread only). A server that hands the same kp_grammar to
  * requests with the same schema (serve/gcache.h) gets warm masks.
  *
  * Other threads never touch the engine: cache reads come from a snapshot
