@@ -183,7 +183,7 @@ build/asan/fuzz_%: fuzz/fuzz_%.c fuzz/standalone.c build/asan/libkvpin.a
 build/rel/bench_%: tools/bench_%.c build/rel/libkvpin.a
 	$(CC) $(CFLAGS_RELEASE) -o $@ $< build/rel/libkvpin.a $(LDLIBS)
 
-bench: kvpin build/rel/bench_tok build/rel/bench_quant build/rel/bench_prefix
+bench: kvpin build/rel/bench_tok build/rel/bench_quant build/rel/bench_prefix build/rel/bench_grammar
 	sh bench/run.sh
 
 deps:

@@ -7,7 +7,8 @@
 # random weights into build/bench/, then for each weight type runs
 # `kvpin bench --json` and, when bench/node_modules exists (cd bench && npm ci),
 # bench/llamacpp_bench.mjs with the same settings, and prints the medians and
-# the ratios kvpin / llama.cpp.
+# the ratios kvpin / llama.cpp; then the grammar engine's token masks
+# (build/rel/bench_grammar) against a decode step of the Q8_0 model.
 #
 # Environment: BENCH_TYPES (default "F16 Q8_0 Q4_0 Q4_K"), BENCH_DEPTHS
 # (default "0,2048,8192"), BENCH_REPS (3), BENCH_THREADS (2), BENCH_PP (512),
@@ -44,6 +45,11 @@ for t in $TYPES; do
 done
 ./kvpin bench -m build/bench/smollm2-135m-Q8_0.gguf -p 0 -n 1 -r 1 2>/dev/null | grep 'memory copy' || true
 python3 bench/report.py "$out"
+# Constrained decoding (src/grammar/): the per-token mask cost on the 49,152-
+# and a 151,936-token vocabulary during generation-like walks of realistic
+# schemas, against a decode step of the Q8_0 model (without it, no ratios).
+echo "== grammar masks (tools/bench_grammar.c)"
+build/rel/bench_grammar -m build/bench/smollm2-135m-Q8_0.gguf -t "$THREADS" -r "$REPS"
 # Prefix-cache goals (issue #4) on the Q8_0 model: the issue's sizes take about
 # ten minutes on 2 cores (15,200 decoded answer tokens in the agent loop and a
 # cold 20,000-token prefill), the server's agent loop as long; BENCH_PREFIX_ARGS=--quick

@@ -6,7 +6,10 @@
 # Two servers on free ports, both on the bundled model with F32 KV (the
 # settings of the llama.cpp and llama2.c reference texts the tests compare
 # against): one with the chatml template and an API key, one with the
-# qwen2.5 template for tools. The client is installed into
+# qwen2.5 template for tools; a third on a random-weight model with the
+# 49,152-token byte-level BPE vocabulary (made with `kvpin mkmodel` from
+# tests/data/vocab/ggml-vocab-starcoder.gguf) for the structured-output
+# tests (tests/node/structured.test.mjs, validated with ajv). The client is installed into
 # tests/node/node_modules on first use (needs Node 20 and the npm registry);
 # without them this test fails, it never passes silently. After the client
 # tests, each server must exit 0 on SIGTERM with nothing from the sanitizers
@@ -42,9 +45,13 @@ for tool in node npm curl; do
 done
 node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' ||
     give_up "Node.js $(node --version) is too old: the OpenAI client tests need Node.js 20+"
-pinned=$(node -p 'require("./tests/node/package.json").dependencies.openai')
-installed=$(node -p 'require("./tests/node/node_modules/openai/package.json").version' 2>/dev/null)
-if [ "$installed" != "$pinned" ]; then # missing, or another version than package.json pins
+stale=""
+for pkg in openai ajv ajv-formats; do # missing, or another version than package.json pins
+    pinned=$(node -p "require('./tests/node/package.json').dependencies['$pkg']")
+    installed=$(node -p "require('./tests/node/node_modules/$pkg/package.json').version" 2>/dev/null)
+    [ "$installed" = "$pinned" ] || stale="$stale $pkg"
+done
+if [ -n "$stale" ]; then
     echo "e2e_openai: installing the openai client into tests/node/node_modules (npm ci)"
     npm ci --prefix tests/node --no-audit --no-fund >"$T/npm.log" 2>&1 || {
         cat "$T/npm.log"
@@ -99,11 +106,19 @@ stop() { # stop NAME: SIGTERM, at most 20 s to exit; checks status 0 and a clean
 
 start main --chat-template chatml --api-key "$KEY" --ctx $CTX || give_up "the chatml server did not start"
 start tools --chat-template qwen2.5 || give_up "the qwen2.5 server did not start"
+"$KVPIN" mkmodel -o "$T/bpe49k.gguf" --preset tiny --embd 64 --heads 2 --kv-heads 1 --head-dim 32 --ff 128 --tied \
+    --type F16 --tokenizer tests/data/vocab/ggml-vocab-starcoder.gguf 2>"$T/mkmodel.err" ||
+    { cat "$T/mkmodel.err"; give_up "mkmodel could not write the 49k-vocabulary model"; }
+M_MAIN=$M
+M=$T/bpe49k.gguf
+start bpe --ctx $CTX || give_up "the 49k BPE server did not start"
+M=$M_MAIN
 
 # ---- the client tests
 KVPIN_URL=$(cat "$T/main.url") KVPIN_API_KEY=$KEY KVPIN_TOOLS_URL=$(cat "$T/tools.url") \
-    KVPIN_MODEL_ID=$(basename $M) KVPIN_CTX=$CTX \
-    timeout 300 node --test --test-reporter=spec tests/node/openai.test.mjs >"$T/node.log" 2>&1
+    KVPIN_BPE_URL=$(cat "$T/bpe.url") KVPIN_MODEL_ID=$(basename $M) KVPIN_CTX=$CTX \
+    timeout 600 node --test --test-concurrency=1 --test-reporter=spec tests/node/openai.test.mjs \
+    tests/node/structured.test.mjs >"$T/node.log" 2>&1
 rc=$?
 n_pass=$(sed -n 's/^[^ ]* pass \([0-9]*\)$/\1/p' "$T/node.log" | tail -n 1) # the spec reporter's summary
 n_fail=$(sed -n 's/^[^ ]* fail \([0-9]*\)$/\1/p' "$T/node.log" | tail -n 1)
@@ -111,11 +126,12 @@ if [ $rc -eq 0 ] && [ "${n_pass:-0}" -gt 0 ] && [ "${n_fail:-1}" -eq 0 ]; then
     pass=$((pass + n_pass))
 else
     cat "$T/node.log"
-    bad "node --test tests/node/openai.test.mjs: ${n_fail:-?} of $((${n_pass:-0} + ${n_fail:-0})) failed (exit $rc)"
+    bad "node --test tests/node/openai.test.mjs structured.test.mjs: ${n_fail:-?} of $((${n_pass:-0} + ${n_fail:-0})) failed (exit $rc)"
 fi
 
 stop main
 stop tools
+stop bpe
 PIDS=""
 echo "e2e_openai: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

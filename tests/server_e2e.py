@@ -830,6 +830,74 @@ def concurrent(srv):
     ok(re.search(r'^kvpin_requests_total\{status="400"\} [1-9]', m, re.M) is not None, "metrics: 400s counted")
 
 
+STRUCT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "format": "uuid"},
+        "who": {"$ref": "#/$defs/person"},
+        "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3},
+        "parts": {"type": "array", "minItems": 1, "maxItems": 2, "items": {
+            "type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
+            "required": ["n", "ok"], "additionalProperties": False}},
+        "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]},
+    },
+    "required": ["id", "who", "tags", "parts", "next"],
+    "additionalProperties": False,
+    "$defs": {"person": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}},
+                         "required": ["name"], "additionalProperties": False}},
+}
+
+
+def structured(srv):
+    """response_format json_schema (nested objects, arrays, enums, $ref,
+    recursion) from eight clients at once, all batched together and sharing
+    one compiled grammar: every answer ends with "stop", parses and
+    validates (python3-jsonschema, formats checked); a keyword kvpin does not
+    support is a 400 naming it, param response_format."""
+    try:
+        import jsonschema
+    except ImportError:
+        ok(False, "structured output: python3-jsonschema is needed (apt-get install python3-jsonschema)")
+        return
+    val = jsonschema.Draft202012Validator(STRUCT_SCHEMA, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    out = [None] * 8
+
+    def one(k):
+        out[k] = srv.post("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Fill in the form."}], "max_tokens": 400, "seed": k + 1,
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "form", "strict": k % 2 == 0, "schema": STRUCT_SCHEMA}}},
+            timeout=180)
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(200)
+    for k in range(8):
+        st, _, j = out[k] or (None, None, None)
+        if not ok(st == 200, "structured %d: %r %r" % (k, st, j)):
+            continue
+        c = j["choices"][0]
+        text = c["message"]["content"]
+        ok(c["finish_reason"] == "stop", "structured %d ended with %s: %r" % (k, c["finish_reason"], text))
+        try:
+            doc = json.loads(text)
+        except ValueError as e:
+            ok(False, "structured %d is not JSON (%s): %r" % (k, e, text))
+            continue
+        errs = [e.message for e in val.iter_errors(doc)]
+        ok(not errs, "structured %d does not validate: %s: %r" % (k, errs[:3], text))
+    bad = dict(STRUCT_SCHEMA, properties=dict(STRUCT_SCHEMA["properties"], n={"type": "number", "multipleOf": 2}))
+    st, _, j = srv.post("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "bad", "schema": bad}}})
+    e = j.get("error", {}) if isinstance(j, dict) else {}
+    ok(st == 400 and e.get("param") == "response_format" and e.get("type") == "invalid_request_error" and
+       "multipleOf" in e.get("message", "") and "#/properties/n" in e.get("message", ""),
+       "unsupported keyword: %r %r" % (st, j))
+    ok(wait_idle(srv), "sequences left running after the structured requests")
+
+
 def cache_latency(srv, clients=8, n=30):
     """While `clients` streaming requests decode (each restarting when it
     ends), times n each of GET /v1/cache, POST /v1/cache/probe and DELETE
@@ -1041,6 +1109,7 @@ def main():
         pins(srv)
         cache_under_load(srv)
         concurrent(srv)
+        structured(srv)
         no_leaks(srv, "at the end")
         srv.stop()
         auth()

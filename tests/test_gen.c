@@ -13,8 +13,17 @@
  *     first end-of-generation token, or at the token that would need
  *     position max_pos;
  *   - sampled tokens from a kp_sampler with the same seed that saw the same
- *     prompt.
+ *     prompt;
+ *   - constrained generations (random logits, as a random-weight model
+ *     gives, on the bundled model's SPM vocabulary and on the 49,152-token
+ *     byte-level BPE vocabulary of the SmolLM2-shaped models): every
+ *     sampled token is accepted by a second, independent matcher fed the
+ *     tokens one by one, the text is a complete document for a third one
+ *     fed its bytes, and jansson parses it; the generation ends (STOP) at
+ *     the token that completes a document that cannot grow.
  */
+#include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -379,6 +388,229 @@ static void test_errors(void) {
     CHECK_EQ_STR(kp_gen_cause_name(KP_GEN_EOG), "end of generation token");
 }
 
+/* ---- constrained generation ---- */
+
+static kp_grammar *compile_schema(const char *text) {
+    json_error_t je;
+    json_t *j = json_loads(text, 0, &je);
+    CHECK(j != NULL);
+    kp_schema_opts o = kp_schema_opts_default();
+    o.ws_max = 1;
+    o.no_outer_ws = true;
+    kp_grammar *g = NULL;
+    kp_error err = {0};
+    CHECK_MSG(kp_grammar_compile_schema(j, &o, &g, &err) == KP_OK, "%s", err.msg);
+    json_decref(j);
+    return g;
+}
+
+static kp_grammar *compile_gbnf(const char *text) {
+    kp_grammar *g = NULL;
+    kp_error err = {0};
+    CHECK_MSG(kp_grammar_compile_gbnf(text, strlen(text), &g, &err) == KP_OK, "%s", err.msg);
+    return g;
+}
+
+typedef struct {
+    int runs, stopped, grammar_end, eog_end, parsed;
+} cstats;
+
+/* One constrained generation on vocabulary v with random logits (seeded):
+ * every token checked by an independent matcher, the text by another. */
+static void constrained_run(const kp_tok_vocab *v, const kp_gvocab *gv, const kp_grammar *gr, bool json,
+                            uint64_t seed, cstats *cs) {
+    int32_t n = kp_tok_n_vocab(v);
+    float *lg = malloc((size_t)n * sizeof *lg);
+    kp_gen_params p = {kp_sampler_defaults(), 600, 4096, 0, false, NULL, 0, false};
+    p.sp.seed = seed;
+    p.sp.temp = 1.0f;
+    p.sp.top_k = 0;
+    p.sp.top_p = 1.0f;
+    p.sp.min_p = 0.0f;
+    int32_t prompt[1] = {kp_tok_bos(v) >= 0 ? kp_tok_bos(v) : 0};
+    kp_gen *g = NULL;
+    kp_gmatch *m = NULL, *ref = NULL, *bytes = NULL;
+    kp_error err = {0};
+    CHECK(kp_gen_new(&g, v, prompt, 1, &p, &err) == KP_OK);
+    CHECK(kp_gmatch_new(&m, gr, gv, &err) == KP_OK);
+    CHECK(kp_gmatch_new(&ref, gr, gv, &err) == KP_OK);
+    CHECK(kp_gmatch_new(&bytes, gr, gv, &err) == KP_OK);
+    if (!g || !m || !ref || !bytes || !lg) {
+        kp_gen_free(g);
+        kp_gmatch_free(m);
+        kp_gmatch_free(ref);
+        kp_gmatch_free(bytes);
+        free(lg);
+        return;
+    }
+    CHECK(kp_gen_constrain(g, m, &err) == KP_OK);
+    CHECK(kp_gen_constrain(g, NULL, &err) == KP_EINVAL); /* once */
+    kp_buf text = {0};
+    kp_gen_out o = {0};
+    uint64_t r = seed * 0x9E3779B97F4A7C15ull + 1;
+    int bad = 0;
+    for (int step = 0; step < 700 && o.finish == KP_FINISH_NONE; step++) {
+        for (int32_t i = 0; i < n; i++) {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            lg[i] = (float)(r % 2000) / 200.0f - 5.0f; /* [-5, 5): a random-weight model's spread */
+        }
+        CHECK(kp_gen_step(g, lg, &o, &err) == KP_OK);
+        if (o.token >= 0 && kp_gmatch_accept_token(ref, o.token, NULL) != KP_OK && bad++ < 3)
+            fprintf(stderr, "  token %d at step %d breaks the grammar\n", o.token, step);
+        kp_buf_put(&text, o.text, o.len);
+    }
+    CHECK_EQ_INT(bad, 0);
+    cs->runs++;
+    if (o.finish == KP_FINISH_STOP) {
+        cs->stopped++;
+        cs->grammar_end += o.cause == KP_GEN_GRAMMAR;
+        cs->eog_end += o.cause == KP_GEN_EOG;
+        CHECK(o.cause == KP_GEN_GRAMMAR || o.cause == KP_GEN_EOG);
+        /* GRAMMAR: the document cannot grow; EOG: it was complete when it came */
+        CHECK(o.cause != KP_GEN_GRAMMAR || (kp_gmatch_complete(ref) && !kp_gmatch_can_continue(ref)) ||
+              kp_gmatch_finished(ref));
+        CHECK(o.cause != KP_GEN_EOG || kp_gmatch_finished(ref));
+        CHECK(kp_gmatch_accept_bytes(bytes, text.data ? text.data : "", text.len, &err) == KP_OK);
+        CHECK_MSG(kp_gmatch_complete(bytes), "'%.*s' is not a whole document", (int)text.len, text.data);
+        if (json) {
+            json_error_t je;
+            json_t *j = json_loadb(text.data ? text.data : "", text.len, JSON_DECODE_ANY, &je);
+            CHECK_MSG(j != NULL, "'%.*s': %s", (int)text.len, text.data, je.text);
+            cs->parsed += j != NULL;
+            json_decref(j);
+        }
+    }
+    kp_buf_free(&text);
+    kp_gen_free(g);
+    kp_gmatch_free(ref);
+    kp_gmatch_free(bytes);
+    free(lg);
+}
+
+static const char *const gen_schemas[] = {
+    /* nested objects, arrays, enums, $ref, formats, bounded strings */
+    "{\"type\":\"object\",\"properties\":{"
+    "\"id\":{\"type\":\"string\",\"format\":\"uuid\"},"
+    "\"who\":{\"$ref\":\"#/$defs/person\"},"
+    "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"red\",\"green\",\"blue\"]},\"maxItems\":3},"
+    "\"n\":{\"type\":\"integer\"},\"ok\":{\"type\":\"boolean\"}},"
+    "\"required\":[\"id\",\"who\",\"tags\",\"n\"],\"additionalProperties\":false,"
+    "\"$defs\":{\"person\":{\"type\":\"object\",\"properties\":{"
+    "\"name\":{\"type\":\"string\",\"maxLength\":8},\"age\":{\"type\":[\"integer\",\"null\"]}},"
+    "\"required\":[\"name\"],\"additionalProperties\":false}}}",
+    /* a recursive list through $ref */
+    "{\"$ref\":\"#/definitions/node\",\"definitions\":{\"node\":{\"type\":\"object\",\"properties\":{"
+    "\"v\":{\"type\":\"number\"},\"next\":{\"anyOf\":[{\"$ref\":\"#/definitions/node\"},{\"type\":\"null\"}]}},"
+    "\"required\":[\"v\",\"next\"],\"additionalProperties\":false}}}",
+    /* a tool call's arguments: const, date, minItems */
+    "{\"type\":\"object\",\"properties\":{\"fn\":{\"const\":\"get_weather\"},\"day\":{\"type\":\"string\","
+    "\"format\":\"date\"},\"cities\":{\"type\":\"array\",\"minItems\":1,\"maxItems\":2,\"items\":{"
+    "\"type\":\"string\",\"minLength\":1,\"maxLength\":6}}},\"required\":[\"fn\",\"day\",\"cities\"],"
+    "\"additionalProperties\":false}",
+};
+
+static void constrained_on(const char *name, const kp_tok_vocab *v, int runs_per_schema) {
+    kp_gvocab *gv = NULL;
+    kp_error err = {0};
+    CHECK(kp_gvocab_new(&gv, v, &err) == KP_OK);
+    if (!gv) return;
+    cstats cs = {0};
+    for (size_t si = 0; si < sizeof gen_schemas / sizeof gen_schemas[0]; si++) {
+        kp_grammar *gr = compile_schema(gen_schemas[si]);
+        for (int k = 0; gr && k < runs_per_schema; k++) constrained_run(v, gv, gr, true, 1000 * si + k + 1, &cs);
+        kp_grammar_free(gr);
+    }
+    /* every run must end by the grammar: the schemas are bounded enough */
+    CHECK_EQ_INT(cs.stopped, cs.runs);
+    CHECK_EQ_INT(cs.parsed, cs.stopped);
+    /* json_object: any object (unbounded strings: most runs end, all that end parse) */
+    kp_schema_opts o = kp_schema_opts_default();
+    o.ws_max = 1;
+    o.no_outer_ws = true;
+    kp_grammar *obj = NULL;
+    CHECK(kp_grammar_json_object(&o, &obj, &err) == KP_OK);
+    cstats co = {0};
+    for (int k = 0; obj && k < runs_per_schema; k++) constrained_run(v, gv, obj, true, 77 + k, &co);
+    CHECK_EQ_INT(co.parsed, co.stopped);
+    kp_grammar_free(obj);
+    printf("  %s: %d schema runs, all ended by the grammar (%d at a document that cannot grow, %d by an end token) "
+           "and parse; json_object: %d of %d ended\n",
+           name, cs.runs, cs.grammar_end, cs.eog_end, co.stopped, co.runs);
+    kp_gvocab_free(gv);
+}
+
+static kp_tok_vocab *bpe49k;
+
+static void test_constrained_spm(void) { constrained_on("stories260K (SPM, 512)", voc, 8); }
+static void test_constrained_bpe(void) {
+    if (bpe49k) constrained_on("starcoder (byte-level BPE, 49152)", bpe49k, 4);
+    else CHECK(bpe49k != NULL);
+}
+
+/* A grammar whose documents cannot grow ends the step its last token is
+ * sampled, with cause GRAMMAR, even when the logits prefer something else;
+ * kp_gen_constrain refuses a gen that already stepped. */
+static void test_constrained_end(void) {
+    kp_gvocab *gv = NULL;
+    kp_error err = {0};
+    CHECK(kp_gvocab_new(&gv, voc, &err) == KP_OK);
+    kp_grammar *gr = compile_gbnf("root ::= \"yes\" | \"no\"\n");
+    if (!gv || !gr) {
+        kp_gvocab_free(gv);
+        kp_grammar_free(gr);
+        return;
+    }
+    for (int round = 0; round < 20; round++) {
+        int32_t prompt[2] = {kp_tok_bos(voc), plain_token()};
+        kp_gen_params p = greedy(50, 4096);
+        kp_gen *g = NULL;
+        kp_gmatch *m = NULL;
+        CHECK(kp_gen_new(&g, voc, prompt, 2, &p, &err) == KP_OK);
+        CHECK(kp_gmatch_new(&m, gr, gv, &err) == KP_OK);
+        CHECK(kp_gen_constrain(g, m, &err) == KP_OK);
+        CHECK(kp_gen_matcher(g) == m);
+        kp_buf text = {0};
+        kp_gen_out o = {0};
+        int steps = 0;
+        while (o.finish == KP_FINISH_NONE && steps < 50) {
+            CHECK(kp_gen_step(g, row(plain_token()), &o, &err) == KP_OK); /* the argmax is mostly not allowed */
+            kp_buf_put(&text, o.text, o.len);
+            steps++;
+        }
+        CHECK(o.finish == KP_FINISH_STOP && o.cause == KP_GEN_GRAMMAR);
+        CHECK_MSG((text.len == 3 && !memcmp(text.data, "yes", 3)) || (text.len == 2 && !memcmp(text.data, "no", 2)),
+                  "'%.*s'", (int)text.len, text.data);
+        CHECK((uint32_t)steps == kp_gen_n_generated(g)); /* ended on the completing token itself */
+        kp_buf_free(&text);
+        if (round % 2) { /* an ended gen hands its matcher back; reset, it matches the grammar again */
+            kp_gmatch *back = kp_gen_release_matcher(g);
+            CHECK(back == m && kp_gen_matcher(g) == NULL && kp_gmatch_grammar(back) == gr);
+            kp_gmatch_reset(back);
+            CHECK(back && kp_gmatch_accept_bytes(back, "no", 2, &err) == KP_OK && kp_gmatch_complete(back));
+            kp_gmatch_free(back);
+        }
+        kp_gen_free(g);
+    }
+    /* constrain after a step: refused, the matcher freed by the gen */
+    int32_t prompt[2] = {kp_tok_bos(voc), plain_token()};
+    kp_gen_params p = greedy(5, 4096);
+    kp_gen *g = NULL;
+    kp_gmatch *m = NULL;
+    kp_gen_out o;
+    CHECK(kp_gen_new(&g, voc, prompt, 2, &p, &err) == KP_OK);
+    CHECK(kp_gen_release_matcher(g) == NULL);
+    CHECK(kp_gen_step(g, row(plain_token()), &o, &err) == KP_OK);
+    CHECK(kp_gmatch_new(&m, gr, gv, &err) == KP_OK);
+    CHECK(kp_gen_constrain(g, m, &err) == KP_EINVAL);
+    CHECK(kp_gen_matcher(g) == NULL);
+    kp_gen_free(g);
+    CHECK_EQ_STR(kp_gen_cause_name(KP_GEN_GRAMMAR), "grammar complete");
+    kp_grammar_free(gr);
+    kp_gvocab_free(gv);
+}
+
 int main(void) {
     kp_error err = {0};
     if (kp_gguf_open(&voc_file, harness_path("models/stories260K.gguf"), &err) != KP_OK ||
@@ -394,6 +626,16 @@ int main(void) {
     RUN(test_context_end_and_zero);
     RUN(test_sampling_equals_sampler);
     RUN(test_errors);
+    RUN(test_constrained_end);
+    RUN(test_constrained_spm);
+    {
+        kp_gguf *f = NULL;
+        if (kp_gguf_open(&f, harness_path("tests/data/vocab/ggml-vocab-starcoder.gguf"), &err) == KP_OK)
+            kp_tok_vocab_load(&bpe49k, f, &err);
+        kp_gguf_close(f);
+    }
+    RUN(test_constrained_bpe);
+    kp_tok_vocab_free(bpe49k);
     free((void *)row(0));
     kp_tok_vocab_free(voc);
     kp_gguf_close(voc_file);

@@ -35,9 +35,10 @@ FLOORS = {
     "kv": 2,       # the KV block pool
     "tok": 3,      # tokenizers and the text of generated tokens
     "model": 3,    # hyperparameters, weights, the forward pass, sampling, random models
-    "cache": 4,    # prefix index, engine, generation loop, miss analysis, cache reports
-    "api": 5,      # the public library interface (kvpin.h)
-    "serve": 5,    # scheduler, chat templates, OpenAI shapes, HTTP server
+    "grammar": 4,  # constrained decoding: grammars, JSON Schema / GBNF, matcher, token masks
+    "cache": 5,    # prefix index, engine, generation loop, miss analysis, cache reports
+    "api": 6,      # the public library interface (kvpin.h)
+    "serve": 6,    # scheduler, chat templates, OpenAI shapes, HTTP server
 }
 TOP = 100  # cli/, tests/, tools/, fuzz/
 

@@ -13,6 +13,12 @@
  * text is the textout's own buffer, except when the step ends generation:
  * then the pushed text and what kp_textout_finish releases are joined in
  * `last`, because both come back in the textout's one buffer.
+ *
+ * Constrained (m != NULL): `masked` (n_vocab floats) receives each step's
+ * logits with the mask applied, and the sampler reads that copy; `mask` is
+ * the allowed-token bitset (kp_gvocab_mask_words words). The matcher has
+ * accepted exactly the generated tokens (an end-of-generation token
+ * included, which finishes it).
  */
 #include "cache/gen.h"
 
@@ -34,6 +40,11 @@ struct kp_gen {
     kp_finish finish;
     kp_gen_cause cause;
     kp_buf last; /* the text of the step that ended generation */
+    int32_t n_vocab;
+    kp_gmatch *m; /* the constraint, or NULL */
+    uint32_t *mask;
+    size_t mask_words;
+    float *masked;
 };
 
 kp_status kp_gen_new(kp_gen **out, const kp_tok_vocab *v, const int32_t *prompt, uint32_t n_prompt,
@@ -56,6 +67,7 @@ kp_status kp_gen_new(kp_gen **out, const kp_tok_vocab *v, const int32_t *prompt,
     g->max_tokens = p->max_tokens;
     g->max_pos = p->max_pos;
     g->ignore_eos = p->ignore_eos;
+    g->n_vocab = nv;
     uint64_t cap = (uint64_t)n_prompt + p->max_tokens;
     if (cap > (uint64_t)p->max_pos + 1) cap = (uint64_t)p->max_pos + 1;
     g->cap = (uint32_t)cap;
@@ -87,8 +99,48 @@ void kp_gen_free(kp_gen *g) {
     kp_sampler_free(g->smp);
     kp_textout_free(g->to);
     kp_buf_free(&g->last);
+    kp_gmatch_free(g->m);
+    free(g->mask);
+    free(g->masked);
     free(g->tok);
     free(g);
+}
+
+kp_status kp_gen_constrain(kp_gen *g, kp_gmatch *m, kp_error *err) {
+    if (!m) return kp_fail(err, KP_EINVAL, "kp_gen_constrain: no matcher");
+    const kp_gvocab *gv = kp_gmatch_vocab(m);
+    kp_status st = KP_OK;
+    if (g->m || g->n_tok != g->n_prompt || g->finish != KP_FINISH_NONE)
+        st = kp_fail(err, KP_EINVAL, "a generation is constrained once, before its first step");
+    else if (kp_gvocab_n_vocab(gv) > g->n_vocab)
+        st = kp_fail(err, KP_EINVAL, "the grammar's vocabulary has %d tokens, more than the %d logits", kp_gvocab_n_vocab(gv),
+                     g->n_vocab);
+    if (st != KP_OK) {
+        kp_gmatch_free(m);
+        return st;
+    }
+    g->mask_words = kp_gvocab_mask_words(gv);
+    g->mask = malloc(g->mask_words * sizeof *g->mask);
+    g->masked = malloc((size_t)g->n_vocab * sizeof *g->masked);
+    if (!g->mask || !g->masked) {
+        free(g->mask);
+        free(g->masked);
+        g->mask = NULL;
+        g->masked = NULL;
+        kp_gmatch_free(m);
+        return kp_fail(err, KP_ENOMEM, "out of memory for a constrained generation");
+    }
+    g->m = m;
+    return KP_OK;
+}
+
+const kp_gmatch *kp_gen_matcher(const kp_gen *g) { return g->m; }
+
+kp_gmatch *kp_gen_release_matcher(kp_gen *g) {
+    if (g->finish == KP_FINISH_NONE) return NULL; /* still running: it needs its matcher */
+    kp_gmatch *m = g->m;
+    g->m = NULL;
+    return m;
 }
 
 /* Ends generation: out gets text (the step's own, may be empty) followed
@@ -124,12 +176,32 @@ kp_status kp_gen_step(kp_gen *g, const float *logits, kp_gen_out *out, kp_error 
         end(g, KP_FINISH_LENGTH, KP_GEN_MAX_TOKENS, NULL, 0, out);
         return KP_OK;
     }
-    int32_t tok = g->logprobs ? kp_sampler_sample_lp(g->smp, logits, (int32_t)g->top_logprobs, &g->lp)
-                              : kp_sampler_sample(g->smp, logits);
+    /* dist: the logits the sampler draws from (after the constraint's mask) */
+    const float *dist = logits;
+    if (g->m) {
+        size_t n_allowed = 0;
+        kp_status st = kp_gmatch_mask(g->m, g->mask, &n_allowed, err);
+        if (st != KP_OK) return st;
+        if (n_allowed == 0) {
+            if (!kp_gmatch_complete(g->m) && !kp_gmatch_finished(g->m))
+                return kp_fail(err, KP_EFULL, "the grammar allows no token here");
+            end(g, KP_FINISH_STOP, KP_GEN_GRAMMAR, NULL, 0, out);
+            return KP_OK;
+        }
+        memcpy(g->masked, logits, (size_t)g->n_vocab * sizeof *g->masked);
+        kp_gmask_apply(g->mask, g->mask_words, g->masked, (size_t)g->n_vocab);
+        dist = g->masked;
+    }
+    int32_t tok = g->logprobs ? kp_sampler_sample_lp(g->smp, dist, (int32_t)g->top_logprobs, &g->lp)
+                              : kp_sampler_sample(g->smp, dist);
     if (g->logprobs) out->lp = &g->lp;
     kp_sampler_accept(g->smp, tok);
     g->tok[g->n_tok++] = tok;
     out->token = tok;
+    if (g->m) {
+        kp_status st = kp_gmatch_accept_token(g->m, tok, err);
+        if (st != KP_OK) return st;
+    }
     if (kp_tok_is_eog(g->v, tok) && !g->ignore_eos) {
         end(g, KP_FINISH_STOP, KP_GEN_EOG, NULL, 0, out);
         return KP_OK;
@@ -141,6 +213,10 @@ kp_status kp_gen_step(kp_gen *g, const float *logits, kp_gen_out *out, kp_error 
     if (st != KP_OK) return st;
     if (stopped) {
         end(g, KP_FINISH_STOP, KP_GEN_STOP_STRING, text, n, out);
+        return KP_OK;
+    }
+    if (g->m && !kp_gmatch_can_continue(g->m)) {
+        end(g, KP_FINISH_STOP, KP_GEN_GRAMMAR, text, n, out);
         return KP_OK;
     }
     if (g->n_tok - g->n_prompt >= g->max_tokens) {
@@ -186,6 +262,7 @@ const char *kp_gen_cause_name(kp_gen_cause c) {
     case KP_GEN_EOG: return "end of generation token";
     case KP_GEN_STOP_STRING: return "stop string";
     case KP_GEN_STOPPED: return "stopped";
+    case KP_GEN_GRAMMAR: return "grammar complete";
     default: return "running";
     }
 }

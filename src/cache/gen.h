@@ -1,5 +1,5 @@
 /*
- * gen.h - one sequence's generation state (floor 4): the sampler, the text
+ * gen.h - one sequence's generation state (floor 5): the sampler, the text
  * of the generated tokens (stop strings, held-back text, the SPM leading
  * space after BOS), the token array (prompt + generated), the limits
  * (max_tokens, end-of-generation, the context end) and how it finished.
@@ -26,6 +26,8 @@
  *
  *   end-of-generation token (unless ignore_eos)  STOP    its text not shown
  *   a stop string completed                      STOP    nothing from it on shown
+ *   the grammar is complete and nothing can      STOP    (constrained only)
+ *     follow but end-of-generation
  *   max_tokens generated                         LENGTH
  *   n_tokens > max_pos (the newest token has no  LENGTH
  *     position left to be decoded at)
@@ -34,6 +36,14 @@
  * possible stop string's beginning, an incomplete UTF-8 character) is
  * released with that step's text. max_tokens 0: the first step samples
  * nothing and ends (LENGTH). One thread uses a gen; no file-level state.
+ *
+ * Constrained decoding (kp_gen_constrain): each step first computes the
+ * grammar's allowed tokens and sets every other logit to -inf, then the
+ * sampler chain (penalties, temperature, top-k/p, min-p) draws from what is
+ * left, so the probabilities it sees are those after the mask. The sampled
+ * token advances the matcher. A step whose mask allows nothing ends
+ * generation with STOP (KP_GEN_GRAMMAR) when the document is complete
+ * (token -1), else fails (KP_EFULL: the grammar's bounds).
  */
 #ifndef KP_GEN_H
 #define KP_GEN_H
@@ -43,6 +53,7 @@
 #include <stdint.h>
 
 #include "base/status.h"
+#include "grammar/grammar.h"
 #include "model/sampler.h"
 #include "tok/textout.h"
 #include "tok/tok.h"
@@ -64,7 +75,8 @@ typedef enum {
     KP_GEN_CONTEXT,     /* LENGTH: n_tokens > max_pos */
     KP_GEN_EOG,         /* STOP: an end-of-generation token */
     KP_GEN_STOP_STRING, /* STOP */
-    KP_GEN_STOPPED      /* kp_gen_stop: ended by the caller */
+    KP_GEN_STOPPED,     /* kp_gen_stop: ended by the caller */
+    KP_GEN_GRAMMAR      /* STOP: the constraint's document is complete and cannot grow */
 } kp_gen_cause;
 
 typedef struct {
@@ -94,6 +106,25 @@ void kp_gen_free(kp_gen *g); /* NULL is a no-op */
  * and those of the top_n (at most KP_LOGPROBS_MAX) most likely tokens in
  * kp_gen_out.lp (top_n < 0: off, the default). */
 void kp_gen_set_logprobs(kp_gen *g, int32_t top_n);
+
+/* Constrains the generation to m's grammar from the next step on (the
+ * rules in the top comment). The gen takes m over: it frees it with
+ * itself, and right away when this fails. m must be at the state the
+ * generated text starts from (a fresh matcher, or a kp_gmatch_clone of
+ * one at the start), for a vocabulary index of the gen's vocabulary; its
+ * mask cache may be shared with other clones, which are then used from
+ * the gen's thread only. Call before the first step, at most once.
+ * KP_EINVAL (NULL m, already stepped or constrained, the index's
+ * vocabulary larger than the logits row), KP_ENOMEM. */
+kp_status kp_gen_constrain(kp_gen *g, kp_gmatch *m, kp_error *err);
+
+/* The constraint's matcher (NULL: none), for reading (complete, finished). */
+const kp_gmatch *kp_gen_matcher(const kp_gen *g);
+
+/* Hands the constraint's matcher back to the caller (NULL: none), who then
+ * owns it (to reset and reuse it for another generation of the same
+ * grammar). Only for a gen that has ended: it steps no more. */
+kp_gmatch *kp_gen_release_matcher(kp_gen *g);
 
 /* What one step did. */
 typedef struct {
@@ -134,7 +165,7 @@ kp_finish kp_gen_finish(const kp_gen *g);
 kp_gen_cause kp_gen_cause_of(const kp_gen *g);
 
 /* "length", "context full", "end of generation token", "stop string",
- * "stopped" (running: "running"). */
+ * "stopped", "grammar complete" (running: "running"). */
 const char *kp_gen_cause_name(kp_gen_cause c);
 
 #endif

@@ -166,20 +166,11 @@ static bool neutral(const char *k, const json_t *v, bool chat, kp_oai_error *e, 
         if (json_is_null(v) || (json_is_integer(v) && json_integer_value(v) == 0)) return true;
         return BAD(e, k, "%s is not supported by kvpin", k);
     }
-    if (!strcmp(k, "grammar")) {
-        if (json_is_null(v) || (json_is_string(v) && json_string_length(v) == 0)) return true;
-        return BAD(e, k, "grammar is not supported by kvpin");
-    }
     if (chat && !strcmp(k, "tool_choice")) {
         if (json_is_null(v) || (json_is_string(v) && (!strcmp(json_string_value(v), "auto") ||
                                                       !strcmp(json_string_value(v), "none"))))
             return true; /* kp_oai_parse drops the tools for "none" */
         return BAD(e, k, "tool_choice must be \"auto\" or \"none\" (forcing a tool is not supported)");
-    }
-    if (chat && !strcmp(k, "response_format")) {
-        const json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
-        if (json_is_null(v) || (json_is_string(t) && !strcmp(json_string_value(t), "text"))) return true;
-        return BAD(e, k, "response_format must be {\"type\": \"text\"} (structured output is not supported)");
     }
     *known = false;
     return true;
@@ -224,6 +215,28 @@ static bool unknown_members(kp_oai_request *r, bool strict, const json_t *obj, c
         char path[192];
         snprintf(path, sizeof path, "%s.%.96s", prefix, k);
         if (!other_field(r, strict, false, path, e)) return false;
+    }
+    return true;
+}
+
+/* Records a constraint from field k; one per request. */
+static bool set_constraint(kp_oai_request *r, const char *k, int kind, kp_oai_error *e) {
+    if (r->constraint)
+        return BAD(e, k, "%s and %s both constrain the output; send one of them", r->constraint_param, k);
+    r->constraint = kind;
+    r->constraint_param = k;
+    return true;
+}
+
+/* Checks that obj (a part of response_format called what) has only the
+ * listed members. */
+static bool rf_members(const json_t *obj, const char *const *allowed, const char *what, kp_oai_error *e) {
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)obj, k, v) {
+        bool ok = false;
+        for (int i = 0; allowed[i] && !ok; i++) ok = !strcmp(k, allowed[i]);
+        if (!ok) return BAD(e, "response_format", "unknown field \"%s\" in %s", k, what);
     }
     return true;
 }
@@ -429,6 +442,54 @@ static bool check_tools(kp_oai_request *r, bool strict, kp_oai_error *e) {
     return true;
 }
 
+/* response_format: text, json_object (llama.cpp: with a schema), or
+ * json_schema {name, description, schema, strict}. The schema itself is
+ * checked when it is compiled (serve/gcache.h). */
+static bool parse_response_format(const json_t *v, kp_oai_request *r, kp_oai_error *e) {
+    const char *k = "response_format";
+    if (json_is_null(v)) return true;
+    const json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+    if (!json_is_string(t))
+        return BAD(e, k, "response_format must be an object with a type: \"text\", \"json_object\" or \"json_schema\"");
+    const char *type = json_string_value(t);
+    if (!strcmp(type, "text")) {
+        static const char *const allowed[] = {"type", NULL};
+        return rf_members(v, allowed, k, e);
+    }
+    if (!strcmp(type, "json_object")) {
+        static const char *const allowed[] = {"type", "schema", NULL};
+        if (!rf_members(v, allowed, k, e)) return false;
+        const json_t *sc = json_object_get(v, "schema");
+        if (!sc || json_is_null(sc)) return set_constraint(r, k, KP_GC_JSON_OBJECT, e);
+        if (!json_is_object(sc) && !json_is_boolean(sc))
+            return BAD(e, k, "response_format.schema must be a JSON Schema (an object or a boolean)");
+        r->schema = sc;
+        return set_constraint(r, k, KP_GC_SCHEMA, e);
+    }
+    if (!strcmp(type, "json_schema")) {
+        static const char *const allowed[] = {"type", "json_schema", NULL};
+        static const char *const inner[] = {"name", "description", "schema", "strict", NULL};
+        if (!rf_members(v, allowed, k, e)) return false;
+        const json_t *js = json_object_get(v, "json_schema");
+        if (!json_is_object(js))
+            return BAD(e, k, "response_format.json_schema must be an object with name and schema");
+        if (!rf_members(js, inner, "response_format.json_schema", e)) return false;
+        const json_t *name = json_object_get(js, "name"), *desc = json_object_get(js, "description"),
+                     *strict = json_object_get(js, "strict"), *sc = json_object_get(js, "schema");
+        if (name && !json_is_string(name)) return BAD(e, k, "response_format.json_schema.name must be a string");
+        if (desc && !json_is_string(desc) && !json_is_null(desc))
+            return BAD(e, k, "response_format.json_schema.description must be a string");
+        if (strict && !json_is_boolean(strict) && !json_is_null(strict))
+            return BAD(e, k, "response_format.json_schema.strict must be true or false");
+        if (!sc || json_is_null(sc)) return set_constraint(r, k, KP_GC_JSON_OBJECT, e);
+        if (!json_is_object(sc) && !json_is_boolean(sc))
+            return BAD(e, k, "response_format.json_schema.schema must be a JSON Schema (an object or a boolean)");
+        r->schema = sc;
+        return set_constraint(r, k, KP_GC_SCHEMA, e);
+    }
+    return BAD(e, k, "response_format.type must be \"text\", \"json_object\" or \"json_schema\", not \"%s\"", type);
+}
+
 void kp_oai_request_free(kp_oai_request *r) {
     json_decref(r->root);
     json_decref(r->tools_own);
@@ -550,6 +611,22 @@ bool kp_oai_parse_opts(const char *body, size_t len, bool chat, bool strict, kp_
             ok = get_bool(v, k, &r->ignore_eos, e);
         } else if (!chat && !strcmp(k, "parse_special")) {
             ok = json_is_null(v) || get_bool(v, k, &r->parse_special, e);
+        } else if (!strcmp(k, "response_format")) {
+            ok = parse_response_format(v, r, e);
+        } else if (!strcmp(k, "grammar")) {
+            if (json_is_null(v) || (json_is_string(v) && json_string_length(v) == 0)) continue;
+            if (!json_is_string(v)) {
+                ok = BAD(e, k, "grammar must be a string (llama.cpp's GBNF)");
+            } else if ((ok = set_constraint(r, k, KP_GC_GBNF, e))) {
+                r->grammar = json_string_value(v);
+                r->grammar_len = json_string_length(v);
+            }
+        } else if (!strcmp(k, "json_schema")) {
+            if (json_is_null(v)) continue;
+            if (!json_is_object(v) && !json_is_boolean(v))
+                ok = BAD(e, k, "json_schema must be a JSON Schema (an object or a boolean)");
+            else if ((ok = set_constraint(r, k, KP_GC_SCHEMA, e)))
+                r->schema = v;
         } else if (!strcmp(k, "return_token_ids")) {
             ok = json_is_null(v) || get_bool(v, k, &r->return_token_ids, e);
         } else {

@@ -26,11 +26,14 @@
  * ids and reuse the cache to the last token), n_predict (llama.cpp's
  * max_tokens; -1: none), cache_prompt, return_progress, prompt_cache_key,
  * prompt_cache_retention; chat also add_generation_prompt and
- * chat_template_kwargs (add_generation_prompt, enable_thinking). Fields
- * others will act on are accepted at their neutral value only
- * (tool_choice "auto"/"none"/null, response_format {"type":"text"},
- * grammar null/""). Other OpenAI fields and unknown ones: the policy at
- * kp_oai_parse_opts. tool_choice "none" leaves tools NULL: the tools are
+ * chat_template_kwargs (add_generation_prompt, enable_thinking);
+ * response_format ({"type": "text"}, {"type": "json_object"}, {"type":
+ * "json_schema", "json_schema": {"name", "description", "schema",
+ * "strict"}}; llama.cpp's {"type": "json_object", "schema": S} too),
+ * grammar (llama.cpp's GBNF text) and json_schema (llama.cpp's: a schema),
+ * at most one of them. Fields others will act on are accepted at their
+ * neutral value only (tool_choice "auto"/"none"/null). Other OpenAI
+ * fields and unknown ones: the policy at kp_oai_parse_opts. tool_choice "none" leaves tools NULL: the tools are
  * not rendered.
  */
 #ifndef KP_OAI_H
@@ -43,6 +46,7 @@
 #include "cache/doctor.h"
 #include "cache/engine.h"
 #include "model/sampler.h"
+#include "serve/gcache.h"
 #include "serve/scheduler.h"
 #include "base/buf.h"
 #include "base/status.h"
@@ -99,6 +103,13 @@ typedef struct {
     const char *prompt_cache_key; /* into root, NULL when absent */
     bool retain_24h;          /* prompt_cache_retention "24h" */
     const char *retention;    /* into root: "in_memory", "24h", or NULL when absent */
+    /* constrained output (response_format, grammar, json_schema): 0 none,
+     * else the kp_gc_kind to compile (serve/gcache.h) */
+    int constraint;
+    const json_t *schema;         /* into root: KP_GC_SCHEMA */
+    const char *grammar;          /* into root: KP_GC_GBNF */
+    size_t grammar_len;
+    const char *constraint_param; /* the field it came from, for errors */
 } kp_oai_request;
 
 /* Parses body[0..len). On failure returns false with *e set (400 and the

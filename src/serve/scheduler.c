@@ -140,6 +140,7 @@ struct kp_sreq {
     /* set at submit, then owned by the engine thread */
     int32_t *all;
     kp_gen *gen;  /* prompt + generated tokens, sampler, text, limits */
+    kp_grammar *grammar; /* a reference, until the engine thread constrains gen with it */
     uint32_t n_prompt, n_fill, fed;
     bool admitted;       /* admitted once: the report and usage are those of that prefill */
     double t_kv;         /* when it began waiting at the queue's head for KV blocks; 0: not */
@@ -200,6 +201,8 @@ static void group_poke(kp_sreq *r) {
     pthread_cond_broadcast(&r->grp->cv);
     pthread_mutex_unlock(&r->grp->mu);
 }
+#define SCHED_WARM 8   /* grammars whose matchers (and mask caches) the engine thread keeps */
+#define SCHED_SPARES 4 /* finished matchers kept per such grammar for reuse */
 
 typedef enum { OP_PROBE, OP_PIN, OP_UNPIN } op_kind;
 
@@ -252,6 +255,19 @@ struct kp_sched {
     kp_sched_cache snap;  /* under snap_mu */
     bool dirty;           /* the engine changed since the last snapshot (engine thread) */
     double last_expire, last_publish;
+    /* constrained decoding, engine thread: the vocabulary's index (built on
+     * the first constrained request) and a matcher at the start of each of
+     * the last SCHED_WARM grammars (a reference each), whose clones share
+     * its warm mask cache */
+    kp_gvocab *gv;
+    struct {
+        kp_grammar *g;
+        kp_gmatch *m;
+        uint64_t used;
+        kp_gmatch *spare[SCHED_SPARES]; /* finished requests' matchers, reset: their transition memo is warm too */
+        int n_spare;
+    } warm[SCHED_WARM];
+    uint64_t warm_clock;
 };
 
 static double now_s(void) {
@@ -275,6 +291,7 @@ static void observe(double v, const double *le, uint64_t *count, uint64_t *n, do
 
 static void sreq_free(kp_sreq *r) {
     kp_gen_free(r->gen);
+    kp_grammar_free(r->grammar);
     free(r->text);
     free(r->logits);
     kp_buf_free(&r->out);
@@ -476,6 +493,7 @@ static kp_status sreq_make(kp_sched *s, const kp_sreq_params *p, uint32_t max_to
         r->text[p->text_len] = 0;
         r->text_len = p->text_len;
     }
+    r->grammar = kp_grammar_ref(p->grammar);
     r->n_prompt = r->n_fill = p->n_prompt;
     atomic_init(&r->progress, false);
     r->t_submit = now_s();
@@ -625,11 +643,27 @@ static void leave_group(kp_sched *s, kp_sreq *r) {
 /* Ends a request on the engine side: indexes what it computed, releases
  * its sequence, counts it; the owner hears of it in deliver(), after the
  * snapshot shows the cache it left. Engine thread. */
+/* Engine thread, r ended: its constraint's matcher goes back, reset, to the
+ * spares of its grammar's warm slot (freed when the grammar is not kept
+ * or the slot has enough). */
+static void recycle(kp_sched *s, kp_sreq *r) {
+    kp_gmatch *m = kp_gen_release_matcher(r->gen);
+    if (!m) return;
+    for (int i = 0; i < SCHED_WARM; i++)
+        if (s->warm[i].g && s->warm[i].g == kp_gmatch_grammar(m) && s->warm[i].n_spare < SCHED_SPARES) {
+            kp_gmatch_reset(m);
+            s->warm[i].spare[s->warm[i].n_spare++] = m;
+            return;
+        }
+    kp_gmatch_free(m);
+}
+
 static void finish(kp_sched *s, kp_sreq *r, kp_finish why, kp_status status, const kp_error *err) {
     leave_group(s, r);
     kp_gen_out o; /* ended from here (not by the gen): LENGTH releases held-back text */
     kp_gen_stop(r->gen, why, &o);
     if (o.len) emit(r, o.text, o.len, false);
+    recycle(s, r);
     uint32_t len = kp_eng_seq_len(&r->seq), n_all = kp_gen_n_tokens(r->gen);
     if (len > 0) {
         kp_error e2;
@@ -922,6 +956,44 @@ static void preempt(kp_sched *s, kp_sreq *r) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Engine thread: constrains r's gen to r->grammar with a spare matcher of
+ * that grammar's warm slot (a finished request's, reset) or else a clone
+ * of the slot's matcher (the slot made, evicting the least recently used
+ * one, when the grammar is not among the kept ones), and drops r's
+ * reference. */
+static kp_status constrain(kp_sched *s, kp_sreq *r, kp_error *err) {
+    kp_status st;
+    if (!s->gv && (st = kp_gvocab_new(&s->gv, s->v, err)) != KP_OK) return st;
+    int k = -1, lru = 0;
+    for (int i = 0; i < SCHED_WARM; i++) {
+        if (s->warm[i].g == r->grammar) k = i;
+        if (s->warm[i].used < s->warm[lru].used) lru = i;
+    }
+    if (k < 0) {
+        k = lru;
+        kp_gmatch_free(s->warm[k].m);
+        while (s->warm[k].n_spare > 0) kp_gmatch_free(s->warm[k].spare[--s->warm[k].n_spare]);
+        kp_grammar_free(s->warm[k].g);
+        s->warm[k].g = NULL;
+        if ((st = kp_gmatch_new(&s->warm[k].m, r->grammar, s->gv, err)) != KP_OK) {
+            s->warm[k].m = NULL;
+            s->warm[k].used = 0;
+            return st;
+        }
+        s->warm[k].g = kp_grammar_ref(r->grammar);
+    }
+    s->warm[k].used = ++s->warm_clock;
+    kp_gmatch *m = NULL;
+    if (s->warm[k].n_spare > 0)
+        m = s->warm[k].spare[--s->warm[k].n_spare]; /* reset when it came back */
+    else if ((st = kp_gmatch_clone(&m, s->warm[k].m, err)) != KP_OK)
+        return st;
+    if ((st = kp_gen_constrain(r->gen, m, err)) != KP_OK) return st;
+    kp_grammar_free(r->grammar);
+    r->grammar = NULL;
+    return KP_OK;
+}
+
 /* The prompt is computed and r->logits holds the next token's logits: the
  * gen samples, releases text and says whether the request ended. Returns
  * true when it did (r then waits in s->ended). */
@@ -936,6 +1008,13 @@ static bool on_logits(kp_sched *s, kp_sreq *r) {
     }
     kp_gen_out o;
     kp_error err = {0};
+    if (r->grammar) {
+        kp_status cst = constrain(s, r, &err);
+        if (cst != KP_OK) {
+            finish(s, r, KP_FINISH_ERROR, cst, &err);
+            return true;
+        }
+    }
     kp_status st = kp_gen_step(r->gen, r->logits, &o, &err);
     if (o.token >= 0) {
         pthread_mutex_lock(&s->mu);
@@ -1277,6 +1356,12 @@ void kp_sched_free(kp_sched *s) {
         pthread_join(s->thread, NULL);
     }
     kp_crep_free(s->crep);
+    for (int i = 0; i < SCHED_WARM; i++) {
+        kp_gmatch_free(s->warm[i].m);
+        while (s->warm[i].n_spare > 0) kp_gmatch_free(s->warm[i].spare[--s->warm[i].n_spare]);
+        kp_grammar_free(s->warm[i].g);
+    }
+    kp_gvocab_free(s->gv);
     free(s->running);
     free(s->items);
     free(s->item_req);

@@ -30,6 +30,14 @@
  * Its owner sees the same tokens, later. scheduler.c's top comment has the
  * rules and why they always make progress.
  *
+ * Constrained requests (kp_sreq_params.grammar): the engine thread builds
+ * the vocabulary's index (kp_gvocab) on the first one and keeps, for the
+ * last few grammars seen, a matcher at the start whose mask cache warms up
+ * over requests; each request's gen gets a clone of it, or the reset
+ * matcher of a finished request of the same grammar (all of them used on
+ * the engine thread only). A server that hands the same kp_grammar to
+ * requests with the same schema (serve/gcache.h) gets warm masks.
+ *
  * Other threads never touch the engine: cache reads come from a snapshot
  * the engine thread publishes (kp_sched_cache_get), cache operations
  * (probe, pin, unpin) are queued to the engine thread, which serves them
@@ -47,6 +55,7 @@
 #include "cache/doctor.h"
 #include "cache/engine.h"
 #include "cache/gen.h"
+#include "grammar/grammar.h"
 #include "model/sampler.h"
 #include "base/status.h"
 #include "tok/textout.h"
@@ -88,6 +97,9 @@ typedef struct {
     bool max_tokens_set;     /* the caller asked for max_tokens: refused (KP_ERANGE) when the KV
                                 budget cannot hold them; false: max_tokens is a default, cut to
                                 what the budget holds (kp_sched_fit) */
+    kp_grammar *grammar;     /* NULL: unconstrained; else the output is constrained to its
+                                documents (cache/gen.h, kp_gen_constrain): the request takes a
+                                reference (kp_grammar_ref) and drops it when released */
 } kp_sreq_params;
 
 typedef struct kp_sreq kp_sreq;

@@ -68,6 +68,7 @@
 #include "serve/oai.h"
 
 #define N_STATUS 12
+#define GRAMMARS_KEPT 16 /* compiled response_format / grammar constraints the server keeps (LRU) */
 static const int STATUS_CODES[N_STATUS] = {200, 400, 401, 404, 405, 413, 429, 431, 500, 503, 504, 0};
 
 struct kp_server {
@@ -93,6 +94,7 @@ struct kp_server {
     bool guard_started, guard_stop;
     atomic_uint_fast64_t cut_slow; /* connections cut at the deadline */
     kp_ckeys *ckeys;               /* requests by prompt_cache_key, retention pins */
+    kp_gcache *gc; /* compiled grammars of response_format / grammar / json_schema */
 };
 
 /* What the log line of a request says (log_line). */
@@ -1227,6 +1229,19 @@ static enum MHD_Result generate_choices(kp_server *s, struct MHD_Connection *c, 
     return sse_response(s, c, cn, mstream_reader, m, mstream_free, sm, ign_h, ignored);
 }
 
+/* The compiled grammar of q's constraint (NULL when it has none) as a new
+ * reference, from the server's cache. false with *e set: a schema or
+ * grammar kvpin cannot compile is the client's 400, naming the field. */
+static bool request_grammar(kp_server *s, const kp_oai_request *q, kp_grammar **g, kp_oai_error *e) {
+    *g = NULL;
+    if (!q->constraint) return true;
+    kp_error err = {0};
+    kp_status st = kp_gcache_get(s->gc, (kp_gc_kind)q->constraint, q->schema, q->grammar, q->grammar_len, g, &err);
+    if (st == KP_OK) return true;
+    if (st == KP_ENOMEM) return kp_oai_fail(e, 500, "server_error", NULL, q->constraint_param, "%s", err.msg);
+    return kp_oai_fail(e, 400, "invalid_request_error", NULL, q->constraint_param, "%s", err.msg);
+}
+
 static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn, bool chat) {
     kp_oai_request q;
     kp_oai_error e;
@@ -1280,11 +1295,19 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
         free(ptext);
         return reply_error(s, c, &e);
     }
+    kp_grammar *grammar = NULL;
+    if (!request_grammar(s, &q, &grammar, &e)) {
+        kp_oai_request_free(&q);
+        free(ids);
+        free(ptext);
+        return reply_error(s, c, &e);
+    }
     if (!q.seed_set) q.sp.seed = (uint64_t)time(NULL) ^ (atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull);
     kp_sreq_params p = {ids,   (uint32_t)n, max_tokens, q.sp, q.stops, q.n_stops, q.ignore_eos,
-                        ptext, tlen0,       q.max_tokens_set};
+                        ptext, tlen0,       q.max_tokens_set, grammar};
     if (q.n > 1 || q.logprobs) {
         enum MHD_Result res = generate_choices(s, c, cn, &q, &p, chat && q.tools, key, retention, ign_h, ignored);
+        kp_grammar_free(grammar); /* the choices hold their own references */
         free(ids);
         free(ptext);
         kp_oai_request_free(&q);
@@ -1293,6 +1316,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
     kp_sreq *r = NULL;
     kp_error err = {0};
     kp_status st = kp_sched_submit(s->sched, &p, &r, &err);
+    kp_grammar_free(grammar); /* the request holds its own reference */
     free(ids);
     free(ptext);
     bool stream_it = q.stream, usage = q.include_usage, return_ids = q.return_token_ids;
@@ -1675,7 +1699,7 @@ static enum MHD_Result cache_pin(kp_server *s, struct MHD_Connection *c, conn *c
         free(ids);
         return reply_error(s, c, &e);
     }
-    kp_sreq_params p = {ids, (uint32_t)n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true};
+    kp_sreq_params p = {ids, (uint32_t)n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL};
     kp_sreq *r = NULL;
     kp_error err = {0};
     kp_status st = kp_sched_submit(s->sched, &p, &r, &err);
@@ -2117,6 +2141,12 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
         free(s);
         return cst;
     }
+    kp_status gst = kp_gcache_new(&s->gc, GRAMMARS_KEPT, err);
+    if (gst != KP_OK) {
+        kp_ckeys_free(s->ckeys);
+        free(s);
+        return gst;
+    }
     pthread_mutex_init(&s->guard_mu, NULL);
     pthread_cond_init(&s->guard_cv, NULL);
     s->sched = sched;
@@ -2140,6 +2170,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
         pthread_mutex_destroy(&s->guard_mu);
         pthread_cond_destroy(&s->guard_cv);
         kp_ckeys_free(s->ckeys);
+        kp_gcache_free(s->gc);
         free(s);
         return kp_fail(err, KP_EIO, "cannot resolve --host %s: %s", cfg->host, gai_strerror(gai));
     }
@@ -2189,6 +2220,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
         pthread_mutex_destroy(&s->guard_mu);
         pthread_cond_destroy(&s->guard_cv);
         kp_ckeys_free(s->ckeys);
+        kp_gcache_free(s->gc);
         free(s);
         return kp_fail(err, KP_EIO, "cannot start the request-deadline thread");
     }
@@ -2196,6 +2228,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
         pthread_mutex_destroy(&s->guard_mu);
         pthread_cond_destroy(&s->guard_cv);
         kp_ckeys_free(s->ckeys);
+        kp_gcache_free(s->gc);
         free(s);
         if (v6_seen && MHD_is_feature_supported(MHD_FEATURE_IPv6) != MHD_YES)
             return kp_fail(err, KP_EIO, "cannot listen on %s: this libmicrohttpd has no IPv6", cfg->host);
@@ -2224,5 +2257,6 @@ void kp_server_free(kp_server *s) {
     pthread_mutex_destroy(&s->guard_mu);
     pthread_cond_destroy(&s->guard_cv);
     kp_ckeys_free(s->ckeys);
+    kp_gcache_free(s->gc);
     free(s);
 }

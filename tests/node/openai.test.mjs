@@ -627,7 +627,7 @@ test('errors: bad fields are 400 naming the param; an unknown endpoint is 404', 
         (e) => assert.equal(e.param, 'n'));
     await rejectsWith(client.chat.completions.create({ ...base, logprobs: true, top_logprobs: 21 }),
         OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'top_logprobs'));
-    await rejectsWith(client.chat.completions.create({ ...base, response_format: { type: 'json_object' } }),
+    await rejectsWith(client.chat.completions.create({ ...base, response_format: { type: 'xml' } }),
         OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'response_format'));
     await rejectsWith(client.chat.completions.create({ ...base, stream_options: { include_usage: true } }),
         OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'stream_options'));
