@@ -79,11 +79,11 @@ static void key_order(const json_t *v, kp_buf *b, int depth) {
 
 /* The key: kind, then the canonical schema (and its member order) or the
  * text. */
-static kp_status make_key(kp_gc_kind kind, const json_t *schema, const char *text, size_t len, char **key,
-                          size_t *klen, kp_error *err) {
+static kp_status make_key(kp_gc_kind kind, const json_t *schema, const char *text, size_t len,
+                          const kp_gc_frame *fr, char **key, size_t *klen, kp_error *err) {
     char *body = NULL;
     size_t n = 0;
-    if (kind == KP_GC_SCHEMA) {
+    if (kind == KP_GC_SCHEMA || kind == KP_GC_FRAMED) {
         kp_status st = kp_canon_dump(schema, &body, &n, err);
         if (st != KP_OK) return st;
     } else if (kind == KP_GC_GBNF) {
@@ -93,8 +93,14 @@ static kp_status make_key(kp_gc_kind kind, const json_t *schema, const char *tex
     kp_buf b = {0};
     char kc = (char)kind;
     kp_buf_put(&b, &kc, 1);
+    if (kind == KP_GC_FRAMED) { /* the lengths first: the key stays unambiguous */
+        uint64_t lens[2] = {fr->prefix_len, fr->suffix_len};
+        kp_buf_put(&b, lens, sizeof lens);
+        kp_buf_put(&b, fr->prefix, fr->prefix_len);
+        kp_buf_put(&b, fr->suffix, fr->suffix_len);
+    }
     if (n) kp_buf_put(&b, body, n);
-    if (kind == KP_GC_SCHEMA) {
+    if (kind == KP_GC_SCHEMA || kind == KP_GC_FRAMED) {
         free(body);
         kp_buf_put(&b, "", 1);
         key_order(schema, &b, 0);
@@ -115,12 +121,12 @@ static slot *find(kp_gcache *c, const char *key, size_t klen) {
     return NULL;
 }
 
-kp_status kp_gcache_get(kp_gcache *c, kp_gc_kind kind, const json_t *schema, const char *text, size_t len,
-                        kp_grammar **out, kp_error *err) {
+static kp_status get(kp_gcache *c, kp_gc_kind kind, const json_t *schema, const char *text, size_t len,
+                     const kp_gc_frame *fr, kp_grammar **out, kp_error *err) {
     *out = NULL;
     char *key = NULL;
     size_t klen = 0;
-    kp_status st = make_key(kind, schema, text, len, &key, &klen, err);
+    kp_status st = make_key(kind, schema, text, len, fr, &key, &klen, err);
     if (st != KP_OK) return st;
     pthread_mutex_lock(&c->mu);
     slot *s = find(c, key, klen);
@@ -137,10 +143,16 @@ kp_status kp_gcache_get(kp_gcache *c, kp_gc_kind kind, const json_t *schema, con
     kp_schema_opts o = kp_schema_opts_default();
     o.ws_max = KP_GCACHE_WS;
     o.no_outer_ws = true;
+    if (fr) {
+        o.prefix = fr->prefix;
+        o.prefix_len = fr->prefix_len;
+        o.suffix = fr->suffix;
+        o.suffix_len = fr->suffix_len;
+    }
     kp_grammar *g = NULL;
-    st = kind == KP_GC_JSON_OBJECT ? kp_grammar_json_object(&o, &g, err)
-         : kind == KP_GC_SCHEMA    ? kp_grammar_compile_schema(schema, &o, &g, err)
-                                   : kp_grammar_compile_gbnf(text, len, &g, err);
+    st = kind == KP_GC_JSON_OBJECT                       ? kp_grammar_json_object(&o, &g, err)
+         : kind == KP_GC_SCHEMA || kind == KP_GC_FRAMED ? kp_grammar_compile_schema(schema, &o, &g, err)
+                                                         : kp_grammar_compile_gbnf(text, len, &g, err);
     if (st != KP_OK) {
         free(key);
         return st;
@@ -168,6 +180,20 @@ kp_status kp_gcache_get(kp_gcache *c, kp_gc_kind kind, const json_t *schema, con
     free(key);
     *out = g;
     return KP_OK;
+}
+
+kp_status kp_gcache_get(kp_gcache *c, kp_gc_kind kind, const json_t *schema, const char *text, size_t len,
+                        kp_grammar **out, kp_error *err) {
+    if (kind == KP_GC_FRAMED) {
+        *out = NULL;
+        return kp_fail(err, KP_EINVAL, "a framed schema needs kp_gcache_get_framed");
+    }
+    return get(c, kind, schema, text, len, NULL, out, err);
+}
+
+kp_status kp_gcache_get_framed(kp_gcache *c, const json_t *schema, const kp_gc_frame *fr, kp_grammar **out,
+                               kp_error *err) {
+    return get(c, KP_GC_FRAMED, schema, NULL, 0, fr, out, err);
 }
 
 void kp_gcache_counts(kp_gcache *c, uint64_t *hits, uint64_t *compiles) {

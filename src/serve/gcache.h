@@ -38,8 +38,16 @@
 typedef enum {
     KP_GC_JSON_OBJECT = 1, /* response_format json_object: any JSON object */
     KP_GC_SCHEMA,          /* a JSON Schema */
-    KP_GC_GBNF             /* llama.cpp's GBNF text */
+    KP_GC_GBNF,            /* llama.cpp's GBNF text */
+    KP_GC_FRAMED           /* literal bytes + a document of a JSON Schema + literal bytes
+                              (a forced tool call: kp_gcache_get_framed) */
 } kp_gc_kind;
+
+/* The literal bytes around a framed schema's document (borrowed). */
+typedef struct {
+    const char *prefix, *suffix;
+    size_t prefix_len, suffix_len;
+} kp_gc_frame;
 
 typedef struct kp_gcache kp_gcache;
 
@@ -54,6 +62,13 @@ void kp_gcache_free(kp_gcache *c); /* NULL is a no-op; requests keep their refer
  * KP_ERANGE) or KP_ENOMEM; nothing is cached for a failed compile. */
 kp_status kp_gcache_get(kp_gcache *c, kp_gc_kind kind, const json_t *schema, const char *text, size_t len,
                         kp_grammar **out, kp_error *err);
+
+/* The grammar of prefix + a document of schema + suffix (fr's bytes and
+ * the schema borrowed; the key covers all three), compiled as for
+ * KP_GC_SCHEMA. Used for forced tool calls, whose frame is the template's
+ * call markup (serve/chat.h kp_chat_call_form_build). Errors as above. */
+kp_status kp_gcache_get_framed(kp_gcache *c, const json_t *schema, const kp_gc_frame *fr, kp_grammar **out,
+                               kp_error *err);
 
 /* Counters: lookups that found a compiled grammar, and compiles. */
 void kp_gcache_counts(kp_gcache *c, uint64_t *hits, uint64_t *compiles);

@@ -162,17 +162,38 @@ static bool parse_stop(const json_t *v, kp_oai_request *r, kp_oai_error *e) {
 /* Fields OpenAI defines that kvpin accepts at their neutral value only. */
 static bool neutral(const char *k, const json_t *v, bool chat, kp_oai_error *e, bool *known) {
     *known = true;
-    if (!strcmp(k, "top_logprobs")) { /* completions; chat's top_logprobs is read above */
+    if (!chat && !strcmp(k, "top_logprobs")) { /* chat's top_logprobs is read above */
         if (json_is_null(v) || (json_is_integer(v) && json_integer_value(v) == 0)) return true;
         return BAD(e, k, "%s is not supported by kvpin", k);
     }
-    if (chat && !strcmp(k, "tool_choice")) {
-        if (json_is_null(v) || (json_is_string(v) && (!strcmp(json_string_value(v), "auto") ||
-                                                      !strcmp(json_string_value(v), "none"))))
-            return true; /* kp_oai_parse drops the tools for "none" */
-        return BAD(e, k, "tool_choice must be \"auto\" or \"none\" (forcing a tool is not supported)");
-    }
     *known = false;
+    return true;
+}
+
+/* tool_choice: "auto" and null (the default), "none" (kp_oai_parse_opts
+ * drops the tools), "required" (a call of one of the tools), or
+ * {"type": "function", "function": {"name": N}} (a call of N): the last
+ * two constrain the output to the template's call syntax (r->tool_force,
+ * compiled by the server from the tools' schemas). */
+static bool parse_tool_choice(const json_t *v, kp_oai_request *r, kp_oai_error *e) {
+    const char *k = "tool_choice";
+    if (json_is_null(v)) return true;
+    if (json_is_string(v)) {
+        const char *x = json_string_value(v);
+        if (!strcmp(x, "auto") || !strcmp(x, "none")) return true;
+        if (!strcmp(x, "required")) return r->tool_force = true;
+        return BAD(e, k, "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                         "\"function\": {\"name\": ...}}, not \"%.64s\"", x);
+    }
+    const json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+    const json_t *fn = json_is_object(v) ? json_object_get(v, "function") : NULL;
+    const json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+    if (!json_is_string(t) || strcmp(json_string_value(t), "function"))
+        return BAD(e, k, "tool_choice as an object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    if (!json_is_string(name) || json_string_length(name) == 0)
+        return BAD(e, k, "tool_choice.function.name must be a non-empty string");
+    r->tool_force = true;
+    r->tool_force_name = json_string_value(name);
     return true;
 }
 
@@ -611,6 +632,8 @@ bool kp_oai_parse_opts(const char *body, size_t len, bool chat, bool strict, kp_
             ok = get_bool(v, k, &r->ignore_eos, e);
         } else if (!chat && !strcmp(k, "parse_special")) {
             ok = json_is_null(v) || get_bool(v, k, &r->parse_special, e);
+        } else if (chat && !strcmp(k, "tool_choice")) {
+            ok = parse_tool_choice(v, r, e);
         } else if (!strcmp(k, "response_format")) {
             ok = parse_response_format(v, r, e);
         } else if (!strcmp(k, "grammar")) {
@@ -660,6 +683,16 @@ bool kp_oai_parse_opts(const char *body, size_t len, bool chat, bool strict, kp_
      * replies read as calls); calls and results in the history still render */
     const json_t *choice = chat ? json_object_get(r->root, "tool_choice") : NULL;
     if (json_is_string(choice) && !strcmp(json_string_value(choice), "none")) r->tools = NULL;
+    if (r->tool_force && !r->tools) {
+        kp_oai_request_free(r);
+        return BAD(e, "tool_choice", "tool_choice asks for a tool call, but the request has no tools");
+    }
+    if (r->tool_force && r->constraint) {
+        bool no = BAD(e, "tool_choice", "tool_choice and %s both constrain the output; send one of them",
+                      r->constraint_param);
+        kp_oai_request_free(r);
+        return no;
+    }
     if (n_predict >= 0) { /* llama.cpp's name of max_tokens (-1: no limit) */
         if (r->max_tokens_set && r->max_tokens != (uint32_t)n_predict) {
             kp_oai_request_free(r);

@@ -32,7 +32,8 @@
  * "strict"}}; llama.cpp's {"type": "json_object", "schema": S} too),
  * grammar (llama.cpp's GBNF text) and json_schema (llama.cpp's: a schema),
  * at most one of them. Fields others will act on are accepted at their
- * neutral value only (tool_choice "auto"/"none"/null). Other OpenAI
+ * neutral value only. tool_choice "auto", "none", "required" or a named
+ * function (the last two force a call, tool_force). Other OpenAI
  * fields and unknown ones: the policy at kp_oai_parse_opts. tool_choice "none" leaves tools NULL: the tools are
  * not rendered.
  */
@@ -110,6 +111,9 @@ typedef struct {
     const char *grammar;          /* into root: KP_GC_GBNF */
     size_t grammar_len;
     const char *constraint_param; /* the field it came from, for errors */
+    /* tool_choice "required" or a named function: the output is a call */
+    bool tool_force;
+    const char *tool_force_name;  /* into root: the function named, NULL: any tool */
 } kp_oai_request;
 
 /* Parses body[0..len). On failure returns false with *e set (400 and the

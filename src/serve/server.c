@@ -1242,6 +1242,31 @@ static bool request_grammar(kp_server *s, const kp_oai_request *q, kp_grammar **
     return kp_oai_fail(e, 400, "invalid_request_error", NULL, q->constraint_param, "%s", err.msg);
 }
 
+/* The grammar of a forced tool call (tool_choice "required" or a named
+ * function): the template's call markup around a JSON document of the
+ * call schema built from the tools (chat.h kp_chat_call_form_build; one
+ * call unless parallel_tool_calls is true: the output ends after it, where
+ * a small model would otherwise go on calling), compiled once per tool list
+ * through the grammar cache. false with *e: an unknown function name or a
+ * parameters schema outside the subset is the client's 400. */
+static bool tool_grammar(kp_server *s, const kp_oai_request *q, kp_grammar **g, kp_oai_error *e) {
+    *g = NULL;
+    bool parallel = json_is_true(json_object_get(q->root, "parallel_tool_calls")); /* one call unless asked */
+    kp_chat_call_form form;
+    kp_error err = {0};
+    kp_status st = kp_chat_call_form_build(s->cfg.chat, q->tools, q->tool_force_name, parallel, &form, &err);
+    if (st == KP_OK) {
+        kp_gc_frame fr = {form.prefix, form.suffix, form.prefix_len, form.suffix_len};
+        st = kp_gcache_get_framed(s->gc, form.schema, &fr, g, &err);
+        kp_chat_call_form_free(&form);
+        if (st == KP_OK) return true;
+        if (st == KP_ENOMEM) return kp_oai_fail(e, 500, "server_error", NULL, "tools", "%s", err.msg);
+        return kp_oai_fail(e, 400, "invalid_request_error", NULL, "tools", "a forced tool call: %s", err.msg);
+    }
+    if (st == KP_ENOMEM) return kp_oai_fail(e, 500, "server_error", NULL, "tool_choice", "%s", err.msg);
+    return kp_oai_fail(e, 400, "invalid_request_error", NULL, "tool_choice", "%s", err.msg);
+}
+
 static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn, bool chat) {
     kp_oai_request q;
     kp_oai_error e;
@@ -1296,7 +1321,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
         return reply_error(s, c, &e);
     }
     kp_grammar *grammar = NULL;
-    if (!request_grammar(s, &q, &grammar, &e)) {
+    if (!(q.tool_force ? tool_grammar(s, &q, &grammar, &e) : request_grammar(s, &q, &grammar, &e))) {
         kp_oai_request_free(&q);
         free(ids);
         free(ptext);
