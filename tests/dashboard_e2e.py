@@ -184,8 +184,10 @@ def check_page(srv):
     ok(sum(sum(m["computed"].values()) for m in h["minutes"]) == computed, "minutes: computed tokens sum")
     ok(sum(m["computed"]["timestamp"] for m in h["minutes"]) == resps[-1]["kvpin_cache"]["computed_tokens"],
        "minutes: the timestamp miss's computed tokens under timestamp")
-    ok(len(h["latency"]) == len(resps) and sum(p["warm"] for p in h["latency"]) ==
-       sum(j["usage"]["prompt_tokens_details"]["cached_tokens"] > 0 for j in resps), "latency points, warm ones")
+    warm = [j["usage"]["prompt_tokens_details"]["cached_tokens"] > 0 and j["kvpin_cache"].get("cause") != "cold"
+            for j in resps]
+    ok(len(h["latency"]) == len(resps) and [p["warm"] for p in h["latency"]] == warm, "latency points, warm ones")
+    ok(sum(m["hits"] for m in h["minutes"]) == sum(warm), "minutes: hits are the warm requests")
 
     dom = load("http://127.0.0.1:%d/" % srv.port)
     body = dom.root.find_all(lambda n: n.tag == "body")

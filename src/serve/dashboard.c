@@ -20,7 +20,7 @@ static json_t *tree_json(const kp_sched_cache *snap, const kp_tok_vocab *v) {
         char *text = NULL;
         size_t len = 0;
         kp_error err = {0};
-        kp_tok_detokenize(v, n->head, n->n_head, true, true, &text, &len, &err);
+        kp_tok_detokenize(v, n->head, n->n_head, false, true, &text, &len, &err); /* <s> shows */
         json_t *t = text ? json_stringn(text, len) : NULL;
         free(text);
         json_array_append_new(

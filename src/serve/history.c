@@ -100,8 +100,11 @@ void kp_hist_add(kp_hist *h, const kp_sreq_update *u, const char *finish, double
     e.report = u->report;
     e.has_doctor = u->has_doctor;
     if (u->has_doctor) e.doctor = u->doctor;
+    /* warm: it reused part of the cache and the doctor does not call it
+     * cold (a shared BOS alone leaves a request cold) */
+    bool warm = e.reused > 0 && e.cause != KP_DOCTOR_CAUSE_COLD;
     point p = {e.prompt, e.reused, (float)e.ttft_ms, (float)e.tpot_ms,
-               (float)e.prompt + (float)e.completion / 2.0f, e.reused > 0};
+               (float)e.prompt + (float)e.completion / 2.0f, warm};
     int64_t minute = now / 60;
     pthread_mutex_lock(&h->mu);
     e.seq = h->n_seq + 1;
@@ -114,7 +117,7 @@ void kp_hist_add(kp_hist *h, const kp_sreq_update *u, const char *finish, double
         b->minute = minute;
     }
     b->requests++;
-    b->hits += e.reused > 0;
+    b->hits += warm;
     b->reused += e.reused;
     if ((unsigned)e.cause < KP_DOCTOR_CAUSE_COUNT) b->computed[e.cause] += e.computed;
     pthread_mutex_unlock(&h->mu);

@@ -54,7 +54,9 @@ void kp_hist_add(kp_hist *h, const kp_sreq_update *u, const char *finish, double
  *        "computed": {cause: tokens computed}}],
  *    "causes": [the cause names, in the order the chart stacks them]}
  *
- * depth is the mean number of cached positions during the decode
+ * A request is warm (latency "warm", a minute's "hits") when it reused part
+ * of the cache and its cause is not cold (a shared BOS token alone does not
+ * make it warm). depth is the mean number of cached positions during the decode
  * (prompt_tokens + completion_tokens / 2); tpot_ms is null for a request
  * that generated fewer than two tokens. */
 json_t *kp_hist_json(kp_hist *h, int64_t now);
