@@ -191,9 +191,10 @@ json_t *kp_hist_json(kp_hist *h, int64_t now) {
         const bucket *b = &c->minutes[((m % KP_HIST_MINUTES) + KP_HIST_MINUTES) % KP_HIST_MINUTES];
         bool live = b->minute == m;
         json_t *comp = json_object();
-        for (int k = 0; k < KP_DOCTOR_CAUSE_COUNT; k++)
-            json_object_set_new(comp, kp_doctor_cause_name((kp_doctor_cause)k),
-                                json_integer(live ? (json_int_t)b->computed[k] : 0));
+        for (int k = 0; k < KP_DOCTOR_CAUSE_COUNT; k++) /* the causes with tokens only */
+            if (live && b->computed[k])
+                json_object_set_new(comp, kp_doctor_cause_name((kp_doctor_cause)k),
+                                    json_integer((json_int_t)b->computed[k]));
         json_array_append_new(mins, json_pack("{s:I, s:I, s:I, s:I, s:o}", "minute", (json_int_t)(m * 60),
                                               "requests", (json_int_t)(live ? b->requests : 0), "hits",
                                               (json_int_t)(live ? b->hits : 0), "reused",

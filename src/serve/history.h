@@ -51,7 +51,7 @@ void kp_hist_add(kp_hist *h, const kp_sreq_update *u, const char *finish, double
  *       "warm", "depth", "tpot_ms"}],
  *    "minutes": [the last KP_HIST_MINUTES minutes up to now, oldest first:
  *       {"minute" (unix time of its start), "requests", "hits", "reused",
- *        "computed": {cause: tokens computed}}],
+ *        "computed": {cause: tokens computed, for the causes that have any}}],
  *    "causes": [the cause names, in the order the chart stacks them]}
  *
  * A request is warm (latency "warm", a minute's "hits") when it reused part
