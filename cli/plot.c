@@ -3,8 +3,8 @@
  *
  * Layout: panels side by side, PANEL_W x PANEL_H each, under the title;
  * inside a panel a margin for the tick labels, the plot area, and the
- * legend under it. Axis maxima are "nice" (1, 2 or 5 times a power of ten)
- * at or above the largest value; tick labels use %g. Text is XML-escaped.
+ * legend under it. Axis maxima are round numbers (nice_max) at or above
+ * the largest value; tick labels use %g. Text is XML-escaped.
  */
 #include "plot.h"
 
@@ -60,11 +60,15 @@ static void put_escaped(FILE *f, const char *t) {
     }
 }
 
-/* The smallest 1, 2 or 5 x 10^k at or above v (1 for v <= 0). */
+/* The smallest of 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 x 10^k at or above v
+ * (1 for v <= 0): five ticks of round numbers, at most 25% of empty room. */
 static double nice_max(double v) {
+    static const double STEPS[] = {1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10};
     if (!(v > 0)) return 1;
     double p = pow(10, floor(log10(v))), r = v / p;
-    return (r <= 1 ? 1 : r <= 2 ? 2 : r <= 5 ? 5 : 10) * p;
+    int i = 0;
+    while (STEPS[i] < r * (1 - 1e-12)) i++;
+    return STEPS[i] * p;
 }
 
 static double nice_min(double v) { return v >= 0 ? 0 : -nice_max(-v); }
