@@ -42,8 +42,10 @@ TESTS   := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
 FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
 
 CLI     := $(wildcard cli/*.c)
-REL_OBJ  := $(patsubst src/%.c,build/rel/%.o,$(SRC))
-ASAN_OBJ := $(patsubst src/%.c,build/asan/%.o,$(SRC))
+# Pages compiled into the library (src/serve/dashboard.h): web/NAME.html
+# becomes build/gen/NAME_page.c (tools/embed.py), one more library object.
+REL_OBJ  := $(patsubst src/%.c,build/rel/%.o,$(SRC)) build/rel/gen/dashboard_page.o
+ASAN_OBJ := $(patsubst src/%.c,build/asan/%.o,$(SRC)) build/asan/gen/dashboard_page.o
 REL_CLI  := $(patsubst cli/%.c,build/rel/cli_%.o,$(CLI))
 ASAN_CLI := $(patsubst cli/%.c,build/asan/cli_%.o,$(CLI))
 
@@ -66,6 +68,15 @@ build/rel/lib.flags: FORCE | build/rel
 	@f='$(CFLAGS_RELEASE) $(LIB_CFLAGS)'; [ "$$(cat $@ 2>/dev/null)" = "$$f" ] || echo "$$f" >$@
 build/asan/lib.flags: FORCE | build/asan
 	@f='$(CFLAGS_ASAN) $(LIB_CFLAGS)'; [ "$$(cat $@ 2>/dev/null)" = "$$f" ] || echo "$$f" >$@
+build/gen/dashboard_page.c: web/dashboard.html tools/embed.py
+	@mkdir -p $(dir $@)
+	python3 tools/embed.py kp_dash_page serve/dashboard.h $< $@
+build/rel/gen/%.o: build/gen/%.c build/rel/lib.flags
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_RELEASE) $(LIB_CFLAGS) -c -o $@ $<
+build/asan/gen/%.o: build/gen/%.c build/asan/lib.flags
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ASAN) $(LIB_CFLAGS) -c -o $@ $<
 build/rel/cli_%.o: cli/%.c | build/rel
 	$(CC) $(CFLAGS_RELEASE) -c -o $@ $<
 build/asan/cli_%.o: cli/%.c | build/asan
@@ -156,7 +167,10 @@ FUZZ_MAXLEN_oai   := 16384
 FUZZ_MAXLEN_http  := 8192
 FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -Isrc -Iinclude -g -O1 -fsanitize=fuzzer,address,undefined \
 	      -fno-sanitize-recover=all $(PKG_CFLAGS) -pthread
-FUZZ_OBJ := $(patsubst src/%.c,build/fuzz/obj/%.o,$(SRC))
+FUZZ_OBJ := $(patsubst src/%.c,build/fuzz/obj/%.o,$(SRC)) build/fuzz/obj/gen/dashboard_page.o
+build/fuzz/obj/gen/%.o: build/gen/%.c | build/fuzz
+	@mkdir -p $(dir $@)
+	clang $(subst -fsanitize=fuzzer,-fsanitize=fuzzer-no-link,$(FUZZ_FLAGS)) -c -o $@ $<
 build/fuzz/obj/%.o: src/%.c | build/fuzz
 	@mkdir -p $(dir $@)
 	clang $(subst -fsanitize=fuzzer,-fsanitize=fuzzer-no-link,$(FUZZ_FLAGS)) -MMD -MP -c -o $@ $<

@@ -8,10 +8,15 @@
 # `kvpin bench --json` and, when bench/node_modules exists (cd bench && npm ci),
 # bench/llamacpp_bench.mjs with the same settings, and prints the medians and
 # the ratios kvpin / llama.cpp; then the grammar engine's token masks
-# (build/rel/bench_grammar) against a decode step of the Q8_0 model.
+# (build/rel/bench_grammar) against a decode step of the Q8_0 model. Each
+# weight type's latency picture goes to build/bench/latency-TYPE.svg
+# (kvpin bench --plot, llama.cpp's points beside when the peer ran); the
+# dashboard's overhead under 16 streams is measured last
+# (bench/dashboard_bench.py).
 #
 # Environment: BENCH_TYPES (default "F16 Q8_0 Q4_0 Q4_K"), BENCH_DEPTHS
-# (default "0,2048,8192"), BENCH_REPS (3), BENCH_THREADS (2), BENCH_PP (512),
+# (default "0,2048,8192"), BENCH_REPS (3), BENCH_THREADS (2), BENCH_PP
+# (prompt lengths, default "128,512"),
 # BENCH_TG (128), BENCH_FA (llama.cpp flash attention modes, default "auto,off").
 set -e
 cd "$(dirname "$0")/.."
@@ -19,7 +24,7 @@ TYPES=${BENCH_TYPES:-"F16 Q8_0 Q4_0 Q4_K"}
 DEPTHS=${BENCH_DEPTHS:-0,2048,8192}
 REPS=${BENCH_REPS:-3}
 THREADS=${BENCH_THREADS:-2}
-PP=${BENCH_PP:-512}
+PP=${BENCH_PP:-128,512}
 TG=${BENCH_TG:-128}
 FA=${BENCH_FA:-auto,off}
 VOCAB=tests/data/vocab/ggml-vocab-starcoder.gguf
@@ -37,11 +42,19 @@ for t in $TYPES; do
             echo "bench: cannot generate a $t model of this shape; skipped"; continue; }
     fi
     echo "== $m" >&2
-    ./kvpin bench -m "$m" -p "$PP" -n "$TG" -d "$DEPTHS" -r "$REPS" -t "$THREADS" --json | tee -a "$out"
+    peer=build/bench/peer-$t.jsonl
+    : >"$peer"
     if [ -d bench/node_modules ]; then
-        node bench/llamacpp_bench.mjs -m "$m" -p "$PP" -n "$TG" -d "$DEPTHS" -r "$REPS" -t "$THREADS" \
-            --fa "$FA" --json | tee -a "$out"
+        for p in $(echo "$PP" | tr , ' '); do
+            tg=$TG; [ "$p" = "${PP##*,}" ] || tg=0 # tg once, with the last prompt length
+            node bench/llamacpp_bench.mjs -m "$m" -p "$p" -n "$tg" -d "$DEPTHS" -r "$REPS" -t "$THREADS" \
+                --fa "$FA" --json | tee -a "$peer"
+        done
     fi
+    ./kvpin bench -m "$m" -p "$PP" -n "$TG" -d "$DEPTHS" -r "$REPS" -t "$THREADS" --json \
+        --plot build/bench/latency-$t.svg --peer "$peer" | tee -a "$out"
+    cat "$peer" >>"$out"
+    echo "latency picture: build/bench/latency-$t.svg" >&2
 done
 ./kvpin bench -m build/bench/smollm2-135m-Q8_0.gguf -p 0 -n 1 -r 1 2>/dev/null | grep 'memory copy' || true
 python3 bench/report.py "$out"
@@ -71,3 +84,10 @@ if [ -f build/bench/smollm2-135m-Q8_0.gguf ]; then
     python3 bench/choices_bench.py --kvpin ./kvpin -m build/bench/smollm2-135m-Q8_0.gguf -t "$THREADS" \
         --reps "$REPS" -n 8 --prompt 2000 --tokens 16
 fi
+# The dashboard's cost (issue #15): 16 streams decoding with the page's
+# endpoints polled vs not.
+echo "== dashboard overhead"
+m=build/bench/smollm2-135m-Q8_0.gguf
+[ -f "$m" ] || m=models/stories260K.gguf
+python3 bench/dashboard_bench.py --kvpin ./kvpin -m "$m" -t "$THREADS" --reps "${BENCH_DASH_REPS:-5}" --tokens "$TG" |
+    tee build/bench/dashboard.txt

@@ -14,7 +14,16 @@
  * also shows the bytes a decode step must read (all weights + the K/V of
  * every cached position) times tokens/s: the achieved bandwidth, next to
  * this machine's measured memory copy bandwidth.
+ *
+ * --plot FILE.svg draws the latency picture from the measurements
+ * (plot.h): prefill tokens/s and time to first token (P / pp tokens/s)
+ * against the prompt length (-p takes several), one series per depth,
+ * and decode tokens/s against the depth with the bytes-bound ceiling (the
+ * copy bandwidth over the bytes a decode step reads) as a line. --peer
+ * FILE adds llama.cpp's points for the same model file from its JSON lines
+ * (bench/llamacpp_bench.mjs --json).
  */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +31,7 @@
 #include "cache/engine.h"
 #include "cache/gen.h"
 #include "cli.h"
+#include "plot.h"
 
 #define EVAL_BATCH 2048 /* prompt tokens per forward call */
 
@@ -53,28 +63,109 @@ static double copy_bandwidth(void) {
     return best;
 }
 
-static bool parse_depths(const char *s, int64_t *depths, int *n) {
+/* A comma-separated list of values in [min, max] appended to v[0..*n). */
+static bool parse_list(const char *opt, const char *what, const char *s, int64_t min, int64_t max, int64_t *v,
+                       int *n) {
     char buf[256];
     snprintf(buf, sizeof buf, "%s", s);
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
         if (*n == MAX_DEPTHS) {
-            fprintf(stderr, "kvpin bench: at most %d depths\n", MAX_DEPTHS);
+            fprintf(stderr, "kvpin bench: at most %d %s\n", MAX_DEPTHS, what);
             return false;
         }
-        if (!cli_parse_i64("-d", tok, 0, 1 << 22, &depths[(*n)++])) return false;
+        if (!cli_parse_i64(opt, tok, min, max, &v[(*n)++])) return false;
     }
     return true;
 }
 
-enum { O_N_PROMPT = CLI_OWN, O_N_GEN, O_N_DEPTH, O_REPS };
+/* One measured test, for --plot. */
+typedef struct {
+    bool pp;
+    int64_t n, depth;
+    double tps;
+} measured;
+
+static const char *const COLOURS[] = {"#1b6ca8", "#2f8f5b", "#8a4fb0", "#c2417a", "#b8860b", "#444444"};
+
+/* The latency picture of kvpin's measurements and, from peer (JSON lines,
+ * may be NULL), llama.cpp's for the same model file, as an SVG at path. */
+static bool write_plot(const char *path, const char *peer, const char *name, const measured *ms, int n_ms,
+                       double bw, double weight_bytes, double kv_per, int64_t n_tg, int n_threads) {
+    cli_plot_chart *c = calloc(1, sizeof *c);
+    if (!c) return false;
+    snprintf(c->title, sizeof c->title, "kvpin bench: %s, %d threads (tokens/s: median of the runs)", name, n_threads);
+    cli_plot_panel *pf = cli_plot_add_panel(c, "prefill", "prompt tokens", "tokens / s");
+    cli_plot_panel *pt = cli_plot_add_panel(c, "time to first token", "prompt tokens", "ms (prompt / prefill speed)");
+    cli_plot_panel *pd = cli_plot_add_panel(c, "decode", "cache depth (positions)", "tokens / s");
+    char sname[64];
+    int64_t max_depth = 0;
+    for (int i = 0; i < n_ms; i++) {
+        const measured *m = &ms[i];
+        max_depth = m->depth > max_depth ? m->depth : max_depth;
+        if (m->pp) {
+            snprintf(sname, sizeof sname, "kvpin, depth %lld", (long long)m->depth);
+            int k = pf->n_series % 6;
+            cli_plot_point(cli_plot_series_of(pf, sname, COLOURS[k], false), (double)m->n, m->tps);
+            cli_plot_point(cli_plot_series_of(pt, sname, COLOURS[k], false), (double)m->n, 1e3 * m->n / m->tps);
+        } else {
+            snprintf(sname, sizeof sname, "kvpin tg%lld", (long long)m->n);
+            cli_plot_point(cli_plot_series_of(pd, sname, COLOURS[0], false), (double)m->depth, m->tps);
+        }
+    }
+    FILE *f = peer ? fopen(peer, "r") : NULL;
+    if (peer && !f) fprintf(stderr, "kvpin bench: note: cannot read --peer %s; plotted without it\n", peer);
+    char line[4096];
+    while (f && fgets(line, sizeof line, f)) {
+        json_t *j = json_loads(line, 0, NULL);
+        const char *eng = json_string_value(json_object_get(j, "engine"));
+        const char *model = json_string_value(json_object_get(j, "model"));
+        const char *test = json_string_value(json_object_get(j, "test"));
+        const char *mode = json_string_value(json_object_get(j, "flash_attn_mode"));
+        double tps = json_number_value(json_object_get(j, "tps_median"));
+        double depth = json_number_value(json_object_get(j, "depth"));
+        if (eng && strcmp(eng, "kvpin") && model && !strcmp(model, name) && test && tps > 0 &&
+            (!strncmp(test, "pp", 2) || !strncmp(test, "tg", 2))) {
+            double n = atof(test + 2);
+            if (test[0] == 'p') {
+                snprintf(sname, sizeof sname, "llama.cpp fa %s, depth %.0f", mode ? mode : "?", depth);
+                cli_plot_point(cli_plot_series_of(pf, sname, "#d1603d", false), n, tps);
+                cli_plot_point(cli_plot_series_of(pt, sname, "#d1603d", false), n, 1e3 * n / tps);
+            } else {
+                snprintf(sname, sizeof sname, "llama.cpp fa %s %s", mode ? mode : "?", test);
+                cli_plot_point(cli_plot_series_of(pd, sname, "#d1603d", false), depth, tps);
+            }
+        }
+        json_decref(j);
+    }
+    if (f) fclose(f);
+    if (bw > 0) {
+        /* the ceiling: every weight and the K/V of the cache read once per token */
+        snprintf(sname, sizeof sname, "bytes-bound ceiling (%.1f GB/s copy)", bw / 1e9);
+        cli_plot_series *ceil = cli_plot_series_of(pd, sname, "#999999", true);
+        for (int i = 0; i <= 16; i++) {
+            double d = (double)max_depth * i / 16;
+            cli_plot_point(ceil, d, bw / (weight_bytes + kv_per * (d + (double)n_tg / 2)));
+        }
+    }
+    bool ok = cli_plot_write(c, path);
+    free(c);
+    return ok;
+}
+
+enum { O_N_PROMPT = CLI_OWN, O_N_GEN, O_N_DEPTH, O_REPS, O_PLOT, O_PEER };
 
 /* llama-bench's spellings: -p/-n are token counts here, not a prompt */
 static const cli_opt bench_tab[] = {
     CLI_USE(CLI_MODEL),
-    {"n-prompt", "p", NULL, "N", "prompt tokens of the pp test (0: skip it)", O_N_PROMPT},
+    {"n-prompt", "p", NULL, "N[,N...]", "prompt tokens of the pp tests (0: skip them)", O_N_PROMPT},
     {"n-gen", "n", NULL, "N", "generated tokens of the tg test (0: skip it)", O_N_GEN},
     {"n-depth", "d", NULL, "D[,D...]", "cache depths to test at (repeatable)", O_N_DEPTH},
     {"repetitions", "r", NULL, "N", "runs of each test", O_REPS},
+    {"plot", NULL, NULL, "FILE.svg", "also draw the results as an SVG: prefill speed and time to first\n"
+                                     "token vs prompt length, decode speed vs depth with the bytes-bound\n"
+                                     "ceiling", O_PLOT},
+    {"peer", NULL, NULL, "FILE", "llama.cpp's JSON lines (bench/llamacpp_bench.mjs --json) to plot\n"
+                                 "beside kvpin's (the same model file)", O_PEER},
     CLI_USE(CLI_THREADS), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_JSON), CLI_USE(CLI_SCALAR), {0},
 };
 
@@ -83,15 +174,17 @@ static void bench_usage(FILE *f) {
                "Prompt processing (ppN) and generation (tgN) tokens/s at cache depths, like llama-bench:\n"
                "median, min and max of -r runs; tg also shows the bandwidth it reaches.\n");
     cli_print_options(f, bench_tab);
-    fprintf(f, "Defaults: -p 512, -n 128, -d 0, -r 5, --kv-type f16.\n");
+    fprintf(f, "Defaults: -p 512, -n 128, -d 0, -r 5, --kv-type f16.\n"
+               "--plot FILE.svg draws the results (one point per test and depth); --peer adds llama.cpp's.\n");
 }
 
 int cmd_bench(int argc, char **argv) {
     cli_session_opts so = {0};
     so.kv_type = KP_DTYPE_F16;
-    int64_t n_pp = 512, n_tg = 128, reps = 5, depths[MAX_DEPTHS];
-    int n_depths = 0;
+    int64_t n_tg = 128, reps = 5, depths[MAX_DEPTHS], pps[MAX_DEPTHS];
+    int n_depths = 0, n_pps = 0;
     bool json = false;
+    const char *plot = NULL, *peer = NULL;
     cli_args a;
     cli_args_init(&a, "bench", bench_tab, bench_usage, argc, argv);
     for (int k; (k = cli_args_next(&a)) != CLI_END;) {
@@ -102,16 +195,21 @@ int cmd_bench(int argc, char **argv) {
         case CLI_JSON: json = true; break;
         case CLI_SCALAR: so.scalar = true; break;
         case CLI_MODEL: so.model_path = v; break;
-        case O_N_PROMPT: if (!cli_parse_i64(a.opt, v, 0, 1 << 20, &n_pp)) return 2; break;
+        case O_N_PROMPT: if (!parse_list(a.opt, "prompt lengths", v, 0, 1 << 20, pps, &n_pps)) return 2; break;
+        case O_PLOT: plot = v; break;
+        case O_PEER: peer = v; break;
         case O_N_GEN: if (!cli_parse_i64(a.opt, v, 0, 1 << 20, &n_tg)) return 2; break;
         case O_REPS: if (!cli_parse_i64(a.opt, v, 1, 1000, &reps)) return 2; break;
         case CLI_THREADS: if (!cli_args_int(&a, &t)) return 2; so.n_threads = (int)t; break;
-        case O_N_DEPTH: if (!parse_depths(v, depths, &n_depths)) return 2; break;
+        case O_N_DEPTH: if (!parse_list("-d", "depths", v, 0, 1 << 22, depths, &n_depths)) return 2; break;
         case CLI_KV_TYPE: if (!cli_parse_kv_type(v, &so.kv_type)) return 2; break;
         }
     }
     if (!cli_args_no_operands(&a)) return 2;
     if (n_depths == 0) depths[n_depths++] = 0;
+    if (n_pps == 0) pps[n_pps++] = 512;
+    int64_t n_pp = 0; /* the longest prompt */
+    for (int i = 0; i < n_pps; i++) n_pp = pps[i] > n_pp ? pps[i] : n_pp;
     int64_t max_depth = 0;
     for (int i = 0; i < n_depths; i++) max_depth = depths[i] > max_depth ? depths[i] : max_depth;
     so.n_ctx = (uint32_t)(max_depth + (n_pp > n_tg ? n_pp : n_tg) + 1);
@@ -122,6 +220,8 @@ int cmd_bench(int argc, char **argv) {
     int32_t *toks = malloc((size_t)(n_fill + 1) * sizeof(int32_t));
     float *logits = malloc(hp->n_vocab * sizeof(float));
     double *tps = malloc((size_t)reps * sizeof(double));
+    measured ms[2 * MAX_DEPTHS * MAX_DEPTHS];
+    int n_ms = 0;
     kp_engine *e = NULL;
     kp_eng_seq seq = {0};
     kp_gen *g = NULL;
@@ -135,7 +235,7 @@ int cmd_bench(int argc, char **argv) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         toks[i] = (int32_t)((x >> 33) % hp->n_vocab);
     }
-    double bw = json ? 0 : copy_bandwidth();
+    double bw = json && !plot ? 0 : copy_bandwidth();
     const char *name = strrchr(so.model_path ? so.model_path : cli_default_model(), '/');
     name = name ? name + 1 : (so.model_path ? so.model_path : cli_default_model());
     uint64_t kv_per = kp_model_kv_bytes_per_token(hp, so.kv_type);
@@ -155,8 +255,9 @@ int cmd_bench(int argc, char **argv) {
         int64_t d = depths[di];
         kp_eng_seq_abort(e, &seq);
         if (d > 0 && kp_eng_append(e, &seq, toks, (uint32_t)d, EVAL_BATCH, logits, &err) != KP_OK) goto fail;
-        for (int kind = 0; kind < 2; kind++) {
-            int64_t n = kind == 0 ? n_pp : n_tg;
+        for (int ti = 0; ti <= n_pps; ti++) {
+            int kind = ti == n_pps; /* the pp tests, then tg */
+            int64_t n = kind == 0 ? pps[ti] : n_tg;
             if (n == 0) continue;
             for (int64_t r = 0; r < reps; r++) {
                 if (kp_eng_seq_truncate(e, &seq, (uint32_t)d, &err) != KP_OK) goto fail;
@@ -177,6 +278,7 @@ int cmd_bench(int argc, char **argv) {
             }
             qsort(tps, (size_t)reps, sizeof(double), cmp_double);
             double med = reps % 2 ? tps[reps / 2] : 0.5 * (tps[reps / 2 - 1] + tps[reps / 2]);
+            ms[n_ms++] = (measured){kind == 0, n, d, med};
             char test[32];
             snprintf(test, sizeof test, "%s%lld", kind == 0 ? "pp" : "tg", (long long)n);
             /* bytes per decode step: every weight once + K/V of the cache (mid-run length) */
@@ -201,6 +303,9 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     rc = 0;
+    if (plot && !write_plot(plot, peer, name, ms, n_ms, bw, (double)cm.m->weight_bytes, (double)kv_per, n_tg,
+                            cm.n_threads))
+        rc = 1;
     goto done;
 fail:
     fprintf(stderr, "kvpin bench: %s\n", err.msg);

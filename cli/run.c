@@ -15,7 +15,8 @@
  * [n_tokens][n_vocab].
  * inspect: run's loop with the engine's attention probe, printing the cache
  * length and the newest position's attention over every cached position for
- * one layer and head.
+ * one layer and head; with --html FILE also the page of every step's
+ * weights as a heat map (heatmap.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,7 @@
 #include "cache/engine.h"
 #include "cache/gen.h"
 #include "cli.h"
+#include "heatmap.h"
 #include "model/sampler.h"
 #include "tok/textout.h"
 
@@ -50,9 +52,10 @@ typedef struct {
     const char *stops[MAX_STOPS];
     int n_stops;
     int64_t layer, head;
+    const char *html;         /* inspect --html */
 } run_opts;
 
-enum { O_STOP = CLI_OWN, O_TOKENS, O_OUTPUT, O_LAYER, O_HEAD, O_PROMPT_CACHE };
+enum { O_STOP = CLI_OWN, O_TOKENS, O_OUTPUT, O_LAYER, O_HEAD, O_PROMPT_CACHE, O_HTML };
 
 static const cli_opt run_tab[] = {
     CLI_USE(CLI_MODEL), CLI_USE(CLI_PROMPT), CLI_USE(CLI_FILE), CLI_USE(CLI_N_PREDICT), CLI_SAMPLING_OPTS,
@@ -75,6 +78,7 @@ static const cli_opt inspect_tab[] = {
     CLI_USE(CLI_MODEL), CLI_USE(CLI_PROMPT), CLI_USE(CLI_FILE), CLI_USE(CLI_N_PREDICT),
     {"layer", NULL, NULL, "L", "the layer whose attention is shown (default: the last)", O_LAYER},
     {"head", NULL, NULL, "H", "the query head whose attention is shown (default: 0)", O_HEAD},
+    {"html", NULL, NULL, "FILE", "also write every step's attention as a heat map page to FILE", O_HTML},
     CLI_SAMPLING_OPTS, CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_NO_BOS),
     CLI_USE(CLI_SPECIAL), CLI_USE(CLI_PRINT_TOKENS), CLI_USE(CLI_SCALAR), {0},
 };
@@ -136,6 +140,7 @@ static int parse_run_opts(int argc, char **argv, const char *cmd, run_opts *o) {
         case CLI_FILE: o->prompt_file = v; break;
         case O_TOKENS: o->tokens = v; break;
         case O_OUTPUT: o->out = v; break;
+        case O_HTML: o->html = v; break;
         case O_STOP:
             if (o->n_stops == MAX_STOPS || !*v) {
                 fprintf(stderr, "kvpin %s: at most %d non-empty --stop strings\n", cmd, MAX_STOPS);
@@ -255,6 +260,7 @@ typedef struct {
     int layer, head;
     double t0, t_prefill, t_first, t_decode0;
     bool first;
+    cli_heat *heat; /* --html: every step's weights, or NULL */
 } gen_ctx;
 
 static void on_prefill(void *vc, const kp_eng_report *r) {
@@ -268,6 +274,10 @@ static void on_prefill(void *vc, const kp_eng_report *r) {
                c->n_prompt, c->n_prompt - 1, kp_eng_seq_len(c->seq));
         printf("  attention of position %zu (layer %d, head %d, kv-head %d) over the cache:\n", c->n_prompt - 1,
                c->layer, c->head, c->head / (int)(c->hp->n_head / c->hp->n_head_kv));
+        if (c->heat && pr) {
+            for (size_t p = 0; p < c->n_prompt; p++) cli_heat_token(c->heat, c->ids[p]);
+            cli_heat_row(c->heat, pr, (uint32_t)np);
+        }
         for (int32_t p = 0; pr && p < np; p++) {
             size_t pl;
             const char *piece = kp_tok_piece_view(c->v, c->ids[p], true, &pl);
@@ -298,6 +308,10 @@ static void on_decode(void *vc, int32_t tok, uint32_t seq_len) {
     const float *pr = kp_eng_attn_probe(c->e, &np);
     size_t pl;
     const char *piece = kp_tok_piece_view(c->v, tok, true, &pl);
+    if (c->heat && pr) {
+        cli_heat_token(c->heat, tok);
+        cli_heat_row(c->heat, pr, (uint32_t)np);
+    }
     printf("decode: token %d '%.*s' at position %u -> appended 1 K/V row per layer and kv-head;"
            " cache length %u\n", tok, (int)pl, piece, seq_len - 1, seq_len);
     printf("  attention of position %u over the cache:", seq_len - 1);
@@ -357,6 +371,7 @@ static int do_generate(int argc, char **argv, bool inspect) {
     kp_gen *g = NULL;
     kp_eng_seq seq = {0};
     kp_error err = {0};
+    cli_heat heat = {0};
     rc = 1;
     if (!prompt_tokens(cm.tok, &o, cmd, &ids, &n_prompt)) goto done;
     if (n_prompt > cm.n_ctx) {
@@ -374,7 +389,8 @@ static int do_generate(int argc, char **argv, bool inspect) {
         goto done;
     }
     if (inspect) kp_eng_set_attn_probe(e, layer, (int)o.head);
-    gen_ctx c = {inspect, e, &seq, cm.tok, hp, ids, n_prompt, layer, (int)o.head, cli_now(), 0, 0, 0, true};
+    gen_ctx c = {inspect, e, &seq, cm.tok, hp, ids, n_prompt, layer, (int)o.head, cli_now(), 0, 0, 0, true,
+                 inspect && o.html ? &heat : NULL};
     c.t_decode0 = c.t0;
     kp_eng_gen_opts go = {&c, on_prefill, on_step, on_decode, EVAL_BATCH, false};
     if (!inspect && n_prompt > PROGRESS_MIN && isatty(STDERR_FILENO) && !prefill_with_bar(e, &seq, ids, n_prompt, &err)) {
@@ -388,6 +404,12 @@ static int do_generate(int argc, char **argv, bool inspect) {
     }
     if (!inspect) putchar('\n');
     fflush(stdout);
+    if (c.heat) {
+        const char *mp = o.so.model_path ? o.so.model_path : cli_default_model(), *sl = strrchr(mp, '/');
+        bool wrote = cli_heat_write(&heat, o.html, cm.tok, sl ? sl + 1 : mp, layer, (int)o.head,
+                                    (int)o.head / (int)(hp->n_head / hp->n_head_kv), (uint32_t)n_prompt);
+        if (!wrote) goto done;
+    }
     double t_decode = cli_now() - c.t_decode0;
     uint32_t n_gen = kp_gen_n_generated(g), n_pos = kp_eng_seq_len(&seq);
     const char *reason = kp_gen_cause_name(kp_gen_cause_of(g));
@@ -423,6 +445,7 @@ static int do_generate(int argc, char **argv, bool inspect) {
     rc = 0;
 done:
     if (e) kp_eng_seq_abort(e, &seq);
+    cli_heat_free(&heat);
     kp_gen_free(g);
     kp_eng_free(e);
     free(ids);

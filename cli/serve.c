@@ -26,7 +26,7 @@
 
 enum {
     O_API_KEY = CLI_OWN, O_API_KEY_FILE, O_CHAT_TEMPLATE, O_QUEUE, O_PREFILL_CHUNK, O_MAX_BODY, O_TIMEOUT,
-    O_ALIAS, O_QUIET, O_REQUEST_TIMEOUT, O_MAX_CONNECTIONS, O_MAX_PER_ADDRESS, O_STRICT_API
+    O_ALIAS, O_QUIET, O_REQUEST_TIMEOUT, O_MAX_CONNECTIONS, O_MAX_PER_ADDRESS, O_STRICT_API, O_NO_DASHBOARD
 };
 
 static const cli_opt serve_tab[] = {
@@ -52,6 +52,7 @@ static const cli_opt serve_tab[] = {
     {"strict-api", NULL, NULL, NULL, "refuse unknown request fields (400) instead of ignoring them and\n"
                                      "naming them in the x-kvpin-ignored-fields header", O_STRICT_API},
     {"quiet", NULL, NULL, NULL, "no request log and no HTTP-library messages on stderr", O_QUIET},
+    {"no-dashboard", NULL, NULL, NULL, "no cache dashboard page at GET / and /dashboard (404)", O_NO_DASHBOARD},
     {0},
 };
 
@@ -60,7 +61,8 @@ static void serve_usage(FILE *f) {
             "usage: kvpin serve [options]\n"
             "An OpenAI-compatible HTTP server (POST /v1/completions, /v1/chat/completions, GET /v1/models,\n"
             "/health, /metrics, /v1/cache, POST /v1/cache/probe, /v1/cache/pin, DELETE /v1/cache/pin/ID,\n"
-            "POST /tokenize, /detokenize). stderr gets one line per request (see README.md) unless --quiet.\n");
+            "POST /tokenize, /detokenize) with a live cache dashboard at GET / (its data: GET /v1/cache/events).\n"
+            "stderr gets one line per request (see README.md) unless --quiet.\n");
     cli_print_options(f, serve_tab);
     fprintf(f,
             "Defaults: the bundled model, --host 127.0.0.1, --port 8080, -np 4, -c min(training context,\n"
@@ -148,7 +150,7 @@ int cmd_serve(int argc, char **argv) {
     int64_t request_timeout = 30, max_conn = 1024, max_per_addr = 64;
     uint64_t budget = 0, max_body = 8u << 20;
     kp_dtype kv_type = KP_DTYPE_F16;
-    bool no_cache = false, quiet = false, budget_set = false, strict_api = false;
+    bool no_cache = false, quiet = false, budget_set = false, strict_api = false, no_dashboard = false;
     cli_args a;
     cli_args_init(&a, "serve", serve_tab, serve_usage, argc, argv);
     for (int k; (k = cli_args_next(&a)) != CLI_END;) {
@@ -159,6 +161,7 @@ int cmd_serve(int argc, char **argv) {
         case CLI_NO_PREFIX_CACHE: no_cache = true; break;
         case O_QUIET: quiet = true; break;
         case O_STRICT_API: strict_api = true; break;
+        case O_NO_DASHBOARD: no_dashboard = true; break;
         case CLI_MODEL: model_path = v; break;
         case CLI_HOST: host = v; break;
         case CLI_PORT: ok = cli_args_int(&a, &port); break;
@@ -278,6 +281,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.chat_eos = token_text(v, kp_tok_eos(v));
     cfg.quiet = quiet;
     cfg.strict_api = strict_api;
+    cfg.no_dashboard = no_dashboard;
     /* SIGINT/SIGTERM are taken by sigwait below; SIGPIPE from a client that left is ignored */
     sigset_t set;
     sigemptyset(&set);
@@ -297,7 +301,8 @@ int cmd_serve(int argc, char **argv) {
             (unsigned long long)per, hp->n_layer, hp->n_head_kv, hp->head_dim, kp_dtype_row_size(kv_type, 1),
             cli_bytes(budget, b2, sizeof b2), (unsigned long long)(budget / per), n_ctx, (long long)parallel,
             no_cache ? "off" : "on");
-    fprintf(stderr, "kvpin serve: listening on %s (OpenAI API at /v1)\n", kp_server_url(srv));
+    fprintf(stderr, "kvpin serve: listening on %s (OpenAI API at /v1%s)\n", kp_server_url(srv),
+            no_dashboard ? "" : ", cache dashboard at /");
     int sig = 0;
     sigwait(&set, &sig);
     fprintf(stderr, "kvpin serve: %s, shutting down\n", sig == SIGINT ? "interrupted" : "terminated");

@@ -625,6 +625,42 @@ kp_status kp_eng_top(kp_engine *e, kp_eng_prefix *out, uint32_t max, uint32_t *n
     return e->idx ? kp_pfx_top(e->idx, out, max, n_out, err) : KP_OK;
 }
 
+/* kp_eng_tree's walk: the nodes so far, and where they go. */
+typedef struct {
+    kp_eng_node *out;
+    uint32_t max, n;
+} tree_walk;
+
+static int tree_visit(const kp_pfx_node_info *ni, void *ctx) {
+    tree_walk *w = ctx;
+    if (w->n == w->max) return 1;
+    /* preorder: the parent is the last node written or one of its ancestors,
+     * the one whose run ends where this one starts */
+    int32_t parent = (int32_t)w->n - 1;
+    while (parent >= 0 && w->out[parent].end != ni->start) parent = w->out[parent].parent;
+    kp_eng_node *o = &w->out[w->n++];
+    o->parent = parent;
+    o->start = ni->start;
+    o->end = ni->end;
+    o->n_head = ni->end - ni->start < KP_ENG_NODE_HEAD ? ni->end - ni->start : KP_ENG_NODE_HEAD;
+    memcpy(o->head, ni->path + ni->start, (size_t)o->n_head * sizeof *o->head);
+    o->n_children = ni->n_children;
+    o->n_holders = ni->n_holders;
+    o->n_pins = ni->n_pins;
+    o->last_used = ni->last_used;
+    o->hits = ni->hits;
+    return 0;
+}
+
+kp_status kp_eng_tree(kp_engine *e, kp_eng_node *out, uint32_t max, uint32_t *n_out, kp_error *err) {
+    *n_out = 0;
+    if (!e->idx || !max) return KP_OK;
+    tree_walk w = {out, max, 0};
+    kp_status st = kp_pfx_walk(e->idx, tree_visit, &w, err);
+    *n_out = w.n;
+    return st;
+}
+
 kp_status kp_eng_pin(kp_engine *e, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
                      uint64_t *id, kp_error *err) {
     *id = 0;

@@ -275,6 +275,28 @@ typedef kp_pfx_prefix_info kp_eng_prefix;
  * prefix cache. KP_ENOMEM. */
 kp_status kp_eng_top(kp_engine *e, kp_eng_prefix *out, uint32_t max, uint32_t *n_out, kp_error *err);
 
+/* Leading tokens of a node's own run that kp_eng_tree keeps. */
+#define KP_ENG_NODE_HEAD 8
+
+/* One node of the prefix index as a drawing of the tree shows it. */
+typedef struct {
+    int32_t parent;          /* index of its parent in the same array; -1: a child of the root */
+    uint32_t start, end;     /* its run is path positions [start, end) */
+    int32_t head[KP_ENG_NODE_HEAD]; /* the first n_head = min(end - start, KP_ENG_NODE_HEAD) tokens of its run */
+    uint32_t n_head;
+    uint32_t n_children;
+    uint32_t n_holders;      /* leases on this node or below */
+    uint32_t n_pins;         /* pins on this node or below */
+    uint64_t last_used;      /* the index's logical clock at its last touch */
+    uint64_t hits;           /* acquires that reused part of it */
+} kp_eng_node;
+
+/* The first max nodes of the prefix index in preorder (children in token
+ * order), into out[0..*n_out): a parent always comes before its children,
+ * so a cut list is still a tree (its deepest, rightmost parts left out).
+ * None without a prefix cache. O(nodes written + their depth). KP_ENOMEM. */
+kp_status kp_eng_tree(kp_engine *e, kp_eng_node *out, uint32_t max, uint32_t *n_out, kp_error *err);
+
 /* Pins the cached prefix tokens[0..n) until kp_eng_unpin(*id), or until
  * now + ttl_seconds (ttl 0: no expiry; `now` in seconds of the caller's
  * clock, which kp_eng_expire must use too). A pinned prefix is never

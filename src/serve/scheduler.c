@@ -595,7 +595,8 @@ kp_status kp_sched_submit_n(kp_sched *s, const kp_sreq_params *p, uint32_t n, in
 /* ---- the engine thread --------------------------------------------------- */
 
 /* Publishes what the cache holds for kp_sched_cache_get and the metrics:
- * the memory bill and the top prefixes, O(pool blocks + index nodes),
+ * the memory bill, the top prefixes and the first nodes of the tree,
+ * O(pool blocks + index nodes),
  * computed without a lock and copied under the snapshot mutex. Only when
  * the engine changed: always when `now_` (a request ended, a pin changed,
  * the engine goes idle), else at most every 50 ms. */
@@ -611,6 +612,7 @@ static void publish(kp_sched *s, bool now_) {
         memcpy(c.top, s->snap.top, sizeof c.top);
         pthread_mutex_unlock(&s->snap_mu);
     }
+    if (kp_eng_tree(s->e, c.tree, KP_SCHED_TREE, &c.n_tree, &err) != KP_OK) c.n_tree = 0;
     pthread_mutex_lock(&s->snap_mu);
     s->snap = c;
     pthread_mutex_unlock(&s->snap_mu);

@@ -225,6 +225,7 @@ void kp_sreq_release(kp_sreq *r);
  * while the caller waits: so every call returns within about one step. */
 
 #define KP_SCHED_TOP 10
+#define KP_SCHED_TREE 128 /* index nodes a snapshot draws at most (kp_eng_tree) */
 
 /* What the cache holds, as of the last publication: after every change the
  * engine made, at most every 50 ms while sequences run, at once after a
@@ -234,6 +235,8 @@ typedef struct {
     kp_eng_stats kv;                  /* the memory bill */
     kp_eng_prefix top[KP_SCHED_TOP];  /* the largest cached prefixes, most tokens first */
     uint32_t n_top;
+    kp_eng_node tree[KP_SCHED_TREE];  /* the first nodes of the index in preorder (kv.n_nodes in all) */
+    uint32_t n_tree;
 } kp_sched_cache;
 
 /* Copies the last published snapshot (a short mutex, no engine wait). */

@@ -65,6 +65,8 @@
 #include "base/unicode.h"
 #include "cache/doctor.h"
 #include "serve/cachekeys.h"
+#include "serve/dashboard.h"
+#include "serve/history.h"
 #include "serve/oai.h"
 
 #define N_STATUS 12
@@ -95,6 +97,7 @@ struct kp_server {
     atomic_uint_fast64_t cut_slow; /* connections cut at the deadline */
     kp_ckeys *ckeys;               /* requests by prompt_cache_key, retention pins */
     kp_gcache *gc; /* compiled grammars of response_format / grammar / json_schema */
+    kp_hist *hist; /* finished generations, for the dashboard (history.h) */
 };
 
 /* What the log line of a request says (log_line). */
@@ -113,6 +116,7 @@ typedef struct {
     const char *finish;   /* stop, length, tool_calls, cancelled, error, client_left (static), or NULL */
     double ttft_ms;
     char ignored[208];    /* the request's ignored fields (x-kvpin-ignored-fields), "" when none */
+    kp_hist *hist;        /* where note_gen records the generation (the server's) */
 } reqlog;
 
 typedef struct {
@@ -174,6 +178,7 @@ static void note_gen(reqlog *l, const kp_sreq_update *u, const char *finish) {
     l->cause = u->has_doctor ? kp_doctor_cause_name(u->doctor.finding.cause) : NULL;
     l->finish = finish;
     l->ttft_ms = u->ttft_ms;
+    kp_hist_add(l->hist, u, finish, (now_s() - l->t0) * 1e3, (int64_t)time(NULL));
 }
 
 /* One line on stderr, one fputs (whole even when threads log at once):
@@ -1910,6 +1915,15 @@ ROUTE_FN(on_cache) { return cache_get(s, c); }
 ROUTE_FN(on_probe) { return cache_probe(s, c, cn); }
 ROUTE_FN(on_pin) { return cache_pin(s, c, cn); }
 ROUTE_FN(on_unpin) { return cache_unpin(s, c, id); }
+ROUTE_FN(on_dashboard) {
+    if (s->cfg.no_dashboard)
+        return fail(s, c, 404, "invalid_request_error", "not_found", NULL, "the dashboard is off (--no-dashboard)");
+    return reply(s, c, 200, "text/html; charset=utf-8", (const char *)kp_dash_page_bytes, kp_dash_page_size,
+                 "Cache-Control", "no-store");
+}
+ROUTE_FN(on_events) {
+    return reply_json(s, c, 200, kp_dash_events(s->sched, s->hist, s->v, s->m, s->ctx, (int64_t)time(NULL)));
+}
 
 /* Every endpoint, once. A request whose path matches no entry is a 404;
  * one whose path matches but whose method does not is a 405 naming the
@@ -1942,6 +1956,9 @@ static const route_entry ROUTES[] = {
     {"POST", "/v1/cache/probe", false, true, on_probe},
     {"POST", "/v1/cache/pin", false, true, on_pin},
     {"DELETE", "/v1/cache/pin/", true, true, on_unpin},
+    {"GET", "/", false, false, on_dashboard},
+    {"GET", "/dashboard", false, false, on_dashboard},
+    {"GET", "/v1/cache/events", false, true, on_events},
 };
 
 /* Does url fall under e? *id: what follows a prefix, NULL for an exact path. */
@@ -2066,6 +2083,7 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char
         cn->t0 = now_s();
         *con_cls = cn;
         cn->log.t0 = cn->t0;
+        cn->log.hist = s->hist;
         log_begin(s, c, method, url, &cn->log);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         if (ci && ci->socket_context) ((sock *)ci->socket_context)->cur = cn;
@@ -2153,6 +2171,10 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     kp_server *s = calloc(1, sizeof *s);
     if (!s) return kp_fail(err, KP_ENOMEM, "out of memory for the server");
     s->cfg = *cfg;
+    if (kp_hist_new(&s->hist, err) != KP_OK) {
+        free(s);
+        return KP_ENOMEM;
+    }
     if (!s->cfg.host) s->cfg.host = "127.0.0.1";
     if (!s->cfg.model_name) s->cfg.model_name = "kvpin";
     if (!s->cfg.max_body) s->cfg.max_body = 8u << 20;
@@ -2163,12 +2185,14 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     /* 256 keys, 64 keyless retention pins: a key table that serves many agents, bounded */
     kp_status cst = kp_ckeys_new(&s->ckeys, 256, 64, err);
     if (cst != KP_OK) {
+        kp_hist_free(s->hist);
         free(s);
         return cst;
     }
     kp_status gst = kp_gcache_new(&s->gc, GRAMMARS_KEPT, err);
     if (gst != KP_OK) {
         kp_ckeys_free(s->ckeys);
+        kp_hist_free(s->hist);
         free(s);
         return gst;
     }
@@ -2196,6 +2220,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
         pthread_cond_destroy(&s->guard_cv);
         kp_ckeys_free(s->ckeys);
         kp_gcache_free(s->gc);
+        kp_hist_free(s->hist);
         free(s);
         return kp_fail(err, KP_EIO, "cannot resolve --host %s: %s", cfg->host, gai_strerror(gai));
     }
@@ -2246,6 +2271,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
         pthread_cond_destroy(&s->guard_cv);
         kp_ckeys_free(s->ckeys);
         kp_gcache_free(s->gc);
+        kp_hist_free(s->hist);
         free(s);
         return kp_fail(err, KP_EIO, "cannot start the request-deadline thread");
     }
@@ -2254,6 +2280,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
         pthread_cond_destroy(&s->guard_cv);
         kp_ckeys_free(s->ckeys);
         kp_gcache_free(s->gc);
+        kp_hist_free(s->hist);
         free(s);
         if (v6_seen && MHD_is_feature_supported(MHD_FEATURE_IPv6) != MHD_YES)
             return kp_fail(err, KP_EIO, "cannot listen on %s: this libmicrohttpd has no IPv6", cfg->host);
@@ -2283,5 +2310,6 @@ void kp_server_free(kp_server *s) {
     pthread_cond_destroy(&s->guard_cv);
     kp_ckeys_free(s->ckeys);
     kp_gcache_free(s->gc);
+    kp_hist_free(s->hist);
     free(s);
 }

@@ -13,6 +13,7 @@
  *   POST /tokenize  /detokenize
  *   GET  /v1/cache                POST /v1/cache/probe
  *   POST /v1/cache/pin            DELETE /v1/cache/pin/{id}
+ *   GET  / and /dashboard (the cache dashboard page)   GET /v1/cache/events
  *
  * Errors are OpenAI-style JSON bodies with the right status: 400 (bad JSON,
  * wrong types, unknown fields, prompt longer than the context), 401 (API
@@ -63,6 +64,7 @@ typedef struct {
     bool quiet;                /* no request log on stderr */
     bool strict_api;           /* unknown request fields are a 400 instead of being ignored and named
                                   in x-kvpin-ignored-fields (oai.h, kp_oai_parse_opts) */
+    bool no_dashboard;         /* GET / and /dashboard answer 404 (dashboard.h) */
 } kp_server_config;
 
 typedef struct kp_server kp_server;

@@ -1,0 +1,45 @@
+/*
+ * dashboard.h - the cache dashboard: the page kvpin serve answers GET /
+ * with, and the JSON it polls, GET /v1/cache/events (floor 5).
+ *
+ * The page (web/dashboard.html: HTML, CSS and JavaScript in one file, no
+ * network but its own server) is compiled into the library: the Makefile
+ * turns it into a C array (tools/embed.py -> build/gen/dashboard_page.c).
+ * It polls GET /v1/cache (the memory bill and counts) and GET
+ * /v1/cache/events (what the bill does not say: the model's numbers for
+ * the bytes-per-token formula, the first nodes of the prefix tree, and the
+ * request history of history.h). Both read the scheduler's published
+ * snapshot and the history; neither waits for the engine thread.
+ */
+#ifndef KP_DASHBOARD_H
+#define KP_DASHBOARD_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#include "model/model.h"
+#include "serve/history.h"
+#include "serve/scheduler.h"
+#include "tok/tok.h"
+
+/* The page's bytes (static, UTF-8 HTML, not NUL-terminated in general) and
+ * their length; build/gen/dashboard_page.c defines them. */
+extern const unsigned char kp_dash_page_bytes[];
+extern const size_t kp_dash_page_size;
+
+/* GET /v1/cache/events as JSON (a new reference; NULL when out of memory):
+ *
+ *   {"object": "kvpin.cache.events", "time": unix seconds,
+ *    "model": {"arch", "n_layer", "n_head_kv", "head_dim", "kv_element_bytes",
+ *              "bytes_per_token", "n_ctx"},
+ *    "tree": {"nodes": [preorder: {"id", "parent" (-1: the root), "start", "end",
+ *              "tokens", "text" (its first tokens' text), "more" (the run is longer),
+ *              "holders", "pins", "children", "hits", "age" (index clock ticks since
+ *              its last use, 0 the most recent)}], "shown", "total"},
+ *    "history": kp_hist_json}
+ *
+ * Everything is borrowed; now is wall-clock seconds. */
+json_t *kp_dash_events(kp_sched *sched, kp_hist *h, const kp_tok_vocab *v, const kp_model *m, uint32_t n_ctx,
+                       int64_t now);
+
+#endif

@@ -1,0 +1,64 @@
+/*
+ * history.h - what the cache dashboard draws over time: the last requests,
+ * the latency points and the per-minute cache traffic by cause (floor 5).
+ *
+ * The HTTP server records every finished generation here (one call, from
+ * whichever thread answered it); GET /v1/cache/events reads it. Nothing
+ * here touches the engine or the scheduler: the numbers come from the
+ * request's last kp_sreq_update, so keeping the history costs the engine
+ * nothing.
+ *
+ * Bounded: the last KP_HIST_RECENT requests whole (numbers and cache
+ * report), the last KP_HIST_POINTS latency points, and KP_HIST_MINUTES
+ * one-minute buckets of wall-clock time. Older entries are overwritten.
+ */
+#ifndef KP_HISTORY_H
+#define KP_HISTORY_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "serve/scheduler.h"
+
+#define KP_HIST_RECENT 24
+#define KP_HIST_POINTS 512
+#define KP_HIST_MINUTES 60
+
+typedef struct kp_hist kp_hist;
+
+/* An empty history in *out. KP_ENOMEM. */
+kp_status kp_hist_new(kp_hist **out, kp_error *err);
+
+/* NULL is a no-op. */
+void kp_hist_free(kp_hist *h);
+
+/* Records one finished generation. u: the scheduler's last update of it
+ * (only its numbers, report and doctor report are read; nothing is kept
+ * of its pointers); finish: how it ended (a static word, may be NULL);
+ * total_ms: from its arrival to now; now: wall-clock seconds (time()).
+ * A request whose prompt was never computed (!u->started) is not recorded.
+ * Thread-safe: a short mutex; h NULL is a no-op. */
+void kp_hist_add(kp_hist *h, const kp_sreq_update *u, const char *finish, double total_ms, int64_t now);
+
+/* The history as JSON (a new reference; NULL when out of memory):
+ *
+ *   {"requests": [newest first: {"seq", "time", "prompt_tokens", "reused_tokens",
+ *       "computed_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "finish",
+ *       "cause", "cache": {kvpin_cache of the response, plus "cached_marker" and
+ *       "request_marker": the divergence inside each snippet, in characters}}],
+ *    "latency": [oldest first: {"prompt_tokens", "reused_tokens", "ttft_ms",
+ *       "warm", "depth", "tpot_ms"}],
+ *    "minutes": [the last KP_HIST_MINUTES minutes up to now, oldest first:
+ *       {"minute" (unix time of its start), "requests", "hits", "reused",
+ *        "computed": {cause: tokens computed, for the causes that have any}}],
+ *    "causes": [the cause names, in the order the chart stacks them]}
+ *
+ * A request is warm (latency "warm", a minute's "hits") when it reused part
+ * of the cache and its cause is not cold (a shared BOS token alone does not
+ * make it warm). depth is the mean number of cached positions during the decode
+ * (prompt_tokens + completion_tokens / 2); tpot_ms is null for a request
+ * that generated fewer than two tokens. */
+json_t *kp_hist_json(kp_hist *h, int64_t now);
+
+#endif
