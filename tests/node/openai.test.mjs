@@ -478,9 +478,9 @@ test('tools: an assistant tool call and a tool result render; arguments are cano
     assert.equal(b.choices[0].message.content, a.choices[0].message.content);
 });
 
-test('tools: tool_choice forcing a tool and malformed tools are 400 naming the field', async () => {
+test('tools: forcing a call without tools and malformed tools are 400 naming the field', async () => {
     const base = { model: MODEL, messages: ASK, max_tokens: 1 };
-    await rejectsWith(tools.chat.completions.create({ ...base, tools: [WEATHER], tool_choice: 'required' }),
+    await rejectsWith(tools.chat.completions.create({ ...base, tool_choice: 'required' }),
         OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'tool_choice'));
     await rejectsWith(tools.chat.completions.create({ ...base, tools: [1] }), OpenAI.BadRequestError, 400,
         (e) => assert.match(e.param ?? '', /^tools/, `param ${e.param}`));

@@ -187,3 +187,94 @@ test('errors: an unsupported schema keyword is a 400 naming it and its path', as
     await assert.rejects(chat(s, { grammar: 'root ::= "a"', response_format: { type: 'json_object' } }),
         (e) => e.status === 400 && /both/.test(e.message));
 });
+
+/* Forced tool calls: tool_choice "required" and a named function. The
+ * output is decoded under the call grammar, so on every server each answer
+ * is a call (finish_reason "tool_calls") of an offered tool (the named one
+ * when named) whose arguments validate against that tool's parameters. */
+const TOOLS = [
+    {
+        type: 'function',
+        function: {
+            name: 'get_weather', description: 'The weather in a city',
+            parameters: {
+                type: 'object',
+                properties: { city: { type: 'string', maxLength: 12 }, unit: { enum: ['c', 'f'] } },
+                required: ['city', 'unit'], additionalProperties: false,
+            },
+        },
+    },
+    {
+        type: 'function',
+        function: {
+            name: 'add',
+            parameters: {
+                type: 'object',
+                properties: { a: { type: 'integer' }, b: { type: 'integer' } },
+                required: ['a', 'b'], additionalProperties: false,
+            },
+        },
+    },
+];
+const TOOL_CHECK = Object.fromEntries(TOOLS.map((t) => [t.function.name, ajv.compile(t.function.parameters)]));
+
+for (const s of servers) {
+    for (const choice of ['required', { type: 'function', function: { name: 'add' } }]) {
+        const label = typeof choice === 'string' ? choice : 'named add';
+        test(`${s.name}: tool_choice ${label} gives a call whose arguments validate`, async () => {
+            for (let seed = 1; seed <= 3; seed++) {
+                for (const stream of [false, true]) {
+                    const body = {
+                        model: 'm', max_tokens: 200, temperature: 1, seed, tools: TOOLS, tool_choice: choice,
+                        messages: [{ role: 'user', content: 'Call a tool.' }],
+                    };
+                    let calls, finish;
+                    if (!stream) {
+                        const r = await s.client.chat.completions.create(body);
+                        calls = r.choices[0].message.tool_calls;
+                        finish = r.choices[0].finish_reason;
+                    } else {
+                        const st = await s.client.chat.completions.create({ ...body, stream: true });
+                        const acc = [];
+                        for await (const ch of st) {
+                            const c = ch.choices[0];
+                            if (!c) continue;
+                            for (const d of c.delta?.tool_calls ?? []) {
+                                acc[d.index] ??= { name: '', arguments: '' };
+                                if (d.function?.name) acc[d.index].name += d.function.name;
+                                if (d.function?.arguments) acc[d.index].arguments += d.function.arguments;
+                            }
+                            if (c.finish_reason) finish = c.finish_reason;
+                        }
+                        calls = acc.map((a) => ({ function: a }));
+                    }
+                    assert.equal(finish, 'tool_calls', `seed ${seed} stream ${stream}`);
+                    assert.equal(calls.length, 1, 'one call unless parallel_tool_calls is true');
+                    const fn = calls[0].function;
+                    if (typeof choice !== 'string') assert.equal(fn.name, 'add');
+                    assert.ok(TOOL_CHECK[fn.name], `an offered tool: ${fn.name}`);
+                    const args = JSON.parse(fn.arguments);
+                    assert.ok(TOOL_CHECK[fn.name](args), `${fn.arguments}: ${ajv.errorsText(TOOL_CHECK[fn.name].errors)}`);
+                }
+            }
+        });
+    }
+}
+
+test('a forced call without tools, with another constraint or of an unknown name is a 400', async () => {
+    const c = servers[0].client;
+    const base = { model: 'm', max_tokens: 8, messages: [{ role: 'user', content: 'hi' }] };
+    const cases = [
+        [{ tool_choice: 'required' }, 'tool_choice'],
+        [{ tools: TOOLS, tool_choice: { type: 'function', function: { name: 'nope' } } }, 'tool_choice'],
+        [{ tools: TOOLS, tool_choice: 'required', response_format: { type: 'json_object' } }, 'tool_choice'],
+        [{ tools: TOOLS, tool_choice: 'sometimes' }, 'tool_choice'],
+    ];
+    for (const [extra, param] of cases) {
+        await assert.rejects(c.chat.completions.create({ ...base, ...extra }), (e) => {
+            assert.equal(e.status, 400, JSON.stringify(extra));
+            assert.equal(e.param, param, JSON.stringify(extra));
+            return true;
+        });
+    }
+});
