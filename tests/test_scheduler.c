@@ -300,7 +300,7 @@ static void test_queue_zero(void) {
     kp_sched *s = NULL;
     CHECK(kp_sched_new(&s, e, fx.v, &sc, &err) == KP_OK);
     int32_t prompt[2] = {1, 400};
-    kp_sreq_params p = {prompt, 2, 4, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true};
+    kp_sreq_params p = {prompt, 2, 4, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL};
     kp_sreq *r = NULL;
     CHECK(kp_sched_submit(s, &p, &r, &err) == KP_OK); /* the free slot takes it */
     char buf[4096];
@@ -309,7 +309,7 @@ static void test_queue_zero(void) {
     if (r) CHECK_EQ_INT(collect(r, buf, sizeof buf, &len, &u), KP_FINISH_LENGTH);
     kp_sreq_release(r);
     /* one that runs for long holds the only slot: the next has no slot and no queue */
-    kp_sreq_params lp = {prompt, 2, 400, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true};
+    kp_sreq_params lp = {prompt, 2, 400, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL};
     kp_sreq *a = NULL, *b = NULL;
     CHECK(kp_sched_submit(s, &lp, &a, &err) == KP_OK);
     for (int i = 0; i < 2000; i++) { /* until the engine has admitted it */
@@ -720,7 +720,7 @@ static void test_choices(void) {
     kp_sampler_params sp = kp_sampler_defaults();
     sp.temp = 1;
     sp.seed = 77;
-    kp_sreq_params p = {prompt, 41, 12, sp, NULL, 0, true, NULL, 0, true};
+    kp_sreq_params p = {prompt, 41, 12, sp, NULL, 0, true, NULL, 0, true, NULL};
     kp_sreq *r[3] = {0};
     kp_sched_stats a, b;
     kp_sched_stats_get(s, &a);
