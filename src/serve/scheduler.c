@@ -242,6 +242,7 @@ struct kp_sched {
     kp_sreq *qhead, *qtail;
     sched_op *ops, *ops_tail;
     uint32_t n_queued, n_running;
+    uint32_t n_taking; /* taken off the queue by the engine thread, not yet running (under mu) */
     kp_sreq **running;    /* [parallel], engine thread */
     kp_eng_item *items;   /* [parallel] */
     kp_sreq **item_req;
@@ -563,7 +564,8 @@ kp_status kp_sched_submit_n(kp_sched *s, const kp_sreq_params *p, uint32_t n, in
     /* queued requests that a free sequence slot takes at the engine's next
      * iteration are not waiting: queue_max bounds the others (queue 0: a
      * request is taken only when a slot is free for it) */
-    uint32_t free_slots = s->cfg.parallel > s->n_running ? s->cfg.parallel - s->n_running : 0;
+    uint32_t busy = s->n_running + s->n_taking;
+    uint32_t free_slots = s->cfg.parallel > busy ? s->cfg.parallel - busy : 0;
     if (s->stop || s->n_queued >= s->cfg.queue_max + free_slots) {
         bool stopping = s->stop;
         pthread_mutex_unlock(&s->mu);
@@ -898,14 +900,19 @@ static void admit_queued(kp_sched *s) {
         s->qhead = r->next;
         if (!s->qhead) s->qtail = NULL;
         s->n_queued--;
+        s->n_taking++;
         s->st.queued = s->n_queued;
         pthread_mutex_unlock(&s->mu);
         r->next = NULL;
-        if (admit(s, r, no_room)) {
-            pthread_mutex_lock(&s->mu);
+        bool admitted = admit(s, r, no_room);
+        pthread_mutex_lock(&s->mu);
+        s->n_taking--;
+        if (admitted) {
             s->running[s->n_running++] = r; /* only this thread grows it */
             s->st.running = s->n_running;
-            pthread_mutex_unlock(&s->mu);
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (admitted) {
             for (uint32_t j = 0; j < k; j++) {
                 pthread_mutex_lock(&s->mu);
                 kp_sreq *f = s->qhead;
@@ -914,17 +921,20 @@ static void admit_queued(kp_sched *s) {
                     s->qhead = f->next;
                     if (!s->qhead) s->qtail = NULL;
                     s->n_queued--;
+                    s->n_taking++;
                     s->st.queued = s->n_queued;
                 }
                 pthread_mutex_unlock(&s->mu);
                 if (!ours) break;
                 f->next = NULL;
-                if (admit_follower(s, f, r)) {
-                    pthread_mutex_lock(&s->mu);
+                bool taken = admit_follower(s, f, r);
+                pthread_mutex_lock(&s->mu);
+                s->n_taking--;
+                if (taken) {
                     s->running[s->n_running++] = f;
                     s->st.running = s->n_running;
-                    pthread_mutex_unlock(&s->mu);
                 }
+                pthread_mutex_unlock(&s->mu);
             }
         }
     }
