@@ -756,6 +756,25 @@ static void cache_fields(kp_server *s, const char *key, const char *retention, c
     else json_decref(rj);
 }
 
+/* A stream's successful end: records the cache key and retention (u: the
+ * last update of the request, or of its first choice), the usage chunk
+ * with kvpin_cache when asked (usage and cj, both consumed; NULL when not
+ * asked), then [DONE]. */
+static void stream_end(stream *st, const kp_sreq_update *u, json_t *cj, json_t *usage) {
+    cache_fields(st->s, st->key, st->retention, u, cj);
+    if (usage) {
+        json_t *j = chunk_base(st);
+        json_object_set_new(j, "choices", json_array());
+        json_object_set_new(j, "usage", usage);
+        json_object_set_new(j, "kvpin_cache", cj);
+        sb_event(st, j);
+    } else {
+        json_decref(cj);
+    }
+    sb_add(st, "data: [DONE]\n\n", 14);
+    st->done = true;
+}
+
 /* Turns a scheduler update into SSE events. */
 static void stream_update(stream *st, kp_sreq_update *u) {
     const char *finish = kp_oai_finish_name(u->finish);
@@ -778,49 +797,62 @@ static void stream_update(stream *st, kp_sreq_update *u) {
     } else {
         st->finish = finish;
         sb_chunk(st, NULL, 0, finish, st->return_ids ? u : NULL);
-        json_t *cj = st->include_usage ? gen_cache_json(u) : NULL;
-        cache_fields(st->s, st->key, st->retention, u, cj);
-        if (st->include_usage) {
-            json_t *j = chunk_base(st);
-            json_object_set_new(j, "choices", json_array());
-            json_object_set_new(j, "usage", kp_oai_usage_json(u->prompt_tokens, u->cached_tokens, u->completion_tokens));
-            json_object_set_new(j, "kvpin_cache", cj);
-            sb_event(st, j);
-        }
+        stream_end(st, u, st->include_usage ? gen_cache_json(u) : NULL,
+                   st->include_usage ? kp_oai_usage_json(u->prompt_tokens, u->cached_tokens, u->completion_tokens)
+                                     : NULL);
+        return;
     }
     sb_add(st, "data: [DONE]\n\n", 14);
     st->done = true;
 }
 
-static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max) {
-    (void)pos;
-    stream *st = cls;
+/* The SSE bytes of a stream for libmicrohttpd: what is buffered, else the
+ * events pump adds from the next update (pump waits up to timeout_ms and
+ * returns false when none came); a keep-alive comment every 5 s without
+ * news (it keeps proxies open and finds clients that left). At shutdown
+ * cancel(cls) and the stream ends with an error. */
+static ssize_t sse_read(stream *st, bool (*pump)(void *cls, int timeout_ms), void (*cancel)(void *cls), void *cls,
+                        char *out, size_t max) {
     double waited = 0;
     while (st->off == st->out.len) {
         st->off = 0;
         kp_buf_clear(&st->out);
         if (st->done) return MHD_CONTENT_READER_END_OF_STREAM;
-        kp_sreq_update u;
-        if (atomic_load(&st->s->stopping)) { /* shutting down: end the stream, the request is cancelled */
-            kp_sreq_cancel(st->r);
+        if (atomic_load(&st->s->stopping)) {
+            cancel(cls);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
-        if (!kp_sreq_wait(st->r, 250, &u)) {
-            free(u.text);
+        if (!pump(cls, 250)) {
             waited += 0.25;
-            if (waited >= 5) { /* an SSE comment: keeps proxies open and finds clients that left */
+            if (waited >= 5) {
                 sb_add(st, ": keep-alive\n\n", 14);
                 waited = 0;
             }
-            continue;
         }
-        stream_update(st, &u);
     }
     if (st->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
     size_t n = st->out.len - st->off < max ? st->out.len - st->off : max;
     memcpy(out, st->out.data + st->off, n);
     st->off += n;
     return (ssize_t)n;
+}
+
+static bool stream_pump(void *cls, int timeout_ms) {
+    stream *st = cls;
+    kp_sreq_update u;
+    if (!kp_sreq_wait(st->r, timeout_ms, &u)) {
+        free(u.text);
+        return false;
+    }
+    stream_update(st, &u);
+    return true;
+}
+
+static void stream_cancel(void *cls) { kp_sreq_cancel(((stream *)cls)->r); }
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max) {
+    (void)pos;
+    return sse_read(cls, stream_pump, stream_cancel, cls, out, max);
 }
 
 /* The log's word for how a generation ended (not done: the client left). */
@@ -1031,49 +1063,28 @@ static void mstream_update(mstream *m, uint32_t i, kp_sreq_update *u) {
         mchunk(m, i, NULL, 0, NULL, finish, st->return_ids ? &c->last : NULL);
         st->finish = finish;
         if (++m->n_over < m->n) return;
-        json_t *cj = st->include_usage ? choices_cache_json(m) : NULL;
-        cache_fields(st->s, st->key, st->retention, &m->ch[0].last, cj);
-        if (st->include_usage) {
-            json_t *j = chunk_base(st);
-            json_object_set_new(j, "choices", json_array());
-            json_object_set_new(j, "usage", choices_usage(m, NULL, NULL));
-            json_object_set_new(j, "kvpin_cache", cj);
-            sb_event(st, j);
-        }
+        stream_end(st, &m->ch[0].last, st->include_usage ? choices_cache_json(m) : NULL,
+                   st->include_usage ? choices_usage(m, NULL, NULL) : NULL);
+        return;
     }
     sb_add(st, "data: [DONE]\n\n", 14);
     st->done = true;
 }
 
+static bool mstream_pump(void *cls, int timeout_ms) {
+    mstream *m = cls;
+    kp_sreq_update u;
+    if (!kp_sreq_wait_any(m->rs, m->n, timeout_ms, &m->which, &u)) return false;
+    mstream_update(m, m->which, &u);
+    return true;
+}
+
+static void mstream_cancel(void *cls) { cancel_all(cls); }
+
 static ssize_t mstream_reader(void *cls, uint64_t pos, char *out, size_t max) {
     (void)pos;
     mstream *m = cls;
-    stream *st = &m->base;
-    double waited = 0;
-    while (st->off == st->out.len) {
-        st->off = 0;
-        kp_buf_clear(&st->out);
-        if (st->done) return MHD_CONTENT_READER_END_OF_STREAM;
-        if (atomic_load(&st->s->stopping)) {
-            cancel_all(m);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
-        kp_sreq_update u;
-        if (!kp_sreq_wait_any(m->rs, m->n, 250, &m->which, &u)) {
-            waited += 0.25;
-            if (waited >= 5) {
-                sb_add(st, ": keep-alive\n\n", 14);
-                waited = 0;
-            }
-            continue;
-        }
-        mstream_update(m, m->which, &u);
-    }
-    if (st->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
-    size_t n = st->out.len - st->off < max ? st->out.len - st->off : max;
-    memcpy(out, st->out.data + st->off, n);
-    st->off += n;
-    return (ssize_t)n;
+    return sse_read(&m->base, mstream_pump, mstream_cancel, m, out, max);
 }
 
 static void mstream_free(void *cls) {
