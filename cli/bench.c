@@ -166,7 +166,7 @@ static const cli_opt bench_tab[] = {
                                      "ceiling", O_PLOT},
     {"peer", NULL, NULL, "FILE", "llama.cpp's JSON lines (bench/llamacpp_bench.mjs --json) to plot\n"
                                  "beside kvpin's (the same model file)", O_PEER},
-    CLI_USE(CLI_THREADS), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_JSON), CLI_USE(CLI_SCALAR), {0},
+    CLI_USE(CLI_THREADS), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_JSON), CLI_USE(CLI_SCALAR), {0},
 };
 
 static void bench_usage(FILE *f) {
@@ -180,7 +180,7 @@ static void bench_usage(FILE *f) {
 
 int cmd_bench(int argc, char **argv) {
     cli_session_opts so = {0};
-    so.kv_type = KP_DTYPE_F16;
+    so.kv_type = so.kv_type_v = KP_DTYPE_F16;
     int64_t n_tg = 128, reps = 5, depths[MAX_DEPTHS], pps[MAX_DEPTHS];
     int n_depths = 0, n_pps = 0;
     bool json = false;
@@ -202,7 +202,9 @@ int cmd_bench(int argc, char **argv) {
         case O_REPS: if (!cli_parse_i64(a.opt, v, 1, 1000, &reps)) return 2; break;
         case CLI_THREADS: if (!cli_args_int(&a, &t)) return 2; so.n_threads = (int)t; break;
         case O_N_DEPTH: if (!parse_list("-d", "depths", v, 0, 1 << 22, depths, &n_depths)) return 2; break;
-        case CLI_KV_TYPE: if (!cli_parse_kv_type(v, &so.kv_type)) return 2; break;
+        case CLI_KV_TYPE:
+        case CLI_KV_TYPE_K:
+        case CLI_KV_TYPE_V: if (!cli_parse_kv_opt(k, v, &so.kv_type, &so.kv_type_v)) return 2; break;
         }
     }
     if (!cli_args_no_operands(&a)) return 2;
@@ -228,7 +230,7 @@ int cmd_bench(int argc, char **argv) {
     kp_error err = {0};
     int rc = 1;
     if (!toks || !logits || !tps) goto done;
-    kp_eng_config ec = {so.kv_type, 16, 0, so.n_ctx, true, NULL};
+    kp_eng_config ec = {so.kv_type, 16, 0, so.n_ctx, true, NULL, so.kv_type_v};
     if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK) goto fail;
     uint64_t x = 12345;
     for (int64_t i = 0; i <= n_fill; i++) {
@@ -238,12 +240,14 @@ int cmd_bench(int argc, char **argv) {
     double bw = json && !plot ? 0 : copy_bandwidth();
     const char *name = strrchr(so.model_path ? so.model_path : cli_default_model(), '/');
     name = name ? name + 1 : (so.model_path ? so.model_path : cli_default_model());
-    uint64_t kv_per = kp_model_kv_bytes_per_token(hp, so.kv_type);
+    uint64_t kv_per = kp_model_kv_bytes_per_token_kv(hp, so.kv_type, so.kv_type_v);
+    char kvn[24];
+    cli_kv_name(so.kv_type, so.kv_type_v, kvn, sizeof kvn);
     if (!json) {
         char b1[32];
         printf("model %s: %s, %u layers, weights %s (%s), KV %s, %d threads, kernels %s\n", name,
                hp->arch_name, hp->n_layer, cli_bytes(cm.m->weight_bytes, b1, sizeof b1),
-               kp_dtype_name(cm.m->layers[0].wq.type), kp_dtype_name(so.kv_type), cm.n_threads,
+               kp_dtype_name(cm.m->layers[0].wq.type), kvn, cm.n_threads,
                cm.kernels->name);
         printf("memory copy bandwidth: %.1f GB/s\n\n", bw / 1e9);
         printf("| %-8s | %6s | %10s | %10s | %10s | %22s |\n", "test", "depth", "t/s median", "t/s min",
@@ -287,7 +291,7 @@ int cmd_bench(int argc, char **argv) {
                 printf("{\"engine\":\"kvpin\",\"model\":\"%s\",\"test\":\"%s\",\"depth\":%lld,\"n_threads\":%d,"
                        "\"kv_type\":\"%s\",\"kernels\":\"%s\",\"tps_median\":%.3f,\"tps_min\":%.3f,"
                        "\"tps_max\":%.3f,\"reps\":%lld",
-                       name, test, (long long)d, cm.n_threads, kp_dtype_name(so.kv_type), cm.kernels->name,
+                       name, test, (long long)d, cm.n_threads, kvn, cm.kernels->name,
                        med, tps[0], tps[reps - 1], (long long)reps);
                 if (kind == 1) printf(",\"bytes_per_token\":%.0f,\"gbps\":%.3f", bytes, bytes * med / 1e9);
                 printf("}\n");

@@ -192,7 +192,7 @@ static const cli_opt cache_tab[] = {
      O_PROMPT_CACHE},
     CLI_USE(CLI_MODEL), CLI_USE(CLI_PROMPT), CLI_USE(CLI_FILE),
     {"turns", NULL, NULL, "FILE", "the prompts, one JSON object per line: {\"prompt\": \"...\"}", O_TURNS},
-    CLI_USE(CLI_N_PREDICT), CLI_SAMPLING_OPTS, CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE),
+    CLI_USE(CLI_N_PREDICT), CLI_SAMPLING_OPTS, CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V),
     CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_KV_BLOCK), CLI_USE(CLI_NO_PREFIX_CACHE), CLI_USE(CLI_NO_BOS),
     CLI_USE(CLI_SPECIAL), CLI_USE(CLI_PRINT_TOKENS), CLI_USE(CLI_SCALAR),
     {"stop", NULL, NULL, "STR", "end the text before STR (repeatable, at most 16)", O_STOP},
@@ -241,7 +241,7 @@ typedef struct {
     int n_stops;
     int n_threads;
     uint32_t n_ctx;
-    kp_dtype kv_type;
+    kp_dtype kv_type, kv_type_v;
     uint64_t budget;
     uint32_t block;
     bool no_cache, no_bos, special, print_tokens, scalar;
@@ -252,7 +252,7 @@ static int parse_cache_opts(int argc, char **argv, cache_opts *o) {
     o->n_predict = 128;
     o->sp = kp_sampler_defaults();
     o->sp.temp = 0;
-    o->kv_type = KP_DTYPE_F16;
+    o->kv_type = o->kv_type_v = KP_DTYPE_F16;
     o->block = 16;
     cli_args a;
     cli_args_init(&a, "run", cache_tab, cache_usage, argc, argv);
@@ -311,7 +311,9 @@ static int parse_cache_opts(int argc, char **argv, cache_opts *o) {
             }
             break;
         case CLI_KV_TYPE:
-            if (!cli_parse_kv_type(v, &o->kv_type)) return 2;
+        case CLI_KV_TYPE_K:
+        case CLI_KV_TYPE_V:
+            if (!cli_parse_kv_opt(k, v, &o->kv_type, &o->kv_type_v)) return 2;
             break;
         default: /* the sampling options (the table holds nothing else) */
             if (cli_parse_sampler_opt(&a, &o->sp, &o->seed_set) <= 0) return 2;
@@ -461,17 +463,17 @@ int cmd_run_cached(int argc, char **argv) {
     turn_list t = {0};
     rc = 1;
     if (!load_sources(&o, &t)) goto done;
-    cli_session_opts so = {o.model_path, o.n_threads, o.kv_type, o.n_ctx, o.scalar};
+    cli_session_opts so = {o.model_path, o.n_threads, o.kv_type, o.n_ctx, o.scalar, o.kv_type_v};
     if (!cli_model_open(&cm, &so, "run")) goto done;
     kp_tok_vocab *v = cm.tok;
     if (!tokenize_turns(v, &t, !o.no_bos, o.special, "run")) goto done;
     const kp_hparams *hp = &cm.m->hp;
     uint32_t n_ctx = o.n_ctx ? o.n_ctx : (hp->n_ctx_train && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
-    uint64_t per = kp_model_kv_bytes_per_token(hp, o.kv_type);
+    uint64_t per = kp_model_kv_bytes_per_token_kv(hp, o.kv_type, o.kv_type_v);
     /* default: the context plus as much again for cached turns, at most half of RAM */
     uint64_t budget = o.budget ? o.budget : 2 * ((uint64_t)n_ctx + o.block) * per;
     if (!o.budget && cli_half_of_ram() && budget > cli_half_of_ram()) budget = cli_half_of_ram();
-    kp_eng_config ec = {o.kv_type, o.block, budget, n_ctx, o.no_cache, NULL};
+    kp_eng_config ec = {o.kv_type, o.block, budget, n_ctx, o.no_cache, NULL, o.kv_type_v};
     if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK) {
         fprintf(stderr, "kvpin run: %s\n", err.msg);
         goto done;

@@ -27,9 +27,10 @@
 typedef struct {
     const char *model_path;  /* NULL: the bundled model */
     int n_threads;           /* <= 0: all cores */
-    kp_dtype kv_type;
+    kp_dtype kv_type;        /* K rows */
     uint32_t n_ctx;          /* 0: min(training context, 4096) */
     bool scalar;             /* portable kernels instead of AVX2 */
+    kp_dtype kv_type_v;      /* V rows */
 } cli_session_opts;
 
 /* What such a subcommand loads before it makes its engine
@@ -88,6 +89,7 @@ enum {
     CLI_SEED, CLI_TEMP, CLI_TOP_K, CLI_TOP_P, CLI_MIN_P, CLI_REPEAT_PENALTY, CLI_REPEAT_LAST_N,
     CLI_PRESENCE_PENALTY, CLI_FREQUENCY_PENALTY, CLI_HOST, CLI_PORT, CLI_PARALLEL, CLI_KV_TYPE, CLI_KV_BUDGET,
     CLI_KV_BLOCK, CLI_NO_PREFIX_CACHE, CLI_NO_BOS, CLI_SPECIAL, CLI_PRINT_TOKENS, CLI_SCALAR, CLI_JSON,
+    CLI_KV_TYPE_K, CLI_KV_TYPE_V,
     CLI_OWN = 1000
 };
 #define CLI_USE(k) {.key = (k)}
@@ -174,8 +176,17 @@ const char *cli_default_model(void);
 bool cli_parse_i64(const char *opt, const char *s, int64_t min, int64_t max, int64_t *out);
 bool cli_parse_f32(const char *opt, const char *s, float *out);
 bool cli_parse_u64(const char *opt, const char *s, uint64_t *out);
-/* "f32" / "f16" for the KV cache. */
+/* "f32" / "f16" / "q8_0" / "q4_0" for the KV cache. */
 bool cli_parse_kv_type(const char *s, kp_dtype *out);
+/* The value of --kv-type (key CLI_KV_TYPE: sets *k and *v), --kv-type-k
+ * (*k only) or --kv-type-v (*v only); false, with a message, for a bad name. */
+bool cli_parse_kv_opt(int key, const char *s, kp_dtype *k, kp_dtype *v);
+/* The KV bill's formula into buf: "2 x L x H x hd x B" with B the bytes of
+ * one value ("2", "4", "34/32", "18/32"), or "L x H x hd x (Bk + Bv)" when
+ * K and V differ. Returns buf. */
+const char *cli_kv_formula(const kp_hparams *hp, kp_dtype k, kp_dtype v, char *buf, size_t n);
+/* "F16", or "Q8_0/F16" (K/V) when they differ. Returns buf. */
+const char *cli_kv_name(kp_dtype k, kp_dtype v, char *buf, size_t n);
 /* Sizes like 512M, 2G, 1024 (bytes). */
 bool cli_parse_bytes(const char *opt, const char *s, uint64_t *out);
 

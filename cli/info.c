@@ -46,19 +46,23 @@ static void print_token(const kp_gguf *g, const char *key, const char *label) {
 
 static void print_kv_bill(const kp_hparams *hp, uint32_t n_ctx) {
     char b1[32];
-    for (int i = 0; i < 2; i++) {
-        kp_dtype t = i == 0 ? KP_DTYPE_F32 : KP_DTYPE_F16;
+    /* the block types (a block of 32 values: Q8_0 34 bytes, Q4_0 18) only
+     * where head_dim is a multiple of 32 */
+    static const kp_dtype types[] = {KP_DTYPE_F32, KP_DTYPE_F16, KP_DTYPE_Q8_0, KP_DTYPE_Q4_0};
+    static const char *bytes[] = {"4", "2", "34/32", "18/32"};
+    for (int i = 0; i < 4; i++) {
+        kp_dtype t = types[i];
+        if (i >= 2 && hp->head_dim % 32) continue;
         uint64_t per = kp_model_kv_bytes_per_token(hp, t);
-        printf("  %s: 2 x %u layers x %u kv-heads x %u head_dim x %zu bytes = %llu bytes/token;"
+        printf("  %s: 2 x %u layers x %u kv-heads x %u head_dim x %s bytes = %llu bytes/token;"
                " %u tokens: %s\n",
-               t == KP_DTYPE_F32 ? "F32" : "F16", hp->n_layer, hp->n_head_kv, hp->head_dim,
-               kp_dtype_row_size(t, 1), (unsigned long long)per, n_ctx,
+               kp_dtype_name(t), hp->n_layer, hp->n_head_kv, hp->head_dim, bytes[i], (unsigned long long)per, n_ctx,
                cli_bytes(per * n_ctx, b1, sizeof b1));
     }
 }
 
 static const cli_opt info_tab[] = {CLI_USE(CLI_MODEL), {0}};
-static const cli_opt kv_tab[] = {CLI_USE(CLI_MODEL), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE), {0}};
+static const cli_opt kv_tab[] = {CLI_USE(CLI_MODEL), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), {0}};
 
 static void info_usage(FILE *f) {
     fprintf(f, "usage: kvpin info [options]\n"
@@ -191,14 +195,16 @@ int cmd_info(int argc, char **argv) {
 int cmd_kv(int argc, char **argv) {
     const char *path = NULL;
     int64_t ctx = -1;
-    kp_dtype kv_type = KP_DTYPE_F16;
+    kp_dtype kv_type = KP_DTYPE_F16, kv_type_v = KP_DTYPE_F16;
     cli_args a;
     cli_args_init(&a, "kv", kv_tab, kv_usage, argc, argv);
     for (int k; (k = cli_args_next(&a)) != CLI_END;) {
         if (k == CLI_STOP) return a.rc;
         if (k == CLI_MODEL) path = a.val;
         else if (k == CLI_CTX_SIZE && !cli_parse_i64(a.opt, a.val, 1, 1 << 30, &ctx)) return 2;
-        else if (k == CLI_KV_TYPE && !cli_parse_kv_type(a.val, &kv_type)) return 2;
+        else if ((k == CLI_KV_TYPE || k == CLI_KV_TYPE_K || k == CLI_KV_TYPE_V) &&
+                 !cli_parse_kv_opt(k, a.val, &kv_type, &kv_type_v))
+            return 2;
     }
     if (!cli_args_no_operands(&a)) return 2;
     if (!path) path = cli_default_model();
@@ -210,12 +216,16 @@ int cmd_kv(int argc, char **argv) {
     }
     const kp_hparams *hp = &m->hp;
     uint32_t n_ctx = ctx > 0 ? (uint32_t)ctx : hp->n_ctx_train;
-    uint64_t per = kp_model_kv_bytes_per_token(hp, kv_type);
-    char b1[32], b2[32];
+    uint64_t per = kp_model_kv_bytes_per_token_kv(hp, kv_type, kv_type_v);
+    char b1[32], b2[32], kvf[96], kvn[24];
     printf("model:      %s (%s, %u layers, %u kv-heads, head_dim %u)\n", path, hp->arch_name,
            hp->n_layer, hp->n_head_kv, hp->head_dim);
-    printf("formula:    2 x %u layers x %u kv-heads x %u head_dim x %zu bytes (%s)\n", hp->n_layer,
-           hp->n_head_kv, hp->head_dim, kp_dtype_row_size(kv_type, 1), kp_dtype_name(kv_type));
+    if (kv_type == kv_type_v && (kv_type == KP_DTYPE_F16 || kv_type == KP_DTYPE_F32))
+        printf("formula:    2 x %u layers x %u kv-heads x %u head_dim x %zu bytes (%s)\n", hp->n_layer,
+               hp->n_head_kv, hp->head_dim, kp_dtype_row_size(kv_type, 1), kp_dtype_name(kv_type));
+    else
+        printf("formula:    %s bytes (%s)\n", cli_kv_formula(hp, kv_type, kv_type_v, kvf, sizeof kvf),
+               cli_kv_name(kv_type, kv_type_v, kvn, sizeof kvn));
     printf("per token:  %llu bytes\n", (unsigned long long)per);
     printf("context:    %u tokens -> %s (%llu bytes)\n", n_ctx, cli_bytes(per * n_ctx, b1, sizeof b1),
            (unsigned long long)(per * n_ctx));

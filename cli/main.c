@@ -177,11 +177,41 @@ int cli_parse_sampler_opt(const cli_args *a, kp_sampler_params *sp, bool *seed_s
 bool cli_parse_kv_type(const char *s, kp_dtype *out) {
     if (s && !strcasecmp(s, "f32")) *out = KP_DTYPE_F32;
     else if (s && !strcasecmp(s, "f16")) *out = KP_DTYPE_F16;
+    else if (s && !strcasecmp(s, "q8_0")) *out = KP_DTYPE_Q8_0;
+    else if (s && !strcasecmp(s, "q4_0")) *out = KP_DTYPE_Q4_0;
     else {
-        fprintf(stderr, "kvpin: --kv-type must be f32 or f16, got '%s'\n", s ? s : "");
+        fprintf(stderr, "kvpin: --kv-type must be f32, f16, q8_0 or q4_0, got '%s'\n", s ? s : "");
         return false;
     }
     return true;
+}
+
+bool cli_parse_kv_opt(int key, const char *s, kp_dtype *k, kp_dtype *v) {
+    kp_dtype t;
+    if (!cli_parse_kv_type(s, &t)) return false;
+    if (key != CLI_KV_TYPE_V) *k = t;
+    if (key != CLI_KV_TYPE_K) *v = t;
+    return true;
+}
+
+/* Bytes of one value of a KV type as text: "2", "4", "34/32", "18/32". */
+static const char *kv_value_bytes(kp_dtype t) {
+    return t == KP_DTYPE_F32 ? "4" : t == KP_DTYPE_F16 ? "2" : t == KP_DTYPE_Q8_0 ? "34/32" : "18/32";
+}
+
+const char *cli_kv_formula(const kp_hparams *hp, kp_dtype k, kp_dtype v, char *buf, size_t n) {
+    if (k == v)
+        snprintf(buf, n, "2 x %u x %u x %u x %s", hp->n_layer, hp->n_head_kv, hp->head_dim, kv_value_bytes(k));
+    else
+        snprintf(buf, n, "%u x %u x %u x (%s + %s)", hp->n_layer, hp->n_head_kv, hp->head_dim, kv_value_bytes(k),
+                 kv_value_bytes(v));
+    return buf;
+}
+
+const char *cli_kv_name(kp_dtype k, kp_dtype v, char *buf, size_t n) {
+    if (k == v) snprintf(buf, n, "%s", kp_dtype_name(k));
+    else snprintf(buf, n, "%s/%s", kp_dtype_name(k), kp_dtype_name(v));
+    return buf;
 }
 
 bool cli_parse_bytes(const char *opt, const char *s, uint64_t *out) {

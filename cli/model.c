@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "kv/kvpool.h"
 
 bool cli_model_open(cli_model *cm, const cli_session_opts *o, const char *cmd) {
     kp_error err = {0};
@@ -16,6 +17,12 @@ bool cli_model_open(cli_model *cm, const cli_session_opts *o, const char *cmd) {
     cm->n_threads = o->n_threads > 0 ? o->n_threads : kp_cpu_count();
     if (kp_model_load(&cm->m, path, &err) != KP_OK || kp_tok_vocab_load(&cm->tok, cm->m->file, &err) != KP_OK ||
         kp_pool_new(&cm->pool, cm->n_threads, &err) != KP_OK) {
+        fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
+        cli_model_close(cm);
+        return false;
+    }
+    if (kp_kvpool_check_type(o->kv_type, cm->m->hp.head_dim, "K", &err) != KP_OK ||
+        kp_kvpool_check_type(o->kv_type_v, cm->m->hp.head_dim, "V", &err) != KP_OK) {
         fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
         cli_model_close(cm);
         return false;

@@ -48,7 +48,10 @@ static const cli_opt shared[] = {
      CLI_HOST},
     {"port", NULL, NULL, "PORT", "TCP port to listen on (0: any free port)", CLI_PORT},
     {"parallel", "np", NULL, "N", "sequences that run at once", CLI_PARALLEL},
-    {"kv-type", NULL, NULL, "f16|f32", "element type of the KV cache", CLI_KV_TYPE},
+    {"kv-type", NULL, NULL, "TYPE", "element type of the KV cache, K and V: f16, f32, q8_0 or q4_0\n"
+     "(the last two need a head_dim that is a multiple of 32)", CLI_KV_TYPE},
+    {"kv-type-k", NULL, NULL, "TYPE", "element type of the cached K rows alone (as --kv-type)", CLI_KV_TYPE_K},
+    {"kv-type-v", NULL, NULL, "TYPE", "element type of the cached V rows alone (as --kv-type)", CLI_KV_TYPE_V},
     {"kv-budget", NULL, NULL, "BYTES", "memory for the KV cache, e.g. 512M or 2G (more than 0)", CLI_KV_BUDGET},
     {"kv-block", NULL, NULL, "N", "positions per KV cache block", CLI_KV_BLOCK},
     {"no-prefix-cache", NULL, NULL, NULL, "compute every prompt in full (no reuse of cached K/V)",

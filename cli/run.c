@@ -60,7 +60,7 @@ enum { O_STOP = CLI_OWN, O_TOKENS, O_OUTPUT, O_LAYER, O_HEAD, O_PROMPT_CACHE, O_
 static const cli_opt run_tab[] = {
     CLI_USE(CLI_MODEL), CLI_USE(CLI_PROMPT), CLI_USE(CLI_FILE), CLI_USE(CLI_N_PREDICT), CLI_SAMPLING_OPTS,
     {"stop", NULL, NULL, "STR", "end the text before STR (repeatable, at most 16)", O_STOP},
-    CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_NO_BOS), CLI_USE(CLI_SPECIAL),
+    CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_NO_BOS), CLI_USE(CLI_SPECIAL),
     CLI_USE(CLI_PRINT_TOKENS), CLI_USE(CLI_SCALAR),
     /* cmd_run hands these to cache.c before run's parser sees them */
     {"prompt-cache", NULL, NULL, NULL, "several prompts through one prefix cache: -p/-f repeated, or\n"
@@ -71,7 +71,7 @@ static const cli_opt logits_tab[] = {
     CLI_USE(CLI_MODEL), CLI_USE(CLI_PROMPT), CLI_USE(CLI_FILE),
     {"tokens", NULL, NULL, "IDS", "the prompt as token ids, \"1 2 3\" (instead of -p or -f)", O_TOKENS},
     {"output", "o", NULL, "FILE", "write the logits to FILE", O_OUTPUT},
-    CLI_USE(CLI_NO_BOS), CLI_USE(CLI_SPECIAL), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE),
+    CLI_USE(CLI_NO_BOS), CLI_USE(CLI_SPECIAL), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE),
     CLI_USE(CLI_SCALAR), {0},
 };
 static const cli_opt inspect_tab[] = {
@@ -79,7 +79,7 @@ static const cli_opt inspect_tab[] = {
     {"layer", NULL, NULL, "L", "the layer whose attention is shown (default: the last)", O_LAYER},
     {"head", NULL, NULL, "H", "the query head whose attention is shown (default: 0)", O_HEAD},
     {"html", NULL, NULL, "FILE", "also write every step's attention as a heat map page to FILE", O_HTML},
-    CLI_SAMPLING_OPTS, CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_NO_BOS),
+    CLI_SAMPLING_OPTS, CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_NO_BOS),
     CLI_USE(CLI_SPECIAL), CLI_USE(CLI_PRINT_TOKENS), CLI_USE(CLI_SCALAR), {0},
 };
 
@@ -117,6 +117,7 @@ static void run_usage(FILE *f, const char *cmd) {
 static int parse_run_opts(int argc, char **argv, const char *cmd, run_opts *o) {
     memset(o, 0, sizeof *o);
     o->so.kv_type = strcmp(cmd, "logits") ? KP_DTYPE_F16 : KP_DTYPE_F32;
+    o->so.kv_type_v = o->so.kv_type;
     o->n_predict = strcmp(cmd, "inspect") ? 128 : 8;
     o->sp = kp_sampler_defaults();
     if (!strcmp(cmd, "inspect")) o->sp.temp = 0;
@@ -160,7 +161,9 @@ static int parse_run_opts(int argc, char **argv, const char *cmd, run_opts *o) {
             o->so.n_ctx = (uint32_t)n;
             break;
         case CLI_KV_TYPE:
-            if (!cli_parse_kv_type(v, &o->so.kv_type)) return 2;
+        case CLI_KV_TYPE_K:
+        case CLI_KV_TYPE_V:
+            if (!cli_parse_kv_opt(k, v, &o->so.kv_type, &o->so.kv_type_v)) return 2;
             break;
         case O_LAYER:
             if (!cli_parse_i64(a.opt, v, 0, 1 << 20, &o->layer)) return 2;
@@ -380,7 +383,7 @@ static int do_generate(int argc, char **argv, bool inspect) {
         goto done;
     }
     /* one sequence, no prefix cache: a pool of exactly the context */
-    kp_eng_config ec = {o.so.kv_type, 16, 0, cm.n_ctx, true, NULL};
+    kp_eng_config ec = {o.so.kv_type, 16, 0, cm.n_ctx, true, NULL, o.so.kv_type_v};
     uint32_t n_predict = (uint32_t)o.n_predict;
     kp_gen_params gp = {o.sp, n_predict, cm.n_ctx, (int32_t)hp->n_vocab, false, o.stops, o.n_stops, o.special};
     if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK ||
@@ -428,10 +431,15 @@ static int do_generate(int argc, char **argv, bool inspect) {
     fprintf(stderr, "generated: %u tokens, decode %.1f tok/s, stopped by %s (seed %llu)\n", n_gen,
             n_gen > 1 ? (n_gen - 1) / (t_decode > 0 ? t_decode : 1e-9) : 0.0, reason,
             (unsigned long long)o.sp.seed);
-    fprintf(stderr, "KV cache: %u positions x %llu bytes (2 x %u layers x %u kv-heads x %u head_dim x %zu) = %s;"
+    char kvf[96];
+    if (st.kv_type == st.kv_type_v && (st.kv_type == KP_DTYPE_F16 || st.kv_type == KP_DTYPE_F32))
+        snprintf(kvf, sizeof kvf, "2 x %u layers x %u kv-heads x %u head_dim x %zu", hp->n_layer, hp->n_head_kv,
+                 hp->head_dim, kp_dtype_row_size(st.kv_type, 1));
+    else /* the quantized and mixed types: the formula with their block sizes */
+        cli_kv_formula(hp, st.kv_type, st.kv_type_v, kvf, sizeof kvf);
+    fprintf(stderr, "KV cache: %u positions x %llu bytes (%s) = %s;"
             " %u blocks of %u positions hold %s\n",
-            n_pos, (unsigned long long)per, hp->n_layer, hp->n_head_kv, hp->head_dim,
-            kp_dtype_row_size(st.kv_type, 1), cli_bytes(per * n_pos, b1, sizeof b1), (unsigned)used_blocks,
+            n_pos, (unsigned long long)per, kvf, cli_bytes(per * n_pos, b1, sizeof b1), (unsigned)used_blocks,
             st.block_size, cli_bytes(st.used_bytes, b2, sizeof b2));
     uint64_t rss = cli_peak_rss();
     if (rss) {
@@ -492,7 +500,7 @@ int cmd_logits(int argc, char **argv) {
         }
         cm.n_ctx = (uint32_t)n; /* exactly the prompt */
     }
-    kp_eng_config ec = {o.so.kv_type, 16, 0, cm.n_ctx, true, NULL};
+    kp_eng_config ec = {o.so.kv_type, 16, 0, cm.n_ctx, true, NULL, o.so.kv_type_v};
     if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK) {
         fprintf(stderr, "kvpin logits: %s\n", err.msg);
         goto done;

@@ -31,7 +31,7 @@ enum {
 
 static const cli_opt serve_tab[] = {
     CLI_USE(CLI_MODEL), CLI_USE(CLI_HOST), CLI_USE(CLI_PORT), CLI_USE(CLI_PARALLEL), CLI_USE(CLI_CTX_SIZE),
-    CLI_USE(CLI_THREADS), CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_BLOCK),
+    CLI_USE(CLI_THREADS), CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_KV_BLOCK),
     CLI_USE(CLI_NO_PREFIX_CACHE),
     {"api-key", NULL, NULL, "KEY", "require \"Authorization: Bearer KEY\"; other users can read it in\n"
                                    "ps: prefer --api-key-file or $KVPIN_API_KEY", O_API_KEY},
@@ -149,7 +149,7 @@ int cmd_serve(int argc, char **argv) {
     int64_t port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 64, chunk = 256, block = 16, timeout = 60;
     int64_t request_timeout = 30, max_conn = 1024, max_per_addr = 64;
     uint64_t budget = 0, max_body = 8u << 20;
-    kp_dtype kv_type = KP_DTYPE_F16;
+    kp_dtype kv_type = KP_DTYPE_F16, kv_type_v = KP_DTYPE_F16;
     bool no_cache = false, quiet = false, budget_set = false, strict_api = false, no_dashboard = false;
     cli_args a;
     cli_args_init(&a, "serve", serve_tab, serve_usage, argc, argv);
@@ -180,7 +180,9 @@ int cmd_serve(int argc, char **argv) {
             budget_set = true;
             break;
         case O_MAX_BODY: ok = cli_parse_bytes(opt, v, &max_body); break;
-        case CLI_KV_TYPE: ok = cli_parse_kv_type(v, &kv_type); break;
+        case CLI_KV_TYPE:
+        case CLI_KV_TYPE_K:
+        case CLI_KV_TYPE_V: ok = cli_parse_kv_opt(k, v, &kv_type, &kv_type_v); break;
         case O_API_KEY: key_arg = v; break;
         case O_API_KEY_FILE: key_file = v; break;
         case O_CHAT_TEMPLATE: tmpl = v; break;
@@ -222,8 +224,13 @@ int cmd_serve(int argc, char **argv) {
         goto done;
     }
     const kp_hparams *hp = &m->hp;
+    if (kp_kvpool_check_type(kv_type, hp->head_dim, "K", &err) != KP_OK ||
+        kp_kvpool_check_type(kv_type_v, hp->head_dim, "V", &err) != KP_OK) {
+        fprintf(stderr, "kvpin serve: %s\n", err.msg);
+        goto done;
+    }
     uint32_t n_ctx = ctx ? (uint32_t)ctx : (hp->n_ctx_train && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
-    uint64_t per = kp_model_kv_bytes_per_token(hp, kv_type);
+    uint64_t per = kp_model_kv_bytes_per_token_kv(hp, kv_type, kv_type_v);
     char b1[32], b2[32];
     if (!budget) {
         budget = 2 * (uint64_t)parallel * ((uint64_t)n_ctx + (uint64_t)block) * per;
@@ -255,7 +262,7 @@ int cmd_serve(int argc, char **argv) {
                             "(--chat-template NAME to change)\n");
         }
     }
-    kp_eng_config ec = {kv_type, (uint32_t)block, budget, n_ctx, no_cache, NULL};
+    kp_eng_config ec = {kv_type, (uint32_t)block, budget, n_ctx, no_cache, NULL, kv_type_v};
     if (kp_eng_new(&e, m, pool, NULL, &ec, &err) != KP_OK) {
         fprintf(stderr, "kvpin serve: %s\n", err.msg);
         goto done;
@@ -296,9 +303,11 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "kvpin serve: model %s (%s, %u layers, %u kv-heads x %u head_dim), chat template %s\n", path,
             hp->arch_name, hp->n_layer, hp->n_head_kv, hp->head_dim,
             fam == KP_CHAT_UNKNOWN ? "none" : kp_chat_family_name(fam));
-    fprintf(stderr, "kvpin serve: KV %llu bytes per token (2 x %u x %u x %u x %zu); budget %s = %llu positions; "
+    char kvf[96], kvn[24];
+    fprintf(stderr, "kvpin serve: KV %s, %llu bytes per token (%s); budget %s = %llu positions; "
                     "context %u, parallel %lld, prefix cache %s\n",
-            (unsigned long long)per, hp->n_layer, hp->n_head_kv, hp->head_dim, kp_dtype_row_size(kv_type, 1),
+            cli_kv_name(kv_type, kv_type_v, kvn, sizeof kvn), (unsigned long long)per,
+            cli_kv_formula(hp, kv_type, kv_type_v, kvf, sizeof kvf),
             cli_bytes(budget, b2, sizeof b2), (unsigned long long)(budget / per), n_ctx, (long long)parallel,
             no_cache ? "off" : "on");
     fprintf(stderr, "kvpin serve: listening on %s (OpenAI API at /v1%s)\n", kp_server_url(srv),

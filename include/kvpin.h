@@ -198,14 +198,16 @@ typedef struct kp_session kp_session;
 /* Element type of the cached K and V rows. */
 typedef enum {
     KP_KV_F16 = 0, /* half the memory; the default */
-    KP_KV_F32 = 1
+    KP_KV_F32 = 1,
+    KP_KV_Q8_0 = 2, /* ggml's q8_0 blocks: 32 values in 34 bytes; needs head_dim % 32 == 0 */
+    KP_KV_Q4_0 = 3  /* ggml's q4_0 blocks: 32 values in 18 bytes; needs head_dim % 32 == 0 */
 } kp_kv_type;
 
 /* How a session is made. All zeros (or NULL) are the defaults. */
 typedef struct {
     uint32_t n_ctx;        /* positions one sequence may hold (prompt + answer);
                               0: min(training context, 4096) */
-    kp_kv_type kv_type;    /* KP_KV_F16 (0) or KP_KV_F32 */
+    kp_kv_type kv_type;    /* K and V rows: KP_KV_F16 (0), KP_KV_F32, KP_KV_Q8_0, KP_KV_Q4_0 */
     uint64_t kv_budget;    /* bytes of the KV pool; the prefix cache lives in what
                               the running sequence leaves free, evicting the least
                               recently used prefixes when it runs out; 0: room for
@@ -213,12 +215,15 @@ typedef struct {
     uint32_t kv_block;     /* positions per KV block; 0: 16 */
     int n_threads;         /* threads of the forward pass; <= 0: every core */
     bool no_prefix_cache;  /* true: nothing is cached, every prompt is computed whole */
+    bool kv_type_v_set;    /* true: V rows are kv_type_v (K stays kv_type) */
+    kp_kv_type kv_type_v;
 } kp_session_params;
 
 /* Makes a session over lm (borrowed: it must outlive the session). p NULL:
  * the defaults. On success *out is the caller's (kp_session_free); on
  * failure NULL. KP_RC_INVAL (NULL lm, a budget smaller than one block, a
- * kv_type outside the enum), KP_RC_RANGE (n_ctx over 2^24, kv_block over
+ * kv_type outside the enum, Q8_0/Q4_0 with a head_dim that is not a
+ * multiple of 32), KP_RC_RANGE (n_ctx over 2^24, kv_block over
  * 4096, n_threads over 1024), KP_RC_NOMEM. A budget smaller than n_ctx
  * positions is allowed: a sequence that outgrows it fails with KP_RC_FULL. */
 KP_API kp_rc kp_session_new(kp_session **out, const kp_lm *lm, const kp_session_params *p, kp_err *err);
@@ -384,9 +389,11 @@ KP_API kp_rc kp_session_probe(kp_session *s, const int32_t *prompt, size_t n_pro
  * (a block several prefixes share counts once). */
 typedef struct {
     bool prefix_cache;        /* the session caches prefixes */
-    kp_kv_type kv_type;
+    kp_kv_type kv_type;       /* K rows (V rows: kv_type_v) */
     uint32_t block_tokens;    /* positions per block */
-    uint64_t bytes_per_token; /* 2 x layers x kv-heads x head_dim x element size */
+    uint64_t bytes_per_token; /* 2 x layers x kv-heads x head_dim x element size
+                                 (Q8_0: 34/32 bytes, Q4_0: 18/32; K and V each
+                                 their own when they differ) */
     uint64_t budget_bytes;    /* the pool */
     uint64_t used_bytes;      /* blocks the cache or a sequence holds */
     uint64_t cached_bytes;    /* blocks the prefix cache holds */
@@ -395,6 +402,7 @@ typedef struct {
     uint64_t cached_tokens;   /* distinct cached positions */
     uint32_t n_pins;
     uint64_t n_evictions;     /* prefixes evicted since the cache was made or cleared */
+    kp_kv_type kv_type_v;     /* V rows */
 } kp_memory;
 
 /* Fills *out. O(blocks + cached prefixes): not for every token. */

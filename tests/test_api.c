@@ -537,6 +537,32 @@ static void test_limits_and_bad_input(void) {
     q.kv_type = KP_KV_F16;
     q.n_ctx = (1u << 24) + 1;
     CHECK(kp_session_new(&t, lm, &q, &err) == KP_RC_RANGE);
+    q.n_ctx = 0;
+    /* the block types on a model whose head_dim (8) is not a multiple of 32 */
+    q.kv_type = KP_KV_Q8_0;
+    CHECK(kp_session_new(&t, lm, &q, &err) == KP_RC_INVAL);
+    CHECK_MSG(strstr(err.msg, "multiple of 32") != NULL, "%s", err.msg);
+    q.kv_type = KP_KV_F16;
+    q.kv_type_v_set = true;
+    q.kv_type_v = KP_KV_Q4_0;
+    CHECK(kp_session_new(&t, lm, &q, &err) == KP_RC_INVAL);
+    CHECK_MSG(strstr(err.msg, "V cache type q4_0") != NULL, "%s", err.msg);
+    q.kv_type_v = (kp_kv_type)9;
+    CHECK(kp_session_new(&t, lm, &q, &err) == KP_RC_INVAL);
+    CHECK(t == NULL);
+    /* K and V of their own types: the bill says so */
+    q.kv_type = KP_KV_F32;
+    q.kv_type_v = KP_KV_F16;
+    CHECK(kp_session_new(&t, lm, &q, &err) == KP_RC_OK);
+    if (t) {
+        kp_memory mm;
+        kp_session_memory(t, &mm);
+        CHECK(mm.kv_type == KP_KV_F32 && mm.kv_type_v == KP_KV_F16);
+        kp_lm_info info;
+        kp_lm_describe(lm, &info);
+        CHECK_EQ_INT(mm.bytes_per_token, (uint64_t)info.n_layer * info.n_head_kv * info.head_dim * (4 + 2));
+    }
+    kp_session_free(t);
 done:
     kp_session_free(s);
     kp_lm_free(lm);

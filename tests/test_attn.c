@@ -11,7 +11,13 @@
  *   each step's rows in a buffer of their exact size (ASan sees over-reads);
  * - determinism: a tile's rows equal, bit for bit, the same rows computed
  *   in smaller tiles or one token at a time, and the avx2 and avx512
- *   tables agree bit for bit.
+ *   tables agree bit for bit;
+ * - Q8_0/Q4_0 K/V (tile_step_kv, mixed with F16/F32 too): kp_quantize_row
+ *   writes the bytes of ggml's reference quantizers (written out here), and
+ *   every table's output is within float rounding of float64 attention over
+ *   those rows' exact values (the query is not quantized: see attn.h), equal
+ *   to its F32 step on the same values, and deterministic as above. A
+ *   table this CPU lacks is reported as skipped by name.
  */
 #include <stdint.h>
 #include <time.h>
@@ -307,11 +313,273 @@ static void test_same_bits(void) {
     if (n < 3) printf("  (no AVX-512 on this CPU: avx2 vs avx512 not compared)\n");
 }
 
+/* ---- quantized K/V (tile_step_kv) ------------------------------------------ */
+
+/* ggml's reference quantizers (quantize_row_q8_0_ref, quantize_row_q4_0_ref),
+ * written out here in float as ggml does: q8_0 d = amax / 127, q =
+ * round(x / d) (roundf: ties away from zero); q4_0 d = -(the value of
+ * largest magnitude) / 8, q = min(15, (int)(x / d + 8.5)). One row of n
+ * values (n a multiple of 32) into dst. */
+static void ref_quant_q8_0(const float *x, uint8_t *dst, int n) {
+    for (int b = 0; b < n / 32; b++, x += 32, dst += 34) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+        float d = amax / 127, id = d ? 1.0f / d : 0.0f;
+        uint16_t dh = kp_fp32_to_fp16(d);
+        memcpy(dst, &dh, 2);
+        for (int j = 0; j < 32; j++) dst[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+    }
+}
+
+static void ref_quant_q4_0(const float *x, uint8_t *dst, int n) {
+    for (int b = 0; b < n / 32; b++, x += 32, dst += 18) {
+        float amax = 0, max = 0;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
+        float d = max / -8, id = d ? 1.0f / d : 0.0f;
+        uint16_t dh = kp_fp32_to_fp16(d);
+        memcpy(dst, &dh, 2);
+        for (int j = 0; j < 16; j++) {
+            int q0 = (int)(int8_t)(x[j] * id + 8.5f), q1 = (int)(int8_t)(x[16 + j] * id + 8.5f);
+            q0 = q0 > 15 ? 15 : q0, q1 = q1 > 15 ? 15 : q1;
+            dst[2 + j] = (uint8_t)(q0 | q1 << 4);
+        }
+    }
+}
+
+/* The value at index j of a quantized row, in double (exact: d * q). */
+static double ref_dequant(kp_dtype t, const uint8_t *row, int j) {
+    size_t bs = t == KP_DTYPE_Q8_0 ? 34 : 18;
+    const uint8_t *b = row + (size_t)(j / 32) * bs;
+    uint16_t dh;
+    memcpy(&dh, b, 2);
+    double d = kp_fp16_to_fp32(dh);
+    int i = j % 32;
+    if (t == KP_DTYPE_Q8_0) return d * (int8_t)b[2 + i];
+    int q = i < 16 ? (b[2 + i] & 0xF) : (b[2 + i - 16] >> 4);
+    return d * (q - 8);
+}
+
+/* A case with K of type kt and V of type vt (F32, F16, Q8_0 or Q4_0): the
+ * float K/V, their stored rows, and the stored rows' values in double. */
+typedef struct {
+    int hd, G, n_tok, B, free_order;
+    int32_t pos0;
+    int n_pos;
+    kp_dtype kt, vt;
+    float *q;            /* [n_tok][G * hd] */
+    uint8_t *ks, *vs;    /* stored rows, [n_pos][row bytes] */
+    double *kd, *vd;     /* their values, [n_pos][hd] */
+    float *kf, *vf;      /* the same as F32 (exact) */
+} qcase;
+
+static size_t row_bytes(kp_dtype t, int hd) { return kp_dtype_row_size(t, hd); }
+
+static void store_ref(kp_dtype t, const float *x, uint8_t *dst, double *val, int hd) {
+    if (t == KP_DTYPE_Q8_0) ref_quant_q8_0(x, dst, hd);
+    else if (t == KP_DTYPE_Q4_0) ref_quant_q4_0(x, dst, hd);
+    else if (t == KP_DTYPE_F16)
+        for (int j = 0; j < hd; j++) {
+            uint16_t h = kp_fp32_to_fp16(x[j]);
+            memcpy(dst + 2 * j, &h, 2);
+        }
+    else memcpy(dst, x, (size_t)hd * 4);
+    for (int j = 0; j < hd; j++) {
+        if (t == KP_DTYPE_Q8_0 || t == KP_DTYPE_Q4_0) val[j] = ref_dequant(t, dst, j);
+        else if (t == KP_DTYPE_F16) {
+            uint16_t h;
+            memcpy(&h, dst + 2 * j, 2);
+            val[j] = kp_fp16_to_fp32(h);
+        } else val[j] = x[j];
+    }
+}
+
+static void qcase_new(qcase *c, int hd, int G, int n_tok, int32_t pos0, int B, kp_dtype kt, kp_dtype vt,
+                      int free_order) {
+    c->hd = hd, c->G = G, c->n_tok = n_tok, c->pos0 = pos0, c->B = B, c->kt = kt, c->vt = vt;
+    c->free_order = free_order;
+    c->n_pos = pos0 + n_tok;
+    size_t nq = (size_t)n_tok * G * hd, nkv = (size_t)c->n_pos * hd;
+    c->q = malloc(nq * sizeof(float));
+    c->ks = malloc((size_t)c->n_pos * row_bytes(kt, hd));
+    c->vs = malloc((size_t)c->n_pos * row_bytes(vt, hd));
+    c->kd = malloc(nkv * sizeof(double));
+    c->vd = malloc(nkv * sizeof(double));
+    c->kf = malloc(nkv * sizeof(float));
+    c->vf = malloc(nkv * sizeof(float));
+    float qs = 1.0f + (float)urand(8);
+    for (size_t i = 0; i < nq; i++) c->q[i] = qs * frand();
+    float *x = malloc((size_t)hd * sizeof(float));
+    for (int p = 0; p < c->n_pos; p++) {
+        float sc = 0.1f + 0.5f * (frand() + 1.0f); /* rows of different magnitudes, up to 1.1 */
+        for (int j = 0; j < hd; j++) x[j] = sc * frand();
+        if (urand(4) == 0) x[urand((uint32_t)hd)] = 0.0f;
+        if (urand(16) == 0) memset(x, 0, (size_t)hd * sizeof(float)); /* an all-zero row: d = 0 */
+        store_ref(kt, x, c->ks + (size_t)p * row_bytes(kt, hd), c->kd + (size_t)p * hd, hd);
+        for (int j = 0; j < hd; j++) x[j] = sc * frand();
+        store_ref(vt, x, c->vs + (size_t)p * row_bytes(vt, hd), c->vd + (size_t)p * hd, hd);
+    }
+    for (size_t i = 0; i < nkv; i++) c->kf[i] = (float)c->kd[i], c->vf[i] = (float)c->vd[i];
+    free(x);
+}
+
+static void qcase_free(qcase *c) {
+    free(c->q); free(c->ks); free(c->vs); free(c->kd); free(c->vd); free(c->kf); free(c->vf);
+}
+
+/* run_tile for a qcase: tile_step_kv on the stored rows (quantized = 1),
+ * or tile_step_f32 on their F32 values (quantized = 0), each step's rows in
+ * buffers of exactly their size. */
+static void run_qtile(const kp_attn_kernels *a, const qcase *c, int t0, int T, int quantized, float *out) {
+    int hd = c->hd;
+    size_t kb_row = row_bytes(c->kt, hd), vb_row = row_bytes(c->vt, hd);
+    kp_attn_tile t = {.hd = hd, .G = c->G, .n_tok = T, .pos0 = c->pos0 + t0, .scale = 1.0f / sqrtf((float)hd),
+                      .free_order = c->free_order != 0,
+                      .ws = malloc(kp_attn_tile_floats(hd, T * c->G) * sizeof(float))};
+    a->tile_begin(&t, c->q + (size_t)t0 * c->G * hd, (int64_t)c->G * hd);
+    int64_t p1 = (int64_t)c->pos0 + t0 + T;
+    for (int64_t p = 0; p < p1;) {
+        int64_t r = p % c->B, rn = KP_ATTN_STEP - r % KP_ATTN_STEP;
+        if (rn > c->B - r) rn = c->B - r;
+        if (rn > p1 - p) rn = p1 - p;
+        if (quantized) {
+            uint8_t *kb = malloc((size_t)rn * kb_row), *vb = malloc((size_t)rn * vb_row);
+            memcpy(kb, c->ks + (size_t)p * kb_row, (size_t)rn * kb_row);
+            memcpy(vb, c->vs + (size_t)p * vb_row, (size_t)rn * vb_row);
+            a->tile_step_kv(&t, kb, c->kt, vb, c->vt, (int)rn, (int32_t)p);
+            free(kb);
+            free(vb);
+        } else {
+            a->tile_step_f32(&t, c->kf + (size_t)p * hd, c->vf + (size_t)p * hd, (int)rn, (int32_t)p);
+        }
+        p += rn;
+    }
+    a->tile_end(&t, out, (int64_t)c->G * hd);
+    free(t.ws);
+}
+
+/* float64 attention of (token i, head g) over the stored rows' values. */
+static void ref_qrow(const qcase *c, int i, int g, double *out) {
+    int hd = c->hd, n = c->pos0 + i + 1;
+    double scale = (double)(1.0f / sqrtf((float)hd)), mx = -INFINITY, sum = 0;
+    double *s = malloc((size_t)n * sizeof(double));
+    const float *q = c->q + ((size_t)i * c->G + g) * hd;
+    for (int p = 0; p < n; p++) {
+        double d = 0;
+        for (int j = 0; j < hd; j++) d += (double)q[j] * c->kd[(size_t)p * hd + j];
+        s[p] = d * scale;
+        mx = s[p] > mx ? s[p] : mx;
+    }
+    for (int j = 0; j < hd; j++) out[j] = 0;
+    for (int p = 0; p < n; p++) {
+        double w = exp(s[p] - mx);
+        sum += w;
+        for (int j = 0; j < hd; j++) out[j] += w * c->vd[(size_t)p * hd + j];
+    }
+    for (int j = 0; j < hd; j++) out[j] /= sum;
+    free(s);
+}
+
+/* kvpin's quantizer writes the bytes of ggml's reference algorithm (the
+ * forward pass stores K/V rows with kp_quantize_row). */
+static void test_kv_quantizer(void) {
+    enum { N = 32 * 64 };
+    float *x = malloc(N * sizeof(float));
+    uint8_t *a = malloc(N / 32 * 34), *b = malloc(N / 32 * 34);
+    for (int round = 0; round < 4; round++) {
+        for (int i = 0; i < N; i++) x[i] = (float)(round + 1) * frand();
+        for (int i = 0; i < N; i += 97) x[i] = 0.0f;
+        memset(x + 64, 0, 32 * sizeof(float)); /* a zero block */
+        ref_quant_q8_0(x, a, N);
+        CHECK(kp_quantize_row(KP_DTYPE_Q8_0, x, b, N));
+        CHECK(memcmp(a, b, (size_t)N / 32 * 34) == 0);
+        ref_quant_q4_0(x, a, N);
+        CHECK(kp_quantize_row(KP_DTYPE_Q4_0, x, b, N));
+        CHECK(memcmp(a, b, (size_t)N / 32 * 18) == 0);
+    }
+    free(x);
+    free(a);
+    free(b);
+}
+
+/* Every table's tile_step_kv against float64 attention over the stored
+ * rows' values (so the reference quantizes K/V exactly as kvpin does and
+ * computes the rest exactly): within float rounding; bitwise equal to the
+ * table's tile_step_f32 on the same values; a tile's rows bitwise those of
+ * smaller tiles (decode); and the avx2 and avx512 tables equal. */
+static void check_kv_quant(const kp_attn_kernels *a, const kp_attn_kernels *other) {
+    static const int hds[] = {32, 64, 96, 128, 256};
+    static const int blocks[] = {1, 3, 8, 16, 32};
+    static const kp_dtype types[] = {KP_DTYPE_Q8_0, KP_DTYPE_Q4_0, KP_DTYPE_F16, KP_DTYPE_F32};
+    double worst = 0;
+    for (int trial = 0; trial < 60; trial++) {
+        int hd = hds[urand(5)], G = 1 + (int)urand(6);
+        int n_tok = trial % 3 == 0 ? 1 : 1 + (int)urand(20);
+        kp_dtype kt = types[urand(4)], vt = types[urand(4)];
+        if (trial % 2 == 0) kt = vt = types[trial / 2 % 2]; /* half the trials: both Q8_0 or both Q4_0 */
+        if (kt != KP_DTYPE_Q8_0 && kt != KP_DTYPE_Q4_0 && vt != KP_DTYPE_Q8_0 && vt != KP_DTYPE_Q4_0)
+            kt = KP_DTYPE_Q8_0;
+        qcase c;
+        qcase_new(&c, hd, G, n_tok, (int32_t)urand(60), blocks[urand(5)], kt, vt, (int)urand(2));
+        size_t W = (size_t)G * hd, bytes = (size_t)n_tok * W * sizeof(float);
+        float *out = malloc(bytes), *f32 = malloc(bytes), *split = malloc(bytes);
+        run_qtile(a, &c, 0, n_tok, 1, out);
+        run_qtile(a, &c, 0, n_tok, 0, f32);
+        CHECK_MSG(memcmp(out, f32, bytes) == 0, "%s: kv step (K %s, V %s, hd %d) differs from the F32 step",
+                  a->name, kp_dtype_name(kt), kp_dtype_name(vt), hd);
+        double *ref = malloc((size_t)hd * sizeof(double)), case_worst = 0;
+        for (int i = 0; i < n_tok; i++)
+            for (int g = 0; g < G; g++) {
+                ref_qrow(&c, i, g, ref);
+                const float *o = out + (size_t)i * W + (size_t)g * hd;
+                double scale = 0;
+                for (int j = 0; j < hd; j++) scale = fabs(ref[j]) > scale ? fabs(ref[j]) : scale;
+                for (int j = 0; j < hd; j++) {
+                    double d = fabs(o[j] - ref[j]) / (scale > 1 ? scale : 1);
+                    case_worst = d > case_worst ? d : case_worst;
+                }
+            }
+        CHECK_MSG(case_worst < 1e-5, "%s kv K %s V %s hd=%d G=%d n_tok=%d B=%d free=%d: %g", a->name,
+                  kp_dtype_name(kt), kp_dtype_name(vt), hd, G, n_tok, c.B, c.free_order, case_worst);
+        worst = case_worst > worst ? case_worst : worst;
+        if (!c.free_order) {
+            for (int t0 = 0; t0 < n_tok;) {
+                int n = urand(3) == 0 ? 1 + (int)urand((uint32_t)(n_tok - t0)) : 1;
+                run_qtile(a, &c, t0, n, 1, split + (size_t)t0 * W);
+                t0 += n;
+            }
+            CHECK_MSG(memcmp(out, split, bytes) == 0, "%s: kv tile of %d tokens differs from smaller tiles",
+                      a->name, n_tok);
+            if (other) {
+                run_qtile(other, &c, 0, n_tok, 1, split);
+                CHECK_MSG(memcmp(out, split, bytes) == 0, "%s and %s differ on kv K %s V %s", a->name,
+                          other->name, kp_dtype_name(kt), kp_dtype_name(vt));
+            }
+        }
+        free(ref);
+        free(out);
+        free(f32);
+        free(split);
+        qcase_free(&c);
+    }
+    printf("  %s kv q8_0/q4_0 tiles: worst |out - float64| / max(1, |out|) %.3g\n", a->name, worst);
+}
+
+static void test_kv_quant(void) {
+    const kp_attn_kernels *ts[3];
+    int n = tables(ts);
+    for (int i = 0; i < n; i++) check_kv_quant(ts[i], i == 2 ? ts[1] : NULL);
+    if (n < 2) printf("  skipped: table avx2 (this CPU lacks AVX2/FMA/F16C)\n");
+    if (n < 3) printf("  skipped: table avx512 (this CPU lacks AVX-512F)\n");
+}
+
 int main(void) {
     rng = (uint64_t)time(NULL);
     printf("test_attn seed %llu, best table %s\n", (unsigned long long)rng, kp_attn_best()->name);
     RUN(test_exp);
     RUN(test_tiles);
     RUN(test_same_bits);
+    RUN(test_kv_quantizer);
+    RUN(test_kv_quant);
     return harness_finish("attn");
 }

@@ -16,7 +16,9 @@
  * index is dropped. A fork (kp_eng_fork) holds the prompt's whole blocks
  * once and a private copy of its partial block: decoding the same tokens
  * in the source and the forks gives the logits of a fresh prefill of the
- * whole sequence, and the forks' writes never reach the source.
+ * whole sequence, and the forks' writes never reach the source. Both with
+ * F32 K/V and with Q8_0 / Q4_0 K/V (the quantized pool's blocks are copied
+ * and shared like any other), and the memory bill of every KV type.
  */
 #include <math.h>
 #include <stdio.h>
@@ -78,10 +80,10 @@ typedef struct {
     kp_eng_report rep;
 } runner;
 
-static bool open_engine(runner *r, const kp_model *m, kp_pool *pool, bool cache, uint64_t budget) {
+static bool open_engine(runner *r, const kp_model *m, kp_pool *pool, bool cache, uint64_t budget, kp_dtype kv) {
     kp_error err = {0};
     memset(r, 0, sizeof *r);
-    kp_eng_config c = {KP_DTYPE_F32, 16, budget, MAX_LEN + N_GEN + 8, !cache, NULL};
+    kp_eng_config c = {kv, 16, budget, MAX_LEN + N_GEN + 8, !cache, NULL, kv};
     kp_status st = kp_eng_new(&r->e, m, pool, NULL, &c, &err);
     CHECK_MSG(st == KP_OK, "%s", err.msg);
     r->logits = malloc(m->hp.n_vocab * sizeof(float));
@@ -104,7 +106,7 @@ static void close_engine(runner *r) {
     free(r->logits);
 }
 
-static void run_model(const char *rel, uint64_t seed) {
+static void run_model_kv(const char *rel, uint64_t seed, kp_dtype kv) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_pool *pool = NULL;
@@ -114,12 +116,12 @@ static void run_model(const char *rel, uint64_t seed) {
     }
     CHECK(kp_pool_new(&pool, 2, &err) == KP_OK);
     uint32_t nv = m->hp.n_vocab;
-    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
+    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, kv) * 16;
     uint32_t seq_blocks = (MAX_LEN + N_GEN + 15) / 16;
     runner ref, big, tiny;
-    bool ok = open_engine(&ref, m, pool, false, 0);
-    ok = open_engine(&big, m, pool, true, bb * 4096) && ok;
-    ok = open_engine(&tiny, m, pool, true, bb * (seq_blocks + 3)) && ok;
+    bool ok = open_engine(&ref, m, pool, false, 0, kv);
+    ok = open_engine(&big, m, pool, true, bb * 4096, kv) && ok;
+    ok = open_engine(&tiny, m, pool, true, bb * (seq_blocks + 3), kv) && ok;
     runner *rs[3] = {&ref, &big, &tiny};
     static tokseq done[MAX_REQ]; /* finished sequences: prompt + generated */
     uint32_t n_done = 0;
@@ -215,7 +217,17 @@ static void run_model(const char *rel, uint64_t seed) {
     kp_model_free(m);
 }
 
+static void run_model(const char *rel, uint64_t seed) { run_model_kv(rel, seed, KP_DTYPE_F32); }
+
 static void test_equal_stories(void) { run_model("models/stories260K.gguf", 0x9e3779b97f4a7c15ull); }
+/* the same with K and V cached as Q8_0 (Q4_0): cached rows are the bytes a
+ * recomputation writes, so cache-on equals cache-off as with F32 */
+static void test_equal_qwen3_kv_q8_0(void) {
+    run_model_kv("tests/data/models/gen-qwen3-f16.gguf", 0x5bd1e9955bd1e995ull, KP_DTYPE_Q8_0);
+}
+static void test_equal_llama_kv_q4_0(void) {
+    run_model_kv("tests/data/models/gen-llama-gqa-f32.gguf", 0x2545f4914f6cdd1dull, KP_DTYPE_Q4_0);
+}
 static void test_equal_qwen2_q8(void) { run_model("tests/data/models/gen-qwen2-q8_0.gguf", 0x1234567887654321ull); }
 
 /* The bundled model and a pool of one thread. */
@@ -272,10 +284,10 @@ static void test_reuse_counts(void) {
     kp_eng_free(e);
     kp_eng_free(NULL);
     /* a budget below one block is refused */
-    kp_eng_config c = {KP_DTYPE_F32, 16, 10, 0, false, NULL};
+    kp_eng_config c = {KP_DTYPE_F32, 16, 10, 0, false, NULL, KP_DTYPE_F32};
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_EINVAL && e == NULL);
     /* a budget of one sequence without a cache: a longer prompt is KP_EFULL */
-    kp_eng_config c2 = {KP_DTYPE_F32, 16, kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16, 0, true, NULL};
+    kp_eng_config c2 = {KP_DTYPE_F32, 16, kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16, 0, true, NULL, KP_DTYPE_F32};
     CHECK(kp_eng_new(&e, m, pool, NULL, &c2, &err) == KP_OK);
     CHECK(kp_eng_prefill(e, a, 17, &s, NULL, &r, &err) == KP_EFULL && s.kv.n_blocks == 0);
     CHECK_EQ_INT(used_bytes(e), 0);
@@ -299,7 +311,7 @@ static void budget_case(uint32_t blocks, uint32_t expect_reuse) {
     CHECK(kp_pool_new(&pool, 1, &err) == KP_OK);
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
-    kp_eng_config c = {KP_DTYPE_F32, 16, bb * blocks, 96, false, NULL}, cref = c;
+    kp_eng_config c = {KP_DTYPE_F32, 16, bb * blocks, 96, false, NULL, KP_DTYPE_F32}, cref = c;
     cref.no_prefix_cache = true;
     kp_engine *e = NULL, *ref = NULL;
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
@@ -373,8 +385,8 @@ static void batched_case(const char *rel, uint64_t seed, uint64_t budget_blocks)
     CHECK(kp_pool_new(&pool, 2, &err) == KP_OK);
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
-    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 128, true, NULL};
-    kp_eng_config cc = {KP_DTYPE_F32, 16, bb * budget_blocks, 128, false, NULL};
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 128, true, NULL, KP_DTYPE_F32};
+    kp_eng_config cc = {KP_DTYPE_F32, 16, bb * budget_blocks, 128, false, NULL, KP_DTYPE_F32};
     kp_engine *ref = NULL, *e = NULL;
     CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
     CHECK(kp_eng_new(&e, m, pool, NULL, &cc, &err) == KP_OK);
@@ -567,7 +579,7 @@ static void test_room_for(void) {
     kp_pool *pool;
     if (!load_stories(&m, &pool)) return;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
-    kp_eng_config c = {KP_DTYPE_F32, 16, bb * 8, 256, false, NULL}; /* 8 blocks, pins up to 4 */
+    kp_eng_config c = {KP_DTYPE_F32, 16, bb * 8, 256, false, NULL, KP_DTYPE_F32}; /* 8 blocks, pins up to 4 */
     kp_engine *e = NULL;
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
     rng_state = 0x5eed;
@@ -620,7 +632,7 @@ static void test_room_for(void) {
     CHECK(kp_eng_check(e, &err) == KP_OK);
     /* without a prefix cache: nothing reused or evictable */
     kp_engine *n = NULL;
-    kp_eng_config cn = {KP_DTYPE_F32, 16, bb * 8, 256, true, NULL};
+    kp_eng_config cn = {KP_DTYPE_F32, 16, bb * 8, 256, true, NULL, KP_DTYPE_F32};
     CHECK(kp_eng_new(&n, m, pool, NULL, &cn, &err) == KP_OK);
     CHECK(kp_eng_room_for(n, d, 33, false, &r, &err) == KP_OK);
     CHECK(r.reused_tokens == 0 && r.need_blocks == 3 && r.free_blocks == 8 && r.evictable_blocks == 0);
@@ -643,11 +655,11 @@ static void test_cache_operations(void) {
     const kp_hparams *hp = &m->hp;
     uint64_t bb = kp_model_kv_bytes_per_token(hp, KP_DTYPE_F32) * 16;
     kp_pfx_config pc = {bb * 5, 16}; /* pins may hold 5 blocks */
-    kp_eng_config c = {KP_DTYPE_F32, 16, bb * 64, 256, false, &pc};
+    kp_eng_config c = {KP_DTYPE_F32, 16, bb * 64, 256, false, &pc, KP_DTYPE_F32};
     kp_engine *e = NULL;
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
     mirror x = {0};
-    kp_kvpool_config kc = {hp->n_layer, hp->n_head_kv, hp->head_dim, KP_DTYPE_F32, 16, bb * 64};
+    kp_kvpool_config kc = {hp->n_layer, hp->n_head_kv, hp->head_dim, KP_DTYPE_F32, 16, bb * 64, KP_DTYPE_F32};
     CHECK(kp_kvpool_new(&x.pool, &kc, &err) == KP_OK);
     CHECK(kp_pfx_new(&x.idx, x.pool, &pc, &err) == KP_OK);
     /* sequences sharing heads, one of more than KP_PFX_HEAD_TOKENS tokens, a
@@ -703,7 +715,7 @@ static void test_cache_operations(void) {
     kp_kvpool_free(x.pool);
     kp_eng_free(e);
     /* without a prefix cache: nothing listed, nothing to pin */
-    kp_eng_config off = {KP_DTYPE_F32, 16, bb * 8, 128, true, NULL};
+    kp_eng_config off = {KP_DTYPE_F32, 16, bb * 8, 128, true, NULL, KP_DTYPE_F32};
     CHECK(kp_eng_new(&e, m, pool, NULL, &off, &err) == KP_OK);
     CHECK(kp_eng_top(e, one, 1, &n1, &err) == KP_OK && n1 == 0);
     CHECK(kp_eng_pin(e, t[0], 5, 0, 0, &ka, &err) == KP_EUNSUPPORTED && ka == 0);
@@ -758,7 +770,7 @@ static void test_generate_and_feeding(void) {
     if (!load_stories(&m, &pool)) return;
     CHECK(kp_tok_vocab_load(&v, m->file, &err) == KP_OK);
     uint32_t nv = m->hp.n_vocab;
-    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 256, true, NULL}, cc = {KP_DTYPE_F32, 16, 0, 256, false, NULL};
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 256, true, NULL, KP_DTYPE_F32}, cc = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32};
     cc.budget_bytes = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 256 * 4;
     kp_engine *ref = NULL, *e = NULL;
     CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
@@ -863,14 +875,11 @@ static void test_generate_and_feeding(void) {
 }
 
 /* Forks of a 37-token prompt (2 whole blocks of 16 and a partial one). */
-static void test_fork(void) {
+static void fork_for(kp_model *m, kp_pool *pool, kp_dtype kv) {
     kp_error err = {0};
-    kp_model *m;
-    kp_pool *pool;
-    if (!load_stories(&m, &pool)) return;
     for (int cache = 0; cache < 2; cache++) {
         kp_engine *e = NULL;
-        kp_eng_config c = {KP_DTYPE_F32, 16, 0, 256, !cache, NULL};
+        kp_eng_config c = {kv, 16, 0, 256, !cache, NULL, kv};
         CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
         uint32_t nv = m->hp.n_vocab;
         float *l0 = malloc(nv * sizeof *l0), *l1 = malloc(nv * sizeof *l1), *l2 = malloc(nv * sizeof *l2),
@@ -914,6 +923,81 @@ static void test_fork(void) {
         free(l2);
         free(ref);
     }
+}
+
+static void test_fork(void) {
+    kp_error err = {0};
+    kp_model *m;
+    kp_pool *pool;
+    if (!load_stories(&m, &pool)) return;
+    fork_for(m, pool, KP_DTYPE_F32);
+    kp_model_free(m);
+    /* CoW of a partial block of Q8_0 and of Q4_0 rows (head_dim 32) */
+    CHECK(kp_model_load(&m, harness_path("tests/data/models/gen-llama-gqa-f32.gguf"), &err) == KP_OK);
+    if (m) {
+        fork_for(m, pool, KP_DTYPE_Q8_0);
+        fork_for(m, pool, KP_DTYPE_Q4_0);
+    }
+    kp_pool_free(pool);
+    kp_model_free(m);
+}
+
+/* The memory bill with quantized K/V: bytes per token by the formula
+ * n_layer x n_head_kv x (K row + V row), a row of head_dim values being
+ * head_dim / 32 blocks of 34 (Q8_0) or 18 (Q4_0) bytes, 2 or 4 per value
+ * for F16/F32; blocks, budget and the pool's block size follow; the same
+ * budget holds 64/34 times the F16 positions with Q8_0. */
+static void test_bill_kv_types(void) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_pool *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-llama-gqa-f32.gguf"), &err) != KP_OK ||
+        kp_pool_new(&pool, 1, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    const kp_hparams *hp = &m->hp;
+    static const kp_dtype kv[][2] = {{KP_DTYPE_Q8_0, KP_DTYPE_Q8_0}, {KP_DTYPE_Q4_0, KP_DTYPE_Q4_0},
+                                     {KP_DTYPE_Q8_0, KP_DTYPE_F16}, {KP_DTYPE_F32, KP_DTYPE_Q4_0},
+                                     {KP_DTYPE_F16, KP_DTYPE_F16}};
+    uint64_t budget = 1 << 20, f16_blocks = 0, q8_blocks = 0;
+    for (int i = 0; i < 5; i++) {
+        uint64_t row[2];
+        for (int h = 0; h < 2; h++) {
+            kp_dtype t = kv[i][h];
+            row[h] = t == KP_DTYPE_Q8_0 ? hp->head_dim / 32 * 34 : t == KP_DTYPE_Q4_0 ? hp->head_dim / 32 * 18
+                     : t == KP_DTYPE_F16 ? 2 * hp->head_dim : 4 * hp->head_dim;
+        }
+        uint64_t per = (uint64_t)hp->n_layer * hp->n_head_kv * (row[0] + row[1]);
+        CHECK_EQ_INT(kp_model_kv_bytes_per_token_kv(hp, kv[i][0], kv[i][1]), per);
+        kp_eng_config c = {kv[i][0], 16, budget, 256, false, NULL, kv[i][1]};
+        kp_engine *e = NULL;
+        CHECK_MSG(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK, "%s", err.msg);
+        if (!e) continue;
+        kp_eng_stats st;
+        kp_eng_get_stats(e, &st);
+        CHECK(st.kv_type == kv[i][0] && st.kv_type_v == kv[i][1]);
+        CHECK_EQ_INT(st.bytes_per_token, per);
+        CHECK_EQ_INT(st.block_bytes, 16 * per);
+        CHECK_EQ_INT(st.budget_bytes, budget / (16 * per) * 16 * per);
+        CHECK_EQ_INT(st.used_bytes, 0);
+        if (i == 0) q8_blocks = st.budget_bytes / st.block_bytes;
+        if (i == 4) f16_blocks = st.budget_bytes / st.block_bytes;
+        /* a prompt takes whole blocks of the new size */
+        int32_t t[40];
+        for (int k = 0; k < 40; k++) t[k] = k == 0 ? 1 : 7 + k;
+        kp_eng_seq s = {0};
+        float *l = malloc(hp->n_vocab * sizeof(float));
+        CHECK(kp_eng_prefill(e, t, 40, &s, l, NULL, &err) == KP_OK);
+        kp_eng_get_stats(e, &st);
+        CHECK_EQ_INT(st.used_bytes, 3 * 16 * per);
+        kp_eng_seq_abort(e, &s);
+        free(l);
+        kp_eng_free(e);
+    }
+    CHECK_MSG(q8_blocks * 34 >= f16_blocks * 64 - 64 * 34, "q8_0 %llu blocks, f16 %llu", (unsigned long long)q8_blocks,
+              (unsigned long long)f16_blocks);
     kp_pool_free(pool);
     kp_model_free(m);
 }
@@ -928,5 +1012,8 @@ int main(void) {
     RUN(test_generate_and_feeding);
     RUN(test_equal_stories);
     RUN(test_equal_qwen2_q8);
+    RUN(test_equal_qwen3_kv_q8_0);
+    RUN(test_equal_llama_kv_q4_0);
+    RUN(test_bill_kv_types);
     return harness_finish("engine");
 }

@@ -249,26 +249,39 @@ static int64_t now_s(void) {
 
 static void expire(kp_session *s) { kp_eng_expire(s->e, now_s()); }
 
+/* kp_kv_type <-> kp_dtype (the value is in the enum, checked by the caller). */
+static kp_dtype kv_dtype(kp_kv_type t) {
+    return t == KP_KV_F32 ? KP_DTYPE_F32 : t == KP_KV_Q8_0 ? KP_DTYPE_Q8_0 : t == KP_KV_Q4_0 ? KP_DTYPE_Q4_0 : KP_DTYPE_F16;
+}
+
+static kp_kv_type kv_api_type(kp_dtype t) {
+    return t == KP_DTYPE_F32 ? KP_KV_F32 : t == KP_DTYPE_Q8_0 ? KP_KV_Q8_0 : t == KP_DTYPE_Q4_0 ? KP_KV_Q4_0 : KP_KV_F16;
+}
+
 kp_rc kp_session_new(kp_session **out, const kp_lm *lm, const kp_session_params *p, kp_err *err) {
     if (!out) return fail(err, KP_RC_INVAL, "kp_session_new: out is NULL");
     *out = NULL;
     if (!lm) return fail(err, KP_RC_INVAL, "kp_session_new: no model");
     static const kp_session_params defaults = {0};
     if (!p) p = &defaults;
-    if (p->kv_type != KP_KV_F16 && p->kv_type != KP_KV_F32)
-        return fail(err, KP_RC_INVAL, "kv_type %d is neither KP_KV_F16 nor KP_KV_F32", (int)p->kv_type);
+    if (p->kv_type < KP_KV_F16 || p->kv_type > KP_KV_Q4_0)
+        return fail(err, KP_RC_INVAL, "kv_type %d is not a kp_kv_type (KP_KV_F16, F32, Q8_0 or Q4_0)",
+                    (int)p->kv_type);
+    if (p->kv_type_v_set && (p->kv_type_v < KP_KV_F16 || p->kv_type_v > KP_KV_Q4_0))
+        return fail(err, KP_RC_INVAL, "kv_type_v %d is not a kp_kv_type (KP_KV_F16, F32, Q8_0 or Q4_0)",
+                    (int)p->kv_type_v);
     if (p->n_ctx > (1u << 24)) return fail(err, KP_RC_RANGE, "n_ctx %u is over 2^24", p->n_ctx);
     if (p->kv_block > 4096) return fail(err, KP_RC_RANGE, "kv_block %u is over 4096", p->kv_block);
     if (p->n_threads > 1024) return fail(err, KP_RC_RANGE, "n_threads %d is over 1024", p->n_threads);
     const kp_hparams *hp = &lm->m->hp;
-    kp_dtype kv = p->kv_type == KP_KV_F32 ? KP_DTYPE_F32 : KP_DTYPE_F16;
+    kp_dtype kv = kv_dtype(p->kv_type), kvv = p->kv_type_v_set ? kv_dtype(p->kv_type_v) : kv;
     uint32_t block = p->kv_block ? p->kv_block : 16;
     uint32_t n_ctx = p->n_ctx ? p->n_ctx : hp->n_ctx_train && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
     uint64_t budget = p->kv_budget;
     if (!budget) { /* as `kvpin run --prompt-cache`: the context plus as much again, at most half of RAM */
         long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
         uint64_t half = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 2 : 0;
-        budget = 2 * ((uint64_t)n_ctx + block) * kp_model_kv_bytes_per_token(hp, kv);
+        budget = 2 * ((uint64_t)n_ctx + block) * kp_model_kv_bytes_per_token_kv(hp, kv, kvv);
         if (half && budget > half) budget = half;
     }
     kp_session *s = calloc(1, sizeof *s);
@@ -277,7 +290,7 @@ kp_rc kp_session_new(kp_session **out, const kp_lm *lm, const kp_session_params 
     s->n_ctx = n_ctx;
     s->prefix_cache = !p->no_prefix_cache;
     kp_error ie = {0};
-    kp_eng_config ec = {kv, block, budget, n_ctx, p->no_prefix_cache, NULL};
+    kp_eng_config ec = {kv, block, budget, n_ctx, p->no_prefix_cache, NULL, kvv};
     kp_status st = kp_pool_new(&s->pool, p->n_threads > 0 ? p->n_threads : kp_cpu_count(), &ie);
     if (st == KP_OK) st = kp_eng_new(&s->e, lm->m, s->pool, kp_kernels_best(), &ec, &ie);
     if (st == KP_OK) st = kp_crep_new(&s->crep, lm->v, 256, 4u << 20, &ie);
@@ -540,7 +553,8 @@ void kp_session_memory(kp_session *s, kp_memory *out) {
     kp_eng_stats st;
     kp_eng_get_stats(s->e, &st);
     out->prefix_cache = st.prefix_cache;
-    out->kv_type = st.kv_type == KP_DTYPE_F32 ? KP_KV_F32 : KP_KV_F16;
+    out->kv_type = kv_api_type(st.kv_type);
+    out->kv_type_v = kv_api_type(st.kv_type_v);
     out->block_tokens = st.block_size;
     out->bytes_per_token = st.bytes_per_token;
     out->budget_bytes = st.budget_bytes;

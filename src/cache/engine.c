@@ -111,11 +111,15 @@ struct kp_engine {
 kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_pool *threads, const kp_kernels *kernels,
                   const kp_eng_config *cfg, kp_error *err) {
     *out = NULL;
-    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 0, false, NULL};
+    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 0, false, NULL, KP_DTYPE_F16};
     if (cfg) c = *cfg;
     if (!c.block_size) c.block_size = 16;
     if (!c.max_pos) c.max_pos = m->hp.n_ctx_train && m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
-    uint64_t per_tok = kp_model_kv_bytes_per_token(&m->hp, c.kv_type);
+    kp_dtype vt = c.kv_type_v;
+    kp_status cst = kp_kvpool_check_type(c.kv_type, m->hp.head_dim, "K", err);
+    if (cst == KP_OK) cst = kp_kvpool_check_type(vt, m->hp.head_dim, "V", err);
+    if (cst != KP_OK) return cst;
+    uint64_t per_tok = kp_model_kv_bytes_per_token_kv(&m->hp, c.kv_type, vt);
     uint64_t block_bytes = per_tok * c.block_size;
     if (!c.budget_bytes) c.budget_bytes = ((uint64_t)c.max_pos + c.block_size - 1) / c.block_size * block_bytes;
     if (c.budget_bytes < block_bytes)
@@ -131,7 +135,7 @@ kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_pool *threads, const
     }
     kp_status st = KP_ENOMEM;
     kp_kvpool_config kc = {m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, c.kv_type, c.block_size,
-                           c.budget_bytes};
+                           c.budget_bytes, vt};
     if ((st = kp_kvpool_new(&e->kv, &kc, err)) != KP_OK) goto fail;
     if (!c.no_prefix_cache && (st = kp_pfx_new(&e->idx, e->kv, c.pfx, err)) != KP_OK) goto fail;
     if ((st = kp_forward_new(&e->fw, m, e->kv, threads, kernels, err)) != KP_OK) goto fail;
@@ -588,8 +592,9 @@ void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out) {
     uint64_t bb = kp_kvpool_block_bytes(e->kv);
     out->prefix_cache = e->idx != NULL;
     out->kv_type = kc->kv_type;
+    out->kv_type_v = kc->kv_type_v;
     out->block_size = kc->block_size;
-    out->bytes_per_token = kp_model_kv_bytes_per_token(&e->m->hp, kc->kv_type);
+    out->bytes_per_token = kp_model_kv_bytes_per_token_kv(&e->m->hp, kc->kv_type, kc->kv_type_v);
     out->block_bytes = bb;
     if (!e->idx) {
         uint32_t nb = kp_kvpool_n_blocks(e->kv);

@@ -49,12 +49,14 @@
 typedef struct kp_engine kp_engine;
 
 typedef struct {
-    kp_dtype kv_type;         /* KP_DTYPE_F32 or KP_DTYPE_F16 */
+    kp_dtype kv_type;         /* K rows: F32, F16, Q8_0 or Q4_0 */
     uint32_t block_size;      /* positions per KV block; 0: 16 */
     uint64_t budget_bytes;    /* KV pool budget; 0: room for max_pos positions */
     uint32_t max_pos;         /* longest sequence; 0: min(training context, 4096) */
     bool no_prefix_cache;     /* true: no index, every prompt is computed whole */
     const kp_pfx_config *pfx;    /* NULL: prefix.h's defaults */
+    kp_dtype kv_type_v;       /* V rows: F32, F16, Q8_0 or Q4_0; the last two (for K
+                                 too) need head_dim % 32 == 0, else KP_EINVAL */
 } kp_eng_config;
 
 /* A running sequence, owned by the caller and opaque to it. Start from
@@ -237,7 +239,7 @@ kp_status kp_eng_clear(kp_engine *e, kp_error *err);
  * Without a prefix cache the index fields are 0. */
 typedef struct {
     bool prefix_cache;          /* the engine has a prefix index */
-    kp_dtype kv_type;           /* KP_DTYPE_F16 or KP_DTYPE_F32 */
+    kp_dtype kv_type;           /* K rows' type: F16, F32, Q8_0 or Q4_0 */
     uint32_t block_size;        /* positions per KV block */
     uint64_t bytes_per_token;   /* K and V of one position over all layers */
     uint64_t block_bytes;       /* block_size * bytes_per_token */
@@ -259,6 +261,7 @@ typedef struct {
     uint64_t n_lookups;         /* prefills that consulted the index */
     uint64_t n_hits;            /* ... and reused at least one position */
     uint64_t reused_tokens;     /* positions those prefills reused */
+    kp_dtype kv_type_v;         /* V rows' type */
 } kp_eng_stats;
 
 /* Fills *out: O(pool blocks + index nodes), so a caller polling it should

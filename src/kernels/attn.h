@@ -38,7 +38,14 @@
  * sums, faster for single-token decode): still within float rounding of
  * the above, but no longer bitwise equal to a larger tile.
  *
- * exp is computed by the table's exp_row (the scalar table: expf). K and V rows are F32 or F16 (IEEE half).
+ * exp is computed by the table's exp_row (the scalar table: expf). K and V rows are F32 or F16 (IEEE half),
+ * or ggml's Q8_0 / Q4_0 blocks (tile_step_kv): a step decodes its K and V
+ * rows once into F32 rows (d * q, exactly; the same numbers
+ * kp_dequantize_row gives) and then runs the table's F32 step on them, so
+ * the query stays F32 (it is not quantized to Q8_0 as llama.cpp's CPU
+ * flash attention does: that would add a rounding of its own) and a
+ * quantized step is bitwise the F32 step on the dequantized rows, with
+ * every determinism property above.
  */
 #ifndef KP_ATTN_H
 #define KP_ATTN_H
@@ -46,6 +53,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "gguf/dtype.h"
 
 /* Most cached positions one tile step takes. */
 #define KP_ATTN_STEP 16
@@ -88,7 +97,8 @@ static inline __attribute__((always_inline)) void kp_attn_prefetch_next(const kp
     }
 }
 
-/* Workspace floats a tile of n_rows query rows needs, for every table. */
+/* Workspace floats a tile of n_rows query rows needs, for every table
+ * (with room for the F32 copies of a tile_step_kv step). */
 size_t kp_attn_tile_floats(int hd, int n_rows);
 
 typedef struct {
@@ -104,6 +114,13 @@ typedef struct {
     void (*tile_step_f32)(kp_attn_tile *t, const float *k, const float *v, int n_keys, int32_t key_pos);
     void (*tile_step_f16)(kp_attn_tile *t, const uint16_t *k, const uint16_t *v, int n_keys,
                           int32_t key_pos);
+    /* The same for rows of any KV type kt (K) and vt (V): F32, F16, Q8_0
+     * or Q4_0 (hd a multiple of 32 for the last two). Row j of K starts at
+     * (const char *)k + j * kp_dtype_row_size(kt, hd), likewise V. The
+     * rows are decoded to F32 and go through tile_step_f32: the same bits
+     * as tile_step_f32 on kp_dequantize_row's output. */
+    void (*tile_step_kv)(kp_attn_tile *t, const void *k, kp_dtype kt, const void *v, kp_dtype vt, int n_keys,
+                         int32_t key_pos);
     /* Writes row r's attention output, normalized, to out[(r / G) *
      * out_stride + (r % G) * hd .. + hd]. Every row must have seen at least
      * one position. */

@@ -434,11 +434,19 @@ AVX2 static void tile_step_f16_avx2(kp_attn_tile *t, const uint16_t *k, const ui
 }
 #undef TILE_STEP_BODY
 
+AVX2 static void kv_rows_avx2(kp_dtype t, const void *src, float *dst, int64_t n) { kv_to_f32_avx2(t, src, dst, n); }
+
+AVX2 static void tile_step_kv_avx2(kp_attn_tile *t, const void *k, kp_dtype kt, const void *v, kp_dtype vt,
+                                   int n_keys, int32_t key_pos) {
+    tile_step_kv_with(t, k, kt, v, vt, n_keys, key_pos, kv_rows_avx2, tile_step_f32_avx2);
+}
+
 const kp_attn_kernels kp_attn_avx2_kernels = {
     .name = "avx2",
     .tile_begin = tile_begin_avx2,
     .tile_step_f32 = tile_step_f32_avx2,
     .tile_step_f16 = tile_step_f16_avx2,
+    .tile_step_kv = tile_step_kv_avx2,
     .tile_end = tile_end_avx2,
     .tile_partial = tile_partial_avx2,
     .exp_row = exp_row_avx2,

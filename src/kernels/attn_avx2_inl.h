@@ -72,6 +72,7 @@
 #include <string.h>
 
 #include "kernels/attn.h"
+#include "kernels/tables.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
@@ -142,6 +143,71 @@ AVX2_INLINE __m256 load8_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loa
             for (int d_ = 0; d_ < (hd); d_ += 8)                                        \
                 _mm256_storeu_ps((dst) + (size_t)j_ * (hd) + d_, _mm256_setzero_ps());  \
     } while (0)
+
+/* ---- rows of any KV type as F32 (tile_step_kv) ---------------------------- */
+
+/* dst[0 .. n) = the n values of a Q8_0 row (n a multiple of 32): d * q in
+ * F32, one rounding-free multiply per value (d has 11 significant bits, q
+ * 8), the same numbers as kp_dequantize_row. */
+AVX2_INLINE void dq_q8_0_avx2(const uint8_t *src, float *dst, int64_t n) {
+    for (int64_t b = 0; b < n / 32; b++, src += 34, dst += 32) {
+        uint16_t dh;
+        memcpy(&dh, src, 2);
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(dh));
+        for (int i = 0; i < 4; i++) {
+            __m128i q = _mm_loadl_epi64((const __m128i *)(src + 2 + 8 * i));
+            _mm256_storeu_ps(dst + 8 * i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d));
+        }
+    }
+}
+
+/* The same for Q4_0: value j < 16 is the low nibble of byte j, value 16 + j
+ * its high nibble; x = d * (q - 8). */
+AVX2_INLINE void dq_q4_0_avx2(const uint8_t *src, float *dst, int64_t n) {
+    const __m128i lo4 = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+    for (int64_t b = 0; b < n / 32; b++, src += 18, dst += 32) {
+        uint16_t dh;
+        memcpy(&dh, src, 2);
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(dh));
+        __m128i qs = _mm_loadu_si128((const __m128i *)(src + 2));
+        __m128i lo = _mm_sub_epi8(_mm_and_si128(qs, lo4), eight);
+        __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(qs, 4), lo4), eight);
+        _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d));
+        _mm256_storeu_ps(dst + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d));
+        _mm256_storeu_ps(dst + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d));
+        _mm256_storeu_ps(dst + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d));
+    }
+}
+
+/* n values of a row of type t (F16, Q8_0 or Q4_0) into dst as F32. */
+AVX2_INLINE void kv_to_f32_avx2(kp_dtype t, const void *src, float *dst, int64_t n) {
+    if (t == KP_DTYPE_Q8_0) dq_q8_0_avx2(src, dst, n);
+    else if (t == KP_DTYPE_Q4_0) dq_q4_0_avx2(src, dst, n);
+    else {
+        const uint16_t *h = src;
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8_f16(h + i));
+        for (; i < n; i++) dst[i] = _cvtsh_ss(h[i]);
+    }
+}
+
+/* A table's tile_step_kv: F32 rows as they are, the others decoded by
+ * to_f32 into the tile's kv scratch (kp_attn_kv_scratch), then the table's
+ * F32 step. Inlined, so both calls go straight to the table's functions. */
+typedef void (*kv_to_f32_fn)(kp_dtype t, const void *src, float *dst, int64_t n);
+typedef void (*kv_step_f32_fn)(kp_attn_tile *t, const float *k, const float *v, int n_keys, int32_t key_pos);
+
+static inline __attribute__((always_inline)) void tile_step_kv_with(kp_attn_tile *t, const void *k, kp_dtype kt,
+                                                                  const void *v, kp_dtype vt, int n_keys,
+                                                                  int32_t key_pos, kv_to_f32_fn to_f32,
+                                                                  kv_step_f32_fn step_f32) {
+    float *kf = kp_attn_kv_scratch(t), *vf = kf + (size_t)KP_ATTN_STEP * t->hd;
+    int64_t n = (int64_t)n_keys * t->hd;
+    if (kt != KP_DTYPE_F32) to_f32(kt, k, kf, n);
+    if (vt != KP_DTYPE_F32) to_f32(vt, v, vf, n);
+    step_f32(t, kt == KP_DTYPE_F32 ? (const float *)k : kf, vt == KP_DTYPE_F32 ? (const float *)v : vf, n_keys,
+             key_pos);
+}
 
 /* ---- query-lane layout ---------------------------------------------------- */
 

@@ -298,6 +298,15 @@ AVX512 static void tile_step_f16_avx512(kp_attn_tile *t, const uint16_t *k, cons
 }
 #undef TILE_STEP_BODY
 
+/* Rows of any KV type to F32: the avx2 table's decoders (8 lanes; the
+ * decode is a small part of a step), then this table's F32 step. */
+AVX512 static void kv_rows_avx512(kp_dtype t, const void *src, float *dst, int64_t n) { kv_to_f32_avx2(t, src, dst, n); }
+
+AVX512 static void tile_step_kv_avx512(kp_attn_tile *t, const void *k, kp_dtype kt, const void *v, kp_dtype vt,
+                                       int n_keys, int32_t key_pos) {
+    tile_step_kv_with(t, k, kt, v, vt, n_keys, key_pos, kv_rows_avx512, tile_step_f32_avx512);
+}
+
 static void tile_begin_avx512(kp_attn_tile *t, const float *q, int64_t q_stride) {
     if (layout_of(t) == LAYOUT_LANES) lanes_begin(t, q, q_stride, GRAN_AVX512);
     else kp_attn_avx2_kernels.tile_begin(t, q, q_stride);
@@ -318,6 +327,7 @@ const kp_attn_kernels kp_attn_avx512_kernels = {
     .tile_begin = tile_begin_avx512,
     .tile_step_f32 = tile_step_f32_avx512,
     .tile_step_f16 = tile_step_f16_avx512,
+    .tile_step_kv = tile_step_kv_avx512,
     .tile_end = tile_end_avx512,
     .tile_partial = tile_partial_avx512,
     .exp_row = exp_row_avx512,

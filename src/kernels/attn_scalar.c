@@ -18,7 +18,14 @@
  *   ... + STEP*hd          STEP*hd   V rows of the step as F32 (F16 steps)
  *
  * kp_attn_tile_floats returns the largest size any table needs (the SIMD
- * layouts are drawn in attn_avx2_inl.h).
+ * layouts are drawn in attn_avx2_inl.h), plus, after it (from
+ * kp_attn_kv_scratch, every table):
+ *
+ *   core(hd, M)            STEP*hd   K rows of a tile_step_kv step as F32
+ *   ... + STEP*hd          STEP*hd   V rows of that step as F32
+ *
+ * core(hd, M) grows with M, so a workspace sized for more rows than a tile
+ * has still holds the tile's layout and scratch.
  */
 #include "kernels/attn.h"
 
@@ -30,7 +37,8 @@
 
 /* ---- tiles --------------------------------------------------------------- */
 
-size_t kp_attn_tile_floats(int hd, int n_rows) {
+/* What the layouts of every table take for n_rows rows. */
+static size_t tile_core_floats(int hd, int n_rows) {
     /* the AVX-512 query-lane layout is the largest: rows padded to a
      * multiple of 48 (at least 48), [hd][Mp] queries and sums, 4 per-row
      * vectors, [STEP][Mp] scores, [STEP][hd] K and V, each part rounded up
@@ -39,6 +47,12 @@ size_t kp_attn_tile_floats(int hd, int n_rows) {
     size_t h = (size_t)hd;
     return 2 * h * Mp + 4 * Mp + KP_ATTN_STEP * Mp + 2 * KP_ATTN_STEP * h + 16 * 12;
 }
+
+size_t kp_attn_tile_floats(int hd, int n_rows) {
+    return tile_core_floats(hd, n_rows) + 2 * KP_ATTN_STEP * (size_t)hd;
+}
+
+float *kp_attn_kv_scratch(const kp_attn_tile *t) { return t->ws + tile_core_floats(t->hd, t->n_tok * t->G); }
 
 typedef struct {
     int M;
@@ -112,6 +126,16 @@ static void tile_step_f16_c(kp_attn_tile *t, const uint16_t *k, const uint16_t *
     tile_step_f32_c(t, w.kf, w.vf, n_keys, key_pos);
 }
 
+/* K and V of a step of any KV type, as F32 (scalar table: kp_dequantize_row). */
+static void tile_step_kv_c(kp_attn_tile *t, const void *k, kp_dtype kt, const void *v, kp_dtype vt, int n_keys,
+                           int32_t key_pos) {
+    float *kf = kp_attn_kv_scratch(t), *vf = kf + (size_t)KP_ATTN_STEP * t->hd;
+    int64_t n = (int64_t)n_keys * t->hd;
+    if (kt != KP_DTYPE_F32) kp_dequantize_row(kt, k, kf, n);
+    if (vt != KP_DTYPE_F32) kp_dequantize_row(vt, v, vf, n);
+    tile_step_f32_c(t, kt == KP_DTYPE_F32 ? k : kf, vt == KP_DTYPE_F32 ? v : vf, n_keys, key_pos);
+}
+
 void kp_attn_rows_end(const float *o, const float *l, int M, int G, int hd, float *out, int64_t out_stride) {
     for (int r = 0; r < M; r++) {
         float inv = 1.0f / l[r];
@@ -152,6 +176,7 @@ const kp_attn_kernels kp_attn_scalar_kernels = {
     .tile_begin = tile_begin_c,
     .tile_step_f32 = tile_step_f32_c,
     .tile_step_f16 = tile_step_f16_c,
+    .tile_step_kv = tile_step_kv_c,
     .tile_end = tile_end_c,
     .tile_partial = tile_partial_c,
     .exp_row = exp_row_c,

@@ -36,6 +36,11 @@ void kp_quant_avx2_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n);
  * sizes that are not a multiple of 8. */
 extern const kp_attn_kernels kp_attn_scalar_kernels;
 
+/* attn_scalar.c: where a tile_step_kv step of tile t decodes its K rows
+ * (STEP * hd floats) and then its V rows (as many): inside t->ws, past
+ * what any table's layout of the tile uses. */
+float *kp_attn_kv_scratch(const kp_attn_tile *t);
+
 #if defined(__x86_64__)
 /* attn_avx2.c: AVX2 + FMA + F16C; also what the avx512 table does not redo. */
 extern const kp_attn_kernels kp_attn_avx2_kernels;

@@ -3,7 +3,9 @@
  *
  * Invariants: a block is on the free list iff its refcount is 0; the free
  * list is a stack of ids; memory is one allocation of n_blocks * block_bytes,
- * made once, so the budget is never exceeded.
+ * made once, so the budget is never exceeded. Run r of a (layer, head) pair
+ * hr = layer * n_head_kv + head: the K runs of that pair start at
+ * hr * n_blocks * (k_run + v_run), its V runs n_blocks * k_run later.
  */
 #include "kv/kvpool.h"
 
@@ -16,7 +18,8 @@
 struct kp_kvpool {
     kp_kvpool_config cfg;
     uint64_t block_bytes;
-    uint64_t head_bytes; /* bytes of one K (or V) run: block_size * head_dim * esize */
+    uint64_t k_run, v_run; /* bytes of one K (V) run: block_size * row bytes */
+    size_t k_row, v_row;   /* bytes of one K (V) row */
     uint32_t n_blocks;
     uint8_t *mem;
     uint32_t *refcount;
@@ -24,20 +27,35 @@ struct kp_kvpool {
     uint32_t n_free;
 };
 
+kp_status kp_kvpool_check_type(kp_dtype t, uint32_t head_dim, const char *what, kp_error *err) {
+    if (t != KP_DTYPE_F32 && t != KP_DTYPE_F16 && t != KP_DTYPE_Q8_0 && t != KP_DTYPE_Q4_0)
+        return kp_fail(err, KP_EINVAL, "%s cache type must be f32, f16, q8_0 or q4_0, not %s", what,
+                       kp_dtype_name(t));
+    if ((t == KP_DTYPE_Q8_0 || t == KP_DTYPE_Q4_0) && head_dim % 32)
+        return kp_fail(err, KP_EINVAL,
+                       "%s cache type %s stores blocks of 32 values, but the model's head_dim is %u "
+                       "(not a multiple of 32): use f16 or f32",
+                       what, t == KP_DTYPE_Q8_0 ? "q8_0" : "q4_0", head_dim);
+    return KP_OK;
+}
+
 kp_status kp_kvpool_new(kp_kvpool **out, const kp_kvpool_config *cfg, kp_error *err) {
     *out = NULL;
-    if (cfg->kv_type != KP_DTYPE_F32 && cfg->kv_type != KP_DTYPE_F16)
-        return kp_fail(err, KP_EINVAL, "KV type must be f32 or f16, not %s", kp_dtype_name(cfg->kv_type));
     if (cfg->block_size == 0 || cfg->block_size > 4096)
         return kp_fail(err, KP_EINVAL, "KV block size %u out of range 1..4096", cfg->block_size);
     if (!cfg->n_layer || !cfg->n_head_kv || !cfg->head_dim)
         return kp_fail(err, KP_EINVAL, "KV pool needs layers, heads and head_dim");
+    kp_status st = kp_kvpool_check_type(cfg->kv_type, cfg->head_dim, "K", err);
+    if (st == KP_OK) st = kp_kvpool_check_type(cfg->kv_type_v, cfg->head_dim, "V", err);
+    if (st != KP_OK) return st;
     kp_kvpool *p = calloc(1, sizeof *p);
     if (!p) return kp_fail(err, KP_ENOMEM, "out of memory creating the KV pool");
     p->cfg = *cfg;
-    uint64_t esize = kp_dtype_row_size(cfg->kv_type, 1);
-    p->head_bytes = (uint64_t)cfg->block_size * cfg->head_dim * esize;
-    p->block_bytes = p->head_bytes * 2 * cfg->n_layer * cfg->n_head_kv;
+    p->k_row = kp_dtype_row_size(p->cfg.kv_type, cfg->head_dim);
+    p->v_row = kp_dtype_row_size(p->cfg.kv_type_v, cfg->head_dim);
+    p->k_run = (uint64_t)cfg->block_size * p->k_row;
+    p->v_run = (uint64_t)cfg->block_size * p->v_row;
+    p->block_bytes = (p->k_run + p->v_run) * cfg->n_layer * cfg->n_head_kv;
     uint64_t nb = cfg->budget_bytes / p->block_bytes;
     if (nb == 0) {
         unsigned long long bb = p->block_bytes;
@@ -74,6 +92,8 @@ const kp_kvpool_config *kp_kvpool_config_of(const kp_kvpool *p) { return &p->cfg
 uint32_t kp_kvpool_n_blocks(const kp_kvpool *p) { return p->n_blocks; }
 uint32_t kp_kvpool_n_free(const kp_kvpool *p) { return p->n_free; }
 uint64_t kp_kvpool_block_bytes(const kp_kvpool *p) { return p->block_bytes; }
+size_t kp_kvpool_k_row_bytes(const kp_kvpool *p) { return p->k_row; }
+size_t kp_kvpool_v_row_bytes(const kp_kvpool *p) { return p->v_row; }
 
 kp_status kp_kvpool_alloc(kp_kvpool *p, int32_t *id, kp_error *err) {
     if (p->n_free == 0)
@@ -101,22 +121,27 @@ uint32_t kp_kvpool_refcount(const kp_kvpool *p, int32_t id) {
     return p->refcount[id];
 }
 
-/* Run r (= (layer * n_head_kv + head) * 2 + 0 for K, 1 for V) of block b. */
-static uint8_t *run_at(const kp_kvpool *p, uint64_t r, int32_t block) {
-    return p->mem + (r * p->n_blocks + (uint64_t)block) * p->head_bytes;
+/* The K (is_v false) or V run of (layer, head) pair hr of block b. */
+static uint8_t *run_at(const kp_kvpool *p, uint64_t hr, bool is_v, int32_t block) {
+    uint8_t *pair = p->mem + hr * p->n_blocks * (p->k_run + p->v_run);
+    return is_v ? pair + (uint64_t)p->n_blocks * p->k_run + (uint64_t)block * p->v_run
+                : pair + (uint64_t)block * p->k_run;
 }
 
 void kp_kvpool_copy(kp_kvpool *p, int32_t dst, int32_t src) {
-    uint64_t runs = (uint64_t)p->cfg.n_layer * p->cfg.n_head_kv * 2;
-    for (uint64_t r = 0; r < runs; r++) memcpy(run_at(p, r, dst), run_at(p, r, src), p->head_bytes);
+    uint64_t pairs = (uint64_t)p->cfg.n_layer * p->cfg.n_head_kv;
+    for (uint64_t hr = 0; hr < pairs; hr++) {
+        memcpy(run_at(p, hr, false, dst), run_at(p, hr, false, src), p->k_run);
+        memcpy(run_at(p, hr, true, dst), run_at(p, hr, true, src), p->v_run);
+    }
 }
 
 void *kp_kvpool_k(const kp_kvpool *p, int32_t block, uint32_t layer, uint32_t head) {
-    return run_at(p, ((uint64_t)layer * p->cfg.n_head_kv + head) * 2, block);
+    return run_at(p, (uint64_t)layer * p->cfg.n_head_kv + head, false, block);
 }
 
 void *kp_kvpool_v(const kp_kvpool *p, int32_t block, uint32_t layer, uint32_t head) {
-    return run_at(p, ((uint64_t)layer * p->cfg.n_head_kv + head) * 2 + 1, block);
+    return run_at(p, (uint64_t)layer * p->cfg.n_head_kv + head, true, block);
 }
 
 kp_status kp_kvseq_reserve(kp_kvseq *s, kp_kvpool *p, uint32_t n_pos, kp_error *err) {

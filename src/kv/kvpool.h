@@ -8,7 +8,7 @@
  * free list hands out low ids first) is one long stream per layer and head,
  * which the hardware prefetcher follows in decode:
  *
- *   pool (n_blocks blocks; a run = B * head_dim * esize bytes)
+ *   pool (n_blocks blocks; a K run = B * k_row bytes, a V run = B * v_row)
  *   +--------------------------------------------------------------------+
  *   | layer 0, head 0, K | run of block 0 | run of block 1 | ... | n-1   |
  *   | layer 0, head 0, V | run of block 0 | run of block 1 | ...         |
@@ -17,14 +17,20 @@
  *   | layer L-1, head H-1, V | ...                                       |
  *   +--------------------------------------------------------------------+
  *
- *   a run: K (or V) [pos 0..B-1][head_dim], the block's positions in order
- *   block_bytes = n_layer * n_head_kv * 2 * B * head_dim * esize
+ *   a run: K (or V) [pos 0..B-1][row], the block's positions in order
+ *   row: head_dim elements of the K (V) type: kp_dtype_row_size(type,
+ *        head_dim) bytes: 4 x head_dim (F32), 2 x head_dim (F16), or
+ *        head_dim / 32 ggml blocks (Q8_0: fp16 scale + 32 int8 = 34 bytes;
+ *        Q4_0: fp16 scale + 16 bytes of nibbles = 18 bytes), so a row is
+ *        exactly what ggml's quantize_row_q8_0 / q4_0 write for it
+ *   block_bytes = n_layer * n_head_kv * B * (k_row + v_row)
  *
  * Position p of a sequence lives in block table[p / B], row p % B.
  * Blocks are reference-counted so several sequences (and the prefix index)
  * can share them; a block returns to the free list when its count drops to
  * zero. A pool with no free block answers KP_EFULL: an expected state, not a
- * crash. Element type F32 or F16.
+ * crash. Element types F32, F16, Q8_0 or Q4_0, for K and V separately; the
+ * block types need head_dim a multiple of 32 (a clear KP_EINVAL otherwise).
  */
 #ifndef KP_KVPOOL_H
 #define KP_KVPOOL_H
@@ -39,15 +45,22 @@ typedef struct kp_kvpool kp_kvpool;
 
 typedef struct {
     uint32_t n_layer, n_head_kv, head_dim;
-    kp_dtype kv_type;      /* KP_DTYPE_F32 or KP_DTYPE_F16 */
+    kp_dtype kv_type;      /* K rows: F32, F16, Q8_0 or Q4_0 */
     uint32_t block_size;   /* positions per block, >= 1 */
     uint64_t budget_bytes; /* the pool holds floor(budget / block_bytes) blocks */
+    kp_dtype kv_type_v;    /* V rows: F32, F16, Q8_0 or Q4_0 */
 } kp_kvpool_config;
+/* KP_OK when t can hold K or V rows of head_dim elements; else KP_EINVAL
+ * with a message naming which (what "K" or "V") and why. */
+kp_status kp_kvpool_check_type(kp_dtype t, uint32_t head_dim, const char *what, kp_error *err);
 
 kp_status kp_kvpool_new(kp_kvpool **out, const kp_kvpool_config *cfg, kp_error *err);
 void kp_kvpool_free(kp_kvpool *p);
 
 const kp_kvpool_config *kp_kvpool_config_of(const kp_kvpool *p);
+/* Bytes of one cached K (V) row of head_dim elements. */
+size_t kp_kvpool_k_row_bytes(const kp_kvpool *p);
+size_t kp_kvpool_v_row_bytes(const kp_kvpool *p);
 uint32_t kp_kvpool_n_blocks(const kp_kvpool *p);
 uint32_t kp_kvpool_n_free(const kp_kvpool *p);
 uint64_t kp_kvpool_block_bytes(const kp_kvpool *p);
@@ -61,7 +74,8 @@ uint32_t kp_kvpool_refcount(const kp_kvpool *p, int32_t id);
 void kp_kvpool_copy(kp_kvpool *p, int32_t dst, int32_t src);
 
 /* Base of the K (or V) rows of (block, layer, kv_head): block_size rows of
- * head_dim elements of kv_type. */
+ * kp_kvpool_k_row_bytes (v_row_bytes) bytes each, row i at base + i * that.
+ * Quantized rows are byte arrays of ggml blocks (no alignment beyond 1). */
 void *kp_kvpool_k(const kp_kvpool *p, int32_t block, uint32_t layer, uint32_t head);
 void *kp_kvpool_v(const kp_kvpool *p, int32_t block, uint32_t layer, uint32_t head);
 

@@ -342,14 +342,14 @@ typedef struct {
  * KP_ATTN_STEP rows, so where steps start depends only on the positions:
  * a token gets the same steps alone (decode) as inside a tile (prefill). */
 static int64_t att_step_at(kp_forward *f, const kp_kvseq *s, uint32_t layer, uint32_t h, int64_t p, int64_t p1,
-                           size_t row_bytes, const void **k, const void **v) {
+                           const void **k, const void **v) {
     int64_t B = kp_kvpool_config_of(f->kv)->block_size;
     int64_t r = p % B, rn = KP_ATTN_STEP - r % KP_ATTN_STEP;
     if (rn > B - r) rn = B - r;
     if (rn > p1 - p) rn = p1 - p;
     int32_t blk = s->blocks[p / B];
-    *k = (const uint8_t *)kp_kvpool_k(f->kv, blk, layer, h) + (size_t)r * row_bytes;
-    *v = (const uint8_t *)kp_kvpool_v(f->kv, blk, layer, h) + (size_t)r * row_bytes;
+    *k = (const uint8_t *)kp_kvpool_k(f->kv, blk, layer, h) + (size_t)r * kp_kvpool_k_row_bytes(f->kv);
+    *v = (const uint8_t *)kp_kvpool_v(f->kv, blk, layer, h) + (size_t)r * kp_kvpool_v_row_bytes(f->kv);
     return rn;
 }
 
@@ -357,24 +357,29 @@ static int64_t att_step_at(kp_forward *f, const kp_kvseq *s, uint32_t layer, uin
  * through tile t, step by step. Each step is told the next step's rows
  * (t->next_*), which it prefetches while it computes: the blocks of a
  * sequence are scattered over the pool, which the hardware prefetcher
- * cannot guess. */
+ * cannot guess. K and V both F16 or both F32 take the table's own step
+ * for that type; any other pair (Q8_0, Q4_0, mixed) takes tile_step_kv. */
 static void att_stream(kp_forward *f, kp_attn_tile *t, const kp_kvseq *s, uint32_t layer, uint32_t h,
                        int64_t p0, int64_t p1) {
     const kp_attn_kernels *ak = f->ak;
-    bool f16 = kp_kvpool_config_of(f->kv)->kv_type == KP_DTYPE_F16;
-    size_t row_bytes = (size_t)t->hd * (f16 ? 2 : 4);
+    const kp_kvpool_config *kc = kp_kvpool_config_of(f->kv);
+    kp_dtype kt = kc->kv_type, vt = kc->kv_type_v;
+    int same = kt == vt ? (kt == KP_DTYPE_F16 ? 1 : kt == KP_DTYPE_F32 ? 2 : 0) : 0;
+    size_t kr = kp_kvpool_k_row_bytes(f->kv), vr = kp_kvpool_v_row_bytes(f->kv);
+    size_t row_bytes = kr > vr ? kr : vr; /* the prefetch hint covers the longer of the two */
     const void *k = NULL, *v = NULL;
-    int64_t rn = p0 < p1 ? att_step_at(f, s, layer, h, p0, p1, row_bytes, &k, &v) : 0;
+    int64_t rn = p0 < p1 ? att_step_at(f, s, layer, h, p0, p1, &k, &v) : 0;
     t->next_k = k, t->next_v = v, t->next_bytes = (size_t)rn * row_bytes;
     kp_attn_prefetch_next(t, 0, 1); /* the first step's rows, before it needs them */
     for (int64_t p = p0; p < p1;) {
         const void *kn = NULL, *vn = NULL;
-        int64_t pn = p + rn, nn = pn < p1 ? att_step_at(f, s, layer, h, pn, p1, row_bytes, &kn, &vn) : 0;
+        int64_t pn = p + rn, nn = pn < p1 ? att_step_at(f, s, layer, h, pn, p1, &kn, &vn) : 0;
         t->next_k = kn;
         t->next_v = vn;
         t->next_bytes = (size_t)nn * row_bytes;
-        if (f16) ak->tile_step_f16(t, k, v, (int)rn, (int32_t)p);
-        else ak->tile_step_f32(t, k, v, (int)rn, (int32_t)p);
+        if (same == 1) ak->tile_step_f16(t, k, v, (int)rn, (int32_t)p);
+        else if (same == 2) ak->tile_step_f32(t, k, v, (int)rn, (int32_t)p);
+        else ak->tile_step_kv(t, k, kt, v, vt, (int)rn, (int32_t)p);
         p = pn, k = kn, v = vn, rn = nn;
     }
 }
@@ -535,7 +540,7 @@ static kp_status probe_capture(kp_forward *f, const kp_batch *b, uint32_t layer,
     int t = b->n_tokens - 1, hd = (int)hp->head_dim;
     int kvh = f->probe_head / (int)(hp->n_head / hp->n_head_kv);
     int32_t n_pos = b->pos[t] + 1;
-    if (!kp_grow((void **)&f->probe, &f->probe_cap, (size_t)n_pos, sizeof(float)))
+    if (!kp_grow((void **)&f->probe, &f->probe_cap, (size_t)n_pos + (size_t)hd, sizeof(float)))
         return kp_fail(err, KP_ENOMEM, "out of memory for the attention probe");
     const kp_kvseq *s = b->seqs[b->seq[t]];
     const float *qv = f->q + (size_t)t * hp->n_head * hd + (size_t)f->probe_head * hd;
@@ -543,9 +548,16 @@ static kp_status probe_capture(kp_forward *f, const kp_batch *b, uint32_t layer,
     for (int32_t p = 0; p < n_pos; p++) {
         const uint8_t *kb = kp_kvpool_k(f->kv, s->blocks[p / kc->block_size], layer, (uint32_t)kvh);
         size_t off = (size_t)(p % kc->block_size) * hd;
-        float d = kc->kv_type == KP_DTYPE_F16
-                      ? f->k->dot_f32_f16(hd, qv, (const uint16_t *)kb + off)
-                      : f->k->dot_f32(hd, qv, (const float *)kb + off);
+        float d;
+        if (kc->kv_type == KP_DTYPE_F16) {
+            d = f->k->dot_f32_f16(hd, qv, (const uint16_t *)kb + off);
+        } else if (kc->kv_type == KP_DTYPE_F32) {
+            d = f->k->dot_f32(hd, qv, (const float *)kb + off);
+        } else { /* a quantized row, decoded past the probe's n_pos weights */
+            float *kf = f->probe + n_pos;
+            kp_dequantize_row(kc->kv_type, kb + (size_t)(p % kc->block_size) * kp_kvpool_k_row_bytes(f->kv), kf, hd);
+            d = f->k->dot_f32(hd, qv, kf);
+        }
         f->probe[p] = d * scale;
         mx = f->probe[p] > mx ? f->probe[p] : mx;
     }
@@ -589,6 +601,16 @@ static kp_status validate(kp_forward *f, const kp_batch *b, kp_error *err) {
     return KP_OK;
 }
 
+/* One K or V row of hd floats into the pool as type t: F32 copied, F16
+ * rounded to nearest even, Q8_0 / Q4_0 by ggml's reference quantizers
+ * (kp_quantize_row: round to nearest, the bytes llama.cpp's KV copy writes
+ * for Q4_0, and for Q8_0 up to how exact ties round). */
+static void store_row(kp_dtype t, const float *x, uint8_t *dst, size_t hd) {
+    if (t == KP_DTYPE_F16) kp_fp32_to_fp16_row(x, (uint16_t *)dst, (int64_t)hd);
+    else if (t == KP_DTYPE_F32) memcpy(dst, x, hd * sizeof(float));
+    else kp_quantize_row(t, x, dst, (int64_t)hd);
+}
+
 static void store_kv(kp_forward *f, const kp_batch *b, uint32_t layer) {
     const kp_hparams *hp = &f->m->hp;
     const kp_kvpool_config *kc = kp_kvpool_config_of(f->kv);
@@ -596,16 +618,13 @@ static void store_kv(kp_forward *f, const kp_batch *b, uint32_t layer) {
     for (int t = 0; t < b->n_tokens; t++) {
         const kp_kvseq *s = b->seqs[b->seq[t]];
         int32_t blk = s->blocks[b->pos[t] / kc->block_size];
-        size_t row = (size_t)(b->pos[t] % kc->block_size) * hd;
+        size_t ri = (size_t)(b->pos[t] % kc->block_size);
         for (uint32_t h = 0; h < hp->n_head_kv; h++) {
             const float *ks = f->kk + t * KVd + h * hd, *vs = f->vv + t * KVd + h * hd;
-            if (kc->kv_type == KP_DTYPE_F16) {
-                kp_fp32_to_fp16_row(ks, (uint16_t *)kp_kvpool_k(f->kv, blk, layer, h) + row, (int64_t)hd);
-                kp_fp32_to_fp16_row(vs, (uint16_t *)kp_kvpool_v(f->kv, blk, layer, h) + row, (int64_t)hd);
-            } else {
-                memcpy((float *)kp_kvpool_k(f->kv, blk, layer, h) + row, ks, hd * sizeof(float));
-                memcpy((float *)kp_kvpool_v(f->kv, blk, layer, h) + row, vs, hd * sizeof(float));
-            }
+            store_row(kc->kv_type, ks, (uint8_t *)kp_kvpool_k(f->kv, blk, layer, h) + ri * kp_kvpool_k_row_bytes(f->kv),
+                      hd);
+            store_row(kc->kv_type_v, vs,
+                      (uint8_t *)kp_kvpool_v(f->kv, blk, layer, h) + ri * kp_kvpool_v_row_bytes(f->kv), hd);
         }
     }
 }

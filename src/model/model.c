@@ -44,8 +44,12 @@ const char *kp_arch_name(kp_arch a) {
 }
 
 uint64_t kp_model_kv_bytes_per_token(const kp_hparams *hp, kp_dtype kv_type) {
-    return 2ull * hp->n_layer * hp->n_head_kv * hp->head_dim *
-           kp_dtype_row_size(kv_type, 1);
+    return kp_model_kv_bytes_per_token_kv(hp, kv_type, kv_type);
+}
+
+uint64_t kp_model_kv_bytes_per_token_kv(const kp_hparams *hp, kp_dtype k_type, kp_dtype v_type) {
+    return (uint64_t)hp->n_layer * hp->n_head_kv *
+           (kp_dtype_row_size(k_type, hp->head_dim) + kp_dtype_row_size(v_type, hp->head_dim));
 }
 
 static kp_status get_weight(const kp_model *m, const char *name, int64_t n_in, int64_t n_out,

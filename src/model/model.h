@@ -80,8 +80,13 @@ kp_status kp_model_from_gguf(kp_model **out, kp_gguf *g, kp_error *err);
 
 void kp_model_free(kp_model *m);
 
-/* KV bytes per token: 2 x n_layer x n_head_kv x head_dim x bytes(kv_type). */
+/* KV bytes per token: 2 x n_layer x n_head_kv x head_dim x bytes(kv_type),
+ * where a block type's bytes per value are its block size over 32 (Q8_0:
+ * 34/32, Q4_0: 18/32); 0 when head_dim is not a multiple of the block. */
 uint64_t kp_model_kv_bytes_per_token(const kp_hparams *hp, kp_dtype kv_type);
+/* The same with K and V of their own types: n_layer x n_head_kv x
+ * (row bytes of head_dim K values + row bytes of head_dim V values). */
+uint64_t kp_model_kv_bytes_per_token_kv(const kp_hparams *hp, kp_dtype k_type, kp_dtype v_type);
 
 const char *kp_arch_name(kp_arch a);
 
