@@ -77,6 +77,19 @@ check "info KV bill F16" grep -q "F16: 2 x 2 layers x 2 kv-heads x 64 head_dim x
 "$KVPIN" kv -m tests/data/models/gen-llama-gqa-q8_0.gguf --ctx 1000 >"$T/kv.txt"
 check "kv per token" grep -q "^per token:  1024 bytes" "$T/kv.txt"
 check "kv total" grep -q "1000 tokens -> .*(1024000 bytes)" "$T/kv.txt"
+# the quantized KV types: blocks of 32 values, q8_0 34 bytes, q4_0 18 (2 x 2 x 2 x 64 = 512 values a token)
+check "info KV bill Q8_0" grep -q "Q8_0: 2 x 2 layers x 2 kv-heads x 64 head_dim x 34/32 bytes = $((512 / 32 * 34)) bytes/token" "$T/info.txt"
+check "info KV bill Q4_0" grep -q "Q4_0: 2 x 2 layers x 2 kv-heads x 64 head_dim x 18/32 bytes = $((512 / 32 * 18)) bytes/token" "$T/info.txt"
+"$KVPIN" kv -m tests/data/models/gen-qwen3-f16.gguf --ctx 1000 --kv-type-k q8_0 --kv-type-v q4_0 >"$T/kv.txt"
+check "kv per token, K q8_0 and V q4_0" grep -q "^per token:  $((256 / 32 * 34 + 256 / 32 * 18)) bytes" "$T/kv.txt"
+"$KVPIN" run -m tests/data/models/gen-qwen3-f16.gguf -p "Once upon a time" --temp 0 -n 4 --kv-type q8_0 -t 1 \
+    >"$T/out.txt" 2>"$T/err.txt"
+check "run --kv-type q8_0 bills 34/32 bytes a value" grep -q "positions x $((512 / 32 * 34)) bytes (2 x 2 x 2 x 64 x 34/32)" "$T/err.txt"
+"$KVPIN" run -m $M -p "Once" -n 2 --kv-type q4_0 >"$T/out.txt" 2>"$T/err.txt"
+check "q4_0 KV on head_dim 8: exit 1" [ $? -eq 1 ]
+check "q4_0 KV on head_dim 8: the message says why" grep -q "head_dim is 8 (not a multiple of 32)" "$T/err.txt"
+"$KVPIN" run -m $M -p "Once" -n 2 --kv-type q5_0 >"$T/out.txt" 2>"$T/err.txt"
+check "an unknown KV type: exit 2" [ $? -eq 2 ]
 "$KVPIN" info -m tests/data/vocab/ggml-vocab-gpt-2.gguf >"$T/info.txt" 2>&1
 check "info on a vocabulary-only file" grep -q "tokenizer:     gpt2, pre-tokenizer gpt-2, 50257 tokens, 50000 merges" "$T/info.txt"
 
