@@ -298,13 +298,51 @@ static void golden_kvq_case(const kvq_spread *sp, const char *prompt, kp_dtype k
         case_rel = rel > case_rel ? rel : case_rel;
     }
     CHECK_MSG(case_rel <= rel_tol, "%s: rel_l2 %.3g (tol %.3g)", name, case_rel, rel_tol);
+    /* The tolerance alone would pass an unquantized cache too (llama.cpp's
+     * spread is below it), so: kvpin's logits with this KV type are as far
+     * from its own with F16 K/V as llama.cpp's spread says (at least a
+     * quarter of it), and for q4_0, whose spread is wide, closer to
+     * llama.cpp's q4_0 run than to kvpin's F16 one: where llama.cpp
+     * quantizes the same values, i.e. head_dim 32. With a quantized cache
+     * llama.cpp (since its PR #21038) rotates Q, K and V by a Hadamard
+     * matrix of 64 before storing them, so for head_dim 64 its blocks hold
+     * other values than kvpin's and the two quantization errors are
+     * independent (at position 0, where attention returns V itself,
+     * kvpin's logits agree with llama.cpp's to 1e-4 for head_dim 32 and differ
+     * by the full quantization error for 64). */
+    double own_rel = 0;
+    {
+        rig r16;
+        float *l16 = malloc((size_t)n * n_vocab * sizeof(float));
+        kp_kvseq s16 = {0};
+        snprintf(path, sizeof path, "tests/data/models/%s.gguf", sp->model);
+        if (rig_open(&r16, harness_path(path), KP_DTYPE_F16, (uint32_t)n + 1, 2, NULL) &&
+            feed(&r16, &s16, toks, n, true, l16)) {
+            for (int p = 0; p < n; p++) {
+                double ignored = 0;
+                double rel = logits_rel_l2(logits + (size_t)p * n_vocab, l16 + (size_t)p * n_vocab, n_vocab, &ignored);
+                own_rel = rel > own_rel ? rel : own_rel;
+            }
+            kp_kvseq_release(&s16, r16.kv);
+            rig_close(&r16);
+        } else {
+            CHECK_MSG(false, "%s: no F16 run", name);
+        }
+        free(l16);
+    }
+    double spread = kv == KP_DTYPE_Q8_0 ? sp->q8_rel : sp->q4_rel;
+    CHECK_MSG(own_rel >= 0.25 * spread, "%s: %s vs F16 K/V rel_l2 %.3g, llama.cpp's spread %.3g", name, tname, own_rel,
+              spread);
+    if (kv == KP_DTYPE_Q4_0 && r.m->hp.head_dim < 64)
+        CHECK_MSG(case_rel < own_rel, "%s: rel_l2 %.3g to llama.cpp's q4_0, %.3g to kvpin's F16", name, case_rel,
+                  own_rel);
     int ti = kv == KP_DTYPE_Q8_0 ? 0 : 1;
     if (case_rel > kvq_worst_rel[ti]) kvq_worst_rel[ti] = case_rel;
     float *last = malloc(n_vocab * sizeof(float));
     memcpy(last, logits + (size_t)(n - 1) * n_vocab, n_vocab * sizeof(float));
     int checked = teacher_forced(&r, &seq, toks, n, ng, jm, margin_min, last, n_vocab, name);
-    printf("  %s: rel_l2 %.3g (tol %.3g), max_abs %.3g; greedy steps checked %d of %d\n", name, case_rel, rel_tol,
-           case_abs, checked, ng);
+    printf("  %s: rel_l2 %.3g (tol %.3g), max_abs %.3g; vs kvpin F16 K/V %.3g; greedy steps checked %d of %d\n",
+           name, case_rel, rel_tol, case_abs, own_rel, checked, ng);
     kvq_checked += checked;
     kvq_steps += ng;
     kp_kvseq_release(&seq, r.kv);
