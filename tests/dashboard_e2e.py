@@ -15,6 +15,10 @@ and the responses said:
     kvpin_cache snippets, and the marked bytes are exactly the characters
     where the two prompts differ (from the test's own two texts);
   - per-minute buckets sum to the responses' reused and computed tokens;
+  - a node's whole text (GET /v1/cache/node/CHAIN, and the page opened
+    with #node=CHAIN, as a click shows it) is the text of a prompt the test
+    sent and its answer, up to where the node ends; an unknown chain is a
+    404, a malformed one a 400;
   - with --api-key: no key asks for one, a wrong key says so, the right key
     (from #key= or the form) shows the bill;
   - --no-dashboard: GET / is a 404, the JSON stays.
@@ -227,7 +231,68 @@ def check_page(srv):
             ok(s and s[0].all_text() == rep[snip], "%s: %r vs kvpin_cache %r" % (cls, s and s[0].all_text(), rep[snip]))
             ok(len(marks) == 1 and marks[0].all_text() == diff_run(mine, other),
                "%s marks %r, the prompts differ in %r" % (cls, marks and marks[0].all_text(), diff_run(mine, other)))
-    return shot("http://127.0.0.1:%d/" % srv.port, "dashboard.png")
+    sel = check_node(srv, ev, resps, [a, b])
+    return shot("http://127.0.0.1:%d/%s" % (srv.port, "#node=" + sel if sel else ""), "dashboard.png")
+
+
+def chain(nodes, i):
+    firsts = []
+    while i >= 0:
+        firsts.insert(0, str(nodes[i]["first"]))
+        i = nodes[i]["parent"]
+    return ".".join(firsts)
+
+
+def check_node(srv, ev, resps, timestamped):
+    """Every leaf's whole path text is one sent prompt + the start of its
+    answer (the index holds prompt + answer but the last answer token); the
+    page opened at the deepest leaf shows that text."""
+    nodes = ev["tree"]["nodes"]
+    sent = []
+    prompt = "User: Tell me a story about a cat.\nAssistant:"
+    for j in resps[:3]:
+        sent.append((prompt, j["choices"][0]["text"]))
+        prompt = prompt + j["choices"][0]["text"] + "\nUser: And then?\nAssistant:"
+    sent += [(t, j["choices"][0]["text"]) for t, j in zip(timestamped, resps[3:])]
+    # how a path's text starts before a prompt: the BOS token's text and the
+    # tokenizer's own leading space, as the server writes "x" tokenized
+    st, _, tj = srv.post("/tokenize", {"content": "x", "add_special": True})
+    st2, _, dj = srv.post("/detokenize", {"tokens": tj["tokens"]})
+    lead = dj["content"][:-1] if st == st2 == 200 and dj["content"].endswith("x") else ""
+    leaves = [i for i, n in enumerate(nodes) if n["children"] == 0]
+    deepest, best = None, -1
+    for i in leaves:
+        st, j = srv.get("/v1/cache/node/" + chain(nodes, i))
+        ok(st == 200 and j["start"] == nodes[i]["start"] and j["end"] == nodes[i]["end"],
+           "node %d by its chain: %d %s" % (i, st, st == 200 and (j["start"], j["end"])))
+        if st != 200:
+            continue
+        full = j["before"] + j["text"]
+        text = full[len(lead):] if full.startswith(lead) else full
+        match = [p for p, ans in sent if text.startswith(p) and (p + ans).startswith(text)]
+        ok(len(match) >= 1, "leaf %d's text is a sent prompt + the start of its answer: %r %r" % (i, full[:40], lead))
+        if j["end"] > best:
+            deepest, best, want = i, j["end"], j
+    st, _, _ = srv.request("GET", "/v1/cache/node/99999999")
+    ok(st in (400, 404), "a chain of no node: %d" % st)
+    st, _, _ = srv.request("GET", "/v1/cache/node/" + str(nodes[0]["first"]) + ".999999999999999999999")
+    ok(st == 400, "a chain with an id out of range: %d" % st)
+    st, _, _ = srv.request("GET", "/v1/cache/node/1..2")
+    ok(st == 400, "a malformed chain: %d" % st)
+    # an id of the vocabulary that starts no child of the root: 404
+    firsts = {n["first"] for n in nodes if n["parent"] < 0}
+    free = next(t for t in range(5, 100) if t not in firsts)
+    st, _, body = srv.request("GET", "/v1/cache/node/%d" % free)
+    ok(st == 404 and b"node_not_found" in body, "an unknown chain: %d %r" % (st, body[:120]))
+    if deepest is None:
+        return None
+    dom = load("http://127.0.0.1:%d/#node=%s" % (srv.port, chain(nodes, deepest)))
+    mark, before = dom.by_id("node-text"), dom.by_id("node-before")
+    ok(mark is not None and mark.all_text() == want["text"] and mark.attrs.get("data-end") == str(want["end"]),
+       "the page shows the selected node's whole text (%r)" % (mark and mark.all_text()[:60]))
+    ok(want["start"] == 0 or (before is not None and before.all_text() == want["before"]),
+       "... and the path before it")
+    return chain(nodes, deepest)
 
 
 def check_key():

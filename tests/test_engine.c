@@ -296,6 +296,65 @@ static void test_reuse_counts(void) {
     kp_model_free(m);
 }
 
+/* kp_eng_node_path finds every node kp_eng_tree draws by its chain of
+ * first tokens, and its path is a prefix of a sequence that was indexed
+ * (the tokens the test itself inserted). */
+static void test_node_path(void) {
+    kp_error err = {0};
+    kp_model *m;
+    kp_pool *pool;
+    if (!load_stories(&m, &pool)) return;
+    kp_engine *e = NULL;
+    CHECK(kp_eng_new(&e, m, pool, NULL, NULL, &err) == KP_OK);
+    enum { N = 48, K = 5 };
+    int32_t seqs[K][N];
+    uint32_t lens[K];
+    rng_state = 0x51ed270b27a1c0ffull;
+    for (int k = 0; k < K; k++) {
+        lens[k] = 8 + rnd(N - 8);
+        for (uint32_t i = 0; i < lens[k]; i++) seqs[k][i] = i == 0 ? 1 : 100 + (int32_t)i;
+        /* each later sequence leaves the earlier ones somewhere */
+        if (k > 0) seqs[k][1 + rnd(lens[k] - 1)] = 200 + k;
+        kp_eng_seq s = {0};
+        kp_eng_report r;
+        CHECK(kp_eng_prefill(e, seqs[k], lens[k], &s, NULL, &r, &err) == KP_OK);
+        CHECK(kp_eng_finish(e, &s, seqs[k], lens[k], NULL, &err) == KP_OK);
+    }
+    kp_eng_node nodes[64];
+    uint32_t n = 0;
+    CHECK(kp_eng_tree(e, nodes, 64, &n, &err) == KP_OK && n >= 2);
+    for (uint32_t i = 0; i < n; i++) {
+        int32_t chain[64], path[N];
+        uint32_t depth = 0;
+        for (int32_t j = (int32_t)i; j >= 0; j = nodes[j].parent) depth++;
+        uint32_t d = depth;
+        for (int32_t j = (int32_t)i; j >= 0; j = nodes[j].parent) chain[--d] = nodes[j].head[0];
+        uint32_t start = 99, end = 99;
+        CHECK(kp_eng_node_path(e, chain, depth, path, N, &start, &end, &err) == KP_OK);
+        CHECK(start == nodes[i].start && end == nodes[i].end);
+        bool prefix_of_one = false;
+        for (int k = 0; k < K && !prefix_of_one; k++)
+            prefix_of_one = end <= lens[k] && !memcmp(path, seqs[k], end * sizeof *path);
+        CHECK_MSG(prefix_of_one, "node %u's path is no indexed sequence's prefix", i);
+        CHECK(!memcmp(path + start, nodes[i].head, nodes[i].n_head * sizeof *path));
+        /* a short buffer gets the path's start, the lengths stay true */
+        int32_t few[3] = {-1, -1, -1};
+        CHECK(kp_eng_node_path(e, chain, depth, few, 2, &start, &end, &err) == KP_OK);
+        CHECK(end == nodes[i].end && few[0] == path[0] && few[2] == -1);
+    }
+    int32_t none[2] = {1, 31999}, path[N];
+    uint32_t start, end;
+    CHECK(kp_eng_node_path(e, none, 2, path, N, &start, &end, &err) == KP_ENOTFOUND && end == 0);
+    CHECK(kp_eng_node_path(e, none, 0, path, N, &start, &end, &err) == KP_EINVAL);
+    kp_eng_free(e);
+    kp_eng_config c = {KP_DTYPE_F32, 16, 0, 0, true, NULL};
+    CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
+    CHECK(kp_eng_node_path(e, none, 1, path, N, &start, &end, &err) == KP_ENOTFOUND);
+    kp_eng_free(e);
+    kp_pool_free(pool);
+    kp_model_free(m);
+}
+
 /* A budget of about one sequence: the second prompt shares 20 tokens with a
  * cached 96-token sequence, whose single node its lease holds; the engine
  * must drop its own hold to evict the node's tail, and still compute what
@@ -1007,6 +1066,7 @@ int main(void) {
     RUN(test_batched_equals_alone);
     RUN(test_budget_of_one_sequence);
     RUN(test_reuse_counts);
+    RUN(test_node_path);
     RUN(test_cache_operations);
     RUN(test_room_for);
     RUN(test_generate_and_feeding);

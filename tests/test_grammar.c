@@ -399,8 +399,14 @@ static void test_schema_whitespace(void) {
 static void test_schema_errors(void) {
     static const errcase cases[] = {
         {"{\"type\":\"string\",\"pattern\":\"a+\"}", KP_EUNSUPPORTED, "unsupported keyword 'pattern' at #"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":0}}}", KP_EUNSUPPORTED,
-         "unsupported keyword 'minimum' at #/properties/a"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"minimum\":0.5}}}", KP_EUNSUPPORTED,
+         "a fractional 'minimum' (0.5) is not supported for numbers"},
+        {"{\"type\":\"integer\",\"minimum\":3,\"maximum\":2}", KP_EINVAL, "no integer is at least 3 and at most 2"},
+        {"{\"type\":\"integer\",\"minimum\":2.2,\"maximum\":2.8}", KP_EINVAL, "no integer"},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":1,\"maximum\":1}", KP_EINVAL, "no number is above 1"},
+        {"{\"type\":\"number\",\"minimum\":\"1\"}", KP_EINVAL, "'minimum' must be a number"},
+        {"{\"type\":\"number\",\"exclusiveMaximum\":true}", KP_EINVAL, "needs 'maximum' beside it"},
+        {"{\"type\":\"integer\",\"minimum\":1e19}", KP_EUNSUPPORTED, "bounds beyond"},
         {"{\"type\":\"array\",\"items\":{\"multipleOf\":2}}", KP_EUNSUPPORTED, "'multipleOf' at #/items"},
         {"{\"anyOf\":[{\"type\":\"null\"},{\"not\":{}}]}", KP_EUNSUPPORTED, "'not' at #/anyOf/1"},
         {"{\"$defs\":{\"x\":{\"uniqueItems\":true}},\"$ref\":\"#/$defs/x\"}", KP_EUNSUPPORTED,
@@ -606,6 +612,16 @@ static bool validate(const json_t *v, const json_t *s, const json_t *root, int d
             any = type_is(v, json_string_value(json_array_get(x, i)));
         if (!any) return false;
     }
+    if (json_is_number(v)) {
+        double d = json_number_value(v);
+        const json_t *em = json_object_get(s, "exclusiveMinimum"), *eM = json_object_get(s, "exclusiveMaximum");
+        if ((x = json_object_get(s, "minimum")) && (json_is_true(em) ? d <= json_number_value(x) : d < json_number_value(x)))
+            return false;
+        if ((x = json_object_get(s, "maximum")) && (json_is_true(eM) ? d >= json_number_value(x) : d > json_number_value(x)))
+            return false;
+        if (json_is_number(em) && d <= json_number_value(em)) return false;
+        if (json_is_number(eM) && d >= json_number_value(eM)) return false;
+    }
     if (json_is_string(v)) {
         size_t n = cp_count(json_string_value(v), json_string_length(v));
         if ((x = json_object_get(s, "minLength")) && n < (size_t)json_integer_value(x)) return false;
@@ -641,6 +657,80 @@ static bool validate(const json_t *v, const json_t *s, const json_t *root, int d
     return true;
 }
 
+/* Numeric bounds, against arithmetic: for ranges at and across zero, with
+ * every mix of exclusive ends, a document is complete iff its value is in
+ * the range (spellings of zero with a minus sign aside: the grammar writes
+ * zero as "0", JSON also allows "-0"); integers also by exhaustion around
+ * both ends, and every integer's one spelling. */
+static void test_schema_ranges(void) {
+    kp_gvocab *gv = tiny_vocab();
+    static const long long ends[][2] = {{0, 0}, {0, 1}, {1, 5}, {-1, 1}, {-5, 0}, {-12, -3}, {7, 342}, {0, 100},
+                                        {-1000, 999}, {99, 1000}, {-9007199254740991LL, 9007199254740991LL}};
+    static const char *const fracs[] = {"", ".0", ".000", ".5", ".0001", ".9999", ".10", ".000001"};
+    int checked = 0;
+    for (size_t ri = 0; gv && ri < sizeof ends / sizeof ends[0]; ri++) {
+        long long lo = ends[ri][0], hi = ends[ri][1];
+        for (int mode = 0; mode < 8; mode++) {
+            bool integer = mode & 4, le = mode & 1, he = mode & 2;
+            char schema[256];
+            snprintf(schema, sizeof schema, "{\"type\":\"%s\",\"%s\":%lld,\"%s\":%lld}",
+                     integer ? "integer" : "number", le ? "exclusiveMinimum" : "minimum", lo,
+                     he ? "exclusiveMaximum" : "maximum", hi);
+            bool any = integer ? lo + le <= hi - he : (lo < hi || (!le && !he));
+            json_t *sj = json_loads(schema, 0, NULL);
+            kp_grammar *g = NULL;
+            kp_error err = {0};
+            kp_status st = kp_grammar_compile_schema(sj, NULL, &g, &err);
+            json_decref(sj);
+            CHECK_MSG(any ? st == KP_OK : st == KP_EINVAL, "%s: %d %s", schema, st, err.msg);
+            if (!g) continue;
+            long long span = hi - lo > 40 ? 40 : hi - lo;
+            long long probes[2][2] = {{lo - 25, lo + span + 25}, {hi - span - 25, hi + 25}};
+            for (int side = 0; side < 2; side++)
+                for (long long x = probes[side][0]; x <= probes[side][1]; x++) {
+                    for (size_t fi = 0; fi < sizeof fracs / sizeof fracs[0]; fi++) {
+                        if (integer && fi > 0) break;
+                        if (fi > 0 && (x > 1000000000000LL || x < -1000000000000LL)) break; /* past double's digits */
+                        char doc[64];
+                        /* x + frac as a decimal: for x < 0 the fraction lowers it, -3.5 */
+                        snprintf(doc, sizeof doc, "%lld%s", x, fracs[fi]);
+                        if (x == 0 && fi > 0 && side == 0) snprintf(doc, sizeof doc, "-0%s", fracs[fi]);
+                        double v = strtod(doc, NULL);
+                        bool negzero = doc[0] == '-' && v == 0;
+                        if (negzero) continue;
+                        bool in = (le ? v > (double)lo : v >= (double)lo) && (he ? v < (double)hi : v <= (double)hi);
+                        if (integer && fi > 0) in = false;
+                        int got = run_bytes(g, gv, doc, strlen(doc));
+                        CHECK_MSG((got == 2) == in, "%s: \"%s\" got %d, in range %d", schema, doc, got, in);
+                        checked++;
+                    }
+                }
+            /* no leading zeros, no exponent, "-0" no integer */
+            static const char *const never[] = {"007", "01", "1e2", "1E0", "00"};
+            for (size_t i = 0; i < sizeof never / sizeof never[0]; i++)
+                CHECK_MSG(run_bytes(g, gv, never[i], strlen(never[i])) != 2, "%s: \"%s\"", schema, never[i]);
+            if (integer) CHECK_MSG(run_bytes(g, gv, "-0", 2) != 2, "%s: -0", schema);
+            kp_grammar_free(g);
+        }
+    }
+    CHECK(checked > 10000);
+    /* rounded inward for integers, the tighter bound of two, draft 4's booleans */
+    static const docw d1[] = {{"3", 2}, {"2", 0}, {"7", 2}, {"8", 0}};
+    schema_case("{\"type\":\"integer\",\"minimum\":2.5,\"maximum\":7.9}", 0, d1, 4);
+    static const docw d2[] = {{"5", 1}, {"5.0", 1}, {"5.00", 1}, {"5.5", 2}, {"9.9", 2}, {"10", 0}, {"0", 0}};
+    schema_case("{\"type\":\"number\",\"minimum\":5,\"exclusiveMinimum\":true,\"maximum\":10,"
+                "\"exclusiveMaximum\":true}", 0, d2, 7);
+    static const docw d3[] = {{"4", 0}, {"5", 2}, {"6", 2}, {"7", 0}};
+    schema_case("{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":4,\"maximum\":6}", 0, d3, 4);
+    /* zod's int(): the safe-integer bounds */
+    static const docw d4[] = {{"9007199254740991", 2}, {"9007199254740992", 0}, {"-9007199254740991", 2}, {"0", 2}};
+    schema_case("{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991}", 0, d4, 4);
+    /* bounds beside other types constrain only numbers */
+    static const docw d5[] = {{"\"x\"", 2}, {"3", 2}, {"-1", 0}, {"null", 2}};
+    schema_case("{\"type\":[\"string\",\"integer\",\"null\"],\"minimum\":0}", 0, d5, 4);
+    kp_gvocab_free(gv);
+}
+
 static void test_validator_itself(void) {
     /* the validator is the property tests' oracle: spot-check it against the spec */
     struct {
@@ -656,6 +746,10 @@ static void test_validator_itself(void) {
         {"{\"format\":\"uuid\"}", "\"123e4567-e89b-12d3-a456-42661417400Z\"", false},
         {"{\"$defs\":{\"x\":{\"type\":\"null\"}},\"$ref\":\"#/$defs/x\"}", "null", true},
         {"{\"items\":{\"type\":\"null\"},\"maxItems\":1}", "[null,null]", false},
+        {"{\"minimum\":2}", "1.99", false}, {"{\"minimum\":2}", "2", true}, {"{\"maximum\":2}", "2.0", true},
+        {"{\"exclusiveMinimum\":2}", "2", false}, {"{\"minimum\":2,\"exclusiveMinimum\":true}", "2.5", true},
+        {"{\"maximum\":2,\"exclusiveMaximum\":true}", "2", false}, {"{\"exclusiveMaximum\":0}", "-0.001", true},
+        {"{\"minimum\":2}", "\"1\"", true},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         json_error_t je;
@@ -2036,6 +2130,7 @@ int main(int argc, char **argv) {
     RUN_IF(test_schema_errors);
     RUN_IF(test_schema_affixes);
     RUN_IF(test_validator_itself);
+    RUN_IF(test_schema_ranges);
     RUN_IF(test_matcher_api);
     RUN_IF(test_bounds);
     RUN_IF(test_mask_counters);

@@ -666,6 +666,58 @@ kp_status kp_eng_tree(kp_engine *e, kp_eng_node *out, uint32_t max, uint32_t *n_
     return st;
 }
 
+/* kp_eng_node_path's walk: the starts of the current node's ancestors (and
+ * its own), innermost last, and what it looks for. */
+typedef struct {
+    const int32_t *firsts;
+    uint32_t depth;
+    uint32_t stack_start[KP_ENG_PATH_DEPTH], stack_end[KP_ENG_PATH_DEPTH];
+    uint32_t n_stack;
+    int32_t *out;
+    uint32_t max, start, end;
+    bool found;
+} path_walk;
+
+static int path_visit(const kp_pfx_node_info *ni, void *ctx) {
+    path_walk *w = ctx;
+    /* preorder: pop the nodes this one does not continue */
+    while (w->n_stack > 0 && w->stack_end[w->n_stack - 1] != ni->start) w->n_stack--;
+    if (w->n_stack == KP_ENG_PATH_DEPTH) return 0; /* too deep to address: skip it */
+    w->stack_start[w->n_stack] = ni->start;
+    w->stack_end[w->n_stack] = ni->end;
+    w->n_stack++;
+    if (w->n_stack != w->depth) return 0;
+    for (uint32_t i = 0; i < w->depth; i++)
+        if (ni->path[w->stack_start[i]] != w->firsts[i]) return 0;
+    w->found = true;
+    w->start = ni->start;
+    w->end = ni->end;
+    memcpy(w->out, ni->path, (size_t)(ni->end < w->max ? ni->end : w->max) * sizeof *w->out);
+    return 1;
+}
+
+kp_status kp_eng_node_path(kp_engine *e, const int32_t *firsts, uint32_t depth, int32_t *out, uint32_t max,
+                           uint32_t *start, uint32_t *end, kp_error *err) {
+    *start = *end = 0;
+    if (depth == 0 || depth > KP_ENG_PATH_DEPTH)
+        return kp_fail(err, KP_EINVAL, "a node path names 1 to %d first tokens, not %u", KP_ENG_PATH_DEPTH, depth);
+    if (!e->idx) return kp_fail(err, KP_ENOTFOUND, "the prefix cache is off: there are no nodes");
+    path_walk *w = calloc(1, sizeof *w);
+    if (!w) return kp_fail(err, KP_ENOMEM, "out of memory walking the prefix index");
+    w->firsts = firsts;
+    w->depth = depth;
+    w->out = out;
+    w->max = max;
+    kp_status st = kp_pfx_walk(e->idx, path_visit, w, err);
+    if (st == KP_OK && !w->found) st = kp_fail(err, KP_ENOTFOUND, "no cached node has that path (evicted?)");
+    if (st == KP_OK) {
+        *start = w->start;
+        *end = w->end;
+    }
+    free(w);
+    return st;
+}
+
 kp_status kp_eng_pin(kp_engine *e, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
                      uint64_t *id, kp_error *err) {
     *id = 0;

@@ -300,6 +300,22 @@ typedef struct {
  * None without a prefix cache. O(nodes written + their depth). KP_ENOMEM. */
 kp_status kp_eng_tree(kp_engine *e, kp_eng_node *out, uint32_t max, uint32_t *n_out, kp_error *err);
 
+/* The longest chain of first tokens kp_eng_node_path takes (deeper nodes
+ * are not addressable; the dashboard draws far fewer levels). */
+#define KP_ENG_PATH_DEPTH 256
+
+/* Finds the index node addressed by firsts[0..depth): the child of the root
+ * whose run starts with firsts[0], its child whose run starts with
+ * firsts[1], and so on (a radix tree's children differ in their first
+ * token, so the chain names one node; unlike a kp_eng_tree position it
+ * stays valid while the tree changes elsewhere). Copies the tokens of its
+ * whole path, positions [0, end), into out[0..min(end, max)), sets *end and
+ * *start (its own run is [start, end)). KP_ENOTFOUND when no node has that
+ * chain (evicted since, or never there, or no prefix cache); KP_EINVAL for
+ * depth 0 or > KP_ENG_PATH_DEPTH; KP_ENOMEM. O(index nodes x depth). */
+kp_status kp_eng_node_path(kp_engine *e, const int32_t *firsts, uint32_t depth, int32_t *out, uint32_t max,
+                           uint32_t *start, uint32_t *end, kp_error *err);
+
 /* Pins the cached prefix tokens[0..n) until kp_eng_unpin(*id), or until
  * now + ttl_seconds (ttl 0: no expiry; `now` in seconds of the caller's
  * clock, which kp_eng_expire must use too). A pinned prefix is never

@@ -7,7 +7,10 @@
  * a document may match several branches), allOf with one schema, $ref
  * ('#' JSON pointers into the document, so #/$defs/x and #/definitions/x,
  * recursion included), minLength, maxLength, format date / date-time /
- * uuid, boolean schemas, and the annotations title, description, default,
+ * uuid, minimum / maximum / exclusiveMinimum / exclusiveMaximum (numbers
+ * since draft 6, or draft 4's booleans beside minimum and maximum;
+ * integer bounds for numbers, any bounds for integers; numrange.h writes
+ * the range out digit by digit), boolean schemas, and the annotations title, description, default,
  * examples, $schema, $comment, readOnly, writeOnly, deprecated, $id (at
  * the root only). Any other keyword is KP_EUNSUPPORTED naming it and its
  * path ("#/properties/a/pattern"). $ref, anyOf/oneOf/allOf and enum/const
@@ -57,6 +60,7 @@
 
 #include "base/unicode.h"
 #include "grammar/gram_impl.h"
+#include "grammar/numrange.h"
 
 #define MAX_DEPTH 256
 #define MAX_NAME 1024 /* property names, when additional properties must avoid them */
@@ -533,7 +537,8 @@ static const char *const annotations[] = {"title", "description", "default", "ex
                                           "readOnly", "writeOnly", "deprecated", "$defs", "definitions", NULL};
 static const char *const keywords[] = {"type", "properties", "required", "additionalProperties", "enum", "const",
                                        "items", "minItems", "maxItems", "anyOf", "oneOf", "allOf", "$ref",
-                                       "minLength", "maxLength", "format", "$id", NULL};
+                                       "minLength", "maxLength", "format", "$id", "minimum", "maximum",
+                                       "exclusiveMinimum", "exclusiveMaximum", NULL};
 
 static bool in_list(const char *k, const char *const *l) {
     for (; *l; l++)
@@ -921,6 +926,79 @@ static uint32_t string_kw(sc *c, const json_t *s) {
     return string_rule(c, min, max);
 }
 
+/* The numeric bounds of s: *has when it has any; the lowest and highest
+ * value and whether each is exclusive, clamped to what the grammars write
+ * (|x| <= KP_GNUM_MAX). A number's bounds must be integers; an integer's
+ * are rounded inward. */
+static bool num_bounds(sc *c, const json_t *s, bool integer, bool *has, int64_t *lo, bool *lo_excl, int64_t *hi,
+                       bool *hi_excl) {
+    static const char *const names[4] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
+    const json_t *k[4];
+    *has = false;
+    for (int i = 0; i < 4; i++) {
+        k[i] = json_object_get(s, names[i]);
+        if (!k[i]) continue;
+        *has = true;
+        bool draft4 = (i == 1 || i == 3) && json_is_boolean(k[i]);
+        if (!json_is_number(k[i]) && !draft4)
+            return fail(c, KP_EINVAL, "'%s' must be a number%s", names[i], i % 2 ? " (or draft 4's boolean)" : "");
+        if (draft4 && !k[i - 1])
+            return fail(c, KP_EINVAL, "'%s': true needs '%s' beside it", names[i], names[i - 1]);
+    }
+    double bound[2] = {-(double)KP_GNUM_MAX, (double)KP_GNUM_MAX};
+    bool excl[2] = {false, false};
+    for (int side = 0; side < 2; side++) {
+        const json_t *inc = k[2 * side], *ex = k[2 * side + 1];
+        bool ex_flag = ex && json_is_boolean(ex);
+        for (int j = 0; j < 2; j++) {
+            const json_t *v = j ? ex : inc;
+            if (!v || !json_is_number(v)) continue;
+            double x = json_number_value(v);
+            bool e = j == 1 || (ex_flag && json_is_true(ex));
+            if (!isfinite(x)) return fail(c, KP_EINVAL, "'%s' is not a finite number", names[2 * side + j]);
+            if (x != floor(x)) {
+                if (!integer)
+                    return fail(c, KP_EUNSUPPORTED,
+                                "a fractional '%s' (%g) is not supported for numbers (integer bounds are)",
+                                names[2 * side + j], x);
+                x = side == 0 ? ceil(x) : floor(x); /* an integer above 0.5 is one at or above 1 */
+                e = false;
+            }
+            /* the tighter of minimum and exclusiveMinimum (maximum, ...) */
+            bool tighter = side == 0 ? (x > bound[0] || (x == bound[0] && e)) : (x < bound[1] || (x == bound[1] && e));
+            if (tighter) {
+                bound[side] = x;
+                excl[side] = e;
+            }
+        }
+    }
+    if (bound[0] > (double)KP_GNUM_MAX || bound[1] < -(double)KP_GNUM_MAX)
+        return fail(c, KP_EUNSUPPORTED, "bounds beyond %lld in magnitude are not supported", (long long)KP_GNUM_MAX);
+    if (bound[0] < -(double)KP_GNUM_MAX) bound[0] = -(double)KP_GNUM_MAX, excl[0] = false;
+    if (bound[1] > (double)KP_GNUM_MAX) bound[1] = (double)KP_GNUM_MAX, excl[1] = false;
+    *lo = (int64_t)bound[0];
+    *hi = (int64_t)bound[1];
+    *lo_excl = excl[0];
+    *hi_excl = excl[1];
+    return true;
+}
+
+/* A number or integer in s's bounds; num_rule / int_rule when it has none. */
+static uint32_t bounded_num(sc *c, const json_t *s, bool integer) {
+    bool has, lo_excl, hi_excl, empty;
+    int64_t lo, hi;
+    if (!num_bounds(c, s, integer, &has, &lo, &lo_excl, &hi, &hi_excl)) return UINT32_MAX;
+    if (!has) return integer ? int_rule(c) : num_rule(c);
+    uint32_t r = new_rule(c, integer ? "<integer>" : "<number>");
+    if (r == UINT32_MAX) return UINT32_MAX;
+    if (!kp_gnum_range(c->b, r, lo, lo_excl, hi, hi_excl, integer, &empty)) return oom(c), UINT32_MAX;
+    if (empty)
+        return fail(c, KP_EINVAL, "no %s is %s %lld and %s %lld", integer ? "integer" : "number",
+                    lo_excl ? "above" : "at least", (long long)lo, hi_excl ? "below" : "at most", (long long)hi),
+               UINT32_MAX;
+    return r;
+}
+
 /* The first constraint keyword of s other than those in allowed. */
 static const char *other_keyword(const json_t *s, const char *const *allowed) {
     for (void *it = json_object_iter((json_t *)s); it; it = json_object_iter_next((json_t *)s, it)) {
@@ -1018,8 +1096,8 @@ static uint32_t comp_body(sc *c, const json_t *s) {
     if (ok && (types & T_OBJ)) ok = alt_ref(c, r, object_rule(c, s));
     if (ok && (types & T_ARR)) ok = alt_ref(c, r, array_rule(c, s));
     if (ok && (types & T_STR)) ok = alt_ref(c, r, string_kw(c, s));
-    if (ok && (types & T_NUM)) ok = alt_ref(c, r, num_rule(c));
-    if (ok && (types & T_INT)) ok = alt_ref(c, r, int_rule(c));
+    if (ok && (types & T_NUM)) ok = alt_ref(c, r, bounded_num(c, s, false));
+    if (ok && (types & T_INT)) ok = alt_ref(c, r, bounded_num(c, s, true));
     if (ok && (types & T_BOOL)) ok = (kp_gb_alt_str(c->b, r, "true") && kp_gb_alt_str(c->b, r, "false")) || oom(c);
     if (ok && (types & T_NULL)) ok = kp_gb_alt_str(c->b, r, "null") || oom(c);
     return ok ? r : UINT32_MAX;

@@ -4,11 +4,15 @@
  * Owns nothing: reads the scheduler's snapshot (kp_sched_cache_get, a
  * short copy under its mutex) and the history (kp_hist_json), detokenizes
  * the first tokens of each tree node on the calling HTTP thread, and
- * returns one JSON object. The page itself lives in web/dashboard.html.
+ * returns one JSON object; GET /v1/cache/node/{chain} asks the engine
+ * thread for one node's whole path. The page itself lives in
+ * web/dashboard.html.
  */
 #include "serve/dashboard.h"
 
+#include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 static json_t *tree_json(const kp_sched_cache *snap, const kp_tok_vocab *v) {
     json_t *nodes = json_array();
@@ -24,9 +28,10 @@ static json_t *tree_json(const kp_sched_cache *snap, const kp_tok_vocab *v) {
         json_t *t = text ? json_stringn(text, len) : NULL;
         free(text);
         json_array_append_new(
-            nodes, json_pack("{s:I, s:I, s:I, s:I, s:I, s:o, s:b, s:I, s:I, s:I, s:I, s:I}", "id", (json_int_t)i,
+            nodes, json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:b, s:I, s:I, s:I, s:I, s:I}", "id", (json_int_t)i,
                              "parent", (json_int_t)n->parent, "start", (json_int_t)n->start, "end",
-                             (json_int_t)n->end, "tokens", (json_int_t)(n->end - n->start), "text",
+                             (json_int_t)n->end, "tokens", (json_int_t)(n->end - n->start), "first",
+                             (json_int_t)(n->n_head ? n->head[0] : -1), "text",
                              t ? t : json_string(""), "more", n->end - n->start > n->n_head, "holders",
                              (json_int_t)n->n_holders, "pins", (json_int_t)n->n_pins, "children",
                              (json_int_t)n->n_children, "hits", (json_int_t)n->hits, "age",
@@ -51,4 +56,96 @@ json_t *kp_dash_events(kp_sched *sched, kp_hist *h, const kp_tok_vocab *v, const
     free(snap);
     return json_pack("{s:s, s:I, s:o, s:o, s:o}", "object", "kvpin.cache.events", "time", (json_int_t)now, "model",
                      model, "tree", tree, "history", kp_hist_json(h, now));
+}
+
+/* The text of path[0..start) and of path[start..end) as JSON strings,
+ * U+FFFD for bytes that are not UTF-8 on their own. The run's text is the
+ * whole path's text past the text before it, so that a tokenizer that
+ * writes a token differently at the start of a text (SentencePiece's
+ * leading space) shows it as it reads in the path. False when out of
+ * memory or the tokens do not detokenize. */
+static bool path_text(const kp_tok_vocab *v, const int32_t *path, uint32_t start, uint32_t end, json_t **before,
+                      json_t **run) {
+    char *b = NULL, *all = NULL;
+    size_t nb = 0, na = 0;
+    kp_error err = {0};
+    *before = *run = NULL;
+    if (kp_tok_detokenize(v, path, start, false, true, &b, &nb, &err) == KP_OK &&
+        kp_tok_detokenize(v, path, end, false, true, &all, &na, &err) == KP_OK) {
+        if (na >= nb && !memcmp(all, b, nb)) {
+            *before = kp_oai_string_repaired(b, nb);
+            *run = kp_oai_string_repaired(all + nb, na - nb);
+        } else { /* the run's first token changed the text before it: show it alone */
+            free(all);
+            all = NULL;
+            if (kp_tok_detokenize(v, path + start, end - start, false, true, &all, &na, &err) == KP_OK) {
+                *before = kp_oai_string_repaired(b, nb);
+                *run = kp_oai_string_repaired(all, na);
+            }
+        }
+    }
+    free(b);
+    free(all);
+    if (*before && *run) return true;
+    json_decref(*before);
+    json_decref(*run);
+    *before = *run = NULL;
+    return false;
+}
+
+json_t *kp_dash_node(kp_sched *sched, const kp_tok_vocab *v, const char *chain, kp_oai_error *e) {
+    int32_t firsts[KP_ENG_PATH_DEPTH];
+    uint32_t depth = 0;
+    const char *p = chain;
+    int n_vocab = kp_tok_n_vocab(v);
+    while (*p) {
+        char *end;
+        errno = 0;
+        long id = *p >= '0' && *p <= '9' ? strtol(p, &end, 10) : -1;
+        if (id < 0 || errno || id >= n_vocab || end == p || (*end && *end != '.') || depth == KP_ENG_PATH_DEPTH) {
+            kp_oai_fail(e, 400, "invalid_request_error", NULL, NULL,
+                        "a node is named by its first-token chain, 1 to %d token ids of this model (0..%d) "
+                        "joined by '.', e.g. /v1/cache/node/1.2.3",
+                        KP_ENG_PATH_DEPTH, n_vocab - 1);
+            return NULL;
+        }
+        firsts[depth++] = (int32_t)id;
+        p = *end ? end + 1 : end;
+        if (*end && !*p) depth = KP_ENG_PATH_DEPTH + 1; /* a trailing '.' */
+    }
+    if (depth == 0 || depth > KP_ENG_PATH_DEPTH) {
+        kp_oai_fail(e, 400, "invalid_request_error", NULL, NULL,
+                    "a node is named by its first-token chain, 1 to %d token ids joined by '.'", KP_ENG_PATH_DEPTH);
+        return NULL;
+    }
+    uint32_t max = kp_sched_max_pos(sched), start = 0, stop = 0;
+    int32_t *path = malloc((size_t)max * sizeof *path);
+    if (!path) {
+        kp_oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        return NULL;
+    }
+    kp_error err = {0};
+    kp_status st = kp_sched_node_path(sched, firsts, depth, path, max, &start, &stop, &err);
+    if (st != KP_OK) {
+        free(path);
+        if (st == KP_ENOTFOUND)
+            kp_oai_fail(e, 404, "invalid_request_error", "node_not_found", NULL, "%s", err.msg);
+        else if (st == KP_EFULL)
+            kp_oai_fail(e, 503, "server_error", "shutting_down", NULL, "%s", err.msg);
+        else
+            kp_oai_fail(e, st == KP_EINVAL ? 400 : 500, st == KP_EINVAL ? "invalid_request_error" : "server_error",
+                        NULL, NULL, "%s", err.msg);
+        return NULL;
+    }
+    if (stop > max) stop = max; /* never: the index holds no path longer than a sequence */
+    if (start > stop) start = stop;
+    json_t *before, *text;
+    bool done = path_text(v, path, start, stop, &before, &text);
+    free(path);
+    if (!done) {
+        kp_oai_fail(e, 500, "server_error", NULL, NULL, "the node's tokens could not be turned into text");
+        return NULL;
+    }
+    return json_pack("{s:s, s:I, s:I, s:I, s:o, s:o}", "object", "kvpin.cache.node", "start", (json_int_t)start,
+                     "end", (json_int_t)stop, "tokens", (json_int_t)(stop - start), "before", before, "text", text);
 }

@@ -20,6 +20,7 @@
 #include "model/model.h"
 #include "serve/history.h"
 #include "serve/scheduler.h"
+#include "serve/oai.h"
 #include "tok/tok.h"
 
 /* The page's bytes (static, UTF-8 HTML, not NUL-terminated in general) and
@@ -33,7 +34,8 @@ extern const size_t kp_dash_page_size;
  *    "model": {"arch", "n_layer", "n_head_kv", "head_dim", "kv_element_bytes",
  *              "bytes_per_token", "n_ctx"},
  *    "tree": {"nodes": [preorder: {"id", "parent" (-1: the root), "start", "end",
- *              "tokens", "text" (its first tokens' text), "more" (the run is longer),
+ *              "tokens", "first" (its run's first token id), "text" (its first tokens'
+ *              text), "more" (the run is longer),
  *              "holders", "pins", "children", "hits", "age" (index clock ticks since
  *              its last use, 0 the most recent)}], "shown", "total"},
  *    "history": kp_hist_json}
@@ -41,5 +43,19 @@ extern const size_t kp_dash_page_size;
  * Everything is borrowed; now is wall-clock seconds. */
 json_t *kp_dash_events(kp_sched *sched, kp_hist *h, const kp_tok_vocab *v, const kp_model *m, uint32_t n_ctx,
                        int64_t now);
+
+/* GET /v1/cache/node/{chain}: the whole text of one node of the tree,
+ * which the page shows when a node is clicked. chain is the node's
+ * first-token chain (kp_eng_node_path), the "first" ids of its ancestors
+ * and itself joined by '.', e.g. "128000.9906.1917". Answers
+ *
+ *   {"object": "kvpin.cache.node", "start", "end", "tokens" (end - start),
+ *    "before": the text of path positions [0, start), "text": its own run's}
+ *
+ * (bytes that are not UTF-8 on their own, a character split at start,
+ * become U+FFFD), or NULL with *e set: 400 for a malformed chain, 404 when
+ * no cached node has it (evicted since the page drew it), 503 when the
+ * server is shutting down. Served by the engine thread between two steps. */
+json_t *kp_dash_node(kp_sched *sched, const kp_tok_vocab *v, const char *chain, kp_oai_error *e);
 
 #endif

@@ -726,6 +726,16 @@ static json_t *lossy_string(const char *s) {
     return j ? j : json_string("");
 }
 
+json_t *kp_oai_string_repaired(const char *text, size_t len) {
+    json_t *j = json_stringn(text ? text : "", text ? len : 0);
+    if (j) return j;
+    char *clean = malloc(len * 3 + 1); /* each byte at most one U+FFFD */
+    size_t k = clean ? kp_unicode_utf8_repair((const uint8_t *)text, len, (uint8_t *)clean) : 0;
+    j = clean ? json_stringn(clean, k) : NULL;
+    free(clean);
+    return j;
+}
+
 json_t *kp_oai_error_json(const kp_oai_error *e) {
     json_t *o = json_object();
     json_object_set_new(o, "message", lossy_string(e->message));

@@ -157,6 +157,11 @@ bool kp_oai_only_fields(const json_t *obj, const char *const *allowed, kp_oai_er
 /* The error body {"error": {"message", "type", "param", "code"}}. */
 json_t *kp_oai_error_json(const kp_oai_error *e);
 
+/* text[0..len) as a JSON string, each maximal invalid UTF-8 subpart (a
+ * split character, a stray byte token) replaced by U+FFFD; NULL when out
+ * of memory. */
+json_t *kp_oai_string_repaired(const char *text, size_t len);
+
 /* The `kvpin_cache` object: the cache report of one request. d may be NULL
  * (no report). */
 json_t *kp_oai_cache_json(const kp_eng_report *r, const kp_doctor_report *d);

@@ -204,7 +204,7 @@ static void group_poke(kp_sreq *r) {
 #define SCHED_WARM 8   /* grammars whose matchers (and mask caches) the engine thread keeps */
 #define SCHED_SPARES 4 /* finished matchers kept per such grammar for reuse */
 
-typedef enum { OP_PROBE, OP_PIN, OP_UNPIN } op_kind;
+typedef enum { OP_PROBE, OP_PIN, OP_UNPIN, OP_PATH } op_kind;
 
 /* A cache operation: on the caller's stack, queued under mu, served by the
  * engine thread, which sets done (under mu) last and never touches it
@@ -221,6 +221,8 @@ typedef struct sched_op {
     kp_doctor_report *doc;
     bool has_doc;
     kp_eng_stats *after;    /* pin, may be NULL */
+    int32_t *path;          /* node path: out[0..path_max), tokens = the first-token chain */
+    uint32_t path_max, path_start, path_end;
     kp_status st;
     kp_error err;
     bool done;
@@ -1190,6 +1192,10 @@ static void serve_ops(kp_sched *s, sched_op *ops) {
             o->st = kp_eng_unpin(s->e, o->id, &o->err);
             wrote |= o->st == KP_OK;
             break;
+        case OP_PATH:
+            o->st = kp_eng_node_path(s->e, o->tokens, o->n, o->path, o->path_max, &o->path_start, &o->path_end,
+                                     &o->err);
+            break;
         }
     }
     if (wrote) {
@@ -1411,6 +1417,15 @@ kp_status kp_sched_pin(kp_sched *s, const int32_t *tokens, uint32_t n, int64_t t
 kp_status kp_sched_unpin(kp_sched *s, uint64_t id, kp_error *err) {
     sched_op o = {.kind = OP_UNPIN, .id = id};
     return run_op(s, &o, err);
+}
+
+kp_status kp_sched_node_path(kp_sched *s, const int32_t *firsts, uint32_t depth, int32_t *out, uint32_t max,
+                            uint32_t *start, uint32_t *end, kp_error *err) {
+    sched_op o = {.kind = OP_PATH, .tokens = firsts, .n = depth, .path = out, .path_max = max};
+    kp_status st = run_op(s, &o, err);
+    *start = st == KP_OK ? o.path_start : 0;
+    *end = st == KP_OK ? o.path_end : 0;
+    return st;
 }
 
 uint32_t kp_sched_max_pos(const kp_sched *s) { return s->max_pos; }

@@ -261,6 +261,13 @@ kp_status kp_sched_pin(kp_sched *s, const int32_t *tokens, uint32_t n, int64_t t
  * when shutting down. */
 kp_status kp_sched_unpin(kp_sched *s, uint64_t id, kp_error *err);
 
+/* kp_eng_node_path on the engine thread: the tokens of the path to the
+ * node the first-token chain firsts[0..depth) names, into out[0..min(end,
+ * max)), its run [*start, *end). Errors as kp_eng_node_path, KP_EFULL also
+ * when shutting down. */
+kp_status kp_sched_node_path(kp_sched *s, const int32_t *firsts, uint32_t depth, int32_t *out, uint32_t max,
+                            uint32_t *start, uint32_t *end, kp_error *err);
+
 /* The engine's longest sequence (kp_eng_max_pos), fixed at kp_sched_new. */
 uint32_t kp_sched_max_pos(const kp_sched *s);
 

@@ -1567,18 +1567,9 @@ static enum MHD_Result detokenize(kp_server *s, struct MHD_Connection *c, conn *
     }
     /* bytes that are not valid UTF-8 (a split character, a stray byte
      * token) become U+FFFD, one per maximal invalid subpart */
-    json_t *content = json_stringn(text, len);
-    if (!content) {
-        char *clean = malloc(len * 3 + 1); /* each byte at most one U+FFFD */
-        size_t k = clean ? kp_unicode_utf8_repair((const uint8_t *)text, len, (uint8_t *)clean) : 0;
-        content = clean ? json_stringn(clean, k) : NULL;
-        free(clean);
-        if (!content) {
-            free(text);
-            return fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
-        }
-    }
+    json_t *content = kp_oai_string_repaired(text, len);
     free(text);
+    if (!content) return fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
     return reply_json(s, c, 200, json_pack("{s:o}", "content", content ? content : json_string("")));
 }
 
@@ -1935,6 +1926,11 @@ ROUTE_FN(on_dashboard) {
 ROUTE_FN(on_events) {
     return reply_json(s, c, 200, kp_dash_events(s->sched, s->hist, s->v, s->m, s->ctx, (int64_t)time(NULL)));
 }
+ROUTE_FN(on_node) {
+    kp_oai_error e;
+    json_t *j = kp_dash_node(s->sched, s->v, id, &e);
+    return j ? reply_json(s, c, 200, j) : reply_error(s, c, &e);
+}
 
 /* Every endpoint, once. A request whose path matches no entry is a 404;
  * one whose path matches but whose method does not is a 405 naming the
@@ -1970,6 +1966,7 @@ static const route_entry ROUTES[] = {
     {"GET", "/", false, false, on_dashboard},
     {"GET", "/dashboard", false, false, on_dashboard},
     {"GET", "/v1/cache/events", false, true, on_events},
+    {"GET", "/v1/cache/node/", true, true, on_node},
 };
 
 /* Does url fall under e? *id: what follows a prefix, NULL for an exact path. */

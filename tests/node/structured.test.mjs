@@ -39,8 +39,8 @@ const ajv = new Ajv({ strict: false, allErrors: true });
 addFormats(ajv);
 
 /* The schemas: nested objects, arrays, enums, $ref (recursive too),
- * formats; bounded (maxLength, maxItems, additionalProperties false) so a
- * random model ends well within max_tokens. */
+ * formats, numeric bounds; bounded (maxLength, maxItems, additionalProperties
+ * false) so a random model ends well within max_tokens. */
 const SCHEMAS = {
     order: {
         type: 'object',
@@ -53,7 +53,7 @@ const SCHEMAS = {
                     type: 'object',
                     properties: {
                         sku: { type: 'string', minLength: 1, maxLength: 8 },
-                        qty: { type: 'integer' },
+                        qty: { type: 'integer', minimum: 1, maximum: 99 },
                         color: { enum: ['red', 'green', 'blue'] },
                     },
                     required: ['sku', 'qty', 'color'], additionalProperties: false,
@@ -68,7 +68,7 @@ const SCHEMAS = {
         $defs: {
             person: {
                 type: 'object',
-                properties: { name: { type: 'string', maxLength: 10 }, age: { type: ['integer', 'null'] } },
+                properties: { name: { type: 'string', maxLength: 10 }, age: { type: ['integer', 'null'], minimum: 0, exclusiveMaximum: 150 } },
                 required: ['name', 'age'], additionalProperties: false,
             },
         },
@@ -79,7 +79,7 @@ const SCHEMAS = {
             node: {
                 type: 'object',
                 properties: {
-                    v: { type: 'number' },
+                    v: { type: 'number', minimum: -10, exclusiveMaximum: 10 },
                     next: { anyOf: [{ $ref: '#/definitions/node' }, { type: 'null' }] },
                 },
                 required: ['v', 'next'], additionalProperties: false,
@@ -167,7 +167,8 @@ test('errors: an unsupported schema keyword is a 400 naming it and its path', as
     const s = servers[0];
     const cases = [
         [{ type: 'string', pattern: '^a' }, 'pattern', '#'],
-        [{ type: 'object', properties: { a: { type: 'integer', minimum: 3 } } }, 'minimum', '#/properties/a'],
+        [{ type: 'object', properties: { a: { type: 'integer', multipleOf: 3 } } }, 'multipleOf', '#/properties/a'],
+        [{ type: 'object', properties: { a: { type: 'number', maximum: 0.5 } } }, 'maximum', '#/properties/a'],
         [{ type: 'array', items: { type: 'string' }, uniqueItems: true }, 'uniqueItems', '#'],
     ];
     for (const [schema, kw, path] of cases) {
