@@ -3,6 +3,7 @@
 
   python3 fuzz/make_seeds.py [KVPIN]     (from the repository root; KVPIN
                                           default ./kvpin, for mkmodel)
+  python3 fuzz/make_seeds.py --grammar   (seeds-grammar/ only)
 
 seeds-model/  tiny random-weight models from `kvpin mkmodel` (llama with the
               bundled SentencePiece vocabulary; qwen2 and qwen3 with the
@@ -17,6 +18,9 @@ seeds-oai/    request bodies as the official clients and agent frameworks
 seeds-http/   whole HTTP requests (head and body) to every endpoint: plain,
               chunked, keep-alive pairs, with and without an API key header,
               and a few malformed framings.
+seeds-grammar/ JSON Schemas (ws bound in the control byte) and GBNF
+              grammars as clients send them, each followed by a NUL and a
+              document a model might write under it.
 The files are deterministic: the same script writes the same bytes.
 """
 import json
@@ -152,7 +156,51 @@ def http():
         write(os.path.join(out, "req-%02d.http" % i), r)
 
 
+def grammars():
+    out = os.path.join(HERE, "seeds-grammar")
+    person = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                               "age": {"type": ["integer", "null"], "minimum": 0, "maximum": 150}},
+              "required": ["name", "age"], "additionalProperties": False}
+    schemas = [
+        (person, {"name": "Ann", "age": 42}),
+        ({"type": "object", "properties": {"id": {"type": "string", "format": "uuid"},
+                                           "when": {"type": "string", "format": "date-time"},
+                                           "day": {"type": "string", "format": "date"},
+                                           "tags": {"type": "array", "items": {"enum": ["a", "b", None]},
+                                                    "minItems": 1, "maxItems": 3}},
+          "required": ["id"]},
+         {"id": "123e4567-e89b-12d3-a456-426614174000", "when": "2024-02-29T10:00:00Z", "tags": ["a"]}),
+        ({"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties": {
+            "v": {"type": "number", "exclusiveMinimum": 0, "maximum": 10},
+            "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}}, "required": ["v", "next"]}}},
+         {"v": 2.5, "next": {"v": 10, "next": None}}),
+        ({"type": "integer", "minimum": -9007199254740991, "maximum": 9007199254740991}, 12345),
+        ({"oneOf": [{"const": "yes"}, {"type": "boolean"}, {"type": "string", "minLength": 2}]}, "yes"),
+        ({"type": "object", "additionalProperties": {"type": "number"}}, {"x": 1.5e3, "y": -0.25}),
+        (True, [1, "two", {"three": None}]),
+    ]
+    for i, (sc, doc) in enumerate(schemas):
+        for ws in (0, 2):
+            write(os.path.join(out, "schema-%02d-ws%d.bin" % (i, ws)),
+                  bytes([ws << 1]) + json.dumps(sc).encode() + b"\0" +
+                  json.dumps(doc, separators=(",", ":") if ws == 0 else None).encode())
+    gbnfs = [
+        ('root ::= "yes" | "no"', "yes"),
+        ('root ::= item (", " item)*\nitem ::= [a-z]+ | [0-9]{1,3}', "ab, 12, c"),
+        ('root ::= "{" ws "\\"k\\":" ws value ws "}"\nvalue ::= [^"\\\\]* | "[" value "]"\n'
+         'ws ::= [ \\t\\n]{0,4} # comment', '{"k": [abc]}'),
+        ('root ::= [\u00e0-\u00ff\u4e00-\u9fff]+ .', "\u00e9\u65e5x"),
+        ('root ::= ("a" root "b")? ', "aabb"),
+    ]
+    for i, (g, doc) in enumerate(gbnfs):
+        write(os.path.join(out, "gbnf-%02d.bin" % i), b"\x01" + g.encode() + b"\0" + doc.encode())
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--grammar"]:  # only the grammar seeds (no kvpin needed)
+        grammars()
+        sys.exit(0)
+    grammars()
     models()
     texts()
     requests()
