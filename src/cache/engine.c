@@ -92,6 +92,7 @@ struct kp_engine {
     const kp_model *m;
     kp_kvpool *kv;
     kp_pfx_index *idx; /* NULL: prefix cache off */
+    kp_tiers *tiers;   /* NULL: RAM only (kp_eng_open_tiers) */
     kp_forward *fw;
     uint32_t max_pos;
     kp_pfx_config pfx_cfg; /* kept for kp_eng_clear */
@@ -144,6 +145,7 @@ fail:
 
 void kp_eng_free(kp_engine *e) {
     if (!e) return;
+    kp_tiers_free(e->tiers);
     kp_forward_free(e->fw);
     kp_pfx_free(e->idx);
     kp_kvpool_free(e->kv);
@@ -300,6 +302,39 @@ static kp_status run_tokens(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens
     return KP_OK;
 }
 
+/* After the RAM match (seq holds tokens[0..p)): the whole blocks that follow
+ * from the tiers below RAM, as far as they hold the prompt's chain, leaving
+ * at least the last position to compute. The first block may be the
+ * private copy of a partial RAM block: its rows are overwritten with the
+ * same tokens' rows. A refused block ends the restore (its reason goes to
+ * the report); blocks reserved past what was restored are given back. */
+static void tier_restore(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_seq *seq, kp_eng_report *r) {
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size, p = seq->kv.n_pos;
+    uint32_t j0 = p / B, j_end = (n - 1) / B;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint32_t nb = kp_tiers_probe(e->tiers, tokens, j0, j_end);
+    if (nb == 0 || reserve(e, seq, (j0 + nb) * B, NULL, NULL) != KP_OK) return;
+    uint32_t got[KP_TIER_N] = {0}, j = j0;
+    for (; j < j0 + nb; j++) {
+        kp_tier_id from;
+        kp_brec_reason why = kp_tiers_fetch(e->tiers, tokens, j, e->kv, seq->kv.blocks[j], &from);
+        if (why != KP_BREC_OK) {
+            r->restore_failed = why;
+            r->restore_failed_tier = from;
+            break;
+        }
+        got[from] += (j + 1) * B - (j == j0 ? p : j * B);
+    }
+    if (j > j0) seq->kv.n_pos = j * B;
+    kp_kvseq_truncate(&seq->kv, e->kv, seq->kv.n_pos);
+    for (int t = 1; t < KP_TIER_N; t++) r->reused_from[t] = got[t];
+    r->reused_tokens = seq->kv.n_pos;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    kp_tiers_note_restore(e->tiers, (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), got,
+                          r->restore_failed != KP_BREC_OK);
+}
+
 kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_seq *seq, kp_eng_report *report,
                     kp_error *err) {
     kp_eng_report r;
@@ -339,6 +374,7 @@ kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_s
         }
         r.reused_tokens = seq->kv.n_pos;
         assert(r.reused_tokens <= mr.n_reuse && r.reused_tokens < n);
+        if (e->tiers) tier_restore(e, tokens, n, seq, &r);
     } else {
         r.cold = true;
     }
@@ -571,6 +607,7 @@ kp_status kp_eng_finish(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, ui
     if (n_added) *n_added = 0;
     if (n > seq->kv.n_pos) n = seq->kv.n_pos;
     if (e->idx && n > 0 && tokens) st = kp_pfx_insert(e->idx, tokens, n, &seq->kv, NULL, n_added, err);
+    if (e->tiers && tokens) kp_tiers_publish(e->tiers, tokens, n, &seq->kv);
     kp_eng_seq_abort(e, seq);
     return st;
 }
@@ -618,6 +655,25 @@ void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out) {
     out->n_lookups = ps.n_lookups;
     out->n_hits = ps.n_hits;
     out->reused_tokens = ps.reused_tokens;
+}
+
+kp_status kp_eng_open_tiers(kp_engine *e, const kp_tiers_config *cfg, kp_error *err) {
+    if (!e->idx) return kp_fail(err, KP_EUNSUPPORTED, "the cache tiers need the prefix cache (it is off)");
+    if (e->tiers) return kp_fail(err, KP_EINVAL, "the cache tiers are open already");
+    return kp_tiers_new(&e->tiers, cfg, e->m, e->kv, err);
+}
+
+bool kp_eng_tier_stats(kp_engine *e, kp_tiers_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (!e->tiers) return false;
+    kp_tiers_get_stats(e->tiers, out);
+    return true;
+}
+
+const char *kp_eng_tier_note(const kp_engine *e) { return e->tiers ? kp_tiers_note(e->tiers) : ""; }
+
+void kp_eng_tier_flush(kp_engine *e) {
+    if (e->tiers) kp_tiers_flush(e->tiers);
 }
 
 kp_status kp_eng_top(kp_engine *e, kp_eng_prefix *out, uint32_t max, uint32_t *n_out, kp_error *err) {
