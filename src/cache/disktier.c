@@ -107,6 +107,12 @@ static bool rehash(kp_disktier *t, uint32_t need) {
 /* Adds (or revives) the entry of key. Caller holds mu. NULL on ENOMEM. */
 static dent *add(kp_disktier *t, const kp_bkey *k) {
     dent *d = find(t, k);
+    if (d && !d->live) { /* a forgotten key comes back */
+        d->live = true;
+        d->state = 0;
+        d->size = 0;
+        t->n_dead--;
+    }
     if (d) return d;
     if (t->n_ent == t->cap_ent || 2 * (t->n_ent + 1) > t->cap_slot) {
         if (t->n_dead * 2 > t->n_ent && !rehash(t, t->n_ent + 1)) return NULL;
