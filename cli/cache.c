@@ -487,7 +487,7 @@ int cmd_run_cached(int argc, char **argv) {
         goto done;
     }
     if (o.cache_dir) {
-        kp_tiers_config tc = {o.cache_dir, o.disk_budget, NULL, 0};
+        kp_tiers_config tc = {o.cache_dir, o.disk_budget, NULL, 0, NULL, NULL};
         if (kp_eng_open_tiers(e, &tc, &err) != KP_OK) {
             fprintf(stderr, "kvpin run: %s\n", err.msg);
             goto done;

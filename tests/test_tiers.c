@@ -72,7 +72,7 @@ static void test_equal_through_disk(void) {
     kp_eng_config ct = {KP_DTYPE_F32, B, bb * ((MAX_LEN + N_GEN + B - 1) / B + 1), MAX_LEN + N_GEN + 8, false, NULL};
     char dir[300];
     snprintf(dir, sizeof dir, "%s/eq", tmpdir);
-    kp_tiers_config tc = {dir, 0, NULL, 0};
+    kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL};
     CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
     CHECK(kp_eng_new(&e, m, pool, NULL, &ct, &err) == KP_OK);
     CHECK_MSG(e && kp_eng_open_tiers(e, &tc, &err) == KP_OK, "%s", err.msg);

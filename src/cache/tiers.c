@@ -8,7 +8,10 @@
  *                     the tokens pointer it was made from); fetch of block j
  *                     uses keys[j], so a restore hashes its prompt once
  *
- * Lookup order: disk, then Redis. A block found on neither ends the probe.
+ * Lookup order: disk, then Redis from the first block the disk lacks (one
+ * pipelined EXISTS round trip). A block found on neither ends the probe.
+ * Publishing: every full block goes to the disk tier when it lacks it, and
+ * to Redis unless this process published or saw it there.
  */
 #include "cache/tiers.h"
 
@@ -23,6 +26,8 @@ struct kp_tiers {
     kp_fingerprint fp;
     const kp_kvpool *pool;
     kp_disktier *disk;
+    kp_redistier *redis;
+    uint32_t disk_end, probe_end; /* the last probe: blocks [j0, disk_end) on disk, then Redis to probe_end */
     kp_bkey *keys;
     uint32_t n_keys, cap_keys;
     const int32_t *keys_of;
@@ -53,6 +58,11 @@ kp_status kp_tiers_new(kp_tiers **out, const kp_tiers_config *cfg, const kp_mode
         if ((st = kp_disk_open(&t->disk, &dc, &t->fp, p, err)) != KP_OK) goto fail;
         t->st.on[KP_TIER_DISK] = true;
     }
+    if (cfg->redis) {
+        kp_redis_config rc = {cfg->redis, cfg->redis_timeout_ms, 0, cfg->log, cfg->log_ctx};
+        if ((st = kp_redis_open(&t->redis, &rc, &t->fp, p, err)) != KP_OK) goto fail;
+        t->st.on[KP_TIER_REDIS] = true;
+    }
     *out = t;
     return KP_OK;
 fail:
@@ -63,6 +73,7 @@ fail:
 void kp_tiers_free(kp_tiers *t) {
     if (!t) return;
     kp_disk_close(t->disk);
+    kp_redis_close(t->redis);
     pthread_mutex_destroy(&t->mu);
     free(t->keys);
     free(t);
@@ -93,7 +104,9 @@ uint32_t kp_tiers_probe(kp_tiers *t, const int32_t *tokens, uint32_t j0, uint32_
     if (j0 >= j_end || !chain(t, tokens, j_end)) return 0;
     uint32_t j = j0;
     while (j < j_end && t->disk && kp_disk_has(t->disk, &t->keys[j])) j++;
-    return j - j0;
+    t->disk_end = t->probe_end = j;
+    if (j < j_end && t->redis) t->probe_end = j + kp_redis_probe(t->redis, t->keys + j, j_end - j);
+    return t->probe_end - j0;
 }
 
 kp_brec_reason kp_tiers_fetch(kp_tiers *t, const int32_t *tokens, uint32_t j, kp_kvpool *p, int32_t block,
@@ -102,8 +115,10 @@ kp_brec_reason kp_tiers_fetch(kp_tiers *t, const int32_t *tokens, uint32_t j, kp
     if (!chain(t, tokens, j + 1)) return KP_BREC_IO;
     uint32_t B = kp_kvpool_config_of(t->pool)->block_size;
     const int32_t *bt = tokens + (size_t)j * B;
-    if (!t->disk) return KP_BREC_MISSING;
-    return kp_disk_get(t->disk, &t->keys[j], bt, p, block);
+    if (t->disk && j < t->disk_end) return kp_disk_get(t->disk, &t->keys[j], bt, p, block);
+    *from = KP_TIER_REDIS;
+    if (!t->redis || j >= t->probe_end) return KP_BREC_MISSING;
+    return kp_redis_get(t->redis, t->keys + j, t->probe_end - j, bt, p, block);
 }
 
 void kp_tiers_publish(kp_tiers *t, const int32_t *tokens, uint32_t n, const kp_kvseq *seq) {
@@ -112,9 +127,12 @@ void kp_tiers_publish(kp_tiers *t, const int32_t *tokens, uint32_t n, const kp_k
     t->keys_of = NULL;
     if (!nb || !chain(t, tokens, nb)) return;
     static const kp_bkey zero = {{0}};
-    for (uint32_t j = 0; j < nb; j++)
+    for (uint32_t j = 0; j < nb; j++) {
+        const kp_bkey *parent = j ? &t->keys[j - 1] : &zero;
         if (t->disk && !kp_disk_has(t->disk, &t->keys[j]))
-            kp_disk_put(t->disk, &t->keys[j], j ? &t->keys[j - 1] : &zero, tokens + (size_t)j * B, seq->blocks[j]);
+            kp_disk_put(t->disk, &t->keys[j], parent, tokens + (size_t)j * B, seq->blocks[j]);
+        if (t->redis) kp_redis_put(t->redis, &t->keys[j], parent, tokens + (size_t)j * B, seq->blocks[j]);
+    }
     t->keys_of = NULL;
 }
 
@@ -136,6 +154,7 @@ void kp_tiers_note_restore(kp_tiers *t, double seconds, const uint32_t tokens[KP
 
 void kp_tiers_flush(kp_tiers *t) {
     if (t->disk) kp_disk_flush(t->disk);
+    if (t->redis) kp_redis_flush(t->redis);
 }
 
 void kp_tiers_get_stats(kp_tiers *t, kp_tiers_stats *out) {
@@ -143,6 +162,7 @@ void kp_tiers_get_stats(kp_tiers *t, kp_tiers_stats *out) {
     *out = t->st;
     pthread_mutex_unlock(&t->mu);
     if (t->disk) kp_disk_get_stats(t->disk, &out->tier[KP_TIER_DISK]);
+    if (t->redis) kp_redis_get_stats(t->redis, &out->tier[KP_TIER_REDIS]);
 }
 
 const char *kp_tiers_note(const kp_tiers *t) { return t->disk ? kp_disk_note(t->disk) : ""; }

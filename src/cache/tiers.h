@@ -28,6 +28,7 @@
 #include "cache/blockrec.h"
 #include "cache/disktier.h"
 #include "cache/fingerprint.h"
+#include "cache/redistier.h"
 #include "kv/kvpool.h"
 #include "model/model.h"
 #include "base/status.h"
@@ -39,6 +40,8 @@ typedef struct {
     uint64_t disk_budget_bytes;   /* 0: no limit */
     const char *redis;            /* "HOST:PORT"; NULL: no Redis tier */
     uint32_t redis_timeout_ms;    /* 0: 50 */
+    void (*log)(void *ctx, const char *msg); /* the Redis tier's incidents; NULL: silent */
+    void *log_ctx;
 } kp_tiers_config;
 
 typedef enum { KP_TIER_RAM = 0, KP_TIER_DISK = 1, KP_TIER_REDIS = 2, KP_TIER_N = 3 } kp_tier_id;
