@@ -196,10 +196,11 @@ static const cli_opt cache_tab[] = {
     CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_KV_BLOCK), CLI_USE(CLI_NO_PREFIX_CACHE), CLI_USE(CLI_NO_BOS),
     CLI_USE(CLI_SPECIAL), CLI_USE(CLI_PRINT_TOKENS), CLI_USE(CLI_SCALAR),
     {"stop", NULL, NULL, "STR", "end the text before STR (repeatable, at most 16)", O_STOP},
-    {"cache-dir", NULL, NULL, "DIR", "the disk tier: full KV blocks kept in DIR and reused by later runs\n"
-                                     "(implies --prompt-cache)", O_CACHE_DIR},
-    {"cache-disk-budget", NULL, NULL, "BYTES", "most bytes the disk tier keeps (default: no limit)",
-     O_CACHE_DISK_BUDGET},
+    /* the same words as serve's (one option, one description) */
+    {"cache-dir", NULL, NULL, "DIR", "the disk tier: full KV blocks are kept in DIR (verified records,\n"
+                                     "one folder per model fingerprint) and reused after a restart", O_CACHE_DIR},
+    {"cache-disk-budget", NULL, NULL, "BYTES", "most bytes the disk tier keeps (least recently used go first;\n"
+                                               "default: no limit)", O_CACHE_DISK_BUDGET},
     {0},
 };
 
