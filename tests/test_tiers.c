@@ -9,7 +9,9 @@
  * agree within 1e-5 relative, and the tiered engine must reuse at least
  * every whole block of the longest common prefix with a finished
  * sequence (leaving the last position), since every finished block is on
- * disk: with the tiny RAM, most of it comes from disk.
+ * disk: with the tiny RAM, most of it comes from disk. The same stream
+ * again with Redis as the only tier below RAM (a redis-server of the
+ * test's own on a free loopback port): most of it comes from Redis.
  *
  * The tier alone: records written are found again by a new tier on the
  * same directory (no K/V read at open), another fingerprint's folder is
@@ -20,6 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -57,7 +62,35 @@ typedef struct {
     uint32_t n;
 } tokseq;
 
-static void test_equal_through_disk(void) {
+/* A redis-server of our own on a free loopback port (never the system
+ * one): its port, or 0 when it cannot be started. */
+static int start_redis(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &len)) return 0;
+    int port = ntohs(a.sin_port);
+    close(fd);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd,
+             "redis-server --port %d --bind 127.0.0.1 --save '' --appendonly no --dir '%s' --daemonize yes "
+             "--pidfile '%s/redis.pid' >/dev/null && for i in $(seq 100); do redis-cli -p %d ping 2>/dev/null | "
+             "grep -q PONG && exit 0; sleep 0.05; done; exit 1",
+             port, tmpdir, tmpdir, port);
+    return system(cmd) == 0 ? port : 0;
+}
+
+static void stop_redis(void) {
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "kill $(cat '%s/redis.pid') 2>/dev/null; sleep 0.2", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not stop redis-server\n");
+}
+
+/* The RAM budget holds about one sequence; the blocks come back from the
+ * disk tier (redis_port 0) or from Redis alone (no disk tier). */
+static void equal_through(int redis_port) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_pool *pool = NULL;
@@ -70,12 +103,15 @@ static void test_equal_through_disk(void) {
     kp_engine *ref = NULL, *e = NULL;
     kp_eng_config cr = {KP_DTYPE_F32, B, 0, MAX_LEN + N_GEN + 8, true, NULL};
     kp_eng_config ct = {KP_DTYPE_F32, B, bb * ((MAX_LEN + N_GEN + B - 1) / B + 1), MAX_LEN + N_GEN + 8, false, NULL};
-    char dir[300];
+    char dir[300], addr[64];
     snprintf(dir, sizeof dir, "%s/eq", tmpdir);
-    kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL};
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", redis_port);
+    kp_tiers_config tc = {redis_port ? NULL : dir, 0, redis_port ? addr : NULL, 200, NULL, NULL};
+    kp_tier_id tier = redis_port ? KP_TIER_REDIS : KP_TIER_DISK;
     CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
     CHECK(kp_eng_new(&e, m, pool, NULL, &ct, &err) == KP_OK);
     CHECK_MSG(e && kp_eng_open_tiers(e, &tc, &err) == KP_OK, "%s", err.msg);
+    if (redis_port) usleep(1200 * 1000); /* the lookup connection is made in the background */
     kp_eng_config cn = cr;
     kp_engine *nocache = NULL;
     CHECK(kp_eng_new(&nocache, m, pool, NULL, &cn, &err) == KP_OK);
@@ -115,7 +151,7 @@ static void test_equal_through_disk(void) {
         CHECK_MSG(rt.reused_tokens >= want_min, "request %u (kind %u, n %u, lcp %u): reused %u, at least %u", q, kind,
                   req.n, best, rt.reused_tokens, want_min);
         CHECK(rt.reused_tokens < req.n && rt.restore_failed == KP_BREC_OK);
-        from_disk += rt.reused_from[KP_TIER_DISK];
+        from_disk += rt.reused_from[tier];
         double d = rel_diff(lt, lr, nv);
         CHECK_MSG(d <= 1e-5, "request %u: prompt logits differ by %g", q, d);
         tokseq fin = req;
@@ -136,15 +172,24 @@ static void test_equal_through_disk(void) {
     }
     kp_tiers_stats ts;
     CHECK(e && kp_eng_tier_stats(e, &ts));
-    CHECK_MSG(from_disk > 100, "only %u tokens came from disk", from_disk);
-    CHECK(ts.tier[KP_TIER_DISK].hits > 0 && ts.restores > 0 && ts.restore_failed == 0);
-    CHECK_EQ_INT(ts.restored_tokens[KP_TIER_DISK], from_disk);
+    CHECK_MSG(from_disk > 100, "only %u tokens came from %s", from_disk, kp_tier_name(tier));
+    CHECK(ts.tier[tier].hits > 0 && ts.restores > 0 && ts.restore_failed == 0);
+    CHECK_EQ_INT(ts.restored_tokens[tier], from_disk);
     kp_eng_free(ref);
     kp_eng_free(e);
     free(lr);
     free(lt);
     kp_pool_free(pool);
     kp_model_free(m);
+}
+
+static void test_equal_through_disk(void) { equal_through(0); }
+
+static void test_equal_through_redis(void) {
+    int port = start_redis();
+    CHECK_MSG(port > 0, "redis-server (Debian package redis-server) is needed");
+    if (port) equal_through(port);
+    stop_redis();
 }
 
 /* A pool of 4 blocks of 4 positions, block b filled with bytes b + 1. */
@@ -243,6 +288,7 @@ int main(void) {
     if (!mkdtemp(tmpdir)) return 1;
     RUN(test_tier_alone);
     RUN(test_equal_through_disk);
+    RUN(test_equal_through_redis);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) return 1;
