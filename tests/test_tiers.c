@@ -192,6 +192,49 @@ static void test_equal_through_redis(void) {
     stop_redis();
 }
 
+/* A pinned prefix is written through at pin time: tiers opened after the
+ * sequence was cached get its whole blocks from the pin alone, and a new
+ * engine on the directory restores them. */
+static void test_pin_writes_through(void) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_pool *pool = NULL;
+    if (kp_model_load(&m, harness_path("models/stories260K.gguf"), &err) != KP_OK || kp_pool_new(&pool, 1, &err)) {
+        CHECK_MSG(false, "%s", err.msg);
+        return;
+    }
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/pin", tmpdir);
+    kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL};
+    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 256, false, NULL};
+    int32_t t[50];
+    for (int i = 0; i < 50; i++) t[i] = i ? (i * 37) % 500 + 3 : 1;
+    kp_engine *e = NULL, *e2 = NULL;
+    kp_eng_seq s = {0};
+    kp_eng_report rep;
+    uint64_t id;
+    kp_tiers_stats ts;
+    CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
+    CHECK(e && kp_eng_prefill(e, t, 50, &s, NULL, &rep, &err) == KP_OK);
+    CHECK(e && kp_eng_finish(e, &s, t, 50, NULL, &err) == KP_OK);
+    CHECK(e && kp_eng_open_tiers(e, &tc, &err) == KP_OK);
+    kp_eng_tier_flush(e);
+    CHECK(kp_eng_tier_stats(e, &ts) && ts.tier[KP_TIER_DISK].blocks == 0);
+    CHECK(kp_eng_pin(e, t, 48, 0, 0, &id, &err) == KP_OK);
+    kp_eng_tier_flush(e);
+    CHECK(kp_eng_tier_stats(e, &ts));
+    CHECK_EQ_INT(ts.tier[KP_TIER_DISK].blocks, 3);
+    kp_eng_free(e);
+    CHECK(kp_eng_new(&e2, m, pool, NULL, &c, &err) == KP_OK);
+    CHECK(e2 && kp_eng_open_tiers(e2, &tc, &err) == KP_OK);
+    CHECK(e2 && kp_eng_prefill(e2, t, 50, &s, NULL, &rep, &err) == KP_OK);
+    CHECK_EQ_INT(rep.reused_from[KP_TIER_DISK], 48);
+    CHECK(e2 && kp_eng_finish(e2, &s, t, 50, NULL, &err) == KP_OK);
+    kp_eng_free(e2);
+    kp_pool_free(pool);
+    kp_model_free(m);
+}
+
 /* A pool of 4 blocks of 4 positions, block b filled with bytes b + 1. */
 static kp_kvpool *small_pool(void) {
     kp_kvpool *p = NULL;
@@ -289,6 +332,7 @@ int main(void) {
     RUN(test_tier_alone);
     RUN(test_equal_through_disk);
     RUN(test_equal_through_redis);
+    RUN(test_pin_writes_through);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) return 1;

@@ -717,11 +717,46 @@ kp_status kp_eng_tree(kp_engine *e, kp_eng_node *out, uint32_t max, uint32_t *n_
     return st;
 }
 
+/* tier_pin_publish's walk: the block of each whole-block index of the
+ * pinned path, the deepest node's (as kp_pfx_acquire takes them). */
+typedef struct {
+    const int32_t *tokens;
+    uint32_t n, nb;
+    int32_t *blocks;
+} pin_walk;
+
+static int pin_visit(const kp_pfx_node_info *nd, void *ctx) {
+    pin_walk *w = ctx;
+    if (nd->start >= w->n || nd->path[nd->start] != w->tokens[nd->start]) return 0;
+    uint32_t m = nd->end < w->n ? nd->end : w->n;
+    if (memcmp(nd->path, w->tokens, (size_t)m * sizeof *w->tokens)) return 0;
+    for (uint32_t i = 0; i < nd->n_blocks; i++)
+        if (nd->first_block + i < w->nb) w->blocks[nd->first_block + i] = nd->blocks[i];
+    return 0;
+}
+
+/* Writes the whole blocks of the just pinned tokens[0..n) to the tiers
+ * (those they lack): a pinned prefix is on disk from its pin on. */
+static void tier_pin_publish(kp_engine *e, const int32_t *tokens, uint32_t n) {
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
+    pin_walk w = {tokens, n, n / B, NULL};
+    if (!w.nb || !(w.blocks = malloc((size_t)w.nb * sizeof *w.blocks))) return;
+    for (uint32_t i = 0; i < w.nb; i++) w.blocks[i] = -1;
+    uint32_t have = 0;
+    if (kp_pfx_walk(e->idx, pin_visit, &w, NULL) == KP_OK)
+        while (have < w.nb && w.blocks[have] >= 0) have++;
+    kp_kvseq view = {w.blocks, have, have, have * B};
+    if (have) kp_tiers_publish(e->tiers, tokens, have * B, &view);
+    free(w.blocks);
+}
+
 kp_status kp_eng_pin(kp_engine *e, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
                      uint64_t *id, kp_error *err) {
     *id = 0;
     if (!e->idx) return kp_fail(err, KP_EUNSUPPORTED, "the prefix cache is off: nothing can be pinned");
-    return kp_pfx_pin(e->idx, tokens, n, ttl_seconds, now, id, err);
+    kp_status st = kp_pfx_pin(e->idx, tokens, n, ttl_seconds, now, id, err);
+    if (st == KP_OK && e->tiers) tier_pin_publish(e, tokens, n);
+    return st;
 }
 
 kp_status kp_eng_unpin(kp_engine *e, uint64_t id, kp_error *err) {

@@ -281,8 +281,10 @@ typedef kp_pfx_prefix_info kp_eng_prefix;
 /* Opens the tiers below RAM that cfg names (tiers.h: the disk tier, a
  * Redis tier) for this engine's model and KV layout; from then on a
  * prefill continues its RAM match from them (whole blocks, verified) and a
- * finished sequence's full blocks are written to them in the background.
- * Call once, before the first prefill. KP_EUNSUPPORTED without a prefix
+ * finished sequence's full blocks are written to them in the background,
+ * and so are a pinned prefix's at pin time (kp_eng_pin). Call once,
+ * normally before the first prefill (what was cached before reaches the
+ * tiers only when it is pinned or indexed again). KP_EUNSUPPORTED without a prefix
  * cache, KP_EINVAL when tiers are open already, else kp_tiers_new's errors
  * (the engine is unchanged then). */
 kp_status kp_eng_open_tiers(kp_engine *e, const kp_tiers_config *cfg, kp_error *err);
