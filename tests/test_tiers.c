@@ -16,7 +16,8 @@
  * The tier alone: records written are found again by a new tier on the
  * same directory (no K/V read at open), another fingerprint's folder is
  * ignored and named, a budget below one record refuses writes (counted),
- * and a budget of two records keeps the two most recent.
+ * a budget of two records keeps the two most recent, and with a queue of
+ * one every put is either written or counted as dropped.
  */
 #include <math.h>
 #include <stdio.h>
@@ -322,6 +323,27 @@ static void test_tier_alone(void) {
     CHECK_EQ_INT(st.blocks, 2);
     CHECK(kp_disk_has(t, &key[3]));
     CHECK(st.evicted >= 1);
+    kp_disk_close(t);
+    /* a queue of one: every put is either written or dropped and counted */
+    kp_disk_config q1 = {dir, 0, 1};
+    char sub[320];
+    snprintf(sub, sizeof sub, "%s/q", dir);
+    q1.dir = sub;
+    CHECK(kp_disk_open(&t, &q1, &fp, p, &err) == KP_OK);
+    if (!t) return;
+    uint32_t queued = 0;
+    kp_bkey k = zero;
+    for (int i = 0; i < 40; i++) {
+        int32_t tk[4] = {i, i + 1, i + 2, i + 3};
+        kp_bkey next = kp_bkey_next(&k, tk, 4);
+        queued += kp_disk_put(t, &next, &k, tk, i % 4);
+        k = next;
+    }
+    kp_disk_flush(t);
+    kp_disk_get_stats(t, &st);
+    CHECK_EQ_INT(st.writes, queued);
+    CHECK_EQ_INT(st.writes + st.dropped_queue, 40);
+    CHECK_EQ_INT(st.blocks, queued);
     kp_disk_close(t);
     kp_kvpool_free(p);
 }
