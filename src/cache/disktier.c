@@ -431,6 +431,14 @@ bool kp_disk_has(kp_disktier *t, const kp_bkey *key) {
     return h;
 }
 
+bool kp_disk_ready(kp_disktier *t, const kp_bkey *key) {
+    pthread_mutex_lock(&t->mu);
+    dent *d = find_live(t, key);
+    bool r = d && d->state == ST_ON_DISK;
+    pthread_mutex_unlock(&t->mu);
+    return r;
+}
+
 bool kp_disk_put(kp_disktier *t, const kp_bkey *key, const kp_bkey *parent, const int32_t *tokens, int32_t block) {
     size_t size = kp_brec_size(t->pool);
     pthread_mutex_lock(&t->mu);

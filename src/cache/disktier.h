@@ -77,6 +77,10 @@ void kp_disk_close(kp_disktier *t);
 /* True when a record of key is on disk (or queued). */
 bool kp_disk_has(kp_disktier *t, const kp_bkey *key);
 
+/* True when a record of key is on disk (written, not only queued): what a
+ * kp_disk_get may load. */
+bool kp_disk_ready(kp_disktier *t, const kp_bkey *key);
+
 /* Queues the record of pool block `block` holding tokens[0..block_size)
  * under key (parent: the previous block's key, or the zero key). Returns
  * false when it was not queued (already known, queue full, over budget). */

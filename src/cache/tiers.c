@@ -103,7 +103,7 @@ uint32_t kp_tiers_probe(kp_tiers *t, const int32_t *tokens, uint32_t j0, uint32_
     t->keys_of = NULL; /* a new prompt: the pointer may be reused for other tokens */
     if (j0 >= j_end || !chain(t, tokens, j_end)) return 0;
     uint32_t j = j0;
-    while (j < j_end && t->disk && kp_disk_has(t->disk, &t->keys[j])) j++;
+    while (j < j_end && t->disk && kp_disk_ready(t->disk, &t->keys[j])) j++;
     t->disk_end = t->probe_end = j;
     if (j < j_end && t->redis) t->probe_end = j + kp_redis_probe(t->redis, t->keys + j, j_end - j);
     return t->probe_end - j0;
