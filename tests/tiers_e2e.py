@@ -13,10 +13,13 @@ from disk): a truncated record, a flipped K/V byte, a record with the right
 key but other tokens: the restore stops at that block under its reason
 (truncated, checksum, tokens), the answer is still the cold one. A
 --cache-disk-budget smaller than one record writes nothing and counts it.
+`kvpin run --prompt-cache --cache-dir` run twice: the second run restores
+the first one's blocks and prints what a run without a prefix cache prints.
 """
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -178,6 +181,17 @@ r.ok(j["choices"][0]["text"] == cold1, "tiny budget: the answer is the cold one"
 d = disk(srv)
 r.ok(d["blocks"] == 0 and d["dropped_over_budget"] >= 125, "tiny budget: nothing written, counted: %s" % d)
 srv.stop()
+
+# run --prompt-cache --cache-dir: a second run restores the first one's blocks
+KVPIN = os.environ.get("KVPIN", "./kvpin")
+text = story * 3
+run_dir = os.path.join(tmp, "run")
+base = [KVPIN, "run", "-m", "models/stories260K.gguf", "-n", "12", "-t", "1"]
+subprocess.run(base + ["--cache-dir", run_dir, "-p", text], capture_output=True, timeout=120)
+warm = subprocess.run(base + ["--cache-dir", run_dir, "-p", text + " And"], capture_output=True, text=True, timeout=120)
+cold = subprocess.run(base + ["--no-prefix-cache", "-p", text + " And"], capture_output=True, text=True, timeout=120)
+r.ok(warm.returncode == 0 and warm.stdout == cold.stdout, "run --cache-dir: the cold answer: %r vs %r" % (warm.stdout, cold.stdout))
+r.ok(" tokens restored from disk" in warm.stderr, "run --cache-dir: restored from disk: %s" % warm.stderr[-400:])
 
 shutil.rmtree(tmp)
 sys.exit(r.finish())
