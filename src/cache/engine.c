@@ -56,6 +56,17 @@
  *   source | blk 0 | blk 1 | blk 2 (rows 0..4 of 16) |
  *   fork   | blk 0 | blk 1 | copy of blk 2           |   blocks 0, 1: refcount + 1
  *
+ * Tiers below RAM (kp_eng_open_tiers; tiers.h), three calls:
+ *
+ *   kp_eng_begin   after the RAM match: tier_restore takes the prompt's next
+ *                  whole blocks from disk / Redis, verified, into blocks of
+ *                  the sequence's own (never past position n - 1)
+ *   kp_eng_finish  kp_tiers_publish queues every full block the tiers lack
+ *   kp_eng_pin     tier_pin_publish does the same for the pinned path
+ *
+ * Eviction itself is unchanged: an evicted block was written when its
+ * sequence finished.
+ *
  * kp_eng_generate: prefill (through the index) or append the rest of the
  * prompt, then kp_gen_step on the newest logits and kp_eng_decode of the
  * token it sampled, until the gen says it ended; the sequence stays with
