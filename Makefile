@@ -21,6 +21,8 @@
 
 CC      ?= cc
 PKGS    := libpcre2-8 jansson libmicrohttpd
+# the cache tiers: block keys and checksums (XXH3-128), the Redis client
+PKGS    += libxxhash hiredis
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -ljansson -lmicrohttpd)
 

@@ -185,7 +185,7 @@ static kp_status explain(const kp_tok_vocab *v, const turn *cur, const char *cac
 
 /* ---- kvpin run --prompt-cache ----------------------------------------- */
 
-enum { O_TURNS = CLI_OWN, O_PROMPT_CACHE, O_STOP };
+enum { O_TURNS = CLI_OWN, O_PROMPT_CACHE, O_STOP, O_CACHE_DIR, O_CACHE_DISK_BUDGET };
 
 static const cli_opt cache_tab[] = {
     {"prompt-cache", NULL, NULL, NULL, "this mode (implied by several -p/-f, --turns, --no-prefix-cache)",
@@ -196,6 +196,11 @@ static const cli_opt cache_tab[] = {
     CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_KV_BLOCK), CLI_USE(CLI_NO_PREFIX_CACHE), CLI_USE(CLI_NO_BOS),
     CLI_USE(CLI_SPECIAL), CLI_USE(CLI_PRINT_TOKENS), CLI_USE(CLI_SCALAR),
     {"stop", NULL, NULL, "STR", "end the text before STR (repeatable, at most 16)", O_STOP},
+    /* the same words as serve's (one option, one description) */
+    {"cache-dir", NULL, NULL, "DIR", "the disk tier: full KV blocks are kept in DIR (verified records,\n"
+                                     "one folder per model fingerprint) and reused after a restart", O_CACHE_DIR},
+    {"cache-disk-budget", NULL, NULL, "BYTES", "most bytes the disk tier keeps (least recently used go first;\n"
+                                               "default: no limit)", O_CACHE_DISK_BUDGET},
     {0},
 };
 
@@ -212,7 +217,7 @@ bool cli_cache_wanted(int argc, char **argv) {
     for (int k; (k = cli_args_next(&a)) != CLI_END;) {
         n_f += k == CLI_FILE;
         n_p += k == CLI_PROMPT;
-        cache |= k == O_PROMPT_CACHE || k == O_TURNS || k == CLI_NO_PREFIX_CACHE;
+        cache |= k == O_PROMPT_CACHE || k == O_TURNS || k == CLI_NO_PREFIX_CACHE || k == O_CACHE_DIR;
     }
     return cache || n_f > 1 || n_p > 1;
 }
@@ -245,6 +250,8 @@ typedef struct {
     uint64_t budget;
     uint32_t block;
     bool no_cache, no_bos, special, print_tokens, scalar;
+    const char *cache_dir;
+    uint64_t disk_budget;
 } cache_opts;
 
 static int parse_cache_opts(int argc, char **argv, cache_opts *o) {
@@ -300,6 +307,10 @@ static int parse_cache_opts(int argc, char **argv, cache_opts *o) {
         case CLI_KV_BLOCK:
             if (!cli_args_int(&a, &n)) return 2;
             o->block = (uint32_t)n;
+            break;
+        case O_CACHE_DIR: o->cache_dir = v; break;
+        case O_CACHE_DISK_BUDGET:
+            if (!cli_parse_bytes(opt, v, &o->disk_budget)) return 2;
             break;
         case CLI_KV_BUDGET:
             if (!cli_parse_bytes(opt, v, &o->budget)) return 2;
@@ -478,6 +489,14 @@ int cmd_run_cached(int argc, char **argv) {
         fprintf(stderr, "kvpin run: %s\n", err.msg);
         goto done;
     }
+    if (o.cache_dir) {
+        kp_tiers_config tc = {o.cache_dir, o.disk_budget, NULL, 0, NULL, NULL};
+        if (kp_eng_open_tiers(e, &tc, &err) != KP_OK) {
+            fprintf(stderr, "kvpin run: %s\n", err.msg);
+            goto done;
+        }
+        if (*kp_eng_tier_note(e)) fprintf(stderr, "kvpin run: disk tier: %s\n", kp_eng_tier_note(e));
+    }
     uint64_t total_reused = 0, total_prompt = 0;
     for (size_t i = 0; i < t.n; i++) {
         turn *u = &t.v[i];
@@ -533,6 +552,10 @@ int cmd_run_cached(int argc, char **argv) {
                 i + 1, r.prompt_tokens, r.reused_tokens, r.computed_tokens, c.t_first * 1e3, kp_gen_n_generated(g),
                 kp_gen_cause_name(kp_gen_cause_of(g)),
                 st1.n_evictions > st0.n_evictions ? ", evicted cached prefixes to make room" : "");
+        if (o.cache_dir && (r.reused_from[KP_TIER_DISK] || r.restore_failed != KP_BREC_OK))
+            fprintf(stderr, "turn %zu: %u tokens restored from disk%s%s\n", i + 1, r.reused_from[KP_TIER_DISK],
+                    r.restore_failed != KP_BREC_OK ? ", restore stopped: " : "",
+                    r.restore_failed != KP_BREC_OK ? kp_brec_reason_name(r.restore_failed) : "");
         kp_gen_free(g);
         g = NULL;
         if (!o.no_cache) print_report(&t, i, &r, v, o.special);

@@ -26,7 +26,8 @@
 
 enum {
     O_API_KEY = CLI_OWN, O_API_KEY_FILE, O_CHAT_TEMPLATE, O_QUEUE, O_PREFILL_CHUNK, O_MAX_BODY, O_TIMEOUT,
-    O_ALIAS, O_QUIET, O_REQUEST_TIMEOUT, O_MAX_CONNECTIONS, O_MAX_PER_ADDRESS, O_STRICT_API, O_NO_DASHBOARD
+    O_ALIAS, O_QUIET, O_REQUEST_TIMEOUT, O_MAX_CONNECTIONS, O_MAX_PER_ADDRESS, O_STRICT_API, O_NO_DASHBOARD,
+    O_CACHE_DIR, O_CACHE_DISK_BUDGET, O_CACHE_REDIS, O_CACHE_REDIS_TIMEOUT
 };
 
 static const cli_opt serve_tab[] = {
@@ -53,6 +54,14 @@ static const cli_opt serve_tab[] = {
                                      "naming them in the x-kvpin-ignored-fields header", O_STRICT_API},
     {"quiet", NULL, NULL, NULL, "no request log and no HTTP-library messages on stderr", O_QUIET},
     {"no-dashboard", NULL, NULL, NULL, "no cache dashboard page at GET / and /dashboard (404)", O_NO_DASHBOARD},
+    {"cache-dir", NULL, NULL, "DIR", "the disk tier: full KV blocks are kept in DIR (verified records,\n"
+                                     "one folder per model fingerprint) and reused after a restart", O_CACHE_DIR},
+    {"cache-disk-budget", NULL, NULL, "BYTES", "most bytes the disk tier keeps (least recently used go first;\n"
+                                               "default: no limit)", O_CACHE_DISK_BUDGET},
+    {"cache-redis", NULL, NULL, "HOST:PORT", "the Redis tier: full KV blocks shared with every kvpin of the same\n"
+                                             "model on this Redis (kvpin:<fingerprint>:<key>)", O_CACHE_REDIS},
+    {"cache-redis-timeout-ms", NULL, NULL, "MS", "longest wait for one Redis round trip (default 50); past it\n"
+                                                 "the prompt is computed", O_CACHE_REDIS_TIMEOUT},
     {0},
 };
 
@@ -143,9 +152,17 @@ static bool api_key_of(const char *arg, const char *file, char **out) {
     return true;
 }
 
+/* The cache tiers' incidents (Redis down, back), one line each. */
+static void tier_log(void *ctx, const char *msg) {
+    (void)ctx;
+    fprintf(stderr, "kvpin serve: %s\n", msg);
+}
+
 int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *host = "127.0.0.1", *key_arg = NULL, *key_file = NULL, *tmpl = NULL;
-    const char *alias = NULL;
+    const char *alias = NULL, *cache_dir = NULL, *cache_redis = NULL;
+    uint64_t disk_budget = 0;
+    int64_t redis_timeout = 50;
     int64_t port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 64, chunk = 256, block = 16, timeout = 60;
     int64_t request_timeout = 30, max_conn = 1024, max_per_addr = 64;
     uint64_t budget = 0, max_body = 8u << 20;
@@ -187,6 +204,10 @@ int cmd_serve(int argc, char **argv) {
         case O_API_KEY_FILE: key_file = v; break;
         case O_CHAT_TEMPLATE: tmpl = v; break;
         case O_ALIAS: alias = v; break;
+        case O_CACHE_DIR: cache_dir = v; break;
+        case O_CACHE_DISK_BUDGET: ok = cli_parse_bytes(opt, v, &disk_budget); break;
+        case O_CACHE_REDIS: cache_redis = v; break;
+        case O_CACHE_REDIS_TIMEOUT: ok = cli_parse_i64(opt, v, 1, 60000, &redis_timeout); break;
         }
         if (!ok) return 2;
     }
@@ -267,6 +288,29 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "kvpin serve: %s\n", err.msg);
         goto done;
     }
+    if ((cache_dir || cache_redis) && no_cache) {
+        fprintf(stderr, "kvpin serve: --cache-dir and --cache-redis need the prefix cache (drop "
+                        "--no-prefix-cache)\n");
+        rc = 2;
+        goto done;
+    }
+    if (cache_dir || cache_redis) {
+        kp_tiers_config tc = {cache_dir, disk_budget, cache_redis, (uint32_t)redis_timeout, tier_log, NULL};
+        if (kp_eng_open_tiers(e, &tc, &err) != KP_OK) {
+            fprintf(stderr, "kvpin serve: %s\n", err.msg);
+            goto done;
+        }
+        kp_tiers_stats ts;
+        kp_eng_tier_stats(e, &ts);
+        if (cache_dir)
+            fprintf(stderr, "kvpin serve: disk tier %s: fingerprint %.16s, %llu blocks (%s) found\n", cache_dir,
+                    ts.fingerprint, (unsigned long long)ts.tier[KP_TIER_DISK].blocks,
+                    cli_bytes(ts.tier[KP_TIER_DISK].bytes, b1, sizeof b1));
+        if (cache_redis)
+            fprintf(stderr, "kvpin serve: redis tier %s: keys kvpin:%s:*, timeout %lld ms\n", cache_redis,
+                    ts.fingerprint, (long long)redis_timeout);
+        if (*kp_eng_tier_note(e)) fprintf(stderr, "kvpin serve: disk tier: %s\n", kp_eng_tier_note(e));
+    }
     kp_sched_config sc = {(uint32_t)parallel, (uint32_t)queue, (uint32_t)chunk};
     if (kp_sched_new(&sched, e, v, &sc, &err) != KP_OK) {
         fprintf(stderr, "kvpin serve: %s\n", err.msg);
@@ -289,6 +333,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.quiet = quiet;
     cfg.strict_api = strict_api;
     cfg.no_dashboard = no_dashboard;
+    cfg.tiers_of = cache_dir || cache_redis ? e : NULL;
     /* SIGINT/SIGTERM are taken by sigwait below; SIGPIPE from a client that left is ignored */
     sigset_t set;
     sigemptyset(&set);

@@ -194,7 +194,8 @@ shared = ["model", "threads", "ctx-size", "n-predict", "prompt", "file", "seed",
           "min-p", "repeat-penalty", "repeat-last-n", "presence-penalty", "frequency-penalty", "host", "port",
           "parallel", "kv-type", "kv-budget", "kv-block", "no-prefix-cache", "no-bos", "special", "print-tokens",
           "scalar", "json", "help", "version"]
-opt_line = re.compile(r"^ {2,7}(-[a-z]+, )?--([a-z0-9-]+)( \S+)? +\S")
+# an option too long for the column has its description on the next line (not a layout to check)
+opt_line = re.compile(r"^ {2,7}(-[a-z]+, )?--([a-z0-9-]+)( \S+)? {2,}\S")
 lines, cols = {}, set()
 for c in cmds:
     text = open("%s/help-%s.txt" % (d, c)).read().split("\n")

@@ -56,6 +56,17 @@
  *   source | blk 0 | blk 1 | blk 2 (rows 0..4 of 16) |
  *   fork   | blk 0 | blk 1 | copy of blk 2           |   blocks 0, 1: refcount + 1
  *
+ * Tiers below RAM (kp_eng_open_tiers; tiers.h), three calls:
+ *
+ *   kp_eng_begin   after the RAM match: tier_restore takes the prompt's next
+ *                  whole blocks from disk / Redis, verified, into blocks of
+ *                  the sequence's own (never past position n - 1)
+ *   kp_eng_finish  kp_tiers_publish queues every full block the tiers lack
+ *   kp_eng_pin     tier_pin_publish does the same for the pinned path
+ *
+ * Eviction itself is unchanged: an evicted block was written when its
+ * sequence finished.
+ *
  * kp_eng_generate: prefill (through the index) or append the rest of the
  * prompt, then kp_gen_step on the newest logits and kp_eng_decode of the
  * token it sampled, until the gen says it ended; the sequence stays with
@@ -92,6 +103,7 @@ struct kp_engine {
     const kp_model *m;
     kp_kvpool *kv;
     kp_pfx_index *idx; /* NULL: prefix cache off */
+    kp_tiers *tiers;   /* NULL: RAM only (kp_eng_open_tiers) */
     kp_forward *fw;
     uint32_t max_pos;
     kp_pfx_config pfx_cfg; /* kept for kp_eng_clear */
@@ -148,6 +160,7 @@ fail:
 
 void kp_eng_free(kp_engine *e) {
     if (!e) return;
+    kp_tiers_free(e->tiers);
     kp_forward_free(e->fw);
     kp_pfx_free(e->idx);
     kp_kvpool_free(e->kv);
@@ -304,6 +317,39 @@ static kp_status run_tokens(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens
     return KP_OK;
 }
 
+/* After the RAM match (seq holds tokens[0..p)): the whole blocks that follow
+ * from the tiers below RAM, as far as they hold the prompt's chain, leaving
+ * at least the last position to compute. The first block may be the
+ * private copy of a partial RAM block: its rows are overwritten with the
+ * same tokens' rows. A refused block ends the restore (its reason goes to
+ * the report); blocks reserved past what was restored are given back. */
+static void tier_restore(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_seq *seq, kp_eng_report *r) {
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size, p = seq->kv.n_pos;
+    uint32_t j0 = p / B, j_end = (n - 1) / B;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint32_t nb = kp_tiers_probe(e->tiers, tokens, j0, j_end);
+    if (nb == 0 || reserve(e, seq, (j0 + nb) * B, NULL, NULL) != KP_OK) return;
+    uint32_t got[KP_TIER_N] = {0}, j = j0;
+    for (; j < j0 + nb; j++) {
+        kp_tier_id from;
+        kp_brec_reason why = kp_tiers_fetch(e->tiers, tokens, j, e->kv, seq->kv.blocks[j], &from);
+        if (why != KP_BREC_OK) {
+            r->restore_failed = why;
+            r->restore_failed_tier = from;
+            break;
+        }
+        got[from] += (j + 1) * B - (j == j0 ? p : j * B);
+    }
+    if (j > j0) seq->kv.n_pos = j * B;
+    kp_kvseq_truncate(&seq->kv, e->kv, seq->kv.n_pos);
+    for (int t = 1; t < KP_TIER_N; t++) r->reused_from[t] = got[t];
+    r->reused_tokens = seq->kv.n_pos;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    kp_tiers_note_restore(e->tiers, (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), got,
+                          r->restore_failed != KP_BREC_OK);
+}
+
 kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_seq *seq, kp_eng_report *report,
                     kp_error *err) {
     kp_eng_report r;
@@ -343,6 +389,7 @@ kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_s
         }
         r.reused_tokens = seq->kv.n_pos;
         assert(r.reused_tokens <= mr.n_reuse && r.reused_tokens < n);
+        if (e->tiers) tier_restore(e, tokens, n, seq, &r);
     } else {
         r.cold = true;
     }
@@ -575,6 +622,7 @@ kp_status kp_eng_finish(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, ui
     if (n_added) *n_added = 0;
     if (n > seq->kv.n_pos) n = seq->kv.n_pos;
     if (e->idx && n > 0 && tokens) st = kp_pfx_insert(e->idx, tokens, n, &seq->kv, NULL, n_added, err);
+    if (e->tiers && tokens) kp_tiers_publish(e->tiers, tokens, n, &seq->kv);
     kp_eng_seq_abort(e, seq);
     return st;
 }
@@ -623,6 +671,25 @@ void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out) {
     out->n_lookups = ps.n_lookups;
     out->n_hits = ps.n_hits;
     out->reused_tokens = ps.reused_tokens;
+}
+
+kp_status kp_eng_open_tiers(kp_engine *e, const kp_tiers_config *cfg, kp_error *err) {
+    if (!e->idx) return kp_fail(err, KP_EUNSUPPORTED, "the cache tiers need the prefix cache (it is off)");
+    if (e->tiers) return kp_fail(err, KP_EINVAL, "the cache tiers are open already");
+    return kp_tiers_new(&e->tiers, cfg, e->m, e->kv, err);
+}
+
+bool kp_eng_tier_stats(kp_engine *e, kp_tiers_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (!e->tiers) return false;
+    kp_tiers_get_stats(e->tiers, out);
+    return true;
+}
+
+const char *kp_eng_tier_note(const kp_engine *e) { return e->tiers ? kp_tiers_note(e->tiers) : ""; }
+
+void kp_eng_tier_flush(kp_engine *e) {
+    if (e->tiers) kp_tiers_flush(e->tiers);
 }
 
 kp_status kp_eng_top(kp_engine *e, kp_eng_prefix *out, uint32_t max, uint32_t *n_out, kp_error *err) {
@@ -718,11 +785,46 @@ kp_status kp_eng_node_path(kp_engine *e, const int32_t *firsts, uint32_t depth, 
     return st;
 }
 
+/* tier_pin_publish's walk: the block of each whole-block index of the
+ * pinned path, the deepest node's (as kp_pfx_acquire takes them). */
+typedef struct {
+    const int32_t *tokens;
+    uint32_t n, nb;
+    int32_t *blocks;
+} pin_walk;
+
+static int pin_visit(const kp_pfx_node_info *nd, void *ctx) {
+    pin_walk *w = ctx;
+    if (nd->start >= w->n || nd->path[nd->start] != w->tokens[nd->start]) return 0;
+    uint32_t m = nd->end < w->n ? nd->end : w->n;
+    if (memcmp(nd->path, w->tokens, (size_t)m * sizeof *w->tokens)) return 0;
+    for (uint32_t i = 0; i < nd->n_blocks; i++)
+        if (nd->first_block + i < w->nb) w->blocks[nd->first_block + i] = nd->blocks[i];
+    return 0;
+}
+
+/* Writes the whole blocks of the just pinned tokens[0..n) to the tiers
+ * (those they lack): a pinned prefix is on disk from its pin on. */
+static void tier_pin_publish(kp_engine *e, const int32_t *tokens, uint32_t n) {
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
+    pin_walk w = {tokens, n, n / B, NULL};
+    if (!w.nb || !(w.blocks = malloc((size_t)w.nb * sizeof *w.blocks))) return;
+    for (uint32_t i = 0; i < w.nb; i++) w.blocks[i] = -1;
+    uint32_t have = 0;
+    if (kp_pfx_walk(e->idx, pin_visit, &w, NULL) == KP_OK)
+        while (have < w.nb && w.blocks[have] >= 0) have++;
+    kp_kvseq view = {w.blocks, have, have, have * B};
+    if (have) kp_tiers_publish(e->tiers, tokens, have * B, &view);
+    free(w.blocks);
+}
+
 kp_status kp_eng_pin(kp_engine *e, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
                      uint64_t *id, kp_error *err) {
     *id = 0;
     if (!e->idx) return kp_fail(err, KP_EUNSUPPORTED, "the prefix cache is off: nothing can be pinned");
-    return kp_pfx_pin(e->idx, tokens, n, ttl_seconds, now, id, err);
+    kp_status st = kp_pfx_pin(e->idx, tokens, n, ttl_seconds, now, id, err);
+    if (st == KP_OK && e->tiers) tier_pin_publish(e, tokens, n);
+    return st;
 }
 
 kp_status kp_eng_unpin(kp_engine *e, uint64_t id, kp_error *err) {

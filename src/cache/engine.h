@@ -42,6 +42,7 @@
 #include "model/model.h"
 #include "cache/gen.h"
 #include "cache/prefix.h"
+#include "cache/tiers.h"
 #include "kernels/quant.h"
 #include "base/status.h"
 #include "base/threadpool.h"
@@ -81,6 +82,13 @@ typedef struct {
     uint32_t evicted_len;       /* ... the path length the evicted node had */
     uint32_t evictions;         /* kp_pfx_evict calls this prefill needed */
     uint64_t evicted_bytes;     /* bytes they returned to the pool */
+    /* where reused_tokens came from: RAM (the index), then whole blocks
+       restored from the tiers below it: reused_from[KP_TIER_DISK] and
+       [KP_TIER_REDIS]; [KP_TIER_RAM] is left 0: the rest of reused_tokens) */
+    uint32_t reused_from[KP_TIER_N];
+    kp_brec_reason restore_failed; /* KP_BREC_OK, or why a tier's block was refused
+                                      (the rest of the prompt was computed) */
+    kp_tier_id restore_failed_tier;
 } kp_eng_report;
 
 /* Makes an engine over the borrowed model, thread pool and kernels (NULL:
@@ -272,6 +280,28 @@ void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out);
  * hash, n_tokens, its first tokens in head[0..n_head), bytes, holders,
  * pinned, hits). */
 typedef kp_pfx_prefix_info kp_eng_prefix;
+
+/* Opens the tiers below RAM that cfg names (tiers.h: the disk tier, a
+ * Redis tier) for this engine's model and KV layout; from then on a
+ * prefill continues its RAM match from them (whole blocks, verified) and a
+ * finished sequence's full blocks are written to them in the background,
+ * and so are a pinned prefix's at pin time (kp_eng_pin). Call once,
+ * normally before the first prefill (what was cached before reaches the
+ * tiers only when it is pinned or indexed again). KP_EUNSUPPORTED without a prefix
+ * cache, KP_EINVAL when tiers are open already, else kp_tiers_new's errors
+ * (the engine is unchanged then). */
+kp_status kp_eng_open_tiers(kp_engine *e, const kp_tiers_config *cfg, kp_error *err);
+
+/* The tiers' counters (tiers.h) into *out; false (and *out zeroed) when
+ * the engine has no tier below RAM. Any thread. */
+bool kp_eng_tier_stats(kp_engine *e, kp_tiers_stats *out);
+
+/* What opening the tiers found ("ignored N blocks of fingerprint ..."), ""
+ * when nothing or no tiers. Borrowed from e. */
+const char *kp_eng_tier_note(const kp_engine *e);
+
+/* Waits until the tiers' queued writes are done (tests; no-op without). */
+void kp_eng_tier_flush(kp_engine *e);
 
 /* The largest cached prefixes, most tokens first (ties: most recently used
  * first), at most max, into out[0..*n_out); O(index nodes). None without a

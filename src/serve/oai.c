@@ -751,11 +751,29 @@ json_t *kp_oai_usage_json(uint32_t prompt, uint32_t cached, uint32_t completion)
                      "prompt_tokens_details", "cached_tokens", (json_int_t)cached);
 }
 
+/* The tiers' part of a cache report: "reused_from" {ram, disk, redis}
+ * always; "restore" {cause "restored" | "restore_failed", reason, tier}
+ * when a tier below RAM gave blocks or refused one. */
+static void tier_report_json(json_t *o, const kp_eng_report *r) {
+    uint32_t below = r->reused_from[KP_TIER_DISK] + r->reused_from[KP_TIER_REDIS];
+    json_object_set_new(o, "reused_from",
+                        json_pack("{s:I, s:I, s:I}", "ram", (json_int_t)(r->reused_tokens - below), "disk",
+                                  (json_int_t)r->reused_from[KP_TIER_DISK], "redis",
+                                  (json_int_t)r->reused_from[KP_TIER_REDIS]));
+    if (!below && r->restore_failed == KP_BREC_OK) return;
+    bool failed = r->restore_failed != KP_BREC_OK;
+    json_object_set_new(o, "restore",
+                        json_pack("{s:s, s:o, s:o}", "cause", failed ? "restore_failed" : "restored", "reason",
+                                  failed ? json_string(kp_brec_reason_name(r->restore_failed)) : json_null(), "tier",
+                                  failed ? json_string(kp_tier_name(r->restore_failed_tier)) : json_null()));
+}
+
 json_t *kp_oai_cache_json(const kp_eng_report *r, const kp_doctor_report *d) {
     json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:b}", "prompt_tokens", (json_int_t)r->prompt_tokens,
                           "reused_tokens", (json_int_t)r->reused_tokens, "computed_tokens",
                           (json_int_t)r->computed_tokens, "diverged_at_token", (json_int_t)r->diverged_at_token,
                           "evicted", r->evicted);
+    if (o) tier_report_json(o, r);
     if (!o || !d) return o;
     char advice[512] = "";
     if (d->finding.cause != KP_DOCTOR_CAUSE_HIT)

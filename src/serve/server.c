@@ -1603,6 +1603,39 @@ static json_t *kv_json(const kp_eng_stats *k) {
                      "blocks_free", (json_int_t)(k->free_bytes / bb));
 }
 
+/* /v1/cache "tiers": each tier below RAM (disk, redis) with its bytes,
+ * blocks, hit ratio and failures by reason; null without tiers. */
+static json_t *tiers_json(kp_server *s) {
+    kp_tiers_stats ts;
+    if (!s->cfg.tiers_of || !kp_eng_tier_stats(s->cfg.tiers_of, &ts)) return json_null();
+    json_t *o = json_pack("{s:s, s:I, s:I, s:s}", "fingerprint", ts.fingerprint, "restores", (json_int_t)ts.restores,
+                          "restore_failed", (json_int_t)ts.restore_failed, "note", kp_eng_tier_note(s->cfg.tiers_of));
+    for (int i = KP_TIER_DISK; i < KP_TIER_N; i++) {
+        if (!ts.on[i]) continue;
+        const kp_tier_stats *t = &ts.tier[i];
+        json_t *fail = json_object();
+        uint64_t failures = 0;
+        for (int r = KP_BREC_TRUNCATED; r < KP_BREC_N_REASONS; r++) {
+            json_object_set_new(fail, kp_brec_reason_name((kp_brec_reason)r), json_integer((json_int_t)t->fail[r]));
+            failures += t->fail[r];
+        }
+        json_object_set_new(fail, "missing", json_integer((json_int_t)t->fail[KP_BREC_MISSING]));
+        json_t *j = json_pack("{s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+                              "bytes", (json_int_t)t->bytes, "blocks", (json_int_t)t->blocks, "budget_bytes",
+                              (json_int_t)t->budget_bytes, "lookups", (json_int_t)t->lookups, "hits",
+                              (json_int_t)t->hits, "hit_ratio", t->lookups ? (double)t->hits / (double)t->lookups : 0.0,
+                              "failures", (json_int_t)failures, "failures_by_reason", fail, "writes",
+                              (json_int_t)t->writes, "bytes_written", (json_int_t)t->bytes_written, "bytes_read",
+                              (json_int_t)t->bytes_read, "dropped_queue_full", (json_int_t)t->dropped_queue,
+                              "dropped_over_budget", (json_int_t)t->dropped_budget, "write_errors",
+                              (json_int_t)t->write_errors, "evicted", (json_int_t)t->evicted, "restored_tokens",
+                              (json_int_t)ts.restored_tokens[i], "other_fingerprint_blocks",
+                              (json_int_t)t->other_blocks);
+        json_object_set_new(o, kp_tier_name((kp_tier_id)i), j);
+    }
+    return o;
+}
+
 static enum MHD_Result cache_get(kp_server *s, struct MHD_Connection *c) {
     kp_error err = {0};
     /* the counters first: the snapshot is published before the running
@@ -1635,9 +1668,9 @@ static enum MHD_Result cache_get(kp_server *s, struct MHD_Connection *c) {
                                (json_int_t)ss.queued);
     json_t *keys = kp_ckeys_json(s->ckeys);
     return reply_json(s, c, 200,
-                      json_pack("{s:s, s:b, s:o, s:o, s:o, s:o}", "object", "kvpin.cache", "prefix_cache",
+                      json_pack("{s:s, s:b, s:o, s:o, s:o, s:o, s:o}", "object", "kvpin.cache", "prefix_cache",
                                 k.prefix_cache, "kv", kv_json(&k), "counts", counts, "prefixes", list,
-                                "prompt_cache_keys", keys ? keys : json_array()));
+                                "prompt_cache_keys", keys ? keys : json_array(), "tiers", tiers_json(s)));
 }
 
 /* The tokens of a probe or pin body: {"prompt": ...} or {"messages": [...], "tools": [...]}. */
@@ -1808,6 +1841,50 @@ static void histogram(text *t, const char *name, const char *help, const double 
        (unsigned long long)n);
 }
 
+/* The cache tiers' counters (nothing without tiers): hits, bytes read and
+ * written, failures by reason per tier, and the restore latency. */
+static void tier_metrics(kp_server *s, text *t) {
+    kp_tiers_stats ts;
+    if (!s->cfg.tiers_of || !kp_eng_tier_stats(s->cfg.tiers_of, &ts)) return;
+    static const char *const fam[][3] = {
+        {"kvpin_tier_hits_total", "counter", "Blocks a tier below RAM gave back, verified."},
+        {"kvpin_tier_lookups_total", "counter", "Block loads asked of a tier below RAM."},
+        {"kvpin_tier_bytes_read_total", "counter", "Record bytes read from a tier below RAM."},
+        {"kvpin_tier_bytes_written_total", "counter", "Record bytes written to a tier below RAM."},
+        {"kvpin_tier_bytes", "gauge", "Record bytes a tier below RAM holds."},
+        {"kvpin_tier_blocks", "gauge", "Blocks a tier below RAM holds."},
+        {"kvpin_tier_writes_dropped_total", "counter", "Writes dropped (queue full or larger than the budget)."},
+        {"kvpin_tier_restored_tokens_total", "counter", "Prompt tokens restored from a tier below RAM."},
+    };
+    for (size_t f = 0; f < sizeof fam / sizeof fam[0]; f++) {
+        tp(t, "# HELP %s %s\n# TYPE %s %s\n", fam[f][0], fam[f][2], fam[f][0], fam[f][1]);
+        for (int i = KP_TIER_DISK; i < KP_TIER_N; i++) {
+            if (!ts.on[i]) continue;
+            const kp_tier_stats *x = &ts.tier[i];
+            uint64_t v[] = {x->hits, x->lookups, x->bytes_read, x->bytes_written, x->bytes, x->blocks,
+                            x->dropped_queue + x->dropped_budget, ts.restored_tokens[i]};
+            tp(t, "%s{tier=\"%s\"} %llu\n", fam[f][0], kp_tier_name((kp_tier_id)i), (unsigned long long)v[f]);
+        }
+    }
+    tp(t, "# HELP kvpin_tier_failures_total Blocks a tier below RAM refused, by reason.\n"
+          "# TYPE kvpin_tier_failures_total counter\n");
+    for (int i = KP_TIER_DISK; i < KP_TIER_N; i++)
+        for (int r = KP_BREC_MISSING; ts.on[i] && r < KP_BREC_N_REASONS; r++)
+            tp(t, "kvpin_tier_failures_total{tier=\"%s\",reason=\"%s\"} %llu\n", kp_tier_name((kp_tier_id)i),
+               kp_brec_reason_name((kp_brec_reason)r), (unsigned long long)ts.tier[i].fail[r]);
+    const char *h = "kvpin_tier_restore_seconds";
+    tp(t, "# HELP %s Time to look up, read and verify the blocks of one prefill's restore.\n# TYPE %s histogram\n", h,
+       h);
+    uint64_t cum = 0;
+    for (int b = 0; b < KP_TIERS_N_BUCKETS; b++) {
+        cum += ts.latency_count[b];
+        tp(t, "%s_bucket{le=\"%g\"} %llu\n", h, kp_tiers_bucket_le[b], (unsigned long long)cum);
+    }
+    cum += ts.latency_count[KP_TIERS_N_BUCKETS];
+    tp(t, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.17g\n%s_count %llu\n", h, (unsigned long long)cum, h,
+       ts.latency_sum, h, (unsigned long long)cum);
+}
+
 static enum MHD_Result metrics(kp_server *s, struct MHD_Connection *c) {
     kp_sched_stats st;
     kp_sched_stats_get(s->sched, &st);
@@ -1867,6 +1944,7 @@ static enum MHD_Result metrics(kp_server *s, struct MHD_Connection *c) {
               "Time a request waited at the queue's head, a sequence slot free, for KV blocks (per admission "
               "that waited).",
               st.kvwait_le, st.kvwait_count, st.kvwait_n, st.kvwait_sum);
+    tier_metrics(s, &t);
     if (t.oom) {
         kp_buf_free(&t);
         return fail(s, c, 500, "server_error", NULL, NULL, "out of memory");

@@ -65,6 +65,8 @@ typedef struct {
     bool strict_api;           /* unknown request fields are a 400 instead of being ignored and named
                                   in x-kvpin-ignored-fields (oai.h, kp_oai_parse_opts) */
     bool no_dashboard;         /* GET / and /dashboard answer 404 (dashboard.h) */
+    kp_engine *tiers_of;       /* the scheduler's engine, read for its cache tiers' counters
+                                  (/v1/cache "tiers", /metrics kvpin_tier_*); NULL: none shown */
 } kp_server_config;
 
 typedef struct kp_server kp_server;

@@ -1,0 +1,106 @@
+/*
+ * blockrec.c - KV block records (blockrec.h). Stateless; the caller owns
+ * every buffer.
+ *
+ * The K/V part follows the pool's accessors (kp_kvpool_k / kp_kvpool_v),
+ * one run of block_size * head_dim elements per (layer, kv-head, K|V), so
+ * a record is independent of where the block sat in its pool.
+ */
+#include "cache/blockrec.h"
+
+#include <string.h>
+#include <xxhash.h>
+
+static const char magic[8] = {'K', 'V', 'P', 'I', 'N', 'B', 'L', 'K'};
+
+const char *kp_brec_reason_name(kp_brec_reason r) {
+    static const char *const names[KP_BREC_N_REASONS] = {"ok",          "missing",  "truncated", "format",
+                                                         "fingerprint", "tokens",   "checksum",  "io",
+                                                         "timeout"};
+    return (unsigned)r < KP_BREC_N_REASONS ? names[r] : "?";
+}
+
+static void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
+
+/* One (layer, kv-head, K|V) run: the pool's block bytes over its runs. */
+/* One (layer, kv-head) run of K (isv false) or V: block_size rows of its
+ * type (K and V may be of different types, so of different sizes). */
+static size_t run_bytes(const kp_kvpool *p, bool isv) {
+    const kp_kvpool_config *c = kp_kvpool_config_of(p);
+    return (isv ? kp_kvpool_v_row_bytes(p) : kp_kvpool_k_row_bytes(p)) * c->block_size;
+}
+
+size_t kp_brec_kv_bytes(const kp_kvpool *p) { return (size_t)kp_kvpool_block_bytes(p); }
+
+size_t kp_brec_size(const kp_kvpool *p) {
+    return KP_BREC_HEADER + 4 * (size_t)kp_kvpool_config_of(p)->block_size + kp_brec_kv_bytes(p);
+}
+
+/* Calls fn for each run of the block in record order. */
+#define FOR_RUNS(c, l, h, kv)                                   \
+    for (uint32_t l = 0; l < (c)->n_layer; l++)                 \
+        for (int kv = 0; kv < 2; kv++)                          \
+            for (uint32_t h = 0; h < (c)->n_head_kv; h++)
+
+void kp_brec_encode(uint8_t *out, const kp_kvpool *p, int32_t block, const kp_bkey *fp, const kp_bkey *key,
+                    const kp_bkey *parent, const int32_t *tokens) {
+    const kp_kvpool_config *c = kp_kvpool_config_of(p);
+    size_t kvb = kp_brec_kv_bytes(p);
+    memset(out, 0, KP_BREC_HEADER);
+    memcpy(out, magic, 8);
+    put32(out + 8, KP_BREC_VERSION);
+    put32(out + 12, c->n_layer);
+    memcpy(out + 16, fp->b, 16);
+    memcpy(out + 32, key->b, 16);
+    memcpy(out + 48, parent->b, 16);
+    put32(out + 64, c->block_size);
+    put64(out + 72, kvb);
+    uint8_t *t = out + KP_BREC_HEADER;
+    for (uint32_t i = 0; i < c->block_size; i++) put32(t + 4 * i, (uint32_t)tokens[i]);
+    uint8_t *kv = t + 4 * (size_t)c->block_size, *q = kv;
+    FOR_RUNS(c, l, h, isv) {
+        memcpy(q, isv ? kp_kvpool_v(p, block, l, h) : kp_kvpool_k(p, block, l, h), run_bytes(p, isv));
+        q += run_bytes(p, isv);
+    }
+    XXH128_canonical_t cs;
+    XXH128_canonicalFromHash(&cs, XXH3_128bits(kv, kvb));
+    memcpy(out + 80, cs.digest, 16);
+}
+
+kp_brec_reason kp_brec_check(const uint8_t *rec, size_t len, const kp_kvpool *p, const kp_bkey *fp,
+                             const kp_bkey *key, const int32_t *tokens) {
+    const kp_kvpool_config *c = kp_kvpool_config_of(p);
+    if (len < KP_BREC_HEADER) return KP_BREC_TRUNCATED;
+    if (memcmp(rec, magic, 8) || get32(rec + 8) != KP_BREC_VERSION) return KP_BREC_FORMAT;
+    if (memcmp(rec + 16, fp->b, 16)) return KP_BREC_FINGERPRINT;
+    uint32_t n = get32(rec + 64);
+    uint64_t kvb = get64(rec + 72);
+    if (n != c->block_size || get32(rec + 12) != c->n_layer || kvb != kp_brec_kv_bytes(p)) return KP_BREC_FORMAT;
+    if (len != KP_BREC_HEADER + 4 * (size_t)n + kvb) return KP_BREC_TRUNCATED;
+    if (memcmp(rec + 32, key->b, 16)) return KP_BREC_TOKENS;
+    const uint8_t *t = rec + KP_BREC_HEADER;
+    for (uint32_t i = 0; i < n; i++)
+        if ((int32_t)get32(t + 4 * i) != tokens[i]) return KP_BREC_TOKENS;
+    XXH128_canonical_t cs;
+    XXH128_canonicalFromHash(&cs, XXH3_128bits(t + 4 * (size_t)n, kvb));
+    if (memcmp(rec + 80, cs.digest, 16)) return KP_BREC_CHECKSUM;
+    return KP_BREC_OK;
+}
+
+void kp_brec_load(const uint8_t *rec, kp_kvpool *p, int32_t block) {
+    const kp_kvpool_config *c = kp_kvpool_config_of(p);
+    const uint8_t *q = rec + KP_BREC_HEADER + 4 * (size_t)c->block_size;
+    FOR_RUNS(c, l, h, isv) {
+        memcpy(isv ? kp_kvpool_v(p, block, l, h) : kp_kvpool_k(p, block, l, h), q, run_bytes(p, isv));
+        q += run_bytes(p, isv);
+    }
+}

@@ -1,0 +1,80 @@
+/*
+ * blockrec.h - one KV block as bytes, for the disk and Redis tiers
+ * (floor 5): the record format, its encoder and its verifying decoder.
+ *
+ * Record layout (all integers little-endian; keys and hashes 16 canonical
+ * XXH128 bytes):
+ *
+ *   offset        size        field
+ *   0             8           magic "KVPINBLK"
+ *   8             4           version (KP_BREC_VERSION, 1)
+ *   12            4           n_layer
+ *   16            16          model fingerprint (fingerprint.h)
+ *   32            16          key of this block (blockkey.h)
+ *   48            16          key of the parent block (zeros for block 0)
+ *   64            4           n_tokens (= the block size)
+ *   68            4           reserved, 0
+ *   72            8           kv_bytes: K/V bytes that follow the tokens
+ *   80            16          XXH3-128 of the kv_bytes K/V bytes
+ *   96            4*n_tokens  token ids, int32
+ *   96+4n         kv_bytes    per layer l = 0..n_layer-1: the K rows of
+ *                             kv-head 0..H-1 (n_tokens x head_dim elements
+ *                             each), then the V rows of kv-head 0..H-1
+ *   total = 96 + 4 * n_tokens + kv_bytes
+ *
+ * kp_brec_check verifies, in order: the length (truncated), the magic and
+ * version (format), the fingerprint (fingerprint), the key and the tokens
+ * against what the caller expects (tokens), kv_bytes against the layout
+ * (format), and the checksum of the K/V bytes (checksum). Any failure is a
+ * miss with that reason, never rows handed on.
+ */
+#ifndef KP_BLOCKREC_H
+#define KP_BLOCKREC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache/blockkey.h"
+#include "kv/kvpool.h"
+
+#define KP_BREC_VERSION 1
+#define KP_BREC_HEADER 96
+
+/* Why a record was refused (or KP_BREC_OK). */
+typedef enum {
+    KP_BREC_OK = 0,
+    KP_BREC_MISSING,     /* no record under that key */
+    KP_BREC_TRUNCATED,   /* shorter (or longer) than its header says */
+    KP_BREC_FORMAT,      /* bad magic, version or sizes */
+    KP_BREC_FINGERPRINT, /* made under another model fingerprint */
+    KP_BREC_TOKENS,      /* another key or other tokens than the prompt's */
+    KP_BREC_CHECKSUM,    /* K/V bytes differ from their checksum */
+    KP_BREC_IO,          /* read error */
+    KP_BREC_TIMEOUT,     /* the tier did not answer in time */
+    KP_BREC_N_REASONS
+} kp_brec_reason;
+
+/* "missing", "truncated", "format", "fingerprint", "tokens", "checksum",
+ * "io", "timeout" ("ok" for KP_BREC_OK). */
+const char *kp_brec_reason_name(kp_brec_reason r);
+
+/* K/V bytes of one block of pool p: the pool's block_bytes. */
+size_t kp_brec_kv_bytes(const kp_kvpool *p);
+
+/* Record size for a block of pool p. */
+size_t kp_brec_size(const kp_kvpool *p);
+
+/* Writes the record of block `block` of pool p into out[kp_brec_size(p)]:
+ * its tokens[0..block_size), keys and fingerprint as given. */
+void kp_brec_encode(uint8_t *out, const kp_kvpool *p, int32_t block, const kp_bkey *fp, const kp_bkey *key,
+                    const kp_bkey *parent, const int32_t *tokens);
+
+/* Verifies rec[0..len) as the record of key `key` holding tokens[0..block_size)
+ * under fingerprint fp for pool p's layout. KP_BREC_OK or the reason. */
+kp_brec_reason kp_brec_check(const uint8_t *rec, size_t len, const kp_kvpool *p, const kp_bkey *fp,
+                             const kp_bkey *key, const int32_t *tokens);
+
+/* Copies the K/V rows of a checked record into block `block` of pool p. */
+void kp_brec_load(const uint8_t *rec, kp_kvpool *p, int32_t block);
+
+#endif

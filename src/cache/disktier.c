@@ -1,0 +1,540 @@
+/*
+ * disktier.c - the disk tier (disktier.h).
+ *
+ * Owns: the table of known records, the write queue and the writer thread.
+ * Borrows: the pool (for the record layout and the rows of a put).
+ *
+ *   ent[0..n_ent)        one entry per key ever known; live == false once a
+ *                        record is deleted or refused (kept as a tombstone
+ *                        until the table is rebuilt when half are dead)
+ *   slot[0..cap)         open addressing over ent by kp_bkey_h64: 0 empty,
+ *                        else entry index + 1; cap a power of two >= 2 n_ent
+ *   queue[head..tail)    records waiting for the writer, at most queue_max
+ *
+ * An entry is QUEUED from put to the rename, then ON_DISK. The LRU order is
+ * `stamp` (a logical clock; the scan seeds it from the files' mtimes).
+ * Invariant: bytes == sum of size over live ON_DISK entries.
+ */
+#include "cache/disktier.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum { ST_QUEUED = 1, ST_ON_DISK = 2 };
+
+typedef struct {
+    kp_bkey key;
+    uint64_t size, stamp;
+    uint8_t state;
+    bool live;
+} dent;
+
+typedef struct {
+    kp_bkey key;
+    uint8_t *rec;
+    size_t size;
+} djob;
+
+struct kp_disktier {
+    char dir[4096];  /* DIR/<fingerprint hex> */
+    kp_fingerprint fp;
+    const kp_kvpool *pool;
+    uint64_t budget;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work, cv_idle;
+    pthread_t writer;
+    bool stop, writing, started;
+    dent *ent;
+    uint32_t n_ent, cap_ent, n_dead;
+    uint32_t *slot;
+    uint32_t cap_slot;
+    djob *queue;
+    uint32_t qmax, qhead, qlen;
+    uint64_t clock;
+    uint8_t *rbuf; /* kp_disk_get's read buffer */
+    size_t rcap;
+    kp_tier_stats st;
+    char note[1024];
+};
+
+static void key_path(const kp_disktier *t, const kp_bkey *k, const char *prefix, const char *suffix, char *out,
+                     size_t cap) {
+    char hex[33];
+    kp_bkey_hex(k, hex);
+    snprintf(out, cap, "%s/%s%s%s", t->dir, prefix, hex, suffix);
+}
+
+/* The entry of key, or NULL. Caller holds mu. */
+static dent *find(kp_disktier *t, const kp_bkey *k) {
+    if (!t->cap_slot) return NULL;
+    for (uint32_t i = (uint32_t)kp_bkey_h64(k) & (t->cap_slot - 1);; i = (i + 1) & (t->cap_slot - 1)) {
+        uint32_t s = t->slot[i];
+        if (!s) return NULL;
+        if (kp_bkey_eq(&t->ent[s - 1].key, k)) return &t->ent[s - 1];
+    }
+}
+
+/* Rebuilds the slots over the live entries (dropping the dead) with room
+ * for `need` entries. Caller holds mu. */
+static bool rehash(kp_disktier *t, uint32_t need) {
+    uint32_t w = 0;
+    for (uint32_t i = 0; i < t->n_ent; i++)
+        if (t->ent[i].live) t->ent[w++] = t->ent[i];
+    t->n_ent = w;
+    t->n_dead = 0;
+    uint32_t cap = 64;
+    while (cap < 2 * (need > w ? need : w)) cap *= 2;
+    uint32_t *s = calloc(cap, sizeof *s);
+    if (!s) return false;
+    free(t->slot);
+    t->slot = s;
+    t->cap_slot = cap;
+    for (uint32_t i = 0; i < w; i++) {
+        uint32_t j = (uint32_t)kp_bkey_h64(&t->ent[i].key) & (cap - 1);
+        while (s[j]) j = (j + 1) & (cap - 1);
+        s[j] = i + 1;
+    }
+    return true;
+}
+
+/* Adds (or revives) the entry of key. Caller holds mu. NULL on ENOMEM. */
+static dent *add(kp_disktier *t, const kp_bkey *k) {
+    dent *d = find(t, k);
+    if (d && !d->live) { /* a forgotten key comes back */
+        d->live = true;
+        d->state = 0;
+        d->size = 0;
+        t->n_dead--;
+    }
+    if (d) return d;
+    if (t->n_ent == t->cap_ent || 2 * (t->n_ent + 1) > t->cap_slot) {
+        if (t->n_dead * 2 > t->n_ent && !rehash(t, t->n_ent + 1)) return NULL;
+        if (t->n_ent == t->cap_ent) {
+            uint32_t c = t->cap_ent ? 2 * t->cap_ent : 256;
+            dent *e = realloc(t->ent, (size_t)c * sizeof *e);
+            if (!e) return NULL;
+            t->ent = e;
+            t->cap_ent = c;
+        }
+        if (2 * (t->n_ent + 1) > t->cap_slot && !rehash(t, 2 * (t->n_ent + 1))) return NULL;
+    }
+    d = &t->ent[t->n_ent++];
+    memset(d, 0, sizeof *d);
+    d->key = *k;
+    d->live = true;
+    uint32_t j = (uint32_t)kp_bkey_h64(k) & (t->cap_slot - 1);
+    while (t->slot[j]) j = (j + 1) & (t->cap_slot - 1);
+    t->slot[j] = (uint32_t)(d - t->ent) + 1;
+    return d;
+}
+
+/* Forgets d (its slot stays, pointing at a dead entry). Caller holds mu. */
+static void forget(kp_disktier *t, dent *d) {
+    if (!d->live) return;
+    if (d->state == ST_ON_DISK) {
+        t->st.blocks--;
+        t->st.bytes -= d->size;
+    }
+    d->live = false;
+    d->state = 0;
+    t->n_dead++;
+}
+
+/* find() that treats a dead entry as absent. */
+static dent *find_live(kp_disktier *t, const kp_bkey *k) {
+    dent *d = find(t, k);
+    return d && d->live ? d : NULL;
+}
+
+/* Deletes least recently used records until bytes + extra fits the
+ * budget, sparing `keep`. Caller holds mu. */
+static void enforce_budget(kp_disktier *t, uint64_t extra, const dent *keep) {
+    if (!t->budget) return;
+    while (t->st.bytes + extra > t->budget) {
+        dent *old = NULL;
+        for (uint32_t i = 0; i < t->n_ent; i++) {
+            dent *d = &t->ent[i];
+            if (d->live && d->state == ST_ON_DISK && d != keep && (!old || d->stamp < old->stamp)) old = d;
+        }
+        if (!old) return;
+        char path[4200];
+        key_path(t, &old->key, "", ".kvb", path, sizeof path);
+        unlink(path);
+        forget(t, old);
+        t->st.evicted++;
+    }
+}
+
+static bool write_all(int fd, const uint8_t *p, size_t n) {
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return false;
+        p += w;
+        n -= (size_t)w;
+    }
+    return true;
+}
+
+/* tmp file, fsync, rename. */
+static bool write_record(kp_disktier *t, const djob *j) {
+    char tmp[4200], fin[4200];
+    key_path(t, &j->key, ".tmp-", "", tmp, sizeof tmp);
+    key_path(t, &j->key, "", ".kvb", fin, sizeof fin);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return false;
+    bool ok = write_all(fd, j->rec, j->size) && fsync(fd) == 0;
+    ok = close(fd) == 0 && ok;
+    if (ok && rename(tmp, fin) == 0) return true;
+    unlink(tmp);
+    return false;
+}
+
+static void *writer_main(void *arg) {
+    kp_disktier *t = arg;
+    pthread_mutex_lock(&t->mu);
+    for (;;) {
+        while (!t->qlen && !t->stop) pthread_cond_wait(&t->cv_work, &t->mu);
+        if (!t->qlen && t->stop) break;
+        djob j = t->queue[t->qhead];
+        t->qhead = (t->qhead + 1) % t->qmax;
+        t->qlen--;
+        t->writing = true;
+        bool fits = !t->budget || j.size <= t->budget;
+        if (fits) enforce_budget(t, j.size, NULL);
+        pthread_mutex_unlock(&t->mu);
+        bool ok = fits && write_record(t, &j);
+        pthread_mutex_lock(&t->mu);
+        dent *d = find_live(t, &j.key);
+        if (!fits) {
+            t->st.dropped_budget++;
+            if (d) forget(t, d);
+        } else if (!ok) {
+            t->st.write_errors++;
+            if (d) forget(t, d);
+        } else if (d && d->state == ST_QUEUED) {
+            d->state = ST_ON_DISK;
+            d->size = j.size;
+            d->stamp = ++t->clock;
+            t->st.blocks++;
+            t->st.bytes += j.size;
+            t->st.writes++;
+            t->st.bytes_written += j.size;
+            enforce_budget(t, 0, d);
+        }
+        free(j.rec);
+        t->writing = false;
+        if (!t->qlen) pthread_cond_broadcast(&t->cv_idle);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+/* Scans our folder: every KEY.kvb becomes an ON_DISK entry, stamps in
+ * mtime order. */
+typedef struct {
+    kp_bkey key;
+    uint64_t size;
+    struct timespec mt;
+} scanned;
+
+static int by_mtime(const void *a, const void *b) {
+    const scanned *x = a, *y = b;
+    if (x->mt.tv_sec != y->mt.tv_sec) return x->mt.tv_sec < y->mt.tv_sec ? -1 : 1;
+    return (x->mt.tv_nsec > y->mt.tv_nsec) - (x->mt.tv_nsec < y->mt.tv_nsec);
+}
+
+static kp_status scan_ours(kp_disktier *t, kp_error *err) {
+    DIR *d = opendir(t->dir);
+    if (!d) return kp_fail(err, KP_EIO, "cannot read the cache directory %s: %s", t->dir, strerror(errno));
+    scanned *v = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    kp_status st = KP_OK;
+    while ((de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        char hex[33];
+        if (len != 36 || strcmp(de->d_name + 32, ".kvb")) continue;
+        memcpy(hex, de->d_name, 32);
+        hex[32] = 0;
+        scanned s;
+        if (!kp_bkey_parse(hex, &s.key)) continue;
+        struct stat sb;
+        if (fstatat(dirfd(d), de->d_name, &sb, 0) != 0 || !S_ISREG(sb.st_mode)) continue;
+        s.size = (uint64_t)sb.st_size;
+        s.mt = sb.st_mtim;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 256;
+            scanned *nv = realloc(v, cap * sizeof *nv);
+            if (!nv) {
+                st = kp_fail(err, KP_ENOMEM, "out of memory scanning %s", t->dir);
+                break;
+            }
+            v = nv;
+        }
+        v[n++] = s;
+    }
+    closedir(d);
+    if (st == KP_OK) {
+        if (n) qsort(v, n, sizeof *v, by_mtime);
+        for (size_t i = 0; i < n && st == KP_OK; i++) {
+            dent *e = add(t, &v[i].key);
+            if (!e) {
+                st = kp_fail(err, KP_ENOMEM, "out of memory for the disk tier's table");
+                break;
+            }
+            e->state = ST_ON_DISK;
+            e->size = v[i].size;
+            e->stamp = ++t->clock;
+            t->st.blocks++;
+            t->st.bytes += v[i].size;
+        }
+    }
+    free(v);
+    return st;
+}
+
+/* Counts the records of other fingerprints' folders under root and says
+ * how they differ from ours. */
+static void scan_others(kp_disktier *t, const char *root, const char *ours) {
+    DIR *d = opendir(root);
+    if (!d) return;
+    struct dirent *de;
+    size_t o = 0;
+    while ((de = readdir(d))) {
+        kp_bkey k;
+        if (strlen(de->d_name) != 32 || !kp_bkey_parse(de->d_name, &k) || !strcmp(de->d_name, ours)) continue;
+        char sub[4200], text[KP_FP_TEXT_MAX] = "";
+        snprintf(sub, sizeof sub, "%s/%s", root, de->d_name);
+        DIR *s = opendir(sub);
+        if (!s) continue;
+        uint64_t blocks = 0;
+        struct dirent *f;
+        while ((f = readdir(s)))
+            if (strlen(f->d_name) == 36 && !strcmp(f->d_name + 32, ".kvb")) blocks++;
+        closedir(s);
+        snprintf(sub, sizeof sub, "%s/%s/FINGERPRINT", root, de->d_name);
+        FILE *ff = fopen(sub, "r");
+        if (ff) {
+            size_t r = fread(text, 1, sizeof text - 1, ff);
+            text[r] = 0;
+            fclose(ff);
+        }
+        char why[512];
+        kp_fp_diff(t->fp.text, text, why, sizeof why);
+        t->st.other_blocks += blocks;
+        if (o + 1 < sizeof t->note)
+            o += (size_t)snprintf(t->note + o, sizeof t->note - o, "%signored %llu blocks of fingerprint %.8s (%s)",
+                                  o ? "; " : "", (unsigned long long)blocks, de->d_name, why);
+        if (o >= sizeof t->note) o = sizeof t->note - 1;
+    }
+    closedir(d);
+}
+
+static bool mkdir_p(const char *path) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return false;
+            *p = '/';
+        }
+    return mkdir(tmp, 0755) == 0 || errno == EEXIST;
+}
+
+kp_status kp_disk_open(kp_disktier **out, const kp_disk_config *cfg, const kp_fingerprint *fp, const kp_kvpool *p,
+                       kp_error *err) {
+    *out = NULL;
+    if (!cfg || !cfg->dir || !*cfg->dir) return kp_fail(err, KP_EINVAL, "no cache directory given");
+    kp_disktier *t = calloc(1, sizeof *t);
+    if (!t) return kp_fail(err, KP_ENOMEM, "out of memory for the disk tier");
+    t->fp = *fp;
+    t->pool = p;
+    t->budget = cfg->budget_bytes;
+    t->st.budget_bytes = cfg->budget_bytes;
+    t->qmax = cfg->queue_max ? cfg->queue_max : 256;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv_work, NULL);
+    pthread_cond_init(&t->cv_idle, NULL);
+    char hex[33];
+    kp_bkey_hex(&fp->id, hex);
+    kp_status st = KP_OK;
+    if (snprintf(t->dir, sizeof t->dir, "%s/%s", cfg->dir, hex) >= (int)sizeof t->dir) {
+        st = kp_fail(err, KP_EINVAL, "the cache directory path is too long");
+        goto fail;
+    }
+    if (!mkdir_p(t->dir)) {
+        st = kp_fail(err, KP_EIO, "cannot make the cache directory %s: %s", t->dir, strerror(errno));
+        goto fail;
+    }
+    char fpath[4200];
+    snprintf(fpath, sizeof fpath, "%s/FINGERPRINT", t->dir);
+    if (access(fpath, F_OK) != 0) {
+        FILE *f = fopen(fpath, "w");
+        if (f) {
+            fputs(fp->text, f);
+            fclose(f);
+        }
+    }
+    t->queue = calloc(t->qmax, sizeof *t->queue);
+    if (!t->queue || !rehash(t, 256)) {
+        st = kp_fail(err, KP_ENOMEM, "out of memory for the disk tier");
+        goto fail;
+    }
+    if ((st = scan_ours(t, err)) != KP_OK) goto fail;
+    scan_others(t, cfg->dir, hex);
+    if (t->budget) enforce_budget(t, 0, NULL);
+    if (pthread_create(&t->writer, NULL, writer_main, t) != 0) {
+        st = kp_fail(err, KP_ENOMEM, "cannot start the disk tier's writer thread");
+        goto fail;
+    }
+    t->started = true;
+    *out = t;
+    return KP_OK;
+fail:
+    kp_disk_close(t);
+    return st;
+}
+
+void kp_disk_close(kp_disktier *t) {
+    if (!t) return;
+    if (t->started) {
+        pthread_mutex_lock(&t->mu);
+        t->stop = true;
+        pthread_cond_signal(&t->cv_work);
+        pthread_mutex_unlock(&t->mu);
+        pthread_join(t->writer, NULL);
+    }
+    for (uint32_t i = 0; i < t->qlen; i++) free(t->queue[(t->qhead + i) % t->qmax].rec);
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cv_work);
+    pthread_cond_destroy(&t->cv_idle);
+    free(t->queue);
+    free(t->ent);
+    free(t->slot);
+    free(t->rbuf);
+    free(t);
+}
+
+bool kp_disk_has(kp_disktier *t, const kp_bkey *key) {
+    pthread_mutex_lock(&t->mu);
+    bool h = find_live(t, key) != NULL;
+    pthread_mutex_unlock(&t->mu);
+    return h;
+}
+
+bool kp_disk_ready(kp_disktier *t, const kp_bkey *key) {
+    pthread_mutex_lock(&t->mu);
+    dent *d = find_live(t, key);
+    bool r = d && d->state == ST_ON_DISK;
+    pthread_mutex_unlock(&t->mu);
+    return r;
+}
+
+bool kp_disk_put(kp_disktier *t, const kp_bkey *key, const kp_bkey *parent, const int32_t *tokens, int32_t block) {
+    size_t size = kp_brec_size(t->pool);
+    pthread_mutex_lock(&t->mu);
+    bool known = find_live(t, key) != NULL, full = t->qlen == t->qmax, big = t->budget && size > t->budget;
+    if (full && !known) t->st.dropped_queue++;
+    if (big && !known) t->st.dropped_budget++;
+    pthread_mutex_unlock(&t->mu);
+    if (known || full || big) return false;
+    uint8_t *rec = malloc(size);
+    if (!rec) return false;
+    kp_brec_encode(rec, t->pool, block, &t->fp.id, key, parent, tokens);
+    pthread_mutex_lock(&t->mu);
+    dent *d = t->qlen < t->qmax ? add(t, key) : NULL;
+    if (d && !d->state) {
+        d->state = ST_QUEUED;
+        t->queue[(t->qhead + t->qlen) % t->qmax] = (djob){*key, rec, size};
+        t->qlen++;
+        rec = NULL;
+        pthread_cond_signal(&t->cv_work);
+    } else if (!d) {
+        t->st.dropped_queue++;
+    }
+    pthread_mutex_unlock(&t->mu);
+    bool queued = rec == NULL;
+    free(rec);
+    return queued;
+}
+
+kp_brec_reason kp_disk_get(kp_disktier *t, const kp_bkey *key, const int32_t *tokens, kp_kvpool *p, int32_t block) {
+    pthread_mutex_lock(&t->mu);
+    t->st.lookups++;
+    dent *d = find_live(t, key);
+    bool on_disk = d && d->state == ST_ON_DISK;
+    if (!d) t->st.fail[KP_BREC_MISSING]++;
+    pthread_mutex_unlock(&t->mu);
+    if (!on_disk) return KP_BREC_MISSING; /* unknown, or still queued */
+    char path[4200];
+    key_path(t, key, "", ".kvb", path, sizeof path);
+    kp_brec_reason r = KP_BREC_OK;
+    size_t len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    if (fd < 0) {
+        r = errno == ENOENT ? KP_BREC_MISSING : KP_BREC_IO;
+    } else if (fstat(fd, &sb) != 0) {
+        r = KP_BREC_IO;
+    } else {
+        len = (size_t)sb.st_size;
+        if (len > t->rcap) {
+            uint8_t *nb = realloc(t->rbuf, len);
+            if (!nb) r = KP_BREC_IO;
+            else {
+                t->rbuf = nb;
+                t->rcap = len;
+            }
+        }
+        for (size_t got = 0; r == KP_BREC_OK && got < len;) {
+            ssize_t n = read(fd, t->rbuf + got, len - got);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) {
+                r = n == 0 ? KP_BREC_TRUNCATED : KP_BREC_IO;
+                break;
+            }
+            got += (size_t)n;
+        }
+    }
+    if (r == KP_BREC_OK) r = kp_brec_check(t->rbuf, len, p, &t->fp.id, key, tokens);
+    if (r == KP_BREC_OK) {
+        kp_brec_load(t->rbuf, p, block);
+        futimens(fd, NULL); /* the LRU order survives a restart */
+    }
+    if (fd >= 0) close(fd);
+    pthread_mutex_lock(&t->mu);
+    d = find_live(t, key);
+    if (r == KP_BREC_OK) {
+        t->st.hits++;
+        t->st.bytes_read += len;
+        if (d) d->stamp = ++t->clock;
+    } else {
+        t->st.fail[r]++;
+        if (d) forget(t, d);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return r;
+}
+
+void kp_disk_flush(kp_disktier *t) {
+    pthread_mutex_lock(&t->mu);
+    while (t->qlen || t->writing) pthread_cond_wait(&t->cv_idle, &t->mu);
+    pthread_mutex_unlock(&t->mu);
+}
+
+void kp_disk_get_stats(kp_disktier *t, kp_tier_stats *out) {
+    pthread_mutex_lock(&t->mu);
+    *out = t->st;
+    pthread_mutex_unlock(&t->mu);
+}
+
+const char *kp_disk_note(const kp_disktier *t) { return t->note; }

@@ -1,0 +1,162 @@
+/*
+ * fingerprint.c - the model fingerprint and the weights-hash cache
+ * (fingerprint.h).
+ *
+ * Weights cache file, one line:
+ *
+ *   kvpin-weights 1 <size> <mtime sec> <mtime nsec> <32 hex> <path>\n
+ *
+ * It is written to a temporary name and renamed over the old one, so a
+ * reader sees a whole line or the previous one. Owns nothing past a call.
+ */
+#include "cache/fingerprint.h"
+
+#include "gguf/gguf.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
+
+kp_bkey kp_fp_weights_compute(const kp_model *m) {
+    XXH3_state_t st;
+    XXH3_128bits_reset(&st);
+    size_t n = kp_gguf_n_tensors(m->file);
+    for (size_t i = 0; i < n; i++) {
+        const kp_gguf_tensor *t = kp_gguf_tensor_at(m->file, i);
+        uint64_t hdr[4 + KP_GGUF_MAX_DIMS] = {t->name.len, t->type, t->n_dims, t->n_bytes};
+        for (uint32_t d = 0; d < KP_GGUF_MAX_DIMS; d++) hdr[4 + d] = (uint64_t)t->ne[d];
+        XXH3_128bits_update(&st, hdr, sizeof hdr);
+        XXH3_128bits_update(&st, t->name.data, t->name.len);
+        XXH3_128bits_update(&st, t->data, t->n_bytes);
+    }
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(&st));
+    kp_bkey k;
+    memcpy(k.b, c.digest, 16);
+    return k;
+}
+
+/* The cache file's name for model path `path`: beside it, or under dir. */
+static void cache_name(const char *path, const char *dir, char *out, size_t cap) {
+    if (!dir) {
+        snprintf(out, cap, "%s.kvpin-fp", path);
+        return;
+    }
+    snprintf(out, cap, "%s/weights-%016llx.fp", dir, (unsigned long long)XXH3_64bits(path, strlen(path)));
+}
+
+/* True when file `name` holds a line for (path, st) and sets *out. */
+static bool cache_read(const char *name, const char *path, const struct stat *st, kp_bkey *out) {
+    FILE *f = fopen(name, "r");
+    if (!f) return false;
+    char line[4352], hex[64];
+    bool ok = false;
+    if (fgets(line, sizeof line, f)) {
+        unsigned long long size, sec, nsec;
+        int used = 0;
+        if (sscanf(line, "kvpin-weights 1 %llu %llu %llu %40s %n", &size, &sec, &nsec, hex, &used) == 4 && used > 0) {
+            char *p = line + used;
+            p[strcspn(p, "\n")] = 0;
+            ok = size == (unsigned long long)st->st_size && sec == (unsigned long long)st->st_mtim.tv_sec &&
+                 nsec == (unsigned long long)st->st_mtim.tv_nsec && !strcmp(p, path) && kp_bkey_parse(hex, out);
+        }
+    }
+    fclose(f);
+    return ok;
+}
+
+static bool cache_write(const char *name, const char *path, const struct stat *st, const kp_bkey *k) {
+    char tmp[4200], hex[33];
+    snprintf(tmp, sizeof tmp, "%s.tmp%ld", name, (long)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) return false;
+    kp_bkey_hex(k, hex);
+    int w = fprintf(f, "kvpin-weights 1 %llu %llu %llu %s %s\n", (unsigned long long)st->st_size,
+                    (unsigned long long)st->st_mtim.tv_sec, (unsigned long long)st->st_mtim.tv_nsec, hex, path);
+    bool ok = w > 0 && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    if (ok && rename(tmp, name) == 0) return true;
+    unlink(tmp);
+    return false;
+}
+
+kp_status kp_fp_weights(const kp_model *m, const char *cache_dir, kp_bkey *out, bool *from_cache, kp_error *err) {
+    if (from_cache) *from_cache = false;
+    const char *path = kp_gguf_path(m->file);
+    struct stat st;
+    if (!path || stat(path, &st) != 0) {
+        *out = kp_fp_weights_compute(m);
+        if (path) return kp_fail(err, KP_EIO, "cannot stat the model %s: %s", path, strerror(errno));
+        return KP_OK; /* a model from memory: nothing to cache it by */
+    }
+    char beside[4200], in_dir[4200];
+    cache_name(path, NULL, beside, sizeof beside);
+    if (cache_dir) cache_name(path, cache_dir, in_dir, sizeof in_dir);
+    if (cache_read(beside, path, &st, out) || (cache_dir && cache_read(in_dir, path, &st, out))) {
+        if (from_cache) *from_cache = true;
+        return KP_OK;
+    }
+    *out = kp_fp_weights_compute(m);
+    if (!cache_write(beside, path, &st, out) && cache_dir) cache_write(in_dir, path, &st, out);
+    return KP_OK;
+}
+
+void kp_fp_make(kp_fingerprint *out, const kp_model *m, const kp_bkey *weights, kp_dtype kv_type,
+                kp_dtype kv_type_v, uint32_t block_size) {
+    const kp_hparams *hp = &m->hp;
+    char wh[33];
+    kp_bkey_hex(weights, wh);
+    out->weights = *weights;
+    snprintf(out->text, sizeof out->text,
+             "kvpin-kv-layout %d\nweights %s\narch %s\nn_layer %u\nn_embd %u\nn_head %u\nn_head_kv %u\n"
+             "head_dim %u\nn_ff %u\nn_vocab %u\nn_rot %u\nrms_eps %a\nrope_base %a\nrope_freq_scale %a\n"
+             "rope_type %s\ntied_output %d\nkv_type %s\nkv_type_v %s\nblock_size %u\n",
+             KP_FP_LAYOUT_VERSION, wh, hp->arch_name ? hp->arch_name : "?", hp->n_layer, hp->n_embd, hp->n_head,
+             hp->n_head_kv, hp->head_dim, hp->n_ff, hp->n_vocab, hp->n_rot, (double)hp->rms_eps,
+             (double)hp->rope_base, (double)hp->rope_freq_scale, hp->rope_type == KP_ROPE_NEOX ? "neox" : "norm",
+             hp->tied_output ? 1 : 0, kp_dtype_name(kv_type), kp_dtype_name(kv_type_v), block_size);
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(out->text, strlen(out->text)));
+    memcpy(out->id.b, c.digest, 16);
+}
+
+/* The value of line `name` in text t into v[cap] ("" when absent). */
+static bool line_value(const char *t, const char *name, char *v, size_t cap) {
+    size_t nl = strlen(name);
+    for (const char *p = t; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        if (!strncmp(p, name, nl) && p[nl] == ' ') {
+            size_t len = strcspn(p + nl + 1, "\n");
+            if (len >= cap) len = cap - 1;
+            memcpy(v, p + nl + 1, len);
+            v[len] = 0;
+            return true;
+        }
+    }
+    v[0] = 0;
+    return false;
+}
+
+void kp_fp_diff(const char *ours, const char *other, char *buf, size_t cap) {
+    size_t o = 0;
+    bool any = false;
+    buf[0] = 0;
+    for (const char *p = ours; *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : p + strlen(p)) {
+        char name[64], a[128], b[128];
+        size_t nl = strcspn(p, " \n");
+        if (nl == 0 || nl >= sizeof name) continue;
+        memcpy(name, p, nl);
+        name[nl] = 0;
+        line_value(ours, name, a, sizeof a);
+        if (!line_value(other, name, b, sizeof b)) continue;
+        any = true;
+        if (strcmp(a, b) && o + 1 < cap)
+            o += (size_t)snprintf(buf + o, cap - o, "%s%s %s (here %s)", o ? ", " : "", name, b, a);
+        if (o >= cap) o = cap - 1;
+    }
+    if (!any) snprintf(buf, cap, "unknown");
+}

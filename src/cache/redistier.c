@@ -1,0 +1,435 @@
+/*
+ * redistier.c - the Redis tier (redistier.h).
+ *
+ * Owns: two hiredis connections (look: the engine thread's lookups; pub:
+ * the background thread's publishes), the publish queue, the set of keys
+ * published or seen, the fetch window and the counters (under mu).
+ *
+ *   handoff      a lookup connection the background thread made, taken by
+ *                the engine thread at its next call (want_look asks for it)
+ *   seen[cap]    open addressing over kp_bkey_h64 (0 empty): keys this
+ *                process published (SET answered OK) or found present, so
+ *                a block dropped while Redis was down is offered again by
+ *                the next sequence that holds it; never grows past
+ *                KP_REDIS_SEEN_MAX entries (then it is emptied)
+ *   win[0..n_win) replies of the last pipelined GET, for win_key[...]
+ *
+ * The engine thread never connects: a lookup with no connection answers
+ * "not here" (0 / KP_BREC_MISSING) at once. A failed round trip frees the
+ * connection and asks the background thread for a new one, which it tries
+ * once a second.
+ */
+#include "cache/redistier.h"
+
+#include <errno.h>
+#include <hiredis.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+
+#define SEEN_MAX (1u << 20)
+
+typedef struct {
+    kp_bkey key;
+    uint8_t *rec;
+    size_t size;
+} rjob;
+
+struct kp_redistier {
+    char host[256];
+    int port;
+    struct timeval tv;
+    char addr[300];
+    char fphex[33];
+    const kp_fingerprint *fp;
+    const kp_kvpool *pool;
+    void (*log)(void *, const char *);
+    void *log_ctx;
+    pthread_mutex_t mu;
+    pthread_cond_t cv, cv_idle;
+    pthread_t bg;
+    bool started, stop, want_look, incident, publishing;
+    redisContext *look, *handoff, *pub;
+    rjob *queue;
+    uint32_t qmax, qhead, qlen;
+    uint64_t *seen;
+    uint32_t seen_cap, seen_n;
+    redisReply *win[KP_REDIS_WINDOW];
+    kp_bkey win_key[KP_REDIS_WINDOW];
+    uint32_t n_win;
+    kp_tier_stats st;
+};
+
+static void key_name(const kp_redistier *t, const kp_bkey *k, char out[80]) {
+    char hex[33];
+    kp_bkey_hex(k, hex);
+    snprintf(out, 80, "kvpin:%s:%s", t->fphex, hex);
+}
+
+static void say(kp_redistier *t, const char *fmt, const char *what) {
+    if (!t->log) return;
+    char msg[1024];
+    snprintf(msg, sizeof msg, fmt, t->addr, what);
+    t->log(t->log_ctx, msg);
+}
+
+/* ---- the seen set (caller holds mu) ---- */
+
+static bool seen_has(const kp_redistier *t, uint64_t h) {
+    if (!t->seen_cap) return false;
+    h = h ? h : 1;
+    for (uint32_t i = (uint32_t)h & (t->seen_cap - 1);; i = (i + 1) & (t->seen_cap - 1)) {
+        if (!t->seen[i]) return false;
+        if (t->seen[i] == h) return true;
+    }
+}
+
+static void seen_add(kp_redistier *t, uint64_t h) {
+    h = h ? h : 1;
+    if (seen_has(t, h)) return;
+    if (2 * (t->seen_n + 1) > t->seen_cap) {
+        uint32_t cap = t->seen_cap ? 2 * t->seen_cap : 1024;
+        if (t->seen_n >= SEEN_MAX) cap = t->seen_cap; /* full: start over */
+        uint64_t *s = calloc(cap, sizeof *s);
+        if (!s) return;
+        uint64_t *old = t->seen;
+        uint32_t oc = t->seen_cap;
+        t->seen = s;
+        t->seen_cap = cap;
+        uint32_t n = t->seen_n;
+        t->seen_n = 0;
+        for (uint32_t i = 0; old && n < SEEN_MAX && i < oc; i++)
+            if (old[i]) seen_add(t, old[i]);
+        free(old);
+    }
+    uint32_t i = (uint32_t)h & (t->seen_cap - 1);
+    while (t->seen[i]) i = (i + 1) & (t->seen_cap - 1);
+    t->seen[i] = h;
+    t->seen_n++;
+}
+
+/* ---- connections ---- */
+
+/* A connection that answered PING within the timeout, or NULL with why
+ * and the failure counted (timeout, io, or format for a wrong answer).
+ * Caller does not hold mu. */
+static redisContext *connect_checked(kp_redistier *t, char *why, size_t cap) {
+    redisContext *c = redisConnectWithTimeout(t->host, t->port, t->tv);
+    kp_brec_reason r = KP_BREC_OK;
+    if (!c || c->err) {
+        snprintf(why, cap, "%s", c ? c->errstr : "out of memory");
+        r = c && c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EINPROGRESS) ? KP_BREC_TIMEOUT : KP_BREC_IO;
+    } else {
+        redisSetTimeout(c, t->tv);
+        redisReply *rep = redisCommand(c, "PING");
+        if (!rep || rep->type != REDIS_REPLY_STATUS) {
+            bool timeout = c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+            snprintf(why, cap, "%s%s", timeout ? "timed out: " : "",
+                     c->err ? c->errstr : "PING was not answered with a status");
+            r = c->err ? (timeout ? KP_BREC_TIMEOUT : KP_BREC_IO) : KP_BREC_FORMAT;
+        }
+        if (rep) freeReplyObject(rep);
+    }
+    if (r == KP_BREC_OK) return c;
+    if (c) redisFree(c);
+    pthread_mutex_lock(&t->mu);
+    t->st.fail[r]++;
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+static void drop_window(kp_redistier *t) {
+    for (uint32_t i = 0; i < t->n_win; i++)
+        if (t->win[i]) freeReplyObject(t->win[i]);
+    t->n_win = 0;
+}
+
+/* The engine thread's connection: its own, or one the background made. */
+static redisContext *lookup_ctx(kp_redistier *t) {
+    if (t->look) return t->look;
+    pthread_mutex_lock(&t->mu);
+    t->look = t->handoff;
+    t->handoff = NULL;
+    pthread_mutex_unlock(&t->mu);
+    return t->look;
+}
+
+/* A lookup round trip failed: the connection goes, the background is asked
+ * for another, the failure counted (and logged once per incident). */
+static kp_brec_reason lookup_failed(kp_redistier *t, kp_brec_reason r) {
+    const char *what = t->look && t->look->err ? t->look->errstr : "bad reply";
+    bool timeout = t->look && t->look->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+    if (r == KP_BREC_IO && timeout) r = KP_BREC_TIMEOUT;
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s%s", r == KP_BREC_TIMEOUT ? "timed out: " : "", what);
+    drop_window(t);
+    if (t->look) redisFree(t->look);
+    t->look = NULL;
+    pthread_mutex_lock(&t->mu);
+    t->st.fail[r]++;
+    t->want_look = true;
+    bool first = !t->incident;
+    t->incident = true;
+    pthread_cond_signal(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    if (first) say(t, "redis %s: %s; computing without the Redis tier, reconnecting in the background", msg);
+    return r;
+}
+
+static void *bg_main(void *arg) {
+    kp_redistier *t = arg;
+    time_t last_look = 0, last_pub = 0;
+    char why[256];
+    pthread_mutex_lock(&t->mu);
+    while (!t->stop) {
+        time_t now = time(NULL);
+        if (t->want_look && !t->handoff && now != last_look) {
+            last_look = now;
+            pthread_mutex_unlock(&t->mu);
+            redisContext *c = connect_checked(t, why, sizeof why);
+            pthread_mutex_lock(&t->mu);
+            if (c) {
+                t->handoff = c;
+                t->want_look = false;
+                if (t->incident) {
+                    t->incident = false;
+                    pthread_mutex_unlock(&t->mu);
+                    say(t, "redis %s: %s", "connected again, sharing resumes");
+                    pthread_mutex_lock(&t->mu);
+                }
+            } else if (!t->incident) {
+                t->incident = true;
+                pthread_mutex_unlock(&t->mu);
+                say(t, "redis %s: %s; computing without the Redis tier, reconnecting in the background", why);
+                pthread_mutex_lock(&t->mu);
+            }
+            continue;
+        }
+        if (t->qlen && !t->pub && now != last_pub) {
+            last_pub = now;
+            pthread_mutex_unlock(&t->mu);
+            redisContext *c = connect_checked(t, why, sizeof why);
+            pthread_mutex_lock(&t->mu);
+            t->pub = c;
+            if (!c) { /* Redis is down: what waits is dropped, not kept for later */
+                while (t->qlen) {
+                    free(t->queue[t->qhead].rec);
+                    t->qhead = (t->qhead + 1) % t->qmax;
+                    t->qlen--;
+                    t->st.write_errors++;
+                }
+                pthread_cond_broadcast(&t->cv_idle);
+            }
+            continue;
+        }
+        if (t->qlen && t->pub) {
+            rjob j = t->queue[t->qhead];
+            t->qhead = (t->qhead + 1) % t->qmax;
+            t->qlen--;
+            t->publishing = true;
+            pthread_mutex_unlock(&t->mu);
+            char name[80];
+            key_name(t, &j.key, name);
+            const char *argv[3] = {"SET", name, (const char *)j.rec};
+            size_t lens[3] = {3, strlen(name), j.size};
+            redisReply *r = redisCommandArgv(t->pub, 3, argv, lens);
+            bool ok = r && r->type == REDIS_REPLY_STATUS;
+            if (r) freeReplyObject(r);
+            free(j.rec);
+            pthread_mutex_lock(&t->mu);
+            t->publishing = false;
+            if (ok) {
+                seen_add(t, kp_bkey_h64(&j.key));
+                t->st.writes++;
+                t->st.bytes_written += j.size;
+            } else {
+                t->st.write_errors++;
+                redisFree(t->pub);
+                t->pub = NULL;
+            }
+            if (!t->qlen) pthread_cond_broadcast(&t->cv_idle);
+            continue;
+        }
+        if (!t->qlen) pthread_cond_broadcast(&t->cv_idle);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 1;
+        pthread_cond_timedwait(&t->cv, &t->mu, &until);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+kp_status kp_redis_open(kp_redistier **out, const kp_redis_config *cfg, const kp_fingerprint *fp, const kp_kvpool *p,
+                        kp_error *err) {
+    *out = NULL;
+    const char *colon = cfg->addr ? strrchr(cfg->addr, ':') : NULL;
+    char *end = NULL;
+    long port = colon ? strtol(colon + 1, &end, 10) : 0;
+    if (!colon || colon == cfg->addr || (size_t)(colon - cfg->addr) >= 256 || !end || *end || port < 1 || port > 65535)
+        return kp_fail(err, KP_EINVAL, "the Redis address \"%s\" is not HOST:PORT", cfg->addr ? cfg->addr : "");
+    kp_redistier *t = calloc(1, sizeof *t);
+    if (!t) return kp_fail(err, KP_ENOMEM, "out of memory for the Redis tier");
+    memcpy(t->host, cfg->addr, (size_t)(colon - cfg->addr));
+    t->port = (int)port;
+    snprintf(t->addr, sizeof t->addr, "%s", cfg->addr);
+    uint32_t ms = cfg->timeout_ms ? cfg->timeout_ms : 50;
+    t->tv.tv_sec = ms / 1000;
+    t->tv.tv_usec = (ms % 1000) * 1000;
+    t->fp = fp;
+    kp_bkey_hex(&fp->id, t->fphex);
+    t->pool = p;
+    t->log = cfg->log;
+    t->log_ctx = cfg->log_ctx;
+    t->qmax = cfg->queue_max ? cfg->queue_max : 256;
+    t->want_look = true;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv, NULL);
+    pthread_cond_init(&t->cv_idle, NULL);
+    t->queue = calloc(t->qmax, sizeof *t->queue);
+    if (!t->queue || pthread_create(&t->bg, NULL, bg_main, t) != 0) {
+        kp_redis_close(t);
+        return kp_fail(err, KP_ENOMEM, "cannot start the Redis tier");
+    }
+    t->started = true;
+    *out = t;
+    return KP_OK;
+}
+
+void kp_redis_close(kp_redistier *t) {
+    if (!t) return;
+    if (t->started) {
+        pthread_mutex_lock(&t->mu);
+        t->stop = true;
+        pthread_cond_signal(&t->cv);
+        pthread_mutex_unlock(&t->mu);
+        pthread_join(t->bg, NULL);
+    }
+    drop_window(t);
+    for (uint32_t i = 0; i < t->qlen; i++) free(t->queue[(t->qhead + i) % t->qmax].rec);
+    if (t->look) redisFree(t->look);
+    if (t->handoff) redisFree(t->handoff);
+    if (t->pub) redisFree(t->pub);
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cv);
+    pthread_cond_destroy(&t->cv_idle);
+    free(t->queue);
+    free(t->seen);
+    free(t);
+}
+
+uint32_t kp_redis_probe(kp_redistier *t, const kp_bkey *keys, uint32_t n) {
+    drop_window(t);
+    redisContext *c = lookup_ctx(t);
+    if (!c || !n) return 0;
+    if (n > 1024) n = 1024;
+    for (uint32_t i = 0; i < n; i++) {
+        char name[80];
+        key_name(t, &keys[i], name);
+        redisAppendCommand(c, "EXISTS %s", name);
+    }
+    uint32_t present = 0;
+    bool run = true;
+    for (uint32_t i = 0; i < n; i++) {
+        redisReply *r = NULL;
+        if (redisGetReply(c, (void **)&r) != REDIS_OK) {
+            lookup_failed(t, KP_BREC_IO);
+            return 0;
+        }
+        bool garbage = r->type != REDIS_REPLY_INTEGER;
+        if (run && !garbage && r->integer == 1) present++;
+        else run = false;
+        freeReplyObject(r);
+        if (garbage) {
+            lookup_failed(t, KP_BREC_FORMAT);
+            return 0;
+        }
+    }
+    pthread_mutex_lock(&t->mu);
+    for (uint32_t i = 0; i < present; i++) seen_add(t, kp_bkey_h64(&keys[i]));
+    pthread_mutex_unlock(&t->mu);
+    return present;
+}
+
+kp_brec_reason kp_redis_get(kp_redistier *t, const kp_bkey *keys, uint32_t n_ahead, const int32_t *tokens,
+                            kp_kvpool *p, int32_t block) {
+    pthread_mutex_lock(&t->mu);
+    t->st.lookups++;
+    pthread_mutex_unlock(&t->mu);
+    uint32_t w = 0;
+    while (w < t->n_win && !kp_bkey_eq(&t->win_key[w], &keys[0])) w++;
+    if (w == t->n_win) { /* not fetched yet: the next window in one round trip */
+        drop_window(t);
+        redisContext *c = lookup_ctx(t);
+        if (!c) return KP_BREC_MISSING;
+        uint32_t n = n_ahead < 1 ? 1 : n_ahead > KP_REDIS_WINDOW ? KP_REDIS_WINDOW : n_ahead;
+        for (uint32_t i = 0; i < n; i++) {
+            char name[80];
+            key_name(t, &keys[i], name);
+            redisAppendCommand(c, "GET %s", name);
+        }
+        for (uint32_t i = 0; i < n; i++) {
+            redisReply *r = NULL;
+            if (redisGetReply(c, (void **)&r) != REDIS_OK) return lookup_failed(t, KP_BREC_IO);
+            t->win[i] = r;
+            t->win_key[i] = keys[i];
+            t->n_win = i + 1;
+        }
+        w = 0;
+    }
+    redisReply *r = t->win[w];
+    kp_brec_reason why;
+    if (r->type == REDIS_REPLY_NIL) why = KP_BREC_MISSING;
+    else if (r->type != REDIS_REPLY_STRING) why = KP_BREC_FORMAT;
+    else why = kp_brec_check((const uint8_t *)r->str, (size_t)r->len, p, &t->fp->id, &keys[0], tokens);
+    if (why == KP_BREC_OK) kp_brec_load((const uint8_t *)r->str, p, block);
+    pthread_mutex_lock(&t->mu);
+    if (why == KP_BREC_OK) {
+        t->st.hits++;
+        t->st.bytes_read += (uint64_t)r->len;
+    } else {
+        t->st.fail[why]++;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return why;
+}
+
+bool kp_redis_put(kp_redistier *t, const kp_bkey *key, const kp_bkey *parent, const int32_t *tokens, int32_t block) {
+    uint64_t h = kp_bkey_h64(key);
+    pthread_mutex_lock(&t->mu);
+    bool skip = seen_has(t, h), full = t->qlen == t->qmax;
+    if (!skip && full) t->st.dropped_queue++;
+    pthread_mutex_unlock(&t->mu);
+    if (skip || full) return false;
+    size_t size = kp_brec_size(t->pool);
+    uint8_t *rec = malloc(size);
+    if (!rec) return false;
+    kp_brec_encode(rec, t->pool, block, &t->fp->id, key, parent, tokens);
+    pthread_mutex_lock(&t->mu);
+    bool queued = t->qlen < t->qmax;
+    if (queued) {
+        t->queue[(t->qhead + t->qlen) % t->qmax] = (rjob){*key, rec, size};
+        t->qlen++;
+        pthread_cond_signal(&t->cv);
+    } else {
+        t->st.dropped_queue++;
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (!queued) free(rec);
+    return queued;
+}
+
+void kp_redis_flush(kp_redistier *t) {
+    pthread_mutex_lock(&t->mu);
+    while (t->qlen || t->publishing) pthread_cond_wait(&t->cv_idle, &t->mu);
+    pthread_mutex_unlock(&t->mu);
+}
+
+void kp_redis_get_stats(kp_redistier *t, kp_tier_stats *out) {
+    pthread_mutex_lock(&t->mu);
+    *out = t->st;
+    pthread_mutex_unlock(&t->mu);
+}

@@ -1,0 +1,170 @@
+/*
+ * tiers.c - the tiers below RAM as the engine sees them (tiers.h).
+ *
+ * Owns: the disk tier (or none), the Redis tier (or none), the fingerprint,
+ * a scratch array of block keys and the restore counters (under mu).
+ *
+ *   keys[0..n_keys)   the chain of the last probe's tokens (keys_of:
+ *                     the tokens pointer it was made from); fetch of block j
+ *                     uses keys[j], so a restore hashes its prompt once
+ *
+ * Lookup order: disk, then Redis from the first block the disk lacks (one
+ * pipelined EXISTS round trip). A block found on neither ends the probe.
+ * Publishing: every full block goes to the disk tier when it lacks it, and
+ * to Redis unless this process published or saw it there.
+ */
+#include "cache/tiers.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+const double kp_tiers_bucket_le[KP_TIERS_N_BUCKETS] = {0.001, 0.002, 0.005, 0.01, 0.02,
+                                                       0.05,  0.1,   0.2,   0.5,  1.0};
+
+struct kp_tiers {
+    kp_fingerprint fp;
+    const kp_kvpool *pool;
+    kp_disktier *disk;
+    kp_redistier *redis;
+    uint32_t disk_end, probe_end; /* the last probe: blocks [j0, disk_end) on disk, then Redis to probe_end */
+    kp_bkey *keys;
+    uint32_t n_keys, cap_keys;
+    const int32_t *keys_of;
+    pthread_mutex_t mu;
+    kp_tiers_stats st; /* restore counters; the tiers' own counters are read from them */
+};
+
+const char *kp_tier_name(kp_tier_id t) {
+    return t == KP_TIER_DISK ? "disk" : t == KP_TIER_REDIS ? "redis" : "ram";
+}
+
+kp_status kp_tiers_new(kp_tiers **out, const kp_tiers_config *cfg, const kp_model *m, const kp_kvpool *p,
+                       kp_error *err) {
+    *out = NULL;
+    kp_tiers *t = calloc(1, sizeof *t);
+    if (!t) return kp_fail(err, KP_ENOMEM, "out of memory for the cache tiers");
+    pthread_mutex_init(&t->mu, NULL);
+    t->pool = p;
+    const kp_kvpool_config *kc = kp_kvpool_config_of(p);
+    kp_bkey w;
+    kp_status st = kp_fp_weights(m, cfg->dir, &w, NULL, err);
+    if (st != KP_OK) goto fail;
+    kp_fp_make(&t->fp, m, &w, kc->kv_type, kc->kv_type_v, kc->block_size);
+    kp_bkey_hex(&t->fp.id, t->st.fingerprint);
+    t->st.on[KP_TIER_RAM] = true;
+    if (cfg->dir) {
+        kp_disk_config dc = {cfg->dir, cfg->disk_budget_bytes, 0};
+        if ((st = kp_disk_open(&t->disk, &dc, &t->fp, p, err)) != KP_OK) goto fail;
+        t->st.on[KP_TIER_DISK] = true;
+    }
+    if (cfg->redis) {
+        kp_redis_config rc = {cfg->redis, cfg->redis_timeout_ms, 0, cfg->log, cfg->log_ctx};
+        if ((st = kp_redis_open(&t->redis, &rc, &t->fp, p, err)) != KP_OK) goto fail;
+        t->st.on[KP_TIER_REDIS] = true;
+    }
+    *out = t;
+    return KP_OK;
+fail:
+    kp_tiers_free(t);
+    return st;
+}
+
+void kp_tiers_free(kp_tiers *t) {
+    if (!t) return;
+    kp_disk_close(t->disk);
+    kp_redis_close(t->redis);
+    pthread_mutex_destroy(&t->mu);
+    free(t->keys);
+    free(t);
+}
+
+/* keys[0..j_end) of tokens (reusing the last chain when it is the same
+ * tokens). False when the scratch cannot grow. */
+static bool chain(kp_tiers *t, const int32_t *tokens, uint32_t j_end) {
+    uint32_t B = kp_kvpool_config_of(t->pool)->block_size;
+    if (t->keys_of != tokens) t->n_keys = 0;
+    if (j_end > t->cap_keys) {
+        uint32_t c = t->cap_keys ? t->cap_keys : 64;
+        while (c < j_end) c *= 2;
+        kp_bkey *k = realloc(t->keys, (size_t)c * sizeof *k);
+        if (!k) return false;
+        t->keys = k;
+        t->cap_keys = c;
+    }
+    for (uint32_t j = t->n_keys; j < j_end; j++)
+        t->keys[j] = kp_bkey_next(j ? &t->keys[j - 1] : NULL, tokens + (size_t)j * B, B);
+    if (j_end > t->n_keys) t->n_keys = j_end;
+    t->keys_of = tokens;
+    return true;
+}
+
+uint32_t kp_tiers_probe(kp_tiers *t, const int32_t *tokens, uint32_t j0, uint32_t j_end) {
+    t->keys_of = NULL; /* a new prompt: the pointer may be reused for other tokens */
+    if (j0 >= j_end || !chain(t, tokens, j_end)) return 0;
+    uint32_t j = j0;
+    while (j < j_end && t->disk && kp_disk_ready(t->disk, &t->keys[j])) j++;
+    t->disk_end = t->probe_end = j;
+    if (j < j_end && t->redis) t->probe_end = j + kp_redis_probe(t->redis, t->keys + j, j_end - j);
+    return t->probe_end - j0;
+}
+
+kp_brec_reason kp_tiers_fetch(kp_tiers *t, const int32_t *tokens, uint32_t j, kp_kvpool *p, int32_t block,
+                              kp_tier_id *from) {
+    *from = KP_TIER_DISK;
+    if (!chain(t, tokens, j + 1)) return KP_BREC_IO;
+    uint32_t B = kp_kvpool_config_of(t->pool)->block_size;
+    const int32_t *bt = tokens + (size_t)j * B;
+    if (t->disk && j < t->disk_end) return kp_disk_get(t->disk, &t->keys[j], bt, p, block);
+    *from = KP_TIER_REDIS;
+    if (!t->redis || j >= t->probe_end) return KP_BREC_MISSING;
+    return kp_redis_get(t->redis, t->keys + j, t->probe_end - j, bt, p, block);
+}
+
+void kp_tiers_publish(kp_tiers *t, const int32_t *tokens, uint32_t n, const kp_kvseq *seq) {
+    uint32_t B = kp_kvpool_config_of(t->pool)->block_size, nb = n / B;
+    if (nb > seq->n_blocks) nb = seq->n_blocks;
+    t->keys_of = NULL;
+    if (!nb || !chain(t, tokens, nb)) return;
+    static const kp_bkey zero = {{0}};
+    for (uint32_t j = 0; j < nb; j++) {
+        const kp_bkey *parent = j ? &t->keys[j - 1] : &zero;
+        if (t->disk && !kp_disk_has(t->disk, &t->keys[j]))
+            kp_disk_put(t->disk, &t->keys[j], parent, tokens + (size_t)j * B, seq->blocks[j]);
+        if (t->redis) kp_redis_put(t->redis, &t->keys[j], parent, tokens + (size_t)j * B, seq->blocks[j]);
+    }
+    t->keys_of = NULL;
+}
+
+void kp_tiers_note_restore(kp_tiers *t, double seconds, const uint32_t tokens[KP_TIER_N], bool failed) {
+    pthread_mutex_lock(&t->mu);
+    uint32_t any = 0;
+    for (int i = 1; i < KP_TIER_N; i++) {
+        t->st.restored_tokens[i] += tokens[i];
+        any += tokens[i];
+    }
+    if (any) t->st.restores++;
+    if (failed) t->st.restore_failed++;
+    int b = 0;
+    while (b < KP_TIERS_N_BUCKETS && seconds > kp_tiers_bucket_le[b]) b++;
+    t->st.latency_count[b]++;
+    t->st.latency_sum += seconds;
+    pthread_mutex_unlock(&t->mu);
+}
+
+void kp_tiers_flush(kp_tiers *t) {
+    if (t->disk) kp_disk_flush(t->disk);
+    if (t->redis) kp_redis_flush(t->redis);
+}
+
+void kp_tiers_get_stats(kp_tiers *t, kp_tiers_stats *out) {
+    pthread_mutex_lock(&t->mu);
+    *out = t->st;
+    pthread_mutex_unlock(&t->mu);
+    if (t->disk) kp_disk_get_stats(t->disk, &out->tier[KP_TIER_DISK]);
+    if (t->redis) kp_redis_get_stats(t->redis, &out->tier[KP_TIER_REDIS]);
+}
+
+const char *kp_tiers_note(const kp_tiers *t) { return t->disk ? kp_disk_note(t->disk) : ""; }
+
+const kp_fingerprint *kp_tiers_fingerprint(const kp_tiers *t) { return &t->fp; }

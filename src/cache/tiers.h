@@ -1,0 +1,106 @@
+/*
+ * tiers.h - the cache tiers below RAM (floor 5): the disk tier
+ * (disktier.h) and, for a fleet, Redis (redistier.h), under one model
+ * fingerprint, as the engine sees them.
+ *
+ * The engine asks, after its RAM match ends at block j0 (the block that
+ * holds position n_reuse):
+ *
+ *   nb = kp_tiers_probe(t, tokens, j0, j_end)  blocks j0.. present on a tier
+ *   reserve blocks for them, then per block:
+ *   kp_tiers_fetch(t, tokens, j, pool, block)  read, verify, copy the rows;
+ *                                               the first refusal stops
+ *   kp_tiers_publish(t, tokens, n, seq)         at the end of a sequence:
+ *                                               every full block not yet
+ *                                               stored is queued for writing
+ *
+ * A block's key is blockkey.h's chain over tokens[0 .. (j+1) B); the tiers
+ * hold no token and no K/V between calls, only their own tables and queues.
+ * One engine thread calls these; kp_tiers_get_stats may be called from any
+ * thread.
+ */
+#ifndef KP_TIERS_H
+#define KP_TIERS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cache/blockrec.h"
+#include "cache/disktier.h"
+#include "cache/fingerprint.h"
+#include "cache/redistier.h"
+#include "kv/kvpool.h"
+#include "model/model.h"
+#include "base/status.h"
+
+typedef struct kp_tiers kp_tiers;
+
+typedef struct {
+    const char *dir;              /* the disk tier's directory; NULL: no disk tier */
+    uint64_t disk_budget_bytes;   /* 0: no limit */
+    const char *redis;            /* "HOST:PORT"; NULL: no Redis tier */
+    uint32_t redis_timeout_ms;    /* 0: 50 */
+    void (*log)(void *ctx, const char *msg); /* the Redis tier's incidents; NULL: silent */
+    void *log_ctx;
+} kp_tiers_config;
+
+typedef enum { KP_TIER_RAM = 0, KP_TIER_DISK = 1, KP_TIER_REDIS = 2, KP_TIER_N = 3 } kp_tier_id;
+
+/* "ram", "disk", "redis". */
+const char *kp_tier_name(kp_tier_id t);
+
+/* Restore latency histogram bounds in seconds (KP_TIERS_N_BUCKETS finite
+ * ones; the last count is +Inf). */
+#define KP_TIERS_N_BUCKETS 10
+extern const double kp_tiers_bucket_le[KP_TIERS_N_BUCKETS];
+
+typedef struct {
+    bool on[KP_TIER_N];               /* which tiers exist (on[RAM] always) */
+    kp_tier_stats tier[KP_TIER_N];    /* tier[DISK], tier[REDIS]; tier[RAM] unused */
+    uint64_t restores;                /* prefills that restored at least one block */
+    uint64_t restore_failed;          /* prefills whose restore stopped on a refusal */
+    uint64_t restored_tokens[KP_TIER_N];
+    uint64_t latency_count[KP_TIERS_N_BUCKETS + 1]; /* not cumulative */
+    double latency_sum;
+    char fingerprint[33];
+} kp_tiers_stats;
+
+/* Makes the tiers for model m with rows of pool p (borrowed; both must
+ * outlive the tiers): computes the fingerprint (fingerprint.h; the weights
+ * hash cached beside the model or in cfg->dir) and opens each configured
+ * tier. KP_EIO / KP_ENOMEM / KP_EINVAL from a tier. */
+kp_status kp_tiers_new(kp_tiers **out, const kp_tiers_config *cfg, const kp_model *m, const kp_kvpool *p,
+                       kp_error *err);
+void kp_tiers_free(kp_tiers *t); /* writes what is queued; NULL is a no-op */
+
+/* How many consecutive blocks from j0 (below j_end) some tier holds for
+ * tokens (which must hold at least j_end * B tokens). */
+uint32_t kp_tiers_probe(kp_tiers *t, const int32_t *tokens, uint32_t j0, uint32_t j_end);
+
+/* Loads block j of tokens into pool block `block` from the first tier that
+ * holds it, verified; *from receives that tier. KP_BREC_OK or the reason
+ * of the refusal (counted by the tier). */
+kp_brec_reason kp_tiers_fetch(kp_tiers *t, const int32_t *tokens, uint32_t j, kp_kvpool *p, int32_t block,
+                              kp_tier_id *from);
+
+/* Queues every full block of tokens[0..n) (rows in seq's blocks) that no
+ * tier holds yet. */
+void kp_tiers_publish(kp_tiers *t, const int32_t *tokens, uint32_t n, const kp_kvseq *seq);
+
+/* Records one restore: seconds it took, tokens it got per tier, whether a
+ * refusal stopped it. */
+void kp_tiers_note_restore(kp_tiers *t, double seconds, const uint32_t tokens[KP_TIER_N], bool failed);
+
+/* Waits until every queued write is done (tests). */
+void kp_tiers_flush(kp_tiers *t);
+
+void kp_tiers_get_stats(kp_tiers *t, kp_tiers_stats *out);
+
+/* What opening found (another fingerprint's blocks, and why), "" if
+ * nothing. Borrowed. */
+const char *kp_tiers_note(const kp_tiers *t);
+
+/* The fingerprint the tiers store under. */
+const kp_fingerprint *kp_tiers_fingerprint(const kp_tiers *t);
+
+#endif

@@ -1,0 +1,362 @@
+/*
+ * test_tiers.c - the disk tier under the engine (cache/tiers.h,
+ * cache/disktier.h).
+ *
+ * Equivalence: an engine whose RAM budget holds about one sequence, with a
+ * disk tier, runs a randomized stream of requests (fresh, extensions of an
+ * earlier prompt + answer, exact repeats, prefixes); an engine without a
+ * prefix cache runs the same. Prompt logits and greedy continuations must
+ * agree within 1e-5 relative, and the tiered engine must reuse at least
+ * every whole block of the longest common prefix with a finished
+ * sequence (leaving the last position), since every finished block is on
+ * disk: with the tiny RAM, most of it comes from disk. The same stream
+ * again with Redis as the only tier below RAM (a redis-server of the
+ * test's own on a free loopback port): most of it comes from Redis.
+ *
+ * The tier alone: records written are found again by a new tier on the
+ * same directory (no K/V read at open), another fingerprint's folder is
+ * ignored and named, a budget below one record refuses writes (counted),
+ * a budget of two records keeps the two most recent, and with a queue of
+ * one every put is either written or counted as dropped.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cache/disktier.h"
+#include "cache/engine.h"
+#include "cache/fingerprint.h"
+#include "harness.h"
+#include "kv/kvpool.h"
+#include "model/sampler.h"
+
+#define N_REQ 30
+#define MAX_LEN 120
+#define N_GEN 3
+
+static char tmpdir[256];
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+static uint32_t rnd(uint32_t n) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state % n);
+}
+
+static double rel_diff(const float *a, const float *b, uint32_t n) {
+    double md = 0, mb = 1e-30;
+    for (uint32_t i = 0; i < n; i++) {
+        md = fmax(md, fabs((double)a[i] - b[i]));
+        mb = fmax(mb, fabs((double)b[i]));
+    }
+    return md / mb;
+}
+
+typedef struct {
+    int32_t t[MAX_LEN + N_GEN];
+    uint32_t n;
+} tokseq;
+
+/* A redis-server of our own on a free loopback port (never the system
+ * one): its port, or 0 when it cannot be started. */
+static int start_redis(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &len)) return 0;
+    int port = ntohs(a.sin_port);
+    close(fd);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd,
+             "redis-server --port %d --bind 127.0.0.1 --save '' --appendonly no --dir '%s' --daemonize yes "
+             "--pidfile '%s/redis.pid' >/dev/null && for i in $(seq 100); do redis-cli -p %d ping 2>/dev/null | "
+             "grep -q PONG && exit 0; sleep 0.05; done; exit 1",
+             port, tmpdir, tmpdir, port);
+    return system(cmd) == 0 ? port : 0;
+}
+
+static void stop_redis(void) {
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "kill $(cat '%s/redis.pid') 2>/dev/null; sleep 0.2", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not stop redis-server\n");
+}
+
+/* The RAM budget holds about one sequence; the blocks come back from the
+ * disk tier (redis_port 0) or from Redis alone (no disk tier). */
+static void equal_through(int redis_port) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_pool *pool = NULL;
+    if (kp_model_load(&m, harness_path("models/stories260K.gguf"), &err) != KP_OK || kp_pool_new(&pool, 2, &err)) {
+        CHECK_MSG(false, "%s", err.msg);
+        return;
+    }
+    uint32_t nv = m->hp.n_vocab, B = 16;
+    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * B;
+    kp_engine *ref = NULL, *e = NULL;
+    kp_eng_config cr = {KP_DTYPE_F32, B, 0, MAX_LEN + N_GEN + 8, true, NULL};
+    kp_eng_config ct = {KP_DTYPE_F32, B, bb * ((MAX_LEN + N_GEN + B - 1) / B + 1), MAX_LEN + N_GEN + 8, false, NULL};
+    char dir[300], addr[64];
+    snprintf(dir, sizeof dir, "%s/eq", tmpdir);
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", redis_port);
+    kp_tiers_config tc = {redis_port ? NULL : dir, 0, redis_port ? addr : NULL, 200, NULL, NULL};
+    kp_tier_id tier = redis_port ? KP_TIER_REDIS : KP_TIER_DISK;
+    CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
+    CHECK(kp_eng_new(&e, m, pool, NULL, &ct, &err) == KP_OK);
+    CHECK_MSG(e && kp_eng_open_tiers(e, &tc, &err) == KP_OK, "%s", err.msg);
+    if (redis_port) usleep(1200 * 1000); /* the lookup connection is made in the background */
+    kp_eng_config cn = cr;
+    kp_engine *nocache = NULL;
+    CHECK(kp_eng_new(&nocache, m, pool, NULL, &cn, &err) == KP_OK);
+    CHECK(nocache && kp_eng_open_tiers(nocache, &tc, &err) == KP_EUNSUPPORTED);
+    kp_eng_free(nocache);
+    float *lr = malloc(nv * sizeof *lr), *lt = malloc(nv * sizeof *lt);
+    static tokseq done[N_REQ];
+    uint32_t n_done = 0, from_disk = 0;
+    for (uint32_t q = 0; ref && e && q < N_REQ; q++) {
+        tokseq req;
+        uint32_t kind = n_done ? rnd(4) : 0;
+        const tokseq *base = n_done ? &done[rnd(n_done)] : NULL;
+        if (kind == 0) {
+            req.n = 20 + rnd(60);
+            req.t[0] = 1;
+            for (uint32_t i = 1; i < req.n; i++) req.t[i] = (int32_t)rnd(nv);
+        } else {
+            req = *base;
+            if (req.n > MAX_LEN) req.n = MAX_LEN;
+            if (kind == 1)
+                for (uint32_t add = 1 + rnd(20); add && req.n < MAX_LEN; add--) req.t[req.n++] = (int32_t)rnd(nv);
+            else if (kind == 3)
+                req.n = 1 + rnd(req.n);
+        }
+        uint32_t best = 0;
+        for (uint32_t d = 0; d < n_done; d++) {
+            uint32_t l = 0;
+            while (l < req.n && l < done[d].n && req.t[l] == done[d].t[l]) l++;
+            if (l > best) best = l;
+        }
+        uint32_t floor_blocks = best / B * B, last = (req.n - 1) / B * B;
+        uint32_t want_min = floor_blocks < last ? floor_blocks : last;
+        kp_eng_seq sr = {0}, st = {0};
+        kp_eng_report rr, rt;
+        CHECK(kp_eng_prefill(ref, req.t, req.n, &sr, lr, &rr, &err) == KP_OK);
+        CHECK_MSG(kp_eng_prefill(e, req.t, req.n, &st, lt, &rt, &err) == KP_OK, "%s", err.msg);
+        CHECK_MSG(rt.reused_tokens >= want_min, "request %u (kind %u, n %u, lcp %u): reused %u, at least %u", q, kind,
+                  req.n, best, rt.reused_tokens, want_min);
+        CHECK(rt.reused_tokens < req.n && rt.restore_failed == KP_BREC_OK);
+        from_disk += rt.reused_from[tier];
+        double d = rel_diff(lt, lr, nv);
+        CHECK_MSG(d <= 1e-5, "request %u: prompt logits differ by %g", q, d);
+        tokseq fin = req;
+        for (int g = 0; g < N_GEN; g++) {
+            int32_t tok = kp_argmax(lr, (int32_t)nv);
+            CHECK_MSG(kp_argmax(lt, (int32_t)nv) == tok, "request %u step %d: greedy differs", q, g);
+            fin.t[fin.n++] = tok;
+            CHECK(kp_eng_decode(ref, &sr, tok, lr, &err) == KP_OK);
+            CHECK(kp_eng_decode(e, &st, tok, lt, &err) == KP_OK);
+            d = rel_diff(lt, lr, nv);
+            CHECK_MSG(d <= 1e-5, "request %u step %d: logits differ by %g", q, g, d);
+        }
+        CHECK(kp_eng_finish(ref, &sr, fin.t, fin.n, NULL, &err) == KP_OK);
+        CHECK(kp_eng_finish(e, &st, fin.t, fin.n, NULL, &err) == KP_OK);
+        CHECK_MSG(kp_eng_check(e, &err) == KP_OK, "%s", err.msg);
+        kp_eng_tier_flush(e);
+        done[n_done++] = fin;
+    }
+    kp_tiers_stats ts;
+    CHECK(e && kp_eng_tier_stats(e, &ts));
+    CHECK_MSG(from_disk > 100, "only %u tokens came from %s", from_disk, kp_tier_name(tier));
+    CHECK(ts.tier[tier].hits > 0 && ts.restores > 0 && ts.restore_failed == 0);
+    CHECK_EQ_INT(ts.restored_tokens[tier], from_disk);
+    kp_eng_free(ref);
+    kp_eng_free(e);
+    free(lr);
+    free(lt);
+    kp_pool_free(pool);
+    kp_model_free(m);
+}
+
+static void test_equal_through_disk(void) { equal_through(0); }
+
+static void test_equal_through_redis(void) {
+    int port = start_redis();
+    CHECK_MSG(port > 0, "redis-server (Debian package redis-server) is needed");
+    if (port) equal_through(port);
+    stop_redis();
+}
+
+/* A pinned prefix is written through at pin time: tiers opened after the
+ * sequence was cached get its whole blocks from the pin alone, and a new
+ * engine on the directory restores them. */
+static void test_pin_writes_through(void) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_pool *pool = NULL;
+    if (kp_model_load(&m, harness_path("models/stories260K.gguf"), &err) != KP_OK || kp_pool_new(&pool, 1, &err)) {
+        CHECK_MSG(false, "%s", err.msg);
+        return;
+    }
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/pin", tmpdir);
+    kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL};
+    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 256, false, NULL};
+    int32_t t[50];
+    for (int i = 0; i < 50; i++) t[i] = i ? (i * 37) % 500 + 3 : 1;
+    kp_engine *e = NULL, *e2 = NULL;
+    kp_eng_seq s = {0};
+    kp_eng_report rep;
+    uint64_t id;
+    kp_tiers_stats ts;
+    CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
+    CHECK(e && kp_eng_prefill(e, t, 50, &s, NULL, &rep, &err) == KP_OK);
+    CHECK(e && kp_eng_finish(e, &s, t, 50, NULL, &err) == KP_OK);
+    CHECK(e && kp_eng_open_tiers(e, &tc, &err) == KP_OK);
+    kp_eng_tier_flush(e);
+    CHECK(kp_eng_tier_stats(e, &ts) && ts.tier[KP_TIER_DISK].blocks == 0);
+    CHECK(kp_eng_pin(e, t, 48, 0, 0, &id, &err) == KP_OK);
+    kp_eng_tier_flush(e);
+    CHECK(kp_eng_tier_stats(e, &ts));
+    CHECK_EQ_INT(ts.tier[KP_TIER_DISK].blocks, 3);
+    kp_eng_free(e);
+    CHECK(kp_eng_new(&e2, m, pool, NULL, &c, &err) == KP_OK);
+    CHECK(e2 && kp_eng_open_tiers(e2, &tc, &err) == KP_OK);
+    CHECK(e2 && kp_eng_prefill(e2, t, 50, &s, NULL, &rep, &err) == KP_OK);
+    CHECK_EQ_INT(rep.reused_from[KP_TIER_DISK], 48);
+    CHECK(e2 && kp_eng_finish(e2, &s, t, 50, NULL, &err) == KP_OK);
+    kp_eng_free(e2);
+    kp_pool_free(pool);
+    kp_model_free(m);
+}
+
+/* A pool of 4 blocks of 4 positions, block b filled with bytes b + 1. */
+static kp_kvpool *small_pool(void) {
+    kp_kvpool *p = NULL;
+    kp_kvpool_config kc = {2, 1, 4, KP_DTYPE_F16, 4, 4 * 2 * 2 * 4 * 4 * 2};
+    if (kp_kvpool_new(&p, &kc, NULL) != KP_OK) return NULL;
+    for (int32_t b = 0; b < 4; b++) {
+        int32_t id;
+        kp_kvpool_alloc(p, &id, NULL);
+        for (uint32_t l = 0; l < 2; l++) {
+            memset(kp_kvpool_k(p, id, l, 0), id + 1, 4 * 4 * 2);
+            memset(kp_kvpool_v(p, id, l, 0), id + 1, 4 * 4 * 2);
+        }
+    }
+    return p;
+}
+
+static void test_tier_alone(void) {
+    kp_kvpool *p = small_pool();
+    CHECK(p != NULL);
+    if (!p) return;
+    kp_fingerprint fp = {0}, other = {0};
+    snprintf(fp.text, sizeof fp.text, "kvpin-kv-layout 1\nkv_type F16\nblock_size 4\n");
+    snprintf(other.text, sizeof other.text, "kvpin-kv-layout 1\nkv_type F32\nblock_size 4\n");
+    fp.id = kp_bkey_next(NULL, (const int32_t[]){1}, 1);
+    other.id = kp_bkey_next(NULL, (const int32_t[]){2}, 1);
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/alone", tmpdir);
+    int32_t tok[4][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}, {9, 10, 11, 12}, {13, 14, 15, 16}};
+    kp_bkey key[4];
+    for (int j = 0; j < 4; j++) key[j] = kp_bkey_next(j ? &key[j - 1] : NULL, tok[j], 4);
+    kp_bkey zero = {{0}};
+    kp_error err = {0};
+    kp_disk_config dc = {dir, 0, 0};
+    kp_disktier *t = NULL;
+    /* another fingerprint writes first */
+    CHECK(kp_disk_open(&t, &dc, &other, p, &err) == KP_OK);
+    CHECK(t && kp_disk_put(t, &key[0], &zero, tok[0], 0));
+    kp_disk_close(t);
+    CHECK(kp_disk_open(&t, &dc, &fp, p, &err) == KP_OK);
+    if (!t) return;
+    CHECK_MSG(strstr(kp_disk_note(t), "ignored 1 blocks") && strstr(kp_disk_note(t), "kv_type F32 (here F16)"), "%s",
+              kp_disk_note(t));
+    CHECK(!kp_disk_has(t, &key[0]));
+    for (int j = 0; j < 3; j++) CHECK(kp_disk_put(t, &key[j], j ? &key[j - 1] : &zero, tok[j], j));
+    CHECK(!kp_disk_put(t, &key[0], &zero, tok[0], 0)); /* known: not written twice */
+    kp_disk_flush(t);
+    kp_tier_stats st;
+    kp_disk_get_stats(t, &st);
+    CHECK_EQ_INT(st.blocks, 3);
+    CHECK_EQ_INT(st.writes, 3);
+    CHECK_EQ_INT(st.other_blocks, 1);
+    kp_disk_close(t);
+    /* a new process: the scan knows the three, loads verify */
+    CHECK(kp_disk_open(&t, &dc, &fp, p, &err) == KP_OK);
+    if (!t) return;
+    for (int j = 0; j < 3; j++) CHECK(kp_disk_has(t, &key[j]));
+    CHECK(!kp_disk_has(t, &key[3]));
+    CHECK_EQ_INT(kp_disk_get(t, &key[1], tok[1], p, 3), KP_BREC_OK);
+    CHECK(((uint8_t *)kp_kvpool_k(p, 3, 1, 0))[5] == 2); /* block 1's bytes */
+    CHECK_EQ_INT(kp_disk_get(t, &key[2], tok[1], p, 3), KP_BREC_TOKENS);
+    CHECK(!kp_disk_has(t, &key[2])); /* refused: forgotten */
+    kp_disk_get_stats(t, &st);
+    CHECK_EQ_INT(st.hits, 1);
+    CHECK_EQ_INT(st.fail[KP_BREC_TOKENS], 1);
+    kp_disk_close(t);
+    /* a budget below one record: every write refused */
+    size_t rs = kp_brec_size(p);
+    kp_disk_config small = {dir, rs - 1, 0};
+    CHECK(kp_disk_open(&t, &small, &other, p, &err) == KP_OK);
+    if (!t) return;
+    CHECK(!kp_disk_put(t, &key[3], &key[2], tok[3], 3));
+    kp_disk_get_stats(t, &st);
+    CHECK_EQ_INT(st.dropped_budget, 1);
+    CHECK_EQ_INT(st.blocks, 0); /* the one record there went over the budget at open */
+    kp_disk_close(t);
+    /* a budget of two records: the least recently used goes */
+    kp_disk_config two = {dir, 2 * rs, 0};
+    CHECK(kp_disk_open(&t, &two, &fp, p, &err) == KP_OK);
+    if (!t) return;
+    kp_disk_get_stats(t, &st);
+    CHECK_EQ_INT(st.blocks, 2);
+    CHECK(kp_disk_put(t, &key[3], &key[2], tok[3], 3));
+    kp_disk_flush(t);
+    kp_disk_get_stats(t, &st);
+    CHECK_EQ_INT(st.blocks, 2);
+    CHECK(kp_disk_has(t, &key[3]));
+    CHECK(st.evicted >= 1);
+    kp_disk_close(t);
+    /* a queue of one: every put is either written or dropped and counted */
+    kp_disk_config q1 = {dir, 0, 1};
+    char sub[320];
+    snprintf(sub, sizeof sub, "%s/q", dir);
+    q1.dir = sub;
+    CHECK(kp_disk_open(&t, &q1, &fp, p, &err) == KP_OK);
+    if (!t) return;
+    uint32_t queued = 0;
+    kp_bkey k = zero;
+    for (int i = 0; i < 40; i++) {
+        int32_t tk[4] = {i, i + 1, i + 2, i + 3};
+        kp_bkey next = kp_bkey_next(&k, tk, 4);
+        queued += kp_disk_put(t, &next, &k, tk, i % 4);
+        k = next;
+    }
+    kp_disk_flush(t);
+    kp_disk_get_stats(t, &st);
+    CHECK_EQ_INT(st.writes, queued);
+    CHECK_EQ_INT(st.writes + st.dropped_queue, 40);
+    CHECK_EQ_INT(st.blocks, queued);
+    kp_disk_close(t);
+    kp_kvpool_free(p);
+}
+
+int main(void) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/kvpin-tiers-XXXXXX");
+    if (!mkdtemp(tmpdir)) return 1;
+    RUN(test_tier_alone);
+    RUN(test_equal_through_disk);
+    RUN(test_equal_through_redis);
+    RUN(test_pin_writes_through);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0) return 1;
+    return harness_finish("tiers");
+}
