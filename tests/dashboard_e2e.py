@@ -21,6 +21,7 @@ and the responses said:
     404, a malformed one a 400;
   - with --api-key: no key asks for one, a wrong key says so, the right key
     (from #key= or the form) shows the bill;
+  - with --cache-dir, the bill's disk row is /v1/cache's tiers.disk;
   - --no-dashboard: GET / is a 404, the JSON stays.
 
 Screenshots go to build/test/dashboard.png and dashboard-wrong-key.png.
@@ -33,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kvpin_test import Results, Server, wait_idle, no_leaks  # noqa: E402
@@ -204,8 +206,13 @@ def check_page(srv):
            (f, cell and cell.attrs.get("data-bytes"), kv[f]))
     fm = dom.by_id("formula")
     m = ev["model"]
-    want = "2 (K and V) x %d layers x %d kv_heads x %d head_dim x %d bytes = %d" % (
-        m["n_layer"], m["n_head_kv"], m["head_dim"], m["kv_element_bytes"], kv["bytes_per_token"])
+    # bytes per value of the pool's type, from ggml's block layouts (not from the server)
+    per_value = {"F32": 4, "F16": 2, "Q8_0": 34 / 32, "Q4_0": 18 / 32}[m["kv_type_k"].upper()]
+    want = "2 (K and V) x %d layers x %d kv_heads x %d head_dim x %g bytes (%s) = %d" % (
+        m["n_layer"], m["n_head_kv"], m["head_dim"], per_value, m["kv_type_k"], kv["bytes_per_token"])
+    ok(m["kv_type_k"] == m["kv_type_v"] and
+       2 * m["n_layer"] * m["n_head_kv"] * m["head_dim"] * per_value == kv["bytes_per_token"],
+       "the formula's numbers make the pool's bytes per token")
     ok(fm is not None and want in fm.all_text(), "formula: %r" % (fm and fm.all_text()))
     nc = dom.by_id("node-count")
     ok(nc is not None and nc.attrs.get("data-nodes") == str(cache["counts"]["nodes"]), "node count %s vs %d" %
@@ -323,6 +330,35 @@ def check_key():
     srv.stop()
 
 
+def check_tiers():
+    """With --cache-dir the bill has a disk row whose numbers are /v1/cache's."""
+    d = tempfile.mkdtemp(prefix="kvpin-dash-tiers-")
+    srv = Server(R, "--cache-dir", d)
+    try:
+        prompt = "User: " + " ".join("word%d" % i for i in range(60)) + "\nAssistant:"
+        st, _, _ = srv.post("/v1/completions", {"prompt": prompt, "max_tokens": 4, "temperature": 0})
+        ok(st == 200, "tiers: a request %d" % st)
+        ok(wait_idle(srv), "tiers: idle")
+        cache, last = None, -1
+        for _ in range(100):  # the writer thread is off the request's path: until it has written all
+            st, cache = srv.get("/v1/cache")
+            n = ((cache.get("tiers") or {}).get("disk") or {}).get("blocks", 0)
+            if n > 0 and n == last:
+                break
+            last = n
+            time.sleep(0.2)
+        disk = (cache.get("tiers") or {}).get("disk")
+        ok(disk is not None and disk["blocks"] > 0, "tiers: blocks on disk %s" % disk)
+        dom = load("http://127.0.0.1:%d/" % srv.port)
+        row = dom.by_id("tier-disk")
+        ok(row is not None and disk is not None and row.attrs.get("data-bytes") == str(disk["bytes"]) and
+           row.attrs.get("data-blocks") == str(disk["blocks"]), "tiers: the disk row is /v1/cache's (%s)" %
+           (row and row.attrs))
+    finally:
+        srv.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def check_off():
     srv = Server(R, "--no-dashboard")
     for p in ("/", "/dashboard"):
@@ -349,6 +385,7 @@ def main():
     no_leaks(R, srv, "after the page")
     srv.stop()
     check_key()
+    check_tiers()
     check_off()
     print("e2e_dashboard: screenshots %s, %s" % (path, os.path.join(SHOTS, "dashboard-wrong-key.png")))
     return R.finish()

@@ -174,7 +174,7 @@ static void test_fingerprint(void) {
 static void test_record(void) {
     kp_kvpool *p = NULL;
     kp_error err = {0};
-    kp_kvpool_config kc = {3, 2, 8, KP_DTYPE_F16, 4, 0};
+    kp_kvpool_config kc = {3, 2, 8, KP_DTYPE_F16, 4, 0, KP_DTYPE_F16};
     kc.budget_bytes = 4 * (uint64_t)3 * 2 * 2 * 4 * 8 * 2;
     CHECK(kp_kvpool_new(&p, &kc, &err) == KP_OK);
     if (!p) return;
@@ -233,12 +233,50 @@ static void test_record(void) {
     kp_kvpool_free(p);
 }
 
+/* K and V of different (quantized) types: runs of each one's own size,
+ * the record round-trips byte for byte. */
+static void test_record_mixed_types(void) {
+    kp_kvpool *p = NULL;
+    kp_error err = {0};
+    kp_kvpool_config kc = {2, 2, 32, KP_DTYPE_Q8_0, 4, 0, KP_DTYPE_Q4_0};
+    size_t krun = 4 * 34, vrun = 4 * 18; /* q8_0: 34 bytes per 32 values, q4_0: 18 */
+    kc.budget_bytes = 2 * (uint64_t)2 * 2 * (krun + vrun);
+    CHECK(kp_kvpool_new(&p, &kc, &err) == KP_OK);
+    if (!p) return;
+    int32_t b0, b1;
+    CHECK(kp_kvpool_alloc(p, &b0, &err) == KP_OK && kp_kvpool_alloc(p, &b1, &err) == KP_OK);
+    for (uint32_t l = 0; l < 2; l++)
+        for (uint32_t h = 0; h < 2; h++) {
+            uint8_t *k = kp_kvpool_k(p, b0, l, h), *v = kp_kvpool_v(p, b0, l, h);
+            for (size_t i = 0; i < krun; i++) k[i] = (uint8_t)(i * 13 + l + 5 * h);
+            for (size_t i = 0; i < vrun; i++) v[i] = (uint8_t)(i * 7 + 3 * l + h + 1);
+            memset(kp_kvpool_k(p, b1, l, h), 0, krun);
+            memset(kp_kvpool_v(p, b1, l, h), 0, vrun);
+        }
+    int32_t tok[4] = {1, 2, 3, 4};
+    kp_bkey fp = kp_bkey_next(NULL, tok, 2), key = kp_bkey_next(NULL, tok, 4), zero = {{0}};
+    size_t n = kp_brec_size(p);
+    CHECK_EQ_INT(n, KP_BREC_HEADER + 16 + 2 * 2 * (krun + vrun));
+    uint8_t *rec = malloc(n);
+    kp_brec_encode(rec, p, b0, &fp, &key, &zero, tok);
+    CHECK_EQ_INT(kp_brec_check(rec, n, p, &fp, &key, tok), KP_BREC_OK);
+    kp_brec_load(rec, p, b1);
+    for (uint32_t l = 0; l < 2; l++)
+        for (uint32_t h = 0; h < 2; h++) {
+            CHECK(!memcmp(kp_kvpool_k(p, b0, l, h), kp_kvpool_k(p, b1, l, h), krun));
+            CHECK(!memcmp(kp_kvpool_v(p, b0, l, h), kp_kvpool_v(p, b1, l, h), vrun));
+        }
+    free(rec);
+    kp_kvpool_free(p);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/kvpin-blockkey-XXXXXX");
     if (!mkdtemp(tmpdir)) return 1;
     RUN(test_keys_match_xxhsum);
     RUN(test_fingerprint);
     RUN(test_record);
+    RUN(test_record_mixed_types);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) return 1;

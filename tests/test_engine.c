@@ -347,7 +347,7 @@ static void test_node_path(void) {
     CHECK(kp_eng_node_path(e, none, 2, path, N, &start, &end, &err) == KP_ENOTFOUND && end == 0);
     CHECK(kp_eng_node_path(e, none, 0, path, N, &start, &end, &err) == KP_EINVAL);
     kp_eng_free(e);
-    kp_eng_config c = {KP_DTYPE_F32, 16, 0, 0, true, NULL};
+    kp_eng_config c = {KP_DTYPE_F32, 16, 0, 0, true, NULL, KP_DTYPE_F32};
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
     CHECK(kp_eng_node_path(e, none, 1, path, N, &start, &end, &err) == KP_ENOTFOUND);
     kp_eng_free(e);

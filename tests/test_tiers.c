@@ -102,8 +102,8 @@ static void equal_through(int redis_port) {
     uint32_t nv = m->hp.n_vocab, B = 16;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * B;
     kp_engine *ref = NULL, *e = NULL;
-    kp_eng_config cr = {KP_DTYPE_F32, B, 0, MAX_LEN + N_GEN + 8, true, NULL};
-    kp_eng_config ct = {KP_DTYPE_F32, B, bb * ((MAX_LEN + N_GEN + B - 1) / B + 1), MAX_LEN + N_GEN + 8, false, NULL};
+    kp_eng_config cr = {KP_DTYPE_F32, B, 0, MAX_LEN + N_GEN + 8, true, NULL, KP_DTYPE_F32};
+    kp_eng_config ct = {KP_DTYPE_F32, B, bb * ((MAX_LEN + N_GEN + B - 1) / B + 1), MAX_LEN + N_GEN + 8, false, NULL, KP_DTYPE_F32};
     char dir[300], addr[64];
     snprintf(dir, sizeof dir, "%s/eq", tmpdir);
     snprintf(addr, sizeof addr, "127.0.0.1:%d", redis_port);
@@ -207,7 +207,7 @@ static void test_pin_writes_through(void) {
     char dir[300];
     snprintf(dir, sizeof dir, "%s/pin", tmpdir);
     kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL};
-    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 256, false, NULL};
+    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 256, false, NULL, KP_DTYPE_F16};
     int32_t t[50];
     for (int i = 0; i < 50; i++) t[i] = i ? (i * 37) % 500 + 3 : 1;
     kp_engine *e = NULL, *e2 = NULL;
@@ -239,7 +239,7 @@ static void test_pin_writes_through(void) {
 /* A pool of 4 blocks of 4 positions, block b filled with bytes b + 1. */
 static kp_kvpool *small_pool(void) {
     kp_kvpool *p = NULL;
-    kp_kvpool_config kc = {2, 1, 4, KP_DTYPE_F16, 4, 4 * 2 * 2 * 4 * 4 * 2};
+    kp_kvpool_config kc = {2, 1, 4, KP_DTYPE_F16, 4, 4 * 2 * 2 * 4 * 4 * 2, KP_DTYPE_F16};
     if (kp_kvpool_new(&p, &kc, NULL) != KP_OK) return NULL;
     for (int32_t b = 0; b < 4; b++) {
         int32_t id;

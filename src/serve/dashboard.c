@@ -47,10 +47,15 @@ json_t *kp_dash_events(kp_sched *sched, kp_hist *h, const kp_tok_vocab *v, const
     if (!snap) return NULL;
     kp_sched_cache_get(sched, snap);
     const kp_hparams *hp = &m->hp;
-    uint64_t per = snap->kv.bytes_per_token, cells = 2ull * hp->n_layer * hp->n_head_kv * hp->head_dim;
-    json_t *model = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "arch", hp->arch_name, "n_layer",
+    uint64_t per = snap->kv.bytes_per_token;
+    /* bytes per stored value of each type: 2 for f16, 34/32 for q8_0 (a
+     * 32-value block with its scale), 18/32 for q4_0 */
+    double kb = (double)kp_dtype_row_size(snap->kv.kv_type, 32) / 32,
+           vb = (double)kp_dtype_row_size(snap->kv.kv_type_v, 32) / 32;
+    json_t *model = json_pack("{s:s, s:I, s:I, s:I, s:s, s:s, s:f, s:f, s:I, s:I}", "arch", hp->arch_name, "n_layer",
                               (json_int_t)hp->n_layer, "n_head_kv", (json_int_t)hp->n_head_kv, "head_dim",
-                              (json_int_t)hp->head_dim, "kv_element_bytes", (json_int_t)(cells ? per / cells : 0),
+                              (json_int_t)hp->head_dim, "kv_type_k", kp_dtype_name(snap->kv.kv_type), "kv_type_v",
+                              kp_dtype_name(snap->kv.kv_type_v), "k_value_bytes", kb, "v_value_bytes", vb,
                               "bytes_per_token", (json_int_t)per, "n_ctx", (json_int_t)n_ctx);
     json_t *tree = tree_json(snap, v);
     free(snap);

@@ -31,7 +31,9 @@ extern const size_t kp_dash_page_size;
 /* GET /v1/cache/events as JSON (a new reference; NULL when out of memory):
  *
  *   {"object": "kvpin.cache.events", "time": unix seconds,
- *    "model": {"arch", "n_layer", "n_head_kv", "head_dim", "kv_element_bytes",
+ *    "model": {"arch", "n_layer", "n_head_kv", "head_dim", "kv_type_k", "kv_type_v"
+ *              (type names), "k_value_bytes", "v_value_bytes" (bytes per stored value:
+ *              2 for F16, 1.0625 for Q8_0's 34-byte blocks of 32, ...),
  *              "bytes_per_token", "n_ctx"},
  *    "tree": {"nodes": [preorder: {"id", "parent" (-1: the root), "start", "end",
  *              "tokens", "first" (its run's first token id), "text" (its first tokens'
