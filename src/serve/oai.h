@@ -158,7 +158,10 @@ bool kp_oai_only_fields(const json_t *obj, const char *const *allowed, kp_oai_er
 json_t *kp_oai_error_json(const kp_oai_error *e);
 
 /* The `kvpin_cache` object: the cache report of one request. d may be NULL
- * (no report). */
+ * (no report). shared_inflight, inflight_reused_tokens and inflight_wait_ms
+ * say what it took from a request computing the same prompt at the same
+ * time; when it took any, cause is "shared_inflight" (the doctor's cause of
+ * the index's miss moves to index_cause). */
 json_t *kp_oai_cache_json(const kp_eng_report *r, const kp_doctor_report *d);
 
 /* The usage object with prompt_tokens_details.cached_tokens. */

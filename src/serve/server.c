@@ -1824,6 +1824,12 @@ static enum MHD_Result metrics(kp_server *s, struct MHD_Connection *c) {
     metric(&t, "kvpin_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", (double)st.prompt_tokens);
     metric(&t, "kvpin_prompt_tokens_cached_total", "counter", "Prompt tokens whose K/V came from the prefix cache.",
            (double)st.cached_tokens);
+    metric(&t, "kvpin_inflight_reused_tokens_total", "counter",
+           "Prompt tokens taken from another request's prefill in flight (beyond what the prefix cache held).",
+           (double)st.inflight_reused_tokens);
+    metric(&t, "kvpin_inflight_followers_total", "counter",
+           "Requests that reused the prompt of a request computing it at the same time.",
+           (double)st.inflight_followers);
     metric(&t, "kvpin_generated_tokens_total", "counter", "Tokens generated.", (double)st.generated_tokens);
     metric(&t, "kvpin_prefix_hit_ratio", "gauge", "Cached share of all prompt tokens so far.",
            st.prompt_tokens ? (double)st.cached_tokens / (double)st.prompt_tokens : 0.0);
