@@ -125,9 +125,10 @@
  * prefill budget first, so the shared part is computed at L's full speed
  * and the tails of a crew are batched together after it:
  *
- *   arrive | L prefilling 4000 | F1..F7 parked (crew L, crew_n 4000) |
- *   step   | L: 256 of budget  | nothing                            |  ... x 16
- *   then   | L sampling        | Fi = fork_prefix(L, 4000), tails of 100 in one step |
+ *   arrive | L prefilling 4000 + 100 | F1..F7 parked (crew L, crew_n 4000)        |
+ *   steps  | L: the budget first      | nothing                                    |
+ *   then   | L decoding               | Fi = fork_prefix(L, 4000); the 7 tails of  |
+ *          |                          | 100 share the budget of the next steps     |
  *
  * KV: a parked request counts its prompt less the whole blocks it will
  * share. L leaving (finished, cancelled, failed, preempted) first lets the
@@ -907,9 +908,9 @@ static kp_sreq *crew_find(kp_sched *s, kp_sreq *r, uint32_t *cap, kp_eng_report 
             best = q;
         }
     }
-    if (!best) return NULL;
+    if (!best || most < kp_eng_block_size(s->e)) return NULL;
     kp_eng_probe(s->e, t, r->n_fill, rep);
-    if (most <= rep->reused_tokens || most < kp_eng_block_size(s->e)) return NULL;
+    if (most <= rep->reused_tokens) return NULL;
     *cap = most;
     return best;
 }
