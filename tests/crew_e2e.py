@@ -16,7 +16,8 @@ others arrive). Expected values come from outside the answer under test:
     and the prompt positions computed (prompt minus cached tokens) are the
     spec once plus the tails;
   - the dashboard's request list (/v1/cache/events) carries the same
-    reports; no block leaks.
+    reports, the request log says cause=shared_inflight for them; no block
+    leaks.
 """
 import random
 import sys
@@ -58,7 +59,7 @@ def main():
         want.append(j["choices"][0]["text"])
     ref.stop()
 
-    srv = Server(R, "--parallel", str(N), "--prefill-chunk", "4", "--ctx", "512")
+    srv = Server(R, "--parallel", str(N), "--prefill-chunk", "4", "--ctx", "512", quiet=False)
     m0 = metrics(srv)
     got = [None] * N
 
@@ -98,6 +99,9 @@ def main():
     ok(st == 200, "GET /v1/cache/events")
     shown = [r for r in ev["history"]["requests"] if r.get("cache") and r["cache"].get("shared_inflight")]
     ok(len(shown) == len(inflight), "dashboard requests with shared_inflight: %d of %d" % (len(shown), len(inflight)))
+    lines = [l for l in srv.log_text().splitlines() if " path=/v1/completions " in l]
+    ok(sum(" cause=shared_inflight " in l for l in lines) == len(inflight),
+       "request log lines with cause=shared_inflight: %s" % lines)
     no_leaks(R, srv, "after the burst")
     srv.stop()
     return R.finish()
