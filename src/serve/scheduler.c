@@ -898,7 +898,7 @@ static kp_sreq *crew_find(kp_sched *s, kp_sreq *r, uint32_t *cap, kp_eng_report 
     uint32_t most = 0;
     for (uint32_t i = 0; i < s->n_running; i++) {
         kp_sreq *q = s->running[i];
-        if (!q || q->lead || q->crew || atomic_load(&q->cancel)) continue;
+        if (!q || q->lead || q->crew) continue; /* a cancelled one too: its rows are indexed as it ends */
         uint32_t m = crew_run(q), k = 0;
         if (m > r->n_fill - 1) m = r->n_fill - 1;
         const int32_t *u = kp_gen_tokens(q->gen);
