@@ -17,7 +17,8 @@
 # Environment: BENCH_TYPES (default "F16 Q8_0 Q4_0 Q4_K"), BENCH_DEPTHS
 # (default "0,2048,8192"), BENCH_REPS (3), BENCH_THREADS (2), BENCH_PP
 # (prompt lengths, default "128,512"),
-# BENCH_TG (128), BENCH_FA (llama.cpp flash attention modes, default "auto,off").
+# BENCH_TG (128), BENCH_FA (llama.cpp flash attention modes, default "auto,off"),
+# BENCH_LLAMA_SERVER (a llama-server binary for bench/crew_bench.py; unset: kvpin only).
 set -e
 cd "$(dirname "$0")/.."
 TYPES=${BENCH_TYPES:-"F16 Q8_0 Q4_0 Q4_K"}
@@ -83,6 +84,12 @@ if [ -f build/bench/smollm2-135m-Q8_0.gguf ]; then
     echo "== n 8 from one prefill (build/bench/smollm2-135m-Q8_0.gguf)"
     python3 bench/choices_bench.py --kvpin ./kvpin -m build/bench/smollm2-135m-Q8_0.gguf -t "$THREADS" \
         --reps "$REPS" -n 8 --prompt 2000 --tokens 16
+    # In-flight prefixes (issue #18): 8 requests of a 4,000-token spec + 100-token
+    # tails sent at once (--parallel 8), and 32 of them; llama.cpp's server
+    # beside when BENCH_LLAMA_SERVER names its llama-server binary.
+    echo "== a crew arriving together (build/bench/smollm2-135m-Q8_0.gguf)"
+    python3 bench/crew_bench.py --kvpin ./kvpin -m build/bench/smollm2-135m-Q8_0.gguf -t "$THREADS" \
+        --reps "$REPS" ${BENCH_LLAMA_SERVER:+--llama-server "$BENCH_LLAMA_SERVER"}
 fi
 # The dashboard's cost (issue #15): 16 streams decoding with the page's
 # endpoints polled vs not.

@@ -56,6 +56,11 @@
  *   source | blk 0 | blk 1 | blk 2 (rows 0..4 of 16) |
  *   fork   | blk 0 | blk 1 | copy of blk 2           |   blocks 0, 1: refcount + 1
  *
+ * kp_eng_fork_prefix does the same for the first n positions of the
+ * source only (a request reusing the prompt another running sequence is
+ * computing): the blocks below n / B shared, the one holding n - 1 copied
+ * when n % B != 0; the source goes on writing past n in its own blocks.
+ *
  * Tiers below RAM (kp_eng_open_tiers; tiers.h), three calls:
  *
  *   kp_eng_begin   after the RAM match: tier_restore takes the prompt's next
@@ -220,9 +225,17 @@ uint32_t kp_eng_fork_blocks(const kp_engine *e, uint32_t n_pos) {
 }
 
 kp_status kp_eng_fork(kp_engine *e, const kp_eng_seq *src, kp_eng_seq *dst, kp_error *err) {
+    return kp_eng_fork_prefix(e, src, src->kv.n_pos, dst, err);
+}
+
+uint32_t kp_eng_block_size(const kp_engine *e) { return kp_kvpool_config_of(e->kv)->block_size; }
+
+kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp_eng_seq *dst, kp_error *err) {
     if (dst->kv.n_pos || dst->kv.n_blocks || dst->lease.node)
         return kp_fail(err, KP_EINVAL, "fork into a sequence that is not empty");
-    uint32_t B = kp_kvpool_config_of(e->kv)->block_size, n = src->kv.n_pos;
+    if (n > src->kv.n_pos)
+        return kp_fail(err, KP_EINVAL, "fork of %u positions from a sequence of %u", n, src->kv.n_pos);
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
     uint32_t nb = (uint32_t)(((uint64_t)n + B - 1) / B);
     if (nb == 0) return KP_OK;
     if (!kp_grow_u32((void **)&dst->kv.blocks, &dst->kv.cap_blocks, nb, sizeof(int32_t)))

@@ -89,6 +89,12 @@ typedef struct {
     kp_brec_reason restore_failed; /* KP_BREC_OK, or why a tier's block was refused
                                       (the rest of the prompt was computed) */
     kp_tier_id restore_failed_tier;
+    /* rows taken from another running sequence's prefill rather than from
+     * the index (a scheduler's in-flight prefix, kp_eng_fork_prefix; part
+     * of reused_tokens), and how long the request waited for them; 0 for
+     * kp_eng_begin / kp_eng_prefill */
+    uint32_t inflight_tokens;
+    double inflight_wait_ms;
 } kp_eng_report;
 
 /* Makes an engine over the borrowed model, thread pool and kernels (NULL:
@@ -188,6 +194,20 @@ kp_status kp_eng_fork(kp_engine *e, const kp_eng_seq *src, kp_eng_seq *dst, kp_e
 /* Blocks kp_eng_fork of a sequence of n_pos positions takes from the pool
  * (1 when the last block is partial, else 0). */
 uint32_t kp_eng_fork_blocks(const kp_engine *e, uint32_t n_pos);
+
+/* kp_eng_fork of src's first n positions only (n <= src's length): the
+ * empty *dst gets src's whole blocks below n (shared, reference counted)
+ * and a private copy of the block holding position n - 1 when n is not a
+ * multiple of the block size, so dst appends from position n into blocks
+ * of its own while src goes on writing past n in its own. For a request
+ * that reuses the prompt another running sequence is computing (or has
+ * computed but not yet indexed): the rows below n are final, src never
+ * writes them again. n 0: dst stays empty, KP_OK. Errors as kp_eng_fork,
+ * KP_EINVAL also for n past src's length. */
+kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp_eng_seq *dst, kp_error *err);
+
+/* Positions per KV block (kp_eng_config.block_size), fixed at kp_eng_new. */
+uint32_t kp_eng_block_size(const kp_engine *e);
 
 /* Positions the sequence holds (prompt + decoded tokens). */
 uint32_t kp_eng_seq_len(const kp_eng_seq *seq);

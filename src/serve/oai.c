@@ -773,16 +773,33 @@ json_t *kp_oai_cache_json(const kp_eng_report *r, const kp_doctor_report *d) {
                           "reused_tokens", (json_int_t)r->reused_tokens, "computed_tokens",
                           (json_int_t)r->computed_tokens, "diverged_at_token", (json_int_t)r->diverged_at_token,
                           "evicted", r->evicted);
-    if (o) tier_report_json(o, r);
-    if (!o || !d) return o;
+    if (!o) return o;
+    tier_report_json(o, r);
+    /* rows taken from another request's prefill in flight (the scheduler's crews) */
+    json_object_set_new(o, "shared_inflight", json_boolean(r->inflight_tokens > 0));
+    json_object_set_new(o, "inflight_reused_tokens", json_integer((json_int_t)r->inflight_tokens));
+    json_object_set_new(o, "inflight_wait_ms", json_real(r->inflight_wait_ms));
+    if (!d) return o;
     char advice[512] = "";
     if (d->finding.cause != KP_DOCTOR_CAUSE_HIT)
         kp_doctor_advice(d->finding.cause, d->finding.detail, d->finding.line, d->div.percent_recomputed,
                       "this request", advice, sizeof advice);
     json_object_set_new(o, "diverged_at_byte", json_integer((json_int_t)d->div.byte));
     json_object_set_new(o, "reused_bytes", json_integer((json_int_t)d->div.reused_bytes));
-    json_object_set_new(o, "cause", json_string(kp_doctor_cause_name(d->finding.cause)));
-    json_object_set_new(o, "detail", json_string(d->finding.detail));
+    if (r->inflight_tokens > 0) { /* the doctor explains the index; these rows came from a running request */
+        char det[KP_DOCTOR_DETAIL_MAX];
+        snprintf(det, sizeof det,
+                 "shared_inflight: %u prompt tokens reused from a request computing them at the same time "
+                 "(waited %.1f ms)",
+                 r->inflight_tokens, r->inflight_wait_ms);
+        json_object_set_new(o, "cause", json_string("shared_inflight"));
+        json_object_set_new(o, "detail", json_string(det));
+        json_object_set_new(o, "index_cause", json_string(kp_doctor_cause_name(d->finding.cause)));
+        advice[0] = 0;
+    } else {
+        json_object_set_new(o, "cause", json_string(kp_doctor_cause_name(d->finding.cause)));
+        json_object_set_new(o, "detail", json_string(d->finding.detail));
+    }
     json_object_set_new(o, "line", json_integer((json_int_t)d->finding.line));
     json_object_set_new(o, "percent_recomputed", json_real(d->div.percent_recomputed));
     /* the snippets are JSON-escaped already (KP_DOCTOR_ESCAPE_JSON): decode them back */

@@ -163,7 +163,10 @@ json_t *kp_oai_error_json(const kp_oai_error *e);
 json_t *kp_oai_string_repaired(const char *text, size_t len);
 
 /* The `kvpin_cache` object: the cache report of one request. d may be NULL
- * (no report). */
+ * (no report). shared_inflight, inflight_reused_tokens and inflight_wait_ms
+ * say what it took from a request computing the same prompt at the same
+ * time; when it took any, cause is "shared_inflight" (the doctor's cause of
+ * the index's miss moves to index_cause). */
 json_t *kp_oai_cache_json(const kp_eng_report *r, const kp_doctor_report *d);
 
 /* The usage object with prompt_tokens_details.cached_tokens. */

@@ -112,6 +112,32 @@
  * their prompt tokens as cached in the stats, so prompt minus cached is
  * what was computed.
  *
+ * Crews (in-flight prefixes). A request at the queue's head whose prompt
+ * shares with the run of a running sequence L (L's prompt while it
+ * prefills, its positions once it generates) more than the index holds,
+ * and a block at least, parks on L (crew_find, tokens compared one by one):
+ * it takes a slot but no step item and no prefill budget, and holds no
+ * blocks. Before each step, a parked request whose crew_n shared
+ * positions L has computed forks them (kp_eng_fork_prefix: L's whole
+ * blocks shared, the block holding position crew_n - 1 copied when
+ * partial, crew_n <= its prompt - 1) and prefills only its own tail, in
+ * the same step; the sequences someone is parked on get the step's
+ * prefill budget first, so the shared part is computed at L's full speed
+ * and the tails of a crew are batched together after it:
+ *
+ *   arrive | L prefilling 4000 + 100 | F1..F7 parked (crew L, crew_n 4000)        |
+ *   steps  | L: the budget first      | nothing                                    |
+ *   then   | L decoding               | Fi = fork_prefix(L, 4000); the 7 tails of  |
+ *          |                          | 100 share the budget of the next steps     |
+ *
+ * KV: a parked request counts its prompt less the whole blocks it will
+ * share. L leaving (finished, cancelled, failed, preempted) first lets the
+ * parked requests whose rows are computed fork them, then sends the others
+ * to the queue's front in order (not counted as preemptions); L's rows are
+ * indexed as it leaves, so the first of them reuses them through the index
+ * and the others park on it. A request sharing nothing with a running
+ * sequence is admitted exactly as before.
+ *
  * Output fields of a request (text, usage, report, finish) are written by
  * the engine thread and read by the owner, both under the request's own
  * mutex; `cancel` is an atomic flag. A request has two references (owner,
@@ -177,6 +203,15 @@ struct kp_sreq {
     kp_sreq *lead;       /* engine thread: running, waiting for lead's prefill to fork from it */
     uint32_t n_wait;     /* engine thread: followers waiting on this one's prefill */
     struct sgroup *grp;  /* wakes kp_sreq_wait_any; NULL alone */
+    /* in-flight prefixes (engine thread): parked in the running table until
+     * `crew` (a running sequence whose prompt shares crew_n > what the
+     * index holds) has computed crew_n positions, then forks them */
+    kp_sreq *crew;
+    uint32_t crew_n;
+    uint32_t n_crew;         /* requests parked on this one */
+    uint32_t crew_chunk;     /* this step's prefill tokens, given before anyone else's */
+    bool no_crew;            /* a fork from its crew failed: admitted the ordinary way from now on */
+    kp_eng_report crew_rep;  /* kp_eng_probe at parking: what the index held then */
     /* the first prefill's progress, under mu (progress: the owner asked, kp_sreq_progress) */
     atomic_bool progress;
     bool prog_admitted, prog_new;
@@ -629,6 +664,7 @@ static void publish(kp_sched *s, bool now_) {
 
 static void preempt(kp_sched *s, kp_sreq *r);
 static bool on_logits(kp_sched *s, kp_sreq *r);
+static void crew_leave(kp_sched *s, kp_sreq *r);
 
 /* r leaves the running table: if it waited for a leader's prefill, the
  * leader no longer counts it; if followers waited for r's prefill, they
@@ -638,6 +674,11 @@ static void leave_group(kp_sched *s, kp_sreq *r) {
         r->lead->n_wait--;
         r->lead = NULL;
     }
+    if (r->crew) {
+        r->crew->n_crew--;
+        r->crew = NULL;
+    }
+    if (r->n_crew > 0) crew_leave(s, r);
     for (uint32_t i = 0; r->n_wait > 0 && i < s->n_running; i++) {
         kp_sreq *q = s->running[i];
         if (!q || q->lead != r) continue;
@@ -724,15 +765,27 @@ static void finish_no_room(kp_sched *s, kp_sreq *r) {
     finish(s, r, KP_FINISH_LENGTH, KP_OK, &note);
 }
 
+/* Blocks a prefill of n_fill positions takes from the pool when it shares
+ * the whole blocks of its first `shared` positions (the copy of a partial
+ * one counts, as in kp_eng_room_for). */
+static uint32_t crew_need(const kp_sched *s, uint32_t n_fill, uint32_t shared) {
+    uint32_t B = kp_eng_block_size(s->e);
+    return (n_fill + B - 1) / B - shared / B;
+}
+
 /* Whether the queue's head r, and `followers` choices of it that fork
  * from its prefill, may be admitted now: the KV rule of the top comment.
+ * crew_n > 0: r parks to fork crew_n positions of a running sequence
+ * (crew_find), so its need is its prompt less those whole blocks.
  * Engine thread. */
-static bool kv_room(kp_sched *s, kp_sreq *r, uint32_t followers) {
+static bool kv_room(kp_sched *s, kp_sreq *r, uint32_t followers, uint32_t crew_n) {
     uint64_t pending = s->n_running; /* a block per running sequence */
     for (uint32_t i = 0; i < s->n_running; i++) {
         kp_sreq *q = s->running[i];
         if (q->lead) /* a follower takes a copy of the leader's partial block */
             pending += kp_eng_fork_blocks(s->e, q->lead->n_fill);
+        else if (q->crew) /* parked: its prompt less the whole blocks it will share */
+            pending += crew_need(s, q->n_fill, q->crew_n);
         else if (q->fed < q->n_fill)
             pending += kp_eng_seq_blocks_missing(s->e, &q->seq, q->n_fill);
     }
@@ -741,13 +794,13 @@ static bool kv_room(kp_sched *s, kp_sreq *r, uint32_t followers) {
     kp_error err;
     if (kp_eng_room_for(s->e, kp_gen_tokens(r->gen), r->n_fill, s->n_running > 0, &room, &err) != KP_OK)
         return true; /* out of memory for the count: admit; a step that finds no block preempts */
+    if (crew_n > 0) room.need_blocks = crew_need(s, r->n_fill, crew_n);
     return room.need_blocks + pending <= (uint64_t)room.free_blocks + room.evictable_blocks;
 }
 
-/* Takes a request off the queue into the running table (false: it ended
- * instead: cancelled, no room even alone, or an error). no_room: it does
- * not fit even with nothing running. */
-static bool admit(kp_sched *s, kp_sreq *r, bool no_room) {
+/* r leaves the queue now (t_admit): the time it waited at the head for KV
+ * blocks, if it did, goes to the kvwait histogram. Engine thread. */
+static void kv_waited(kp_sched *s, kp_sreq *r) {
     r->t_admit = now_s();
     if (r->t_kv > 0) {
         pthread_mutex_lock(&s->mu);
@@ -755,6 +808,13 @@ static bool admit(kp_sched *s, kp_sreq *r, bool no_room) {
         pthread_mutex_unlock(&s->mu);
         r->t_kv = 0;
     }
+}
+
+/* Takes a request off the queue into the running table (false: it ended
+ * instead: cancelled, no room even alone, or an error). no_room: it does
+ * not fit even with nothing running. */
+static bool admit(kp_sched *s, kp_sreq *r, bool no_room) {
+    kv_waited(s, r);
     if (atomic_load(&r->cancel)) {
         finish(s, r, KP_FINISH_CANCELLED, KP_OK, NULL);
         return false;
@@ -816,6 +876,163 @@ static bool admit_follower(kp_sched *s, kp_sreq *f, kp_sreq *lead) {
     f->lead = lead;
     lead->n_wait++;
     return true;
+}
+
+/* ---- in-flight prefixes (the top comment's "Crews") ---------------------- */
+
+/* The positions of running request r that another request may fork once
+ * computed: its fill while prefilling (the rows come as it computes
+ * them), what it holds once generating. */
+static uint32_t crew_run(const kp_sreq *r) { return r->fed > r->n_fill ? r->fed : r->n_fill; }
+
+/* The running sequence whose run shares the longest prefix with queued r's
+ * fill, when that prefix is a block long at least and longer than what the
+ * index holds for r (*rep: kp_eng_probe of the index now): r then parks on it and
+ * forks *cap positions, at most n_fill - 1 (r computes its last prompt
+ * position for its logits, as on a full hit). Tokens are compared one by
+ * one. NULL: r is admitted the ordinary way (a first admission only; not
+ * a choice of n). Engine thread, r the queue's head. */
+static kp_sreq *crew_find(kp_sched *s, kp_sreq *r, uint32_t *cap, kp_eng_report *rep) {
+    *cap = 0;
+    if (r->no_crew || r->admitted || r->n_fill < 2 || s->n_running == 0) return NULL;
+    const int32_t *t = kp_gen_tokens(r->gen);
+    kp_sreq *best = NULL;
+    uint32_t most = 0;
+    for (uint32_t i = 0; i < s->n_running; i++) {
+        kp_sreq *q = s->running[i];
+        if (!q || q->lead || q->crew) continue; /* a cancelled one too: its rows are indexed as it ends */
+        uint32_t m = crew_run(q), k = 0;
+        if (m > r->n_fill - 1) m = r->n_fill - 1;
+        const int32_t *u = kp_gen_tokens(q->gen);
+        while (k < m && t[k] == u[k]) k++;
+        if (k > most) {
+            most = k;
+            best = q;
+        }
+    }
+    if (!best || most < kp_eng_block_size(s->e)) return NULL;
+    kp_eng_probe(s->e, t, r->n_fill, rep);
+    if (most <= rep->reused_tokens) return NULL;
+    *cap = most;
+    return best;
+}
+
+/* Takes queued r into the running table parked on lead: no sequence, no
+ * step item, until lead has computed cap positions (crew_ready). false:
+ * cancelled instead. Engine thread. */
+static bool crew_park(kp_sched *s, kp_sreq *r, kp_sreq *lead, uint32_t cap, const kp_eng_report *rep) {
+    kv_waited(s, r);
+    if (atomic_load(&r->cancel)) {
+        finish(s, r, KP_FINISH_CANCELLED, KP_OK, NULL);
+        return false;
+    }
+    r->fed = 0;
+    r->crew = lead;
+    r->crew_n = cap;
+    r->crew_rep = *rep;
+    lead->n_crew++;
+    return true;
+}
+
+/* Puts r at the queue's front (a parked request whose crew left). */
+static void requeue(kp_sched *s, kp_sreq *r) {
+    pthread_mutex_lock(&s->mu);
+    r->next = s->qhead;
+    s->qhead = r;
+    if (!s->qtail) s->qtail = r;
+    s->n_queued++;
+    s->st.queued = s->n_queued;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The parked request in slot i, whose crew has computed its crew_n
+ * positions, forks them (kp_eng_fork_prefix) and becomes an ordinary
+ * prefilling sequence from there: its report is the index's at parking
+ * with the forked rows as reused, those beyond the index's as in-flight,
+ * and the time it waited. A fork that finds no block sends it back to the
+ * queue's front, to be admitted the ordinary way. Engine thread. */
+static void crew_attach(kp_sched *s, uint32_t i) {
+    kp_sreq *q = s->running[i], *lead = q->crew;
+    lead->n_crew--;
+    q->crew = NULL;
+    kp_error err = {0};
+    if (kp_eng_fork_prefix(s->e, &lead->seq, q->crew_n, &q->seq, &err) != KP_OK) {
+        q->no_crew = true;
+        s->running[i] = NULL;
+        requeue(s, q);
+        return;
+    }
+    s->dirty = true;
+    q->fed = q->crew_n;
+    q->admitted = true;
+    const int32_t *tokens = kp_gen_tokens(q->gen);
+    kp_eng_report rep = q->crew_rep;
+    uint32_t idx = rep.reused_tokens;
+    rep.reused_tokens = q->crew_n;
+    rep.computed_tokens = q->n_fill - q->crew_n;
+    rep.inflight_tokens = q->crew_n > idx ? q->crew_n - idx : 0;
+    rep.inflight_wait_ms = (now_s() - q->t_admit) * 1e3;
+    kp_doctor_report d; /* why the index alone left off where it did */
+    bool has = kp_crep_explain(s->crep, tokens, q->n_prompt, q->text, q->text_len, &q->crew_rep,
+                               KP_DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
+    pthread_mutex_lock(&q->mu);
+    q->report = rep;
+    if (has) q->doctor = d;
+    q->has_doctor = has;
+    q->queue_ms = (q->t_admit - q->t_submit) * 1e3;
+    q->prog_admitted = true;
+    q->prog_done = q->fed;
+    if (atomic_load(&q->progress)) {
+        q->prog_new = true;
+        pthread_cond_broadcast(&q->cv);
+    }
+    pthread_mutex_unlock(&q->mu);
+    pthread_mutex_lock(&s->mu);
+    s->st.requests_started++;
+    s->st.prompt_tokens += q->n_prompt;
+    s->st.cached_tokens += rep.reused_tokens;
+    s->st.inflight_followers++;
+    s->st.inflight_reused_tokens += rep.inflight_tokens;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* r leaves the running table with requests parked on it: those whose rows
+ * r has computed fork them now (r's sequence is still whole); the others go
+ * back to the queue's front in their order (r's rows are indexed as it
+ * leaves, so the first of them reuses them through the index and the rest
+ * park on that one: nothing r computed is computed again). Not counted as
+ * preemptions. Engine thread. */
+static void crew_leave(kp_sched *s, kp_sreq *r) {
+    for (uint32_t i = s->n_running; r->n_crew > 0 && i-- > 0;) {
+        kp_sreq *q = s->running[i];
+        if (!q || q->crew != r) continue;
+        if (r->fed >= q->crew_n) {
+            crew_attach(s, i);
+            continue;
+        }
+        r->n_crew--;
+        q->crew = NULL;
+        s->running[i] = NULL;
+        requeue(s, q); /* from the youngest: the oldest ends up first */
+    }
+}
+
+/* Before a step: parked requests whose crew has computed their rows fork
+ * them, and the sequences others are parked on take the step's prefill
+ * budget first (*budget: what is left for everyone else), so a crew's
+ * shared prompt is computed at full speed. Engine thread. */
+static void crew_ready(kp_sched *s, uint32_t *budget) {
+    for (uint32_t i = 0; i < s->n_running; i++) {
+        kp_sreq *q = s->running[i];
+        if (q) q->crew_chunk = 0;
+        if (q && q->crew && !atomic_load(&q->cancel) && q->crew->fed >= q->crew_n) crew_attach(s, i);
+    }
+    for (uint32_t i = 0; i < s->n_running && *budget > 0; i++) {
+        kp_sreq *q = s->running[i];
+        if (!q || q->n_crew == 0 || q->lead || q->crew || q->fed >= q->n_fill || atomic_load(&q->cancel)) continue;
+        q->crew_chunk = q->n_fill - q->fed < *budget ? q->n_fill - q->fed : *budget;
+        *budget -= q->crew_chunk;
+    }
 }
 
 /* The followers of r that directly follow it in the queue and may fork
@@ -889,8 +1106,11 @@ static void admit_queued(kp_sched *s) {
             if (s->n_running > 0) break; /* the choices wait for slots for all of them */
             k = s->cfg.parallel - 1;
         }
+        uint32_t cap = 0;
+        kp_eng_report crep;
+        kp_sreq *lead = k == 0 && !atomic_load(&r->cancel) ? crew_find(s, r, &cap, &crep) : NULL;
         bool no_room = false;
-        if (!atomic_load(&r->cancel) && !kv_room(s, r, k)) {
+        if (!atomic_load(&r->cancel) && !kv_room(s, r, k, cap)) {
             if (s->n_running > 0) { /* room comes back as running sequences grow no more, end or step aside */
                 if (r->t_kv == 0) r->t_kv = now_s();
                 waiting = true;
@@ -906,7 +1126,7 @@ static void admit_queued(kp_sched *s) {
         s->st.queued = s->n_queued;
         pthread_mutex_unlock(&s->mu);
         r->next = NULL;
-        bool admitted = admit(s, r, no_room);
+        bool admitted = lead ? crew_park(s, r, lead, cap, &crep) : admit(s, r, no_room);
         pthread_mutex_lock(&s->mu);
         s->n_taking--;
         if (admitted) {
@@ -960,12 +1180,8 @@ static void preempt(kp_sched *s, kp_sreq *r) {
     pthread_mutex_lock(&r->mu);
     r->preemptions++;
     pthread_mutex_unlock(&r->mu);
+    requeue(s, r);
     pthread_mutex_lock(&s->mu);
-    r->next = s->qhead;
-    s->qhead = r;
-    if (!s->qtail) s->qtail = r;
-    s->n_queued++;
-    s->st.queued = s->n_queued;
     s->st.preemptions++;
     pthread_mutex_unlock(&s->mu);
 }
@@ -1108,6 +1324,7 @@ static void make_room(kp_sched *s, uint32_t n_full, uint32_t n_live) {
 
 static void step(kp_sched *s) {
     uint32_t ni = 0, budget = s->cfg.prefill_chunk, n_live = 0;
+    crew_ready(s, &budget);
     for (uint32_t i = 0; i < s->n_running; i++) {
         kp_sreq *r = s->running[i];
         if (!r) continue; /* a follower sent back when its leader left */
@@ -1116,15 +1333,18 @@ static void step(kp_sched *s) {
             s->running[i] = NULL;
             continue;
         }
-        if (r->lead) continue; /* waits for its leader's prefill */
+        if (r->lead || r->crew) continue; /* waits for its leader's prefill, or for its crew's rows */
         n_live++;
         kp_eng_item *it = &s->items[ni];
         memset(it, 0, sizeof *it);
         it->seq = &r->seq;
         if (r->fed < r->n_fill) {
-            if (budget == 0) continue;
-            uint32_t c = r->n_fill - r->fed < budget ? r->n_fill - r->fed : budget;
-            budget -= c;
+            uint32_t c = r->crew_chunk; /* given first (crew_ready) */
+            if (c == 0) {
+                if (budget == 0) continue;
+                c = r->n_fill - r->fed < budget ? r->n_fill - r->fed : budget;
+                budget -= c;
+            }
             it->tokens = kp_gen_tokens(r->gen) + r->fed;
             it->n = c;
             it->logits = r->fed + c == r->n_fill ? r->logits : NULL;

@@ -278,6 +278,8 @@ typedef struct {
     uint64_t prompt_tokens, cached_tokens, generated_tokens, steps;
     uint64_t preemptions;       /* running sequences sent back to the queue to make room */
     uint64_t resumed_computed;  /* positions resumed requests had to compute again */
+    uint64_t inflight_followers;      /* requests that reused a running sequence's prompt rows */
+    uint64_t inflight_reused_tokens;  /* ... rows they took from it beyond what the index held */
     uint32_t queued, running;
     uint32_t waiting_for_kv;    /* queued requests a free sequence slot would take now but for the
                                    KV blocks the queue's head waits for (the queue is FIFO) */

@@ -175,7 +175,9 @@ static void note_gen(reqlog *l, const kp_sreq_update *u, const char *finish) {
     l->computed = u->report.computed_tokens;
     l->completion = u->completion_tokens;
     l->preempted = u->preemptions;
-    l->cause = u->has_doctor ? kp_doctor_cause_name(u->doctor.finding.cause) : NULL;
+    l->cause = u->has_doctor ? u->report.inflight_tokens > 0 ? "shared_inflight" /* as kvpin_cache says */
+                                                              : kp_doctor_cause_name(u->doctor.finding.cause)
+                             : NULL;
     l->finish = finish;
     l->ttft_ms = u->ttft_ms;
     kp_hist_add(l->hist, u, finish, (now_s() - l->t0) * 1e3, (int64_t)time(NULL));
@@ -1892,6 +1894,12 @@ static enum MHD_Result metrics(kp_server *s, struct MHD_Connection *c) {
     metric(&t, "kvpin_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", (double)st.prompt_tokens);
     metric(&t, "kvpin_prompt_tokens_cached_total", "counter", "Prompt tokens whose K/V came from the prefix cache.",
            (double)st.cached_tokens);
+    metric(&t, "kvpin_inflight_reused_tokens_total", "counter",
+           "Prompt tokens taken from another request's prefill in flight (beyond what the prefix cache held).",
+           (double)st.inflight_reused_tokens);
+    metric(&t, "kvpin_inflight_followers_total", "counter",
+           "Requests that reused the prompt of a request computing it at the same time.",
+           (double)st.inflight_followers);
     metric(&t, "kvpin_generated_tokens_total", "counter", "Tokens generated.", (double)st.generated_tokens);
     metric(&t, "kvpin_prefix_hit_ratio", "gauge", "Cached share of all prompt tokens so far.",
            st.prompt_tokens ? (double)st.cached_tokens / (double)st.prompt_tokens : 0.0);
