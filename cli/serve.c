@@ -26,7 +26,8 @@
 
 enum {
     O_API_KEY = CLI_OWN, O_API_KEY_FILE, O_CHAT_TEMPLATE, O_QUEUE, O_PREFILL_CHUNK, O_MAX_BODY, O_TIMEOUT,
-    O_ALIAS, O_QUIET, O_REQUEST_TIMEOUT, O_MAX_CONNECTIONS, O_MAX_PER_ADDRESS, O_STRICT_API, O_NO_DASHBOARD
+    O_ALIAS, O_QUIET, O_REQUEST_TIMEOUT, O_MAX_CONNECTIONS, O_MAX_PER_ADDRESS, O_STRICT_API, O_NO_DASHBOARD,
+    O_PIN_TTL_SCALE
 };
 
 static const cli_opt serve_tab[] = {
@@ -53,6 +54,8 @@ static const cli_opt serve_tab[] = {
                                      "naming them in the x-kvpin-ignored-fields header", O_STRICT_API},
     {"quiet", NULL, NULL, NULL, "no request log and no HTTP-library messages on stderr", O_QUIET},
     {"no-dashboard", NULL, NULL, NULL, "no cache dashboard page at GET / and /dashboard (404)", O_NO_DASHBOARD},
+    {"pin-ttl-scale", NULL, NULL, "X", "multiply cache_control TTLs by X (at least 1 s; for tests: 0.004\n"
+                                       "makes \"5m\" one second)", O_PIN_TTL_SCALE},
     {0},
 };
 
@@ -151,6 +154,7 @@ int cmd_serve(int argc, char **argv) {
     uint64_t budget = 0, max_body = 8u << 20;
     kp_dtype kv_type = KP_DTYPE_F16;
     bool no_cache = false, quiet = false, budget_set = false, strict_api = false, no_dashboard = false;
+    float pin_ttl_scale = 1;
     cli_args a;
     cli_args_init(&a, "serve", serve_tab, serve_usage, argc, argv);
     for (int k; (k = cli_args_next(&a)) != CLI_END;) {
@@ -162,6 +166,13 @@ int cmd_serve(int argc, char **argv) {
         case O_QUIET: quiet = true; break;
         case O_STRICT_API: strict_api = true; break;
         case O_NO_DASHBOARD: no_dashboard = true; break;
+        case O_PIN_TTL_SCALE:
+            ok = cli_parse_f32(opt, v, &pin_ttl_scale);
+            if (ok && !(pin_ttl_scale > 0 && pin_ttl_scale <= 1000)) {
+                fprintf(stderr, "kvpin serve: --pin-ttl-scale must be a number in (0, 1000]\n");
+                return 2;
+            }
+            break;
         case CLI_MODEL: model_path = v; break;
         case CLI_HOST: host = v; break;
         case CLI_PORT: ok = cli_args_int(&a, &port); break;
@@ -281,6 +292,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.chat_eos = token_text(v, kp_tok_eos(v));
     cfg.quiet = quiet;
     cfg.strict_api = strict_api;
+    cfg.pin_ttl_scale = pin_ttl_scale;
     cfg.no_dashboard = no_dashboard;
     /* SIGINT/SIGTERM are taken by sigwait below; SIGPIPE from a client that left is ignored */
     sigset_t set;

@@ -65,6 +65,7 @@ typedef struct {
     bool strict_api;           /* unknown request fields are a 400 instead of being ignored and named
                                   in x-kvpin-ignored-fields (oai.h, kp_oai_parse_opts) */
     bool no_dashboard;         /* GET / and /dashboard answer 404 (dashboard.h) */
+    float pin_ttl_scale;       /* cache_control TTLs are multiplied by this (at least 1 s); 0: 1 */
 } kp_server_config;
 
 typedef struct kp_server kp_server;
