@@ -65,6 +65,8 @@ static void serve_usage(FILE *f) {
             "An OpenAI-compatible HTTP server (POST /v1/completions, /v1/chat/completions, GET /v1/models,\n"
             "/health, /metrics, /v1/cache, POST /v1/cache/probe, /v1/cache/pin, DELETE /v1/cache/pin/ID,\n"
             "POST /tokenize, /detokenize) with a live cache dashboard at GET / (its data: GET /v1/cache/events).\n"
+            "It also speaks Anthropic's Messages API (POST /v1/messages, /v1/messages/count_tokens) and OpenAI's\n"
+            "Responses API (POST /v1/responses, GET and DELETE /v1/responses/ID).\n"
             "stderr gets one line per request (see README.md) unless --quiet.\n");
     cli_print_options(f, serve_tab);
     fprintf(f,

@@ -70,6 +70,7 @@
 #include "serve/dashboard.h"
 #include "serve/history.h"
 #include "serve/oai.h"
+#include "serve/responses.h"
 
 #define N_STATUS 12
 #define GRAMMARS_KEPT 16 /* compiled response_format / grammar constraints the server keeps (LRU) */
@@ -101,6 +102,7 @@ struct kp_server {
     kp_gcache *gc; /* compiled grammars of response_format / grammar / json_schema */
     kp_hist *hist; /* finished generations, for the dashboard (history.h) */
     kp_bpins *bpins; /* the pins of cache_control breakpoints (bpins.h) */
+    kp_rstore *rstore; /* stored Responses API responses (responses.h) */
 };
 
 /* What the log line of a request says (log_line). */
@@ -124,7 +126,7 @@ typedef struct {
 
 /* The API a request speaks: the shape of its errors, and of a
  * generation's answer and stream (OpenAI's unless the path says another). */
-enum { API_OPENAI = 0, API_ANTHROPIC };
+enum { API_OPENAI = 0, API_ANTHROPIC, API_RESPONSES };
 
 typedef struct {
     kp_buf body; /* the request body received so far */
@@ -611,6 +613,12 @@ typedef struct {
     size_t n_text;     /* bytes of text generated */
     json_t *stops;     /* the request's stop strings (for stop_sequence), or NULL */
     anth_bps bps;      /* its cache_control breakpoints */
+    /* API_RESPONSES: the request (owned), the text and calls sent, the items */
+    kp_resp_request *resp;
+    kp_buf rtext;
+    json_t *rcalls;
+    uint32_t seq;      /* sequence_number of the next event */
+    uint64_t item_seed;
 } stream;
 
 static void sb_add(stream *st, const char *b, size_t n) { kp_buf_put(&st->out, b, n); }
@@ -647,10 +655,16 @@ static void add_token_ids(json_t *choice, const kp_sreq_update *u) {
  * a return_token_ids stream) adds the token ids, all of them at once. */
 static void anth_text(stream *st, const char *text, size_t len);
 static void anth_calls(stream *st, json_t *calls);
+static void resp_text(stream *st, const char *text, size_t len);
+static void resp_calls(stream *st, json_t *calls);
 
 static void sb_chunk(stream *st, const char *text, size_t len, const char *finish, const kp_sreq_update *ids) {
     if (st->api == API_ANTHROPIC) {
         anth_text(st, text, text ? len : 0);
+        return;
+    }
+    if (st->api == API_RESPONSES) {
+        resp_text(st, text, text ? len : 0);
         return;
     }
     json_t *j = chunk_base(st);
@@ -691,6 +705,10 @@ static void sb_tool_call_delta(stream *st, json_t *call) {
 static void sb_tool_calls(stream *st, json_t *calls) {
     if (st->api == API_ANTHROPIC) {
         anth_calls(st, calls);
+        return;
+    }
+    if (st->api == API_RESPONSES) {
+        resp_calls(st, calls);
         return;
     }
     size_t i;
@@ -962,6 +980,129 @@ static void anth_end(stream *st, const kp_sreq_update *u, const char *finish) {
     st->done = true;
 }
 
+/* ---- the Responses API's answer ------------------------------------------------ */
+
+/* The response object of a Responses request that ended, stored when the
+ * request asks (store, the default): its conversation with the answer is
+ * what previous_response_id continues. output consumed. */
+static json_t *resp_final(kp_server *s, const kp_resp_request *r, const char *id, const kp_sreq_update *u,
+                          json_t *output, const char *text, size_t tlen, const json_t *calls) {
+    const char *status = u->finish == KP_FINISH_LENGTH && !calls ? "incomplete" : "completed";
+    json_t *o = kp_resp_object_json(id, s->cfg.model_name, (int64_t)time(NULL), status, r, output,
+                                    kp_resp_usage_json(u->prompt_tokens, u->cached_tokens, u->completion_tokens));
+    json_t *cj = gen_cache_json(u);
+    if (r->store) {
+        json_t *conv = kp_resp_conv_after(r, text, tlen, calls);
+        bool kept = conv && kp_rstore_put(s->rstore, id, o, conv);
+        json_decref(conv);
+        if (cj) json_object_set_new(cj, "stored", json_boolean(kept));
+    }
+    json_object_set_new(o, "kvpin_cache", cj);
+    return o;
+}
+
+static json_t *resp_msg_item(stream *st, const char *status) {
+    char id[48];
+    kp_resp_item_id(id, sizeof id, "msg", st->item_seed, 0);
+    json_t *content = json_array();
+    if (!strcmp(status, "completed"))
+        json_array_append_new(content, json_pack("{s:s, s:s%, s:[]}", "type", "output_text", "text",
+                                                 st->rtext.data ? st->rtext.data : "", st->rtext.len, "annotations"));
+    return json_pack("{s:s, s:s, s:s, s:s, s:o}", "type", "message", "id", id, "status", status, "role", "assistant",
+                     "content", content);
+}
+
+/* The message item and its output_text part begin. */
+static void resp_open_text(stream *st) {
+    char id[48];
+    kp_resp_item_id(id, sizeof id, "msg", st->item_seed, 0);
+    kp_resp_event(&st->out, "response.output_item.added",
+                  json_pack("{s:I, s:o}", "output_index", (json_int_t)st->n_blocks, "item",
+                            resp_msg_item(st, "in_progress")), &st->seq);
+    kp_resp_event(&st->out, "response.content_part.added",
+                  json_pack("{s:s, s:I, s:i, s:{s:s, s:s, s:[]}}", "item_id", id, "output_index",
+                            (json_int_t)st->n_blocks, "content_index", 0, "part", "type", "output_text", "text", "",
+                            "annotations"), &st->seq);
+    st->text_open = true;
+}
+
+static void resp_text(stream *st, const char *text, size_t len) {
+    if (!len) return;
+    char id[48];
+    kp_resp_item_id(id, sizeof id, "msg", st->item_seed, 0);
+    if (!st->text_open) resp_open_text(st);
+    kp_buf_put(&st->rtext, text, len);
+    kp_resp_event(&st->out, "response.output_text.delta",
+                  json_pack("{s:s, s:I, s:i, s:s%}", "item_id", id, "output_index", (json_int_t)st->n_blocks,
+                            "content_index", 0, "delta", text, len), &st->seq);
+}
+
+/* The message item ends (an empty one when forced, with nothing sent). */
+static void resp_close_text(stream *st, bool force) {
+    if (!st->text_open && !force) return;
+    if (!st->text_open) resp_open_text(st);
+    char id[48];
+    kp_resp_item_id(id, sizeof id, "msg", st->item_seed, 0);
+    const char *t = st->rtext.data ? st->rtext.data : "";
+    kp_resp_event(&st->out, "response.output_text.done",
+                  json_pack("{s:s, s:I, s:i, s:s%}", "item_id", id, "output_index", (json_int_t)st->n_blocks,
+                            "content_index", 0, "text", t, st->rtext.len), &st->seq);
+    kp_resp_event(&st->out, "response.content_part.done",
+                  json_pack("{s:s, s:I, s:i, s:{s:s, s:s%, s:[]}}", "item_id", id, "output_index",
+                            (json_int_t)st->n_blocks, "content_index", 0, "part", "type", "output_text", "text", t,
+                            st->rtext.len, "annotations"), &st->seq);
+    kp_resp_event(&st->out, "response.output_item.done",
+                  json_pack("{s:I, s:o}", "output_index", (json_int_t)st->n_blocks, "item",
+                            resp_msg_item(st, "completed")), &st->seq);
+    st->text_open = false;
+    st->n_blocks++;
+}
+
+/* The calls (consumed) as function_call items: added with empty
+ * arguments, the arguments as one delta, done. */
+static void resp_calls(stream *st, json_t *calls) {
+    resp_close_text(st, false);
+    json_t *items = kp_resp_output_json(NULL, 0, calls, st->item_seed);
+    st->rcalls = calls;
+    size_t i;
+    json_t *it;
+    json_array_foreach(items, i, it) {
+        json_t *idx = json_integer((json_int_t)st->n_blocks);
+        json_t *added = json_deep_copy(it);
+        json_object_set_new(added, "arguments", json_string(""));
+        json_object_set_new(added, "status", json_string("in_progress"));
+        kp_resp_event(&st->out, "response.output_item.added", json_pack("{s:O, s:o}", "output_index", idx, "item", added),
+                      &st->seq);
+        kp_resp_event(&st->out, "response.function_call_arguments.delta",
+                      json_pack("{s:O, s:O, s:O}", "item_id", json_object_get(it, "id"), "output_index", idx, "delta",
+                                json_object_get(it, "arguments")), &st->seq);
+        kp_resp_event(&st->out, "response.function_call_arguments.done",
+                      json_pack("{s:O, s:O, s:O}", "item_id", json_object_get(it, "id"), "output_index", idx,
+                                "arguments", json_object_get(it, "arguments")), &st->seq);
+        kp_resp_event(&st->out, "response.output_item.done", json_pack("{s:O, s:O}", "output_index", idx, "item", it),
+                      &st->seq);
+        json_decref(idx);
+        st->n_blocks++;
+    }
+    json_decref(items);
+}
+
+static void resp_end(stream *st, const kp_sreq_update *u, const char *finish) {
+    (void)finish;
+    if (!st->resp) { /* out of memory when the stream began */
+        st->done = true;
+        return;
+    }
+    resp_close_text(st, st->n_blocks == 0);
+    const char *t = st->rtext.data ? st->rtext.data : "";
+    json_t *output = kp_resp_output_json(t, st->rtext.len, st->rcalls, st->item_seed);
+    json_t *o = resp_final(st->s, st->resp, st->id, u, output, t, st->rtext.len, st->rcalls);
+    bool incomplete = !strcmp(json_string_value(json_object_get(o, "status")) ? json_string_value(json_object_get(o, "status")) : "", "incomplete");
+    kp_resp_event(&st->out, incomplete ? "response.incomplete" : "response.completed", json_pack("{s:o}", "response", o),
+                  &st->seq);
+    st->done = true;
+}
+
 /* Turns a scheduler update into SSE events. */
 static void stream_update(stream *st, kp_sreq_update *u) {
     const char *finish = kp_oai_finish_name(u->finish);
@@ -986,10 +1127,20 @@ static void stream_update(stream *st, kp_sreq_update *u) {
             st->done = true;
             return;
         }
+        if (st->api == API_RESPONSES) {
+            kp_resp_event(&st->out, "error", json_pack("{s:s, s:s?, s:s}", "message", e.message, "code", e.code,
+                                                       "param", e.param), &st->seq);
+            st->done = true;
+            return;
+        }
         sb_event(st, kp_oai_error_json(&e));
     } else if (st->api == API_ANTHROPIC) {
         st->finish = finish;
         anth_end(st, u, finish);
+        return;
+    } else if (st->api == API_RESPONSES) {
+        st->finish = finish;
+        resp_end(st, u, finish);
         return;
     } else {
         st->finish = finish;
@@ -1073,6 +1224,10 @@ static void stream_free(void *cls) {
     kp_buf_free(&st->out);
     kp_buf_free(&st->full);
     json_decref(st->stops);
+    kp_resp_request_free(st->resp);
+    free(st->resp);
+    kp_buf_free(&st->rtext);
+    json_decref(st->rcalls);
     free(st);
 }
 
@@ -1489,12 +1644,16 @@ typedef struct {
     const char *ignored; /* "" when none */
     const kp_anth_request *anth;
     anth_bps bps; /* filled by generate_as */
+    kp_resp_request *resp; /* API_RESPONSES: a stream takes it over (then zeroed) */
 } gen_api;
 
 static void anth_breaks(kp_server *s, gen_api *x, const int32_t *ids, size_t n);
 static enum MHD_Result anth_reply(kp_server *s, struct MHD_Connection *c, conn *cn, gen_api *x,
                                   const kp_sreq_update *u, const char *text, size_t tlen, const char *ign_h,
                                   const char *ignored);
+static enum MHD_Result resp_reply(kp_server *s, struct MHD_Connection *c, conn *cn, gen_api *x,
+                                  const kp_sreq_update *u, const char *id, const char *text, size_t tlen,
+                                  const char *ign_h, const char *ignored);
 
 /* A completions (chat false) or chat-completions request of body[0..len),
  * answered in the shape of x's API (x NULL: OpenAI's). */
@@ -1630,7 +1789,8 @@ static enum MHD_Result generate_as(kp_server *s, struct MHD_Connection *c, conn 
         return reply_error(s, c, &e);
     }
     char id[48];
-    snprintf(id, sizeof id, "%s%016llx", x && x->api == API_ANTHROPIC ? "msg_" : chat ? "chatcmpl-" : "cmpl-",
+    snprintf(id, sizeof id, "%s%016llx",
+             x && x->api == API_ANTHROPIC ? "msg_" : x && x->api == API_RESPONSES ? "resp_" : chat ? "chatcmpl-" : "cmpl-",
              (unsigned long long)(atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull ^ (uint64_t)s->started));
     if (stream_it) {
         stream *sm = calloc(1, sizeof *sm);
@@ -1665,6 +1825,19 @@ static enum MHD_Result generate_as(kp_server *s, struct MHD_Connection *c, conn 
                           json_pack("{s:o}", "message",
                                     kp_anth_message_json(sm->id, s->cfg.model_name, json_array(), NULL, NULL, usage)));
             kp_anth_event(&sm->out, "ping", json_object());
+        } else if (x && x->api == API_RESPONSES) {
+            sm->api = API_RESPONSES;
+            sm->resp = malloc(sizeof *sm->resp);
+            if (sm->resp) { /* the stream owns the request from here */
+                *sm->resp = *x->resp;
+                memset(x->resp, 0, sizeof *x->resp);
+            }
+            sm->item_seed = p.sp.seed ^ (uint64_t)sm->created;
+            json_t *o = sm->resp ? kp_resp_object_json(sm->id, s->cfg.model_name, (int64_t)sm->created, "in_progress",
+                                                       sm->resp, NULL, NULL)
+                                 : NULL;
+            kp_resp_event(&sm->out, "response.created", json_pack("{s:O}", "response", o), &sm->seq);
+            kp_resp_event(&sm->out, "response.in_progress", json_pack("{s:o}", "response", o), &sm->seq);
         } else if (chat) {
             sb_chunk(sm, "", 0, NULL, NULL); /* the role first, as OpenAI does */
         }
@@ -1672,6 +1845,12 @@ static enum MHD_Result generate_as(kp_server *s, struct MHD_Connection *c, conn 
         u.len = tlen;
         stream_update(sm, &u); /* frees text */
         return sse_response(s, c, cn, stream_reader, sm, stream_free, sm, ign_h, ignored);
+    }
+    if (x && x->api == API_RESPONSES) {
+        enum MHD_Result res = resp_reply(s, c, cn, x, &u, id, text, tlen, ign_h, ignored);
+        free(text);
+        kp_sreq_release(r);
+        return res;
     }
     if (x && x->api == API_ANTHROPIC) {
         enum MHD_Result res = anth_reply(s, c, cn, x, &u, text, tlen, ign_h, ignored);
@@ -1817,11 +1996,72 @@ static enum MHD_Result messages(kp_server *s, struct MHD_Connection *c, conn *cn
         kp_anth_request_free(&a);
         return fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
     }
-    gen_api x = {API_ANTHROPIC, a.ignored.data ? a.ignored.data : "", &a, {{0}, {0}, {0}, {0}, 0, 0}};
+    gen_api x = {API_ANTHROPIC, a.ignored.data ? a.ignored.data : "", &a, {{0}, {0}, {0}, {0}, 0, 0}, NULL};
     enum MHD_Result r = generate_as(s, c, cn, true, body, strlen(body), &x);
     free(body);
     kp_anth_request_free(&a);
     return r;
+}
+
+/* The answer of a Responses request that ended (non-streaming). */
+static enum MHD_Result resp_reply(kp_server *s, struct MHD_Connection *c, conn *cn, gen_api *x,
+                                  const kp_sreq_update *u, const char *id, const char *text, size_t tlen,
+                                  const char *ign_h, const char *ignored) {
+    json_t *calls = NULL;
+    size_t content = tlen;
+    const json_t *tc = json_object_get(x->resp->chat, "tool_choice");
+    bool tools = json_array_size(json_object_get(x->resp->chat, "tools")) &&
+                 !(json_is_string(tc) && !strcmp(json_string_value(tc), "none"));
+    if (tools && (u->finish == KP_FINISH_LENGTH || u->finish == KP_FINISH_STOP)) {
+        kp_error err;
+        kp_chat_parse_tool_calls(s->cfg.chat, text ? text : "", tlen, (uint64_t)time(NULL) ^ (uint64_t)u->prompt_tokens,
+                                 &calls, &content, &err);
+    }
+    if (!calls) content = tlen;
+    uint64_t seed = (uint64_t)time(NULL) ^ (atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull);
+    json_t *out = kp_resp_output_json(text, content, calls, seed);
+    json_t *o = resp_final(s, x->resp, id, u, out, text, content, calls);
+    note_gen(&cn->log, u, calls ? "tool_calls" : kp_oai_finish_name(u->finish));
+    json_decref(calls);
+    return reply_json_h(s, c, 200, o, ign_h, ignored);
+}
+
+/* POST /v1/responses: the body translated (responses.h), with the stored
+ * conversation of previous_response_id in front, and served as the chat
+ * request it means. */
+static enum MHD_Result responses(kp_server *s, struct MHD_Connection *c, conn *cn) {
+    kp_oai_error e;
+    char prev_id[128];
+    json_t *prev = NULL;
+    if (kp_resp_previous(cn->body.data, cn->body.len, prev_id, sizeof prev_id) &&
+        !kp_rstore_get(s->rstore, prev_id, NULL, &prev))
+        return fail(s, c, 404, "invalid_request_error", "previous_response_not_found", "previous_response_id",
+                    "Previous response with id '%.100s' not found (never stored, deleted, or dropped from the "
+                    "store)", prev_id);
+    kp_resp_request r;
+    bool ok = kp_resp_translate(cn->body.data, cn->body.len, prev, s->cfg.strict_api, &r, &e);
+    json_decref(prev);
+    if (!ok) return reply_error(s, c, &e);
+    char *body = json_dumps(r.chat, JSON_COMPACT);
+    if (!body) {
+        kp_resp_request_free(&r);
+        return fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    gen_api x = {API_RESPONSES, r.ignored.data ? r.ignored.data : "", NULL, {{0}, {0}, {0}, {0}, 0, 0}, &r};
+    enum MHD_Result res = generate_as(s, c, cn, true, body, strlen(body), &x);
+    free(body);
+    kp_resp_request_free(&r);
+    return res;
+}
+
+/* GET and DELETE /v1/responses/{id}. */
+static enum MHD_Result response_get(kp_server *s, struct MHD_Connection *c, const char *id, bool del) {
+    json_t *o = NULL;
+    bool found = del ? kp_rstore_delete(s->rstore, id) : kp_rstore_get(s->rstore, id, &o, NULL);
+    if (!found)
+        return fail(s, c, 404, "invalid_request_error", "not_found", "id", "No response with id '%.100s' found", id);
+    if (del) return reply_json(s, c, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "response", "deleted", 1));
+    return reply_json(s, c, 200, o);
 }
 
 /* ---- small endpoints ---------------------------------------------------------- */
@@ -1992,11 +2232,16 @@ static enum MHD_Result cache_get(kp_server *s, struct MHD_Connection *c) {
     json_t *keys = kp_ckeys_json(s->ckeys);
     uint64_t bp_tokens = 0;
     uint32_t bp_n = kp_bpins_count(s->bpins, (int64_t)time(NULL), &bp_tokens);
+    uint32_t rs_n, rs_max;
+    size_t rs_bytes, rs_max_bytes;
+    kp_rstore_stats(s->rstore, &rs_n, &rs_bytes, &rs_max, &rs_max_bytes);
     return reply_json(s, c, 200,
-                      json_pack("{s:s, s:b, s:o, s:o, s:o, s:o, s:{s:I, s:I}}", "object", "kvpin.cache", "prefix_cache",
-                                k.prefix_cache, "kv", kv_json(&k), "counts", counts, "prefixes", list,
-                                "prompt_cache_keys", keys ? keys : json_array(), "cache_control", "live_pins",
-                                (json_int_t)bp_n, "tokens", (json_int_t)bp_tokens));
+                      json_pack("{s:s, s:b, s:o, s:o, s:o, s:o, s:{s:I, s:I}, s:{s:I, s:I, s:I, s:I}}", "object",
+                                "kvpin.cache", "prefix_cache", k.prefix_cache, "kv", kv_json(&k), "counts", counts,
+                                "prefixes", list, "prompt_cache_keys", keys ? keys : json_array(), "cache_control",
+                                "live_pins", (json_int_t)bp_n, "tokens", (json_int_t)bp_tokens, "responses", "count",
+                                (json_int_t)rs_n, "bytes", (json_int_t)rs_bytes, "max_count", (json_int_t)rs_max,
+                                "max_bytes", (json_int_t)rs_max_bytes));
 }
 
 /* The tokens of a probe or pin body: {"prompt": ...} or {"messages": [...], "tools": [...]}. */
@@ -2280,6 +2525,9 @@ ROUTE_FN(on_completions) { return generate(s, c, cn, false); }
 ROUTE_FN(on_chat) { return generate(s, c, cn, true); }
 ROUTE_FN(on_messages) { return messages(s, c, cn, false); }
 ROUTE_FN(on_count_tokens) { return messages(s, c, cn, true); }
+ROUTE_FN(on_responses) { return responses(s, c, cn); }
+ROUTE_FN(on_response_get) { return response_get(s, c, id, false); }
+ROUTE_FN(on_response_delete) { return response_get(s, c, id, true); }
 ROUTE_FN(on_tokenize) { return tokenize(s, c, cn); }
 ROUTE_FN(on_detokenize) { return detokenize(s, c, cn); }
 ROUTE_FN(on_cache) { return cache_get(s, c); }
@@ -2323,6 +2571,9 @@ static const route_entry ROUTES[] = {
     {"POST", "/chat/completions", false, true, on_chat},
     {"POST", "/v1/messages", false, true, on_messages},
     {"POST", "/v1/messages/count_tokens", false, true, on_count_tokens},
+    {"POST", "/v1/responses", false, true, on_responses},
+    {"GET", "/v1/responses/", true, true, on_response_get},
+    {"DELETE", "/v1/responses/", true, true, on_response_delete},
     {"POST", "/tokenize", false, true, on_tokenize},
     {"POST", "/detokenize", false, true, on_detokenize},
     {"GET", "/v1/cache", false, true, on_cache},
@@ -2572,7 +2823,9 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
         return gst;
     }
     kp_status bst = kp_bpins_new(&s->bpins, 256, err); /* breakpoints of many conversations, bounded */
+    if (bst == KP_OK) bst = kp_rstore_new(&s->rstore, 256, 16u << 20, err); /* 256 responses, 16 MiB */
     if (bst != KP_OK) {
+        kp_bpins_free(s->bpins);
         kp_gcache_free(s->gc);
         kp_ckeys_free(s->ckeys);
         kp_hist_free(s->hist);
@@ -2604,6 +2857,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
         kp_ckeys_free(s->ckeys);
         kp_gcache_free(s->gc);
         kp_bpins_free(s->bpins);
+        kp_rstore_free(s->rstore);
         kp_hist_free(s->hist);
         free(s);
         return kp_fail(err, KP_EIO, "cannot resolve --host %s: %s", cfg->host, gai_strerror(gai));
@@ -2656,6 +2910,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
         kp_ckeys_free(s->ckeys);
         kp_gcache_free(s->gc);
         kp_bpins_free(s->bpins);
+        kp_rstore_free(s->rstore);
         kp_hist_free(s->hist);
         free(s);
         return kp_fail(err, KP_EIO, "cannot start the request-deadline thread");
@@ -2666,6 +2921,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
         kp_ckeys_free(s->ckeys);
         kp_gcache_free(s->gc);
         kp_bpins_free(s->bpins);
+        kp_rstore_free(s->rstore);
         kp_hist_free(s->hist);
         free(s);
         if (v6_seen && MHD_is_feature_supported(MHD_FEATURE_IPv6) != MHD_YES)
@@ -2697,6 +2953,7 @@ void kp_server_free(kp_server *s) {
     kp_ckeys_free(s->ckeys);
     kp_gcache_free(s->gc);
     kp_bpins_free(s->bpins);
+    kp_rstore_free(s->rstore);
     kp_hist_free(s->hist);
     free(s);
 }

@@ -1,8 +1,10 @@
 #!/bin/sh
-# End-to-end tests of `kvpin serve`'s Anthropic Messages API through the
-# official `@anthropic-ai/sdk` npm client (tests/node/anthropic.test.mjs, run
-# with `node --test`), from the repository root with the binary in $KVPIN
-# (default ./kvpin).
+# End-to-end tests of `kvpin serve`'s agent APIs: Anthropic's Messages API
+# through the official `@anthropic-ai/sdk` npm client
+# (tests/node/anthropic.test.mjs), OpenAI's Responses API through the
+# official `openai` client and the parity of the three chat APIs
+# (tests/node/responses.test.mjs), run with `node --test` from the
+# repository root with the binary in $KVPIN (default ./kvpin).
 #
 # Two servers on free ports, both on the bundled model with F32 KV and the
 # chatml template: one with an API key (the client sends it as x-api-key),
@@ -22,14 +24,14 @@ trap cleanup EXIT
 trap 'exit 1' INT TERM
 pass=0; fail=0
 ok()  { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL e2e_anthropic: $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL e2e_agent_apis: $*"; }
 check() { # check DESCRIPTION COMMAND...: the command must succeed
     d=$1; shift
     if "$@"; then ok; else bad "$d"; fi
 }
 give_up() {
     bad "$*"
-    echo "e2e_anthropic: $pass passed, $fail failed"
+    echo "e2e_agent_apis: $pass passed, $fail failed"
     exit 1
 }
 M=models/stories260K.gguf
@@ -49,7 +51,7 @@ for pkg in @anthropic-ai/sdk openai ajv; do # missing, or another version than p
     [ "$installed" = "$pinned" ] || stale="$stale $pkg"
 done
 if [ -n "$stale" ]; then
-    echo "e2e_anthropic: installing the openai client into tests/node/node_modules (npm ci)"
+    echo "e2e_agent_apis: installing the openai client into tests/node/node_modules (npm ci)"
     npm ci --prefix tests/node --no-audit --no-fund >"$T/npm.log" 2>&1 || {
         cat "$T/npm.log"
         give_up "npm ci --prefix tests/node failed: the Anthropic client tests need the npm registry on first run"
@@ -106,7 +108,8 @@ start ttl --chat-template chatml --ctx $CTX --pin-ttl-scale 0.02 || give_up "the
 
 # ---- the client tests
 KVPIN_URL=$(cat "$T/main.url") KVPIN_API_KEY=$KEY KVPIN_TTL_URL=$(cat "$T/ttl.url") \
-    timeout 600 node --test --test-concurrency=1 --test-reporter=spec tests/node/anthropic.test.mjs >"$T/node.log" 2>&1
+    timeout 600 node --test --test-concurrency=1 --test-reporter=spec tests/node/anthropic.test.mjs \
+    tests/node/responses.test.mjs >"$T/node.log" 2>&1
 rc=$?
 n_pass=$(sed -n 's/^[^ ]* pass \([0-9]*\)$/\1/p' "$T/node.log" | tail -n 1) # the spec reporter's summary
 n_fail=$(sed -n 's/^[^ ]* fail \([0-9]*\)$/\1/p' "$T/node.log" | tail -n 1)
@@ -114,11 +117,11 @@ if [ $rc -eq 0 ] && [ "${n_pass:-0}" -gt 0 ] && [ "${n_fail:-1}" -eq 0 ]; then
     pass=$((pass + n_pass))
 else
     cat "$T/node.log"
-    bad "node --test tests/node/anthropic.test.mjs: ${n_fail:-?} of $((${n_pass:-0} + ${n_fail:-0})) failed (exit $rc)"
+    bad "node --test tests/node/anthropic.test.mjs responses.test.mjs: ${n_fail:-?} of $((${n_pass:-0} + ${n_fail:-0})) failed (exit $rc)"
 fi
 
 stop main
 stop ttl
 PIDS=""
-echo "e2e_anthropic: $pass passed, $fail failed"
+echo "e2e_agent_apis: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
