@@ -21,6 +21,13 @@
  *                kp_sreq_wait and writes `data: {chunk}\n\n` ... `[DONE]`
  *       else:    wait for the end, one JSON body
  *     free callback / connection end: kp_sreq_release (cancels if running)
+ *     messages / responses: the body translated into a chat-completions
+ *       body (anthropic.c, responses.c) and run by generate_as as chat is,
+ *       with a gen_api that says whose shape the answer, the stream's
+ *       events (stream.api) and, for messages, the errors (conn.api) take;
+ *       messages' cache_control breakpoints are located in the prompt
+ *       before the submit (anth_breaks) and pinned after the end
+ *       (anth_after); a stored response goes to the response store
  *     cache endpoints: GET /v1/cache reads the scheduler's snapshot
  *       (kp_sched_cache_get: memory bill, top prefixes); probe, pin and
  *       unpin are kp_sched_probe / kp_sched_pin / kp_sched_unpin, served by
@@ -1958,7 +1965,7 @@ static enum MHD_Result anth_reply(kp_server *s, struct MHD_Connection *c, conn *
     json_t *j = kp_anth_message_json(id, s->cfg.model_name, kp_anth_content_json(text, calls ? content : tlen, calls),
                                      reason, which, anth_usage(&x->bps, u));
     json_object_set_new(j, "kvpin_cache", cj);
-    note_gen(&cn->log, u, reason);
+    note_gen(&cn->log, u, calls ? "tool_calls" : kp_oai_finish_name(u->finish)); /* the log's words */
     json_decref(calls);
     return reply_json_h(s, c, 200, j, ign_h, ignored);
 }

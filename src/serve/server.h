@@ -14,6 +14,13 @@
  *   GET  /v1/cache                POST /v1/cache/probe
  *   POST /v1/cache/pin            DELETE /v1/cache/pin/{id}
  *   GET  / and /dashboard (the cache dashboard page)   GET /v1/cache/events
+ *   POST /v1/messages  /v1/messages/count_tokens       (Anthropic, anthropic.h)
+ *   POST /v1/responses  GET and DELETE /v1/responses/{id}   (responses.h)
+ *
+ * The Messages and Responses APIs are translated into the chat-completions
+ * request they mean and served by the same generation path; their answers,
+ * streams and (for Messages) errors take their own API's shape. The API
+ * key may come as "x-api-key" too.
  *
  * Errors are OpenAI-style JSON bodies with the right status: 400 (bad JSON,
  * wrong types, unknown fields, prompt longer than the context), 401 (API
