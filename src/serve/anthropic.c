@@ -192,6 +192,10 @@ static bool block(tr *t, size_t mi, size_t bi, const json_t *b, bool user, json_
         flush(t); /* the results and the user's text in the order of the blocks */
         json_array_append_new(t->msgs, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content",
                                                  content));
+    } else if (!user && (!strcmp(type, "thinking") || !strcmp(type, "redacted_thinking"))) {
+        /* a reasoning model's earlier thinking, sent back by its client: not rendered */
+        kp_oai_note_ignored(&t->r->ignored, where);
+        return true;
     } else if (!strcmp(type, "image") || !strcmp(type, "document")) {
         return BAD(t->e, p, "%s: %s blocks are not supported by this server (text only)", where, type);
     } else {

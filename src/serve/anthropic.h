@@ -35,6 +35,9 @@
  *                                      -> max_tokens, stop, temperature,
  *                                         top_p, top_k, stream
  *
+ * thinking and redacted_thinking blocks of assistant messages (a reasoning
+ * model's, sent back by its client) are left out and named in `ignored`.
+ *
  * Refused with a 400 naming the field: a missing or non-integer
  * max_tokens (>= 1), a missing model, messages that are not a non-empty
  * array of user/assistant messages, block types other than text,
