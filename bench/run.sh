@@ -91,6 +91,14 @@ if [ -f build/bench/smollm2-135m-Q8_0.gguf ]; then
     python3 bench/crew_bench.py --kvpin ./kvpin -m build/bench/smollm2-135m-Q8_0.gguf -t "$THREADS" \
         --reps "$REPS" ${BENCH_LLAMA_SERVER:+--llama-server "$BENCH_LLAMA_SERVER"}
 fi
+# The agent loop through /v1/messages against /v1/chat/completions (issue
+# #12): 10 turns, a 2,000-token system block with cache_control, a tool, 300
+# new tokens a turn; warm turns' time to first token and cache reads.
+if [ -f build/bench/smollm2-135m-Q8_0.gguf ]; then
+    echo "== agent loop, /v1/messages vs /v1/chat/completions (build/bench/smollm2-135m-Q8_0.gguf)"
+    python3 bench/messages_bench.py --kvpin ./kvpin -m build/bench/smollm2-135m-Q8_0.gguf -t "$THREADS" \
+        --reps "$REPS" | tee build/bench/messages.txt
+fi
 # The dashboard's cost (issue #15): 16 streams decoding with the page's
 # endpoints polled vs not.
 echo "== dashboard overhead"

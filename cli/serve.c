@@ -27,7 +27,8 @@
 enum {
     O_API_KEY = CLI_OWN, O_API_KEY_FILE, O_CHAT_TEMPLATE, O_QUEUE, O_PREFILL_CHUNK, O_MAX_BODY, O_TIMEOUT,
     O_ALIAS, O_QUIET, O_REQUEST_TIMEOUT, O_MAX_CONNECTIONS, O_MAX_PER_ADDRESS, O_STRICT_API, O_NO_DASHBOARD,
-    O_CACHE_DIR, O_CACHE_DISK_BUDGET, O_CACHE_REDIS, O_CACHE_REDIS_TIMEOUT
+    O_CACHE_DIR, O_CACHE_DISK_BUDGET, O_CACHE_REDIS, O_CACHE_REDIS_TIMEOUT,
+    O_PIN_TTL_SCALE
 };
 
 static const cli_opt serve_tab[] = {
@@ -62,6 +63,8 @@ static const cli_opt serve_tab[] = {
                                              "model on this Redis (kvpin:<fingerprint>:<key>)", O_CACHE_REDIS},
     {"cache-redis-timeout-ms", NULL, NULL, "MS", "longest wait for one Redis round trip (default 50); past it\n"
                                                  "the prompt is computed", O_CACHE_REDIS_TIMEOUT},
+    {"pin-ttl-scale", NULL, NULL, "X", "multiply cache_control TTLs by X (at least 1 s; for tests: 0.004\n"
+                                       "makes \"5m\" one second)", O_PIN_TTL_SCALE},
     {0},
 };
 
@@ -71,6 +74,8 @@ static void serve_usage(FILE *f) {
             "An OpenAI-compatible HTTP server (POST /v1/completions, /v1/chat/completions, GET /v1/models,\n"
             "/health, /metrics, /v1/cache, POST /v1/cache/probe, /v1/cache/pin, DELETE /v1/cache/pin/ID,\n"
             "POST /tokenize, /detokenize) with a live cache dashboard at GET / (its data: GET /v1/cache/events).\n"
+            "It also speaks Anthropic's Messages API (POST /v1/messages, /v1/messages/count_tokens) and OpenAI's\n"
+            "Responses API (POST /v1/responses, GET and DELETE /v1/responses/ID).\n"
             "stderr gets one line per request (see README.md) unless --quiet.\n");
     cli_print_options(f, serve_tab);
     fprintf(f,
@@ -168,6 +173,7 @@ int cmd_serve(int argc, char **argv) {
     uint64_t budget = 0, max_body = 8u << 20;
     kp_dtype kv_type = KP_DTYPE_F16, kv_type_v = KP_DTYPE_F16;
     bool no_cache = false, quiet = false, budget_set = false, strict_api = false, no_dashboard = false;
+    float pin_ttl_scale = 1;
     cli_args a;
     cli_args_init(&a, "serve", serve_tab, serve_usage, argc, argv);
     for (int k; (k = cli_args_next(&a)) != CLI_END;) {
@@ -179,6 +185,13 @@ int cmd_serve(int argc, char **argv) {
         case O_QUIET: quiet = true; break;
         case O_STRICT_API: strict_api = true; break;
         case O_NO_DASHBOARD: no_dashboard = true; break;
+        case O_PIN_TTL_SCALE:
+            ok = cli_parse_f32(opt, v, &pin_ttl_scale);
+            if (ok && !(pin_ttl_scale > 0 && pin_ttl_scale <= 1000)) {
+                fprintf(stderr, "kvpin serve: --pin-ttl-scale must be a number in (0, 1000]\n");
+                return 2;
+            }
+            break;
         case CLI_MODEL: model_path = v; break;
         case CLI_HOST: host = v; break;
         case CLI_PORT: ok = cli_args_int(&a, &port); break;
@@ -332,6 +345,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.chat_eos = token_text(v, kp_tok_eos(v));
     cfg.quiet = quiet;
     cfg.strict_api = strict_api;
+    cfg.pin_ttl_scale = pin_ttl_scale;
     cfg.no_dashboard = no_dashboard;
     cfg.tiers_of = cache_dir || cache_redis ? e : NULL;
     /* SIGINT/SIGTERM are taken by sigwait below; SIGPIPE from a client that left is ignored */

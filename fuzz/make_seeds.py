@@ -15,6 +15,10 @@ seeds-tok/    a control byte per vocabulary and flag combination, then texts
               from llama.cpp's tokenizer test inputs (tests/data/vocab/*.inp).
 seeds-oai/    request bodies as the official clients and agent frameworks
               send them (chat and completions), each after its control byte.
+seeds-agent/  Messages API and Responses API bodies (text, system blocks and
+              cache_control, tools with tool_use / tool_result round trips,
+              input items, function_call_output, text.format), each after
+              its control byte.
 seeds-http/   whole HTTP requests (head and body) to every endpoint: plain,
               chunked, keep-alive pairs, with and without an API key header,
               and a few malformed framings.
@@ -196,6 +200,46 @@ def grammars():
         write(os.path.join(out, "gbnf-%02d.bin" % i), b"\x01" + g.encode() + b"\0" + doc.encode())
 
 
+def agent():
+    out = os.path.join(HERE, "seeds-agent")
+    w = {"name": "get_weather", "description": "The weather", "input_schema": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    anth = [
+        {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "Hi"}]},
+        {"model": "m", "max_tokens": 16, "system": [{"type": "text", "text": "Be brief.",
+                                                     "cache_control": {"type": "ephemeral"}}],
+         "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi", "cache_control": {
+             "type": "ephemeral", "ttl": "1h"}}]}], "stream": True},
+        {"model": "m", "max_tokens": 64, "tools": [dict(w, cache_control={"type": "ephemeral"})],
+         "tool_choice": {"type": "any"}, "messages": [
+             {"role": "user", "content": "Weather?"},
+             {"role": "assistant", "content": [{"type": "text", "text": "Let me look."}, {
+                 "type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+                 {"type": "text", "text": "18 C"}]}, {"type": "text", "text": "Thanks"}]}],
+         "stop_sequences": ["\n\n"], "temperature": 0.5, "top_k": 40, "metadata": {"user_id": "u"}},
+    ]
+    resp = [
+        {"model": "m", "input": "Hi", "instructions": "Be brief.", "max_output_tokens": 16},
+        {"model": "m", "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+             "arguments": "{\"city\":\"Paris\"}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "18 C"}],
+         "tools": [{"type": "function", "name": "get_weather", "parameters": w["input_schema"]}],
+         "tool_choice": "required", "stream": True},
+        {"model": "m", "input": "A person.", "text": {"format": {"type": "json_schema", "name": "p", "schema": {
+            "type": "object", "properties": {"name": {"type": "string"}}}, "strict": True}}, "store": False,
+         "previous_response_id": "resp_1"},
+    ]
+    for i, b in enumerate(anth):
+        for fl in (0, 2):
+            write(os.path.join(out, "messages-%d-%d.json" % (i, fl)),
+                  bytes([fl | ((i * 3) % 10) << 2]) + json.dumps(b).encode())
+    for i, b in enumerate(resp):
+        write(os.path.join(out, "responses-%d.json" % i), bytes([1 | ((i * 5) % 10) << 2]) + json.dumps(b).encode())
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--grammar"]:  # only the grammar seeds (no kvpin needed)
         grammars()
@@ -204,4 +248,5 @@ if __name__ == "__main__":
     models()
     texts()
     requests()
+    agent()
     http()

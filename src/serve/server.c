@@ -21,6 +21,13 @@
  *                kp_sreq_wait and writes `data: {chunk}\n\n` ... `[DONE]`
  *       else:    wait for the end, one JSON body
  *     free callback / connection end: kp_sreq_release (cancels if running)
+ *     messages / responses: the body translated into a chat-completions
+ *       body (anthropic.c, responses.c) and run by generate_as as chat is,
+ *       with a gen_api that says whose shape the answer, the stream's
+ *       events (stream.api) and, for messages, the errors (conn.api) take;
+ *       messages' cache_control breakpoints are located in the prompt
+ *       before the submit (anth_breaks) and pinned after the end
+ *       (anth_after); a stored response goes to the response store
  *     cache endpoints: GET /v1/cache reads the scheduler's snapshot
  *       (kp_sched_cache_get: memory bill, top prefixes); probe, pin and
  *       unpin are kp_sched_probe / kp_sched_pin / kp_sched_unpin, served by
@@ -64,10 +71,13 @@
 #include "base/buf.h"
 #include "base/unicode.h"
 #include "cache/doctor.h"
+#include "serve/anthropic.h"
+#include "serve/bpins.h"
 #include "serve/cachekeys.h"
 #include "serve/dashboard.h"
 #include "serve/history.h"
 #include "serve/oai.h"
+#include "serve/responses.h"
 
 #define N_STATUS 12
 #define GRAMMARS_KEPT 16 /* compiled response_format / grammar constraints the server keeps (LRU) */
@@ -98,6 +108,8 @@ struct kp_server {
     kp_ckeys *ckeys;               /* requests by prompt_cache_key, retention pins */
     kp_gcache *gc; /* compiled grammars of response_format / grammar / json_schema */
     kp_hist *hist; /* finished generations, for the dashboard (history.h) */
+    kp_bpins *bpins; /* the pins of cache_control breakpoints (bpins.h) */
+    kp_rstore *rstore; /* stored Responses API responses (responses.h) */
 };
 
 /* What the log line of a request says (log_line). */
@@ -119,8 +131,13 @@ typedef struct {
     kp_hist *hist;        /* where note_gen records the generation (the server's) */
 } reqlog;
 
+/* The API a request speaks: the shape of its errors, and of a
+ * generation's answer and stream (OpenAI's unless the path says another). */
+enum { API_OPENAI = 0, API_ANTHROPIC, API_RESPONSES };
+
 typedef struct {
     kp_buf body; /* the request body received so far */
+    int api;     /* API_*, from the path (route) */
     bool too_big;
     double t0;
     reqlog log;
@@ -299,16 +316,29 @@ static enum MHD_Result reply_json_h(kp_server *s, struct MHD_Connection *c, unsi
     return ok;
 }
 
+/* The error body in the shape of the API the request speaks (cn NULL:
+ * OpenAI's); *http gets the status that API gives it. */
+static json_t *error_body(const conn *cn, const kp_oai_error *e, int *http) {
+    *http = e->http;
+    if (cn && cn->api == API_ANTHROPIC) {
+        const char *type;
+        *http = kp_anth_error_status(e->http, &type);
+        return kp_anth_error_json(e);
+    }
+    return kp_oai_error_json(e);
+}
+
 static enum MHD_Result reply_error(kp_server *s, struct MHD_Connection *c, const kp_oai_error *e) {
-    json_t *j = kp_oai_error_json(e);
+    conn *cn = current(c);
+    int http;
+    json_t *j = error_body(cn, e, &http);
     char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     const char *h = NULL, *hv = NULL;
-    conn *cn = current(c);
     if (cn) cn->log.code = e->code;
     if (e->http == 503) h = "Retry-After", hv = "1";
     if (e->http == 401) h = "WWW-Authenticate", hv = "Bearer";
-    enum MHD_Result ok = reply(s, c, (unsigned)e->http, "application/json", text ? text : "{}",
+    enum MHD_Result ok = reply(s, c, (unsigned)http, "application/json", text ? text : "{}",
                                text ? strlen(text) : 2, h, hv);
     free(text);
     return ok;
@@ -550,6 +580,17 @@ static bool client_gone(struct MHD_Connection *c) {
 
 /* ---- generation ----------------------------------------------------------------- */
 
+/* The cache_control breakpoints of a Messages request: the tokens of the
+ * prefix each ends, its TTL, and how many were held by a live pin when
+ * the request came. */
+typedef struct {
+    uint32_t pos[KP_ANTH_MAX_BREAKS];
+    int64_t ttl[KP_ANTH_MAX_BREAKS]; /* seconds, --pin-ttl-scale applied */
+    uint64_t hash[KP_ANTH_MAX_BREAKS]; /* kp_bpins_hash of the prefix */
+    bool hit[KP_ANTH_MAX_BREAKS];    /* a live pin held it when the request came */
+    int n, live;
+} anth_bps;
+
 typedef struct {
     kp_server *s;
     kp_sreq *r;
@@ -574,6 +615,19 @@ typedef struct {
     /* prompt_cache_key ("" none) and prompt_cache_retention (NULL none) */
     char key[KP_CKEYS_KEY_MAX + 1];
     const char *retention;
+    /* API_ANTHROPIC: Anthropic's events instead of OpenAI's chunks */
+    int api;
+    bool text_open;    /* a text content block is open */
+    uint32_t n_blocks; /* content blocks started */
+    size_t n_text;     /* bytes of text generated */
+    json_t *stops;     /* the request's stop strings (for stop_sequence), or NULL */
+    anth_bps bps;      /* its cache_control breakpoints */
+    /* API_RESPONSES: the request (owned), the text and calls sent, the items */
+    kp_resp_request *resp;
+    kp_buf rtext;
+    json_t *rcalls;
+    uint32_t seq;      /* sequence_number of the next event */
+    uint64_t item_seed;
 } stream;
 
 static void sb_add(stream *st, const char *b, size_t n) { kp_buf_put(&st->out, b, n); }
@@ -608,7 +662,20 @@ static void add_token_ids(json_t *choice, const kp_sreq_update *u) {
 
 /* One chunk carrying text and/or the finish reason; ids (the last chunk of
  * a return_token_ids stream) adds the token ids, all of them at once. */
+static void anth_text(stream *st, const char *text, size_t len);
+static void anth_calls(stream *st, json_t *calls);
+static void resp_text(stream *st, const char *text, size_t len);
+static void resp_calls(stream *st, json_t *calls);
+
 static void sb_chunk(stream *st, const char *text, size_t len, const char *finish, const kp_sreq_update *ids) {
+    if (st->api == API_ANTHROPIC) {
+        anth_text(st, text, text ? len : 0);
+        return;
+    }
+    if (st->api == API_RESPONSES) {
+        resp_text(st, text, text ? len : 0);
+        return;
+    }
     json_t *j = chunk_base(st);
     json_t *choice;
     if (st->chat) {
@@ -645,6 +712,14 @@ static void sb_tool_call_delta(stream *st, json_t *call) {
  * with its index, id, type and name and empty arguments, then a chunk with
  * its index and the arguments. */
 static void sb_tool_calls(stream *st, json_t *calls) {
+    if (st->api == API_ANTHROPIC) {
+        anth_calls(st, calls);
+        return;
+    }
+    if (st->api == API_RESPONSES) {
+        resp_calls(st, calls);
+        return;
+    }
     size_t i;
     json_t *c;
     json_array_foreach(calls, i, c) {
@@ -777,9 +852,270 @@ static void stream_end(stream *st, const kp_sreq_update *u, json_t *cj, json_t *
     st->done = true;
 }
 
+/* ---- the Messages API's answer ------------------------------------------------- */
+
+/* The stop_reason of an Anthropic answer that ended (kp_anth_stop_reason):
+ * whether the last token generated ends the generation, and for a stop
+ * string which one, from the detokenized completion. *which points into
+ * stops (a JSON array, may be NULL). */
+static const char *anth_stop(kp_server *s, const kp_sreq_update *u, bool calls, size_t text_len,
+                             const json_t *stops, const char **which) {
+    const char *arr[KP_OAI_MAX_STOPS];
+    int n = 0;
+    size_t i;
+    const json_t *x;
+    json_array_foreach(stops, i, x) if (n < KP_OAI_MAX_STOPS) arr[n++] = json_string_value(x);
+    uint32_t last = u->prompt_tokens + u->completion_tokens;
+    bool eog = u->ids && u->completion_tokens && kp_tok_is_eog(s->v, u->ids[last - 1]);
+    char *full = NULL;
+    size_t flen = 0;
+    if (!calls && !eog && n && u->ids && u->finish == KP_FINISH_STOP) {
+        kp_error err = {0};
+        kp_tok_detokenize(s->v, u->ids + u->prompt_tokens, u->completion_tokens, false, true, &full, &flen, &err);
+    }
+    const char *r = kp_anth_stop_reason(calls, u->finish == KP_FINISH_LENGTH, eog, arr, n, full, flen, text_len, which);
+    free(full);
+    return r;
+}
+
+/* The usage of an Anthropic answer, with the input split by the cache
+ * (kp_anth_cache_usage over its breakpoints). */
+static json_t *anth_usage(const anth_bps *b, const kp_sreq_update *u) {
+    uint32_t in, cr, rd;
+    kp_anth_cache_usage(u->prompt_tokens, u->cached_tokens, b->pos, b->n, b->live, &in, &cr, &rd);
+    return kp_anth_usage_json(in, cr, rd, u->completion_tokens);
+}
+
+/* At the end of a Messages generation (its prompt is cached by now): each
+ * breakpoint's prefix pinned for its TTL, the pin it replaces (a refresh)
+ * removed. A pin refused (the pinned-bytes cap) is reported, never an
+ * error. cj (may be NULL) gets "cache_control": one object per breakpoint
+ * {tokens, ttl, hit, pinned, pin, expires_at | code, error}. */
+static void anth_after(kp_server *s, const anth_bps *b, const kp_sreq_update *u, json_t *cj) {
+    if (b->n == 0) return;
+    json_t *list = json_array();
+    int64_t now = (int64_t)time(NULL);
+    for (int i = 0; i < b->n; i++) {
+        json_t *o = json_pack("{s:I, s:I, s:b}", "tokens", (json_int_t)b->pos[i], "ttl", (json_int_t)b->ttl[i], "hit",
+                              b->hit[i]);
+        kp_error err = {0}, err2 = {0};
+        uint64_t id = 0;
+        kp_status st = u->ids && b->pos[i] <= u->prompt_tokens
+                           ? kp_sched_pin(s->sched, u->ids, b->pos[i], b->ttl[i], now, &id, NULL, &err)
+                           : kp_fail(&err, KP_EINVAL, "no prompt to pin");
+        if (st == KP_OK) {
+            uint64_t evicted = 0;
+            uint64_t old = kp_bpins_set(s->bpins, b->hash[i], id, b->pos[i], now + b->ttl[i], now, &evicted);
+            if (old) kp_sched_unpin(s->sched, old, &err2); /* expired and gone already: fine */
+            if (evicted) kp_sched_unpin(s->sched, evicted, &err2);
+            char sid[32];
+            snprintf(sid, sizeof sid, "pin-%llu", (unsigned long long)id);
+            json_object_set_new(o, "pinned", json_true());
+            json_object_set_new(o, "pin", json_string(sid));
+            json_object_set_new(o, "expires_at", json_integer((json_int_t)(now + b->ttl[i])));
+        } else {
+            json_object_set_new(o, "pinned", json_false());
+            json_object_set_new(o, "code", json_string(st == KP_EFULL ? "pinned_cap" : "not_pinned"));
+            json_object_set_new(o, "error", json_string(err.msg));
+        }
+        json_array_append_new(list, o);
+    }
+    if (cj) json_object_set_new(cj, "cache_control", list);
+    else json_decref(list);
+}
+
+static void anth_text(stream *st, const char *text, size_t len) {
+    if (!len) return;
+    if (!st->text_open) {
+        kp_anth_event(&st->out, "content_block_start",
+                      json_pack("{s:I, s:{s:s, s:s}}", "index", (json_int_t)st->n_blocks, "content_block", "type",
+                                "text", "text", ""));
+        st->text_open = true;
+        st->n_blocks++;
+    }
+    kp_anth_event(&st->out, "content_block_delta",
+                  json_pack("{s:I, s:{s:s, s:s%}}", "index", (json_int_t)st->n_blocks - 1, "delta", "type",
+                            "text_delta", "text", text, len));
+}
+
+static void anth_close_text(stream *st) {
+    if (!st->text_open) return;
+    kp_anth_event(&st->out, "content_block_stop", json_pack("{s:I}", "index", (json_int_t)st->n_blocks - 1));
+    st->text_open = false;
+}
+
+/* The tool calls (consumed) as tool_use blocks: each started with an
+ * empty input, its input as one input_json_delta, stopped. */
+static void anth_calls(stream *st, json_t *calls) {
+    anth_close_text(st);
+    json_t *blocks = kp_anth_content_json(NULL, 0, calls);
+    json_decref(calls);
+    size_t i;
+    json_t *b;
+    json_array_foreach(blocks, i, b) {
+        char *args = json_dumps(json_object_get(b, "input"), JSON_COMPACT);
+        json_object_set_new(b, "input", json_object());
+        json_t *idx = json_integer((json_int_t)st->n_blocks);
+        kp_anth_event(&st->out, "content_block_start", json_pack("{s:O, s:O}", "index", idx, "content_block", b));
+        kp_anth_event(&st->out, "content_block_delta",
+                      json_pack("{s:O, s:{s:s, s:s}}", "index", idx, "delta", "type", "input_json_delta",
+                                "partial_json", args ? args : "{}"));
+        kp_anth_event(&st->out, "content_block_stop", json_pack("{s:O}", "index", idx));
+        json_decref(idx);
+        free(args);
+        st->n_blocks++;
+    }
+    json_decref(blocks);
+}
+
+/* The end of a Messages stream: the open block closed (an empty text
+ * block when there was none), message_delta with the stop reason and the
+ * usage, message_stop. */
+static void anth_end(stream *st, const kp_sreq_update *u, const char *finish) {
+    anth_close_text(st);
+    if (st->n_blocks == 0) {
+        kp_anth_event(&st->out, "content_block_start",
+                      json_pack("{s:i, s:{s:s, s:s}}", "index", 0, "content_block", "type", "text", "text", ""));
+        kp_anth_event(&st->out, "content_block_stop", json_pack("{s:i}", "index", 0));
+    }
+    const char *which;
+    const char *reason = anth_stop(st->s, u, !strcmp(finish, "tool_calls"), st->n_text, st->stops, &which);
+    json_t *cj = gen_cache_json(u);
+    anth_after(st->s, &st->bps, u, cj);
+    kp_anth_event(&st->out, "message_delta",
+                  json_pack("{s:{s:s, s:s?}, s:o, s:o}", "delta", "stop_reason", reason, "stop_sequence", which,
+                            "usage", anth_usage(&st->bps, u), "kvpin_cache", cj ? cj : json_null()));
+    kp_anth_event(&st->out, "message_stop", json_object());
+    st->done = true;
+}
+
+/* ---- the Responses API's answer ------------------------------------------------ */
+
+/* The response object of a Responses request that ended, stored when the
+ * request asks (store, the default): its conversation with the answer is
+ * what previous_response_id continues. output consumed. */
+static json_t *resp_final(kp_server *s, const kp_resp_request *r, const char *id, const kp_sreq_update *u,
+                          json_t *output, const char *text, size_t tlen, const json_t *calls) {
+    const char *status = u->finish == KP_FINISH_LENGTH && !calls ? "incomplete" : "completed";
+    json_t *o = kp_resp_object_json(id, s->cfg.model_name, (int64_t)time(NULL), status, r, output,
+                                    kp_resp_usage_json(u->prompt_tokens, u->cached_tokens, u->completion_tokens));
+    json_t *cj = gen_cache_json(u);
+    if (r->store) {
+        json_t *conv = kp_resp_conv_after(r, text, tlen, calls);
+        bool kept = conv && kp_rstore_put(s->rstore, id, o, conv);
+        json_decref(conv);
+        if (cj) json_object_set_new(cj, "stored", json_boolean(kept));
+    }
+    json_object_set_new(o, "kvpin_cache", cj);
+    return o;
+}
+
+static json_t *resp_msg_item(stream *st, const char *status) {
+    char id[48];
+    kp_resp_item_id(id, sizeof id, "msg", st->item_seed, 0);
+    json_t *content = json_array();
+    if (!strcmp(status, "completed"))
+        json_array_append_new(content, json_pack("{s:s, s:s%, s:[]}", "type", "output_text", "text",
+                                                 st->rtext.data ? st->rtext.data : "", st->rtext.len, "annotations"));
+    return json_pack("{s:s, s:s, s:s, s:s, s:o}", "type", "message", "id", id, "status", status, "role", "assistant",
+                     "content", content);
+}
+
+/* The message item and its output_text part begin. */
+static void resp_open_text(stream *st) {
+    char id[48];
+    kp_resp_item_id(id, sizeof id, "msg", st->item_seed, 0);
+    kp_resp_event(&st->out, "response.output_item.added",
+                  json_pack("{s:I, s:o}", "output_index", (json_int_t)st->n_blocks, "item",
+                            resp_msg_item(st, "in_progress")), &st->seq);
+    kp_resp_event(&st->out, "response.content_part.added",
+                  json_pack("{s:s, s:I, s:i, s:{s:s, s:s, s:[]}}", "item_id", id, "output_index",
+                            (json_int_t)st->n_blocks, "content_index", 0, "part", "type", "output_text", "text", "",
+                            "annotations"), &st->seq);
+    st->text_open = true;
+}
+
+static void resp_text(stream *st, const char *text, size_t len) {
+    if (!len) return;
+    char id[48];
+    kp_resp_item_id(id, sizeof id, "msg", st->item_seed, 0);
+    if (!st->text_open) resp_open_text(st);
+    kp_buf_put(&st->rtext, text, len);
+    kp_resp_event(&st->out, "response.output_text.delta",
+                  json_pack("{s:s, s:I, s:i, s:s%}", "item_id", id, "output_index", (json_int_t)st->n_blocks,
+                            "content_index", 0, "delta", text, len), &st->seq);
+}
+
+/* The message item ends (an empty one when forced, with nothing sent). */
+static void resp_close_text(stream *st, bool force) {
+    if (!st->text_open && !force) return;
+    if (!st->text_open) resp_open_text(st);
+    char id[48];
+    kp_resp_item_id(id, sizeof id, "msg", st->item_seed, 0);
+    const char *t = st->rtext.data ? st->rtext.data : "";
+    kp_resp_event(&st->out, "response.output_text.done",
+                  json_pack("{s:s, s:I, s:i, s:s%}", "item_id", id, "output_index", (json_int_t)st->n_blocks,
+                            "content_index", 0, "text", t, st->rtext.len), &st->seq);
+    kp_resp_event(&st->out, "response.content_part.done",
+                  json_pack("{s:s, s:I, s:i, s:{s:s, s:s%, s:[]}}", "item_id", id, "output_index",
+                            (json_int_t)st->n_blocks, "content_index", 0, "part", "type", "output_text", "text", t,
+                            st->rtext.len, "annotations"), &st->seq);
+    kp_resp_event(&st->out, "response.output_item.done",
+                  json_pack("{s:I, s:o}", "output_index", (json_int_t)st->n_blocks, "item",
+                            resp_msg_item(st, "completed")), &st->seq);
+    st->text_open = false;
+    st->n_blocks++;
+}
+
+/* The calls (consumed) as function_call items: added with empty
+ * arguments, the arguments as one delta, done. */
+static void resp_calls(stream *st, json_t *calls) {
+    resp_close_text(st, false);
+    json_t *items = kp_resp_output_json(NULL, 0, calls, st->item_seed);
+    st->rcalls = calls;
+    size_t i;
+    json_t *it;
+    json_array_foreach(items, i, it) {
+        json_t *idx = json_integer((json_int_t)st->n_blocks);
+        json_t *added = json_deep_copy(it);
+        json_object_set_new(added, "arguments", json_string(""));
+        json_object_set_new(added, "status", json_string("in_progress"));
+        kp_resp_event(&st->out, "response.output_item.added", json_pack("{s:O, s:o}", "output_index", idx, "item", added),
+                      &st->seq);
+        kp_resp_event(&st->out, "response.function_call_arguments.delta",
+                      json_pack("{s:O, s:O, s:O}", "item_id", json_object_get(it, "id"), "output_index", idx, "delta",
+                                json_object_get(it, "arguments")), &st->seq);
+        kp_resp_event(&st->out, "response.function_call_arguments.done",
+                      json_pack("{s:O, s:O, s:O}", "item_id", json_object_get(it, "id"), "output_index", idx,
+                                "arguments", json_object_get(it, "arguments")), &st->seq);
+        kp_resp_event(&st->out, "response.output_item.done", json_pack("{s:O, s:O}", "output_index", idx, "item", it),
+                      &st->seq);
+        json_decref(idx);
+        st->n_blocks++;
+    }
+    json_decref(items);
+}
+
+static void resp_end(stream *st, const kp_sreq_update *u, const char *finish) {
+    (void)finish;
+    if (!st->resp) { /* out of memory when the stream began */
+        st->done = true;
+        return;
+    }
+    resp_close_text(st, st->n_blocks == 0);
+    const char *t = st->rtext.data ? st->rtext.data : "";
+    json_t *output = kp_resp_output_json(t, st->rtext.len, st->rcalls, st->item_seed);
+    json_t *o = resp_final(st->s, st->resp, st->id, u, output, t, st->rtext.len, st->rcalls);
+    bool incomplete = !strcmp(json_string_value(json_object_get(o, "status")) ? json_string_value(json_object_get(o, "status")) : "", "incomplete");
+    kp_resp_event(&st->out, incomplete ? "response.incomplete" : "response.completed", json_pack("{s:o}", "response", o),
+                  &st->seq);
+    st->done = true;
+}
+
 /* Turns a scheduler update into SSE events. */
 static void stream_update(stream *st, kp_sreq_update *u) {
     const char *finish = kp_oai_finish_name(u->finish);
+    st->n_text += u->len;
     bool over = u->finish == KP_FINISH_LENGTH || u->finish == KP_FINISH_STOP;
     if (st->progress && u->admitted && !st->prog_over && (!st->prog_any || u->prefill_done != st->prog_sent))
         sb_progress(st, u);
@@ -795,7 +1131,26 @@ static void stream_update(stream *st, kp_sreq_update *u) {
         kp_oai_error e;
         status_error(u->finish == KP_FINISH_ERROR ? u->status : KP_EIO, &u->err, NULL, &e);
         if (u->finish == KP_FINISH_CANCELLED) snprintf(e.message, sizeof e.message, "the request was cancelled");
+        if (st->api == API_ANTHROPIC) {
+            kp_anth_event(&st->out, "error", kp_anth_error_json(&e));
+            st->done = true;
+            return;
+        }
+        if (st->api == API_RESPONSES) {
+            kp_resp_event(&st->out, "error", json_pack("{s:s, s:s?, s:s}", "message", e.message, "code", e.code,
+                                                       "param", e.param), &st->seq);
+            st->done = true;
+            return;
+        }
         sb_event(st, kp_oai_error_json(&e));
+    } else if (st->api == API_ANTHROPIC) {
+        st->finish = finish;
+        anth_end(st, u, finish);
+        return;
+    } else if (st->api == API_RESPONSES) {
+        st->finish = finish;
+        resp_end(st, u, finish);
+        return;
     } else {
         st->finish = finish;
         sb_chunk(st, NULL, 0, finish, st->return_ids ? u : NULL);
@@ -877,6 +1232,11 @@ static void stream_free(void *cls) {
     kp_sreq_release(st->r);
     kp_buf_free(&st->out);
     kp_buf_free(&st->full);
+    json_decref(st->stops);
+    kp_resp_request_free(st->resp);
+    free(st->resp);
+    kp_buf_free(&st->rtext);
+    json_decref(st->rcalls);
     free(st);
 }
 
@@ -1285,15 +1645,38 @@ static bool tool_grammar(kp_server *s, const kp_oai_request *q, kp_grammar **g, 
     return kp_oai_fail(e, 400, "invalid_request_error", NULL, "tool_choice", "%s", err.msg);
 }
 
-static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn, bool chat) {
+/* What another API adds to a generation it sends as a chat-completions
+ * body: its API (the shape of the answer), the fields of its own body kvpin
+ * did not act on, and for the Messages API the request (stops, breakpoints). */
+typedef struct {
+    int api;
+    const char *ignored; /* "" when none */
+    const kp_anth_request *anth;
+    anth_bps bps; /* filled by generate_as */
+    kp_resp_request *resp; /* API_RESPONSES: a stream takes it over (then zeroed) */
+} gen_api;
+
+static void anth_breaks(kp_server *s, gen_api *x, const int32_t *ids, size_t n);
+static enum MHD_Result anth_reply(kp_server *s, struct MHD_Connection *c, conn *cn, gen_api *x,
+                                  const kp_sreq_update *u, const char *text, size_t tlen, const char *ign_h,
+                                  const char *ignored);
+static enum MHD_Result resp_reply(kp_server *s, struct MHD_Connection *c, conn *cn, gen_api *x,
+                                  const kp_sreq_update *u, const char *id, const char *text, size_t tlen,
+                                  const char *ign_h, const char *ignored);
+
+/* A completions (chat false) or chat-completions request of body[0..len),
+ * answered in the shape of x's API (x NULL: OpenAI's). */
+static enum MHD_Result generate_as(kp_server *s, struct MHD_Connection *c, conn *cn, bool chat, const char *body,
+                                   size_t blen, gen_api *x) {
     kp_oai_request q;
     kp_oai_error e;
-    if (!kp_oai_parse_opts(cn->body.data, cn->body.len, chat, s->cfg.strict_api, &q, &e)) return reply_error(s, c, &e);
+    if (!kp_oai_parse_opts(body, blen, chat, s->cfg.strict_api, &q, &e)) return reply_error(s, c, &e);
     /* the request policy's leftovers: what the template cannot do, the names for the header and the log */
     if (q.enable_thinking_set && s->cfg.chat != KP_CHAT_QWEN3)
         kp_oai_note_ignored(&q.ignored, "chat_template_kwargs.enable_thinking");
     char ignored[1100];
-    snprintf(ignored, sizeof ignored, "%s", q.ignored.data ? q.ignored.data : "");
+    snprintf(ignored, sizeof ignored, "%s%s%s", x ? x->ignored : "", x && x->ignored[0] && q.ignored.data ? "," : "",
+             q.ignored.data ? q.ignored.data : "");
     snprintf(cn->log.ignored, sizeof cn->log.ignored, "%.200s", ignored);
     const char *ign_h = ignored[0] ? "x-kvpin-ignored-fields" : NULL;
     char key[KP_CKEYS_KEY_MAX + 1];
@@ -1321,6 +1704,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
         kp_oai_request_free(&q);
         return reply_error(s, c, &e);
     }
+    if (x && x->api == API_ANTHROPIC) anth_breaks(s, x, ids, n);
     uint32_t ctx = s->ctx;
     if (n > ctx) {
         kp_oai_request_free(&q);
@@ -1348,7 +1732,7 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
     if (!q.seed_set) q.sp.seed = (uint64_t)time(NULL) ^ (atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull);
     kp_sreq_params p = {ids,   (uint32_t)n, max_tokens, q.sp, q.stops, q.n_stops, q.ignore_eos,
                         ptext, tlen0,       q.max_tokens_set, grammar};
-    if (q.n > 1 || q.logprobs) {
+    if (!x && (q.n > 1 || q.logprobs)) {
         enum MHD_Result res = generate_choices(s, c, cn, &q, &p, chat && q.tools, key, retention, ign_h, ignored);
         kp_grammar_free(grammar); /* the choices hold their own references */
         free(ids);
@@ -1414,7 +1798,8 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
         return reply_error(s, c, &e);
     }
     char id[48];
-    snprintf(id, sizeof id, "%s-%016llx", chat ? "chatcmpl" : "cmpl",
+    snprintf(id, sizeof id, "%s%016llx",
+             x && x->api == API_ANTHROPIC ? "msg_" : x && x->api == API_RESPONSES ? "resp_" : chat ? "chatcmpl-" : "cmpl-",
              (unsigned long long)(atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull ^ (uint64_t)s->started));
     if (stream_it) {
         stream *sm = calloc(1, sizeof *sm);
@@ -1439,11 +1824,48 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
         sm->progress = progress;
         memcpy(sm->key, key, sizeof key);
         sm->retention = retention;
-        if (chat) sb_chunk(sm, "", 0, NULL, NULL); /* the role first, as OpenAI does */
+        if (x && x->api == API_ANTHROPIC) {
+            sm->api = API_ANTHROPIC;
+            sm->bps = x->bps;
+            sm->stops = json_incref(json_object_get(x->anth->chat, "stop"));
+            json_t *usage = anth_usage(&sm->bps, &u);
+            json_object_set_new(usage, "output_tokens", json_integer(0));
+            kp_anth_event(&sm->out, "message_start",
+                          json_pack("{s:o}", "message",
+                                    kp_anth_message_json(sm->id, s->cfg.model_name, json_array(), NULL, NULL, usage)));
+            kp_anth_event(&sm->out, "ping", json_object());
+        } else if (x && x->api == API_RESPONSES) {
+            sm->api = API_RESPONSES;
+            sm->resp = malloc(sizeof *sm->resp);
+            if (sm->resp) { /* the stream owns the request from here */
+                *sm->resp = *x->resp;
+                memset(x->resp, 0, sizeof *x->resp);
+            }
+            sm->item_seed = p.sp.seed ^ (uint64_t)sm->created;
+            json_t *o = sm->resp ? kp_resp_object_json(sm->id, s->cfg.model_name, (int64_t)sm->created, "in_progress",
+                                                       sm->resp, NULL, NULL)
+                                 : NULL;
+            kp_resp_event(&sm->out, "response.created", json_pack("{s:O}", "response", o), &sm->seq);
+            kp_resp_event(&sm->out, "response.in_progress", json_pack("{s:o}", "response", o), &sm->seq);
+        } else if (chat) {
+            sb_chunk(sm, "", 0, NULL, NULL); /* the role first, as OpenAI does */
+        }
         u.text = text;
         u.len = tlen;
         stream_update(sm, &u); /* frees text */
         return sse_response(s, c, cn, stream_reader, sm, stream_free, sm, ign_h, ignored);
+    }
+    if (x && x->api == API_RESPONSES) {
+        enum MHD_Result res = resp_reply(s, c, cn, x, &u, id, text, tlen, ign_h, ignored);
+        free(text);
+        kp_sreq_release(r);
+        return res;
+    }
+    if (x && x->api == API_ANTHROPIC) {
+        enum MHD_Result res = anth_reply(s, c, cn, x, &u, text, tlen, ign_h, ignored);
+        free(text);
+        kp_sreq_release(r);
+        return res;
     }
     json_t *choice;
     const char *finish = kp_oai_finish_name(u.finish);
@@ -1477,6 +1899,178 @@ static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn
     free(text);
     kp_sreq_release(r);
     return reply_json_h(s, c, 200, j, ign_h, ignored);
+}
+
+static enum MHD_Result generate(kp_server *s, struct MHD_Connection *c, conn *cn, bool chat) {
+    return generate_as(s, c, cn, chat, cn->body.data, cn->body.len, NULL);
+}
+
+/* The breakpoints' positions in the prompt ids[0..n): each breakpoint's
+ * conversation rendered without the generation prompt, and the tokens it
+ * has in common with the prompt (the renderings are byte-stable and
+ * append-only, so that is the prefix up to the breakpoint's block). A
+ * breakpoint that does not render is left out. */
+static void anth_breaks(kp_server *s, gen_api *x, const int32_t *ids, size_t n) {
+    anth_bps *b = &x->bps;
+    memset(b, 0, sizeof *b);
+    int64_t now = (int64_t)time(NULL);
+    for (int i = 0; i < x->anth->n_br; i++) {
+        const kp_anth_break *br = &x->anth->br[i];
+        prompt_opts po = {false, false};
+        int32_t *t = NULL;
+        size_t k = 0, tl = 0;
+        char *text = NULL;
+        kp_oai_error e;
+        if (!request_tokens(s, NULL, br->messages, br->tools, false, &po, &t, &k, &text, &tl, &e)) continue;
+        size_t m = 0;
+        while (m < k && m < n && t[m] == ids[m]) m++;
+        free(t);
+        free(text);
+        if (m == 0) continue;
+        double scaled = (double)br->ttl_s * (s->cfg.pin_ttl_scale > 0 ? s->cfg.pin_ttl_scale : 1);
+        b->pos[b->n] = (uint32_t)m;
+        b->ttl[b->n] = scaled < 1 ? 1 : (int64_t)(scaled + 0.5);
+        b->hash[b->n] = kp_bpins_hash(ids, m);
+        b->hit[b->n] = kp_bpins_live(s->bpins, b->hash[b->n], now);
+        b->live += b->hit[b->n];
+        b->n++;
+    }
+}
+
+/* The tools a translated chat body renders: none with tool_choice "none"
+ * (kp_oai_parse_opts drops them so too). */
+static const json_t *anth_tools(const json_t *chat) {
+    const json_t *tc = json_object_get(chat, "tool_choice"), *tools = json_object_get(chat, "tools");
+    if (json_is_string(tc) && !strcmp(json_string_value(tc), "none")) return NULL;
+    return json_array_size(tools) ? tools : NULL;
+}
+
+/* The answer of a Messages request that ended (u: its last update, text
+ * the whole text). */
+static enum MHD_Result anth_reply(kp_server *s, struct MHD_Connection *c, conn *cn, gen_api *x,
+                                  const kp_sreq_update *u, const char *text, size_t tlen, const char *ign_h,
+                                  const char *ignored) {
+    json_t *calls = NULL;
+    size_t content = tlen;
+    if (anth_tools(x->anth->chat) && (u->finish == KP_FINISH_LENGTH || u->finish == KP_FINISH_STOP)) {
+        kp_error err;
+        kp_chat_parse_tool_calls(s->cfg.chat, text ? text : "", tlen, u->ids ? (uint64_t)u->ids[0] ^ (uint64_t)time(NULL) : 0,
+                                 &calls, &content, &err);
+    }
+    const char *which;
+    const char *reason = anth_stop(s, u, calls != NULL, tlen, json_object_get(x->anth->chat, "stop"), &which);
+    json_t *cj = gen_cache_json(u);
+    anth_after(s, &x->bps, u, cj);
+    char id[48];
+    snprintf(id, sizeof id, "msg_%016llx",
+             (unsigned long long)(atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull ^ (uint64_t)s->started));
+    json_t *j = kp_anth_message_json(id, s->cfg.model_name, kp_anth_content_json(text, calls ? content : tlen, calls),
+                                     reason, which, anth_usage(&x->bps, u));
+    json_object_set_new(j, "kvpin_cache", cj);
+    note_gen(&cn->log, u, calls ? "tool_calls" : kp_oai_finish_name(u->finish)); /* the log's words */
+    json_decref(calls);
+    return reply_json_h(s, c, 200, j, ign_h, ignored);
+}
+
+/* POST /v1/messages (count false) and /v1/messages/count_tokens: the body
+ * translated (anthropic.h) and served as the chat-completions request it
+ * means, answered in Anthropic's shape. */
+static enum MHD_Result messages(kp_server *s, struct MHD_Connection *c, conn *cn, bool count) {
+    kp_anth_request a;
+    kp_oai_error e;
+    if (!kp_anth_translate(cn->body.data, cn->body.len, count, s->cfg.strict_api, &a, &e)) return reply_error(s, c, &e);
+    if (count) {
+        int32_t *ids = NULL;
+        size_t n = 0, tl = 0;
+        char *text = NULL;
+        prompt_opts po = {true, false};
+        bool ok = request_tokens(s, NULL, json_object_get(a.chat, "messages"), anth_tools(a.chat), false, &po, &ids, &n, &text,
+                                 &tl, &e);
+        kp_anth_request_free(&a);
+        free(ids);
+        free(text);
+        if (!ok) return reply_error(s, c, &e);
+        return reply_json(s, c, 200, json_pack("{s:I}", "input_tokens", (json_int_t)n));
+    }
+    json_int_t mt = json_integer_value(json_object_get(a.chat, "max_tokens"));
+    if (mt > (json_int_t)s->ctx) { /* Anthropic refuses more than the model can give, where OpenAI's cuts */
+        kp_anth_request_free(&a);
+        return fail(s, c, 400, "invalid_request_error", NULL, "max_tokens",
+                    "max_tokens: %lld > %u, which is the maximum allowed number of output tokens for this model (its "
+                    "context)",
+                    (long long)mt, s->ctx);
+    }
+    char *body = json_dumps(a.chat, JSON_COMPACT);
+    if (!body) {
+        kp_anth_request_free(&a);
+        return fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    gen_api x = {API_ANTHROPIC, a.ignored.data ? a.ignored.data : "", &a, {{0}, {0}, {0}, {0}, 0, 0}, NULL};
+    enum MHD_Result r = generate_as(s, c, cn, true, body, strlen(body), &x);
+    free(body);
+    kp_anth_request_free(&a);
+    return r;
+}
+
+/* The answer of a Responses request that ended (non-streaming). */
+static enum MHD_Result resp_reply(kp_server *s, struct MHD_Connection *c, conn *cn, gen_api *x,
+                                  const kp_sreq_update *u, const char *id, const char *text, size_t tlen,
+                                  const char *ign_h, const char *ignored) {
+    json_t *calls = NULL;
+    size_t content = tlen;
+    const json_t *tc = json_object_get(x->resp->chat, "tool_choice");
+    bool tools = json_array_size(json_object_get(x->resp->chat, "tools")) &&
+                 !(json_is_string(tc) && !strcmp(json_string_value(tc), "none"));
+    if (tools && (u->finish == KP_FINISH_LENGTH || u->finish == KP_FINISH_STOP)) {
+        kp_error err;
+        kp_chat_parse_tool_calls(s->cfg.chat, text ? text : "", tlen, (uint64_t)time(NULL) ^ (uint64_t)u->prompt_tokens,
+                                 &calls, &content, &err);
+    }
+    if (!calls) content = tlen;
+    uint64_t seed = (uint64_t)time(NULL) ^ (atomic_fetch_add(&s->next_id, 1) * 0x9e3779b97f4a7c15ull);
+    json_t *out = kp_resp_output_json(text, content, calls, seed);
+    json_t *o = resp_final(s, x->resp, id, u, out, text, content, calls);
+    note_gen(&cn->log, u, calls ? "tool_calls" : kp_oai_finish_name(u->finish));
+    json_decref(calls);
+    return reply_json_h(s, c, 200, o, ign_h, ignored);
+}
+
+/* POST /v1/responses: the body translated (responses.h), with the stored
+ * conversation of previous_response_id in front, and served as the chat
+ * request it means. */
+static enum MHD_Result responses(kp_server *s, struct MHD_Connection *c, conn *cn) {
+    kp_oai_error e;
+    char prev_id[128];
+    json_t *prev = NULL;
+    if (kp_resp_previous(cn->body.data, cn->body.len, prev_id, sizeof prev_id) &&
+        !kp_rstore_get(s->rstore, prev_id, NULL, &prev))
+        return fail(s, c, 404, "invalid_request_error", "previous_response_not_found", "previous_response_id",
+                    "Previous response with id '%.100s' not found (never stored, deleted, or dropped from the "
+                    "store)", prev_id);
+    kp_resp_request r;
+    bool ok = kp_resp_translate(cn->body.data, cn->body.len, prev, s->cfg.strict_api, &r, &e);
+    json_decref(prev);
+    if (!ok) return reply_error(s, c, &e);
+    char *body = json_dumps(r.chat, JSON_COMPACT);
+    if (!body) {
+        kp_resp_request_free(&r);
+        return fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    gen_api x = {API_RESPONSES, r.ignored.data ? r.ignored.data : "", NULL, {{0}, {0}, {0}, {0}, 0, 0}, &r};
+    enum MHD_Result res = generate_as(s, c, cn, true, body, strlen(body), &x);
+    free(body);
+    kp_resp_request_free(&r);
+    return res;
+}
+
+/* GET and DELETE /v1/responses/{id}. */
+static enum MHD_Result response_get(kp_server *s, struct MHD_Connection *c, const char *id, bool del) {
+    json_t *o = NULL;
+    bool found = del ? kp_rstore_delete(s->rstore, id) : kp_rstore_get(s->rstore, id, &o, NULL);
+    if (!found)
+        return fail(s, c, 404, "invalid_request_error", "not_found", "id", "No response with id '%.100s' found", id);
+    if (del) return reply_json(s, c, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "response", "deleted", 1));
+    return reply_json(s, c, 200, o);
 }
 
 /* ---- small endpoints ---------------------------------------------------------- */
@@ -1669,10 +2263,19 @@ static enum MHD_Result cache_get(kp_server *s, struct MHD_Connection *c) {
                                (json_int_t)k.reused_tokens, "running", (json_int_t)ss.running, "queued",
                                (json_int_t)ss.queued);
     json_t *keys = kp_ckeys_json(s->ckeys);
+    uint64_t bp_tokens = 0;
+    uint32_t bp_n = kp_bpins_count(s->bpins, (int64_t)time(NULL), &bp_tokens);
+    uint32_t rs_n, rs_max;
+    size_t rs_bytes, rs_max_bytes;
+    kp_rstore_stats(s->rstore, &rs_n, &rs_bytes, &rs_max, &rs_max_bytes);
     return reply_json(s, c, 200,
-                      json_pack("{s:s, s:b, s:o, s:o, s:o, s:o, s:o}", "object", "kvpin.cache", "prefix_cache",
-                                k.prefix_cache, "kv", kv_json(&k), "counts", counts, "prefixes", list,
-                                "prompt_cache_keys", keys ? keys : json_array(), "tiers", tiers_json(s)));
+                      json_pack("{s:s, s:b, s:o, s:o, s:o, s:o, s:o, s:{s:I, s:I}, s:{s:I, s:I, s:I, s:I}}",
+                                "object", "kvpin.cache", "prefix_cache", k.prefix_cache, "kv", kv_json(&k), "counts",
+                                counts, "prefixes", list, "prompt_cache_keys", keys ? keys : json_array(), "tiers",
+                                tiers_json(s), "cache_control", "live_pins", (json_int_t)bp_n, "tokens",
+                                (json_int_t)bp_tokens, "responses", "count", (json_int_t)rs_n, "bytes",
+                                (json_int_t)rs_bytes, "max_count", (json_int_t)rs_max, "max_bytes",
+                                (json_int_t)rs_max_bytes));
 }
 
 /* The tokens of a probe or pin body: {"prompt": ...} or {"messages": [...], "tools": [...]}. */
@@ -1964,18 +2567,26 @@ static enum MHD_Result metrics(kp_server *s, struct MHD_Connection *c) {
 
 /* ---- routing ---------------------------------------------------------------------------- */
 
-/* "Authorization: Bearer KEY" with the server's key; the scheme is
- * case-insensitive and followed by one or more spaces (RFC 7235). */
-static bool authorized(kp_server *s, struct MHD_Connection *c) {
-    if (!s->cfg.api_key) return true;
-    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncasecmp(h, "Bearer", 6) || h[6] != ' ') return false;
-    const char *k = h + 6, *want = s->cfg.api_key;
-    while (*k == ' ') k++;
+/* k is the server's key, compared in time independent of where they differ. */
+static bool key_matches(const char *k, const char *want) {
     size_t lk = strlen(k), lw = strlen(want);
-    unsigned diff = lk != lw; /* compare in time independent of where they differ */
+    unsigned diff = lk != lw;
     for (size_t i = 0; i < lw; i++) diff |= (unsigned)(want[i] ^ (i < lk ? k[i] : 0));
     return diff == 0;
+}
+
+/* "Authorization: Bearer KEY" with the server's key; the scheme is
+ * case-insensitive and followed by one or more spaces (RFC 7235). Or
+ * "x-api-key: KEY", the header of Anthropic's clients. */
+static bool authorized(kp_server *s, struct MHD_Connection *c) {
+    if (!s->cfg.api_key) return true;
+    const char *xk = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    if (xk && key_matches(xk, s->cfg.api_key)) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncasecmp(h, "Bearer", 6) || h[6] != ' ') return false;
+    const char *k = h + 6;
+    while (*k == ' ') k++;
+    return key_matches(k, s->cfg.api_key);
 }
 
 /* The route table's view of a handler: id is the rest of the path after a
@@ -1997,6 +2608,11 @@ ROUTE_FN(on_models) { return models(s, c, id); }
 ROUTE_FN(on_metrics) { return metrics(s, c); }
 ROUTE_FN(on_completions) { return generate(s, c, cn, false); }
 ROUTE_FN(on_chat) { return generate(s, c, cn, true); }
+ROUTE_FN(on_messages) { return messages(s, c, cn, false); }
+ROUTE_FN(on_count_tokens) { return messages(s, c, cn, true); }
+ROUTE_FN(on_responses) { return responses(s, c, cn); }
+ROUTE_FN(on_response_get) { return response_get(s, c, id, false); }
+ROUTE_FN(on_response_delete) { return response_get(s, c, id, true); }
 ROUTE_FN(on_tokenize) { return tokenize(s, c, cn); }
 ROUTE_FN(on_detokenize) { return detokenize(s, c, cn); }
 ROUTE_FN(on_cache) { return cache_get(s, c); }
@@ -2043,6 +2659,11 @@ static const route_entry ROUTES[] = {
     {"POST", "/completions", false, true, on_completions},
     {"POST", "/v1/chat/completions", false, true, on_chat},
     {"POST", "/chat/completions", false, true, on_chat},
+    {"POST", "/v1/messages", false, true, on_messages},
+    {"POST", "/v1/messages/count_tokens", false, true, on_count_tokens},
+    {"POST", "/v1/responses", false, true, on_responses},
+    {"GET", "/v1/responses/", true, true, on_response_get},
+    {"DELETE", "/v1/responses/", true, true, on_response_delete},
     {"POST", "/tokenize", false, true, on_tokenize},
     {"POST", "/detokenize", false, true, on_detokenize},
     {"GET", "/v1/cache", false, true, on_cache},
@@ -2085,9 +2706,10 @@ static enum MHD_Result route(kp_server *s, struct MHD_Connection *c, const char 
         }
     }
     /* the key before anything else: without it a client learns nothing of routes or limits */
+    if (!strncmp(url, "/v1/messages", 12) && (!url[12] || url[12] == '/')) cn->api = API_ANTHROPIC;
     if (!open && !authorized(s, c))
         return fail(s, c, 401, "invalid_request_error", "invalid_api_key", NULL,
-                    "missing or wrong API key: send the header \"Authorization: Bearer <key>\"");
+                    "missing or wrong API key: send the header \"Authorization: Bearer <key>\" or \"x-api-key: <key>\"");
     if (cn->too_big)
         return fail(s, c, 413, "invalid_request_error", "body_too_large", NULL,
                     "the request body is larger than the limit of %zu bytes", s->cfg.max_body);
@@ -2097,7 +2719,8 @@ static enum MHD_Result route(kp_server *s, struct MHD_Connection *c, const char 
     kp_oai_error e;
     kp_oai_fail(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s %s is not allowed; use %s", method,
                 url, allow);
-    json_t *j = kp_oai_error_json(&e);
+    int http;
+    json_t *j = error_body(cn, &e, &http);
     char *t = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     cn->log.code = e.code;
@@ -2290,6 +2913,16 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
         free(s);
         return gst;
     }
+    kp_status bst = kp_bpins_new(&s->bpins, 256, err); /* breakpoints of many conversations, bounded */
+    if (bst == KP_OK) bst = kp_rstore_new(&s->rstore, 256, 16u << 20, err); /* 256 responses, 16 MiB */
+    if (bst != KP_OK) {
+        kp_bpins_free(s->bpins);
+        kp_gcache_free(s->gc);
+        kp_ckeys_free(s->ckeys);
+        kp_hist_free(s->hist);
+        free(s);
+        return bst;
+    }
     pthread_mutex_init(&s->guard_mu, NULL);
     pthread_cond_init(&s->guard_cv, NULL);
     s->sched = sched;
@@ -2314,6 +2947,8 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
         pthread_cond_destroy(&s->guard_cv);
         kp_ckeys_free(s->ckeys);
         kp_gcache_free(s->gc);
+        kp_bpins_free(s->bpins);
+        kp_rstore_free(s->rstore);
         kp_hist_free(s->hist);
         free(s);
         return kp_fail(err, KP_EIO, "cannot resolve --host %s: %s", cfg->host, gai_strerror(gai));
@@ -2365,6 +3000,8 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
         pthread_cond_destroy(&s->guard_cv);
         kp_ckeys_free(s->ckeys);
         kp_gcache_free(s->gc);
+        kp_bpins_free(s->bpins);
+        kp_rstore_free(s->rstore);
         kp_hist_free(s->hist);
         free(s);
         return kp_fail(err, KP_EIO, "cannot start the request-deadline thread");
@@ -2374,6 +3011,8 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
         pthread_cond_destroy(&s->guard_cv);
         kp_ckeys_free(s->ckeys);
         kp_gcache_free(s->gc);
+        kp_bpins_free(s->bpins);
+        kp_rstore_free(s->rstore);
         kp_hist_free(s->hist);
         free(s);
         if (v6_seen && MHD_is_feature_supported(MHD_FEATURE_IPv6) != MHD_YES)
@@ -2404,6 +3043,8 @@ void kp_server_free(kp_server *s) {
     pthread_cond_destroy(&s->guard_cv);
     kp_ckeys_free(s->ckeys);
     kp_gcache_free(s->gc);
+    kp_bpins_free(s->bpins);
+    kp_rstore_free(s->rstore);
     kp_hist_free(s->hist);
     free(s);
 }

@@ -14,6 +14,13 @@
  *   GET  /v1/cache                POST /v1/cache/probe
  *   POST /v1/cache/pin            DELETE /v1/cache/pin/{id}
  *   GET  / and /dashboard (the cache dashboard page)   GET /v1/cache/events
+ *   POST /v1/messages  /v1/messages/count_tokens       (Anthropic, anthropic.h)
+ *   POST /v1/responses  GET and DELETE /v1/responses/{id}   (responses.h)
+ *
+ * The Messages and Responses APIs are translated into the chat-completions
+ * request they mean and served by the same generation path; their answers,
+ * streams and (for Messages) errors take their own API's shape. The API
+ * key may come as "x-api-key" too.
  *
  * Errors are OpenAI-style JSON bodies with the right status: 400 (bad JSON,
  * wrong types, unknown fields, prompt longer than the context), 401 (API
@@ -67,6 +74,7 @@ typedef struct {
     bool no_dashboard;         /* GET / and /dashboard answer 404 (dashboard.h) */
     kp_engine *tiers_of;       /* the scheduler's engine, read for its cache tiers' counters
                                   (/v1/cache "tiers", /metrics kvpin_tier_*); NULL: none shown */
+    float pin_ttl_scale;       /* cache_control TTLs are multiplied by this (at least 1 s); 0: 1 */
 } kp_server_config;
 
 typedef struct kp_server kp_server;

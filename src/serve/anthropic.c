@@ -1,0 +1,596 @@
+/*
+ * anthropic.c - Messages API requests into chat-completions requests, and
+ * Anthropic's response objects and events (anthropic.h).
+ *
+ * Owns nothing between calls. The translation walks the body once: the
+ * top-level members (a table of what each becomes), then system, tools
+ * and messages block by block, building the chat messages in order. A
+ * user message's text blocks gather into one pending user message; a
+ * tool_result block first flushes it (tool messages and user text keep
+ * the blocks' order). At a block with cache_control the conversation so
+ * far, the pending message included, is copied into a breakpoint.
+ */
+#include "serve/anthropic.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BAD(e, param, ...) kp_oai_fail(e, 400, "invalid_request_error", NULL, param, __VA_ARGS__)
+
+/* The translation in progress. */
+typedef struct {
+    kp_anth_request *r;
+    json_t *msgs;    /* the chat messages so far */
+    json_t *pending; /* the text parts of a user or assistant message being built, or NULL */
+    json_t *calls;   /* the tool_calls of the assistant message being built, or NULL */
+    const char *role;
+    json_t *tools;   /* the chat tools (NULL: none) */
+    json_t *prev_ids; /* tool_use ids of the last assistant message (an array) */
+    kp_oai_error *e;
+} tr;
+
+/* The pending message as a chat message (a new reference), or NULL when
+ * nothing is pending. */
+static json_t *pending_msg(const tr *t) {
+    if (!t->pending && !t->calls) return NULL;
+    json_t *m = json_pack("{s:s}", "role", t->role);
+    if (!m) return NULL;
+    if (t->pending && json_array_size(t->pending) > 0) json_object_set(m, "content", t->pending);
+    else json_object_set_new(m, "content", t->calls ? json_null() : json_string(""));
+    if (t->calls) json_object_set(m, "tool_calls", t->calls);
+    return m;
+}
+
+static void flush(tr *t) {
+    json_t *m = pending_msg(t);
+    if (m) json_array_append_new(t->msgs, m);
+    json_decref(t->pending);
+    json_decref(t->calls);
+    t->pending = t->calls = NULL;
+}
+
+static bool text_part(tr *t, const char *role, const json_t *text) {
+    if (!t->pending) t->pending = json_array();
+    t->role = role;
+    return json_array_append_new(t->pending, json_pack("{s:s, s:O}", "type", "text", "text", text)) == 0;
+}
+
+/* cache_control of a block at path where: checked, and a breakpoint made
+ * of msgs (the messages it ends with; consumed) and tools (borrowed, may
+ * be NULL) when present. */
+static bool cache_control(tr *t, const json_t *block, const char *where, json_t *msgs, json_t *tools) {
+    const json_t *cc = json_object_get(block, "cache_control");
+    char param[96];
+    snprintf(param, sizeof param, "%s.cache_control", where);
+    if (!cc || json_is_null(cc)) {
+        json_decref(msgs);
+        return true;
+    }
+    const char *type = json_string_value(json_object_get(cc, "type"));
+    if (!json_is_object(cc) || !type || strcmp(type, "ephemeral")) {
+        json_decref(msgs);
+        return BAD(t->e, param, "%s must be {\"type\": \"ephemeral\"} with an optional \"ttl\"", param);
+    }
+    const json_t *ttl = json_object_get(cc, "ttl");
+    int64_t s = 300;
+    if (ttl && !json_is_null(ttl)) {
+        const char *v = json_string_value(ttl);
+        if (v && !strcmp(v, "5m")) s = 300;
+        else if (v && !strcmp(v, "1h")) s = 3600;
+        else {
+            json_decref(msgs);
+            return BAD(t->e, param, "%s.ttl must be \"5m\" or \"1h\"", param);
+        }
+    }
+    kp_anth_request *r = t->r;
+    if (r->n_br == KP_ANTH_MAX_BREAKS) {
+        json_decref(msgs);
+        return BAD(t->e, param, "A maximum of %d blocks with cache_control may be provided (one more at %s)",
+                   KP_ANTH_MAX_BREAKS, where);
+    }
+    kp_anth_break *b = &r->br[r->n_br++];
+    b->messages = msgs;
+    b->tools = tools ? json_deep_copy(tools) : NULL;
+    b->ttl_s = s;
+    snprintf(b->where, sizeof b->where, "%s", where);
+    return true;
+}
+
+/* The messages so far with the pending one: a new array. */
+static json_t *snapshot(const tr *t) {
+    json_t *a = json_deep_copy(t->msgs);
+    json_t *m = pending_msg(t);
+    if (a && m) json_array_append_new(a, json_deep_copy(m)); /* the pending parts still grow */
+    json_decref(m);
+    return a;
+}
+
+/* tool_result content: a string, or text blocks joined with "\n". */
+static json_t *result_text(tr *t, const json_t *c, const char *where) {
+    char p[96];
+    snprintf(p, sizeof p, "%s.content", where);
+    if (!c || json_is_null(c)) return json_string("");
+    if (json_is_string(c)) return json_incref((json_t *)c);
+    if (!json_is_array(c)) {
+        BAD(t->e, p, "%s must be a string or an array of text blocks", p);
+        return NULL;
+    }
+    kp_buf b = {0};
+    size_t i;
+    const json_t *x;
+    json_array_foreach(c, i, x) {
+        const char *type = json_string_value(json_object_get(x, "type"));
+        const json_t *tx = json_object_get(x, "text");
+        if (!type || strcmp(type, "text") || !json_is_string(tx)) {
+            kp_buf_free(&b);
+            BAD(t->e, p, "%s[%zu] must be a text block (%s blocks are not supported by this server)", p, i,
+                type ? type : "untyped");
+            return NULL;
+        }
+        if (i) kp_buf_put(&b, "\n", 1);
+        kp_buf_put(&b, json_string_value(tx), json_string_length(tx));
+    }
+    json_t *s = json_stringn(b.data ? b.data : "", b.len);
+    kp_buf_free(&b);
+    return s;
+}
+
+static bool known_id(const json_t *ids, const char *id) {
+    size_t i;
+    const json_t *x;
+    json_array_foreach(ids, i, x) if (!strcmp(json_string_value(x), id)) return true;
+    return false;
+}
+
+/* One content block of messages[mi] (role user or assistant). */
+static bool block(tr *t, size_t mi, size_t bi, const json_t *b, bool user, json_t *new_ids) {
+    char where[64];
+    snprintf(where, sizeof where, "messages[%zu].content[%zu]", mi, bi);
+    char p[96];
+    snprintf(p, sizeof p, "%s.type", where);
+    const char *type = json_string_value(json_object_get(b, "type"));
+    if (!json_is_object(b) || !type) return BAD(t->e, p, "%s must be a content block with a type", where);
+    const char *role = user ? "user" : "assistant";
+    if (!strcmp(type, "text")) {
+        const json_t *tx = json_object_get(b, "text");
+        if (!json_is_string(tx)) {
+            snprintf(p, sizeof p, "%s.text", where);
+            return BAD(t->e, p, "%s must be a string", p);
+        }
+        if (t->pending && strcmp(t->role, role)) flush(t);
+        if (!text_part(t, role, tx)) return kp_oai_fail(t->e, 500, "api_error", NULL, NULL, "out of memory");
+    } else if (!strcmp(type, "tool_use")) {
+        if (user) return BAD(t->e, p, "%s: tool_use blocks belong to assistant messages", where);
+        const json_t *id = json_object_get(b, "id"), *name = json_object_get(b, "name");
+        const json_t *input = json_object_get(b, "input");
+        if (!json_is_string(id) || !json_string_length(id))
+            return BAD(t->e, where, "%s.id must be a non-empty string", where);
+        if (!json_is_string(name) || !json_string_length(name))
+            return BAD(t->e, where, "%s.name must be a non-empty string", where);
+        if (input && !json_is_object(input) && !json_is_null(input))
+            return BAD(t->e, where, "%s.input must be an object", where);
+        if (!t->calls) t->calls = json_array();
+        t->role = "assistant";
+        json_t *args = input && json_is_object(input) ? json_incref((json_t *)input) : json_object();
+        json_array_append_new(t->calls, json_pack("{s:O, s:s, s:{s:O, s:o}}", "id", id, "type", "function",
+                                                  "function", "name", name, "arguments", args));
+        json_array_append(new_ids, (json_t *)id);
+    } else if (!strcmp(type, "tool_result")) {
+        if (!user) return BAD(t->e, p, "%s: tool_result blocks belong to user messages", where);
+        const json_t *id = json_object_get(b, "tool_use_id");
+        if (!json_is_string(id) || !json_string_length(id))
+            return BAD(t->e, where, "%s.tool_use_id must be a non-empty string", where);
+        if (!known_id(t->prev_ids, json_string_value(id)))
+            return BAD(t->e, where,
+                       "%s: tool_result for tool_use_id \"%.64s\", which no tool_use block of the previous "
+                       "assistant message has",
+                       where, json_string_value(id));
+        json_t *content = result_text(t, json_object_get(b, "content"), where);
+        if (!content) return false;
+        flush(t); /* the results and the user's text in the order of the blocks */
+        json_array_append_new(t->msgs, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content",
+                                                 content));
+    } else if (!user && (!strcmp(type, "thinking") || !strcmp(type, "redacted_thinking"))) {
+        /* a reasoning model's earlier thinking, sent back by its client: not rendered */
+        kp_oai_note_ignored(&t->r->ignored, where);
+        return true;
+    } else if (!strcmp(type, "image") || !strcmp(type, "document")) {
+        return BAD(t->e, p, "%s: %s blocks are not supported by this server (text only)", where, type);
+    } else {
+        return BAD(t->e, p, "%s: unknown content block type \"%.40s\" (text, tool_use, tool_result)", where, type);
+    }
+    json_t *snap = json_object_get(b, "cache_control") ? snapshot(t) : NULL;
+    return cache_control(t, b, where, snap, t->tools);
+}
+
+static bool messages(tr *t, const json_t *ms) {
+    if (!json_is_array(ms) || json_array_size(ms) == 0)
+        return BAD(t->e, "messages", "messages must be a non-empty array of {role, content} objects");
+    size_t i;
+    const json_t *m;
+    json_array_foreach(ms, i, m) {
+        char p[48];
+        snprintf(p, sizeof p, "messages[%zu].role", i);
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (!json_is_object(m) || !role) return BAD(t->e, p, "messages[%zu] must be an object with a role", i);
+        bool user = !strcmp(role, "user");
+        if (!user && strcmp(role, "assistant"))
+            return BAD(t->e, p, "%s must be \"user\" or \"assistant\" (system goes in the top-level system field)",
+                       p);
+        const json_t *c = json_object_get(m, "content");
+        json_t *new_ids = json_array();
+        if (json_is_string(c)) {
+            flush(t);
+            if (!text_part(t, role, c)) {
+                json_decref(new_ids);
+                return kp_oai_fail(t->e, 500, "api_error", NULL, NULL, "out of memory");
+            }
+        } else if (json_is_array(c)) {
+            flush(t);
+            size_t k;
+            const json_t *b;
+            json_array_foreach(c, k, b) if (!block(t, i, k, b, user, new_ids)) {
+                json_decref(new_ids);
+                return false;
+            }
+        } else {
+            json_decref(new_ids);
+            snprintf(p, sizeof p, "messages[%zu].content", i);
+            return BAD(t->e, p, "%s must be a string or an array of content blocks", p);
+        }
+        flush(t);
+        if (user) {
+            json_decref(new_ids);
+        } else {
+            json_decref(t->prev_ids);
+            t->prev_ids = new_ids;
+        }
+    }
+    return true;
+}
+
+static bool system_field(tr *t, const json_t *sys) {
+    if (!sys || json_is_null(sys)) return true;
+    if (json_is_string(sys)) {
+        if (json_string_length(sys))
+            json_array_append_new(t->msgs, json_pack("{s:s, s:O}", "role", "system", "content", sys));
+        return true;
+    }
+    if (!json_is_array(sys)) return BAD(t->e, "system", "system must be a string or an array of text blocks");
+    json_t *parts = json_array();
+    size_t i;
+    const json_t *b;
+    json_array_foreach(sys, i, b) {
+        char where[32];
+        snprintf(where, sizeof where, "system[%zu]", i);
+        const char *type = json_string_value(json_object_get(b, "type"));
+        const json_t *tx = json_object_get(b, "text");
+        if (!json_is_object(b) || !type || strcmp(type, "text") || !json_is_string(tx)) {
+            json_decref(parts);
+            return BAD(t->e, where, "%s must be a text block {\"type\": \"text\", \"text\": ...}", where);
+        }
+        json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text", "text", tx));
+        json_t *snap = NULL;
+        if (json_object_get(b, "cache_control")) {
+            snap = json_deep_copy(t->msgs);
+            json_array_append_new(snap, json_pack("{s:s, s:o}", "role", "system", "content", json_deep_copy(parts)));
+        }
+        if (!cache_control(t, b, where, snap, t->tools)) {
+            json_decref(parts);
+            return false;
+        }
+    }
+    if (json_array_size(parts)) json_array_append_new(t->msgs, json_pack("{s:s, s:o}", "role", "system", "content", parts));
+    else json_decref(parts);
+    return true;
+}
+
+/* The chat content of a system field (a string, or text blocks as text
+ * parts): a new reference. Only for a system_field already checked. */
+static json_t *sys_content(const json_t *system) {
+    if (json_is_string(system)) return json_incref((json_t *)system);
+    json_t *parts = json_array();
+    size_t i;
+    const json_t *b;
+    json_array_foreach(system, i, b)
+        json_array_append_new(parts, json_pack("{s:s, s:O?}", "type", "text", "text", json_object_get(b, "text")));
+    return parts;
+}
+
+/* tools: checked and converted; breakpoints on tools come after system is
+ * known (their prefix renders with the system message, where templates
+ * put the tools). */
+static bool tools_field(tr *t, const json_t *tools, const json_t *system) {
+    if (!tools || json_is_null(tools)) return true;
+    if (!json_is_array(tools)) return BAD(t->e, "tools", "tools must be an array of {name, input_schema} objects");
+    if (!json_array_size(tools)) return true;
+    t->tools = json_array();
+    size_t i;
+    const json_t *x;
+    json_array_foreach(tools, i, x) {
+        char where[32];
+        snprintf(where, sizeof where, "tools[%zu]", i);
+        const json_t *name = json_object_get(x, "name"), *desc = json_object_get(x, "description");
+        const json_t *schema = json_object_get(x, "input_schema");
+        const char *type = json_string_value(json_object_get(x, "type"));
+        if (!json_is_object(x) || !json_is_string(name) || !json_string_length(name))
+            return BAD(t->e, where, "%s.name must be a non-empty string", where);
+        if (type && strcmp(type, "custom"))
+            return BAD(t->e, where, "%s: tool type \"%.40s\" is not supported (client tools with input_schema only)",
+                       where, type);
+        if (!json_is_object(schema)) return BAD(t->e, where, "%s.input_schema must be a JSON Schema object", where);
+        if (desc && !json_is_string(desc) && !json_is_null(desc))
+            return BAD(t->e, where, "%s.description must be a string", where);
+        json_t *fn = json_pack("{s:O, s:O}", "name", name, "parameters", schema);
+        if (json_is_string(desc)) json_object_set(fn, "description", (json_t *)desc);
+        json_array_append_new(t->tools, json_pack("{s:s, s:o}", "type", "function", "function", fn));
+    }
+    json_array_foreach(tools, i, x) {
+        if (!json_object_get(x, "cache_control")) continue;
+        char where[32];
+        snprintf(where, sizeof where, "tools[%zu]", i);
+        /* the tools up to this one, rendered with the system message (or
+         * an empty first turn when there is none) */
+        json_t *upto = json_array();
+        for (size_t k = 0; k <= i; k++) json_array_append(upto, json_array_get(t->tools, k));
+        json_t *msgs = json_array();
+        if ((json_is_string(system) && json_string_length(system)) || (json_is_array(system) && json_array_size(system)))
+            json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "system", "content", sys_content(system)));
+        else
+            json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", ""));
+        bool ok = cache_control(t, x, where, msgs, upto);
+        json_decref(upto);
+        if (!ok) return false;
+    }
+    return true;
+}
+
+static bool tool_choice(tr *t, const json_t *tc, json_t *chat) {
+    if (!tc || json_is_null(tc)) return true;
+    const char *type = json_string_value(json_object_get(tc, "type"));
+    if (!json_is_object(tc) || !type)
+        return BAD(t->e, "tool_choice", "tool_choice must be {\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}");
+    const json_t *dp = json_object_get(tc, "disable_parallel_tool_use");
+    if (dp && !json_is_boolean(dp))
+        return BAD(t->e, "tool_choice.disable_parallel_tool_use", "disable_parallel_tool_use must be true or false");
+    if (!strcmp(type, "auto")) json_object_set_new(chat, "tool_choice", json_string("auto"));
+    else if (!strcmp(type, "none")) json_object_set_new(chat, "tool_choice", json_string("none"));
+    else if (!strcmp(type, "any")) json_object_set_new(chat, "tool_choice", json_string("required"));
+    else if (!strcmp(type, "tool")) {
+        const json_t *name = json_object_get(tc, "name");
+        if (!json_is_string(name) || !json_string_length(name))
+            return BAD(t->e, "tool_choice.name", "tool_choice {\"type\": \"tool\"} needs the tool's name");
+        json_object_set_new(chat, "tool_choice",
+                            json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name));
+    } else {
+        return BAD(t->e, "tool_choice.type", "tool_choice.type must be \"auto\", \"any\", \"tool\" or \"none\"");
+    }
+    if (json_is_false(dp)) json_object_set_new(chat, "parallel_tool_calls", json_true());
+    if (!t->tools && strcmp(type, "auto") && strcmp(type, "none"))
+        return BAD(t->e, "tool_choice", "tool_choice \"%s\" asks for a tool call, but the request has no tools", type);
+    return true;
+}
+
+static bool number_in(tr *t, const json_t *v, const char *k, double lo, double hi, json_t *chat) {
+    if (!v || json_is_null(v)) return true;
+    if (!json_is_number(v) || json_number_value(v) < lo || json_number_value(v) > hi)
+        return BAD(t->e, k, "%s must be a number from %g to %g", k, lo, hi);
+    json_object_set(chat, k, (json_t *)v);
+    return true;
+}
+
+bool kp_anth_translate(const char *body, size_t len, bool count_tokens, bool strict, kp_anth_request *r,
+                       kp_oai_error *e) {
+    memset(r, 0, sizeof *r);
+    json_t *root = kp_oai_parse_object(body, len, e);
+    if (!root) return false;
+    tr t = {r, json_array(), NULL, NULL, "user", NULL, json_array(), e};
+    json_t *chat = json_object();
+    bool ok = t.msgs && t.prev_ids && chat;
+    if (!ok) kp_oai_fail(e, 500, "api_error", NULL, NULL, "out of memory");
+    const json_t *model = json_object_get(root, "model");
+    if (ok && !json_is_string(model))
+        ok = BAD(e, "model", "model: Field required (a string naming the model)");
+    const json_t *mt = json_object_get(root, "max_tokens");
+    if (ok && !count_tokens) {
+        if (!mt || json_is_null(mt)) ok = BAD(e, "max_tokens", "max_tokens: Field required");
+        else if (!json_is_integer(mt) || json_integer_value(mt) < 1 || json_integer_value(mt) > (1 << 30))
+            ok = BAD(e, "max_tokens", "max_tokens must be a whole number >= 1");
+        else json_object_set(chat, "max_tokens", (json_t *)mt);
+    }
+    if (ok) json_object_set(chat, "model", (json_t *)model);
+    if (ok) ok = tools_field(&t, json_object_get(root, "tools"), json_object_get(root, "system"));
+    if (ok) ok = system_field(&t, json_object_get(root, "system"));
+    if (ok) ok = messages(&t, json_object_get(root, "messages"));
+    if (ok) ok = tool_choice(&t, json_object_get(root, "tool_choice"), chat);
+    if (ok) ok = number_in(&t, json_object_get(root, "temperature"), "temperature", 0, 1, chat);
+    if (ok) ok = number_in(&t, json_object_get(root, "top_p"), "top_p", 0, 1, chat);
+    const json_t *tk = json_object_get(root, "top_k");
+    if (ok && tk && !json_is_null(tk)) {
+        if (!json_is_integer(tk) || json_integer_value(tk) < 0) ok = BAD(e, "top_k", "top_k must be a whole number >= 0");
+        else json_object_set(chat, "top_k", (json_t *)tk);
+    }
+    const json_t *ss = json_object_get(root, "stop_sequences");
+    if (ok && ss && !json_is_null(ss)) {
+        if (!json_is_array(ss)) ok = BAD(e, "stop_sequences", "stop_sequences must be an array of strings");
+        size_t i;
+        const json_t *x;
+        if (ok) json_array_foreach(ss, i, x) if (ok && (!json_is_string(x) || !json_string_length(x)))
+            ok = BAD(e, "stop_sequences", "stop_sequences[%zu] must be a non-empty string", i);
+        if (ok && json_array_size(ss)) json_object_set(chat, "stop", (json_t *)ss);
+    }
+    const json_t *st = json_object_get(root, "stream");
+    if (ok && st && !json_is_null(st)) {
+        if (!json_is_boolean(st)) ok = BAD(e, "stream", "stream must be true or false");
+        else if (!count_tokens) r->stream = json_is_true(st);
+    }
+    const json_t *md = json_object_get(root, "metadata");
+    if (ok && md && !json_is_null(md) && !json_is_object(md)) ok = BAD(e, "metadata", "metadata must be an object");
+    /* the rest: accepted and named, unknown ones too unless strict */
+    static const char *const known[] = {"model",          "max_tokens",  "system", "messages", "tools",
+                                        "tool_choice",    "temperature", "top_p",  "top_k",    "stop_sequences",
+                                        "stream",         NULL};
+    static const char *const anthropic[] = {"metadata", "service_tier", "thinking", "container", "mcp_servers",
+                                            "context_management", NULL};
+    const char *k;
+    json_t *v;
+    json_object_foreach(root, k, v) {
+        if (!ok) break;
+        bool is_known = false, is_anth = false;
+        for (const char *const *p = known; *p; p++) is_known = is_known || !strcmp(*p, k);
+        for (const char *const *p = anthropic; *p; p++) is_anth = is_anth || !strcmp(*p, k);
+        if (is_known) continue;
+        if (strict && !is_anth) {
+            ok = BAD(e, k, "%.64s: unknown field", k);
+            break;
+        }
+        if (!json_is_null(v)) kp_oai_note_ignored(&r->ignored, k);
+    }
+    if (ok) {
+        json_object_set(chat, "messages", t.msgs);
+        if (t.tools) json_object_set(chat, "tools", t.tools);
+        if (r->stream) {
+            json_object_set_new(chat, "stream", json_true());
+            json_object_set_new(chat, "stream_options", json_pack("{s:b}", "include_usage", 1));
+        }
+        r->chat = chat;
+    } else {
+        json_decref(chat);
+    }
+    json_decref(t.msgs);
+    json_decref(t.tools);
+    json_decref(t.pending);
+    json_decref(t.calls);
+    json_decref(t.prev_ids);
+    json_decref(root);
+    if (!ok) kp_anth_request_free(r);
+    return ok;
+}
+
+void kp_anth_request_free(kp_anth_request *r) {
+    if (!r) return;
+    json_decref(r->chat);
+    for (int i = 0; i < r->n_br; i++) {
+        json_decref(r->br[i].messages);
+        json_decref(r->br[i].tools);
+    }
+    kp_buf_free(&r->ignored);
+    memset(r, 0, sizeof *r);
+}
+
+int kp_anth_error_status(int http, const char **type) {
+    switch (http) {
+    case 401: *type = "authentication_error"; return 401;
+    case 403: *type = "permission_error"; return 403;
+    case 404: *type = "not_found_error"; return 404;
+    case 413: *type = "request_too_large"; return 413;
+    case 429: *type = "rate_limit_error"; return 429;
+    case 503: *type = "overloaded_error"; return 529;
+    default: break;
+    }
+    if (http >= 500) {
+        *type = "api_error";
+        return http;
+    }
+    *type = "invalid_request_error";
+    return http;
+}
+
+json_t *kp_anth_error_json(const kp_oai_error *e) {
+    const char *type;
+    kp_anth_error_status(e->http, &type);
+    return json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type", type, "message", e->message);
+}
+
+json_t *kp_anth_usage_json(uint32_t input, uint32_t creation, uint32_t read, uint32_t output) {
+    return json_pack("{s:I, s:I, s:I, s:I}", "input_tokens", (json_int_t)input, "cache_creation_input_tokens",
+                     (json_int_t)creation, "cache_read_input_tokens", (json_int_t)read, "output_tokens",
+                     (json_int_t)output);
+}
+
+void kp_anth_tool_id(const char *call_id, char *out, size_t cap) {
+    const char *rest = !strncmp(call_id, "call_", 5) ? call_id + 5 : call_id;
+    snprintf(out, cap, "toolu_%s", rest);
+}
+
+json_t *kp_anth_content_json(const char *text, size_t text_len, const json_t *calls) {
+    json_t *a = json_array();
+    if (text_len || json_array_size(calls) == 0) /* an answer has a text block when it has nothing else */
+        json_array_append_new(a, json_pack("{s:s, s:s%}", "type", "text", "text", text ? text : "", text_len));
+    size_t i;
+    const json_t *c;
+    json_array_foreach(calls, i, c) {
+        const json_t *fn = json_object_get(c, "function");
+        const char *args = json_string_value(json_object_get(fn, "arguments"));
+        json_t *input = args ? json_loads(args, 0, NULL) : NULL;
+        if (!json_is_object(input)) {
+            json_decref(input);
+            input = json_object();
+        }
+        char id[96];
+        kp_anth_tool_id(json_string_value(json_object_get(c, "id")) ? json_string_value(json_object_get(c, "id"))
+                                                                    : "",
+                        id, sizeof id);
+        json_array_append_new(a, json_pack("{s:s, s:s, s:O, s:o}", "type", "tool_use", "id", id, "name",
+                                           json_object_get(fn, "name"), "input", input));
+    }
+    return a;
+}
+
+json_t *kp_anth_message_json(const char *id, const char *model, json_t *content, const char *stop_reason,
+                             const char *stop_sequence, json_t *usage) {
+    return json_pack("{s:s, s:s, s:s, s:s, s:o, s:s?, s:s?, s:o}", "id", id, "type", "message", "role",
+                     "assistant", "model", model, "content", content ? content : json_array(), "stop_reason",
+                     stop_reason, "stop_sequence", stop_sequence, "usage", usage ? usage : json_object());
+}
+
+const char *kp_anth_stop_reason(bool calls, bool length, bool last_is_eog, const char *const *stops, int n_stops,
+                                const char *full, size_t full_len, size_t text_len, const char **which) {
+    *which = NULL;
+    if (calls) return "tool_use";
+    if (length) return "max_tokens";
+    if (last_is_eog || n_stops == 0) return "end_turn";
+    *which = stops[0];
+    for (int i = 0; full && i < n_stops; i++) {
+        size_t n = strlen(stops[i]);
+        if (text_len + n <= full_len && !memcmp(full + text_len, stops[i], n)) {
+            *which = stops[i];
+            break;
+        }
+    }
+    return "stop_sequence";
+}
+
+bool kp_anth_event(kp_buf *out, const char *name, json_t *data) {
+    if (!data) return false;
+    json_t *ev = json_pack("{s:s}", "type", name); /* the type first, as Anthropic writes it */
+    if (ev) json_object_update(ev, data);
+    json_decref(data);
+    char *t = ev ? json_dumps(ev, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(ev);
+    if (!t) return false;
+    kp_buf_printf(out, "event: %s\ndata: %s\n\n", name, t);
+    free(t);
+    return !out->oom;
+}
+
+void kp_anth_cache_usage(uint32_t n, uint32_t reused, const uint32_t *bp, int n_bp, int live, uint32_t *input,
+                         uint32_t *creation, uint32_t *read) {
+    uint32_t last = 0;
+    for (int i = 0; i < n_bp; i++) last = bp[i] > last ? bp[i] : last;
+    if (last > n) last = n;
+    if (reused > n) reused = n;
+    if (n_bp == 0) {
+        *read = reused;
+        *creation = 0;
+    } else if (live > 0) {
+        *read = reused;
+        *creation = last > reused ? last - reused : 0;
+    } else {
+        *read = 0;
+        *creation = last;
+    }
+    *input = n - *read - *creation;
+}

@@ -1,0 +1,56 @@
+/*
+ * bpins.h - the pins of cache_control breakpoints, by prefix (floor 6).
+ *
+ * A Messages request with cache_control pins the prompt prefix that ends
+ * at each breakpoint for the breakpoint's TTL; a later request whose
+ * breakpoint ends the same prefix hits it, and its pin is made again with
+ * a fresh TTL (the TTL is refreshed on every hit, as Anthropic documents).
+ * This table remembers, per prefix (a 64-bit hash of its token ids), the
+ * pin that holds it and when it expires, so that the server can tell a
+ * hit from a creation and unpin the pin a refresh replaces.
+ *
+ *   kp_bpins
+ *   +-------------------------------------------+
+ *   | e[max]   hash, pin id, tokens, expires_at, |  least recently set goes
+ *   |          last set                          |  when a new prefix needs room
+ *   | mu                                         |
+ *   +-------------------------------------------+
+ *
+ * Bounded: at most max prefixes; what a set replaces or pushes out is
+ * returned for the caller to unpin. Every function is thread-safe (one
+ * mutex, held only to look and copy).
+ */
+#ifndef KP_BPINS_H
+#define KP_BPINS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+
+typedef struct kp_bpins kp_bpins;
+
+/* A table of at most max (>= 1) prefixes. KP_ENOMEM. kp_bpins_free(NULL)
+ * is a no-op (the pins themselves are the engine's: unpin them first). */
+kp_status kp_bpins_new(kp_bpins **out, uint32_t max, kp_error *err);
+void kp_bpins_free(kp_bpins *b);
+
+/* The hash that names the prefix ids[0..n). */
+uint64_t kp_bpins_hash(const int32_t *ids, size_t n);
+
+/* Whether prefix h has a pin whose expiry is after now (seconds). */
+bool kp_bpins_live(kp_bpins *b, uint64_t h, int64_t now);
+
+/* Records pin (holding `tokens` tokens, expiring at expires) for prefix
+ * h at time now. Returns the pin it replaces (h's previous one) and, in
+ * *evicted, the pin of the entry pushed out to make room (the least
+ * recently set one); 0 for none. The caller unpins both. */
+uint64_t kp_bpins_set(kp_bpins *b, uint64_t h, uint64_t pin, uint32_t tokens, int64_t expires, int64_t now,
+                      uint64_t *evicted);
+
+/* How many prefixes hold a pin that has not expired at now, and their
+ * tokens (may be NULL). */
+uint32_t kp_bpins_count(kp_bpins *b, int64_t now, uint64_t *tokens);
+
+#endif
