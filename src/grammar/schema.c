@@ -985,8 +985,8 @@ static bool num_bounds(sc *c, const json_t *s, bool integer, bool *has, int64_t 
 
 /* A number or integer in s's bounds; num_rule / int_rule when it has none. */
 static uint32_t bounded_num(sc *c, const json_t *s, bool integer) {
-    bool has, lo_excl, hi_excl, empty;
-    int64_t lo, hi;
+    bool has = false, lo_excl = false, hi_excl = false, empty = false;
+    int64_t lo = 0, hi = 0;
     if (!num_bounds(c, s, integer, &has, &lo, &lo_excl, &hi, &hi_excl)) return UINT32_MAX;
     if (!has) return integer ? int_rule(c) : num_rule(c);
     uint32_t r = new_rule(c, integer ? "<integer>" : "<number>");
