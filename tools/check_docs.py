@@ -16,7 +16,8 @@ one line per problem) when
   - the bash completion (sourced into bash, its _kvpin function called as
     bash calls it) does not offer exactly the commands for `kvpin <TAB>`,
     exactly a command's short and long options for `kvpin CMD -<TAB>`,
-    files after -m, or f16 and f32 after --kv-type.
+    files after -m, or the KV types (f16, f32, q8_0, q4_0) after --kv-type,
+    --kv-type-k and --kv-type-v.
 
 Usage: tools/check_docs.py KVPIN docs/kvpin.1 docs/kvpin.bash-completion
 """
@@ -122,9 +123,10 @@ def main(argv):
             got = complete(completion, [kvpin, "run", flag, os.path.join(d, "model-")])
             if sorted(got) != sorted(os.path.join(d, n) for n in ("model-one.gguf", "model-two.gguf")):
                 errors.append("completion after %s: %s, not the two files" % (flag, got))
-    got = complete(completion, [kvpin, "serve", "--kv-type", ""])
-    if sorted(got) != ["f16", "f32"]:
-        errors.append("completion after --kv-type: %s" % got)
+    for flag in ("--kv-type", "--kv-type-k", "--kv-type-v"):
+        got = complete(completion, [kvpin, "serve", flag, ""])
+        if sorted(got) != ["f16", "f32", "q4_0", "q8_0"]:
+            errors.append("completion after %s: %s" % (flag, got))
     for e in errors:
         print("check_docs: " + e, file=sys.stderr)
     if not errors:
