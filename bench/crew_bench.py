@@ -19,7 +19,10 @@ of --reps runs (a fresh spec each, so nothing is cached from the run before):
 
 With --llama-server PATH, the burst also runs on llama.cpp's server
 (`-np P --kv-unified -c P x (S + T + 64)`, prompts as token ids) in the same
-sitting. Every figure is the median of --reps runs; the load average is
+sitting (some llama.cpp builds answer a random-weight model's text with a
+500 "does not match the expected Content-only format" once it holds a split
+UTF-8 character: --tokens 1 then, for both servers). Every figure is the
+median of --reps runs; the load average is
 printed, since other work on shared cores inflates every time.
 
 usage: crew_bench.py --kvpin ./kvpin -m MODEL [-t 2] [--reps 3] [--spec 4000]
@@ -91,14 +94,18 @@ def metrics(port):
 def burst(port, prompts, tokens, llama):
     """Sends every prompt at once; returns (wall s, [responses])."""
     res = [None] * len(prompts)
+    errors = []
 
     def run(k):
-        if llama:
-            body = {"prompt": prompts[k], "n_predict": tokens, "temperature": 0, "cache_prompt": True}
-            res[k] = post(port, "/completion", body)
-        else:
-            body = {"prompt": prompts[k], "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
-            res[k] = post(port, "/v1/completions", body)
+        try:
+            if llama:
+                body = {"prompt": prompts[k], "n_predict": tokens, "temperature": 0, "cache_prompt": True}
+                res[k] = post(port, "/completion", body)
+            else:
+                body = {"prompt": prompts[k], "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+                res[k] = post(port, "/v1/completions", body)
+        except BaseException as e:  # SystemExit of post() too: a thread cannot end the run itself
+            errors.append(str(e))
 
     ts = [threading.Thread(target=run, args=(k,)) for k in range(len(prompts))]
     t0 = time.perf_counter()
@@ -106,6 +113,8 @@ def burst(port, prompts, tokens, llama):
         t.start()
     for t in ts:
         t.join()
+    if errors:
+        raise SystemExit("crew_bench: %d of %d requests failed, the first: %s" % (len(errors), len(prompts), errors[0]))
     return time.perf_counter() - t0, res
 
 
