@@ -434,20 +434,9 @@ bool kp_anth_translate(const char *body, size_t len, bool count_tokens, bool str
                                         "stream",         NULL};
     static const char *const anthropic[] = {"metadata", "service_tier", "thinking", "container", "mcp_servers",
                                             "context_management", NULL};
-    const char *k;
-    json_t *v;
-    json_object_foreach(root, k, v) {
-        if (!ok) break;
-        bool is_known = false, is_anth = false;
-        for (const char *const *p = known; *p; p++) is_known = is_known || !strcmp(*p, k);
-        for (const char *const *p = anthropic; *p; p++) is_anth = is_anth || !strcmp(*p, k);
-        if (is_known) continue;
-        if (strict && !is_anth) {
-            ok = BAD(e, k, "%.64s: unknown field", k);
-            break;
-        }
-        if (!json_is_null(v)) kp_oai_note_ignored(&r->ignored, k);
-    }
+    const char *unknown;
+    if (ok && !kp_oai_sort_fields(root, known, anthropic, strict, &r->ignored, &unknown))
+        ok = BAD(e, unknown, "%.64s: unknown field", unknown);
     if (ok) {
         json_object_set(chat, "messages", t.msgs);
         if (t.tools) json_object_set(chat, "tools", t.tools);

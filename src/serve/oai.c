@@ -201,6 +201,28 @@ static bool parse_tool_choice(const json_t *v, kp_oai_request *r, kp_oai_error *
 
 #define OOM(e) kp_oai_fail(e, 500, "server_error", NULL, NULL, "out of memory")
 
+static bool listed(const char *const *list, const char *k) {
+    for (; *list; list++)
+        if (!strcmp(*list, k)) return true;
+    return false;
+}
+
+bool kp_oai_sort_fields(const json_t *obj, const char *const *known, const char *const *api, bool strict,
+                        kp_buf *ignored, const char **unknown) {
+    const char *k;
+    json_t *v;
+    *unknown = NULL;
+    json_object_foreach((json_t *)obj, k, v) {
+        if (listed(known, k)) continue;
+        if (strict && !listed(api, k)) {
+            *unknown = k;
+            return false;
+        }
+        if (!json_is_null(v)) kp_oai_note_ignored(ignored, k);
+    }
+    return true;
+}
+
 bool kp_oai_note_ignored(kp_buf *list, const char *name) {
     if (list->len >= 3 && !memcmp(list->data + list->len - 3, "...", 3)) return true; /* cut already */
     char clean[97];

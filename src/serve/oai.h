@@ -147,6 +147,14 @@ void kp_oai_request_free(kp_oai_request *r);
  * as it is. False when out of memory. */
 bool kp_oai_note_ignored(kp_buf *list, const char *name);
 
+/* The request policy of the agent APIs' bodies: every member of obj named
+ * in known (NULL-terminated) is the caller's; any other is ignored and
+ * noted in *ignored (unless null) when it is one the API documents (in
+ * api) or when not strict; with strict, the first member in neither list
+ * is returned in *unknown and the result is false. */
+bool kp_oai_sort_fields(const json_t *obj, const char *const *known, const char *const *api, bool strict,
+                        kp_buf *ignored, const char **unknown);
+
 /* Parses a JSON object body for the small endpoints (tokenize, probe, pin):
  * NULL with *e set when it is not a JSON object. */
 json_t *kp_oai_parse_object(const char *body, size_t len, kp_oai_error *e);

@@ -254,20 +254,9 @@ bool kp_resp_translate(const char *body, size_t len, const json_t *prev_conv, bo
     static const char *const openai[] = {"metadata", "user", "reasoning", "truncation", "include", "service_tier",
                                          "background", "prompt", "prompt_cache_key", "safety_identifier",
                                          "top_logprobs", "max_tool_calls", "stream_options", "conversation", NULL};
-    const char *k;
-    json_t *v;
-    json_object_foreach(root, k, v) {
-        if (!ok) break;
-        bool kn = false, oa = false;
-        for (const char *const *p = known; *p; p++) kn = kn || !strcmp(*p, k);
-        for (const char *const *p = openai; *p; p++) oa = oa || !strcmp(*p, k);
-        if (kn) continue;
-        if (strict && !oa) {
-            ok = BAD(e, k, "%.64s: unknown field", k);
-            break;
-        }
-        if (!json_is_null(v)) kp_oai_note_ignored(&r->ignored, k);
-    }
+    const char *unknown;
+    if (ok && !kp_oai_sort_fields(root, known, openai, strict, &r->ignored, &unknown))
+        ok = BAD(e, unknown, "%.64s: unknown field", unknown);
     if (ok) {
         json_object_set_new(r->chat, "messages", msgs);
         if (r->stream) {
