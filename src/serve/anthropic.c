@@ -553,16 +553,8 @@ const char *kp_anth_stop_reason(bool calls, bool length, bool last_is_eog, const
 }
 
 bool kp_anth_event(kp_buf *out, const char *name, json_t *data) {
-    if (!data) return false;
-    json_t *ev = json_pack("{s:s}", "type", name); /* the type first, as Anthropic writes it */
-    if (ev) json_object_update(ev, data);
-    json_decref(data);
-    char *t = ev ? json_dumps(ev, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(ev);
-    if (!t) return false;
-    kp_buf_printf(out, "event: %s\ndata: %s\n\n", name, t);
-    free(t);
-    return !out->oom;
+    /* the type first, as Anthropic writes it */
+    return kp_oai_sse_event(out, name, data ? json_pack("{s:s}", "type", name) : NULL, data);
 }
 
 void kp_anth_cache_usage(uint32_t n, uint32_t reused, const uint32_t *bp, int n_bp, int live, uint32_t *input,

@@ -748,6 +748,22 @@ static json_t *lossy_string(const char *s) {
     return j ? j : json_string("");
 }
 
+bool kp_oai_sse_event(kp_buf *out, const char *name, json_t *head, json_t *data) {
+    if (!head || !data) {
+        json_decref(head);
+        json_decref(data);
+        return false;
+    }
+    json_object_update(head, data);
+    json_decref(data);
+    char *t = json_dumps(head, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(head);
+    if (!t) return false;
+    kp_buf_printf(out, "event: %s\ndata: %s\n\n", name, t);
+    free(t);
+    return !out->oom;
+}
+
 json_t *kp_oai_string_repaired(const char *text, size_t len) {
     json_t *j = json_stringn(text ? text : "", text ? len : 0);
     if (j) return j;

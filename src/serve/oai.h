@@ -170,6 +170,12 @@ json_t *kp_oai_error_json(const kp_oai_error *e);
  * of memory. */
 json_t *kp_oai_string_repaired(const char *text, size_t len);
 
+/* Appends one named SSE event, "event: NAME\ndata: JSON\n\n", to out: the
+ * members of head (written first, in their order) then those of data, in
+ * one compact JSON object. Takes both references (NULL: false, nothing
+ * written). False when out of memory. */
+bool kp_oai_sse_event(kp_buf *out, const char *name, json_t *head, json_t *data);
+
 /* The `kvpin_cache` object: the cache report of one request. d may be NULL
  * (no report). shared_inflight, inflight_reused_tokens and inflight_wait_ms
  * say what it took from a request computing the same prompt at the same

@@ -349,15 +349,8 @@ json_t *kp_resp_conv_after(const kp_resp_request *r, const char *text, size_t te
 
 bool kp_resp_event(kp_buf *out, const char *name, json_t *data, uint32_t *seq) {
     if (!data) return false;
-    json_t *ev = json_pack("{s:s, s:I}", "type", name, "sequence_number", (json_int_t)(*seq)++);
-    if (ev) json_object_update(ev, data);
-    json_decref(data);
-    char *t = ev ? json_dumps(ev, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(ev);
-    if (!t) return false;
-    kp_buf_printf(out, "event: %s\ndata: %s\n\n", name, t);
-    free(t);
-    return !out->oom;
+    return kp_oai_sse_event(out, name, json_pack("{s:s, s:I}", "type", name, "sequence_number", (json_int_t)(*seq)++),
+                            data);
 }
 
 /* ---- the store ---------------------------------------------------------- */
