@@ -185,7 +185,7 @@ static kp_status explain(const kp_tok_vocab *v, const turn *cur, const char *cac
 
 /* ---- kvpin run --prompt-cache ----------------------------------------- */
 
-enum { O_TURNS = CLI_OWN, O_PROMPT_CACHE, O_STOP, O_CACHE_DIR, O_CACHE_DISK_BUDGET };
+enum { O_TURNS = CLI_OWN, O_PROMPT_CACHE, O_STOP };
 
 static const cli_opt cache_tab[] = {
     {"prompt-cache", NULL, NULL, NULL, "this mode (implied by several -p/-f, --turns, --no-prefix-cache)",
@@ -196,11 +196,7 @@ static const cli_opt cache_tab[] = {
     CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_KV_BLOCK), CLI_USE(CLI_NO_PREFIX_CACHE), CLI_USE(CLI_NO_BOS),
     CLI_USE(CLI_SPECIAL), CLI_USE(CLI_PRINT_TOKENS), CLI_USE(CLI_SCALAR),
     {"stop", NULL, NULL, "STR", "end the text before STR (repeatable, at most 16)", O_STOP},
-    /* the same words as serve's (one option, one description) */
-    {"cache-dir", NULL, NULL, "DIR", "the disk tier: full KV blocks are kept in DIR (verified records,\n"
-                                     "one folder per model fingerprint) and reused after a restart", O_CACHE_DIR},
-    {"cache-disk-budget", NULL, NULL, "BYTES", "most bytes the disk tier keeps (least recently used go first;\n"
-                                               "default: no limit)", O_CACHE_DISK_BUDGET},
+    CLI_USE(CLI_CACHE_DIR), CLI_USE(CLI_CACHE_DISK_BUDGET),
     {0},
 };
 
@@ -217,7 +213,7 @@ bool cli_cache_wanted(int argc, char **argv) {
     for (int k; (k = cli_args_next(&a)) != CLI_END;) {
         n_f += k == CLI_FILE;
         n_p += k == CLI_PROMPT;
-        cache |= k == O_PROMPT_CACHE || k == O_TURNS || k == CLI_NO_PREFIX_CACHE || k == O_CACHE_DIR;
+        cache |= k == O_PROMPT_CACHE || k == O_TURNS || k == CLI_NO_PREFIX_CACHE || k == CLI_CACHE_DIR;
     }
     return cache || n_f > 1 || n_p > 1;
 }
@@ -308,8 +304,8 @@ static int parse_cache_opts(int argc, char **argv, cache_opts *o) {
             if (!cli_args_int(&a, &n)) return 2;
             o->block = (uint32_t)n;
             break;
-        case O_CACHE_DIR: o->cache_dir = v; break;
-        case O_CACHE_DISK_BUDGET:
+        case CLI_CACHE_DIR: o->cache_dir = v; break;
+        case CLI_CACHE_DISK_BUDGET:
             if (!cli_parse_bytes(opt, v, &o->disk_budget)) return 2;
             break;
         case CLI_KV_BUDGET:
@@ -593,8 +589,62 @@ static void json_str(FILE *f, const char *s) {
     fputc('"', f);
 }
 
+/* doctor's view of the tiers below RAM (--cache-dir, --cache-redis): an
+ * engine over the model with a pool of a few blocks, only to open the
+ * tiers under the fingerprint a server with the same options has. */
+typedef struct {
+    const char *dir, *redis;
+    uint32_t redis_timeout;
+    kp_dtype kv_type, kv_type_v;
+    uint32_t block;
+    cli_model cm;
+    kp_engine *e;
+} doctor_tiers;
+
+static bool doctor_tiers_open(doctor_tiers *d, const char *model) {
+    cli_session_opts so = {model, 1, d->kv_type, 0, false, d->kv_type_v};
+    if (!cli_model_open(&d->cm, &so, "doctor")) return false;
+    kp_error err = {0};
+    uint64_t per = kp_model_kv_bytes_per_token_kv(&d->cm.m->hp, d->kv_type, d->kv_type_v);
+    kp_eng_config ec = {d->kv_type, d->block, 4 * (uint64_t)d->block * per, d->block, false, NULL, d->kv_type_v};
+    kp_tiers_config tc = {d->dir, 0, d->redis, d->redis_timeout, NULL, NULL};
+    if (kp_eng_new(&d->e, d->cm.m, d->cm.pool, d->cm.kernels, &ec, &err) != KP_OK ||
+        kp_eng_open_tiers(d->e, &tc, &err) != KP_OK) {
+        fprintf(stderr, "kvpin doctor: %s\n", err.msg);
+        return false;
+    }
+    if (d->redis && !kp_eng_tier_wait_ready(d->e, 2000 + 2 * d->redis_timeout)) {
+        fprintf(stderr, "kvpin doctor: cannot reach Redis at %s (the Redis tier counts as empty)\n", d->redis);
+    }
+    kp_tiers_stats ts;
+    kp_eng_tier_stats(d->e, &ts);
+    fprintf(stderr, "kvpin doctor: tiers under fingerprint %.16s%s%s%s%s\n", ts.fingerprint,
+            d->dir ? ": disk " : "", d->dir ? d->dir : "", d->redis ? ", redis " : "", d->redis ? d->redis : "");
+    if (*kp_eng_tier_note(d->e)) fprintf(stderr, "kvpin doctor: disk tier: %s\n", kp_eng_tier_note(d->e));
+    return true;
+}
+
+/* The text line of one prompt: what the tiers hold of it, and what that
+ * means next to what the earlier prompts of the log share with it. */
+static void doctor_tiers_line(const doctor_tiers *d, size_t n, size_t common, const uint32_t on[KP_TIER_N]) {
+    uint32_t below = on[KP_TIER_DISK] + on[KP_TIER_REDIS];
+    printf("  tiers  : %u of %zu prompt tokens held as whole blocks (disk %u, redis %u)", below, n,
+           on[KP_TIER_DISK], on[KP_TIER_REDIS]);
+    if (below > common)
+        printf(": %u more than the earlier prompts share; a server on this %s restores them (evicted from RAM "
+               "but on %s) instead of computing\n",
+               below - (uint32_t)common, d->dir ? "directory" : "Redis", on[KP_TIER_DISK] ? "disk" : "Redis");
+    else if (below)
+        printf(": if RAM evicted them, a server on this %s restores them instead of computing\n",
+               d->dir ? "directory" : "Redis");
+    else
+        printf(": none (never stored, evicted from the tier, or another fingerprint)\n");
+}
+
 static const cli_opt doctor_tab[] = {
-    CLI_USE(CLI_MODEL), CLI_USE(CLI_JSON), CLI_USE(CLI_SPECIAL), {0},
+    CLI_USE(CLI_MODEL), CLI_USE(CLI_JSON), CLI_USE(CLI_SPECIAL), CLI_USE(CLI_CACHE_DIR), CLI_USE(CLI_CACHE_REDIS),
+    CLI_USE(CLI_CACHE_REDIS_TIMEOUT), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V),
+    CLI_USE(CLI_KV_BLOCK), {0},
 };
 
 static void doctor_usage(FILE *f) {
@@ -605,20 +655,36 @@ static void doctor_usage(FILE *f) {
                "FILE holds one JSON object per line: {\"prompt\": \"...\"}. Only the model's\n"
                "vocabulary is read. --json prints one object per turn: turn, prompt_tokens,\n"
                "reusable_tokens, diverged_at_token, diverged_at_byte, cause, cached_snippet,\n"
-               "request_snippet, advice.\n");
+               "request_snippet, advice.\n"
+               "With --cache-dir and/or --cache-redis it also tells, per prompt, how many of its\n"
+               "tokens the tiers below RAM hold as whole blocks under this model's fingerprint\n"
+               "(the weights are read for it; --kv-type* and --kv-block must be the server's):\n"
+               "what a server on that directory or Redis restores instead of computing, even\n"
+               "when its RAM evicted them (--json: on_disk_tokens, in_redis_tokens).\n");
     cli_print_options(f, doctor_tab);
 }
 
 int cmd_doctor(int argc, char **argv) {
     const char *model = NULL, *file = NULL;
     bool json = false, special = false;
+    doctor_tiers dt = {.kv_type = KP_DTYPE_F16, .kv_type_v = KP_DTYPE_F16, .block = 16};
     cli_args a;
     cli_args_init(&a, "doctor", doctor_tab, doctor_usage, argc, argv);
     for (int k; (k = cli_args_next(&a)) != CLI_END;) {
+        int64_t n;
         if (k == CLI_STOP) return a.rc;
         if (k == CLI_JSON) json = true;
         else if (k == CLI_SPECIAL) special = true;
         else if (k == CLI_MODEL) model = a.val;
+        else if (k == CLI_CACHE_DIR) dt.dir = a.val;
+        else if (k == CLI_CACHE_REDIS) dt.redis = a.val;
+        else if (k == CLI_CACHE_REDIS_TIMEOUT && !cli_parse_i64(a.opt, a.val, 1, 60000, &n)) return 2;
+        else if (k == CLI_CACHE_REDIS_TIMEOUT) dt.redis_timeout = (uint32_t)n;
+        else if ((k == CLI_KV_TYPE || k == CLI_KV_TYPE_K || k == CLI_KV_TYPE_V) &&
+                 !cli_parse_kv_opt(k, a.val, &dt.kv_type, &dt.kv_type_v))
+            return 2;
+        else if (k == CLI_KV_BLOCK && !cli_args_int(&a, &n)) return 2;
+        else if (k == CLI_KV_BLOCK) dt.block = (uint32_t)n;
     }
     if (a.first_arg < argc) file = argv[a.first_arg];
     if (a.first_arg + 1 < argc) {
@@ -641,7 +707,8 @@ int cmd_doctor(int argc, char **argv) {
         goto done;
     }
     if (!tokenize_turns(v, &t, true, special, "doctor")) goto done;
-    size_t total = 0, reusable = 0, worst = 0;
+    if ((dt.dir || dt.redis) && !doctor_tiers_open(&dt, model)) goto done;
+    size_t total = 0, reusable = 0, worst = 0, total_tiers = 0;
     double worst_pct = -1;
     char worst_advice[512] = "";
     for (size_t i = 0; i < t.n; i++) {
@@ -667,6 +734,9 @@ int cmd_doctor(int argc, char **argv) {
             memcpy(worst_advice, advice, sizeof advice);
         }
         const char *cause = kp_doctor_cause_name(rep.finding.cause);
+        uint32_t on[KP_TIER_N] = {0};
+        if (dt.e) kp_eng_tier_probe(dt.e, u->ids, (uint32_t)u->n_prompt, on);
+        total_tiers += on[KP_TIER_DISK] + on[KP_TIER_REDIS];
         if (json) {
             /* snippets are already escaped for a JSON string literal */
             printf("{\"turn\":%zu,\"prompt_tokens\":%zu,\"reusable_tokens\":%zu,\"diverged_at_token\":%zu,"
@@ -675,6 +745,7 @@ int cmd_doctor(int argc, char **argv) {
                    i + 1, u->n_prompt, common, common, rep.div.byte, cause, rep.cached_snippet,
                    rep.request_snippet);
             json_str(stdout, advice);
+            if (dt.e) printf(",\"on_disk_tokens\":%u,\"in_redis_tokens\":%u", on[KP_TIER_DISK], on[KP_TIER_REDIS]);
             printf("}\n");
         } else {
             char from[48] = "";
@@ -685,17 +756,21 @@ int cmd_doctor(int argc, char **argv) {
                 printf("  cached : %s\n  request: %s\n", rep.cached_snippet, rep.request_snippet);
             }
             printf("  advice : %s\n", advice);
+            if (dt.e) doctor_tiers_line(&dt, u->n_prompt, common, on);
         }
     }
     if (!json) {
         printf("summary: %zu turns, %zu of %zu prompt tokens reusable (%.0f%%)", t.n, reusable, total,
                total ? 100.0 * (double)reusable / (double)total : 0.0);
+        if (dt.e) printf("; %zu held by the tiers below RAM", total_tiers);
         if (worst_pct >= 0) printf("; worst: turn %zu: %s", worst + 1, worst_advice);
         printf("\n");
     }
     fflush(stdout);
     rc = 0;
 done:
+    kp_eng_free(dt.e);
+    cli_model_close(&dt.cm);
     kp_tok_vocab_free(v);
     kp_gguf_close(g);
     turns_free(&t);

@@ -62,6 +62,14 @@ static const cli_opt shared[] = {
     {"print-tokens", NULL, NULL, NULL, "print the generated token ids on stderr", CLI_PRINT_TOKENS},
     {"scalar", NULL, NULL, NULL, "use the portable C kernels instead of the CPU's SIMD ones", CLI_SCALAR},
     {"json", NULL, NULL, NULL, "print one JSON object per result", CLI_JSON},
+    {"cache-dir", NULL, NULL, "DIR", "the disk tier: full KV blocks are kept in DIR (verified records,\n"
+                                     "one folder per model fingerprint) and reused after a restart", CLI_CACHE_DIR},
+    {"cache-disk-budget", NULL, NULL, "BYTES", "most bytes the disk tier keeps (least recently used go first;\n"
+                                               "default: no limit)", CLI_CACHE_DISK_BUDGET},
+    {"cache-redis", NULL, NULL, "HOST:PORT", "the Redis tier: full KV blocks shared with every kvpin of the same\n"
+                                             "model on this Redis (kvpin:<fingerprint>:<key>)", CLI_CACHE_REDIS},
+    {"cache-redis-timeout-ms", NULL, NULL, "MS", "longest wait for one Redis round trip (default 50); past it\n"
+                                                 "the prompt is computed", CLI_CACHE_REDIS_TIMEOUT},
 };
 #define N_SHARED (sizeof shared / sizeof shared[0])
 

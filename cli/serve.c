@@ -27,7 +27,6 @@
 enum {
     O_API_KEY = CLI_OWN, O_API_KEY_FILE, O_CHAT_TEMPLATE, O_QUEUE, O_PREFILL_CHUNK, O_MAX_BODY, O_TIMEOUT,
     O_ALIAS, O_QUIET, O_REQUEST_TIMEOUT, O_MAX_CONNECTIONS, O_MAX_PER_ADDRESS, O_STRICT_API, O_NO_DASHBOARD,
-    O_CACHE_DIR, O_CACHE_DISK_BUDGET, O_CACHE_REDIS, O_CACHE_REDIS_TIMEOUT,
     O_PIN_TTL_SCALE
 };
 
@@ -55,14 +54,8 @@ static const cli_opt serve_tab[] = {
                                      "naming them in the x-kvpin-ignored-fields header", O_STRICT_API},
     {"quiet", NULL, NULL, NULL, "no request log and no HTTP-library messages on stderr", O_QUIET},
     {"no-dashboard", NULL, NULL, NULL, "no cache dashboard page at GET / and /dashboard (404)", O_NO_DASHBOARD},
-    {"cache-dir", NULL, NULL, "DIR", "the disk tier: full KV blocks are kept in DIR (verified records,\n"
-                                     "one folder per model fingerprint) and reused after a restart", O_CACHE_DIR},
-    {"cache-disk-budget", NULL, NULL, "BYTES", "most bytes the disk tier keeps (least recently used go first;\n"
-                                               "default: no limit)", O_CACHE_DISK_BUDGET},
-    {"cache-redis", NULL, NULL, "HOST:PORT", "the Redis tier: full KV blocks shared with every kvpin of the same\n"
-                                             "model on this Redis (kvpin:<fingerprint>:<key>)", O_CACHE_REDIS},
-    {"cache-redis-timeout-ms", NULL, NULL, "MS", "longest wait for one Redis round trip (default 50); past it\n"
-                                                 "the prompt is computed", O_CACHE_REDIS_TIMEOUT},
+    CLI_USE(CLI_CACHE_DIR), CLI_USE(CLI_CACHE_DISK_BUDGET), CLI_USE(CLI_CACHE_REDIS),
+    CLI_USE(CLI_CACHE_REDIS_TIMEOUT),
     {"pin-ttl-scale", NULL, NULL, "X", "multiply cache_control TTLs by X (at least 1 s; for tests: 0.004\n"
                                        "makes \"5m\" one second)", O_PIN_TTL_SCALE},
     {0},
@@ -217,10 +210,10 @@ int cmd_serve(int argc, char **argv) {
         case O_API_KEY_FILE: key_file = v; break;
         case O_CHAT_TEMPLATE: tmpl = v; break;
         case O_ALIAS: alias = v; break;
-        case O_CACHE_DIR: cache_dir = v; break;
-        case O_CACHE_DISK_BUDGET: ok = cli_parse_bytes(opt, v, &disk_budget); break;
-        case O_CACHE_REDIS: cache_redis = v; break;
-        case O_CACHE_REDIS_TIMEOUT: ok = cli_parse_i64(opt, v, 1, 60000, &redis_timeout); break;
+        case CLI_CACHE_DIR: cache_dir = v; break;
+        case CLI_CACHE_DISK_BUDGET: ok = cli_parse_bytes(opt, v, &disk_budget); break;
+        case CLI_CACHE_REDIS: cache_redis = v; break;
+        case CLI_CACHE_REDIS_TIMEOUT: ok = cli_parse_i64(opt, v, 1, 60000, &redis_timeout); break;
         }
         if (!ok) return 2;
     }

@@ -11,6 +11,7 @@ binary; tests/e2e_fleet.sh runs it).
  - a "Redis" that accepts connections and never answers: requests are
    answered (the tier times out, counted as timeout), nothing is reused.
 """
+import json
 import os
 import shutil
 import socket
@@ -140,6 +141,15 @@ def shared(srv_from, srv_to, i, what):
 shared(a, b, 0, "shared")
 fp = tiers(a)["fingerprint"]
 r.ok(resp(["DBSIZE"]) >= (600 - 1) // B, "the blocks are in Redis: %s" % resp(["DBSIZE"]))
+# kvpin doctor --cache-redis sees them: every whole block of prompt 0, nothing of another start
+log = os.path.join(tmp, "turns.jsonl")
+with open(log, "w") as f:
+    f.write(json.dumps({"prompt": texts[0] * 30}) + "\n" + json.dumps({"prompt": "Another start. " + texts[0]}) + "\n")
+dr = subprocess.run([os.environ.get("KVPIN", "./kvpin"), "doctor", "--json", "--cache-redis", addr, log],
+                    capture_output=True, text=True, timeout=300)
+rows = [json.loads(x) for x in dr.stdout.splitlines() if x.strip()] if dr.returncode == 0 else []
+r.ok(len(rows) == 2 and rows[0]["in_redis_tokens"] >= (len(prompts[0]) // B) * B and rows[0]["on_disk_tokens"] == 0 and
+     rows[1]["in_redis_tokens"] == 0, "doctor --cache-redis: prompt 0's blocks in Redis: %s %s" % (rows, dr.stderr[-300:]))
 
 # Redis dies mid-run
 redis.kill()

@@ -90,6 +90,8 @@ kc = j["kvpin_cache"]
 r.ok(kc["reused_from"]["disk"] >= 0.99 * len(p2), "turn 2 reuses >= 99%% of %d from disk: %s" % (len(p2), kc))
 r.ok(kc["reused_tokens"] == kc["reused_from"]["disk"] and kc["reused_from"]["ram"] == 0, "all of it from disk: %s" % kc)
 r.ok(kc.get("restore", {}).get("cause") == "restored", "cause restored: %s" % kc.get("restore"))
+r.ok(kc.get("cause") == "restored" and kc.get("index_cause") == "cold" and "from the tiers below it (disk %d" %
+     kc["reused_from"]["disk"] in kc.get("detail", ""), "kvpin_cache.cause restored, the index's cold beside it: %s" % kc)
 r.ok(j["usage"]["prompt_tokens_details"]["cached_tokens"] == kc["reused_tokens"], "usage agrees: %s" % j["usage"])
 r.ok(j["choices"][0]["text"] == cold2, "turn 2 equals the cold run: %r vs %r" % (j["choices"][0]["text"], cold2))
 d = disk(b)
@@ -99,6 +101,71 @@ r.ok('kvpin_tier_hits_total{tier="disk"}' in m and "kvpin_tier_restore_seconds_b
 hits = [ln for ln in m.splitlines() if ln.startswith('kvpin_tier_hits_total{tier="disk"}')]
 r.ok(hits and int(float(hits[0].split()[1])) == d["hits"], "metrics hits = /v1/cache hits: %s" % hits)
 b.stop()
+
+# the same restart on a random 135M-shaped model (30 layers, 576 wide, 3 kv-heads; Q8_0)
+KVPIN = os.environ.get("KVPIN", "./kvpin")
+big = os.path.join(tmp, "smollm2-135m-Q8_0.gguf")
+mk = subprocess.run([KVPIN, "mkmodel", "--preset", "smollm2-135m", "--type", "Q8_0", "--tokenizer",
+                     "tests/data/vocab/ggml-vocab-starcoder.gguf", "-o", big], capture_output=True, text=True, timeout=600)
+r.ok(mk.returncode == 0, "mkmodel 135M: %s" % mk.stderr[-300:])
+big_cache = os.path.join(tmp, "cache135")
+cold_big = Server(r, "--no-prefix-cache", "-c", "2100", model=big)
+bids = tokenize(cold_big, story * 60)[:2000]
+bids2 = bids + tokenize(cold_big, " User: And then?", add_special=False)[:8]
+big_cold2 = complete(cold_big, bids2)["choices"][0]["text"]
+cold_big.stop()
+a = Server(r, "--cache-dir", big_cache, "-c", "2100", model=big)
+complete(a, bids)
+r.ok(wait_written(a, (2000 + N_GEN) // B), "135M: the blocks of turn 1 reach the disk: %s" % disk(a))
+kill9(a)
+b = Server(r, "--cache-dir", big_cache, "-c", "2100", model=big)
+j = complete(b, bids2)
+kc = j["kvpin_cache"]
+r.ok(kc["reused_from"]["disk"] >= 0.99 * len(bids2) and kc["cause"] == "restored",
+     "135M: turn 2 reuses >= 99%% of %d from disk: %s" % (len(bids2), kc))
+r.ok(j["choices"][0]["text"] == big_cold2, "135M: turn 2 equals the cold run: %r vs %r" % (j["choices"][0]["text"], big_cold2))
+b.stop()
+
+# the model's folder does not take the weights hash (here: its cache file's name is a directory):
+# the hash is kept under --cache-dir instead, and a restart still restores
+ro = os.path.join(tmp, "ro")
+os.makedirs(os.path.join(ro, "m.gguf.kvpin-fp"))
+shutil.copy("models/stories260K.gguf", os.path.join(ro, "m.gguf"))
+ro_cache = os.path.join(tmp, "cache-ro")
+for k in range(2):
+    srv = Server(r, "--cache-dir", ro_cache, model=os.path.join(ro, "m.gguf"))
+    j = complete(srv, p1)
+    r.ok(j["choices"][0]["text"] == cold1, "hash under --cache-dir, run %d: the cold answer" % k)
+    if k == 1:
+        r.ok(j["kvpin_cache"]["reused_from"]["disk"] >= 0.99 * len(p1), "hash under --cache-dir: restored after a "
+             "restart: %s" % j["kvpin_cache"])
+    else:
+        r.ok(wait_written(srv, 2000 // B), "hash under --cache-dir: blocks written")
+    srv.stop()
+r.ok([x for x in os.listdir(ro_cache) if x.startswith("weights-") and x.endswith(".fp")],
+     "the weights hash is kept in --cache-dir: %s" % os.listdir(ro_cache))
+
+# kvpin doctor --cache-dir: the conversation's blocks are on disk (a server's RAM lost them with it);
+# under another KV type's fingerprint the directory holds none of them, and it says why
+import json  # noqa: E402
+KVPIN = os.environ.get("KVPIN", "./kvpin")
+log = os.path.join(tmp, "turns.jsonl")
+with open(log, "w") as f:
+    f.write(json.dumps({"prompt": story * 40}) + "\n" + json.dumps({"prompt": "A new start. " + story}) + "\n")
+for args, want in (([], True), (["--kv-type", "f32"], False)):
+    dr = subprocess.run([KVPIN, "doctor", "--json", "--cache-dir", cache, *args, log], capture_output=True, text=True,
+                        timeout=300)
+    rows = [json.loads(x) for x in dr.stdout.splitlines() if x.strip()] if dr.returncode == 0 else []
+    r.ok(len(rows) == 2, "doctor --cache-dir %s: two turns: %s %s" % (args, dr.returncode, dr.stderr[-300:]))
+    if len(rows) == 2:
+        r.ok((rows[0]["on_disk_tokens"] >= 2000) == want and rows[0]["in_redis_tokens"] == 0,
+             "doctor %s: turn 1 on disk: %s" % (args, rows[0]["on_disk_tokens"]))
+        r.ok(rows[1]["on_disk_tokens"] == 0, "doctor %s: another start has nothing on disk: %s" % (args, rows[1]))
+    r.ok(want or "ignored" in dr.stderr and "kv_type F16 (here F32)" in dr.stderr,
+         "doctor %s: says why the directory's blocks do not count: %s" % (args, dr.stderr[-300:]))
+dr = subprocess.run([KVPIN, "doctor", "--cache-dir", cache, log], capture_output=True, text=True, timeout=300)
+r.ok(dr.returncode == 0 and "(evicted from RAM but on disk)" in dr.stdout and "held by the tiers below RAM" in dr.stdout,
+     "doctor's text says a server restores turn 1 from disk: %s" % dr.stdout[-600:])
 
 # another KV type, another model on the same directory: nothing reused, and why
 for args, why in ((["--kv-type", "f32"], "kv_type F16 (here F32)"), (None, "weights ")):
@@ -165,6 +232,8 @@ for block, how in ((10, "truncated"), (20, "checksum"), (30, "tokens")):
     r.ok(kc["reused_from"]["disk"] == block * B, "%s at block %d: restored up to it: %s" % (how, block, kc))
     r.ok(kc.get("restore", {}).get("cause") == "restore_failed" and kc["restore"]["reason"] == how,
          "%s: cause restore_failed, reason %s: %s" % (how, how, kc.get("restore")))
+    r.ok(kc.get("cause") == "restore_failed" and "(%s)" % how in kc.get("detail", ""),
+         "%s: kvpin_cache.cause restore_failed with the reason: %s %s" % (how, kc.get("cause"), kc.get("detail")))
     r.ok(j["choices"][0]["text"] == cold2, "%s: the answer is still the cold one" % how)
     d = disk(srv)
     r.ok(d["failures_by_reason"][how] == 1, "%s counted: %s" % (how, d["failures_by_reason"]))

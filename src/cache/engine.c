@@ -701,6 +701,17 @@ bool kp_eng_tier_stats(kp_engine *e, kp_tiers_stats *out) {
 
 const char *kp_eng_tier_note(const kp_engine *e) { return e->tiers ? kp_tiers_note(e->tiers) : ""; }
 
+void kp_eng_tier_probe(kp_engine *e, const int32_t *tokens, uint32_t n, uint32_t tokens_on[KP_TIER_N]) {
+    memset(tokens_on, 0, KP_TIER_N * sizeof *tokens_on);
+    if (!e->tiers) return;
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size, blocks[KP_TIER_N];
+    if (kp_tiers_probe(e->tiers, tokens, 0, n / B) == 0) return;
+    kp_tiers_last_probe(e->tiers, 0, blocks);
+    for (int t = 0; t < KP_TIER_N; t++) tokens_on[t] = blocks[t] * B;
+}
+
+bool kp_eng_tier_wait_ready(kp_engine *e, uint32_t ms) { return !e->tiers || kp_tiers_wait_ready(e->tiers, ms); }
+
 void kp_eng_tier_flush(kp_engine *e) {
     if (e->tiers) kp_tiers_flush(e->tiers);
 }

@@ -320,6 +320,18 @@ bool kp_eng_tier_stats(kp_engine *e, kp_tiers_stats *out);
  * when nothing or no tiers. Borrowed from e. */
 const char *kp_eng_tier_note(const kp_engine *e);
 
+/* Which whole blocks of tokens[0..n), from the start, the tiers below RAM
+ * hold without reading them (the lookup order of a restore: disk, then
+ * Redis from the first block the disk lacks), as positions per tier into
+ * tokens_on[KP_TIER_N] (tokens_on[RAM] is 0; all 0 without tiers). A
+ * record is verified only when read, so a probe may count one a restore
+ * would refuse. Engine thread. */
+void kp_eng_tier_probe(kp_engine *e, const int32_t *tokens, uint32_t n, uint32_t tokens_on[KP_TIER_N]);
+
+/* Waits up to ms milliseconds for the Redis tier's connection (true at
+ * once without one): for a tool that probes once (kp_tiers_wait_ready). */
+bool kp_eng_tier_wait_ready(kp_engine *e, uint32_t ms);
+
 /* Waits until the tiers' queued writes are done (tests; no-op without). */
 void kp_eng_tier_flush(kp_engine *e);
 

@@ -321,6 +321,14 @@ void kp_redis_close(kp_redistier *t) {
     free(t);
 }
 
+bool kp_redis_wait_connected(kp_redistier *t, uint32_t ms) {
+    for (uint32_t waited = 0;; waited += 10) {
+        if (lookup_ctx(t)) return true;
+        if (waited >= ms) return false;
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    }
+}
+
 uint32_t kp_redis_probe(kp_redistier *t, const kp_bkey *keys, uint32_t n) {
     drop_window(t);
     redisContext *c = lookup_ctx(t);

@@ -53,6 +53,12 @@ kp_status kp_redis_open(kp_redistier **out, const kp_redis_config *cfg, const kp
                         kp_error *err);
 void kp_redis_close(kp_redistier *t); /* NULL is a no-op; queued publishes are dropped */
 
+/* Waits up to ms milliseconds for the background thread's first lookup
+ * connection (a tool that asks once, such as kvpin doctor, would otherwise
+ * find none yet). True when one is there. Not for the engine thread of a
+ * server, which never waits on Redis. */
+bool kp_redis_wait_connected(kp_redistier *t, uint32_t ms);
+
 /* How many of keys[0..n) are present, counted from the first (one
  * pipelined round trip; 0 when Redis is not reachable). */
 uint32_t kp_redis_probe(kp_redistier *t, const kp_bkey *keys, uint32_t n);

@@ -109,6 +109,14 @@ uint32_t kp_tiers_probe(kp_tiers *t, const int32_t *tokens, uint32_t j0, uint32_
     return t->probe_end - j0;
 }
 
+bool kp_tiers_wait_ready(kp_tiers *t, uint32_t ms) { return !t->redis || kp_redis_wait_connected(t->redis, ms); }
+
+void kp_tiers_last_probe(const kp_tiers *t, uint32_t j0, uint32_t blocks[KP_TIER_N]) {
+    blocks[KP_TIER_RAM] = 0;
+    blocks[KP_TIER_DISK] = t->disk_end > j0 ? t->disk_end - j0 : 0;
+    blocks[KP_TIER_REDIS] = t->probe_end - (t->disk_end > j0 ? t->disk_end : j0);
+}
+
 kp_brec_reason kp_tiers_fetch(kp_tiers *t, const int32_t *tokens, uint32_t j, kp_kvpool *p, int32_t block,
                               kp_tier_id *from) {
     *from = KP_TIER_DISK;

@@ -77,6 +77,14 @@ void kp_tiers_free(kp_tiers *t); /* writes what is queued; NULL is a no-op */
  * tokens (which must hold at least j_end * B tokens). */
 uint32_t kp_tiers_probe(kp_tiers *t, const int32_t *tokens, uint32_t j0, uint32_t j_end);
 
+/* Waits up to ms milliseconds for the Redis tier's first connection (true
+ * at once without a Redis tier; kp_redis_wait_connected). */
+bool kp_tiers_wait_ready(kp_tiers *t, uint32_t ms);
+
+/* How the last kp_tiers_probe's blocks split between the tiers: blocks[DISK]
+ * from j0 on disk, then blocks[REDIS] in Redis (blocks[RAM] is 0). */
+void kp_tiers_last_probe(const kp_tiers *t, uint32_t j0, uint32_t blocks[KP_TIER_N]);
+
 /* Loads block j of tokens into pool block `block` from the first tier that
  * holds it, verified; *from receives that tier. KP_BREC_OK or the reason
  * of the refusal (counted by the tier). */

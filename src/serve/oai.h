@@ -182,6 +182,11 @@ bool kp_oai_sse_event(kp_buf *out, const char *name, json_t *head, json_t *data)
  * time; when it took any, cause is "shared_inflight" (the doctor's cause of
  * the index's miss moves to index_cause). */
 json_t *kp_oai_cache_json(const kp_eng_report *r, const kp_doctor_report *d);
+/* kvpin_cache's "cause": shared_inflight (rows from a request in flight),
+ * restore_failed (a tier below RAM refused a block), restored (blocks came
+ * from a tier below RAM), else the doctor's cause of d (NULL without d). The
+ * doctor's own cause then goes to "index_cause". */
+const char *kp_oai_cache_cause(const kp_eng_report *r, const kp_doctor_report *d);
 
 /* The usage object with prompt_tokens_details.cached_tokens. */
 json_t *kp_oai_usage_json(uint32_t prompt, uint32_t cached, uint32_t completion);

@@ -192,9 +192,7 @@ static void note_gen(reqlog *l, const kp_sreq_update *u, const char *finish) {
     l->computed = u->report.computed_tokens;
     l->completion = u->completion_tokens;
     l->preempted = u->preemptions;
-    l->cause = u->has_doctor ? u->report.inflight_tokens > 0 ? "shared_inflight" /* as kvpin_cache says */
-                                                              : kp_doctor_cause_name(u->doctor.finding.cause)
-                             : NULL;
+    l->cause = u->has_doctor ? kp_oai_cache_cause(&u->report, &u->doctor) : NULL; /* as kvpin_cache says */
     l->finish = finish;
     l->ttft_ms = u->ttft_ms;
     kp_hist_add(l->hist, u, finish, (now_s() - l->t0) * 1e3, (int64_t)time(NULL));
