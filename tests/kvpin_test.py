@@ -39,10 +39,10 @@ class Server:
     stop() sends SIGTERM and checks the exit status and that the log holds
     no sanitizer report."""
 
-    def __init__(self, results, *args, model=MODEL, quiet=True):
+    def __init__(self, results, *args, model=MODEL, quiet=True, binary=None):
         self.r = results
         self.log = tempfile.NamedTemporaryFile(prefix="kvpin-serve-", suffix=".log", delete=False)
-        cmd = [KVPIN, "serve", "-m", model, "--port", "0", "-t", "1"] + (["--quiet"] if quiet else []) + list(args)
+        cmd = [binary or KVPIN, "serve", "-m", model, "--port", "0", "-t", "1"] + (["--quiet"] if quiet else []) + list(args)
         self.p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log)
         self.port = None
         deadline = time.time() + 30

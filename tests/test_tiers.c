@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cache/blockkey.h"
 #include "cache/disktier.h"
 #include "cache/engine.h"
 #include "cache/fingerprint.h"
@@ -186,11 +187,87 @@ static void equal_through(int redis_port) {
 
 static void test_equal_through_disk(void) { equal_through(0); }
 
+static void disk_refusal_falls_to_redis(int redis_port);
+
 static void test_equal_through_redis(void) {
     int port = start_redis();
     CHECK_MSG(port > 0, "redis-server (Debian package redis-server) is needed");
     if (port) equal_through(port);
+    if (port) disk_refusal_falls_to_redis(port);
     stop_redis();
+}
+
+/* A record the disk refuses when read is taken from Redis, with the blocks
+ * after it: an engine with both tiers computes a prompt of 100 tokens; the
+ * disk record of block 2 gets a flipped K/V byte; a new engine on the same
+ * directory and Redis restores blocks 0-1 from disk and 2-5 from Redis
+ * (the last position is always computed), counts the checksum refusal, and
+ * its logits equal an engine's without a prefix cache. */
+static void disk_refusal_falls_to_redis(int redis_port) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_pool *pool = NULL;
+    if (kp_model_load(&m, harness_path("models/stories260K.gguf"), &err) != KP_OK || kp_pool_new(&pool, 2, &err)) {
+        CHECK_MSG(false, "%s", err.msg);
+        return;
+    }
+    enum { N = 100, B = 16 };
+    uint32_t nv = m->hp.n_vocab;
+    char dir[300], addr[64], path[700], fphex[33], keyhex[33];
+    snprintf(dir, sizeof dir, "%s/fallback", tmpdir);
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", redis_port);
+    kp_tiers_config tc = {dir, 0, addr, 200, NULL, NULL};
+    kp_eng_config c = {KP_DTYPE_F32, B, 0, 256, false, NULL, KP_DTYPE_F32}, cn = c;
+    cn.no_prefix_cache = true;
+    int32_t t[N];
+    for (int i = 0; i < N; i++) t[i] = i ? (i * 53) % 400 + 5 : 1;
+    kp_engine *e = NULL, *e2 = NULL, *ref = NULL;
+    kp_eng_seq s = {0}, s2 = {0}, sr = {0};
+    kp_eng_report rep;
+    kp_tiers_stats ts;
+    float *lt = malloc(nv * sizeof *lt), *lr = malloc(nv * sizeof *lr);
+    CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
+    CHECK_MSG(e && kp_eng_open_tiers(e, &tc, &err) == KP_OK, "%s", err.msg);
+    CHECK(e && kp_eng_tier_wait_ready(e, 3000));
+    CHECK(e && kp_eng_prefill(e, t, N, &s, NULL, &rep, &err) == KP_OK);
+    CHECK(e && kp_eng_finish(e, &s, t, N, NULL, &err) == KP_OK);
+    if (e) kp_eng_tier_flush(e);
+    CHECK(e && kp_eng_tier_stats(e, &ts));
+    snprintf(fphex, sizeof fphex, "%s", ts.fingerprint);
+    kp_eng_free(e);
+    kp_bkey k = kp_bkey_next(NULL, t, B);
+    for (int j = 1; j <= 2; j++) k = kp_bkey_next(&k, t + j * B, B);
+    kp_bkey_hex(&k, keyhex);
+    snprintf(path, sizeof path, "%s/%s/%s.kvb", dir, fphex, keyhex);
+    FILE *f = fopen(path, "r+b");
+    CHECK_MSG(f != NULL, "block 2's record %s", path);
+    if (f) {
+        fseek(f, -50, SEEK_END);
+        int ch = fgetc(f);
+        fseek(f, -50, SEEK_END);
+        fputc(ch ^ 0x10, f);
+        fclose(f);
+    }
+    CHECK(kp_eng_new(&e2, m, pool, NULL, &c, &err) == KP_OK);
+    CHECK(kp_eng_new(&ref, m, pool, NULL, &cn, &err) == KP_OK);
+    CHECK_MSG(e2 && kp_eng_open_tiers(e2, &tc, &err) == KP_OK, "%s", err.msg);
+    CHECK(e2 && kp_eng_tier_wait_ready(e2, 3000));
+    CHECK(e2 && kp_eng_prefill(e2, t, N, &s2, lt, &rep, &err) == KP_OK);
+    CHECK(ref && kp_eng_prefill(ref, t, N, &sr, lr, NULL, &err) == KP_OK);
+    CHECK_EQ_INT(rep.reused_from[KP_TIER_DISK], 2 * B);
+    CHECK_EQ_INT(rep.reused_from[KP_TIER_REDIS], 4 * B);
+    CHECK(rep.restore_failed == KP_BREC_OK);
+    CHECK_MSG(rel_diff(lt, lr, nv) <= 1e-5, "logits differ by %g", rel_diff(lt, lr, nv));
+    CHECK(e2 && kp_eng_tier_stats(e2, &ts));
+    CHECK_EQ_INT(ts.tier[KP_TIER_DISK].fail[KP_BREC_CHECKSUM], 1);
+    CHECK(e2 && kp_eng_finish(e2, &s2, t, N, NULL, &err) == KP_OK);
+    CHECK(ref && kp_eng_finish(ref, &sr, t, N, NULL, &err) == KP_OK);
+    kp_eng_free(e2);
+    kp_eng_free(ref);
+    free(lt);
+    free(lr);
+    kp_pool_free(pool);
+    kp_model_free(m);
 }
 
 /* A pinned prefix is written through at pin time: tiers opened after the

@@ -333,7 +333,14 @@ uint32_t kp_redis_probe(kp_redistier *t, const kp_bkey *keys, uint32_t n) {
     drop_window(t);
     redisContext *c = lookup_ctx(t);
     if (!c || !n) return 0;
-    if (n > 1024) n = 1024;
+    if (n > KP_REDIS_PROBE_MAX) { /* one round trip per KP_REDIS_PROBE_MAX keys, while all are present */
+        uint32_t got = 0, k;
+        do {
+            k = kp_redis_probe(t, keys + got, n - got < KP_REDIS_PROBE_MAX ? n - got : KP_REDIS_PROBE_MAX);
+            got += k;
+        } while (k == KP_REDIS_PROBE_MAX && got < n);
+        return got;
+    }
     for (uint32_t i = 0; i < n; i++) {
         char name[80];
         key_name(t, &keys[i], name);

@@ -60,7 +60,9 @@ void kp_redis_close(kp_redistier *t); /* NULL is a no-op; queued publishes are d
 bool kp_redis_wait_connected(kp_redistier *t, uint32_t ms);
 
 /* How many of keys[0..n) are present, counted from the first (one
- * pipelined round trip; 0 when Redis is not reachable). */
+ * pipelined round trip of EXISTS per KP_REDIS_PROBE_MAX keys, the next only
+ * while every key of the last was present; 0 when Redis is not reachable). */
+#define KP_REDIS_PROBE_MAX 1024u
 uint32_t kp_redis_probe(kp_redistier *t, const kp_bkey *keys, uint32_t n);
 
 /* Fetches and verifies the record of keys[0] (keys[1..n_ahead) are fetched

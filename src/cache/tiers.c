@@ -9,7 +9,9 @@
  *                     uses keys[j], so a restore hashes its prompt once
  *
  * Lookup order: disk, then Redis from the first block the disk lacks (one
- * pipelined EXISTS round trip). A block found on neither ends the probe.
+ * pipelined EXISTS round trip). A block found on neither ends the probe. A
+ * block the disk refuses when read (checksum, truncated, ...) is looked up
+ * in Redis, with what follows it, before the restore gives up.
  * Publishing: every full block goes to the disk tier when it lacks it, and
  * to Redis unless this process published or saw it there.
  */
@@ -28,6 +30,7 @@ struct kp_tiers {
     kp_disktier *disk;
     kp_redistier *redis;
     uint32_t disk_end, probe_end; /* the last probe: blocks [j0, disk_end) on disk, then Redis to probe_end */
+    uint32_t probe_j_end;         /* the last probe's j_end */
     kp_bkey *keys;
     uint32_t n_keys, cap_keys;
     const int32_t *keys_of;
@@ -105,6 +108,7 @@ uint32_t kp_tiers_probe(kp_tiers *t, const int32_t *tokens, uint32_t j0, uint32_
     uint32_t j = j0;
     while (j < j_end && t->disk && kp_disk_ready(t->disk, &t->keys[j])) j++;
     t->disk_end = t->probe_end = j;
+    t->probe_j_end = j_end;
     if (j < j_end && t->redis) t->probe_end = j + kp_redis_probe(t->redis, t->keys + j, j_end - j);
     return t->probe_end - j0;
 }
@@ -123,7 +127,14 @@ kp_brec_reason kp_tiers_fetch(kp_tiers *t, const int32_t *tokens, uint32_t j, kp
     if (!chain(t, tokens, j + 1)) return KP_BREC_IO;
     uint32_t B = kp_kvpool_config_of(t->pool)->block_size;
     const int32_t *bt = tokens + (size_t)j * B;
-    if (t->disk && j < t->disk_end) return kp_disk_get(t->disk, &t->keys[j], bt, p, block);
+    if (t->disk && j < t->disk_end) {
+        kp_brec_reason r = kp_disk_get(t->disk, &t->keys[j], bt, p, block);
+        if (r == KP_BREC_OK || !t->redis) return r;
+        /* the disk refused block j (counted there): Redis may hold it and what follows */
+        t->disk_end = j;
+        t->probe_end = j + kp_redis_probe(t->redis, t->keys + j, t->probe_j_end - j);
+        if (j >= t->probe_end) return r;
+    }
     *from = KP_TIER_REDIS;
     if (!t->redis || j >= t->probe_end) return KP_BREC_MISSING;
     return kp_redis_get(t->redis, t->keys + j, t->probe_end - j, bt, p, block);
