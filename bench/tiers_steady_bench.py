@@ -25,7 +25,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,13 +35,8 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(__file__))
 from server_bench import start, stop, stream  # noqa: E402
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from kvpin_test import free_port  # noqa: E402
 
 
 def one(port, n_prompt, n_gen, n_vocab, rng):

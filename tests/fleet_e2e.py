@@ -23,20 +23,12 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kvpin_test import Results, Server, tokenize  # noqa: E402
+from kvpin_test import Results, Server, free_port, tokenize  # noqa: E402
 
 r = Results("e2e_fleet")
 B = 16
 N_GEN = 8
 tmp = tempfile.mkdtemp(prefix="kvpin-fleet-")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 rport = free_port()

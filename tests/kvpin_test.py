@@ -7,12 +7,22 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import tempfile
 import time
 
 KVPIN = os.environ.get("KVPIN", "./kvpin")
 MODEL = "models/stories260K.gguf"
+
+
+def free_port():
+    """A TCP port free on loopback now (for a helper server of a test's own)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
 
 
 class Results:

@@ -64,6 +64,17 @@ typedef struct {
     uint32_t n;
 } tokseq;
 
+/* The bundled model and a pool of n threads; false (a failed check) when
+ * either cannot be had. */
+static bool load_model(kp_model **m, kp_pool **pool, int n) {
+    kp_error err = {0};
+    if (kp_model_load(m, harness_path("models/stories260K.gguf"), &err) != KP_OK || kp_pool_new(pool, n, &err)) {
+        CHECK_MSG(false, "%s", err.msg);
+        return false;
+    }
+    return true;
+}
+
 /* A redis-server of our own on a free loopback port (never the system
  * one): its port, or 0 when it cannot be started. */
 static int start_redis(void) {
@@ -96,10 +107,7 @@ static void equal_through(int redis_port) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_pool *pool = NULL;
-    if (kp_model_load(&m, harness_path("models/stories260K.gguf"), &err) != KP_OK || kp_pool_new(&pool, 2, &err)) {
-        CHECK_MSG(false, "%s", err.msg);
-        return;
-    }
+    if (!load_model(&m, &pool, 2)) return;
     uint32_t nv = m->hp.n_vocab, B = 16;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * B;
     kp_engine *ref = NULL, *e = NULL;
@@ -207,10 +215,7 @@ static void disk_refusal_falls_to_redis(int redis_port) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_pool *pool = NULL;
-    if (kp_model_load(&m, harness_path("models/stories260K.gguf"), &err) != KP_OK || kp_pool_new(&pool, 2, &err)) {
-        CHECK_MSG(false, "%s", err.msg);
-        return;
-    }
+    if (!load_model(&m, &pool, 2)) return;
     enum { N = 100, B = 16 };
     uint32_t nv = m->hp.n_vocab;
     char dir[300], addr[64], path[700], fphex[33], keyhex[33];
@@ -277,10 +282,7 @@ static void test_pin_writes_through(void) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_pool *pool = NULL;
-    if (kp_model_load(&m, harness_path("models/stories260K.gguf"), &err) != KP_OK || kp_pool_new(&pool, 1, &err)) {
-        CHECK_MSG(false, "%s", err.msg);
-        return;
-    }
+    if (!load_model(&m, &pool, 1)) return;
     char dir[300];
     snprintf(dir, sizeof dir, "%s/pin", tmpdir);
     kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL};
@@ -370,12 +372,18 @@ static void test_tier_alone(void) {
     if (!t) return;
     for (int j = 0; j < 3; j++) CHECK(kp_disk_has(t, &key[j]));
     CHECK(!kp_disk_has(t, &key[3]));
-    CHECK_EQ_INT(kp_disk_get(t, &key[1], tok[1], p, 3), KP_BREC_OK);
+    CHECK_EQ_INT(kp_disk_get(t, &key[1], tok[1], p, 3, false), KP_BREC_OK);
     CHECK(((uint8_t *)kp_kvpool_k(p, 3, 1, 0))[5] == 2); /* block 1's bytes */
-    CHECK_EQ_INT(kp_disk_get(t, &key[2], tok[1], p, 3), KP_BREC_TOKENS);
+    /* in place: block 0's record straight into pool block 2, every run of it */
+    CHECK_EQ_INT(kp_disk_get(t, &key[0], tok[0], p, 2, true), KP_BREC_OK);
+    uint8_t ones[4 * 4 * 2];
+    memset(ones, 1, sizeof ones);
+    for (uint32_t l = 0; l < 2; l++)
+        CHECK(!memcmp(kp_kvpool_k(p, 2, l, 0), ones, sizeof ones) && !memcmp(kp_kvpool_v(p, 2, l, 0), ones, sizeof ones));
+    CHECK_EQ_INT(kp_disk_get(t, &key[2], tok[1], p, 3, true), KP_BREC_TOKENS);
     CHECK(!kp_disk_has(t, &key[2])); /* refused: forgotten */
     kp_disk_get_stats(t, &st);
-    CHECK_EQ_INT(st.hits, 1);
+    CHECK_EQ_INT(st.hits, 2);
     CHECK_EQ_INT(st.fail[KP_BREC_TOKENS], 1);
     kp_disk_close(t);
     /* a budget below one record: every write refused */

@@ -9,6 +9,8 @@
 #include "cache/blockrec.h"
 
 #include <string.h>
+#include <sys/uio.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
 static const char magic[8] = {'K', 'V', 'P', 'I', 'N', 'B', 'L', 'K'};
@@ -76,24 +78,60 @@ void kp_brec_encode(uint8_t *out, const kp_kvpool *p, int32_t block, const kp_bk
     memcpy(out + 80, cs.digest, 16);
 }
 
-kp_brec_reason kp_brec_check(const uint8_t *rec, size_t len, const kp_kvpool *p, const kp_bkey *fp,
-                             const kp_bkey *key, const int32_t *tokens) {
+kp_brec_reason kp_brec_check_head(const uint8_t *head, size_t file_len, const kp_kvpool *p, const kp_bkey *fp,
+                                  const kp_bkey *key, const int32_t *tokens) {
     const kp_kvpool_config *c = kp_kvpool_config_of(p);
-    if (len < KP_BREC_HEADER) return KP_BREC_TRUNCATED;
-    if (memcmp(rec, magic, 8) || get32(rec + 8) != KP_BREC_VERSION) return KP_BREC_FORMAT;
-    if (memcmp(rec + 16, fp->b, 16)) return KP_BREC_FINGERPRINT;
-    uint32_t n = get32(rec + 64);
-    uint64_t kvb = get64(rec + 72);
-    if (n != c->block_size || get32(rec + 12) != c->n_layer || kvb != kp_brec_kv_bytes(p)) return KP_BREC_FORMAT;
-    if (len != KP_BREC_HEADER + 4 * (size_t)n + kvb) return KP_BREC_TRUNCATED;
-    if (memcmp(rec + 32, key->b, 16)) return KP_BREC_TOKENS;
-    const uint8_t *t = rec + KP_BREC_HEADER;
+    if (file_len < KP_BREC_HEADER) return KP_BREC_TRUNCATED;
+    if (memcmp(head, magic, 8) || get32(head + 8) != KP_BREC_VERSION) return KP_BREC_FORMAT;
+    if (memcmp(head + 16, fp->b, 16)) return KP_BREC_FINGERPRINT;
+    uint32_t n = get32(head + 64);
+    uint64_t kvb = get64(head + 72);
+    if (n != c->block_size || get32(head + 12) != c->n_layer || kvb != kp_brec_kv_bytes(p)) return KP_BREC_FORMAT;
+    if (file_len != KP_BREC_HEADER + 4 * (size_t)n + kvb) return KP_BREC_TRUNCATED;
+    if (memcmp(head + 32, key->b, 16)) return KP_BREC_TOKENS;
+    const uint8_t *t = head + KP_BREC_HEADER;
     for (uint32_t i = 0; i < n; i++)
         if ((int32_t)get32(t + 4 * i) != tokens[i]) return KP_BREC_TOKENS;
-    XXH128_canonical_t cs;
-    XXH128_canonicalFromHash(&cs, XXH3_128bits(t + 4 * (size_t)n, kvb));
-    if (memcmp(rec + 80, cs.digest, 16)) return KP_BREC_CHECKSUM;
     return KP_BREC_OK;
+}
+
+kp_brec_reason kp_brec_check(const uint8_t *rec, size_t len, const kp_kvpool *p, const kp_bkey *fp,
+                             const kp_bkey *key, const int32_t *tokens) {
+    kp_brec_reason r = kp_brec_check_head(rec, len, p, fp, key, tokens);
+    if (r != KP_BREC_OK) return r;
+    XXH128_canonical_t cs;
+    XXH128_canonicalFromHash(&cs, XXH3_128bits(rec + kp_brec_head_size(p), kp_brec_kv_bytes(p)));
+    return memcmp(rec + 80, cs.digest, 16) ? KP_BREC_CHECKSUM : KP_BREC_OK;
+}
+
+size_t kp_brec_head_size(const kp_kvpool *p) {
+    return KP_BREC_HEADER + 4 * (size_t)kp_kvpool_config_of(p)->block_size;
+}
+
+int kp_brec_n_runs(const kp_kvpool *p) {
+    const kp_kvpool_config *c = kp_kvpool_config_of(p);
+    return (int)(2 * c->n_layer * c->n_head_kv);
+}
+
+void kp_brec_iov(const kp_kvpool *p, int32_t block, struct iovec *iov) {
+    const kp_kvpool_config *c = kp_kvpool_config_of(p);
+    int i = 0;
+    FOR_RUNS(c, l, h, isv) {
+        iov[i].iov_base = isv ? kp_kvpool_v(p, block, l, h) : kp_kvpool_k(p, block, l, h);
+        iov[i++].iov_len = run_bytes(p, isv);
+    }
+}
+
+bool kp_brec_sum_ok(const uint8_t *head, const kp_kvpool *p, int32_t block) {
+    const kp_kvpool_config *c = kp_kvpool_config_of(p);
+    XXH3_state_t st;
+    XXH3_128bits_reset(&st);
+    FOR_RUNS(c, l, h, isv) {
+        XXH3_128bits_update(&st, isv ? kp_kvpool_v(p, block, l, h) : kp_kvpool_k(p, block, l, h), run_bytes(p, isv));
+    }
+    XXH128_canonical_t cs;
+    XXH128_canonicalFromHash(&cs, XXH3_128bits_digest(&st));
+    return memcmp(head + 80, cs.digest, 16) == 0;
 }
 
 void kp_brec_load(const uint8_t *rec, kp_kvpool *p, int32_t block) {

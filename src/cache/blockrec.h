@@ -31,6 +31,7 @@
 #ifndef KP_BLOCKREC_H
 #define KP_BLOCKREC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -76,5 +77,28 @@ kp_brec_reason kp_brec_check(const uint8_t *rec, size_t len, const kp_kvpool *p,
 
 /* Copies the K/V rows of a checked record into block `block` of pool p. */
 void kp_brec_load(const uint8_t *rec, kp_kvpool *p, int32_t block);
+
+/* Reading a record in place (the disk tier): the head (header and tokens,
+ * kp_brec_head_size bytes) into a buffer, the K/V runs straight into the
+ * pool's block (kp_brec_iov), then kp_brec_check_head and kp_brec_sum_ok,
+ * which together verify what kp_brec_check does, without a copy of the
+ * record. On a refusal the block holds garbage: only a block that held no
+ * rows of its own may be read in place. */
+size_t kp_brec_head_size(const kp_kvpool *p);
+
+/* The record-order K/V runs of block `block` of pool p as iov[0..n) (n =
+ * 2 x n_layer x n_head_kv), the record's K/V part byte for byte. */
+struct iovec;
+int kp_brec_n_runs(const kp_kvpool *p);
+void kp_brec_iov(const kp_kvpool *p, int32_t block, struct iovec *iov);
+
+/* kp_brec_check's checks but the checksum, on a head of kp_brec_head_size
+ * bytes from a record of file_len bytes. */
+kp_brec_reason kp_brec_check_head(const uint8_t *head, size_t file_len, const kp_kvpool *p, const kp_bkey *fp,
+                                  const kp_bkey *key, const int32_t *tokens);
+
+/* True when the K/V rows of block `block` of pool p hash to the checksum
+ * in head (XXH3-128 over the runs in record order, as kp_brec_encode). */
+bool kp_brec_sum_ok(const uint8_t *head, const kp_kvpool *p, int32_t block);
 
 #endif

@@ -24,7 +24,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 enum { ST_QUEUED = 1, ST_ON_DISK = 2 };
@@ -467,7 +469,77 @@ bool kp_disk_put(kp_disktier *t, const kp_bkey *key, const kp_bkey *parent, cons
     return queued;
 }
 
-kp_brec_reason kp_disk_get(kp_disktier *t, const kp_bkey *key, const int32_t *tokens, kp_kvpool *p, int32_t block) {
+/* pread of exactly n bytes at off: KP_BREC_OK, TRUNCATED or IO. */
+static kp_brec_reason pread_all(int fd, uint8_t *b, size_t n, off_t off) {
+    for (size_t got = 0; got < n;) {
+        ssize_t k = pread(fd, b + got, n - got, off + (off_t)got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return k == 0 ? KP_BREC_TRUNCATED : KP_BREC_IO;
+        got += (size_t)k;
+    }
+    return KP_BREC_OK;
+}
+
+/* preadv of iov[0..n) whole from off (in calls of at most IOV_MAX
+ * vectors; iov is consumed). */
+static kp_brec_reason preadv_all(int fd, struct iovec *iov, int n, off_t off) {
+    while (n > 0) {
+        ssize_t k = preadv(fd, iov, n < IOV_MAX ? n : IOV_MAX, off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return k == 0 ? KP_BREC_TRUNCATED : KP_BREC_IO;
+        off += k;
+        for (size_t left = (size_t)k; left && n;) {
+            if (left >= iov->iov_len) {
+                left -= iov->iov_len;
+                iov++, n--;
+            } else {
+                iov->iov_base = (uint8_t *)iov->iov_base + left;
+                iov->iov_len -= left;
+                left = 0;
+            }
+        }
+    }
+    return KP_BREC_OK;
+}
+
+/* Reads and verifies record fd of len bytes into block: the head into
+ * head[kp_brec_head_size], the runs into the block, the checksum there. */
+static kp_brec_reason read_in_place(kp_disktier *t, int fd, size_t len, const kp_bkey *key, const int32_t *tokens,
+                                    kp_kvpool *p, int32_t block) {
+    size_t hs = kp_brec_head_size(p);
+    int n = kp_brec_n_runs(p);
+    uint8_t *head = malloc(hs);
+    struct iovec *iov = malloc((size_t)n * sizeof *iov);
+    kp_brec_reason r = head && iov ? KP_BREC_OK : KP_BREC_IO;
+    if (r == KP_BREC_OK) r = len < hs ? KP_BREC_TRUNCATED : pread_all(fd, head, hs, 0);
+    if (r == KP_BREC_OK) r = kp_brec_check_head(head, len, p, &t->fp.id, key, tokens);
+    if (r == KP_BREC_OK) {
+        kp_brec_iov(p, block, iov);
+        r = preadv_all(fd, iov, n, (off_t)hs);
+    }
+    if (r == KP_BREC_OK && !kp_brec_sum_ok(head, p, block)) r = KP_BREC_CHECKSUM;
+    free(head);
+    free(iov);
+    return r;
+}
+
+/* The buffered read: the whole record into rbuf, verified, then copied. */
+static kp_brec_reason read_buffered(kp_disktier *t, int fd, size_t len, const kp_bkey *key, const int32_t *tokens,
+                                    kp_kvpool *p, int32_t block) {
+    if (len > t->rcap) {
+        uint8_t *nb = realloc(t->rbuf, len);
+        if (!nb) return KP_BREC_IO;
+        t->rbuf = nb;
+        t->rcap = len;
+    }
+    kp_brec_reason r = pread_all(fd, t->rbuf, len, 0);
+    if (r == KP_BREC_OK) r = kp_brec_check(t->rbuf, len, p, &t->fp.id, key, tokens);
+    if (r == KP_BREC_OK) kp_brec_load(t->rbuf, p, block);
+    return r;
+}
+
+kp_brec_reason kp_disk_get(kp_disktier *t, const kp_bkey *key, const int32_t *tokens, kp_kvpool *p, int32_t block,
+                           bool in_place) {
     pthread_mutex_lock(&t->mu);
     t->st.lookups++;
     dent *d = find_live(t, key);
@@ -481,35 +553,14 @@ kp_brec_reason kp_disk_get(kp_disktier *t, const kp_bkey *key, const int32_t *to
     size_t len = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat sb;
-    if (fd < 0) {
-        r = errno == ENOENT ? KP_BREC_MISSING : KP_BREC_IO;
-    } else if (fstat(fd, &sb) != 0) {
-        r = KP_BREC_IO;
-    } else {
+    if (fd < 0) r = errno == ENOENT ? KP_BREC_MISSING : KP_BREC_IO;
+    else if (fstat(fd, &sb) != 0) r = KP_BREC_IO;
+    else {
         len = (size_t)sb.st_size;
-        if (len > t->rcap) {
-            uint8_t *nb = realloc(t->rbuf, len);
-            if (!nb) r = KP_BREC_IO;
-            else {
-                t->rbuf = nb;
-                t->rcap = len;
-            }
-        }
-        for (size_t got = 0; r == KP_BREC_OK && got < len;) {
-            ssize_t n = read(fd, t->rbuf + got, len - got);
-            if (n < 0 && errno == EINTR) continue;
-            if (n <= 0) {
-                r = n == 0 ? KP_BREC_TRUNCATED : KP_BREC_IO;
-                break;
-            }
-            got += (size_t)n;
-        }
+        r = in_place ? read_in_place(t, fd, len, key, tokens, p, block)
+                     : read_buffered(t, fd, len, key, tokens, p, block);
     }
-    if (r == KP_BREC_OK) r = kp_brec_check(t->rbuf, len, p, &t->fp.id, key, tokens);
-    if (r == KP_BREC_OK) {
-        kp_brec_load(t->rbuf, p, block);
-        futimens(fd, NULL); /* the LRU order survives a restart */
-    }
+    if (r == KP_BREC_OK) futimens(fd, NULL); /* the LRU order survives a restart */
     if (fd >= 0) close(fd);
     pthread_mutex_lock(&t->mu);
     d = find_live(t, key);

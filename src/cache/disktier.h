@@ -27,7 +27,8 @@
  * its rows into a pool block; every refusal is counted under its reason
  * and the key forgotten (a later put writes it anew).
  *
- * Thread safety: one engine thread calls put/get/has; the writer thread is
+ * Thread safety: one engine thread calls put/get/has (in-place gets also
+ * from the engine's worker threads while it waits); the writer thread is
  * internal; kp_disk_get_stats may be called from any thread. A mutex
  * guards the table and the counters.
  */
@@ -87,8 +88,14 @@ bool kp_disk_ready(kp_disktier *t, const kp_bkey *key);
 bool kp_disk_put(kp_disktier *t, const kp_bkey *key, const kp_bkey *parent, const int32_t *tokens, int32_t block);
 
 /* Loads the record of key into pool block `block` when it is on disk and
- * verifies against tokens[0..block_size): KP_BREC_OK, or why not. */
-kp_brec_reason kp_disk_get(kp_disktier *t, const kp_bkey *key, const int32_t *tokens, kp_kvpool *p, int32_t block);
+ * verifies against tokens[0..block_size): KP_BREC_OK, or why not.
+ * in_place reads the K/V rows straight into the block and verifies them
+ * there (no copy of the record; blockrec.h): the block's rows are garbage
+ * after a refusal, so only for a block that holds no rows of its own. An
+ * in-place get may run on several threads at once (each on its own block);
+ * the buffered one only on the engine thread. */
+kp_brec_reason kp_disk_get(kp_disktier *t, const kp_bkey *key, const int32_t *tokens, kp_kvpool *p, int32_t block,
+                           bool in_place);
 
 /* Waits until the write queue is empty (tests, shutdown). */
 void kp_disk_flush(kp_disktier *t);

@@ -110,6 +110,7 @@ struct kp_engine {
     kp_pfx_index *idx; /* NULL: prefix cache off */
     kp_tiers *tiers;   /* NULL: RAM only (kp_eng_open_tiers) */
     kp_forward *fw;
+    kp_pool *threads;  /* borrowed: the forward pass's, also the disk tier's parallel restore */
     uint32_t max_pos;
     kp_pfx_config pfx_cfg; /* kept for kp_eng_clear */
     bool has_pfx_cfg;
@@ -155,6 +156,7 @@ kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_pool *threads, const
                            c.budget_bytes, vt};
     if ((st = kp_kvpool_new(&e->kv, &kc, err)) != KP_OK) goto fail;
     if (!c.no_prefix_cache && (st = kp_pfx_new(&e->idx, e->kv, c.pfx, err)) != KP_OK) goto fail;
+    e->threads = threads;
     if ((st = kp_forward_new(&e->fw, m, e->kv, threads, kernels, err)) != KP_OK) goto fail;
     *out = e;
     return KP_OK;
@@ -344,16 +346,18 @@ static void tier_restore(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng
     uint32_t nb = kp_tiers_probe(e->tiers, tokens, j0, j_end);
     if (nb == 0 || reserve(e, seq, (j0 + nb) * B, NULL, NULL) != KP_OK) return;
     uint32_t got[KP_TIER_N] = {0}, j = j0;
-    for (; j < j0 + nb; j++) {
-        kp_tier_id from;
-        kp_brec_reason why = kp_tiers_fetch(e->tiers, tokens, j, e->kv, seq->kv.blocks[j], &from);
-        if (why != KP_BREC_OK) {
-            r->restore_failed = why;
-            r->restore_failed_tier = from;
-            break;
-        }
-        got[from] += (j + 1) * B - (j == j0 ? p : j * B);
+    kp_tier_id *from = malloc((size_t)nb * sizeof *from);
+    if (!from) return; /* computed instead */
+    kp_brec_reason why;
+    /* a partial first block holds RAM rows of its own: it is read through a buffer */
+    uint32_t n_ok = kp_tiers_fetch_run(e->tiers, tokens, j0, j0 + nb, e->kv, seq->kv.blocks, p % B ? j0 + 1 : j0,
+                                       e->threads, from, &why);
+    for (; j < j0 + n_ok; j++) got[from[j - j0]] += (j + 1) * B - (j == j0 ? p : j * B);
+    if (why != KP_BREC_OK) {
+        r->restore_failed = why;
+        r->restore_failed_tier = from[n_ok];
     }
+    free(from);
     if (j > j0) seq->kv.n_pos = j * B;
     kp_kvseq_truncate(&seq->kv, e->kv, seq->kv.n_pos);
     for (int t = 1; t < KP_TIER_N; t++) r->reused_from[t] = got[t];

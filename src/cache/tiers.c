@@ -17,6 +17,8 @@
  */
 #include "cache/tiers.h"
 
+#include "base/threadpool.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,23 +123,92 @@ void kp_tiers_last_probe(const kp_tiers *t, uint32_t j0, uint32_t blocks[KP_TIER
     blocks[KP_TIER_REDIS] = t->probe_end - (t->disk_end > j0 ? t->disk_end : j0);
 }
 
-kp_brec_reason kp_tiers_fetch(kp_tiers *t, const int32_t *tokens, uint32_t j, kp_kvpool *p, int32_t block,
-                              kp_tier_id *from) {
+/* A block the disk refused at j (counted there): Redis is asked for j and
+ * what follows, to the last probe's end. True when Redis holds j. */
+static bool fall_to_redis(kp_tiers *t, uint32_t j) {
+    if (!t->redis) return false;
+    t->disk_end = j;
+    t->probe_end = j + kp_redis_probe(t->redis, t->keys + j, t->probe_j_end - j);
+    return j < t->probe_end;
+}
+
+static kp_brec_reason fetch_one(kp_tiers *t, const int32_t *tokens, uint32_t j, kp_kvpool *p, int32_t block,
+                                bool in_place, kp_tier_id *from) {
     *from = KP_TIER_DISK;
     if (!chain(t, tokens, j + 1)) return KP_BREC_IO;
     uint32_t B = kp_kvpool_config_of(t->pool)->block_size;
     const int32_t *bt = tokens + (size_t)j * B;
     if (t->disk && j < t->disk_end) {
-        kp_brec_reason r = kp_disk_get(t->disk, &t->keys[j], bt, p, block);
-        if (r == KP_BREC_OK || !t->redis) return r;
-        /* the disk refused block j (counted there): Redis may hold it and what follows */
-        t->disk_end = j;
-        t->probe_end = j + kp_redis_probe(t->redis, t->keys + j, t->probe_j_end - j);
-        if (j >= t->probe_end) return r;
+        kp_brec_reason r = kp_disk_get(t->disk, &t->keys[j], bt, p, block, in_place);
+        if (r == KP_BREC_OK || !fall_to_redis(t, j)) return r;
     }
     *from = KP_TIER_REDIS;
     if (!t->redis || j >= t->probe_end) return KP_BREC_MISSING;
     return kp_redis_get(t->redis, t->keys + j, t->probe_end - j, bt, p, block);
+}
+
+kp_brec_reason kp_tiers_fetch(kp_tiers *t, const int32_t *tokens, uint32_t j, kp_kvpool *p, int32_t block,
+                              kp_tier_id *from) {
+    return fetch_one(t, tokens, j, p, block, false, from);
+}
+
+/* The parallel part of kp_tiers_fetch_run: block j0 + task from disk, in
+ * place, on any thread of the pool. */
+typedef struct {
+    kp_tiers *t;
+    const int32_t *tokens;
+    uint32_t j0;
+    kp_kvpool *p;
+    const int32_t *blocks;
+    kp_brec_reason *why;
+} disk_run;
+
+static void disk_task(void *vc, int task, int thread) {
+    (void)thread;
+    disk_run *c = vc;
+    uint32_t j = c->j0 + (uint32_t)task, B = kp_kvpool_config_of(c->t->pool)->block_size;
+    c->why[task] = kp_disk_get(c->t->disk, &c->t->keys[j], c->tokens + (size_t)j * B, c->p, c->blocks[j], true);
+}
+
+uint32_t kp_tiers_fetch_run(kp_tiers *t, const int32_t *tokens, uint32_t j0, uint32_t j1, kp_kvpool *p,
+                            const int32_t *blocks, uint32_t in_place_from, kp_pool *threads, kp_tier_id *from,
+                            kp_brec_reason *why) {
+    *why = KP_BREC_OK;
+    if (j0 >= j1) return 0;
+    if (!chain(t, tokens, j1)) {
+        *why = KP_BREC_IO;
+        from[0] = KP_TIER_DISK;
+        return 0;
+    }
+    uint32_t j = j0;
+    while (j < j1) {
+        uint32_t end = t->disk && t->disk_end < j1 ? t->disk_end : t->disk ? j1 : j;
+        if (j >= in_place_from && end > j + 1 && threads) { /* the disk's run, on every thread */
+            kp_brec_reason *r = malloc((size_t)(end - j) * sizeof *r);
+            if (r) {
+                disk_run c = {t, tokens, j, p, blocks, r};
+                kp_pool_run(threads, disk_task, &c, (int)(end - j));
+                uint32_t k = j;
+                while (k < end && r[k - j] == KP_BREC_OK) from[k++ - j0] = KP_TIER_DISK;
+                kp_brec_reason bad = k < end ? r[k - j] : KP_BREC_OK;
+                free(r);
+                j = k;
+                if (k == end) continue;
+                if (!fall_to_redis(t, k)) { /* refused on disk, and Redis lacks it */
+                    from[k - j0] = KP_TIER_DISK;
+                    *why = bad;
+                    return k - j0;
+                }
+            }
+        }
+        kp_brec_reason r = fetch_one(t, tokens, j, p, blocks[j], j >= in_place_from, &from[j - j0]);
+        if (r != KP_BREC_OK) {
+            *why = r;
+            return j - j0;
+        }
+        j++;
+    }
+    return j - j0;
 }
 
 void kp_tiers_publish(kp_tiers *t, const int32_t *tokens, uint32_t n, const kp_kvseq *seq) {
