@@ -13,6 +13,9 @@
  *                the next sequence that holds it; never grows past
  *                KP_REDIS_SEEN_MAX entries (then it is emptied)
  *   win[0..n_win) replies of the last pipelined GET, for win_key[...]
+ *   sent_key[0..n_sent) the window after it: its GETs are sent before the
+ *                replies of win are read, so Redis sends the next window
+ *                while the engine verifies and copies this one
  *
  * The engine thread never connects: a lookup with no connection answers
  * "not here" (0 / KP_BREC_MISSING) at once. A failed round trip frees the
@@ -60,6 +63,8 @@ struct kp_redistier {
     redisReply *win[KP_REDIS_WINDOW];
     kp_bkey win_key[KP_REDIS_WINDOW];
     uint32_t n_win;
+    kp_bkey sent_key[KP_REDIS_WINDOW]; /* the next window: GETs sent, replies not read yet */
+    uint32_t n_sent;
     kp_tier_stats st;
 };
 
@@ -147,6 +152,48 @@ static void drop_window(kp_redistier *t) {
     t->n_win = 0;
 }
 
+/* Appends GETs of keys[0..n) (sent with the next read); they become sent_key. */
+static void send_window(kp_redistier *t, redisContext *c, const kp_bkey *keys, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        char name[80];
+        key_name(t, &keys[i], name);
+        redisAppendCommand(c, "GET %s", name);
+        t->sent_key[i] = keys[i];
+    }
+    t->n_sent = n;
+}
+
+/* Reads the n_sent replies in flight into win (win_key = sent_key). False
+ * on a failed read (the caller counts it). */
+static bool read_window(kp_redistier *t, redisContext *c) {
+    uint32_t n = t->n_sent;
+    kp_bkey keys[KP_REDIS_WINDOW];
+    memcpy(keys, t->sent_key, n * sizeof *keys);
+    t->n_sent = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        redisReply *r = NULL;
+        if (redisGetReply(c, (void **)&r) != REDIS_OK) return false;
+        t->win[i] = r;
+        t->win_key[i] = keys[i];
+        t->n_win = i + 1;
+    }
+    return true;
+}
+
+/* Forgets the window and the replies in flight (read and freed, so the
+ * connection's next reply is the next command's). False on a failed read. */
+static bool drop_all(kp_redistier *t) {
+    drop_window(t);
+    if (!t->n_sent) return true;
+    if (!t->look) {
+        t->n_sent = 0;
+        return true;
+    }
+    bool ok = read_window(t, t->look);
+    drop_window(t);
+    return ok;
+}
+
 /* The engine thread's connection: its own, or one the background made. */
 static redisContext *lookup_ctx(kp_redistier *t) {
     if (t->look) return t->look;
@@ -166,6 +213,7 @@ static kp_brec_reason lookup_failed(kp_redistier *t, kp_brec_reason r) {
     char msg[256];
     snprintf(msg, sizeof msg, "%s%s", r == KP_BREC_TIMEOUT ? "timed out: " : "", what);
     drop_window(t);
+    t->n_sent = 0;
     if (t->look) redisFree(t->look);
     t->look = NULL;
     pthread_mutex_lock(&t->mu);
@@ -330,7 +378,10 @@ bool kp_redis_wait_connected(kp_redistier *t, uint32_t ms) {
 }
 
 uint32_t kp_redis_probe(kp_redistier *t, const kp_bkey *keys, uint32_t n) {
-    drop_window(t);
+    if (!drop_all(t)) {
+        lookup_failed(t, KP_BREC_IO);
+        return 0;
+    }
     redisContext *c = lookup_ctx(t);
     if (!c || !n) return 0;
     if (n > KP_REDIS_PROBE_MAX) { /* one round trip per KP_REDIS_PROBE_MAX keys, while all are present */
@@ -376,21 +427,27 @@ kp_brec_reason kp_redis_get(kp_redistier *t, const kp_bkey *keys, uint32_t n_ahe
     pthread_mutex_unlock(&t->mu);
     uint32_t w = 0;
     while (w < t->n_win && !kp_bkey_eq(&t->win_key[w], &keys[0])) w++;
-    if (w == t->n_win) { /* not fetched yet: the next window in one round trip */
+    if (w == t->n_win) { /* not fetched yet: the next window, asked for already or now */
+        uint32_t n = n_ahead < 1 ? 1 : n_ahead > KP_REDIS_WINDOW ? KP_REDIS_WINDOW : n_ahead;
+        bool asked = t->n_sent && kp_bkey_eq(&t->sent_key[0], &keys[0]) && t->n_sent <= n;
         drop_window(t);
+        if (!asked && !drop_all(t)) return lookup_failed(t, KP_BREC_IO);
         redisContext *c = lookup_ctx(t);
         if (!c) return KP_BREC_MISSING;
-        uint32_t n = n_ahead < 1 ? 1 : n_ahead > KP_REDIS_WINDOW ? KP_REDIS_WINDOW : n_ahead;
-        for (uint32_t i = 0; i < n; i++) {
-            char name[80];
-            key_name(t, &keys[i], name);
-            redisAppendCommand(c, "GET %s", name);
-        }
+        if (!asked) send_window(t, c, keys, n);
+        n = t->n_sent;
+        kp_bkey cur[KP_REDIS_WINDOW];
+        memcpy(cur, t->sent_key, n * sizeof *cur);
+        /* the window after this one goes out with this read */
+        uint32_t m = n_ahead > n ? n_ahead - n : 0;
+        if (m > KP_REDIS_WINDOW) m = KP_REDIS_WINDOW;
+        t->n_sent = 0;
         for (uint32_t i = 0; i < n; i++) {
             redisReply *r = NULL;
+            if (i == 0 && m) send_window(t, c, keys + n, m); /* flushed by the first read below */
             if (redisGetReply(c, (void **)&r) != REDIS_OK) return lookup_failed(t, KP_BREC_IO);
             t->win[i] = r;
-            t->win_key[i] = keys[i];
+            t->win_key[i] = cur[i];
             t->n_win = i + 1;
         }
         w = 0;

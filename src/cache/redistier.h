@@ -9,7 +9,8 @@
  * a timeout (default 50 ms): kp_redis_probe asks EXISTS for the next block
  * keys in one pipelined round trip and counts the present chain;
  * kp_redis_get fetches (GET, pipelined in windows of KP_REDIS_WINDOW
- * blocks) and verifies. Publishing is asynchronous: kp_redis_put encodes
+ * blocks, the next window asked for before this one's replies are read)
+ * and verifies. Publishing is asynchronous: kp_redis_put encodes
  * the record and queues it; a background thread SETs it over a second
  * connection. Keys are never scanned; Redis's own maxmemory policy is the
  * fleet's eviction.
