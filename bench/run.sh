@@ -106,3 +106,15 @@ m=build/bench/smollm2-135m-Q8_0.gguf
 [ -f "$m" ] || m=models/stories260K.gguf
 python3 bench/dashboard_bench.py --kvpin ./kvpin -m "$m" -t "$THREADS" --reps "${BENCH_DASH_REPS:-5}" --tokens "$TG" |
     tee build/bench/dashboard.txt
+# The tiers below RAM (issue #13): time to first token of a 20,000-token prompt
+# restored from disk (page cache dropped when permitted) and from Redis vs
+# computed, then prefill and decode with both tiers writing vs none, round by
+# round. BENCH_TIERS_TOKENS shortens the prompt (computing 20,000 tokens twice
+# takes minutes on 2 cores).
+if [ -f build/bench/smollm2-135m-Q8_0.gguf ] && command -v redis-server >/dev/null 2>&1; then
+    echo "== tiers: restore vs compute (build/bench/smollm2-135m-Q8_0.gguf)"
+    python3 bench/tiers_bench.py build/bench/smollm2-135m-Q8_0.gguf "${BENCH_TIERS_TOKENS:-20000}" 2 -t "$THREADS"
+    echo "== tiers: steady state, on vs off (build/bench/smollm2-135m-Q8_0.gguf)"
+    python3 bench/tiers_steady_bench.py --kvpin ./kvpin -m build/bench/smollm2-135m-Q8_0.gguf -t "$THREADS" \
+        --rounds "${BENCH_TIERS_ROUNDS:-8}"
+fi
