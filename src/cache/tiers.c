@@ -132,6 +132,8 @@ static bool fall_to_redis(kp_tiers *t, uint32_t j) {
     return j < t->probe_end;
 }
 
+/* Block j of tokens from the tier that holds it (a disk refusal retried in
+ * Redis), verified, into pool block `block`; *from: that tier. */
 static kp_brec_reason fetch_one(kp_tiers *t, const int32_t *tokens, uint32_t j, kp_kvpool *p, int32_t block,
                                 bool in_place, kp_tier_id *from) {
     *from = KP_TIER_DISK;
@@ -145,11 +147,6 @@ static kp_brec_reason fetch_one(kp_tiers *t, const int32_t *tokens, uint32_t j, 
     *from = KP_TIER_REDIS;
     if (!t->redis || j >= t->probe_end) return KP_BREC_MISSING;
     return kp_redis_get(t->redis, t->keys + j, t->probe_end - j, bt, p, block);
-}
-
-kp_brec_reason kp_tiers_fetch(kp_tiers *t, const int32_t *tokens, uint32_t j, kp_kvpool *p, int32_t block,
-                              kp_tier_id *from) {
-    return fetch_one(t, tokens, j, p, block, false, from);
 }
 
 /* The parallel part of kp_tiers_fetch_run: block j0 + task from disk, in
@@ -182,7 +179,7 @@ uint32_t kp_tiers_fetch_run(kp_tiers *t, const int32_t *tokens, uint32_t j0, uin
     }
     uint32_t j = j0;
     while (j < j1) {
-        uint32_t end = t->disk && t->disk_end < j1 ? t->disk_end : t->disk ? j1 : j;
+        uint32_t end = !t->disk ? j : t->disk_end < j1 ? t->disk_end : j1; /* the disk's run: [j, end) */
         if (j >= in_place_from && end > j + 1 && threads) { /* the disk's run, on every thread */
             kp_brec_reason *r = malloc((size_t)(end - j) * sizeof *r);
             if (r) {

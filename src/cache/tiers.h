@@ -7,9 +7,10 @@
  * holds position n_reuse):
  *
  *   nb = kp_tiers_probe(t, tokens, j0, j_end)  blocks j0.. present on a tier
- *   reserve blocks for them, then per block:
- *   kp_tiers_fetch(t, tokens, j, pool, block)  read, verify, copy the rows;
- *                                               the first refusal stops
+ *   reserve blocks for them, then
+ *   kp_tiers_fetch_run(t, tokens, j0, j1, ...)  read, verify, copy the rows
+ *                                               (disk in parallel); the
+ *                                               first refusal stops
  *   kp_tiers_publish(t, tokens, n, seq)         at the end of a sequence:
  *                                               every full block not yet
  *                                               stored is queued for writing
@@ -84,12 +85,6 @@ bool kp_tiers_wait_ready(kp_tiers *t, uint32_t ms);
 /* How the last kp_tiers_probe's blocks split between the tiers: blocks[DISK]
  * from j0 on disk, then blocks[REDIS] in Redis (blocks[RAM] is 0). */
 void kp_tiers_last_probe(const kp_tiers *t, uint32_t j0, uint32_t blocks[KP_TIER_N]);
-
-/* Loads block j of tokens into pool block `block` from the first tier that
- * holds it, verified; *from receives that tier. KP_BREC_OK or the reason
- * of the refusal (counted by the tier). */
-kp_brec_reason kp_tiers_fetch(kp_tiers *t, const int32_t *tokens, uint32_t j, kp_kvpool *p, int32_t block,
-                              kp_tier_id *from);
 
 /* Loads blocks j0..j1-1 of tokens into pool blocks blocks[j0..j1) (indexed
  * by block number), in chain order, stopping at the first refusal; blocks

@@ -806,11 +806,43 @@ static void tier_report_json(json_t *o, const kp_eng_report *r) {
                                   failed ? json_string(kp_tier_name(r->restore_failed_tier)) : json_null()));
 }
 
+/* The cause a cache report gets over the doctor's (which explains the
+ * index alone): rows from a request in flight, a tier below RAM that
+ * refused a block, or tiers that gave blocks; NULL for none. det[cap]
+ * (when cap) receives its detail. */
+static const char *below_index_cause(const kp_eng_report *r, char *det, size_t cap) {
+    uint32_t below = r->reused_from[KP_TIER_DISK] + r->reused_from[KP_TIER_REDIS];
+    if (r->inflight_tokens > 0) {
+        if (cap)
+            snprintf(det, cap,
+                     "shared_inflight: %u prompt tokens reused from a request computing them at the same time "
+                     "(waited %.1f ms)",
+                     r->inflight_tokens, r->inflight_wait_ms);
+        return "shared_inflight";
+    }
+    if (r->restore_failed != KP_BREC_OK) {
+        if (cap)
+            snprintf(det, cap,
+                     "restore_failed: the %s tier refused a block of this prompt (%s); %u prompt tokens were "
+                     "restored before it (disk %u, redis %u), the rest computed",
+                     kp_tier_name(r->restore_failed_tier), kp_brec_reason_name(r->restore_failed), below,
+                     r->reused_from[KP_TIER_DISK], r->reused_from[KP_TIER_REDIS]);
+        return "restore_failed";
+    }
+    if (below > 0) {
+        if (cap)
+            snprintf(det, cap,
+                     "restored: %u prompt tokens not in RAM were read from the tiers below it (disk %u, redis %u) "
+                     "and verified (fingerprint, tokens, checksum); %u computed",
+                     below, r->reused_from[KP_TIER_DISK], r->reused_from[KP_TIER_REDIS], r->computed_tokens);
+        return "restored";
+    }
+    return NULL;
+}
+
 const char *kp_oai_cache_cause(const kp_eng_report *r, const kp_doctor_report *d) {
-    if (r->inflight_tokens > 0) return "shared_inflight";
-    if (r->restore_failed != KP_BREC_OK) return "restore_failed";
-    if (r->reused_from[KP_TIER_DISK] + r->reused_from[KP_TIER_REDIS] > 0) return "restored";
-    return d ? kp_doctor_cause_name(d->finding.cause) : NULL;
+    const char *c = below_index_cause(r, NULL, 0);
+    return c ? c : d ? kp_doctor_cause_name(d->finding.cause) : NULL;
 }
 
 json_t *kp_oai_cache_json(const kp_eng_report *r, const kp_doctor_report *d) {
@@ -831,32 +863,15 @@ json_t *kp_oai_cache_json(const kp_eng_report *r, const kp_doctor_report *d) {
                       "this request", advice, sizeof advice);
     json_object_set_new(o, "diverged_at_byte", json_integer((json_int_t)d->div.byte));
     json_object_set_new(o, "reused_bytes", json_integer((json_int_t)d->div.reused_bytes));
-    const char *cause = kp_oai_cache_cause(r, d);
     char det[KP_DOCTOR_DETAIL_MAX];
-    uint32_t below = r->reused_from[KP_TIER_DISK] + r->reused_from[KP_TIER_REDIS];
-    if (r->inflight_tokens > 0) { /* the doctor explains the index; these rows came from a running request */
-        snprintf(det, sizeof det,
-                 "shared_inflight: %u prompt tokens reused from a request computing them at the same time "
-                 "(waited %.1f ms)",
-                 r->inflight_tokens, r->inflight_wait_ms);
-    } else if (r->restore_failed != KP_BREC_OK) { /* the index missed; a tier below RAM refused a block */
-        snprintf(det, sizeof det,
-                 "restore_failed: the %s tier refused a block of this prompt (%s); %u prompt tokens were "
-                 "restored before it (disk %u, redis %u), the rest computed",
-                 kp_tier_name(r->restore_failed_tier), kp_brec_reason_name(r->restore_failed), below,
-                 r->reused_from[KP_TIER_DISK], r->reused_from[KP_TIER_REDIS]);
-    } else if (below > 0) { /* the index missed (cold or evicted); the tiers below RAM had the blocks */
-        snprintf(det, sizeof det,
-                 "restored: %u prompt tokens not in RAM were read from the tiers below it (disk %u, redis %u) "
-                 "and verified (fingerprint, tokens, checksum); %u computed",
-                 below, r->reused_from[KP_TIER_DISK], r->reused_from[KP_TIER_REDIS], r->computed_tokens);
-    }
-    json_object_set_new(o, "cause", json_string(cause));
-    if (strcmp(cause, kp_doctor_cause_name(d->finding.cause)) != 0) {
+    const char *below = below_index_cause(r, det, sizeof det);
+    if (below) { /* the doctor's cause explains the index; it goes to index_cause */
+        json_object_set_new(o, "cause", json_string(below));
         json_object_set_new(o, "detail", json_string(det));
         json_object_set_new(o, "index_cause", json_string(kp_doctor_cause_name(d->finding.cause)));
         advice[0] = 0;
     } else {
+        json_object_set_new(o, "cause", json_string(kp_doctor_cause_name(d->finding.cause)));
         json_object_set_new(o, "detail", json_string(d->finding.detail));
     }
     json_object_set_new(o, "line", json_integer((json_int_t)d->finding.line));
