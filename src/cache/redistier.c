@@ -163,13 +163,9 @@ static void send_window(kp_redistier *t, redisContext *c, const kp_bkey *keys, u
     t->n_sent = n;
 }
 
-/* Reads the n_sent replies in flight into win (win_key = sent_key). False
- * on a failed read (the caller counts it). */
-static bool read_window(kp_redistier *t, redisContext *c) {
-    uint32_t n = t->n_sent;
-    kp_bkey keys[KP_REDIS_WINDOW];
-    memcpy(keys, t->sent_key, n * sizeof *keys);
-    t->n_sent = 0;
+/* Reads n replies in flight into win, for keys[0..n). False on a failed
+ * read (the caller counts it). */
+static bool read_window(kp_redistier *t, redisContext *c, const kp_bkey *keys, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
         redisReply *r = NULL;
         if (redisGetReply(c, (void **)&r) != REDIS_OK) return false;
@@ -189,7 +185,9 @@ static bool drop_all(kp_redistier *t) {
         t->n_sent = 0;
         return true;
     }
-    bool ok = read_window(t, t->look);
+    uint32_t n = t->n_sent;
+    t->n_sent = 0;
+    bool ok = read_window(t, t->look, t->sent_key, n);
     drop_window(t);
     return ok;
 }
@@ -436,20 +434,11 @@ kp_brec_reason kp_redis_get(kp_redistier *t, const kp_bkey *keys, uint32_t n_ahe
         if (!c) return KP_BREC_MISSING;
         if (!asked) send_window(t, c, keys, n);
         n = t->n_sent;
-        kp_bkey cur[KP_REDIS_WINDOW];
-        memcpy(cur, t->sent_key, n * sizeof *cur);
-        /* the window after this one goes out with this read */
+        /* the window after this one is appended now and goes out with this read */
         uint32_t m = n_ahead > n ? n_ahead - n : 0;
-        if (m > KP_REDIS_WINDOW) m = KP_REDIS_WINDOW;
         t->n_sent = 0;
-        for (uint32_t i = 0; i < n; i++) {
-            redisReply *r = NULL;
-            if (i == 0 && m) send_window(t, c, keys + n, m); /* flushed by the first read below */
-            if (redisGetReply(c, (void **)&r) != REDIS_OK) return lookup_failed(t, KP_BREC_IO);
-            t->win[i] = r;
-            t->win_key[i] = cur[i];
-            t->n_win = i + 1;
-        }
+        if (m) send_window(t, c, keys + n, m > KP_REDIS_WINDOW ? KP_REDIS_WINDOW : m);
+        if (!read_window(t, c, keys, n)) return lookup_failed(t, KP_BREC_IO);
         w = 0;
     }
     redisReply *r = t->win[w];
