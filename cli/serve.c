@@ -301,7 +301,7 @@ int cmd_serve(int argc, char **argv) {
         goto done;
     }
     if (cache_dir || cache_redis) {
-        kp_tiers_config tc = {cache_dir, disk_budget, cache_redis, (uint32_t)redis_timeout, tier_log, NULL};
+        kp_tiers_config tc = {cache_dir, disk_budget, cache_redis, (uint32_t)redis_timeout, tier_log, NULL, 0};
         if (kp_eng_open_tiers(e, &tc, &err) != KP_OK) {
             fprintf(stderr, "kvpin serve: %s\n", err.msg);
             goto done;

@@ -116,7 +116,7 @@ static void equal_through(int redis_port) {
     char dir[300], addr[64];
     snprintf(dir, sizeof dir, "%s/eq", tmpdir);
     snprintf(addr, sizeof addr, "127.0.0.1:%d", redis_port);
-    kp_tiers_config tc = {redis_port ? NULL : dir, 0, redis_port ? addr : NULL, 200, NULL, NULL};
+    kp_tiers_config tc = {redis_port ? NULL : dir, 0, redis_port ? addr : NULL, 200, NULL, NULL, 0};
     kp_tier_id tier = redis_port ? KP_TIER_REDIS : KP_TIER_DISK;
     CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
     CHECK(kp_eng_new(&e, m, pool, NULL, &ct, &err) == KP_OK);
@@ -221,7 +221,7 @@ static void disk_refusal_falls_to_redis(int redis_port) {
     char dir[300], addr[64], path[700], fphex[33], keyhex[33];
     snprintf(dir, sizeof dir, "%s/fallback", tmpdir);
     snprintf(addr, sizeof addr, "127.0.0.1:%d", redis_port);
-    kp_tiers_config tc = {dir, 0, addr, 200, NULL, NULL};
+    kp_tiers_config tc = {dir, 0, addr, 200, NULL, NULL, 0};
     kp_eng_config c = {KP_DTYPE_F32, B, 0, 256, false, NULL, KP_DTYPE_F32}, cn = c;
     cn.no_prefix_cache = true;
     int32_t t[N];
@@ -285,7 +285,7 @@ static void test_pin_writes_through(void) {
     if (!load_model(&m, &pool, 1)) return;
     char dir[300];
     snprintf(dir, sizeof dir, "%s/pin", tmpdir);
-    kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL};
+    kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, 0};
     kp_eng_config c = {KP_DTYPE_F16, 16, 0, 256, false, NULL, KP_DTYPE_F16};
     int32_t t[50];
     for (int i = 0; i < 50; i++) t[i] = i ? (i * 37) % 500 + 3 : 1;
@@ -311,6 +311,38 @@ static void test_pin_writes_through(void) {
     CHECK_EQ_INT(rep.reused_from[KP_TIER_DISK], 48);
     CHECK(e2 && kp_eng_finish(e2, &s, t, 50, NULL, &err) == KP_OK);
     kp_eng_free(e2);
+    kp_pool_free(pool);
+    kp_model_free(m);
+}
+
+/* A sequence of more blocks than the tiers' default queue (256) is written
+ * whole: kp_eng_finish queues every block at once, and the engine sizes the
+ * queue to a context. */
+static void test_long_sequence_written_whole(void) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_pool *pool = NULL;
+    if (!load_model(&m, &pool, 2)) return;
+    enum { B = 4, N = 1300, CTX = 1400 };
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/long", tmpdir);
+    kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, 0};
+    kp_eng_config c = {KP_DTYPE_F16, B, 0, CTX, false, NULL, KP_DTYPE_F16};
+    static int32_t t[N];
+    for (int i = 0; i < N; i++) t[i] = i ? (int32_t)((i * 131u + 7) % (m->hp.n_vocab - 3)) + 3 : 1;
+    kp_engine *e = NULL;
+    kp_eng_seq s = {0};
+    kp_eng_report rep;
+    kp_tiers_stats ts;
+    CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
+    CHECK_MSG(e && kp_eng_open_tiers(e, &tc, &err) == KP_OK, "%s", err.msg);
+    CHECK(e && kp_eng_prefill(e, t, N, &s, NULL, &rep, &err) == KP_OK);
+    CHECK(e && kp_eng_finish(e, &s, t, N, NULL, &err) == KP_OK);
+    kp_eng_tier_flush(e);
+    CHECK(e && kp_eng_tier_stats(e, &ts));
+    CHECK_EQ_INT(ts.tier[KP_TIER_DISK].writes, N / B);
+    CHECK_EQ_INT(ts.tier[KP_TIER_DISK].dropped_queue, 0);
+    kp_eng_free(e);
     kp_pool_free(pool);
     kp_model_free(m);
 }
@@ -440,6 +472,7 @@ int main(void) {
     RUN(test_equal_through_disk);
     RUN(test_equal_through_redis);
     RUN(test_pin_writes_through);
+    RUN(test_long_sequence_written_whole);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) return 1;

@@ -693,7 +693,14 @@ void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out) {
 kp_status kp_eng_open_tiers(kp_engine *e, const kp_tiers_config *cfg, kp_error *err) {
     if (!e->idx) return kp_fail(err, KP_EUNSUPPORTED, "the cache tiers need the prefix cache (it is off)");
     if (e->tiers) return kp_fail(err, KP_EINVAL, "the cache tiers are open already");
-    return kp_tiers_new(&e->tiers, cfg, e->m, e->kv, err);
+    /* kp_eng_finish queues a sequence's every block at once: a queue shorter
+     * than a whole context would drop the tail of every long prompt (the
+     * queued records are copies, at most one context's K/V per tier) */
+    kp_tiers_config c = *cfg;
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size, ctx_blocks = (e->max_pos + B - 1) / B;
+    if (c.queue_blocks < ctx_blocks) c.queue_blocks = ctx_blocks;
+    if (c.queue_blocks < 256) c.queue_blocks = 256;
+    return kp_tiers_new(&e->tiers, &c, e->m, e->kv, err);
 }
 
 bool kp_eng_tier_stats(kp_engine *e, kp_tiers_stats *out) {

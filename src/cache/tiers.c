@@ -59,12 +59,12 @@ kp_status kp_tiers_new(kp_tiers **out, const kp_tiers_config *cfg, const kp_mode
     kp_bkey_hex(&t->fp.id, t->st.fingerprint);
     t->st.on[KP_TIER_RAM] = true;
     if (cfg->dir) {
-        kp_disk_config dc = {cfg->dir, cfg->disk_budget_bytes, 0};
+        kp_disk_config dc = {cfg->dir, cfg->disk_budget_bytes, cfg->queue_blocks};
         if ((st = kp_disk_open(&t->disk, &dc, &t->fp, p, err)) != KP_OK) goto fail;
         t->st.on[KP_TIER_DISK] = true;
     }
     if (cfg->redis) {
-        kp_redis_config rc = {cfg->redis, cfg->redis_timeout_ms, 0, cfg->log, cfg->log_ctx};
+        kp_redis_config rc = {cfg->redis, cfg->redis_timeout_ms, cfg->queue_blocks, cfg->log, cfg->log_ctx};
         if ((st = kp_redis_open(&t->redis, &rc, &t->fp, p, err)) != KP_OK) goto fail;
         t->st.on[KP_TIER_REDIS] = true;
     }

@@ -43,6 +43,9 @@ typedef struct {
     uint32_t redis_timeout_ms;    /* 0: 50 */
     void (*log)(void *ctx, const char *msg); /* the Redis tier's incidents; NULL: silent */
     void *log_ctx;
+    uint32_t queue_blocks;        /* each tier's write queue, in blocks; 0: 256. The engine
+                                   * (kp_eng_open_tiers) raises it to a whole context's
+                                   * blocks, so one finished sequence is never cut short */
 } kp_tiers_config;
 
 typedef enum { KP_TIER_RAM = 0, KP_TIER_DISK = 1, KP_TIER_REDIS = 2, KP_TIER_N = 3 } kp_tier_id;
