@@ -48,6 +48,28 @@ def one(port, n_prompt, n_gen, n_vocab, rng):
     return n_prompt / (stamps[0] - t0), (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
+def cpu_seconds(pid, threads=None):
+    """CPU time (user + system) of process pid, or of its threads whose name
+    (/proc/PID/task/TID/comm) is in threads."""
+    tick = os.sysconf("SC_CLK_TCK")
+    if threads is None:
+        with open("/proc/%d/stat" % pid) as f:
+            v = f.read().rsplit(")", 1)[1].split()
+        return (int(v[11]) + int(v[12])) / tick
+    total = 0.0
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/comm" % (pid, tid)) as f:
+                if f.read().strip() not in threads:
+                    continue
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                v = f.read().rsplit(")", 1)[1].split()
+            total += (int(v[11]) + int(v[12])) / tick
+        except OSError:
+            pass
+    return total
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kvpin", default="./kvpin")
@@ -69,7 +91,7 @@ def main():
     rng = random.Random(7)
     n_vocab = 500  # ids 3..499 exist in every vocabulary; 499^15 first blocks: none repeats
     try:
-        run(a, off, on, n_vocab, rng)
+        run(a, off, on, n_vocab, rng, redis.pid)
     finally:
         stop(on[0], on[2])
         stop(off[0], off[2])
@@ -78,9 +100,11 @@ def main():
         shutil.rmtree(tmp)
 
 
-def run(a, off, on, n_vocab, rng):
+def run(a, off, on, n_vocab, rng, redis_pid):
     one(off[1], a.prompt, a.gen, n_vocab, rng)  # warm-up: page faults, thread start
     one(on[1], a.prompt, a.gen, n_vocab, rng)
+    time.sleep(1)
+    cpu0 = (cpu_seconds(on[0].pid), cpu_seconds(on[0].pid, ("kvpin-disk", "kvpin-redis")), cpu_seconds(redis_pid))
     pp = {"off": [], "on": []}
     tg = {"off": [], "on": []}
     rp, rt = [], []
@@ -94,10 +118,15 @@ def run(a, off, on, n_vocab, rng):
         rp.append(got["on"][0] / got["off"][0])
         rt.append(got["on"][1] / got["off"][1])
     time.sleep(1)
+    cpu1 = (cpu_seconds(on[0].pid), cpu_seconds(on[0].pid, ("kvpin-disk", "kvpin-redis")), cpu_seconds(redis_pid))
+    srv, wr, rds = (cpu1[i] - cpu0[i] for i in range(3))
     with urllib.request.urlopen("http://127.0.0.1:%d/v1/cache" % on[1]) as f:
         t = json.load(f)["tiers"]
     print("the tiers of \"on\": disk %d writes, %d dropped; redis %d writes, %d dropped" % (
         t["disk"]["writes"], t["disk"]["dropped_queue_full"], t["redis"]["writes"], t["redis"]["dropped_queue_full"]))
+    print("CPU of \"on\" over the rounds: %.2f s in all, %.2f s (%.1f%%) in its tier writer threads (kvpin-disk, "
+          "kvpin-redis); redis-server: %.2f s (%.1f%% of it)" % (srv, wr, 100 * wr / srv if srv else 0, rds,
+                                                                  100 * rds / srv if srv else 0))
     print("tiers on (disk + Redis, every block written) vs off: %d rounds of a %d-token prompt + %d tokens, -t %d"
           % (a.rounds, a.prompt, a.gen, a.threads))
     print("| | off t/s (median) | on t/s (median) | on/off (median of the rounds' ratios) |")

@@ -201,6 +201,7 @@ static bool write_record(kp_disktier *t, const djob *j) {
 
 static void *writer_main(void *arg) {
     kp_disktier *t = arg;
+    pthread_setname_np(pthread_self(), "kvpin-disk"); /* ps -L, /proc/PID/task/TID/comm */
     pthread_mutex_lock(&t->mu);
     for (;;) {
         while (!t->qlen && !t->stop) pthread_cond_wait(&t->cv_work, &t->mu);

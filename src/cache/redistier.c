@@ -229,6 +229,7 @@ static void *bg_main(void *arg) {
     kp_redistier *t = arg;
     time_t last_look = 0, last_pub = 0;
     char why[256];
+    pthread_setname_np(pthread_self(), "kvpin-redis"); /* ps -L, /proc/PID/task/TID/comm */
     pthread_mutex_lock(&t->mu);
     while (!t->stop) {
         time_t now = time(NULL);
