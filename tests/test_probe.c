@@ -1,0 +1,128 @@
+/*
+ * test_probe.c - the machine probes (kernels/probe.c): each returns a
+ * positive, finite figure on the engine's thread pool and in the calling
+ * thread, refuses what cannot be done with a status (an impossible buffer
+ * size is KP_ENOMEM, not a crash), and the int8 loop of every instruction
+ * set runs where the CPU has it; one the CPU lacks is KP_EUNSUPPORTED and
+ * reported as skipped by name. No timing thresholds: a shared machine may
+ * be slow, but never zero, infinite or NaN.
+ */
+#include <stdint.h>
+
+#include "base/threadpool.h"
+#include "harness.h"
+#include "kernels/probe.h"
+
+static kp_pool *pool2;
+
+static bool good(double x) { return isfinite(x) && x > 0; }
+
+static void test_llc_and_default_size(void) {
+    size_t llc = kp_probe_llc_bytes();
+    CHECK(llc > 0);
+    size_t d = kp_probe_default_bytes();
+    CHECK(d >= (size_t)256 << 20);
+    CHECK(d >= 4 * llc);
+    CHECK(d == 4 * llc || d == (size_t)256 << 20);
+}
+
+static void test_read_bw(void) {
+    kp_error err = {0};
+    double bw = -1;
+    /* 32 MiB: large enough to stream, small enough for a sanitizer build */
+    kp_status st = kp_probe_read_bw(pool2, (size_t)32 << 20, 2, false, &bw, &err);
+    CHECK_MSG(st == KP_OK, "%s", err.msg);
+    CHECK_MSG(good(bw), "%g", bw);
+    st = kp_probe_read_bw(pool2, (size_t)8 << 20, 1, true, &bw, &err);
+    CHECK_MSG(st == KP_OK, "%s", err.msg);
+    CHECK_MSG(good(bw), "scalar %g", bw);
+    st = kp_probe_read_bw(NULL, (size_t)8 << 20, 1, false, &bw, &err);
+    CHECK_MSG(st == KP_OK, "%s", err.msg);
+    CHECK_MSG(good(bw), "no pool %g", bw);
+    /* a size that is not a multiple of anything still works (the tail is not read) */
+    st = kp_probe_read_bw(pool2, ((size_t)1 << 20) + 12345, 1, false, &bw, &err);
+    CHECK_MSG(st == KP_OK && good(bw), "odd size: %s %g", err.msg, bw);
+}
+
+static void test_read_bw_refusals(void) {
+    kp_error err = {0};
+    double bw = -1;
+    CHECK_EQ_INT(kp_probe_read_bw(pool2, SIZE_MAX, 1, false, &bw, &err), KP_ENOMEM);
+    CHECK(err.code == KP_ENOMEM && strstr(err.msg, "cannot map") != NULL);
+    CHECK(bw == 0);
+    bw = -1;
+    CHECK_EQ_INT(kp_probe_read_bw(pool2, SIZE_MAX / 2, 1, false, &bw, &err), KP_ENOMEM);
+    CHECK(bw == 0);
+    CHECK_EQ_INT(kp_probe_read_bw(pool2, 100, 1, false, &bw, &err), KP_EINVAL);
+    CHECK_EQ_INT(kp_probe_read_bw(pool2, (size_t)1 << 20, 0, false, &bw, &err), KP_EINVAL);
+    CHECK_EQ_INT(kp_probe_read_bw(pool2, (size_t)1 << 20, 1, false, NULL, &err), KP_EINVAL);
+    CHECK_EQ_INT(kp_probe_read_bw(pool2, SIZE_MAX, 1, false, &bw, NULL), KP_ENOMEM); /* NULL err allowed */
+}
+
+/* Whether this CPU has what a loop needs, asked here independently of probe.c. */
+static bool cpu_has(const char *isa) {
+    if (!strcmp(isa, "scalar")) return true;
+#if defined(__x86_64__)
+    if (!strcmp(isa, "avx2")) return __builtin_cpu_supports("avx2");
+    if (!strcmp(isa, "avx512vnni"))
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx512f") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vnni");
+#endif
+    return false;
+}
+
+static void test_int8_each_isa(void) {
+    static const char *const isas[] = {"avx512vnni", "avx2", "scalar"};
+    for (int i = 0; i < 3; i++) {
+        kp_error err = {0};
+        double ops = -1;
+        kp_status st = kp_probe_int8_peak_isa(pool2, isas[i], &ops, &err);
+        if (!cpu_has(isas[i])) {
+            CHECK_MSG(st == KP_EUNSUPPORTED, "%s: %d %s", isas[i], (int)st, err.msg);
+            CHECK(ops == 0);
+            printf("  skipped: int8 loop %s (this CPU lacks it)\n", isas[i]);
+            continue;
+        }
+        CHECK_MSG(st == KP_OK, "%s: %s", isas[i], err.msg);
+        CHECK_MSG(good(ops), "%s: %g", isas[i], ops);
+        st = kp_probe_int8_peak_isa(NULL, isas[i], &ops, &err);
+        CHECK_MSG(st == KP_OK && good(ops), "%s without a pool: %s %g", isas[i], err.msg, ops);
+    }
+    kp_error err = {0};
+    double ops = -1;
+    CHECK_EQ_INT(kp_probe_int8_peak_isa(pool2, "amx", &ops, &err), KP_EINVAL);
+    CHECK(strstr(err.msg, "'amx'") != NULL);
+    CHECK_EQ_INT(kp_probe_int8_peak_isa(pool2, NULL, &ops, &err), KP_EINVAL);
+}
+
+static void test_int8_best_and_scalar(void) {
+    kp_error err = {0};
+    const char *isa = NULL;
+    double ops = -1;
+    CHECK_MSG(kp_probe_int8_peak(pool2, false, &isa, &ops, &err) == KP_OK, "%s", err.msg);
+    CHECK(good(ops));
+    /* the best loop is the first of the list the CPU has */
+    const char *want = cpu_has("avx512vnni") ? "avx512vnni" : cpu_has("avx2") ? "avx2" : "scalar";
+    CHECK_EQ_STR(isa, want);
+    isa = NULL;
+    CHECK_MSG(kp_probe_int8_peak(pool2, true, &isa, &ops, &err) == KP_OK, "%s", err.msg);
+    CHECK_EQ_STR(isa, "scalar");
+    CHECK(good(ops));
+    CHECK_EQ_INT(kp_probe_int8_peak(pool2, false, NULL, NULL, &err), KP_EINVAL);
+}
+
+int main(void) {
+    kp_error err = {0};
+    if (kp_pool_new(&pool2, 2, &err) != KP_OK) {
+        fprintf(stderr, "pool: %s\n", err.msg);
+        return 1;
+    }
+    RUN(test_llc_and_default_size);
+    RUN(test_read_bw);
+    RUN(test_read_bw_refusals);
+    RUN(test_int8_each_isa);
+    RUN(test_int8_best_and_scalar);
+    kp_pool_free(pool2);
+    return harness_finish("probe");
+}
