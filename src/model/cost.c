@@ -1,0 +1,28 @@
+/*
+ * cost.c - a token's work and weight traffic (see cost.h). Reads the
+ * model's weight views only; no state.
+ */
+#include "model/cost.h"
+
+static uint64_t elems(const kp_weight *w) { return (uint64_t)w->n_in * (uint64_t)w->n_out; }
+static uint64_t bytes(const kp_weight *w) { return (uint64_t)w->row_bytes * (uint64_t)w->n_out; }
+
+void kp_model_cost(const kp_model *m, kp_cost *out) {
+    uint64_t n = 0, b = 0;
+    for (uint32_t l = 0; l < m->hp.n_layer; l++) {
+        const kp_layer *L = &m->layers[l];
+        const kp_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (unsigned i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+            n += elems(ws[i]);
+            b += bytes(ws[i]);
+        }
+    }
+    /* tied: output is a view of token_embd, which is then read once, here */
+    out->output_ops = 2 * elems(&m->output);
+    out->matmul_ops = 2 * n + out->output_ops;
+    out->weight_bytes_read = b + bytes(&m->output);
+}
+
+uint64_t kp_model_attn_ops(const kp_hparams *hp, uint64_t d) {
+    return 4 * (uint64_t)hp->n_layer * hp->n_head * hp->head_dim * d;
+}
