@@ -57,7 +57,7 @@ for t in $TYPES; do
     cat "$peer" >>"$out"
     echo "latency picture: build/bench/latency-$t.svg" >&2
 done
-./kvpin bench -m build/bench/smollm2-135m-Q8_0.gguf -p 0 -n 1 -r 1 2>/dev/null | grep 'memory copy' || true
+./kvpin bench -m build/bench/smollm2-135m-Q8_0.gguf -p 0 -n 1 -r 1 2>/dev/null | grep '^machine:' || true
 python3 bench/report.py "$out"
 # Constrained decoding (src/grammar/): the per-token mask cost on the 49,152-
 # and a 151,936-token vocabulary during generation-like walks of realistic

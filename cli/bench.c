@@ -10,16 +10,28 @@
  * the prompt's token at D, then N - 1 decode steps, each sampling its token
  * (N single-token forward calls at positions D..D+N-1). Each test runs -r
  * times (the sequence is cut back to D between runs, so the depth fill is
- * reused) and reports tokens/s as median, min and max. For tg the table
- * also shows the bytes a decode step must read (all weights + the K/V of
- * every cached position) times tokens/s: the achieved bandwidth, next to
- * this machine's measured memory copy bandwidth.
+ * reused) and reports tokens/s as median, min and max.
+ *
+ * Achieved against possible. Before the tests the machine is probed on the
+ * engine's thread pool (kernels/probe.h; well under a second, skipped with
+ * --no-probe): streaming read bandwidth over max(4 x LLC, 256 MiB), and the
+ * int8 multiply-add peak of the widest loop the CPU has (the scalar loop
+ * with --scalar). The cost model (model/cost.h) turns tokens/s into work:
+ *
+ *   pp  GOPS = t/s x ops per token: the layer matrices for every token, the
+ *       output projection once per test (a prompt batch computes the last
+ *       token's logits only), and the attention at positions D..D+P-1
+ *       (mean depth D + (P+1)/2); against the int8 peak.
+ *   tg  GB/s = t/s x bytes per decode step: every matrix it multiplies by
+ *       (layers + output projection; the embedding table only when tied,
+ *       as the output) + the K/V of the cache at mid-run length D + N/2;
+ *       against the read bandwidth.
  *
  * --plot FILE.svg draws the latency picture from the measurements
  * (plot.h): prefill tokens/s and time to first token (P / pp tokens/s)
  * against the prompt length (-p takes several), one series per depth,
  * and decode tokens/s against the depth with the bytes-bound ceiling (the
- * copy bandwidth over the bytes a decode step reads) as a line. --peer
+ * read bandwidth over the bytes a decode step reads) as a line. --peer
  * FILE adds llama.cpp's points for the same model file from its JSON lines
  * (bench/llamacpp_bench.mjs --json).
  */
@@ -31,6 +43,8 @@
 #include "cache/engine.h"
 #include "cache/gen.h"
 #include "cli.h"
+#include "kernels/probe.h"
+#include "model/cost.h"
 #include "plot.h"
 
 #define EVAL_BATCH 2048 /* prompt tokens per forward call */
@@ -40,27 +54,6 @@
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
-}
-
-/* memcpy bandwidth (read + write bytes per second) over a 256 MiB buffer,
- * best of 3. */
-static double copy_bandwidth(void) {
-    size_t n = (size_t)256 << 20;
-    char *a = malloc(n), *b = malloc(n);
-    double best = 0;
-    if (a && b) {
-        memset(a, 1, n);
-        memset(b, 2, n);
-        for (int r = 0; r < 3; r++) {
-            double t0 = cli_now();
-            memcpy(b, a, n);
-            double dt = cli_now() - t0;
-            if (dt > 0 && 2.0 * n / dt > best) best = 2.0 * n / dt;
-        }
-    }
-    free(a);
-    free(b);
-    return best;
 }
 
 /* A comma-separated list of values in [min, max] appended to v[0..*n). */
@@ -140,7 +133,7 @@ static bool write_plot(const char *path, const char *peer, const char *name, con
     if (f) fclose(f);
     if (bw > 0) {
         /* the ceiling: every weight and the K/V of the cache read once per token */
-        snprintf(sname, sizeof sname, "bytes-bound ceiling (%.1f GB/s copy)", bw / 1e9);
+        snprintf(sname, sizeof sname, "bytes-bound ceiling (%.1f GB/s read)", bw / 1e9);
         cli_plot_series *ceil = cli_plot_series_of(pd, sname, "#999999", true);
         for (int i = 0; i <= 16; i++) {
             double d = (double)max_depth * i / 16;
@@ -152,7 +145,7 @@ static bool write_plot(const char *path, const char *peer, const char *name, con
     return ok;
 }
 
-enum { O_N_PROMPT = CLI_OWN, O_N_GEN, O_N_DEPTH, O_REPS, O_PLOT, O_PEER };
+enum { O_N_PROMPT = CLI_OWN, O_N_GEN, O_N_DEPTH, O_REPS, O_PLOT, O_PEER, O_NO_PROBE };
 
 /* llama-bench's spellings: -p/-n are token counts here, not a prompt */
 static const cli_opt bench_tab[] = {
@@ -166,13 +159,15 @@ static const cli_opt bench_tab[] = {
                                      "ceiling", O_PLOT},
     {"peer", NULL, NULL, "FILE", "llama.cpp's JSON lines (bench/llamacpp_bench.mjs --json) to plot\n"
                                  "beside kvpin's (the same model file)", O_PEER},
+    {"no-probe", NULL, NULL, NULL, "skip measuring the machine's read bandwidth and int8 peak", O_NO_PROBE},
     CLI_USE(CLI_THREADS), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_JSON), CLI_USE(CLI_SCALAR), {0},
 };
 
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: kvpin bench [options]\n"
                "Prompt processing (ppN) and generation (tgN) tokens/s at cache depths, like llama-bench:\n"
-               "median, min and max of -r runs; tg also shows the bandwidth it reaches.\n");
+               "median, min and max of -r runs. The machine's read bandwidth and int8 peak are\n"
+               "measured first; pp shows the GOPS it reaches, tg the GB/s, as %% of those.\n");
     cli_print_options(f, bench_tab);
     fprintf(f, "Defaults: -p 512, -n 128, -d 0, -r 5, --kv-type f16.\n"
                "--plot FILE.svg draws the results (one point per test and depth); --peer adds llama.cpp's.\n");
@@ -183,7 +178,7 @@ int cmd_bench(int argc, char **argv) {
     so.kv_type = so.kv_type_v = KP_DTYPE_F16;
     int64_t n_tg = 128, reps = 5, depths[MAX_DEPTHS], pps[MAX_DEPTHS];
     int n_depths = 0, n_pps = 0;
-    bool json = false;
+    bool json = false, probe = true;
     const char *plot = NULL, *peer = NULL;
     cli_args a;
     cli_args_init(&a, "bench", bench_tab, bench_usage, argc, argv);
@@ -198,6 +193,7 @@ int cmd_bench(int argc, char **argv) {
         case O_N_PROMPT: if (!parse_list(a.opt, "prompt lengths", v, 0, 1 << 20, pps, &n_pps)) return 2; break;
         case O_PLOT: plot = v; break;
         case O_PEER: peer = v; break;
+        case O_NO_PROBE: probe = false; break;
         case O_N_GEN: if (!cli_parse_i64(a.opt, v, 0, 1 << 20, &n_tg)) return 2; break;
         case O_REPS: if (!cli_parse_i64(a.opt, v, 1, 1000, &reps)) return 2; break;
         case CLI_THREADS: if (!cli_args_int(&a, &t)) return 2; so.n_threads = (int)t; break;
@@ -237,7 +233,20 @@ int cmd_bench(int argc, char **argv) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         toks[i] = (int32_t)((x >> 33) % hp->n_vocab);
     }
-    double bw = json && !plot ? 0 : copy_bandwidth();
+    /* the machine's ceilings, on the engine's pool (0: not measured) */
+    double bw = 0, peak = 0;
+    const char *peak_isa = NULL;
+    if (probe) {
+        kp_error perr = {0};
+        if (kp_probe_read_bw(cm.pool, kp_probe_default_bytes(), 3, so.scalar, &bw, &perr) != KP_OK ||
+            kp_probe_int8_peak(cm.pool, so.scalar, &peak_isa, &peak, &perr) != KP_OK || !(bw > 0) || !(peak > 0)) {
+            fprintf(stderr, "kvpin bench: note: machine probe failed (%s); no ceilings\n", perr.msg);
+            bw = peak = 0;
+            peak_isa = NULL;
+        }
+    }
+    kp_cost cost;
+    kp_model_cost(cm.m, &cost);
     const char *name = strrchr(so.model_path ? so.model_path : cli_default_model(), '/');
     name = name ? name + 1 : (so.model_path ? so.model_path : cli_default_model());
     uint64_t kv_per = kp_model_kv_bytes_per_token_kv(hp, so.kv_type, so.kv_type_v);
@@ -249,11 +258,19 @@ int cmd_bench(int argc, char **argv) {
                hp->arch_name, hp->n_layer, cli_bytes(cm.m->weight_bytes, b1, sizeof b1),
                kp_dtype_name(cm.m->layers[0].wq.type), kvn, cm.n_threads,
                cm.kernels->name);
-        printf("memory copy bandwidth: %.1f GB/s\n\n", bw / 1e9);
-        printf("| %-8s | %6s | %10s | %10s | %10s | %22s |\n", "test", "depth", "t/s median", "t/s min",
-               "t/s max", "tg bytes/token -> GB/s");
+        if (peak_isa)
+            printf("machine: read bandwidth %.1f GB/s (%d thread%s), int8 peak %.0f GOPS (%s)\n", bw / 1e9,
+                   cm.n_threads, cm.n_threads == 1 ? "" : "s", peak / 1e9, peak_isa);
+        else
+            printf("machine: not measured (%s)\n", probe ? "the probe failed" : "--no-probe");
+        printf("per token: %.3g M matrix ops; a decode step reads %s of weights + %llu bytes of K/V a "
+               "position\n\n",
+               cost.matmul_ops / 1e6, cli_bytes(cost.weight_bytes_read, b1, sizeof b1),
+               (unsigned long long)kv_per);
+        printf("| %-8s | %6s | %10s | %10s | %10s | %-38s |\n", "test", "depth", "t/s median", "t/s min",
+               "t/s max", peak_isa ? "achieved (% of the machine)" : "achieved");
         printf("|%s|%s|%s|%s|%s|%s|\n", "----------", "--------", "------------", "------------",
-               "------------", "------------------------");
+               "------------", "----------------------------------------");
     }
     for (int di = 0; di < n_depths; di++) {
         int64_t d = depths[di];
@@ -285,29 +302,48 @@ int cmd_bench(int argc, char **argv) {
             ms[n_ms++] = (measured){kind == 0, n, d, med};
             char test[32];
             snprintf(test, sizeof test, "%s%lld", kind == 0 ? "pp" : "tg", (long long)n);
-            /* bytes per decode step: every weight once + K/V of the cache (mid-run length) */
-            double bytes = (double)cm.m->weight_bytes + (double)kv_per * (double)(d + n / 2);
+            /* tg, bytes per decode step: every matrix once + K/V of the cache (mid-run length) */
+            double bytes = (double)cost.weight_bytes_read + (double)kv_per * (double)(d + n / 2);
+            /* pp, operations per token: positions d..d+n-1 attend to d+1..d+n positions */
+            double attn = 0.5 * (double)(kp_model_attn_ops(hp, (uint64_t)d + 1) +
+                                         kp_model_attn_ops(hp, (uint64_t)(d + n)));
+            double mm = (double)(cost.matmul_ops - cost.output_ops) + (double)cost.output_ops / (double)n;
+            double gbs = bytes * med / 1e9, gops = (mm + attn) * med / 1e9;
             if (json) {
                 printf("{\"engine\":\"kvpin\",\"model\":\"%s\",\"test\":\"%s\",\"depth\":%lld,\"n_threads\":%d,"
                        "\"kv_type\":\"%s\",\"kernels\":\"%s\",\"tps_median\":%.3f,\"tps_min\":%.3f,"
                        "\"tps_max\":%.3f,\"reps\":%lld",
                        name, test, (long long)d, cm.n_threads, kvn, cm.kernels->name,
                        med, tps[0], tps[reps - 1], (long long)reps);
-                if (kind == 1) printf(",\"bytes_per_token\":%.0f,\"gbps\":%.3f", bytes, bytes * med / 1e9);
+                if (peak_isa)
+                    printf(",\"read_bw_gbs\":%.3f,\"peak_gops\":%.3f,\"peak_isa\":\"%s\"", bw / 1e9, peak / 1e9,
+                           peak_isa);
+                if (kind == 1) {
+                    printf(",\"bytes_per_token\":%.0f,\"tg_gbs\":%.6g,\"gbps\":%.6g", bytes, gbs, gbs);
+                    if (peak_isa) printf(",\"tg_pct_of_read_bw\":%.3f", 100.0 * gbs * 1e9 / bw);
+                } else {
+                    printf(",\"ops_per_token\":%.0f,\"pp_gops\":%.6g,\"pp_attn_gops\":%.6g", mm + attn, gops,
+                           attn * med / 1e9);
+                    if (peak_isa) printf(",\"pp_pct_of_peak\":%.3f", 100.0 * gops * 1e9 / peak);
+                }
                 printf("}\n");
             } else {
-                char extra[64] = "";
-                if (kind == 1)
-                    snprintf(extra, sizeof extra, "%.1f MB -> %.1f (%.0f%%)", bytes / 1e6, bytes * med / 1e9,
-                             bw > 0 ? 100.0 * bytes * med / bw : 0.0);
-                printf("| %-8s | %6lld | %10.2f | %10.2f | %10.2f | %22s |\n", test, (long long)d, med,
+                char extra[64], pct[32] = "";
+                if (kind == 1) {
+                    if (peak_isa) snprintf(pct, sizeof pct, " (%.1f%% of read)", 100.0 * gbs * 1e9 / bw);
+                    snprintf(extra, sizeof extra, "%.2f MB -> %.2f GB/s%s", bytes / 1e6, gbs, pct);
+                } else {
+                    if (peak_isa) snprintf(pct, sizeof pct, " (%.1f%% of int8)", 100.0 * gops * 1e9 / peak);
+                    snprintf(extra, sizeof extra, "%.2f GOPS%s", gops, pct);
+                }
+                printf("| %-8s | %6lld | %10.2f | %10.2f | %10.2f | %-38s |\n", test, (long long)d, med,
                        tps[0], tps[reps - 1], extra);
             }
             fflush(stdout);
         }
     }
     rc = 0;
-    if (plot && !write_plot(plot, peer, name, ms, n_ms, bw, (double)cm.m->weight_bytes, (double)kv_per, n_tg,
+    if (plot && !write_plot(plot, peer, name, ms, n_ms, bw, (double)cost.weight_bytes_read, (double)kv_per, n_tg,
                             cm.n_threads))
         rc = 1;
     goto done;
