@@ -12,6 +12,14 @@
  * times (the sequence is cut back to D between runs, so the depth fill is
  * reused) and reports tokens/s as median, min and max.
  *
+ * -b B[,B...] adds, per depth, the tg test with B sequences decoding
+ * together: B sequences of their own (filled to D one by one: there is no
+ * prefix cache to share the fill), each cut back to D before a run, then N
+ * steps of kp_eng_step with one greedy token per sequence (each weight read
+ * once per step for all B). It reports the aggregate tokens/s (B x N / the
+ * run's time) and its ratio to the one-sequence tg median at that depth:
+ * how batched decode scales.
+ *
  * Achieved against possible. Before the tests the machine is probed on the
  * engine's thread pool (kernels/probe.h; well under a second, skipped with
  * --no-probe): streaming read bandwidth over max(4 x LLC, 256 MiB), and the
@@ -145,7 +153,46 @@ static bool write_plot(const char *path, const char *peer, const char *name, con
     return ok;
 }
 
-enum { O_N_PROMPT = CLI_OWN, O_N_GEN, O_N_DEPTH, O_REPS, O_PLOT, O_PEER, O_NO_PROBE };
+enum { O_N_PROMPT = CLI_OWN, O_N_GEN, O_N_DEPTH, O_REPS, O_PLOT, O_PEER, O_NO_PROBE, O_BATCH };
+
+#define MAX_BATCH 64
+
+/* greedy: the index of the largest of n logits */
+static int32_t argmax(const float *x, uint32_t n) {
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return (int32_t)best;
+}
+
+/* One run of tg with nb sequences stepping together: every sequence (at
+ * depth d already) cut back to d, then n steps of one token each, sequence
+ * i starting from its own token; *dt the time of the n steps. */
+static kp_status batch_run(kp_engine *e, kp_eng_seq *seqs, int nb, const int32_t *toks, int64_t d, int64_t n,
+                           uint32_t n_vocab, float *lg, double *dt, kp_error *err) {
+    int32_t cur[MAX_BATCH];
+    kp_eng_item items[MAX_BATCH];
+    for (int i = 0; i < nb; i++) {
+        kp_status st = kp_eng_seq_truncate(e, &seqs[i], (uint32_t)d, err);
+        if (st != KP_OK) return st;
+        cur[i] = (int32_t)(((uint32_t)toks[d] + (uint32_t)i) % n_vocab);
+    }
+    double t0 = cli_now();
+    for (int64_t s = 0; s < n; s++) {
+        for (int i = 0; i < nb; i++) items[i] = (kp_eng_item){.seq = &seqs[i], .tokens = &cur[i], .n = 1, .logits = lg + (size_t)i * n_vocab};
+        kp_status st = kp_eng_step(e, items, (uint32_t)nb, err);
+        if (st != KP_OK) return st;
+        for (int i = 0; i < nb; i++) {
+            if (items[i].status != KP_OK) {
+                *err = items[i].err;
+                return items[i].status;
+            }
+            cur[i] = argmax(lg + (size_t)i * n_vocab, n_vocab);
+        }
+    }
+    *dt = cli_now() - t0;
+    return KP_OK;
+}
 
 /* llama-bench's spellings: -p/-n are token counts here, not a prompt */
 static const cli_opt bench_tab[] = {
@@ -160,6 +207,8 @@ static const cli_opt bench_tab[] = {
     {"peer", NULL, NULL, "FILE", "llama.cpp's JSON lines (bench/llamacpp_bench.mjs --json) to plot\n"
                                  "beside kvpin's (the same model file)", O_PEER},
     {"no-probe", NULL, NULL, NULL, "skip measuring the machine's read bandwidth and int8 peak", O_NO_PROBE},
+    {"batch", "b", NULL, "B[,B...]", "also run tg with B sequences decoding together (2..64): the\n"
+                                     "aggregate tokens/s and its ratio to one sequence's", O_BATCH},
     CLI_USE(CLI_THREADS), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_JSON), CLI_USE(CLI_SCALAR), {0},
 };
 
@@ -176,8 +225,8 @@ static void bench_usage(FILE *f) {
 int cmd_bench(int argc, char **argv) {
     cli_session_opts so = {0};
     so.kv_type = so.kv_type_v = KP_DTYPE_F16;
-    int64_t n_tg = 128, reps = 5, depths[MAX_DEPTHS], pps[MAX_DEPTHS];
-    int n_depths = 0, n_pps = 0;
+    int64_t n_tg = 128, reps = 5, depths[MAX_DEPTHS], pps[MAX_DEPTHS], batches[MAX_DEPTHS];
+    int n_depths = 0, n_pps = 0, n_batches = 0;
     bool json = false, probe = true;
     const char *plot = NULL, *peer = NULL;
     cli_args a;
@@ -194,6 +243,7 @@ int cmd_bench(int argc, char **argv) {
         case O_PLOT: plot = v; break;
         case O_PEER: peer = v; break;
         case O_NO_PROBE: probe = false; break;
+        case O_BATCH: if (!parse_list(a.opt, "batch sizes", v, 1, MAX_BATCH, batches, &n_batches)) return 2; break;
         case O_N_GEN: if (!cli_parse_i64(a.opt, v, 0, 1 << 20, &n_tg)) return 2; break;
         case O_REPS: if (!cli_parse_i64(a.opt, v, 1, 1000, &reps)) return 2; break;
         case CLI_THREADS: if (!cli_args_int(&a, &t)) return 2; so.n_threads = (int)t; break;
@@ -208,8 +258,9 @@ int cmd_bench(int argc, char **argv) {
     if (n_pps == 0) pps[n_pps++] = 512;
     int64_t n_pp = 0; /* the longest prompt */
     for (int i = 0; i < n_pps; i++) n_pp = pps[i] > n_pp ? pps[i] : n_pp;
-    int64_t max_depth = 0;
+    int64_t max_depth = 0, max_batch = 1;
     for (int i = 0; i < n_depths; i++) max_depth = depths[i] > max_depth ? depths[i] : max_depth;
+    for (int i = 0; i < n_batches; i++) max_batch = batches[i] > max_batch ? batches[i] : max_batch;
     so.n_ctx = (uint32_t)(max_depth + (n_pp > n_tg ? n_pp : n_tg) + 1);
     cli_model cm;
     if (!cli_model_open(&cm, &so, "bench")) return 1;
@@ -217,6 +268,9 @@ int cmd_bench(int argc, char **argv) {
     int64_t n_fill = max_depth + (n_pp > n_tg ? n_pp : n_tg);
     int32_t *toks = malloc((size_t)(n_fill + 1) * sizeof(int32_t));
     float *logits = malloc(hp->n_vocab * sizeof(float));
+    float *blog = max_batch > 1 ? malloc((size_t)max_batch * hp->n_vocab * sizeof(float)) : NULL;
+    kp_eng_seq bseq[MAX_BATCH];
+    memset(bseq, 0, sizeof bseq);
     double *tps = malloc((size_t)reps * sizeof(double));
     measured ms[2 * MAX_DEPTHS * MAX_DEPTHS];
     int n_ms = 0;
@@ -225,8 +279,11 @@ int cmd_bench(int argc, char **argv) {
     kp_gen *g = NULL;
     kp_error err = {0};
     int rc = 1;
-    if (!toks || !logits || !tps) goto done;
+    if (!toks || !logits || !tps || (max_batch > 1 && !blog)) goto done;
     kp_eng_config ec = {so.kv_type, 16, 0, so.n_ctx, true, NULL, so.kv_type_v};
+    if (max_batch > 1) /* the tg sequence and max_batch others, each of up to n_ctx positions */
+        ec.budget_bytes = (uint64_t)(max_batch + 1) * ((so.n_ctx + 15) / 16 + 1) * 16 *
+                          kp_model_kv_bytes_per_token_kv(&cm.m->hp, so.kv_type, so.kv_type_v);
     if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK) goto fail;
     uint64_t x = 12345;
     for (int64_t i = 0; i <= n_fill; i++) {
@@ -274,6 +331,7 @@ int cmd_bench(int argc, char **argv) {
     }
     for (int di = 0; di < n_depths; di++) {
         int64_t d = depths[di];
+        double tg_med = 0; /* the one-sequence tg median at d */
         kp_eng_seq_abort(e, &seq);
         if (d > 0 && kp_eng_append(e, &seq, toks, (uint32_t)d, EVAL_BATCH, logits, &err) != KP_OK) goto fail;
         for (int ti = 0; ti <= n_pps; ti++) {
@@ -312,9 +370,9 @@ int cmd_bench(int argc, char **argv) {
             if (json) {
                 printf("{\"engine\":\"kvpin\",\"model\":\"%s\",\"test\":\"%s\",\"depth\":%lld,\"n_threads\":%d,"
                        "\"kv_type\":\"%s\",\"kernels\":\"%s\",\"tps_median\":%.3f,\"tps_min\":%.3f,"
-                       "\"tps_max\":%.3f,\"reps\":%lld",
+                       "\"tps_max\":%.3f,\"reps\":%lld%s",
                        name, test, (long long)d, cm.n_threads, kvn, cm.kernels->name,
-                       med, tps[0], tps[reps - 1], (long long)reps);
+                       med, tps[0], tps[reps - 1], (long long)reps, kind == 1 ? ",\"batch\":1" : "");
                 if (peak_isa)
                     printf(",\"read_bw_gbs\":%.3f,\"peak_gops\":%.3f,\"peak_isa\":\"%s\"", bw / 1e9, peak / 1e9,
                            peak_isa);
@@ -340,6 +398,44 @@ int cmd_bench(int argc, char **argv) {
                        tps[0], tps[reps - 1], extra);
             }
             fflush(stdout);
+            if (kind == 1) tg_med = med;
+        }
+        for (int bi = 0; bi < n_batches && n_tg > 0; bi++) {
+            int nb = (int)batches[bi];
+            if (nb < 2) continue;
+            for (int i = 0; i < nb; i++) {
+                kp_eng_seq_abort(e, &bseq[i]);
+                if (d > 0 && kp_eng_append(e, &bseq[i], toks, (uint32_t)d, EVAL_BATCH, logits, &err) != KP_OK)
+                    goto fail;
+            }
+            for (int64_t r = 0; r < reps; r++) {
+                double dt = 0;
+                if (batch_run(e, bseq, nb, toks, d, n_tg, hp->n_vocab, blog, &dt, &err) != KP_OK) goto fail;
+                tps[r] = (double)nb * (double)n_tg / (dt > 0 ? dt : 1e-9);
+            }
+            for (int i = 0; i < nb; i++) kp_eng_seq_abort(e, &bseq[i]);
+            qsort(tps, (size_t)reps, sizeof(double), cmp_double);
+            double med = reps % 2 ? tps[reps / 2] : 0.5 * (tps[reps / 2 - 1] + tps[reps / 2]);
+            /* a step reads every matrix once and the K/V of all nb caches */
+            double step_bytes = (double)cost.weight_bytes_read + (double)nb * (double)kv_per * (double)(d + n_tg / 2);
+            double gbs = step_bytes * med / nb / 1e9, scale = tg_med > 0 ? med / tg_med : 0;
+            char test[48];
+            snprintf(test, sizeof test, "tg%lld x%d", (long long)n_tg, nb);
+            if (json) {
+                printf("{\"engine\":\"kvpin\",\"model\":\"%s\",\"test\":\"tg%lld\",\"batch\":%d,\"depth\":%lld,"
+                       "\"n_threads\":%d,\"kv_type\":\"%s\",\"kernels\":\"%s\",\"tps_median\":%.3f,\"tps_min\":%.3f,"
+                       "\"tps_max\":%.3f,\"reps\":%lld,\"tps_per_seq\":%.3f,\"bytes_per_step\":%.0f,\"tg_gbs\":%.6g",
+                       name, (long long)n_tg, nb, (long long)d, cm.n_threads, kvn, cm.kernels->name, med, tps[0],
+                       tps[reps - 1], (long long)reps, med / nb, step_bytes, gbs);
+                if (tg_med > 0) printf(",\"vs_one_seq\":%.3f", scale);
+                printf("}\n");
+            } else {
+                char extra[64];
+                snprintf(extra, sizeof extra, "%.2f GB/s, x%.2f of one sequence", gbs, scale);
+                printf("| %-8s | %6lld | %10.2f | %10.2f | %10.2f | %-38s |\n", test, (long long)d, med, tps[0],
+                       tps[reps - 1], extra);
+            }
+            fflush(stdout);
         }
     }
     rc = 0;
@@ -351,10 +447,12 @@ fail:
     fprintf(stderr, "kvpin bench: %s\n", err.msg);
 done:
     if (e) kp_eng_seq_abort(e, &seq);
+    for (int i = 0; e && i < MAX_BATCH; i++) kp_eng_seq_abort(e, &bseq[i]);
     kp_gen_free(g);
     kp_eng_free(e);
     free(toks);
     free(logits);
+    free(blog);
     free(tps);
     cli_model_close(&cm);
     return rc;

@@ -70,6 +70,21 @@ PY
 check "table: machine line" grep -q "^machine: read bandwidth [0-9.]* GB/s (1 thread), int8 peak [0-9]* GOPS (\(avx512vnni\|avx2\|scalar\))$" "$T/table.txt"
 check "table: pp row in GOPS of int8" grep -q "^| pp16 .* GOPS ([0-9.]*% of int8) *|$" "$T/table.txt"
 check "table: tg row in GB/s of read" grep -q "^| tg4 .* MB -> [0-9.]* GB/s ([0-9.]*% of read) *|$" "$T/table.txt"
+# -b: tg with B sequences stepping together, after the one-sequence tg
+"$KVPIN" bench -m $M -p 0 -n 4 -r 1 -b 3 --json --no-probe >"$T/batch.jsonl" 2>"$T/err.txt"; rc=$?
+check "bench -b 3: exit 0 ($(head -c 300 "$T/err.txt"))" [ $rc -eq 0 ]
+check "bench -b 3: one line per batch size, aggregate = per sequence x 3" python3 - "$T/batch.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [(r["test"], r["batch"]) for r in rows] == [("tg4", 1), ("tg4", 3)], rows
+b = rows[1]
+assert b["tps_median"] > 0 and abs(b["tps_per_seq"] * 3 - b["tps_median"]) <= 1e-3 * b["tps_median"] + 0.01, b
+assert abs(b["vs_one_seq"] - b["tps_median"] / rows[0]["tps_median"]) <= 2e-3 * b["vs_one_seq"] + 1e-3, b
+# a step reads the weights once and three caches of K/V
+assert b["bytes_per_step"] > rows[0]["bytes_per_token"], (b, rows[0])
+PY
+"$KVPIN" bench -m $M -p 0 -n 4 -r 1 -b 65 --no-probe >/dev/null 2>"$T/err.txt"; rc=$?
+check "bench -b 65: refused with a usage error" sh -c "[ $rc -eq 2 ] && grep -q 'between 1 and 64' '$T/err.txt'"
 "$KVPIN" bench -m $M -p 16 -n 4 -r 1 --no-probe >"$T/table.txt" 2>/dev/null
 check "table --no-probe: says so, no shares" sh -c "grep -q '^machine: not measured (--no-probe)$' '$T/table.txt' && ! grep -q '% of' '$T/table.txt'"
 
