@@ -18,7 +18,8 @@
 # (default "0,2048,8192"), BENCH_REPS (3), BENCH_THREADS (2), BENCH_PP
 # (prompt lengths, default "128,512"),
 # BENCH_TG (128), BENCH_FA (llama.cpp flash attention modes, default "auto,off"),
-# BENCH_LLAMA_SERVER (a llama-server binary for bench/crew_bench.py; unset: kvpin only).
+# BENCH_LLAMA_SERVER (a llama-server binary for bench/crew_bench.py; unset: kvpin only),
+# BENCH_1B_TYPES (the 1B-shaped models' types, default "Q4_0 Q8_0"; "" skips them).
 set -e
 cd "$(dirname "$0")/.."
 TYPES=${BENCH_TYPES:-"F16 Q8_0 Q4_0 Q4_K"}
@@ -59,6 +60,23 @@ for t in $TYPES; do
 done
 ./kvpin bench -m build/bench/smollm2-135m-Q8_0.gguf -p 0 -n 1 -r 1 2>/dev/null | grep '^machine:' || true
 python3 bench/report.py "$out"
+# The 1B shape (issue #14; Llama-3.2-1B-shaped, 102,400-token vocabulary):
+# weights far larger than the last-level cache, so tg is a DRAM figure;
+# kvpin's table (with 8 sequences decoding together) and llama.cpp's, side
+# by side. BENCH_1B_TYPES="" skips it (generating a model takes ~30 s).
+for t in ${BENCH_1B_TYPES-Q4_0 Q8_0}; do
+    m=build/bench/llama-1b-$t.gguf
+    if [ ! -f "$m" ]; then
+        ./kvpin mkmodel --type "$t" --arch llama --layers 16 --embd 2048 --heads 32 --kv-heads 8 --head-dim 64 \
+            --ff 8192 --tied --ctx-train 32768 --tokenizer tests/data/vocab/ggml-vocab-deepseek-llm.gguf \
+            --name llama-1b-shape -o "$m" || { echo "bench: cannot generate $m; skipped"; continue; }
+    fi
+    echo "== $m (kvpin, then llama.cpp)"
+    ./kvpin bench -m "$m" -p 512 -n 32 -r "$REPS" -t "$THREADS" -b 8
+    if [ -d bench/node_modules ]; then
+        node bench/llamacpp_bench.mjs -m "$m" -p 512 -n 32 -r "$REPS" -t "$THREADS" --fa auto
+    fi
+done
 # Constrained decoding (src/grammar/): the per-token mask cost on the 49,152-
 # and a 151,936-token vocabulary during generation-like walks of realistic
 # schemas, against a decode step of the Q8_0 model (without it, no ratios).
