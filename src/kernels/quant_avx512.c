@@ -27,10 +27,10 @@
  * avx2 table's results bit for bit. The float types have their own
  * canonical order on 16 lanes (below), the same for dot_tile and gemm.
  *
- * Decode with one activation row takes 16 weight rows at once (four or two
- * to a 512-bit vector; hex_tile_vnni, q4_hex_tile_vnni, leg_hex_tile_vnni),
- * so that the fold to one sum per row, the conversion and the scaling run
- * once per 16 rows.
+ * Decode with one activation row takes 16 weight rows at once (two to a
+ * 512-bit vector; hex_tile_vnni for Q8_0, leg_hex_tile_vnni), so that the
+ * fold to one sum per row, the conversion and the scaling run once per 16
+ * rows; Q4_0 keeps the 8-row tile, which is faster for it.
  *
  * Stack use: as the avx2 table (quant_avx2.c); 16 KiB for float types.
  */
@@ -220,45 +220,6 @@ VNNI_INLINE void q4_tile_vnni_nc(int64_t ib0, int64_t len, const char *const *wr
 #undef Q4_DOT_VNNI
 #undef Q4_TILE_BODY
 
-/* Q4_0 decode (one activation row) with VNNI, 16 weight rows: as
- * q4_tile_vnni_nc with four rows per 512-bit vector (rows k, k+4, k+8,
- * k+12), so the fold gives the 16 row sums in row order, and one gather
- * brings the 16 row scales. The same integers and float steps per row. */
-static VNNI void q4_hex_tile_vnni(int64_t ib0, int64_t len, const char *w0, size_t ws, const char *ar,
-                                  const kp_q8_0_aux *ax, float *out, int add, size_t pf) {
-    const size_t blk = sizeof(kp_block_q4_0);
-    const __m512i offs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32((int)ws));
-    const __m512i m = _mm512_set1_epi8(0xF);
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t b = 0; b < len; b++) {
-        const int64_t ib = ib0 + b;
-        const char *wb = w0 + (size_t)ib * blk + 2; /* qs of block ib, row 0 */
-        /* one prefetch per row every 3 blocks (54 bytes) still touches every line */
-        if (pf && b % 3 == 0) UNROLL for (int r = 0; r < 16; r++) _mm_prefetch(wb + (size_t)r * ws + pf, _MM_HINT_T0);
-        const kp_block_q8_0 *y = (const kp_block_q8_0 *)ar + ib;
-        const __m512i alo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y->qs));
-        const __m512i ahi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y->qs + 16)));
-        __m512i p[4];
-        UNROLL for (int k = 0; k < 4; k++) {
-            __m512i x = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(wb + (size_t)k * ws)));
-            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(wb + (size_t)(k + 4) * ws)), 1);
-            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(wb + (size_t)(k + 8) * ws)), 2);
-            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(wb + (size_t)(k + 12) * ws)), 3);
-            const __m512i lo = _mm512_and_si512(x, m), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m);
-            p[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo), hi, ahi);
-        }
-        const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1]));
-        const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
-        __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
-        t = _mm512_add_epi32(t, _mm512_set1_epi32(ax[b].bias / 16));
-        const __m512i g = _mm512_i32gather_epi32(offs, (const void *)(wb - 2), 1);
-        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, _mm512_set1_ps(ax[b].d)), acc);
-    }
-    _mm512_storeu_ps(out, add ? _mm512_add_ps(acc, _mm512_loadu_ps(out)) : acc);
-}
-
 static VNNI void q4_tile_vnni(int64_t ib0, int64_t len, const char *const *wr, const char *const *ar,
                               const kp_q8_0_aux *const *ax, int nr, float *out, size_t os, int add, int nc, size_t pf) {
     switch (nc) {
@@ -318,21 +279,22 @@ static VNNI void hex_tile_vnni(int64_t ib0, int64_t len, const char *w0, size_t 
 }
 
 /* The avx512vnni table's tile of tile_legacy (legacy_rows_fn): with one
- * activation row, 16 weight rows at once while 16 remain; else Q4_0 row
- * pairs when more than 4 rows remain, else oct_tile_vnni. */
+ * activation row and Q8_0, 16 weight rows at once while 16 remain; else
+ * Q4_0 row pairs when more than 4 rows remain, else oct_tile_vnni. */
 VNNI_INLINE int legacy_rows_vnni(int64_t ib0, int64_t len, const char *const *wr, size_t w_stride, int rows_left,
                                  const char *const *ar, const kp_q8_0_aux *const *ax, int kind, float *o, size_t os,
                                  int add, int ncc, size_t pf) {
     const int nrr = rows_left < 8 ? rows_left : 8;
-    if (ncc == 1 && rows_left >= 16) {
-        /* decode_pf's distance is whole 8-row tiles; the hex tiles read 16
+    if (ncc == 1 && rows_left >= 16 && kind == WQ8_0) {
+        /* decode_pf's distance is whole 8-row tiles; the hex tile reads 16
          * rows, so half of an 8-row lead lands on rows this tile loads
          * itself: lead by whole 16-row tiles (1B shape, 2 threads, tg32,
-         * medians of 5 interleaved runs: Q8_0 17.1 -> 20.0 tok/s, Q4_0
-         * 23.7 -> 25.9) */
+         * medians of 5 interleaved runs: 17.1 -> 20.0 tok/s). Q4_0 decode
+         * takes the 8-row q4_tile_vnni: a 16-row tile for it (16 unaligned
+         * 16-byte loads and inserts and a gather of the scales per block)
+         * ran at 23.7 tok/s against 28.4 (Zen 4) */
         const size_t pf16 = pf ? ((pf / w_stride + 15) & ~(size_t)15) * w_stride : 0;
-        if (kind == WQ8_0) hex_tile_vnni(ib0, len, wr[0], w_stride, ar[0], ax[0], kind, o, add, pf16);
-        else q4_hex_tile_vnni(ib0, len, wr[0], w_stride, ar[0], ax[0], o, add, pf16);
+        hex_tile_vnni(ib0, len, wr[0], w_stride, ar[0], ax[0], kind, o, add, pf16);
         return 16;
     }
     if (kind == WQ4_0 && nrr > 4) q4_tile_vnni(ib0, len, wr, ar, ax, nrr, o, os, add, ncc, pf);
