@@ -64,6 +64,37 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* Sorts v[0..n) (n >= 1) and returns its median. */
+static double sort_median(double *v, int64_t n) {
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* What every result line names. */
+typedef struct {
+    const char *model, *kv, *kernels;
+    int n_threads;
+    int64_t reps;
+} row_ctx;
+
+/* The start of a result's JSON line, up to its test's own fields (the
+ * caller adds them and the closing brace); batch 0: no "batch" field. tps
+ * sorted. */
+static void json_head(const row_ctx *c, const char *test, int batch, int64_t d, const double *tps, double med) {
+    printf("{\"engine\":\"kvpin\",\"model\":\"%s\",\"test\":\"%s\"", c->model, test);
+    if (batch) printf(",\"batch\":%d", batch);
+    printf(",\"depth\":%lld,\"n_threads\":%d,\"kv_type\":\"%s\",\"kernels\":\"%s\",\"tps_median\":%.3f,"
+           "\"tps_min\":%.3f,\"tps_max\":%.3f,\"reps\":%lld",
+           (long long)d, c->n_threads, c->kv, c->kernels, med, tps[0], tps[c->reps - 1], (long long)c->reps);
+}
+
+/* A result's row of the table (tps sorted). */
+static void table_row(const row_ctx *c, const char *test, int64_t d, const double *tps, double med,
+                      const char *extra) {
+    printf("| %-8s | %6lld | %10.2f | %10.2f | %10.2f | %-38s |\n", test, (long long)d, med, tps[0],
+           tps[c->reps - 1], extra);
+}
+
 /* A comma-separated list of values in [min, max] appended to v[0..*n). */
 static bool parse_list(const char *opt, const char *what, const char *s, int64_t min, int64_t max, int64_t *v,
                        int *n) {
@@ -309,6 +340,7 @@ int cmd_bench(int argc, char **argv) {
     uint64_t kv_per = kp_model_kv_bytes_per_token_kv(hp, so.kv_type, so.kv_type_v);
     char kvn[24];
     cli_kv_name(so.kv_type, so.kv_type_v, kvn, sizeof kvn);
+    const row_ctx rc_ = {name, kvn, cm.kernels->name, cm.n_threads, reps};
     if (!json) {
         char b1[32];
         printf("model %s: %s, %u layers, weights %s (%s), KV %s, %d threads, kernels %s\n", name,
@@ -355,8 +387,7 @@ int cmd_bench(int argc, char **argv) {
                 if (st != KP_OK) goto fail;
                 tps[r] = n / (dt > 0 ? dt : 1e-9);
             }
-            qsort(tps, (size_t)reps, sizeof(double), cmp_double);
-            double med = reps % 2 ? tps[reps / 2] : 0.5 * (tps[reps / 2 - 1] + tps[reps / 2]);
+            double med = sort_median(tps, reps);
             ms[n_ms++] = (measured){kind == 0, n, d, med};
             char test[32];
             snprintf(test, sizeof test, "%s%lld", kind == 0 ? "pp" : "tg", (long long)n);
@@ -368,11 +399,7 @@ int cmd_bench(int argc, char **argv) {
             double mm = (double)(cost.matmul_ops - cost.output_ops) + (double)cost.output_ops / (double)n;
             double gbs = bytes * med / 1e9, gops = (mm + attn) * med / 1e9;
             if (json) {
-                printf("{\"engine\":\"kvpin\",\"model\":\"%s\",\"test\":\"%s\",\"depth\":%lld,\"n_threads\":%d,"
-                       "\"kv_type\":\"%s\",\"kernels\":\"%s\",\"tps_median\":%.3f,\"tps_min\":%.3f,"
-                       "\"tps_max\":%.3f,\"reps\":%lld%s",
-                       name, test, (long long)d, cm.n_threads, kvn, cm.kernels->name,
-                       med, tps[0], tps[reps - 1], (long long)reps, kind == 1 ? ",\"batch\":1" : "");
+                json_head(&rc_, test, kind == 1, d, tps, med);
                 if (peak_isa)
                     printf(",\"read_bw_gbs\":%.3f,\"peak_gops\":%.3f,\"peak_isa\":\"%s\"", bw / 1e9, peak / 1e9,
                            peak_isa);
@@ -394,8 +421,7 @@ int cmd_bench(int argc, char **argv) {
                     if (peak_isa) snprintf(pct, sizeof pct, " (%.1f%% of int8)", 100.0 * gops * 1e9 / peak);
                     snprintf(extra, sizeof extra, "%.2f GOPS%s", gops, pct);
                 }
-                printf("| %-8s | %6lld | %10.2f | %10.2f | %10.2f | %-38s |\n", test, (long long)d, med,
-                       tps[0], tps[reps - 1], extra);
+                table_row(&rc_, test, d, tps, med, extra);
             }
             fflush(stdout);
             if (kind == 1) tg_med = med;
@@ -414,26 +440,22 @@ int cmd_bench(int argc, char **argv) {
                 tps[r] = (double)nb * (double)n_tg / (dt > 0 ? dt : 1e-9);
             }
             for (int i = 0; i < nb; i++) kp_eng_seq_abort(e, &bseq[i]);
-            qsort(tps, (size_t)reps, sizeof(double), cmp_double);
-            double med = reps % 2 ? tps[reps / 2] : 0.5 * (tps[reps / 2 - 1] + tps[reps / 2]);
+            double med = sort_median(tps, reps);
             /* a step reads every matrix once and the K/V of all nb caches */
             double step_bytes = (double)cost.weight_bytes_read + (double)nb * (double)kv_per * (double)(d + n_tg / 2);
             double gbs = step_bytes * med / nb / 1e9, scale = tg_med > 0 ? med / tg_med : 0;
             char test[48];
-            snprintf(test, sizeof test, "tg%lld x%d", (long long)n_tg, nb);
             if (json) {
-                printf("{\"engine\":\"kvpin\",\"model\":\"%s\",\"test\":\"tg%lld\",\"batch\":%d,\"depth\":%lld,"
-                       "\"n_threads\":%d,\"kv_type\":\"%s\",\"kernels\":\"%s\",\"tps_median\":%.3f,\"tps_min\":%.3f,"
-                       "\"tps_max\":%.3f,\"reps\":%lld,\"tps_per_seq\":%.3f,\"bytes_per_step\":%.0f,\"tg_gbs\":%.6g",
-                       name, (long long)n_tg, nb, (long long)d, cm.n_threads, kvn, cm.kernels->name, med, tps[0],
-                       tps[reps - 1], (long long)reps, med / nb, step_bytes, gbs);
+                snprintf(test, sizeof test, "tg%lld", (long long)n_tg);
+                json_head(&rc_, test, nb, d, tps, med);
+                printf(",\"tps_per_seq\":%.3f,\"bytes_per_step\":%.0f,\"tg_gbs\":%.6g", med / nb, step_bytes, gbs);
                 if (tg_med > 0) printf(",\"vs_one_seq\":%.3f", scale);
                 printf("}\n");
             } else {
                 char extra[64];
                 snprintf(extra, sizeof extra, "%.2f GB/s, x%.2f of one sequence", gbs, scale);
-                printf("| %-8s | %6lld | %10.2f | %10.2f | %10.2f | %-38s |\n", test, (long long)d, med, tps[0],
-                       tps[reps - 1], extra);
+                snprintf(test, sizeof test, "tg%lld x%d", (long long)n_tg, nb);
+                table_row(&rc_, test, d, tps, med, extra);
             }
             fflush(stdout);
         }
