@@ -39,13 +39,15 @@
  * the above, but no longer bitwise equal to a larger tile.
  *
  * exp is computed by the table's exp_row (the scalar table: expf). K and V rows are F32 or F16 (IEEE half),
- * or ggml's Q8_0 / Q4_0 blocks (tile_step_kv): a step decodes its K and V
- * rows once into F32 rows (d * q, exactly; the same numbers
- * kp_dequantize_row gives) and then runs the table's F32 step on them, so
- * the query stays F32 (it is not quantized to Q8_0 as llama.cpp's CPU
- * flash attention does: that would add a rounding of its own) and a
- * quantized step is bitwise the F32 step on the dequantized rows, with
- * every determinism property above.
+ * or ggml's Q8_0 / Q4_0 blocks (tile_step_kv): every element is used as
+ * the F32 number d * q (exact; the same numbers kp_dequantize_row gives)
+ * and the step is the table's F32 step on those numbers. Tiles of many
+ * rows decode the step's rows once into F32 rows first; the avx512
+ * table's few-row tiles (decode) convert them in registers where they lie
+ * in the cache. Either way the query stays F32 (it is not quantized to
+ * Q8_0 as llama.cpp's CPU flash attention does: that would add a rounding
+ * of its own) and a quantized step is bitwise the F32 step on the
+ * dequantized rows, with every determinism property above.
  */
 #ifndef KP_ATTN_H
 #define KP_ATTN_H

@@ -1,21 +1,25 @@
 /*
  * attn_avx512.c - the attention table "avx512" (attn.h): the avx2 table
- * (attn_avx2.c) with the query-lane tile loops (prefill), the row layout's
- * scores and weighted sums (free-order tiles, head sizes a multiple of 16),
- * exp_row and swiglu_row on 16-lane AVX-512F vectors. Every function here
- * carries __attribute__((target("avx512f,avx2,fma,f16c"))) (AVX512,
+ * (attn_avx2.c) with the query-lane tile loops (prefill), the few-row
+ * steps of decode (the key-lane and row layouts, head sizes a multiple of
+ * 16), exp_row and swiglu_row on 16-lane AVX-512F vectors. Every function
+ * here carries __attribute__((target("avx512f,avx2,fma,f16c"))) (AVX512,
  * AVX512_INLINE); dispatch.c hands the table out only when the CPU has
  * AVX-512F besides AVX2, FMA and F16C. Outside x86-64 the file is empty.
  * No state; the table is constant.
  *
- * The other layouts (key lanes, scalar head sizes, rows with head sizes
- * that are not a multiple of 16) are the avx2 table's entries, called
- * through it. The 16-lane query-lane loops keep 8 keys x 3 row vectors of
- * 16 (48 rows, GRAN_AVX512) in registers and do, lane for lane, the
- * operations of the 8-lane ones (exp512 is exp_ps on 16 lanes), so the
- * results equal the avx2 table's bit for bit except in free-order tiles,
- * which promise no summation order (attn.h). Layouts and workspaces:
- * attn_avx2_inl.h.
+ * The few-row steps read K and V of every type (F32, F16, Q8_0, Q4_0)
+ * where they lie in the cache and convert them in registers (ld16), one
+ * compiled copy per pair of types: a decode step copies nothing but the
+ * transposed K of the key-lane layout (16 x hd floats, in L1). The other
+ * layouts (scalar head sizes, few rows with head sizes that are not a
+ * multiple of 16) are the avx2 table's entries, called through it. The
+ * 16-lane query-lane loops keep 8 keys x 3 row vectors of 16 (48 rows,
+ * GRAN_AVX512) in registers and do, lane for lane, the operations of the
+ * 8-lane ones (exp512 is exp_ps on 16 lanes), as the key-lane step does
+ * those of the avx2 keys_step, so the results equal the avx2 table's bit
+ * for bit except in free-order tiles, which promise no summation order
+ * (attn.h). Layouts and workspaces: attn_avx2_inl.h.
  */
 #include "kernels/attn.h"
 
@@ -208,102 +212,340 @@ AVX512_INLINE void lanes512_step(kp_attn_tile *t, const lanes_ws *w, int n_keys,
     }
 }
 
-/* ---- row layout on 16 lanes (head sizes a multiple of 16) ---------------- */
+/* ---- row layout on 16 lanes, K and V read in place ------------------------ */
 
-/* The row layout (chunked decode, free order) on 16 lanes: scores of 3 rows
- * x 4 keys over d in 16 lanes, each 512-bit sum folded to 8 lanes, then
- * hsum4 as on 8 lanes; weighted V sums of 3 rows x 64 dims per pass. */
-AVX512_INLINE __m512 load16_kv(const void *p, size_t i, bool f16) {
-    return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)))
-               : _mm512_loadu_ps((const float *)p + i);
-}
+/* The row layout (decode, free order) on 16 lanes, head sizes a multiple of
+ * 16: query rows go 4 at a time (4 rows x 4 keys of scores, or 4 rows x 64
+ * dims of weighted V, fit the 32 registers), and K and V elements are read
+ * from the cache rows where they are, whatever their type, and converted
+ * in registers; no step copies its rows. */
 
-AVX512_INLINE __m256 fold512(__m512 v) {
-    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-}
-
-AVX512_INLINE void rows512_scores_3x4(int hd, const float *q, const void *k, float *s, __m128 scale, bool f16) {
-    __m512 c[3][4];
-    _Pragma("GCC unroll 4") for (int r = 0; r < 3; r++)
-        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) c[r][j] = _mm512_setzero_ps();
-    size_t h = (size_t)hd;
-    for (int d = 0; d < hd; d += 16) {
-        __m512 x[3], kk[4];
-        _Pragma("GCC unroll 4") for (int r = 0; r < 3; r++) x[r] = _mm512_loadu_ps(q + r * h + d);
-        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) kk[j] = load16_kv(k, j * h + d, f16);
-        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
-            _Pragma("GCC unroll 4") for (int r = 0; r < 3; r++) c[r][j] = _mm512_fmadd_ps(x[r], kk[j], c[r][j]);
+/* 16 elements of a K or V row of type t (F32, F16, Q8_0, Q4_0; a constant
+ * at every call) from element i (a multiple of 16), as F32: the values
+ * kp_dequantize_row gives, since d * q is exact in F32 (d has 11
+ * significant bits, q at most 8). */
+AVX512_INLINE __m512 ld16(const uint8_t *row, int i, kp_dtype t) {
+    if (t == KP_DTYPE_F32) return _mm512_loadu_ps((const float *)row + i);
+    if (t == KP_DTYPE_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)i)));
+    const uint8_t *b = row + (size_t)(i / 32) * (t == KP_DTYPE_Q8_0 ? 34 : 18);
+    uint16_t dh;
+    memcpy(&dh, b, 2);
+    __m512i q;
+    if (t == KP_DTYPE_Q8_0) {
+        q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + i % 32)));
+    } else { /* Q4_0: element e < 16 is the low nibble of byte e, e >= 16 the high one of byte e - 16 */
+        __m128i x = _mm_loadu_si128((const __m128i *)(b + 2));
+        if (i % 32) x = _mm_srli_epi16(x, 4);
+        x = _mm_and_si128(x, _mm_set1_epi8(0x0f));
+        q = _mm512_sub_epi32(_mm512_cvtepu8_epi32(x), _mm512_set1_epi32(8));
     }
-    _Pragma("GCC unroll 4") for (int r = 0; r < 3; r++)
-        _mm_storeu_ps(s + r * STEP, _mm_mul_ps(hsum4(fold512(c[r][0]), fold512(c[r][1]), fold512(c[r][2]),
-                                                     fold512(c[r][3])), scale));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(_cvtsh_ss(dh)));
 }
 
-AVX512_INLINE void rows512_accum_3x4(int hd, int n_keys, const float *p, const void *v, float *o, const float *al,
-                                     bool f16) {
-    __m512 c[3][4];
-    _Pragma("GCC unroll 4") for (int r = 0; r < 3; r++) {
+/* Bytes of one cached row of type t and hd elements. */
+static inline size_t row_bytes(kp_dtype t, int hd) {
+    return t == KP_DTYPE_F32 ? 4 * (size_t)hd
+           : t == KP_DTYPE_F16 ? 2 * (size_t)hd
+           : (size_t)hd / 32 * (t == KP_DTYPE_Q8_0 ? 34 : 18);
+}
+
+/* z[4r + j] = the sum of the 16 lanes of c[r][j]: for each key, the rows'
+ * halves and quarters are folded together (quarter r of v[j] holds row r's
+ * partial sums), then the 4 lanes of every quarter across the keys. */
+AVX512_INLINE __m512 reduce_4x4(__m512 c[4][4]) {
+    __m512 v[4];
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+        __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(c[0][j], c[1][j], 0x44), _mm512_shuffle_f32x4(c[0][j], c[1][j], 0xee));
+        __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(c[2][j], c[3][j], 0x44), _mm512_shuffle_f32x4(c[2][j], c[3][j], 0xee));
+        v[j] = _mm512_add_ps(_mm512_shuffle_f32x4(t, u, 0x88), _mm512_shuffle_f32x4(t, u, 0xdd));
+    }
+    __m512 y01 = _mm512_add_ps(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
+    __m512 y23 = _mm512_add_ps(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
+    return _mm512_add_ps(_mm512_shuffle_ps(y01, y23, 0x44), _mm512_shuffle_ps(y01, y23, 0xee));
+}
+
+/* Scores of the 4 rows from q (row stride hd) against the K rows k[0..3]:
+ * s[r * STEP + j] = scale * dot(q_r, k_j). */
+AVX512_INLINE void rows4_scores(int hd, const float *q, const uint8_t *const k[4], kp_dtype kt, float *s,
+                                __m512 scale) {
+    __m512 c[4][4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) c[r][j] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d += 16) {
+        __m512 x[4], kk[4];
+        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) x[r] = _mm512_loadu_ps(q + (size_t)r * hd + d);
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) kk[j] = ld16(k[j], d, kt);
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
+            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) c[r][j] = _mm512_fmadd_ps(x[r], kk[j], c[r][j]);
+    }
+    __m512 z = _mm512_mul_ps(reduce_4x4(c), scale);
+    _mm_storeu_ps(s, _mm512_castps512_ps128(z));
+    _mm_storeu_ps(s + STEP, _mm512_extractf32x4_ps(z, 1));
+    _mm_storeu_ps(s + 2 * STEP, _mm512_extractf32x4_ps(z, 2));
+    _mm_storeu_ps(s + 3 * STEP, _mm512_extractf32x4_ps(z, 3));
+}
+
+/* o[r][d0 .. d0 + 16 NV) of the 4 rows (row stride hd) = o * al[r] +
+ * sum_j p[r * STEP + j] * V_j, for the n_keys V rows from v (vb bytes
+ * apart); each V vector is converted once for the 4 rows. */
+AVX512_INLINE void rows4_accum(int hd, int d0, int n_keys, const float *p, const uint8_t *v, size_t vb,
+                               kp_dtype vt, float *o, const float *al, int NV) {
+    __m512 c[4][4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
         const __m512 a = _mm512_set1_ps(al[r]);
-        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) c[r][i] = _mm512_mul_ps(_mm512_loadu_ps(o + (size_t)r * hd + 16 * i), a);
+        _Pragma("GCC unroll 4") for (int i = 0; i < NV; i++)
+            c[r][i] = _mm512_mul_ps(_mm512_loadu_ps(o + (size_t)r * hd + d0 + 16 * i), a);
     }
     for (int j = 0; j < n_keys; j++) {
         __m512 vv[4];
-        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) vv[i] = load16_kv(v, (size_t)j * hd + 16 * i, f16);
-        _Pragma("GCC unroll 4") for (int r = 0; r < 3; r++) {
+        const uint8_t *vr = v + (size_t)j * vb;
+        _Pragma("GCC unroll 4") for (int i = 0; i < NV; i++) vv[i] = ld16(vr, d0 + 16 * i, vt);
+        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
             const __m512 x = _mm512_set1_ps(p[r * STEP + j]);
-            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) c[r][i] = _mm512_fmadd_ps(x, vv[i], c[r][i]);
+            _Pragma("GCC unroll 4") for (int i = 0; i < NV; i++) c[r][i] = _mm512_fmadd_ps(x, vv[i], c[r][i]);
         }
     }
-    _Pragma("GCC unroll 4") for (int r = 0; r < 3; r++)
-        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) _mm512_storeu_ps(o + (size_t)r * hd + 16 * i, c[r][i]);
+    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)
+        _Pragma("GCC unroll 4") for (int i = 0; i < NV; i++)
+            _mm512_storeu_ps(o + (size_t)r * hd + d0 + 16 * i, c[r][i]);
 }
 
-/* The row layout's step (ROWS_STEP_BODY, attn_avx2_inl.h) with 16-lane
- * scores and 64-dim accumulation; hd a multiple of 16. */
-AVX512_INLINE void rows512_step(kp_attn_tile *t, const keys_ws *w, const void *k, const void *v, int n_keys,
-                                int32_t key_pos, bool f16) {
-    ROWS_STEP_BODY(rows512_scores_3x4, rows512_accum_3x4, 64)
+/* One step of the row layout on K rows of type kt and V rows of type vt
+ * (constants at every call). Rows go 4 at a time; padding rows (q = 0)
+ * see no key (rows_softmax gives them weight 0). The keys past the last
+ * multiple of 4 are scored in a block of 4 whose extra keys repeat the
+ * last one and are never seen. While the first row block scores its keys,
+ * the next step's rows are prefetched, a slice per 4 keys. */
+AVX512_INLINE void rows4_step(kp_attn_tile *t, const keys_ws *w, const void *k, kp_dtype kt, const void *v,
+                              kp_dtype vt, int n_keys, int32_t key_pos) {
+    const int hd = t->hd, M4 = (w->M + 3) / 4 * 4;
+    const size_t kb = row_bytes(kt, hd), vb = row_bytes(vt, hd);
+    const uint8_t *k0 = k, *v0 = v;
+    const __m512 scale = _mm512_set1_ps(t->scale);
+    for (int r0 = 0; r0 < M4; r0 += 4)
+        for (int j = 0; j < n_keys; j += 4) {
+            if (r0 == 0) kp_attn_prefetch_next(t, j / 4, STEP / 4);
+            const uint8_t *kr[4];
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+                kr[i] = k0 + (size_t)(j + i < n_keys ? j + i : n_keys - 1) * kb;
+            rows4_scores(hd, w->q + (size_t)r0 * hd, kr, kt, w->p + (size_t)r0 * STEP + j, scale);
+        }
+    for (int i = (n_keys + 3) / 4; i < STEP / 4; i++) kp_attn_prefetch_next(t, i, STEP / 4); /* short steps */
+    rows_softmax(t, w, M4, n_keys, key_pos);
+    for (int r0 = 0; r0 < M4; r0 += 4) {
+        float *o = w->o + (size_t)r0 * hd;
+        const float *p = w->p + (size_t)r0 * STEP, *al = w->al + r0;
+        int d0 = 0;
+        for (; d0 + 64 <= hd; d0 += 64) rows4_accum(hd, d0, n_keys, p, v0, vb, vt, o, al, 4);
+        if (d0 + 32 <= hd) rows4_accum(hd, d0, n_keys, p, v0, vb, vt, o, al, 2), d0 += 32;
+        if (d0 < hd) rows4_accum(hd, d0, n_keys, p, v0, vb, vt, o, al, 1);
+    }
+}
+
+/* ---- key-lane layout on 16 lanes, K and V read in place ------------------ */
+
+/* The key-lane layout (few rows in tile order: a decode token whose result
+ * must equal its row in any larger tile) on 16 lanes, head sizes a
+ * multiple of 16. It does, lane for lane, what the avx2 table's keys_step
+ * does (attn_avx2.c), so the bits are the same: each row's scores are one
+ * fused chain over d from 0 with the 16 keys of the step in the lanes (K
+ * transposed: the rows are converted in registers, 16 x 16 at a time,
+ * and transposed into w.kt), the softmax update of keys_row, and the V
+ * sums o = o * a, then o += p_j * V_j for the visible keys in order, here
+ * for 4 rows at a time with each V vector converted once, read in place. */
+
+/* r[i] <- column i of the 16 x 16 matrix whose rows are r[0..15]. */
+AVX512_INLINE void transpose16(__m512 r[16]) {
+    __m512 t[16], u[16];
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) { /* u[4i + k], lane L: rows 4i..4i+3, column 4L + k */
+        u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
+        u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
+    }
+    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+        __m512 x = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88), y = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xdd);
+        __m512 x2 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88), y2 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xdd);
+        r[k] = _mm512_shuffle_f32x4(x, x2, 0x88);
+        r[8 + k] = _mm512_shuffle_f32x4(x, x2, 0xdd);
+        r[4 + k] = _mm512_shuffle_f32x4(y, y2, 0x88);
+        r[12 + k] = _mm512_shuffle_f32x4(y, y2, 0xdd);
+    }
+}
+
+/* o[r][d0 .. d0 + 16 NV) of 4 rows (row stride hd) = o * a[r], then
+ * += p[r * STEP + j] * V_j for j < nvis[r] in order; a row with nvis 0 is
+ * left as it is. */
+AVX512_INLINE void keys4_accum(int hd, int d0, const int nvis[4], int n_max, const float *p, const uint8_t *v,
+                               size_t vb, kp_dtype vt, float *o, const float a[4], int NV) {
+    __m512 c[4][4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
+        const __m512 av = _mm512_set1_ps(a[r]);
+        _Pragma("GCC unroll 4") for (int i = 0; i < NV; i++) {
+            c[r][i] = _mm512_loadu_ps(o + (size_t)r * hd + d0 + 16 * i);
+            if (nvis[r] > 0 && a[r] != 1.0f) c[r][i] = _mm512_mul_ps(c[r][i], av);
+        }
+    }
+    for (int j = 0; j < n_max; j++) {
+        __m512 vv[4];
+        const uint8_t *vr = v + (size_t)j * vb;
+        _Pragma("GCC unroll 4") for (int i = 0; i < NV; i++) vv[i] = ld16(vr, d0 + 16 * i, vt);
+        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
+            const __mmask16 on = j < nvis[r] ? (__mmask16)0xffff : 0;
+            const __m512 x = _mm512_set1_ps(p[r * STEP + j]);
+            _Pragma("GCC unroll 4") for (int i = 0; i < NV; i++)
+                c[r][i] = _mm512_mask3_fmadd_ps(x, vv[i], c[r][i], on);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)
+        _Pragma("GCC unroll 4") for (int i = 0; i < NV; i++)
+            _mm512_storeu_ps(o + (size_t)r * hd + d0 + 16 * i, c[r][i]);
+}
+
+AVX512_INLINE void keys4_step(kp_attn_tile *t, const keys_ws *w, const void *k, kp_dtype kt, const void *v,
+                              kp_dtype vt, int n_keys, int32_t key_pos) {
+    const int hd = t->hd;
+    const size_t kb = row_bytes(kt, hd), vb = row_bytes(vt, hd);
+    const uint8_t *k0 = k, *v0 = v;
+    kp_attn_prefetch_next(t, 0, 1);
+    for (int d0 = 0; d0 < hd; d0 += 16) { /* w.kt[d][j] = element d of K row j (0 past n_keys) */
+        __m512 r[16];
+        _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++)
+            r[j] = j < n_keys ? ld16(k0 + (size_t)j * kb, d0, kt) : _mm512_setzero_ps();
+        transpose16(r);
+        _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) _mm512_storeu_ps(w->kt + (size_t)(d0 + i) * STEP, r[i]);
+    }
+    const __m512 scale = _mm512_set1_ps(t->scale), ninf = _mm512_set1_ps(-INFINITY);
+    for (int r0 = 0; r0 < w->M; r0 += 4) {
+        const float *q = w->q + (size_t)r0 * hd;
+        __m512 c[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int d = 0; d < hd; d++) {
+            const __m512 kd = _mm512_loadu_ps(w->kt + (size_t)d * STEP);
+            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)
+                c[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)r * hd + d]), kd, c[r]);
+        }
+        int nvis[4], n_max = 0;
+        float a[4];
+        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) { /* keys_row's softmax update */
+            int row = r0 + r;
+            int64_t lim = (int64_t)t->pos0 + row / t->G - key_pos + 1;
+            nvis[r] = row >= w->M || lim < 0 ? 0 : lim > n_keys ? n_keys : (int)lim;
+            a[r] = 1.0f;
+            if (nvis[r] == 0) continue;
+            n_max = nvis[r] > n_max ? nvis[r] : n_max;
+            const __mmask16 vis = (__mmask16)((1u << nvis[r]) - 1);
+            __m512 s = _mm512_mask_blend_ps(vis, ninf, _mm512_mul_ps(c[r], scale));
+            float mold = w->m[row], mx = _mm512_reduce_max_ps(s);
+            mx = mx > mold ? mx : mold;
+            a[r] = mx == mold ? 1.0f : exp_1(mold - mx);
+            float *p = w->p + (size_t)row * STEP;
+            _mm512_storeu_ps(p, _mm512_maskz_mov_ps(vis, exp512(_mm512_sub_ps(s, _mm512_set1_ps(mx)))));
+            w->m[row] = mx;
+        }
+        float psum[4] = {0, 0, 0, 0}; /* in key order, the 4 rows side by side */
+        for (int j = 0; j < n_max; j++)
+            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) if (j < nvis[r]) psum[r] += w->p[(size_t)(r0 + r) * STEP + j];
+        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) if (nvis[r] > 0) {
+            float *l = w->l + r0 + r;
+            *l = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(*l), _mm_set_ss(a[r]), _mm_set_ss(psum[r])));
+        }
+        if (n_max == 0) continue;
+        float *o = w->o + (size_t)r0 * hd;
+        const float *p = w->p + (size_t)r0 * STEP;
+        int d0 = 0;
+        for (; d0 + 64 <= hd; d0 += 64) keys4_accum(hd, d0, nvis, n_max, p, v0, vb, vt, o, a, 4);
+        if (d0 + 32 <= hd) keys4_accum(hd, d0, nvis, n_max, p, v0, vb, vt, o, a, 2), d0 += 32;
+        if (d0 < hd) keys4_accum(hd, d0, nvis, n_max, p, v0, vb, vt, o, a, 1);
+    }
+}
+
+/* The few-row steps with the types as constants: one copy per pair. */
+#define FEW_V(STEP_FN, KT)                                                                               \
+    switch (vt) {                                                                                        \
+    case KP_DTYPE_F32: STEP_FN(t, &w, k, KT, v, KP_DTYPE_F32, n_keys, key_pos); return true;             \
+    case KP_DTYPE_F16: STEP_FN(t, &w, k, KT, v, KP_DTYPE_F16, n_keys, key_pos); return true;             \
+    case KP_DTYPE_Q8_0: STEP_FN(t, &w, k, KT, v, KP_DTYPE_Q8_0, n_keys, key_pos); return true;           \
+    case KP_DTYPE_Q4_0: STEP_FN(t, &w, k, KT, v, KP_DTYPE_Q4_0, n_keys, key_pos); return true;           \
+    default: return false;                                                                               \
+    }
+#define FEW_KV(STEP_FN)                                                                                  \
+    switch (kt) {                                                                                        \
+    case KP_DTYPE_F32: FEW_V(STEP_FN, KP_DTYPE_F32)                                                      \
+    case KP_DTYPE_F16: FEW_V(STEP_FN, KP_DTYPE_F16)                                                      \
+    case KP_DTYPE_Q8_0: FEW_V(STEP_FN, KP_DTYPE_Q8_0)                                                    \
+    case KP_DTYPE_Q4_0: FEW_V(STEP_FN, KP_DTYPE_Q4_0)                                                    \
+    default: return false;                                                                               \
+    }
+
+AVX512 static bool rows4_kv(kp_attn_tile *t, const keys_ws *wp, const void *k, kp_dtype kt, const void *v,
+                            kp_dtype vt, int n_keys, int32_t key_pos) {
+    keys_ws w = *wp;
+    FEW_KV(rows4_step)
+}
+
+AVX512 static bool keys4_kv(kp_attn_tile *t, const keys_ws *wp, const void *k, kp_dtype kt, const void *v,
+                            kp_dtype vt, int n_keys, int32_t key_pos) {
+    keys_ws w = *wp;
+    FEW_KV(keys4_step)
+}
+#undef FEW_KV
+#undef FEW_V
+
+/* The step of a few-row tile (the row or key-lane layout) for any pair of
+ * KV types, when the head size suits it (a multiple of 16; of 32 for the
+ * quantized types, as the pool requires); false: the caller takes another
+ * path. */
+AVX512 static bool few_rows_any(kp_attn_tile *t, const void *k, kp_dtype kt, const void *v, kp_dtype vt,
+                                int n_keys, int32_t key_pos) {
+    int layout = layout_of(t);
+    if ((layout != LAYOUT_ROWS && layout != LAYOUT_KEYS) || t->hd % 16) return false;
+    keys_ws w = keys_layout(t);
+    return layout == LAYOUT_ROWS ? rows4_kv(t, &w, k, kt, v, vt, n_keys, key_pos)
+                                 : keys4_kv(t, &w, k, kt, v, vt, n_keys, key_pos);
 }
 #undef ROWS_STEP_BODY
 
 /* ---- the tile entry points ------------------------------------------------- */
 
-/* A step: the query-lane layout (K zero up to a multiple of 8 keys, the
- * score loop's block) and the row layout of head sizes that are a multiple
- * of 16 on 16 lanes; every other step is the avx2 table's. */
-#define TILE_STEP_BODY(LOAD, F16, AVX2_STEP)                                            \
+/* A step: the few-row layouts (few_rows_any), else the query-lane layout (K zero
+ * up to a multiple of 8 keys, the score loop's block), else the avx2
+ * table's. */
+#define TILE_STEP_BODY(LOAD, TYPE, AVX2_STEP)                                           \
     int hd = t->hd;                                                                     \
-    const int layout = layout_of(t);                                                    \
-    if (layout == LAYOUT_LANES) {                                                       \
+    if (few_rows_any(t, k, TYPE, v, TYPE, n_keys, key_pos)) return;                        \
+    if (layout_of(t) == LAYOUT_LANES) {                                                 \
         kp_attn_prefetch_next(t, 0, 1);                                                 \
         lanes_ws w = lanes_layout(t, GRAN_AVX512);                                      \
         ROWS_TO_F32(LOAD, k, w.kf, n_keys, (n_keys + 7) / 8 * 8, hd);                   \
         ROWS_TO_F32(LOAD, v, w.vf, n_keys, n_keys, hd);                                 \
         lanes512_step(t, &w, n_keys, key_pos);                                          \
-    } else if (layout == LAYOUT_ROWS && hd % 16 == 0) {                                 \
-        keys_ws w = keys_layout(t);                                                     \
-        rows512_step(t, &w, k, v, n_keys, key_pos, F16);                                \
     } else {                                                                            \
         kp_attn_avx2_kernels.AVX2_STEP(t, k, v, n_keys, key_pos);                       \
     }
 
 AVX512 static void tile_step_f32_avx512(kp_attn_tile *t, const float *k, const float *v, int n_keys,
                                         int32_t key_pos) {
-    TILE_STEP_BODY(load8_f32, false, tile_step_f32)
+    TILE_STEP_BODY(load8_f32, KP_DTYPE_F32, tile_step_f32)
 }
 
 AVX512 static void tile_step_f16_avx512(kp_attn_tile *t, const uint16_t *k, const uint16_t *v, int n_keys,
                                         int32_t key_pos) {
-    TILE_STEP_BODY(load8_f16, true, tile_step_f16)
+    TILE_STEP_BODY(load8_f16, KP_DTYPE_F16, tile_step_f16)
 }
 #undef TILE_STEP_BODY
 
-/* Rows of any KV type to F32: the avx2 table's decoders (8 lanes; the
- * decode is a small part of a step), then this table's F32 step. */
+/* Rows of any KV type: the row layout reads them in place; the others
+ * decode them to F32 with the avx2 table's decoders (8 lanes; the decode
+ * is a small part of a many-row step), then take this table's F32 step. */
 AVX512 static void kv_rows_avx512(kp_dtype t, const void *src, float *dst, int64_t n) { kv_to_f32_avx2(t, src, dst, n); }
 
 AVX512 static void tile_step_kv_avx512(kp_attn_tile *t, const void *k, kp_dtype kt, const void *v, kp_dtype vt,
                                        int n_keys, int32_t key_pos) {
+    if (few_rows_any(t, k, kt, v, vt, n_keys, key_pos)) return;
     tile_step_kv_with(t, k, kt, v, vt, n_keys, key_pos, kv_rows_avx512, tile_step_f32_avx512);
 }
 
