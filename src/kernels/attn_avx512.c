@@ -264,34 +264,34 @@ AVX512_INLINE __m512 reduce_4x4(__m512 c[4][4]) {
     return _mm512_add_ps(_mm512_shuffle_ps(y01, y23, 0x44), _mm512_shuffle_ps(y01, y23, 0xee));
 }
 
-/* Scores of the 4 rows from q (row stride hd) against the K rows k[0..3]:
- * s[r * STEP + j] = scale * dot(q_r, k_j). */
+/* Scores of the R (3 or 4) rows from q (row stride hd) against the K rows
+ * k[0..3]: s[r * STEP + j] = scale * dot(q_r, k_j). */
 AVX512_INLINE void rows4_scores(int hd, const float *q, const uint8_t *const k[4], kp_dtype kt, float *s,
-                                __m512 scale) {
+                                __m512 scale, const int R) {
     __m512 c[4][4];
     _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) c[r][j] = _mm512_setzero_ps();
     for (int d = 0; d < hd; d += 16) {
         __m512 x[4], kk[4];
-        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) x[r] = _mm512_loadu_ps(q + (size_t)r * hd + d);
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) x[r] = _mm512_loadu_ps(q + (size_t)r * hd + d);
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) kk[j] = ld16(k[j], d, kt);
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++)
-            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) c[r][j] = _mm512_fmadd_ps(x[r], kk[j], c[r][j]);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) c[r][j] = _mm512_fmadd_ps(x[r], kk[j], c[r][j]);
     }
     __m512 z = _mm512_mul_ps(reduce_4x4(c), scale);
     _mm_storeu_ps(s, _mm512_castps512_ps128(z));
     _mm_storeu_ps(s + STEP, _mm512_extractf32x4_ps(z, 1));
     _mm_storeu_ps(s + 2 * STEP, _mm512_extractf32x4_ps(z, 2));
-    _mm_storeu_ps(s + 3 * STEP, _mm512_extractf32x4_ps(z, 3));
+    if (R == 4) _mm_storeu_ps(s + 3 * STEP, _mm512_extractf32x4_ps(z, 3));
 }
 
-/* o[r][d0 .. d0 + 16 NV) of the 4 rows (row stride hd) = o * al[r] +
+/* o[r][d0 .. d0 + 16 NV) of the R rows (row stride hd) = o * al[r] +
  * sum_j p[r * STEP + j] * V_j, for the n_keys V rows from v (vb bytes
- * apart); each V vector is converted once for the 4 rows. */
+ * apart); each V vector is converted once for the R rows. */
 AVX512_INLINE void rows4_accum(int hd, int d0, int n_keys, const float *p, const uint8_t *v, size_t vb,
-                               kp_dtype vt, float *o, const float *al, int NV) {
+                               kp_dtype vt, float *o, const float *al, int NV, const int R) {
     __m512 c[4][4];
-    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
         const __m512 a = _mm512_set1_ps(al[r]);
         _Pragma("GCC unroll 4") for (int i = 0; i < NV; i++)
             c[r][i] = _mm512_mul_ps(_mm512_loadu_ps(o + (size_t)r * hd + d0 + 16 * i), a);
@@ -300,46 +300,55 @@ AVX512_INLINE void rows4_accum(int hd, int d0, int n_keys, const float *p, const
         __m512 vv[4];
         const uint8_t *vr = v + (size_t)j * vb;
         _Pragma("GCC unroll 4") for (int i = 0; i < NV; i++) vv[i] = ld16(vr, d0 + 16 * i, vt);
-        _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             const __m512 x = _mm512_set1_ps(p[r * STEP + j]);
             _Pragma("GCC unroll 4") for (int i = 0; i < NV; i++) c[r][i] = _mm512_fmadd_ps(x, vv[i], c[r][i]);
         }
     }
-    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++)
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
         _Pragma("GCC unroll 4") for (int i = 0; i < NV; i++)
             _mm512_storeu_ps(o + (size_t)r * hd + d0 + 16 * i, c[r][i]);
 }
 
 /* One step of the row layout on K rows of type kt and V rows of type vt
- * (constants at every call). Rows go 4 at a time; padding rows (q = 0)
+ * (constants at every call). Rows go R (3 or 4, a constant) at a time,
+ * whichever pads the tile's rows less (3 heads per kv-head: 3); padding
+ * rows (q = 0)
  * see no key (rows_softmax gives them weight 0). The keys past the last
  * multiple of 4 are scored in a block of 4 whose extra keys repeat the
  * last one and are never seen. While the first row block scores its keys,
  * the next step's rows are prefetched, a slice per 4 keys. */
 AVX512_INLINE void rows4_step(kp_attn_tile *t, const keys_ws *w, const void *k, kp_dtype kt, const void *v,
-                              kp_dtype vt, int n_keys, int32_t key_pos) {
-    const int hd = t->hd, M4 = (w->M + 3) / 4 * 4;
+                              kp_dtype vt, int n_keys, int32_t key_pos, const int R) {
+    const int hd = t->hd, M4 = (w->M + R - 1) / R * R;
     const size_t kb = row_bytes(kt, hd), vb = row_bytes(vt, hd);
     const uint8_t *k0 = k, *v0 = v;
     const __m512 scale = _mm512_set1_ps(t->scale);
-    for (int r0 = 0; r0 < M4; r0 += 4)
+    for (int r0 = 0; r0 < M4; r0 += R)
         for (int j = 0; j < n_keys; j += 4) {
             if (r0 == 0) kp_attn_prefetch_next(t, j / 4, STEP / 4);
             const uint8_t *kr[4];
             _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
                 kr[i] = k0 + (size_t)(j + i < n_keys ? j + i : n_keys - 1) * kb;
-            rows4_scores(hd, w->q + (size_t)r0 * hd, kr, kt, w->p + (size_t)r0 * STEP + j, scale);
+            rows4_scores(hd, w->q + (size_t)r0 * hd, kr, kt, w->p + (size_t)r0 * STEP + j, scale, R);
         }
     for (int i = (n_keys + 3) / 4; i < STEP / 4; i++) kp_attn_prefetch_next(t, i, STEP / 4); /* short steps */
     rows_softmax(t, w, M4, n_keys, key_pos);
-    for (int r0 = 0; r0 < M4; r0 += 4) {
+    for (int r0 = 0; r0 < M4; r0 += R) {
         float *o = w->o + (size_t)r0 * hd;
         const float *p = w->p + (size_t)r0 * STEP, *al = w->al + r0;
         int d0 = 0;
-        for (; d0 + 64 <= hd; d0 += 64) rows4_accum(hd, d0, n_keys, p, v0, vb, vt, o, al, 4);
-        if (d0 + 32 <= hd) rows4_accum(hd, d0, n_keys, p, v0, vb, vt, o, al, 2), d0 += 32;
-        if (d0 < hd) rows4_accum(hd, d0, n_keys, p, v0, vb, vt, o, al, 1);
+        for (; d0 + 64 <= hd; d0 += 64) rows4_accum(hd, d0, n_keys, p, v0, vb, vt, o, al, 4, R);
+        if (d0 + 32 <= hd) rows4_accum(hd, d0, n_keys, p, v0, vb, vt, o, al, 2, R), d0 += 32;
+        if (d0 < hd) rows4_accum(hd, d0, n_keys, p, v0, vb, vt, o, al, 1, R);
     }
+}
+
+/* rows4_step in row blocks of 3 or of 4, whichever pads M rows less. */
+AVX512_INLINE void rows_r_step(kp_attn_tile *t, const keys_ws *w, const void *k, kp_dtype kt, const void *v,
+                               kp_dtype vt, int n_keys, int32_t key_pos) {
+    if ((w->M + 2) / 3 * 3 < (w->M + 3) / 4 * 4) rows4_step(t, w, k, kt, v, vt, n_keys, key_pos, 3);
+    else rows4_step(t, w, k, kt, v, vt, n_keys, key_pos, 4);
 }
 
 /* ---- key-lane layout on 16 lanes, K and V read in place ------------------ */
@@ -484,7 +493,7 @@ AVX512_INLINE void keys4_step(kp_attn_tile *t, const keys_ws *w, const void *k, 
 AVX512 static bool rows4_kv(kp_attn_tile *t, const keys_ws *wp, const void *k, kp_dtype kt, const void *v,
                             kp_dtype vt, int n_keys, int32_t key_pos) {
     keys_ws w = *wp;
-    FEW_KV(rows4_step)
+    FEW_KV(rows_r_step)
 }
 
 AVX512 static bool keys4_kv(kp_attn_tile *t, const keys_ws *wp, const void *k, kp_dtype kt, const void *v,
