@@ -242,13 +242,6 @@ AVX512_INLINE __m512 ld16(const uint8_t *row, int i, kp_dtype t) {
     return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(_cvtsh_ss(dh)));
 }
 
-/* Bytes of one cached row of type t and hd elements. */
-static inline size_t row_bytes(kp_dtype t, int hd) {
-    return t == KP_DTYPE_F32 ? 4 * (size_t)hd
-           : t == KP_DTYPE_F16 ? 2 * (size_t)hd
-           : (size_t)hd / 32 * (t == KP_DTYPE_Q8_0 ? 34 : 18);
-}
-
 /* z[4r + j] = the sum of the 16 lanes of c[r][j]: for each key, the rows'
  * halves and quarters are folded together (quarter r of v[j] holds row r's
  * partial sums), then the 4 lanes of every quarter across the keys. */
@@ -321,7 +314,7 @@ AVX512_INLINE void rows4_accum(int hd, int d0, int n_keys, const float *p, const
 AVX512_INLINE void rows4_step(kp_attn_tile *t, const keys_ws *w, const void *k, kp_dtype kt, const void *v,
                               kp_dtype vt, int n_keys, int32_t key_pos, const int R) {
     const int hd = t->hd, M4 = (w->M + R - 1) / R * R;
-    const size_t kb = row_bytes(kt, hd), vb = row_bytes(vt, hd);
+    const size_t kb = kp_dtype_row_size(kt, hd), vb = kp_dtype_row_size(vt, hd);
     const uint8_t *k0 = k, *v0 = v;
     const __m512 scale = _mm512_set1_ps(t->scale);
     for (int r0 = 0; r0 < M4; r0 += R)
@@ -418,7 +411,7 @@ AVX512_INLINE void keys4_accum(int hd, int d0, const int nvis[4], int n_max, con
 AVX512_INLINE void keys4_step(kp_attn_tile *t, const keys_ws *w, const void *k, kp_dtype kt, const void *v,
                               kp_dtype vt, int n_keys, int32_t key_pos) {
     const int hd = t->hd;
-    const size_t kb = row_bytes(kt, hd), vb = row_bytes(vt, hd);
+    const size_t kb = kp_dtype_row_size(kt, hd), vb = kp_dtype_row_size(vt, hd);
     const uint8_t *k0 = k, *v0 = v;
     kp_attn_prefetch_next(t, 0, 1);
     for (int d0 = 0; d0 < hd; d0 += 16) { /* w.kt[d][j] = element d of K row j (0 past n_keys) */
@@ -475,10 +468,10 @@ AVX512_INLINE void keys4_step(kp_attn_tile *t, const keys_ws *w, const void *k, 
 /* The few-row steps with the types as constants: one copy per pair. */
 #define FEW_V(STEP_FN, KT)                                                                               \
     switch (vt) {                                                                                        \
-    case KP_DTYPE_F32: STEP_FN(t, &w, k, KT, v, KP_DTYPE_F32, n_keys, key_pos); return true;             \
-    case KP_DTYPE_F16: STEP_FN(t, &w, k, KT, v, KP_DTYPE_F16, n_keys, key_pos); return true;             \
-    case KP_DTYPE_Q8_0: STEP_FN(t, &w, k, KT, v, KP_DTYPE_Q8_0, n_keys, key_pos); return true;           \
-    case KP_DTYPE_Q4_0: STEP_FN(t, &w, k, KT, v, KP_DTYPE_Q4_0, n_keys, key_pos); return true;           \
+    case KP_DTYPE_F32: STEP_FN(t, w, k, KT, v, KP_DTYPE_F32, n_keys, key_pos); return true;             \
+    case KP_DTYPE_F16: STEP_FN(t, w, k, KT, v, KP_DTYPE_F16, n_keys, key_pos); return true;             \
+    case KP_DTYPE_Q8_0: STEP_FN(t, w, k, KT, v, KP_DTYPE_Q8_0, n_keys, key_pos); return true;           \
+    case KP_DTYPE_Q4_0: STEP_FN(t, w, k, KT, v, KP_DTYPE_Q4_0, n_keys, key_pos); return true;           \
     default: return false;                                                                               \
     }
 #define FEW_KV(STEP_FN)                                                                                  \
@@ -490,15 +483,13 @@ AVX512_INLINE void keys4_step(kp_attn_tile *t, const keys_ws *w, const void *k, 
     default: return false;                                                                               \
     }
 
-AVX512 static bool rows4_kv(kp_attn_tile *t, const keys_ws *wp, const void *k, kp_dtype kt, const void *v,
+AVX512 static bool rows4_kv(kp_attn_tile *t, const keys_ws *w, const void *k, kp_dtype kt, const void *v,
                             kp_dtype vt, int n_keys, int32_t key_pos) {
-    keys_ws w = *wp;
     FEW_KV(rows_r_step)
 }
 
-AVX512 static bool keys4_kv(kp_attn_tile *t, const keys_ws *wp, const void *k, kp_dtype kt, const void *v,
+AVX512 static bool keys4_kv(kp_attn_tile *t, const keys_ws *w, const void *k, kp_dtype kt, const void *v,
                             kp_dtype vt, int n_keys, int32_t key_pos) {
-    keys_ws w = *wp;
     FEW_KV(keys4_step)
 }
 #undef FEW_KV
