@@ -289,59 +289,39 @@ static uint64_t mac_scalar(uint64_t steps) {
 #define T_VNNI __attribute__((target("avx2,avx512f,avx512vl,avx512bw,avx512vnni")))
 
 T_AVX2 static uint64_t mac_avx2(uint64_t steps) {
+    enum { CHAINS = 8 };
     const __m256i one = _mm256_set1_epi16(1);
     __m256i a = _mm256_set1_epi8(1);
-    /* distinct weights per chain: no two chains compute the same products */
-    const __m256i b0 = _mm256_set1_epi8(-1), b1 = _mm256_set1_epi8(2), b2 = _mm256_set1_epi8(-3),
-                  b3 = _mm256_set1_epi8(4), b4 = _mm256_set1_epi8(-5), b5 = _mm256_set1_epi8(6),
-                  b6 = _mm256_set1_epi8(-7), b7 = _mm256_set1_epi8(8);
-    __m256i c0 = _mm256_set1_epi32(0), c1 = _mm256_set1_epi32(1), c2 = _mm256_set1_epi32(2),
-            c3 = _mm256_set1_epi32(3), c4 = _mm256_set1_epi32(4), c5 = _mm256_set1_epi32(5),
-            c6 = _mm256_set1_epi32(6), c7 = _mm256_set1_epi32(7);
+    /* distinct weights per chain (-1, 2, -3, 4, ...): no two chains compute the same products */
+    __m256i w[CHAINS], c[CHAINS];
+    _Pragma("GCC unroll 8") for (int k = 0; k < CHAINS; k++) {
+        w[k] = _mm256_set1_epi8((char)(k % 2 ? k + 1 : -(k + 1)));
+        c[k] = _mm256_set1_epi32(k);
+    }
     for (uint64_t i = 0; i < steps; i++) {
         __asm__("" : "+x"(a));
-        c0 = _mm256_add_epi32(c0, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b0), one));
-        c1 = _mm256_add_epi32(c1, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b1), one));
-        c2 = _mm256_add_epi32(c2, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b2), one));
-        c3 = _mm256_add_epi32(c3, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b3), one));
-        c4 = _mm256_add_epi32(c4, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b4), one));
-        c5 = _mm256_add_epi32(c5, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b5), one));
-        c6 = _mm256_add_epi32(c6, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b6), one));
-        c7 = _mm256_add_epi32(c7, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b7), one));
+        _Pragma("GCC unroll 8") for (int k = 0; k < CHAINS; k++)
+            c[k] = _mm256_add_epi32(c[k], _mm256_madd_epi16(_mm256_maddubs_epi16(a, w[k]), one));
     }
-    __m256i s = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(c0, c1), _mm256_add_epi32(c2, c3)),
-                                 _mm256_add_epi32(_mm256_add_epi32(c4, c5), _mm256_add_epi32(c6, c7)));
+    __m256i s = c[0];
+    _Pragma("GCC unroll 8") for (int k = 1; k < CHAINS; k++) s = _mm256_add_epi32(s, c[k]);
     uint32_t lanes[8];
     _mm256_storeu_si256((__m256i *)(void *)lanes, s);
     return fold_u32(lanes, 8);
 }
 
 T_VNNI static uint64_t mac_avx512vnni(uint64_t steps) {
+    enum { CHAINS = 12 }; /* independent accumulators: enough to hide the latency */
     __m512i a = _mm512_set1_epi8(1);
     const __m512i b = _mm512_set1_epi8(-2);
-    __m512i c0 = _mm512_set1_epi32(0), c1 = _mm512_set1_epi32(1), c2 = _mm512_set1_epi32(2),
-            c3 = _mm512_set1_epi32(3), c4 = _mm512_set1_epi32(4), c5 = _mm512_set1_epi32(5),
-            c6 = _mm512_set1_epi32(6), c7 = _mm512_set1_epi32(7), c8 = _mm512_set1_epi32(8),
-            c9 = _mm512_set1_epi32(9), c10 = _mm512_set1_epi32(10), c11 = _mm512_set1_epi32(11);
+    __m512i c[CHAINS];
+    _Pragma("GCC unroll 12") for (int k = 0; k < CHAINS; k++) c[k] = _mm512_set1_epi32(k);
     for (uint64_t i = 0; i < steps; i++) {
         __asm__("" : "+v"(a));
-        c0 = _mm512_dpbusd_epi32(c0, a, b);
-        c1 = _mm512_dpbusd_epi32(c1, a, b);
-        c2 = _mm512_dpbusd_epi32(c2, a, b);
-        c3 = _mm512_dpbusd_epi32(c3, a, b);
-        c4 = _mm512_dpbusd_epi32(c4, a, b);
-        c5 = _mm512_dpbusd_epi32(c5, a, b);
-        c6 = _mm512_dpbusd_epi32(c6, a, b);
-        c7 = _mm512_dpbusd_epi32(c7, a, b);
-        c8 = _mm512_dpbusd_epi32(c8, a, b);
-        c9 = _mm512_dpbusd_epi32(c9, a, b);
-        c10 = _mm512_dpbusd_epi32(c10, a, b);
-        c11 = _mm512_dpbusd_epi32(c11, a, b);
+        _Pragma("GCC unroll 12") for (int k = 0; k < CHAINS; k++) c[k] = _mm512_dpbusd_epi32(c[k], a, b);
     }
-    __m512i s = _mm512_add_epi32(
-        _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(c0, c1), _mm512_add_epi32(c2, c3)),
-                         _mm512_add_epi32(_mm512_add_epi32(c4, c5), _mm512_add_epi32(c6, c7))),
-        _mm512_add_epi32(_mm512_add_epi32(c8, c9), _mm512_add_epi32(c10, c11)));
+    __m512i s = c[0];
+    _Pragma("GCC unroll 12") for (int k = 1; k < CHAINS; k++) s = _mm512_add_epi32(s, c[k]);
     uint32_t lanes[16];
     _mm512_storeu_si512((void *)lanes, s);
     return fold_u32(lanes, 16);
