@@ -194,7 +194,7 @@ static const cli_opt cache_tab[] = {
     {"turns", NULL, NULL, "FILE", "the prompts, one JSON object per line: {\"prompt\": \"...\"}", O_TURNS},
     CLI_USE(CLI_N_PREDICT), CLI_SAMPLING_OPTS, CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V),
     CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_KV_BLOCK), CLI_USE(CLI_NO_PREFIX_CACHE), CLI_USE(CLI_NO_BOS),
-    CLI_USE(CLI_SPECIAL), CLI_USE(CLI_PRINT_TOKENS), CLI_USE(CLI_SCALAR),
+    CLI_USE(CLI_SPECIAL), CLI_USE(CLI_PRINT_TOKENS), CLI_USE(CLI_SCALAR), CLI_USE(CLI_NO_REPACK),
     {"stop", NULL, NULL, "STR", "end the text before STR (repeatable, at most 16)", O_STOP},
     CLI_USE(CLI_CACHE_DIR), CLI_USE(CLI_CACHE_DISK_BUDGET),
     {0},
@@ -245,7 +245,7 @@ typedef struct {
     kp_dtype kv_type, kv_type_v;
     uint64_t budget;
     uint32_t block;
-    bool no_cache, no_bos, special, print_tokens, scalar;
+    bool no_cache, no_bos, special, print_tokens, scalar, no_repack;
     const char *cache_dir;
     uint64_t disk_budget;
 } cache_opts;
@@ -271,6 +271,7 @@ static int parse_cache_opts(int argc, char **argv, cache_opts *o) {
         case CLI_SPECIAL: o->special = true; break;
         case CLI_PRINT_TOKENS: o->print_tokens = true; break;
         case CLI_SCALAR: o->scalar = true; break;
+        case CLI_NO_REPACK: o->no_repack = true; break;
         case CLI_MODEL: o->model_path = v; break;
         case O_TURNS: o->turns_file = v; break;
         case O_STOP:
@@ -470,7 +471,7 @@ int cmd_run_cached(int argc, char **argv) {
     turn_list t = {0};
     rc = 1;
     if (!load_sources(&o, &t)) goto done;
-    cli_session_opts so = {o.model_path, o.n_threads, o.kv_type, o.n_ctx, o.scalar, o.kv_type_v};
+    cli_session_opts so = {o.model_path, o.n_threads, o.kv_type, o.n_ctx, o.scalar, o.kv_type_v, o.no_repack};
     if (!cli_model_open(&cm, &so, "run")) goto done;
     kp_tok_vocab *v = cm.tok;
     if (!tokenize_turns(v, &t, !o.no_bos, o.special, "run")) goto done;
@@ -480,7 +481,7 @@ int cmd_run_cached(int argc, char **argv) {
     /* default: the context plus as much again for cached turns, at most half of RAM */
     uint64_t budget = o.budget ? o.budget : 2 * ((uint64_t)n_ctx + o.block) * per;
     if (!o.budget && cli_half_of_ram() && budget > cli_half_of_ram()) budget = cli_half_of_ram();
-    kp_eng_config ec = {o.kv_type, o.block, budget, n_ctx, o.no_cache, NULL, o.kv_type_v};
+    kp_eng_config ec = {o.kv_type, o.block, budget, n_ctx, o.no_cache, NULL, o.kv_type_v, o.no_repack};
     if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK) {
         fprintf(stderr, "kvpin run: %s\n", err.msg);
         goto done;
@@ -602,11 +603,12 @@ typedef struct {
 } doctor_tiers;
 
 static bool doctor_tiers_open(doctor_tiers *d, const char *model) {
-    cli_session_opts so = {model, 1, d->kv_type, 0, false, d->kv_type_v};
+    cli_session_opts so = {model, 1, d->kv_type, 0, false, d->kv_type_v, true};
     if (!cli_model_open(&d->cm, &so, "doctor")) return false;
     kp_error err = {0};
     uint64_t per = kp_model_kv_bytes_per_token_kv(&d->cm.m->hp, d->kv_type, d->kv_type_v);
-    kp_eng_config ec = {d->kv_type, d->block, 4 * (uint64_t)d->block * per, d->block, false, NULL, d->kv_type_v};
+    kp_eng_config ec = {d->kv_type, d->block, 4 * (uint64_t)d->block * per, d->block, false, NULL, d->kv_type_v,
+                        true};
     kp_tiers_config tc = {d->dir, 0, d->redis, d->redis_timeout, NULL, NULL, 0};
     if (kp_eng_new(&d->e, d->cm.m, d->cm.pool, d->cm.kernels, &ec, &err) != KP_OK ||
         kp_eng_open_tiers(d->e, &tc, &err) != KP_OK) {

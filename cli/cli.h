@@ -31,6 +31,7 @@ typedef struct {
     uint32_t n_ctx;          /* 0: min(training context, 4096) */
     bool scalar;             /* portable kernels instead of AVX2 */
     kp_dtype kv_type_v;      /* V rows */
+    bool no_repack;          /* --no-repack: weights read in the mapping only */
 } cli_session_opts;
 
 /* What such a subcommand loads before it makes its engine
@@ -90,6 +91,7 @@ enum {
     CLI_PRESENCE_PENALTY, CLI_FREQUENCY_PENALTY, CLI_HOST, CLI_PORT, CLI_PARALLEL, CLI_KV_TYPE, CLI_KV_BUDGET,
     CLI_KV_BLOCK, CLI_NO_PREFIX_CACHE, CLI_NO_BOS, CLI_SPECIAL, CLI_PRINT_TOKENS, CLI_SCALAR, CLI_JSON,
     CLI_KV_TYPE_K, CLI_KV_TYPE_V, CLI_CACHE_DIR, CLI_CACHE_DISK_BUDGET, CLI_CACHE_REDIS, CLI_CACHE_REDIS_TIMEOUT,
+    CLI_NO_REPACK,
     CLI_OWN = 1000
 };
 #define CLI_USE(k) {.key = (k)}

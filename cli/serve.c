@@ -33,7 +33,7 @@ enum {
 static const cli_opt serve_tab[] = {
     CLI_USE(CLI_MODEL), CLI_USE(CLI_HOST), CLI_USE(CLI_PORT), CLI_USE(CLI_PARALLEL), CLI_USE(CLI_CTX_SIZE),
     CLI_USE(CLI_THREADS), CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_KV_BLOCK),
-    CLI_USE(CLI_NO_PREFIX_CACHE),
+    CLI_USE(CLI_NO_PREFIX_CACHE), CLI_USE(CLI_NO_REPACK),
     {"api-key", NULL, NULL, "KEY", "require \"Authorization: Bearer KEY\"; other users can read it in\n"
                                    "ps: prefer --api-key-file or $KVPIN_API_KEY", O_API_KEY},
     {"api-key-file", NULL, NULL, "FILE", "the API key is the first line of FILE", O_API_KEY_FILE},
@@ -165,7 +165,7 @@ int cmd_serve(int argc, char **argv) {
     int64_t request_timeout = 30, max_conn = 1024, max_per_addr = 64;
     uint64_t budget = 0, max_body = 8u << 20;
     kp_dtype kv_type = KP_DTYPE_F16, kv_type_v = KP_DTYPE_F16;
-    bool no_cache = false, quiet = false, budget_set = false, strict_api = false, no_dashboard = false;
+    bool no_cache = false, no_repack = false, quiet = false, budget_set = false, strict_api = false, no_dashboard = false;
     float pin_ttl_scale = 1;
     cli_args a;
     cli_args_init(&a, "serve", serve_tab, serve_usage, argc, argv);
@@ -175,6 +175,7 @@ int cmd_serve(int argc, char **argv) {
         switch (k) {
         case CLI_STOP: return a.rc;
         case CLI_NO_PREFIX_CACHE: no_cache = true; break;
+        case CLI_NO_REPACK: no_repack = true; break;
         case O_QUIET: quiet = true; break;
         case O_STRICT_API: strict_api = true; break;
         case O_NO_DASHBOARD: no_dashboard = true; break;
@@ -289,7 +290,7 @@ int cmd_serve(int argc, char **argv) {
                             "(--chat-template NAME to change)\n");
         }
     }
-    kp_eng_config ec = {kv_type, (uint32_t)block, budget, n_ctx, no_cache, NULL, kv_type_v};
+    kp_eng_config ec = {kv_type, (uint32_t)block, budget, n_ctx, no_cache, NULL, kv_type_v, no_repack};
     if (kp_eng_new(&e, m, pool, NULL, &ec, &err) != KP_OK) {
         fprintf(stderr, "kvpin serve: %s\n", err.msg);
         goto done;

@@ -217,6 +217,12 @@ typedef struct {
     bool no_prefix_cache;  /* true: nothing is cached, every prompt is computed whole */
     bool kv_type_v_set;    /* true: V rows are kv_type_v (K stays kv_type) */
     kp_kv_type kv_type_v;
+    bool no_repack;        /* true: the kernels read every weight where the model file
+                              maps it; false (default): where the CPU's kernels have a
+                              layout of their own for a weight type (Q8_0 and Q4_0 with
+                              AVX-512 VNNI), the session keeps a repacked copy of those
+                              matrices (as many bytes again; faster decode, the same
+                              results bit for bit) */
 } kp_session_params;
 
 /* Makes a session over lm (borrowed: it must outlive the session). p NULL:

@@ -83,7 +83,7 @@ typedef struct {
 static bool open_engine(runner *r, const kp_model *m, kp_pool *pool, bool cache, uint64_t budget, kp_dtype kv) {
     kp_error err = {0};
     memset(r, 0, sizeof *r);
-    kp_eng_config c = {kv, 16, budget, MAX_LEN + N_GEN + 8, !cache, NULL, kv};
+    kp_eng_config c = {kv, 16, budget, MAX_LEN + N_GEN + 8, !cache, NULL, kv, !cache};
     kp_status st = kp_eng_new(&r->e, m, pool, NULL, &c, &err);
     CHECK_MSG(st == KP_OK, "%s", err.msg);
     r->logits = malloc(m->hp.n_vocab * sizeof(float));
@@ -284,10 +284,10 @@ static void test_reuse_counts(void) {
     kp_eng_free(e);
     kp_eng_free(NULL);
     /* a budget below one block is refused */
-    kp_eng_config c = {KP_DTYPE_F32, 16, 10, 0, false, NULL, KP_DTYPE_F32};
+    kp_eng_config c = {KP_DTYPE_F32, 16, 10, 0, false, NULL, KP_DTYPE_F32, false};
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_EINVAL && e == NULL);
     /* a budget of one sequence without a cache: a longer prompt is KP_EFULL */
-    kp_eng_config c2 = {KP_DTYPE_F32, 16, kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16, 0, true, NULL, KP_DTYPE_F32};
+    kp_eng_config c2 = {KP_DTYPE_F32, 16, kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16, 0, true, NULL, KP_DTYPE_F32, true};
     CHECK(kp_eng_new(&e, m, pool, NULL, &c2, &err) == KP_OK);
     CHECK(kp_eng_prefill(e, a, 17, &s, NULL, &r, &err) == KP_EFULL && s.kv.n_blocks == 0);
     CHECK_EQ_INT(used_bytes(e), 0);
@@ -347,7 +347,7 @@ static void test_node_path(void) {
     CHECK(kp_eng_node_path(e, none, 2, path, N, &start, &end, &err) == KP_ENOTFOUND && end == 0);
     CHECK(kp_eng_node_path(e, none, 0, path, N, &start, &end, &err) == KP_EINVAL);
     kp_eng_free(e);
-    kp_eng_config c = {KP_DTYPE_F32, 16, 0, 0, true, NULL, KP_DTYPE_F32};
+    kp_eng_config c = {KP_DTYPE_F32, 16, 0, 0, true, NULL, KP_DTYPE_F32, true};
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
     CHECK(kp_eng_node_path(e, none, 1, path, N, &start, &end, &err) == KP_ENOTFOUND);
     kp_eng_free(e);
@@ -370,7 +370,7 @@ static void budget_case(uint32_t blocks, uint32_t expect_reuse) {
     CHECK(kp_pool_new(&pool, 1, &err) == KP_OK);
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
-    kp_eng_config c = {KP_DTYPE_F32, 16, bb * blocks, 96, false, NULL, KP_DTYPE_F32}, cref = c;
+    kp_eng_config c = {KP_DTYPE_F32, 16, bb * blocks, 96, false, NULL, KP_DTYPE_F32, false}, cref = c;
     cref.no_prefix_cache = true;
     kp_engine *e = NULL, *ref = NULL;
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
@@ -444,8 +444,8 @@ static void batched_case(const char *rel, uint64_t seed, uint64_t budget_blocks)
     CHECK(kp_pool_new(&pool, 2, &err) == KP_OK);
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
-    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 128, true, NULL, KP_DTYPE_F32};
-    kp_eng_config cc = {KP_DTYPE_F32, 16, bb * budget_blocks, 128, false, NULL, KP_DTYPE_F32};
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 128, true, NULL, KP_DTYPE_F32, true};
+    kp_eng_config cc = {KP_DTYPE_F32, 16, bb * budget_blocks, 128, false, NULL, KP_DTYPE_F32, false};
     kp_engine *ref = NULL, *e = NULL;
     CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
     CHECK(kp_eng_new(&e, m, pool, NULL, &cc, &err) == KP_OK);
@@ -638,7 +638,7 @@ static void test_room_for(void) {
     kp_pool *pool;
     if (!load_stories(&m, &pool)) return;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
-    kp_eng_config c = {KP_DTYPE_F32, 16, bb * 8, 256, false, NULL, KP_DTYPE_F32}; /* 8 blocks, pins up to 4 */
+    kp_eng_config c = {KP_DTYPE_F32, 16, bb * 8, 256, false, NULL, KP_DTYPE_F32, false}; /* 8 blocks, pins up to 4 */
     kp_engine *e = NULL;
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
     rng_state = 0x5eed;
@@ -691,7 +691,7 @@ static void test_room_for(void) {
     CHECK(kp_eng_check(e, &err) == KP_OK);
     /* without a prefix cache: nothing reused or evictable */
     kp_engine *n = NULL;
-    kp_eng_config cn = {KP_DTYPE_F32, 16, bb * 8, 256, true, NULL, KP_DTYPE_F32};
+    kp_eng_config cn = {KP_DTYPE_F32, 16, bb * 8, 256, true, NULL, KP_DTYPE_F32, true};
     CHECK(kp_eng_new(&n, m, pool, NULL, &cn, &err) == KP_OK);
     CHECK(kp_eng_room_for(n, d, 33, false, &r, &err) == KP_OK);
     CHECK(r.reused_tokens == 0 && r.need_blocks == 3 && r.free_blocks == 8 && r.evictable_blocks == 0);
@@ -714,7 +714,7 @@ static void test_cache_operations(void) {
     const kp_hparams *hp = &m->hp;
     uint64_t bb = kp_model_kv_bytes_per_token(hp, KP_DTYPE_F32) * 16;
     kp_pfx_config pc = {bb * 5, 16}; /* pins may hold 5 blocks */
-    kp_eng_config c = {KP_DTYPE_F32, 16, bb * 64, 256, false, &pc, KP_DTYPE_F32};
+    kp_eng_config c = {KP_DTYPE_F32, 16, bb * 64, 256, false, &pc, KP_DTYPE_F32, false};
     kp_engine *e = NULL;
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
     mirror x = {0};
@@ -774,7 +774,7 @@ static void test_cache_operations(void) {
     kp_kvpool_free(x.pool);
     kp_eng_free(e);
     /* without a prefix cache: nothing listed, nothing to pin */
-    kp_eng_config off = {KP_DTYPE_F32, 16, bb * 8, 128, true, NULL, KP_DTYPE_F32};
+    kp_eng_config off = {KP_DTYPE_F32, 16, bb * 8, 128, true, NULL, KP_DTYPE_F32, true};
     CHECK(kp_eng_new(&e, m, pool, NULL, &off, &err) == KP_OK);
     CHECK(kp_eng_top(e, one, 1, &n1, &err) == KP_OK && n1 == 0);
     CHECK(kp_eng_pin(e, t[0], 5, 0, 0, &ka, &err) == KP_EUNSUPPORTED && ka == 0);
@@ -829,7 +829,7 @@ static void test_generate_and_feeding(void) {
     if (!load_stories(&m, &pool)) return;
     CHECK(kp_tok_vocab_load(&v, m->file, &err) == KP_OK);
     uint32_t nv = m->hp.n_vocab;
-    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 256, true, NULL, KP_DTYPE_F32}, cc = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32};
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 256, true, NULL, KP_DTYPE_F32, true}, cc = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32, false};
     cc.budget_bytes = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 256 * 4;
     kp_engine *ref = NULL, *e = NULL;
     CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
@@ -938,7 +938,7 @@ static void fork_for(kp_model *m, kp_pool *pool, kp_dtype kv) {
     kp_error err = {0};
     for (int cache = 0; cache < 2; cache++) {
         kp_engine *e = NULL;
-        kp_eng_config c = {kv, 16, 0, 256, !cache, NULL, kv};
+        kp_eng_config c = {kv, 16, 0, 256, !cache, NULL, kv, !cache};
         CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
         uint32_t nv = m->hp.n_vocab;
         float *l0 = malloc(nv * sizeof *l0), *l1 = malloc(nv * sizeof *l1), *l2 = malloc(nv * sizeof *l2),
@@ -1030,7 +1030,7 @@ static void test_bill_kv_types(void) {
         }
         uint64_t per = (uint64_t)hp->n_layer * hp->n_head_kv * (row[0] + row[1]);
         CHECK_EQ_INT(kp_model_kv_bytes_per_token_kv(hp, kv[i][0], kv[i][1]), per);
-        kp_eng_config c = {kv[i][0], 16, budget, 256, false, NULL, kv[i][1]};
+        kp_eng_config c = {kv[i][0], 16, budget, 256, false, NULL, kv[i][1], false};
         kp_engine *e = NULL;
         CHECK_MSG(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK, "%s", err.msg);
         if (!e) continue;

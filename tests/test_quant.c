@@ -872,7 +872,7 @@ static void test_tile_shapes(void) {
     float *out = malloc(sizeof(float) * C * OS);
     CHECK(dw && da && want && mag && out);
     if (!dw || !da || !want || !mag || !out) goto done;
-    int n_checked = 0;
+    int n_checked = 0, n_packed = 0;
     /* 4352 = 17 * 256 crosses every K chunk; float types also take an odd n */
     for (int ti = 0; ti < 2 * N_WEIGHT_TYPES; ti++) {
         const kp_dtype wt = weight_types[ti % N_WEIGHT_TYPES], at = kp_vec_dot_type(wt);
@@ -955,12 +955,38 @@ static void test_tile_shapes(void) {
                 CHECK_MSG(not_same == 0, "%s %s n=%lld gemm %dx%d at (%d,%d)%s: %d outputs differ from 1 x 1 calls",
                           K->name, kp_dtype_name(wt), (long long)N, nr, nc, r0, c0, with_aux ? " with aux" : "",
                           not_same);
+                /* the repacked layout: the same bits as the rows in place, padding never stored */
+                if (K->pack_rows[wt] <= 0) continue;
+                const size_t pb = kp_pack_bytes(wt, N, nr, K->pack_rows[wt]);
+                uint8_t *pk = malloc(pb);
+                CHECK(pk != NULL && pb >= (size_t)nr * wrs);
+                if (!pk) continue;
+                memset(pk, 0xA5, pb);
+                K->pack[wt](N, nr, w + r0 * wrs, wrs, pk);
+                for (int i = 0; i < C * OS; i++) out[i] = -12345.0f;
+                K->gemm_packed[wt](N, nr, nc, pk, a + c0 * ars, ars, with_aux ? aux[c0] : NULL, sizeof aux[0], out, OS);
+                free(pk);
+                not_same = clobbered = 0;
+                for (int c = 0; c < C; c++)
+                    for (int r = 0; r < OS; r++) {
+                        const float v = out[c * OS + r];
+                        if (c < nc && r < nr) not_same += memcmp(&v, &single[(r0 + r) * C + (c0 + c)], sizeof v) != 0;
+                        else clobbered += v != -12345.0f;
+                    }
+                n_packed++;
+                CHECK_MSG(not_same == 0 && clobbered == 0,
+                          "%s %s n=%lld packed gemm %dx%d at (%d,%d)%s: %d outputs differ from gemm, %d clobbered",
+                          K->name, kp_dtype_name(wt), (long long)N, nr, nc, r0, c0, with_aux ? " with aux" : "",
+                          not_same, clobbered);
             }
         }
         free(w);
         free(a);
     }
     CHECK(n_checked > 0);
+    /* the avx512vnni table packs Q8_0 and Q4_0 (12 shapes x 2 aux modes x 2 types) */
+    if (tabs[2]) CHECK_EQ_INT(n_packed, (int)(sizeof shapes / sizeof shapes[0]) * 2 * 2);
+    else printf("quant: SKIP packed gemm: this CPU has no avx512vnni table\n");
 done:
     free(dw);
     free(da);

@@ -122,6 +122,7 @@ struct kp_engine {
     uint32_t step_logit_cap;
     float *step_logits; /* [step_logit_cap][n_vocab] */
     /* kp_eng_room_for scratch, one entry per pool block */
+    uint64_t packed_bytes; /* repacked weight copies (kp_forward_pack_weights) */
     uint32_t *room_refs;  /* references from nodes eviction could take */
     int32_t *room_shared; /* the blocks the prefill would share, by block index */
 };
@@ -129,7 +130,7 @@ struct kp_engine {
 kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_pool *threads, const kp_kernels *kernels,
                   const kp_eng_config *cfg, kp_error *err) {
     *out = NULL;
-    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 0, false, NULL, KP_DTYPE_F16};
+    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 0, false, NULL, KP_DTYPE_F16, false};
     if (cfg) c = *cfg;
     if (!c.block_size) c.block_size = 16;
     if (!c.max_pos) c.max_pos = m->hp.n_ctx_train && m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
@@ -158,6 +159,7 @@ kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_pool *threads, const
     if (!c.no_prefix_cache && (st = kp_pfx_new(&e->idx, e->kv, c.pfx, err)) != KP_OK) goto fail;
     e->threads = threads;
     if ((st = kp_forward_new(&e->fw, m, e->kv, threads, kernels, err)) != KP_OK) goto fail;
+    if (!c.no_repack && (st = kp_forward_pack_weights(e->fw, &e->packed_bytes, err)) != KP_OK) goto fail;
     *out = e;
     return KP_OK;
 fail:

@@ -58,6 +58,8 @@ typedef struct {
     const kp_pfx_config *pfx;    /* NULL: prefix.h's defaults */
     kp_dtype kv_type_v;       /* V rows: F32, F16, Q8_0 or Q4_0; the last two (for K
                                  too) need head_dim % 32 == 0, else KP_EINVAL */
+    bool no_repack;           /* true: the kernels read every weight in the mapping
+                                 (kp_forward_pack_weights not called) */
 } kp_eng_config;
 
 /* A running sequence, owned by the caller and opaque to it. Start from

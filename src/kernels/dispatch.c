@@ -74,6 +74,12 @@ const kp_kernels *kp_kernels_best(void) {
     return k ? k : &kp_quant_scalar_kernels;
 }
 
+size_t kp_pack_bytes(kp_dtype t, int64_t n, int64_t nr, int pack_rows) {
+    if (pack_rows <= 0 || nr <= 0) return 0;
+    const size_t groups = (size_t)((nr + pack_rows - 1) / pack_rows);
+    return groups * (size_t)pack_rows * kp_dtype_row_size(t, n);
+}
+
 void kp_fp32_to_fp16_row(const float *x, uint16_t *y, int64_t n) {
     kp_kernels_best()->quantize_act[KP_DTYPE_F16](x, y, n);
 }

@@ -150,12 +150,41 @@ typedef struct kp_kernels {
                                   const void *a, size_t a_stride, const void *aux,
                                   size_t aux_stride, float *out, size_t out_stride);
 
+    /*
+     * Repacked weights, for the types a table has a layout of its own for
+     * (pack_rows[t] > 0, else 0 and NULL entries). The caller copies a
+     * weight matrix once (at load) into groups of pack_rows rows, each
+     * group pack_rows x row_size bytes, the matrix padded with zero rows to
+     * whole groups (kp_pack_bytes), and then calls gemm_packed instead of
+     * gemm: it reads a group's blocks as one contiguous stream in the order
+     * the kernel consumes them, which decode (one to a few activation rows,
+     * bound by the weight read) needs. gemm_packed gives every output bit
+     * for bit the value gemm gives on the rows in place, for every call
+     * shape, so a model may use either.
+     *
+     * pack: nr >= 1 rows of n elements at w (w_stride bytes apart) into
+     * dst, kp_pack_bytes(t, n, nr, pack_rows[t]) bytes (no alignment
+     * needed; 64 bytes is best). gemm_packed: as gemm, for the nr rows
+     * from the first row of the group at wp (wp = dst + g x group bytes);
+     * rows of the padding are computed and never stored.
+     */
+    int pack_rows[KP_DTYPE_COUNT_];
+    void (*pack[KP_DTYPE_COUNT_])(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst);
+    void (*gemm_packed[KP_DTYPE_COUNT_])(int64_t n, int nr, int nc, const void *wp, const void *a,
+                                         size_t a_stride, const void *aux, size_t aux_stride, float *out,
+                                         size_t out_stride);
+
     /* Attention helpers for KV rows stored as F32 or F16 (any n >= 0). */
     float (*dot_f32)(int64_t n, const float *x, const float *y);
     float (*dot_f32_f16)(int64_t n, const float *x, const uint16_t *y);
     void (*axpy_f32)(int64_t n, float a, const float *x, float *y);    /* y += a*x */
     void (*axpy_f16)(int64_t n, float a, const uint16_t *x, float *y); /* y += a*x */
 } kp_kernels;
+
+/* Bytes of nr rows of n elements of type t repacked in groups of
+ * pack_rows rows (a kp_kernels pack layout): whole groups of pack_rows x
+ * kp_dtype_row_size(t, n) bytes. 0 when pack_rows <= 0. */
+size_t kp_pack_bytes(kp_dtype t, int64_t n, int64_t nr, int pack_rows);
 
 /* The portable C table; always available. Static storage, never freed. */
 const kp_kernels *kp_kernels_scalar(void);

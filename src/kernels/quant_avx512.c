@@ -30,7 +30,10 @@
  * Decode with one activation row takes 16 weight rows at once (two to a
  * 512-bit vector; hex_tile_vnni for Q8_0, leg_hex_tile_vnni), so that the
  * fold to one sum per row, the conversion and the scaling run once per 16
- * rows; Q4_0 keeps the 8-row tile, which is faster for it.
+ * rows; Q4_0 keeps the 8-row tile, which is faster for it. Q8_0 and Q4_0
+ * also have a repacked layout (pack, gemm_packed: 16 rows as one stream,
+ * one int32 lane per row) that the forward pass copies them into at load;
+ * the tiles on rows in place serve callers without the copy.
  *
  * Stack use: as the avx2 table (quant_avx2.c); 16 KiB for float types.
  */
@@ -383,6 +386,211 @@ LEGACY_GEMM(gemm_q8_0, WQ8_0)
 LEGACY_GEMM(gemm_q4_0, WQ4_0)
 #undef LEGACY_GEMM
 
+/* ---- Q8_0 and Q4_0 repacked for decode (quant.h pack, gemm_packed) -------- */
+
+/*
+ * Rows in place make a decode tile read 8 or 16 short rows side by side
+ * (18 or 34 bytes per row and block) and fold each row's partial sums
+ * across lanes. The repacked layout stores 16 rows as one stream in the
+ * order the tile consumes it, with one int32 lane per row, as the prefill
+ * panels do, but keeping Q4_0's nibbles packed (the same bytes as in
+ * place). A group of 16 rows, nb blocks per row:
+ *
+ *   quants  nb x QB bytes: block b, then b + 1; block b is 64-byte steps
+ *           j, each = row 0 qs[4j..4j+3] | row 1 qs[4j..4j+3] | ... | row 15
+ *           Q8_0: 8 steps (QB = 512), stored + 128 (unsigned, as the VNNI
+ *           tiles use them); Q4_0: 4 steps (QB = 256) of nibble pairs, low
+ *           nibbles = quants 4j..4j+3, high = 16+4j..16+4j+3
+ *   scales  nb x 32 bytes: block b's 16 FP16 row scales, row order
+ *
+ * 16 x row_size bytes per group, the in-place size. A block then costs
+ * 4 (Q4_0) or 8 (Q8_0) 512-bit loads and vpdpbusd against the activation's
+ * 4-quant words broadcast, one conversion and one FMA for 16 rows: no
+ * horizontal sums. Padding rows (past nr) have zero quants and scales.
+ * The integer sums are exact, and the float steps per row are those of the
+ * in-place path of the same call shape (the few-row tiles: acc = fma(S,
+ * d * da, acc); the panels for many activation rows: the VNNI pack's 16q
+ * and d / 16), so gemm_packed equals gemm bit for bit.
+ */
+#define X16_ROWS 16
+
+static inline size_t x16_qbytes(int kind) { return kind == WQ8_0 ? 512 : 256; }
+
+static void pack_x16(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst, int kind) {
+    const int64_t nb = n / 32;
+    const size_t blk = kind == WQ8_0 ? sizeof(kp_block_q8_0) : sizeof(kp_block_q4_0);
+    const size_t qb = x16_qbytes(kind), steps = qb / 64;
+    const size_t qs_at = kind == WQ8_0 ? offsetof(kp_block_q8_0, qs) : offsetof(kp_block_q4_0, qs);
+    const uint32_t flip = kind == WQ8_0 ? 0x80808080u : 0; /* Q8_0: + 128 per byte */
+    const size_t group = (size_t)nb * (qb + 32);
+    for (int64_t g0 = 0; g0 < nr; g0 += X16_ROWS) {
+        uint8_t *q = (uint8_t *)dst + (size_t)(g0 / X16_ROWS) * group;
+        uint16_t *sc = (uint16_t *)(q + (size_t)nb * qb);
+        for (int r = 0; r < X16_ROWS; r++) {
+            const char *row = g0 + r < nr ? (const char *)w + (size_t)(g0 + r) * w_stride : NULL;
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t *qd = q + (size_t)b * qb + 4 * (size_t)r;
+                uint16_t d = 0;
+                uint32_t v = flip; /* padding rows: quants 0, scale 0 */
+                const char *x = row ? row + (size_t)b * blk : NULL;
+                if (x) memcpy(&d, x, sizeof d); /* both block types start with the FP16 d */
+                memcpy(&sc[(size_t)b * X16_ROWS + (size_t)r], &d, sizeof d);
+                for (size_t j = 0; j < steps; j++) {
+                    if (x) {
+                        memcpy(&v, x + qs_at + 4 * j, sizeof v);
+                        v ^= flip;
+                    }
+                    memcpy(qd + 64 * j, &v, sizeof v);
+                }
+            }
+        }
+    }
+}
+
+static void pack_q8_0_x16(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst) {
+    pack_x16(n, nr, w, w_stride, dst, WQ8_0);
+}
+static void pack_q4_0_x16(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst) {
+    pack_x16(n, nr, w, w_stride, dst, WQ4_0);
+}
+
+/* Block b's unsigned quant steps (the +128 of Q8_0 already stored, Q4_0 as
+ * 0..15): u[j] meets activation quants 4j..4j+3. */
+VNNI_INLINE void x16_quants(const uint8_t *qb, int kind, __m512i u[8]) {
+    if (kind == WQ8_0) {
+        UNROLL for (int j = 0; j < 8; j++) u[j] = _mm512_loadu_si512((const void *)(qb + 64 * j));
+        return;
+    }
+    const __m512i m = _mm512_set1_epi8(0xF);
+    UNROLL for (int j = 0; j < 4; j++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * j));
+        u[j] = _mm512_and_si512(v, m);
+        u[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m);
+    }
+}
+
+/* 16 rows x NC activation rows over blocks [ib0, ib0 + len) of the group at
+ * g (nb blocks per row); nr rows stored to out (add: added). */
+VNNI_INLINE void x16_tile_nc(const uint8_t *g, int64_t nb, int64_t ib0, int64_t len, int kind,
+                             const char *const *ar, const kp_q8_0_aux *const *ax, int nr, float *out, size_t os,
+                             int add, const int NC) {
+    const size_t qb = x16_qbytes(kind);
+    const uint8_t *q = g + (size_t)ib0 * qb;
+    const uint16_t *sc = (const uint16_t *)(g + (size_t)nb * qb) + (size_t)ib0 * X16_ROWS;
+    __m512 acc[4];
+    UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        __m512i u[8];
+        x16_quants(q + (size_t)b * qb, kind, u);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + (size_t)b * X16_ROWS)));
+        UNROLL for (int c = 0; c < NC; c++) {
+            const int8_t *aq = ((const kp_block_q8_0 *)ar[c] + ib0 + b)->qs;
+            __m512i s = _mm512_set1_epi32(kind == WQ8_0 ? ax[c][b].bias : ax[c][b].bias / 16);
+            UNROLL for (int j = 0; j < 8; j++) s = _mm512_dpbusd_epi32(s, u[j], _mm512_set1_epi32(load_i32(aq + 4 * j)));
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(ax[c][b].d)), acc[c]);
+        }
+    }
+    const __mmask16 keep = (__mmask16)(nr >= 16 ? 0xFFFF : (1u << nr) - 1);
+    UNROLL for (int c = 0; c < NC; c++) {
+        float *o = out + (size_t)c * os;
+        const __m512 v = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(keep, o), acc[c]) : acc[c];
+        _mm512_mask_storeu_ps(o, keep, v);
+    }
+}
+
+static VNNI void x16_tile(const uint8_t *g, int64_t nb, int64_t ib0, int64_t len, int kind, const char *const *ar,
+                          const kp_q8_0_aux *const *ax, int nr, float *out, size_t os, int add, int nc) {
+    switch (nc) {
+    case 1: x16_tile_nc(g, nb, ib0, len, kind, ar, ax, nr, out, os, add, 1); break;
+    case 2: x16_tile_nc(g, nb, ib0, len, kind, ar, ax, nr, out, os, add, 2); break;
+    case 3: x16_tile_nc(g, nb, ib0, len, kind, ar, ax, nr, out, os, add, 3); break;
+    default: x16_tile_nc(g, nb, ib0, len, kind, ar, ax, nr, out, os, add, 4); break;
+    }
+}
+
+/* The prefill panels of blocks [ib0, ib0 + len) of a group, in the VNNI
+ * pack's form (panel_pack): 8 rows a panel, Q8_0 as stored, Q4_0 as 16q
+ * with d / 16. */
+VNNI_INLINE void x16_panels(const uint8_t *g, int64_t nb, int64_t ib0, int64_t len, int kind, int n_panels,
+                            panel_stage *st) {
+    const size_t qb = x16_qbytes(kind);
+    const uint16_t *sc = (const uint16_t *)(g + (size_t)nb * qb);
+    const __m256 dscale = _mm256_set1_ps(kind == WQ4_0 ? 1.0f / 16 : 1.0f);
+    const __m256i lo = _mm256_set1_epi8(0x0F), hi = _mm256_set1_epi8((char)0xF0);
+    for (int64_t b = 0; b < len; b++) {
+        const uint8_t *qs = g + (size_t)(ib0 + b) * qb;
+        for (int p = 0; p < n_panels; p++) {
+            __m256i *dst = st->q[p][b];
+            if (kind == WQ8_0) {
+                UNROLL for (int j = 0; j < 8; j++) dst[j] = _mm256_loadu_si256((const __m256i *)(qs + 64 * j + 32 * p));
+            } else {
+                UNROLL for (int j = 0; j < 4; j++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * j + 32 * p));
+                    dst[j] = _mm256_slli_epi16(_mm256_and_si256(v, lo), 4);
+                    dst[j + 4] = _mm256_and_si256(v, hi);
+                }
+            }
+            const __m128i h = _mm_loadu_si128((const __m128i *)(sc + (size_t)(ib0 + b) * X16_ROWS + 8 * p));
+            _mm256_storeu_ps(st->dw[p][b], _mm256_mul_ps(_mm256_cvtph_ps(h), dscale));
+        }
+    }
+}
+
+VNNI_INLINE void gemm_x16(int64_t n, int nr, int nc, const void *wp, const void *a, size_t a_stride,
+                          const void *aux, size_t aux_stride, float *out, size_t out_stride, int kind) {
+    const int64_t nb = n / 32;
+    const size_t group = (size_t)nb * (x16_qbytes(kind) + 32);
+    if (nb <= 0) zero_out(nr, nc, out, out_stride);
+    if (nc >= PANEL_MIN_COLS) {
+        panel_stage st __attribute__((aligned(32)));
+        for (int rc0 = 0; rc0 < nr; rc0 += X16_ROWS) {
+            const uint8_t *g = (const uint8_t *)wp + (size_t)(rc0 / X16_ROWS) * group;
+            const int rc = nr - rc0 < X16_ROWS ? nr - rc0 : X16_ROWS;
+            const int n_panels = (rc + 7) / 8;
+            for (int64_t ib0 = 0; ib0 < nb; ib0 += PANEL_KC) {
+                const int64_t len = nb - ib0 < PANEL_KC ? nb - ib0 : PANEL_KC;
+                x16_panels(g, nb, ib0, len, kind, n_panels, &st);
+                for (int cc0 = 0; cc0 < nc; cc0 += PANEL_CC) {
+                    const int ccn = nc - cc0 < PANEL_CC ? nc - cc0 : PANEL_CC;
+                    const kp_q8_0_aux *axc[PANEL_CC];
+                    for (int c = 0; c < ccn; c++)
+                        axc[c] = legacy_aux(a, a_stride, aux, aux_stride, cc0 + c, ib0, len, st.ax[c]);
+                    legacy_panels_vnni(&st, rc0, rc, n_panels, a, a_stride, axc, cc0, ccn, ib0, len, kind, out,
+                                       out_stride);
+                }
+            }
+        }
+        return;
+    }
+    kp_q8_0_aux own[4][PANEL_KC];
+    for (int64_t ib0 = 0; ib0 < nb; ib0 += PANEL_KC) {
+        const int64_t len = nb - ib0 < PANEL_KC ? nb - ib0 : PANEL_KC;
+        for (int c0 = 0; c0 < nc; c0 += 4) {
+            const int ncc = nc - c0 < 4 ? nc - c0 : 4;
+            const char *ar[4];
+            const kp_q8_0_aux *ax[4];
+            for (int c = 0; c < ncc; c++) {
+                ar[c] = (const char *)a + (size_t)(c0 + c) * a_stride;
+                ax[c] = legacy_aux(a, a_stride, aux, aux_stride, c0 + c, ib0, len, own[c]);
+            }
+            for (int r0 = 0; r0 < nr; r0 += X16_ROWS) {
+                const uint8_t *g = (const uint8_t *)wp + (size_t)(r0 / X16_ROWS) * group;
+                x16_tile(g, nb, ib0, len, kind, ar, ax, nr - r0, out + (size_t)c0 * out_stride + (size_t)r0,
+                         out_stride, ib0 > 0, ncc);
+            }
+        }
+    }
+}
+
+static VNNI void gemm_packed_q8_0(int64_t n, int nr, int nc, const void *wp, const void *a, size_t a_stride,
+                                  const void *aux, size_t aux_stride, float *out, size_t out_stride) {
+    gemm_x16(n, nr, nc, wp, a, a_stride, aux, aux_stride, out, out_stride, WQ8_0);
+}
+static VNNI void gemm_packed_q4_0(int64_t n, int nr, int nc, const void *wp, const void *a, size_t a_stride,
+                                  const void *aux, size_t aux_stride, float *out, size_t out_stride) {
+    gemm_x16(n, nr, nc, wp, a, a_stride, aux, aux_stride, out, out_stride, WQ4_0);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Q4_1, Q5_0, Q5_1 weights . Q8_1 or Q8_0 activations                       */
 /* ------------------------------------------------------------------------ */
@@ -694,6 +902,9 @@ const kp_kernels kp_quant_avx512vnni_kernels = {
             [KP_DTYPE_Q5_K] = gemm_q5_K,
             [KP_DTYPE_Q6_K] = gemm_q6_K,
         },
+    .pack_rows = {[KP_DTYPE_Q8_0] = X16_ROWS, [KP_DTYPE_Q4_0] = X16_ROWS},
+    .pack = {[KP_DTYPE_Q8_0] = pack_q8_0_x16, [KP_DTYPE_Q4_0] = pack_q4_0_x16},
+    .gemm_packed = {[KP_DTYPE_Q8_0] = gemm_packed_q8_0, [KP_DTYPE_Q4_0] = gemm_packed_q4_0},
 };
 
 #else /* not x86-64: no AVX-512 table */

@@ -25,7 +25,10 @@
  * stream past them, so each weight row is read from memory once per chunk
  * (types without a gemm kernel: dot_tile on 4 rows x 4 tokens at a time).
  * Q8_0 activations carry per-block float scales and sums (kp_q8_0_aux),
- * computed once per token next to the conversion.
+ * computed once per token next to the conversion. Where the kernel table
+ * has a repacked layout for a weight type (kp_forward_pack_weights), the
+ * pass holds copies of those matrices in it and calls gemm_packed on them:
+ * a task's MM_ROWS rows are whole groups of the layout, the same bits.
  * Products that share an input (q/k/v, gate/up) run as one parallel region.
  *
  * Attention (kernels in attn.h: flash-style tiles with an online softmax,
@@ -84,6 +87,12 @@ struct kp_forward {
     float *partials;
     int32_t *tiles;              /* [n_tiles][2]: first token, count */
     size_t cap_tiles;
+    /* repacked weights (kp_forward_pack_weights): copies of the model's
+     * layers and output projection whose matrices point into pack_mem */
+    kp_layer *layers;
+    kp_weight output;
+    void *pack_mem;
+    uint64_t pack_bytes;
     /* probe */
     int probe_layer, probe_head;
     float *probe;
@@ -120,7 +129,103 @@ void kp_forward_free(kp_forward *f) {
     free(f->partials);
     free(f->tiles);
     free(f->probe);
+    free(f->layers);
+    free(f->pack_mem);
     free(f);
+}
+
+/* ---- repacked weights ------------------------------------------------------ */
+
+#define PACK_TASK_GROUPS 8 /* row groups per packing task */
+
+typedef struct {
+    const kp_kernels *k;
+    const kp_weight *src;
+    uint8_t *dst;
+    int rows; /* pack_rows of the type */
+} pack_ctx;
+
+static void pack_task(void *vctx, int task, int thread) {
+    (void)thread;
+    const pack_ctx *c = vctx;
+    const kp_weight *w = c->src;
+    int64_t r0 = (int64_t)task * PACK_TASK_GROUPS * c->rows;
+    int64_t nr = w->n_out - r0 < (int64_t)PACK_TASK_GROUPS * c->rows ? w->n_out - r0
+                                                                     : (int64_t)PACK_TASK_GROUPS * c->rows;
+    c->k->pack[w->type](w->n_in, nr, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes,
+                        c->dst + (size_t)r0 * w->row_bytes);
+}
+
+/* The table packs w when it has a layout for its type whose groups tile
+ * the matmul tasks (MM_ROWS rows each). */
+static int pack_rows_for(const kp_kernels *k, const kp_weight *w) {
+    int r = k->pack_rows[w->type];
+    if (r <= 0 || !k->pack[w->type] || !k->gemm_packed[w->type] || MM_ROWS % r != 0) return 0;
+    return r;
+}
+
+/* The forward's copies of the weights, in a fixed order. */
+static int pack_list(kp_forward *f, kp_weight **list) {
+    int n = 0;
+    for (uint32_t l = 0; l < f->m->hp.n_layer; l++) {
+        kp_layer *L = &f->layers[l];
+        kp_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) list[n++] = ws[i];
+    }
+    list[n++] = &f->output;
+    return n;
+}
+
+kp_status kp_forward_pack_weights(kp_forward *f, uint64_t *bytes_out, kp_error *err) {
+    if (bytes_out) *bytes_out = f->pack_bytes;
+    if (f->layers) return KP_OK;
+    const kp_model *m = f->m;
+    const uint32_t nl = m->hp.n_layer;
+    kp_layer *layers = malloc((size_t)nl * sizeof *layers);
+    kp_weight **list = malloc(((size_t)nl * 7 + 1) * sizeof *list);
+    if (!layers || !list) {
+        free(layers);
+        free(list);
+        return kp_fail(err, KP_ENOMEM, "out of memory repacking the weights");
+    }
+    memcpy(layers, m->layers, (size_t)nl * sizeof *layers);
+    f->layers = layers;
+    f->output = m->output;
+    int n = pack_list(f, list);
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        int r = pack_rows_for(f->k, list[i]);
+        if (r) total += (kp_pack_bytes(list[i]->type, list[i]->n_in, list[i]->n_out, r) + 63) & ~(uint64_t)63;
+    }
+    if (total == 0) {
+        free(list);
+        return KP_OK;
+    }
+    uint8_t *mem = aligned_alloc(64, (size_t)total);
+    if (!mem) {
+        free(list);
+        free(f->layers);
+        f->layers = NULL;
+        return kp_fail(err, KP_ENOMEM, "out of memory repacking the weights (%llu bytes)",
+                       (unsigned long long)total);
+    }
+    uint64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        kp_weight *w = list[i];
+        int r = pack_rows_for(f->k, w);
+        if (!r) continue;
+        pack_ctx c = {f->k, w, mem + at, r};
+        int64_t per = (int64_t)PACK_TASK_GROUPS * r;
+        kp_pool_run(f->threads, pack_task, &c, (int)((w->n_out + per - 1) / per));
+        w->data = mem + at;
+        w->packed = true;
+        at += (kp_pack_bytes(w->type, w->n_in, w->n_out, r) + 63) & ~(uint64_t)63;
+    }
+    free(list);
+    f->pack_mem = mem;
+    f->pack_bytes = total;
+    if (bytes_out) *bytes_out = total;
+    return KP_OK;
 }
 
 void kp_forward_set_probe(kp_forward *f, int layer, int head) {
@@ -223,13 +328,18 @@ static void mm_task(void *vctx, int task, int thread) {
     const uint8_t *ad = act + (size_t)t0 * a_stride;
     float *od = job->out + (size_t)t0 * w->n_out + r0;
     const kp_kernels *k = c->f->k;
+    const uint8_t *aux = NULL;
+    size_t aux_stride = 0;
+    if (at == KP_DTYPE_Q8_0) {
+        aux_stride = (size_t)(w->n_in / 32) * sizeof(kp_q8_0_aux);
+        aux = act + act_aux_offset((size_t)c->n, a_stride) + (size_t)t0 * aux_stride;
+    }
+    if (w->packed) { /* r0 is a multiple of MM_ROWS, so the first row of a group */
+        k->gemm_packed[w->type](w->n_in, (int)(r1 - r0), nt, wd, ad, a_stride, aux, aux_stride, od,
+                                (size_t)w->n_out);
+        return;
+    }
     if (k->gemm[w->type]) {
-        const uint8_t *aux = NULL;
-        size_t aux_stride = 0;
-        if (at == KP_DTYPE_Q8_0) {
-            aux_stride = (size_t)(w->n_in / 32) * sizeof(kp_q8_0_aux);
-            aux = act + act_aux_offset((size_t)c->n, a_stride) + (size_t)t0 * aux_stride;
-        }
         k->gemm[w->type](w->n_in, (int)(r1 - r0), nt, wd, w->row_bytes, ad, a_stride, aux,
                          aux_stride, od, (size_t)w->n_out);
         return;
@@ -658,7 +768,7 @@ kp_status kp_forward_run(kp_forward *f, const kp_batch *b, float *logits_out, kp
     rope_tables(f, b);
     f->probe_n = 0;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
-        const kp_layer *L = &m->layers[l];
+        const kp_layer *L = f->layers ? &f->layers[l] : &m->layers[l];
         for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->x + t * E, L->attn_norm, (int64_t)E, hp->rms_eps);
         mm_job qkv[3] = {{&L->wq, f->q}, {&L->wk, f->kk}, {&L->wv, f->vv}};
         if ((st = matmul(f, f->xn, n, 3, qkv, err)) != KP_OK) return st;
@@ -706,6 +816,6 @@ kp_status kp_forward_run(kp_forward *f, const kp_batch *b, float *logits_out, kp
         n_out++;
     }
     if (n_out == 0) return KP_OK;
-    mm_job lo = {&m->output, logits_out};
+    mm_job lo = {f->layers ? &f->output : &m->output, logits_out};
     return matmul(f, f->xn, n_out, 1, &lo, err);
 }

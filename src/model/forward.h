@@ -31,6 +31,16 @@ kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_
                          const kp_kernels *kernels, kp_error *err);
 void kp_forward_free(kp_forward *f);
 
+/* Copies the weight matrices whose type the kernel table has a repacked
+ * layout for (kp_kernels pack: Q8_0 and Q4_0 in the avx512vnni table) into
+ * memory the pass owns, in that layout, and uses the copies from then on:
+ * the same results bit for bit, faster decode. Tensors read by row (the
+ * token embedding) stay in the mapping; a tied output projection gets a
+ * copy of its own. Idempotent. *bytes_out (may be NULL): the bytes of the
+ * copies, 0 when the table has no layout for any weight. KP_ENOMEM: the
+ * pass keeps using the mapped weights. */
+kp_status kp_forward_pack_weights(kp_forward *f, uint64_t *bytes_out, kp_error *err);
+
 typedef struct {
     int32_t n_tokens;
     const int32_t *tokens;  /* [n_tokens] token ids */

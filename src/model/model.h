@@ -1,8 +1,9 @@
 /*
  * model.h - a loaded model: hyperparameters and views of the weights.
  *
- * The weights are never copied: every kp_weight points into the GGUF mapping
- * and is used in place by the kernels of its type. Only the small 1-D tensors
+ * The model never copies its weights: every kp_weight points into the GGUF
+ * mapping and is used in place by the kernels of its type (a forward pass
+ * may keep repacked copies of some, kp_forward_pack_weights). Only the small 1-D tensors
  * (norm weights, biases, RoPE frequency factors) are decoded into owned F32
  * arrays, whatever type the file stores them in.
  *
@@ -26,13 +27,17 @@ typedef enum { KP_ARCH_LLAMA, KP_ARCH_QWEN2, KP_ARCH_QWEN3 } kp_arch;
 typedef enum { KP_ROPE_NORM, KP_ROPE_NEOX } kp_rope_type;
 
 /* A 2-D weight in ggml order: n_out rows of n_in elements, each row
- * row_bytes long, rows contiguous. Borrowed from the mapping. */
+ * row_bytes long, rows contiguous. Borrowed from the mapping. A forward
+ * pass may hold copies whose data is repacked for its kernel table
+ * (packed: the kp_kernels pack layout of type, kp_forward_pack_weights);
+ * the model's own weights never are. */
 typedef struct {
     kp_dtype type;
     int64_t n_in;   /* ne[0]: the row length (input size) */
     int64_t n_out;  /* ne[1]: rows (output size) */
     size_t row_bytes;
     const void *data;
+    bool packed;
 } kp_weight;
 
 typedef struct {
