@@ -337,6 +337,17 @@ typedef int legacy_rows_fn(int64_t ib0, int64_t len, const char *const *wr, size
                            const char *const *ar, const kp_q8_0_aux *const *ax, int kind, float *o, size_t os,
                            int add, int ncc, size_t pf);
 
+/* The row pointers and aux entries (from block ib0) of activation rows
+ * c0 .. c0 + ncc - 1 (ncc <= 4), for the few-row loops. */
+AVX2_INLINE void act_group4(const void *a, size_t a_stride, const void *aux, size_t aux_stride, int c0, int ncc,
+                            int64_t ib0, int64_t len, const char *ar[4], const kp_q8_0_aux *ax[4],
+                            kp_q8_0_aux (*own)[PANEL_KC]) {
+    for (int c = 0; c < ncc; c++) {
+        ar[c] = (const char *)a + (size_t)(c0 + c) * a_stride;
+        ax[c] = legacy_aux(a, a_stride, aux, aux_stride, c0 + c, ib0, len, own[c]);
+    }
+}
+
 AVX2_INLINE void tile_legacy(int64_t n, int nr, int nc, const void *w, size_t w_stride,
                              const void *a, size_t a_stride, const void *aux, size_t aux_stride,
                              float *out, size_t out_stride, int kind, legacy_rows_fn *rows) {
@@ -350,10 +361,7 @@ AVX2_INLINE void tile_legacy(int64_t n, int nr, int nc, const void *w, size_t w_
             const int ncc = nc - c0 < 4 ? nc - c0 : 4;
             const char *ar[4];
             const kp_q8_0_aux *ax[4];
-            for (int c = 0; c < ncc; c++) {
-                ar[c] = (const char *)a + (size_t)(c0 + c) * a_stride;
-                ax[c] = legacy_aux(a, a_stride, aux, aux_stride, c0 + c, ib0, len, own[c]);
-            }
+            act_group4(a, a_stride, aux, aux_stride, c0, ncc, ib0, len, ar, ax, own);
             for (int r0 = 0; r0 < nr;) {
                 const char *wr[8];
                 rows8(w, w_stride, r0, nr, wr);

@@ -569,10 +569,7 @@ VNNI_INLINE void gemm_x16(int64_t n, int nr, int nc, const void *wp, const void 
             const int ncc = nc - c0 < 4 ? nc - c0 : 4;
             const char *ar[4];
             const kp_q8_0_aux *ax[4];
-            for (int c = 0; c < ncc; c++) {
-                ar[c] = (const char *)a + (size_t)(c0 + c) * a_stride;
-                ax[c] = legacy_aux(a, a_stride, aux, aux_stride, c0 + c, ib0, len, own[c]);
-            }
+            act_group4(a, a_stride, aux, aux_stride, c0, ncc, ib0, len, ar, ax, own);
             for (int r0 = 0; r0 < nr; r0 += X16_ROWS) {
                 const uint8_t *g = (const uint8_t *)wp + (size_t)(r0 / X16_ROWS) * group;
                 x16_tile(g, nb, ib0, len, kind, ar, ax, nr - r0, out + (size_t)c0 * out_stride + (size_t)r0,
