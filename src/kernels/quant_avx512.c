@@ -30,10 +30,10 @@
  * Decode with one activation row takes 16 weight rows at once (two to a
  * 512-bit vector; hex_tile_vnni for Q8_0, leg_hex_tile_vnni), so that the
  * fold to one sum per row, the conversion and the scaling run once per 16
- * rows; Q4_0 keeps the 8-row tile, which is faster for it. Q8_0 and Q4_0
- * also have a repacked layout (pack, gemm_packed: 16 rows as one stream,
- * one int32 lane per row) that the forward pass copies them into at load;
- * the tiles on rows in place serve callers without the copy.
+ * rows; Q4_0 keeps the 8-row tile, which is faster for it. Q8_0, Q4_0 and
+ * Q4_K also have a repacked layout (pack, gemm_packed: 16 rows as one
+ * stream, one int32 lane per row) that the forward pass copies them into
+ * at load; the tiles on rows in place serve callers without the copy.
  *
  * Stack use: as the avx2 table (quant_avx2.c); 16 KiB for float types.
  */
@@ -879,6 +879,225 @@ KQUANT_GEMM(gemm_q5_K, kp_avx2_dot_tile_q5_K, KQ5)
 KQUANT_GEMM(gemm_q6_K, kp_avx2_dot_tile_q6_K, KQ6)
 #undef KQUANT_GEMM
 
+/* ---- Q4_K repacked for decode (quant.h pack, gemm_packed) ----------------- */
+
+/*
+ * The idea of the Q8_0/Q4_0 groups above for Q4_K, laid out super-block by
+ * super-block so that a group is one stream. A group of 16 rows, nb
+ * super-blocks per row; super-block b takes 16 x 144 bytes (the in-place
+ * size) at b x K16_SB:
+ *
+ *   quants   32 64-byte steps s = 8c + g (c 0..3, g 0..7), each = row 0
+ *            qs[4s..4s+3] | row 1 qs[4s..4s+3] | ... | row 15: the bytes
+ *            in place, low nibbles = quants 64c+4g.. (sub-block 2c, its
+ *            quants 4g..4g+3), high nibbles = quants 64c+32+4g..
+ *            (sub-block 2c+1)
+ *   scales   3 x 64 bytes: the packed scale word k (scales[4k..4k+3]) of
+ *            rows 0..15
+ *   d, dmin  16 FP16 row values each (32 + 32 bytes)
+ *
+ * A decode tile unpacks the 6-bit scales and mins of the 16 rows in a few
+ * vector operations (kq_scales_mins, lane for lane), sums each sub-block
+ * exactly with vpdpbusd (one int32 lane per row, no horizontal sums),
+ * scales it with vpmulld and takes the mins term with vpdpwssd against the
+ * activation's bsums summed per sub-block. Then the float steps of the
+ * canonical order: per K chunk of KQ_KC super-blocks acc = fma(isum, d *
+ * da, acc), acc = fma(-imin, dmin * da, acc), lane for lane what the tiles
+ * on rows in place do; from PANEL_MIN_COLS activation rows on, the group
+ * gives the prefill panels (kmin_panel) with no transpose. So gemm_packed
+ * equals gemm bit for bit.
+ */
+#define K16_SB (X16_ROWS * sizeof(kp_block_q4_K)) /* bytes of one super-block of a group */
+#define K16_SC 2048                               /* offset of the scale words */
+#define K16_D (K16_SC + 3 * 64)                   /* offset of the 16 d, then the 16 dmin */
+_Static_assert(K16_D + 2 * 32 == X16_ROWS * sizeof(kp_block_q4_K), "a Q4_K group keeps the in-place size");
+
+static void pack_q4_K_x16(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst) {
+    const int64_t nb = n / KP_QK_K;
+    const size_t group = (size_t)nb * K16_SB;
+    for (int64_t g0 = 0; g0 < nr; g0 += X16_ROWS) {
+        uint8_t *gd = (uint8_t *)dst + (size_t)(g0 / X16_ROWS) * group;
+        for (int r = 0; r < X16_ROWS; r++) {
+            const char *row = g0 + r < nr ? (const char *)w + (size_t)(g0 + r) * w_stride : NULL;
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t *sb = gd + (size_t)b * K16_SB;
+                kp_block_q4_K x; /* padding rows: quants, scales, d and dmin 0 */
+                if (row) memcpy(&x, row + (size_t)b * sizeof x, sizeof x);
+                else memset(&x, 0, sizeof x);
+                for (int s = 0; s < 32; s++) memcpy(sb + 64 * s + 4 * r, x.qs + 4 * s, 4);
+                for (int k = 0; k < 3; k++) memcpy(sb + K16_SC + 64 * k + 4 * r, x.scales + 4 * k, 4);
+                memcpy(sb + K16_D + 2 * r, &x.d, 2);
+                memcpy(sb + K16_D + 32 + 2 * r, &x.dmin, 2);
+            }
+        }
+    }
+}
+
+/* The 6-bit scales and mins of the rows of 4 words u0..u2 (lanes of 32
+ * bits, one per row): sc[0] bytes = scales 0..3, sc[1] = 4..7, mn[0] =
+ * mins 0..3, mn[1] = 4..7 (the mapping of kq_scales_mins). */
+#define K16_UNPACK(T, and, or, srli, set1, u0, u1, u2, sc, mn)                                           \
+    do {                                                                                                 \
+        const T m3f_ = set1(0x3f3f3f3f), m0f_ = set1(0x0f0f0f0f), m30_ = set1(0x30303030);               \
+        (sc)[0] = and(u0, m3f_);                                                                         \
+        (sc)[1] = or(and(u2, m0f_), and(srli(u0, 2), m30_));                                             \
+        (mn)[0] = and(u1, m3f_);                                                                         \
+        (mn)[1] = or(and(srli(u2, 4), m0f_), and(srli(u1, 2), m30_));                                    \
+    } while (0)
+
+/* Byte k (0..3) of every 32-bit lane of v, zero-extended. */
+VNNI_INLINE __m512i k16_byte(__m512i v, int k) {
+    return _mm512_and_si512(_mm512_srli_epi32(v, 8 * k), _mm512_set1_epi32(0xFF));
+}
+
+/* 16 rows x NC activation rows over super-blocks [i0, i0 + len) of the
+ * group at g; nr rows stored to out (add: added). */
+VNNI_INLINE void k16_tile_nc(const uint8_t *g, int64_t i0, int64_t len, const char *const *ar, int nr, float *out,
+                             size_t os, int add, const int NC) {
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    /* per 32-bit lane: bytes 0 and 1 (2 and 3) as an int16 pair */
+    const __m512i pair_lo = _mm512_set4_epi32((int)0x800D800C, (int)0x80098008, (int)0x80058004, (int)0x80018000);
+    const __m512i pair_hi = _mm512_set4_epi32((int)0x800F800E, (int)0x800B800A, (int)0x80078006, (int)0x80038002);
+    __m512 acc[4];
+    UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        const int64_t i = i0 + b;
+        const uint8_t *sb = g + (size_t)i * K16_SB;
+        const kp_block_q8_K *y[4];
+        UNROLL for (int c = 0; c < NC; c++) y[c] = (const kp_block_q8_K *)ar[c] + i;
+        __m512i sc[2], mn[2];
+        {
+            const __m512i u0 = _mm512_loadu_si512((const void *)(sb + K16_SC));
+            const __m512i u1 = _mm512_loadu_si512((const void *)(sb + K16_SC + 64));
+            const __m512i u2 = _mm512_loadu_si512((const void *)(sb + K16_SC + 128));
+            K16_UNPACK(__m512i, _mm512_and_si512, _mm512_or_si512, _mm512_srli_epi32, _mm512_set1_epi32, u0, u1,
+                       u2, sc, mn);
+        }
+        __m512i isum[4];
+        UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm512_setzero_si512();
+        UNROLL for (int q = 0; q < 4; q++) { /* sub-blocks 2q (low nibbles) and 2q + 1 (high) */
+            __m512i slo[4], shi[4];
+            UNROLL for (int c = 0; c < NC; c++) slo[c] = shi[c] = _mm512_setzero_si512();
+            UNROLL for (int s = 0; s < 8; s++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(sb + 64 * (8 * q + s)));
+                const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                UNROLL for (int c = 0; c < NC; c++) {
+                    slo[c] = _mm512_dpbusd_epi32(slo[c], lo, _mm512_set1_epi32(load_i32(y[c]->qs + 64 * q + 4 * s)));
+                    shi[c] = _mm512_dpbusd_epi32(shi[c], hi, _mm512_set1_epi32(load_i32(y[c]->qs + 64 * q + 32 + 4 * s)));
+                }
+            }
+            const __m512i s_lo = k16_byte(sc[q / 2], 2 * (q % 2)), s_hi = k16_byte(sc[q / 2], 2 * (q % 2) + 1);
+            UNROLL for (int c = 0; c < NC; c++)
+                isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(slo[c], s_lo),
+                                                                     _mm512_mullo_epi32(shi[c], s_hi)));
+        }
+        /* mins: int16 pairs (m_2p, m_2p+1) per row against (bsum_2p, bsum_2p+1) */
+        const __m512i mp[4] = {_mm512_shuffle_epi8(mn[0], pair_lo), _mm512_shuffle_epi8(mn[0], pair_hi),
+                               _mm512_shuffle_epi8(mn[1], pair_lo), _mm512_shuffle_epi8(mn[1], pair_hi)};
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sb + K16_D)));
+        const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sb + K16_D + 32)));
+        UNROLL for (int c = 0; c < NC; c++) {
+            const int16_t *bs = y[c]->bsums;
+            __m512i im = _mm512_setzero_si512();
+            UNROLL for (int p = 0; p < 4; p++) {
+                const uint32_t lo = (uint16_t)(bs[4 * p] + bs[4 * p + 1]), hi = (uint16_t)(bs[4 * p + 2] + bs[4 * p + 3]);
+                im = _mm512_dpwssd_epi32(im, mp[p], _mm512_set1_epi32((int)(lo | hi << 16)));
+            }
+            const __m512 da = _mm512_set1_ps(y[c]->d);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, da), acc[c]);
+            acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(im), _mm512_mul_ps(dm, da), acc[c]);
+        }
+    }
+    const __mmask16 keep = (__mmask16)(nr >= 16 ? 0xFFFF : (1u << nr) - 1);
+    UNROLL for (int c = 0; c < NC; c++) {
+        float *o = out + (size_t)c * os;
+        const __m512 v = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(keep, o), acc[c]) : acc[c];
+        _mm512_mask_storeu_ps(o, keep, v);
+    }
+}
+
+static VNNI void k16_tile(const uint8_t *g, int64_t i0, int64_t len, const char *const *ar, int nr, float *out,
+                          size_t os, int add, int nc) {
+    switch (nc) {
+    case 1: k16_tile_nc(g, i0, len, ar, nr, out, os, add, 1); break;
+    case 2: k16_tile_nc(g, i0, len, ar, nr, out, os, add, 2); break;
+    case 3: k16_tile_nc(g, i0, len, ar, nr, out, os, add, 3); break;
+    default: k16_tile_nc(g, i0, len, ar, nr, out, os, add, 4); break;
+    }
+}
+
+/* The prefill panel p (rows 8p..8p+7) of super-block sb of a group: what
+ * kmin_pack makes of the rows in place, for PACK_VNNI. */
+VNNI_INLINE void k16_panel(const uint8_t *sb, int p, kmin_panel *P) {
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    UNROLL for (int q = 0; q < 4; q++)
+        UNROLL for (int s = 0; s < 8; s++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(sb + 64 * (8 * q + s) + 32 * p));
+            _mm256_store_si256(&P->q[2 * q][s], _mm256_and_si256(v, m4));
+            _mm256_store_si256(&P->q[2 * q + 1][s], _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+        }
+    const __m256i u0 = _mm256_loadu_si256((const __m256i *)(sb + K16_SC + 32 * p));
+    const __m256i u1 = _mm256_loadu_si256((const __m256i *)(sb + K16_SC + 64 + 32 * p));
+    const __m256i u2 = _mm256_loadu_si256((const __m256i *)(sb + K16_SC + 128 + 32 * p));
+    __m256i sc[2], mn[2];
+    K16_UNPACK(__m256i, _mm256_and_si256, _mm256_or_si256, _mm256_srli_epi32, _mm256_set1_epi32, u0, u1, u2, sc, mn);
+    const __m256i ff = _mm256_set1_epi32(0xFF);
+    UNROLL for (int j = 0; j < 8; j++) {
+        const __m256i s = _mm256_and_si256(_mm256_srli_epi32(sc[j / 4], 8 * (j % 4)), ff);
+        const __m256i m = _mm256_and_si256(_mm256_srli_epi32(mn[j / 4], 8 * (j % 4)), ff);
+        _mm256_store_si256(&P->sc[j], s);                                    /* VNNI: int32 */
+        _mm256_store_si256(&P->mn[j], _mm256_or_si256(m, _mm256_slli_epi32(m, 16))); /* (m, m) */
+    }
+    _mm256_store_ps(P->d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + K16_D + 16 * p))));
+    _mm256_store_ps(P->dmin, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + K16_D + 32 + 16 * p))));
+}
+
+static VNNI void gemm_packed_q4_K(int64_t n, int nr, int nc, const void *wp, const void *a, size_t a_stride,
+                                  const void *aux, size_t aux_stride, float *out, size_t out_stride) {
+    (void)aux;
+    (void)aux_stride;
+    const int64_t nb = n / KP_QK_K;
+    const size_t group = (size_t)nb * K16_SB;
+    if (nb <= 0) zero_out(nr, nc, out, out_stride);
+    if (nc >= PANEL_MIN_COLS) {
+        kq_stage st __attribute__((aligned(32)));
+        for (int rc0 = 0; rc0 < nr; rc0 += X16_ROWS) {
+            const uint8_t *g = (const uint8_t *)wp + (size_t)(rc0 / X16_ROWS) * group;
+            const int rc = nr - rc0 < X16_ROWS ? nr - rc0 : X16_ROWS;
+            const int n_panels = (rc + 7) / 8;
+            for (int64_t i0 = 0; i0 < nb; i0 += KQ_KC) {
+                const int64_t len = nb - i0 < KQ_KC ? nb - i0 : KQ_KC;
+                for (int p = 0; p < n_panels; p++)
+                    for (int64_t b = 0; b < len; b++) k16_panel(g + (size_t)(i0 + b) * K16_SB, p, &st.p.kmin[p][b]);
+                for (int p = 0; p < n_panels; p++) {
+                    const int npr = rc - 8 * p < 8 ? rc - 8 * p : 8;
+                    for (int c0 = 0; c0 < nc; c0 += 4) {
+                        const int ncc = nc - c0 < 4 ? nc - c0 : 4;
+                        const char *ar[4];
+                        for (int c = 0; c < ncc; c++) ar[c] = (const char *)a + (size_t)(c0 + c) * a_stride;
+                        kq_tile_vnni(st.p.kmin[p], ar, i0, len, KQ4, npr,
+                                     out + (size_t)c0 * out_stride + (size_t)(rc0 + 8 * p), out_stride, i0 > 0, ncc);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    for (int r0 = 0; r0 < nr; r0 += X16_ROWS) { /* a group's stream once, all activation rows against it */
+        const uint8_t *g = (const uint8_t *)wp + (size_t)(r0 / X16_ROWS) * group;
+        for (int c0 = 0; c0 < nc; c0 += 4) {
+            const int ncc = nc - c0 < 4 ? nc - c0 : 4;
+            const char *ar[4];
+            for (int c = 0; c < ncc; c++) ar[c] = (const char *)a + (size_t)(c0 + c) * a_stride;
+            for (int64_t i0 = 0; i0 < nb; i0 += KQ_KC) {
+                const int64_t len = nb - i0 < KQ_KC ? nb - i0 : KQ_KC;
+                k16_tile(g, i0, len, ar, nr - r0, out + (size_t)c0 * out_stride + (size_t)r0, out_stride, i0 > 0,
+                         ncc);
+            }
+        }
+    }
+}
+
 const kp_kernels kp_quant_avx512vnni_kernels = {
     .name = "avx512vnni",
     KP_AVX2_SHARED_ENTRIES,
@@ -899,9 +1118,10 @@ const kp_kernels kp_quant_avx512vnni_kernels = {
             [KP_DTYPE_Q5_K] = gemm_q5_K,
             [KP_DTYPE_Q6_K] = gemm_q6_K,
         },
-    .pack_rows = {[KP_DTYPE_Q8_0] = X16_ROWS, [KP_DTYPE_Q4_0] = X16_ROWS},
-    .pack = {[KP_DTYPE_Q8_0] = pack_q8_0_x16, [KP_DTYPE_Q4_0] = pack_q4_0_x16},
-    .gemm_packed = {[KP_DTYPE_Q8_0] = gemm_packed_q8_0, [KP_DTYPE_Q4_0] = gemm_packed_q4_0},
+    .pack_rows = {[KP_DTYPE_Q8_0] = X16_ROWS, [KP_DTYPE_Q4_0] = X16_ROWS, [KP_DTYPE_Q4_K] = X16_ROWS},
+    .pack = {[KP_DTYPE_Q8_0] = pack_q8_0_x16, [KP_DTYPE_Q4_0] = pack_q4_0_x16, [KP_DTYPE_Q4_K] = pack_q4_K_x16},
+    .gemm_packed = {[KP_DTYPE_Q8_0] = gemm_packed_q8_0, [KP_DTYPE_Q4_0] = gemm_packed_q4_0,
+                    [KP_DTYPE_Q4_K] = gemm_packed_q4_K},
 };
 
 #else /* not x86-64: no AVX-512 table */
