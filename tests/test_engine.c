@@ -229,6 +229,11 @@ static void test_equal_llama_kv_q4_0(void) {
     run_model_kv("tests/data/models/gen-llama-gqa-f32.gguf", 0x2545f4914f6cdd1dull, KP_DTYPE_Q4_0);
 }
 static void test_equal_qwen2_q8(void) { run_model("tests/data/models/gen-qwen2-q8_0.gguf", 0x1234567887654321ull); }
+/* K-quant weights: the cache-on engines compute from the repacked Q4_K
+ * (Q6_K) copies where the CPU has a layout for them, the cache-off
+ * reference from the mapping */
+static void test_equal_llama_q4_k(void) { run_model("tests/data/models/gen-llama-gqa-q4_k.gguf", 0x0ddba11cafef00dull); }
+static void test_equal_llama_q6_k(void) { run_model("tests/data/models/gen-llama-gqa-q6_k.gguf", 0x5eedfaceb00c1e55ull); }
 
 /* The bundled model and a pool of one thread. */
 static bool load_stories(kp_model **m, kp_pool **pool) {
@@ -1072,6 +1077,8 @@ int main(void) {
     RUN(test_generate_and_feeding);
     RUN(test_equal_stories);
     RUN(test_equal_qwen2_q8);
+    RUN(test_equal_llama_q4_k);
+    RUN(test_equal_llama_q6_k);
     RUN(test_equal_qwen3_kv_q8_0);
     RUN(test_equal_llama_kv_q4_0);
     RUN(test_bill_kv_types);

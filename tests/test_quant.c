@@ -985,8 +985,8 @@ static void test_tile_shapes(void) {
     }
     CHECK(n_checked > 0);
     /* the avx512vnni table packs Q8_0 and Q4_0 (every shape x 2 aux modes x 2
-     * types) and Q4_K (every shape, Q8_K activations take no aux) */
-    if (tabs[2]) CHECK_EQ_INT(n_packed, (int)(sizeof shapes / sizeof shapes[0]) * (2 * 2 + 1));
+     * types), Q4_K and Q6_K (every shape; Q8_K activations take no aux) */
+    if (tabs[2]) CHECK_EQ_INT(n_packed, (int)(sizeof shapes / sizeof shapes[0]) * (2 * 2 + 2));
     else printf("quant: SKIP packed gemm: this CPU has no avx512vnni table\n");
 done:
     free(dw);

@@ -30,8 +30,8 @@
  * Decode with one activation row takes 16 weight rows at once (two to a
  * 512-bit vector; hex_tile_vnni for Q8_0, leg_hex_tile_vnni), so that the
  * fold to one sum per row, the conversion and the scaling run once per 16
- * rows; Q4_0 keeps the 8-row tile, which is faster for it. Q8_0, Q4_0 and
- * Q4_K also have a repacked layout (pack, gemm_packed: 16 rows as one
+ * rows; Q4_0 keeps the 8-row tile, which is faster for it. Q8_0, Q4_0,
+ * Q4_K and Q6_K also have a repacked layout (pack, gemm_packed: 16 rows as one
  * stream, one int32 lane per row) that the forward pass copies them into
  * at load; the tiles on rows in place serve callers without the copy.
  *
@@ -883,17 +883,17 @@ KQUANT_GEMM(gemm_q6_K, kp_avx2_dot_tile_q6_K, KQ6)
 
 /*
  * The idea of the Q8_0/Q4_0 groups above for Q4_K, laid out super-block by
- * super-block so that a group is one stream. A group of 16 rows, nb
- * super-blocks per row; super-block b takes 16 x 144 bytes (the in-place
- * size) at b x K16_SB:
+ * super-block in the order a tile reads them, so that a group is one
+ * forward stream. A group of 16 rows, nb super-blocks per row; super-block
+ * b takes 16 x 144 bytes (the in-place size) at b x K16_SB:
  *
+ *   scales   3 x 64 bytes: the packed scale word k (scales[4k..4k+3]) of
+ *            rows 0..15
  *   quants   32 64-byte steps s = 8c + g (c 0..3, g 0..7), each = row 0
  *            qs[4s..4s+3] | row 1 qs[4s..4s+3] | ... | row 15: the bytes
  *            in place, low nibbles = quants 64c+4g.. (sub-block 2c, its
  *            quants 4g..4g+3), high nibbles = quants 64c+32+4g..
  *            (sub-block 2c+1)
- *   scales   3 x 64 bytes: the packed scale word k (scales[4k..4k+3]) of
- *            rows 0..15
  *   d, dmin  16 FP16 row values each (32 + 32 bytes)
  *
  * A decode tile unpacks the 6-bit scales and mins of the 16 rows in a few
@@ -908,8 +908,9 @@ KQUANT_GEMM(gemm_q6_K, kp_avx2_dot_tile_q6_K, KQ6)
  * equals gemm bit for bit.
  */
 #define K16_SB (X16_ROWS * sizeof(kp_block_q4_K)) /* bytes of one super-block of a group */
-#define K16_SC 2048                               /* offset of the scale words */
-#define K16_D (K16_SC + 3 * 64)                   /* offset of the 16 d, then the 16 dmin */
+#define K16_SC 0                                  /* offset of the scale words */
+#define K16_Q (3 * 64)                            /* offset of the quant steps */
+#define K16_D (K16_Q + 2048)                      /* offset of the 16 d, then the 16 dmin */
 _Static_assert(K16_D + 2 * 32 == X16_ROWS * sizeof(kp_block_q4_K), "a Q4_K group keeps the in-place size");
 
 static void pack_q4_K_x16(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst) {
@@ -924,7 +925,7 @@ static void pack_q4_K_x16(int64_t n, int64_t nr, const void *w, size_t w_stride,
                 kp_block_q4_K x; /* padding rows: quants, scales, d and dmin 0 */
                 if (row) memcpy(&x, row + (size_t)b * sizeof x, sizeof x);
                 else memset(&x, 0, sizeof x);
-                for (int s = 0; s < 32; s++) memcpy(sb + 64 * s + 4 * r, x.qs + 4 * s, 4);
+                for (int s = 0; s < 32; s++) memcpy(sb + K16_Q + 64 * s + 4 * r, x.qs + 4 * s, 4);
                 for (int k = 0; k < 3; k++) memcpy(sb + K16_SC + 64 * k + 4 * r, x.scales + 4 * k, 4);
                 memcpy(sb + K16_D + 2 * r, &x.d, 2);
                 memcpy(sb + K16_D + 32 + 2 * r, &x.dmin, 2);
@@ -979,7 +980,7 @@ VNNI_INLINE void k16_tile_nc(const uint8_t *g, int64_t i0, int64_t len, const ch
             __m512i slo[4], shi[4];
             UNROLL for (int c = 0; c < NC; c++) slo[c] = shi[c] = _mm512_setzero_si512();
             UNROLL for (int s = 0; s < 8; s++) {
-                const __m512i v = _mm512_loadu_si512((const void *)(sb + 64 * (8 * q + s)));
+                const __m512i v = _mm512_loadu_si512((const void *)(sb + K16_Q + 64 * (8 * q + s)));
                 const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                 UNROLL for (int c = 0; c < NC; c++) {
                     slo[c] = _mm512_dpbusd_epi32(slo[c], lo, _mm512_set1_epi32(load_i32(y[c]->qs + 64 * q + 4 * s)));
@@ -1032,7 +1033,7 @@ VNNI_INLINE void k16_panel(const uint8_t *sb, int p, kmin_panel *P) {
     const __m256i m4 = _mm256_set1_epi8(0xF);
     UNROLL for (int q = 0; q < 4; q++)
         UNROLL for (int s = 0; s < 8; s++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(sb + 64 * (8 * q + s) + 32 * p));
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(sb + K16_Q + 64 * (8 * q + s) + 32 * p));
             _mm256_store_si256(&P->q[2 * q][s], _mm256_and_si256(v, m4));
             _mm256_store_si256(&P->q[2 * q + 1][s], _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
         }
@@ -1052,12 +1053,187 @@ VNNI_INLINE void k16_panel(const uint8_t *sb, int p, kmin_panel *P) {
     _mm256_store_ps(P->dmin, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + K16_D + 32 + 16 * p))));
 }
 
-static VNNI void gemm_packed_q4_K(int64_t n, int nr, int nc, const void *wp, const void *a, size_t a_stride,
-                                  const void *aux, size_t aux_stride, float *out, size_t out_stride) {
-    (void)aux;
-    (void)aux_stride;
+
+/* ---- Q6_K repacked for decode (quant.h pack, gemm_packed) ----------------- */
+
+/*
+ * Q6_K the same way (it is the output projection and half the ffn_down and
+ * attn_v matrices of a Q4_K_M file). A 16-row group holds nb super-blocks
+ * of Q6_SB bytes, then the rows' d of each super-block (16 FP16 values, 32
+ * bytes per super-block): 16 x 210 bytes per super-block, the bytes in
+ * place regrouped in the order a tile reads them (one forward stream; the
+ * d values apart keep every super-block 64-byte aligned):
+ *
+ *   scales  4 x 64 bytes: scales[4w..4w+3] of rows 0..15 (signed)
+ *   steps   16 of 192 bytes, u = 8h + g (h 0..1, g 0..7), each three 64-byte
+ *           parts of row 0 | row 1 | ... | row 15 words:
+ *           qh[4u..4u+3]: bit pairs 0-1, 2-3, 4-5, 6-7 are bits 4-5 of
+ *             quants 128h + 32k + 4g.. (k 0..3)
+ *           ql[64h + 4g..]: low nibbles quants 128h + 4g.. (k 0), high
+ *             nibbles 128h + 64 + 4g.. (k 2)
+ *           ql[64h + 32 + 4g..]: the same for k 1 and k 3
+ *
+ * A tile rebuilds q + 32 (0..63) for 16 rows with a few vector operations
+ * per step, sums each sub-block of 16 exactly with vpdpbusd, scales it with
+ * vpmulld, removes the +32 with vpdpwssd over the scales and the
+ * activation's bsums (isum - 32 sum_j sc_j bsums_j, exact) and then takes
+ * acc = fma(tot, d * da, acc) per KQ_KC super-blocks: the canonical order,
+ * lane for lane the tiles' on rows in place. 8+ activation rows get the
+ * prefill panels (q6k_panel) from the group.
+ */
+#define Q6_SB (X16_ROWS * sizeof(kp_block_q6_K) - 32) /* bytes of one super-block of a group, d apart */
+#define Q6_STEP(u) (4 * 64 + 192 * (u))               /* offset of step u: qh, then the two ql words */
+_Static_assert(Q6_STEP(16) == Q6_SB && Q6_SB % 64 == 0, "a Q6_K group keeps the in-place size");
+
+static void pack_q6_K_x16(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst) {
     const int64_t nb = n / KP_QK_K;
-    const size_t group = (size_t)nb * K16_SB;
+    const size_t group = (size_t)nb * Q6_SB;
+    for (int64_t g0 = 0; g0 < nr; g0 += X16_ROWS) {
+        uint8_t *gd = (uint8_t *)dst + (size_t)(g0 / X16_ROWS) * (group + (size_t)nb * 32);
+        for (int r = 0; r < X16_ROWS; r++) {
+            const char *row = g0 + r < nr ? (const char *)w + (size_t)(g0 + r) * w_stride : NULL;
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t *sb = gd + (size_t)b * Q6_SB;
+                kp_block_q6_K x; /* padding rows: all 0 (d 0) */
+                if (row) memcpy(&x, row + (size_t)b * sizeof x, sizeof x);
+                else memset(&x, 0, sizeof x);
+                for (int k = 0; k < 4; k++) memcpy(sb + 64 * k + 4 * r, x.scales + 4 * k, 4);
+                for (int u = 0; u < 16; u++) {
+                    const int h = u / 8, gi = u % 8;
+                    memcpy(sb + Q6_STEP(u) + 4 * r, x.qh + 4 * u, 4);
+                    memcpy(sb + Q6_STEP(u) + 64 + 4 * r, x.ql + 64 * h + 4 * gi, 4);
+                    memcpy(sb + Q6_STEP(u) + 128 + 4 * r, x.ql + 64 * h + 32 + 4 * gi, 4);
+                }
+                memcpy(gd + group + (size_t)b * 32 + 2 * r, &x.d, 2);
+            }
+        }
+    }
+}
+
+/* q + 32 (0..63) of quants 128h + 32k + 4g.. (k 0..3) of the rows, from
+ * the ql words l0, l1 and the qh word hb of step (h, g). */
+#define Q6_QUANTS(T, and, or, slli, srli, set1, l0, l1, hb, q)                                          \
+    do {                                                                                                 \
+        const T m4_ = set1(0x0F0F0F0F), m30_ = set1(0x30303030);                                         \
+        (q)[0] = or(and(l0, m4_), and(slli(hb, 4), m30_));                                               \
+        (q)[1] = or(and(l1, m4_), and(slli(hb, 2), m30_));                                               \
+        (q)[2] = or(and(srli(l0, 4), m4_), and(hb, m30_));                                               \
+        (q)[3] = or(and(srli(l1, 4), m4_), and(srli(hb, 2), m30_));                                      \
+    } while (0)
+
+/* Byte k (0..3) of every 32-bit lane of v, sign-extended. */
+VNNI_INLINE __m512i q6_scale(__m512i v, int k) { return _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * k), 24); }
+
+/* 16 rows x NC activation rows over super-blocks [i0, i0 + len) of the
+ * group at g (nb super-blocks); nr rows stored to out (add: added). */
+VNNI_INLINE void q6_tile_nc(const uint8_t *g, int64_t nb, int64_t i0, int64_t len, const char *const *ar, int nr,
+                            float *out, size_t os, int add, const int NC) {
+    __m512 acc[4];
+    UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        const int64_t i = i0 + b;
+        const uint8_t *sb = g + (size_t)i * Q6_SB;
+        const kp_block_q8_K *y[4];
+        UNROLL for (int c = 0; c < NC; c++) y[c] = (const kp_block_q8_K *)ar[c] + i;
+        __m512i W[4];
+        UNROLL for (int k = 0; k < 4; k++) W[k] = _mm512_loadu_si512((const void *)(sb + 64 * k));
+        __m512i isum[4];
+        UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm512_setzero_si512();
+        UNROLL for (int h = 0; h < 2; h++)
+            UNROLL for (int half = 0; half < 2; half++) { /* g 4 half .. 4 half + 3: sub-blocks 8h + 2k + half */
+                __m512i s[4][4];
+                UNROLL for (int k = 0; k < 4; k++) UNROLL for (int c = 0; c < NC; c++) s[k][c] = _mm512_setzero_si512();
+                UNROLL for (int gg = 0; gg < 4; gg++) {
+                    const int gi = 4 * half + gg;
+                    const uint8_t *st = sb + Q6_STEP(8 * h + gi);
+                    const __m512i hb = _mm512_loadu_si512((const void *)st);
+                    const __m512i l0 = _mm512_loadu_si512((const void *)(st + 64));
+                    const __m512i l1 = _mm512_loadu_si512((const void *)(st + 128));
+                    __m512i q[4];
+                    Q6_QUANTS(__m512i, _mm512_and_si512, _mm512_or_si512, _mm512_slli_epi16, _mm512_srli_epi16,
+                              _mm512_set1_epi32, l0, l1, hb, q);
+                    UNROLL for (int k = 0; k < 4; k++) UNROLL for (int c = 0; c < NC; c++)
+                        s[k][c] = _mm512_dpbusd_epi32(s[k][c], q[k],
+                                                      _mm512_set1_epi32(load_i32(y[c]->qs + 128 * h + 32 * k + 4 * gi)));
+                }
+                UNROLL for (int k = 0; k < 4; k++) {
+                    const int j = 8 * h + 2 * k + half;
+                    const __m512i sc = q6_scale(W[j / 4], j % 4);
+                    UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(s[k][c], sc));
+                }
+            }
+        /* int16 pairs (sc_4w, sc_4w+2) and (sc_4w+1, sc_4w+3) per row */
+        __m512i pe[4], po[4];
+        UNROLL for (int k = 0; k < 4; k++) {
+            pe[k] = _mm512_srai_epi16(_mm512_slli_epi16(W[k], 8), 8);
+            po[k] = _mm512_srai_epi16(W[k], 8);
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + (size_t)nb * Q6_SB + (size_t)i * 32)));
+        UNROLL for (int c = 0; c < NC; c++) {
+            const int16_t *bs = y[c]->bsums;
+            __m512i corr = _mm512_setzero_si512();
+            UNROLL for (int k = 0; k < 4; k++) {
+                const uint32_t e = (uint16_t)bs[4 * k] | (uint32_t)(uint16_t)bs[4 * k + 2] << 16;
+                const uint32_t o = (uint16_t)bs[4 * k + 1] | (uint32_t)(uint16_t)bs[4 * k + 3] << 16;
+                corr = _mm512_dpwssd_epi32(corr, pe[k], _mm512_set1_epi32((int)e));
+                corr = _mm512_dpwssd_epi32(corr, po[k], _mm512_set1_epi32((int)o));
+            }
+            const __m512i tot = _mm512_sub_epi32(isum[c], _mm512_slli_epi32(corr, 5));
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(dw, _mm512_set1_ps(y[c]->d)), acc[c]);
+        }
+    }
+    const __mmask16 keep = (__mmask16)(nr >= 16 ? 0xFFFF : (1u << nr) - 1);
+    UNROLL for (int c = 0; c < NC; c++) {
+        float *o = out + (size_t)c * os;
+        const __m512 v = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(keep, o), acc[c]) : acc[c];
+        _mm512_mask_storeu_ps(o, keep, v);
+    }
+}
+
+static VNNI void q6_tile(const uint8_t *g, int64_t nb, int64_t i0, int64_t len, const char *const *ar, int nr,
+                         float *out, size_t os, int add, int nc) {
+    switch (nc) {
+    case 1: q6_tile_nc(g, nb, i0, len, ar, nr, out, os, add, 1); break;
+    case 2: q6_tile_nc(g, nb, i0, len, ar, nr, out, os, add, 2); break;
+    case 3: q6_tile_nc(g, nb, i0, len, ar, nr, out, os, add, 3); break;
+    default: q6_tile_nc(g, nb, i0, len, ar, nr, out, os, add, 4); break;
+    }
+}
+
+/* The prefill panel p (rows 8p..8p+7) of super-block sb of a group, its d
+ * values at dp: what q6k_pack makes of the rows in place, for PACK_VNNI. */
+VNNI_INLINE void q6_panel(const uint8_t *sb, const uint8_t *dp, int p, q6k_panel *P) {
+    UNROLL for (int h = 0; h < 2; h++)
+        UNROLL for (int gi = 0; gi < 8; gi++) {
+            const uint8_t *st = sb + Q6_STEP(8 * h + gi) + 32 * p;
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)st);
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(st + 64));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(st + 128));
+            __m256i q[4];
+            Q6_QUANTS(__m256i, _mm256_and_si256, _mm256_or_si256, _mm256_slli_epi16, _mm256_srli_epi16,
+                      _mm256_set1_epi32, l0, l1, hb, q);
+            UNROLL for (int k = 0; k < 4; k++) _mm256_store_si256(&P->q[8 * h + 2 * k + gi / 4][gi % 4], q[k]);
+        }
+    UNROLL for (int k = 0; k < 4; k++) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(sb + 64 * k + 32 * p));
+        UNROLL for (int b = 0; b < 4; b++) /* VNNI: int32 */
+            _mm256_store_si256(&P->sc[4 * k + b], _mm256_srai_epi32(_mm256_slli_epi32(w, 24 - 8 * b), 24));
+        const __m256i e = _mm256_srai_epi16(_mm256_slli_epi16(w, 8), 8), o = _mm256_srai_epi16(w, 8);
+        /* (sc_4k, sc_4k+1) and (sc_4k+2, sc_4k+3) as int16 pairs */
+        _mm256_store_si256(&P->sp[2 * k], _mm256_blend_epi16(e, _mm256_slli_epi32(o, 16), 0xAA));
+        _mm256_store_si256(&P->sp[2 * k + 1], _mm256_blend_epi16(_mm256_srli_epi32(e, 16), o, 0xAA));
+    }
+    _mm256_store_ps(P->d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dp + 16 * p))));
+}
+
+/* gemm_packed for Q4_K (kind KQ4) and Q6_K (KQ6) groups: decode tiles on
+ * the group's stream, or from PANEL_MIN_COLS activation rows on the
+ * prefill panels built from it (the VNNI panel tiles). */
+VNNI_INLINE void gemm_kx16(int64_t n, int nr, int nc, const void *wp, const void *a, size_t a_stride, float *out,
+                           size_t out_stride, int kind) {
+    const int64_t nb = n / KP_QK_K;
+    const size_t sbytes = kind == KQ4 ? K16_SB : Q6_SB;
+    const size_t group = (size_t)nb * (kind == KQ4 ? K16_SB : Q6_SB + 32);
     if (nb <= 0) zero_out(nr, nc, out, out_stride);
     if (nc >= PANEL_MIN_COLS) {
         kq_stage st __attribute__((aligned(32)));
@@ -1068,14 +1244,19 @@ static VNNI void gemm_packed_q4_K(int64_t n, int nr, int nc, const void *wp, con
             for (int64_t i0 = 0; i0 < nb; i0 += KQ_KC) {
                 const int64_t len = nb - i0 < KQ_KC ? nb - i0 : KQ_KC;
                 for (int p = 0; p < n_panels; p++)
-                    for (int64_t b = 0; b < len; b++) k16_panel(g + (size_t)(i0 + b) * K16_SB, p, &st.p.kmin[p][b]);
+                    for (int64_t b = 0; b < len; b++) {
+                        const uint8_t *sb = g + (size_t)(i0 + b) * sbytes;
+                        if (kind == KQ4) k16_panel(sb, p, &st.p.kmin[p][b]);
+                        else q6_panel(sb, g + (size_t)nb * Q6_SB + (size_t)(i0 + b) * 32, p, &st.p.q6k[p][b]);
+                    }
                 for (int p = 0; p < n_panels; p++) {
                     const int npr = rc - 8 * p < 8 ? rc - 8 * p : 8;
+                    const void *panels = kind == KQ4 ? (const void *)st.p.kmin[p] : (const void *)st.p.q6k[p];
                     for (int c0 = 0; c0 < nc; c0 += 4) {
                         const int ncc = nc - c0 < 4 ? nc - c0 : 4;
                         const char *ar[4];
                         for (int c = 0; c < ncc; c++) ar[c] = (const char *)a + (size_t)(c0 + c) * a_stride;
-                        kq_tile_vnni(st.p.kmin[p], ar, i0, len, KQ4, npr,
+                        kq_tile_vnni(panels, ar, i0, len, kind, npr,
                                      out + (size_t)c0 * out_stride + (size_t)(rc0 + 8 * p), out_stride, i0 > 0, ncc);
                     }
                 }
@@ -1089,14 +1270,26 @@ static VNNI void gemm_packed_q4_K(int64_t n, int nr, int nc, const void *wp, con
             const int ncc = nc - c0 < 4 ? nc - c0 : 4;
             const char *ar[4];
             for (int c = 0; c < ncc; c++) ar[c] = (const char *)a + (size_t)(c0 + c) * a_stride;
+            float *o = out + (size_t)c0 * out_stride + (size_t)r0;
             for (int64_t i0 = 0; i0 < nb; i0 += KQ_KC) {
                 const int64_t len = nb - i0 < KQ_KC ? nb - i0 : KQ_KC;
-                k16_tile(g, i0, len, ar, nr - r0, out + (size_t)c0 * out_stride + (size_t)r0, out_stride, i0 > 0,
-                         ncc);
+                if (kind == KQ4) k16_tile(g, i0, len, ar, nr - r0, o, out_stride, i0 > 0, ncc);
+                else q6_tile(g, nb, i0, len, ar, nr - r0, o, out_stride, i0 > 0, ncc);
             }
         }
     }
 }
+
+#define KX16_GEMM(name, kind)                                                                                   \
+    static VNNI void name(int64_t n, int nr, int nc, const void *wp, const void *a, size_t a_stride,            \
+                          const void *aux, size_t aux_stride, float *out, size_t out_stride) {                  \
+        (void)aux; /* Q8_K activations carry their own sums */                                                  \
+        (void)aux_stride;                                                                                       \
+        gemm_kx16(n, nr, nc, wp, a, a_stride, out, out_stride, kind);                                           \
+    }
+KX16_GEMM(gemm_packed_q4_K, KQ4)
+KX16_GEMM(gemm_packed_q6_K, KQ6)
+#undef KX16_GEMM
 
 const kp_kernels kp_quant_avx512vnni_kernels = {
     .name = "avx512vnni",
@@ -1118,10 +1311,12 @@ const kp_kernels kp_quant_avx512vnni_kernels = {
             [KP_DTYPE_Q5_K] = gemm_q5_K,
             [KP_DTYPE_Q6_K] = gemm_q6_K,
         },
-    .pack_rows = {[KP_DTYPE_Q8_0] = X16_ROWS, [KP_DTYPE_Q4_0] = X16_ROWS, [KP_DTYPE_Q4_K] = X16_ROWS},
-    .pack = {[KP_DTYPE_Q8_0] = pack_q8_0_x16, [KP_DTYPE_Q4_0] = pack_q4_0_x16, [KP_DTYPE_Q4_K] = pack_q4_K_x16},
+    .pack_rows = {[KP_DTYPE_Q8_0] = X16_ROWS, [KP_DTYPE_Q4_0] = X16_ROWS, [KP_DTYPE_Q4_K] = X16_ROWS,
+                  [KP_DTYPE_Q6_K] = X16_ROWS},
+    .pack = {[KP_DTYPE_Q8_0] = pack_q8_0_x16, [KP_DTYPE_Q4_0] = pack_q4_0_x16, [KP_DTYPE_Q4_K] = pack_q4_K_x16,
+             [KP_DTYPE_Q6_K] = pack_q6_K_x16},
     .gemm_packed = {[KP_DTYPE_Q8_0] = gemm_packed_q8_0, [KP_DTYPE_Q4_0] = gemm_packed_q4_0,
-                    [KP_DTYPE_Q4_K] = gemm_packed_q4_K},
+                    [KP_DTYPE_Q4_K] = gemm_packed_q4_K, [KP_DTYPE_Q6_K] = gemm_packed_q6_K},
 };
 
 #else /* not x86-64: no AVX-512 table */
