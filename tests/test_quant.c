@@ -873,10 +873,13 @@ static void test_tile_shapes(void) {
     CHECK(dw && da && want && mag && out);
     if (!dw || !da || !want || !mag || !out) goto done;
     int n_checked = 0, n_packed = 0;
-    /* 4352 = 17 * 256 crosses every K chunk; float types also take an odd n */
+    /* 4352 = 17 * 256 crosses every K chunk; then an odd n for the float
+     * types and an odd number of blocks for the others (37 blocks of 32, 5
+     * super-blocks: the repacked layouts' blocks go in pairs) */
     for (int ti = 0; ti < 2 * N_WEIGHT_TYPES; ti++) {
         const kp_dtype wt = weight_types[ti % N_WEIGHT_TYPES], at = kp_vec_dot_type(wt);
-        const int64_t N = ti < N_WEIGHT_TYPES ? NMAX : 1001;
+        const int64_t bs = kp_dtype_get(wt)->block_size;
+        const int64_t N = ti < N_WEIGHT_TYPES ? NMAX : bs == 1 ? 1001 : bs == 32 ? 32 * 37 : 256 * 5;
         if (N % kp_dtype_get(wt)->block_size != 0) continue;
         const size_t wrs = kp_dtype_row_size(wt, N), ars = kp_dtype_row_size(at, N);
         uint8_t *w = malloc(R * wrs), *a = malloc(C * ars);
@@ -985,8 +988,9 @@ static void test_tile_shapes(void) {
     }
     CHECK(n_checked > 0);
     /* the avx512vnni table packs Q8_0 and Q4_0 (every shape x 2 aux modes x 2
-     * types), Q4_K and Q6_K (every shape; Q8_K activations take no aux) */
-    if (tabs[2]) CHECK_EQ_INT(n_packed, (int)(sizeof shapes / sizeof shapes[0]) * (2 * 2 + 2));
+     * types), Q4_K and Q6_K (every shape; Q8_K activations take no aux), at
+     * both lengths */
+    if (tabs[2]) CHECK_EQ_INT(n_packed, (int)(sizeof shapes / sizeof shapes[0]) * (2 * 2 + 2) * 2);
     else printf("quant: SKIP packed gemm: this CPU has no avx512vnni table\n");
 done:
     free(dw);

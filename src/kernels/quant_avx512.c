@@ -394,16 +394,20 @@ LEGACY_GEMM(gemm_q4_0, WQ4_0)
  * across lanes. The repacked layout stores 16 rows as one stream in the
  * order the tile consumes it, with one int32 lane per row, as the prefill
  * panels do, but keeping Q4_0's nibbles packed (the same bytes as in
- * place). A group of 16 rows, nb blocks per row:
+ * place). A group of 16 rows, nb blocks per row, in the order a tile reads
+ * it (one forward stream), blocks in pairs (x16_q_at, x16_sc_at):
  *
- *   quants  nb x QB bytes: block b, then b + 1; block b is 64-byte steps
- *           j, each = row 0 qs[4j..4j+3] | row 1 qs[4j..4j+3] | ... | row 15
+ *   scales  2 x 32 bytes: blocks b's and b + 1's 16 FP16 row scales, row
+ *           order
+ *   quants  block b, then b + 1, QB bytes each: 64-byte steps j, each =
+ *           row 0 qs[4j..4j+3] | row 1 qs[4j..4j+3] | ... | row 15
  *           Q8_0: 8 steps (QB = 512), stored + 128 (unsigned, as the VNNI
  *           tiles use them); Q4_0: 4 steps (QB = 256) of nibble pairs, low
  *           nibbles = quants 4j..4j+3, high = 16+4j..16+4j+3
- *   scales  nb x 32 bytes: block b's 16 FP16 row scales, row order
  *
- * 16 x row_size bytes per group, the in-place size. A block then costs
+ * and an odd last block as its 32 bytes of scales and its quants. 16 x
+ * row_size bytes per group, the in-place size; every pair starts 64-byte
+ * aligned (2 x (QB + 32) is a multiple of 64). A block then costs
  * 4 (Q4_0) or 8 (Q8_0) 512-bit loads and vpdpbusd against the activation's
  * 4-quant words broadcast, one conversion and one FMA for 16 rows: no
  * horizontal sums. Padding rows (past nr) have zero quants and scales.
@@ -416,6 +420,14 @@ LEGACY_GEMM(gemm_q4_0, WQ4_0)
 
 static inline size_t x16_qbytes(int kind) { return kind == WQ8_0 ? 512 : 256; }
 
+/* Offsets in a group of nb blocks of block b's quants and of its scales. */
+static inline size_t x16_q_at(int64_t nb, int64_t b, size_t qb) {
+    return (size_t)(b & ~(int64_t)1) * (qb + 32) + ((b | 1) < nb ? 64 : 32) + (size_t)(b & 1) * qb;
+}
+static inline size_t x16_sc_at(int64_t b, size_t qb) {
+    return (size_t)(b & ~(int64_t)1) * (qb + 32) + 32 * (size_t)(b & 1);
+}
+
 static void pack_x16(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst, int kind) {
     const int64_t nb = n / 32;
     const size_t blk = kind == WQ8_0 ? sizeof(kp_block_q8_0) : sizeof(kp_block_q4_0);
@@ -424,17 +436,16 @@ static void pack_x16(int64_t n, int64_t nr, const void *w, size_t w_stride, void
     const uint32_t flip = kind == WQ8_0 ? 0x80808080u : 0; /* Q8_0: + 128 per byte */
     const size_t group = (size_t)nb * (qb + 32);
     for (int64_t g0 = 0; g0 < nr; g0 += X16_ROWS) {
-        uint8_t *q = (uint8_t *)dst + (size_t)(g0 / X16_ROWS) * group;
-        uint16_t *sc = (uint16_t *)(q + (size_t)nb * qb);
+        uint8_t *gd = (uint8_t *)dst + (size_t)(g0 / X16_ROWS) * group;
         for (int r = 0; r < X16_ROWS; r++) {
             const char *row = g0 + r < nr ? (const char *)w + (size_t)(g0 + r) * w_stride : NULL;
             for (int64_t b = 0; b < nb; b++) {
-                uint8_t *qd = q + (size_t)b * qb + 4 * (size_t)r;
+                uint8_t *qd = gd + x16_q_at(nb, b, qb) + 4 * (size_t)r;
                 uint16_t d = 0;
                 uint32_t v = flip; /* padding rows: quants 0, scale 0 */
                 const char *x = row ? row + (size_t)b * blk : NULL;
                 if (x) memcpy(&d, x, sizeof d); /* both block types start with the FP16 d */
-                memcpy(&sc[(size_t)b * X16_ROWS + (size_t)r], &d, sizeof d);
+                memcpy(gd + x16_sc_at(b, qb) + 2 * (size_t)r, &d, sizeof d);
                 for (size_t j = 0; j < steps; j++) {
                     if (x) {
                         memcpy(&v, x + qs_at + 4 * j, sizeof v);
@@ -475,14 +486,12 @@ VNNI_INLINE void x16_tile_nc(const uint8_t *g, int64_t nb, int64_t ib0, int64_t 
                              const char *const *ar, const kp_q8_0_aux *const *ax, int nr, float *out, size_t os,
                              int add, const int NC) {
     const size_t qb = x16_qbytes(kind);
-    const uint8_t *q = g + (size_t)ib0 * qb;
-    const uint16_t *sc = (const uint16_t *)(g + (size_t)nb * qb) + (size_t)ib0 * X16_ROWS;
     __m512 acc[4];
     UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < len; b++) {
         __m512i u[8];
-        x16_quants(q + (size_t)b * qb, kind, u);
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + (size_t)b * X16_ROWS)));
+        x16_quants(g + x16_q_at(nb, ib0 + b, qb), kind, u);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + x16_sc_at(ib0 + b, qb))));
         UNROLL for (int c = 0; c < NC; c++) {
             const int8_t *aq = ((const kp_block_q8_0 *)ar[c] + ib0 + b)->qs;
             __m512i s = _mm512_set1_epi32(kind == WQ8_0 ? ax[c][b].bias : ax[c][b].bias / 16);
@@ -514,11 +523,11 @@ static VNNI void x16_tile(const uint8_t *g, int64_t nb, int64_t ib0, int64_t len
 VNNI_INLINE void x16_panels(const uint8_t *g, int64_t nb, int64_t ib0, int64_t len, int kind, int n_panels,
                             panel_stage *st) {
     const size_t qb = x16_qbytes(kind);
-    const uint16_t *sc = (const uint16_t *)(g + (size_t)nb * qb);
     const __m256 dscale = _mm256_set1_ps(kind == WQ4_0 ? 1.0f / 16 : 1.0f);
     const __m256i lo = _mm256_set1_epi8(0x0F), hi = _mm256_set1_epi8((char)0xF0);
     for (int64_t b = 0; b < len; b++) {
-        const uint8_t *qs = g + (size_t)(ib0 + b) * qb;
+        const uint8_t *qs = g + x16_q_at(nb, ib0 + b, qb);
+        const uint16_t *sc = (const uint16_t *)(g + x16_sc_at(ib0 + b, qb));
         for (int p = 0; p < n_panels; p++) {
             __m256i *dst = st->q[p][b];
             if (kind == WQ8_0) {
@@ -530,7 +539,7 @@ VNNI_INLINE void x16_panels(const uint8_t *g, int64_t nb, int64_t ib0, int64_t l
                     dst[j + 4] = _mm256_and_si256(v, hi);
                 }
             }
-            const __m128i h = _mm_loadu_si128((const __m128i *)(sc + (size_t)(ib0 + b) * X16_ROWS + 8 * p));
+            const __m128i h = _mm_loadu_si128((const __m128i *)(sc + 8 * p));
             _mm256_storeu_ps(st->dw[p][b], _mm256_mul_ps(_mm256_cvtph_ps(h), dscale));
         }
     }
