@@ -62,8 +62,8 @@ static const cli_opt shared[] = {
     {"print-tokens", NULL, NULL, NULL, "print the generated token ids on stderr", CLI_PRINT_TOKENS},
     {"scalar", NULL, NULL, NULL, "use the portable C kernels instead of the CPU's SIMD ones", CLI_SCALAR},
     {"no-repack", NULL, NULL, NULL, "read every weight where the model file maps it: no repacked copy\n"
-                                    "of the Q8_0/Q4_0/Q4_K/Q6_K matrices (half the weight memory, slower\n"
-                                    "decode)",
+                                    "of the F16/BF16/Q8_0/Q4_0/Q4_K/Q6_K matrices (half the weight memory,\n"
+                                    "slower decode)",
      CLI_NO_REPACK},
     {"json", NULL, NULL, NULL, "print one JSON object per result", CLI_JSON},
     {"cache-dir", NULL, NULL, "DIR", "the disk tier: full KV blocks are kept in DIR (verified records,\n"

@@ -219,10 +219,10 @@ typedef struct {
     kp_kv_type kv_type_v;
     bool no_repack;        /* true: the kernels read every weight where the model file
                               maps it; false (default): where the CPU's kernels have a
-                              layout of their own for a weight type (Q8_0, Q4_0, Q4_K, Q6_K with
-                              AVX-512 VNNI), the session keeps a repacked copy of those
-                              matrices (as many bytes again; faster decode, the same
-                              results bit for bit) */
+                              layout of their own for a weight type (F16, BF16, Q8_0,
+                              Q4_0, Q4_K, Q6_K with AVX-512 VNNI), the session keeps a
+                              repacked copy of those matrices (as many bytes again;
+                              faster decode, the same results bit for bit) */
 } kp_session_params;
 
 /* Makes a session over lm (borrowed: it must outlive the session). p NULL:

@@ -960,6 +960,8 @@ static void test_tile_shapes(void) {
                           not_same);
                 /* the repacked layout: the same bits as the rows in place, padding never stored */
                 if (K->pack_rows[wt] <= 0) continue;
+                CHECK(K->pack_k[wt] > 0);
+                if (K->pack_k[wt] <= 0 || N % K->pack_k[wt] != 0) continue;
                 const size_t pb = kp_pack_bytes(wt, N, nr, K->pack_rows[wt]);
                 uint8_t *pk = malloc(pb);
                 CHECK(pk != NULL && pb >= (size_t)nr * wrs);
@@ -988,9 +990,9 @@ static void test_tile_shapes(void) {
     }
     CHECK(n_checked > 0);
     /* the avx512vnni table packs Q8_0 and Q4_0 (every shape x 2 aux modes x 2
-     * types), Q4_K and Q6_K (every shape; Q8_K activations take no aux), at
-     * both lengths */
-    if (tabs[2]) CHECK_EQ_INT(n_packed, (int)(sizeof shapes / sizeof shapes[0]) * (2 * 2 + 2) * 2);
+     * types), Q4_K and Q6_K (every shape; Q8_K activations take no aux) at
+     * both lengths, F16 and BF16 at the length that is a multiple of 16 */
+    if (tabs[2]) CHECK_EQ_INT(n_packed, (int)(sizeof shapes / sizeof shapes[0]) * ((2 * 2 + 2) * 2 + 2));
     else printf("quant: SKIP packed gemm: this CPU has no avx512vnni table\n");
 done:
     free(dw);

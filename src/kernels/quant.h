@@ -162,6 +162,9 @@ typedef struct kp_kernels {
      * for bit the value gemm gives on the rows in place, for every call
      * shape, so a model may use either.
      *
+     * pack_k[t]: the layout takes rows whose length n is a multiple of it
+     * (the block size, or 16 for F16/BF16); other rows stay in place.
+     *
      * pack: nr >= 1 rows of n elements at w (w_stride bytes apart) into
      * dst, kp_pack_bytes(t, n, nr, pack_rows[t]) bytes (no alignment
      * needed; 64 bytes is best). gemm_packed: as gemm, for the nr rows
@@ -169,6 +172,7 @@ typedef struct kp_kernels {
      * rows of the padding are computed and never stored.
      */
     int pack_rows[KP_DTYPE_COUNT_];
+    int pack_k[KP_DTYPE_COUNT_];
     void (*pack[KP_DTYPE_COUNT_])(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst);
     void (*gemm_packed[KP_DTYPE_COUNT_])(int64_t n, int nr, int nc, const void *wp, const void *a,
                                          size_t a_stride, const void *aux, size_t aux_stride, float *out,

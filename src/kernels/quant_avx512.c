@@ -30,10 +30,11 @@
  * Decode with one activation row takes 16 weight rows at once (two to a
  * 512-bit vector; hex_tile_vnni for Q8_0, leg_hex_tile_vnni), so that the
  * fold to one sum per row, the conversion and the scaling run once per 16
- * rows; Q4_0 keeps the 8-row tile, which is faster for it. Q8_0, Q4_0,
- * Q4_K and Q6_K also have a repacked layout (pack, gemm_packed: 16 rows as one
- * stream, one int32 lane per row) that the forward pass copies them into
- * at load; the tiles on rows in place serve callers without the copy.
+ * rows; Q4_0 keeps the 8-row tile, which is faster for it. F16, BF16,
+ * Q8_0, Q4_0, Q4_K and Q6_K also have a repacked layout (pack,
+ * gemm_packed: 16 rows as one stream in the order a tile reads it; for the
+ * integer types one int32 lane per row) that the forward pass copies them
+ * into at load; the tiles on rows in place serve callers without the copy.
  *
  * Stack use: as the avx2 table (quant_avx2.c); 16 KiB for float types.
  */
@@ -1300,6 +1301,109 @@ KX16_GEMM(gemm_packed_q4_K, KQ4)
 KX16_GEMM(gemm_packed_q6_K, KQ6)
 #undef KX16_GEMM
 
+/* ---- F16 and BF16 repacked for decode (quant.h pack, gemm_packed) --------- */
+
+/*
+ * A 16-row group of n elements (n a multiple of 16, pack_k) as n / 16
+ * steps of 512 bytes: step s = row 0 elements 16s..16s+15 | row 1 ... |
+ * row 15 (32 bytes each, as in place). A decode tile reads the group as one
+ * forward stream; each row keeps the canonical order of this table (per
+ * chunk of F5_KC elements, lane i sums k = i mod 16 in order, one fixed
+ * horizontal sum, chunks added), so gemm_packed equals gemm bit for bit.
+ * The register tiles are those of tile_float512 with R up to 16 rows:
+ * 16 x 1, 8 x 2, 4 x 4 or 2 x 8 accumulators.
+ */
+#define FX16_STEP (X16_ROWS * 32) /* bytes of 16 elements of the 16 rows */
+#define UNROLL16 _Pragma("GCC unroll 16") /* R up to 16: fully, so acc stays in registers */
+
+static void pack_half_x16(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst) {
+    const int64_t ns = n / 16;
+    for (int64_t g0 = 0; g0 < nr; g0 += X16_ROWS) {
+        uint8_t *gd = (uint8_t *)dst + (size_t)(g0 / X16_ROWS) * (size_t)ns * FX16_STEP;
+        for (int r = 0; r < X16_ROWS; r++) {
+            const char *row = g0 + r < nr ? (const char *)w + (size_t)(g0 + r) * w_stride : NULL;
+            for (int64_t s = 0; s < ns; s++) { /* padding rows: zeros */
+                if (row) memcpy(gd + (size_t)s * FX16_STEP + 32 * (size_t)r, row + (size_t)s * 32, 32);
+                else memset(gd + (size_t)s * FX16_STEP + 32 * (size_t)r, 0, 32);
+            }
+        }
+    }
+}
+
+/* Rows rb..rb+R-1 of the group at g x C staged activation rows over
+ * elements [k0, k0 + len) of a chunk; nr of the rows stored (add: added). */
+VNNI_INLINE void fx16_tile(const uint8_t *g, int rb, int kind, int64_t k0, int64_t len, const float (*sa)[F5_KC],
+                           int nr, float *out, size_t os, int add, const int R, const int C) {
+    __m512 acc[16][F5_NC];
+    UNROLL16 for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    const uint8_t *st = g + (size_t)(k0 / 16) * FX16_STEP + 32 * (size_t)rb;
+    for (int64_t k = 0; k < len; k += 16, st += FX16_STEP) {
+        __m512 w[16];
+        UNROLL16 for (int r = 0; r < R; r++) w[r] = load_x16(st + 32 * r, 0, kind);
+        UNROLL for (int c = 0; c < C; c++) {
+            const __m512 av = _mm512_load_ps(&sa[c][k]);
+            UNROLL16 for (int r = 0; r < R; r++) acc[r][c] = _mm512_fmadd_ps(w[r], av, acc[r][c]);
+        }
+    }
+    UNROLL for (int c = 0; c < C; c++)
+        UNROLL16 for (int r = 0; r < R; r++) {
+            if (r >= nr) break;
+            float *o = out + (size_t)c * os + (size_t)r;
+            const float v = hsum512(acc[r][c]);
+            *o = add ? *o + v : v;
+        }
+}
+
+VNNI_INLINE void gemm_fx16(int64_t n, int nr, int nc, const void *wp, const void *a, size_t a_stride, float *out,
+                           size_t out_stride, int kind) {
+    float sa[F5_NC][F5_KC] __attribute__((aligned(64)));
+    const size_t group = (size_t)(n / 16) * FX16_STEP;
+    if (n <= 0) zero_out(nr, nc, out, out_stride);
+    for (int r0 = 0; r0 < nr; r0 += X16_ROWS) {
+        const uint8_t *g = (const uint8_t *)wp + (size_t)(r0 / X16_ROWS) * group;
+        const int rows = nr - r0 < X16_ROWS ? nr - r0 : X16_ROWS;
+        for (int64_t k0 = 0; k0 < n; k0 += F5_KC) {
+            const int64_t len = n - k0 < F5_KC ? n - k0 : F5_KC;
+            for (int c0 = 0; c0 < nc; c0 += F5_NC) {
+                const int ncc = nc - c0 < F5_NC ? nc - c0 : F5_NC;
+                for (int c = 0; c < ncc; c++) {
+                    const char *arow = (const char *)a + (size_t)(c0 + c) * a_stride;
+                    for (int64_t k = 0; k < len; k += 16) _mm512_store_ps(&sa[c][k], load_x16(arow, k0 + k, kind));
+                }
+                const float(*sp)[F5_KC] = (const float(*)[F5_KC])sa;
+                const int R = ncc == 1 ? 16 : ncc == 2 ? 8 : ncc <= 4 ? 4 : 2;
+                for (int rb = 0; rb < rows; rb += R) {
+                    const int nrr = rows - rb < R ? rows - rb : R;
+                    float *o = out + (size_t)c0 * out_stride + (size_t)(r0 + rb);
+                    const int add = k0 > 0;
+                    switch (ncc) {
+                    case 1: fx16_tile(g, rb, kind, k0, len, sp, nrr, o, out_stride, add, 16, 1); break;
+                    case 2: fx16_tile(g, rb, kind, k0, len, sp, nrr, o, out_stride, add, 8, 2); break;
+                    case 3: fx16_tile(g, rb, kind, k0, len, sp, nrr, o, out_stride, add, 4, 3); break;
+                    case 4: fx16_tile(g, rb, kind, k0, len, sp, nrr, o, out_stride, add, 4, 4); break;
+                    case 5: fx16_tile(g, rb, kind, k0, len, sp, nrr, o, out_stride, add, 2, 5); break;
+                    case 6: fx16_tile(g, rb, kind, k0, len, sp, nrr, o, out_stride, add, 2, 6); break;
+                    case 7: fx16_tile(g, rb, kind, k0, len, sp, nrr, o, out_stride, add, 2, 7); break;
+                    default: fx16_tile(g, rb, kind, k0, len, sp, nrr, o, out_stride, add, 2, 8); break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#define FX16_GEMM(name, kind)                                                                                   \
+    static VNNI void name(int64_t n, int nr, int nc, const void *wp, const void *a, size_t a_stride,            \
+                          const void *aux, size_t aux_stride, float *out, size_t out_stride) {                  \
+        (void)aux;                                                                                              \
+        (void)aux_stride;                                                                                       \
+        gemm_fx16(n, nr, nc, wp, a, a_stride, out, out_stride, kind);                                           \
+    }
+FX16_GEMM(gemm_packed_f16, ELEM_F16)
+FX16_GEMM(gemm_packed_bf16, ELEM_BF16)
+#undef FX16_GEMM
+#undef UNROLL16
+
 const kp_kernels kp_quant_avx512vnni_kernels = {
     .name = "avx512vnni",
     KP_AVX2_SHARED_ENTRIES,
@@ -1320,11 +1424,14 @@ const kp_kernels kp_quant_avx512vnni_kernels = {
             [KP_DTYPE_Q5_K] = gemm_q5_K,
             [KP_DTYPE_Q6_K] = gemm_q6_K,
         },
-    .pack_rows = {[KP_DTYPE_Q8_0] = X16_ROWS, [KP_DTYPE_Q4_0] = X16_ROWS, [KP_DTYPE_Q4_K] = X16_ROWS,
-                  [KP_DTYPE_Q6_K] = X16_ROWS},
-    .pack = {[KP_DTYPE_Q8_0] = pack_q8_0_x16, [KP_DTYPE_Q4_0] = pack_q4_0_x16, [KP_DTYPE_Q4_K] = pack_q4_K_x16,
-             [KP_DTYPE_Q6_K] = pack_q6_K_x16},
-    .gemm_packed = {[KP_DTYPE_Q8_0] = gemm_packed_q8_0, [KP_DTYPE_Q4_0] = gemm_packed_q4_0,
+    .pack_rows = {[KP_DTYPE_F16] = X16_ROWS, [KP_DTYPE_BF16] = X16_ROWS, [KP_DTYPE_Q8_0] = X16_ROWS,
+                  [KP_DTYPE_Q4_0] = X16_ROWS, [KP_DTYPE_Q4_K] = X16_ROWS, [KP_DTYPE_Q6_K] = X16_ROWS},
+    .pack_k = {[KP_DTYPE_F16] = 16, [KP_DTYPE_BF16] = 16, [KP_DTYPE_Q8_0] = 32, [KP_DTYPE_Q4_0] = 32,
+               [KP_DTYPE_Q4_K] = KP_QK_K, [KP_DTYPE_Q6_K] = KP_QK_K},
+    .pack = {[KP_DTYPE_F16] = pack_half_x16, [KP_DTYPE_BF16] = pack_half_x16, [KP_DTYPE_Q8_0] = pack_q8_0_x16,
+             [KP_DTYPE_Q4_0] = pack_q4_0_x16, [KP_DTYPE_Q4_K] = pack_q4_K_x16, [KP_DTYPE_Q6_K] = pack_q6_K_x16},
+    .gemm_packed = {[KP_DTYPE_F16] = gemm_packed_f16, [KP_DTYPE_BF16] = gemm_packed_bf16,
+                    [KP_DTYPE_Q8_0] = gemm_packed_q8_0, [KP_DTYPE_Q4_0] = gemm_packed_q4_0,
                     [KP_DTYPE_Q4_K] = gemm_packed_q4_K, [KP_DTYPE_Q6_K] = gemm_packed_q6_K},
 };
 

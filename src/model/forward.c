@@ -156,11 +156,12 @@ static void pack_task(void *vctx, int task, int thread) {
                         c->dst + (size_t)r0 * w->row_bytes);
 }
 
-/* The table packs w when it has a layout for its type whose groups tile
- * the matmul tasks (MM_ROWS rows each). */
+/* The table packs w when it has a layout for its type and row length
+ * whose groups tile the matmul tasks (MM_ROWS rows each). */
 static int pack_rows_for(const kp_kernels *k, const kp_weight *w) {
-    int r = k->pack_rows[w->type];
+    int r = k->pack_rows[w->type], pk = k->pack_k[w->type];
     if (r <= 0 || !k->pack[w->type] || !k->gemm_packed[w->type] || MM_ROWS % r != 0) return 0;
+    if (pk <= 0 || w->n_in % pk != 0) return 0;
     return r;
 }
 
