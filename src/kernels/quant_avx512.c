@@ -471,6 +471,17 @@ static void pack_q4_0_x16(int64_t n, int64_t nr, const void *w, size_t w_stride,
     pack_x16(n, nr, w, w_stride, dst, WQ4_0);
 }
 
+/* The first nr of a 16-row tile's row sums acc[c] to out + c * os (add:
+ * added to what is there), c < NC. */
+VNNI_INLINE void x16_store(const __m512 *acc, float *out, size_t os, int nr, int add, const int NC) {
+    const __mmask16 keep = (__mmask16)(nr >= 16 ? 0xFFFF : (1u << nr) - 1);
+    UNROLL for (int c = 0; c < NC; c++) {
+        float *o = out + (size_t)c * os;
+        const __m512 v = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(keep, o), acc[c]) : acc[c];
+        _mm512_mask_storeu_ps(o, keep, v);
+    }
+}
+
 /* Block b's unsigned quant steps (the +128 of Q8_0 already stored, Q4_0 as
  * 0..15): u[j] meets activation quants 4j..4j+3. */
 VNNI_INLINE void x16_quants(const uint8_t *qb, int kind, __m512i u[8]) {
@@ -505,12 +516,7 @@ VNNI_INLINE void x16_tile_nc(const uint8_t *g, int64_t nb, int64_t ib0, int64_t 
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(ax[c][b].d)), acc[c]);
         }
     }
-    const __mmask16 keep = (__mmask16)(nr >= 16 ? 0xFFFF : (1u << nr) - 1);
-    UNROLL for (int c = 0; c < NC; c++) {
-        float *o = out + (size_t)c * os;
-        const __m512 v = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(keep, o), acc[c]) : acc[c];
-        _mm512_mask_storeu_ps(o, keep, v);
-    }
+    x16_store(acc, out, os, nr, add, NC);
 }
 
 static VNNI void x16_tile(const uint8_t *g, int64_t nb, int64_t ib0, int64_t len, int kind, const char *const *ar,
@@ -1024,12 +1030,7 @@ VNNI_INLINE void k16_tile_nc(const uint8_t *g, int64_t i0, int64_t len, const ch
             acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(im), _mm512_mul_ps(dm, da), acc[c]);
         }
     }
-    const __mmask16 keep = (__mmask16)(nr >= 16 ? 0xFFFF : (1u << nr) - 1);
-    UNROLL for (int c = 0; c < NC; c++) {
-        float *o = out + (size_t)c * os;
-        const __m512 v = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(keep, o), acc[c]) : acc[c];
-        _mm512_mask_storeu_ps(o, keep, v);
-    }
+    x16_store(acc, out, os, nr, add, NC);
 }
 
 static VNNI void k16_tile(const uint8_t *g, int64_t i0, int64_t len, const char *const *ar, int nr, float *out,
@@ -1197,12 +1198,7 @@ VNNI_INLINE void q6_tile_nc(const uint8_t *g, int64_t nb, int64_t i0, int64_t le
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(dw, _mm512_set1_ps(y[c]->d)), acc[c]);
         }
     }
-    const __mmask16 keep = (__mmask16)(nr >= 16 ? 0xFFFF : (1u << nr) - 1);
-    UNROLL for (int c = 0; c < NC; c++) {
-        float *o = out + (size_t)c * os;
-        const __m512 v = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(keep, o), acc[c]) : acc[c];
-        _mm512_mask_storeu_ps(o, keep, v);
-    }
+    x16_store(acc, out, os, nr, add, NC);
 }
 
 static VNNI void q6_tile(const uint8_t *g, int64_t nb, int64_t i0, int64_t len, const char *const *ar, int nr,
