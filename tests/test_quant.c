@@ -858,11 +858,12 @@ static void test_vec_dot_and_tiles(void) {
  * untouched.
  */
 static void test_tile_shapes(void) {
-    enum { R = 19, C = 11, NMAX = 4352, OS = 23 };
+    enum { R = 19, C = 20, NMAX = 4352, OS = 23 };
     static const int shapes[][4] = {/* nr, nc, first row, first column */
                                     {1, 1, 0, 0},  {1, 5, 0, 0},   {4, 4, 0, 0},  {5, 1, 0, 0},  {3, 7, 2, 3},
                                     {16, 4, 0, 0}, {17, 9, 1, 2}, {19, 11, 0, 0}, {8, 2, 11, 9},
-                                    {16, 1, 3, 0}, {19, 1, 0, 4}}; /* 16-row decode tiles */
+                                    {16, 1, 3, 0}, {19, 1, 0, 4}, /* 16-row decode tiles */
+                                    {17, 18, 1, 2}}; /* past the packed decode tiles' 16 columns: panels */
     const kp_kernels *tabs[3] = {kp_kernels_scalar(), kp_kernels_avx2(), kp_kernels_avx512vnni()};
     static float xf[NMAX];
     static kp_q8_0_aux aux[C][NMAX / 32];

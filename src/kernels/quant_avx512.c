@@ -419,10 +419,19 @@ LEGACY_GEMM(gemm_q4_0, WQ4_0)
  */
 #define X16_ROWS 16
 /* Up to this many activation rows (batched decode) the packed gemms take
- * the decode tiles, 4 rows a pass over a group held in L1/L2; past it the
- * prefill panels (1B Q4_0, 8 sequences: 83 -> 93 tok/s; at 16 the panels
- * are as fast) */
-#define X16_TILE_COLS 8
+ * the decode tiles, 8 rows a pass (Q4_K/Q6_K: 4) over a group held in
+ * L1/L2; past it the prefill panels, which cost a pack per K chunk and win
+ * only over many rows (1B Q4_0, 16 sequences: 128-138 tok/s on the panels,
+ * 159-164 on the tiles; Q4_K 107-119 -> 132-162) */
+#define X16_TILE_COLS 16
+/* With X16_PF_MIN or more activation rows a tile prefetches X16_PF bytes
+ * ahead in its stream: the hardware prefetcher alone keeps one row's
+ * stream at the read bandwidth, but with 8 rows a block the compute
+ * between loads left the DRAM latency exposed (1B Q4_0, 8 sequences:
+ * 100-112 -> 136-151 tok/s, Q8_0 62-67 -> 84-86); with 4 or fewer it
+ * did not help (Q8_0 x4: 66 -> 55) */
+#define X16_PF 2048
+#define X16_PF_MIN 5
 
 static inline size_t x16_qbytes(int kind) { return kind == WQ8_0 ? 512 : 256; }
 
@@ -497,24 +506,36 @@ VNNI_INLINE void x16_quants(const uint8_t *qb, int kind, __m512i u[8]) {
     }
 }
 
-/* 16 rows x NC activation rows over blocks [ib0, ib0 + len) of the group at
- * g (nb blocks per row); nr rows stored to out (add: added). */
+/* 16 rows x NC (<= 8) activation rows over blocks [ib0, ib0 + len) of the
+ * group at g (nb blocks per row); nr rows stored to out (add: added). The
+ * NC sums of a block advance together, step j of every row before step
+ * j + 1, so NC independent vpdpbusd chains are in flight (row after row:
+ * 1B Q4_0 4 rows in L2, 4.9 -> 4.3 ns per 16 rows x 32 quants). */
 VNNI_INLINE void x16_tile_nc(const uint8_t *g, int64_t nb, int64_t ib0, int64_t len, int kind,
                              const char *const *ar, const kp_q8_0_aux *const *ax, int nr, float *out, size_t os,
                              int add, const int NC) {
     const size_t qb = x16_qbytes(kind);
-    __m512 acc[4];
+    __m512 acc[8];
     UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < len; b++) {
         __m512i u[8];
+        if (X16_PF && NC >= X16_PF_MIN) {
+            const uint8_t *p = g + x16_sc_at(ib0 + b, qb) + X16_PF;
+            for (size_t o = 0; o < qb + 32; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+        }
         x16_quants(g + x16_q_at(nb, ib0 + b, qb), kind, u);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + x16_sc_at(ib0 + b, qb))));
+        const int8_t *aq[8];
+        __m512i s[8];
         UNROLL for (int c = 0; c < NC; c++) {
-            const int8_t *aq = ((const kp_block_q8_0 *)ar[c] + ib0 + b)->qs;
-            __m512i s = _mm512_set1_epi32(kind == WQ8_0 ? ax[c][b].bias : ax[c][b].bias / 16);
-            UNROLL for (int j = 0; j < 8; j++) s = _mm512_dpbusd_epi32(s, u[j], _mm512_set1_epi32(load_i32(aq + 4 * j)));
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(ax[c][b].d)), acc[c]);
+            aq[c] = ((const kp_block_q8_0 *)ar[c] + ib0 + b)->qs;
+            s[c] = _mm512_set1_epi32(kind == WQ8_0 ? ax[c][b].bias : ax[c][b].bias / 16);
         }
+        UNROLL for (int j = 0; j < 8; j++)
+            UNROLL for (int c = 0; c < NC; c++)
+                s[c] = _mm512_dpbusd_epi32(s[c], u[j], _mm512_set1_epi32(load_i32(aq[c] + 4 * j)));
+        UNROLL for (int c = 0; c < NC; c++)
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[c]), _mm512_mul_ps(dw, _mm512_set1_ps(ax[c][b].d)), acc[c]);
     }
     x16_store(acc, out, os, nr, add, NC);
 }
@@ -525,7 +546,11 @@ static VNNI void x16_tile(const uint8_t *g, int64_t nb, int64_t ib0, int64_t len
     case 1: x16_tile_nc(g, nb, ib0, len, kind, ar, ax, nr, out, os, add, 1); break;
     case 2: x16_tile_nc(g, nb, ib0, len, kind, ar, ax, nr, out, os, add, 2); break;
     case 3: x16_tile_nc(g, nb, ib0, len, kind, ar, ax, nr, out, os, add, 3); break;
-    default: x16_tile_nc(g, nb, ib0, len, kind, ar, ax, nr, out, os, add, 4); break;
+    case 4: x16_tile_nc(g, nb, ib0, len, kind, ar, ax, nr, out, os, add, 4); break;
+    case 5: x16_tile_nc(g, nb, ib0, len, kind, ar, ax, nr, out, os, add, 5); break;
+    case 6: x16_tile_nc(g, nb, ib0, len, kind, ar, ax, nr, out, os, add, 6); break;
+    case 7: x16_tile_nc(g, nb, ib0, len, kind, ar, ax, nr, out, os, add, 7); break;
+    default: x16_tile_nc(g, nb, ib0, len, kind, ar, ax, nr, out, os, add, 8); break;
     }
 }
 
@@ -583,14 +608,15 @@ VNNI_INLINE void gemm_x16(int64_t n, int nr, int nc, const void *wp, const void 
         }
         return;
     }
-    kp_q8_0_aux own[4][PANEL_KC];
+    kp_q8_0_aux own[8][PANEL_KC];
     for (int64_t ib0 = 0; ib0 < nb; ib0 += PANEL_KC) {
         const int64_t len = nb - ib0 < PANEL_KC ? nb - ib0 : PANEL_KC;
-        for (int c0 = 0; c0 < nc; c0 += 4) {
-            const int ncc = nc - c0 < 4 ? nc - c0 : 4;
-            const char *ar[4];
-            const kp_q8_0_aux *ax[4];
-            act_group4(a, a_stride, aux, aux_stride, c0, ncc, ib0, len, ar, ax, own);
+        for (int c0 = 0; c0 < nc; c0 += 8) {
+            const int ncc = nc - c0 < 8 ? nc - c0 : 8;
+            const char *ar[8];
+            const kp_q8_0_aux *ax[8];
+            act_group4(a, a_stride, aux, aux_stride, c0, ncc < 4 ? ncc : 4, ib0, len, ar, ax, own);
+            if (ncc > 4) act_group4(a, a_stride, aux, aux_stride, c0 + 4, ncc - 4, ib0, len, ar + 4, ax + 4, own + 4);
             for (int r0 = 0; r0 < nr; r0 += X16_ROWS) {
                 const uint8_t *g = (const uint8_t *)wp + (size_t)(r0 / X16_ROWS) * group;
                 x16_tile(g, nb, ib0, len, kind, ar, ax, nr - r0, out + (size_t)c0 * out_stride + (size_t)r0,
@@ -924,9 +950,9 @@ KQUANT_GEMM(gemm_q6_K, kp_avx2_dot_tile_q6_K, KQ6)
  * activation's bsums summed per sub-block. Then the float steps of the
  * canonical order: per K chunk of KQ_KC super-blocks acc = fma(isum, d *
  * da, acc), acc = fma(-imin, dmin * da, acc), lane for lane what the tiles
- * on rows in place do; from PANEL_MIN_COLS activation rows on, the group
- * gives the prefill panels (kmin_panel) with no transpose. So gemm_packed
- * equals gemm bit for bit.
+ * on rows in place and the panels do; past X16_TILE_COLS activation rows
+ * the group gives the prefill panels (kmin_panel) with no transpose. So
+ * gemm_packed equals gemm bit for bit.
  */
 #define K16_SB (X16_ROWS * sizeof(kp_block_q4_K)) /* bytes of one super-block of a group */
 #define K16_SC 0                                  /* offset of the scale words */
@@ -1238,7 +1264,7 @@ VNNI_INLINE void q6_panel(const uint8_t *sb, const uint8_t *dp, int p, q6k_panel
 }
 
 /* gemm_packed for Q4_K (kind KQ4) and Q6_K (KQ6) groups: decode tiles on
- * the group's stream, or from PANEL_MIN_COLS activation rows on the
+ * the group's stream up to X16_TILE_COLS activation rows, past it the
  * prefill panels built from it (the VNNI panel tiles). */
 VNNI_INLINE void gemm_kx16(int64_t n, int nr, int nc, const void *wp, const void *a, size_t a_stride, float *out,
                            size_t out_stride, int kind) {
