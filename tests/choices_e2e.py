@@ -131,6 +131,59 @@ def seeds(srv):
     ok(got == [c["message"]["content"] for c in body_["choices"]], "chat stream equals the body: %s" % got)
 
 
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather",
+                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                         "required": ["city"], "additionalProperties": False}}}]
+
+
+def stream_choices(ev, n):
+    """Content, tool calls (name, arguments) and finish of each choice of a chat stream."""
+    out = [{"content": "", "calls": {}, "finish": None} for _ in range(n)]
+    for e in ev[:-1]:
+        for c in e.get("choices", []):
+            o = out[c["index"]]
+            o["content"] += c["delta"].get("content") or ""
+            for tc in c["delta"].get("tool_calls") or []:
+                call = o["calls"].setdefault(tc["index"], {"name": "", "arguments": ""})
+                call["name"] += tc.get("function", {}).get("name") or ""
+                call["arguments"] += tc.get("function", {}).get("arguments") or ""
+            o["finish"] = c["finish_reason"] or o["finish"]
+    return [{"content": o["content"], "calls": [o["calls"][k] for k in sorted(o["calls"])], "finish": o["finish"]}
+            for o in out]
+
+
+def body_choices(j):
+    return [{"content": c["message"].get("content") or "",
+             "calls": [{"name": t["function"]["name"], "arguments": t["function"]["arguments"]}
+                       for t in c["message"].get("tool_calls") or []],
+             "finish": c["finish_reason"]} for c in j["choices"]]
+
+
+def tools_streamed(srv):
+    """A streamed chat with tools and logprobs, or tools and n > 1 (forced calls
+    included), streams normally and equals the same request not streamed."""
+    base = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS, "max_tokens": 12,
+            "seed": 5, "temperature": 1}
+    for extra, what in [({"logprobs": True}, "tools + logprobs"), ({"n": 2}, "tools + n 2"),
+                        ({"n": 2, "tool_choice": "required", "max_tokens": 200}, "forced call + n 2"),
+                        ({"logprobs": True, "tool_choice": "required", "max_tokens": 200}, "forced call + logprobs")]:
+        req = dict(base, **extra)
+        n = req.get("n", 1)
+        st, ev = stream(srv, X, dict(req, stream=True))
+        if not ok(st == 200 and ev and ev[-1] is None, "%s: a normal stream (%s)" % (what, st)):
+            continue
+        st, _, j = srv.post(X, req)
+        ok(st == 200 and stream_choices(ev, n) == body_choices(j),
+           "%s: streamed choices equal the body's: %s vs %s" % (what, stream_choices(ev, n),
+                                                                body_choices(j) if st == 200 else j))
+        if "tool_choice" in req:
+            ok(all(c["finish"] == "tool_calls" and c["calls"] for c in stream_choices(ev, n)),
+               "%s: every choice is a call" % what)
+        if req.get("logprobs"):
+            lps = [c for e in ev[:-1] for c in e.get("choices", []) if c.get("logprobs")]
+            ok(len(lps) > 0, "%s: the stream carries logprobs" % what)
+
+
 def greedy(srv):
     body = {"prompt": "One day, a girl named Lily", "max_tokens": 12, "temperature": 0}
     st, _, j = srv.post(C, dict(body, n=4))
@@ -268,6 +321,12 @@ def main():
         logprobs_values(srv)
         cancel(srv)
         no_leaks(R, srv, "at the end")
+    finally:
+        srv.stop()
+    srv = Server(R, "--ctx", "2048", "--parallel", "4", "--chat-template", "chatml")
+    try:
+        tools_streamed(srv)
+        no_leaks(R, srv, "after the streams with tools")
     finally:
         srv.stop()
     return R.finish()

@@ -1400,8 +1400,9 @@ static void mstream_update(mstream *m, uint32_t i, kp_sreq_update *u) {
     json_t *lp;
     const char *text = u->text;
     size_t len = u->len;
-    u->text = NULL; /* choice_take frees the rest */
-    choice_take(m, c, u, st->tools, &lp);
+    u->text = NULL; /* choice_take frees the rest; the text is kept below */
+    u->len = 0;
+    choice_take(m, c, u, false, &lp);
     if (st->tools) {
         if (len) kp_buf_put(&c->text, text, len);
         if (lp) mchunk(m, i, NULL, 0, lp, NULL, NULL);
