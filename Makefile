@@ -23,21 +23,27 @@ CC      ?= cc
 PKGS    := libpcre2-8 jansson libmicrohttpd
 # the cache tiers: block keys and checksums (XXH3-128), the Redis client
 PKGS    += libxxhash hiredis
-PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null || echo -lpcre2-8 -ljansson -lmicrohttpd)
+# pkg-config and the compiler are asked when a recipe first needs their
+# answer (then remembered), not when make reads this file: in `make deps
+# all` the packages are installed before the first compile asks for their
+# flags. Every variable built on them below is recursive (=) for the same
+# reason.
+PKG_CFLAGS = $(eval PKG_CFLAGS := $$(shell pkg-config --cflags $$(PKGS) 2>/dev/null))$(PKG_CFLAGS)
+PKG_LIBS   = $(eval PKG_LIBS := $$(shell pkg-config --libs $$(PKGS) 2>/dev/null || \
+	       echo -lpcre2-8 -ljansson -lmicrohttpd -lxxhash -lhiredis))$(PKG_LIBS)
 
 # -march=native when the compiler accepts it, else a portable x86-64 build;
 # kernels pick AVX2/FMA/F16C at run time either way (see src/kernels/dispatch.c).
-MARCH   := $(shell $(CC) -march=native -E -x c /dev/null >/dev/null 2>&1 && echo -march=native)
+MARCH   = $(eval MARCH := $$(shell $$(CC) -march=native -E -x c /dev/null >/dev/null 2>&1 && echo -march=native))$(MARCH)
 WARN    := -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Isrc -Iinclude -MMD -MP
 # The library's objects: position-independent (one set of objects makes
 # both libkvpin.a and libkvpin.so) and every symbol hidden but the
 # functions include/kvpin.h marks KP_API.
 LIB_CFLAGS := -fPIC -fvisibility=hidden
-CFLAGS_RELEASE := $(WARN) -O2 $(MARCH) -g $(PKG_CFLAGS) -pthread
-CFLAGS_ASAN    := $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
+CFLAGS_RELEASE = $(WARN) -O2 $(MARCH) -g $(PKG_CFLAGS) -pthread
+CFLAGS_ASAN    = $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
 	              -fno-omit-frame-pointer $(PKG_CFLAGS) -pthread
-LDLIBS  := $(PKG_LIBS) -lm -pthread
+LDLIBS  = $(PKG_LIBS) -lm -pthread
 
 SRC     := $(wildcard src/*/*.c)
 TESTS   := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
@@ -70,8 +76,7 @@ build/rel/lib.flags: FORCE | build/rel
 	@f='$(CFLAGS_RELEASE) $(LIB_CFLAGS)'; [ "$$(cat $@ 2>/dev/null)" = "$$f" ] || echo "$$f" >$@
 build/asan/lib.flags: FORCE | build/asan
 	@f='$(CFLAGS_ASAN) $(LIB_CFLAGS)'; [ "$$(cat $@ 2>/dev/null)" = "$$f" ] || echo "$$f" >$@
-build/gen/dashboard_page.c: web/dashboard.html tools/embed.py
-	@mkdir -p $(dir $@)
+build/gen/dashboard_page.c: web/dashboard.html tools/embed.py | build/gen
 	python3 tools/embed.py kp_dash_page serve/dashboard.h $< $@
 build/rel/gen/%.o: build/gen/%.c build/rel/lib.flags
 	@mkdir -p $(dir $@)
@@ -136,8 +141,13 @@ WRAP_ALLOC := -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=free,--wrap=
 build/asan/test_alloc_fail: tests/test_alloc_fail.c tests/harness.h build/asan/libkvpin.a
 	$(CC) $(CFLAGS_ASAN) -o $@ $< build/asan/libkvpin.a $(LDLIBS) $(WRAP_ALLOC)
 
-build/rel build/asan build/fuzz:
+build/rel build/asan build/fuzz build/gen:
 	mkdir -p $@
+# `make deps all`, `make deps test`: every build step waits for deps (each
+# starts from one of these folders, order-only), also under -j.
+ifneq ($(filter deps,$(MAKECMDGOALS)),)
+build/rel build/asan build/fuzz build/gen: | deps
+endif
 
 asan: build/asan/kvpin $(addprefix build/asan/,$(TESTS)) $(addprefix build/asan/fuzz_,$(FUZZ_TARGETS))
 
@@ -169,7 +179,7 @@ FUZZ_MAXLEN_oai   := 16384
 FUZZ_MAXLEN_http  := 8192
 FUZZ_MAXLEN_grammar := 4096
 FUZZ_MAXLEN_agent := 16384
-FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -Isrc -Iinclude -g -O1 -fsanitize=fuzzer,address,undefined \
+FUZZ_FLAGS = -std=c11 -D_GNU_SOURCE -Isrc -Iinclude -g -O1 -fsanitize=fuzzer,address,undefined \
 	      -fno-sanitize-recover=all $(PKG_CFLAGS) -pthread
 FUZZ_OBJ := $(patsubst src/%.c,build/fuzz/obj/%.o,$(SRC)) build/fuzz/obj/gen/dashboard_page.o
 build/fuzz/obj/gen/%.o: build/gen/%.c | build/fuzz
