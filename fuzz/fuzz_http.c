@@ -1,7 +1,7 @@
 /*
  * fuzz_http.c - libFuzzer target for the HTTP server: the bytes of a
  * request (head and body) sent over a loopback socket to a real kvpin
- * server running in this process (src/serve/server.c and everything below
+ * server running in this process (src/serve/: http.c, routes.c and everything below
  * it: libmicrohttpd's parser, kvpin's framing checks, routing, the OpenAI
  * parser, chat templates, tokenizer, scheduler, engine).
  *

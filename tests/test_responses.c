@@ -10,6 +10,7 @@
  * used first.
  */
 #include "serve/responses.h"
+#include "serve/response_store.h"
 
 #include <jansson.h>
 #include <string.h>

@@ -12,6 +12,10 @@ and the file-level graph of each folder, and fails (exit 1) when
     own floor;
   - an include names a header that does not exist (a stale path);
   - the file-level include graph has a circle (a.h -> b.h -> a.h);
+  - a file of src/ other than the routing table (ROUTING) includes the
+    header of an API dialect (a .c that defines a `kp_dialect` table, its
+    header: serve/answer.h's dialects are known to the rest of the
+    library only through that interface), the dialect's own .c aside;
   - with --objects DIR: the files of one folder call each other in a circle
     (a.c uses a symbol b.c defines and b.c one a.c defines, directly or
     through others), read from `nm` of the compiled objects under DIR.
@@ -41,6 +45,10 @@ FLOORS = {
     "serve": 6,    # scheduler, chat templates, OpenAI shapes, HTTP server
 }
 TOP = 100  # cli/, tests/, tools/, fuzz/
+
+# The one file of src/ that may include the API dialects' headers.
+ROUTING = os.path.join("src", "serve", "routes.c")
+DIALECT = re.compile(r'^\s*static\s+const\s+kp_dialect\s+\w+\s*=', re.M)
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
@@ -140,6 +148,12 @@ def main(argv):
         f, rank = folder_of(p)
         if p.startswith("src" + os.sep) and p.count(os.sep) >= 2 and rank is None:
             errors.append("%s: folder src/%s/ has no floor in tools/check_floors.py" % (p, f))
+    dialect_headers = set()
+    for p in files:
+        if p.startswith("src" + os.sep) and p.endswith(".c"):
+            with open(p, encoding="utf-8", errors="replace") as fh:
+                if DIALECT.search(fh.read()):
+                    dialect_headers.add(p[:-2] + ".h")
     folder_edges = defaultdict(int)
     file_graph = defaultdict(set)
     for p in files:
@@ -153,6 +167,10 @@ def main(argv):
                 continue
             g, grank = folder_of(target)
             file_graph[p].add(target)
+            if (target in dialect_headers and p.startswith("src" + os.sep) and p != ROUTING
+                    and p[:-2] != target[:-2]):
+                errors.append('%s includes the dialect header "%s": only %s may (the rest of src/ knows a '
+                              'dialect through serve/answer.h)' % (p, m.group(1), ROUTING))
             if g != f:
                 folder_edges[(f, g)] += 1
             if rank is None or grank is None or g == f:

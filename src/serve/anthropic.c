@@ -1,6 +1,7 @@
 /*
- * anthropic.c - Messages API requests into chat-completions requests, and
- * Anthropic's response objects and events (anthropic.h).
+ * anthropic.c - the Anthropic Messages API, whole (anthropic.h): requests
+ * into chat-completions requests, Anthropic's response objects and events,
+ * and the dialect (answer.h) that writes a Messages answer and stream.
  *
  * Owns nothing between calls. The translation walks the body once: the
  * top-level members (a table of what each becomes), then system, tools
@@ -9,6 +10,16 @@
  * tool_result block first flushes it (tool messages and user text keep
  * the blocks' order). At a block with cache_control the conversation so
  * far, the pending message included, is copied into a breakpoint.
+ *
+ * The dialect's request state (anth_state) holds the translation and the
+ * breakpoints, located in the prompt before the submit (anth_prompt: each
+ * breakpoint's conversation rendered, its common prefix with the prompt)
+ * and pinned for their TTLs when the answer ends (anth_after). A stream:
+ *
+ *   message_start (usage: input split by the cache), ping
+ *   per text run: content_block_start (text), content_block_delta (text_delta)...
+ *   per call: content_block_start (tool_use, input {}), one input_json_delta, stop
+ *   content_block_stop, message_delta (stop_reason, usage, kvpin_cache), message_stop
  */
 #include "serve/anthropic.h"
 
@@ -16,6 +27,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include "serve/answer.h"
+#include "serve/prompt.h"
 
 #define BAD(e, param, ...) kp_oai_fail(e, 400, "invalid_request_error", NULL, param, __VA_ARGS__)
 
@@ -574,4 +589,331 @@ void kp_anth_cache_usage(uint32_t n, uint32_t reused, const uint32_t *bp, int n_
         *creation = last;
     }
     *input = n - *read - *creation;
+}
+
+/* ---- the dialect: Messages answers and streams ---------------------------------------- */
+
+/* The cache_control breakpoints of a Messages request: the tokens of the
+ * prefix each ends, its TTL, and how many were held by a live pin when
+ * the request came. */
+typedef struct {
+    uint32_t pos[KP_ANTH_MAX_BREAKS];
+    int64_t ttl[KP_ANTH_MAX_BREAKS]; /* seconds, --pin-ttl-scale applied */
+    uint64_t hash[KP_ANTH_MAX_BREAKS]; /* kp_bpins_hash of the prefix */
+    bool hit[KP_ANTH_MAX_BREAKS];    /* a live pin held it when the request came */
+    int n, live;
+} anth_bps;
+
+/* What a Messages request keeps through its answer (the dialect's dreq). */
+typedef struct {
+    kp_anth_request a; /* the translation (its chat body's "stop": the stop sequences) */
+    anth_bps bps;      /* its cache_control breakpoints, located in the prompt */
+    bool text_open;    /* streaming: a text content block is open */
+    uint32_t n_blocks; /* content blocks started */
+} anth_state;
+
+/* The stop_reason of an Anthropic answer that ended (kp_anth_stop_reason):
+ * whether the last token generated ends the generation, and for a stop
+ * string which one, from the detokenized completion. *which points into
+ * stops (a JSON array, may be NULL). */
+static const char *anth_stop(kp_server *s, const kp_sreq_update *u, bool calls, size_t text_len,
+                             const json_t *stops, const char **which) {
+    const char *arr[KP_OAI_MAX_STOPS];
+    int n = 0;
+    size_t i;
+    const json_t *x;
+    json_array_foreach(stops, i, x) if (n < KP_OAI_MAX_STOPS) arr[n++] = json_string_value(x);
+    uint32_t last = u->prompt_tokens + u->completion_tokens;
+    bool eog = u->ids && u->completion_tokens && kp_tok_is_eog(s->v, u->ids[last - 1]);
+    char *full = NULL;
+    size_t flen = 0;
+    if (!calls && !eog && n && u->ids && u->finish == KP_FINISH_STOP) {
+        kp_error err = {0};
+        kp_tok_detokenize(s->v, u->ids + u->prompt_tokens, u->completion_tokens, false, true, &full, &flen, &err);
+    }
+    const char *r = kp_anth_stop_reason(calls, u->finish == KP_FINISH_LENGTH, eog, arr, n, full, flen, text_len, which);
+    free(full);
+    return r;
+}
+
+/* The usage of an Anthropic answer, with the input split by the cache
+ * (kp_anth_cache_usage over its breakpoints). */
+static json_t *anth_usage(const anth_bps *b, const kp_sreq_update *u) {
+    uint32_t in, cr, rd;
+    kp_anth_cache_usage(u->prompt_tokens, u->cached_tokens, b->pos, b->n, b->live, &in, &cr, &rd);
+    return kp_anth_usage_json(in, cr, rd, u->completion_tokens);
+}
+
+/* At the end of a Messages generation (its prompt is cached by now): each
+ * breakpoint's prefix pinned for its TTL, the pin it replaces (a refresh)
+ * removed. A pin refused (the pinned-bytes cap) is reported, never an
+ * error. cj (may be NULL) gets "cache_control": one object per breakpoint
+ * {tokens, ttl, hit, pinned, pin, expires_at | code, error}. */
+static void anth_after(kp_server *s, const anth_bps *b, const kp_sreq_update *u, json_t *cj) {
+    if (b->n == 0) return;
+    json_t *list = json_array();
+    int64_t now = (int64_t)time(NULL);
+    for (int i = 0; i < b->n; i++) {
+        json_t *o = json_pack("{s:I, s:I, s:b}", "tokens", (json_int_t)b->pos[i], "ttl", (json_int_t)b->ttl[i], "hit",
+                              b->hit[i]);
+        kp_error err = {0}, err2 = {0};
+        uint64_t id = 0;
+        kp_status st = u->ids && b->pos[i] <= u->prompt_tokens
+                           ? kp_sched_pin(s->sched, u->ids, b->pos[i], b->ttl[i], now, &id, NULL, &err)
+                           : kp_fail(&err, KP_EINVAL, "no prompt to pin");
+        if (st == KP_OK) {
+            uint64_t evicted = 0;
+            uint64_t old = kp_bpins_set(s->bpins, b->hash[i], id, b->pos[i], now + b->ttl[i], now, &evicted);
+            if (old) kp_sched_unpin(s->sched, old, &err2); /* expired and gone already: fine */
+            if (evicted) kp_sched_unpin(s->sched, evicted, &err2);
+            char sid[32];
+            snprintf(sid, sizeof sid, "pin-%llu", (unsigned long long)id);
+            json_object_set_new(o, "pinned", json_true());
+            json_object_set_new(o, "pin", json_string(sid));
+            json_object_set_new(o, "expires_at", json_integer((json_int_t)(now + b->ttl[i])));
+        } else {
+            json_object_set_new(o, "pinned", json_false());
+            json_object_set_new(o, "code", json_string(st == KP_EFULL ? "pinned_cap" : "not_pinned"));
+            json_object_set_new(o, "error", json_string(err.msg));
+        }
+        json_array_append_new(list, o);
+    }
+    if (cj) json_object_set_new(cj, "cache_control", list);
+    else json_decref(list);
+}
+
+
+/* The breakpoints' positions in the prompt ids[0..n): each breakpoint's
+ * conversation rendered without the generation prompt, and the tokens it
+ * has in common with the prompt (the renderings are byte-stable and
+ * append-only, so that is the prefix up to the breakpoint's block). A
+ * breakpoint that does not render is left out. */
+static void anth_prompt(kp_answer *x, const int32_t *ids, size_t n) {
+    kp_server *s = x->s;
+    anth_state *st = x->dreq;
+    anth_bps *b = &st->bps;
+    memset(b, 0, sizeof *b);
+    int64_t now = (int64_t)time(NULL);
+    for (int i = 0; i < st->a.n_br; i++) {
+        const kp_anth_break *br = &st->a.br[i];
+        kp_prompt_opts po = {false, false};
+        int32_t *t = NULL;
+        size_t k = 0, tl = 0;
+        char *text = NULL;
+        kp_oai_error e;
+        if (!kp_prompt_tokens(s, NULL, br->messages, br->tools, false, &po, &t, &k, &text, &tl, &e)) continue;
+        size_t m = 0;
+        while (m < k && m < n && t[m] == ids[m]) m++;
+        free(t);
+        free(text);
+        if (m == 0) continue;
+        double scaled = (double)br->ttl_s * (s->cfg.pin_ttl_scale > 0 ? s->cfg.pin_ttl_scale : 1);
+        b->pos[b->n] = (uint32_t)m;
+        b->ttl[b->n] = scaled < 1 ? 1 : (int64_t)(scaled + 0.5);
+        b->hash[b->n] = kp_bpins_hash(ids, m);
+        b->hit[b->n] = kp_bpins_live(s->bpins, b->hash[b->n], now);
+        b->live += b->hit[b->n];
+        b->n++;
+    }
+}
+
+/* message_start (the usage so far: the input split by the cache) and a ping. */
+static void anth_open(kp_answer *x, const kp_sreq_update *u) {
+    anth_state *st = x->dreq;
+    json_t *usage = anth_usage(&st->bps, u);
+    json_object_set_new(usage, "output_tokens", json_integer(0));
+    kp_anth_event(&x->out, "message_start",
+                  json_pack("{s:o}", "message",
+                            kp_anth_message_json(x->id, x->s->cfg.model_name, json_array(), NULL, NULL, usage)));
+    kp_anth_event(&x->out, "ping", json_object());
+}
+
+static void anth_text(kp_answer *x, uint32_t i, const char *text, size_t len, json_t *lp) {
+    (void)i;
+    json_decref(lp); /* the Messages API has no logprobs */
+    anth_state *st = x->dreq;
+    if (!text || !len) return;
+    if (!st->text_open) {
+        kp_anth_event(&x->out, "content_block_start",
+                      json_pack("{s:I, s:{s:s, s:s}}", "index", (json_int_t)st->n_blocks, "content_block", "type",
+                                "text", "text", ""));
+        st->text_open = true;
+        st->n_blocks++;
+    }
+    kp_anth_event(&x->out, "content_block_delta",
+                  json_pack("{s:I, s:{s:s, s:s%}}", "index", (json_int_t)st->n_blocks - 1, "delta", "type",
+                            "text_delta", "text", text, len));
+}
+
+static void anth_close_text(kp_answer *x) {
+    anth_state *st = x->dreq;
+    if (!st->text_open) return;
+    kp_anth_event(&x->out, "content_block_stop", json_pack("{s:I}", "index", (json_int_t)st->n_blocks - 1));
+    st->text_open = false;
+}
+
+/* The tool calls as tool_use blocks: each started with an empty input,
+ * its input as one input_json_delta, stopped. */
+static void anth_calls(kp_answer *x, uint32_t i, const json_t *calls) {
+    (void)i;
+    anth_state *st = x->dreq;
+    anth_close_text(x);
+    json_t *blocks = kp_anth_content_json(NULL, 0, calls);
+    size_t k;
+    json_t *b;
+    json_array_foreach(blocks, k, b) {
+        char *args = json_dumps(json_object_get(b, "input"), JSON_COMPACT);
+        json_object_set_new(b, "input", json_object());
+        json_t *idx = json_integer((json_int_t)st->n_blocks);
+        kp_anth_event(&x->out, "content_block_start", json_pack("{s:O, s:O}", "index", idx, "content_block", b));
+        kp_anth_event(&x->out, "content_block_delta",
+                      json_pack("{s:O, s:{s:s, s:s}}", "index", idx, "delta", "type", "input_json_delta",
+                                "partial_json", args ? args : "{}"));
+        kp_anth_event(&x->out, "content_block_stop", json_pack("{s:O}", "index", idx));
+        json_decref(idx);
+        free(args);
+        st->n_blocks++;
+    }
+    json_decref(blocks);
+}
+
+static void anth_end(kp_answer *x, uint32_t i) {
+    (void)x;
+    (void)i; /* one choice: its end is the message's (anth_close) */
+}
+
+/* The end of a message, streamed or not: its stop reason (*which: the
+ * stop sequence found, or NULL), and the kvpin_cache report (*cj, taken
+ * from the answer) with each breakpoint's prefix pinned for its TTL. */
+static const char *anth_settle(kp_answer *x, const char **which, json_t **cj) {
+    anth_state *st = x->dreq;
+    const kp_choice *ch = &x->ch[0];
+    const char *reason = anth_stop(x->s, &ch->last, ch->calls != NULL, ch->text.len,
+                                   json_object_get(st->a.chat, "stop"), which);
+    *cj = x->report;
+    x->report = NULL;
+    anth_after(x->s, &st->bps, &ch->last, *cj);
+    return reason;
+}
+
+/* The end of a Messages stream: the open block closed (an empty text
+ * block when there was none), message_delta with the stop reason, the
+ * usage and kvpin_cache (with each breakpoint's pin), message_stop. */
+static void anth_close(kp_answer *x) {
+    anth_state *st = x->dreq;
+    const kp_choice *ch = &x->ch[0];
+    anth_close_text(x);
+    if (st->n_blocks == 0) {
+        kp_anth_event(&x->out, "content_block_start",
+                      json_pack("{s:i, s:{s:s, s:s}}", "index", 0, "content_block", "type", "text", "text", ""));
+        kp_anth_event(&x->out, "content_block_stop", json_pack("{s:i}", "index", 0));
+    }
+    const char *which;
+    json_t *cj;
+    const char *reason = anth_settle(x, &which, &cj);
+    kp_anth_event(&x->out, "message_delta",
+                  json_pack("{s:{s:s, s:s?}, s:o, s:o}", "delta", "stop_reason", reason, "stop_sequence", which,
+                            "usage", anth_usage(&st->bps, &ch->last), "kvpin_cache", cj ? cj : json_null()));
+    kp_anth_event(&x->out, "message_stop", json_object());
+}
+
+static void anth_fail(kp_answer *x, const kp_oai_error *e) { kp_anth_event(&x->out, "error", kp_anth_error_json(e)); }
+
+/* The message of a Messages request that ended. */
+static json_t *anth_reply(kp_answer *x) {
+    anth_state *st = x->dreq;
+    const kp_choice *ch = &x->ch[0];
+    const char *text = ch->text.data ? ch->text.data : "";
+    const char *which;
+    json_t *cj;
+    const char *reason = anth_settle(x, &which, &cj);
+    json_t *j = kp_anth_message_json(x->id, x->s->cfg.model_name, kp_anth_content_json(text, ch->content, ch->calls),
+                                     reason, which, anth_usage(&st->bps, &ch->last));
+    json_object_set_new(j, "kvpin_cache", cj);
+    return j;
+}
+
+static void anth_state_free(void *p) {
+    anth_state *st = p;
+    if (!st) return;
+    kp_anth_request_free(&st->a);
+    free(st);
+}
+
+json_t *kp_anth_error_shape(const kp_oai_error *e, int *http) {
+    const char *type;
+    *http = kp_anth_error_status(e->http, &type);
+    return kp_anth_error_json(e);
+}
+
+static const kp_dialect ANTHROPIC = {
+    .name = "anthropic",
+    .id_prefix = {"msg_", "msg_"},
+    .errors = kp_anth_error_shape,
+    .prompt = anth_prompt,
+    .open = anth_open,
+    .progress = NULL,
+    .text = anth_text,
+    .calls = anth_calls,
+    .end = anth_end,
+    .close = anth_close,
+    .fail = anth_fail,
+    .reply = anth_reply,
+    .free = anth_state_free,
+};
+
+/* The tools a translated chat body renders: none with tool_choice "none"
+ * (kp_oai_parse_opts drops them so too). */
+static const json_t *chat_tools(const json_t *chat) {
+    const json_t *tc = json_object_get(chat, "tool_choice"), *tools = json_object_get(chat, "tools");
+    if (json_is_string(tc) && !strcmp(json_string_value(tc), "none")) return NULL;
+    return json_array_size(tools) ? tools : NULL;
+}
+
+KP_HANDLER(kp_anth_count_tokens) {
+    kp_anth_request a;
+    kp_oai_error e;
+    if (!kp_anth_translate(cn->body.data, cn->body.len, true, s->cfg.strict_api, &a, &e))
+        return kp_http_error(s, c, &e);
+    int32_t *ids = NULL;
+    size_t n = 0, tl = 0;
+    char *text = NULL;
+    kp_prompt_opts po = {true, false};
+    bool ok = kp_prompt_tokens(s, NULL, json_object_get(a.chat, "messages"), chat_tools(a.chat), false, &po, &ids, &n,
+                               &text, &tl, &e);
+    kp_anth_request_free(&a);
+    free(ids);
+    free(text);
+    if (!ok) return kp_http_error(s, c, &e);
+    return kp_http_json(s, c, 200, json_pack("{s:I}", "input_tokens", (json_int_t)n));
+}
+
+/* POST /v1/messages: the body translated and served as the chat-completions
+ * request it means, answered in Anthropic's shape. */
+KP_HANDLER(kp_anth_messages) {
+    kp_oai_error e;
+    anth_state *st = calloc(1, sizeof *st);
+    if (!st) return kp_http_fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
+    if (!kp_anth_translate(cn->body.data, cn->body.len, false, s->cfg.strict_api, &st->a, &e)) {
+        free(st);
+        return kp_http_error(s, c, &e);
+    }
+    json_int_t mt = json_integer_value(json_object_get(st->a.chat, "max_tokens"));
+    if (mt > (json_int_t)s->ctx) { /* Anthropic refuses more than the model can give, where OpenAI's cuts */
+        anth_state_free(st);
+        return kp_http_fail(s, c, 400, "invalid_request_error", NULL, "max_tokens",
+                            "max_tokens: %lld > %u, which is the maximum allowed number of output tokens for this "
+                            "model (its context)",
+                            (long long)mt, s->ctx);
+    }
+    char *body = json_dumps(st->a.chat, JSON_COMPACT);
+    if (!body) {
+        anth_state_free(st);
+        return kp_http_fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    char ignored[1024];
+    snprintf(ignored, sizeof ignored, "%s", st->a.ignored.data ? st->a.ignored.data : "");
+    enum MHD_Result r = kp_answer_run(s, c, cn, &ANTHROPIC, st, true, body, strlen(body), ignored);
+    free(body);
+    return r;
 }

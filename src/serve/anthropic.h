@@ -62,6 +62,7 @@
 #include <stdint.h>
 
 #include "base/buf.h"
+#include "serve/http.h"
 #include "serve/oai.h"
 
 #define KP_ANTH_MAX_BREAKS 4 /* cache_control breakpoints per request, as Anthropic allows */
@@ -150,5 +151,16 @@ bool kp_anth_event(kp_buf *out, const char *name, json_t *data);
  * and input = n - read - creation, so the three add up to n. */
 void kp_anth_cache_usage(uint32_t n, uint32_t reused, const uint32_t *bp, int n_bp, int live, uint32_t *input,
                          uint32_t *creation, uint32_t *read);
+
+/* ---- the endpoints (routes.c) ---------------------------------------------- */
+
+/* POST /v1/messages: the translation served through answer.h in this
+ * dialect; POST /v1/messages/count_tokens: the prompt's tokens. */
+KP_HANDLER(kp_anth_messages);
+KP_HANDLER(kp_anth_count_tokens);
+
+/* The error shape of every /v1/messages path (kp_error_shape): Anthropic's
+ * error object and status (kp_anth_error_status, kp_anth_error_json). */
+json_t *kp_anth_error_shape(const kp_oai_error *e, int *http);
 
 #endif

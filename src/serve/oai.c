@@ -41,6 +41,25 @@ bool kp_oai_fail(kp_oai_error *e, int http, const char *type, const char *code, 
     return false;
 }
 
+void kp_oai_from_status(kp_status st, const kp_error *err, const char *param, kp_oai_error *e) {
+    switch (st) {
+    case KP_EFULL:
+        kp_oai_fail(e, 503, "server_error", "overloaded", param, "%s", err->msg);
+        break;
+    case KP_ERANGE:
+        kp_oai_fail(e, 400, "invalid_request_error", "context_length_exceeded", param, "%s", err->msg);
+        break;
+    case KP_EINVAL:
+    case KP_EFORMAT:
+    case KP_EUNSUPPORTED:
+    case KP_ENOTFOUND:
+        kp_oai_fail(e, 400, "invalid_request_error", NULL, param, "%s", err->msg);
+        break;
+    default:
+        kp_oai_fail(e, 500, "server_error", NULL, param, "%s", err->msg[0] ? err->msg : "internal error");
+    }
+}
+
 #define BAD(e, param, ...) kp_oai_fail(e, 400, "invalid_request_error", NULL, param, __VA_ARGS__)
 
 json_t *kp_oai_parse_object(const char *body, size_t len, kp_oai_error *e) {

@@ -1,10 +1,10 @@
 /*
- * oai.h - the OpenAI request and response shapes, as JSON (floor 5).
+ * oai.h - the OpenAI request and response shapes, as JSON (floor 6).
  *
  * Parses the bodies of POST /v1/completions and /v1/chat/completions into
  * a plain struct, checking every field's type and range and naming the
  * field that is wrong (the `param` of an OpenAI error), and builds the
- * response objects and stream chunks. No HTTP here (server.c), no model
+ * response objects and stream chunks. No HTTP here (http.c), no model
  * (the caller tokenizes and renders).
  *
  *   body JSON --kp_oai_parse--> kp_oai_request (prompt / messages, sampling,
@@ -68,6 +68,12 @@ typedef struct {
 /* Fills e (always returns false, for `return kp_oai_fail(...)` chains). */
 bool kp_oai_fail(kp_oai_error *e, int http, const char *type, const char *code, const char *param,
                  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* The client's error for a library status st with its message err: the
+ * queue full (KP_EFULL) a 503 "overloaded", KP_ERANGE a 400
+ * context_length_exceeded, bad input a 400, the rest a 500; param names
+ * the field (NULL: none). */
+void kp_oai_from_status(kp_status st, const kp_error *err, const char *param, kp_oai_error *e);
 
 typedef struct {
     bool chat;

@@ -1,22 +1,31 @@
 /*
- * responses.c - the OpenAI Responses API's translation, objects and
- * store (responses.h).
+ * responses.c - the OpenAI Responses API, whole (responses.h): requests
+ * into chat-completions requests, response objects, and the dialect
+ * (answer.h) that writes a Responses answer and stream.
  *
  * The translation owns nothing between calls: one walk over the body's
  * members, then over the input items, building chat messages in order
  * (function_call items in a row gather into one assistant message).
  *
- * The store is a doubly linked list, most recently used first, of
- * entries {id, response text, conversation text}, searched linearly (a few
- * hundred at most); texts are kept serialized so that its bytes are known
- * and nothing is shared with a request.
+ * A stream (every event with its sequence_number):
+ *
+ *   response.created, response.in_progress           (the response, in_progress)
+ *   response.output_item.added (message), response.content_part.added,
+ *   response.output_text.delta...                    while text comes
+ *   response.output_text.done, response.content_part.done, response.output_item.done
+ *   per call: response.output_item.added (function_call, arguments ""),
+ *             response.function_call_arguments.delta / .done, response.output_item.done
+ *   response.completed (or response.incomplete)       the final response, stored
  */
 #include "serve/responses.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include "serve/answer.h"
+#include "serve/response_store.h"
 
 #define BAD(e, param, ...) kp_oai_fail(e, 400, "invalid_request_error", NULL, param, __VA_ARGS__)
 
@@ -353,130 +362,258 @@ bool kp_resp_event(kp_buf *out, const char *name, json_t *data, uint32_t *seq) {
                             data);
 }
 
-/* ---- the store ---------------------------------------------------------- */
+/* ---- the dialect: Responses answers and streams ------------------------------------- */
 
-typedef struct rentry {
-    char *id, *response, *conv;
-    size_t bytes;
-    struct rentry *prev, *next;
-} rentry;
+/* What a Responses request keeps through its answer (the dialect's dreq). */
+typedef struct {
+    kp_resp_request r;
+    kp_buf text;         /* streaming: the text sent */
+    const json_t *calls; /* streaming: the calls sent (the answer's) */
+    uint32_t seq;        /* sequence_number of the next event */
+    bool text_open;      /* the message item is open */
+    uint32_t n_items;    /* output items started */
+} resp_state;
 
-struct kp_rstore {
-    pthread_mutex_t mu;
-    rentry *head, *tail; /* most recently used first */
-    uint32_t count, max_count;
-    size_t bytes, max_bytes;
+/* The response object of a Responses request that ended, stored when the
+ * request asks (store, the default): its conversation with the answer is
+ * what previous_response_id continues. output and cj (kvpin_cache, may be
+ * NULL) consumed. */
+static json_t *resp_final(kp_answer *x, json_t *output, json_t *cj, const char *text, size_t tlen,
+                          const json_t *calls) {
+    resp_state *st = x->dreq;
+    const kp_sreq_update *u = &x->ch[0].last;
+    const char *status = u->finish == KP_FINISH_LENGTH && !calls ? "incomplete" : "completed";
+    json_t *o = kp_resp_object_json(x->id, x->s->cfg.model_name, (int64_t)time(NULL), status, &st->r, output,
+                                    kp_resp_usage_json(u->prompt_tokens, u->cached_tokens, u->completion_tokens));
+    if (st->r.store) {
+        json_t *conv = kp_resp_conv_after(&st->r, text, tlen, calls);
+        bool kept = conv && kp_rstore_put(x->s->rstore, x->id, o, conv);
+        json_decref(conv);
+        if (cj) json_object_set_new(cj, "stored", json_boolean(kept));
+    }
+    json_object_set_new(o, "kvpin_cache", cj);
+    return o;
+}
+
+static json_t *msg_item(kp_answer *x, const char *status) {
+    resp_state *st = x->dreq;
+    char id[48];
+    kp_resp_item_id(id, sizeof id, "msg", x->id_seed, 0);
+    json_t *content = json_array();
+    if (!strcmp(status, "completed"))
+        json_array_append_new(content, json_pack("{s:s, s:s%, s:[]}", "type", "output_text", "text",
+                                                 st->text.data ? st->text.data : "", st->text.len, "annotations"));
+    return json_pack("{s:s, s:s, s:s, s:s, s:o}", "type", "message", "id", id, "status", status, "role", "assistant",
+                     "content", content);
+}
+
+/* response.created and response.in_progress. */
+static void resp_open(kp_answer *x, const kp_sreq_update *u) {
+    (void)u;
+    resp_state *st = x->dreq;
+    json_t *o = kp_resp_object_json(x->id, x->s->cfg.model_name, (int64_t)x->created, "in_progress", &st->r, NULL,
+                                    NULL);
+    kp_resp_event(&x->out, "response.created", json_pack("{s:O}", "response", o), &st->seq);
+    kp_resp_event(&x->out, "response.in_progress", json_pack("{s:o}", "response", o), &st->seq);
+}
+
+/* The message item and its output_text part begin. */
+static void open_text(kp_answer *x) {
+    resp_state *st = x->dreq;
+    char id[48];
+    kp_resp_item_id(id, sizeof id, "msg", x->id_seed, 0);
+    kp_resp_event(&x->out, "response.output_item.added",
+                  json_pack("{s:I, s:o}", "output_index", (json_int_t)st->n_items, "item", msg_item(x, "in_progress")),
+                  &st->seq);
+    kp_resp_event(&x->out, "response.content_part.added",
+                  json_pack("{s:s, s:I, s:i, s:{s:s, s:s, s:[]}}", "item_id", id, "output_index",
+                            (json_int_t)st->n_items, "content_index", 0, "part", "type", "output_text", "text", "",
+                            "annotations"),
+                  &st->seq);
+    st->text_open = true;
+}
+
+static void resp_text(kp_answer *x, uint32_t i, const char *text, size_t len, json_t *lp) {
+    (void)i;
+    json_decref(lp); /* the Responses API's logprobs are not offered */
+    resp_state *st = x->dreq;
+    if (!text || !len) return;
+    char id[48];
+    kp_resp_item_id(id, sizeof id, "msg", x->id_seed, 0);
+    if (!st->text_open) open_text(x);
+    kp_buf_put(&st->text, text, len);
+    kp_resp_event(&x->out, "response.output_text.delta",
+                  json_pack("{s:s, s:I, s:i, s:s%}", "item_id", id, "output_index", (json_int_t)st->n_items,
+                            "content_index", 0, "delta", text, len),
+                  &st->seq);
+}
+
+/* The message item ends (an empty one when forced, with nothing sent). */
+static void close_text(kp_answer *x, bool force) {
+    resp_state *st = x->dreq;
+    if (!st->text_open && !force) return;
+    if (!st->text_open) open_text(x);
+    char id[48];
+    kp_resp_item_id(id, sizeof id, "msg", x->id_seed, 0);
+    const char *t = st->text.data ? st->text.data : "";
+    kp_resp_event(&x->out, "response.output_text.done",
+                  json_pack("{s:s, s:I, s:i, s:s%}", "item_id", id, "output_index", (json_int_t)st->n_items,
+                            "content_index", 0, "text", t, st->text.len),
+                  &st->seq);
+    kp_resp_event(&x->out, "response.content_part.done",
+                  json_pack("{s:s, s:I, s:i, s:{s:s, s:s%, s:[]}}", "item_id", id, "output_index",
+                            (json_int_t)st->n_items, "content_index", 0, "part", "type", "output_text", "text", t,
+                            st->text.len, "annotations"),
+                  &st->seq);
+    kp_resp_event(&x->out, "response.output_item.done",
+                  json_pack("{s:I, s:o}", "output_index", (json_int_t)st->n_items, "item", msg_item(x, "completed")),
+                  &st->seq);
+    st->text_open = false;
+    st->n_items++;
+}
+
+/* The calls as function_call items: added with empty arguments, the
+ * arguments as one delta, done. */
+static void resp_calls(kp_answer *x, uint32_t i, const json_t *calls) {
+    (void)i;
+    resp_state *st = x->dreq;
+    close_text(x, false);
+    json_t *items = kp_resp_output_json(NULL, 0, calls, x->id_seed);
+    st->calls = calls;
+    size_t k;
+    json_t *it;
+    json_array_foreach(items, k, it) {
+        json_t *idx = json_integer((json_int_t)st->n_items);
+        json_t *added = json_deep_copy(it);
+        json_object_set_new(added, "arguments", json_string(""));
+        json_object_set_new(added, "status", json_string("in_progress"));
+        kp_resp_event(&x->out, "response.output_item.added",
+                      json_pack("{s:O, s:o}", "output_index", idx, "item", added), &st->seq);
+        kp_resp_event(&x->out, "response.function_call_arguments.delta",
+                      json_pack("{s:O, s:O, s:O}", "item_id", json_object_get(it, "id"), "output_index", idx, "delta",
+                                json_object_get(it, "arguments")),
+                      &st->seq);
+        kp_resp_event(&x->out, "response.function_call_arguments.done",
+                      json_pack("{s:O, s:O, s:O}", "item_id", json_object_get(it, "id"), "output_index", idx,
+                                "arguments", json_object_get(it, "arguments")),
+                      &st->seq);
+        kp_resp_event(&x->out, "response.output_item.done", json_pack("{s:O, s:O}", "output_index", idx, "item", it),
+                      &st->seq);
+        json_decref(idx);
+        st->n_items++;
+    }
+    json_decref(items);
+}
+
+static void resp_end(kp_answer *x, uint32_t i) {
+    (void)x;
+    (void)i; /* one choice: its end is the response's (resp_close) */
+}
+
+/* The items closed, response.completed (or .incomplete) with the final
+ * response object, stored. */
+static void resp_close(kp_answer *x) {
+    resp_state *st = x->dreq;
+    close_text(x, st->n_items == 0);
+    const char *t = st->text.data ? st->text.data : "";
+    json_t *output = kp_resp_output_json(t, st->text.len, st->calls, x->id_seed);
+    json_t *cj = x->report;
+    x->report = NULL;
+    json_t *o = resp_final(x, output, cj, t, st->text.len, st->calls);
+    const char *status = json_string_value(json_object_get(o, "status"));
+    bool incomplete = status && !strcmp(status, "incomplete");
+    kp_resp_event(&x->out, incomplete ? "response.incomplete" : "response.completed",
+                  json_pack("{s:o}", "response", o), &st->seq);
+}
+
+static void resp_fail(kp_answer *x, const kp_oai_error *e) {
+    resp_state *st = x->dreq;
+    kp_resp_event(&x->out, "error",
+                  json_pack("{s:s, s:s?, s:s}", "message", e->message, "code", e->code, "param", e->param), &st->seq);
+}
+
+/* The response of a Responses request that ended (not streaming). */
+static json_t *resp_reply(kp_answer *x) {
+    const kp_choice *ch = &x->ch[0];
+    const char *text = ch->text.data ? ch->text.data : "";
+    json_t *out = kp_resp_output_json(text, ch->content, ch->calls, x->id_seed);
+    json_t *cj = x->report;
+    x->report = NULL;
+    return resp_final(x, out, cj, text, ch->content, ch->calls);
+}
+
+static void resp_state_free(void *p) {
+    resp_state *st = p;
+    if (!st) return;
+    kp_resp_request_free(&st->r);
+    kp_buf_free(&st->text);
+    free(st);
+}
+
+static const kp_dialect RESPONSES = {
+    .name = "responses",
+    .id_prefix = {"resp_", "resp_"},
+    .errors = NULL,
+    .prompt = NULL,
+    .open = resp_open,
+    .progress = NULL,
+    .text = resp_text,
+    .calls = resp_calls,
+    .end = resp_end,
+    .close = resp_close,
+    .fail = resp_fail,
+    .reply = resp_reply,
+    .free = resp_state_free,
 };
 
-kp_status kp_rstore_new(kp_rstore **out, uint32_t max_count, size_t max_bytes, kp_error *err) {
-    *out = calloc(1, sizeof **out);
-    if (!*out) return kp_fail(err, KP_ENOMEM, "out of memory for the response store");
-    (*out)->max_count = max_count ? max_count : 1;
-    (*out)->max_bytes = max_bytes ? max_bytes : 1;
-    pthread_mutex_init(&(*out)->mu, NULL);
-    return KP_OK;
-}
-
-static void unlink_entry(kp_rstore *s, rentry *x) {
-    if (x->prev) x->prev->next = x->next;
-    else s->head = x->next;
-    if (x->next) x->next->prev = x->prev;
-    else s->tail = x->prev;
-    x->prev = x->next = NULL;
-}
-
-static void push_front(kp_rstore *s, rentry *x) {
-    x->next = s->head;
-    if (s->head) s->head->prev = x;
-    s->head = x;
-    if (!s->tail) s->tail = x;
-}
-
-static void drop(kp_rstore *s, rentry *x) {
-    unlink_entry(s, x);
-    s->count--;
-    s->bytes -= x->bytes;
-    free(x->id);
-    free(x->response);
-    free(x->conv);
-    free(x);
-}
-
-void kp_rstore_free(kp_rstore *s) {
-    if (!s) return;
-    while (s->head) drop(s, s->head);
-    pthread_mutex_destroy(&s->mu);
-    free(s);
-}
-
-static rentry *find(kp_rstore *s, const char *id) {
-    for (rentry *x = s->head; x; x = x->next)
-        if (!strcmp(x->id, id)) return x;
-    return NULL;
-}
-
-bool kp_rstore_put(kp_rstore *s, const char *id, const json_t *response, const json_t *conv) {
-    rentry *x = calloc(1, sizeof *x);
-    if (!x) return false;
-    x->id = strdup(id);
-    x->response = json_dumps(response, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    x->conv = json_dumps(conv, JSON_COMPACT);
-    if (!x->id || !x->response || !x->conv) {
-        free(x->id);
-        free(x->response);
-        free(x->conv);
-        free(x);
-        return false;
+/* POST /v1/responses: the body translated, with the stored conversation
+ * of previous_response_id in front, and served as the chat request it
+ * means. */
+KP_HANDLER(kp_resp_create) {
+    kp_oai_error e;
+    char prev_id[128];
+    json_t *prev = NULL;
+    if (kp_resp_previous(cn->body.data, cn->body.len, prev_id, sizeof prev_id) &&
+        !kp_rstore_get(s->rstore, prev_id, NULL, &prev))
+        return kp_http_fail(s, c, 404, "invalid_request_error", "previous_response_not_found", "previous_response_id",
+                            "Previous response with id '%.100s' not found (never stored, deleted, or dropped from the "
+                            "store)",
+                            prev_id);
+    resp_state *st = calloc(1, sizeof *st);
+    if (!st) {
+        json_decref(prev);
+        return kp_http_fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
     }
-    x->bytes = strlen(x->id) + strlen(x->response) + strlen(x->conv);
-    pthread_mutex_lock(&s->mu);
-    bool fits = x->bytes <= s->max_bytes;
-    if (fits) {
-        rentry *old = find(s, id);
-        if (old) drop(s, old);
-        while (s->tail && (s->count + 1 > s->max_count || s->bytes + x->bytes > s->max_bytes)) drop(s, s->tail);
-        push_front(s, x);
-        s->count++;
-        s->bytes += x->bytes;
+    bool ok = kp_resp_translate(cn->body.data, cn->body.len, prev, s->cfg.strict_api, &st->r, &e);
+    json_decref(prev);
+    if (!ok) {
+        free(st);
+        return kp_http_error(s, c, &e);
     }
-    pthread_mutex_unlock(&s->mu);
-    if (!fits) {
-        free(x->id);
-        free(x->response);
-        free(x->conv);
-        free(x);
+    char *body = json_dumps(st->r.chat, JSON_COMPACT);
+    if (!body) {
+        resp_state_free(st);
+        return kp_http_fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
     }
-    return fits;
+    char ignored[1024];
+    snprintf(ignored, sizeof ignored, "%s", st->r.ignored.data ? st->r.ignored.data : "");
+    enum MHD_Result res = kp_answer_run(s, c, cn, &RESPONSES, st, true, body, strlen(body), ignored);
+    free(body);
+    return res;
 }
 
-bool kp_rstore_get(kp_rstore *s, const char *id, json_t **response, json_t **conv) {
-    if (response) *response = NULL;
-    if (conv) *conv = NULL;
-    pthread_mutex_lock(&s->mu);
-    rentry *x = find(s, id);
-    if (x) {
-        unlink_entry(s, x);
-        push_front(s, x);
-        if (response) *response = json_loads(x->response, JSON_PRESERVE_ORDER, NULL);
-        if (conv) *conv = json_loads(x->conv, 0, NULL);
-    }
-    pthread_mutex_unlock(&s->mu);
-    return x != NULL;
+/* GET and DELETE /v1/responses/{id}. */
+static enum MHD_Result stored(kp_server *s, struct MHD_Connection *c, const char *id, bool del) {
+    json_t *o = NULL;
+    bool found = del ? kp_rstore_delete(s->rstore, id) : kp_rstore_get(s->rstore, id, &o, NULL);
+    if (!found)
+        return kp_http_fail(s, c, 404, "invalid_request_error", "not_found", "id", "No response with id '%.100s' found",
+                            id);
+    if (del)
+        return kp_http_json(s, c, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "response", "deleted", 1));
+    return kp_http_json(s, c, 200, o);
 }
 
-bool kp_rstore_delete(kp_rstore *s, const char *id) {
-    pthread_mutex_lock(&s->mu);
-    rentry *x = find(s, id);
-    if (x) drop(s, x);
-    pthread_mutex_unlock(&s->mu);
-    return x != NULL;
-}
+KP_HANDLER(kp_resp_get) { return stored(s, c, id, false); }
 
-void kp_rstore_stats(kp_rstore *s, uint32_t *count, size_t *bytes, uint32_t *max_count, size_t *max_bytes) {
-    pthread_mutex_lock(&s->mu);
-    *count = s->count;
-    *bytes = s->bytes;
-    *max_count = s->max_count;
-    *max_bytes = s->max_bytes;
-    pthread_mutex_unlock(&s->mu);
-}
+KP_HANDLER(kp_resp_delete) { return stored(s, c, id, true); }

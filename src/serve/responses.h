@@ -1,6 +1,6 @@
 /*
  * responses.h - the OpenAI Responses API: requests into chat-completions
- * requests, response objects, and the store of responses (floor 6).
+ * requests and response objects (floor 6).
  *
  * POST /v1/responses is served as the chat-completions request it means,
  * so the chat layer, forced tool calls and constrained decoding are the
@@ -29,10 +29,9 @@
  * previous_response_id continues a stored conversation: the chat
  * messages of the stored response (its input and its answer, without its
  * instructions, which are not carried over) come before the new input.
- *
- * The store (kp_rstore): responses kept in memory for GET and DELETE
- * /v1/responses/{id} and previous_response_id, bounded by count and bytes,
- * least recently used dropped first. Thread-safe (one mutex, held to copy).
+
+ * The responses kept for GET, DELETE and previous_response_id are
+ * response_store.h's.
  */
 #ifndef KP_RESPONSES_H
 #define KP_RESPONSES_H
@@ -44,6 +43,7 @@
 
 #include "base/buf.h"
 #include "base/status.h"
+#include "serve/http.h"
 #include "serve/oai.h"
 
 typedef struct {
@@ -100,29 +100,12 @@ json_t *kp_resp_conv_after(const kp_resp_request *r, const char *text, size_t te
  * first and "sequence_number": *seq (then incremented); data consumed. */
 bool kp_resp_event(kp_buf *out, const char *name, json_t *data, uint32_t *seq);
 
-/* ---- the store ---------------------------------------------------------- */
+/* ---- the endpoints (routes.c) ---------------------------------------------- */
 
-typedef struct kp_rstore kp_rstore;
-
-/* At most max_count responses and max_bytes bytes of them (their JSON
- * texts). KP_ENOMEM. kp_rstore_free(NULL) is a no-op. */
-kp_status kp_rstore_new(kp_rstore **out, uint32_t max_count, size_t max_bytes, kp_error *err);
-void kp_rstore_free(kp_rstore *s);
-
-/* Keeps response (the object, borrowed: serialized) and conv (the chat
- * conversation, borrowed) under id, dropping the least recently used ones
- * past the bounds. false when it cannot be kept (out of memory, or alone
- * larger than max_bytes). */
-bool kp_rstore_put(kp_rstore *s, const char *id, const json_t *response, const json_t *conv);
-
-/* The stored response and/or conversation of id as new references (either
- * out may be NULL); a hit makes it the most recently used. false: none. */
-bool kp_rstore_get(kp_rstore *s, const char *id, json_t **response, json_t **conv);
-
-/* Removes id; false when there is none. */
-bool kp_rstore_delete(kp_rstore *s, const char *id);
-
-/* How many responses are kept and their bytes. */
-void kp_rstore_stats(kp_rstore *s, uint32_t *count, size_t *bytes, uint32_t *max_count, size_t *max_bytes);
+/* POST /v1/responses (served through answer.h in this dialect; a stored
+ * response goes to the response store), GET and DELETE /v1/responses/{id}. */
+KP_HANDLER(kp_resp_create);
+KP_HANDLER(kp_resp_get);
+KP_HANDLER(kp_resp_delete);
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * scheduler.h - continuous batching: many requests, one engine thread (floor 5).
+ * scheduler.h - continuous batching: many requests, one engine thread (floor 6).
  *
  * The scheduler owns one thread that owns the engine: every step it admits
  * queued requests (up to `parallel` running sequences, and only while the

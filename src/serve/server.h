@@ -1,5 +1,5 @@
 /*
- * server.h - kvpin's OpenAI-compatible HTTP API (floor 5).
+ * server.h - kvpin's HTTP API: the server's public face (floor 6).
  *
  * libmicrohttpd serves HTTP/1.1 with one thread per connection (a blocked
  * stream never stalls another client); jansson reads and writes JSON. The
@@ -21,6 +21,12 @@
  * request they mean and served by the same generation path; their answers,
  * streams and (for Messages) errors take their own API's shape. The API
  * key may come as "x-api-key" too.
+ *
+ * Where it lives: routes.c makes the server and holds the route table;
+ * http.c is libmicrohttpd (connections, deadline, request log, answers);
+ * answer.c serves a generation in an API's dialect (answer.h), one file
+ * per dialect (openai.c, anthropic.c, responses.c); endpoints.c has the
+ * rest; prompt.c turns prompts and messages into token ids.
  *
  * Errors are OpenAI-style JSON bodies with the right status: 400 (bad JSON,
  * wrong types, unknown fields, prompt longer than the context), 401 (API

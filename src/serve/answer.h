@@ -1,0 +1,133 @@
+/*
+ * answer.h - one generation request answered in an API's dialect (floor 6).
+ *
+ * Three APIs ask for generations: OpenAI's chat completions and
+ * completions, Anthropic's Messages and OpenAI's Responses. Each of them
+ * translates its body into the common request, a chat-completions (or
+ * completions) body that kp_oai_parse_opts reads (oai.h: ids, sampling,
+ * stops, grammar, cache key, retention, n, logprobs), and names its
+ * dialect: a table of the functions that write its answer, as the kernels
+ * have one table per instruction set. kp_answer_run does the rest, the
+ * same for every API:
+ *
+ *   parse (oai.h) -> tokens (prompt.h) -> d->prompt -> context and KV
+ *   budget -> grammar -> submit n choices -> wait for the first token
+ *     stream:      200 text/event-stream; d->open, then per update of
+ *                  choice i d->text (text held back while it may still be a
+ *                  tool call), at its end d->calls and d->end, when every
+ *                  choice ended d->close (or d->fail on an error)
+ *     not stream:  wait for every choice's end, d->reply builds the body
+ *
+ * A dialect owns only its request (dreq: what its translation kept and
+ * its stream's state) and its bytes; the common part (kp_answer) owns the
+ * scheduler requests, each choice's text, logprobs and calls, the SSE
+ * buffer, the log line, the cache key's bookkeeping. Who includes which:
+ * the dialect files (openai.c, anthropic.c, responses.c) include this
+ * header; only the routing table (routes.c) includes theirs.
+ */
+#ifndef KP_ANSWER_H
+#define KP_ANSWER_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "base/buf.h"
+#include "serve/cachekeys.h"
+#include "serve/http.h"
+#include "serve/oai.h"
+#include "serve/scheduler.h"
+
+typedef struct kp_answer kp_answer;
+
+/* One choice of an answer (n > 1: choice i samples with seed + i). */
+typedef struct {
+    kp_buf text;        /* the whole text so far */
+    size_t released;    /* streaming: text[0..released) was handed to d->text */
+    json_t *lp;         /* not streaming, logprobs asked: the object being built (owned) */
+    size_t lp_off;      /* text offset of the next token's logprob entry */
+    kp_sreq_update last; /* the last update (usage, report, ids, finish); no text or logprobs */
+    bool over;          /* it ended (stop or length); the three below hold */
+    json_t *calls;      /* the tool calls read out of text (owned), or NULL */
+    size_t content;     /* text[0..content) is the content (before the calls) */
+    const char *finish; /* the finish reason reported: "stop", "length", "tool_calls" */
+} kp_choice;
+
+/* An API's dialect: how its answer is written. Every function but prompt,
+ * progress and free is required. The stream functions append events to
+ * a->out (the bytes the client gets next). */
+typedef struct {
+    const char *name;          /* "openai", "anthropic", "responses" */
+    const char *id_prefix[2];  /* the answer's id: [completions, chat] */
+    kp_error_shape errors;     /* its error bodies (NULL: OpenAI's) */
+    /* after the prompt is tokenized, before the submit (NULL: nothing) */
+    void (*prompt)(kp_answer *a, const int32_t *ids, size_t n);
+    /* a stream's first events, when choice 0 started (u: that update) */
+    void (*open)(kp_answer *a, const kp_sreq_update *u);
+    /* return_progress: the prefill's progress so far (NULL: not shown) */
+    void (*progress)(kp_answer *a, const kp_sreq_update *u);
+    /* text of choice i (text NULL: none, only logprobs), with the logprobs
+     * of the tokens it brings (lp consumed; NULL: none) */
+    void (*text)(kp_answer *a, uint32_t i, const char *text, size_t len, json_t *lp);
+    /* the tool calls of choice i at its end (borrowed: a->ch[i].calls) */
+    void (*calls)(kp_answer *a, uint32_t i, const json_t *calls);
+    /* choice i ended (its text and calls were given) */
+    void (*end)(kp_answer *a, uint32_t i);
+    /* every choice ended: the stream's last events (a->report: the
+     * kvpin_cache object, which it may take, setting it NULL) */
+    void (*close)(kp_answer *a);
+    /* the request failed after the stream began */
+    void (*fail)(kp_answer *a, const kp_oai_error *e);
+    /* not streaming, every choice ended: the whole body (a->report as above) */
+    json_t *(*reply)(kp_answer *a);
+    /* releases dreq */
+    void (*free)(void *dreq);
+} kp_dialect;
+
+struct kp_answer {
+    kp_server *s;
+    const kp_dialect *d;
+    void *dreq; /* the dialect's request and stream state (owned: d->free) */
+    bool chat, stream, include_usage, return_ids, progress;
+    bool tools;    /* tools are rendered: replies are read for calls */
+    bool logprobs; /* logprobs asked */
+    bool multi;    /* n > 1 or logprobs: the report counts the choices */
+    uint32_t n, n_over, which;
+    kp_sreq *rs[KP_OAI_MAX_N]; /* the scheduler's request of each choice */
+    kp_choice ch[KP_OAI_MAX_N];
+    char id[48];
+    time_t created;
+    uint64_t id_seed; /* tool call and item ids */
+    char key[KP_CKEYS_KEY_MAX + 1]; /* prompt_cache_key, "" none */
+    const char *retention;          /* prompt_cache_retention, NULL none */
+    json_t *report;                 /* at the end: kvpin_cache (owned until a dialect takes it) */
+    /* the stream */
+    bool opened, done;
+    kp_buf out; /* SSE bytes not yet sent: out.data[off..out.len) */
+    size_t off;
+    const char *finish; /* the last finish reason given, for the log */
+    bool prog_any, prog_over;
+    uint32_t prog_sent;
+    kp_reqlog log; /* the stream's log line, written when it ends */
+};
+
+/* Serves the generation of body[0..len) (a chat-completions body when
+ * chat, else a completions body) in dialect d. dreq is d's request
+ * (owned from here on: released with d->free, NULL allowed); ignored the
+ * fields of the dialect's own body kvpin did not act on ("" none), joined
+ * with the body's own in x-kvpin-ignored-fields. */
+enum MHD_Result kp_answer_run(kp_server *s, struct MHD_Connection *c, kp_conn *cn, const kp_dialect *d, void *dreq,
+                              bool chat, const char *body, size_t len, const char *ignored);
+
+/* A generation's kvpin_cache object: the report of its prompt's prefill,
+ * the times it was preempted, and a note when the KV budget cut it short. */
+json_t *kp_answer_report_json(const kp_sreq_update *u);
+
+/* The usage over the choices: the prompt once, the completions summed. */
+void kp_answer_usage(const kp_answer *a, uint32_t *prompt, uint32_t *cached, uint32_t *completion);
+
+/* Appends `data: <j>\n\n` to the stream (j consumed). */
+void kp_answer_event(kp_answer *a, json_t *j);
+
+#endif

@@ -1,0 +1,47 @@
+/*
+ * prompt.h - the prompt of a request as token ids (floor 6).
+ *
+ * Every endpoint that takes a prompt (the generation dialects, the cache
+ * probe and pin, count_tokens) turns it into token ids here, the same way:
+ *
+ *   "prompt": text        -> tokens (+ BOS when the model wants it)
+ *   "prompt": token ids   -> checked against the vocabulary
+ *   "messages" (+ tools)  -> the chat template -> tokens, the client's text
+ *                            tokenized as plain text
+ */
+#ifndef KP_PROMPT_H
+#define KP_PROMPT_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "serve/http.h"
+#include "serve/oai.h"
+
+/* How a chat prompt is rendered (kp_chat_opts beyond the tokens' texts). */
+typedef struct {
+    bool add_generation_prompt; /* chat: end with the assistant opener */
+    bool disable_thinking;      /* qwen3's enable_thinking false */
+} kp_prompt_opts;
+
+/* The prompt of a request body: prompt (text or token ids) or messages
+ * (+ tools) through the server's chat template, rendered as po says (NULL:
+ * the generation prompt on, thinking on). Only the template's markup may
+ * produce control tokens: the client's text in a rendering is tokenized as
+ * plain text, and so is a completions prompt unless parse_special. On
+ * success *ids (malloc'd, *n of them) and *text_out (the rendered or given
+ * text, malloc'd, NULL for token ids; *text_len bytes). false with *e: the
+ * client's 400 naming the field, or a 500. */
+bool kp_prompt_tokens(kp_server *s, const json_t *prompt, const json_t *messages, const json_t *tools,
+                      bool parse_special, const kp_prompt_opts *po, int32_t **ids, size_t *n, char **text_out,
+                      size_t *text_len, kp_oai_error *e);
+
+/* false with *e (400 kv_budget_exceeded naming prompt_param when the
+ * prompt alone is too long, else max_tokens) when a request of n prompt
+ * tokens and max_tokens can never fit the KV budget (kp_sched_fit). */
+bool kp_prompt_fits_budget(kp_server *s, uint32_t n, uint32_t max_tokens, bool max_tokens_set,
+                           const char *prompt_param, kp_oai_error *e);
+
+#endif
