@@ -60,6 +60,7 @@ void kp_oai_from_status(kp_status st, const kp_error *err, const char *param, kp
     }
 }
 
+
 #define BAD(e, param, ...) kp_oai_fail(e, 400, "invalid_request_error", NULL, param, __VA_ARGS__)
 
 json_t *kp_oai_parse_object(const char *body, size_t len, kp_oai_error *e) {
@@ -564,12 +565,276 @@ bool kp_oai_parse(const char *body, size_t len, bool chat, kp_oai_request *r, kp
     return kp_oai_parse_opts(body, len, chat, false, r, e);
 }
 
+/* ---- the top-level fields: one table ---------------------------------------------- */
+
+/* What the walk over a body's members carries besides the request. */
+typedef struct {
+    bool chat, strict;
+    bool have_prompt, top_set;
+    int64_t n_predict; /* -1: absent */
+} walk;
+
+typedef bool (*field_fn)(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e);
+
+static bool f_model(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    (void)w;
+    r->model = json_string_value(v);
+    return json_is_string(v) || json_is_null(v) || BAD(e, k, "model must be a string");
+}
+
+static bool f_prompt(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    (void)k;
+    w->have_prompt = true;
+    return parse_prompt(v, r, e);
+}
+
+static bool f_messages(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    (void)w;
+    r->messages = v;
+    return (json_is_array(v) && json_array_size(v) > 0) ||
+           BAD(e, k, "messages must be a non-empty array of message objects");
+}
+
+static bool f_tools(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    (void)w;
+    if (!json_is_array(v)) return BAD(e, k, "tools must be an array of tool objects");
+    if (json_array_size(v) > 0) r->tools = v;
+    return true;
+}
+
+static bool f_max_tokens(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    (void)w;
+    int64_t i;
+    if (!get_count(v, k, 0, INT32_MAX, &i, e)) return false;
+    r->max_tokens = (uint32_t)i;
+    r->max_tokens_set = true;
+    return true;
+}
+
+static bool f_top_k(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    (void)w;
+    int64_t i;
+    if (!get_count(v, k, 0, 1 << 30, &i, e)) return false;
+    r->sp.top_k = (int32_t)i;
+    return true;
+}
+
+static bool f_seed(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    (void)w;
+    int64_t i;
+    if (!get_count(v, k, INT64_MIN, INT64_MAX, &i, e)) return false;
+    r->sp.seed = (uint64_t)i;
+    r->seed_set = true;
+    return true;
+}
+
+static bool f_stop(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    (void)k;
+    (void)w;
+    return parse_stop(v, r, e);
+}
+
+static bool f_stream(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    (void)w;
+    return get_bool(v, k, &r->stream, e);
+}
+
+static bool f_stream_options(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    if (!json_is_object(v)) return BAD(e, k, "stream_options must be an object");
+    static const char *const known[] = {"include_usage", "include_obfuscation", NULL};
+    const json_t *iu = json_object_get(v, "include_usage");
+    const json_t *io = json_object_get(v, "include_obfuscation");
+    bool obf = false;
+    return unknown_members(r, w->strict, v, known, "stream_options", e) &&
+           (!iu || json_is_null(iu) || get_bool(iu, "stream_options.include_usage", &r->include_usage, e)) &&
+           (!io || json_is_null(io) || get_bool(io, "stream_options.include_obfuscation", &obf, e)) &&
+           (!obf || other_field(r, false, true, "stream_options.include_obfuscation", e));
+}
+
+static bool f_n(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    (void)w;
+    int64_t i;
+    if (!get_count(v, k, 1, KP_OAI_MAX_N, &i, e)) return false;
+    r->n = (uint32_t)i;
+    return true;
+}
+
+/* chat: true or false; completions: the legacy shape, how many top tokens */
+static bool f_logprobs(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    if (json_is_false(v)) return true;
+    int64_t i;
+    if (w->chat) {
+        r->logprobs = true;
+        return json_is_true(v) || BAD(e, k, "logprobs must be true or false");
+    }
+    if (!get_count(v, k, 0, 5, &i, e)) return false;
+    r->logprobs = true;
+    r->top_logprobs = (uint32_t)i;
+    return true;
+}
+
+static bool f_top_logprobs(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    int64_t i;
+    if (!get_count(v, k, 0, KP_LOGPROBS_MAX, &i, e)) return false;
+    r->top_logprobs = (uint32_t)i;
+    w->top_set = true;
+    return true;
+}
+
+static bool f_ignore_eos(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    (void)w;
+    return get_bool(v, k, &r->ignore_eos, e);
+}
+
+static bool f_parse_special(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    (void)w;
+    return get_bool(v, k, &r->parse_special, e);
+}
+
+static bool f_return_token_ids(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    (void)w;
+    return get_bool(v, k, &r->return_token_ids, e);
+}
+
+static bool f_tool_choice(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    (void)k;
+    (void)w;
+    return parse_tool_choice(v, r, e);
+}
+
+static bool f_response_format(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    (void)k;
+    (void)w;
+    return parse_response_format(v, r, e);
+}
+
+static bool f_grammar(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    (void)w;
+    if (json_is_string(v) && json_string_length(v) == 0) return true;
+    if (!json_is_string(v)) return BAD(e, k, "grammar must be a string (llama.cpp's GBNF)");
+    if (!set_constraint(r, k, KP_GC_GBNF, e)) return false;
+    r->grammar = json_string_value(v);
+    r->grammar_len = json_string_length(v);
+    return true;
+}
+
+static bool f_json_schema(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    (void)w;
+    if (!json_is_object(v) && !json_is_boolean(v))
+        return BAD(e, k, "json_schema must be a JSON Schema (an object or a boolean)");
+    if (!set_constraint(r, k, KP_GC_SCHEMA, e)) return false;
+    r->schema = v;
+    return true;
+}
+
+/* The sampling numbers: the range each takes and where it goes. */
+static float *sp_temp(kp_oai_request *r) { return &r->sp.temp; }
+static float *sp_top_p(kp_oai_request *r) { return &r->sp.top_p; }
+static float *sp_min_p(kp_oai_request *r) { return &r->sp.min_p; }
+static float *sp_presence(kp_oai_request *r) { return &r->sp.presence_penalty; }
+static float *sp_frequency(kp_oai_request *r) { return &r->sp.frequency_penalty; }
+static float *sp_repeat(kp_oai_request *r) { return &r->sp.repeat_penalty; }
+
+enum { FOR_BOTH = 3, FOR_CHAT = 1, FOR_COMPLETIONS = 2 };
+
+/* Every top-level field kvpin acts on, once: the endpoints it belongs to,
+ * whether null means absent, and either a number's range and place, or
+ * the function that checks and takes it. A member no entry names goes to
+ * the request policy (policy_field, not_acted, neutral, other_field). */
+static const struct {
+    const char *name;
+    unsigned char api;   /* FOR_* */
+    bool null_is_absent; /* null (and for logprobs, false) means the field is absent */
+    field_fn fn;         /* NULL: a number in [lo, hi] stored through num */
+    double lo, hi;
+    float *(*num)(kp_oai_request *r);
+} FIELDS[] = {
+    {"model", FOR_BOTH, false, f_model, 0, 0, NULL},
+    {"prompt", FOR_COMPLETIONS, false, f_prompt, 0, 0, NULL},
+    {"messages", FOR_CHAT, false, f_messages, 0, 0, NULL},
+    {"tools", FOR_CHAT, true, f_tools, 0, 0, NULL},
+    {"max_tokens", FOR_BOTH, true, f_max_tokens, 0, 0, NULL},
+    {"max_completion_tokens", FOR_CHAT, true, f_max_tokens, 0, 0, NULL},
+    {"temperature", FOR_BOTH, true, NULL, 0, 2, sp_temp},
+    {"top_p", FOR_BOTH, true, NULL, 0, 1, sp_top_p},
+    {"top_k", FOR_BOTH, true, f_top_k, 0, 0, NULL},
+    {"min_p", FOR_BOTH, true, NULL, 0, 1, sp_min_p},
+    {"presence_penalty", FOR_BOTH, true, NULL, -2, 2, sp_presence},
+    {"frequency_penalty", FOR_BOTH, true, NULL, -2, 2, sp_frequency},
+    {"repeat_penalty", FOR_BOTH, true, NULL, 0.01, 10, sp_repeat},
+    {"seed", FOR_BOTH, true, f_seed, 0, 0, NULL},
+    {"stop", FOR_BOTH, false, f_stop, 0, 0, NULL},
+    {"stream", FOR_BOTH, true, f_stream, 0, 0, NULL},
+    {"stream_options", FOR_BOTH, true, f_stream_options, 0, 0, NULL},
+    {"n", FOR_BOTH, true, f_n, 0, 0, NULL},
+    {"logprobs", FOR_BOTH, true, f_logprobs, 0, 0, NULL},
+    {"top_logprobs", FOR_CHAT, true, f_top_logprobs, 0, 0, NULL},
+    {"ignore_eos", FOR_BOTH, false, f_ignore_eos, 0, 0, NULL},
+    {"parse_special", FOR_COMPLETIONS, true, f_parse_special, 0, 0, NULL},
+    {"tool_choice", FOR_CHAT, false, f_tool_choice, 0, 0, NULL},
+    {"response_format", FOR_BOTH, false, f_response_format, 0, 0, NULL},
+    {"grammar", FOR_BOTH, true, f_grammar, 0, 0, NULL},
+    {"json_schema", FOR_BOTH, true, f_json_schema, 0, 0, NULL},
+    {"return_token_ids", FOR_BOTH, true, f_return_token_ids, 0, 0, NULL},
+};
+
+/* One member of the body: its table entry, or the request policy. */
+static bool parse_member(const char *k, const json_t *v, kp_oai_request *r, walk *w, kp_oai_error *e) {
+    unsigned api = w->chat ? FOR_CHAT : FOR_COMPLETIONS;
+    for (size_t i = 0; i < sizeof FIELDS / sizeof *FIELDS; i++) {
+        if (!(FIELDS[i].api & api) || strcmp(k, FIELDS[i].name)) continue;
+        if (FIELDS[i].null_is_absent && json_is_null(v)) return true;
+        if (FIELDS[i].fn) return FIELDS[i].fn(k, v, r, w, e);
+        double x = 0;
+        if (!get_number(v, k, FIELDS[i].lo, FIELDS[i].hi, &x, e)) return false;
+        *FIELDS[i].num(r) = (float)x;
+        return true;
+    }
+    bool known;
+    bool ok = policy_field(k, v, w->chat, r, &w->n_predict, e, &known);
+    if (ok && !known) ok = not_acted(k, v, w->chat, r, e, &known);
+    if (ok && !known) ok = neutral(k, v, w->chat, e, &known);
+    if (ok && !known) ok = other_field(r, w->strict, false, k, e);
+    return ok;
+}
+
+/* What holds between fields, once every member was read. */
+static bool check_whole(kp_oai_request *r, walk *w, kp_oai_error *e) {
+    bool chat = w->chat;
+    if (chat && !r->messages) return BAD(e, "messages", "messages is required");
+    if (!chat && !w->have_prompt) return BAD(e, "prompt", "prompt is required");
+    if (chat && w->top_set && !r->logprobs && r->top_logprobs > 0)
+        return BAD(e, "top_logprobs", "top_logprobs needs logprobs: true");
+    if (r->include_usage && !r->stream)
+        return BAD(e, "stream_options", "stream_options is only allowed with stream: true");
+    /* tool_choice "none": the model is not shown the tools (nor are its
+     * replies read as calls); calls and results in the history still render */
+    const json_t *choice = chat ? json_object_get(r->root, "tool_choice") : NULL;
+    if (json_is_string(choice) && !strcmp(json_string_value(choice), "none")) r->tools = NULL;
+    if (r->tool_force && !r->tools)
+        return BAD(e, "tool_choice", "tool_choice asks for a tool call, but the request has no tools");
+    if (r->tool_force && r->constraint)
+        return BAD(e, "tool_choice", "tool_choice and %s both constrain the output; send one of them",
+                   r->constraint_param);
+    if (w->n_predict >= 0) { /* llama.cpp's name of max_tokens (-1: no limit) */
+        if (r->max_tokens_set && r->max_tokens != (uint32_t)w->n_predict)
+            return BAD(e, "n_predict", "n_predict (%lld) and max_tokens (%u) disagree; send one of them",
+                       (long long)w->n_predict, r->max_tokens);
+        r->max_tokens = (uint32_t)w->n_predict;
+        r->max_tokens_set = true;
+    }
+    bool ok = (!r->return_progress || r->stream || other_field(r, false, true, "return_progress", e)) &&
+              (!chat || check_messages(r, w->strict, e)) && (!r->tools || check_tools(r, w->strict, e));
+    if (ok && r->ignored.oom) return OOM(e);
+    return ok;
+}
+
 bool kp_oai_parse_opts(const char *body, size_t len, bool chat, bool strict, kp_oai_request *r, kp_oai_error *e) {
     memset(r, 0, sizeof *r);
     r->chat = chat;
     r->add_generation_prompt = true;
     r->enable_thinking = true;
-    int64_t n_predict = -1;
+    r->n = 1;
     r->sp = kp_sampler_defaults();
     r->sp.temp = 1.0f; /* OpenAI's defaults: temperature 1, top_p 1, no top-k / min-p */
     r->sp.top_p = 1.0f;
@@ -577,180 +842,14 @@ bool kp_oai_parse_opts(const char *body, size_t len, bool chat, bool strict, kp_
     r->sp.min_p = 0.0f;
     r->root = kp_oai_parse_object(body, len, e);
     if (!r->root) return false;
-    bool have_prompt = false, top_set = false;
-    r->n = 1;
+    walk w = {chat, strict, false, false, -1};
     const char *k;
     json_t *v;
-    json_object_foreach(r->root, k, v) {
-        double x;
-        int64_t i;
-        bool ok = true, known;
-        if (!strcmp(k, "model")) {
-            if (!json_is_string(v) && !json_is_null(v)) ok = BAD(e, k, "model must be a string");
-            r->model = json_string_value(v);
-        } else if (!chat && !strcmp(k, "prompt")) {
-            ok = parse_prompt(v, r, e);
-            have_prompt = true;
-        } else if (chat && !strcmp(k, "messages")) {
-            if (!json_is_array(v) || json_array_size(v) == 0)
-                ok = BAD(e, k, "messages must be a non-empty array of message objects");
-            r->messages = v;
-        } else if (chat && !strcmp(k, "tools")) {
-            if (json_is_null(v)) continue;
-            if (!json_is_array(v)) ok = BAD(e, k, "tools must be an array of tool objects");
-            else if (json_array_size(v) > 0) r->tools = v;
-        } else if (!strcmp(k, "max_tokens") || (chat && !strcmp(k, "max_completion_tokens"))) {
-            if (json_is_null(v)) continue;
-            if ((ok = get_count(v, k, 0, INT32_MAX, &i, e))) {
-                r->max_tokens = (uint32_t)i;
-                r->max_tokens_set = true;
-            }
-        } else if (!strcmp(k, "temperature")) {
-            if (json_is_null(v)) continue;
-            if ((ok = get_number(v, k, 0, 2, &x, e))) r->sp.temp = (float)x;
-        } else if (!strcmp(k, "top_p")) {
-            if (json_is_null(v)) continue;
-            if ((ok = get_number(v, k, 0, 1, &x, e))) r->sp.top_p = (float)x;
-        } else if (!strcmp(k, "top_k")) {
-            if (json_is_null(v)) continue;
-            if ((ok = get_count(v, k, 0, 1 << 30, &i, e))) r->sp.top_k = (int32_t)i;
-        } else if (!strcmp(k, "min_p")) {
-            if (json_is_null(v)) continue;
-            if ((ok = get_number(v, k, 0, 1, &x, e))) r->sp.min_p = (float)x;
-        } else if (!strcmp(k, "presence_penalty")) {
-            if (json_is_null(v)) continue;
-            if ((ok = get_number(v, k, -2, 2, &x, e))) r->sp.presence_penalty = (float)x;
-        } else if (!strcmp(k, "frequency_penalty")) {
-            if (json_is_null(v)) continue;
-            if ((ok = get_number(v, k, -2, 2, &x, e))) r->sp.frequency_penalty = (float)x;
-        } else if (!strcmp(k, "repeat_penalty")) {
-            if (json_is_null(v)) continue;
-            if ((ok = get_number(v, k, 0.01, 10, &x, e))) r->sp.repeat_penalty = (float)x;
-        } else if (!strcmp(k, "seed")) {
-            if (json_is_null(v)) continue;
-            if ((ok = get_count(v, k, INT64_MIN, INT64_MAX, &i, e))) {
-                r->sp.seed = (uint64_t)i;
-                r->seed_set = true;
-            }
-        } else if (!strcmp(k, "stop")) {
-            ok = parse_stop(v, r, e);
-        } else if (!strcmp(k, "stream")) {
-            if (json_is_null(v)) continue;
-            ok = get_bool(v, k, &r->stream, e);
-        } else if (!strcmp(k, "stream_options")) {
-            if (json_is_null(v)) continue;
-            if (!json_is_object(v)) {
-                ok = BAD(e, k, "stream_options must be an object");
-            } else {
-                static const char *const known[] = {"include_usage", "include_obfuscation", NULL};
-                const json_t *iu = json_object_get(v, "include_usage");
-                const json_t *io = json_object_get(v, "include_obfuscation");
-                bool obf = false;
-                ok = unknown_members(r, strict, v, known, "stream_options", e) &&
-                     (!iu || json_is_null(iu) || get_bool(iu, "stream_options.include_usage", &r->include_usage, e)) &&
-                     (!io || json_is_null(io) || get_bool(io, "stream_options.include_obfuscation", &obf, e)) &&
-                     (!obf || other_field(r, false, true, "stream_options.include_obfuscation", e));
-            }
-        } else if (!strcmp(k, "n")) {
-            if (json_is_null(v)) continue;
-            if ((ok = get_count(v, k, 1, KP_OAI_MAX_N, &i, e))) r->n = (uint32_t)i;
-        } else if (!strcmp(k, "logprobs")) {
-            if (json_is_null(v) || json_is_false(v)) continue;
-            if (chat) {
-                if (!json_is_true(v)) ok = BAD(e, k, "logprobs must be true or false");
-                r->logprobs = true;
-            } else if ((ok = get_count(v, k, 0, 5, &i, e))) { /* the legacy shape: how many top tokens */
-                r->logprobs = true;
-                r->top_logprobs = (uint32_t)i;
-            }
-        } else if (chat && !strcmp(k, "top_logprobs")) {
-            if (json_is_null(v)) continue;
-            if ((ok = get_count(v, k, 0, KP_LOGPROBS_MAX, &i, e))) {
-                r->top_logprobs = (uint32_t)i;
-                top_set = true;
-            }
-        } else if (!strcmp(k, "ignore_eos")) {
-            ok = get_bool(v, k, &r->ignore_eos, e);
-        } else if (!chat && !strcmp(k, "parse_special")) {
-            ok = json_is_null(v) || get_bool(v, k, &r->parse_special, e);
-        } else if (chat && !strcmp(k, "tool_choice")) {
-            ok = parse_tool_choice(v, r, e);
-        } else if (!strcmp(k, "response_format")) {
-            ok = parse_response_format(v, r, e);
-        } else if (!strcmp(k, "grammar")) {
-            if (json_is_null(v) || (json_is_string(v) && json_string_length(v) == 0)) continue;
-            if (!json_is_string(v)) {
-                ok = BAD(e, k, "grammar must be a string (llama.cpp's GBNF)");
-            } else if ((ok = set_constraint(r, k, KP_GC_GBNF, e))) {
-                r->grammar = json_string_value(v);
-                r->grammar_len = json_string_length(v);
-            }
-        } else if (!strcmp(k, "json_schema")) {
-            if (json_is_null(v)) continue;
-            if (!json_is_object(v) && !json_is_boolean(v))
-                ok = BAD(e, k, "json_schema must be a JSON Schema (an object or a boolean)");
-            else if ((ok = set_constraint(r, k, KP_GC_SCHEMA, e)))
-                r->schema = v;
-        } else if (!strcmp(k, "return_token_ids")) {
-            ok = json_is_null(v) || get_bool(v, k, &r->return_token_ids, e);
-        } else {
-            ok = policy_field(k, v, chat, r, &n_predict, e, &known);
-            if (ok && !known) ok = not_acted(k, v, chat, r, e, &known);
-            if (ok && !known) ok = neutral(k, v, chat, e, &known);
-            if (ok && !known) ok = other_field(r, strict, false, k, e);
-        }
-        if (!ok) {
-            kp_oai_request_free(r);
-            return false;
-        }
-    }
-    if (chat && !r->messages) {
-        kp_oai_request_free(r);
-        return BAD(e, "messages", "messages is required");
-    }
-    if (!chat && !have_prompt) {
-        kp_oai_request_free(r);
-        return BAD(e, "prompt", "prompt is required");
-    }
-    if (chat && top_set && !r->logprobs && r->top_logprobs > 0) {
-        kp_oai_request_free(r);
-        return BAD(e, "top_logprobs", "top_logprobs needs logprobs: true");
-    }
-    if (r->include_usage && !r->stream) {
-        kp_oai_request_free(r);
-        return BAD(e, "stream_options", "stream_options is only allowed with stream: true");
-    }
-    /* tool_choice "none": the model is not shown the tools (nor are its
-     * replies read as calls); calls and results in the history still render */
-    const json_t *choice = chat ? json_object_get(r->root, "tool_choice") : NULL;
-    if (json_is_string(choice) && !strcmp(json_string_value(choice), "none")) r->tools = NULL;
-    if (r->tool_force && !r->tools) {
-        kp_oai_request_free(r);
-        return BAD(e, "tool_choice", "tool_choice asks for a tool call, but the request has no tools");
-    }
-    if (r->tool_force && r->constraint) {
-        bool no = BAD(e, "tool_choice", "tool_choice and %s both constrain the output; send one of them",
-                      r->constraint_param);
-        kp_oai_request_free(r);
-        return no;
-    }
-    if (n_predict >= 0) { /* llama.cpp's name of max_tokens (-1: no limit) */
-        if (r->max_tokens_set && r->max_tokens != (uint32_t)n_predict) {
-            kp_oai_request_free(r);
-            return BAD(e, "n_predict", "n_predict (%lld) and max_tokens (%u) disagree; send one of them",
-                       (long long)n_predict, r->max_tokens);
-        }
-        r->max_tokens = (uint32_t)n_predict;
-        r->max_tokens_set = true;
-    }
-    bool ok = (!r->return_progress || r->stream || other_field(r, false, true, "return_progress", e)) &&
-              (!chat || check_messages(r, strict, e)) && (!r->tools || check_tools(r, strict, e));
-    if (!ok || r->ignored.oom) {
-        if (ok) OOM(e);
-        kp_oai_request_free(r);
-        return false;
-    }
-    return true;
+    bool ok = true;
+    json_object_foreach(r->root, k, v) if (ok) ok = parse_member(k, v, r, &w, e);
+    if (ok) ok = check_whole(r, &w, e);
+    if (!ok) kp_oai_request_free(r);
+    return ok;
 }
 
 /* A JSON string of s, with bytes that are not valid UTF-8 (say, from a
