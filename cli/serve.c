@@ -22,12 +22,13 @@
 #include "cache/engine.h"
 #include "serve/scheduler.h"
 #include "serve/server.h"
+#include "serve/volatile.h"
 #include "base/threadpool.h"
 
 enum {
     O_API_KEY = CLI_OWN, O_API_KEY_FILE, O_CHAT_TEMPLATE, O_QUEUE, O_PREFILL_CHUNK, O_MAX_BODY, O_TIMEOUT,
     O_ALIAS, O_QUIET, O_REQUEST_TIMEOUT, O_MAX_CONNECTIONS, O_MAX_PER_ADDRESS, O_STRICT_API, O_NO_DASHBOARD,
-    O_PIN_TTL_SCALE
+    O_PIN_TTL_SCALE, O_VOLATILE_PREFIX, O_KEEP_VOLATILE
 };
 
 static const cli_opt serve_tab[] = {
@@ -58,6 +59,12 @@ static const cli_opt serve_tab[] = {
     CLI_USE(CLI_CACHE_REDIS_TIMEOUT),
     {"pin-ttl-scale", NULL, NULL, "X", "multiply cache_control TTLs by X (at least 1 s; for tests: 0.004\n"
                                        "makes \"5m\" one second)", O_PIN_TTL_SCALE},
+    {"volatile-prefix", NULL, NULL, "REGEX", "leave out of the prompt what REGEX (PCRE2) matches at the start of\n"
+                                             "a system text: a client's per-session header (repeatable)",
+     O_VOLATILE_PREFIX},
+    {"keep-volatile", NULL, NULL, NULL, "keep the known clients' per-session headers in the prompt (Claude\n"
+                                        "Code's x-anthropic-billing-header is left out by default)",
+     O_KEEP_VOLATILE},
     {0},
 };
 
@@ -167,6 +174,9 @@ int cmd_serve(int argc, char **argv) {
     kp_dtype kv_type = KP_DTYPE_F16, kv_type_v = KP_DTYPE_F16;
     bool no_cache = false, no_repack = false, quiet = false, budget_set = false, strict_api = false, no_dashboard = false;
     float pin_ttl_scale = 1;
+    const char *volatile_prefixes[KP_VOLATILE_MAX];
+    size_t n_volatile = 0;
+    bool keep_volatile = false;
     cli_args a;
     cli_args_init(&a, "serve", serve_tab, serve_usage, argc, argv);
     for (int k; (k = cli_args_next(&a)) != CLI_END;) {
@@ -179,6 +189,14 @@ int cmd_serve(int argc, char **argv) {
         case O_QUIET: quiet = true; break;
         case O_STRICT_API: strict_api = true; break;
         case O_NO_DASHBOARD: no_dashboard = true; break;
+        case O_KEEP_VOLATILE: keep_volatile = true; break;
+        case O_VOLATILE_PREFIX:
+            if (n_volatile == KP_VOLATILE_MAX) {
+                fprintf(stderr, "kvpin serve: at most %d --volatile-prefix\n", KP_VOLATILE_MAX);
+                return 2;
+            }
+            volatile_prefixes[n_volatile++] = v;
+            break;
         case O_PIN_TTL_SCALE:
             ok = cli_parse_f32(opt, v, &pin_ttl_scale);
             if (ok && !(pin_ttl_scale > 0 && pin_ttl_scale <= 1000)) {
@@ -219,6 +237,16 @@ int cmd_serve(int argc, char **argv) {
         if (!ok) return 2;
     }
     if (!cli_args_no_operands(&a)) return 2;
+    { /* the patterns compile, before the model loads */
+        kp_volatile *vol = NULL;
+        kp_error verr = {0};
+        kp_status vst = kp_volatile_new(&vol, !keep_volatile, volatile_prefixes, n_volatile, &verr);
+        kp_volatile_free(vol);
+        if (vst != KP_OK) {
+            fprintf(stderr, "kvpin serve: --volatile-prefix: %s\n", verr.msg);
+            return 2;
+        }
+    }
     if (budget_set && budget == 0) {
         fprintf(stderr, "kvpin serve: --kv-budget 0 leaves no room for the KV cache: leave --kv-budget out for "
                         "the default (np x ctx positions plus as much again for cached prefixes), give a size "
@@ -341,6 +369,9 @@ int cmd_serve(int argc, char **argv) {
     cfg.strict_api = strict_api;
     cfg.pin_ttl_scale = pin_ttl_scale;
     cfg.no_dashboard = no_dashboard;
+    cfg.keep_volatile = keep_volatile;
+    cfg.volatile_prefixes = volatile_prefixes;
+    cfg.n_volatile = n_volatile;
     cfg.tiers_of = cache_dir || cache_redis ? e : NULL;
     /* SIGINT/SIGTERM are taken by sigwait below; SIGPIPE from a client that left is ignored */
     sigset_t set;

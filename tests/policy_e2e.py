@@ -22,10 +22,11 @@ Expected values come from outside the server's answer:
 import json
 import re
 import socket
+import subprocess
 import sys
 import time
 
-from kvpin_test import Results, Server, wait_idle
+from kvpin_test import KVPIN, Results, Server, wait_idle
 
 R = Results("e2e_policy")
 C, X = "/v1/completions", "/v1/chat/completions"
@@ -205,9 +206,16 @@ def cache_key_and_retention():
              j.get("kvpin_cache"))
         rep.append(j["usage"])
     st, _, j = srv.post(C, {"prompt": "Once", "max_tokens": 1, "prompt_cache_key": "other"})
+    # the Responses API's prompt_cache_key is acted on too (not an ignored field)
+    st, h, j = srv.post("/v1/responses", {"model": "m", "input": "Once", "max_output_tokens": 1,
+                                          "prompt_cache_key": "codex-session"})
+    R.ok(st == 200 and j["kvpin_cache"].get("prompt_cache_key") == "codex-session" and
+         "prompt_cache_key" not in ignored(h), "responses: the key in kvpin_cache: %s, ignored %s" % (
+             j.get("kvpin_cache") if st == 200 else j, ignored(h)))
     st, c = srv.get("/v1/cache")
     keys = {k["key"]: k for k in c.get("prompt_cache_keys", [])}
-    R.ok(set(keys) == {"planner", "other"}, "keys in /v1/cache: %s" % list(keys))
+    R.ok(set(keys) == {"planner", "other", "codex-session"}, "keys in /v1/cache: %s" % list(keys))
+    R.ok(keys.get("codex-session", {}).get("requests") == 1, "the Responses key counted: %s" % keys.get("codex-session"))
     p = keys.get("planner", {})
     want_prompt = sum(u["prompt_tokens"] for u in rep)
     want_cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in rep)
@@ -286,6 +294,167 @@ def progress():
     st, h, j = srv.post(C, {"prompt": "Once", "max_tokens": 1, "return_progress": True})
     R.ok(st == 200 and ignored(h) == ["return_progress"], "return_progress without stream: %s" % ignored(h))
     srv.stop()
+
+
+def raw_stream(srv, path, body):
+    """The stream's blocks in order (comments included), each with the time
+    since the request was sent, and the time the response head came."""
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+    b = json.dumps(body).encode()
+    t0 = time.time()
+    s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+              b"Connection: close\r\n\r\n" % (path.encode(), len(b)) + b)
+    data, t_head = b"", None
+    while True:
+        got = s.recv(65536)
+        if not got:
+            break
+        if t_head is None:
+            t_head = time.time() - t0
+        data += got
+    s.close()
+    head, _, rest = data.partition(b"\r\n\r\n")
+    text = b""
+    while rest:  # undo the chunking
+        n, _, rest = rest.partition(b"\r\n")
+        n = int(n, 16)
+        if n == 0:
+            break
+        text, rest = text + rest[:n], rest[n + 2:]
+    return head.split(b"\r\n")[0].decode(), [blk for blk in text.decode().split("\n\n") if blk], t_head
+
+
+def first_byte():
+    """Every streaming endpoint answers at admission, before the prompt is
+    computed, and keeps the stream alive while it is (a comment line for
+    OpenAI's chunks, ping for Messages, response.in_progress for
+    Responses), whatever return_progress says. The prefill is cut in
+    slices of 8 tokens (--prefill-chunk 8), so a prompt of about 150
+    tokens takes about 19 steps: an event between the head and the first
+    token proves the head went out before the prompt was computed."""
+    srv = Server(R, "--chat-template", "chatml", "--ctx", "1024", "--prefill-chunk", "8")
+    story = "Once upon a time there was a little girl named Lily who loved to play in the park with her dog. " * 6
+    try:
+        cases = [
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": story}], "max_tokens": 3,
+                                      "stream": True, "seed": 1},
+             lambda b: b.startswith(": prefill "), lambda b: '"content":"' in b and '"content":""' not in b,
+             lambda b: '"role":"assistant"' in b),
+            ("/v1/completions", {"prompt": story, "max_tokens": 3, "stream": True, "seed": 1},
+             lambda b: b.startswith(": prefill "), lambda b: '"text":"' in b and '"text":""' not in b, None),
+            ("/v1/messages", {"model": "m", "max_tokens": 3, "stream": True,
+                              "messages": [{"role": "user", "content": story + " x"}]},
+             lambda b: b.startswith("event: ping"), lambda b: b.startswith("event: content_block_delta"),
+             lambda b: b.startswith("event: message_start")),
+            ("/v1/responses", {"model": "m", "input": story + " y", "max_output_tokens": 3, "stream": True},
+             lambda b: b.startswith("event: response.in_progress"),
+             lambda b: b.startswith("event: response.output_text.delta"),
+             lambda b: b.startswith("event: response.created")),
+        ]
+        for path, body, keepalive, token, opener in cases:
+            status, blocks, t_head = raw_stream(srv, path, body)
+            if not R.ok(status.endswith(" 200 OK") and blocks, "%s: a stream (%s)" % (path, status)):
+                continue
+            first_tok = next((i for i, b in enumerate(blocks) if token(b)), len(blocks))
+            alive = [i for i, b in enumerate(blocks[:first_tok]) if keepalive(b)]
+            R.ok(len(alive) >= 3, "%s: keep-alive events while the prompt is computed, before the first token: "
+                 "%d (first byte after %.3f s; blocks %s)" % (path, len(alive), t_head,
+                                                            [b[:40] for b in blocks[:first_tok + 1]]))
+            if opener:
+                R.ok(opener(blocks[0]), "%s: the opening event first: %r" % (path, blocks[0][:60]))
+            if path.endswith("completions"):
+                done = [b for b in blocks if b.startswith(": prefill ")]
+                nums = [tuple(map(int, b.split()[2].split("/"))) for b in done]
+                R.ok(all(a < t for a, t in nums) and nums == sorted(nums),
+                     "%s: the comments count up, below the prompt's tokens: %s" % (path, nums))
+        # return_progress still gives llama.cpp's objects, and no comments
+        status, blocks, _ = raw_stream(srv, "/v1/completions", {"prompt": story, "max_tokens": 2, "stream": True,
+                                                                "return_progress": True})
+        R.ok(any('"prompt_progress"' in b for b in blocks) and not any(b.startswith(": prefill") for b in blocks),
+             "return_progress: prompt_progress chunks instead of comments")
+    finally:
+        srv.stop()
+
+
+def volatile():
+    """Per-session text at the start of a system message is left out of the
+    prompt: Claude Code's billing header by default, --volatile-prefix
+    patterns too. Oracles: count_tokens / the report of the same request
+    without the text (the prompt is the same tokens), /metrics, and the
+    second session's reuse of the first's system prompt."""
+    def billing(tail):
+        return "x-anthropic-billing-header: cc_version=2.1.332.%s; cc_entrypoint=sdk-cli;" % tail
+    long_sys = "You are an agent working with the user toward their goals, using your own judgment. " * 8
+
+    def body(head, user, **kw):
+        system = ([{"type": "text", "text": head}] if head else []) + [
+            {"type": "text", "text": long_sys, "cache_control": {"type": "ephemeral"}}]
+        return dict({"model": "m", "max_tokens": 2, "system": system,
+                     "messages": [{"role": "user", "content": user}]}, **kw)
+
+    def sys_tokens(srv):
+        """The tokens of the system prompt alone (its rendering is a prefix of every turn's)."""
+        st, _, j = srv.post("/v1/cache/probe", {"messages": [{"role": "system", "content": long_sys}],
+                                                "add_generation_prompt": False})
+        return j["prompt_tokens"] if st == 200 else -1
+
+    srv = Server(R, "--chat-template", "chatml", "--ctx", "2048")
+    try:
+        _, _, plain = srv.post("/v1/messages/count_tokens", {k: v for k, v in body(None, "Hi").items()
+                                                             if k != "max_tokens"})
+        _, _, with_h = srv.post("/v1/messages/count_tokens", {k: v for k, v in body(billing("0b8"), "Hi").items()
+                                                              if k != "max_tokens"})
+        R.ok(plain["input_tokens"] == with_h["input_tokens"], "the header adds no token: %s vs %s" % (plain, with_h))
+        st, _, a = srv.post("/v1/messages", body(billing("0b8"), "Hi"))
+        d = a.get("kvpin_cache", {}).get("dropped_volatile_block") if st == 200 else None
+        R.ok(d == {"texts": 1, "bytes": len(billing("0b8")), "patterns": ["claude-code-billing"]},
+             "the report names the dropped block: %s" % d)
+        st, _, b = srv.post("/v1/messages", body(billing("1c9"), "What now?"))
+        ksys = sys_tokens(srv)
+        R.ok(st == 200 and ksys > 100 and b["kvpin_cache"]["reused_tokens"] >= ksys,
+             "a new session (another header) reuses the system prompt: %s of %d" % (
+                 b.get("kvpin_cache", {}).get("reused_tokens"), plain["input_tokens"]))
+        # a user's text is never touched
+        st, _, u = srv.post("/v1/messages", {"model": "m", "max_tokens": 1,
+                                             "messages": [{"role": "user", "content": billing("0b8")}]})
+        R.ok(st == 200 and "dropped_volatile_block" not in u["kvpin_cache"], "a user message keeps the text")
+        st, m = srv.get("/metrics")
+        n = [l for l in m.decode().split("\n") if l.startswith("kvpin_volatile_blocks_dropped_total ")]
+        R.ok(n == ["kvpin_volatile_blocks_dropped_total 2"], "the counter: %s" % n)
+    finally:
+        srv.stop()
+    # --keep-volatile: the header stays, and the tokens show it
+    srv = Server(R, "--chat-template", "chatml", "--ctx", "2048", "--keep-volatile")
+    try:
+        _, _, kept = srv.post("/v1/messages/count_tokens", {k: v for k, v in body(billing("0b8"), "Hi").items()
+                                                            if k != "max_tokens"})
+        R.ok(kept["input_tokens"] > plain["input_tokens"], "--keep-volatile keeps the header: %s vs %s" % (
+            kept, plain))
+        st, _, a = srv.post("/v1/messages", body(billing("0b8"), "Hi"))
+        R.ok(st == 200 and "dropped_volatile_block" not in a["kvpin_cache"], "no dropped block reported")
+    finally:
+        srv.stop()
+    # --volatile-prefix on chat completions: a session line before the system prompt
+    srv = Server(R, "--chat-template", "chatml", "--ctx", "2048", "--volatile-prefix", "Session [0-9a-f]+\n")
+    try:
+        def chat(sid, user):
+            return srv.post(X, {"messages": [{"role": "system", "content": "Session %s\n%s" % (sid, long_sys)},
+                                             {"role": "user", "content": user}], "max_tokens": 1})
+        st, _, a = chat("1a2b", "Hi")
+        st2, _, b = chat("99ff", "Hello again")
+        _, _, ref = srv.post("/v1/cache/probe", {"messages": [{"role": "system", "content": long_sys},
+                                                              {"role": "user", "content": "Hi"}]})
+        R.ok(st == 200 and a["usage"]["prompt_tokens"] == ref["prompt_tokens"],
+             "the prompt is the one without the session line: %s vs %s" % (a.get("usage"), ref.get("prompt_tokens")))
+        R.ok(st2 == 200 and b["kvpin_cache"]["dropped_volatile_block"]["patterns"] == ["Session [0-9a-f]+\n"] and
+             b["kvpin_cache"]["reused_tokens"] >= sys_tokens(srv) > 100,
+             "another session reuses the system prompt: %s" % b.get("kvpin_cache"))
+    finally:
+        srv.stop()
+    p = subprocess.run([KVPIN, "serve", "--port", "0", "--volatile-prefix", "(unclosed"], capture_output=True,
+                       text=True, timeout=30)
+    R.ok(p.returncode == 2 and "(unclosed" in p.stderr and "missing closing parenthesis" in p.stderr,
+         "a pattern that does not compile: exit %d %r" % (p.returncode, p.stderr[-300:]))
 
 
 def bugs():
@@ -382,6 +551,8 @@ def main():
     strict()
     cache_key_and_retention()
     progress()
+    first_byte()
+    volatile()
     bugs()
     pin_messages()
     run_progress_bar()

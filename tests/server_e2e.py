@@ -605,6 +605,9 @@ def request_log():
         if fields.get("completion", "0") != "0" and fields["status"] == "200":
             ok(kv["ttft_ms"] != "-", "request %r: no time to first token" % rid)
     ok(len(set(kv["id"] for kv in lines)) == len(lines), "request ids are unique")
+    ok("Application reported" not in srv.log_text(),
+       "a client that left is its request's 499 line, not an error of libmicrohttpd's: %r" % [
+           l for l in srv.log_text().split("\n") if "Application reported" in l])
     srv.stop()
     # --quiet: no request lines at all
     srv = Server("--ctx", "256")

@@ -99,7 +99,12 @@ static void test_refused(void) {
         {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\"}]}]}", "input[0].content[0].type"},
         {"{\"input\":[{\"type\":\"reasoning\"}]}", "input[0].type"},
         {"{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\"}]}", "input[0]"},
-        {"{\"input\":\"x\",\"tools\":[{\"type\":\"file_search\"}]}", "tools[0]"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"teleport\"}]}", "tools[0]"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"namespace\",\"name\":\"n\",\"tools\":[{\"type\":\"web_search\"}]}]}",
+         "tools[0].tools[0]"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"namespace\",\"name\":\"n\"}]}", "tools[0]"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"},{\"type\":\"namespace\",\"name\":\"n\","
+         "\"tools\":[{\"type\":\"function\",\"name\":\"f\"}]}]}", "tools[1].tools[0]"},
         {"{\"input\":\"x\",\"tool_choice\":\"sometimes\"}", "tool_choice"},
         {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"yaml\"}}}", "text.format.type"},
         {"{\"input\":\"x\",\"max_output_tokens\":0}", "max_output_tokens"},
@@ -121,10 +126,46 @@ static void test_refused(void) {
     }
 }
 
+/* Codex's tools: a namespace's functions become chat tools by their own
+ * names and its calls' items name the namespace again (what Codex
+ * dispatches on: a function_call item {name, namespace}); hosted tools are
+ * left out and named, or refused when strict. */
+static void test_tools(void) {
+    const char *body = "{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f1\"},"
+                       "{\"type\":\"namespace\",\"name\":\"ns1\",\"description\":\"group\",\"tools\":["
+                       "{\"type\":\"function\",\"name\":\"f2\",\"parameters\":{\"type\":\"object\"}},"
+                       "{\"type\":\"function\",\"name\":\"f3\"}]},"
+                       "{\"type\":\"web_search\",\"external_web_access\":false}]}";
+    kp_resp_request r;
+    kp_oai_error e;
+    CHECK(tr(body, NULL, &r, &e));
+    CHECK(same(json_object_get(r.chat, "tools"),
+               "[{\"type\":\"function\",\"function\":{\"name\":\"f1\"}},"
+               "{\"type\":\"function\",\"function\":{\"name\":\"f2\",\"parameters\":{\"type\":\"object\"}}},"
+               "{\"type\":\"function\",\"function\":{\"name\":\"f3\"}}]"));
+    CHECK(same(r.ns_of, "{\"f2\":\"ns1\",\"f3\":\"ns1\"}"));
+    CHECK(r.ignored.data && strstr(r.ignored.data, "tools[2]:web_search"));
+    json_t *calls = json_loads("[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f2\",\"arguments\":\"{}\"}},"
+                               "{\"id\":\"c2\",\"type\":\"function\",\"function\":{\"name\":\"f1\",\"arguments\":\"{}\"}}]",
+                               0, NULL);
+    json_t *o = kp_resp_output_json("", 0, calls, 7, "completed", r.ns_of);
+    CHECK_EQ_INT((int)json_array_size(o), 2);
+    CHECK_EQ_STR(json_string_value(json_object_get(json_array_get(o, 0), "namespace")), "ns1");
+    CHECK_EQ_STR(json_string_value(json_object_get(json_array_get(o, 0), "name")), "f2");
+    CHECK(json_object_get(json_array_get(o, 1), "namespace") == NULL);
+    json_decref(o);
+    json_decref(calls);
+    kp_resp_request_free(&r);
+    /* strict: a hosted tool is refused, naming it */
+    CHECK(!kp_resp_translate(body, strlen(body), NULL, true, &r, &e));
+    CHECK_EQ_INT(e.http, 400);
+    CHECK_EQ_STR(e.param, "tools[2]");
+}
+
 static void test_objects(void) {
     json_t *calls = json_loads("[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":"
                                "\"{}\"}}]", 0, NULL);
-    json_t *o = kp_resp_output_json("Hi", 2, calls, 5);
+    json_t *o = kp_resp_output_json("Hi", 2, calls, 5, "completed", NULL);
     CHECK_EQ_INT(json_array_size(o), 2);
     CHECK_EQ_STR(json_string_value(json_object_get(json_array_get(o, 0), "type")), "message");
     CHECK(same(json_object_get(json_array_get(o, 0), "content"),
@@ -137,7 +178,7 @@ static void test_objects(void) {
     kp_resp_item_id(id, sizeof id, "fc", 5, 1);
     CHECK_EQ_STR(json_string_value(json_object_get(fc, "id")), id);
     json_decref(o);
-    o = kp_resp_output_json("", 0, calls, 5); /* calls alone: no message item */
+    o = kp_resp_output_json("", 0, calls, 5, "completed", NULL); /* calls alone: no message item */
     CHECK_EQ_INT(json_array_size(o), 1);
     json_decref(o);
     json_decref(calls);
@@ -211,6 +252,7 @@ static void test_store(void) {
 int main(void) {
     RUN(test_translate);
     RUN(test_refused);
+    RUN(test_tools);
     RUN(test_objects);
     RUN(test_store);
     return harness_finish("test_responses");

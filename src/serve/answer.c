@@ -17,8 +17,10 @@
  *     prepare                    tokens (prompt.h), d->prompt, the context, the
  *                                KV budget, the grammar, the seed
  *     kp_sched_submit_n          n choices (choice i: seed + i)
- *     wait_first                 updates until the stream opens (choice 0 started,
- *                                or admitted with return_progress), or until
+ *     wait_first                 updates until the stream opens (at admission:
+ *                                headers and the dialect's first events go out
+ *                                while the prompt is still computed, with a
+ *                                keep-alive per slice of the prefill), or until
  *                                every choice ended; each update through take()
  *     stream: kp_http_sse        answer_stream_read: take() per update, the
  *                                buffered events out, a keep-alive comment
@@ -221,6 +223,9 @@ static json_t *final_report(kp_answer *a) {
         json_object_set_new(j, "choices", json_integer((json_int_t)a->n));
         json_object_set_new(j, "choices_computed_tokens", json_integer((json_int_t)computed));
     }
+    json_t *dropped = kp_volatile_report_json(a->s->vol, &a->dropped);
+    if (j && dropped) json_object_set_new(j, "dropped_volatile_block", dropped);
+    else json_decref(dropped);
     cache_fields(a->s, a->key, a->retention, &a->ch[0].last, j);
     return j;
 }
@@ -290,13 +295,13 @@ static json_t *take_logprobs(kp_answer *a, kp_choice *ch, const kp_sreq_update *
  * stream that opened, turns it into events. */
 static void take(kp_answer *a, uint32_t i, kp_sreq_update *u) {
     kp_choice *ch = &a->ch[i];
-    if (a->stream && !a->opened && (u->started || (a->progress && u->admitted))) {
+    if (a->stream && !a->opened && (u->started || u->admitted)) {
         a->d->open(a, u);
         a->opened = true;
     }
-    if (a->stream && a->progress && a->d->progress && i == 0 && u->admitted && !a->prog_over &&
+    if (a->stream && a->d->prefill && i == 0 && u->admitted && !a->prog_over &&
         (!a->prog_any || u->prefill_done != a->prog_sent)) {
-        a->d->progress(a, u);
+        a->d->prefill(a, u);
         a->prog_any = true;
         a->prog_sent = u->prefill_done;
         a->prog_over = u->prefill_done >= u->prompt_tokens;
@@ -351,6 +356,7 @@ static ssize_t answer_stream_read(void *cls, uint64_t pos, char *out, size_t max
         if (a->done) return MHD_CONTENT_READER_END_OF_STREAM;
         if (atomic_load(&a->s->stopping)) {
             cancel_all(a);
+            kp_http_quiet_close();
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
         if (!pump(a, 250)) {
@@ -383,17 +389,13 @@ static void answer_stream_free(void *cls) {
 
 /* What prepare makes for the submit (freed by prepared_free). */
 typedef struct {
-    int32_t *ids;
-    size_t n;
-    char *text; /* the prompt's text (for the cache report), or NULL */
-    size_t text_len;
+    kp_prompt pr; /* the prompt's ids, text and what was dropped of it */
     kp_grammar *grammar;
     uint32_t max_tokens;
 } prepared;
 
 static void prepared_free(prepared *p) {
-    free(p->ids);
-    free(p->text);
+    kp_prompt_free(&p->pr);
     kp_grammar_free(p->grammar);
 }
 
@@ -404,13 +406,13 @@ static bool prompt_ids(kp_answer *a, kp_oai_request *q, prepared *p, kp_oai_erro
     if (!q->prompt_tokens) {
         kp_prompt_opts po = {q->add_generation_prompt, q->enable_thinking_set && !q->enable_thinking};
         return kp_prompt_tokens(s, a->chat ? NULL : json_object_get(q->root, "prompt"), q->messages, q->tools,
-                                q->parse_special, &po, &p->ids, &p->n, &p->text, &p->text_len, e);
+                                q->parse_special, &po, &p->pr, e);
     }
-    p->ids = q->prompt_tokens; /* taken over */
-    p->n = q->n_prompt_tokens;
+    p->pr.ids = q->prompt_tokens; /* taken over */
+    p->pr.n = q->n_prompt_tokens;
     q->prompt_tokens = NULL;
-    for (uint32_t i = 0; i < p->n; i++)
-        if (p->ids[i] >= kp_tok_n_vocab(s->v))
+    for (uint32_t i = 0; i < p->pr.n; i++)
+        if (p->pr.ids[i] >= kp_tok_n_vocab(s->v))
             return kp_oai_fail(e, 400, "invalid_request_error", NULL, "prompt",
                                "prompt[%u] is not a token id of this model (0..%d)", i, kp_tok_n_vocab(s->v) - 1);
     return true;
@@ -422,14 +424,15 @@ static bool prepare(kp_answer *a, kp_oai_request *q, prepared *p, kp_oai_error *
     kp_server *s = a->s;
     const char *pparam = a->chat ? "messages" : "prompt";
     if (!prompt_ids(a, q, p, e)) return false;
-    if (a->d->prompt) a->d->prompt(a, p->ids, p->n);
-    if (p->n > s->ctx)
+    a->dropped = p->pr.dropped;
+    if (a->d->prompt) a->d->prompt(a, p->pr.ids, p->pr.n);
+    if (p->pr.n > s->ctx)
         return kp_oai_fail(e, 400, "invalid_request_error", "context_length_exceeded", pparam,
-                           "the prompt has %zu tokens, more than the context of %u tokens", p->n, s->ctx);
+                           "the prompt has %zu tokens, more than the context of %u tokens", p->pr.n, s->ctx);
     p->max_tokens = q->max_tokens_set ? q->max_tokens
-                    : a->chat         ? s->ctx - (uint32_t)p->n
+                    : a->chat         ? s->ctx - (uint32_t)p->pr.n
                                       : (s->cfg.completion_max_tokens ? s->cfg.completion_max_tokens : 16);
-    if (!kp_prompt_fits_budget(s, (uint32_t)p->n, p->max_tokens, q->max_tokens_set, pparam, e)) return false;
+    if (!kp_prompt_fits_budget(s, (uint32_t)p->pr.n, p->max_tokens, q->max_tokens_set, pparam, e)) return false;
     if (!(q->tool_force ? tool_grammar(s, q, &p->grammar, e) : request_grammar(s, q, &p->grammar, e))) return false;
     if (!q->seed_set) q->sp.seed = (uint64_t)time(NULL) ^ (atomic_fetch_add(&s->next_id, 1) * GOLDEN);
     return true;
@@ -450,8 +453,8 @@ static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_
     for (uint32_t i = 0; i < q->n; i++)
         if (a->logprobs && !a->stream && !(a->ch[i].lp = kp_oai_logprobs_new(a->chat)))
             return kp_oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    kp_sreq_params sp = {p->ids,    (uint32_t)p->n, p->max_tokens, q->sp, q->stops, q->n_stops, q->ignore_eos,
-                         p->text,   p->text_len,    q->max_tokens_set, p->grammar};
+    kp_sreq_params sp = {p->pr.ids,  (uint32_t)p->pr.n, p->max_tokens,     q->sp,     q->stops, q->n_stops,
+                         q->ignore_eos, p->pr.text,    p->pr.text_len, q->max_tokens_set, p->grammar};
     kp_error err = {0};
     kp_status st = kp_sched_submit_n(a->s->sched, &sp, q->n, q->logprobs ? (int32_t)q->top_logprobs : -1, a->rs, &err);
     if (st != KP_OK) {
@@ -463,7 +466,8 @@ static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_
     }
     a->n = q->n;
     a->which = a->n - 1;
-    if (a->progress) kp_sreq_progress(a->rs[0]);
+    if (a->dropped.texts) atomic_fetch_add(&a->s->volatile_dropped, a->dropped.texts);
+    if (a->stream) kp_sreq_progress(a->rs[0]); /* woken at admission and per slice of the prefill */
     return true;
 }
 
@@ -483,6 +487,7 @@ static bool wait_first(kp_answer *a, struct MHD_Connection *c, kp_conn *cn, enum
             kp_reqlog_gen(&cn->log, &a->ch[0].last, stopping ? "cancelled" : "client_left");
             if (stopping) cn->log.code = "server_stopping";
             answer_free(a);
+            kp_http_quiet_close();
             *res = MHD_NO;
             return false;
         }

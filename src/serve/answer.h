@@ -12,8 +12,9 @@
  *
  *   parse (oai.h) -> tokens (prompt.h) -> d->prompt -> context and KV
  *   budget -> grammar -> submit n choices -> wait for the first token
- *     stream:      200 text/event-stream; d->open, then per update of
- *                  choice i d->text (text held back while it may still be a
+ *     stream:      200 text/event-stream at admission (the first byte does
+ *                  not wait for the prompt to be computed): d->open, d->prefill
+ *                  per slice of the prefill, then per update of choice i d->text (text held back while it may still be a
  *                  tool call), at its end d->calls and d->end, when every
  *                  choice ended d->close (or d->fail on an error)
  *     not stream:  wait for every choice's end, d->reply builds the body
@@ -38,6 +39,7 @@
 #include "serve/http.h"
 #include "serve/oai.h"
 #include "serve/scheduler.h"
+#include "serve/volatile.h"
 
 typedef struct kp_answer kp_answer;
 
@@ -63,10 +65,13 @@ typedef struct {
     kp_error_shape errors;     /* its error bodies (NULL: OpenAI's) */
     /* after the prompt is tokenized, before the submit (NULL: nothing) */
     void (*prompt)(kp_answer *a, const int32_t *ids, size_t n);
-    /* a stream's first events, when choice 0 started (u: that update) */
+    /* a stream's first events, at admission (u: that update: the prompt's
+     * tokens and those the cache holds are known, none computed yet) */
     void (*open)(kp_answer *a, const kp_sreq_update *u);
-    /* return_progress: the prefill's progress so far (NULL: not shown) */
-    void (*progress)(kp_answer *a, const kp_sreq_update *u);
+    /* the stream is open and the prompt is being computed: u says how far
+     * (u->prefill_done of u->prompt_tokens); a keep-alive event, or the
+     * progress return_progress asked for (NULL: nothing) */
+    void (*prefill)(kp_answer *a, const kp_sreq_update *u);
     /* text of choice i (text NULL: none, only logprobs), with the logprobs
      * of the tokens it brings (lp consumed; NULL: none) */
     void (*text)(kp_answer *a, uint32_t i, const char *text, size_t len, json_t *lp);
@@ -102,6 +107,7 @@ struct kp_answer {
     char key[KP_CKEYS_KEY_MAX + 1]; /* prompt_cache_key, "" none */
     const char *retention;          /* prompt_cache_retention, NULL none */
     json_t *report;                 /* at the end: kvpin_cache (owned until a dialect takes it) */
+    kp_volatile_report dropped;     /* what was left out of the system messages (volatile.h) */
     /* the stream */
     bool opened, done;
     kp_buf out; /* SSE bytes not yet sent: out.data[off..out.len) */

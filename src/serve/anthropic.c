@@ -16,7 +16,8 @@
  * breakpoint's conversation rendered, its common prefix with the prompt)
  * and pinned for their TTLs when the answer ends (anth_after). A stream:
  *
- *   message_start (usage: input split by the cache), ping
+ *   message_start (usage: input split by the cache), ping   at admission
+ *   ping per slice of the prefill                            while the prompt is computed
  *   per text run: content_block_start (text), content_block_delta (text_delta)...
  *   per call: content_block_start (tool_use, input {}), one input_json_delta, stop
  *   content_block_stop, message_delta (stop_reason, usage, kvpin_cache), message_stop
@@ -697,15 +698,12 @@ static void anth_prompt(kp_answer *x, const int32_t *ids, size_t n) {
     for (int i = 0; i < st->a.n_br; i++) {
         const kp_anth_break *br = &st->a.br[i];
         kp_prompt_opts po = {false, false};
-        int32_t *t = NULL;
-        size_t k = 0, tl = 0;
-        char *text = NULL;
+        kp_prompt pr;
         kp_oai_error e;
-        if (!kp_prompt_tokens(s, NULL, br->messages, br->tools, false, &po, &t, &k, &text, &tl, &e)) continue;
+        if (!kp_prompt_tokens(s, NULL, br->messages, br->tools, false, &po, &pr, &e)) continue;
         size_t m = 0;
-        while (m < k && m < n && t[m] == ids[m]) m++;
-        free(t);
-        free(text);
+        while (m < pr.n && m < n && pr.ids[m] == ids[m]) m++;
+        kp_prompt_free(&pr);
         if (m == 0) continue;
         double scaled = (double)br->ttl_s * (s->cfg.pin_ttl_scale > 0 ? s->cfg.pin_ttl_scale : 1);
         b->pos[b->n] = (uint32_t)m;
@@ -726,6 +724,12 @@ static void anth_open(kp_answer *x, const kp_sreq_update *u) {
                   json_pack("{s:o}", "message",
                             kp_anth_message_json(x->id, x->s->cfg.model_name, json_array(), NULL, NULL, usage)));
     kp_anth_event(&x->out, "ping", json_object());
+}
+
+/* While the prompt is computed: a ping per slice of the prefill after the
+ * first (message_start came with one). */
+static void anth_prefill(kp_answer *x, const kp_sreq_update *u) {
+    if (x->prog_any && u->prefill_done < u->prompt_tokens) kp_anth_event(&x->out, "ping", json_object());
 }
 
 static void anth_text(kp_answer *x, uint32_t i, const char *text, size_t len, json_t *lp) {
@@ -852,7 +856,7 @@ static const kp_dialect ANTHROPIC = {
     .errors = kp_anth_error_shape,
     .prompt = anth_prompt,
     .open = anth_open,
-    .progress = NULL,
+    .prefill = anth_prefill,
     .text = anth_text,
     .calls = anth_calls,
     .end = anth_end,
@@ -875,15 +879,12 @@ KP_HANDLER(kp_anth_count_tokens) {
     kp_oai_error e;
     if (!kp_anth_translate(cn->body.data, cn->body.len, true, s->cfg.strict_api, &a, &e))
         return kp_http_error(s, c, &e);
-    int32_t *ids = NULL;
-    size_t n = 0, tl = 0;
-    char *text = NULL;
+    kp_prompt pr;
     kp_prompt_opts po = {true, false};
-    bool ok = kp_prompt_tokens(s, NULL, json_object_get(a.chat, "messages"), chat_tools(a.chat), false, &po, &ids, &n,
-                               &text, &tl, &e);
+    bool ok = kp_prompt_tokens(s, NULL, json_object_get(a.chat, "messages"), chat_tools(a.chat), false, &po, &pr, &e);
     kp_anth_request_free(&a);
-    free(ids);
-    free(text);
+    size_t n = pr.n;
+    kp_prompt_free(&pr);
     if (!ok) return kp_http_error(s, c, &e);
     return kp_http_json(s, c, 200, json_pack("{s:I}", "input_tokens", (json_int_t)n));
 }

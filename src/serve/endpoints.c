@@ -225,8 +225,9 @@ KP_HANDLER(kp_ep_cache) {
 }
 
 /* The tokens of a probe or pin body: {"prompt": ...} or {"messages": [...], "tools": [...]}. */
-static bool body_tokens(kp_server *s, json_t *o, const char *const *allowed, bool add_gen, int32_t **ids,
-                        size_t *n, char **text, size_t *text_len, kp_oai_error *e) {
+static bool body_tokens(kp_server *s, json_t *o, const char *const *allowed, bool add_gen, kp_prompt *out,
+                        kp_oai_error *e) {
+    memset(out, 0, sizeof *out);
     if (!kp_oai_only_fields(o, allowed, e)) return false;
     const json_t *ag = json_object_get(o, "add_generation_prompt");
     if (ag && !json_is_boolean(ag) && !json_is_null(ag))
@@ -246,7 +247,7 @@ static bool body_tokens(kp_server *s, json_t *o, const char *const *allowed, boo
     const json_t *ps = json_object_get(o, "parse_special");
     if (ps && !json_is_boolean(ps) && !json_is_null(ps))
         return kp_oai_fail(e, 400, "invalid_request_error", NULL, "parse_special", "parse_special must be true or false");
-    return kp_prompt_tokens(s, prompt, messages, tools, json_is_true(ps), &po, ids, n, text, text_len, e);
+    return kp_prompt_tokens(s, prompt, messages, tools, json_is_true(ps), &po, out, e);
 }
 
 KP_HANDLER(kp_ep_cache_probe) {
@@ -255,12 +256,13 @@ KP_HANDLER(kp_ep_cache_probe) {
     if (!o) return kp_http_error(s, c, &e);
     static const char *const allowed[] = {"prompt", "messages", "tools", "model", "parse_special",
                                           "add_generation_prompt", NULL};
-    int32_t *ids = NULL;
-    size_t n = 0, tl = 0;
-    char *text = NULL;
-    bool ok = body_tokens(s, o, allowed, true, &ids, &n, &text, &tl, &e); /* what a chat request would send */
+    kp_prompt pr;
+    bool ok = body_tokens(s, o, allowed, true, &pr, &e); /* what a chat request would send */
     json_decref(o);
     if (!ok) return kp_http_error(s, c, &e);
+    int32_t *ids = pr.ids;
+    size_t n = pr.n, tl = pr.text_len;
+    char *text = pr.text;
     kp_eng_report r;
     kp_doctor_report d;
     bool has = false;
@@ -295,14 +297,14 @@ KP_HANDLER(kp_ep_cache_pin) {
         }
         ttl = json_integer_value(ttl_j);
     }
-    int32_t *ids = NULL;
-    size_t n = 0, tl = 0;
-    char *text = NULL;
+    kp_prompt pr;
     /* a pinned conversation ends where the next turn's messages go on: no assistant opener */
-    bool ok = body_tokens(s, o, allowed, false, &ids, &n, &text, &tl, &e);
+    bool ok = body_tokens(s, o, allowed, false, &pr, &e);
     json_decref(o);
-    free(text);
+    free(pr.text);
     if (!ok) return kp_http_error(s, c, &e);
+    int32_t *ids = pr.ids;
+    size_t n = pr.n;
     kp_sched_cache snap;
     kp_sched_cache_get(s->sched, &snap);
     if (!snap.kv.prefix_cache) {
@@ -327,6 +329,7 @@ KP_HANDLER(kp_ep_cache_pin) {
         if (kp_http_client_gone(c) || atomic_load(&s->stopping)) {
             kp_sreq_release(r);
             free(ids);
+            kp_http_quiet_close();
             return MHD_NO;
         }
     }
@@ -470,6 +473,10 @@ KP_HANDLER(kp_ep_metrics) {
     metric(&t, "kvpin_http_requests_cut_total", "counter",
            "Connections shut down because a request's head and body did not arrive within --request-timeout.",
            (double)atomic_load(&s->cut_slow));
+    metric(&t, "kvpin_volatile_blocks_dropped_total", "counter",
+           "System texts of generation requests whose volatile start (a client's per-session header, "
+           "--volatile-prefix) was left out of the prompt.",
+           (double)atomic_load(&s->volatile_dropped));
     metric(&t, "kvpin_queue_length", "gauge", "Requests waiting to be admitted (for a sequence slot or KV blocks).",
            st.queued);
     metric(&t, "kvpin_requests_waiting_for_kv", "gauge",

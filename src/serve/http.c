@@ -472,8 +472,30 @@ static void connection_cb(void *cls, struct MHD_Connection *c, void **socket_con
     }
 }
 
+/* Set on a connection's thread by kp_http_quiet_close: the handler or the
+ * stream reader is about to end the connection on purpose (its client
+ * left, or the server stops), which libmicrohttpd reports as an
+ * application error; mhd_log leaves that report out (the request's own
+ * log line says client_left or server_stopping). Per thread, as
+ * libmicrohttpd runs each connection on one thread and logs there. */
+static _Thread_local bool closing_on_purpose;
+
+void kp_http_quiet_close(void) { closing_on_purpose = true; }
+
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
     kp_server *s = cls;
+    if (closing_on_purpose) { /* libmicrohttpd passes its messages as arguments of "%s\n" */
+        char msg[96];
+        va_list cp;
+        va_copy(cp, ap);
+        vsnprintf(msg, sizeof msg, fmt, cp);
+        va_end(cp);
+        if (!strncmp(msg, "Application reported internal error", 35) ||
+            !strncmp(msg, "Closing connection (application reported error", 47)) {
+            closing_on_purpose = false;
+            return;
+        }
+    }
     if (s->cfg.quiet) return;
     fprintf(stderr, "kvpin serve: http: ");
     vfprintf(stderr, fmt, ap);

@@ -40,6 +40,7 @@
 #include "serve/oai.h"
 #include "serve/response_store.h"
 #include "serve/server.h"
+#include "serve/volatile.h"
 
 #define KP_HTTP_N_STATUS 12 /* the statuses /metrics counts one by one, the last: every other */
 
@@ -107,6 +108,8 @@ struct kp_server {
     kp_hist *hist;     /* finished generations, for the dashboard (history.h) */
     kp_bpins *bpins;   /* the pins of cache_control breakpoints (bpins.h) */
     kp_rstore *rstore; /* stored Responses API responses (response_store.h) */
+    kp_volatile *vol;  /* the volatile system-text patterns (volatile.h), NULL: none */
+    atomic_uint_fast64_t volatile_dropped; /* system texts shortened or dropped by them */
     /* http.c's: the daemon, the URL bound, the route function, and the
      * request deadline: every open connection, and the thread that cuts
      * those whose request head and body did not arrive in time */
@@ -170,6 +173,13 @@ enum MHD_Result kp_http_sse(kp_server *s, struct MHD_Connection *c, const kp_con
 /* Whether the client can no longer receive the answer (reset or failed;
  * one that only closed its sending side may still read). */
 bool kp_http_client_gone(struct MHD_Connection *c);
+
+/* The connection is about to be ended on purpose (its client left, or the
+ * server stops): the handler returns MHD_NO, or a stream reader
+ * MHD_CONTENT_READER_END_WITH_ERROR, right after, on the same thread, and
+ * libmicrohttpd's report of it as an application error is left out of
+ * the log. */
+void kp_http_quiet_close(void);
 
 /* The request log: a generation's numbers from the scheduler's last
  * update (and the dashboard's history), and the line written at the end

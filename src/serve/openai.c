@@ -5,8 +5,9 @@
  * Owns no request state (dreq is NULL): the body is the common request.
  * A stream, per choice i (every chunk names its choice in `index`):
  *
- *   chat: {"delta": {"role": "assistant", "content": ""}}   one per choice, first
- *   [prompt_progress chunks without choices]                 return_progress
+ *   chat: {"delta": {"role": "assistant", "content": ""}}   one per choice, at admission
+ *   [prompt_progress chunks without choices]                 return_progress; else
+ *   [": prefill N/M tokens" comments]                        while the prompt is computed
  *   {"delta": {"content": TEXT}, "logprobs": LP | null}      completions: {"text": TEXT}
  *   {"delta": {"tool_calls": [{index, id, type, function: {name, arguments: ""}}]}}
  *   {"delta": {"tool_calls": [{index, function: {arguments}}]}}   per call, at the end
@@ -59,19 +60,27 @@ static void oa_open(kp_answer *a, const kp_sreq_update *u) {
                            "", "logprobs", "finish_reason"));
 }
 
-/* return_progress: a chunk with no choices and llama.cpp's prompt_progress
- * object (total prompt tokens, those from the cache, those computed so far
+/* While the prompt is computed: with return_progress a chunk with no
+ * choices and llama.cpp's prompt_progress object (total prompt tokens, those from the cache, those computed so far
  * counting the cached ones, milliseconds since the prefill began). The
  * first one is the state at admission (processed = cache), the last one
  * processed = total; slices that passed between two waits are reported
- * once, by the later. */
-static void oa_progress(kp_answer *a, const kp_sreq_update *u) {
+ * once, by the later. Without it, an SSE comment per slice until the
+ * prompt is computed (": prefill 512/28700 tokens"), which every client
+ * skips and which keeps the connection and the client's first-byte timer
+ * alive. */
+static void oa_prefill(kp_answer *a, const kp_sreq_update *u) {
+    if (!a->progress) {
+        if (u->prefill_done < u->prompt_tokens)
+            kp_buf_printf(&a->out, ": prefill %u/%u tokens\n\n", u->prefill_done, u->prompt_tokens);
+        return;
+    }
     if (!a->prog_any && u->prefill_done > u->report.reused_tokens) { /* the state at admission comes first */
         kp_sreq_update at = *u;
         at.prefill_done = u->report.reused_tokens;
         at.prefill_ms = 0;
         a->prog_any = true;
-        oa_progress(a, &at);
+        oa_prefill(a, &at);
     }
     json_t *j = chunk_base(a);
     json_object_set_new(j, "choices", json_array());
@@ -192,7 +201,7 @@ static const kp_dialect OPENAI = {
     .errors = NULL,
     .prompt = NULL,
     .open = oa_open,
-    .progress = oa_progress,
+    .prefill = oa_prefill,
     .text = oa_text,
     .calls = oa_calls,
     .end = oa_end,

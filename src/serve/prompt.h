@@ -19,6 +19,7 @@
 
 #include "serve/http.h"
 #include "serve/oai.h"
+#include "serve/volatile.h"
 
 /* How a chat prompt is rendered (kp_chat_opts beyond the tokens' texts). */
 typedef struct {
@@ -26,17 +27,28 @@ typedef struct {
     bool disable_thinking;      /* qwen3's enable_thinking false */
 } kp_prompt_opts;
 
+/* A request's prompt as token ids. */
+typedef struct {
+    int32_t *ids; /* malloc'd */
+    size_t n;
+    char *text;   /* the rendered or given text (for the cache report), malloc'd; NULL for token ids */
+    size_t text_len;
+    kp_volatile_report dropped; /* what was left out of the system messages (volatile.h) */
+} kp_prompt;
+
 /* The prompt of a request body: prompt (text or token ids) or messages
  * (+ tools) through the server's chat template, rendered as po says (NULL:
- * the generation prompt on, thinking on). Only the template's markup may
- * produce control tokens: the client's text in a rendering is tokenized as
- * plain text, and so is a completions prompt unless parse_special. On
- * success *ids (malloc'd, *n of them) and *text_out (the rendered or given
- * text, malloc'd, NULL for token ids; *text_len bytes). false with *e: the
- * client's 400 naming the field, or a 500. */
+ * the generation prompt on, thinking on), after the volatile start of
+ * their system texts was dropped (volatile.h). Only the template's markup
+ * may produce control tokens: the client's text in a rendering is
+ * tokenized as plain text, and so is a completions prompt unless
+ * parse_special. On success *out holds it (kp_prompt_free). false with
+ * *e: the client's 400 naming the field, or a 500; *out empty. */
 bool kp_prompt_tokens(kp_server *s, const json_t *prompt, const json_t *messages, const json_t *tools,
-                      bool parse_special, const kp_prompt_opts *po, int32_t **ids, size_t *n, char **text_out,
-                      size_t *text_len, kp_oai_error *e);
+                      bool parse_special, const kp_prompt_opts *po, kp_prompt *out, kp_oai_error *e);
+
+/* Frees what p holds and zeroes it. */
+void kp_prompt_free(kp_prompt *p);
 
 /* false with *e (400 kv_budget_exceeded naming prompt_param when the
  * prompt alone is too long, else max_tokens) when a request of n prompt

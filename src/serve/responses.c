@@ -9,7 +9,8 @@
  *
  * A stream (every event with its sequence_number):
  *
- *   response.created, response.in_progress           (the response, in_progress)
+ *   response.created, response.in_progress           at admission (the response, in_progress)
+ *   response.in_progress per slice of the prefill    while the prompt is computed
  *   response.output_item.added (message), response.content_part.added,
  *   response.output_text.delta...                    while text comes
  *   response.output_text.done, response.content_part.done, response.output_item.done
@@ -113,36 +114,90 @@ static bool input_items(const json_t *input, json_t *msgs, kp_oai_error *e) {
     return true;
 }
 
-static bool tools_field(const json_t *tools, json_t *chat, kp_oai_error *e) {
+/* Tool types the Responses API runs on OpenAI's side: kvpin cannot run
+ * them, so they are left out of the prompt (and named as ignored). */
+static const char *const HOSTED_TOOLS[] = {"web_search", "web_search_preview", "file_search", "code_interpreter",
+                                           "computer_use", "computer_use_preview", "image_generation", "mcp",
+                                           "local_shell", "custom", NULL};
+
+/* One function tool (the flat Responses form) as a chat tool, appended to
+ * out; its name must be new (names: the names seen so far, a set). */
+static bool function_tool(const json_t *t, const char *where, json_t *out, json_t *names, kp_oai_error *e) {
+    const json_t *name = json_object_get(t, "name"), *params = json_object_get(t, "parameters");
+    const json_t *desc = json_object_get(t, "description"), *strict = json_object_get(t, "strict");
+    if (!json_is_string(name) || !json_string_length(name) || (params && !json_is_object(params) && !json_is_null(params)))
+        return BAD(e, where, "%s needs a name and parameters that are a JSON Schema object", where);
+    if (json_object_get(names, json_string_value(name)))
+        return BAD(e, where, "%s: two tools are named \"%.64s\"", where, json_string_value(name));
+    json_object_set_new(names, json_string_value(name), json_true());
+    json_t *fn = json_pack("{s:O}", "name", name);
+    if (json_is_object(params)) json_object_set(fn, "parameters", (json_t *)params);
+    if (json_is_string(desc)) json_object_set(fn, "description", (json_t *)desc);
+    if (json_is_boolean(strict)) json_object_set(fn, "strict", (json_t *)strict);
+    json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", fn));
+    return true;
+}
+
+/* A namespace tool ({type: namespace, name, description, tools: [function
+ * tools]}, Codex's groups of tools) flattened into its functions: the
+ * model sees and calls them by their own names, and a call's
+ * function_call item names the namespace again (r->ns_of). */
+static bool namespace_tool(kp_resp_request *r, const json_t *t, const char *where, json_t *out, json_t *names,
+                           kp_oai_error *e) {
+    const json_t *ns = json_object_get(t, "name"), *inner = json_object_get(t, "tools");
+    if (!json_is_string(ns) || !json_string_length(ns) || !json_is_array(inner))
+        return BAD(e, where, "%s: a namespace needs a name and tools (an array of function tools)", where);
+    size_t k;
+    const json_t *f;
+    json_array_foreach(inner, k, f) {
+        char w[64];
+        snprintf(w, sizeof w, "%s.tools[%zu]", where, k);
+        const char *type = json_string_value(json_object_get(f, "type"));
+        if (!type || strcmp(type, "function"))
+            return BAD(e, w, "%s: a namespace holds function tools only (not \"%.40s\")", w, type ? type : "");
+        if (!function_tool(f, w, out, names, e)) return false;
+        json_object_set(r->ns_of, json_string_value(json_object_get(f, "name")), (json_t *)ns);
+    }
+    return true;
+}
+
+/* tools: function tools as chat tools; namespaces flattened; hosted tools
+ * (HOSTED_TOOLS) left out and named in r->ignored ("tools[7]:web_search"),
+ * or refused when strict; any other type refused. */
+static bool tools_field(kp_resp_request *r, const json_t *tools, bool strict, kp_oai_error *e) {
     if (!tools || json_is_null(tools)) return true;
     if (!json_is_array(tools)) return BAD(e, "tools", "tools must be an array of function tools");
     if (!json_array_size(tools)) return true;
-    json_t *out = json_array();
+    json_t *out = json_array(), *names = json_object();
+    bool ok = out && names;
     size_t i;
     const json_t *t;
     json_array_foreach(tools, i, t) {
+        if (!ok) break;
         char where[32];
         snprintf(where, sizeof where, "tools[%zu]", i);
         const char *type = json_string_value(json_object_get(t, "type"));
-        const json_t *name = json_object_get(t, "name"), *params = json_object_get(t, "parameters");
-        const json_t *desc = json_object_get(t, "description"), *strict = json_object_get(t, "strict");
-        if (!type || strcmp(type, "function")) {
-            json_decref(out);
-            return BAD(e, where, "%s: tool type \"%.40s\" is not supported by this server (function only)", where,
-                       type ? type : "");
+        bool hosted = false;
+        for (int h = 0; type && HOSTED_TOOLS[h] && !hosted; h++) hosted = !strcmp(type, HOSTED_TOOLS[h]);
+        if (type && !strcmp(type, "function")) {
+            ok = function_tool(t, where, out, names, e);
+        } else if (type && !strcmp(type, "namespace")) {
+            ok = namespace_tool(r, t, where, out, names, e);
+        } else if (hosted && !strict) {
+            char note[80];
+            snprintf(note, sizeof note, "%s:%s", where, type);
+            ok = kp_oai_note_ignored(&r->ignored, note) ||
+                 kp_oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        } else {
+            ok = BAD(e, where, "%s: tool type \"%.40s\" is not supported by this server (function and namespace "
+                               "tools; hosted tools such as web_search are left out unless --strict-api)",
+                     where, type ? type : "");
         }
-        if (!json_is_string(name) || !json_string_length(name) || (params && !json_is_object(params) && !json_is_null(params))) {
-            json_decref(out);
-            return BAD(e, where, "%s needs a name and parameters that are a JSON Schema object", where);
-        }
-        json_t *fn = json_pack("{s:O}", "name", name);
-        if (json_is_object(params)) json_object_set(fn, "parameters", (json_t *)params);
-        if (json_is_string(desc)) json_object_set(fn, "description", (json_t *)desc);
-        if (json_is_boolean(strict)) json_object_set(fn, "strict", (json_t *)strict);
-        json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", fn));
     }
-    json_object_set_new(chat, "tools", out);
-    return true;
+    json_decref(names);
+    if (ok && json_array_size(out)) json_object_set_new(r->chat, "tools", out);
+    else json_decref(out);
+    return ok;
 }
 
 static bool tool_choice(const json_t *tc, json_t *chat, kp_oai_error *e) {
@@ -212,8 +267,9 @@ bool kp_resp_translate(const char *body, size_t len, const json_t *prev_conv, bo
     json_t *root = r->root;
     r->chat = json_object();
     r->conv = prev_conv ? json_deep_copy(prev_conv) : json_array();
+    r->ns_of = json_object();
     r->store = true;
-    bool ok = r->chat && r->conv;
+    bool ok = r->chat && r->conv && r->ns_of;
     if (!ok) kp_oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     const json_t *model = json_object_get(root, "model");
     if (ok && model && !json_is_string(model) && !json_is_null(model)) ok = BAD(e, "model", "model must be a string");
@@ -239,7 +295,7 @@ bool kp_resp_translate(const char *body, size_t len, const json_t *prev_conv, bo
         }
         json_decref(fresh);
     }
-    if (ok) ok = tools_field(json_object_get(root, "tools"), r->chat, e);
+    if (ok) ok = tools_field(r, json_object_get(root, "tools"), strict, e);
     if (ok) ok = tool_choice(json_object_get(root, "tool_choice"), r->chat, e);
     if (ok) ok = text_format(json_object_get(root, "text"), r->chat, e);
     if (ok) ok = number(root, "temperature", "temperature", 0, 2, r->chat, e);
@@ -250,6 +306,12 @@ bool kp_resp_translate(const char *body, size_t len, const json_t *prev_conv, bo
             ok = BAD(e, "max_output_tokens", "max_output_tokens must be a whole number >= 1");
         else json_object_set(r->chat, "max_tokens", (json_t *)mo);
     }
+    /* the cache key and retention mean for the chat layer what they mean here */
+    static const char *const passed[] = {"prompt_cache_key", "prompt_cache_retention"};
+    for (size_t k = 0; ok && k < sizeof passed / sizeof *passed; k++) {
+        const json_t *v = json_object_get(root, passed[k]);
+        if (v && !json_is_null(v)) json_object_set(r->chat, passed[k], (json_t *)v);
+    }
     const json_t *pt = json_object_get(root, "parallel_tool_calls");
     if (ok && json_is_boolean(pt)) json_object_set(r->chat, "parallel_tool_calls", (json_t *)pt);
     const json_t *st = json_object_get(root, "stream"), *so = json_object_get(root, "store");
@@ -259,9 +321,10 @@ bool kp_resp_translate(const char *body, size_t len, const json_t *prev_conv, bo
     if (json_is_boolean(so)) r->store = json_is_true(so);
     static const char *const known[] = {"model", "input", "instructions", "tools", "tool_choice", "text",
                                         "temperature", "top_p", "max_output_tokens", "parallel_tool_calls",
-                                        "stream", "store", "previous_response_id", NULL};
+                                        "stream", "store", "previous_response_id", "prompt_cache_key",
+                                        "prompt_cache_retention", NULL};
     static const char *const openai[] = {"metadata", "user", "reasoning", "truncation", "include", "service_tier",
-                                         "background", "prompt", "prompt_cache_key", "safety_identifier",
+                                         "background", "prompt", "safety_identifier",
                                          "top_logprobs", "max_tool_calls", "stream_options", "conversation", NULL};
     const char *unknown;
     if (ok && !kp_oai_sort_fields(root, known, openai, strict, &r->ignored, &unknown))
@@ -284,6 +347,7 @@ void kp_resp_request_free(kp_resp_request *r) {
     json_decref(r->root);
     json_decref(r->chat);
     json_decref(r->conv);
+    json_decref(r->ns_of);
     kp_buf_free(&r->ignored);
     memset(r, 0, sizeof *r);
 }
@@ -294,13 +358,14 @@ void kp_resp_item_id(char *out, size_t cap, const char *prefix, uint64_t seed, s
     snprintf(out, cap, "%s_%016llx", prefix, (unsigned long long)x);
 }
 
-json_t *kp_resp_output_json(const char *text, size_t text_len, const json_t *calls, uint64_t item_seed) {
+json_t *kp_resp_output_json(const char *text, size_t text_len, const json_t *calls, uint64_t item_seed,
+                            const char *status, const json_t *ns_of) {
     json_t *a = json_array();
     char id[48];
     if (text_len || json_array_size(calls) == 0) {
         kp_resp_item_id(id, sizeof id, "msg", item_seed, 0);
         json_array_append_new(a, json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s%, s:[]}]}", "type", "message", "id", id,
-                                           "status", "completed", "role", "assistant", "content", "type",
+                                           "status", status, "role", "assistant", "content", "type",
                                            "output_text", "text", text ? text : "", text_len, "annotations"));
     }
     size_t i;
@@ -308,9 +373,12 @@ json_t *kp_resp_output_json(const char *text, size_t text_len, const json_t *cal
     json_array_foreach(calls, i, c) {
         const json_t *fn = json_object_get(c, "function");
         kp_resp_item_id(id, sizeof id, "fc", item_seed, i + 1);
-        json_array_append_new(a, json_pack("{s:s, s:s, s:O, s:O, s:O, s:s}", "type", "function_call", "id", id,
-                                           "call_id", json_object_get(c, "id"), "name", json_object_get(fn, "name"),
-                                           "arguments", json_object_get(fn, "arguments"), "status", "completed"));
+        json_t *item = json_pack("{s:s, s:s, s:O, s:O, s:O, s:s}", "type", "function_call", "id", id, "call_id",
+                                 json_object_get(c, "id"), "name", json_object_get(fn, "name"), "arguments",
+                                 json_object_get(fn, "arguments"), "status", "completed");
+        json_t *ns = json_object_get(ns_of, json_string_value(json_object_get(fn, "name")));
+        if (item && ns) json_object_set(item, "namespace", ns);
+        json_array_append_new(a, item);
     }
     return a;
 }
@@ -374,6 +442,13 @@ typedef struct {
     uint32_t n_items;    /* output items started */
 } resp_state;
 
+/* How the response ended: "incomplete" when max_output_tokens cut its
+ * text (no calls), else "completed"; its message item says the same. */
+static const char *final_status(const kp_answer *x) {
+    const kp_choice *ch = &x->ch[0];
+    return ch->last.finish == KP_FINISH_LENGTH && !ch->calls ? "incomplete" : "completed";
+}
+
 /* The response object of a Responses request that ended, stored when the
  * request asks (store, the default): its conversation with the answer is
  * what previous_response_id continues. output and cj (kvpin_cache, may be
@@ -382,7 +457,7 @@ static json_t *resp_final(kp_answer *x, json_t *output, json_t *cj, const char *
                           const json_t *calls) {
     resp_state *st = x->dreq;
     const kp_sreq_update *u = &x->ch[0].last;
-    const char *status = u->finish == KP_FINISH_LENGTH && !calls ? "incomplete" : "completed";
+    const char *status = final_status(x);
     json_t *o = kp_resp_object_json(x->id, x->s->cfg.model_name, (int64_t)time(NULL), status, &st->r, output,
                                     kp_resp_usage_json(u->prompt_tokens, u->cached_tokens, u->completion_tokens));
     if (st->r.store) {
@@ -400,7 +475,7 @@ static json_t *msg_item(kp_answer *x, const char *status) {
     char id[48];
     kp_resp_item_id(id, sizeof id, "msg", x->id_seed, 0);
     json_t *content = json_array();
-    if (!strcmp(status, "completed"))
+    if (strcmp(status, "in_progress"))
         json_array_append_new(content, json_pack("{s:s, s:s%, s:[]}", "type", "output_text", "text",
                                                  st->text.data ? st->text.data : "", st->text.len, "annotations"));
     return json_pack("{s:s, s:s, s:s, s:s, s:o}", "type", "message", "id", id, "status", status, "role", "assistant",
@@ -414,6 +489,17 @@ static void resp_open(kp_answer *x, const kp_sreq_update *u) {
     json_t *o = kp_resp_object_json(x->id, x->s->cfg.model_name, (int64_t)x->created, "in_progress", &st->r, NULL,
                                     NULL);
     kp_resp_event(&x->out, "response.created", json_pack("{s:O}", "response", o), &st->seq);
+    kp_resp_event(&x->out, "response.in_progress", json_pack("{s:o}", "response", o), &st->seq);
+}
+
+/* While the prompt is computed: response.in_progress again per slice of
+ * the prefill after the first (it keeps the client's first-byte timer
+ * and the connection alive). */
+static void resp_prefill(kp_answer *x, const kp_sreq_update *u) {
+    resp_state *st = x->dreq;
+    if (!x->prog_any || u->prefill_done >= u->prompt_tokens) return;
+    json_t *o = kp_resp_object_json(x->id, x->s->cfg.model_name, (int64_t)x->created, "in_progress", &st->r, NULL,
+                                    NULL);
     kp_resp_event(&x->out, "response.in_progress", json_pack("{s:o}", "response", o), &st->seq);
 }
 
@@ -448,8 +534,9 @@ static void resp_text(kp_answer *x, uint32_t i, const char *text, size_t len, js
                   &st->seq);
 }
 
-/* The message item ends (an empty one when forced, with nothing sent). */
-static void close_text(kp_answer *x, bool force) {
+/* The message item ends with status (an empty one when forced, with
+ * nothing sent). */
+static void close_text(kp_answer *x, bool force, const char *status) {
     resp_state *st = x->dreq;
     if (!st->text_open && !force) return;
     if (!st->text_open) open_text(x);
@@ -466,7 +553,7 @@ static void close_text(kp_answer *x, bool force) {
                             st->text.len, "annotations"),
                   &st->seq);
     kp_resp_event(&x->out, "response.output_item.done",
-                  json_pack("{s:I, s:o}", "output_index", (json_int_t)st->n_items, "item", msg_item(x, "completed")),
+                  json_pack("{s:I, s:o}", "output_index", (json_int_t)st->n_items, "item", msg_item(x, status)),
                   &st->seq);
     st->text_open = false;
     st->n_items++;
@@ -477,8 +564,8 @@ static void close_text(kp_answer *x, bool force) {
 static void resp_calls(kp_answer *x, uint32_t i, const json_t *calls) {
     (void)i;
     resp_state *st = x->dreq;
-    close_text(x, false);
-    json_t *items = kp_resp_output_json(NULL, 0, calls, x->id_seed);
+    close_text(x, false, "completed");
+    json_t *items = kp_resp_output_json(NULL, 0, calls, x->id_seed, "completed", st->r.ns_of);
     st->calls = calls;
     size_t k;
     json_t *it;
@@ -514,9 +601,9 @@ static void resp_end(kp_answer *x, uint32_t i) {
  * response object, stored. */
 static void resp_close(kp_answer *x) {
     resp_state *st = x->dreq;
-    close_text(x, st->n_items == 0);
+    close_text(x, st->n_items == 0, final_status(x));
     const char *t = st->text.data ? st->text.data : "";
-    json_t *output = kp_resp_output_json(t, st->text.len, st->calls, x->id_seed);
+    json_t *output = kp_resp_output_json(t, st->text.len, st->calls, x->id_seed, final_status(x), st->r.ns_of);
     json_t *cj = x->report;
     x->report = NULL;
     json_t *o = resp_final(x, output, cj, t, st->text.len, st->calls);
@@ -536,7 +623,8 @@ static void resp_fail(kp_answer *x, const kp_oai_error *e) {
 static json_t *resp_reply(kp_answer *x) {
     const kp_choice *ch = &x->ch[0];
     const char *text = ch->text.data ? ch->text.data : "";
-    json_t *out = kp_resp_output_json(text, ch->content, ch->calls, x->id_seed);
+    resp_state *st = x->dreq;
+    json_t *out = kp_resp_output_json(text, ch->content, ch->calls, x->id_seed, final_status(x), st->r.ns_of);
     json_t *cj = x->report;
     x->report = NULL;
     return resp_final(x, out, cj, text, ch->content, ch->calls);
@@ -556,7 +644,7 @@ static const kp_dialect RESPONSES = {
     .errors = NULL,
     .prompt = NULL,
     .open = resp_open,
-    .progress = NULL,
+    .prefill = resp_prefill,
     .text = resp_text,
     .calls = resp_calls,
     .end = resp_end,

@@ -19,6 +19,13 @@
  *                                -> a tool message
  *   tools [{type: function, name, description, parameters, strict}]
  *                                -> chat tools
+ *   tools [{type: namespace, name: NS, tools: [function tools]}]
+ *                                -> the functions as chat tools (by their own
+ *                                   names); a call's function_call item says
+ *                                   "namespace": NS, as Codex expects
+ *   tools of hosted types (web_search, file_search, code_interpreter, ...)
+ *                                -> left out, named in ignored ("tools[7]:web_search";
+ *                                   refused when strict)
  *   tool_choice auto / none / required / {type: function, name}
  *                                -> the same in chat's form
  *   text.format text / json_object / json_schema {name, schema, strict}
@@ -54,6 +61,7 @@ typedef struct {
     bool stream, store;
     const char *previous; /* previous_response_id, into root; NULL: none */
     kp_buf ignored;       /* accepted fields kvpin does not act on (data NULL: none) */
+    json_t *ns_of;        /* function name -> its namespace, for the functions of namespace tools (owned) */
 } kp_resp_request;
 
 /* Translates the Responses body body[0..len). prev_conv: the stored
@@ -73,8 +81,12 @@ void kp_resp_request_free(kp_resp_request *r);
 /* The output items of an answer: a message item with one output_text part
  * when text[0..text_len) is not empty or there are no calls, then one
  * function_call item per call of calls (OpenAI tool-call objects,
- * borrowed, may be NULL). item_seed makes the items' ids. A new array. */
-json_t *kp_resp_output_json(const char *text, size_t text_len, const json_t *calls, uint64_t item_seed);
+ * borrowed, may be NULL). item_seed makes the items' ids; status is the
+ * message item's ("completed", or "incomplete" when the token limit cut the
+ * text); ns_of (may be NULL) maps a function's name to the namespace tool it
+ * came from, which its function_call item then names. A new array. */
+json_t *kp_resp_output_json(const char *text, size_t text_len, const json_t *calls, uint64_t item_seed,
+                            const char *status, const json_t *ns_of);
 
 /* The id of output item i of an answer ("msg_..." for i 0, "fc_..." for
  * the calls after it), from item_seed: kp_resp_output_json's ids, for a

@@ -30,6 +30,7 @@
 #include "serve/openai.h"
 #include "serve/response_store.h"
 #include "serve/responses.h"
+#include "serve/volatile.h"
 
 #define GRAMMARS_KEPT 16 /* compiled response_format / grammar constraints the server keeps (LRU) */
 
@@ -176,6 +177,7 @@ static void server_free_tables(kp_server *s) {
     kp_bpins_free(s->bpins);
     kp_rstore_free(s->rstore);
     kp_hist_free(s->hist);
+    kp_volatile_free(s->vol);
     free(s);
 }
 
@@ -205,6 +207,8 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     if (st == KP_OK) st = kp_gcache_new(&s->gc, GRAMMARS_KEPT, err);
     if (st == KP_OK) st = kp_bpins_new(&s->bpins, 256, err);
     if (st == KP_OK) st = kp_rstore_new(&s->rstore, 256, 16u << 20, err);
+    if (st == KP_OK)
+        st = kp_volatile_new(&s->vol, !s->cfg.keep_volatile, s->cfg.volatile_prefixes, s->cfg.n_volatile, err);
     if (st == KP_OK) st = kp_http_start(s, route, err);
     if (st != KP_OK) {
         kp_http_stop(s);

@@ -81,12 +81,17 @@ typedef struct {
     kp_engine *tiers_of;       /* the scheduler's engine, read for its cache tiers' counters
                                   (/v1/cache "tiers", /metrics kvpin_tier_*); NULL: none shown */
     float pin_ttl_scale;       /* cache_control TTLs are multiplied by this (at least 1 s); 0: 1 */
+    bool keep_volatile;        /* no built-in volatile patterns (volatile.h: Claude Code's billing header) */
+    const char *const *volatile_prefixes; /* more volatile patterns (PCRE2, matched at the start of each
+                                             system text), n_volatile of them */
+    size_t n_volatile;
 } kp_server_config;
 
 typedef struct kp_server kp_server;
 
 /* Starts listening. Everything is borrowed and must outlive the server.
- * KP_EIO when the address cannot be bound (the message says why). */
+ * KP_EIO when the address cannot be bound, KP_EINVAL when a volatile
+ * pattern does not compile (the message says why). */
 kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *sched, const kp_tok_vocab *v,
                         const kp_model *m, kp_error *err);
 

@@ -145,6 +145,21 @@ test('streaming: the documented events in order, deltas that make the final resp
     assert.equal(text, plain.output_text);
     assert.equal(final.output[0].content[0].text, plain.output_text);
     assert.equal(final.usage.output_tokens, plain.usage.output_tokens);
+    // the message item says how the response ended, streamed and not
+    const cut = await client.responses.create({ model: 'm', max_output_tokens: 2, temperature: 0, input: 'Once' });
+    assert.equal(cut.status, 'incomplete');
+    assert.equal(cut.incomplete_details?.reason ?? 'max_output_tokens', 'max_output_tokens');
+    assert.equal(cut.output[0].status, 'incomplete');
+    const cs = await client.responses.create({ model: 'm', max_output_tokens: 2, temperature: 0, input: 'Once',
+        stream: true });
+    let itemDone = null, last = null;
+    for await (const ev of cs) {
+        if (ev.type === 'response.output_item.done') itemDone = ev.item;
+        last = ev;
+    }
+    assert.equal(last.type, 'response.incomplete');
+    assert.equal(itemDone.status, 'incomplete');
+    assert.equal(last.response.output[0].status, 'incomplete');
     // a forced call streams its arguments
     const fs = await client.responses.create({ model: 'm', max_output_tokens: 200, temperature: 1, tools: [WEATHER],
         tool_choice: 'required', input: 'Weather?', stream: true });
@@ -194,9 +209,39 @@ test('responses errors: refused items and fields name the field', async () => {
         'input[0].content[0].type');
     await bad({ input: [{ type: 'web_search_call' }] }, 'input[0].type');
     await bad({ input: [] }, 'input');
-    await bad({ input: 'x', tools: [{ type: 'web_search' }] }, 'tools[0]');
+    await bad({ input: 'x', tools: [{ type: 'teleport' }] }, 'tools[0]');
+    // a hosted tool kvpin cannot run is left out and named (Codex always sends web_search)
+    const { data: hosted, response: hr } = await client.responses.create({ model: 'm', input: 'x', max_output_tokens: 2,
+        tools: [{ type: 'web_search' }] }).withResponse();
+    assert.equal(hosted.object, 'response');
+    assert.ok((hr.headers.get('x-kvpin-ignored-fields') ?? '').split(',').includes('tools[0]:web_search'),
+        hr.headers.get('x-kvpin-ignored-fields'));
     await bad({ input: 'x', text: { format: { type: 'json_schema', name: 'n' } } }, 'text.format.schema');
     await bad({ input: 'x', max_output_tokens: 0 }, 'max_output_tokens');
     const ok = await client.responses.create({ model: 'm', input: 'Hi', max_output_tokens: 2 });
     assert.equal(ok.object, 'response');
+});
+
+test('responses: a namespace tool (Codex) is flattened, and its calls name the namespace', async () => {
+    const ns = { type: 'namespace', name: 'multi_agent_v1', description: 'Sub-agents.', tools: [{ type: 'function',
+        name: 'close_agent', description: 'Close an agent.', strict: false, parameters: { type: 'object',
+            properties: { target: { type: 'string' } }, required: ['target'], additionalProperties: false } }] };
+    const r = await client.responses.create({ model: 'm', input: 'Close the agent.', max_output_tokens: 200,
+        temperature: 0, tools: [ns, { type: 'web_search', external_web_access: false }], tool_choice: 'required' });
+    const call = r.output.find((o) => o.type === 'function_call');
+    assert.ok(call, JSON.stringify(r));
+    assert.equal(call.name, 'close_agent');
+    assert.equal(call.namespace, 'multi_agent_v1');
+    assert.equal(typeof JSON.parse(call.arguments).target, 'string');
+    const s = await client.responses.create({ model: 'm', input: 'Close the agent.', max_output_tokens: 200,
+        temperature: 0, tools: [ns], tool_choice: 'required', stream: true });
+    let done = null;
+    for await (const ev of s) if (ev.type === 'response.output_item.done' && ev.item.type === 'function_call') done = ev.item;
+    assert.equal(done.namespace, 'multi_agent_v1');
+    // the call sent back (with its namespace, as Codex does) continues the conversation
+    const next = await client.responses.create({ model: 'm', max_output_tokens: 2, tools: [ns], input: [
+        { type: 'message', role: 'user', content: 'Close the agent.' },
+        { type: 'function_call', call_id: call.call_id, name: call.name, namespace: call.namespace, arguments: call.arguments },
+        { type: 'function_call_output', call_id: call.call_id, output: 'closed' }] });
+    assert.equal(next.object, 'response');
 });
