@@ -140,7 +140,9 @@ def responses(srv):
         ("an unknown item", {"input": [{"type": "computer_call"}]}, "input[0].type"),
         ("a function_call without arguments", {"input": [{"type": "function_call", "call_id": "c", "name": "f"}]},
          "input[0]"),
-        ("a built-in tool", {"input": "x", "tools": [{"type": "web_search_preview"}]}, "tools[0]"),
+        ("an unknown tool type", {"input": "x", "tools": [{"type": "teleport"}]}, "tools[0]"),
+        ("a namespace of a hosted tool", {"input": "x", "tools": [{"type": "namespace", "name": "n", "tools": [
+            {"type": "web_search_preview"}]}]}, "tools[0].tools[0]"),
         ("a json_schema without schema", {"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}},
          "text.format.schema"),
         ("max_output_tokens -1", {"input": "x", "max_output_tokens": -1}, "max_output_tokens"),
