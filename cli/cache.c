@@ -34,6 +34,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "base/buf.h"
 #include "cache/cachereport.h"
 #include "cache/doctor.h"
 #include "cache/engine.h"
@@ -69,15 +70,9 @@ static void turns_free(turn_list *t) {
 
 /* Takes ownership of text. */
 static bool turns_add(turn_list *t, char *text, size_t len) {
-    if (t->n == t->cap) {
-        size_t cap = t->cap ? t->cap * 2 : 8;
-        turn *nv = realloc(t->v, cap * sizeof *nv);
-        if (!nv) {
-            free(text);
-            return false;
-        }
-        t->v = nv;
-        t->cap = cap;
+    if (!kp_grow((void **)&t->v, &t->cap, t->n + 1, sizeof *t->v)) {
+        free(text);
+        return false;
     }
     turn *u = &t->v[t->n++];
     memset(u, 0, sizeof *u);
@@ -393,21 +388,6 @@ static bool tokenize_turns(const kp_tok_vocab *v, turn_list *t, bool add_special
     return true;
 }
 
-static bool buf_append(char **buf, size_t *len, size_t *cap, const char *b, size_t n) {
-    if (*len + n + 1 > *cap) {
-        size_t c = *cap ? *cap : 256;
-        while (c < *len + n + 1) c *= 2;
-        char *nb = realloc(*buf, c);
-        if (!nb) return false;
-        *buf = nb;
-        *cap = c;
-    }
-    memcpy(*buf + *len, b, n);
-    *len += n;
-    (*buf)[*len] = 0;
-    return true;
-}
-
 static void print_report(const turn_list *t, size_t i, const kp_eng_report *r, const kp_tok_vocab *v, bool special) {
     const turn *cur = &t->v[i];
     size_t common;
@@ -442,10 +422,10 @@ static void print_report(const turn_list *t, size_t i, const kp_eng_report *r, c
 
 /* What the hooks of kp_eng_generate need for one turn. */
 typedef struct {
-    turn *u;
-    size_t cap_text;
+    kp_buf text; /* the turn's text, its prompt then the released text: holds
+                    u->text's memory while the turn generates */
     double t0, t_first;
-    bool first, failed;
+    bool first;
 } turn_ctx;
 
 /* Each step's released text goes to stdout and after the turn's text. */
@@ -457,7 +437,7 @@ static void turn_step(void *vc, const kp_gen_out *o) {
     }
     if (!o->len) return;
     fwrite(o->text, 1, o->len, stdout);
-    if (!buf_append(&c->u->text, &c->u->len, &c->cap_text, o->text, o->len)) c->failed = true;
+    kp_buf_put(&c->text, o->text, o->len); /* a failure sets text.oom */
 }
 
 int cmd_run_cached(int argc, char **argv) {
@@ -507,11 +487,13 @@ int cmd_run_cached(int argc, char **argv) {
         }
         kp_eng_stats st0, st1;
         kp_eng_get_stats(e, &st0);
-        turn_ctx c = {u, u->len + 1, cli_now(), 0, true, false};
+        turn_ctx c = {{u->text, u->len, u->len + 1, false}, cli_now(), 0, true};
         /* every generated token but an end-of-generation one is decoded: the
          * cache then holds prompt + answer */
         kp_eng_gen_opts go = {&c, NULL, turn_step, NULL, 0, true};
         kp_status st = kp_eng_generate(e, &s, g, &go, &r, &err);
+        u->text = c.text.data; /* prompt + answer */
+        u->len = c.text.len;
         if (st != KP_OK) {
             fflush(stdout);
             fprintf(stderr, "kvpin run: turn %zu: %s\n", i + 1, err.msg);
@@ -523,7 +505,7 @@ int cmd_run_cached(int argc, char **argv) {
         /* the turn's tokens as the cache holds them: prompt + decoded answer */
         uint32_t n_ids = kp_eng_seq_len(&s);
         int32_t *ids = realloc(u->ids, (size_t)n_ids * sizeof(int32_t));
-        if (!ids || c.failed) {
+        if (!ids || c.text.oom) {
             if (ids) u->ids = ids;
             kp_eng_seq_abort(e, &s);
             fprintf(stderr, "kvpin run: out of memory\n");

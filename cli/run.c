@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/buf.h"
 #include "cache/engine.h"
 #include "cache/gen.h"
 #include "cli.h"
@@ -212,12 +213,7 @@ static bool prompt_tokens(const kp_tok_vocab *voc, const run_opts *o, const char
                 *ids = NULL;
                 return false;
             }
-            if (*n == cap) {
-                int32_t *ni = realloc(*ids, cap * 2 * sizeof(int32_t));
-                if (!ni) break;
-                *ids = ni;
-                cap *= 2;
-            }
+            if (!kp_grow((void **)ids, &cap, *n + 1, sizeof **ids)) break;
             (*ids)[(*n)++] = (int32_t)v;
             p = end;
         }

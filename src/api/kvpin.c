@@ -14,7 +14,7 @@
  *               reports compare against), and the last generation's output:
  *
  *                 out_tok[0..n_out)   generated ids (copied from the kp_gen)
- *                 text[0..text_len)   released text, NUL-terminated
+ *                 text (a kp_buf)     released text, NUL-terminated
  *
  *               both grown on demand and reused by the next generation.
  *
@@ -43,6 +43,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/buf.h"
 #include "base/status.h"
 #include "base/threadpool.h"
 #include "cache/cachereport.h"
@@ -236,8 +237,7 @@ struct kp_session {
     bool prefix_cache;
     int32_t *out_tok; /* the last generation's ids */
     size_t out_cap;
-    char *text;       /* ... and text */
-    size_t text_len, text_cap;
+    kp_buf text;      /* ... and text (NUL-terminated) */
 };
 
 /* Seconds of the monotonic clock: the pins' clock. */
@@ -308,7 +308,7 @@ void kp_session_free(kp_session *s) {
     kp_eng_free(s->e);
     kp_pool_free(s->pool);
     free(s->out_tok);
-    free(s->text);
+    kp_buf_free(&s->text);
     free(s);
 }
 
@@ -396,26 +396,11 @@ static void on_prefill(void *vc, const kp_eng_report *r) {
     c->reported = true;
 }
 
-static bool text_append(kp_session *s, const char *b, size_t n) {
-    if (s->text_len + n + 1 > s->text_cap) {
-        size_t cap = s->text_cap ? s->text_cap : 256;
-        while (cap < s->text_len + n + 1) cap *= 2;
-        char *nt = realloc(s->text, cap);
-        if (!nt) return false;
-        s->text = nt;
-        s->text_cap = cap;
-    }
-    memcpy(s->text + s->text_len, b, n);
-    s->text_len += n;
-    s->text[s->text_len] = 0;
-    return true;
-}
-
 static void on_step(void *vc, const kp_gen_out *o) {
     gen_ctx *c = vc;
     if (!o->len || c->cancelled || c->nomem) return;
     kp_gen_out ended;
-    if (!text_append(c->s, o->text, o->len)) {
+    if (!kp_buf_put(&c->s->text, o->text, o->len)) {
         c->nomem = true;
         kp_gen_stop(c->g, KP_FINISH_ERROR, &ended);
         return;
@@ -444,9 +429,9 @@ static kp_rc generate(kp_session *s, const int32_t *tokens, size_t n, const char
         return fail(err, KP_RC_INVAL, "%zu stop strings, at most %d", req->n_stops, KP_MAX_STOPS);
     if (req->n_stops && !req->stops) return fail(err, KP_RC_INVAL, "n_stops is %zu but stops is NULL", req->n_stops);
     expire(s);
-    s->text_len = 0;
-    if (!text_append(s, "", 0)) return fail(err, KP_RC_NOMEM, "out of memory for the generated text");
-    out->text = s->text;
+    kp_buf_clear(&s->text);
+    if (!kp_buf_put(&s->text, "", 0)) return fail(err, KP_RC_NOMEM, "out of memory for the generated text");
+    out->text = s->text.data;
     kp_error ie = {0};
     kp_gen *g = NULL;
     kp_gen_params gp = {sampling_in(&req->sampling), req->max_tokens, s->n_ctx, (int32_t)s->lm->m->hp.n_vocab,
@@ -471,20 +456,15 @@ static kp_rc generate(kp_session *s, const int32_t *tokens, size_t n, const char
         kp_eng_seq_abort(s->e, &seq);
     }
     uint32_t n_gen = kp_gen_n_generated(g);
-    if (n_gen > s->out_cap) {
-        int32_t *nt = realloc(s->out_tok, (size_t)n_gen * sizeof *nt);
-        if (!nt) {
-            kp_gen_free(g);
-            return fail(err, KP_RC_NOMEM, "out of memory for the generated ids");
-        }
-        s->out_tok = nt;
-        s->out_cap = n_gen;
+    if (!kp_grow((void **)&s->out_tok, &s->out_cap, n_gen, sizeof *s->out_tok)) {
+        kp_gen_free(g);
+        return fail(err, KP_RC_NOMEM, "out of memory for the generated ids");
     }
     if (n_gen) memcpy(s->out_tok, kp_gen_tokens(g) + kp_gen_n_prompt(g), (size_t)n_gen * sizeof *s->out_tok);
     out->tokens = s->out_tok;
     out->n_tokens = n_gen;
-    out->text = s->text;
-    out->text_len = s->text_len;
+    out->text = s->text.data;
+    out->text_len = s->text.len;
     kp_finish f = kp_gen_finish(g);
     out->end = st == KP_OK ? end_of(f) : KP_END_ERROR;
     out->end_cause = st == KP_OK && f != KP_FINISH_ERROR ? kp_gen_cause_name(kp_gen_cause_of(g)) : "error";
