@@ -13,7 +13,8 @@
  *               kp_gen applies --stop strings and the limits; every
  *               generated token but an end-of-generation one is decoded,
  *               so the cache holds prompt + answer)
- *            -> kp_eng_finish (index prompt + answer)
+ *            -> kp_crep_finish (index prompt + answer; no kp_crep history:
+ *               the report compares against the turns themselves)
  *   stdout: the generated text of the turn and a newline (as `kvpin run`)
  *   stderr: reused / computed tokens, time to first token, cache report
  *
@@ -515,7 +516,7 @@ int cmd_run_cached(int argc, char **argv) {
         u->ids = ids;
         u->n_ids = n_ids;
         uint32_t added = 0;
-        if (kp_eng_finish(e, &s, u->ids, (uint32_t)u->n_ids, &added, &err) != KP_OK)
+        if (kp_crep_finish(NULL, e, &s, u->ids, (uint32_t)u->n_ids, &added, &err) != KP_OK)
             fprintf(stderr, "kvpin run: turn %zu: could not index: %s\n", i + 1, err.msg);
         kp_eng_get_stats(e, &st1);
         total_reused += r.reused_tokens;

@@ -19,12 +19,13 @@
  *               both grown on demand and reused by the next generation.
  *
  * A generation is kp_eng_generate over a kp_gen with decode_last (so the
- * sequence holds the whole answer), then kp_eng_finish indexes prompt +
- * answer and kp_crep_add remembers them; the cache report is made in the
- * on_prefill hook, before this sequence joins the history it is compared
- * with (as the server's scheduler does at admission). A callback asking to
- * stop ends the kp_gen from the on_step hook (kp_gen_stop, CANCELLED): the
- * loop decodes that step's token and ends at the next step.
+ * sequence holds the whole answer), then kp_crep_finish indexes prompt +
+ * answer and, with a prefix cache, remembers them in the history; the cache
+ * report is made in the on_prefill hook, before this sequence joins the
+ * history it is compared with (as the server's scheduler does at
+ * admission). A callback asking to stop ends the kp_gen from the on_step
+ * hook (kp_gen_stop, CANCELLED): the loop decodes that step's token and
+ * ends at the next step.
  *
  * The public enums mirror internal ones value for value; the
  * _Static_asserts below and the exhaustive switches (-Wswitch with
@@ -446,15 +447,9 @@ static kp_rc generate(kp_session *s, const int32_t *tokens, size_t n, const char
     kp_eng_gen_opts go = {&c, on_prefill, on_step, NULL, 0, true};
     st = kp_eng_generate(s->e, &seq, g, &go, &r, &ie);
     if (!c.reported) explain(s, tokens, (uint32_t)n, text, text_len, &r, &out->cache); /* the prefill failed */
-    /* cache what was computed: the tokens fed, prompt then answer */
-    uint32_t len = kp_eng_seq_len(&seq), n_all = kp_gen_n_tokens(g), n_idx = len < n_all ? len : n_all;
-    if (len > 0) {
-        kp_error e2;
-        kp_eng_finish(s->e, &seq, kp_gen_tokens(g), n_idx, NULL, &e2);
-        if (s->prefix_cache) kp_crep_add(s->crep, kp_gen_tokens(g), n_idx, &e2);
-    } else {
-        kp_eng_seq_abort(s->e, &seq);
-    }
+    /* cache what was computed: the tokens fed, prompt then answer (best effort) */
+    kp_error e2;
+    kp_crep_finish(s->prefix_cache ? s->crep : NULL, s->e, &seq, kp_gen_tokens(g), kp_gen_n_tokens(g), NULL, &e2);
     uint32_t n_gen = kp_gen_n_generated(g);
     if (!kp_grow((void **)&s->out_tok, &s->out_cap, n_gen, sizeof *s->out_tok)) {
         kp_gen_free(g);
