@@ -6,9 +6,10 @@
  *
  * Turns come from `-f FILE` given several times, `-p TEXT` given several
  * times, or `--turns FILE.jsonl` (one JSON object per line, {"prompt": "..."};
- * blank lines are skipped). run, per turn:
+ * blank lines are skipped). run tokenizes every prompt as the library does
+ * (kp_tokenize_prompt, kvpin.h: an empty one starts from BOS), then per turn:
  *
- *   tokenize -> kp_eng_generate: prefill (reuse the cached prefix, compute
+ *   prompt   -> kp_eng_generate: prefill (reuse the cached prefix, compute
  *               the rest), then up to -n tokens (greedy unless --temp; the
  *               kp_gen applies --stop strings and the limits; every
  *               generated token but an end-of-generation one is decoded,
@@ -362,27 +363,27 @@ static bool load_sources(const cache_opts *o, turn_list *t) {
     return true;
 }
 
-/* Tokenizes every turn's prompt into ids / n_prompt (an empty prompt
- * without BOS becomes [BOS], as in `kvpin run`). */
-static bool tokenize_turns(const kp_tok_vocab *v, turn_list *t, bool add_special, bool special, const char *cmd) {
-    kp_error err = {0};
+/* Tokenizes every turn's prompt into ids / n_prompt: run's with the model
+ * lm as the library tokenizes a prompt (kp_tokenize_prompt: an empty one
+ * becomes [BOS], as in `kvpin run`), doctor's (lm NULL) with the
+ * vocabulary v alone, as they are. */
+static bool tokenize_turns(const kp_lm *lm, const kp_tok_vocab *v, turn_list *t, bool add_special, bool special,
+                           const char *cmd) {
     for (size_t i = 0; i < t->n; i++) {
         turn *u = &t->v[i];
-        if (kp_tok_encode(v, u->text, u->prompt_len, add_special, special, &u->ids, &u->n_ids, &err) != KP_OK) {
-            fprintf(stderr, "kvpin %s: turn %zu: %s\n", cmd, i + 1, err.msg);
-            return false;
+        const char *msg = NULL;
+        kp_err lm_err;
+        kp_error err = {0};
+        if (lm) {
+            if (kp_tokenize_prompt(lm, u->text, u->prompt_len, add_special, special, &u->ids, &u->n_ids, &lm_err) !=
+                KP_RC_OK)
+                msg = lm_err.msg;
+        } else if (kp_tok_encode(v, u->text, u->prompt_len, add_special, special, &u->ids, &u->n_ids, &err) != KP_OK) {
+            msg = err.msg;
         }
-        if (u->n_ids == 0 && !strcmp(cmd, "run")) {
-            if (kp_tok_bos(v) < 0) {
-                fprintf(stderr, "kvpin %s: turn %zu: the prompt is empty and the model has no BOS token\n", cmd,
-                        i + 1);
-                return false;
-            }
-            free(u->ids);
-            u->ids = malloc(sizeof(int32_t));
-            if (!u->ids) return false;
-            u->ids[0] = kp_tok_bos(v);
-            u->n_ids = 1;
+        if (msg) {
+            fprintf(stderr, "kvpin %s: turn %zu: %s\n", cmd, i + 1, msg);
+            return false;
         }
         u->n_prompt = u->n_ids;
     }
@@ -454,8 +455,8 @@ int cmd_run_cached(int argc, char **argv) {
     if (!load_sources(&o, &t)) goto done;
     cli_session_opts so = {o.model_path, o.n_threads, o.kv_type, o.n_ctx, o.scalar, o.kv_type_v, o.no_repack};
     if (!cli_model_open(&cm, &so, "run")) goto done;
-    kp_tok_vocab *v = cm.tok;
-    if (!tokenize_turns(v, &t, !o.no_bos, o.special, "run")) goto done;
+    const kp_tok_vocab *v = cm.tok;
+    if (!tokenize_turns(cm.lm, v, &t, !o.no_bos, o.special, "run")) goto done;
     const kp_hparams *hp = &cm.m->hp;
     uint32_t n_ctx = o.n_ctx ? o.n_ctx : (hp->n_ctx_train && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
     uint64_t per = kp_model_kv_bytes_per_token_kv(hp, o.kv_type, o.kv_type_v);
@@ -691,7 +692,7 @@ int cmd_doctor(int argc, char **argv) {
         fprintf(stderr, "kvpin doctor: %s\n", err.msg);
         goto done;
     }
-    if (!tokenize_turns(v, &t, true, special, "doctor")) goto done;
+    if (!tokenize_turns(NULL, v, &t, true, special, "doctor")) goto done;
     if ((dt.dir || dt.redis) && !doctor_tiers_open(&dt, model)) goto done;
     size_t total = 0, reusable = 0, worst = 0, total_tiers = 0;
     double worst_pct = -1;

@@ -8,7 +8,8 @@
  *
  * Owns:
  *   kp_lm       the kp_model (its GGUF mapping) and the kp_tok_vocab built
- *               from it; read-only after kp_lm_open.
+ *               from it; read-only after kp_lm_open. kvpin's own commands
+ *               take both out (api/lm_parts.h) to drive the engine.
  *   kp_session  a thread pool, a kp_engine over the borrowed kp_lm (KV pool
  *               + prefix index), a kp_crep (the finished sequences cache
  *               reports compare against), and the last generation's output:
@@ -17,6 +18,10 @@
  *                 text (a kp_buf)     released text, NUL-terminated
  *
  *               both grown on demand and reused by the next generation.
+ *
+ * A prompt given as text is tokenized by kp_tokenize_prompt, the one place
+ * of the rule that an empty prompt starts from BOS (kp_generate_text and
+ * the command line use it).
  *
  * A generation is kp_eng_generate over a kp_gen with decode_last (so the
  * sequence holds the whole answer), then kp_crep_finish indexes prompt +
@@ -35,6 +40,7 @@
  * mutable state.
  */
 #include "kvpin.h"
+#include "api/lm_parts.h"
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -151,6 +157,10 @@ struct kp_lm {
     kp_tok_vocab *v;
 };
 
+const kp_model *kp_lm_model(const kp_lm *lm) { return lm->m; }
+
+const kp_tok_vocab *kp_lm_vocab(const kp_lm *lm) { return lm->v; }
+
 kp_rc kp_lm_open(kp_lm **out, const char *path, kp_err *err) {
     if (!out) return fail(err, KP_RC_INVAL, "kp_lm_open: no place for the model (out is NULL)");
     *out = NULL;
@@ -210,6 +220,24 @@ kp_rc kp_tokenize(const kp_lm *lm, const char *text, size_t len, bool add_specia
     kp_error ie = {0};
     kp_status st = kp_tok_encode(lm->v, text ? text : "", len, add_special, parse_special, ids, n_ids, &ie);
     return put(err, st, &ie);
+}
+
+kp_rc kp_tokenize_prompt(const kp_lm *lm, const char *text, size_t len, bool add_special, bool parse_special,
+                         int32_t **ids, size_t *n_ids, kp_err *err) {
+    if (!lm || !ids || !n_ids || (!text && len))
+        return fail(err, KP_RC_INVAL, "kp_tokenize_prompt: NULL model, text or output");
+    kp_rc rc = kp_tokenize(lm, text, len, add_special, parse_special, ids, n_ids, err);
+    if (rc != KP_RC_OK || *n_ids > 0) return rc;
+    /* an empty prompt without BOS: a generation starts from BOS anyway */
+    int32_t bos = kp_tok_bos(lm->v);
+    free(*ids);
+    *ids = NULL;
+    if (bos < 0) return fail(err, KP_RC_INVAL, "the prompt is empty and the model has no BOS token");
+    *ids = malloc(sizeof **ids);
+    if (!*ids) return fail(err, KP_RC_NOMEM, "out of memory for the prompt");
+    (*ids)[0] = bos;
+    *n_ids = 1;
+    return KP_RC_OK;
 }
 
 kp_rc kp_detokenize(const kp_lm *lm, const int32_t *ids, size_t n_ids, bool special, char **text, size_t *len,
@@ -486,19 +514,9 @@ kp_rc kp_generate_text(kp_session *s, const char *text, size_t len, const kp_req
     bool no_bos = req && req->no_bos, special = req && req->special;
     int32_t *ids = NULL;
     size_t n = 0;
-    kp_error ie = {0};
-    kp_status st = kp_tok_encode(s->lm->v, text, len, !no_bos, special, &ids, &n, &ie);
-    if (st != KP_OK) return put(err, st, &ie);
-    if (n == 0) { /* an empty prompt without BOS starts from BOS, as `kvpin run` does */
-        int32_t bos = kp_tok_bos(s->lm->v);
-        free(ids);
-        if (bos < 0) return fail(err, KP_RC_INVAL, "the prompt is empty and the model has no BOS token");
-        ids = malloc(sizeof *ids);
-        if (!ids) return fail(err, KP_RC_NOMEM, "out of memory for the prompt");
-        ids[0] = bos;
-        n = 1;
-    }
-    kp_rc rc = generate(s, ids, n, text, len, req, out, err);
+    kp_rc rc = kp_tokenize_prompt(s->lm, text, len, !no_bos, special, &ids, &n, err);
+    if (rc != KP_RC_OK) return rc;
+    rc = generate(s, ids, n, text, len, req, out, err);
     free(ids);
     return rc;
 }
