@@ -1,5 +1,5 @@
 /*
- * cli.h - shared pieces of the kvpin command line (floor 6).
+ * cli.h - shared pieces of the kvpin command line (above every floor of src/).
  *
  * Each subcommand is a function `int cmd_NAME(int argc, char **argv)` that
  * returns the process exit code: 0 success, 1 runtime failure (bad model

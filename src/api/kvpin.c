@@ -1,5 +1,5 @@
 /*
- * kvpin.c - the public library interface (include/kvpin.h, floor 5): a thin
+ * kvpin.c - the public library interface (include/kvpin.h, floor 6): a thin
  * facade of opaque handles over the engine (cache/engine.h), the
  * generation loop (cache/gen.h), the cache reports (cache/cachereport.h,
  * cache/doctor.h), the tokenizer (tok/tok.h) and the model (model/model.h).

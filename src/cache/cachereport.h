@@ -1,5 +1,5 @@
 /*
- * cachereport.h - the cache report of one request (floor 4).
+ * cachereport.h - the cache report of one request (floor 5).
  *
  * The engine says how many tokens a request reused and where it left the
  * prefix index (kp_eng_report); doctor explains a divergence from two texts.

@@ -1,6 +1,6 @@
 /*
  * engine.h - the KV pool, the prefix index and the forward pass wired
- * together (floor 4). Not thread-safe: one thread drives an engine.
+ * together (floor 5). Not thread-safe: one thread drives an engine.
  *
  * A request's life:
  *
