@@ -6,14 +6,16 @@
  *
  * Turns come from `-f FILE` given several times, `-p TEXT` given several
  * times, or `--turns FILE.jsonl` (one JSON object per line, {"prompt": "..."};
- * blank lines are skipped). run, per turn:
+ * blank lines are skipped). run tokenizes every prompt as the library does
+ * (kp_tokenize_prompt, kvpin.h: an empty one starts from BOS), then per turn:
  *
- *   tokenize -> kp_eng_generate: prefill (reuse the cached prefix, compute
+ *   prompt   -> kp_eng_generate: prefill (reuse the cached prefix, compute
  *               the rest), then up to -n tokens (greedy unless --temp; the
  *               kp_gen applies --stop strings and the limits; every
  *               generated token but an end-of-generation one is decoded,
  *               so the cache holds prompt + answer)
- *            -> kp_eng_finish (index prompt + answer)
+ *            -> kp_crep_finish (index prompt + answer; no kp_crep history:
+ *               the report compares against the turns themselves)
  *   stdout: the generated text of the turn and a newline (as `kvpin run`)
  *   stderr: reused / computed tokens, time to first token, cache report
  *
@@ -34,6 +36,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "base/buf.h"
 #include "cache/cachereport.h"
 #include "cache/doctor.h"
 #include "cache/engine.h"
@@ -69,15 +72,9 @@ static void turns_free(turn_list *t) {
 
 /* Takes ownership of text. */
 static bool turns_add(turn_list *t, char *text, size_t len) {
-    if (t->n == t->cap) {
-        size_t cap = t->cap ? t->cap * 2 : 8;
-        turn *nv = realloc(t->v, cap * sizeof *nv);
-        if (!nv) {
-            free(text);
-            return false;
-        }
-        t->v = nv;
-        t->cap = cap;
+    if (!kp_grow((void **)&t->v, &t->cap, t->n + 1, sizeof *t->v)) {
+        free(text);
+        return false;
     }
     turn *u = &t->v[t->n++];
     memset(u, 0, sizeof *u);
@@ -366,45 +363,30 @@ static bool load_sources(const cache_opts *o, turn_list *t) {
     return true;
 }
 
-/* Tokenizes every turn's prompt into ids / n_prompt (an empty prompt
- * without BOS becomes [BOS], as in `kvpin run`). */
-static bool tokenize_turns(const kp_tok_vocab *v, turn_list *t, bool add_special, bool special, const char *cmd) {
-    kp_error err = {0};
+/* Tokenizes every turn's prompt into ids / n_prompt: run's with the model
+ * lm as the library tokenizes a prompt (kp_tokenize_prompt: an empty one
+ * becomes [BOS], as in `kvpin run`), doctor's (lm NULL) with the
+ * vocabulary v alone, as they are. */
+static bool tokenize_turns(const kp_lm *lm, const kp_tok_vocab *v, turn_list *t, bool add_special, bool special,
+                           const char *cmd) {
     for (size_t i = 0; i < t->n; i++) {
         turn *u = &t->v[i];
-        if (kp_tok_encode(v, u->text, u->prompt_len, add_special, special, &u->ids, &u->n_ids, &err) != KP_OK) {
-            fprintf(stderr, "kvpin %s: turn %zu: %s\n", cmd, i + 1, err.msg);
-            return false;
+        const char *msg = NULL;
+        kp_err lm_err;
+        kp_error err = {0};
+        if (lm) {
+            if (kp_tokenize_prompt(lm, u->text, u->prompt_len, add_special, special, &u->ids, &u->n_ids, &lm_err) !=
+                KP_RC_OK)
+                msg = lm_err.msg;
+        } else if (kp_tok_encode(v, u->text, u->prompt_len, add_special, special, &u->ids, &u->n_ids, &err) != KP_OK) {
+            msg = err.msg;
         }
-        if (u->n_ids == 0 && !strcmp(cmd, "run")) {
-            if (kp_tok_bos(v) < 0) {
-                fprintf(stderr, "kvpin %s: turn %zu: the prompt is empty and the model has no BOS token\n", cmd,
-                        i + 1);
-                return false;
-            }
-            free(u->ids);
-            u->ids = malloc(sizeof(int32_t));
-            if (!u->ids) return false;
-            u->ids[0] = kp_tok_bos(v);
-            u->n_ids = 1;
+        if (msg) {
+            fprintf(stderr, "kvpin %s: turn %zu: %s\n", cmd, i + 1, msg);
+            return false;
         }
         u->n_prompt = u->n_ids;
     }
-    return true;
-}
-
-static bool buf_append(char **buf, size_t *len, size_t *cap, const char *b, size_t n) {
-    if (*len + n + 1 > *cap) {
-        size_t c = *cap ? *cap : 256;
-        while (c < *len + n + 1) c *= 2;
-        char *nb = realloc(*buf, c);
-        if (!nb) return false;
-        *buf = nb;
-        *cap = c;
-    }
-    memcpy(*buf + *len, b, n);
-    *len += n;
-    (*buf)[*len] = 0;
     return true;
 }
 
@@ -442,10 +424,10 @@ static void print_report(const turn_list *t, size_t i, const kp_eng_report *r, c
 
 /* What the hooks of kp_eng_generate need for one turn. */
 typedef struct {
-    turn *u;
-    size_t cap_text;
+    kp_buf text; /* the turn's text, its prompt then the released text: holds
+                    u->text's memory while the turn generates */
     double t0, t_first;
-    bool first, failed;
+    bool first;
 } turn_ctx;
 
 /* Each step's released text goes to stdout and after the turn's text. */
@@ -457,7 +439,7 @@ static void turn_step(void *vc, const kp_gen_out *o) {
     }
     if (!o->len) return;
     fwrite(o->text, 1, o->len, stdout);
-    if (!buf_append(&c->u->text, &c->u->len, &c->cap_text, o->text, o->len)) c->failed = true;
+    kp_buf_put(&c->text, o->text, o->len); /* a failure sets text.oom */
 }
 
 int cmd_run_cached(int argc, char **argv) {
@@ -473,8 +455,8 @@ int cmd_run_cached(int argc, char **argv) {
     if (!load_sources(&o, &t)) goto done;
     cli_session_opts so = {o.model_path, o.n_threads, o.kv_type, o.n_ctx, o.scalar, o.kv_type_v, o.no_repack};
     if (!cli_model_open(&cm, &so, "run")) goto done;
-    kp_tok_vocab *v = cm.tok;
-    if (!tokenize_turns(v, &t, !o.no_bos, o.special, "run")) goto done;
+    const kp_tok_vocab *v = cm.tok;
+    if (!tokenize_turns(cm.lm, v, &t, !o.no_bos, o.special, "run")) goto done;
     const kp_hparams *hp = &cm.m->hp;
     uint32_t n_ctx = o.n_ctx ? o.n_ctx : (hp->n_ctx_train && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
     uint64_t per = kp_model_kv_bytes_per_token_kv(hp, o.kv_type, o.kv_type_v);
@@ -507,11 +489,13 @@ int cmd_run_cached(int argc, char **argv) {
         }
         kp_eng_stats st0, st1;
         kp_eng_get_stats(e, &st0);
-        turn_ctx c = {u, u->len + 1, cli_now(), 0, true, false};
+        turn_ctx c = {{u->text, u->len, u->len + 1, false}, cli_now(), 0, true};
         /* every generated token but an end-of-generation one is decoded: the
          * cache then holds prompt + answer */
         kp_eng_gen_opts go = {&c, NULL, turn_step, NULL, 0, true};
         kp_status st = kp_eng_generate(e, &s, g, &go, &r, &err);
+        u->text = c.text.data; /* prompt + answer */
+        u->len = c.text.len;
         if (st != KP_OK) {
             fflush(stdout);
             fprintf(stderr, "kvpin run: turn %zu: %s\n", i + 1, err.msg);
@@ -523,7 +507,7 @@ int cmd_run_cached(int argc, char **argv) {
         /* the turn's tokens as the cache holds them: prompt + decoded answer */
         uint32_t n_ids = kp_eng_seq_len(&s);
         int32_t *ids = realloc(u->ids, (size_t)n_ids * sizeof(int32_t));
-        if (!ids || c.failed) {
+        if (!ids || c.text.oom) {
             if (ids) u->ids = ids;
             kp_eng_seq_abort(e, &s);
             fprintf(stderr, "kvpin run: out of memory\n");
@@ -533,7 +517,7 @@ int cmd_run_cached(int argc, char **argv) {
         u->ids = ids;
         u->n_ids = n_ids;
         uint32_t added = 0;
-        if (kp_eng_finish(e, &s, u->ids, (uint32_t)u->n_ids, &added, &err) != KP_OK)
+        if (kp_crep_finish(NULL, e, &s, u->ids, (uint32_t)u->n_ids, &added, &err) != KP_OK)
             fprintf(stderr, "kvpin run: turn %zu: could not index: %s\n", i + 1, err.msg);
         kp_eng_get_stats(e, &st1);
         total_reused += r.reused_tokens;
@@ -708,7 +692,7 @@ int cmd_doctor(int argc, char **argv) {
         fprintf(stderr, "kvpin doctor: %s\n", err.msg);
         goto done;
     }
-    if (!tokenize_turns(v, &t, true, special, "doctor")) goto done;
+    if (!tokenize_turns(NULL, v, &t, true, special, "doctor")) goto done;
     if ((dt.dir || dt.redis) && !doctor_tiers_open(&dt, model)) goto done;
     size_t total = 0, reusable = 0, worst = 0, total_tiers = 0;
     double worst_pct = -1;

@@ -1,5 +1,5 @@
 /*
- * cli.h - shared pieces of the kvpin command line (floor 6).
+ * cli.h - shared pieces of the kvpin command line (above every floor of src/).
  *
  * Each subcommand is a function `int cmd_NAME(int argc, char **argv)` that
  * returns the process exit code: 0 success, 1 runtime failure (bad model
@@ -35,10 +35,13 @@ typedef struct {
 } cli_session_opts;
 
 /* What such a subcommand loads before it makes its engine
- * (cache/engine.h): the model, its tokenizer, a thread pool, the kernels. */
+ * (cache/engine.h): the model file through the library's kp_lm_open (so a
+ * prompt is tokenized by kp_tokenize_prompt, kvpin.h), its model and
+ * tokenizer taken out of it (api/lm_parts.h), a thread pool, the kernels. */
 typedef struct {
-    kp_model *m;
-    kp_tok_vocab *tok;
+    kp_lm *lm;
+    const kp_model *m;       /* lm's, borrowed */
+    const kp_tok_vocab *tok; /* lm's, borrowed */
     kp_pool *pool;
     int n_threads;
     const kp_kernels *kernels;

@@ -2,7 +2,7 @@
  * heatmap.c - the inspect page (heatmap.h).
  *
  * Grows three arrays (rows' weights, each row's offset and length, the
- * position tokens) by doubling; an allocation failure sets oom and drops the rest
+ * position tokens) with kp_grow; an allocation failure sets oom and drops the rest
  * (the page then says it is incomplete). The page is a table: a header
  * row of position numbers and token pieces (prompt columns shaded apart
  * from generated ones), one row per step; a cell's background is its
@@ -15,21 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static bool grow(void **p, size_t *cap, size_t need, size_t elt) {
-    if (need <= *cap) return true;
-    size_t nc = *cap ? *cap : 64;
-    while (nc < need) nc *= 2;
-    void *q = realloc(*p, nc * elt);
-    if (!q) return false;
-    *p = q;
-    *cap = nc;
-    return true;
-}
+#include "base/buf.h"
 
 void cli_heat_row(cli_heat *h, const float *w, uint32_t n) {
     if (h->oom) return;
-    if (!grow((void **)&h->w, &h->cap, h->used + n, sizeof *h->w) ||
-        !grow((void **)&h->row, &h->cap_rows, h->n_rows + 1, sizeof *h->row)) {
+    if (!kp_grow((void **)&h->w, &h->cap, h->used + n, sizeof *h->w) ||
+        !kp_grow((void **)&h->row, &h->cap_rows, h->n_rows + 1, sizeof *h->row)) {
         h->oom = true;
         return;
     }
@@ -40,7 +31,7 @@ void cli_heat_row(cli_heat *h, const float *w, uint32_t n) {
 }
 
 void cli_heat_token(cli_heat *h, int32_t tok) {
-    if (h->oom || !grow((void **)&h->pos_tok, &h->cap_pos, h->n_pos + 1, sizeof *h->pos_tok)) {
+    if (h->oom || !kp_grow((void **)&h->pos_tok, &h->cap_pos, h->n_pos + 1, sizeof *h->pos_tok)) {
         h->oom = true;
         return;
     }

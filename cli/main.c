@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/buf.h"
 #include "cli.h"
 
 static const struct {
@@ -257,18 +258,16 @@ char *cli_read_all(const char *path, size_t *len) {
         fprintf(stderr, "kvpin: cannot open %s: %s\n", path, strerror(errno));
         return NULL;
     }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n + 1 >= cap) {
-            char *nb = cap > ((size_t)1 << 40) ? NULL : realloc(buf, cap * 2);
-            if (!nb) {
+    size_t cap = 0, n = 0;
+    char *buf = NULL;
+    for (;;) {
+        if (n + 1 >= cap) { /* full: 64 KiB first, then doubling (kp_grow), none past 1 TiB */
+            size_t need = cap ? n + 2 : (size_t)1 << 16;
+            if (cap > ((size_t)1 << 40) || !kp_grow((void **)&buf, &cap, need, 1)) {
                 free(buf);
                 buf = NULL;
                 break;
             }
-            buf = nb;
-            cap *= 2;
         }
         size_t got = fread(buf + n, 1, cap - n - 1, f);
         n += got;

@@ -1,13 +1,15 @@
 /*
  * model.c - what a model-running subcommand loads (cli.h: cli_model): the
- * model file, its tokenizer, a thread pool and the kernel table. The KV
- * pool, the forward pass and generation belong to the engine the
- * subcommand makes from these (cache/engine.h).
+ * model file, opened as the library opens it (kp_lm_open, kvpin.h), its
+ * model and tokenizer (api/lm_parts.h), a thread pool and the kernel
+ * table. The KV pool, the forward pass and generation belong to the engine
+ * the subcommand makes from these (cache/engine.h).
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "cli.h"
+#include "api/lm_parts.h"
 #include "kv/kvpool.h"
 
 bool cli_model_open(cli_model *cm, const cli_session_opts *o, const char *cmd) {
@@ -15,8 +17,15 @@ bool cli_model_open(cli_model *cm, const cli_session_opts *o, const char *cmd) {
     memset(cm, 0, sizeof *cm);
     const char *path = o->model_path ? o->model_path : cli_default_model();
     cm->n_threads = o->n_threads > 0 ? o->n_threads : kp_cpu_count();
-    if (kp_model_load(&cm->m, path, &err) != KP_OK || kp_tok_vocab_load(&cm->tok, cm->m->file, &err) != KP_OK ||
-        kp_pool_new(&cm->pool, cm->n_threads, &err) != KP_OK) {
+    kp_err lm_err;
+    if (kp_lm_open(&cm->lm, path, &lm_err) != KP_RC_OK) {
+        fprintf(stderr, "kvpin %s: %s\n", cmd, lm_err.msg);
+        cli_model_close(cm);
+        return false;
+    }
+    cm->m = kp_lm_model(cm->lm);
+    cm->tok = kp_lm_vocab(cm->lm);
+    if (kp_pool_new(&cm->pool, cm->n_threads, &err) != KP_OK) {
         fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
         cli_model_close(cm);
         return false;
@@ -35,7 +44,6 @@ bool cli_model_open(cli_model *cm, const cli_session_opts *o, const char *cmd) {
 
 void cli_model_close(cli_model *cm) {
     kp_pool_free(cm->pool);
-    kp_tok_vocab_free(cm->tok);
-    kp_model_free(cm->m);
+    kp_lm_free(cm->lm);
     memset(cm, 0, sizeof *cm);
 }

@@ -2,6 +2,10 @@
  * run.c - `kvpin run`, `kvpin logits`, `kvpin inspect`: one sequence through
  * an engine without a prefix cache (cache/engine.h).
  *
+ * The prompt: the ids of --tokens (logits), else the text of -p or -f
+ * tokenized by the library as kp_generate_text does (kp_tokenize_prompt,
+ * kvpin.h), so an empty prompt starts from BOS here as there.
+ *
  * run: kp_eng_generate: prefill the prompt in batches of up to EVAL_BATCH
  * tokens (the KV of every prompt position is written), then decode one
  * token at a time (each step appends one K/V row per layer and kv-head);
@@ -24,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/buf.h"
 #include "cache/engine.h"
 #include "cache/gen.h"
 #include "cli.h"
@@ -190,10 +195,11 @@ static int parse_run_opts(int argc, char **argv, const char *cmd, run_opts *o) {
     return -1; /* go on */
 }
 
-/* Tokenizes the prompt of o (text or --tokens); prints errors. */
-static bool prompt_tokens(const kp_tok_vocab *voc, const run_opts *o, const char *cmd, int32_t **ids,
-                          size_t *n) {
-    kp_error err = {0};
+/* The prompt of o: --tokens as given, a text (-p, -f, or none: empty) as
+ * the library tokenizes a prompt (kp_tokenize_prompt: an empty one starts
+ * from BOS); prints errors. */
+static bool prompt_tokens(const cli_model *cm, const run_opts *o, const char *cmd, int32_t **ids, size_t *n) {
+    const kp_tok_vocab *voc = cm->tok;
     *ids = NULL;
     *n = 0;
     if (o->tokens) {
@@ -212,12 +218,7 @@ static bool prompt_tokens(const kp_tok_vocab *voc, const run_opts *o, const char
                 *ids = NULL;
                 return false;
             }
-            if (*n == cap) {
-                int32_t *ni = realloc(*ids, cap * 2 * sizeof(int32_t));
-                if (!ni) break;
-                *ids = ni;
-                cap *= 2;
-            }
+            if (!kp_grow((void **)ids, &cap, *n + 1, sizeof **ids)) break;
             (*ids)[(*n)++] = (int32_t)v;
             p = end;
         }
@@ -232,22 +233,12 @@ static bool prompt_tokens(const kp_tok_vocab *voc, const run_opts *o, const char
     }
     const char *t = text ? text : o->prompt ? o->prompt : "";
     if (!text) len = strlen(t);
-    kp_status st = kp_tok_encode(voc, t, len, !o->no_bos, o->special, ids, n, &err);
+    kp_err err;
+    kp_rc rc = kp_tokenize_prompt(cm->lm, t, len, !o->no_bos, o->special, ids, n, &err);
     free(text);
-    if (st != KP_OK) {
+    if (rc != KP_RC_OK) {
         fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
         return false;
-    }
-    if (*n == 0) { /* empty prompt and no BOS: start from BOS anyway if there is one */
-        if (kp_tok_bos(voc) < 0) {
-            fprintf(stderr, "kvpin %s: the prompt is empty and the model has no BOS token\n", cmd);
-            return false;
-        }
-        free(*ids);
-        *ids = malloc(sizeof(int32_t));
-        if (!*ids) return false;
-        (*ids)[0] = kp_tok_bos(voc);
-        *n = 1;
     }
     return true;
 }
@@ -377,7 +368,7 @@ static int do_generate(int argc, char **argv, bool inspect) {
     kp_error err = {0};
     cli_heat heat = {0};
     rc = 1;
-    if (!prompt_tokens(cm.tok, &o, cmd, &ids, &n_prompt)) goto done;
+    if (!prompt_tokens(&cm, &o, cmd, &ids, &n_prompt)) goto done;
     if (n_prompt > cm.n_ctx) {
         fprintf(stderr, "kvpin %s: the prompt has %zu tokens, more than the context of %u (use --ctx)\n",
                 cmd, n_prompt, cm.n_ctx);
@@ -487,7 +478,7 @@ int cmd_logits(int argc, char **argv) {
     rc = 1;
     bool ctx_given = o.so.n_ctx != 0;
     if (!cli_model_open(&cm, &o.so, "logits")) return 1;
-    if (!prompt_tokens(cm.tok, &o, "logits", &ids, &n)) goto done;
+    if (!prompt_tokens(&cm, &o, "logits", &ids, &n)) goto done;
     uint32_t nv = cm.m->hp.n_vocab;
     all = malloc(n * nv * sizeof(float));
     if (!all) {

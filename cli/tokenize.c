@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/buf.h"
 #include "cli.h"
 #include "gguf/gguf.h"
 #include "tok/tok.h"
@@ -125,12 +126,7 @@ int cmd_detokenize(int argc, char **argv) {
             goto done;
         }
         if (input) p = end;
-        if (n == cap) {
-            int32_t *ni = realloc(ids, cap * 2 * sizeof(int32_t));
-            if (!ni) goto done;
-            ids = ni;
-            cap *= 2;
-        }
+        if (!kp_grow((void **)&ids, &cap, n + 1, sizeof *ids)) goto done;
         ids[n++] = (int32_t)id;
     }
     char *text = NULL;

@@ -182,6 +182,16 @@ KP_API bool kp_lm_is_eog(const kp_lm *lm, int32_t id);
 KP_API kp_rc kp_tokenize(const kp_lm *lm, const char *text, size_t len, bool add_special, bool parse_special,
                          int32_t **ids, size_t *n_ids, kp_err *err);
 
+/* The prompt a generation starts from, as kp_generate_text and `kvpin run`
+ * tokenize it: text[0..len) tokenized as kp_tokenize does, and when that
+ * gives no id at all (an empty text, and BOS not added: add_special false
+ * or a model that adds none) BOS alone, so there is always a token to
+ * generate from. On success *ids holds *n_ids >= 1 ids the caller frees
+ * with kp_mem_free. KP_RC_INVAL (NULL arguments; an empty prompt and a
+ * model without a BOS token), KP_RC_RANGE (text over 512 MiB), KP_RC_NOMEM. */
+KP_API kp_rc kp_tokenize_prompt(const kp_lm *lm, const char *text, size_t len, bool add_special,
+                                bool parse_special, int32_t **ids, size_t *n_ids, kp_err *err);
+
 /* The text of ids[0..n_ids) as one string, the way `kvpin detokenize`
  * prints it (llama.cpp's llama_detokenize: SentencePiece's leading space is
  * dropped unless the ids start with BOS). special: control tokens render as
@@ -375,10 +385,11 @@ typedef struct {
 KP_API kp_rc kp_generate(kp_session *s, const int32_t *prompt, size_t n_prompt, const kp_request *req,
                          kp_output *out, kp_err *err);
 
-/* kp_generate of text[0..len) tokenized as `kvpin run -p` does: BOS added
- * unless req->no_bos, control-token texts parsed with req->special, an
- * empty prompt becomes BOS alone. The cache report's byte offsets and
- * snippets refer to this text. Errors as kp_generate and kp_tokenize. */
+/* kp_generate of text[0..len) tokenized by kp_tokenize_prompt, as `kvpin
+ * run -p` does: BOS added unless req->no_bos, control-token texts parsed
+ * with req->special, an empty prompt becomes BOS alone. The cache report's
+ * byte offsets and snippets refer to this text. Errors as kp_generate and
+ * kp_tokenize_prompt. */
 KP_API kp_rc kp_generate_text(kp_session *s, const char *text, size_t len, const kp_request *req,
                               kp_output *out, kp_err *err);
 

@@ -152,6 +152,79 @@ done:
     kp_lm_free(lm);
 }
 
+/* kp_tokenize_prompt: a text gets llama.cpp's ids (the golden, BOS
+ * included), the ids kp_tokenize gives; a prompt kp_tokenize makes empty
+ * (no text, BOS not added) is the model's BOS alone (kp_lm_describe),
+ * also on a model that does not add BOS (qwen2); a generation from its
+ * ids is kp_generate_text's of the same text. */
+static void test_tokenize_prompt(void) {
+    kp_lm *lm = open_lm(), *qwen = NULL;
+    json_t *g = golden();
+    kp_err err;
+    if (!lm || !g || kp_lm_open(&qwen, "tests/data/models/gen-qwen2-f32.gguf", &err) != KP_RC_OK) {
+        CHECK_MSG(false, "%s", "cannot open the models or the golden");
+        goto done;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CHECK(kp_tokenize_prompt(lm, "Once upon a time", 16, true, false, &ids, &n, &err) == KP_RC_OK);
+    json_t *want = json_object_get(g, "tokens");
+    CHECK_EQ_INT(n, json_array_size(want));
+    for (size_t i = 0; i < n && i < json_array_size(want); i++)
+        CHECK_EQ_INT(ids[i], json_integer_value(json_array_get(want, i)));
+    kp_mem_free(ids);
+    const kp_lm *models[2] = {lm, qwen};
+    const char *texts[3] = {"Once", "", NULL};
+    for (int k = 0; k < 2; k++) {
+        kp_lm_info info;
+        kp_lm_describe(models[k], &info);
+        for (int t = 0; t < 3; t++)
+            for (int add = 0; add < 2; add++) {
+                const char *text = texts[t];
+                size_t len = text ? strlen(text) : 0, n_plain = 0;
+                int32_t *plain = NULL;
+                ids = NULL;
+                n = 0;
+                CHECK(kp_tokenize(models[k], text, len, add, false, &plain, &n_plain, &err) == KP_RC_OK);
+                CHECK(kp_tokenize_prompt(models[k], text, len, add, false, &ids, &n, &err) == KP_RC_OK);
+                if (n_plain > 0) {
+                    CHECK(n == n_plain && ids && plain && memcmp(ids, plain, n * sizeof *ids) == 0);
+                } else {
+                    CHECK(info.bos >= 0);
+                    CHECK(n == 1 && ids && ids[0] == info.bos);
+                }
+                kp_mem_free(plain);
+                kp_mem_free(ids);
+            }
+    }
+    CHECK(kp_tokenize_prompt(NULL, "x", 1, true, false, &ids, &n, &err) == KP_RC_INVAL);
+    CHECK(kp_tokenize_prompt(lm, NULL, 3, true, false, &ids, &n, &err) == KP_RC_INVAL);
+    CHECK(kp_tokenize_prompt(lm, "x", 1, true, false, NULL, &n, &err) == KP_RC_INVAL);
+
+    /* generating from its ids is generating from the text */
+    kp_session_params sp = {0};
+    sp.no_prefix_cache = true;
+    kp_session *a = new_session(lm, &sp), *b = new_session(lm, &sp);
+    if (a && b) {
+        kp_request rq = greedy(12);
+        rq.no_bos = true;
+        kp_output oa, ob;
+        CHECK(kp_tokenize_prompt(lm, "", 0, false, false, &ids, &n, &err) == KP_RC_OK);
+        CHECK(kp_generate(a, ids, n, &rq, &oa, &err) == KP_RC_OK);
+        CHECK(kp_generate_text(b, "", 0, &rq, &ob, &err) == KP_RC_OK);
+        CHECK_EQ_INT(oa.n_tokens, ob.n_tokens);
+        CHECK(oa.n_tokens > 0 && memcmp(oa.tokens, ob.tokens, oa.n_tokens * sizeof *oa.tokens) == 0);
+        CHECK_EQ_STR(oa.text, ob.text);
+        kp_mem_free(ids);
+    }
+    kp_session_free(a);
+    kp_session_free(b);
+done:
+    json_decref(g);
+    kp_lm_free(qwen);
+    kp_lm_free(lm);
+}
+
 /* llama.cpp's greedy continuation of "Once upon a time" (F32 KV), as ids
  * and as text: 32 tokens, stopped by length. */
 static void test_greedy_equals_llamacpp(void) {
@@ -630,6 +703,7 @@ int main(void) {
     RUN(test_version_and_names);
     RUN(test_open_errors);
     RUN(test_tokens);
+    RUN(test_tokenize_prompt);
     RUN(test_greedy_equals_llamacpp);
     RUN(test_turns_reuse);
     RUN(test_report_timestamp);

@@ -1,5 +1,5 @@
 /*
- * kvpin.c - the public library interface (include/kvpin.h, floor 5): a thin
+ * kvpin.c - the public library interface (include/kvpin.h, floor 6): a thin
  * facade of opaque handles over the engine (cache/engine.h), the
  * generation loop (cache/gen.h), the cache reports (cache/cachereport.h,
  * cache/doctor.h), the tokenizer (tok/tok.h) and the model (model/model.h).
@@ -8,23 +8,29 @@
  *
  * Owns:
  *   kp_lm       the kp_model (its GGUF mapping) and the kp_tok_vocab built
- *               from it; read-only after kp_lm_open.
+ *               from it; read-only after kp_lm_open. kvpin's own commands
+ *               take both out (api/lm_parts.h) to drive the engine.
  *   kp_session  a thread pool, a kp_engine over the borrowed kp_lm (KV pool
  *               + prefix index), a kp_crep (the finished sequences cache
  *               reports compare against), and the last generation's output:
  *
  *                 out_tok[0..n_out)   generated ids (copied from the kp_gen)
- *                 text[0..text_len)   released text, NUL-terminated
+ *                 text (a kp_buf)     released text, NUL-terminated
  *
  *               both grown on demand and reused by the next generation.
  *
+ * A prompt given as text is tokenized by kp_tokenize_prompt, the one place
+ * of the rule that an empty prompt starts from BOS (kp_generate_text and
+ * the command line use it).
+ *
  * A generation is kp_eng_generate over a kp_gen with decode_last (so the
- * sequence holds the whole answer), then kp_eng_finish indexes prompt +
- * answer and kp_crep_add remembers them; the cache report is made in the
- * on_prefill hook, before this sequence joins the history it is compared
- * with (as the server's scheduler does at admission). A callback asking to
- * stop ends the kp_gen from the on_step hook (kp_gen_stop, CANCELLED): the
- * loop decodes that step's token and ends at the next step.
+ * sequence holds the whole answer), then kp_crep_finish indexes prompt +
+ * answer and, with a prefix cache, remembers them in the history; the cache
+ * report is made in the on_prefill hook, before this sequence joins the
+ * history it is compared with (as the server's scheduler does at
+ * admission). A callback asking to stop ends the kp_gen from the on_step
+ * hook (kp_gen_stop, CANCELLED): the loop decodes that step's token and
+ * ends at the next step.
  *
  * The public enums mirror internal ones value for value; the
  * _Static_asserts below and the exhaustive switches (-Wswitch with
@@ -34,6 +40,7 @@
  * mutable state.
  */
 #include "kvpin.h"
+#include "api/lm_parts.h"
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -43,6 +50,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/buf.h"
 #include "base/status.h"
 #include "base/threadpool.h"
 #include "cache/cachereport.h"
@@ -149,6 +157,10 @@ struct kp_lm {
     kp_tok_vocab *v;
 };
 
+const kp_model *kp_lm_model(const kp_lm *lm) { return lm->m; }
+
+const kp_tok_vocab *kp_lm_vocab(const kp_lm *lm) { return lm->v; }
+
 kp_rc kp_lm_open(kp_lm **out, const char *path, kp_err *err) {
     if (!out) return fail(err, KP_RC_INVAL, "kp_lm_open: no place for the model (out is NULL)");
     *out = NULL;
@@ -210,6 +222,24 @@ kp_rc kp_tokenize(const kp_lm *lm, const char *text, size_t len, bool add_specia
     return put(err, st, &ie);
 }
 
+kp_rc kp_tokenize_prompt(const kp_lm *lm, const char *text, size_t len, bool add_special, bool parse_special,
+                         int32_t **ids, size_t *n_ids, kp_err *err) {
+    if (!lm || !ids || !n_ids || (!text && len))
+        return fail(err, KP_RC_INVAL, "kp_tokenize_prompt: NULL model, text or output");
+    kp_rc rc = kp_tokenize(lm, text, len, add_special, parse_special, ids, n_ids, err);
+    if (rc != KP_RC_OK || *n_ids > 0) return rc;
+    /* an empty prompt without BOS: a generation starts from BOS anyway */
+    int32_t bos = kp_tok_bos(lm->v);
+    free(*ids);
+    *ids = NULL;
+    if (bos < 0) return fail(err, KP_RC_INVAL, "the prompt is empty and the model has no BOS token");
+    *ids = malloc(sizeof **ids);
+    if (!*ids) return fail(err, KP_RC_NOMEM, "out of memory for the prompt");
+    (*ids)[0] = bos;
+    *n_ids = 1;
+    return KP_RC_OK;
+}
+
 kp_rc kp_detokenize(const kp_lm *lm, const int32_t *ids, size_t n_ids, bool special, char **text, size_t *len,
                     kp_err *err) {
     if (!lm || !text || (!ids && n_ids)) return fail(err, KP_RC_INVAL, "kp_detokenize: NULL model, ids or output");
@@ -236,8 +266,7 @@ struct kp_session {
     bool prefix_cache;
     int32_t *out_tok; /* the last generation's ids */
     size_t out_cap;
-    char *text;       /* ... and text */
-    size_t text_len, text_cap;
+    kp_buf text;      /* ... and text (NUL-terminated) */
 };
 
 /* Seconds of the monotonic clock: the pins' clock. */
@@ -308,7 +337,7 @@ void kp_session_free(kp_session *s) {
     kp_eng_free(s->e);
     kp_pool_free(s->pool);
     free(s->out_tok);
-    free(s->text);
+    kp_buf_free(&s->text);
     free(s);
 }
 
@@ -396,26 +425,11 @@ static void on_prefill(void *vc, const kp_eng_report *r) {
     c->reported = true;
 }
 
-static bool text_append(kp_session *s, const char *b, size_t n) {
-    if (s->text_len + n + 1 > s->text_cap) {
-        size_t cap = s->text_cap ? s->text_cap : 256;
-        while (cap < s->text_len + n + 1) cap *= 2;
-        char *nt = realloc(s->text, cap);
-        if (!nt) return false;
-        s->text = nt;
-        s->text_cap = cap;
-    }
-    memcpy(s->text + s->text_len, b, n);
-    s->text_len += n;
-    s->text[s->text_len] = 0;
-    return true;
-}
-
 static void on_step(void *vc, const kp_gen_out *o) {
     gen_ctx *c = vc;
     if (!o->len || c->cancelled || c->nomem) return;
     kp_gen_out ended;
-    if (!text_append(c->s, o->text, o->len)) {
+    if (!kp_buf_put(&c->s->text, o->text, o->len)) {
         c->nomem = true;
         kp_gen_stop(c->g, KP_FINISH_ERROR, &ended);
         return;
@@ -444,9 +458,9 @@ static kp_rc generate(kp_session *s, const int32_t *tokens, size_t n, const char
         return fail(err, KP_RC_INVAL, "%zu stop strings, at most %d", req->n_stops, KP_MAX_STOPS);
     if (req->n_stops && !req->stops) return fail(err, KP_RC_INVAL, "n_stops is %zu but stops is NULL", req->n_stops);
     expire(s);
-    s->text_len = 0;
-    if (!text_append(s, "", 0)) return fail(err, KP_RC_NOMEM, "out of memory for the generated text");
-    out->text = s->text;
+    kp_buf_clear(&s->text);
+    if (!kp_buf_put(&s->text, "", 0)) return fail(err, KP_RC_NOMEM, "out of memory for the generated text");
+    out->text = s->text.data;
     kp_error ie = {0};
     kp_gen *g = NULL;
     kp_gen_params gp = {sampling_in(&req->sampling), req->max_tokens, s->n_ctx, (int32_t)s->lm->m->hp.n_vocab,
@@ -461,30 +475,19 @@ static kp_rc generate(kp_session *s, const int32_t *tokens, size_t n, const char
     kp_eng_gen_opts go = {&c, on_prefill, on_step, NULL, 0, true};
     st = kp_eng_generate(s->e, &seq, g, &go, &r, &ie);
     if (!c.reported) explain(s, tokens, (uint32_t)n, text, text_len, &r, &out->cache); /* the prefill failed */
-    /* cache what was computed: the tokens fed, prompt then answer */
-    uint32_t len = kp_eng_seq_len(&seq), n_all = kp_gen_n_tokens(g), n_idx = len < n_all ? len : n_all;
-    if (len > 0) {
-        kp_error e2;
-        kp_eng_finish(s->e, &seq, kp_gen_tokens(g), n_idx, NULL, &e2);
-        if (s->prefix_cache) kp_crep_add(s->crep, kp_gen_tokens(g), n_idx, &e2);
-    } else {
-        kp_eng_seq_abort(s->e, &seq);
-    }
+    /* cache what was computed: the tokens fed, prompt then answer (best effort) */
+    kp_error e2;
+    kp_crep_finish(s->prefix_cache ? s->crep : NULL, s->e, &seq, kp_gen_tokens(g), kp_gen_n_tokens(g), NULL, &e2);
     uint32_t n_gen = kp_gen_n_generated(g);
-    if (n_gen > s->out_cap) {
-        int32_t *nt = realloc(s->out_tok, (size_t)n_gen * sizeof *nt);
-        if (!nt) {
-            kp_gen_free(g);
-            return fail(err, KP_RC_NOMEM, "out of memory for the generated ids");
-        }
-        s->out_tok = nt;
-        s->out_cap = n_gen;
+    if (!kp_grow((void **)&s->out_tok, &s->out_cap, n_gen, sizeof *s->out_tok)) {
+        kp_gen_free(g);
+        return fail(err, KP_RC_NOMEM, "out of memory for the generated ids");
     }
     if (n_gen) memcpy(s->out_tok, kp_gen_tokens(g) + kp_gen_n_prompt(g), (size_t)n_gen * sizeof *s->out_tok);
     out->tokens = s->out_tok;
     out->n_tokens = n_gen;
-    out->text = s->text;
-    out->text_len = s->text_len;
+    out->text = s->text.data;
+    out->text_len = s->text.len;
     kp_finish f = kp_gen_finish(g);
     out->end = st == KP_OK ? end_of(f) : KP_END_ERROR;
     out->end_cause = st == KP_OK && f != KP_FINISH_ERROR ? kp_gen_cause_name(kp_gen_cause_of(g)) : "error";
@@ -511,19 +514,9 @@ kp_rc kp_generate_text(kp_session *s, const char *text, size_t len, const kp_req
     bool no_bos = req && req->no_bos, special = req && req->special;
     int32_t *ids = NULL;
     size_t n = 0;
-    kp_error ie = {0};
-    kp_status st = kp_tok_encode(s->lm->v, text, len, !no_bos, special, &ids, &n, &ie);
-    if (st != KP_OK) return put(err, st, &ie);
-    if (n == 0) { /* an empty prompt without BOS starts from BOS, as `kvpin run` does */
-        int32_t bos = kp_tok_bos(s->lm->v);
-        free(ids);
-        if (bos < 0) return fail(err, KP_RC_INVAL, "the prompt is empty and the model has no BOS token");
-        ids = malloc(sizeof *ids);
-        if (!ids) return fail(err, KP_RC_NOMEM, "out of memory for the prompt");
-        ids[0] = bos;
-        n = 1;
-    }
-    kp_rc rc = generate(s, ids, n, text, len, req, out, err);
+    kp_rc rc = kp_tokenize_prompt(s->lm, text, len, !no_bos, special, &ids, &n, err);
+    if (rc != KP_RC_OK) return rc;
+    rc = generate(s, ids, n, text, len, req, out, err);
     free(ids);
     return rc;
 }

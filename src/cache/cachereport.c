@@ -89,6 +89,24 @@ kp_status kp_crep_add(kp_crep *c, const int32_t *tokens, uint32_t n, kp_error *e
     return KP_OK;
 }
 
+kp_status kp_crep_finish(kp_crep *c, kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n,
+                         uint32_t *n_added, kp_error *err) {
+    if (n_added) *n_added = 0;
+    uint32_t len = kp_eng_seq_len(seq);
+    if (len == 0) {
+        kp_eng_seq_abort(e, seq);
+        return KP_OK;
+    }
+    if (n > len) n = len;
+    kp_status st = kp_eng_finish(e, seq, tokens, n, n_added, err);
+    if (c) {
+        kp_error history_err;
+        kp_status hs = kp_crep_add(c, tokens, n, st == KP_OK ? err : &history_err);
+        if (st == KP_OK) st = hs;
+    }
+    return st;
+}
+
 size_t kp_crep_token_byte(const kp_tok_vocab *v, const int32_t *ids, size_t n, size_t k, const char *text,
                           size_t len, bool special, size_t limit) {
     if (k >= n) return len < limit ? len : limit;

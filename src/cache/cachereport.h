@@ -1,5 +1,5 @@
 /*
- * cachereport.h - the cache report of one request, for the server (floor 5).
+ * cachereport.h - the cache report of one request (floor 5).
  *
  * The engine says how many tokens a request reused and where it left the
  * prefix index (kp_eng_report); doctor explains a divergence from two texts.
@@ -12,6 +12,11 @@
  *     [ sys + turn1 + answer1 + turn2 ... ]  <- longest common prefix: cached text
  *     [ other agent's spec ... ]
  *   request tokens -> request text; kp_eng_report.diverged_at_token -> byte
+ *
+ * A generation ends here too: kp_crep_finish indexes what its sequence
+ * computed (kp_eng_finish) and adds those tokens to the history, the one
+ * place the server's scheduler, the library's kp_generate and `kvpin run
+ * --prompt-cache` end a generated sequence.
  *
  * Not thread-safe; the server calls it from its engine thread.
  */
@@ -38,6 +43,19 @@ void kp_crep_free(kp_crep *c); /* NULL is a no-op */
 /* Remembers a finished sequence (copied). A sequence that is a prefix of an
  * entry adds nothing; an entry that is a prefix of it is replaced. */
 kp_status kp_crep_add(kp_crep *c, const int32_t *tokens, uint32_t n, kp_error *err);
+
+/* Ends the sequence of a generation on engine e: indexes what it computed
+ * - tokens[0..min(n, kp_eng_seq_len(seq))), the tokens it was fed in order,
+ * the prompt then the decoded answer (kp_gen_tokens and kp_gen_n_tokens of
+ * its kp_gen) - with kp_eng_finish, then remembers the same tokens in the
+ * history c (kp_crep_add; c NULL: no history). A sequence that holds no
+ * position is released (kp_eng_seq_abort) and nothing is indexed or added.
+ * Either way *seq is {0} afterwards. *n_added (may be NULL) receives the
+ * positions newly indexed. Returns kp_eng_finish's status (KP_ENOMEM when
+ * the index could not grow; the tokens still go into the history), else
+ * kp_crep_add's. */
+kp_status kp_crep_finish(kp_crep *c, kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n,
+                         uint32_t *n_added, kp_error *err);
 
 /* Forgets everything (the cache was cleared). */
 void kp_crep_clear(kp_crep *c);

@@ -17,6 +17,8 @@
  */
 #include "cache/disktier.h"
 
+#include "base/buf.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -118,13 +120,7 @@ static dent *add(kp_disktier *t, const kp_bkey *k) {
     if (d) return d;
     if (t->n_ent == t->cap_ent || 2 * (t->n_ent + 1) > t->cap_slot) {
         if (t->n_dead * 2 > t->n_ent && !rehash(t, t->n_ent + 1)) return NULL;
-        if (t->n_ent == t->cap_ent) {
-            uint32_t c = t->cap_ent ? 2 * t->cap_ent : 256;
-            dent *e = realloc(t->ent, (size_t)c * sizeof *e);
-            if (!e) return NULL;
-            t->ent = e;
-            t->cap_ent = c;
-        }
+        if (!kp_grow_u32((void **)&t->ent, &t->cap_ent, t->n_ent + 1, sizeof *t->ent)) return NULL;
         if (2 * (t->n_ent + 1) > t->cap_slot && !rehash(t, 2 * (t->n_ent + 1))) return NULL;
     }
     d = &t->ent[t->n_ent++];
@@ -273,14 +269,9 @@ static kp_status scan_ours(kp_disktier *t, kp_error *err) {
         if (fstatat(dirfd(d), de->d_name, &sb, 0) != 0 || !S_ISREG(sb.st_mode)) continue;
         s.size = (uint64_t)sb.st_size;
         s.mt = sb.st_mtim;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 256;
-            scanned *nv = realloc(v, cap * sizeof *nv);
-            if (!nv) {
-                st = kp_fail(err, KP_ENOMEM, "out of memory scanning %s", t->dir);
-                break;
-            }
-            v = nv;
+        if (!kp_grow((void **)&v, &cap, n + 1, sizeof *v)) {
+            st = kp_fail(err, KP_ENOMEM, "out of memory scanning %s", t->dir);
+            break;
         }
         v[n++] = s;
     }

@@ -278,36 +278,21 @@ void kp_eng_seq_abort(kp_engine *e, kp_eng_seq *seq) {
 /* Grows the step scratch to hold n tokens, n_items sequences and n_rows
  * rows of logits. */
 static kp_status step_scratch(kp_engine *e, uint32_t n, uint32_t n_items, uint32_t n_rows, kp_error *err) {
-    if (n > e->step_cap) {
-        uint32_t c = e->step_cap ? e->step_cap : 64;
-        while (c < n) c *= 2;
-        int32_t *tok = realloc(e->step_tok, c * sizeof *tok);
-        if (tok) e->step_tok = tok;
-        int32_t *pos = realloc(e->step_pos, c * sizeof *pos);
-        if (pos) e->step_pos = pos;
-        int32_t *si = realloc(e->step_seq, c * sizeof *si);
-        if (si) e->step_seq = si;
-        uint8_t *w = realloc(e->step_want, c);
-        if (w) e->step_want = w;
-        if (!tok || !pos || !si || !w) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %u tokens", n);
-        e->step_cap = c;
+    if (n > e->step_cap) { /* the four token arrays share step_cap: each grows to the first one's */
+        uint32_t cap = e->step_cap, cap_pos = cap, cap_seq = cap, cap_want = cap;
+        if (!kp_grow_u32((void **)&e->step_tok, &cap, n, sizeof *e->step_tok) ||
+            !kp_grow_u32((void **)&e->step_pos, &cap_pos, cap, sizeof *e->step_pos) ||
+            !kp_grow_u32((void **)&e->step_seq, &cap_seq, cap, sizeof *e->step_seq) ||
+            !kp_grow_u32((void **)&e->step_want, &cap_want, cap, sizeof *e->step_want))
+            return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %u tokens", n);
+        e->step_cap = cap;
     }
-    if (n_items > e->step_seq_cap) {
-        uint32_t c = e->step_seq_cap ? e->step_seq_cap : 8;
-        while (c < n_items) c *= 2;
-        kp_kvseq **sp = realloc(e->step_seqs, c * sizeof *sp);
-        if (!sp) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %u sequences", n_items);
-        e->step_seqs = sp;
-        e->step_seq_cap = c;
-    }
-    if (n_rows > e->step_logit_cap) {
-        uint32_t c = e->step_logit_cap ? e->step_logit_cap : 8;
-        while (c < n_rows) c *= 2;
-        float *lg = realloc(e->step_logits, (size_t)c * e->m->hp.n_vocab * sizeof *lg);
-        if (!lg) return kp_fail(err, KP_ENOMEM, "out of memory for %u rows of logits", n_rows);
-        e->step_logits = lg;
-        e->step_logit_cap = c;
-    }
+    if (!kp_grow_u32((void **)&e->step_seqs, &e->step_seq_cap, n_items, sizeof *e->step_seqs))
+        return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %u sequences", n_items);
+    /* an element of step_logits is a row of n_vocab logits */
+    if (!kp_grow_u32((void **)&e->step_logits, &e->step_logit_cap, n_rows,
+                     (size_t)e->m->hp.n_vocab * sizeof *e->step_logits))
+        return kp_fail(err, KP_ENOMEM, "out of memory for %u rows of logits", n_rows);
     return KP_OK;
 }
 

@@ -17,6 +17,7 @@
  */
 #include "cache/tiers.h"
 
+#include "base/buf.h"
 #include "base/threadpool.h"
 
 #include <pthread.h>
@@ -89,14 +90,7 @@ void kp_tiers_free(kp_tiers *t) {
 static bool chain(kp_tiers *t, const int32_t *tokens, uint32_t j_end) {
     uint32_t B = kp_kvpool_config_of(t->pool)->block_size;
     if (t->keys_of != tokens) t->n_keys = 0;
-    if (j_end > t->cap_keys) {
-        uint32_t c = t->cap_keys ? t->cap_keys : 64;
-        while (c < j_end) c *= 2;
-        kp_bkey *k = realloc(t->keys, (size_t)c * sizeof *k);
-        if (!k) return false;
-        t->keys = k;
-        t->cap_keys = c;
-    }
+    if (!kp_grow_u32((void **)&t->keys, &t->cap_keys, j_end, sizeof *t->keys)) return false;
     for (uint32_t j = t->n_keys; j < j_end; j++)
         t->keys[j] = kp_bkey_next(j ? &t->keys[j - 1] : NULL, tokens + (size_t)j * B, B);
     if (j_end > t->n_keys) t->n_keys = j_end;

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/buf.h"
 #include "base/unicode.h"
 #include "grammar/gram_impl.h"
 
@@ -203,14 +204,9 @@ static const char *parse_sequence(gp *g, const char *p, const char *name, kp_gse
                         break;
                     }
                 }
-                if (n == cap) {
-                    cap = cap ? cap * 2 : 8;
-                    kp_gcrange *nr = realloc(rg, cap * sizeof *rg);
-                    if (!nr) {
-                        oom(g);
-                        break;
-                    }
-                    rg = nr;
+                if (!kp_grow((void **)&rg, &cap, n + 1, sizeof *rg)) {
+                    oom(g);
+                    break;
                 }
                 rg[n++] = (kp_gcrange){lo, hi};
             }

@@ -68,6 +68,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/buf.h"
 #include "grammar/gvocab.h"
 #include "grammar/pda.h"
 
@@ -133,20 +134,6 @@ struct kp_gmatch {
     kp_gmatch_stats stats;
 };
 
-static bool grow(void **p, uint32_t *cap, uint32_t need, size_t elem) {
-    if (need <= *cap) return true;
-    uint32_t nc = *cap ? *cap : 256;
-    while (nc < need) {
-        if (nc > UINT32_MAX / 2) return false;
-        nc *= 2;
-    }
-    void *q = realloc(*p, (size_t)nc * elem);
-    if (!q) return false;
-    *p = q;
-    *cap = nc;
-    return true;
-}
-
 /* ---- the cache ---- */
 
 static void cache_clear(gcache *c) {
@@ -199,7 +186,7 @@ static gentry *cache_add(gcache *c, const gkey *k, uint32_t *acc, uint32_t n_acc
         cache_clear(c);
         c->flushes++;
     }
-    if (!grow((void **)&c->e, &c->cap, c->n + 1, sizeof *c->e)) goto oom;
+    if (!kp_grow_u32((void **)&c->e, &c->cap, c->n + 1, sizeof *c->e)) goto oom;
     if (c->n + 1 > (c->mask + 1) / 2 || !c->bucket) {
         uint32_t nb = c->bucket ? (c->mask + 1) * 2 : 1024;
         uint32_t *b = malloc((size_t)nb * sizeof *b);
@@ -429,7 +416,7 @@ static gkey make_key(const kp_gmatch *m, uint32_t leaf) {
 }
 
 static bool list_push(uint32_t **v, uint32_t *n, uint32_t *cap, uint32_t x) {
-    if (!grow((void **)v, cap, *n + 1, sizeof **v)) return false;
+    if (!kp_grow_u32((void **)v, cap, *n + 1, sizeof **v)) return false;
     (*v)[(*n)++] = x;
     return true;
 }
@@ -446,7 +433,7 @@ typedef struct {
 
 static bool push_range(kp_gmatch *m, uint32_t **v, uint32_t *n, uint32_t *cap, uint32_t r0, uint32_t r1, bool ids) {
     if (r1 <= r0) return true;
-    if (!grow((void **)v, cap, *n + (r1 - r0), sizeof **v)) return false;
+    if (!kp_grow_u32((void **)v, cap, *n + (r1 - r0), sizeof **v)) return false;
     for (uint32_t r = r0; r < r1; r++) (*v)[(*n)++] = ids ? (uint32_t)m->v->rank_id[r] : r;
     return true;
 }
@@ -775,7 +762,7 @@ typedef struct {
 } emit_item;
 
 static bool emit_push(emit_item **s, uint32_t *n, uint32_t *cap, emit_item it) {
-    if (!grow((void **)s, cap, *n + 1, sizeof **s)) return false;
+    if (!kp_grow_u32((void **)s, cap, *n + 1, sizeof **s)) return false;
     (*s)[(*n)++] = it;
     return true;
 }

@@ -22,24 +22,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/buf.h"
 #include "base/unicode.h"
 #include "grammar/gram_impl.h"
 
 /* ---- small helpers ---- */
-
-static bool grow(void **p, uint32_t *cap, uint32_t need, size_t elem) {
-    if (need <= *cap) return true;
-    uint32_t nc = *cap ? *cap : 4;
-    while (nc < need) {
-        if (nc > UINT32_MAX / 2) return false;
-        nc *= 2;
-    }
-    void *q = realloc(*p, (size_t)nc * elem);
-    if (!q) return false;
-    *p = q;
-    *cap = nc;
-    return true;
-}
 
 void kp_gb_init(kp_gbuild *b) { memset(b, 0, sizeof *b); }
 
@@ -62,7 +49,7 @@ void kp_gb_free(kp_gbuild *b) {
 }
 
 static uint32_t add_rule(kp_gbuild *b, char *name, bool defined) {
-    if (!name || !grow((void **)&b->rules, &b->cap_rules, b->n_rules + 1, sizeof *b->rules) ||
+    if (!name || !kp_grow_u32((void **)&b->rules, &b->cap_rules, b->n_rules + 1, sizeof *b->rules) ||
         b->n_rules >= KP_GE_ARG(~0u)) {
         free(name);
         b->oom = true;
@@ -101,7 +88,7 @@ bool kp_gseq_push(kp_gbuild *b, kp_gseq *s, uint32_t elem) {
         b->too_big = true;
         return false;
     }
-    if (elem == UINT32_MAX || !grow((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v)) {
+    if (elem == UINT32_MAX || !kp_grow_u32((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v)) {
         b->oom = true;
         return false;
     }
@@ -131,7 +118,7 @@ bool kp_gb_alt(kp_gbuild *b, uint32_t rule, kp_gseq *seq) {
         return false;
     }
     kp_gbrule *r = &b->rules[rule];
-    if (!grow((void **)&r->alts, &r->cap_alts, r->n_alts + 1, sizeof *r->alts)) {
+    if (!kp_grow_u32((void **)&r->alts, &r->cap_alts, r->n_alts + 1, sizeof *r->alts)) {
         kp_gseq_free(seq);
         b->oom = true;
         return false;
@@ -158,7 +145,7 @@ bool kp_gb_alt_str(kp_gbuild *b, uint32_t rule, const char *str) {
 uint32_t kp_gb_term(kp_gbuild *b, const kp_gset *s) {
     for (uint32_t i = 0; i < b->n_sets; i++)
         if (memcmp(&b->sets[i], s, sizeof *s) == 0) return KP_GE(KP_GE_TERM, i);
-    if (!grow((void **)&b->sets, &b->cap_sets, b->n_sets + 1, sizeof *b->sets)) {
+    if (!kp_grow_u32((void **)&b->sets, &b->cap_sets, b->n_sets + 1, sizeof *b->sets)) {
         b->oom = true;
         return UINT32_MAX;
     }
@@ -180,7 +167,7 @@ uint32_t kp_gb_rep(kp_gbuild *b, uint32_t rule, uint32_t min, uint32_t max) {
         b->too_big = true;
         return UINT32_MAX;
     }
-    if (!grow((void **)&b->reps, &b->cap_reps, b->n_reps + 1, sizeof *b->reps)) {
+    if (!kp_grow_u32((void **)&b->reps, &b->cap_reps, b->n_reps + 1, sizeof *b->reps)) {
         b->oom = true;
         return UINT32_MAX;
     }

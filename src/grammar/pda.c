@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/buf.h"
 #include "grammar/gvocab.h" /* the UTF-8 decoder states */
 #include "grammar/pda.h"
 
@@ -44,20 +45,6 @@ static uint32_t hash_cfg(const uint32_t *v, uint32_t n, uint32_t flags) {
     return (uint32_t)(h ^ (h >> 32));
 }
 
-static bool grow(void **ptr, uint32_t *cap, uint32_t need, size_t elem) {
-    if (need <= *cap) return true;
-    uint32_t nc = *cap ? *cap : 64;
-    while (nc < need) {
-        if (nc > UINT32_MAX / 2) return false;
-        nc *= 2;
-    }
-    void *q = realloc(*ptr, (size_t)nc * elem);
-    if (!q) return false;
-    *ptr = q;
-    *cap = nc;
-    return true;
-}
-
 kp_status kp_gpda_init(kp_gpda *p, const kp_grammar *g, uint32_t max_nodes, kp_error *err) {
     memset(p, 0, sizeof *p);
     p->g = g;
@@ -70,8 +57,8 @@ kp_status kp_gpda_init(kp_gpda *p, const kp_grammar *g, uint32_t max_nodes, kp_e
     p->memo_key = calloc(64, sizeof *p->memo_key);
     p->memo_val = malloc(64 * sizeof *p->memo_val);
     if (!p->nbucket || !p->cbucket || !p->memo_key || !p->memo_val ||
-        !grow((void **)&p->nodes, &p->cap_nodes, 2, sizeof *p->nodes) ||
-        !grow((void **)&p->cfgs, &p->cap_cfgs, 1, sizeof *p->cfgs)) {
+        !kp_grow_u32((void **)&p->nodes, &p->cap_nodes, 2, sizeof *p->nodes) ||
+        !kp_grow_u32((void **)&p->cfgs, &p->cap_cfgs, 1, sizeof *p->cfgs)) {
         kp_gpda_fini(p);
         return kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory");
     }
@@ -137,7 +124,7 @@ static uint32_t node_get(kp_gpda *p, uint32_t pos, uint32_t parent, uint32_t nee
         if (n->pos == pos && n->parent == parent && n->need == need && n->rem == rem) return i;
     }
     if (p->n_nodes >= p->max_nodes) return UINT32_MAX;
-    if (!grow((void **)&p->nodes, &p->cap_nodes, p->n_nodes + 1, sizeof *p->nodes)) return UINT32_MAX;
+    if (!kp_grow_u32((void **)&p->nodes, &p->cap_nodes, p->n_nodes + 1, sizeof *p->nodes)) return UINT32_MAX;
     uint32_t id = p->n_nodes++;
     kp_gnode *n = &p->nodes[id];
     n->pos = pos;
@@ -174,7 +161,7 @@ static kp_status full(kp_gpda *p, kp_error *err) {
 }
 
 static bool push(kp_gpda *p, uint32_t n) {
-    if (n == UINT32_MAX || !grow((void **)&p->work, &p->cap_work, p->n_work + 1, sizeof *p->work)) return false;
+    if (n == UINT32_MAX || !kp_grow_u32((void **)&p->work, &p->cap_work, p->n_work + 1, sizeof *p->work)) return false;
     p->work[p->n_work++] = n;
     return true;
 }
@@ -182,7 +169,7 @@ static bool push(kp_gpda *p, uint32_t n) {
 static bool stamp_ok(kp_gpda *p, uint32_t n) {
     if (n >= p->cap_stamp) {
         uint32_t old = p->cap_stamp;
-        if (!grow((void **)&p->stamp, &p->cap_stamp, n + 1, sizeof *p->stamp)) return false;
+        if (!kp_grow_u32((void **)&p->stamp, &p->cap_stamp, n + 1, sizeof *p->stamp)) return false;
         memset(p->stamp + old, 0, (size_t)(p->cap_stamp - old) * sizeof *p->stamp);
     }
     return true;
@@ -239,8 +226,8 @@ static uint32_t cfg_get(kp_gpda *p, const uint32_t *v, uint32_t n, uint32_t flag
         const kp_gcfg *c = &p->cfgs[i];
         if (c->n == n && c->flags == flags && (n == 0 || memcmp(p->leaves + c->off, v, (size_t)n * 4) == 0)) return i;
     }
-    if (p->n_leaves > UINT32_MAX - n || !grow((void **)&p->leaves, &p->cap_leaves, p->n_leaves + n, 4) ||
-        !grow((void **)&p->cfgs, &p->cap_cfgs, p->n_cfgs + 1, sizeof *p->cfgs))
+    if (p->n_leaves > UINT32_MAX - n || !kp_grow_u32((void **)&p->leaves, &p->cap_leaves, p->n_leaves + n, 4) ||
+        !kp_grow_u32((void **)&p->cfgs, &p->cap_cfgs, p->n_cfgs + 1, sizeof *p->cfgs))
         return UINT32_MAX;
     if (n) memcpy(p->leaves + p->n_leaves, v, (size_t)n * 4);
     uint32_t id = p->n_cfgs++;
@@ -280,7 +267,7 @@ static kp_status closure(kp_gpda *p, uint32_t *flags, kp_error *err) {
             if (p->n_out >= KP_GRAMMAR_MAX_STACKS)
                 return kp_fail(err, KP_EFULL, "grammar matcher: more than %u parse stacks alive (the grammar is too ambiguous)",
                                KP_GRAMMAR_MAX_STACKS);
-            if (!grow((void **)&p->out, &p->cap_out, p->n_out + 1, sizeof *p->out)) return full(p, err);
+            if (!kp_grow_u32((void **)&p->out, &p->cap_out, p->n_out + 1, sizeof *p->out)) return full(p, err);
             p->out[p->n_out++] = n;
             break;
         case KP_GE_REF: {
@@ -346,7 +333,7 @@ static uint32_t memo_get(const kp_gpda *p, uint64_t key) {
 static void memo_put(kp_gpda *p, uint32_t cfg, uint8_t b, uint32_t val) {
     kp_gcfg *c = &p->cfgs[cfg];
     if (c->row == UINT32_MAX && ++c->puts >= KP_GPDA_ROW_AFTER && p->n_rows < KP_GPDA_MAX_ROWS &&
-        grow((void **)&p->rows, &p->cap_rows, (p->n_rows + 1) * 256, sizeof *p->rows)) {
+        kp_grow_u32((void **)&p->rows, &p->cap_rows, (p->n_rows + 1) * 256, sizeof *p->rows)) {
         /* hot: a dense row, filled from the hash */
         c->row = p->n_rows++;
         uint32_t *row = p->rows + (size_t)c->row * 256;
@@ -423,8 +410,8 @@ kp_status kp_gpda_step(kp_gpda *p, uint32_t cfg, uint8_t b, uint32_t *out, kp_er
 static bool set_cache(kp_gset **sets, uint8_t **ok, uint32_t *cap, uint32_t cfg) {
     if (cfg < *cap) return true;
     uint32_t old = *cap, nc = old, c2 = old;
-    if (!grow((void **)sets, &nc, cfg + 1, sizeof **sets)) return false;
-    if (!grow((void **)ok, &c2, nc, 1)) return false;
+    if (!kp_grow_u32((void **)sets, &nc, cfg + 1, sizeof **sets)) return false;
+    if (!kp_grow_u32((void **)ok, &c2, nc, 1)) return false;
     memset(*ok + old, 0, nc - old);
     *cap = nc;
     return true;
@@ -478,7 +465,8 @@ kp_status kp_gpda_loop(kp_gpda *p, uint32_t cfg, const kp_gset **out, kp_error *
 kp_status kp_gpda_u8loop(kp_gpda *p, uint32_t cfg, bool *out, kp_error *err) {
     if (cfg >= p->cap_u8) {
         uint32_t old = p->cap_u8;
-        if (!grow((void **)&p->u8, &p->cap_u8, cfg + 1, 1)) return kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory");
+        if (!kp_grow_u32((void **)&p->u8, &p->cap_u8, cfg + 1, 1))
+            return kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory");
         memset(p->u8 + old, 0, p->cap_u8 - old);
     }
     if (p->u8[cfg]) {
@@ -532,8 +520,8 @@ kp_status kp_gpda_u8loop(kp_gpda *p, uint32_t cfg, bool *out, kp_error *err) {
 kp_status kp_gpda_relax(kp_gpda *p, uint32_t cfg, uint32_t *relaxed, uint32_t *min_rem, kp_error *err) {
     if (cfg >= p->cap_relax) {
         uint32_t old = p->cap_relax, c2 = old;
-        if (!grow((void **)&p->relax, &p->cap_relax, cfg + 1, sizeof *p->relax) ||
-            !grow((void **)&p->relax_rem, &c2, p->cap_relax, sizeof *p->relax_rem))
+        if (!kp_grow_u32((void **)&p->relax, &p->cap_relax, cfg + 1, sizeof *p->relax) ||
+            !kp_grow_u32((void **)&p->relax_rem, &c2, p->cap_relax, sizeof *p->relax_rem))
             return kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory");
         memset(p->relax + old, 0xFF, (size_t)(p->cap_relax - old) * sizeof *p->relax);
     }
@@ -567,7 +555,7 @@ kp_status kp_gpda_relax(kp_gpda *p, uint32_t cfg, uint32_t *relaxed, uint32_t *m
             parent = node_get(p, nd.pos, parent, nd.need, nd.rem);
             if (parent == UINT32_MAX) return full(p, err);
         }
-        if (!grow((void **)&p->out, &p->cap_out, p->n_out + 1, sizeof *p->out)) return full(p, err);
+        if (!kp_grow_u32((void **)&p->out, &p->cap_out, p->n_out + 1, sizeof *p->out)) return full(p, err);
         p->out[p->n_out++] = parent;
     }
     uint32_t r;
@@ -587,7 +575,7 @@ kp_status kp_gpda_import(kp_gpda *dst, const kp_gpda *src, uint32_t cfg, uint32_
     for (uint32_t i = 0; i < c->n; i++) {
         n_chain = 0;
         for (uint32_t n = src->leaves[c->off + i]; n > KP_GPDA_SENTINEL; n = src->nodes[n].parent) {
-            if (!grow((void **)&chain, &cap_chain, n_chain + 1, sizeof *chain)) goto oom;
+            if (!kp_grow_u32((void **)&chain, &cap_chain, n_chain + 1, sizeof *chain)) goto oom;
             chain[n_chain++] = n;
         }
         uint32_t parent = n_chain ? src->nodes[chain[n_chain - 1]].parent : src->leaves[c->off + i];
@@ -599,7 +587,7 @@ kp_status kp_gpda_import(kp_gpda *dst, const kp_gpda *src, uint32_t cfg, uint32_
                 return full(dst, err);
             }
         }
-        if (!grow((void **)&dst->out, &dst->cap_out, dst->n_out + 1, sizeof *dst->out)) goto oom;
+        if (!kp_grow_u32((void **)&dst->out, &dst->cap_out, dst->n_out + 1, sizeof *dst->out)) goto oom;
         dst->out[dst->n_out++] = parent;
     }
     free(chain);

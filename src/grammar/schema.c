@@ -58,6 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/buf.h"
 #include "base/unicode.h"
 #include "grammar/gram_impl.h"
 #include "grammar/numrange.h"
@@ -640,16 +641,9 @@ static uint32_t comp_ref(sc *c, const json_t *target, const char *ref) {
     c->plen = strlen(c->path);
     uint32_t r = new_rule(c, "");
     if (r != UINT32_MAX) {
-        if (c->n_refs == c->cap_refs) {
-            uint32_t nc = c->cap_refs ? c->cap_refs * 2 : 8;
-            refmemo *nr = realloc(c->refs, nc * sizeof *nr);
-            if (!nr) {
-                oom(c);
-                r = UINT32_MAX;
-            } else {
-                c->refs = nr;
-                c->cap_refs = nc;
-            }
+        if (!kp_grow_u32((void **)&c->refs, &c->cap_refs, c->n_refs + 1, sizeof *c->refs)) {
+            oom(c);
+            r = UINT32_MAX;
         }
         if (r != UINT32_MAX) {
             c->refs[c->n_refs++] = (refmemo){target, r};

@@ -7,6 +7,7 @@
  */
 #include "model/sampler.h"
 
+#include "base/buf.h"
 #include "base/rng.h"
 
 #include <math.h>
@@ -79,12 +80,11 @@ void kp_sampler_free(kp_sampler *s) {
 }
 
 void kp_sampler_accept(kp_sampler *s, int32_t token) {
-    if (s->p.repeat_last_n == -1 && s->hist_len == s->hist_cap) {
-        int32_t *nh = realloc(s->hist, (size_t)s->hist_cap * 2 * sizeof(int32_t));
-        if (nh) { /* ring is linear while it only grows: head stays 0 */
-            s->hist = nh;
-            s->hist_cap *= 2;
-        }
+    if (s->p.repeat_last_n == -1 && s->hist_len == s->hist_cap && s->hist_cap <= INT32_MAX / 2) {
+        /* ring is linear while it only grows: head stays 0 (a failed grow
+         * leaves it full: the oldest token makes room) */
+        size_t cap = (size_t)s->hist_cap;
+        if (kp_grow((void **)&s->hist, &cap, cap * 2, sizeof *s->hist)) s->hist_cap = (int32_t)cap;
     }
     s->hist[(s->hist_head + s->hist_len) % s->hist_cap] = token;
     if (s->hist_len < s->hist_cap) s->hist_len++;

@@ -711,15 +711,8 @@ static void finish(kp_sched *s, kp_sreq *r, kp_finish why, kp_status status, con
     kp_gen_stop(r->gen, why, &o);
     if (o.len) emit(r, o.text, o.len, false);
     recycle(s, r);
-    uint32_t len = kp_eng_seq_len(&r->seq), n_all = kp_gen_n_tokens(r->gen);
-    if (len > 0) {
-        kp_error e2;
-        uint32_t n = len < n_all ? len : n_all;
-        kp_eng_finish(s->e, &r->seq, kp_gen_tokens(r->gen), n, NULL, &e2);
-        kp_crep_add(s->crep, kp_gen_tokens(r->gen), n, &e2);
-    } else {
-        kp_eng_seq_abort(s->e, &r->seq);
-    }
+    kp_error e2; /* best effort: a request that ended is not failed for its caching */
+    kp_crep_finish(s->crep, s->e, &r->seq, kp_gen_tokens(r->gen), kp_gen_n_tokens(r->gen), NULL, &e2);
     s->dirty = true;
     pthread_mutex_lock(&s->mu);
     s->st.requests_finished++;

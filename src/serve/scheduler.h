@@ -16,7 +16,7 @@
  *   ----------------                      -------------
  *   kp_sched_submit --> queue (bounded) --> admit: kp_eng_begin, cache report
  *   kp_sreq_wait   <--  text, done      <-- step: kp_eng_step, kp_gen_step
- *   kp_sreq_cancel  --> flag            --> finish: kp_eng_finish, history
+ *   kp_sreq_cancel  --> flag            --> finish: kp_crep_finish (index, history)
  *                                           preempt: kp_eng_finish, back to
  *                                             the queue's front
  *

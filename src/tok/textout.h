@@ -1,5 +1,5 @@
 /*
- * textout.h - generated token ids to the text a client may see (floor 2).
+ * textout.h - generated token ids to the text a client may see (floor 3).
  *
  * Wraps a kp_tok_stream (which assembles UTF-8 characters split across tokens)
  * and applies stop strings: text that could still turn out to begin a stop
