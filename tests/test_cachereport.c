@@ -7,11 +7,23 @@
  * second engine, and the history through kp_crep_explain, whose cause is
  * "hit" when an earlier sequence of the history is a prefix of the request
  * and "cold" when the history is empty (doctor's rules).
+ *
+ * And where a report says the request left the cache, on every vocabulary
+ * in the tree (tests/data/vocab: byte-level BPE ones whose detokenizer
+ * cleans up spaces, " ." -> ".", and ones that do not; SentencePiece):
+ * two texts that differ first at a byte the test places after text that
+ * clean-up would change are reported to diverge at that byte of the
+ * request (the first differing byte, an oracle of the texts alone), the
+ * cause is not "whitespace", and the token the report names covers it.
  */
+#include <dirent.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cache/cachereport.h"
+#include "gguf/gguf.h"
 #include "cache/engine.h"
 #include "harness.h"
 
@@ -112,7 +124,93 @@ done:
     close_stories(&s);
 }
 
+static uint32_t lcp(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
+    uint32_t i = 0;
+    while (i < na && i < nb && a[i] == b[i]) i++;
+    return i;
+}
+
+/* One vocabulary: the report of text b against a history holding text a.
+ * Returns whether the vocabulary cleans up spaces (0/1), -1 when it does
+ * not load (an unsupported kind, named). */
+static int divergence_on(const char *path) {
+    kp_gguf *g = NULL;
+    kp_tok_vocab *v = NULL;
+    kp_error err = {0};
+    if (kp_gguf_open(&g, path, &err) != KP_OK || kp_tok_vocab_load(&v, g, &err) != KP_OK) {
+        printf("  %s: not a vocabulary kvpin loads (%s)\n", path, err.msg);
+        kp_gguf_close(g);
+        return -1;
+    }
+    static const char prefix[] = "Hello , world . It 's fine ; ok ? Yes !\nAgain , here . Don 't stop !\n";
+    static const char a[] = "Hello , world . It 's fine ; ok ? Yes !\nAgain , here . Don 't stop !\nalpha one";
+    static const char b[] = "Hello , world . It 's fine ; ok ? Yes !\nAgain , here . Don 't stop !\nbravo two";
+    size_t want = sizeof prefix - 1;
+    int32_t *ia = NULL, *ib = NULL;
+    size_t na = 0, nb = 0;
+    kp_crep *c = NULL;
+    int cleans = 0;
+    bool ok = kp_tok_encode(v, a, strlen(a), true, false, &ia, &na, &err) == KP_OK &&
+              kp_tok_encode(v, b, strlen(b), true, false, &ib, &nb, &err) == KP_OK &&
+              kp_crep_new(&c, v, 8, 1 << 20, &err) == KP_OK && kp_crep_add(c, ia, (uint32_t)na, &err) == KP_OK;
+    CHECK_MSG(ok, "%s: %s", path, err.msg);
+    if (ok) {
+        char *shown = NULL;
+        size_t sl = 0;
+        if (kp_tok_detokenize(v, ia, na, true, false, &shown, &sl, &err) == KP_OK)
+            cleans = !(sl >= strlen(a) && !memcmp(shown + (sl - strlen(a)), a, strlen(a)));
+        free(shown);
+        kp_eng_report r;
+        memset(&r, 0, sizeof r);
+        r.diverged_at_token = lcp(ia, na, ib, nb);
+        kp_doctor_report d;
+        kp_status st = kp_crep_explain(c, ib, (uint32_t)nb, b, strlen(b), &r, KP_DOCTOR_ESCAPE_HUMAN, &d, &err);
+        CHECK_MSG(st == KP_OK, "%s: %s", path, err.msg);
+        if (st == KP_OK) {
+            CHECK_MSG(d.div.byte == want, "%s: diverged at byte %zu, the texts differ first at %zu", path, d.div.byte,
+                      want);
+            CHECK_MSG(d.finding.cause != KP_DOCTOR_CAUSE_WHITESPACE && d.finding.cause != KP_DOCTOR_CAUSE_HIT,
+                      "%s: cause %s", path, kp_doctor_cause_name(d.finding.cause));
+            /* the token the engine stopped at starts at or before the byte, and
+             * its piece reaches past it */
+            size_t pl = 0;
+            const char *piece = r.diverged_at_token < nb ? kp_tok_piece_view(v, ib[r.diverged_at_token], true, &pl)
+                                                         : NULL;
+            CHECK_MSG(piece && d.div.token_byte <= want && d.div.token_byte + pl > want,
+                      "%s: token %u at byte %zu (%zu bytes) does not cover byte %zu", path,
+                      (unsigned)r.diverged_at_token, d.div.token_byte, pl, want);
+        }
+    }
+    kp_crep_free(c);
+    free(ia);
+    free(ib);
+    kp_tok_vocab_free(v);
+    kp_gguf_close(g);
+    return cleans;
+}
+
+static void test_divergence_every_vocabulary(void) {
+    int seen[2] = {0, 0};
+    DIR *dir = opendir(harness_path("tests/data/vocab"));
+    CHECK(dir != NULL);
+    struct dirent *de;
+    while (dir && (de = readdir(dir))) {
+        size_t l = strlen(de->d_name);
+        if (l < 5 || strcmp(de->d_name + l - 5, ".gguf")) continue;
+        char rel[512];
+        snprintf(rel, sizeof rel, "tests/data/vocab/%s", de->d_name);
+        int k = divergence_on(harness_path(rel));
+        if (k >= 0) seen[k]++;
+    }
+    if (dir) closedir(dir);
+    int k = divergence_on(harness_path("models/stories260K.gguf"));
+    if (k >= 0) seen[k]++;
+    /* both kinds were met: the test covers clean-up on and off */
+    CHECK_MSG(seen[0] >= 2 && seen[1] >= 2, "vocabularies without clean-up: %d, with: %d", seen[0], seen[1]);
+}
+
 int main(void) {
     RUN(test_finish_indexes_what_was_computed);
+    RUN(test_divergence_every_vocabulary);
     return harness_finish("cachereport");
 }

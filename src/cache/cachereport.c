@@ -111,15 +111,18 @@ size_t kp_crep_token_byte(const kp_tok_vocab *v, const int32_t *ids, size_t n, s
                           size_t len, bool special, size_t limit) {
     if (k >= n) return len < limit ? len : limit;
     kp_error err;
-    char *full = NULL, *pre = NULL;
-    size_t fl = 0, pl = 0, off = 0;
-    if (kp_tok_detokenize(v, ids, n, true, special, &full, &fl, &err) == KP_OK &&
-        kp_tok_detokenize(v, ids, k, true, special, &pre, &pl, &err) == KP_OK) {
+    char *full = NULL;
+    size_t fl = 0, off = 0;
+    size_t *end = malloc(n * sizeof *end);
+    /* the pieces as they tokenize (no clean-up of spaces), so that the
+     * bytes before token k are the text's own */
+    if (end && kp_tok_detokenize_raw(v, ids, n, true, special, &full, &fl, end, &err) == KP_OK) {
         size_t lead = fl >= len && !memcmp(full + (fl - len), text, len) ? fl - len : 0;
+        size_t pl = k ? end[k - 1] : 0;
         off = pl > lead ? pl - lead : 0;
     }
     free(full);
-    free(pre);
+    free(end);
     if (off > len) off = len;
     return off < limit ? off : limit;
 }
@@ -141,9 +144,13 @@ kp_status kp_crep_explain(kp_crep *c, const int32_t *tokens, uint32_t n, const c
     if (state == KP_DOCTOR_CACHE_EVICTED && !best) state = KP_DOCTOR_CACHE_NOTHING;
     char *req = NULL, *cached = NULL;
     size_t rl = 0, cl = 0;
-    kp_status st = kp_tok_detokenize(c->v, tokens, n, true, true, &req, &rl, err);
+    /* both texts as their tokens spell them, without the clean-up of spaces
+     * some vocabularies apply when they show text (" ." -> "."): equal
+     * tokens are then equal bytes, and the request's raw text ends with the
+     * request's own text, so the divergence is found in the request's bytes */
+    kp_status st = kp_tok_detokenize_raw(c->v, tokens, n, true, true, &req, &rl, NULL, err);
     if (st == KP_OK && state != KP_DOCTOR_CACHE_NOTHING)
-        st = kp_tok_detokenize(c->v, best->t, best->n, true, true, &cached, &cl, err);
+        st = kp_tok_detokenize_raw(c->v, best->t, best->n, true, true, &cached, &cl, NULL, err);
     if (st == KP_OK) {
         /* what detokenizing adds in front of the request's own text */
         size_t lead = 0;

@@ -419,8 +419,13 @@ static size_t clean_spaces(char *text, size_t total) {
     return total;
 }
 
-kp_status kp_tok_detokenize(const kp_tok_vocab *v, const int32_t *ids, size_t n_ids, bool remove_special,
-                         bool unparse_special, char **text, size_t *len, kp_error *err) {
+/* The pieces of ids[0..n_ids) concatenated into a new string (see
+ * kp_tok_detokenize), the clean-spaces pass when clean; end (may be NULL)
+ * gets, for each id, the length of the text of ids[0..i] before any
+ * clean-up (a dropped BOS / EOS ends where the text before it ends). */
+static kp_status detokenize(const kp_tok_vocab *v, const int32_t *ids, size_t n_ids, bool remove_special,
+                            bool unparse_special, bool clean, char **text, size_t *len, size_t *end,
+                            kp_error *err) {
     if (!v || !text || !len || (!ids && n_ids)) return kp_fail(err, KP_EINVAL, "kp_tok_detokenize: NULL argument");
     *text = NULL;
     *len = 0;
@@ -431,32 +436,45 @@ kp_status kp_tok_detokenize(const kp_tok_vocab *v, const int32_t *ids, size_t n_
                            ids[i], i, v->n_vocab);
         total += v->piece_len[ids[i]];
     }
+    size_t first = 0, last = n_ids; /* the ids whose pieces are written: [first, last) */
     bool remove_space = v->add_space_prefix;
     if (remove_special && v->add_bos && n_ids > 0 && ids[0] == v->bos) {
         remove_space = false;
-        ids++;
-        n_ids--;
+        first = 1;
     }
-    if (remove_special && v->add_eos && n_ids > 0 && ids[n_ids - 1] == v->eos) n_ids--;
+    if (remove_special && v->add_eos && last > first && ids[last - 1] == v->eos) last--;
     char *out = malloc(total + 1);
     if (!out) return kp_fail(err, KP_ENOMEM, "tokenizer: out of memory");
     size_t o = 0;
     for (size_t i = 0; i < n_ids; i++) {
-        size_t n;
-        const char *p = kp_tok_piece_view(v, ids[i], unparse_special, &n);
-        if (remove_space && n > 0 && p[0] == ' ') {
-            p++;
-            n--;
+        if (i >= first && i < last) {
+            size_t n;
+            const char *p = kp_tok_piece_view(v, ids[i], unparse_special, &n);
+            if (remove_space && n > 0 && p[0] == ' ') {
+                p++;
+                n--;
+            }
+            remove_space = false;
+            memcpy(out + o, p, n);
+            o += n;
         }
-        remove_space = false;
-        memcpy(out + o, p, n);
-        o += n;
+        if (end) end[i] = o;
     }
-    if (v->clean_spaces) o = clean_spaces(out, o);
+    if (clean && v->clean_spaces) o = clean_spaces(out, o);
     out[o] = 0;
     *text = out;
     *len = o;
     return KP_OK;
+}
+
+kp_status kp_tok_detokenize(const kp_tok_vocab *v, const int32_t *ids, size_t n_ids, bool remove_special,
+                            bool unparse_special, char **text, size_t *len, kp_error *err) {
+    return detokenize(v, ids, n_ids, remove_special, unparse_special, true, text, len, NULL, err);
+}
+
+kp_status kp_tok_detokenize_raw(const kp_tok_vocab *v, const int32_t *ids, size_t n_ids, bool remove_special,
+                                bool unparse_special, char **text, size_t *len, size_t *end, kp_error *err) {
+    return detokenize(v, ids, n_ids, remove_special, unparse_special, false, text, len, end, err);
 }
 
 /* ---- streaming ---- */

@@ -192,6 +192,16 @@ const char *kp_tok_piece_view(const kp_tok_vocab *v, int32_t id, bool special, s
 kp_status kp_tok_detokenize(const kp_tok_vocab *v, const int32_t *ids, size_t n_ids, bool remove_special,
                          bool unparse_special, char **text, size_t *len, kp_error *err);
 
+/* kp_tok_detokenize without the clean-spaces pass: the pieces exactly as
+ * they tokenize (for a byte-level BPE vocabulary, the text that was
+ * tokenized), so that two sequences with equal first tokens have equal
+ * first bytes whatever the vocabulary does to spaces when it shows text.
+ * end (may be NULL, else n_ids entries) gets the length of the text of
+ * ids[0..i] for each i: a token's byte span in the text (a BOS or EOS that
+ * remove_special drops ends where the text before it ends). */
+kp_status kp_tok_detokenize_raw(const kp_tok_vocab *v, const int32_t *ids, size_t n_ids, bool remove_special,
+                                bool unparse_special, char **text, size_t *len, size_t *end, kp_error *err);
+
 /* ---- streaming detokenization ---- */
 
 /* Turns a stream of ids into a stream of valid UTF-8 bytes: a character
