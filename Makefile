@@ -16,7 +16,7 @@
 #
 # Library code lives in src/FLOOR/ (every src/*/*.c forms libkvpin.a; see
 # src/README.md for the floors and what each may include), the command line
-# in cli/; tests/test_<module>.c are one program each. Objects record their
+# in cli/; tests/unit/test_<module>.c are one program each. Objects record their
 # header dependencies (-MMD), so a changed header rebuilds what includes it.
 
 CC      ?= cc
@@ -46,7 +46,7 @@ CFLAGS_ASAN    = $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recov
 LDLIBS  = $(PKG_LIBS) -lm -pthread
 
 SRC     := $(wildcard src/*/*.c)
-TESTS   := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
+TESTS   := $(patsubst tests/unit/%.c,%,$(wildcard tests/unit/test_*.c))
 FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
 
 CLI     := $(wildcard cli/*.c)
@@ -132,13 +132,13 @@ build/rel/libkvpin.so: build/rel/libkvpin.so.$(VERSION)
 build/asan/kvpin: build/asan/libkvpin.a $(ASAN_CLI)
 	$(CC) $(CFLAGS_ASAN) -o $@ $(ASAN_CLI) build/asan/libkvpin.a $(LDLIBS)
 
-build/asan/test_%: tests/test_%.c tests/harness.h build/asan/libkvpin.a
+build/asan/test_%: tests/unit/test_%.c tests/unit/harness.h build/asan/libkvpin.a
 	$(CC) $(CFLAGS_ASAN) -o $@ $< build/asan/libkvpin.a $(LDLIBS)
 
 # Allocation failure injection: the test's own malloc & co. stand in for
-# libc's in every call kvpin's objects make (tests/test_alloc_fail.c).
+# libc's in every call kvpin's objects make (tests/unit/test_alloc_fail.c).
 WRAP_ALLOC := -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=free,--wrap=aligned_alloc,--wrap=strdup
-build/asan/test_alloc_fail: tests/test_alloc_fail.c tests/harness.h build/asan/libkvpin.a
+build/asan/test_alloc_fail: tests/unit/test_alloc_fail.c tests/unit/harness.h build/asan/libkvpin.a
 	$(CC) $(CFLAGS_ASAN) -o $@ $< build/asan/libkvpin.a $(LDLIBS) $(WRAP_ALLOC)
 
 build/rel build/asan build/fuzz build/gen:

@@ -20,7 +20,7 @@
 #     answer, computed here from the tokenizer and run's token ids.
 # Everything here runs without sanitizers: ASan does not mix with a plain
 # shared library, so the library's calls are tested under ASan by
-# tests/test_api.c (linked statically) and here on the release build.
+# tests/unit/test_api.c (linked statically) and here on the release build.
 P=${KVPIN_TEST_PREFIX:-build/test/prefix}
 CC=${CC:-cc}
 CXX=${CXX:-c++}
