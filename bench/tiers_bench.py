@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "e2e"))
 from kvpin_test import Results, Server, free_port  # noqa: E402
 
 argv = [x for x in sys.argv[1:]]

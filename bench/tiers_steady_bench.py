@@ -35,7 +35,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(__file__))
 from server_bench import start, stop, stream  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "e2e"))
 from kvpin_test import free_port  # noqa: E402
 
 

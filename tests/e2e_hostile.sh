@@ -1,7 +1,7 @@
 #!/bin/sh
 # End-to-end tests with hostile inputs: model files whose parts disagree,
 # made from the bundled model by tests/gguf_edit.py (tensor data untouched),
-# and hostile requests to the server (tests/hostile_server.py).
+# and hostile requests to the server (tests/e2e/hostile_server.py).
 # Every command that loads such a file must refuse it with exit code 1 and a
 # message naming the file and both numbers; none may crash (the sanitizer
 # build aborts on any overflow, so a crash shows as another exit code).
@@ -45,8 +45,8 @@ done
 python3 tests/gguf_edit.py $M "$T/same.gguf" --resize tokenizer.ggml.tokens 512
 if cmp -s "$T/same.gguf" $M; then ok; else bad "gguf_edit.py round trip changes the file"; fi
 
-# the server's hostile requests (tests/hostile_server.py)
-if KVPIN="$KVPIN" python3 tests/hostile_server.py; then ok; else bad "tests/hostile_server.py"; fi
+# the server's hostile requests (tests/e2e/hostile_server.py)
+if KVPIN="$KVPIN" python3 tests/e2e/hostile_server.py; then ok; else bad "tests/e2e/hostile_server.py"; fi
 
 echo "e2e_hostile: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -1,5 +1,5 @@
 """tiers_e2e.py - the disk tier of `kvpin serve` end to end ($KVPIN names
-the binary; tests/e2e_tiers.sh runs it).
+the binary; tests/run_all.sh runs it).
 
 Restart: a ~2,000-token conversation is computed on a server with
 --cache-dir; the server is killed with SIGKILL; a new one on the same

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """End-to-end tests of `kvpin serve` over real HTTP on 127.0.0.1 (run by
-tests/e2e_server.sh with the binary in $KVPIN).
+tests/run_all.sh with the binary in $KVPIN).
 
 Expected values come from outside the server's own answer:
   - status codes and error fields from the OpenAI API conventions;

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """End-to-end tests of n > 1 and logprobs on `kvpin serve` over loopback
-(run by tests/e2e_choices.sh with the binary in $KVPIN).
+(run by tests/run_all.sh with the binary in $KVPIN).
 
 Expected values come from outside the answer under test:
   - usage: prompt_tokens from /tokenize (the prompt once), completion_tokens

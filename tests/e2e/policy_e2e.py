@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """End-to-end tests of kvpin's request policy and the agent fields (run by
-tests/e2e_policy.sh with the binary in $KVPIN), over real HTTP on loopback.
+tests/run_all.sh with the binary in $KVPIN), over real HTTP on loopback.
 
 Expected values come from outside the server's answer:
   - the field lists of the OpenAI chat/completions and completions API

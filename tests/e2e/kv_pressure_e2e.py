@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """End-to-end test of `kvpin serve` under KV pressure (run by
-tests/e2e_kv_pressure.sh with the binary in $KVPIN).
+tests/run_all.sh with the binary in $KVPIN).
 
 A server with `--kv-budget 409600` (40 blocks of 16 positions of the bundled
 model, 640 bytes per token) takes 300 distinct requests from 8 clients at

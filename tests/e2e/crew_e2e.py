@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """End-to-end test of in-flight prefixes on `kvpin serve` over loopback (run
-by tests/e2e_crew.sh with the binary in $KVPIN).
+by tests/run_all.sh with the binary in $KVPIN).
 
 A burst of N requests (token-id prompts: a 400-token spec + a 20-token tail
 of each one's own), sent at once from N threads to a server with --parallel

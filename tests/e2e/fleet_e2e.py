@@ -1,6 +1,6 @@
 """fleet_e2e.py - the Redis tier: a redis-server of its own on a free
 loopback port and two `kvpin serve` replicas on it ($KVPIN names the
-binary; tests/e2e_fleet.sh runs it).
+binary; tests/run_all.sh runs it).
 
  - a prompt computed on replica A is reused by replica B from Redis
    (cached_tokens >= 99% of the prompt's whole blocks), answers equal the

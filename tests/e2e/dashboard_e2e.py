@@ -1,5 +1,5 @@
 """dashboard_e2e.py - the cache dashboard (GET /) in headless Chromium,
-against a real `kvpin serve` on loopback (run by tests/e2e_dashboard.sh).
+against a real `kvpin serve` on loopback (run by tests/run_all.sh).
 
 After a scripted agent loop (each turn resends the conversation with the
 answer and one more user line) and a timestamp miss, Chromium loads the

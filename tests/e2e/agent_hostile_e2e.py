@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Hostile inputs for the agent APIs, /v1/messages and /v1/responses (run by
-tests/e2e_agent_hostile.sh with the binary in $KVPIN), over real HTTP on
+tests/run_all.sh with the binary in $KVPIN), over real HTTP on
 loopback.
 
 Expected values come from outside the server's answer:
