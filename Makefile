@@ -6,7 +6,7 @@
 #                   (/usr/local), staged under DESTDIR; make uninstall removes them
 #   make test       every test, built with AddressSanitizer + UBSan (build/asan/),
 #                   and the release library installed into build/test/prefix
-#                   (tests/e2e_library.sh builds examples/ against it)
+#                   (tests/shell/e2e_library.sh builds examples/ against it)
 #   make asan       the sanitizer build of kvpin and the tests, without running them
 #   make check      the layering of src/ (floors, no include upward, no circle)
 #   make fuzz       every libFuzzer target for FUZZ_SECONDS each (default 60)
@@ -159,7 +159,7 @@ check: build/asan/libkvpin.a
 	python3 tools/check_floors.py --objects build/asan
 
 # Unit tests run first, then the end-to-end tests that drive the binary.
-# tests/e2e_library.sh checks the release libraries (no sanitizer),
+# tests/shell/e2e_library.sh checks the release libraries (no sanitizer),
 # installed into TEST_PREFIX.
 test: check asan test-install
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
@@ -254,7 +254,7 @@ uninstall:
 	rm -f $(addprefix $(D),$(INSTALLED))
 	rmdir $(D)$(DATADIR)/kvpin 2>/dev/null || true
 
-# make test installs into this scratch prefix first: tests/e2e_library.sh
+# make test installs into this scratch prefix first: tests/shell/e2e_library.sh
 # builds examples/ against the installed library with pkg-config (shared
 # and static) and runs them, and checks the tree and the installed kvpin.
 TEST_PREFIX := $(CURDIR)/build/test/prefix

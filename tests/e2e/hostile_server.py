@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hostile tests of `kvpin serve` (run by tests/e2e_hostile.sh): requests
+"""Hostile tests of `kvpin serve` (run by tests/shell/e2e_hostile.sh): requests
 that once got a wrong answer. Expected values come from the standards and
 the API conventions, not from the server:
   - /detokenize of bytes that are not complete UTF-8: one U+FFFD per

@@ -8,7 +8,7 @@
 # them; then both defer to the real tools. Built with -j2, so the order
 # must hold in parallel too.
 set -u
-top=$(cd "$(dirname "$0")/.." && pwd)
+top=$(cd "$(dirname "$0")/../.." && pwd)
 t=$(mktemp -d)
 trap 'rm -rf "$t"' EXIT
 fail() { echo "e2e_setup: FAIL: $*"; exit 1; }

@@ -1,6 +1,6 @@
 #!/bin/sh
 # End-to-end tests with hostile inputs: model files whose parts disagree,
-# made from the bundled model by tests/gguf_edit.py (tensor data untouched),
+# made from the bundled model by tests/shell/gguf_edit.py (tensor data untouched),
 # and hostile requests to the server (tests/e2e/hostile_server.py).
 # Every command that loads such a file must refuse it with exit code 1 and a
 # message naming the file and both numbers; none may crash (the sanitizer
@@ -28,7 +28,7 @@ for n in 100 1000; do
     args=""
     for k in $VOCAB; do args="$args --resize $k $n"; done
     # shellcheck disable=SC2086
-    python3 tests/gguf_edit.py $M "$T/v$n.gguf" $args || bad "gguf_edit.py $n"
+    python3 tests/shell/gguf_edit.py $M "$T/v$n.gguf" $args || bad "gguf_edit.py $n"
     msg="v$n.gguf: the vocabulary has $n tokens (tokenizer.ggml.tokens) but token_embd.weight has 512 rows"
     expect_refusal "run, vocab $n" "$msg" "$KVPIN" run -m "$T/v$n.gguf" -p "Once" -n 4
     expect_refusal "logits, vocab $n" "$msg" "$KVPIN" logits -m "$T/v$n.gguf" -p "Once" -o "$T/l.f32"
@@ -42,7 +42,7 @@ for n in 100 1000; do
     expect_refusal "serve, vocab $n" "$msg" timeout 30 "$KVPIN" serve -m "$T/v$n.gguf" --port 0
 done
 # the unchanged sizes still load (the edit itself is faithful)
-python3 tests/gguf_edit.py $M "$T/same.gguf" --resize tokenizer.ggml.tokens 512
+python3 tests/shell/gguf_edit.py $M "$T/same.gguf" --resize tokenizer.ggml.tokens 512
 if cmp -s "$T/same.gguf" $M; then ok; else bad "gguf_edit.py round trip changes the file"; fi
 
 # the server's hostile requests (tests/e2e/hostile_server.py)
