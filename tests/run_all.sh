@@ -5,7 +5,7 @@
 #   2. the Python end-to-end tests tests/e2e/*_e2e.py (the other .py files
 #      there are what they share, kvpin_test.py, or driven by a shell test);
 #   3. the shell end-to-end tests tests/shell/e2e_*.sh;
-#   4. the client suites tests/e2e_*.sh (Node.js clients);
+#   4. the client suites tests/clients/e2e_*.sh (the Node.js clients);
 # the end-to-end tests with KVPIN naming DIR/kvpin. A failing test prints "FAILED: NAME";
 # the closing line "all: N passed, M failed" counts the tests, and the exit
 # status is 0 only when every one passed.
@@ -22,7 +22,7 @@ for t in tests/e2e/*_e2e.py; do
     [ -f "$t" ] || continue
     python3 "$t"; result "$t" $?
 done
-for t in tests/shell/e2e_*.sh tests/e2e_*.sh; do
+for t in tests/shell/e2e_*.sh tests/clients/e2e_*.sh; do
     [ -f "$t" ] || continue
     sh "$t"; result "$t" $?
 done

@@ -2,7 +2,7 @@
  * anthropic.test.mjs - POST /v1/messages and /v1/messages/count_tokens
  * driven by the official `@anthropic-ai/sdk` npm client.
  *
- * tests/e2e_agent_apis.sh starts the servers and runs this file with
+ * tests/clients/e2e_agent_apis.sh starts the servers and runs this file with
  * `node --test`; the environment names them:
  *
  *   KVPIN_URL, KVPIN_API_KEY  the bundled stories260K model, chatml
@@ -28,7 +28,7 @@ import Ajv from 'ajv';
 const URL_MAIN = process.env.KVPIN_URL;
 const URL_TTL = process.env.KVPIN_TTL_URL;
 const API_KEY = process.env.KVPIN_API_KEY;
-if (!URL_MAIN || !URL_TTL || !API_KEY) throw new Error('set KVPIN_URL, KVPIN_API_KEY and KVPIN_TTL_URL (tests/e2e_agent_apis.sh does)');
+if (!URL_MAIN || !URL_TTL || !API_KEY) throw new Error('set KVPIN_URL, KVPIN_API_KEY and KVPIN_TTL_URL (tests/clients/e2e_agent_apis.sh does)');
 
 const client = new Anthropic({ baseURL: URL_MAIN, apiKey: API_KEY, maxRetries: 0, timeout: 120_000 });
 const ttlClient = new Anthropic({ baseURL: URL_TTL, apiKey: 'unused', maxRetries: 0, timeout: 120_000 });

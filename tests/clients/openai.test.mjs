@@ -1,7 +1,7 @@
 /*
  * openai.test.mjs - `kvpin serve` driven by the official `openai` npm client.
  *
- * tests/e2e_openai.sh starts the servers and runs this file with
+ * tests/clients/e2e_openai.sh starts the servers and runs this file with
  * `node --test`; the environment names them:
  *
  *   KVPIN_URL        chatml template, --api-key, F32 KV    (most tests, and
@@ -41,7 +41,7 @@ const API_KEY = process.env.KVPIN_API_KEY;
 const MODEL = process.env.KVPIN_MODEL_ID;
 const CTX = Number(process.env.KVPIN_CTX);
 if (!URL_MAIN || !URL_TOOLS || !API_KEY || !MODEL || !(CTX > 300))
-    throw new Error('set KVPIN_URL, KVPIN_API_KEY, KVPIN_TOOLS_URL, KVPIN_MODEL_ID and KVPIN_CTX (tests/e2e_openai.sh does)');
+    throw new Error('set KVPIN_URL, KVPIN_API_KEY, KVPIN_TOOLS_URL, KVPIN_MODEL_ID and KVPIN_CTX (tests/clients/e2e_openai.sh does)');
 
 const client = new OpenAI({ baseURL: URL_MAIN + '/v1', apiKey: API_KEY, maxRetries: 0, timeout: 120_000 });
 const tools = new OpenAI({ baseURL: URL_TOOLS + '/v1', apiKey: 'unused', maxRetries: 0, timeout: 120_000 });

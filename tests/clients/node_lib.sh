@@ -1,11 +1,11 @@
 # node_lib.sh - what the end-to-end tests through the Node clients share
-# (sourced by tests/e2e_openai.sh, e2e_agent_apis.sh, e2e_frameworks.sh
+# (sourced by tests/clients/e2e_openai.sh, e2e_agent_apis.sh, e2e_frameworks.sh
 # after they set SUITE, their name in messages):
 #
 #   T, PIDS, cleanup   a scratch folder and the servers to kill on exit
 #   ok bad check give_up   the pass / fail counters and their messages
 #   node_deps WHAT     Node.js 20+, npm and curl, and every package of
-#                      tests/node/package-lock.json installed at its locked
+#                      tests/clients/package-lock.json installed at its locked
 #                      version (npm ci on first use; needs the npm registry;
 #                      without it the suite fails, it never passes silently)
 #   start NAME ARGS... a `kvpin serve` on a free port ($KVPIN, model $M,
@@ -52,7 +52,7 @@ node_deps() { # node_deps WHAT: WHAT names the tests in messages
         give_up "Node.js $(node --version) is too old: the $1 tests need Node.js 20+"
     # every package of the lock installed at its locked version?
     node -e '
-const fs = require("fs"), dir = "tests/node/";
+const fs = require("fs"), dir = "tests/clients/";
 const lock = JSON.parse(fs.readFileSync(dir + "package-lock.json", "utf8"));
 for (const [path, p] of Object.entries(lock.packages)) {
     if (!path || p.optional || p.dev) continue;
@@ -60,10 +60,10 @@ for (const [path, p] of Object.entries(lock.packages)) {
     try { v = JSON.parse(fs.readFileSync(dir + path + "/package.json", "utf8")).version; } catch { process.exit(1); }
     if (v !== p.version) process.exit(1);
 }' || {
-        echo "$SUITE: installing tests/node/package-lock.json into tests/node/node_modules (npm ci)"
-        npm ci --prefix tests/node --no-audit --no-fund >"$T/npm.log" 2>&1 || {
+        echo "$SUITE: installing tests/clients/package-lock.json into tests/clients/node_modules (npm ci)"
+        npm ci --prefix tests/clients --no-audit --no-fund >"$T/npm.log" 2>&1 || {
             cat "$T/npm.log"
-            give_up "npm ci --prefix tests/node failed: the $1 tests need the npm registry on first run"
+            give_up "npm ci --prefix tests/clients failed: the $1 tests need the npm registry on first run"
         }
     }
 }

@@ -2,7 +2,7 @@
  * capture_requests.mjs - records the HTTP requests the agent frameworks send
  * for each call of frameworks.mjs, into tests/data/requests/NAME.json.
  *
- *   cd tests/node && npm ci && node capture_requests.mjs [OUTDIR]
+ *   cd tests/clients && npm ci && node capture_requests.mjs [OUTDIR]
  *   node capture_requests.mjs --serve    only the recording server, until killed
  *
  * A recording server on 127.0.0.1 (a free port) stands in for kvpin: it

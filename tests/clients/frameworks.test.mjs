@@ -4,7 +4,7 @@
  * (@langchain/openai), with zod schemas, through the calls of
  * frameworks.mjs.
  *
- * tests/e2e_frameworks.sh starts the server (the bundled model with its
+ * tests/clients/e2e_frameworks.sh starts the server (the bundled model with its
  * default chat template, as a new user starts it) and runs this file with
  * `node --test`; the environment names it:
  *
@@ -31,7 +31,7 @@ const URL_MAIN = process.env.KVPIN_URL;
 const API_KEY = process.env.KVPIN_API_KEY;
 const MODEL = process.env.KVPIN_MODEL_ID;
 if (!URL_MAIN || !API_KEY || !MODEL)
-    throw new Error('set KVPIN_URL, KVPIN_API_KEY and KVPIN_MODEL_ID (tests/e2e_frameworks.sh does)');
+    throw new Error('set KVPIN_URL, KVPIN_API_KEY and KVPIN_MODEL_ID (tests/clients/e2e_frameworks.sh does)');
 
 const PET_KEYS = Object.keys(PET.shape);
 const byName = Object.fromEntries(CALLS.map((c) => [c.name, c]));

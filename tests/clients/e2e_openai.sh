@@ -1,6 +1,6 @@
 #!/bin/sh
 # End-to-end tests of `kvpin serve` through the official `openai` npm client
-# (tests/node/openai.test.mjs, run with `node --test`), from the repository
+# (tests/clients/openai.test.mjs, run with `node --test`), from the repository
 # root with the binary in $KVPIN (default ./kvpin).
 #
 # Two servers on free ports, both on the bundled model with F32 KV (the
@@ -9,14 +9,14 @@
 # qwen2.5 template for tools; a third on a random-weight model with the
 # 49,152-token byte-level BPE vocabulary (made with `kvpin mkmodel` from
 # tests/data/vocab/ggml-vocab-starcoder.gguf) for the structured-output
-# tests (tests/node/structured.test.mjs, validated with ajv). The client is installed into
-# tests/node/node_modules on first use (needs Node 20 and the npm registry);
+# tests (tests/clients/structured.test.mjs, validated with ajv). The client is installed into
+# tests/clients/node_modules on first use (needs Node 20 and the npm registry);
 # without them this test fails, it never passes silently. After the client
 # tests, each server must exit 0 on SIGTERM with nothing from the sanitizers
 # in its stderr.
 SUITE=e2e_openai
 SERVE_ARGS="--kv-type f32"
-. tests/node_lib.sh
+. tests/clients/node_lib.sh
 KEY=sekret
 CTX=2048
 node_deps "OpenAI client"
@@ -34,7 +34,7 @@ M=$M_MAIN
 KVPIN_URL=$(cat "$T/main.url") KVPIN_API_KEY=$KEY KVPIN_TOOLS_URL=$(cat "$T/tools.url")
 KVPIN_BPE_URL=$(cat "$T/bpe.url") KVPIN_MODEL_ID=$(basename $M) KVPIN_CTX=$CTX
 export KVPIN_URL KVPIN_API_KEY KVPIN_TOOLS_URL KVPIN_BPE_URL KVPIN_MODEL_ID KVPIN_CTX
-run_node 600 tests/node/openai.test.mjs tests/node/structured.test.mjs
+run_node 600 tests/clients/openai.test.mjs tests/clients/structured.test.mjs
 
 stop main
 stop tools

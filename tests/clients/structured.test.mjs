@@ -4,7 +4,7 @@
  * `grammar` (GBNF) and `json_schema` fields, and the 400 for a schema
  * keyword kvpin does not support.
  *
- * tests/e2e_openai.sh starts the servers and runs this file with
+ * tests/clients/e2e_openai.sh starts the servers and runs this file with
  * `node --test`; the environment names them:
  *
  *   KVPIN_URL, KVPIN_API_KEY  the bundled stories260K model (chatml)
@@ -27,7 +27,7 @@ const URL_MAIN = process.env.KVPIN_URL;
 const URL_BPE = process.env.KVPIN_BPE_URL;
 const API_KEY = process.env.KVPIN_API_KEY;
 if (!URL_MAIN || !URL_BPE || !API_KEY)
-    throw new Error('set KVPIN_URL, KVPIN_API_KEY and KVPIN_BPE_URL (tests/e2e_openai.sh does)');
+    throw new Error('set KVPIN_URL, KVPIN_API_KEY and KVPIN_BPE_URL (tests/clients/e2e_openai.sh does)');
 
 const servers = [
     { name: 'stories260K (SPM, 512 tokens)', url: URL_MAIN, key: API_KEY },

@@ -3,7 +3,7 @@
  * /v1/responses/{id} driven by the official `openai` npm client, and the
  * parity of the three chat APIs.
  *
- * tests/e2e_agent_apis.sh starts the server and runs this file with
+ * tests/clients/e2e_agent_apis.sh starts the server and runs this file with
  * `node --test`; KVPIN_URL and KVPIN_API_KEY name the bundled stories260K
  * model with the chatml template (tools in the generic format).
  *
@@ -26,7 +26,7 @@ import Ajv from 'ajv';
 
 const URL_MAIN = process.env.KVPIN_URL;
 const API_KEY = process.env.KVPIN_API_KEY;
-if (!URL_MAIN || !API_KEY) throw new Error('set KVPIN_URL and KVPIN_API_KEY (tests/e2e_agent_apis.sh does)');
+if (!URL_MAIN || !API_KEY) throw new Error('set KVPIN_URL and KVPIN_API_KEY (tests/clients/e2e_agent_apis.sh does)');
 
 const client = new OpenAI({ baseURL: URL_MAIN + '/v1', apiKey: API_KEY, maxRetries: 0, timeout: 120_000 });
 const anthropic = new Anthropic({ baseURL: URL_MAIN, apiKey: API_KEY, maxRetries: 0, timeout: 120_000 });
