@@ -25,21 +25,11 @@ import subprocess
 import sys
 import tempfile
 
-from kvpin_test import KVPIN, MODEL, Results, Server, no_leaks, tokenize, wait_idle
+from kvpin_test import KVPIN, MODEL, Results, Server, metrics, no_leaks, tokenize, wait_idle
 
 R = Results("e2e_choices")
 ok = R.ok
 C, X = "/v1/completions", "/v1/chat/completions"
-
-
-def metrics(srv):
-    st, _, data = srv.request("GET", "/metrics")
-    out = {}
-    for line in data.decode().splitlines():
-        if line and not line.startswith("#"):
-            k, v = line.rsplit(" ", 1)
-            out[k] = float(v)
-    return out
 
 
 def computed(m):

@@ -23,21 +23,11 @@ import random
 import sys
 import threading
 
-from kvpin_test import Results, Server, no_leaks, wait_idle
+from kvpin_test import Results, Server, metrics, no_leaks, wait_idle
 
 R = Results("e2e_crew")
 ok = R.ok
 N, SPEC, TAIL, GEN = 6, 400, 20, 4
-
-
-def metrics(srv):
-    st, _, data = srv.request("GET", "/metrics")
-    out = {}
-    for line in data.decode().splitlines():
-        if line and not line.startswith("#"):
-            k, v = line.rsplit(" ", 1)
-            out[k] = float(v)
-    return out
 
 
 def body(p):

@@ -30,7 +30,6 @@ import http.client
 import json
 import os
 import re
-import signal
 import socket
 import struct
 import subprocess
@@ -39,104 +38,10 @@ import tempfile
 import threading
 import time
 
-KVPIN = os.environ.get("KVPIN", "./kvpin")
-MODEL = "models/stories260K.gguf"
-PASS = 0
-FAIL = 0
-SERVERS = []
+from kvpin_test import KVPIN, MODEL, Results, Server, kill_all, no_leaks, server_env, tokenize, wait_idle
 
-
-def ok(cond, what):
-    global PASS, FAIL
-    if cond:
-        PASS += 1
-    else:
-        FAIL += 1
-        print("FAIL e2e_server: " + what, flush=True)
-    return cond
-
-
-def server_env(env):
-    """The environment of a server: ours without KVPIN_API_KEY, plus env."""
-    e = dict(os.environ)
-    e.pop("KVPIN_API_KEY", None)
-    e.update(env or {})
-    return e
-
-
-class Server:
-    def __init__(self, *args, quiet=True, env=None):
-        self.log = tempfile.NamedTemporaryFile(prefix="kvpin-serve-", suffix=".log", delete=False)
-        cmd = [KVPIN, "serve", "-m", MODEL, "--port", "0", "-t", "1"] + (["--quiet"] if quiet else []) + list(args)
-        self.p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, env=server_env(env))
-        self.port = None
-        deadline = time.time() + 30
-        while time.time() < deadline and self.port is None:
-            with open(self.log.name, "rb") as f:
-                m = re.search(rb"listening on (http://(\[[0-9a-f:.%]+\]|[0-9.]+):(\d+)) ", f.read())
-            if m:
-                self.url = m.group(1).decode()
-                self.port = int(m.group(3))
-                self.host = m.group(2).decode().strip("[]")  # where to connect: loopback for "every address"
-                self.host = {"::": "::1", "0.0.0.0": "127.0.0.1"}.get(self.host, self.host)
-            elif self.p.poll() is not None:
-                break
-            else:
-                time.sleep(0.05)
-        if self.port is None:
-            raise RuntimeError("server did not start: " + open(self.log.name, errors="replace").read())
-        SERVERS.append(self)
-
-    def log_text(self):
-        return open(self.log.name, errors="replace").read()
-
-    def request(self, method, path, body=None, headers=None, timeout=60, host=None):
-        c = http.client.HTTPConnection(host or self.host, self.port, timeout=timeout)
-        if isinstance(body, (dict, list)):
-            body = json.dumps(body).encode()
-        elif isinstance(body, str):
-            body = body.encode()
-        h = {"Content-Type": "application/json"}
-        h.update(headers or {})
-        c.request(method, path, body=body, headers=h)
-        r = c.getresponse()
-        data = r.read()
-        c.close()
-        return r.status, dict(r.getheaders()), data
-
-    def post(self, path, body, **kw):
-        st, h, data = self.request("POST", path, body, **kw)
-        try:
-            return st, h, json.loads(data)
-        except ValueError:
-            return st, h, data
-
-    def get(self, path, **kw):
-        st, h, data = self.request("GET", path, **kw)
-        try:
-            return st, json.loads(data)
-        except ValueError:
-            return st, data
-
-    def stop(self):
-        self.p.send_signal(signal.SIGTERM)
-        try:
-            rc = self.p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            rc = -9
-        log = open(self.log.name, errors="replace").read()
-        ok(rc == 0, "server exit status %s after SIGTERM; log:\n%s" % (rc, log[-3000:]))
-        ok("AddressSanitizer" not in log and "runtime error" not in log and "LeakSanitizer" not in log,
-           "sanitizer report in the server log:\n" + log[-3000:])
-        os.unlink(self.log.name)
-        SERVERS.remove(self)
-
-
-def tokenize(srv, text):
-    st, _, j = srv.post("/tokenize", {"content": text, "add_special": True})
-    assert st == 200, j
-    return j["tokens"]
+R = Results("e2e_server")
+ok = R.ok
 
 
 def lcp(a, b):
@@ -144,24 +49,6 @@ def lcp(a, b):
     while n < len(a) and n < len(b) and a[n] == b[n]:
         n += 1
     return n
-
-
-def wait_idle(srv, seconds=10):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        st, j = srv.get("/health")
-        if st == 200 and j["running"] == 0 and j["queued"] == 0:
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def no_leaks(srv, what):
-    st, c = srv.get("/v1/cache")
-    ok(st == 200, what + ": GET /v1/cache")
-    ok(c["counts"]["running"] == 0 and c["counts"]["leases"] == 0, what + ": sequences still held: %s" % c["counts"])
-    ok(c["kv"]["used_bytes"] == c["kv"]["index_bytes"],
-       what + ": blocks in use %d != blocks the index holds %d" % (c["kv"]["used_bytes"], c["kv"]["index_bytes"]))
 
 
 # ---------------------------------------------------------------------------
@@ -309,7 +196,7 @@ def hostile(srv):
     n += 1
     st, j = srv.get("/health")
     ok(st == 200 and j["status"] == "ok", "healthy after the hostile requests")
-    no_leaks(srv, "after hostile requests")
+    no_leaks(R, srv, "after hostile requests")
     return n
 
 
@@ -320,7 +207,7 @@ def disconnects():
     told from one that half-closed (TCP shows both as the end of its input)
     until the answer is written, so that request runs to its max_tokens and
     is then freed. Either way what was computed stays cached."""
-    srv = Server("--ctx", "60000", "--parallel", "2")
+    srv = Server(R, "--ctx", "60000", "--parallel", "2")
     long_req = {"prompt": "Once upon a time", "max_tokens": 100000, "ignore_eos": True, "temperature": 0}
     def generated():
         m = srv.request("GET", "/metrics")[2].decode()
@@ -354,7 +241,7 @@ def disconnects():
        "the stream and the reset request were cancelled, the closed one ran to its end")
     st, c = srv.get("/v1/cache")
     ok(c["counts"]["cached_tokens"] > 20, "what the cancelled requests computed stays cached: %s" % c["counts"])
-    no_leaks(srv, "after disconnects")
+    no_leaks(R, srv, "after disconnects")
     # SIGTERM while a stream and a plain request run: both end, the server exits at once
     live = []
     for stream in (True, False):
@@ -371,7 +258,7 @@ def disconnects():
 
 
 def auth():
-    srv = Server("--api-key", "sekret", "--ctx", "256")
+    srv = Server(R, "--api-key", "sekret", "--ctx", "256")
     st, _, j = srv.post("/v1/completions", {"prompt": "a", "max_tokens": 1})
     ok(st == 401 and j["error"]["code"] == "invalid_api_key", "no key: %d" % st)
     st, _, j = srv.post("/v1/completions", {"prompt": "a", "max_tokens": 1}, headers={"Authorization": "Bearer nope"})
@@ -393,7 +280,7 @@ def auth():
         ok(st == 401, "Authorization: %r: %d, expected 401" % (value, st))
     srv.stop()
     # without the key, 401 comes before 404, 405 and 413 (the client learns nothing of routes or limits)
-    srv = Server("--api-key", "sekret", "--ctx", "256", "--max-body", "4K")
+    srv = Server(R, "--api-key", "sekret", "--ctx", "256", "--max-body", "4K")
     cases = [("unknown path", "GET", "/v2/everything", None, 404),
              ("wrong method", "GET", "/v1/completions", None, 405),
              ("unpin an unknown id", "DELETE", "/v1/cache/pin/pin-424242", None, 404),
@@ -436,13 +323,13 @@ def api_keys():
         return got
 
     env = {"KVPIN_API_KEY": "envkey"}
-    srv = Server("--ctx", "256", env=env)
+    srv = Server(R, "--ctx", "256", env=env)
     ok(works(srv) == {"envkey"}, "KVPIN_API_KEY alone is the key")
     srv.stop()
-    srv = Server("--ctx", "256", "--api-key-file", kf, env=env)
+    srv = Server(R, "--ctx", "256", "--api-key-file", kf, env=env)
     ok(works(srv) == {"filekey"}, "--api-key-file wins over KVPIN_API_KEY, first line, whitespace trimmed")
     srv.stop()
-    srv = Server("--ctx", "256", "--api-key=argkey", "--api-key-file=" + kf, env=env)
+    srv = Server(R, "--ctx", "256", "--api-key=argkey", "--api-key-file=" + kf, env=env)
     ok(works(srv) == {"argkey"}, "--api-key wins over both")
     with open("/proc/%d/cmdline" % srv.p.pid, "rb") as f:
         cmdline = f.read()
@@ -465,7 +352,7 @@ def api_keys():
 
 def parallel_np():
     """-np 2 is --parallel 2: of three long requests two run, one waits."""
-    srv = Server("-np", "2", "--ctx", "60000")
+    srv = Server(R, "-np", "2", "--ctx", "60000")
     body = json.dumps({"prompt": "Once", "max_tokens": 100000, "ignore_eos": True, "stream": True}).encode()
     socks = []
     for _ in range(3):
@@ -517,7 +404,7 @@ def request_log():
     the x-request-id header of every response, the client's own when sane."""
     import datetime
     t_start = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
-    srv = Server("--ctx", "60000", "-np", "1", "--api-key", "k", "--max-body", "4K", quiet=False)
+    srv = Server(R, "--ctx", "60000", "-np", "1", "--api-key", "k", "--max-body", "4K", quiet=False)
     A = {"Authorization": "Bearer k"}
     want = []  # (x-request-id seen, {field: expected})
 
@@ -607,7 +494,7 @@ def request_log():
     ok(len(set(kv["id"] for kv in lines)) == len(lines), "request ids are unique")
     srv.stop()
     # --quiet: no request lines at all
-    srv = Server("--ctx", "256")
+    srv = Server(R, "--ctx", "256")
     srv.get("/health")
     srv.post("/v1/completions", {"prompt": "a", "max_tokens": 1})
     time.sleep(0.3)
@@ -626,7 +513,7 @@ def ipv6():
         print("SKIP e2e_server: IPv6: this machine cannot bind ::1 (%s)" % e, flush=True)
         return
     for host in ("::1", "[::1]"):
-        srv = Server("--host", host, "--ctx", "256", quiet=False)
+        srv = Server(R, "--host", host, "--ctx", "256", quiet=False)
         ok(srv.url == "http://[::1]:%d" % srv.port, "--host %s: listening on %s" % (host, srv.url))
         st, _, j = srv.post("/v1/completions", {"prompt": "Once", "max_tokens": 2, "temperature": 0})
         ok(st == 200 and j["usage"]["completion_tokens"] == 2, "--host %s: a completion over ::1: %d" % (host, st))
@@ -634,13 +521,13 @@ def ipv6():
         ok(len(lines) == 1 and re.match(r"^\[::1\]:\d+$", lines[0]["client"]) is not None,
            "--host %s: the client in the log: %s" % (host, lines and lines[0]["client"]))
         srv.stop()
-    srv = Server("--host", "::", "--ctx", "256")  # every address, IPv6 and IPv4
+    srv = Server(R, "--host", "::", "--ctx", "256")  # every address, IPv6 and IPv4
     ok(srv.url == "http://[::]:%d" % srv.port, "--host ::: %s" % srv.url)
     for h in ("::1", "127.0.0.1"):
         st, j = srv.get("/health") if h == "::1" else (srv.request("GET", "/health", host=h)[0], None)
         ok(st == 200, "--host ::, a client on %s: %s" % (h, st))
     srv.stop()
-    srv = Server("--host", "localhost", "--ctx", "256")
+    srv = Server(R, "--host", "localhost", "--ctx", "256")
     ok(srv.url in ("http://127.0.0.1:%d" % srv.port, "http://[::1]:%d" % srv.port), "--host localhost: %s" % srv.url)
     ok(srv.get("/health")[0] == 200, "--host localhost answers")
     srv.stop()
@@ -649,7 +536,7 @@ def ipv6():
 
 
 def queue_full():
-    srv = Server("--parallel", "1", "--queue", "1", "--ctx", "60000")
+    srv = Server(R, "--parallel", "1", "--queue", "1", "--ctx", "60000")
     socks = []
     body = json.dumps({"prompt": "Once", "max_tokens": 100000, "ignore_eos": True, "stream": True}).encode()
     for _ in range(2):  # one runs, one waits
@@ -665,7 +552,7 @@ def queue_full():
     ok(wait_idle(srv), "queued and running requests of clients that left are dropped")
     st, _, j = srv.post("/v1/completions", {"prompt": "Once", "max_tokens": 2})
     ok(st == 200, "serves again after the queue drained: %d" % st)
-    no_leaks(srv, "after the queue test")
+    no_leaks(R, srv, "after the queue test")
     srv.stop()
 
 
@@ -1018,7 +905,7 @@ def call_shape_ok(call):
 
 def tools_generic():
     """Tools on a template without a tool syntax (chatml): the generic format."""
-    srv = Server("--ctx", "2048", "--chat-template", "chatml")
+    srv = Server(R, "--ctx", "2048", "--chat-template", "chatml")
     canon = json.dumps(WEATHER, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     block = ("# Tools\n\nYou may call one or more functions to assist with the user query. The functions, one "
              "JSON object each:\n" + canon + "\n\nTo call functions, end your reply with one JSON object in this "
@@ -1094,13 +981,13 @@ def tools_generic():
         ok([(got[i]["name"], got[i]["arguments"]) for i in sorted(got)] == want_calls,
            "streamed calls %r, unstreamed %r" % (got, want_calls))
     print("e2e_server: tools on chatml: %d of 4 replies were calls" % calls_seen)
-    no_leaks(srv, "after the tool requests")
+    no_leaks(R, srv, "after the tool requests")
     srv.stop()
 
 
 def main():
     try:
-        srv = Server("--ctx", "512", "--parallel", "8", "--max-body", "64K", "--timeout", "2",
+        srv = Server(R, "--ctx", "512", "--parallel", "8", "--max-body", "64K", "--timeout", "2",
                      "--chat-template", "chatml")
         n = hostile(srv)
         ok(n >= 40, "only %d hostile requests" % n)
@@ -1110,7 +997,7 @@ def main():
         cache_under_load(srv)
         concurrent(srv)
         structured(srv)
-        no_leaks(srv, "at the end")
+        no_leaks(R, srv, "at the end")
         srv.stop()
         auth()
         api_keys()
@@ -1121,10 +1008,8 @@ def main():
         disconnects()
         tools_generic()
     finally:
-        for s in list(SERVERS):
-            s.p.kill()
-    print("e2e_server: %d passed, %d failed" % (PASS, FAIL))
-    return 1 if FAIL else 0
+        kill_all()
+    return R.finish()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ under another KV type's fingerprint, and why).
 """
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -61,12 +60,6 @@ def wait_written(srv, blocks, field="blocks"):
     return False
 
 
-def kill9(srv):
-    srv.p.send_signal(signal.SIGKILL)
-    srv.p.wait(timeout=30)
-    os.unlink(srv.log.name)
-
-
 story = ("User: Tell me a story about Lily and her dog. Assistant: Once upon a time, there was a little girl "
          "named Lily. She had a dog named Max who loved to run in the park. One day they found a big red ball "
          "under a tree, and they played until the sun went down. ")
@@ -85,7 +78,7 @@ j = complete(a, p1)
 r.ok(j["choices"][0]["text"] == cold1, "turn 1 equals the cold run")
 r.ok(j["kvpin_cache"]["reused_from"] == {"ram": 0, "disk": 0, "redis": 0}, "turn 1 is cold: %s" % j["kvpin_cache"])
 r.ok(wait_written(a, (2000 + N_GEN) // B), "the blocks of turn 1 reach the disk: %s" % disk(a))
-kill9(a)
+a.kill()
 
 # turn 2 on B, same directory
 b = Server(r, "--cache-dir", cache, quiet=False)
@@ -125,7 +118,7 @@ cold_big.stop()
 a = Server(r, "--cache-dir", big_cache, "-c", "2100", model=big, binary=REL)
 complete(a, bids)
 r.ok(wait_written(a, (2000 + N_GEN) // B), "135M: the blocks of turn 1 reach the disk: %s" % disk(a))
-kill9(a)
+a.kill()
 b = Server(r, "--cache-dir", big_cache, "-c", "2100", model=big, binary=REL)
 j = complete(b, bids2)
 kc = j["kvpin_cache"]
