@@ -208,7 +208,9 @@ fuzz: $(addprefix build/fuzz/fuzz_,$(FUZZ_TARGET))
 build/asan/fuzz_%: fuzz/fuzz_%.c fuzz/standalone.c build/asan/libkvpin.a
 	$(CC) $(CFLAGS_ASAN) -o $@ $< fuzz/standalone.c build/asan/libkvpin.a $(LDLIBS)
 
-build/rel/bench_%: tools/bench_%.c build/rel/libkvpin.a
+# The benchmark programs bench/bench_NAME.c, on the release library; bench/run.sh
+# runs them with kvpin bench and the server benchmarks (bench/README.md).
+build/rel/bench_%: bench/bench_%.c build/rel/libkvpin.a
 	$(CC) $(CFLAGS_RELEASE) -o $@ $< build/rel/libkvpin.a $(LDLIBS)
 
 bench: kvpin build/rel/bench_tok build/rel/bench_quant build/rel/bench_prefix build/rel/bench_grammar

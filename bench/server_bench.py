@@ -6,7 +6,7 @@
   2 server overhead per streamed token: decode time per token through HTTP
     (one stream, client-side timestamps) vs `kvpin bench` tgN in-process on
     the same model and threads (goal < 2% of the decode step);
-  3 agent loop through HTTP: the loop of tools/bench_prefix (T turns, each
+  3 agent loop through HTTP: the loop of bench/bench_prefix.c (T turns, each
     = the previous prompt + its answer + a new tail, growing by G tokens a
     turn; prompts sent as token ids, the answer's ids from
     return_token_ids), time to first token of the warm turns

@@ -10,7 +10,7 @@
  *
  * Build and run from the repository root:
  *
- *   cc -std=c11 -O2 -D_GNU_SOURCE -Isrc -o build/bench_tok tools/bench_tok.c \
+ *   cc -std=c11 -O2 -D_GNU_SOURCE -Isrc -o build/bench_tok bench/bench_tok.c \
  *      src/tok/tok*.c src/base/unicode.c src/gguf/gguf.c src/gguf/dtype.c src/base/status.c -lpcre2-8 -lm
  *   build/bench_tok [vocab.gguf ...]
  *

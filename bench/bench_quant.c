@@ -28,7 +28,7 @@
  *
  * Build:  make build/rel/bench_quant, or alone (dispatch.c, which picks the
  *         tables, knows the attention tables too):
- *         gcc -std=c11 -O2 -march=native -D_GNU_SOURCE -Isrc -o bench_quant tools/bench_quant.c \
+ *         gcc -std=c11 -O2 -march=native -D_GNU_SOURCE -Isrc -o bench_quant bench/bench_quant.c \
  *             src/kernels/dispatch.c src/kernels/quant_ref.c src/kernels/quant_scalar.c \
  *             src/kernels/quant_avx2.c src/kernels/quant_avx512.c src/kernels/attn_scalar.c \
  *             src/kernels/attn_avx2.c src/kernels/attn_avx512.c src/gguf/dtype.c -lm
