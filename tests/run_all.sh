@@ -1,14 +1,16 @@
 #!/bin/sh
-# Runs every test, one kind after the other, from the repository root:
-#   1. the unit test programs given (build dir first, then their names:
-#      tests/unit/test_NAME.c is built as DIR/test_NAME);
-#   2. the Python end-to-end tests tests/e2e/*_e2e.py (the other .py files
-#      there are what they share, kvpin_test.py, or driven by a shell test);
-#   3. the shell end-to-end tests tests/shell/e2e_*.sh;
-#   4. the client suites tests/clients/e2e_*.sh (the Node.js clients);
-# the end-to-end tests with KVPIN naming DIR/kvpin. A failing test prints "FAILED: NAME";
-# the closing line "all: N passed, M failed" counts the tests, and the exit
-# status is 0 only when every one passed.
+# Runs every test of `make test`, one kind after the other, from the
+# repository root (tests/README.md has the layout):
+#   1. the unit test programs given: the build dir first, then their names
+#      (tests/unit/test_NAME.c is built as DIR/test_NAME);
+#   2. the Python end-to-end tests, tests/e2e/*_e2e.py (the other .py files
+#      there are their shared helper, kvpin_test.py, or driven by a shell
+#      test);
+#   3. the shell end-to-end tests, tests/shell/e2e_*.sh;
+#   4. the client suites, tests/clients/e2e_*.sh (the Node.js clients).
+# The end-to-end tests get KVPIN=DIR/kvpin. A failing test prints
+# "FAILED: NAME"; the closing line "all: N passed, M failed" counts tests,
+# and the exit status is 0 only when every one passed.
 dir=$1; shift
 passed=0; failed=0
 result() { # result NAME STATUS
