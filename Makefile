@@ -267,4 +267,10 @@ test-install: kvpin build/rel/libkvpin.so
 clean:
 	rm -rf build kvpin
 
--include $(shell find build -name '*.d' 2>/dev/null)
+# The header dependencies the compiler recorded (-MMD). A dependency file
+# whose source (its first prerequisite) is gone, moved or deleted since it
+# was written, is left out: make would stop at "No rule to make target"
+# instead of building the program from where its source is now.
+DEPFILES = $(shell find build -name '*.d' 2>/dev/null | \
+	     xargs -r awk 'FNR == 1 { if ((getline line < $$2) >= 0) print FILENAME; close($$2) }')
+-include $(DEPFILES)
