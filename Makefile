@@ -6,7 +6,7 @@
 #                   (/usr/local), staged under DESTDIR; make uninstall removes them
 #   make test       every test, built with AddressSanitizer + UBSan (build/asan/),
 #                   and the release library installed into build/test/prefix
-#                   (tests/e2e_library.sh builds examples/ against it)
+#                   (tests/shell/e2e_library.sh builds examples/ against it)
 #   make asan       the sanitizer build of kvpin and the tests, without running them
 #   make check      the layering of src/ (floors, no include upward, no circle)
 #   make fuzz       every libFuzzer target for FUZZ_SECONDS each (default 60)
@@ -16,7 +16,7 @@
 #
 # Library code lives in src/FLOOR/ (every src/*/*.c forms libkvpin.a; see
 # src/README.md for the floors and what each may include), the command line
-# in cli/; tests/test_<module>.c are one program each. Objects record their
+# in cli/; tests/unit/test_<module>.c are one program each. Objects record their
 # header dependencies (-MMD), so a changed header rebuilds what includes it.
 
 CC      ?= cc
@@ -46,7 +46,7 @@ CFLAGS_ASAN    = $(WARN) -O1 -g -fsanitize=address,undefined -fno-sanitize-recov
 LDLIBS  = $(PKG_LIBS) -lm -pthread
 
 SRC     := $(wildcard src/*/*.c)
-TESTS   := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
+TESTS   := $(patsubst tests/unit/%.c,%,$(wildcard tests/unit/test_*.c))
 FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
 
 CLI     := $(wildcard cli/*.c)
@@ -132,13 +132,13 @@ build/rel/libkvpin.so: build/rel/libkvpin.so.$(VERSION)
 build/asan/kvpin: build/asan/libkvpin.a $(ASAN_CLI)
 	$(CC) $(CFLAGS_ASAN) -o $@ $(ASAN_CLI) build/asan/libkvpin.a $(LDLIBS)
 
-build/asan/test_%: tests/test_%.c tests/harness.h build/asan/libkvpin.a
+build/asan/test_%: tests/unit/test_%.c tests/unit/harness.h build/asan/libkvpin.a
 	$(CC) $(CFLAGS_ASAN) -o $@ $< build/asan/libkvpin.a $(LDLIBS)
 
 # Allocation failure injection: the test's own malloc & co. stand in for
-# libc's in every call kvpin's objects make (tests/test_alloc_fail.c).
+# libc's in every call kvpin's objects make (tests/unit/test_alloc_fail.c).
 WRAP_ALLOC := -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=free,--wrap=aligned_alloc,--wrap=strdup
-build/asan/test_alloc_fail: tests/test_alloc_fail.c tests/harness.h build/asan/libkvpin.a
+build/asan/test_alloc_fail: tests/unit/test_alloc_fail.c tests/unit/harness.h build/asan/libkvpin.a
 	$(CC) $(CFLAGS_ASAN) -o $@ $< build/asan/libkvpin.a $(LDLIBS) $(WRAP_ALLOC)
 
 build/rel build/asan build/fuzz build/gen:
@@ -159,7 +159,7 @@ check: build/asan/libkvpin.a
 	python3 tools/check_floors.py --objects build/asan
 
 # Unit tests run first, then the end-to-end tests that drive the binary.
-# tests/e2e_library.sh checks the release libraries (no sanitizer),
+# tests/shell/e2e_library.sh checks the release libraries (no sanitizer),
 # installed into TEST_PREFIX.
 test: check asan test-install
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
@@ -208,7 +208,9 @@ fuzz: $(addprefix build/fuzz/fuzz_,$(FUZZ_TARGET))
 build/asan/fuzz_%: fuzz/fuzz_%.c fuzz/standalone.c build/asan/libkvpin.a
 	$(CC) $(CFLAGS_ASAN) -o $@ $< fuzz/standalone.c build/asan/libkvpin.a $(LDLIBS)
 
-build/rel/bench_%: tools/bench_%.c build/rel/libkvpin.a
+# The benchmark programs bench/bench_NAME.c, on the release library; bench/run.sh
+# runs them with kvpin bench and the server benchmarks (bench/README.md).
+build/rel/bench_%: bench/bench_%.c build/rel/libkvpin.a
 	$(CC) $(CFLAGS_RELEASE) -o $@ $< build/rel/libkvpin.a $(LDLIBS)
 
 bench: kvpin build/rel/bench_tok build/rel/bench_quant build/rel/bench_prefix build/rel/bench_grammar
@@ -254,7 +256,7 @@ uninstall:
 	rm -f $(addprefix $(D),$(INSTALLED))
 	rmdir $(D)$(DATADIR)/kvpin 2>/dev/null || true
 
-# make test installs into this scratch prefix first: tests/e2e_library.sh
+# make test installs into this scratch prefix first: tests/shell/e2e_library.sh
 # builds examples/ against the installed library with pkg-config (shared
 # and static) and runs them, and checks the tree and the installed kvpin.
 TEST_PREFIX := $(CURDIR)/build/test/prefix
@@ -265,4 +267,10 @@ test-install: kvpin build/rel/libkvpin.so
 clean:
 	rm -rf build kvpin
 
--include $(shell find build -name '*.d' 2>/dev/null)
+# The header dependencies the compiler recorded (-MMD). A dependency file
+# whose source (its first prerequisite) is gone, moved or deleted since it
+# was written, is left out: make would stop at "No rule to make target"
+# instead of building the program from where its source is now.
+DEPFILES = $(shell find build -name '*.d' 2>/dev/null | \
+	     xargs -r awk 'FNR == 1 { if ((getline line < $$2) >= 0) print FILENAME; close($$2) }')
+-include $(DEPFILES)

@@ -19,34 +19,13 @@ import http.client
 import json
 import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
-
-def start(kvpin, model, threads, parallel, ctx):
-    log = tempfile.NamedTemporaryFile(prefix="kvpin-choices-bench-", suffix=".log", delete=False)
-    p = subprocess.Popen([kvpin, "serve", "-m", model, "--port", "0", "-t", str(threads), "--parallel",
-                          str(parallel), "--ctx", str(ctx), "--quiet"], stderr=log, stdout=subprocess.DEVNULL)
-    port = None
-    for _ in range(600):
-        text = open(log.name, errors="replace").read()
-        for line in text.splitlines():
-            if "listening on http://127.0.0.1:" in line:
-                port = int(line.split("127.0.0.1:")[1].split()[0].rstrip("/"))
-        if port:
-            break
-        if p.poll() is not None:
-            break
-        time.sleep(0.1)
-    if not port:
-        p.kill()
-        sys.exit("choices_bench: the server did not start:\n" + open(log.name, errors="replace").read())
-    return p, port, log.name
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "e2e"))
+from kvpin_test import Server  # noqa: E402
 
 
 def req(port, method, path, body=None):
@@ -125,7 +104,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=16, help="max_tokens per choice")
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
-    p, port, log = start(a.kvpin, a.model, a.threads, a.n, a.prompt + a.tokens + 64)
+    srv = Server(None, "--parallel", str(a.n), "--ctx", str(a.prompt + a.tokens + 64), model=a.model,
+                 binary=a.kvpin, threads=a.threads, start_seconds=60)
+    port = srv.port
     try:
         _, per_token = kv_used(port)
         rng = random.Random(11)
@@ -146,12 +127,7 @@ def main():
         print(json.dumps({"bench": "choices", "n": a.n, "prompt": a.prompt, "tokens": a.tokens,
                           "bytes_per_token": per_token, "runs": res}))
     finally:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-        os.unlink(log)
+        srv.stop()
 
 
 if __name__ == "__main__":

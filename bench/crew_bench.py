@@ -35,36 +35,14 @@ import json
 import os
 import random
 import re
-import signal
 import statistics
 import subprocess
-import tempfile
+import sys
 import threading
 import time
 
-
-def start(cmd, pattern, what):
-    log = tempfile.NamedTemporaryFile(prefix="crew-bench-", suffix=".log", delete=False)
-    env = {k: v for k, v in os.environ.items() if k != "KVPIN_API_KEY"}
-    p = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        m = re.search(pattern, open(log.name, "rb").read())
-        if m:
-            return p, log.name, m
-        if p.poll() is not None:
-            break
-        time.sleep(0.05)
-    raise SystemExit("crew_bench: %s did not start:\n%s" % (what, open(log.name, errors="replace").read()))
-
-
-def stop(p, log):
-    p.send_signal(signal.SIGTERM)
-    try:
-        p.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        p.kill()
-    os.unlink(log)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "e2e"))
+from kvpin_test import Server, launch  # noqa: E402
 
 
 def post(port, path, body):
@@ -148,9 +126,9 @@ def main():
     ctx = a.spec + a.tail + a.tokens + 64
     print("crew_bench: %s, %d threads, --parallel %d, spec %d + tails %d, load average %s" %
           (a.model, a.threads, a.parallel, a.spec, a.tail, " ".join(open("/proc/loadavg").read().split()[:3])))
-    p, log, mm = start([a.kvpin, "serve", "-m", a.model, "-t", str(a.threads), "--port", "0", "--quiet", "--parallel",
-                        str(a.parallel), "--ctx", str(ctx)], rb"listening on http://[0-9.]+:(\d+)", "kvpin serve")
-    port = int(mm.group(1))
+    srv = Server(None, "--parallel", str(a.parallel), "--ctx", str(ctx), model=a.model, binary=a.kvpin,
+                 threads=a.threads, start_seconds=120)
+    port = srv.port
     single, walls, crowd_work, crowd_walls, reuse_rows, inflight_rows = [], [], [], [], [], []
     try:
         for _ in range(a.reps):
@@ -172,12 +150,12 @@ def main():
                    (m1["kvpin_prompt_tokens_cached_total"] - m0["kvpin_prompt_tokens_cached_total"])
             crowd_work.append(work)
     finally:
-        stop(p, log)
+        srv.stop()
     peer = []
     if a.llama_server:
-        p, log, mm = start([a.llama_server, "-m", a.model, "-t", str(a.threads), "--port", "0", "-np",
-                            str(a.parallel), "--kv-unified", "-c", str(a.parallel * ctx)],
-                           rb"listening on http://[0-9.]+:(\d+)", "llama-server")
+        p, log, mm = launch([a.llama_server, "-m", a.model, "-t", str(a.threads), "--port", "0", "-np",
+                             str(a.parallel), "--kv-unified", "-c", str(a.parallel * ctx)],
+                            rb"listening on http://[0-9.]+:(\d+)", 120, stdout_too=True, prefix="crew-bench-")
         port = int(mm.group(1))
         try:
             for _ in range(a.reps):
@@ -185,7 +163,12 @@ def main():
                 w, res = burst(port, ps, a.tokens, True)
                 peer.append((w, sorted(r.get("tokens_cached", 0) for r in res)))
         finally:
-            stop(p, log)
+            p.terminate()
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+            os.unlink(log)
     t1 = statistics.median(single)
     ideal = t1 * (a.spec + a.n * a.tail) / (a.spec + a.tail)
     wall = statistics.median(walls)

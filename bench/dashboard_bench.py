@@ -33,7 +33,10 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from server_bench import decode_rate, start, stop  # noqa: E402
+from server_bench import decode_rate  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "e2e"))
+from kvpin_test import Server  # noqa: E402
 
 
 def poller(port, interval, halt, count, times):
@@ -62,12 +65,12 @@ def main():
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--cpu-polls", type=int, default=200)
     a = ap.parse_args()
-    p, port, log = start(a.kvpin, a.model, a.threads, "-np", str(a.streams))
+    srv = Server(None, "-np", str(a.streams), model=a.model, binary=a.kvpin, threads=a.threads, start_seconds=60)
     try:
-        rates, polls = measure(a, port)
-        cpu = poll_cpu(p.pid, port, a.cpu_polls)
+        rates, polls = measure(a, srv.port)
+        cpu = poll_cpu(srv.p.pid, srv.port, a.cpu_polls)
     finally:
-        stop(p, log)
+        srv.stop()
     report(a, rates, polls, cpu)
 
 

@@ -23,33 +23,19 @@ Standard library only.
 import argparse
 import http.client
 import json
+import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "e2e"))
+from kvpin_test import Server  # noqa: E402
 
 WORDS = ("cat dog tree house river stone cloud bird light night sun road field boat rain wind song "
          "bread apple green quiet small happy bright cold warm little story friend garden window").split()
 TOOL = {"name": "get_weather", "description": "The weather in a city",
         "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
-
-
-def start(kvpin, model, threads, ctx):
-    log = tempfile.NamedTemporaryFile(prefix="kvpin-messages-bench-", suffix=".log", delete=False)
-    p = subprocess.Popen([kvpin, "serve", "-m", model, "--port", "0", "-t", str(threads), "--ctx", str(ctx),
-                          "--chat-template", "chatml", "-np", "1", "--quiet"], stderr=log, stdout=subprocess.DEVNULL)
-    for _ in range(600):
-        text = open(log.name, errors="replace").read()
-        if "listening on http://127.0.0.1:" in text:
-            port = int(text.split("listening on http://127.0.0.1:")[1].split()[0].rstrip("/"))
-            return p, port
-        if p.poll() is not None:
-            break
-        time.sleep(0.05)
-    raise SystemExit("messages_bench: the server did not start:\n" + open(log.name, errors="replace").read())
 
 
 def post(port, path, body):
@@ -156,7 +142,9 @@ def main():
     ap.add_argument("--answer", type=int, default=16)
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
-    p, port = start(args.kvpin, args.model, args.threads, args.ctx)
+    srv = Server(None, "--ctx", str(args.ctx), "--chat-template", "chatml", "-np", "1", model=args.model,
+                 binary=args.kvpin, threads=args.threads)
+    port = srv.port
     ttft = {"A": [[] for _ in range(args.turns)], "B": [[] for _ in range(args.turns)]}
     read_share, sums_ok = [], True
     try:
@@ -172,8 +160,7 @@ def main():
                                       prev["cache_read_input_tokens"] + prev["output_tokens"])
                         read_share.append(cur["cache_read_input_tokens"] / prev_total)
     finally:
-        p.send_signal(signal.SIGTERM)
-        p.wait(timeout=60)
+        srv.stop()
     print("| turn | /v1/messages TTFT ms (median) | /v1/chat/completions TTFT ms (median) | ratio |")
     print("|---|---|---|---|")
     ratios = []

@@ -80,7 +80,7 @@ done
 # Constrained decoding (src/grammar/): the per-token mask cost on the 49,152-
 # and a 151,936-token vocabulary during generation-like walks of realistic
 # schemas, against a decode step of the Q8_0 model (without it, no ratios).
-echo "== grammar masks (tools/bench_grammar.c)"
+echo "== grammar masks (bench/bench_grammar.c)"
 build/rel/bench_grammar -m build/bench/smollm2-135m-Q8_0.gguf -t "$THREADS" -r "$REPS"
 # Prefix-cache goals (issue #4) on the Q8_0 model: the issue's sizes take about
 # ten minutes on 2 cores (15,200 decoded answer tokens in the agent loop and a

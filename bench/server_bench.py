@@ -6,7 +6,7 @@
   2 server overhead per streamed token: decode time per token through HTTP
     (one stream, client-side timestamps) vs `kvpin bench` tgN in-process on
     the same model and threads (goal < 2% of the decode step);
-  3 agent loop through HTTP: the loop of tools/bench_prefix (T turns, each
+  3 agent loop through HTTP: the loop of bench/bench_prefix.c (T turns, each
     = the previous prompt + its answer + a new tail, growing by G tokens a
     turn; prompts sent as token ids, the answer's ids from
     return_token_ids), time to first token of the warm turns
@@ -25,35 +25,14 @@ import json
 import os
 import random
 import re
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
-
-def start(kvpin, model, threads, *extra):
-    log = tempfile.NamedTemporaryFile(prefix="kvpin-bench-", suffix=".log", delete=False)
-    env = {k: v for k, v in os.environ.items() if k != "KVPIN_API_KEY"}  # the requests send no key
-    p = subprocess.Popen([kvpin, "serve", "-m", model, "-t", str(threads), "--port", "0", "--quiet"] + list(extra),
-                         stdout=subprocess.DEVNULL, stderr=log, env=env)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        m = re.search(rb"listening on http://[0-9.]+:(\d+)", open(log.name, "rb").read())
-        if m:
-            return p, int(m.group(1)), log.name
-        if p.poll() is not None:
-            break
-        time.sleep(0.05)
-    raise SystemExit("server_bench: the server did not start:\n" + open(log.name, errors="replace").read())
-
-
-def stop(p, log):
-    p.send_signal(signal.SIGTERM)
-    p.wait(timeout=60)
-    os.unlink(log)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "e2e"))
+from kvpin_test import Server  # noqa: E402
 
 
 def stream(port, body, stamps):
@@ -182,12 +161,13 @@ def main():
     print("server_bench: %s, %d threads, load average %s" % (a.model, a.threads, " ".join(load)))
     goals = []
 
-    p, port, log = start(a.kvpin, a.model, a.threads, "--parallel", "8", "--ctx", "4096")
+    srv = Server(None, "--parallel", "8", "--ctx", "4096", model=a.model, binary=a.kvpin, threads=a.threads,
+                 start_seconds=60)
     try:
-        one = [decode_rate(port, 1, a.tokens, n_vocab, rng) for _ in range(a.reps)]
-        eight = [decode_rate(port, 8, a.tokens, n_vocab, rng) for _ in range(a.reps)]
+        one = [decode_rate(srv.port, 1, a.tokens, n_vocab, rng) for _ in range(a.reps)]
+        eight = [decode_rate(srv.port, 8, a.tokens, n_vocab, rng) for _ in range(a.reps)]
     finally:
-        stop(p, log)
+        srv.stop()
     r1, r8 = statistics.median(one), statistics.median(eight)
     print("decode, 1 stream : %s tok/s (median %.1f)" % (" ".join("%.1f" % x for x in one), r1))
     print("decode, 8 streams: %s tok/s aggregate (median %.1f) = %.2f x one stream" %
@@ -202,12 +182,12 @@ def main():
 
     div = 10 if a.quick else 1
     n_final, turns, vol = 20000 // div, 20, 200 // div
-    p, port, log = start(a.kvpin, a.model, a.threads, "--parallel", "1", "--ctx", str(n_final + 64),
-                         "--prefill-chunk", "256")
+    srv = Server(None, "--parallel", "1", "--ctx", str(n_final + 64), "--prefill-chunk", "256", model=a.model,
+                 binary=a.kvpin, threads=a.threads, start_seconds=60)
     try:
-        ttft, cached = agent_loop(port, n_vocab, n_final, turns, vol, rng)
+        ttft, cached = agent_loop(srv.port, n_vocab, n_final, turns, vol, rng)
     finally:
-        stop(p, log)
+        srv.stop()
     print("agent loop through HTTP (%d turns to %d tokens): TTFT ms per turn: %s" %
           (turns, n_final, " ".join("%.0f" % (t * 1e3) for t in ttft)))
     print("  cached_tokens per turn: %s" % " ".join(str(c) for c in cached))

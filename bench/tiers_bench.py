@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "e2e"))
 from kvpin_test import Results, Server, free_port  # noqa: E402
 
 argv = [x for x in sys.argv[1:]]
@@ -46,7 +46,7 @@ redis = subprocess.Popen(["redis-server", "--port", str(rport), "--bind", "127.0
 time.sleep(0.5)
 addr = "127.0.0.1:%d" % rport
 prompts = [[1] + [(7 * i + 13 * k + 5) % 400 + 3 for i in range(n_tok - 1)] for k in range(n_prompts)]
-common = ["-m", model, "-c", str(n_tok + 64), "-t", threads, "--kv-budget", "%dM" % 4096]
+common = ["-c", str(n_tok + 64), "--kv-budget", "%dM" % 4096]
 
 
 def drop_page_cache():
@@ -72,7 +72,7 @@ def restore(args, tier):
     for p in prompts:
         if tier == "disk":
             dropped.append(drop_page_cache())
-        srv = Server(r, *common, *args)
+        srv = Server(r, *common, *args, model=model, threads=threads)
         ttft(srv, [1, 5, 6, 7])  # the weights' pages and the threads, which a computed prompt also has warm
         dt, kc = ttft(srv, p)
         whole = (n_tok - 1) // 16 * 16
@@ -84,7 +84,8 @@ def restore(args, tier):
 
 
 try:
-    a = Server(r, *common, "--cache-dir", tmp + "/d", "--cache-redis", addr, "--cache-redis-timeout-ms", "2000")
+    a = Server(r, *common, "--cache-dir", tmp + "/d", "--cache-redis", addr, "--cache-redis-timeout-ms", "2000",
+               model=model, threads=threads)
     cold = [ttft(a, p)[0] for p in prompts]
     deadline = time.time() + 600
     want = n_prompts * (n_tok // 16)

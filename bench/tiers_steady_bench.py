@@ -33,10 +33,10 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
-from server_bench import start, stop, stream  # noqa: E402
+from server_bench import stream  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from kvpin_test import free_port  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "e2e"))
+from kvpin_test import Server, free_port  # noqa: E402
 
 
 def one(port, n_prompt, n_gen, n_vocab, rng):
@@ -85,26 +85,26 @@ def main():
                               "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     time.sleep(0.5)
-    off = start(a.kvpin, a.model, a.threads)
-    on = start(a.kvpin, a.model, a.threads, "--cache-dir", os.path.join(tmp, "d"), "--cache-redis",
-               "127.0.0.1:%d" % rport)
+    off = Server(None, model=a.model, binary=a.kvpin, threads=a.threads, start_seconds=60)
+    on = Server(None, "--cache-dir", os.path.join(tmp, "d"), "--cache-redis", "127.0.0.1:%d" % rport,
+                model=a.model, binary=a.kvpin, threads=a.threads, start_seconds=60)
     rng = random.Random(7)
     n_vocab = 500  # ids 3..499 exist in every vocabulary; 499^15 first blocks: none repeats
     try:
         run(a, off, on, n_vocab, rng, redis.pid)
     finally:
-        stop(on[0], on[2])
-        stop(off[0], off[2])
+        on.stop()
+        off.stop()
         redis.kill()
         redis.wait()
         shutil.rmtree(tmp)
 
 
 def run(a, off, on, n_vocab, rng, redis_pid):
-    one(off[1], a.prompt, a.gen, n_vocab, rng)  # warm-up: page faults, thread start
-    one(on[1], a.prompt, a.gen, n_vocab, rng)
+    one(off.port, a.prompt, a.gen, n_vocab, rng)  # warm-up: page faults, thread start
+    one(on.port, a.prompt, a.gen, n_vocab, rng)
     time.sleep(1)
-    cpu0 = (cpu_seconds(on[0].pid), cpu_seconds(on[0].pid, ("kvpin-disk", "kvpin-redis")), cpu_seconds(redis_pid))
+    cpu0 = (cpu_seconds(on.p.pid), cpu_seconds(on.p.pid, ("kvpin-disk", "kvpin-redis")), cpu_seconds(redis_pid))
     pp = {"off": [], "on": []}
     tg = {"off": [], "on": []}
     rp, rt = [], []
@@ -112,15 +112,15 @@ def run(a, off, on, n_vocab, rng, redis_pid):
         order = (("off", off), ("on", on)) if k % 2 == 0 else (("on", on), ("off", off))
         got = {}
         for name, srv in order:
-            got[name] = one(srv[1], a.prompt, a.gen, n_vocab, rng)
+            got[name] = one(srv.port, a.prompt, a.gen, n_vocab, rng)
             pp[name].append(got[name][0])
             tg[name].append(got[name][1])
         rp.append(got["on"][0] / got["off"][0])
         rt.append(got["on"][1] / got["off"][1])
     time.sleep(1)
-    cpu1 = (cpu_seconds(on[0].pid), cpu_seconds(on[0].pid, ("kvpin-disk", "kvpin-redis")), cpu_seconds(redis_pid))
+    cpu1 = (cpu_seconds(on.p.pid), cpu_seconds(on.p.pid, ("kvpin-disk", "kvpin-redis")), cpu_seconds(redis_pid))
     srv, wr, rds = (cpu1[i] - cpu0[i] for i in range(3))
-    with urllib.request.urlopen("http://127.0.0.1:%d/v1/cache" % on[1]) as f:
+    with urllib.request.urlopen("http://127.0.0.1:%d/v1/cache" % on.port) as f:
         t = json.load(f)["tiers"]
     print("the tiers of \"on\": disk %d writes, %d dropped; redis %d writes, %d dropped" % (
         t["disk"]["writes"], t["disk"]["dropped_queue_full"], t["redis"]["writes"], t["redis"]["dropped_queue_full"]))

@@ -1,15 +1,32 @@
 #!/bin/sh
-# Runs every test program given (build dir first), then the end-to-end
-# scripts tests/e2e_*.sh, and prints one closing line "N passed, N failed"
-# where N counts test programs and scripts.
+# Runs every test of `make test`, one kind after the other, from the
+# repository root (tests/README.md has the layout):
+#   1. the unit test programs given: the build dir first, then their names
+#      (tests/unit/test_NAME.c is built as DIR/test_NAME);
+#   2. the Python end-to-end tests, tests/e2e/*_e2e.py (the other .py files
+#      there are their shared helper, kvpin_test.py, or driven by a shell
+#      test);
+#   3. the shell end-to-end tests, tests/shell/e2e_*.sh;
+#   4. the client suites, tests/clients/e2e_*.sh (the Node.js clients).
+# The end-to-end tests get KVPIN=DIR/kvpin. A failing test prints
+# "FAILED: NAME"; the closing line "all: N passed, M failed" counts tests,
+# and the exit status is 0 only when every one passed.
 dir=$1; shift
 passed=0; failed=0
+result() { # result NAME STATUS
+    if [ "$2" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: $1"; fi
+}
 for t in "$@"; do
-    if "$dir/$t"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: $t"; fi
+    "$dir/$t"; result "$t" $?
 done
-for s in tests/e2e_*.sh; do
-    [ -f "$s" ] || continue
-    if KVPIN="$dir/kvpin" sh "$s"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: $s"; fi
+KVPIN="$dir/kvpin"; export KVPIN
+for t in tests/e2e/*_e2e.py; do
+    [ -f "$t" ] || continue
+    python3 "$t"; result "$t" $?
+done
+for t in tests/shell/e2e_*.sh tests/clients/e2e_*.sh; do
+    [ -f "$t" ] || continue
+    sh "$t"; result "$t" $?
 done
 echo "all: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

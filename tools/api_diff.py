@@ -23,7 +23,7 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "e2e"))
 from kvpin_test import Results, Server  # noqa: E402
 
 ID_RE = re.compile(r"\b(call_|toolu_|msg_|resp_|fc_|chatcmpl-|cmpl-|pin-|rs_)[A-Za-z0-9]+")

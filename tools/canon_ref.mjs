@@ -1,4 +1,4 @@
-// canon_ref.mjs - reference data for tests/test_canon.c, computed by V8.
+// canon_ref.mjs - reference data for tests/unit/test_canon.c, computed by V8.
 //
 //   node tools/canon_ref.mjs [OUTDIR]        (default tests/data/canon)
 //

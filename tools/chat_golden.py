@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference renderings of chat templates for tests/test_chat.c.
+"""Reference renderings of chat templates for tests/unit/test_chat.c.
 
     python3 tools/chat_golden.py [DATA_DIR]      (default tests/data/chat)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """check_docs.py - the man page and the bash completion against --help
-(run by tests/e2e_docs.sh).
+(run by tests/shell/e2e_docs.sh).
 
 The commands are those `kvpin --help` lists, plus `run --prompt-cache`,
 which has a --help of its own. A command's options are the lines of its

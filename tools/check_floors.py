@@ -4,9 +4,10 @@
 kvpin's library is a stack of floors, one folder each (src/README.md says
 what each owns). A file may include headers of its own folder and of
 folders on lower floors only; folders on the same floor are independent of
-each other. This script reads every #include "..." of src/, cli/, tests/,
-tools/ and fuzz/, prints the folder-level include graph (edges with counts)
-and the file-level graph of each folder, and fails (exit 1) when
+each other. This script reads every #include "..." of src/, cli/, tests/
+(every folder below it), tools/, bench/ and fuzz/ (node_modules/ aside),
+prints the folder-level include graph (edges with counts) and the
+file-level graph of each folder, and fails (exit 1) when
 
   - a file includes a header of a higher floor, or of another folder on its
     own floor;
@@ -20,8 +21,8 @@ and the file-level graph of each folder, and fails (exit 1) when
     (a.c uses a symbol b.c defines and b.c one a.c defines, directly or
     through others), read from `nm` of the compiled objects under DIR.
 
-cli/, tests/, tools/ and fuzz/ sit above every floor of src/: they may
-include anything, and nothing in src/ may include them.
+cli/, tests/, tools/, bench/ and fuzz/ sit above every floor of src/: they
+may include anything, and nothing in src/ may include them.
 
 Usage: tools/check_floors.py [--objects build/rel] [--quiet]
 """
@@ -44,7 +45,7 @@ FLOORS = {
     "api": 6,      # the public library interface (kvpin.h)
     "serve": 6,    # scheduler, chat templates, OpenAI shapes, HTTP server
 }
-TOP = 100  # cli/, tests/, tools/, fuzz/
+TOP = 100  # cli/, tests/, tools/, bench/, fuzz/
 
 # The one file of src/ that may include the API dialects' headers.
 ROUTING = os.path.join("src", "serve", "routes.c")
@@ -55,7 +56,8 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 def files_under(root, exts=(".c", ".h")):
     out = []
-    for d, _, names in os.walk(root):
+    for d, dirs, names in os.walk(root):
+        dirs[:] = [x for x in dirs if x != "node_modules"]  # npm packages (bench/, tests/clients/)
         for n in sorted(names):
             if n.endswith(exts):
                 out.append(os.path.join(d, n))
@@ -139,7 +141,7 @@ def main(argv):
         objdir = argv[argv.index("--objects") + 1]
     errors = []
     files = []
-    for root in ("src", "include", "cli", "tests", "tools", "fuzz"):
+    for root in ("src", "include", "cli", "tests", "tools", "bench", "fuzz"):
         if os.path.isdir(root):
             files += files_under(root)
     for p in files:

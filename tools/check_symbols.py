@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""check_symbols.py - what libkvpin exports (run by tests/e2e_library.sh).
+"""check_symbols.py - what libkvpin exports (run by tests/shell/e2e_library.sh).
 
 The public interface is include/kvpin.h: every function it declares is
 marked KP_API, the library's objects are compiled with -fvisibility=hidden,

@@ -9,7 +9,7 @@
  * where a key enters the hash as its 16 canonical bytes (XXH128's
  * big-endian form: high 64 bits first) and every token id as 4 bytes
  * little-endian. No seed, no process state: `xxhsum -H2` over the same
- * bytes prints the same value (tests/test_blockkey.c checks that). A key
+ * bytes prints the same value (tests/unit/test_blockkey.c checks that). A key
  * names a position in a token chain, not a model: the model fingerprint
  * (fingerprint.h) is the namespace keys live under.
  */

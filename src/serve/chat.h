@@ -5,7 +5,7 @@
  * conversation becomes the text the model reads. kvpin does not run Jinja:
  * it recognises the template's family and renders that family's layout in
  * C, byte for byte as Hugging Face transformers renders the real template
- * (tests/test_chat.c compares against jinja2 renderings of the templates in
+ * (tests/unit/test_chat.c compares against jinja2 renderings of the templates in
  * tests/data/chat/templates/).
  *
  *   [{"role":"system","content":"Be brief."},      <|im_start|>system

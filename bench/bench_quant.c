@@ -1,0 +1,197 @@
+/*
+ * bench_quant.c - throughput of the quant.h kernels, per weight type and
+ * kernel table (scalar, avx2, avx512vnni).
+ *
+ * For each type it builds a weight matrix of rows x K (default K = 4096,
+ * about 1 MiB of weights, so the numbers measure the kernels rather than
+ * DRAM; -m MiB changes the size) and reports GB/s of weight bytes:
+ *
+ *   vec_dot      one activation row; every row of the matrix once
+ *   tile 4x4     dot_tile over 4 rows x 4 activation rows; weights are read
+ *                once for 4 columns. "x4 eq" is weight bytes x 4 / time, the
+ *                rate a vec_dot would need to match it column for column.
+ *                (The forward pass calls gemm; dot_tile is its fallback.)
+ *   decode       one activation row, in the forward pass's call shape: gemm
+ *                over 16 rows x 1 column (dot_tile 4 x 1 where a table has
+ *                no gemm for the type); with -m larger than the caches this
+ *                is the rate decode streams weights at
+ *
+ * and, for the shape the forward pass uses in prefill, GMAC/s (multiply-adds
+ * per second):
+ *
+ *   prefill      gemm over 16 weight rows x N activation rows (-n N,
+ *                default 512), once per 16 rows of a matrix of 64 rows
+ *                (so the weights stay in cache, as in one thread's share
+ *                of a product), activations converted beforehand (with
+ *                kp_q8_0_aux rows for Q8_0 activations, as the forward pass
+ *                passes them). SIMD tables only (the scalar column shows 0).
+ *
+ * Build:  make build/rel/bench_quant, or alone (dispatch.c, which picks the
+ *         tables, knows the attention tables too):
+ *         gcc -std=c11 -O2 -march=native -D_GNU_SOURCE -Isrc -o bench_quant bench/bench_quant.c \
+ *             src/kernels/dispatch.c src/kernels/quant_ref.c src/kernels/quant_scalar.c \
+ *             src/kernels/quant_avx2.c src/kernels/quant_avx512.c src/kernels/attn_scalar.c \
+ *             src/kernels/attn_avx2.c src/kernels/attn_avx512.c src/gguf/dtype.c -lm
+ * Run:    ./bench_quant [-k K] [-m MiB] [-n N] [-t TYPE]
+ *         (-k 576 or 1536 for SmolLM2-135M's shapes; K a multiple of 32,
+ *         types whose block size does not divide K are skipped)
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "gguf/dtype.h"
+#include "kernels/quant.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float frand(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((rng >> 40) * 0x1p-24 - 0.5);
+}
+
+typedef struct {
+    const kp_kernels *k;
+    kp_dtype t;
+    int64_t K, rows;
+    const uint8_t *w;
+    size_t wrs;
+    const uint8_t *a;
+    size_t ars;
+    float *out;
+    int64_t n_cols;          /* prefill: activation rows */
+    const kp_q8_0_aux *aux;  /* Q8_0 activations: their aux rows, as the forward pass has them */
+    size_t aux_stride;
+} bench_ctx;
+
+static void run_vec_dot(const bench_ctx *c) {
+    for (int64_t r = 0; r < c->rows; r++) c->k->vec_dot[c->t](c->K, &c->out[r], c->w + r * c->wrs, c->a);
+}
+
+static void run_tile(const bench_ctx *c) {
+    for (int64_t r = 0; r + 4 <= c->rows; r += 4)
+        c->k->dot_tile[c->t](c->K, 4, 4, c->w + r * c->wrs, c->wrs, c->a, c->ars, &c->out[r * 4], 4);
+}
+
+/* Best seconds per call of fn over 15 timed batches of >= 20 ms each (the
+ * best, not the mean, so other load on the machine matters less). */
+enum { PF_ROWS = 64, PF_TASK = 16 };
+
+static void run_prefill(const bench_ctx *c) {
+    for (int64_t r = 0; r < PF_ROWS; r += PF_TASK)
+        c->k->gemm[c->t](c->K, PF_TASK, (int)c->n_cols, c->w + r * c->wrs, c->wrs, c->a, c->ars, c->aux,
+                         c->aux_stride, &c->out[r], PF_ROWS);
+}
+
+static void run_decode(const bench_ctx *c) {
+    for (int64_t r = 0; r + PF_TASK <= c->rows; r += PF_TASK) {
+        if (c->k->gemm[c->t]) {
+            c->k->gemm[c->t](c->K, PF_TASK, 1, c->w + r * c->wrs, c->wrs, c->a, c->ars, c->aux, c->aux_stride,
+                             &c->out[r], PF_TASK);
+        } else {
+            for (int64_t q = r; q < r + PF_TASK; q += 4)
+                c->k->dot_tile[c->t](c->K, 4, 1, c->w + q * c->wrs, c->wrs, c->a, c->ars, &c->out[q], 4);
+        }
+    }
+}
+
+static double time_it(void (*fn)(const bench_ctx *), const bench_ctx *c) {
+    int reps = 1;
+    double best = 1e30;
+    fn(c); /* warm up */
+    for (int trial = 0; trial < 15; trial++) {
+        double t0 = now_s(), dt;
+        for (int i = 0; i < reps; i++) fn(c);
+        dt = now_s() - t0;
+        if (dt < 0.02) {
+            reps *= 2;
+            trial--;
+            continue;
+        }
+        if (dt / reps < best) best = dt / reps;
+    }
+    return best;
+}
+
+int main(int argc, char **argv) {
+    int64_t K = 4096, N = 512;
+    double mib = 1.0;
+    const char *only = NULL;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "-k")) K = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "-m")) mib = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "-n")) N = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "-t")) only = argv[i + 1];
+    }
+    if (K <= 0 || K % 32 != 0 || mib <= 0 || N <= 0) {
+        fprintf(stderr, "usage: %s [-k K (multiple of 32)] [-m MiB of weights] [-n N] [-t TYPE]\n", argv[0]);
+        return 2;
+    }
+    const kp_dtype types[] = {KP_DTYPE_F32, KP_DTYPE_F16, KP_DTYPE_BF16, KP_DTYPE_Q8_0,
+                              KP_DTYPE_Q4_0, KP_DTYPE_Q4_1, KP_DTYPE_Q5_0, KP_DTYPE_Q5_1,
+                              KP_DTYPE_Q4_K, KP_DTYPE_Q5_K, KP_DTYPE_Q6_K};
+    const kp_kernels *tabs[3] = {kp_kernels_scalar(), kp_kernels_avx2(), kp_kernels_avx512vnni()};
+    float *xf = malloc((size_t)K * sizeof(float));
+    if (!xf) return 1;
+
+    printf("K = %lld, ~%.1f MiB of weights per type; GB/s of weight bytes; prefill: 16 rows x %lld\n",
+           (long long)K, mib, (long long)N);
+    printf("%-6s %-7s %10s %12s %12s %8s %10s %14s\n", "type", "kernels", "vec_dot", "tile 4x4", "x4 eq", "tile/vd",
+           "decode", "prefill GMAC/s");
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const kp_dtype t = types[ti], at = kp_vec_dot_type(t);
+        if (only && strcasecmp(only, kp_dtype_name(t)) != 0) continue;
+        if (K % kp_dtype_get(t)->block_size != 0) continue; /* K-quants need K % 256 == 0 */
+        const size_t wrs = kp_dtype_row_size(t, K), ars = kp_dtype_row_size(at, K);
+        int64_t rows = (int64_t)(mib * 1048576.0 / (double)wrs);
+        rows = rows < PF_ROWS ? PF_ROWS : rows & ~(int64_t)3;
+        const int64_t n_act = N > 4 ? N : 4;
+        uint8_t *w = malloc((size_t)rows * wrs), *a = malloc((size_t)n_act * ars);
+        const size_t n_out = (size_t)rows * 4 > (size_t)(PF_ROWS * n_act) ? (size_t)rows * 4 : (size_t)(PF_ROWS * n_act);
+        float *out = malloc(n_out * sizeof(float));
+        if (!w || !a || !out) return 1;
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t i = 0; i < K; i++) xf[i] = frand();
+            kp_quantize_row(t, xf, w + r * wrs, K);
+        }
+        for (int64_t c = 0; c < n_act; c++) {
+            for (int64_t i = 0; i < K; i++) xf[i] = frand();
+            kp_kernels_scalar()->quantize_act[t](xf, a + c * ars, K);
+        }
+        kp_q8_0_aux *aux = NULL;
+        const size_t aux_stride = (size_t)(K / 32) * sizeof(kp_q8_0_aux);
+        if (at == KP_DTYPE_Q8_0) {
+            aux = malloc((size_t)n_act * aux_stride);
+            if (!aux) return 1;
+            for (int64_t c = 0; c < n_act; c++) kp_q8_0_aux_row(a + c * ars, aux + c * (K / 32), K);
+        }
+        for (int k = 0; k < 3; k++) {
+            if (!tabs[k]) continue;
+            bench_ctx c = {tabs[k], t, K, rows, w, wrs, a, ars, out, N, aux, aux_stride};
+            const double bytes = (double)rows * (double)wrs;
+            const double tv = time_it(run_vec_dot, &c), tt = time_it(run_tile, &c);
+            const double td = time_it(run_decode, &c);
+            /* the scalar table is too slow for a whole batch; prefill is for the SIMD tables */
+            const double tp = k == 0 ? 0 : time_it(run_prefill, &c);
+            printf("%-6s %-7s %10.2f %12.2f %12.2f %7.2fx %10.2f %14.2f\n", kp_dtype_name(t), tabs[k]->name,
+                   bytes / tv * 1e-9, bytes / tt * 1e-9, 4 * bytes / tt * 1e-9, 4 * tv / tt, bytes / td * 1e-9,
+                   tp > 0 ? (double)PF_ROWS * (double)N * (double)K / tp * 1e-9 : 0.0);
+        }
+        free(w);
+        free(a);
+        free(aux);
+        free(out);
+    }
+    free(xf);
+    return 0;
+}

@@ -1,0 +1,33 @@
+#!/bin/sh
+# End-to-end tests of `kvpin serve`'s agent APIs: Anthropic's Messages API
+# through the official `@anthropic-ai/sdk` npm client
+# (tests/clients/anthropic.test.mjs), OpenAI's Responses API through the
+# official `openai` client and the parity of the three chat APIs
+# (tests/clients/responses.test.mjs), run with `node --test` from the
+# repository root with the binary in $KVPIN (default ./kvpin).
+#
+# Two servers on free ports, both on the bundled model with F32 KV and the
+# chatml template: one with an API key (the client sends it as x-api-key),
+# one with a short --pin-ttl-scale so that a cache_control TTL expires
+# within the test ("5m" is 6 s). The clients are installed into tests/clients/node_modules
+# on first use (needs Node 20 and the npm registry); without them this test
+# fails, it never passes silently. After the client tests, each server must
+# exit 0 on SIGTERM with nothing from the sanitizers in its stderr.
+SUITE=e2e_agent_apis
+SERVE_ARGS="--kv-type f32"
+. tests/clients/node_lib.sh
+KEY=sekret
+CTX=2048
+node_deps "Anthropic and OpenAI client"
+
+start main --chat-template chatml --api-key "$KEY" --ctx $CTX || give_up "the chatml server did not start"
+start ttl --chat-template chatml --ctx $CTX --pin-ttl-scale 0.02 || give_up "the short-TTL server did not start"
+
+KVPIN_URL=$(cat "$T/main.url") KVPIN_API_KEY=$KEY KVPIN_TTL_URL=$(cat "$T/ttl.url")
+export KVPIN_URL KVPIN_API_KEY KVPIN_TTL_URL
+run_node 600 tests/clients/anthropic.test.mjs tests/clients/responses.test.mjs
+
+stop main
+stop ttl
+PIDS=""
+finish
