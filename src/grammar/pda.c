@@ -519,11 +519,14 @@ kp_status kp_gpda_u8loop(kp_gpda *p, uint32_t cfg, bool *out, kp_error *err) {
 
 kp_status kp_gpda_relax(kp_gpda *p, uint32_t cfg, uint32_t *relaxed, uint32_t *min_rem, kp_error *err) {
     if (cfg >= p->cap_relax) {
-        uint32_t old = p->cap_relax, c2 = old;
-        if (!kp_grow_u32((void **)&p->relax, &p->cap_relax, cfg + 1, sizeof *p->relax) ||
-            !kp_grow_u32((void **)&p->relax_rem, &c2, p->cap_relax, sizeof *p->relax_rem))
+        /* both arrays grown before the capacity they share says so: when the
+         * second cannot grow, the first's new room is simply unused */
+        uint32_t old = p->cap_relax, c1 = old, c2 = old;
+        if (!kp_grow_u32((void **)&p->relax, &c1, cfg + 1, sizeof *p->relax) ||
+            !kp_grow_u32((void **)&p->relax_rem, &c2, c1, sizeof *p->relax_rem))
             return kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory");
-        memset(p->relax + old, 0xFF, (size_t)(p->cap_relax - old) * sizeof *p->relax);
+        memset(p->relax + old, 0xFF, (size_t)(c1 - old) * sizeof *p->relax);
+        p->cap_relax = c1;
     }
     if (p->relax[cfg] != UINT32_MAX) {
         *relaxed = p->relax[cfg];
