@@ -46,7 +46,7 @@
 #include <time.h>
 
 #include "base/threadpool.h"
-#include "cache/engine.h"
+#include "engine/engine.h"
 #include "gguf/gguf.h"
 #include "grammar/grammar.h"
 #include "model/model.h"

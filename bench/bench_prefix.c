@@ -70,7 +70,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "cache/engine.h"
+#include "engine/engine.h"
 #include "kv/kvpool.h"
 #include "model/model.h"
 #include "cache/prefix.h"

@@ -2,7 +2,7 @@
  * bench.c - `kvpin bench`: prompt processing (pp) and text generation (tg)
  * speed, like llama-bench, at one or more cache depths.
  *
- * One engine without a prefix cache (cache/engine.h), its pool sized for
+ * One engine without a prefix cache (engine/engine.h), its pool sized for
  * the deepest test. For each depth D the sequence is first filled with D
  * tokens (not timed). ppP times one batched forward of P tokens at
  * positions D..D+P-1 (kp_eng_append, up to EVAL_BATCH tokens per call);
@@ -48,8 +48,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/engine.h"
-#include "cache/gen.h"
+#include "engine/engine.h"
+#include "engine/gen.h"
 #include "cli.h"
 #include "kernels/probe.h"
 #include "model/cost.h"

@@ -37,10 +37,10 @@
 
 #include "cli.h"
 #include "base/buf.h"
-#include "cache/cachereport.h"
+#include "engine/cachereport.h"
 #include "cache/doctor.h"
-#include "cache/engine.h"
-#include "cache/gen.h"
+#include "engine/engine.h"
+#include "engine/gen.h"
 #include "model/sampler.h"
 #include "tok/textout.h"
 #include "tok/tok.h"

@@ -35,7 +35,7 @@ typedef struct {
 } cli_session_opts;
 
 /* What such a subcommand loads before it makes its engine
- * (cache/engine.h): the model file through the library's kp_lm_open (so a
+ * (engine/engine.h): the model file through the library's kp_lm_open (so a
  * prompt is tokenized by kp_tokenize_prompt, kvpin.h), its model and
  * tokenizer taken out of it (api/lm_parts.h), a thread pool, the kernels. */
 typedef struct {

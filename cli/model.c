@@ -3,7 +3,7 @@
  * model file, opened as the library opens it (kp_lm_open, kvpin.h), its
  * model and tokenizer (api/lm_parts.h), a thread pool and the kernel
  * table. The KV pool, the forward pass and generation belong to the engine
- * the subcommand makes from these (cache/engine.h).
+ * the subcommand makes from these (engine/engine.h).
  */
 #include <stdio.h>
 #include <string.h>

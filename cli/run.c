@@ -1,6 +1,6 @@
 /*
  * run.c - `kvpin run`, `kvpin logits`, `kvpin inspect`: one sequence through
- * an engine without a prefix cache (cache/engine.h).
+ * an engine without a prefix cache (engine/engine.h).
  *
  * The prompt: the ids of --tokens (logits), else the text of -p or -f
  * tokenized by the library as kp_generate_text does (kp_tokenize_prompt,
@@ -9,7 +9,7 @@
  * run: kp_eng_generate: prefill the prompt in batches of up to EVAL_BATCH
  * tokens (the KV of every prompt position is written), then decode one
  * token at a time (each step appends one K/V row per layer and kv-head);
- * the kp_gen (cache/gen.h) samples, applies stop strings and the limits
+ * the kp_gen (engine/gen.h) samples, applies stop strings and the limits
  * and releases text, streamed to stdout as whole UTF-8 characters; a
  * summary goes to stderr. When stderr is a terminal and the prompt is long
  * (more than PROGRESS_MIN tokens), the prompt is prefilled in slices of
@@ -29,8 +29,8 @@
 #include <unistd.h>
 
 #include "base/buf.h"
-#include "cache/engine.h"
-#include "cache/gen.h"
+#include "engine/engine.h"
+#include "engine/gen.h"
 #include "cli.h"
 #include "heatmap.h"
 #include "model/sampler.h"

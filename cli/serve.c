@@ -19,7 +19,7 @@
 
 #include "serve/chat.h"
 #include "cli.h"
-#include "cache/engine.h"
+#include "engine/engine.h"
 #include "serve/scheduler.h"
 #include "serve/server.h"
 #include "serve/volatile.h"

@@ -32,7 +32,7 @@
 #include <unistd.h>
 
 #include "base/threadpool.h"
-#include "cache/engine.h"
+#include "engine/engine.h"
 #include "model/model.h"
 #include "serve/scheduler.h"
 #include "serve/server.h"

@@ -28,7 +28,7 @@
 #include <string.h>
 
 #include "base/threadpool.h"
-#include "cache/engine.h"
+#include "engine/engine.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "tok/tok.h"

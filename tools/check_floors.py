@@ -41,9 +41,10 @@ FLOORS = {
     "tok": 3,      # tokenizers and the text of generated tokens
     "model": 3,    # hyperparameters, weights, the forward pass, sampling, random models
     "grammar": 4,  # constrained decoding: grammars, JSON Schema / GBNF, matcher, token masks
-    "cache": 5,    # prefix index, engine, generation loop, miss analysis, cache reports
-    "api": 6,      # the public library interface (kvpin.h)
-    "serve": 6,    # scheduler, chat templates, OpenAI shapes, HTTP server
+    "cache": 5,    # prefix index, KV block records and keys, tiers below RAM, miss analysis (doctor)
+    "engine": 6,   # the engine (KV pool + index + forward pass), the generation loop, cache reports
+    "api": 7,      # the public library interface (kvpin.h)
+    "serve": 7,    # scheduler, API dialects, chat templates, HTTP server
 }
 TOP = 100  # cli/, tests/, tools/, bench/, fuzz/
 

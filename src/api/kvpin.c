@@ -1,7 +1,7 @@
 /*
- * kvpin.c - the public library interface (include/kvpin.h, floor 6): a thin
- * facade of opaque handles over the engine (cache/engine.h), the
- * generation loop (cache/gen.h), the cache reports (cache/cachereport.h,
+ * kvpin.c - the public library interface (include/kvpin.h, floor 7): a thin
+ * facade of opaque handles over the engine (engine/engine.h), the
+ * generation loop (engine/gen.h), the cache reports (engine/cachereport.h,
  * cache/doctor.h), the tokenizer (tok/tok.h) and the model (model/model.h).
  * These are the only functions libkvpin.so exports (every other object is
  * compiled with -fvisibility=hidden; KP_API marks these).
@@ -53,10 +53,10 @@
 #include "base/buf.h"
 #include "base/status.h"
 #include "base/threadpool.h"
-#include "cache/cachereport.h"
+#include "engine/cachereport.h"
 #include "cache/doctor.h"
-#include "cache/engine.h"
-#include "cache/gen.h"
+#include "engine/engine.h"
+#include "engine/gen.h"
 #include "kernels/quant.h"
 #include "model/model.h"
 #include "model/sampler.h"
@@ -73,7 +73,7 @@ _Static_assert(KP_RC_OK == (int)KP_OK && KP_RC_NOMEM == (int)KP_ENOMEM && KP_RC_
 _Static_assert(KP_ERR_MSG_MAX == KP_ERROR_MSG_MAX, "kp_err and kp_error messages differ in size");
 _Static_assert(KP_END_LENGTH == (int)KP_FINISH_LENGTH && KP_END_STOP == (int)KP_FINISH_STOP &&
                    KP_END_CANCELLED == (int)KP_FINISH_CANCELLED && KP_END_ERROR == (int)KP_FINISH_ERROR,
-               "kp_end (kvpin.h) and kp_finish (cache/gen.h) differ");
+               "kp_end (kvpin.h) and kp_finish (engine/gen.h) differ");
 _Static_assert(KP_CAUSE_HIT == (int)KP_DOCTOR_CAUSE_HIT && KP_CAUSE_COLD == (int)KP_DOCTOR_CAUSE_COLD &&
                    KP_CAUSE_EVICTED == (int)KP_DOCTOR_CAUSE_EVICTED &&
                    KP_CAUSE_TIMESTAMP == (int)KP_DOCTOR_CAUSE_TIMESTAMP &&

@@ -1,6 +1,6 @@
 /*
  * lm_parts.h - the model and the tokenizer inside a kp_lm (kvpin.h), for
- * kvpin's own command line (cli/), floor 6.
+ * kvpin's own command line (cli/), floor 7.
  *
  * The commands open their model with kp_lm_open and tokenize a prompt with
  * kp_tokenize_prompt, so what those decide (how a load error names the

@@ -1,5 +1,5 @@
 /*
- * answer.h - one generation request answered in an API's dialect (floor 6).
+ * answer.h - one generation request answered in an API's dialect (floor 7).
  *
  * Three APIs ask for generations: OpenAI's chat completions and
  * completions, Anthropic's Messages and OpenAI's Responses. Each of them

@@ -1,5 +1,5 @@
 /*
- * anthropic.h - the Anthropic Messages API shapes, as JSON (floor 6).
+ * anthropic.h - the Anthropic Messages API shapes, as JSON (floor 7).
  *
  * kvpin serves POST /v1/messages by translating the request into the
  * chat-completions request it means, so that one chat layer renders every

@@ -1,5 +1,5 @@
 /*
- * bpins.h - the pins of cache_control breakpoints, by prefix (floor 6).
+ * bpins.h - the pins of cache_control breakpoints, by prefix (floor 7).
  *
  * A Messages request with cache_control pins the prompt prefix that ends
  * at each breakpoint for the breakpoint's TTL; a later request whose

@@ -1,6 +1,6 @@
 /*
  * cachekeys.h - requests grouped by prompt_cache_key, and the pins of
- * prompt_cache_retention "24h" (floor 6).
+ * prompt_cache_retention "24h" (floor 7).
  *
  * OpenAI's prompt_cache_key names the family of requests that share a
  * prefix (one agent, one conversation). The server counts, per key, the

@@ -1,5 +1,5 @@
 /*
- * chat.h - chat templates: OpenAI-style messages -> prompt text (floor 6).
+ * chat.h - chat templates: OpenAI-style messages -> prompt text (floor 7).
  *
  * A model's chat template (Jinja text in its GGUF metadata) decides how a
  * conversation becomes the text the model reads. kvpin does not run Jinja:

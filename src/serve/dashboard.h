@@ -1,6 +1,6 @@
 /*
  * dashboard.h - the cache dashboard: the page kvpin serve answers GET /
- * with, and the JSON it polls, GET /v1/cache/events (floor 6).
+ * with, and the JSON it polls, GET /v1/cache/events (floor 7).
  *
  * The page (web/dashboard.html: HTML, CSS and JavaScript in one file, no
  * network but its own server) is compiled into the library: the Makefile

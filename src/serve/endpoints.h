@@ -1,5 +1,5 @@
 /*
- * endpoints.h - the plain endpoints of the server (floor 6).
+ * endpoints.h - the plain endpoints of the server (floor 7).
  *
  * The handlers of routes.c's table that are not a generation: each reads
  * its body, asks the scheduler or the vocabulary, and answers one body.

@@ -1,5 +1,5 @@
 /*
- * gcache.h - compiled grammars of requests, by what was asked (floor 6).
+ * gcache.h - compiled grammars of requests, by what was asked (floor 7).
  *
  * Agent loops send the same response_format (or GBNF grammar) with every
  * turn; compiling it each time would cost a compile and, worse, a cold

@@ -1,6 +1,6 @@
 /*
  * history.h - what the cache dashboard draws over time: the last requests,
- * the latency points and the per-minute cache traffic by cause (floor 6).
+ * the latency points and the per-minute cache traffic by cause (floor 7).
  *
  * The HTTP server records every finished generation here (one call, from
  * whichever thread answered it); GET /v1/cache/events reads it. Nothing

@@ -1,5 +1,5 @@
 /*
- * oai.h - the OpenAI request and response shapes, as JSON (floor 6).
+ * oai.h - the OpenAI request and response shapes, as JSON (floor 7).
  *
  * Parses the bodies of POST /v1/completions and /v1/chat/completions into
  * a plain struct, checking every field's type and range and naming the
@@ -45,7 +45,7 @@
 #include <stdint.h>
 
 #include "cache/doctor.h"
-#include "cache/engine.h"
+#include "engine/engine.h"
 #include "model/sampler.h"
 #include "serve/gcache.h"
 #include "serve/scheduler.h"

@@ -1,6 +1,6 @@
 /*
  * openai.h - OpenAI's chat completions and completions, as a dialect of
- * answer.h (floor 6; included by routes.c only).
+ * answer.h (floor 7; included by routes.c only).
  *
  *   POST /v1/chat/completions, /chat/completions   kp_openai_chat
  *   POST /v1/completions, /completions             kp_openai_completions

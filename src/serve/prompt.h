@@ -1,5 +1,5 @@
 /*
- * prompt.h - the prompt of a request as token ids (floor 6).
+ * prompt.h - the prompt of a request as token ids (floor 7).
  *
  * Every endpoint that takes a prompt (the generation dialects, the cache
  * probe and pin, count_tokens) turns it into token ids here, the same way:

@@ -1,5 +1,5 @@
 /*
- * response_store.h - the responses the Responses API keeps (floor 6).
+ * response_store.h - the responses the Responses API keeps (floor 7).
  *
  * Stored responses (the Responses API's `store`, the default) are kept in
  * memory for GET and DELETE /v1/responses/{id} and previous_response_id:

@@ -1,6 +1,6 @@
 /*
  * responses.h - the OpenAI Responses API: requests into chat-completions
- * requests and response objects (floor 6).
+ * requests and response objects (floor 7).
  *
  * POST /v1/responses is served as the chat-completions request it means,
  * so the chat layer, forced tool calls and constrained decoding are the

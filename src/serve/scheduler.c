@@ -19,7 +19,7 @@
  *   fed        = positions the sequence holds (K/V computed)
  *   prefilling while fed < n_fill; generating: fed == n_all - 1, the
  *   newest sampled token (n_all - 1) is the next decode input. The gen
- *   (cache/gen.h) samples, applies stop strings, end-of-generation,
+ *   (engine/gen.h) samples, applies stop strings, end-of-generation,
  *   max_tokens and the context end, and releases the text.
  *
  * One iteration of the engine thread:

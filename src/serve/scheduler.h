@@ -1,5 +1,5 @@
 /*
- * scheduler.h - continuous batching: many requests, one engine thread (floor 6).
+ * scheduler.h - continuous batching: many requests, one engine thread (floor 7).
  *
  * The scheduler owns one thread that owns the engine: every step it admits
  * queued requests (up to `parallel` running sequences, and only while the
@@ -7,7 +7,7 @@
  * decode token of every generating sequence and a slice of at most
  * `prefill_chunk` prompt tokens of the sequences still prefilling, so
  * running streams keep flowing while a long prompt is computed. Each
- * request's kp_gen (cache/gen.h) samples, applies stop strings,
+ * request's kp_gen (engine/gen.h) samples, applies stop strings,
  * end-of-generation and the limits; the text goes to the request's owner.
  * A finished (or cancelled) sequence is indexed whole in the prefix cache
  * and released.
@@ -51,10 +51,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "cache/cachereport.h"
+#include "engine/cachereport.h"
 #include "cache/doctor.h"
-#include "cache/engine.h"
-#include "cache/gen.h"
+#include "engine/engine.h"
+#include "engine/gen.h"
 #include "grammar/grammar.h"
 #include "model/sampler.h"
 #include "base/status.h"
@@ -82,7 +82,7 @@ kp_status kp_sched_new(kp_sched **out, kp_engine *e, const kp_tok_vocab *v, cons
  * NULL is a no-op. */
 void kp_sched_free(kp_sched *s);
 
-/* kp_finish (how a request ended) is cache/gen.h's. */
+/* kp_finish (how a request ended) is engine/gen.h's. */
 
 typedef struct {
     const int32_t *prompt;   /* copied */
@@ -98,7 +98,7 @@ typedef struct {
                                 budget cannot hold them; false: max_tokens is a default, cut to
                                 what the budget holds (kp_sched_fit) */
     kp_grammar *grammar;     /* NULL: unconstrained; else the output is constrained to its
-                                documents (cache/gen.h, kp_gen_constrain): the request takes a
+                                documents (engine/gen.h, kp_gen_constrain): the request takes a
                                 reference (kp_grammar_ref) and drops it when released */
 } kp_sreq_params;
 

@@ -1,5 +1,5 @@
 /*
- * server.h - kvpin's HTTP API: the server's public face (floor 6).
+ * server.h - kvpin's HTTP API: the server's public face (floor 7).
  *
  * libmicrohttpd serves HTTP/1.1 with one thread per connection (a blocked
  * stream never stalls another client); jansson reads and writes JSON. The

@@ -1,6 +1,6 @@
 /*
  * volatile.h - system text that changes every session, left out of the
- * prompt so that a stable prefix stays stable (floor 6).
+ * prompt so that a stable prefix stays stable (floor 7).
  *
  * Some clients put a per-session value at the very start of their system
  * prompt: Claude Code's first system block is

@@ -35,7 +35,7 @@
 #include <string.h>
 
 #include "base/threadpool.h"
-#include "cache/engine.h"
+#include "engine/engine.h"
 #include "model/model.h"
 #include "model/sampler.h"
 #include "serve/chat.h"

@@ -22,9 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/cachereport.h"
+#include "engine/cachereport.h"
 #include "gguf/gguf.h"
-#include "cache/engine.h"
+#include "engine/engine.h"
 #include "harness.h"
 
 #define N 24

@@ -25,8 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/engine.h"
-#include "cache/gen.h"
+#include "engine/engine.h"
+#include "engine/gen.h"
 #include "cache/prefix.h"
 #include "kv/kvpool.h"
 #include "harness.h"

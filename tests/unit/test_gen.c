@@ -1,5 +1,5 @@
 /*
- * test_gen.c - one sequence's generation state (cache/gen.h).
+ * test_gen.c - one sequence's generation state (engine/gen.h).
  *
  * The logits are scripted: a row whose largest entry is the token wanted
  * next, so greedy sampling replays a chosen token sequence. Expected
@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/gen.h"
+#include "engine/gen.h"
 #include "harness.h"
 
 static uint64_t rs = 0x6a09e667f3bcc908ull;

@@ -31,7 +31,7 @@
 
 #include "cache/blockkey.h"
 #include "cache/disktier.h"
-#include "cache/engine.h"
+#include "engine/engine.h"
 #include "cache/fingerprint.h"
 #include "harness.h"
 #include "kv/kvpool.h"

@@ -1,5 +1,5 @@
 /*
- * gen.h - one sequence's generation state (floor 5): the sampler, the text
+ * gen.h - one sequence's generation state (floor 6): the sampler, the text
  * of the generated tokens (stop strings, held-back text, the SPM leading
  * space after BOS), the token array (prompt + generated), the limits
  * (max_tokens, end-of-generation, the context end) and how it finished.

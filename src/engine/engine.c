@@ -93,7 +93,7 @@
  *     drops the lease and every block reference of the sequence: once all
  *     sequences are finished and the index is freed, every block is free.
  */
-#include "cache/engine.h"
+#include "engine/engine.h"
 
 #include "base/buf.h"
 

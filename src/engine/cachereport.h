@@ -1,5 +1,5 @@
 /*
- * cachereport.h - the cache report of one request (floor 5).
+ * cachereport.h - the cache report of one request (floor 6).
  *
  * The engine says how many tokens a request reused and where it left the
  * prefix index (kp_eng_report); doctor explains a divergence from two texts.
@@ -28,7 +28,7 @@
 #include <stdint.h>
 
 #include "cache/doctor.h"
-#include "cache/engine.h"
+#include "engine/engine.h"
 #include "base/status.h"
 #include "tok/tok.h"
 

@@ -1,6 +1,6 @@
 /*
  * engine.h - the KV pool, the prefix index and the forward pass wired
- * together (floor 5). Not thread-safe: one thread drives an engine.
+ * together (floor 6). Not thread-safe: one thread drives an engine.
  *
  * A request's life:
  *
@@ -14,7 +14,7 @@
  * kp_eng_generate is that loop for one sequence (the command line: run,
  * run --prompt-cache, bench); a scheduler runs many sequences per forward
  * call with kp_eng_begin + kp_eng_step and steps each one's kp_gen itself.
- * Either way the kp_gen (cache/gen.h) decides sampling, text, stop strings
+ * Either way the kp_gen (engine/gen.h) decides sampling, text, stop strings
  * and the end; the engine only computes.
  *
  * The engine owns the KV pool (sized by a byte budget) and the prefix index
@@ -40,7 +40,7 @@
 #include "model/forward.h"
 #include "kv/kvpool.h"
 #include "model/model.h"
-#include "cache/gen.h"
+#include "engine/gen.h"
 #include "cache/prefix.h"
 #include "cache/tiers.h"
 #include "kernels/quant.h"
@@ -431,7 +431,7 @@ typedef struct {
                          whole answer for kp_eng_finish to index */
 } kp_eng_gen_opts;
 
-/* Runs generation g (cache/gen.h) on seq to its end, synchronously:
+/* Runs generation g (engine/gen.h) on seq to its end, synchronously:
  *
  *   seq empty   -> kp_eng_prefill of g's prompt through the prefix cache
  *   seq holds the prompt's first k < n_prompt tokens (the caller's own

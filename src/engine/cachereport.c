@@ -12,7 +12,7 @@
  * one; the best match for a request is the entry with the longest common
  * token prefix, ties to the newest.
  */
-#include "cache/cachereport.h"
+#include "engine/cachereport.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -20,7 +20,7 @@
  * accepted exactly the generated tokens (an end-of-generation token
  * included, which finishes it).
  */
-#include "cache/gen.h"
+#include "engine/gen.h"
 
 #include "base/buf.h"
 
