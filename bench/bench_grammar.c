@@ -288,14 +288,14 @@ static int32_t *greedy(const vocab *v, const char *text, size_t len, size_t *n_o
 
 static double decode_ms(const char *path, int threads) {
     kp_model *m = NULL;
-    kp_pool *pool = NULL;
+    kp_threads *pool = NULL;
     kp_engine *e = NULL;
     kp_error err = {0};
     double r = -1;
     FILE *f = fopen(path, "rb");
     if (!f) return -1;
     fclose(f);
-    if (kp_model_load(&m, path, &err) != KP_OK || kp_pool_new(&pool, threads, &err) != KP_OK ||
+    if (kp_model_load(&m, path, &err) != KP_OK || kp_threads_new(&pool, threads, &err) != KP_OK ||
         kp_eng_new(&e, m, pool, NULL, NULL, &err) != KP_OK) {
         fprintf(stderr, "bench_grammar: decode: %s\n", err.msg);
     } else {
@@ -318,7 +318,7 @@ static double decode_ms(const char *path, int threads) {
         free(logits);
     }
     kp_eng_free(e);
-    kp_pool_free(pool);
+    kp_threads_free(pool);
     kp_model_free(m);
     return r;
 }

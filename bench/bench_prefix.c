@@ -493,7 +493,7 @@ int main(int argc, char **argv) {
 
     bench b = {0};
     kp_model *m = NULL;
-    kp_pool *threads = NULL;
+    kp_threads *threads = NULL;
     int rc = 1;
     uint64_t busy0 = 0, total0 = 0, busy1 = 0, total1 = 0;
     char load0[128], load1[128];
@@ -501,7 +501,7 @@ int main(int argc, char **argv) {
     bool have_cpu = read_cpu(&busy0, &total0);
     double wall0 = now_s(), cpu0 = self_cpu_s();
     if (kp_model_load(&m, model_path, &b.err) != KP_OK ||
-        kp_pool_new(&threads, n_threads > 0 ? n_threads : kp_cpu_count(), &b.err) != KP_OK)
+        kp_threads_new(&threads, n_threads > 0 ? n_threads : kp_cpu_count(), &b.err) != KP_OK)
         goto done;
     /* room for the whole agent loop cached (one transcript, each turn's blocks
      * partly copied on write) plus a live turn */
@@ -517,7 +517,7 @@ int main(int argc, char **argv) {
         goto done;
     }
     printf("bench_prefix: %s, %d threads, F16 KV, blocks of %u, budget %.0f MB (%llu positions)%s\n", model_path,
-           kp_pool_size(threads), bs, (double)ec.budget_bytes / 1e6, (unsigned long long)positions,
+           kp_threads_size(threads), bs, (double)ec.budget_bytes / 1e6, (unsigned long long)positions,
            quick ? ", --quick (sizes / 10)" : "");
     fflush(stdout);
 
@@ -545,7 +545,7 @@ done:
     if (rc) fprintf(stderr, "bench_prefix: %s\n", b.err.msg);
     free(b.logits);
     kp_eng_free(b.e);
-    kp_pool_free(threads);
+    kp_threads_free(threads);
     kp_model_free(m);
     return rc;
 }

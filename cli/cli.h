@@ -42,7 +42,7 @@ typedef struct {
     kp_lm *lm;
     const kp_model *m;       /* lm's, borrowed */
     const kp_tok_vocab *tok; /* lm's, borrowed */
-    kp_pool *pool;
+    kp_threads *pool;
     int n_threads;
     const kp_kernels *kernels;
     uint32_t n_ctx;          /* o->n_ctx, else min(training context, 4096) */

@@ -25,7 +25,7 @@ bool cli_model_open(cli_model *cm, const cli_session_opts *o, const char *cmd) {
     }
     cm->m = kp_lm_model(cm->lm);
     cm->tok = kp_lm_vocab(cm->lm);
-    if (kp_pool_new(&cm->pool, cm->n_threads, &err) != KP_OK) {
+    if (kp_threads_new(&cm->pool, cm->n_threads, &err) != KP_OK) {
         fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
         cli_model_close(cm);
         return false;
@@ -43,7 +43,7 @@ bool cli_model_open(cli_model *cm, const cli_session_opts *o, const char *cmd) {
 }
 
 void cli_model_close(cli_model *cm) {
-    kp_pool_free(cm->pool);
+    kp_threads_free(cm->pool);
     kp_lm_free(cm->lm);
     memset(cm, 0, sizeof *cm);
 }

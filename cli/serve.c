@@ -268,14 +268,14 @@ int cmd_serve(int argc, char **argv) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_tok_vocab *v = NULL;
-    kp_pool *pool = NULL;
+    kp_threads *pool = NULL;
     kp_engine *e = NULL;
     kp_sched *sched = NULL;
     kp_server *srv = NULL;
     int rc = 1;
     const char *path = model_path ? model_path : cli_default_model();
     if (kp_model_load(&m, path, &err) != KP_OK || kp_tok_vocab_load(&v, m->file, &err) != KP_OK ||
-        kp_pool_new(&pool, threads > 0 ? (int)threads : kp_cpu_count(), &err) != KP_OK) {
+        kp_threads_new(&pool, threads > 0 ? (int)threads : kp_cpu_count(), &err) != KP_OK) {
         fprintf(stderr, "kvpin serve: %s\n", err.msg);
         goto done;
     }
@@ -404,7 +404,7 @@ done:
     kp_server_free(srv);
     kp_sched_free(sched);
     kp_eng_free(e);
-    kp_pool_free(pool);
+    kp_threads_free(pool);
     kp_tok_vocab_free(v);
     kp_model_free(m);
     free(api_key);

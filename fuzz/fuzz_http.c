@@ -47,7 +47,7 @@
  * fixture, not library state. */
 static kp_model *model;
 static kp_tok_vocab *vocab;
-static kp_pool *pool;
+static kp_threads *pool;
 static kp_engine *engine;
 static kp_sched *sched;
 static kp_server *server;
@@ -65,7 +65,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     kp_error err = {0};
     signal(SIGPIPE, SIG_IGN);
     if (kp_model_load(&model, "models/stories260K.gguf", &err) != KP_OK ||
-        kp_tok_vocab_load(&vocab, model->file, &err) != KP_OK || kp_pool_new(&pool, 1, &err) != KP_OK) {
+        kp_tok_vocab_load(&vocab, model->file, &err) != KP_OK || kp_threads_new(&pool, 1, &err) != KP_OK) {
         fprintf(stderr, "fuzz_http: %s (run from the repository root)\n", err.msg);
         abort();
     }

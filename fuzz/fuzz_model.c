@@ -67,11 +67,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     REQUIRE((uint32_t)kp_tok_n_vocab(v) == hp->n_vocab);
     /* keep a run small: the forward pass costs ~ weights x tokens */
     if (m->weight_bytes > (4u << 20) || hp->n_vocab > 200000) goto done;
-    kp_pool *pool = NULL;
+    kp_threads *pool = NULL;
     kp_engine *e = NULL;
     float *logits = malloc((size_t)hp->n_vocab * sizeof *logits);
     kp_eng_config ec = {KP_DTYPE_F16, 16, 0, 64, true, NULL, KP_DTYPE_F16, true};
-    if (logits && kp_pool_new(&pool, 1, &err) == KP_OK && kp_eng_new(&e, m, pool, NULL, &ec, &err) == KP_OK) {
+    if (logits && kp_threads_new(&pool, 1, &err) == KP_OK && kp_eng_new(&e, m, pool, NULL, &ec, &err) == KP_OK) {
         int32_t prompt[2] = {kp_tok_bos(v) >= 0 ? kp_tok_bos(v) : 0, 0};
         kp_eng_seq s = {0};
         if (kp_eng_prefill(e, prompt, 2, &s, logits, NULL, &err) == KP_OK) {
@@ -84,7 +84,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
     }
     kp_eng_free(e);
-    kp_pool_free(pool);
+    kp_threads_free(pool);
     free(logits);
 done:
     kp_tok_vocab_free(v);

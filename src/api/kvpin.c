@@ -259,7 +259,7 @@ kp_rc kp_detokenize(const kp_lm *lm, const int32_t *ids, size_t n_ids, bool spec
 
 struct kp_session {
     const kp_lm *lm;
-    kp_pool *pool;
+    kp_threads *pool;
     kp_engine *e;
     kp_crep *crep;
     uint32_t n_ctx;
@@ -320,7 +320,7 @@ kp_rc kp_session_new(kp_session **out, const kp_lm *lm, const kp_session_params 
     s->prefix_cache = !p->no_prefix_cache;
     kp_error ie = {0};
     kp_eng_config ec = {kv, block, budget, n_ctx, p->no_prefix_cache, NULL, kvv, p->no_repack};
-    kp_status st = kp_pool_new(&s->pool, p->n_threads > 0 ? p->n_threads : kp_cpu_count(), &ie);
+    kp_status st = kp_threads_new(&s->pool, p->n_threads > 0 ? p->n_threads : kp_cpu_count(), &ie);
     if (st == KP_OK) st = kp_eng_new(&s->e, lm->m, s->pool, kp_kernels_best(), &ec, &ie);
     if (st == KP_OK) st = kp_crep_new(&s->crep, lm->v, 256, 4u << 20, &ie);
     if (st != KP_OK) {
@@ -335,7 +335,7 @@ void kp_session_free(kp_session *s) {
     if (!s) return;
     kp_crep_free(s->crep);
     kp_eng_free(s->e);
-    kp_pool_free(s->pool);
+    kp_threads_free(s->pool);
     free(s->out_tok);
     kp_buf_free(&s->text);
     free(s);

@@ -50,7 +50,7 @@
 #define NTASKS(s) ((int)(((s) >> 24) & 0xFFFFFF))
 #define NEXT(s) ((int)((s) & 0xFFFFFF))
 
-struct kp_pool {
+struct kp_threads {
     int n_threads;
     pthread_t *threads;
     pthread_mutex_t mu;
@@ -64,7 +64,7 @@ struct kp_pool {
 };
 
 typedef struct {
-    kp_pool *pool;
+    kp_threads *pool;
     int index;
 } worker_arg;
 
@@ -75,7 +75,7 @@ typedef struct {
  * thread reads a contiguous stretch of weight rows. When none is left it
  * adds the count it ran to `done` once (an atomic add per claim cost a
  * contended cache line transfer each time). */
-static void work(kp_pool *p, uint32_t gen, int thread) {
+static void work(kp_threads *p, uint32_t gen, int thread) {
     uint64_t s = atomic_load_explicit(&p->state, memory_order_acquire);
     int ran = 0;
     for (;;) {
@@ -94,7 +94,7 @@ static void work(kp_pool *p, uint32_t gen, int thread) {
 
 static void *worker_main(void *arg) {
     worker_arg *wa = arg;
-    kp_pool *p = wa->pool;
+    kp_threads *p = wa->pool;
     int index = wa->index;
     free(wa);
     uint32_t seen = 0; /* generation 0 is "no run yet" */
@@ -127,12 +127,12 @@ int kp_cpu_count(void) {
     return n > 0 ? (int)n : 1;
 }
 
-kp_status kp_pool_new(kp_pool **out, int n_threads, kp_error *err) {
+kp_status kp_threads_new(kp_threads **out, int n_threads, kp_error *err) {
     *out = NULL;
     if (n_threads < 1 || n_threads > 1024)
         return kp_fail(err, KP_EINVAL, "thread count %d out of range 1..1024", n_threads);
-    size_t size = (sizeof(kp_pool) + 63) / 64 * 64; /* over-aligned members: aligned_alloc */
-    kp_pool *p = aligned_alloc(64, size);
+    size_t size = (sizeof(kp_threads) + 63) / 64 * 64; /* over-aligned members: aligned_alloc */
+    kp_threads *p = aligned_alloc(64, size);
     if (p) memset(p, 0, size);
     if (!p) return kp_fail(err, KP_ENOMEM, "out of memory creating a thread pool");
     p->n_threads = 1;
@@ -141,7 +141,7 @@ kp_status kp_pool_new(kp_pool **out, int n_threads, kp_error *err) {
     if (n_threads > 1) {
         p->threads = calloc((size_t)n_threads - 1, sizeof(pthread_t));
         if (!p->threads) {
-            kp_pool_free(p);
+            kp_threads_free(p);
             return kp_fail(err, KP_ENOMEM, "out of memory creating a thread pool");
         }
     }
@@ -153,7 +153,7 @@ kp_status kp_pool_new(kp_pool **out, int n_threads, kp_error *err) {
         }
         if (!wa || pthread_create(&p->threads[i - 1], NULL, worker_main, wa) != 0) {
             free(wa);
-            kp_pool_free(p); /* joins the p->n_threads - 1 started ones */
+            kp_threads_free(p); /* joins the p->n_threads - 1 started ones */
             return kp_fail(err, KP_ENOMEM, "cannot start worker thread %d", i);
         }
         p->n_threads = i + 1;
@@ -162,7 +162,7 @@ kp_status kp_pool_new(kp_pool **out, int n_threads, kp_error *err) {
     return KP_OK;
 }
 
-void kp_pool_free(kp_pool *p) {
+void kp_threads_free(kp_threads *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->stop, true);
@@ -175,9 +175,9 @@ void kp_pool_free(kp_pool *p) {
     free(p);
 }
 
-int kp_pool_size(const kp_pool *p) { return p->n_threads; }
+int kp_threads_size(const kp_threads *p) { return p->n_threads; }
 
-void kp_pool_run(kp_pool *p, kp_task_fn fn, void *ctx, int n_tasks) {
+void kp_threads_run(kp_threads *p, kp_task_fn fn, void *ctx, int n_tasks) {
     if (n_tasks <= 0) return;
     if (p->n_threads == 1 || n_tasks == 1) {
         for (int t = 0; t < n_tasks; t++) fn(ctx, t, 0);

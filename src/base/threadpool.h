@@ -1,7 +1,7 @@
 /*
  * threadpool.h - a persistent worker pool with one primitive: parallel for.
  *
- * kp_pool_run(pool, fn, ctx, n_tasks) calls fn(ctx, task, thread) for every
+ * kp_threads_run(pool, fn, ctx, n_tasks) calls fn(ctx, task, thread) for every
  * task in [0, n_tasks) across the pool's threads (the calling thread is
  * thread 0 and works too) and returns when all are done. Tasks are handed
  * out by an atomic counter in runs of consecutive ids that shrink as the
@@ -20,14 +20,14 @@
 
 #include "base/status.h"
 
-typedef struct kp_pool kp_pool;
+typedef struct kp_threads kp_threads;
 typedef void (*kp_task_fn)(void *ctx, int task, int thread);
 
 /* n_threads >= 1 (1: no worker threads, everything runs in the caller). */
-kp_status kp_pool_new(kp_pool **out, int n_threads, kp_error *err);
-void kp_pool_free(kp_pool *p);
-int kp_pool_size(const kp_pool *p);
-void kp_pool_run(kp_pool *p, kp_task_fn fn, void *ctx, int n_tasks);
+kp_status kp_threads_new(kp_threads **out, int n_threads, kp_error *err);
+void kp_threads_free(kp_threads *p);
+int kp_threads_size(const kp_threads *p);
+void kp_threads_run(kp_threads *p, kp_task_fn fn, void *ctx, int n_tasks);
 
 /* Number of online CPUs (at least 1). */
 int kp_cpu_count(void);

@@ -162,7 +162,7 @@ static void disk_task(void *vc, int task, int thread) {
 }
 
 uint32_t kp_tiers_fetch_run(kp_tiers *t, const int32_t *tokens, uint32_t j0, uint32_t j1, kp_kvpool *p,
-                            const int32_t *blocks, uint32_t in_place_from, kp_pool *threads, kp_tier_id *from,
+                            const int32_t *blocks, uint32_t in_place_from, kp_threads *threads, kp_tier_id *from,
                             kp_brec_reason *why) {
     *why = KP_BREC_OK;
     if (j0 >= j1) return 0;
@@ -178,7 +178,7 @@ uint32_t kp_tiers_fetch_run(kp_tiers *t, const int32_t *tokens, uint32_t j0, uin
             kp_brec_reason *r = malloc((size_t)(end - j) * sizeof *r);
             if (r) {
                 disk_run c = {t, tokens, j, p, blocks, r};
-                kp_pool_run(threads, disk_task, &c, (int)(end - j));
+                kp_threads_run(threads, disk_task, &c, (int)(end - j));
                 uint32_t k = j;
                 while (k < end && r[k - j] == KP_BREC_OK) from[k++ - j0] = KP_TIER_DISK;
                 kp_brec_reason bad = k < end ? r[k - j] : KP_BREC_OK;

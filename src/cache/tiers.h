@@ -97,9 +97,9 @@ void kp_tiers_last_probe(const kp_tiers *t, uint32_t j0, uint32_t blocks[KP_TIER
  * one's; *why the refusal (KP_BREC_OK when all were loaded). Returns the
  * number of blocks loaded. The disk may have read blocks past a refused
  * one (counted as its hits); they are not handed on. */
-struct kp_pool;
+struct kp_threads;
 uint32_t kp_tiers_fetch_run(kp_tiers *t, const int32_t *tokens, uint32_t j0, uint32_t j1, kp_kvpool *p,
-                            const int32_t *blocks, uint32_t in_place_from, struct kp_pool *threads,
+                            const int32_t *blocks, uint32_t in_place_from, struct kp_threads *threads,
                             kp_tier_id *from, kp_brec_reason *why);
 
 /* Queues every full block of tokens[0..n) (rows in seq's blocks) that no

@@ -110,7 +110,7 @@ struct kp_engine {
     kp_pfx_index *idx; /* NULL: prefix cache off */
     kp_tiers *tiers;   /* NULL: RAM only (kp_eng_open_tiers) */
     kp_forward *fw;
-    kp_pool *threads;  /* borrowed: the forward pass's, also the disk tier's parallel restore */
+    kp_threads *threads;  /* borrowed: the forward pass's, also the disk tier's parallel restore */
     uint32_t max_pos;
     kp_pfx_config pfx_cfg; /* kept for kp_eng_clear */
     bool has_pfx_cfg;
@@ -127,7 +127,7 @@ struct kp_engine {
     int32_t *room_shared; /* the blocks the prefill would share, by block index */
 };
 
-kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_pool *threads, const kp_kernels *kernels,
+kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_threads *threads, const kp_kernels *kernels,
                   const kp_eng_config *cfg, kp_error *err) {
     *out = NULL;
     kp_eng_config c = {KP_DTYPE_F16, 16, 0, 0, false, NULL, KP_DTYPE_F16, false};

@@ -103,7 +103,7 @@ typedef struct {
  * the best table for this CPU); they must outlive it. cfg NULL: F16 KV,
  * blocks of 16, room for min(training context, 4096) positions, prefix
  * cache on. KP_EINVAL for a budget smaller than one block, KP_ENOMEM. */
-kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_pool *threads, const kp_kernels *kernels,
+kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_threads *threads, const kp_kernels *kernels,
                   const kp_eng_config *cfg, kp_error *err);
 
 /* Frees the index, the forward pass and the pool. Sequences still running

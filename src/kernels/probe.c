@@ -68,9 +68,9 @@ static double now_s(void) {
 }
 
 /* fn over [0, n) on the pool, or in this thread without one. */
-static void run(kp_pool *pool, kp_task_fn fn, void *ctx, int n) {
+static void run(kp_threads *pool, kp_task_fn fn, void *ctx, int n) {
     if (pool) {
-        kp_pool_run(pool, fn, ctx, n);
+        kp_threads_run(pool, fn, ctx, n);
         return;
     }
     for (int i = 0; i < n; i++) fn(ctx, i, 0);
@@ -209,13 +209,13 @@ static void read_task(void *vctx, int task, int thread) {
     c->sums[task] = s;
 }
 
-kp_status kp_probe_read_bw(kp_pool *pool, size_t bytes, int reps, bool scalar, double *bytes_per_s,
+kp_status kp_probe_read_bw(kp_threads *pool, size_t bytes, int reps, bool scalar, double *bytes_per_s,
                            kp_error *err) {
     if (bytes_per_s) *bytes_per_s = 0;
     if (!bytes_per_s) return kp_fail(err, KP_EINVAL, "read probe: no place for the result");
     if (bytes < 64 * 1024) return kp_fail(err, KP_EINVAL, "read probe: %zu bytes is less than 64 KiB", bytes);
     if (reps < 1) return kp_fail(err, KP_EINVAL, "read probe: %d repetitions (at least 1)", reps);
-    int n_threads = pool ? kp_pool_size(pool) : 1;
+    int n_threads = pool ? kp_threads_size(pool) : 1;
     int n_tasks = READ_TASKS_PER_THREAD * n_threads;
     size_t chunk = bytes / (size_t)n_tasks / READ_STEP * READ_STEP;
     if (chunk == 0)
@@ -352,10 +352,10 @@ static void mac_task(void *vctx, int task, int thread) {
     c->sinks[task] = c->loop(c->steps);
 }
 
-static kp_status run_mac(kp_pool *pool, const mac_kind *k, double *ops_per_s, kp_error *err) {
+static kp_status run_mac(kp_threads *pool, const mac_kind *k, double *ops_per_s, kp_error *err) {
     if (ops_per_s) *ops_per_s = 0;
     if (!ops_per_s) return kp_fail(err, KP_EINVAL, "int8 probe: no place for the result");
-    int n_threads = pool ? kp_pool_size(pool) : 1;
+    int n_threads = pool ? kp_threads_size(pool) : 1;
     int n_tasks = MAC_TASKS_PER_THREAD * n_threads;
     mac_ctx c = {k->loop, 1024, calloc((size_t)n_tasks, sizeof(uint64_t))};
     if (!c.sinks) return kp_fail(err, KP_ENOMEM, "int8 probe: out of memory");
@@ -384,7 +384,7 @@ static kp_status run_mac(kp_pool *pool, const mac_kind *k, double *ops_per_s, kp
     return KP_OK;
 }
 
-kp_status kp_probe_int8_peak_isa(kp_pool *pool, const char *isa, double *ops_per_s, kp_error *err) {
+kp_status kp_probe_int8_peak_isa(kp_threads *pool, const char *isa, double *ops_per_s, kp_error *err) {
     if (ops_per_s) *ops_per_s = 0;
     if (!isa) return kp_fail(err, KP_EINVAL, "int8 probe: no instruction set named");
     if (!strcmp(isa, "scalar")) return run_mac(pool, &MAC_SCALAR, ops_per_s, err);
@@ -403,7 +403,7 @@ kp_status kp_probe_int8_peak_isa(kp_pool *pool, const char *isa, double *ops_per
     return kp_fail(err, KP_EINVAL, "int8 probe: unknown instruction set '%s' (avx512vnni, avx2, scalar)", isa);
 }
 
-kp_status kp_probe_int8_peak(kp_pool *pool, bool scalar, const char **isa, double *ops_per_s, kp_error *err) {
+kp_status kp_probe_int8_peak(kp_threads *pool, bool scalar, const char **isa, double *ops_per_s, kp_error *err) {
     const mac_kind *k = &MAC_SCALAR;
 #if defined(__x86_64__)
     if (!scalar && cpu_avx2()) k = cpu_avx512vnni() ? &MAC_AVX512VNNI : &MAC_AVX2;

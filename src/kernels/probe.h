@@ -43,7 +43,7 @@ size_t kp_probe_default_bytes(void);
  * scalar loop when `scalar`); *bytes_per_s is the best of `reps` (>= 1)
  * passes: bytes read over wall time. KP_ENOMEM when the buffer cannot be
  * mapped (SIZE_MAX, say), KP_EINVAL for a size or reps out of range. */
-kp_status kp_probe_read_bw(kp_pool *pool, size_t bytes, int reps, bool scalar, double *bytes_per_s,
+kp_status kp_probe_read_bw(kp_threads *pool, size_t bytes, int reps, bool scalar, double *bytes_per_s,
                            kp_error *err);
 
 /* Int8 multiply-add peak of every pool thread together, in operations per
@@ -52,11 +52,11 @@ kp_status kp_probe_read_bw(kp_pool *pool, size_t bytes, int reps, bool scalar, d
  * F/VL/BW and VNNI), vpmaddubsw + vpmaddwd + vpaddd on 256-bit ("avx2"),
  * else int32 multiply-adds ("scalar"; forced by `scalar`). *isa receives
  * the name of the loop that ran (static string; may be NULL). Best of 3. */
-kp_status kp_probe_int8_peak(kp_pool *pool, bool scalar, const char **isa, double *ops_per_s, kp_error *err);
+kp_status kp_probe_int8_peak(kp_threads *pool, bool scalar, const char **isa, double *ops_per_s, kp_error *err);
 
 /* The same with the loop named by isa ("avx512vnni", "avx2", "scalar"):
  * KP_EUNSUPPORTED when this CPU lacks what it needs, KP_EINVAL for an
  * unknown name. */
-kp_status kp_probe_int8_peak_isa(kp_pool *pool, const char *isa, double *ops_per_s, kp_error *err);
+kp_status kp_probe_int8_peak_isa(kp_threads *pool, const char *isa, double *ops_per_s, kp_error *err);
 
 #endif

@@ -70,7 +70,7 @@
 struct kp_forward {
     const kp_model *m;
     kp_kvpool *kv;
-    kp_pool *threads;
+    kp_threads *threads;
     const kp_kernels *k;
     const kp_attn_kernels *ak;
     int n_threads;
@@ -100,7 +100,7 @@ struct kp_forward {
     size_t probe_cap;
 };
 
-kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_pool *threads,
+kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_threads *threads,
                          const kp_kernels *kernels, kp_error *err) {
     *out = NULL;
     const kp_kvpool_config *c = kp_kvpool_config_of(kv);
@@ -114,7 +114,7 @@ kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_
     f->threads = threads;
     f->k = kernels ? kernels : kp_kernels_best();
     f->ak = f->k == kp_kernels_scalar() ? kp_attn_scalar() : kp_attn_best();
-    f->n_threads = kp_pool_size(threads);
+    f->n_threads = kp_threads_size(threads);
     f->probe_layer = -1;
     *out = f;
     return KP_OK;
@@ -217,7 +217,7 @@ kp_status kp_forward_pack_weights(kp_forward *f, uint64_t *bytes_out, kp_error *
         if (!r) continue;
         pack_ctx c = {f->k, w, mem + at, r};
         int64_t per = (int64_t)PACK_TASK_GROUPS * r;
-        kp_pool_run(f->threads, pack_task, &c, (int)((w->n_out + per - 1) / per));
+        kp_threads_run(f->threads, pack_task, &c, (int)((w->n_out + per - 1) / per));
         w->data = mem + at;
         w->packed = true;
         at += (kp_pack_bytes(w->type, w->n_in, w->n_out, r) + 63) & ~(uint64_t)63;
@@ -400,11 +400,11 @@ static kp_status matmul(kp_forward *f, const float *x, int n, int n_jobs, const 
         if (!kp_grow((void **)&f->act[at], &f->act_cap[at], need, 1))
             return kp_fail(err, KP_ENOMEM, "out of memory for activations");
         quant_ctx q = {f, x, n, w->n_in, at, w->type};
-        if (n >= 8) kp_pool_run(f->threads, quant_task, &q, n);
+        if (n >= 8) kp_threads_run(f->threads, quant_task, &q, n);
         else for (int t = 0; t < n; t++) quant_task(&q, t, 0);
     }
     int n_chunks = (n + c.chunk - 1) / c.chunk;
-    kp_pool_run(f->threads, mm_task, &c, n_chunks * c.task_start[n_jobs]);
+    kp_threads_run(f->threads, mm_task, &c, n_chunks * c.task_start[n_jobs]);
     return KP_OK;
 }
 
@@ -634,10 +634,10 @@ static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_
             t += T;
         }
         c.n_tiles = n_tiles;
-        kp_pool_run(f->threads, att_tile_task, &c, n_tiles * (int)hp->n_head_kv);
+        kp_threads_run(f->threads, att_tile_task, &c, n_tiles * (int)hp->n_head_kv);
         return KP_OK;
     }
-    kp_pool_run(f->threads, att_task, &c, base_tasks * n_chunks);
+    kp_threads_run(f->threads, att_task, &c, base_tasks * n_chunks);
     att_merge(f, b->n_tokens, n_chunks);
     return KP_OK;
 }
@@ -800,7 +800,7 @@ kp_status kp_forward_run(kp_forward *f, const kp_batch *b, float *logits_out, kp
         mm_job gu[2] = {{&L->w_gate, f->gate}, {&L->w_up, f->up}};
         if ((st = matmul(f, f->xn, n, 2, gu, err)) != KP_OK) return st;
         swiglu_ctx sw = {f->gate, f->up, F, f->ak};
-        if (n >= 4) kp_pool_run(f->threads, swiglu_task, &sw, n);
+        if (n >= 4) kp_threads_run(f->threads, swiglu_task, &sw, n);
         else for (int t = 0; t < n; t++) swiglu_task(&sw, t, 0);
         mm_job d = {&L->w_down, f->xn};
         if ((st = matmul(f, f->gate, n, 1, &d, err)) != KP_OK) return st;

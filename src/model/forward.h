@@ -27,7 +27,7 @@ typedef struct kp_forward kp_forward;
 
 /* All borrowed; they must outlive the kp_forward. kernels NULL: the best
  * table for this CPU. */
-kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_pool *threads,
+kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_threads *threads,
                          const kp_kernels *kernels, kp_error *err);
 void kp_forward_free(kp_forward *f);
 

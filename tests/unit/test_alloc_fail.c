@@ -175,7 +175,7 @@ typedef struct {
     const char *model_path;
     const kp_model *m;      /* request path: loaded outside */
     const kp_tok_vocab *v;
-    kp_pool *pool;
+    kp_threads *pool;
 } fixture;
 
 /* Loads and frees a model and its tokenizer. */
@@ -331,16 +331,16 @@ int main(void) {
 
     kp_model *m = NULL;
     kp_tok_vocab *v = NULL;
-    kp_pool *pool = NULL;
+    kp_threads *pool = NULL;
     kp_error err = {0};
     CHECK(kp_model_load(&m, fx.model_path, &err) == KP_OK);
     CHECK(m && kp_tok_vocab_load(&v, m->file, &err) == KP_OK);
-    CHECK(kp_pool_new(&pool, 2, &err) == KP_OK);
+    CHECK(kp_threads_new(&pool, 2, &err) == KP_OK);
     if (m && v && pool) {
         fixture rq = {fx.model_path, m, v, pool};
         sweep("request (chat, two turns, prefix reuse)", path_request, &rq, 4000);
     }
-    kp_pool_free(pool);
+    kp_threads_free(pool);
     kp_tok_vocab_free(v);
     kp_model_free(m);
     __real_free(live);

@@ -32,20 +32,20 @@
 typedef struct {
     kp_model *m;
     kp_tok_vocab *v;
-    kp_pool *pool;
+    kp_threads *pool;
 } stories;
 
 static bool open_stories(stories *s) {
     kp_error err = {0};
     memset(s, 0, sizeof *s);
     bool ok = kp_model_load(&s->m, harness_path("models/stories260K.gguf"), &err) == KP_OK &&
-              kp_tok_vocab_load(&s->v, s->m->file, &err) == KP_OK && kp_pool_new(&s->pool, 1, &err) == KP_OK;
+              kp_tok_vocab_load(&s->v, s->m->file, &err) == KP_OK && kp_threads_new(&s->pool, 1, &err) == KP_OK;
     CHECK_MSG(ok, "%s", err.msg);
     return ok;
 }
 
 static void close_stories(stories *s) {
-    kp_pool_free(s->pool);
+    kp_threads_free(s->pool);
     kp_tok_vocab_free(s->v);
     kp_model_free(s->m);
 }

@@ -42,7 +42,7 @@ typedef struct {
     kp_model *m;
     kp_gguf *g;
     kp_tok_vocab *v;
-    kp_pool *pool;
+    kp_threads *pool;
 } fixture;
 
 static bool fixture_open(fixture *f, int threads) {
@@ -51,13 +51,13 @@ static bool fixture_open(fixture *f, int threads) {
     const char *rel = "models/stories260K.gguf";
     bool ok = kp_model_load(&f->m, harness_path(rel), &err) == KP_OK &&
               kp_gguf_open(&f->g, harness_path(rel), &err) == KP_OK &&
-              kp_tok_vocab_load(&f->v, f->g, &err) == KP_OK && kp_pool_new(&f->pool, threads, &err) == KP_OK;
+              kp_tok_vocab_load(&f->v, f->g, &err) == KP_OK && kp_threads_new(&f->pool, threads, &err) == KP_OK;
     CHECK_MSG(ok, "%s: %s", rel, err.msg);
     return ok;
 }
 
 static void fixture_close(fixture *f) {
-    kp_pool_free(f->pool);
+    kp_threads_free(f->pool);
     kp_tok_vocab_free(f->v);
     kp_gguf_close(f->g);
     kp_model_free(f->m);

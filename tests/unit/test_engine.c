@@ -80,7 +80,7 @@ typedef struct {
     kp_eng_report rep;
 } runner;
 
-static bool open_engine(runner *r, const kp_model *m, kp_pool *pool, bool cache, uint64_t budget, kp_dtype kv) {
+static bool open_engine(runner *r, const kp_model *m, kp_threads *pool, bool cache, uint64_t budget, kp_dtype kv) {
     kp_error err = {0};
     memset(r, 0, sizeof *r);
     kp_eng_config c = {kv, 16, budget, MAX_LEN + N_GEN + 8, !cache, NULL, kv, !cache};
@@ -109,12 +109,12 @@ static void close_engine(runner *r) {
 static void run_model_kv(const char *rel, uint64_t seed, kp_dtype kv) {
     kp_error err = {0};
     kp_model *m = NULL;
-    kp_pool *pool = NULL;
+    kp_threads *pool = NULL;
     if (kp_model_load(&m, harness_path(rel), &err) != KP_OK) {
         CHECK_MSG(false, "%s: %s", rel, err.msg);
         return;
     }
-    CHECK(kp_pool_new(&pool, 2, &err) == KP_OK);
+    CHECK(kp_threads_new(&pool, 2, &err) == KP_OK);
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, kv) * 16;
     uint32_t seq_blocks = (MAX_LEN + N_GEN + 15) / 16;
@@ -213,7 +213,7 @@ static void run_model_kv(const char *rel, uint64_t seed, kp_dtype kv) {
     CHECK(st.n_hits > 0 && st.reused_tokens == reused_total);
     CHECK(st.n_evictions == 0);
     for (int k = 0; k < 3; k++) close_engine(rs[k]);
-    kp_pool_free(pool);
+    kp_threads_free(pool);
     kp_model_free(m);
 }
 
@@ -236,12 +236,12 @@ static void test_equal_llama_q4_k(void) { run_model("tests/data/models/gen-llama
 static void test_equal_llama_q6_k(void) { run_model("tests/data/models/gen-llama-gqa-q6_k.gguf", 0x5eedfaceb00c1e55ull); }
 
 /* The bundled model and a pool of one thread. */
-static bool load_stories(kp_model **m, kp_pool **pool) {
+static bool load_stories(kp_model **m, kp_threads **pool) {
     kp_error err = {0};
     *m = NULL;
     *pool = NULL;
     bool ok = kp_model_load(m, harness_path("models/stories260K.gguf"), &err) == KP_OK &&
-              kp_pool_new(pool, 1, &err) == KP_OK;
+              kp_threads_new(pool, 1, &err) == KP_OK;
     CHECK_MSG(ok, "%s", err.msg);
     if (!ok) {
         kp_model_free(*m);
@@ -255,7 +255,7 @@ static bool load_stories(kp_model **m, kp_pool **pool) {
 static void test_reuse_counts(void) {
     kp_error err = {0};
     kp_model *m;
-    kp_pool *pool;
+    kp_threads *pool;
     if (!load_stories(&m, &pool)) return;
     kp_engine *e = NULL;
     CHECK(kp_eng_new(&e, m, pool, NULL, NULL, &err) == KP_OK);
@@ -297,7 +297,7 @@ static void test_reuse_counts(void) {
     CHECK(kp_eng_prefill(e, a, 17, &s, NULL, &r, &err) == KP_EFULL && s.kv.n_blocks == 0);
     CHECK_EQ_INT(used_bytes(e), 0);
     kp_eng_free(e);
-    kp_pool_free(pool);
+    kp_threads_free(pool);
     kp_model_free(m);
 }
 
@@ -307,7 +307,7 @@ static void test_reuse_counts(void) {
 static void test_node_path(void) {
     kp_error err = {0};
     kp_model *m;
-    kp_pool *pool;
+    kp_threads *pool;
     if (!load_stories(&m, &pool)) return;
     kp_engine *e = NULL;
     CHECK(kp_eng_new(&e, m, pool, NULL, NULL, &err) == KP_OK);
@@ -356,7 +356,7 @@ static void test_node_path(void) {
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
     CHECK(kp_eng_node_path(e, none, 1, path, N, &start, &end, &err) == KP_ENOTFOUND);
     kp_eng_free(e);
-    kp_pool_free(pool);
+    kp_threads_free(pool);
     kp_model_free(m);
 }
 
@@ -367,12 +367,12 @@ static void test_node_path(void) {
 static void budget_case(uint32_t blocks, uint32_t expect_reuse) {
     kp_error err = {0};
     kp_model *m = NULL;
-    kp_pool *pool = NULL;
+    kp_threads *pool = NULL;
     if (kp_model_load(&m, harness_path("models/stories260K.gguf"), &err) != KP_OK) {
         CHECK_MSG(false, "%s", err.msg);
         return;
     }
-    CHECK(kp_pool_new(&pool, 1, &err) == KP_OK);
+    CHECK(kp_threads_new(&pool, 1, &err) == KP_OK);
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
     kp_eng_config c = {KP_DTYPE_F32, 16, bb * blocks, 96, false, NULL, KP_DTYPE_F32, false}, cref = c;
@@ -411,7 +411,7 @@ static void budget_case(uint32_t blocks, uint32_t expect_reuse) {
     free(lb);
     kp_eng_free(e);
     kp_eng_free(ref);
-    kp_pool_free(pool);
+    kp_threads_free(pool);
     kp_model_free(m);
 }
 
@@ -441,12 +441,12 @@ typedef struct {
 static void batched_case(const char *rel, uint64_t seed, uint64_t budget_blocks) {
     kp_error err = {0};
     kp_model *m = NULL;
-    kp_pool *pool = NULL;
+    kp_threads *pool = NULL;
     if (kp_model_load(&m, harness_path(rel), &err) != KP_OK) {
         CHECK_MSG(false, "%s: %s", rel, err.msg);
         return;
     }
-    CHECK(kp_pool_new(&pool, 2, &err) == KP_OK);
+    CHECK(kp_threads_new(&pool, 2, &err) == KP_OK);
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
     kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 128, true, NULL, KP_DTYPE_F32, true};
@@ -557,7 +557,7 @@ static void batched_case(const char *rel, uint64_t seed, uint64_t budget_blocks)
     free(lr);
     kp_eng_free(e);
     kp_eng_free(ref);
-    kp_pool_free(pool);
+    kp_threads_free(pool);
     kp_model_free(m);
 }
 
@@ -640,7 +640,7 @@ static kp_status room_try(kp_engine *e, const int32_t *t, uint32_t n) {
 static void test_room_for(void) {
     kp_error err = {0};
     kp_model *m;
-    kp_pool *pool;
+    kp_threads *pool;
     if (!load_stories(&m, &pool)) return;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
     kp_eng_config c = {KP_DTYPE_F32, 16, bb * 8, 256, false, NULL, KP_DTYPE_F32, false}; /* 8 blocks, pins up to 4 */
@@ -707,14 +707,14 @@ static void test_room_for(void) {
     kp_eng_free(n);
     CHECK(kp_eng_clear(e, &err) == KP_OK);
     kp_eng_free(e);
-    kp_pool_free(pool);
+    kp_threads_free(pool);
     kp_model_free(m);
 }
 
 static void test_cache_operations(void) {
     kp_error err = {0};
     kp_model *m;
-    kp_pool *pool;
+    kp_threads *pool;
     if (!load_stories(&m, &pool)) return;
     const kp_hparams *hp = &m->hp;
     uint64_t bb = kp_model_kv_bytes_per_token(hp, KP_DTYPE_F32) * 16;
@@ -791,7 +791,7 @@ static void test_cache_operations(void) {
           es.bytes_per_token == kp_model_kv_bytes_per_token(hp, KP_DTYPE_F32) && es.block_bytes == bb &&
           es.budget_bytes == bb * 8 && es.used_bytes == 0 && es.free_bytes == bb * 8);
     kp_eng_free(e);
-    kp_pool_free(pool);
+    kp_threads_free(pool);
     kp_model_free(m);
 }
 
@@ -829,7 +829,7 @@ static void seen_decode(void *c, int32_t tok, uint32_t seq_len) {
 static void test_generate_and_feeding(void) {
     kp_error err = {0};
     kp_model *m;
-    kp_pool *pool;
+    kp_threads *pool;
     kp_tok_vocab *v = NULL;
     if (!load_stories(&m, &pool)) return;
     CHECK(kp_tok_vocab_load(&v, m->file, &err) == KP_OK);
@@ -933,13 +933,13 @@ static void test_generate_and_feeding(void) {
     free(one);
     kp_eng_free(e);
     kp_eng_free(ref);
-    kp_pool_free(pool);
+    kp_threads_free(pool);
     kp_tok_vocab_free(v);
     kp_model_free(m);
 }
 
 /* Forks of a 37-token prompt (2 whole blocks of 16 and a partial one). */
-static void fork_for(kp_model *m, kp_pool *pool, kp_dtype kv) {
+static void fork_for(kp_model *m, kp_threads *pool, kp_dtype kv) {
     kp_error err = {0};
     for (int cache = 0; cache < 2; cache++) {
         kp_engine *e = NULL;
@@ -992,7 +992,7 @@ static void fork_for(kp_model *m, kp_pool *pool, kp_dtype kv) {
 static void test_fork(void) {
     kp_error err = {0};
     kp_model *m;
-    kp_pool *pool;
+    kp_threads *pool;
     if (!load_stories(&m, &pool)) return;
     fork_for(m, pool, KP_DTYPE_F32);
     kp_model_free(m);
@@ -1002,7 +1002,7 @@ static void test_fork(void) {
         fork_for(m, pool, KP_DTYPE_Q8_0);
         fork_for(m, pool, KP_DTYPE_Q4_0);
     }
-    kp_pool_free(pool);
+    kp_threads_free(pool);
     kp_model_free(m);
 }
 
@@ -1014,9 +1014,9 @@ static void test_fork(void) {
 static void test_bill_kv_types(void) {
     kp_error err = {0};
     kp_model *m = NULL;
-    kp_pool *pool = NULL;
+    kp_threads *pool = NULL;
     if (kp_model_load(&m, harness_path("tests/data/models/gen-llama-gqa-f32.gguf"), &err) != KP_OK ||
-        kp_pool_new(&pool, 1, &err) != KP_OK) {
+        kp_threads_new(&pool, 1, &err) != KP_OK) {
         CHECK_MSG(false, "%s", err.msg);
         kp_model_free(m);
         return;
@@ -1062,7 +1062,7 @@ static void test_bill_kv_types(void) {
     }
     CHECK_MSG(q8_blocks * 34 >= f16_blocks * 64 - 64 * 34, "q8_0 %llu blocks, f16 %llu", (unsigned long long)q8_blocks,
               (unsigned long long)f16_blocks);
-    kp_pool_free(pool);
+    kp_threads_free(pool);
     kp_model_free(m);
 }
 

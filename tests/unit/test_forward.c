@@ -33,7 +33,7 @@
 
 typedef struct {
     kp_model *m;
-    kp_pool *pool;
+    kp_threads *pool;
     kp_kvpool *kv;
     kp_forward *fw;
 } rig;
@@ -48,7 +48,7 @@ static bool rig_open(rig *r, const char *path, kp_dtype kv_type, uint32_t n_pos_
     }
     kp_kvpool_config kc = {r->m->hp.n_layer, r->m->hp.n_head_kv, r->m->hp.head_dim, kv_type, 16, 0, kv_type};
     kc.budget_bytes = (uint64_t)((n_pos_cap + 15) / 16 + 1) * 16 * kp_model_kv_bytes_per_token(&r->m->hp, kv_type);
-    if (kp_pool_new(&r->pool, threads, &err) != KP_OK || kp_kvpool_new(&r->kv, &kc, &err) != KP_OK ||
+    if (kp_threads_new(&r->pool, threads, &err) != KP_OK || kp_kvpool_new(&r->kv, &kc, &err) != KP_OK ||
         kp_forward_new(&r->fw, r->m, r->kv, r->pool, k, &err) != KP_OK) {
         fprintf(stderr, "setup: %s\n", err.msg);
         return false;
@@ -59,7 +59,7 @@ static bool rig_open(rig *r, const char *path, kp_dtype kv_type, uint32_t n_pos_
 static void rig_close(rig *r) {
     kp_forward_free(r->fw);
     kp_kvpool_free(r->kv);
-    kp_pool_free(r->pool);
+    kp_threads_free(r->pool);
     kp_model_free(r->m);
 }
 

@@ -13,7 +13,7 @@
 #include "harness.h"
 #include "kernels/probe.h"
 
-static kp_pool *pool2;
+static kp_threads *pool2;
 
 static bool good(double x) { return isfinite(x) && x > 0; }
 
@@ -114,7 +114,7 @@ static void test_int8_best_and_scalar(void) {
 
 int main(void) {
     kp_error err = {0};
-    if (kp_pool_new(&pool2, 2, &err) != KP_OK) {
+    if (kp_threads_new(&pool2, 2, &err) != KP_OK) {
         fprintf(stderr, "pool: %s\n", err.msg);
         return 1;
     }
@@ -123,6 +123,6 @@ int main(void) {
     RUN(test_read_bw_refusals);
     RUN(test_int8_each_isa);
     RUN(test_int8_best_and_scalar);
-    kp_pool_free(pool2);
+    kp_threads_free(pool2);
     return harness_finish("probe");
 }

@@ -1000,7 +1000,7 @@ static void test_api(void) {
 
 typedef struct {
     kp_model *m;
-    kp_pool *pool;
+    kp_threads *pool;
     kp_kvpool *kv;
     kp_forward *fw;
 } rig;
@@ -1014,7 +1014,7 @@ static bool rig_open(rig *r, const char *path, uint32_t n_pos) {
     }
     kp_kvpool_config kc = {r->m->hp.n_layer, r->m->hp.n_head_kv, r->m->hp.head_dim, KP_DTYPE_F32, 16, 0, KP_DTYPE_F32};
     kc.budget_bytes = (uint64_t)((n_pos + 15) / 16 + 1) * 16 * kp_model_kv_bytes_per_token(&r->m->hp, KP_DTYPE_F32);
-    if (kp_pool_new(&r->pool, 1, &err) != KP_OK || kp_kvpool_new(&r->kv, &kc, &err) != KP_OK ||
+    if (kp_threads_new(&r->pool, 1, &err) != KP_OK || kp_kvpool_new(&r->kv, &kc, &err) != KP_OK ||
         kp_forward_new(&r->fw, r->m, r->kv, r->pool, NULL, &err) != KP_OK) {
         fprintf(stderr, "setup: %s\n", err.msg);
         return false;
@@ -1025,7 +1025,7 @@ static bool rig_open(rig *r, const char *path, uint32_t n_pos) {
 static void rig_close(rig *r) {
     kp_forward_free(r->fw);
     kp_kvpool_free(r->kv);
-    kp_pool_free(r->pool);
+    kp_threads_free(r->pool);
     kp_model_free(r->m);
 }
 

@@ -59,7 +59,7 @@ typedef struct {
     kp_model *m;
     kp_gguf *g;
     kp_tok_vocab *v;
-    kp_pool *pool;
+    kp_threads *pool;
 } fixture;
 
 static bool fixture_open(fixture *f, const char *rel, int threads) {
@@ -67,13 +67,13 @@ static bool fixture_open(fixture *f, const char *rel, int threads) {
     memset(f, 0, sizeof *f);
     bool ok = kp_model_load(&f->m, harness_path(rel), &err) == KP_OK &&
               kp_gguf_open(&f->g, harness_path(rel), &err) == KP_OK &&
-              kp_tok_vocab_load(&f->v, f->g, &err) == KP_OK && kp_pool_new(&f->pool, threads, &err) == KP_OK;
+              kp_tok_vocab_load(&f->v, f->g, &err) == KP_OK && kp_threads_new(&f->pool, threads, &err) == KP_OK;
     CHECK_MSG(ok, "%s: %s", rel, err.msg);
     return ok;
 }
 
 static void fixture_close(fixture *f) {
-    kp_pool_free(f->pool);
+    kp_threads_free(f->pool);
     kp_tok_vocab_free(f->v);
     kp_gguf_close(f->g);
     kp_model_free(f->m);
@@ -145,7 +145,7 @@ static void test_concurrent_equals_alone(void) {
     fixture fx;
     if (!fixture_open(&fx, "models/stories260K.gguf", 2)) return;
     kp_model *m = fx.m;
-    kp_pool *pool = fx.pool;
+    kp_threads *pool = fx.pool;
     kp_tok_vocab *v = fx.v;
     uint32_t nv = m->hp.n_vocab;
     kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 160, true, NULL, KP_DTYPE_F32, true};
@@ -254,7 +254,7 @@ static void test_queue_full_and_shutdown(void) {
     fixture fx;
     if (!fixture_open(&fx, "models/stories260K.gguf", 1)) return;
     kp_model *m = fx.m;
-    kp_pool *pool = fx.pool;
+    kp_threads *pool = fx.pool;
     kp_tok_vocab *v = fx.v;
     kp_engine *e = NULL;
     kp_eng_config cc = {KP_DTYPE_F16, 16, 0, 512, false, NULL, KP_DTYPE_F16, false};
@@ -389,7 +389,7 @@ static void test_cache_ops_between_steps(void) {
     fixture fx;
     if (!fixture_open(&fx, "tests/data/models/gen-llama-gqa-f32.gguf", 1)) return;
     kp_model *m = fx.m;
-    kp_pool *pool = fx.pool;
+    kp_threads *pool = fx.pool;
     kp_tok_vocab *v = fx.v;
     kp_eng_config cc = {KP_DTYPE_F32, 16, 0, 1024, false, NULL, KP_DTYPE_F32, false};
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;

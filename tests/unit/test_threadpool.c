@@ -25,11 +25,11 @@ static void task(void *vctx, int t, int thread) {
 }
 
 static void runs_with(int n_threads) {
-    kp_pool *p;
+    kp_threads *p;
     kp_error err = {0};
-    CHECK(kp_pool_new(&p, n_threads, &err) == KP_OK);
+    CHECK(kp_threads_new(&p, n_threads, &err) == KP_OK);
     if (!p) return;
-    CHECK_EQ_INT(kp_pool_size(p), n_threads);
+    CHECK_EQ_INT(kp_threads_size(p), n_threads);
     enum { MAXT = 3000 };
     static atomic_int hits[MAXT];
     int bad = 0;
@@ -37,14 +37,14 @@ static void runs_with(int n_threads) {
         int n = run % 7 == 0 ? MAXT : 1 + run % 50;
         for (int i = 0; i < n; i++) atomic_store(&hits[i], 0);
         ctx_t c = {hits, run, 0, n_threads, 0};
-        kp_pool_run(p, task, &c, n);
+        kp_threads_run(p, task, &c, n);
         for (int i = 0; i < n; i++) bad += atomic_load(&hits[i]) != 1;
         bad += atomic_load(&c.bad_thread);
         if (run == 1000) usleep(300000); /* let workers go to sleep, then wake them */
     }
     CHECK_MSG(bad == 0, "%d tasks not run exactly once with %d threads", bad, n_threads);
-    kp_pool_run(p, task, NULL, 0); /* no tasks: no call */
-    kp_pool_free(p);
+    kp_threads_run(p, task, NULL, 0); /* no tasks: no call */
+    kp_threads_free(p);
 }
 
 static void test_counts(void) {
@@ -52,11 +52,11 @@ static void test_counts(void) {
 }
 
 static void test_bad(void) {
-    kp_pool *p;
+    kp_threads *p;
     kp_error err = {0};
-    CHECK(kp_pool_new(&p, 0, &err) == KP_EINVAL && p == NULL);
-    CHECK(kp_pool_new(&p, 5000, &err) == KP_EINVAL);
-    kp_pool_free(NULL);
+    CHECK(kp_threads_new(&p, 0, &err) == KP_EINVAL && p == NULL);
+    CHECK(kp_threads_new(&p, 5000, &err) == KP_EINVAL);
+    kp_threads_free(NULL);
     CHECK(kp_cpu_count() >= 1);
 }
 

@@ -66,9 +66,9 @@ typedef struct {
 
 /* The bundled model and a pool of n threads; false (a failed check) when
  * either cannot be had. */
-static bool load_model(kp_model **m, kp_pool **pool, int n) {
+static bool load_model(kp_model **m, kp_threads **pool, int n) {
     kp_error err = {0};
-    if (kp_model_load(m, harness_path("models/stories260K.gguf"), &err) != KP_OK || kp_pool_new(pool, n, &err)) {
+    if (kp_model_load(m, harness_path("models/stories260K.gguf"), &err) != KP_OK || kp_threads_new(pool, n, &err)) {
         CHECK_MSG(false, "%s", err.msg);
         return false;
     }
@@ -106,7 +106,7 @@ static void stop_redis(void) {
 static void equal_through(int redis_port) {
     kp_error err = {0};
     kp_model *m = NULL;
-    kp_pool *pool = NULL;
+    kp_threads *pool = NULL;
     if (!load_model(&m, &pool, 2)) return;
     uint32_t nv = m->hp.n_vocab, B = 16;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * B;
@@ -189,7 +189,7 @@ static void equal_through(int redis_port) {
     kp_eng_free(e);
     free(lr);
     free(lt);
-    kp_pool_free(pool);
+    kp_threads_free(pool);
     kp_model_free(m);
 }
 
@@ -214,7 +214,7 @@ static void test_equal_through_redis(void) {
 static void disk_refusal_falls_to_redis(int redis_port) {
     kp_error err = {0};
     kp_model *m = NULL;
-    kp_pool *pool = NULL;
+    kp_threads *pool = NULL;
     if (!load_model(&m, &pool, 2)) return;
     enum { N = 100, B = 16 };
     uint32_t nv = m->hp.n_vocab;
@@ -271,7 +271,7 @@ static void disk_refusal_falls_to_redis(int redis_port) {
     kp_eng_free(ref);
     free(lt);
     free(lr);
-    kp_pool_free(pool);
+    kp_threads_free(pool);
     kp_model_free(m);
 }
 
@@ -281,7 +281,7 @@ static void disk_refusal_falls_to_redis(int redis_port) {
 static void test_pin_writes_through(void) {
     kp_error err = {0};
     kp_model *m = NULL;
-    kp_pool *pool = NULL;
+    kp_threads *pool = NULL;
     if (!load_model(&m, &pool, 1)) return;
     char dir[300];
     snprintf(dir, sizeof dir, "%s/pin", tmpdir);
@@ -311,7 +311,7 @@ static void test_pin_writes_through(void) {
     CHECK_EQ_INT(rep.reused_from[KP_TIER_DISK], 48);
     CHECK(e2 && kp_eng_finish(e2, &s, t, 50, NULL, &err) == KP_OK);
     kp_eng_free(e2);
-    kp_pool_free(pool);
+    kp_threads_free(pool);
     kp_model_free(m);
 }
 
@@ -321,7 +321,7 @@ static void test_pin_writes_through(void) {
 static void test_long_sequence_written_whole(void) {
     kp_error err = {0};
     kp_model *m = NULL;
-    kp_pool *pool = NULL;
+    kp_threads *pool = NULL;
     if (!load_model(&m, &pool, 2)) return;
     enum { B = 4, N = 1300, CTX = 1400 };
     char dir[300];
@@ -343,7 +343,7 @@ static void test_long_sequence_written_whole(void) {
     CHECK_EQ_INT(ts.tier[KP_TIER_DISK].writes, N / B);
     CHECK_EQ_INT(ts.tier[KP_TIER_DISK].dropped_queue, 0);
     kp_eng_free(e);
-    kp_pool_free(pool);
+    kp_threads_free(pool);
     kp_model_free(m);
 }
 
