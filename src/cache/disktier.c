@@ -305,7 +305,7 @@ static void scan_others(kp_disktier *t, const char *root, const char *ours) {
     while ((de = readdir(d))) {
         kp_bkey k;
         if (strlen(de->d_name) != 32 || !kp_bkey_parse(de->d_name, &k) || !strcmp(de->d_name, ours)) continue;
-        char sub[4200], text[KP_FP_TEXT_MAX] = "";
+        char sub[4200], text[KP_FINGERPRINT_TEXT_MAX] = "";
         snprintf(sub, sizeof sub, "%s/%s", root, de->d_name);
         DIR *s = opendir(sub);
         if (!s) continue;
@@ -322,7 +322,7 @@ static void scan_others(kp_disktier *t, const char *root, const char *ours) {
             fclose(ff);
         }
         char why[512];
-        kp_fp_diff(t->fp.text, text, why, sizeof why);
+        kp_fingerprint_diff(t->fp.text, text, why, sizeof why);
         t->st.other_blocks += blocks;
         if (o + 1 < sizeof t->note)
             o += (size_t)snprintf(t->note + o, sizeof t->note - o, "%signored %llu blocks of fingerprint %.8s (%s)",

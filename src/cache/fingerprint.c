@@ -22,7 +22,7 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
-kp_bkey kp_fp_weights_compute(const kp_model *m) {
+kp_bkey kp_fingerprint_weights_compute(const kp_model *m) {
     XXH3_state_t st;
     XXH3_128bits_reset(&st);
     size_t n = kp_gguf_n_tensors(m->file);
@@ -85,12 +85,12 @@ static bool cache_write(const char *name, const char *path, const struct stat *s
     return false;
 }
 
-kp_status kp_fp_weights(const kp_model *m, const char *cache_dir, kp_bkey *out, bool *from_cache, kp_error *err) {
+kp_status kp_fingerprint_weights(const kp_model *m, const char *cache_dir, kp_bkey *out, bool *from_cache, kp_error *err) {
     if (from_cache) *from_cache = false;
     const char *path = kp_gguf_path(m->file);
     struct stat st;
     if (!path || stat(path, &st) != 0) {
-        *out = kp_fp_weights_compute(m);
+        *out = kp_fingerprint_weights_compute(m);
         if (path) return kp_fail(err, KP_EIO, "cannot stat the model %s: %s", path, strerror(errno));
         return KP_OK; /* a model from memory: nothing to cache it by */
     }
@@ -101,12 +101,12 @@ kp_status kp_fp_weights(const kp_model *m, const char *cache_dir, kp_bkey *out, 
         if (from_cache) *from_cache = true;
         return KP_OK;
     }
-    *out = kp_fp_weights_compute(m);
+    *out = kp_fingerprint_weights_compute(m);
     if (!cache_write(beside, path, &st, out) && cache_dir) cache_write(in_dir, path, &st, out);
     return KP_OK;
 }
 
-void kp_fp_make(kp_fingerprint *out, const kp_model *m, const kp_bkey *weights, kp_dtype kv_type,
+void kp_fingerprint_make(kp_fingerprint *out, const kp_model *m, const kp_bkey *weights, kp_dtype kv_type,
                 kp_dtype kv_type_v, uint32_t block_size) {
     const kp_hparams *hp = &m->hp;
     char wh[33];
@@ -116,7 +116,7 @@ void kp_fp_make(kp_fingerprint *out, const kp_model *m, const kp_bkey *weights, 
              "kvpin-kv-layout %d\nweights %s\narch %s\nn_layer %u\nn_embd %u\nn_head %u\nn_head_kv %u\n"
              "head_dim %u\nn_ff %u\nn_vocab %u\nn_rot %u\nrms_eps %a\nrope_base %a\nrope_freq_scale %a\n"
              "rope_type %s\ntied_output %d\nkv_type %s\nkv_type_v %s\nblock_size %u\n",
-             KP_FP_LAYOUT_VERSION, wh, hp->arch_name ? hp->arch_name : "?", hp->n_layer, hp->n_embd, hp->n_head,
+             KP_FINGERPRINT_LAYOUT_VERSION, wh, hp->arch_name ? hp->arch_name : "?", hp->n_layer, hp->n_embd, hp->n_head,
              hp->n_head_kv, hp->head_dim, hp->n_ff, hp->n_vocab, hp->n_rot, (double)hp->rms_eps,
              (double)hp->rope_base, (double)hp->rope_freq_scale, hp->rope_type == KP_ROPE_NEOX ? "neox" : "norm",
              hp->tied_output ? 1 : 0, kp_dtype_name(kv_type), kp_dtype_name(kv_type_v), block_size);
@@ -141,7 +141,7 @@ static bool line_value(const char *t, const char *name, char *v, size_t cap) {
     return false;
 }
 
-void kp_fp_diff(const char *ours, const char *other, char *buf, size_t cap) {
+void kp_fingerprint_diff(const char *ours, const char *other, char *buf, size_t cap) {
     size_t o = 0;
     bool any = false;
     buf[0] = 0;

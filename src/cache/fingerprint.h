@@ -6,7 +6,7 @@
  * The fingerprint is XXH3-128 of a canonical text, one "name value" line
  * each, in this order:
  *
- *   kvpin-kv-layout 1          KP_FP_LAYOUT_VERSION (the record and pool layout)
+ *   kvpin-kv-layout 1          KP_FINGERPRINT_LAYOUT_VERSION (the record and pool layout)
  *   weights <32 hex>           XXH3-128 over every tensor: name, type, dims, bytes
  *   arch llama                 architecture name
  *   n_layer .. n_vocab, n_rot  hyperparameters that shape the rows
@@ -34,13 +34,13 @@
 #include "model/model.h"
 #include "base/status.h"
 
-#define KP_FP_LAYOUT_VERSION 1
-#define KP_FP_TEXT_MAX 1024
+#define KP_FINGERPRINT_LAYOUT_VERSION 1
+#define KP_FINGERPRINT_TEXT_MAX 1024
 
 typedef struct {
     kp_bkey id;                 /* XXH3-128 of text */
     kp_bkey weights;            /* the weights hash alone */
-    char text[KP_FP_TEXT_MAX];  /* the canonical lines, NUL-terminated */
+    char text[KP_FINGERPRINT_TEXT_MAX];  /* the canonical lines, NUL-terminated */
 } kp_fingerprint;
 
 /* The weights hash of m's file (kp_gguf_path): read from the cache file
@@ -49,19 +49,19 @@ typedef struct {
  * NULL; a cache that cannot be written is not an error). *from_cache
  * (may be NULL) tells which. KP_EIO when the model file cannot be
  * stat'ed. */
-kp_status kp_fp_weights(const kp_model *m, const char *cache_dir, kp_bkey *out, bool *from_cache, kp_error *err);
+kp_status kp_fingerprint_weights(const kp_model *m, const char *cache_dir, kp_bkey *out, bool *from_cache, kp_error *err);
 
 /* The weights hash computed from the mapped tensors, without any cache. */
-kp_bkey kp_fp_weights_compute(const kp_model *m);
+kp_bkey kp_fingerprint_weights_compute(const kp_model *m);
 
 /* Fills *out from a weights hash, the model's hyperparameters, the K and
  * V element types and the block size. */
-void kp_fp_make(kp_fingerprint *out, const kp_model *m, const kp_bkey *weights, kp_dtype kv_type,
+void kp_fingerprint_make(kp_fingerprint *out, const kp_model *m, const kp_bkey *weights, kp_dtype kv_type,
                 kp_dtype kv_type_v, uint32_t block_size);
 
 /* Names the lines where text `other` differs from `ours` (both canonical
  * texts), as "kv_type f32 (here f16), weights ..." into buf[cap]; "unknown"
  * when other has none of the lines. */
-void kp_fp_diff(const char *ours, const char *other, char *buf, size_t cap);
+void kp_fingerprint_diff(const char *ours, const char *other, char *buf, size_t cap);
 
 #endif

@@ -54,9 +54,9 @@ kp_status kp_tiers_new(kp_tiers **out, const kp_tiers_config *cfg, const kp_mode
     t->pool = p;
     const kp_kvpool_config *kc = kp_kvpool_config_of(p);
     kp_bkey w;
-    kp_status st = kp_fp_weights(m, cfg->dir, &w, NULL, err);
+    kp_status st = kp_fingerprint_weights(m, cfg->dir, &w, NULL, err);
     if (st != KP_OK) goto fail;
-    kp_fp_make(&t->fp, m, &w, kc->kv_type, kc->kv_type_v, kc->block_size);
+    kp_fingerprint_make(&t->fp, m, &w, kc->kv_type, kc->kv_type_v, kc->block_size);
     kp_bkey_hex(&t->fp.id, t->st.fingerprint);
     t->st.on[KP_TIER_RAM] = true;
     if (cfg->dir) {

@@ -114,34 +114,34 @@ static void test_fingerprint(void) {
     if (!m) return;
     kp_bkey w1, w2;
     bool cached = true;
-    CHECK(kp_fp_weights(m, NULL, &w1, &cached, &err) == KP_OK && !cached);
+    CHECK(kp_fingerprint_weights(m, NULL, &w1, &cached, &err) == KP_OK && !cached);
     CHECK(access(side, F_OK) == 0);
-    CHECK(kp_fp_weights(m, NULL, &w2, &cached, &err) == KP_OK && cached && kp_bkey_eq(&w1, &w2));
-    kp_bkey direct = kp_fp_weights_compute(m);
+    CHECK(kp_fingerprint_weights(m, NULL, &w2, &cached, &err) == KP_OK && cached && kp_bkey_eq(&w1, &w2));
+    kp_bkey direct = kp_fingerprint_weights_compute(m);
     CHECK(kp_bkey_eq(&w1, &direct));
     /* a new mtime: the cache line no longer matches, the hash is recomputed */
     struct timespec ts[2] = {{0, UTIME_NOW}, {12345, 0}};
     CHECK(utimensat(AT_FDCWD, path, ts, 0) == 0);
-    CHECK(kp_fp_weights(m, NULL, &w2, &cached, &err) == KP_OK && !cached && kp_bkey_eq(&w1, &w2));
+    CHECK(kp_fingerprint_weights(m, NULL, &w2, &cached, &err) == KP_OK && !cached && kp_bkey_eq(&w1, &w2));
 
     kp_fingerprint a, b, c;
-    kp_fp_make(&a, m, &w1, KP_DTYPE_F16, KP_DTYPE_F16, 16);
-    kp_fp_make(&b, m, &w1, KP_DTYPE_F32, KP_DTYPE_F32, 16);
-    kp_fp_make(&c, m, &w1, KP_DTYPE_F16, KP_DTYPE_F16, 32);
+    kp_fingerprint_make(&a, m, &w1, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    kp_fingerprint_make(&b, m, &w1, KP_DTYPE_F32, KP_DTYPE_F32, 16);
+    kp_fingerprint_make(&c, m, &w1, KP_DTYPE_F16, KP_DTYPE_F16, 32);
     CHECK(!kp_bkey_eq(&a.id, &b.id) && !kp_bkey_eq(&a.id, &c.id) && !kp_bkey_eq(&b.id, &c.id));
     kp_fingerprint a2, q8, q8v;
-    kp_fp_make(&a2, m, &w1, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    kp_fingerprint_make(&a2, m, &w1, KP_DTYPE_F16, KP_DTYPE_F16, 16);
     CHECK(kp_bkey_eq(&a.id, &a2.id));
     /* quantized K, and K and V of different types */
-    kp_fp_make(&q8, m, &w1, KP_DTYPE_Q8_0, KP_DTYPE_Q8_0, 16);
-    kp_fp_make(&q8v, m, &w1, KP_DTYPE_Q8_0, KP_DTYPE_Q4_0, 16);
+    kp_fingerprint_make(&q8, m, &w1, KP_DTYPE_Q8_0, KP_DTYPE_Q8_0, 16);
+    kp_fingerprint_make(&q8v, m, &w1, KP_DTYPE_Q8_0, KP_DTYPE_Q4_0, 16);
     CHECK(!kp_bkey_eq(&q8.id, &a.id) && !kp_bkey_eq(&q8.id, &q8v.id));
     char why[256];
-    kp_fp_diff(a.text, b.text, why, sizeof why);
+    kp_fingerprint_diff(a.text, b.text, why, sizeof why);
     CHECK_MSG(strstr(why, "kv_type F32 (here F16)") != NULL, "diff: %s", why);
-    kp_fp_diff(a.text, a2.text, why, sizeof why);
+    kp_fingerprint_diff(a.text, a2.text, why, sizeof why);
     CHECK_EQ_STR(why, "");
-    kp_fp_diff(a.text, "junk", why, sizeof why);
+    kp_fingerprint_diff(a.text, "junk", why, sizeof why);
     CHECK_EQ_STR(why, "unknown");
 
     /* one weight byte differs: another weights hash, another fingerprint */
@@ -160,11 +160,11 @@ static void test_fingerprint(void) {
     CHECK(kp_model_load(&m2, flipped, &err) == KP_OK);
     if (m2) {
         kp_bkey w3;
-        CHECK(kp_fp_weights(m2, NULL, &w3, NULL, &err) == KP_OK && !kp_bkey_eq(&w1, &w3));
+        CHECK(kp_fingerprint_weights(m2, NULL, &w3, NULL, &err) == KP_OK && !kp_bkey_eq(&w1, &w3));
         kp_fingerprint d;
-        kp_fp_make(&d, m2, &w3, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+        kp_fingerprint_make(&d, m2, &w3, KP_DTYPE_F16, KP_DTYPE_F16, 16);
         CHECK(!kp_bkey_eq(&a.id, &d.id));
-        kp_fp_diff(a.text, d.text, why, sizeof why);
+        kp_fingerprint_diff(a.text, d.text, why, sizeof why);
         CHECK(strncmp(why, "weights ", 8) == 0);
     }
     kp_model_free(m2);
