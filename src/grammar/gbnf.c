@@ -25,7 +25,7 @@
 
 typedef struct {
     const char *start, *end;
-    kp_gbuild *b;
+    kp_builder *b;
     kp_error *err;
     kp_status st;
     uint32_t n_gen;
@@ -131,22 +131,22 @@ static bool repeat(gp *g, const char *at, kp_gseq *seq, uint32_t from, const cha
     if (max != KP_GREP_INF && max < min) return fail_at(g, at, KP_EINVAL, "repetition {%u,%u}: max below min", min, max);
     uint32_t rule;
     if (seq->n - from == 1) {
-        rule = kp_gb_as_rule(g->b, seq->v[from]);
+        rule = kp_builder_as_rule(g->b, seq->v[from]);
     } else {
-        rule = kp_gb_rule(g->b, "%s(%u)", name, ++g->n_gen);
+        rule = kp_builder_rule(g->b, "%s(%u)", name, ++g->n_gen);
         kp_gseq body = {0};
         for (uint32_t i = from; i < seq->n; i++)
             if (!kp_gseq_push(g->b, &body, seq->v[i])) {
                 kp_gseq_free(&body);
                 return oom(g);
             }
-        if (!kp_gb_alt(g->b, rule, &body)) return oom(g);
+        if (!kp_builder_alt(g->b, rule, &body)) return oom(g);
     }
     if (rule == UINT32_MAX) return oom(g);
     g->b->n_elems -= seq->n - from;
     seq->n = from;
     if (max == 0) return true;
-    return kp_gseq_push(g->b, seq, kp_gb_rep(g->b, rule, min, max)) || oom(g);
+    return kp_gseq_push(g->b, seq, kp_builder_rep(g->b, rule, min, max)) || oom(g);
 }
 
 static bool parse_count(gp *g, const char **pp, uint32_t *v) {
@@ -164,7 +164,7 @@ static bool parse_count(gp *g, const char **pp, uint32_t *v) {
 }
 
 static const char *parse_sequence(gp *g, const char *p, const char *name, kp_gseq *seq, bool nested) {
-    kp_gbuild *b = g->b;
+    kp_builder *b = g->b;
     int64_t last = -1;
     while (p < g->end && g->st == KP_OK) {
         char c = *p;
@@ -212,14 +212,14 @@ static const char *parse_sequence(gp *g, const char *p, const char *name, kp_gse
             }
             if (g->st == KP_OK && p >= g->end) fail_at(g, open, KP_EINVAL, "unterminated character class");
             uint32_t e;
-            if (g->st == KP_OK && (!kp_gb_class(b, rg, n, neg, &e) || !kp_gseq_push(b, seq, e))) oom(g);
+            if (g->st == KP_OK && (!kp_builder_class(b, rg, n, neg, &e) || !kp_gseq_push(b, seq, e))) oom(g);
             free(rg);
             if (g->st != KP_OK) return p;
             p = skip(g, p + 1, nested);
         } else if (is_word(c)) {
             const char *q = p;
             while (q < g->end && is_word(*q)) q++;
-            uint32_t r = kp_gb_named(b, p, (size_t)(q - p));
+            uint32_t r = kp_builder_named(b, p, (size_t)(q - p));
             last = seq->n;
             if (r == UINT32_MAX || !kp_gseq_push(b, seq, KP_GE(KP_GE_REF, r))) {
                 oom(g);
@@ -228,7 +228,7 @@ static const char *parse_sequence(gp *g, const char *p, const char *name, kp_gse
             p = skip(g, q, nested);
         } else if (c == '(') {
             const char *open = p;
-            uint32_t r = kp_gb_rule(b, "%s(%u)", name, ++g->n_gen);
+            uint32_t r = kp_builder_rule(b, "%s(%u)", name, ++g->n_gen);
             if (r == UINT32_MAX) {
                 oom(g);
                 return p;
@@ -248,7 +248,7 @@ static const char *parse_sequence(gp *g, const char *p, const char *name, kp_gse
         } else if (c == '.') {
             last = seq->n;
             uint32_t e;
-            if (!kp_gb_class(b, NULL, 0, true, &e) || !kp_gseq_push(b, seq, e)) {
+            if (!kp_builder_class(b, NULL, 0, true, &e) || !kp_gseq_push(b, seq, e)) {
                 oom(g);
                 return p;
             }
@@ -303,7 +303,7 @@ static const char *parse_alternates(gp *g, const char *p, uint32_t rule, const c
             kp_gseq_free(&seq);
             return p;
         }
-        if (!kp_gb_alt(g->b, rule, &seq)) {
+        if (!kp_builder_alt(g->b, rule, &seq)) {
             oom(g);
             return p;
         }
@@ -324,7 +324,7 @@ static const char *parse_rule(gp *g, const char *p) {
     }
     char name[128];
     snprintf(name, sizeof name, "%.*s", (int)(q - p < 100 ? q - p : 100), p);
-    uint32_t r = kp_gb_named(g->b, p, (size_t)(q - p));
+    uint32_t r = kp_builder_named(g->b, p, (size_t)(q - p));
     if (r == UINT32_MAX) {
         oom(g);
         return p;
@@ -354,8 +354,8 @@ static const char *parse_rule(gp *g, const char *p) {
 kp_status kp_grammar_compile_gbnf(const char *text, size_t len, kp_grammar **out, kp_error *err) {
     if (!out || (len && !text)) return kp_fail(err, KP_EINVAL, "kp_grammar_compile_gbnf: NULL argument");
     *out = NULL;
-    kp_gbuild b;
-    kp_gb_init(&b);
+    kp_builder b;
+    kp_builder_init(&b);
     gp g = {.start = text, .end = text + len, .b = &b, .err = err, .st = KP_OK};
     const char *p = skip(&g, text, true);
     while (p < g.end && g.st == KP_OK) p = parse_rule(&g, p);
@@ -363,15 +363,15 @@ kp_status kp_grammar_compile_gbnf(const char *text, size_t len, kp_grammar **out
         g.st = kp_fail(err, KP_ERANGE, "gbnf: the grammar exceeds %u elements", KP_GRAMMAR_MAX_ELEMS);
     if (g.st == KP_OK && b.oom) g.st = kp_fail(err, KP_ENOMEM, "gbnf: out of memory");
     if (g.st != KP_OK) {
-        kp_gb_free(&b);
+        kp_builder_free(&b);
         return g.st;
     }
     uint32_t root = UINT32_MAX;
     for (uint32_t r = 0; r < b.n_rules; r++)
         if (b.rules[r].defined && strcmp(b.rules[r].name, "root") == 0) root = r;
     if (root == UINT32_MAX) {
-        kp_gb_free(&b);
+        kp_builder_free(&b);
         return kp_fail(err, KP_EINVAL, "gbnf: the grammar has no 'root' rule");
     }
-    return kp_gb_finish(&b, root, out, err);
+    return kp_builder_finish(&b, root, out, err);
 }

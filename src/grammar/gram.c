@@ -4,7 +4,7 @@
  * sequences, and the listing.
  *
  * Builder data: rules[] each with alts[] (kp_gseq of elements), sets[]
- * (deduplicated by content), reps[]. kp_gb_finish runs, in order:
+ * (deduplicated by content), reps[]. kp_builder_finish runs, in order:
  * undefined-rule check, reachability, productive rules (unproductive
  * alternatives are dropped), nullable rules, the repetition check, the
  * left-recursion check (a DFS over "rule r may start with rule s"), FIRST
@@ -28,7 +28,7 @@
 
 /* ---- small helpers ---- */
 
-void kp_gb_init(kp_gbuild *b) { memset(b, 0, sizeof *b); }
+void kp_builder_init(kp_builder *b) { memset(b, 0, sizeof *b); }
 
 void kp_gseq_free(kp_gseq *s) {
     free(s->v);
@@ -36,7 +36,7 @@ void kp_gseq_free(kp_gseq *s) {
     s->n = s->cap = 0;
 }
 
-void kp_gb_free(kp_gbuild *b) {
+void kp_builder_free(kp_builder *b) {
     for (uint32_t r = 0; r < b->n_rules; r++) {
         for (uint32_t a = 0; a < b->rules[r].n_alts; a++) kp_gseq_free(&b->rules[r].alts[a]);
         free(b->rules[r].alts);
@@ -48,21 +48,21 @@ void kp_gb_free(kp_gbuild *b) {
     memset(b, 0, sizeof *b);
 }
 
-static uint32_t add_rule(kp_gbuild *b, char *name, bool defined) {
+static uint32_t add_rule(kp_builder *b, char *name, bool defined) {
     if (!name || !kp_grow_u32((void **)&b->rules, &b->cap_rules, b->n_rules + 1, sizeof *b->rules) ||
         b->n_rules >= KP_GE_ARG(~0u)) {
         free(name);
         b->oom = true;
         return UINT32_MAX;
     }
-    kp_gbrule *r = &b->rules[b->n_rules];
+    kp_draft_rule *r = &b->rules[b->n_rules];
     memset(r, 0, sizeof *r);
     r->name = name;
     r->defined = defined;
     return b->n_rules++;
 }
 
-uint32_t kp_gb_rule(kp_gbuild *b, const char *fmt, ...) {
+uint32_t kp_builder_rule(kp_builder *b, const char *fmt, ...) {
     char tmp[256];
     va_list ap;
     va_start(ap, fmt);
@@ -71,7 +71,7 @@ uint32_t kp_gb_rule(kp_gbuild *b, const char *fmt, ...) {
     return add_rule(b, strdup(tmp), true);
 }
 
-uint32_t kp_gb_named(kp_gbuild *b, const char *name, size_t len) {
+uint32_t kp_builder_named(kp_builder *b, const char *name, size_t len) {
     for (uint32_t r = 0; r < b->n_rules; r++)
         if (strlen(b->rules[r].name) == len && memcmp(b->rules[r].name, name, len) == 0) return r;
     char *s = malloc(len + 1);
@@ -82,7 +82,7 @@ uint32_t kp_gb_named(kp_gbuild *b, const char *name, size_t len) {
     return add_rule(b, s, false);
 }
 
-bool kp_gseq_push(kp_gbuild *b, kp_gseq *s, uint32_t elem) {
+bool kp_gseq_push(kp_builder *b, kp_gseq *s, uint32_t elem) {
     if (b->oom || b->too_big) return false;
     if (b->n_elems >= KP_GRAMMAR_MAX_ELEMS) {
         b->too_big = true;
@@ -97,27 +97,27 @@ bool kp_gseq_push(kp_gbuild *b, kp_gseq *s, uint32_t elem) {
     return true;
 }
 
-bool kp_gseq_lit(kp_gbuild *b, kp_gseq *s, const void *bytes, size_t n) {
+bool kp_gseq_lit(kp_builder *b, kp_gseq *s, const void *bytes, size_t n) {
     const uint8_t *p = bytes;
     for (size_t i = 0; i < n; i++)
-        if (!kp_gseq_push(b, s, kp_gb_byte(b, p[i]))) return false;
+        if (!kp_gseq_push(b, s, kp_builder_byte(b, p[i]))) return false;
     return true;
 }
 
-bool kp_gseq_str(kp_gbuild *b, kp_gseq *s, const char *str) { return kp_gseq_lit(b, s, str, strlen(str)); }
+bool kp_gseq_str(kp_builder *b, kp_gseq *s, const char *str) { return kp_gseq_lit(b, s, str, strlen(str)); }
 
-bool kp_gseq_cpt(kp_gbuild *b, kp_gseq *s, uint32_t c) {
+bool kp_gseq_cpt(kp_builder *b, kp_gseq *s, uint32_t c) {
     uint8_t u[4];
     size_t n = kp_unicode_encode(c, u);
     return n > 0 && kp_gseq_lit(b, s, u, n);
 }
 
-bool kp_gb_alt(kp_gbuild *b, uint32_t rule, kp_gseq *seq) {
+bool kp_builder_alt(kp_builder *b, uint32_t rule, kp_gseq *seq) {
     if (b->oom || b->too_big || rule >= b->n_rules) {
         kp_gseq_free(seq);
         return false;
     }
-    kp_gbrule *r = &b->rules[rule];
+    kp_draft_rule *r = &b->rules[rule];
     if (!kp_grow_u32((void **)&r->alts, &r->cap_alts, r->n_alts + 1, sizeof *r->alts)) {
         kp_gseq_free(seq);
         b->oom = true;
@@ -128,21 +128,21 @@ bool kp_gb_alt(kp_gbuild *b, uint32_t rule, kp_gseq *seq) {
     return true;
 }
 
-bool kp_gb_alt1(kp_gbuild *b, uint32_t rule, uint32_t elem) {
+bool kp_builder_alt1(kp_builder *b, uint32_t rule, uint32_t elem) {
     kp_gseq s = {0};
-    return kp_gseq_push(b, &s, elem) && kp_gb_alt(b, rule, &s);
+    return kp_gseq_push(b, &s, elem) && kp_builder_alt(b, rule, &s);
 }
 
-bool kp_gb_alt_str(kp_gbuild *b, uint32_t rule, const char *str) {
+bool kp_builder_alt_str(kp_builder *b, uint32_t rule, const char *str) {
     kp_gseq s = {0};
     if (!kp_gseq_str(b, &s, str)) {
         kp_gseq_free(&s);
         return false;
     }
-    return kp_gb_alt(b, rule, &s);
+    return kp_builder_alt(b, rule, &s);
 }
 
-uint32_t kp_gb_term(kp_gbuild *b, const kp_gset *s) {
+uint32_t kp_builder_term(kp_builder *b, const kp_gset *s) {
     for (uint32_t i = 0; i < b->n_sets; i++)
         if (memcmp(&b->sets[i], s, sizeof *s) == 0) return KP_GE(KP_GE_TERM, i);
     if (!kp_grow_u32((void **)&b->sets, &b->cap_sets, b->n_sets + 1, sizeof *b->sets)) {
@@ -153,15 +153,15 @@ uint32_t kp_gb_term(kp_gbuild *b, const kp_gset *s) {
     return KP_GE(KP_GE_TERM, b->n_sets++);
 }
 
-uint32_t kp_gb_bytes(kp_gbuild *b, unsigned lo, unsigned hi) {
+uint32_t kp_builder_bytes(kp_builder *b, unsigned lo, unsigned hi) {
     kp_gset s = {{0}};
     if (lo <= hi && hi <= 255) kp_gset_add_range(&s, lo, hi);
-    return kp_gb_term(b, &s);
+    return kp_builder_term(b, &s);
 }
 
-uint32_t kp_gb_byte(kp_gbuild *b, uint8_t byte) { return kp_gb_bytes(b, byte, byte); }
+uint32_t kp_builder_byte(kp_builder *b, uint8_t byte) { return kp_builder_bytes(b, byte, byte); }
 
-uint32_t kp_gb_rep(kp_gbuild *b, uint32_t rule, uint32_t min, uint32_t max) {
+uint32_t kp_builder_rep(kp_builder *b, uint32_t rule, uint32_t min, uint32_t max) {
     if (rule == UINT32_MAX) return UINT32_MAX;
     if (min > KP_GRAMMAR_MAX_REPEAT || (max != KP_GREP_INF && (max > KP_GRAMMAR_MAX_REPEAT || max < min))) {
         b->too_big = true;
@@ -175,11 +175,11 @@ uint32_t kp_gb_rep(kp_gbuild *b, uint32_t rule, uint32_t min, uint32_t max) {
     return KP_GE(KP_GE_REP, b->n_reps++);
 }
 
-uint32_t kp_gb_as_rule(kp_gbuild *b, uint32_t elem) {
+uint32_t kp_builder_as_rule(kp_builder *b, uint32_t elem) {
     if (elem == UINT32_MAX) return UINT32_MAX;
     if (KP_GE_TYPE(elem) == KP_GE_REF) return KP_GE_ARG(elem);
-    uint32_t r = kp_gb_rule(b, "%s", "(item)");
-    if (r == UINT32_MAX || !kp_gb_alt1(b, r, elem)) return UINT32_MAX;
+    uint32_t r = kp_builder_rule(b, "%s", "(item)");
+    if (r == UINT32_MAX || !kp_builder_alt1(b, r, elem)) return UINT32_MAX;
     return r;
 }
 
@@ -251,7 +251,7 @@ static bool normalize(const kp_gcrange *r, size_t n, bool negate, kp_gcrange **o
 }
 
 /* One alternative per UTF-8 rectangle of the multi-byte range [lo, hi]. */
-static bool split_utf8(kp_gbuild *b, uint32_t rule, uint32_t lo, uint32_t hi) {
+static bool split_utf8(kp_builder *b, uint32_t rule, uint32_t lo, uint32_t hi) {
     uint32_t st[64][2];
     int sp = 0;
     st[sp][0] = lo;
@@ -300,18 +300,18 @@ static bool split_utf8(kp_gbuild *b, uint32_t rule, uint32_t lo, uint32_t hi) {
         if (split) continue;
         kp_gseq q = {0};
         for (size_t i = 0; i < n; i++)
-            if (!kp_gseq_push(b, &q, kp_gb_bytes(b, a[i], z[i]))) {
+            if (!kp_gseq_push(b, &q, kp_builder_bytes(b, a[i], z[i]))) {
                 kp_gseq_free(&q);
                 return false;
             }
-        if (!kp_gb_alt(b, rule, &q)) return false;
+        if (!kp_builder_alt(b, rule, &q)) return false;
     }
     return true;
 }
 
 /* Alternatives of the normalized ranges: all ASCII members as one TERM
  * alternative, then the UTF-8 rectangles. */
-static bool class_alts(kp_gbuild *b, uint32_t rule, const kp_gcrange *v, size_t m) {
+static bool class_alts(kp_builder *b, uint32_t rule, const kp_gcrange *v, size_t m) {
     kp_gset ascii = {{0}};
     bool any_ascii = false;
     for (size_t i = 0; i < m; i++)
@@ -319,7 +319,7 @@ static bool class_alts(kp_gbuild *b, uint32_t rule, const kp_gcrange *v, size_t 
             kp_gset_add_range(&ascii, v[i].lo, v[i].hi < 0x80 ? v[i].hi : 0x7F);
             any_ascii = true;
         }
-    if (any_ascii && !kp_gb_alt1(b, rule, kp_gb_term(b, &ascii))) return false;
+    if (any_ascii && !kp_builder_alt1(b, rule, kp_builder_term(b, &ascii))) return false;
     for (size_t i = 0; i < m; i++) {
         uint32_t lo = v[i].lo < 0x80 ? 0x80 : v[i].lo;
         if (v[i].hi >= 0x80 && !split_utf8(b, rule, lo, v[i].hi)) return false;
@@ -327,7 +327,7 @@ static bool class_alts(kp_gbuild *b, uint32_t rule, const kp_gcrange *v, size_t 
     return true;
 }
 
-bool kp_gb_class_into(kp_gbuild *b, uint32_t rule, const kp_gcrange *r, size_t n, bool negate) {
+bool kp_builder_class_into(kp_builder *b, uint32_t rule, const kp_gcrange *r, size_t n, bool negate) {
     kp_gcrange *v;
     size_t m;
     if (!normalize(r, n, negate, &v, &m)) {
@@ -339,7 +339,7 @@ bool kp_gb_class_into(kp_gbuild *b, uint32_t rule, const kp_gcrange *r, size_t n
     return ok;
 }
 
-bool kp_gb_class(kp_gbuild *b, const kp_gcrange *r, size_t n, bool negate, uint32_t *elem) {
+bool kp_builder_class(kp_builder *b, const kp_gcrange *r, size_t n, bool negate, uint32_t *elem) {
     kp_gcrange *v;
     size_t m;
     if (!normalize(r, n, negate, &v, &m)) {
@@ -350,10 +350,10 @@ bool kp_gb_class(kp_gbuild *b, const kp_gcrange *r, size_t n, bool negate, uint3
     if (m == 0 || v[m - 1].hi < 0x80) {
         kp_gset s = {{0}};
         for (size_t i = 0; i < m; i++) kp_gset_add_range(&s, v[i].lo, v[i].hi);
-        *elem = kp_gb_term(b, &s);
+        *elem = kp_builder_term(b, &s);
         ok = *elem != UINT32_MAX;
     } else {
-        uint32_t rule = kp_gb_rule(b, "%s", "[class]");
+        uint32_t rule = kp_builder_rule(b, "%s", "[class]");
         ok = rule != UINT32_MAX && class_alts(b, rule, v, m);
         *elem = KP_GE(KP_GE_REF, rule);
     }
@@ -376,12 +376,12 @@ static bool set_or(kp_gset *d, const kp_gset *s) {
 }
 
 typedef struct {
-    kp_gbuild *b;
+    kp_builder *b;
     uint8_t *prod, *null, *reach;
     kp_gset *first, *follow;
 } an;
 
-static uint32_t elem_rule(const kp_gbuild *b, uint32_t e) {
+static uint32_t elem_rule(const kp_builder *b, uint32_t e) {
     uint32_t t = KP_GE_TYPE(e);
     if (t == KP_GE_REF) return KP_GE_ARG(e);
     if (t == KP_GE_REP) return b->reps[KP_GE_ARG(e)].rule;
@@ -417,7 +417,7 @@ static const kp_gset *elem_first(const an *a, uint32_t e) {
 }
 
 static void fixpoint_prod(an *a) {
-    kp_gbuild *b = a->b;
+    kp_builder *b = a->b;
     for (bool ch = true; ch;) {
         ch = false;
         for (uint32_t r = 0; r < b->n_rules; r++) {
@@ -433,9 +433,9 @@ static void fixpoint_prod(an *a) {
 }
 
 static void drop_unproductive(an *a) {
-    kp_gbuild *b = a->b;
+    kp_builder *b = a->b;
     for (uint32_t r = 0; r < b->n_rules; r++) {
-        kp_gbrule *R = &b->rules[r];
+        kp_draft_rule *R = &b->rules[r];
         uint32_t k = 0;
         for (uint32_t i = 0; i < R->n_alts; i++) {
             bool ok = true;
@@ -450,7 +450,7 @@ static void drop_unproductive(an *a) {
 }
 
 static void fixpoint_null(an *a) {
-    kp_gbuild *b = a->b;
+    kp_builder *b = a->b;
     for (bool ch = true; ch;) {
         ch = false;
         for (uint32_t r = 0; r < b->n_rules; r++) {
@@ -466,7 +466,7 @@ static void fixpoint_null(an *a) {
 }
 
 static void fixpoint_first(an *a) {
-    kp_gbuild *b = a->b;
+    kp_builder *b = a->b;
     for (bool ch = true; ch;) {
         ch = false;
         for (uint32_t r = 0; r < b->n_rules; r++)
@@ -481,7 +481,7 @@ static void fixpoint_first(an *a) {
 }
 
 static void fixpoint_follow(an *a) {
-    kp_gbuild *b = a->b;
+    kp_builder *b = a->b;
     for (bool ch = true; ch;) {
         ch = false;
         for (uint32_t r = 0; r < b->n_rules; r++)
@@ -504,7 +504,7 @@ static void fixpoint_follow(an *a) {
 }
 
 static void mark_reach(an *a, uint32_t root, uint32_t *stack) {
-    kp_gbuild *b = a->b;
+    kp_builder *b = a->b;
     uint32_t sp = 0;
     a->reach[root] = 1;
     stack[sp++] = root;
@@ -527,7 +527,7 @@ static void mark_reach(an *a, uint32_t root, uint32_t *stack) {
  * including the first one that is not nullable. A circle in this graph is
  * left recursion. Iterative DFS; on a circle writes "a -> b -> a" into msg. */
 static bool find_left_cycle(an *a, uint32_t *stack, uint32_t *iter, uint8_t *color, char *msg, size_t cap) {
-    kp_gbuild *b = a->b;
+    kp_builder *b = a->b;
     for (uint32_t s0 = 0; s0 < b->n_rules; s0++) {
         if (!a->reach[s0] || color[s0]) continue;
         uint32_t sp = 0;
@@ -598,7 +598,7 @@ static uint32_t sat_mul(uint32_t x, uint32_t y) {
 
 /* ---- finish: check, analyse, flatten ---- */
 
-kp_status kp_gb_finish(kp_gbuild *b, uint32_t root, kp_grammar **out, kp_error *err) {
+kp_status kp_builder_finish(kp_builder *b, uint32_t root, kp_grammar **out, kp_error *err) {
     kp_status st = KP_OK;
     *out = NULL;
     an a = {.b = b};
@@ -753,7 +753,7 @@ done:
     free(stack);
     free(iter);
     free(color);
-    kp_gb_free(b);
+    kp_builder_free(b);
     return st;
 }
 

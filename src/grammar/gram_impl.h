@@ -7,14 +7,14 @@
  *
  *   TERM set     one byte from a 256-bit set (UTF-8 characters are
  *                sequences of TERMs; a class of code points becomes
- *                alternatives of such sequences, see kp_gb_class)
+ *                alternatives of such sequences, see kp_builder_class)
  *   REF r        rule r
  *   REP k        rule reps[k].rule repeated reps[k].min..max times
  *                (max KP_GREP_INF: unbounded); the counter lives in the
  *                parse stack, so x{0,10000} costs one element
  *   END          closes the alternative
  *
- * Flat layout after kp_gb_finish (positions index elems[]):
+ * Flat layout after kp_builder_finish (positions index elems[]):
  *
  *   elems:  [REF root][END] | alt 0 of rule 0 ... [END] | alt 1 ... [END] | ...
  *            position 0: the start
@@ -23,7 +23,7 @@
  *   elem_rule[p]                  the rule position p belongs to
  *   sets[], reps[]                TERM / REP payloads
  *
- * Analyses done once by kp_gb_finish: unproductive alternatives (that can
+ * Analyses done once by kp_builder_finish: unproductive alternatives (that can
  * never finish) are dropped and a grammar whose root cannot finish is
  * refused; nullable rules; left recursion (a rule reachable from itself
  * without consuming a byte) is refused, and so is a repetition (max > 1) of
@@ -93,10 +93,10 @@ typedef struct {
     kp_gseq *alts;
     uint32_t n_alts, cap_alts;
     bool defined; /* GBNF: has a definition (not only references) */
-} kp_gbrule;
+} kp_draft_rule;
 
 typedef struct {
-    kp_gbrule *rules;
+    kp_draft_rule *rules;
     uint32_t n_rules, cap_rules;
     kp_gset *sets;
     uint32_t n_sets, cap_sets;
@@ -104,64 +104,64 @@ typedef struct {
     uint32_t n_reps, cap_reps;
     size_t n_elems; /* elements written so far, for the size cap */
     bool oom, too_big;
-} kp_gbuild;
+} kp_builder;
 
-void kp_gb_init(kp_gbuild *b);
-void kp_gb_free(kp_gbuild *b);
+void kp_builder_init(kp_builder *b);
+void kp_builder_free(kp_builder *b);
 
 /* A new rule named printf-style (the name is for messages and listings;
  * names need not be unique). UINT32_MAX when out of memory (b->oom). */
-uint32_t kp_gb_rule(kp_gbuild *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+uint32_t kp_builder_rule(kp_builder *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* The rule named name[0..len) (first one with that name), created
  * (undefined) when there is none: GBNF's forward references. */
-uint32_t kp_gb_named(kp_gbuild *b, const char *name, size_t len);
+uint32_t kp_builder_named(kp_builder *b, const char *name, size_t len);
 
 /* Appends an element / literal bytes / another sequence. false on OOM or
  * the size cap (b->oom / b->too_big). */
-bool kp_gseq_push(kp_gbuild *b, kp_gseq *s, uint32_t elem);
-bool kp_gseq_lit(kp_gbuild *b, kp_gseq *s, const void *bytes, size_t n);
-bool kp_gseq_str(kp_gbuild *b, kp_gseq *s, const char *str);
+bool kp_gseq_push(kp_builder *b, kp_gseq *s, uint32_t elem);
+bool kp_gseq_lit(kp_builder *b, kp_gseq *s, const void *bytes, size_t n);
+bool kp_gseq_str(kp_builder *b, kp_gseq *s, const char *str);
 void kp_gseq_free(kp_gseq *s);
 
 /* Adds seq as an alternative of rule (seq's storage moves into the rule;
  * *seq is left empty). */
-bool kp_gb_alt(kp_gbuild *b, uint32_t rule, kp_gseq *seq);
+bool kp_builder_alt(kp_builder *b, uint32_t rule, kp_gseq *seq);
 /* Adds an alternative of one element / of literal bytes. */
-bool kp_gb_alt1(kp_gbuild *b, uint32_t rule, uint32_t elem);
-bool kp_gb_alt_str(kp_gbuild *b, uint32_t rule, const char *str);
+bool kp_builder_alt1(kp_builder *b, uint32_t rule, uint32_t elem);
+bool kp_builder_alt_str(kp_builder *b, uint32_t rule, const char *str);
 
 /* TERM element of a byte set (sets are shared by content). */
-uint32_t kp_gb_term(kp_gbuild *b, const kp_gset *s);
-uint32_t kp_gb_byte(kp_gbuild *b, uint8_t byte);
-uint32_t kp_gb_bytes(kp_gbuild *b, unsigned lo, unsigned hi); /* [lo-hi] */
+uint32_t kp_builder_term(kp_builder *b, const kp_gset *s);
+uint32_t kp_builder_byte(kp_builder *b, uint8_t byte);
+uint32_t kp_builder_bytes(kp_builder *b, unsigned lo, unsigned hi); /* [lo-hi] */
 /* REP element: rule repeated min..max (max KP_GREP_INF for unbounded). */
-uint32_t kp_gb_rep(kp_gbuild *b, uint32_t rule, uint32_t min, uint32_t max);
+uint32_t kp_builder_rep(kp_builder *b, uint32_t rule, uint32_t min, uint32_t max);
 /* The rule an element stands for (a REF's rule, else a new one-alternative
  * rule holding the element), for repeating it. */
-uint32_t kp_gb_as_rule(kp_gbuild *b, uint32_t elem);
+uint32_t kp_builder_as_rule(kp_builder *b, uint32_t elem);
 
 /* A class of code points: ranges [lo, hi] (any order, may overlap; hi <=
  * 0x10FFFF), negated over all code points when negate. Surrogates
  * (U+D800..DFFF) are never matched (they have no UTF-8 form).
- * kp_gb_class gives one element: a TERM when every member is ASCII, else a
+ * kp_builder_class gives one element: a TERM when every member is ASCII, else a
  * REF to a new rule with one alternative per UTF-8 byte-range sequence.
- * kp_gb_class_into adds those alternatives to an existing rule instead.
+ * kp_builder_class_into adds those alternatives to an existing rule instead.
  * An empty class gives a TERM of the empty set (it matches nothing). */
 typedef struct {
     uint32_t lo, hi;
 } kp_gcrange;
-bool kp_gb_class(kp_gbuild *b, const kp_gcrange *r, size_t n, bool negate, uint32_t *elem);
-bool kp_gb_class_into(kp_gbuild *b, uint32_t rule, const kp_gcrange *r, size_t n, bool negate);
+bool kp_builder_class(kp_builder *b, const kp_gcrange *r, size_t n, bool negate, uint32_t *elem);
+bool kp_builder_class_into(kp_builder *b, uint32_t rule, const kp_gcrange *r, size_t n, bool negate);
 
 /* Encodes code point c as UTF-8 TERMs onto s. */
-bool kp_gseq_cpt(kp_gbuild *b, kp_gseq *s, uint32_t c);
+bool kp_gseq_cpt(kp_builder *b, kp_gseq *s, uint32_t c);
 
 /* Checks, analyses and flattens the grammar with start rule root; b is
  * freed either way. Errors (message names the rule): KP_EINVAL for an
  * undefined rule, a root that can never finish; KP_EUNSUPPORTED for left
  * recursion and repetitions of nullable rules; KP_ERANGE for the size cap;
  * KP_ENOMEM. */
-kp_status kp_gb_finish(kp_gbuild *b, uint32_t root, kp_grammar **out, kp_error *err);
+kp_status kp_builder_finish(kp_builder *b, uint32_t root, kp_grammar **out, kp_error *err);
 
 #endif

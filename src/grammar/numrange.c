@@ -19,7 +19,7 @@
 typedef enum { F_NONE, F_ANY, F_ZERO, F_NONZERO } frac_kind;
 
 typedef struct {
-    kp_gbuild *b;
+    kp_builder *b;
     uint32_t rule;
     uint32_t digit, zero;           /* [0-9], "0" */
     uint32_t frac_any, frac_zero, frac_nz; /* "." [0-9]{1,18}; "." "0"{1,18}; "." "0"{0,17} [1-9] [0-9]{0,17} */
@@ -37,8 +37,8 @@ static void put(nr *c, uint32_t e) {
 /* The element a fraction kind adds, UINT32_MAX for none. */
 static uint32_t frac_elem(nr *c, frac_kind f) {
     switch (f) {
-    case F_ANY: return kp_gb_rep(c->b, c->frac_any, 0, 1);
-    case F_ZERO: return kp_gb_rep(c->b, c->frac_zero, 0, 1);
+    case F_ANY: return kp_builder_rep(c->b, c->frac_any, 0, 1);
+    case F_ZERO: return kp_builder_rep(c->b, c->frac_zero, 0, 1);
     case F_NONZERO: return KP_GE(KP_GE_REF, c->frac_nz);
     default: return UINT32_MAX;
     }
@@ -50,7 +50,7 @@ static void emit(nr *c, frac_kind f) {
     kp_gseq s = {0};
     for (uint32_t i = 0; i < c->n && c->ok; i++) c->ok = kp_gseq_push(c->b, &s, c->stack[i]);
     if (c->ok && f != F_NONE) c->ok = kp_gseq_push(c->b, &s, frac_elem(c, f));
-    if (c->ok) c->ok = kp_gb_alt(c->b, c->rule, &s);
+    if (c->ok) c->ok = kp_builder_alt(c->b, c->rule, &s);
     kp_gseq_free(&s);
     c->n_alts += c->ok;
 }
@@ -69,10 +69,10 @@ static void same_len(nr *c, const char *lo, const char *hi, size_t n, frac_kind 
     if (n == 0) {
         emit(c, f);
     } else if (all(lo, n, '0') && all(hi, n, '9')) {
-        put(c, kp_gb_rep(c->b, c->digit, (uint32_t)n, (uint32_t)n));
+        put(c, kp_builder_rep(c->b, c->digit, (uint32_t)n, (uint32_t)n));
         emit(c, f);
     } else if (lo[0] == hi[0]) {
-        put(c, kp_gb_byte(c->b, (uint8_t)lo[0]));
+        put(c, kp_builder_byte(c->b, (uint8_t)lo[0]));
         same_len(c, lo + 1, hi + 1, n - 1, f);
     } else {
         char nines[DIGITS + 1], zeros[DIGITS + 1];
@@ -83,18 +83,18 @@ static void same_len(nr *c, const char *lo, const char *hi, size_t n, frac_kind 
         bool lo_whole = all(lo + 1, n - 1, '0'), hi_whole = all(hi + 1, n - 1, '9');
         char first = lo_whole ? lo[0] : (char)(lo[0] + 1), last = hi_whole ? hi[0] : (char)(hi[0] - 1);
         if (!lo_whole) {
-            put(c, kp_gb_byte(c->b, (uint8_t)lo[0]));
+            put(c, kp_builder_byte(c->b, (uint8_t)lo[0]));
             same_len(c, lo + 1, nines, n - 1, f);
             c->n = mark;
         }
         if (first <= last) {
-            put(c, kp_gb_bytes(c->b, (uint8_t)first, (uint8_t)last));
-            if (n > 1) put(c, kp_gb_rep(c->b, c->digit, (uint32_t)n - 1, (uint32_t)n - 1));
+            put(c, kp_builder_bytes(c->b, (uint8_t)first, (uint8_t)last));
+            if (n > 1) put(c, kp_builder_rep(c->b, c->digit, (uint32_t)n - 1, (uint32_t)n - 1));
             emit(c, f);
             c->n = mark;
         }
         if (!hi_whole) {
-            put(c, kp_gb_byte(c->b, (uint8_t)hi[0]));
+            put(c, kp_builder_byte(c->b, (uint8_t)hi[0]));
             same_len(c, zeros, hi + 1, n - 1, f);
         }
     }
@@ -114,7 +114,7 @@ static int n_digits(uint64_t v) {
  * without leading zeros, then the fraction f. */
 static void uint_range(nr *c, bool minus, uint64_t a, uint64_t b, frac_kind f) {
     uint32_t mark = c->n;
-    if (minus) put(c, kp_gb_byte(c->b, '-'));
+    if (minus) put(c, kp_builder_byte(c->b, '-'));
     uint64_t p = 1;
     for (int d = 1; d <= n_digits(b) && c->ok; d++, p *= 10) {
         uint64_t lo = d == 1 ? 0 : p, hi = p * 10 - 1;
@@ -142,28 +142,28 @@ static void unum_range(nr *c, bool minus, uint64_t a, bool ea, uint64_t b, bool 
 }
 
 static uint32_t rule_of(nr *c, const char *name, kp_gseq *s) {
-    uint32_t r = kp_gb_rule(c->b, "%s", name);
-    if (r == UINT32_MAX || !kp_gb_alt(c->b, r, s)) c->ok = false;
+    uint32_t r = kp_builder_rule(c->b, "%s", name);
+    if (r == UINT32_MAX || !kp_builder_alt(c->b, r, s)) c->ok = false;
     kp_gseq_free(s);
     return r;
 }
 
-bool kp_gnum_range(kp_gbuild *b, uint32_t rule, int64_t lo, bool lo_excl, int64_t hi, bool hi_excl, bool integer,
+bool kp_gnum_range(kp_builder *b, uint32_t rule, int64_t lo, bool lo_excl, int64_t hi, bool hi_excl, bool integer,
                    bool *empty) {
     nr c = {.b = b, .rule = rule, .ok = true};
     *empty = false;
-    c.digit = kp_gb_rule(b, "%s", "digit");
-    c.zero = kp_gb_rule(b, "%s", "zero");
-    if (c.digit == UINT32_MAX || c.zero == UINT32_MAX || !kp_gb_alt1(b, c.digit, kp_gb_bytes(b, '0', '9')) ||
-        !kp_gb_alt1(b, c.zero, kp_gb_byte(b, '0')))
+    c.digit = kp_builder_rule(b, "%s", "digit");
+    c.zero = kp_builder_rule(b, "%s", "zero");
+    if (c.digit == UINT32_MAX || c.zero == UINT32_MAX || !kp_builder_alt1(b, c.digit, kp_builder_bytes(b, '0', '9')) ||
+        !kp_builder_alt1(b, c.zero, kp_builder_byte(b, '0')))
         return false;
     kp_gseq s = {0};
-    c.ok = kp_gseq_str(b, &s, ".") && kp_gseq_push(b, &s, kp_gb_rep(b, c.digit, 1, DIGITS));
+    c.ok = kp_gseq_str(b, &s, ".") && kp_gseq_push(b, &s, kp_builder_rep(b, c.digit, 1, DIGITS));
     c.frac_any = rule_of(&c, "fraction", &s);
-    c.ok = c.ok && kp_gseq_str(b, &s, ".") && kp_gseq_push(b, &s, kp_gb_rep(b, c.zero, 1, DIGITS));
+    c.ok = c.ok && kp_gseq_str(b, &s, ".") && kp_gseq_push(b, &s, kp_builder_rep(b, c.zero, 1, DIGITS));
     c.frac_zero = rule_of(&c, "zero-fraction", &s);
-    c.ok = c.ok && kp_gseq_str(b, &s, ".") && kp_gseq_push(b, &s, kp_gb_rep(b, c.zero, 0, DIGITS - 1)) &&
-           kp_gseq_push(b, &s, kp_gb_bytes(b, '1', '9')) && kp_gseq_push(b, &s, kp_gb_rep(b, c.digit, 0, DIGITS - 1));
+    c.ok = c.ok && kp_gseq_str(b, &s, ".") && kp_gseq_push(b, &s, kp_builder_rep(b, c.zero, 0, DIGITS - 1)) &&
+           kp_gseq_push(b, &s, kp_builder_bytes(b, '1', '9')) && kp_gseq_push(b, &s, kp_builder_rep(b, c.digit, 0, DIGITS - 1));
     c.frac_nz = rule_of(&c, "nonzero-fraction", &s);
     if (!c.ok) return false;
     if (integer) {

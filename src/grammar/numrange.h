@@ -38,7 +38,7 @@
  * of memory or over the builder's size cap (b->oom / b->too_big), and
  * sets *empty (the rule gained no alternative) when no number is in the
  * range, which the caller reports. */
-bool kp_gnum_range(kp_gbuild *b, uint32_t rule, int64_t lo, bool lo_excl, int64_t hi, bool hi_excl, bool integer,
+bool kp_gnum_range(kp_builder *b, uint32_t rule, int64_t lo, bool lo_excl, int64_t hi, bool hi_excl, bool integer,
                    bool *empty);
 
 #endif

@@ -77,7 +77,7 @@ typedef struct {
 } refmemo;
 
 typedef struct {
-    kp_gbuild *b;
+    kp_builder *b;
     const json_t *root;
     kp_error *err;
     kp_status st;
@@ -140,7 +140,7 @@ static void path_pop(sc *c, size_t old) {
 }
 
 static uint32_t new_rule(sc *c, const char *suffix) {
-    uint32_t r = kp_gb_rule(c->b, "%s%s", c->path, suffix);
+    uint32_t r = kp_builder_rule(c->b, "%s%s", c->path, suffix);
     if (r == UINT32_MAX) oom(c);
     return r;
 }
@@ -152,25 +152,25 @@ static bool push_str(sc *c, kp_gseq *s, const char *str) { return kp_gseq_str(c-
 static bool push_ws(sc *c, kp_gseq *s) {
     if (c->ws_max == 0) return true;
     if (c->r_wsch == UINT32_MAX) {
-        c->r_wsch = kp_gb_rule(c->b, "%s", "ws");
+        c->r_wsch = kp_builder_rule(c->b, "%s", "ws");
         kp_gset ws = {{0}};
         kp_gset_add(&ws, ' ');
         kp_gset_add(&ws, '\t');
         kp_gset_add(&ws, '\n');
         kp_gset_add(&ws, '\r');
-        if (c->r_wsch == UINT32_MAX || !kp_gb_alt1(c->b, c->r_wsch, kp_gb_term(c->b, &ws))) return oom(c);
+        if (c->r_wsch == UINT32_MAX || !kp_builder_alt1(c->b, c->r_wsch, kp_builder_term(c->b, &ws))) return oom(c);
     }
-    return push(c, s, kp_gb_rep(c->b, c->r_wsch, 0, c->ws_max));
+    return push(c, s, kp_builder_rep(c->b, c->r_wsch, 0, c->ws_max));
 }
 /* Literal bytes b[0..n) (any bytes, not only UTF-8). */
 static bool push_bytes(sc *c, kp_gseq *s, const char *b, size_t n) {
     for (size_t i = 0; i < n; i++)
-        if (!push(c, s, kp_gb_byte(c->b, (uint8_t)b[i]))) return false;
+        if (!push(c, s, kp_builder_byte(c->b, (uint8_t)b[i]))) return false;
     return true;
 }
-static bool add_alt(sc *c, uint32_t rule, kp_gseq *s) { return kp_gb_alt(c->b, rule, s) || oom(c); }
+static bool add_alt(sc *c, uint32_t rule, kp_gseq *s) { return kp_builder_alt(c->b, rule, s) || oom(c); }
 static bool alt_ref(sc *c, uint32_t rule, uint32_t sub) {
-    return sub != UINT32_MAX && (kp_gb_alt1(c->b, rule, KP_GE(KP_GE_REF, sub)) || oom(c));
+    return sub != UINT32_MAX && (kp_builder_alt1(c->b, rule, KP_GE(KP_GE_REF, sub)) || oom(c));
 }
 
 static uint32_t set_term(sc *c, const char *members) {
@@ -183,21 +183,21 @@ static uint32_t set_term(sc *c, const char *members) {
             kp_gset_add(&s, (uint8_t)*p);
         }
     }
-    return kp_gb_term(c->b, &s);
+    return kp_builder_term(c->b, &s);
 }
 
 static uint32_t digit_rule(sc *c) {
     if (c->r_digit == UINT32_MAX) {
-        c->r_digit = kp_gb_rule(c->b, "%s", "digit");
-        if (c->r_digit == UINT32_MAX || !kp_gb_alt1(c->b, c->r_digit, set_term(c, "0-9"))) oom(c);
+        c->r_digit = kp_builder_rule(c->b, "%s", "digit");
+        if (c->r_digit == UINT32_MAX || !kp_builder_alt1(c->b, c->r_digit, set_term(c, "0-9"))) oom(c);
     }
     return c->r_digit;
 }
 
 static uint32_t hex_rule(sc *c) {
     if (c->r_hex == UINT32_MAX) {
-        c->r_hex = kp_gb_rule(c->b, "%s", "hex");
-        if (c->r_hex == UINT32_MAX || !kp_gb_alt1(c->b, c->r_hex, set_term(c, "0-9a-fA-F"))) oom(c);
+        c->r_hex = kp_builder_rule(c->b, "%s", "hex");
+        if (c->r_hex == UINT32_MAX || !kp_builder_alt1(c->b, c->r_hex, set_term(c, "0-9a-fA-F"))) oom(c);
     }
     return c->r_hex;
 }
@@ -205,8 +205,8 @@ static uint32_t hex_rule(sc *c) {
 /* One code point of a JSON string's content. */
 static uint32_t char_rule(sc *c) {
     if (c->r_char != UINT32_MAX) return c->r_char;
-    kp_gbuild *b = c->b;
-    uint32_t r = c->r_char = kp_gb_rule(b, "%s", "char");
+    kp_builder *b = c->b;
+    uint32_t r = c->r_char = kp_builder_rule(b, "%s", "char");
     uint32_t hx = hex_rule(c);
     if (r == UINT32_MAX || hx == UINT32_MAX) {
         oom(c);
@@ -224,7 +224,7 @@ static uint32_t char_rule(sc *c) {
               push(c, &s, h) && push(c, &s, h) && push_str(c, &s, "\\u") && push(c, &s, set_term(c, "dD")) &&
               push(c, &s, set_term(c, "c-fC-F")) && push(c, &s, h) && push(c, &s, h) && add_alt(c, r, &s);
     kp_gcrange non_ascii = {0x80, 0x10FFFF};
-    ok = ok && (kp_gb_class_into(b, r, &non_ascii, 1, false) || oom(c));
+    ok = ok && (kp_builder_class_into(b, r, &non_ascii, 1, false) || oom(c));
     kp_gseq_free(&s);
     return ok ? r : UINT32_MAX;
 }
@@ -234,10 +234,10 @@ static uint32_t string_rule(sc *c, uint32_t min, uint32_t max) {
     bool plain = min == 0 && max == KP_GREP_INF;
     if (plain && c->r_string != UINT32_MAX) return c->r_string;
     uint32_t ch = char_rule(c);
-    uint32_t r = plain ? kp_gb_rule(c->b, "%s", "string") : new_rule(c, "");
+    uint32_t r = plain ? kp_builder_rule(c->b, "%s", "string") : new_rule(c, "");
     if (ch == UINT32_MAX || r == UINT32_MAX) return UINT32_MAX;
     kp_gseq s = {0};
-    bool ok = push_str(c, &s, "\"") && push(c, &s, kp_gb_rep(c->b, ch, min, max)) && push_str(c, &s, "\"") &&
+    bool ok = push_str(c, &s, "\"") && push(c, &s, kp_builder_rep(c->b, ch, min, max)) && push_str(c, &s, "\"") &&
               add_alt(c, r, &s);
     kp_gseq_free(&s);
     if (plain) c->r_string = r;
@@ -248,14 +248,14 @@ static uint32_t string_rule(sc *c, uint32_t min, uint32_t max) {
 static uint32_t int_rule(sc *c) {
     if (c->r_int != UINT32_MAX) return c->r_int;
     uint32_t d = digit_rule(c);
-    uint32_t r = c->r_int = kp_gb_rule(c->b, "%s", "integer");
+    uint32_t r = c->r_int = kp_builder_rule(c->b, "%s", "integer");
     if (d == UINT32_MAX || r == UINT32_MAX) return UINT32_MAX;
     kp_gseq s = {0};
     bool ok = true;
     for (int neg = 0; neg < 2 && ok; neg++) {
         ok = (!neg || push_str(c, &s, "-")) && push_str(c, &s, "0") && add_alt(c, r, &s) &&
              (!neg || push_str(c, &s, "-")) && push(c, &s, set_term(c, "1-9")) &&
-             push(c, &s, kp_gb_rep(c->b, d, 0, INT_DIGITS - 1)) && add_alt(c, r, &s);
+             push(c, &s, kp_builder_rep(c->b, d, 0, INT_DIGITS - 1)) && add_alt(c, r, &s);
     }
     kp_gseq_free(&s);
     return ok ? r : UINT32_MAX;
@@ -264,19 +264,19 @@ static uint32_t int_rule(sc *c) {
 static uint32_t num_rule(sc *c) {
     if (c->r_num != UINT32_MAX) return c->r_num;
     uint32_t d = digit_rule(c), i = int_rule(c);
-    uint32_t frac = kp_gb_rule(c->b, "%s", "fraction"), exp = kp_gb_rule(c->b, "%s", "exponent");
-    uint32_t r = c->r_num = kp_gb_rule(c->b, "%s", "number");
+    uint32_t frac = kp_builder_rule(c->b, "%s", "fraction"), exp = kp_builder_rule(c->b, "%s", "exponent");
+    uint32_t r = c->r_num = kp_builder_rule(c->b, "%s", "number");
     if (d == UINT32_MAX || i == UINT32_MAX || frac == UINT32_MAX || exp == UINT32_MAX || r == UINT32_MAX) {
         oom(c);
         return UINT32_MAX;
     }
     kp_gseq s = {0};
-    bool ok = push_str(c, &s, ".") && push(c, &s, kp_gb_rep(c->b, d, 1, FRAC_DIGITS)) && add_alt(c, frac, &s) &&
-              push(c, &s, set_term(c, "eE")) && push(c, &s, kp_gb_rep(c->b, d, 1, EXP_DIGITS)) && add_alt(c, exp, &s) &&
+    bool ok = push_str(c, &s, ".") && push(c, &s, kp_builder_rep(c->b, d, 1, FRAC_DIGITS)) && add_alt(c, frac, &s) &&
+              push(c, &s, set_term(c, "eE")) && push(c, &s, kp_builder_rep(c->b, d, 1, EXP_DIGITS)) && add_alt(c, exp, &s) &&
               push(c, &s, set_term(c, "eE")) && push(c, &s, set_term(c, "-+")) &&
-              push(c, &s, kp_gb_rep(c->b, d, 1, EXP_DIGITS)) && add_alt(c, exp, &s) &&
-              push(c, &s, KP_GE(KP_GE_REF, i)) && push(c, &s, kp_gb_rep(c->b, frac, 0, 1)) &&
-              push(c, &s, kp_gb_rep(c->b, exp, 0, 1)) && add_alt(c, r, &s);
+              push(c, &s, kp_builder_rep(c->b, d, 1, EXP_DIGITS)) && add_alt(c, exp, &s) &&
+              push(c, &s, KP_GE(KP_GE_REF, i)) && push(c, &s, kp_builder_rep(c->b, frac, 0, 1)) &&
+              push(c, &s, kp_builder_rep(c->b, exp, 0, 1)) && add_alt(c, r, &s);
     kp_gseq_free(&s);
     return ok ? r : UINT32_MAX;
 }
@@ -284,8 +284,8 @@ static uint32_t num_rule(sc *c) {
 /* "[" ws ( "]" | item ws ("," ws item ws){min-1,max-1} "]" ) */
 static uint32_t array_of(sc *c, uint32_t item, uint32_t min, uint32_t max, const char *name) {
     const char *base = name[0] ? name : c->path;
-    uint32_t body = kp_gb_rule(c->b, "%s[]", base), more = kp_gb_rule(c->b, "%s[,]", base);
-    uint32_t r = kp_gb_rule(c->b, "%s%s", base, name[0] ? "" : "[");
+    uint32_t body = kp_builder_rule(c->b, "%s[]", base), more = kp_builder_rule(c->b, "%s[,]", base);
+    uint32_t r = kp_builder_rule(c->b, "%s%s", base, name[0] ? "" : "[");
     if (body == UINT32_MAX || more == UINT32_MAX || r == UINT32_MAX) return oom(c), UINT32_MAX;
     kp_gseq s = {0};
     bool ok = true;
@@ -294,7 +294,7 @@ static uint32_t array_of(sc *c, uint32_t item, uint32_t min, uint32_t max, const
         ok = push_str(c, &s, ",") && push_ws(c, &s) && push(c, &s, KP_GE(KP_GE_REF, item)) && push_ws(c, &s) &&
              add_alt(c, more, &s) && push(c, &s, KP_GE(KP_GE_REF, item)) && push_ws(c, &s);
         uint32_t lo = min ? min - 1 : 0, hi = max == KP_GREP_INF ? KP_GREP_INF : max - 1;
-        if (ok && hi > 0) ok = push(c, &s, kp_gb_rep(c->b, more, lo, hi));
+        if (ok && hi > 0) ok = push(c, &s, kp_builder_rep(c->b, more, lo, hi));
         ok = ok && push_str(c, &s, "]") && add_alt(c, body, &s);
     }
     ok = ok && push_str(c, &s, "[") && push_ws(c, &s) && push(c, &s, KP_GE(KP_GE_REF, body)) && add_alt(c, r, &s);
@@ -304,8 +304,8 @@ static uint32_t array_of(sc *c, uint32_t item, uint32_t min, uint32_t max, const
 
 /* "{" ws ( "}" | kv ws ("," ws kv ws)* "}" ), kv = key ws ":" ws value */
 static uint32_t object_of(sc *c, uint32_t key, uint32_t value, const char *name) {
-    uint32_t kv = kp_gb_rule(c->b, "%s:", name), more = kp_gb_rule(c->b, "%s,", name);
-    uint32_t body = kp_gb_rule(c->b, "%s{}", name), r = kp_gb_rule(c->b, "%s", name);
+    uint32_t kv = kp_builder_rule(c->b, "%s:", name), more = kp_builder_rule(c->b, "%s,", name);
+    uint32_t body = kp_builder_rule(c->b, "%s{}", name), r = kp_builder_rule(c->b, "%s", name);
     if (kv == UINT32_MAX || more == UINT32_MAX || body == UINT32_MAX || r == UINT32_MAX) return oom(c), UINT32_MAX;
     kp_gseq s = {0};
     bool ok = push(c, &s, KP_GE(KP_GE_REF, key)) && push_ws(c, &s) && push_str(c, &s, ":") && push_ws(c, &s) &&
@@ -313,7 +313,7 @@ static uint32_t object_of(sc *c, uint32_t key, uint32_t value, const char *name)
               push_str(c, &s, ",") && push_ws(c, &s) && push(c, &s, KP_GE(KP_GE_REF, kv)) && push_ws(c, &s) &&
               add_alt(c, more, &s) &&
               push_str(c, &s, "}") && add_alt(c, body, &s) &&
-              push(c, &s, KP_GE(KP_GE_REF, kv)) && push_ws(c, &s) && push(c, &s, kp_gb_rep(c->b, more, 0, KP_GREP_INF)) &&
+              push(c, &s, KP_GE(KP_GE_REF, kv)) && push_ws(c, &s) && push(c, &s, kp_builder_rep(c->b, more, 0, KP_GREP_INF)) &&
               push_str(c, &s, "}") && add_alt(c, body, &s) &&
               push_str(c, &s, "{") && push_ws(c, &s) && push(c, &s, KP_GE(KP_GE_REF, body)) && add_alt(c, r, &s);
     kp_gseq_free(&s);
@@ -323,14 +323,14 @@ static uint32_t object_of(sc *c, uint32_t key, uint32_t value, const char *name)
 /* Any JSON value. */
 static uint32_t value_rule(sc *c) {
     if (c->r_value != UINT32_MAX) return c->r_value;
-    uint32_t r = c->r_value = kp_gb_rule(c->b, "%s", "value");
+    uint32_t r = c->r_value = kp_builder_rule(c->b, "%s", "value");
     if (r == UINT32_MAX) return oom(c), UINT32_MAX;
     uint32_t str = string_rule(c, 0, KP_GREP_INF);
     uint32_t obj = c->r_obj = object_of(c, str, r, "object");
     uint32_t arr = array_of(c, r, 0, KP_GREP_INF, "array");
     bool ok = alt_ref(c, r, obj) && alt_ref(c, r, arr) && alt_ref(c, r, str) && alt_ref(c, r, num_rule(c)) &&
-              (kp_gb_alt_str(c->b, r, "true") || oom(c)) && (kp_gb_alt_str(c->b, r, "false") || oom(c)) &&
-              (kp_gb_alt_str(c->b, r, "null") || oom(c));
+              (kp_builder_alt_str(c->b, r, "true") || oom(c)) && (kp_builder_alt_str(c->b, r, "false") || oom(c)) &&
+              (kp_builder_alt_str(c->b, r, "null") || oom(c));
     return ok ? r : UINT32_MAX;
 }
 
@@ -338,18 +338,18 @@ static uint32_t value_rule(sc *c) {
 
 static bool alts_str(sc *c, uint32_t r, const char *const *v) {
     for (; *v; v++)
-        if (!kp_gb_alt_str(c->b, r, *v)) return oom(c);
+        if (!kp_builder_alt_str(c->b, r, *v)) return oom(c);
     return true;
 }
 
 /* YYYY-MM-DD with valid day counts. */
 static uint32_t date_rule(sc *c) {
     if (c->r_date != UINT32_MAX) return c->r_date;
-    kp_gbuild *b = c->b;
-    uint32_t r = c->r_date = kp_gb_rule(b, "%s", "date");
-    uint32_t m31 = kp_gb_rule(b, "%s", "month31"), m30 = kp_gb_rule(b, "%s", "month30");
-    uint32_t d31 = kp_gb_rule(b, "%s", "day31"), d30 = kp_gb_rule(b, "%s", "day30"), d28 = kp_gb_rule(b, "%s", "day28");
-    uint32_t md = kp_gb_rule(b, "%s", "month-day"), leap = kp_gb_rule(b, "%s", "leap-year");
+    kp_builder *b = c->b;
+    uint32_t r = c->r_date = kp_builder_rule(b, "%s", "date");
+    uint32_t m31 = kp_builder_rule(b, "%s", "month31"), m30 = kp_builder_rule(b, "%s", "month30");
+    uint32_t d31 = kp_builder_rule(b, "%s", "day31"), d30 = kp_builder_rule(b, "%s", "day30"), d28 = kp_builder_rule(b, "%s", "day28");
+    uint32_t md = kp_builder_rule(b, "%s", "month-day"), leap = kp_builder_rule(b, "%s", "leap-year");
     uint32_t dg = digit_rule(c);
     if (r == UINT32_MAX || m31 == UINT32_MAX || m30 == UINT32_MAX || d31 == UINT32_MAX || d30 == UINT32_MAX ||
         d28 == UINT32_MAX || md == UINT32_MAX || leap == UINT32_MAX || dg == UINT32_MAX)
@@ -398,9 +398,9 @@ static uint32_t date_rule(sc *c) {
 /* hh:mm:ss(.d{1,9})?(Z|[+-]hh:mm) */
 static uint32_t time_rule(sc *c) {
     if (c->r_time != UINT32_MAX) return c->r_time;
-    kp_gbuild *b = c->b;
-    uint32_t r = c->r_time = kp_gb_rule(b, "%s", "time");
-    uint32_t hh = kp_gb_rule(b, "%s", "hour"), sf = kp_gb_rule(b, "%s", "secfrac"), off = kp_gb_rule(b, "%s", "offset");
+    kp_builder *b = c->b;
+    uint32_t r = c->r_time = kp_builder_rule(b, "%s", "time");
+    uint32_t hh = kp_builder_rule(b, "%s", "hour"), sf = kp_builder_rule(b, "%s", "secfrac"), off = kp_builder_rule(b, "%s", "offset");
     uint32_t dg = digit_rule(c);
     if (r == UINT32_MAX || hh == UINT32_MAX || sf == UINT32_MAX || off == UINT32_MAX || dg == UINT32_MAX)
         return oom(c), UINT32_MAX;
@@ -408,19 +408,19 @@ static uint32_t time_rule(sc *c) {
     kp_gseq s = {0};
     bool ok = push(c, &s, set_term(c, "01")) && push(c, &s, D) && add_alt(c, hh, &s) &&
               push_str(c, &s, "2") && push(c, &s, set_term(c, "0-3")) && add_alt(c, hh, &s) &&
-              push_str(c, &s, ".") && push(c, &s, kp_gb_rep(b, dg, 1, 9)) && add_alt(c, sf, &s) &&
+              push_str(c, &s, ".") && push(c, &s, kp_builder_rep(b, dg, 1, 9)) && add_alt(c, sf, &s) &&
               push_str(c, &s, "Z") && add_alt(c, off, &s) &&
               push(c, &s, set_term(c, "-+")) && push(c, &s, H) && push_str(c, &s, ":") &&
               push(c, &s, set_term(c, "0-5")) && push(c, &s, D) && add_alt(c, off, &s) &&
               push(c, &s, H) && push_str(c, &s, ":") && push(c, &s, set_term(c, "0-5")) && push(c, &s, D) &&
               push_str(c, &s, ":") && push(c, &s, set_term(c, "0-5")) && push(c, &s, D) &&
-              push(c, &s, kp_gb_rep(b, sf, 0, 1)) && push(c, &s, KP_GE(KP_GE_REF, off)) && add_alt(c, r, &s);
+              push(c, &s, kp_builder_rep(b, sf, 0, 1)) && push(c, &s, KP_GE(KP_GE_REF, off)) && add_alt(c, r, &s);
     kp_gseq_free(&s);
     return ok ? r : UINT32_MAX;
 }
 
 static uint32_t format_rule(sc *c, const char *fmt) {
-    kp_gbuild *b = c->b;
+    kp_builder *b = c->b;
     uint32_t r = new_rule(c, "");
     if (r == UINT32_MAX) return UINT32_MAX;
     kp_gseq s = {0};
@@ -434,7 +434,7 @@ static uint32_t format_rule(sc *c, const char *fmt) {
         uint32_t hx = hex_rule(c);
         static const uint32_t groups[5] = {8, 4, 4, 4, 12};
         for (int i = 0; i < 5 && ok; i++)
-            ok = (i == 0 || push_str(c, &s, "-")) && push(c, &s, kp_gb_rep(b, hx, groups[i], groups[i]));
+            ok = (i == 0 || push_str(c, &s, "-")) && push(c, &s, kp_builder_rep(b, hx, groups[i], groups[i]));
     }
     ok = ok && c->st == KP_OK && push_str(c, &s, "\"") && add_alt(c, r, &s);
     kp_gseq_free(&s);
@@ -463,7 +463,7 @@ static bool lit_string(sc *c, kp_gseq *s, const char *v, size_t n) {
                 out = e;
             }
         }
-        if (out ? !push_str(c, s, out) : !push(c, s, kp_gb_byte(c->b, ch))) return false;
+        if (out ? !push_str(c, s, out) : !push(c, s, kp_builder_byte(c->b, ch))) return false;
     }
     return push_str(c, s, "\"");
 }
@@ -723,8 +723,8 @@ static uint32_t key_excluding(sc *c, cps *names, size_t n_names, size_t depth, s
         kids[n_kids++] = (kp_gcrange){'"', '"'};
         kids[n_kids++] = (kp_gcrange){'\\', '\\'};
         uint32_t leave;
-        *ok = (kp_gb_class(c->b, kids, n_kids, true, &leave) || oom(c)) && push(c, &s, leave) &&
-              push(c, &s, kp_gb_rep(c->b, ch, 0, KP_GREP_INF)) && push_str(c, &s, "\"") && add_alt(c, r, &s);
+        *ok = (kp_builder_class(c->b, kids, n_kids, true, &leave) || oom(c)) && push(c, &s, leave) &&
+              push(c, &s, kp_builder_rep(c->b, ch, 0, KP_GREP_INF)) && push_str(c, &s, "\"") && add_alt(c, r, &s);
     }
     if (*ok && !is_end) *ok = push_str(c, &s, "\"") && add_alt(c, r, &s);
     kp_gseq_free(&s);
@@ -846,8 +846,8 @@ static uint32_t object_rule(sc *c, const json_t *s) {
         if (more == UINT32_MAX || !push_str(c, &sq, ",") || !push_ws(c, &sq) || !push(c, &sq, KP_GE(KP_GE_REF, kva)) ||
             !push_ws(c, &sq) || !add_alt(c, more, &sq) ||
             !push(c, &sq, KP_GE(KP_GE_REF, kva)) || !push_ws(c, &sq) ||
-            !push(c, &sq, kp_gb_rep(c->b, more, 0, KP_GREP_INF)) || !add_alt(c, F[np], &sq) ||
-            !push(c, &sq, kp_gb_rep(c->b, more, 0, KP_GREP_INF)) || !add_alt(c, N[np], &sq))
+            !push(c, &sq, kp_builder_rep(c->b, more, 0, KP_GREP_INF)) || !add_alt(c, F[np], &sq) ||
+            !push(c, &sq, kp_builder_rep(c->b, more, 0, KP_GREP_INF)) || !add_alt(c, N[np], &sq))
             goto done;
     } else if (!add_alt(c, N[np], &sq)) {
         goto done;
@@ -1092,8 +1092,8 @@ static uint32_t comp_body(sc *c, const json_t *s) {
     if (ok && (types & T_STR)) ok = alt_ref(c, r, string_kw(c, s));
     if (ok && (types & T_NUM)) ok = alt_ref(c, r, bounded_num(c, s, false));
     if (ok && (types & T_INT)) ok = alt_ref(c, r, bounded_num(c, s, true));
-    if (ok && (types & T_BOOL)) ok = (kp_gb_alt_str(c->b, r, "true") && kp_gb_alt_str(c->b, r, "false")) || oom(c);
-    if (ok && (types & T_NULL)) ok = kp_gb_alt_str(c->b, r, "null") || oom(c);
+    if (ok && (types & T_BOOL)) ok = (kp_builder_alt_str(c->b, r, "true") && kp_builder_alt_str(c->b, r, "false")) || oom(c);
+    if (ok && (types & T_NULL)) ok = kp_builder_alt_str(c->b, r, "null") || oom(c);
     return ok ? r : UINT32_MAX;
 }
 
@@ -1120,14 +1120,14 @@ static kp_status compile(const json_t *schema, const kp_schema_opts *o, bool any
         return kp_fail(err, KP_EINVAL, "json schema: NULL prefix or suffix with a length");
     if (o->ws_max < 0 || o->ws_max > (int)KP_GRAMMAR_MAX_REPEAT)
         return kp_fail(err, KP_EINVAL, "json schema: ws_max %d outside 0..%u", o->ws_max, KP_GRAMMAR_MAX_REPEAT);
-    kp_gbuild b;
-    kp_gb_init(&b);
+    kp_builder b;
+    kp_builder_init(&b);
     sc c = {.b = &b, .root = schema, .err = err, .st = KP_OK, .ws_max = (uint32_t)o->ws_max};
     c.r_wsch = c.r_char = c.r_string = c.r_digit = c.r_hex = c.r_int = c.r_num = c.r_value = c.r_obj = c.r_date =
         c.r_time = UINT32_MAX;
     snprintf(c.path, sizeof c.path, "#");
     c.plen = 1;
-    uint32_t root = kp_gb_rule(&b, "%s", "root");
+    uint32_t root = kp_builder_rule(&b, "%s", "root");
     uint32_t v = UINT32_MAX;
     if (root == UINT32_MAX) {
         oom(&c);
@@ -1146,10 +1146,10 @@ static kp_status compile(const json_t *schema, const kp_schema_opts *o, bool any
     free(c.refs);
     if (c.st == KP_OK && v == UINT32_MAX) oom(&c);
     if (c.st != KP_OK) {
-        kp_gb_free(&b);
+        kp_builder_free(&b);
         return c.st;
     }
-    return kp_gb_finish(&b, root, out, err);
+    return kp_builder_finish(&b, root, out, err);
 }
 
 kp_status kp_grammar_compile_schema(const json_t *schema, const kp_schema_opts *o, kp_grammar **out, kp_error *err) {
