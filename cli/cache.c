@@ -533,10 +533,10 @@ int cmd_run_cached(int argc, char **argv) {
                 i + 1, r.prompt_tokens, r.reused_tokens, r.computed_tokens, c.t_first * 1e3, kp_gen_n_generated(g),
                 kp_gen_cause_name(kp_gen_cause_of(g)),
                 st1.n_evictions > st0.n_evictions ? ", evicted cached prefixes to make room" : "");
-        if (o.cache_dir && (r.reused_from[KP_TIER_DISK] || r.restore_failed != KP_BREC_OK))
+        if (o.cache_dir && (r.reused_from[KP_TIER_DISK] || r.restore_failed != KP_BLOCKREC_OK))
             fprintf(stderr, "turn %zu: %u tokens restored from disk%s%s\n", i + 1, r.reused_from[KP_TIER_DISK],
-                    r.restore_failed != KP_BREC_OK ? ", restore stopped: " : "",
-                    r.restore_failed != KP_BREC_OK ? kp_brec_reason_name(r.restore_failed) : "");
+                    r.restore_failed != KP_BLOCKREC_OK ? ", restore stopped: " : "",
+                    r.restore_failed != KP_BLOCKREC_OK ? kp_blockrec_reason_name(r.restore_failed) : "");
         kp_gen_free(g);
         g = NULL;
         if (!o.no_cache) print_report(&t, i, &r, v, o.special);

@@ -15,11 +15,11 @@
 
 static const char magic[8] = {'K', 'V', 'P', 'I', 'N', 'B', 'L', 'K'};
 
-const char *kp_brec_reason_name(kp_brec_reason r) {
-    static const char *const names[KP_BREC_N_REASONS] = {"ok",          "missing",  "truncated", "format",
+const char *kp_blockrec_reason_name(kp_blockrec_reason r) {
+    static const char *const names[KP_BLOCKREC_N_REASONS] = {"ok",          "missing",  "truncated", "format",
                                                          "fingerprint", "tokens",   "checksum",  "io",
                                                          "timeout"};
-    return (unsigned)r < KP_BREC_N_REASONS ? names[r] : "?";
+    return (unsigned)r < KP_BLOCKREC_N_REASONS ? names[r] : "?";
 }
 
 static void put32(uint8_t *p, uint32_t v) {
@@ -41,10 +41,10 @@ static size_t run_bytes(const kp_kvpool *p, bool isv) {
     return (isv ? kp_kvpool_v_row_bytes(p) : kp_kvpool_k_row_bytes(p)) * c->block_size;
 }
 
-size_t kp_brec_kv_bytes(const kp_kvpool *p) { return (size_t)kp_kvpool_block_bytes(p); }
+size_t kp_blockrec_kv_bytes(const kp_kvpool *p) { return (size_t)kp_kvpool_block_bytes(p); }
 
-size_t kp_brec_size(const kp_kvpool *p) {
-    return KP_BREC_HEADER + 4 * (size_t)kp_kvpool_config_of(p)->block_size + kp_brec_kv_bytes(p);
+size_t kp_blockrec_size(const kp_kvpool *p) {
+    return KP_BLOCKREC_HEADER + 4 * (size_t)kp_kvpool_config_of(p)->block_size + kp_blockrec_kv_bytes(p);
 }
 
 /* Calls fn for each run of the block in record order. */
@@ -53,20 +53,20 @@ size_t kp_brec_size(const kp_kvpool *p) {
         for (int kv = 0; kv < 2; kv++)                          \
             for (uint32_t h = 0; h < (c)->n_head_kv; h++)
 
-void kp_brec_encode(uint8_t *out, const kp_kvpool *p, int32_t block, const kp_bkey *fp, const kp_bkey *key,
+void kp_blockrec_encode(uint8_t *out, const kp_kvpool *p, int32_t block, const kp_bkey *fp, const kp_bkey *key,
                     const kp_bkey *parent, const int32_t *tokens) {
     const kp_kvpool_config *c = kp_kvpool_config_of(p);
-    size_t kvb = kp_brec_kv_bytes(p);
-    memset(out, 0, KP_BREC_HEADER);
+    size_t kvb = kp_blockrec_kv_bytes(p);
+    memset(out, 0, KP_BLOCKREC_HEADER);
     memcpy(out, magic, 8);
-    put32(out + 8, KP_BREC_VERSION);
+    put32(out + 8, KP_BLOCKREC_VERSION);
     put32(out + 12, c->n_layer);
     memcpy(out + 16, fp->b, 16);
     memcpy(out + 32, key->b, 16);
     memcpy(out + 48, parent->b, 16);
     put32(out + 64, c->block_size);
     put64(out + 72, kvb);
-    uint8_t *t = out + KP_BREC_HEADER;
+    uint8_t *t = out + KP_BLOCKREC_HEADER;
     for (uint32_t i = 0; i < c->block_size; i++) put32(t + 4 * i, (uint32_t)tokens[i]);
     uint8_t *kv = t + 4 * (size_t)c->block_size, *q = kv;
     FOR_RUNS(c, l, h, isv) {
@@ -78,42 +78,42 @@ void kp_brec_encode(uint8_t *out, const kp_kvpool *p, int32_t block, const kp_bk
     memcpy(out + 80, cs.digest, 16);
 }
 
-kp_brec_reason kp_brec_check_head(const uint8_t *head, size_t file_len, const kp_kvpool *p, const kp_bkey *fp,
+kp_blockrec_reason kp_blockrec_check_head(const uint8_t *head, size_t file_len, const kp_kvpool *p, const kp_bkey *fp,
                                   const kp_bkey *key, const int32_t *tokens) {
     const kp_kvpool_config *c = kp_kvpool_config_of(p);
-    if (file_len < KP_BREC_HEADER) return KP_BREC_TRUNCATED;
-    if (memcmp(head, magic, 8) || get32(head + 8) != KP_BREC_VERSION) return KP_BREC_FORMAT;
-    if (memcmp(head + 16, fp->b, 16)) return KP_BREC_FINGERPRINT;
+    if (file_len < KP_BLOCKREC_HEADER) return KP_BLOCKREC_TRUNCATED;
+    if (memcmp(head, magic, 8) || get32(head + 8) != KP_BLOCKREC_VERSION) return KP_BLOCKREC_FORMAT;
+    if (memcmp(head + 16, fp->b, 16)) return KP_BLOCKREC_FINGERPRINT;
     uint32_t n = get32(head + 64);
     uint64_t kvb = get64(head + 72);
-    if (n != c->block_size || get32(head + 12) != c->n_layer || kvb != kp_brec_kv_bytes(p)) return KP_BREC_FORMAT;
-    if (file_len != KP_BREC_HEADER + 4 * (size_t)n + kvb) return KP_BREC_TRUNCATED;
-    if (memcmp(head + 32, key->b, 16)) return KP_BREC_TOKENS;
-    const uint8_t *t = head + KP_BREC_HEADER;
+    if (n != c->block_size || get32(head + 12) != c->n_layer || kvb != kp_blockrec_kv_bytes(p)) return KP_BLOCKREC_FORMAT;
+    if (file_len != KP_BLOCKREC_HEADER + 4 * (size_t)n + kvb) return KP_BLOCKREC_TRUNCATED;
+    if (memcmp(head + 32, key->b, 16)) return KP_BLOCKREC_TOKENS;
+    const uint8_t *t = head + KP_BLOCKREC_HEADER;
     for (uint32_t i = 0; i < n; i++)
-        if ((int32_t)get32(t + 4 * i) != tokens[i]) return KP_BREC_TOKENS;
-    return KP_BREC_OK;
+        if ((int32_t)get32(t + 4 * i) != tokens[i]) return KP_BLOCKREC_TOKENS;
+    return KP_BLOCKREC_OK;
 }
 
-kp_brec_reason kp_brec_check(const uint8_t *rec, size_t len, const kp_kvpool *p, const kp_bkey *fp,
+kp_blockrec_reason kp_blockrec_check(const uint8_t *rec, size_t len, const kp_kvpool *p, const kp_bkey *fp,
                              const kp_bkey *key, const int32_t *tokens) {
-    kp_brec_reason r = kp_brec_check_head(rec, len, p, fp, key, tokens);
-    if (r != KP_BREC_OK) return r;
+    kp_blockrec_reason r = kp_blockrec_check_head(rec, len, p, fp, key, tokens);
+    if (r != KP_BLOCKREC_OK) return r;
     XXH128_canonical_t cs;
-    XXH128_canonicalFromHash(&cs, XXH3_128bits(rec + kp_brec_head_size(p), kp_brec_kv_bytes(p)));
-    return memcmp(rec + 80, cs.digest, 16) ? KP_BREC_CHECKSUM : KP_BREC_OK;
+    XXH128_canonicalFromHash(&cs, XXH3_128bits(rec + kp_blockrec_head_size(p), kp_blockrec_kv_bytes(p)));
+    return memcmp(rec + 80, cs.digest, 16) ? KP_BLOCKREC_CHECKSUM : KP_BLOCKREC_OK;
 }
 
-size_t kp_brec_head_size(const kp_kvpool *p) {
-    return KP_BREC_HEADER + 4 * (size_t)kp_kvpool_config_of(p)->block_size;
+size_t kp_blockrec_head_size(const kp_kvpool *p) {
+    return KP_BLOCKREC_HEADER + 4 * (size_t)kp_kvpool_config_of(p)->block_size;
 }
 
-int kp_brec_n_runs(const kp_kvpool *p) {
+int kp_blockrec_n_runs(const kp_kvpool *p) {
     const kp_kvpool_config *c = kp_kvpool_config_of(p);
     return (int)(2 * c->n_layer * c->n_head_kv);
 }
 
-void kp_brec_iov(const kp_kvpool *p, int32_t block, struct iovec *iov) {
+void kp_blockrec_iov(const kp_kvpool *p, int32_t block, struct iovec *iov) {
     const kp_kvpool_config *c = kp_kvpool_config_of(p);
     int i = 0;
     FOR_RUNS(c, l, h, isv) {
@@ -122,7 +122,7 @@ void kp_brec_iov(const kp_kvpool *p, int32_t block, struct iovec *iov) {
     }
 }
 
-bool kp_brec_sum_ok(const uint8_t *head, const kp_kvpool *p, int32_t block) {
+bool kp_blockrec_sum_ok(const uint8_t *head, const kp_kvpool *p, int32_t block) {
     const kp_kvpool_config *c = kp_kvpool_config_of(p);
     XXH3_state_t st;
     XXH3_128bits_reset(&st);
@@ -134,9 +134,9 @@ bool kp_brec_sum_ok(const uint8_t *head, const kp_kvpool *p, int32_t block) {
     return memcmp(head + 80, cs.digest, 16) == 0;
 }
 
-void kp_brec_load(const uint8_t *rec, kp_kvpool *p, int32_t block) {
+void kp_blockrec_load(const uint8_t *rec, kp_kvpool *p, int32_t block) {
     const kp_kvpool_config *c = kp_kvpool_config_of(p);
-    const uint8_t *q = rec + KP_BREC_HEADER + 4 * (size_t)c->block_size;
+    const uint8_t *q = rec + KP_BLOCKREC_HEADER + 4 * (size_t)c->block_size;
     FOR_RUNS(c, l, h, isv) {
         memcpy(isv ? kp_kvpool_v(p, block, l, h) : kp_kvpool_k(p, block, l, h), q, run_bytes(p, isv));
         q += run_bytes(p, isv);

@@ -7,7 +7,7 @@
  *
  *   offset        size        field
  *   0             8           magic "KVPINBLK"
- *   8             4           version (KP_BREC_VERSION, 1)
+ *   8             4           version (KP_BLOCKREC_VERSION, 1)
  *   12            4           n_layer
  *   16            16          model fingerprint (fingerprint.h)
  *   32            16          key of this block (blockkey.h)
@@ -22,7 +22,7 @@
  *                             each), then the V rows of kv-head 0..H-1
  *   total = 96 + 4 * n_tokens + kv_bytes
  *
- * kp_brec_check verifies, in order: the length (truncated), the magic and
+ * kp_blockrec_check verifies, in order: the length (truncated), the magic and
  * version (format), the fingerprint (fingerprint), the key and the tokens
  * against what the caller expects (tokens), kv_bytes against the layout
  * (format), and the checksum of the K/V bytes (checksum). Any failure is a
@@ -38,67 +38,67 @@
 #include "cache/blockkey.h"
 #include "kv/kvpool.h"
 
-#define KP_BREC_VERSION 1
-#define KP_BREC_HEADER 96
+#define KP_BLOCKREC_VERSION 1
+#define KP_BLOCKREC_HEADER 96
 
-/* Why a record was refused (or KP_BREC_OK). */
+/* Why a record was refused (or KP_BLOCKREC_OK). */
 typedef enum {
-    KP_BREC_OK = 0,
-    KP_BREC_MISSING,     /* no record under that key */
-    KP_BREC_TRUNCATED,   /* shorter (or longer) than its header says */
-    KP_BREC_FORMAT,      /* bad magic, version or sizes */
-    KP_BREC_FINGERPRINT, /* made under another model fingerprint */
-    KP_BREC_TOKENS,      /* another key or other tokens than the prompt's */
-    KP_BREC_CHECKSUM,    /* K/V bytes differ from their checksum */
-    KP_BREC_IO,          /* read error */
-    KP_BREC_TIMEOUT,     /* the tier did not answer in time */
-    KP_BREC_N_REASONS
-} kp_brec_reason;
+    KP_BLOCKREC_OK = 0,
+    KP_BLOCKREC_MISSING,     /* no record under that key */
+    KP_BLOCKREC_TRUNCATED,   /* shorter (or longer) than its header says */
+    KP_BLOCKREC_FORMAT,      /* bad magic, version or sizes */
+    KP_BLOCKREC_FINGERPRINT, /* made under another model fingerprint */
+    KP_BLOCKREC_TOKENS,      /* another key or other tokens than the prompt's */
+    KP_BLOCKREC_CHECKSUM,    /* K/V bytes differ from their checksum */
+    KP_BLOCKREC_IO,          /* read error */
+    KP_BLOCKREC_TIMEOUT,     /* the tier did not answer in time */
+    KP_BLOCKREC_N_REASONS
+} kp_blockrec_reason;
 
 /* "missing", "truncated", "format", "fingerprint", "tokens", "checksum",
- * "io", "timeout" ("ok" for KP_BREC_OK). */
-const char *kp_brec_reason_name(kp_brec_reason r);
+ * "io", "timeout" ("ok" for KP_BLOCKREC_OK). */
+const char *kp_blockrec_reason_name(kp_blockrec_reason r);
 
 /* K/V bytes of one block of pool p: the pool's block_bytes. */
-size_t kp_brec_kv_bytes(const kp_kvpool *p);
+size_t kp_blockrec_kv_bytes(const kp_kvpool *p);
 
 /* Record size for a block of pool p. */
-size_t kp_brec_size(const kp_kvpool *p);
+size_t kp_blockrec_size(const kp_kvpool *p);
 
-/* Writes the record of block `block` of pool p into out[kp_brec_size(p)]:
+/* Writes the record of block `block` of pool p into out[kp_blockrec_size(p)]:
  * its tokens[0..block_size), keys and fingerprint as given. */
-void kp_brec_encode(uint8_t *out, const kp_kvpool *p, int32_t block, const kp_bkey *fp, const kp_bkey *key,
+void kp_blockrec_encode(uint8_t *out, const kp_kvpool *p, int32_t block, const kp_bkey *fp, const kp_bkey *key,
                     const kp_bkey *parent, const int32_t *tokens);
 
 /* Verifies rec[0..len) as the record of key `key` holding tokens[0..block_size)
- * under fingerprint fp for pool p's layout. KP_BREC_OK or the reason. */
-kp_brec_reason kp_brec_check(const uint8_t *rec, size_t len, const kp_kvpool *p, const kp_bkey *fp,
+ * under fingerprint fp for pool p's layout. KP_BLOCKREC_OK or the reason. */
+kp_blockrec_reason kp_blockrec_check(const uint8_t *rec, size_t len, const kp_kvpool *p, const kp_bkey *fp,
                              const kp_bkey *key, const int32_t *tokens);
 
 /* Copies the K/V rows of a checked record into block `block` of pool p. */
-void kp_brec_load(const uint8_t *rec, kp_kvpool *p, int32_t block);
+void kp_blockrec_load(const uint8_t *rec, kp_kvpool *p, int32_t block);
 
 /* Reading a record in place (the disk tier): the head (header and tokens,
- * kp_brec_head_size bytes) into a buffer, the K/V runs straight into the
- * pool's block (kp_brec_iov), then kp_brec_check_head and kp_brec_sum_ok,
- * which together verify what kp_brec_check does, without a copy of the
+ * kp_blockrec_head_size bytes) into a buffer, the K/V runs straight into the
+ * pool's block (kp_blockrec_iov), then kp_blockrec_check_head and kp_blockrec_sum_ok,
+ * which together verify what kp_blockrec_check does, without a copy of the
  * record. On a refusal the block holds garbage: only a block that held no
  * rows of its own may be read in place. */
-size_t kp_brec_head_size(const kp_kvpool *p);
+size_t kp_blockrec_head_size(const kp_kvpool *p);
 
 /* The record-order K/V runs of block `block` of pool p as iov[0..n) (n =
  * 2 x n_layer x n_head_kv), the record's K/V part byte for byte. */
 struct iovec;
-int kp_brec_n_runs(const kp_kvpool *p);
-void kp_brec_iov(const kp_kvpool *p, int32_t block, struct iovec *iov);
+int kp_blockrec_n_runs(const kp_kvpool *p);
+void kp_blockrec_iov(const kp_kvpool *p, int32_t block, struct iovec *iov);
 
-/* kp_brec_check's checks but the checksum, on a head of kp_brec_head_size
+/* kp_blockrec_check's checks but the checksum, on a head of kp_blockrec_head_size
  * bytes from a record of file_len bytes. */
-kp_brec_reason kp_brec_check_head(const uint8_t *head, size_t file_len, const kp_kvpool *p, const kp_bkey *fp,
+kp_blockrec_reason kp_blockrec_check_head(const uint8_t *head, size_t file_len, const kp_kvpool *p, const kp_bkey *fp,
                                   const kp_bkey *key, const int32_t *tokens);
 
 /* True when the K/V rows of block `block` of pool p hash to the checksum
- * in head (XXH3-128 over the runs in record order, as kp_brec_encode). */
-bool kp_brec_sum_ok(const uint8_t *head, const kp_kvpool *p, int32_t block);
+ * in head (XXH3-128 over the runs in record order, as kp_blockrec_encode). */
+bool kp_blockrec_sum_ok(const uint8_t *head, const kp_kvpool *p, int32_t block);
 
 #endif

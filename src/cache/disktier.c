@@ -434,7 +434,7 @@ bool kp_disk_ready(kp_disktier *t, const kp_bkey *key) {
 }
 
 bool kp_disk_put(kp_disktier *t, const kp_bkey *key, const kp_bkey *parent, const int32_t *tokens, int32_t block) {
-    size_t size = kp_brec_size(t->pool);
+    size_t size = kp_blockrec_size(t->pool);
     pthread_mutex_lock(&t->mu);
     bool known = find_live(t, key) != NULL, full = t->qlen == t->qmax, big = t->budget && size > t->budget;
     if (full && !known) t->st.dropped_queue++;
@@ -443,7 +443,7 @@ bool kp_disk_put(kp_disktier *t, const kp_bkey *key, const kp_bkey *parent, cons
     if (known || full || big) return false;
     uint8_t *rec = malloc(size);
     if (!rec) return false;
-    kp_brec_encode(rec, t->pool, block, &t->fp.id, key, parent, tokens);
+    kp_blockrec_encode(rec, t->pool, block, &t->fp.id, key, parent, tokens);
     pthread_mutex_lock(&t->mu);
     dent *d = t->qlen < t->qmax ? add(t, key) : NULL;
     if (d && !d->state) {
@@ -461,24 +461,24 @@ bool kp_disk_put(kp_disktier *t, const kp_bkey *key, const kp_bkey *parent, cons
     return queued;
 }
 
-/* pread of exactly n bytes at off: KP_BREC_OK, TRUNCATED or IO. */
-static kp_brec_reason pread_all(int fd, uint8_t *b, size_t n, off_t off) {
+/* pread of exactly n bytes at off: KP_BLOCKREC_OK, TRUNCATED or IO. */
+static kp_blockrec_reason pread_all(int fd, uint8_t *b, size_t n, off_t off) {
     for (size_t got = 0; got < n;) {
         ssize_t k = pread(fd, b + got, n - got, off + (off_t)got);
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return k == 0 ? KP_BREC_TRUNCATED : KP_BREC_IO;
+        if (k <= 0) return k == 0 ? KP_BLOCKREC_TRUNCATED : KP_BLOCKREC_IO;
         got += (size_t)k;
     }
-    return KP_BREC_OK;
+    return KP_BLOCKREC_OK;
 }
 
 /* preadv of iov[0..n) whole from off (in calls of at most IOV_MAX
  * vectors; iov is consumed). */
-static kp_brec_reason preadv_all(int fd, struct iovec *iov, int n, off_t off) {
+static kp_blockrec_reason preadv_all(int fd, struct iovec *iov, int n, off_t off) {
     while (n > 0) {
         ssize_t k = preadv(fd, iov, n < IOV_MAX ? n : IOV_MAX, off);
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return k == 0 ? KP_BREC_TRUNCATED : KP_BREC_IO;
+        if (k <= 0) return k == 0 ? KP_BLOCKREC_TRUNCATED : KP_BLOCKREC_IO;
         off += k;
         for (size_t left = (size_t)k; left && n;) {
             if (left >= iov->iov_len) {
@@ -491,72 +491,72 @@ static kp_brec_reason preadv_all(int fd, struct iovec *iov, int n, off_t off) {
             }
         }
     }
-    return KP_BREC_OK;
+    return KP_BLOCKREC_OK;
 }
 
 /* Reads and verifies record fd of len bytes into block: the head into
- * head[kp_brec_head_size], the runs into the block, the checksum there. */
-static kp_brec_reason read_in_place(kp_disktier *t, int fd, size_t len, const kp_bkey *key, const int32_t *tokens,
+ * head[kp_blockrec_head_size], the runs into the block, the checksum there. */
+static kp_blockrec_reason read_in_place(kp_disktier *t, int fd, size_t len, const kp_bkey *key, const int32_t *tokens,
                                     kp_kvpool *p, int32_t block) {
-    size_t hs = kp_brec_head_size(p);
-    int n = kp_brec_n_runs(p);
+    size_t hs = kp_blockrec_head_size(p);
+    int n = kp_blockrec_n_runs(p);
     uint8_t *head = malloc(hs);
     struct iovec *iov = malloc((size_t)n * sizeof *iov);
-    kp_brec_reason r = head && iov ? KP_BREC_OK : KP_BREC_IO;
-    if (r == KP_BREC_OK) r = len < hs ? KP_BREC_TRUNCATED : pread_all(fd, head, hs, 0);
-    if (r == KP_BREC_OK) r = kp_brec_check_head(head, len, p, &t->fp.id, key, tokens);
-    if (r == KP_BREC_OK) {
-        kp_brec_iov(p, block, iov);
+    kp_blockrec_reason r = head && iov ? KP_BLOCKREC_OK : KP_BLOCKREC_IO;
+    if (r == KP_BLOCKREC_OK) r = len < hs ? KP_BLOCKREC_TRUNCATED : pread_all(fd, head, hs, 0);
+    if (r == KP_BLOCKREC_OK) r = kp_blockrec_check_head(head, len, p, &t->fp.id, key, tokens);
+    if (r == KP_BLOCKREC_OK) {
+        kp_blockrec_iov(p, block, iov);
         r = preadv_all(fd, iov, n, (off_t)hs);
     }
-    if (r == KP_BREC_OK && !kp_brec_sum_ok(head, p, block)) r = KP_BREC_CHECKSUM;
+    if (r == KP_BLOCKREC_OK && !kp_blockrec_sum_ok(head, p, block)) r = KP_BLOCKREC_CHECKSUM;
     free(head);
     free(iov);
     return r;
 }
 
 /* The buffered read: the whole record into rbuf, verified, then copied. */
-static kp_brec_reason read_buffered(kp_disktier *t, int fd, size_t len, const kp_bkey *key, const int32_t *tokens,
+static kp_blockrec_reason read_buffered(kp_disktier *t, int fd, size_t len, const kp_bkey *key, const int32_t *tokens,
                                     kp_kvpool *p, int32_t block) {
     if (len > t->rcap) {
         uint8_t *nb = realloc(t->rbuf, len);
-        if (!nb) return KP_BREC_IO;
+        if (!nb) return KP_BLOCKREC_IO;
         t->rbuf = nb;
         t->rcap = len;
     }
-    kp_brec_reason r = pread_all(fd, t->rbuf, len, 0);
-    if (r == KP_BREC_OK) r = kp_brec_check(t->rbuf, len, p, &t->fp.id, key, tokens);
-    if (r == KP_BREC_OK) kp_brec_load(t->rbuf, p, block);
+    kp_blockrec_reason r = pread_all(fd, t->rbuf, len, 0);
+    if (r == KP_BLOCKREC_OK) r = kp_blockrec_check(t->rbuf, len, p, &t->fp.id, key, tokens);
+    if (r == KP_BLOCKREC_OK) kp_blockrec_load(t->rbuf, p, block);
     return r;
 }
 
-kp_brec_reason kp_disk_get(kp_disktier *t, const kp_bkey *key, const int32_t *tokens, kp_kvpool *p, int32_t block,
+kp_blockrec_reason kp_disk_get(kp_disktier *t, const kp_bkey *key, const int32_t *tokens, kp_kvpool *p, int32_t block,
                            bool in_place) {
     pthread_mutex_lock(&t->mu);
     t->st.lookups++;
     dent *d = find_live(t, key);
     bool on_disk = d && d->state == ST_ON_DISK;
-    if (!d) t->st.fail[KP_BREC_MISSING]++;
+    if (!d) t->st.fail[KP_BLOCKREC_MISSING]++;
     pthread_mutex_unlock(&t->mu);
-    if (!on_disk) return KP_BREC_MISSING; /* unknown, or still queued */
+    if (!on_disk) return KP_BLOCKREC_MISSING; /* unknown, or still queued */
     char path[4200];
     key_path(t, key, "", ".kvb", path, sizeof path);
-    kp_brec_reason r = KP_BREC_OK;
+    kp_blockrec_reason r = KP_BLOCKREC_OK;
     size_t len = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat sb;
-    if (fd < 0) r = errno == ENOENT ? KP_BREC_MISSING : KP_BREC_IO;
-    else if (fstat(fd, &sb) != 0) r = KP_BREC_IO;
+    if (fd < 0) r = errno == ENOENT ? KP_BLOCKREC_MISSING : KP_BLOCKREC_IO;
+    else if (fstat(fd, &sb) != 0) r = KP_BLOCKREC_IO;
     else {
         len = (size_t)sb.st_size;
         r = in_place ? read_in_place(t, fd, len, key, tokens, p, block)
                      : read_buffered(t, fd, len, key, tokens, p, block);
     }
-    if (r == KP_BREC_OK) futimens(fd, NULL); /* the LRU order survives a restart */
+    if (r == KP_BLOCKREC_OK) futimens(fd, NULL); /* the LRU order survives a restart */
     if (fd >= 0) close(fd);
     pthread_mutex_lock(&t->mu);
     d = find_live(t, key);
-    if (r == KP_BREC_OK) {
+    if (r == KP_BLOCKREC_OK) {
         t->st.hits++;
         t->st.bytes_read += len;
         if (d) d->stamp = ++t->clock;

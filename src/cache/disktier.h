@@ -57,7 +57,7 @@ typedef struct {
     uint64_t blocks, bytes;       /* records held now and their bytes */
     uint64_t budget_bytes;
     uint64_t lookups, hits;       /* kp_disk_get calls, and those that loaded a block */
-    uint64_t fail[KP_BREC_N_REASONS]; /* refusals by reason (fail[KP_BREC_MISSING]: no such record) */
+    uint64_t fail[KP_BLOCKREC_N_REASONS]; /* refusals by reason (fail[KP_BLOCKREC_MISSING]: no such record) */
     uint64_t writes, bytes_written, bytes_read;
     uint64_t dropped_queue;       /* writes dropped: the queue was full */
     uint64_t dropped_budget;      /* writes refused: one record is larger than the budget */
@@ -88,13 +88,13 @@ bool kp_disk_ready(kp_disktier *t, const kp_bkey *key);
 bool kp_disk_put(kp_disktier *t, const kp_bkey *key, const kp_bkey *parent, const int32_t *tokens, int32_t block);
 
 /* Loads the record of key into pool block `block` when it is on disk and
- * verifies against tokens[0..block_size): KP_BREC_OK, or why not.
+ * verifies against tokens[0..block_size): KP_BLOCKREC_OK, or why not.
  * in_place reads the K/V rows straight into the block and verifies them
  * there (no copy of the record; blockrec.h): the block's rows are garbage
  * after a refusal, so only for a block that holds no rows of its own. An
  * in-place get may run on several threads at once (each on its own block);
  * the buffered one only on the engine thread. */
-kp_brec_reason kp_disk_get(kp_disktier *t, const kp_bkey *key, const int32_t *tokens, kp_kvpool *p, int32_t block,
+kp_blockrec_reason kp_disk_get(kp_disktier *t, const kp_bkey *key, const int32_t *tokens, kp_kvpool *p, int32_t block,
                            bool in_place);
 
 /* Waits until the write queue is empty (tests, shutdown). */

@@ -18,7 +18,7 @@
  *                while the engine verifies and copies this one
  *
  * The engine thread never connects: a lookup with no connection answers
- * "not here" (0 / KP_BREC_MISSING) at once. A failed round trip frees the
+ * "not here" (0 / KP_BLOCKREC_MISSING) at once. A failed round trip frees the
  * connection and asks the background thread for a new one, which it tries
  * once a second.
  */
@@ -123,10 +123,10 @@ static void seen_add(kp_redistier *t, uint64_t h) {
  * Caller does not hold mu. */
 static redisContext *connect_checked(kp_redistier *t, char *why, size_t cap) {
     redisContext *c = redisConnectWithTimeout(t->host, t->port, t->tv);
-    kp_brec_reason r = KP_BREC_OK;
+    kp_blockrec_reason r = KP_BLOCKREC_OK;
     if (!c || c->err) {
         snprintf(why, cap, "%s", c ? c->errstr : "out of memory");
-        r = c && c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EINPROGRESS) ? KP_BREC_TIMEOUT : KP_BREC_IO;
+        r = c && c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EINPROGRESS) ? KP_BLOCKREC_TIMEOUT : KP_BLOCKREC_IO;
     } else {
         redisSetTimeout(c, t->tv);
         redisReply *rep = redisCommand(c, "PING");
@@ -134,11 +134,11 @@ static redisContext *connect_checked(kp_redistier *t, char *why, size_t cap) {
             bool timeout = c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
             snprintf(why, cap, "%s%s", timeout ? "timed out: " : "",
                      c->err ? c->errstr : "PING was not answered with a status");
-            r = c->err ? (timeout ? KP_BREC_TIMEOUT : KP_BREC_IO) : KP_BREC_FORMAT;
+            r = c->err ? (timeout ? KP_BLOCKREC_TIMEOUT : KP_BLOCKREC_IO) : KP_BLOCKREC_FORMAT;
         }
         if (rep) freeReplyObject(rep);
     }
-    if (r == KP_BREC_OK) return c;
+    if (r == KP_BLOCKREC_OK) return c;
     if (c) redisFree(c);
     pthread_mutex_lock(&t->mu);
     t->st.fail[r]++;
@@ -204,12 +204,12 @@ static redisContext *lookup_ctx(kp_redistier *t) {
 
 /* A lookup round trip failed: the connection goes, the background is asked
  * for another, the failure counted (and logged once per incident). */
-static kp_brec_reason lookup_failed(kp_redistier *t, kp_brec_reason r) {
+static kp_blockrec_reason lookup_failed(kp_redistier *t, kp_blockrec_reason r) {
     const char *what = t->look && t->look->err ? t->look->errstr : "bad reply";
     bool timeout = t->look && t->look->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
-    if (r == KP_BREC_IO && timeout) r = KP_BREC_TIMEOUT;
+    if (r == KP_BLOCKREC_IO && timeout) r = KP_BLOCKREC_TIMEOUT;
     char msg[256];
-    snprintf(msg, sizeof msg, "%s%s", r == KP_BREC_TIMEOUT ? "timed out: " : "", what);
+    snprintf(msg, sizeof msg, "%s%s", r == KP_BLOCKREC_TIMEOUT ? "timed out: " : "", what);
     drop_window(t);
     t->n_sent = 0;
     if (t->look) redisFree(t->look);
@@ -378,7 +378,7 @@ bool kp_redis_wait_connected(kp_redistier *t, uint32_t ms) {
 
 uint32_t kp_redis_probe(kp_redistier *t, const kp_bkey *keys, uint32_t n) {
     if (!drop_all(t)) {
-        lookup_failed(t, KP_BREC_IO);
+        lookup_failed(t, KP_BLOCKREC_IO);
         return 0;
     }
     redisContext *c = lookup_ctx(t);
@@ -401,7 +401,7 @@ uint32_t kp_redis_probe(kp_redistier *t, const kp_bkey *keys, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
         redisReply *r = NULL;
         if (redisGetReply(c, (void **)&r) != REDIS_OK) {
-            lookup_failed(t, KP_BREC_IO);
+            lookup_failed(t, KP_BLOCKREC_IO);
             return 0;
         }
         bool garbage = r->type != REDIS_REPLY_INTEGER;
@@ -409,7 +409,7 @@ uint32_t kp_redis_probe(kp_redistier *t, const kp_bkey *keys, uint32_t n) {
         else run = false;
         freeReplyObject(r);
         if (garbage) {
-            lookup_failed(t, KP_BREC_FORMAT);
+            lookup_failed(t, KP_BLOCKREC_FORMAT);
             return 0;
         }
     }
@@ -419,7 +419,7 @@ uint32_t kp_redis_probe(kp_redistier *t, const kp_bkey *keys, uint32_t n) {
     return present;
 }
 
-kp_brec_reason kp_redis_get(kp_redistier *t, const kp_bkey *keys, uint32_t n_ahead, const int32_t *tokens,
+kp_blockrec_reason kp_redis_get(kp_redistier *t, const kp_bkey *keys, uint32_t n_ahead, const int32_t *tokens,
                             kp_kvpool *p, int32_t block) {
     pthread_mutex_lock(&t->mu);
     t->st.lookups++;
@@ -430,26 +430,26 @@ kp_brec_reason kp_redis_get(kp_redistier *t, const kp_bkey *keys, uint32_t n_ahe
         uint32_t n = n_ahead < 1 ? 1 : n_ahead > KP_REDIS_WINDOW ? KP_REDIS_WINDOW : n_ahead;
         bool asked = t->n_sent && kp_bkey_eq(&t->sent_key[0], &keys[0]) && t->n_sent <= n;
         drop_window(t);
-        if (!asked && !drop_all(t)) return lookup_failed(t, KP_BREC_IO);
+        if (!asked && !drop_all(t)) return lookup_failed(t, KP_BLOCKREC_IO);
         redisContext *c = lookup_ctx(t);
-        if (!c) return KP_BREC_MISSING;
+        if (!c) return KP_BLOCKREC_MISSING;
         if (!asked) send_window(t, c, keys, n);
         n = t->n_sent;
         /* the window after this one is appended now and goes out with this read */
         uint32_t m = n_ahead > n ? n_ahead - n : 0;
         t->n_sent = 0;
         if (m) send_window(t, c, keys + n, m > KP_REDIS_WINDOW ? KP_REDIS_WINDOW : m);
-        if (!read_window(t, c, keys, n)) return lookup_failed(t, KP_BREC_IO);
+        if (!read_window(t, c, keys, n)) return lookup_failed(t, KP_BLOCKREC_IO);
         w = 0;
     }
     redisReply *r = t->win[w];
-    kp_brec_reason why;
-    if (r->type == REDIS_REPLY_NIL) why = KP_BREC_MISSING;
-    else if (r->type != REDIS_REPLY_STRING) why = KP_BREC_FORMAT;
-    else why = kp_brec_check((const uint8_t *)r->str, (size_t)r->len, p, &t->fp->id, &keys[0], tokens);
-    if (why == KP_BREC_OK) kp_brec_load((const uint8_t *)r->str, p, block);
+    kp_blockrec_reason why;
+    if (r->type == REDIS_REPLY_NIL) why = KP_BLOCKREC_MISSING;
+    else if (r->type != REDIS_REPLY_STRING) why = KP_BLOCKREC_FORMAT;
+    else why = kp_blockrec_check((const uint8_t *)r->str, (size_t)r->len, p, &t->fp->id, &keys[0], tokens);
+    if (why == KP_BLOCKREC_OK) kp_blockrec_load((const uint8_t *)r->str, p, block);
     pthread_mutex_lock(&t->mu);
-    if (why == KP_BREC_OK) {
+    if (why == KP_BLOCKREC_OK) {
         t->st.hits++;
         t->st.bytes_read += (uint64_t)r->len;
     } else {
@@ -466,10 +466,10 @@ bool kp_redis_put(kp_redistier *t, const kp_bkey *key, const kp_bkey *parent, co
     if (!skip && full) t->st.dropped_queue++;
     pthread_mutex_unlock(&t->mu);
     if (skip || full) return false;
-    size_t size = kp_brec_size(t->pool);
+    size_t size = kp_blockrec_size(t->pool);
     uint8_t *rec = malloc(size);
     if (!rec) return false;
-    kp_brec_encode(rec, t->pool, block, &t->fp->id, key, parent, tokens);
+    kp_blockrec_encode(rec, t->pool, block, &t->fp->id, key, parent, tokens);
     pthread_mutex_lock(&t->mu);
     bool queued = t->qlen < t->qmax;
     if (queued) {

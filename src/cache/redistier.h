@@ -68,8 +68,8 @@ uint32_t kp_redis_probe(kp_redistier *t, const kp_bkey *keys, uint32_t n);
 
 /* Fetches and verifies the record of keys[0] (keys[1..n_ahead) are fetched
  * in the same round trip for the calls that follow) into pool block
- * `block`: KP_BREC_OK or why not. */
-kp_brec_reason kp_redis_get(kp_redistier *t, const kp_bkey *keys, uint32_t n_ahead, const int32_t *tokens,
+ * `block`: KP_BLOCKREC_OK or why not. */
+kp_blockrec_reason kp_redis_get(kp_redistier *t, const kp_bkey *keys, uint32_t n_ahead, const int32_t *tokens,
                             kp_kvpool *p, int32_t block);
 
 /* Queues the record of pool block `block` (tokens[0..block_size), its key

@@ -128,18 +128,18 @@ static bool fall_to_redis(kp_tiers *t, uint32_t j) {
 
 /* Block j of tokens from the tier that holds it (a disk refusal retried in
  * Redis), verified, into pool block `block`; *from: that tier. */
-static kp_brec_reason fetch_one(kp_tiers *t, const int32_t *tokens, uint32_t j, kp_kvpool *p, int32_t block,
+static kp_blockrec_reason fetch_one(kp_tiers *t, const int32_t *tokens, uint32_t j, kp_kvpool *p, int32_t block,
                                 bool in_place, kp_tier_id *from) {
     *from = KP_TIER_DISK;
-    if (!chain(t, tokens, j + 1)) return KP_BREC_IO;
+    if (!chain(t, tokens, j + 1)) return KP_BLOCKREC_IO;
     uint32_t B = kp_kvpool_config_of(t->pool)->block_size;
     const int32_t *bt = tokens + (size_t)j * B;
     if (t->disk && j < t->disk_end) {
-        kp_brec_reason r = kp_disk_get(t->disk, &t->keys[j], bt, p, block, in_place);
-        if (r == KP_BREC_OK || !fall_to_redis(t, j)) return r;
+        kp_blockrec_reason r = kp_disk_get(t->disk, &t->keys[j], bt, p, block, in_place);
+        if (r == KP_BLOCKREC_OK || !fall_to_redis(t, j)) return r;
     }
     *from = KP_TIER_REDIS;
-    if (!t->redis || j >= t->probe_end) return KP_BREC_MISSING;
+    if (!t->redis || j >= t->probe_end) return KP_BLOCKREC_MISSING;
     return kp_redis_get(t->redis, t->keys + j, t->probe_end - j, bt, p, block);
 }
 
@@ -151,7 +151,7 @@ typedef struct {
     uint32_t j0;
     kp_kvpool *p;
     const int32_t *blocks;
-    kp_brec_reason *why;
+    kp_blockrec_reason *why;
 } disk_run;
 
 static void disk_task(void *vc, int task, int thread) {
@@ -163,11 +163,11 @@ static void disk_task(void *vc, int task, int thread) {
 
 uint32_t kp_tiers_fetch_run(kp_tiers *t, const int32_t *tokens, uint32_t j0, uint32_t j1, kp_kvpool *p,
                             const int32_t *blocks, uint32_t in_place_from, kp_threads *threads, kp_tier_id *from,
-                            kp_brec_reason *why) {
-    *why = KP_BREC_OK;
+                            kp_blockrec_reason *why) {
+    *why = KP_BLOCKREC_OK;
     if (j0 >= j1) return 0;
     if (!chain(t, tokens, j1)) {
-        *why = KP_BREC_IO;
+        *why = KP_BLOCKREC_IO;
         from[0] = KP_TIER_DISK;
         return 0;
     }
@@ -175,13 +175,13 @@ uint32_t kp_tiers_fetch_run(kp_tiers *t, const int32_t *tokens, uint32_t j0, uin
     while (j < j1) {
         uint32_t end = !t->disk ? j : t->disk_end < j1 ? t->disk_end : j1; /* the disk's run: [j, end) */
         if (j >= in_place_from && end > j + 1 && threads) { /* the disk's run, on every thread */
-            kp_brec_reason *r = malloc((size_t)(end - j) * sizeof *r);
+            kp_blockrec_reason *r = malloc((size_t)(end - j) * sizeof *r);
             if (r) {
                 disk_run c = {t, tokens, j, p, blocks, r};
                 kp_threads_run(threads, disk_task, &c, (int)(end - j));
                 uint32_t k = j;
-                while (k < end && r[k - j] == KP_BREC_OK) from[k++ - j0] = KP_TIER_DISK;
-                kp_brec_reason bad = k < end ? r[k - j] : KP_BREC_OK;
+                while (k < end && r[k - j] == KP_BLOCKREC_OK) from[k++ - j0] = KP_TIER_DISK;
+                kp_blockrec_reason bad = k < end ? r[k - j] : KP_BLOCKREC_OK;
                 free(r);
                 j = k;
                 if (k == end) continue;
@@ -192,8 +192,8 @@ uint32_t kp_tiers_fetch_run(kp_tiers *t, const int32_t *tokens, uint32_t j0, uin
                 }
             }
         }
-        kp_brec_reason r = fetch_one(t, tokens, j, p, blocks[j], j >= in_place_from, &from[j - j0]);
-        if (r != KP_BREC_OK) {
+        kp_blockrec_reason r = fetch_one(t, tokens, j, p, blocks[j], j >= in_place_from, &from[j - j0]);
+        if (r != KP_BLOCKREC_OK) {
             *why = r;
             return j - j0;
         }

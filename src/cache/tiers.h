@@ -94,13 +94,13 @@ void kp_tiers_last_probe(const kp_tiers *t, uint32_t j0, uint32_t blocks[KP_TIER
  * from in_place_from on hold no rows of their own and are read in place,
  * the disk's run of them on every thread of `threads` (NULL: the caller's
  * alone). from[j - j0] receives each loaded block's tier, and the refused
- * one's; *why the refusal (KP_BREC_OK when all were loaded). Returns the
+ * one's; *why the refusal (KP_BLOCKREC_OK when all were loaded). Returns the
  * number of blocks loaded. The disk may have read blocks past a refused
  * one (counted as its hits); they are not handed on. */
 struct kp_threads;
 uint32_t kp_tiers_fetch_run(kp_tiers *t, const int32_t *tokens, uint32_t j0, uint32_t j1, kp_kvpool *p,
                             const int32_t *blocks, uint32_t in_place_from, struct kp_threads *threads,
-                            kp_tier_id *from, kp_brec_reason *why);
+                            kp_tier_id *from, kp_blockrec_reason *why);
 
 /* Queues every full block of tokens[0..n) (rows in seq's blocks) that no
  * tier holds yet. */

@@ -335,12 +335,12 @@ static void tier_restore(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng
     uint32_t got[KP_TIER_N] = {0}, j = j0;
     kp_tier_id *from = malloc((size_t)nb * sizeof *from);
     if (!from) return; /* computed instead */
-    kp_brec_reason why;
+    kp_blockrec_reason why;
     /* a partial first block holds RAM rows of its own: it is read through a buffer */
     uint32_t n_ok = kp_tiers_fetch_run(e->tiers, tokens, j0, j0 + nb, e->kv, seq->kv.blocks, p % B ? j0 + 1 : j0,
                                        e->threads, from, &why);
     for (; j < j0 + n_ok; j++) got[from[j - j0]] += (j + 1) * B - (j == j0 ? p : j * B);
-    if (why != KP_BREC_OK) {
+    if (why != KP_BLOCKREC_OK) {
         r->restore_failed = why;
         r->restore_failed_tier = from[n_ok];
     }
@@ -351,7 +351,7 @@ static void tier_restore(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng
     r->reused_tokens = seq->kv.n_pos;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     kp_tiers_note_restore(e->tiers, (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), got,
-                          r->restore_failed != KP_BREC_OK);
+                          r->restore_failed != KP_BLOCKREC_OK);
 }
 
 kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_seq *seq, kp_eng_report *report,

@@ -88,7 +88,7 @@ typedef struct {
        restored from the tiers below it: reused_from[KP_TIER_DISK] and
        [KP_TIER_REDIS]; [KP_TIER_RAM] is left 0: the rest of reused_tokens) */
     uint32_t reused_from[KP_TIER_N];
-    kp_brec_reason restore_failed; /* KP_BREC_OK, or why a tier's block was refused
+    kp_blockrec_reason restore_failed; /* KP_BLOCKREC_OK, or why a tier's block was refused
                                       (the rest of the prompt was computed) */
     kp_tier_id restore_failed_tier;
     /* rows taken from another running sequence's prefill rather than from

@@ -157,11 +157,11 @@ static json_t *tiers_json(kp_server *s) {
         const kp_tier_stats *t = &ts.tier[i];
         json_t *fail = json_object();
         uint64_t failures = 0;
-        for (int r = KP_BREC_TRUNCATED; r < KP_BREC_N_REASONS; r++) {
-            json_object_set_new(fail, kp_brec_reason_name((kp_brec_reason)r), json_integer((json_int_t)t->fail[r]));
+        for (int r = KP_BLOCKREC_TRUNCATED; r < KP_BLOCKREC_N_REASONS; r++) {
+            json_object_set_new(fail, kp_blockrec_reason_name((kp_blockrec_reason)r), json_integer((json_int_t)t->fail[r]));
             failures += t->fail[r];
         }
-        json_object_set_new(fail, "missing", json_integer((json_int_t)t->fail[KP_BREC_MISSING]));
+        json_object_set_new(fail, "missing", json_integer((json_int_t)t->fail[KP_BLOCKREC_MISSING]));
         json_t *j = json_pack("{s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
                               "bytes", (json_int_t)t->bytes, "blocks", (json_int_t)t->blocks, "budget_bytes",
                               (json_int_t)t->budget_bytes, "lookups", (json_int_t)t->lookups, "hits",
@@ -424,9 +424,9 @@ static void tier_metrics(kp_server *s, text *t) {
     tp(t, "# HELP kvpin_tier_failures_total Blocks a tier below RAM refused, by reason.\n"
           "# TYPE kvpin_tier_failures_total counter\n");
     for (int i = KP_TIER_DISK; i < KP_TIER_N; i++)
-        for (int r = KP_BREC_MISSING; ts.on[i] && r < KP_BREC_N_REASONS; r++)
+        for (int r = KP_BLOCKREC_MISSING; ts.on[i] && r < KP_BLOCKREC_N_REASONS; r++)
             tp(t, "kvpin_tier_failures_total{tier=\"%s\",reason=\"%s\"} %llu\n", kp_tier_name((kp_tier_id)i),
-               kp_brec_reason_name((kp_brec_reason)r), (unsigned long long)ts.tier[i].fail[r]);
+               kp_blockrec_reason_name((kp_blockrec_reason)r), (unsigned long long)ts.tier[i].fail[r]);
     const char *h = "kvpin_tier_restore_seconds";
     tp(t, "# HELP %s Time to look up, read and verify the blocks of one prefill's restore.\n# TYPE %s histogram\n", h,
        h);

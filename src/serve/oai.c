@@ -916,11 +916,11 @@ static void tier_report_json(json_t *o, const kp_eng_report *r) {
                         json_pack("{s:I, s:I, s:I}", "ram", (json_int_t)(r->reused_tokens - below), "disk",
                                   (json_int_t)r->reused_from[KP_TIER_DISK], "redis",
                                   (json_int_t)r->reused_from[KP_TIER_REDIS]));
-    if (!below && r->restore_failed == KP_BREC_OK) return;
-    bool failed = r->restore_failed != KP_BREC_OK;
+    if (!below && r->restore_failed == KP_BLOCKREC_OK) return;
+    bool failed = r->restore_failed != KP_BLOCKREC_OK;
     json_object_set_new(o, "restore",
                         json_pack("{s:s, s:o, s:o}", "cause", failed ? "restore_failed" : "restored", "reason",
-                                  failed ? json_string(kp_brec_reason_name(r->restore_failed)) : json_null(), "tier",
+                                  failed ? json_string(kp_blockrec_reason_name(r->restore_failed)) : json_null(), "tier",
                                   failed ? json_string(kp_tier_name(r->restore_failed_tier)) : json_null()));
 }
 
@@ -938,12 +938,12 @@ static const char *below_index_cause(const kp_eng_report *r, char *det, size_t c
                      r->inflight_tokens, r->inflight_wait_ms);
         return "shared_inflight";
     }
-    if (r->restore_failed != KP_BREC_OK) {
+    if (r->restore_failed != KP_BLOCKREC_OK) {
         if (cap)
             snprintf(det, cap,
                      "restore_failed: the %s tier refused a block of this prompt (%s); %u prompt tokens were "
                      "restored before it (disk %u, redis %u), the rest computed",
-                     kp_tier_name(r->restore_failed_tier), kp_brec_reason_name(r->restore_failed), below,
+                     kp_tier_name(r->restore_failed_tier), kp_blockrec_reason_name(r->restore_failed), below,
                      r->reused_from[KP_TIER_DISK], r->reused_from[KP_TIER_REDIS]);
         return "restore_failed";
     }

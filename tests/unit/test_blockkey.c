@@ -194,40 +194,40 @@ static void test_record(void) {
         }
     int32_t tok[4] = {5, 6, 7, 8}, other[4] = {5, 6, 7, 9};
     kp_bkey fp = kp_bkey_next(NULL, tok, 1), key = kp_bkey_next(NULL, tok, 4), zero = {{0}};
-    size_t n = kp_brec_size(p);
-    CHECK_EQ_INT(n, KP_BREC_HEADER + 16 + 3 * 2 * 2 * run);
+    size_t n = kp_blockrec_size(p);
+    CHECK_EQ_INT(n, KP_BLOCKREC_HEADER + 16 + 3 * 2 * 2 * run);
     uint8_t *rec = malloc(n), *bad = malloc(n);
-    kp_brec_encode(rec, p, b0, &fp, &key, &zero, tok);
+    kp_blockrec_encode(rec, p, b0, &fp, &key, &zero, tok);
     CHECK(!memcmp(rec, "KVPINBLK", 8));
-    CHECK_EQ_INT(kp_brec_check(rec, n, p, &fp, &key, tok), KP_BREC_OK);
-    kp_brec_load(rec, p, b1);
+    CHECK_EQ_INT(kp_blockrec_check(rec, n, p, &fp, &key, tok), KP_BLOCKREC_OK);
+    kp_blockrec_load(rec, p, b1);
     for (uint32_t l = 0; l < 3; l++)
         for (uint32_t h = 0; h < 2; h++) {
             CHECK(!memcmp(kp_kvpool_k(p, b0, l, h), kp_kvpool_k(p, b1, l, h), run));
             CHECK(!memcmp(kp_kvpool_v(p, b0, l, h), kp_kvpool_v(p, b1, l, h), run));
         }
     /* each corruption, its reason */
-    CHECK_EQ_INT(kp_brec_check(rec, n - 1, p, &fp, &key, tok), KP_BREC_TRUNCATED);
-    CHECK_EQ_INT(kp_brec_check(rec, 40, p, &fp, &key, tok), KP_BREC_TRUNCATED);
-    for (size_t off = KP_BREC_HEADER + 16; off < n; off += 97) {
+    CHECK_EQ_INT(kp_blockrec_check(rec, n - 1, p, &fp, &key, tok), KP_BLOCKREC_TRUNCATED);
+    CHECK_EQ_INT(kp_blockrec_check(rec, 40, p, &fp, &key, tok), KP_BLOCKREC_TRUNCATED);
+    for (size_t off = KP_BLOCKREC_HEADER + 16; off < n; off += 97) {
         memcpy(bad, rec, n);
         bad[off] ^= 0x10;
-        CHECK_EQ_INT(kp_brec_check(bad, n, p, &fp, &key, tok), KP_BREC_CHECKSUM);
+        CHECK_EQ_INT(kp_blockrec_check(bad, n, p, &fp, &key, tok), KP_BLOCKREC_CHECKSUM);
     }
-    CHECK_EQ_INT(kp_brec_check(rec, n, p, &fp, &key, other), KP_BREC_TOKENS);
+    CHECK_EQ_INT(kp_blockrec_check(rec, n, p, &fp, &key, other), KP_BLOCKREC_TOKENS);
     kp_bkey key2 = kp_bkey_next(NULL, other, 4), fp2 = kp_bkey_next(NULL, other + 3, 1);
-    CHECK_EQ_INT(kp_brec_check(rec, n, p, &fp, &key2, tok), KP_BREC_TOKENS);
-    CHECK_EQ_INT(kp_brec_check(rec, n, p, &fp2, &key, tok), KP_BREC_FINGERPRINT);
+    CHECK_EQ_INT(kp_blockrec_check(rec, n, p, &fp, &key2, tok), KP_BLOCKREC_TOKENS);
+    CHECK_EQ_INT(kp_blockrec_check(rec, n, p, &fp2, &key, tok), KP_BLOCKREC_FINGERPRINT);
     memcpy(bad, rec, n);
     bad[0] = 'X';
-    CHECK_EQ_INT(kp_brec_check(bad, n, p, &fp, &key, tok), KP_BREC_FORMAT);
+    CHECK_EQ_INT(kp_blockrec_check(bad, n, p, &fp, &key, tok), KP_BLOCKREC_FORMAT);
     memcpy(bad, rec, n);
     bad[64] = 8; /* n_tokens */
-    CHECK_EQ_INT(kp_brec_check(bad, n, p, &fp, &key, tok), KP_BREC_FORMAT);
+    CHECK_EQ_INT(kp_blockrec_check(bad, n, p, &fp, &key, tok), KP_BLOCKREC_FORMAT);
     memcpy(bad, rec, n);
-    bad[KP_BREC_HEADER] ^= 1; /* a token the header's key was not made from */
-    CHECK_EQ_INT(kp_brec_check(bad, n, p, &fp, &key, tok), KP_BREC_TOKENS);
-    CHECK_EQ_STR(kp_brec_reason_name(KP_BREC_CHECKSUM), "checksum");
+    bad[KP_BLOCKREC_HEADER] ^= 1; /* a token the header's key was not made from */
+    CHECK_EQ_INT(kp_blockrec_check(bad, n, p, &fp, &key, tok), KP_BLOCKREC_TOKENS);
+    CHECK_EQ_STR(kp_blockrec_reason_name(KP_BLOCKREC_CHECKSUM), "checksum");
     free(rec);
     free(bad);
     kp_kvpool_free(p);
@@ -255,12 +255,12 @@ static void test_record_mixed_types(void) {
         }
     int32_t tok[4] = {1, 2, 3, 4};
     kp_bkey fp = kp_bkey_next(NULL, tok, 2), key = kp_bkey_next(NULL, tok, 4), zero = {{0}};
-    size_t n = kp_brec_size(p);
-    CHECK_EQ_INT(n, KP_BREC_HEADER + 16 + 2 * 2 * (krun + vrun));
+    size_t n = kp_blockrec_size(p);
+    CHECK_EQ_INT(n, KP_BLOCKREC_HEADER + 16 + 2 * 2 * (krun + vrun));
     uint8_t *rec = malloc(n);
-    kp_brec_encode(rec, p, b0, &fp, &key, &zero, tok);
-    CHECK_EQ_INT(kp_brec_check(rec, n, p, &fp, &key, tok), KP_BREC_OK);
-    kp_brec_load(rec, p, b1);
+    kp_blockrec_encode(rec, p, b0, &fp, &key, &zero, tok);
+    CHECK_EQ_INT(kp_blockrec_check(rec, n, p, &fp, &key, tok), KP_BLOCKREC_OK);
+    kp_blockrec_load(rec, p, b1);
     for (uint32_t l = 0; l < 2; l++)
         for (uint32_t h = 0; h < 2; h++) {
             CHECK(!memcmp(kp_kvpool_k(p, b0, l, h), kp_kvpool_k(p, b1, l, h), krun));

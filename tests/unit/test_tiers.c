@@ -160,7 +160,7 @@ static void equal_through(int redis_port) {
         CHECK_MSG(kp_eng_prefill(e, req.t, req.n, &st, lt, &rt, &err) == KP_OK, "%s", err.msg);
         CHECK_MSG(rt.reused_tokens >= want_min, "request %u (kind %u, n %u, lcp %u): reused %u, at least %u", q, kind,
                   req.n, best, rt.reused_tokens, want_min);
-        CHECK(rt.reused_tokens < req.n && rt.restore_failed == KP_BREC_OK);
+        CHECK(rt.reused_tokens < req.n && rt.restore_failed == KP_BLOCKREC_OK);
         from_disk += rt.reused_from[tier];
         double d = rel_diff(lt, lr, nv);
         CHECK_MSG(d <= 1e-5, "request %u: prompt logits differ by %g", q, d);
@@ -261,10 +261,10 @@ static void disk_refusal_falls_to_redis(int redis_port) {
     CHECK(ref && kp_eng_prefill(ref, t, N, &sr, lr, NULL, &err) == KP_OK);
     CHECK_EQ_INT(rep.reused_from[KP_TIER_DISK], 2 * B);
     CHECK_EQ_INT(rep.reused_from[KP_TIER_REDIS], 4 * B);
-    CHECK(rep.restore_failed == KP_BREC_OK);
+    CHECK(rep.restore_failed == KP_BLOCKREC_OK);
     CHECK_MSG(rel_diff(lt, lr, nv) <= 1e-5, "logits differ by %g", rel_diff(lt, lr, nv));
     CHECK(e2 && kp_eng_tier_stats(e2, &ts));
-    CHECK_EQ_INT(ts.tier[KP_TIER_DISK].fail[KP_BREC_CHECKSUM], 1);
+    CHECK_EQ_INT(ts.tier[KP_TIER_DISK].fail[KP_BLOCKREC_CHECKSUM], 1);
     CHECK(e2 && kp_eng_finish(e2, &s2, t, N, NULL, &err) == KP_OK);
     CHECK(ref && kp_eng_finish(ref, &sr, t, N, NULL, &err) == KP_OK);
     kp_eng_free(e2);
@@ -404,22 +404,22 @@ static void test_tier_alone(void) {
     if (!t) return;
     for (int j = 0; j < 3; j++) CHECK(kp_disk_has(t, &key[j]));
     CHECK(!kp_disk_has(t, &key[3]));
-    CHECK_EQ_INT(kp_disk_get(t, &key[1], tok[1], p, 3, false), KP_BREC_OK);
+    CHECK_EQ_INT(kp_disk_get(t, &key[1], tok[1], p, 3, false), KP_BLOCKREC_OK);
     CHECK(((uint8_t *)kp_kvpool_k(p, 3, 1, 0))[5] == 2); /* block 1's bytes */
     /* in place: block 0's record straight into pool block 2, every run of it */
-    CHECK_EQ_INT(kp_disk_get(t, &key[0], tok[0], p, 2, true), KP_BREC_OK);
+    CHECK_EQ_INT(kp_disk_get(t, &key[0], tok[0], p, 2, true), KP_BLOCKREC_OK);
     uint8_t ones[4 * 4 * 2];
     memset(ones, 1, sizeof ones);
     for (uint32_t l = 0; l < 2; l++)
         CHECK(!memcmp(kp_kvpool_k(p, 2, l, 0), ones, sizeof ones) && !memcmp(kp_kvpool_v(p, 2, l, 0), ones, sizeof ones));
-    CHECK_EQ_INT(kp_disk_get(t, &key[2], tok[1], p, 3, true), KP_BREC_TOKENS);
+    CHECK_EQ_INT(kp_disk_get(t, &key[2], tok[1], p, 3, true), KP_BLOCKREC_TOKENS);
     CHECK(!kp_disk_has(t, &key[2])); /* refused: forgotten */
     kp_disk_get_stats(t, &st);
     CHECK_EQ_INT(st.hits, 2);
-    CHECK_EQ_INT(st.fail[KP_BREC_TOKENS], 1);
+    CHECK_EQ_INT(st.fail[KP_BLOCKREC_TOKENS], 1);
     kp_disk_close(t);
     /* a budget below one record: every write refused */
-    size_t rs = kp_brec_size(p);
+    size_t rs = kp_blockrec_size(p);
     kp_disk_config small = {dir, rs - 1, 0};
     CHECK(kp_disk_open(&t, &small, &other, p, &err) == KP_OK);
     if (!t) return;
