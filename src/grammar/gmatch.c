@@ -54,7 +54,7 @@
  *     the bytes below are well-formed UTF-8 (gvocab.h), accepts its whole
  *     subtree as a rank range without visiting it (string content); a
  *     state inside bounded repetitions is tried with its counters made
- *     unbounded (kp_gpda_relax) when no token below is longer than the
+ *     unbounded (kp_parser_relax) when no token below is longer than the
  *     smallest counter left;
  *   - a dead state skips its subtree; under a pending escape the subtree
  *     is uncertain as a whole.
@@ -82,7 +82,7 @@ typedef struct {
     uint32_t pos[KEY_K];
     uint16_t need[KEY_K], rem[KEY_K];
     uint32_t n;    /* frames in the key (1..KEY_K) */
-    uint32_t tail; /* KP_GPDA_NIL: the stack ends after them; else SENTINEL */
+    uint32_t tail; /* KP_PARSER_NIL: the stack ends after them; else SENTINEL */
     uint32_t clamped;
 } gkey;
 
@@ -120,7 +120,7 @@ typedef struct {
 struct kp_gmatch {
     const kp_grammar *g;
     const kp_gvocab *v;
-    kp_gpda pda;
+    kp_parser pda;
     uint32_t cfg, start;
     bool finished;
     gcache *cache;
@@ -155,7 +155,7 @@ static void cache_unref(gcache *c) {
 }
 
 static uint32_t key_hash(const gkey *k) {
-    uint64_t h = 0x9E3779B97F4A7C15ull * (k->n * 2 + (k->tail != KP_GPDA_NIL));
+    uint64_t h = 0x9E3779B97F4A7C15ull * (k->n * 2 + (k->tail != KP_PARSER_NIL));
     for (uint32_t i = 0; i < k->n; i++) {
         h ^= k->pos[i] + ((uint64_t)k->need[i] << 32) + ((uint64_t)k->rem[i] << 48);
         h *= 0xC2B2AE3D27D4EB4Full;
@@ -238,7 +238,7 @@ kp_status kp_gmatch_new(kp_gmatch **out, const kp_grammar *g, const kp_gvocab *g
     if (!m) return kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory");
     m->g = g;
     m->v = gv;
-    kp_status st = kp_gpda_init(&m->pda, g, KP_GRAMMAR_MAX_NODES, err);
+    kp_status st = kp_parser_init(&m->pda, g, KP_GRAMMAR_MAX_NODES, err);
     if (st != KP_OK) {
         free(m);
         return st;
@@ -249,7 +249,7 @@ kp_status kp_gmatch_new(kp_gmatch **out, const kp_grammar *g, const kp_gvocab *g
         return kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory");
     }
     m->cache->refs = 1;
-    if ((st = alloc_scratch(m, err)) != KP_OK || (st = kp_gpda_start(&m->pda, &m->start, err)) != KP_OK) {
+    if ((st = alloc_scratch(m, err)) != KP_OK || (st = kp_parser_start(&m->pda, &m->start, err)) != KP_OK) {
         kp_gmatch_free(m);
         return st;
     }
@@ -260,7 +260,7 @@ kp_status kp_gmatch_new(kp_gmatch **out, const kp_grammar *g, const kp_gvocab *g
 
 void kp_gmatch_free(kp_gmatch *m) {
     if (!m) return;
-    kp_gpda_fini(&m->pda);
+    kp_parser_fini(&m->pda);
     cache_unref(m->cache);
     free(m->st_cfg);
     free(m->st_unc);
@@ -273,16 +273,16 @@ void kp_gmatch_free(kp_gmatch *m) {
 
 /* A fresh engine holding m's current and start configurations. */
 static kp_status rebuild(kp_gmatch *m, const kp_gmatch *from, kp_error *err) {
-    kp_gpda np;
-    kp_status st = kp_gpda_init(&np, m->g, KP_GRAMMAR_MAX_NODES, err);
+    kp_parser np;
+    kp_status st = kp_parser_init(&np, m->g, KP_GRAMMAR_MAX_NODES, err);
     if (st != KP_OK) return st;
     uint32_t cfg, start;
-    if ((st = kp_gpda_import(&np, &from->pda, from->cfg, &cfg, err)) != KP_OK ||
-        (st = kp_gpda_import(&np, &from->pda, from->start, &start, err)) != KP_OK) {
-        kp_gpda_fini(&np);
+    if ((st = kp_parser_import(&np, &from->pda, from->cfg, &cfg, err)) != KP_OK ||
+        (st = kp_parser_import(&np, &from->pda, from->start, &start, err)) != KP_OK) {
+        kp_parser_fini(&np);
         return st;
     }
-    if (m == from) kp_gpda_fini(&m->pda);
+    if (m == from) kp_parser_fini(&m->pda);
     m->pda = np;
     m->cfg = cfg;
     m->start = start;
@@ -321,15 +321,15 @@ void kp_gmatch_reset(kp_gmatch *m) {
 }
 
 static kp_status maybe_compact(kp_gmatch *m, kp_error *err) {
-    if (kp_gpda_n_nodes(&m->pda) < COMPACT_NODES && kp_gpda_bytes(&m->pda) < COMPACT_BYTES) return KP_OK;
+    if (kp_parser_n_nodes(&m->pda) < COMPACT_NODES && kp_parser_bytes(&m->pda) < COMPACT_BYTES) return KP_OK;
     m->stats.flushes++;
     return rebuild(m, m, err);
 }
 
 bool kp_gmatch_complete(const kp_gmatch *m) {
-    return !m->finished && (kp_gpda_cfg(&m->pda, m->cfg)->flags & KP_GCFG_COMPLETE);
+    return !m->finished && (kp_parser_cfg(&m->pda, m->cfg)->flags & KP_GCFG_COMPLETE);
 }
-bool kp_gmatch_can_continue(const kp_gmatch *m) { return !m->finished && kp_gpda_cfg(&m->pda, m->cfg)->n > 0; }
+bool kp_gmatch_can_continue(const kp_gmatch *m) { return !m->finished && kp_parser_cfg(&m->pda, m->cfg)->n > 0; }
 bool kp_gmatch_finished(const kp_gmatch *m) { return m->finished; }
 
 /* ---- accepting ---- */
@@ -338,9 +338,9 @@ static kp_status feed(kp_gmatch *m, const uint8_t *p, size_t n, uint32_t *cfg, k
     uint32_t c = m->cfg;
     for (size_t i = 0; i < n; i++) {
         uint32_t nc;
-        kp_status st = kp_gpda_step(&m->pda, c, p[i], &nc, err);
+        kp_status st = kp_parser_step(&m->pda, c, p[i], &nc, err);
         if (st != KP_OK) return st;
-        if (!kp_gpda_alive(&m->pda, nc))
+        if (!kp_parser_alive(&m->pda, nc))
             return kp_fail(err, KP_EINVAL, "grammar: byte 0x%02x at offset %zu is not allowed", p[i], i);
         c = nc;
     }
@@ -395,7 +395,7 @@ static gkey make_key(const kp_gmatch *m, uint32_t leaf) {
     memset(&k, 0, sizeof k);
     uint32_t n = leaf;
     k.n = 0;
-    while (k.n < KEY_K && n > KP_GPDA_SENTINEL) {
+    while (k.n < KEY_K && n > KP_PARSER_SENTINEL) {
         const kp_gnode *nd = &m->pda.nodes[n];
         k.pos[k.n] = nd->pos;
         k.need[k.n] = nd->need;
@@ -411,7 +411,7 @@ static gkey make_key(const kp_gmatch *m, uint32_t leaf) {
         k.n++;
         n = nd->parent;
     }
-    k.tail = n == KP_GPDA_NIL ? KP_GPDA_NIL : KP_GPDA_SENTINEL;
+    k.tail = n == KP_PARSER_NIL ? KP_PARSER_NIL : KP_PARSER_SENTINEL;
     return k;
 }
 
@@ -447,7 +447,7 @@ static bool set_subset(const kp_gset *a, const uint64_t *b) {
 /* Opens node's children for visiting (frame on the walker's stack). */
 static kp_status open_node(walker *w, uint32_t cfg, uint8_t u, uint32_t first_child, uint32_t end,
                            const uint32_t *table, kp_error *err) {
-    kp_gpda *p = &w->m->pda;
+    kp_parser *p = &w->m->pda;
     wframe *f = &w->st[w->sp++];
     f->cfg = cfg;
     f->u = u;
@@ -457,7 +457,7 @@ static kp_status open_node(walker *w, uint32_t cfg, uint8_t u, uint32_t first_ch
     f->bi = 0;
     if (table && !u) {
         /* only the bytes a leaf takes, or the FOLLOW bytes after an escape, lead anywhere */
-        const kp_gset *fs = kp_gpda_first(p, cfg);
+        const kp_gset *fs = kp_parser_first(p, cfg);
         if (!fs) return kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory");
         f->bytes = *fs;
         if (p->cfgs[cfg].flags & KP_GCFG_ESC)
@@ -472,7 +472,7 @@ static kp_status open_node(walker *w, uint32_t cfg, uint8_t u, uint32_t first_ch
 /* Visits trie node t from its parent's state (pc, pu). */
 static kp_status visit(walker *w, uint32_t t, uint32_t pc, uint8_t pu, kp_error *err) {
     kp_gmatch *m = w->m;
-    kp_gpda *p = &m->pda;
+    kp_parser *p = &m->pda;
     const kp_gvocab *v = m->v;
     const kp_gvnode *nd = &v->nodes[t];
     uint32_t d = nd->depth;
@@ -481,13 +481,13 @@ static kp_status visit(walker *w, uint32_t t, uint32_t pc, uint8_t pu, kp_error 
     if (d >= w->cut) /* a clamped counter might run out: the real stack decides */
         return push_range(m, &m->ulist, &m->n_ulist, &m->cap_ulist, r0, r1, false) ? KP_OK : KP_ENOMEM;
     uint8_t u = pu || ((p->cfgs[pc].flags & KP_GCFG_ESC) && kp_gset_has(w->follow, b));
-    uint32_t c = kp_gpda_peek(p, pc, b);
+    uint32_t c = kp_parser_peek(p, pc, b);
     w->steps++;
     if (c == UINT32_MAX) {
-        kp_status st = kp_gpda_step(p, pc, b, &c, err);
+        kp_status st = kp_parser_step(p, pc, b, &c, err);
         if (st == KP_EFULL) {
             m->stats.bound_skips++;
-            c = KP_GPDA_DEAD;
+            c = KP_PARSER_DEAD;
         } else if (st != KP_OK) {
             return st;
         }
@@ -512,14 +512,14 @@ static kp_status visit(walker *w, uint32_t t, uint32_t pc, uint8_t pu, kp_error 
         /* bounded repetitions: the same with the counters made unbounded,
          * when no token below is long enough to exhaust one */
         uint32_t lc, min_rem;
-        kp_status st = kp_gpda_relax(p, c, &lc, &min_rem, err);
+        kp_status st = kp_parser_relax(p, c, &lc, &min_rem, err);
         if (st != KP_OK) return st;
-        const kp_gset *fs = kp_gpda_first(p, lc), *loop;
+        const kp_gset *fs = kp_parser_first(p, lc), *loop;
         if (!fs) return KP_ENOMEM;
         if ((uint32_t)(nd->max_depth - d) <= min_rem && set_subset(fs, u8 ? ascii : below) &&
-            (st = kp_gpda_loop(p, lc, &loop, err)) == KP_OK) {
+            (st = kp_parser_loop(p, lc, &loop, err)) == KP_OK) {
             loops = set_subset(loop, below);
-            if (!loops && u8 && set_subset(loop, ascii)) st = kp_gpda_u8loop(p, lc, &loops, err);
+            if (!loops && u8 && set_subset(loop, ascii)) st = kp_parser_u8loop(p, lc, &loops, err);
         }
         if (st != KP_OK) return st;
         if (loops) return push_range(m, &m->list, &m->n_list, &m->cap_list, rh, r1, true) ? KP_OK : KP_ENOMEM;
@@ -531,7 +531,7 @@ static kp_status visit(walker *w, uint32_t t, uint32_t pc, uint8_t pu, kp_error 
 /* Walks the vocabulary trie from the key's pseudo stack: builds and
  * caches its entry. */
 static kp_status build_entry(kp_gmatch *m, const gkey *k, gentry **out, kp_error *err) {
-    kp_gpda *p = &m->pda;
+    kp_parser *p = &m->pda;
     const kp_gvocab *v = m->v;
     const kp_grammar *g = m->g;
     uint32_t n = k->tail;
@@ -540,11 +540,11 @@ static kp_status build_entry(kp_gmatch *m, const gkey *k, gentry **out, kp_error
          * depth: unbounded stand-ins keep the stand-in stack looping */
         uint32_t need = k->need[i] == CLAMP ? KP_GREP_INF : k->need[i];
         uint32_t rem = k->rem[i] == CLAMP ? KP_GREP_INF : k->rem[i];
-        n = kp_gpda_node(p, k->pos[i], n, need, rem);
+        n = kp_parser_node(p, k->pos[i], n, need, rem);
         if (n == UINT32_MAX) return kp_fail(err, KP_EFULL, "grammar matcher: more than %u stack frames", p->max_nodes);
     }
     uint32_t c0;
-    kp_status st = kp_gpda_single(p, n, &c0, err);
+    kp_status st = kp_parser_single(p, n, &c0, err);
     if (st != KP_OK) return st;
     walker w = {.m = m, .follow = &g->follow[g->elem_rule[k->pos[k->n - 1]]], .cut = k->clamped ? CLAMP : UINT32_MAX,
                 .st = m->wst};
@@ -608,7 +608,7 @@ oom:
 /* Checks the ranks todo[0..n) (ascending) from cfg0, stepping shared
  * prefixes once; sets the bits of those that survive. */
 static kp_status walk_ranks(kp_gmatch *m, uint32_t cfg0, uint32_t *mask, kp_error *err) {
-    kp_gpda *p = &m->pda;
+    kp_parser *p = &m->pda;
     const kp_gvocab *v = m->v;
     const uint8_t *prev = NULL;
     uint32_t prev_len = 0, valid = 0, dead_len = UINT32_MAX;
@@ -625,18 +625,18 @@ static kp_status walk_ranks(kp_gmatch *m, uint32_t cfg0, uint32_t *mask, kp_erro
         uint32_t d = lcp < valid ? lcp : valid;
         bool alive = true;
         for (uint32_t j = d; j < len; j++) {
-            uint32_t c = kp_gpda_peek(p, m->st_cfg[j], t[j]);
+            uint32_t c = kp_parser_peek(p, m->st_cfg[j], t[j]);
             m->stats.walk_steps++;
             if (c == UINT32_MAX) {
-                kp_status st = kp_gpda_step(p, m->st_cfg[j], t[j], &c, err);
+                kp_status st = kp_parser_step(p, m->st_cfg[j], t[j], &c, err);
                 if (st == KP_EFULL) {
                     m->stats.bound_skips++;
-                    c = KP_GPDA_DEAD;
+                    c = KP_PARSER_DEAD;
                 } else if (st != KP_OK) {
                     return st;
                 }
             }
-            if (!kp_gpda_alive(p, c)) {
+            if (!kp_parser_alive(p, c)) {
                 valid = j;
                 dead_len = j + 1;
                 alive = false;
@@ -668,9 +668,9 @@ kp_status kp_gmatch_mask(kp_gmatch *m, uint32_t *mask, size_t *n_allowed, kp_err
     uint64_t stamp = ++m->cache->calls; /* the cache's clock: unique over m and its clones */
     uint64_t skips0 = m->stats.bound_skips;
     uint32_t cfg = m->cfg;
-    uint32_t n_leaves = kp_gpda_cfg(&m->pda, cfg)->n;
+    uint32_t n_leaves = kp_parser_cfg(&m->pda, cfg)->n;
     for (uint32_t i = 0; i < n_leaves; i++) {
-        uint32_t leaf = kp_gpda_leaves(&m->pda, cfg)[i];
+        uint32_t leaf = kp_parser_leaves(&m->pda, cfg)[i];
         gkey k = make_key(m, leaf);
         gentry *e = cache_find(m->cache, &k);
         if (e) {
@@ -694,12 +694,12 @@ kp_status kp_gmatch_mask(kp_gmatch *m, uint32_t *mask, size_t *n_allowed, kp_err
         if (m->n_todo) {
             m->stats.unc_checked += m->n_todo;
             uint32_t c1;
-            if ((st = kp_gpda_single(&m->pda, leaf, &c1, err)) != KP_OK ||
+            if ((st = kp_parser_single(&m->pda, leaf, &c1, err)) != KP_OK ||
                 (st = walk_ranks(m, c1, mask, err)) != KP_OK)
                 return st;
         }
     }
-    if (kp_gpda_cfg(&m->pda, cfg)->flags & KP_GCFG_COMPLETE)
+    if (kp_parser_cfg(&m->pda, cfg)->flags & KP_GCFG_COMPLETE)
         for (uint32_t j = 0; j < v->n_eog; j++) set_bit(mask, (uint32_t)v->eog[j]);
     size_t cnt = 0;
     for (size_t w = 0; w < words; w++) cnt += (size_t)__builtin_popcount(mask[w]);
@@ -744,7 +744,7 @@ static uint32_t elem_len(const kp_grammar *g, uint32_t e, uint32_t need) {
 static uint32_t stack_len(const kp_gmatch *m, uint32_t n) {
     const kp_grammar *g = m->g;
     uint32_t len = 0;
-    for (; n > KP_GPDA_SENTINEL; n = m->pda.nodes[n].parent) {
+    for (; n > KP_PARSER_SENTINEL; n = m->pda.nodes[n].parent) {
         const kp_gnode *nd = &m->pda.nodes[n];
         len = add_sat(len, elem_len(g, g->elems[nd->pos], nd->need));
         for (uint32_t q = nd->pos + 1; KP_GE_TYPE(g->elems[q]) != KP_GE_END; q++) {
@@ -818,11 +818,11 @@ static bool emit_from(const kp_grammar *g, uint32_t q, uint32_t need, kp_buf *ou
 kp_status kp_gmatch_completion(const kp_gmatch *m, size_t max_len, kp_buf *out, kp_error *err) {
     if (!m || !out) return kp_fail(err, KP_EINVAL, "kp_gmatch_completion: NULL argument");
     if (m->finished) return kp_fail(err, KP_EINVAL, "grammar: the document has ended");
-    const kp_gcfg *c = kp_gpda_cfg(&m->pda, m->cfg);
+    const kp_gcfg *c = kp_parser_cfg(&m->pda, m->cfg);
     if (c->flags & KP_GCFG_COMPLETE) return KP_OK;
     uint32_t best = UINT32_MAX, best_len = LEN_INF;
     for (uint32_t i = 0; i < c->n; i++) {
-        uint32_t leaf = kp_gpda_leaves(&m->pda, m->cfg)[i];
+        uint32_t leaf = kp_parser_leaves(&m->pda, m->cfg)[i];
         uint32_t l = stack_len(m, leaf);
         if (l < best_len || best == UINT32_MAX) {
             best_len = l;
@@ -835,7 +835,7 @@ kp_status kp_gmatch_completion(const kp_gmatch *m, size_t max_len, kp_buf *out, 
     emit_item *s = NULL;
     uint32_t cap = 0;
     bool ok = true;
-    for (uint32_t n = best; n > KP_GPDA_SENTINEL && ok; n = m->pda.nodes[n].parent)
+    for (uint32_t n = best; n > KP_PARSER_SENTINEL && ok; n = m->pda.nodes[n].parent)
         ok = emit_from(m->g, m->pda.nodes[n].pos, m->pda.nodes[n].need, out, &s, &cap);
     free(s);
     return ok ? KP_OK : kp_fail(err, KP_ENOMEM, "grammar: out of memory");

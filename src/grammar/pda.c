@@ -45,7 +45,7 @@ static uint32_t hash_cfg(const uint32_t *v, uint32_t n, uint32_t flags) {
     return (uint32_t)(h ^ (h >> 32));
 }
 
-kp_status kp_gpda_init(kp_gpda *p, const kp_grammar *g, uint32_t max_nodes, kp_error *err) {
+kp_status kp_parser_init(kp_parser *p, const kp_grammar *g, uint32_t max_nodes, kp_error *err) {
     memset(p, 0, sizeof *p);
     p->g = g;
     p->max_nodes = max_nodes < 16 ? 16 : max_nodes;
@@ -59,7 +59,7 @@ kp_status kp_gpda_init(kp_gpda *p, const kp_grammar *g, uint32_t max_nodes, kp_e
     if (!p->nbucket || !p->cbucket || !p->memo_key || !p->memo_val ||
         !kp_grow_u32((void **)&p->nodes, &p->cap_nodes, 2, sizeof *p->nodes) ||
         !kp_grow_u32((void **)&p->cfgs, &p->cap_cfgs, 1, sizeof *p->cfgs)) {
-        kp_gpda_fini(p);
+        kp_parser_fini(p);
         return kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory");
     }
     memset(p->nodes, 0, 2 * sizeof *p->nodes);
@@ -70,7 +70,7 @@ kp_status kp_gpda_init(kp_gpda *p, const kp_grammar *g, uint32_t max_nodes, kp_e
     return KP_OK;
 }
 
-void kp_gpda_fini(kp_gpda *p) {
+void kp_parser_fini(kp_parser *p) {
     free(p->nodes);
     free(p->nbucket);
     free(p->cfgs);
@@ -92,15 +92,15 @@ void kp_gpda_fini(kp_gpda *p) {
     memset(p, 0, sizeof *p);
 }
 
-size_t kp_gpda_bytes(const kp_gpda *p) {
+size_t kp_parser_bytes(const kp_parser *p) {
     return (size_t)p->cap_nodes * sizeof(kp_gnode) + ((size_t)p->nbucket_mask + 1) * 4 +
            (size_t)p->cap_cfgs * sizeof(kp_gcfg) + ((size_t)p->cbucket_mask + 1) * 4 + (size_t)p->cap_leaves * 4 +
            ((size_t)p->memo_mask + 1) * 12 + (size_t)p->cap_stamp * 4 + (size_t)p->cap_rows * 4;
 }
 
-uint32_t kp_gpda_n_nodes(const kp_gpda *p) { return p->n_nodes; }
+uint32_t kp_parser_n_nodes(const kp_parser *p) { return p->n_nodes; }
 
-static bool rehash_nodes(kp_gpda *p) {
+static bool rehash_nodes(kp_parser *p) {
     uint32_t nb = (p->nbucket_mask + 1) * 2;
     uint32_t *b = calloc(nb, sizeof *b);
     if (!b) return false;
@@ -117,7 +117,7 @@ static bool rehash_nodes(kp_gpda *p) {
 }
 
 /* UINT32_MAX: the cap (fail_full) or memory. */
-static uint32_t node_get(kp_gpda *p, uint32_t pos, uint32_t parent, uint32_t need, uint32_t rem) {
+static uint32_t node_get(kp_parser *p, uint32_t pos, uint32_t parent, uint32_t need, uint32_t rem) {
     uint32_t h = hash_node(pos, parent, need, rem);
     for (uint32_t i = p->nbucket[h & p->nbucket_mask]; i; i = p->nodes[i].hnext) {
         const kp_gnode *n = &p->nodes[i];
@@ -137,12 +137,12 @@ static uint32_t node_get(kp_gpda *p, uint32_t pos, uint32_t parent, uint32_t nee
     return id;
 }
 
-uint32_t kp_gpda_node(kp_gpda *p, uint32_t pos, uint32_t parent, uint32_t need, uint32_t rem) {
+uint32_t kp_parser_node(kp_parser *p, uint32_t pos, uint32_t parent, uint32_t need, uint32_t rem) {
     return node_get(p, pos, parent, need, rem);
 }
 
 /* The node for "continue at position q, then pop to parent". */
-static uint32_t mk(kp_gpda *p, uint32_t q, uint32_t parent) {
+static uint32_t mk(kp_parser *p, uint32_t q, uint32_t parent) {
     uint32_t e = p->g->elems[q];
     switch (KP_GE_TYPE(e)) {
     case KP_GE_END: return parent;
@@ -154,19 +154,19 @@ static uint32_t mk(kp_gpda *p, uint32_t q, uint32_t parent) {
     }
 }
 
-static kp_status full(kp_gpda *p, kp_error *err) {
+static kp_status full(kp_parser *p, kp_error *err) {
     if (p->n_nodes >= p->max_nodes)
         return kp_fail(err, KP_EFULL, "grammar matcher: more than %u stack frames (nesting too deep)", p->max_nodes);
     return kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory");
 }
 
-static bool push(kp_gpda *p, uint32_t n) {
+static bool push(kp_parser *p, uint32_t n) {
     if (n == UINT32_MAX || !kp_grow_u32((void **)&p->work, &p->cap_work, p->n_work + 1, sizeof *p->work)) return false;
     p->work[p->n_work++] = n;
     return true;
 }
 
-static bool stamp_ok(kp_gpda *p, uint32_t n) {
+static bool stamp_ok(kp_parser *p, uint32_t n) {
     if (n >= p->cap_stamp) {
         uint32_t old = p->cap_stamp;
         if (!kp_grow_u32((void **)&p->stamp, &p->cap_stamp, n + 1, sizeof *p->stamp)) return false;
@@ -175,7 +175,7 @@ static bool stamp_ok(kp_gpda *p, uint32_t n) {
     return true;
 }
 
-static void new_epoch(kp_gpda *p) {
+static void new_epoch(kp_parser *p) {
     if (++p->epoch == 0) {
         if (p->stamp) memset(p->stamp, 0, (size_t)p->cap_stamp * sizeof *p->stamp);
         p->epoch = 1;
@@ -202,7 +202,7 @@ static void sort_u32(uint32_t *v, uint32_t n) {
     }
 }
 
-static bool rehash_cfgs(kp_gpda *p) {
+static bool rehash_cfgs(kp_parser *p) {
     uint32_t nb = (p->cbucket_mask + 1) * 2;
     uint32_t *b = calloc(nb, sizeof *b);
     if (!b) return false;
@@ -219,8 +219,8 @@ static bool rehash_cfgs(kp_gpda *p) {
 }
 
 /* The cfg of the sorted leaves v[0..n) with flags; UINT32_MAX on OOM. */
-static uint32_t cfg_get(kp_gpda *p, const uint32_t *v, uint32_t n, uint32_t flags) {
-    if (n == 0 && flags == 0) return KP_GPDA_DEAD;
+static uint32_t cfg_get(kp_parser *p, const uint32_t *v, uint32_t n, uint32_t flags) {
+    if (n == 0 && flags == 0) return KP_PARSER_DEAD;
     uint32_t h = hash_cfg(v, n, flags);
     for (uint32_t i = p->cbucket[h & p->cbucket_mask]; i; i = p->cfgs[i].hnext) {
         const kp_gcfg *c = &p->cfgs[i];
@@ -245,15 +245,15 @@ static uint32_t cfg_get(kp_gpda *p, const uint32_t *v, uint32_t n, uint32_t flag
 }
 
 /* Expands the work stack into p->out (leaves) and *flags. */
-static kp_status closure(kp_gpda *p, uint32_t *flags, kp_error *err) {
+static kp_status closure(kp_parser *p, uint32_t *flags, kp_error *err) {
     const kp_grammar *g = p->g;
     while (p->n_work) {
         uint32_t n = p->work[--p->n_work];
-        if (n == KP_GPDA_NIL) {
+        if (n == KP_PARSER_NIL) {
             *flags |= KP_GCFG_COMPLETE;
             continue;
         }
-        if (n == KP_GPDA_SENTINEL) {
+        if (n == KP_PARSER_SENTINEL) {
             *flags |= KP_GCFG_ESC;
             continue;
         }
@@ -298,7 +298,7 @@ static kp_status closure(kp_gpda *p, uint32_t *flags, kp_error *err) {
     return KP_OK;
 }
 
-static kp_status finish_cfg(kp_gpda *p, uint32_t flags, uint32_t *out, kp_error *err) {
+static kp_status finish_cfg(kp_parser *p, uint32_t flags, uint32_t *out, kp_error *err) {
     sort_u32(p->out, p->n_out);
     uint32_t c = cfg_get(p, p->out, p->n_out, flags);
     if (c == UINT32_MAX) return kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory");
@@ -306,33 +306,33 @@ static kp_status finish_cfg(kp_gpda *p, uint32_t flags, uint32_t *out, kp_error 
     return KP_OK;
 }
 
-kp_status kp_gpda_start(kp_gpda *p, uint32_t *cfg, kp_error *err) {
+kp_status kp_parser_start(kp_parser *p, uint32_t *cfg, kp_error *err) {
     new_epoch(p);
     p->n_work = p->n_out = 0;
-    if (!push(p, mk(p, 0, KP_GPDA_NIL))) return full(p, err);
+    if (!push(p, mk(p, 0, KP_PARSER_NIL))) return full(p, err);
     uint32_t flags = 0;
     kp_status st = closure(p, &flags, err);
     if (st != KP_OK) return st;
     return finish_cfg(p, flags, cfg, err);
 }
 
-kp_status kp_gpda_single(kp_gpda *p, uint32_t leaf, uint32_t *cfg, kp_error *err) {
+kp_status kp_parser_single(kp_parser *p, uint32_t leaf, uint32_t *cfg, kp_error *err) {
     uint32_t c = cfg_get(p, &leaf, 1, 0);
     if (c == UINT32_MAX) return kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory");
     *cfg = c;
     return KP_OK;
 }
 
-static uint32_t memo_get(const kp_gpda *p, uint64_t key) {
+static uint32_t memo_get(const kp_parser *p, uint64_t key) {
     uint32_t h = (uint32_t)(key * 0x9E3779B97F4A7C15ull >> 32) & p->memo_mask;
     for (; p->memo_key[h]; h = (h + 1) & p->memo_mask)
         if (p->memo_key[h] == key) return p->memo_val[h];
     return UINT32_MAX;
 }
 
-static void memo_put(kp_gpda *p, uint32_t cfg, uint8_t b, uint32_t val) {
+static void memo_put(kp_parser *p, uint32_t cfg, uint8_t b, uint32_t val) {
     kp_gcfg *c = &p->cfgs[cfg];
-    if (c->row == UINT32_MAX && ++c->puts >= KP_GPDA_ROW_AFTER && p->n_rows < KP_GPDA_MAX_ROWS &&
+    if (c->row == UINT32_MAX && ++c->puts >= KP_PARSER_ROW_AFTER && p->n_rows < KP_PARSER_MAX_ROWS &&
         kp_grow_u32((void **)&p->rows, &p->cap_rows, (p->n_rows + 1) * 256, sizeof *p->rows)) {
         /* hot: a dense row, filled from the hash */
         c->row = p->n_rows++;
@@ -374,12 +374,12 @@ static void memo_put(kp_gpda *p, uint32_t cfg, uint8_t b, uint32_t val) {
     p->memo_n++;
 }
 
-kp_status kp_gpda_step(kp_gpda *p, uint32_t cfg, uint8_t b, uint32_t *out, kp_error *err) {
-    if (cfg == KP_GPDA_DEAD) {
-        *out = KP_GPDA_DEAD;
+kp_status kp_parser_step(kp_parser *p, uint32_t cfg, uint8_t b, uint32_t *out, kp_error *err) {
+    if (cfg == KP_PARSER_DEAD) {
+        *out = KP_PARSER_DEAD;
         return KP_OK;
     }
-    uint32_t known = kp_gpda_peek(p, cfg, b);
+    uint32_t known = kp_parser_peek(p, cfg, b);
     if (known != UINT32_MAX) {
         *out = known;
         return KP_OK;
@@ -417,7 +417,7 @@ static bool set_cache(kp_gset **sets, uint8_t **ok, uint32_t *cap, uint32_t cfg)
     return true;
 }
 
-const kp_gset *kp_gpda_first(kp_gpda *p, uint32_t cfg) {
+const kp_gset *kp_parser_first(kp_parser *p, uint32_t cfg) {
     if (!set_cache(&p->first, &p->first_ok, &p->cap_first, cfg)) return NULL;
     kp_gset *f = &p->first[cfg];
     if (!p->first_ok[cfg]) {
@@ -434,13 +434,13 @@ const kp_gset *kp_gpda_first(kp_gpda *p, uint32_t cfg) {
 
 /* a and b hold the same leaves (flags aside: they do not change what the
  * next byte does) */
-static bool same_leaves(const kp_gpda *p, uint32_t a, uint32_t b) {
+static bool same_leaves(const kp_parser *p, uint32_t a, uint32_t b) {
     const kp_gcfg *x = &p->cfgs[a], *y = &p->cfgs[b];
     return a == b || (x->n == y->n && x->n && memcmp(p->leaves + x->off, p->leaves + y->off, (size_t)x->n * 4) == 0);
 }
 
-kp_status kp_gpda_loop(kp_gpda *p, uint32_t cfg, const kp_gset **out, kp_error *err) {
-    const kp_gset *f = kp_gpda_first(p, cfg);
+kp_status kp_parser_loop(kp_parser *p, uint32_t cfg, const kp_gset **out, kp_error *err) {
+    const kp_gset *f = kp_parser_first(p, cfg);
     if (!f || !set_cache(&p->loop, &p->loop_ok, &p->cap_loop, cfg))
         return kp_fail(err, KP_ENOMEM, "grammar matcher: out of memory");
     if (!p->loop_ok[cfg]) {
@@ -448,9 +448,9 @@ kp_status kp_gpda_loop(kp_gpda *p, uint32_t cfg, const kp_gset **out, kp_error *
         for (int w = 0; w < 4; w++)
             for (uint64_t x = fs.w[w]; x; x &= x - 1) {
                 uint8_t b = (uint8_t)(w * 64 + __builtin_ctzll(x));
-                uint32_t nc = kp_gpda_peek(p, cfg, b);
+                uint32_t nc = kp_parser_peek(p, cfg, b);
                 if (nc == UINT32_MAX) {
-                    kp_status st = kp_gpda_step(p, cfg, b, &nc, err);
+                    kp_status st = kp_parser_step(p, cfg, b, &nc, err);
                     if (st != KP_OK) return st;
                 }
                 if (same_leaves(p, nc, cfg)) kp_gset_add(&l, b);
@@ -462,7 +462,7 @@ kp_status kp_gpda_loop(kp_gpda *p, uint32_t cfg, const kp_gset **out, kp_error *
     return KP_OK;
 }
 
-kp_status kp_gpda_u8loop(kp_gpda *p, uint32_t cfg, bool *out, kp_error *err) {
+kp_status kp_parser_u8loop(kp_parser *p, uint32_t cfg, bool *out, kp_error *err) {
     if (cfg >= p->cap_u8) {
         uint32_t old = p->cap_u8;
         if (!kp_grow_u32((void **)&p->u8, &p->cap_u8, cfg + 1, 1))
@@ -487,9 +487,9 @@ kp_status kp_gpda_u8loop(kp_gpda *p, uint32_t cfg, bool *out, kp_error *err) {
         for (int b = 0x80; b <= 0xF4 && ok; b++) {
             int nq = kp_gv_u8_next(q, (uint8_t)b);
             if (nq < 0) continue;
-            uint32_t nc = kp_gpda_peek(p, c, (uint8_t)b);
+            uint32_t nc = kp_parser_peek(p, c, (uint8_t)b);
             if (nc == UINT32_MAX) {
-                kp_status st = kp_gpda_step(p, c, (uint8_t)b, &nc, err);
+                kp_status st = kp_parser_step(p, c, (uint8_t)b, &nc, err);
                 if (st != KP_OK) return st;
             }
             if (nq == KP_GV_U8_START) {
@@ -517,7 +517,7 @@ kp_status kp_gpda_u8loop(kp_gpda *p, uint32_t cfg, bool *out, kp_error *err) {
     return KP_OK;
 }
 
-kp_status kp_gpda_relax(kp_gpda *p, uint32_t cfg, uint32_t *relaxed, uint32_t *min_rem, kp_error *err) {
+kp_status kp_parser_relax(kp_parser *p, uint32_t cfg, uint32_t *relaxed, uint32_t *min_rem, kp_error *err) {
     if (cfg >= p->cap_relax) {
         /* both arrays grown before the capacity they share says so: when the
          * second cannot grow, the first's new room is simply unused */
@@ -539,8 +539,8 @@ kp_status kp_gpda_relax(kp_gpda *p, uint32_t cfg, uint32_t *relaxed, uint32_t *m
     p->n_out = 0;
     for (uint32_t i = 0; i < c.n; i++) {
         uint32_t n_chain = 0, n = p->leaves[c.off + i];
-        for (; n > KP_GPDA_SENTINEL && n_chain < 512; n = p->nodes[n].parent) chain[n_chain++] = n;
-        if (n > KP_GPDA_SENTINEL) { /* deeper than the walk's stand-in stacks go: leave it */
+        for (; n > KP_PARSER_SENTINEL && n_chain < 512; n = p->nodes[n].parent) chain[n_chain++] = n;
+        if (n > KP_PARSER_SENTINEL) { /* deeper than the walk's stand-in stacks go: leave it */
             *relaxed = cfg;
             *min_rem = 0;
             return KP_OK;
@@ -571,13 +571,13 @@ kp_status kp_gpda_relax(kp_gpda *p, uint32_t cfg, uint32_t *relaxed, uint32_t *m
     return KP_OK;
 }
 
-kp_status kp_gpda_import(kp_gpda *dst, const kp_gpda *src, uint32_t cfg, uint32_t *out, kp_error *err) {
+kp_status kp_parser_import(kp_parser *dst, const kp_parser *src, uint32_t cfg, uint32_t *out, kp_error *err) {
     const kp_gcfg *c = &src->cfgs[cfg];
     uint32_t *chain = NULL, n_chain = 0, cap_chain = 0;
     dst->n_out = 0;
     for (uint32_t i = 0; i < c->n; i++) {
         n_chain = 0;
-        for (uint32_t n = src->leaves[c->off + i]; n > KP_GPDA_SENTINEL; n = src->nodes[n].parent) {
+        for (uint32_t n = src->leaves[c->off + i]; n > KP_PARSER_SENTINEL; n = src->nodes[n].parent) {
             if (!kp_grow_u32((void **)&chain, &cap_chain, n_chain + 1, sizeof *chain)) goto oom;
             chain[n_chain++] = n;
         }

@@ -1744,19 +1744,19 @@ static void test_bounds(void) {
     kp_grammar_free(g);
     /* the node cap (white-box: a small one) */
     g = gbnf("root ::= \"(\" root \")\" | \"x\"\n");
-    kp_gpda p;
-    CHECK(g && kp_gpda_init(&p, g, 64, &err) == KP_OK);
+    kp_parser p;
+    CHECK(g && kp_parser_init(&p, g, 64, &err) == KP_OK);
     if (g) {
         uint32_t cfg = 0;
-        kp_status st = kp_gpda_start(&p, &cfg, &err);
+        kp_status st = kp_parser_start(&p, &cfg, &err);
         int depth = 0;
         while (st == KP_OK && depth < 1000) {
-            st = kp_gpda_step(&p, cfg, '(', &cfg, &err);
+            st = kp_parser_step(&p, cfg, '(', &cfg, &err);
             depth++;
         }
         CHECK_EQ_INT(st, KP_EFULL);
         CHECK(depth < 64 && strstr(err.msg, "stack frames"));
-        kp_gpda_fini(&p);
+        kp_parser_fini(&p);
     }
     kp_grammar_free(g);
     /* deep nesting through the public matcher, across compactions */
