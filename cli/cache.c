@@ -14,7 +14,7 @@
  *               kp_gen applies --stop strings and the limits; every
  *               generated token but an end-of-generation one is decoded,
  *               so the cache holds prompt + answer)
- *            -> kp_crep_finish (index prompt + answer; no kp_crep history:
+ *            -> kp_cachereport_finish (index prompt + answer; no kp_cachereport history:
  *               the report compares against the turns themselves)
  *   stdout: the generated text of the turn and a newline (as `kvpin run`)
  *   stderr: reused / computed tokens, time to first token, cache report
@@ -174,7 +174,7 @@ static kp_status explain(const kp_tok_vocab *v, const turn *cur, const char *cac
     }
     size_t tdiv = text_divergence(cached, cached_len, cur->text, cur->prompt_len);
     kp_doctor_tokens tk = {token_index,
-                        kp_crep_token_byte(v, cur->ids, cur->n_prompt, token_index, cur->text, cur->prompt_len, special,
+                        kp_cachereport_token_byte(v, cur->ids, cur->n_prompt, token_index, cur->text, cur->prompt_len, special,
                                    tdiv),
                         cur->n_prompt};
     return kp_doctor_explain(cached, cached_len, cur->text, cur->prompt_len, &tk, state, mode, rep, err);
@@ -517,7 +517,7 @@ int cmd_run_cached(int argc, char **argv) {
         u->ids = ids;
         u->n_ids = n_ids;
         uint32_t added = 0;
-        if (kp_crep_finish(NULL, e, &s, u->ids, (uint32_t)u->n_ids, &added, &err) != KP_OK)
+        if (kp_cachereport_finish(NULL, e, &s, u->ids, (uint32_t)u->n_ids, &added, &err) != KP_OK)
             fprintf(stderr, "kvpin run: turn %zu: could not index: %s\n", i + 1, err.msg);
         kp_eng_get_stats(e, &st1);
         total_reused += r.reused_tokens;

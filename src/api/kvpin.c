@@ -11,7 +11,7 @@
  *               from it; read-only after kp_lm_open. kvpin's own commands
  *               take both out (api/lm_parts.h) to drive the engine.
  *   kp_session  a thread pool, a kp_engine over the borrowed kp_lm (KV pool
- *               + prefix index), a kp_crep (the finished sequences cache
+ *               + prefix index), a kp_cachereport (the finished sequences cache
  *               reports compare against), and the last generation's output:
  *
  *                 out_tok[0..n_out)   generated ids (copied from the kp_gen)
@@ -24,7 +24,7 @@
  * the command line use it).
  *
  * A generation is kp_eng_generate over a kp_gen with decode_last (so the
- * sequence holds the whole answer), then kp_crep_finish indexes prompt +
+ * sequence holds the whole answer), then kp_cachereport_finish indexes prompt +
  * answer and, with a prefix cache, remembers them in the history; the cache
  * report is made in the on_prefill hook, before this sequence joins the
  * history it is compared with (as the server's scheduler does at
@@ -261,7 +261,7 @@ struct kp_session {
     const kp_lm *lm;
     kp_threads *pool;
     kp_engine *e;
-    kp_crep *crep;
+    kp_cachereport *crep;
     uint32_t n_ctx;
     bool prefix_cache;
     int32_t *out_tok; /* the last generation's ids */
@@ -322,7 +322,7 @@ kp_rc kp_session_new(kp_session **out, const kp_lm *lm, const kp_session_params 
     kp_eng_config ec = {kv, block, budget, n_ctx, p->no_prefix_cache, NULL, kvv, p->no_repack};
     kp_status st = kp_threads_new(&s->pool, p->n_threads > 0 ? p->n_threads : kp_cpu_count(), &ie);
     if (st == KP_OK) st = kp_eng_new(&s->e, lm->m, s->pool, kp_kernels_best(), &ec, &ie);
-    if (st == KP_OK) st = kp_crep_new(&s->crep, lm->v, 256, 4u << 20, &ie);
+    if (st == KP_OK) st = kp_cachereport_new(&s->crep, lm->v, 256, 4u << 20, &ie);
     if (st != KP_OK) {
         kp_session_free(s);
         return put(err, st, &ie);
@@ -333,7 +333,7 @@ kp_rc kp_session_new(kp_session **out, const kp_lm *lm, const kp_session_params 
 
 void kp_session_free(kp_session *s) {
     if (!s) return;
-    kp_crep_free(s->crep);
+    kp_cachereport_free(s->crep);
     kp_eng_free(s->e);
     kp_threads_free(s->pool);
     free(s->out_tok);
@@ -404,7 +404,7 @@ static void explain(kp_session *s, const int32_t *tokens, uint32_t n, const char
                     const kp_eng_report *r, kp_cache_report *out) {
     kp_doctor_report d;
     kp_error ie;
-    bool has = kp_crep_explain(s->crep, tokens, n, text, text_len, r, KP_DOCTOR_ESCAPE_HUMAN, &d, &ie) == KP_OK;
+    bool has = kp_cachereport_explain(s->crep, tokens, n, text, text_len, r, KP_DOCTOR_ESCAPE_HUMAN, &d, &ie) == KP_OK;
     fill_report(out, r, has ? &d : NULL);
 }
 
@@ -477,7 +477,7 @@ static kp_rc generate(kp_session *s, const int32_t *tokens, size_t n, const char
     if (!c.reported) explain(s, tokens, (uint32_t)n, text, text_len, &r, &out->cache); /* the prefill failed */
     /* cache what was computed: the tokens fed, prompt then answer (best effort) */
     kp_error e2;
-    kp_crep_finish(s->prefix_cache ? s->crep : NULL, s->e, &seq, kp_gen_tokens(g), kp_gen_n_tokens(g), NULL, &e2);
+    kp_cachereport_finish(s->prefix_cache ? s->crep : NULL, s->e, &seq, kp_gen_tokens(g), kp_gen_n_tokens(g), NULL, &e2);
     uint32_t n_gen = kp_gen_n_generated(g);
     if (!kp_grow((void **)&s->out_tok, &s->out_cap, n_gen, sizeof *s->out_tok)) {
         kp_gen_free(g);
@@ -578,7 +578,7 @@ kp_rc kp_session_pin(kp_session *s, const int32_t *prefix, size_t n, int64_t ttl
         kp_status st = kp_eng_prefill(s->e, prefix, (uint32_t)n, &seq, NULL, &r, &ie);
         if (st == KP_OK) st = kp_eng_finish(s->e, &seq, prefix, (uint32_t)n, NULL, &ie);
         if (st != KP_OK) return put(err, st, &ie);
-        kp_crep_add(s->crep, prefix, (uint32_t)n, &ie);
+        kp_cachereport_add(s->crep, prefix, (uint32_t)n, &ie);
     }
     return put(err, kp_eng_pin(s->e, prefix, (uint32_t)n, ttl_seconds, now_s(), pin_id, &ie), &ie);
 }
@@ -592,7 +592,7 @@ kp_rc kp_session_unpin(kp_session *s, uint64_t pin_id, kp_err *err) {
 
 kp_rc kp_session_clear(kp_session *s, kp_err *err) {
     if (!s) return fail(err, KP_RC_INVAL, "kp_session_clear: no session");
-    kp_crep_clear(s->crep);
+    kp_cachereport_clear(s->crep);
     kp_error ie = {0};
     kp_status st = kp_eng_clear(s->e, &ie);
     if (st != KP_OK) s->prefix_cache = false;

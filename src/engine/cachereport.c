@@ -22,18 +22,18 @@ typedef struct {
     uint32_t n;
 } entry;
 
-struct kp_crep {
+struct kp_cachereport {
     const kp_tok_vocab *v;
     entry *e;
     uint32_t n, max_entries;
     uint64_t total, max_tokens;
 };
 
-kp_status kp_crep_new(kp_crep **out, const kp_tok_vocab *v, uint32_t max_entries, uint64_t max_tokens,
+kp_status kp_cachereport_new(kp_cachereport **out, const kp_tok_vocab *v, uint32_t max_entries, uint64_t max_tokens,
                       kp_error *err) {
     *out = NULL;
     if (max_entries == 0) return kp_fail(err, KP_EINVAL, "a history of 0 entries");
-    kp_crep *c = calloc(1, sizeof *c);
+    kp_cachereport *c = calloc(1, sizeof *c);
     if (c) c->e = calloc(max_entries, sizeof *c->e);
     if (!c || !c->e) {
         free(c);
@@ -46,15 +46,15 @@ kp_status kp_crep_new(kp_crep **out, const kp_tok_vocab *v, uint32_t max_entries
     return KP_OK;
 }
 
-void kp_crep_clear(kp_crep *c) {
+void kp_cachereport_clear(kp_cachereport *c) {
     for (uint32_t i = 0; i < c->n; i++) free(c->e[i].t);
     c->n = 0;
     c->total = 0;
 }
 
-void kp_crep_free(kp_crep *c) {
+void kp_cachereport_free(kp_cachereport *c) {
     if (!c) return;
-    kp_crep_clear(c);
+    kp_cachereport_clear(c);
     free(c->e);
     free(c);
 }
@@ -65,14 +65,14 @@ static uint32_t lcp(const int32_t *a, uint32_t na, const int32_t *b, uint32_t nb
     return i;
 }
 
-static void drop(kp_crep *c, uint32_t i) {
+static void drop(kp_cachereport *c, uint32_t i) {
     c->total -= c->e[i].n;
     free(c->e[i].t);
     memmove(c->e + i, c->e + i + 1, (c->n - i - 1) * sizeof *c->e);
     c->n--;
 }
 
-kp_status kp_crep_add(kp_crep *c, const int32_t *tokens, uint32_t n, kp_error *err) {
+kp_status kp_cachereport_add(kp_cachereport *c, const int32_t *tokens, uint32_t n, kp_error *err) {
     if (n == 0) return KP_OK;
     for (uint32_t i = 0; i < c->n; i++)
         if (lcp(tokens, n, c->e[i].t, c->e[i].n) == n) return KP_OK; /* covered */
@@ -89,7 +89,7 @@ kp_status kp_crep_add(kp_crep *c, const int32_t *tokens, uint32_t n, kp_error *e
     return KP_OK;
 }
 
-kp_status kp_crep_finish(kp_crep *c, kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n,
+kp_status kp_cachereport_finish(kp_cachereport *c, kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n,
                          uint32_t *n_added, kp_error *err) {
     if (n_added) *n_added = 0;
     uint32_t len = kp_eng_seq_len(seq);
@@ -101,13 +101,13 @@ kp_status kp_crep_finish(kp_crep *c, kp_engine *e, kp_eng_seq *seq, const int32_
     kp_status st = kp_eng_finish(e, seq, tokens, n, n_added, err);
     if (c) {
         kp_error history_err;
-        kp_status hs = kp_crep_add(c, tokens, n, st == KP_OK ? err : &history_err);
+        kp_status hs = kp_cachereport_add(c, tokens, n, st == KP_OK ? err : &history_err);
         if (st == KP_OK) st = hs;
     }
     return st;
 }
 
-size_t kp_crep_token_byte(const kp_tok_vocab *v, const int32_t *ids, size_t n, size_t k, const char *text,
+size_t kp_cachereport_token_byte(const kp_tok_vocab *v, const int32_t *ids, size_t n, size_t k, const char *text,
                           size_t len, bool special, size_t limit) {
     if (k >= n) return len < limit ? len : limit;
     kp_error err;
@@ -127,7 +127,7 @@ size_t kp_crep_token_byte(const kp_tok_vocab *v, const int32_t *ids, size_t n, s
     return off < limit ? off : limit;
 }
 
-kp_status kp_crep_explain(kp_crep *c, const int32_t *tokens, uint32_t n, const char *text, size_t text_len,
+kp_status kp_cachereport_explain(kp_cachereport *c, const int32_t *tokens, uint32_t n, const char *text, size_t text_len,
                           const kp_eng_report *r, kp_doctor_escape mode, kp_doctor_report *out, kp_error *err) {
     const entry *best = NULL;
     uint32_t common = 0;
@@ -166,7 +166,7 @@ kp_status kp_crep_explain(kp_crep *c, const int32_t *tokens, uint32_t n, const c
         while (i < cl && i < rlen && ct[i] == rt[i]) i++;
         for (int k = 0; k < 3 && i > 0 && i < rlen && ((unsigned char)rt[i] & 0xC0) == 0x80; k++) i--;
         size_t tk = r->diverged_at_token <= n ? r->diverged_at_token : n;
-        kp_doctor_tokens dt = {tk, kp_crep_token_byte(c->v, tokens, n, tk, rt, rlen, true, i), n};
+        kp_doctor_tokens dt = {tk, kp_cachereport_token_byte(c->v, tokens, n, tk, rt, rlen, true, i), n};
         st = kp_doctor_explain(ct, state == KP_DOCTOR_CACHE_NOTHING ? 0 : cl, rt, rlen, &dt, state, mode, out, err);
     }
     free(req);

@@ -13,7 +13,7 @@
  *     [ other agent's spec ... ]
  *   request tokens -> request text; kp_eng_report.diverged_at_token -> byte
  *
- * A generation ends here too: kp_crep_finish indexes what its sequence
+ * A generation ends here too: kp_cachereport_finish indexes what its sequence
  * computed (kp_eng_finish) and adds those tokens to the history, the one
  * place the server's scheduler, the library's kp_generate and `kvpin run
  * --prompt-cache` end a generated sequence.
@@ -32,33 +32,33 @@
 #include "base/status.h"
 #include "tok/tok.h"
 
-typedef struct kp_crep kp_crep;
+typedef struct kp_cachereport kp_cachereport;
 
 /* v is borrowed. The history holds at most max_entries sequences and
  * max_tokens tokens in all (the oldest go first). */
-kp_status kp_crep_new(kp_crep **out, const kp_tok_vocab *v, uint32_t max_entries, uint64_t max_tokens,
+kp_status kp_cachereport_new(kp_cachereport **out, const kp_tok_vocab *v, uint32_t max_entries, uint64_t max_tokens,
                       kp_error *err);
-void kp_crep_free(kp_crep *c); /* NULL is a no-op */
+void kp_cachereport_free(kp_cachereport *c); /* NULL is a no-op */
 
 /* Remembers a finished sequence (copied). A sequence that is a prefix of an
  * entry adds nothing; an entry that is a prefix of it is replaced. */
-kp_status kp_crep_add(kp_crep *c, const int32_t *tokens, uint32_t n, kp_error *err);
+kp_status kp_cachereport_add(kp_cachereport *c, const int32_t *tokens, uint32_t n, kp_error *err);
 
 /* Ends the sequence of a generation on engine e: indexes what it computed
  * - tokens[0..min(n, kp_eng_seq_len(seq))), the tokens it was fed in order,
  * the prompt then the decoded answer (kp_gen_tokens and kp_gen_n_tokens of
  * its kp_gen) - with kp_eng_finish, then remembers the same tokens in the
- * history c (kp_crep_add; c NULL: no history). A sequence that holds no
+ * history c (kp_cachereport_add; c NULL: no history). A sequence that holds no
  * position is released (kp_eng_seq_abort) and nothing is indexed or added.
  * Either way *seq is {0} afterwards. *n_added (may be NULL) receives the
  * positions newly indexed. Returns kp_eng_finish's status (KP_ENOMEM when
  * the index could not grow; the tokens still go into the history), else
- * kp_crep_add's. */
-kp_status kp_crep_finish(kp_crep *c, kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n,
+ * kp_cachereport_add's. */
+kp_status kp_cachereport_finish(kp_cachereport *c, kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n,
                          uint32_t *n_added, kp_error *err);
 
 /* Forgets everything (the cache was cleared). */
-void kp_crep_clear(kp_crep *c);
+void kp_cachereport_clear(kp_cachereport *c);
 
 /* The report of tokens[0..n) given what the engine did (r from kp_eng_begin or
  * kp_eng_probe). text (may be NULL) is the request's own text, the prompt the
@@ -67,13 +67,13 @@ void kp_crep_clear(kp_crep *c);
  * SPM space prefix, is dropped from both). Without it both texts are the
  * detokenized ids. Control tokens are rendered as their text. Snippets are
  * escaped in `mode`. KP_ENOMEM, or doctor's errors. */
-kp_status kp_crep_explain(kp_crep *c, const int32_t *tokens, uint32_t n, const char *text, size_t text_len,
+kp_status kp_cachereport_explain(kp_cachereport *c, const int32_t *tokens, uint32_t n, const char *text, size_t text_len,
                           const kp_eng_report *r, kp_doctor_escape mode, kp_doctor_report *out, kp_error *err);
 
 /* The byte offset in the detokenized text of ids[0..n) where token k
  * starts (detokenizing renders ids as one text; a leading space the
  * tokenizer adds in front is not counted), clamped to limit. */
-size_t kp_crep_token_byte(const kp_tok_vocab *v, const int32_t *ids, size_t n, size_t k, const char *text,
+size_t kp_cachereport_token_byte(const kp_tok_vocab *v, const int32_t *ids, size_t n, size_t k, const char *text,
                           size_t len, bool special, size_t limit);
 
 #endif

@@ -3,7 +3,7 @@
  *
  * Owns: the thread, the queue (FIFO of kp_sreq under `mu`), the queue of
  * cache operations (under `mu`), the running table (engine thread only),
- * the report history (kp_crep, engine thread only), the cache snapshot
+ * the report history (kp_cachereport, engine thread only), the cache snapshot
  * (under `snap_mu`) and the stats. Borrows the engine and the vocabulary;
  * only the engine thread calls the engine.
  *
@@ -25,7 +25,7 @@
  * One iteration of the engine thread:
  *
  *   take the queued operations, unlink cancelled queued requests (mu)
- *   serve the operations: probe (kp_eng_probe + kp_crep_explain), pin,
+ *   serve the operations: probe (kp_eng_probe + kp_cachereport_explain), pin,
  *     unpin; publish the snapshot if one changed the cache; callers go on
  *   admit from the queue's head while a slot is free and the KV rule
  *     below holds (kp_eng_begin, cache report); expire pins (every second)
@@ -288,7 +288,7 @@ struct kp_sched {
     uint32_t kv_positions; /* the budget's blocks x block size */
     uint64_t next_group;   /* ids of kp_sched_submit_n groups, under mu */
     uint64_t kv_budget, kv_per_token;
-    kp_crep *crep;        /* engine thread */
+    kp_cachereport *crep;        /* engine thread */
     kp_sched_stats st;    /* under mu */
     kp_sched_cache snap;  /* under snap_mu */
     bool dirty;           /* the engine changed since the last snapshot (engine thread) */
@@ -712,7 +712,7 @@ static void finish(kp_sched *s, kp_sreq *r, kp_finish why, kp_status status, con
     if (o.len) emit(r, o.text, o.len, false);
     recycle(s, r);
     kp_error e2; /* best effort: a request that ended is not failed for its caching */
-    kp_crep_finish(s->crep, s->e, &r->seq, kp_gen_tokens(r->gen), kp_gen_n_tokens(r->gen), NULL, &e2);
+    kp_cachereport_finish(s->crep, s->e, &r->seq, kp_gen_tokens(r->gen), kp_gen_n_tokens(r->gen), NULL, &e2);
     s->dirty = true;
     pthread_mutex_lock(&s->mu);
     s->st.requests_finished++;
@@ -834,7 +834,7 @@ static bool admit(kp_sched *s, kp_sreq *r, bool no_room) {
     }
     r->admitted = true;
     kp_doctor_report d;
-    bool has = kp_crep_explain(s->crep, tokens, r->n_prompt, r->text, r->text_len, &rep, KP_DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
+    bool has = kp_cachereport_explain(s->crep, tokens, r->n_prompt, r->text, r->text_len, &rep, KP_DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
     pthread_mutex_lock(&r->mu);
     r->report = rep;
     if (has) r->doctor = d;
@@ -966,7 +966,7 @@ static void crew_attach(kp_sched *s, uint32_t i) {
     rep.inflight_tokens = q->crew_n > idx ? q->crew_n - idx : 0;
     rep.inflight_wait_ms = (now_s() - q->t_admit) * 1e3;
     kp_doctor_report d; /* why the index alone left off where it did */
-    bool has = kp_crep_explain(s->crep, tokens, q->n_prompt, q->text, q->text_len, &q->crew_rep,
+    bool has = kp_cachereport_explain(s->crep, tokens, q->n_prompt, q->text, q->text_len, &q->crew_rep,
                                KP_DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
     pthread_mutex_lock(&q->mu);
     q->report = rep;
@@ -1392,7 +1392,7 @@ static void serve_ops(kp_sched *s, sched_op *ops) {
         switch (o->kind) {
         case OP_PROBE:
             kp_eng_probe(s->e, o->tokens, o->n, o->rep);
-            o->has_doc = kp_crep_explain(s->crep, o->tokens, o->n, o->text, o->text_len, o->rep,
+            o->has_doc = kp_cachereport_explain(s->crep, o->tokens, o->n, o->text, o->text_len, o->rep,
                                          KP_DOCTOR_ESCAPE_JSON, o->doc, &o->err) == KP_OK;
             o->st = KP_OK;
             break;
@@ -1562,7 +1562,7 @@ kp_status kp_sched_new(kp_sched **out, kp_engine *e, const kp_tok_vocab *v, cons
         kp_fail(err, KP_ENOMEM, "out of memory for the scheduler");
         goto fail;
     }
-    if ((st = kp_crep_new(&s->crep, v, 256, 4u << 20, err)) != KP_OK) goto fail;
+    if ((st = kp_cachereport_new(&s->crep, v, 256, 4u << 20, err)) != KP_OK) goto fail;
     s->dirty = true;
     publish(s, true); /* the first snapshot, before the thread owns the engine */
     if (pthread_create(&s->thread, NULL, loop, s) != 0) {
@@ -1586,7 +1586,7 @@ void kp_sched_free(kp_sched *s) {
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->thread, NULL);
     }
-    kp_crep_free(s->crep);
+    kp_cachereport_free(s->crep);
     for (int i = 0; i < SCHED_WARM; i++) {
         kp_gmatch_free(s->warm[i].m);
         while (s->warm[i].n_spare > 0) kp_gmatch_free(s->warm[i].spare[--s->warm[i].n_spare]);

@@ -16,7 +16,7 @@
  *   ----------------                      -------------
  *   kp_sched_submit --> queue (bounded) --> admit: kp_eng_begin, cache report
  *   kp_sreq_wait   <--  text, done      <-- step: kp_eng_step, kp_gen_step
- *   kp_sreq_cancel  --> flag            --> finish: kp_crep_finish (index, history)
+ *   kp_sreq_cancel  --> flag            --> finish: kp_cachereport_finish (index, history)
  *                                           preempt: kp_eng_finish, back to
  *                                             the queue's front
  *
@@ -244,7 +244,7 @@ void kp_sched_cache_get(kp_sched *s, kp_sched_cache *out);
 
 /* What a prefill of tokens[0..n) would reuse now (kp_eng_probe) and, when
  * *has_doctor comes back true, why it leaves the cache where it does
- * (kp_crep_explain against the report history, snippets JSON-escaped;
+ * (kp_cachereport_explain against the report history, snippets JSON-escaped;
  * text, may be NULL, is the prompt's text). Served by the engine thread.
  * KP_EFULL when the scheduler is shutting down. */
 kp_status kp_sched_probe(kp_sched *s, const int32_t *tokens, uint32_t n, const char *text, size_t text_len,

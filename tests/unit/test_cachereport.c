@@ -1,10 +1,10 @@
 /*
- * test_cachereport.c - the end of a generated sequence (kp_crep_finish).
+ * test_cachereport.c - the end of a generated sequence (kp_cachereport_finish).
  *
  * What it leaves behind is read back by others than itself: the index
  * through kp_eng_probe (the first token the engine does not hold), the
  * positions it indexed against kp_eng_finish of the same sequence on a
- * second engine, and the history through kp_crep_explain, whose cause is
+ * second engine, and the history through kp_cachereport_explain, whose cause is
  * "hit" when an earlier sequence of the history is a prefix of the request
  * and "cold" when the history is empty (doctor's rules).
  *
@@ -50,13 +50,13 @@ static void close_stories(stories *s) {
     kp_model_free(s->m);
 }
 
-/* The cause kp_crep_explain gives tokens[0..n) against history c on engine e. */
-static kp_doctor_cause cause_of(kp_crep *c, kp_engine *e, const int32_t *tokens, uint32_t n) {
+/* The cause kp_cachereport_explain gives tokens[0..n) against history c on engine e. */
+static kp_doctor_cause cause_of(kp_cachereport *c, kp_engine *e, const int32_t *tokens, uint32_t n) {
     kp_eng_report r;
     kp_eng_probe(e, tokens, n, &r);
     kp_doctor_report d;
     kp_error err = {0};
-    kp_status st = kp_crep_explain(c, tokens, n, NULL, 0, &r, KP_DOCTOR_ESCAPE_HUMAN, &d, &err);
+    kp_status st = kp_cachereport_explain(c, tokens, n, NULL, 0, &r, KP_DOCTOR_ESCAPE_HUMAN, &d, &err);
     CHECK_MSG(st == KP_OK, "%s", err.msg);
     return st == KP_OK ? d.finding.cause : KP_DOCTOR_CAUSE_COUNT;
 }
@@ -75,11 +75,11 @@ static void test_finish_indexes_what_was_computed(void) {
     if (!open_stories(&s)) return;
     kp_error err = {0};
     kp_engine *e = NULL, *ref = NULL;
-    kp_crep *history = NULL, *unused = NULL;
+    kp_cachereport *history = NULL, *unused = NULL;
     CHECK(kp_eng_new(&e, s.m, s.pool, NULL, NULL, &err) == KP_OK);
     CHECK(kp_eng_new(&ref, s.m, s.pool, NULL, NULL, &err) == KP_OK);
-    CHECK(kp_crep_new(&history, s.v, 8, 1024, &err) == KP_OK);
-    CHECK(kp_crep_new(&unused, s.v, 8, 1024, &err) == KP_OK);
+    CHECK(kp_cachereport_new(&history, s.v, 8, 1024, &err) == KP_OK);
+    CHECK(kp_cachereport_new(&unused, s.v, 8, 1024, &err) == KP_OK);
     if (!e || !ref || !history || !unused) goto done;
     int32_t t[N];
     for (int i = 0; i < N; i++) t[i] = i == 0 ? 1 : 100 + i;
@@ -88,7 +88,7 @@ static void test_finish_indexes_what_was_computed(void) {
     CHECK(kp_eng_prefill(e, t, 12, &a, NULL, NULL, &err) == KP_OK);
     CHECK(kp_eng_prefill(ref, t, 12, &b, NULL, NULL, &err) == KP_OK);
     uint32_t added = 99, ref_added = 0;
-    CHECK(kp_crep_finish(history, e, &a, t, 20, &added, &err) == KP_OK);
+    CHECK(kp_cachereport_finish(history, e, &a, t, 20, &added, &err) == KP_OK);
     CHECK(kp_eng_finish(ref, &b, t, 12, &ref_added, &err) == KP_OK);
     CHECK_EQ_INT(added, ref_added);
     CHECK_EQ_INT(added, 12); /* an empty index: every position is new */
@@ -100,7 +100,7 @@ static void test_finish_indexes_what_was_computed(void) {
 
     /* no history: the index grows, nothing is remembered */
     CHECK(kp_eng_prefill(e, t, N, &a, NULL, NULL, &err) == KP_OK);
-    CHECK(kp_crep_finish(NULL, e, &a, t, N, &added, &err) == KP_OK);
+    CHECK(kp_cachereport_finish(NULL, e, &a, t, N, &added, &err) == KP_OK);
     CHECK_EQ_INT(added, N - 12);
     CHECK_EQ_INT(diverged_at(e, t, N), N);
     CHECK_EQ_INT(cause_of(unused, e, t, N), KP_DOCTOR_CAUSE_COLD);
@@ -110,15 +110,15 @@ static void test_finish_indexes_what_was_computed(void) {
     kp_eng_seq empty = {0};
     kp_eng_stats before, after;
     kp_eng_get_stats(e, &before);
-    CHECK(kp_crep_finish(unused, e, &empty, t, N, &added, &err) == KP_OK);
+    CHECK(kp_cachereport_finish(unused, e, &empty, t, N, &added, &err) == KP_OK);
     kp_eng_get_stats(e, &after);
     CHECK_EQ_INT(added, 0);
     CHECK_EQ_INT(after.cached_tokens, before.cached_tokens);
     CHECK_EQ_INT(after.used_bytes, before.used_bytes);
     CHECK_EQ_INT(cause_of(unused, e, t, N), KP_DOCTOR_CAUSE_COLD);
 done:
-    kp_crep_free(unused);
-    kp_crep_free(history);
+    kp_cachereport_free(unused);
+    kp_cachereport_free(history);
     kp_eng_free(ref);
     kp_eng_free(e);
     close_stories(&s);
@@ -148,11 +148,11 @@ static int divergence_on(const char *path) {
     size_t want = sizeof prefix - 1;
     int32_t *ia = NULL, *ib = NULL;
     size_t na = 0, nb = 0;
-    kp_crep *c = NULL;
+    kp_cachereport *c = NULL;
     int cleans = 0;
     bool ok = kp_tok_encode(v, a, strlen(a), true, false, &ia, &na, &err) == KP_OK &&
               kp_tok_encode(v, b, strlen(b), true, false, &ib, &nb, &err) == KP_OK &&
-              kp_crep_new(&c, v, 8, 1 << 20, &err) == KP_OK && kp_crep_add(c, ia, (uint32_t)na, &err) == KP_OK;
+              kp_cachereport_new(&c, v, 8, 1 << 20, &err) == KP_OK && kp_cachereport_add(c, ia, (uint32_t)na, &err) == KP_OK;
     CHECK_MSG(ok, "%s: %s", path, err.msg);
     if (ok) {
         char *shown = NULL;
@@ -164,7 +164,7 @@ static int divergence_on(const char *path) {
         memset(&r, 0, sizeof r);
         r.diverged_at_token = lcp(ia, na, ib, nb);
         kp_doctor_report d;
-        kp_status st = kp_crep_explain(c, ib, (uint32_t)nb, b, strlen(b), &r, KP_DOCTOR_ESCAPE_HUMAN, &d, &err);
+        kp_status st = kp_cachereport_explain(c, ib, (uint32_t)nb, b, strlen(b), &r, KP_DOCTOR_ESCAPE_HUMAN, &d, &err);
         CHECK_MSG(st == KP_OK, "%s: %s", path, err.msg);
         if (st == KP_OK) {
             CHECK_MSG(d.div.byte == want, "%s: diverged at byte %zu, the texts differ first at %zu", path, d.div.byte,
@@ -181,7 +181,7 @@ static int divergence_on(const char *path) {
                       (unsigned)r.diverged_at_token, d.div.token_byte, pl, want);
         }
     }
-    kp_crep_free(c);
+    kp_cachereport_free(c);
     free(ia);
     free(ib);
     kp_tok_vocab_free(v);
