@@ -67,7 +67,7 @@ static void retain_prompt(kp_server *s, const char *key, const kp_sreq_update *u
                        ? kp_sched_pin(s->sched, u->ids, u->prompt_tokens, ttl, now, &id, &k, &err)
                        : kp_fail(&err, KP_EINVAL, "no prompt to pin");
     if (st == KP_OK) {
-        uint64_t old = kp_ckeys_retain(s->ckeys, key, id, now + ttl, now);
+        uint64_t old = kp_cachekeys_retain(s->ckeys, key, id, now + ttl, now);
         if (old && old != id) kp_sched_unpin(s->sched, old, &err2); /* gone already (expired, unpinned): fine */
         char sid[32];
         snprintf(sid, sizeof sid, "pin-%llu", (unsigned long long)id);
@@ -92,7 +92,7 @@ static void retain_prompt(kp_server *s, const char *key, const kp_sreq_update *u
  * "retention". */
 static void cache_fields(kp_server *s, const char *key, const char *retention, const kp_sreq_update *u, json_t *cj) {
     if (key[0]) {
-        kp_ckeys_note(s->ckeys, key, u->prompt_tokens, u->cached_tokens, (int64_t)time(NULL));
+        kp_cachekeys_note(s->ckeys, key, u->prompt_tokens, u->cached_tokens, (int64_t)time(NULL));
         if (cj) json_object_set_new(cj, "prompt_cache_key", json_string(key));
     }
     if (!retention) return;

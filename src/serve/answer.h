@@ -104,7 +104,7 @@ struct kp_answer {
     char id[48];
     time_t created;
     uint64_t id_seed; /* tool call and item ids */
-    char key[KP_CKEYS_KEY_MAX + 1]; /* prompt_cache_key, "" none */
+    char key[KP_CACHEKEYS_KEY_MAX + 1]; /* prompt_cache_key, "" none */
     const char *retention;          /* prompt_cache_retention, NULL none */
     json_t *report;                 /* at the end: kvpin_cache (owned until a dialect takes it) */
     kp_volatile_report dropped;     /* what was left out of the system messages (volatile.h) */

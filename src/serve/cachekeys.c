@@ -1,7 +1,7 @@
 /*
  * cachekeys.c - per-key request counters and retention pins (cachekeys.h).
  *
- * Owns two fixed arrays made at kp_ckeys_new and a mutex. keys[0..n_keys)
+ * Owns two fixed arrays made at kp_cachekeys_new and a mutex. keys[0..n_keys)
  * is unordered; a lookup is a linear scan (a few hundred entries at most,
  * once per request). pins[0..n_pins) is a FIFO of keyless retention pins,
  * oldest at 0. Invariant: every entry's key is NUL-terminated and unique
@@ -15,14 +15,14 @@
 #include <string.h>
 
 typedef struct {
-    char key[KP_CKEYS_KEY_MAX + 1];
+    char key[KP_CACHEKEYS_KEY_MAX + 1];
     uint64_t requests, prompt, cached;
     int64_t last_used;
     uint64_t pin; /* 0: none */
     int64_t pin_expires;
 } ckey;
 
-struct kp_ckeys {
+struct kp_cachekeys {
     pthread_mutex_t mu;
     ckey *keys;
     uint32_t n_keys, max_keys;
@@ -30,10 +30,10 @@ struct kp_ckeys {
     uint32_t n_pins, max_pins;
 };
 
-kp_status kp_ckeys_new(kp_ckeys **out, uint32_t max_keys, uint32_t max_pins, kp_error *err) {
+kp_status kp_cachekeys_new(kp_cachekeys **out, uint32_t max_keys, uint32_t max_pins, kp_error *err) {
     *out = NULL;
     if (max_keys == 0 || max_pins == 0) return kp_fail(err, KP_EINVAL, "the key table needs room for one at least");
-    kp_ckeys *k = calloc(1, sizeof *k);
+    kp_cachekeys *k = calloc(1, sizeof *k);
     if (k) {
         k->keys = calloc(max_keys, sizeof *k->keys);
         k->pins = calloc(max_pins, sizeof *k->pins);
@@ -50,7 +50,7 @@ kp_status kp_ckeys_new(kp_ckeys **out, uint32_t max_keys, uint32_t max_pins, kp_
     return KP_OK;
 }
 
-void kp_ckeys_free(kp_ckeys *k) {
+void kp_cachekeys_free(kp_cachekeys *k) {
     if (!k) return;
     pthread_mutex_destroy(&k->mu);
     free(k->keys);
@@ -61,9 +61,9 @@ void kp_ckeys_free(kp_ckeys *k) {
 /* The entry of key, made (taking the least recently used one's place when
  * the table is full) when absent. *evicted_pin: the retention pin of an
  * entry that lost its place (0: none). Under mu. */
-static ckey *entry(kp_ckeys *k, const char *key, int64_t now, uint64_t *evicted_pin) {
+static ckey *entry(kp_cachekeys *k, const char *key, int64_t now, uint64_t *evicted_pin) {
     *evicted_pin = 0;
-    char cut[KP_CKEYS_KEY_MAX + 1];
+    char cut[KP_CACHEKEYS_KEY_MAX + 1];
     snprintf(cut, sizeof cut, "%s", key);
     uint32_t lru = 0;
     for (uint32_t i = 0; i < k->n_keys; i++) {
@@ -83,7 +83,7 @@ static ckey *entry(kp_ckeys *k, const char *key, int64_t now, uint64_t *evicted_
     return c;
 }
 
-void kp_ckeys_note(kp_ckeys *k, const char *key, uint32_t prompt, uint32_t cached, int64_t now) {
+void kp_cachekeys_note(kp_cachekeys *k, const char *key, uint32_t prompt, uint32_t cached, int64_t now) {
     uint64_t lost;
     pthread_mutex_lock(&k->mu);
     ckey *c = entry(k, key, now, &lost);
@@ -95,7 +95,7 @@ void kp_ckeys_note(kp_ckeys *k, const char *key, uint32_t prompt, uint32_t cache
     (void)lost; /* a key that lost its place to another's count keeps its pin until it expires */
 }
 
-uint64_t kp_ckeys_retain(kp_ckeys *k, const char *key, uint64_t pin, int64_t expires, int64_t now) {
+uint64_t kp_cachekeys_retain(kp_cachekeys *k, const char *key, uint64_t pin, int64_t expires, int64_t now) {
     uint64_t old = 0;
     pthread_mutex_lock(&k->mu);
     if (key) {
@@ -122,7 +122,7 @@ static int by_last_used(const void *a, const void *b) {
     return x->last_used < y->last_used ? 1 : x->last_used > y->last_used ? -1 : strcmp(x->key, y->key);
 }
 
-json_t *kp_ckeys_json(kp_ckeys *k) {
+json_t *kp_cachekeys_json(kp_cachekeys *k) {
     pthread_mutex_lock(&k->mu);
     uint32_t n = k->n_keys;
     ckey *copy = malloc((n ? n : 1) * sizeof *copy);

@@ -9,7 +9,7 @@
  * the pin each "24h" request made, so that a key keeps one retention pin
  * (its latest prompt) rather than one per turn.
  *
- *   kp_ckeys
+ *   kp_cachekeys
  *   +--------------------------------------+
  *   | keys[max_keys]  key text (<= 256 B),  |  least recently used goes
  *   |                 requests, prompt,     |  when a new key needs room
@@ -21,7 +21,7 @@
  *   +--------------------------------------+
  *
  * Bounded: at most max_keys keys and max_pins keyless pins; what falls out
- * of a table is returned to the caller to unpin (kp_ckeys_retain). Every
+ * of a table is returned to the caller to unpin (kp_cachekeys_retain). Every
  * function is thread-safe (one mutex, held only to copy).
  */
 #ifndef KP_CACHEKEYS_H
@@ -33,32 +33,32 @@
 
 #include "base/status.h"
 
-#define KP_CKEYS_KEY_MAX 256
+#define KP_CACHEKEYS_KEY_MAX 256
 
-typedef struct kp_ckeys kp_ckeys;
+typedef struct kp_cachekeys kp_cachekeys;
 
 /* A table of at most max_keys keys (>= 1) and max_pins keyless retention
- * pins (>= 1). KP_ENOMEM. kp_ckeys_free(NULL) is a no-op. */
-kp_status kp_ckeys_new(kp_ckeys **out, uint32_t max_keys, uint32_t max_pins, kp_error *err);
-void kp_ckeys_free(kp_ckeys *k);
+ * pins (>= 1). KP_ENOMEM. kp_cachekeys_free(NULL) is a no-op. */
+kp_status kp_cachekeys_new(kp_cachekeys **out, uint32_t max_keys, uint32_t max_pins, kp_error *err);
+void kp_cachekeys_free(kp_cachekeys *k);
 
-/* Counts one request of key (at most KP_CKEYS_KEY_MAX bytes; longer keys
+/* Counts one request of key (at most KP_CACHEKEYS_KEY_MAX bytes; longer keys
  * are cut) with prompt tokens of which cached came from the cache, at
  * time now (seconds). */
-void kp_ckeys_note(kp_ckeys *k, const char *key, uint32_t prompt, uint32_t cached, int64_t now);
+void kp_cachekeys_note(kp_cachekeys *k, const char *key, uint32_t prompt, uint32_t cached, int64_t now);
 
 /* Records retention pin `pin` (expiring at `expires`) of a request of key
  * (NULL: a request without one). Returns the pin that it replaces and the
  * caller should unpin: the key's previous retention pin, or, without a
  * key and with max_pins keyless pins already held, the oldest of them; 0
  * when none. */
-uint64_t kp_ckeys_retain(kp_ckeys *k, const char *key, uint64_t pin, int64_t expires, int64_t now);
+uint64_t kp_cachekeys_retain(kp_cachekeys *k, const char *key, uint64_t pin, int64_t expires, int64_t now);
 
 /* The keys, most recently used first: a new JSON array (the caller owns
  * it) of {"key", "requests", "prompt_tokens", "cached_tokens",
  * "hit_ratio" (cached / prompt, 0 when no prompt tokens), "last_used"
  * (seconds), "retention_pin" ("pin-N" or null), "retention_expires_at"
  * (seconds or null)}; NULL when out of memory. */
-json_t *kp_ckeys_json(kp_ckeys *k);
+json_t *kp_cachekeys_json(kp_cachekeys *k);
 
 #endif

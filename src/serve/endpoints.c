@@ -208,7 +208,7 @@ KP_HANDLER(kp_ep_cache) {
                                "lookups", (json_int_t)k.n_lookups, "hits", (json_int_t)k.n_hits, "reused_tokens",
                                (json_int_t)k.reused_tokens, "running", (json_int_t)ss.running, "queued",
                                (json_int_t)ss.queued);
-    json_t *keys = kp_ckeys_json(s->ckeys);
+    json_t *keys = kp_cachekeys_json(s->ckeys);
     uint64_t bp_tokens = 0;
     uint32_t bp_n = kp_bpins_count(s->bpins, (int64_t)time(NULL), &bp_tokens);
     uint32_t rs_n, rs_max;

@@ -103,7 +103,7 @@ struct kp_server {
     atomic_uint_fast64_t next_req; /* request ids */
     atomic_bool stopping;          /* kp_server_free has begun: waits end, streams close */
     atomic_uint_fast64_t by_status[KP_HTTP_N_STATUS]; /* last: other */
-    kp_ckeys *ckeys;   /* requests by prompt_cache_key, retention pins */
+    kp_cachekeys *ckeys;   /* requests by prompt_cache_key, retention pins */
     kp_gcache *gc;     /* compiled grammars of response_format / grammar / json_schema */
     kp_hist *hist;     /* finished generations, for the dashboard (history.h) */
     kp_bpins *bpins;   /* the pins of cache_control breakpoints (bpins.h) */

@@ -172,7 +172,7 @@ static enum MHD_Result route(kp_server *s, struct MHD_Connection *c, const char 
 /* ---- the server ------------------------------------------------------------------ */
 
 static void server_free_tables(kp_server *s) {
-    kp_ckeys_free(s->ckeys);
+    kp_cachekeys_free(s->ckeys);
     kp_gcache_free(s->gc);
     kp_bpins_free(s->bpins);
     kp_rstore_free(s->rstore);
@@ -203,7 +203,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
      * agents, bounded; breakpoints of many conversations; 256 responses,
      * 16 MiB */
     kp_status st = kp_hist_new(&s->hist, err);
-    if (st == KP_OK) st = kp_ckeys_new(&s->ckeys, 256, 64, err);
+    if (st == KP_OK) st = kp_cachekeys_new(&s->ckeys, 256, 64, err);
     if (st == KP_OK) st = kp_gcache_new(&s->gc, GRAMMARS_KEPT, err);
     if (st == KP_OK) st = kp_bpins_new(&s->bpins, 256, err);
     if (st == KP_OK) st = kp_rstore_new(&s->rstore, 256, 16u << 20, err);
