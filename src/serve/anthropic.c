@@ -600,7 +600,7 @@ void kp_anth_cache_usage(uint32_t n, uint32_t reused, const uint32_t *bp, int n_
 typedef struct {
     uint32_t pos[KP_ANTH_MAX_BREAKS];
     int64_t ttl[KP_ANTH_MAX_BREAKS]; /* seconds, --pin-ttl-scale applied */
-    uint64_t hash[KP_ANTH_MAX_BREAKS]; /* kp_bpins_hash of the prefix */
+    uint64_t hash[KP_ANTH_MAX_BREAKS]; /* kp_breakpoints_hash of the prefix */
     bool hit[KP_ANTH_MAX_BREAKS];    /* a live pin held it when the request came */
     int n, live;
 } anth_bps;
@@ -664,7 +664,7 @@ static void anth_after(kp_server *s, const anth_bps *b, const kp_sreq_update *u,
                            : kp_fail(&err, KP_EINVAL, "no prompt to pin");
         if (st == KP_OK) {
             uint64_t evicted = 0;
-            uint64_t old = kp_bpins_set(s->bpins, b->hash[i], id, b->pos[i], now + b->ttl[i], now, &evicted);
+            uint64_t old = kp_breakpoints_set(s->breakpoints, b->hash[i], id, b->pos[i], now + b->ttl[i], now, &evicted);
             if (old) kp_sched_unpin(s->sched, old, &err2); /* expired and gone already: fine */
             if (evicted) kp_sched_unpin(s->sched, evicted, &err2);
             char sid[32];
@@ -708,8 +708,8 @@ static void anth_prompt(kp_answer *x, const int32_t *ids, size_t n) {
         double scaled = (double)br->ttl_s * (s->cfg.pin_ttl_scale > 0 ? s->cfg.pin_ttl_scale : 1);
         b->pos[b->n] = (uint32_t)m;
         b->ttl[b->n] = scaled < 1 ? 1 : (int64_t)(scaled + 0.5);
-        b->hash[b->n] = kp_bpins_hash(ids, m);
-        b->hit[b->n] = kp_bpins_live(s->bpins, b->hash[b->n], now);
+        b->hash[b->n] = kp_breakpoints_hash(ids, m);
+        b->hit[b->n] = kp_breakpoints_live(s->breakpoints, b->hash[b->n], now);
         b->live += b->hit[b->n];
         b->n++;
     }

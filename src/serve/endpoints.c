@@ -210,7 +210,7 @@ KP_HANDLER(kp_ep_cache) {
                                (json_int_t)ss.queued);
     json_t *keys = kp_cachekeys_json(s->ckeys);
     uint64_t bp_tokens = 0;
-    uint32_t bp_n = kp_bpins_count(s->bpins, (int64_t)time(NULL), &bp_tokens);
+    uint32_t bp_n = kp_breakpoints_count(s->breakpoints, (int64_t)time(NULL), &bp_tokens);
     uint32_t rs_n, rs_max;
     size_t rs_bytes, rs_max_bytes;
     kp_rstore_stats(s->rstore, &rs_n, &rs_bytes, &rs_max, &rs_max_bytes);

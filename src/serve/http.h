@@ -33,7 +33,7 @@
 #include <time.h>
 
 #include "base/buf.h"
-#include "serve/bpins.h"
+#include "serve/breakpoints.h"
 #include "serve/cachekeys.h"
 #include "serve/gcache.h"
 #include "serve/history.h"
@@ -106,7 +106,7 @@ struct kp_server {
     kp_cachekeys *ckeys;   /* requests by prompt_cache_key, retention pins */
     kp_gcache *gc;     /* compiled grammars of response_format / grammar / json_schema */
     kp_hist *hist;     /* finished generations, for the dashboard (history.h) */
-    kp_bpins *bpins;   /* the pins of cache_control breakpoints (bpins.h) */
+    kp_breakpoints *breakpoints;/* the pins of cache_control breakpoints (breakpoints.h) */
     kp_rstore *rstore; /* stored Responses API responses (response_store.h) */
     kp_volatile *vol;  /* the volatile system-text patterns (volatile.h), NULL: none */
     atomic_uint_fast64_t volatile_dropped; /* system texts shortened or dropped by them */

@@ -174,7 +174,7 @@ static enum MHD_Result route(kp_server *s, struct MHD_Connection *c, const char 
 static void server_free_tables(kp_server *s) {
     kp_cachekeys_free(s->ckeys);
     kp_gcache_free(s->gc);
-    kp_bpins_free(s->bpins);
+    kp_breakpoints_free(s->breakpoints);
     kp_rstore_free(s->rstore);
     kp_hist_free(s->hist);
     kp_volatile_free(s->vol);
@@ -205,7 +205,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     kp_status st = kp_hist_new(&s->hist, err);
     if (st == KP_OK) st = kp_cachekeys_new(&s->ckeys, 256, 64, err);
     if (st == KP_OK) st = kp_gcache_new(&s->gc, GRAMMARS_KEPT, err);
-    if (st == KP_OK) st = kp_bpins_new(&s->bpins, 256, err);
+    if (st == KP_OK) st = kp_breakpoints_new(&s->breakpoints, 256, err);
     if (st == KP_OK) st = kp_rstore_new(&s->rstore, 256, 16u << 20, err);
     if (st == KP_OK)
         st = kp_volatile_new(&s->vol, !s->cfg.keep_volatile, s->cfg.volatile_prefixes, s->cfg.n_volatile, err);

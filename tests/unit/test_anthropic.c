@@ -1,6 +1,6 @@
 /*
  * test_anthropic.c - the Messages API translation and shapes (anthropic.h)
- * and the breakpoint pin table (bpins.h).
+ * and the breakpoint pin table (breakpoints.h).
  *
  * Expected values come from the translation table documented in
  * anthropic.h (each Anthropic field and the chat-completions field it
@@ -11,7 +11,7 @@
  * previous one of its prefix.
  */
 #include "serve/anthropic.h"
-#include "serve/bpins.h"
+#include "serve/breakpoints.h"
 
 #include <jansson.h>
 #include <string.h>
@@ -269,28 +269,28 @@ static void test_cache_usage(void) {
             }
 }
 
-static void test_bpins(void) {
-    kp_bpins *b;
+static void test_breakpoint_pins(void) {
+    kp_breakpoints *b;
     kp_error err;
-    CHECK(kp_bpins_new(&b, 2, &err) == KP_OK);
+    CHECK(kp_breakpoints_new(&b, 2, &err) == KP_OK);
     int32_t ids[3] = {1, 2, 3};
-    uint64_t h1 = kp_bpins_hash(ids, 2), h2 = kp_bpins_hash(ids, 3), h3 = kp_bpins_hash(ids + 1, 2);
+    uint64_t h1 = kp_breakpoints_hash(ids, 2), h2 = kp_breakpoints_hash(ids, 3), h3 = kp_breakpoints_hash(ids + 1, 2);
     CHECK(h1 != h2 && h1 != h3);
-    CHECK(kp_bpins_hash(ids, 2) == h1);
+    CHECK(kp_breakpoints_hash(ids, 2) == h1);
     uint64_t ev;
-    CHECK(!kp_bpins_live(b, h1, 100));
-    CHECK(kp_bpins_set(b, h1, 7, 2, 110, 100, &ev) == 0 && ev == 0);
-    CHECK(kp_bpins_live(b, h1, 109));
-    CHECK(!kp_bpins_live(b, h1, 110));
-    CHECK(kp_bpins_set(b, h1, 8, 2, 120, 105, &ev) == 7 && ev == 0); /* a refresh replaces pin 7 */
-    CHECK(kp_bpins_set(b, h2, 9, 3, 120, 106, &ev) == 0 && ev == 0);
+    CHECK(!kp_breakpoints_live(b, h1, 100));
+    CHECK(kp_breakpoints_set(b, h1, 7, 2, 110, 100, &ev) == 0 && ev == 0);
+    CHECK(kp_breakpoints_live(b, h1, 109));
+    CHECK(!kp_breakpoints_live(b, h1, 110));
+    CHECK(kp_breakpoints_set(b, h1, 8, 2, 120, 105, &ev) == 7 && ev == 0); /* a refresh replaces pin 7 */
+    CHECK(kp_breakpoints_set(b, h2, 9, 3, 120, 106, &ev) == 0 && ev == 0);
     uint64_t t;
-    CHECK_EQ_INT(kp_bpins_count(b, 107, &t), 2);
+    CHECK_EQ_INT(kp_breakpoints_count(b, 107, &t), 2);
     CHECK_EQ_INT(t, 5);
-    CHECK(kp_bpins_set(b, h3, 10, 2, 130, 107, &ev) == 0 && ev == 8); /* full: the least recently set goes */
-    CHECK(!kp_bpins_live(b, h1, 108));
-    kp_bpins_free(b);
-    kp_bpins_free(NULL);
+    CHECK(kp_breakpoints_set(b, h3, 10, 2, 130, 107, &ev) == 0 && ev == 8); /* full: the least recently set goes */
+    CHECK(!kp_breakpoints_live(b, h1, 108));
+    kp_breakpoints_free(b);
+    kp_breakpoints_free(NULL);
 }
 
 int main(void) {
@@ -301,6 +301,6 @@ int main(void) {
     RUN(test_errors);
     RUN(test_shapes);
     RUN(test_cache_usage);
-    RUN(test_bpins);
+    RUN(test_breakpoint_pins);
     return harness_finish("test_anthropic");
 }

@@ -1,10 +1,10 @@
 /*
- * bpins.c - the pins of cache_control breakpoints, by prefix (bpins.h).
+ * breakpoints.c - the pins of cache_control breakpoints, by prefix (breakpoints.h).
  *
  * A flat array searched linearly: a server holds a few hundred
  * breakpoints at most, and a request looks up four.
  */
-#include "serve/bpins.h"
+#include "serve/breakpoints.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -16,16 +16,16 @@ typedef struct {
     uint64_t order; /* when set, for the least recently set */
 } entry;
 
-struct kp_bpins {
+struct kp_breakpoints {
     pthread_mutex_t mu;
     entry *e;
     uint32_t n, max;
     uint64_t clock;
 };
 
-kp_status kp_bpins_new(kp_bpins **out, uint32_t max, kp_error *err) {
+kp_status kp_breakpoints_new(kp_breakpoints **out, uint32_t max, kp_error *err) {
     *out = NULL;
-    kp_bpins *b = calloc(1, sizeof *b);
+    kp_breakpoints *b = calloc(1, sizeof *b);
     if (b) b->e = calloc(max ? max : 1, sizeof *b->e);
     if (!b || !b->e) {
         free(b);
@@ -37,14 +37,14 @@ kp_status kp_bpins_new(kp_bpins **out, uint32_t max, kp_error *err) {
     return KP_OK;
 }
 
-void kp_bpins_free(kp_bpins *b) {
+void kp_breakpoints_free(kp_breakpoints *b) {
     if (!b) return;
     pthread_mutex_destroy(&b->mu);
     free(b->e);
     free(b);
 }
 
-uint64_t kp_bpins_hash(const int32_t *ids, size_t n) {
+uint64_t kp_breakpoints_hash(const int32_t *ids, size_t n) {
     uint64_t h = 1469598103934665603ull; /* FNV-1a over the ids' bytes, and the length */
     for (size_t i = 0; i < n; i++) {
         uint32_t v = (uint32_t)ids[i];
@@ -56,13 +56,13 @@ uint64_t kp_bpins_hash(const int32_t *ids, size_t n) {
     return h ^ (uint64_t)n;
 }
 
-static entry *find(kp_bpins *b, uint64_t h) {
+static entry *find(kp_breakpoints *b, uint64_t h) {
     for (uint32_t i = 0; i < b->n; i++)
         if (b->e[i].hash == h) return &b->e[i];
     return NULL;
 }
 
-bool kp_bpins_live(kp_bpins *b, uint64_t h, int64_t now) {
+bool kp_breakpoints_live(kp_breakpoints *b, uint64_t h, int64_t now) {
     pthread_mutex_lock(&b->mu);
     entry *x = find(b, h);
     bool live = x && x->expires > now;
@@ -70,7 +70,7 @@ bool kp_bpins_live(kp_bpins *b, uint64_t h, int64_t now) {
     return live;
 }
 
-uint64_t kp_bpins_set(kp_bpins *b, uint64_t h, uint64_t pin, uint32_t tokens, int64_t expires, int64_t now,
+uint64_t kp_breakpoints_set(kp_breakpoints *b, uint64_t h, uint64_t pin, uint32_t tokens, int64_t expires, int64_t now,
                       uint64_t *evicted) {
     *evicted = 0;
     uint64_t old = 0;
@@ -91,7 +91,7 @@ uint64_t kp_bpins_set(kp_bpins *b, uint64_t h, uint64_t pin, uint32_t tokens, in
     return old == pin ? 0 : old;
 }
 
-uint32_t kp_bpins_count(kp_bpins *b, int64_t now, uint64_t *tokens) {
+uint32_t kp_breakpoints_count(kp_breakpoints *b, int64_t now, uint64_t *tokens) {
     uint32_t n = 0;
     uint64_t t = 0;
     pthread_mutex_lock(&b->mu);
