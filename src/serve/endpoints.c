@@ -213,7 +213,7 @@ KP_HANDLER(kp_ep_cache) {
     uint32_t bp_n = kp_breakpoints_count(s->breakpoints, (int64_t)time(NULL), &bp_tokens);
     uint32_t rs_n, rs_max;
     size_t rs_bytes, rs_max_bytes;
-    kp_rstore_stats(s->rstore, &rs_n, &rs_bytes, &rs_max, &rs_max_bytes);
+    kp_response_store_stats(s->responses, &rs_n, &rs_bytes, &rs_max, &rs_max_bytes);
     return kp_http_json(s, c, 200,
                       json_pack("{s:s, s:b, s:o, s:o, s:o, s:o, s:o, s:{s:I, s:I}, s:{s:I, s:I, s:I, s:I}}",
                                 "object", "kvpin.cache", "prefix_cache", k.prefix_cache, "kv", kv_json(&k), "counts",

@@ -107,7 +107,7 @@ struct kp_server {
     kp_gcache *gc;     /* compiled grammars of response_format / grammar / json_schema */
     kp_hist *hist;     /* finished generations, for the dashboard (history.h) */
     kp_breakpoints *breakpoints;/* the pins of cache_control breakpoints (breakpoints.h) */
-    kp_rstore *rstore; /* stored Responses API responses (response_store.h) */
+    kp_response_store *responses;/* stored Responses API responses (response_store.h) */
     kp_volatile *vol;  /* the volatile system-text patterns (volatile.h), NULL: none */
     atomic_uint_fast64_t volatile_dropped; /* system texts shortened or dropped by them */
     /* http.c's: the daemon, the URL bound, the route function, and the

@@ -19,14 +19,14 @@ typedef struct rentry {
     struct rentry *prev, *next;
 } rentry;
 
-struct kp_rstore {
+struct kp_response_store {
     pthread_mutex_t mu;
     rentry *head, *tail; /* most recently used first */
     uint32_t count, max_count;
     size_t bytes, max_bytes;
 };
 
-kp_status kp_rstore_new(kp_rstore **out, uint32_t max_count, size_t max_bytes, kp_error *err) {
+kp_status kp_response_store_new(kp_response_store **out, uint32_t max_count, size_t max_bytes, kp_error *err) {
     *out = calloc(1, sizeof **out);
     if (!*out) return kp_fail(err, KP_ENOMEM, "out of memory for the response store");
     (*out)->max_count = max_count ? max_count : 1;
@@ -35,7 +35,7 @@ kp_status kp_rstore_new(kp_rstore **out, uint32_t max_count, size_t max_bytes, k
     return KP_OK;
 }
 
-static void unlink_entry(kp_rstore *s, rentry *x) {
+static void unlink_entry(kp_response_store *s, rentry *x) {
     if (x->prev) x->prev->next = x->next;
     else s->head = x->next;
     if (x->next) x->next->prev = x->prev;
@@ -43,14 +43,14 @@ static void unlink_entry(kp_rstore *s, rentry *x) {
     x->prev = x->next = NULL;
 }
 
-static void push_front(kp_rstore *s, rentry *x) {
+static void push_front(kp_response_store *s, rentry *x) {
     x->next = s->head;
     if (s->head) s->head->prev = x;
     s->head = x;
     if (!s->tail) s->tail = x;
 }
 
-static void drop(kp_rstore *s, rentry *x) {
+static void drop(kp_response_store *s, rentry *x) {
     unlink_entry(s, x);
     s->count--;
     s->bytes -= x->bytes;
@@ -60,20 +60,20 @@ static void drop(kp_rstore *s, rentry *x) {
     free(x);
 }
 
-void kp_rstore_free(kp_rstore *s) {
+void kp_response_store_free(kp_response_store *s) {
     if (!s) return;
     while (s->head) drop(s, s->head);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }
 
-static rentry *find(kp_rstore *s, const char *id) {
+static rentry *find(kp_response_store *s, const char *id) {
     for (rentry *x = s->head; x; x = x->next)
         if (!strcmp(x->id, id)) return x;
     return NULL;
 }
 
-bool kp_rstore_put(kp_rstore *s, const char *id, const json_t *response, const json_t *conv) {
+bool kp_response_store_put(kp_response_store *s, const char *id, const json_t *response, const json_t *conv) {
     rentry *x = calloc(1, sizeof *x);
     if (!x) return false;
     x->id = strdup(id);
@@ -107,7 +107,7 @@ bool kp_rstore_put(kp_rstore *s, const char *id, const json_t *response, const j
     return fits;
 }
 
-bool kp_rstore_get(kp_rstore *s, const char *id, json_t **response, json_t **conv) {
+bool kp_response_store_get(kp_response_store *s, const char *id, json_t **response, json_t **conv) {
     if (response) *response = NULL;
     if (conv) *conv = NULL;
     pthread_mutex_lock(&s->mu);
@@ -122,7 +122,7 @@ bool kp_rstore_get(kp_rstore *s, const char *id, json_t **response, json_t **con
     return x != NULL;
 }
 
-bool kp_rstore_delete(kp_rstore *s, const char *id) {
+bool kp_response_store_delete(kp_response_store *s, const char *id) {
     pthread_mutex_lock(&s->mu);
     rentry *x = find(s, id);
     if (x) drop(s, x);
@@ -130,7 +130,7 @@ bool kp_rstore_delete(kp_rstore *s, const char *id) {
     return x != NULL;
 }
 
-void kp_rstore_stats(kp_rstore *s, uint32_t *count, size_t *bytes, uint32_t *max_count, size_t *max_bytes) {
+void kp_response_store_stats(kp_response_store *s, uint32_t *count, size_t *bytes, uint32_t *max_count, size_t *max_bytes) {
     pthread_mutex_lock(&s->mu);
     *count = s->count;
     *bytes = s->bytes;

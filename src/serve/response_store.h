@@ -17,27 +17,27 @@
 
 #include "base/status.h"
 
-typedef struct kp_rstore kp_rstore;
+typedef struct kp_response_store kp_response_store;
 
 /* At most max_count responses and max_bytes bytes of them (their JSON
- * texts). KP_ENOMEM. kp_rstore_free(NULL) is a no-op. */
-kp_status kp_rstore_new(kp_rstore **out, uint32_t max_count, size_t max_bytes, kp_error *err);
-void kp_rstore_free(kp_rstore *s);
+ * texts). KP_ENOMEM. kp_response_store_free(NULL) is a no-op. */
+kp_status kp_response_store_new(kp_response_store **out, uint32_t max_count, size_t max_bytes, kp_error *err);
+void kp_response_store_free(kp_response_store *s);
 
 /* Keeps response (the object, borrowed: serialized) and conv (the chat
  * conversation, borrowed) under id, dropping the least recently used ones
  * past the bounds. false when it cannot be kept (out of memory, or alone
  * larger than max_bytes). */
-bool kp_rstore_put(kp_rstore *s, const char *id, const json_t *response, const json_t *conv);
+bool kp_response_store_put(kp_response_store *s, const char *id, const json_t *response, const json_t *conv);
 
 /* The stored response and/or conversation of id as new references (either
  * out may be NULL); a hit makes it the most recently used. false: none. */
-bool kp_rstore_get(kp_rstore *s, const char *id, json_t **response, json_t **conv);
+bool kp_response_store_get(kp_response_store *s, const char *id, json_t **response, json_t **conv);
 
 /* Removes id; false when there is none. */
-bool kp_rstore_delete(kp_rstore *s, const char *id);
+bool kp_response_store_delete(kp_response_store *s, const char *id);
 
 /* How many responses are kept and their bytes. */
-void kp_rstore_stats(kp_rstore *s, uint32_t *count, size_t *bytes, uint32_t *max_count, size_t *max_bytes);
+void kp_response_store_stats(kp_response_store *s, uint32_t *count, size_t *bytes, uint32_t *max_count, size_t *max_bytes);
 
 #endif

@@ -462,7 +462,7 @@ static json_t *resp_final(kp_answer *x, json_t *output, json_t *cj, const char *
                                     kp_resp_usage_json(u->prompt_tokens, u->cached_tokens, u->completion_tokens));
     if (st->r.store) {
         json_t *conv = kp_resp_conv_after(&st->r, text, tlen, calls);
-        bool kept = conv && kp_rstore_put(x->s->rstore, x->id, o, conv);
+        bool kept = conv && kp_response_store_put(x->s->responses, x->id, o, conv);
         json_decref(conv);
         if (cj) json_object_set_new(cj, "stored", json_boolean(kept));
     }
@@ -662,7 +662,7 @@ KP_HANDLER(kp_resp_create) {
     char prev_id[128];
     json_t *prev = NULL;
     if (kp_resp_previous(cn->body.data, cn->body.len, prev_id, sizeof prev_id) &&
-        !kp_rstore_get(s->rstore, prev_id, NULL, &prev))
+        !kp_response_store_get(s->responses, prev_id, NULL, &prev))
         return kp_http_fail(s, c, 404, "invalid_request_error", "previous_response_not_found", "previous_response_id",
                             "Previous response with id '%.100s' not found (never stored, deleted, or dropped from the "
                             "store)",
@@ -693,7 +693,7 @@ KP_HANDLER(kp_resp_create) {
 /* GET and DELETE /v1/responses/{id}. */
 static enum MHD_Result stored(kp_server *s, struct MHD_Connection *c, const char *id, bool del) {
     json_t *o = NULL;
-    bool found = del ? kp_rstore_delete(s->rstore, id) : kp_rstore_get(s->rstore, id, &o, NULL);
+    bool found = del ? kp_response_store_delete(s->responses, id) : kp_response_store_get(s->responses, id, &o, NULL);
     if (!found)
         return kp_http_fail(s, c, 404, "invalid_request_error", "not_found", "id", "No response with id '%.100s' found",
                             id);

@@ -175,7 +175,7 @@ static void server_free_tables(kp_server *s) {
     kp_cachekeys_free(s->ckeys);
     kp_gcache_free(s->gc);
     kp_breakpoints_free(s->breakpoints);
-    kp_rstore_free(s->rstore);
+    kp_response_store_free(s->responses);
     kp_hist_free(s->hist);
     kp_volatile_free(s->vol);
     free(s);
@@ -206,7 +206,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     if (st == KP_OK) st = kp_cachekeys_new(&s->ckeys, 256, 64, err);
     if (st == KP_OK) st = kp_gcache_new(&s->gc, GRAMMARS_KEPT, err);
     if (st == KP_OK) st = kp_breakpoints_new(&s->breakpoints, 256, err);
-    if (st == KP_OK) st = kp_rstore_new(&s->rstore, 256, 16u << 20, err);
+    if (st == KP_OK) st = kp_response_store_new(&s->responses, 256, 16u << 20, err);
     if (st == KP_OK)
         st = kp_volatile_new(&s->vol, !s->cfg.keep_volatile, s->cfg.volatile_prefixes, s->cfg.n_volatile, err);
     if (st == KP_OK) st = kp_http_start(s, route, err);

@@ -205,45 +205,45 @@ static void test_objects(void) {
 }
 
 static void test_store(void) {
-    kp_rstore *s;
+    kp_response_store *s;
     kp_error err;
-    CHECK(kp_rstore_new(&s, 2, 1 << 20, &err) == KP_OK);
+    CHECK(kp_response_store_new(&s, 2, 1 << 20, &err) == KP_OK);
     json_t *o = json_pack("{s:s}", "id", "a"), *conv = json_pack("[{s:s}]", "role", "user");
-    CHECK(kp_rstore_put(s, "a", o, conv));
-    CHECK(kp_rstore_put(s, "b", o, conv));
+    CHECK(kp_response_store_put(s, "a", o, conv));
+    CHECK(kp_response_store_put(s, "b", o, conv));
     json_t *got = NULL, *gc = NULL;
-    CHECK(kp_rstore_get(s, "a", &got, &gc)); /* a is now the most recently used */
+    CHECK(kp_response_store_get(s, "a", &got, &gc)); /* a is now the most recently used */
     CHECK(json_equal(got, o) && json_equal(gc, conv));
     json_decref(got);
     json_decref(gc);
-    CHECK(kp_rstore_put(s, "c", o, conv)); /* over the count: b goes */
-    CHECK(!kp_rstore_get(s, "b", NULL, NULL));
-    CHECK(kp_rstore_get(s, "a", NULL, NULL) && kp_rstore_get(s, "c", NULL, NULL));
+    CHECK(kp_response_store_put(s, "c", o, conv)); /* over the count: b goes */
+    CHECK(!kp_response_store_get(s, "b", NULL, NULL));
+    CHECK(kp_response_store_get(s, "a", NULL, NULL) && kp_response_store_get(s, "c", NULL, NULL));
     uint32_t n, mc;
     size_t bytes, mb;
-    kp_rstore_stats(s, &n, &bytes, &mc, &mb);
+    kp_response_store_stats(s, &n, &bytes, &mc, &mb);
     CHECK_EQ_INT(n, 2);
     CHECK(bytes > 0 && mc == 2);
-    CHECK(kp_rstore_delete(s, "a"));
-    CHECK(!kp_rstore_delete(s, "a"));
-    kp_rstore_stats(s, &n, &bytes, &mc, &mb);
+    CHECK(kp_response_store_delete(s, "a"));
+    CHECK(!kp_response_store_delete(s, "a"));
+    kp_response_store_stats(s, &n, &bytes, &mc, &mb);
     CHECK_EQ_INT(n, 1);
-    kp_rstore_free(s);
+    kp_response_store_free(s);
     /* a byte bound: what alone is larger is refused, and the bytes never pass it */
-    CHECK(kp_rstore_new(&s, 100, 100, &err) == KP_OK);
+    CHECK(kp_response_store_new(&s, 100, 100, &err) == KP_OK);
     json_t *big = json_pack("{s:s}", "t", "01234567890123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789");
-    CHECK(!kp_rstore_put(s, "x", big, conv));
+    CHECK(!kp_response_store_put(s, "x", big, conv));
     for (int i = 0; i < 10; i++) {
         char id[16];
         snprintf(id, sizeof id, "r%d", i);
-        CHECK(kp_rstore_put(s, id, o, conv));
-        kp_rstore_stats(s, &n, &bytes, &mc, &mb);
+        CHECK(kp_response_store_put(s, id, o, conv));
+        kp_response_store_stats(s, &n, &bytes, &mc, &mb);
         CHECK(bytes <= 100);
     }
-    CHECK(kp_rstore_get(s, "r9", NULL, NULL));
-    CHECK(!kp_rstore_get(s, "r0", NULL, NULL));
-    kp_rstore_free(s);
-    kp_rstore_free(NULL);
+    CHECK(kp_response_store_get(s, "r9", NULL, NULL));
+    CHECK(!kp_response_store_get(s, "r0", NULL, NULL));
+    kp_response_store_free(s);
+    kp_response_store_free(NULL);
     json_decref(big);
     json_decref(o);
     json_decref(conv);
