@@ -2,7 +2,7 @@
  * dashboard.c - GET /v1/cache/events (dashboard.h).
  *
  * Owns nothing: reads the scheduler's snapshot (kp_sched_cache_get, a
- * short copy under its mutex) and the history (kp_hist_json), detokenizes
+ * short copy under its mutex) and the history (kp_history_json), detokenizes
  * the first tokens of each tree node on the calling HTTP thread, and
  * returns one JSON object; GET /v1/cache/node/{chain} asks the engine
  * thread for one node's whole path. The page itself lives in
@@ -41,7 +41,7 @@ static json_t *tree_json(const kp_sched_cache *snap, const kp_tok_vocab *v) {
                      (json_int_t)snap->kv.n_nodes);
 }
 
-json_t *kp_dash_events(kp_sched *sched, kp_hist *h, const kp_tok_vocab *v, const kp_model *m, uint32_t n_ctx,
+json_t *kp_dash_events(kp_sched *sched, kp_history *h, const kp_tok_vocab *v, const kp_model *m, uint32_t n_ctx,
                        int64_t now) {
     kp_sched_cache *snap = malloc(sizeof *snap);
     if (!snap) return NULL;
@@ -60,7 +60,7 @@ json_t *kp_dash_events(kp_sched *sched, kp_hist *h, const kp_tok_vocab *v, const
     json_t *tree = tree_json(snap, v);
     free(snap);
     return json_pack("{s:s, s:I, s:o, s:o, s:o}", "object", "kvpin.cache.events", "time", (json_int_t)now, "model",
-                     model, "tree", tree, "history", kp_hist_json(h, now));
+                     model, "tree", tree, "history", kp_history_json(h, now));
 }
 
 /* The text of path[0..start) and of path[start..end) as JSON strings,

@@ -40,10 +40,10 @@ extern const size_t kp_dash_page_size;
  *              text), "more" (the run is longer),
  *              "holders", "pins", "children", "hits", "age" (index clock ticks since
  *              its last use, 0 the most recent)}], "shown", "total"},
- *    "history": kp_hist_json}
+ *    "history": kp_history_json}
  *
  * Everything is borrowed; now is wall-clock seconds. */
-json_t *kp_dash_events(kp_sched *sched, kp_hist *h, const kp_tok_vocab *v, const kp_model *m, uint32_t n_ctx,
+json_t *kp_dash_events(kp_sched *sched, kp_history *h, const kp_tok_vocab *v, const kp_model *m, uint32_t n_ctx,
                        int64_t now);
 
 /* GET /v1/cache/node/{chain}: the whole text of one node of the tree,

@@ -3,15 +3,15 @@
  *
  * Owns three rings under one mutex, each a fixed array written round:
  *
- *   recent[KP_HIST_RECENT]   the last requests: numbers, the engine's report
+ *   recent[KP_HISTORY_RECENT]   the last requests: numbers, the engine's report
  *                            and the doctor report (copied), seq numbers
- *                            increasing; slot = seq % KP_HIST_RECENT
- *   points[KP_HIST_POINTS]   latency points: prompt, reused, ttft, tpot, depth
- *   minutes[KP_HIST_MINUTES] one-minute buckets; slot = minute % KP_HIST_MINUTES,
+ *                            increasing; slot = seq % KP_HISTORY_RECENT
+ *   points[KP_HISTORY_POINTS]   latency points: prompt, reused, ttft, tpot, depth
+ *   minutes[KP_HISTORY_MINUTES] one-minute buckets; slot = minute % KP_HISTORY_MINUTES,
  *                            a bucket whose `minute` is not the one asked for
  *                            is stale (older than the window) and reads as empty
  *
- * Invariants: n_recent <= KP_HIST_RECENT, n_points <= KP_HIST_POINTS; the
+ * Invariants: n_recent <= KP_HISTORY_RECENT, n_points <= KP_HISTORY_POINTS; the
  * mutex is held only to copy in or out, the JSON is built from a copy.
  */
 #include "serve/history.h"
@@ -48,25 +48,25 @@ typedef struct {
     uint64_t computed[KP_DOCTOR_CAUSE_COUNT];
 } bucket;
 
-struct kp_hist {
+struct kp_history {
     pthread_mutex_t mu;
-    entry recent[KP_HIST_RECENT];
+    entry recent[KP_HISTORY_RECENT];
     uint64_t n_seq; /* requests recorded so far */
-    point points[KP_HIST_POINTS];
+    point points[KP_HISTORY_POINTS];
     uint64_t n_point_seq;
-    bucket minutes[KP_HIST_MINUTES];
+    bucket minutes[KP_HISTORY_MINUTES];
 };
 
-kp_status kp_hist_new(kp_hist **out, kp_error *err) {
+kp_status kp_history_new(kp_history **out, kp_error *err) {
     *out = NULL;
-    kp_hist *h = calloc(1, sizeof *h);
+    kp_history *h = calloc(1, sizeof *h);
     if (!h) return kp_fail(err, KP_ENOMEM, "out of memory for the request history");
     pthread_mutex_init(&h->mu, NULL);
     *out = h;
     return KP_OK;
 }
 
-void kp_hist_free(kp_hist *h) {
+void kp_history_free(kp_history *h) {
     if (!h) return;
     pthread_mutex_destroy(&h->mu);
     free(h);
@@ -82,7 +82,7 @@ static kp_doctor_cause cause_of(const kp_sreq_update *u) {
     return u->report.diverged_at_token >= u->report.prompt_tokens ? KP_DOCTOR_CAUSE_HIT : KP_DOCTOR_CAUSE_OTHER;
 }
 
-void kp_hist_add(kp_hist *h, const kp_sreq_update *u, const char *finish, double total_ms, int64_t now) {
+void kp_history_add(kp_history *h, const kp_sreq_update *u, const char *finish, double total_ms, int64_t now) {
     if (!h || !u->started) return;
     entry e;
     memset(&e, 0, sizeof e);
@@ -108,10 +108,10 @@ void kp_hist_add(kp_hist *h, const kp_sreq_update *u, const char *finish, double
     int64_t minute = now / 60;
     pthread_mutex_lock(&h->mu);
     e.seq = h->n_seq + 1;
-    h->recent[h->n_seq % KP_HIST_RECENT] = e;
+    h->recent[h->n_seq % KP_HISTORY_RECENT] = e;
     h->n_seq++;
-    h->points[h->n_point_seq++ % KP_HIST_POINTS] = p;
-    bucket *b = &h->minutes[minute % KP_HIST_MINUTES];
+    h->points[h->n_point_seq++ % KP_HISTORY_POINTS] = p;
+    bucket *b = &h->minutes[minute % KP_HISTORY_MINUTES];
     if (b->minute != minute) {
         memset(b, 0, sizeof *b);
         b->minute = minute;
@@ -161,8 +161,8 @@ static json_t *entry_json(const entry *e) {
                      kp_doctor_cause_name(e->cause), "cache", cache);
 }
 
-json_t *kp_hist_json(kp_hist *h, int64_t now) {
-    kp_hist *c = malloc(sizeof *c); /* a copy, built into JSON without the lock */
+json_t *kp_history_json(kp_history *h, int64_t now) {
+    kp_history *c = malloc(sizeof *c); /* a copy, built into JSON without the lock */
     if (!c) return NULL;
     pthread_mutex_lock(&h->mu);
     memcpy(c->recent, h->recent, sizeof c->recent);
@@ -172,12 +172,12 @@ json_t *kp_hist_json(kp_hist *h, int64_t now) {
     c->n_point_seq = h->n_point_seq;
     pthread_mutex_unlock(&h->mu);
     json_t *reqs = json_array(), *lat = json_array(), *mins = json_array(), *causes = json_array();
-    uint64_t nr = c->n_seq < KP_HIST_RECENT ? c->n_seq : KP_HIST_RECENT;
+    uint64_t nr = c->n_seq < KP_HISTORY_RECENT ? c->n_seq : KP_HISTORY_RECENT;
     for (uint64_t i = 0; i < nr; i++)
-        json_array_append_new(reqs, entry_json(&c->recent[(c->n_seq - 1 - i) % KP_HIST_RECENT]));
-    uint64_t np = c->n_point_seq < KP_HIST_POINTS ? c->n_point_seq : KP_HIST_POINTS;
+        json_array_append_new(reqs, entry_json(&c->recent[(c->n_seq - 1 - i) % KP_HISTORY_RECENT]));
+    uint64_t np = c->n_point_seq < KP_HISTORY_POINTS ? c->n_point_seq : KP_HISTORY_POINTS;
     for (uint64_t i = np; i > 0; i--) {
-        const point *p = &c->points[(c->n_point_seq - i) % KP_HIST_POINTS];
+        const point *p = &c->points[(c->n_point_seq - i) % KP_HISTORY_POINTS];
         json_array_append_new(lat, json_pack("{s:I, s:I, s:f, s:b, s:f, s:o}", "prompt_tokens",
                                              (json_int_t)p->prompt, "reused_tokens", (json_int_t)p->reused,
                                              "ttft_ms", (double)p->ttft_ms, "warm", p->warm, "depth",
@@ -187,8 +187,8 @@ json_t *kp_hist_json(kp_hist *h, int64_t now) {
     for (int k = 0; k < KP_DOCTOR_CAUSE_COUNT; k++)
         json_array_append_new(causes, json_string(kp_doctor_cause_name((kp_doctor_cause)k)));
     int64_t last = now / 60;
-    for (int64_t m = last - KP_HIST_MINUTES + 1; m <= last; m++) {
-        const bucket *b = &c->minutes[((m % KP_HIST_MINUTES) + KP_HIST_MINUTES) % KP_HIST_MINUTES];
+    for (int64_t m = last - KP_HISTORY_MINUTES + 1; m <= last; m++) {
+        const bucket *b = &c->minutes[((m % KP_HISTORY_MINUTES) + KP_HISTORY_MINUTES) % KP_HISTORY_MINUTES];
         bool live = b->minute == m;
         json_t *comp = json_object();
         for (int k = 0; k < KP_DOCTOR_CAUSE_COUNT; k++) /* the causes with tokens only */

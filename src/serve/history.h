@@ -8,8 +8,8 @@
  * request's last kp_sreq_update, so keeping the history costs the engine
  * nothing.
  *
- * Bounded: the last KP_HIST_RECENT requests whole (numbers and cache
- * report), the last KP_HIST_POINTS latency points, and KP_HIST_MINUTES
+ * Bounded: the last KP_HISTORY_RECENT requests whole (numbers and cache
+ * report), the last KP_HISTORY_POINTS latency points, and KP_HISTORY_MINUTES
  * one-minute buckets of wall-clock time. Older entries are overwritten.
  */
 #ifndef KP_HISTORY_H
@@ -21,17 +21,17 @@
 #include "base/status.h"
 #include "serve/scheduler.h"
 
-#define KP_HIST_RECENT 24
-#define KP_HIST_POINTS 512
-#define KP_HIST_MINUTES 60
+#define KP_HISTORY_RECENT 24
+#define KP_HISTORY_POINTS 512
+#define KP_HISTORY_MINUTES 60
 
-typedef struct kp_hist kp_hist;
+typedef struct kp_history kp_history;
 
 /* An empty history in *out. KP_ENOMEM. */
-kp_status kp_hist_new(kp_hist **out, kp_error *err);
+kp_status kp_history_new(kp_history **out, kp_error *err);
 
 /* NULL is a no-op. */
-void kp_hist_free(kp_hist *h);
+void kp_history_free(kp_history *h);
 
 /* Records one finished generation. u: the scheduler's last update of it
  * (only its numbers, report and doctor report are read; nothing is kept
@@ -39,7 +39,7 @@ void kp_hist_free(kp_hist *h);
  * total_ms: from its arrival to now; now: wall-clock seconds (time()).
  * A request whose prompt was never computed (!u->started) is not recorded.
  * Thread-safe: a short mutex; h NULL is a no-op. */
-void kp_hist_add(kp_hist *h, const kp_sreq_update *u, const char *finish, double total_ms, int64_t now);
+void kp_history_add(kp_history *h, const kp_sreq_update *u, const char *finish, double total_ms, int64_t now);
 
 /* The history as JSON (a new reference; NULL when out of memory):
  *
@@ -49,7 +49,7 @@ void kp_hist_add(kp_hist *h, const kp_sreq_update *u, const char *finish, double
  *       "request_marker": the divergence inside each snippet, in characters}}],
  *    "latency": [oldest first: {"prompt_tokens", "reused_tokens", "ttft_ms",
  *       "warm", "depth", "tpot_ms"}],
- *    "minutes": [the last KP_HIST_MINUTES minutes up to now, oldest first:
+ *    "minutes": [the last KP_HISTORY_MINUTES minutes up to now, oldest first:
  *       {"minute" (unix time of its start), "requests", "hits", "reused",
  *        "computed": {cause: tokens computed, for the causes that have any}}],
  *    "causes": [the cause names, in the order the chart stacks them]}
@@ -59,6 +59,6 @@ void kp_hist_add(kp_hist *h, const kp_sreq_update *u, const char *finish, double
  * make it warm). depth is the mean number of cached positions during the decode
  * (prompt_tokens + completion_tokens / 2); tpot_ms is null for a request
  * that generated fewer than two tokens. */
-json_t *kp_hist_json(kp_hist *h, int64_t now);
+json_t *kp_history_json(kp_history *h, int64_t now);
 
 #endif

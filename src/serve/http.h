@@ -63,7 +63,7 @@ typedef struct {
     const char *finish;   /* stop, length, tool_calls, cancelled, error, client_left (static), or NULL */
     double ttft_ms;
     char ignored[208];    /* the request's ignored fields (x-kvpin-ignored-fields), "" when none */
-    kp_hist *hist;        /* where kp_reqlog_gen records the generation (the server's) */
+    kp_history *hist;        /* where kp_reqlog_gen records the generation (the server's) */
 } kp_reqlog;
 
 /* An error body in one API's shape (e consumed into JSON); *http gets the
@@ -105,9 +105,9 @@ struct kp_server {
     atomic_uint_fast64_t by_status[KP_HTTP_N_STATUS]; /* last: other */
     kp_cachekeys *ckeys;   /* requests by prompt_cache_key, retention pins */
     kp_gcache *gc;     /* compiled grammars of response_format / grammar / json_schema */
-    kp_hist *hist;     /* finished generations, for the dashboard (history.h) */
+    kp_history *hist;     /* finished generations, for the dashboard (history.h) */
     kp_breakpoints *breakpoints;/* the pins of cache_control breakpoints (breakpoints.h) */
-    kp_response_store *responses;/* stored Responses API responses (response_store.h) */
+    kp_response_store *responses; /* stored Responses API responses (response_store.h) */
     kp_volatile *vol;  /* the volatile system-text patterns (volatile.h), NULL: none */
     atomic_uint_fast64_t volatile_dropped; /* system texts shortened or dropped by them */
     /* http.c's: the daemon, the URL bound, the route function, and the

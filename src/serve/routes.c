@@ -176,7 +176,7 @@ static void server_free_tables(kp_server *s) {
     kp_gcache_free(s->gc);
     kp_breakpoints_free(s->breakpoints);
     kp_response_store_free(s->responses);
-    kp_hist_free(s->hist);
+    kp_history_free(s->hist);
     kp_volatile_free(s->vol);
     free(s);
 }
@@ -202,7 +202,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     /* 256 keys, 64 keyless retention pins: a key table that serves many
      * agents, bounded; breakpoints of many conversations; 256 responses,
      * 16 MiB */
-    kp_status st = kp_hist_new(&s->hist, err);
+    kp_status st = kp_history_new(&s->hist, err);
     if (st == KP_OK) st = kp_cachekeys_new(&s->ckeys, 256, 64, err);
     if (st == KP_OK) st = kp_gcache_new(&s->gc, GRAMMARS_KEPT, err);
     if (st == KP_OK) st = kp_breakpoints_new(&s->breakpoints, 256, err);

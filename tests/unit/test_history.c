@@ -44,64 +44,64 @@ static json_int_t sum_minutes(json_t *mins, const char *field, const char *cause
 }
 
 static void test_rings_and_minutes(void) {
-    kp_hist *h = NULL;
+    kp_history *h = NULL;
     kp_error err;
-    CHECK(kp_hist_new(&h, &err) == KP_OK);
+    CHECK(kp_history_new(&h, &err) == KP_OK);
     const int64_t t0 = 1796160000; /* a minute boundary */
-    const uint32_t n = 40;         /* more than KP_HIST_RECENT */
+    const uint32_t n = 40;         /* more than KP_HISTORY_RECENT */
     for (uint32_t i = 0; i < n; i++) {
         kp_sreq_update u = req(i);
-        kp_hist_add(h, &u, "length", u.ttft_ms + 2.0 * (u.completion_tokens - 1), t0 + i * 10);
+        kp_history_add(h, &u, "length", u.ttft_ms + 2.0 * (u.completion_tokens - 1), t0 + i * 10);
     }
     kp_sreq_update never = req(99);
     never.started = false;
-    kp_hist_add(h, &never, "cancelled", 1, t0); /* not computed: not recorded */
+    kp_history_add(h, &never, "cancelled", 1, t0); /* not computed: not recorded */
     int64_t now = t0 + (n - 1) * 10;
-    json_t *j = kp_hist_json(h, now);
+    json_t *j = kp_history_json(h, now);
     CHECK(j != NULL);
     json_t *reqs = json_object_get(j, "requests"), *lat = json_object_get(j, "latency"),
            *mins = json_object_get(j, "minutes");
-    CHECK_EQ_INT(json_array_size(reqs), KP_HIST_RECENT);
+    CHECK_EQ_INT(json_array_size(reqs), KP_HISTORY_RECENT);
     /* newest first: request n-1, then n-2, ... */
     CHECK_EQ_INT(json_integer_value(json_object_get(json_array_get(reqs, 0), "seq")), n);
     CHECK_EQ_INT(json_integer_value(json_object_get(json_array_get(reqs, 0), "prompt_tokens")), 100 + n - 1);
-    CHECK_EQ_INT(json_integer_value(json_object_get(json_array_get(reqs, KP_HIST_RECENT - 1), "seq")),
-                 n - KP_HIST_RECENT + 1);
+    CHECK_EQ_INT(json_integer_value(json_object_get(json_array_get(reqs, KP_HISTORY_RECENT - 1), "seq")),
+                 n - KP_HISTORY_RECENT + 1);
     /* tpot: (total - ttft) / (tokens - 1) = 2 ms */
     CHECK(fabs(json_real_value(json_object_get(json_array_get(reqs, 0), "tpot_ms")) - 2.0) < 1e-9);
     CHECK_EQ_STR(json_string_value(json_object_get(json_array_get(reqs, 0), "cause")), "other");
     CHECK_EQ_INT(json_array_size(lat), n);
     CHECK(json_is_false(json_object_get(json_array_get(lat, 0), "warm")));
     CHECK(json_is_true(json_object_get(json_array_get(lat, 1), "warm")));
-    CHECK_EQ_INT(json_array_size(mins), KP_HIST_MINUTES);
+    CHECK_EQ_INT(json_array_size(mins), KP_HISTORY_MINUTES);
     /* 40 requests 10 s apart span 7 minutes; sums are closed forms */
     CHECK_EQ_INT(sum_minutes(mins, "requests", NULL), n);
     CHECK_EQ_INT(sum_minutes(mins, "hits", NULL), n - 1);
     CHECK_EQ_INT(sum_minutes(mins, "reused", NULL), (json_int_t)n * (n - 1) / 2);
     CHECK_EQ_INT(sum_minutes(mins, NULL, "cold"), 100);
     CHECK_EQ_INT(sum_minutes(mins, NULL, "other"), 100 * (n - 1));
-    CHECK_EQ_INT(json_integer_value(json_object_get(json_array_get(mins, KP_HIST_MINUTES - 1), "minute")),
+    CHECK_EQ_INT(json_integer_value(json_object_get(json_array_get(mins, KP_HISTORY_MINUTES - 1), "minute")),
                  now / 60 * 60);
     json_decref(j);
     /* an hour and more later only the newest minutes' buckets remain in the window */
-    j = kp_hist_json(h, now + 3600);
+    j = kp_history_json(h, now + 3600);
     CHECK_EQ_INT(sum_minutes(json_object_get(j, "minutes"), "requests", NULL), 0);
     json_decref(j);
     /* a request 60 minutes on takes the first minute's slot: that minute's 6
      * requests (t0 .. t0 + 50) are gone, the other 34 are still in the hour */
     kp_sreq_update u = req(5);
-    kp_hist_add(h, &u, "stop", 30, t0 + 3600);
-    j = kp_hist_json(h, t0 + 3600);
+    kp_history_add(h, &u, "stop", 30, t0 + 3600);
+    j = kp_history_json(h, t0 + 3600);
     CHECK_EQ_INT(sum_minutes(json_object_get(j, "minutes"), "requests", NULL), 1 + (n - 6));
     json_decref(j);
-    kp_hist_free(h);
-    kp_hist_free(NULL);
+    kp_history_free(h);
+    kp_history_free(NULL);
 }
 
 static void test_doctor_markers(void) {
-    kp_hist *h = NULL;
+    kp_history *h = NULL;
     kp_error err;
-    CHECK(kp_hist_new(&h, &err) == KP_OK);
+    CHECK(kp_history_new(&h, &err) == KP_OK);
     kp_sreq_update u = req(3);
     u.has_doctor = true;
     u.doctor.finding.cause = KP_DOCTOR_CAUSE_TIMESTAMP;
@@ -111,8 +111,8 @@ static void test_doctor_markers(void) {
     u.doctor.cached_marker = strlen("a\\n\xc3\xa9 2");
     strcpy(u.doctor.request_snippet, "a\\n\xc3\xa9 29 x");
     u.doctor.request_marker = strlen("a\\n\xc3\xa9 2");
-    kp_hist_add(h, &u, "stop", 20, 1796160000);
-    json_t *j = kp_hist_json(h, 1796160000);
+    kp_history_add(h, &u, "stop", 20, 1796160000);
+    json_t *j = kp_history_json(h, 1796160000);
     json_t *c = json_object_get(json_array_get(json_object_get(j, "requests"), 0), "cache");
     CHECK_EQ_STR(json_string_value(json_object_get(c, "cause")), "timestamp");
     CHECK_EQ_STR(json_string_value(json_object_get(c, "cached_snippet")), "a\n\xc3\xa9 28 x");
@@ -121,7 +121,7 @@ static void test_doctor_markers(void) {
     json_t *mins = json_object_get(j, "minutes");
     CHECK_EQ_INT(sum_minutes(mins, NULL, "timestamp"), 100);
     json_decref(j);
-    kp_hist_free(h);
+    kp_history_free(h);
 }
 
 int main(void) {
