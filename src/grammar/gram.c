@@ -598,67 +598,86 @@ static uint32_t sat_mul(uint32_t x, uint32_t y) {
 
 /* ---- finish: check, analyse, flatten ---- */
 
-kp_status kp_builder_finish(kp_builder *b, uint32_t root, kp_grammar **out, kp_error *err) {
-    kp_status st = KP_OK;
-    *out = NULL;
-    an a = {.b = b};
-    kp_grammar *g = NULL;
-    uint32_t *stack = NULL, *iter = NULL;
-    uint8_t *color = NULL;
-    if (b->too_big) {
-        st = kp_fail(err, KP_ERANGE, "grammar: more than %u elements or a repetition count above %u",
-                     KP_GRAMMAR_MAX_ELEMS, KP_GRAMMAR_MAX_REPEAT);
-        goto done;
-    }
-    if (b->oom) goto oom;
-    if (root >= b->n_rules) {
-        st = kp_fail(err, KP_EINVAL, "grammar: no start rule");
-        goto done;
-    }
+/* The builder's own verdicts, before any analysis: too big, out of
+ * memory, no start rule, a rule referred to but never defined. */
+static kp_status check_built(const kp_builder *b, uint32_t root, kp_error *err) {
+    if (b->too_big)
+        return kp_fail(err, KP_ERANGE, "grammar: more than %u elements or a repetition count above %u",
+                       KP_GRAMMAR_MAX_ELEMS, KP_GRAMMAR_MAX_REPEAT);
+    if (b->oom) return kp_fail(err, KP_ENOMEM, "grammar: out of memory");
+    if (root >= b->n_rules) return kp_fail(err, KP_EINVAL, "grammar: no start rule");
     for (uint32_t r = 0; r < b->n_rules; r++)
-        if (!b->rules[r].defined) {
-            st = kp_fail(err, KP_EINVAL, "grammar: undefined rule '%s'", b->rules[r].name);
-            goto done;
-        }
+        if (!b->rules[r].defined) return kp_fail(err, KP_EINVAL, "grammar: undefined rule '%s'", b->rules[r].name);
+    return KP_OK;
+}
+
+static void an_free(an *a) {
+    free(a->prod);
+    free(a->null);
+    free(a->reach);
+    free(a->first);
+    free(a->follow);
+}
+
+/* The analyses of a->b from root (productive, reachable, nullable, first,
+ * follow sets; a's arrays allocated here, an_free releases them) and the
+ * checks that make the grammar safe to run: root finishes, no repeated
+ * rule matches the empty string, no left recursion. */
+static kp_status analyse(an *a, uint32_t root, kp_error *err) {
+    const kp_builder *b = a->b;
     uint32_t n = b->n_rules;
-    a.prod = calloc(n, 1);
-    a.null = calloc(n, 1);
-    a.reach = calloc(n, 1);
-    a.first = calloc(n, sizeof *a.first);
-    a.follow = calloc(n, sizeof *a.follow);
-    stack = malloc((size_t)n * sizeof *stack);
-    iter = malloc((size_t)n * 2 * sizeof *iter);
-    color = calloc(n, 1);
-    if (!a.prod || !a.null || !a.reach || !a.first || !a.follow || !stack || !iter || !color) goto oom;
-    fixpoint_prod(&a);
-    if (!a.prod[root]) {
-        st = kp_fail(err, KP_EINVAL, "grammar: rule '%s' can never finish (no finite document)",
-                     b->rules[root].name);
+    kp_status st = KP_OK;
+    a->prod = calloc(n, 1);
+    a->null = calloc(n, 1);
+    a->reach = calloc(n, 1);
+    a->first = calloc(n, sizeof *a->first);
+    a->follow = calloc(n, sizeof *a->follow);
+    uint32_t *stack = malloc((size_t)n * sizeof *stack), *iter = malloc((size_t)n * 2 * sizeof *iter);
+    uint8_t *color = calloc(n, 1);
+    char cyc[256];
+    if (!a->prod || !a->null || !a->reach || !a->first || !a->follow || !stack || !iter || !color) {
+        st = kp_fail(err, KP_ENOMEM, "grammar: out of memory");
         goto done;
     }
-    drop_unproductive(&a);
-    mark_reach(&a, root, stack);
-    fixpoint_null(&a);
+    fixpoint_prod(a);
+    if (!a->prod[root]) {
+        st = kp_fail(err, KP_EINVAL, "grammar: rule '%s' can never finish (no finite document)", b->rules[root].name);
+        goto done;
+    }
+    drop_unproductive(a);
+    mark_reach(a, root, stack);
+    fixpoint_null(a);
     for (uint32_t k = 0; k < b->n_reps; k++) {
         const kp_grep *rp = &b->reps[k];
-        if (rp->max > 1 && a.reach[rp->rule] && a.null[rp->rule]) {
-            st = kp_fail(err, KP_EUNSUPPORTED,
-                         "grammar: rule '%s' is repeated but can match the empty string", b->rules[rp->rule].name);
+        if (rp->max > 1 && a->reach[rp->rule] && a->null[rp->rule]) {
+            st = kp_fail(err, KP_EUNSUPPORTED, "grammar: rule '%s' is repeated but can match the empty string",
+                         b->rules[rp->rule].name);
             goto done;
         }
     }
-    char cyc[256];
-    if (find_left_cycle(&a, stack, iter, color, cyc, sizeof cyc)) {
+    if (find_left_cycle(a, stack, iter, color, cyc, sizeof cyc)) {
         st = kp_fail(err, KP_EUNSUPPORTED, "grammar: left recursion (a rule reaches itself without reading a byte): %s",
                      cyc);
         goto done;
     }
-    fixpoint_first(&a);
-    fixpoint_follow(&a);
+    fixpoint_first(a);
+    fixpoint_follow(a);
+done:
+    free(stack);
+    free(iter);
+    free(color);
+    return st;
+}
 
-    g = calloc(1, sizeof *g);
-    if (g) atomic_init(&g->refs, 1);
-    if (!g) goto oom;
+/* The grammar's flat arrays from the builder's rules (their names taken
+ * over) and the analyses (nullable and follow taken over from a): every
+ * alternative's elements in a row, each ended by END, element 0 the start
+ * (a reference to root, then END). NULL when out of memory. */
+static kp_grammar *flatten(kp_builder *b, an *a, uint32_t root) {
+    uint32_t n = b->n_rules;
+    kp_grammar *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    atomic_init(&g->refs, 1);
     g->n_rules = n;
     g->root = root;
     uint32_t n_alts = 0, n_elems = 2;
@@ -675,15 +694,17 @@ kp_status kp_builder_finish(kp_builder *b, uint32_t root, kp_grammar **out, kp_e
     g->sets = malloc(((size_t)b->n_sets + 1) * sizeof *g->sets);
     g->reps = malloc(((size_t)b->n_reps + 1) * sizeof *g->reps);
     g->names = calloc(n, sizeof *g->names);
-    g->nullable = a.null;
-    g->follow = a.follow;
-    a.null = NULL;
-    a.follow = NULL;
+    g->nullable = a->null;
+    g->follow = a->follow;
+    a->null = NULL;
+    a->follow = NULL;
     g->min_len = malloc((size_t)n * sizeof *g->min_len);
     g->best_alt = malloc((size_t)n * sizeof *g->best_alt);
     if (!g->elems || !g->elem_rule || !g->rule_alt || !g->alt_pos || !g->sets || !g->reps || !g->names ||
-        !g->min_len || !g->best_alt)
-        goto oom;
+        !g->min_len || !g->best_alt) {
+        kp_grammar_free(g);
+        return NULL;
+    }
     if (b->n_sets) memcpy(g->sets, b->sets, (size_t)b->n_sets * sizeof *g->sets);
     g->n_sets = b->n_sets;
     if (b->n_reps) memcpy(g->reps, b->reps, (size_t)b->n_reps * sizeof *g->reps);
@@ -697,40 +718,50 @@ kp_status kp_builder_finish(kp_builder *b, uint32_t root, kp_grammar **out, kp_e
         g->names[r] = b->rules[r].name;
         b->rules[r].name = NULL;
         for (uint32_t i = 0; i < b->rules[r].n_alts; i++) {
-            const kp_gseq *s = &b->rules[r].alts[i];
+            const kp_gseq *sq = &b->rules[r].alts[i];
             g->alt_pos[ai++] = p;
-            for (uint32_t j = 0; j < s->n; j++) {
+            for (uint32_t j = 0; j < sq->n; j++) {
                 g->elem_rule[p] = r;
-                g->elems[p++] = s->v[j];
+                g->elems[p++] = sq->v[j];
             }
             g->elem_rule[p] = r;
             g->elems[p++] = KP_GE(KP_GE_END, 0);
         }
     }
     g->rule_alt[n] = ai;
-    /* shortest expansions: relax until stable; a rule's best alternative is
-     * only replaced by a strictly shorter one, so following best_alt always
-     * terminates (each choice was made after those it depends on). */
-    for (uint32_t r = 0; r < n; r++) {
+    return g;
+}
+
+/* The length of an alternative's shortest expansion, given each rule's so far. */
+static uint32_t alt_min_len(const kp_grammar *g, uint32_t k) {
+    uint32_t len = 0;
+    for (uint32_t q = g->alt_pos[k]; KP_GE_TYPE(g->elems[q]) != KP_GE_END && len < LEN_INF; q++) {
+        uint32_t e = g->elems[q];
+        if (KP_GE_TYPE(e) == KP_GE_TERM) {
+            len = sat_add(len, 1);
+        } else if (KP_GE_TYPE(e) == KP_GE_REF) {
+            len = sat_add(len, g->min_len[KP_GE_ARG(e)]);
+        } else {
+            const kp_grep *rp = &g->reps[KP_GE_ARG(e)];
+            len = sat_add(len, sat_mul(rp->min, rp->min ? g->min_len[rp->rule] : 0));
+        }
+    }
+    return len;
+}
+
+/* Shortest expansions: relax until stable; a rule's best alternative is
+ * only replaced by a strictly shorter one, so following best_alt always
+ * terminates (each choice was made after those it depends on). */
+static void shortest_expansions(kp_grammar *g) {
+    for (uint32_t r = 0; r < g->n_rules; r++) {
         g->min_len[r] = LEN_INF;
         g->best_alt[r] = UINT32_MAX;
     }
     for (bool ch = true; ch;) {
         ch = false;
-        for (uint32_t r = 0; r < n; r++)
+        for (uint32_t r = 0; r < g->n_rules; r++)
             for (uint32_t k = g->rule_alt[r]; k < g->rule_alt[r + 1]; k++) {
-                uint32_t len = 0;
-                for (uint32_t q = g->alt_pos[k]; KP_GE_TYPE(g->elems[q]) != KP_GE_END && len < LEN_INF; q++) {
-                    uint32_t e = g->elems[q];
-                    if (KP_GE_TYPE(e) == KP_GE_TERM)
-                        len = sat_add(len, 1);
-                    else if (KP_GE_TYPE(e) == KP_GE_REF)
-                        len = sat_add(len, g->min_len[KP_GE_ARG(e)]);
-                    else {
-                        const kp_grep *rp = &g->reps[KP_GE_ARG(e)];
-                        len = sat_add(len, sat_mul(rp->min, rp->min ? g->min_len[rp->rule] : 0));
-                    }
-                }
+                uint32_t len = alt_min_len(g, k);
                 if (len < g->min_len[r]) {
                     g->min_len[r] = len;
                     g->best_alt[r] = k;
@@ -738,21 +769,23 @@ kp_status kp_builder_finish(kp_builder *b, uint32_t root, kp_grammar **out, kp_e
                 }
             }
     }
-    *out = g;
-    g = NULL;
-    goto done;
-oom:
-    st = kp_fail(err, KP_ENOMEM, "grammar: out of memory");
-done:
-    kp_grammar_free(g);
-    free(a.prod);
-    free(a.null);
-    free(a.reach);
-    free(a.first);
-    free(a.follow);
-    free(stack);
-    free(iter);
-    free(color);
+}
+
+kp_status kp_builder_finish(kp_builder *b, uint32_t root, kp_grammar **out, kp_error *err) {
+    *out = NULL;
+    an a = {.b = b};
+    kp_status st = check_built(b, root, err);
+    if (st == KP_OK) st = analyse(&a, root, err);
+    if (st == KP_OK) {
+        kp_grammar *g = flatten(b, &a, root);
+        if (g) {
+            shortest_expansions(g);
+            *out = g;
+        } else {
+            st = kp_fail(err, KP_ENOMEM, "grammar: out of memory");
+        }
+    }
+    an_free(&a);
     kp_builder_free(b);
     return st;
 }

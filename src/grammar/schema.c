@@ -752,134 +752,162 @@ typedef struct {
     bool required, declared; /* declared: in properties (else: required only) */
 } prop;
 
-static uint32_t object_rule(sc *c, const json_t *s) {
-    const json_t *props = json_object_get(s, "properties");
-    const json_t *req = json_object_get(s, "required");
-    const json_t *ap = json_object_get(s, "additionalProperties");
-    if (props && !json_is_object(props)) return fail(c, KP_EINVAL, "'properties' must be an object"), UINT32_MAX;
-    if (req && !json_is_array(req)) return fail(c, KP_EINVAL, "'required' must be a list of strings"), UINT32_MAX;
-    if (ap && !json_is_object(ap) && !json_is_boolean(ap))
-        return fail(c, KP_EINVAL, "'additionalProperties' must be a schema"), UINT32_MAX;
-    bool ap_allowed = !ap || json_is_true(ap) || json_is_object(ap);
-    size_t n_props = props ? json_object_size(props) : 0, n_req = req ? json_array_size(req) : 0;
-    prop *pv = calloc(n_props + n_req + 1, sizeof *pv);
-    cps *excl = calloc(n_props + n_req + 1, sizeof *excl);
-    uint32_t *val = calloc(n_props + n_req + 1, sizeof *val);
-    uint32_t *F = malloc((n_props + n_req + 2) * sizeof *F), *N = malloc((n_props + n_req + 2) * sizeof *N);
-    size_t np = 0, n_excl = 0;
-    uint32_t result = UINT32_MAX;
-    kp_gseq sq = {0};
-    if (!pv || !excl || !val || !F || !N) {
-        oom(c);
-        goto done;
-    }
-    for (void *it = props ? json_object_iter((json_t *)props) : NULL; it; it = json_object_iter_next((json_t *)props, it)) {
+/* An object schema being compiled: its properties (the declared ones
+ * and those required but undeclared, which take the additional schema),
+ * the keys additional properties may not use, and the rules made. */
+typedef struct {
+    const json_t *props, *req, *ap;
+    bool ap_allowed;
+    prop *pv;       /* the properties that may appear, np of them */
+    size_t np;
+    cps *excl;      /* every named key, decoded: additional keys are none of them */
+    size_t n_excl;
+    uint32_t *val;  /* each property's value rule */
+    uint32_t *F, *N; /* the chain of rules: F[i] the members from property i on, first;
+                        N[i] the same after a comma */
+} obj;
+
+/* The properties of o: the declared ones (false: excluded from additional
+ * keys only), then the required ones, marked or added. */
+static bool obj_props(sc *c, obj *o) {
+    for (void *it = o->props ? json_object_iter((json_t *)o->props) : NULL; it;
+         it = json_object_iter_next((json_t *)o->props, it)) {
         const char *k = json_object_iter_key(it);
         size_t kl = json_object_iter_key_len(it);
-        if (!decode_cps(c, k, kl, &excl[n_excl])) goto done;
-        n_excl++;
+        if (!decode_cps(c, k, kl, &o->excl[o->n_excl])) return false;
+        o->n_excl++;
         const json_t *ps = json_object_iter_value(it);
         if (json_is_false(ps)) continue; /* may not appear: excluded from additional keys only */
-        pv[np++] = (prop){k, kl, ps, false, true};
+        o->pv[o->np++] = (prop){k, kl, ps, false, true};
     }
-    for (size_t i = 0; i < n_req; i++) {
-        const json_t *x = json_array_get(req, i);
-        if (!json_is_string(x)) {
-            fail(c, KP_EINVAL, "'required' must be a list of strings");
-            goto done;
-        }
+    for (size_t i = 0; i < (o->req ? json_array_size(o->req) : 0); i++) {
+        const json_t *x = json_array_get(o->req, i);
+        if (!json_is_string(x)) return fail(c, KP_EINVAL, "'required' must be a list of strings"), false;
         const char *k = json_string_value(x);
         size_t kl = json_string_length(x), j;
-        for (j = 0; j < np; j++)
-            if (pv[j].len == kl && memcmp(pv[j].name, k, kl) == 0) break;
-        if (j < np) {
-            pv[j].required = true;
+        for (j = 0; j < o->np; j++)
+            if (o->pv[j].len == kl && memcmp(o->pv[j].name, k, kl) == 0) break;
+        if (j < o->np) {
+            o->pv[j].required = true;
             continue;
         }
-        const json_t *declared = props ? json_object_getn(props, k, kl) : NULL;
-        if (declared || !ap_allowed) {
-            fail(c, KP_EINVAL, "required property '%s' can never be present (%s)", k,
-                 declared ? "its schema is false" : "not in properties and additionalProperties is false");
-            goto done;
-        }
+        const json_t *declared = o->props ? json_object_getn(o->props, k, kl) : NULL;
+        if (declared || !o->ap_allowed)
+            return fail(c, KP_EINVAL, "required property '%s' can never be present (%s)", k,
+                        declared ? "its schema is false" : "not in properties and additionalProperties is false"),
+                   false;
         /* required but undeclared: a declared property with the additional schema */
-        if (!decode_cps(c, k, kl, &excl[n_excl])) goto done;
-        n_excl++;
-        pv[np++] = (prop){k, kl, ap ? ap : json_true(), true, false};
+        if (!decode_cps(c, k, kl, &o->excl[o->n_excl])) return false;
+        o->n_excl++;
+        o->pv[o->np++] = (prop){k, kl, o->ap ? o->ap : json_true(), true, false};
     }
-    for (size_t i = 0; i < np; i++) {
-        size_t old = path_pushs(c, pv[i].declared ? "properties" : "additionalProperties");
-        if (pv[i].declared) path_push(c, pv[i].name, pv[i].len);
-        val[i] = comp(c, pv[i].schema);
+    return true;
+}
+
+/* The value rule of each property. */
+static bool obj_values(sc *c, obj *o) {
+    for (size_t i = 0; i < o->np; i++) {
+        size_t old = path_pushs(c, o->pv[i].declared ? "properties" : "additionalProperties");
+        if (o->pv[i].declared) path_push(c, o->pv[i].name, o->pv[i].len);
+        o->val[i] = comp(c, o->pv[i].schema);
         path_pop(c, old);
-        if (val[i] == UINT32_MAX) goto done;
+        if (o->val[i] == UINT32_MAX) return false;
     }
-    uint32_t kva = UINT32_MAX;
-    if (ap_allowed) {
-        size_t old = path_pushs(c, "additionalProperties");
-        uint32_t av = comp(c, ap ? ap : json_true());
-        path_pop(c, old);
-        if (av == UINT32_MAX) goto done;
-        uint32_t key;
-        if (n_excl == 0) {
-            key = string_rule(c, 0, KP_GREP_INF);
-        } else {
-            qsort(excl, n_excl, sizeof *excl, cmp_cps);
-            bool ok = true;
-            uint32_t inner = key_excluding(c, excl, n_excl, 0, 0, n_excl, &ok);
-            key = new_rule(c, "/key\"");
-            if (!ok || key == UINT32_MAX || !push_str(c, &sq, "\"") || !push(c, &sq, KP_GE(KP_GE_REF, inner)) ||
-                !add_alt(c, key, &sq))
-                goto done;
-        }
-        kva = new_rule(c, "/additional");
-        if (key == UINT32_MAX || kva == UINT32_MAX || !push(c, &sq, KP_GE(KP_GE_REF, key)) || !push_ws(c, &sq) ||
-            !push_str(c, &sq, ":") || !push_ws(c, &sq) || !push(c, &sq, KP_GE(KP_GE_REF, av)) || !add_alt(c, kva, &sq))
-            goto done;
+    return true;
+}
+
+/* The rule of one additional member (a key none of the named ones, its
+ * value of the additional schema) into *kva. */
+static bool obj_additional(sc *c, obj *o, kp_gseq *sq, uint32_t *kva) {
+    size_t old = path_pushs(c, "additionalProperties");
+    uint32_t av = comp(c, o->ap ? o->ap : json_true());
+    path_pop(c, old);
+    if (av == UINT32_MAX) return false;
+    uint32_t key;
+    if (o->n_excl == 0) {
+        key = string_rule(c, 0, KP_GREP_INF);
+    } else {
+        qsort(o->excl, o->n_excl, sizeof *o->excl, cmp_cps);
+        bool ok = true;
+        uint32_t inner = key_excluding(c, o->excl, o->n_excl, 0, 0, o->n_excl, &ok);
+        key = new_rule(c, "/key\"");
+        if (!ok || key == UINT32_MAX || !push_str(c, sq, "\"") || !push(c, sq, KP_GE(KP_GE_REF, inner)) ||
+            !add_alt(c, key, sq))
+            return false;
     }
-    /* F_i / N_i chain, built from the end */
+    *kva = new_rule(c, "/additional");
+    return key != UINT32_MAX && *kva != UINT32_MAX && push(c, sq, KP_GE(KP_GE_REF, key)) && push_ws(c, sq) &&
+           push_str(c, sq, ":") && push_ws(c, sq) && push(c, sq, KP_GE(KP_GE_REF, av)) && add_alt(c, *kva, sq);
+}
+
+/* The F_i / N_i chain, built from the end: the properties in their order,
+ * each optional unless required, then any additional members. */
+static bool obj_chain(sc *c, obj *o, kp_gseq *sq, uint32_t kva) {
+    size_t np = o->np;
+    uint32_t *F = o->F, *N = o->N;
     F[np] = new_rule(c, "/F-end");
     N[np] = new_rule(c, "/N-end");
-    if (F[np] == UINT32_MAX || N[np] == UINT32_MAX) goto done;
-    if (ap_allowed) {
+    if (F[np] == UINT32_MAX || N[np] == UINT32_MAX) return false;
+    if (o->ap_allowed) {
         uint32_t more = new_rule(c, "/additional,");
-        if (more == UINT32_MAX || !push_str(c, &sq, ",") || !push_ws(c, &sq) || !push(c, &sq, KP_GE(KP_GE_REF, kva)) ||
-            !push_ws(c, &sq) || !add_alt(c, more, &sq) ||
-            !push(c, &sq, KP_GE(KP_GE_REF, kva)) || !push_ws(c, &sq) ||
-            !push(c, &sq, kp_builder_rep(c->b, more, 0, KP_GREP_INF)) || !add_alt(c, F[np], &sq) ||
-            !push(c, &sq, kp_builder_rep(c->b, more, 0, KP_GREP_INF)) || !add_alt(c, N[np], &sq))
-            goto done;
-    } else if (!add_alt(c, N[np], &sq)) {
-        goto done;
+        if (more == UINT32_MAX || !push_str(c, sq, ",") || !push_ws(c, sq) || !push(c, sq, KP_GE(KP_GE_REF, kva)) ||
+            !push_ws(c, sq) || !add_alt(c, more, sq) || !push(c, sq, KP_GE(KP_GE_REF, kva)) || !push_ws(c, sq) ||
+            !push(c, sq, kp_builder_rep(c->b, more, 0, KP_GREP_INF)) || !add_alt(c, F[np], sq) ||
+            !push(c, sq, kp_builder_rep(c->b, more, 0, KP_GREP_INF)) || !add_alt(c, N[np], sq))
+            return false;
+    } else if (!add_alt(c, N[np], sq)) {
+        return false;
     }
-    if (!add_alt(c, F[np], &sq)) goto done; /* nothing at all */
+    if (!add_alt(c, F[np], sq)) return false; /* nothing at all */
     for (size_t i = np; i-- > 0;) {
         F[i] = new_rule(c, "/F");
         N[i] = new_rule(c, "/N");
         uint32_t kv = new_rule(c, "/kv");
-        if (F[i] == UINT32_MAX || N[i] == UINT32_MAX || kv == UINT32_MAX) goto done;
-        if (!lit_string(c, &sq, pv[i].name, pv[i].len) || !push_ws(c, &sq) || !push_str(c, &sq, ":") ||
-            !push_ws(c, &sq) || !push(c, &sq, KP_GE(KP_GE_REF, val[i])) || !add_alt(c, kv, &sq) ||
-            !push(c, &sq, KP_GE(KP_GE_REF, kv)) || !push_ws(c, &sq) || !push(c, &sq, KP_GE(KP_GE_REF, N[i + 1])) ||
-            !add_alt(c, F[i], &sq) ||
-            !push_str(c, &sq, ",") || !push_ws(c, &sq) || !push(c, &sq, KP_GE(KP_GE_REF, kv)) || !push_ws(c, &sq) ||
-            !push(c, &sq, KP_GE(KP_GE_REF, N[i + 1])) || !add_alt(c, N[i], &sq))
-            goto done;
-        if (!pv[i].required && (!alt_ref(c, F[i], F[i + 1]) || !alt_ref(c, N[i], N[i + 1]))) goto done;
+        if (F[i] == UINT32_MAX || N[i] == UINT32_MAX || kv == UINT32_MAX) return false;
+        if (!lit_string(c, sq, o->pv[i].name, o->pv[i].len) || !push_ws(c, sq) || !push_str(c, sq, ":") ||
+            !push_ws(c, sq) || !push(c, sq, KP_GE(KP_GE_REF, o->val[i])) || !add_alt(c, kv, sq) ||
+            !push(c, sq, KP_GE(KP_GE_REF, kv)) || !push_ws(c, sq) || !push(c, sq, KP_GE(KP_GE_REF, N[i + 1])) ||
+            !add_alt(c, F[i], sq) || !push_str(c, sq, ",") || !push_ws(c, sq) || !push(c, sq, KP_GE(KP_GE_REF, kv)) ||
+            !push_ws(c, sq) || !push(c, sq, KP_GE(KP_GE_REF, N[i + 1])) || !add_alt(c, N[i], sq))
+            return false;
+        if (!o->pv[i].required && (!alt_ref(c, F[i], F[i + 1]) || !alt_ref(c, N[i], N[i + 1]))) return false;
     }
-    result = new_rule(c, "{");
-    if (result == UINT32_MAX || !push_str(c, &sq, "{") || !push_ws(c, &sq) || !push(c, &sq, KP_GE(KP_GE_REF, F[0])) ||
-        !push_str(c, &sq, "}") || !add_alt(c, result, &sq))
-        result = UINT32_MAX;
-done:
+    return true;
+}
+
+static uint32_t object_rule(sc *c, const json_t *s) {
+    obj o = {0};
+    o.props = json_object_get(s, "properties");
+    o.req = json_object_get(s, "required");
+    o.ap = json_object_get(s, "additionalProperties");
+    if (o.props && !json_is_object(o.props)) return fail(c, KP_EINVAL, "'properties' must be an object"), UINT32_MAX;
+    if (o.req && !json_is_array(o.req)) return fail(c, KP_EINVAL, "'required' must be a list of strings"), UINT32_MAX;
+    if (o.ap && !json_is_object(o.ap) && !json_is_boolean(o.ap))
+        return fail(c, KP_EINVAL, "'additionalProperties' must be a schema"), UINT32_MAX;
+    o.ap_allowed = !o.ap || json_is_true(o.ap) || json_is_object(o.ap);
+    size_t most = (o.props ? json_object_size(o.props) : 0) + (o.req ? json_array_size(o.req) : 0);
+    o.pv = calloc(most + 1, sizeof *o.pv);
+    o.excl = calloc(most + 1, sizeof *o.excl);
+    o.val = calloc(most + 1, sizeof *o.val);
+    o.F = malloc((most + 2) * sizeof *o.F);
+    o.N = malloc((most + 2) * sizeof *o.N);
+    uint32_t result = UINT32_MAX, kva = UINT32_MAX;
+    kp_gseq sq = {0};
+    if (!o.pv || !o.excl || !o.val || !o.F || !o.N) oom(c);
+    else if (obj_props(c, &o) && obj_values(c, &o) && (!o.ap_allowed || obj_additional(c, &o, &sq, &kva)) &&
+             obj_chain(c, &o, &sq, kva)) {
+        result = new_rule(c, "{");
+        if (result == UINT32_MAX || !push_str(c, &sq, "{") || !push_ws(c, &sq) ||
+            !push(c, &sq, KP_GE(KP_GE_REF, o.F[0])) || !push_str(c, &sq, "}") || !add_alt(c, result, &sq))
+            result = UINT32_MAX;
+    }
     kp_gseq_free(&sq);
-    if (excl)
-        for (size_t i = 0; i < n_excl; i++) free(excl[i].cp);
-    free(excl);
-    free(pv);
-    free(val);
-    free(F);
-    free(N);
+    for (size_t i = 0; o.excl && i < o.n_excl; i++) free(o.excl[i].cp);
+    free(o.excl);
+    free(o.pv);
+    free(o.val);
+    free(o.F);
+    free(o.N);
     return c->st == KP_OK ? result : UINT32_MAX;
 }
 
