@@ -1,0 +1,94 @@
+/*
+ * chat_impl.h - what the files of the chat layer share (internal to
+ * chat.c, chat_render.c and chat_calls.c; the contract is chat.h).
+ *
+ * chat.c loads a request's messages and tools into a chat_conv and owns
+ * the text helpers; chat_render.c renders a conversation per family;
+ * chat_calls.c reads calls back out of generated text. Calls go one way:
+ * chat_render.c and chat_calls.c call chat.c, never the other way.
+ */
+#ifndef KP_CHAT_IMPL_H
+#define KP_CHAT_IMPL_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/buf.h"
+#include "base/status.h"
+#include "serve/chat.h"
+
+/* A span of a string (Python-style strip's result). */
+typedef struct {
+    const char *s;
+    size_t len;
+} chat_span;
+
+typedef enum { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL } chat_role;
+
+
+typedef struct {
+    const char *name; /* borrowed */
+    size_t name_len;
+    char *args; /* owned: canonical JSON, or the client's text when it is not JSON */
+    size_t args_len;
+    bool args_verbatim; /* args is the client's text, not JSON */
+    const char *id;     /* borrowed; NULL when absent */
+    size_t id_len;
+} chat_call;
+
+typedef struct {
+    chat_role role;
+    char *content; /* owned, never NULL */
+    size_t content_len;
+    const char *reasoning; /* borrowed; NULL when absent or null */
+    size_t reasoning_len;
+    chat_call *calls;
+    size_t n_calls;
+    const char *tool_call_id, *tool_name; /* tool messages, borrowed; NULL when absent */
+    size_t tool_call_id_len, tool_name_len;
+    size_t src; /* the index of the request's message it comes from */
+} chat_msg;
+
+typedef struct {
+    char *text; /* owned canonical JSON */
+    size_t len;
+} chat_text;
+
+typedef struct {
+    chat_msg *msgs;
+    size_t n;
+    chat_text *tools;
+    size_t n_tools;
+} chat_conv;
+
+/* The role names, by chat_role. */
+extern const char *const kp_chat_role_names[];
+
+/* KP_ENOMEM with the chat layer's message. */
+kp_status kp_chat_oom(kp_error *err);
+
+/* Python's str.strip() / lstrip() / rstrip() of str[0..len) (left,
+ * right: which ends), and the same for newlines only. */
+chat_span kp_chat_py_strip(const char *str, size_t len, bool left, bool right);
+chat_span kp_chat_strip_newlines(const char *s, size_t len, bool left, bool right);
+
+/* The first / last occurrence of needle in s[0..len), or NULL. */
+const char *kp_chat_find(const char *s, size_t len, const char *needle);
+const char *kp_chat_find_last(const char *s, size_t len, const char *needle);
+
+/* The request's messages and tools checked and normalized into c (every
+ * error names its field); kp_chat_conv_free releases it. */
+kp_status kp_chat_conv_load(chat_conv *c, const json_t *messages, const json_t *tools, kp_error *err);
+void kp_chat_conv_free(chat_conv *c);
+
+/* For a family without a tool syntax: c rewritten into the generic tool
+ * format (chat.h). */
+kp_status kp_chat_generic_tools(chat_conv *c, kp_chat_family f, kp_error *err);
+
+/* The template's refusal of roles that do not alternate, from message
+ * first on (the error names the message). */
+kp_status kp_chat_check_alternation(const chat_conv *c, size_t first, kp_chat_family f, kp_error *err);
+
+#endif
