@@ -28,7 +28,7 @@
 enum {
     O_API_KEY = CLI_OWN, O_API_KEY_FILE, O_CHAT_TEMPLATE, O_QUEUE, O_PREFILL_CHUNK, O_MAX_BODY, O_TIMEOUT,
     O_ALIAS, O_QUIET, O_REQUEST_TIMEOUT, O_MAX_CONNECTIONS, O_MAX_PER_ADDRESS, O_STRICT_API, O_NO_DASHBOARD,
-    O_PIN_TTL_SCALE, O_VOLATILE_PREFIX, O_KEEP_VOLATILE
+    O_PIN_TTL_SCALE, O_VOLATILE_PREFIX, O_KEEP_VOLATILE, O_MAX_TOKENS_CAP
 };
 
 static const cli_opt serve_tab[] = {
@@ -65,6 +65,9 @@ static const cli_opt serve_tab[] = {
     {"keep-volatile", NULL, NULL, NULL, "keep the known clients' per-session headers in the prompt (Claude\n"
                                         "Code's x-anthropic-billing-header is left out by default)",
      O_KEEP_VOLATILE},
+    {"max-tokens-cap", NULL, NULL, "N", "every generation's max_tokens at most N, whatever the request asks\n"
+                                        "(a slow machine, or a random-weight model behind an agent)",
+     O_MAX_TOKENS_CAP},
     {0},
 };
 
@@ -177,6 +180,7 @@ int cmd_serve(int argc, char **argv) {
     const char *volatile_prefixes[KP_VOLATILE_MAX];
     size_t n_volatile = 0;
     bool keep_volatile = false;
+    int64_t max_tokens_cap = 0;
     cli_args a;
     cli_args_init(&a, "serve", serve_tab, serve_usage, argc, argv);
     for (int k; (k = cli_args_next(&a)) != CLI_END;) {
@@ -190,6 +194,7 @@ int cmd_serve(int argc, char **argv) {
         case O_STRICT_API: strict_api = true; break;
         case O_NO_DASHBOARD: no_dashboard = true; break;
         case O_KEEP_VOLATILE: keep_volatile = true; break;
+        case O_MAX_TOKENS_CAP: ok = cli_parse_i64(opt, v, 1, INT32_MAX, &max_tokens_cap); break;
         case O_VOLATILE_PREFIX:
             if (n_volatile == KP_VOLATILE_MAX) {
                 fprintf(stderr, "kvpin serve: at most %d --volatile-prefix\n", KP_VOLATILE_MAX);
@@ -370,6 +375,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.pin_ttl_scale = pin_ttl_scale;
     cfg.no_dashboard = no_dashboard;
     cfg.keep_volatile = keep_volatile;
+    cfg.max_tokens_cap = (uint32_t)max_tokens_cap;
     cfg.volatile_prefixes = volatile_prefixes;
     cfg.n_volatile = n_volatile;
     cfg.tiers_of = cache_dir || cache_redis ? e : NULL;

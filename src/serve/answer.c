@@ -223,6 +223,7 @@ static json_t *final_report(kp_answer *a) {
         json_object_set_new(j, "choices", json_integer((json_int_t)a->n));
         json_object_set_new(j, "choices_computed_tokens", json_integer((json_int_t)computed));
     }
+    if (j && a->capped) json_object_set_new(j, "max_tokens_cap", json_integer((json_int_t)a->s->cfg.max_tokens_cap));
     json_t *dropped = kp_volatile_report_json(a->s->vol, &a->dropped);
     if (j && dropped) json_object_set_new(j, "dropped_volatile_block", dropped);
     else json_decref(dropped);
@@ -432,6 +433,10 @@ static bool prepare(kp_answer *a, kp_oai_request *q, prepared *p, kp_oai_error *
     p->max_tokens = q->max_tokens_set ? q->max_tokens
                     : a->chat         ? s->ctx - (uint32_t)p->pr.n
                                       : (s->cfg.completion_max_tokens ? s->cfg.completion_max_tokens : 16);
+    if (s->cfg.max_tokens_cap && p->max_tokens > s->cfg.max_tokens_cap) { /* --max-tokens-cap */
+        p->max_tokens = s->cfg.max_tokens_cap;
+        a->capped = true;
+    }
     if (!kp_prompt_fits_budget(s, (uint32_t)p->pr.n, p->max_tokens, q->max_tokens_set, pparam, e)) return false;
     if (!(q->tool_force ? tool_grammar(s, q, &p->grammar, e) : request_grammar(s, q, &p->grammar, e))) return false;
     if (!q->seed_set) q->sp.seed = (uint64_t)time(NULL) ^ (atomic_fetch_add(&s->next_id, 1) * GOLDEN);

@@ -108,6 +108,7 @@ struct kp_answer {
     const char *retention;          /* prompt_cache_retention, NULL none */
     json_t *report;                 /* at the end: kvpin_cache (owned until a dialect takes it) */
     kp_volatile_report dropped;     /* what was left out of the system messages (volatile.h) */
+    bool capped;                    /* --max-tokens-cap lowered the request's max_tokens */
     /* the stream */
     bool opened, done;
     kp_buf out; /* SSE bytes not yet sent: out.data[off..out.len) */
