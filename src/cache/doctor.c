@@ -1073,6 +1073,29 @@ static void sb_change(sbuf *b, const char *c, size_t clen, const char *r, size_t
 /* ------------------------------------------------------------------ */
 /* Classification                                                      */
 
+/* Clients known to put a value that changes per session into their
+ * prompt: a marker of the line it is on, what a finding calls it (added
+ * to the detail), and the fix the advice names instead of the cause's. */
+static const struct {
+    const char *marker, *label, *fix;
+} KNOWN_CLIENTS[] = {
+    {"x-anthropic-billing-header:", "Claude Code's per-session billing header",
+     "start kvpin without --keep-volatile (it then leaves this header out), or set "
+     "CLAUDE_CODE_ATTRIBUTION_HEADER=0 in Claude Code's environment"},
+};
+
+/* The known client whose marker is on the line of r holding byte d, or -1. */
+static int known_client(const char *r, size_t rlen, size_t d) {
+    size_t a = line_start(r, d), e = d;
+    while (e < rlen && r[e] != '\n') e++;
+    for (size_t k = 0; k < sizeof KNOWN_CLIENTS / sizeof *KNOWN_CLIENTS; k++) {
+        size_t ml = strlen(KNOWN_CLIENTS[k].marker);
+        for (size_t i = a; i + ml <= e; i++)
+            if (!memcmp(r + i, KNOWN_CLIENTS[k].marker, ml)) return (int)k;
+    }
+    return -1;
+}
+
 kp_status kp_doctor_classify(const char *cached, size_t cached_len, const char *request,
                           size_t request_len, size_t diverge_byte, kp_doctor_cache_state state,
                           kp_doctor_finding *out, kp_error *err) {
@@ -1156,6 +1179,10 @@ kp_status kp_doctor_classify(const char *cached, size_t cached_len, const char *
                   nlr ? (size_t)(nlr - r) : rlen);
         if (d == 0) sb_puts(&body, ")");
     }
+    int client = cause == KP_DOCTOR_CAUSE_HIT || cause == KP_DOCTOR_CAUSE_COLD || cause == KP_DOCTOR_CAUSE_EVICTED
+                     ? -1
+                     : known_client(r, rlen, d);
+    if (client >= 0) sb_printf(&body, "; %s", KNOWN_CLIENTS[client].label);
     f.cause = cause;
     sbuf detail;
     sb_init(&detail, f.detail, sizeof f.detail);
@@ -1268,6 +1295,8 @@ size_t kp_doctor_advice(kp_doctor_cause cause, const char *detail, size_t line,
             sb_puts(&b, ")");
         }
     }
+    for (size_t k = 0; detail && k < sizeof KNOWN_CLIENTS / sizeof *KNOWN_CLIENTS; k++)
+        if (strstr(detail, KNOWN_CLIENTS[k].label)) fix = KNOWN_CLIENTS[k].fix; /* the client's own switch */
     sb_puts(&b, "; ");
     sb_puts(&b, fix);
     return b.need;

@@ -908,6 +908,27 @@ static void test_advice(void) {
     CHECK(contains(out, "unknown"));
 }
 
+/* A known client's per-session line (Claude Code's billing header) is
+ * named in the finding, and the advice gives the client's own switch
+ * instead of the cause's general fix; the same change on another line is
+ * not attributed to it. */
+static void test_known_client(void) {
+    const char *c = "x-anthropic-billing-header: cc_version=2.1.332.0b8; cc_entrypoint=sdk-cli;\nYou are an agent.\n";
+    const char *r = "x-anthropic-billing-header: cc_version=2.1.332.1c9; cc_entrypoint=sdk-cli;\nYou are an agent.\n";
+    kp_doctor_finding f;
+    CHECK_EQ_INT(kp_doctor_classify(c, strlen(c), r, strlen(r), 0, KP_DOCTOR_CACHE_TEXT, &f, NULL), KP_OK);
+    CHECK(f.cause != KP_DOCTOR_CAUSE_HIT && f.line == 1);
+    CHECK_MSG(strstr(f.detail, "Claude Code's per-session billing header") != NULL, "detail: %s", f.detail);
+    char adv[1024];
+    kp_doctor_advice(f.cause, f.detail, f.line, 90.0, NULL, adv, sizeof adv);
+    CHECK_MSG(strstr(adv, "CLAUDE_CODE_ATTRIBUTION_HEADER=0") && strstr(adv, "--keep-volatile"), "advice: %s", adv);
+    const char *c2 = "version=2.1.332.0b8\n", *r2 = "version=2.1.332.1c9\n";
+    CHECK_EQ_INT(kp_doctor_classify(c2, strlen(c2), r2, strlen(r2), 0, KP_DOCTOR_CACHE_TEXT, &f, NULL), KP_OK);
+    CHECK(strstr(f.detail, "Claude Code") == NULL);
+    kp_doctor_advice(f.cause, f.detail, f.line, 90.0, NULL, adv, sizeof adv);
+    CHECK(strstr(adv, "CLAUDE_CODE_ATTRIBUTION_HEADER") == NULL);
+}
+
 int main(void) {
     RUN(test_cause_names);
     RUN(test_diverge_ascii);
@@ -920,5 +941,6 @@ int main(void) {
     RUN(test_insert_details);
     RUN(test_classify_large);
     RUN(test_advice);
+    RUN(test_known_client);
     return harness_finish("doctor");
 }
