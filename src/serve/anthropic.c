@@ -160,15 +160,18 @@ static bool known_id(const json_t *ids, const char *id) {
     return false;
 }
 
-/* One content block of messages[mi] (role user or assistant). */
-static bool block(tr *t, size_t mi, size_t bi, const json_t *b, bool user, json_t *new_ids) {
+/* One content block of messages[mi] (role user, assistant or system: a
+ * system message holds text blocks only). */
+static bool block(tr *t, size_t mi, size_t bi, const json_t *b, const char *role, json_t *new_ids) {
+    bool user = !strcmp(role, "user"), sys = !strcmp(role, "system");
     char where[64];
     snprintf(where, sizeof where, "messages[%zu].content[%zu]", mi, bi);
     char p[96];
     snprintf(p, sizeof p, "%s.type", where);
     const char *type = json_string_value(json_object_get(b, "type"));
     if (!json_is_object(b) || !type) return BAD(t->e, p, "%s must be a content block with a type", where);
-    const char *role = user ? "user" : "assistant";
+    if (sys && strcmp(type, "text"))
+        return BAD(t->e, p, "%s: a system message holds text blocks only (not %.40s)", where, type);
     if (!strcmp(type, "text")) {
         const json_t *tx = json_object_get(b, "text");
         if (!json_is_string(tx)) {
@@ -231,10 +234,11 @@ static bool messages(tr *t, const json_t *ms) {
         snprintf(p, sizeof p, "messages[%zu].role", i);
         const char *role = json_string_value(json_object_get(m, "role"));
         if (!json_is_object(m) || !role) return BAD(t->e, p, "messages[%zu] must be an object with a role", i);
-        bool user = !strcmp(role, "user");
-        if (!user && strcmp(role, "assistant"))
-            return BAD(t->e, p, "%s must be \"user\" or \"assistant\" (system goes in the top-level system field)",
-                       p);
+        /* a system message among the turns (Claude Code 2.1 sends its
+         * environment so): a system message of the chat in its place */
+        bool assistant = !strcmp(role, "assistant");
+        if (strcmp(role, "user") && !assistant && strcmp(role, "system"))
+            return BAD(t->e, p, "%s must be \"user\", \"assistant\" or \"system\"", p);
         const json_t *c = json_object_get(m, "content");
         json_t *new_ids = json_array();
         if (json_is_string(c)) {
@@ -247,7 +251,7 @@ static bool messages(tr *t, const json_t *ms) {
             flush(t);
             size_t k;
             const json_t *b;
-            json_array_foreach(c, k, b) if (!block(t, i, k, b, user, new_ids)) {
+            json_array_foreach(c, k, b) if (!block(t, i, k, b, role, new_ids)) {
                 json_decref(new_ids);
                 return false;
             }
@@ -257,7 +261,7 @@ static bool messages(tr *t, const json_t *ms) {
             return BAD(t->e, p, "%s must be a string or an array of content blocks", p);
         }
         flush(t);
-        if (user) {
+        if (!assistant) {
             json_decref(new_ids);
         } else {
             json_decref(t->prev_ids);
@@ -898,14 +902,6 @@ KP_HANDLER(kp_anth_messages) {
     if (!kp_anth_translate(cn->body.data, cn->body.len, false, s->cfg.strict_api, &st->a, &e)) {
         free(st);
         return kp_http_error(s, c, &e);
-    }
-    json_int_t mt = json_integer_value(json_object_get(st->a.chat, "max_tokens"));
-    if (mt > (json_int_t)s->ctx) { /* Anthropic refuses more than the model can give, where OpenAI's cuts */
-        anth_state_free(st);
-        return kp_http_fail(s, c, 400, "invalid_request_error", NULL, "max_tokens",
-                            "max_tokens: %lld > %u, which is the maximum allowed number of output tokens for this "
-                            "model (its context)",
-                            (long long)mt, s->ctx);
     }
     char *body = json_dumps(st->a.chat, JSON_COMPACT);
     if (!body) {

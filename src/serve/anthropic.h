@@ -21,6 +21,8 @@
  *                                         become {"role":"tool",
  *                                         "tool_call_id","content"} messages,
  *                                         in the order of the blocks
+ *   system content among the messages  -> a system message in its place
+ *                                         (text blocks only)
  *   assistant content                  -> an assistant message: text blocks
  *                                         as content, tool_use blocks as
  *                                         tool_calls (arguments: the input

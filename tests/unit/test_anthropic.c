@@ -118,6 +118,21 @@ static void test_breakpoints(void) {
     kp_anth_request_free(&r);
 }
 
+/* A system message among the turns (Claude Code 2.1 sends its environment
+ * so) is a chat system message in its place, its text blocks as parts. */
+static void test_system_in_messages(void) {
+    kp_anth_request r;
+    kp_oai_error e;
+    CHECK(tr("{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"U\"},"
+             "{\"role\":\"system\",\"content\":[{\"type\":\"text\",\"text\":\"E\"}]},{\"role\":\"user\",\"content\":\"V\"}]}",
+             &r, &e));
+    CHECK(same(json_object_get(r.chat, "messages"),
+               "[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"U\"}]},"
+               "{\"role\":\"system\",\"content\":[{\"type\":\"text\",\"text\":\"E\"}]},"
+               "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"V\"}]}]"));
+    kp_anth_request_free(&r);
+}
+
 /* Each refused body, and the field its error names. */
 static void test_refused(void) {
     static const struct {
@@ -127,8 +142,11 @@ static void test_refused(void) {
         {"{\"model\":\"m\",\"max_tokens\":0,\"messages\":[{\"role\":\"user\",\"content\":\"Q\"}]}", "max_tokens", ">= 1"},
         {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"Q\"}]}", "model", "required"},
         {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[]}", "messages", "non-empty"},
-        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"system\",\"content\":\"Q\"}]}",
+        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"tool\",\"content\":\"Q\"}]}",
          "messages[0].role", "system"},
+        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"system\",\"content\":[{\"type\":\"tool_use\","
+         "\"id\":\"a\",\"name\":\"w\",\"input\":{}}]}]}",
+         "messages[0].content[0].type", "text blocks only"},
         {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\"}]}]}",
          "messages[0].content[0].type", "image"},
         {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"document\"}]}]}",
@@ -297,6 +315,7 @@ int main(void) {
     RUN(test_text_and_system);
     RUN(test_tools_round_trip);
     RUN(test_breakpoints);
+    RUN(test_system_in_messages);
     RUN(test_refused);
     RUN(test_errors);
     RUN(test_shapes);
