@@ -246,6 +246,10 @@ static void release(kp_answer *a, uint32_t i, size_t upto) {
  * and when it was the last, the report and the closing events. */
 static void choice_over(kp_answer *a, uint32_t i) {
     kp_choice *ch = &a->ch[i];
+    if (a->capped && ch->last.finish == KP_FINISH_LENGTH) { /* --max-tokens-cap ends the turn */
+        ch->last.finish = KP_FINISH_STOP;
+        ch->cap_end = true;
+    }
     kp_finish f = ch->last.finish;
     ch->over = true;
     ch->content = ch->text.len;

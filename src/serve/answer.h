@@ -54,6 +54,7 @@ typedef struct {
     json_t *calls;      /* the tool calls read out of text (owned), or NULL */
     size_t content;     /* text[0..content) is the content (before the calls) */
     const char *finish; /* the finish reason reported: "stop", "length", "tool_calls" */
+    bool cap_end;       /* --max-tokens-cap ended it (reported as a stop: the turn is over) */
 } kp_choice;
 
 /* An API's dialect: how its answer is written. Every function but prompt,

@@ -796,8 +796,9 @@ static void anth_end(kp_answer *x, uint32_t i) {
 static const char *anth_settle(kp_answer *x, const char **which, json_t **cj) {
     anth_state *st = x->dreq;
     const kp_choice *ch = &x->ch[0];
-    const char *reason = anth_stop(x->s, &ch->last, ch->calls != NULL, ch->text.len,
-                                   json_object_get(st->a.chat, "stop"), which);
+    const char *reason = ch->cap_end && !ch->calls ? (*which = NULL, "end_turn")
+                         : anth_stop(x->s, &ch->last, ch->calls != NULL, ch->text.len,
+                                     json_object_get(st->a.chat, "stop"), which);
     *cj = x->report;
     x->report = NULL;
     anth_after(x->s, &st->bps, &ch->last, *cj);

@@ -465,8 +465,9 @@ def max_tokens_cap():
     srv = Server(R, "--chat-template", "chatml", "--ctx", "1024", "--max-tokens-cap", "3")
     try:
         st, _, j = srv.post(C, {"prompt": "Once", "max_tokens": 50, "ignore_eos": True})
-        R.ok(st == 200 and j["usage"]["completion_tokens"] == 3 and j["choices"][0]["finish_reason"] == "length" and
-             j["kvpin_cache"].get("max_tokens_cap") == 3, "completions capped: %s" % (j if st != 200 else j["usage"]))
+        R.ok(st == 200 and j["usage"]["completion_tokens"] == 3 and j["choices"][0]["finish_reason"] == "stop" and
+             j["kvpin_cache"].get("max_tokens_cap") == 3, "completions capped, the turn ended: %r" % (
+                 (j if st != 200 else (j["usage"], j["choices"][0]["finish_reason"])),))
         st, _, j = srv.post(X, {"messages": USER, "ignore_eos": True})  # no max_tokens: the context, capped
         R.ok(st == 200 and j["usage"]["completion_tokens"] == 3, "chat without max_tokens capped: %s" % j.get("usage"))
         st, _, j = srv.post(C, {"prompt": "Once", "max_tokens": 2, "ignore_eos": True})
@@ -474,9 +475,11 @@ def max_tokens_cap():
              "under the cap: untouched, not reported")
         st, _, j = srv.post("/v1/messages", {"model": "m", "max_tokens": 1000,
                                              "messages": [{"role": "user", "content": "Hi"}]})
-        R.ok(st == 200 and j["usage"]["output_tokens"] <= 3, "messages capped: %s" % j.get("usage"))
+        R.ok(st == 200 and j["usage"]["output_tokens"] <= 3 and j["stop_reason"] == "end_turn",
+             "messages capped, end_turn: %s %s" % (j.get("usage"), j.get("stop_reason")))
         st, _, j = srv.post("/v1/responses", {"model": "m", "input": "Hi", "max_output_tokens": 500})
-        R.ok(st == 200 and j["usage"]["output_tokens"] <= 3, "responses capped: %s" % j.get("usage"))
+        R.ok(st == 200 and j["usage"]["output_tokens"] <= 3 and j["status"] == "completed",
+             "responses capped, completed: %s %s" % (j.get("usage"), j.get("status")))
     finally:
         srv.stop()
     p = subprocess.run([KVPIN, "serve", "--port", "0", "--max-tokens-cap", "0"], capture_output=True, text=True,
