@@ -12,7 +12,10 @@
  * `snap_mu`. scheduler.c's top comment has the locks and a request's life.
  *
  * The scheduler's files: scheduler.c (requests, the queue, the cache
- * operations' entry points).
+ * operations' entry points) and scheduler_thread.c (the engine thread).
+ * Calls between them go one way (make check refuses a circle):
+ * scheduler_thread.c uses the functions at the end of this header, which
+ * scheduler.c defines.
  */
 #ifndef KP_SCHEDULER_IMPL_H
 #define KP_SCHEDULER_IMPL_H
@@ -162,5 +165,17 @@ struct kp_sched {
     } warm[SCHED_WARM];
     uint64_t warm_clock;
 };
+
+/* ---- defined in scheduler.c ------------------------------------------- */
+
+/* Seconds on the monotonic clock. */
+double kp_sched_now(void);
+
+/* Drops one of r's two references (owner, scheduler); the last frees it. */
+void kp_sched_unref(kp_sreq *r);
+
+/* Puts r at the queue's front (a preempted request, or a parked one whose
+ * crew left). Engine thread. */
+void kp_sched_requeue(kp_sched *s, kp_sreq *r);
 
 #endif
