@@ -14,16 +14,21 @@
  *   scheduler_thread.c   the engine thread: start and stop, the loop,
  *                        admission, steps and sampling, preemption, the
  *                        snapshot published, the cache operations served
+ *   scheduler_crews.c    in-flight prefixes: a queued request parked on a
+ *                        running sequence forks the rows they share
  *   scheduler_impl.h     the types they share (internal to these files)
  *
- * Calls between them go one way: scheduler_thread.c calls scheduler.c
- * (kp_sched_now, kp_sched_unref, kp_sched_requeue), never the reverse.
+ * Calls between them go one way: scheduler_thread.c calls
+ * scheduler_crews.c (kp_sched_crew_find, _leave, _ready) and scheduler.c
+ * (kp_sched_now, kp_sched_unref, kp_sched_requeue); scheduler_crews.c calls
+ * scheduler.c; scheduler.c calls neither.
  *
- * Owns (the files together): the thread, the queue (FIFO of kp_sreq under `mu`), the queue of
- * cache operations (under `mu`), the running table (engine thread only),
- * the report history (kp_cachereport, engine thread only), the cache snapshot
- * (under `snap_mu`) and the stats. Borrows the engine and the vocabulary;
- * only the engine thread calls the engine.
+ * Owns (the files together): the thread, the queue (FIFO of kp_sreq under
+ * `mu`), the queue of cache operations (under `mu`), the running table
+ * (engine thread only), the report history (kp_cachereport, engine thread
+ * only), the cache snapshot (under `snap_mu`) and the stats. Borrows the
+ * engine and the vocabulary; only the engine thread calls the engine, and
+ * what it does in one iteration is in scheduler_thread.c's top comment.
  *
  * A request's life and who may touch what:
  *
@@ -114,30 +119,9 @@
  * what was computed.
  *
  * Crews (in-flight prefixes). A request at the queue's head whose prompt
- * shares with the run of a running sequence L (L's prompt while it
- * prefills, its positions once it generates) more than the index holds,
- * and a block at least, parks on L (crew_find, tokens compared one by one):
- * it takes a slot but no step item and no prefill budget, and holds no
- * blocks. Before each step, a parked request whose crew_n shared
- * positions L has computed forks them (kp_eng_fork_prefix: L's whole
- * blocks shared, the block holding position crew_n - 1 copied when
- * partial, crew_n <= its prompt - 1) and prefills only its own tail, in
- * the same step; the sequences someone is parked on get the step's
- * prefill budget first, so the shared part is computed at L's full speed
- * and the tails of a crew are batched together after it:
- *
- *   arrive | L prefilling 4000 + 100 | F1..F7 parked (crew L, crew_n 4000)        |
- *   steps  | L: the budget first      | nothing                                    |
- *   then   | L decoding               | Fi = fork_prefix(L, 4000); the 7 tails of  |
- *          |                          | 100 share the budget of the next steps     |
- *
- * KV: a parked request counts its prompt less the whole blocks it will
- * share. L leaving (finished, cancelled, failed, preempted) first lets the
- * parked requests whose rows are computed fork them, then sends the others
- * to the queue's front in order (not counted as preemptions); L's rows are
- * indexed as it leaves, so the first of them reuses them through the index
- * and the others park on it. A request sharing nothing with a running
- * sequence is admitted exactly as before.
+ * shares more with a running sequence than the index holds, a block at
+ * least, parks on it and forks those rows once they are computed, then
+ * prefills only its own tail: scheduler_crews.c has the rules.
  *
  * Output fields of a request (text, usage, report, finish) are written by
  * the engine thread and read by the owner, both under the request's own

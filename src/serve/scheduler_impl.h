@@ -12,10 +12,11 @@
  * `snap_mu`. scheduler.c's top comment has the locks and a request's life.
  *
  * The scheduler's files: scheduler.c (requests, the queue, the cache
- * operations' entry points) and scheduler_thread.c (the engine thread).
- * Calls between them go one way (make check refuses a circle):
- * scheduler_thread.c uses the functions at the end of this header, which
- * scheduler.c defines.
+ * operations' entry points), scheduler_thread.c (the engine thread) and
+ * scheduler_crews.c (in-flight prefixes). Calls between them go one way
+ * (make check refuses a circle), as the functions at the end of this
+ * header say: scheduler_thread.c -> scheduler_crews.c -> scheduler.c, and
+ * scheduler_thread.c -> scheduler.c.
  */
 #ifndef KP_SCHEDULER_IMPL_H
 #define KP_SCHEDULER_IMPL_H
@@ -177,5 +178,19 @@ void kp_sched_unref(kp_sreq *r);
 /* Puts r at the queue's front (a preempted request, or a parked one whose
  * crew left). Engine thread. */
 void kp_sched_requeue(kp_sched *s, kp_sreq *r);
+
+/* ---- defined in scheduler_crews.c (engine thread) ------------------------ */
+
+/* The running sequence queued r (the queue's head) parks on, and the
+ * positions it will fork (*cap); NULL: r is admitted the ordinary way. */
+kp_sreq *kp_sched_crew_find(kp_sched *s, kp_sreq *r, uint32_t *cap, kp_eng_report *rep);
+
+/* r, with requests parked on it, leaves the running table: they fork what
+ * r computed for them, or go back to the queue's front. */
+void kp_sched_crew_leave(kp_sched *s, kp_sreq *r);
+
+/* Before a step: parked requests whose rows are computed fork them; the
+ * sequences others park on take the step's prefill budget first. */
+void kp_sched_crew_ready(kp_sched *s, uint32_t *budget);
 
 #endif

@@ -11,9 +11,13 @@
  * queue that scheduler.c fills at the tail, puts preempted ones back at
  * the front (kp_sched_requeue), writes their output under each request's
  * mutex, and drops the scheduler's reference of one that ended
- * (kp_sched_unref). The rules it keeps (KV admission, preemption, why
- * they always make progress, choices, in-flight prefixes) and the locks
- * are in scheduler.c's top comment; the types in scheduler_impl.h.
+ * (kp_sched_unref). In-flight prefixes are scheduler_crews.c's: this file
+ * asks it where a request parks (kp_sched_crew_find), parks it
+ * (crew_park), and calls it before a step (kp_sched_crew_ready) and when a
+ * sequence with parked requests leaves (kp_sched_crew_leave). The rules it
+ * keeps (KV admission, preemption, why they always make progress, choices)
+ * and the locks are in scheduler.c's top comment; the types in
+ * scheduler_impl.h.
  *
  * One iteration of the engine thread:
  *
@@ -21,7 +25,8 @@
  *   serve the operations: probe (kp_eng_probe + kp_cachereport_explain), pin,
  *     unpin; publish the snapshot if one changed the cache; callers go on
  *   admit from the queue's head while a slot is free and the KV rule
- *     (scheduler.c's top comment) holds (kp_eng_begin, cache report); expire pins (every second)
+ *     (scheduler.c's top comment) holds (kp_eng_begin, cache report);
+ *     expire pins (every second)
  *   step: one kp_eng_step for every running sequence, sample, text;
  *     preempt for the items that found no KV block
  *   publish the snapshot (at once when a request ended or the engine is
@@ -60,6 +65,7 @@ static void observe(double v, const double *le, uint64_t *count, uint64_t *n, do
     *sum += v;
 }
 
+/* Wakes kp_sreq_wait_any on r's choices: their group's tick advances. */
 static void group_poke(kp_sreq *r) {
     if (!r->grp) return;
     pthread_mutex_lock(&r->grp->mu);
@@ -115,7 +121,6 @@ static void publish(kp_sched *s, bool now_) {
 
 static void preempt(kp_sched *s, kp_sreq *r);
 static bool on_logits(kp_sched *s, kp_sreq *r);
-static void crew_leave(kp_sched *s, kp_sreq *r);
 
 /* r leaves the running table: if it waited for a leader's prefill, the
  * leader no longer counts it; if followers waited for r's prefill, they
@@ -129,7 +134,7 @@ static void leave_group(kp_sched *s, kp_sreq *r) {
         r->crew->n_crew--;
         r->crew = NULL;
     }
-    if (r->n_crew > 0) crew_leave(s, r);
+    if (r->n_crew > 0) kp_sched_crew_leave(s, r);
     for (uint32_t i = 0; r->n_wait > 0 && i < s->n_running; i++) {
         kp_sreq *q = s->running[i];
         if (!q || q->lead != r) continue;
@@ -220,7 +225,7 @@ static uint32_t crew_need(const kp_sched *s, uint32_t n_fill, uint32_t shared) {
 /* Whether the queue's head r, and `followers` choices of it that fork
  * from its prefill, may be admitted now: the KV rule of scheduler.c's top comment.
  * crew_n > 0: r parks to fork crew_n positions of a running sequence
- * (crew_find), so its need is its prompt less those whole blocks.
+ * (kp_sched_crew_find), so its need is its prompt less those whole blocks.
  * Engine thread. */
 static bool kv_room(kp_sched *s, kp_sreq *r, uint32_t followers, uint32_t crew_n) {
     uint64_t pending = s->n_running; /* a block per running sequence */
@@ -322,47 +327,8 @@ static bool admit_follower(kp_sched *s, kp_sreq *f, kp_sreq *lead) {
     return true;
 }
 
-/* ---- in-flight prefixes (scheduler.c's top comment: "Crews") ------------ */
-
-/* The positions of running request r that another request may fork once
- * computed: its fill while prefilling (the rows come as it computes
- * them), what it holds once generating. */
-static uint32_t crew_run(const kp_sreq *r) { return r->fed > r->n_fill ? r->fed : r->n_fill; }
-
-/* The running sequence whose run shares the longest prefix with queued r's
- * fill, when that prefix is a block long at least and longer than what the
- * index holds for r (*rep: kp_eng_probe of the index now): r then parks on it and
- * forks *cap positions, at most n_fill - 1 (r computes its last prompt
- * position for its logits, as on a full hit). Tokens are compared one by
- * one. NULL: r is admitted the ordinary way (a first admission only; not
- * a choice of n). Engine thread, r the queue's head. */
-static kp_sreq *crew_find(kp_sched *s, kp_sreq *r, uint32_t *cap, kp_eng_report *rep) {
-    *cap = 0;
-    if (r->no_crew || r->admitted || r->n_fill < 2 || s->n_running == 0) return NULL;
-    const int32_t *t = kp_gen_tokens(r->gen);
-    kp_sreq *best = NULL;
-    uint32_t most = 0;
-    for (uint32_t i = 0; i < s->n_running; i++) {
-        kp_sreq *q = s->running[i];
-        if (!q || q->lead || q->crew) continue; /* a cancelled one too: its rows are indexed as it ends */
-        uint32_t m = crew_run(q), k = 0;
-        if (m > r->n_fill - 1) m = r->n_fill - 1;
-        const int32_t *u = kp_gen_tokens(q->gen);
-        while (k < m && t[k] == u[k]) k++;
-        if (k > most) {
-            most = k;
-            best = q;
-        }
-    }
-    if (!best || most < kp_eng_block_size(s->e)) return NULL;
-    kp_eng_probe(s->e, t, r->n_fill, rep);
-    if (most <= rep->reused_tokens) return NULL;
-    *cap = most;
-    return best;
-}
-
 /* Takes queued r into the running table parked on lead: no sequence, no
- * step item, until lead has computed cap positions (crew_ready). false:
+ * step item, until lead has computed cap positions (kp_sched_crew_ready). false:
  * cancelled instead. Engine thread. */
 static bool crew_park(kp_sched *s, kp_sreq *r, kp_sreq *lead, uint32_t cap, const kp_eng_report *rep) {
     kv_waited(s, r);
@@ -376,96 +342,6 @@ static bool crew_park(kp_sched *s, kp_sreq *r, kp_sreq *lead, uint32_t cap, cons
     r->crew_rep = *rep;
     lead->n_crew++;
     return true;
-}
-
-/* The parked request in slot i, whose crew has computed its crew_n
- * positions, forks them (kp_eng_fork_prefix) and becomes an ordinary
- * prefilling sequence from there: its report is the index's at parking
- * with the forked rows as reused, those beyond the index's as in-flight,
- * and the time it waited. A fork that finds no block sends it back to the
- * queue's front, to be admitted the ordinary way. Engine thread. */
-static void crew_attach(kp_sched *s, uint32_t i) {
-    kp_sreq *q = s->running[i], *lead = q->crew;
-    lead->n_crew--;
-    q->crew = NULL;
-    kp_error err = {0};
-    if (kp_eng_fork_prefix(s->e, &lead->seq, q->crew_n, &q->seq, &err) != KP_OK) {
-        q->no_crew = true;
-        s->running[i] = NULL;
-        kp_sched_requeue(s, q);
-        return;
-    }
-    s->dirty = true;
-    q->fed = q->crew_n;
-    q->admitted = true;
-    const int32_t *tokens = kp_gen_tokens(q->gen);
-    kp_eng_report rep = q->crew_rep;
-    uint32_t idx = rep.reused_tokens;
-    rep.reused_tokens = q->crew_n;
-    rep.computed_tokens = q->n_fill - q->crew_n;
-    rep.inflight_tokens = q->crew_n > idx ? q->crew_n - idx : 0;
-    rep.inflight_wait_ms = (kp_sched_now() - q->t_admit) * 1e3;
-    kp_doctor_report d; /* why the index alone left off where it did */
-    bool has = kp_cachereport_explain(s->crep, tokens, q->n_prompt, q->text, q->text_len, &q->crew_rep,
-                               KP_DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
-    pthread_mutex_lock(&q->mu);
-    q->report = rep;
-    if (has) q->doctor = d;
-    q->has_doctor = has;
-    q->queue_ms = (q->t_admit - q->t_submit) * 1e3;
-    q->prog_admitted = true;
-    q->prog_done = q->fed;
-    if (atomic_load(&q->progress)) {
-        q->prog_new = true;
-        pthread_cond_broadcast(&q->cv);
-    }
-    pthread_mutex_unlock(&q->mu);
-    pthread_mutex_lock(&s->mu);
-    s->st.requests_started++;
-    s->st.prompt_tokens += q->n_prompt;
-    s->st.cached_tokens += rep.reused_tokens;
-    s->st.inflight_followers++;
-    s->st.inflight_reused_tokens += rep.inflight_tokens;
-    pthread_mutex_unlock(&s->mu);
-}
-
-/* r leaves the running table with requests parked on it: those whose rows
- * r has computed fork them now (r's sequence is still whole); the others go
- * back to the queue's front in their order (r's rows are indexed as it
- * leaves, so the first of them reuses them through the index and the rest
- * park on that one: nothing r computed is computed again). Not counted as
- * preemptions. Engine thread. */
-static void crew_leave(kp_sched *s, kp_sreq *r) {
-    for (uint32_t i = s->n_running; r->n_crew > 0 && i-- > 0;) {
-        kp_sreq *q = s->running[i];
-        if (!q || q->crew != r) continue;
-        if (r->fed >= q->crew_n) {
-            crew_attach(s, i);
-            continue;
-        }
-        r->n_crew--;
-        q->crew = NULL;
-        s->running[i] = NULL;
-        kp_sched_requeue(s, q); /* from the youngest: the oldest ends up first */
-    }
-}
-
-/* Before a step: parked requests whose crew has computed their rows fork
- * them, and the sequences others are parked on take the step's prefill
- * budget first (*budget: what is left for everyone else), so a crew's
- * shared prompt is computed at full speed. Engine thread. */
-static void crew_ready(kp_sched *s, uint32_t *budget) {
-    for (uint32_t i = 0; i < s->n_running; i++) {
-        kp_sreq *q = s->running[i];
-        if (q) q->crew_chunk = 0;
-        if (q && q->crew && !atomic_load(&q->cancel) && q->crew->fed >= q->crew_n) crew_attach(s, i);
-    }
-    for (uint32_t i = 0; i < s->n_running && *budget > 0; i++) {
-        kp_sreq *q = s->running[i];
-        if (!q || q->n_crew == 0 || q->lead || q->crew || q->fed >= q->n_fill || atomic_load(&q->cancel)) continue;
-        q->crew_chunk = q->n_fill - q->fed < *budget ? q->n_fill - q->fed : *budget;
-        *budget -= q->crew_chunk;
-    }
 }
 
 /* The followers of r that directly follow it in the queue and may fork
@@ -541,7 +417,7 @@ static void admit_queued(kp_sched *s) {
         }
         uint32_t cap = 0;
         kp_eng_report crep;
-        kp_sreq *lead = k == 0 && !atomic_load(&r->cancel) ? crew_find(s, r, &cap, &crep) : NULL;
+        kp_sreq *lead = k == 0 && !atomic_load(&r->cancel) ? kp_sched_crew_find(s, r, &cap, &crep) : NULL;
         bool no_room = false;
         if (!atomic_load(&r->cancel) && !kv_room(s, r, k, cap)) {
             if (s->n_running > 0) { /* room comes back as running sequences grow no more, end or step aside */
@@ -757,7 +633,7 @@ static void make_room(kp_sched *s, uint32_t n_full, uint32_t n_live) {
 
 static void step(kp_sched *s) {
     uint32_t ni = 0, budget = s->cfg.prefill_chunk, n_live = 0;
-    crew_ready(s, &budget);
+    kp_sched_crew_ready(s, &budget);
     for (uint32_t i = 0; i < s->n_running; i++) {
         kp_sreq *r = s->running[i];
         if (!r) continue; /* a follower sent back when its leader left */
@@ -772,7 +648,7 @@ static void step(kp_sched *s) {
         memset(it, 0, sizeof *it);
         it->seq = &r->seq;
         if (r->fed < r->n_fill) {
-            uint32_t c = r->crew_chunk; /* given first (crew_ready) */
+            uint32_t c = r->crew_chunk; /* given first (kp_sched_crew_ready) */
             if (c == 0) {
                 if (budget == 0) continue;
                 c = r->n_fill - r->fed < budget ? r->n_fill - r->fed : budget;
