@@ -6,9 +6,9 @@
  * nothing outside the scheduler's files includes this header. It holds the
  * structures those files share: a request (struct kp_sreq), what the
  * choices of one kp_sched_submit_n share (sgroup), a cache operation
- * (sched_op) and the scheduler itself (struct kp_sched), with the comment
- * on every field saying who may touch it: set at submit and then the
- * engine thread's, under the request's `mu`, under the scheduler's `mu` or
+ * (sched_op) and the scheduler itself (struct kp_sched), with comments
+ * saying who may touch which fields: set at submit and then the engine
+ * thread's, under the request's `mu`, under the scheduler's `mu` or
  * `snap_mu`. scheduler.c's top comment has the locks and a request's life.
  *
  * The scheduler's files: scheduler.c (requests, the queue, the cache
