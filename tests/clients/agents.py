@@ -3,8 +3,10 @@
 tests/clients/e2e_agents.sh after it installed the pinned npm packages).
 
 Claude Code (`claude -p`, then `--continue`, then a new session) through
-ANTHROPIC_BASE_URL, and Codex (`codex exec`, then `exec resume --last`)
-through a custom model provider on the Responses API, against a
+ANTHROPIC_BASE_URL, Codex (`codex exec`, then `exec resume --last`, then a
+new session) through a custom model provider on the Responses API, and
+opencode (`run`, `run --continue`, a new session) through an
+OpenAI-compatible provider on chat completions, against a
 random-weight model with a real BPE vocabulary and a 64k context
 (`kvpin mkmodel`, 2 layers of width 64: the agents' 15-20k-token prompts
 are computed in seconds even under the sanitizers), with --max-tokens-cap 8
@@ -92,7 +94,8 @@ class Relay:
 
 
 def history(srv):
-    """The server's last requests, oldest first (the dashboard's history)."""
+    """The server's last requests, oldest first (the dashboard's history,
+    24 at most: the three agents' sessions make about a dozen)."""
     st, j = srv.get("/v1/cache/events")
     return sorted(j["history"]["requests"], key=lambda r: r["seq"]) if st == 200 else []
 
@@ -123,7 +126,7 @@ def check_sessions(srv, agent, first, cont, new, seen):
     c = h[first]  # the continued session's first request
     ok(c["reused_tokens"] >= prev["prompt_tokens"] - 1,
        "%s --continue reuses the whole previous prompt: %d of %d" % (agent, c["reused_tokens"], prev["prompt_tokens"]))
-    n = h[first + cont]
+    n = max(h[first + cont:first + cont + new], key=lambda r: r["prompt_tokens"])  # its main prompt (not a title's)
     snip = n["cache"].get("request_snippet", "") + n["cache"].get("detail", "")
     ok("new session" in snip and n["reused_tokens"] > 0.5 * prev["prompt_tokens"],
        "%s: a new session misses first at its user's text (reused %d of %d): %r" % (
@@ -178,6 +181,29 @@ def codex(srv, relay, tmp):
     check_sessions(srv, "codex", a, b, c, seen)
 
 
+def opencode(srv, relay, tmp):
+    home = os.path.join(tmp, "opencode-home")
+    os.makedirs(os.path.join(home, ".config", "opencode"))
+    with open(os.path.join(home, ".config", "opencode", "opencode.json"), "w") as f:
+        json.dump({"$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
+                   "provider": {"kvpin": {"npm": "@ai-sdk/openai-compatible", "name": "kvpin",
+                                          "options": {"baseURL": "http://127.0.0.1:%d/v1" % relay.port, "apiKey": "x"},
+                                          "models": {"test": {"name": "test"}}}},
+                   "model": "kvpin/test"}, f)
+    work = os.path.join(tmp, "opencode-work")
+    os.makedirs(work)
+    env = dict(os.environ, HOME=home, OPENCODE_DISABLE_AUTOUPDATE="1")
+    exe = os.path.join(BIN, "opencode")
+    seen = len(history(srv))
+    run("opencode run", [exe, "run", "say hi"], env, work)
+    a = counted(srv, seen)
+    run("opencode run --continue", [exe, "run", "--continue", "and again"], env, work)
+    b = counted(srv, seen) - a
+    run("opencode run (a new session)", [exe, "run", "a new session"], env, work)
+    c = counted(srv, seen) - a - b
+    check_sessions(srv, "opencode", a, b, c, seen)
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="kvpin-agents-")
     model = os.path.join(tmp, "agent.gguf")
@@ -192,6 +218,7 @@ def main():
     try:
         claude(srv, relay, tmp)
         codex(srv, relay, tmp)
+        opencode(srv, relay, tmp)
         st = statuses(srv)
         ok(sum(v for k, v in st.items() if k != "200") == 0, "every answer a 200: %s" % st)
         with relay.mu:

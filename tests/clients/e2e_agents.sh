@@ -1,6 +1,7 @@
 #!/bin/sh
 # End-to-end tests of the real coding agents against `kvpin serve`: Claude
-# Code (@anthropic-ai/claude-code) and Codex (@openai/codex), pinned in
+# Code (@anthropic-ai/claude-code), Codex (@openai/codex) and opencode
+# (opencode-ai), pinned in
 # tests/clients/package-lock.json and installed with it on first use (needs
 # Node 20 and the npm registry; without them this test fails, it never
 # passes silently). tests/clients/agents.py makes the model, runs each
