@@ -193,7 +193,9 @@ def opencode(srv, relay, tmp):
     work = os.path.join(tmp, "opencode-work")
     os.makedirs(work)
     env = dict(os.environ, HOME=home, OPENCODE_DISABLE_AUTOUPDATE="1")
-    exe = os.path.join(BIN, "opencode")
+    # opencode's Linux x86-64 build itself: the opencode-ai wrapper names a package
+    # per platform, and only this one is in the registry the tests install from
+    exe = os.path.join(os.path.dirname(BIN), "opencode-linux-x64-baseline", "bin", "opencode")
     seen = len(history(srv))
     run("opencode run", [exe, "run", "say hi"], env, work)
     a = counted(srv, seen)

@@ -186,8 +186,11 @@ test('errors in Anthropic shape with its status codes', async () => {
     const base = { model: 'm', max_tokens: 4, messages: ASK };
     const { max_tokens, ...noMax } = base;
     await rejectsWith(client.messages.create(noMax), Anthropic.BadRequestError, 400, 'invalid_request_error', /max_tokens/);
-    await rejectsWith(client.messages.create({ ...base, max_tokens: 1 << 29 }), Anthropic.BadRequestError, 400,
+    await rejectsWith(client.messages.create({ ...base, max_tokens: 0 }), Anthropic.BadRequestError, 400,
         'invalid_request_error', /max_tokens/);
+    // more than the context is cut at it, as Claude Code's 128,000 needs
+    const huge = await client.messages.create({ ...base, max_tokens: 1 << 29, stop_sequences: ['.'] });
+    assert.equal(huge.type, 'message');
     const bad = new Anthropic({ baseURL: URL_MAIN, apiKey: 'wrong', maxRetries: 0 });
     await rejectsWith(bad.messages.create(base), Anthropic.AuthenticationError, 401, 'authentication_error');
     await rejectsWith(client.messages.create({
@@ -203,7 +206,7 @@ test('errors in Anthropic shape with its status codes', async () => {
     await rejectsWith(client.messages.create({
         ...base, system: [{ type: 'text', text: 'x', cache_control: { type: 'ephemeral', ttl: '2h' } }],
     }), Anthropic.BadRequestError, 400, 'invalid_request_error', /ttl/);
-    await rejectsWith(client.messages.create({ ...base, messages: [{ role: 'system', content: 'x' }] }),
+    await rejectsWith(client.messages.create({ ...base, messages: [{ role: 'tool', content: 'x' }] }),
         Anthropic.BadRequestError, 400, 'invalid_request_error', /role/);
     // healthy afterwards
     const m = await client.messages.create(base);

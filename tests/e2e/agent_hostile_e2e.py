@@ -56,11 +56,12 @@ def messages(srv):
     cases = [
         ("no max_tokens", {"model": "m", "messages": USER}, "max_tokens"),
         ("max_tokens 0", dict(base, max_tokens=0), "max_tokens"),
-        ("huge max_tokens", dict(base, max_tokens=10 ** 9), "max_tokens"),
         ("max_tokens a string", dict(base, max_tokens="4"), "max_tokens"),
         ("no model", {"max_tokens": 4, "messages": USER}, "model"),
         ("messages not an array", dict(base, messages={"role": "user"}), "messages"),
-        ("a system role in messages", dict(base, messages=[{"role": "system", "content": "x"}]), "role"),
+        ("a tool role in messages", dict(base, messages=[{"role": "tool", "content": "x"}]), "role"),
+        ("a tool_use in a system message", dict(base, messages=[{"role": "system", "content": [
+            {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]), "text blocks only"),
         ("an unknown block type", dict(base, messages=[{"role": "user", "content": [{"type": "video"}]}]), "video"),
         ("an image block", dict(base, messages=[{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]), "image"),
@@ -93,6 +94,13 @@ def messages(srv):
     for what, body, word in cases:
         st, _, j = srv.post(M, body)
         anthropic_error(R, st, j, 400, "messages: " + what, word)
+    # what Claude Code 2.1 sends: max_tokens far above the context (cut at it)
+    # and a system message among the turns (rendered in its place)
+    st, _, j = srv.post(M, dict(base, max_tokens=10 ** 9, stop_sequences=["\n"]))
+    R.ok(st == 200 and j["usage"]["output_tokens"] < 2048, "messages: huge max_tokens is cut at the context: %s %s" % (
+        st, j.get("usage") if st == 200 else j))
+    st, _, j = srv.post(M, dict(base, messages=USER + [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}]))
+    R.ok(st == 200 and j["type"] == "message", "messages: a system message among the turns: %s" % st)
     st, _, j = srv.post(M, "{not json")
     anthropic_error(R, st, j, 400, "messages: not JSON")
     st, _, j = srv.post(CT, {"model": "m", "messages": [{"role": "user", "content": [{"type": "image"}]}]})
