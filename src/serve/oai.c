@@ -69,7 +69,7 @@ json_t *kp_oai_parse_object(const char *body, size_t len, kp_oai_error *e) {
         return NULL;
     }
     json_error_t je;
-    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
     if (!root) {
         BAD(e, "", "the request body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
         return NULL;

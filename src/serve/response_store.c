@@ -115,8 +115,8 @@ bool kp_response_store_get(kp_response_store *s, const char *id, json_t **respon
     if (x) {
         unlink_entry(s, x);
         push_front(s, x);
-        if (response) *response = json_loads(x->response, JSON_PRESERVE_ORDER, NULL);
-        if (conv) *conv = json_loads(x->conv, 0, NULL);
+        if (response) *response = json_loads(x->response, JSON_PRESERVE_ORDER | JSON_ALLOW_NUL, NULL);
+        if (conv) *conv = json_loads(x->conv, JSON_ALLOW_NUL, NULL);
     }
     pthread_mutex_unlock(&s->mu);
     return x != NULL;

@@ -252,7 +252,7 @@ static bool number(const json_t *root, const char *k, const char *to, double lo,
 }
 
 bool kp_resp_previous(const char *body, size_t len, char *out, size_t cap) {
-    json_t *root = json_loadb(body, len, 0, NULL);
+    json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, NULL);
     const char *p = json_string_value(json_object_get(root, "previous_response_id"));
     if (p) snprintf(out, cap, "%s", p);
     json_decref(root);

@@ -487,6 +487,26 @@ def max_tokens_cap():
     R.ok(p.returncode == 2 and "--max-tokens-cap" in p.stderr, "a cap of 0: exit %d %r" % (p.returncode, p.stderr[-200:]))
 
 
+def nul_text():
+    """U+0000 in a message is text like any other (JSON allows it; a model can
+    write it, and an agent sends the answer back): every API takes it, and
+    the prompt is the one with the character (more tokens than without)."""
+    srv = Server(R, "--chat-template", "chatml", "--ctx", "1024")
+    try:
+        with_nul = [{"role": "user", "content": "a\u0000b"}]
+        st, _, j = srv.post(X, {"messages": with_nul, "max_tokens": 1})
+        _, _, p = srv.post("/v1/cache/probe", {"messages": with_nul})
+        _, _, q = srv.post("/v1/cache/probe", {"messages": [{"role": "user", "content": "ab"}]})
+        R.ok(st == 200 and j["usage"]["prompt_tokens"] == p["prompt_tokens"] > q["prompt_tokens"],
+             "chat: U+0000 in a message: %s %s %s" % (st, j.get("usage") if st == 200 else j, (p, q)))
+        st, _, j = srv.post("/v1/messages", {"model": "m", "max_tokens": 1, "messages": with_nul})
+        R.ok(st == 200, "messages: U+0000 in a message: %s %s" % (st, j if st != 200 else ""))
+        st, _, j = srv.post("/v1/responses", {"model": "m", "max_output_tokens": 1, "input": "a\u0000b"})
+        R.ok(st == 200, "responses: U+0000 in the input: %s %s" % (st, j if st != 200 else ""))
+    finally:
+        srv.stop()
+
+
 def bugs():
     # --queue 0 answered every request with 503, even with a sequence free
     srv = Server(R, "--queue", "0", "-np", "1")
@@ -584,6 +604,7 @@ def main():
     first_byte()
     volatile()
     max_tokens_cap()
+    nul_text()
     bugs()
     pin_messages()
     run_progress_bar()
