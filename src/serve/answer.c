@@ -569,3 +569,18 @@ enum MHD_Result kp_answer_run(kp_server *s, struct MHD_Connection *c, kp_conn *c
     if (!wait_first(a, c, cn, &res)) return res;
     return answer_send(a, c, cn, ign_h, ignored);
 }
+
+enum MHD_Result kp_answer_run_chat(kp_server *s, struct MHD_Connection *c, kp_conn *cn, const kp_dialect *d,
+                                   void *dreq, const json_t *chat, const kp_buf *ignored) {
+    /* both copied out before the run: they live in dreq, which the run frees */
+    char *body = json_dumps(chat, JSON_COMPACT);
+    char ign[1024];
+    snprintf(ign, sizeof ign, "%s", ignored && ignored->data ? ignored->data : "");
+    if (!body) {
+        if (d->free) d->free(dreq);
+        return kp_http_fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    enum MHD_Result r = kp_answer_run(s, c, cn, d, dreq, true, body, strlen(body), ign);
+    free(body);
+    return r;
+}

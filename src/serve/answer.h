@@ -128,6 +128,12 @@ struct kp_answer {
 enum MHD_Result kp_answer_run(kp_server *s, struct MHD_Connection *c, kp_conn *cn, const kp_dialect *d, void *dreq,
                               bool chat, const char *body, size_t len, const char *ignored);
 
+/* kp_answer_run of a dialect whose translation made a chat-completions
+ * body (chat, and ignored, the fields it did not act on: both borrowed
+ * from dreq, which is owned from here on as by kp_answer_run). */
+enum MHD_Result kp_answer_run_chat(kp_server *s, struct MHD_Connection *c, kp_conn *cn, const kp_dialect *d,
+                                   void *dreq, const json_t *chat, const kp_buf *ignored);
+
 /* A generation's kvpin_cache object: the report of its prompt's prefill,
  * the times it was preempted, and a note when the KV budget cut it short. */
 json_t *kp_answer_report_json(const kp_sreq_update *u);

@@ -904,14 +904,5 @@ KP_HANDLER(kp_anth_messages) {
         free(st);
         return kp_http_error(s, c, &e);
     }
-    char *body = json_dumps(st->a.chat, JSON_COMPACT);
-    if (!body) {
-        anth_state_free(st);
-        return kp_http_fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
-    }
-    char ignored[1024];
-    snprintf(ignored, sizeof ignored, "%s", st->a.ignored.data ? st->a.ignored.data : "");
-    enum MHD_Result r = kp_answer_run(s, c, cn, &ANTHROPIC, st, true, body, strlen(body), ignored);
-    free(body);
-    return r;
+    return kp_answer_run_chat(s, c, cn, &ANTHROPIC, st, st->a.chat, &st->a.ignored);
 }

@@ -678,16 +678,7 @@ KP_HANDLER(kp_resp_create) {
         free(st);
         return kp_http_error(s, c, &e);
     }
-    char *body = json_dumps(st->r.chat, JSON_COMPACT);
-    if (!body) {
-        resp_state_free(st);
-        return kp_http_fail(s, c, 500, "server_error", NULL, NULL, "out of memory");
-    }
-    char ignored[1024];
-    snprintf(ignored, sizeof ignored, "%s", st->r.ignored.data ? st->r.ignored.data : "");
-    enum MHD_Result res = kp_answer_run(s, c, cn, &RESPONSES, st, true, body, strlen(body), ignored);
-    free(body);
-    return res;
+    return kp_answer_run_chat(s, c, cn, &RESPONSES, st, st->r.chat, &st->r.ignored);
 }
 
 /* GET and DELETE /v1/responses/{id}. */
