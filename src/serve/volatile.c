@@ -92,14 +92,14 @@ const char *kp_volatile_name(const kp_volatile *v, uint32_t i) { return v && i <
 static size_t volatile_span(const kp_volatile *v, const char *text, size_t len, uint32_t *mask) {
     size_t cut = 0;
     bool again = true;
+    /* one pair: only where the whole match ends is read (PCRE2 fills what fits) */
+    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+    if (!md) return 0;
     while (again && cut < len) {
         again = false;
         for (uint32_t i = 0; i < v->n; i++) {
-            pcre2_match_data *md = pcre2_match_data_create_from_pattern(v->code[i], NULL);
-            if (!md) return cut;
             int rc = pcre2_match(v->code[i], (PCRE2_SPTR)(text + cut), len - cut, 0, 0, md, NULL);
-            size_t end = rc > 0 ? pcre2_get_ovector_pointer(md)[1] : 0;
-            pcre2_match_data_free(md);
+            size_t end = rc >= 0 ? pcre2_get_ovector_pointer(md)[1] : 0;
             if (end > 0) {
                 cut += end;
                 *mask |= 1u << i;
@@ -107,6 +107,7 @@ static size_t volatile_span(const kp_volatile *v, const char *text, size_t len, 
             }
         }
     }
+    pcre2_match_data_free(md);
     return cut;
 }
 
