@@ -164,19 +164,20 @@ static size_t text_divergence(const char *a, size_t na, const char *b, size_t nb
     return i;
 }
 
-/* Explains turn `cur` against the cached text (NULL: nothing cached). */
-static kp_status explain(const kp_tok_vocab *v, const turn *cur, const char *cached, size_t cached_len,
-                         size_t token_index, kp_doctor_cache_state state, bool special, kp_doctor_escape mode,
-                         kp_doctor_report *rep, kp_error *err) {
+/* Explains turn `cur` against the cached turn prev (NULL: nothing cached). */
+static kp_status explain(const kp_tok_vocab *v, const turn *cur, const turn *prev, size_t token_index,
+                         kp_doctor_cache_state state, bool special, kp_doctor_escape mode, kp_doctor_report *rep,
+                         kp_error *err) {
+    const char *cached = prev ? prev->text : "";
+    size_t cached_len = prev ? prev->len : 0;
     if (state == KP_DOCTOR_CACHE_NOTHING) {
         cached = "";
         cached_len = 0;
     }
     size_t tdiv = text_divergence(cached, cached_len, cur->text, cur->prompt_len);
-    kp_doctor_tokens tk = {token_index,
-                        kp_cachereport_token_byte(v, cur->ids, cur->n_prompt, token_index, cur->text, cur->prompt_len, special,
-                                   tdiv),
-                        cur->n_prompt};
+    bool text = state == KP_DOCTOR_CACHE_TEXT && prev;
+    kp_doctor_tokens tk = kp_cachereport_tokens(v, cur->ids, cur->n_prompt, token_index, cur->text, cur->prompt_len,
+                                                special, tdiv, text ? prev->ids : NULL, text ? prev->n_ids : 0);
     return kp_doctor_explain(cached, cached_len, cur->text, cur->prompt_len, &tk, state, mode, rep, err);
 }
 
@@ -400,9 +401,7 @@ static void print_report(const turn_list *t, size_t i, const kp_eng_report *r, c
     if (state == KP_DOCTOR_CACHE_EVICTED && j < 0) state = KP_DOCTOR_CACHE_NOTHING;
     kp_doctor_report rep;
     kp_error err = {0};
-    const char *cached = j >= 0 ? t->v[j].text : NULL;
-    size_t cached_len = j >= 0 ? t->v[j].len : 0;
-    if (explain(v, cur, cached, cached_len, r->diverged_at_token, state, special, KP_DOCTOR_ESCAPE_HUMAN, &rep,
+    if (explain(v, cur, j >= 0 ? &t->v[j] : NULL, r->diverged_at_token, state, special, KP_DOCTOR_ESCAPE_HUMAN, &rep,
                 &err) != KP_OK) {
         fprintf(stderr, "  cache report: %s\n", err.msg);
         return;
@@ -702,7 +701,7 @@ int cmd_doctor(int argc, char **argv) {
         size_t common;
         long j = best_earlier(&t, i, u->ids, u->n_prompt, &common);
         kp_doctor_report rep;
-        if (explain(v, u, j >= 0 ? t.v[j].text : NULL, j >= 0 ? t.v[j].len : 0, common,
+        if (explain(v, u, j >= 0 ? &t.v[j] : NULL, common,
                     j >= 0 ? KP_DOCTOR_CACHE_TEXT : KP_DOCTOR_CACHE_NOTHING, special,
                     json ? KP_DOCTOR_ESCAPE_JSON : KP_DOCTOR_ESCAPE_HUMAN, &rep, &err) != KP_OK) {
             fprintf(stderr, "kvpin doctor: turn %zu: %s\n", i + 1, err.msg);

@@ -35,7 +35,7 @@
  * the output holds the generated ids, the whole text and the cache report:
  * the tokens reused and computed, and where (token, byte) and why (cold,
  * hit, evicted, timestamp, counter, identifier, reordered_json, whitespace,
- * inserted_at_front, other) the prompt left the cache. Greedy outputs with
+ * inserted_at_front, other, retokenized) the prompt left the cache. Greedy outputs with
  * and without the prefix cache are the same: a reused K/V row is the row
  * the same tokens at the same positions produce again.
  *
@@ -320,7 +320,8 @@ typedef enum {
     KP_CAUSE_REORDERED_JSON,   /* "reordered_json": the same JSON keys in another order */
     KP_CAUSE_WHITESPACE,       /* "whitespace": equal but for whitespace */
     KP_CAUSE_INSERTED_AT_FRONT,/* "inserted_at_front": text inserted before cached text */
-    KP_CAUSE_OTHER             /* "other": any other edit */
+    KP_CAUSE_OTHER,            /* "other": any other edit */
+    KP_CAUSE_RETOKENIZED       /* "retokenized": the same text split into other tokens */
 } kp_cause;
 
 #define KP_REPORT_DETAIL_MAX 320

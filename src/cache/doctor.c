@@ -73,6 +73,7 @@ static const char *const cause_names[KP_DOCTOR_CAUSE_COUNT] = {
     [KP_DOCTOR_CAUSE_WHITESPACE] = "whitespace",
     [KP_DOCTOR_CAUSE_INSERTED_AT_FRONT] = "inserted_at_front",
     [KP_DOCTOR_CAUSE_OTHER] = "other",
+    [KP_DOCTOR_CAUSE_RETOKENIZED] = "retokenized",
 };
 
 const char *kp_doctor_cause_name(kp_doctor_cause cause) {
@@ -1277,6 +1278,12 @@ size_t kp_doctor_advice(kp_doctor_cause cause, const char *detail, size_t line,
         fix = "add new content after the cached prefix, and rewrite or drop old turns rarely "
               "and in large steps";
         break;
+    case KP_DOCTOR_CAUSE_RETOKENIZED:
+        sb_printf(&b, "the text %s is what was cached, but it was split into other tokens", prep);
+        fix = "the cache matches token ids, and a model's answer sent back as text can tokenize "
+              "differently from how the model wrote it; where that costs much, send the prompt as "
+              "token ids to /v1/completions (return_token_ids gives the answer's own ids)";
+        break;
     case KP_DOCTOR_CAUSE_OTHER:
         sb_printf(&b, "%s was edited", noun);
         fix = "keep the stable part of the prompt first and put text that changes at the end";
@@ -1305,6 +1312,35 @@ size_t kp_doctor_advice(kp_doctor_cause cause, const char *detail, size_t line,
 /* ------------------------------------------------------------------ */
 /* Everything at once                                                  */
 
+/* Whether the tokens part inside text both share (kp_doctor_tokens.token_end),
+ * and then the finding at the token's byte. */
+static bool retokenized(const char *r, size_t rlen, const kp_doctor_tokens *t, const kp_doctor_divergence *dv,
+                        kp_doctor_cache_state state, kp_doctor_finding *f) {
+    if (!t || state != KP_DOCTOR_CACHE_TEXT || t->token_end <= t->token_byte || t->token_end > dv->byte ||
+        (t->n_tokens && t->token_index >= t->n_tokens))
+        return false;
+    size_t d = t->token_byte;
+    memset(f, 0, sizeof *f);
+    f->cause = KP_DOCTOR_CAUSE_RETOKENIZED;
+    f->byte = d;
+    f->line = 1 + count_lines(r, 0, d);
+    f->column = 1;
+    for (size_t i = line_start(r, d); i < d; i++) f->column += !is_cont((unsigned char)r[i]);
+    f->in_json = inside_json(r, rlen, d);
+    sbuf b;
+    sb_init(&b, f->detail, sizeof f->detail);
+    sb_printf(&b, "retokenized: token %zu is ", t->token_index);
+    sb_excerpt(&b, r, rlen, d, t->token_end, 40);
+    if (t->cached_piece_len) {
+        sb_puts(&b, " here and ");
+        size_t pl = t->cached_piece_len < sizeof t->cached_piece ? t->cached_piece_len : sizeof t->cached_piece;
+        sb_excerpt(&b, t->cached_piece, pl, 0, pl, 40);
+        sb_puts(&b, " in the cache");
+    }
+    sb_printf(&b, ", the same text split differently on line %zu", f->line);
+    return true;
+}
+
 kp_status kp_doctor_explain(const char *cached, size_t cached_len, const char *request,
                          size_t request_len, const kp_doctor_tokens *tokens,
                          kp_doctor_cache_state state, kp_doctor_escape mode, kp_doctor_report *out,
@@ -1317,12 +1353,15 @@ kp_status kp_doctor_explain(const char *cached, size_t cached_len, const char *r
     if (!c && clen) return kp_fail(err, KP_EINVAL, "kp_doctor_explain: NULL cached text");
     kp_status st = kp_doctor_diverge(c, clen, request, request_len, tokens, &rep.div, err);
     if (st != KP_OK) return st;
-    st = kp_doctor_classify(c, clen, request, request_len, rep.div.byte, state, &rep.finding, err);
-    if (st != KP_OK) return st;
-    assert(rep.finding.byte == rep.div.byte);
-    kp_doctor_snippet(c, clen, rep.div.byte, KP_DOCTOR_SNIPPET_BEFORE, KP_DOCTOR_SNIPPET_AFTER, mode,
+    if (!retokenized(request, request_len, tokens, &rep.div, state, &rep.finding)) {
+        st = kp_doctor_classify(c, clen, request, request_len, rep.div.byte, state, &rep.finding, err);
+        if (st != KP_OK) return st;
+        assert(rep.finding.byte == rep.div.byte);
+    }
+    size_t at = rep.finding.byte;
+    kp_doctor_snippet(c, clen, at, KP_DOCTOR_SNIPPET_BEFORE, KP_DOCTOR_SNIPPET_AFTER, mode,
                    rep.cached_snippet, sizeof rep.cached_snippet, &rep.cached_marker);
-    kp_doctor_snippet(request, request_len, rep.div.byte, KP_DOCTOR_SNIPPET_BEFORE,
+    kp_doctor_snippet(request, request_len, at, KP_DOCTOR_SNIPPET_BEFORE,
                    KP_DOCTOR_SNIPPET_AFTER, mode, rep.request_snippet, sizeof rep.request_snippet,
                    &rep.request_marker);
     *out = rep;

@@ -61,6 +61,10 @@ typedef enum {
                                         text that was cached, which follows intact
                                         (a summary prepended, a head rewritten) */
     KP_DOCTOR_CAUSE_OTHER,              /* "other": any other edit */
+    KP_DOCTOR_CAUSE_RETOKENIZED,        /* "retokenized": the same text, split into
+                                        other tokens than the cached ones (a
+                                        model's answer sent back as text and
+                                        tokenized anew); needs token spans */
     KP_DOCTOR_CAUSE_COUNT
 } kp_doctor_cause;
 
@@ -85,6 +89,15 @@ typedef struct {
     size_t token_byte;  /* byte offset in the request where that token starts
                            (request_len when every request token matched) */
     size_t n_tokens;    /* tokens in the request, or 0 when unknown */
+    /* Optional (0 / NULL when unknown): the byte where that request token
+     * ends, and the text of the cached token at the same index. When the
+     * request's token [token_byte, token_end) lies wholly inside the text
+     * both share, the texts agree where the tokens part: the same text was
+     * tokenized differently, and the cause is retokenized (the detail names
+     * both pieces; cached_piece_len 0: the cached one is not named). */
+    size_t token_end;
+    char cached_piece[64]; /* cut on a character boundary */
+    size_t cached_piece_len;
 } kp_doctor_tokens;
 
 typedef struct {
@@ -242,14 +255,17 @@ size_t kp_doctor_advice(kp_doctor_cause cause, const char *detail, size_t line,
 typedef struct {
     kp_doctor_divergence div;
     kp_doctor_finding finding;
-    char cached_snippet[KP_DOCTOR_SNIPPET_MAX];  /* around div.byte, escaped */
+    char cached_snippet[KP_DOCTOR_SNIPPET_MAX];  /* around finding.byte, escaped */
     char request_snippet[KP_DOCTOR_SNIPPET_MAX];
-    size_t cached_marker;  /* offset of div.byte inside cached_snippet */
-    size_t request_marker; /* offset of div.byte inside request_snippet */
+    size_t cached_marker;  /* offset of finding.byte inside cached_snippet */
+    size_t request_marker; /* offset of finding.byte inside request_snippet */
 } kp_doctor_report;
 
-/* kp_doctor_diverge, then kp_doctor_classify at the text divergence, then both
- * snippets (KP_DOCTOR_SNIPPET_BEFORE/AFTER characters, escaped in `mode`).
+/* kp_doctor_diverge, then kp_doctor_classify at the text divergence (or, when
+ * the tokens part inside shared text, see kp_doctor_tokens.token_end: cause
+ * retokenized at the token's byte, detail "retokenized: token K is '<piece>'
+ * here and '<cached piece>' in the cache, the same text split differently on
+ * line L"), then both snippets (KP_DOCTOR_SNIPPET_BEFORE/AFTER characters, escaped in `mode`).
  * Errors as kp_doctor_diverge and kp_doctor_classify. */
 kp_status kp_doctor_explain(const char *cached, size_t cached_len, const char *request,
                          size_t request_len, const kp_doctor_tokens *tokens,

@@ -107,24 +107,68 @@ kp_status kp_cachereport_finish(kp_cachereport *c, kp_engine *e, kp_eng_seq *seq
     return st;
 }
 
-size_t kp_cachereport_token_byte(const kp_tok_vocab *v, const int32_t *ids, size_t n, size_t k, const char *text,
-                          size_t len, bool special, size_t limit) {
-    if (k >= n) return len < limit ? len : limit;
+/* The byte span [*start, *end) in text of token k of ids[0..n) (see
+ * kp_cachereport_token_byte); *end = *start when k >= n or on failure. */
+static void token_span(const kp_tok_vocab *v, const int32_t *ids, size_t n, size_t k, const char *text, size_t len,
+                       bool special, size_t *start, size_t *stop) {
+    *start = *stop = len;
+    if (k >= n) return;
     kp_error err;
     char *full = NULL;
-    size_t fl = 0, off = 0;
+    size_t fl = 0;
     size_t *end = malloc(n * sizeof *end);
+    *start = *stop = 0;
     /* the pieces as they tokenize (no clean-up of spaces), so that the
      * bytes before token k are the text's own */
     if (end && kp_tok_detokenize_raw(v, ids, n, true, special, &full, &fl, end, &err) == KP_OK) {
         size_t lead = fl >= len && !memcmp(full + (fl - len), text, len) ? fl - len : 0;
         size_t pl = k ? end[k - 1] : 0;
-        off = pl > lead ? pl - lead : 0;
+        *start = pl > lead ? pl - lead : 0;
+        *stop = end[k] > lead ? end[k] - lead : 0;
     }
     free(full);
     free(end);
-    if (off > len) off = len;
-    return off < limit ? off : limit;
+    if (*start > len) *start = len;
+    if (*stop > len) *stop = len;
+}
+
+size_t kp_cachereport_token_byte(const kp_tok_vocab *v, const int32_t *ids, size_t n, size_t k, const char *text,
+                          size_t len, bool special, size_t limit) {
+    size_t start, stop;
+    token_span(v, ids, n, k, text, len, special, &start, &stop);
+    return start < limit ? start : limit;
+}
+
+kp_doctor_tokens kp_cachereport_tokens(const kp_tok_vocab *v, const int32_t *ids, size_t n, size_t k, const char *text,
+                                       size_t len, bool special, size_t text_div, const int32_t *cached_ids,
+                                       size_t cached_n) {
+    size_t start, stop;
+    token_span(v, ids, n, k, text, len, special, &start, &stop);
+    kp_doctor_tokens dt;
+    memset(&dt, 0, sizeof dt);
+    dt.token_index = k;
+    dt.token_byte = start < text_div ? start : text_div;
+    dt.n_tokens = n;
+    /* the tokens part where the texts still agree: name both spellings */
+    if (!cached_ids || k >= cached_n || k >= n || ids[k] == cached_ids[k] || !(start < stop && stop <= text_div))
+        return dt;
+    dt.token_end = stop;
+    kp_error err;
+    char *full = NULL;
+    size_t fl = 0;
+    size_t *end = malloc((k + 1) * sizeof *end);
+    if (end && kp_tok_detokenize_raw(v, cached_ids, k + 1, true, special, &full, &fl, end, &err) == KP_OK) {
+        size_t a = k ? end[k - 1] : 0, pl = end[k] - a;
+        if (pl > sizeof dt.cached_piece) { /* cut on a character boundary */
+            pl = sizeof dt.cached_piece;
+            while (pl > 0 && ((unsigned char)full[a + pl] & 0xC0) == 0x80) pl--;
+        }
+        memcpy(dt.cached_piece, full + a, pl);
+        dt.cached_piece_len = pl;
+    }
+    free(full);
+    free(end);
+    return dt;
 }
 
 kp_status kp_cachereport_explain(kp_cachereport *c, const int32_t *tokens, uint32_t n, const char *text, size_t text_len,
@@ -166,7 +210,9 @@ kp_status kp_cachereport_explain(kp_cachereport *c, const int32_t *tokens, uint3
         while (i < cl && i < rlen && ct[i] == rt[i]) i++;
         for (int k = 0; k < 3 && i > 0 && i < rlen && ((unsigned char)rt[i] & 0xC0) == 0x80; k++) i--;
         size_t tk = r->diverged_at_token <= n ? r->diverged_at_token : n;
-        kp_doctor_tokens dt = {tk, kp_cachereport_token_byte(c->v, tokens, n, tk, rt, rlen, true, i), n};
+        bool text_cached = state == KP_DOCTOR_CACHE_TEXT;
+        kp_doctor_tokens dt = kp_cachereport_tokens(c->v, tokens, n, tk, rt, rlen, true, i, text_cached ? best->t : NULL,
+                                                    text_cached ? best->n : 0);
         st = kp_doctor_explain(ct, state == KP_DOCTOR_CACHE_NOTHING ? 0 : cl, rt, rlen, &dt, state, mode, out, err);
     }
     free(req);

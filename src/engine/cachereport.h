@@ -70,6 +70,17 @@ void kp_cachereport_clear(kp_cachereport *c);
 kp_status kp_cachereport_explain(kp_cachereport *c, const int32_t *tokens, uint32_t n, const char *text, size_t text_len,
                           const kp_eng_report *r, kp_doctor_escape mode, kp_doctor_report *out, kp_error *err);
 
+/* What the doctor needs to know of the tokens (kp_doctor_tokens): token k of
+ * ids[0..n) is the first that differs from the cached ids; its byte span in
+ * text (as kp_cachereport_token_byte, the start clamped to text_div, the
+ * first byte where the request text and the cached text differ) and, when
+ * cached_ids (may be NULL) holds another token at k whose request
+ * counterpart lies wholly before text_div, the span's end and the cached
+ * token's text: the same text tokenized differently (cause retokenized). */
+kp_doctor_tokens kp_cachereport_tokens(const kp_tok_vocab *v, const int32_t *ids, size_t n, size_t k, const char *text,
+                                       size_t len, bool special, size_t text_div, const int32_t *cached_ids,
+                                       size_t cached_n);
+
 /* The byte offset in the detokenized text of ids[0..n) where token k
  * starts (detokenizing renders ids as one text; a leading space the
  * tokenizer adds in front is not counted), clamped to limit. */

@@ -15,6 +15,12 @@
  * clean-up would change are reported to diverge at that byte of the
  * request (the first differing byte, an oracle of the texts alone), the
  * cause is not "whitespace", and the token the report names covers it.
+ *
+ * And the same text cached as other tokens (a word encoded in two halves,
+ * as a model may write it, then sent back and encoded whole) is reported
+ * "retokenized" at the request token where the ids part, which lies in the
+ * text both share, on every vocabulary where such a split spells the same
+ * bytes (checked on the detokenized ids, the test's oracle).
  */
 #include <dirent.h>
 #include <stdint.h>
@@ -189,6 +195,94 @@ static int divergence_on(const char *path) {
     return cleans;
 }
 
+/* One vocabulary: a history holding "...alphabetical" encoded as
+ * "...alpha" + "betical" and a request of the same text encoded whole plus
+ * more. Returns 1 when a split spells the same bytes (and was checked), 0
+ * when none does on this vocabulary, -1 when it does not load. */
+static int retokenized_on(const char *path) {
+    kp_gguf *g = NULL;
+    kp_tok_vocab *v = NULL;
+    kp_error err = {0};
+    if (kp_gguf_open(&g, path, &err) != KP_OK || kp_tok_vocab_load(&v, g, &err) != KP_OK) {
+        kp_gguf_close(g);
+        return -1;
+    }
+    static const char text[] = "Sort the list in alphabetical order, then print it.";
+    static const char more[] = "Sort the list in alphabetical order, then print it. And count it.";
+    size_t word = strstr(text, "alphabetical") - text;
+    int checked = 0;
+    for (size_t cut = word + 2; cut < word + 11 && !checked; cut++) {
+        int32_t *head = NULL, *tail = NULL, *whole = NULL, *req = NULL;
+        size_t nh = 0, nt = 0, nw = 0, nr = 0;
+        char *raw_split = NULL, *raw_whole = NULL;
+        size_t ls = 0, lw = 0;
+        bool ok = kp_tok_encode(v, text, cut, true, false, &head, &nh, &err) == KP_OK &&
+                  kp_tok_encode(v, text + cut, strlen(text) - cut, false, false, &tail, &nt, &err) == KP_OK &&
+                  kp_tok_encode(v, text, strlen(text), true, false, &whole, &nw, &err) == KP_OK &&
+                  kp_tok_encode(v, more, strlen(more), true, false, &req, &nr, &err) == KP_OK;
+        int32_t *split = ok ? malloc((nh + nt) * sizeof *split) : NULL;
+        if (split) {
+            memcpy(split, head, nh * sizeof *split);
+            memcpy(split + nh, tail, nt * sizeof *split);
+            ok = kp_tok_detokenize_raw(v, split, nh + nt, true, false, &raw_split, &ls, NULL, &err) == KP_OK &&
+                 kp_tok_detokenize_raw(v, whole, nw, true, false, &raw_whole, &lw, NULL, &err) == KP_OK;
+        }
+        uint32_t k = split ? lcp(split, nh + nt, req, nr) : 0;
+        /* the oracle: the same bytes, other ids, and the request extends the text */
+        if (ok && split && ls == lw && !memcmp(raw_split, raw_whole, ls) && k < nh + nt && nr > nw &&
+            lcp(whole, nw, req, nr) == nw) {
+            kp_cachereport *c = NULL;
+            CHECK(kp_cachereport_new(&c, v, 8, 1 << 20, &err) == KP_OK &&
+                  kp_cachereport_add(c, split, (uint32_t)(nh + nt), &err) == KP_OK);
+            kp_eng_report r;
+            memset(&r, 0, sizeof r);
+            r.diverged_at_token = k;
+            kp_doctor_report d;
+            kp_status st = c ? kp_cachereport_explain(c, req, (uint32_t)nr, more, strlen(more), &r,
+                                                      KP_DOCTOR_ESCAPE_HUMAN, &d, &err)
+                             : KP_EINVAL;
+            CHECK_MSG(st == KP_OK, "%s: %s", path, err.msg);
+            if (st == KP_OK) {
+                CHECK_MSG(d.finding.cause == KP_DOCTOR_CAUSE_RETOKENIZED, "%s: cause %s (%s)", path,
+                          kp_doctor_cause_name(d.finding.cause), d.finding.detail);
+                CHECK_MSG(d.finding.byte <= cut && d.div.token_index == k, "%s: byte %zu, cut at %zu", path,
+                          d.finding.byte, cut);
+                char want[32];
+                snprintf(want, sizeof want, "token %u is '", (unsigned)k);
+                CHECK_MSG(strstr(d.finding.detail, want) && strstr(d.finding.detail, "in the cache"), "%s: %s",
+                          path, d.finding.detail);
+            }
+            kp_cachereport_free(c);
+            checked = 1;
+        }
+        free(head), free(tail), free(whole), free(req), free(split), free(raw_split), free(raw_whole);
+    }
+    kp_tok_vocab_free(v);
+    kp_gguf_close(g);
+    return checked;
+}
+
+static void test_retokenized_every_vocabulary(void) {
+    int checked = 0, loaded = 0;
+    DIR *dir = opendir(harness_path("tests/data/vocab"));
+    CHECK(dir != NULL);
+    struct dirent *de;
+    while (dir && (de = readdir(dir))) {
+        size_t l = strlen(de->d_name);
+        if (l < 5 || strcmp(de->d_name + l - 5, ".gguf")) continue;
+        char rel[512];
+        snprintf(rel, sizeof rel, "tests/data/vocab/%s", de->d_name);
+        int k = retokenized_on(harness_path(rel));
+        if (k < 0) continue;
+        loaded++;
+        checked += k;
+        if (!k) printf("  %s: no split of the word spells the same bytes\n", de->d_name);
+    }
+    if (dir) closedir(dir);
+    CHECK_MSG(checked >= 4 && checked * 2 > loaded, "retokenization checked on %d of %d vocabularies", checked,
+              loaded);
+}
+
 static void test_divergence_every_vocabulary(void) {
     int seen[2] = {0, 0};
     DIR *dir = opendir(harness_path("tests/data/vocab"));
@@ -212,5 +306,6 @@ static void test_divergence_every_vocabulary(void) {
 int main(void) {
     RUN(test_finish_indexes_what_was_computed);
     RUN(test_divergence_every_vocabulary);
+    RUN(test_retokenized_every_vocabulary);
     return harness_finish("cachereport");
 }

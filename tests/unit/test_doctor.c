@@ -61,7 +61,7 @@ static bool contains(const char *hay, const char *needle) { return strstr(hay, n
 static void test_cause_names(void) {
     const char *expected[] = {"hit",        "cold",           "evicted",    "timestamp",
                               "counter",    "identifier",     "reordered_json", "whitespace",
-                              "inserted_at_front", "other"};
+                              "inserted_at_front", "other", "retokenized"};
     CHECK_EQ_INT(sizeof expected / sizeof expected[0], KP_DOCTOR_CAUSE_COUNT);
     for (int i = 0; i < KP_DOCTOR_CAUSE_COUNT; i++) {
         CHECK_EQ_STR(kp_doctor_cause_name((kp_doctor_cause)i), expected[i]);
@@ -168,7 +168,7 @@ static void test_diverge_tokens(void) {
     const char *r = "System: date 2026-11-2 10:02 rest";
     size_t raw = 23;
     CHECK(memcmp(c, r, raw) == 0 && c[raw] != r[raw]);
-    kp_doctor_tokens tk = {7, 21, 40};
+    kp_doctor_tokens tk = {.token_index = 7, .token_byte = 21, .n_tokens = 40};
     kp_doctor_divergence dv;
     CHECK_EQ_INT(kp_doctor_diverge(c, strlen(c), r, strlen(r), &tk, &dv, NULL), KP_OK);
     CHECK_EQ_INT(dv.byte, raw);
@@ -184,21 +184,21 @@ static void test_diverge_tokens(void) {
 
     /* a byte-level token may start inside a character, after the snapped
      * divergence but not after the raw one */
-    kp_doctor_tokens inside = {3, 4, 5};
+    kp_doctor_tokens inside = {.token_index = 3, .token_byte = 4, .n_tokens = 5};
     CHECK_EQ_INT(kp_doctor_diverge("caf\xC3\xA9", 5, "caf\xC3\xA8", 5, &inside, &dv, NULL), KP_OK);
     CHECK_EQ_INT(dv.byte, 3);
     CHECK_EQ_INT(dv.reused_bytes, 4);
 
     kp_error err = {0};
-    kp_doctor_tokens past = {8, raw + 1, 40};
+    kp_doctor_tokens past = {.token_index = 8, .token_byte = raw + 1, .n_tokens = 40};
     CHECK_EQ_INT(kp_doctor_diverge(c, strlen(c), r, strlen(r), &past, &dv, &err), KP_EINVAL);
     CHECK(contains(err.msg, "first differing byte"));
-    kp_doctor_tokens beyond = {8, strlen(r) + 1, 40};
+    kp_doctor_tokens beyond = {.token_index = 8, .token_byte = strlen(r) + 1, .n_tokens = 40};
     CHECK_EQ_INT(kp_doctor_diverge(c, strlen(c), r, strlen(r), &beyond, &dv, NULL), KP_EINVAL);
-    kp_doctor_tokens too_many = {41, 21, 40};
+    kp_doctor_tokens too_many = {.token_index = 41, .token_byte = 21, .n_tokens = 40};
     CHECK_EQ_INT(kp_doctor_diverge(c, strlen(c), r, strlen(r), &too_many, &dv, NULL), KP_EINVAL);
     /* every token matched: nothing recomputed */
-    kp_doctor_tokens all = {12, 11, 12};
+    kp_doctor_tokens all = {.token_index = 12, .token_byte = 11, .n_tokens = 12};
     CHECK_EQ_INT(kp_doctor_diverge("hello world!", 12, "hello world", 11, &all, &dv, NULL), KP_OK);
     CHECK_NEAR(dv.percent_recomputed, 0.0, 1e-12);
 
@@ -710,9 +710,10 @@ static void test_pairs(void) {
             CHECK_MSG(sw.cause == p->cause, "%s swapped: %s", p->name, sw.detail);
         }
     }
-    /* every cause is exercised by the table */
+    /* every cause found on texts alone is exercised by the table
+     * (retokenized needs token spans: test_retokenized) */
     for (int c = 0; c < KP_DOCTOR_CAUSE_COUNT; c++)
-        CHECK_MSG(per_cause[c] > 0, "no pair for %s", kp_doctor_cause_name((kp_doctor_cause)c));
+        if (c != KP_DOCTOR_CAUSE_RETOKENIZED) CHECK_MSG(per_cause[c] > 0, "no pair for %s", kp_doctor_cause_name((kp_doctor_cause)c));
 }
 
 /* ------------------------------------------------------------------ */
@@ -800,7 +801,7 @@ static void test_classify_large(void) {
     memcpy(r + n, tail_r, strlen(tail_r));
     size_t len = n + strlen(tail_c);
     kp_doctor_report rep;
-    kp_doctor_tokens tk = {5000, n + 16, 5100}; /* the token "09" */
+    kp_doctor_tokens tk = {.token_index = 5000, .token_byte = n + 16, .n_tokens = 5100}; /* the token "09" */
     CHECK_EQ_INT(kp_doctor_explain(c, len, r, len, &tk, KP_DOCTOR_CACHE_TEXT, KP_DOCTOR_ESCAPE_HUMAN, &rep,
                                 NULL),
                  KP_OK);
@@ -912,6 +913,48 @@ static void test_advice(void) {
  * named in the finding, and the advice gives the client's own switch
  * instead of the cause's general fix; the same change on another line is
  * not attributed to it. */
+/* The same text as other tokens: the request's token lies inside text both
+ * share, so the cause is retokenized at the token, whatever the texts do
+ * later; a token that reaches past the text divergence is not. */
+static void test_retokenized(void) {
+    const char *c = "Plan: sort alphabetically";
+    const char *r = "Plan: sort alphabetically, then print";
+    kp_doctor_tokens tk = {.token_index = 3, .token_byte = 10, .n_tokens = 9, .token_end = 16};
+    memcpy(tk.cached_piece, " alph", 5);
+    tk.cached_piece_len = 5;
+    kp_doctor_report rep;
+    CHECK_EQ_INT(kp_doctor_explain(c, strlen(c), r, strlen(r), &tk, KP_DOCTOR_CACHE_TEXT, KP_DOCTOR_ESCAPE_HUMAN, &rep,
+                                   NULL),
+                 KP_OK);
+    CHECK_EQ_INT(rep.finding.cause, KP_DOCTOR_CAUSE_RETOKENIZED);
+    CHECK_EQ_INT(rep.finding.byte, 10);
+    CHECK_EQ_INT(rep.finding.column, 11);
+    CHECK(contains(rep.finding.detail, "token 3 is ' alpha' here and ' alph' in the cache"));
+    CHECK(contains(rep.request_snippet, "sort alphabetically"));
+    char advice[512];
+    kp_doctor_advice(rep.finding.cause, rep.finding.detail, rep.finding.line, rep.div.percent_recomputed, NULL, advice,
+                     sizeof advice);
+    CHECK(contains(advice, "split into other tokens") && contains(advice, "token ids to /v1/completions"));
+    /* the token runs past the text both share: a text edit, not this */
+    const char *r2 = "Plan: sort alphanumerically";
+    kp_doctor_tokens edit = {.token_index = 3, .token_byte = 10, .n_tokens = 9, .token_end = 27};
+    CHECK_EQ_INT(kp_doctor_explain(c, strlen(c), r2, strlen(r2), &edit, KP_DOCTOR_CACHE_TEXT, KP_DOCTOR_ESCAPE_HUMAN,
+                                   &rep, NULL),
+                 KP_OK);
+    CHECK_EQ_INT(rep.finding.cause, KP_DOCTOR_CAUSE_OTHER);
+    /* nothing known of the token's end: as before */
+    kp_doctor_tokens plain = {.token_index = 3, .token_byte = 10, .n_tokens = 9};
+    CHECK_EQ_INT(kp_doctor_explain(c, strlen(c), r, strlen(r), &plain, KP_DOCTOR_CACHE_TEXT, KP_DOCTOR_ESCAPE_HUMAN,
+                                   &rep, NULL),
+                 KP_OK);
+    CHECK_EQ_INT(rep.finding.cause, KP_DOCTOR_CAUSE_HIT);
+    /* evicted stays evicted */
+    CHECK_EQ_INT(kp_doctor_explain(c, strlen(c), r, strlen(r), &tk, KP_DOCTOR_CACHE_EVICTED, KP_DOCTOR_ESCAPE_HUMAN,
+                                   &rep, NULL),
+                 KP_OK);
+    CHECK_EQ_INT(rep.finding.cause, KP_DOCTOR_CAUSE_EVICTED);
+}
+
 static void test_known_client(void) {
     const char *c = "x-anthropic-billing-header: cc_version=2.1.332.0b8; cc_entrypoint=sdk-cli;\nYou are an agent.\n";
     const char *r = "x-anthropic-billing-header: cc_version=2.1.332.1c9; cc_entrypoint=sdk-cli;\nYou are an agent.\n";
@@ -942,5 +985,6 @@ int main(void) {
     RUN(test_classify_large);
     RUN(test_advice);
     RUN(test_known_client);
+    RUN(test_retokenized);
     return harness_finish("doctor");
 }
