@@ -18,7 +18,9 @@
 # (default "0,2048,8192"), BENCH_REPS (3), BENCH_THREADS (2), BENCH_PP
 # (prompt lengths, default "128,512"),
 # BENCH_TG (128), BENCH_FA (llama.cpp flash attention modes, default "auto,off"),
-# BENCH_LLAMA_SERVER (a llama-server binary for bench/crew_bench.py; unset: kvpin only),
+# BENCH_LLAMA_SERVER (a llama-server binary for bench/crew_bench.py and
+# bench/agent_first_bench.py; unset: kvpin only), BENCH_AGENT=0 (skip Claude
+# Code's first request), BENCH_AGENT_REPS (1),
 # BENCH_1B_TYPES (the 1B-shaped models' types, default "Q4_0 Q8_0"; "" skips them).
 set -e
 cd "$(dirname "$0")/.."
@@ -135,4 +137,23 @@ if [ -f build/bench/smollm2-135m-Q8_0.gguf ] && command -v redis-server >/dev/nu
     echo "== tiers: steady state, on vs off (build/bench/smollm2-135m-Q8_0.gguf)"
     python3 bench/tiers_steady_bench.py --kvpin ./kvpin -m build/bench/smollm2-135m-Q8_0.gguf -t "$THREADS" \
         --rounds "${BENCH_TIERS_ROUNDS:-8}"
+fi
+# Claude Code's first request (issue #34): recorded from the pinned Claude
+# Code (tests/clients, npm ci) against a stand-in on loopback, then time to
+# first byte and first token cold, warm and in a new session, kvpin and
+# llama.cpp's server (BENCH_LLAMA_SERVER) on the 135M and 1B shapes, each
+# with a 32k training context. A cold 12k-token prompt takes about a minute
+# on the 135M shape and several on the 1B one, per server: BENCH_AGENT=0
+# skips it.
+if [ "${BENCH_AGENT:-1}" != 0 ] && { [ -x tests/clients/node_modules/.bin/claude ] ||
+    [ -f build/bench/claude-first-request.json ]; }; then
+    m=build/bench/smollm2-135m-32k-Q8_0.gguf
+    [ -f "$m" ] || ./kvpin mkmodel --preset smollm2-135m --type Q8_0 --ctx-train 32768 --tokenizer "$VOCAB" -o "$m"
+    for m in "$m" build/bench/llama-1b-Q4_0.gguf; do
+        [ -f "$m" ] || continue
+        echo "== Claude Code's first request ($m)"
+        python3 bench/agent_first_bench.py --kvpin ./kvpin -m "$m" -t "$THREADS" --ctx 32768 \
+            --reps "${BENCH_AGENT_REPS:-1}" ${BENCH_LLAMA_SERVER:+--llama-server "$BENCH_LLAMA_SERVER"} |
+            tee -a build/bench/agent.txt
+    done
 fi
