@@ -28,7 +28,7 @@
 enum {
     O_API_KEY = CLI_OWN, O_API_KEY_FILE, O_CHAT_TEMPLATE, O_QUEUE, O_PREFILL_CHUNK, O_MAX_BODY, O_TIMEOUT,
     O_ALIAS, O_QUIET, O_REQUEST_TIMEOUT, O_MAX_CONNECTIONS, O_MAX_PER_ADDRESS, O_STRICT_API, O_NO_DASHBOARD,
-    O_PIN_TTL_SCALE, O_VOLATILE_PREFIX, O_KEEP_VOLATILE, O_MAX_TOKENS_CAP
+    O_PIN_TTL_SCALE, O_VOLATILE_PREFIX, O_KEEP_VOLATILE, O_MAX_TOKENS_CAP, O_REASONING_FORMAT
 };
 
 static const cli_opt serve_tab[] = {
@@ -68,6 +68,10 @@ static const cli_opt serve_tab[] = {
     {"max-tokens-cap", NULL, NULL, "N", "every generation's max_tokens at most N, whatever the request asks\n"
                                         "(a slow machine, or a random-weight model behind an agent)",
      O_MAX_TOKENS_CAP},
+    {"reasoning-format", NULL, NULL, "FORMAT", "a reasoning model's thinking: auto (default; deepseek is the same)\n"
+                                               "apart from the content (reasoning_content, thinking blocks,\n"
+                                               "reasoning items), none: left in the content as written",
+     O_REASONING_FORMAT},
     {0},
 };
 
@@ -181,6 +185,7 @@ int cmd_serve(int argc, char **argv) {
     size_t n_volatile = 0;
     bool keep_volatile = false;
     int64_t max_tokens_cap = 0;
+    bool reasoning_inline = false;
     cli_args a;
     cli_args_init(&a, "serve", serve_tab, serve_usage, argc, argv);
     for (int k; (k = cli_args_next(&a)) != CLI_END;) {
@@ -195,6 +200,11 @@ int cmd_serve(int argc, char **argv) {
         case O_NO_DASHBOARD: no_dashboard = true; break;
         case O_KEEP_VOLATILE: keep_volatile = true; break;
         case O_MAX_TOKENS_CAP: ok = cli_parse_i64(opt, v, 1, INT32_MAX, &max_tokens_cap); break;
+        case O_REASONING_FORMAT:
+            ok = !strcmp(v, "auto") || !strcmp(v, "deepseek") || !strcmp(v, "none");
+            if (!ok) fprintf(stderr, "kvpin serve: --reasoning-format must be auto, deepseek or none, not '%s'\n", v);
+            reasoning_inline = !strcmp(v, "none");
+            break;
         case O_VOLATILE_PREFIX:
             if (n_volatile == KP_VOLATILE_MAX) {
                 fprintf(stderr, "kvpin serve: at most %d --volatile-prefix\n", KP_VOLATILE_MAX);
@@ -376,6 +386,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.no_dashboard = no_dashboard;
     cfg.keep_volatile = keep_volatile;
     cfg.max_tokens_cap = (uint32_t)max_tokens_cap;
+    cfg.reasoning_inline = reasoning_inline;
     cfg.volatile_prefixes = volatile_prefixes;
     cfg.n_volatile = n_volatile;
     cfg.tiers_of = cache_dir || cache_redis ? e : NULL;

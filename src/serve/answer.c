@@ -241,6 +241,31 @@ static void release(kp_answer *a, uint32_t i, size_t upto) {
     ch->released = upto;
 }
 
+/* Splits choice i's text into reasoning and content (final: the reply is
+ * complete); streaming, hands the new reasoning to the dialect. Returns
+ * whether content may be released (from ch->content_from on). */
+static bool split_reasoning(kp_answer *a, uint32_t i, bool final) {
+    kp_choice *ch = &a->ch[i];
+    if (!a->reason) return true;
+    kp_reasoning_split r;
+    kp_reasoning_scan(ch->text.data ? ch->text.data : "", ch->text.len, a->reason, a->reason_open, final, &r);
+    if (r.state == KP_REASONING_OPEN || r.state == KP_REASONING_CLOSED) {
+        ch->reason_from = r.reason_from;
+        ch->reason_to = r.reason_to;
+        size_t from = ch->reason_released > r.reason_from ? ch->reason_released : r.reason_from;
+        if (a->stream && a->d->reasoning && r.reason_to > from)
+            a->d->reasoning(a, i, ch->text.data + from, r.reason_to - from);
+        if (r.reason_to > ch->reason_released) ch->reason_released = r.reason_to;
+    }
+    if (r.state == KP_REASONING_UNDECIDED || r.state == KP_REASONING_OPEN) {
+        ch->content_from = ch->text.len;
+        return false;
+    }
+    ch->content_from = r.content_from;
+    if (ch->released < ch->content_from) ch->released = ch->content_from; /* the markers are not content */
+    return true;
+}
+
 /* Choice i ended (stop, length; a cancel after the start when not
  * streaming): its calls read out of its text, the rest of it released,
  * and when it was the last, the report and the closing events. */
@@ -252,6 +277,7 @@ static void choice_over(kp_answer *a, uint32_t i) {
     }
     kp_finish f = ch->last.finish;
     ch->over = true;
+    split_reasoning(a, i, true);
     ch->content = ch->text.len;
     ch->finish = kp_oai_finish_name(f);
     if (a->tools && (f == KP_FINISH_LENGTH || f == KP_FINISH_STOP)) {
@@ -260,7 +286,7 @@ static void choice_over(kp_answer *a, uint32_t i) {
         kp_chat_parse_tool_calls(a->s->cfg.chat, ch->text.data ? ch->text.data : "", ch->text.len, a->id_seed + i,
                                  &ch->calls, &content, &err);
         if (ch->calls) {
-            ch->content = content;
+            ch->content = content > ch->content_from ? content : ch->content_from;
             ch->finish = "tool_calls";
         }
     }
@@ -321,10 +347,12 @@ static void take(kp_answer *a, uint32_t i, kp_sreq_update *u) {
     u->len = 0;
     u->n_lp = 0;
     ch->last = *u;
-    if (a->stream && a->tools) {
+    if (a->stream && (a->tools || a->reason)) {
         if (lp) a->d->text(a, i, NULL, 0, lp);
-        if (u->finish == KP_FINISH_NONE)
-            release(a, i, kp_chat_tool_holdback(a->s->cfg.chat, ch->text.data ? ch->text.data : "", ch->text.len));
+        if (u->finish == KP_FINISH_NONE && split_reasoning(a, i, false))
+            release(a, i, a->tools ? kp_chat_tool_holdback(a->s->cfg.chat, ch->text.data ? ch->text.data : "",
+                                                           ch->text.len)
+                                   : ch->text.len);
     } else if (a->stream && (ch->text.len > before || lp)) {
         a->d->text(a, i, ch->text.data ? ch->text.data + before : "", ch->text.len - before, lp);
         ch->released = ch->text.len;
@@ -454,6 +482,8 @@ static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_
     a->return_ids = q->return_token_ids;
     a->progress = q->return_progress && q->stream;
     a->tools = a->chat && q->tools; /* the template's tool syntax, or the generic format (chat.h) */
+    a->reason = a->chat && !a->s->cfg.reasoning_inline ? kp_chat_reasoning_markers(a->s->cfg.chat) : NULL;
+    a->reason_open = p->pr.text && kp_reasoning_prompt_opens(p->pr.text, p->pr.text_len, a->reason);
     a->logprobs = q->logprobs;
     a->multi = q->n > 1 || q->logprobs;
     a->id_seed = q->sp.seed ^ (uint64_t)a->created;
@@ -462,8 +492,9 @@ static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_
     for (uint32_t i = 0; i < q->n; i++)
         if (a->logprobs && !a->stream && !(a->ch[i].lp = kp_oai_logprobs_new(a->chat)))
             return kp_oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    /* a stream is woken at admission (its first byte) and per slice of the prefill */
     kp_sreq_params sp = {p->pr.ids,  (uint32_t)p->pr.n, p->max_tokens,     q->sp,     q->stops, q->n_stops,
-                         q->ignore_eos, p->pr.text,    p->pr.text_len, q->max_tokens_set, p->grammar};
+                         q->ignore_eos, p->pr.text,    p->pr.text_len, q->max_tokens_set, p->grammar, q->stream};
     kp_error err = {0};
     kp_status st = kp_sched_submit_n(a->s->sched, &sp, q->n, q->logprobs ? (int32_t)q->top_logprobs : -1, a->rs, &err);
     if (st != KP_OK) {
@@ -476,7 +507,6 @@ static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_
     a->n = q->n;
     a->which = a->n - 1;
     if (a->dropped.texts) atomic_fetch_add(&a->s->volatile_dropped, a->dropped.texts);
-    if (a->stream) kp_sreq_progress(a->rs[0]); /* woken at admission and per slice of the prefill */
     return true;
 }
 

@@ -14,8 +14,10 @@
  *   budget -> grammar -> submit n choices -> wait for the first token
  *     stream:      200 text/event-stream at admission (the first byte does
  *                  not wait for the prompt to be computed): d->open, d->prefill
- *                  per slice of the prefill, then per update of choice i d->text (text held back while it may still be a
- *                  tool call), at its end d->calls and d->end, when every
+ *                  per slice of the prefill, then per update of choice i d->reasoning
+ *                  (a reasoning model's thinking, reasoning.h) and d->text (text held
+ *                  back while it may still be a marker or a tool call), at its end
+ *                  d->calls and d->end, when every
  *                  choice ended d->close (or d->fail on an error)
  *     not stream:  wait for every choice's end, d->reply builds the body
  *
@@ -38,6 +40,7 @@
 #include "serve/cachekeys.h"
 #include "serve/http.h"
 #include "serve/oai.h"
+#include "serve/reasoning.h"
 #include "serve/scheduler.h"
 #include "serve/volatile.h"
 
@@ -52,7 +55,11 @@ typedef struct {
     kp_sreq_update last; /* the last update (usage, report, ids, finish); no text or logprobs */
     bool over;          /* it ended (stop or length); the three below hold */
     json_t *calls;      /* the tool calls read out of text (owned), or NULL */
-    size_t content;     /* text[0..content) is the content (before the calls) */
+    size_t content_from; /* text[content_from..content) is the content (before */
+    size_t content;      /* the calls; after the reasoning) */
+    size_t reason_from, reason_to; /* text[reason_from..reason_to) is the reasoning
+                                      (reasoning.h; equal: none) */
+    size_t reason_released; /* streaming: reasoning handed to d->reasoning up to here */
     const char *finish; /* the finish reason reported: "stop", "length", "tool_calls" */
     bool cap_end;       /* --max-tokens-cap ended it (reported as a stop: the turn is over) */
 } kp_choice;
@@ -76,6 +83,9 @@ typedef struct {
     /* text of choice i (text NULL: none, only logprobs), with the logprobs
      * of the tokens it brings (lp consumed; NULL: none) */
     void (*text)(kp_answer *a, uint32_t i, const char *text, size_t len, json_t *lp);
+    /* reasoning text of choice i (reasoning.h), before its content; NULL:
+     * the dialect has no place for it (then it is not shown) */
+    void (*reasoning)(kp_answer *a, uint32_t i, const char *text, size_t len);
     /* the tool calls of choice i at its end (borrowed: a->ch[i].calls) */
     void (*calls)(kp_answer *a, uint32_t i, const json_t *calls);
     /* choice i ended (its text and calls were given) */
@@ -97,6 +107,8 @@ struct kp_answer {
     void *dreq; /* the dialect's request and stream state (owned: d->free) */
     bool chat, stream, include_usage, return_ids, progress;
     bool tools;    /* tools are rendered: replies are read for calls */
+    const kp_reasoning_markers *reason; /* replies are split into reasoning and content (NULL: not) */
+    bool reason_open;                   /* the prompt opened the reasoning */
     bool logprobs; /* logprobs asked */
     bool multi;    /* n > 1 or logprobs: the report counts the choices */
     uint32_t n, n_over, which;

@@ -18,6 +18,8 @@
  *
  *   message_start (usage: input split by the cache), ping   at admission
  *   ping per slice of the prefill                            while the prompt is computed
+ *   the model's reasoning: content_block_start (thinking), thinking_delta...,
+ *     signature_delta (empty: kvpin signs nothing), content_block_stop
  *   per text run: content_block_start (text), content_block_delta (text_delta)...
  *   per call: content_block_start (tool_use, input {}), one input_json_delta, stop
  *   content_block_stop, message_delta (stop_reason, usage, kvpin_cache), message_stop
@@ -41,6 +43,7 @@ typedef struct {
     json_t *msgs;    /* the chat messages so far */
     json_t *pending; /* the text parts of a user or assistant message being built, or NULL */
     json_t *calls;   /* the tool_calls of the assistant message being built, or NULL */
+    json_t *thinking; /* its thinking blocks' text (a string), or NULL */
     const char *role;
     json_t *tools;   /* the chat tools (NULL: none) */
     json_t *prev_ids; /* tool_use ids of the last assistant message (an array) */
@@ -50,12 +53,13 @@ typedef struct {
 /* The pending message as a chat message (a new reference), or NULL when
  * nothing is pending. */
 static json_t *pending_msg(const tr *t) {
-    if (!t->pending && !t->calls) return NULL;
+    if (!t->pending && !t->calls && !t->thinking) return NULL;
     json_t *m = json_pack("{s:s}", "role", t->role);
     if (!m) return NULL;
     if (t->pending && json_array_size(t->pending) > 0) json_object_set(m, "content", t->pending);
     else json_object_set_new(m, "content", t->calls ? json_null() : json_string(""));
     if (t->calls) json_object_set(m, "tool_calls", t->calls);
+    if (t->thinking) json_object_set(m, "reasoning_content", t->thinking);
     return m;
 }
 
@@ -64,7 +68,8 @@ static void flush(tr *t) {
     if (m) json_array_append_new(t->msgs, m);
     json_decref(t->pending);
     json_decref(t->calls);
-    t->pending = t->calls = NULL;
+    json_decref(t->thinking);
+    t->pending = t->calls = t->thinking = NULL;
 }
 
 static bool text_part(tr *t, const char *role, const json_t *text) {
@@ -211,8 +216,25 @@ static bool block(tr *t, size_t mi, size_t bi, const json_t *b, const char *role
         flush(t); /* the results and the user's text in the order of the blocks */
         json_array_append_new(t->msgs, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content",
                                                  content));
-    } else if (!user && (!strcmp(type, "thinking") || !strcmp(type, "redacted_thinking"))) {
-        /* a reasoning model's earlier thinking, sent back by its client: not rendered */
+    } else if (!user && !strcmp(type, "thinking")) {
+        /* the model's earlier thinking, sent back by its client: the
+         * message's reasoning_content, which the template renders or drops */
+        const json_t *th = json_object_get(b, "thinking");
+        if (!json_is_string(th)) return BAD(t->e, where, "%s.thinking must be a string", where);
+        t->role = "assistant";
+        if (!t->thinking) {
+            t->thinking = json_copy((json_t *)th);
+        } else { /* several thinking blocks: one text */
+            char *both = NULL;
+            if (asprintf(&both, "%s\n%s", json_string_value(t->thinking), json_string_value(th)) < 0) both = NULL;
+            json_decref(t->thinking);
+            t->thinking = both ? json_string(both) : NULL;
+            free(both);
+            if (!t->thinking) return BAD(t->e, where, "out of memory");
+        }
+        return true;
+    } else if (!user && !strcmp(type, "redacted_thinking")) {
+        /* encrypted by another provider: nothing a template can show */
         kp_oai_note_ignored(&t->r->ignored, where);
         return true;
     } else if (!strcmp(type, "image") || !strcmp(type, "document")) {
@@ -406,7 +428,7 @@ bool kp_anth_translate(const char *body, size_t len, bool count_tokens, bool str
     memset(r, 0, sizeof *r);
     json_t *root = kp_oai_parse_object(body, len, e);
     if (!root) return false;
-    tr t = {r, json_array(), NULL, NULL, "user", NULL, json_array(), e};
+    tr t = {.r = r, .msgs = json_array(), .role = "user", .prev_ids = json_array(), .e = e};
     json_t *chat = json_object();
     bool ok = t.msgs && t.prev_ids && chat;
     if (!ok) kp_oai_fail(e, 500, "api_error", NULL, NULL, "out of memory");
@@ -446,12 +468,14 @@ bool kp_anth_translate(const char *body, size_t len, bool count_tokens, bool str
         if (!json_is_boolean(st)) ok = BAD(e, "stream", "stream must be true or false");
         else if (!count_tokens) r->stream = json_is_true(st);
     }
+    const json_t *gr = json_object_get(root, "grammar"); /* kvpin's own: GBNF, as on chat completions */
+    if (ok && gr && !json_is_null(gr)) json_object_set(chat, "grammar", (json_t *)gr);
     const json_t *md = json_object_get(root, "metadata");
     if (ok && md && !json_is_null(md) && !json_is_object(md)) ok = BAD(e, "metadata", "metadata must be an object");
     /* the rest: accepted and named, unknown ones too unless strict */
     static const char *const known[] = {"model",          "max_tokens",  "system", "messages", "tools",
                                         "tool_choice",    "temperature", "top_p",  "top_k",    "stop_sequences",
-                                        "stream",         NULL};
+                                        "stream",         "grammar",     NULL};
     static const char *const anthropic[] = {"metadata", "service_tier", "thinking", "container", "mcp_servers",
                                             "context_management", NULL};
     const char *unknown;
@@ -472,6 +496,7 @@ bool kp_anth_translate(const char *body, size_t len, bool count_tokens, bool str
     json_decref(t.tools);
     json_decref(t.pending);
     json_decref(t.calls);
+    json_decref(t.thinking);
     json_decref(t.prev_ids);
     json_decref(root);
     if (!ok) kp_anth_request_free(r);
@@ -614,6 +639,8 @@ typedef struct {
     kp_anth_request a; /* the translation (its chat body's "stop": the stop sequences) */
     anth_bps bps;      /* its cache_control breakpoints, located in the prompt */
     bool text_open;    /* streaming: a text content block is open */
+    bool think_open;   /* streaming: a thinking content block is open */
+    uint32_t thinking_blocks; /* of n_blocks, thinking blocks */
     uint32_t n_blocks; /* content blocks started */
 } anth_state;
 
@@ -736,11 +763,42 @@ static void anth_prefill(kp_answer *x, const kp_sreq_update *u) {
     if (x->prog_any && u->prefill_done < u->prompt_tokens) kp_anth_event(&x->out, "ping", json_object());
 }
 
+/* Streaming: the open thinking block ended (with its signature, which
+ * kvpin leaves empty: it signs nothing). */
+static void anth_close_thinking(kp_answer *x) {
+    anth_state *st = x->dreq;
+    if (!st->think_open) return;
+    json_t *idx = json_integer((json_int_t)st->n_blocks - 1);
+    kp_anth_event(&x->out, "content_block_delta",
+                  json_pack("{s:O, s:{s:s, s:s}}", "index", idx, "delta", "type", "signature_delta", "signature", ""));
+    kp_anth_event(&x->out, "content_block_stop", json_pack("{s:O}", "index", idx));
+    json_decref(idx);
+    st->think_open = false;
+}
+
+/* The model's reasoning as a thinking block, streamed as thinking_delta. */
+static void anth_reasoning(kp_answer *x, uint32_t i, const char *text, size_t len) {
+    (void)i;
+    anth_state *st = x->dreq;
+    if (!st->think_open) {
+        kp_anth_event(&x->out, "content_block_start",
+                      json_pack("{s:I, s:{s:s, s:s, s:s}}", "index", (json_int_t)st->n_blocks, "content_block", "type",
+                                "thinking", "thinking", "", "signature", ""));
+        st->think_open = true;
+        st->n_blocks++;
+        st->thinking_blocks++;
+    }
+    kp_anth_event(&x->out, "content_block_delta",
+                  json_pack("{s:I, s:{s:s, s:s%}}", "index", (json_int_t)st->n_blocks - 1, "delta", "type",
+                            "thinking_delta", "thinking", text, len));
+}
+
 static void anth_text(kp_answer *x, uint32_t i, const char *text, size_t len, json_t *lp) {
     (void)i;
     json_decref(lp); /* the Messages API has no logprobs */
     anth_state *st = x->dreq;
     if (!text || !len) return;
+    anth_close_thinking(x);
     if (!st->text_open) {
         kp_anth_event(&x->out, "content_block_start",
                       json_pack("{s:I, s:{s:s, s:s}}", "index", (json_int_t)st->n_blocks, "content_block", "type",
@@ -765,6 +823,7 @@ static void anth_close_text(kp_answer *x) {
 static void anth_calls(kp_answer *x, uint32_t i, const json_t *calls) {
     (void)i;
     anth_state *st = x->dreq;
+    anth_close_thinking(x);
     anth_close_text(x);
     json_t *blocks = kp_anth_content_json(NULL, 0, calls);
     size_t k;
@@ -811,11 +870,14 @@ static const char *anth_settle(kp_answer *x, const char **which, json_t **cj) {
 static void anth_close(kp_answer *x) {
     anth_state *st = x->dreq;
     const kp_choice *ch = &x->ch[0];
+    anth_close_thinking(x);
     anth_close_text(x);
-    if (st->n_blocks == 0) {
+    if (st->n_blocks == st->thinking_blocks) { /* an answer has a text block when it has nothing else */
+        json_t *idx = json_integer((json_int_t)st->n_blocks);
         kp_anth_event(&x->out, "content_block_start",
-                      json_pack("{s:i, s:{s:s, s:s}}", "index", 0, "content_block", "type", "text", "text", ""));
-        kp_anth_event(&x->out, "content_block_stop", json_pack("{s:i}", "index", 0));
+                      json_pack("{s:O, s:{s:s, s:s}}", "index", idx, "content_block", "type", "text", "text", ""));
+        kp_anth_event(&x->out, "content_block_stop", json_pack("{s:O}", "index", idx));
+        json_decref(idx);
     }
     const char *which;
     json_t *cj;
@@ -836,8 +898,13 @@ static json_t *anth_reply(kp_answer *x) {
     const char *which;
     json_t *cj;
     const char *reason = anth_settle(x, &which, &cj);
-    json_t *j = kp_anth_message_json(x->id, x->s->cfg.model_name, kp_anth_content_json(text, ch->content, ch->calls),
-                                     reason, which, anth_usage(&st->bps, &ch->last));
+    json_t *content = kp_anth_content_json(text + ch->content_from, ch->content - ch->content_from, ch->calls);
+    if (ch->reason_to > ch->reason_from)
+        json_array_insert_new(content, 0,
+                              json_pack("{s:s, s:s%, s:s}", "type", "thinking", "thinking", text + ch->reason_from,
+                                        ch->reason_to - ch->reason_from, "signature", ""));
+    json_t *j = kp_anth_message_json(x->id, x->s->cfg.model_name, content, reason, which,
+                                     anth_usage(&st->bps, &ch->last));
     json_object_set_new(j, "kvpin_cache", cj);
     return j;
 }
@@ -863,6 +930,7 @@ static const kp_dialect ANTHROPIC = {
     .open = anth_open,
     .prefill = anth_prefill,
     .text = anth_text,
+    .reasoning = anth_reasoning,
     .calls = anth_calls,
     .end = anth_end,
     .close = anth_close,

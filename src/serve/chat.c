@@ -81,6 +81,11 @@ const char *kp_chat_family_name(kp_chat_family f) {
     return families[f].name;
 }
 
+const kp_reasoning_markers *kp_chat_reasoning_markers(kp_chat_family f) {
+    static const kp_reasoning_markers think = {"<think>", "</think>"};
+    return f == KP_CHAT_QWEN3 ? &think : NULL;
+}
+
 bool kp_chat_family_has_tools(kp_chat_family f) {
     return (unsigned)f < KP_CHAT_FAMILY_COUNT && families[f].tools;
 }

@@ -138,6 +138,7 @@
 #include <stdint.h>
 
 #include "base/status.h"
+#include "serve/reasoning.h"
 #include "tok/tok.h"
 
 typedef enum {
@@ -187,6 +188,10 @@ kp_chat_family kp_chat_family_from_name(const char *name);
 /* The canonical name of a family ("qwen2.5"...), "unknown" for
  * KP_CHAT_UNKNOWN or a value outside the enum. The string is static. */
 const char *kp_chat_family_name(kp_chat_family f);
+
+/* The markers between which the family's models write their reasoning
+ * (qwen3: "<think>" and "</think>"), or NULL when it has none. Static. */
+const kp_reasoning_markers *kp_chat_reasoning_markers(kp_chat_family f);
 
 /* Whether the family's own template has a tool syntax (qwen2.5, qwen3,
  * llama3.1). The other families render tools, tool calls and tool messages

@@ -8,6 +8,7 @@
  *   chat: {"delta": {"role": "assistant", "content": ""}}   one per choice, at admission
  *   [prompt_progress chunks without choices]                 return_progress; else
  *   [": prefill N/M tokens" comments]                        while the prompt is computed
+ *   {"delta": {"reasoning_content": TEXT}}                 chat: a reasoning model's thinking
  *   {"delta": {"content": TEXT}, "logprobs": LP | null}      completions: {"text": TEXT}
  *   {"delta": {"tool_calls": [{index, id, type, function: {name, arguments: ""}}]}}
  *   {"delta": {"tool_calls": [{index, function: {arguments}}]}}   per call, at the end
@@ -105,6 +106,12 @@ static void oa_text(kp_answer *a, uint32_t i, const char *text, size_t len, json
     chunk(a, choice);
 }
 
+/* chat: reasoning as llama.cpp's server and DeepSeek's API stream it */
+static void oa_reasoning(kp_answer *a, uint32_t i, const char *text, size_t len) {
+    chunk(a, json_pack("{s:i, s:{s:s%}, s:n, s:n}", "index", (int)i, "delta", "reasoning_content", text, len,
+                       "logprobs", "finish_reason"));
+}
+
 /* The tool calls as OpenAI streams them: per call, a chunk with its index,
  * id, type and name and empty arguments, then one with the arguments. */
 static void oa_calls(kp_answer *a, uint32_t i, const json_t *calls) {
@@ -168,14 +175,16 @@ static json_t *choice_json(kp_answer *a, uint32_t i) {
     json_t *lp = ch->lp ? ch->lp : json_null();
     ch->lp = NULL;
     json_t *o;
-    if (a->chat && ch->calls) {
-        json_t *msg = json_pack("{s:s, s:o, s:O}", "role", "assistant", "content",
-                                ch->content ? json_stringn(text, ch->content) : json_null(), "tool_calls", ch->calls);
-        o = json_pack("{s:i, s:o, s:o, s:s}", "index", (int)i, "message", msg, "logprobs", lp, "finish_reason",
+    if (a->chat) {
+        size_t n = ch->content - ch->content_from;
+        json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content",
+                                ch->calls && !n ? json_null() : json_stringn(text + ch->content_from, n));
+        if (ch->reason_to > ch->reason_from)
+            json_object_set_new(msg, "reasoning_content",
+                                json_stringn(text + ch->reason_from, ch->reason_to - ch->reason_from));
+        if (ch->calls) json_object_set(msg, "tool_calls", ch->calls);
+        o = json_pack("{s:i, s:o, s:o, s:s?}", "index", (int)i, "message", msg, "logprobs", lp, "finish_reason",
                       ch->finish);
-    } else if (a->chat) {
-        o = json_pack("{s:i, s:{s:s, s:s%}, s:o, s:s?}", "index", (int)i, "message", "role", "assistant", "content",
-                      text, ch->text.len, "logprobs", lp, "finish_reason", ch->finish);
     } else {
         o = json_pack("{s:i, s:s%, s:o, s:s?}", "index", (int)i, "text", text, ch->text.len, "logprobs", lp,
                       "finish_reason", ch->finish);
@@ -203,6 +212,7 @@ static const kp_dialect OPENAI = {
     .open = oa_open,
     .prefill = oa_prefill,
     .text = oa_text,
+    .reasoning = oa_reasoning,
     .calls = oa_calls,
     .end = oa_end,
     .close = oa_close,

@@ -11,6 +11,9 @@
  *
  *   response.created, response.in_progress           at admission (the response, in_progress)
  *   response.in_progress per slice of the prefill    while the prompt is computed
+ *   a reasoning model's thinking: response.output_item.added (reasoning),
+ *   response.content_part.added (reasoning_text), response.reasoning_text.delta...,
+ *   response.reasoning_text.done, response.content_part.done, response.output_item.done
  *   response.output_item.added (message), response.content_part.added,
  *   response.output_text.delta...                    while text comes
  *   response.output_text.done, response.content_part.done, response.output_item.done
@@ -57,7 +60,41 @@ static json_t *item_content(const json_t *c, const char *where, kp_oai_error *e)
     return parts;
 }
 
-static bool input_items(const json_t *input, json_t *msgs, kp_oai_error *e) {
+/* A reasoning item's text (a new reference): its reasoning_text content
+ * parts, else its summary's summary_text parts, joined by "\n" ("" when it
+ * has neither: encrypted_content alone, nothing a template can show).
+ * NULL with *e set. */
+static json_t *reasoning_text(const json_t *it, const char *where, kp_oai_error *e) {
+    const json_t *parts = json_object_get(it, "content");
+    const char *want = "reasoning_text";
+    if (!json_array_size(parts)) {
+        parts = json_object_get(it, "summary");
+        want = "summary_text";
+    }
+    if (parts && !json_is_array(parts) && !json_is_null(parts))
+        return BAD(e, where, "%s: a reasoning item's content and summary are arrays of parts", where), NULL;
+    kp_buf b = {0};
+    size_t i;
+    const json_t *p;
+    json_array_foreach(parts, i, p) {
+        const char *type = json_string_value(json_object_get(p, "type"));
+        const json_t *t = json_object_get(p, "text");
+        if (!type || strcmp(type, want) || !json_is_string(t)) {
+            kp_buf_free(&b);
+            return BAD(e, where, "%s: reasoning parts are {\"type\": \"%s\", \"text\": string}", where, want), NULL;
+        }
+        if (i) kp_buf_put(&b, "\n", 1);
+        kp_buf_put(&b, json_string_value(t), json_string_length(t));
+    }
+    json_t *out = json_stringn(b.data ? b.data : "", b.len);
+    kp_buf_free(&b);
+    if (!out) BAD(e, where, "out of memory");
+    return out;
+}
+
+/* input_items' walk; *rs: the last reasoning item's text not yet given to
+ * an assistant message (owned by the caller). */
+static bool walk_items(const json_t *input, json_t *msgs, json_t **rs, kp_oai_error *e) {
     if (json_is_string(input)) {
         json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "user", "content", input));
         return true;
@@ -74,8 +111,13 @@ static bool input_items(const json_t *input, json_t *msgs, kp_oai_error *e) {
         const char *role = json_string_value(json_object_get(it, "role"));
         if (!json_is_object(it)) return BAD(e, where, "%s must be an input item object", where);
         if (!type && role) type = "message";
-        if (!type) return BAD(e, where, "%s needs a type (message, function_call, function_call_output)", where);
+        if (!type) return BAD(e, where, "%s needs a type (message, function_call, function_call_output, reasoning)", where);
         if (strcmp(type, "function_call")) calls = NULL;
+        if (!strcmp(type, "reasoning")) { /* the model's earlier reasoning, sent back */
+            json_decref((*rs));
+            if (!((*rs) = reasoning_text(it, where, e))) return false;
+            continue;
+        }
         if (!strcmp(type, "message")) {
             if (!role || (strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "system") &&
                           strcmp(role, "developer"))) {
@@ -85,7 +127,14 @@ static bool input_items(const json_t *input, json_t *msgs, kp_oai_error *e) {
             }
             json_t *content = item_content(json_object_get(it, "content"), where, e);
             if (!content) return false;
-            json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", role, "content", content));
+            json_t *m = json_pack("{s:s, s:o}", "role", role, "content", content);
+            if (!strcmp(role, "assistant") && (*rs) && json_string_length((*rs)))
+                json_object_set(m, "reasoning_content", (*rs));
+            if (!strcmp(role, "assistant")) {
+                json_decref((*rs));
+                (*rs) = NULL;
+            }
+            json_array_append_new(msgs, m);
         } else if (!strcmp(type, "function_call")) {
             const json_t *id = json_object_get(it, "call_id"), *name = json_object_get(it, "name");
             const json_t *args = json_object_get(it, "arguments");
@@ -93,9 +142,12 @@ static bool input_items(const json_t *input, json_t *msgs, kp_oai_error *e) {
                 return BAD(e, where, "%s: a function_call needs call_id, name and arguments (strings)", where);
             if (!calls) {
                 json_t *m = json_pack("{s:s, s:n, s:[]}", "role", "assistant", "content", "tool_calls");
+                if ((*rs) && json_string_length((*rs))) json_object_set(m, "reasoning_content", (*rs));
                 json_array_append_new(msgs, m);
                 calls = json_object_get(m, "tool_calls");
             }
+            json_decref((*rs));
+            (*rs) = NULL;
             json_array_append_new(calls, json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", id, "type", "function",
                                                    "function", "name", name, "arguments", args));
         } else if (!strcmp(type, "function_call_output")) {
@@ -108,10 +160,17 @@ static bool input_items(const json_t *input, json_t *msgs, kp_oai_error *e) {
             char p[48];
             snprintf(p, sizeof p, "%s.type", where);
             return BAD(e, p, "%s: %.40s items are not supported by this server (message, function_call, "
-                             "function_call_output)", p, type);
+                             "function_call_output, reasoning)", p, type);
         }
     }
     return true;
+}
+
+static bool input_items(const json_t *input, json_t *msgs, kp_oai_error *e) {
+    json_t *rs = NULL;
+    bool ok = walk_items(input, msgs, &rs, e);
+    json_decref(rs);
+    return ok;
 }
 
 /* Tool types the Responses API runs on OpenAI's side: kvpin cannot run
@@ -306,8 +365,9 @@ bool kp_resp_translate(const char *body, size_t len, const json_t *prev_conv, bo
             ok = BAD(e, "max_output_tokens", "max_output_tokens must be a whole number >= 1");
         else json_object_set(r->chat, "max_tokens", (json_t *)mo);
     }
-    /* the cache key and retention mean for the chat layer what they mean here */
-    static const char *const passed[] = {"prompt_cache_key", "prompt_cache_retention"};
+    /* the cache key and retention mean for the chat layer what they mean
+     * here; grammar is kvpin's own (GBNF, as on chat completions) */
+    static const char *const passed[] = {"prompt_cache_key", "prompt_cache_retention", "grammar"};
     for (size_t k = 0; ok && k < sizeof passed / sizeof *passed; k++) {
         const json_t *v = json_object_get(root, passed[k]);
         if (v && !json_is_null(v)) json_object_set(r->chat, passed[k], (json_t *)v);
@@ -322,7 +382,7 @@ bool kp_resp_translate(const char *body, size_t len, const json_t *prev_conv, bo
     static const char *const known[] = {"model", "input", "instructions", "tools", "tool_choice", "text",
                                         "temperature", "top_p", "max_output_tokens", "parallel_tool_calls",
                                         "stream", "store", "previous_response_id", "prompt_cache_key",
-                                        "prompt_cache_retention", NULL};
+                                        "prompt_cache_retention", "grammar", NULL};
     static const char *const openai[] = {"metadata", "user", "reasoning", "truncation", "include", "service_tier",
                                          "background", "prompt", "safety_identifier",
                                          "top_logprobs", "max_tool_calls", "stream_options", "conversation", NULL};
@@ -383,6 +443,16 @@ json_t *kp_resp_output_json(const char *text, size_t text_len, const json_t *cal
     return a;
 }
 
+json_t *kp_resp_reasoning_item(const char *text, size_t len, uint64_t item_seed, const char *status) {
+    char id[48];
+    kp_resp_item_id(id, sizeof id, "rs", item_seed, 0);
+    json_t *content = json_array();
+    if (strcmp(status, "in_progress"))
+        json_array_append_new(content, json_pack("{s:s, s:s%}", "type", "reasoning_text", "text", text ? text : "", len));
+    return json_pack("{s:s, s:s, s:s, s:[], s:o}", "type", "reasoning", "id", id, "status", status, "summary",
+                     "content", content);
+}
+
 json_t *kp_resp_usage_json(uint32_t input, uint32_t cached, uint32_t output) {
     return json_pack("{s:I, s:{s:I}, s:I, s:{s:i}, s:I}", "input_tokens", (json_int_t)input, "input_tokens_details",
                      "cached_tokens", (json_int_t)cached, "output_tokens", (json_int_t)output,
@@ -436,6 +506,8 @@ bool kp_resp_event(kp_buf *out, const char *name, json_t *data, uint32_t *seq) {
 typedef struct {
     kp_resp_request r;
     kp_buf text;         /* streaming: the text sent */
+    kp_buf reason;       /* streaming: the reasoning sent */
+    bool reason_open;    /* the reasoning item is open */
     const json_t *calls; /* streaming: the calls sent (the answer's) */
     uint32_t seq;        /* sequence_number of the next event */
     bool text_open;      /* the message item is open */
@@ -454,7 +526,7 @@ static const char *final_status(const kp_answer *x) {
  * what previous_response_id continues. output and cj (kvpin_cache, may be
  * NULL) consumed. */
 static json_t *resp_final(kp_answer *x, json_t *output, json_t *cj, const char *text, size_t tlen,
-                          const json_t *calls) {
+                          const json_t *calls, const char *reason, size_t rlen) {
     resp_state *st = x->dreq;
     const kp_sreq_update *u = &x->ch[0].last;
     const char *status = final_status(x);
@@ -462,6 +534,9 @@ static json_t *resp_final(kp_answer *x, json_t *output, json_t *cj, const char *
                                     kp_resp_usage_json(u->prompt_tokens, u->cached_tokens, u->completion_tokens));
     if (st->r.store) {
         json_t *conv = kp_resp_conv_after(&st->r, text, tlen, calls);
+        if (conv && rlen) /* the answer's reasoning, for the template to render or drop */
+            json_object_set_new(json_array_get(conv, json_array_size(conv) - 1), "reasoning_content",
+                                json_stringn(reason, rlen));
         bool kept = conv && kp_response_store_put(x->s->responses, x->id, o, conv);
         json_decref(conv);
         if (cj) json_object_set_new(cj, "stored", json_boolean(kept));
@@ -503,6 +578,55 @@ static void resp_prefill(kp_answer *x, const kp_sreq_update *u) {
     kp_resp_event(&x->out, "response.in_progress", json_pack("{s:o}", "response", o), &st->seq);
 }
 
+/* Streaming: the reasoning item ends. */
+static void close_reasoning(kp_answer *x) {
+    resp_state *st = x->dreq;
+    if (!st->reason_open) return;
+    char id[48];
+    kp_resp_item_id(id, sizeof id, "rs", x->id_seed, 0);
+    const char *t = st->reason.data ? st->reason.data : "";
+    kp_resp_event(&x->out, "response.reasoning_text.done",
+                  json_pack("{s:s, s:I, s:i, s:s%}", "item_id", id, "output_index", (json_int_t)st->n_items,
+                            "content_index", 0, "text", t, st->reason.len),
+                  &st->seq);
+    kp_resp_event(&x->out, "response.content_part.done",
+                  json_pack("{s:s, s:I, s:i, s:{s:s, s:s%}}", "item_id", id, "output_index", (json_int_t)st->n_items,
+                            "content_index", 0, "part", "type", "reasoning_text", "text", t, st->reason.len),
+                  &st->seq);
+    kp_resp_event(&x->out, "response.output_item.done",
+                  json_pack("{s:I, s:o}", "output_index", (json_int_t)st->n_items, "item",
+                            kp_resp_reasoning_item(t, st->reason.len, x->id_seed, "completed")),
+                  &st->seq);
+    st->reason_open = false;
+    st->n_items++;
+}
+
+/* The model's reasoning as a reasoning item with one reasoning_text part,
+ * streamed as response.reasoning_text.delta. */
+static void resp_reasoning(kp_answer *x, uint32_t i, const char *text, size_t len) {
+    (void)i;
+    resp_state *st = x->dreq;
+    char id[48];
+    kp_resp_item_id(id, sizeof id, "rs", x->id_seed, 0);
+    if (!st->reason_open) {
+        kp_resp_event(&x->out, "response.output_item.added",
+                      json_pack("{s:I, s:o}", "output_index", (json_int_t)st->n_items, "item",
+                                kp_resp_reasoning_item(NULL, 0, x->id_seed, "in_progress")),
+                      &st->seq);
+        kp_resp_event(&x->out, "response.content_part.added",
+                      json_pack("{s:s, s:I, s:i, s:{s:s, s:s}}", "item_id", id, "output_index",
+                                (json_int_t)st->n_items, "content_index", 0, "part", "type", "reasoning_text", "text",
+                                ""),
+                      &st->seq);
+        st->reason_open = true;
+    }
+    kp_buf_put(&st->reason, text, len);
+    kp_resp_event(&x->out, "response.reasoning_text.delta",
+                  json_pack("{s:s, s:I, s:i, s:s%}", "item_id", id, "output_index", (json_int_t)st->n_items,
+                            "content_index", 0, "delta", text, len),
+                  &st->seq);
+}
+
 /* The message item and its output_text part begin. */
 static void open_text(kp_answer *x) {
     resp_state *st = x->dreq;
@@ -526,6 +650,7 @@ static void resp_text(kp_answer *x, uint32_t i, const char *text, size_t len, js
     if (!text || !len) return;
     char id[48];
     kp_resp_item_id(id, sizeof id, "msg", x->id_seed, 0);
+    close_reasoning(x);
     if (!st->text_open) open_text(x);
     kp_buf_put(&st->text, text, len);
     kp_resp_event(&x->out, "response.output_text.delta",
@@ -564,6 +689,7 @@ static void close_text(kp_answer *x, bool force, const char *status) {
 static void resp_calls(kp_answer *x, uint32_t i, const json_t *calls) {
     (void)i;
     resp_state *st = x->dreq;
+    close_reasoning(x);
     close_text(x, false, "completed");
     json_t *items = kp_resp_output_json(NULL, 0, calls, x->id_seed, "completed", st->r.ns_of);
     st->calls = calls;
@@ -601,12 +727,16 @@ static void resp_end(kp_answer *x, uint32_t i) {
  * response object, stored. */
 static void resp_close(kp_answer *x) {
     resp_state *st = x->dreq;
-    close_text(x, st->n_items == 0, final_status(x));
+    bool reasoned = st->reason.len > 0;
+    close_reasoning(x);
+    close_text(x, st->n_items == (reasoned ? 1u : 0u), final_status(x));
     const char *t = st->text.data ? st->text.data : "";
+    const char *r = st->reason.data ? st->reason.data : "";
     json_t *output = kp_resp_output_json(t, st->text.len, st->calls, x->id_seed, final_status(x), st->r.ns_of);
+    if (reasoned) json_array_insert_new(output, 0, kp_resp_reasoning_item(r, st->reason.len, x->id_seed, "completed"));
     json_t *cj = x->report;
     x->report = NULL;
-    json_t *o = resp_final(x, output, cj, t, st->text.len, st->calls);
+    json_t *o = resp_final(x, output, cj, t, st->text.len, st->calls, r, st->reason.len);
     const char *status = json_string_value(json_object_get(o, "status"));
     bool incomplete = status && !strcmp(status, "incomplete");
     kp_resp_event(&x->out, incomplete ? "response.incomplete" : "response.completed",
@@ -624,10 +754,13 @@ static json_t *resp_reply(kp_answer *x) {
     const kp_choice *ch = &x->ch[0];
     const char *text = ch->text.data ? ch->text.data : "";
     resp_state *st = x->dreq;
-    json_t *out = kp_resp_output_json(text, ch->content, ch->calls, x->id_seed, final_status(x), st->r.ns_of);
+    const char *c = text + ch->content_from, *r = text + ch->reason_from;
+    size_t cl = ch->content - ch->content_from, rl = ch->reason_to - ch->reason_from;
+    json_t *out = kp_resp_output_json(c, cl, ch->calls, x->id_seed, final_status(x), st->r.ns_of);
+    if (rl) json_array_insert_new(out, 0, kp_resp_reasoning_item(r, rl, x->id_seed, "completed"));
     json_t *cj = x->report;
     x->report = NULL;
-    return resp_final(x, out, cj, text, ch->content, ch->calls);
+    return resp_final(x, out, cj, c, cl, ch->calls, r, rl);
 }
 
 static void resp_state_free(void *p) {
@@ -635,6 +768,7 @@ static void resp_state_free(void *p) {
     if (!st) return;
     kp_resp_request_free(&st->r);
     kp_buf_free(&st->text);
+    kp_buf_free(&st->reason);
     free(st);
 }
 
@@ -646,6 +780,7 @@ static const kp_dialect RESPONSES = {
     .open = resp_open,
     .prefill = resp_prefill,
     .text = resp_text,
+    .reasoning = resp_reasoning,
     .calls = resp_calls,
     .end = resp_end,
     .close = resp_close,

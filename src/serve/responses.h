@@ -95,6 +95,10 @@ void kp_resp_item_id(char *out, size_t cap, const char *prefix, uint64_t seed, s
 
 /* The usage object: input_tokens, input_tokens_details.cached_tokens,
  * output_tokens, output_tokens_details.reasoning_tokens 0, total_tokens. */
+/* A reasoning output item (id "rs_..." from item_seed) holding text as one
+ * reasoning_text part (no part while status is "in_progress"). */
+json_t *kp_resp_reasoning_item(const char *text, size_t len, uint64_t item_seed, const char *status);
+
 json_t *kp_resp_usage_json(uint32_t input, uint32_t cached, uint32_t output);
 
 /* The response object (output and usage consumed; usage may be NULL:

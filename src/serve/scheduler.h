@@ -100,6 +100,8 @@ typedef struct {
     kp_grammar *grammar;     /* NULL: unconstrained; else the output is constrained to its
                                 documents (engine/gen.h, kp_gen_constrain): the request takes a
                                 reference (kp_grammar_ref) and drops it when released */
+    bool progress;           /* as kp_sreq_progress from the start: the owner is woken at
+                                admission (which may come before kp_sched_submit returns) */
 } kp_sreq_params;
 
 typedef struct kp_sreq kp_sreq;
@@ -205,7 +207,8 @@ bool kp_sreq_wait_any(kp_sreq *const *rs, uint32_t n, int timeout_ms, uint32_t *
 
 /* From now on, kp_sreq_wait also wakes after every slice of the prompt's
  * first prefill (kp_sreq_update.prefill_done), for a client that shows
- * progress. Call it right after kp_sreq_submit. */
+ * progress. The admission may already have passed when it is called:
+ * to be woken by it, set kp_sreq_params.progress instead. */
 void kp_sreq_progress(kp_sreq *r);
 
 /* Asks the scheduler to stop the request (a client went away). The tokens

@@ -71,6 +71,7 @@ typedef struct {
     unsigned max_connections;  /* open connections at most; 0: 1024 */
     unsigned max_per_address;  /* open connections from one client address at most; 0: 64 */
     kp_chat_family chat;       /* KP_CHAT_UNKNOWN: chat answers 400 */
+    bool reasoning_inline;     /* --reasoning-format none: a reply's reasoning stays in its content */
     const char *chat_bos;      /* the BOS / EOS token texts for templates */
     const char *chat_eos;
     uint32_t completion_max_tokens; /* default max_tokens of /v1/completions; 0: 16 */

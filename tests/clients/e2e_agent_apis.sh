@@ -22,12 +22,17 @@ node_deps "Anthropic and OpenAI client"
 
 start main --chat-template chatml --api-key "$KEY" --ctx $CTX || give_up "the chatml server did not start"
 start ttl --chat-template chatml --ctx $CTX --pin-ttl-scale 0.02 || give_up "the short-TTL server did not start"
+start think --chat-template qwen3 --ctx $CTX || give_up "the qwen3 server did not start"
+start inline --chat-template qwen3 --ctx $CTX --reasoning-format none || give_up "the inline-reasoning server did not start"
 
 KVPIN_URL=$(cat "$T/main.url") KVPIN_API_KEY=$KEY KVPIN_TTL_URL=$(cat "$T/ttl.url")
-export KVPIN_URL KVPIN_API_KEY KVPIN_TTL_URL
-run_node 600 tests/clients/anthropic.test.mjs tests/clients/responses.test.mjs
+KVPIN_THINK_URL=$(cat "$T/think.url") KVPIN_INLINE_URL=$(cat "$T/inline.url")
+export KVPIN_URL KVPIN_API_KEY KVPIN_TTL_URL KVPIN_THINK_URL KVPIN_INLINE_URL
+run_node 600 tests/clients/anthropic.test.mjs tests/clients/responses.test.mjs tests/clients/reasoning.test.mjs
 
 stop main
 stop ttl
+stop think
+stop inline
 PIDS=""
 finish

@@ -79,14 +79,17 @@ static void test_tools_round_trip(void) {
                "{\"role\":\"tool\",\"tool_call_id\":\"toolu_1\",\"content\":\"r1\\nr2\"},"
                "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"more\"}]}]"));
     kp_anth_request_free(&r);
-    /* an assistant's thinking blocks are left out and named */
+    /* an assistant's thinking blocks become its reasoning_content (the
+     * template renders or drops it); redacted ones are left out and named */
     CHECK(tr("{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"Q\"},"
              "{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\",\"thinking\":\"hm\",\"signature\":"
-             "\"s\"},{\"type\":\"text\",\"text\":\"A\"}]},{\"role\":\"user\",\"content\":\"Q2\"}]}",
+             "\"s\"},{\"type\":\"redacted_thinking\",\"data\":\"x\"},{\"type\":\"thinking\",\"thinking\":\"ok\","
+             "\"signature\":\"\"},{\"type\":\"text\",\"text\":\"A\"}]},{\"role\":\"user\",\"content\":\"Q2\"}]}",
              &r, &e));
     CHECK(same(json_array_get(json_object_get(r.chat, "messages"), 1),
-               "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"A\"}]}"));
-    CHECK_EQ_STR(r.ignored.data, "messages[1].content[0]");
+               "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"A\"}],"
+               "\"reasoning_content\":\"hm\\nok\"}"));
+    CHECK_EQ_STR(r.ignored.data, "messages[1].content[1]");
     kp_anth_request_free(&r);
     /* any -> required, none -> none */
     CHECK(tr("{\"model\":\"m\",\"max_tokens\":1,\"tools\":[{\"name\":\"w\",\"input_schema\":{}}],\"tool_choice\":"

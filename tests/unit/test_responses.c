@@ -89,6 +89,29 @@ static void test_translate(void) {
     kp_resp_request_free(NULL);
 }
 
+/* A reasoning item sent back (its reasoning_text parts, else its summary)
+ * is the reasoning_content of the assistant turn that follows it. */
+static void test_reasoning_items(void) {
+    kp_resp_request r;
+    kp_oai_error e;
+    CHECK(tr("{\"input\":[{\"role\":\"user\",\"content\":\"Q\"},{\"type\":\"reasoning\",\"id\":\"rs_1\","
+             "\"summary\":[],\"content\":[{\"type\":\"reasoning_text\",\"text\":\"a\"},{\"type\":"
+             "\"reasoning_text\",\"text\":\"b\"}]},{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"f\","
+             "\"arguments\":\"{}\"},{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"o\"},"
+             "{\"type\":\"reasoning\",\"id\":\"rs_2\",\"summary\":[{\"type\":\"summary_text\",\"text\":\"s\"}]},"
+             "{\"role\":\"assistant\",\"content\":\"A\"},{\"type\":\"reasoning\",\"id\":\"rs_3\",\"summary\":[],"
+             "\"encrypted_content\":\"zz\"},{\"role\":\"user\",\"content\":\"Q2\"}]}",
+             NULL, &r, &e));
+    const json_t *m = json_object_get(r.chat, "messages");
+    CHECK(same(json_array_get(m, 1), "{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"a\\nb\","
+                                     "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":"
+                                     "\"f\",\"arguments\":\"{}\"}}]}"));
+    CHECK(same(json_array_get(m, 3), "{\"role\":\"assistant\",\"content\":\"A\",\"reasoning_content\":\"s\"}"));
+    CHECK(same(json_array_get(m, 4), "{\"role\":\"user\",\"content\":\"Q2\"}"));
+    CHECK_EQ_INT(json_array_size(m), 5);
+    kp_resp_request_free(&r);
+}
+
 static void test_refused(void) {
     static const struct {
         const char *body, *param;
@@ -97,7 +120,9 @@ static void test_refused(void) {
         {"{\"input\":5}", "input"},
         {"{\"input\":[{\"type\":\"message\",\"role\":\"tool\",\"content\":\"x\"}]}", "input[0].role"},
         {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\"}]}]}", "input[0].content[0].type"},
-        {"{\"input\":[{\"type\":\"reasoning\"}]}", "input[0].type"},
+        {"{\"input\":[{\"type\":\"reasoning\",\"content\":[{\"type\":\"output_text\",\"text\":\"x\"}]}]}",
+         "input[0]"},
+        {"{\"input\":[{\"type\":\"computer_call\"}]}", "input[0].type"},
         {"{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\"}]}", "input[0]"},
         {"{\"input\":\"x\",\"tools\":[{\"type\":\"teleport\"}]}", "tools[0]"},
         {"{\"input\":\"x\",\"tools\":[{\"type\":\"namespace\",\"name\":\"n\",\"tools\":[{\"type\":\"web_search\"}]}]}",
@@ -251,6 +276,7 @@ static void test_store(void) {
 
 int main(void) {
     RUN(test_translate);
+    RUN(test_reasoning_items);
     RUN(test_refused);
     RUN(test_tools);
     RUN(test_objects);

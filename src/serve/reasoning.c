@@ -1,0 +1,83 @@
+/*
+ * reasoning.c - a reply's reasoning, split from its content (reasoning.h).
+ *
+ * One pass over the text, no state kept between calls: skip whitespace,
+ * match the opening marker (or a prefix of it, which holds everything),
+ * skip whitespace, search the closing marker; without it the end of the
+ * text is held back as far as it could still be the start of the marker
+ * or whitespace before it.
+ */
+#include "serve/reasoning.h"
+
+#include <string.h>
+
+static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+static size_t skip_space(const char *t, size_t i, size_t len) {
+    while (i < len && is_space(t[i])) i++;
+    return i;
+}
+
+/* The end of t[from..len) without a tail that is a proper prefix of mark
+ * and without the whitespace before that. */
+static size_t held_tail(const char *t, size_t from, size_t len, const char *mark) {
+    size_t ml = strlen(mark), end = len;
+    for (size_t k = ml - 1; k > 0; k--)
+        if (len - from >= k && !memcmp(t + len - k, mark, k)) {
+            end = len - k;
+            break;
+        }
+    while (end > from && is_space(t[end - 1])) end--;
+    return end;
+}
+
+/* Where the first occurrence of mark in t[from..len) starts, or len. */
+static size_t find(const char *t, size_t from, size_t len, const char *mark) {
+    size_t ml = strlen(mark);
+    for (size_t i = from; i + ml <= len; i++)
+        if (t[i] == mark[0] && !memcmp(t + i, mark, ml)) return i;
+    return len;
+}
+
+void kp_reasoning_scan(const char *text, size_t len, const kp_reasoning_markers *m, bool starts_open, bool final,
+                       kp_reasoning_split *out) {
+    memset(out, 0, sizeof *out);
+    out->state = KP_REASONING_NONE;
+    if (!m || !m->open || !m->close || !*m->open || !*m->close) return;
+    size_t i = skip_space(text, 0, len);
+    if (!starts_open) {
+        size_t ol = strlen(m->open), have = len - i;
+        if (have >= ol && !memcmp(text + i, m->open, ol)) {
+            i += ol;
+        } else if (!final && have < ol && !memcmp(text + i, m->open, have)) {
+            out->state = KP_REASONING_UNDECIDED; /* nothing, or the marker's start */
+            out->content_from = len;
+            return;
+        } else {
+            return; /* no reasoning */
+        }
+    }
+    size_t from = skip_space(text, i, len);
+    size_t close = find(text, from, len, m->close);
+    out->reason_from = from;
+    if (close == len) {
+        out->state = KP_REASONING_OPEN;
+        out->reason_to = final ? held_tail(text, from, len, " ") : held_tail(text, from, len, m->close);
+        if (out->reason_to < from) out->reason_to = from;
+        out->content_from = len;
+        return;
+    }
+    size_t to = close;
+    while (to > from && is_space(text[to - 1])) to--;
+    out->state = KP_REASONING_CLOSED;
+    out->reason_to = to;
+    size_t c = skip_space(text, close + strlen(m->close), len);
+    out->content_from = c < len || final ? c : len;
+}
+
+bool kp_reasoning_prompt_opens(const char *prompt, size_t len, const kp_reasoning_markers *m) {
+    if (!m || !m->open || !*m->open || !prompt) return false;
+    while (len > 0 && is_space(prompt[len - 1])) len--;
+    size_t ol = strlen(m->open);
+    return len >= ol && !memcmp(prompt + len - ol, m->open, ol);
+}

@@ -1,0 +1,70 @@
+/*
+ * reasoning.h - a reply's reasoning, split from its content (floor 7).
+ *
+ * Reasoning models write their thinking between markers before the answer
+ * their template expects ("<think>\n...\n</think>\n\nThe answer"); some
+ * templates open the reasoning in the generation prompt, so the reply
+ * starts inside it ("...\n</think>\n\nThe answer"). kvpin hands the
+ * reasoning to clients apart from the content, as each API has it: chat
+ * completions' `reasoning_content`, a Messages `thinking` block, a
+ * Responses `reasoning` item (streamed as deltas in each).
+ *
+ * kp_reasoning_scan reads a reply written so far and says where its parts
+ * lie. It is a pure function of the text: called again as the text grows,
+ * what it once gave as reasoning (up to reason_to) or content (from
+ * content_from, once not held) stays so, so a stream may hand those out
+ * and never take them back.
+ *
+ *   text:  [ws] <think> [ws] reasoning... [ws] </think> [ws] content...
+ *                           ^reason_from      ^reason_to       ^content_from
+ *
+ *   - leading whitespace, whitespace around the reasoning and whitespace
+ *     after the closing marker belong to neither part (as llama.cpp's
+ *     server and DeepSeek's API give them);
+ *   - a reply that does not start with the opening marker (after
+ *     whitespace) has no reasoning: content_from is 0, the text untouched;
+ *   - a reply that opens reasoning and never closes it (cut by max_tokens)
+ *     is all reasoning;
+ *   - while the text could still become a marker (a prefix of "<think>"
+ *     at the start, of "</think>" at the end) or whitespace might still
+ *     be followed by reasoning, that part is held: safe_to stops before it
+ *     and content_from stays at len.
+ */
+#ifndef KP_REASONING_H
+#define KP_REASONING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* A template's reasoning markers (both non-empty). */
+typedef struct {
+    const char *open, *close;
+} kp_reasoning_markers;
+
+typedef enum {
+    KP_REASONING_UNDECIDED = 0, /* the start could still be the opening marker */
+    KP_REASONING_NONE,          /* no reasoning: all of it is content */
+    KP_REASONING_OPEN,          /* inside the reasoning, no closing marker yet */
+    KP_REASONING_CLOSED         /* the reasoning ended; content follows */
+} kp_reasoning_state;
+
+typedef struct {
+    kp_reasoning_state state;
+    size_t reason_from; /* the reasoning is text[reason_from..reason_to) */
+    size_t reason_to;   /* OPEN, not final: the part that is safe (safe_to) */
+    size_t content_from; /* the content starts here (len while held) */
+} kp_reasoning_split;
+
+/* Splits text[0..len). starts_open: the prompt opened the reasoning (see
+ * kp_reasoning_prompt_opens). final: the reply is complete (nothing is
+ * held back any more). m NULL: no reasoning markers, the whole text is
+ * content. */
+void kp_reasoning_scan(const char *text, size_t len, const kp_reasoning_markers *m, bool starts_open, bool final,
+                       kp_reasoning_split *out);
+
+/* Whether a rendered prompt ends inside the reasoning: its last non-space
+ * text is the opening marker (a template that writes "<think>\n" in its
+ * generation prompt). */
+bool kp_reasoning_prompt_opens(const char *prompt, size_t len, const kp_reasoning_markers *m);
+
+#endif
