@@ -74,6 +74,7 @@ static const char *const cause_names[KP_DOCTOR_CAUSE_COUNT] = {
     [KP_DOCTOR_CAUSE_INSERTED_AT_FRONT] = "inserted_at_front",
     [KP_DOCTOR_CAUSE_OTHER] = "other",
     [KP_DOCTOR_CAUSE_RETOKENIZED] = "retokenized",
+    [KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY] = "template_rewrites_history",
 };
 
 const char *kp_doctor_cause_name(kp_doctor_cause cause) {
@@ -1284,6 +1285,12 @@ size_t kp_doctor_advice(kp_doctor_cause cause, const char *detail, size_t line,
               "differently from how the model wrote it; where that costs much, send the prompt as "
               "token ids to /v1/completions (return_token_ids gives the answer's own ids)";
         break;
+    case KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY:
+        sb_printf(&b, "the chat template rewrites an earlier turn %s once a new one follows", prep);
+        fix = "each turn then recomputes the previous answer; Qwen 3's template leaves out the "
+              "reasoning of earlier answers, so turning thinking off (chat_template_kwargs "
+              "enable_thinking false) or a template that keeps earlier turns as written avoids it";
+        break;
     case KP_DOCTOR_CAUSE_OTHER:
         sb_printf(&b, "%s was edited", noun);
         fix = "keep the stable part of the prompt first and put text that changes at the end";
@@ -1341,6 +1348,46 @@ static bool retokenized(const char *r, size_t rlen, const kp_doctor_tokens *t, c
     return true;
 }
 
+/* Whether the chat layer's hints explain the divergence as the template
+ * rewriting an earlier turn, and then the finding at the divergence. */
+static bool rewritten(const char *c, size_t clen, const char *r, size_t rlen, const kp_doctor_tokens *t,
+                      const kp_doctor_divergence *dv, kp_doctor_cache_state state, kp_doctor_finding *f) {
+    if (!t || state != KP_DOCTOR_CACHE_TEXT || dv->full_match) return false;
+    size_t d = dv->byte, rb = t->hints.rewrite_byte;
+    bool at_rewrite = rb > 0 && d <= rb && rb - d <= 64;
+    const char *mark = t->hints.reasoning_open;
+    bool lost_reasoning = false;
+    if (mark && *mark) { /* the cached answer opens its reasoning here, the request does not */
+        size_t ml = strlen(mark), i = d, j = d;
+        while (i < clen && (c[i] == ' ' || c[i] == '\n')) i++;
+        while (j < rlen && (r[j] == ' ' || r[j] == '\n')) j++;
+        lost_reasoning = clen - i >= ml && !memcmp(c + i, mark, ml) && !(rlen - j >= ml && !memcmp(r + j, mark, ml));
+    }
+    if (!at_rewrite && !lost_reasoning) return false;
+    memset(f, 0, sizeof *f);
+    f->cause = KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY;
+    f->byte = d;
+    f->line = 1 + count_lines(r, 0, d);
+    f->column = 1;
+    for (size_t i = line_start(r, d); i < d; i++) f->column += !is_cont((unsigned char)r[i]);
+    f->in_json = inside_json(r, rlen, d);
+    sbuf b;
+    sb_init(&b, f->detail, sizeof f->detail);
+    sb_puts(&b, "template_rewrites_history: ");
+    if (lost_reasoning) {
+        sb_puts(&b, "the cached answer's reasoning (");
+        sb_excerpt(&b, c, clen, d, clen, 24);
+        sb_puts(&b, ") is not in this prompt, which has ");
+    } else {
+        sb_puts(&b, "the chat template renders an earlier turn otherwise once another follows: ");
+        sb_excerpt(&b, c, clen, d, clen, 24);
+        sb_puts(&b, " became ");
+    }
+    sb_excerpt(&b, r, rlen, d, rlen, 24);
+    sb_printf(&b, " on line %zu", f->line);
+    return true;
+}
+
 kp_status kp_doctor_explain(const char *cached, size_t cached_len, const char *request,
                          size_t request_len, const kp_doctor_tokens *tokens,
                          kp_doctor_cache_state state, kp_doctor_escape mode, kp_doctor_report *out,
@@ -1353,7 +1400,8 @@ kp_status kp_doctor_explain(const char *cached, size_t cached_len, const char *r
     if (!c && clen) return kp_fail(err, KP_EINVAL, "kp_doctor_explain: NULL cached text");
     kp_status st = kp_doctor_diverge(c, clen, request, request_len, tokens, &rep.div, err);
     if (st != KP_OK) return st;
-    if (!retokenized(request, request_len, tokens, &rep.div, state, &rep.finding)) {
+    if (!retokenized(request, request_len, tokens, &rep.div, state, &rep.finding) &&
+        !rewritten(c, clen, request, request_len, tokens, &rep.div, state, &rep.finding)) {
         st = kp_doctor_classify(c, clen, request, request_len, rep.div.byte, state, &rep.finding, err);
         if (st != KP_OK) return st;
         assert(rep.finding.byte == rep.div.byte);

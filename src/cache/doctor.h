@@ -65,6 +65,11 @@ typedef enum {
                                         other tokens than the cached ones (a
                                         model's answer sent back as text and
                                         tokenized anew); needs token spans */
+    KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY, /* "template_rewrites_history": the chat
+                                        template renders an earlier turn otherwise
+                                        once another follows (Qwen 3 drops the
+                                        reasoning of earlier answers); needs the
+                                        chat layer's hints */
     KP_DOCTOR_CAUSE_COUNT
 } kp_doctor_cause;
 
@@ -80,6 +85,16 @@ kp_status kp_doctor_cause_parse(const char *name, kp_doctor_cause *out, kp_error
 /* Divergence                                                          */
 
 #define KP_DOCTOR_NO_TOKEN ((size_t)-1)
+
+/* What the chat layer knows of a request (optional; zeroed: nothing). */
+typedef struct {
+    size_t rewrite_byte;        /* > 0: the template's rendering of the conversation up
+                                   to its last answer (as the answer's own turn) stops
+                                   being a prefix of this prompt at this byte */
+    const char *reasoning_open; /* the template's reasoning marker ("<think>"), or NULL:
+                                   cached reasoning missing from the request at the
+                                   divergence is a rewrite too */
+} kp_doctor_hints;
 
 /* What the caller knows from the token level (the prefix index matches token
  * ids, so reuse is token-exact). */
@@ -98,6 +113,7 @@ typedef struct {
     size_t token_end;
     char cached_piece[64]; /* cut on a character boundary */
     size_t cached_piece_len;
+    kp_doctor_hints hints; /* the chat layer's (template_rewrites_history) */
 } kp_doctor_tokens;
 
 typedef struct {
@@ -265,7 +281,9 @@ typedef struct {
  * the tokens part inside shared text, see kp_doctor_tokens.token_end: cause
  * retokenized at the token's byte, detail "retokenized: token K is '<piece>'
  * here and '<cached piece>' in the cache, the same text split differently on
- * line L"), then both snippets (KP_DOCTOR_SNIPPET_BEFORE/AFTER characters, escaped in `mode`).
+ * line L"; or, from the hints, cause template_rewrites_history at the text
+ * divergence when it lies at most 64 bytes before the rewrite byte, or when
+ * the cached text there opens the reasoning the request lacks), then both snippets (KP_DOCTOR_SNIPPET_BEFORE/AFTER characters, escaped in `mode`).
  * Errors as kp_doctor_diverge and kp_doctor_classify. */
 kp_status kp_doctor_explain(const char *cached, size_t cached_len, const char *request,
                          size_t request_len, const kp_doctor_tokens *tokens,

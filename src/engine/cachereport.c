@@ -173,6 +173,12 @@ kp_doctor_tokens kp_cachereport_tokens(const kp_tok_vocab *v, const int32_t *ids
 
 kp_status kp_cachereport_explain(kp_cachereport *c, const int32_t *tokens, uint32_t n, const char *text, size_t text_len,
                           const kp_eng_report *r, kp_doctor_escape mode, kp_doctor_report *out, kp_error *err) {
+    return kp_cachereport_explain_hinted(c, tokens, n, text, text_len, r, NULL, mode, out, err);
+}
+
+kp_status kp_cachereport_explain_hinted(kp_cachereport *c, const int32_t *tokens, uint32_t n, const char *text,
+                                        size_t text_len, const kp_eng_report *r, const kp_doctor_hints *hints,
+                                        kp_doctor_escape mode, kp_doctor_report *out, kp_error *err) {
     const entry *best = NULL;
     uint32_t common = 0;
     for (uint32_t i = 0; i < c->n; i++) {
@@ -213,6 +219,7 @@ kp_status kp_cachereport_explain(kp_cachereport *c, const int32_t *tokens, uint3
         bool text_cached = state == KP_DOCTOR_CACHE_TEXT;
         kp_doctor_tokens dt = kp_cachereport_tokens(c->v, tokens, n, tk, rt, rlen, true, i, text_cached ? best->t : NULL,
                                                     text_cached ? best->n : 0);
+        if (hints) dt.hints = *hints;
         st = kp_doctor_explain(ct, state == KP_DOCTOR_CACHE_NOTHING ? 0 : cl, rt, rlen, &dt, state, mode, out, err);
     }
     free(req);

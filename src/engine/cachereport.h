@@ -70,6 +70,13 @@ void kp_cachereport_clear(kp_cachereport *c);
 kp_status kp_cachereport_explain(kp_cachereport *c, const int32_t *tokens, uint32_t n, const char *text, size_t text_len,
                           const kp_eng_report *r, kp_doctor_escape mode, kp_doctor_report *out, kp_error *err);
 
+/* kp_cachereport_explain with what the chat layer knows of the request
+ * (hints may be NULL): the doctor then names a template that rewrites an
+ * earlier turn (template_rewrites_history). */
+kp_status kp_cachereport_explain_hinted(kp_cachereport *c, const int32_t *tokens, uint32_t n, const char *text,
+                                        size_t text_len, const kp_eng_report *r, const kp_doctor_hints *hints,
+                                        kp_doctor_escape mode, kp_doctor_report *out, kp_error *err);
+
 /* What the doctor needs to know of the tokens (kp_doctor_tokens): token k of
  * ids[0..n) is the first that differs from the cached ids; its byte span in
  * text (as kp_cachereport_token_byte, the start clamped to text_div, the

@@ -494,7 +494,8 @@ static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_
             return kp_oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     /* a stream is woken at admission (its first byte) and per slice of the prefill */
     kp_sreq_params sp = {p->pr.ids,  (uint32_t)p->pr.n, p->max_tokens,     q->sp,     q->stops, q->n_stops,
-                         q->ignore_eos, p->pr.text,    p->pr.text_len, q->max_tokens_set, p->grammar, q->stream};
+                         q->ignore_eos, p->pr.text,    p->pr.text_len, q->max_tokens_set, p->grammar, q->stream,
+                         {p->pr.rewrite_byte, a->reason ? a->reason->open : NULL}};
     kp_error err = {0};
     kp_status st = kp_sched_submit_n(a->s->sched, &sp, q->n, q->logprobs ? (int32_t)q->top_logprobs : -1, a->rs, &err);
     if (st != KP_OK) {

@@ -50,6 +50,36 @@ static bool tokenize_prompt(kp_server *s, const char *text, size_t len, const kp
     return true;
 }
 
+/* Where the rendering of msgs up to their last answer (the answer's turn
+ * as the model wrote it: the last message, no generation prompt) stops
+ * being a prefix of text[0..len), or 0 when it is one or there is no
+ * answer with a turn after it. */
+static size_t history_rewrite(kp_server *s, const json_t *msgs, const json_t *tools, const kp_chat_opts *o,
+                              const char *text, size_t len) {
+    size_t j = json_array_size(msgs);
+    for (; j > 0; j--) {
+        const char *role = json_string_value(json_object_get(json_array_get(msgs, j - 1), "role"));
+        if (role && !strcmp(role, "assistant")) break;
+    }
+    if (j == 0 || j == json_array_size(msgs)) return 0;
+    json_t *head = json_array();
+    for (size_t i = 0; head && i < j; i++) json_array_append(head, json_array_get(msgs, i));
+    kp_chat_opts ho = *o;
+    ho.add_generation_prompt = false;
+    char *h = NULL;
+    size_t hl = 0;
+    kp_error err;
+    size_t at = 0;
+    if (head && kp_chat_render(s->cfg.chat, head, tools, &ho, &h, &hl, &err) == KP_OK) {
+        size_t i = 0;
+        while (i < hl && i < len && h[i] == text[i]) i++;
+        at = i < hl ? (i ? i : 1) : 0;
+    }
+    free(h);
+    json_decref(head);
+    return at;
+}
+
 /* messages (+ tools) through the chat template, the volatile start of
  * the system texts dropped first (volatile.h), into out. */
 static bool render_messages(kp_server *s, const json_t *messages, const json_t *tools, const kp_prompt_opts *po,
@@ -68,6 +98,7 @@ static bool render_messages(kp_server *s, const json_t *messages, const json_t *
     kp_tok_range *plain = NULL;
     size_t n_plain = 0;
     kp_status st = kp_chat_render_plain(s->cfg.chat, msgs, tools, &o, &text, &len, &plain, &n_plain, &err);
+    if (st == KP_OK) out->rewrite_byte = history_rewrite(s, msgs, tools, &o, text, len);
     json_decref(msgs);
     if (st != KP_OK) { /* the renderer's messages start with the field at fault */
         const char *field = !strncmp(err.msg, "tools", 5) ? "tools" : "messages";

@@ -34,6 +34,9 @@ typedef struct {
     char *text;   /* the rendered or given text (for the cache report), malloc'd; NULL for token ids */
     size_t text_len;
     kp_volatile_report dropped; /* what was left out of the system messages (volatile.h) */
+    size_t rewrite_byte;  /* > 0: the rendering of the conversation up to its last answer
+                             (that answer's own turn) is not a prefix of text: it differs
+                             here (the template rewrites history; doctor.h's hints) */
 } kp_prompt;
 
 /* The prompt of a request body: prompt (text or token ids) or messages

@@ -348,6 +348,7 @@ static kp_status sreq_make(kp_sched *s, const kp_sreq_params *p, uint32_t max_to
     r->grammar = kp_grammar_ref(p->grammar);
     r->n_prompt = r->n_fill = p->n_prompt;
     atomic_init(&r->progress, p->progress);
+    r->hints = p->hints;
     r->t_submit = kp_sched_now();
     *out = r;
     return KP_OK;

@@ -102,6 +102,8 @@ typedef struct {
                                 reference (kp_grammar_ref) and drops it when released */
     bool progress;           /* as kp_sreq_progress from the start: the owner is woken at
                                 admission (which may come before kp_sched_submit returns) */
+    kp_doctor_hints hints;   /* the chat layer's, for the cache report (zeroed: none;
+                                reasoning_open must be static) */
 } kp_sreq_params;
 
 typedef struct kp_sreq kp_sreq;

@@ -37,6 +37,7 @@ struct kp_sreq {
     bool admitted;       /* admitted once: the report and usage are those of that prefill */
     double t_kv;         /* when it began waiting at the queue's head for KV blocks; 0: not */
     char *text; /* the prompt text, for the report; NULL: none */
+    kp_doctor_hints hints; /* the chat layer's, for the report */
     size_t text_len;
     kp_eng_seq seq;
     float *logits;

@@ -290,7 +290,8 @@ static bool admit(kp_sched *s, kp_sreq *r, bool no_room) {
     }
     r->admitted = true;
     kp_doctor_report d;
-    bool has = kp_cachereport_explain(s->crep, tokens, r->n_prompt, r->text, r->text_len, &rep, KP_DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
+    bool has = kp_cachereport_explain_hinted(s->crep, tokens, r->n_prompt, r->text, r->text_len, &rep, &r->hints,
+                                             KP_DOCTOR_ESCAPE_JSON, &d, &err) == KP_OK;
     pthread_mutex_lock(&r->mu);
     r->report = rep;
     if (has) r->doctor = d;

@@ -163,3 +163,23 @@ test('a reply cut inside its reasoning is all reasoning', async () => {
         }
     }
 });
+
+/* Qwen 3's template leaves out the reasoning of an answer once a user turn
+ * follows it: the next turn cannot reuse the answer as the model wrote it.
+ * The report says so (template_rewrites_history), and reuse stops exactly
+ * where the answer began: every token of the previous prompt is reused. */
+test('the cache report names the template rewriting the previous answer', async () => {
+    const sys = { role: 'system', content: 'You answer questions about a long story. '.repeat(8) };
+    const first = await openai.chat.completions.create({ model: 'm', messages: [sys, ...MSGS], max_tokens: 80,
+                                                         grammar: GRAMMAR, temperature: 0 });
+    const m = first.choices[0].message;
+    const next = await openai.chat.completions.create({
+        model: 'm', max_tokens: 1,
+        messages: [sys, ...MSGS, { role: 'assistant', content: m.content, reasoning_content: m.reasoning_content },
+                   { role: 'user', content: 'Tell me more.' }],
+    });
+    const c = next.kvpin_cache;
+    assert.equal(c.cause, 'template_rewrites_history', c.detail);
+    assert.equal(c.reused_tokens, first.usage.prompt_tokens);
+    assert.match(c.advice, /enable_thinking/);
+});

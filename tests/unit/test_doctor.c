@@ -61,7 +61,8 @@ static bool contains(const char *hay, const char *needle) { return strstr(hay, n
 static void test_cause_names(void) {
     const char *expected[] = {"hit",        "cold",           "evicted",    "timestamp",
                               "counter",    "identifier",     "reordered_json", "whitespace",
-                              "inserted_at_front", "other", "retokenized"};
+                              "inserted_at_front", "other", "retokenized",
+                              "template_rewrites_history"};
     CHECK_EQ_INT(sizeof expected / sizeof expected[0], KP_DOCTOR_CAUSE_COUNT);
     for (int i = 0; i < KP_DOCTOR_CAUSE_COUNT; i++) {
         CHECK_EQ_STR(kp_doctor_cause_name((kp_doctor_cause)i), expected[i]);
@@ -711,9 +712,10 @@ static void test_pairs(void) {
         }
     }
     /* every cause found on texts alone is exercised by the table
-     * (retokenized needs token spans: test_retokenized) */
+     * (retokenized needs token spans, template_rewrites_history the chat
+     * layer's hints: their own tests) */
     for (int c = 0; c < KP_DOCTOR_CAUSE_COUNT; c++)
-        if (c != KP_DOCTOR_CAUSE_RETOKENIZED) CHECK_MSG(per_cause[c] > 0, "no pair for %s", kp_doctor_cause_name((kp_doctor_cause)c));
+        if (c != KP_DOCTOR_CAUSE_RETOKENIZED && c != KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY) CHECK_MSG(per_cause[c] > 0, "no pair for %s", kp_doctor_cause_name((kp_doctor_cause)c));
 }
 
 /* ------------------------------------------------------------------ */
@@ -955,6 +957,47 @@ static void test_retokenized(void) {
     CHECK_EQ_INT(rep.finding.cause, KP_DOCTOR_CAUSE_EVICTED);
 }
 
+/* The chat layer's hints: the template rendered an earlier turn otherwise
+ * (the rewrite byte, near the divergence), or the cached answer opened its
+ * reasoning where the request has none. */
+static void test_template_rewrites(void) {
+    const char *c = "<user>Hi</user><bot><think>\nplan\n</think>\n\nHello</bot>";
+    const char *r = "<user>Hi</user><bot>Hello</bot><user>More</user><bot>";
+    kp_doctor_tokens tk = {.token_index = 5, .token_byte = 20, .n_tokens = 12};
+    kp_doctor_report rep;
+    /* without hints: an edit */
+    CHECK_EQ_INT(kp_doctor_explain(c, strlen(c), r, strlen(r), &tk, KP_DOCTOR_CACHE_TEXT, KP_DOCTOR_ESCAPE_HUMAN, &rep,
+                                   NULL),
+                 KP_OK);
+    CHECK(rep.finding.cause != KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY);
+    /* the reasoning marker: the cached answer's reasoning is missing */
+    tk.hints.reasoning_open = "<think>";
+    CHECK_EQ_INT(kp_doctor_explain(c, strlen(c), r, strlen(r), &tk, KP_DOCTOR_CACHE_TEXT, KP_DOCTOR_ESCAPE_HUMAN, &rep,
+                                   NULL),
+                 KP_OK);
+    CHECK_EQ_INT(rep.finding.cause, KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY);
+    CHECK_EQ_INT(rep.finding.byte, 20);
+    CHECK(contains(rep.finding.detail, "reasoning"));
+    /* the rewrite byte at the divergence */
+    const char *c2 = "<sys>Today: Mon</sys><user>Hi</user><bot>Hello</bot>";
+    const char *r2 = "<sys>Today: Tue</sys><user>Hi</user><bot>Hello</bot><user>More</user>";
+    kp_doctor_tokens t2 = {.token_index = 3, .token_byte = 12, .n_tokens = 20};
+    t2.hints.rewrite_byte = 12;
+    CHECK_EQ_INT(kp_doctor_explain(c2, strlen(c2), r2, strlen(r2), &t2, KP_DOCTOR_CACHE_TEXT, KP_DOCTOR_ESCAPE_HUMAN,
+                                   &rep, NULL),
+                 KP_OK);
+    CHECK_EQ_INT(rep.finding.cause, KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY);
+    /* a rewrite far after the divergence does not explain it */
+    t2.hints.rewrite_byte = 200;
+    CHECK_EQ_INT(kp_doctor_explain(c2, strlen(c2), r2, strlen(r2), &t2, KP_DOCTOR_CACHE_TEXT, KP_DOCTOR_ESCAPE_HUMAN,
+                                   &rep, NULL),
+                 KP_OK);
+    CHECK(rep.finding.cause != KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY);
+    char advice[512];
+    kp_doctor_advice(KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY, "", 3, 20, NULL, advice, sizeof advice);
+    CHECK(contains(advice, "rewrites an earlier turn") && contains(advice, "enable_thinking"));
+}
+
 static void test_known_client(void) {
     const char *c = "x-anthropic-billing-header: cc_version=2.1.332.0b8; cc_entrypoint=sdk-cli;\nYou are an agent.\n";
     const char *r = "x-anthropic-billing-header: cc_version=2.1.332.1c9; cc_entrypoint=sdk-cli;\nYou are an agent.\n";
@@ -986,5 +1029,6 @@ int main(void) {
     RUN(test_advice);
     RUN(test_known_client);
     RUN(test_retokenized);
+    RUN(test_template_rewrites);
     return harness_finish("doctor");
 }
