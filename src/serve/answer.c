@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/entropy.h"
 #include "serve/chat.h"
 #include "serve/prompt.h"
 
@@ -162,8 +163,17 @@ static kp_answer *answer_new(kp_server *s, const kp_dialect *d, void *dreq, bool
     a->dreq = dreq;
     a->chat = chat;
     a->created = time(NULL);
-    snprintf(a->id, sizeof a->id, "%s%016llx", d->id_prefix[chat ? 1 : 0],
-             (unsigned long long)(atomic_fetch_add(&s->next_id, 1) * GOLDEN ^ (uint64_t)s->started));
+    /* ids no other client can guess (the answer's, and the seed of its call
+     * and item ids): 128 and 64 bits from the kernel's CSPRNG */
+    char hex[33];
+    kp_error err;
+    size_t pl = strlen(d->id_prefix[chat ? 1 : 0]);
+    if (kp_entropy_hex(hex, sizeof hex, 16, &err) != KP_OK || pl + 33 > sizeof a->id ||
+        kp_entropy(&a->id_seed, sizeof a->id_seed, &err) != KP_OK) {
+        free(a);
+        return NULL;
+    }
+    snprintf(a->id, sizeof a->id, "%s%s", d->id_prefix[chat ? 1 : 0], hex);
     return a;
 }
 
@@ -486,7 +496,6 @@ static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_
     a->reason_open = p->pr.text && kp_reasoning_prompt_opens(p->pr.text, p->pr.text_len, a->reason);
     a->logprobs = q->logprobs;
     a->multi = q->n > 1 || q->logprobs;
-    a->id_seed = q->sp.seed ^ (uint64_t)a->created;
     snprintf(a->key, sizeof a->key, "%s", q->prompt_cache_key ? q->prompt_cache_key : "");
     a->retention = !q->retention ? NULL : q->retain_24h ? "24h" : "in_memory";
     for (uint32_t i = 0; i < q->n; i++)

@@ -34,6 +34,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/entropy.h"
+
 const int kp_http_status_codes[KP_HTTP_N_STATUS] = {200, 400, 401, 404, 405, 413, 429, 431, 500, 503, 504, 0};
 
 /* A connection's socket context: the request it is serving, and its
@@ -135,9 +137,8 @@ static void log_begin(kp_server *s, struct MHD_Connection *c, const char *method
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id");
     if (sane_request_id(h))
         snprintf(l->id, sizeof l->id, "%s", h);
-    else
-        snprintf(l->id, sizeof l->id, "%llx-%x-%llu", (unsigned long long)s->started, (unsigned)getpid() & 0xffff,
-                 (unsigned long long)atomic_fetch_add(&s->next_req, 1) + 1);
+    else if (kp_entropy_hex(l->id, sizeof l->id, 8, NULL) != KP_OK) /* random: it tells nothing */
+        snprintf(l->id, sizeof l->id, "%llu", (unsigned long long)atomic_fetch_add(&s->next_req, 1) + 1);
     snprintf(l->client, sizeof l->client, "-");
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     if (ci && ci->client_addr) {

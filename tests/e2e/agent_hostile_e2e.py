@@ -11,6 +11,12 @@ Expected values come from outside the server's answer:
     tool_use of the previous assistant message;
   - OpenAI's: errors {"error": {"message", "type", "param", "code"}}; an
     unknown previous_response_id or response id is a 404;
+  - ids no other client can guess: every answer's id, tool-call id,
+    item id and x-request-id differs from all others, also between
+    requests in the same second with the same seed (a clock or a counter
+    would repeat or be predictable), carries at least 64 random bits (hex
+    of the documented length), and two request ids share no prefix (a
+    start time or a counter in front);
   - invariants: after every refusal the server answers /health and holds no
     sequence or block beyond what its index caches (no_leaks); a breakpoint
     sent again refreshes its pin rather than adding one; a pin the
@@ -186,6 +192,40 @@ def responses(srv):
     R.ok(c2["responses"]["count"] == r0["count"], "deleted: %s" % c2["responses"])
 
 
+def ids(srv):
+    """Ids from the kernel's CSPRNG: distinct across requests in the same
+    second with the same seed, of the documented random length."""
+    tool = {"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                     "required": ["city"]}}
+    seen, req_ids = [], []
+    for i in range(4):
+        st, h, j = srv.post(M, {"model": "m", "max_tokens": 24, "messages": USER, "tools": [tool],
+                                "tool_choice": {"type": "tool", "name": "get_weather"}, "temperature": 0})
+        R.ok(st == 200, "a forced tool call: %s" % st)
+        if st == 200:
+            seen.append(j["id"])
+            seen += [b["id"] for b in j["content"] if b["type"] == "tool_use"]
+        req_ids.append(h.get("x-request-id", ""))
+        st, h, j = srv.post("/v1/chat/completions", {"model": "m", "max_tokens": 2, "messages": USER, "seed": 7})
+        if st == 200:
+            seen.append(j["id"])
+            R.ok(len(j["id"]) == len("chatcmpl-") + 32 and all(c in "0123456789abcdef" for c in j["id"][9:]),
+                 "chatcmpl- and 32 hex digits: %s" % j["id"])
+        req_ids.append(h.get("x-request-id", ""))
+        st, h, j = srv.post(RS, {"model": "m", "input": "Hi", "max_output_tokens": 2, "seed": 7, "store": False})
+        if st == 200:
+            seen += [j["id"]] + [it["id"] for it in j["output"]]
+        req_ids.append(h.get("x-request-id", ""))
+    R.ok(len(seen) >= 16 and len(set(seen)) == len(seen), "%d ids, all distinct: %s" % (len(seen), seen))
+    R.ok(len(set(req_ids)) == len(req_ids) and all(len(x) == 16 for x in req_ids),
+         "request ids: 16 hex digits, all distinct: %s" % req_ids)
+    st, h, _ = srv.request("GET", "/health")
+    st2, h2, _ = srv.request("GET", "/health")
+    a, b = h.get("x-request-id", ""), h2.get("x-request-id", "")
+    R.ok(st == st2 == 200 and len(a) == len(b) == 16 and a != b and a[:8] != b[:8],
+         "/health's request ids share no start time or counter: %s %s" % (a, b))
+
+
 def pinned_cap():
     """A breakpoint longer than the pinned-bytes cap (half the pool): the pin
     is refused and reported, the request answers 200."""
@@ -227,6 +267,7 @@ def main():
         srv_k = _Keyed(srv, "k")
         messages(srv_k)
         responses(srv_k)
+        ids(srv_k)
     finally:
         srv.stop()
     pinned_cap()
