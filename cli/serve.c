@@ -28,8 +28,11 @@
 enum {
     O_API_KEY = CLI_OWN, O_API_KEY_FILE, O_CHAT_TEMPLATE, O_QUEUE, O_PREFILL_CHUNK, O_MAX_BODY, O_TIMEOUT,
     O_ALIAS, O_QUIET, O_REQUEST_TIMEOUT, O_MAX_CONNECTIONS, O_MAX_PER_ADDRESS, O_STRICT_API, O_NO_DASHBOARD,
-    O_PIN_TTL_SCALE, O_VOLATILE_PREFIX, O_KEEP_VOLATILE, O_MAX_TOKENS_CAP, O_REASONING_FORMAT
+    O_PIN_TTL_SCALE, O_VOLATILE_PREFIX, O_KEEP_VOLATILE, O_MAX_TOKENS_CAP, O_REASONING_FORMAT,
+    O_ALLOWED_HOSTS, O_CORS_ORIGIN
 };
+
+#define MAX_HOST_RULES 64
 
 static const cli_opt serve_tab[] = {
     CLI_USE(CLI_MODEL), CLI_USE(CLI_HOST), CLI_USE(CLI_PORT), CLI_USE(CLI_PARALLEL), CLI_USE(CLI_CTX_SIZE),
@@ -72,6 +75,12 @@ static const cli_opt serve_tab[] = {
                                                "apart from the content (reasoning_content, thinking blocks,\n"
                                                "reasoning items), none: left in the content as written",
      O_REASONING_FORMAT},
+    {"allowed-hosts", NULL, NULL, "LIST", "Host names answered besides IP addresses, localhost, the --host\n"
+                                          "name and the machine's (comma-separated, repeatable; \".d.com\":\n"
+                                          "d.com and its subdomains; \"*\": any; others get 421)",
+     O_ALLOWED_HOSTS},
+    {"cors-origin", NULL, NULL, "ORIGIN", "let web pages of ORIGIN (\"https://app.example\", repeatable; \"*\":\n"
+                                          "any) read answers (CORS); none by default", O_CORS_ORIGIN},
     {0},
 };
 
@@ -183,6 +192,10 @@ int cmd_serve(int argc, char **argv) {
     float pin_ttl_scale = 1;
     const char *volatile_prefixes[KP_VOLATILE_MAX];
     size_t n_volatile = 0;
+    static char host_rules_buf[4096];
+    size_t host_rules_used = 0;
+    const char *allowed_hosts[MAX_HOST_RULES], *cors_origins[MAX_HOST_RULES];
+    size_t n_allowed_hosts = 0, n_cors_origins = 0;
     bool keep_volatile = false;
     int64_t max_tokens_cap = 0;
     bool reasoning_inline = false;
@@ -204,6 +217,31 @@ int cmd_serve(int argc, char **argv) {
             ok = !strcmp(v, "auto") || !strcmp(v, "deepseek") || !strcmp(v, "none");
             if (!ok) fprintf(stderr, "kvpin serve: --reasoning-format must be auto, deepseek or none, not '%s'\n", v);
             reasoning_inline = !strcmp(v, "none");
+            break;
+        case O_ALLOWED_HOSTS: /* split at commas into host_rules_buf */
+            for (const char *p = v; ok && *p;) {
+                size_t k = strcspn(p, ",");
+                while (k > 0 && p[k - 1] == ' ') k--;
+                if (k > 0) {
+                    if (n_allowed_hosts == MAX_HOST_RULES || host_rules_used + k + 1 > sizeof host_rules_buf) {
+                        fprintf(stderr, "kvpin serve: too many --allowed-hosts (at most %d names)\n", MAX_HOST_RULES);
+                        return 2;
+                    }
+                    memcpy(host_rules_buf + host_rules_used, p, k);
+                    host_rules_buf[host_rules_used + k] = 0;
+                    allowed_hosts[n_allowed_hosts++] = host_rules_buf + host_rules_used;
+                    host_rules_used += k + 1;
+                }
+                p += strcspn(p, ",");
+                while (*p == ',' || *p == ' ') p++;
+            }
+            break;
+        case O_CORS_ORIGIN:
+            if (n_cors_origins == MAX_HOST_RULES) {
+                fprintf(stderr, "kvpin serve: at most %d --cors-origin\n", MAX_HOST_RULES);
+                return 2;
+            }
+            cors_origins[n_cors_origins++] = v;
             break;
         case O_VOLATILE_PREFIX:
             if (n_volatile == KP_VOLATILE_MAX) {
@@ -388,6 +426,10 @@ int cmd_serve(int argc, char **argv) {
     cfg.max_tokens_cap = (uint32_t)max_tokens_cap;
     cfg.reasoning_inline = reasoning_inline;
     cfg.volatile_prefixes = volatile_prefixes;
+    cfg.allowed_hosts = allowed_hosts;
+    cfg.n_allowed_hosts = n_allowed_hosts;
+    cfg.cors_origins = cors_origins;
+    cfg.n_cors_origins = n_cors_origins;
     cfg.n_volatile = n_volatile;
     cfg.tiers_of = cache_dir || cache_redis ? e : NULL;
     /* SIGINT/SIGTERM are taken by sigwait below; SIGPIPE from a client that left is ignored */

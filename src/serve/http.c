@@ -35,8 +35,9 @@
 #include <unistd.h>
 
 #include "base/entropy.h"
+#include "serve/origin.h"
 
-const int kp_http_status_codes[KP_HTTP_N_STATUS] = {200, 400, 401, 404, 405, 413, 429, 431, 500, 503, 504, 0};
+const int kp_http_status_codes[KP_HTTP_N_STATUS] = {200, 400, 401, 404, 405, 413, 415, 421, 429, 431, 500, 503, 504, 0};
 
 /* A connection's socket context: the request it is serving, and its
  * deadline. Between the connection's start (or the end of its previous
@@ -167,6 +168,25 @@ static void log_begin(kp_server *s, struct MHD_Connection *c, const char *method
 
 /* ---- answers ---------------------------------------------------------------- */
 
+enum MHD_Result kp_http_preflight(kp_server *s, struct MHD_Connection *c) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    kp_conn *cn = current(c);
+    if (cn) {
+        MHD_add_response_header(r, "x-request-id", cn->log.id);
+        cn->log.status = 204;
+        if (cn->cors) MHD_add_response_header(r, "Access-Control-Allow-Origin", cn->cors);
+    }
+    MHD_add_response_header(r, "Vary", "Origin");
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", KP_ORIGIN_ALLOW_METHODS);
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", KP_ORIGIN_ALLOW_HEADERS);
+    MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    enum MHD_Result ok = MHD_queue_response(c, 204, r);
+    MHD_destroy_response(r);
+    count_status(s, 204);
+    return ok;
+}
+
 enum MHD_Result kp_http_reply(kp_server *s, struct MHD_Connection *c, unsigned status, const char *type,
                              const char *body, size_t len, const char *extra_header, const char *extra_value) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
@@ -177,6 +197,10 @@ enum MHD_Result kp_http_reply(kp_server *s, struct MHD_Connection *c, unsigned s
     if (cn) {
         MHD_add_response_header(r, "x-request-id", cn->log.id);
         cn->log.status = status;
+        if (cn->cors) {
+            MHD_add_response_header(r, "Access-Control-Allow-Origin", cn->cors);
+            MHD_add_response_header(r, "Vary", "Origin");
+        }
     }
     enum MHD_Result ok = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
@@ -259,6 +283,10 @@ enum MHD_Result kp_http_sse(kp_server *s, struct MHD_Connection *c, const kp_con
     MHD_add_response_header(resp, "x-request-id", cn->log.id);
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    if (cn->cors) {
+        MHD_add_response_header(resp, "Access-Control-Allow-Origin", cn->cors);
+        MHD_add_response_header(resp, "Vary", "Origin");
+    }
     if (hname) MHD_add_response_header(resp, hname, hvalue);
     enum MHD_Result res = MHD_queue_response(c, 200, resp);
     MHD_destroy_response(resp);

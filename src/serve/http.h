@@ -42,7 +42,7 @@
 #include "serve/server.h"
 #include "serve/volatile.h"
 
-#define KP_HTTP_N_STATUS 12 /* the statuses /metrics counts one by one, the last: every other */
+#define KP_HTTP_N_STATUS 14 /* the statuses /metrics counts one by one, the last: every other */
 
 /* The HTTP statuses counted one by one (0 ends the list: "other"). */
 extern const int kp_http_status_codes[KP_HTTP_N_STATUS];
@@ -78,6 +78,7 @@ typedef struct {
     double t0;
     kp_reqlog log;
     bool streamed; /* a stream answers it and writes its log line */
+    const char *cors; /* Access-Control-Allow-Origin of its answer (origin.h), or NULL */
 } kp_conn;
 
 /* An endpoint's handler (routes.c's table): id is the rest of the path
@@ -99,6 +100,7 @@ struct kp_server {
     const kp_model *m;
     uint32_t ctx; /* the engine's maximum sequence length */
     time_t started;
+    char hostname[256];            /* the machine's (gethostname), a Host always answered */
     atomic_uint_fast64_t next_id;  /* seeds: ids and unseeded sampling */
     atomic_uint_fast64_t next_req; /* request ids */
     atomic_bool stopping;          /* kp_server_free has begun: waits end, streams close */
@@ -140,6 +142,10 @@ void kp_http_stop(kp_server *s);
 
 /* Answers status with body[0..len) of the given Content-Type (copied) and
  * one more header (extra_header NULL: none). */
+/* 204 to a CORS preflight (OPTIONS) from an origin --cors-origin allows
+ * (cn->cors): the methods and headers the APIs use (origin.h). */
+enum MHD_Result kp_http_preflight(kp_server *s, struct MHD_Connection *c);
+
 enum MHD_Result kp_http_reply(kp_server *s, struct MHD_Connection *c, unsigned status, const char *type,
                               const char *body, size_t len, const char *extra_header, const char *extra_value);
 

@@ -23,11 +23,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "serve/anthropic.h"
 #include "serve/endpoints.h"
 #include "serve/http.h"
 #include "serve/openai.h"
+#include "serve/origin.h"
 #include "serve/response_store.h"
 #include "serve/responses.h"
 #include "serve/volatile.h"
@@ -144,14 +146,32 @@ static enum MHD_Result route(kp_server *s, struct MHD_Connection *c, const char 
             snprintf(allow + used, sizeof allow - used, "%s%s", used ? ", " : "", e->method);
         }
     }
-    /* the key before anything else: without it a client learns nothing of routes or limits */
     cn->errors = errors_of(url);
+    /* a page in a browser: a Host a rebinding would name, its origin, a
+     * body it could send without asking (origin.h) */
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+    if (!kp_origin_host_allowed(host, s->cfg.host, s->hostname, s->cfg.allowed_hosts, s->cfg.n_allowed_hosts))
+        return kp_http_fail(s, c, 421, "invalid_request_error", "misdirected_request", NULL,
+                            "Host \"%.100s\" is not a name this server answers for (an IP address, localhost, "
+                            "the name it listens on or the machine's): start it with --allowed-hosts %.*s to "
+                            "answer it",
+                            host, host[0] == '[' ? 100 : (int)strcspn(host, ":"), host);
+    cn->cors = kp_origin_cors(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"), s->cfg.cors_origins,
+                              s->cfg.n_cors_origins);
+    if (!strcmp(method, "OPTIONS") && cn->cors) return kp_http_preflight(s, c);
+    /* the key before anything else: without it a client learns nothing of routes or limits */
     if (!open && !authorized(s, c))
         return kp_http_fail(s, c, 401, "invalid_request_error", "invalid_api_key", NULL,
                     "missing or wrong API key: send the header \"Authorization: Bearer <key>\" or \"x-api-key: <key>\"");
     if (cn->too_big)
         return kp_http_fail(s, c, 413, "invalid_request_error", "body_too_large", NULL,
                     "the request body is larger than the limit of %zu bytes", s->cfg.max_body);
+    if (hit && !strcmp(method, "POST")) { /* every POST takes JSON */
+        const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
+        if (!kp_origin_is_json(ct))
+            return kp_http_fail(s, c, 415, "invalid_request_error", "unsupported_media_type", NULL,
+                                "Content-Type must be application/json, not \"%.100s\"", ct ? ct : "(none)");
+    }
     if (hit) return hit->fn(s, c, cn, id);
     if (!allow[0])
         return kp_http_fail(s, c, 404, "invalid_request_error", "not_found", NULL, "no such endpoint: %s %.200s", method, url);
@@ -198,6 +218,8 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     s->v = v;
     s->m = m;
     s->started = time(NULL);
+    if (gethostname(s->hostname, sizeof s->hostname) != 0) s->hostname[0] = 0;
+    s->hostname[sizeof s->hostname - 1] = 0;
     s->ctx = kp_sched_max_pos(sched);
     /* 256 keys, 64 keyless retention pins: a key table that serves many
      * agents, bounded; breakpoints of many conversations; 256 responses,

@@ -63,6 +63,11 @@ typedef struct {
                                 * every IPv6 and IPv4 address) or a name; NULL: 127.0.0.1 */
     uint16_t port;             /* 0: any free port (see kp_server_port) */
     const char *api_key;       /* NULL: no authentication */
+    const char *const *allowed_hosts; /* --allowed-hosts: Host names answered beyond the
+                                         defaults (origin.h); borrowed */
+    size_t n_allowed_hosts;
+    const char *const *cors_origins;  /* --cors-origin: origins allowed to read answers; borrowed */
+    size_t n_cors_origins;
     const char *model_name;    /* the id /v1/models reports */
     size_t max_body;           /* request body limit in bytes; 0: 8 MiB */
     unsigned timeout_s;        /* idle connection timeout; 0: 60 s */

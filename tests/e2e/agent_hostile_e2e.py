@@ -130,7 +130,7 @@ def messages(srv):
     # a client that leaves in the middle of a stream frees its sequence
     s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
     b = json.dumps(dict(base, max_tokens=400, stream=True)).encode()
-    s.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: k\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nx-api-key: k\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n"
               % len(b) + b)
     got = b""

@@ -14,6 +14,13 @@ the API conventions, not from the server:
     number get 400, an unknown transfer coding 501, all before the body;
   - slow clients (slowloris) from one address cannot lock others out, and a
     request whose head or body trickles in is cut at --request-timeout;
+  - a web page cannot use the server (DNS rebinding, cross-site POSTs): a
+    Host naming another domain gets 421 on every endpoint, the dashboard and
+    /health included, while IP literals and localhost pass; a POST whose
+    Content-Type is one a page may send without a CORS preflight
+    (text/plain, a form: the Fetch standard's safelisted types) gets 415
+    and computes nothing; no answer carries Access-Control-* headers
+    unless --cors-origin names the Origin, and then a preflight is a 204;
   - control tokens cannot be injected through text: "</s>" and "<s>" in a
     message (or a completions prompt, unless parse_special) stay text, so
     the prompt holds BOS once, at the start, and no EOS.
@@ -93,7 +100,7 @@ def raw(srv, data, shut_wr=False, timeout=20, source=None):
 
 def half_close(srv):
     body = json.dumps({"prompt": [1, 5], "max_tokens": 64, "ignore_eos": True, "temperature": 0}).encode()
-    req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    req = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
            b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)) + body
     answered = 0
     for _ in range(10):
@@ -122,15 +129,15 @@ def framing(srv):
     ]
     for what, headers, want in cases:
         # the head only: the answer must come before any body is sent
-        out, dt = raw(srv, b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n", timeout=10)
+        out, dt = raw(srv, b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + headers + b"\r\n", timeout=10)
         R.ok(out.startswith(b"HTTP/1.1 %d" % want) and dt < 5,
              "%s: want %d at once, got %r after %.1f s" % (what, want, out[:60], dt))
     # what stays valid: the same length twice, and chunked alone
-    out, _ = raw(srv, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n"
+    out, _ = raw(srv, b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n"
                       b"Content-Length: %d\r\n\r\n" % (len(body), len(body)) + body)
     R.ok(out.startswith(b"HTTP/1.1 200"), "the same Content-Length twice is one length: %r" % out[:60])
     chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
-    out, _ = raw(srv, b"POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    out, _ = raw(srv, b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nConnection: close\r\n"
                       b"Transfer-Encoding: chunked\r\n\r\n" + chunked)
     R.ok(out.startswith(b"HTTP/1.1 200") and b'"tokens"' in out, "a chunked body: %r" % out[:60])
     st, j = srv.get("/health")
@@ -147,7 +154,7 @@ def slowloris(per_address="32"):
         stop = threading.Event()
 
         def attack():
-            head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200
+            head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 200
             conns = []
             for _ in range(256):
                 try:
@@ -253,6 +260,59 @@ def injection(srv):
     R.ok(st == 200 and eos in j["choices"][0]["prompt_token_ids"], "parse_special: true parses </s>: %s" % j)
 
 
+def web_pages(srv):
+    body = {"prompt": "Hi", "max_tokens": 2}
+    for path in ("/health", "/", "/v1/cache", "/metrics"):
+        st, h, _ = srv.request("GET", path, headers={"Host": "attacker.example:%d" % srv.port})
+        R.ok(st == 421, "GET %s with Host attacker.example: %s (want 421)" % (path, st))
+    st, _, _ = srv.request("POST", "/v1/completions", body, headers={"Host": "rebind.attacker.example"})
+    R.ok(st == 421, "a POST with a foreign Host: %s" % st)
+    for host in ("127.0.0.1:%d" % srv.port, "localhost:%d" % srv.port, "[::1]:%d" % srv.port, "localhost"):
+        st, _, _ = srv.request("GET", "/health", headers={"Host": host})
+        R.ok(st == 200, "Host %s answered: %s" % (host, st))
+    _, m0 = srv.request("GET", "/metrics")[0], srv.request("GET", "/metrics")[2].decode()
+    for ct in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None):
+        h = {"Content-Type": ct} if ct else {"Content-Type": ""}
+        st, _, j = srv.post("/v1/completions", body, headers=h)
+        R.ok(st == 415 and isinstance(j, dict) and j["error"]["code"] == "unsupported_media_type" and
+             (ct or "") in j["error"]["message"], "a POST with Content-Type %r: %s %s" % (ct, st, j))
+    m1 = srv.request("GET", "/metrics")[2].decode()
+    prompt = lambda m: [l for l in m.splitlines() if l.startswith("kvpin_prompt_tokens_total")]
+    R.ok(prompt(m0) == prompt(m1), "the refused POSTs computed nothing: %s -> %s" % (prompt(m0), prompt(m1)))
+    st, h, _ = srv.request("GET", "/health", headers={"Origin": "https://evil.example"})
+    R.ok(st == 200 and not any(k.lower().startswith("access-control") for k in h),
+         "no CORS headers without --cors-origin: %s" % h)
+    st, h, _ = srv.request("OPTIONS", "/v1/chat/completions", headers={"Origin": "https://evil.example",
+                                                                      "Access-Control-Request-Method": "POST"})
+    R.ok(st != 204 and not any(k.lower().startswith("access-control") for k in h), "no preflight: %s %s" % (st, h))
+
+
+def cors():
+    srv = Server(R, "--chat-template", "chatml", "--cors-origin", "https://app.example", "--allowed-hosts",
+                 "kvpin.internal,.lab.example")
+    try:
+        st, h, _ = srv.request("OPTIONS", "/v1/chat/completions", headers={
+            "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        allow_h = h.get("Access-Control-Allow-Headers", "").lower()
+        R.ok(st == 204 and h.get("Access-Control-Allow-Origin") == "https://app.example" and
+             "POST" in h.get("Access-Control-Allow-Methods", "") and "authorization" in allow_h and
+             "content-type" in allow_h, "a preflight from the named origin: %s %s" % (st, h))
+        st, h, _ = srv.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2},
+                            headers={"Origin": "https://app.example"})
+        R.ok(st == 200 and h.get("Access-Control-Allow-Origin") == "https://app.example",
+             "its POST may be read: %s %s" % (st, h.get("Access-Control-Allow-Origin")))
+        st, h, _ = srv.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2},
+                            headers={"Origin": "https://other.example"})
+        R.ok(st == 200 and "Access-Control-Allow-Origin" not in h, "another origin's may not: %s" % h)
+        for host, want in (("kvpin.internal:8080", 200), ("gpu.lab.example", 200), ("lab.example", 200),
+                           ("evil.example", 421)):
+            st, _, _ = srv.request("GET", "/health", headers={"Host": host})
+            R.ok(st == want, "--allowed-hosts: Host %s -> %s (want %d)" % (host, st, want))
+    finally:
+        srv.stop()
+
+
 def main():
     srv = Server(R, "--chat-template", "qwen2.5")
     try:
@@ -261,8 +321,10 @@ def main():
         deep_tools(srv)
         half_close(srv)
         framing(srv)
+        web_pages(srv)
     finally:
         srv.stop()
+    cors()
     slowloris(sys.argv[1] if len(sys.argv) > 1 else "32")
     return R.finish()
 

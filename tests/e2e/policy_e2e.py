@@ -43,7 +43,7 @@ def sse(srv, path, body):
     """The data events of a stream, as JSON (the [DONE] left out), and the headers."""
     s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
     b = json.dumps(body).encode()
-    s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+    s.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
               b"Connection: close\r\n\r\n" % (path.encode(), len(b)) + b)
     data = b""
     while True:
@@ -302,7 +302,7 @@ def raw_stream(srv, path, body):
     s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
     b = json.dumps(body).encode()
     t0 = time.time()
-    s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+    s.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
               b"Connection: close\r\n\r\n" % (path.encode(), len(b)) + b)
     data, t_head = b"", None
     while True:
@@ -514,7 +514,7 @@ def bugs():
     R.ok(st == 200, "--queue 0 with a free sequence: %d %s" % (st, j))
     body = json.dumps({"prompt": "Once", "max_tokens": 100000, "ignore_eos": True, "stream": True}).encode()
     s = socket.create_connection(("127.0.0.1", srv.port), timeout=20)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     s.recv(100)  # the stream runs: the only sequence is taken
     st, h, j = srv.post(C, {"prompt": "Once", "max_tokens": 2})
     R.ok(st == 503 and h.get("Retry-After") == "1", "--queue 0 with the sequence taken: %d" % st)

@@ -161,7 +161,7 @@ def hostile(srv):
     st, _, j = srv.post("/v1/completions", {"prompt": "x" * 70000})
     ok(st == 413 and "limit" in j["error"]["message"], "oversized body: %d %r" % (st, j))
     s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
     for _ in range(20):
         try:
             s.sendall(b"1000\r\n" + b"a" * 4096 + b"\r\n")
@@ -184,7 +184,7 @@ def hostile(srv):
     n += 3
     # a client that sends half a request and stalls is dropped after --timeout
     s = socket.create_connection(("127.0.0.1", srv.port), timeout=20)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro")
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"pro")
     t0 = time.time()
     try:
         got = s.recv(100)
@@ -218,7 +218,7 @@ def disconnects():
         s = socket.create_connection(("127.0.0.1", srv.port), timeout=20)
         body = json.dumps(dict(long_req, stream=how == "stream",
                                max_tokens=300 if how == "close" else 100000)).encode()
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n" % len(body) + body)
         if how == "stream":
             first = s.recv(200)
@@ -247,7 +247,7 @@ def disconnects():
     for stream in (True, False):
         s = socket.create_connection(("127.0.0.1", srv.port), timeout=20)
         body = json.dumps(dict(long_req, stream=stream)).encode()
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
         live.append(s)
     time.sleep(0.5)
     t0 = time.time()
@@ -357,7 +357,7 @@ def parallel_np():
     socks = []
     for _ in range(3):
         s = socket.create_connection((srv.host, srv.port), timeout=20)
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
         socks.append(s)
     deadline, j = time.time() + 10, {}
     while time.time() < deadline:
@@ -460,7 +460,7 @@ def request_log():
     want.append((h.get("x-request-id"), {"status": "200", "path": "/tokenize"}))
     s = socket.create_connection((srv.host, srv.port), timeout=20)
     lb = json.dumps({"prompt": "Once", "max_tokens": 100000, "ignore_eos": True}).encode()
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nX-Request-Id: gone-1\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAuthorization: Bearer k\r\nX-Request-Id: gone-1\r\n"
               b"Content-Length: %d\r\n\r\n" % len(lb) + lb)
     time.sleep(0.5)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset: the client left
@@ -544,7 +544,7 @@ def queue_full():
     body = json.dumps({"prompt": "Once", "max_tokens": 100000, "ignore_eos": True, "stream": True}).encode()
     for _ in range(2):  # one runs, one waits
         s = socket.create_connection(("127.0.0.1", srv.port), timeout=20)
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
         socks.append(s)
         time.sleep(0.3)
     st, h, j = srv.post("/v1/completions", {"prompt": "Once", "max_tokens": 2})
