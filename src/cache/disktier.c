@@ -186,8 +186,13 @@ static bool write_record(kp_disktier *t, const djob *j) {
     char tmp[4200], fin[4200];
     key_path(t, &j->key, ".tmp-", "", tmp, sizeof tmp);
     key_path(t, &j->key, "", ".kvb", fin, sizeof fin);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
     if (fd < 0) return false;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) { /* a FIFO or device left there: not ours */
+        close(fd);
+        return false;
+    }
     bool ok = write_all(fd, j->rec, j->size) && fsync(fd) == 0;
     ok = close(fd) == 0 && ok;
     if (ok && rename(tmp, fin) == 0) return true;
@@ -315,12 +320,13 @@ static void scan_others(kp_disktier *t, const char *root, const char *ours) {
             if (strlen(f->d_name) == 36 && !strcmp(f->d_name + 32, ".kvb")) blocks++;
         closedir(s);
         snprintf(sub, sizeof sub, "%s/%s/FINGERPRINT", root, de->d_name);
-        FILE *ff = fopen(sub, "r");
-        if (ff) {
-            size_t r = fread(text, 1, sizeof text - 1, ff);
-            text[r] = 0;
-            fclose(ff);
+        int ffd = open(sub, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        struct stat fsb;
+        if (ffd >= 0 && fstat(ffd, &fsb) == 0 && S_ISREG(fsb.st_mode)) {
+            ssize_t r = read(ffd, text, sizeof text - 1);
+            text[r > 0 ? r : 0] = 0;
         }
+        if (ffd >= 0) close(ffd);
         char why[512];
         kp_fingerprint_diff(t->fp.text, text, why, sizeof why);
         t->st.other_blocks += blocks;
@@ -543,10 +549,12 @@ kp_blockrec_reason kp_disk_get(kp_disktier *t, const kp_bkey *key, const int32_t
     key_path(t, key, "", ".kvb", path, sizeof path);
     kp_blockrec_reason r = KP_BLOCKREC_OK;
     size_t len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* only a regular file: a FIFO or a device put in the folder would block
+     * the engine thread in open or read, a symbolic link lead elsewhere */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     struct stat sb;
     if (fd < 0) r = errno == ENOENT ? KP_BLOCKREC_MISSING : KP_BLOCKREC_IO;
-    else if (fstat(fd, &sb) != 0) r = KP_BLOCKREC_IO;
+    else if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) r = KP_BLOCKREC_IO;
     else {
         len = (size_t)sb.st_size;
         r = in_place ? read_in_place(t, fd, len, key, tokens, p, block)

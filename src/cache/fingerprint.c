@@ -14,6 +14,7 @@
 #include "gguf/gguf.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,8 +53,15 @@ static void cache_name(const char *path, const char *dir, char *out, size_t cap)
 
 /* True when file `name` holds a line for (path, st) and sets *out. */
 static bool cache_read(const char *name, const char *path, const struct stat *st, kp_bkey *out) {
-    FILE *f = fopen(name, "r");
-    if (!f) return false;
+    /* a regular file only (a FIFO there would block the start) */
+    int fd = open(name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    struct stat fsb;
+    if (fd < 0) return false;
+    FILE *f = fstat(fd, &fsb) == 0 && S_ISREG(fsb.st_mode) ? fdopen(fd, "r") : NULL;
+    if (!f) {
+        close(fd);
+        return false;
+    }
     char line[4352], hex[64];
     bool ok = false;
     if (fgets(line, sizeof line, f)) {

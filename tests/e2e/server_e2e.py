@@ -405,7 +405,7 @@ def request_log():
     import datetime
     t_start = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
     srv = Server(R, "--ctx", "60000", "-np", "1", "--api-key", "k", "--max-body", "4K", quiet=False)
-    A = {"Authorization": "Bearer k"}
+    A = {"Authorization": "Bearer k", "Content-Type": "application/json"}
     want = []  # (x-request-id seen, {field: expected})
 
     def gen_fields(j, finish):

@@ -11,7 +11,9 @@ and says why at start.
 Faults, each on a fresh server over the same directory (so the blocks come
 from disk): a truncated record, a flipped K/V byte, a record with the right
 key but other tokens: the restore stops at that block under its reason
-(truncated, checksum, tokens), the answer is still the cold one. A
+(truncated, checksum, tokens), the answer is still the cold one; a FIFO
+put in place of a record the server indexed is refused without blocking
+(io) and replaced by the record. A
 --cache-disk-budget smaller than one record writes nothing and counts it.
 `kvpin run --prompt-cache --cache-dir` run twice: the second run restores
 the first one's blocks and prints what a run without a prefix cache prints.
@@ -242,6 +244,24 @@ for block, how in ((10, "truncated"), (20, "checksum"), (30, "tokens")):
     size = os.path.getsize(os.path.join(ours, key_of(block + 1) + ".kvb"))
     r.ok(size == 96 + 4 * B + 640 * B, "%s: the record is whole again (%d bytes)" % (how, size))
     srv.stop()
+
+# a FIFO in place of a record the running server indexed: opened without
+# blocking, refused as not a regular file (io); the answer is still the
+# cold one, and in time (a blocking open would hang the engine thread)
+srv = Server(r, "--cache-dir", ours.rsplit("/", 1)[0])
+fifo = os.path.join(ours, key_of(40 + 1) + ".kvb")
+os.unlink(fifo)
+os.mkfifo(fifo)
+t0 = time.time()
+j = complete(srv, p2)
+kc = j["kvpin_cache"]
+r.ok(time.time() - t0 < 60 and kc["reused_from"]["disk"] == 40 * B,
+     "a FIFO at block 40: restored up to it, no hang: %s" % kc.get("restore"))
+r.ok(kc.get("restore", {}).get("reason") == "io", "a FIFO: reason io: %s" % kc.get("restore"))
+r.ok(j["choices"][0]["text"] == cold2, "a FIFO: the answer is still the cold one")
+r.ok(wait_idle(srv) and wait_written(srv, 1, "writes"), "a FIFO: the block is written again")
+r.ok(os.path.isfile(fifo) and not os.path.islink(fifo), "a FIFO: replaced by a regular record")
+srv.stop()
 
 # a budget below one record
 small = os.path.join(tmp, "small")
