@@ -1,0 +1,223 @@
+/*
+ * jinja_impl.h - the types the files of src/jinja/ share: the arena, the
+ * runtime values, the syntax tree and the interpreter state.
+ *
+ *   lex.c      template text -> tokens (whitespace control, raw, comments)
+ *   parse.c    tokens -> syntax tree (jnode), allocated in the template's arena
+ *   value.c    the arena, runtime values (jv), Python's str()/repr()/==/<
+ *   render.c   statements and expressions over a tree, scopes, macros, limits
+ *   filters.c  filters and tests
+ *   methods.c  str/dict/list methods, the globals, '%' and str.format
+ *
+ * Values (jv, 16 bytes, passed by value) live in a per-render arena freed
+ * at once when the render ends; strings, lists and dicts are immutable once
+ * built, except a namespace's dict. The syntax tree is never written after
+ * parsing, so one template serves concurrent renders.
+ */
+#ifndef KP_JINJA_IMPL_H
+#define KP_JINJA_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "jinja/jinja.h"
+
+/* ---- the arena: bump allocation in chunks, a byte budget ---- */
+typedef struct jchunk jchunk;
+typedef struct {
+    jchunk *head;
+    size_t total, limit; /* bytes taken, the most it may take (0: no limit) */
+} jarena;
+void *ja_alloc(jarena *a, size_t n); /* zeroed, 16-aligned; NULL when out of memory or budget */
+char *ja_strndup(jarena *a, const char *s, size_t n);
+void ja_free(jarena *a);
+
+/* ---- values ---- */
+typedef enum {
+    JT_UNDEF, JT_NONE, JT_BOOL, JT_INT, JT_FLOAT, JT_STR, JT_LIST, JT_DICT,
+    JT_NS,   /* namespace(): a dict whose members `set ns.x` may change */
+    JT_LOOP, /* the `loop` object of a for loop */
+    JT_FUNC  /* a macro, a global, a bound method */
+} jtype;
+
+typedef struct jstr { size_t len; char s[]; } jstr;   /* UTF-8, NUL-terminated */
+typedef struct jlist jlist;
+typedef struct jdict jdict;
+typedef struct jloop jloop;
+typedef struct jfunc jfunc;
+
+typedef struct jv {
+    uint8_t t;       /* jtype */
+    uint8_t unsafe;  /* JT_UNDEF: using it raises SecurityError(hint) */
+    uint8_t tuple;   /* JT_LIST: a tuple (printed with parentheses) */
+    union {
+        bool b;
+        int64_t i;
+        double f;
+        jstr *s;
+        jlist *l;
+        jdict *d;
+        jloop *loop;
+        jfunc *fn;
+        const char *hint; /* JT_UNDEF: the message using it raises, or NULL */
+    } u;
+} jv;
+
+struct jlist { size_t n; jv *items; };
+struct jdict { size_t n, cap; jv *keys, *vals; };
+
+/* ---- the syntax tree ---- */
+typedef enum {
+    /* expressions */
+    N_CONST, N_NAME, N_LIST, N_TUPLE, N_DICT, N_GETATTR, N_GETITEM, N_SLICE, N_CALL,
+    N_FILTER, N_TEST, N_NOT, N_NEG, N_POS, N_BINOP, N_AND, N_OR, N_COMPARE, N_CONDEXPR,
+    N_CONCAT, N_NSREF,
+    /* statements */
+    N_BODY, N_DATA, N_OUTPUT, N_IF, N_FOR, N_SET, N_SETBLOCK, N_MACRO, N_CALLBLOCK,
+    N_FILTERBLOCK, N_BREAK, N_CONTINUE
+} jnkind;
+
+typedef enum {
+    OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_FLOORDIV, OP_MOD, OP_POW,
+    OP_EQ, OP_NE, OP_LT, OP_LE, OP_GT, OP_GE, OP_IN, OP_NOTIN
+} jop;
+
+typedef struct jnode jnode;
+struct jnode {
+    uint8_t kind; /* jnkind */
+    uint8_t op;   /* jop (N_BINOP), negated test (N_TEST) */
+    int line, col;
+    jnode *a, *b, *c, *d;       /* operands, bodies (meaning per kind, see parse.c) */
+    jnode **args; size_t nargs; /* items, positional arguments, statements */
+    const char **kwnames;       /* keyword arguments / macro parameters */
+    jnode **kwvals; size_t nkw;
+    uint8_t *ops;               /* N_COMPARE: one jop per operand after the first */
+    const char *name;           /* names, attributes, filter/test names, data text */
+    size_t len;                 /* N_DATA: bytes of name */
+    jv value;                   /* N_CONST */
+};
+
+/* ---- tokens ---- */
+typedef enum {
+    TK_EOF, TK_DATA, TK_VAR_BEGIN, TK_VAR_END, TK_BLOCK_BEGIN, TK_BLOCK_END,
+    TK_NAME, TK_STRING, TK_INT, TK_FLOAT, TK_OP
+} jtkind;
+
+typedef struct {
+    uint8_t kind;
+    int line, col;
+    const char *s; size_t len; /* TK_DATA, TK_NAME, TK_STRING (unescaped), TK_OP (spelling) */
+    int64_t i; double f;
+} jtoken;
+
+typedef struct {
+    jtoken *toks; size_t n, cap;
+} jtokens;
+
+/* lex.c: src must be the normalized text (see kp_jinja_compile). Strings
+ * and data go into the arena. */
+bool jinja_lex(const char *src, size_t len, jarena *a, jtokens *out, kp_jinja_error *err);
+/* parse.c */
+jnode *jinja_parse(const jtokens *toks, jarena *a, kp_jinja_error *err);
+
+/* ---- errors ---- */
+void jinja_seterr(kp_jinja_error *err, kp_jinja_kind kind, int line, int col, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* ---- the interpreter state of one render ---- */
+typedef struct jframe jframe;
+typedef struct jctx {
+    jarena arena;
+    kp_jinja_error *err;
+    bool failed;
+    const jnode *at;  /* the node being evaluated (error positions) */
+    long steps, depth;
+    kp_buf *out;      /* where output goes now (a macro's own buffer while it runs) */
+    size_t out_total;
+    jframe *root;
+} jctx;
+
+/* Fails the render with kind and message at the current node; returns an undefined value. */
+jv jfail(jctx *c, kp_jinja_kind kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+#define JFAILED(c) ((c)->failed)
+
+/* value.c: constructors (arena; on failure they set c->failed and return undefined) */
+static inline jv jv_undef(void) { jv v = {0}; v.t = JT_UNDEF; return v; }
+static inline jv jv_none(void) { jv v = {0}; v.t = JT_NONE; return v; }
+static inline jv jv_bool(bool b) { jv v = {0}; v.t = JT_BOOL; v.u.b = b; return v; }
+static inline jv jv_int(int64_t i) { jv v = {0}; v.t = JT_INT; v.u.i = i; return v; }
+static inline jv jv_float(double f) { jv v = {0}; v.t = JT_FLOAT; v.u.f = f; return v; }
+jv jv_undef_hint(jctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+jv jv_str(jctx *c, const char *s, size_t n);
+jv jv_strz(jctx *c, const char *s);
+jv jv_str_buf(jctx *c, kp_buf *b); /* the buffer's bytes as a string; frees b */
+jv jv_list(jctx *c, size_t n);     /* n items, all undefined, to fill */
+jv jv_dict(jctx *c);
+bool jdict_set(jctx *c, jdict *d, jv key, jv val);
+jv *jdict_get(const jdict *d, jv key);
+jv *jdict_gets(const jdict *d, const char *key);
+jv jv_from_json(jctx *c, const json_t *j);
+json_t *jv_to_json(jctx *c, jv v); /* NULL and a TypeError for what JSON cannot hold */
+
+bool jv_truthy(jv v);
+bool jv_is_num(jv v); /* bool, int or float */
+double jv_num(jv v);
+bool jv_eq(jv a, jv b);
+int jv_cmp(jctx *c, jv a, jv b); /* <0, 0, >0; sets a TypeError when not ordered */
+const char *jv_typename(jv v); /* Python's: "str", "int", "dict"... */
+/* Python's str(v) and repr(v) appended to b */
+void jv_write_str(kp_buf *b, jv v);
+void jv_write_repr(kp_buf *b, jv v);
+jv jv_to_str(jctx *c, jv v);
+void py_float_repr(double x, char out[40]);
+size_t utf8_count(const char *s, size_t n);
+size_t utf8_offset(const char *s, size_t n, size_t cp); /* byte offset of code point cp */
+size_t jv_length(jctx *c, jv v);   /* len(); TypeError for what has none */
+bool jv_is_iterable(jv v);
+jv jv_iter_list(jctx *c, jv v);    /* list(v): items of a list, keys of a dict, chars of a string */
+void jv_check_string(jctx *c, size_t n);
+void jv_check_items(jctx *c, size_t n);
+
+/* render.c */
+typedef struct {
+    jv *args; size_t nargs;
+    const char **kwnames; jv *kwvals; size_t nkw;
+} jargs;
+jv jinja_call(jctx *c, jv fn, const jargs *a);
+jv jinja_getattr(jctx *c, jv obj, const char *name);
+jv jinja_getitem(jctx *c, jv obj, jv key);
+
+/* filters.c */
+jv jinja_filter(jctx *c, const char *name, jv v, const jargs *a);
+bool jinja_filter_known(const char *name);
+jv jinja_test(jctx *c, const char *name, jv v, const jargs *a);
+bool jinja_test_known(const char *name);
+
+/* methods.c */
+struct jfunc {
+    int kind;         /* JFN_* */
+    const char *name; /* method or global name */
+    jv self;          /* JFN_METHOD: the object */
+    const jnode *macro;
+    jframe *closure;
+    jv caller;        /* JFN_MACRO called from a call block */
+    jloop *loop;      /* JFN_CYCLE */
+};
+enum { JFN_MACRO, JFN_GLOBAL, JFN_METHOD, JFN_CYCLE };
+struct jloop {
+    size_t index0, length;
+    jv items;
+};
+/* The method `name` of obj, or an undefined value (unsafe for the
+ * mutating methods the sandbox refuses, plain when there is none). */
+jv jinja_method(jctx *c, jv obj, const char *name, bool *found);
+jv jinja_call_method(jctx *c, jfunc *fn, const jargs *a);
+jv jinja_call_global(jctx *c, jfunc *fn, const jargs *a);
+jv jinja_global(jctx *c, const char *name); /* range, namespace, ...; undefined when none */
+jv jinja_percent_format(jctx *c, jv fmt, jv args);
+jv jv_slice(jctx *c, jv v, jv start, jv stop, jv step);
+
+/* a keyword or positional argument: index pos, or name */
+jv jarg(const jargs *a, size_t pos, const char *name, bool *present);
+
+#endif
