@@ -99,7 +99,9 @@ jv jinja_strip(jctx *c, jv s, jv chars, int which) {
 static jv f_trim(jctx *c, jv v, const jargs *a) {
     jv s = jv_to_str(c, v);
     if (c->failed) return s;
-    return jinja_strip(c, s, argv_or(a, 0, "chars", jv_none()), 3);
+    jv r = jinja_strip(c, s, argv_or(a, 0, "chars", jv_none()), 3);
+    r.markup = s.markup;
+    return r;
 }
 
 static jv f_tojson(jctx *c, jv v, const jargs *a) {
@@ -188,7 +190,9 @@ jv jinja_items(jctx *c, jv v) {
 
 static jv f_items(jctx *c, jv v, const jargs *a) {
     (void)a;
-    return jinja_items(c, v);
+    jv l = jinja_items(c, v);
+    l.gen = l.t == JT_LIST;
+    return l;
 }
 
 jv jinja_case(jctx *c, jv v, int mode) { /* 0 lower, 1 upper, 2 capitalize, 3 title */
@@ -204,6 +208,7 @@ jv jinja_case(jctx *c, jv v, int mode) { /* 0 lower, 1 upper, 2 capitalize, 3 ti
         if (ch < 0x80) p[i] = (char)(up ? toupper(ch) : tolower(ch));
         if (mode == 3) start = !(isalnum(ch) || ch >= 0x80 || ch == '\'');
     }
+    r.markup = s.markup;
     return r;
 }
 
@@ -211,7 +216,12 @@ static jv f_lower(jctx *c, jv v, const jargs *a) { (void)a; return jinja_case(c,
 static jv f_upper(jctx *c, jv v, const jargs *a) { (void)a; return jinja_case(c, v, 1); }
 static jv f_capitalize(jctx *c, jv v, const jargs *a) { (void)a; return jinja_case(c, v, 2); }
 static jv f_title(jctx *c, jv v, const jargs *a) { (void)a; return jinja_case(c, v, 3); }
-static jv f_safe(jctx *c, jv v, const jargs *a) { (void)c; (void)a; return v; }
+static jv f_safe(jctx *c, jv v, const jargs *a) {
+    (void)a;
+    jv s = jv_to_str(c, v);
+    s.markup = s.t == JT_STR;
+    return s;
+}
 
 static jv f_list(jctx *c, jv v, const jargs *a) {
     (void)a;
@@ -307,6 +317,7 @@ static jv f_unique(jctx *c, jv v, const jargs *a) {
         out.u.l->items[k++] = item;
     }
     if (!c->failed) out.u.l->n = k;
+    out.gen = 1;
     return out;
 }
 
@@ -331,6 +342,7 @@ static jv f_max(jctx *c, jv v, const jargs *a) { return minmax(c, v, a, true); }
 
 /* select / reject / selectattr / rejectattr */
 static jv select_common(jctx *c, jv v, const jargs *a, bool by_attr, bool keep) {
+    if (!jv_truthy(v)) v = jv_list(c, 0); /* jinja2: "if value:" before iterating */
     jv l = jv_iter_list(c, v);
     if (c->failed) return l;
     size_t first_arg = by_attr ? 1 : 0;
@@ -353,6 +365,7 @@ static jv select_common(jctx *c, jv v, const jargs *a, bool by_attr, bool keep) 
         if (ok == keep) out.u.l->items[k++] = item;
     }
     if (!c->failed) out.u.l->n = k;
+    out.gen = 1;
     return out;
 }
 
@@ -362,6 +375,7 @@ static jv f_selectattr(jctx *c, jv v, const jargs *a) { return select_common(c, 
 static jv f_rejectattr(jctx *c, jv v, const jargs *a) { return select_common(c, v, a, true, false); }
 
 static jv f_map(jctx *c, jv v, const jargs *a) {
+    if (!jv_truthy(v)) v = jv_list(c, 0); /* jinja2: "if value:" before iterating */
     jv l = jv_iter_list(c, v);
     if (c->failed) return l;
     bool has_attr;
@@ -373,12 +387,14 @@ static jv f_map(jctx *c, jv v, const jargs *a) {
             jv x = attr_path(c, l.u.l->items[i], attr);
             out.u.l->items[i] = (x.t == JT_UNDEF && dflt.t != JT_UNDEF) ? dflt : x;
         }
+        out.gen = 1;
         return out;
     }
     if (!a->nargs || a->args[0].t != JT_STR) return jfail(c, KP_JINJA_ETYPE, "map requires a filter argument");
     jargs rest = {a->args + 1, a->nargs - 1, a->kwnames, a->kwvals, a->nkw};
     for (size_t i = 0; i < l.u.l->n && !c->failed; i++)
         out.u.l->items[i] = jinja_filter(c, a->args[0].u.s->s, l.u.l->items[i], &rest);
+    out.gen = 1;
     return out;
 }
 
@@ -501,6 +517,7 @@ static jv f_first(jctx *c, jv v, const jargs *a) {
 
 static jv f_last(jctx *c, jv v, const jargs *a) {
     (void)a;
+    if (v.t == JT_LIST && v.gen) return jfail(c, KP_JINJA_ETYPE, "'generator' object is not reversible");
     jv l = jv_iter_list(c, v);
     if (c->failed) return l;
     return l.u.l->n ? l.u.l->items[l.u.l->n - 1] : jv_undef_hint(c, "No last item, sequence was empty.");
@@ -513,6 +530,7 @@ static jv f_reverse(jctx *c, jv v, const jargs *a) {
     if (c->failed) return l;
     jv out = jv_list(c, l.u.l->n);
     for (size_t i = 0; i < l.u.l->n && !c->failed; i++) out.u.l->items[i] = l.u.l->items[l.u.l->n - 1 - i];
+    out.gen = v.t == JT_LIST && !v.gen; /* reversed(list) is an iterator; a generator is listed first */
     return out;
 }
 
@@ -532,6 +550,7 @@ static jv f_batch(jctx *c, jv v, const jargs *a) {
         for (size_t i = 0; i < full && !c->failed; i++) row.u.l->items[i] = i < len ? l.u.l->items[b * k + i] : fill;
         out.u.l->items[b] = row;
     }
+    out.gen = 1;
     return out;
 }
 
@@ -550,10 +569,10 @@ static jv f_wordcount(jctx *c, jv v, const jargs *a) {
     return jv_int(n);
 }
 
-static jv f_escape(jctx *c, jv v, const jargs *a) {
-    (void)a;
+/* markupsafe's escape: & < > " ' as entities, a Markup value as it is. */
+jv jinja_escape(jctx *c, jv v) {
     jv s = jv_to_str(c, v);
-    if (c->failed) return s;
+    if (c->failed || s.markup) return s;
     kp_buf b = {0};
     for (size_t i = 0; i < s.u.s->len; i++) {
         char ch = s.u.s->s[i];
@@ -566,7 +585,14 @@ static jv f_escape(jctx *c, jv v, const jargs *a) {
         default: kp_buf_putc(&b, ch);
         }
     }
-    return jv_str_buf(c, &b);
+    jv r = jv_str_buf(c, &b);
+    r.markup = r.t == JT_STR;
+    return r;
+}
+
+static jv f_escape(jctx *c, jv v, const jargs *a) {
+    (void)a;
+    return jinja_escape(c, v);
 }
 
 static jv f_format(jctx *c, jv v, const jargs *a) {
@@ -712,7 +738,7 @@ jv jinja_test(jctx *c, const char *name, jv v, const jargs *a) {
     if (!strcmp(name, "true")) return jv_bool(v.t == JT_BOOL && v.u.b);
     if (!strcmp(name, "false")) return jv_bool(v.t == JT_BOOL && !v.u.b);
     if (!strcmp(name, "mapping")) return jv_bool(v.t == JT_DICT);
-    if (!strcmp(name, "sequence")) return jv_bool(v.t == JT_STR || v.t == JT_LIST || v.t == JT_DICT);
+    if (!strcmp(name, "sequence")) return jv_bool(v.t == JT_STR || (v.t == JT_LIST && !v.gen) || v.t == JT_DICT);
     if (!strcmp(name, "iterable")) return jv_bool(jv_is_iterable(v));
     if (!strcmp(name, "callable")) return jv_bool(v.t == JT_FUNC || (v.t == JT_UNDEF && v.unsafe));
     if (!strcmp(name, "escaped")) return jv_bool(false);

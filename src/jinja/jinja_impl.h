@@ -50,6 +50,8 @@ typedef struct jv {
     uint8_t t;       /* jtype */
     uint8_t unsafe;  /* JT_UNDEF: using it raises SecurityError(hint) */
     uint8_t tuple;   /* JT_LIST: a tuple (printed with parentheses) */
+    uint8_t gen;     /* JT_LIST: a generator (map, select...): no len(), no JSON, always true */
+    uint8_t markup;  /* JT_STR: Markup (|safe, |escape): `+` escapes a plain str operand */
     union {
         bool b;
         int64_t i;
@@ -216,6 +218,8 @@ jv jinja_call_global(jctx *c, jfunc *fn, const jargs *a);
 jv jinja_global(jctx *c, const char *name); /* range, namespace, ...; undefined when none */
 jv jinja_percent_format(jctx *c, jv fmt, jv args);
 jv jv_slice(jctx *c, jv v, jv start, jv stop, jv step);
+
+jv jinja_escape(jctx *c, jv v); /* filters.c: markupsafe.escape */
 
 /* a keyword or positional argument: index pos, or name */
 jv jarg(const jargs *a, size_t pos, const char *name, bool *present);

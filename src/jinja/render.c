@@ -191,6 +191,8 @@ jv jinja_getitem(jctx *c, jv obj, jv key) {
     if (obj.t == JT_DICT) {
         jv *v = jdict_get(obj.u.d, key);
         if (v) return *v;
+    } else if (obj.t == JT_LIST && obj.gen) {
+        return jfail(c, KP_JINJA_ETYPE, "'generator' object is not subscriptable");
     } else if ((obj.t == JT_LIST || obj.t == JT_STR) && (key.t == JT_INT || key.t == JT_BOOL)) {
         int64_t i = key.t == JT_BOOL ? key.u.b : key.u.i;
         int64_t n = (int64_t)(obj.t == JT_LIST ? obj.u.l->n : utf8_count(obj.u.s->s, obj.u.s->len));
@@ -304,14 +306,19 @@ static jv binop(jctx *c, jop op, jv a, jv b) {
         return arith_float(c, op, jv_num(a), jv_num(b));
     }
     if (op == OP_ADD && a.t == JT_STR && b.t == JT_STR) {
+        bool markup = a.markup || b.markup; /* Markup + str escapes the str */
+        if (markup && !a.markup) a = jinja_escape(c, a);
+        if (markup && !b.markup) b = jinja_escape(c, b);
+        if (c->failed) return jv_undef();
         size_t n = a.u.s->len + b.u.s->len;
         jv_check_string(c, n);
         if (c->failed) return jv_undef();
         jv r = jv_str(c, a.u.s->s, n);
         if (!c->failed) memcpy(r.u.s->s + a.u.s->len, b.u.s->s, b.u.s->len);
+        r.markup = markup;
         return r;
     }
-    if (op == OP_ADD && a.t == JT_LIST && b.t == JT_LIST && a.tuple == b.tuple) {
+    if (op == OP_ADD && a.t == JT_LIST && b.t == JT_LIST && a.tuple == b.tuple && !a.gen && !b.gen) {
         jv r = jv_list(c, a.u.l->n + b.u.l->n);
         if (c->failed) return r;
         if (a.u.l->n) memcpy(r.u.l->items, a.u.l->items, a.u.l->n * sizeof(jv));

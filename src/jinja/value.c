@@ -211,6 +211,7 @@ json_t *jv_to_json(jctx *c, jv v) {
     case JT_FLOAT: return json_real(v.u.f);
     case JT_STR: return json_stringn_nocheck(v.u.s->s, v.u.s->len);
     case JT_LIST: {
+        if (v.gen) break;
         json_t *a = json_array();
         for (size_t i = 0; a && i < v.u.l->n; i++) {
             json_t *x = jv_to_json(c, v.u.l->items[i]);
@@ -234,10 +235,10 @@ json_t *jv_to_json(jctx *c, jv v) {
         }
         return o;
     }
-    default:
-        jfail(c, KP_JINJA_ETYPE, "not JSON: %s", jv_typename(v));
-        return NULL;
+    default: break;
     }
+    jfail(c, KP_JINJA_ETYPE, "not JSON: %s", jv_typename(v));
+    return NULL;
 }
 
 /* ---------------------------------------------------------------- Python semantics */
@@ -250,7 +251,7 @@ const char *jv_typename(jv v) {
     case JT_INT: return "int";
     case JT_FLOAT: return "float";
     case JT_STR: return "str";
-    case JT_LIST: return v.tuple ? "tuple" : "list";
+    case JT_LIST: return v.gen ? "generator" : v.tuple ? "tuple" : "list";
     case JT_DICT: return "dict";
     case JT_NS: return "Namespace";
     case JT_LOOP: return "LoopContext";
@@ -265,7 +266,7 @@ bool jv_truthy(jv v) {
     case JT_INT: return v.u.i != 0;
     case JT_FLOAT: return v.u.f != 0.0;
     case JT_STR: return v.u.s->len != 0;
-    case JT_LIST: return v.u.l->n != 0;
+    case JT_LIST: return v.gen || v.u.l->n != 0;
     case JT_DICT: return v.u.d->n != 0;
     default: return true;
     }
@@ -299,6 +300,7 @@ bool jv_eq(jv a, jv b) {
     case JT_UNDEF: case JT_NONE: return true;
     case JT_STR: return a.u.s->len == b.u.s->len && memcmp(a.u.s->s, b.u.s->s, a.u.s->len) == 0;
     case JT_LIST:
+        if (a.gen || b.gen) return a.u.l == b.u.l;
         if (a.tuple != b.tuple || a.u.l->n != b.u.l->n) return false;
         for (size_t i = 0; i < a.u.l->n; i++)
             if (!jv_eq(a.u.l->items[i], b.u.l->items[i])) return false;
@@ -419,6 +421,7 @@ static void write_value(kp_buf *b, jv v, bool repr) {
         else kp_buf_put(b, v.u.s->s, v.u.s->len);
         break;
     case JT_LIST:
+        if (v.gen) { kp_buf_puts(b, "<generator object>"); break; }
         kp_buf_putc(b, v.tuple ? '(' : '[');
         for (size_t i = 0; i < v.u.l->n && !b->oom; i++) {
             if (i) kp_buf_puts(b, ", ");
@@ -478,13 +481,15 @@ size_t utf8_offset(const char *s, size_t n, size_t cp) {
 size_t jv_length(jctx *c, jv v) {
     switch (v.t) {
     case JT_STR: return utf8_count(v.u.s->s, v.u.s->len);
-    case JT_LIST: return v.u.l->n;
+    case JT_LIST:
+        if (!v.gen) return v.u.l->n;
+        break;
     case JT_DICT: case JT_NS: return v.u.d->n;
     case JT_UNDEF: return 0;
-    default:
-        jfail(c, KP_JINJA_ETYPE, "object of type '%s' has no len()", jv_typename(v));
-        return 0;
+    default: break;
     }
+    jfail(c, KP_JINJA_ETYPE, "object of type '%s' has no len()", jv_typename(v));
+    return 0;
 }
 
 bool jv_is_iterable(jv v) {
@@ -493,7 +498,9 @@ bool jv_is_iterable(jv v) {
 
 jv jv_iter_list(jctx *c, jv v) {
     switch (v.t) {
-    case JT_LIST: return v;
+    case JT_LIST:
+        v.gen = 0;
+        return v;
     case JT_UNDEF: return jv_list(c, 0);
     case JT_DICT: {
         jv l = jv_list(c, v.u.d->n);
