@@ -38,6 +38,7 @@ typedef struct {
     kp_jinja_error *err;
     bool failed;
     int nesting;
+    int soft; /* inside an if or an inline if of the current scope: unknown filters wait for run time */
 } parser;
 
 static const jtoken *cur(parser *p) { return &p->tk->toks[p->i]; }
@@ -261,6 +262,7 @@ static jnode *parse_filter(parser *p, jnode *operand) {
     if (!n) return NULL;
     n->a = operand;
     n->name = parse_dotted(p);
+    if (n->name && !p->soft && !jinja_filter_known(n->name)) return fail(p, t, "No filter named '%s'.", n->name);
     if (n->name && is_op(p, "(") && !parse_call_args(p, n)) return NULL;
     return p->failed ? NULL : n;
 }
@@ -274,6 +276,7 @@ static jnode *parse_test(parser *p, jnode *operand) {
     if (is_name(p, "not")) { n->op = 1; advance(p); }
     n->name = parse_dotted(p);
     if (!n->name) return NULL;
+    if (!p->soft && !jinja_test_known(n->name)) return fail(p, t, "No test named '%s'.", n->name);
     const jtoken *c = cur(p);
     if (is_op(p, "(")) {
         if (!parse_call_args(p, n)) return NULL;
@@ -548,13 +551,14 @@ static jnode *parse_expr(parser *p, bool with_condexpr) {
         jnode *n = node(p, N_CONDEXPR, t);
         if (!n) return NULL;
         n->b = e;
+        p->soft++;
         n->a = parse_andor(p, true);
-        if (!n->a) return NULL;
-        if (is_name(p, "else")) {
+        if (n->a && is_name(p, "else")) {
             advance(p);
             n->c = parse_expr(p, true);
-            if (!n->c) return NULL;
         }
+        p->soft--;
+        if (!n->a || p->failed) return NULL;
         e = n;
     }
     p->nesting--;
@@ -601,6 +605,7 @@ static jnode *parse_tuple(parser *p, bool simplified, bool with_condexpr, const 
 /* ---------------------------------------------------------------- statements */
 
 static jnode *parse_body(parser *p, const char *const *ends, const char **ended);
+static jnode *parse_scope_body(parser *p, const char *const *ends, const char **ended);
 
 static bool expect_block_end(parser *p) {
     if (cur(p)->kind == TK_BLOCK_END) { advance(p); return true; }
@@ -663,7 +668,7 @@ static jnode *parse_for(parser *p, const jtoken *t) {
     if (!expect_block_end(p)) return NULL;
     static const char *const ends[] = {"endfor", "else", NULL};
     const char *ended = NULL;
-    jnode *body = parse_body(p, ends, &ended);
+    jnode *body = parse_scope_body(p, ends, &ended);
     if (!body) return NULL;
     n->args = ja_alloc(p->a, sizeof *n->args);
     if (!n->args) { p->failed = true; return NULL; }
@@ -672,7 +677,7 @@ static jnode *parse_for(parser *p, const jtoken *t) {
     if (strcmp(ended, "else") == 0) {
         if (!end_tag(p)) return NULL;
         static const char *const ends2[] = {"endfor", NULL};
-        n->c = parse_body(p, ends2, &ended);
+        n->c = parse_scope_body(p, ends2, &ended);
         if (!n->c) return NULL;
     }
     return end_tag(p) ? n : NULL;
@@ -716,7 +721,7 @@ static jnode *parse_set(parser *p, const jtoken *t) {
     if (p->failed || !expect_block_end(p)) return NULL;
     static const char *const ends[] = {"endset", NULL};
     const char *ended;
-    n->b = parse_body(p, ends, &ended);
+    n->b = parse_scope_body(p, ends, &ended);
     return n->b && end_tag(p) ? n : NULL;
 }
 
@@ -750,7 +755,7 @@ static jnode *parse_macro(parser *p, const jtoken *t) {
     if (!parse_signature(p, n) || !expect_block_end(p)) return NULL;
     static const char *const ends[] = {"endmacro", NULL};
     const char *ended;
-    n->b = parse_body(p, ends, &ended);
+    n->b = parse_scope_body(p, ends, &ended);
     return n->b && end_tag(p) ? n : NULL;
 }
 
@@ -765,7 +770,7 @@ static jnode *parse_callblock(parser *p, const jtoken *t) {
     if (!expect_block_end(p)) return NULL;
     static const char *const ends[] = {"endcall", NULL};
     const char *ended;
-    caller->b = parse_body(p, ends, &ended);
+    caller->b = parse_scope_body(p, ends, &ended);
     n->b = caller;
     return caller->b && end_tag(p) ? n : NULL;
 }
@@ -775,7 +780,12 @@ static jnode *parse_statement(parser *p) {
     char b[80];
     if (t->kind != TK_NAME) return fail(p, t, "%s", "tag name expected");
     advance(p);
-    if (tok_is(t, TK_NAME, "if")) return parse_if(p, t);
+    if (tok_is(t, TK_NAME, "if")) {
+        p->soft++;
+        jnode *n = parse_if(p, t);
+        p->soft--;
+        return n;
+    }
     if (tok_is(t, TK_NAME, "for")) return parse_for(p, t);
     if (tok_is(t, TK_NAME, "set")) return parse_set(p, t);
     if (tok_is(t, TK_NAME, "macro")) return parse_macro(p, t);
@@ -791,17 +801,27 @@ static jnode *parse_statement(parser *p) {
         if (!n->c || !expect_block_end(p)) return NULL;
         static const char *const ends[] = {"endfilter", NULL};
         const char *ended;
-        n->b = parse_body(p, ends, &ended);
+        n->b = parse_scope_body(p, ends, &ended);
         return n->b && end_tag(p) ? n : NULL;
     }
     if (tok_is(t, TK_NAME, "generation")) {
         if (!expect_block_end(p)) return NULL;
         static const char *const ends[] = {"endgeneration", NULL};
         const char *ended;
-        jnode *body = parse_body(p, ends, &ended);
+        jnode *body = parse_scope_body(p, ends, &ended);
+        if (body) body->op = 1; /* scoped */
         return body && end_tag(p) ? body : NULL;
     }
     return fail(p, t, "Encountered unknown tag '%s'.", describe(t, b, sizeof b));
+}
+
+/* The body of a new scope (for, macro, call, set and filter blocks): not soft. */
+static jnode *parse_scope_body(parser *p, const char *const *ends, const char **ended) {
+    int soft = p->soft;
+    p->soft = 0;
+    jnode *n = parse_body(p, ends, ended);
+    p->soft = soft;
+    return n;
 }
 
 /* Statements up to one of the tags `ends` (NULL: the end of the template).
@@ -815,8 +835,12 @@ static jnode *parse_body(parser *p, const char *const *ends, const char **ended)
         if (p->failed) break;
         if (t->kind == TK_EOF) {
             if (ends) {
-                char m[160];
-                snprintf(m, sizeof m, "Unexpected end of template. Jinja was looking for the following tags: '%s'.", ends[0]);
+                char m[256];
+                size_t k = 0;
+                int o = snprintf(m, sizeof m, "Unexpected end of template. Jinja was looking for the following tags: ");
+                for (; ends[k] && o > 0 && (size_t)o < sizeof m; k++)
+                    o += snprintf(m + o, sizeof m - (size_t)o, "%s'%s'", k == 0 ? "" : " or ", ends[k]);
+                if (o > 0 && (size_t)o < sizeof m) snprintf(m + o, sizeof m - (size_t)o, ".");
                 fail(p, t, "%s", m);
             }
             break;

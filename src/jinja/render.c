@@ -203,13 +203,13 @@ jv jinja_getitem(jctx *c, jv obj, jv key) {
             size_t b = utf8_offset(obj.u.s->s, obj.u.s->len, (size_t)i + 1);
             return jv_str(c, obj.u.s->s + a, b - a);
         }
-        return jv_undef_hint(c, "'%s object' has no element %lld", jv_typename(obj), (long long)(key.t == JT_BOOL ? key.u.b : key.u.i));
+        return jv_undef_hint(c, "%s object has no element %lld", jv_typename(obj), (long long)(key.t == JT_BOOL ? key.u.b : key.u.i));
     }
     if (key.t == JT_STR) return jinja_getattr(c, obj, key.u.s->s);
     if (obj.t == JT_DICT) {
         kp_buf b = {0};
         jv_write_repr(&b, key);
-        jv u = jv_undef_hint(c, "'dict object' has no attribute %s", b.data ? b.data : "");
+        jv u = jv_undef_hint(c, "dict object has no element %s", b.data ? b.data : "");
         kp_buf_free(&b);
         return u;
     }
@@ -715,7 +715,12 @@ static xres exec_stmt(jctx *c, jframe *f, const jnode *n) {
         jv v = eval(c, f, n->a);
         return c->failed ? X_ERR : emit_value(c, v) ? X_OK : X_ERR;
     }
-    case N_BODY: return exec_body(c, f, n);
+    case N_BODY:
+        if (n->op) { /* a {% generation %} body: its own scope, as a call block's */
+            jframe *inner = frame_new(c, f);
+            return inner ? exec_body(c, inner, n) : X_ERR;
+        }
+        return exec_body(c, f, n);
     case N_IF: {
         jv cond = eval(c, f, n->a);
         if (c->failed) return X_ERR;
