@@ -150,7 +150,7 @@ static inline jv jv_bool(bool b) { jv v = {0}; v.t = JT_BOOL; v.u.b = b; return 
 static inline jv jv_int(int64_t i) { jv v = {0}; v.t = JT_INT; v.u.i = i; return v; }
 static inline jv jv_float(double f) { jv v = {0}; v.t = JT_FLOAT; v.u.f = f; return v; }
 jv jv_undef_hint(jctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-jv jv_str(jctx *c, const char *s, size_t n);
+jv jv_str(jctx *c, const char *s, size_t n); /* s NULL: n zero bytes */
 jv jv_strz(jctx *c, const char *s);
 jv jv_str_buf(jctx *c, kp_buf *b); /* the buffer's bytes as a string; frees b */
 jv jv_list(jctx *c, size_t n);     /* n items, all undefined, to fill */

@@ -313,8 +313,11 @@ static jv binop(jctx *c, jop op, jv a, jv b) {
         size_t n = a.u.s->len + b.u.s->len;
         jv_check_string(c, n);
         if (c->failed) return jv_undef();
-        jv r = jv_str(c, a.u.s->s, n);
-        if (!c->failed) memcpy(r.u.s->s + a.u.s->len, b.u.s->s, b.u.s->len);
+        jv r = jv_str(c, NULL, n); /* n zero bytes, filled below */
+        if (!c->failed) {
+            memcpy(r.u.s->s, a.u.s->s, a.u.s->len);
+            memcpy(r.u.s->s + a.u.s->len, b.u.s->s, b.u.s->len);
+        }
         r.markup = markup;
         return r;
     }

@@ -99,7 +99,7 @@ jv jv_str(jctx *c, const char *s, size_t n) {
     jstr *js = ja_alloc(&c->arena, sizeof(jstr) + n + 1);
     if (!js) return oom(c);
     js->len = n;
-    if (n) memcpy(js->s, s, n);
+    if (n && s) memcpy(js->s, s, n);
     jv v = {0};
     v.t = JT_STR;
     v.u.s = js;
