@@ -77,7 +77,8 @@ kp_status kp_jinja_compile(const char *src, size_t len, kp_jinja **out, kp_jinja
  * current time of strftime_now is SOURCE_DATE_EPOCH when set. */
 kp_status kp_jinja_render(const kp_jinja *t, const json_t *ctx, kp_buf *out, kp_jinja_error *err);
 
-/* Bytes the compiled template holds (its syntax tree and strings). */
+/* Bytes the compiled template uses (its text, syntax tree and strings;
+ * the arena's unused tail of its last chunk is not counted). */
 size_t kp_jinja_size(const kp_jinja *t);
 
 /* The exception name jinja2 would raise for kind ("TemplateSyntaxError", ...). */

@@ -30,6 +30,7 @@ typedef struct {
 } jarena;
 void *ja_alloc(jarena *a, size_t n); /* zeroed, 16-aligned; NULL when out of memory or budget */
 char *ja_strndup(jarena *a, const char *s, size_t n);
+size_t ja_used(const jarena *a); /* bytes handed out, with the chunk headers */
 void ja_free(jarena *a);
 
 /* ---- values ---- */

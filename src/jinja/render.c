@@ -826,7 +826,7 @@ kp_status kp_jinja_render(const kp_jinja *t, const json_t *ctx, kp_buf *out, kp_
     return KP_OK;
 }
 
-size_t kp_jinja_size(const kp_jinja *t) { return t ? t->arena.total + sizeof *t : 0; }
+size_t kp_jinja_size(const kp_jinja *t) { return t ? ja_used(&t->arena) + sizeof *t : 0; }
 
 void kp_jinja_free(kp_jinja *t) {
     if (!t) return;

@@ -55,6 +55,12 @@ char *ja_strndup(jarena *a, const char *s, size_t n) {
     return d;
 }
 
+size_t ja_used(const jarena *a) {
+    size_t n = 0;
+    for (const jchunk *c = a->head; c; c = c->next) n += sizeof *c + c->used;
+    return n;
+}
+
 void ja_free(jarena *a) {
     for (jchunk *c = a->head, *next; c; c = next) {
         next = c->next;
