@@ -40,61 +40,10 @@ static bool undef_check(jctx *c, jv v) {
     return false;
 }
 
-/* Python's str.isspace for one code point. */
-static bool py_space(unsigned cp) {
-    return (cp >= 9 && cp <= 13) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 || cp == 0xa0 || cp == 0x1680 ||
-           (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 || cp == 0x202f || cp == 0x205f ||
-           cp == 0x3000;
-}
 
-static unsigned cp_at(const char *s, size_t n, size_t i, size_t *len) {
-    unsigned char c = (unsigned char)s[i];
-    size_t k = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-    if (i + k > n) k = n - i;
-    unsigned cp = k == 1 ? c : k == 2 ? (c & 31u) : k == 3 ? (c & 15u) : (c & 7u);
-    for (size_t j = 1; j < k; j++) cp = cp << 6 | ((unsigned char)s[i + j] & 63u);
-    *len = k;
-    return cp;
-}
 
-static size_t prev_cp(const char *s, size_t end) {
-    size_t i = end - 1;
-    while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80) i--;
-    return i;
-}
 
-static bool in_chars(unsigned cp, const jstr *chars) {
-    for (size_t i = 0; i < chars->len;) {
-        size_t k;
-        if (cp_at(chars->s, chars->len, i, &k) == cp) return true;
-        i += k;
-    }
-    return false;
-}
 
-/* str.strip / lstrip / rstrip (which: 1 left, 2 right, 3 both); chars NULL: whitespace. */
-jv jinja_strip(jctx *c, jv s, jv chars, int which) {
-    if (chars.t != JT_NONE && chars.t != JT_UNDEF && chars.t != JT_STR)
-        return jfail(c, KP_JINJA_ETYPE, "strip arg must be None or str");
-    const jstr *set = chars.t == JT_STR ? chars.u.s : NULL;
-    const char *p = s.u.s->s;
-    size_t a = 0, b = s.u.s->len;
-    if (which & 1)
-        while (a < b) {
-            size_t k;
-            unsigned cp = cp_at(p, b, a, &k);
-            if (set ? !in_chars(cp, set) : !py_space(cp)) break;
-            a += k;
-        }
-    if (which & 2)
-        while (b > a) {
-            size_t i = prev_cp(p, b), k;
-            unsigned cp = cp_at(p, b, i, &k);
-            if (set ? !in_chars(cp, set) : !py_space(cp)) break;
-            b = i;
-        }
-    return jv_str(c, p + a, b - a);
-}
 
 static jv f_trim(jctx *c, jv v, const jargs *a) {
     jv s = jv_to_str(c, v);
@@ -171,22 +120,7 @@ static jv f_join(jctx *c, jv v, const jargs *a) {
     return jv_str_buf(c, &b);
 }
 
-static jv pair(jctx *c, jv k, jv v) {
-    jv t = jv_list(c, 2);
-    if (c->failed) return t;
-    t.tuple = 1;
-    t.u.l->items[0] = k;
-    t.u.l->items[1] = v;
-    return t;
-}
 
-jv jinja_items(jctx *c, jv v) {
-    if (v.t == JT_UNDEF) return jv_list(c, 0);
-    if (v.t != JT_DICT && v.t != JT_NS) return jfail(c, KP_JINJA_ETYPE, "can only get item pairs from a mapping.");
-    jv l = jv_list(c, v.u.d->n);
-    for (size_t i = 0; i < v.u.d->n && !c->failed; i++) l.u.l->items[i] = pair(c, v.u.d->keys[i], v.u.d->vals[i]);
-    return l;
-}
 
 static jv f_items(jctx *c, jv v, const jargs *a) {
     (void)a;
@@ -195,22 +129,6 @@ static jv f_items(jctx *c, jv v, const jargs *a) {
     return l;
 }
 
-jv jinja_case(jctx *c, jv v, int mode) { /* 0 lower, 1 upper, 2 capitalize, 3 title */
-    jv s = jv_to_str(c, v);
-    if (c->failed) return s;
-    jv r = jv_str(c, s.u.s->s, s.u.s->len);
-    if (c->failed) return r;
-    char *p = r.u.s->s;
-    bool start = true;
-    for (size_t i = 0; i < r.u.s->len; i++) {
-        unsigned char ch = (unsigned char)p[i];
-        bool up = mode == 1 || (mode == 2 && i == 0) || (mode == 3 && start);
-        if (ch < 0x80) p[i] = (char)(up ? toupper(ch) : tolower(ch));
-        if (mode == 3) start = !(isalnum(ch) || ch >= 0x80 || ch == '\'');
-    }
-    r.markup = s.markup;
-    return r;
-}
 
 static jv f_lower(jctx *c, jv v, const jargs *a) { (void)a; return jinja_case(c, v, 0); }
 static jv f_upper(jctx *c, jv v, const jargs *a) { (void)a; return jinja_case(c, v, 1); }
@@ -232,7 +150,6 @@ static jv f_list(jctx *c, jv v, const jargs *a) {
     return copy;
 }
 
-jv jinja_replace(jctx *c, jv s, jv old, jv new_, jv count);
 static jv f_replace(jctx *c, jv v, const jargs *a) {
     jv s = jv_to_str(c, v);
     if (c->failed) return s;
@@ -569,26 +486,6 @@ static jv f_wordcount(jctx *c, jv v, const jargs *a) {
     return jv_int(n);
 }
 
-/* markupsafe's escape: & < > " ' as entities, a Markup value as it is. */
-jv jinja_escape(jctx *c, jv v) {
-    jv s = jv_to_str(c, v);
-    if (c->failed || s.markup) return s;
-    kp_buf b = {0};
-    for (size_t i = 0; i < s.u.s->len; i++) {
-        char ch = s.u.s->s[i];
-        switch (ch) {
-        case '&': kp_buf_puts(&b, "&amp;"); break;
-        case '<': kp_buf_puts(&b, "&lt;"); break;
-        case '>': kp_buf_puts(&b, "&gt;"); break;
-        case '"': kp_buf_puts(&b, "&#34;"); break;
-        case '\'': kp_buf_puts(&b, "&#39;"); break;
-        default: kp_buf_putc(&b, ch);
-        }
-    }
-    jv r = jv_str_buf(c, &b);
-    r.markup = r.t == JT_STR;
-    return r;
-}
 
 static jv f_escape(jctx *c, jv v, const jargs *a) {
     (void)a;

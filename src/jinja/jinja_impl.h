@@ -4,10 +4,16 @@
  *
  *   lex.c      template text -> tokens (whitespace control, raw, comments)
  *   parse.c    tokens -> syntax tree (jnode), allocated in the template's arena
- *   value.c    the arena, runtime values (jv), Python's str()/repr()/==/<
- *   render.c   statements and expressions over a tree, scopes, macros, limits
+ *   value.c    the arena, runtime values (jv), Python's str()/repr()/==/<, errors
+ *   pystr.c    Python's str operations shared by filters and methods
+ *   methods.c  attribute/item lookup, str/dict/list methods, the globals,
+ *              '%' and str.format, slices
  *   filters.c  filters and tests
- *   methods.c  str/dict/list methods, the globals, '%' and str.format
+ *   render.c   statements and expressions over a tree, scopes, macros, limits
+ *
+ * Calls go down that list only (render -> filters -> methods -> pystr ->
+ * value; lex and parse -> value, parse -> filters for the names), so the
+ * files of the folder never call each other in a circle (make check).
  *
  * Values (jv, 16 bytes, passed by value) live in a per-render arena freed
  * at once when the render ends; strings, lists and dicts are immutable once
@@ -140,7 +146,7 @@ typedef struct jctx {
     jframe *root;
 } jctx;
 
-/* Fails the render with kind and message at the current node; returns an undefined value. */
+/* value.c: fails the render with kind and message at the current node; returns an undefined value. */
 jv jfail(jctx *c, kp_jinja_kind kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 #define JFAILED(c) ((c)->failed)
 
@@ -181,13 +187,12 @@ jv jv_iter_list(jctx *c, jv v);    /* list(v): items of a list, keys of a dict, 
 void jv_check_string(jctx *c, size_t n);
 void jv_check_items(jctx *c, size_t n);
 
-/* render.c */
 typedef struct {
     jv *args; size_t nargs;
     const char **kwnames; jv *kwvals; size_t nkw;
 } jargs;
-jv jinja_call(jctx *c, jv fn, const jargs *a);
-jv jinja_getattr(jctx *c, jv obj, const char *name);
+jv jinja_call(jctx *c, jv fn, const jargs *a); /* render.c */
+jv jinja_getattr(jctx *c, jv obj, const char *name); /* methods.c */
 jv jinja_getitem(jctx *c, jv obj, jv key);
 
 /* filters.c */
@@ -220,7 +225,14 @@ jv jinja_global(jctx *c, const char *name); /* range, namespace, ...; undefined 
 jv jinja_percent_format(jctx *c, jv fmt, jv args);
 jv jv_slice(jctx *c, jv v, jv start, jv stop, jv step);
 
-jv jinja_escape(jctx *c, jv v); /* filters.c: markupsafe.escape */
+/* pystr.c */
+jv jinja_escape(jctx *c, jv v);                       /* markupsafe.escape */
+jv jinja_strip(jctx *c, jv s, jv chars, int which);   /* which: 1 left, 2 right, 3 both */
+jv jinja_case(jctx *c, jv v, int mode);               /* 0 lower, 1 upper, 2 capitalize, 3 title */
+jv jinja_replace(jctx *c, jv s, jv old, jv new_, jv count);
+jv jinja_items(jctx *c, jv v);                        /* [(key, value), ...] */
+bool jv_need_str(jctx *c, jv v, const char *what);   /* a TypeError unless v is a str */
+jv jv_undef_fail(jctx *c, jv u);                      /* value.c: the error using u raises */
 
 /* a keyword or positional argument: index pos, or name */
 jv jarg(const jargs *a, size_t pos, const char *name, bool *present);

@@ -1,7 +1,12 @@
 /*
- * methods.c - what a template can call besides filters: Python's str,
- * dict and list methods, the globals (range, namespace, dict,
- * raise_exception, strftime_now), "%" formatting and str.format, slices.
+ * methods.c - attribute and item lookup, and what a template can call
+ * besides filters: Python's str, dict and list methods, the globals
+ * (range, namespace, dict, raise_exception, strftime_now), "%" formatting
+ * and str.format, slices.
+ *
+ * Lookup is jinja2's sandboxed getattr/getitem: `d.items` on a dict is its
+ * method, `d.key` falls back to the item; `d['key']` tries the item first,
+ * then the attribute; `loop.*` is computed from the loop's position.
  *
  * The sandbox: jinja2's ImmutableSandboxedEnvironment refuses the methods
  * that change a list or a dict (append, extend, insert, pop, remove,
@@ -24,9 +29,6 @@
 
 #define JINJA_MAX_RANGE 100000
 
-jv jinja_strip(jctx *c, jv s, jv chars, int which);
-jv jinja_items(jctx *c, jv v);
-jv jinja_case(jctx *c, jv v, int mode);
 
 static const char *const STR_METHODS[] = {
     "capitalize", "count", "endswith", "find", "format", "index", "isalnum", "isalpha", "isdigit",
@@ -70,47 +72,93 @@ jv jinja_method(jctx *c, jv obj, const char *name, bool *found) {
     return v;
 }
 
+/* ---------------------------------------------------------------- attribute and item lookup */
+
+static jv loop_attr(jctx *c, jloop *l, const char *name) {
+    size_t i = l->index0, n = l->length;
+    if (!strcmp(name, "index")) return jv_int((int64_t)i + 1);
+    if (!strcmp(name, "index0")) return jv_int((int64_t)i);
+    if (!strcmp(name, "revindex")) return jv_int((int64_t)(n - i));
+    if (!strcmp(name, "revindex0")) return jv_int((int64_t)(n - i - 1));
+    if (!strcmp(name, "first")) return jv_bool(i == 0);
+    if (!strcmp(name, "last")) return jv_bool(i + 1 == n);
+    if (!strcmp(name, "length")) return jv_int((int64_t)n);
+    if (!strcmp(name, "depth")) return jv_int(1);
+    if (!strcmp(name, "depth0")) return jv_int(0);
+    if (!strcmp(name, "previtem"))
+        return i > 0 ? l->items.u.l->items[i - 1] : jv_undef_hint(c, "there is no previous item");
+    if (!strcmp(name, "nextitem"))
+        return i + 1 < n ? l->items.u.l->items[i + 1] : jv_undef_hint(c, "there is no next item");
+    if (!strcmp(name, "cycle")) {
+        jfunc *fn = ja_alloc(&c->arena, sizeof *fn);
+        if (!fn) return jfail(c, KP_JINJA_ENOMEM, "out of memory");
+        fn->kind = JFN_CYCLE;
+        fn->name = "cycle";
+        fn->loop = l;
+        jv v = {0};
+        v.t = JT_FUNC;
+        v.u.fn = fn;
+        return v;
+    }
+    return jv_undef_hint(c, "'LoopContext object' has no attribute '%s'", name);
+}
+
+jv jinja_getattr(jctx *c, jv obj, const char *name) {
+    bool found;
+    switch (obj.t) {
+    case JT_UNDEF: return jv_undef_fail(c, obj);
+    case JT_LOOP: return loop_attr(c, obj.u.loop, name);
+    case JT_NS: {
+        jv *v = jdict_gets(obj.u.d, name);
+        return v ? *v : jv_undef_hint(c, "'jinja2.utils.Namespace object' has no attribute '%s'", name);
+    }
+    case JT_DICT: {
+        jv m = jinja_method(c, obj, name, &found);
+        if (found) return m;
+        jv *v = jdict_gets(obj.u.d, name);
+        return v ? *v : jv_undef_hint(c, "'dict object' has no attribute '%s'", name);
+    }
+    default: {
+        jv m = jinja_method(c, obj, name, &found);
+        if (found) return m;
+        return jv_undef_hint(c, "'%s object' has no attribute '%s'", jv_typename(obj), name);
+    }
+    }
+}
+
+jv jinja_getitem(jctx *c, jv obj, jv key) {
+    if (obj.t == JT_UNDEF) return jv_undef_fail(c, obj);
+    if (obj.t == JT_DICT) {
+        jv *v = jdict_get(obj.u.d, key);
+        if (v) return *v;
+    } else if (obj.t == JT_LIST && obj.gen) {
+        return jfail(c, KP_JINJA_ETYPE, "'generator' object is not subscriptable");
+    } else if ((obj.t == JT_LIST || obj.t == JT_STR) && (key.t == JT_INT || key.t == JT_BOOL)) {
+        int64_t i = key.t == JT_BOOL ? key.u.b : key.u.i;
+        int64_t n = (int64_t)(obj.t == JT_LIST ? obj.u.l->n : utf8_count(obj.u.s->s, obj.u.s->len));
+        if (i < 0) i += n;
+        if (i >= 0 && i < n) {
+            if (obj.t == JT_LIST) return obj.u.l->items[i];
+            size_t a = utf8_offset(obj.u.s->s, obj.u.s->len, (size_t)i);
+            size_t b = utf8_offset(obj.u.s->s, obj.u.s->len, (size_t)i + 1);
+            return jv_str(c, obj.u.s->s + a, b - a);
+        }
+        return jv_undef_hint(c, "%s object has no element %lld", jv_typename(obj), (long long)(key.t == JT_BOOL ? key.u.b : key.u.i));
+    }
+    if (key.t == JT_STR) return jinja_getattr(c, obj, key.u.s->s);
+    if (obj.t == JT_DICT) {
+        kp_buf b = {0};
+        jv_write_repr(&b, key);
+        jv u = jv_undef_hint(c, "dict object has no element %s", b.data ? b.data : "");
+        kp_buf_free(&b);
+        return u;
+    }
+    return jv_undef_hint(c, "'%s object' has no element", jv_typename(obj));
+}
+
 /* ---------------------------------------------------------------- str methods */
 
-static bool need_str(jctx *c, jv v, const char *what) {
-    if (v.t == JT_STR) return true;
-    jfail(c, KP_JINJA_ETYPE, "%s arg must be str, not %s", what, jv_typename(v));
-    return false;
-}
 
-jv jinja_replace(jctx *c, jv s, jv old, jv new_, jv count) {
-    if (!need_str(c, old, "replace()") || !need_str(c, new_, "replace()")) return jv_undef();
-    int64_t max = count.t == JT_INT ? count.u.i : -1;
-    const char *p = s.u.s->s;
-    size_t n = s.u.s->len, on = old.u.s->len;
-    kp_buf b = {0};
-    size_t i = 0;
-    int64_t done = 0;
-    if (on == 0) {
-        for (; i <= n && (max < 0 || done < max); done++) {
-            kp_buf_put(&b, new_.u.s->s, new_.u.s->len);
-            if (i == n) { i++; break; }
-            size_t j = i + 1;
-            while (j < n && ((unsigned char)p[j] & 0xC0) == 0x80) j++;
-            kp_buf_put(&b, p + i, j - i);
-            i = j;
-        }
-        if (i <= n) kp_buf_put(&b, p + i, n - i);
-        if (b.len > (size_t)KP_JINJA_MAX_STRING) jv_check_string(c, b.len);
-        return jv_str_buf(c, &b);
-    }
-    while (i < n) {
-        const char *hit = (max < 0 || done < max) ? memmem(p + i, n - i, old.u.s->s, on) : NULL;
-        if (!hit) break;
-        kp_buf_put(&b, p + i, (size_t)(hit - (p + i)));
-        kp_buf_put(&b, new_.u.s->s, new_.u.s->len);
-        i = (size_t)(hit - p) + on;
-        done++;
-        if (b.len > (size_t)KP_JINJA_MAX_STRING) { jv_check_string(c, b.len); kp_buf_free(&b); return jv_undef(); }
-    }
-    kp_buf_put(&b, p + i, n - i);
-    return jv_str_buf(c, &b);
-}
 
 static bool is_ws(unsigned char ch) { return ch == ' ' || (ch >= 9 && ch <= 13) || (ch >= 0x1c && ch <= 0x1f); }
 
@@ -166,7 +214,7 @@ static jv str_split(jctx *c, jv s, jv sep, jv maxsplit, bool from_right) {
             }
         }
     } else {
-        if (!need_str(c, sep, "split()")) { free(spans); return jv_undef(); }
+        if (!jv_need_str(c, sep, "split()")) { free(spans); return jv_undef(); }
         size_t sn = sep.u.s->len;
         if (!sn) { free(spans); return jfail(c, KP_JINJA_EVALUE, "empty separator"); }
         if (!from_right) {
@@ -222,7 +270,7 @@ static jv str_affix(jctx *c, jv s, jv what, bool end) {
 
 /* find / rfind / index / rindex / count: positions in code points */
 static jv str_find(jctx *c, jv s, jv sub, const char *how) {
-    if (!need_str(c, sub, how)) return jv_undef();
+    if (!jv_need_str(c, sub, how)) return jv_undef();
     const char *p = s.u.s->s;
     size_t n = s.u.s->len, k = sub.u.s->len;
     if (!strcmp(how, "count")) {
@@ -313,7 +361,7 @@ static jv call_str_method(jctx *c, const char *m, jv s, const jargs *a) {
         return parts;
     }
     if (!strcmp(m, "removeprefix") || !strcmp(m, "removesuffix")) {
-        if (!need_str(c, a0, m)) return jv_undef();
+        if (!jv_need_str(c, a0, m)) return jv_undef();
         bool end = m[6] == 's';
         if (!jv_truthy(str_affix(c, s, a0, end))) return s;
         size_t k = a0.u.s->len;

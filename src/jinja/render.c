@@ -11,10 +11,9 @@
  * found in any frame is a global (range, namespace, raise_exception...) or
  * an undefined value that remembers its name for the error it may raise.
  *
- * Attribute and item lookup are jinja2's sandboxed getattr/getitem:
- * `d.items` on a dict is its method (the sandbox refuses the mutating ones
- * with SecurityError when called), `d.key` falls back to the item;
- * `d['key']` tries the item first, then the attribute.
+ * Attribute and item lookup (methods.c) are jinja2's sandboxed
+ * getattr/getitem; the sandbox refuses the mutating methods with
+ * SecurityError when they are called.
  *
  * Every statement, loop iteration and call is one step; KP_JINJA_MAX_STEPS
  * bounds them, KP_JINJA_MAX_DEPTH the nesting of macro calls,
@@ -48,33 +47,7 @@ static xres exec_body(jctx *c, jframe *f, const jnode *body);
 
 /* ---------------------------------------------------------------- errors */
 
-void jinja_seterr(kp_jinja_error *err, kp_jinja_kind kind, int line, int col, const char *fmt, ...) {
-    if (!err) return;
-    static const kp_status codes[] = {KP_OK, KP_EFORMAT, KP_EINVAL, KP_EINVAL, KP_EINVAL,
-                                      KP_EINVAL, KP_EINVAL, KP_ERANGE, KP_ENOMEM};
-    err->kind = kind;
-    err->code = codes[kind];
-    err->line = line;
-    err->col = col;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-    va_end(ap);
-}
 
-jv jfail(jctx *c, kp_jinja_kind kind, const char *fmt, ...) {
-    if (c->failed) return jv_undef();
-    c->failed = true;
-    if (c->err) {
-        char m[KP_ERROR_MSG_MAX];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(m, sizeof m, fmt, ap);
-        va_end(ap);
-        jinja_seterr(c->err, kind, c->at ? c->at->line : 0, c->at ? c->at->col : 0, "%s", m);
-    }
-    return jv_undef();
-}
 
 const char *kp_jinja_kind_name(kp_jinja_kind kind) {
     static const char *const names[] = {"OK", "TemplateSyntaxError", "TemplateError", "UndefinedError",
@@ -90,11 +63,6 @@ static bool step(jctx *c) {
     return !c->failed;
 }
 
-/* Fails with the error an undefined value raises when used. */
-static jv undef_fail(jctx *c, jv u) {
-    if (u.unsafe) return jfail(c, KP_JINJA_ESECURITY, "%s", u.u.hint);
-    return jfail(c, KP_JINJA_EUNDEFINED, "%s", u.u.hint ? u.u.hint : "value is undefined");
-}
 
 /* ---------------------------------------------------------------- frames */
 
@@ -134,87 +102,8 @@ static jv lookup(jctx *c, jframe *f, const char *name) {
 
 /* ---------------------------------------------------------------- lookups */
 
-static jv loop_attr(jctx *c, jloop *l, const char *name) {
-    size_t i = l->index0, n = l->length;
-    if (!strcmp(name, "index")) return jv_int((int64_t)i + 1);
-    if (!strcmp(name, "index0")) return jv_int((int64_t)i);
-    if (!strcmp(name, "revindex")) return jv_int((int64_t)(n - i));
-    if (!strcmp(name, "revindex0")) return jv_int((int64_t)(n - i - 1));
-    if (!strcmp(name, "first")) return jv_bool(i == 0);
-    if (!strcmp(name, "last")) return jv_bool(i + 1 == n);
-    if (!strcmp(name, "length")) return jv_int((int64_t)n);
-    if (!strcmp(name, "depth")) return jv_int(1);
-    if (!strcmp(name, "depth0")) return jv_int(0);
-    if (!strcmp(name, "previtem"))
-        return i > 0 ? l->items.u.l->items[i - 1] : jv_undef_hint(c, "there is no previous item");
-    if (!strcmp(name, "nextitem"))
-        return i + 1 < n ? l->items.u.l->items[i + 1] : jv_undef_hint(c, "there is no next item");
-    if (!strcmp(name, "cycle")) {
-        jfunc *fn = ja_alloc(&c->arena, sizeof *fn);
-        if (!fn) return jfail(c, KP_JINJA_ENOMEM, "out of memory");
-        fn->kind = JFN_CYCLE;
-        fn->name = "cycle";
-        fn->loop = l;
-        jv v = {0};
-        v.t = JT_FUNC;
-        v.u.fn = fn;
-        return v;
-    }
-    return jv_undef_hint(c, "'LoopContext object' has no attribute '%s'", name);
-}
 
-jv jinja_getattr(jctx *c, jv obj, const char *name) {
-    bool found;
-    switch (obj.t) {
-    case JT_UNDEF: return undef_fail(c, obj);
-    case JT_LOOP: return loop_attr(c, obj.u.loop, name);
-    case JT_NS: {
-        jv *v = jdict_gets(obj.u.d, name);
-        return v ? *v : jv_undef_hint(c, "'jinja2.utils.Namespace object' has no attribute '%s'", name);
-    }
-    case JT_DICT: {
-        jv m = jinja_method(c, obj, name, &found);
-        if (found) return m;
-        jv *v = jdict_gets(obj.u.d, name);
-        return v ? *v : jv_undef_hint(c, "'dict object' has no attribute '%s'", name);
-    }
-    default: {
-        jv m = jinja_method(c, obj, name, &found);
-        if (found) return m;
-        return jv_undef_hint(c, "'%s object' has no attribute '%s'", jv_typename(obj), name);
-    }
-    }
-}
 
-jv jinja_getitem(jctx *c, jv obj, jv key) {
-    if (obj.t == JT_UNDEF) return undef_fail(c, obj);
-    if (obj.t == JT_DICT) {
-        jv *v = jdict_get(obj.u.d, key);
-        if (v) return *v;
-    } else if (obj.t == JT_LIST && obj.gen) {
-        return jfail(c, KP_JINJA_ETYPE, "'generator' object is not subscriptable");
-    } else if ((obj.t == JT_LIST || obj.t == JT_STR) && (key.t == JT_INT || key.t == JT_BOOL)) {
-        int64_t i = key.t == JT_BOOL ? key.u.b : key.u.i;
-        int64_t n = (int64_t)(obj.t == JT_LIST ? obj.u.l->n : utf8_count(obj.u.s->s, obj.u.s->len));
-        if (i < 0) i += n;
-        if (i >= 0 && i < n) {
-            if (obj.t == JT_LIST) return obj.u.l->items[i];
-            size_t a = utf8_offset(obj.u.s->s, obj.u.s->len, (size_t)i);
-            size_t b = utf8_offset(obj.u.s->s, obj.u.s->len, (size_t)i + 1);
-            return jv_str(c, obj.u.s->s + a, b - a);
-        }
-        return jv_undef_hint(c, "%s object has no element %lld", jv_typename(obj), (long long)(key.t == JT_BOOL ? key.u.b : key.u.i));
-    }
-    if (key.t == JT_STR) return jinja_getattr(c, obj, key.u.s->s);
-    if (obj.t == JT_DICT) {
-        kp_buf b = {0};
-        jv_write_repr(&b, key);
-        jv u = jv_undef_hint(c, "dict object has no element %s", b.data ? b.data : "");
-        kp_buf_free(&b);
-        return u;
-    }
-    return jv_undef_hint(c, "'%s object' has no element", jv_typename(obj));
-}
 
 /* ---------------------------------------------------------------- operators */
 
@@ -298,8 +187,8 @@ static const char *op_sym(jop op) {
 }
 
 static jv binop(jctx *c, jop op, jv a, jv b) {
-    if (a.t == JT_UNDEF) return undef_fail(c, a);
-    if (b.t == JT_UNDEF) return undef_fail(c, b);
+    if (a.t == JT_UNDEF) return jv_undef_fail(c, a);
+    if (b.t == JT_UNDEF) return jv_undef_fail(c, b);
     if (jv_is_num(a) && jv_is_num(b)) {
         if (a.t != JT_FLOAT && b.t != JT_FLOAT)
             return arith_int(c, op, a.t == JT_BOOL ? a.u.b : a.u.i, b.t == JT_BOOL ? b.u.b : b.u.i);
@@ -379,14 +268,6 @@ static bool compare(jctx *c, jop op, jv a, jv b) {
 
 /* ---------------------------------------------------------------- calls */
 
-jv jarg(const jargs *a, size_t pos, const char *name, bool *present) {
-    if (present) *present = true;
-    if (pos < a->nargs) return a->args[pos];
-    for (size_t i = 0; name && i < a->nkw; i++)
-        if (strcmp(a->kwnames[i], name) == 0) return a->kwvals[i];
-    if (present) *present = false;
-    return jv_undef();
-}
 
 static jv call_macro(jctx *c, jfunc *fn, const jargs *a) {
     const jnode *m = fn->macro;
@@ -423,7 +304,7 @@ static jv call_macro(jctx *c, jfunc *fn, const jargs *a) {
 
 jv jinja_call(jctx *c, jv fn, const jargs *a) {
     if (!step(c)) return jv_undef();
-    if (fn.t == JT_UNDEF) return undef_fail(c, fn);
+    if (fn.t == JT_UNDEF) return jv_undef_fail(c, fn);
     if (fn.t != JT_FUNC) return jfail(c, KP_JINJA_ETYPE, "'%s' object is not callable", jv_typename(fn));
     switch (fn.u.fn->kind) {
     case JFN_MACRO: return call_macro(c, fn.u.fn, a);
@@ -527,7 +408,7 @@ static jv eval_call(jctx *c, jframe *f, const jnode *n) {
 }
 
 static jv eval_neg(jctx *c, jv v, bool neg) {
-    if (v.t == JT_UNDEF) return undef_fail(c, v);
+    if (v.t == JT_UNDEF) return jv_undef_fail(c, v);
     if (v.t == JT_FLOAT) return jv_float(neg ? -v.u.f : v.u.f);
     if (v.t == JT_INT || v.t == JT_BOOL) {
         int64_t i = v.t == JT_BOOL ? v.u.b : v.u.i;

@@ -529,3 +529,48 @@ jv jv_iter_list(jctx *c, jv v) {
         return jfail(c, KP_JINJA_ETYPE, "'%s' object is not iterable", jv_typename(v));
     }
 }
+
+/* ---------------------------------------------------------------- errors and arguments */
+
+void jinja_seterr(kp_jinja_error *err, kp_jinja_kind kind, int line, int col, const char *fmt, ...) {
+    if (!err) return;
+    static const kp_status codes[] = {KP_OK, KP_EFORMAT, KP_EINVAL, KP_EINVAL, KP_EINVAL,
+                                      KP_EINVAL, KP_EINVAL, KP_ERANGE, KP_ENOMEM};
+    err->kind = kind;
+    err->code = codes[kind];
+    err->line = line;
+    err->col = col;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+}
+
+jv jfail(jctx *c, kp_jinja_kind kind, const char *fmt, ...) {
+    if (c->failed) return jv_undef();
+    c->failed = true;
+    if (c->err) {
+        char m[KP_ERROR_MSG_MAX];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(m, sizeof m, fmt, ap);
+        va_end(ap);
+        jinja_seterr(c->err, kind, c->at ? c->at->line : 0, c->at ? c->at->col : 0, "%s", m);
+    }
+    return jv_undef();
+}
+
+jv jarg(const jargs *a, size_t pos, const char *name, bool *present) {
+    if (present) *present = true;
+    if (pos < a->nargs) return a->args[pos];
+    for (size_t i = 0; name && i < a->nkw; i++)
+        if (strcmp(a->kwnames[i], name) == 0) return a->kwvals[i];
+    if (present) *present = false;
+    return jv_undef();
+}
+
+/* Fails with the error an undefined value raises when used. */
+jv jv_undef_fail(jctx *c, jv u) {
+    if (u.unsafe) return jfail(c, KP_JINJA_ESECURITY, "%s", u.u.hint);
+    return jfail(c, KP_JINJA_EUNDEFINED, "%s", u.u.hint ? u.u.hint : "value is undefined");
+}
