@@ -208,6 +208,7 @@ static jv f_sort(jctx *c, jv v, const jargs *a) {
 }
 
 static jv f_dictsort(jctx *c, jv v, const jargs *a) {
+    if (v.t == JT_UNDEF) return jv_undef_fail(c, v); /* Undefined.items() raises */
     jv items = jinja_items(c, v);
     if (c->failed) return items;
     bool cs = jv_truthy(argv_or(a, 0, "case_sensitive", jv_bool(false)));
@@ -335,7 +336,10 @@ static void split_lines(jctx *c, jv s, jv *out) {
 }
 
 static jv f_indent(jctx *c, jv v, const jargs *a) {
-    jv s = jv_to_str(c, v);
+    if (v.t == JT_UNDEF) return jv_undef_fail(c, v);
+    if (v.t != JT_STR) /* jinja2 appends "\n" to it first */
+        return jfail(c, KP_JINJA_ETYPE, "unsupported operand type(s) for +=: '%s' and 'str'", jv_typename(v));
+    jv s = v;
     jv width = argv_or(a, 0, "width", jv_int(4));
     bool first = jv_truthy(argv_or(a, 1, "first", jv_bool(false)));
     bool blank = jv_truthy(argv_or(a, 2, "blank", jv_bool(false)));
@@ -385,11 +389,13 @@ static jv to_int(jctx *c, jv v, jv dflt, int base) {
 }
 
 static jv f_int(jctx *c, jv v, const jargs *a) {
+    if (v.t == JT_UNDEF) return jv_undef_fail(c, v); /* int(Undefined) raises */
     jv base = argv_or(a, 1, "base", jv_int(10));
     return to_int(c, v, argv_or(a, 0, "default", jv_int(0)), base.t == JT_INT ? (int)base.u.i : 10);
 }
 
 static jv f_float(jctx *c, jv v, const jargs *a) {
+    if (v.t == JT_UNDEF) return jv_undef_fail(c, v); /* float(Undefined) raises */
     jv dflt = argv_or(a, 0, "default", jv_float(0.0));
     if (v.t == JT_FLOAT) return v;
     if (v.t == JT_INT || v.t == JT_BOOL) return jv_float(jv_num(v));
@@ -574,8 +580,10 @@ jv jinja_filter(jctx *c, const char *name, jv v, const jargs *a) {
 
 /* ---------------------------------------------------------------- tests */
 
-static bool is_lower_upper(jv v, bool upper) {
-    if (v.t != JT_STR) return false;
+/* str(v).islower() / .isupper() (ASCII letters only have a case here) */
+static bool is_lower_upper(jctx *c, jv v, bool upper) {
+    v = jv_to_str(c, v);
+    if (c->failed) return false;
     bool cased = false;
     for (size_t i = 0; i < v.u.s->len; i++) {
         unsigned char ch = (unsigned char)v.u.s->s[i];
@@ -635,12 +643,13 @@ jv jinja_test(jctx *c, const char *name, jv v, const jargs *a) {
     if (!strcmp(name, "true")) return jv_bool(v.t == JT_BOOL && v.u.b);
     if (!strcmp(name, "false")) return jv_bool(v.t == JT_BOOL && !v.u.b);
     if (!strcmp(name, "mapping")) return jv_bool(v.t == JT_DICT);
-    if (!strcmp(name, "sequence")) return jv_bool(v.t == JT_STR || (v.t == JT_LIST && !v.gen) || v.t == JT_DICT);
+    /* Undefined has __len__, __getitem__ and __call__: a sequence, and callable */
+    if (!strcmp(name, "sequence")) return jv_bool(v.t == JT_STR || (v.t == JT_LIST && !v.gen) || v.t == JT_DICT || v.t == JT_UNDEF);
     if (!strcmp(name, "iterable")) return jv_bool(jv_is_iterable(v));
-    if (!strcmp(name, "callable")) return jv_bool(v.t == JT_FUNC || (v.t == JT_UNDEF && v.unsafe));
+    if (!strcmp(name, "callable")) return jv_bool(v.t == JT_FUNC || v.t == JT_UNDEF);
     if (!strcmp(name, "escaped")) return jv_bool(false);
-    if (!strcmp(name, "lower")) return jv_bool(is_lower_upper(v, false));
-    if (!strcmp(name, "upper")) return jv_bool(is_lower_upper(v, true));
+    if (!strcmp(name, "lower")) return jv_bool(is_lower_upper(c, v, false));
+    if (!strcmp(name, "upper")) return jv_bool(is_lower_upper(c, v, true));
     if (!strcmp(name, "sameas")) return jv_bool(sameas(v, o));
     if (!strcmp(name, "in")) {
         if (o.t == JT_STR && v.t == JT_STR) return jv_bool(v.u.s->len == 0 || memmem(o.u.s->s, o.u.s->len, v.u.s->s, v.u.s->len));
@@ -658,7 +667,8 @@ jv jinja_test(jctx *c, const char *name, jv v, const jargs *a) {
         double x = jv_num(v), d = !strcmp(name, "divisibleby") ? jv_num(o) : 2;
         if (d == 0) return jfail(c, KP_JINJA_EVALUE, "integer modulo by zero");
         double m = fmod(x, d);
-        if (!strcmp(name, "odd")) return jv_bool(m != 0);
+        if (m != 0 && ((m < 0) != (d < 0))) m += d; /* Python's % */
+        if (!strcmp(name, "odd")) return jv_bool(m == 1);
         return jv_bool(m == 0);
     }
     return test_cmp(c, name, v, o);

@@ -228,7 +228,7 @@ jv jv_slice(jctx *c, jv v, jv start, jv stop, jv step);
 /* pystr.c */
 jv jinja_escape(jctx *c, jv v);                       /* markupsafe.escape */
 jv jinja_strip(jctx *c, jv s, jv chars, int which);   /* which: 1 left, 2 right, 3 both */
-jv jinja_case(jctx *c, jv v, int mode);               /* 0 lower, 1 upper, 2 capitalize, 3 title */
+jv jinja_case(jctx *c, jv v, int mode);               /* 0 lower, 1 upper, 2 capitalize, 3 |title, 4 str.title */
 jv jinja_replace(jctx *c, jv s, jv old, jv new_, jv count);
 jv jinja_items(jctx *c, jv v);                        /* [(key, value), ...] */
 bool jv_need_str(jctx *c, jv v, const char *what);   /* a TypeError unless v is a str */

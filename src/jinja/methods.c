@@ -132,7 +132,7 @@ jv jinja_getitem(jctx *c, jv obj, jv key) {
         jv *v = jdict_get(obj.u.d, key);
         if (v) return *v;
     } else if (obj.t == JT_LIST && obj.gen) {
-        return jfail(c, KP_JINJA_ETYPE, "'generator' object is not subscriptable");
+        return jv_undef_hint(c, "generator object has no element"); /* jinja2: a failed lookup is undefined */
     } else if ((obj.t == JT_LIST || obj.t == JT_STR) && (key.t == JT_INT || key.t == JT_BOOL)) {
         int64_t i = key.t == JT_BOOL ? key.u.b : key.u.i;
         int64_t n = (int64_t)(obj.t == JT_LIST ? obj.u.l->n : utf8_count(obj.u.s->s, obj.u.s->len));
@@ -338,7 +338,7 @@ static jv call_str_method(jctx *c, const char *m, jv s, const jargs *a) {
     if (!strcmp(m, "replace")) return jinja_replace(c, s, a0, a1, a->nargs > 2 ? a->args[2] : jv_none());
     if (!strcmp(m, "upper")) return jinja_case(c, s, 1);
     if (!strcmp(m, "lower")) return jinja_case(c, s, 0);
-    if (!strcmp(m, "title")) return jinja_case(c, s, 3);
+    if (!strcmp(m, "title")) return jinja_case(c, s, 4);
     if (!strcmp(m, "capitalize")) return jinja_case(c, s, 2);
     if (!strcmp(m, "find") || !strcmp(m, "rfind") || !strcmp(m, "index") || !strcmp(m, "rindex") || !strcmp(m, "count"))
         return str_find(c, s, a0, m);
@@ -495,7 +495,10 @@ jv jinja_call_global(jctx *c, jfunc *fn, const jargs *a) {
 
 jv jv_slice(jctx *c, jv v, jv start, jv stop, jv step) {
     if (v.t == JT_UNDEF) return jfail(c, KP_JINJA_EUNDEFINED, "%s", v.u.hint ? v.u.hint : "value is undefined");
-    if (v.t != JT_LIST && v.t != JT_STR) return jfail(c, KP_JINJA_ETYPE, "'%s' object is not subscriptable", jv_typename(v));
+    /* jinja2 slices with Python's own subscript (no undefined on failure) */
+    if (v.t == JT_DICT) return jfail(c, KP_JINJA_ETYPE, "unhashable type: 'slice'");
+    if ((v.t != JT_LIST && v.t != JT_STR) || v.gen)
+        return jfail(c, KP_JINJA_ETYPE, "'%s' object is not subscriptable", jv_typename(v));
     int64_t n = (int64_t)(v.t == JT_LIST ? v.u.l->n : utf8_count(v.u.s->s, v.u.s->len));
     jv parts[3] = {start, stop, step};
     for (int i = 0; i < 3; i++)
@@ -629,7 +632,7 @@ jv jinja_percent_format(jctx *c, jv fmt, jv args) {
         if (s.width > 4096 || s.prec > 4096) { jfail(c, KP_JINJA_ELIMIT, "format width too large"); break; }
         format_one(c, &b, v, &s);
     }
-    if (!c->failed && is_tuple && next < args.u.l->n)
+    if (!c->failed && ((is_tuple && next < args.u.l->n) || (!is_tuple && !next && args.t != JT_DICT && args.t != JT_LIST)))
         jfail(c, KP_JINJA_ETYPE, "not all arguments converted during string formatting");
     if (c->failed) { kp_buf_free(&b); return jv_undef(); }
     return jv_str_buf(c, &b);

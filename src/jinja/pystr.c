@@ -92,7 +92,7 @@ jv jinja_items(jctx *c, jv v) {
     return l;
 }
 
-jv jinja_case(jctx *c, jv v, int mode) { /* 0 lower, 1 upper, 2 capitalize, 3 title */
+jv jinja_case(jctx *c, jv v, int mode) {
     jv s = jv_to_str(c, v);
     if (c->failed) return s;
     jv r = jv_str(c, s.u.s->s, s.u.s->len);
@@ -101,9 +101,12 @@ jv jinja_case(jctx *c, jv v, int mode) { /* 0 lower, 1 upper, 2 capitalize, 3 ti
     bool start = true;
     for (size_t i = 0; i < r.u.s->len; i++) {
         unsigned char ch = (unsigned char)p[i];
-        bool up = mode == 1 || (mode == 2 && i == 0) || (mode == 3 && start);
+        bool up = mode == 1 || (mode == 2 && i == 0) || (mode >= 3 && start);
         if (ch < 0x80) p[i] = (char)(up ? toupper(ch) : tolower(ch));
-        if (mode == 3) start = !(isalnum(ch) || ch >= 0x80 || ch == '\'');
+        if (mode == 3) /* jinja2's title: words start after "-", whitespace, "(", "{", "[", "<" */
+            start = ch == '-' || ch == '(' || ch == '{' || ch == '[' || ch == '<' || isspace(ch);
+        else if (mode == 4) /* str.title: after anything that is not a letter */
+            start = !(isalpha(ch) || ch >= 0x80);
     }
     r.markup = s.markup;
     return r;

@@ -148,9 +148,19 @@ static jv arith_float(jctx *c, jop op, double x, double y) {
     case OP_DIV:
         if (y == 0) return jfail(c, KP_JINJA_EVALUE, "float division by zero");
         return jv_float(x / y);
-    case OP_FLOORDIV:
+    case OP_FLOORDIV: {
         if (y == 0) return jfail(c, KP_JINJA_EVALUE, "float floor division by zero");
-        return jv_float(floor(x / y));
+        /* CPython's float_floor_div: through fmod, so 1 // 0.1 is 9.0 */
+        double mod = fmod(x, y), div = (x - mod) / y, fl;
+        if (mod != 0 && ((y < 0) != (mod < 0))) div -= 1.0;
+        if (div != 0) {
+            fl = floor(div);
+            if (div - fl > 0.5) fl += 1.0;
+        } else {
+            fl = copysign(0.0, x / y);
+        }
+        return jv_float(fl);
+    }
     case OP_MOD: {
         if (y == 0) return jfail(c, KP_JINJA_EVALUE, "float modulo");
         double m = fmod(x, y);
@@ -243,7 +253,12 @@ static bool contains(jctx *c, jv container, jv item) {
         for (size_t i = 0; i < container.u.l->n; i++)
             if (jv_eq(container.u.l->items[i], item)) return true;
         return false;
-    case JT_DICT: case JT_NS: return jdict_get(container.u.d, item) != NULL;
+    case JT_DICT: case JT_NS:
+        if (item.t == JT_LIST || item.t == JT_DICT || item.t == JT_NS) {
+            jfail(c, KP_JINJA_ETYPE, "unhashable type: '%s'", jv_typename(item));
+            return false;
+        }
+        return jdict_get(container.u.d, item) != NULL;
     case JT_UNDEF: return false;
     default:
         jfail(c, KP_JINJA_ETYPE, "argument of type '%s' is not iterable", jv_typename(container));

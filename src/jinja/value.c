@@ -417,7 +417,9 @@ static void write_str_repr(kp_buf *b, const char *s, size_t n) {
 static void write_value(kp_buf *b, jv v, bool repr) {
     char num[40];
     switch (v.t) {
-    case JT_UNDEF: break;
+    case JT_UNDEF:
+        if (repr) kp_buf_puts(b, "Undefined"); /* repr(Undefined()) inside a list */
+        break;
     case JT_NONE: kp_buf_puts(b, "None"); break;
     case JT_BOOL: kp_buf_puts(b, v.u.b ? "True" : "False"); break;
     case JT_INT: kp_buf_printf(b, "%lld", (long long)v.u.i); break;
