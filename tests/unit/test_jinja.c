@@ -70,6 +70,14 @@ static const render_case RENDERS[] = {
     {"{{ strftime_now('%Y-%m-%d %d %b %Y') }}", "2024-12-05 05 Dec 2024"},
     {"{% generation %}gen {{ n }}{% endgeneration %}", "gen 7"},
     {"{{ msgs[0].content | safe + '<b>' }} {{ '<i>' + 'x' | safe }} {{ '<b>' ~ ('y' | safe) }}", "hi&lt;b&gt; &lt;i&gt;x <b>y"},
+    {"{{ 1 // 0.1 }} {{ -7.5 // 2 }} {{ 7.5 % -2 }} {{ 2.5 is odd }} {{ -3 is odd }} {{ 3.0 is odd }}", "9.0 -4.0 -0.5 False True True"},
+    {"{{ 'hello-world (x) o\\'neil' | title }} {{ 'hello-world (x) o\\'neil'.title() }}", "Hello-World (X) O'neil Hello-World (X) O'Neil"},
+    {"{{ [x, 1] }} {{ x is sequence }} {{ x is callable }} {{ d is lower }} {{ 'ABC' is upper }}", "[Undefined, 1] True True False True"},
+    {"{{ 'abc' % [1] }} {{ '%s' % 'x' }} {{ '%(a)s' % {'a': 5} }}", "abc x 5"},
+    {"{% set t = l | selectattr('x', 'defined') %}{{ t | list }} {{ (l | map('string')) is sequence }} {{ l | map('string') | first }}", "[] False 3"},
+    {"{{ none | selectattr('a') | list }} {{ '' | map('upper') | list }}", "[] []"},
+    {"{% for k in d | dictsort(reverse=true) %}{{ k[0] }}{% endfor %} {{ d | dictsort(by='value') }}", "Cba [('a', 1), ('b', 2), ('C', 3)]"},
+    {"{{ '\"q\"' | safe + '<' }} {{ ('<' | e) + '>' }} {{ '<' | e | e }}", "\"q\"&lt; &lt;&gt; &lt;"},
 };
 
 typedef struct { const char *tmpl; kp_jinja_kind kind; const char *msg; } error_case;
@@ -87,6 +95,13 @@ static const error_case ERRORS[] = {
     {"{{ range(1000000) | length }}", KP_JINJA_ELIMIT, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000)."},
     {"{% set a, b = [1, 2, 3] %}", KP_JINJA_EVALUE, "too many values to unpack (expected 2)"},
     {"{{ l | map('upper') | tojson }}", KP_JINJA_ETYPE, NULL},
+    {"{{ d[1:] }}", KP_JINJA_ETYPE, "unhashable type: 'slice'"},
+    {"{{ n[1:] }}", KP_JINJA_ETYPE, "'int' object is not subscriptable"},
+    {"{{ x | int }}", KP_JINJA_EUNDEFINED, "'x' is undefined"},
+    {"{{ x | dictsort }}", KP_JINJA_EUNDEFINED, "'x' is undefined"},
+    {"{{ 5 | indent }}", KP_JINJA_ETYPE, "unsupported operand type(s) for +=: 'int' and 'str'"},
+    {"{{ 'abc' % 5 }}", KP_JINJA_ETYPE, "not all arguments converted during string formatting"},
+    {"{{ [1] in d }}", KP_JINJA_ETYPE, "unhashable type: 'list'"},
 };
 
 /* Renders tmpl on the JSON text ctx; returns the output (malloc'd) or NULL with *e set. */
