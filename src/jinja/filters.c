@@ -228,6 +228,8 @@ static jv f_unique(jctx *c, jv v, const jargs *a) {
     for (size_t i = 0; i < l.u.l->n && !c->failed; i++) {
         jv item = l.u.l->items[i];
         jv key = sort_key(c, attr.t == JT_NONE ? item : attr_path(c, item, attr), cs);
+        if ((key.t == JT_LIST && !key.tuple) || key.t == JT_DICT) /* unique keeps a set of them */
+            return jfail(c, KP_JINJA_ETYPE, "unhashable type: '%s'", jv_typename(key));
         bool dup = false;
         for (size_t j = 0; j < k && !dup; j++) dup = jv_eq(seen.u.l->items[j], key);
         if (dup) continue;

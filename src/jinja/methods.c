@@ -632,7 +632,7 @@ jv jinja_percent_format(jctx *c, jv fmt, jv args) {
         if (s.width > 4096 || s.prec > 4096) { jfail(c, KP_JINJA_ELIMIT, "format width too large"); break; }
         format_one(c, &b, v, &s);
     }
-    if (!c->failed && ((is_tuple && next < args.u.l->n) || (!is_tuple && !next && args.t != JT_DICT && args.t != JT_LIST)))
+    if (!c->failed && ((is_tuple && next < args.u.l->n) || (!is_tuple && !next && args.t != JT_DICT && args.t != JT_LIST && args.t != JT_UNDEF)))
         jfail(c, KP_JINJA_ETYPE, "not all arguments converted during string formatting");
     if (c->failed) { kp_buf_free(&b); return jv_undef(); }
     return jv_str_buf(c, &b);

@@ -125,6 +125,7 @@ static jv arith_int(jctx *c, jop op, int64_t x, int64_t y) {
         return jv_int(op == OP_MOD ? m : q);
     }
     case OP_POW: {
+        if (y < 0 && x == 0) return jfail(c, KP_JINJA_EVALUE, "0.0 cannot be raised to a negative power");
         if (y < 0) return jv_float(pow((double)x, (double)y));
         int64_t acc = 1, base = x;
         bool over = false;
@@ -165,9 +166,12 @@ static jv arith_float(jctx *c, jop op, double x, double y) {
         if (y == 0) return jfail(c, KP_JINJA_EVALUE, "float modulo");
         double m = fmod(x, y);
         if (m != 0 && ((m < 0) != (y < 0))) m += y;
+        if (m == 0) m = copysign(0.0, y); /* Python: the sign of the divisor */
         return jv_float(m);
     }
-    case OP_POW: return jv_float(pow(x, y));
+    case OP_POW:
+        if (x == 0 && y < 0) return jfail(c, KP_JINJA_EVALUE, "0.0 cannot be raised to a negative power");
+        return jv_float(pow(x, y));
     default: return jv_undef();
     }
 }
@@ -197,6 +201,7 @@ static const char *op_sym(jop op) {
 }
 
 static jv binop(jctx *c, jop op, jv a, jv b) {
+    if (op == OP_MOD && a.t == JT_STR) return jinja_percent_format(c, a, b); /* str % Undefined is Python's */
     if (a.t == JT_UNDEF) return jv_undef_fail(c, a);
     if (b.t == JT_UNDEF) return jv_undef_fail(c, b);
     if (jv_is_num(a) && jv_is_num(b)) {
@@ -232,7 +237,6 @@ static jv binop(jctx *c, jop op, jv a, jv b) {
         return repeat(c, a, b.t == JT_BOOL ? b.u.b : b.u.i);
     if (op == OP_MUL && (b.t == JT_STR || b.t == JT_LIST) && (a.t == JT_INT || a.t == JT_BOOL))
         return repeat(c, b, a.t == JT_BOOL ? a.u.b : a.u.i);
-    if (op == OP_MOD && a.t == JT_STR) return jinja_percent_format(c, a, b);
     if (op == OP_ADD && a.t == JT_STR)
         return jfail(c, KP_JINJA_ETYPE, "can only concatenate str (not \"%s\") to str", jv_typename(b));
     if (op == OP_ADD && a.t == JT_LIST)
@@ -254,7 +258,7 @@ static bool contains(jctx *c, jv container, jv item) {
             if (jv_eq(container.u.l->items[i], item)) return true;
         return false;
     case JT_DICT: case JT_NS:
-        if (item.t == JT_LIST || item.t == JT_DICT || item.t == JT_NS) {
+        if ((item.t == JT_LIST && !item.tuple) || item.t == JT_DICT || item.t == JT_NS) {
             jfail(c, KP_JINJA_ETYPE, "unhashable type: '%s'", jv_typename(item));
             return false;
         }
