@@ -512,7 +512,7 @@ jv jv_iter_list(jctx *c, jv v) {
     case JT_UNDEF: return jv_list(c, 0);
     case JT_DICT: {
         jv l = jv_list(c, v.u.d->n);
-        if (!c->failed) memcpy(l.u.l->items, v.u.d->keys, v.u.d->n * sizeof(jv));
+        if (!c->failed && v.u.d->n) memcpy(l.u.l->items, v.u.d->keys, v.u.d->n * sizeof(jv));
         return l;
     }
     case JT_STR: {
