@@ -73,7 +73,7 @@ kp_status kp_chatj_context(const json_t *request, const char *bos, const char *e
     const json_t *tools = json_object_get(request, "tools");
     json_object_set_new(c, "tools", kp_chatj_has_tools(request) ? json_deep_copy(tools) : json_null());
     const json_t *agp = json_object_get(request, "add_generation_prompt");
-    json_object_set_new(c, "add_generation_prompt", json_boolean(agp ? json_is_true(agp) : 1));
+    json_object_set_new(c, "add_generation_prompt", agp ? json_deep_copy(agp) : json_true());
     json_object_set_new(c, "bos_token", json_string(bos ? bos : ""));
     json_object_set_new(c, "eos_token", json_string(eos ? eos : ""));
     const json_t *kw = json_object_get(request, "chat_template_kwargs");
@@ -83,7 +83,8 @@ kp_status kp_chatj_context(const json_t *request, const char *bos, const char *e
     }
     const char *k;
     json_t *v;
-    json_object_foreach((json_t *)kw, k, v) json_object_set_new(c, k, json_deep_copy(v));
+    json_object_foreach((json_t *)kw, k, v) /* the request's own members win */
+        if (!json_object_get(c, k)) json_object_set_new(c, k, json_deep_copy(v));
     *ctx = c;
     return KP_OK;
 }

@@ -12,8 +12,10 @@
  *   tool_calls: []                              -> no tool_calls member
  *   tools absent or []                          -> tools: null
  *
- * The context is { messages, tools, add_generation_prompt (default true),
- * bos_token, eos_token, and every member of chat_template_kwargs }.
+ * The context is { messages, tools, add_generation_prompt (default true,
+ * else the request's value as it is), bos_token, eos_token, and every
+ * other member of chat_template_kwargs } (a kwarg named like one of the
+ * first five does not replace it).
  */
 #ifndef KP_CHAT_JINJA_H
 #define KP_CHAT_JINJA_H
