@@ -162,6 +162,7 @@ jv jv_strz(jctx *c, const char *s);
 jv jv_str_buf(jctx *c, kp_buf *b); /* the buffer's bytes as a string; frees b */
 jv jv_list(jctx *c, size_t n);     /* n items, all undefined, to fill */
 jv jv_dict(jctx *c);
+jv jv_func(jctx *c, int kind, const char *name); /* a JT_FUNC of kind JFN_*, its other fields zero */
 bool jdict_set(jctx *c, jdict *d, jv key, jv val);
 jv *jdict_get(const jdict *d, jv key);
 jv *jdict_gets(const jdict *d, const char *key);

@@ -114,11 +114,10 @@ static bool lx_at_closer(const lexer *lx, size_t p, char c1) {
     return false;
 }
 
+/* The value of a hex digit, -1 for another character. */
 static int hexval(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
+    if (!isxdigit((unsigned char)c)) return -1;
+    return isdigit((unsigned char)c) ? c - '0' : tolower((unsigned char)c) - 'a' + 10;
 }
 
 static void put_utf8(kp_buf *b, unsigned cp) {

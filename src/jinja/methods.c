@@ -61,14 +61,8 @@ jv jinja_method(jctx *c, jv obj, const char *name, bool *found) {
     }
     if (!safe || !in_set(safe, name)) return jv_undef();
     *found = true;
-    jfunc *fn = ja_alloc(&c->arena, sizeof *fn);
-    if (!fn) return jfail(c, KP_JINJA_ENOMEM, "out of memory");
-    fn->kind = JFN_METHOD;
-    fn->name = name;
-    fn->self = obj;
-    jv v = {0};
-    v.t = JT_FUNC;
-    v.u.fn = fn;
+    jv v = jv_func(c, JFN_METHOD, name);
+    if (v.t == JT_FUNC) v.u.fn->self = obj;
     return v;
 }
 
@@ -90,14 +84,8 @@ static jv loop_attr(jctx *c, jloop *l, const char *name) {
     if (!strcmp(name, "nextitem"))
         return i + 1 < n ? l->items.u.l->items[i + 1] : jv_undef_hint(c, "there is no next item");
     if (!strcmp(name, "cycle")) {
-        jfunc *fn = ja_alloc(&c->arena, sizeof *fn);
-        if (!fn) return jfail(c, KP_JINJA_ENOMEM, "out of memory");
-        fn->kind = JFN_CYCLE;
-        fn->name = "cycle";
-        fn->loop = l;
-        jv v = {0};
-        v.t = JT_FUNC;
-        v.u.fn = fn;
+        jv v = jv_func(c, JFN_CYCLE, "cycle");
+        if (v.t == JT_FUNC) v.u.fn->loop = l;
         return v;
     }
     return jv_undef_hint(c, "'LoopContext object' has no attribute '%s'", name);
@@ -419,15 +407,7 @@ static const char *const GLOBALS[] = {"dict", "namespace", "raise_exception", "r
 
 jv jinja_global(jctx *c, const char *name) {
     for (size_t i = 0; GLOBALS[i]; i++) {
-        if (strcmp(GLOBALS[i], name)) continue;
-        jfunc *fn = ja_alloc(&c->arena, sizeof *fn);
-        if (!fn) return jfail(c, KP_JINJA_ENOMEM, "out of memory");
-        fn->kind = JFN_GLOBAL;
-        fn->name = GLOBALS[i];
-        jv v = {0};
-        v.t = JT_FUNC;
-        v.u.fn = fn;
-        return v;
+        if (!strcmp(GLOBALS[i], name)) return jv_func(c, JFN_GLOBAL, GLOBALS[i]);
     }
     return jv_undef();
 }

@@ -216,16 +216,20 @@ static jnode *parse_subscript(parser *p, jnode *obj) {
     return n;
 }
 
+/* n(args): the "(" is current. */
+static jnode *parse_call(parser *p, jnode *callee) {
+    jnode *c = node(p, N_CALL, cur(p));
+    if (!c) return NULL;
+    c->a = callee;
+    return parse_call_args(p, c) ? c : NULL;
+}
+
 static jnode *parse_postfix(parser *p, jnode *n) {
     while (n && !p->failed) {
         if (is_op(p, ".") || is_op(p, "[")) {
             n = parse_subscript(p, n);
         } else if (is_op(p, "(")) {
-            jnode *c = node(p, N_CALL, cur(p));
-            if (!c) return NULL;
-            c->a = n;
-            if (!parse_call_args(p, c)) return NULL;
-            n = c;
+            n = parse_call(p, n);
         } else {
             break;
         }
@@ -301,11 +305,7 @@ static jnode *parse_filter_expr(parser *p, jnode *n) {
         } else if (is_name(p, "is")) {
             n = parse_test(p, n);
         } else if (is_op(p, "(")) {
-            jnode *c = node(p, N_CALL, cur(p));
-            if (!c) return NULL;
-            c->a = n;
-            if (!parse_call_args(p, c)) return NULL;
-            n = c;
+            n = parse_call(p, n);
         } else {
             break;
         }

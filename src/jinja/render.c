@@ -350,15 +350,11 @@ static bool eval_args(jctx *c, jframe *f, const jnode *n, jargs *a, size_t extra
 }
 
 static jv make_macro(jctx *c, jframe *f, const jnode *m) {
-    jfunc *fn = ja_alloc(&c->arena, sizeof *fn);
-    if (!fn) return jfail(c, KP_JINJA_ENOMEM, "out of memory");
-    fn->kind = JFN_MACRO;
-    fn->name = m->name;
-    fn->macro = m;
-    fn->closure = f;
-    jv v = {0};
-    v.t = JT_FUNC;
-    v.u.fn = fn;
+    jv v = jv_func(c, JFN_MACRO, m->name);
+    if (v.t == JT_FUNC) {
+        v.u.fn->macro = m;
+        v.u.fn->closure = f;
+    }
     return v;
 }
 

@@ -136,6 +136,17 @@ jv jv_list(jctx *c, size_t n) {
     return v;
 }
 
+jv jv_func(jctx *c, int kind, const char *name) {
+    jfunc *fn = ja_alloc(&c->arena, sizeof *fn);
+    if (!fn) return oom(c);
+    fn->kind = kind;
+    fn->name = name;
+    jv v = {0};
+    v.t = JT_FUNC;
+    v.u.fn = fn;
+    return v;
+}
+
 jv jv_dict(jctx *c) {
     jdict *d = ja_alloc(&c->arena, sizeof *d);
     if (!d) return oom(c);
