@@ -21,7 +21,8 @@
  *
  * Limits (hostile templates fail fast with KP_JINJA_ELIMIT, see README):
  * KP_JINJA_MAX_STEPS statements, loop iterations and calls per render,
- * KP_JINJA_MAX_DEPTH nested macro calls, KP_JINJA_MAX_OUTPUT bytes of
+ * KP_JINJA_MAX_DEPTH nested macro calls, KP_JINJA_MAX_RECURSION levels of
+ * expressions and blocks open at once (the C stack), KP_JINJA_MAX_OUTPUT bytes of
  * output, KP_JINJA_MAX_STRING bytes per string, KP_JINJA_MAX_ITEMS items
  * per list, KP_JINJA_MAX_MEMORY bytes of values per render, and
  * KP_JINJA_MAX_NESTING levels of nested expressions and blocks at parse.
@@ -42,6 +43,7 @@
 #define KP_JINJA_MAX_ITEMS   1000000L
 #define KP_JINJA_MAX_MEMORY  (512L << 20)
 #define KP_JINJA_MAX_NESTING 200
+#define KP_JINJA_MAX_RECURSION 2000
 
 /* What went wrong, after the Python exception jinja2 would raise. */
 typedef enum {

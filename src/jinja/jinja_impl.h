@@ -34,10 +34,10 @@ typedef struct {
     jchunk *head;
     size_t total, limit; /* bytes taken, the most it may take (0: no limit) */
 } jarena;
-void *ja_alloc(jarena *a, size_t n); /* zeroed, 16-aligned; NULL when out of memory or budget */
-char *ja_strndup(jarena *a, const char *s, size_t n);
-size_t ja_used(const jarena *a); /* bytes handed out, with the chunk headers */
-void ja_free(jarena *a);
+void *kp_ja_alloc(jarena *a, size_t n); /* zeroed, 16-aligned; NULL when out of memory or budget */
+char *kp_ja_strndup(jarena *a, const char *s, size_t n);
+size_t kp_ja_used(const jarena *a); /* bytes handed out, with the chunk headers */
+void kp_ja_free(jarena *a);
 
 /* ---- values ---- */
 typedef enum {
@@ -125,12 +125,12 @@ typedef struct {
 
 /* lex.c: src must be the normalized text (see kp_jinja_compile). Strings
  * and data go into the arena. */
-bool jinja_lex(const char *src, size_t len, jarena *a, jtokens *out, kp_jinja_error *err);
+bool kp_jinja_lex(const char *src, size_t len, jarena *a, jtokens *out, kp_jinja_error *err);
 /* parse.c */
-jnode *jinja_parse(const jtokens *toks, jarena *a, kp_jinja_error *err);
+jnode *kp_jinja_parse(const jtokens *toks, jarena *a, kp_jinja_error *err);
 
 /* ---- errors ---- */
-void jinja_seterr(kp_jinja_error *err, kp_jinja_kind kind, int line, int col, const char *fmt, ...)
+void kp_jinja_seterr(kp_jinja_error *err, kp_jinja_kind kind, int line, int col, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
 /* ---- the interpreter state of one render ---- */
@@ -140,14 +140,14 @@ typedef struct jctx {
     kp_jinja_error *err;
     bool failed;
     const jnode *at;  /* the node being evaluated (error positions) */
-    long steps, depth;
+    long steps, depth, rdepth; /* steps taken, macro calls and levels (eval/blocks) open */
     kp_buf *out;      /* where output goes now (a macro's own buffer while it runs) */
     size_t out_total;
     jframe *root;
 } jctx;
 
 /* value.c: fails the render with kind and message at the current node; returns an undefined value. */
-jv jfail(jctx *c, kp_jinja_kind kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+jv kp_jfail(jctx *c, kp_jinja_kind kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 #define JFAILED(c) ((c)->failed)
 
 /* value.c: constructors (arena; on failure they set c->failed and return undefined) */
@@ -156,51 +156,51 @@ static inline jv jv_none(void) { jv v = {0}; v.t = JT_NONE; return v; }
 static inline jv jv_bool(bool b) { jv v = {0}; v.t = JT_BOOL; v.u.b = b; return v; }
 static inline jv jv_int(int64_t i) { jv v = {0}; v.t = JT_INT; v.u.i = i; return v; }
 static inline jv jv_float(double f) { jv v = {0}; v.t = JT_FLOAT; v.u.f = f; return v; }
-jv jv_undef_hint(jctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-jv jv_str(jctx *c, const char *s, size_t n); /* s NULL: n zero bytes */
-jv jv_strz(jctx *c, const char *s);
-jv jv_str_buf(jctx *c, kp_buf *b); /* the buffer's bytes as a string; frees b */
-jv jv_list(jctx *c, size_t n);     /* n items, all undefined, to fill */
-jv jv_dict(jctx *c);
-jv jv_func(jctx *c, int kind, const char *name); /* a JT_FUNC of kind JFN_*, its other fields zero */
-bool jdict_set(jctx *c, jdict *d, jv key, jv val);
-jv *jdict_get(const jdict *d, jv key);
-jv *jdict_gets(const jdict *d, const char *key);
-jv jv_from_json(jctx *c, const json_t *j);
-json_t *jv_to_json(jctx *c, jv v); /* NULL and a TypeError for what JSON cannot hold */
+jv kp_jv_undef_hint(jctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+jv kp_jv_str(jctx *c, const char *s, size_t n); /* s NULL: n zero bytes */
+jv kp_jv_strz(jctx *c, const char *s);
+jv kp_jv_str_buf(jctx *c, kp_buf *b); /* the buffer's bytes as a string; frees b */
+jv kp_jv_list(jctx *c, size_t n);     /* n items, all undefined, to fill */
+jv kp_jv_dict(jctx *c);
+jv kp_jv_func(jctx *c, int kind, const char *name); /* a JT_FUNC of kind JFN_*, its other fields zero */
+bool kp_jdict_set(jctx *c, jdict *d, jv key, jv val);
+jv *kp_jdict_get(const jdict *d, jv key);
+jv *kp_jdict_gets(const jdict *d, const char *key);
+jv kp_jv_from_json(jctx *c, const json_t *j);
+json_t *kp_jv_to_json(jctx *c, jv v); /* NULL and a TypeError for what JSON cannot hold */
 
-bool jv_truthy(jv v);
-bool jv_is_num(jv v); /* bool, int or float */
-double jv_num(jv v);
-bool jv_eq(jv a, jv b);
-int jv_cmp(jctx *c, jv a, jv b); /* <0, 0, >0; sets a TypeError when not ordered */
-const char *jv_typename(jv v); /* Python's: "str", "int", "dict"... */
+bool kp_jv_truthy(jv v);
+bool kp_jv_is_num(jv v); /* bool, int or float */
+double kp_jv_num(jv v);
+bool kp_jv_eq(jv a, jv b);
+int kp_jv_cmp(jctx *c, jv a, jv b); /* <0, 0, >0; sets a TypeError when not ordered */
+const char *kp_jv_typename(jv v); /* Python's: "str", "int", "dict"... */
 /* Python's str(v) and repr(v) appended to b */
-void jv_write_str(kp_buf *b, jv v);
-void jv_write_repr(kp_buf *b, jv v);
-jv jv_to_str(jctx *c, jv v);
-void py_float_repr(double x, char out[40]);
-size_t utf8_count(const char *s, size_t n);
-size_t utf8_offset(const char *s, size_t n, size_t cp); /* byte offset of code point cp */
-size_t jv_length(jctx *c, jv v);   /* len(); TypeError for what has none */
-bool jv_is_iterable(jv v);
-jv jv_iter_list(jctx *c, jv v);    /* list(v): items of a list, keys of a dict, chars of a string */
-void jv_check_string(jctx *c, size_t n);
-void jv_check_items(jctx *c, size_t n);
+void kp_jv_write_str(kp_buf *b, jv v);
+void kp_jv_write_repr(kp_buf *b, jv v);
+jv kp_jv_to_str(jctx *c, jv v);
+void kp_py_float_repr(double x, char out[40]);
+size_t kp_utf8_count(const char *s, size_t n);
+size_t kp_utf8_offset(const char *s, size_t n, size_t cp); /* byte offset of code point cp */
+size_t kp_jv_length(jctx *c, jv v);   /* len(); TypeError for what has none */
+bool kp_jv_is_iterable(jv v);
+jv kp_jv_iter_list(jctx *c, jv v);    /* list(v): items of a list, keys of a dict, chars of a string */
+void kp_jv_check_string(jctx *c, size_t n);
+void kp_jv_check_items(jctx *c, size_t n);
 
 typedef struct {
     jv *args; size_t nargs;
     const char **kwnames; jv *kwvals; size_t nkw;
 } jargs;
-jv jinja_call(jctx *c, jv fn, const jargs *a); /* render.c */
-jv jinja_getattr(jctx *c, jv obj, const char *name); /* methods.c */
-jv jinja_getitem(jctx *c, jv obj, jv key);
+jv kp_jinja_call(jctx *c, jv fn, const jargs *a); /* render.c */
+jv kp_jinja_getattr(jctx *c, jv obj, const char *name); /* methods.c */
+jv kp_jinja_getitem(jctx *c, jv obj, jv key);
 
 /* filters.c */
-jv jinja_filter(jctx *c, const char *name, jv v, const jargs *a);
-bool jinja_filter_known(const char *name);
-jv jinja_test(jctx *c, const char *name, jv v, const jargs *a);
-bool jinja_test_known(const char *name);
+jv kp_jinja_filter(jctx *c, const char *name, jv v, const jargs *a);
+bool kp_jinja_filter_known(const char *name);
+jv kp_jinja_test(jctx *c, const char *name, jv v, const jargs *a);
+bool kp_jinja_test_known(const char *name);
 
 /* methods.c */
 struct jfunc {
@@ -219,23 +219,23 @@ struct jloop {
 };
 /* The method `name` of obj, or an undefined value (unsafe for the
  * mutating methods the sandbox refuses, plain when there is none). */
-jv jinja_method(jctx *c, jv obj, const char *name, bool *found);
-jv jinja_call_method(jctx *c, jfunc *fn, const jargs *a);
-jv jinja_call_global(jctx *c, jfunc *fn, const jargs *a);
-jv jinja_global(jctx *c, const char *name); /* range, namespace, ...; undefined when none */
-jv jinja_percent_format(jctx *c, jv fmt, jv args);
-jv jv_slice(jctx *c, jv v, jv start, jv stop, jv step);
+jv kp_jinja_method(jctx *c, jv obj, const char *name, bool *found);
+jv kp_jinja_call_method(jctx *c, jfunc *fn, const jargs *a);
+jv kp_jinja_call_global(jctx *c, jfunc *fn, const jargs *a);
+jv kp_jinja_global(jctx *c, const char *name); /* range, namespace, ...; undefined when none */
+jv kp_jinja_percent_format(jctx *c, jv fmt, jv args);
+jv kp_jv_slice(jctx *c, jv v, jv start, jv stop, jv step);
 
 /* pystr.c */
-jv jinja_escape(jctx *c, jv v);                       /* markupsafe.escape */
-jv jinja_strip(jctx *c, jv s, jv chars, int which);   /* which: 1 left, 2 right, 3 both */
-jv jinja_case(jctx *c, jv v, int mode);               /* 0 lower, 1 upper, 2 capitalize, 3 |title, 4 str.title */
-jv jinja_replace(jctx *c, jv s, jv old, jv new_, jv count);
-jv jinja_items(jctx *c, jv v);                        /* [(key, value), ...] */
-bool jv_need_str(jctx *c, jv v, const char *what);   /* a TypeError unless v is a str */
-jv jv_undef_fail(jctx *c, jv u);                      /* value.c: the error using u raises */
+jv kp_jinja_escape(jctx *c, jv v);                       /* markupsafe.escape */
+jv kp_jinja_strip(jctx *c, jv s, jv chars, int which);   /* which: 1 left, 2 right, 3 both */
+jv kp_jinja_case(jctx *c, jv v, int mode);               /* 0 lower, 1 upper, 2 capitalize, 3 |title, 4 str.title */
+jv kp_jinja_replace(jctx *c, jv s, jv old, jv new_, jv count);
+jv kp_jinja_items(jctx *c, jv v);                        /* [(key, value), ...] */
+bool kp_jv_need_str(jctx *c, jv v, const char *what);   /* a TypeError unless v is a str */
+jv kp_jv_undef_fail(jctx *c, jv u);                      /* value.c: the error using u raises */
 
 /* a keyword or positional argument: index pos, or name */
-jv jarg(const jargs *a, size_t pos, const char *name, bool *present);
+jv kp_jarg(const jargs *a, size_t pos, const char *name, bool *present);
 
 #endif

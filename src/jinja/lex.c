@@ -47,7 +47,7 @@ static bool lx_emit(lexer *lx, jtkind kind, size_t at, const char *s, size_t n) 
     if (lx->out->n == lx->out->cap) {
         size_t cap = lx->out->cap;
         if (!kp_grow((void **)&lx->out->toks, &cap, lx->out->n + 1, sizeof(jtoken))) {
-            jinja_seterr(lx->err, KP_JINJA_ENOMEM, 0, 0, "out of memory");
+            kp_jinja_seterr(lx->err, KP_JINJA_ENOMEM, 0, 0, "out of memory");
             return false;
         }
         lx->out->cap = cap;
@@ -65,7 +65,7 @@ static bool lx_emit(lexer *lx, jtkind kind, size_t at, const char *s, size_t n) 
 
 static bool lx_fail(lexer *lx, size_t at, const char *msg) {
     lx_seek(lx, at);
-    jinja_seterr(lx->err, KP_JINJA_ESYNTAX, lx->line, (int)(at - lx->line_start) + 1, "%s", msg);
+    kp_jinja_seterr(lx->err, KP_JINJA_ESYNTAX, lx->line, (int)(at - lx->line_start) + 1, "%s", msg);
     return false;
 }
 
@@ -181,10 +181,10 @@ static bool lx_string(lexer *lx, size_t *pp) {
         if (s[i] == '\\') i += lx_escape(s, i + 1, end, &b);
         else kp_buf_putc(&b, s[i]);
     }
-    char *txt = b.oom ? NULL : ja_strndup(lx->a, b.data ? b.data : "", b.len);
+    char *txt = b.oom ? NULL : kp_ja_strndup(lx->a, b.data ? b.data : "", b.len);
     size_t n = b.len;
     kp_buf_free(&b);
-    if (!txt) { jinja_seterr(lx->err, KP_JINJA_ENOMEM, 0, 0, "out of memory"); return false; }
+    if (!txt) { kp_jinja_seterr(lx->err, KP_JINJA_ENOMEM, 0, 0, "out of memory"); return false; }
     if (!lx_emit(lx, TK_STRING, start, txt, n)) return false;
     *pp = end + 1;
     return true;
@@ -311,7 +311,7 @@ static bool lx_try_raw(lexer *lx, size_t p, size_t *next, bool *is_raw) {
     return lx_fail(lx, p, "Missing end of raw directive");
 }
 
-bool jinja_lex(const char *src, size_t len, jarena *a, jtokens *out, kp_jinja_error *err) {
+bool kp_jinja_lex(const char *src, size_t len, jarena *a, jtokens *out, kp_jinja_error *err) {
     lexer lx = {.src = src, .len = len, .line = 1, .a = a, .out = out, .err = err};
     size_t pos = 0;
     bool line_starting = true;

@@ -46,7 +46,7 @@ static bool in_set(const char *const *set, const char *name) {
     return false;
 }
 
-jv jinja_method(jctx *c, jv obj, const char *name, bool *found) {
+jv kp_jinja_method(jctx *c, jv obj, const char *name, bool *found) {
     const char *const *safe = NULL, *const *unsafe = NULL;
     if (obj.t == JT_STR) safe = STR_METHODS;
     else if (obj.t == JT_DICT) { safe = DICT_METHODS; unsafe = DICT_UNSAFE; }
@@ -55,13 +55,13 @@ jv jinja_method(jctx *c, jv obj, const char *name, bool *found) {
     *found = false;
     if (unsafe && in_set(unsafe, name)) {
         *found = true;
-        jv u = jv_undef_hint(c, "access to attribute '%s' of '%s' object is unsafe.", name, jv_typename(obj));
+        jv u = kp_jv_undef_hint(c, "access to attribute '%s' of '%s' object is unsafe.", name, kp_jv_typename(obj));
         u.unsafe = 1;
         return u;
     }
     if (!safe || !in_set(safe, name)) return jv_undef();
     *found = true;
-    jv v = jv_func(c, JFN_METHOD, name);
+    jv v = kp_jv_func(c, JFN_METHOD, name);
     if (v.t == JT_FUNC) v.u.fn->self = obj;
     return v;
 }
@@ -80,68 +80,68 @@ static jv loop_attr(jctx *c, jloop *l, const char *name) {
     if (!strcmp(name, "depth")) return jv_int(1);
     if (!strcmp(name, "depth0")) return jv_int(0);
     if (!strcmp(name, "previtem"))
-        return i > 0 ? l->items.u.l->items[i - 1] : jv_undef_hint(c, "there is no previous item");
+        return i > 0 ? l->items.u.l->items[i - 1] : kp_jv_undef_hint(c, "there is no previous item");
     if (!strcmp(name, "nextitem"))
-        return i + 1 < n ? l->items.u.l->items[i + 1] : jv_undef_hint(c, "there is no next item");
+        return i + 1 < n ? l->items.u.l->items[i + 1] : kp_jv_undef_hint(c, "there is no next item");
     if (!strcmp(name, "cycle")) {
-        jv v = jv_func(c, JFN_CYCLE, "cycle");
+        jv v = kp_jv_func(c, JFN_CYCLE, "cycle");
         if (v.t == JT_FUNC) v.u.fn->loop = l;
         return v;
     }
-    return jv_undef_hint(c, "'LoopContext object' has no attribute '%s'", name);
+    return kp_jv_undef_hint(c, "'LoopContext object' has no attribute '%s'", name);
 }
 
-jv jinja_getattr(jctx *c, jv obj, const char *name) {
+jv kp_jinja_getattr(jctx *c, jv obj, const char *name) {
     bool found;
     switch (obj.t) {
-    case JT_UNDEF: return jv_undef_fail(c, obj);
+    case JT_UNDEF: return kp_jv_undef_fail(c, obj);
     case JT_LOOP: return loop_attr(c, obj.u.loop, name);
     case JT_NS: {
-        jv *v = jdict_gets(obj.u.d, name);
-        return v ? *v : jv_undef_hint(c, "'jinja2.utils.Namespace object' has no attribute '%s'", name);
+        jv *v = kp_jdict_gets(obj.u.d, name);
+        return v ? *v : kp_jv_undef_hint(c, "'jinja2.utils.Namespace object' has no attribute '%s'", name);
     }
     case JT_DICT: {
-        jv m = jinja_method(c, obj, name, &found);
+        jv m = kp_jinja_method(c, obj, name, &found);
         if (found) return m;
-        jv *v = jdict_gets(obj.u.d, name);
-        return v ? *v : jv_undef_hint(c, "'dict object' has no attribute '%s'", name);
+        jv *v = kp_jdict_gets(obj.u.d, name);
+        return v ? *v : kp_jv_undef_hint(c, "'dict object' has no attribute '%s'", name);
     }
     default: {
-        jv m = jinja_method(c, obj, name, &found);
+        jv m = kp_jinja_method(c, obj, name, &found);
         if (found) return m;
-        return jv_undef_hint(c, "'%s object' has no attribute '%s'", jv_typename(obj), name);
+        return kp_jv_undef_hint(c, "'%s object' has no attribute '%s'", kp_jv_typename(obj), name);
     }
     }
 }
 
-jv jinja_getitem(jctx *c, jv obj, jv key) {
-    if (obj.t == JT_UNDEF) return jv_undef_fail(c, obj);
+jv kp_jinja_getitem(jctx *c, jv obj, jv key) {
+    if (obj.t == JT_UNDEF) return kp_jv_undef_fail(c, obj);
     if (obj.t == JT_DICT) {
-        jv *v = jdict_get(obj.u.d, key);
+        jv *v = kp_jdict_get(obj.u.d, key);
         if (v) return *v;
     } else if (obj.t == JT_LIST && obj.gen) {
-        return jv_undef_hint(c, "generator object has no element"); /* jinja2: a failed lookup is undefined */
+        return kp_jv_undef_hint(c, "generator object has no element"); /* jinja2: a failed lookup is undefined */
     } else if ((obj.t == JT_LIST || obj.t == JT_STR) && (key.t == JT_INT || key.t == JT_BOOL)) {
         int64_t i = key.t == JT_BOOL ? key.u.b : key.u.i;
-        int64_t n = (int64_t)(obj.t == JT_LIST ? obj.u.l->n : utf8_count(obj.u.s->s, obj.u.s->len));
+        int64_t n = (int64_t)(obj.t == JT_LIST ? obj.u.l->n : kp_utf8_count(obj.u.s->s, obj.u.s->len));
         if (i < 0) i += n;
         if (i >= 0 && i < n) {
             if (obj.t == JT_LIST) return obj.u.l->items[i];
-            size_t a = utf8_offset(obj.u.s->s, obj.u.s->len, (size_t)i);
-            size_t b = utf8_offset(obj.u.s->s, obj.u.s->len, (size_t)i + 1);
-            return jv_str(c, obj.u.s->s + a, b - a);
+            size_t a = kp_utf8_offset(obj.u.s->s, obj.u.s->len, (size_t)i);
+            size_t b = kp_utf8_offset(obj.u.s->s, obj.u.s->len, (size_t)i + 1);
+            return kp_jv_str(c, obj.u.s->s + a, b - a);
         }
-        return jv_undef_hint(c, "%s object has no element %lld", jv_typename(obj), (long long)(key.t == JT_BOOL ? key.u.b : key.u.i));
+        return kp_jv_undef_hint(c, "%s object has no element %lld", kp_jv_typename(obj), (long long)(key.t == JT_BOOL ? key.u.b : key.u.i));
     }
-    if (key.t == JT_STR) return jinja_getattr(c, obj, key.u.s->s);
+    if (key.t == JT_STR) return kp_jinja_getattr(c, obj, key.u.s->s);
     if (obj.t == JT_DICT) {
         kp_buf b = {0};
-        jv_write_repr(&b, key);
-        jv u = jv_undef_hint(c, "dict object has no element %s", b.data ? b.data : "");
+        kp_jv_write_repr(&b, key);
+        jv u = kp_jv_undef_hint(c, "dict object has no element %s", b.data ? b.data : "");
         kp_buf_free(&b);
         return u;
     }
-    return jv_undef_hint(c, "'%s object' has no element", jv_typename(obj));
+    return kp_jv_undef_hint(c, "'%s object' has no element", kp_jv_typename(obj));
 }
 
 /* ---------------------------------------------------------------- str methods */
@@ -202,9 +202,9 @@ static jv str_split(jctx *c, jv s, jv sep, jv maxsplit, bool from_right) {
             }
         }
     } else {
-        if (!jv_need_str(c, sep, "split()")) { free(spans); return jv_undef(); }
+        if (!kp_jv_need_str(c, sep, "split()")) { free(spans); return jv_undef(); }
         size_t sn = sep.u.s->len;
-        if (!sn) { free(spans); return jfail(c, KP_JINJA_EVALUE, "empty separator"); }
+        if (!sn) { free(spans); return kp_jfail(c, KP_JINJA_EVALUE, "empty separator"); }
         if (!from_right) {
             size_t i = 0;
             for (;;) {
@@ -229,11 +229,11 @@ static jv str_split(jctx *c, jv s, jv sep, jv maxsplit, bool from_right) {
         }
     }
 #undef PUSH
-    if (!ok) { free(spans); return jfail(c, KP_JINJA_ENOMEM, "out of memory"); }
-    jv l = jv_list(c, cnt);
+    if (!ok) { free(spans); return kp_jfail(c, KP_JINJA_ENOMEM, "out of memory"); }
+    jv l = kp_jv_list(c, cnt);
     for (size_t k = 0; k < cnt && !c->failed; k++) {
         size_t idx = from_right ? cnt - 1 - k : k;
-        l.u.l->items[k] = jv_str(c, p + spans[2 * idx], spans[2 * idx + 1] - spans[2 * idx]);
+        l.u.l->items[k] = kp_jv_str(c, p + spans[2 * idx], spans[2 * idx + 1] - spans[2 * idx]);
     }
     free(spans);
     return l;
@@ -244,13 +244,13 @@ static jv str_affix(jctx *c, jv s, jv what, bool end) {
     if (what.t == JT_LIST) {
         for (size_t i = 0; i < what.u.l->n; i++) {
             jv r = str_affix(c, s, what.u.l->items[i], end);
-            if (c->failed || jv_truthy(r)) return r;
+            if (c->failed || kp_jv_truthy(r)) return r;
         }
         return jv_bool(false);
     }
     if (what.t != JT_STR)
-        return jfail(c, KP_JINJA_ETYPE, "%s first arg must be str or a tuple of str, not %s",
-                     end ? "endswith" : "startswith", jv_typename(what));
+        return kp_jfail(c, KP_JINJA_ETYPE, "%s first arg must be str or a tuple of str, not %s",
+                     end ? "endswith" : "startswith", kp_jv_typename(what));
     size_t n = s.u.s->len, k = what.u.s->len;
     if (k > n) return jv_bool(false);
     return jv_bool(memcmp(s.u.s->s + (end ? n - k : 0), what.u.s->s, k) == 0);
@@ -258,11 +258,11 @@ static jv str_affix(jctx *c, jv s, jv what, bool end) {
 
 /* find / rfind / index / rindex / count: positions in code points */
 static jv str_find(jctx *c, jv s, jv sub, const char *how) {
-    if (!jv_need_str(c, sub, how)) return jv_undef();
+    if (!kp_jv_need_str(c, sub, how)) return jv_undef();
     const char *p = s.u.s->s;
     size_t n = s.u.s->len, k = sub.u.s->len;
     if (!strcmp(how, "count")) {
-        if (!k) return jv_int((int64_t)utf8_count(p, n) + 1);
+        if (!k) return jv_int((int64_t)kp_utf8_count(p, n) + 1);
         int64_t cnt = 0;
         for (const char *q = p; (q = memmem(q, n - (size_t)(q - p), sub.u.s->s, k)); q += k) cnt++;
         return jv_int(cnt);
@@ -279,10 +279,10 @@ static jv str_find(jctx *c, jv s, jv sub, const char *how) {
         }
     }
     if (hit == SIZE_MAX) {
-        if (strstr(how, "index")) return jfail(c, KP_JINJA_EVALUE, "substring not found");
+        if (strstr(how, "index")) return kp_jfail(c, KP_JINJA_EVALUE, "substring not found");
         return jv_int(-1);
     }
-    return jv_int((int64_t)utf8_count(p, hit));
+    return jv_int((int64_t)kp_utf8_count(p, hit));
 }
 
 static jv str_is(jctx *c, jv s, const char *name) {
@@ -312,89 +312,89 @@ static jv str_is(jctx *c, jv s, const char *name) {
 static jv str_format(jctx *c, jv fmt, const jargs *a);
 
 static jv call_str_method(jctx *c, const char *m, jv s, const jargs *a) {
-    jv a0 = jarg(a, 0, NULL, NULL), a1 = jarg(a, 1, NULL, NULL);
+    jv a0 = kp_jarg(a, 0, NULL, NULL), a1 = kp_jarg(a, 1, NULL, NULL);
     bool has0 = a->nargs > 0;
-    if (!strcmp(m, "strip")) return jinja_strip(c, s, has0 ? a0 : jv_none(), 3);
-    if (!strcmp(m, "lstrip")) return jinja_strip(c, s, has0 ? a0 : jv_none(), 1);
-    if (!strcmp(m, "rstrip")) return jinja_strip(c, s, has0 ? a0 : jv_none(), 2);
+    if (!strcmp(m, "strip")) return kp_jinja_strip(c, s, has0 ? a0 : jv_none(), 3);
+    if (!strcmp(m, "lstrip")) return kp_jinja_strip(c, s, has0 ? a0 : jv_none(), 1);
+    if (!strcmp(m, "rstrip")) return kp_jinja_strip(c, s, has0 ? a0 : jv_none(), 2);
     if (!strcmp(m, "split") || !strcmp(m, "rsplit")) {
         bool p0, p1;
-        jv sep = jarg(a, 0, "sep", &p0), max = jarg(a, 1, "maxsplit", &p1);
+        jv sep = kp_jarg(a, 0, "sep", &p0), max = kp_jarg(a, 1, "maxsplit", &p1);
         return str_split(c, s, p0 ? sep : jv_none(), p1 ? max : jv_int(-1), m[0] == 'r');
     }
     if (!strcmp(m, "startswith") || !strcmp(m, "endswith")) return str_affix(c, s, a0, m[0] == 'e');
-    if (!strcmp(m, "replace")) return jinja_replace(c, s, a0, a1, a->nargs > 2 ? a->args[2] : jv_none());
-    if (!strcmp(m, "upper")) return jinja_case(c, s, 1);
-    if (!strcmp(m, "lower")) return jinja_case(c, s, 0);
-    if (!strcmp(m, "title")) return jinja_case(c, s, 4);
-    if (!strcmp(m, "capitalize")) return jinja_case(c, s, 2);
+    if (!strcmp(m, "replace")) return kp_jinja_replace(c, s, a0, a1, a->nargs > 2 ? a->args[2] : jv_none());
+    if (!strcmp(m, "upper")) return kp_jinja_case(c, s, 1);
+    if (!strcmp(m, "lower")) return kp_jinja_case(c, s, 0);
+    if (!strcmp(m, "title")) return kp_jinja_case(c, s, 4);
+    if (!strcmp(m, "capitalize")) return kp_jinja_case(c, s, 2);
     if (!strcmp(m, "find") || !strcmp(m, "rfind") || !strcmp(m, "index") || !strcmp(m, "rindex") || !strcmp(m, "count"))
         return str_find(c, s, a0, m);
     if (!strncmp(m, "is", 2)) return str_is(c, s, m);
     if (!strcmp(m, "format")) return str_format(c, s, a);
     if (!strcmp(m, "join")) {
-        jv l = jv_iter_list(c, a0);
+        jv l = kp_jv_iter_list(c, a0);
         kp_buf b = {0};
         for (size_t i = 0; !c->failed && i < l.u.l->n; i++) {
             jv x = l.u.l->items[i];
-            if (x.t != JT_STR) { kp_buf_free(&b); return jfail(c, KP_JINJA_ETYPE, "sequence item %zu: expected str instance, %s found", i, jv_typename(x)); }
+            if (x.t != JT_STR) { kp_buf_free(&b); return kp_jfail(c, KP_JINJA_ETYPE, "sequence item %zu: expected str instance, %s found", i, kp_jv_typename(x)); }
             if (i) kp_buf_put(&b, s.u.s->s, s.u.s->len);
             kp_buf_put(&b, x.u.s->s, x.u.s->len);
         }
-        return jv_str_buf(c, &b);
+        return kp_jv_str_buf(c, &b);
     }
     if (!strcmp(m, "splitlines")) {
-        jv parts = str_split(c, s, jv_strz(c, "\n"), jv_int(-1), false);
+        jv parts = str_split(c, s, kp_jv_strz(c, "\n"), jv_int(-1), false);
         if (!c->failed && parts.u.l->n && parts.u.l->items[parts.u.l->n - 1].u.s->len == 0) parts.u.l->n--;
         return parts;
     }
     if (!strcmp(m, "removeprefix") || !strcmp(m, "removesuffix")) {
-        if (!jv_need_str(c, a0, m)) return jv_undef();
+        if (!kp_jv_need_str(c, a0, m)) return jv_undef();
         bool end = m[6] == 's';
-        if (!jv_truthy(str_affix(c, s, a0, end))) return s;
+        if (!kp_jv_truthy(str_affix(c, s, a0, end))) return s;
         size_t k = a0.u.s->len;
-        return jv_str(c, s.u.s->s + (end ? 0 : k), s.u.s->len - k);
+        return kp_jv_str(c, s.u.s->s + (end ? 0 : k), s.u.s->len - k);
     }
-    return jfail(c, KP_JINJA_ETYPE, "str.%s is not supported", m);
+    return kp_jfail(c, KP_JINJA_ETYPE, "str.%s is not supported", m);
 }
 
 /* ---------------------------------------------------------------- dict and list methods */
 
 static jv call_dict_method(jctx *c, const char *m, jv d, const jargs *a) {
-    if (!strcmp(m, "items")) return jinja_items(c, d);
+    if (!strcmp(m, "items")) return kp_jinja_items(c, d);
     if (!strcmp(m, "copy")) return d;
     if (!strcmp(m, "keys") || !strcmp(m, "values")) {
-        jv l = jv_list(c, d.u.d->n);
+        jv l = kp_jv_list(c, d.u.d->n);
         if (!c->failed && d.u.d->n) memcpy(l.u.l->items, m[0] == 'k' ? d.u.d->keys : d.u.d->vals, d.u.d->n * sizeof(jv));
         return l;
     }
     /* get(key, default=None) */
-    if (a->nargs < 1) return jfail(c, KP_JINJA_ETYPE, "get expected at least 1 argument, got 0");
-    jv *v = jdict_get(d.u.d, a->args[0]);
+    if (a->nargs < 1) return kp_jfail(c, KP_JINJA_ETYPE, "get expected at least 1 argument, got 0");
+    jv *v = kp_jdict_get(d.u.d, a->args[0]);
     if (v) return *v;
     return a->nargs > 1 ? a->args[1] : jv_none();
 }
 
 static jv call_list_method(jctx *c, const char *m, jv l, const jargs *a) {
     if (!strcmp(m, "copy")) return l;
-    jv x = jarg(a, 0, NULL, NULL);
+    jv x = kp_jarg(a, 0, NULL, NULL);
     int64_t cnt = 0;
     for (size_t i = 0; i < l.u.l->n; i++) {
-        if (!jv_eq(l.u.l->items[i], x)) continue;
+        if (!kp_jv_eq(l.u.l->items[i], x)) continue;
         if (!strcmp(m, "index")) return jv_int((int64_t)i);
         cnt++;
     }
     if (!strcmp(m, "index")) {
         kp_buf b = {0};
-        jv_write_repr(&b, x);
-        jv r = jfail(c, KP_JINJA_EVALUE, "%s is not in list", b.data ? b.data : "");
+        kp_jv_write_repr(&b, x);
+        jv r = kp_jfail(c, KP_JINJA_EVALUE, "%s is not in list", b.data ? b.data : "");
         kp_buf_free(&b);
         return r;
     }
     return jv_int(cnt);
 }
 
-jv jinja_call_method(jctx *c, jfunc *fn, const jargs *a) {
+jv kp_jinja_call_method(jctx *c, jfunc *fn, const jargs *a) {
     jv self = fn->self;
     if (self.t == JT_STR) return call_str_method(c, fn->name, self, a);
     if (self.t == JT_DICT) return call_dict_method(c, fn->name, self, a);
@@ -405,36 +405,36 @@ jv jinja_call_method(jctx *c, jfunc *fn, const jargs *a) {
 
 static const char *const GLOBALS[] = {"dict", "namespace", "raise_exception", "range", "strftime_now", NULL};
 
-jv jinja_global(jctx *c, const char *name) {
+jv kp_jinja_global(jctx *c, const char *name) {
     for (size_t i = 0; GLOBALS[i]; i++) {
-        if (!strcmp(GLOBALS[i], name)) return jv_func(c, JFN_GLOBAL, GLOBALS[i]);
+        if (!strcmp(GLOBALS[i], name)) return kp_jv_func(c, JFN_GLOBAL, GLOBALS[i]);
     }
     return jv_undef();
 }
 
 static jv g_range(jctx *c, const jargs *a) {
     int64_t v[3] = {0, 0, 1};
-    if (a->nargs < 1 || a->nargs > 3) return jfail(c, KP_JINJA_ETYPE, "range expected at most 3 arguments, got %zu", a->nargs);
+    if (a->nargs < 1 || a->nargs > 3) return kp_jfail(c, KP_JINJA_ETYPE, "range expected at most 3 arguments, got %zu", a->nargs);
     for (size_t i = 0; i < a->nargs; i++) {
         jv x = a->args[i];
         if (x.t != JT_INT && x.t != JT_BOOL)
-            return jfail(c, KP_JINJA_ETYPE, "'%s' object cannot be interpreted as an integer", jv_typename(x));
+            return kp_jfail(c, KP_JINJA_ETYPE, "'%s' object cannot be interpreted as an integer", kp_jv_typename(x));
         v[a->nargs == 1 ? 1 : i] = x.t == JT_BOOL ? x.u.b : x.u.i;
     }
     int64_t start = v[0], stop = v[1], st = v[2];
-    if (st == 0) return jfail(c, KP_JINJA_EVALUE, "range() arg 3 must not be zero");
+    if (st == 0) return kp_jfail(c, KP_JINJA_EVALUE, "range() arg 3 must not be zero");
     double count = st > 0 ? ceil(((double)stop - (double)start) / (double)st) : ceil(((double)start - (double)stop) / (double)-st);
     if (count < 0) count = 0;
     if (count > JINJA_MAX_RANGE)
-        return jfail(c, KP_JINJA_ELIMIT, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (%d).", JINJA_MAX_RANGE);
-    jv l = jv_list(c, (size_t)count);
+        return kp_jfail(c, KP_JINJA_ELIMIT, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (%d).", JINJA_MAX_RANGE);
+    jv l = kp_jv_list(c, (size_t)count);
     for (size_t i = 0; !c->failed && i < (size_t)count; i++) l.u.l->items[i] = jv_int(start + (int64_t)i * st);
     return l;
 }
 
 static jv g_strftime(jctx *c, const jargs *a) {
-    jv f = jarg(a, 0, NULL, NULL);
-    if (f.t != JT_STR) return jfail(c, KP_JINJA_ETYPE, "strftime() argument 1 must be str, not %s", jv_typename(f));
+    jv f = kp_jarg(a, 0, NULL, NULL);
+    if (f.t != JT_STR) return kp_jfail(c, KP_JINJA_ETYPE, "strftime() argument 1 must be str, not %s", kp_jv_typename(f));
     time_t now = time(NULL);
     struct tm tm;
     const char *epoch = getenv("SOURCE_DATE_EPOCH");
@@ -446,46 +446,46 @@ static jv g_strftime(jctx *c, const jargs *a) {
     }
     char out[512];
     size_t n = f.u.s->len ? strftime(out, sizeof out, f.u.s->s, &tm) : 0;
-    return jv_str(c, out, n);
+    return kp_jv_str(c, out, n);
 }
 
-jv jinja_call_global(jctx *c, jfunc *fn, const jargs *a) {
+jv kp_jinja_call_global(jctx *c, jfunc *fn, const jargs *a) {
     const char *g = fn->name;
     if (!strcmp(g, "raise_exception")) {
-        jv m = jv_to_str(c, jarg(a, 0, "message", NULL));
-        return c->failed ? m : jfail(c, KP_JINJA_ERAISED, "%s", m.u.s->s);
+        jv m = kp_jv_to_str(c, kp_jarg(a, 0, "message", NULL));
+        return c->failed ? m : kp_jfail(c, KP_JINJA_ERAISED, "%s", m.u.s->s);
     }
     if (!strcmp(g, "range")) return g_range(c, a);
     if (!strcmp(g, "strftime_now")) return g_strftime(c, a);
     /* dict(**kw), namespace(mapping?, **kw) */
-    jv d = jv_dict(c);
+    jv d = kp_jv_dict(c);
     if (c->failed) return d;
-    if (a->nargs > 1) return jfail(c, KP_JINJA_ETYPE, "%s expected at most 1 argument, got %zu", g, a->nargs);
+    if (a->nargs > 1) return kp_jfail(c, KP_JINJA_ETYPE, "%s expected at most 1 argument, got %zu", g, a->nargs);
     if (a->nargs == 1) {
         jv init = a->args[0];
-        if (init.t != JT_DICT && init.t != JT_NS) return jfail(c, KP_JINJA_ETYPE, "cannot convert %s to a dictionary", jv_typename(init));
-        for (size_t i = 0; i < init.u.d->n && !c->failed; i++) jdict_set(c, d.u.d, init.u.d->keys[i], init.u.d->vals[i]);
+        if (init.t != JT_DICT && init.t != JT_NS) return kp_jfail(c, KP_JINJA_ETYPE, "cannot convert %s to a dictionary", kp_jv_typename(init));
+        for (size_t i = 0; i < init.u.d->n && !c->failed; i++) kp_jdict_set(c, d.u.d, init.u.d->keys[i], init.u.d->vals[i]);
     }
-    for (size_t i = 0; i < a->nkw && !c->failed; i++) jdict_set(c, d.u.d, jv_strz(c, a->kwnames[i]), a->kwvals[i]);
+    for (size_t i = 0; i < a->nkw && !c->failed; i++) kp_jdict_set(c, d.u.d, kp_jv_strz(c, a->kwnames[i]), a->kwvals[i]);
     if (!strcmp(g, "namespace")) d.t = JT_NS;
     return d;
 }
 
 /* ---------------------------------------------------------------- slices */
 
-jv jv_slice(jctx *c, jv v, jv start, jv stop, jv step) {
-    if (v.t == JT_UNDEF) return jfail(c, KP_JINJA_EUNDEFINED, "%s", v.u.hint ? v.u.hint : "value is undefined");
+jv kp_jv_slice(jctx *c, jv v, jv start, jv stop, jv step) {
+    if (v.t == JT_UNDEF) return kp_jfail(c, KP_JINJA_EUNDEFINED, "%s", v.u.hint ? v.u.hint : "value is undefined");
     /* jinja2 slices with Python's own subscript (no undefined on failure) */
-    if (v.t == JT_DICT) return jfail(c, KP_JINJA_ETYPE, "unhashable type: 'slice'");
+    if (v.t == JT_DICT) return kp_jfail(c, KP_JINJA_ETYPE, "unhashable type: 'slice'");
     if ((v.t != JT_LIST && v.t != JT_STR) || v.gen)
-        return jfail(c, KP_JINJA_ETYPE, "'%s' object is not subscriptable", jv_typename(v));
-    int64_t n = (int64_t)(v.t == JT_LIST ? v.u.l->n : utf8_count(v.u.s->s, v.u.s->len));
+        return kp_jfail(c, KP_JINJA_ETYPE, "'%s' object is not subscriptable", kp_jv_typename(v));
+    int64_t n = (int64_t)(v.t == JT_LIST ? v.u.l->n : kp_utf8_count(v.u.s->s, v.u.s->len));
     jv parts[3] = {start, stop, step};
     for (int i = 0; i < 3; i++)
         if (parts[i].t != JT_NONE && parts[i].t != JT_INT && parts[i].t != JT_BOOL)
-            return jfail(c, KP_JINJA_ETYPE, "slice indices must be integers or None or have an __index__ method");
+            return kp_jfail(c, KP_JINJA_ETYPE, "slice indices must be integers or None or have an __index__ method");
     int64_t st = step.t == JT_NONE ? 1 : step.t == JT_BOOL ? step.u.b : step.u.i;
-    if (st == 0) return jfail(c, KP_JINJA_EVALUE, "slice step cannot be zero");
+    if (st == 0) return kp_jfail(c, KP_JINJA_EVALUE, "slice step cannot be zero");
     int64_t lo, hi;
     if (start.t == JT_NONE) lo = st > 0 ? 0 : n - 1;
     else {
@@ -506,7 +506,7 @@ jv jv_slice(jctx *c, jv v, jv start, jv stop, jv step) {
     if (st > 0 && hi > lo) cnt = (size_t)((hi - lo + st - 1) / st);
     if (st < 0 && lo > hi) cnt = (size_t)((lo - hi + (-st) - 1) / (-st));
     if (v.t == JT_LIST) {
-        jv l = jv_list(c, cnt);
+        jv l = kp_jv_list(c, cnt);
         for (size_t i = 0; !c->failed && i < cnt; i++) l.u.l->items[i] = v.u.l->items[lo + (int64_t)i * st];
         l.tuple = v.tuple;
         return l;
@@ -515,11 +515,11 @@ jv jv_slice(jctx *c, jv v, jv start, jv stop, jv step) {
     const char *p = v.u.s->s;
     size_t len = v.u.s->len;
     if (st == 1) {
-        size_t a = utf8_offset(p, len, (size_t)lo), b = cnt ? utf8_offset(p, len, (size_t)(lo + (int64_t)cnt)) : a;
-        return jv_str(c, p + a, b - a);
+        size_t a = kp_utf8_offset(p, len, (size_t)lo), b = cnt ? kp_utf8_offset(p, len, (size_t)(lo + (int64_t)cnt)) : a;
+        return kp_jv_str(c, p + a, b - a);
     }
     size_t *offs = malloc(((size_t)n + 1) * sizeof *offs);
-    if (!offs) return jfail(c, KP_JINJA_ENOMEM, "out of memory");
+    if (!offs) return kp_jfail(c, KP_JINJA_ENOMEM, "out of memory");
     for (size_t i = 0, k = 0; i <= len; i++)
         if (i == len || ((unsigned char)p[i] & 0xC0) != 0x80) offs[k++] = i;
     kp_buf b = {0};
@@ -528,7 +528,7 @@ jv jv_slice(jctx *c, jv v, jv start, jv stop, jv step) {
         kp_buf_put(&b, p + offs[k], offs[k + 1] - offs[k]);
     }
     free(offs);
-    return jv_str_buf(c, &b);
+    return kp_jv_str_buf(c, &b);
 }
 
 /* ---------------------------------------------------------------- formatting */
@@ -540,10 +540,10 @@ static bool format_one(jctx *c, kp_buf *b, jv v, const fspec *s) {
     char f[32], tmp[64];
     if (s->type == 's' || s->type == 'r' || s->type == 'a') {
         kp_buf t = {0};
-        if (s->type == 's') jv_write_str(&t, v);
-        else jv_write_repr(&t, v);
-        size_t n = t.len, cps = utf8_count(t.data ? t.data : "", n);
-        if (s->prec >= 0 && (size_t)s->prec < cps) n = utf8_offset(t.data, n, (size_t)s->prec), cps = (size_t)s->prec;
+        if (s->type == 's') kp_jv_write_str(&t, v);
+        else kp_jv_write_repr(&t, v);
+        size_t n = t.len, cps = kp_utf8_count(t.data ? t.data : "", n);
+        if (s->prec >= 0 && (size_t)s->prec < cps) n = kp_utf8_offset(t.data, n, (size_t)s->prec), cps = (size_t)s->prec;
         size_t pad = s->width > 0 && (size_t)s->width > cps ? (size_t)s->width - cps : 0;
         bool left = strchr(s->flags, '-') != NULL;
         if (!left) kp_buf_fill(b, ' ', pad);
@@ -552,12 +552,12 @@ static bool format_one(jctx *c, kp_buf *b, jv v, const fspec *s) {
         kp_buf_free(&t);
         return true;
     }
-    if (!jv_is_num(v)) {
-        jfail(c, KP_JINJA_ETYPE, "%%%c format: a real number is required, not %s", s->type, jv_typename(v));
+    if (!kp_jv_is_num(v)) {
+        kp_jfail(c, KP_JINJA_ETYPE, "%%%c format: a real number is required, not %s", s->type, kp_jv_typename(v));
         return false;
     }
     if (strchr("dixXoc", s->type)) {
-        long long i = v.t == JT_FLOAT ? (long long)v.u.f : (long long)jv_num(v);
+        long long i = v.t == JT_FLOAT ? (long long)v.u.f : (long long)kp_jv_num(v);
         char t = s->type == 'i' ? 'd' : s->type;
         if (t == 'c') {
             kp_buf_putc(b, (char)i);
@@ -568,13 +568,13 @@ static bool format_one(jctx *c, kp_buf *b, jv v, const fspec *s) {
         else snprintf(tmp, sizeof tmp, f, s->width, i);
     } else {
         snprintf(f, sizeof f, "%%%s*.*%c", s->flags, s->type);
-        snprintf(tmp, sizeof tmp, f, s->width, s->prec >= 0 ? s->prec : 6, jv_num(v));
+        snprintf(tmp, sizeof tmp, f, s->width, s->prec >= 0 ? s->prec : 6, kp_jv_num(v));
     }
     kp_buf_puts(b, tmp);
     return true;
 }
 
-jv jinja_percent_format(jctx *c, jv fmt, jv args) {
+jv kp_jinja_percent_format(jctx *c, jv fmt, jv args) {
     const char *p = fmt.u.s->s, *end = p + fmt.u.s->len;
     kp_buf b = {0};
     size_t next = 0;
@@ -586,16 +586,16 @@ jv jinja_percent_format(jctx *c, jv fmt, jv args) {
         jv v;
         if (p < end && *p == '(') {
             const char *q = memchr(p, ')', (size_t)(end - p));
-            if (!q || args.t != JT_DICT) { jfail(c, KP_JINJA_ETYPE, "format requires a mapping"); break; }
-            jv *x = jdict_get(args.u.d, jv_str(c, p + 1, (size_t)(q - p - 1)));
-            if (!x) { jfail(c, KP_JINJA_EVALUE, "KeyError: '%.*s'", (int)(q - p - 1), p + 1); break; }
+            if (!q || args.t != JT_DICT) { kp_jfail(c, KP_JINJA_ETYPE, "format requires a mapping"); break; }
+            jv *x = kp_jdict_get(args.u.d, kp_jv_str(c, p + 1, (size_t)(q - p - 1)));
+            if (!x) { kp_jfail(c, KP_JINJA_EVALUE, "KeyError: '%.*s'", (int)(q - p - 1), p + 1); break; }
             v = *x;
             p = q + 1;
         } else if (is_tuple) {
-            if (next >= args.u.l->n) { jfail(c, KP_JINJA_ETYPE, "not enough arguments for format string"); break; }
+            if (next >= args.u.l->n) { kp_jfail(c, KP_JINJA_ETYPE, "not enough arguments for format string"); break; }
             v = args.u.l->items[next++];
         } else {
-            if (next++) { jfail(c, KP_JINJA_ETYPE, "not enough arguments for format string"); break; }
+            if (next++) { kp_jfail(c, KP_JINJA_ETYPE, "not enough arguments for format string"); break; }
             v = args;
         }
         fspec s = {.prec = -1};
@@ -607,27 +607,27 @@ jv jinja_percent_format(jctx *c, jv fmt, jv args) {
             p++;
             while (p < end && isdigit((unsigned char)*p)) s.prec = s.prec * 10 + (*p++ - '0');
         }
-        if (p >= end || !strchr("sradixXocfFeEgG", *p)) { jfail(c, KP_JINJA_EVALUE, "unsupported format character"); break; }
+        if (p >= end || !strchr("sradixXocfFeEgG", *p)) { kp_jfail(c, KP_JINJA_EVALUE, "unsupported format character"); break; }
         s.type = *p++;
-        if (s.width > 4096 || s.prec > 4096) { jfail(c, KP_JINJA_ELIMIT, "format width too large"); break; }
+        if (s.width > 4096 || s.prec > 4096) { kp_jfail(c, KP_JINJA_ELIMIT, "format width too large"); break; }
         format_one(c, &b, v, &s);
     }
     if (!c->failed && ((is_tuple && next < args.u.l->n) || (!is_tuple && !next && args.t != JT_DICT && args.t != JT_LIST && args.t != JT_UNDEF)))
-        jfail(c, KP_JINJA_ETYPE, "not all arguments converted during string formatting");
+        kp_jfail(c, KP_JINJA_ETYPE, "not all arguments converted during string formatting");
     if (c->failed) { kp_buf_free(&b); return jv_undef(); }
-    return jv_str_buf(c, &b);
+    return kp_jv_str_buf(c, &b);
 }
 
 /* str.format: {} {0} {name} with an optional !r/!s and a :spec (fill, align, width, .prec, type). */
 static bool format_field(jctx *c, kp_buf *b, jv v, char conv, const char *spec, size_t sn) {
     if (conv == 'r') {
         kp_buf t = {0};
-        jv_write_repr(&t, v);
-        v = jv_str_buf(c, &t);
+        kp_jv_write_repr(&t, v);
+        v = kp_jv_str_buf(c, &t);
     } else if (conv == 's') {
-        v = jv_to_str(c, v);
+        v = kp_jv_to_str(c, v);
     }
-    if (!sn) { jv_write_str(b, v); return true; }
+    if (!sn) { kp_jv_write_str(b, v); return true; }
     char fill = ' ', align = 0;
     size_t i = 0;
     if (sn >= 2 && strchr("<>^=", spec[1])) { fill = spec[0]; align = spec[1]; i = 2; }
@@ -642,13 +642,13 @@ static bool format_field(jctx *c, kp_buf *b, jv v, char conv, const char *spec, 
         while (i < sn && isdigit((unsigned char)spec[i])) s.prec = s.prec * 10 + (spec[i++] - '0');
     }
     s.type = i < sn ? spec[i] : (v.t == JT_STR ? 's' : v.t == JT_FLOAT ? 'g' : v.t == JT_INT ? 'd' : 's');
-    if (s.width > 4096 || s.prec > 4096) { jfail(c, KP_JINJA_ELIMIT, "format width too large"); return false; }
+    if (s.width > 4096 || s.prec > 4096) { kp_jfail(c, KP_JINJA_ELIMIT, "format width too large"); return false; }
     int width = s.width;
     s.width = 0;
     kp_buf t = {0};
-    if (v.t == JT_FLOAT && s.type == 'g' && s.prec < 0 && i >= sn) jv_write_str(&t, v);
+    if (v.t == JT_FLOAT && s.type == 'g' && s.prec < 0 && i >= sn) kp_jv_write_str(&t, v);
     else if (!format_one(c, &t, v, &s)) { kp_buf_free(&t); return false; }
-    size_t cps = utf8_count(t.data ? t.data : "", t.len);
+    size_t cps = kp_utf8_count(t.data ? t.data : "", t.len);
     size_t pad = width > 0 && (size_t)width > cps ? (size_t)width - cps : 0;
     if (!align) align = v.t == JT_STR ? '<' : '>';
     size_t left = align == '<' ? 0 : align == '^' ? pad / 2 : pad;
@@ -666,10 +666,10 @@ static jv str_format(jctx *c, jv fmt, const jargs *a) {
     while (p < end && !c->failed) {
         if (*p == '{' && p + 1 < end && p[1] == '{') { kp_buf_putc(&b, '{'); p += 2; continue; }
         if (*p == '}' && p + 1 < end && p[1] == '}') { kp_buf_putc(&b, '}'); p += 2; continue; }
-        if (*p == '}') { jfail(c, KP_JINJA_EVALUE, "Single '}' encountered in format string"); break; }
+        if (*p == '}') { kp_jfail(c, KP_JINJA_EVALUE, "Single '}' encountered in format string"); break; }
         if (*p != '{') { kp_buf_putc(&b, *p++); continue; }
         const char *q = memchr(p, '}', (size_t)(end - p));
-        if (!q) { jfail(c, KP_JINJA_EVALUE, "Single '{' encountered in format string"); break; }
+        if (!q) { kp_jfail(c, KP_JINJA_EVALUE, "Single '{' encountered in format string"); break; }
         const char *name = p + 1, *ne = name;
         while (ne < q && *ne != '!' && *ne != ':') ne++;
         char conv = 0;
@@ -679,18 +679,18 @@ static jv str_format(jctx *c, jv fmt, const jargs *a) {
         else spec = q;
         jv v;
         size_t nn = (size_t)(ne - name);
-        if (nn == 0) v = jarg(a, auto_idx++, NULL, NULL);
-        else if (isdigit((unsigned char)name[0])) v = jarg(a, (size_t)atoi(name), NULL, NULL);
+        if (nn == 0) v = kp_jarg(a, auto_idx++, NULL, NULL);
+        else if (isdigit((unsigned char)name[0])) v = kp_jarg(a, (size_t)atoi(name), NULL, NULL);
         else {
             char key[128];
             snprintf(key, sizeof key, "%.*s", (int)nn, name);
             bool present;
-            v = jarg(a, SIZE_MAX, key, &present);
-            if (!present) { jfail(c, KP_JINJA_EVALUE, "KeyError: '%s'", key); break; }
+            v = kp_jarg(a, SIZE_MAX, key, &present);
+            if (!present) { kp_jfail(c, KP_JINJA_EVALUE, "KeyError: '%s'", key); break; }
         }
         format_field(c, &b, v, conv, spec, (size_t)(q - spec));
         p = q + 1;
     }
     if (c->failed) { kp_buf_free(&b); return jv_undef(); }
-    return jv_str_buf(c, &b);
+    return kp_jv_str_buf(c, &b);
 }

@@ -71,16 +71,16 @@ static jnode *fail(parser *p, const jtoken *t, const char *fmt, const char *arg)
     if (!p->failed) {
         char m[256];
         snprintf(m, sizeof m, fmt, arg);
-        jinja_seterr(p->err, KP_JINJA_ESYNTAX, t->line, t->col, "%s", m);
+        kp_jinja_seterr(p->err, KP_JINJA_ESYNTAX, t->line, t->col, "%s", m);
     }
     p->failed = true;
     return NULL;
 }
 
 static jnode *node(parser *p, jnkind k, const jtoken *at) {
-    jnode *n = ja_alloc(p->a, sizeof *n);
+    jnode *n = kp_ja_alloc(p->a, sizeof *n);
     if (!n) {
-        if (!p->failed) jinja_seterr(p->err, KP_JINJA_ENOMEM, 0, 0, "out of memory");
+        if (!p->failed) kp_jinja_seterr(p->err, KP_JINJA_ENOMEM, 0, 0, "out of memory");
         p->failed = true;
         return NULL;
     }
@@ -91,7 +91,7 @@ static jnode *node(parser *p, jnkind k, const jtoken *at) {
 }
 
 static const char *tok_str(parser *p, const jtoken *t) {
-    char *s = ja_strndup(p->a, t->s, t->len);
+    char *s = kp_ja_strndup(p->a, t->s, t->len);
     if (!s) p->failed = true;
     return s;
 }
@@ -117,8 +117,8 @@ static bool nl_push(parser *p, nlist *l, jnode *n, const char *name) {
     return true;
 }
 static jnode **nl_finish(parser *p, nlist *l, const char ***names) {
-    jnode **v = l->n ? ja_alloc(p->a, l->n * sizeof *v) : NULL;
-    const char **nm = (l->n && names) ? ja_alloc(p->a, l->n * sizeof *nm) : NULL;
+    jnode **v = l->n ? kp_ja_alloc(p->a, l->n * sizeof *v) : NULL;
+    const char **nm = (l->n && names) ? kp_ja_alloc(p->a, l->n * sizeof *nm) : NULL;
     if (l->n && (!v || (names && !nm))) p->failed = true;
     if (v) memcpy(v, l->v, l->n * sizeof *v);
     if (nm) memcpy(nm, l->names, l->n * sizeof *nm);
@@ -253,7 +253,7 @@ static const char *parse_dotted(parser *p) {
         kp_buf_put(&b, cur(p)->s, cur(p)->len);
         advance(p);
     }
-    char *s = b.oom ? NULL : ja_strndup(p->a, b.data, b.len);
+    char *s = b.oom ? NULL : kp_ja_strndup(p->a, b.data, b.len);
     kp_buf_free(&b);
     if (!s) p->failed = true;
     return s;
@@ -266,7 +266,7 @@ static jnode *parse_filter(parser *p, jnode *operand) {
     if (!n) return NULL;
     n->a = operand;
     n->name = parse_dotted(p);
-    if (n->name && !p->soft && !jinja_filter_known(n->name)) return fail(p, t, "No filter named '%s'.", n->name);
+    if (n->name && !p->soft && !kp_jinja_filter_known(n->name)) return fail(p, t, "No filter named '%s'.", n->name);
     if (n->name && is_op(p, "(") && !parse_call_args(p, n)) return NULL;
     return p->failed ? NULL : n;
 }
@@ -280,7 +280,7 @@ static jnode *parse_test(parser *p, jnode *operand) {
     if (is_name(p, "not")) { n->op = 1; advance(p); }
     n->name = parse_dotted(p);
     if (!n->name) return NULL;
-    if (!p->soft && !jinja_test_known(n->name)) return fail(p, t, "No test named '%s'.", n->name);
+    if (!p->soft && !kp_jinja_test_known(n->name)) return fail(p, t, "No test named '%s'.", n->name);
     const jtoken *c = cur(p);
     if (is_op(p, "(")) {
         if (!parse_call_args(p, n)) return NULL;
@@ -290,7 +290,7 @@ static jnode *parse_test(parser *p, jnode *operand) {
         if (is_name(p, "is")) return fail(p, c, "%s", "You cannot chain multiple tests with is");
         jnode *arg = parse_postfix(p, parse_primary(p, false));
         if (!arg) return NULL;
-        n->args = ja_alloc(p->a, sizeof *n->args);
+        n->args = kp_ja_alloc(p->a, sizeof *n->args);
         if (!n->args) { p->failed = true; return NULL; }
         n->args[0] = arg;
         n->nargs = 1;
@@ -354,7 +354,7 @@ static jnode *parse_primary(parser *p, bool with_ns) {
             if (cur(p)->kind != TK_NAME) return fail(p, cur(p), "expected token 'name', got '%s'", describe(cur(p), b, sizeof b));
             if (!(n = node(p, N_NSREF, t))) return NULL;
             n->name = tok_str(p, t);
-            n->kwnames = ja_alloc(p->a, sizeof *n->kwnames);
+            n->kwnames = kp_ja_alloc(p->a, sizeof *n->kwnames);
             if (!n->kwnames) { p->failed = true; return NULL; }
             n->kwnames[0] = tok_str(p, cur(p));
             advance(p);
@@ -368,7 +368,7 @@ static jnode *parse_primary(parser *p, bool with_ns) {
         kp_buf s = {0};
         while (cur(p)->kind == TK_STRING) { kp_buf_put(&s, cur(p)->s, cur(p)->len); advance(p); }
         if (!(n = node(p, N_CONST, t))) { kp_buf_free(&s); return NULL; }
-        jstr *js = ja_alloc(p->a, sizeof(jstr) + s.len + 1);
+        jstr *js = kp_ja_alloc(p->a, sizeof(jstr) + s.len + 1);
         if (!js || s.oom) { kp_buf_free(&s); p->failed = true; return NULL; }
         js->len = s.len;
         if (s.len) memcpy(js->s, s.data, s.len);
@@ -506,7 +506,7 @@ static jnode *parse_compare(parser *p) {
     n->a = first;
     n->args = v;
     n->nargs = cnt;
-    n->ops = ja_alloc(p->a, cnt);
+    n->ops = kp_ja_alloc(p->a, cnt);
     if (!n->ops) { p->failed = true; return NULL; }
     memcpy(n->ops, ops, cnt);
     return n;
@@ -634,7 +634,7 @@ static jnode *parse_if(parser *p, const jtoken *t) {
         advance(p);
         jnode *body = node(p, N_BODY, e);
         if (!body) return NULL;
-        body->args = ja_alloc(p->a, sizeof *body->args);
+        body->args = kp_ja_alloc(p->a, sizeof *body->args);
         if (!body->args) { p->failed = true; return NULL; }
         body->args[0] = parse_if(p, e);
         body->nargs = 1;
@@ -670,7 +670,7 @@ static jnode *parse_for(parser *p, const jtoken *t) {
     const char *ended = NULL;
     jnode *body = parse_scope_body(p, ends, &ended);
     if (!body) return NULL;
-    n->args = ja_alloc(p->a, sizeof *n->args);
+    n->args = kp_ja_alloc(p->a, sizeof *n->args);
     if (!n->args) { p->failed = true; return NULL; }
     n->args[0] = body;
     n->nargs = 1;
@@ -891,11 +891,11 @@ static jnode *parse_body(parser *p, const char *const *ends, const char **ended)
     return body;
 }
 
-jnode *jinja_parse(const jtokens *toks, jarena *a, kp_jinja_error *err) {
+jnode *kp_jinja_parse(const jtokens *toks, jarena *a, kp_jinja_error *err) {
     parser p = {.tk = toks, .a = a, .err = err};
     jnode *root = parse_body(&p, NULL, NULL);
     if (p.failed) {
-        if (err && err->kind == KP_JINJA_OK) jinja_seterr(err, KP_JINJA_ENOMEM, 0, 0, "out of memory");
+        if (err && err->kind == KP_JINJA_OK) kp_jinja_seterr(err, KP_JINJA_ENOMEM, 0, 0, "out of memory");
         return NULL;
     }
     return root;

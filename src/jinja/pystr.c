@@ -13,9 +13,9 @@
 
 #include "jinja/jinja_impl.h"
 
-bool jv_need_str(jctx *c, jv v, const char *what) {
+bool kp_jv_need_str(jctx *c, jv v, const char *what) {
     if (v.t == JT_STR) return true;
-    jfail(c, KP_JINJA_ETYPE, "%s arg must be str, not %s", what, jv_typename(v));
+    kp_jfail(c, KP_JINJA_ETYPE, "%s arg must be str, not %s", what, kp_jv_typename(v));
     return false;
 }
 
@@ -52,9 +52,9 @@ static bool in_chars(unsigned cp, const jstr *chars) {
 }
 
 /* str.strip / lstrip / rstrip (which: 1 left, 2 right, 3 both); chars NULL: whitespace. */
-jv jinja_strip(jctx *c, jv s, jv chars, int which) {
+jv kp_jinja_strip(jctx *c, jv s, jv chars, int which) {
     if (chars.t != JT_NONE && chars.t != JT_UNDEF && chars.t != JT_STR)
-        return jfail(c, KP_JINJA_ETYPE, "strip arg must be None or str");
+        return kp_jfail(c, KP_JINJA_ETYPE, "strip arg must be None or str");
     const jstr *set = chars.t == JT_STR ? chars.u.s : NULL;
     const char *p = s.u.s->s;
     size_t a = 0, b = s.u.s->len;
@@ -72,11 +72,11 @@ jv jinja_strip(jctx *c, jv s, jv chars, int which) {
             if (set ? !in_chars(cp, set) : !py_space(cp)) break;
             b = i;
         }
-    return jv_str(c, p + a, b - a);
+    return kp_jv_str(c, p + a, b - a);
 }
 
 static jv pair(jctx *c, jv k, jv v) {
-    jv t = jv_list(c, 2);
+    jv t = kp_jv_list(c, 2);
     if (c->failed) return t;
     t.tuple = 1;
     t.u.l->items[0] = k;
@@ -84,18 +84,18 @@ static jv pair(jctx *c, jv k, jv v) {
     return t;
 }
 
-jv jinja_items(jctx *c, jv v) {
-    if (v.t == JT_UNDEF) return jv_list(c, 0);
-    if (v.t != JT_DICT && v.t != JT_NS) return jfail(c, KP_JINJA_ETYPE, "can only get item pairs from a mapping.");
-    jv l = jv_list(c, v.u.d->n);
+jv kp_jinja_items(jctx *c, jv v) {
+    if (v.t == JT_UNDEF) return kp_jv_list(c, 0);
+    if (v.t != JT_DICT && v.t != JT_NS) return kp_jfail(c, KP_JINJA_ETYPE, "can only get item pairs from a mapping.");
+    jv l = kp_jv_list(c, v.u.d->n);
     for (size_t i = 0; i < v.u.d->n && !c->failed; i++) l.u.l->items[i] = pair(c, v.u.d->keys[i], v.u.d->vals[i]);
     return l;
 }
 
-jv jinja_case(jctx *c, jv v, int mode) {
-    jv s = jv_to_str(c, v);
+jv kp_jinja_case(jctx *c, jv v, int mode) {
+    jv s = kp_jv_to_str(c, v);
     if (c->failed) return s;
-    jv r = jv_str(c, s.u.s->s, s.u.s->len);
+    jv r = kp_jv_str(c, s.u.s->s, s.u.s->len);
     if (c->failed) return r;
     char *p = r.u.s->s;
     bool start = true;
@@ -113,8 +113,8 @@ jv jinja_case(jctx *c, jv v, int mode) {
 }
 
 /* markupsafe's escape: & < > " ' as entities, a Markup value as it is. */
-jv jinja_escape(jctx *c, jv v) {
-    jv s = jv_to_str(c, v);
+jv kp_jinja_escape(jctx *c, jv v) {
+    jv s = kp_jv_to_str(c, v);
     if (c->failed || s.markup) return s;
     kp_buf b = {0};
     for (size_t i = 0; i < s.u.s->len; i++) {
@@ -128,13 +128,13 @@ jv jinja_escape(jctx *c, jv v) {
         default: kp_buf_putc(&b, ch);
         }
     }
-    jv r = jv_str_buf(c, &b);
+    jv r = kp_jv_str_buf(c, &b);
     r.markup = r.t == JT_STR;
     return r;
 }
 
-jv jinja_replace(jctx *c, jv s, jv old, jv new_, jv count) {
-    if (!jv_need_str(c, old, "replace()") || !jv_need_str(c, new_, "replace()")) return jv_undef();
+jv kp_jinja_replace(jctx *c, jv s, jv old, jv new_, jv count) {
+    if (!kp_jv_need_str(c, old, "replace()") || !kp_jv_need_str(c, new_, "replace()")) return jv_undef();
     int64_t max = count.t == JT_INT ? count.u.i : -1;
     const char *p = s.u.s->s;
     size_t n = s.u.s->len, on = old.u.s->len;
@@ -151,8 +151,8 @@ jv jinja_replace(jctx *c, jv s, jv old, jv new_, jv count) {
             i = j;
         }
         if (i <= n) kp_buf_put(&b, p + i, n - i);
-        if (b.len > (size_t)KP_JINJA_MAX_STRING) jv_check_string(c, b.len);
-        return jv_str_buf(c, &b);
+        if (b.len > (size_t)KP_JINJA_MAX_STRING) kp_jv_check_string(c, b.len);
+        return kp_jv_str_buf(c, &b);
     }
     while (i < n) {
         const char *hit = (max < 0 || done < max) ? memmem(p + i, n - i, old.u.s->s, on) : NULL;
@@ -161,8 +161,8 @@ jv jinja_replace(jctx *c, jv s, jv old, jv new_, jv count) {
         kp_buf_put(&b, new_.u.s->s, new_.u.s->len);
         i = (size_t)(hit - p) + on;
         done++;
-        if (b.len > (size_t)KP_JINJA_MAX_STRING) { jv_check_string(c, b.len); kp_buf_free(&b); return jv_undef(); }
+        if (b.len > (size_t)KP_JINJA_MAX_STRING) { kp_jv_check_string(c, b.len); kp_buf_free(&b); return jv_undef(); }
     }
     kp_buf_put(&b, p + i, n - i);
-    return jv_str_buf(c, &b);
+    return kp_jv_str_buf(c, &b);
 }

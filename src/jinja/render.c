@@ -57,7 +57,7 @@ const char *kp_jinja_kind_name(kp_jinja_kind kind) {
 
 static bool step(jctx *c) {
     if (++c->steps > KP_JINJA_MAX_STEPS) {
-        jfail(c, KP_JINJA_ELIMIT, "the template ran more than %ld steps", (long)KP_JINJA_MAX_STEPS);
+        kp_jfail(c, KP_JINJA_ELIMIT, "the template ran more than %ld steps", (long)KP_JINJA_MAX_STEPS);
         return false;
     }
     return !c->failed;
@@ -67,8 +67,8 @@ static bool step(jctx *c) {
 /* ---------------------------------------------------------------- frames */
 
 static jframe *frame_new(jctx *c, jframe *parent) {
-    jframe *f = ja_alloc(&c->arena, sizeof *f);
-    if (!f) { jfail(c, KP_JINJA_ENOMEM, "out of memory"); return NULL; }
+    jframe *f = kp_ja_alloc(&c->arena, sizeof *f);
+    if (!f) { kp_jfail(c, KP_JINJA_ENOMEM, "out of memory"); return NULL; }
     f->parent = parent;
     return f;
 }
@@ -78,9 +78,9 @@ static bool frame_set(jctx *c, jframe *f, const char *name, jv v) {
         if (strcmp(f->names[i], name) == 0) { f->vals[i] = v; return true; }
     if (f->n == f->cap) {
         size_t cap = f->cap ? f->cap * 2 : 8;
-        const char **nm = ja_alloc(&c->arena, cap * sizeof *nm);
-        jv *vals = ja_alloc(&c->arena, cap * sizeof *vals);
-        if (!nm || !vals) { jfail(c, KP_JINJA_ENOMEM, "out of memory"); return false; }
+        const char **nm = kp_ja_alloc(&c->arena, cap * sizeof *nm);
+        jv *vals = kp_ja_alloc(&c->arena, cap * sizeof *vals);
+        if (!nm || !vals) { kp_jfail(c, KP_JINJA_ENOMEM, "out of memory"); return false; }
         if (f->n) { memcpy(nm, f->names, f->n * sizeof *nm); memcpy(vals, f->vals, f->n * sizeof *vals); }
         f->names = nm;
         f->vals = vals;
@@ -95,9 +95,9 @@ static jv lookup(jctx *c, jframe *f, const char *name) {
     for (; f; f = f->parent)
         for (size_t i = f->n; i-- > 0;)
             if (strcmp(f->names[i], name) == 0) return f->vals[i];
-    jv g = jinja_global(c, name);
+    jv g = kp_jinja_global(c, name);
     if (g.t != JT_UNDEF) return g;
-    return jv_undef_hint(c, "'%s' is undefined", name);
+    return kp_jv_undef_hint(c, "'%s' is undefined", name);
 }
 
 /* ---------------------------------------------------------------- lookups */
@@ -114,18 +114,18 @@ static jv arith_int(jctx *c, jop op, int64_t x, int64_t y) {
     case OP_SUB: if (__builtin_sub_overflow(x, y, &r)) break; return jv_int(r);
     case OP_MUL: if (__builtin_mul_overflow(x, y, &r)) break; return jv_int(r);
     case OP_DIV:
-        if (y == 0) return jfail(c, KP_JINJA_EVALUE, "division by zero");
+        if (y == 0) return kp_jfail(c, KP_JINJA_EVALUE, "division by zero");
         return jv_float((double)x / (double)y);
     case OP_FLOORDIV:
     case OP_MOD: {
-        if (y == 0) return jfail(c, KP_JINJA_EVALUE, op == OP_MOD ? "integer modulo by zero" : "integer division or modulo by zero");
+        if (y == 0) return kp_jfail(c, KP_JINJA_EVALUE, op == OP_MOD ? "integer modulo by zero" : "integer division or modulo by zero");
         if (x == INT64_MIN && y == -1) break;
         int64_t q = x / y, m = x % y;
         if (m != 0 && ((m < 0) != (y < 0))) { q--; m += y; }
         return jv_int(op == OP_MOD ? m : q);
     }
     case OP_POW: {
-        if (y < 0 && x == 0) return jfail(c, KP_JINJA_EVALUE, "0.0 cannot be raised to a negative power");
+        if (y < 0 && x == 0) return kp_jfail(c, KP_JINJA_EVALUE, "0.0 cannot be raised to a negative power");
         if (y < 0) return jv_float(pow((double)x, (double)y));
         int64_t acc = 1, base = x;
         bool over = false;
@@ -138,7 +138,7 @@ static jv arith_int(jctx *c, jop op, int64_t x, int64_t y) {
     }
     default: break;
     }
-    return jfail(c, KP_JINJA_ELIMIT, "integer result out of the 64-bit range");
+    return kp_jfail(c, KP_JINJA_ELIMIT, "integer result out of the 64-bit range");
 }
 
 static jv arith_float(jctx *c, jop op, double x, double y) {
@@ -147,10 +147,10 @@ static jv arith_float(jctx *c, jop op, double x, double y) {
     case OP_SUB: return jv_float(x - y);
     case OP_MUL: return jv_float(x * y);
     case OP_DIV:
-        if (y == 0) return jfail(c, KP_JINJA_EVALUE, "float division by zero");
+        if (y == 0) return kp_jfail(c, KP_JINJA_EVALUE, "float division by zero");
         return jv_float(x / y);
     case OP_FLOORDIV: {
-        if (y == 0) return jfail(c, KP_JINJA_EVALUE, "float floor division by zero");
+        if (y == 0) return kp_jfail(c, KP_JINJA_EVALUE, "float floor division by zero");
         /* CPython's float_floor_div: through fmod, so 1 // 0.1 is 9.0 */
         double mod = fmod(x, y), div = (x - mod) / y, fl;
         if (mod != 0 && ((y < 0) != (mod < 0))) div -= 1.0;
@@ -163,14 +163,14 @@ static jv arith_float(jctx *c, jop op, double x, double y) {
         return jv_float(fl);
     }
     case OP_MOD: {
-        if (y == 0) return jfail(c, KP_JINJA_EVALUE, "float modulo");
+        if (y == 0) return kp_jfail(c, KP_JINJA_EVALUE, "float modulo");
         double m = fmod(x, y);
         if (m != 0 && ((m < 0) != (y < 0))) m += y;
         if (m == 0) m = copysign(0.0, y); /* Python: the sign of the divisor */
         return jv_float(m);
     }
     case OP_POW:
-        if (x == 0 && y < 0) return jfail(c, KP_JINJA_EVALUE, "0.0 cannot be raised to a negative power");
+        if (x == 0 && y < 0) return kp_jfail(c, KP_JINJA_EVALUE, "0.0 cannot be raised to a negative power");
         return jv_float(pow(x, y));
     default: return jv_undef();
     }
@@ -180,16 +180,16 @@ static jv repeat(jctx *c, jv seq, int64_t times) {
     if (times < 0) times = 0;
     if (seq.t == JT_STR) {
         size_t n = seq.u.s->len;
-        if (n && (uint64_t)times > (uint64_t)KP_JINJA_MAX_STRING / n) jv_check_string(c, (size_t)KP_JINJA_MAX_STRING + 1);
+        if (n && (uint64_t)times > (uint64_t)KP_JINJA_MAX_STRING / n) kp_jv_check_string(c, (size_t)KP_JINJA_MAX_STRING + 1);
         if (c->failed) return jv_undef();
         kp_buf b = {0};
         for (int64_t i = 0; i < times; i++) kp_buf_put(&b, seq.u.s->s, n);
-        return jv_str_buf(c, &b);
+        return kp_jv_str_buf(c, &b);
     }
     size_t n = seq.u.l->n;
-    if (n && (uint64_t)times > (uint64_t)KP_JINJA_MAX_ITEMS / n) jv_check_items(c, (size_t)KP_JINJA_MAX_ITEMS + 1);
+    if (n && (uint64_t)times > (uint64_t)KP_JINJA_MAX_ITEMS / n) kp_jv_check_items(c, (size_t)KP_JINJA_MAX_ITEMS + 1);
     if (c->failed) return jv_undef();
-    jv r = jv_list(c, n * (size_t)times);
+    jv r = kp_jv_list(c, n * (size_t)times);
     for (size_t i = 0; !c->failed && i < r.u.l->n; i++) r.u.l->items[i] = seq.u.l->items[i % n];
     r.tuple = seq.tuple;
     return r;
@@ -201,23 +201,23 @@ static const char *op_sym(jop op) {
 }
 
 static jv binop(jctx *c, jop op, jv a, jv b) {
-    if (op == OP_MOD && a.t == JT_STR) return jinja_percent_format(c, a, b); /* str % Undefined is Python's */
-    if (a.t == JT_UNDEF) return jv_undef_fail(c, a);
-    if (b.t == JT_UNDEF) return jv_undef_fail(c, b);
-    if (jv_is_num(a) && jv_is_num(b)) {
+    if (op == OP_MOD && a.t == JT_STR) return kp_jinja_percent_format(c, a, b); /* str % Undefined is Python's */
+    if (a.t == JT_UNDEF) return kp_jv_undef_fail(c, a);
+    if (b.t == JT_UNDEF) return kp_jv_undef_fail(c, b);
+    if (kp_jv_is_num(a) && kp_jv_is_num(b)) {
         if (a.t != JT_FLOAT && b.t != JT_FLOAT)
             return arith_int(c, op, a.t == JT_BOOL ? a.u.b : a.u.i, b.t == JT_BOOL ? b.u.b : b.u.i);
-        return arith_float(c, op, jv_num(a), jv_num(b));
+        return arith_float(c, op, kp_jv_num(a), kp_jv_num(b));
     }
     if (op == OP_ADD && a.t == JT_STR && b.t == JT_STR) {
         bool markup = a.markup || b.markup; /* Markup + str escapes the str */
-        if (markup && !a.markup) a = jinja_escape(c, a);
-        if (markup && !b.markup) b = jinja_escape(c, b);
+        if (markup && !a.markup) a = kp_jinja_escape(c, a);
+        if (markup && !b.markup) b = kp_jinja_escape(c, b);
         if (c->failed) return jv_undef();
         size_t n = a.u.s->len + b.u.s->len;
-        jv_check_string(c, n);
+        kp_jv_check_string(c, n);
         if (c->failed) return jv_undef();
-        jv r = jv_str(c, NULL, n); /* n zero bytes, filled below */
+        jv r = kp_jv_str(c, NULL, n); /* n zero bytes, filled below */
         if (!c->failed) {
             memcpy(r.u.s->s, a.u.s->s, a.u.s->len);
             memcpy(r.u.s->s + a.u.s->len, b.u.s->s, b.u.s->len);
@@ -226,7 +226,7 @@ static jv binop(jctx *c, jop op, jv a, jv b) {
         return r;
     }
     if (op == OP_ADD && a.t == JT_LIST && b.t == JT_LIST && a.tuple == b.tuple && !a.gen && !b.gen) {
-        jv r = jv_list(c, a.u.l->n + b.u.l->n);
+        jv r = kp_jv_list(c, a.u.l->n + b.u.l->n);
         if (c->failed) return r;
         if (a.u.l->n) memcpy(r.u.l->items, a.u.l->items, a.u.l->n * sizeof(jv));
         if (b.u.l->n) memcpy(r.u.l->items + a.u.l->n, b.u.l->items, b.u.l->n * sizeof(jv));
@@ -238,47 +238,47 @@ static jv binop(jctx *c, jop op, jv a, jv b) {
     if (op == OP_MUL && (b.t == JT_STR || b.t == JT_LIST) && (a.t == JT_INT || a.t == JT_BOOL))
         return repeat(c, b, a.t == JT_BOOL ? a.u.b : a.u.i);
     if (op == OP_ADD && a.t == JT_STR)
-        return jfail(c, KP_JINJA_ETYPE, "can only concatenate str (not \"%s\") to str", jv_typename(b));
+        return kp_jfail(c, KP_JINJA_ETYPE, "can only concatenate str (not \"%s\") to str", kp_jv_typename(b));
     if (op == OP_ADD && a.t == JT_LIST)
-        return jfail(c, KP_JINJA_ETYPE, "can only concatenate %s (not \"%s\") to %s", jv_typename(a), jv_typename(b), jv_typename(a));
-    return jfail(c, KP_JINJA_ETYPE, "unsupported operand type(s) for %s: '%s' and '%s'", op_sym(op), jv_typename(a), jv_typename(b));
+        return kp_jfail(c, KP_JINJA_ETYPE, "can only concatenate %s (not \"%s\") to %s", kp_jv_typename(a), kp_jv_typename(b), kp_jv_typename(a));
+    return kp_jfail(c, KP_JINJA_ETYPE, "unsupported operand type(s) for %s: '%s' and '%s'", op_sym(op), kp_jv_typename(a), kp_jv_typename(b));
 }
 
 static bool contains(jctx *c, jv container, jv item) {
     switch (container.t) {
     case JT_STR:
         if (item.t != JT_STR) {
-            jfail(c, KP_JINJA_ETYPE, "'in <string>' requires string as left operand, not %s", jv_typename(item));
+            kp_jfail(c, KP_JINJA_ETYPE, "'in <string>' requires string as left operand, not %s", kp_jv_typename(item));
             return false;
         }
         if (item.u.s->len == 0) return true;
         return memmem(container.u.s->s, container.u.s->len, item.u.s->s, item.u.s->len) != NULL;
     case JT_LIST:
         for (size_t i = 0; i < container.u.l->n; i++)
-            if (jv_eq(container.u.l->items[i], item)) return true;
+            if (kp_jv_eq(container.u.l->items[i], item)) return true;
         return false;
     case JT_DICT: case JT_NS:
         if ((item.t == JT_LIST && !item.tuple) || item.t == JT_DICT || item.t == JT_NS) {
-            jfail(c, KP_JINJA_ETYPE, "unhashable type: '%s'", jv_typename(item));
+            kp_jfail(c, KP_JINJA_ETYPE, "unhashable type: '%s'", kp_jv_typename(item));
             return false;
         }
-        return jdict_get(container.u.d, item) != NULL;
+        return kp_jdict_get(container.u.d, item) != NULL;
     case JT_UNDEF: return false;
     default:
-        jfail(c, KP_JINJA_ETYPE, "argument of type '%s' is not iterable", jv_typename(container));
+        kp_jfail(c, KP_JINJA_ETYPE, "argument of type '%s' is not iterable", kp_jv_typename(container));
         return false;
     }
 }
 
 static bool compare(jctx *c, jop op, jv a, jv b) {
     switch (op) {
-    case OP_EQ: return jv_eq(a, b);
-    case OP_NE: return !jv_eq(a, b);
+    case OP_EQ: return kp_jv_eq(a, b);
+    case OP_NE: return !kp_jv_eq(a, b);
     case OP_IN: return contains(c, b, a);
     case OP_NOTIN: return !contains(c, b, a) && !c->failed;
     default: break;
     }
-    int r = jv_cmp(c, a, b);
+    int r = kp_jv_cmp(c, a, b);
     if (op == OP_LT) return r < 0;
     if (op == OP_LE) return r <= 0;
     if (op == OP_GT) return r > 0;
@@ -291,22 +291,22 @@ static bool compare(jctx *c, jop op, jv a, jv b) {
 static jv call_macro(jctx *c, jfunc *fn, const jargs *a) {
     const jnode *m = fn->macro;
     if (c->depth >= KP_JINJA_MAX_DEPTH)
-        return jfail(c, KP_JINJA_ELIMIT, "macro calls nested deeper than %d", KP_JINJA_MAX_DEPTH);
+        return kp_jfail(c, KP_JINJA_ELIMIT, "macro calls nested deeper than %d", KP_JINJA_MAX_DEPTH);
     jframe *f = frame_new(c, fn->closure);
     if (!f) return jv_undef();
     if (a->nargs > m->nkw)
-        return jfail(c, KP_JINJA_ETYPE, "macro '%s' takes not more than %zu argument(s)", m->name, m->nkw);
+        return kp_jfail(c, KP_JINJA_ETYPE, "macro '%s' takes not more than %zu argument(s)", m->name, m->nkw);
     for (size_t i = 0; i < a->nkw; i++) {
         size_t k;
         for (k = 0; k < m->nkw && strcmp(m->kwnames[k], a->kwnames[i]) != 0; k++) {}
         if (k == m->nkw && strcmp(a->kwnames[i], "caller") != 0)
-            return jfail(c, KP_JINJA_ETYPE, "macro '%s' takes no keyword argument '%s'", m->name, a->kwnames[i]);
+            return kp_jfail(c, KP_JINJA_ETYPE, "macro '%s' takes no keyword argument '%s'", m->name, a->kwnames[i]);
     }
     for (size_t k = 0; k < m->nkw && !c->failed; k++) {
         bool present;
-        jv v = jarg(a, k, m->kwnames[k], &present);
+        jv v = kp_jarg(a, k, m->kwnames[k], &present);
         if (!present && m->kwvals[k]) v = eval(c, f, m->kwvals[k]);
-        else if (!present) v = jv_undef_hint(c, "parameter '%s' was not provided", m->kwnames[k]);
+        else if (!present) v = kp_jv_undef_hint(c, "parameter '%s' was not provided", m->kwnames[k]);
         frame_set(c, f, m->kwnames[k], v);
     }
     if (fn->caller.t == JT_FUNC) frame_set(c, f, "caller", fn->caller);
@@ -318,21 +318,21 @@ static jv call_macro(jctx *c, jfunc *fn, const jargs *a) {
     c->depth--;
     c->out = saved;
     if (r == X_ERR || c->failed) { kp_buf_free(&buf); return jv_undef(); }
-    return jv_str_buf(c, &buf);
+    return kp_jv_str_buf(c, &buf);
 }
 
-jv jinja_call(jctx *c, jv fn, const jargs *a) {
+jv kp_jinja_call(jctx *c, jv fn, const jargs *a) {
     if (!step(c)) return jv_undef();
-    if (fn.t == JT_UNDEF) return jv_undef_fail(c, fn);
-    if (fn.t != JT_FUNC) return jfail(c, KP_JINJA_ETYPE, "'%s' object is not callable", jv_typename(fn));
+    if (fn.t == JT_UNDEF) return kp_jv_undef_fail(c, fn);
+    if (fn.t != JT_FUNC) return kp_jfail(c, KP_JINJA_ETYPE, "'%s' object is not callable", kp_jv_typename(fn));
     switch (fn.u.fn->kind) {
     case JFN_MACRO: return call_macro(c, fn.u.fn, a);
-    case JFN_METHOD: return jinja_call_method(c, fn.u.fn, a);
+    case JFN_METHOD: return kp_jinja_call_method(c, fn.u.fn, a);
     case JFN_CYCLE: {
-        if (!a->nargs) return jfail(c, KP_JINJA_ETYPE, "no items for cycling given");
+        if (!a->nargs) return kp_jfail(c, KP_JINJA_ETYPE, "no items for cycling given");
         return a->args[fn.u.fn->loop->index0 % a->nargs];
     }
-    default: return jinja_call_global(c, fn.u.fn, a);
+    default: return kp_jinja_call_global(c, fn.u.fn, a);
     }
 }
 
@@ -341,16 +341,16 @@ static bool eval_args(jctx *c, jframe *f, const jnode *n, jargs *a, size_t extra
     a->nargs = n->nargs + extra_front;
     a->nkw = n->nkw;
     a->kwnames = n->kwnames;
-    a->args = a->nargs ? ja_alloc(&c->arena, a->nargs * sizeof(jv)) : NULL;
-    a->kwvals = a->nkw ? ja_alloc(&c->arena, a->nkw * sizeof(jv)) : NULL;
-    if ((a->nargs && !a->args) || (a->nkw && !a->kwvals)) { jfail(c, KP_JINJA_ENOMEM, "out of memory"); return false; }
+    a->args = a->nargs ? kp_ja_alloc(&c->arena, a->nargs * sizeof(jv)) : NULL;
+    a->kwvals = a->nkw ? kp_ja_alloc(&c->arena, a->nkw * sizeof(jv)) : NULL;
+    if ((a->nargs && !a->args) || (a->nkw && !a->kwvals)) { kp_jfail(c, KP_JINJA_ENOMEM, "out of memory"); return false; }
     for (size_t i = 0; i < n->nargs && !c->failed; i++) a->args[i + extra_front] = eval(c, f, n->args[i]);
     for (size_t i = 0; i < n->nkw && !c->failed; i++) a->kwvals[i] = eval(c, f, n->kwvals[i]);
     return !c->failed;
 }
 
 static jv make_macro(jctx *c, jframe *f, const jnode *m) {
-    jv v = jv_func(c, JFN_MACRO, m->name);
+    jv v = kp_jv_func(c, JFN_MACRO, m->name);
     if (v.t == JT_FUNC) {
         v.u.fn->macro = m;
         v.u.fn->closure = f;
@@ -361,7 +361,7 @@ static jv make_macro(jctx *c, jframe *f, const jnode *m) {
 static jv eval_filter(jctx *c, jframe *f, const jnode *n, jv operand) {
     jargs a;
     if (!eval_args(c, f, n, &a, 0)) return jv_undef();
-    return jinja_filter(c, n->name, operand, &a);
+    return kp_jinja_filter(c, n->name, operand, &a);
 }
 
 /* A filter chain built on a NULL operand (set blocks, filter blocks) applied to v. */
@@ -375,18 +375,18 @@ static jv apply_chain(jctx *c, jframe *f, const jnode *n, jv v) {
 /* ---------------------------------------------------------------- expressions */
 
 static jv eval_seq(jctx *c, jframe *f, const jnode *n) {
-    jv l = jv_list(c, n->nargs);
+    jv l = kp_jv_list(c, n->nargs);
     for (size_t i = 0; i < n->nargs && !c->failed; i++) l.u.l->items[i] = eval(c, f, n->args[i]);
     l.tuple = n->kind == N_TUPLE;
     return l;
 }
 
 static jv eval_dict(jctx *c, jframe *f, const jnode *n) {
-    jv d = jv_dict(c);
+    jv d = kp_jv_dict(c);
     for (size_t i = 0; i + 1 < n->nargs && !c->failed; i += 2) {
         jv k = eval(c, f, n->args[i]);
         jv v = eval(c, f, n->args[i + 1]);
-        if (!c->failed) jdict_set(c, d.u.d, k, v);
+        if (!c->failed) kp_jdict_set(c, d.u.d, k, v);
     }
     return d;
 }
@@ -406,11 +406,11 @@ static jv eval_concat(jctx *c, jframe *f, const jnode *n) {
     kp_buf b = {0};
     for (size_t i = 0; i < n->nargs && !c->failed; i++) {
         jv v = eval(c, f, n->args[i]);
-        jv_write_str(&b, v);
-        if (b.len > (size_t)KP_JINJA_MAX_STRING) jv_check_string(c, b.len);
+        kp_jv_write_str(&b, v);
+        if (b.len > (size_t)KP_JINJA_MAX_STRING) kp_jv_check_string(c, b.len);
     }
     if (c->failed) { kp_buf_free(&b); return jv_undef(); }
-    return jv_str_buf(c, &b);
+    return kp_jv_str_buf(c, &b);
 }
 
 static jv eval_call(jctx *c, jframe *f, const jnode *n) {
@@ -419,20 +419,39 @@ static jv eval_call(jctx *c, jframe *f, const jnode *n) {
     jargs a;
     if (!eval_args(c, f, n, &a, 0)) return jv_undef();
     c->at = n;
-    return jinja_call(c, fn, &a);
+    return kp_jinja_call(c, fn, &a);
 }
 
 static jv eval_neg(jctx *c, jv v, bool neg) {
-    if (v.t == JT_UNDEF) return jv_undef_fail(c, v);
+    if (v.t == JT_UNDEF) return kp_jv_undef_fail(c, v);
     if (v.t == JT_FLOAT) return jv_float(neg ? -v.u.f : v.u.f);
     if (v.t == JT_INT || v.t == JT_BOOL) {
         int64_t i = v.t == JT_BOOL ? v.u.b : v.u.i;
         return jv_int(neg ? -i : i);
     }
-    return jfail(c, KP_JINJA_ETYPE, "bad operand type for unary %s: '%s'", neg ? "-" : "+", jv_typename(v));
+    return kp_jfail(c, KP_JINJA_ETYPE, "bad operand type for unary %s: '%s'", neg ? "-" : "+", kp_jv_typename(v));
+}
+
+static jv eval_node(jctx *c, jframe *f, const jnode *n);
+
+/* Every expression and block level the interpreter enters, on the C stack:
+ * bounded by KP_JINJA_MAX_RECURSION (macros calling macros multiply the
+ * nesting the parser allows). */
+static bool enter(jctx *c) {
+    if (++c->rdepth > KP_JINJA_MAX_RECURSION) {
+        kp_jfail(c, KP_JINJA_ELIMIT, "the template nests more than %d levels deep at run time", KP_JINJA_MAX_RECURSION);
+        return false;
+    }
+    return true;
 }
 
 static jv eval(jctx *c, jframe *f, const jnode *n) {
+    jv r = enter(c) ? eval_node(c, f, n) : jv_undef();
+    c->rdepth--;
+    return r;
+}
+
+static jv eval_node(jctx *c, jframe *f, const jnode *n) {
     if (c->failed) return jv_undef();
     c->at = n;
     jv a, b;
@@ -444,18 +463,18 @@ static jv eval(jctx *c, jframe *f, const jnode *n) {
     case N_GETATTR:
         a = eval(c, f, n->a);
         c->at = n;
-        return c->failed ? a : jinja_getattr(c, a, n->name);
+        return c->failed ? a : kp_jinja_getattr(c, a, n->name);
     case N_GETITEM:
         a = eval(c, f, n->a);
         b = eval(c, f, n->b);
         c->at = n;
-        return c->failed ? a : jinja_getitem(c, a, b);
+        return c->failed ? a : kp_jinja_getitem(c, a, b);
     case N_SLICE: {
         a = eval(c, f, n->a);
         jv s = n->b ? eval(c, f, n->b) : jv_none(), e = n->c ? eval(c, f, n->c) : jv_none();
         jv st = n->d ? eval(c, f, n->d) : jv_none();
         c->at = n;
-        return c->failed ? a : jv_slice(c, a, s, e, st);
+        return c->failed ? a : kp_jv_slice(c, a, s, e, st);
     }
     case N_CALL: return eval_call(c, f, n);
     case N_FILTER:
@@ -467,24 +486,24 @@ static jv eval(jctx *c, jframe *f, const jnode *n) {
         jargs args;
         if (c->failed || !eval_args(c, f, n, &args, 0)) return jv_undef();
         c->at = n;
-        b = jinja_test(c, n->name, a, &args);
-        return c->failed ? b : jv_bool(n->op ? !jv_truthy(b) : jv_truthy(b));
+        b = kp_jinja_test(c, n->name, a, &args);
+        return c->failed ? b : jv_bool(n->op ? !kp_jv_truthy(b) : kp_jv_truthy(b));
     }
-    case N_NOT: a = eval(c, f, n->a); return jv_bool(!jv_truthy(a));
+    case N_NOT: a = eval(c, f, n->a); return jv_bool(!kp_jv_truthy(a));
     case N_NEG: case N_POS: a = eval(c, f, n->a); c->at = n; return c->failed ? a : eval_neg(c, a, n->kind == N_NEG);
     case N_BINOP:
         a = eval(c, f, n->a);
         b = eval(c, f, n->b);
         c->at = n;
         return c->failed ? a : binop(c, (jop)n->op, a, b);
-    case N_AND: a = eval(c, f, n->a); return jv_truthy(a) ? eval(c, f, n->b) : a;
-    case N_OR: a = eval(c, f, n->a); return jv_truthy(a) ? a : eval(c, f, n->b);
+    case N_AND: a = eval(c, f, n->a); return kp_jv_truthy(a) ? eval(c, f, n->b) : a;
+    case N_OR: a = eval(c, f, n->a); return kp_jv_truthy(a) ? a : eval(c, f, n->b);
     case N_COMPARE: return eval_compare(c, f, n);
     case N_CONDEXPR:
-        if (jv_truthy(eval(c, f, n->a))) return eval(c, f, n->b);
-        return n->c ? eval(c, f, n->c) : jv_undef_hint(c, "the inline if-expression evaluated to false and no else section was defined.");
+        if (kp_jv_truthy(eval(c, f, n->a))) return eval(c, f, n->b);
+        return n->c ? eval(c, f, n->c) : kp_jv_undef_hint(c, "the inline if-expression evaluated to false and no else section was defined.");
     case N_CONCAT: return eval_concat(c, f, n);
-    default: return jfail(c, KP_JINJA_ETYPE, "not an expression");
+    default: return kp_jfail(c, KP_JINJA_ETYPE, "not an expression");
     }
 }
 
@@ -493,10 +512,10 @@ static jv eval(jctx *c, jframe *f, const jnode *n) {
 static bool emit(jctx *c, const char *s, size_t n) {
     c->out_total += n;
     if (c->out_total > (size_t)KP_JINJA_MAX_OUTPUT) {
-        jfail(c, KP_JINJA_ELIMIT, "the output is longer than %ld bytes", (long)KP_JINJA_MAX_OUTPUT);
+        kp_jfail(c, KP_JINJA_ELIMIT, "the output is longer than %ld bytes", (long)KP_JINJA_MAX_OUTPUT);
         return false;
     }
-    if (!kp_buf_put(c->out, s, n)) { jfail(c, KP_JINJA_ENOMEM, "out of memory"); return false; }
+    if (!kp_buf_put(c->out, s, n)) { kp_jfail(c, KP_JINJA_ENOMEM, "out of memory"); return false; }
     return true;
 }
 
@@ -504,9 +523,9 @@ static bool emit_value(jctx *c, jv v) {
     if (v.t == JT_STR) return emit(c, v.u.s->s, v.u.s->len);
     if (v.t == JT_UNDEF) return true;
     kp_buf b = {0};
-    jv_write_str(&b, v);
+    kp_jv_write_str(&b, v);
     bool ok = !b.oom && emit(c, b.data ? b.data : "", b.len);
-    if (b.oom) jfail(c, KP_JINJA_ENOMEM, "out of memory");
+    if (b.oom) kp_jfail(c, KP_JINJA_ENOMEM, "out of memory");
     kp_buf_free(&b);
     return ok;
 }
@@ -516,14 +535,14 @@ static bool assign(jctx *c, jframe *f, const jnode *target, jv v) {
     if (target->kind == N_NSREF) {
         jv ns = lookup(c, f, target->name);
         c->at = target;
-        if (ns.t != JT_NS) { jfail(c, KP_JINJA_ETYPE, "cannot assign attribute on non-namespace object"); return false; }
-        return jdict_set(c, ns.u.d, jv_strz(c, target->kwnames[0]), v);
+        if (ns.t != JT_NS) { kp_jfail(c, KP_JINJA_ETYPE, "cannot assign attribute on non-namespace object"); return false; }
+        return kp_jdict_set(c, ns.u.d, kp_jv_strz(c, target->kwnames[0]), v);
     }
     if (target->kind == N_TUPLE) {
-        jv l = jv_iter_list(c, v);
+        jv l = kp_jv_iter_list(c, v);
         if (c->failed) return false;
         if (l.u.l->n != target->nargs) {
-            jfail(c, KP_JINJA_EVALUE, l.u.l->n > target->nargs ? "too many values to unpack (expected %zu)"
+            kp_jfail(c, KP_JINJA_EVALUE, l.u.l->n > target->nargs ? "too many values to unpack (expected %zu)"
                                                                : "not enough values to unpack (expected %zu)",
                   target->nargs);
             return false;
@@ -532,7 +551,7 @@ static bool assign(jctx *c, jframe *f, const jnode *target, jv v) {
             if (!assign(c, f, target->args[i], l.u.l->items[i])) return false;
         return true;
     }
-    jfail(c, KP_JINJA_ETYPE, "cannot assign to this expression");
+    kp_jfail(c, KP_JINJA_ETYPE, "cannot assign to this expression");
     return false;
 }
 
@@ -540,24 +559,24 @@ static xres exec_for(jctx *c, jframe *f, const jnode *n) {
     jv seq = eval(c, f, n->b);
     if (c->failed) return X_ERR;
     c->at = n;
-    jv items = jv_iter_list(c, seq);
+    jv items = kp_jv_iter_list(c, seq);
     if (c->failed) return X_ERR;
     jframe *it = frame_new(c, f);
     if (!it) return X_ERR;
     if (n->d) { /* the loop filter: applied before the loop counts */
-        jv kept = jv_list(c, items.u.l->n);
+        jv kept = kp_jv_list(c, items.u.l->n);
         size_t k = 0;
         for (size_t i = 0; i < items.u.l->n && !c->failed; i++) {
             it->n = 0;
             if (!step(c) || !assign(c, it, n->a, items.u.l->items[i])) return X_ERR;
-            if (jv_truthy(eval(c, it, n->d))) kept.u.l->items[k++] = items.u.l->items[i];
+            if (kp_jv_truthy(eval(c, it, n->d))) kept.u.l->items[k++] = items.u.l->items[i];
         }
         if (c->failed) return X_ERR;
         kept.u.l->n = k;
         items = kept;
     }
-    jloop *loop = ja_alloc(&c->arena, sizeof *loop);
-    if (!loop) { jfail(c, KP_JINJA_ENOMEM, "out of memory"); return X_ERR; }
+    jloop *loop = kp_ja_alloc(&c->arena, sizeof *loop);
+    if (!loop) { kp_jfail(c, KP_JINJA_ENOMEM, "out of memory"); return X_ERR; }
     loop->items = items;
     loop->length = items.u.l->n;
     jv lv = {0};
@@ -583,7 +602,7 @@ static jv capture(jctx *c, jframe *f, const jnode *body) {
     xres r = exec_body(c, f, body);
     c->out = saved;
     if (r == X_ERR || c->failed) { kp_buf_free(&buf); return jv_undef(); }
-    return jv_str_buf(c, &buf);
+    return kp_jv_str_buf(c, &buf);
 }
 
 static xres exec_callblock(jctx *c, jframe *f, const jnode *n) {
@@ -594,14 +613,14 @@ static xres exec_callblock(jctx *c, jframe *f, const jnode *n) {
     jv caller = make_macro(c, f, n->b);
     if (c->failed) return X_ERR;
     if (fn.t == JT_FUNC && fn.u.fn->kind == JFN_MACRO) {
-        jfunc *copy = ja_alloc(&c->arena, sizeof *copy);
-        if (!copy) { jfail(c, KP_JINJA_ENOMEM, "out of memory"); return X_ERR; }
+        jfunc *copy = kp_ja_alloc(&c->arena, sizeof *copy);
+        if (!copy) { kp_jfail(c, KP_JINJA_ENOMEM, "out of memory"); return X_ERR; }
         *copy = *fn.u.fn;
         copy->caller = caller;
         fn.u.fn = copy;
     }
     c->at = n;
-    jv r = jinja_call(c, fn, &a);
+    jv r = kp_jinja_call(c, fn, &a);
     return c->failed ? X_ERR : emit_value(c, r) ? X_OK : X_ERR;
 }
 
@@ -623,7 +642,7 @@ static xres exec_stmt(jctx *c, jframe *f, const jnode *n) {
     case N_IF: {
         jv cond = eval(c, f, n->a);
         if (c->failed) return X_ERR;
-        if (jv_truthy(cond)) return exec_body(c, f, n->b);
+        if (kp_jv_truthy(cond)) return exec_body(c, f, n->b);
         return n->c ? exec_body(c, f, n->c) : X_OK;
     }
     case N_FOR: return exec_for(c, f, n);
@@ -654,11 +673,10 @@ static xres exec_stmt(jctx *c, jframe *f, const jnode *n) {
 }
 
 static xres exec_body(jctx *c, jframe *f, const jnode *body) {
-    for (size_t i = 0; i < body->nargs; i++) {
-        xres r = exec_stmt(c, f, body->args[i]);
-        if (r != X_OK) return r;
-    }
-    return X_OK;
+    xres r = enter(c) ? X_OK : X_ERR;
+    for (size_t i = 0; r == X_OK && i < body->nargs; i++) r = exec_stmt(c, f, body->args[i]);
+    c->rdepth--;
+    return r;
 }
 
 /* ---------------------------------------------------------------- entry points */
@@ -667,10 +685,10 @@ kp_status kp_jinja_compile(const char *src, size_t len, kp_jinja **out, kp_jinja
     if (err) memset(err, 0, sizeof *err);
     *out = NULL;
     kp_jinja *t = calloc(1, sizeof *t);
-    if (!t) { jinja_seterr(err, KP_JINJA_ENOMEM, 0, 0, "out of memory"); return KP_ENOMEM; }
+    if (!t) { kp_jinja_seterr(err, KP_JINJA_ENOMEM, 0, 0, "out of memory"); return KP_ENOMEM; }
     /* jinja2 reads "\r\n" and "\r" as "\n" and drops one trailing newline */
-    char *text = ja_alloc(&t->arena, len + 1);
-    if (!text) { free(t); jinja_seterr(err, KP_JINJA_ENOMEM, 0, 0, "out of memory"); return KP_ENOMEM; }
+    char *text = kp_ja_alloc(&t->arena, len + 1);
+    if (!text) { free(t); kp_jinja_seterr(err, KP_JINJA_ENOMEM, 0, 0, "out of memory"); return KP_ENOMEM; }
     size_t n = 0;
     for (size_t i = 0; i < len; i++) {
         if (src[i] == '\r') {
@@ -686,7 +704,7 @@ kp_status kp_jinja_compile(const char *src, size_t len, kp_jinja **out, kp_jinja
     kp_jinja_error local;
     kp_jinja_error *e = err ? err : &local;
     memset(e, 0, sizeof *e);
-    if (jinja_lex(text, n, &t->arena, &toks, e)) t->root = jinja_parse(&toks, &t->arena, e);
+    if (kp_jinja_lex(text, n, &t->arena, &toks, e)) t->root = kp_jinja_parse(&toks, &t->arena, e);
     free(toks.toks);
     if (!t->root) {
         kp_jinja_free(t);
@@ -710,11 +728,11 @@ kp_status kp_jinja_render(const kp_jinja *t, const json_t *ctx, kp_buf *out, kp_
         json_t *v;
         json_object_foreach((json_t *)ctx, k, v) {
             if (c.failed) break;
-            frame_set(&c, root, k, jv_from_json(&c, v));
+            frame_set(&c, root, k, kp_jv_from_json(&c, v));
         }
     }
     if (!c.failed) exec_body(&c, root, t->root);
-    ja_free(&c.arena);
+    kp_ja_free(&c.arena);
     if (c.failed) {
         kp_buf_truncate(out, start);
         return e->code ? e->code : KP_EINVAL;
@@ -722,10 +740,10 @@ kp_status kp_jinja_render(const kp_jinja *t, const json_t *ctx, kp_buf *out, kp_
     return KP_OK;
 }
 
-size_t kp_jinja_size(const kp_jinja *t) { return t ? ja_used(&t->arena) + sizeof *t : 0; }
+size_t kp_jinja_size(const kp_jinja *t) { return t ? kp_ja_used(&t->arena) + sizeof *t : 0; }
 
 void kp_jinja_free(kp_jinja *t) {
     if (!t) return;
-    ja_free(&t->arena);
+    kp_ja_free(&t->arena);
     free(t);
 }

@@ -28,7 +28,7 @@ struct jchunk {
     _Alignas(16) unsigned char data[];
 };
 
-void *ja_alloc(jarena *a, size_t n) {
+void *kp_ja_alloc(jarena *a, size_t n) {
     n = (n + 15) & ~(size_t)15;
     if (n == 0) n = 16;
     jchunk *c = a->head;
@@ -49,19 +49,19 @@ void *ja_alloc(jarena *a, size_t n) {
     return p;
 }
 
-char *ja_strndup(jarena *a, const char *s, size_t n) {
-    char *d = ja_alloc(a, n + 1);
+char *kp_ja_strndup(jarena *a, const char *s, size_t n) {
+    char *d = kp_ja_alloc(a, n + 1);
     if (d && n) memcpy(d, s, n);
     return d;
 }
 
-size_t ja_used(const jarena *a) {
+size_t kp_ja_used(const jarena *a) {
     size_t n = 0;
     for (const jchunk *c = a->head; c; c = c->next) n += sizeof *c + c->used;
     return n;
 }
 
-void ja_free(jarena *a) {
+void kp_ja_free(jarena *a) {
     for (jchunk *c = a->head, *next; c; c = next) {
         next = c->next;
         free(c);
@@ -74,35 +74,35 @@ void ja_free(jarena *a) {
 
 static jv oom(jctx *c) {
     if (c->arena.limit && c->arena.total + (64u << 10) > c->arena.limit)
-        return jfail(c, KP_JINJA_ELIMIT, "the render needs more than %ld bytes of memory", (long)KP_JINJA_MAX_MEMORY);
-    return jfail(c, KP_JINJA_ENOMEM, "out of memory");
+        return kp_jfail(c, KP_JINJA_ELIMIT, "the render needs more than %ld bytes of memory", (long)KP_JINJA_MAX_MEMORY);
+    return kp_jfail(c, KP_JINJA_ENOMEM, "out of memory");
 }
 
-jv jv_undef_hint(jctx *c, const char *fmt, ...) {
+jv kp_jv_undef_hint(jctx *c, const char *fmt, ...) {
     char m[300];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(m, sizeof m, fmt, ap);
     va_end(ap);
     jv v = jv_undef();
-    v.u.hint = ja_strndup(&c->arena, m, strlen(m));
+    v.u.hint = kp_ja_strndup(&c->arena, m, strlen(m));
     return v;
 }
 
-void jv_check_string(jctx *c, size_t n) {
+void kp_jv_check_string(jctx *c, size_t n) {
     if (n > (size_t)KP_JINJA_MAX_STRING && !c->failed)
-        jfail(c, KP_JINJA_ELIMIT, "a string of %zu bytes is longer than the limit of %ld", n, (long)KP_JINJA_MAX_STRING);
+        kp_jfail(c, KP_JINJA_ELIMIT, "a string of %zu bytes is longer than the limit of %ld", n, (long)KP_JINJA_MAX_STRING);
 }
 
-void jv_check_items(jctx *c, size_t n) {
+void kp_jv_check_items(jctx *c, size_t n) {
     if (n > (size_t)KP_JINJA_MAX_ITEMS && !c->failed)
-        jfail(c, KP_JINJA_ELIMIT, "a list of %zu items is longer than the limit of %ld", n, (long)KP_JINJA_MAX_ITEMS);
+        kp_jfail(c, KP_JINJA_ELIMIT, "a list of %zu items is longer than the limit of %ld", n, (long)KP_JINJA_MAX_ITEMS);
 }
 
-jv jv_str(jctx *c, const char *s, size_t n) {
-    jv_check_string(c, n);
+jv kp_jv_str(jctx *c, const char *s, size_t n) {
+    kp_jv_check_string(c, n);
     if (c->failed) return jv_undef();
-    jstr *js = ja_alloc(&c->arena, sizeof(jstr) + n + 1);
+    jstr *js = kp_ja_alloc(&c->arena, sizeof(jstr) + n + 1);
     if (!js) return oom(c);
     js->len = n;
     if (n && s) memcpy(js->s, s, n);
@@ -112,21 +112,21 @@ jv jv_str(jctx *c, const char *s, size_t n) {
     return v;
 }
 
-jv jv_strz(jctx *c, const char *s) { return jv_str(c, s, strlen(s)); }
+jv kp_jv_strz(jctx *c, const char *s) { return kp_jv_str(c, s, strlen(s)); }
 
-jv jv_str_buf(jctx *c, kp_buf *b) {
+jv kp_jv_str_buf(jctx *c, kp_buf *b) {
     jv v;
     if (b->oom) v = oom(c);
-    else v = jv_str(c, b->data ? b->data : "", b->len);
+    else v = kp_jv_str(c, b->data ? b->data : "", b->len);
     kp_buf_free(b);
     return v;
 }
 
-jv jv_list(jctx *c, size_t n) {
-    jv_check_items(c, n);
+jv kp_jv_list(jctx *c, size_t n) {
+    kp_jv_check_items(c, n);
     if (c->failed) return jv_undef();
-    jlist *l = ja_alloc(&c->arena, sizeof *l);
-    jv *items = n ? ja_alloc(&c->arena, n * sizeof(jv)) : NULL;
+    jlist *l = kp_ja_alloc(&c->arena, sizeof *l);
+    jv *items = n ? kp_ja_alloc(&c->arena, n * sizeof(jv)) : NULL;
     if (!l || (n && !items)) return oom(c);
     l->n = n;
     l->items = items;
@@ -136,8 +136,8 @@ jv jv_list(jctx *c, size_t n) {
     return v;
 }
 
-jv jv_func(jctx *c, int kind, const char *name) {
-    jfunc *fn = ja_alloc(&c->arena, sizeof *fn);
+jv kp_jv_func(jctx *c, int kind, const char *name) {
+    jfunc *fn = kp_ja_alloc(&c->arena, sizeof *fn);
     if (!fn) return oom(c);
     fn->kind = kind;
     fn->name = name;
@@ -147,8 +147,8 @@ jv jv_func(jctx *c, int kind, const char *name) {
     return v;
 }
 
-jv jv_dict(jctx *c) {
-    jdict *d = ja_alloc(&c->arena, sizeof *d);
+jv kp_jv_dict(jctx *c) {
+    jdict *d = kp_ja_alloc(&c->arena, sizeof *d);
     if (!d) return oom(c);
     jv v = {0};
     v.t = JT_DICT;
@@ -156,13 +156,13 @@ jv jv_dict(jctx *c) {
     return v;
 }
 
-jv *jdict_get(const jdict *d, jv key) {
+jv *kp_jdict_get(const jdict *d, jv key) {
     for (size_t i = 0; i < d->n; i++)
-        if (jv_eq(d->keys[i], key)) return &d->vals[i];
+        if (kp_jv_eq(d->keys[i], key)) return &d->vals[i];
     return NULL;
 }
 
-jv *jdict_gets(const jdict *d, const char *key) {
+jv *kp_jdict_gets(const jdict *d, const char *key) {
     size_t n = strlen(key);
     for (size_t i = 0; i < d->n; i++)
         if (d->keys[i].t == JT_STR && d->keys[i].u.s->len == n && memcmp(d->keys[i].u.s->s, key, n) == 0)
@@ -170,13 +170,13 @@ jv *jdict_gets(const jdict *d, const char *key) {
     return NULL;
 }
 
-bool jdict_set(jctx *c, jdict *d, jv key, jv val) {
-    jv *old = jdict_get(d, key);
+bool kp_jdict_set(jctx *c, jdict *d, jv key, jv val) {
+    jv *old = kp_jdict_get(d, key);
     if (old) { *old = val; return true; }
     if (d->n == d->cap) {
         size_t cap = d->cap ? d->cap * 2 : 8;
-        jv_check_items(c, cap);
-        jv *k = ja_alloc(&c->arena, cap * sizeof(jv)), *v = ja_alloc(&c->arena, cap * sizeof(jv));
+        kp_jv_check_items(c, cap);
+        jv *k = kp_ja_alloc(&c->arena, cap * sizeof(jv)), *v = kp_ja_alloc(&c->arena, cap * sizeof(jv));
         if (c->failed) return false;
         if (!k || !v) { oom(c); return false; }
         if (d->n) {
@@ -194,24 +194,24 @@ bool jdict_set(jctx *c, jdict *d, jv key, jv val) {
 
 /* ---------------------------------------------------------------- JSON */
 
-jv jv_from_json(jctx *c, const json_t *j) {
+jv kp_jv_from_json(jctx *c, const json_t *j) {
     switch (json_typeof(j)) {
     case JSON_OBJECT: {
-        jv d = jv_dict(c);
+        jv d = kp_jv_dict(c);
         const char *k;
         json_t *v;
         if (c->failed) return d;
         json_object_foreach((json_t *)j, k, v) {
-            if (!jdict_set(c, d.u.d, jv_strz(c, k), jv_from_json(c, v))) break;
+            if (!kp_jdict_set(c, d.u.d, kp_jv_strz(c, k), kp_jv_from_json(c, v))) break;
         }
         return d;
     }
     case JSON_ARRAY: {
-        jv l = jv_list(c, json_array_size(j));
-        for (size_t i = 0; !c->failed && i < l.u.l->n; i++) l.u.l->items[i] = jv_from_json(c, json_array_get(j, i));
+        jv l = kp_jv_list(c, json_array_size(j));
+        for (size_t i = 0; !c->failed && i < l.u.l->n; i++) l.u.l->items[i] = kp_jv_from_json(c, json_array_get(j, i));
         return l;
     }
-    case JSON_STRING: return jv_str(c, json_string_value(j), json_string_length(j));
+    case JSON_STRING: return kp_jv_str(c, json_string_value(j), json_string_length(j));
     case JSON_INTEGER: return jv_int((int64_t)json_integer_value(j));
     case JSON_REAL: return jv_float(json_real_value(j));
     case JSON_TRUE: return jv_bool(true);
@@ -220,7 +220,7 @@ jv jv_from_json(jctx *c, const json_t *j) {
     }
 }
 
-json_t *jv_to_json(jctx *c, jv v) {
+json_t *kp_jv_to_json(jctx *c, jv v) {
     switch (v.t) {
     case JT_NONE: return json_null();
     case JT_BOOL: return json_boolean(v.u.b);
@@ -231,7 +231,7 @@ json_t *jv_to_json(jctx *c, jv v) {
         if (v.gen) break;
         json_t *a = json_array();
         for (size_t i = 0; a && i < v.u.l->n; i++) {
-            json_t *x = jv_to_json(c, v.u.l->items[i]);
+            json_t *x = kp_jv_to_json(c, v.u.l->items[i]);
             if (!x) { json_decref(a); return NULL; }
             json_array_append_new(a, x);
         }
@@ -243,10 +243,10 @@ json_t *jv_to_json(jctx *c, jv v) {
         for (size_t i = 0; o && i < v.u.d->n; i++) {
             if (v.u.d->keys[i].t != JT_STR) {
                 json_decref(o);
-                jfail(c, KP_JINJA_ETYPE, "keys must be str, int, float, bool or None, not %s", jv_typename(v.u.d->keys[i]));
+                kp_jfail(c, KP_JINJA_ETYPE, "keys must be str, int, float, bool or None, not %s", kp_jv_typename(v.u.d->keys[i]));
                 return NULL;
             }
-            json_t *x = jv_to_json(c, v.u.d->vals[i]);
+            json_t *x = kp_jv_to_json(c, v.u.d->vals[i]);
             if (!x) { json_decref(o); return NULL; }
             json_object_setn_new_nocheck(o, v.u.d->keys[i].u.s->s, v.u.d->keys[i].u.s->len, x);
         }
@@ -254,13 +254,13 @@ json_t *jv_to_json(jctx *c, jv v) {
     }
     default: break;
     }
-    jfail(c, KP_JINJA_ETYPE, "not JSON: %s", jv_typename(v));
+    kp_jfail(c, KP_JINJA_ETYPE, "not JSON: %s", kp_jv_typename(v));
     return NULL;
 }
 
 /* ---------------------------------------------------------------- Python semantics */
 
-const char *jv_typename(jv v) {
+const char *kp_jv_typename(jv v) {
     switch (v.t) {
     case JT_UNDEF: return "Undefined";
     case JT_NONE: return "NoneType";
@@ -276,7 +276,7 @@ const char *jv_typename(jv v) {
     }
 }
 
-bool jv_truthy(jv v) {
+bool kp_jv_truthy(jv v) {
     switch (v.t) {
     case JT_UNDEF: case JT_NONE: return false;
     case JT_BOOL: return v.u.b;
@@ -289,26 +289,26 @@ bool jv_truthy(jv v) {
     }
 }
 
-bool jv_is_num(jv v) { return v.t == JT_BOOL || v.t == JT_INT || v.t == JT_FLOAT; }
+bool kp_jv_is_num(jv v) { return v.t == JT_BOOL || v.t == JT_INT || v.t == JT_FLOAT; }
 
-double jv_num(jv v) {
+double kp_jv_num(jv v) {
     return v.t == JT_FLOAT ? v.u.f : v.t == JT_INT ? (double)v.u.i : v.t == JT_BOOL ? (double)v.u.b : 0.0;
 }
 
-bool jv_eq(jv a, jv b) {
-    if (jv_is_num(a) && jv_is_num(b)) {
+bool kp_jv_eq(jv a, jv b) {
+    if (kp_jv_is_num(a) && kp_jv_is_num(b)) {
         if (a.t != JT_FLOAT && b.t != JT_FLOAT) {
             int64_t x = a.t == JT_BOOL ? a.u.b : a.u.i, y = b.t == JT_BOOL ? b.u.b : b.u.i;
             return x == y;
         }
-        return jv_num(a) == jv_num(b);
+        return kp_jv_num(a) == kp_jv_num(b);
     }
     if ((a.t == JT_DICT || a.t == JT_NS) && a.t == b.t) {
         if (a.u.d == b.u.d) return true;
         if (a.u.d->n != b.u.d->n) return false;
         for (size_t i = 0; i < a.u.d->n; i++) {
-            jv *o = jdict_get(b.u.d, a.u.d->keys[i]);
-            if (!o || !jv_eq(a.u.d->vals[i], *o)) return false;
+            jv *o = kp_jdict_get(b.u.d, a.u.d->keys[i]);
+            if (!o || !kp_jv_eq(a.u.d->vals[i], *o)) return false;
         }
         return true;
     }
@@ -320,7 +320,7 @@ bool jv_eq(jv a, jv b) {
         if (a.gen || b.gen) return a.u.l == b.u.l;
         if (a.tuple != b.tuple || a.u.l->n != b.u.l->n) return false;
         for (size_t i = 0; i < a.u.l->n; i++)
-            if (!jv_eq(a.u.l->items[i], b.u.l->items[i])) return false;
+            if (!kp_jv_eq(a.u.l->items[i], b.u.l->items[i])) return false;
         return true;
     case JT_LOOP: return a.u.loop == b.u.loop;
     case JT_FUNC: return a.u.fn == b.u.fn;
@@ -328,9 +328,9 @@ bool jv_eq(jv a, jv b) {
     }
 }
 
-int jv_cmp(jctx *c, jv a, jv b) {
-    if (jv_is_num(a) && jv_is_num(b)) {
-        double x = jv_num(a), y = jv_num(b);
+int kp_jv_cmp(jctx *c, jv a, jv b) {
+    if (kp_jv_is_num(a) && kp_jv_is_num(b)) {
+        double x = kp_jv_num(a), y = kp_jv_num(b);
         if (a.t != JT_FLOAT && b.t != JT_FLOAT) {
             int64_t p = a.t == JT_BOOL ? a.u.b : a.u.i, q = b.t == JT_BOOL ? b.u.b : b.u.i;
             return p < q ? -1 : p > q;
@@ -345,20 +345,20 @@ int jv_cmp(jctx *c, jv a, jv b) {
     }
     if (a.t == JT_LIST && b.t == JT_LIST && a.tuple == b.tuple) {
         for (size_t i = 0; i < a.u.l->n && i < b.u.l->n; i++) {
-            if (jv_eq(a.u.l->items[i], b.u.l->items[i])) continue;
-            return jv_cmp(c, a.u.l->items[i], b.u.l->items[i]);
+            if (kp_jv_eq(a.u.l->items[i], b.u.l->items[i])) continue;
+            return kp_jv_cmp(c, a.u.l->items[i], b.u.l->items[i]);
         }
         return a.u.l->n < b.u.l->n ? -1 : a.u.l->n > b.u.l->n;
     }
     if (a.t == JT_UNDEF || b.t == JT_UNDEF) {
-        jfail(c, KP_JINJA_EUNDEFINED, "%s", (a.t == JT_UNDEF ? a : b).u.hint ? (a.t == JT_UNDEF ? a : b).u.hint : "value is undefined");
+        kp_jfail(c, KP_JINJA_EUNDEFINED, "%s", (a.t == JT_UNDEF ? a : b).u.hint ? (a.t == JT_UNDEF ? a : b).u.hint : "value is undefined");
         return 0;
     }
-    jfail(c, KP_JINJA_ETYPE, "'<' not supported between instances of '%s' and '%s'", jv_typename(a), jv_typename(b));
+    kp_jfail(c, KP_JINJA_ETYPE, "'<' not supported between instances of '%s' and '%s'", kp_jv_typename(a), kp_jv_typename(b));
     return 0;
 }
 
-void py_float_repr(double x, char out[40]) {
+void kp_py_float_repr(double x, char out[40]) {
     if (isnan(x)) { strcpy(out, "nan"); return; }
     if (isinf(x)) { strcpy(out, x < 0 ? "-inf" : "inf"); return; }
     char buf[40];
@@ -434,7 +434,7 @@ static void write_value(kp_buf *b, jv v, bool repr) {
     case JT_NONE: kp_buf_puts(b, "None"); break;
     case JT_BOOL: kp_buf_puts(b, v.u.b ? "True" : "False"); break;
     case JT_INT: kp_buf_printf(b, "%lld", (long long)v.u.i); break;
-    case JT_FLOAT: py_float_repr(v.u.f, num); kp_buf_puts(b, num); break;
+    case JT_FLOAT: kp_py_float_repr(v.u.f, num); kp_buf_puts(b, num); break;
     case JT_STR:
         if (repr) write_str_repr(b, v.u.s->s, v.u.s->len);
         else kp_buf_put(b, v.u.s->s, v.u.s->len);
@@ -469,24 +469,24 @@ static void write_value(kp_buf *b, jv v, bool repr) {
     }
 }
 
-void jv_write_str(kp_buf *b, jv v) { write_value(b, v, false); }
-void jv_write_repr(kp_buf *b, jv v) { write_value(b, v, true); }
+void kp_jv_write_str(kp_buf *b, jv v) { write_value(b, v, false); }
+void kp_jv_write_repr(kp_buf *b, jv v) { write_value(b, v, true); }
 
-jv jv_to_str(jctx *c, jv v) {
+jv kp_jv_to_str(jctx *c, jv v) {
     if (v.t == JT_STR) return v;
     kp_buf b = {0};
-    jv_write_str(&b, v);
-    return jv_str_buf(c, &b);
+    kp_jv_write_str(&b, v);
+    return kp_jv_str_buf(c, &b);
 }
 
-size_t utf8_count(const char *s, size_t n) {
+size_t kp_utf8_count(const char *s, size_t n) {
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
         if (((unsigned char)s[i] & 0xC0) != 0x80) k++;
     return k;
 }
 
-size_t utf8_offset(const char *s, size_t n, size_t cp) {
+size_t kp_utf8_offset(const char *s, size_t n, size_t cp) {
     size_t k = 0, i;
     for (i = 0; i < n; i++) {
         if (((unsigned char)s[i] & 0xC0) != 0x80) {
@@ -497,9 +497,9 @@ size_t utf8_offset(const char *s, size_t n, size_t cp) {
     return n;
 }
 
-size_t jv_length(jctx *c, jv v) {
+size_t kp_jv_length(jctx *c, jv v) {
     switch (v.t) {
-    case JT_STR: return utf8_count(v.u.s->s, v.u.s->len);
+    case JT_STR: return kp_utf8_count(v.u.s->s, v.u.s->len);
     case JT_LIST:
         if (!v.gen) return v.u.l->n;
         break;
@@ -507,45 +507,45 @@ size_t jv_length(jctx *c, jv v) {
     case JT_UNDEF: return 0;
     default: break;
     }
-    jfail(c, KP_JINJA_ETYPE, "object of type '%s' has no len()", jv_typename(v));
+    kp_jfail(c, KP_JINJA_ETYPE, "object of type '%s' has no len()", kp_jv_typename(v));
     return 0;
 }
 
-bool jv_is_iterable(jv v) {
+bool kp_jv_is_iterable(jv v) {
     return v.t == JT_STR || v.t == JT_LIST || v.t == JT_DICT || v.t == JT_UNDEF || v.t == JT_LOOP;
 }
 
-jv jv_iter_list(jctx *c, jv v) {
+jv kp_jv_iter_list(jctx *c, jv v) {
     switch (v.t) {
     case JT_LIST:
         v.gen = 0;
         return v;
-    case JT_UNDEF: return jv_list(c, 0);
+    case JT_UNDEF: return kp_jv_list(c, 0);
     case JT_DICT: {
-        jv l = jv_list(c, v.u.d->n);
+        jv l = kp_jv_list(c, v.u.d->n);
         if (!c->failed && v.u.d->n) memcpy(l.u.l->items, v.u.d->keys, v.u.d->n * sizeof(jv));
         return l;
     }
     case JT_STR: {
-        jv l = jv_list(c, utf8_count(v.u.s->s, v.u.s->len));
+        jv l = kp_jv_list(c, kp_utf8_count(v.u.s->s, v.u.s->len));
         const char *s = v.u.s->s;
         size_t i = 0, n = v.u.s->len;
         for (size_t k = 0; !c->failed && k < l.u.l->n; k++) {
             size_t j = i + 1;
             while (j < n && ((unsigned char)s[j] & 0xC0) == 0x80) j++;
-            l.u.l->items[k] = jv_str(c, s + i, j - i);
+            l.u.l->items[k] = kp_jv_str(c, s + i, j - i);
             i = j;
         }
         return l;
     }
     default:
-        return jfail(c, KP_JINJA_ETYPE, "'%s' object is not iterable", jv_typename(v));
+        return kp_jfail(c, KP_JINJA_ETYPE, "'%s' object is not iterable", kp_jv_typename(v));
     }
 }
 
 /* ---------------------------------------------------------------- errors and arguments */
 
-void jinja_seterr(kp_jinja_error *err, kp_jinja_kind kind, int line, int col, const char *fmt, ...) {
+void kp_jinja_seterr(kp_jinja_error *err, kp_jinja_kind kind, int line, int col, const char *fmt, ...) {
     if (!err) return;
     static const kp_status codes[] = {KP_OK, KP_EFORMAT, KP_EINVAL, KP_EINVAL, KP_EINVAL,
                                       KP_EINVAL, KP_EINVAL, KP_ERANGE, KP_ENOMEM};
@@ -559,7 +559,7 @@ void jinja_seterr(kp_jinja_error *err, kp_jinja_kind kind, int line, int col, co
     va_end(ap);
 }
 
-jv jfail(jctx *c, kp_jinja_kind kind, const char *fmt, ...) {
+jv kp_jfail(jctx *c, kp_jinja_kind kind, const char *fmt, ...) {
     if (c->failed) return jv_undef();
     c->failed = true;
     if (c->err) {
@@ -568,12 +568,12 @@ jv jfail(jctx *c, kp_jinja_kind kind, const char *fmt, ...) {
         va_start(ap, fmt);
         vsnprintf(m, sizeof m, fmt, ap);
         va_end(ap);
-        jinja_seterr(c->err, kind, c->at ? c->at->line : 0, c->at ? c->at->col : 0, "%s", m);
+        kp_jinja_seterr(c->err, kind, c->at ? c->at->line : 0, c->at ? c->at->col : 0, "%s", m);
     }
     return jv_undef();
 }
 
-jv jarg(const jargs *a, size_t pos, const char *name, bool *present) {
+jv kp_jarg(const jargs *a, size_t pos, const char *name, bool *present) {
     if (present) *present = true;
     if (pos < a->nargs) return a->args[pos];
     for (size_t i = 0; name && i < a->nkw; i++)
@@ -583,7 +583,7 @@ jv jarg(const jargs *a, size_t pos, const char *name, bool *present) {
 }
 
 /* Fails with the error an undefined value raises when used. */
-jv jv_undef_fail(jctx *c, jv u) {
-    if (u.unsafe) return jfail(c, KP_JINJA_ESECURITY, "%s", u.u.hint);
-    return jfail(c, KP_JINJA_EUNDEFINED, "%s", u.u.hint ? u.u.hint : "value is undefined");
+jv kp_jv_undef_fail(jctx *c, jv u) {
+    if (u.unsafe) return kp_jfail(c, KP_JINJA_ESECURITY, "%s", u.u.hint);
+    return kp_jfail(c, KP_JINJA_EUNDEFINED, "%s", u.u.hint ? u.u.hint : "value is undefined");
 }

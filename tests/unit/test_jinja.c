@@ -197,6 +197,19 @@ static void test_limits(void) {
         CHECK_MSG(!got && e.kind == KP_JINJA_ELIMIT && e.code == KP_ERANGE, "%s: %s", hostile[i], got ? "rendered" : e.msg);
         free(got);
     }
+    /* 60 nested lists a level in a macro 90 levels deep: within the parser's
+     * nesting, beyond the run-time one (KP_JINJA_MAX_RECURSION) */
+    kp_buf rec = {0};
+    kp_buf_puts(&rec, "{% macro f(n) %}{% if n < 90 %}{{ ");
+    kp_buf_fill(&rec, '[', 60);
+    kp_buf_puts(&rec, "f(n + 1)");
+    kp_buf_fill(&rec, ']', 60);
+    kp_buf_puts(&rec, " }}{% endif %}{% endmacro %}{{ f(0) }}");
+    kp_jinja_error re;
+    char *rgot = render(rec.data, NULL, &re);
+    CHECK_MSG(!rgot && re.kind == KP_JINJA_ELIMIT && strstr(re.msg, "levels deep"), "%s", rgot ? "rendered" : re.msg);
+    free(rgot);
+    kp_buf_free(&rec);
     /* deep nesting is refused by the parser, not the C stack */
     size_t n = 100000;
     char *deep = malloc(2 * n + 8);
