@@ -227,6 +227,9 @@ jv kp_jinja_percent_format(jctx *c, jv fmt, jv args);
 jv kp_jv_slice(jctx *c, jv v, jv start, jv stop, jv step);
 
 /* pystr.c */
+bool kp_py_space(unsigned cp);                         /* Python's str.isspace of one code point */
+unsigned kp_cp_at(const char *s, size_t n, size_t i, size_t *len); /* the code point at byte i, *len its bytes */
+size_t kp_prev_cp(const char *s, size_t end);          /* where the code point ending at end starts */
 jv kp_jinja_escape(jctx *c, jv v);                       /* markupsafe.escape */
 jv kp_jinja_strip(jctx *c, jv s, jv chars, int which);   /* which: 1 left, 2 right, 3 both */
 jv kp_jinja_case(jctx *c, jv v, int mode);               /* 0 lower, 1 upper, 2 capitalize, 3 |title, 4 str.title */

@@ -71,17 +71,30 @@ static bool lx_fail(lexer *lx, size_t at, const char *msg) {
 
 static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 
+/* Bytes of the whitespace character (Python's \s: str.isspace, so U+00A0,
+ * U+3000... too) that starts at i / ends at end; 0 when there is none. */
+static size_t ws_at(const lexer *lx, size_t i) {
+    size_t k;
+    return i < lx->len && kp_py_space(kp_cp_at(lx->src, lx->len, i, &k)) ? k : 0;
+}
+static size_t ws_before(const lexer *lx, size_t from, size_t end) {
+    if (end <= from) return 0;
+    size_t i = kp_prev_cp(lx->src, end), k;
+    if (i < from) return 0;
+    return kp_py_space(kp_cp_at(lx->src, end, i, &k)) && i + k == end ? k : 0;
+}
+
 /* The data src[from..to) after the stripping the tag at `to` asks for. */
 static bool lx_data(lexer *lx, size_t from, size_t to, char sign, bool is_var, bool line_starting) {
     size_t end = to;
     if (sign == '-') {
-        while (end > from && is_ws(lx->src[end - 1])) end--;
+        for (size_t k; (k = ws_before(lx, from, end)) > 0;) end -= k;
     } else if (sign != '+' && !is_var) {
         size_t l = end;
         while (l > from && lx->src[l - 1] != '\n') l--;
         if (l > from || line_starting) {
             size_t k = l;
-            while (k < end && is_ws(lx->src[k])) k++;
+            for (size_t w; k < end && (w = ws_at(lx, k)) > 0;) k += w;
             if (k == end && end > l) end = l;
         }
     }
@@ -95,7 +108,7 @@ static size_t lx_closer(lexer *lx, size_t p, char closech, bool trim) {
     const char *s = lx->src;
     if (s[p] == '-') {
         p += 3;
-        while (p < lx->len && is_ws(s[p])) p++;
+        for (size_t w; (w = ws_at(lx, p)) > 0;) p += w;
         return p;
     }
     if (s[p] == '+') return p + 3;
@@ -286,7 +299,7 @@ static bool lx_try_raw(lexer *lx, size_t p, size_t *next, bool *is_raw) {
     while (q < lx->len && is_ws(s[q])) q++;
     if (q + 3 <= lx->len && memcmp(s + q, "-%}", 3) == 0) {
         q += 3;
-        while (q < lx->len && is_ws(s[q])) q++;
+        for (size_t w; (w = ws_at(lx, q)) > 0;) q += w;
     } else if (q + 2 <= lx->len && memcmp(s + q, "%}", 2) == 0) {
         q += 2;
     } else {

@@ -20,13 +20,13 @@ bool kp_jv_need_str(jctx *c, jv v, const char *what) {
 }
 
 /* Python's str.isspace for one code point. */
-static bool py_space(unsigned cp) {
+bool kp_py_space(unsigned cp) {
     return (cp >= 9 && cp <= 13) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 || cp == 0xa0 || cp == 0x1680 ||
            (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 || cp == 0x202f || cp == 0x205f ||
            cp == 0x3000;
 }
 
-static unsigned cp_at(const char *s, size_t n, size_t i, size_t *len) {
+unsigned kp_cp_at(const char *s, size_t n, size_t i, size_t *len) {
     unsigned char c = (unsigned char)s[i];
     size_t k = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
     if (i + k > n) k = n - i;
@@ -36,7 +36,7 @@ static unsigned cp_at(const char *s, size_t n, size_t i, size_t *len) {
     return cp;
 }
 
-static size_t prev_cp(const char *s, size_t end) {
+size_t kp_prev_cp(const char *s, size_t end) {
     size_t i = end - 1;
     while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80) i--;
     return i;
@@ -45,7 +45,7 @@ static size_t prev_cp(const char *s, size_t end) {
 static bool in_chars(unsigned cp, const jstr *chars) {
     for (size_t i = 0; i < chars->len;) {
         size_t k;
-        if (cp_at(chars->s, chars->len, i, &k) == cp) return true;
+        if (kp_cp_at(chars->s, chars->len, i, &k) == cp) return true;
         i += k;
     }
     return false;
@@ -61,15 +61,15 @@ jv kp_jinja_strip(jctx *c, jv s, jv chars, int which) {
     if (which & 1)
         while (a < b) {
             size_t k;
-            unsigned cp = cp_at(p, b, a, &k);
-            if (set ? !in_chars(cp, set) : !py_space(cp)) break;
+            unsigned cp = kp_cp_at(p, b, a, &k);
+            if (set ? !in_chars(cp, set) : !kp_py_space(cp)) break;
             a += k;
         }
     if (which & 2)
         while (b > a) {
-            size_t i = prev_cp(p, b), k;
-            unsigned cp = cp_at(p, b, i, &k);
-            if (set ? !in_chars(cp, set) : !py_space(cp)) break;
+            size_t i = kp_prev_cp(p, b), k;
+            unsigned cp = kp_cp_at(p, b, i, &k);
+            if (set ? !in_chars(cp, set) : !kp_py_space(cp)) break;
             b = i;
         }
     return kp_jv_str(c, p + a, b - a);
