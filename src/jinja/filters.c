@@ -582,18 +582,6 @@ jv kp_jinja_filter(jctx *c, const char *name, jv v, const jargs *a) {
 
 /* ---------------------------------------------------------------- tests */
 
-/* str(v).islower() / .isupper() (ASCII letters only have a case here) */
-static bool is_lower_upper(jctx *c, jv v, bool upper) {
-    v = kp_jv_to_str(c, v);
-    if (c->failed) return false;
-    bool cased = false;
-    for (size_t i = 0; i < v.u.s->len; i++) {
-        unsigned char ch = (unsigned char)v.u.s->s[i];
-        if (upper ? islower(ch) : isupper(ch)) return false;
-        if (isalpha(ch)) cased = true;
-    }
-    return cased;
-}
 
 static jv test_cmp(jctx *c, const char *name, jv v, jv o) {
     if (!strcmp(name, "eq") || !strcmp(name, "equalto") || !strcmp(name, "==")) return jv_bool(kp_jv_eq(v, o));
@@ -650,8 +638,10 @@ jv kp_jinja_test(jctx *c, const char *name, jv v, const jargs *a) {
     if (!strcmp(name, "iterable")) return jv_bool(kp_jv_is_iterable(v));
     if (!strcmp(name, "callable")) return jv_bool(v.t == JT_FUNC || v.t == JT_UNDEF);
     if (!strcmp(name, "escaped")) return jv_bool(false);
-    if (!strcmp(name, "lower")) return jv_bool(is_lower_upper(c, v, false));
-    if (!strcmp(name, "upper")) return jv_bool(is_lower_upper(c, v, true));
+    if (!strcmp(name, "lower") || !strcmp(name, "upper")) { /* str(v).islower() / .isupper() */
+        jv s = kp_jv_to_str(c, v);
+        return c->failed ? s : jv_bool(kp_str_is_case(c, s, name[0] == 'u'));
+    }
     if (!strcmp(name, "sameas")) return jv_bool(sameas(v, o));
     if (!strcmp(name, "in")) {
         if (o.t == JT_STR && v.t == JT_STR) return jv_bool(v.u.s->len == 0 || memmem(o.u.s->s, o.u.s->len, v.u.s->s, v.u.s->len));

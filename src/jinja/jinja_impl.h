@@ -23,6 +23,7 @@
 #ifndef KP_JINJA_IMPL_H
 #define KP_JINJA_IMPL_H
 
+#include <locale.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -144,6 +145,8 @@ typedef struct jctx {
     kp_buf *out;      /* where output goes now (a macro's own buffer while it runs) */
     size_t out_total;
     jframe *root;
+    locale_t utf8;    /* C.UTF-8 for case mapping beyond ASCII, made when first needed */
+    bool utf8_tried;
 } jctx;
 
 /* value.c: fails the render with kind and message at the current node; returns an undefined value. */
@@ -230,6 +233,9 @@ jv kp_jv_slice(jctx *c, jv v, jv start, jv stop, jv step);
 bool kp_py_space(unsigned cp);                         /* Python's str.isspace of one code point */
 unsigned kp_cp_at(const char *s, size_t n, size_t i, size_t *len); /* the code point at byte i, *len its bytes */
 size_t kp_prev_cp(const char *s, size_t end);          /* where the code point ending at end starts */
+void kp_put_utf8(kp_buf *b, unsigned cp);              /* appends cp as UTF-8 */
+bool kp_str_is_case(jctx *c, jv s, bool upper);        /* str.isupper() / str.islower() */
+bool kp_cp_is(jctx *c, unsigned cp, char what);        /* 'a' alpha, 'n' alnum, 'd' digit, 'c' cased */
 jv kp_jinja_escape(jctx *c, jv v);                       /* markupsafe.escape */
 jv kp_jinja_strip(jctx *c, jv s, jv chars, int which);   /* which: 1 left, 2 right, 3 both */
 jv kp_jinja_case(jctx *c, jv v, int mode);               /* 0 lower, 1 upper, 2 capitalize, 3 |title, 4 str.title */

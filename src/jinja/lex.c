@@ -133,19 +133,6 @@ static int hexval(char c) {
     return isdigit((unsigned char)c) ? c - '0' : tolower((unsigned char)c) - 'a' + 10;
 }
 
-static void put_utf8(kp_buf *b, unsigned cp) {
-    char u[4];
-    if (cp < 0x80) { kp_buf_putc(b, (char)cp); return; }
-    if (cp < 0x800) { u[0] = (char)(0xC0 | cp >> 6); u[1] = (char)(0x80 | (cp & 63)); kp_buf_put(b, u, 2); return; }
-    if (cp < 0x10000) {
-        u[0] = (char)(0xE0 | cp >> 12); u[1] = (char)(0x80 | ((cp >> 6) & 63)); u[2] = (char)(0x80 | (cp & 63));
-        kp_buf_put(b, u, 3);
-        return;
-    }
-    u[0] = (char)(0xF0 | cp >> 18); u[1] = (char)(0x80 | ((cp >> 12) & 63));
-    u[2] = (char)(0x80 | ((cp >> 6) & 63)); u[3] = (char)(0x80 | (cp & 63));
-    kp_buf_put(b, u, 4);
-}
 
 /* One escape after the backslash at s[i]; returns the bytes consumed after it. */
 static size_t lx_escape(const char *s, size_t i, size_t end, kp_buf *b) {
@@ -168,7 +155,7 @@ static size_t lx_escape(const char *s, size_t i, size_t end, kp_buf *b) {
         unsigned v = 0;
         size_t k = 0;
         while (k < 3 && i + k < end && s[i + k] >= '0' && s[i + k] <= '7') v = v * 8 + (unsigned)(s[i + k++] - '0');
-        put_utf8(b, v);
+        kp_put_utf8(b, v);
         return k;
     }
     size_t digits = c == 'x' ? 2 : c == 'u' ? 4 : c == 'U' ? 8 : 0;
@@ -176,7 +163,7 @@ static size_t lx_escape(const char *s, size_t i, size_t end, kp_buf *b) {
         unsigned v = 0;
         size_t k;
         for (k = 1; k <= digits && hexval(s[i + k]) >= 0; k++) v = v * 16 + (unsigned)hexval(s[i + k]);
-        if (k == digits + 1 && v <= 0x10FFFF) { put_utf8(b, v); return digits + 1; }
+        if (k == digits + 1 && v <= 0x10FFFF) { kp_put_utf8(b, v); return digits + 1; }
     }
     kp_buf_putc(b, '\\');
     return 0;

@@ -286,25 +286,13 @@ static jv str_find(jctx *c, jv s, jv sub, const char *how) {
 }
 
 static jv str_is(jctx *c, jv s, const char *name) {
-    (void)c;
     size_t n = s.u.s->len;
     if (!n) return jv_bool(false);
-    if (!strcmp(name, "islower") || !strcmp(name, "isupper")) {
-        bool cased = false, upper = name[2] == 'u';
-        for (size_t i = 0; i < n; i++) {
-            unsigned char ch = (unsigned char)s.u.s->s[i];
-            if (upper ? islower(ch) : isupper(ch)) return jv_bool(false);
-            if (isalpha(ch)) cased = true;
-        }
-        return jv_bool(cased);
-    }
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s.u.s->s[i];
-        bool ok = !strcmp(name, "isalpha") ? isalpha(ch) != 0
-                : !strcmp(name, "isalnum") ? isalnum(ch) != 0
-                : !strcmp(name, "isspace") ? is_ws(ch)
-                                           : isdigit(ch) != 0;
-        if (!ok) return jv_bool(false);
+    if (!strcmp(name, "islower") || !strcmp(name, "isupper")) return jv_bool(kp_str_is_case(c, s, name[2] == 'u'));
+    char what = !strcmp(name, "isalpha") ? 'a' : !strcmp(name, "isalnum") ? 'n' : !strcmp(name, "isspace") ? 's' : 'd';
+    for (size_t i = 0, k; i < n; i += k) {
+        unsigned cp = kp_cp_at(s.u.s->s, n, i, &k);
+        if (!(what == 's' ? kp_py_space(cp) : kp_cp_is(c, cp, what))) return jv_bool(false);
     }
     return jv_bool(true);
 }

@@ -4,10 +4,13 @@
  * a set of characters, lower/upper/capitalize/title, replace with a count,
  * markupsafe's escape, a mapping's items as (key, value) tuples.
  *
- * Strings are UTF-8; positions are code points. Case mapping changes ASCII
- * letters only (other letters stay as they are).
+ * Strings are UTF-8; positions are code points. Case mapping beyond ASCII
+ * is glibc's (towupper_l in C.UTF-8), Python's simple case mapping but for
+ * the letters whose capital is two letters (only ß -> SS is done).
  */
 #include <ctype.h>
+#include <locale.h>
+#include <wctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,22 +95,99 @@ jv kp_jinja_items(jctx *c, jv v) {
     return l;
 }
 
+void kp_put_utf8(kp_buf *b, unsigned cp) {
+    char u[4];
+    if (cp < 0x80) { kp_buf_putc(b, (char)cp); return; }
+    if (cp < 0x800) { u[0] = (char)(0xC0 | cp >> 6); u[1] = (char)(0x80 | (cp & 63)); kp_buf_put(b, u, 2); return; }
+    if (cp < 0x10000) {
+        u[0] = (char)(0xE0 | cp >> 12); u[1] = (char)(0x80 | ((cp >> 6) & 63)); u[2] = (char)(0x80 | (cp & 63));
+        kp_buf_put(b, u, 3);
+        return;
+    }
+    u[0] = (char)(0xF0 | cp >> 18); u[1] = (char)(0x80 | ((cp >> 12) & 63));
+    u[2] = (char)(0x80 | ((cp >> 6) & 63)); u[3] = (char)(0x80 | (cp & 63));
+    kp_buf_put(b, u, 4);
+}
+
+/* The render's C.UTF-8 locale (towupper_l & co. know every script's
+ * letters), made at the first letter beyond ASCII; NULL when the system
+ * has none, and then only ASCII letters have a case. */
+static locale_t utf8_locale(jctx *c) {
+    if (!c->utf8_tried) {
+        c->utf8_tried = true;
+        c->utf8 = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0);
+    }
+    return c->utf8;
+}
+
+static unsigned map_case(jctx *c, unsigned cp, bool up) {
+    if (cp < 0x80) return (unsigned)(up ? toupper((int)cp) : tolower((int)cp));
+    locale_t l = utf8_locale(c);
+    if (!l) return cp;
+    return (unsigned)(up ? towupper_l((wint_t)cp, l) : towlower_l((wint_t)cp, l));
+}
+
+bool kp_cp_is(jctx *c, unsigned cp, char what) {
+    if (cp < 0x80) {
+        int ch = (int)cp;
+        return what == 'a' ? isalpha(ch) != 0 : what == 'n' ? isalnum(ch) != 0 : what == 'd' ? isdigit(ch) != 0
+                                                                                     : isalpha(ch) != 0;
+    }
+    locale_t l = utf8_locale(c);
+    if (!l) return false;
+    wint_t w = (wint_t)cp;
+    switch (what) {
+    case 'a': return iswalpha_l(w, l) != 0;
+    case 'n': return iswalnum_l(w, l) != 0;
+    case 'd': return iswdigit_l(w, l) != 0;
+    default: return iswupper_l(w, l) || iswlower_l(w, l);
+    }
+}
+
+/* One code point of s at i, *k its bytes; an invalid sequence is one byte,
+ * returned as 0xFFFFFFFF (copied as it is, never mapped). */
+static unsigned next_cp(const char *s, size_t n, size_t i, size_t *k) {
+    unsigned cp = kp_cp_at(s, n, i, k);
+    for (size_t j = 1; j < *k; j++)
+        if (((unsigned char)s[i + j] & 0xC0) != 0x80) { *k = 1; return 0xFFFFFFFFu; }
+    if (*k == 1 && (unsigned char)s[i] >= 0x80) return 0xFFFFFFFFu;
+    return cp;
+}
+
+bool kp_str_is_case(jctx *c, jv s, bool upper) {
+    bool cased = false;
+    for (size_t i = 0, k; i < s.u.s->len; i += k) {
+        unsigned cp = next_cp(s.u.s->s, s.u.s->len, i, &k);
+        if (cp == 0xFFFFFFFFu || !kp_cp_is(c, cp, 'c')) continue;
+        if (map_case(c, cp, upper) != cp && map_case(c, cp, !upper) == cp) return false; /* of the other case */
+        cased = true;
+    }
+    return cased;
+}
+
 jv kp_jinja_case(jctx *c, jv v, int mode) {
     jv s = kp_jv_to_str(c, v);
     if (c->failed) return s;
-    jv r = kp_jv_str(c, s.u.s->s, s.u.s->len);
-    if (c->failed) return r;
-    char *p = r.u.s->s;
+    kp_buf b = {0};
     bool start = true;
-    for (size_t i = 0; i < r.u.s->len; i++) {
-        unsigned char ch = (unsigned char)p[i];
+    const char *p = s.u.s->s;
+    for (size_t i = 0, k; i < s.u.s->len; i += k) {
+        unsigned cp = next_cp(p, s.u.s->len, i, &k);
+        if (cp == 0xFFFFFFFFu) {
+            kp_buf_put(&b, p + i, k);
+            start = mode == 4;
+            continue;
+        }
         bool up = mode == 1 || (mode == 2 && i == 0) || (mode >= 3 && start);
-        if (ch < 0x80) p[i] = (char)(up ? toupper(ch) : tolower(ch));
+        if (cp == 0xDF && up) /* ß has no one-letter capital: upper() SS, title case Ss */
+            kp_buf_puts(&b, mode == 1 || mode == 3 ? "SS" : "Ss");
+        else kp_put_utf8(&b, map_case(c, cp, up));
         if (mode == 3) /* jinja2's title: words start after "-", whitespace, "(", "{", "[", "<" */
-            start = ch == '-' || ch == '(' || ch == '{' || ch == '[' || ch == '<' || isspace(ch);
-        else if (mode == 4) /* str.title: after anything that is not a letter */
-            start = !(isalpha(ch) || ch >= 0x80);
+            start = cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' || kp_py_space(cp);
+        else if (mode == 4) /* str.title: after any character without a case */
+            start = !kp_cp_is(c, cp, 'c');
     }
+    jv r = kp_jv_str_buf(c, &b);
     r.markup = s.markup;
     return r;
 }

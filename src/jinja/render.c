@@ -733,6 +733,7 @@ kp_status kp_jinja_render(const kp_jinja *t, const json_t *ctx, kp_buf *out, kp_
     }
     if (!c.failed) exec_body(&c, root, t->root);
     kp_ja_free(&c.arena);
+    if (c.utf8) freelocale(c.utf8);
     if (c.failed) {
         kp_buf_truncate(out, start);
         return e->code ? e->code : KP_EINVAL;

@@ -77,6 +77,9 @@ static const render_case RENDERS[] = {
     {"{% set t = l | selectattr('x', 'defined') %}{{ t | list }} {{ (l | map('string')) is sequence }} {{ l | map('string') | first }}", "[] False 3"},
     {"{{ none | selectattr('a') | list }} {{ '' | map('upper') | list }}", "[] []"},
     {"{% for k in d | dictsort(reverse=true) %}{{ k[0] }}{% endfor %} {{ d | dictsort(by='value') }}", "Cba [('a', 1), ('b', 2), ('C', 3)]"},
+    {"{{ 'éàü ÿ ß straße Ωμέγα привет' | upper }}|{{ 'ÉÀÜ ΩΜΈΓΑ ПРИВЕТ' | lower }}|{{ 'élan vital-été (ça)' | title }}|{{ 'élan vital-été (ça) 1a'.title() }}|{{ 'über' | capitalize }}", "ÉÀÜ Ÿ SS STRASSE ΩΜΈΓΑ ПРИВЕТ|éàü ωμέγα привет|Élan Vital-Été (Ça)|Élan Vital-Été (Ça) 1A|Über"},
+    {"{{ 'é' is lower }} {{ 'É' is upper }} {{ 'éA' is lower }} {{ '日本' is lower }} {{ 'é'.isalpha() }} {{ '日本'.isalpha() }} {{ 'ß'.upper() }} {{ 'ß' | title }}", "True True False False True True SS SS"},
+    {"a 　{%- if true %}b{% endif -%}  c|x\n　 {% if true %}y{% endif %}\n z", "abc|x\ny z"},
     {"{{ '\"q\"' | safe + '<' }} {{ ('<' | e) + '>' }} {{ '<' | e | e }}", "\"q\"&lt; &lt;&gt; &lt;"},
 };
 
