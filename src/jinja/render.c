@@ -17,7 +17,9 @@
  *
  * Every statement, loop iteration and call is one step; KP_JINJA_MAX_STEPS
  * bounds them, KP_JINJA_MAX_DEPTH the nesting of macro calls,
- * KP_JINJA_MAX_OUTPUT the bytes written (including macro results).
+ * KP_JINJA_MAX_RECURSION the expression and block levels open at once (the
+ * C stack), KP_JINJA_MAX_OUTPUT the bytes written (including macro
+ * results). A failed render leaves the caller's buffer as it was.
  */
 #include <math.h>
 #include <stdarg.h>

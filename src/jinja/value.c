@@ -13,6 +13,10 @@
  *   dicts "{'k': 'v'}", strings in repr with ' quotes unless they hold a '
  *   and no ".
  *   Equality: 1 == 1.0 == True; strings, lists, dicts by content.
+ *
+ * Errors: kp_jfail records the first error of a render (kind, message, the
+ * position of the node being evaluated) and every later step sees
+ * c->failed and unwinds; kp_jinja_seterr fills a kp_jinja_error.
  */
 #include <math.h>
 #include <stdarg.h>
