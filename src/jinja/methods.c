@@ -384,7 +384,13 @@ static jv call_list_method(jctx *c, const char *m, jv l, const jargs *a) {
 
 jv kp_jinja_call_method(jctx *c, jfunc *fn, const jargs *a) {
     jv self = fn->self;
-    if (self.t == JT_STR) return call_str_method(c, fn->name, self, a);
+    if (self.t == JT_STR) {
+        jv r = call_str_method(c, fn->name, self, a);
+        if (self.markup && r.t == JT_STR) r.markup = 1; /* Markup's methods give Markup */
+        if (self.markup && r.t == JT_LIST)
+            for (size_t i = 0; i < r.u.l->n; i++) r.u.l->items[i].markup = r.u.l->items[i].t == JT_STR;
+        return r;
+    }
     if (self.t == JT_DICT) return call_dict_method(c, fn->name, self, a);
     return call_list_method(c, fn->name, self, a);
 }

@@ -171,9 +171,12 @@ static jv arith_float(jctx *c, jop op, double x, double y) {
         if (m == 0) m = copysign(0.0, y); /* Python: the sign of the divisor */
         return jv_float(m);
     }
-    case OP_POW:
+    case OP_POW: {
         if (x == 0 && y < 0) return kp_jfail(c, KP_JINJA_EVALUE, "0.0 cannot be raised to a negative power");
-        return jv_float(pow(x, y));
+        double r = pow(x, y);
+        if (isinf(r) && isfinite(x) && isfinite(y)) return kp_jfail(c, KP_JINJA_EVALUE, "(34, 'Numerical result out of range')");
+        return jv_float(r);
+    }
     default: return jv_undef();
     }
 }

@@ -440,8 +440,10 @@ static void write_value(kp_buf *b, jv v, bool repr) {
     case JT_INT: kp_buf_printf(b, "%lld", (long long)v.u.i); break;
     case JT_FLOAT: kp_py_float_repr(v.u.f, num); kp_buf_puts(b, num); break;
     case JT_STR:
+        if (repr && v.markup) kp_buf_puts(b, "Markup(");
         if (repr) write_str_repr(b, v.u.s->s, v.u.s->len);
         else kp_buf_put(b, v.u.s->s, v.u.s->len);
+        if (repr && v.markup) kp_buf_putc(b, ')');
         break;
     case JT_LIST:
         if (v.gen) { kp_buf_puts(b, "<generator object>"); break; }
