@@ -179,6 +179,7 @@ FUZZ_MAXLEN_oai   := 16384
 FUZZ_MAXLEN_http  := 8192
 FUZZ_MAXLEN_grammar := 4096
 FUZZ_MAXLEN_agent := 16384
+FUZZ_MAXLEN_jinja := 32768
 FUZZ_FLAGS = -std=c11 -D_GNU_SOURCE -Isrc -Iinclude -g -O1 -fsanitize=fuzzer,address,undefined \
 	      -fno-sanitize-recover=all $(PKG_CFLAGS) -pthread
 FUZZ_OBJ := $(patsubst src/%.c,build/fuzz/obj/%.o,$(SRC)) build/fuzz/obj/gen/dashboard_page.o
@@ -213,7 +214,7 @@ build/asan/fuzz_%: fuzz/fuzz_%.c fuzz/standalone.c build/asan/libkvpin.a
 build/rel/bench_%: bench/bench_%.c build/rel/libkvpin.a
 	$(CC) $(CFLAGS_RELEASE) -o $@ $< build/rel/libkvpin.a $(LDLIBS)
 
-bench: kvpin build/rel/bench_tok build/rel/bench_quant build/rel/bench_prefix build/rel/bench_grammar
+bench: kvpin build/rel/bench_tok build/rel/bench_quant build/rel/bench_prefix build/rel/bench_grammar build/rel/bench_jinja
 	sh bench/run.sh
 
 deps:

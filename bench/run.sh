@@ -37,6 +37,8 @@ echo "== tokenizer throughput (1 MB of English text, best of 3)"
 build/rel/bench_tok
 echo "== kernel throughput"
 build/rel/bench_quant
+echo "== chat template rendering (the Jinja interpreter, a 200-message agent conversation)"
+build/rel/bench_jinja
 out=build/bench/results.jsonl
 : >"$out"
 for t in $TYPES; do

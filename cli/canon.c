@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "serve/canon.h"
+#include "base/canon.h"
 #include "cli.h"
 
 enum { O_NEWLINE = CLI_OWN };

@@ -224,6 +224,7 @@ int cmd_mkmodel(int argc, char **argv);
 int cmd_doctor(int argc, char **argv);
 int cmd_serve(int argc, char **argv); /* serve.c */
 int cmd_canon(int argc, char **argv); /* canon.c */
+int cmd_template(int argc, char **argv); /* template.c */
 /* cache.c: `kvpin run` with several prompts through the prefix cache. */
 bool cli_cache_wanted(int argc, char **argv);
 int cmd_run_cached(int argc, char **argv);

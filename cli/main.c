@@ -31,6 +31,7 @@ static const struct {
     {"mkmodel", cmd_mkmodel, "write a GGUF model with seeded random weights"},
     {"doctor", cmd_doctor, "explain where and why prompts in a log miss the prefix cache"},
     {"canon", cmd_canon, "canonical JSON (RFC 8785) bytes of a JSON document"},
+    {"template", cmd_template, "render a chat template on a chat-completions request"},
 };
 
 static void usage(FILE *out) {

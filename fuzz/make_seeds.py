@@ -4,6 +4,7 @@
   python3 fuzz/make_seeds.py [KVPIN]     (from the repository root; KVPIN
                                           default ./kvpin, for mkmodel)
   python3 fuzz/make_seeds.py --grammar   (seeds-grammar/ only)
+  python3 fuzz/make_seeds.py --jinja     (seeds-jinja/ only)
 
 seeds-model/  tiny random-weight models from `kvpin mkmodel` (llama with the
               bundled SentencePiece vocabulary; qwen2 and qwen3 with the
@@ -25,6 +26,10 @@ seeds-http/   whole HTTP requests (head and body) to every endpoint: plain,
 seeds-grammar/ JSON Schemas (ws bound in the control byte) and GBNF
               grammars as clients send them, each followed by a NUL and a
               document a model might write under it.
+seeds-jinja/  every chat template of tests/data/chat/templates/ (subfolders
+              too), each followed by a NUL and a template context (messages,
+              tools, add_generation_prompt, bos/eos) taken from
+              tests/data/chat/conversations.json, normalized as kvpin does.
 The files are deterministic: the same script writes the same bytes.
 """
 import json
@@ -240,10 +245,35 @@ def agent():
         write(os.path.join(out, "responses-%d.json" % i), bytes([1 | ((i * 5) % 10) << 2]) + json.dumps(b).encode())
 
 
+def jinja():
+    out = os.path.join(HERE, "seeds-jinja")
+    root = os.path.join(HERE, "..", "tests", "data", "chat")
+    sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+    import chat_golden  # the request normalization kvpin's serve/chat_jinja.c follows
+    with open(os.path.join(root, "conversations.json"), encoding="utf-8") as f:
+        convs = list(json.load(f).items())
+    paths = []
+    for d, _, names in os.walk(os.path.join(root, "templates")):
+        paths += [os.path.join(d, n) for n in names if n.endswith(".jinja")]
+    for i, path in enumerate(sorted(paths)):
+        name, conv = convs[i % len(convs)]
+        messages, tools = chat_golden.normalize(conv)
+        ctx = {"messages": messages, "tools": tools, "bos_token": "<s>", "eos_token": "</s>",
+               "add_generation_prompt": conv.get("add_generation_prompt", True)}
+        with open(path, "rb") as f:
+            text = f.read()
+        stem = os.path.basename(path)[: -len(".jinja")]
+        write(os.path.join(out, "%s__%s" % (stem, name)), text + b"\0" + json.dumps(ctx, sort_keys=True).encode())
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--grammar"]:  # only the grammar seeds (no kvpin needed)
         grammars()
         sys.exit(0)
+    if sys.argv[1:2] == ["--jinja"]:  # only the template seeds (no kvpin needed)
+        jinja()
+        sys.exit(0)
+    jinja()
     grammars()
     models()
     texts()

@@ -34,8 +34,9 @@ from collections import defaultdict
 
 # Floor of each folder of src/, lowest first. Same number: independent.
 FLOORS = {
-    "base": 0,     # status, growable buffers, UTF-8, threads
+    "base": 0,     # status, growable buffers, UTF-8, threads, canonical JSON
     "gguf": 1,     # the file format: reader, writer, element types
+    "jinja": 1,    # the Jinja template interpreter (chat templates over JSON values)
     "kernels": 2,  # dot products per weight type, attention inner loops, CPU dispatch
     "kv": 2,       # the KV block pool
     "tok": 3,      # tokenizers and the text of generated tokens

@@ -17,7 +17,7 @@
 
 #include "base/buf.h"
 #include "base/rng.h"
-#include "serve/canon.h"
+#include "base/canon.h"
 #include "serve/chat_impl.h"
 
 /* ------------------------------------------------------------------ */

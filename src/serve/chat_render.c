@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "base/buf.h"
-#include "serve/canon.h"
+#include "base/canon.h"
 #include "serve/chat_impl.h"
 
 /* ------------------------------------------------------------------ */

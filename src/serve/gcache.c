@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "base/buf.h"
-#include "serve/canon.h"
+#include "base/canon.h"
 
 typedef struct {
     char *key;

@@ -7,7 +7,7 @@
  * A kp_gcache maps the request's constraint to one shared, immutable
  * kp_grammar:
  *
- *   key = kind byte + canonical bytes (RFC 8785, serve/canon.h) of the
+ *   key = kind byte + canonical bytes (RFC 8785, base/canon.h) of the
  *         schema and the order of its member names (the output follows
  *         the schema's property order, which canonical bytes sort away),
  *         or the GBNF text as sent

@@ -5,11 +5,13 @@ Reads a GGUF v2/v3 file with the standard library only, changes metadata
 arrays, and writes a copy whose tensor table and tensor data are byte for
 byte the original's (the data section is re-aligned after the new metadata).
 
-  gguf_edit.py IN OUT --resize KEY N [--resize KEY N ...]
+  gguf_edit.py IN OUT [--resize KEY N ...] [--set-str KEY VALUE ...]
 
 --resize cuts the array KEY to its first N entries, or extends it to N
 entries (strings "[EXTRA i]", numbers 0 for scores, 1 (normal) for token
 types, or the last element repeated for other numeric arrays).
+--set-str sets the string KEY to VALUE (UTF-8), added when absent (a chat
+template for `kvpin template`, tests/e2e/jinja_e2e.py).
 
 Format (little-endian), as the GGUF specification gives it:
   u32 magic "GGUF" | u32 version | u64 n_tensors | u64 n_kv
@@ -66,7 +68,7 @@ def put_value(out, t, v):
             put_value(out, et, x)
 
 
-def edit(src, dst, resize):
+def edit(src, dst, resize, set_strs=()):
     data = open(src, "rb").read()
     r = Reader(data)
     if data[:4] != b"GGUF":
@@ -109,8 +111,15 @@ def edit(src, dst, resize):
                 break
         else:
             raise SystemExit("%s: no array %s" % (src, key))
+    for key, value in set_strs:
+        for kv in kvs:
+            if kv[0] == key.encode():
+                kv[1], kv[2] = T_STRING, value.encode()
+                break
+        else:
+            kvs.append([key.encode(), T_STRING, value.encode()])
     out = bytearray(b"GGUF")
-    out += struct.pack("<IQQ", version, n_tensors, n_kv)
+    out += struct.pack("<IQQ", version, n_tensors, len(kvs))
     for k, t, v in kvs:
         put_string(out, k)
         out += struct.pack("<I", t)
@@ -122,18 +131,21 @@ def edit(src, dst, resize):
 
 
 def main(argv):
-    if len(argv) < 3 or "--resize" not in argv:
+    if len(argv) < 3 or ("--resize" not in argv and "--set-str" not in argv):
         print(__doc__, file=sys.stderr)
         return 2
     src, dst, rest = argv[0], argv[1], argv[2:]
-    resize = []
+    resize, set_strs = [], []
     while rest:
-        if rest[0] != "--resize" or len(rest) < 3:
-            print("gguf_edit.py: expected --resize KEY N", file=sys.stderr)
+        if rest[0] not in ("--resize", "--set-str") or len(rest) < 3:
+            print("gguf_edit.py: expected --resize KEY N or --set-str KEY VALUE", file=sys.stderr)
             return 2
-        resize.append((rest[1], int(rest[2])))
+        if rest[0] == "--resize":
+            resize.append((rest[1], int(rest[2])))
+        else:
+            set_strs.append((rest[1], rest[2]))
         rest = rest[3:]
-    edit(src, dst, resize)
+    edit(src, dst, resize, set_strs)
     return 0
 
 

@@ -13,7 +13,7 @@
  *   - the rules of the RFC applied by hand to small values (escapes of
  *     every control character, member order across the surrogate range).
  */
-#include "serve/canon.h"
+#include "base/canon.h"
 
 #include <jansson.h>
 #include <math.h>

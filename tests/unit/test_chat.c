@@ -47,7 +47,7 @@
 #include <string.h>
 
 #include "base/buf.h"
-#include "serve/canon.h"
+#include "base/canon.h"
 #include "harness.h"
 
 static json_t *load_json(const char *rel) {

@@ -1,6 +1,6 @@
 /*
  * canon.h - canonical JSON bytes (RFC 8785, the JSON Canonicalization
- * Scheme) (floor 7).
+ * Scheme) (floor 0).
  *
  * Two JSON documents that mean the same thing (same members in any order,
  * any whitespace, any escaping, "1E2" or "100.0" for 100) have the same

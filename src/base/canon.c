@@ -39,7 +39,7 @@
  * allowed); the writer checks UTF-8 validity and escapes per byte, since
  * every byte that needs an escape is ASCII.
  */
-#include "serve/canon.h"
+#include "base/canon.h"
 
 #include "base/buf.h"
 #include "base/unicode.h"
