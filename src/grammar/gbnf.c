@@ -99,8 +99,20 @@ static bool parse_char(gp *g, const char **pp, uint32_t *cpt) {
                 v = v * 16 + (uint32_t)h;
             }
             if (v > 0x10FFFF) return fail_at(g, p, KP_EINVAL, "code point U+%X is beyond U+10FFFF", v);
+            const char *next = p + 2 + nhex;
+            if (v >= 0xD800 && v <= 0xDBFF && next + 6 <= g->end && next[0] == '\\' && next[1] == 'u') {
+                uint32_t lo = 0; /* a UTF-16 pair written as two escapes, as JSON writes it */
+                int i = 0;
+                for (; i < 4 && hexval(next[2 + i]) >= 0; i++) lo = lo * 16 + (uint32_t)hexval(next[2 + i]);
+                if (i == 4 && lo >= 0xDC00 && lo <= 0xDFFF) {
+                    v = 0x10000 + ((v - 0xD800) << 10) + (lo - 0xDC00);
+                    next += 6;
+                }
+            }
+            if (v >= 0xD800 && v <= 0xDFFF) /* its UTF-8 would not be UTF-8 */
+                return fail_at(g, p, KP_EINVAL, "U+%04X is a lone UTF-16 surrogate, not a character", v);
             *cpt = v;
-            *pp = p + 2 + nhex;
+            *pp = next;
             return true;
         }
         switch (c) {

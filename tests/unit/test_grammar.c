@@ -147,6 +147,8 @@ static void test_gbnf_basic(void) {
     GCASE("root ::= \"\\n\\t\\\\\\\"\\x41\\u00e9\\U0001F600\"\n", {"\n\t\\\"A\xc3\xa9\xf0\x9f\x98\x80", 2},
           {"\n\t\\\"A\xc3\xa9\xf0\x9f\x98", 1});
     GCASE("root ::= [\\[\\]-]+\n", {"[]-", 2}, {"a", 0}); /* '-' last is itself */
+    /* a UTF-16 pair written as two \u escapes (as JSON writes U+1F600) is the one character */
+    GCASE("root ::= \"\\uD83D\\uDE00\"\n", {"\xf0\x9f\x98\x80", 2}, {"\xed\xa0\xbd", 0});
     /* . is any character, as UTF-8 */
     GCASE("root ::= . .\n", {"ab", 2}, {"\xe6\x97\xa5\xe6\x9c\xac", 2}, {"\xe6\x97", 1}, {"\xff", 0},
           {"\xed\xa0\x80", 0} /* a surrogate has no UTF-8 form */, {"\xc0\xaf", 0} /* overlong */);
@@ -226,6 +228,10 @@ static void test_gbnf_errors(void) {
         {"root ::= \"a\" root\n", KP_EINVAL, "can never finish"},
         {"root ::= \"a\"\n\"b\"\n", KP_EINVAL, "gbnf:2:1"},
         {"root ::= [^\\x00-\\U0010FFFF]\n", KP_EINVAL, "can never finish"},
+        {"root ::= \"\\uD800\"\n", KP_EINVAL, "lone UTF-16 surrogate"},
+        {"root ::= \"\\uDC00\\uD800\"\n", KP_EINVAL, "lone UTF-16 surrogate"},
+        {"root ::= [\\uD800-\\uDFFF]\n", KP_EINVAL, "lone UTF-16 surrogate"},
+        {"root ::= \"\\U0000D800\"\n", KP_EINVAL, "lone UTF-16 surrogate"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kp_grammar *g = NULL;
