@@ -47,6 +47,8 @@ typedef struct {
     const char *role;
     json_t *tools;   /* the chat tools (NULL: none) */
     json_t *prev_ids; /* tool_use ids of the last assistant message (an array) */
+    json_t *all_ids;  /* every tool_use id so far (unique, as Anthropic's API wants) */
+    json_t *answered; /* tool_use ids the current user message's tool_results answer */
     kp_oai_error *e;
 } tr;
 
@@ -191,6 +193,10 @@ static bool block(tr *t, size_t mi, size_t bi, const json_t *b, const char *role
         const json_t *input = json_object_get(b, "input");
         if (!json_is_string(id) || !json_string_length(id))
             return BAD(t->e, where, "%s.id must be a non-empty string", where);
+        if (known_id(t->all_ids, json_string_value(id)))
+            return BAD(t->e, where, "%s: tool_use ids must be unique; \"%.64s\" is used twice", where,
+                       json_string_value(id));
+        json_array_append(t->all_ids, (json_t *)id);
         if (!json_is_string(name) || !json_string_length(name))
             return BAD(t->e, where, "%s.name must be a non-empty string", where);
         if (input && !json_is_object(input) && !json_is_null(input))
@@ -211,6 +217,10 @@ static bool block(tr *t, size_t mi, size_t bi, const json_t *b, const char *role
                        "%s: tool_result for tool_use_id \"%.64s\", which no tool_use block of the previous "
                        "assistant message has",
                        where, json_string_value(id));
+        if (known_id(t->answered, json_string_value(id)))
+            return BAD(t->e, where, "%s: a second tool_result for tool_use_id \"%.64s\"", where,
+                       json_string_value(id));
+        json_array_append(t->answered, (json_t *)id);
         json_t *content = result_text(t, json_object_get(b, "content"), where);
         if (!content) return false;
         flush(t); /* the results and the user's text in the order of the blocks */
@@ -244,6 +254,25 @@ static bool block(tr *t, size_t mi, size_t bi, const json_t *b, const char *role
     }
     json_t *snap = json_object_get(b, "cache_control") ? snapshot(t) : NULL;
     return cache_control(t, b, where, snap, t->tools);
+}
+
+/* After user message i: every tool_use of the assistant message before it
+ * has its tool_result there, as Anthropic's API requires; then neither set
+ * carries over to the next turn. */
+static bool answered_all(tr *t, size_t i) {
+    size_t k;
+    const json_t *id;
+    json_array_foreach(t->prev_ids, k, id) if (!known_id(t->answered, json_string_value(id))) {
+        char p[48];
+        snprintf(p, sizeof p, "messages[%zu]", i);
+        return BAD(t->e, p,
+                   "messages.%zu: tool_use ids were found without tool_result blocks immediately after: %.64s. "
+                   "Each tool_use block must have a corresponding tool_result block in the next message",
+                   i, json_string_value(id));
+    }
+    json_array_clear(t->prev_ids);
+    json_array_clear(t->answered);
+    return true;
 }
 
 static bool messages(tr *t, const json_t *ms) {
@@ -289,6 +318,7 @@ static bool messages(tr *t, const json_t *ms) {
             json_decref(t->prev_ids);
             t->prev_ids = new_ids;
         }
+        if (!strcmp(role, "user") && !answered_all(t, i)) return false;
     }
     return true;
 }
@@ -428,9 +458,15 @@ bool kp_anth_translate(const char *body, size_t len, bool count_tokens, bool str
     memset(r, 0, sizeof *r);
     json_t *root = kp_oai_parse_object(body, len, e);
     if (!root) return false;
-    tr t = {.r = r, .msgs = json_array(), .role = "user", .prev_ids = json_array(), .e = e};
+    tr t = {.r = r,
+            .msgs = json_array(),
+            .role = "user",
+            .prev_ids = json_array(),
+            .all_ids = json_array(),
+            .answered = json_array(),
+            .e = e};
     json_t *chat = json_object();
-    bool ok = t.msgs && t.prev_ids && chat;
+    bool ok = t.msgs && t.prev_ids && t.all_ids && t.answered && chat;
     if (!ok) kp_oai_fail(e, 500, "api_error", NULL, NULL, "out of memory");
     const json_t *model = json_object_get(root, "model");
     if (ok && !json_is_string(model))
@@ -498,6 +534,8 @@ bool kp_anth_translate(const char *body, size_t len, bool count_tokens, bool str
     json_decref(t.calls);
     json_decref(t.thinking);
     json_decref(t.prev_ids);
+    json_decref(t.all_ids);
+    json_decref(t.answered);
     json_decref(root);
     if (!ok) kp_anth_request_free(r);
     return ok;

@@ -162,6 +162,17 @@ static void test_refused(void) {
         {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_use\","
          "\"id\":\"a\",\"name\":\"w\",\"input\":{}}]}]}",
          "messages[0].content[0].type", "assistant"},
+        /* as Anthropic's API: unique tool_use ids, one tool_result each, all in the next message */
+        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"Q\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"a\",\"name\":\"w\",\"input\":{}},{\"type\":\"tool_use\",\"id\":\"a\",\"name\":\"w\",\"input\":{}}]}]}",
+         "messages[1].content[1]", "used twice"},
+        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"Q\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"a\",\"name\":\"w\",\"input\":{}}]},{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"a\",\"content\":\"r\"}]},{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"a\",\"name\":\"w\",\"input\":{}}]}]}",
+         "messages[3].content[0]", "used twice"},
+        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"Q\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"a\",\"name\":\"w\",\"input\":{}}]},{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"a\",\"content\":\"r\"},{\"type\":\"tool_result\",\"tool_use_id\":\"a\",\"content\":\"r\"}]}]}",
+         "messages[2].content[1]", "second tool_result"},
+        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"Q\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"a\",\"name\":\"w\",\"input\":{}},{\"type\":\"tool_use\",\"id\":\"b\",\"name\":\"w\",\"input\":{}}]},{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"a\",\"content\":\"r\"}]}]}",
+         "messages[2]", "without tool_result blocks immediately after: b"},
+        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"Q\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"a\",\"name\":\"w\",\"input\":{}}]},{\"role\":\"user\",\"content\":\"Q\"},{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"a\",\"content\":\"r\"}]}]}",
+         "messages[2]", "without tool_result blocks immediately after: a"},
         {"{\"model\":\"m\",\"max_tokens\":1,\"system\":[{\"type\":\"text\",\"text\":\"a\",\"cache_control\":"
          "{\"type\":\"ephemeral\",\"ttl\":\"2h\"}}],\"messages\":[{\"role\":\"user\",\"content\":\"Q\"}]}",
          "system[0].cache_control", "ttl"},
