@@ -49,6 +49,7 @@ typedef struct {
     json_t *prev_ids; /* tool_use ids of the last assistant message (an array) */
     json_t *all_ids;  /* every tool_use id so far (unique, as Anthropic's API wants) */
     json_t *answered; /* tool_use ids the current user message's tool_results answer */
+    bool strict;      /* --strict-api: unknown members are a 400 */
     kp_oai_error *e;
 } tr;
 
@@ -160,6 +161,48 @@ static json_t *result_text(tr *t, const json_t *c, const char *where) {
     return s;
 }
 
+static bool listed(const char *const *list, const char *k) {
+    for (size_t i = 0; list && list[i]; i++)
+        if (!strcmp(list[i], k)) return true;
+    return false;
+}
+
+/* The request policy inside the body: the members of obj (at path where)
+ * beyond known, the ones kvpin acts on, are named in
+ * x-kvpin-ignored-fields; with --strict-api the first that is not one the
+ * API documents (api) is a 400. */
+static bool members(tr *t, const json_t *obj, const char *where, const char *const *known, const char *const *api) {
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)obj, k, v) {
+        if (listed(known, k)) continue;
+        char path[192];
+        snprintf(path, sizeof path, "%s.%.64s", where, k);
+        if (t->strict && !listed(api, k)) return BAD(t->e, path, "%s: unknown field", path);
+        if (!json_is_null(v)) kp_oai_note_ignored(&t->r->ignored, path);
+    }
+    return true;
+}
+
+/* The members of a content block of each type: kvpin's, and the API's
+ * others (named, not refused). */
+static bool block_members(tr *t, const json_t *b, const char *type, const char *where) {
+    static const char *const text[] = {"type", "text", "cache_control", NULL};
+    static const char *const text_api[] = {"citations", NULL};
+    static const char *const use[] = {"type", "id", "name", "input", "cache_control", NULL};
+    static const char *const use_api[] = {"caller", NULL};
+    static const char *const result[] = {"type", "tool_use_id", "content", "cache_control", NULL};
+    static const char *const result_api[] = {"is_error", NULL};
+    static const char *const think[] = {"type", "thinking", "signature", NULL};
+    static const char *const redacted[] = {"type", "data", NULL};
+    if (!strcmp(type, "text")) return members(t, b, where, text, text_api);
+    if (!strcmp(type, "tool_use")) return members(t, b, where, use, use_api);
+    if (!strcmp(type, "tool_result")) return members(t, b, where, result, result_api);
+    if (!strcmp(type, "thinking")) return members(t, b, where, think, NULL);
+    if (!strcmp(type, "redacted_thinking")) return members(t, b, where, redacted, NULL);
+    return true;
+}
+
 static bool known_id(const json_t *ids, const char *id) {
     size_t i;
     const json_t *x;
@@ -179,6 +222,7 @@ static bool block(tr *t, size_t mi, size_t bi, const json_t *b, const char *role
     if (!json_is_object(b) || !type) return BAD(t->e, p, "%s must be a content block with a type", where);
     if (sys && strcmp(type, "text"))
         return BAD(t->e, p, "%s: a system message holds text blocks only (not %.40s)", where, type);
+    if (!block_members(t, b, type, where)) return false;
     if (!strcmp(type, "text")) {
         const json_t *tx = json_object_get(b, "text");
         if (!json_is_string(tx)) {
@@ -290,6 +334,9 @@ static bool messages(tr *t, const json_t *ms) {
         bool assistant = !strcmp(role, "assistant");
         if (strcmp(role, "user") && !assistant && strcmp(role, "system"))
             return BAD(t->e, p, "%s must be \"user\", \"assistant\" or \"system\"", p);
+        static const char *const msg_known[] = {"role", "content", NULL};
+        snprintf(p, sizeof p, "messages[%zu]", i);
+        if (!members(t, m, p, msg_known, NULL)) return false; /* cache_control belongs on a block */
         const json_t *c = json_object_get(m, "content");
         json_t *new_ids = json_array();
         if (json_is_string(c)) {
@@ -343,6 +390,10 @@ static bool system_field(tr *t, const json_t *sys) {
             json_decref(parts);
             return BAD(t->e, where, "%s must be a text block {\"type\": \"text\", \"text\": ...}", where);
         }
+        if (!block_members(t, b, "text", where)) {
+            json_decref(parts);
+            return false;
+        }
         json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text", "text", tx));
         json_t *snap = NULL;
         if (json_object_get(b, "cache_control")) {
@@ -395,6 +446,9 @@ static bool tools_field(tr *t, const json_t *tools, const json_t *system) {
         if (!json_is_object(schema)) return BAD(t->e, where, "%s.input_schema must be a JSON Schema object", where);
         if (desc && !json_is_string(desc) && !json_is_null(desc))
             return BAD(t->e, where, "%s.description must be a string", where);
+        static const char *const tool_known[] = {"name", "description", "input_schema", "cache_control", "type", NULL};
+        static const char *const tool_api[] = {"strict", "input_examples", "defer_loading", "allowed_callers", NULL};
+        if (!members(t, x, where, tool_known, tool_api)) return false;
         json_t *fn = json_pack("{s:O, s:O}", "name", name, "parameters", schema);
         if (json_is_string(desc)) json_object_set(fn, "description", (json_t *)desc);
         json_array_append_new(t->tools, json_pack("{s:s, s:o}", "type", "function", "function", fn));
@@ -464,6 +518,7 @@ bool kp_anth_translate(const char *body, size_t len, bool count_tokens, bool str
             .prev_ids = json_array(),
             .all_ids = json_array(),
             .answered = json_array(),
+            .strict = strict,
             .e = e};
     json_t *chat = json_object();
     bool ok = t.msgs && t.prev_ids && t.all_ids && t.answered && chat;

@@ -94,7 +94,34 @@ static json_t *reasoning_text(const json_t *it, const char *where, kp_oai_error 
 
 /* input_items' walk; *rs: the last reasoning item's text not yet given to
  * an assistant message (owned by the caller). */
-static bool walk_items(const json_t *input, json_t *msgs, json_t **rs, kp_oai_error *e) {
+/* The members of input item it (at where) beyond those kvpin acts on or
+ * the API has: named in x-kvpin-ignored-fields, or with --strict-api a 400. */
+static bool item_members(const json_t *it, const char *type, const char *where, bool strict, kp_buf *ignored,
+                         kp_oai_error *e) {
+    static const char *const message[] = {"type", "role", "content", "id", "status", NULL};
+    static const char *const call[] = {"type", "call_id", "name", "arguments", "id", "status", "namespace", NULL};
+    static const char *const output[] = {"type", "call_id", "output", "id", "status", NULL};
+    static const char *const reasoning[] = {"type", "id", "summary", "content", "encrypted_content", "status", NULL};
+    const char *const *known = !strcmp(type, "message")         ? message
+                               : !strcmp(type, "function_call") ? call
+                               : !strcmp(type, "function_call_output") ? output
+                                                                        : reasoning;
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)it, k, v) {
+        bool ok = false;
+        for (size_t i = 0; known[i] && !ok; i++) ok = !strcmp(known[i], k);
+        if (ok) continue;
+        char path[160];
+        snprintf(path, sizeof path, "%s.%.64s", where, k);
+        if (strict) return BAD(e, path, "%s: unknown field", path);
+        if (!json_is_null(v)) kp_oai_note_ignored(ignored, path);
+    }
+    return true;
+}
+
+static bool walk_items(const json_t *input, json_t *msgs, json_t **rs, bool strict, kp_buf *ignored,
+                       kp_oai_error *e) {
     if (json_is_string(input)) {
         json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "user", "content", input));
         return true;
@@ -112,6 +139,9 @@ static bool walk_items(const json_t *input, json_t *msgs, json_t **rs, kp_oai_er
         if (!json_is_object(it)) return BAD(e, where, "%s must be an input item object", where);
         if (!type && role) type = "message";
         if (!type) return BAD(e, where, "%s needs a type (message, function_call, function_call_output, reasoning)", where);
+        bool supported = !strcmp(type, "message") || !strcmp(type, "function_call") ||
+                         !strcmp(type, "function_call_output") || !strcmp(type, "reasoning");
+        if (supported && !item_members(it, type, where, strict, ignored, e)) return false;
         if (strcmp(type, "function_call")) calls = NULL;
         if (!strcmp(type, "reasoning")) { /* the model's earlier reasoning, sent back */
             json_decref((*rs));
@@ -166,9 +196,9 @@ static bool walk_items(const json_t *input, json_t *msgs, json_t **rs, kp_oai_er
     return true;
 }
 
-static bool input_items(const json_t *input, json_t *msgs, kp_oai_error *e) {
+static bool input_items(const json_t *input, json_t *msgs, bool strict, kp_buf *ignored, kp_oai_error *e) {
     json_t *rs = NULL;
-    bool ok = walk_items(input, msgs, &rs, e);
+    bool ok = walk_items(input, msgs, &rs, strict, ignored, e);
     json_decref(rs);
     return ok;
 }
@@ -347,7 +377,7 @@ bool kp_resp_translate(const char *body, size_t len, const json_t *prev_conv, bo
     json_array_foreach(r->conv, i, m) json_array_append(msgs, m);
     if (ok) {
         json_t *fresh = json_array();
-        ok = input_items(json_object_get(root, "input"), fresh, e);
+        ok = input_items(json_object_get(root, "input"), fresh, strict, &r->ignored, e);
         json_array_foreach(fresh, i, m) {
             json_array_append(msgs, m);
             json_array_append(r->conv, m);

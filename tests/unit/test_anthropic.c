@@ -137,6 +137,42 @@ static void test_system_in_messages(void) {
 }
 
 /* Each refused body, and the field its error names. */
+/* Members inside the body kvpin does not act on are named (or, with
+ * --strict-api, refused unless the API documents them): in messages,
+ * blocks, system blocks and tools; cache_control on a message object
+ * (Anthropic's goes on blocks) included. */
+static void test_nested_fields(void) {
+    const char *body = "{\"model\":\"m\",\"max_tokens\":1,\"system\":[{\"type\":\"text\",\"text\":\"S\",\"citations\":"
+                       "[]}],\"tools\":[{\"name\":\"w\",\"input_schema\":{},\"colour\":1}],\"messages\":[{\"role\":"
+                       "\"user\",\"cache_control\":{\"type\":\"ephemeral\"},\"content\":[{\"type\":\"text\",\"text\":\"Q\","
+                       "\"weight\":2}]}]}";
+    kp_anth_request r;
+    kp_oai_error e;
+    CHECK(tr(body, &r, &e));
+    /* the four, in whatever order the translation meets them */
+    static const char *const want[] = {"system[0].citations", "tools[0].colour", "messages[0].cache_control",
+                                       "messages[0].content[0].weight"};
+    size_t total = 0;
+    for (size_t i = 0; i < 4; i++) {
+        const char *hit = r.ignored.data ? strstr(r.ignored.data, want[i]) : NULL;
+        size_t n = strlen(want[i]);
+        CHECK_MSG(hit && (hit == r.ignored.data || hit[-1] == ',') && (hit[n] == 0 || hit[n] == ','), "%s in %s",
+                  want[i], r.ignored.data ? r.ignored.data : "(none)");
+        total += n + 1;
+    }
+    CHECK_EQ_INT(r.ignored.len + 1, total); /* nothing else */
+    kp_anth_request_free(&r);
+    /* strict: the first one the API does not document */
+    CHECK(!kp_anth_translate(body, strlen(body), false, true, &r, &e));
+    CHECK_EQ_STR(e.param, "tools[0].colour");
+    CHECK(strstr(e.message, "unknown field") != NULL);
+    const char *documented = "{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":"
+                             "[{\"type\":\"text\",\"text\":\"Q\",\"citations\":[]}]}]}";
+    CHECK(kp_anth_translate(documented, strlen(documented), false, true, &r, &e));
+    CHECK_EQ_STR(r.ignored.data, "messages[0].content[0].citations");
+    kp_anth_request_free(&r);
+}
+
 static void test_refused(void) {
     static const struct {
         const char *body, *param, *word;
@@ -330,6 +366,7 @@ int main(void) {
     RUN(test_tools_round_trip);
     RUN(test_breakpoints);
     RUN(test_system_in_messages);
+    RUN(test_nested_fields);
     RUN(test_refused);
     RUN(test_errors);
     RUN(test_shapes);

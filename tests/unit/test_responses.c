@@ -112,6 +112,22 @@ static void test_reasoning_items(void) {
     kp_resp_request_free(&r);
 }
 
+/* Members of input items kvpin does not act on are named, or refused with
+ * --strict-api; those the API gives items it returns (id, status) pass. */
+static void test_item_members(void) {
+    const char *body = "{\"input\":[{\"type\":\"message\",\"role\":\"user\",\"content\":\"Q\",\"colour\":1},"
+                       "{\"type\":\"function_call\",\"id\":\"fc_1\",\"status\":\"completed\",\"call_id\":\"c\","
+                       "\"name\":\"f\",\"arguments\":\"{}\"},{\"type\":\"function_call_output\",\"call_id\":\"c\","
+                       "\"output\":\"o\",\"extra\":true}]}";
+    kp_resp_request r;
+    kp_oai_error e;
+    CHECK(kp_resp_translate(body, strlen(body), NULL, false, &r, &e));
+    CHECK_EQ_STR(r.ignored.data, "input[0].colour,input[2].extra");
+    kp_resp_request_free(&r);
+    CHECK(!kp_resp_translate(body, strlen(body), NULL, true, &r, &e));
+    CHECK_EQ_STR(e.param, "input[0].colour");
+}
+
 static void test_refused(void) {
     static const struct {
         const char *body, *param;
@@ -277,6 +293,7 @@ static void test_store(void) {
 int main(void) {
     RUN(test_translate);
     RUN(test_reasoning_items);
+    RUN(test_item_members);
     RUN(test_refused);
     RUN(test_tools);
     RUN(test_objects);
