@@ -64,6 +64,8 @@ typedef struct {
     uint64_t write_errors;        /* I/O errors of the writer */
     uint64_t evicted;             /* records deleted for the budget */
     uint64_t other_blocks;        /* records of other fingerprints found at open */
+    uint64_t epochs_lost;         /* Redis: times it was found to have lost its data (a restart
+                                     without persistence, FLUSHALL); what it lost is published again */
 } kp_tier_stats;
 
 /* Opens (creating) the tier for fingerprint fp over records of pool p's

@@ -11,7 +11,16 @@
  *                process published (SET answered OK) or found present, so
  *                a block dropped while Redis was down is offered again by
  *                the next sequence that holds it; never grows past
- *                KP_REDIS_SEEN_MAX entries (then it is emptied)
+ *                KP_REDIS_SEEN_MAX entries (then it is emptied). What Redis
+ *                loses leaves it: a lookup that finds a seen key missing
+ *                (evicted) removes it, and so that a restart without
+ *                persistence or a FLUSHALL is noticed, the background
+ *                thread reads the epoch key kvpin:FP:epoch every
+ *                EPOCH_CHECK_S seconds (the first replica to find it
+ *                absent writes a random value, SET NX): when it is absent
+ *                or changed, Redis lost its data and seen is emptied, so
+ *                every block a replica holds is published again at its
+ *                next use
  *   win[0..n_win) replies of the last pipelined GET, for win_key[...]
  *   sent_key[0..n_sent) the window after it: its GETs are sent before the
  *                replies of win are read, so Redis sends the next window
@@ -24,6 +33,8 @@
  */
 #include "cache/redistier.h"
 
+#include "base/entropy.h"
+
 #include <errno.h>
 #include <hiredis.h>
 #include <pthread.h>
@@ -34,6 +45,7 @@
 #include <time.h>
 
 #define SEEN_MAX (1u << 20)
+#define EPOCH_CHECK_S 2
 
 typedef struct {
     kp_bkey key;
@@ -60,6 +72,7 @@ struct kp_redistier {
     uint32_t qmax, qhead, qlen;
     uint64_t *seen;
     uint32_t seen_cap, seen_n;
+    char epoch[33]; /* the epoch key's value when last read ("" none yet) */
     redisReply *win[KP_REDIS_WINDOW];
     kp_bkey win_key[KP_REDIS_WINDOW];
     uint32_t n_win;
@@ -89,6 +102,26 @@ static bool seen_has(const kp_redistier *t, uint64_t h) {
     for (uint32_t i = (uint32_t)h & (t->seen_cap - 1);; i = (i + 1) & (t->seen_cap - 1)) {
         if (!t->seen[i]) return false;
         if (t->seen[i] == h) return true;
+    }
+}
+
+/* Removes h (backward-shift deletion keeps every probe run whole). */
+static void seen_remove(kp_redistier *t, uint64_t h) {
+    if (!t->seen_cap) return;
+    if (!h) h = 1;
+    uint32_t m = t->seen_cap - 1, i = (uint32_t)h & m;
+    while (t->seen[i] && t->seen[i] != h) i = (i + 1) & m;
+    if (!t->seen[i]) return;
+    t->seen[i] = 0;
+    t->seen_n--;
+    for (uint32_t j = (i + 1) & m; t->seen[j]; j = (j + 1) & m) {
+        uint32_t home = (uint32_t)t->seen[j] & m;
+        /* move j back to the hole when its home is not in (i, j] (cyclically) */
+        if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
+            t->seen[i] = t->seen[j];
+            t->seen[j] = 0;
+            i = j;
+        }
     }
 }
 
@@ -225,9 +258,38 @@ static kp_blockrec_reason lookup_failed(kp_redistier *t, kp_blockrec_reason r) {
     return r;
 }
 
+/* The epoch key (see the top of this file), on the publish connection;
+ * called without mu. false when the connection failed. */
+static bool check_epoch(kp_redistier *t) {
+    char name[80], now[33] = "";
+    snprintf(name, sizeof name, "kvpin:%s:epoch", t->fphex);
+    redisReply *r = redisCommand(t->pub, "GET %s", name);
+    if (!r) return false;
+    bool absent = r->type == REDIS_REPLY_NIL;
+    if (r->type == REDIS_REPLY_STRING && r->len < (long long)sizeof now) memcpy(now, r->str, (size_t)r->len);
+    freeReplyObject(r);
+    if (absent) { /* the first to notice writes one; every replica reads the winner's */
+        char mine[33];
+        if (kp_entropy_hex(mine, sizeof mine, 16, NULL) != KP_OK) return true;
+        if ((r = redisCommand(t->pub, "SET %s %s NX", name, mine))) freeReplyObject(r);
+        if (!(r = redisCommand(t->pub, "GET %s", name))) return false;
+        if (r->type == REDIS_REPLY_STRING && r->len < (long long)sizeof now) memcpy(now, r->str, (size_t)r->len);
+        freeReplyObject(r);
+    }
+    pthread_mutex_lock(&t->mu);
+    if (absent || (t->epoch[0] && strcmp(now, t->epoch))) { /* Redis lost what it held */
+        memset(t->seen, 0, (size_t)t->seen_cap * sizeof *t->seen);
+        t->seen_n = 0;
+        t->st.epochs_lost += t->epoch[0] != 0;
+    }
+    snprintf(t->epoch, sizeof t->epoch, "%s", now);
+    pthread_mutex_unlock(&t->mu);
+    return true;
+}
+
 static void *bg_main(void *arg) {
     kp_redistier *t = arg;
-    time_t last_look = 0, last_pub = 0;
+    time_t last_look = 0, last_pub = 0, last_epoch = 0;
     char why[256];
     pthread_setname_np(pthread_self(), "kvpin-redis"); /* ps -L, /proc/PID/task/TID/comm */
     pthread_mutex_lock(&t->mu);
@@ -269,6 +331,17 @@ static void *bg_main(void *arg) {
                     t->st.write_errors++;
                 }
                 pthread_cond_broadcast(&t->cv_idle);
+            }
+            continue;
+        }
+        if (t->pub && now - last_epoch >= EPOCH_CHECK_S) {
+            last_epoch = now;
+            pthread_mutex_unlock(&t->mu);
+            bool up = check_epoch(t);
+            pthread_mutex_lock(&t->mu);
+            if (!up) {
+                redisFree(t->pub);
+                t->pub = NULL;
             }
             continue;
         }
@@ -454,6 +527,7 @@ kp_blockrec_reason kp_redis_get(kp_redistier *t, const kp_bkey *keys, uint32_t n
         t->st.bytes_read += (uint64_t)r->len;
     } else {
         t->st.fail[why]++;
+        seen_remove(t, kp_bkey_h64(&keys[0])); /* evicted (or bad): publish it again when held */
     }
     pthread_mutex_unlock(&t->mu);
     return why;

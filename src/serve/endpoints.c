@@ -173,6 +173,7 @@ static json_t *tiers_json(kp_server *s) {
                               (json_int_t)t->write_errors, "evicted", (json_int_t)t->evicted, "restored_tokens",
                               (json_int_t)ts.restored_tokens[i], "other_fingerprint_blocks",
                               (json_int_t)t->other_blocks);
+        if (i == KP_TIER_REDIS) json_object_set_new(j, "epochs_lost", json_integer((json_int_t)t->epochs_lost));
         json_object_set_new(o, kp_tier_name((kp_tier_id)i), j);
     }
     return o;

@@ -5,6 +5,9 @@ binary; tests/run_all.sh runs it).
  - a prompt computed on replica A is reused by replica B from Redis
    (cached_tokens >= 99% of the prompt's whole blocks), answers equal the
    answer of a server without a prefix cache (greedy);
+ - Redis loses its data (FLUSHALL): the loss is noticed, the replica that
+   holds the prompt publishes its blocks again at its next use, and a new
+   replica restores them;
  - Redis killed mid-run: both replicas keep answering, correctly; the
    incident is logged once; Redis started again: sharing resumes;
  - a value cut short in Redis is refused (truncated), the answer unchanged;
@@ -142,6 +145,24 @@ dr = subprocess.run([os.environ.get("KVPIN", "./kvpin"), "doctor", "--json", "--
 rows = [json.loads(x) for x in dr.stdout.splitlines() if x.strip()] if dr.returncode == 0 else []
 r.ok(len(rows) == 2 and rows[0]["in_redis_tokens"] >= (len(prompts[0]) // B) * B and rows[0]["on_disk_tokens"] == 0 and
      rows[1]["in_redis_tokens"] == 0, "doctor --cache-redis: prompt 0's blocks in Redis: %s %s" % (rows, dr.stderr[-300:]))
+
+# Redis loses its data (FLUSHALL; a restart without persistence alike): A, which
+# holds prompt 0 in RAM, publishes it again at its next use, and a new
+# replica restores it (before, A's set of published keys kept it from ever
+# publishing them again, and every other replica computed them cold)
+resp(["FLUSHALL"])
+r.ok(wait_for(lambda: tiers(a)["redis"]["epochs_lost"] >= 1, 10), "FLUSHALL noticed: %s" % tiers(a)["redis"])
+whole0 = (len(prompts[0]) - 1) // B
+j = complete(a, prompts[0])
+r.ok(j["kvpin_cache"]["reused_from"]["ram"] >= whole0 * B - 1, "A still holds prompt 0: %s" % j["kvpin_cache"])
+r.ok(wait_for(lambda: resp(["EXISTS", "kvpin:%s:%s" % (fp, key_hex(prompts[0], whole0))]) == 1),
+     "after FLUSHALL, A publishes prompt 0's blocks again")
+c = Server(r, "--cache-redis", addr)
+time.sleep(1.2)  # its lookup connection is made in the background
+j = complete(c, prompts[0])
+r.ok(j["kvpin_cache"]["reused_from"]["redis"] >= whole0 * B - 1 and j["choices"][0]["text"] == answers[0],
+     "after FLUSHALL, a new replica restores prompt 0 from Redis: %s" % j["kvpin_cache"])
+c.stop()
 
 # Redis dies mid-run
 redis.kill()
