@@ -229,4 +229,15 @@ int cmd_template(int argc, char **argv); /* template.c */
 bool cli_cache_wanted(int argc, char **argv);
 int cmd_run_cached(int argc, char **argv);
 
+/* llama.cpp's spellings of options (llama-server, llama-cli) in argv
+ * (compat.c): mapped to kvpin's options, or taken out with a note on
+ * stderr, or refused (returns 2, the reason printed); argv and *argc are
+ * rewritten in place. tab: the command's options (a value of kvpin's own
+ * options is never read as an option). 0 when the line can go on. */
+int cli_llama_compat(const char *cmd, int *argc, char **argv, const cli_opt *tab);
+
+/* Whether the option spelled opt ("-c", "--ctx-size", "-np") of table tab
+ * (shared options resolved) takes a value. */
+bool cli_tab_takes_value(const cli_opt *tab, const char *opt);
+
 #endif

@@ -111,6 +111,20 @@ static int resolve(const cli_opt *tab, const cli_opt **out, int cap) {
     return n;
 }
 
+bool cli_tab_takes_value(const cli_opt *tab, const char *opt) {
+    const cli_opt *ent[CLI_MAX_OPTS];
+    int n = resolve(tab, ent, CLI_MAX_OPTS);
+    bool dd = opt[0] == '-' && opt[1] == '-';
+    const char *s = opt + (dd ? 2 : 1);
+    for (int i = 0; i < n; i++) {
+        const cli_opt *o = ent[i];
+        bool hit = dd ? (!strcmp(o->name, s) || (o->alias && !strcmp(o->alias, s)))
+                      : o->shorts && !strcmp(o->shorts, s);
+        if (hit) return o->arg != NULL;
+    }
+    return false;
+}
+
 static void print_line(FILE *f, const cli_opt *o) {
     char sh[8] = "", lg[64];
     if (o->shorts) snprintf(sh, sizeof sh, "-%s,", o->shorts);
@@ -209,6 +223,11 @@ static void map_multi_shorts(cli_args *a) {
         }
         for (const char *p = t + 1; *p; p++) { /* a cluster of one-letter options */
             const cli_opt *o = by_short(a, p, 1);
+            if (!o && t[2]) { /* "-ngl", "-xyz": name what was written, not its first letter */
+                bad(a, "unknown option '%s'", t);
+                a->bad = true;
+                return;
+            }
             if (!o) break;
             if (o->arg) {
                 if (!p[1]) i++;

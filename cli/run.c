@@ -129,8 +129,8 @@ static int parse_run_opts(int argc, char **argv, const char *cmd, run_opts *o) {
     o->layer = -1;
     bool logits = !strcmp(cmd, "logits"), inspect = !strcmp(cmd, "inspect");
     cli_args a;
-    cli_args_init(&a, cmd, logits ? logits_tab : inspect ? inspect_tab : run_tab,
-                  logits ? logits_help : inspect ? inspect_help : run_help, argc, argv);
+    const cli_opt *tab = logits ? logits_tab : inspect ? inspect_tab : run_tab;
+    cli_args_init(&a, cmd, tab, logits ? logits_help : inspect ? inspect_help : run_help, argc, argv);
     for (int k; (k = cli_args_next(&a)) != CLI_END;) {
         const char *v = a.val;
         int64_t n;
@@ -454,6 +454,8 @@ done:
 }
 
 int cmd_run(int argc, char **argv) {
+    int crc = cli_llama_compat("run", &argc, argv, run_tab); /* llama-cli's spellings, before any getopt pass */
+    if (crc) return crc;
     if (cli_cache_wanted(argc, argv)) return cmd_run_cached(argc, argv); /* cache.c */
     return do_generate(argc, argv, false);
 }

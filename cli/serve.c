@@ -200,6 +200,8 @@ int cmd_serve(int argc, char **argv) {
     int64_t max_tokens_cap = 0;
     bool reasoning_inline = false;
     cli_args a;
+    int crc = cli_llama_compat("serve", &argc, argv, serve_tab); /* llama-server's spellings */
+    if (crc) return crc;
     cli_args_init(&a, "serve", serve_tab, serve_usage, argc, argv);
     for (int k; (k = cli_args_next(&a)) != CLI_END;) {
         const char *v = a.val, *opt = a.opt;
@@ -339,6 +341,11 @@ int cmd_serve(int argc, char **argv) {
         goto done;
     }
     uint32_t n_ctx = ctx ? (uint32_t)ctx : (hp->n_ctx_train && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
+    if (ctx && hp->n_ctx_train && (uint64_t)ctx > hp->n_ctx_train) /* as llama-server warns */
+        fprintf(stderr,
+                "kvpin serve: warning: -c %u is above the model's training context (%u): positions past it are "
+                "ones the model never saw, and its answers there may degrade\n",
+                n_ctx, hp->n_ctx_train);
     uint64_t per = kp_model_kv_bytes_per_token_kv(hp, kv_type, kv_type_v);
     char b1[32], b2[32];
     if (!budget) {

@@ -93,6 +93,23 @@ check "an unknown KV type: exit 2" [ $? -eq 2 ]
 "$KVPIN" info -m tests/data/vocab/ggml-vocab-gpt-2.gguf >"$T/info.txt" 2>&1
 check "info on a vocabulary-only file" grep -q "tokenizer:     gpt2, pre-tokenizer gpt-2, 50257 tokens, 50000 merges" "$T/info.txt"
 
+# llama.cpp's spellings (llama-cli, llama-server): mapped (-ctk/-ctv are --kv-type-k/v),
+# noted (-ngl, -fa with or without its word, -cb, --jinja, -b, -ub, --mlock, --no-mmap,
+# --metrics), refused with what to do (-hf); an unknown option is named whole
+"$KVPIN" run -m tests/data/models/gen-qwen3-f16.gguf -ngl 99 -fa -cb --jinja -b 2048 -ub 512 --mlock --no-mmap \
+    -ctk q8_0 -ctv f32 -fa off -p "Once upon a time" --temp 0 -n 2 -t 1 >"$T/out.txt" 2>"$T/err.txt"
+check "llama-cli's options: exit 0" [ $? -eq 0 ]
+check "-ctk q8_0 -ctv f32: the KV bill of K q8_0 and V f32" \
+    grep -q "positions x $((256 / 32 * 34 + 256 * 4)) bytes" "$T/err.txt"
+check "-ngl noted" grep -q "note: -ngl 99 ignored: kvpin runs on the CPU" "$T/err.txt"
+check "-fa with and without its word noted" sh -c "grep -q 'note: -fa ignored' '$T/err.txt' && grep -q 'note: -fa off ignored' '$T/err.txt'"
+check "-cb, --jinja, -b, -ub, --mlock, --no-mmap noted" sh -c "for o in '-cb' '--jinja' '-b 2048' '-ub 512' '--mlock' '--no-mmap'; do grep -q \"note: \$o ignored\" '$T/err.txt' || exit 1; done"
+"$KVPIN" serve -m $M -hf org/model-GGUF >"$T/out.txt" 2>"$T/err.txt"
+check "serve -hf: exit 2" [ $? -eq 2 ]
+check "serve -hf: says to download the file" grep -q "does not download models.*-m FILE" "$T/err.txt"
+"$KVPIN" serve -m $M -xyz 9 >"$T/out.txt" 2>"$T/err.txt"
+check "an unknown option named whole" grep -q "unknown option '-xyz'" "$T/err.txt"
+
 # inspect shows prefill writing and decode appending
 "$KVPIN" inspect -p "Once upon a time" -n 3 >"$T/ins.txt" 2>/dev/null
 check "inspect prefill" grep -q "^prefill: 5 prompt tokens in one batch -> K/V written for positions 0..4; cache length 5" "$T/ins.txt"
