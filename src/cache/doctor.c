@@ -1319,6 +1319,18 @@ size_t kp_doctor_advice(kp_doctor_cause cause, const char *detail, size_t line,
 /* ------------------------------------------------------------------ */
 /* Everything at once                                                  */
 
+/* A finding of cause at byte d of the request r (its line, column and
+ * JSON context); the detail is the caller's. */
+static void finding_at(kp_doctor_finding *f, const char *r, size_t rlen, size_t d, kp_doctor_cause cause) {
+    memset(f, 0, sizeof *f);
+    f->cause = cause;
+    f->byte = d;
+    f->line = 1 + count_lines(r, 0, d);
+    f->column = 1;
+    for (size_t i = line_start(r, d); i < d; i++) f->column += !is_cont((unsigned char)r[i]);
+    f->in_json = inside_json(r, rlen, d);
+}
+
 /* Whether the tokens part inside text both share (kp_doctor_tokens.token_end),
  * and then the finding at the token's byte. */
 static bool retokenized(const char *r, size_t rlen, const kp_doctor_tokens *t, const kp_doctor_divergence *dv,
@@ -1327,13 +1339,7 @@ static bool retokenized(const char *r, size_t rlen, const kp_doctor_tokens *t, c
         (t->n_tokens && t->token_index >= t->n_tokens))
         return false;
     size_t d = t->token_byte;
-    memset(f, 0, sizeof *f);
-    f->cause = KP_DOCTOR_CAUSE_RETOKENIZED;
-    f->byte = d;
-    f->line = 1 + count_lines(r, 0, d);
-    f->column = 1;
-    for (size_t i = line_start(r, d); i < d; i++) f->column += !is_cont((unsigned char)r[i]);
-    f->in_json = inside_json(r, rlen, d);
+    finding_at(f, r, rlen, d, KP_DOCTOR_CAUSE_RETOKENIZED);
     sbuf b;
     sb_init(&b, f->detail, sizeof f->detail);
     sb_printf(&b, "retokenized: token %zu is ", t->token_index);
@@ -1364,13 +1370,7 @@ static bool rewritten(const char *c, size_t clen, const char *r, size_t rlen, co
         lost_reasoning = clen - i >= ml && !memcmp(c + i, mark, ml) && !(rlen - j >= ml && !memcmp(r + j, mark, ml));
     }
     if (!at_rewrite && !lost_reasoning) return false;
-    memset(f, 0, sizeof *f);
-    f->cause = KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY;
-    f->byte = d;
-    f->line = 1 + count_lines(r, 0, d);
-    f->column = 1;
-    for (size_t i = line_start(r, d); i < d; i++) f->column += !is_cont((unsigned char)r[i]);
-    f->in_json = inside_json(r, rlen, d);
+    finding_at(f, r, rlen, d, KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY);
     sbuf b;
     sb_init(&b, f->detail, sizeof f->detail);
     sb_puts(&b, "template_rewrites_history: ");

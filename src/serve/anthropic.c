@@ -161,27 +161,11 @@ static json_t *result_text(tr *t, const json_t *c, const char *where) {
     return s;
 }
 
-static bool listed(const char *const *list, const char *k) {
-    for (size_t i = 0; list && list[i]; i++)
-        if (!strcmp(list[i], k)) return true;
-    return false;
-}
-
-/* The request policy inside the body: the members of obj (at path where)
- * beyond known, the ones kvpin acts on, are named in
- * x-kvpin-ignored-fields; with --strict-api the first that is not one the
- * API documents (api) is a 400. */
+/* The request policy inside the body (kp_oai_sort_members): members kvpin
+ * does not act on are named, or refused with --strict-api unless the API
+ * documents them (api). */
 static bool members(tr *t, const json_t *obj, const char *where, const char *const *known, const char *const *api) {
-    const char *k;
-    json_t *v;
-    json_object_foreach((json_t *)obj, k, v) {
-        if (listed(known, k)) continue;
-        char path[192];
-        snprintf(path, sizeof path, "%s.%.64s", where, k);
-        if (t->strict && !listed(api, k)) return BAD(t->e, path, "%s: unknown field", path);
-        if (!json_is_null(v)) kp_oai_note_ignored(&t->r->ignored, path);
-    }
-    return true;
+    return kp_oai_sort_members(obj, where, known, api, t->strict, &t->r->ignored, t->e);
 }
 
 /* The members of a content block of each type: kvpin's, and the API's

@@ -243,6 +243,21 @@ bool kp_oai_sort_fields(const json_t *obj, const char *const *known, const char 
     return true;
 }
 
+bool kp_oai_sort_members(const json_t *obj, const char *where, const char *const *known, const char *const *api,
+                         bool strict, kp_buf *ignored, kp_oai_error *e) {
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)obj, k, v) {
+        if (listed(known, k)) continue;
+        char path[192];
+        snprintf(path, sizeof path, "%s.%.64s", where, k);
+        if (strict && !(api && listed(api, k)))
+            return kp_oai_fail(e, 400, "invalid_request_error", NULL, path, "%s: unknown field", path);
+        if (!json_is_null(v)) kp_oai_note_ignored(ignored, path);
+    }
+    return true;
+}
+
 bool kp_oai_note_ignored(kp_buf *list, const char *name) {
     if (list->len >= 3 && !memcmp(list->data + list->len - 3, "...", 3)) return true; /* cut already */
     char clean[97];

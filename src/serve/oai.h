@@ -161,6 +161,13 @@ bool kp_oai_note_ignored(kp_buf *list, const char *name);
 bool kp_oai_sort_fields(const json_t *obj, const char *const *known, const char *const *api, bool strict,
                         kp_buf *ignored, const char **unknown);
 
+/* The same policy inside a body: the members of obj (at path where, e.g.
+ * "messages[0].content[1]") not in known are noted as "where.member" in
+ * *ignored (unless null), or with strict, when not in api either (may be
+ * NULL), a 400 naming that path. */
+bool kp_oai_sort_members(const json_t *obj, const char *where, const char *const *known, const char *const *api,
+                         bool strict, kp_buf *ignored, kp_oai_error *e);
+
 /* Parses a JSON object body for the small endpoints (tokenize, probe, pin):
  * NULL with *e set when it is not a JSON object. */
 json_t *kp_oai_parse_object(const char *body, size_t len, kp_oai_error *e);

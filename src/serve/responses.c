@@ -106,18 +106,7 @@ static bool item_members(const json_t *it, const char *type, const char *where, 
                                : !strcmp(type, "function_call") ? call
                                : !strcmp(type, "function_call_output") ? output
                                                                         : reasoning;
-    const char *k;
-    json_t *v;
-    json_object_foreach((json_t *)it, k, v) {
-        bool ok = false;
-        for (size_t i = 0; known[i] && !ok; i++) ok = !strcmp(known[i], k);
-        if (ok) continue;
-        char path[160];
-        snprintf(path, sizeof path, "%s.%.64s", where, k);
-        if (strict) return BAD(e, path, "%s: unknown field", path);
-        if (!json_is_null(v)) kp_oai_note_ignored(ignored, path);
-    }
-    return true;
+    return kp_oai_sort_members(it, where, known, NULL, strict, ignored, e);
 }
 
 static bool walk_items(const json_t *input, json_t *msgs, json_t **rs, bool strict, kp_buf *ignored,
