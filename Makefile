@@ -22,7 +22,7 @@
 CC      ?= cc
 PKGS    := libpcre2-8 jansson libmicrohttpd
 # the cache tiers: block keys and checksums (XXH3-128), the Redis client
-PKGS    += libxxhash hiredis
+PKGS    += libxxhash hiredis libsodium
 # pkg-config and the compiler are asked when a recipe first needs their
 # answer (then remembered), not when make reads this file: in `make deps
 # all` the packages are installed before the first compile asks for their
@@ -30,7 +30,7 @@ PKGS    += libxxhash hiredis
 # reason.
 PKG_CFLAGS = $(eval PKG_CFLAGS := $$(shell pkg-config --cflags $$(PKGS) 2>/dev/null))$(PKG_CFLAGS)
 PKG_LIBS   = $(eval PKG_LIBS := $$(shell pkg-config --libs $$(PKGS) 2>/dev/null || \
-	       echo -lpcre2-8 -ljansson -lmicrohttpd -lxxhash -lhiredis))$(PKG_LIBS)
+	       echo -lpcre2-8 -ljansson -lmicrohttpd -lxxhash -lhiredis -lsodium))$(PKG_LIBS)
 
 # -march=native when the compiler accepts it, else a portable x86-64 build;
 # kernels pick AVX2/FMA/F16C at run time either way (see src/kernels/dispatch.c).

@@ -468,7 +468,7 @@ int cmd_run_cached(int argc, char **argv) {
         goto done;
     }
     if (o.cache_dir) {
-        kp_tiers_config tc = {o.cache_dir, o.disk_budget, NULL, 0, NULL, NULL, 0};
+        kp_tiers_config tc = {o.cache_dir, o.disk_budget, NULL, 0, NULL, NULL, NULL, 0};
         if (kp_eng_open_tiers(e, &tc, &err) != KP_OK) {
             fprintf(stderr, "kvpin run: %s\n", err.msg);
             goto done;
@@ -592,7 +592,7 @@ static bool doctor_tiers_open(doctor_tiers *d, const char *model) {
     uint64_t per = kp_model_kv_bytes_per_token_kv(&d->cm.m->hp, d->kv_type, d->kv_type_v);
     kp_eng_config ec = {d->kv_type, d->block, 4 * (uint64_t)d->block * per, d->block, false, NULL, d->kv_type_v,
                         true};
-    kp_tiers_config tc = {d->dir, 0, d->redis, d->redis_timeout, NULL, NULL, 0};
+    kp_tiers_config tc = {d->dir, 0, d->redis, d->redis_timeout, NULL, NULL, NULL, 0};
     if (kp_eng_new(&d->e, d->cm.m, d->cm.pool, d->cm.kernels, &ec, &err) != KP_OK ||
         kp_eng_open_tiers(d->e, &tc, &err) != KP_OK) {
         fprintf(stderr, "kvpin doctor: %s\n", err.msg);

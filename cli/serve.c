@@ -19,6 +19,7 @@
 
 #include "serve/chat.h"
 #include "cli.h"
+#include "cache/blockrec.h"
 #include "engine/engine.h"
 #include "serve/scheduler.h"
 #include "serve/server.h"
@@ -29,7 +30,7 @@ enum {
     O_API_KEY = CLI_OWN, O_API_KEY_FILE, O_CHAT_TEMPLATE, O_QUEUE, O_PREFILL_CHUNK, O_MAX_BODY, O_TIMEOUT,
     O_ALIAS, O_QUIET, O_REQUEST_TIMEOUT, O_MAX_CONNECTIONS, O_MAX_PER_ADDRESS, O_STRICT_API, O_NO_DASHBOARD,
     O_PIN_TTL_SCALE, O_VOLATILE_PREFIX, O_KEEP_VOLATILE, O_MAX_TOKENS_CAP, O_REASONING_FORMAT,
-    O_ALLOWED_HOSTS, O_CORS_ORIGIN
+    O_ALLOWED_HOSTS, O_CORS_ORIGIN, O_CACHE_KEY_FILE
 };
 
 #define MAX_HOST_RULES 64
@@ -79,6 +80,9 @@ static const cli_opt serve_tab[] = {
                                           "name and the machine's (comma-separated, repeatable; \".d.com\":\n"
                                           "d.com and its subdomains; \"*\": any; others get 421)",
      O_ALLOWED_HOSTS},
+    {"cache-key-file", NULL, NULL, "FILE", "seal every disk and Redis record with a MAC under this key (32\n"
+                                           "bytes, or 64 hex digits: openssl rand -hex 32) and accept only\n"
+                                           "records sealed with it: the store need not be trusted", O_CACHE_KEY_FILE},
     {"cors-origin", NULL, NULL, "ORIGIN", "let web pages of ORIGIN (\"https://app.example\", repeatable; \"*\":\n"
                                           "any) read answers (CORS); none by default", O_CORS_ORIGIN},
     {0},
@@ -181,7 +185,8 @@ static void tier_log(void *ctx, const char *msg) {
 
 int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *host = "127.0.0.1", *key_arg = NULL, *key_file = NULL, *tmpl = NULL;
-    const char *alias = NULL, *cache_dir = NULL, *cache_redis = NULL;
+    const char *alias = NULL, *cache_dir = NULL, *cache_redis = NULL, *cache_key_file = NULL;
+    uint8_t mac_key[KP_BLOCKREC_KEY_BYTES];
     uint64_t disk_budget = 0;
     int64_t redis_timeout = 50;
     int64_t port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 64, chunk = 256, block = 16, timeout = 60;
@@ -238,6 +243,7 @@ int cmd_serve(int argc, char **argv) {
                 while (*p == ',' || *p == ' ') p++;
             }
             break;
+        case O_CACHE_KEY_FILE: cache_key_file = v; break;
         case O_CORS_ORIGIN:
             if (n_cors_origins == MAX_HOST_RULES) {
                 fprintf(stderr, "kvpin serve: at most %d --cors-origin\n", MAX_HOST_RULES);
@@ -389,8 +395,20 @@ int cmd_serve(int argc, char **argv) {
         rc = 2;
         goto done;
     }
+    if (cache_key_file && !cache_dir && !cache_redis) {
+        fprintf(stderr, "kvpin serve: --cache-key-file seals the records of --cache-dir or --cache-redis; give one\n");
+        return 2;
+    }
+    if (cache_key_file) {
+        kp_error kerr = {0};
+        if (kp_blockrec_key_load(cache_key_file, mac_key, &kerr) != KP_OK) {
+            fprintf(stderr, "kvpin serve: %s\n", kerr.msg);
+            return 2;
+        }
+    }
     if (cache_dir || cache_redis) {
-        kp_tiers_config tc = {cache_dir, disk_budget, cache_redis, (uint32_t)redis_timeout, tier_log, NULL, 0};
+        kp_tiers_config tc = {cache_dir, disk_budget, cache_redis, (uint32_t)redis_timeout, tier_log, NULL,
+                              cache_key_file ? mac_key : NULL, 0};
         if (kp_eng_open_tiers(e, &tc, &err) != KP_OK) {
             fprintf(stderr, "kvpin serve: %s\n", err.msg);
             goto done;

@@ -8,6 +8,11 @@
  */
 #include "cache/blockrec.h"
 
+#include <ctype.h>
+#include <errno.h>
+#include <sodium.h>
+#include <stdio.h>
+
 #include <string.h>
 #include <sys/uio.h>
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
@@ -18,7 +23,7 @@ static const char magic[8] = {'K', 'V', 'P', 'I', 'N', 'B', 'L', 'K'};
 const char *kp_blockrec_reason_name(kp_blockrec_reason r) {
     static const char *const names[KP_BLOCKREC_N_REASONS] = {"ok",          "missing",  "truncated", "format",
                                                          "fingerprint", "tokens",   "checksum",  "io",
-                                                         "timeout"};
+                                                         "timeout",     "mac"};
     return (unsigned)r < KP_BLOCKREC_N_REASONS ? names[r] : "?";
 }
 
@@ -141,4 +146,58 @@ void kp_blockrec_load(const uint8_t *rec, kp_kvpool *p, int32_t block) {
         memcpy(isv ? kp_kvpool_v(p, block, l, h) : kp_kvpool_k(p, block, l, h), q, run_bytes(p, isv));
         q += run_bytes(p, isv);
     }
+}
+
+/* ---- sealed records ---- */
+
+kp_status kp_blockrec_key_load(const char *path, uint8_t key[KP_BLOCKREC_KEY_BYTES], kp_error *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return kp_fail(err, KP_EIO, "cannot read the cache key file %s: %s", path, strerror(errno));
+    uint8_t buf[256];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    if (n == KP_BLOCKREC_KEY_BYTES) {
+        memcpy(key, buf, n);
+        sodium_memzero(buf, sizeof buf);
+        return KP_OK;
+    }
+    size_t a = 0, b = n;
+    while (a < b && isspace(buf[a])) a++;
+    while (b > a && isspace(buf[b - 1])) b--;
+    size_t used = 0;
+    bool ok = b - a == 2 * KP_BLOCKREC_KEY_BYTES &&
+              sodium_hex2bin(key, KP_BLOCKREC_KEY_BYTES, (const char *)buf + a, b - a, NULL, &used, NULL) == 0 &&
+              used == KP_BLOCKREC_KEY_BYTES;
+    sodium_memzero(buf, sizeof buf);
+    if (!ok)
+        return kp_fail(err, KP_EINVAL,
+                       "the cache key file %s must hold 32 bytes, or 64 hex digits (openssl rand -hex 32)", path);
+    return KP_OK;
+}
+
+bool kp_blockrec_sealed(const uint8_t *head) { return (get32(head + 68) & KP_BLOCKREC_SEALED) != 0; }
+
+void kp_blockrec_seal(uint8_t *rec, size_t len, const uint8_t key[KP_BLOCKREC_KEY_BYTES]) {
+    put32(rec + 68, get32(rec + 68) | KP_BLOCKREC_SEALED);
+    crypto_auth(rec + len, rec, len, key);
+}
+
+kp_blockrec_reason kp_blockrec_unseal(const uint8_t *rec, size_t len, const uint8_t *key, size_t *body_len) {
+    *body_len = len;
+    bool sealed = len >= KP_BLOCKREC_HEADER + KP_BLOCKREC_MAC_BYTES && kp_blockrec_sealed(rec);
+    if (sealed) *body_len = len - KP_BLOCKREC_MAC_BYTES;
+    if (!key) return KP_BLOCKREC_OK;
+    if (!sealed || crypto_auth_verify(rec + *body_len, rec, *body_len, key) != 0) return KP_BLOCKREC_MAC;
+    return KP_BLOCKREC_OK;
+}
+
+bool kp_blockrec_mac_ok_iov(const uint8_t *head, size_t head_len, const struct iovec *iov, int n,
+                            const uint8_t tag[KP_BLOCKREC_MAC_BYTES], const uint8_t key[KP_BLOCKREC_KEY_BYTES]) {
+    crypto_auth_hmacsha512256_state st;
+    uint8_t mac[KP_BLOCKREC_MAC_BYTES];
+    crypto_auth_hmacsha512256_init(&st, key, KP_BLOCKREC_KEY_BYTES);
+    crypto_auth_hmacsha512256_update(&st, head, head_len);
+    for (int i = 0; i < n; i++) crypto_auth_hmacsha512256_update(&st, iov[i].iov_base, iov[i].iov_len);
+    crypto_auth_hmacsha512256_final(&st, mac);
+    return sodium_memcmp(mac, tag, KP_BLOCKREC_MAC_BYTES) == 0;
 }

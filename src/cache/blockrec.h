@@ -13,7 +13,7 @@
  *   32            16          key of this block (blockkey.h)
  *   48            16          key of the parent block (zeros for block 0)
  *   64            4           n_tokens (= the block size)
- *   68            4           reserved, 0
+ *   68            4           flags: KP_BLOCKREC_SEALED (a MAC follows), else 0
  *   72            8           kv_bytes: K/V bytes that follow the tokens
  *   80            16          XXH3-128 of the kv_bytes K/V bytes
  *   96            4*n_tokens  token ids, int32
@@ -21,6 +21,15 @@
  *                             kv-head 0..H-1 (n_tokens x head_dim elements
  *                             each), then the V rows of kv-head 0..H-1
  *   total = 96 + 4 * n_tokens + kv_bytes
+ *   [total        32          sealed records: HMAC-SHA-512-256 (libsodium's
+ *                             crypto_auth) of bytes 0..total under the tiers'
+ *                             key (--cache-key-file)]
+ *
+ * Without a MAC the store must be trusted: XXH3 finds corruption, not an
+ * attacker who recomputes it. With a key, a tier seals every record it
+ * writes and refuses (reason "mac") every record that is not sealed with
+ * that key, so whoever can write to the directory or the Redis database
+ * cannot steer a replica's answers. A reader without a key ignores a seal.
  *
  * kp_blockrec_check verifies, in order: the length (truncated), the magic and
  * version (format), the fingerprint (fingerprint), the key and the tokens
@@ -40,6 +49,9 @@
 
 #define KP_BLOCKREC_VERSION 1
 #define KP_BLOCKREC_HEADER 96
+#define KP_BLOCKREC_SEALED 1u     /* header flag: a MAC follows the record */
+#define KP_BLOCKREC_MAC_BYTES 32  /* crypto_auth_BYTES */
+#define KP_BLOCKREC_KEY_BYTES 32  /* crypto_auth_KEYBYTES */
 
 /* Why a record was refused (or KP_BLOCKREC_OK). */
 typedef enum {
@@ -52,11 +64,12 @@ typedef enum {
     KP_BLOCKREC_CHECKSUM,    /* K/V bytes differ from their checksum */
     KP_BLOCKREC_IO,          /* read error */
     KP_BLOCKREC_TIMEOUT,     /* the tier did not answer in time */
+    KP_BLOCKREC_MAC,         /* not sealed, or sealed under another key, where a key is set */
     KP_BLOCKREC_N_REASONS
 } kp_blockrec_reason;
 
 /* "missing", "truncated", "format", "fingerprint", "tokens", "checksum",
- * "io", "timeout" ("ok" for KP_BLOCKREC_OK). */
+ * "io", "timeout", "mac" ("ok" for KP_BLOCKREC_OK). */
 const char *kp_blockrec_reason_name(kp_blockrec_reason r);
 
 /* K/V bytes of one block of pool p: the pool's block_bytes. */
@@ -100,5 +113,30 @@ kp_blockrec_reason kp_blockrec_check_head(const uint8_t *head, size_t file_len, 
 /* True when the K/V rows of block `block` of pool p hash to the checksum
  * in head (XXH3-128 over the runs in record order, as kp_blockrec_encode). */
 bool kp_blockrec_sum_ok(const uint8_t *head, const kp_kvpool *p, int32_t block);
+
+/* ---- sealed records (a keyed MAC) ---- */
+
+/* The tiers' MAC key from file path: 32 raw bytes, or 64 hex digits (then
+ * whitespace allowed around them). KP_EIO (unreadable), KP_EINVAL (any
+ * other content), with the reason. */
+kp_status kp_blockrec_key_load(const char *path, uint8_t key[KP_BLOCKREC_KEY_BYTES], kp_error *err);
+
+/* Seals the encoded record rec[0..len): sets the flag, then writes the MAC
+ * of rec[0..len) at rec[len..len + KP_BLOCKREC_MAC_BYTES) (the buffer must
+ * hold that). */
+void kp_blockrec_seal(uint8_t *rec, size_t len, const uint8_t key[KP_BLOCKREC_KEY_BYTES]);
+
+/* The reader's side, before kp_blockrec_check: *body_len gets the length of
+ * the record without its MAC. With key: KP_BLOCKREC_MAC unless the record
+ * is sealed and its MAC is right. Without key (NULL): a seal is skipped. */
+kp_blockrec_reason kp_blockrec_unseal(const uint8_t *rec, size_t len, const uint8_t *key, size_t *body_len);
+
+/* The same for a record read in place (kp_blockrec_iov): its head, its K/V
+ * runs where they were read to, and the tag read from after them. */
+bool kp_blockrec_mac_ok_iov(const uint8_t *head, size_t head_len, const struct iovec *iov, int n,
+                            const uint8_t tag[KP_BLOCKREC_MAC_BYTES], const uint8_t key[KP_BLOCKREC_KEY_BYTES]);
+
+/* Whether a record's head says it is sealed. */
+bool kp_blockrec_sealed(const uint8_t *head);
 
 #endif

@@ -47,6 +47,8 @@ typedef struct {
 } djob;
 
 struct kp_disktier {
+    bool keyed;                               /* records are sealed with mac_key */
+    uint8_t mac_key[KP_BLOCKREC_KEY_BYTES];
     char dir[4096];  /* DIR/<fingerprint hex> */
     kp_fingerprint fp;
     const kp_kvpool *pool;
@@ -359,6 +361,10 @@ kp_status kp_disk_open(kp_disktier **out, const kp_disk_config *cfg, const kp_fi
     t->fp = *fp;
     t->pool = p;
     t->budget = cfg->budget_bytes;
+    if (cfg->mac_key) {
+        t->keyed = true;
+        memcpy(t->mac_key, cfg->mac_key, KP_BLOCKREC_KEY_BYTES);
+    }
     t->st.budget_bytes = cfg->budget_bytes;
     t->qmax = cfg->queue_max ? cfg->queue_max : 256;
     pthread_mutex_init(&t->mu, NULL);
@@ -440,7 +446,7 @@ bool kp_disk_ready(kp_disktier *t, const kp_bkey *key) {
 }
 
 bool kp_disk_put(kp_disktier *t, const kp_bkey *key, const kp_bkey *parent, const int32_t *tokens, int32_t block) {
-    size_t size = kp_blockrec_size(t->pool);
+    size_t body = kp_blockrec_size(t->pool), size = body + (t->keyed ? KP_BLOCKREC_MAC_BYTES : 0);
     pthread_mutex_lock(&t->mu);
     bool known = find_live(t, key) != NULL, full = t->qlen == t->qmax, big = t->budget && size > t->budget;
     if (full && !known) t->st.dropped_queue++;
@@ -450,6 +456,7 @@ bool kp_disk_put(kp_disktier *t, const kp_bkey *key, const kp_bkey *parent, cons
     uint8_t *rec = malloc(size);
     if (!rec) return false;
     kp_blockrec_encode(rec, t->pool, block, &t->fp.id, key, parent, tokens);
+    if (t->keyed) kp_blockrec_seal(rec, body, t->mac_key);
     pthread_mutex_lock(&t->mu);
     dent *d = t->qlen < t->qmax ? add(t, key) : NULL;
     if (d && !d->state) {
@@ -510,11 +517,20 @@ static kp_blockrec_reason read_in_place(kp_disktier *t, int fd, size_t len, cons
     struct iovec *iov = malloc((size_t)n * sizeof *iov);
     kp_blockrec_reason r = head && iov ? KP_BLOCKREC_OK : KP_BLOCKREC_IO;
     if (r == KP_BLOCKREC_OK) r = len < hs ? KP_BLOCKREC_TRUNCATED : pread_all(fd, head, hs, 0);
-    if (r == KP_BLOCKREC_OK) r = kp_blockrec_check_head(head, len, p, &t->fp.id, key, tokens);
+    /* a sealed record: its MAC after the K/V bytes */
+    bool sealed = r == KP_BLOCKREC_OK && len >= hs + KP_BLOCKREC_MAC_BYTES && kp_blockrec_sealed(head);
+    size_t body = sealed ? len - KP_BLOCKREC_MAC_BYTES : len;
+    if (r == KP_BLOCKREC_OK && t->keyed && !sealed) r = KP_BLOCKREC_MAC;
+    if (r == KP_BLOCKREC_OK) r = kp_blockrec_check_head(head, body, p, &t->fp.id, key, tokens);
     if (r == KP_BLOCKREC_OK) {
         kp_blockrec_iov(p, block, iov);
         r = preadv_all(fd, iov, n, (off_t)hs);
     }
+    uint8_t tag[KP_BLOCKREC_MAC_BYTES];
+    if (r == KP_BLOCKREC_OK && t->keyed &&
+        (pread_all(fd, tag, sizeof tag, (off_t)body) != KP_BLOCKREC_OK ||
+         !kp_blockrec_mac_ok_iov(head, hs, iov, n, tag, t->mac_key)))
+        r = KP_BLOCKREC_MAC;
     if (r == KP_BLOCKREC_OK && !kp_blockrec_sum_ok(head, p, block)) r = KP_BLOCKREC_CHECKSUM;
     free(head);
     free(iov);
@@ -531,7 +547,9 @@ static kp_blockrec_reason read_buffered(kp_disktier *t, int fd, size_t len, cons
         t->rcap = len;
     }
     kp_blockrec_reason r = pread_all(fd, t->rbuf, len, 0);
-    if (r == KP_BLOCKREC_OK) r = kp_blockrec_check(t->rbuf, len, p, &t->fp.id, key, tokens);
+    size_t body = len;
+    if (r == KP_BLOCKREC_OK) r = kp_blockrec_unseal(t->rbuf, len, t->keyed ? t->mac_key : NULL, &body);
+    if (r == KP_BLOCKREC_OK) r = kp_blockrec_check(t->rbuf, body, p, &t->fp.id, key, tokens);
     if (r == KP_BLOCKREC_OK) kp_blockrec_load(t->rbuf, p, block);
     return r;
 }

@@ -50,6 +50,7 @@ typedef struct {
     const char *dir;       /* created when missing */
     uint64_t budget_bytes; /* 0: no limit */
     uint32_t queue_max;    /* queued writes; 0: 256 */
+    const uint8_t *mac_key; /* copied; NULL: records unsealed (blockrec.h) */
 } kp_disk_config;
 
 /* Counters of one tier (the Redis tier fills the same shape). */

@@ -54,6 +54,8 @@ typedef struct {
 } rjob;
 
 struct kp_redistier {
+    bool keyed;                               /* records are sealed with mac_key */
+    uint8_t mac_key[KP_BLOCKREC_KEY_BYTES];
     char host[256];
     int port;
     struct timeval tv;
@@ -278,7 +280,7 @@ static bool check_epoch(kp_redistier *t) {
     }
     pthread_mutex_lock(&t->mu);
     if (absent || (t->epoch[0] && strcmp(now, t->epoch))) { /* Redis lost what it held */
-        memset(t->seen, 0, (size_t)t->seen_cap * sizeof *t->seen);
+        if (t->seen) memset(t->seen, 0, (size_t)t->seen_cap * sizeof *t->seen);
         t->seen_n = 0;
         t->st.epochs_lost += t->epoch[0] != 0;
     }
@@ -400,6 +402,10 @@ kp_status kp_redis_open(kp_redistier **out, const kp_redis_config *cfg, const kp
     t->tv.tv_sec = ms / 1000;
     t->tv.tv_usec = (ms % 1000) * 1000;
     t->fp = fp;
+    if (cfg->mac_key) {
+        t->keyed = true;
+        memcpy(t->mac_key, cfg->mac_key, KP_BLOCKREC_KEY_BYTES);
+    }
     kp_bkey_hex(&fp->id, t->fphex);
     t->pool = p;
     t->log = cfg->log;
@@ -519,7 +525,11 @@ kp_blockrec_reason kp_redis_get(kp_redistier *t, const kp_bkey *keys, uint32_t n
     kp_blockrec_reason why;
     if (r->type == REDIS_REPLY_NIL) why = KP_BLOCKREC_MISSING;
     else if (r->type != REDIS_REPLY_STRING) why = KP_BLOCKREC_FORMAT;
-    else why = kp_blockrec_check((const uint8_t *)r->str, (size_t)r->len, p, &t->fp->id, &keys[0], tokens);
+    else {
+        size_t body = (size_t)r->len;
+        why = kp_blockrec_unseal((const uint8_t *)r->str, (size_t)r->len, t->keyed ? t->mac_key : NULL, &body);
+        if (why == KP_BLOCKREC_OK) why = kp_blockrec_check((const uint8_t *)r->str, body, p, &t->fp->id, &keys[0], tokens);
+    }
     if (why == KP_BLOCKREC_OK) kp_blockrec_load((const uint8_t *)r->str, p, block);
     pthread_mutex_lock(&t->mu);
     if (why == KP_BLOCKREC_OK) {
@@ -540,10 +550,11 @@ bool kp_redis_put(kp_redistier *t, const kp_bkey *key, const kp_bkey *parent, co
     if (!skip && full) t->st.dropped_queue++;
     pthread_mutex_unlock(&t->mu);
     if (skip || full) return false;
-    size_t size = kp_blockrec_size(t->pool);
+    size_t body = kp_blockrec_size(t->pool), size = body + (t->keyed ? KP_BLOCKREC_MAC_BYTES : 0);
     uint8_t *rec = malloc(size);
     if (!rec) return false;
     kp_blockrec_encode(rec, t->pool, block, &t->fp->id, key, parent, tokens);
+    if (t->keyed) kp_blockrec_seal(rec, body, t->mac_key);
     pthread_mutex_lock(&t->mu);
     bool queued = t->qlen < t->qmax;
     if (queued) {

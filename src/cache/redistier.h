@@ -45,6 +45,7 @@ typedef struct {
     uint32_t queue_max;      /* queued publishes; 0: 256 */
     void (*log)(void *ctx, const char *msg); /* incidents and recoveries; NULL: silent */
     void *log_ctx;
+    const uint8_t *mac_key; /* copied; NULL: records unsealed (blockrec.h) */
 } kp_redis_config;
 
 /* Starts the tier (the first connection is made in the background, so a

@@ -17,6 +17,8 @@
  */
 #include "cache/tiers.h"
 
+#include <sodium.h>
+
 #include "base/buf.h"
 #include "base/threadpool.h"
 
@@ -54,18 +56,21 @@ kp_status kp_tiers_new(kp_tiers **out, const kp_tiers_config *cfg, const kp_mode
     t->pool = p;
     const kp_kvpool_config *kc = kp_kvpool_config_of(p);
     kp_bkey w;
-    kp_status st = kp_fingerprint_weights(m, cfg->dir, &w, NULL, err);
+    kp_status st = cfg->mac_key && sodium_init() < 0
+                       ? kp_fail(err, KP_EIO, "libsodium cannot start, so cache records cannot be sealed")
+                       : kp_fingerprint_weights(m, cfg->dir, &w, NULL, err);
     if (st != KP_OK) goto fail;
     kp_fingerprint_make(&t->fp, m, &w, kc->kv_type, kc->kv_type_v, kc->block_size);
     kp_bkey_hex(&t->fp.id, t->st.fingerprint);
     t->st.on[KP_TIER_RAM] = true;
     if (cfg->dir) {
-        kp_disk_config dc = {cfg->dir, cfg->disk_budget_bytes, cfg->queue_blocks};
+        kp_disk_config dc = {cfg->dir, cfg->disk_budget_bytes, cfg->queue_blocks, cfg->mac_key};
         if ((st = kp_disk_open(&t->disk, &dc, &t->fp, p, err)) != KP_OK) goto fail;
         t->st.on[KP_TIER_DISK] = true;
     }
     if (cfg->redis) {
-        kp_redis_config rc = {cfg->redis, cfg->redis_timeout_ms, cfg->queue_blocks, cfg->log, cfg->log_ctx};
+        kp_redis_config rc = {cfg->redis, cfg->redis_timeout_ms, cfg->queue_blocks, cfg->log, cfg->log_ctx,
+                              cfg->mac_key};
         if ((st = kp_redis_open(&t->redis, &rc, &t->fp, p, err)) != KP_OK) goto fail;
         t->st.on[KP_TIER_REDIS] = true;
     }

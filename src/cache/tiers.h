@@ -43,6 +43,8 @@ typedef struct {
     uint32_t redis_timeout_ms;    /* 0: 50 */
     void (*log)(void *ctx, const char *msg); /* the Redis tier's incidents; NULL: silent */
     void *log_ctx;
+    const uint8_t *mac_key;       /* KP_BLOCKREC_KEY_BYTES: seal every record and accept only
+                                   * records sealed with it (blockrec.h); NULL: no MAC */
     uint32_t queue_blocks;        /* each tier's write queue, in blocks; 0: 256. The engine
                                    * (kp_eng_open_tiers) raises it to a whole context's
                                    * blocks, so one finished sequence is never cut short */

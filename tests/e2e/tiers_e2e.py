@@ -263,6 +263,55 @@ r.ok(wait_idle(srv) and wait_written(srv, 1, "writes"), "a FIFO: the block is wr
 r.ok(os.path.isfile(fifo) and not os.path.islink(fifo), "a FIFO: replaced by a regular record")
 srv.stop()
 
+# sealed records (--cache-key-file, libsodium's crypto_auth): a keyed server
+# seals what it writes (32 bytes more a record) and restores it; a server
+# without the key still reads them; a record an attacker changed and whose
+# XXH3 checksum they recomputed is refused under the key (mac), as are
+# records of an unkeyed store and of another key; the answer stays the cold one
+keyed = os.path.join(tmp, "keyed")
+keyfile = os.path.join(tmp, "cache.key")
+with open(keyfile, "w") as f:
+    f.write("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n")
+otherkey = os.path.join(tmp, "other.key")
+with open(otherkey, "wb") as f:
+    f.write(bytes(range(32)))
+srv = Server(r, "--cache-dir", keyed, "--cache-key-file", keyfile)
+r.ok(complete(srv, p1)["choices"][0]["text"] == cold1, "keyed: the cold answer")
+r.ok(wait_idle(srv) and wait_written(srv, 2000 // B), "keyed: blocks written")
+srv.stop()
+kdir = [os.path.join(keyed, x) for x in os.listdir(keyed) if os.path.isdir(os.path.join(keyed, x))][0]
+rec5 = os.path.join(kdir, key_of(5 + 1) + ".kvb")
+r.ok(os.path.getsize(rec5) == 96 + 4 * B + 640 * B + 32, "keyed: a record carries 32 bytes of MAC: %d" %
+     os.path.getsize(rec5))
+for args, what in ((["--cache-key-file", keyfile], "the same key"), ([], "no key")):
+    srv = Server(r, "--cache-dir", keyed, *args)
+    j = complete(srv, p2)
+    r.ok(j["kvpin_cache"]["reused_from"]["disk"] >= 124 * B and j["choices"][0]["text"] == cold2,
+         "sealed records restored with %s: %s" % (what, j["kvpin_cache"]["reused_from"]))
+    srv.stop()
+# the attacker's edit: a K/V byte changed, the XXH3-128 of the K/V bytes recomputed
+data = bytearray(open(rec5, "rb").read())
+kv0, kv1 = 96 + 4 * B, len(data) - 32
+data[kv0 + 100] ^= 0x40
+open(os.path.join(tmp, "kv"), "wb").write(bytes(data[kv0:kv1]))
+out = subprocess.run(["xxhsum", "-H2", os.path.join(tmp, "kv")], capture_output=True, text=True).stdout
+data[80:96] = bytes.fromhex(out.split()[0])
+open(rec5, "wb").write(bytes(data))
+for args, block, what in ((["--cache-key-file", keyfile], 5, "a forged record"),
+                          (["--cache-key-file", otherkey], 0, "another key")):
+    srv = Server(r, "--cache-dir", keyed, *args)
+    j = complete(srv, p2)
+    kc = j["kvpin_cache"]
+    r.ok(kc["reused_from"]["disk"] == block * B and kc.get("restore", {}).get("reason") == "mac",
+         "%s: restored up to block %d, refused as mac: %s" % (what, block, kc.get("restore")))
+    r.ok(j["choices"][0]["text"] == cold2, "%s: the answer is the cold one" % what)
+    srv.stop()
+srv = Server(r, "--cache-dir", ours.rsplit("/", 1)[0], "--cache-key-file", keyfile)
+j = complete(srv, p2)
+r.ok(j["kvpin_cache"]["reused_from"]["disk"] == 0 and j["kvpin_cache"].get("restore", {}).get("reason") == "mac",
+     "an unsealed store under a key: nothing restored (mac): %s" % j["kvpin_cache"].get("restore"))
+srv.stop()
+
 # a budget below one record
 small = os.path.join(tmp, "small")
 srv = Server(r, "--cache-dir", small, "--cache-disk-budget", "1000")

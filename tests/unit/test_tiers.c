@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "cache/blockkey.h"
+#include "cache/blockrec.h"
 #include "cache/disktier.h"
 #include "engine/engine.h"
 #include "cache/fingerprint.h"
@@ -116,7 +117,7 @@ static void equal_through(int redis_port) {
     char dir[300], addr[64];
     snprintf(dir, sizeof dir, "%s/eq", tmpdir);
     snprintf(addr, sizeof addr, "127.0.0.1:%d", redis_port);
-    kp_tiers_config tc = {redis_port ? NULL : dir, 0, redis_port ? addr : NULL, 200, NULL, NULL, 0};
+    kp_tiers_config tc = {redis_port ? NULL : dir, 0, redis_port ? addr : NULL, 200, NULL, NULL, NULL, 0};
     kp_tier_id tier = redis_port ? KP_TIER_REDIS : KP_TIER_DISK;
     CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
     CHECK(kp_eng_new(&e, m, pool, NULL, &ct, &err) == KP_OK);
@@ -221,7 +222,7 @@ static void disk_refusal_falls_to_redis(int redis_port) {
     char dir[300], addr[64], path[700], fphex[33], keyhex[33];
     snprintf(dir, sizeof dir, "%s/fallback", tmpdir);
     snprintf(addr, sizeof addr, "127.0.0.1:%d", redis_port);
-    kp_tiers_config tc = {dir, 0, addr, 200, NULL, NULL, 0};
+    kp_tiers_config tc = {dir, 0, addr, 200, NULL, NULL, NULL, 0};
     kp_eng_config c = {KP_DTYPE_F32, B, 0, 256, false, NULL, KP_DTYPE_F32, false}, cn = c;
     cn.no_prefix_cache = true;
     int32_t t[N];
@@ -285,7 +286,7 @@ static void test_pin_writes_through(void) {
     if (!load_model(&m, &pool, 1)) return;
     char dir[300];
     snprintf(dir, sizeof dir, "%s/pin", tmpdir);
-    kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, 0};
+    kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, NULL, 0};
     kp_eng_config c = {KP_DTYPE_F16, 16, 0, 256, false, NULL, KP_DTYPE_F16, false};
     int32_t t[50];
     for (int i = 0; i < 50; i++) t[i] = i ? (i * 37) % 500 + 3 : 1;
@@ -326,7 +327,7 @@ static void test_long_sequence_written_whole(void) {
     enum { B = 4, N = 1300, CTX = 1400 };
     char dir[300];
     snprintf(dir, sizeof dir, "%s/long", tmpdir);
-    kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, 0};
+    kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, NULL, 0};
     kp_eng_config c = {KP_DTYPE_F16, B, 0, CTX, false, NULL, KP_DTYPE_F16, false};
     static int32_t t[N];
     for (int i = 0; i < N; i++) t[i] = i ? (int32_t)((i * 131u + 7) % (m->hp.n_vocab - 3)) + 3 : 1;
@@ -379,7 +380,7 @@ static void test_tier_alone(void) {
     for (int j = 0; j < 4; j++) key[j] = kp_bkey_next(j ? &key[j - 1] : NULL, tok[j], 4);
     kp_bkey zero = {{0}};
     kp_error err = {0};
-    kp_disk_config dc = {dir, 0, 0};
+    kp_disk_config dc = {dir, 0, 0, NULL};
     kp_disktier *t = NULL;
     /* another fingerprint writes first */
     CHECK(kp_disk_open(&t, &dc, &other, p, &err) == KP_OK);
@@ -420,7 +421,7 @@ static void test_tier_alone(void) {
     kp_disk_close(t);
     /* a budget below one record: every write refused */
     size_t rs = kp_blockrec_size(p);
-    kp_disk_config small = {dir, rs - 1, 0};
+    kp_disk_config small = {dir, rs - 1, 0, NULL};
     CHECK(kp_disk_open(&t, &small, &other, p, &err) == KP_OK);
     if (!t) return;
     CHECK(!kp_disk_put(t, &key[3], &key[2], tok[3], 3));
@@ -429,7 +430,7 @@ static void test_tier_alone(void) {
     CHECK_EQ_INT(st.blocks, 0); /* the one record there went over the budget at open */
     kp_disk_close(t);
     /* a budget of two records: the least recently used goes */
-    kp_disk_config two = {dir, 2 * rs, 0};
+    kp_disk_config two = {dir, 2 * rs, 0, NULL};
     CHECK(kp_disk_open(&t, &two, &fp, p, &err) == KP_OK);
     if (!t) return;
     kp_disk_get_stats(t, &st);
@@ -442,7 +443,7 @@ static void test_tier_alone(void) {
     CHECK(st.evicted >= 1);
     kp_disk_close(t);
     /* a queue of one: every put is either written or dropped and counted */
-    kp_disk_config q1 = {dir, 0, 1};
+    kp_disk_config q1 = {dir, 0, 1, NULL};
     char sub[320];
     snprintf(sub, sizeof sub, "%s/q", dir);
     q1.dir = sub;
@@ -465,9 +466,57 @@ static void test_tier_alone(void) {
     kp_kvpool_free(p);
 }
 
+/* The MAC key file: 32 raw bytes or 64 hex digits; anything else refused.
+ * A sealed record verifies under its key only (libsodium's HMAC-SHA-512-256:
+ * any flipped byte, or another key, fails), and unsealing without a key
+ * only skips the seal. */
+static void test_mac_key_and_seal(void) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/key", tmpdir);
+    uint8_t key[KP_BLOCKREC_KEY_BYTES], k2[KP_BLOCKREC_KEY_BYTES];
+    kp_error err = {0};
+    FILE *f = fopen(path, "w");
+    fputs("  00112233445566778899AABBCCDDEEFF00112233445566778899aabbccddeeff\n", f);
+    fclose(f);
+    CHECK_EQ_INT(kp_blockrec_key_load(path, key, &err), KP_OK);
+    CHECK(key[0] == 0x00 && key[1] == 0x11 && key[15] == 0xff && key[31] == 0xff);
+    f = fopen(path, "wb");
+    for (int i = 0; i < 32; i++) fputc(31 - i, f);
+    fclose(f);
+    CHECK_EQ_INT(kp_blockrec_key_load(path, k2, &err), KP_OK);
+    CHECK(k2[0] == 31 && k2[31] == 0);
+    f = fopen(path, "w");
+    fputs("0011223344", f);
+    fclose(f);
+    CHECK_EQ_INT(kp_blockrec_key_load(path, k2, &err), KP_EINVAL);
+    CHECK(strstr(err.msg, "64 hex digits") != NULL);
+    snprintf(path, sizeof path, "%s/no-such-key", tmpdir);
+    CHECK_EQ_INT(kp_blockrec_key_load(path, k2, &err), KP_EIO);
+    /* a record of 200 bytes, sealed */
+    uint8_t rec[200 + KP_BLOCKREC_MAC_BYTES];
+    for (int i = 0; i < 200; i++) rec[i] = (uint8_t)(i * 7);
+    memset(rec + 68, 0, 4);
+    kp_blockrec_seal(rec, 200, key);
+    CHECK(kp_blockrec_sealed(rec));
+    size_t body = 0;
+    CHECK_EQ_INT(kp_blockrec_unseal(rec, sizeof rec, key, &body), KP_BLOCKREC_OK);
+    CHECK_EQ_INT(body, 200);
+    CHECK_EQ_INT(kp_blockrec_unseal(rec, sizeof rec, NULL, &body), KP_BLOCKREC_OK);
+    CHECK_EQ_INT(body, 200);
+    CHECK_EQ_INT(kp_blockrec_unseal(rec, sizeof rec, k2, &body), KP_BLOCKREC_MAC);
+    rec[150] ^= 1;
+    CHECK_EQ_INT(kp_blockrec_unseal(rec, sizeof rec, key, &body), KP_BLOCKREC_MAC);
+    rec[150] ^= 1;
+    memset(rec + 68, 0, 4); /* the flag cleared: not sealed, refused under a key */
+    CHECK_EQ_INT(kp_blockrec_unseal(rec, sizeof rec, key, &body), KP_BLOCKREC_MAC);
+    CHECK_EQ_INT(kp_blockrec_unseal(rec, sizeof rec, NULL, &body), KP_BLOCKREC_OK);
+    CHECK_EQ_INT(body, sizeof rec);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/kvpin-tiers-XXXXXX");
     if (!mkdtemp(tmpdir)) return 1;
+    RUN(test_mac_key_and_seal);
     RUN(test_tier_alone);
     RUN(test_equal_through_disk);
     RUN(test_equal_through_redis);
