@@ -61,6 +61,22 @@ static void print_kv_bill(const kp_hparams *hp, uint32_t n_ctx) {
     }
 }
 
+/* What a token costs in the FULL and in the WINDOW layers (F16 K/V): every
+ * layer keeps every position, so the window layers' share is the bill of
+ * keeping the prefix cache exact at any divergence point; a cache that
+ * kept only the window would pay it for the last n_swa positions alone. */
+static void print_kind_bill(const kp_model *m) {
+    const kp_hparams *hp = &m->hp;
+    if (!hp->n_swa_layers) return;
+    uint64_t full = kp_model_kv_bytes_per_token_kind(m, KP_LAYER_FULL, KP_DTYPE_F16, KP_DTYPE_F16);
+    uint64_t win = kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, KP_DTYPE_F16, KP_DTYPE_F16);
+    printf("  by layer kind (f16): %u full layers %llu bytes/token, %u window layers %llu bytes/token\n"
+           "  (every layer keeps every position, so a prompt reuses the cache exactly at any point;\n"
+           "  the window layers' rows older than %u positions are kept for that reuse only)\n",
+           hp->n_layer - hp->n_swa_layers, (unsigned long long)full, hp->n_swa_layers, (unsigned long long)win,
+           hp->n_swa);
+}
+
 static const cli_opt info_tab[] = {CLI_USE(CLI_MODEL), {0}};
 static const cli_opt kv_tab[] = {CLI_USE(CLI_MODEL), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), {0}};
 
@@ -182,12 +198,19 @@ int cmd_info(int argc, char **argv) {
            hp->rope_type == KP_ROPE_NORM ? "NORM (adjacent pairs)" : "NEOX (halves)",
            (double)hp->rope_base, hp->n_rot, (double)hp->rope_freq_scale,
            m->rope_freqs ? ", frequency factors" : "");
-    printf("norm:          RMSNorm eps %g; output %s\n", (double)hp->rms_eps,
+    if (hp->n_swa_layers)
+        printf("attention:     %u full layers, %u sliding-window layers of %u positions (rope base %g,"
+               " freq scale %g)\n",
+               hp->n_layer - hp->n_swa_layers, hp->n_swa_layers, hp->n_swa, (double)hp->rope_base_swa,
+               (double)hp->rope_freq_scale_swa);
+    printf("norm:          RMSNorm eps %g%s; output %s\n", (double)hp->rms_eps,
+           hp->post_norms ? ", post-attention and post-FFN norms" : "",
            hp->tied_output ? "tied to token_embd" : "separate matrix");
     printf("weights:       %s (used in place from the mapping)\n",
            cli_bytes(m->weight_bytes, b1, sizeof b1));
     printf("KV cache bill:\n");
     print_kv_bill(hp, hp->n_ctx_train);
+    print_kind_bill(m);
     kp_model_free(m);
     return rc;
 }
