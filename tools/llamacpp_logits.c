@@ -43,7 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "llama.h"
+#include <llama.h>
 
 #define MAX_GREEDY 256
 
