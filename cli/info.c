@@ -94,6 +94,35 @@ static void kv_usage(FILE *f) {
     fprintf(f, "Defaults: -c the training context, --kv-type f16.\n");
 }
 
+/* What kvpin computes with a loaded model: hyperparameters, rope, layer
+ * kinds, norms, weights and the KV bill. */
+static void print_compute(const kp_model *m) {
+    char b1[32];
+    const kp_hparams *hp = &m->hp;
+    printf("hyperparams:   %u layers, n_embd %u, %u heads, %u kv-heads (GQA %u:1), head_dim %u,"
+           " n_ff %u, vocab %u\n",
+           hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_head / hp->n_head_kv,
+           hp->head_dim, hp->n_ff, hp->n_vocab);
+    printf("context:       %u tokens (training)\n", hp->n_ctx_train);
+    printf("rope:          %s, base %g, %u rotated dims, freq scale %g%s\n",
+           hp->rope_type == KP_ROPE_NORM ? "NORM (adjacent pairs)" : "NEOX (halves)",
+           (double)hp->rope_base, hp->n_rot, (double)hp->rope_freq_scale,
+           m->rope_freqs ? ", frequency factors" : "");
+    if (hp->n_swa_layers)
+        printf("attention:     %u full layers, %u sliding-window layers of %u positions (rope base %g,"
+               " freq scale %g)\n",
+               hp->n_layer - hp->n_swa_layers, hp->n_swa_layers, hp->n_swa, (double)hp->rope_base_swa,
+               (double)hp->rope_freq_scale_swa);
+    printf("norm:          RMSNorm eps %g%s; output %s\n", (double)hp->rms_eps,
+           hp->post_norms ? ", post-attention and post-FFN norms" : "",
+           hp->tied_output ? "tied to token_embd" : "separate matrix");
+    printf("weights:       %s (used in place from the mapping)\n",
+           cli_bytes(m->weight_bytes, b1, sizeof b1));
+    printf("KV cache bill:\n");
+    print_kv_bill(hp, hp->n_ctx_train);
+    print_kind_bill(m);
+}
+
 int cmd_info(int argc, char **argv) {
     const char *path = NULL;
     cli_args a;
@@ -188,29 +217,7 @@ int cmd_info(int argc, char **argv) {
         fprintf(stderr, "kvpin info: %s\n", err.msg);
         return 1;
     }
-    const kp_hparams *hp = &m->hp;
-    printf("hyperparams:   %u layers, n_embd %u, %u heads, %u kv-heads (GQA %u:1), head_dim %u,"
-           " n_ff %u, vocab %u\n",
-           hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_head / hp->n_head_kv,
-           hp->head_dim, hp->n_ff, hp->n_vocab);
-    printf("context:       %u tokens (training)\n", hp->n_ctx_train);
-    printf("rope:          %s, base %g, %u rotated dims, freq scale %g%s\n",
-           hp->rope_type == KP_ROPE_NORM ? "NORM (adjacent pairs)" : "NEOX (halves)",
-           (double)hp->rope_base, hp->n_rot, (double)hp->rope_freq_scale,
-           m->rope_freqs ? ", frequency factors" : "");
-    if (hp->n_swa_layers)
-        printf("attention:     %u full layers, %u sliding-window layers of %u positions (rope base %g,"
-               " freq scale %g)\n",
-               hp->n_layer - hp->n_swa_layers, hp->n_swa_layers, hp->n_swa, (double)hp->rope_base_swa,
-               (double)hp->rope_freq_scale_swa);
-    printf("norm:          RMSNorm eps %g%s; output %s\n", (double)hp->rms_eps,
-           hp->post_norms ? ", post-attention and post-FFN norms" : "",
-           hp->tied_output ? "tied to token_embd" : "separate matrix");
-    printf("weights:       %s (used in place from the mapping)\n",
-           cli_bytes(m->weight_bytes, b1, sizeof b1));
-    printf("KV cache bill:\n");
-    print_kv_bill(hp, hp->n_ctx_train);
-    print_kind_bill(m);
+    print_compute(m);
     kp_model_free(m);
     return rc;
 }
