@@ -37,10 +37,13 @@
  * window needs, and a cached prompt gives the logits of a recompute (the
  * cost: a WINDOW layer's K/V of positions no future query of that
  * sequence will read stay in the pool; the memory bill in `kvpin info`
- * says what they cost). A WINDOW layer streams its keys from the first
- * position in the window: in prefill a tile is one token's G query heads
- * (every row of a tile must share the window's lower edge; the kernels
- * only mask above), in decode the chunks split the window alone.
+ * says what they cost). A WINDOW layer reads only its window, and the
+ * kernels mask only above (causal), so a token's keys [lo, pos] go in two
+ * parts fixed by its position: the head [lo, e), up to the end e of the
+ * K/V step holding lo, in a tile of its own, and [e, pos] with the tokens
+ * of its tile, which all have their lo in that step (att_window_tile);
+ * the two partial softmax states are merged. Bitwise the same alone or in
+ * any tile, as for FULL layers. Decode chunks clip the window's start.
  *
  * Matrix products: activations are converted once per product to the
  * weight type's dot type (F32, F16, BF16, Q8_0, Q8_K, as llama.cpp does), then
@@ -541,6 +544,14 @@ static int64_t att_step_at(kp_forward *f, const kp_kvseq *s, uint32_t layer, uin
     return rn;
 }
 
+/* Where the step holding position p ends (att_step_at's steps, which
+ * depend on the position alone). */
+static int64_t att_step_end(const kp_forward *f, int64_t p) {
+    int64_t B = kp_kvpool_config_of(f->kv)->block_size;
+    int64_t r = p % B, rn = KP_ATTN_STEP - r % KP_ATTN_STEP;
+    return p + (rn > B - r ? B - r : rn);
+}
+
 /* Streams the cached positions [p0, p1) of sequence s (layer, kv-head h)
  * through tile t, step by step. Each step is told the next step's rows
  * (t->next_*), which it prefetches while it computes: the blocks of a
@@ -609,6 +620,47 @@ static void att_task(void *vctx, int task, int thread) {
     f->ak->tile_partial(&at, part);
 }
 
+/* Merges two partial states of one row ([m, l, o[hd]] each, either may
+ * have seen nothing) into its normalized output. */
+static void att_merge2(const float *a, const float *b, int hd, float *out) {
+    float m = a[0] > b[0] ? a[0] : b[0];
+    float wa = a[0] == -INFINITY ? 0.0f : expf(a[0] - m), wb = b[0] == -INFINITY ? 0.0f : expf(b[0] - m);
+    float inv = 1.0f / (a[1] * wa + b[1] * wb);
+    for (int d = 0; d < hd; d++) out[d] = (a[2 + d] * wa + b[2 + d] * wb) * inv;
+}
+
+/* A tile of a WINDOW layer. Token i sees [lo_i, pos_i], lo_i = pos_i - n_swa
+ * + 1, and the kernels mask only above, so its keys go in two parts that
+ * depend on its position alone: the head [lo_i, e) up to the end e of the
+ * step holding lo_i, in a tile of its own (G rows, one step at most), and
+ * the rest [e, pos_i] with the tile, whose tokens all have their lo in the
+ * same step (attention() forms the tiles so), so every row of the tile may
+ * see all of it. The two partial states are merged. A token gets the same
+ * bits alone (decode) as in any tile. */
+static void att_window_tile(att_ctx *c, kp_attn_tile *at, const kp_kvseq *s, uint32_t h, int t0, int T,
+                            float *out, int64_t stride) {
+    kp_forward *f = c->f;
+    const kp_hparams *hp = &f->m->hp;
+    int hd = (int)hp->head_dim, G = at->G;
+    const float *q = f->q + (size_t)t0 * stride + (size_t)h * G * hd;
+    int64_t e = att_step_end(f, att_first(c->window, c->b->pos[t0]));
+    float *part = at->ws + kp_attn_tile_floats(hd, T * G), *head = part + (size_t)T * G * (hd + 2);
+    f->ak->tile_begin(at, q, stride);
+    att_stream(f, at, s, c->layer, h, e, (int64_t)c->b->pos[t0 + T - 1] + 1);
+    f->ak->tile_partial(at, part);
+    for (int i = 0; i < T; i++) {
+        int32_t pos = c->b->pos[t0 + i];
+        int64_t lo = att_first(c->window, pos), hi = e < (int64_t)pos + 1 ? e : (int64_t)pos + 1;
+        kp_attn_tile one = {.hd = hd, .G = G, .n_tok = 1, .pos0 = pos, .scale = c->scale, .ws = at->ws};
+        f->ak->tile_begin(&one, q + (size_t)i * stride, stride);
+        att_stream(f, &one, s, c->layer, h, lo, hi);
+        f->ak->tile_partial(&one, head);
+        for (int g = 0; g < G; g++)
+            att_merge2(head + (size_t)g * (hd + 2), part + ((size_t)i * G + g) * (hd + 2), hd,
+                       out + (size_t)i * stride + (size_t)g * hd);
+    }
+}
+
 /* Prefill: a task is (tile of consecutive tokens of one sequence, kv-head);
  * the tile's T * G query rows (about ATT_TILE_ROWS) share every cached K/V
  * step while it sits in L1 (see attn.h). Token i of the tile sees positions
@@ -627,10 +679,12 @@ static void att_tile_task(void *vctx, int task, int thread) {
     size_t Qd = (size_t)hp->n_head * hd, off = (size_t)h * G * hd;
     kp_attn_tile at = {.hd = hd, .G = G, .n_tok = T, .pos0 = c->b->pos[t0], .scale = c->scale,
                        .ws = f->att_ws + (size_t)thread * f->att_ws_floats};
+    if (c->window) {
+        att_window_tile(c, &at, s, (uint32_t)h, t0, T, f->att + (size_t)t0 * Qd + off, (int64_t)Qd);
+        return;
+    }
     f->ak->tile_begin(&at, f->q + (size_t)t0 * Qd + off, (int64_t)Qd);
-    /* T is 1 in a WINDOW layer, so every row starts at the same position */
-    att_stream(f, &at, s, c->layer, (uint32_t)h, att_first(c->window, c->b->pos[t0]),
-               (int64_t)c->b->pos[t0 + T - 1] + 1);
+    att_stream(f, &at, s, c->layer, (uint32_t)h, 0, (int64_t)c->b->pos[t0 + T - 1] + 1);
     f->ak->tile_end(&at, f->att + (size_t)t0 * Qd + off, (int64_t)Qd);
 }
 
@@ -683,10 +737,12 @@ static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_
         if (n_chunks > by_len) n_chunks = (int)by_len;
         if (n_chunks < 1) n_chunks = 1;
     }
-    int tile_tokens = window ? 1 : ATT_TILE_ROWS / G < 1 ? 1 : ATT_TILE_ROWS / G;
+    int tile_tokens = ATT_TILE_ROWS / G < 1 ? 1 : ATT_TILE_ROWS / G;
     /* per-thread workspace, a multiple of 16 floats so each one starts on
-     * a cache line */
-    size_t ws = (kp_attn_tile_floats(hd, n_chunks == 1 ? tile_tokens * G : G) + 15) & ~(size_t)15;
+     * a cache line; WINDOW tiles keep two partial states per row after it */
+    size_t ws = kp_attn_tile_floats(hd, n_chunks == 1 ? tile_tokens * G : G);
+    if (window) ws += (size_t)(tile_tokens + 1) * G * (hd + 2);
+    ws = (ws + 15) & ~(size_t)15;
     if (ws * f->n_threads > f->att_ws_cap) {
         free(f->att_ws);
         f->att_ws_cap = 0;
@@ -709,7 +765,9 @@ static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_
         for (int t = 0; t < b->n_tokens;) {
             int T = 1;
             while (T < tile_tokens && t + T < b->n_tokens && b->seq[t + T] == b->seq[t] &&
-                   b->pos[t + T] == b->pos[t] + T)
+                   b->pos[t + T] == b->pos[t] + T &&
+                   (!window || att_step_end(f, att_first(window, b->pos[t + T])) ==
+                                   att_step_end(f, att_first(window, b->pos[t]))))
                 T++;
             f->tiles[2 * n_tiles] = t;
             f->tiles[2 * n_tiles + 1] = T;
