@@ -378,6 +378,47 @@ static void test_gemma3_hparams(void) {
     gemma3_edit_case("gemma3.attn_q_norm", NULL, KP_OK, "wwwwwf", NULL); /* no such key: unchanged */
 }
 
+/* The window's edge, without a reference: with every layer a WINDOW layer
+ * of W positions (pattern 0), a token reaches W - 1 positions further per
+ * layer, so changing token 1 changes the logits of positions up to
+ * 1 + n_layer (W - 1) and leaves every later one bitwise equal. A window
+ * one position wider or narrower moves that edge by n_layer. */
+static void test_window_edge(void) {
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/kvpin-test-edge-%d.gguf", (int)getpid());
+    if (!gguf_copy_edit(harness_path("tests/data/models/gen-gemma3-f32.gguf"), path, PATTERN_KEY, add_pattern_0))
+        return;
+    const kp_kernels *ks[2] = {kp_kernels_scalar(), kp_kernels_best()};
+    for (int k = 0; k < 2; k++) {
+        rig r;
+        enum { N = 110 };
+        if (!rig_open(&r, path, KP_DTYPE_F32, 2 * N, 2, ks[k])) {
+            CHECK_MSG(false, "cannot open %s", path);
+            break;
+        }
+        int nv = (int)r.m->hp.n_vocab, edge = 1 + (int)(r.m->hp.n_layer * (r.m->hp.n_swa - 1));
+        CHECK_EQ_INT(r.m->hp.n_swa_layers, r.m->hp.n_layer);
+        int32_t a[N], b[N];
+        for (int i = 0; i < N; i++) a[i] = b[i] = i ? 3 + (int32_t)((i * 37 + 11) % (nv - 3)) : 1;
+        b[1] = 3 + (a[1] - 3 + 1) % (nv - 3);
+        float *la = malloc((size_t)N * nv * sizeof(float)), *lb = malloc((size_t)N * nv * sizeof(float));
+        kp_kvseq sa = {0}, sb = {0};
+        CHECK(feed(&r, &sa, a, N, true, la) && feed(&r, &sb, b, N, true, lb));
+        CHECK(edge < N);
+        for (int p = 1; p < N; p++) {
+            bool same = memcmp(la + (size_t)p * nv, lb + (size_t)p * nv, (size_t)nv * sizeof(float)) == 0;
+            CHECK_MSG(same == (p > edge), "%s: position %d %s (edge %d)", ks[k]->name, p,
+                      same ? "unchanged" : "changed", edge);
+        }
+        kp_kvseq_release(&sa, r.kv);
+        kp_kvseq_release(&sb, r.kv);
+        free(la);
+        free(lb);
+        rig_close(&r);
+    }
+    unlink(path);
+}
+
 /* ---- goldens with a quantized KV cache --------------------------------------- */
 
 /* llama.cpp's spread between its quantized caches and its f16 cache
@@ -802,6 +843,7 @@ int main(void) {
     TIMED(test_goldens);
     TIMED(test_gemma3_hparams);
     TIMED(test_goldens_gemma3);
+    TIMED(test_window_edge);
     TIMED(test_goldens_kvq);
     TIMED(test_kvq_head_dim);
     TIMED(test_invariants);
