@@ -61,6 +61,22 @@ static void print_kv_bill(const kp_hparams *hp, uint32_t n_ctx) {
     }
 }
 
+/* What a token costs in the FULL and in the WINDOW layers (F16 K/V): every
+ * layer keeps every position, so the window layers' share is the bill of
+ * keeping the prefix cache exact at any divergence point; a cache that
+ * kept only the window would pay it for the last n_swa positions alone. */
+static void print_kind_bill(const kp_model *m) {
+    const kp_hparams *hp = &m->hp;
+    if (!hp->n_swa_layers) return;
+    uint64_t full = kp_model_kv_bytes_per_token_kind(m, KP_LAYER_FULL, KP_DTYPE_F16, KP_DTYPE_F16);
+    uint64_t win = kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, KP_DTYPE_F16, KP_DTYPE_F16);
+    printf("  by layer kind (f16): %u full layers %llu bytes/token, %u window layers %llu bytes/token\n"
+           "  (every layer keeps every position, so a prompt reuses the cache exactly at any point;\n"
+           "  the window layers' rows older than %u positions are kept for that reuse only)\n",
+           hp->n_layer - hp->n_swa_layers, (unsigned long long)full, hp->n_swa_layers, (unsigned long long)win,
+           hp->n_swa);
+}
+
 static const cli_opt info_tab[] = {CLI_USE(CLI_MODEL), {0}};
 static const cli_opt kv_tab[] = {CLI_USE(CLI_MODEL), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), {0}};
 
@@ -76,6 +92,35 @@ static void kv_usage(FILE *f) {
                "2 x layers x kv-heads x head_dim x element size, and for -c positions.\n");
     cli_print_options(f, kv_tab);
     fprintf(f, "Defaults: -c the training context, --kv-type f16.\n");
+}
+
+/* What kvpin computes with a loaded model: hyperparameters, rope, layer
+ * kinds, norms, weights and the KV bill. */
+static void print_compute(const kp_model *m) {
+    char b1[32];
+    const kp_hparams *hp = &m->hp;
+    printf("hyperparams:   %u layers, n_embd %u, %u heads, %u kv-heads (GQA %u:1), head_dim %u,"
+           " n_ff %u, vocab %u\n",
+           hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_head / hp->n_head_kv,
+           hp->head_dim, hp->n_ff, hp->n_vocab);
+    printf("context:       %u tokens (training)\n", hp->n_ctx_train);
+    printf("rope:          %s, base %g, %u rotated dims, freq scale %g%s\n",
+           hp->rope_type == KP_ROPE_NORM ? "NORM (adjacent pairs)" : "NEOX (halves)",
+           (double)hp->rope_base, hp->n_rot, (double)hp->rope_freq_scale,
+           m->rope_freqs ? ", frequency factors" : "");
+    if (hp->n_swa_layers)
+        printf("attention:     %u full layers, %u sliding-window layers of %u positions (rope base %g,"
+               " freq scale %g)\n",
+               hp->n_layer - hp->n_swa_layers, hp->n_swa_layers, hp->n_swa, (double)hp->rope_base_swa,
+               (double)hp->rope_freq_scale_swa);
+    printf("norm:          RMSNorm eps %g%s; output %s\n", (double)hp->rms_eps,
+           hp->post_norms ? ", post-attention and post-FFN norms" : "",
+           hp->tied_output ? "tied to token_embd" : "separate matrix");
+    printf("weights:       %s (used in place from the mapping)\n",
+           cli_bytes(m->weight_bytes, b1, sizeof b1));
+    printf("KV cache bill:\n");
+    print_kv_bill(hp, hp->n_ctx_train);
+    print_kind_bill(m);
 }
 
 int cmd_info(int argc, char **argv) {
@@ -172,22 +217,7 @@ int cmd_info(int argc, char **argv) {
         fprintf(stderr, "kvpin info: %s\n", err.msg);
         return 1;
     }
-    const kp_hparams *hp = &m->hp;
-    printf("hyperparams:   %u layers, n_embd %u, %u heads, %u kv-heads (GQA %u:1), head_dim %u,"
-           " n_ff %u, vocab %u\n",
-           hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_head / hp->n_head_kv,
-           hp->head_dim, hp->n_ff, hp->n_vocab);
-    printf("context:       %u tokens (training)\n", hp->n_ctx_train);
-    printf("rope:          %s, base %g, %u rotated dims, freq scale %g%s\n",
-           hp->rope_type == KP_ROPE_NORM ? "NORM (adjacent pairs)" : "NEOX (halves)",
-           (double)hp->rope_base, hp->n_rot, (double)hp->rope_freq_scale,
-           m->rope_freqs ? ", frequency factors" : "");
-    printf("norm:          RMSNorm eps %g; output %s\n", (double)hp->rms_eps,
-           hp->tied_output ? "tied to token_embd" : "separate matrix");
-    printf("weights:       %s (used in place from the mapping)\n",
-           cli_bytes(m->weight_bytes, b1, sizeof b1));
-    printf("KV cache bill:\n");
-    print_kv_bill(hp, hp->n_ctx_train);
+    print_compute(m);
     kp_model_free(m);
     return rc;
 }

@@ -10,15 +10,16 @@
 
 enum {
     O_OUTPUT = CLI_OWN, O_PRESET, O_TOKENIZER, O_TYPE, O_ARCH, O_LAYERS, O_EMBD, O_HEADS, O_KV_HEADS, O_HEAD_DIM,
-    O_FF, O_CTX_TRAIN, O_ROPE_BASE, O_EPS, O_TIED, O_UNTIED, O_NAME
+    O_FF, O_CTX_TRAIN, O_ROPE_BASE, O_EPS, O_TIED, O_UNTIED, O_NAME, O_SLIDING_WINDOW, O_SWA_PATTERN
 };
 
 static const cli_opt mk_tab[] = {
     {"output", "o", NULL, "FILE", "write the model to FILE", O_OUTPUT},
-    {"preset", NULL, NULL, "NAME", "the shape to start from: smollm2-135m, tiny, qwen2-tiny, qwen3-tiny", O_PRESET},
+    {"preset", NULL, NULL, "NAME",
+     "the shape to start from: smollm2-135m, tiny, qwen2-tiny, qwen3-tiny, gemma3-1b, gemma3-tiny", O_PRESET},
     {"tokenizer", NULL, NULL, "FILE", "copy every tokenizer.* key from this GGUF file", O_TOKENIZER},
     {"type", NULL, NULL, "T", "weight type: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K", O_TYPE},
-    {"arch", NULL, NULL, "ARCH", "llama, qwen2 or qwen3", O_ARCH},
+    {"arch", NULL, NULL, "ARCH", "llama, qwen2, qwen3 or gemma3 (gemma3 alone starts from gemma3-tiny)", O_ARCH},
     {"layers", NULL, NULL, "N", "layers", O_LAYERS},
     {"embd", NULL, NULL, "N", "embedding width", O_EMBD},
     {"heads", NULL, NULL, "N", "query heads", O_HEADS},
@@ -28,6 +29,10 @@ static const cli_opt mk_tab[] = {
     {"ctx-train", NULL, "ctx", "N", "the training context the model declares", O_CTX_TRAIN},
     {"rope-base", NULL, NULL, "F", "RoPE frequency base", O_ROPE_BASE},
     {"eps", NULL, NULL, "F", "RMS norm epsilon", O_EPS},
+    {"sliding-window", NULL, NULL, "N", "gemma3: window layers see the last N positions (0: none)",
+     O_SLIDING_WINDOW},
+    {"swa-pattern", NULL, NULL, "N", "gemma3: every N-th layer attends to everything (0: llama.cpp's 6)",
+     O_SWA_PATTERN},
     {"tied", NULL, NULL, NULL, "the output matrix is the token embedding", O_TIED},
     {"untied", NULL, NULL, NULL, "a separate output matrix", O_UNTIED},
     CLI_USE(CLI_SEED),
@@ -44,20 +49,23 @@ static void mk_usage(FILE *out) {
             "576-wide rows of smollm2-135m), and F16 when even 32 does not divide the row. Those\n"
             "tensors are listed on stderr; general.file_type stays the one of --type (Q4_K: Q4_K_M).\n");
     cli_print_options(out, mk_tab);
-    fprintf(out, "Defaults: --preset tiny, --type F32, the preset's shape and seed, --tokenizer the\n"
+    fprintf(out, "Defaults: --preset tiny (gemma3-tiny with --arch gemma3), --type F32, the preset's shape and seed, --tokenizer the\n"
                  "bundled model. Options after the preset override it, in any order.\n");
 }
 
 int cmd_mkmodel(int argc, char **argv) {
-    const char *out = NULL, *tokenizer = NULL, *preset = "tiny";
+    const char *out = NULL, *tokenizer = NULL, *preset = NULL, *arch = NULL;
     kp_error err = {0};
     kp_mkmodel_spec spec;
     cli_args a;
     /* the preset first (a quiet scan), so the other options override it */
     cli_args_init(&a, "mkmodel", mk_tab, mk_usage, argc, argv);
     a.quiet = true;
-    for (int k; (k = cli_args_next(&a)) != CLI_END;)
+    for (int k; (k = cli_args_next(&a)) != CLI_END;) {
         if (k == O_PRESET) preset = a.val;
+        if (k == O_ARCH) arch = a.val;
+    }
+    if (!preset) preset = arch && !strcmp(arch, "gemma3") ? "gemma3-tiny" : "tiny";
     if (kp_mkmodel_spec_preset(preset, &spec, &err) != KP_OK) {
         fprintf(stderr, "kvpin mkmodel: %s\n", err.msg);
         return 2;
@@ -98,6 +106,8 @@ int cmd_mkmodel(int argc, char **argv) {
         case O_HEAD_DIM: field = &spec.head_dim; break;
         case O_FF: field = &spec.n_ff; break;
         case O_CTX_TRAIN: field = &spec.n_ctx; break;
+        case O_SLIDING_WINDOW: field = &spec.n_swa; break;
+        case O_SWA_PATTERN: field = &spec.swa_pattern; break;
         }
         if (field) {
             if (!cli_parse_i64(opt, v, 0, 1 << 24, &n)) return 2;

@@ -114,20 +114,49 @@ kp_status kp_fingerprint_weights(const kp_model *m, const char *cache_dir, kp_bk
     return KP_OK;
 }
 
+/* The lines of the hyperparameters beyond the llama family's, appended
+ * only when a model has one of them (the fingerprints of llama, qwen2 and
+ * qwen3 files are unchanged by them). The layer kinds are one letter per
+ * layer, f (FULL) or w (WINDOW), or their XXH3-64 past 256 layers. */
+static void extra_lines(const kp_model *m, char *buf, size_t cap) {
+    const kp_hparams *hp = &m->hp;
+    buf[0] = 0;
+    if (!hp->n_swa_layers && !hp->attn_scale_on_q && hp->embd_scale == 1.0f && hp->ffn_act == KP_FFN_SILU &&
+        !hp->post_norms && !(hp->logit_softcap > 0))
+        return;
+    char kinds[257 + 24];
+    uint32_t n = hp->n_layer;
+    for (uint32_t l = 0; l < n && l < 256; l++) kinds[l] = m->layers[l].kind == KP_LAYER_WINDOW ? 'w' : 'f';
+    kinds[n < 256 ? n : 256] = 0;
+    if (n > 256) {
+        char all[4096];
+        uint32_t k = n < sizeof all ? n : (uint32_t)sizeof all;
+        for (uint32_t l = 0; l < k; l++) all[l] = m->layers[l].kind == KP_LAYER_WINDOW ? 'w' : 'f';
+        snprintf(kinds, sizeof kinds, "xxh64:%016llx", (unsigned long long)XXH3_64bits(all, k));
+    }
+    snprintf(buf, cap,
+             "n_swa %u\nlayer_kinds %s\nrope_base_swa %a\nrope_freq_scale_swa %a\nattn_scale %a\n"
+             "attn_scale_on_q %d\nembd_scale %a\nlogit_softcap %a\nffn_act %s\npost_norms %d\n",
+             hp->n_swa, kinds, (double)hp->rope_base_swa, (double)hp->rope_freq_scale_swa, (double)hp->attn_scale,
+             hp->attn_scale_on_q ? 1 : 0, (double)hp->embd_scale, (double)hp->logit_softcap,
+             hp->ffn_act == KP_FFN_GELU_TANH ? "gelu_tanh" : "silu", hp->post_norms ? 1 : 0);
+}
+
 void kp_fingerprint_make(kp_fingerprint *out, const kp_model *m, const kp_bkey *weights, kp_dtype kv_type,
                 kp_dtype kv_type_v, uint32_t block_size) {
     const kp_hparams *hp = &m->hp;
-    char wh[33];
+    char wh[33], extra[512];
     kp_bkey_hex(weights, wh);
+    extra_lines(m, extra, sizeof extra);
     out->weights = *weights;
     snprintf(out->text, sizeof out->text,
              "kvpin-kv-layout %d\nweights %s\narch %s\nn_layer %u\nn_embd %u\nn_head %u\nn_head_kv %u\n"
              "head_dim %u\nn_ff %u\nn_vocab %u\nn_rot %u\nrms_eps %a\nrope_base %a\nrope_freq_scale %a\n"
-             "rope_type %s\ntied_output %d\nkv_type %s\nkv_type_v %s\nblock_size %u\n",
+             "rope_type %s\ntied_output %d\n%skv_type %s\nkv_type_v %s\nblock_size %u\n",
              KP_FINGERPRINT_LAYOUT_VERSION, wh, hp->arch_name ? hp->arch_name : "?", hp->n_layer, hp->n_embd, hp->n_head,
              hp->n_head_kv, hp->head_dim, hp->n_ff, hp->n_vocab, hp->n_rot, (double)hp->rms_eps,
              (double)hp->rope_base, (double)hp->rope_freq_scale, hp->rope_type == KP_ROPE_NEOX ? "neox" : "norm",
-             hp->tied_output ? 1 : 0, kp_dtype_name(kv_type), kp_dtype_name(kv_type_v), block_size);
+             hp->tied_output ? 1 : 0, extra, kp_dtype_name(kv_type), kp_dtype_name(kv_type_v), block_size);
     XXH128_canonical_t c;
     XXH128_canonicalFromHash(&c, XXH3_128bits(out->text, strlen(out->text)));
     memcpy(out->id.b, c.digest, 16);

@@ -12,6 +12,11 @@
  *   n_layer .. n_vocab, n_rot  hyperparameters that shape the rows
  *   rms_eps, rope_base, rope_freq_scale   floats as %a (exact)
  *   rope_type norm|neox, tied_output 0|1
+ *   n_swa .. post_norms        only for a model with sliding windows or
+ *                              gemma3's other switches (model.h): the window,
+ *                              layer_kinds (f/w per layer), the WINDOW layers'
+ *                              rope base and scale, attn_scale (and whether on
+ *                              Q), embd_scale, logit_softcap, ffn_act, post_norms
  *   kv_type f16                element type of the K rows
  *   kv_type_v f16              ... of the V rows (may differ: --kv-type-v)
  *   block_size 16              positions per block

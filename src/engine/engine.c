@@ -22,6 +22,13 @@
  *   n_reuse = match.n_reuse: the whole match, or n - 1 on a full hit (the
  *   last position is computed again to get its logits).
  *
+ *   Sliding-window layers (model.h, layer kinds) change nothing here: a
+ *   block holds the K/V of every layer for its positions, WINDOW layers
+ *   included (forward.c's policy), so the rows any suffix's window reads
+ *   are in the cached blocks, whatever n_reuse is. Reuse stays exact at
+ *   any divergence point, at the price of keeping the WINDOW layers' rows
+ *   of positions older than the window (kvpin info bills them).
+ *
  * A step (kp_eng_step) packs the items' tokens into one kp_batch, items in
  * order, each item's tokens at consecutive positions from its sequence's
  * length; items that cannot get blocks or are invalid are left out with

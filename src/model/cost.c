@@ -24,5 +24,7 @@ void kp_model_cost(const kp_model *m, kp_cost *out) {
 }
 
 uint64_t kp_model_attn_ops(const kp_hparams *hp, uint64_t d) {
-    return 4 * (uint64_t)hp->n_layer * hp->n_head * hp->head_dim * d;
+    uint64_t win = hp->n_swa && d > hp->n_swa ? hp->n_swa : d;
+    uint64_t per_head = (uint64_t)(hp->n_layer - hp->n_swa_layers) * d + (uint64_t)hp->n_swa_layers * win;
+    return 4 * per_head * hp->n_head * hp->head_dim;
 }

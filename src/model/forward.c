@@ -16,6 +16,35 @@
  *
  * then logits = rmsnorm(x) * output_norm @ output for the requested tokens.
  *
+ * What the hyperparameters switch (model.h), for gemma3 and its kin:
+ *
+ *   x        = embedding * embd_scale                        (sqrtf(n_embd))
+ *   q        = q * attn_scale after rope when attn_scale_on_q, and the scores
+ *              then use scale 1 (llama.cpp scales Q, not the scores)
+ *   rope     = (rope_base, rope_freq_scale) in FULL layers,
+ *              (rope_base_swa, rope_freq_scale_swa) in WINDOW layers
+ *   att      over q - n_swa < p <= q in WINDOW layers, 0 <= p <= q in FULL ones
+ *   x       += rmsnorm(att @ wo) * attn_post_norm            (post_norms)
+ *   x       += rmsnorm(ffn) * ffn_post_norm                  (post_norms)
+ *   ffn      = (gelu_tanh(xn @ w_gate) * (xn @ w_up)) @ w_down  (KP_FFN_GELU_TANH)
+ *   logits   = softcap * tanh(logits / softcap)              (logit_softcap > 0)
+ *
+ * Sliding windows and the prefix cache. Every layer, WINDOW layers too,
+ * writes the K/V of every position into the sequence's blocks; a WINDOW
+ * layer only reads fewer of them. So a block of the prefix cache holds
+ * the same bytes whatever layer kinds the model has, a prompt that reuses
+ * cached blocks and diverges at any position finds every K/V row its
+ * window needs, and a cached prompt gives the logits of a recompute (the
+ * cost: a WINDOW layer's K/V of positions no future query of that
+ * sequence will read stay in the pool; the memory bill in `kvpin info`
+ * says what they cost). A WINDOW layer reads only its window, and the
+ * kernels mask only above (causal), so a token's keys [lo, pos] go in two
+ * parts fixed by its position: the head [lo, e), up to the end e of the
+ * K/V step holding lo, in a tile of its own, and [e, pos] with the tokens
+ * of its tile, which all have their lo in that step (att_window_tile);
+ * the two partial softmax states are merged. Bitwise the same alone or in
+ * any tile, as for FULL layers. Decode chunks clip the window's start.
+ *
  * Matrix products: activations are converted once per product to the
  * weight type's dot type (F32, F16, BF16, Q8_0, Q8_K, as llama.cpp does), then
  * the weight rows are split into tasks of MM_ROWS rows across the thread
@@ -77,7 +106,9 @@ struct kp_forward {
     /* scratch sized for cap_tokens tokens */
     int32_t cap_tokens;
     float *x, *xn, *q, *kk, *vv, *att, *gate, *up;
-    float *rope_cs;              /* [n][n_rot/2][2] cos, sin */
+    float *rope_cs;              /* [n][n_rot/2][2] cos, sin (FULL layers) */
+    float *rope_cs_swa;          /* the same with the WINDOW layers' base and scale */
+    float *gelu;                 /* [65536] GELU-tanh of each F16 value, as F32 (GeGLU models), or NULL */
     uint8_t *act[KP_DTYPE_COUNT_]; /* converted activations per dot type */
     size_t act_cap[KP_DTYPE_COUNT_];
     /* attention scratch */
@@ -100,6 +131,21 @@ struct kp_forward {
     size_t probe_cap;
 };
 
+/* ggml's GELU-tanh table (GGML_GELU_FP16, on by default on the CPU): for
+ * each F16 value h, gelu(h) computed in F32 and rounded to F16; kept here
+ * as F32. gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))). */
+static float *gelu_table(void) {
+    float *t = malloc(65536 * sizeof(float));
+    if (!t) return NULL;
+    const float c = 0.79788456080286535587989211986876f, a = 0.044715f;
+    for (uint32_t i = 0; i < 65536; i++) {
+        float x = kp_fp16_to_fp32((uint16_t)i);
+        float y = 0.5f * x * (1.0f + tanhf(c * x * (1.0f + a * x * x)));
+        t[i] = kp_fp16_to_fp32(kp_fp32_to_fp16(y));
+    }
+    return t;
+}
+
 kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_threads *threads,
                          const kp_kernels *kernels, kp_error *err) {
     *out = NULL;
@@ -116,6 +162,10 @@ kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_
     f->ak = f->k == kp_kernels_scalar() ? kp_attn_scalar() : kp_attn_best();
     f->n_threads = kp_threads_size(threads);
     f->probe_layer = -1;
+    if (m->hp.ffn_act == KP_FFN_GELU_TANH && !(f->gelu = gelu_table())) {
+        free(f);
+        return kp_fail(err, KP_ENOMEM, "out of memory for the GELU table");
+    }
     *out = f;
     return KP_OK;
 }
@@ -123,7 +173,7 @@ kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_
 void kp_forward_free(kp_forward *f) {
     if (!f) return;
     free(f->x); free(f->xn); free(f->q); free(f->kk); free(f->vv); free(f->att);
-    free(f->gate); free(f->up); free(f->rope_cs);
+    free(f->gate); free(f->up); free(f->rope_cs); free(f->rope_cs_swa); free(f->gelu);
     for (int i = 0; i < KP_DTYPE_COUNT_; i++) free(f->act[i]);
     free(f->att_ws);
     free(f->partials);
@@ -245,8 +295,8 @@ static kp_status ensure_scratch(kp_forward *f, int32_t n, kp_error *err) {
     const kp_hparams *hp = &f->m->hp;
     size_t E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim;
     size_t KV = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
-    float **bufs[] = {&f->x, &f->xn, &f->q, &f->kk, &f->vv, &f->att, &f->gate, &f->up, &f->rope_cs};
-    size_t sizes[] = {E, E, Q, KV, KV, Q, F, F, hp->n_rot};
+    float **bufs[] = {&f->x, &f->xn, &f->q, &f->kk, &f->vv, &f->att, &f->gate, &f->up, &f->rope_cs, &f->rope_cs_swa};
+    size_t sizes[] = {E, E, Q, KV, KV, Q, F, F, hp->n_rot, hp->n_rot};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         float *nb = realloc(*bufs[i], (size_t)n * sizes[i] * sizeof(float));
         if (!nb) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %d tokens", n);
@@ -258,10 +308,13 @@ static kp_status ensure_scratch(kp_forward *f, int32_t n, kp_error *err) {
 
 /* ---- small math --------------------------------------------------------- */
 
+/* As ggml's CPU rms_norm rounds it: float squares summed in double, the
+ * mean rounded to float, 1/sqrtf in float. */
 static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     double ss = 0;
-    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
+    for (int64_t i = 0; i < n; i++) ss += (double)(x[i] * x[i]);
+    float mean = (float)(ss / (double)n);
+    float scale = 1.0f / sqrtf(mean + eps);
     for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
@@ -278,6 +331,18 @@ static void swiglu_task(void *vctx, int task, int thread) {
     (void)thread;
     swiglu_ctx *c = vctx;
     c->ak->swiglu_row(c->gate + (size_t)task * c->n_ff, c->up + (size_t)task * c->n_ff, (int64_t)c->n_ff);
+}
+
+/* gate = gelu_tanh(gate) * up for one token row, as ggml's geglu on the
+ * CPU: gate <= -10 gives 0, gate >= 10 passes gate through, anything else
+ * is rounded to F16 and looked up in the table. */
+static void geglu_row(const float *table, float *gate, const float *up, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        if (g <= -10.0f) gate[i] = 0.0f;
+        else if (g >= 10.0f) gate[i] = g * up[i];
+        else gate[i] = table[kp_fp32_to_fp16(g)] * up[i];
+    }
 }
 
 /* ---- matrix products ---------------------------------------------------- */
@@ -410,17 +475,25 @@ static kp_status matmul(kp_forward *f, const float *x, int n, int n_jobs, const 
 
 /* ---- rope ---------------------------------------------------------------- */
 
-static void rope_tables(kp_forward *f, const kp_batch *b) {
+/* cos and sin of every (token, pair) into out, for rope base and scale,
+ * computed as ggml's CPU rope does, in float: theta_0 = pos, theta_(i+1) =
+ * theta_i * base^(-2/n_rot) (one rounding per step), the angle
+ * freq_scale * (theta_i / factor_i), then cosf and sinf. (An exact angle
+ * differs from it by up to ~1e-4 rad at a few hundred positions, which a
+ * GELU looked up by its F16 input, gemma3's, turns into jumps of 2^-11.) */
+static void rope_tables(kp_forward *f, const kp_batch *b, float base, float freq_scale, float *out) {
     const kp_hparams *hp = &f->m->hp;
     int half = (int)hp->n_rot / 2;
+    const float theta_scale = powf(base, -2.0f / (float)hp->n_rot);
     for (int t = 0; t < b->n_tokens; t++) {
-        float *cs = f->rope_cs + (size_t)t * hp->n_rot;
+        float *cs = out + (size_t)t * hp->n_rot;
+        float theta = (float)b->pos[t];
         for (int i = 0; i < half; i++) {
-            double inv = pow((double)hp->rope_base, -2.0 * i / (double)hp->n_rot);
-            double theta = (double)b->pos[t] * hp->rope_freq_scale * inv;
-            if (f->m->rope_freqs) theta /= f->m->rope_freqs[i];
-            cs[2 * i] = (float)cos(theta);
-            cs[2 * i + 1] = (float)sin(theta);
+            float ff = f->m->rope_freqs ? f->m->rope_freqs[i] : 1.0f;
+            float angle = freq_scale * (theta / ff);
+            cs[2 * i] = cosf(angle);
+            cs[2 * i + 1] = sinf(angle);
+            theta *= theta_scale;
         }
     }
 }
@@ -446,7 +519,14 @@ typedef struct {
     int n_chunks;        /* position chunks per (token, kv head); 1: tiles */
     int n_tiles;
     float scale;
+    uint32_t window;     /* WINDOW layer: positions each query sees; 0: all */
 } att_ctx;
+
+/* The first position query position pos sees: pos - window + 1 (at least 0),
+ * 0 in a FULL layer. */
+static int64_t att_first(uint32_t window, int64_t pos) {
+    return window && pos + 1 > (int64_t)window ? pos + 1 - (int64_t)window : 0;
+}
 
 /* The step of cached positions from p (< p1) of sequence s: its row count,
  * K and V rows. A step ends at a block's end or, inside a block, every
@@ -462,6 +542,14 @@ static int64_t att_step_at(kp_forward *f, const kp_kvseq *s, uint32_t layer, uin
     *k = (const uint8_t *)kp_kvpool_k(f->kv, blk, layer, h) + (size_t)r * kp_kvpool_k_row_bytes(f->kv);
     *v = (const uint8_t *)kp_kvpool_v(f->kv, blk, layer, h) + (size_t)r * kp_kvpool_v_row_bytes(f->kv);
     return rn;
+}
+
+/* Where the step holding position p ends (att_step_at's steps, which
+ * depend on the position alone). */
+static int64_t att_step_end(const kp_forward *f, int64_t p) {
+    int64_t B = kp_kvpool_config_of(f->kv)->block_size;
+    int64_t r = p % B, rn = KP_ATTN_STEP - r % KP_ATTN_STEP;
+    return p + (rn > B - r ? B - r : rn);
 }
 
 /* Streams the cached positions [p0, p1) of sequence s (layer, kv-head h)
@@ -508,11 +596,13 @@ static void att_task(void *vctx, int task, int thread) {
     int h = (task / c->n_chunks) % (int)hp->n_head_kv;
     int t = task / c->n_chunks / (int)hp->n_head_kv;
     const kp_kvseq *s = c->b->seqs[c->b->seq[t]];
-    int64_t n_pos = (int64_t)c->b->pos[t] + 1;
+    int64_t n_pos = (int64_t)c->b->pos[t] + 1, lo = att_first(c->window, c->b->pos[t]);
     uint32_t B = kc->block_size;
-    int64_t per = (n_pos + c->n_chunks - 1) / c->n_chunks;
+    int64_t base = lo / B * B; /* chunks start on block edges from the window's block */
+    int64_t per = (n_pos - base + c->n_chunks - 1) / c->n_chunks;
     per = (per + B - 1) / B * B;
-    int64_t p0 = (int64_t)chunk * per, p1 = p0 + per < n_pos ? p0 + per : n_pos;
+    int64_t p0 = base + (int64_t)chunk * per, p1 = p0 + per < n_pos ? p0 + per : n_pos;
+    if (p0 < lo) p0 = lo;
     float *part = f->partials + (size_t)task * G * (hd + 2);
     if (p0 >= p1) {
         for (int g = 0; g < G; g++) {
@@ -528,6 +618,47 @@ static void att_task(void *vctx, int task, int thread) {
     f->ak->tile_begin(&at, f->q + (size_t)t * Qd + (size_t)h * G * hd, (int64_t)Qd);
     att_stream(f, &at, s, c->layer, (uint32_t)h, p0, p1);
     f->ak->tile_partial(&at, part);
+}
+
+/* Merges two partial states of one row ([m, l, o[hd]] each, either may
+ * have seen nothing) into its normalized output. */
+static void att_merge2(const float *a, const float *b, int hd, float *out) {
+    float m = a[0] > b[0] ? a[0] : b[0];
+    float wa = a[0] == -INFINITY ? 0.0f : expf(a[0] - m), wb = b[0] == -INFINITY ? 0.0f : expf(b[0] - m);
+    float inv = 1.0f / (a[1] * wa + b[1] * wb);
+    for (int d = 0; d < hd; d++) out[d] = (a[2 + d] * wa + b[2 + d] * wb) * inv;
+}
+
+/* A tile of a WINDOW layer. Token i sees [lo_i, pos_i], lo_i = pos_i - n_swa
+ * + 1, and the kernels mask only above, so its keys go in two parts that
+ * depend on its position alone: the head [lo_i, e) up to the end e of the
+ * step holding lo_i, in a tile of its own (G rows, one step at most), and
+ * the rest [e, pos_i] with the tile, whose tokens all have their lo in the
+ * same step (attention() forms the tiles so), so every row of the tile may
+ * see all of it. The two partial states are merged. A token gets the same
+ * bits alone (decode) as in any tile. */
+static void att_window_tile(att_ctx *c, kp_attn_tile *at, const kp_kvseq *s, uint32_t h, int t0, int T,
+                            float *out, int64_t stride) {
+    kp_forward *f = c->f;
+    const kp_hparams *hp = &f->m->hp;
+    int hd = (int)hp->head_dim, G = at->G;
+    const float *q = f->q + (size_t)t0 * stride + (size_t)h * G * hd;
+    int64_t e = att_step_end(f, att_first(c->window, c->b->pos[t0]));
+    float *part = at->ws + kp_attn_tile_floats(hd, T * G), *head = part + (size_t)T * G * (hd + 2);
+    f->ak->tile_begin(at, q, stride);
+    att_stream(f, at, s, c->layer, h, e, (int64_t)c->b->pos[t0 + T - 1] + 1);
+    f->ak->tile_partial(at, part);
+    for (int i = 0; i < T; i++) {
+        int32_t pos = c->b->pos[t0 + i];
+        int64_t lo = att_first(c->window, pos), hi = e < (int64_t)pos + 1 ? e : (int64_t)pos + 1;
+        kp_attn_tile one = {.hd = hd, .G = G, .n_tok = 1, .pos0 = pos, .scale = c->scale, .ws = at->ws};
+        f->ak->tile_begin(&one, q + (size_t)i * stride, stride);
+        att_stream(f, &one, s, c->layer, h, lo, hi);
+        f->ak->tile_partial(&one, head);
+        for (int g = 0; g < G; g++)
+            att_merge2(head + (size_t)g * (hd + 2), part + ((size_t)i * G + g) * (hd + 2), hd,
+                       out + (size_t)i * stride + (size_t)g * hd);
+    }
 }
 
 /* Prefill: a task is (tile of consecutive tokens of one sequence, kv-head);
@@ -548,6 +679,10 @@ static void att_tile_task(void *vctx, int task, int thread) {
     size_t Qd = (size_t)hp->n_head * hd, off = (size_t)h * G * hd;
     kp_attn_tile at = {.hd = hd, .G = G, .n_tok = T, .pos0 = c->b->pos[t0], .scale = c->scale,
                        .ws = f->att_ws + (size_t)thread * f->att_ws_floats};
+    if (c->window) {
+        att_window_tile(c, &at, s, (uint32_t)h, t0, T, f->att + (size_t)t0 * Qd + off, (int64_t)Qd);
+        return;
+    }
     f->ak->tile_begin(&at, f->q + (size_t)t0 * Qd + off, (int64_t)Qd);
     att_stream(f, &at, s, c->layer, (uint32_t)h, 0, (int64_t)c->b->pos[t0 + T - 1] + 1);
     f->ak->tile_end(&at, f->att + (size_t)t0 * Qd + off, (int64_t)Qd);
@@ -585,6 +720,7 @@ static void att_merge(kp_forward *f, int n_tokens, int n_chunks) {
 static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_error *err) {
     const kp_hparams *hp = &f->m->hp;
     int G = (int)(hp->n_head / hp->n_head_kv), hd = (int)hp->head_dim;
+    uint32_t window = f->m->layers[layer].kind == KP_LAYER_WINDOW ? hp->n_swa : 0;
     int64_t max_pos = 0;
     for (int t = 0; t < b->n_tokens; t++) max_pos = b->pos[t] + 1 > max_pos ? b->pos[t] + 1 : max_pos;
     int base_tasks = b->n_tokens * (int)hp->n_head_kv;
@@ -596,14 +732,17 @@ static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_
          * (n_threads chunks per pair against 4 x that: tg at depth 2048
          * 157 -> 166 tok/s, 8192 75 -> 78, 135M Q4_0, 2 threads) */
         n_chunks = f->n_threads;
-        int64_t by_len = (max_pos + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK;
+        int64_t span = window && max_pos > (int64_t)window ? (int64_t)window : max_pos;
+        int64_t by_len = (span + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK;
         if (n_chunks > by_len) n_chunks = (int)by_len;
         if (n_chunks < 1) n_chunks = 1;
     }
     int tile_tokens = ATT_TILE_ROWS / G < 1 ? 1 : ATT_TILE_ROWS / G;
     /* per-thread workspace, a multiple of 16 floats so each one starts on
-     * a cache line */
-    size_t ws = (kp_attn_tile_floats(hd, n_chunks == 1 ? tile_tokens * G : G) + 15) & ~(size_t)15;
+     * a cache line; WINDOW tiles keep two partial states per row after it */
+    size_t ws = kp_attn_tile_floats(hd, n_chunks == 1 ? tile_tokens * G : G);
+    if (window) ws += (size_t)(tile_tokens + 1) * G * (hd + 2);
+    ws = (ws + 15) & ~(size_t)15;
     if (ws * f->n_threads > f->att_ws_cap) {
         free(f->att_ws);
         f->att_ws_cap = 0;
@@ -617,7 +756,7 @@ static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_
         if (!kp_grow((void **)&f->partials, &f->cap_partials, need, 1))
             return kp_fail(err, KP_ENOMEM, "out of memory for attention partials");
     }
-    att_ctx c = {f, b, layer, n_chunks, 0, 1.0f / sqrtf((float)hd)};
+    att_ctx c = {f, b, layer, n_chunks, 0, hp->attn_scale_on_q ? 1.0f : hp->attn_scale, window};
     if (n_chunks == 1) {
         /* tiles: runs of consecutive tokens of one sequence, at most tile_tokens */
         if (!kp_grow((void **)&f->tiles, &f->cap_tiles, (size_t)b->n_tokens * 2 * sizeof(int32_t), 1))
@@ -626,7 +765,9 @@ static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_
         for (int t = 0; t < b->n_tokens;) {
             int T = 1;
             while (T < tile_tokens && t + T < b->n_tokens && b->seq[t + T] == b->seq[t] &&
-                   b->pos[t + T] == b->pos[t] + T)
+                   b->pos[t + T] == b->pos[t] + T &&
+                   (!window || att_step_end(f, att_first(window, b->pos[t + T])) ==
+                                   att_step_end(f, att_first(window, b->pos[t]))))
                 T++;
             f->tiles[2 * n_tiles] = t;
             f->tiles[2 * n_tiles + 1] = T;
@@ -655,8 +796,13 @@ static kp_status probe_capture(kp_forward *f, const kp_batch *b, uint32_t layer,
         return kp_fail(err, KP_ENOMEM, "out of memory for the attention probe");
     const kp_kvseq *s = b->seqs[b->seq[t]];
     const float *qv = f->q + (size_t)t * hp->n_head * hd + (size_t)f->probe_head * hd;
-    float mx = -INFINITY, scale = 1.0f / sqrtf((float)hd);
+    float mx = -INFINITY, scale = hp->attn_scale_on_q ? 1.0f : hp->attn_scale;
+    int64_t lo = att_first(f->m->layers[layer].kind == KP_LAYER_WINDOW ? hp->n_swa : 0, b->pos[t]);
     for (int32_t p = 0; p < n_pos; p++) {
+        if (p < lo) { /* outside the window: weight 0 */
+            f->probe[p] = -INFINITY;
+            continue;
+        }
         const uint8_t *kb = kp_kvpool_k(f->kv, s->blocks[p / kc->block_size], layer, (uint32_t)kvh);
         size_t off = (size_t)(p % kc->block_size) * hd;
         float d;
@@ -740,17 +886,14 @@ static void store_kv(kp_forward *f, const kp_batch *b, uint32_t layer) {
     }
 }
 
-kp_status kp_forward_run(kp_forward *f, const kp_batch *b, float *logits_out, kp_error *err) {
-    const kp_model *m = f->m;
-    const kp_hparams *hp = &m->hp;
+/* Reserves the blocks of every sequence of the batch; on failure every
+ * sequence keeps its old length. */
+static kp_status reserve_blocks(kp_forward *f, const kp_batch *b, kp_error *err) {
     kp_status st;
-    if ((st = validate(f, b, err)) != KP_OK) return st;
-    int n = b->n_tokens;
-    /* reserve blocks; on failure every sequence keeps its old length */
     for (int s = 0; s < b->n_seqs; s++) {
         uint32_t need = 0;
         int32_t first = -1;
-        for (int t = 0; t < n; t++) {
+        for (int t = 0; t < b->n_tokens; t++) {
             if (b->seq[t] != s) continue;
             if (first < 0) first = b->pos[t];
             need = (uint32_t)b->pos[t] + 1;
@@ -759,52 +902,94 @@ kp_status kp_forward_run(kp_forward *f, const kp_batch *b, float *logits_out, kp
         if ((uint32_t)first < b->seqs[s]->n_pos) kp_kvseq_truncate(b->seqs[s], f->kv, (uint32_t)first);
         if ((st = kp_kvseq_reserve(b->seqs[s], f->kv, need, err)) != KP_OK) return st;
     }
+    return KP_OK;
+}
+
+/* The attention half of layer l: x += [post-norm](attention(x) @ wo). */
+static kp_status layer_attention(kp_forward *f, const kp_batch *b, uint32_t l, const kp_layer *L, kp_error *err) {
+    const kp_hparams *hp = &f->m->hp;
+    int n = b->n_tokens;
+    size_t E = hp->n_embd, hd = hp->head_dim, Qd = (size_t)hp->n_head * hd, KVd = (size_t)hp->n_head_kv * hd;
+    kp_status st;
+    for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->x + t * E, L->attn_norm, (int64_t)E, hp->rms_eps);
+    mm_job qkv[3] = {{&L->wq, f->q}, {&L->wk, f->kk}, {&L->wv, f->vv}};
+    if ((st = matmul(f, f->xn, n, 3, qkv, err)) != KP_OK) return st;
+    const float *rope_cs = L->kind == KP_LAYER_WINDOW ? f->rope_cs_swa : f->rope_cs;
+    for (int t = 0; t < n; t++) {
+        float *qt = f->q + t * Qd, *kt = f->kk + t * KVd, *vt = f->vv + t * KVd;
+        if (L->bq) {
+            for (size_t i = 0; i < Qd; i++) qt[i] += L->bq[i];
+            for (size_t i = 0; i < KVd; i++) kt[i] += L->bk[i];
+            for (size_t i = 0; i < KVd; i++) vt[i] += L->bv[i];
+        }
+        if (L->q_norm) {
+            for (uint32_t h = 0; h < hp->n_head; h++)
+                rmsnorm(qt + h * hd, qt + h * hd, L->q_norm, (int64_t)hd, hp->rms_eps);
+            for (uint32_t h = 0; h < hp->n_head_kv; h++)
+                rmsnorm(kt + h * hd, kt + h * hd, L->k_norm, (int64_t)hd, hp->rms_eps);
+        }
+        const float *cs = rope_cs + (size_t)t * hp->n_rot;
+        for (uint32_t h = 0; h < hp->n_head; h++) rope_apply(hp, qt + h * hd, cs);
+        for (uint32_t h = 0; h < hp->n_head_kv; h++) rope_apply(hp, kt + h * hd, cs);
+        if (hp->attn_scale_on_q)
+            for (size_t i = 0; i < Qd; i++) qt[i] *= hp->attn_scale;
+    }
+    store_kv(f, b, l);
+    if ((st = attention(f, b, l, err)) != KP_OK) return st;
+    if ((st = probe_capture(f, b, l, err)) != KP_OK) return st;
+    mm_job o = {&L->wo, f->xn};
+    if ((st = matmul(f, f->att, n, 1, &o, err)) != KP_OK) return st;
+    if (L->attn_post_norm)
+        for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->xn + t * E, L->attn_post_norm, (int64_t)E, hp->rms_eps);
+    for (size_t i = 0; i < (size_t)n * E; i++) f->x[i] += f->xn[i];
+    return KP_OK;
+}
+
+/* The feed-forward half of a layer: x += [post-norm](ffn(x)). */
+static kp_status layer_ffn(kp_forward *f, int n, const kp_layer *L, kp_error *err) {
+    const kp_hparams *hp = &f->m->hp;
+    size_t E = hp->n_embd, F = hp->n_ff;
+    kp_status st;
+    for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->x + t * E, L->ffn_norm, (int64_t)E, hp->rms_eps);
+    mm_job gu[2] = {{&L->w_gate, f->gate}, {&L->w_up, f->up}};
+    if ((st = matmul(f, f->xn, n, 2, gu, err)) != KP_OK) return st;
+    if (hp->ffn_act == KP_FFN_GELU_TANH) {
+        for (int t = 0; t < n; t++) geglu_row(f->gelu, f->gate + (size_t)t * F, f->up + (size_t)t * F, F);
+    } else {
+        swiglu_ctx sw = {f->gate, f->up, F, f->ak};
+        if (n >= 4) kp_threads_run(f->threads, swiglu_task, &sw, n);
+        else for (int t = 0; t < n; t++) swiglu_task(&sw, t, 0);
+    }
+    mm_job d = {&L->w_down, f->xn};
+    if ((st = matmul(f, f->gate, n, 1, &d, err)) != KP_OK) return st;
+    if (L->ffn_post_norm)
+        for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->xn + t * E, L->ffn_post_norm, (int64_t)E, hp->rms_eps);
+    for (size_t i = 0; i < (size_t)n * E; i++) f->x[i] += f->xn[i];
+    return KP_OK;
+}
+
+kp_status kp_forward_run(kp_forward *f, const kp_batch *b, float *logits_out, kp_error *err) {
+    const kp_model *m = f->m;
+    const kp_hparams *hp = &m->hp;
+    kp_status st;
+    if ((st = validate(f, b, err)) != KP_OK) return st;
+    int n = b->n_tokens;
+    if ((st = reserve_blocks(f, b, err)) != KP_OK) return st;
     if ((st = ensure_scratch(f, n, err)) != KP_OK) return st;
-    size_t E = hp->n_embd, hd = hp->head_dim, Qd = (size_t)hp->n_head * hd;
-    size_t KVd = (size_t)hp->n_head_kv * hd, F = hp->n_ff;
+    size_t E = hp->n_embd;
     for (int t = 0; t < n; t++)
         kp_dequantize_row(m->tok_embd.type,
                           (const uint8_t *)m->tok_embd.data + (size_t)b->tokens[t] * m->tok_embd.row_bytes,
                           f->x + t * E, (int64_t)E);
-    rope_tables(f, b);
+    if (hp->embd_scale != 1.0f)
+        for (size_t i = 0; i < (size_t)n * E; i++) f->x[i] *= hp->embd_scale;
+    rope_tables(f, b, hp->rope_base, hp->rope_freq_scale, f->rope_cs);
+    if (hp->n_swa_layers > 0) rope_tables(f, b, hp->rope_base_swa, hp->rope_freq_scale_swa, f->rope_cs_swa);
     f->probe_n = 0;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const kp_layer *L = f->layers ? &f->layers[l] : &m->layers[l];
-        for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->x + t * E, L->attn_norm, (int64_t)E, hp->rms_eps);
-        mm_job qkv[3] = {{&L->wq, f->q}, {&L->wk, f->kk}, {&L->wv, f->vv}};
-        if ((st = matmul(f, f->xn, n, 3, qkv, err)) != KP_OK) return st;
-        for (int t = 0; t < n; t++) {
-            float *qt = f->q + t * Qd, *kt = f->kk + t * KVd, *vt = f->vv + t * KVd;
-            if (L->bq) {
-                for (size_t i = 0; i < Qd; i++) qt[i] += L->bq[i];
-                for (size_t i = 0; i < KVd; i++) kt[i] += L->bk[i];
-                for (size_t i = 0; i < KVd; i++) vt[i] += L->bv[i];
-            }
-            if (L->q_norm) {
-                for (uint32_t h = 0; h < hp->n_head; h++)
-                    rmsnorm(qt + h * hd, qt + h * hd, L->q_norm, (int64_t)hd, hp->rms_eps);
-                for (uint32_t h = 0; h < hp->n_head_kv; h++)
-                    rmsnorm(kt + h * hd, kt + h * hd, L->k_norm, (int64_t)hd, hp->rms_eps);
-            }
-            const float *cs = f->rope_cs + (size_t)t * hp->n_rot;
-            for (uint32_t h = 0; h < hp->n_head; h++) rope_apply(hp, qt + h * hd, cs);
-            for (uint32_t h = 0; h < hp->n_head_kv; h++) rope_apply(hp, kt + h * hd, cs);
-        }
-        store_kv(f, b, l);
-        if ((st = attention(f, b, l, err)) != KP_OK) return st;
-        if ((st = probe_capture(f, b, l, err)) != KP_OK) return st;
-        mm_job o = {&L->wo, f->xn};
-        if ((st = matmul(f, f->att, n, 1, &o, err)) != KP_OK) return st;
-        for (size_t i = 0; i < (size_t)n * E; i++) f->x[i] += f->xn[i];
-        for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->x + t * E, L->ffn_norm, (int64_t)E, hp->rms_eps);
-        mm_job gu[2] = {{&L->w_gate, f->gate}, {&L->w_up, f->up}};
-        if ((st = matmul(f, f->xn, n, 2, gu, err)) != KP_OK) return st;
-        swiglu_ctx sw = {f->gate, f->up, F, f->ak};
-        if (n >= 4) kp_threads_run(f->threads, swiglu_task, &sw, n);
-        else for (int t = 0; t < n; t++) swiglu_task(&sw, t, 0);
-        mm_job d = {&L->w_down, f->xn};
-        if ((st = matmul(f, f->gate, n, 1, &d, err)) != KP_OK) return st;
-        for (size_t i = 0; i < (size_t)n * E; i++) f->x[i] += f->xn[i];
+        if ((st = layer_attention(f, b, l, L, err)) != KP_OK) return st;
+        if ((st = layer_ffn(f, n, L, err)) != KP_OK) return st;
     }
     /* sequences now hold every position the batch wrote */
     for (int t = 0; t < n; t++) b->seqs[b->seq[t]]->n_pos = (uint32_t)b->pos[t] + 1;
@@ -818,5 +1003,10 @@ kp_status kp_forward_run(kp_forward *f, const kp_batch *b, float *logits_out, kp
     }
     if (n_out == 0) return KP_OK;
     mm_job lo = {f->layers ? &f->output : &m->output, logits_out};
-    return matmul(f, f->xn, n_out, 1, &lo, err);
+    if ((st = matmul(f, f->xn, n_out, 1, &lo, err)) != KP_OK) return st;
+    if (hp->logit_softcap > 0) {
+        float cap = hp->logit_softcap, inv = 1.0f / cap;
+        for (size_t i = 0; i < (size_t)n_out * hp->n_vocab; i++) logits_out[i] = tanhf(logits_out[i] * inv) * cap;
+    }
+    return KP_OK;
 }

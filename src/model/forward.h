@@ -6,7 +6,8 @@
  * Q, K, V for all tokens with matrix-matrix products (each weight is read
  * once per call for the whole batch), writes K and V of every token into
  * its sequence's KV blocks, then lets every token attend to positions
- * 0..pos of its own sequence. So a prompt's prefill, a prefill chunk, and
+ * 0..pos of its own sequence (pos - n_swa + 1 .. pos in a sliding-window
+ * layer, model.h). So a prompt's prefill, a prefill chunk, and
  * the decode steps of eight sequences are the same code path.
  *
  * The pass owns only scratch memory; the model, the KV pool, the sequences

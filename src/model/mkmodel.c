@@ -20,7 +20,9 @@
  *   {arch}.attention.head_count            u32   n_head
  *   {arch}.attention.head_count_kv         u32   n_head_kv
  *   {arch}.attention.key_length            u32   head_dim  } when head_dim != n_embd/n_head,
- *   {arch}.attention.value_length          u32   head_dim  } and always for qwen3
+ *   {arch}.attention.value_length          u32   head_dim  } and always for qwen3 and gemma3
+ *   {arch}.attention.sliding_window        u32   n_swa, when not 0 (gemma3)
+ *   {arch}.attention.sliding_window_pattern u32  swa_pattern, when not 0 (gemma3)
  *   {arch}.rope.dimension_count            u32   head_dim
  *   {arch}.vocab_size                      u32   n_vocab
  *   {arch}.rope.freq_base                  f32   rope_base
@@ -42,12 +44,14 @@
  *     blk.N.attn_k.weight          W    [n_embd, n_head_kv*hd]  N(0, 1/n_embd)
  *     blk.N.attn_v.weight          W    [n_embd, n_head_kv*hd]  N(0, 1/n_embd)
  *     blk.N.attn_{q,k,v}.bias      F32  [n_head*hd], [n_head_kv*hd] x2   qwen2: 0.5 N(0,1)
- *     blk.N.attn_{q,k}_norm.weight F32  [hd]                qwen3: 1 + 0.1 N(0,1)
+ *     blk.N.attn_{q,k}_norm.weight F32  [hd]                qwen3, gemma3: 1 + 0.1 N(0,1)
  *     blk.N.attn_output.weight     W    [n_head*hd, n_embd]     N(0, 1/(n_head*hd))
+ *     blk.N.post_attention_norm.weight F32 [n_embd]         gemma3: 1 + 0.1 N(0,1)
  *     blk.N.ffn_norm.weight        F32  [n_embd]            1 + 0.1 N(0,1)
  *     blk.N.ffn_gate.weight        W    [n_embd, n_ff]      N(0, 1/n_embd)
  *     blk.N.ffn_up.weight          W    [n_embd, n_ff]      N(0, 1/n_embd)
  *     blk.N.ffn_down.weight        W    [n_ff, n_embd]      N(0, 1/n_ff)
+ *     blk.N.post_ffw_norm.weight   F32  [n_embd]            gemma3: 1 + 0.1 N(0,1)
  *   output_norm.weight             F32  [n_embd]            1 + 0.1 N(0,1)
  *   output.weight                  W    [n_embd, n_vocab]   N(0, 1/n_embd)   (untied only)
  *
@@ -152,15 +156,21 @@ typedef struct {
 static const mk_preset presets[] = {
     {"smollm2-135m",
      {"llama", 30, 576, 9, 3, 0, 1536, 8192, 100000.0f, 1e-5f, true, KP_DTYPE_F32, 1,
-      "smollm2-135m", 0}},
+      "smollm2-135m", 0, 0, 0}},
     {"tiny",
-     {"llama", 2, 256, 4, 2, 0, 512, 2048, 10000.0f, 1e-5f, false, KP_DTYPE_F32, 1, "tiny", 0}},
+     {"llama", 2, 256, 4, 2, 0, 512, 2048, 10000.0f, 1e-5f, false, KP_DTYPE_F32, 1, "tiny", 0, 0, 0}},
     {"qwen2-tiny",
      {"qwen2", 2, 256, 4, 2, 0, 768, 32768, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "qwen2-tiny", 0}},
+      "qwen2-tiny", 0, 0, 0}},
     {"qwen3-tiny",
      {"qwen3", 2, 256, 4, 2, 128, 768, 32768, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "qwen3-tiny", 0}},
+      "qwen3-tiny", 0, 0, 0}},
+    {"gemma3-1b",
+     {"gemma3", 26, 1152, 4, 1, 256, 6912, 32768, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
+      "gemma3-1b", 0, 512, 0}},
+    {"gemma3-tiny",
+     {"gemma3", 6, 64, 2, 1, 32, 128, 2048, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
+      "gemma3-tiny", 0, 16, 0}},
 };
 
 kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_error *err) {
@@ -171,17 +181,19 @@ kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_erro
         }
     }
     return kp_fail(err, KP_ENOTFOUND,
-                   "mkmodel: unknown preset '%s' (smollm2-135m, tiny, qwen2-tiny, qwen3-tiny)",
+                   "mkmodel: unknown preset '%s' (smollm2-135m, tiny, qwen2-tiny, qwen3-tiny, gemma3-1b, "
+                   "gemma3-tiny)",
                    name);
 }
 
-typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_UNKNOWN } mk_arch;
+typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_GEMMA3, ARCH_UNKNOWN } mk_arch;
 
 static mk_arch arch_of(const char *arch) {
     if (!arch) return ARCH_UNKNOWN;
     if (strcmp(arch, "llama") == 0) return ARCH_LLAMA;
     if (strcmp(arch, "qwen2") == 0) return ARCH_QWEN2;
     if (strcmp(arch, "qwen3") == 0) return ARCH_QWEN3;
+    if (strcmp(arch, "gemma3") == 0) return ARCH_GEMMA3;
     return ARCH_UNKNOWN;
 }
 
@@ -235,7 +247,7 @@ static uint32_t head_dim_of(const kp_mkmodel_spec *s) {
 kp_status kp_mkmodel_validate(const kp_mkmodel_spec *s, uint64_t n_vocab, kp_error *err) {
     if (arch_of(s->arch) == ARCH_UNKNOWN)
         return kp_fail(err, KP_EUNSUPPORTED,
-                       "mkmodel: architecture '%s' (mkmodel writes llama, qwen2, qwen3)",
+                       "mkmodel: architecture '%s' (mkmodel writes llama, qwen2, qwen3, gemma3)",
                        s->arch ? s->arch : "(null)");
     if (kp_mkmodel_file_type(s->wtype) < 0)
         return kp_fail(err, KP_EUNSUPPORTED,
@@ -268,6 +280,9 @@ kp_status kp_mkmodel_validate(const kp_mkmodel_spec *s, uint64_t n_vocab, kp_err
     if (s->alignment != 0 && (s->alignment & (s->alignment - 1)) != 0)
         return kp_fail(err, KP_EINVAL, "mkmodel: alignment %u is not a power of two",
                        s->alignment);
+    if ((s->n_swa || s->swa_pattern) && arch_of(s->arch) != ARCH_GEMMA3)
+        return kp_fail(err, KP_EINVAL, "mkmodel: a sliding window (n_swa %u, pattern %u) needs arch gemma3",
+                       s->n_swa, s->swa_pattern);
     if (n_vocab == 0 || n_vocab > INT32_MAX)
         return kp_fail(err, KP_EINVAL, "mkmodel: vocabulary of %llu tokens",
                        (unsigned long long)n_vocab);
@@ -315,7 +330,8 @@ static kp_status plan_build(const kp_mkmodel_spec *s, uint64_t n_vocab, mk_plan 
     int64_t nq = (int64_t)s->n_head * hd, nkv = (int64_t)s->n_head_kv * hd;
     int64_t E = s->n_embd, F = s->n_ff, V = (int64_t)n_vocab;
     kp_dtype W = s->wtype;
-    size_t per_layer = 9 + (arch == ARCH_QWEN2 ? 3 : 0) + (arch == ARCH_QWEN3 ? 2 : 0);
+    bool qk_norm = arch == ARCH_QWEN3 || arch == ARCH_GEMMA3, post_norms = arch == ARCH_GEMMA3;
+    size_t per_layer = 9 + (arch == ARCH_QWEN2 ? 3 : 0) + (qk_norm ? 2 : 0) + (post_norms ? 2 : 0);
     p->cap = 2 + (s->tied ? 0 : 1) + per_layer * s->n_layer;
     p->n = 0;
     p->t = calloc(p->cap, sizeof *p->t);
@@ -334,15 +350,17 @@ static kp_status plan_build(const kp_mkmodel_spec *s, uint64_t n_vocab, mk_plan 
             plan_add(p, BLK("attn_k.bias"), nkv, 0, KP_DTYPE_F32, INIT_GAUSS, 0.5);
             plan_add(p, BLK("attn_v.bias"), nkv, 0, KP_DTYPE_F32, INIT_GAUSS, 0.5);
         }
-        if (arch == ARCH_QWEN3) {
+        if (qk_norm) {
             plan_add(p, BLK("attn_q_norm.weight"), hd, 0, KP_DTYPE_F32, INIT_NORM, 0);
             plan_add(p, BLK("attn_k_norm.weight"), hd, 0, KP_DTYPE_F32, INIT_NORM, 0);
         }
         plan_add(p, BLK("attn_output.weight"), nq, E, W, INIT_GAUSS, inv_sqrt(nq));
+        if (post_norms) plan_add(p, BLK("post_attention_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
         plan_add(p, BLK("ffn_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
         plan_add(p, BLK("ffn_gate.weight"), E, F, W, INIT_GAUSS, inv_sqrt(E));
         plan_add(p, BLK("ffn_up.weight"), E, F, W, INIT_GAUSS, inv_sqrt(E));
         plan_add(p, BLK("ffn_down.weight"), F, E, W, INIT_GAUSS, inv_sqrt(F));
+        if (post_norms) plan_add(p, BLK("post_ffw_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
 #undef BLK
     }
     plan_add(p, "output_norm.weight", E, 0, KP_DTYPE_F32, INIT_NORM, 0);
@@ -374,10 +392,12 @@ static kp_status add_metadata(kp_gguf_w *w, const kp_mkmodel_spec *s, uint64_t n
     TRY(kp_gguf_w_add_u32(w, KEY("feed_forward_length"), s->n_ff, err));
     TRY(kp_gguf_w_add_u32(w, KEY("attention.head_count"), s->n_head, err));
     TRY(kp_gguf_w_add_u32(w, KEY("attention.head_count_kv"), s->n_head_kv, err));
-    if ((uint64_t)hd * s->n_head != s->n_embd || arch == ARCH_QWEN3) {
+    if ((uint64_t)hd * s->n_head != s->n_embd || arch == ARCH_QWEN3 || arch == ARCH_GEMMA3) {
         TRY(kp_gguf_w_add_u32(w, KEY("attention.key_length"), hd, err));
         TRY(kp_gguf_w_add_u32(w, KEY("attention.value_length"), hd, err));
     }
+    if (s->n_swa) TRY(kp_gguf_w_add_u32(w, KEY("attention.sliding_window"), s->n_swa, err));
+    if (s->swa_pattern) TRY(kp_gguf_w_add_u32(w, KEY("attention.sliding_window_pattern"), s->swa_pattern, err));
     TRY(kp_gguf_w_add_u32(w, KEY("rope.dimension_count"), hd, err));
     TRY(kp_gguf_w_add_u32(w, KEY("vocab_size"), (uint32_t)n_vocab, err));
     TRY(kp_gguf_w_add_f32(w, KEY("rope.freq_base"), s->rope_base, err));

@@ -2,8 +2,9 @@
  * mkmodel.h - writes GGUF models with seeded random weights.
  *
  * For tests and benchmarks that need a model of a given shape and weight
- * type without shipping one: llama, qwen2 (q/k/v biases) and qwen3 (per-head
- * q/k RMS norms) layouts, in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+ * type without shipping one: llama, qwen2 (q/k/v biases), qwen3 (per-head
+ * q/k RMS norms) and gemma3 (q/k norms, post-attention and post-FFN norms,
+ * sliding-window layers) layouts, in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
  * Q4_K, Q5_K or Q6_K, with the tokenizer taken from any GGUF file (every
  * `tokenizer.*` key, copied verbatim). Tensor names, shapes and metadata
  * keys are the ones llama.cpp loads. The file is the one llama-quantize
@@ -17,6 +18,8 @@
  *   token_embd, tied        N(0, 1/n_embd)  (it is also the output projection)
  *   norm weights            1 + 0.1 N(0,1)
  *   qwen2 q/k/v biases      0.5 N(0,1)
+ * (gemma3's norm weights are stored as llama.cpp's converter stores them,
+ * Gemma's +1 already added, so they too are 1 + 0.1 N(0,1).)
  * Norms and biases are F32; every 2-D weight (token_embd and output too) has
  * kp_mkmodel_weight_type(spec's type, its row length): the spec's type unless
  * the row length is not a multiple of its block size. The values are drawn
@@ -36,7 +39,7 @@
 #include "base/status.h"
 
 typedef struct {
-    const char *arch;    /* "llama", "qwen2" or "qwen3" (borrowed) */
+    const char *arch;    /* "llama", "qwen2", "qwen3" or "gemma3" (borrowed) */
     uint32_t n_layer;
     uint32_t n_embd;
     uint32_t n_head;
@@ -51,6 +54,9 @@ typedef struct {
     uint64_t seed;
     const char *name;    /* general.name (borrowed); NULL = the arch name */
     uint32_t alignment;  /* 0 = 32 (no general.alignment key); else a power of two */
+    uint32_t n_swa;      /* gemma3: {arch}.attention.sliding_window (0: not written, no window) */
+    uint32_t swa_pattern; /* gemma3: {arch}.attention.sliding_window_pattern, every swa_pattern-th
+                             layer FULL (0: not written, llama.cpp's default 6) */
 } kp_mkmodel_spec;
 
 /* Fills *out with a named shape (wtype F32, seed 1, alignment 0):
@@ -65,13 +71,21 @@ typedef struct {
  *   "qwen3-tiny"    qwen3, 2 layers, n_embd 256, 4 / 2 heads, head_dim 128
  *                   (!= n_embd / n_head, as in real Qwen3), n_ff 768, tied,
  *                   rope base 1e6, eps 1e-6, ctx 32768
+ *   "gemma3-1b"     gemma3 (Gemma 3 1B's shape), 26 layers, n_embd 1152,
+ *                   4 / 1 heads, head_dim 256, n_ff 6912, tied, rope base
+ *                   1e6 (WINDOW layers 10000), eps 1e-6, ctx 32768,
+ *                   sliding window 512, every 6th layer FULL
+ *   "gemma3-tiny"   gemma3, 6 layers (5 WINDOW, the last FULL), n_embd 64,
+ *                   2 / 1 heads, head_dim 32, n_ff 128, tied, rope base 1e6,
+ *                   eps 1e-6, ctx 2048, sliding window 16
  * The strings in *out are static. KP_ENOTFOUND for an unknown name. */
 kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_error *err);
 
 /* Checks a spec against a vocabulary size: a known arch, nonzero sizes,
  * n_head a multiple of n_head_kv, an even head_dim, a weight type mkmodel
  * writes, positive rope base and eps, a power-of-two alignment, and
- * n_vocab >= 1 (KP_EINVAL naming what is wrong). A weight type mkmodel does
+ * n_vocab >= 1, and n_swa / swa_pattern only for gemma3 (KP_EINVAL
+ * naming what is wrong). A weight type mkmodel does
  * not write is KP_EUNSUPPORTED. Row lengths are never refused: every type
  * mkmodel writes has a fallback (kp_mkmodel_weight_type). */
 kp_status kp_mkmodel_validate(const kp_mkmodel_spec *spec, uint64_t n_vocab, kp_error *err);

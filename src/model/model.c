@@ -17,6 +17,18 @@
  *   ARCH.rope.scaling.type                none               "linear" supported
  *   ARCH.rope.scaling.factor / ARCH.rope.scale_linear        linear factor
  *
+ * gemma3 only (llama.cpp's llama_model_gemma3::load_arch_hparams):
+ *   ARCH.attention.layer_norm_rms_epsilon required
+ *   ARCH.attention.sliding_window          0 (no WINDOW layer)  n_swa
+ *   ARCH.attention.sliding_window_pattern  6                  u32 period, or bool[n_layer]
+ *   ARCH.rope.freq_base_swa                10000              rope base of WINDOW layers
+ *                                                             (their freq scale is 1)
+ *   ARCH.final_logit_softcapping           0                  logit soft-cap
+ *   attention scale 1/sqrt(head_dim), or 1/sqrt(n_embd/n_head) with 62
+ *   layers (Gemma 3 27B's query_pre_attn_scalar), applied to Q before the
+ *   product; embeddings times sqrtf(n_embd); GELU-tanh FFN. The norm weights
+ *   are used as stored: llama.cpp's converter already added Gemma's +1.
+ *
  * Tensors (ggml order [ne0, ne1]); N = layer:
  *   token_embd.weight [n_embd, n_vocab]    output.weight [n_embd, n_vocab] (absent: tied)
  *   output_norm.weight [n_embd]            rope_freqs.weight [n_rot/2] (optional)
@@ -25,9 +37,12 @@
  *   blk.N.attn_output.weight [n_head*hd, n_embd]
  *   blk.N.ffn_gate/up.weight [n_embd, n_ff]  blk.N.ffn_down.weight [n_ff, n_embd]
  *   qwen2: blk.N.attn_q/k/v.bias            qwen3: blk.N.attn_q_norm/k_norm.weight [hd]
+ *   gemma3: blk.N.attn_q_norm/k_norm.weight [hd], blk.N.post_attention_norm.weight [n_embd],
+ *           blk.N.post_ffw_norm.weight [n_embd]
  */
 #include "model/model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +54,7 @@ const char *kp_arch_name(kp_arch a) {
     case KP_ARCH_LLAMA: return "llama";
     case KP_ARCH_QWEN2: return "qwen2";
     case KP_ARCH_QWEN3: return "qwen3";
+    case KP_ARCH_GEMMA3: return "gemma3";
     }
     return "?";
 }
@@ -50,6 +66,13 @@ uint64_t kp_model_kv_bytes_per_token(const kp_hparams *hp, kp_dtype kv_type) {
 uint64_t kp_model_kv_bytes_per_token_kv(const kp_hparams *hp, kp_dtype k_type, kp_dtype v_type) {
     return (uint64_t)hp->n_layer * hp->n_head_kv *
            (kp_dtype_row_size(k_type, hp->head_dim) + kp_dtype_row_size(v_type, hp->head_dim));
+}
+
+uint64_t kp_model_kv_bytes_per_token_kind(const kp_model *m, kp_layer_kind kind, kp_dtype k_type, kp_dtype v_type) {
+    uint64_t n = 0;
+    for (uint32_t l = 0; l < m->hp.n_layer; l++) n += m->layers[l].kind == kind;
+    return n * m->hp.n_head_kv *
+           (kp_dtype_row_size(k_type, m->hp.head_dim) + kp_dtype_row_size(v_type, m->hp.head_dim));
 }
 
 static kp_status get_weight(const kp_model *m, const char *name, int64_t n_in, int64_t n_out,
@@ -99,6 +122,62 @@ static kp_status get_vector(const kp_model *m, const char *name, int64_t n, bool
     return KP_OK;
 }
 
+/* gemma3's keys and fixed choices (the table at the top), after the common
+ * ones. The layer kinds are set later (layer_kinds), once layers exist. */
+static kp_status read_gemma3(kp_model *m, kp_error *err) {
+    kp_gguf *g = m->file;
+    kp_hparams *hp = &m->hp;
+    kp_status st;
+    char key[128];
+#define KEY(suffix) (snprintf(key, sizeof key, "gemma3.%s", suffix), key)
+    if (!kp_gguf_find(g, KEY("attention.layer_norm_rms_epsilon")))
+        return kp_fail(err, KP_EFORMAT, "%s: missing %s (gemma3 requires it)", kp_gguf_path(g), key);
+    if ((st = kp_gguf_get_u32(g, KEY("attention.sliding_window"), 0, &hp->n_swa, err))) return st;
+    if ((st = kp_gguf_get_f32(g, KEY("rope.freq_base_swa"), 10000.0f, &hp->rope_base_swa, err))) return st;
+    if ((st = kp_gguf_get_f32(g, KEY("final_logit_softcapping"), 0.0f, &hp->logit_softcap, err))) return st;
+#undef KEY
+    if (!(hp->rope_base_swa > 0) || !(hp->logit_softcap >= 0) || !isfinite(hp->logit_softcap))
+        return kp_fail(err, KP_EFORMAT, "%s: gemma3.rope.freq_base_swa must be positive and the logit "
+                       "soft-cap finite and not negative", kp_gguf_path(g));
+    hp->rope_freq_scale_swa = 1.0f;
+    /* llama.cpp: 1/sqrt(n_embd/n_head) for the 62-layer 27B, else 1/sqrt(head_dim) */
+    hp->attn_scale = hp->n_layer == 62 ? 1.0f / sqrtf((float)(hp->n_embd / hp->n_head))
+                                       : 1.0f / sqrtf((float)hp->head_dim);
+    hp->attn_scale_on_q = true;
+    hp->embd_scale = sqrtf((float)hp->n_embd);
+    hp->ffn_act = KP_FFN_GELU_TANH;
+    hp->post_norms = true;
+    return KP_OK;
+}
+
+/* Each layer's kind from the sliding-window keys (the top of model.h). */
+static kp_status layer_kinds(kp_model *m, kp_error *err) {
+    kp_hparams *hp = &m->hp;
+    kp_gguf *g = m->file;
+    kp_status st;
+    char key[128];
+    for (uint32_t l = 0; l < hp->n_layer; l++) m->layers[l].kind = KP_LAYER_FULL;
+    if (hp->n_swa == 0) return KP_OK;
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", hp->arch_name);
+    const kp_gguf_kv *kv = kp_gguf_find(g, key);
+    if (kv && kv->value.type == KP_GGUF_TYPE_ARRAY) {
+        const kp_gguf_value *arr = NULL;
+        if ((st = kp_gguf_get_arr(g, key, KP_GGUF_TYPE_BOOL, &arr, err))) return st;
+        if (arr->v.arr.n != hp->n_layer)
+            return kp_fail(err, KP_EFORMAT, "%s: %s has %llu entries for %u layers", kp_gguf_path(g), key,
+                           (unsigned long long)arr->v.arr.n, hp->n_layer);
+        for (uint32_t l = 0; l < hp->n_layer; l++)
+            m->layers[l].kind = kp_gguf_arr_i64(arr, l) ? KP_LAYER_WINDOW : KP_LAYER_FULL;
+    } else {
+        uint32_t period;
+        if ((st = kp_gguf_get_u32(g, key, 6, &period, err))) return st;
+        for (uint32_t l = 0; l < hp->n_layer; l++)
+            m->layers[l].kind = period == 0 || l % period < period - 1 ? KP_LAYER_WINDOW : KP_LAYER_FULL;
+    }
+    for (uint32_t l = 0; l < hp->n_layer; l++) hp->n_swa_layers += m->layers[l].kind == KP_LAYER_WINDOW;
+    return KP_OK;
+}
+
 static kp_status read_hparams(kp_model *m, kp_error *err) {
     kp_gguf *g = m->file;
     kp_hparams *hp = &m->hp;
@@ -112,9 +191,10 @@ static kp_status read_hparams(kp_model *m, kp_error *err) {
     if (kp_gguf_str_eq(arch, "llama")) hp->arch = KP_ARCH_LLAMA;
     else if (kp_gguf_str_eq(arch, "qwen2")) hp->arch = KP_ARCH_QWEN2;
     else if (kp_gguf_str_eq(arch, "qwen3")) hp->arch = KP_ARCH_QWEN3;
+    else if (kp_gguf_str_eq(arch, "gemma3")) hp->arch = KP_ARCH_GEMMA3;
     else
         return kp_fail(err, KP_EUNSUPPORTED,
-                       "%s: unsupported architecture '%.*s' (kvpin runs llama, qwen2, qwen3)",
+                       "%s: unsupported architecture '%.*s' (kvpin runs llama, qwen2, qwen3, gemma3)",
                        kp_gguf_path(g), (int)(arch.len > 64 ? 64 : arch.len), arch.data);
     hp->arch_name = kp_arch_name(hp->arch);
     const char *a = hp->arch_name;
@@ -159,9 +239,14 @@ static kp_status read_hparams(kp_model *m, kp_error *err) {
     if (stype.data && kp_gguf_str_eq(stype, "none")) factor = 0;
     hp->rope_freq_scale = factor > 0 ? 1.0f / factor : 1.0f;
     hp->rope_type = hp->arch == KP_ARCH_LLAMA ? KP_ROPE_NORM : KP_ROPE_NEOX;
+    hp->rope_base_swa = hp->rope_base;
+    hp->rope_freq_scale_swa = hp->rope_freq_scale;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    hp->embd_scale = 1.0f;
+    hp->ffn_act = KP_FFN_SILU;
 #undef REQ_U32
 #undef KEY
-    return KP_OK;
+    return hp->arch == KP_ARCH_GEMMA3 ? read_gemma3(m, err) : KP_OK;
 }
 
 kp_status kp_model_from_gguf(kp_model **out, kp_gguf *g, kp_error *err) {
@@ -223,11 +308,16 @@ kp_status kp_model_from_gguf(kp_model **out, kp_gguf *g, kp_error *err) {
         if ((st = get_vector(m, NAME("attn_q.bias"), Q, !biases, &L->bq, err))) goto fail;
         if ((st = get_vector(m, NAME("attn_k.bias"), KV, !biases, &L->bk, err))) goto fail;
         if ((st = get_vector(m, NAME("attn_v.bias"), KV, !biases, &L->bv, err))) goto fail;
-        bool qk_norm = hp->arch == KP_ARCH_QWEN3;
+        bool qk_norm = hp->arch == KP_ARCH_QWEN3 || hp->arch == KP_ARCH_GEMMA3;
         if ((st = get_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, !qk_norm, &L->q_norm, err))) goto fail;
         if ((st = get_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, !qk_norm, &L->k_norm, err))) goto fail;
+        if (hp->post_norms) {
+            if ((st = get_vector(m, NAME("post_attention_norm.weight"), E, false, &L->attn_post_norm, err))) goto fail;
+            if ((st = get_vector(m, NAME("post_ffw_norm.weight"), E, false, &L->ffn_post_norm, err))) goto fail;
+        }
 #undef NAME
     }
+    if ((st = layer_kinds(m, err)) != KP_OK) goto fail;
     for (size_t i = 0; i < kp_gguf_n_tensors(g); i++) m->weight_bytes += kp_gguf_tensor_at(g, i)->n_bytes;
     *out = m;
     return KP_OK;
@@ -252,6 +342,7 @@ void kp_model_free(kp_model *m) {
             free(L->attn_norm); free(L->ffn_norm);
             free(L->bq); free(L->bk); free(L->bv);
             free(L->q_norm); free(L->k_norm);
+            free(L->attn_post_norm); free(L->ffn_post_norm);
         }
         free(m->layers);
     }

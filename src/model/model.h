@@ -9,9 +9,26 @@
  *
  * Supported architectures: llama (Llama 2/3, Mistral, SmolLM: NORM rope,
  * optional rope_freqs.weight, linear rope scaling), qwen2 (q/k/v biases, NEOX
- * rope), qwen3 (per-head q_norm/k_norm, NEOX rope). Anything else, or a
- * missing or mis-shaped tensor, is refused at load time with a message that
- * names the tensor.
+ * rope), qwen3 (per-head q_norm/k_norm, NEOX rope), gemma3 (sliding-window
+ * layers, two rope bases, q/k norms, post-attention and post-FFN norms,
+ * GELU-tanh FFN, embeddings scaled by sqrt(n_embd), Q scaled before the
+ * product, optional final logit soft-cap). Anything else, or a missing or
+ * mis-shaped tensor or key, is refused at load time with a message that
+ * names it.
+ *
+ * Layer kinds. What differs between the layers of one model is a kind per
+ * layer (kp_layer.kind), not a branch on the architecture: a FULL layer
+ * attends to every earlier position with rope (rope_base, rope_freq_scale);
+ * a WINDOW layer attends to the last n_swa positions only (the query's own
+ * included: key p is seen from query q iff q - n_swa < p <= q, llama.cpp's
+ * LLAMA_SWA_TYPE_STANDARD) with rope (rope_base_swa, rope_freq_scale_swa).
+ * gemma3's pattern (llama.cpp set_swa_pattern, dense_first false): with
+ * period P (attention.sliding_window_pattern, default 6) layer l is a
+ * WINDOW layer iff l % P < P - 1, so every P-th layer is FULL; P = 0 makes
+ * every layer a WINDOW layer; an array of bools gives each layer's kind.
+ * No sliding_window key (or 0): every layer is FULL. Every layer, of either
+ * kind, keeps the K/V of every position in the pool (see forward.c): the
+ * window only limits what a query reads.
  */
 #ifndef KP_MODEL_H
 #define KP_MODEL_H
@@ -23,8 +40,14 @@
 #include "gguf/gguf.h"
 #include "base/status.h"
 
-typedef enum { KP_ARCH_LLAMA, KP_ARCH_QWEN2, KP_ARCH_QWEN3 } kp_arch;
+typedef enum { KP_ARCH_LLAMA, KP_ARCH_QWEN2, KP_ARCH_QWEN3, KP_ARCH_GEMMA3 } kp_arch;
 typedef enum { KP_ROPE_NORM, KP_ROPE_NEOX } kp_rope_type;
+/* What a layer's attention sees (see the top of this file). */
+typedef enum { KP_LAYER_FULL, KP_LAYER_WINDOW } kp_layer_kind;
+/* The gate's activation of the feed-forward block: silu(gate) * up
+ * (SwiGLU), or gelu_tanh(gate) * up (GeGLU, as ggml's geglu: the GELU of
+ * gate rounded to F16, looked up in an F16 table, for |gate| < 10). */
+typedef enum { KP_FFN_SILU, KP_FFN_GELU_TANH } kp_ffn_act;
 
 /* A 2-D weight in ggml order: n_out rows of n_in elements, each row
  * row_bytes long, rows contiguous. Borrowed from the mapping. A forward
@@ -50,6 +73,18 @@ typedef struct {
     float rope_freq_scale;   /* 1 / linear scaling factor */
     kp_rope_type rope_type;
     bool tied_output;        /* output projection is token_embd */
+    /* sliding windows (0 / unused when every layer is FULL) */
+    uint32_t n_swa;          /* WINDOW layers see this many positions, their own included */
+    uint32_t n_swa_layers;   /* how many layers are WINDOW layers */
+    float rope_base_swa;     /* rope of WINDOW layers */
+    float rope_freq_scale_swa;
+    /* attention, embeddings, output */
+    float attn_scale;        /* scores = (q . k) * attn_scale; 1/sqrt(head_dim) unless the arch says */
+    bool attn_scale_on_q;    /* q is multiplied by attn_scale before the product (gemma3, as llama.cpp) */
+    float embd_scale;        /* token embeddings are multiplied by this (gemma3: sqrtf(n_embd)); 1: none */
+    float logit_softcap;     /* logits = softcap * tanh(logits / softcap); 0: none */
+    kp_ffn_act ffn_act;
+    bool post_norms;         /* post_attention_norm and post_ffw_norm on each block's output (gemma3) */
 } kp_hparams;
 
 typedef struct {
@@ -58,7 +93,10 @@ typedef struct {
     kp_weight wk, wv;               /* n_embd -> n_head_kv*head_dim */
     kp_weight wo;                   /* n_head*head_dim -> n_embd */
     float *bq, *bk, *bv;            /* qwen2 biases, NULL otherwise */
-    float *q_norm, *k_norm;         /* qwen3 per-head norms [head_dim], NULL otherwise */
+    float *q_norm, *k_norm;         /* qwen3/gemma3 per-head norms [head_dim], NULL otherwise */
+    float *attn_post_norm;          /* [n_embd] post_attention_norm, on the attention output (gemma3), or NULL */
+    float *ffn_post_norm;           /* [n_embd] post_ffw_norm, on the FFN output (gemma3), or NULL */
+    kp_layer_kind kind;             /* FULL or WINDOW (hp.n_swa positions) */
     float *ffn_norm;                /* [n_embd] */
     kp_weight w_gate, w_up;         /* n_embd -> n_ff */
     kp_weight w_down;               /* n_ff -> n_embd */
@@ -94,5 +132,10 @@ uint64_t kp_model_kv_bytes_per_token(const kp_hparams *hp, kp_dtype kv_type);
 uint64_t kp_model_kv_bytes_per_token_kv(const kp_hparams *hp, kp_dtype k_type, kp_dtype v_type);
 
 const char *kp_arch_name(kp_arch a);
+
+/* KV bytes a token costs in the layers of one kind (the sum of both kinds
+ * is kp_model_kv_bytes_per_token_kv): every layer keeps every position's
+ * K/V, so this is the per-token bill, not a window's worth. */
+uint64_t kp_model_kv_bytes_per_token_kind(const kp_model *m, kp_layer_kind kind, kp_dtype k_type, kp_dtype v_type);
 
 #endif

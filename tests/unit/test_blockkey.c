@@ -171,6 +171,48 @@ static void test_fingerprint(void) {
     kp_model_free(m);
 }
 
+/* gemma3: the window, the layer kinds and the WINDOW layers' rope are in
+ * the fingerprint (a block made with another window is other K/V); a
+ * model without them keeps the lines it had. */
+static void test_fingerprint_windows(void) {
+    kp_model *m = NULL, *st = NULL;
+    kp_error err = {0};
+    CHECK(kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) == KP_OK);
+    CHECK(kp_model_load(&st, harness_path("models/stories260K.gguf"), &err) == KP_OK);
+    if (!m || !st) {
+        kp_model_free(m);
+        kp_model_free(st);
+        return;
+    }
+    kp_bkey w = kp_fingerprint_weights_compute(m);
+    kp_fingerprint a, b, s;
+    kp_fingerprint_make(&a, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    CHECK_MSG(strstr(a.text, "\nn_swa 16\nlayer_kinds wwwwwf\n") != NULL, "%s", a.text);
+    CHECK(strstr(a.text, "\nffn_act gelu_tanh\n") && strstr(a.text, "\npost_norms 1\n"));
+    kp_fingerprint_make(&s, st, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    CHECK(strstr(s.text, "n_swa") == NULL && strstr(s.text, "layer_kinds") == NULL);
+    char why[256];
+    m->hp.n_swa = 32;
+    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    CHECK(!kp_bkey_eq(&a.id, &b.id));
+    kp_fingerprint_diff(a.text, b.text, why, sizeof why);
+    CHECK_MSG(strstr(why, "n_swa 32 (here 16)") != NULL, "diff: %s", why);
+    m->hp.n_swa = 16;
+    m->layers[2].kind = KP_LAYER_FULL;
+    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    kp_fingerprint_diff(a.text, b.text, why, sizeof why);
+    CHECK_MSG(strstr(why, "layer_kinds wwfwwf (here wwwwwf)") != NULL, "diff: %s", why);
+    m->layers[2].kind = KP_LAYER_WINDOW;
+    m->hp.rope_base_swa = 20000.0f;
+    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    CHECK(!kp_bkey_eq(&a.id, &b.id));
+    m->hp.rope_base_swa = 10000.0f;
+    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    CHECK(kp_bkey_eq(&a.id, &b.id));
+    kp_model_free(m);
+    kp_model_free(st);
+}
+
 static void test_record(void) {
     kp_kvpool *p = NULL;
     kp_error err = {0};
@@ -275,6 +317,7 @@ int main(void) {
     if (!mkdtemp(tmpdir)) return 1;
     RUN(test_keys_match_xxhsum);
     RUN(test_fingerprint);
+    RUN(test_fingerprint_windows);
     RUN(test_record);
     RUN(test_record_mixed_types);
     char cmd[300];

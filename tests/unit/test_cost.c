@@ -145,6 +145,11 @@ static void test_attn_ops(void) {
     hp.n_head = 9;
     hp.head_dim = 64;
     CHECK_EQ_INT(kp_model_attn_ops(&hp, 4096), 4ull * 30 * 9 * 64 * 4096);
+    /* 25 of 30 layers attend to a window of 512: past it they stop growing */
+    hp.n_swa = 512;
+    hp.n_swa_layers = 25;
+    CHECK_EQ_INT(kp_model_attn_ops(&hp, 100), 4ull * 30 * 9 * 64 * 100);
+    CHECK_EQ_INT(kp_model_attn_ops(&hp, 4096), 4ull * 9 * 64 * (5 * 4096 + 25 * 512));
 }
 
 int main(void) {

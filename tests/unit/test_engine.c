@@ -19,6 +19,10 @@
  * whole sequence, and the forks' writes never reach the source. Both with
  * F32 K/V and with Q8_0 / Q4_0 K/V (the quantized pool's blocks are copied
  * and shared like any other), and the memory bill of every KV type.
+ * gemma3 (gen-gemma3: a sliding window of 16 positions on 5 of 6 layers,
+ * prompts up to 96 tokens, edits anywhere) runs the same stream, batches
+ * and forks: a cached block keeps every layer's K/V, so a prompt that
+ * diverges in the middle of a cached one still finds its whole window.
  */
 #include <math.h>
 #include <stdio.h>
@@ -234,6 +238,11 @@ static void test_equal_qwen2_q8(void) { run_model("tests/data/models/gen-qwen2-q
  * reference from the mapping */
 static void test_equal_llama_q4_k(void) { run_model("tests/data/models/gen-llama-gqa-q4_k.gguf", 0x0ddba11cafef00dull); }
 static void test_equal_llama_q6_k(void) { run_model("tests/data/models/gen-llama-gqa-q6_k.gguf", 0x5eedfaceb00c1e55ull); }
+/* sliding windows: cache on equals cache off with F32 and Q8_0 K/V */
+static void test_equal_gemma3(void) {
+    run_model("tests/data/models/gen-gemma3-f32.gguf", 0x6e3a3f1b2c4d5e6full);
+    run_model_kv("tests/data/models/gen-gemma3-q8_0.gguf", 0x7f4b4a2c3d5e6f70ull, KP_DTYPE_Q8_0);
+}
 
 /* The bundled model and a pool of one thread. */
 static bool load_stories(kp_model **m, kp_threads **pool) {
@@ -565,6 +574,8 @@ static void test_batched_equals_alone(void) {
     batched_case("models/stories260K.gguf", 0x5eed0001ull, 4096);
     batched_case("tests/data/models/gen-qwen2-q8_0.gguf", 0x5eed0002ull, 4096);
     batched_case("models/stories260K.gguf", 0x5eed0003ull, 20); /* evictions */
+    batched_case("tests/data/models/gen-gemma3-f32.gguf", 0x5eed0004ull, 4096);
+    batched_case("tests/data/models/gen-gemma3-f16.gguf", 0x5eed0003ull, 20); /* the stories case's requests */
 }
 
 /* A prefix index fed by hand the way the engine feeds its own: match,
@@ -1002,6 +1013,10 @@ static void test_fork(void) {
         fork_for(m, pool, KP_DTYPE_Q8_0);
         fork_for(m, pool, KP_DTYPE_Q4_0);
     }
+    kp_model_free(m);
+    /* forks of a sequence longer than the window */
+    CHECK(kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) == KP_OK);
+    if (m) fork_for(m, pool, KP_DTYPE_F32);
     kp_threads_free(pool);
     kp_model_free(m);
 }
@@ -1081,6 +1096,7 @@ int main(void) {
     RUN(test_equal_llama_q6_k);
     RUN(test_equal_qwen3_kv_q8_0);
     RUN(test_equal_llama_kv_q4_0);
+    RUN(test_equal_gemma3);
     RUN(test_bill_kv_types);
     return harness_finish("engine");
 }

@@ -479,9 +479,13 @@ static size_t expected_tensors(const kp_mkmodel_spec *s, int64_t n_vocab, expect
             L("attn_k.bias", kv, 0);
             L("attn_v.bias", kv, 0);
         }
-        if (strcmp(s->arch, "qwen3") == 0) {
+        if (strcmp(s->arch, "qwen3") == 0 || strcmp(s->arch, "gemma3") == 0) {
             L("attn_q_norm.weight", hd, 0);
             L("attn_k_norm.weight", hd, 0);
+        }
+        if (strcmp(s->arch, "gemma3") == 0) {
+            L("post_attention_norm.weight", E, 0);
+            L("post_ffw_norm.weight", E, 0);
         }
 #undef L
     }
@@ -507,12 +511,16 @@ static void check_structure(const kp_gguf *g, const kp_mkmodel_spec *s, const ch
     CHECK(get_f32(g, K("rope.freq_base")) == s->rope_base);
     CHECK(get_f32(g, K("attention.layer_norm_rms_epsilon")) == s->rms_eps);
     bool has_kl = kp_gguf_find(g, K("attention.key_length")) != NULL;
-    bool want_kl = hd * s->n_head != s->n_embd || strcmp(a, "qwen3") == 0;
+    bool want_kl = hd * s->n_head != s->n_embd || strcmp(a, "qwen3") == 0 || strcmp(a, "gemma3") == 0;
     CHECK_EQ_INT(has_kl, want_kl);
     if (want_kl) {
         CHECK_EQ_INT(get_u32(g, K("attention.key_length")), hd);
         CHECK_EQ_INT(get_u32(g, K("attention.value_length")), hd);
     }
+    CHECK_EQ_INT(kp_gguf_find(g, K("attention.sliding_window")) != NULL, s->n_swa != 0);
+    if (s->n_swa) CHECK_EQ_INT(get_u32(g, K("attention.sliding_window")), s->n_swa);
+    CHECK_EQ_INT(kp_gguf_find(g, K("attention.sliding_window_pattern")) != NULL, s->swa_pattern != 0);
+    if (s->swa_pattern) CHECK_EQ_INT(get_u32(g, K("attention.sliding_window_pattern")), s->swa_pattern);
 #undef K
     int ftype = kp_mkmodel_file_type(s->wtype);
     CHECK_EQ_INT(get_u32(g, "general.file_type"), ftype);
@@ -641,11 +649,18 @@ static void test_all_archs_and_types(void) {
         {KP_DTYPE_Q5_K, 0.018, 0.072},
     };
     static const struct { const char *preset, *tok; } cases[] = {
-        {"tiny", STORIES}, {"qwen2-tiny", REF_QWEN2}, {"qwen3-tiny", STORIES}};
+        {"tiny", STORIES}, {"qwen2-tiny", REF_QWEN2}, {"qwen3-tiny", STORIES}, {"gemma3-tiny", STORIES}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         kp_mkmodel_spec s = preset(cases[c].preset);
         s.n_layer = 1;
         s.seed = 42 + c;
+        if (!strcmp(s.arch, "gemma3")) { /* rows of 256 and more, so the K-quants do not fall back */
+            s.n_embd = 256;
+            s.n_head = 4;
+            s.n_head_kv = 2;
+            s.head_dim = 64;
+            s.n_ff = 512;
+        }
         char f32_path[64];
         if (!write_model(&s, cases[c].tok, f32_path)) continue;
         kp_gguf *f32 = NULL;
@@ -927,6 +942,12 @@ static void test_refusals(void) {
     s.alignment = 24;
     CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_EINVAL);
     s.alignment = 0;
+    s.n_swa = 16; /* a sliding window is gemma3's */
+    CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_EINVAL);
+    s.n_swa = 0;
+    s.swa_pattern = 3;
+    CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_EINVAL);
+    s.swa_pattern = 0;
     CHECK_EQ_INT(kp_mkmodel_validate(&s, 0, &err), KP_EINVAL);
     CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_OK);
     CHECK_EQ_INT(kp_mkmodel_spec_preset("nope", &s, &err), KP_ENOTFOUND);
@@ -1177,6 +1198,12 @@ static void test_presets(void) {
     s = preset("tiny");
     CHECK_EQ_STR(s.arch, "llama");
     CHECK(!s.tied);
+    s = preset("gemma3-tiny");
+    CHECK_EQ_STR(s.arch, "gemma3");
+    CHECK(s.n_layer == 6 && s.n_swa == 16 && s.swa_pattern == 0 && s.tied);
+    s = preset("gemma3-1b"); /* Gemma 3 1B's config.json */
+    CHECK(s.n_layer == 26 && s.n_embd == 1152 && s.n_head == 4 && s.n_head_kv == 1 && s.head_dim == 256);
+    CHECK(s.n_ff == 6912 && s.n_swa == 512 && s.rope_base == 1e6f && s.rms_eps == 1e-6f && s.tied);
     s = preset("smollm2-135m");
     CHECK(s.n_head == 9 && s.n_head_kv == 3 && s.n_ff == 1536 && s.n_ctx == 8192);
     CHECK(s.rope_base == 100000.0f && s.rms_eps == 1e-5f);
