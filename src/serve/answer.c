@@ -43,6 +43,7 @@
 #include "base/entropy.h"
 #include "serve/chat.h"
 #include "serve/prompt.h"
+#include "serve/pinid.h"
 
 #define GOLDEN 0x9e3779b97f4a7c15ull
 
@@ -70,8 +71,8 @@ static void retain_prompt(kp_server *s, const char *key, const kp_sreq_update *u
     if (st == KP_OK) {
         uint64_t old = kp_cachekeys_retain(s->ckeys, key, id, now + ttl, now);
         if (old && old != id) kp_sched_unpin(s->sched, old, &err2); /* gone already (expired, unpinned): fine */
-        char sid[32];
-        snprintf(sid, sizeof sid, "pin-%llu", (unsigned long long)id);
+        char sid[KP_PINID_MAX];
+        kp_pinid_format(s->pin_key, id, sid);
         json_object_set_new(rj, "pinned", json_true());
         json_object_set_new(rj, "pin", json_string(sid));
         json_object_set_new(rj, "tokens", json_integer((json_int_t)u->prompt_tokens));

@@ -34,6 +34,7 @@
 
 #include "serve/answer.h"
 #include "serve/prompt.h"
+#include "serve/pinid.h"
 
 #define BAD(e, param, ...) kp_oai_fail(e, 400, "invalid_request_error", NULL, param, __VA_ARGS__)
 
@@ -775,8 +776,8 @@ static void anth_after(kp_server *s, const anth_bps *b, const kp_sreq_update *u,
             uint64_t old = kp_breakpoints_set(s->breakpoints, b->hash[i], id, b->pos[i], now + b->ttl[i], now, &evicted);
             if (old) kp_sched_unpin(s->sched, old, &err2); /* expired and gone already: fine */
             if (evicted) kp_sched_unpin(s->sched, evicted, &err2);
-            char sid[32];
-            snprintf(sid, sizeof sid, "pin-%llu", (unsigned long long)id);
+            char sid[KP_PINID_MAX];
+            kp_pinid_format(s->pin_key, id, sid);
             json_object_set_new(o, "pinned", json_true());
             json_object_set_new(o, "pin", json_string(sid));
             json_object_set_new(o, "expires_at", json_integer((json_int_t)(now + b->ttl[i])));

@@ -9,6 +9,8 @@
  */
 #include "serve/cachekeys.h"
 
+#include "serve/pinid.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,7 +124,7 @@ static int by_last_used(const void *a, const void *b) {
     return x->last_used < y->last_used ? 1 : x->last_used > y->last_used ? -1 : strcmp(x->key, y->key);
 }
 
-json_t *kp_cachekeys_json(kp_cachekeys *k) {
+json_t *kp_cachekeys_json(kp_cachekeys *k, const uint8_t *pin_key) {
     pthread_mutex_lock(&k->mu);
     uint32_t n = k->n_keys;
     ckey *copy = malloc((n ? n : 1) * sizeof *copy);
@@ -133,8 +135,8 @@ json_t *kp_cachekeys_json(kp_cachekeys *k) {
     json_t *list = json_array();
     for (uint32_t i = 0; list && i < n; i++) {
         const ckey *c = &copy[i];
-        char pin[32];
-        snprintf(pin, sizeof pin, "pin-%llu", (unsigned long long)c->pin);
+        char pin[KP_PINID_MAX];
+        kp_pinid_format(pin_key, c->pin, pin);
         json_t *key = json_string(c->key);
         if (!key) key = json_string(""); /* a key cut inside a UTF-8 sequence */
         json_array_append_new(

@@ -59,6 +59,6 @@ uint64_t kp_cachekeys_retain(kp_cachekeys *k, const char *key, uint64_t pin, int
  * "hit_ratio" (cached / prompt, 0 when no prompt tokens), "last_used"
  * (seconds), "retention_pin" ("pin-N" or null), "retention_expires_at"
  * (seconds or null)}; NULL when out of memory. */
-json_t *kp_cachekeys_json(kp_cachekeys *k);
+json_t *kp_cachekeys_json(kp_cachekeys *k, const uint8_t *pin_key); /* pin ids: pinid.h */
 
 #endif

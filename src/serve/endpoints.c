@@ -18,6 +18,7 @@
 #include "serve/dashboard.h"
 #include "serve/prompt.h"
 #include "serve/response_store.h"
+#include "serve/pinid.h"
 
 /* ---- tokens and the model ------------------------------------------------------ */
 
@@ -209,7 +210,7 @@ KP_HANDLER(kp_ep_cache) {
                                "lookups", (json_int_t)k.n_lookups, "hits", (json_int_t)k.n_hits, "reused_tokens",
                                (json_int_t)k.reused_tokens, "running", (json_int_t)ss.running, "queued",
                                (json_int_t)ss.queued);
-    json_t *keys = kp_cachekeys_json(s->ckeys);
+    json_t *keys = kp_cachekeys_json(s->ckeys, s->pin_key);
     uint64_t bp_tokens = 0;
     uint32_t bp_n = kp_breakpoints_count(s->breakpoints, (int64_t)time(NULL), &bp_tokens);
     uint32_t rs_n, rs_max;
@@ -350,8 +351,8 @@ KP_HANDLER(kp_ep_cache_pin) {
         return kp_http_error(s, c, &e);
     }
     uint64_t per = k.bytes_per_token, bb = k.block_bytes ? k.block_bytes : 1;
-    char sid[32];
-    snprintf(sid, sizeof sid, "pin-%llu", (unsigned long long)pin);
+    char sid[KP_PINID_MAX];
+    kp_pinid_format(s->pin_key, pin, sid);
     json_t *j = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I}", "object", "kvpin.cache.pin", "id", sid, "tokens",
                           (json_int_t)n, "bytes", (json_int_t)((n * per + bb - 1) / bb * bb), "ttl", (json_int_t)ttl,
                           "pinned_bytes", (json_int_t)k.pinned_bytes, "pinned_cap_bytes",
@@ -362,10 +363,8 @@ KP_HANDLER(kp_ep_cache_pin) {
 
 KP_HANDLER(kp_ep_cache_unpin) {
     const char *sid = id;
-    const char *num = !strncmp(sid, "pin-", 4) ? sid + 4 : sid;
-    char *end = NULL;
-    unsigned long long pin = *num >= '0' && *num <= '9' ? strtoull(num, &end, 10) : 0;
-    if (!end || *end)
+    uint64_t pin = 0;
+    if (!kp_pinid_parse(s->pin_key, sid, &pin)) /* not an id this server gave */
         return kp_http_fail(s, c, 404, "invalid_request_error", "pin_not_found", "id", "no pin \"%.64s\"", sid);
     kp_error err = {0};
     kp_status st = kp_sched_unpin(s->sched, pin, &err);

@@ -101,6 +101,7 @@ struct kp_server {
     uint32_t ctx; /* the engine's maximum sequence length */
     time_t started;
     char hostname[256];            /* the machine's (gethostname), a Host always answered */
+    uint8_t pin_key[16];           /* the key of the pins' ids (pinid.h), drawn at start */
     atomic_uint_fast64_t next_id;  /* seeds: ids and unseeded sampling */
     atomic_uint_fast64_t next_req; /* request ids */
     atomic_bool stopping;          /* kp_server_free has begun: waits end, streams close */

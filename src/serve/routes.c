@@ -25,6 +25,8 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "base/entropy.h"
+
 #include "serve/anthropic.h"
 #include "serve/endpoints.h"
 #include "serve/http.h"
@@ -218,6 +220,10 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     s->v = v;
     s->m = m;
     s->started = time(NULL);
+    if (kp_entropy(s->pin_key, sizeof s->pin_key, err) != KP_OK) {
+        free(s);
+        return KP_EIO;
+    }
     if (gethostname(s->hostname, sizeof s->hostname) != 0) s->hostname[0] = 0;
     s->hostname[sizeof s->hostname - 1] = 0;
     s->ctx = kp_sched_max_pos(sched);

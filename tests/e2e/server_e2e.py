@@ -862,6 +862,13 @@ def pins(srv):
     st, c = srv.get("/v1/cache")
     ok(c["counts"]["pins"] == 1 and c["kv"]["pinned_bytes"] >= j["bytes"], "pinned in /v1/cache: %s" % c["counts"])
     ok(any(p["pinned"] for p in c["prefixes"]), "a pinned prefix is listed")
+    # another client cannot name it: the number alone, or a wrong tag, deletes nothing
+    num = j["id"].split("-")[1]
+    forged = "pin-%s-%016x" % (num, (int(j["id"].split("-")[2], 16) ^ 1) if j["id"].count("-") == 2 else 0)
+    for guess in ("pin-" + num, forged, "pin-%d" % (int(num) + 1)):
+        st, _, _ = srv.request("DELETE", "/v1/cache/pin/" + guess)
+        ok(st == 404, "unpin by a guessed id %s: %d" % (guess, st))
+    ok(srv.get("/v1/cache")[1]["counts"]["pins"] == 1, "the pin survives the guesses")
     st, _, d = srv.request("DELETE", "/v1/cache/pin/" + j["id"])
     ok(st == 200, "unpin: %d" % st)
     st, c = srv.get("/v1/cache")
