@@ -157,6 +157,21 @@ check "the example builds with pkg-config --static: $(head -3 "$T/cc2.err")" [ -
 check "the shared build needs libkvpin.so.$major" sh -c "readelf -d '$T/agent_turns' | grep -q 'NEEDED.*libkvpin.so.$major'"
 check "the shared build loads the installed one" sh -c "ldd '$T/agent_turns' | grep -q '=> $LIB/libkvpin.so.$major '"
 check "the static build needs no libkvpin.so" sh -c "! readelf -d '$T/agent_turns_static' | grep -q libkvpin"
+# the README's shared build line, as written (app.c: the example), runs without LD_LIBRARY_PATH
+readme_cc=$(python3 - <<'PY'
+import re
+text = open("README.md").read()
+m = re.search(r"^    (cc -o app app\.c \$\(pkg-config --cflags --libs kvpin\)(?:[^\n]*\\\n)*[^\n]*)", text, re.M)
+print(re.sub(r"\s*#.*", "", m.group(1).replace("\\\n", " ")) if m else "")
+PY
+)
+check "the README has a shared build line: $readme_cc" [ -n "$readme_cc" ]
+cp examples/agent_turns.c "$T/app.c"
+(cd "$T" && sh -c "$readme_cc") 2>"$T/cc3.err"
+check "the README's line builds: $(head -3 "$T/cc3.err")" [ -x "$T/app" ]
+(cd "$T/elsewhere" && env -u LD_LIBRARY_PATH "$T/app" "$(pkg-config --variable=modeldir kvpin)/stories260K.gguf" \
+    "Once" " Then" 4) >"$T/app.out" 2>"$T/app.err"
+check "the README's build runs without LD_LIBRARY_PATH: $(tail -1 "$T/app.err")" [ -s "$T/app.out" ]
 PROMPT="Once upon a time, Tom the cat"
 NEXT=" Then Tom saw a bird."
 N=24
