@@ -370,7 +370,7 @@ static int do_generate(int argc, char **argv, bool inspect) {
     rc = 1;
     if (!prompt_tokens(&cm, &o, cmd, &ids, &n_prompt)) goto done;
     if (n_prompt > cm.n_ctx) {
-        fprintf(stderr, "kvpin %s: the prompt has %zu tokens, more than the context of %u (use --ctx)\n",
+        fprintf(stderr, "kvpin %s: the prompt has %zu tokens, more than the context of %u (use -c/--ctx-size)\n",
                 cmd, n_prompt, cm.n_ctx);
         goto done;
     }
@@ -436,11 +436,19 @@ static int do_generate(int argc, char **argv, bool inspect) {
     uint64_t rss = cli_peak_rss();
     if (rss) {
         char b3[32], b4[32];
-        uint64_t known = cm.m->weight_bytes + st.used_bytes;
-        fprintf(stderr, "memory: peak RSS %s = weights %s (mapped, used in place) + KV blocks %s + other %s\n",
-                cli_bytes(rss, b1, sizeof b1), cli_bytes(cm.m->weight_bytes, b2, sizeof b2),
-                cli_bytes(st.used_bytes, b3, sizeof b3),
-                rss > known ? cli_bytes(rss - known, b4, sizeof b4) : "0 B");
+        char b5[32];
+        uint64_t known = cm.m->weight_bytes + st.used_bytes + st.packed_weight_bytes;
+        if (st.packed_weight_bytes) /* the mapped file's pages and the repacked copies both count */
+            fprintf(stderr,
+                    "memory: peak RSS %s = weights %s (mapped) + %s repacked at load + KV blocks %s + other %s\n",
+                    cli_bytes(rss, b1, sizeof b1), cli_bytes(cm.m->weight_bytes, b2, sizeof b2),
+                    cli_bytes(st.packed_weight_bytes, b5, sizeof b5), cli_bytes(st.used_bytes, b3, sizeof b3),
+                    rss > known ? cli_bytes(rss - known, b4, sizeof b4) : "0 B");
+        else
+            fprintf(stderr, "memory: peak RSS %s = weights %s (mapped, used in place) + KV blocks %s + other %s\n",
+                    cli_bytes(rss, b1, sizeof b1), cli_bytes(cm.m->weight_bytes, b2, sizeof b2),
+                    cli_bytes(st.used_bytes, b3, sizeof b3),
+                    rss > known ? cli_bytes(rss - known, b4, sizeof b4) : "0 B");
     }
     rc = 0;
 done:

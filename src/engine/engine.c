@@ -650,6 +650,7 @@ void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out) {
     const kp_kvpool_config *kc = kp_kvpool_config_of(e->kv);
     uint64_t bb = kp_kvpool_block_bytes(e->kv);
     out->prefix_cache = e->idx != NULL;
+    out->packed_weight_bytes = e->packed_bytes;
     out->kv_type = kc->kv_type;
     out->kv_type_v = kc->kv_type_v;
     out->block_size = kc->block_size;

@@ -292,6 +292,8 @@ typedef struct {
     uint64_t n_hits;            /* ... and reused at least one position */
     uint64_t reused_tokens;     /* positions those prefills reused */
     kp_dtype kv_type_v;         /* V rows' type */
+    uint64_t packed_weight_bytes; /* weights repacked at load into the engine's memory (0: all
+                                     used in place from the mapping) */
 } kp_eng_stats;
 
 /* Fills *out: O(pool blocks + index nodes), so a caller polling it should

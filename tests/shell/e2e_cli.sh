@@ -110,6 +110,17 @@ check "serve -hf: says to download the file" grep -q "does not download models.*
 "$KVPIN" serve -m $M -xyz 9 >"$T/out.txt" 2>"$T/err.txt"
 check "an unknown option named whole" grep -q "unknown option '-xyz'" "$T/err.txt"
 
+# the memory line says where the weights are: repacked copies at load where the
+# matrix kernels are AVX-512's (they repack Q8_0), else used in place from the mapping
+"$KVPIN" run -m tests/data/models/gen-llama-gqa-q8_0.gguf -p "Once" -n 2 -t 1 >"$T/out.txt" 2>"$T/err.txt"
+"$KVPIN" run -m tests/data/models/gen-llama-gqa-q8_0.gguf -p "Once" -n 2 -t 1 --no-repack >"$T/out2.txt" 2>"$T/err2.txt"
+check "--no-repack: the weights used in place" grep -q "weights .* (mapped, used in place)" "$T/err2.txt"
+if "$KVPIN" --version | grep -q "^kernels: *avx512"; then
+    check "AVX-512 kernels: the repacked copies in the memory line" grep -q "(mapped) + .* repacked at load" "$T/err.txt"
+else
+    check "no AVX-512 kernels: the weights used in place" grep -q "(mapped, used in place)" "$T/err.txt"
+fi
+
 # inspect shows prefill writing and decode appending
 "$KVPIN" inspect -p "Once upon a time" -n 3 >"$T/ins.txt" 2>/dev/null
 check "inspect prefill" grep -q "^prefill: 5 prompt tokens in one batch -> K/V written for positions 0..4; cache length 5" "$T/ins.txt"
