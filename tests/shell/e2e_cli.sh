@@ -121,6 +121,16 @@ else
     check "no AVX-512 kernels: the weights used in place" grep -q "(mapped, used in place)" "$T/err.txt"
 fi
 
+# the README quotes the server's startup line as it is (the URL aside)
+timeout 3 "$KVPIN" serve -m $M --port 0 >/dev/null 2>"$T/serve.err"
+check "the README's startup line is the server's" python3 - "$T/serve.err" <<'PY'
+import re, sys
+got = [l for l in open(sys.argv[1]).read().splitlines() if "listening on" in l]
+readme = re.findall(r"`(kvpin serve: listening on [^`]*)`", open("README.md").read())
+norm = lambda l: re.sub(r"http://\S+", "URL", l.strip())
+assert got and readme and all(norm(r) == norm(got[0]) for r in readme), (got, readme)
+PY
+
 # inspect shows prefill writing and decode appending
 "$KVPIN" inspect -p "Once upon a time" -n 3 >"$T/ins.txt" 2>/dev/null
 check "inspect prefill" grep -q "^prefill: 5 prompt tokens in one batch -> K/V written for positions 0..4; cache length 5" "$T/ins.txt"
