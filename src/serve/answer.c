@@ -492,7 +492,10 @@ static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_
     a->return_ids = q->return_token_ids;
     a->progress = q->return_progress && q->stream;
     a->tools = a->chat && q->tools; /* the template's tool syntax, or the generic format (chat.h) */
-    a->reason = a->chat && !a->s->cfg.reasoning_inline ? kp_chat_reasoning_markers(a->s->cfg.chat) : NULL;
+    const kp_server_config *cfg = &a->s->cfg;
+    a->reason = !a->chat || cfg->reasoning_inline ? NULL
+                : cfg->chat_jinja                 ? kp_chat_tmpl_reasoning(cfg->chat_jinja)
+                                                  : kp_chat_reasoning_markers(cfg->chat);
     a->reason_open = p->pr.text && kp_reasoning_prompt_opens(p->pr.text, p->pr.text_len, a->reason);
     a->logprobs = q->logprobs;
     a->multi = q->n > 1 || q->logprobs;
@@ -590,7 +593,8 @@ enum MHD_Result kp_answer_run(kp_server *s, struct MHD_Connection *c, kp_conn *c
         return kp_http_error(s, c, &e);
     }
     /* the request policy's leftovers: what the template cannot do, the names for the header and the log */
-    if (q.enable_thinking_set && s->cfg.chat != KP_CHAT_QWEN3)
+    if (q.enable_thinking_set && (s->cfg.chat_jinja ? !kp_chat_tmpl_uses(s->cfg.chat_jinja, "enable_thinking")
+                                                    : s->cfg.chat != KP_CHAT_QWEN3))
         kp_oai_note_ignored(&q.ignored, "chat_template_kwargs.enable_thinking");
     char ignored[1100];
     snprintf(ignored, sizeof ignored, "%s%s%s", ignored_by_dialect, ignored_by_dialect[0] && q.ignored.data ? "," : "",
