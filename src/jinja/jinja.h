@@ -92,9 +92,9 @@ typedef struct {
  * there are none) receives *n_ranges ranges of out->data, sorted,
  * disjoint and not adjacent, holding every output byte derived from client
  * text through whatever the template did to it (see taint.c: `~`, `+`,
- * `*`, slicing and iteration keep each byte's origin; any other filter,
- * method or `%` makes the strings it builds from client text client text
- * whole, literal bytes included). The rule is conservative: a byte that
+ * `*`, slicing, indexing, iteration, strip and split keep each byte's
+ * origin; any other filter, method or `%` makes the strings it builds
+ * from client text client text whole, literal bytes included). The rule is conservative: a byte that
  * client text helped form is client text. Errors as kp_jinja_render
  * (*ranges NULL, *n_ranges 0). */
 kp_status kp_jinja_render_client(const kp_jinja *t, const json_t *ctx, const char *const *client, kp_buf *out,

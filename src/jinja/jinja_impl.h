@@ -171,6 +171,7 @@ jv kp_jv_undef_hint(jctx *c, const char *fmt, ...) __attribute__((format(printf,
 jv kp_jv_str(jctx *c, const char *s, size_t n); /* s NULL: n zero bytes */
 jv kp_jv_strz(jctx *c, const char *s);
 jv kp_jv_str_client(jctx *c, const char *s, size_t n); /* every byte client text (taint.c) */
+jv kp_jv_substr(jctx *c, jv s, size_t at, size_t n);  /* s's bytes [at, at + n), and their taint */
 jv kp_jv_str_buf(jctx *c, kp_buf *b); /* the buffer's bytes as a string; frees b */
 jv kp_jv_list(jctx *c, size_t n);     /* n items, all undefined, to fill */
 jv kp_jv_dict(jctx *c);

@@ -14,16 +14,18 @@
  * every key in them is wholly client text. From there the rule is, for
  * each operation that builds a string:
  *
- *   exact    `~` and `+` (concatenation), `*` (repetition), iterating a
- *            string (its characters share the parent's array), output
+ *   exact    `~` and `+` (concatenation), `*` (repetition), output
  *            statements, macro results and set / filter blocks (the
- *            output's taint is kept byte for byte, tout)
+ *            output's taint is kept byte for byte, tout); pieces of a
+ *            string (kp_jv_substr: slices with step 1, indexing, iterating,
+ *            strip / trim, split, splitlines, removeprefix / removesuffix)
+ *            share the parent's array from their offset
  *   whole    every filter, method, global and `%` (kp_jt_derived): a
  *            string the operation made (born after it started) with no
  *            taint of its own becomes wholly client text when any operand
- *            holds client text. So `content|trim`, `content[1:]`,
- *            `tools|tojson`, `'%s' % x`, `x.replace(a, b)`, `parts|join`
- *            are client text whole, literal bytes included. Values an
+ *            holds client text. So `tools|tojson`, `'%s' % x`,
+ *            `x.replace(a, b)`, `x|upper`, `parts|join` are client text
+ *            whole, literal bytes included. Values an
  *            operation returns as they were (`messages|last`, `ns.x`,
  *            `d.get(k, '<|x|>')`'s default) keep the taint they had.
  *   str(v)   of a list or dict (output, `~`, `|string`): client text whole

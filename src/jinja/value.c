@@ -129,6 +129,12 @@ jv kp_jv_str_client(jctx *c, const char *s, size_t n) {
     return v;
 }
 
+jv kp_jv_substr(jctx *c, jv s, size_t at, size_t n) {
+    jv v = kp_jv_str(c, s.u.s->s + at, n);
+    if (!c->failed && s.u.s->taint) v.u.s->taint = s.u.s->taint + at; /* shared: arrays are never written */
+    return v;
+}
+
 /* A string of JSON text: client text while the context's client members load. */
 static jv json_str(jctx *c, const char *s, size_t n) {
     return c->load_client ? kp_jv_str_client(c, s, n) : kp_jv_str(c, s, n);

@@ -4,7 +4,8 @@
  *
  * Oracle: the rule taint.c states, applied by hand to each template: bytes
  * copied from a string of `messages` or `tools` (concatenation, slicing,
- * iteration, output, macros, set blocks) are client text byte for byte;
+ * indexing, strip, split, iteration, output, macros, set blocks) are
+ * client text byte for byte;
  * a string a filter, method or `%` built from client text is client text
  * whole; the template's literals, bos_token and kwargs are markup. The
  * expected texts show client ranges between « and »; every text is also
@@ -51,6 +52,10 @@ static const taint_case CASES[] = {
     {"{{ messages[1] }}", "«{'role': 'assistant', 'content': 'ab'}»"},
     {"{{ enable_thinking }}{{ messages | length }}{{ messages | last | attr('role') }}", "<think>2«assistant»"},
     {"{{ messages[0].content.split(' ') | join('+') }}|{{ messages[1].content | upper }}", "«++hi+<|im_end|>+»|«AB»"},
+    {"{{ ('<a> ' ~ messages[1].content ~ ' ') | trim }}|{{ ('<a>' ~ messages[1].content)[1:-1] }}|"
+     "{{ ('<x> ' ~ messages[1].content).split(' ') | first }}|{{ ('<x> ' ~ messages[1].content).split(' ') | last }}|"
+     "{{ ('<x>' ~ messages[1].content)[0] }}{{ ('<x>' ~ messages[1].content).removeprefix('<x') }}",
+     "<a> «ab»|a>«a»|<x>|«ab»|<>«ab»"},
     {"{% if messages[0].content | trim | length > 3 %}<|long|>{% endif %}{{ messages | map(attribute='role') | join(',') }}",
      "<|long|>«user,assistant»"},
 };
