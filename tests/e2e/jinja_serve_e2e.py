@@ -12,15 +12,21 @@ conversations' content holds no control-token text, so tokenizing the whole
 rendering with special tokens parsed is what the markup/plain split gives.
 The Messages API (count_tokens) and the Responses API (usage.input_tokens)
 must count the same prompt as the chat request they translate to.
-Also: a template's raise_exception is a 400 with its message, a syntax error
-stops the server with its line and column, and a date-stamping template
+Also: a model's own tokenizer.chat_template is the default, its tool_use
+variant serves requests with tools (a copy of the bundled model given both,
+tests/shell/gguf_edit.py); a template's raise_exception is a 400 with its
+message, another failure a 400 naming line and column; a syntax error stops
+the server with its line and column; a date-stamping template
 (strftime_now) renders SOURCE_DATE_EPOCH's day.
 """
 import os
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shell"))
+import gguf_edit  # noqa: E402
 from kvpin_test import KVPIN, MODEL, Results, Server, kill_all, tokenize  # noqa: E402
 import chat_jinja_check  # noqa: E402
 
@@ -84,6 +90,35 @@ def check_template(name, env, extra):
         raise
 
 
+def model_template(env):
+    with tempfile.TemporaryDirectory() as d:
+        m = os.path.join(d, "m.gguf")
+        main_src = "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{{ eos_token }}{% endfor %}"
+        tool_src = "{{ bos_token }}tools:{{ tools | length }}{{ eos_token }}"
+        gguf_edit.edit(MODEL, m, [], [("tokenizer.chat_template", main_src),
+                                     ("tokenizer.chat_template.tool_use", tool_src)])
+        srv = Server(R, model=m)
+        try:
+            st, got = chat_ids(srv, CONVS[0])
+            want = expected_ids(srv, env.from_string(main_src), CONVS[0])
+            R.ok(st == 200 and got == want, "the model's template by default: %s %s (want %s)" % (st, got, want))
+            st, got = chat_ids(srv, CONVS[1])
+            want = expected_ids(srv, env.from_string(tool_src), CONVS[1])
+            R.ok(st == 200 and got == want, "its tool_use variant with tools: %s %s (want %s)" % (st, got, want))
+        finally:
+            srv.stop()
+        t = os.path.join(d, "t.jinja")
+        with open(t, "w") as f:
+            f.write("{% for m in messages %}\n  {{ m.content + 1 }}\n{% endfor %}")
+        srv = Server(R, "--chat-template-file", t)
+        try:
+            st, _, j = srv.post("/v1/chat/completions", dict(CONVS[0], max_tokens=1))
+            msg = j["error"]["message"] if st == 400 else ""
+            R.ok(st == 400 and "line 2, column" in msg and "TypeError" in msg, "a failing template: %s %s" % (st, j))
+        finally:
+            srv.stop()
+
+
 def main():
     env = chat_jinja_check.make_env()
     try:
@@ -97,6 +132,7 @@ def main():
         R.ok(st == 400 and j["error"]["message"] == "This model only supports single tool-calls at once!",
              "raise_exception: a 400 with the template's message: %s %s" % (st, j))
         srv.stop()
+        model_template(env)
         os.environ["SOURCE_DATE_EPOCH"] = "1733356800"
         tmpl = env.from_string(open(T + "meta-llama-Llama-3.2-3B-Instruct.jinja").read())
         srv = Server(R, "--chat-template-file", T + "meta-llama-Llama-3.2-3B-Instruct.jinja",
