@@ -219,9 +219,10 @@ static jv binop(jctx *c, jop op, jv a, jv b) {
         return arith_float(c, op, kp_jv_num(a), kp_jv_num(b));
     }
     if (op == OP_ADD && a.t == JT_STR && b.t == JT_STR) {
-        bool markup = a.markup || b.markup; /* Markup + str escapes the str */
-        if (markup && !a.markup) a = kp_jinja_escape(c, a);
-        if (markup && !b.markup) b = kp_jinja_escape(c, b);
+        bool markup = a.markup || b.markup; /* Markup + str escapes the str (its taint goes whole) */
+        uint64_t born = c->n_str + 1;
+        if (markup && !a.markup) a = kp_jt_derived(c, kp_jinja_escape(c, a), born, a, NULL);
+        if (markup && !b.markup) b = kp_jt_derived(c, kp_jinja_escape(c, b), born, b, NULL);
         if (c->failed) return jv_undef();
         jv r = kp_jt_concat(c, a, b);
         r.markup = markup;

@@ -73,6 +73,15 @@ static bool fresh(jv v, uint64_t born_from) {
     return v.t == JT_STR && !v.u.s->taint && v.u.s->born >= born_from && v.u.s->len;
 }
 
+/* v holds a fresh string, itself or in its lists (filters nest lists: map, batch). */
+static bool has_fresh(jv v, uint64_t born_from, int depth) {
+    if (fresh(v, born_from)) return true;
+    if (v.t != JT_LIST || depth > TAINT_DEPTH) return false;
+    for (size_t i = 0; i < v.u.l->n; i++)
+        if (has_fresh(v.u.l->items[i], born_from, depth + 1)) return true;
+    return false;
+}
+
 static bool operands_tainted(jv in, const jargs *a) {
     if (kp_jt_deep(in)) return true;
     for (size_t i = 0; a && i < a->nargs; i++)
@@ -82,27 +91,27 @@ static bool operands_tainted(jv in, const jargs *a) {
     return false;
 }
 
-static jv whole(jctx *c, jv s) {
-    jv r = kp_jv_str_client(c, s.u.s->s, s.u.s->len);
-    r.markup = s.markup;
-    return r;
+/* v with its fresh strings made client text whole: copies, since v and
+ * its lists may be shared (a list is copied only when it holds one). */
+static jv whole(jctx *c, jv v, uint64_t born_from, int depth) {
+    if (v.t == JT_STR) {
+        if (!fresh(v, born_from)) return v;
+        jv r = kp_jv_str_client(c, v.u.s->s, v.u.s->len);
+        r.markup = v.markup;
+        return r;
+    }
+    if (!has_fresh(v, born_from, depth)) return v;
+    jv l = kp_jv_list(c, v.u.l->n);
+    for (size_t i = 0; !c->failed && i < v.u.l->n; i++) l.u.l->items[i] = whole(c, v.u.l->items[i], born_from, depth + 1);
+    if (c->failed) return jv_undef();
+    l.tuple = v.tuple;
+    l.gen = v.gen;
+    return l;
 }
 
 jv kp_jt_derived(jctx *c, jv r, uint64_t born_from, jv in, const jargs *a) {
-    if (!c->tout || c->failed) return r;
-    bool any = fresh(r, born_from);
-    for (size_t i = 0; !any && r.t == JT_LIST && i < r.u.l->n; i++) any = fresh(r.u.l->items[i], born_from);
-    if (!any || !operands_tainted(in, a)) return r;
-    if (r.t == JT_STR) return whole(c, r);
-    jv l = kp_jv_list(c, r.u.l->n); /* r may be shared: a copy */
-    for (size_t i = 0; !c->failed && i < r.u.l->n; i++) {
-        jv x = r.u.l->items[i];
-        l.u.l->items[i] = fresh(x, born_from) ? whole(c, x) : x;
-    }
-    if (c->failed) return jv_undef();
-    l.tuple = r.tuple;
-    l.gen = r.gen;
-    return l;
+    if (!c->tout || c->failed || !has_fresh(r, born_from, 0) || !operands_tainted(in, a)) return r;
+    return whole(c, r, born_from, 0);
 }
 
 /* Writes n bytes of s's taint (zeros when it has none) at t. */

@@ -56,6 +56,8 @@ static const taint_case CASES[] = {
      "{{ ('<x> ' ~ messages[1].content).split(' ') | first }}|{{ ('<x> ' ~ messages[1].content).split(' ') | last }}|"
      "{{ ('<x>' ~ messages[1].content)[0] }}{{ ('<x>' ~ messages[1].content).removeprefix('<x') }}",
      "<a> «ab»|a>«a»|<x>|«ab»|<>«ab»"},
+    {"{{ ('<b>' | safe) + messages[1].content }}|{{ messages[1].content | safe + '</b>' }}|{{ messages | map(attribute='role') | map('upper') | batch(2) | list }}",
+     "<b>«ab»|«ab»&lt;/b&gt;|«[['USER', 'ASSISTANT']]»"},
     {"{% if messages[0].content | trim | length > 3 %}<|long|>{% endif %}{{ messages | map(attribute='role') | join(',') }}",
      "<|long|>«user,assistant»"},
 };
