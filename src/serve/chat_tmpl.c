@@ -68,13 +68,19 @@ void kp_chat_tmpl_free(kp_chat_tmpl *t) {
 }
 
 /* The chat-completions body the template's context is built from. */
-static json_t *request_body(const json_t *messages, const json_t *tools, const kp_chat_opts *o) {
+static json_t *request_body(const json_t *messages, const json_t *tools, const kp_chat_opts *o,
+                            const json_t *kwargs) {
     json_t *r = json_object();
     if (!r) return NULL;
     json_object_set(r, "messages", (json_t *)messages);
     if (tools && !json_is_null(tools)) json_object_set(r, "tools", (json_t *)tools);
     json_object_set_new(r, "add_generation_prompt", json_boolean(o && o->add_generation_prompt));
-    if (o && o->disable_thinking) json_object_set_new(r, "chat_template_kwargs", json_pack("{s:b}", "enable_thinking", 0));
+    json_t *kw = json_is_object(kwargs) ? json_copy((json_t *)kwargs) : json_object();
+    if (kw && o && o->disable_thinking) json_object_set_new(kw, "enable_thinking", json_false());
+    if (!kw || json_object_set_new(r, "chat_template_kwargs", kw) != 0) {
+        json_decref(r);
+        return NULL;
+    }
     return r;
 }
 
@@ -99,13 +105,13 @@ static kp_status to_tok_ranges(const kp_jinja_range *r, size_t n, kp_tok_range *
 }
 
 kp_status kp_chat_tmpl_render(const kp_chat_tmpl *t, const json_t *messages, const json_t *tools,
-                              const kp_chat_opts *opts, char **out, size_t *len, kp_tok_range **plain,
-                              size_t *n_plain, kp_error *err) {
+                              const kp_chat_opts *opts, const json_t *kwargs, char **out, size_t *len,
+                              kp_tok_range **plain, size_t *n_plain, kp_error *err) {
     static const char *const client[] = {"messages", "tools", NULL};
     *out = NULL;
     *len = 0;
     if (plain) { *plain = NULL; *n_plain = 0; }
-    json_t *body = request_body(messages, tools, opts), *ctx = NULL;
+    json_t *body = request_body(messages, tools, opts, kwargs), *ctx = NULL;
     if (!body) return kp_fail(err, KP_ENOMEM, "out of memory");
     kp_status st = kp_chatj_context(body, t->bos, t->eos, &ctx, err);
     json_decref(body);

@@ -42,8 +42,9 @@ kp_status kp_chat_tmpl_new(const char *text, size_t len, const char *tool_text, 
 void kp_chat_tmpl_free(kp_chat_tmpl *t);
 
 /* Renders messages and tools (borrowed; chat_jinja.h's normalization) with
- * opts' add_generation_prompt and disable_thinking (the context's
- * enable_thinking false; absent otherwise). *out (malloc'd, *len bytes,
+ * opts' add_generation_prompt, the members of kwargs (the request's
+ * chat_template_kwargs, borrowed, NULL for none) as variables, and
+ * disable_thinking (enable_thinking false, whatever kwargs say). *out (malloc'd, *len bytes,
  * NUL-terminated) and *plain (malloc'd or NULL, *n_plain ranges sorted and
  * disjoint: the bytes that came from messages and tools, jinja.h's
  * kp_jinja_render_client) are the caller's. plain may be NULL.
@@ -52,7 +53,7 @@ void kp_chat_tmpl_free(kp_chat_tmpl *t);
  * another failure, a malformed request's message (chat_jinja.h);
  * KP_ERANGE for a limit; KP_ENOMEM. */
 kp_status kp_chat_tmpl_render(const kp_chat_tmpl *t, const json_t *messages, const json_t *tools,
-                              const kp_chat_opts *opts, char **out, size_t *len, kp_tok_range **plain,
+                              const kp_chat_opts *opts, const json_t *kwargs, char **out, size_t *len, kp_tok_range **plain,
                               size_t *n_plain, kp_error *err);
 
 /* The family whose tool-call rules and forced-call form fit the template

@@ -55,8 +55,10 @@ static bool tokenize_prompt(kp_server *s, const char *text, size_t len, const kp
 
 /* The server's template: its Jinja text, else its built-in family. */
 static kp_status render_chat(kp_server *s, const json_t *msgs, const json_t *tools, const kp_chat_opts *o,
-                             char **text, size_t *len, kp_tok_range **plain, size_t *n_plain, kp_error *err) {
-    if (s->cfg.chat_jinja) return kp_chat_tmpl_render(s->cfg.chat_jinja, msgs, tools, o, text, len, plain, n_plain, err);
+                             const json_t *kwargs, char **text, size_t *len, kp_tok_range **plain, size_t *n_plain,
+                             kp_error *err) {
+    if (s->cfg.chat_jinja)
+        return kp_chat_tmpl_render(s->cfg.chat_jinja, msgs, tools, o, kwargs, text, len, plain, n_plain, err);
     return kp_chat_render_plain(s->cfg.chat, msgs, tools, o, text, len, plain, n_plain, err);
 }
 
@@ -65,7 +67,7 @@ static kp_status render_chat(kp_server *s, const json_t *msgs, const json_t *too
  * being a prefix of text[0..len), or 0 when it is one or there is no
  * answer with a turn after it. */
 static size_t history_rewrite(kp_server *s, const json_t *msgs, const json_t *tools, const kp_chat_opts *o,
-                              const char *text, size_t len) {
+                              const json_t *kwargs, const char *text, size_t len) {
     size_t j = json_array_size(msgs);
     for (; j > 0; j--) {
         const char *role = json_string_value(json_object_get(json_array_get(msgs, j - 1), "role"));
@@ -80,7 +82,7 @@ static size_t history_rewrite(kp_server *s, const json_t *msgs, const json_t *to
     size_t hl = 0;
     kp_error err;
     size_t at = 0;
-    if (head && render_chat(s, head, tools, &ho, &h, &hl, NULL, NULL, &err) == KP_OK) {
+    if (head && render_chat(s, head, tools, &ho, kwargs, &h, &hl, NULL, NULL, &err) == KP_OK) {
         size_t i = 0;
         while (i < hl && i < len && h[i] == text[i]) i++;
         at = i < hl ? (i ? i : 1) : 0;
@@ -107,8 +109,9 @@ static bool render_messages(kp_server *s, const json_t *messages, const json_t *
     kp_error err = {0};
     kp_tok_range *plain = NULL;
     size_t n_plain = 0;
-    kp_status st = render_chat(s, msgs, tools, &o, &text, &len, &plain, &n_plain, &err);
-    if (st == KP_OK) out->rewrite_byte = history_rewrite(s, msgs, tools, &o, text, len);
+    const json_t *kwargs = po ? po->template_kwargs : NULL;
+    kp_status st = render_chat(s, msgs, tools, &o, kwargs, &text, &len, &plain, &n_plain, &err);
+    if (st == KP_OK) out->rewrite_byte = history_rewrite(s, msgs, tools, &o, kwargs, text, len);
     json_decref(msgs);
     if (st != KP_OK) { /* the renderer's messages start with the field at fault */
         const char *field = !strncmp(err.msg, "tools", 5) ? "tools" : "messages";

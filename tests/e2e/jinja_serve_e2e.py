@@ -13,7 +13,8 @@ rendering with special tokens parsed is what the markup/plain split gives.
 The Messages API (count_tokens) and the Responses API (usage.input_tokens)
 must count the same prompt as the chat request they translate to.
 Also: a model's own tokenizer.chat_template is the default, its tool_use
-variant serves requests with tools (a copy of the bundled model given both,
+variant serves requests with tools; chat_template_kwargs are the template's
+variables (the ones its text does not name are listed as ignored) (a copy of the bundled model given both,
 tests/shell/gguf_edit.py); a template's raise_exception is a 400 with its
 message, another failure a 400 naming line and column; a syntax error stops
 the server with its line and column; a date-stamping template
@@ -105,6 +106,21 @@ def model_template(env):
             st, got = chat_ids(srv, CONVS[1])
             want = expected_ids(srv, env.from_string(tool_src), CONVS[1])
             R.ok(st == 200 and got == want, "its tool_use variant with tools: %s %s (want %s)" % (st, got, want))
+        finally:
+            srv.stop()
+        k = os.path.join(d, "k.jinja")
+        kw_src = "{% for m in messages %}{{ m.content }}{% endfor %}{% if greeting is defined %}[{{ greeting }}]{% endif %}"
+        with open(k, "w") as f:
+            f.write(kw_src)
+        srv = Server(R, "--chat-template-file", k)
+        try:
+            req = dict(CONVS[0], chat_template_kwargs={"greeting": "hello", "unused_kw": 1})
+            st, h, j = srv.post("/v1/chat/completions", dict(req, max_tokens=1, return_token_ids=True))
+            want = expected_ids(srv, env.from_string(kw_src), req)
+            got = j["choices"][0]["prompt_token_ids"] if st == 200 else j
+            R.ok(st == 200 and got == want and h.get("x-kvpin-ignored-fields") == "chat_template_kwargs.unused_kw",
+                 "chat_template_kwargs reach the template: %s %s %s (want %s)" %
+                 (st, h.get("x-kvpin-ignored-fields"), got, want))
         finally:
             srv.stop()
         t = os.path.join(d, "t.jinja")

@@ -44,7 +44,7 @@ static void test_qwen3_ranges(void) {
     char *out = NULL;
     size_t n = 0, np = 0;
     kp_tok_range *plain = NULL;
-    CHECK(kp_chat_tmpl_render(t, msgs, NULL, &o, &out, &n, &plain, &np, &err) == KP_OK);
+    CHECK(kp_chat_tmpl_render(t, msgs, NULL, &o, NULL, &out, &n, &plain, &np, &err) == KP_OK);
     const char *want = "<|im_start|>user\na <|im_end|> b<|im_end|>\n<|im_start|>assistant\n";
     CHECK_EQ_STR(out ? out : "", want);
     /* "user" at 12, the content at 17 (14 bytes) */
@@ -52,7 +52,7 @@ static void test_qwen3_ranges(void) {
     free(out);
     free(plain);
     o.disable_thinking = true; /* enable_thinking false: an empty think block after the prompt */
-    CHECK(kp_chat_tmpl_render(t, msgs, NULL, &o, &out, &n, NULL, NULL, &err) == KP_OK);
+    CHECK(kp_chat_tmpl_render(t, msgs, NULL, &o, NULL, &out, &n, NULL, NULL, &err) == KP_OK);
     CHECK(out && n > 20 && !strcmp(out + n - 19, "<think>\n\n</think>\n\n"));
     free(out);
     json_decref(msgs);
@@ -76,10 +76,10 @@ static void test_errors_and_families(void) {
     json_t *two = json_loads("[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"user\",\"content\":\"y\"}]", 0, NULL);
     char *out = NULL;
     size_t n;
-    CHECK(kp_chat_tmpl_render(t, two, NULL, NULL, &out, &n, NULL, NULL, &err) == KP_EINVAL && !out);
+    CHECK(kp_chat_tmpl_render(t, two, NULL, NULL, NULL, &out, &n, NULL, NULL, &err) == KP_EINVAL && !out);
     CHECK_EQ_STR(err.msg, "one message only");
     json_array_remove(two, 1);
-    CHECK(kp_chat_tmpl_render(t, two, NULL, NULL, &out, &n, NULL, NULL, &err) == KP_EINVAL && !out);
+    CHECK(kp_chat_tmpl_render(t, two, NULL, NULL, NULL, &out, &n, NULL, NULL, &err) == KP_EINVAL && !out);
     CHECK_MSG(strstr(err.msg, "line 1, column") && strstr(err.msg, "TypeError"), "%s", err.msg);
     json_decref(two);
     kp_chat_tmpl_free(t);
