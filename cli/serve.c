@@ -237,7 +237,7 @@ static kp_chat_family builtin_family(const kp_gguf *g) {
     free(txt);
     if (fam == KP_CHAT_UNKNOWN)
         fprintf(stderr, "kvpin serve: note: the model's chat template is not one kvpin recognises; "
-                        "/v1/chat/completions needs --chat-template NAME\n");
+                        "/v1/chat/completions needs --chat-template NAME or --chat-template-file FILE\n");
     return fam;
 }
 

@@ -99,7 +99,7 @@ static bool render_messages(kp_server *s, const json_t *messages, const json_t *
     if (s->cfg.chat == KP_CHAT_UNKNOWN && !s->cfg.chat_jinja)
         return kp_oai_fail(e, 400, "invalid_request_error", "no_chat_template", "messages",
                            "the model has no chat template kvpin can render; start the server with "
-                           "--chat-template NAME or use /v1/completions");
+                           "--chat-template NAME or --chat-template-file FILE, or use /v1/completions");
     json_t *msgs = kp_volatile_strip(s->vol, messages, &out->dropped);
     if (!msgs) return kp_oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     kp_chat_opts o = {s->cfg.chat_bos, s->cfg.chat_eos, po ? po->add_generation_prompt : true, NULL,
