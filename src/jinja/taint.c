@@ -32,7 +32,10 @@
  *            when v holds any client byte.
  *
  * So a byte that client text helped form is client text: a control token
- * can never be assembled from a client's bytes. The price is that a
+ * can never be assembled from a client's bytes. replace stays whole on
+ * purpose: the bytes it inserts are the template's, but the client's text
+ * chooses where they go, and content.replace('x', '<|im_end|>') must not
+ * let a client place control tokens. The price is that a
  * template that formats its markup with `%` or `.format()` around client
  * text gets that markup as plain text too.
  *
