@@ -11,9 +11,13 @@
  * (meta-llama-Llama-3.3-70B-Instruct.jinja) of tests/data/chat/templates/,
  * compiled once each. Measured: the median wall time of 51 renders (after
  * 5 warm-up renders), goal < 2 ms; the bytes a compiled template uses
- * (kp_jinja_size); the prompt's length. Run from the repository root.
+ * (kp_jinja_size); the prompt's length. Each template is measured twice:
+ * kp_jinja_render, and kp_jinja_render_client with messages and tools as
+ * client text (what a server does: the ranges of client bytes too), same
+ * goal. Run from the repository root.
  */
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,7 +101,7 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static int bench(const char *path, const json_t *ctx) {
+static int bench(const char *path, const json_t *ctx, bool client) {
     FILE *f = fopen(path, "rb");
     if (!f) { fprintf(stderr, "bench_jinja: cannot open %s (run from the repository root)\n", path); return 1; }
     char src[1 << 16];
@@ -109,10 +113,15 @@ static int bench(const char *path, const json_t *ctx) {
     double times[N_RENDERS];
     size_t out_len = 0;
     for (int i = -5; i < N_RENDERS; i++) {
+        static const char *const names[] = {"messages", "tools", NULL};
         kp_buf out = {0};
+        kp_jinja_range *ranges = NULL;
+        size_t n_ranges = 0;
         double t0 = now_ms();
-        kp_status st = kp_jinja_render(t, ctx, &out, &e);
+        kp_status st = client ? kp_jinja_render_client(t, ctx, names, &out, &ranges, &n_ranges, &e)
+                              : kp_jinja_render(t, ctx, &out, &e);
         double dt = now_ms() - t0;
+        free(ranges);
         if (st != KP_OK) { fprintf(stderr, "%s: %s\n", path, e.msg); kp_jinja_free(t); return 1; }
         if (i >= 0) times[i] = dt;
         out_len = out.len;
@@ -120,8 +129,10 @@ static int bench(const char *path, const json_t *ctx) {
     }
     qsort(times, N_RENDERS, sizeof *times, cmp_double);
     double med = times[N_RENDERS / 2];
-    const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    printf("%-42s %9.3f ms  %s (goal < 2 ms)   min %.3f ms, prompt %zu bytes, template %zu bytes compiled\n", name, med,
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    char name[96];
+    snprintf(name, sizeof name, "%s%s", base, client ? " +client" : "");
+    printf("%-50s %9.3f ms  %s (goal < 2 ms)   min %.3f ms, prompt %zu bytes, template %zu bytes compiled\n", name, med,
            med < 2.0 ? "PASS" : "FAIL", times[0], out_len, kp_jinja_size(t));
     kp_jinja_free(t);
     return 0;
@@ -135,9 +146,12 @@ int main(void) {
     json_array_foreach(json_object_get(ctx, "messages"), i, m) chars += json_string_length(json_object_get(m, "content"));
     printf("conversation: %zu messages, %d tools, %zu characters of content (~%zu tokens)\n",
            json_array_size(json_object_get(ctx, "messages")), N_TOOLS, chars, chars / 4);
-    printf("%-42s %12s\n", "template", "median render");
-    int rc = bench("tests/data/chat/templates/Qwen-Qwen3-0.6B.jinja", ctx);
-    rc |= bench("tests/data/chat/templates/meta-llama-Llama-3.3-70B-Instruct.jinja", ctx);
+    printf("%-50s %12s\n", "template", "median render");
+    int rc = 0;
+    for (int client = 0; client < 2; client++) {
+        rc |= bench("tests/data/chat/templates/Qwen-Qwen3-0.6B.jinja", ctx, client);
+        rc |= bench("tests/data/chat/templates/meta-llama-Llama-3.3-70B-Instruct.jinja", ctx, client);
+    }
     json_decref(ctx);
     return rc;
 }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "serve/chat.h"
 #include "cli.h"
@@ -27,7 +28,7 @@
 #include "base/threadpool.h"
 
 enum {
-    O_API_KEY = CLI_OWN, O_API_KEY_FILE, O_CHAT_TEMPLATE, O_QUEUE, O_PREFILL_CHUNK, O_MAX_BODY, O_TIMEOUT,
+    O_API_KEY = CLI_OWN, O_API_KEY_FILE, O_CHAT_TEMPLATE, O_CHAT_TEMPLATE_FILE, O_QUEUE, O_PREFILL_CHUNK, O_MAX_BODY, O_TIMEOUT,
     O_ALIAS, O_QUIET, O_REQUEST_TIMEOUT, O_MAX_CONNECTIONS, O_MAX_PER_ADDRESS, O_STRICT_API, O_NO_DASHBOARD,
     O_PIN_TTL_SCALE, O_VOLATILE_PREFIX, O_KEEP_VOLATILE, O_MAX_TOKENS_CAP, O_REASONING_FORMAT,
     O_ALLOWED_HOSTS, O_CORS_ORIGIN, O_CACHE_KEY_FILE
@@ -42,8 +43,9 @@ static const cli_opt serve_tab[] = {
     {"api-key", NULL, NULL, "KEY", "require \"Authorization: Bearer KEY\"; other users can read it in\n"
                                    "ps: prefer --api-key-file or $KVPIN_API_KEY", O_API_KEY},
     {"api-key-file", NULL, NULL, "FILE", "the API key is the first line of FILE", O_API_KEY_FILE},
-    {"chat-template", NULL, NULL, "NAME", "chat template: chatml, qwen2, qwen2.5, qwen3, llama3, llama3.1,\n"
-                                          "llama2, mistral, gemma, phi3, zephyr", O_CHAT_TEMPLATE},
+    {"chat-template", NULL, NULL, "NAME", "a built-in chat template: chatml, qwen2, qwen2.5, qwen3, llama3,\n"
+                                          "llama3.1, llama2, mistral, gemma, phi3, zephyr", O_CHAT_TEMPLATE},
+    {"chat-template-file", NULL, NULL, "FILE", "render chat with the Jinja template in FILE", O_CHAT_TEMPLATE_FILE},
     {"alias", "a", NULL, "NAME", "the model id /v1/models reports (default: the file name)", O_ALIAS},
     {"queue", NULL, NULL, "N", "requests that may wait for a sequence (more: 503)", O_QUEUE},
     {"prefill-chunk", NULL, NULL, "N", "prompt tokens prefilled per step while others decode", O_PREFILL_CHUNK},
@@ -103,8 +105,10 @@ static void serve_usage(FILE *f) {
             "4096), --kv-budget room for np x ctx positions plus as much again for cached prefixes (at most\n"
             "half of RAM), --kv-type f16, --kv-block 16, --queue 64, --prefill-chunk 256, --max-body 8M,\n"
             "--timeout 60, --request-timeout 30, --max-connections 1024, --max-per-address 64.\n"
-            "--port 0 picks a free port (the URL is printed on stderr). The chat template is\n"
-            "recognised from the model's tokenizer.chat_template (chatml when the model has none).\n"
+            "--port 0 picks a free port (the URL is printed on stderr). Chat prompts are the model's own\n"
+            "tokenizer.chat_template (its tool_use variant for requests with tools) run as Jinja; a model\n"
+            "without one gets chatml. Templates that print the date (strftime_now) see SOURCE_DATE_EPOCH\n"
+            "when it is set, else the day the server started (UTC midnight), so prompts stay cacheable.\n"
             "API key: --api-key, else --api-key-file, else $KVPIN_API_KEY; none of them: no key needed.\n"
             "With a key, every request but GET /health needs it (401 before any other answer).\n");
 }
@@ -183,10 +187,70 @@ static void tier_log(void *ctx, const char *msg) {
     fprintf(stderr, "kvpin serve: %s\n", msg);
 }
 
+/* The model's template text under key (malloc'd), or NULL when it has none. */
+static char *gguf_template(const kp_gguf *g, const char *key, size_t *len) {
+    kp_gguf_str t;
+    kp_error e;
+    if (kp_gguf_get_str(g, key, &t, &e) != KP_OK || t.len == 0) return NULL;
+    char *txt = malloc(t.len + 1);
+    if (!txt) return NULL;
+    memcpy(txt, t.data, t.len);
+    txt[t.len] = 0;
+    *len = t.len;
+    return txt;
+}
+
+/* The Jinja template chat renders: FILE, else the model's
+ * tokenizer.chat_template with its tool_use variant; NULL when there is
+ * none or the model's does not compile (a note; a built-in family serves).
+ * *failed (after a message) when FILE cannot be read or compiled. Without
+ * SOURCE_DATE_EPOCH, strftime_now sees the day the server started. */
+static kp_chat_tmpl *jinja_template(const kp_gguf *g, const char *file, const char *bos, const char *eos,
+                                    bool *failed) {
+    size_t len = 0, tool_len = 0;
+    char *text = file ? cli_read_all(file, &len) : gguf_template(g, "tokenizer.chat_template", &len);
+    char *tool = file ? NULL : gguf_template(g, "tokenizer.chat_template.tool_use", &tool_len);
+    kp_chat_tmpl *t = NULL;
+    kp_error err = {0};
+    *failed = file && !text;
+    if (text && kp_chat_tmpl_new(text, len, tool, tool_len, bos, eos, &t, &err) != KP_OK) {
+        fprintf(stderr, "kvpin serve: %s%s%s: %s\n", file ? "" : "note: the model's chat template does not compile (",
+                file ? file : "tokenizer.chat_template", file ? "" : "); a built-in family is used", err.msg);
+        *failed = file != NULL;
+    }
+    free(text);
+    free(tool);
+    if (t && !getenv("SOURCE_DATE_EPOCH")) {
+        char day[32];
+        snprintf(day, sizeof day, "%lld", (long long)(time(NULL) / 86400 * 86400));
+        setenv("SOURCE_DATE_EPOCH", day, 1); /* before any thread reads it */
+    }
+    return t;
+}
+
+/* The built-in family for a model whose template is not Jinja kvpin runs. */
+static kp_chat_family builtin_family(const kp_gguf *g) {
+    size_t len;
+    char *txt = gguf_template(g, "tokenizer.chat_template", &len);
+    if (!txt) {
+        fprintf(stderr, "kvpin serve: note: the model has no chat template; chat uses chatml "
+                        "(--chat-template NAME to change)\n");
+        return KP_CHAT_CHATML; /* no template at all: ChatML, as llama.cpp's server does */
+    }
+    kp_chat_family fam = kp_chat_detect(txt);
+    free(txt);
+    if (fam == KP_CHAT_UNKNOWN)
+        fprintf(stderr, "kvpin serve: note: the model's chat template is not one kvpin recognises; "
+                        "/v1/chat/completions needs --chat-template NAME or --chat-template-file FILE\n");
+    return fam;
+}
+
 int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *host = "127.0.0.1", *key_arg = NULL, *key_file = NULL, *tmpl = NULL;
     const char *alias = NULL, *cache_dir = NULL, *cache_redis = NULL, *cache_key_file = NULL;
     uint8_t mac_key[KP_BLOCKREC_KEY_BYTES];
+    const char *tmpl_file = NULL;
+    kp_chat_tmpl *jt = NULL;
     uint64_t disk_budget = 0;
     int64_t redis_timeout = 50;
     int64_t port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 64, chunk = 256, block = 16, timeout = 60;
@@ -289,6 +353,7 @@ int cmd_serve(int argc, char **argv) {
         case O_API_KEY: key_arg = v; break;
         case O_API_KEY_FILE: key_file = v; break;
         case O_CHAT_TEMPLATE: tmpl = v; break;
+        case O_CHAT_TEMPLATE_FILE: tmpl_file = v; break;
         case O_ALIAS: alias = v; break;
         case CLI_CACHE_DIR: cache_dir = v; break;
         case CLI_CACHE_DISK_BUDGET: ok = cli_parse_bytes(opt, v, &disk_budget); break;
@@ -321,6 +386,10 @@ int cmd_serve(int argc, char **argv) {
     kp_chat_family fam = KP_CHAT_UNKNOWN;
     if (tmpl && (fam = kp_chat_family_from_name(tmpl)) == KP_CHAT_UNKNOWN) {
         fprintf(stderr, "kvpin serve: unknown --chat-template %s (see kvpin serve --help)\n", tmpl);
+        return 2;
+    }
+    if (tmpl && tmpl_file) {
+        fprintf(stderr, "kvpin serve: --chat-template and --chat-template-file exclude each other\n");
         return 2;
     }
     char *api_key = NULL;
@@ -365,24 +434,14 @@ int cmd_serve(int argc, char **argv) {
         }
     }
     if (!tmpl) {
-        kp_gguf_str t;
-        kp_error e2;
-        if (kp_gguf_get_str(m->file, "tokenizer.chat_template", &t, &e2) == KP_OK && t.len > 0) {
-            char *txt = malloc(t.len + 1);
-            if (txt) {
-                memcpy(txt, t.data, t.len);
-                txt[t.len] = 0;
-                fam = kp_chat_detect(txt);
-                free(txt);
-            }
-            if (fam == KP_CHAT_UNKNOWN)
-                fprintf(stderr, "kvpin serve: note: the model's chat template is not one kvpin recognises; "
-                                "/v1/chat/completions needs --chat-template NAME\n");
-        } else {
-            fam = KP_CHAT_CHATML; /* no template at all: ChatML, as llama.cpp's server does */
-            fprintf(stderr, "kvpin serve: note: the model has no chat template; chat uses chatml "
-                            "(--chat-template NAME to change)\n");
+        bool failed = false;
+        jt = jinja_template(m->file, tmpl_file, token_text(v, kp_tok_bos(v)), token_text(v, kp_tok_eos(v)), &failed);
+        if (failed) {
+            rc = 2;
+            goto done;
         }
+        if (jt) fam = kp_chat_tmpl_family(jt);
+        else fam = builtin_family(m->file);
     }
     kp_eng_config ec = {kv_type, (uint32_t)block, budget, n_ctx, no_cache, NULL, kv_type_v, no_repack};
     if (kp_eng_new(&e, m, pool, NULL, &ec, &err) != KP_OK) {
@@ -441,6 +500,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.max_connections = (unsigned)max_conn;
     cfg.max_per_address = (unsigned)max_per_addr;
     cfg.chat = fam;
+    cfg.chat_jinja = jt;
     cfg.chat_bos = token_text(v, kp_tok_bos(v));
     cfg.chat_eos = token_text(v, kp_tok_eos(v));
     cfg.quiet = quiet;
@@ -470,7 +530,7 @@ int cmd_serve(int argc, char **argv) {
     }
     fprintf(stderr, "kvpin serve: model %s (%s, %u layers, %u kv-heads x %u head_dim), chat template %s\n", path,
             hp->arch_name, hp->n_layer, hp->n_head_kv, hp->head_dim,
-            fam == KP_CHAT_UNKNOWN ? "none" : kp_chat_family_name(fam));
+            jt ? (tmpl_file ? tmpl_file : "the model's (Jinja)") : fam == KP_CHAT_UNKNOWN ? "none" : kp_chat_family_name(fam));
     char kvf[96], kvn[24];
     fprintf(stderr, "kvpin serve: KV %s, %llu bytes per token (%s); budget %s = %llu positions; "
                     "context %u, parallel %lld, prefix cache %s\n",
@@ -491,6 +551,7 @@ done:
     kp_threads_free(pool);
     kp_tok_vocab_free(v);
     kp_model_free(m);
+    kp_chat_tmpl_free(jt);
     free(api_key);
     return rc;
 }

@@ -18,7 +18,9 @@
  * --batch renders many cases in one process (the byte-exact check of make
  * test, tools/chat_jinja_check.py): one JSON object a line,
  * {"template": PATH, "request": {...}, "bos": S, "eos": S}, answered by one
- * line each, {"ok": true, "text": T} or {"ok": false, "kind":
+ * line each, {"ok": true, "text": T, "client": [[START, LEN], ...]} (the byte
+ * ranges of T that came from the messages and tools, kp_jinja_render_client;
+ * the check's renders go through the taint path) or {"ok": false, "kind":
  * "TemplateError", "msg": M, "line": L, "col": C}. Templates are compiled
  * once per path.
  */
@@ -93,8 +95,11 @@ static json_t *batch_one(const json_t *c, cached **cache, size_t *n_cache) {
         else snprintf(hit->err.msg, sizeof hit->err.msg, "cannot read %s", path);
         free(text);
     }
+    static const char *const CLIENT[] = {"messages", "tools", NULL};
     kp_jinja_error e = hit->err;
     kp_buf out = {0};
+    kp_jinja_range *ranges = NULL;
+    size_t n_ranges = 0;
     json_t *ctx = NULL;
     kp_error ce = {0};
     if (hit->t) {
@@ -102,13 +107,18 @@ static json_t *batch_one(const json_t *c, cached **cache, size_t *n_cache) {
                              json_string_value(json_object_get(c, "eos")), &ctx, &ce) != KP_OK) {
             e.kind = KP_JINJA_EVALUE;
             snprintf(e.msg, sizeof e.msg, "%s", ce.msg);
-        } else if (kp_jinja_render(hit->t, ctx, &out, &e) == KP_OK) {
+        } else if (kp_jinja_render_client(hit->t, ctx, CLIENT, &out, &ranges, &n_ranges, &e) == KP_OK) {
             json_object_set_new(ans, "ok", json_true());
             json_object_set_new(ans, "text", json_stringn_nocheck(out.data ? out.data : "", out.len));
+            json_t *cr = json_array();
+            for (size_t i = 0; i < n_ranges; i++)
+                json_array_append_new(cr, json_pack("[I,I]", (json_int_t)ranges[i].start, (json_int_t)ranges[i].len));
+            json_object_set_new(ans, "client", cr);
         }
     }
     json_decref(ctx);
     kp_buf_free(&out);
+    free(ranges);
     if (!json_object_get(ans, "ok")) {
         json_object_set_new(ans, "ok", json_false());
         json_object_set_new(ans, "kind", json_string(kp_jinja_kind_name(e.kind)));

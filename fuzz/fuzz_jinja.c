@@ -12,9 +12,12 @@
  * compile gets a syntax error (or out of memory) with a message and a
  * 1-based line; a render either succeeds or fails with a kind and a
  * message, leaving the output as it was; the output is at most
- * KP_JINJA_MAX_OUTPUT bytes; a second render of the compiled template
- * gives the same bytes or the same error (SOURCE_DATE_EPOCH is fixed, so
- * strftime_now is too).
+ * KP_JINJA_MAX_OUTPUT bytes; a second render of the compiled template,
+ * with messages and tools as client text (kp_jinja_render_client), gives
+ * the same bytes or the same error (SOURCE_DATE_EPOCH is fixed, so
+ * strftime_now is too; only a limit may differ, taint takes memory), and
+ * its client ranges are sorted, disjoint, not adjacent and inside the
+ * output.
  */
 #include <jansson.h>
 #include <stdint.h>
@@ -60,16 +63,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kp_buf_puts(&again, "x");
     kp_jinja_error e2;
     kp_status st = kp_jinja_render(t, ctx, &out, &e);
-    kp_status st2 = kp_jinja_render(t, ctx, &again, &e2);
-    REQUIRE(st == st2);
-    if (st == KP_OK) {
+    static const char *const client[] = {"messages", "tools", NULL};
+    kp_jinja_range *r = NULL;
+    size_t nr = 0;
+    kp_status st2 = kp_jinja_render_client(t, ctx, client, &again, &r, &nr, &e2);
+    if (st != st2) { /* only a limit (memory) may tell the two apart */
+        REQUIRE(e.kind == KP_JINJA_ELIMIT || e2.kind == KP_JINJA_ELIMIT || e.kind == KP_JINJA_ENOMEM ||
+                e2.kind == KP_JINJA_ENOMEM);
+    } else if (st == KP_OK) {
         REQUIRE(out.len <= (size_t)KP_JINJA_MAX_OUTPUT + 1);
         REQUIRE(out.len == again.len && memcmp(out.data, again.data, out.len) == 0);
+        for (size_t i = 0; i < nr; i++) {
+            REQUIRE(r[i].len > 0 && r[i].start >= 1 && r[i].start + r[i].len <= again.len);
+            REQUIRE(i == 0 || r[i].start > r[i - 1].start + r[i - 1].len);
+        }
     } else {
         REQUIRE(e.kind != KP_JINJA_OK && e.msg[0]);
         REQUIRE(out.len == 1 && again.len == 1);
         REQUIRE(e.kind == e2.kind && strcmp(e.msg, e2.msg) == 0);
     }
+    free(r);
     kp_buf_free(&out);
     kp_buf_free(&again);
     kp_jinja_free(t);

@@ -329,12 +329,12 @@ static void split_lines(jctx *c, jv s, jv *out) {
     size_t k = 0, start = 0;
     for (size_t i = 0; i < n && !c->failed; i++) {
         if (p[i] == '\n' || p[i] == '\r') {
-            out->u.l->items[k++] = kp_jv_str(c, p + start, i - start);
+            out->u.l->items[k++] = kp_jv_substr(c, s, start, i - start);
             if (p[i] == '\r' && i + 1 < n && p[i + 1] == '\n') i++;
             start = i + 1;
         }
     }
-    if (!c->failed && start < n) out->u.l->items[k++] = kp_jv_str(c, p + start, n - start);
+    if (!c->failed && start < n) out->u.l->items[k++] = kp_jv_substr(c, s, start, n - start);
 }
 
 static jv f_indent(jctx *c, jv v, const jargs *a) {

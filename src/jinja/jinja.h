@@ -79,6 +79,27 @@ kp_status kp_jinja_compile(const char *src, size_t len, kp_jinja **out, kp_jinja
  * current time of strftime_now is SOURCE_DATE_EPOCH when set. */
 kp_status kp_jinja_render(const kp_jinja *t, const json_t *ctx, kp_buf *out, kp_jinja_error *err);
 
+/* A byte range [start, start + len) of a rendering. */
+typedef struct {
+    size_t start, len;
+} kp_jinja_range;
+
+/* kp_jinja_render, also telling which output bytes came from client text.
+ * client is a NULL-terminated list of names of ctx's members (borrowed)
+ * every string of which, keys included, is client text ("messages",
+ * "tools"); the other members (bos_token, kwargs) and the template's
+ * literals are markup. *ranges (malloc'd, the caller frees; NULL when
+ * there are none) receives *n_ranges ranges of out->data, sorted,
+ * disjoint and not adjacent, holding every output byte derived from client
+ * text through whatever the template did to it (see taint.c: `~`, `+`,
+ * `*`, slicing, indexing, iteration, strip and split keep each byte's
+ * origin; any other filter, method or `%` makes the strings it builds
+ * from client text client text whole, literal bytes included). The rule is conservative: a byte that
+ * client text helped form is client text. Errors as kp_jinja_render
+ * (*ranges NULL, *n_ranges 0). */
+kp_status kp_jinja_render_client(const kp_jinja *t, const json_t *ctx, const char *const *client, kp_buf *out,
+                                 kp_jinja_range **ranges, size_t *n_ranges, kp_jinja_error *err);
+
 /* Bytes the compiled template uses (its text, syntax tree and strings;
  * the arena's unused tail of its last chunk is not counted). */
 size_t kp_jinja_size(const kp_jinja *t);

@@ -48,7 +48,12 @@ typedef enum {
     JT_FUNC  /* a macro, a global, a bound method */
 } jtype;
 
-typedef struct jstr { size_t len; char s[]; } jstr;   /* UTF-8, NUL-terminated */
+/* UTF-8, NUL-terminated. taint: NULL (every byte the template's) or len
+ * bytes, 1 where the byte came from client text (taint.c); never written
+ * once the string exists, so strings may share a parent's array. born: the
+ * render's count of strings when this one was made (0: a constant of the
+ * template), which tells the strings an operation made from the older. */
+typedef struct jstr { const uint8_t *taint; uint64_t born; size_t len; char s[]; } jstr;
 typedef struct jlist jlist;
 typedef struct jdict jdict;
 typedef struct jloop jloop;
@@ -147,6 +152,9 @@ typedef struct jctx {
     jframe *root;
     locale_t utf8;    /* C.UTF-8 for case mapping beyond ASCII, made when first needed */
     bool utf8_tried;
+    kp_buf *tout;     /* taint of out, one byte a byte (taint.c); NULL: nobody asked */
+    bool load_client; /* kp_jv_from_json marks every string it makes as client text */
+    uint64_t n_str;   /* strings made so far (jstr.born) */
 } jctx;
 
 /* value.c: fails the render with kind and message at the current node; returns an undefined value. */
@@ -162,6 +170,8 @@ static inline jv jv_float(double f) { jv v = {0}; v.t = JT_FLOAT; v.u.f = f; ret
 jv kp_jv_undef_hint(jctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 jv kp_jv_str(jctx *c, const char *s, size_t n); /* s NULL: n zero bytes */
 jv kp_jv_strz(jctx *c, const char *s);
+jv kp_jv_str_client(jctx *c, const char *s, size_t n); /* every byte client text (taint.c) */
+jv kp_jv_substr(jctx *c, jv s, size_t at, size_t n);  /* s's bytes [at, at + n), and their taint */
 jv kp_jv_str_buf(jctx *c, kp_buf *b); /* the buffer's bytes as a string; frees b */
 jv kp_jv_list(jctx *c, size_t n);     /* n items, all undefined, to fill */
 jv kp_jv_dict(jctx *c);
@@ -243,6 +253,15 @@ jv kp_jinja_replace(jctx *c, jv s, jv old, jv new_, jv count);
 jv kp_jinja_items(jctx *c, jv v);                        /* [(key, value), ...] */
 bool kp_jv_need_str(jctx *c, jv v, const char *what);   /* a TypeError unless v is a str */
 jv kp_jv_undef_fail(jctx *c, jv u);                      /* value.c: the error using u raises */
+
+/* taint.c: which bytes came from client text (called by render.c only) */
+bool kp_jt_deep(jv v);                       /* v holds a client byte (strings, keys, items) */
+jv kp_jt_derived(jctx *c, jv r, uint64_t born_from, jv in, const jargs *a);
+jv kp_jt_concat(jctx *c, jv a, jv b);        /* a + b with both taints */
+jv kp_jt_repeat(jctx *c, jv r, jv seq);      /* r is seq's bytes repeated: its taint too */
+bool kp_jt_put(jctx *c, kp_buf *tb, jv v, size_t n); /* taint of n bytes written for v */
+jv kp_jt_str_bufs(jctx *c, kp_buf *b, kp_buf *tb);   /* a string of b's bytes, tb's taint; frees both */
+kp_status kp_jt_ranges(const kp_buf *tb, size_t base, kp_jinja_range **ranges, size_t *n);
 
 /* a keyword or positional argument: index pos, or name */
 jv kp_jarg(const jargs *a, size_t pos, const char *name, bool *present);

@@ -129,7 +129,7 @@ jv kp_jinja_getitem(jctx *c, jv obj, jv key) {
             if (obj.t == JT_LIST) return obj.u.l->items[i];
             size_t a = kp_utf8_offset(obj.u.s->s, obj.u.s->len, (size_t)i);
             size_t b = kp_utf8_offset(obj.u.s->s, obj.u.s->len, (size_t)i + 1);
-            return kp_jv_str(c, obj.u.s->s + a, b - a);
+            return kp_jv_substr(c, obj, a, b - a);
         }
         return kp_jv_undef_hint(c, "%s object has no element %lld", kp_jv_typename(obj), (long long)(key.t == JT_BOOL ? key.u.b : key.u.i));
     }
@@ -233,7 +233,7 @@ static jv str_split(jctx *c, jv s, jv sep, jv maxsplit, bool from_right) {
     jv l = kp_jv_list(c, cnt);
     for (size_t k = 0; k < cnt && !c->failed; k++) {
         size_t idx = from_right ? cnt - 1 - k : k;
-        l.u.l->items[k] = kp_jv_str(c, p + spans[2 * idx], spans[2 * idx + 1] - spans[2 * idx]);
+        l.u.l->items[k] = kp_jv_substr(c, s, spans[2 * idx], spans[2 * idx + 1] - spans[2 * idx]);
     }
     free(spans);
     return l;
@@ -341,7 +341,7 @@ static jv call_str_method(jctx *c, const char *m, jv s, const jargs *a) {
         bool end = m[6] == 's';
         if (!kp_jv_truthy(str_affix(c, s, a0, end))) return s;
         size_t k = a0.u.s->len;
-        return kp_jv_str(c, s.u.s->s + (end ? 0 : k), s.u.s->len - k);
+        return kp_jv_substr(c, s, end ? 0 : k, s.u.s->len - k);
     }
     return kp_jfail(c, KP_JINJA_ETYPE, "str.%s is not supported", m);
 }
@@ -510,7 +510,7 @@ jv kp_jv_slice(jctx *c, jv v, jv start, jv stop, jv step) {
     size_t len = v.u.s->len;
     if (st == 1) {
         size_t a = kp_utf8_offset(p, len, (size_t)lo), b = cnt ? kp_utf8_offset(p, len, (size_t)(lo + (int64_t)cnt)) : a;
-        return kp_jv_str(c, p + a, b - a);
+        return kp_jv_substr(c, v, a, b - a);
     }
     size_t *offs = malloc(((size_t)n + 1) * sizeof *offs);
     if (!offs) return kp_jfail(c, KP_JINJA_ENOMEM, "out of memory");

@@ -75,7 +75,7 @@ jv kp_jinja_strip(jctx *c, jv s, jv chars, int which) {
             if (set ? !in_chars(cp, set) : !kp_py_space(cp)) break;
             b = i;
         }
-    return kp_jv_str(c, p + a, b - a);
+    return kp_jv_substr(c, s, a, b - a);
 }
 
 static jv pair(jctx *c, jv k, jv v) {

@@ -189,7 +189,7 @@ static jv repeat(jctx *c, jv seq, int64_t times) {
         if (c->failed) return jv_undef();
         kp_buf b = {0};
         for (int64_t i = 0; i < times; i++) kp_buf_put(&b, seq.u.s->s, n);
-        return kp_jv_str_buf(c, &b);
+        return kp_jt_repeat(c, kp_jv_str_buf(c, &b), seq);
     }
     size_t n = seq.u.l->n;
     if (n && (uint64_t)times > (uint64_t)KP_JINJA_MAX_ITEMS / n) kp_jv_check_items(c, (size_t)KP_JINJA_MAX_ITEMS + 1);
@@ -206,7 +206,11 @@ static const char *op_sym(jop op) {
 }
 
 static jv binop(jctx *c, jop op, jv a, jv b) {
-    if (op == OP_MOD && a.t == JT_STR) return kp_jinja_percent_format(c, a, b); /* str % Undefined is Python's */
+    if (op == OP_MOD && a.t == JT_STR) { /* str % Undefined is Python's */
+        uint64_t born = c->n_str + 1;
+        jargs args = {.args = &b, .nargs = 1};
+        return kp_jt_derived(c, kp_jinja_percent_format(c, a, b), born, a, &args);
+    }
     if (a.t == JT_UNDEF) return kp_jv_undef_fail(c, a);
     if (b.t == JT_UNDEF) return kp_jv_undef_fail(c, b);
     if (kp_jv_is_num(a) && kp_jv_is_num(b)) {
@@ -215,18 +219,12 @@ static jv binop(jctx *c, jop op, jv a, jv b) {
         return arith_float(c, op, kp_jv_num(a), kp_jv_num(b));
     }
     if (op == OP_ADD && a.t == JT_STR && b.t == JT_STR) {
-        bool markup = a.markup || b.markup; /* Markup + str escapes the str */
-        if (markup && !a.markup) a = kp_jinja_escape(c, a);
-        if (markup && !b.markup) b = kp_jinja_escape(c, b);
+        bool markup = a.markup || b.markup; /* Markup + str escapes the str (its taint goes whole) */
+        uint64_t born = c->n_str + 1;
+        if (markup && !a.markup) a = kp_jt_derived(c, kp_jinja_escape(c, a), born, a, NULL);
+        if (markup && !b.markup) b = kp_jt_derived(c, kp_jinja_escape(c, b), born, b, NULL);
         if (c->failed) return jv_undef();
-        size_t n = a.u.s->len + b.u.s->len;
-        kp_jv_check_string(c, n);
-        if (c->failed) return jv_undef();
-        jv r = kp_jv_str(c, NULL, n); /* n zero bytes, filled below */
-        if (!c->failed) {
-            memcpy(r.u.s->s, a.u.s->s, a.u.s->len);
-            memcpy(r.u.s->s + a.u.s->len, b.u.s->s, b.u.s->len);
-        }
+        jv r = kp_jt_concat(c, a, b);
         r.markup = markup;
         return r;
     }
@@ -293,6 +291,22 @@ static bool compare(jctx *c, jop op, jv a, jv b) {
 /* ---------------------------------------------------------------- calls */
 
 
+/* The body's output as a string, with its taint (macros, set blocks, filter blocks). */
+static jv capture(jctx *c, jframe *f, const jnode *body) {
+    kp_buf buf = {0}, tbuf = {0}, *saved = c->out, *tsaved = c->tout;
+    c->out = &buf;
+    if (tsaved) c->tout = &tbuf;
+    xres r = exec_body(c, f, body);
+    c->out = saved;
+    c->tout = tsaved;
+    if (r == X_ERR || c->failed) {
+        kp_buf_free(&buf);
+        kp_buf_free(&tbuf);
+        return jv_undef();
+    }
+    return kp_jt_str_bufs(c, &buf, tsaved ? &tbuf : NULL);
+}
+
 static jv call_macro(jctx *c, jfunc *fn, const jargs *a) {
     const jnode *m = fn->macro;
     if (c->depth >= KP_JINJA_MAX_DEPTH)
@@ -316,28 +330,25 @@ static jv call_macro(jctx *c, jfunc *fn, const jargs *a) {
     }
     if (fn->caller.t == JT_FUNC) frame_set(c, f, "caller", fn->caller);
     if (c->failed) return jv_undef();
-    kp_buf buf = {0}, *saved = c->out;
-    c->out = &buf;
     c->depth++;
-    xres r = exec_body(c, f, m->b);
+    jv r = capture(c, f, m->b);
     c->depth--;
-    c->out = saved;
-    if (r == X_ERR || c->failed) { kp_buf_free(&buf); return jv_undef(); }
-    return kp_jv_str_buf(c, &buf);
+    return r;
 }
 
 jv kp_jinja_call(jctx *c, jv fn, const jargs *a) {
     if (!step(c)) return jv_undef();
     if (fn.t == JT_UNDEF) return kp_jv_undef_fail(c, fn);
     if (fn.t != JT_FUNC) return kp_jfail(c, KP_JINJA_ETYPE, "'%s' object is not callable", kp_jv_typename(fn));
+    uint64_t born = c->n_str + 1;
     switch (fn.u.fn->kind) {
     case JFN_MACRO: return call_macro(c, fn.u.fn, a);
-    case JFN_METHOD: return kp_jinja_call_method(c, fn.u.fn, a);
+    case JFN_METHOD: return kp_jt_derived(c, kp_jinja_call_method(c, fn.u.fn, a), born, fn.u.fn->self, a);
     case JFN_CYCLE: {
         if (!a->nargs) return kp_jfail(c, KP_JINJA_ETYPE, "no items for cycling given");
         return a->args[fn.u.fn->loop->index0 % a->nargs];
     }
-    default: return kp_jinja_call_global(c, fn.u.fn, a);
+    default: return kp_jt_derived(c, kp_jinja_call_global(c, fn.u.fn, a), born, jv_undef(), a);
     }
 }
 
@@ -366,7 +377,8 @@ static jv make_macro(jctx *c, jframe *f, const jnode *m) {
 static jv eval_filter(jctx *c, jframe *f, const jnode *n, jv operand) {
     jargs a;
     if (!eval_args(c, f, n, &a, 0)) return jv_undef();
-    return kp_jinja_filter(c, n->name, operand, &a);
+    uint64_t born = c->n_str + 1;
+    return kp_jt_derived(c, kp_jinja_filter(c, n->name, operand, &a), born, operand, &a);
 }
 
 /* A filter chain built on a NULL operand (set blocks, filter blocks) applied to v. */
@@ -408,14 +420,21 @@ static jv eval_compare(jctx *c, jframe *f, const jnode *n) {
 }
 
 static jv eval_concat(jctx *c, jframe *f, const jnode *n) {
-    kp_buf b = {0};
+    kp_buf b = {0}, tb = {0};
     for (size_t i = 0; i < n->nargs && !c->failed; i++) {
         jv v = eval(c, f, n->args[i]);
+        size_t at = b.len;
         kp_jv_write_str(&b, v);
+        if (c->tout) kp_jt_put(c, &tb, v, b.len - at);
         if (b.len > (size_t)KP_JINJA_MAX_STRING) kp_jv_check_string(c, b.len);
     }
-    if (c->failed) { kp_buf_free(&b); return jv_undef(); }
-    return kp_jv_str_buf(c, &b);
+    if (c->failed) { kp_buf_free(&b); kp_buf_free(&tb); return jv_undef(); }
+    return kp_jt_str_bufs(c, &b, c->tout ? &tb : NULL);
+}
+
+/* obj[key] / obj[a:b]: a string's piece is client text when obj holds any (taint.c). */
+static jv str_piece(jctx *c, jv obj, uint64_t born, jv piece) {
+    return obj.t == JT_STR ? kp_jt_derived(c, piece, born, obj, NULL) : piece;
 }
 
 static jv eval_call(jctx *c, jframe *f, const jnode *n) {
@@ -460,6 +479,7 @@ static jv eval_node(jctx *c, jframe *f, const jnode *n) {
     if (c->failed) return jv_undef();
     c->at = n;
     jv a, b;
+    uint64_t born;
     switch ((jnkind)n->kind) {
     case N_CONST: return n->value;
     case N_NAME: return lookup(c, f, n->name);
@@ -473,13 +493,15 @@ static jv eval_node(jctx *c, jframe *f, const jnode *n) {
         a = eval(c, f, n->a);
         b = eval(c, f, n->b);
         c->at = n;
-        return c->failed ? a : kp_jinja_getitem(c, a, b);
+        born = c->n_str + 1; /* before the call: argument order is unspecified */
+        return c->failed ? a : str_piece(c, a, born, kp_jinja_getitem(c, a, b));
     case N_SLICE: {
         a = eval(c, f, n->a);
         jv s = n->b ? eval(c, f, n->b) : jv_none(), e = n->c ? eval(c, f, n->c) : jv_none();
         jv st = n->d ? eval(c, f, n->d) : jv_none();
         c->at = n;
-        return c->failed ? a : kp_jv_slice(c, a, s, e, st);
+        born = c->n_str + 1;
+        return c->failed ? a : str_piece(c, a, born, kp_jv_slice(c, a, s, e, st));
     }
     case N_CALL: return eval_call(c, f, n);
     case N_FILTER:
@@ -514,22 +536,23 @@ static jv eval_node(jctx *c, jframe *f, const jnode *n) {
 
 /* ---------------------------------------------------------------- statements */
 
-static bool emit(jctx *c, const char *s, size_t n) {
+/* n bytes of output; their taint is v's (tout) */
+static bool emit(jctx *c, const char *s, size_t n, jv v) {
     c->out_total += n;
     if (c->out_total > (size_t)KP_JINJA_MAX_OUTPUT) {
         kp_jfail(c, KP_JINJA_ELIMIT, "the output is longer than %ld bytes", (long)KP_JINJA_MAX_OUTPUT);
         return false;
     }
     if (!kp_buf_put(c->out, s, n)) { kp_jfail(c, KP_JINJA_ENOMEM, "out of memory"); return false; }
-    return true;
+    return kp_jt_put(c, c->tout, v, n);
 }
 
 static bool emit_value(jctx *c, jv v) {
-    if (v.t == JT_STR) return emit(c, v.u.s->s, v.u.s->len);
+    if (v.t == JT_STR) return emit(c, v.u.s->s, v.u.s->len, v);
     if (v.t == JT_UNDEF) return true;
     kp_buf b = {0};
     kp_jv_write_str(&b, v);
-    bool ok = !b.oom && emit(c, b.data ? b.data : "", b.len);
+    bool ok = !b.oom && emit(c, b.data ? b.data : "", b.len, v);
     if (b.oom) kp_jfail(c, KP_JINJA_ENOMEM, "out of memory");
     kp_buf_free(&b);
     return ok;
@@ -600,16 +623,6 @@ static xres exec_for(jctx *c, jframe *f, const jnode *n) {
     return X_OK;
 }
 
-/* The body's output as a string (set blocks, filter blocks). */
-static jv capture(jctx *c, jframe *f, const jnode *body) {
-    kp_buf buf = {0}, *saved = c->out;
-    c->out = &buf;
-    xres r = exec_body(c, f, body);
-    c->out = saved;
-    if (r == X_ERR || c->failed) { kp_buf_free(&buf); return jv_undef(); }
-    return kp_jv_str_buf(c, &buf);
-}
-
 static xres exec_callblock(jctx *c, jframe *f, const jnode *n) {
     const jnode *call = n->a;
     jv fn = eval(c, f, call->a);
@@ -633,7 +646,7 @@ static xres exec_stmt(jctx *c, jframe *f, const jnode *n) {
     if (!step(c)) return X_ERR;
     c->at = n;
     switch ((jnkind)n->kind) {
-    case N_DATA: return emit(c, n->name, n->len) ? X_OK : X_ERR;
+    case N_DATA: return emit(c, n->name, n->len, jv_none()) ? X_OK : X_ERR;
     case N_OUTPUT: {
         jv v = eval(c, f, n->a);
         return c->failed ? X_ERR : emit_value(c, v) ? X_OK : X_ERR;
@@ -719,11 +732,19 @@ kp_status kp_jinja_compile(const char *src, size_t len, kp_jinja **out, kp_jinja
     return KP_OK;
 }
 
-kp_status kp_jinja_render(const kp_jinja *t, const json_t *ctx, kp_buf *out, kp_jinja_error *err) {
+static bool is_client(const char *name, const char *const *client) {
+    for (size_t i = 0; client && client[i]; i++)
+        if (!strcmp(client[i], name)) return true;
+    return false;
+}
+
+/* The render itself: tout, when not NULL, receives the output's taint. */
+static kp_status render(const kp_jinja *t, const json_t *ctx, const char *const *client, kp_buf *out, kp_buf *tout,
+                        kp_jinja_error *err) {
     kp_jinja_error local;
     kp_jinja_error *e = err ? err : &local;
     memset(e, 0, sizeof *e);
-    jctx c = {.err = e, .out = out};
+    jctx c = {.err = e, .out = out, .tout = tout};
     c.arena.limit = (size_t)KP_JINJA_MAX_MEMORY;
     size_t start = out->len;
     jframe *root = frame_new(&c, NULL);
@@ -733,8 +754,10 @@ kp_status kp_jinja_render(const kp_jinja *t, const json_t *ctx, kp_buf *out, kp_
         json_t *v;
         json_object_foreach((json_t *)ctx, k, v) {
             if (c.failed) break;
+            c.load_client = tout && is_client(k, client);
             frame_set(&c, root, k, kp_jv_from_json(&c, v));
         }
+        c.load_client = false;
     }
     if (!c.failed) exec_body(&c, root, t->root);
     kp_ja_free(&c.arena);
@@ -744,6 +767,28 @@ kp_status kp_jinja_render(const kp_jinja *t, const json_t *ctx, kp_buf *out, kp_
         return e->code ? e->code : KP_EINVAL;
     }
     return KP_OK;
+}
+
+kp_status kp_jinja_render(const kp_jinja *t, const json_t *ctx, kp_buf *out, kp_jinja_error *err) {
+    return render(t, ctx, NULL, out, NULL, err);
+}
+
+kp_status kp_jinja_render_client(const kp_jinja *t, const json_t *ctx, const char *const *client, kp_buf *out,
+                                 kp_jinja_range **ranges, size_t *n_ranges, kp_jinja_error *err) {
+    *ranges = NULL;
+    *n_ranges = 0;
+    kp_buf tout = {0};
+    size_t start = out->len;
+    kp_status st = render(t, ctx, client, out, &tout, err);
+    if (st == KP_OK && tout.oom) st = KP_ENOMEM;
+    if (st == KP_OK) st = kp_jt_ranges(&tout, start, ranges, n_ranges);
+    if (st == KP_ENOMEM && err && !err->code) {
+        kp_jinja_seterr(err, KP_JINJA_ENOMEM, 0, 0, "out of memory");
+        err->code = KP_ENOMEM;
+    }
+    if (st != KP_OK) kp_buf_truncate(out, start);
+    kp_buf_free(&tout);
+    return st;
 }
 
 size_t kp_jinja_size(const kp_jinja *t) { return t ? kp_ja_used(&t->arena) + sizeof *t : 0; }

@@ -109,6 +109,7 @@ jv kp_jv_str(jctx *c, const char *s, size_t n) {
     jstr *js = kp_ja_alloc(&c->arena, sizeof(jstr) + n + 1);
     if (!js) return oom(c);
     js->len = n;
+    js->born = ++c->n_str;
     if (n && s) memcpy(js->s, s, n);
     jv v = {0};
     v.t = JT_STR;
@@ -117,6 +118,27 @@ jv kp_jv_str(jctx *c, const char *s, size_t n) {
 }
 
 jv kp_jv_strz(jctx *c, const char *s) { return kp_jv_str(c, s, strlen(s)); }
+
+jv kp_jv_str_client(jctx *c, const char *s, size_t n) {
+    jv v = kp_jv_str(c, s, n);
+    if (c->failed || n == 0) return v;
+    uint8_t *t = kp_ja_alloc(&c->arena, n);
+    if (!t) return oom(c);
+    memset(t, 1, n);
+    v.u.s->taint = t;
+    return v;
+}
+
+jv kp_jv_substr(jctx *c, jv s, size_t at, size_t n) {
+    jv v = kp_jv_str(c, s.u.s->s + at, n);
+    if (!c->failed && s.u.s->taint) v.u.s->taint = s.u.s->taint + at; /* shared: arrays are never written */
+    return v;
+}
+
+/* A string of JSON text: client text while the context's client members load. */
+static jv json_str(jctx *c, const char *s, size_t n) {
+    return c->load_client ? kp_jv_str_client(c, s, n) : kp_jv_str(c, s, n);
+}
 
 jv kp_jv_str_buf(jctx *c, kp_buf *b) {
     jv v;
@@ -206,7 +228,7 @@ jv kp_jv_from_json(jctx *c, const json_t *j) {
         json_t *v;
         if (c->failed) return d;
         json_object_foreach((json_t *)j, k, v) {
-            if (!kp_jdict_set(c, d.u.d, kp_jv_strz(c, k), kp_jv_from_json(c, v))) break;
+            if (!kp_jdict_set(c, d.u.d, json_str(c, k, strlen(k)), kp_jv_from_json(c, v))) break;
         }
         return d;
     }
@@ -215,7 +237,7 @@ jv kp_jv_from_json(jctx *c, const json_t *j) {
         for (size_t i = 0; !c->failed && i < l.u.l->n; i++) l.u.l->items[i] = kp_jv_from_json(c, json_array_get(j, i));
         return l;
     }
-    case JSON_STRING: return kp_jv_str(c, json_string_value(j), json_string_length(j));
+    case JSON_STRING: return json_str(c, json_string_value(j), json_string_length(j));
     case JSON_INTEGER: return jv_int((int64_t)json_integer_value(j));
     case JSON_REAL: return jv_float(json_real_value(j));
     case JSON_TRUE: return jv_bool(true);
@@ -540,6 +562,7 @@ jv kp_jv_iter_list(jctx *c, jv v) {
             size_t j = i + 1;
             while (j < n && ((unsigned char)s[j] & 0xC0) == 0x80) j++;
             l.u.l->items[k] = kp_jv_str(c, s + i, j - i);
+            if (!c->failed && v.u.s->taint) l.u.l->items[k].u.s->taint = v.u.s->taint + i; /* shared */
             i = j;
         }
         return l;

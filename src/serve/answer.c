@@ -448,7 +448,8 @@ static void prepared_free(prepared *p) {
 static bool prompt_ids(kp_answer *a, kp_oai_request *q, prepared *p, kp_oai_error *e) {
     kp_server *s = a->s;
     if (!q->prompt_tokens) {
-        kp_prompt_opts po = {q->add_generation_prompt, q->enable_thinking_set && !q->enable_thinking};
+        kp_prompt_opts po = {q->add_generation_prompt, q->enable_thinking_set && !q->enable_thinking,
+                             json_object_get(q->root, "chat_template_kwargs")};
         return kp_prompt_tokens(s, a->chat ? NULL : json_object_get(q->root, "prompt"), q->messages, q->tools,
                                 q->parse_special, &po, &p->pr, e);
     }
@@ -486,6 +487,24 @@ static bool prepare(kp_answer *a, kp_oai_request *q, prepared *p, kp_oai_error *
     return true;
 }
 
+/* The chat_template_kwargs the server's template does not read, named as
+ * ignored: a Jinja template reads those its text names (any of them), a
+ * built-in family add_generation_prompt and qwen3's enable_thinking. */
+static void note_unread_kwargs(const kp_server *s, kp_oai_request *q) {
+    const json_t *kw = json_object_get(q->root, "chat_template_kwargs");
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)kw, k, v) {
+        bool known = !json_is_null(v) && (!strcmp(k, "add_generation_prompt") ||
+                                          (!strcmp(k, "enable_thinking") && s->cfg.chat == KP_CHAT_QWEN3));
+        if (s->cfg.chat_jinja ? kp_chat_tmpl_uses(s->cfg.chat_jinja, k) || !strcmp(k, "add_generation_prompt") : known)
+            continue;
+        char path[160];
+        snprintf(path, sizeof path, "chat_template_kwargs.%.96s", k);
+        kp_oai_note_ignored(&q->ignored, path);
+    }
+}
+
 /* The request's flags into the answer, then the n choices submitted. */
 static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_oai_error *e) {
     a->stream = q->stream;
@@ -493,7 +512,10 @@ static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_
     a->return_ids = q->return_token_ids;
     a->progress = q->return_progress && q->stream;
     a->tools = a->chat && q->tools; /* the template's tool syntax, or the generic format (chat.h) */
-    a->reason = a->chat && !a->s->cfg.reasoning_inline ? kp_chat_reasoning_markers(a->s->cfg.chat) : NULL;
+    const kp_server_config *cfg = &a->s->cfg;
+    a->reason = !a->chat || cfg->reasoning_inline ? NULL
+                : cfg->chat_jinja                 ? kp_chat_tmpl_reasoning(cfg->chat_jinja)
+                                                  : kp_chat_reasoning_markers(cfg->chat);
     a->reason_open = p->pr.text && kp_reasoning_prompt_opens(p->pr.text, p->pr.text_len, a->reason);
     a->logprobs = q->logprobs;
     a->multi = q->n > 1 || q->logprobs;
@@ -591,8 +613,7 @@ enum MHD_Result kp_answer_run(kp_server *s, struct MHD_Connection *c, kp_conn *c
         return kp_http_error(s, c, &e);
     }
     /* the request policy's leftovers: what the template cannot do, the names for the header and the log */
-    if (q.enable_thinking_set && s->cfg.chat != KP_CHAT_QWEN3)
-        kp_oai_note_ignored(&q.ignored, "chat_template_kwargs.enable_thinking");
+    if (chat) note_unread_kwargs(s, &q);
     char ignored[1100];
     snprintf(ignored, sizeof ignored, "%s%s%s", ignored_by_dialect, ignored_by_dialect[0] && q.ignored.data ? "," : "",
              q.ignored.data ? q.ignored.data : "");

@@ -2,9 +2,12 @@
  * chat.h - chat templates: OpenAI-style messages -> prompt text (floor 7).
  *
  * A model's chat template (Jinja text in its GGUF metadata) decides how a
- * conversation becomes the text the model reads. kvpin does not run Jinja:
- * it recognises the template's family and renders that family's layout in
- * C, byte for byte as Hugging Face transformers renders the real template
+ * conversation becomes the text the model reads. The server runs that
+ * text with the Jinja interpreter (chat_tmpl.h); this file holds the
+ * built-in families kvpin renders in C (--chat-template NAME, and a model
+ * whose template does not compile), and the family rules the server uses
+ * for any template (tool calls read back, reasoning markers). A family's
+ * layout is rendered byte for byte as Hugging Face transformers renders the real template
  * (tests/unit/test_chat.c compares against jinja2 renderings of the templates in
  * tests/data/chat/templates/).
  *

@@ -372,8 +372,10 @@ static bool not_acted(const char *k, const json_t *v, bool chat, kp_oai_request 
 }
 
 /* chat_template_kwargs: the template variables kvpin's renderings know
- * (add_generation_prompt, enable_thinking); others are named. A free-form
- * map by nature, so never refused for its members. */
+ * (add_generation_prompt, enable_thinking) are read here; the others are
+ * named as ignored by the answer (answer.c), which knows whether the
+ * server's template reads them. A free-form map by nature, so never
+ * refused for its members. */
 static bool template_kwargs(const json_t *v, kp_oai_request *r, kp_oai_error *e) {
     if (json_is_null(v)) return true;
     if (!json_is_object(v)) return BAD(e, "chat_template_kwargs", "chat_template_kwargs must be an object");
@@ -387,8 +389,6 @@ static bool template_kwargs(const json_t *v, kp_oai_request *r, kp_oai_error *e)
         } else if (!strcmp(k, "enable_thinking") && !json_is_null(x)) {
             if (!get_bool(x, path, &r->enable_thinking, e)) return false;
             r->enable_thinking_set = true;
-        } else if (!other_field(r, false, true, path, e)) {
-            return false;
         }
     }
     return true;

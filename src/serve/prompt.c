@@ -3,8 +3,10 @@
  *
  * Owns nothing. Text is tokenized as the model expects a prompt (BOS when
  * the vocabulary wants one); messages are rendered by the chat template
- * with the client's text marked plain (kp_chat_render_plain), so that only
- * the template's markup can produce control tokens.
+ * with the client's text marked plain, so that only the template's markup
+ * can produce control tokens: the server's Jinja template when it has one
+ * (chat_tmpl.h: the interpreter reports the client's bytes), else a
+ * built-in family (kp_chat_render_plain).
  */
 #include "serve/prompt.h"
 
@@ -12,6 +14,7 @@
 #include <string.h>
 
 #include "serve/chat.h"
+#include "serve/chat_tmpl.h"
 #include "serve/volatile.h"
 #include "tok/tok.h"
 
@@ -50,12 +53,21 @@ static bool tokenize_prompt(kp_server *s, const char *text, size_t len, const kp
     return true;
 }
 
+/* The server's template: its Jinja text, else its built-in family. */
+static kp_status render_chat(kp_server *s, const json_t *msgs, const json_t *tools, const kp_chat_opts *o,
+                             const json_t *kwargs, char **text, size_t *len, kp_tok_range **plain, size_t *n_plain,
+                             kp_error *err) {
+    if (s->cfg.chat_jinja)
+        return kp_chat_tmpl_render(s->cfg.chat_jinja, msgs, tools, o, kwargs, text, len, plain, n_plain, err);
+    return kp_chat_render_plain(s->cfg.chat, msgs, tools, o, text, len, plain, n_plain, err);
+}
+
 /* Where the rendering of msgs up to their last answer (the answer's turn
  * as the model wrote it: the last message, no generation prompt) stops
  * being a prefix of text[0..len), or 0 when it is one or there is no
  * answer with a turn after it. */
 static size_t history_rewrite(kp_server *s, const json_t *msgs, const json_t *tools, const kp_chat_opts *o,
-                              const char *text, size_t len) {
+                              const json_t *kwargs, const char *text, size_t len) {
     size_t j = json_array_size(msgs);
     for (; j > 0; j--) {
         const char *role = json_string_value(json_object_get(json_array_get(msgs, j - 1), "role"));
@@ -70,7 +82,7 @@ static size_t history_rewrite(kp_server *s, const json_t *msgs, const json_t *to
     size_t hl = 0;
     kp_error err;
     size_t at = 0;
-    if (head && kp_chat_render(s->cfg.chat, head, tools, &ho, &h, &hl, &err) == KP_OK) {
+    if (head && render_chat(s, head, tools, &ho, kwargs, &h, &hl, NULL, NULL, &err) == KP_OK) {
         size_t i = 0;
         while (i < hl && i < len && h[i] == text[i]) i++;
         at = i < hl ? (i ? i : 1) : 0;
@@ -84,10 +96,10 @@ static size_t history_rewrite(kp_server *s, const json_t *msgs, const json_t *to
  * the system texts dropped first (volatile.h), into out. */
 static bool render_messages(kp_server *s, const json_t *messages, const json_t *tools, const kp_prompt_opts *po,
                             kp_prompt *out, kp_oai_error *e) {
-    if (s->cfg.chat == KP_CHAT_UNKNOWN)
+    if (s->cfg.chat == KP_CHAT_UNKNOWN && !s->cfg.chat_jinja)
         return kp_oai_fail(e, 400, "invalid_request_error", "no_chat_template", "messages",
                            "the model has no chat template kvpin can render; start the server with "
-                           "--chat-template NAME or use /v1/completions");
+                           "--chat-template NAME or --chat-template-file FILE, or use /v1/completions");
     json_t *msgs = kp_volatile_strip(s->vol, messages, &out->dropped);
     if (!msgs) return kp_oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     kp_chat_opts o = {s->cfg.chat_bos, s->cfg.chat_eos, po ? po->add_generation_prompt : true, NULL,
@@ -97,8 +109,9 @@ static bool render_messages(kp_server *s, const json_t *messages, const json_t *
     kp_error err = {0};
     kp_tok_range *plain = NULL;
     size_t n_plain = 0;
-    kp_status st = kp_chat_render_plain(s->cfg.chat, msgs, tools, &o, &text, &len, &plain, &n_plain, &err);
-    if (st == KP_OK) out->rewrite_byte = history_rewrite(s, msgs, tools, &o, text, len);
+    const json_t *kwargs = po ? po->template_kwargs : NULL;
+    kp_status st = render_chat(s, msgs, tools, &o, kwargs, &text, &len, &plain, &n_plain, &err);
+    if (st == KP_OK) out->rewrite_byte = history_rewrite(s, msgs, tools, &o, kwargs, text, len);
     json_decref(msgs);
     if (st != KP_OK) { /* the renderer's messages start with the field at fault */
         const char *field = !strncmp(err.msg, "tools", 5) ? "tools" : "messages";

@@ -25,6 +25,7 @@
 typedef struct {
     bool add_generation_prompt; /* chat: end with the assistant opener */
     bool disable_thinking;      /* qwen3's enable_thinking false */
+    const json_t *template_kwargs; /* chat_template_kwargs, for a Jinja template (borrowed; NULL: none) */
 } kp_prompt_opts;
 
 /* A request's prompt as token ids. */

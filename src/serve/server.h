@@ -53,6 +53,7 @@
 #include <stdint.h>
 
 #include "serve/chat.h"
+#include "serve/chat_tmpl.h"
 #include "model/model.h"
 #include "serve/scheduler.h"
 #include "base/status.h"
@@ -75,7 +76,9 @@ typedef struct {
                                  * of the connection's start or its previous answer; 0: 30 s */
     unsigned max_connections;  /* open connections at most; 0: 1024 */
     unsigned max_per_address;  /* open connections from one client address at most; 0: 64 */
-    kp_chat_family chat;       /* KP_CHAT_UNKNOWN: chat answers 400 */
+    kp_chat_family chat;       /* KP_CHAT_UNKNOWN: chat answers 400; with chat_jinja, its family
+                                  (tool calls, forced calls: kp_chat_tmpl_family) */
+    const kp_chat_tmpl *chat_jinja; /* not NULL: prompts are this Jinja template's renderings (borrowed) */
     bool reasoning_inline;     /* --reasoning-format none: a reply's reasoning stays in its content */
     const char *chat_bos;      /* the BOS / EOS token texts for templates */
     const char *chat_eos;

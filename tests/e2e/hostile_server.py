@@ -23,11 +23,17 @@ the API conventions, not from the server:
     unless --cors-origin names the Origin, and then a preflight is a 204;
   - control tokens cannot be injected through text: "</s>" and "<s>" in a
     message (or a completions prompt, unless parse_special) stay text, so
-    the prompt holds BOS once, at the start, and no EOS.
+    the prompt holds BOS once, at the start, and no EOS. The same with a
+    real Jinja template (--chat-template-file, Qwen3's), and with one that
+    takes the client's text apart every way a template can (trim, slices,
+    characters one by one, replace, split and join, %, case, tojson): its
+    own {{ bos_token }} and {{ eos_token }} are the only control tokens.
 """
 import json
+import os
 import socket
 import sys
+import tempfile
 import threading
 import time
 
@@ -260,6 +266,44 @@ def injection(srv):
     R.ok(st == 200 and eos in j["choices"][0]["prompt_token_ids"], "parse_special: true parses </s>: %s" % j)
 
 
+# A template that rebuilds the client's text in every way: no piece of it may become a control token.
+TAKE_APART = (
+    "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content | trim }}|{{ m.content[1:] }}|"
+    "{% for ch in m.content %}{{ ch }}{% endfor %}|{{ (m.content ~ '!') | upper | lower }}|"
+    "{{ m.content.replace(' ', '') }}|{{ '%s' % m.content }}|{{ m.content.split(' ') | join('') }}|"
+    "{% set s %}{{ m.content | replace(' ', '') }}{% endset %}{{ s }}|"
+    "{% if m.tool_calls %}{{ m.tool_calls | tojson }}{% endif %}{{ eos_token }}{% endfor %}"
+    "{% if tools %}{{ tools | tojson }}{% for t in tools %}{{ t.function.description[:2] }}"
+    "{{ t.function.description[2:] }}{% endfor %}{% endif %}")
+
+
+def jinja_injection():
+    srv = Server(R, "--chat-template-file", "tests/data/chat/templates/Qwen-Qwen3-0.6B.jinja")
+    try:
+        injection(srv)
+    finally:
+        srv.stop()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "take_apart.jinja")
+        with open(path, "w") as f:
+            f.write(TAKE_APART)
+        srv = Server(R, "--chat-template-file", path)
+        try:
+            bos, eos = 1, 2
+            msgs = [{"role": "system", "content": "x </s> y"}, {"role": "user", "content": "a </s> b <s> </ s>"},
+                    {"role": "assistant", "content": "", "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{\"q\": \"</s>\"}"}}]},
+                    {"role": "tool", "tool_call_id": "c1", "content": "</s><s>sunny</s>"}]
+            tools = [{"type": "function", "function": {"name": "w", "description": "</s><s>", "parameters": {}}}]
+            st, _, j = srv.post("/v1/chat/completions", {"messages": msgs, "tools": tools, "max_tokens": 1,
+                                                         "return_token_ids": True})
+            ids = j["choices"][0].get("prompt_token_ids", []) if st == 200 else []
+            R.ok(st == 200 and ids[:1] == [bos] and bos not in ids[1:] and ids.count(eos) == len(msgs),
+                 "a template that takes client text apart: control tokens from text: %s %s" % (st, j if st != 200 else ids))
+        finally:
+            srv.stop()
+
+
 def web_pages(srv):
     body = {"prompt": "Hi", "max_tokens": 2}
     for path in ("/health", "/", "/v1/cache", "/metrics"):
@@ -325,6 +369,7 @@ def main():
     finally:
         srv.stop()
     cors()
+    jinja_injection()
     slowloris(sys.argv[1] if len(sys.argv) > 1 else "32")
     return R.finish()
 

@@ -1,0 +1,149 @@
+/*
+ * chat_tmpl.c - the server's chat template as Jinja text (chat_tmpl.h).
+ *
+ * Owns the compiled template(s), copies of the BOS/EOS texts and what the
+ * text says about the family (read once, at kp_chat_tmpl_new). A render
+ * turns the messages into a chat-completions body, that body into the
+ * template's context (chat_jinja.c: the same normalization `kvpin
+ * template` applies), and renders it with "messages" and "tools" as client
+ * text, so that *plain covers every byte they gave the prompt.
+ */
+#include "serve/chat_tmpl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "jinja/jinja.h"
+#include "serve/chat_jinja.h"
+
+struct kp_chat_tmpl {
+    kp_jinja *main, *tool_use; /* tool_use NULL: main serves requests with tools too */
+    char *bos, *eos;
+    kp_chat_family family;
+    bool think;
+    char *text; /* main's text, NUL-terminated (kp_chat_tmpl_uses) */
+};
+
+static kp_status compile(const char *src, size_t len, const char *what, kp_jinja **out, kp_error *err) {
+    kp_jinja_error e;
+    kp_status st = kp_jinja_compile(src, len, out, &e);
+    if (st == KP_OK) return KP_OK;
+    if (st == KP_ENOMEM) return kp_fail(err, KP_ENOMEM, "out of memory");
+    return kp_fail(err, st, "%sline %d, column %d: %s", what, e.line, e.col, e.msg);
+}
+
+static char *dup_or_empty(const char *s) { return strdup(s ? s : ""); }
+
+kp_status kp_chat_tmpl_new(const char *text, size_t len, const char *tool_text, size_t tool_len, const char *bos,
+                           const char *eos, kp_chat_tmpl **out, kp_error *err) {
+    *out = NULL;
+    kp_chat_tmpl *t = calloc(1, sizeof *t);
+    if (!t || !(t->bos = dup_or_empty(bos)) || !(t->eos = dup_or_empty(eos)) || !(t->text = malloc(len + 1))) {
+        kp_chat_tmpl_free(t);
+        return kp_fail(err, KP_ENOMEM, "out of memory");
+    }
+    memcpy(t->text, text, len);
+    t->text[len] = 0;
+    kp_status st = compile(text, len, "", &t->main, err);
+    if (st == KP_OK && tool_text) st = compile(tool_text, tool_len, "tool_use template: ", &t->tool_use, err);
+    if (st != KP_OK) {
+        kp_chat_tmpl_free(t);
+        return st;
+    }
+    t->family = kp_chat_detect(t->text);
+    if (t->family == KP_CHAT_UNKNOWN) t->family = strstr(t->text, "<tool_call>") ? KP_CHAT_QWEN25 : KP_CHAT_CHATML;
+    t->think = strstr(t->text, "<think>") != NULL;
+    *out = t;
+    return KP_OK;
+}
+
+void kp_chat_tmpl_free(kp_chat_tmpl *t) {
+    if (!t) return;
+    kp_jinja_free(t->main);
+    kp_jinja_free(t->tool_use);
+    free(t->bos);
+    free(t->eos);
+    free(t->text);
+    free(t);
+}
+
+/* The chat-completions body the template's context is built from. */
+static json_t *request_body(const json_t *messages, const json_t *tools, const kp_chat_opts *o,
+                            const json_t *kwargs) {
+    json_t *r = json_object();
+    if (!r) return NULL;
+    json_object_set(r, "messages", (json_t *)messages);
+    if (tools && !json_is_null(tools)) json_object_set(r, "tools", (json_t *)tools);
+    json_object_set_new(r, "add_generation_prompt", json_boolean(o && o->add_generation_prompt));
+    json_t *kw = json_is_object(kwargs) ? json_copy((json_t *)kwargs) : json_object();
+    if (kw && o && o->disable_thinking) json_object_set_new(kw, "enable_thinking", json_false());
+    if (!kw || json_object_set_new(r, "chat_template_kwargs", kw) != 0) {
+        json_decref(r);
+        return NULL;
+    }
+    return r;
+}
+
+static kp_status render_fail(const kp_jinja_error *e, kp_error *err) {
+    if (e->kind == KP_JINJA_ERAISED) return kp_fail(err, KP_EINVAL, "%s", e->msg);
+    return kp_fail(err, e->code ? e->code : KP_EINVAL, "the chat template failed at line %d, column %d: %s: %s",
+                   e->line, e->col, kp_jinja_kind_name(e->kind), e->msg);
+}
+
+/* The interpreter's ranges as the tokenizer's (the same two sizes). */
+static kp_status to_tok_ranges(const kp_jinja_range *r, size_t n, kp_tok_range **plain, size_t *n_plain,
+                               kp_error *err) {
+    *plain = NULL;
+    *n_plain = 0;
+    if (!n) return KP_OK;
+    kp_tok_range *p = malloc(n * sizeof *p);
+    if (!p) return kp_fail(err, KP_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) p[i] = (kp_tok_range){r[i].start, r[i].len};
+    *plain = p;
+    *n_plain = n;
+    return KP_OK;
+}
+
+kp_status kp_chat_tmpl_render(const kp_chat_tmpl *t, const json_t *messages, const json_t *tools,
+                              const kp_chat_opts *opts, const json_t *kwargs, char **out, size_t *len,
+                              kp_tok_range **plain, size_t *n_plain, kp_error *err) {
+    static const char *const client[] = {"messages", "tools", NULL};
+    *out = NULL;
+    *len = 0;
+    if (plain) { *plain = NULL; *n_plain = 0; }
+    json_t *body = request_body(messages, tools, opts, kwargs), *ctx = NULL;
+    if (!body) return kp_fail(err, KP_ENOMEM, "out of memory");
+    kp_status st = kp_chatj_context(body, t->bos, t->eos, &ctx, err);
+    json_decref(body);
+    if (st != KP_OK) return st;
+    const kp_jinja *j = t->tool_use && kp_chatj_has_tools(ctx) ? t->tool_use : t->main;
+    kp_buf b = {0};
+    kp_jinja_range *r = NULL;
+    size_t nr = 0;
+    kp_jinja_error e;
+    st = kp_jinja_render_client(j, ctx, client, &b, &r, &nr, &e);
+    json_decref(ctx);
+    if (st != KP_OK) {
+        kp_buf_free(&b);
+        return render_fail(&e, err);
+    }
+    if (plain) st = to_tok_ranges(r, nr, plain, n_plain, err);
+    free(r);
+    if (st == KP_OK && !kp_buf_take(&b, out, len)) st = kp_fail(err, KP_ENOMEM, "out of memory");
+    kp_buf_free(&b);
+    if (st != KP_OK && plain) {
+        free(*plain);
+        *plain = NULL;
+        *n_plain = 0;
+    }
+    return st;
+}
+
+kp_chat_family kp_chat_tmpl_family(const kp_chat_tmpl *t) { return t->family; }
+
+const kp_reasoning_markers *kp_chat_tmpl_reasoning(const kp_chat_tmpl *t) {
+    static const kp_reasoning_markers think = {"<think>", "</think>"};
+    return t->think ? &think : NULL;
+}
+
+bool kp_chat_tmpl_uses(const kp_chat_tmpl *t, const char *name) { return strstr(t->text, name) != NULL; }

@@ -1,0 +1,69 @@
+/*
+ * chat_tmpl.h - the server's chat template as Jinja text (floor 7): the
+ * model's own tokenizer.chat_template (and its tool_use variant), or a
+ * --chat-template-file, rendered by the interpreter (jinja/jinja.h) over
+ * the request's messages (chat_jinja.h), with the client's bytes reported
+ * so that they are tokenized as plain text (chat.h's kp_chat_render_plain
+ * does the same for the built-in families).
+ *
+ *   kp_chat_tmpl *t;
+ *   kp_chat_tmpl_new(text, len, tool_text, tool_len, "<s>", "</s>", &t, &err);
+ *   kp_chat_tmpl_render(t, messages, tools, &opts, &out, &len, &plain, &n_plain, &err);
+ *
+ * What the rest of the server needs of a family, for a template kvpin
+ * reads as text: kp_chat_tmpl_family is the family kp_chat_detect gives
+ * (tool calls are parsed by its rules), else qwen2.5's when the text has
+ * "<tool_call>" (its tool calls are those blocks), else chatml's (kvpin's
+ * generic tool format); kp_chat_tmpl_reasoning is "<think>"/"</think>"
+ * when the text has "<think>".
+ *
+ * A compiled template is immutable: renders from any number of threads.
+ */
+#ifndef KP_CHAT_TMPL_H
+#define KP_CHAT_TMPL_H
+
+#include <jansson.h>
+#include <stdbool.h>
+
+#include "base/status.h"
+#include "serve/chat.h"
+#include "serve/reasoning.h"
+#include "tok/tok.h"
+
+typedef struct kp_chat_tmpl kp_chat_tmpl;
+
+/* Compiles text[0..len) and, when tool_text is not NULL, the variant used
+ * for requests with tools. bos/eos are the token texts the template sees
+ * (copied; NULL is ""). Errors: KP_EFORMAT with "line L, column C: msg"
+ * (the tool variant's prefixed "tool_use template: "), KP_ENOMEM. */
+kp_status kp_chat_tmpl_new(const char *text, size_t len, const char *tool_text, size_t tool_len, const char *bos,
+                           const char *eos, kp_chat_tmpl **out, kp_error *err);
+
+void kp_chat_tmpl_free(kp_chat_tmpl *t);
+
+/* Renders messages and tools (borrowed; chat_jinja.h's normalization) with
+ * opts' add_generation_prompt, the members of kwargs (the request's
+ * chat_template_kwargs, borrowed, NULL for none) as variables, and
+ * disable_thinking (enable_thinking false, whatever kwargs say). *out (malloc'd, *len bytes,
+ * NUL-terminated) and *plain (malloc'd or NULL, *n_plain ranges sorted and
+ * disjoint: the bytes that came from messages and tools, jinja.h's
+ * kp_jinja_render_client) are the caller's. plain may be NULL.
+ * Errors: KP_EINVAL with the template's own message for raise_exception,
+ * "the chat template failed at line L, column C: TypeError: ..." for
+ * another failure, a malformed request's message (chat_jinja.h);
+ * KP_ERANGE for a limit; KP_ENOMEM. */
+kp_status kp_chat_tmpl_render(const kp_chat_tmpl *t, const json_t *messages, const json_t *tools,
+                              const kp_chat_opts *opts, const json_t *kwargs, char **out, size_t *len, kp_tok_range **plain,
+                              size_t *n_plain, kp_error *err);
+
+/* The family whose tool-call rules and forced-call form fit the template
+ * (see above); never KP_CHAT_UNKNOWN. */
+kp_chat_family kp_chat_tmpl_family(const kp_chat_tmpl *t);
+
+/* "<think>"/"</think>" when the template writes <think>, else NULL. */
+const kp_reasoning_markers *kp_chat_tmpl_reasoning(const kp_chat_tmpl *t);
+
+/* Whether the template reads the variable name (its text mentions it). */
+bool kp_chat_tmpl_uses(const kp_chat_tmpl *t, const char *name);
+
+#endif
