@@ -259,7 +259,10 @@ static bool split_reasoning(kp_answer *a, uint32_t i, bool final) {
     kp_choice *ch = &a->ch[i];
     if (!a->reason) return true;
     kp_reasoning_split r;
-    kp_reasoning_scan(ch->text.data ? ch->text.data : "", ch->text.len, a->reason, a->reason_open, final, &r);
+    kp_reasoning_scan(ch->text.data ? ch->text.data : "", ch->text.len, a->reason, a->reason_open, final,
+                      ch->split_any ? &ch->split : NULL, &r);
+    ch->split = r;
+    ch->split_any = r.state != KP_REASONING_UNDECIDED;
     if (r.state == KP_REASONING_OPEN || r.state == KP_REASONING_CLOSED) {
         ch->reason_from = r.reason_from;
         ch->reason_to = r.reason_to;

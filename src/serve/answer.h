@@ -60,6 +60,8 @@ typedef struct {
     size_t reason_from, reason_to; /* text[reason_from..reason_to) is the reasoning
                                       (reasoning.h; equal: none) */
     size_t reason_released; /* streaming: reasoning handed to d->reasoning up to here */
+    kp_reasoning_split split; /* the last split of text (reasoning.h), resumed by the next */
+    bool split_any;           /* split holds one */
     const char *finish; /* the finish reason reported: "stop", "length", "tool_calls" */
     bool cap_end;       /* --max-tokens-cap ended it (reported as a stop: the turn is over) */
 } kp_choice;

@@ -1,11 +1,12 @@
 /*
  * reasoning.c - a reply's reasoning, split from its content (reasoning.h).
  *
- * One pass over the text, no state kept between calls: skip whitespace,
- * match the opening marker (or a prefix of it, which holds everything),
- * skip whitespace, search the closing marker; without it the end of the
- * text is held back as far as it could still be the start of the marker
- * or whitespace before it.
+ * One pass over the text: skip whitespace, match the opening marker (or a
+ * prefix of it, which holds everything), skip whitespace, search the
+ * closing marker; without it the end of the text is held back as far as it
+ * could still be the start of the marker or whitespace before it. Given
+ * the answer for a shorter prefix, a decided split is kept and the search
+ * resumes where it stopped, so a stream's scans cost its length once.
  */
 #include "serve/reasoning.h"
 
@@ -40,7 +41,12 @@ static size_t find(const char *t, size_t from, size_t len, const char *mark) {
 }
 
 void kp_reasoning_scan(const char *text, size_t len, const kp_reasoning_markers *m, bool starts_open, bool final,
-                       kp_reasoning_split *out) {
+                       const kp_reasoning_split *prev, kp_reasoning_split *out) {
+    if (prev && (prev->state == KP_REASONING_CLOSED || prev->state == KP_REASONING_NONE)) {
+        *out = *prev; /* decided: only where the content starts can still move (whitespace) */
+        if (out->state == KP_REASONING_CLOSED) out->content_from = skip_space(text, prev->close_end, len);
+        return;
+    }
     memset(out, 0, sizeof *out);
     out->state = KP_REASONING_NONE;
     if (!m || !m->open || !m->close || !*m->open || !*m->close) return;
@@ -58,10 +64,14 @@ void kp_reasoning_scan(const char *text, size_t len, const kp_reasoning_markers 
         }
     }
     size_t from = skip_space(text, i, len);
-    size_t close = find(text, from, len, m->close);
+    size_t start = prev && prev->state == KP_REASONING_OPEN && prev->searched > from ? prev->searched : from;
+    size_t close = find(text, start, len, m->close);
     out->reason_from = from;
     if (close == len) {
         out->state = KP_REASONING_OPEN;
+        size_t cl = strlen(m->close);
+        out->searched = len >= cl ? len - cl + 1 : 0; /* a marker may end past len */
+        if (out->searched < from) out->searched = from;
         out->reason_to = final ? held_tail(text, from, len, " ") : held_tail(text, from, len, m->close);
         if (out->reason_to < from) out->reason_to = from;
         out->content_from = len;
@@ -71,7 +81,8 @@ void kp_reasoning_scan(const char *text, size_t len, const kp_reasoning_markers 
     while (to > from && is_space(text[to - 1])) to--;
     out->state = KP_REASONING_CLOSED;
     out->reason_to = to;
-    size_t c = skip_space(text, close + strlen(m->close), len);
+    out->close_end = close + strlen(m->close);
+    size_t c = skip_space(text, out->close_end, len);
     out->content_from = c < len || final ? c : len;
 }
 

@@ -53,14 +53,19 @@ typedef struct {
     size_t reason_from; /* the reasoning is text[reason_from..reason_to) */
     size_t reason_to;   /* OPEN, not final: the part that is safe (safe_to) */
     size_t content_from; /* the content starts here (len while held) */
+    size_t close_end;    /* CLOSED: where the closing marker ends */
+    size_t searched;     /* OPEN: no closing marker starts before this */
 } kp_reasoning_split;
 
 /* Splits text[0..len). starts_open: the prompt opened the reasoning (see
  * kp_reasoning_prompt_opens). final: the reply is complete (nothing is
  * held back any more). m NULL: no reasoning markers, the whole text is
- * content. */
+ * content. prev (may be NULL): this function's answer for a shorter
+ * prefix of the same text, so that a stream does not scan its text again
+ * at every token (a decided split is kept, the search for the closing
+ * marker goes on where it stopped); the answer is the same as without it. */
 void kp_reasoning_scan(const char *text, size_t len, const kp_reasoning_markers *m, bool starts_open, bool final,
-                       kp_reasoning_split *out);
+                       const kp_reasoning_split *prev, kp_reasoning_split *out);
 
 /* Whether a rendered prompt ends inside the reasoning: its last non-space
  * text is the opening marker (a template that writes "<think>\n" in its

@@ -8,7 +8,9 @@
  * around them), one case per rule of reasoning.h. And for every case, the
  * property a stream relies on: scanned at every prefix of the text, what
  * a prefix marks as reasoning is a prefix of the final reasoning, and what
- * it marks as content (once not held) is a prefix of the final content.
+ * it marks as content (once not held) is a prefix of the final content,
+ * and a scan resumed from the previous prefix's answer gives the answer a
+ * fresh scan gives.
  */
 #include <stdbool.h>
 #include <string.h>
@@ -51,7 +53,7 @@ static void test_final_splits(void) {
         const split_case *c = &CASES[k];
         size_t len = strlen(c->text);
         kp_reasoning_split r;
-        kp_reasoning_scan(c->text, len, &THINK, c->starts_open, true, &r);
+        kp_reasoning_scan(c->text, len, &THINK, c->starts_open, true, NULL, &r);
         bool has = r.state == KP_REASONING_OPEN || r.state == KP_REASONING_CLOSED;
         CHECK_MSG(has == (c->reasoning != NULL), "case %zu: state %d", k, (int)r.state);
         if (c->reasoning && has)
@@ -68,13 +70,22 @@ static void test_prefixes_never_retract(void) {
         const split_case *c = &CASES[k];
         size_t len = strlen(c->text);
         kp_reasoning_split f;
-        kp_reasoning_scan(c->text, len, &THINK, c->starts_open, true, &f);
+        kp_reasoning_scan(c->text, len, &THINK, c->starts_open, true, NULL, &f);
         const char *fr = c->text + f.reason_from, *fc = c->text + f.content_from;
         size_t frl = f.reason_to - f.reason_from, fcl = len - f.content_from;
         bool final_has = f.state == KP_REASONING_OPEN || f.state == KP_REASONING_CLOSED;
+        kp_reasoning_split prev;
+        bool have_prev = false;
         for (size_t n = 0; n <= len; n++) {
-            kp_reasoning_split p;
-            kp_reasoning_scan(c->text, n, &THINK, c->starts_open, false, &p);
+            kp_reasoning_split p, q;
+            kp_reasoning_scan(c->text, n, &THINK, c->starts_open, false, NULL, &p);
+            /* resumed from the previous prefix's answer: the same answer */
+            kp_reasoning_scan(c->text, n, &THINK, c->starts_open, false, have_prev ? &prev : NULL, &q);
+            CHECK_MSG(p.state == q.state && p.reason_from == q.reason_from && p.reason_to == q.reason_to &&
+                          p.content_from == q.content_from,
+                      "case %zu at %zu: a resumed scan differs", k, n);
+            prev = q;
+            have_prev = q.state != KP_REASONING_UNDECIDED;
             if (p.state == KP_REASONING_OPEN || p.state == KP_REASONING_CLOSED) {
                 CHECK_MSG(final_has, "case %zu at %zu: reasoning the final split does not have", k, n);
                 CHECK_MSG(has_prefix(fr, frl, c->text + p.reason_from, p.reason_to - p.reason_from),
@@ -84,25 +95,31 @@ static void test_prefixes_never_retract(void) {
                 CHECK_MSG(p.content_from <= n && has_prefix(fc, fcl, c->text + p.content_from, n - p.content_from),
                           "case %zu at %zu: content shown is not a prefix of the final content", k, n);
         }
+        /* the final scan resumed from the stream's last one: the final answer */
+        kp_reasoning_split g;
+        kp_reasoning_scan(c->text, len, &THINK, c->starts_open, true, have_prev ? &prev : NULL, &g);
+        CHECK_MSG(g.state == f.state && g.reason_from == f.reason_from && g.reason_to == f.reason_to &&
+                      g.content_from == f.content_from,
+                  "case %zu: the resumed final scan differs", k);
     }
 }
 
 static void test_held_tails(void) {
     kp_reasoning_split r;
     const char *t = "<think>\nplan </thi";
-    kp_reasoning_scan(t, strlen(t), &THINK, false, false, &r);
+    kp_reasoning_scan(t, strlen(t), &THINK, false, false, NULL, &r);
     CHECK_EQ_INT(r.state, KP_REASONING_OPEN);
     CHECK_EQ_INT(r.reason_to - r.reason_from, 4); /* "plan": the space and "</thi" held */
     CHECK_EQ_INT(r.content_from, strlen(t));
     t = "  <th";
-    kp_reasoning_scan(t, strlen(t), &THINK, false, false, &r);
+    kp_reasoning_scan(t, strlen(t), &THINK, false, false, NULL, &r);
     CHECK_EQ_INT(r.state, KP_REASONING_UNDECIDED);
     CHECK_EQ_INT(r.content_from, strlen(t));
     t = "<think>a</think>\n\n";
-    kp_reasoning_scan(t, strlen(t), &THINK, false, false, &r);
+    kp_reasoning_scan(t, strlen(t), &THINK, false, false, NULL, &r);
     CHECK_EQ_INT(r.state, KP_REASONING_CLOSED);
     CHECK_EQ_INT(r.content_from, strlen(t)); /* only whitespace after the marker so far */
-    kp_reasoning_scan("<think>", 7, NULL, false, true, &r);
+    kp_reasoning_scan("<think>", 7, NULL, false, true, NULL, &r);
     CHECK_EQ_INT(r.state, KP_REASONING_NONE);
     CHECK_EQ_INT(r.content_from, 0);
 }
