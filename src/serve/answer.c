@@ -192,6 +192,7 @@ static void answer_free(kp_answer *a) {
     }
     if (a->d->free) a->d->free(a->dreq);
     json_decref(a->report);
+    json_decref(a->tool_defs);
     kp_buf_free(&a->out);
     free(a);
 }
@@ -283,6 +284,14 @@ static bool split_reasoning(kp_answer *a, uint32_t i, bool final) {
 /* Choice i ended (stop, length; a cancel after the start when not
  * streaming): its calls read out of its text, the rest of it released,
  * and when it was the last, the report and the closing events. */
+/* Where a stream's text must be held back because it may become calls:
+ * by the template's own call syntax when it has one, else the family's. */
+static size_t tool_holdback(const kp_answer *a, const kp_choice *ch) {
+    const char *t = ch->text.data ? ch->text.data : "";
+    const kp_toolsyn *syn = a->s->cfg.chat_jinja ? kp_chat_tmpl_calls(a->s->cfg.chat_jinja, NULL) : NULL;
+    return syn ? kp_toolsyn_holdback(syn, t, ch->text.len) : kp_chat_tool_holdback(a->s->cfg.chat, t, ch->text.len);
+}
+
 static void choice_over(kp_answer *a, uint32_t i) {
     kp_choice *ch = &a->ch[i];
     if (a->capped && ch->last.finish == KP_FINISH_LENGTH) { /* --max-tokens-cap ends the turn */
@@ -297,8 +306,13 @@ static void choice_over(kp_answer *a, uint32_t i) {
     if (a->tools && (f == KP_FINISH_LENGTH || f == KP_FINISH_STOP)) {
         kp_error err;
         size_t content = ch->text.len;
-        kp_chat_parse_tool_calls(a->s->cfg.chat, ch->text.data ? ch->text.data : "", ch->text.len, a->id_seed + i,
-                                 &ch->calls, &content, &err);
+        const kp_toolsyn *syn = a->s->cfg.chat_jinja ? kp_chat_tmpl_calls(a->s->cfg.chat_jinja, NULL) : NULL;
+        if (syn)
+            kp_toolsyn_parse(syn, a->tool_defs, ch->text.data ? ch->text.data : "", ch->text.len, a->id_seed + i,
+                             &ch->calls, &content, &err);
+        else
+            kp_chat_parse_tool_calls(a->s->cfg.chat, ch->text.data ? ch->text.data : "", ch->text.len,
+                                     a->id_seed + i, &ch->calls, &content, &err);
         if (ch->calls) {
             ch->content = content > ch->content_from ? content : ch->content_from;
             ch->finish = "tool_calls";
@@ -364,9 +378,7 @@ static void take(kp_answer *a, uint32_t i, kp_sreq_update *u) {
     if (a->stream && (a->tools || a->reason)) {
         if (lp) a->d->text(a, i, NULL, 0, lp);
         if (u->finish == KP_FINISH_NONE && split_reasoning(a, i, false))
-            release(a, i, a->tools ? kp_chat_tool_holdback(a->s->cfg.chat, ch->text.data ? ch->text.data : "",
-                                                           ch->text.len)
-                                   : ch->text.len);
+            release(a, i, a->tools ? tool_holdback(a, ch) : ch->text.len);
     } else if (a->stream && (ch->text.len > before || lp)) {
         a->d->text(a, i, ch->text.data ? ch->text.data + before : "", ch->text.len - before, lp);
         ch->released = ch->text.len;
@@ -515,6 +527,7 @@ static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_
     a->return_ids = q->return_token_ids;
     a->progress = q->return_progress && q->stream;
     a->tools = a->chat && q->tools; /* the template's tool syntax, or the generic format (chat.h) */
+    a->tool_defs = a->tools ? json_incref((json_t *)q->tools) : NULL;
     const kp_server_config *cfg = &a->s->cfg;
     a->reason = !a->chat || cfg->reasoning_inline ? NULL
                 : cfg->chat_jinja                 ? kp_chat_tmpl_reasoning(cfg->chat_jinja)

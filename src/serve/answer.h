@@ -109,6 +109,8 @@ struct kp_answer {
     void *dreq; /* the dialect's request and stream state (owned: d->free) */
     bool chat, stream, include_usage, return_ids, progress;
     bool tools;    /* tools are rendered: replies are read for calls */
+    json_t *tool_defs; /* the request's tools (a reference; NULL without tools): types the
+                          values of calls written as parameters (toolsyn.h) */
     const kp_reasoning_markers *reason; /* replies are split into reasoning and content (NULL: not) */
     bool reason_open;                   /* the prompt opened the reasoning */
     bool logprobs; /* logprobs asked */

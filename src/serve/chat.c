@@ -654,3 +654,30 @@ kp_status kp_chat_generic_tools(chat_conv *c, kp_chat_family f, kp_error *err) {
     return st;
 }
 
+
+/* ------------------------------------------------------------------ */
+/* The generic tool format for templates in Jinja                      */
+
+kp_status kp_chat_generic_messages(kp_chat_family f, const json_t *messages, const json_t *tools, json_t **out,
+                                   kp_error *err) {
+    *out = NULL;
+    chat_conv c = {0};
+    kp_status st = kp_chat_conv_load(&c, messages, tools, err);
+    if (st == KP_OK) st = kp_chat_generic_tools(&c, f, err);
+    json_t *arr = st == KP_OK ? json_array() : NULL;
+    if (st == KP_OK && !arr) st = kp_chat_oom(err);
+    for (size_t i = 0; st == KP_OK && i < c.n; i++) {
+        const chat_msg *m = &c.msgs[i];
+        json_t *o = json_pack("{s:s, s:s%}", "role", kp_chat_role_names[m->role], "content", m->content,
+                              m->content_len);
+        if (o && m->reasoning) json_object_set_new(o, "reasoning_content", json_stringn(m->reasoning, m->reasoning_len));
+        if (!o || json_array_append_new(arr, o)) st = kp_chat_oom(err);
+    }
+    kp_chat_conv_free(&c);
+    if (st != KP_OK) {
+        json_decref(arr);
+        return st;
+    }
+    *out = arr;
+    return KP_OK;
+}

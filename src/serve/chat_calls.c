@@ -122,6 +122,10 @@ static chat_mark match_literal(const char *t, size_t len, size_t i, const char *
  * its closing brace, MARK_OPEN when the text ends first, MARK_NONE with *je
  * on a '<' outside strings. Only the nesting is checked here. */
 static chat_mark json_extent(const char *t, size_t len, size_t js, size_t *je) {
+    return (chat_mark)kp_chat_json_extent(t, len, js, je);
+}
+
+int kp_chat_json_extent(const char *t, size_t len, size_t js, size_t *je) {
     assert(js < len && t[js] == '{');
     size_t depth = 0;
     bool in_string = false, escaped = false;
@@ -447,13 +451,18 @@ static void tool_call_id(uint64_t seed, size_t index, char out[5 + 24 + 1]) {
 
 /* {"id", "type": "function", "function": {"name", "arguments"}} or NULL. */
 static json_t *tool_call_object(const chat_decoded *d, uint64_t seed, size_t index) {
+    return kp_chat_call_object(d->name, d->name_len, d->args, d->args_len, seed, index);
+}
+
+json_t *kp_chat_call_object(const char *name, size_t name_len, const char *args, size_t args_len, uint64_t seed,
+                            size_t index) {
     char id[30];
     tool_call_id(seed, index, id);
     json_t *fn = json_object(), *call = json_object();
     bool ok = fn && call && !json_object_set_new(call, "id", json_string(id)) &&
               !json_object_set_new(call, "type", json_string("function")) &&
-              !json_object_set_new(fn, "name", json_stringn(d->name, d->name_len)) &&
-              !json_object_set_new(fn, "arguments", json_stringn(d->args, d->args_len));
+              !json_object_set_new(fn, "name", json_stringn(name, name_len)) &&
+              !json_object_set_new(fn, "arguments", json_stringn(args, args_len));
     if (ok && !json_object_set_new(call, "function", fn)) return call;
     if (!ok) json_decref(fn);
     json_decref(call);

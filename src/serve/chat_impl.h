@@ -1,6 +1,7 @@
 /*
  * chat_impl.h - what the files of the chat layer share (internal to
- * chat.c, chat_render.c and chat_calls.c; the contract is chat.h).
+ * chat.c, chat_render.c, chat_calls.c and toolsyn.c; the contracts are
+ * chat.h and toolsyn.h).
  *
  * chat.c loads a request's messages and tools into a chat_conv and owns
  * the text helpers; chat_render.c renders a conversation per family;
@@ -73,6 +74,17 @@ kp_status kp_chat_oom(kp_error *err);
  * right: which ends), and the same for newlines only. */
 chat_span kp_chat_py_strip(const char *str, size_t len, bool left, bool right);
 chat_span kp_chat_strip_newlines(const char *s, size_t len, bool left, bool right);
+
+/* The JSON object starting with the '{' at t[js] (js < len): 2 with *je
+ * after its closing brace, 1 when the text ends first, 0 with *je on a '<'
+ * outside strings. Only the nesting is checked. */
+int kp_chat_json_extent(const char *t, size_t len, size_t js, size_t *je);
+
+/* An OpenAI tool-call object {"id": "call_...", "type": "function",
+ * "function": {"name", "arguments"}} with the id kp_chat_parse_tool_calls
+ * gives call index of seed; NULL when memory runs out. */
+json_t *kp_chat_call_object(const char *name, size_t name_len, const char *args, size_t args_len, uint64_t seed,
+                            size_t index);
 
 /* The first / last occurrence of needle in s[0..len), or NULL. */
 const char *kp_chat_find(const char *s, size_t len, const char *needle);

@@ -15,6 +15,7 @@
 
 #include "jinja/jinja.h"
 #include "serve/chat_jinja.h"
+#include "serve/toolsyn.h"
 
 struct kp_chat_tmpl {
     kp_jinja *main, *tool_use; /* tool_use NULL: main serves requests with tools too */
@@ -22,7 +23,26 @@ struct kp_chat_tmpl {
     kp_chat_family family;
     bool think;
     char *text; /* main's text, NUL-terminated (kp_chat_tmpl_uses) */
+    kp_toolsyn *calls; /* the template's own tool-call syntax, or NULL (why_calls says why) */
+    bool generic;      /* the template renders no tools: they go in kvpin's generic format (chat.h) */
+    char why_calls[128];
 };
+
+/* kp_toolsyn_render_fn: a probe body rendered as a request with tools. */
+static kp_status probe_render(void *ctx, const json_t *body, char **out, size_t *len) {
+    const kp_chat_tmpl *t = ctx;
+    json_t *c = NULL;
+    kp_error err;
+    kp_status st = kp_chatj_context(body, t->bos, t->eos, &c, &err);
+    if (st != KP_OK) return st;
+    kp_buf b = {0};
+    kp_jinja_error e;
+    st = kp_jinja_render(t->tool_use ? t->tool_use : t->main, c, &b, &e);
+    json_decref(c);
+    if (st == KP_OK && !kp_buf_take(&b, out, len)) st = KP_ENOMEM;
+    kp_buf_free(&b);
+    return st;
+}
 
 static kp_status compile(const char *src, size_t len, const char *what, kp_jinja **out, kp_error *err) {
     kp_jinja_error e;
@@ -53,6 +73,16 @@ kp_status kp_chat_tmpl_new(const char *text, size_t len, const char *tool_text, 
     t->family = kp_chat_detect(t->text);
     if (t->family == KP_CHAT_UNKNOWN) t->family = strstr(t->text, "<tool_call>") ? KP_CHAT_QWEN25 : KP_CHAT_CHATML;
     t->think = strstr(t->text, "<think>") != NULL;
+    bool renders_tools = false;
+    st = kp_toolsyn_learn(probe_render, t, &t->calls, &renders_tools, t->why_calls, sizeof t->why_calls, err);
+    if (st != KP_OK) {
+        kp_chat_tmpl_free(t);
+        return st;
+    }
+    /* a template blind to tools gets them in the generic format, written
+     * as plain messages; its replies are read by the generic rules */
+    t->generic = !t->calls && !renders_tools;
+    if (t->generic && kp_chat_family_has_tools(t->family)) t->family = KP_CHAT_CHATML;
     *out = t;
     return KP_OK;
 }
@@ -64,6 +94,7 @@ void kp_chat_tmpl_free(kp_chat_tmpl *t) {
     free(t->bos);
     free(t->eos);
     free(t->text);
+    kp_toolsyn_free(t->calls);
     free(t);
 }
 
@@ -111,7 +142,15 @@ kp_status kp_chat_tmpl_render(const kp_chat_tmpl *t, const json_t *messages, con
     *out = NULL;
     *len = 0;
     if (plain) { *plain = NULL; *n_plain = 0; }
+    json_t *generic = NULL;
+    if (t->generic && json_array_size(tools) > 0) {
+        kp_status gs = kp_chat_generic_messages(t->family, messages, tools, &generic, err);
+        if (gs != KP_OK) return gs;
+        messages = generic;
+        tools = NULL;
+    }
     json_t *body = request_body(messages, tools, opts, kwargs), *ctx = NULL;
+    json_decref(generic);
     if (!body) return kp_fail(err, KP_ENOMEM, "out of memory");
     kp_status st = kp_chatj_context(body, t->bos, t->eos, &ctx, err);
     json_decref(body);
@@ -147,3 +186,8 @@ const kp_reasoning_markers *kp_chat_tmpl_reasoning(const kp_chat_tmpl *t) {
 }
 
 bool kp_chat_tmpl_uses(const kp_chat_tmpl *t, const char *name) { return strstr(t->text, name) != NULL; }
+
+const kp_toolsyn *kp_chat_tmpl_calls(const kp_chat_tmpl *t, const char **why) {
+    if (why) *why = t->why_calls;
+    return t->calls;
+}

@@ -10,12 +10,17 @@
  *   kp_chat_tmpl_new(text, len, tool_text, tool_len, "<s>", "</s>", &t, &err);
  *   kp_chat_tmpl_render(t, messages, tools, &opts, &out, &len, &plain, &n_plain, &err);
  *
- * What the rest of the server needs of a family, for a template kvpin
- * reads as text: kp_chat_tmpl_family is the family kp_chat_detect gives
- * (tool calls are parsed by its rules), else qwen2.5's when the text has
- * "<tool_call>" (its tool calls are those blocks), else chatml's (kvpin's
- * generic tool format); kp_chat_tmpl_reasoning is "<think>"/"</think>"
- * when the text has "<think>".
+ * Tools. When the template is compiled, its own tool-call syntax is
+ * learned from renderings of probe calls (toolsyn.h): replies are read
+ * back in it (kp_chat_tmpl_calls). A template that renders no tools at
+ * all gets them in kvpin's generic tool format (chat.h), written into the
+ * messages before the template sees them, as the built-in families do.
+ * kp_chat_tmpl_family is the family whose rules apply otherwise (reading
+ * replies when no syntax was learned, the forced-call form): the family
+ * kp_chat_detect gives, else qwen2.5's when the text has "<tool_call>",
+ * else chatml's; chatml's too (the generic rules) when the template
+ * renders no tools. kp_chat_tmpl_reasoning is "<think>"/"</think>" when
+ * the text has "<think>".
  *
  * A compiled template is immutable: renders from any number of threads.
  */
@@ -28,6 +33,7 @@
 #include "base/status.h"
 #include "serve/chat.h"
 #include "serve/reasoning.h"
+#include "serve/toolsyn.h"
 #include "tok/tok.h"
 
 typedef struct kp_chat_tmpl kp_chat_tmpl;
@@ -62,6 +68,11 @@ kp_chat_family kp_chat_tmpl_family(const kp_chat_tmpl *t);
 
 /* "<think>"/"</think>" when the template writes <think>, else NULL. */
 const kp_reasoning_markers *kp_chat_tmpl_reasoning(const kp_chat_tmpl *t);
+
+/* The template's own tool-call syntax (toolsyn.h), learned when it was
+ * compiled; NULL when it renders no calls or they do not read back, and
+ * then *why (when why is not NULL) says which. */
+const kp_toolsyn *kp_chat_tmpl_calls(const kp_chat_tmpl *t, const char **why);
 
 /* Whether the template reads the variable name (its text mentions it). */
 bool kp_chat_tmpl_uses(const kp_chat_tmpl *t, const char *name);

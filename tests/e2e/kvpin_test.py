@@ -210,3 +210,34 @@ def no_leaks(r, srv, what):
     r.ok(c["counts"]["running"] == 0 and c["counts"]["leases"] == 0, what + ": sequences still held: %s" % c["counts"])
     r.ok(c["kv"]["used_bytes"] == c["kv"]["index_bytes"],
          what + ": blocks in use %d != blocks the index holds %d" % (c["kv"]["used_bytes"], c["kv"]["index_bytes"]))
+
+
+def sse(srv, path, body):
+    """The data events of a stream, as JSON (the [DONE] left out), and the headers."""
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=120)
+    b = json.dumps(body).encode()
+    s.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+              b"Connection: close\r\n\r\n" % (path.encode(), len(b)) + b)
+    data = b""
+    while True:
+        got = s.recv(65536)
+        if not got:
+            break
+        data += got
+    s.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    headers = {}
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        headers[k.decode().strip().lower()] = v.decode().strip()
+    if headers.get("transfer-encoding") == "chunked":  # undo the chunking
+        out, rest = b"", body
+        while rest:
+            n, _, rest = rest.partition(b"\r\n")
+            n = int(n, 16)
+            if n == 0:
+                break
+            out, rest = out + rest[:n], rest[n + 2:]
+        body = out
+    events = [json.loads(l[6:]) for l in body.decode().split("\n") if l.startswith("data: {")]
+    return headers, events

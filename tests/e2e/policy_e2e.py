@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from kvpin_test import KVPIN, Results, Server, wait_idle
+from kvpin_test import KVPIN, Results, Server, wait_idle, sse  # noqa: E402
 
 R = Results("e2e_policy")
 C, X = "/v1/completions", "/v1/chat/completions"
@@ -37,37 +37,6 @@ USER = [{"role": "user", "content": "Hi"}]
 def ignored(h):
     v = {k.lower(): x for k, x in h.items()}.get(HDR)
     return v.split(",") if v else []
-
-
-def sse(srv, path, body):
-    """The data events of a stream, as JSON (the [DONE] left out), and the headers."""
-    s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
-    b = json.dumps(body).encode()
-    s.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-              b"Connection: close\r\n\r\n" % (path.encode(), len(b)) + b)
-    data = b""
-    while True:
-        got = s.recv(65536)
-        if not got:
-            break
-        data += got
-    s.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    headers = {}
-    for line in head.split(b"\r\n")[1:]:
-        k, _, v = line.partition(b":")
-        headers[k.decode().strip().lower()] = v.decode().strip()
-    if headers.get("transfer-encoding") == "chunked":  # undo the chunking
-        out, rest = b"", body
-        while rest:
-            n, _, rest = rest.partition(b"\r\n")
-            n = int(n, 16)
-            if n == 0:
-                break
-            out, rest = out + rest[:n], rest[n + 2:]
-        body = out
-    events = [json.loads(l[6:]) for l in body.decode().split("\n") if l.startswith("data: {")]
-    return headers, events
 
 
 def fields_accepted(srv):
