@@ -23,7 +23,10 @@
  *
  * In literals, the sentinel id becomes ID (any id), another name or key
  * sentinel NAME (any name), and digits that differ between the first and
- * the second call IDX (any digits): Kimi's functions.kpfa:0 and :1.
+ * the second call IDX (any digits): Kimi's functions.kpfa:0 and :1. A
+ * fifth rendering, with a number as kpk2's value, finds markup that names
+ * a value's type (DeepSeek's string="true" / "false", Kimi K3's
+ * type="string"): the word that differs becomes WORD (any letters).
  *
  * Reading back walks the text once per candidate start of OPEN (the first
  * that parses as a section reaching the end of the text wins); every
@@ -46,6 +49,7 @@
 #define PH_ID '\x01'   /* a call id: [A-Za-z0-9_-]+ */
 #define PH_IDX '\x02'  /* an index: [0-9]+ */
 #define PH_NAME '\x03' /* a name or key again: [A-Za-z0-9_.-]+ */
+#define PH_WORD '\x04' /* a word that names a value's type: [A-Za-z]+ */
 
 typedef enum { CALL_JSON, CALL_NAMED, CALL_PARAMS } call_form;
 
@@ -76,6 +80,7 @@ static bool is_name(char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || is_digit(c) || c == '_' || c == '-' || c == '.';
 }
 static bool is_id(char c) { return is_name(c) && c != '.'; }
+static bool is_alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 
 static size_t skip_ws(const char *t, size_t len, size_t i) {
     while (i < len && is_ws(t[i])) i++;
@@ -100,8 +105,8 @@ static mres lit_match(const lit *l, const char *t, size_t len, size_t i, size_t 
             continue;
         }
         if (i == len) return M_OPEN;
-        if (c == PH_ID || c == PH_IDX || c == PH_NAME) {
-            bool (*cls)(char) = c == PH_ID ? is_id : c == PH_IDX ? is_digit : is_name;
+        if (c == PH_ID || c == PH_IDX || c == PH_NAME || c == PH_WORD) {
+            bool (*cls)(char) = c == PH_ID ? is_id : c == PH_IDX ? is_digit : c == PH_WORD ? is_alpha : is_name;
             if (!cls(t[i])) return M_NONE;
             while (i < len && cls(t[i])) i++;
             k++;
@@ -288,7 +293,7 @@ static mres section_at(const kp_toolsyn *s, const char *t, size_t len, size_t i,
 static size_t open_core(const kp_toolsyn *s) {
     size_t k = 0;
     while (k < s->open.n && is_ws(s->open.s[k])) k++;
-    if (k == s->open.n || s->open.s[k] == PH_ID || s->open.s[k] == PH_IDX || s->open.s[k] == PH_NAME) return SIZE_MAX;
+    if (k == s->open.n || (unsigned char)s->open.s[k] <= (unsigned char)PH_WORD) return SIZE_MAX;
     return k;
 }
 
@@ -513,19 +518,23 @@ static bool lit_make(lit *l, const char *t, size_t n) {
     return true;
 }
 
-/* a and b equal but for runs of digits, which become IDX in a. false:
- * they differ otherwise (a unchanged). */
-static bool lit_merge(lit *a, const lit *b) {
+/* a and b equal but for runs of digits (which become IDX in a) and, with
+ * words, runs of letters (WORD). false: they differ otherwise (a
+ * unchanged). */
+static bool lit_merge_runs(lit *a, const lit *b, bool words) {
     char *out = malloc(a->n + 1);
     if (!out) return false;
     size_t i = 0, j = 0, o = 0;
     while (i < a->n && j < b->n) {
-        if (is_digit(a->s[i]) && is_digit(b->s[j])) {
+        bool (*cls)(char) = is_digit(a->s[i]) && is_digit(b->s[j])               ? is_digit
+                            : words && is_alpha(a->s[i]) && is_alpha(b->s[j]) ? is_alpha
+                                                                                : NULL;
+        if (cls) {
             size_t i0 = i, j0 = j;
-            while (i < a->n && is_digit(a->s[i])) i++;
-            while (j < b->n && is_digit(b->s[j])) j++;
+            while (i < a->n && cls(a->s[i])) i++;
+            while (j < b->n && cls(b->s[j])) j++;
             if (i - i0 == j - j0 && !memcmp(a->s + i0, b->s + j0, i - i0)) memcpy(out + o, a->s + i0, i - i0), o += i - i0;
-            else out[o++] = PH_IDX;
+            else out[o++] = cls == is_digit ? PH_IDX : PH_WORD;
             continue;
         }
         if (a->s[i] != b->s[j]) break;
@@ -541,6 +550,8 @@ static bool lit_merge(lit *a, const lit *b) {
     a->n = o;
     return true;
 }
+
+static bool lit_merge(lit *a, const lit *b) { return lit_merge_runs(a, b, false); }
 
 static bool lit_eq(const lit *a, const lit *b) { return a->n == b->n && !memcmp(a->s, b->s, a->n); }
 
@@ -897,6 +908,24 @@ kp_status kp_toolsyn_learn(kp_toolsyn_render_fn render, void *ctx, kp_toolsyn **
     if (!oom && !reason) {
         markup(c0, c0n, x1, x1n, &ms, &me);
         reason = learn_layout(s, x1, ms, me, &f, &oom);
+    }
+    if (!oom && !reason && s->form == CALL_PARAMS) {
+        /* markup that names a value's type (string="true", type="string")
+         * becomes a word that matches any type: learned from a number */
+        json_t *calls = json_pack("[o]", probe_call("kpid00001", "kpfa", "{\"kpk1\":\"kpv1\",\"kpk2\":9137}"));
+        char *xn = NULL;
+        size_t xnn = 0;
+        st = calls ? probe_render(&p, "", calls, &xn, &xnn) : KP_ENOMEM;
+        oom = st == KP_ENOMEM;
+        size_t ts = 0, te = 0;
+        if (st == KP_OK) markup(c0, c0n, xn, xnn, &ts, &te);
+        size_t k2 = st == KP_OK ? find(xn, ts, te, "kpk2") : SIZE_MAX;
+        size_t v2 = k2 != SIZE_MAX ? find(xn, k2, te, "9137") : SIZE_MAX;
+        lit typed = {0};
+        if (v2 != SIZE_MAX && !lit_make(&typed, xn + k2 + 4, v2 - k2 - 4)) oom = true;
+        if (typed.s && !lit_eq(&typed, &s->kmid)) lit_merge_runs(&s->kmid, &typed, true);
+        free(typed.s);
+        free(xn);
     }
     if (!oom && !reason) {
         json_t *calls = json_pack("[o, o]", probe_call("kpid00001", "kpfa", "{\"kpk1\":\"kpv1\",\"kpk2\":\"kpv2\"}"),

@@ -295,6 +295,12 @@ static void test_model_outputs(void) {
            "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris</parameter>\n"
            "</invoke>\n</minimax:tool_call>",
            0, paris);
+    /* DeepSeek V3.2 DSML: markup that names the value's type */
+    expect("deepseek-ai-DeepSeek-V3.2.jinja",
+           "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" "
+           "string=\"true\">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">3"
+           "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+           0, "[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\",\"days\":3}}]");
     /* a malformed section is content, whole */
     expect("Qwen-Qwen3-0.6B.jinja", "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": }\n</tool_call>",
            WHOLE, NULL);
@@ -307,7 +313,7 @@ static void test_named(void) {
         "mistralai-Mistral-Nemo-Instruct-2407.jinja", "unsloth-mistral-Devstral-Small-2507.jinja",
         "mistralai-Ministral-3-14B-Reasoning-2512.jinja", "Mistral-Small-3.2-24B-Instruct-2506.jinja",
         "deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
-        "GLM-4.6.jinja", "GLM-4.7-Flash.jinja", "moonshotai-Kimi-K2.jinja",
+        "deepseek-ai-DeepSeek-V3.2.jinja", "deepseek-ai-DeepSeek-V4.jinja", "Kimi-K3.jinja", "GLM-4.6.jinja", "GLM-4.7-Flash.jinja", "moonshotai-Kimi-K2.jinja",
         "MiniMax-M2.jinja", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", "ibm-granite-granite-4.0.jinja",
         "meetkai-functionary-medium-v3.1.jinja", "unsloth-Apriel-1.5.jinja", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja"};
     for (size_t i = 0; i < sizeof must / sizeof must[0]; i++) {
