@@ -38,6 +38,8 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "base/status.h"
 #include "grammar/grammar.h"
 
@@ -156,6 +158,12 @@ bool kp_builder_class_into(kp_builder *b, uint32_t rule, const kp_gcrange *r, si
 
 /* Encodes code point c as UTF-8 TERMs onto s. */
 bool kp_gseq_cpt(kp_builder *b, kp_gseq *s, uint32_t c);
+
+/* The rule of the JSON documents of schema, compiled into b as
+ * kp_grammar_compile_schema compiles them (ws_max whitespace between
+ * tokens; $ref resolved in schema), for grammars made of several parts
+ * (compose.c). UINT32_MAX with *st and err set when it cannot be. */
+uint32_t kp_schema_into(kp_builder *b, const json_t *schema, int ws_max, kp_status *st, kp_error *err);
 
 /* Checks, analyses and flattens the grammar with start rule root; b is
  * freed either way. Errors (message names the rule): KP_EINVAL for an

@@ -147,6 +147,40 @@ kp_status kp_grammar_json_object(const kp_schema_opts *o, kp_grammar **out, kp_e
  * KP_ERANGE, KP_ENOMEM as above. */
 kp_status kp_grammar_compile_gbnf(const char *text, size_t len, kp_grammar **out, kp_error *err);
 
+/* A grammar made of parts: documents are one of the first alternatives,
+ * then up to max_count - 1 times one of the more alternatives, then the
+ * suffix bytes (a message of tool calls in a template's own markup:
+ * literal markup around each tool's arguments; the markup in front of a
+ * second call is not the first's). An alternative is a sequence of pieces:
+ *
+ *   KP_GPIECE_LIT   the bytes[0..len) as they are
+ *   KP_GPIECE_JSON  a JSON document of schema (borrowed; $ref resolved in
+ *                   it), as kp_grammar_compile_schema writes documents,
+ *                   compact: no whitespace between tokens or around
+ *   KP_GPIECE_TEXT  text: one or more code points, none of them a control
+ *                   character or one of the ASCII bytes[0..len) (a value
+ *                   written raw up to the markup that closes it, e.g.
+ *                   every character but '<')
+ *
+ * Consecutive pieces with the same nonzero group are optional together.
+ * Errors as kp_grammar_compile_schema's (a schema's keyword and path),
+ * KP_EINVAL for no first alternatives or an empty alternative. */
+typedef enum { KP_GPIECE_LIT, KP_GPIECE_JSON, KP_GPIECE_TEXT } kp_gpiece_kind;
+typedef struct {
+    kp_gpiece_kind kind;
+    const char *bytes;
+    size_t len;
+    const json_t *schema;
+    uint32_t group;
+} kp_gpiece;
+typedef struct {
+    kp_gpiece *pieces;
+    size_t n;
+} kp_galt;
+kp_status kp_grammar_compile_alts(const kp_galt *first, size_t n_first, const kp_galt *more, size_t n_more,
+                                  uint32_t max_count, const char *suffix, size_t suffix_len, kp_grammar **out,
+                                  kp_error *err);
+
 /* Grammars are reference counted (atomically: any thread may take and
  * drop references). kp_grammar_ref takes one more and returns g;
  * kp_grammar_free drops one and frees g with the last. A compiled grammar

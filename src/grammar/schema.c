@@ -1187,3 +1187,16 @@ kp_status kp_grammar_compile_schema(const json_t *schema, const kp_schema_opts *
 kp_status kp_grammar_json_object(const kp_schema_opts *o, kp_grammar **out, kp_error *err) {
     return compile(NULL, o, true, out, err);
 }
+
+uint32_t kp_schema_into(kp_builder *b, const json_t *schema, int ws_max, kp_status *st, kp_error *err) {
+    sc c = {.b = b, .root = schema, .err = err, .st = KP_OK, .ws_max = (uint32_t)(ws_max < 0 ? 0 : ws_max)};
+    c.r_wsch = c.r_char = c.r_string = c.r_digit = c.r_hex = c.r_int = c.r_num = c.r_value = c.r_obj = c.r_date =
+        c.r_time = UINT32_MAX;
+    snprintf(c.path, sizeof c.path, "#");
+    c.plen = 1;
+    uint32_t v = comp(&c, schema);
+    free(c.refs);
+    if (c.st == KP_OK && v == UINT32_MAX) oom(&c);
+    *st = c.st;
+    return c.st == KP_OK ? v : UINT32_MAX;
+}

@@ -129,6 +129,14 @@ static bool tool_grammar(kp_server *s, const kp_oai_request *q, kp_grammar **g, 
     bool parallel = json_is_true(json_object_get(q->root, "parallel_tool_calls")); /* one call unless asked */
     kp_chat_call_form form;
     kp_error err = {0};
+    const kp_toolsyn *syn = s->cfg.chat_jinja ? kp_chat_tmpl_calls(s->cfg.chat_jinja, NULL) : NULL;
+    if (syn) { /* the template's own markup, byte for byte as it renders calls back */
+        kp_status fs = kp_toolsyn_force(syn, q->tools, q->tool_force_name, parallel, g, &err);
+        if (fs == KP_OK) return true;
+        if (fs == KP_ENOMEM) return kp_oai_fail(e, 500, "server_error", NULL, "tools", "%s", err.msg);
+        return kp_oai_fail(e, 400, "invalid_request_error", NULL, q->tool_force_name ? "tool_choice" : "tools",
+                           "a forced tool call: %s", err.msg);
+    }
     kp_status st = kp_chat_call_form_build(s->cfg.chat, q->tools, q->tool_force_name, parallel, &form, &err);
     if (st == KP_OK) {
         kp_gc_frame fr = {form.prefix, form.suffix, form.prefix_len, form.suffix_len};

@@ -36,6 +36,8 @@
  */
 #include "serve/toolsyn.h"
 
+#include "grammar/grammar.h"
+
 #include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,6 +72,8 @@ struct kp_toolsyn {
     lit sep0, tail0;         /* PARAMS: name..next call / end, for a call without parameters */
     size_t kpost;            /* PARAMS: the length of KPOST (the start of c, sep, tail) */
     char desc[160];
+    kp_toolsyn_render_fn render; /* the template, for forced calls' exact markup */
+    void *ctx;
 };
 
 typedef enum { M_NONE, M_OPEN, M_DONE } mres;
@@ -566,14 +570,35 @@ static json_t *probe_call(const char *id, const char *name, const char *args) {
                      args);
 }
 
-/* Renders [user, assistant(content, calls)] without a generation prompt. */
-static kp_status probe_render(prober *p, const char *content, json_t *calls, char **out, size_t *len) {
+/* Renders [user, assistant(content, calls)] without a generation prompt;
+ * with trail, a tool result follows (the next turn of an agent loop, where
+ * the template renders the answer as history). */
+static kp_status probe_render_trail(prober *p, const char *content, json_t *calls, bool trail, char **out,
+                                    size_t *len) {
     json_t *asst = json_pack("{s:s, s:s}", "role", "assistant", "content", content);
     if (asst && calls) json_object_set_new(asst, "tool_calls", calls);
     else json_decref(calls);
     json_t *body = asst ? json_pack("{s:[{s:s, s:s}, o], s:O, s:b}", "messages", "role", "user", "content", "kpu",
                                     asst, "tools", p->tools, "add_generation_prompt", 0)
                         : NULL;
+    if (body && trail)
+        json_array_append_new(json_object_get(body, "messages"),
+                              json_pack("{s:s, s:s, s:s}", "role", "tool", "tool_call_id", "kpid00001", "content", "kpres"));
+    if (!body) return KP_ENOMEM;
+    *out = NULL;
+    kp_status st = p->render(p->ctx, body, out, len);
+    json_decref(body);
+    return st;
+}
+
+static kp_status probe_render(prober *p, const char *content, json_t *calls, char **out, size_t *len) {
+    return probe_render_trail(p, content, calls, false, out, len);
+}
+
+/* Renders [user] with the generation prompt. */
+static kp_status probe_gen(prober *p, char **out, size_t *len) {
+    json_t *body = json_pack("{s:[{s:s, s:s}], s:O, s:b}", "messages", "role", "user", "content", "kpu", "tools",
+                             p->tools, "add_generation_prompt", 1);
     if (!body) return KP_ENOMEM;
     *out = NULL;
     kp_status st = p->render(p->ctx, body, out, len);
@@ -990,6 +1015,368 @@ kp_status kp_toolsyn_learn(kp_toolsyn_render_fn render, void *ctx, kp_toolsyn **
         kp_toolsyn_free(s);
         return KP_OK;
     }
+    s->render = render;
+    s->ctx = ctx;
     *out = s;
     return KP_OK;
+}
+
+static int strcmp_ptr(const char *const *a, const char *const *b) { return strcmp(*a, *b); }
+
+/* ---- forced calls ---- */
+/*
+ * A forced call is generated in the exact bytes the template renders for
+ * it, so that when the client sends the call back, the next prompt holds
+ * the very tokens the model wrote (an agent loop keeps its cache). The
+ * markup around each tool's arguments is taken from the template's
+ * rendering of a call of that tool; the arguments are written as the
+ * template writes arguments back (its tojson: RFC 8785, compact, keys in
+ * order), so the schema is given sorted properties; properties beyond the
+ * declared ones are allowed only when the schema says so.
+ *
+ *   JSON, NAMED   OPEN ... name ... [args] ... TAIL, args found as the
+ *                 sentinel object {"kpzq": "kpsent"}
+ *   PARAMS        each parameter written with a sentinel value of its
+ *                 type (strings kpsv<i>, numbers 9137<i>, objects
+ *                 {"kpo<i>": 1}); the markup between values is split at
+ *                 KPOST so that optional parameters form optional groups
+ */
+
+/* A copy of schema with every "properties" in key order and objects with
+ * properties closed (additionalProperties false) unless they say. */
+static json_t *forced_schema(const json_t *schema) {
+    if (json_is_array(schema)) {
+        json_t *a = json_array();
+        size_t i;
+        const json_t *v;
+        json_array_foreach(schema, i, v) json_array_append_new(a, forced_schema(v));
+        return a;
+    }
+    if (!json_is_object(schema)) return json_deep_copy(schema);
+    json_t *o = json_object();
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)schema, k, v) {
+        if (!strcmp(k, "properties") && json_is_object(v)) {
+            size_t n = json_object_size(v), j = 0;
+            const char **keys = malloc((n ? n : 1) * sizeof *keys);
+            const char *pk;
+            json_t *pv;
+            json_object_foreach(v, pk, pv) if (keys) keys[j++] = pk;
+            if (keys) {
+                qsort(keys, n, sizeof *keys, (int (*)(const void *, const void *))strcmp_ptr);
+                json_t *props = json_object();
+                for (j = 0; j < n; j++) json_object_set_new(props, keys[j], forced_schema(json_object_get(v, keys[j])));
+                json_object_set_new(o, k, props);
+                free(keys);
+            }
+        } else {
+            json_object_set_new(o, k, forced_schema(v));
+        }
+    }
+    if (json_object_get(o, "properties") && !json_object_get(o, "additionalProperties"))
+        json_object_set_new(o, "additionalProperties", json_false());
+    return o;
+}
+
+typedef struct {
+    kp_galt *first, *more;
+    size_t n_first, n_more;
+    char **texts; /* renderings the pieces point into */
+    size_t n_texts;
+    json_t **schemas;
+    size_t n_schemas;
+    char *suffix;
+    size_t suffix_len;
+    const char *gen; /* the generation prompt's rendering: what the model writes after it */
+    size_t gen_len;
+} forced;
+
+static void forced_free(forced *f) {
+    for (size_t i = 0; i < f->n_first; i++) free(f->first[i].pieces);
+    for (size_t i = 0; i < f->n_more; i++) free(f->more[i].pieces);
+    for (size_t i = 0; i < f->n_texts; i++) free(f->texts[i]);
+    for (size_t i = 0; i < f->n_schemas; i++) json_decref(f->schemas[i]);
+    free(f->first), free(f->more), free(f->texts), free(f->schemas), free(f->suffix);
+}
+
+static bool keep_text(forced *f, char *t) {
+    char **v = realloc(f->texts, (f->n_texts + 1) * sizeof *v);
+    if (!v) return free(t), false;
+    f->texts = v;
+    f->texts[f->n_texts++] = t;
+    return true;
+}
+
+static const json_t *keep_schema(forced *f, json_t *s) {
+    json_t **v = s ? realloc(f->schemas, (f->n_schemas + 1) * sizeof *v) : NULL;
+    if (!v) return json_decref(s), NULL;
+    f->schemas = v;
+    f->schemas[f->n_schemas++] = s;
+    return s;
+}
+
+static bool add_piece(kp_galt *a, kp_gpiece_kind kind, const char *bytes, size_t len, const json_t *schema,
+                      uint32_t group) {
+    if (kind == KP_GPIECE_LIT && len == 0) return true;
+    kp_gpiece *v = realloc(a->pieces, (a->n + 1) * sizeof *v);
+    if (!v) return false;
+    a->pieces = v;
+    a->pieces[a->n++] = (kp_gpiece){kind, bytes, len, schema, group};
+    return true;
+}
+
+static bool add_alt(kp_galt **v, size_t *n, kp_galt a) {
+    kp_galt *w = realloc(*v, (*n + 1) * sizeof *w);
+    if (!w) return false;
+    *v = w;
+    w[(*n)++] = a;
+    return true;
+}
+
+/* Where generation starts in x, a rendering with an answer whose markup
+ * starts at ms: after the generation prompt when x holds it and it ends
+ * before the markup (the template may write more in front of an answer
+ * in history, as GLM's empty <think></think>: the model writes it too). */
+static size_t gen_start(const forced *f, const char *x, size_t ms) {
+    if (f->gen && f->gen_len <= ms && !memcmp(x, f->gen, f->gen_len)) return f->gen_len;
+    return ms;
+}
+
+/* Renders [user, assistant with calls] with the request's tools; the
+ * text is kept in f. */
+static kp_status force_render(const kp_toolsyn *s, const json_t *tools, json_t *calls, const char *content, forced *f,
+                              char **x, size_t *xn) {
+    prober p = {s->render, s->ctx, (json_t *)tools};
+    kp_status st = probe_render_trail(&p, content, calls, true, x, xn);
+    if (st == KP_OK && !keep_text(f, *x)) st = KP_ENOMEM;
+    if (st != KP_OK && st != KP_ENOMEM) st = KP_EUNSUPPORTED;
+    return st;
+}
+
+/* The sentinel value of a parameter of schema ps (index i) as JSON text
+ * into b, and the text to find in the rendering; *json: a JSON piece (not
+ * raw text). */
+static void sentinel_value(const json_t *ps, size_t i, char *val, size_t vn, char *find_s, size_t fn, bool *json) {
+    const json_t *ty = json_object_get(ps, "type");
+    const char *t = json_is_string(ty) ? json_string_value(ty) : "string";
+    *json = true;
+    if (!strcmp(t, "integer") || !strcmp(t, "number")) {
+        snprintf(val, vn, "%zu", 913700 + i);
+        snprintf(find_s, fn, "%zu", 913700 + i);
+    } else if (!strcmp(t, "object")) {
+        snprintf(val, vn, "{\"kpo%zu\":1}", i);
+        snprintf(find_s, fn, "kpo%zu", i);
+    } else if (!strcmp(t, "array")) {
+        snprintf(val, vn, "[\"kpo%zu\"]", i);
+        snprintf(find_s, fn, "kpo%zu", i);
+    } else if (!strcmp(t, "boolean")) {
+        snprintf(val, vn, "true");
+        snprintf(find_s, fn, "true");
+    } else {
+        *json = false;
+        snprintf(val, vn, "\"kpsv%zu\"", i);
+        snprintf(find_s, fn, "kpsv%zu", i);
+    }
+}
+
+/* The alternative of tool fn (its "function" object) in PARAMS form. */
+static kp_status force_params(const kp_toolsyn *s, const json_t *tools, const json_t *fn, const json_t *fschema,
+                              const char *c0, size_t c0n, forced *f, kp_galt *a, kp_error *err) {
+    const char *name = json_string_value(json_object_get(fn, "name"));
+    const json_t *props = json_object_get(fschema, "properties");
+    const json_t *req = json_object_get(fschema, "required");
+    size_t np = json_object_size(props);
+    for (size_t k = 0; k < s->c.n; k++)
+        if ((unsigned char)s->c.s[k] <= (unsigned char)PH_WORD)
+            return kp_fail(err, KP_EUNSUPPORTED, "the template's parameter markup varies");
+    size_t kpre = s->c.n - s->kpost;
+    kp_buf args = {0};
+    kp_buf_putc(&args, '{');
+    const char *k;
+    const json_t *ps;
+    size_t i = 0;
+    json_object_foreach((json_t *)props, k, ps) {
+        char val[64], fs[32];
+        bool js;
+        sentinel_value(ps, i++, val, sizeof val, fs, sizeof fs, &js);
+        json_t *key = json_string(k);
+        char *kq = key ? json_dumps(key, JSON_ENCODE_ANY) : NULL;
+        json_decref(key);
+        if (i > 1) kp_buf_putc(&args, ',');
+        kp_buf_puts(&args, kq ? kq : "\"\"");
+        kp_buf_putc(&args, ':');
+        kp_buf_puts(&args, val);
+        free(kq);
+    }
+    kp_buf_putc(&args, '}');
+    kp_buf_putc(&args, 0);
+    json_t *calls = args.oom ? NULL : json_pack("[o]", probe_call("kpid00001", name, args.data));
+    kp_buf_free(&args);
+    if (!calls) return kp_fail(err, KP_ENOMEM, "out of memory");
+    char *x = NULL;
+    size_t xn = 0, ms, me;
+    kp_status st = force_render(s, tools, calls, "", f, &x, &xn);
+    if (st != KP_OK) return kp_fail(err, st, "the template refuses a call of %s", name);
+    markup(c0, c0n, x, xn, &ms, &me);
+    size_t at = ms, prev_end = SIZE_MAX, gs = gen_start(f, x, ms);
+    i = 0;
+    json_object_foreach((json_t *)props, k, ps) {
+        char val[64], fs[32];
+        bool js;
+        sentinel_value(ps, i, val, sizeof val, fs, sizeof fs, &js);
+        size_t kp = find(x, at, me, k);
+        size_t vs = kp == SIZE_MAX ? SIZE_MAX : find(x, kp + strlen(k), me, fs);
+        if (vs == SIZE_MAX) return kp_fail(err, KP_EUNSUPPORTED, "the template does not write parameter %s of %s", k, name);
+        size_t ve = vs + strlen(fs);
+        if (js && (val[0] == '{' || val[0] == '[')) { /* the whole JSON value around the sentinel */
+            size_t o = vs;
+            while (o > kp && x[o] != val[0]) o--;
+            size_t e = 0;
+            json_t *v = NULL;
+            if (val[0] == '{' && kp_chat_json_extent(x, me, o, &e) == 2) v = json_loadb(x + o, e - o, 0, NULL);
+            if (val[0] == '[') {
+                const char *cl = memchr(x + ve, ']', me - ve);
+                if (cl) e = (size_t)(cl - x) + 1, v = json_loadb(x + o, e - o, 0, NULL);
+            }
+            json_decref(v);
+            if (!v) return kp_fail(err, KP_EUNSUPPORTED, "the template does not write parameter %s of %s as JSON", k, name);
+            vs = o, ve = e;
+        }
+        size_t g = i == 0 ? (kp >= kpre && kp - kpre >= ms ? kp - kpre : SIZE_MAX) : prev_end;
+        if (g == SIZE_MAX || g > vs) return kp_fail(err, KP_EUNSUPPORTED, "the template's parameter markup varies");
+        if (i == 0 && !add_piece(a, KP_GPIECE_LIT, x + gs, g - gs, NULL, 0)) return kp_fail(err, KP_ENOMEM, "out of memory");
+        bool required = false;
+        for (size_t r = 0; r < json_array_size(req); r++)
+            required = required || !strcmp(json_string_value(json_array_get(req, r)) ? json_string_value(json_array_get(req, r)) : "", k);
+        uint32_t grp = required ? 0 : (uint32_t)i + 1;
+        size_t post = ve + s->kpost <= me ? s->kpost : me - ve;
+        char stop[2] = {'<', 0};
+        for (size_t q = 0; q < post; q++)
+            if (!is_ws(x[ve + q])) {
+                stop[0] = x[ve + q];
+                break;
+            }
+        /* TEXT: never the byte that starts the closing markup */
+        char *sb = js ? NULL : strdup(stop);
+        bool ok = (js || (sb && keep_text(f, sb))) && add_piece(a, KP_GPIECE_LIT, x + g, vs - g, NULL, grp) &&
+                  (js ? add_piece(a, KP_GPIECE_JSON, NULL, 0, ps, grp) : add_piece(a, KP_GPIECE_TEXT, sb, 1, NULL, grp)) &&
+                  add_piece(a, KP_GPIECE_LIT, x + ve, post, NULL, grp);
+        if (!ok) return kp_fail(err, KP_ENOMEM, "out of memory");
+        prev_end = ve + post;
+        at = prev_end;
+        i++;
+    }
+    size_t tail = np ? prev_end : gs;
+    if (!add_piece(a, KP_GPIECE_LIT, x + tail, me - tail, NULL, 0)) return kp_fail(err, KP_ENOMEM, "out of memory");
+    return KP_OK;
+}
+
+/* JSON and NAMED forms: the markup of calls of fn around the sentinel
+ * arguments: n_calls 1 (alternative a: the whole message) or 2 (after the
+ * first call of tools[0]: a more alternative, and the suffix). */
+static kp_status force_json(const kp_toolsyn *s, const json_t *tools, const json_t *fn, const json_t *fschema,
+                            const json_t *first_fn, bool second, const char *c0, size_t c0n, forced *f, kp_galt *a,
+                            kp_error *err) {
+    const char *name = json_string_value(json_object_get(fn, "name"));
+    json_t *calls = second ? json_pack("[o, o]", probe_call("kpid00001", json_string_value(json_object_get(first_fn, "name")),
+                                                           "{\"kpzq\":\"kpsen1\"}"),
+                                       probe_call("kpid00002", name, "{\"kpzq\":\"kpsen2\"}"))
+                           : json_pack("[o]", probe_call("kpid00001", name, "{\"kpzq\":\"kpsen1\"}"));
+    json_t *w1 = json_pack("{s:s}", "kpzq", "kpsen1"), *w2 = json_pack("{s:s}", "kpzq", "kpsen2");
+    char *x = NULL;
+    size_t xn = 0, ms, me, a1s, a1e, a2s = 0, a2e = 0;
+    kp_status st = calls && w1 && w2 ? force_render(s, tools, calls, "", f, &x, &xn) : KP_ENOMEM;
+    bool found = false;
+    if (st == KP_OK) {
+        markup(c0, c0n, x, xn, &ms, &me);
+        found = find_json(x, ms, me, w1, &a1s, &a1e) && (!second || find_json(x, a1e, me, w2, &a2s, &a2e));
+    }
+    json_decref(w1), json_decref(w2);
+    if (st != KP_OK) return kp_fail(err, st, "the template refuses a call of %s", name);
+    if (!found) return kp_fail(err, KP_EUNSUPPORTED, "the template does not write the arguments of %s as JSON", name);
+    bool ok;
+    if (!second) {
+        size_t gs = gen_start(f, x, ms);
+        ok = add_piece(a, KP_GPIECE_LIT, x + gs, a1s - gs, NULL, 0) && add_piece(a, KP_GPIECE_JSON, NULL, 0, fschema, 0) &&
+             add_piece(a, KP_GPIECE_LIT, x + a1e, me - a1e, NULL, 0);
+    } else {
+        ok = add_piece(a, KP_GPIECE_LIT, x + a1e, a2s - a1e, NULL, 0) && add_piece(a, KP_GPIECE_JSON, NULL, 0, fschema, 0);
+        if (ok && !f->suffix) {
+            f->suffix = malloc(me - a2e + 1);
+            ok = f->suffix != NULL;
+            if (ok) memcpy(f->suffix, x + a2e, me - a2e), f->suffix_len = me - a2e;
+        }
+    }
+    return ok ? KP_OK : kp_fail(err, KP_ENOMEM, "out of memory");
+}
+
+kp_status kp_toolsyn_force(const kp_toolsyn *s, const json_t *tools, const char *name, bool parallel,
+                           kp_grammar **out, kp_error *err) {
+    *out = NULL;
+    if (!json_is_array(tools) || json_array_size(tools) == 0)
+        return kp_fail(err, KP_EINVAL, "tools: forcing a call needs a non-empty tools array");
+    parallel = parallel && s->sep.s && s->form != CALL_PARAMS;
+    forced f = {0};
+    char *c0 = NULL;
+    size_t c0n = 0;
+    prober p = {s->render, s->ctx, (json_t *)tools};
+    char *gen = NULL;
+    size_t gen_len = 0;
+    kp_status st = probe_render_trail(&p, "KPCONTENT", NULL, true, &c0, &c0n);
+    if (st == KP_OK) st = probe_gen(&p, &gen, &gen_len);
+    if (st != KP_OK) {
+        free(c0);
+        free(gen);
+        return kp_fail(err, st == KP_ENOMEM ? KP_ENOMEM : KP_EUNSUPPORTED, "the template refuses these tools");
+    }
+    f.gen = gen;
+    f.gen_len = gen_len;
+    const json_t *first_fn = NULL;
+    size_t matched = 0;
+    for (size_t i = 0; st == KP_OK && i < json_array_size(tools); i++) {
+        const json_t *t = json_array_get(tools, i), *type = json_object_get(t, "type");
+        const json_t *fn = json_object_get(t, "function"), *fname = json_object_get(fn, "name");
+        if (!json_is_object(t) || !json_is_object(fn) || !json_is_string(fname) || json_string_length(fname) == 0 ||
+            (type && !(json_is_string(type) && !strcmp(json_string_value(type), "function")))) {
+            st = kp_fail(err, KP_EINVAL, "tools[%zu] must be {\"type\": \"function\", \"function\": {\"name\": ...}}", i);
+            break;
+        }
+        if (name && strcmp(json_string_value(fname), name) != 0) continue;
+        const json_t *params = json_object_get(fn, "parameters");
+        if (params && !json_is_null(params) && !json_is_object(params)) {
+            st = kp_fail(err, KP_EINVAL, "tools[%zu].function.parameters must be a JSON Schema object", i);
+            break;
+        }
+        json_t *ps = params && !json_is_null(params) ? forced_schema(params) : json_pack("{s:s, s:{}}", "type", "object", "properties");
+        if (ps && !json_object_get(ps, "type")) json_object_set_new(ps, "type", json_string("object"));
+        if (ps && !json_object_get(ps, "additionalProperties")) json_object_set_new(ps, "additionalProperties", json_false());
+        const json_t *fs = keep_schema(&f, ps);
+        if (!fs) {
+            st = kp_fail(err, KP_ENOMEM, "out of memory");
+            break;
+        }
+        matched++;
+        if (!first_fn) first_fn = fn;
+        kp_galt a = {0};
+        st = s->form == CALL_PARAMS ? force_params(s, tools, fn, fs, c0, c0n, &f, &a, err)
+                                    : force_json(s, tools, fn, fs, NULL, false, c0, c0n, &f, &a, err);
+        if (st == KP_OK && parallel && a.n >= 2) a.n--; /* the message's end comes after the last call */
+        if (st == KP_OK && !add_alt(&f.first, &f.n_first, a)) st = kp_fail(err, KP_ENOMEM, "out of memory");
+        if (st != KP_OK) free(a.pieces);
+        if (st == KP_OK && parallel) {
+            kp_galt m = {0};
+            st = force_json(s, tools, fn, fs, first_fn, true, c0, c0n, &f, &m, err);
+            if (st == KP_OK && !add_alt(&f.more, &f.n_more, m)) st = kp_fail(err, KP_ENOMEM, "out of memory");
+            if (st != KP_OK) free(m.pieces);
+        }
+    }
+    if (st == KP_OK && !matched) st = kp_fail(err, KP_EINVAL, "tool_choice: no function named \"%.64s\" in tools", name);
+    if (st == KP_OK)
+        st = kp_grammar_compile_alts(f.first, f.n_first, f.more, f.n_more, parallel ? 16 : 1, f.suffix, f.suffix_len,
+                                     out, err);
+    free(c0);
+    free(gen);
+    forced_free(&f);
+    return st;
 }

@@ -83,6 +83,23 @@ kp_status kp_toolsyn_parse(const kp_toolsyn *s, const json_t *tools, const char 
  * text's content_len. */
 size_t kp_toolsyn_holdback(const kp_toolsyn *s, const char *text, size_t len);
 
+/* The grammar of a forced call (tool_choice "required": any of tools; a
+ * named function: name) in the template's own markup: per tool, the bytes
+ * the template renders for a call of it, around its arguments written as
+ * the template writes them back (JSON in RFC 8785 order, compact; each
+ * parameter in key order, optional ones optional), so a call the client
+ * sends back renders to the very bytes generated. The arguments' schema is
+ * the tool's parameters, closed to undeclared properties unless it says
+ * otherwise. One call, or with parallel (and a template that renders
+ * several) up to 16. Errors: KP_EINVAL for malformed tools or an unknown
+ * name ("tool_choice: no function named ..."), KP_EUNSUPPORTED when the
+ * template writes a tool's calls in a way that cannot be generated
+ * exactly (naming the tool), a schema the grammar compiler refuses (its
+ * message), KP_ENOMEM. */
+struct kp_grammar;
+kp_status kp_toolsyn_force(const kp_toolsyn *s, const json_t *tools, const char *name, bool parallel,
+                           struct kp_grammar **out, kp_error *err);
+
 /* A one-line description of the syntax for logs: the call form and its
  * opening markup, e.g. "named calls after '[TOOL_CALLS]'". Static storage
  * inside s. */

@@ -19,6 +19,13 @@ The reply must come back as the calls it holds:
   - /v1/responses: function_call items.
 A text that only mentions the markup stays content.
 
+A forced call (tool_choice required or named) is generated in the
+template's own markup, in the very bytes the template renders when the
+client sends the call back: the detokenized prompt of the next turn must
+start with the detokenized prompt and answer of this one (a tool whose
+only parameter is a small integer, so that the random model ends its call).
+A forced call of an unknown function is a 400.
+
 A template that renders no tools at all (Gemma 3's, Llama 2's) gets them
 in kvpin's generic tool format: the prompt must be what jinja2 renders from
 the conversation rewritten by tools/chat_golden.py's generic_tools (the
@@ -146,6 +153,46 @@ def check(name, reply, content, want):
         srv.kill()
 
 
+LEVEL = [{"type": "function", "function": {"name": "set_level", "description": "Set the level",
+                                           "parameters": {"type": "object", "properties": {
+                                               "level": {"type": "integer", "minimum": 1, "maximum": 9}},
+                                               "required": ["level"]}}}]
+
+
+def check_forced(name):
+    srv = Server(R, "--chat-template-file", T + name, "-c", "8192")
+    try:
+        msgs = [{"role": "user", "content": "Level?"}]
+        for choice in ("required", {"type": "function", "function": {"name": "set_level"}}):
+            st, _, j = srv.post("/v1/chat/completions", {"messages": msgs, "tools": LEVEL, "tool_choice": choice,
+                                                          "max_tokens": 200, "return_token_ids": True})
+            ch = j["choices"][0] if st == 200 else {}
+            calls = calls_of(ch.get("message", {}).get("tool_calls") or []) if st == 200 else []
+            R.ok(st == 200 and ch["finish_reason"] == "tool_calls" and len(calls) == 1 and
+                 calls[0][0] == "set_level" and list(calls[0][1]) == ["level"] and 1 <= calls[0][1]["level"] <= 9,
+                 "%s forced %s: %s %s" % (name, choice, st, j))
+            if st != 200:
+                continue
+            m = ch["message"]
+            back = msgs + [{"role": "assistant", "content": m.get("content") or "", "tool_calls": m["tool_calls"]},
+                           {"role": "tool", "tool_call_id": m["tool_calls"][0]["id"], "content": "ok"}]
+            st, _, j2 = srv.post("/v1/chat/completions", {"messages": back, "tools": LEVEL, "max_tokens": 1,
+                                                           "return_token_ids": True})
+            _, _, d1 = srv.post("/detokenize", {"tokens": ch["prompt_token_ids"] + ch["token_ids"]})
+            _, _, d2 = srv.post("/detokenize", {"tokens": j2["choices"][0]["prompt_token_ids"] if st == 200 else []})
+            a, b = d1.get("content", ""), d2.get("content", "")
+            # the answer's end-of-turn token is the template's too: compare up to it
+            R.ok(st == 200 and b.startswith(a.rstrip()) and len(a) > len(d1.get("content", "")) // 2,
+                 "%s forced call re-rendered: generated %r\n  next prompt %r" % (name, a[-120:], b[len(a) - 120:len(a) + 40]))
+        st, _, j = srv.post("/v1/chat/completions", {"messages": msgs, "tools": LEVEL, "max_tokens": 5,
+                                                      "tool_choice": {"type": "function", "function": {"name": "nope"}}})
+        R.ok(st == 400 and "nope" in json.dumps(j), "%s forced unknown function: %s %s" % (name, st, j))
+        srv.stop()
+    except Exception as e:  # noqa: BLE001
+        R.ok(False, "%s forced: %r" % (name, e))
+        srv.kill()
+
+
 def check_generic(path, family):
     srv = Server(R, "--chat-template-file", path)
     try:
@@ -181,6 +228,9 @@ def main():
     try:
         for name, reply, content, want in CASES:
             check(name, reply, content, want)
+            # the bundled SentencePiece vocabulary writes DeepSeek's U+2581 back as a space
+            if "DeepSeek" not in name:
+                check_forced(name)
         check_generic("tests/data/chat/templates/google-gemma-3-it.jinja", "gemma")
         check_generic("tests/data/chat/templates/meta-llama-Llama-2-7b-chat-hf.jinja", "llama2")
         check_generic("tests/data/chat/templates/teknium-OpenHermes-2.5-Mistral-7B.jinja", "chatml")
