@@ -36,6 +36,8 @@
  */
 #include "serve/answer.h"
 
+#include "serve/answers.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,6 +203,7 @@ static void answer_free(kp_answer *a) {
     if (a->d->free) a->d->free(a->dreq);
     json_decref(a->report);
     json_decref(a->tool_defs);
+    free(a->prompt_text);
     kp_buf_free(&a->out);
     free(a);
 }
@@ -300,6 +303,34 @@ static size_t tool_holdback(const kp_answer *a, const kp_choice *ch) {
     return syn ? kp_toolsyn_holdback(syn, t, ch->text.len) : kp_chat_tool_holdback(a->s->cfg.chat, t, ch->text.len);
 }
 
+/* Remembers choice i's answer as the tokens the model wrote (answers.h):
+ * the prompt's rendering and the generated pieces against their ids, the
+ * end-of-generation token left out (a model may end on <|endoftext|> where
+ * its template closes the turn with <|end|>; that token was sampled, never
+ * fed, so the cache does not hold it either): an "open" entry, used when
+ * the template's markup after it starts with a control token. Answers
+ * that stopped (an end token, a grammar's end, a stop string: the client's
+ * text then lacks the string, and the entry never matches) or were cut by
+ * max_tokens. */
+static void remember_answer(kp_answer *a, const kp_choice *ch) {
+    const kp_sreq_update *u = &ch->last;
+    const kp_tok_vocab *v = a->s->v;
+    size_t n = (size_t)u->prompt_tokens + u->completion_tokens;
+    if (!a->prompt_text || !u->ids || !u->completion_tokens) return;
+    bool eog = kp_tok_is_eog(v, u->ids[n - 1]);
+    if (u->finish != KP_FINISH_STOP && u->finish != KP_FINISH_LENGTH) return;
+    if (eog) n--;
+    kp_buf b = {0};
+    kp_buf_put(&b, a->prompt_text, a->prompt_len);
+    for (size_t k = u->prompt_tokens; k < n; k++) {
+        size_t pl = 0;
+        const char *piece = kp_tok_piece_view(v, u->ids[k], true, &pl);
+        if (piece) kp_buf_put(&b, piece, pl);
+    }
+    if (!b.oom) kp_answers_put(a->s->answers, b.data, b.len, u->ids, n, true);
+    kp_buf_free(&b);
+}
+
 static void choice_over(kp_answer *a, uint32_t i) {
     kp_choice *ch = &a->ch[i];
     if (a->capped && ch->last.finish == KP_FINISH_LENGTH) { /* --max-tokens-cap ends the turn */
@@ -308,6 +339,7 @@ static void choice_over(kp_answer *a, uint32_t i) {
     }
     kp_finish f = ch->last.finish;
     ch->over = true;
+    if (a->chat) remember_answer(a, ch);
     split_reasoning(a, i, true);
     ch->content = ch->text.len;
     ch->finish = kp_oai_finish_name(f);
@@ -536,6 +568,8 @@ static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_
     a->progress = q->return_progress && q->stream;
     a->tools = a->chat && q->tools; /* the template's tool syntax, or the generic format (chat.h) */
     a->tool_defs = a->tools ? json_incref((json_t *)q->tools) : NULL;
+    if (a->chat && a->s->answers && p->pr.text && (a->prompt_text = malloc(p->pr.text_len ? p->pr.text_len : 1)))
+        memcpy(a->prompt_text, p->pr.text, p->pr.text_len), a->prompt_len = p->pr.text_len;
     const kp_server_config *cfg = &a->s->cfg;
     a->reason = !a->chat || cfg->reasoning_inline ? NULL
                 : cfg->chat_jinja                 ? kp_chat_tmpl_reasoning(cfg->chat_jinja)

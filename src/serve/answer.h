@@ -111,6 +111,8 @@ struct kp_answer {
     bool tools;    /* tools are rendered: replies are read for calls */
     json_t *tool_defs; /* the request's tools (a reference; NULL without tools): types the
                           values of calls written as parameters (toolsyn.h) */
+    char *prompt_text; /* a chat prompt's rendering, kept for the answer memory (answers.h); NULL: not kept */
+    size_t prompt_len;
     const kp_reasoning_markers *reason; /* replies are split into reasoning and content (NULL: not) */
     bool reason_open;                   /* the prompt opened the reasoning */
     bool logprobs; /* logprobs asked */

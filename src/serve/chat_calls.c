@@ -550,6 +550,47 @@ static bool form_literal(char **out, size_t *len, const char *s) {
     return *out != NULL;
 }
 
+static int strcmp_ptr(const char *const *a, const char *const *b) { return strcmp(*a, *b); }
+
+/* A copy of schema with every "properties" in key order and objects with
+ * properties closed (additionalProperties false) unless they say. */
+json_t *kp_chat_forced_schema(const json_t *schema) {
+    if (json_is_array(schema)) {
+        json_t *a = json_array();
+        size_t i;
+        const json_t *v;
+        json_array_foreach(schema, i, v) json_array_append_new(a, kp_chat_forced_schema(v));
+        return a;
+    }
+    if (!json_is_object(schema)) return json_deep_copy(schema);
+    json_t *o = json_object();
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)schema, k, v) {
+        if (!strcmp(k, "properties") && json_is_object(v)) {
+            size_t n = json_object_size(v), j = 0;
+            const char **keys = malloc((n ? n : 1) * sizeof *keys);
+            const char *pk;
+            json_t *pv;
+            json_object_foreach(v, pk, pv) if (keys) keys[j++] = pk;
+            if (keys) {
+                qsort(keys, n, sizeof *keys, (int (*)(const void *, const void *))strcmp_ptr);
+                json_t *props = json_object();
+                for (j = 0; j < n; j++) json_object_set_new(props, keys[j], kp_chat_forced_schema(json_object_get(v, keys[j])));
+                json_object_set_new(o, k, props);
+                free(keys);
+            }
+        } else if (!strcmp(k, "enum") || !strcmp(k, "const") || !strcmp(k, "default") || !strcmp(k, "examples")) {
+            json_object_set_new(o, k, json_deep_copy(v)); /* values, not schemas */
+        } else {
+            json_object_set_new(o, k, kp_chat_forced_schema(v));
+        }
+    }
+    if (json_object_get(o, "properties") && !json_object_get(o, "additionalProperties"))
+        json_object_set_new(o, "additionalProperties", json_false());
+    return o;
+}
+
 /* The schema of one call of tool t (tools[i]): name as const, the
  * arguments under key as the tool's parameters schema (an object schema:
  * "type": "object" is added when the schema has no type; none at all is an
@@ -576,7 +617,7 @@ static kp_status form_call_schema(const json_t *t, size_t i, const char *key, js
                            "tools[%zu].function.parameters: the arguments of a call are a JSON "
                            "object, so the schema's type must be \"object\"",
                            i);
-        args = json_deep_copy(params);
+        args = kp_chat_forced_schema(params); /* arguments written back in key order */
         if (args && !type) json_object_set_new(args, "type", json_string("object"));
         else if (args && json_is_array(type)) json_object_set_new(args, "type", json_string("object"));
     }

@@ -86,6 +86,13 @@ int kp_chat_json_extent(const char *t, size_t len, size_t js, size_t *je);
 json_t *kp_chat_call_object(const char *name, size_t name_len, const char *args, size_t args_len, uint64_t seed,
                             size_t index);
 
+/* A forced call's arguments schema from a tool's parameters (a new
+ * reference; NULL when memory runs out): a copy with every "properties"
+ * in key order, as a template's tojson writes arguments back (RFC 8785),
+ * and objects that declare properties closed to others unless they say
+ * (additionalProperties false). */
+json_t *kp_chat_forced_schema(const json_t *schema);
+
 /* The first / last occurrence of needle in s[0..len), or NULL. */
 const char *kp_chat_find(const char *s, size_t len, const char *needle);
 const char *kp_chat_find_last(const char *s, size_t len, const char *needle);

@@ -9,6 +9,8 @@
  */
 #include "serve/endpoints.h"
 
+#include "serve/answers.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -473,6 +475,18 @@ KP_HANDLER(kp_ep_metrics) {
     metric(&t, "kvpin_http_requests_cut_total", "counter",
            "Connections shut down because a request's head and body did not arrive within --request-timeout.",
            (double)atomic_load(&s->cut_slow));
+    if (s->answers) {
+        size_t entries, bytes;
+        uint64_t matches, stored;
+        kp_answers_counts(s->answers, &entries, &bytes, &matches, &stored);
+        metric(&t, "kvpin_answer_memory_entries", "gauge", "Answers remembered as the tokens the model wrote.",
+               (double)entries);
+        metric(&t, "kvpin_answer_memory_bytes", "gauge", "Bytes the remembered answers hold (--answer-memory).",
+               (double)bytes);
+        metric(&t, "kvpin_answer_memory_stored_total", "counter", "Answers remembered so far.", (double)stored);
+        metric(&t, "kvpin_answer_memory_matches_total", "counter",
+               "Prompts that started with a remembered answer and took its tokens.", (double)matches);
+    }
     metric(&t, "kvpin_volatile_blocks_dropped_total", "counter",
            "System texts of generation requests whose volatile start (a client's per-session header, "
            "--volatile-prefix) was left out of the prompt.",

@@ -141,7 +141,7 @@ static kp_status get(kp_gcache *c, kp_gc_kind kind, const json_t *schema, const 
         return KP_OK;
     }
     kp_schema_opts o = kp_schema_opts_default();
-    o.ws_max = KP_GCACHE_WS;
+    o.ws_max = fr ? 0 : KP_GCACHE_WS; /* a forced call: compact, as its template writes it back */
     o.no_outer_ws = true;
     if (fr) {
         o.prefix = fr->prefix;

@@ -21,7 +21,8 @@
  * Grammars for requests are compiled with no whitespace before or after
  * the document (kp_schema_opts.no_outer_ws), so generation stops right
  * after the value's last byte, and at most KP_GCACHE_WS bytes of
- * whitespace between two JSON tokens.
+ * whitespace between two JSON tokens; none in a framed document (a forced
+ * tool call, written compact as the template writes the call back).
  */
 #ifndef KP_GCACHE_H
 #define KP_GCACHE_H

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "serve/answers.h"
 #include "serve/chat.h"
 #include "serve/chat_tmpl.h"
 #include "serve/volatile.h"
@@ -51,6 +52,45 @@ static bool tokenize_prompt(kp_server *s, const char *text, size_t len, const kp
     *ids = t;
     *n = nt;
     return true;
+}
+
+/* text[0..len) as tokens when it starts with an answer the server
+ * remembers (answers.h): that answer's tokens, then the rest tokenized
+ * (plain ranges shifted to it, no BOS: it follows a control token). false
+ * when there is no such answer (or memory ran out): tokenize as usual. */
+static bool tokenize_after_answer(kp_server *s, const char *text, size_t len, const kp_tok_range *plain,
+                                  size_t n_plain, int32_t **ids, size_t *n) {
+    int32_t *pre = NULL, *rest = NULL;
+    size_t np = 0, nr = 0;
+    bool open = false;
+    size_t m = kp_answers_match(s->answers, text, len, &pre, &np, &open);
+    if (!m) return false;
+    kp_tok_range *r = n_plain ? malloc(n_plain * sizeof *r) : NULL;
+    size_t k = 0;
+    for (size_t i = 0; r && i < n_plain; i++) {
+        size_t a = plain[i].start, b = plain[i].start + plain[i].len;
+        if (b <= m) continue;
+        if (a < m) a = m;
+        r[k++] = (kp_tok_range){a - m, b - a};
+    }
+    kp_error err = {0};
+    bool ok = (r || !n_plain) && (m == len || kp_tok_encode_plain(s->v, text + m, len - m, false, r, k, &rest, &nr,
+                                                                  &err) == KP_OK);
+    /* an answer cut short: the template's markup that closes it must start
+     * with a control token, or its first bytes could have merged with the
+     * answer's last */
+    if (ok && open) ok = nr > 0 && kp_tok_is_control(s->v, rest[0]);
+    int32_t *t = ok ? malloc((np + nr) * sizeof *t) : NULL;
+    if (t) {
+        memcpy(t, pre, np * sizeof *t);
+        if (nr) memcpy(t + np, rest, nr * sizeof *t);
+        *ids = t;
+        *n = np + nr;
+    }
+    free(r);
+    free(pre);
+    free(rest);
+    return t != NULL;
 }
 
 /* The server's template: its Jinja text, else its built-in family. */
@@ -120,7 +160,8 @@ static bool render_messages(kp_server *s, const json_t *messages, const json_t *
         kp_oai_from_status(st, &err, field, e);
         return false;
     }
-    bool ok = tokenize_prompt(s, text, len, plain, n_plain, &out->ids, &out->n, e);
+    bool ok = tokenize_after_answer(s, text, len, plain, n_plain, &out->ids, &out->n) ||
+              tokenize_prompt(s, text, len, plain, n_plain, &out->ids, &out->n, e);
     free(plain);
     if (ok) {
         out->text = text;

@@ -27,6 +27,7 @@
 
 #include "base/entropy.h"
 
+#include "serve/answers.h"
 #include "serve/anthropic.h"
 #include "serve/endpoints.h"
 #include "serve/http.h"
@@ -200,6 +201,8 @@ static void server_free_tables(kp_server *s) {
     kp_response_store_free(s->responses);
     kp_history_free(s->hist);
     kp_volatile_free(s->vol);
+    kp_answers_free(s->answers);
+    s->answers = NULL;
     free(s);
 }
 
@@ -237,6 +240,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     if (st == KP_OK) st = kp_response_store_new(&s->responses, 256, 16u << 20, err);
     if (st == KP_OK)
         st = kp_volatile_new(&s->vol, !s->cfg.keep_volatile, s->cfg.volatile_prefixes, s->cfg.n_volatile, err);
+    if (st == KP_OK && s->cfg.answer_memory) st = kp_answers_new(&s->answers, s->cfg.answer_memory, err);
     if (st == KP_OK) st = kp_http_start(s, route, err);
     if (st != KP_OK) {
         kp_http_stop(s);

@@ -1021,8 +1021,6 @@ kp_status kp_toolsyn_learn(kp_toolsyn_render_fn render, void *ctx, kp_toolsyn **
     return KP_OK;
 }
 
-static int strcmp_ptr(const char *const *a, const char *const *b) { return strcmp(*a, *b); }
-
 /* ---- forced calls ---- */
 /*
  * A forced call is generated in the exact bytes the template renders for
@@ -1041,43 +1039,6 @@ static int strcmp_ptr(const char *const *a, const char *const *b) { return strcm
  *                 {"kpo<i>": 1}); the markup between values is split at
  *                 KPOST so that optional parameters form optional groups
  */
-
-/* A copy of schema with every "properties" in key order and objects with
- * properties closed (additionalProperties false) unless they say. */
-static json_t *forced_schema(const json_t *schema) {
-    if (json_is_array(schema)) {
-        json_t *a = json_array();
-        size_t i;
-        const json_t *v;
-        json_array_foreach(schema, i, v) json_array_append_new(a, forced_schema(v));
-        return a;
-    }
-    if (!json_is_object(schema)) return json_deep_copy(schema);
-    json_t *o = json_object();
-    const char *k;
-    json_t *v;
-    json_object_foreach((json_t *)schema, k, v) {
-        if (!strcmp(k, "properties") && json_is_object(v)) {
-            size_t n = json_object_size(v), j = 0;
-            const char **keys = malloc((n ? n : 1) * sizeof *keys);
-            const char *pk;
-            json_t *pv;
-            json_object_foreach(v, pk, pv) if (keys) keys[j++] = pk;
-            if (keys) {
-                qsort(keys, n, sizeof *keys, (int (*)(const void *, const void *))strcmp_ptr);
-                json_t *props = json_object();
-                for (j = 0; j < n; j++) json_object_set_new(props, keys[j], forced_schema(json_object_get(v, keys[j])));
-                json_object_set_new(o, k, props);
-                free(keys);
-            }
-        } else {
-            json_object_set_new(o, k, forced_schema(v));
-        }
-    }
-    if (json_object_get(o, "properties") && !json_object_get(o, "additionalProperties"))
-        json_object_set_new(o, "additionalProperties", json_false());
-    return o;
-}
 
 typedef struct {
     kp_galt *first, *more;
@@ -1348,7 +1309,7 @@ kp_status kp_toolsyn_force(const kp_toolsyn *s, const json_t *tools, const char 
             st = kp_fail(err, KP_EINVAL, "tools[%zu].function.parameters must be a JSON Schema object", i);
             break;
         }
-        json_t *ps = params && !json_is_null(params) ? forced_schema(params) : json_pack("{s:s, s:{}}", "type", "object", "properties");
+        json_t *ps = params && !json_is_null(params) ? kp_chat_forced_schema(params) : json_pack("{s:s, s:{}}", "type", "object", "properties");
         if (ps && !json_object_get(ps, "type")) json_object_set_new(ps, "type", json_string("object"));
         if (ps && !json_object_get(ps, "additionalProperties")) json_object_set_new(ps, "additionalProperties", json_false());
         const json_t *fs = keep_schema(&f, ps);
