@@ -191,3 +191,5 @@ const kp_toolsyn *kp_chat_tmpl_calls(const kp_chat_tmpl *t, const char **why) {
     if (why) *why = t->why_calls;
     return t->calls;
 }
+
+const char *kp_chat_tmpl_text(const kp_chat_tmpl *t) { return t->text; }

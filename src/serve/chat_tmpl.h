@@ -74,6 +74,9 @@ const kp_reasoning_markers *kp_chat_tmpl_reasoning(const kp_chat_tmpl *t);
  * then *why (when why is not NULL) says which. */
 const kp_toolsyn *kp_chat_tmpl_calls(const kp_chat_tmpl *t, const char **why);
 
+/* The template's Jinja text (NUL-terminated, owned by t). */
+const char *kp_chat_tmpl_text(const kp_chat_tmpl *t);
+
 /* Whether the template reads the variable name (its text mentions it). */
 bool kp_chat_tmpl_uses(const kp_chat_tmpl *t, const char *name);
 

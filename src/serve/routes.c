@@ -31,6 +31,7 @@
 #include "serve/anthropic.h"
 #include "serve/endpoints.h"
 #include "serve/http.h"
+#include "serve/llama.h"
 #include "serve/openai.h"
 #include "serve/origin.h"
 #include "serve/response_store.h"
@@ -100,6 +101,9 @@ static const route_entry ROUTES[] = {
     {"GET", "/v1/models/", true, true, kp_ep_models},
     {"GET", "/metrics", false, true, kp_ep_metrics},
     {"POST", "/v1/completions", false, true, kp_openai_completions},
+    {"POST", "/completion", false, true, kp_llama_completion},
+    {"GET", "/props", false, true, kp_llama_props},
+    {"GET", "/slots", false, true, kp_llama_slots},
     {"POST", "/completions", false, true, kp_openai_completions},
     {"POST", "/v1/chat/completions", false, true, kp_openai_chat},
     {"POST", "/chat/completions", false, true, kp_openai_chat},

@@ -527,3 +527,5 @@ void kp_sched_stats_get(kp_sched *s, kp_sched_stats *out) {
     out->running = s->n_running;
     pthread_mutex_unlock(&s->mu);
 }
+
+uint32_t kp_sched_parallel(const kp_sched *s) { return s->cfg.parallel; }

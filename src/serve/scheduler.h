@@ -276,6 +276,9 @@ kp_status kp_sched_node_path(kp_sched *s, const int32_t *firsts, uint32_t depth,
 /* The engine's longest sequence (kp_eng_max_pos), fixed at kp_sched_new. */
 uint32_t kp_sched_max_pos(const kp_sched *s);
 
+/* Running sequences at most (kp_sched_config.parallel). */
+uint32_t kp_sched_parallel(const kp_sched *s);
+
 #define KP_SCHED_HIST_BUCKETS 12
 
 typedef struct {
