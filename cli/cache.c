@@ -41,6 +41,7 @@
 #include "cache/doctor.h"
 #include "engine/engine.h"
 #include "engine/gen.h"
+#include "serve/chat_tmpl.h"
 #include "model/sampler.h"
 #include "tok/textout.h"
 #include "tok/tok.h"
@@ -54,6 +55,7 @@ typedef struct {
     int32_t *ids; /* prompt tokens (run: + the generated tokens decoded) */
     size_t n_ids;
     size_t n_prompt;
+    bool chat; /* rendered from messages: the template's markup holds control tokens */
 } turn;
 
 typedef struct {
@@ -83,9 +85,14 @@ static bool turns_add(turn_list *t, char *text, size_t len) {
     return true;
 }
 
-/* Reads FILE.jsonl: one {"prompt": "..."} per non-blank line. Prints a
- * message naming the file and line on failure. */
-static bool turns_load_jsonl(turn_list *t, const char *path, const char *cmd) {
+/* Renders a chat request object (messages, tools, add_generation_prompt,
+ * chat_template_kwargs) into *text (malloc'd); false with a message. */
+typedef bool (*chat_render_fn)(void *ctx, const json_t *req, char **text, size_t *len, char *msg, size_t msg_size);
+
+/* Reads FILE.jsonl: one {"prompt": "..."} per non-blank line, or with
+ * render, a chat request {"messages": [...], ...} (a server's chat log)
+ * rendered by it. Prints a message naming the file and line on failure. */
+static bool turns_load_jsonl(turn_list *t, const char *path, const char *cmd, chat_render_fn render, void *rctx) {
     size_t len;
     char *buf = cli_read_all(path, &len);
     if (!buf) return false;
@@ -108,8 +115,21 @@ static bool turns_load_jsonl(turn_list *t, const char *path, const char *cmd) {
                 fprintf(stderr, "kvpin %s: %s:%zu: expected a JSON object {\"prompt\": \"...\"}\n", cmd, path,
                         line_no);
                 ok = false;
+            } else if (!pr && json_object_get(o, "messages") && render) {
+                char *s = NULL, msg[300];
+                size_t n = 0;
+                if (!render(rctx, o, &s, &n, msg, sizeof msg)) {
+                    fprintf(stderr, "kvpin %s: %s:%zu: %s\n", cmd, path, line_no, msg);
+                    ok = false;
+                } else if (!turns_add(t, s, n)) {
+                    fprintf(stderr, "kvpin %s: out of memory\n", cmd);
+                    ok = false;
+                } else {
+                    t->v[t->n - 1].chat = true;
+                }
             } else if (!json_is_string(pr)) {
-                fprintf(stderr, "kvpin %s: %s:%zu: missing \"prompt\" string\n", cmd, path, line_no);
+                fprintf(stderr, "kvpin %s: %s:%zu: missing \"prompt\" string%s\n", cmd, path, line_no,
+                        render ? " (or a chat request's \"messages\")" : "");
                 ok = false;
             } else {
                 size_t n = json_string_length(pr);
@@ -344,7 +364,7 @@ static int parse_cache_opts(int argc, char **argv, cache_opts *o) {
 }
 
 static bool load_sources(const cache_opts *o, turn_list *t) {
-    if (o->turns_file) return turns_load_jsonl(t, o->turns_file, "run");
+    if (o->turns_file) return turns_load_jsonl(t, o->turns_file, "run", NULL, NULL);
     for (int i = 0; i < o->n_srcs; i++) {
         size_t len;
         char *s;
@@ -379,7 +399,8 @@ static bool tokenize_turns(const kp_lm *lm, const kp_tok_vocab *v, turn_list *t,
             if (kp_tokenize_prompt(lm, u->text, u->prompt_len, add_special, special, &u->ids, &u->n_ids, &lm_err) !=
                 KP_RC_OK)
                 msg = lm_err.msg;
-        } else if (kp_tok_encode(v, u->text, u->prompt_len, add_special, special, &u->ids, &u->n_ids, &err) != KP_OK) {
+        } else if (kp_tok_encode(v, u->text, u->prompt_len, add_special && !u->chat, special || u->chat, &u->ids,
+                                 &u->n_ids, &err) != KP_OK) {
             msg = err.msg;
         }
         if (msg) {
@@ -626,19 +647,81 @@ static void doctor_tiers_line(const doctor_tiers *d, size_t n, size_t common, co
         printf(": none (never stored, evicted from the tier, or another fingerprint)\n");
 }
 
+enum { O_DOCTOR_TEMPLATE_FILE = CLI_OWN };
 static const cli_opt doctor_tab[] = {
     CLI_USE(CLI_MODEL), CLI_USE(CLI_JSON), CLI_USE(CLI_SPECIAL), CLI_USE(CLI_CACHE_DIR), CLI_USE(CLI_CACHE_REDIS),
     CLI_USE(CLI_CACHE_REDIS_TIMEOUT), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V),
-    CLI_USE(CLI_KV_BLOCK), {0},
+    CLI_USE(CLI_KV_BLOCK),
+    {"chat-template-file", NULL, NULL, "FILE", "render chat requests in FILE with this Jinja template instead of\n"
+                                               "the model's own", O_DOCTOR_TEMPLATE_FILE},
+    {0},
 };
+
+/* The chat template a doctor renders a chat log's requests with: the
+ * model's tokenizer.chat_template (or FILE), its BOS / EOS token texts. */
+static kp_chat_tmpl *doctor_template(const kp_gguf *g, const kp_tok_vocab *v, const char *file) {
+    size_t len = 0;
+    char *text = NULL;
+    if (file) {
+        text = cli_read_all(file, &len);
+    } else {
+        kp_gguf_str s;
+        kp_error e;
+        if (kp_gguf_get_str(g, "tokenizer.chat_template", &s, &e) == KP_OK && s.len && (text = malloc(s.len + 1))) {
+            memcpy(text, s.data, s.len);
+            text[s.len] = 0;
+            len = s.len;
+        }
+    }
+    if (!text) {
+        if (!file) fprintf(stderr, "kvpin doctor: the model has no chat template (--chat-template-file FILE)\n");
+        return NULL;
+    }
+    const char *bos = kp_tok_bos(v) >= 0 ? kp_tok_text(v, kp_tok_bos(v), NULL) : "";
+    const char *eos = kp_tok_eos(v) >= 0 ? kp_tok_text(v, kp_tok_eos(v), NULL) : "";
+    kp_chat_tmpl *t = NULL;
+    kp_error err = {0};
+    if (kp_chat_tmpl_new(text, len, NULL, 0, bos, eos, &t, &err) != KP_OK)
+        fprintf(stderr, "kvpin doctor: %s: %s\n", file ? file : "the model's chat template", err.msg);
+    free(text);
+    return t;
+}
+
+/* The template, loaded on the first chat request of the log. */
+typedef struct {
+    const kp_gguf *g;
+    const kp_tok_vocab *v;
+    const char *file;
+    kp_chat_tmpl *t;
+    bool tried;
+} doctor_chat;
+
+/* chat_render_fn over the doctor's template: as the server renders a request. */
+static bool doctor_render(void *ctx, const json_t *req, char **text, size_t *len, char *msg, size_t msg_size) {
+    doctor_chat *dc = ctx;
+    if (!dc->tried) dc->t = doctor_template(dc->g, dc->v, dc->file);
+    dc->tried = true;
+    kp_chat_tmpl *t = dc->t;
+    if (!t) return snprintf(msg, msg_size, "a chat request, and no chat template to render it"), false;
+    const json_t *agp = json_object_get(req, "add_generation_prompt");
+    const json_t *kw = json_object_get(req, "chat_template_kwargs");
+    kp_chat_opts o = {.add_generation_prompt = !json_is_false(agp)};
+    kp_error err = {0};
+    if (kp_chat_tmpl_render(t, json_object_get(req, "messages"), json_object_get(req, "tools"), &o,
+                            json_is_object(kw) ? kw : NULL, text, len, NULL, NULL, &err) != KP_OK)
+        return snprintf(msg, msg_size, "%s", err.msg), false;
+    return true;
+}
 
 static void doctor_usage(FILE *f) {
     fprintf(f, "usage: kvpin doctor [options] FILE.jsonl\n"
                "Explains, offline, how much of each prompt in a log could reuse the K/V of an\n"
                "earlier prompt, where it diverged (token and byte), why (cold, timestamp, counter,\n"
                "identifier, reordered_json, whitespace, inserted_at_front, ...) and what to do.\n"
-               "FILE holds one JSON object per line: {\"prompt\": \"...\"}. Only the model's\n"
-               "vocabulary is read. --json prints one object per turn: turn, prompt_tokens,\n"
+               "FILE holds one JSON object per line: {\"prompt\": \"...\"} (the log of kvpin serve\n"
+               "--log-prompts), or a chat request {\"messages\": [...], \"tools\": [...]}, rendered\n"
+               "with the model's chat template (or --chat-template-file). Only the model's\n"
+               "vocabulary (and template) is read. --json prints one object per turn: turn, prompt_tokens,\n"
                "reusable_tokens, diverged_at_token, diverged_at_byte, cause, cached_snippet,\n"
                "request_snippet, advice.\n"
                "With --cache-dir and/or --cache-redis it also tells, per prompt, how many of its\n"
@@ -650,7 +733,7 @@ static void doctor_usage(FILE *f) {
 }
 
 int cmd_doctor(int argc, char **argv) {
-    const char *model = NULL, *file = NULL;
+    const char *model = NULL, *file = NULL, *tmpl_file = NULL;
     bool json = false, special = false;
     doctor_tiers dt = {.kv_type = KP_DTYPE_F16, .kv_type_v = KP_DTYPE_F16, .block = 16};
     cli_args a;
@@ -661,6 +744,7 @@ int cmd_doctor(int argc, char **argv) {
         if (k == CLI_JSON) json = true;
         else if (k == CLI_SPECIAL) special = true;
         else if (k == CLI_MODEL) model = a.val;
+        else if (k == O_DOCTOR_TEMPLATE_FILE) tmpl_file = a.val;
         else if (k == CLI_CACHE_DIR) dt.dir = a.val;
         else if (k == CLI_CACHE_REDIS) dt.redis = a.val;
         else if (k == CLI_CACHE_REDIS_TIMEOUT && !cli_parse_i64(a.opt, a.val, 1, 60000, &n)) return 2;
@@ -685,12 +769,15 @@ int cmd_doctor(int argc, char **argv) {
     kp_tok_vocab *v = NULL;
     kp_error err = {0};
     int rc = 1;
-    if (!turns_load_jsonl(&t, file, "doctor")) goto done;
+    doctor_chat dc = {.file = tmpl_file};
     if (kp_gguf_open(&g, model ? model : cli_default_model(), &err) != KP_OK ||
         kp_tok_vocab_load(&v, g, &err) != KP_OK) {
         fprintf(stderr, "kvpin doctor: %s\n", err.msg);
         goto done;
     }
+    dc.g = g;
+    dc.v = v;
+    if (!turns_load_jsonl(&t, file, "doctor", doctor_render, &dc)) goto done;
     if (!tokenize_turns(NULL, v, &t, true, special, "doctor")) goto done;
     if ((dt.dir || dt.redis) && !doctor_tiers_open(&dt, model)) goto done;
     size_t total = 0, reusable = 0, worst = 0, total_tiers = 0;
@@ -754,6 +841,7 @@ int cmd_doctor(int argc, char **argv) {
     fflush(stdout);
     rc = 0;
 done:
+    kp_chat_tmpl_free(dc.t);
     kp_eng_free(dt.e);
     cli_model_close(&dt.cm);
     kp_tok_vocab_free(v);

@@ -31,7 +31,7 @@ enum {
     O_API_KEY = CLI_OWN, O_API_KEY_FILE, O_CHAT_TEMPLATE, O_CHAT_TEMPLATE_FILE, O_QUEUE, O_PREFILL_CHUNK, O_MAX_BODY, O_TIMEOUT,
     O_ALIAS, O_QUIET, O_REQUEST_TIMEOUT, O_MAX_CONNECTIONS, O_MAX_PER_ADDRESS, O_STRICT_API, O_NO_DASHBOARD,
     O_PIN_TTL_SCALE, O_VOLATILE_PREFIX, O_KEEP_VOLATILE, O_MAX_TOKENS_CAP, O_REASONING_FORMAT,
-    O_ALLOWED_HOSTS, O_CORS_ORIGIN, O_CACHE_KEY_FILE, O_ANSWER_MEMORY
+    O_ALLOWED_HOSTS, O_CORS_ORIGIN, O_CACHE_KEY_FILE, O_ANSWER_MEMORY, O_LOG_PROMPTS
 };
 
 #define MAX_HOST_RULES 64
@@ -78,6 +78,10 @@ static const cli_opt serve_tab[] = {
                                           "so that a conversation sent back reuses every one of them (default\n"
                                           "64M; 0: off)",
      O_ANSWER_MEMORY},
+    {"log-prompts", NULL, NULL, "FILE", "append each computed prompt to FILE as a JSON line {time, api, key,\n"
+                                        "prompt_tokens, prompt}, the log `kvpin doctor FILE` reads (it holds\n"
+                                        "the clients' text: keep it private)",
+     O_LOG_PROMPTS},
     {"reasoning-format", NULL, NULL, "FORMAT", "a reasoning model's thinking: auto (default; deepseek is the same)\n"
                                                "apart from the content (reasoning_content, thinking blocks,\n"
                                                "reasoning items), none: left in the content as written",
@@ -260,6 +264,7 @@ int cmd_serve(int argc, char **argv) {
     int64_t port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 64, chunk = 256, block = 16, timeout = 60;
     int64_t request_timeout = 30, max_conn = 1024, max_per_addr = 64;
     uint64_t budget = 0, max_body = 8u << 20, answer_memory = 64u << 20;
+    const char *log_prompts = NULL;
     kp_dtype kv_type = KP_DTYPE_F16, kv_type_v = KP_DTYPE_F16;
     bool no_cache = false, no_repack = false, quiet = false, budget_set = false, strict_api = false, no_dashboard = false;
     float pin_ttl_scale = 1;
@@ -352,6 +357,7 @@ int cmd_serve(int argc, char **argv) {
             break;
         case O_MAX_BODY: ok = cli_parse_bytes(opt, v, &max_body); break;
         case O_ANSWER_MEMORY: ok = cli_parse_bytes(opt, v, &answer_memory); break;
+        case O_LOG_PROMPTS: log_prompts = v; break;
         case CLI_KV_TYPE:
         case CLI_KV_TYPE_K:
         case CLI_KV_TYPE_V: ok = cli_parse_kv_opt(k, v, &kv_type, &kv_type_v); break;
@@ -515,6 +521,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.keep_volatile = keep_volatile;
     cfg.max_tokens_cap = (uint32_t)max_tokens_cap;
     cfg.answer_memory = (size_t)answer_memory;
+    cfg.log_prompts = log_prompts;
     cfg.reasoning_inline = reasoning_inline;
     cfg.volatile_prefixes = volatile_prefixes;
     cfg.allowed_hosts = allowed_hosts;

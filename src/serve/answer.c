@@ -37,6 +37,7 @@
 #include "serve/answer.h"
 
 #include "serve/answers.h"
+#include "serve/promptlog.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -587,6 +588,13 @@ static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_
                          q->ignore_eos, p->pr.text,    p->pr.text_len, q->max_tokens_set, p->grammar, q->stream,
                          {p->pr.rewrite_byte, a->reason ? a->reason->open : NULL}};
     kp_error err = {0};
+    if (a->s->promptlog) { /* --log-prompts: what `kvpin doctor` reads */
+        const char *api = !strcmp(a->d->name, "openai") ? (a->chat ? "chat" : "completions")
+                          : !strcmp(a->d->name, "anthropic") ? "messages"
+                          : !strcmp(a->d->name, "llama")     ? "completion"
+                                                             : a->d->name;
+        kp_promptlog_write(a->s->promptlog, api, q->prompt_cache_key, p->pr.text, p->pr.text_len, (uint32_t)p->pr.n);
+    }
     kp_status st = kp_sched_submit_n(a->s->sched, &sp, q->n, q->logprobs ? (int32_t)q->top_logprobs : -1, a->rs, &err);
     if (st != KP_OK) {
         const char *param = st == KP_ERANGE                ? (a->chat ? "messages" : "prompt")

@@ -113,6 +113,7 @@ struct kp_server {
     kp_response_store *responses; /* stored Responses API responses (response_store.h) */
     kp_volatile *vol;  /* the volatile system-text patterns (volatile.h), NULL: none */
     struct kp_answers *answers; /* kvpin's own answers as the tokens the model wrote (answers.h), NULL: off */
+    struct kp_promptlog *promptlog; /* --log-prompts (promptlog.h), NULL: off */
     atomic_uint_fast64_t volatile_dropped; /* system texts shortened or dropped by them */
     /* http.c's: the daemon, the URL bound, the route function, and the
      * request deadline: every open connection, and the thread that cuts

@@ -34,6 +34,7 @@
 #include "serve/llama.h"
 #include "serve/openai.h"
 #include "serve/origin.h"
+#include "serve/promptlog.h"
 #include "serve/response_store.h"
 #include "serve/responses.h"
 #include "serve/volatile.h"
@@ -207,6 +208,8 @@ static void server_free_tables(kp_server *s) {
     kp_volatile_free(s->vol);
     kp_answers_free(s->answers);
     s->answers = NULL;
+    kp_promptlog_close(s->promptlog);
+    s->promptlog = NULL;
     free(s);
 }
 
@@ -245,6 +248,7 @@ kp_status kp_server_new(kp_server **out, const kp_server_config *cfg, kp_sched *
     if (st == KP_OK)
         st = kp_volatile_new(&s->vol, !s->cfg.keep_volatile, s->cfg.volatile_prefixes, s->cfg.n_volatile, err);
     if (st == KP_OK && s->cfg.answer_memory) st = kp_answers_new(&s->answers, s->cfg.answer_memory, err);
+    if (st == KP_OK && s->cfg.log_prompts) st = kp_promptlog_open(&s->promptlog, s->cfg.log_prompts, err);
     if (st == KP_OK) st = kp_http_start(s, route, err);
     if (st != KP_OK) {
         kp_http_stop(s);

@@ -84,6 +84,7 @@ typedef struct {
     const char *chat_eos;
     uint32_t completion_max_tokens; /* default max_tokens of /v1/completions; 0: 16 */
     uint32_t max_tokens_cap;   /* every generation's max_tokens at most this (any API); 0: no cap */
+    const char *log_prompts;   /* --log-prompts FILE: each prompt computed, one JSON line (promptlog.h); NULL: none */
     size_t answer_memory;      /* bytes of answers remembered as the tokens the model wrote, so that
                                   a conversation sent back reuses them (answers.h); 0: off */
     bool quiet;                /* no request log on stderr */
