@@ -137,11 +137,17 @@ static bool write_plot(const char *path, const char *peer, const char *name, con
         if (m->pp) {
             snprintf(sname, sizeof sname, "kvpin, depth %lld", (long long)m->depth);
             int k = pf->n_series % 6;
-            cli_plot_point(cli_plot_series_of(pf, sname, COLOURS[k], false), (double)m->n, m->tps);
-            cli_plot_point(cli_plot_series_of(pt, sname, COLOURS[k], false), (double)m->n, 1e3 * m->n / m->tps);
+            cli_plot_series *a = cli_plot_series_of(pf, sname, COLOURS[k], false);
+            cli_plot_series *b = cli_plot_series_of(pt, sname, COLOURS[k], false);
+            cli_plot_join(a);
+            cli_plot_join(b);
+            cli_plot_point(a, (double)m->n, m->tps);
+            cli_plot_point(b, (double)m->n, 1e3 * m->n / m->tps);
         } else {
             snprintf(sname, sizeof sname, "kvpin tg%lld", (long long)m->n);
-            cli_plot_point(cli_plot_series_of(pd, sname, COLOURS[0], false), (double)m->depth, m->tps);
+            cli_plot_series *d = cli_plot_series_of(pd, sname, COLOURS[0], false);
+            cli_plot_join(d);
+            cli_plot_point(d, (double)m->depth, m->tps);
         }
     }
     FILE *f = peer ? fopen(peer, "r") : NULL;
@@ -249,8 +255,9 @@ static void bench_usage(FILE *f) {
                "median, min and max of -r runs. The machine's read bandwidth and int8 peak are\n"
                "measured first; pp shows the GOPS it reaches, tg the GB/s, as %% of those.\n");
     cli_print_options(f, bench_tab);
-    fprintf(f, "Defaults: -p 512, -n 128, -d 0, -r 5, --kv-type f16.\n"
-               "--plot FILE.svg draws the results (one point per test and depth); --peer adds llama.cpp's.\n");
+    fprintf(f, "Defaults: -p 512, -n 128, -d 0, -r 5, --kv-type f16; with --plot, -p 128,256,512 and\n"
+               "-d 0,512,1024 (a sweep). --plot FILE.svg draws the results (a point per test and depth, the\n"
+               "points of a series joined); --peer adds llama.cpp's.\n");
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -286,6 +293,9 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     if (!cli_args_no_operands(&a)) return 2;
+    /* a plot of one point per panel says nothing: --plot sweeps unless told */
+    if (n_depths == 0 && plot) depths[n_depths++] = 0, depths[n_depths++] = 512, depths[n_depths++] = 1024;
+    if (n_pps == 0 && plot) pps[n_pps++] = 128, pps[n_pps++] = 256, pps[n_pps++] = 512;
     if (n_depths == 0) depths[n_depths++] = 0;
     if (n_pps == 0) pps[n_pps++] = 512;
     int64_t n_pp = 0; /* the longest prompt */
@@ -325,10 +335,13 @@ int cmd_bench(int argc, char **argv) {
     /* the machine's ceilings, on the engine's pool (0: not measured) */
     double bw = 0, peak = 0;
     const char *peak_isa = NULL;
+    kp_probe_bw pb = {0};
+    bool over = false; /* a decode test above the probe's best read */
     if (probe) {
         kp_error perr = {0};
-        if (kp_probe_read_bw(cm.pool, kp_probe_default_bytes(), 3, so.scalar, &bw, &perr) != KP_OK ||
-            kp_probe_int8_peak(cm.pool, so.scalar, &peak_isa, &peak, &perr) != KP_OK || !(bw > 0) || !(peak > 0)) {
+        if (kp_probe_read_bw_stable(cm.pool, kp_probe_default_bytes(), 5, 20, so.scalar, &pb, &perr) != KP_OK ||
+            !((bw = pb.best) > 0) || kp_probe_int8_peak(cm.pool, so.scalar, &peak_isa, &peak, &perr) != KP_OK ||
+            !(peak > 0)) {
             fprintf(stderr, "kvpin bench: note: machine probe failed (%s); no ceilings\n", perr.msg);
             bw = peak = 0;
             peak_isa = NULL;
@@ -349,8 +362,10 @@ int cmd_bench(int argc, char **argv) {
                kp_dtype_name(cm.m->layers[0].wq.type), kvn, cm.n_threads,
                cm.kernels->name);
         if (peak_isa)
-            printf("machine: read bandwidth %.1f GB/s (%d thread%s), int8 peak %.0f GOPS (%s)\n", bw / 1e9,
-                   cm.n_threads, cm.n_threads == 1 ? "" : "s", peak / 1e9, peak_isa);
+            printf("machine: read bandwidth %.1f GB/s (%d thread%s; best of %d passes, median %.1f, min %.1f%s), "
+                   "int8 peak %.0f GOPS (%s)\n",
+                   bw / 1e9, cm.n_threads, cm.n_threads == 1 ? "" : "s", pb.passes, pb.median / 1e9, pb.min / 1e9,
+                   pb.stable ? "" : "; not stable: the machine is shared or throttling", peak / 1e9, peak_isa);
         else
             printf("machine: not measured (%s)\n", probe ? "the probe failed" : "--no-probe");
         printf("per token: %.3g M matrix ops; a decode step reads %s of weights + %llu bytes of K/V a "
@@ -407,6 +422,8 @@ int cmd_bench(int argc, char **argv) {
                 if (kind == 1) {
                     printf(",\"bytes_per_token\":%.0f,\"tg_gbs\":%.6g,\"gbps\":%.6g", bytes, gbs, gbs);
                     if (peak_isa) printf(",\"tg_pct_of_read_bw\":%.3f", 100.0 * gbs * 1e9 / bw);
+                    if (peak_isa) printf(",\"read_bw_median_gbs\":%.3f,\"read_bw_min_gbs\":%.3f,\"read_bw_passes\":%d",
+                                         pb.median / 1e9, pb.min / 1e9, pb.passes);
                 } else {
                     printf(",\"ops_per_token\":%.0f,\"pp_gops\":%.6g,\"pp_attn_gops\":%.6g", mm + attn, gops,
                            attn * med / 1e9);
@@ -416,7 +433,11 @@ int cmd_bench(int argc, char **argv) {
             } else {
                 char extra[64], pct[32] = "";
                 if (kind == 1) {
-                    if (peak_isa) snprintf(pct, sizeof pct, " (%.1f%% of read)", 100.0 * gbs * 1e9 / bw);
+                    if (peak_isa) {
+                        double p = 100.0 * gbs * 1e9 / bw;
+                        over = over || p > 100.0;
+                        snprintf(pct, sizeof pct, " (%.1f%% of read%s)", p, p > 100.0 ? " *" : "");
+                    }
                     snprintf(extra, sizeof extra, "%.2f MB -> %.2f GB/s%s", bytes / 1e6, gbs, pct);
                 } else {
                     if (peak_isa) snprintf(pct, sizeof pct, " (%.1f%% of int8)", 100.0 * gops * 1e9 / peak);
@@ -461,6 +482,11 @@ int cmd_bench(int argc, char **argv) {
             fflush(stdout);
         }
     }
+    if (over && !json)
+        printf("\n* above the probe's best read (%.1f GB/s; its passes ranged %.1f-%.1f): the machine's\n"
+               "  bandwidth moved during the run (shared or throttling), or part of a step's bytes came from\n"
+               "  cache (a small model fits it). Read such a figure as at the limit, not above it.\n",
+               bw / 1e9, pb.min / 1e9, pb.best / 1e9);
     rc = 0;
     if (plot && !write_plot(plot, peer, name, ms, n_ms, bw, (double)cost.weight_bytes_read, (double)kv_per, n_tg,
                             cm.n_threads))

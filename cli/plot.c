@@ -41,6 +41,10 @@ cli_plot_series *cli_plot_series_of(cli_plot_panel *p, const char *name, const c
     return s;
 }
 
+void cli_plot_join(cli_plot_series *s) {
+    if (s) s->joined = true;
+}
+
 void cli_plot_point(cli_plot_series *s, double x, double y) {
     if (!s || s->n == CLI_PLOT_MAX_POINTS || !isfinite(x) || !isfinite(y)) return;
     s->x[s->n] = x;
@@ -108,23 +112,24 @@ static void panel(FILE *f, const cli_plot_panel *p, int ox) {
     fprintf(f, "</text>\n");
     for (int i = 0; i < p->n_series; i++) {
         const cli_plot_series *s = &p->s[i];
-        if (s->line && s->n > 0) {
-            /* through the points in x order */
-            int order[CLI_PLOT_MAX_POINTS];
-            for (int k = 0; k < s->n; k++) order[k] = k;
-            for (int a = 1; a < s->n; a++)
-                for (int b = a; b > 0 && s->x[order[b]] < s->x[order[b - 1]]; b--) {
-                    int t = order[b];
-                    order[b] = order[b - 1];
-                    order[b - 1] = t;
-                }
-            fprintf(f, "<polyline class=\"line\" data-series=\"");
+        /* the points in x order, for lines */
+        int order[CLI_PLOT_MAX_POINTS];
+        for (int k = 0; k < s->n; k++) order[k] = k;
+        for (int a = 1; a < s->n; a++)
+            for (int b = a; b > 0 && s->x[order[b]] < s->x[order[b - 1]]; b--) {
+                int t = order[b];
+                order[b] = order[b - 1];
+                order[b - 1] = t;
+            }
+        if ((s->line && s->n > 0) || (s->joined && s->n > 1)) {
+            fprintf(f, "<polyline class=\"%s\" data-series=\"", s->line ? "line" : "join");
             put_escaped(f, s->name);
-            fprintf(f, "\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" stroke-dasharray=\"5 3\" points=\"",
-                    s->colour);
+            fprintf(f, "\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\"%s points=\"", s->colour,
+                    s->line ? " stroke-dasharray=\"5 3\"" : "");
             for (int k = 0; k < s->n; k++) fprintf(f, "%s%g,%g", k ? " " : "", SX(s->x[order[k]]), SY(s->y[order[k]]));
             fprintf(f, "\"/>\n");
-        } else {
+        }
+        if (!s->line) {
             for (int k = 0; k < s->n; k++) {
                 fprintf(f, "<circle class=\"point\" data-series=\"");
                 put_escaped(f, s->name);

@@ -12,6 +12,7 @@
  *   <g class="panel" data-title= data-xmin= data-xmax= data-ymin= data-ymax=>
  *     <circle class="point" data-series= data-x= data-y= .../>   (points)
  *     <polyline class="line" data-series= .../>                 (lines)
+ *     <polyline class="join" data-series= .../>                 (points joined)
  *
  * so a test can read what was drawn. Plain C, no library state.
  */
@@ -29,6 +30,7 @@ typedef struct {
     char name[64];
     char colour[16];
     bool line; /* a line through the points (sorted by x) instead of dots */
+    bool joined; /* dots, and a solid line joining them in x order (cli_plot_join) */
     int n;
     double x[CLI_PLOT_MAX_POINTS], y[CLI_PLOT_MAX_POINTS];
 } cli_plot_series;
@@ -51,6 +53,9 @@ cli_plot_panel *cli_plot_add_panel(cli_plot_chart *c, const char *title, const c
 /* The series called name in p, made (with colour, as a line or points) when
  * new; NULL when the panel is full. */
 cli_plot_series *cli_plot_series_of(cli_plot_panel *p, const char *name, const char *colour, bool line);
+
+/* Draws the series' dots joined by a solid line (class "join") in x order. */
+void cli_plot_join(cli_plot_series *s);
 
 /* Adds (x, y) to the series (dropped past CLI_PLOT_MAX_POINTS). */
 void cli_plot_point(cli_plot_series *s, double x, double y);

@@ -209,12 +209,15 @@ static void read_task(void *vctx, int task, int thread) {
     c->sums[task] = s;
 }
 
-kp_status kp_probe_read_bw(kp_threads *pool, size_t bytes, int reps, bool scalar, double *bytes_per_s,
-                           kp_error *err) {
-    if (bytes_per_s) *bytes_per_s = 0;
-    if (!bytes_per_s) return kp_fail(err, KP_EINVAL, "read probe: no place for the result");
-    if (bytes < 64 * 1024) return kp_fail(err, KP_EINVAL, "read probe: %zu bytes is less than 64 KiB", bytes);
-    if (reps < 1) return kp_fail(err, KP_EINVAL, "read probe: %d repetitions (at least 1)", reps);
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Passes until the best three agree within 5% (or max_reps): the
+ * measurements in bw[] (descending afterwards), their count. */
+static kp_status read_passes(kp_threads *pool, size_t bytes, int min_reps, int max_reps, bool scalar, double *bw,
+                             int *n_out, bool *stable, kp_error *err) {
     int n_threads = pool ? kp_threads_size(pool) : 1;
     int n_tasks = READ_TASKS_PER_THREAD * n_threads;
     size_t chunk = bytes / (size_t)n_tasks / READ_STEP * READ_STEP;
@@ -239,17 +242,67 @@ kp_status kp_probe_read_bw(kp_threads *pool, size_t bytes, int reps, bool scalar
 #endif
     memset(buf, 1, bytes);
     c.buf = buf;
-    double best = 0;
-    for (int r = 0; r < reps; r++) {
+    int n = 0;
+    *stable = false;
+    while (n < max_reps) {
         double t0 = now_s();
         run(pool, read_task, &c, n_tasks);
         double dt = now_s() - t0;
-        double bw = dt > 0 ? (double)chunk * n_tasks / dt : 0;
-        if (bw > best) best = bw;
+        bw[n++] = dt > 0 ? (double)chunk * n_tasks / dt : 0;
+        if (n < min_reps || n < 3) continue;
+        double top[3] = {0, 0, 0};
+        for (int i = 0; i < n; i++) { /* the three largest */
+            double x = bw[i];
+            if (x > top[0]) top[2] = top[1], top[1] = top[0], top[0] = x;
+            else if (x > top[1]) top[2] = top[1], top[1] = x;
+            else if (x > top[2]) top[2] = x;
+        }
+        if (top[2] >= 0.95 * top[0]) {
+            *stable = true;
+            break;
+        }
     }
     munmap(buf, bytes);
     free(c.sums);
-    *bytes_per_s = best;
+    qsort(bw, (size_t)n, sizeof *bw, cmp_double);
+    *n_out = n;
+    return KP_OK;
+}
+
+kp_status kp_probe_read_bw(kp_threads *pool, size_t bytes, int reps, bool scalar, double *bytes_per_s,
+                           kp_error *err) {
+    if (bytes_per_s) *bytes_per_s = 0;
+    if (!bytes_per_s) return kp_fail(err, KP_EINVAL, "read probe: no place for the result");
+    if (bytes < 64 * 1024) return kp_fail(err, KP_EINVAL, "read probe: %zu bytes is less than 64 KiB", bytes);
+    if (reps < 1) return kp_fail(err, KP_EINVAL, "read probe: %d repetitions (at least 1)", reps);
+    double *bw = malloc((size_t)reps * sizeof *bw);
+    if (!bw) return kp_fail(err, KP_ENOMEM, "read probe: out of memory");
+    int n = 0;
+    bool stable;
+    /* exactly reps passes: min = max = reps (the early stop never fires before min) */
+    kp_status st = read_passes(pool, bytes, reps, reps, scalar, bw, &n, &stable, err);
+    if (st == KP_OK) *bytes_per_s = bw[n - 1];
+    free(bw);
+    return st;
+}
+
+kp_status kp_probe_read_bw_stable(kp_threads *pool, size_t bytes, int min_reps, int max_reps, bool scalar,
+                                  kp_probe_bw *out, kp_error *err) {
+    if (out) memset(out, 0, sizeof *out);
+    if (!out) return kp_fail(err, KP_EINVAL, "read probe: no place for the result");
+    if (bytes < 64 * 1024) return kp_fail(err, KP_EINVAL, "read probe: %zu bytes is less than 64 KiB", bytes);
+    if (min_reps < 1 || max_reps < min_reps || max_reps > 64)
+        return kp_fail(err, KP_EINVAL, "read probe: %d to %d passes (1 <= min <= max <= 64)", min_reps, max_reps);
+    double bw[64];
+    int n = 0;
+    bool stable = false;
+    kp_status st = read_passes(pool, bytes, min_reps, max_reps, scalar, bw, &n, &stable, err);
+    if (st != KP_OK) return st;
+    out->best = bw[n - 1];
+    out->min = bw[0];
+    out->median = n % 2 ? bw[n / 2] : (bw[n / 2 - 1] + bw[n / 2]) / 2;
+    out->passes = n;
+    out->stable = stable;
     return KP_OK;
 }
 

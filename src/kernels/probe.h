@@ -46,6 +46,20 @@ size_t kp_probe_default_bytes(void);
 kp_status kp_probe_read_bw(kp_threads *pool, size_t bytes, int reps, bool scalar, double *bytes_per_s,
                            kp_error *err);
 
+/* The read probe until it is stable: passes of kp_probe_read_bw's loop
+ * (the buffer mapped once) until the best three agree within 5%, at least
+ * min_reps and at most max_reps of them (1 <= min_reps <= max_reps <= 64).
+ * best is the ceiling a decode step is held to; median and min tell how
+ * much the machine moved (shared machines do); stable says whether the
+ * best three agreed before max_reps. Errors as kp_probe_read_bw. */
+typedef struct {
+    double best, median, min; /* bytes per second */
+    int passes;
+    bool stable;
+} kp_probe_bw;
+kp_status kp_probe_read_bw_stable(kp_threads *pool, size_t bytes, int min_reps, int max_reps, bool scalar,
+                                  kp_probe_bw *out, kp_error *err);
+
 /* Int8 multiply-add peak of every pool thread together, in operations per
  * second (2 per multiply-add), from register-resident loops of independent
  * accumulator chains: vpdpbusd on 512-bit vectors ("avx512vnni": AVX512

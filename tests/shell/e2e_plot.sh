@@ -14,6 +14,17 @@ cat >"$T/peer.jsonl" <<'JSON'
 JSON
 "$KVPIN" bench -m models/stories260K.gguf -p 16,24,40 -n 8 -d 0,40 -r 1 -t 1 --json --plot "$T/out.svg" \
     --peer "$T/peer.jsonl" >"$T/out.jsonl" 2>"$T/err.txt" || { echo "FAIL e2e_plot: kvpin bench:"; cat "$T/err.txt"; exit 1; }
+# --plot alone sweeps prompts and depths: more than one point per panel
+"$KVPIN" bench -m models/stories260K.gguf -n 8 -r 1 -t 1 --no-probe --json --plot "$T/sweep.svg" >"$T/sweep.jsonl" \
+    2>"$T/err.txt" || { echo "FAIL e2e_plot: kvpin bench --plot (defaults):"; cat "$T/err.txt"; exit 1; }
+python3 - "$T/sweep.jsonl" <<'PY' || exit 1
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+pp = sorted({(r["test"], r["depth"]) for r in rows if r["test"].startswith("pp")})
+tg = sorted({r["depth"] for r in rows if r["test"].startswith("tg")})
+if len(pp) != 9 or tg != [0, 512, 1024]:
+    print("FAIL e2e_plot: --plot with the defaults measured %s and %s" % (pp, tg)); sys.exit(1)
+PY
 exec python3 - "$T/out.svg" "$T/out.jsonl" <<'PY'
 import json, re, sys
 import xml.etree.ElementTree as ET
@@ -58,6 +69,21 @@ lines = [l for l in panels["decode"].iter(NS + "polyline") if l.get("class") == 
 ok(len(lines) == 1 and "ceiling" in lines[0].get("data-series") and len(lines[0].get("points").split()) == 17,
    "decode: the bytes-bound ceiling line")
 ok(any("tokens / s" in (t.text or "") for t in panels["prefill"].iter(NS + "text")), "units on the axes")
+# each kvpin series of two or more points is joined by a line through them in x order
+for name, g in panels.items():
+    series = {}
+    for c in g.iter(NS + "circle"):
+        if c.get("class") == "point" and c.get("data-series").startswith("kvpin"):
+            series.setdefault(c.get("data-series"), []).append(c)
+    joins = {l.get("data-series"): l for l in g.iter(NS + "polyline") if l.get("class") == "join"}
+    for sname, cs in series.items():
+        if len(cs) < 2:
+            continue
+        l = joins.get(sname)
+        want = [(float(c.get("cx")), float(c.get("cy"))) for c in sorted(cs, key=lambda c: float(c.get("data-x")))]
+        got = [tuple(float(v) for v in p.split(",")) for p in l.get("points").split()] if l is not None else []
+        ok(len(got) == len(want) and all(abs(a[0] - b[0]) < 0.01 and abs(a[1] - b[1]) < 0.01 for a, b in zip(got, want)),
+           "%s: %s joined through its points: %s vs %s" % (name, sname, got, want))
 print("e2e_plot: %d passed, %d failed" % (passed, failed))
 sys.exit(1 if failed else 0)
 PY

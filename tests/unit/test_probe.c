@@ -112,6 +112,25 @@ static void test_int8_best_and_scalar(void) {
     CHECK_EQ_INT(kp_probe_int8_peak(pool2, false, NULL, NULL, &err), KP_EINVAL);
 }
 
+/* The stable probe: its passes within the bounds, the order of its
+ * figures, and what "stable" promises (the best three within 5%, which
+ * needs three passes at least). */
+static void test_read_bw_stable(void) {
+    kp_probe_bw b;
+    kp_error err = {0};
+    CHECK_EQ_INT(kp_probe_read_bw_stable(pool2, (size_t)16 << 20, 4, 12, false, &b, &err), KP_OK);
+    CHECK(b.passes >= 4 && b.passes <= 12);
+    CHECK(b.min > 0 && b.min <= b.median && b.median <= b.best);
+    CHECK(b.stable || b.passes == 12);
+    CHECK_EQ_INT(kp_probe_read_bw_stable(pool2, (size_t)16 << 20, 1, 1, false, &b, &err), KP_OK);
+    CHECK(b.passes == 1 && !b.stable && b.min == b.best && b.median == b.best);
+    CHECK_EQ_INT(kp_probe_read_bw_stable(pool2, (size_t)16 << 20, 0, 4, false, &b, &err), KP_EINVAL);
+    CHECK_EQ_INT(kp_probe_read_bw_stable(pool2, (size_t)16 << 20, 5, 4, false, &b, &err), KP_EINVAL);
+    CHECK_EQ_INT(kp_probe_read_bw_stable(pool2, (size_t)16 << 20, 1, 65, false, &b, &err), KP_EINVAL);
+    CHECK_EQ_INT(kp_probe_read_bw_stable(pool2, 100, 1, 4, false, &b, &err), KP_EINVAL);
+    CHECK_EQ_INT(kp_probe_read_bw_stable(pool2, (size_t)16 << 20, 1, 4, false, NULL, &err), KP_EINVAL);
+}
+
 int main(void) {
     kp_error err = {0};
     if (kp_threads_new(&pool2, 2, &err) != KP_OK) {
@@ -121,6 +140,7 @@ int main(void) {
     RUN(test_llc_and_default_size);
     RUN(test_read_bw);
     RUN(test_read_bw_refusals);
+    RUN(test_read_bw_stable);
     RUN(test_int8_each_isa);
     RUN(test_int8_best_and_scalar);
     kp_threads_free(pool2);
