@@ -31,7 +31,7 @@ enum {
     O_API_KEY = CLI_OWN, O_API_KEY_FILE, O_CHAT_TEMPLATE, O_CHAT_TEMPLATE_FILE, O_QUEUE, O_PREFILL_CHUNK, O_MAX_BODY, O_TIMEOUT,
     O_ALIAS, O_QUIET, O_REQUEST_TIMEOUT, O_MAX_CONNECTIONS, O_MAX_PER_ADDRESS, O_STRICT_API, O_NO_DASHBOARD,
     O_PIN_TTL_SCALE, O_VOLATILE_PREFIX, O_KEEP_VOLATILE, O_MAX_TOKENS_CAP, O_REASONING_FORMAT,
-    O_ALLOWED_HOSTS, O_CORS_ORIGIN, O_CACHE_KEY_FILE, O_ANSWER_MEMORY, O_LOG_PROMPTS
+    O_ALLOWED_HOSTS, O_CORS_ORIGIN, O_CACHE_KEY_FILE, O_ANSWER_MEMORY, O_LOG_PROMPTS, O_POOLING
 };
 
 #define MAX_HOST_RULES 64
@@ -78,6 +78,8 @@ static const cli_opt serve_tab[] = {
                                           "so that a conversation sent back reuses every one of them (default\n"
                                           "64M; 0: off)",
      O_ANSWER_MEMORY},
+    {"pooling", NULL, NULL, "MODE", "how /v1/embeddings pools a text's hidden states: mean (default)\n"
+                                     "or last (the last position's)", O_POOLING},
     {"log-prompts", NULL, NULL, "FILE", "append each computed prompt to FILE as a JSON line {time, api, key,\n"
                                         "prompt_tokens, prompt}, the log `kvpin doctor FILE` reads (it holds\n"
                                         "the clients' text: keep it private)",
@@ -265,6 +267,7 @@ int cmd_serve(int argc, char **argv) {
     int64_t request_timeout = 30, max_conn = 1024, max_per_addr = 64;
     uint64_t budget = 0, max_body = 8u << 20, answer_memory = 64u << 20;
     const char *log_prompts = NULL;
+    bool pooling_last = false;
     kp_dtype kv_type = KP_DTYPE_F16, kv_type_v = KP_DTYPE_F16;
     bool no_cache = false, no_repack = false, quiet = false, budget_set = false, strict_api = false, no_dashboard = false;
     float pin_ttl_scale = 1;
@@ -358,6 +361,11 @@ int cmd_serve(int argc, char **argv) {
         case O_MAX_BODY: ok = cli_parse_bytes(opt, v, &max_body); break;
         case O_ANSWER_MEMORY: ok = cli_parse_bytes(opt, v, &answer_memory); break;
         case O_LOG_PROMPTS: log_prompts = v; break;
+        case O_POOLING:
+            ok = !strcmp(v, "mean") || !strcmp(v, "last");
+            if (!ok) fprintf(stderr, "kvpin serve: --pooling must be mean or last, not '%s'\n", v);
+            pooling_last = ok && !strcmp(v, "last");
+            break;
         case CLI_KV_TYPE:
         case CLI_KV_TYPE_K:
         case CLI_KV_TYPE_V: ok = cli_parse_kv_opt(k, v, &kv_type, &kv_type_v); break;
@@ -522,6 +530,8 @@ int cmd_serve(int argc, char **argv) {
     cfg.max_tokens_cap = (uint32_t)max_tokens_cap;
     cfg.answer_memory = (size_t)answer_memory;
     cfg.log_prompts = log_prompts;
+    cfg.pooling_last = pooling_last;
+    cfg.embd_threads = threads > 0 ? (uint32_t)threads : 0;
     cfg.reasoning_inline = reasoning_inline;
     cfg.volatile_prefixes = volatile_prefixes;
     cfg.allowed_hosts = allowed_hosts;

@@ -968,10 +968,13 @@ static kp_status layer_ffn(kp_forward *f, int n, const kp_layer *L, kp_error *er
     return KP_OK;
 }
 
-kp_status kp_forward_run(kp_forward *f, const kp_batch *b, float *logits_out, kp_error *err) {
+/* The batch through every layer; the final-norm rows of the requested
+ * tokens gathered at f->xn (*n_out of them). */
+static kp_status run_layers(kp_forward *f, const kp_batch *b, int *n_out_ret, kp_error *err) {
     const kp_model *m = f->m;
     const kp_hparams *hp = &m->hp;
     kp_status st;
+    *n_out_ret = 0;
     if ((st = validate(f, b, err)) != KP_OK) return st;
     int n = b->n_tokens;
     if ((st = reserve_blocks(f, b, err)) != KP_OK) return st;
@@ -1001,7 +1004,24 @@ kp_status kp_forward_run(kp_forward *f, const kp_batch *b, float *logits_out, kp
         rmsnorm(f->xn + (size_t)n_out * E, f->x + t * E, m->output_norm, (int64_t)E, hp->rms_eps);
         n_out++;
     }
-    if (n_out == 0) return KP_OK;
+    *n_out_ret = n_out;
+    return KP_OK;
+}
+
+kp_status kp_forward_hidden(kp_forward *f, const kp_batch *b, float *hidden_out, kp_error *err) {
+    int n_out = 0;
+    kp_status st = run_layers(f, b, &n_out, err);
+    if (st == KP_OK && n_out)
+        memcpy(hidden_out, f->xn, (size_t)n_out * f->m->hp.n_embd * sizeof *hidden_out);
+    return st;
+}
+
+kp_status kp_forward_run(kp_forward *f, const kp_batch *b, float *logits_out, kp_error *err) {
+    const kp_model *m = f->m;
+    const kp_hparams *hp = &m->hp;
+    int n_out = 0;
+    kp_status st = run_layers(f, b, &n_out, err);
+    if (st != KP_OK || n_out == 0) return st;
     mm_job lo = {f->layers ? &f->output : &m->output, logits_out};
     if ((st = matmul(f, f->xn, n_out, 1, &lo, err)) != KP_OK) return st;
     if (hp->logit_softcap > 0) {

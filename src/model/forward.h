@@ -65,6 +65,12 @@ typedef struct {
  * KP_EINVAL, nothing computed. */
 kp_status kp_forward_run(kp_forward *f, const kp_batch *b, float *logits_out, kp_error *err);
 
+/* kp_forward_run without the output projection: hidden_out receives
+ * n_embd floats per requested token, in batch order, the final norm's
+ * output (what the projection would multiply): the hidden states
+ * embeddings are pooled from. Errors as kp_forward_run. */
+kp_status kp_forward_hidden(kp_forward *f, const kp_batch *b, float *hidden_out, kp_error *err);
+
 /* Attention probe for `kvpin inspect`: after each run, the softmax weights
  * of the batch's last token for (layer, head) over positions 0..pos are
  * kept; kp_forward_probe returns them (NULL if the probe is off) and their

@@ -29,6 +29,7 @@
 
 #include "serve/answers.h"
 #include "serve/anthropic.h"
+#include "serve/embed.h"
 #include "serve/endpoints.h"
 #include "serve/http.h"
 #include "serve/llama.h"
@@ -103,6 +104,8 @@ static const route_entry ROUTES[] = {
     {"GET", "/metrics", false, true, kp_ep_metrics},
     {"POST", "/v1/completions", false, true, kp_openai_completions},
     {"POST", "/completion", false, true, kp_llama_completion},
+    {"POST", "/v1/embeddings", false, true, kp_embeddings},
+    {"POST", "/embeddings", false, true, kp_embeddings},
     {"GET", "/props", false, true, kp_llama_props},
     {"GET", "/slots", false, true, kp_llama_slots},
     {"POST", "/completions", false, true, kp_openai_completions},
