@@ -30,6 +30,7 @@ the API conventions, not from the server:
     own {{ bos_token }} and {{ eos_token }} are the only control tokens.
 """
 import json
+import re
 import os
 import socket
 import sys
@@ -158,6 +159,7 @@ def slowloris(per_address="32"):
                  "--max-per-address", per_address)
     try:
         stop = threading.Event()
+        opened = []  # attack connections the server accepted (the test needs them: an attack that never connects proves nothing)
 
         def attack():
             head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 200
@@ -171,6 +173,7 @@ def slowloris(per_address="32"):
                     conns.append([c, 0])
                 except OSError:
                     pass
+            opened.append(len(conns))
             while not stop.is_set():
                 for e in conns:
                     c, i = e
@@ -217,6 +220,7 @@ def slowloris(per_address="32"):
         t.join()
         R.ok(served == 10 and worst < 1.0, "during the attack: %d of 10 /health answered, slowest %.2f s" %
              (served, worst))
+        R.ok(opened and opened[0] >= int(per_address), "the attack held connections: %s of 256 opened" % opened)
         # one client alone trickling a head: cut at --request-timeout, not kept by the idle timeout
         c = socket.socket()
         c.bind(("127.0.0.3", 0))
@@ -237,7 +241,10 @@ def slowloris(per_address="32"):
         c.close()
         R.ok(cut is not None and cut < 9, "a trickled head was cut after %s s (request timeout 6)" % cut)
         st, body = srv.request("GET", "/metrics")[::2]
-        R.ok(b"kvpin_http_requests_cut_total" in body, "the cut connections are counted in /metrics")
+        m = re.search(rb"^kvpin_http_requests_cut_total ([0-9.e+]+)$", body, re.M)
+        # the trickled head above was cut at the deadline, and so were attack connections
+        R.ok(m is not None and cut is not None and float(m.group(1)) >= 1,
+             "the cut connections are counted in /metrics: %s" % (m.group(0) if m else None))
     finally:
         srv.stop()
 
