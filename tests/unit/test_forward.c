@@ -22,6 +22,10 @@
  * than the window (up to 283 tokens), so every position past 16 checks
  * the window's edge against llama.cpp's mask.
  *
+ * qwen3moe goldens (tests/data/golden/gen-qwen3moe-*, made the same way):
+ * 2 layers of 8 experts with 3 routed per token, in F32, F16 and Q8_0,
+ * within the tolerances of their types.
+ *
  * The window's edge without a reference (test_window_edge): with every
  * layer a window of W, changing a token changes the logits n_layer (W - 1)
  * positions on and leaves the next ones bitwise equal. Long contexts on a
@@ -278,6 +282,26 @@ static void test_goldens_gemma3(void) {
     }
     golden_verbose = false;
     printf("greedy steps checked so far (margin > 2 x tolerance): %d of %d\n", greedy_checked, greedy_steps);
+}
+
+/* qwen3moe (routed experts, 3 of 8 per token, q/k norms) against
+ * llama.cpp, with the tolerances of the other goldens: every position's
+ * logits go through the router's top-k, so a wrong choice of expert, a
+ * weight not normalized or an expert slice read at the wrong offset moves
+ * them far beyond them. */
+static void test_goldens_qwen3moe(void) {
+    static const char *cases[] = {
+        "gen-qwen3moe-f32.lily",  "gen-qwen3moe-f32.json",  "gen-qwen3moe-f32.story300",
+        "gen-qwen3moe-f16.lily",  "gen-qwen3moe-f16.json",
+        "gen-qwen3moe-q8_0.lily", "gen-qwen3moe-q8_0.json", "gen-qwen3moe-q8_0.story300",
+    };
+    golden_verbose = true;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char name[128];
+        snprintf(name, sizeof name, "%s.json", cases[i]);
+        golden_case(name);
+    }
+    golden_verbose = false;
 }
 
 /* ---- gemma3's keys ------------------------------------------------------------ */
@@ -865,6 +889,7 @@ int main(void) {
     TIMED(test_goldens);
     TIMED(test_gemma3_hparams);
     TIMED(test_goldens_gemma3);
+    TIMED(test_goldens_qwen3moe);
     TIMED(test_window_edge);
     TIMED(test_goldens_kvq);
     TIMED(test_kvq_head_dim);
