@@ -713,6 +713,9 @@ static void test_invariants(void) {
         /* sliding windows of 16: the splits cross the window's edge and the blocks' */
         invariants_for("tests/data/models/gen-gemma3-f32.gguf", KP_DTYPE_F32, ks[i], 1e-5);
         invariants_for("tests/data/models/gen-gemma3-q8_0.gguf", KP_DTYPE_F16, ks[i], 1e-5);
+        /* experts: a split or a second sequence changes how the rows group by expert */
+        invariants_for("tests/data/models/gen-qwen3moe-f32.gguf", KP_DTYPE_F32, ks[i], 1e-5);
+        invariants_for("tests/data/models/gen-qwen3moe-q8_0.gguf", KP_DTYPE_F16, ks[i], 1e-5);
     }
 }
 
