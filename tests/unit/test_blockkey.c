@@ -213,6 +213,36 @@ static void test_fingerprint_windows(void) {
     kp_model_free(st);
 }
 
+/* qwen3moe: the expert counts and width are in the fingerprint (another
+ * routing is other K/V from the second layer on); a dense model has no
+ * such lines. */
+static void test_fingerprint_experts(void) {
+    kp_model *m = NULL;
+    kp_error err = {0};
+    CHECK(kp_model_load(&m, harness_path("tests/data/models/gen-qwen3moe-f32.gguf"), &err) == KP_OK);
+    if (!m) return;
+    kp_bkey w = kp_fingerprint_weights_compute(m);
+    kp_fingerprint a, b;
+    kp_fingerprint_make(&a, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    CHECK_MSG(strstr(a.text, "\narch qwen3moe\n") && strstr(a.text, "\nn_expert 8\nn_expert_used 3\nn_ff_exp 64\n"),
+              "%s", a.text);
+    CHECK(strstr(a.text, "layer_kinds") == NULL);
+    char why[256];
+    m->hp.n_expert_used = 2;
+    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    CHECK(!kp_bkey_eq(&a.id, &b.id));
+    kp_fingerprint_diff(a.text, b.text, why, sizeof why);
+    CHECK_MSG(strstr(why, "n_expert_used 2 (here 3)") != NULL, "diff: %s", why);
+    m->hp.n_expert_used = 3;
+    m->hp.n_expert = 16;
+    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    CHECK(!kp_bkey_eq(&a.id, &b.id));
+    m->hp.n_expert = 8;
+    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    CHECK(kp_bkey_eq(&a.id, &b.id));
+    kp_model_free(m);
+}
+
 static void test_record(void) {
     kp_kvpool *p = NULL;
     kp_error err = {0};
@@ -318,6 +348,7 @@ int main(void) {
     RUN(test_keys_match_xxhsum);
     RUN(test_fingerprint);
     RUN(test_fingerprint_windows);
+    RUN(test_fingerprint_experts);
     RUN(test_record);
     RUN(test_record_mixed_types);
     char cmd[300];
