@@ -23,7 +23,7 @@
  *   {arch}.attention.head_count            u32   n_head
  *   {arch}.attention.head_count_kv         u32   n_head_kv
  *   {arch}.attention.key_length            u32   head_dim  } when head_dim != n_embd/n_head,
- *   {arch}.attention.value_length          u32   head_dim  } and always for qwen3 and gemma3
+ *   {arch}.attention.value_length          u32   head_dim  } and always for qwen3, gemma3, qwen3moe
  *   {arch}.attention.sliding_window        u32   n_swa, when not 0 (gemma3)
  *   {arch}.attention.sliding_window_pattern u32  swa_pattern, when not 0 (gemma3)
  *   {arch}.rope.dimension_count            u32   head_dim
@@ -47,7 +47,7 @@
  *     blk.N.attn_k.weight          W    [n_embd, n_head_kv*hd]  N(0, 1/n_embd)
  *     blk.N.attn_v.weight          W    [n_embd, n_head_kv*hd]  N(0, 1/n_embd)
  *     blk.N.attn_{q,k,v}.bias      F32  [n_head*hd], [n_head_kv*hd] x2   qwen2: 0.5 N(0,1)
- *     blk.N.attn_{q,k}_norm.weight F32  [hd]                qwen3, gemma3: 1 + 0.1 N(0,1)
+ *     blk.N.attn_{q,k}_norm.weight F32  [hd]                qwen3, gemma3, qwen3moe: 1 + 0.1 N(0,1)
  *     blk.N.attn_output.weight     W    [n_head*hd, n_embd]     N(0, 1/(n_head*hd))
  *     blk.N.post_attention_norm.weight F32 [n_embd]         gemma3: 1 + 0.1 N(0,1)
  *     blk.N.ffn_norm.weight        F32  [n_embd]            1 + 0.1 N(0,1)
