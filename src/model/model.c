@@ -170,6 +170,15 @@ static kp_status get_vector(const kp_model *m, const char *name, int64_t n, bool
     return KP_OK;
 }
 
+/* ARCH.attention.layer_norm_rms_epsilon must be in the file (gemma3 and
+ * qwen3moe read it without a default in llama.cpp). */
+static kp_status require_rms_eps(kp_gguf *g, const char *arch, kp_error *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
+    if (!kp_gguf_find(g, key)) return kp_fail(err, KP_EFORMAT, "%s: missing %s (%s requires it)", kp_gguf_path(g), key, arch);
+    return KP_OK;
+}
+
 /* gemma3's keys and fixed choices (the table at the top), after the common
  * ones. The layer kinds are set later (layer_kinds), once layers exist. */
 static kp_status read_gemma3(kp_model *m, kp_error *err) {
@@ -177,9 +186,8 @@ static kp_status read_gemma3(kp_model *m, kp_error *err) {
     kp_hparams *hp = &m->hp;
     kp_status st;
     char key[128];
+    if ((st = require_rms_eps(g, "gemma3", err))) return st;
 #define KEY(suffix) (snprintf(key, sizeof key, "gemma3.%s", suffix), key)
-    if (!kp_gguf_find(g, KEY("attention.layer_norm_rms_epsilon")))
-        return kp_fail(err, KP_EFORMAT, "%s: missing %s (gemma3 requires it)", kp_gguf_path(g), key);
     if ((st = kp_gguf_get_u32(g, KEY("attention.sliding_window"), 0, &hp->n_swa, err))) return st;
     if ((st = kp_gguf_get_f32(g, KEY("rope.freq_base_swa"), 10000.0f, &hp->rope_base_swa, err))) return st;
     if ((st = kp_gguf_get_f32(g, KEY("final_logit_softcapping"), 0.0f, &hp->logit_softcap, err))) return st;
@@ -204,9 +212,8 @@ static kp_status read_qwen3moe(kp_model *m, kp_error *err) {
     kp_hparams *hp = &m->hp;
     kp_status st;
     char key[128];
+    if ((st = require_rms_eps(g, "qwen3moe", err))) return st;
 #define KEY(suffix) (snprintf(key, sizeof key, "qwen3moe.%s", suffix), key)
-    if (!kp_gguf_find(g, KEY("attention.layer_norm_rms_epsilon")))
-        return kp_fail(err, KP_EFORMAT, "%s: missing %s (qwen3moe requires it)", kp_gguf_path(g), key);
     if ((st = kp_gguf_get_u32(g, KEY("expert_count"), 0, &hp->n_expert, err))) return st;
     if ((st = kp_gguf_get_u32(g, KEY("expert_used_count"), 0, &hp->n_expert_used, err))) return st;
     if (hp->n_expert == 0 || hp->n_expert > 1024 || hp->n_expert_used == 0 || hp->n_expert_used > hp->n_expert)

@@ -267,20 +267,25 @@ static void test_goldens(void) {
 
 /* gemma3 (sliding windows, GeGLU, post norms, two rope bases) against
  * llama.cpp, with the tolerances of the other goldens. */
-static void test_goldens_gemma3(void) {
-    static const char *cases[] = {
-        "gen-gemma3-f32.lily",  "gen-gemma3-f32.json",  "gen-gemma3-f32.story300",
-        "gen-gemma3-f16.lily",  "gen-gemma3-f16.json",  "gen-gemma3-f16.story300",
-        "gen-gemma3-q8_0.lily", "gen-gemma3-q8_0.json", "gen-gemma3-q8_0.story300",
-        "gen-gemma3-q4_0.json",
-    };
+/* The golden cases named (NAME without .json), each one's figures printed. */
+static void golden_cases(const char *const *cases, size_t n) {
     golden_verbose = true;
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    for (size_t i = 0; i < n; i++) {
         char name[128];
         snprintf(name, sizeof name, "%s.json", cases[i]);
         golden_case(name);
     }
     golden_verbose = false;
+}
+
+static void test_goldens_gemma3(void) {
+    static const char *const cases[] = {
+        "gen-gemma3-f32.lily",  "gen-gemma3-f32.json",  "gen-gemma3-f32.story300",
+        "gen-gemma3-f16.lily",  "gen-gemma3-f16.json",  "gen-gemma3-f16.story300",
+        "gen-gemma3-q8_0.lily", "gen-gemma3-q8_0.json", "gen-gemma3-q8_0.story300",
+        "gen-gemma3-q4_0.json",
+    };
+    golden_cases(cases, sizeof cases / sizeof *cases);
     printf("greedy steps checked so far (margin > 2 x tolerance): %d of %d\n", greedy_checked, greedy_steps);
 }
 
@@ -290,18 +295,12 @@ static void test_goldens_gemma3(void) {
  * weight not normalized or an expert slice read at the wrong offset moves
  * them far beyond them. */
 static void test_goldens_qwen3moe(void) {
-    static const char *cases[] = {
+    static const char *const cases[] = {
         "gen-qwen3moe-f32.lily",  "gen-qwen3moe-f32.json",  "gen-qwen3moe-f32.story300",
         "gen-qwen3moe-f16.lily",  "gen-qwen3moe-f16.json",
         "gen-qwen3moe-q8_0.lily", "gen-qwen3moe-q8_0.json", "gen-qwen3moe-q8_0.story300",
     };
-    golden_verbose = true;
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        char name[128];
-        snprintf(name, sizeof name, "%s.json", cases[i]);
-        golden_case(name);
-    }
-    golden_verbose = false;
+    golden_cases(cases, sizeof cases / sizeof *cases);
 }
 
 /* ---- gemma3's keys ------------------------------------------------------------ */
