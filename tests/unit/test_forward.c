@@ -303,7 +303,7 @@ static void test_goldens_qwen3moe(void) {
     golden_cases(cases, sizeof cases / sizeof *cases);
 }
 
-/* ---- gemma3's keys ------------------------------------------------------------ */
+/* ---- gemma3's and qwen3moe's keys ----------------------------------------------- */
 
 typedef kp_status (*add_key_fn)(kp_gguf_w *w, kp_error *err);
 
