@@ -113,6 +113,18 @@ static void print_compute(const kp_model *m) {
                " freq scale %g)\n",
                hp->n_layer - hp->n_swa_layers, hp->n_swa_layers, hp->n_swa, (double)hp->rope_base_swa,
                (double)hp->rope_freq_scale_swa);
+    if (hp->n_expert) {
+        uint64_t all = 0;
+        for (uint32_t l = 0; l < hp->n_layer; l++) {
+            const kp_layer *L = &m->layers[l];
+            all += (uint64_t)hp->n_expert * (L->e_gate.mat_bytes + L->e_up.mat_bytes + L->e_down.mat_bytes);
+        }
+        char b2[32];
+        printf("experts:       %u per layer of width %u, %u routed per token (softmax, top %u, weights\n"
+               "               normalized); a token reads %s of the experts' %s\n",
+               hp->n_expert, hp->n_ff_exp, hp->n_expert_used, hp->n_expert_used,
+               cli_bytes(all / hp->n_expert * hp->n_expert_used, b1, sizeof b1), cli_bytes(all, b2, sizeof b2));
+    }
     printf("norm:          RMSNorm eps %g%s; output %s\n", (double)hp->rms_eps,
            hp->post_norms ? ", post-attention and post-FFN norms" : "",
            hp->tied_output ? "tied to token_embd" : "separate matrix");

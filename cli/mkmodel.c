@@ -10,16 +10,19 @@
 
 enum {
     O_OUTPUT = CLI_OWN, O_PRESET, O_TOKENIZER, O_TYPE, O_ARCH, O_LAYERS, O_EMBD, O_HEADS, O_KV_HEADS, O_HEAD_DIM,
-    O_FF, O_CTX_TRAIN, O_ROPE_BASE, O_EPS, O_TIED, O_UNTIED, O_NAME, O_SLIDING_WINDOW, O_SWA_PATTERN
+    O_FF, O_CTX_TRAIN, O_ROPE_BASE, O_EPS, O_TIED, O_UNTIED, O_NAME, O_SLIDING_WINDOW, O_SWA_PATTERN,
+    O_EXPERTS, O_EXPERTS_USED, O_EXPERT_FF
 };
 
 static const cli_opt mk_tab[] = {
     {"output", "o", NULL, "FILE", "write the model to FILE", O_OUTPUT},
     {"preset", NULL, NULL, "NAME",
-     "the shape to start from: smollm2-135m, tiny, qwen2-tiny, qwen3-tiny, gemma3-1b, gemma3-tiny", O_PRESET},
+     "the shape to start from: smollm2-135m, tiny, qwen2-tiny, qwen3-tiny, gemma3-1b, gemma3-tiny, "
+     "qwen3moe-30b-a3b, qwen3moe-tiny", O_PRESET},
     {"tokenizer", NULL, NULL, "FILE", "copy every tokenizer.* key from this GGUF file", O_TOKENIZER},
     {"type", NULL, NULL, "T", "weight type: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K", O_TYPE},
-    {"arch", NULL, NULL, "ARCH", "llama, qwen2, qwen3 or gemma3 (gemma3 alone starts from gemma3-tiny)", O_ARCH},
+    {"arch", NULL, NULL, "ARCH",
+     "llama, qwen2, qwen3, gemma3 or qwen3moe (gemma3 and qwen3moe alone start from their -tiny preset)", O_ARCH},
     {"layers", NULL, NULL, "N", "layers", O_LAYERS},
     {"embd", NULL, NULL, "N", "embedding width", O_EMBD},
     {"heads", NULL, NULL, "N", "query heads", O_HEADS},
@@ -33,6 +36,9 @@ static const cli_opt mk_tab[] = {
      O_SLIDING_WINDOW},
     {"swa-pattern", NULL, NULL, "N", "gemma3: every N-th layer attends to everything (0: llama.cpp's 6)",
      O_SWA_PATTERN},
+    {"experts", NULL, NULL, "N", "qwen3moe: experts per layer", O_EXPERTS},
+    {"experts-used", NULL, NULL, "K", "qwen3moe: experts each token is routed to", O_EXPERTS_USED},
+    {"expert-ff", NULL, NULL, "N", "qwen3moe: an expert's feed-forward width", O_EXPERT_FF},
     {"tied", NULL, NULL, NULL, "the output matrix is the token embedding", O_TIED},
     {"untied", NULL, NULL, NULL, "a separate output matrix", O_UNTIED},
     CLI_USE(CLI_SEED),
@@ -49,7 +55,7 @@ static void mk_usage(FILE *out) {
             "576-wide rows of smollm2-135m), and F16 when even 32 does not divide the row. Those\n"
             "tensors are listed on stderr; general.file_type stays the one of --type (Q4_K: Q4_K_M).\n");
     cli_print_options(out, mk_tab);
-    fprintf(out, "Defaults: --preset tiny (gemma3-tiny with --arch gemma3), --type F32, the preset's shape and seed, --tokenizer the\n"
+    fprintf(out, "Defaults: --preset tiny (gemma3-tiny with --arch gemma3, qwen3moe-tiny with --arch qwen3moe), --type F32, the preset's shape and seed, --tokenizer the\n"
                  "bundled model. Options after the preset override it, in any order.\n");
 }
 
@@ -65,7 +71,7 @@ int cmd_mkmodel(int argc, char **argv) {
         if (k == O_PRESET) preset = a.val;
         if (k == O_ARCH) arch = a.val;
     }
-    if (!preset) preset = arch && !strcmp(arch, "gemma3") ? "gemma3-tiny" : "tiny";
+    if (!preset) preset = arch && !strcmp(arch, "gemma3") ? "gemma3-tiny" : arch && !strcmp(arch, "qwen3moe") ? "qwen3moe-tiny" : "tiny";
     if (kp_mkmodel_spec_preset(preset, &spec, &err) != KP_OK) {
         fprintf(stderr, "kvpin mkmodel: %s\n", err.msg);
         return 2;
@@ -108,6 +114,9 @@ int cmd_mkmodel(int argc, char **argv) {
         case O_CTX_TRAIN: field = &spec.n_ctx; break;
         case O_SLIDING_WINDOW: field = &spec.n_swa; break;
         case O_SWA_PATTERN: field = &spec.swa_pattern; break;
+        case O_EXPERTS: field = &spec.n_expert; break;
+        case O_EXPERTS_USED: field = &spec.n_expert_used; break;
+        case O_EXPERT_FF: field = &spec.n_ff_exp; break;
         }
         if (field) {
             if (!cli_parse_i64(opt, v, 0, 1 << 24, &n)) return 2;

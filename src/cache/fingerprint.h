@@ -17,6 +17,8 @@
  *                              layer_kinds (f/w per layer), the WINDOW layers'
  *                              rope base and scale, attn_scale (and whether on
  *                              Q), embd_scale, logit_softcap, ffn_act, post_norms
+ *   n_expert, n_expert_used,   only for a model with experts (qwen3moe): how many,
+ *   n_ff_exp                   how many a token is routed to, their width
  *   kv_type f16                element type of the K rows
  *   kv_type_v f16              ... of the V rows (may differ: --kv-type-v)
  *   block_size 16              positions per block

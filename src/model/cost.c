@@ -8,13 +8,19 @@ static uint64_t elems(const kp_weight *w) { return (uint64_t)w->n_in * (uint64_t
 static uint64_t bytes(const kp_weight *w) { return (uint64_t)w->row_bytes * (uint64_t)w->n_out; }
 
 void kp_model_cost(const kp_model *m, kp_cost *out) {
-    uint64_t n = 0, b = 0;
+    uint64_t n = 0, b = 0, K = m->hp.n_expert_used;
     for (uint32_t l = 0; l < m->hp.n_layer; l++) {
         const kp_layer *L = &m->layers[l];
-        const kp_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        /* an MoE layer's w_gate/w_up/w_down are empty (0 elements) and its router is set */
+        const kp_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->w_router};
         for (unsigned i = 0; i < sizeof ws / sizeof ws[0]; i++) {
             n += elems(ws[i]);
             b += bytes(ws[i]);
+        }
+        const kp_experts *xs[] = {&L->e_gate, &L->e_up, &L->e_down};
+        for (unsigned i = 0; m->hp.n_expert && i < 3; i++) { /* the K experts a token is routed to */
+            n += K * (uint64_t)xs[i]->n_in * (uint64_t)xs[i]->n_out;
+            b += K * (uint64_t)xs[i]->mat_bytes;
         }
     }
     /* tied: output is a view of token_embd, which is then read once, here */

@@ -11,12 +11,15 @@
  *
  *   matmul_ops         2 x the elements of every 2-D matrix a token is
  *                      multiplied by: per layer wq, wk, wv, wo, w_gate,
- *                      w_up, w_down; and the output projection. The token
- *                      embedding is a row lookup, not a product.
+ *                      w_up, w_down (with experts: the router and the
+ *                      n_expert_used experts' gate, up and down matrices a
+ *                      token is routed to); and the output projection. The
+ *                      token embedding is a row lookup, not a product.
  *   output_ops         the output projection's share of matmul_ops (a
  *                      prompt batch computes it for its last token only).
  *   weight_bytes_read  the bytes of those same matrices (row_bytes x rows):
- *                      one decode step reads each once. The embedding table
+ *                      one decode step of one token reads each once (a
+ *                      batch routed to more experts reads more). The embedding table
  *                      is not read (one row is), unless it is tied: then it
  *                      is the output projection, counted once.
  *

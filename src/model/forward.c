@@ -28,6 +28,8 @@
  *   x       += rmsnorm(ffn) * ffn_post_norm                  (post_norms)
  *   ffn      = (gelu_tanh(xn @ w_gate) * (xn @ w_up)) @ w_down  (KP_FFN_GELU_TANH)
  *   logits   = softcap * tanh(logits / softcap)              (logit_softcap > 0)
+ *   ffn      = the chosen experts' weighted sum                (n_expert > 0, qwen3moe:
+ *                                                               the experts section)
  *
  * Sliding windows and the prefix cache. Every layer, WINDOW layers too,
  * writes the K/V of every position into the sequence's blocks; a WINDOW
@@ -96,6 +98,15 @@
 #define ATT_MIN_CHUNK 128
 #define ATT_TILE_ROWS 48 /* query rows (tokens x heads of a group) sharing each K/V step in prefill */
 
+/* One product of the experts' step: expert e's matrix times its rows of
+ * the grouped activations (rows first .. first + n - 1), into out. */
+typedef struct {
+    kp_weight w;
+    uint32_t expert;
+    int32_t first, n;
+    float *out;          /* [n][w.n_out] */
+} moe_job;
+
 struct kp_forward {
     const kp_model *m;
     kp_kvpool *kv;
@@ -105,7 +116,16 @@ struct kp_forward {
     int n_threads;
     /* scratch sized for cap_tokens tokens */
     int32_t cap_tokens;
-    float *x, *xn, *q, *kk, *vv, *att, *gate, *up;
+    float *x, *xn, *q, *kk, *vv, *att, *gate, *up; /* gate, up: [n][n_ff], or [n x used][n_ff_exp] with experts */
+    /* experts (hp.n_expert > 0): see the experts section */
+    float *router;               /* [n][n_expert] router logits, then probabilities */
+    float *moe_out;              /* [n x used][n_embd] each chosen expert's output, rows grouped by expert */
+    float *moe_w;                /* [n][used] the chosen experts' weights, in rank order */
+    int32_t *moe_sel;            /* [n][used] the chosen experts, in rank order */
+    int32_t *moe_slot;           /* [n][used] the grouped row of (token, rank) */
+    int32_t *moe_token;          /* [n x used] the token of each grouped row */
+    int32_t *moe_first;          /* [n_expert + 1] each expert's first grouped row */
+    void *moe_jobs;              /* [2 x n_expert] the products of one step */
     float *rope_cs;              /* [n][n_rot/2][2] cos, sin (FULL layers) */
     float *rope_cs_swa;          /* the same with the WINDOW layers' base and scale */
     float *gelu;                 /* [65536] GELU-tanh of each F16 value, as F32 (GeGLU models), or NULL */
@@ -174,6 +194,8 @@ void kp_forward_free(kp_forward *f) {
     if (!f) return;
     free(f->x); free(f->xn); free(f->q); free(f->kk); free(f->vv); free(f->att);
     free(f->gate); free(f->up); free(f->rope_cs); free(f->rope_cs_swa); free(f->gelu);
+    free(f->router); free(f->moe_out); free(f->moe_w);
+    free(f->moe_sel); free(f->moe_slot); free(f->moe_token); free(f->moe_first); free(f->moe_jobs);
     for (int i = 0; i < KP_DTYPE_COUNT_; i++) free(f->act[i]);
     free(f->att_ws);
     free(f->partials);
@@ -210,6 +232,7 @@ static void pack_task(void *vctx, int task, int thread) {
  * whose groups tile the matmul tasks (MM_ROWS rows each). */
 static int pack_rows_for(const kp_kernels *k, const kp_weight *w) {
     int r = k->pack_rows[w->type], pk = k->pack_k[w->type];
+    if (!w->data || w->n_out == 0) return 0; /* absent (an MoE layer's dense FFN) */
     if (r <= 0 || !k->pack[w->type] || !k->gemm_packed[w->type] || MM_ROWS % r != 0) return 0;
     if (pk <= 0 || w->n_in % pk != 0) return 0;
     return r;
@@ -220,7 +243,7 @@ static int pack_list(kp_forward *f, kp_weight **list) {
     int n = 0;
     for (uint32_t l = 0; l < f->m->hp.n_layer; l++) {
         kp_layer *L = &f->layers[l];
-        kp_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        kp_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->w_router};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) list[n++] = ws[i];
     }
     list[n++] = &f->output;
@@ -233,7 +256,7 @@ kp_status kp_forward_pack_weights(kp_forward *f, uint64_t *bytes_out, kp_error *
     const kp_model *m = f->m;
     const uint32_t nl = m->hp.n_layer;
     kp_layer *layers = malloc((size_t)nl * sizeof *layers);
-    kp_weight **list = malloc(((size_t)nl * 7 + 1) * sizeof *list);
+    kp_weight **list = malloc(((size_t)nl * 8 + 1) * sizeof *list);
     if (!layers || !list) {
         free(layers);
         free(list);
@@ -295,12 +318,24 @@ static kp_status ensure_scratch(kp_forward *f, int32_t n, kp_error *err) {
     const kp_hparams *hp = &f->m->hp;
     size_t E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim;
     size_t KV = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
-    float **bufs[] = {&f->x, &f->xn, &f->q, &f->kk, &f->vv, &f->att, &f->gate, &f->up, &f->rope_cs, &f->rope_cs_swa};
-    size_t sizes[] = {E, E, Q, KV, KV, Q, F, F, hp->n_rot, hp->n_rot};
+    size_t K = hp->n_expert_used; /* 0 without experts */
+    if (hp->n_expert) F = K * hp->n_ff_exp;
+    void **bufs[] = {(void **)&f->x, (void **)&f->xn, (void **)&f->q, (void **)&f->kk, (void **)&f->vv,
+                     (void **)&f->att, (void **)&f->gate, (void **)&f->up, (void **)&f->rope_cs,
+                     (void **)&f->rope_cs_swa, (void **)&f->router, (void **)&f->moe_out, (void **)&f->moe_w,
+                     (void **)&f->moe_sel, (void **)&f->moe_slot, (void **)&f->moe_token};
+    /* per token, in 4-byte elements (floats or int32) */
+    size_t sizes[] = {E, E, Q, KV, KV, Q, F, F, hp->n_rot, hp->n_rot, hp->n_expert, K * E, K, K, K, K};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        float *nb = realloc(*bufs[i], (size_t)n * sizes[i] * sizeof(float));
+        if (sizes[i] == 0) continue;
+        void *nb = realloc(*bufs[i], (size_t)n * sizes[i] * sizeof(float));
         if (!nb) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %d tokens", n);
         *bufs[i] = nb;
+    }
+    if (hp->n_expert && !f->moe_first) {
+        f->moe_first = malloc(((size_t)hp->n_expert + 1) * sizeof(int32_t));
+        f->moe_jobs = malloc((size_t)hp->n_expert * 2 * sizeof(moe_job));
+        if (!f->moe_first || !f->moe_jobs) return kp_fail(err, KP_ENOMEM, "out of memory for the experts' jobs");
     }
     f->cap_tokens = n;
     return KP_OK;
@@ -372,6 +407,47 @@ static size_t act_bytes(kp_dtype at, size_t n, int64_t n_in) {
     return act_aux_offset(n, a_stride) + n * (size_t)(n_in / 32) * sizeof(kp_q8_0_aux);
 }
 
+/* Rows r0 .. r1 - 1 of w times nt activation rows at ad (a_stride bytes
+ * apart; aux: their Q8_0 summaries or NULL) into od (out_stride floats a
+ * token): the kernel table's packed gemm, gemm, or 4 x 4 dot tiles. */
+static void mm_block(const kp_kernels *k, const kp_weight *w, int64_t r0, int64_t r1, const uint8_t *ad,
+                     size_t a_stride, const uint8_t *aux, size_t aux_stride, int nt, float *od, size_t out_stride) {
+    const uint8_t *wd = (const uint8_t *)w->data + r0 * w->row_bytes;
+    if (w->packed) { /* r0 is a multiple of MM_ROWS, so the first row of a group */
+        k->gemm_packed[w->type](w->n_in, (int)(r1 - r0), nt, wd, ad, a_stride, aux, aux_stride, od, out_stride);
+        return;
+    }
+    if (k->gemm[w->type]) {
+        k->gemm[w->type](w->n_in, (int)(r1 - r0), nt, wd, w->row_bytes, ad, a_stride, aux, aux_stride, od,
+                         out_stride);
+        return;
+    }
+    for (int c0 = 0; c0 < nt; c0 += 4) { /* no whole-block kernel: 4 x 4 tiles */
+        int nc = nt - c0 < 4 ? nt - c0 : 4;
+        for (int64_t r = 0; r < r1 - r0; r += 4) {
+            int nr = r1 - r0 - r < 4 ? (int)(r1 - r0 - r) : 4;
+            k->dot_tile[w->type](w->n_in, nr, nc, wd + r * w->row_bytes, w->row_bytes, ad + (size_t)c0 * a_stride,
+                                 a_stride, od + (size_t)c0 * out_stride + r, out_stride);
+        }
+    }
+}
+
+/* The converted activation rows of weight w from row t0 of n: their
+ * address, stride, and Q8_0 summaries (aux NULL for other dot types). */
+static const uint8_t *mm_act(const kp_forward *f, const kp_weight *w, int n, int t0, size_t *a_stride,
+                             const uint8_t **aux, size_t *aux_stride) {
+    kp_dtype at = kp_vec_dot_type(w->type);
+    const uint8_t *act = f->act[at];
+    *a_stride = kp_dtype_row_size(at, w->n_in);
+    *aux = NULL;
+    *aux_stride = 0;
+    if (at == KP_DTYPE_Q8_0) {
+        *aux_stride = (size_t)(w->n_in / 32) * sizeof(kp_q8_0_aux);
+        *aux = act + act_aux_offset((size_t)n, *a_stride) + (size_t)t0 * *aux_stride;
+    }
+    return act + (size_t)t0 * *a_stride;
+}
+
 /* Task = (token chunk, job, MM_ROWS weight rows), token chunk slowest, so
  * the threads work through one chunk of activations at a time. */
 static void mm_task(void *vctx, int task, int thread) {
@@ -385,45 +461,18 @@ static void mm_task(void *vctx, int task, int thread) {
     while (task >= c->task_start[j + 1]) j++;
     const mm_job *job = &c->jobs[j];
     const kp_weight *w = job->w;
-    kp_dtype at = kp_vec_dot_type(w->type);
-    size_t a_stride = kp_dtype_row_size(at, w->n_in);
-    const uint8_t *act = c->f->act[at];
     int64_t r0 = (int64_t)(task - c->task_start[j]) * MM_ROWS;
     int64_t r1 = r0 + MM_ROWS < w->n_out ? r0 + MM_ROWS : w->n_out;
-    const uint8_t *wd = (const uint8_t *)w->data + r0 * w->row_bytes;
-    const uint8_t *ad = act + (size_t)t0 * a_stride;
-    float *od = job->out + (size_t)t0 * w->n_out + r0;
-    const kp_kernels *k = c->f->k;
-    const uint8_t *aux = NULL;
-    size_t aux_stride = 0;
-    if (at == KP_DTYPE_Q8_0) {
-        aux_stride = (size_t)(w->n_in / 32) * sizeof(kp_q8_0_aux);
-        aux = act + act_aux_offset((size_t)c->n, a_stride) + (size_t)t0 * aux_stride;
-    }
-    if (w->packed) { /* r0 is a multiple of MM_ROWS, so the first row of a group */
-        k->gemm_packed[w->type](w->n_in, (int)(r1 - r0), nt, wd, ad, a_stride, aux, aux_stride, od,
-                                (size_t)w->n_out);
-        return;
-    }
-    if (k->gemm[w->type]) {
-        k->gemm[w->type](w->n_in, (int)(r1 - r0), nt, wd, w->row_bytes, ad, a_stride, aux,
-                         aux_stride, od, (size_t)w->n_out);
-        return;
-    }
-    for (int c0 = 0; c0 < nt; c0 += 4) { /* no whole-block kernel: 4 x 4 tiles */
-        int nc = nt - c0 < 4 ? nt - c0 : 4;
-        for (int64_t r = 0; r < r1 - r0; r += 4) {
-            int nr = r1 - r0 - r < 4 ? (int)(r1 - r0 - r) : 4;
-            k->dot_tile[w->type](w->n_in, nr, nc, wd + r * w->row_bytes, w->row_bytes,
-                                 ad + (size_t)c0 * a_stride, a_stride,
-                                 od + (size_t)c0 * w->n_out + r, (size_t)w->n_out);
-        }
-    }
+    size_t a_stride, aux_stride;
+    const uint8_t *aux, *ad = mm_act(c->f, w, c->n, t0, &a_stride, &aux, &aux_stride);
+    mm_block(c->f->k, w, r0, r1, ad, a_stride, aux, aux_stride, nt, job->out + (size_t)t0 * w->n_out + r0,
+             (size_t)w->n_out);
 }
 
 typedef struct {
     kp_forward *f;
     const float *x;
+    const int32_t *rows; /* activation row i is row rows[i] of x; NULL: row i */
     int n;               /* tokens */
     int64_t n_in;
     kp_dtype at;
@@ -435,7 +484,8 @@ static void quant_task(void *vctx, int task, int thread) {
     quant_ctx *c = vctx;
     size_t stride = kp_dtype_row_size(c->at, c->n_in);
     uint8_t *row = c->f->act[c->at] + (size_t)task * stride;
-    c->f->k->quantize_act[c->wtype](c->x + (size_t)task * c->n_in, row, c->n_in);
+    size_t src = (size_t)(c->rows ? c->rows[task] : task);
+    c->f->k->quantize_act[c->wtype](c->x + src * c->n_in, row, c->n_in);
     if (c->at == KP_DTYPE_Q8_0) {
         size_t nb = (size_t)(c->n_in / 32);
         kp_q8_0_aux *aux = (kp_q8_0_aux *)(c->f->act[c->at] + act_aux_offset((size_t)c->n, stride));
@@ -443,11 +493,28 @@ static void quant_task(void *vctx, int task, int thread) {
     }
 }
 
+/* Converts the n rows of x (row i = row rows[i] of x, or row i when rows
+ * is NULL) to w's dot type into f->act, unless done[that type] already. */
+static kp_status convert_act(kp_forward *f, const float *x, const int32_t *rows, int n, const kp_weight *w,
+                             bool *done, kp_error *err) {
+    kp_dtype at = kp_vec_dot_type(w->type);
+    if (done[at]) return KP_OK;
+    done[at] = true;
+    size_t need = act_bytes(at, (size_t)n, w->n_in);
+    if (!kp_grow((void **)&f->act[at], &f->act_cap[at], need, 1))
+        return kp_fail(err, KP_ENOMEM, "out of memory for activations");
+    quant_ctx q = {f, x, rows, n, w->n_in, at, w->type};
+    if (n >= 8) kp_threads_run(f->threads, quant_task, &q, n);
+    else for (int t = 0; t < n; t++) quant_task(&q, t, 0);
+    return KP_OK;
+}
+
 /* out_j = x @ w_j for the jobs (all w_j share n_in); x is [n][n_in]. */
 static kp_status matmul(kp_forward *f, const float *x, int n, int n_jobs, const mm_job *jobs,
                         kp_error *err) {
     mm_ctx c = {.f = f, .n = n, .chunk = n, .n_jobs = n_jobs};
     bool done[KP_DTYPE_COUNT_] = {false};
+    kp_status st;
     c.task_start[0] = 0;
     for (int j = 0; j < n_jobs; j++) {
         const kp_weight *w = jobs[j].w;
@@ -459,17 +526,179 @@ static kp_status matmul(kp_forward *f, const float *x, int n, int n_jobs, const 
             size_t fit = MM_ACT_BYTES / a_stride / 4 * 4;
             c.chunk = fit < 4 ? 4 : (int)fit;
         }
-        if (done[at]) continue;
-        done[at] = true;
-        size_t need = act_bytes(at, (size_t)n, w->n_in);
-        if (!kp_grow((void **)&f->act[at], &f->act_cap[at], need, 1))
-            return kp_fail(err, KP_ENOMEM, "out of memory for activations");
-        quant_ctx q = {f, x, n, w->n_in, at, w->type};
-        if (n >= 8) kp_threads_run(f->threads, quant_task, &q, n);
-        else for (int t = 0; t < n; t++) quant_task(&q, t, 0);
+        if ((st = convert_act(f, x, NULL, n, w, done, err)) != KP_OK) return st;
     }
     int n_chunks = (n + c.chunk - 1) / c.chunk;
     kp_threads_run(f->threads, mm_task, &c, n_chunks * c.task_start[n_jobs]);
+    return KP_OK;
+}
+
+/* ---- experts --------------------------------------------------------------- */
+
+/*
+ * A mixture-of-experts FFN (model.h, Experts) for a batch of n tokens,
+ * K = n_expert_used:
+ *
+ *   router = xn @ w_router; p = softmax(router)          [n][n_expert]
+ *   per token: the K experts of highest p, in rank order  moe_sel [n][K]
+ *              w_j = p_j / max(sum_j p_j, 2^-14)            moe_w   [n][K]
+ *   group the n x K (token, rank) pairs by expert, tokens in order:
+ *
+ *     grouped rows   | expert 0: t1 t4 t5 | expert 2: t0 t1 | expert 3: t0 t4 ... |
+ *     moe_first      0                    3                 5
+ *     moe_token[r]   the token of row r;  moe_slot[t][j]: the row of (t, rank j)
+ *
+ *   the xn rows of the grouped rows are converted once into the activation
+ *   buffer; then one parallel region runs every chosen expert's gate and up
+ *   matrices over its rows, each expert's matrices read once for the whole
+ *   batch (decode: the K experts' rows only), SwiGLU, and a second region
+ *   the down matrices into moe_out; finally
+ *
+ *   ffn[t] = w_0 y(t, 0) + w_1 y(t, 1) + ...               in rank order
+ *
+ * as llama.cpp adds its weighted expert outputs. A token's result depends
+ * on its own row alone (the kernels compute each output independently of
+ * the call's shape), so any batch split gives the same bits.
+ */
+
+/* Softmax of the router logits in place, as ggml's CPU soft_max: exp of
+ * the difference to the max in float, summed in double, scaled by 1/sum. */
+static void moe_softmax(float *p, uint32_t n) {
+    float mx = -INFINITY;
+    for (uint32_t e = 0; e < n; e++) mx = p[e] > mx ? p[e] : mx;
+    double sum = 0;
+    for (uint32_t e = 0; e < n; e++) sum += (double)(p[e] = expf(p[e] - mx));
+    float inv = (float)(1.0 / sum);
+    for (uint32_t e = 0; e < n; e++) p[e] *= inv;
+}
+
+/* Token t's K experts (highest probability first, ties to the lower id)
+ * and their normalized weights. */
+static void moe_route(const kp_hparams *hp, const float *p, int32_t *sel, float *w) {
+    uint32_t K = hp->n_expert_used;
+    double sum = 0;
+    for (uint32_t j = 0; j < K; j++) {
+        int32_t best = -1;
+        for (uint32_t e = 0; e < hp->n_expert; e++) {
+            bool taken = false;
+            for (uint32_t i = 0; i < j && !taken; i++) taken = sel[i] == (int32_t)e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = (int32_t)e;
+        }
+        sel[j] = best;
+        w[j] = p[best];
+        sum += (double)w[j];
+    }
+    float s = (float)sum;
+    if (s < 6.103515625e-5f) s = 6.103515625e-5f; /* llama.cpp's clamp: the smallest normal F16 */
+    for (uint32_t j = 0; j < K; j++) w[j] /= s;
+}
+
+/* Groups the n x K (token, rank) pairs by expert (see above). */
+static void moe_group(kp_forward *f, int n) {
+    const kp_hparams *hp = &f->m->hp;
+    uint32_t K = hp->n_expert_used, E = hp->n_expert;
+    int32_t *first = f->moe_first;
+    memset(first, 0, ((size_t)E + 1) * sizeof *first);
+    for (size_t i = 0; i < (size_t)n * K; i++) first[f->moe_sel[i] + 1]++;
+    for (uint32_t e = 0; e < E; e++) first[e + 1] += first[e];
+    for (int t = 0; t < n; t++) /* tokens in order; first[e] walks to the next expert's start */
+        for (uint32_t j = 0; j < K; j++) {
+            int32_t r = first[f->moe_sel[(size_t)t * K + j]]++;
+            f->moe_token[r] = t;
+            f->moe_slot[(size_t)t * K + j] = r;
+        }
+    for (uint32_t e = E; e > 0; e--) first[e] = first[e - 1]; /* back to each expert's start */
+    first[0] = 0;
+}
+
+typedef struct {
+    kp_forward *f;
+    const moe_job *jobs;
+    int n_jobs;
+    int n_rows;          /* grouped rows (their activations' count) */
+    const int *task_start; /* [n_jobs + 1] */
+} moe_ctx;
+
+/* Task = (job, MM_ROWS rows of its matrix) over all the job's rows. */
+static void moe_task(void *vctx, int task, int thread) {
+    (void)thread;
+    const moe_ctx *c = vctx;
+    int lo = 0, hi = c->n_jobs - 1;
+    while (lo < hi) { /* the job whose task range holds task */
+        int mid = (lo + hi + 1) / 2;
+        if (c->task_start[mid] <= task) lo = mid;
+        else hi = mid - 1;
+    }
+    const moe_job *job = &c->jobs[lo];
+    const kp_weight *w = &job->w;
+    int64_t r0 = (int64_t)(task - c->task_start[lo]) * MM_ROWS;
+    int64_t r1 = r0 + MM_ROWS < w->n_out ? r0 + MM_ROWS : w->n_out;
+    size_t a_stride, aux_stride;
+    const uint8_t *aux, *ad = mm_act(c->f, w, c->n_rows, job->first, &a_stride, &aux, &aux_stride);
+    mm_block(c->f->k, w, r0, r1, ad, a_stride, aux, aux_stride, job->n, job->out + r0, (size_t)w->n_out);
+}
+
+/* One parallel region over the experts' products jobs[0 .. n_jobs) whose
+ * inputs are the n_rows grouped rows of x (row r = row rows[r] of x, or
+ * row r when rows is NULL). */
+static kp_status moe_matmul(kp_forward *f, const float *x, const int32_t *rows, int n_rows, const moe_job *jobs,
+                            int n_jobs, kp_error *err) {
+    bool done[KP_DTYPE_COUNT_] = {false};
+    int task_start[2 * 1024 + 1];
+    kp_status st;
+    task_start[0] = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        task_start[j + 1] = task_start[j] + (int)((jobs[j].w.n_out + MM_ROWS - 1) / MM_ROWS);
+        if ((st = convert_act(f, x, rows, n_rows, &jobs[j].w, done, err)) != KP_OK) return st;
+    }
+    moe_ctx c = {f, jobs, n_jobs, n_rows, task_start};
+    if (n_jobs > 0) kp_threads_run(f->threads, moe_task, &c, task_start[n_jobs]);
+    return KP_OK;
+}
+
+/* ffn = the experts' weighted sum for the n tokens of f->xn, into f->xn. */
+static kp_status moe_ffn(kp_forward *f, int n, const kp_layer *L, kp_error *err) {
+    const kp_hparams *hp = &f->m->hp;
+    size_t E = hp->n_embd, X = hp->n_ff_exp, K = hp->n_expert_used;
+    int rows = n * (int)K;
+    kp_status st;
+    mm_job r = {&L->w_router, f->router};
+    if ((st = matmul(f, f->xn, n, 1, &r, err)) != KP_OK) return st;
+    for (int t = 0; t < n; t++) {
+        float *p = f->router + (size_t)t * hp->n_expert;
+        moe_softmax(p, hp->n_expert);
+        moe_route(hp, p, f->moe_sel + (size_t)t * K, f->moe_w + (size_t)t * K);
+    }
+    moe_group(f, n);
+    moe_job *jobs = f->moe_jobs;
+    int nj = 0;
+    for (uint32_t e = 0; e < hp->n_expert; e++) {
+        int32_t a = f->moe_first[e], cnt = f->moe_first[e + 1] - a;
+        if (cnt == 0) continue; /* not chosen by any token: not read */
+        jobs[nj++] = (moe_job){kp_expert_matrix(&L->e_gate, e), e, a, cnt, f->gate + (size_t)a * X};
+        jobs[nj++] = (moe_job){kp_expert_matrix(&L->e_up, e), e, a, cnt, f->up + (size_t)a * X};
+    }
+    if ((st = moe_matmul(f, f->xn, f->moe_token, rows, jobs, nj, err)) != KP_OK) return st;
+    swiglu_ctx sw = {f->gate, f->up, X, f->ak};
+    if (rows >= 4) kp_threads_run(f->threads, swiglu_task, &sw, rows);
+    else for (int i = 0; i < rows; i++) swiglu_task(&sw, i, 0);
+    for (int j = 0; j < nj / 2; j++) { /* the down matrices of the same experts */
+        const moe_job g = jobs[2 * j];
+        jobs[j] = (moe_job){kp_expert_matrix(&L->e_down, g.expert), g.expert, g.first, g.n,
+                            f->moe_out + (size_t)g.first * E};
+    }
+    if ((st = moe_matmul(f, f->gate, NULL, rows, jobs, nj / 2, err)) != KP_OK) return st;
+    for (int t = 0; t < n; t++) {
+        float *out = f->xn + (size_t)t * E;
+        const float *w = f->moe_w + (size_t)t * K;
+        const int32_t *slot = f->moe_slot + (size_t)t * K;
+        const float *y = f->moe_out + (size_t)slot[0] * E;
+        for (size_t i = 0; i < E; i++) out[i] = y[i] * w[0];
+        for (size_t j = 1; j < K; j++) {
+            y = f->moe_out + (size_t)slot[j] * E;
+            for (size_t i = 0; i < E; i++) out[i] += y[i] * w[j];
+        }
+    }
     return KP_OK;
 }
 
@@ -951,17 +1180,21 @@ static kp_status layer_ffn(kp_forward *f, int n, const kp_layer *L, kp_error *er
     size_t E = hp->n_embd, F = hp->n_ff;
     kp_status st;
     for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->x + t * E, L->ffn_norm, (int64_t)E, hp->rms_eps);
-    mm_job gu[2] = {{&L->w_gate, f->gate}, {&L->w_up, f->up}};
-    if ((st = matmul(f, f->xn, n, 2, gu, err)) != KP_OK) return st;
-    if (hp->ffn_act == KP_FFN_GELU_TANH) {
-        for (int t = 0; t < n; t++) geglu_row(f->gelu, f->gate + (size_t)t * F, f->up + (size_t)t * F, F);
+    if (hp->n_expert) {
+        if ((st = moe_ffn(f, n, L, err)) != KP_OK) return st;
     } else {
-        swiglu_ctx sw = {f->gate, f->up, F, f->ak};
-        if (n >= 4) kp_threads_run(f->threads, swiglu_task, &sw, n);
-        else for (int t = 0; t < n; t++) swiglu_task(&sw, t, 0);
+        mm_job gu[2] = {{&L->w_gate, f->gate}, {&L->w_up, f->up}};
+        if ((st = matmul(f, f->xn, n, 2, gu, err)) != KP_OK) return st;
+        if (hp->ffn_act == KP_FFN_GELU_TANH) {
+            for (int t = 0; t < n; t++) geglu_row(f->gelu, f->gate + (size_t)t * F, f->up + (size_t)t * F, F);
+        } else {
+            swiglu_ctx sw = {f->gate, f->up, F, f->ak};
+            if (n >= 4) kp_threads_run(f->threads, swiglu_task, &sw, n);
+            else for (int t = 0; t < n; t++) swiglu_task(&sw, t, 0);
+        }
+        mm_job d = {&L->w_down, f->xn};
+        if ((st = matmul(f, f->gate, n, 1, &d, err)) != KP_OK) return st;
     }
-    mm_job d = {&L->w_down, f->xn};
-    if ((st = matmul(f, f->gate, n, 1, &d, err)) != KP_OK) return st;
     if (L->ffn_post_norm)
         for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->xn + t * E, L->ffn_post_norm, (int64_t)E, hp->rms_eps);
     for (size_t i = 0; i < (size_t)n * E; i++) f->x[i] += f->xn[i];

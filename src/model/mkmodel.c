@@ -17,10 +17,13 @@
  *   {arch}.context_length                  u32   n_ctx
  *   {arch}.embedding_length                u32   n_embd
  *   {arch}.feed_forward_length             u32   n_ff
+ *   {arch}.expert_feed_forward_length      u32   n_ff_exp        } qwen3moe
+ *   {arch}.expert_count                    u32   n_expert        }
+ *   {arch}.expert_used_count               u32   n_expert_used   }
  *   {arch}.attention.head_count            u32   n_head
  *   {arch}.attention.head_count_kv         u32   n_head_kv
  *   {arch}.attention.key_length            u32   head_dim  } when head_dim != n_embd/n_head,
- *   {arch}.attention.value_length          u32   head_dim  } and always for qwen3 and gemma3
+ *   {arch}.attention.value_length          u32   head_dim  } and always for qwen3, gemma3, qwen3moe
  *   {arch}.attention.sliding_window        u32   n_swa, when not 0 (gemma3)
  *   {arch}.attention.sliding_window_pattern u32  swa_pattern, when not 0 (gemma3)
  *   {arch}.rope.dimension_count            u32   head_dim
@@ -44,13 +47,17 @@
  *     blk.N.attn_k.weight          W    [n_embd, n_head_kv*hd]  N(0, 1/n_embd)
  *     blk.N.attn_v.weight          W    [n_embd, n_head_kv*hd]  N(0, 1/n_embd)
  *     blk.N.attn_{q,k,v}.bias      F32  [n_head*hd], [n_head_kv*hd] x2   qwen2: 0.5 N(0,1)
- *     blk.N.attn_{q,k}_norm.weight F32  [hd]                qwen3, gemma3: 1 + 0.1 N(0,1)
+ *     blk.N.attn_{q,k}_norm.weight F32  [hd]                qwen3, gemma3, qwen3moe: 1 + 0.1 N(0,1)
  *     blk.N.attn_output.weight     W    [n_head*hd, n_embd]     N(0, 1/(n_head*hd))
  *     blk.N.post_attention_norm.weight F32 [n_embd]         gemma3: 1 + 0.1 N(0,1)
  *     blk.N.ffn_norm.weight        F32  [n_embd]            1 + 0.1 N(0,1)
- *     blk.N.ffn_gate.weight        W    [n_embd, n_ff]      N(0, 1/n_embd)
- *     blk.N.ffn_up.weight          W    [n_embd, n_ff]      N(0, 1/n_embd)
- *     blk.N.ffn_down.weight        W    [n_ff, n_embd]      N(0, 1/n_ff)
+ *     blk.N.ffn_gate.weight        W    [n_embd, n_ff]      N(0, 1/n_embd)   } not qwen3moe
+ *     blk.N.ffn_up.weight          W    [n_embd, n_ff]      N(0, 1/n_embd)   }
+ *     blk.N.ffn_down.weight        W    [n_ff, n_embd]      N(0, 1/n_ff)     }
+ *     blk.N.ffn_gate_inp.weight    F32  [n_embd, n_expert]            N(0, 1/n_embd)    } qwen3moe,
+ *     blk.N.ffn_gate_exps.weight   W    [n_embd, n_ff_exp, n_expert]  N(0, 1/n_embd)    } instead
+ *     blk.N.ffn_up_exps.weight     W    [n_embd, n_ff_exp, n_expert]  N(0, 1/n_embd)    }
+ *     blk.N.ffn_down_exps.weight   W    [n_ff_exp, n_embd, n_expert]  N(0, 1/n_ff_exp)  }
  *     blk.N.post_ffw_norm.weight   F32  [n_embd]            gemma3: 1 + 0.1 N(0,1)
  *   output_norm.weight             F32  [n_embd]            1 + 0.1 N(0,1)
  *   output.weight                  W    [n_embd, n_vocab]   N(0, 1/n_embd)   (untied only)
@@ -156,21 +163,27 @@ typedef struct {
 static const mk_preset presets[] = {
     {"smollm2-135m",
      {"llama", 30, 576, 9, 3, 0, 1536, 8192, 100000.0f, 1e-5f, true, KP_DTYPE_F32, 1,
-      "smollm2-135m", 0, 0, 0}},
+      "smollm2-135m", 0, 0, 0, 0, 0, 0}},
     {"tiny",
-     {"llama", 2, 256, 4, 2, 0, 512, 2048, 10000.0f, 1e-5f, false, KP_DTYPE_F32, 1, "tiny", 0, 0, 0}},
+     {"llama", 2, 256, 4, 2, 0, 512, 2048, 10000.0f, 1e-5f, false, KP_DTYPE_F32, 1, "tiny", 0, 0, 0, 0, 0, 0}},
     {"qwen2-tiny",
      {"qwen2", 2, 256, 4, 2, 0, 768, 32768, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "qwen2-tiny", 0, 0, 0}},
+      "qwen2-tiny", 0, 0, 0, 0, 0, 0}},
     {"qwen3-tiny",
      {"qwen3", 2, 256, 4, 2, 128, 768, 32768, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "qwen3-tiny", 0, 0, 0}},
+      "qwen3-tiny", 0, 0, 0, 0, 0, 0}},
     {"gemma3-1b",
      {"gemma3", 26, 1152, 4, 1, 256, 6912, 32768, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "gemma3-1b", 0, 512, 0}},
+      "gemma3-1b", 0, 512, 0, 0, 0, 0}},
     {"gemma3-tiny",
      {"gemma3", 6, 64, 2, 1, 32, 128, 2048, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "gemma3-tiny", 0, 16, 0}},
+      "gemma3-tiny", 0, 16, 0, 0, 0, 0}},
+    {"qwen3moe-30b-a3b",
+     {"qwen3moe", 8, 2048, 32, 4, 128, 6144, 40960, 1000000.0f, 1e-6f, false, KP_DTYPE_F32, 1,
+      "qwen3moe-30b-a3b", 0, 0, 0, 128, 8, 768}},
+    {"qwen3moe-tiny",
+     {"qwen3moe", 2, 128, 4, 2, 32, 192, 32768, 1000000.0f, 1e-6f, false, KP_DTYPE_F32, 1,
+      "qwen3moe-tiny", 0, 0, 0, 8, 3, 64}},
 };
 
 kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_error *err) {
@@ -182,11 +195,11 @@ kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_erro
     }
     return kp_fail(err, KP_ENOTFOUND,
                    "mkmodel: unknown preset '%s' (smollm2-135m, tiny, qwen2-tiny, qwen3-tiny, gemma3-1b, "
-                   "gemma3-tiny)",
+                   "gemma3-tiny, qwen3moe-30b-a3b, qwen3moe-tiny)",
                    name);
 }
 
-typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_GEMMA3, ARCH_UNKNOWN } mk_arch;
+typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_GEMMA3, ARCH_QWEN3MOE, ARCH_UNKNOWN } mk_arch;
 
 static mk_arch arch_of(const char *arch) {
     if (!arch) return ARCH_UNKNOWN;
@@ -194,6 +207,7 @@ static mk_arch arch_of(const char *arch) {
     if (strcmp(arch, "qwen2") == 0) return ARCH_QWEN2;
     if (strcmp(arch, "qwen3") == 0) return ARCH_QWEN3;
     if (strcmp(arch, "gemma3") == 0) return ARCH_GEMMA3;
+    if (strcmp(arch, "qwen3moe") == 0) return ARCH_QWEN3MOE;
     return ARCH_UNKNOWN;
 }
 
@@ -247,7 +261,7 @@ static uint32_t head_dim_of(const kp_mkmodel_spec *s) {
 kp_status kp_mkmodel_validate(const kp_mkmodel_spec *s, uint64_t n_vocab, kp_error *err) {
     if (arch_of(s->arch) == ARCH_UNKNOWN)
         return kp_fail(err, KP_EUNSUPPORTED,
-                       "mkmodel: architecture '%s' (mkmodel writes llama, qwen2, qwen3, gemma3)",
+                       "mkmodel: architecture '%s' (mkmodel writes llama, qwen2, qwen3, gemma3, qwen3moe)",
                        s->arch ? s->arch : "(null)");
     if (kp_mkmodel_file_type(s->wtype) < 0)
         return kp_fail(err, KP_EUNSUPPORTED,
@@ -283,6 +297,17 @@ kp_status kp_mkmodel_validate(const kp_mkmodel_spec *s, uint64_t n_vocab, kp_err
     if ((s->n_swa || s->swa_pattern) && arch_of(s->arch) != ARCH_GEMMA3)
         return kp_fail(err, KP_EINVAL, "mkmodel: a sliding window (n_swa %u, pattern %u) needs arch gemma3",
                        s->n_swa, s->swa_pattern);
+    if (arch_of(s->arch) == ARCH_QWEN3MOE) {
+        if (s->n_expert == 0 || s->n_expert > 1024 || s->n_expert_used == 0 || s->n_expert_used > s->n_expert ||
+            s->n_ff_exp == 0)
+            return kp_fail(err, KP_EINVAL,
+                           "mkmodel: qwen3moe needs 1 <= experts used (%u) <= experts (%u) <= 1024 and an "
+                           "expert FFN width >= 1 (%u)",
+                           s->n_expert_used, s->n_expert, s->n_ff_exp);
+    } else if (s->n_expert || s->n_expert_used || s->n_ff_exp) {
+        return kp_fail(err, KP_EINVAL, "mkmodel: experts (%u, %u used, width %u) need arch qwen3moe", s->n_expert,
+                       s->n_expert_used, s->n_ff_exp);
+    }
     if (n_vocab == 0 || n_vocab > INT32_MAX)
         return kp_fail(err, KP_EINVAL, "mkmodel: vocabulary of %llu tokens",
                        (unsigned long long)n_vocab);
@@ -296,8 +321,9 @@ typedef enum { INIT_GAUSS, INIT_NORM } mk_init;
 typedef struct {
     char name[KP_GGUF_W_MAX_TENSOR_NAME];
     uint32_t n_dims;
-    int64_t ne[2];
+    int64_t ne[3];      /* unused dims 1 */
     kp_dtype type;
+    bool fixed_type;    /* a matrix kept in its own type (the router), not the spec's */
     mk_init init;
     double scale; /* INIT_GAUSS: standard deviation */
 } mk_tensor;
@@ -316,6 +342,7 @@ static void plan_add(mk_plan *p, const char *name, int64_t ne0, int64_t ne1, kp_
     t->n_dims = ne1 > 0 ? 2 : 1;
     t->ne[0] = ne0;
     t->ne[1] = ne1 > 0 ? ne1 : 1;
+    t->ne[2] = 1;
     /* 2-D weights: the spec's type, or llama-quantize's fallback for this row length */
     t->type = ne1 > 0 ? kp_mkmodel_weight_type(type, ne0) : type;
     t->init = init;
@@ -324,14 +351,23 @@ static void plan_add(mk_plan *p, const char *name, int64_t ne0, int64_t ne1, kp_
 
 static double inv_sqrt(uint64_t n) { return 1.0 / sqrt((double)n); }
 
+/* A 3-D tensor of n_mat matrices [ne0, ne1] (experts), N(0, 1/ne0). */
+static void plan_add_experts(mk_plan *p, const char *name, int64_t ne0, int64_t ne1, uint32_t n_mat, kp_dtype type) {
+    plan_add(p, name, ne0, ne1, type, INIT_GAUSS, inv_sqrt((uint64_t)ne0));
+    if (p->n == 0) return;
+    p->t[p->n - 1].n_dims = 3;
+    p->t[p->n - 1].ne[2] = n_mat;
+}
+
 static kp_status plan_build(const kp_mkmodel_spec *s, uint64_t n_vocab, mk_plan *p, kp_error *err) {
     mk_arch arch = arch_of(s->arch);
     int64_t hd = head_dim_of(s);
     int64_t nq = (int64_t)s->n_head * hd, nkv = (int64_t)s->n_head_kv * hd;
     int64_t E = s->n_embd, F = s->n_ff, V = (int64_t)n_vocab;
     kp_dtype W = s->wtype;
-    bool qk_norm = arch == ARCH_QWEN3 || arch == ARCH_GEMMA3, post_norms = arch == ARCH_GEMMA3;
-    size_t per_layer = 9 + (arch == ARCH_QWEN2 ? 3 : 0) + (qk_norm ? 2 : 0) + (post_norms ? 2 : 0);
+    bool qk_norm = arch == ARCH_QWEN3 || arch == ARCH_GEMMA3 || arch == ARCH_QWEN3MOE;
+    bool post_norms = arch == ARCH_GEMMA3, experts = arch == ARCH_QWEN3MOE;
+    size_t per_layer = 9 + (arch == ARCH_QWEN2 ? 3 : 0) + (qk_norm ? 2 : 0) + (post_norms ? 2 : 0) + (experts ? 1 : 0);
     p->cap = 2 + (s->tied ? 0 : 1) + per_layer * s->n_layer;
     p->n = 0;
     p->t = calloc(p->cap, sizeof *p->t);
@@ -357,9 +393,18 @@ static kp_status plan_build(const kp_mkmodel_spec *s, uint64_t n_vocab, mk_plan 
         plan_add(p, BLK("attn_output.weight"), nq, E, W, INIT_GAUSS, inv_sqrt(nq));
         if (post_norms) plan_add(p, BLK("post_attention_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
         plan_add(p, BLK("ffn_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
-        plan_add(p, BLK("ffn_gate.weight"), E, F, W, INIT_GAUSS, inv_sqrt(E));
-        plan_add(p, BLK("ffn_up.weight"), E, F, W, INIT_GAUSS, inv_sqrt(E));
-        plan_add(p, BLK("ffn_down.weight"), F, E, W, INIT_GAUSS, inv_sqrt(F));
+        if (experts) { /* the router stays F32, as llama-quantize leaves ffn_gate_inp */
+            int64_t X = s->n_ff_exp;
+            plan_add(p, BLK("ffn_gate_inp.weight"), E, s->n_expert, KP_DTYPE_F32, INIT_GAUSS, inv_sqrt(E));
+            p->t[p->n - 1].fixed_type = true;
+            plan_add_experts(p, BLK("ffn_gate_exps.weight"), E, X, s->n_expert, W);
+            plan_add_experts(p, BLK("ffn_up_exps.weight"), E, X, s->n_expert, W);
+            plan_add_experts(p, BLK("ffn_down_exps.weight"), X, E, s->n_expert, W);
+        } else {
+            plan_add(p, BLK("ffn_gate.weight"), E, F, W, INIT_GAUSS, inv_sqrt(E));
+            plan_add(p, BLK("ffn_up.weight"), E, F, W, INIT_GAUSS, inv_sqrt(E));
+            plan_add(p, BLK("ffn_down.weight"), F, E, W, INIT_GAUSS, inv_sqrt(F));
+        }
         if (post_norms) plan_add(p, BLK("post_ffw_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
 #undef BLK
     }
@@ -390,9 +435,14 @@ static kp_status add_metadata(kp_gguf_w *w, const kp_mkmodel_spec *s, uint64_t n
     TRY(kp_gguf_w_add_u32(w, KEY("context_length"), s->n_ctx, err));
     TRY(kp_gguf_w_add_u32(w, KEY("embedding_length"), s->n_embd, err));
     TRY(kp_gguf_w_add_u32(w, KEY("feed_forward_length"), s->n_ff, err));
+    if (arch == ARCH_QWEN3MOE) {
+        TRY(kp_gguf_w_add_u32(w, KEY("expert_feed_forward_length"), s->n_ff_exp, err));
+        TRY(kp_gguf_w_add_u32(w, KEY("expert_count"), s->n_expert, err));
+        TRY(kp_gguf_w_add_u32(w, KEY("expert_used_count"), s->n_expert_used, err));
+    }
     TRY(kp_gguf_w_add_u32(w, KEY("attention.head_count"), s->n_head, err));
     TRY(kp_gguf_w_add_u32(w, KEY("attention.head_count_kv"), s->n_head_kv, err));
-    if ((uint64_t)hd * s->n_head != s->n_embd || arch == ARCH_QWEN3 || arch == ARCH_GEMMA3) {
+    if ((uint64_t)hd * s->n_head != s->n_embd || arch == ARCH_QWEN3 || arch == ARCH_GEMMA3 || arch == ARCH_QWEN3MOE) {
         TRY(kp_gguf_w_add_u32(w, KEY("attention.key_length"), hd, err));
         TRY(kp_gguf_w_add_u32(w, KEY("attention.value_length"), hd, err));
     }
@@ -423,7 +473,7 @@ static kp_status add_metadata(kp_gguf_w *w, const kp_mkmodel_spec *s, uint64_t n
 static kp_status write_tensor(kp_gguf_w *w, const mk_tensor *t, mk_rng *rng, float *row,
                               void *encoded, const char *out_path, kp_error *err) {
     size_t row_bytes = kp_dtype_row_size(t->type, t->ne[0]);
-    for (int64_t r = 0; r < t->ne[1]; r++) {
+    for (int64_t r = 0; r < t->ne[1] * t->ne[2]; r++) {
         if (t->init == INIT_GAUSS) {
             for (int64_t i = 0; i < t->ne[0]; i++) row[i] = (float)(t->scale * rng_normal(rng));
         } else {
@@ -444,15 +494,15 @@ static kp_status fill_report(const mk_plan *plan, kp_dtype wtype, kp_mkmodel_rep
     memset(r, 0, sizeof *r);
     size_t n_fb = 0;
     for (size_t i = 0; i < plan->n; i++) {
-        r->n_weights += plan->t[i].n_dims == 2;
-        n_fb += plan->t[i].n_dims == 2 && plan->t[i].type != wtype;
+        r->n_weights += plan->t[i].n_dims >= 2;
+        n_fb += plan->t[i].n_dims >= 2 && !plan->t[i].fixed_type && plan->t[i].type != wtype;
     }
     if (n_fb == 0) return KP_OK;
     r->fallback = calloc(n_fb, sizeof *r->fallback);
     if (!r->fallback) return kp_fail(err, KP_ENOMEM, "mkmodel: out of memory for the report");
     for (size_t i = 0; i < plan->n; i++) {
         const mk_tensor *t = &plan->t[i];
-        if (t->n_dims != 2 || t->type == wtype) continue;
+        if (t->n_dims < 2 || t->fixed_type || t->type == wtype) continue;
         kp_mkmodel_fallback *f = &r->fallback[r->n_fallback++];
         snprintf(f->tensor, sizeof f->tensor, "%s", t->name);
         f->row_len = t->ne[0];

@@ -3,8 +3,9 @@
  *
  * For tests and benchmarks that need a model of a given shape and weight
  * type without shipping one: llama, qwen2 (q/k/v biases), qwen3 (per-head
- * q/k RMS norms) and gemma3 (q/k norms, post-attention and post-FFN norms,
- * sliding-window layers) layouts, in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+ * q/k RMS norms), gemma3 (q/k norms, post-attention and post-FFN norms,
+ * sliding-window layers) and qwen3moe (qwen3's attention, a router and 3-D
+ * expert tensors instead of the FFN) layouts, in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
  * Q4_K, Q5_K or Q6_K, with the tokenizer taken from any GGUF file (every
  * `tokenizer.*` key, copied verbatim). Tensor names, shapes and metadata
  * keys are the ones llama.cpp loads. The file is the one llama-quantize
@@ -18,6 +19,7 @@
  *   token_embd, tied        N(0, 1/n_embd)  (it is also the output projection)
  *   norm weights            1 + 0.1 N(0,1)
  *   qwen2 q/k/v biases      0.5 N(0,1)
+ *   qwen3moe experts        N(0, 1/fan_in) per matrix; the router F32
  * (gemma3's norm weights are stored as llama.cpp's converter stores them,
  * Gemma's +1 already added, so they too are 1 + 0.1 N(0,1).)
  * Norms and biases are F32; every 2-D weight (token_embd and output too) has
@@ -39,7 +41,7 @@
 #include "base/status.h"
 
 typedef struct {
-    const char *arch;    /* "llama", "qwen2", "qwen3" or "gemma3" (borrowed) */
+    const char *arch;    /* "llama", "qwen2", "qwen3", "gemma3" or "qwen3moe" (borrowed) */
     uint32_t n_layer;
     uint32_t n_embd;
     uint32_t n_head;
@@ -57,6 +59,9 @@ typedef struct {
     uint32_t n_swa;      /* gemma3: {arch}.attention.sliding_window (0: not written, no window) */
     uint32_t swa_pattern; /* gemma3: {arch}.attention.sliding_window_pattern, every swa_pattern-th
                              layer FULL (0: not written, llama.cpp's default 6) */
+    uint32_t n_expert;      /* qwen3moe: {arch}.expert_count (0 for other archs) */
+    uint32_t n_expert_used; /* qwen3moe: {arch}.expert_used_count, <= n_expert */
+    uint32_t n_ff_exp;      /* qwen3moe: {arch}.expert_feed_forward_length, an expert's width */
 } kp_mkmodel_spec;
 
 /* Fills *out with a named shape (wtype F32, seed 1, alignment 0):
@@ -78,13 +83,22 @@ typedef struct {
  *   "gemma3-tiny"   gemma3, 6 layers (5 WINDOW, the last FULL), n_embd 64,
  *                   2 / 1 heads, head_dim 32, n_ff 128, tied, rope base 1e6,
  *                   eps 1e-6, ctx 2048, sliding window 16
+ *   "qwen3moe-30b-a3b" qwen3moe, Qwen3-30B-A3B's shape with 8 of its 48
+ *                   layers: n_embd 2048, 32 / 4 heads, head_dim 128, n_ff
+ *                   6144, 128 experts of width 768, 8 used, untied, rope
+ *                   base 1e6, eps 1e-6, ctx 40960
+ *   "qwen3moe-tiny" qwen3moe, 2 layers, n_embd 128, 4 / 2 heads, head_dim
+ *                   32, n_ff 192, 8 experts of width 64, 3 used, untied,
+ *                   rope base 1e6, eps 1e-6, ctx 32768
  * The strings in *out are static. KP_ENOTFOUND for an unknown name. */
 kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_error *err);
 
 /* Checks a spec against a vocabulary size: a known arch, nonzero sizes,
  * n_head a multiple of n_head_kv, an even head_dim, a weight type mkmodel
  * writes, positive rope base and eps, a power-of-two alignment, and
- * n_vocab >= 1, and n_swa / swa_pattern only for gemma3 (KP_EINVAL
+ * n_vocab >= 1, n_swa / swa_pattern only for gemma3, and experts only
+ * and always for qwen3moe (1 <= n_expert_used <= n_expert <= 1024,
+ * n_ff_exp >= 1) (KP_EINVAL
  * naming what is wrong). A weight type mkmodel does
  * not write is KP_EUNSUPPORTED. Row lengths are never refused: every type
  * mkmodel writes has a fallback (kp_mkmodel_weight_type). */
@@ -122,7 +136,7 @@ typedef struct {
  * nothing that was in it); the caller owns `fallback` afterwards and
  * releases it with kp_mkmodel_report_clear. */
 typedef struct {
-    size_t n_weights;            /* 2-D weights written */
+    size_t n_weights;            /* matrices (2-D and 3-D tensors) written, the router included */
     size_t n_fallback;           /* of those, written in a fallback type */
     kp_mkmodel_fallback *fallback;  /* [n_fallback] in file order, or NULL */
 } kp_mkmodel_report;

@@ -29,6 +29,13 @@
  *   product; embeddings times sqrtf(n_embd); GELU-tanh FFN. The norm weights
  *   are used as stored: llama.cpp's converter already added Gemma's +1.
  *
+ * qwen3moe only (llama.cpp's llama_model_qwen3moe::load_arch_hparams):
+ *   ARCH.attention.layer_norm_rms_epsilon required
+ *   ARCH.expert_count                      required           n_expert (<= 1024)
+ *   ARCH.expert_used_count                 required           n_expert_used (<= n_expert)
+ *   ARCH.expert_feed_forward_length        n_ff / used        n_ff_exp
+ *   ARCH.feed_forward_length               0 (not required)   n_ff (no dense FFN reads it)
+ *
  * Tensors (ggml order [ne0, ne1]); N = layer:
  *   token_embd.weight [n_embd, n_vocab]    output.weight [n_embd, n_vocab] (absent: tied)
  *   output_norm.weight [n_embd]            rope_freqs.weight [n_rot/2] (optional)
@@ -39,6 +46,10 @@
  *   qwen2: blk.N.attn_q/k/v.bias            qwen3: blk.N.attn_q_norm/k_norm.weight [hd]
  *   gemma3: blk.N.attn_q_norm/k_norm.weight [hd], blk.N.post_attention_norm.weight [n_embd],
  *           blk.N.post_ffw_norm.weight [n_embd]
+ *   qwen3moe: blk.N.attn_q_norm/k_norm.weight [hd], and instead of ffn_gate/up/down:
+ *           blk.N.ffn_gate_inp.weight [n_embd, n_expert] (the router, any 2-D type)
+ *           blk.N.ffn_gate_exps/up_exps.weight [n_embd, n_ff_exp, n_expert]
+ *           blk.N.ffn_down_exps.weight [n_ff_exp, n_embd, n_expert]
  */
 #include "model/model.h"
 
@@ -55,8 +66,15 @@ const char *kp_arch_name(kp_arch a) {
     case KP_ARCH_QWEN2: return "qwen2";
     case KP_ARCH_QWEN3: return "qwen3";
     case KP_ARCH_GEMMA3: return "gemma3";
+    case KP_ARCH_QWEN3MOE: return "qwen3moe";
     }
     return "?";
+}
+
+kp_weight kp_expert_matrix(const kp_experts *x, uint32_t e) {
+    kp_weight w = {x->type, x->n_in, x->n_out, x->row_bytes, (const uint8_t *)x->data + (size_t)e * x->mat_bytes,
+                   false};
+    return w;
 }
 
 uint64_t kp_model_kv_bytes_per_token(const kp_hparams *hp, kp_dtype kv_type) {
@@ -75,9 +93,19 @@ uint64_t kp_model_kv_bytes_per_token_kind(const kp_model *m, kp_layer_kind kind,
            (kp_dtype_row_size(k_type, m->hp.head_dim) + kp_dtype_row_size(v_type, m->hp.head_dim));
 }
 
+/* A matrix's element type must have dot-product kernels. */
+static kp_status check_matrix_type(const kp_model *m, const kp_gguf_tensor *t, const char *name, kp_error *err) {
+    const kp_dtype_info *ti = kp_dtype_get(t->type);
+    if (!ti->has_kernels || t->type == KP_DTYPE_Q8_K)
+        return kp_fail(err, KP_EUNSUPPORTED, "%s: tensor '%s' has type %s, which kvpin cannot compute with yet",
+                       kp_gguf_path(m->file), name, ti->name);
+    return KP_OK;
+}
+
 static kp_status get_weight(const kp_model *m, const char *name, int64_t n_in, int64_t n_out,
                             bool optional, kp_weight *w, kp_error *err) {
     const kp_gguf_tensor *t = kp_gguf_find_tensor(m->file, name);
+    kp_status st;
     memset(w, 0, sizeof *w);
     if (!t) {
         if (optional) return KP_OK;
@@ -87,15 +115,35 @@ static kp_status get_weight(const kp_model *m, const char *name, int64_t n_in, i
         return kp_fail(err, KP_EFORMAT, "%s: tensor '%s' has shape [%lld, %lld, %lld], expected [%lld, %lld]",
                        kp_gguf_path(m->file), name, (long long)t->ne[0], (long long)t->ne[1],
                        (long long)t->ne[2], (long long)n_in, (long long)n_out);
-    const kp_dtype_info *ti = kp_dtype_get(t->type);
-    if (!ti->has_kernels || t->type == KP_DTYPE_Q8_K)
-        return kp_fail(err, KP_EUNSUPPORTED, "%s: tensor '%s' has type %s, which kvpin cannot compute with yet",
-                       kp_gguf_path(m->file), name, ti->name);
+    if ((st = check_matrix_type(m, t, name, err)) != KP_OK) return st;
     w->type = (kp_dtype)t->type;
     w->n_in = n_in;
     w->n_out = n_out;
     w->row_bytes = kp_dtype_row_size(t->type, n_in);
     w->data = t->data;
+    return KP_OK;
+}
+
+/* A required 3-D tensor of n_expert matrices [n_in, n_out]. */
+static kp_status get_experts(const kp_model *m, const char *name, int64_t n_in, int64_t n_out, kp_experts *x,
+                             kp_error *err) {
+    const kp_gguf_tensor *t = kp_gguf_find_tensor(m->file, name);
+    uint32_t ne = m->hp.n_expert;
+    kp_status st;
+    memset(x, 0, sizeof *x);
+    if (!t) return kp_fail(err, KP_EFORMAT, "%s: missing tensor '%s'", kp_gguf_path(m->file), name);
+    if (t->n_dims != 3 || t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != ne)
+        return kp_fail(err, KP_EFORMAT, "%s: tensor '%s' has shape [%lld, %lld, %lld], expected [%lld, %lld, %u]",
+                       kp_gguf_path(m->file), name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                       (long long)n_in, (long long)n_out, ne);
+    if ((st = check_matrix_type(m, t, name, err)) != KP_OK) return st;
+    x->type = (kp_dtype)t->type;
+    x->n_in = n_in;
+    x->n_out = n_out;
+    x->n_expert = ne;
+    x->row_bytes = kp_dtype_row_size(t->type, n_in);
+    x->mat_bytes = x->row_bytes * (size_t)n_out;
+    x->data = t->data;
     return KP_OK;
 }
 
@@ -122,6 +170,15 @@ static kp_status get_vector(const kp_model *m, const char *name, int64_t n, bool
     return KP_OK;
 }
 
+/* ARCH.attention.layer_norm_rms_epsilon must be in the file (gemma3 and
+ * qwen3moe read it without a default in llama.cpp). */
+static kp_status require_rms_eps(kp_gguf *g, const char *arch, kp_error *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
+    if (!kp_gguf_find(g, key)) return kp_fail(err, KP_EFORMAT, "%s: missing %s (%s requires it)", kp_gguf_path(g), key, arch);
+    return KP_OK;
+}
+
 /* gemma3's keys and fixed choices (the table at the top), after the common
  * ones. The layer kinds are set later (layer_kinds), once layers exist. */
 static kp_status read_gemma3(kp_model *m, kp_error *err) {
@@ -129,9 +186,8 @@ static kp_status read_gemma3(kp_model *m, kp_error *err) {
     kp_hparams *hp = &m->hp;
     kp_status st;
     char key[128];
+    if ((st = require_rms_eps(g, "gemma3", err))) return st;
 #define KEY(suffix) (snprintf(key, sizeof key, "gemma3.%s", suffix), key)
-    if (!kp_gguf_find(g, KEY("attention.layer_norm_rms_epsilon")))
-        return kp_fail(err, KP_EFORMAT, "%s: missing %s (gemma3 requires it)", kp_gguf_path(g), key);
     if ((st = kp_gguf_get_u32(g, KEY("attention.sliding_window"), 0, &hp->n_swa, err))) return st;
     if ((st = kp_gguf_get_f32(g, KEY("rope.freq_base_swa"), 10000.0f, &hp->rope_base_swa, err))) return st;
     if ((st = kp_gguf_get_f32(g, KEY("final_logit_softcapping"), 0.0f, &hp->logit_softcap, err))) return st;
@@ -147,6 +203,28 @@ static kp_status read_gemma3(kp_model *m, kp_error *err) {
     hp->embd_scale = sqrtf((float)hp->n_embd);
     hp->ffn_act = KP_FFN_GELU_TANH;
     hp->post_norms = true;
+    return KP_OK;
+}
+
+/* qwen3moe's expert keys (the table at the top), after the common ones. */
+static kp_status read_qwen3moe(kp_model *m, kp_error *err) {
+    kp_gguf *g = m->file;
+    kp_hparams *hp = &m->hp;
+    kp_status st;
+    char key[128];
+    if ((st = require_rms_eps(g, "qwen3moe", err))) return st;
+#define KEY(suffix) (snprintf(key, sizeof key, "qwen3moe.%s", suffix), key)
+    if ((st = kp_gguf_get_u32(g, KEY("expert_count"), 0, &hp->n_expert, err))) return st;
+    if ((st = kp_gguf_get_u32(g, KEY("expert_used_count"), 0, &hp->n_expert_used, err))) return st;
+    if (hp->n_expert == 0 || hp->n_expert > 1024 || hp->n_expert_used == 0 || hp->n_expert_used > hp->n_expert)
+        return kp_fail(err, KP_EFORMAT, "%s: qwen3moe needs 1 <= expert_used_count (%u) <= expert_count (%u) <= 1024",
+                       kp_gguf_path(g), hp->n_expert_used, hp->n_expert);
+    if ((st = kp_gguf_get_u32(g, KEY("expert_feed_forward_length"), hp->n_ff / hp->n_expert_used, &hp->n_ff_exp,
+                              err)))
+        return st;
+#undef KEY
+    if (hp->n_ff_exp == 0)
+        return kp_fail(err, KP_EFORMAT, "%s: missing or zero qwen3moe.expert_feed_forward_length", kp_gguf_path(g));
     return KP_OK;
 }
 
@@ -192,9 +270,10 @@ static kp_status read_hparams(kp_model *m, kp_error *err) {
     else if (kp_gguf_str_eq(arch, "qwen2")) hp->arch = KP_ARCH_QWEN2;
     else if (kp_gguf_str_eq(arch, "qwen3")) hp->arch = KP_ARCH_QWEN3;
     else if (kp_gguf_str_eq(arch, "gemma3")) hp->arch = KP_ARCH_GEMMA3;
+    else if (kp_gguf_str_eq(arch, "qwen3moe")) hp->arch = KP_ARCH_QWEN3MOE;
     else
         return kp_fail(err, KP_EUNSUPPORTED,
-                       "%s: unsupported architecture '%.*s' (kvpin runs llama, qwen2, qwen3, gemma3)",
+                       "%s: unsupported architecture '%.*s' (kvpin runs llama, qwen2, qwen3, gemma3, qwen3moe)",
                        kp_gguf_path(g), (int)(arch.len > 64 ? 64 : arch.len), arch.data);
     hp->arch_name = kp_arch_name(hp->arch);
     const char *a = hp->arch_name;
@@ -208,7 +287,11 @@ static kp_status read_hparams(kp_model *m, kp_error *err) {
     REQ_U32("block_count", n_layer);
     REQ_U32("embedding_length", n_embd);
     REQ_U32("attention.head_count", n_head);
-    REQ_U32("feed_forward_length", n_ff);
+    if (hp->arch == KP_ARCH_QWEN3MOE) { /* llama.cpp does not require it; the experts have their own width */
+        if ((st = kp_gguf_get_u32(g, KEY("feed_forward_length"), 0, &hp->n_ff, err))) return st;
+    } else {
+        REQ_U32("feed_forward_length", n_ff);
+    }
     if ((st = kp_gguf_get_u32(g, KEY("attention.head_count_kv"), hp->n_head, &hp->n_head_kv, err))) return st;
     if (hp->n_head_kv == 0 || hp->n_head % hp->n_head_kv != 0)
         return kp_fail(err, KP_EFORMAT, "%s: head_count %u is not a multiple of head_count_kv %u",
@@ -246,7 +329,8 @@ static kp_status read_hparams(kp_model *m, kp_error *err) {
     hp->ffn_act = KP_FFN_SILU;
 #undef REQ_U32
 #undef KEY
-    return hp->arch == KP_ARCH_GEMMA3 ? read_gemma3(m, err) : KP_OK;
+    if (hp->arch == KP_ARCH_GEMMA3) return read_gemma3(m, err);
+    return hp->arch == KP_ARCH_QWEN3MOE ? read_qwen3moe(m, err) : KP_OK;
 }
 
 kp_status kp_model_from_gguf(kp_model **out, kp_gguf *g, kp_error *err) {
@@ -301,14 +385,22 @@ kp_status kp_model_from_gguf(kp_model **out, kp_gguf *g, kp_error *err) {
         if ((st = get_weight(m, NAME("attn_k.weight"), E, KV, false, &L->wk, err))) goto fail;
         if ((st = get_weight(m, NAME("attn_v.weight"), E, KV, false, &L->wv, err))) goto fail;
         if ((st = get_weight(m, NAME("attn_output.weight"), Q, E, false, &L->wo, err))) goto fail;
-        if ((st = get_weight(m, NAME("ffn_gate.weight"), E, F, false, &L->w_gate, err))) goto fail;
-        if ((st = get_weight(m, NAME("ffn_up.weight"), E, F, false, &L->w_up, err))) goto fail;
-        if ((st = get_weight(m, NAME("ffn_down.weight"), F, E, false, &L->w_down, err))) goto fail;
+        if (hp->n_expert) {
+            int64_t X = hp->n_ff_exp;
+            if ((st = get_weight(m, NAME("ffn_gate_inp.weight"), E, hp->n_expert, false, &L->w_router, err))) goto fail;
+            if ((st = get_experts(m, NAME("ffn_gate_exps.weight"), E, X, &L->e_gate, err))) goto fail;
+            if ((st = get_experts(m, NAME("ffn_up_exps.weight"), E, X, &L->e_up, err))) goto fail;
+            if ((st = get_experts(m, NAME("ffn_down_exps.weight"), X, E, &L->e_down, err))) goto fail;
+        } else {
+            if ((st = get_weight(m, NAME("ffn_gate.weight"), E, F, false, &L->w_gate, err))) goto fail;
+            if ((st = get_weight(m, NAME("ffn_up.weight"), E, F, false, &L->w_up, err))) goto fail;
+            if ((st = get_weight(m, NAME("ffn_down.weight"), F, E, false, &L->w_down, err))) goto fail;
+        }
         bool biases = hp->arch == KP_ARCH_QWEN2;
         if ((st = get_vector(m, NAME("attn_q.bias"), Q, !biases, &L->bq, err))) goto fail;
         if ((st = get_vector(m, NAME("attn_k.bias"), KV, !biases, &L->bk, err))) goto fail;
         if ((st = get_vector(m, NAME("attn_v.bias"), KV, !biases, &L->bv, err))) goto fail;
-        bool qk_norm = hp->arch == KP_ARCH_QWEN3 || hp->arch == KP_ARCH_GEMMA3;
+        bool qk_norm = hp->arch == KP_ARCH_QWEN3 || hp->arch == KP_ARCH_GEMMA3 || hp->arch == KP_ARCH_QWEN3MOE;
         if ((st = get_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, !qk_norm, &L->q_norm, err))) goto fail;
         if ((st = get_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, !qk_norm, &L->k_norm, err))) goto fail;
         if (hp->post_norms) {

@@ -12,7 +12,9 @@
  * rope), qwen3 (per-head q_norm/k_norm, NEOX rope), gemma3 (sliding-window
  * layers, two rope bases, q/k norms, post-attention and post-FFN norms,
  * GELU-tanh FFN, embeddings scaled by sqrt(n_embd), Q scaled before the
- * product, optional final logit soft-cap). Anything else, or a missing or
+ * product, optional final logit soft-cap), qwen3moe (qwen3's attention, and
+ * in every layer a mixture of experts instead of the FFN, see Experts
+ * below). Anything else, or a missing or
  * mis-shaped tensor or key, is refused at load time with a message that
  * names it.
  *
@@ -29,6 +31,16 @@
  * No sliding_window key (or 0): every layer is FULL. Every layer, of either
  * kind, keeps the K/V of every position in the pool (see forward.c): the
  * window only limits what a query reads.
+ *
+ * Experts (qwen3moe, llama.cpp's build_moe_ffn with softmax gating and
+ * norm_w): a layer's FFN is n_expert SwiGLU FFNs of width n_ff_exp and a
+ * router (ffn_gate_inp, n_embd -> n_expert). Per token: p = softmax(router
+ * logits), the n_expert_used experts of highest p (ties to the lower id),
+ * their weights p_e / max(sum of the chosen p, 2^-14), and the FFN output
+ * is the weighted sum of the chosen experts' outputs. The experts are 3-D
+ * tensors: n_expert matrices one after the other, each as a 2-D weight
+ * (kp_expert_matrix), so the kernels of every 2-D type serve them and read
+ * the chosen experts' rows only.
  */
 #ifndef KP_MODEL_H
 #define KP_MODEL_H
@@ -40,7 +52,7 @@
 #include "gguf/gguf.h"
 #include "base/status.h"
 
-typedef enum { KP_ARCH_LLAMA, KP_ARCH_QWEN2, KP_ARCH_QWEN3, KP_ARCH_GEMMA3 } kp_arch;
+typedef enum { KP_ARCH_LLAMA, KP_ARCH_QWEN2, KP_ARCH_QWEN3, KP_ARCH_GEMMA3, KP_ARCH_QWEN3MOE } kp_arch;
 typedef enum { KP_ROPE_NORM, KP_ROPE_NEOX } kp_rope_type;
 /* What a layer's attention sees (see the top of this file). */
 typedef enum { KP_LAYER_FULL, KP_LAYER_WINDOW } kp_layer_kind;
@@ -62,6 +74,18 @@ typedef struct {
     const void *data;
     bool packed;
 } kp_weight;
+
+/* A 3-D weight of n_expert matrices (ggml ne[2] = n_expert), each n_out
+ * rows of n_in elements, matrix e at data + e x mat_bytes. Borrowed from
+ * the mapping. */
+typedef struct {
+    kp_dtype type;
+    int64_t n_in, n_out;
+    uint32_t n_expert;
+    size_t row_bytes;
+    size_t mat_bytes;   /* n_out x row_bytes */
+    const void *data;
+} kp_experts;
 
 typedef struct {
     kp_arch arch;
@@ -85,6 +109,10 @@ typedef struct {
     float logit_softcap;     /* logits = softcap * tanh(logits / softcap); 0: none */
     kp_ffn_act ffn_act;
     bool post_norms;         /* post_attention_norm and post_ffw_norm on each block's output (gemma3) */
+    /* experts (0 when the FFN is dense) */
+    uint32_t n_expert;       /* experts per layer */
+    uint32_t n_expert_used;  /* experts a token is routed to */
+    uint32_t n_ff_exp;       /* an expert's FFN width */
 } kp_hparams;
 
 typedef struct {
@@ -100,6 +128,10 @@ typedef struct {
     float *ffn_norm;                /* [n_embd] */
     kp_weight w_gate, w_up;         /* n_embd -> n_ff */
     kp_weight w_down;               /* n_ff -> n_embd */
+    /* experts (hp.n_expert > 0; then w_gate/w_up/w_down are empty) */
+    kp_weight w_router;             /* ffn_gate_inp: n_embd -> n_expert */
+    kp_experts e_gate, e_up;        /* n_expert x (n_embd -> n_ff_exp) */
+    kp_experts e_down;              /* n_expert x (n_ff_exp -> n_embd) */
 } kp_layer;
 
 typedef struct kp_model {
@@ -132,6 +164,9 @@ uint64_t kp_model_kv_bytes_per_token(const kp_hparams *hp, kp_dtype kv_type);
 uint64_t kp_model_kv_bytes_per_token_kv(const kp_hparams *hp, kp_dtype k_type, kp_dtype v_type);
 
 const char *kp_arch_name(kp_arch a);
+
+/* Expert e's matrix of x (e < x->n_expert) as a 2-D weight view. */
+kp_weight kp_expert_matrix(const kp_experts *x, uint32_t e);
 
 /* KV bytes a token costs in the layers of one kind (the sum of both kinds
  * is kp_model_kv_bytes_per_token_kv): every layer keeps every position's

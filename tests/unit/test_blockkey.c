@@ -171,6 +171,16 @@ static void test_fingerprint(void) {
     kp_model_free(m);
 }
 
+/* m's fingerprint as it is now differs from a, and the diff names want. */
+static void check_changed(const kp_model *m, const kp_bkey *w, const kp_fingerprint *a, const char *want) {
+    kp_fingerprint b;
+    char why[256];
+    kp_fingerprint_make(&b, m, w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    CHECK(!kp_bkey_eq(&a->id, &b.id));
+    kp_fingerprint_diff(a->text, b.text, why, sizeof why);
+    CHECK_MSG(strstr(why, want) != NULL, "diff: %s (want %s)", why, want);
+}
+
 /* gemma3: the window, the layer kinds and the WINDOW layers' rope are in
  * the fingerprint (a block made with another window is other K/V); a
  * model without them keeps the lines it had. */
@@ -191,17 +201,11 @@ static void test_fingerprint_windows(void) {
     CHECK(strstr(a.text, "\nffn_act gelu_tanh\n") && strstr(a.text, "\npost_norms 1\n"));
     kp_fingerprint_make(&s, st, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
     CHECK(strstr(s.text, "n_swa") == NULL && strstr(s.text, "layer_kinds") == NULL);
-    char why[256];
     m->hp.n_swa = 32;
-    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
-    CHECK(!kp_bkey_eq(&a.id, &b.id));
-    kp_fingerprint_diff(a.text, b.text, why, sizeof why);
-    CHECK_MSG(strstr(why, "n_swa 32 (here 16)") != NULL, "diff: %s", why);
+    check_changed(m, &w, &a, "n_swa 32 (here 16)");
     m->hp.n_swa = 16;
     m->layers[2].kind = KP_LAYER_FULL;
-    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
-    kp_fingerprint_diff(a.text, b.text, why, sizeof why);
-    CHECK_MSG(strstr(why, "layer_kinds wwfwwf (here wwwwwf)") != NULL, "diff: %s", why);
+    check_changed(m, &w, &a, "layer_kinds wwfwwf (here wwwwwf)");
     m->layers[2].kind = KP_LAYER_WINDOW;
     m->hp.rope_base_swa = 20000.0f;
     kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
@@ -211,6 +215,34 @@ static void test_fingerprint_windows(void) {
     CHECK(kp_bkey_eq(&a.id, &b.id));
     kp_model_free(m);
     kp_model_free(st);
+}
+
+/* qwen3moe: the expert counts and width are in the fingerprint (another
+ * routing is other K/V from the second layer on); a dense model has no
+ * such lines. */
+static void test_fingerprint_experts(void) {
+    kp_model *m = NULL;
+    kp_error err = {0};
+    CHECK(kp_model_load(&m, harness_path("tests/data/models/gen-qwen3moe-f32.gguf"), &err) == KP_OK);
+    if (!m) return;
+    kp_bkey w = kp_fingerprint_weights_compute(m);
+    kp_fingerprint a, b;
+    kp_fingerprint_make(&a, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    CHECK_MSG(strstr(a.text, "\narch qwen3moe\n") && strstr(a.text, "\nn_expert 8\nn_expert_used 3\nn_ff_exp 64\n"),
+              "%s", a.text);
+    CHECK(strstr(a.text, "layer_kinds") == NULL);
+    m->hp.n_expert_used = 2;
+    check_changed(m, &w, &a, "n_expert_used 2 (here 3)");
+    m->hp.n_expert_used = 3;
+    m->hp.n_expert = 16;
+    check_changed(m, &w, &a, "n_expert 16 (here 8)");
+    m->hp.n_expert = 8;
+    m->hp.n_ff_exp = 32;
+    check_changed(m, &w, &a, "n_ff_exp 32 (here 64)");
+    m->hp.n_ff_exp = 64;
+    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    CHECK(kp_bkey_eq(&a.id, &b.id));
+    kp_model_free(m);
 }
 
 static void test_record(void) {
@@ -318,6 +350,7 @@ int main(void) {
     RUN(test_keys_match_xxhsum);
     RUN(test_fingerprint);
     RUN(test_fingerprint_windows);
+    RUN(test_fingerprint_experts);
     RUN(test_record);
     RUN(test_record_mixed_types);
     char cmd[300];

@@ -12,6 +12,8 @@
  *   - mkmodel's qwen3-tiny in Q8_0 (tied: the output projection is the
  *     embedding, counted once; head_dim 128 != n_embd / n_head) and its
  *     tiny in Q4_K (untied);
+ *   - gen-qwen3moe-f32 (experts): a token multiplies by the router and by
+ *     the 3 experts it is routed to, not by the other 5;
  *   - the attention's operations at a depth, and their linearity.
  */
 #include <stdint.h>
@@ -60,6 +62,26 @@ static void check_model(const kp_model *m, const arch *a, const char *what) {
               (unsigned long long)c.output_ops, (unsigned long long)expect_output_ops(a));
     CHECK_MSG(c.weight_bytes_read == expect_bytes(a), "%s: weight_bytes_read %llu, expected %llu", what,
               (unsigned long long)c.weight_bytes_read, (unsigned long long)expect_bytes(a));
+}
+
+/* qwen3moe: per layer Q (128 -> 4 x 32), K and V (128 -> 2 x 32), O, the
+ * router (128 -> 8 experts) and 3 routed experts' gate and up (128 -> 64)
+ * and down (64 -> 128); then the untied output (128 -> 512). F32 bytes. */
+static void test_experts(void) {
+    kp_model *m = NULL;
+    kp_error err = {0};
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-qwen3moe-f32.gguf"), &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        return;
+    }
+    uint64_t layer = 128 * 128 + 2 * 128 * 64 + 128 * 128 + 128 * 8 + 3 * (2 * 128 * 64 + 64 * 128);
+    uint64_t macs = 2 * layer + 128 * 512;
+    kp_cost c;
+    kp_model_cost(m, &c);
+    CHECK_EQ_INT(c.matmul_ops, 2 * macs);
+    CHECK_EQ_INT(c.output_ops, 2 * 128 * 512);
+    CHECK_EQ_INT(c.weight_bytes_read, 4 * macs);
+    kp_model_free(m);
 }
 
 static void test_stories260k(void) {
@@ -154,6 +176,7 @@ static void test_attn_ops(void) {
 
 int main(void) {
     RUN(test_stories260k);
+    RUN(test_experts);
     RUN(test_mkmodel_tied_q8_0);
     RUN(test_mkmodel_untied_q4_k);
     RUN(test_attn_ops);

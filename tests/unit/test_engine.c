@@ -23,6 +23,9 @@
  * prompts up to 96 tokens, edits anywhere) runs the same stream, batches
  * and forks: a cached block keeps every layer's K/V, so a prompt that
  * diverges in the middle of a cached one still finds its whole window.
+ * qwen3moe (gen-qwen3moe: 8 experts, 3 routed per token) runs them too:
+ * a batch's rows group by expert differently with every mix of requests,
+ * and a token's result must not depend on it.
  */
 #include <math.h>
 #include <stdio.h>
@@ -242,6 +245,12 @@ static void test_equal_llama_q6_k(void) { run_model("tests/data/models/gen-llama
 static void test_equal_gemma3(void) {
     run_model("tests/data/models/gen-gemma3-f32.gguf", 0x6e3a3f1b2c4d5e6full);
     run_model_kv("tests/data/models/gen-gemma3-q8_0.gguf", 0x7f4b4a2c3d5e6f70ull, KP_DTYPE_Q8_0);
+}
+
+/* experts: cache on equals cache off with F32 and Q8_0 K/V */
+static void test_equal_qwen3moe(void) {
+    run_model("tests/data/models/gen-qwen3moe-f32.gguf", 0x3a0e5eed0c0ffee1ull);
+    run_model_kv("tests/data/models/gen-qwen3moe-q8_0.gguf", 0x3a0e5eed0c0ffee2ull, KP_DTYPE_Q8_0);
 }
 
 /* The bundled model and a pool of one thread. */
@@ -576,6 +585,8 @@ static void test_batched_equals_alone(void) {
     batched_case("models/stories260K.gguf", 0x5eed0003ull, 20); /* evictions */
     batched_case("tests/data/models/gen-gemma3-f32.gguf", 0x5eed0004ull, 4096);
     batched_case("tests/data/models/gen-gemma3-f16.gguf", 0x5eed0003ull, 20); /* the stories case's requests */
+    batched_case("tests/data/models/gen-qwen3moe-f16.gguf", 0x5eed0005ull, 4096);
+    batched_case("tests/data/models/gen-qwen3moe-q8_0.gguf", 0x5eed0003ull, 20); /* evictions */
 }
 
 /* A prefix index fed by hand the way the engine feeds its own: match,
@@ -1017,6 +1028,10 @@ static void test_fork(void) {
     /* forks of a sequence longer than the window */
     CHECK(kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) == KP_OK);
     if (m) fork_for(m, pool, KP_DTYPE_F32);
+    kp_model_free(m);
+    /* forks on experts */
+    CHECK(kp_model_load(&m, harness_path("tests/data/models/gen-qwen3moe-f32.gguf"), &err) == KP_OK);
+    if (m) fork_for(m, pool, KP_DTYPE_F32);
     kp_threads_free(pool);
     kp_model_free(m);
 }
@@ -1097,6 +1112,7 @@ int main(void) {
     RUN(test_equal_qwen3_kv_q8_0);
     RUN(test_equal_llama_kv_q4_0);
     RUN(test_equal_gemma3);
+    RUN(test_equal_qwen3moe);
     RUN(test_bill_kv_types);
     return harness_finish("engine");
 }

@@ -22,6 +22,10 @@
  * than the window (up to 283 tokens), so every position past 16 checks
  * the window's edge against llama.cpp's mask.
  *
+ * qwen3moe goldens (tests/data/golden/gen-qwen3moe-*, made the same way):
+ * 2 layers of 8 experts with 3 routed per token, in F32, F16 and Q8_0,
+ * within the tolerances of their types.
+ *
  * The window's edge without a reference (test_window_edge): with every
  * layer a window of W, changing a token changes the logits n_layer (W - 1)
  * positions on and leaves the next ones bitwise equal. Long contexts on a
@@ -263,24 +267,43 @@ static void test_goldens(void) {
 
 /* gemma3 (sliding windows, GeGLU, post norms, two rope bases) against
  * llama.cpp, with the tolerances of the other goldens. */
-static void test_goldens_gemma3(void) {
-    static const char *cases[] = {
-        "gen-gemma3-f32.lily",  "gen-gemma3-f32.json",  "gen-gemma3-f32.story300",
-        "gen-gemma3-f16.lily",  "gen-gemma3-f16.json",  "gen-gemma3-f16.story300",
-        "gen-gemma3-q8_0.lily", "gen-gemma3-q8_0.json", "gen-gemma3-q8_0.story300",
-        "gen-gemma3-q4_0.json",
-    };
+/* The golden cases named (NAME without .json), each one's figures printed. */
+static void golden_cases(const char *const *cases, size_t n) {
     golden_verbose = true;
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    for (size_t i = 0; i < n; i++) {
         char name[128];
         snprintf(name, sizeof name, "%s.json", cases[i]);
         golden_case(name);
     }
     golden_verbose = false;
+}
+
+static void test_goldens_gemma3(void) {
+    static const char *const cases[] = {
+        "gen-gemma3-f32.lily",  "gen-gemma3-f32.json",  "gen-gemma3-f32.story300",
+        "gen-gemma3-f16.lily",  "gen-gemma3-f16.json",  "gen-gemma3-f16.story300",
+        "gen-gemma3-q8_0.lily", "gen-gemma3-q8_0.json", "gen-gemma3-q8_0.story300",
+        "gen-gemma3-q4_0.json",
+    };
+    golden_cases(cases, sizeof cases / sizeof *cases);
     printf("greedy steps checked so far (margin > 2 x tolerance): %d of %d\n", greedy_checked, greedy_steps);
 }
 
-/* ---- gemma3's keys ------------------------------------------------------------ */
+/* qwen3moe (routed experts, 3 of 8 per token, q/k norms) against
+ * llama.cpp, with the tolerances of the other goldens: every position's
+ * logits go through the router's top-k, so a wrong choice of expert, a
+ * weight not normalized or an expert slice read at the wrong offset moves
+ * them far beyond them. */
+static void test_goldens_qwen3moe(void) {
+    static const char *const cases[] = {
+        "gen-qwen3moe-f32.lily",  "gen-qwen3moe-f32.json",  "gen-qwen3moe-f32.story300",
+        "gen-qwen3moe-f16.lily",  "gen-qwen3moe-f16.json",
+        "gen-qwen3moe-q8_0.lily", "gen-qwen3moe-q8_0.json", "gen-qwen3moe-q8_0.story300",
+    };
+    golden_cases(cases, sizeof cases / sizeof *cases);
+}
+
+/* ---- gemma3's and qwen3moe's keys ----------------------------------------------- */
 
 typedef kp_status (*add_key_fn)(kp_gguf_w *w, kp_error *err);
 
@@ -338,21 +361,31 @@ static const char *kinds_of(const kp_model *m, char *buf) {
     return buf;
 }
 
-/* One edit of gen-gemma3-f32: the load's status and, when it loads, the
- * layer kinds; an error names the key. */
-static void gemma3_edit_case(const char *drop, add_key_fn add, kp_status want, const char *want_kinds,
-                             const char *msg_has) {
+#define GEMMA3_F32 "tests/data/models/gen-gemma3-f32.gguf"
+#define QWEN3MOE_F32 "tests/data/models/gen-qwen3moe-f32.gguf"
+
+/* One edit of a model file: the load's status and, when it loads, the
+ * layer kinds (want_kinds, or NULL) and the expert width (want_ff_exp, or
+ * 0); an error names msg_has. */
+static void edit_case_ff(const char *model, const char *drop, add_key_fn add, kp_status want, const char *want_kinds,
+                         const char *msg_has, uint32_t want_ff_exp) {
     char path[64], kinds[16];
-    snprintf(path, sizeof path, "/tmp/kvpin-test-gemma3-%d.gguf", (int)getpid());
-    if (!gguf_copy_edit(harness_path("tests/data/models/gen-gemma3-f32.gguf"), path, drop, add)) return;
+    snprintf(path, sizeof path, "/tmp/kvpin-test-edit-%d.gguf", (int)getpid());
+    if (!gguf_copy_edit(harness_path(model), path, drop, add)) return;
     kp_model *m = NULL;
     kp_error err = {0};
     kp_status st = kp_model_load(&m, path, &err);
     CHECK_MSG(st == want, "drop %s: status %d (%s), expected %d", drop ? drop : "-", st, err.msg, want);
     if (st != KP_OK && msg_has) CHECK_MSG(strstr(err.msg, msg_has) != NULL, "message: %s", err.msg);
     if (m && want_kinds) CHECK_EQ_STR(kinds_of(m, kinds), want_kinds);
+    if (m && want_ff_exp) CHECK_EQ_INT(m->hp.n_ff_exp, want_ff_exp);
     kp_model_free(m);
     unlink(path);
+}
+
+static void edit_case(const char *model, const char *drop, add_key_fn add, kp_status want, const char *want_kinds,
+                      const char *msg_has) {
+    edit_case_ff(model, drop, add, want, want_kinds, msg_has, 0);
 }
 
 /* gemma3's hyperparameters as llama.cpp reads them (model.c's table), and
@@ -377,13 +410,48 @@ static void test_gemma3_hparams(void) {
     CHECK_EQ_INT(win, 5 * full);
     CHECK_EQ_INT(full + win, kp_model_kv_bytes_per_token(hp, KP_DTYPE_F16));
     kp_model_free(m);
-    gemma3_edit_case("gemma3.attention.layer_norm_rms_epsilon", NULL, KP_EFORMAT, NULL, "layer_norm_rms_epsilon");
-    gemma3_edit_case(PATTERN_KEY, add_pattern_bools, KP_OK, "wfwfwf", NULL);
-    gemma3_edit_case(PATTERN_KEY, add_pattern_short, KP_EFORMAT, NULL, PATTERN_KEY);
-    gemma3_edit_case(PATTERN_KEY, add_pattern_3, KP_OK, "wwfwwf", NULL);
-    gemma3_edit_case(PATTERN_KEY, add_pattern_0, KP_OK, "wwwwww", NULL);
-    gemma3_edit_case("gemma3.attention.sliding_window", NULL, KP_OK, "ffffff", NULL);
-    gemma3_edit_case("gemma3.attn_q_norm", NULL, KP_OK, "wwwwwf", NULL); /* no such key: unchanged */
+    edit_case(GEMMA3_F32, "gemma3.attention.layer_norm_rms_epsilon", NULL, KP_EFORMAT, NULL, "layer_norm_rms_epsilon");
+    edit_case(GEMMA3_F32, PATTERN_KEY, add_pattern_bools, KP_OK, "wfwfwf", NULL);
+    edit_case(GEMMA3_F32, PATTERN_KEY, add_pattern_short, KP_EFORMAT, NULL, PATTERN_KEY);
+    edit_case(GEMMA3_F32, PATTERN_KEY, add_pattern_3, KP_OK, "wwfwwf", NULL);
+    edit_case(GEMMA3_F32, PATTERN_KEY, add_pattern_0, KP_OK, "wwwwww", NULL);
+    edit_case(GEMMA3_F32, "gemma3.attention.sliding_window", NULL, KP_OK, "ffffff", NULL);
+    edit_case(GEMMA3_F32, "gemma3.attn_q_norm", NULL, KP_OK, "wwwwwf", NULL); /* no such key: unchanged */
+}
+
+#define MOE_KEY(k) "qwen3moe." k
+static kp_status add_used_9(kp_gguf_w *w, kp_error *err) { return kp_gguf_w_add_u32(w, MOE_KEY("expert_used_count"), 9, err); }
+static kp_status add_exp_ff_32(kp_gguf_w *w, kp_error *err) {
+    return kp_gguf_w_add_u32(w, MOE_KEY("expert_feed_forward_length"), 32, err);
+}
+
+/* qwen3moe's hyperparameters and tensors as llama.cpp reads them (model.c's
+ * table), and refusals as values: the shipped file, then edited copies. */
+static void test_qwen3moe_hparams(void) {
+    kp_model *m = NULL;
+    kp_error err = {0};
+    CHECK_MSG(kp_model_load(&m, harness_path(QWEN3MOE_F32), &err) == KP_OK, "%s", err.msg);
+    if (!m) return;
+    const kp_hparams *hp = &m->hp;
+    CHECK(hp->arch == KP_ARCH_QWEN3MOE && hp->rope_type == KP_ROPE_NEOX && !hp->tied_output);
+    CHECK(hp->n_expert == 8 && hp->n_expert_used == 3 && hp->n_ff_exp == 64 && hp->n_ff == 192);
+    CHECK(hp->n_swa_layers == 0 && hp->ffn_act == KP_FFN_SILU && !hp->post_norms);
+    const kp_layer *L = &m->layers[1];
+    CHECK(L->q_norm && L->k_norm && !L->w_gate.data && L->w_router.n_out == 8);
+    CHECK(L->e_gate.n_expert == 8 && L->e_gate.n_in == 128 && L->e_gate.n_out == 64);
+    CHECK(L->e_down.n_in == 64 && L->e_down.n_out == 128 && L->e_down.mat_bytes == 64 * 128 * 4);
+    kp_weight w7 = kp_expert_matrix(&L->e_up, 7); /* the last expert ends where the tensor does */
+    CHECK((const uint8_t *)w7.data + w7.n_out * w7.row_bytes ==
+          (const uint8_t *)L->e_up.data + 8 * L->e_up.mat_bytes);
+    kp_model_free(m);
+    edit_case(QWEN3MOE_F32, MOE_KEY("expert_count"), NULL, KP_EFORMAT, NULL, "expert_count");
+    edit_case(QWEN3MOE_F32, MOE_KEY("expert_used_count"), add_used_9, KP_EFORMAT, NULL, "expert_used_count (9)");
+    edit_case(QWEN3MOE_F32, MOE_KEY("attention.layer_norm_rms_epsilon"), NULL, KP_EFORMAT, NULL, "rms_epsilon");
+    /* no expert width: llama.cpp's n_ff / n_expert_used, 192 / 3 = 64 here */
+    edit_case_ff(QWEN3MOE_F32, MOE_KEY("expert_feed_forward_length"), NULL, KP_OK, NULL, NULL, 64);
+    edit_case_ff(QWEN3MOE_F32, MOE_KEY("feed_forward_length"), NULL, KP_OK, NULL, NULL, 64); /* not required */
+    /* a width the tensors do not have: refused, naming the tensor */
+    edit_case(QWEN3MOE_F32, MOE_KEY("expert_feed_forward_length"), add_exp_ff_32, KP_EFORMAT, NULL, "ffn_gate_exps");
 }
 
 /* The window's edge, without a reference: with every layer a WINDOW layer
@@ -689,6 +757,9 @@ static void test_invariants(void) {
         /* sliding windows of 16: the splits cross the window's edge and the blocks' */
         invariants_for("tests/data/models/gen-gemma3-f32.gguf", KP_DTYPE_F32, ks[i], 1e-5);
         invariants_for("tests/data/models/gen-gemma3-q8_0.gguf", KP_DTYPE_F16, ks[i], 1e-5);
+        /* experts: a split or a second sequence changes how the rows group by expert */
+        invariants_for("tests/data/models/gen-qwen3moe-f32.gguf", KP_DTYPE_F32, ks[i], 1e-5);
+        invariants_for("tests/data/models/gen-qwen3moe-q8_0.gguf", KP_DTYPE_F16, ks[i], 1e-5);
     }
 }
 
@@ -865,6 +936,8 @@ int main(void) {
     TIMED(test_goldens);
     TIMED(test_gemma3_hparams);
     TIMED(test_goldens_gemma3);
+    TIMED(test_qwen3moe_hparams);
+    TIMED(test_goldens_qwen3moe);
     TIMED(test_window_edge);
     TIMED(test_goldens_kvq);
     TIMED(test_kvq_head_dim);

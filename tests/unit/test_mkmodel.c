@@ -450,14 +450,15 @@ static bool write_model(const kp_mkmodel_spec *spec, const char *tok, char path[
 typedef struct {
     char name[64];
     int64_t ne0, ne1; /* ne1 0 = 1-D */
-    bool is_weight;   /* 2-D: has the spec's type; else F32 */
+    int64_t ne2;      /* 0 = not 3-D (qwen3moe's experts: n_expert matrices) */
+    bool is_weight;   /* 2-D or 3-D: has the spec's type; else F32 (vectors, the router) */
 } expect_tensor;
 
 static size_t expected_tensors(const kp_mkmodel_spec *s, int64_t n_vocab, expect_tensor *out) {
     int64_t hd = s->head_dim ? s->head_dim : s->n_embd / s->n_head;
     int64_t E = s->n_embd, q = s->n_head * hd, kv = s->n_head_kv * hd, F = s->n_ff;
     size_t n = 0;
-#define ADD(nm, a, b) (snprintf(out[n].name, 64, "%s", nm), out[n].ne0 = a, out[n].ne1 = b, \
+#define ADD(nm, a, b) (snprintf(out[n].name, 64, "%s", nm), out[n].ne0 = a, out[n].ne1 = b, out[n].ne2 = 0, \
                        out[n].is_weight = b != 0, n++)
     char nm[64];
     ADD("token_embd.weight", E, n_vocab);
@@ -471,15 +472,28 @@ static size_t expected_tensors(const kp_mkmodel_spec *s, int64_t n_vocab, expect
         L("attn_v.weight", E, kv);
         L("attn_output.weight", q, E);
         L("ffn_norm.weight", E, 0);
-        L("ffn_gate.weight", E, F);
-        L("ffn_up.weight", E, F);
-        L("ffn_down.weight", F, E);
+        bool moe = strcmp(s->arch, "qwen3moe") == 0;
+        if (moe) { /* the router stays F32 (llama-quantize leaves ffn_gate_inp), the experts are 3-D */
+            int64_t X = s->n_ff_exp;
+            L("ffn_gate_inp.weight", E, s->n_expert);
+            out[n - 1].is_weight = false;
+            L("ffn_gate_exps.weight", E, X);
+            out[n - 1].ne2 = s->n_expert;
+            L("ffn_up_exps.weight", E, X);
+            out[n - 1].ne2 = s->n_expert;
+            L("ffn_down_exps.weight", X, E);
+            out[n - 1].ne2 = s->n_expert;
+        } else {
+            L("ffn_gate.weight", E, F);
+            L("ffn_up.weight", E, F);
+            L("ffn_down.weight", F, E);
+        }
         if (strcmp(s->arch, "qwen2") == 0) {
             L("attn_q.bias", q, 0);
             L("attn_k.bias", kv, 0);
             L("attn_v.bias", kv, 0);
         }
-        if (strcmp(s->arch, "qwen3") == 0 || strcmp(s->arch, "gemma3") == 0) {
+        if (strcmp(s->arch, "qwen3") == 0 || strcmp(s->arch, "gemma3") == 0 || moe) {
             L("attn_q_norm.weight", hd, 0);
             L("attn_k_norm.weight", hd, 0);
         }
@@ -511,7 +525,8 @@ static void check_structure(const kp_gguf *g, const kp_mkmodel_spec *s, const ch
     CHECK(get_f32(g, K("rope.freq_base")) == s->rope_base);
     CHECK(get_f32(g, K("attention.layer_norm_rms_epsilon")) == s->rms_eps);
     bool has_kl = kp_gguf_find(g, K("attention.key_length")) != NULL;
-    bool want_kl = hd * s->n_head != s->n_embd || strcmp(a, "qwen3") == 0 || strcmp(a, "gemma3") == 0;
+    bool want_kl = hd * s->n_head != s->n_embd || strcmp(a, "qwen3") == 0 || strcmp(a, "gemma3") == 0 ||
+                   strcmp(a, "qwen3moe") == 0;
     CHECK_EQ_INT(has_kl, want_kl);
     if (want_kl) {
         CHECK_EQ_INT(get_u32(g, K("attention.key_length")), hd);
@@ -521,6 +536,15 @@ static void check_structure(const kp_gguf *g, const kp_mkmodel_spec *s, const ch
     if (s->n_swa) CHECK_EQ_INT(get_u32(g, K("attention.sliding_window")), s->n_swa);
     CHECK_EQ_INT(kp_gguf_find(g, K("attention.sliding_window_pattern")) != NULL, s->swa_pattern != 0);
     if (s->swa_pattern) CHECK_EQ_INT(get_u32(g, K("attention.sliding_window_pattern")), s->swa_pattern);
+    bool moe = strcmp(a, "qwen3moe") == 0;
+    CHECK_EQ_INT(kp_gguf_find(g, K("expert_count")) != NULL, moe);
+    CHECK_EQ_INT(kp_gguf_find(g, K("expert_used_count")) != NULL, moe);
+    CHECK_EQ_INT(kp_gguf_find(g, K("expert_feed_forward_length")) != NULL, moe);
+    if (moe) {
+        CHECK_EQ_INT(get_u32(g, K("expert_count")), s->n_expert);
+        CHECK_EQ_INT(get_u32(g, K("expert_used_count")), s->n_expert_used);
+        CHECK_EQ_INT(get_u32(g, K("expert_feed_forward_length")), s->n_ff_exp);
+    }
 #undef K
     int ftype = kp_mkmodel_file_type(s->wtype);
     CHECK_EQ_INT(get_u32(g, "general.file_type"), ftype);
@@ -568,10 +592,11 @@ static void check_structure(const kp_gguf *g, const kp_mkmodel_spec *s, const ch
         if (!t) continue;
         uint32_t want_type = exp[i].is_weight ? (uint32_t)s->wtype : KP_DTYPE_F32;
         CHECK_MSG(t->type == want_type, "%s: type %s", exp[i].name, kp_dtype_name(t->type));
-        CHECK_EQ_INT(t->n_dims, exp[i].ne1 ? 2 : 1);
+        CHECK_EQ_INT(t->n_dims, exp[i].ne2 ? 3 : exp[i].ne1 ? 2 : 1);
         CHECK_EQ_INT(t->ne[0], exp[i].ne0);
         CHECK_EQ_INT(t->ne[1], exp[i].ne1 ? exp[i].ne1 : 1);
-        int64_t rows = exp[i].ne1 ? exp[i].ne1 : 1;
+        CHECK_EQ_INT(t->ne[2], exp[i].ne2 ? exp[i].ne2 : 1);
+        int64_t rows = (exp[i].ne1 ? exp[i].ne1 : 1) * (exp[i].ne2 ? exp[i].ne2 : 1);
         CHECK_EQ_INT(t->n_bytes, kp_dtype_row_size(want_type, exp[i].ne0) * (uint64_t)rows);
         CHECK_EQ_INT(t->offset % align, 0);
         CHECK_EQ_INT(((uintptr_t)t->data - (uintptr_t)kp_gguf_tensor_at(g, 0)->data) % align, 0);
@@ -649,7 +674,8 @@ static void test_all_archs_and_types(void) {
         {KP_DTYPE_Q5_K, 0.018, 0.072},
     };
     static const struct { const char *preset, *tok; } cases[] = {
-        {"tiny", STORIES}, {"qwen2-tiny", REF_QWEN2}, {"qwen3-tiny", STORIES}, {"gemma3-tiny", STORIES}};
+        {"tiny", STORIES}, {"qwen2-tiny", REF_QWEN2}, {"qwen3-tiny", STORIES}, {"gemma3-tiny", STORIES},
+        {"qwen3moe-tiny", STORIES}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         kp_mkmodel_spec s = preset(cases[c].preset);
         s.n_layer = 1;
@@ -660,6 +686,13 @@ static void test_all_archs_and_types(void) {
             s.n_head_kv = 2;
             s.head_dim = 64;
             s.n_ff = 512;
+        }
+        if (!strcmp(s.arch, "qwen3moe")) { /* the same, for the experts' rows too; 4 experts keep it small */
+            s.n_embd = 256;
+            s.head_dim = 64;
+            s.n_ff_exp = 256;
+            s.n_expert = 4;
+            s.n_expert_used = 2;
         }
         char f32_path[64];
         if (!write_model(&s, cases[c].tok, f32_path)) continue;
@@ -948,6 +981,22 @@ static void test_refusals(void) {
     s.swa_pattern = 3;
     CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_EINVAL);
     s.swa_pattern = 0;
+    s.n_expert = 8; /* experts are qwen3moe's */
+    CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_EINVAL);
+    s.n_expert = 0;
+    kp_mkmodel_spec moe = preset("qwen3moe-tiny");
+    CHECK_EQ_INT(kp_mkmodel_validate(&moe, 512, &err), KP_OK);
+    moe.n_expert_used = 9; /* more experts used than there are */
+    CHECK_EQ_INT(kp_mkmodel_validate(&moe, 512, &err), KP_EINVAL);
+    CHECK_MSG(strstr(err.msg, "experts used (9)") != NULL, "%s", err.msg);
+    moe.n_expert_used = 0;
+    CHECK_EQ_INT(kp_mkmodel_validate(&moe, 512, &err), KP_EINVAL);
+    moe.n_expert_used = 3;
+    moe.n_ff_exp = 0;
+    CHECK_EQ_INT(kp_mkmodel_validate(&moe, 512, &err), KP_EINVAL);
+    moe.n_ff_exp = 64;
+    moe.n_expert = 1025;
+    CHECK_EQ_INT(kp_mkmodel_validate(&moe, 512, &err), KP_EINVAL);
     CHECK_EQ_INT(kp_mkmodel_validate(&s, 0, &err), KP_EINVAL);
     CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_OK);
     CHECK_EQ_INT(kp_mkmodel_spec_preset("nope", &s, &err), KP_ENOTFOUND);
@@ -1204,6 +1253,13 @@ static void test_presets(void) {
     s = preset("gemma3-1b"); /* Gemma 3 1B's config.json */
     CHECK(s.n_layer == 26 && s.n_embd == 1152 && s.n_head == 4 && s.n_head_kv == 1 && s.head_dim == 256);
     CHECK(s.n_ff == 6912 && s.n_swa == 512 && s.rope_base == 1e6f && s.rms_eps == 1e-6f && s.tied);
+    s = preset("qwen3moe-tiny");
+    CHECK_EQ_STR(s.arch, "qwen3moe");
+    CHECK(s.n_layer == 2 && s.n_expert == 8 && s.n_expert_used == 3 && s.n_ff_exp == 64 && !s.tied);
+    s = preset("qwen3moe-30b-a3b"); /* Qwen3-30B-A3B's config.json, 8 of its 48 layers */
+    CHECK(s.n_layer == 8 && s.n_embd == 2048 && s.n_head == 32 && s.n_head_kv == 4 && s.head_dim == 128);
+    CHECK(s.n_ff == 6144 && s.n_expert == 128 && s.n_expert_used == 8 && s.n_ff_exp == 768);
+    CHECK(s.rope_base == 1e6f && s.rms_eps == 1e-6f && !s.tied && s.n_ctx == 40960);
     s = preset("smollm2-135m");
     CHECK(s.n_head == 9 && s.n_head_kv == 3 && s.n_ff == 1536 && s.n_ctx == 8192);
     CHECK(s.rope_base == 100000.0f && s.rms_eps == 1e-5f);
