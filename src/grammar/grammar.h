@@ -89,11 +89,44 @@
 #define KP_GRAMMAR_MAX_ELEMS (1u << 22)
 #define KP_GRAMMAR_MAX_REPEAT 65534
 
+/* The compile-time limits (each refused with KP_ERANGE and a message
+ * naming the limit and where it was hit; the README's limits section lists
+ * them for clients):
+ *   WIDTH       ways a grammar may go on at one point: the parse stacks
+ *               a matcher must follow there, counted statically over the
+ *               factored grammar (an enum of strings counts its distinct
+ *               next bytes, not its values). Half of MAX_STACKS, so that
+ *               what compiles also matches.
+ *   NESTING     GBNF groups ( ) inside each other; JSON Schema
+ *               subschemas inside each other (and literal values).
+ *   RULES       rules of a GBNF grammar (named ones and groups).
+ *   ALTS        alternatives of one GBNF rule or group.
+ *   PROPERTIES  properties of one JSON Schema object.
+ *   ENUM        values of one enum.
+ *   ANYOF       branches of one anyOf / oneOf. */
+#define KP_GRAMMAR_MAX_WIDTH 1024
+#define KP_GRAMMAR_MAX_NESTING 256
+#define KP_GRAMMAR_MAX_RULES 100000
+#define KP_GRAMMAR_MAX_ALTS 100000
+#define KP_SCHEMA_MAX_PROPERTIES 1000
+#define KP_SCHEMA_MAX_ENUM 10000
+#define KP_SCHEMA_MAX_ANYOF 1000
+
 typedef struct kp_grammar kp_grammar;
 typedef struct kp_gvocab kp_gvocab;
 typedef struct kp_gmatch kp_gmatch;
 
 /* ---- compiling ---- */
+
+/* A compile polls stop(arg) every few thousand steps of work (a step: an
+ * element written, a rule or an alternative analysed); when it returns
+ * true the compile gives up with KP_EIO "... compile stopped". A server
+ * sets it to "the client left or the server is stopping". The callback
+ * runs on the compiling thread. */
+typedef struct {
+    bool (*fn)(void *arg);
+    void *arg;
+} kp_grammar_stop;
 
 typedef struct {
     /* Whitespace the output may carry between two JSON tokens (and before
@@ -111,6 +144,8 @@ typedef struct {
      * schema S, its closing markup. Default none (NULL, 0). */
     const char *prefix, *suffix;
     size_t prefix_len, suffix_len;
+    /* Polled during the compile (borrowed); NULL: never stops. */
+    const kp_grammar_stop *stop;
 } kp_schema_opts;
 
 /* ws_max 20, outer whitespace allowed, no prefix or suffix. */
@@ -146,6 +181,9 @@ kp_status kp_grammar_json_object(const kp_schema_opts *o, kp_grammar **out, kp_e
  * no finite expansion); KP_EUNSUPPORTED for token references <...>;
  * KP_ERANGE, KP_ENOMEM as above. */
 kp_status kp_grammar_compile_gbnf(const char *text, size_t len, kp_grammar **out, kp_error *err);
+/* The same, polling stop (NULL: never stops). */
+kp_status kp_grammar_compile_gbnf_stop(const char *text, size_t len, const kp_grammar_stop *stop, kp_grammar **out,
+                                       kp_error *err);
 
 /* Grammars are reference counted (atomically: any thread may take and
  * drop references). kp_grammar_ref takes one more and returns g;
