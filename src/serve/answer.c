@@ -485,11 +485,14 @@ static bool prompt_ids(kp_answer *a, kp_oai_request *q, prepared *p, kp_oai_erro
     return true;
 }
 
-/* Tokens, the dialect's look at them, the context, the KV budget, the
- * grammar, the seed. false with *e: the client's error. */
+/* The grammar (first: a schema beyond a limit is named as such, even when
+ * the tools that carry it also make the prompt too long), tokens, the
+ * dialect's look at them, the context, the KV budget, the seed. false
+ * with *e: the client's error. */
 static bool prepare(kp_answer *a, kp_oai_request *q, prepared *p, kp_oai_error *e) {
     kp_server *s = a->s;
     const char *pparam = a->chat ? "messages" : "prompt";
+    if (!(q->tool_force ? tool_grammar(a, q, &p->grammar, e) : request_grammar(a, q, &p->grammar, e))) return false;
     if (!prompt_ids(a, q, p, e)) return false;
     a->dropped = p->pr.dropped;
     if (a->d->prompt) a->d->prompt(a, p->pr.ids, p->pr.n);
@@ -504,7 +507,6 @@ static bool prepare(kp_answer *a, kp_oai_request *q, prepared *p, kp_oai_error *
         a->capped = true;
     }
     if (!kp_prompt_fits_budget(s, (uint32_t)p->pr.n, p->max_tokens, q->max_tokens_set, pparam, e)) return false;
-    if (!(q->tool_force ? tool_grammar(a, q, &p->grammar, e) : request_grammar(a, q, &p->grammar, e))) return false;
     if (!q->seed_set) q->sp.seed = (uint64_t)time(NULL) ^ (atomic_fetch_add(&s->next_id, 1) * GOLDEN);
     return true;
 }
