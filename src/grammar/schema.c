@@ -51,6 +51,14 @@
  *
  * Rules are named by their JSON path, so grammar errors (a schema with no
  * finite document, a $ref loop without JSON in between) name the schema.
+ *
+ * Limits (grammar.h), each a KP_ERANGE naming it and the path:
+ * subschemas and literal values nested KP_GRAMMAR_MAX_NESTING deep,
+ * KP_SCHEMA_MAX_PROPERTIES properties (or required names) in one object,
+ * KP_SCHEMA_MAX_ENUM values in one enum, KP_SCHEMA_MAX_ANYOF branches in
+ * one anyOf / oneOf; the grammar's width (KP_GRAMMAR_MAX_WIDTH) is checked
+ * on the result (ganalyse.c). Enum values are written as one alternative
+ * each: the builder's factoring merges their common beginnings (gfactor.c).
  */
 #include <math.h>
 #include <stdarg.h>
@@ -470,7 +478,7 @@ static bool lit_string(sc *c, kp_gseq *s, const char *v, size_t n) {
 }
 
 static bool lit_value(sc *c, kp_gseq *s, const json_t *v, int depth) {
-    if (depth > MAX_DEPTH) return fail(c, KP_ERANGE, "value nested deeper than %d", MAX_DEPTH);
+    if (depth > MAX_DEPTH) return fail(c, KP_ERANGE, "value nested deeper than %d (KP_GRAMMAR_MAX_NESTING)", MAX_DEPTH);
     char t[64];
     switch (json_typeof(v)) {
     case JSON_NULL: return push_str(c, s, "null");
@@ -1144,7 +1152,7 @@ static uint32_t comp_body(sc *c, const json_t *s) {
 static uint32_t comp(sc *c, const json_t *s) {
     if (c->st != KP_OK) return UINT32_MAX;
     if (++c->depth > MAX_DEPTH) {
-        fail(c, KP_ERANGE, "schema nested deeper than %d", MAX_DEPTH);
+        fail(c, KP_ERANGE, "schema nested deeper than %d (KP_GRAMMAR_MAX_NESTING)", MAX_DEPTH);
         c->depth--;
         return UINT32_MAX;
     }
