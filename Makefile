@@ -178,6 +178,7 @@ FUZZ_MAXLEN_tok   := 4096
 FUZZ_MAXLEN_oai   := 16384
 FUZZ_MAXLEN_http  := 8192
 FUZZ_MAXLEN_grammar := 4096
+FUZZ_MAXLEN_gcompile := 512
 FUZZ_MAXLEN_agent := 16384
 FUZZ_MAXLEN_jinja := 32768
 FUZZ_FLAGS = -std=c11 -D_GNU_SOURCE -Isrc -Iinclude -g -O1 -fsanitize=fuzzer,address,undefined \

@@ -3,7 +3,7 @@
 
   python3 fuzz/make_seeds.py [KVPIN]     (from the repository root; KVPIN
                                           default ./kvpin, for mkmodel)
-  python3 fuzz/make_seeds.py --grammar   (seeds-grammar/ only)
+  python3 fuzz/make_seeds.py --grammar   (seeds-grammar/ and seeds-gcompile/ only)
   python3 fuzz/make_seeds.py --jinja     (seeds-jinja/ only)
 
 seeds-model/  tiny random-weight models from `kvpin mkmodel` (llama with the
@@ -26,6 +26,9 @@ seeds-http/   whole HTTP requests (head and body) to every endpoint: plain,
 seeds-grammar/ JSON Schemas (ws bound in the control byte) and GBNF
               grammars as clients send them, each followed by a NUL and a
               document a model might write under it.
+seeds-gcompile/ recipes that expand into large grammars and schemas (deep
+              rule chains, wide alternatives, enums, anyOf lists, long property
+              lists, near and beyond the limits of src/grammar/grammar.h).
 seeds-jinja/  every chat template of tests/data/chat/templates/ (subfolders
               too), each followed by a NUL and a template context (messages,
               tools, add_generation_prompt, bos/eos) taken from
@@ -205,6 +208,39 @@ def grammars():
         write(os.path.join(out, "gbnf-%02d.bin" % i), b"\x01" + g.encode() + b"\0" + doc.encode())
 
 
+def gcompile():
+    """seeds-gcompile/: recipes that expand into large grammars (the layout
+    is in fuzz_gcompile.c): control byte, n, fragment NUL prefix NUL suffix."""
+    out = os.path.join(HERE, "seeds-gcompile")
+    recipes = [  # (name, gbnf, n, fragment, prefix, suffix)
+        ("gbnf-deep-rules", True, 20000, 'r@ ::= "(" r# ")"\n', "root ::= r0\n", 'r@ ::= "a"\n'),
+        ("gbnf-right-chain", True, 30000, 'r@ ::= "x" r# | "y" [a-z]*\n', "root ::= r0\n", 'r@ ::= "z"\n'),
+        ("gbnf-optional-chain", True, 1000, 'r@ ::= "x"? r#\n', "root ::= r0\n", 'r@ ::= "y"\n'),
+        ("gbnf-too-wide", True, 1100, 'r@ ::= "x@"? r#\n', "root ::= r0\n", 'r@ ::= "y"\n'),
+        ("gbnf-alternatives", True, 50000, ' | "a@"', 'root ::= "a"', "\n"),
+        ("gbnf-nested-groups", True, 256, '("x" $)?', "root ::= ", '"y"'),
+        ("gbnf-too-deep", True, 300, '("x" $)?', "root ::= ", '"y"'),
+        ("gbnf-classes", True, 3000, 'c@ ::= [a-z0-9\\u00e0-\\u00ff]{1,#} "@" | [^"\\n]+\n', 'root ::= "a"\n', ""),
+        ("schema-enum", False, 9999, ',"v@"', '{"type":"object","properties":{"e":{"enum":["v"', ']}},"required":["e"]}'),
+        ("schema-anyof", False, 999, ',{"const":"c@"}', '{"anyOf":[{"const":0}', "]}"),
+        ("schema-properties", False, 999, ',"p@":{"type":"string","maxLength":@}',
+         '{"type":"object","properties":{"p":{"type":"integer"}', "}}"),
+        ("schema-nested-arrays", False, 255, '{"type":"array","items":$}', "", "true"),
+        # '#' and '$' written as JSON escapes: in a fragment they are placeholders
+        ("schema-ref-chain", False, 2000,
+         ',"d#":{"type":"object","properties":{"x":{"\\u0024ref":"\\u0023/definitions/d@"}}}',
+         '{"definitions":{"d0":{"type":"integer"}', '},"\\u0024ref":"\\u0023/definitions/d@"}'),
+        ("schema-ref-chain-80", False, 80,
+         ',"d#":{"type":"object","properties":{"x":{"\\u0024ref":"\\u0023/definitions/d@"}}}',
+         '{"definitions":{"d0":{"type":"integer"}', '},"\\u0024ref":"\\u0023/definitions/d@"}'),
+        ("schema-ranges", False, 999, ',"n@":{"type":"integer","minimum":-1@,"maximum":2@@}',
+         '{"type":"object","properties":{"a":{"type":"integer"}', "}}"),
+    ]
+    for name, gbnf, n, frag, prefix, suffix in recipes:
+        write(os.path.join(out, name + ".bin"), bytes([1 if gbnf else 0, n & 255, n >> 8]) + frag.encode() + b"\0" +
+              prefix.encode() + b"\0" + suffix.encode())
+
+
 def agent():
     out = os.path.join(HERE, "seeds-agent")
     w = {"name": "get_weather", "description": "The weather", "input_schema": {
@@ -269,12 +305,14 @@ def jinja():
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--grammar"]:  # only the grammar seeds (no kvpin needed)
         grammars()
+        gcompile()
         sys.exit(0)
     if sys.argv[1:2] == ["--jinja"]:  # only the template seeds (no kvpin needed)
         jinja()
         sys.exit(0)
     jinja()
     grammars()
+    gcompile()
     models()
     texts()
     requests()

@@ -24,6 +24,7 @@
 
 #include "base/buf.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -106,6 +107,16 @@ void kp_gen_free(kp_gen *g) {
     free(g);
 }
 
+/* A matcher's KP_EFULL (its bounds: more parse stacks than it follows)
+ * as KP_EUNSUPPORTED: this grammar cannot be followed here, whatever the
+ * server's load (KP_EFULL would be answered "overloaded, retry"). */
+static kp_status beyond_bounds(kp_status st, kp_error *err) {
+    if (st != KP_EFULL) return st;
+    char why[KP_ERROR_MSG_MAX];
+    snprintf(why, sizeof why, "%s", err ? err->msg : "");
+    return kp_fail(err, KP_EUNSUPPORTED, "the grammar cannot be followed here: %s", why);
+}
+
 kp_status kp_gen_constrain(kp_gen *g, kp_gmatch *m, kp_error *err) {
     if (!m) return kp_fail(err, KP_EINVAL, "kp_gen_constrain: no matcher");
     const kp_gvocab *gv = kp_gmatch_vocab(m);
@@ -181,10 +192,10 @@ kp_status kp_gen_step(kp_gen *g, const float *logits, kp_gen_out *out, kp_error 
     if (g->m) {
         size_t n_allowed = 0;
         kp_status st = kp_gmatch_mask(g->m, g->mask, &n_allowed, err);
-        if (st != KP_OK) return st;
+        if (st != KP_OK) return beyond_bounds(st, err);
         if (n_allowed == 0) {
             if (!kp_gmatch_complete(g->m) && !kp_gmatch_finished(g->m))
-                return kp_fail(err, KP_EFULL, "the grammar allows no token here");
+                return kp_fail(err, KP_EUNSUPPORTED, "the grammar allows no token of the vocabulary here");
             end(g, KP_FINISH_STOP, KP_GEN_GRAMMAR, NULL, 0, out);
             return KP_OK;
         }
@@ -200,7 +211,7 @@ kp_status kp_gen_step(kp_gen *g, const float *logits, kp_gen_out *out, kp_error 
     out->token = tok;
     if (g->m) {
         kp_status st = kp_gmatch_accept_token(g->m, tok, err);
-        if (st != KP_OK) return st;
+        if (st != KP_OK) return beyond_bounds(st, err);
     }
     if (kp_tok_is_eog(g->v, tok) && !g->ignore_eos) {
         end(g, KP_FINISH_STOP, KP_GEN_EOG, NULL, 0, out);

@@ -43,7 +43,11 @@
  * left, so the probabilities it sees are those after the mask. The sampled
  * token advances the matcher. A step whose mask allows nothing ends
  * generation with STOP (KP_GEN_GRAMMAR) when the document is complete
- * (token -1), else fails (KP_EFULL: the grammar's bounds).
+ * (token -1), else fails with KP_EUNSUPPORTED: the grammar cannot be
+ * followed here (the matcher's bounds, KP_GRAMMAR_MAX_STACKS, or no token
+ * of the vocabulary spells what it needs). A property of the request's
+ * grammar, not of the server's load: not KP_EFULL, which a server answers
+ * with "try again".
  */
 #ifndef KP_GEN_H
 #define KP_GEN_H

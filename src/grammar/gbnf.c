@@ -13,6 +13,13 @@
  * Groups and repeated multi-element items become generated rules named
  * "parent(n)", which cannot collide with user names (parentheses are not
  * name characters). A postfix operator becomes one REP element.
+ *
+ * Limits (grammar.h), each a KP_ERANGE at the place it is hit: groups
+ * nested at most KP_GRAMMAR_MAX_NESTING deep (the parser recurses once per
+ * group, so this also bounds its stack), at most KP_GRAMMAR_MAX_RULES rules
+ * and groups, at most KP_GRAMMAR_MAX_ALTS alternatives in one of them. The
+ * parser is linear in the text (the builder's lookups are hashed); the
+ * analyses after it too (ganalyse.c).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -29,6 +36,8 @@ typedef struct {
     kp_error *err;
     kp_status st;
     uint32_t n_gen;
+    uint32_t n_rules; /* defined rules and groups, against KP_GRAMMAR_MAX_RULES */
+    int depth;        /* groups open, against KP_GRAMMAR_MAX_NESTING */
 } gp;
 
 static bool fail_at(gp *g, const char *at, kp_status code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
@@ -52,8 +61,9 @@ static bool fail_at(gp *g, const char *at, kp_status code, const char *fmt, ...)
     return false;
 }
 
+/* A push or add failed: stopped, too big or out of memory. */
 static bool oom(gp *g) {
-    if (g->st == KP_OK) g->st = kp_fail(g->err, KP_ENOMEM, "gbnf: out of memory");
+    if (g->st == KP_OK) g->st = kp_builder_failure(g->b, "gbnf", g->err);
     return false;
 }
 
@@ -240,12 +250,22 @@ static const char *parse_sequence(gp *g, const char *p, const char *name, kp_gse
             p = skip(g, q, nested);
         } else if (c == '(') {
             const char *open = p;
+            if (g->depth >= KP_GRAMMAR_MAX_NESTING) {
+                fail_at(g, p, KP_ERANGE, "groups nested deeper than %d (KP_GRAMMAR_MAX_NESTING)", KP_GRAMMAR_MAX_NESTING);
+                return p;
+            }
+            if (++g->n_rules > KP_GRAMMAR_MAX_RULES) {
+                fail_at(g, p, KP_ERANGE, "more than %d rules and groups (KP_GRAMMAR_MAX_RULES)", KP_GRAMMAR_MAX_RULES);
+                return p;
+            }
             uint32_t r = kp_builder_rule(b, "%s(%u)", name, ++g->n_gen);
             if (r == UINT32_MAX) {
                 oom(g);
                 return p;
             }
+            g->depth++;
             p = parse_alternates(g, skip(g, p + 1, true), r, name, true);
+            g->depth--;
             if (g->st != KP_OK) return p;
             if (p >= g->end || *p != ')') {
                 fail_at(g, open, KP_EINVAL, "expecting ')' to close this group");
@@ -308,7 +328,12 @@ static const char *parse_sequence(gp *g, const char *p, const char *name, kp_gse
 }
 
 static const char *parse_alternates(gp *g, const char *p, uint32_t rule, const char *name, bool nested) {
-    for (;;) {
+    for (uint32_t n_alts = 1;; n_alts++) {
+        if (n_alts > KP_GRAMMAR_MAX_ALTS) {
+            fail_at(g, p, KP_ERANGE, "more than %d alternatives in one rule or group (KP_GRAMMAR_MAX_ALTS)",
+                    KP_GRAMMAR_MAX_ALTS);
+            return p;
+        }
         kp_gseq seq = {0};
         p = parse_sequence(g, p, name, &seq, nested);
         if (g->st != KP_OK) {
@@ -345,6 +370,10 @@ static const char *parse_rule(gp *g, const char *p) {
         fail_at(g, p, KP_EINVAL, "rule '%s' is defined twice", name);
         return p;
     }
+    if (++g->n_rules > KP_GRAMMAR_MAX_RULES) {
+        fail_at(g, p, KP_ERANGE, "more than %d rules and groups (KP_GRAMMAR_MAX_RULES)", KP_GRAMMAR_MAX_RULES);
+        return p;
+    }
     g->b->rules[r].defined = true;
     p = skip(g, q, false);
     if (g->end - p < 3 || memcmp(p, "::=", 3) != 0) {
@@ -364,16 +393,20 @@ static const char *parse_rule(gp *g, const char *p) {
 }
 
 kp_status kp_grammar_compile_gbnf(const char *text, size_t len, kp_grammar **out, kp_error *err) {
+    return kp_grammar_compile_gbnf_stop(text, len, NULL, out, err);
+}
+
+kp_status kp_grammar_compile_gbnf_stop(const char *text, size_t len, const kp_grammar_stop *stop, kp_grammar **out,
+                                       kp_error *err) {
     if (!out || (len && !text)) return kp_fail(err, KP_EINVAL, "kp_grammar_compile_gbnf: NULL argument");
     *out = NULL;
     kp_builder b;
     kp_builder_init(&b);
+    b.stop = stop;
     gp g = {.start = text, .end = text + len, .b = &b, .err = err, .st = KP_OK};
     const char *p = skip(&g, text, true);
     while (p < g.end && g.st == KP_OK) p = parse_rule(&g, p);
-    if (g.st == KP_OK && b.too_big)
-        g.st = kp_fail(err, KP_ERANGE, "gbnf: the grammar exceeds %u elements", KP_GRAMMAR_MAX_ELEMS);
-    if (g.st == KP_OK && b.oom) g.st = kp_fail(err, KP_ENOMEM, "gbnf: out of memory");
+    if (g.st == KP_OK && (b.too_big || b.oom || b.stopped)) oom(&g);
     if (g.st != KP_OK) {
         kp_builder_free(&b);
         return g.st;

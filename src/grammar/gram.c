@@ -1,16 +1,14 @@
 /*
- * gram.c - the grammar builder, the analyses that make a grammar safe to
- * match (see gram_impl.h for the layout), code-point classes as UTF-8 byte
- * sequences, and the listing.
+ * gram.c - the grammar builder (see gram_impl.h for the layout),
+ * code-point classes as UTF-8 byte sequences, reference counting and the
+ * listing. The checks and analyses that turn a builder into a kp_grammar
+ * are in ganalyse.c, the left factoring in gfactor.c.
  *
- * Builder data: rules[] each with alts[] (kp_gseq of elements), sets[]
- * (deduplicated by content), reps[]. kp_builder_finish runs, in order:
- * undefined-rule check, reachability, productive rules (unproductive
- * alternatives are dropped), nullable rules, the repetition check, the
- * left-recursion check (a DFS over "rule r may start with rule s"), FIRST
- * and FOLLOW byte sets, shortest expansions; then flattens everything
- * into the kp_grammar arrays. Every fixpoint is monotone over finite
- * lattices, so it terminates.
+ * Builder data: rules[] each with alts[] (kp_gseq of elements), sets[] and
+ * reps[] (both shared by content), and three hash indexes (rules by name,
+ * sets, reps), so that building costs O(1) per element whatever the
+ * grammar's size: a GBNF text of 50,000 rules must not cost 50,000 scans
+ * of the rule list.
  *
  * UTF-8 classes: a range of code points of one encoded length is split
  * until each piece is a "rectangle" (every byte position ranges over an
@@ -45,7 +43,81 @@ void kp_builder_free(kp_builder *b) {
     free(b->rules);
     free(b->sets);
     free(b->reps);
+    free(b->by_name.slot);
+    free(b->by_set.slot);
+    free(b->by_rep.slot);
     memset(b, 0, sizeof *b);
+}
+
+bool kp_builder_tick(kp_builder *b) {
+    if (b->stopped) return true;
+    if (++b->ticks % KP_BUILDER_POLL == 0 && b->stop && b->stop->fn && b->stop->fn(b->stop->arg)) b->stopped = true;
+    return b->stopped;
+}
+
+kp_status kp_builder_failure(const kp_builder *b, const char *who, kp_error *err) {
+    if (b->stopped) return kp_fail(err, KP_EIO, "%s: compile stopped (the client left or the server is stopping)", who);
+    if (b->too_big)
+        return kp_fail(err, KP_ERANGE, "%s: the grammar exceeds %u elements (KP_GRAMMAR_MAX_ELEMS) or a repetition "
+                       "count of %u (KP_GRAMMAR_MAX_REPEAT)", who, KP_GRAMMAR_MAX_ELEMS, KP_GRAMMAR_MAX_REPEAT);
+    return kp_fail(err, KP_ENOMEM, "%s: out of memory", who);
+}
+
+/* ---- the builder's indexes: FNV-1a over the key, linear probing ---- */
+
+static uint32_t hash_bytes(const void *p, size_t n) {
+    const uint8_t *q = p;
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ q[i]) * 16777619u;
+    return h ^ (h >> 15);
+}
+
+/* The key bytes of entry i of an index. */
+typedef struct {
+    const void *p;
+    size_t n;
+} gkey;
+
+static gkey key_name(const kp_builder *b, uint32_t i) { return (gkey){b->rules[i].name, strlen(b->rules[i].name)}; }
+static gkey key_set(const kp_builder *b, uint32_t i) { return (gkey){&b->sets[i], sizeof b->sets[i]}; }
+static gkey key_rep(const kp_builder *b, uint32_t i) { return (gkey){&b->reps[i], sizeof b->reps[i]}; }
+
+/* The entry of ix whose key is k, or UINT32_MAX. */
+static uint32_t index_find(const kp_builder *b, const kp_gindex *ix, gkey (*key)(const kp_builder *, uint32_t),
+                           gkey k) {
+    if (!ix->slot) return UINT32_MAX;
+    for (uint32_t h = hash_bytes(k.p, k.n) & ix->mask;; h = (h + 1) & ix->mask) {
+        uint32_t v = ix->slot[h];
+        if (!v) return UINT32_MAX;
+        gkey e = key(b, v - 1);
+        if (e.n == k.n && memcmp(e.p, k.p, k.n) == 0) return v - 1;
+    }
+}
+
+/* Adds entry i (its key not yet in ix); false when out of memory. */
+static bool index_add(kp_builder *b, kp_gindex *ix, gkey (*key)(const kp_builder *, uint32_t), uint32_t i) {
+    if ((ix->n + 1) * 2 > (ix->slot ? ix->mask + 1 : 0)) {
+        uint32_t cap = ix->slot ? (ix->mask + 1) * 2 : 64;
+        uint32_t *slot = calloc(cap, sizeof *slot);
+        if (!slot) return false;
+        for (uint32_t j = 0; ix->slot && j <= ix->mask; j++) {
+            uint32_t v = ix->slot[j];
+            if (!v) continue;
+            gkey e = key(b, v - 1);
+            uint32_t h = hash_bytes(e.p, e.n) & (cap - 1);
+            while (slot[h]) h = (h + 1) & (cap - 1);
+            slot[h] = v;
+        }
+        free(ix->slot);
+        ix->slot = slot;
+        ix->mask = cap - 1;
+    }
+    gkey e = key(b, i);
+    uint32_t h = hash_bytes(e.p, e.n) & ix->mask;
+    while (ix->slot[h]) h = (h + 1) & ix->mask;
+    ix->slot[h] = i + 1;
+    ix->n++;
+    return true;
 }
 
 static uint32_t add_rule(kp_builder *b, char *name, bool defined) {
@@ -59,7 +131,13 @@ static uint32_t add_rule(kp_builder *b, char *name, bool defined) {
     memset(r, 0, sizeof *r);
     r->name = name;
     r->defined = defined;
-    return b->n_rules++;
+    uint32_t i = b->n_rules++;
+    if (index_find(b, &b->by_name, key_name, key_name(b, i)) == UINT32_MAX && !index_add(b, &b->by_name, key_name, i)) {
+        b->oom = true;
+        return UINT32_MAX;
+    }
+    kp_builder_tick(b);
+    return i;
 }
 
 uint32_t kp_builder_rule(kp_builder *b, const char *fmt, ...) {
@@ -72,8 +150,8 @@ uint32_t kp_builder_rule(kp_builder *b, const char *fmt, ...) {
 }
 
 uint32_t kp_builder_named(kp_builder *b, const char *name, size_t len) {
-    for (uint32_t r = 0; r < b->n_rules; r++)
-        if (strlen(b->rules[r].name) == len && memcmp(b->rules[r].name, name, len) == 0) return r;
+    uint32_t r = index_find(b, &b->by_name, key_name, (gkey){name, len});
+    if (r != UINT32_MAX) return r;
     char *s = malloc(len + 1);
     if (s) {
         memcpy(s, name, len);
@@ -83,7 +161,7 @@ uint32_t kp_builder_named(kp_builder *b, const char *name, size_t len) {
 }
 
 bool kp_gseq_push(kp_builder *b, kp_gseq *s, uint32_t elem) {
-    if (b->oom || b->too_big) return false;
+    if (b->oom || b->too_big || kp_builder_tick(b)) return false;
     if (b->n_elems >= KP_GRAMMAR_MAX_ELEMS) {
         b->too_big = true;
         return false;
@@ -143,13 +221,17 @@ bool kp_builder_alt_str(kp_builder *b, uint32_t rule, const char *str) {
 }
 
 uint32_t kp_builder_term(kp_builder *b, const kp_gset *s) {
-    for (uint32_t i = 0; i < b->n_sets; i++)
-        if (memcmp(&b->sets[i], s, sizeof *s) == 0) return KP_GE(KP_GE_TERM, i);
+    uint32_t i = index_find(b, &b->by_set, key_set, (gkey){s, sizeof *s});
+    if (i != UINT32_MAX) return KP_GE(KP_GE_TERM, i);
     if (!kp_grow_u32((void **)&b->sets, &b->cap_sets, b->n_sets + 1, sizeof *b->sets)) {
         b->oom = true;
         return UINT32_MAX;
     }
     b->sets[b->n_sets] = *s;
+    if (!index_add(b, &b->by_set, key_set, b->n_sets)) {
+        b->oom = true;
+        return UINT32_MAX;
+    }
     return KP_GE(KP_GE_TERM, b->n_sets++);
 }
 
@@ -167,11 +249,18 @@ uint32_t kp_builder_rep(kp_builder *b, uint32_t rule, uint32_t min, uint32_t max
         b->too_big = true;
         return UINT32_MAX;
     }
+    kp_grep rp = {rule, (uint16_t)min, (uint16_t)max}; /* shared by content, as sets: equal REPs factor together */
+    uint32_t i = index_find(b, &b->by_rep, key_rep, (gkey){&rp, sizeof rp});
+    if (i != UINT32_MAX) return KP_GE(KP_GE_REP, i);
     if (!kp_grow_u32((void **)&b->reps, &b->cap_reps, b->n_reps + 1, sizeof *b->reps)) {
         b->oom = true;
         return UINT32_MAX;
     }
-    b->reps[b->n_reps] = (kp_grep){rule, (uint16_t)min, (uint16_t)max};
+    b->reps[b->n_reps] = rp;
+    if (!index_add(b, &b->by_rep, key_rep, b->n_reps)) {
+        b->oom = true;
+        return UINT32_MAX;
+    }
     return KP_GE(KP_GE_REP, b->n_reps++);
 }
 
@@ -359,435 +448,6 @@ bool kp_builder_class(kp_builder *b, const kp_gcrange *r, size_t n, bool negate,
     }
     free(v);
     return ok;
-}
-
-/* ---- analyses ---- */
-
-static bool set_empty(const kp_gset *s) { return !(s->w[0] | s->w[1] | s->w[2] | s->w[3]); }
-
-static bool set_or(kp_gset *d, const kp_gset *s) {
-    bool ch = false;
-    for (int i = 0; i < 4; i++) {
-        uint64_t n = d->w[i] | s->w[i];
-        ch |= n != d->w[i];
-        d->w[i] = n;
-    }
-    return ch;
-}
-
-typedef struct {
-    kp_builder *b;
-    uint8_t *prod, *null, *reach;
-    kp_gset *first, *follow;
-} an;
-
-static uint32_t elem_rule(const kp_builder *b, uint32_t e) {
-    uint32_t t = KP_GE_TYPE(e);
-    if (t == KP_GE_REF) return KP_GE_ARG(e);
-    if (t == KP_GE_REP) return b->reps[KP_GE_ARG(e)].rule;
-    return UINT32_MAX;
-}
-
-static bool elem_prod(const an *a, uint32_t e) {
-    switch (KP_GE_TYPE(e)) {
-    case KP_GE_TERM: return !set_empty(&a->b->sets[KP_GE_ARG(e)]);
-    case KP_GE_REF: return a->prod[KP_GE_ARG(e)];
-    case KP_GE_REP: {
-        const kp_grep *r = &a->b->reps[KP_GE_ARG(e)];
-        return r->min == 0 || a->prod[r->rule];
-    }
-    }
-    return false;
-}
-
-static bool elem_null(const an *a, uint32_t e) {
-    switch (KP_GE_TYPE(e)) {
-    case KP_GE_REF: return a->null[KP_GE_ARG(e)];
-    case KP_GE_REP: {
-        const kp_grep *r = &a->b->reps[KP_GE_ARG(e)];
-        return r->min == 0 || a->null[r->rule];
-    }
-    }
-    return false;
-}
-
-static const kp_gset *elem_first(const an *a, uint32_t e) {
-    if (KP_GE_TYPE(e) == KP_GE_TERM) return &a->b->sets[KP_GE_ARG(e)];
-    return &a->first[elem_rule(a->b, e)];
-}
-
-static void fixpoint_prod(an *a) {
-    kp_builder *b = a->b;
-    for (bool ch = true; ch;) {
-        ch = false;
-        for (uint32_t r = 0; r < b->n_rules; r++) {
-            if (a->prod[r]) continue;
-            for (uint32_t i = 0; i < b->rules[r].n_alts && !a->prod[r]; i++) {
-                const kp_gseq *s = &b->rules[r].alts[i];
-                bool ok = true;
-                for (uint32_t j = 0; j < s->n && ok; j++) ok = elem_prod(a, s->v[j]);
-                if (ok) a->prod[r] = ch = true;
-            }
-        }
-    }
-}
-
-static void drop_unproductive(an *a) {
-    kp_builder *b = a->b;
-    for (uint32_t r = 0; r < b->n_rules; r++) {
-        kp_draft_rule *R = &b->rules[r];
-        uint32_t k = 0;
-        for (uint32_t i = 0; i < R->n_alts; i++) {
-            bool ok = true;
-            for (uint32_t j = 0; j < R->alts[i].n && ok; j++) ok = elem_prod(a, R->alts[i].v[j]);
-            if (ok)
-                R->alts[k++] = R->alts[i];
-            else
-                kp_gseq_free(&R->alts[i]);
-        }
-        R->n_alts = k;
-    }
-}
-
-static void fixpoint_null(an *a) {
-    kp_builder *b = a->b;
-    for (bool ch = true; ch;) {
-        ch = false;
-        for (uint32_t r = 0; r < b->n_rules; r++) {
-            if (a->null[r]) continue;
-            for (uint32_t i = 0; i < b->rules[r].n_alts && !a->null[r]; i++) {
-                const kp_gseq *s = &b->rules[r].alts[i];
-                bool ok = true;
-                for (uint32_t j = 0; j < s->n && ok; j++) ok = elem_null(a, s->v[j]);
-                if (ok) a->null[r] = ch = true;
-            }
-        }
-    }
-}
-
-static void fixpoint_first(an *a) {
-    kp_builder *b = a->b;
-    for (bool ch = true; ch;) {
-        ch = false;
-        for (uint32_t r = 0; r < b->n_rules; r++)
-            for (uint32_t i = 0; i < b->rules[r].n_alts; i++) {
-                const kp_gseq *s = &b->rules[r].alts[i];
-                for (uint32_t j = 0; j < s->n; j++) {
-                    ch |= set_or(&a->first[r], elem_first(a, s->v[j]));
-                    if (!elem_null(a, s->v[j])) break;
-                }
-            }
-    }
-}
-
-static void fixpoint_follow(an *a) {
-    kp_builder *b = a->b;
-    for (bool ch = true; ch;) {
-        ch = false;
-        for (uint32_t r = 0; r < b->n_rules; r++)
-            for (uint32_t i = 0; i < b->rules[r].n_alts; i++) {
-                const kp_gseq *s = &b->rules[r].alts[i];
-                for (uint32_t j = 0; j < s->n; j++) {
-                    uint32_t x = elem_rule(b, s->v[j]);
-                    if (x == UINT32_MAX) continue;
-                    if (KP_GE_TYPE(s->v[j]) == KP_GE_REP && b->reps[KP_GE_ARG(s->v[j])].max > 1)
-                        ch |= set_or(&a->follow[x], &a->first[x]);
-                    bool rest_null = true;
-                    for (uint32_t k = j + 1; k < s->n && rest_null; k++) {
-                        ch |= set_or(&a->follow[x], elem_first(a, s->v[k]));
-                        rest_null = elem_null(a, s->v[k]);
-                    }
-                    if (rest_null) ch |= set_or(&a->follow[x], &a->follow[r]);
-                }
-            }
-    }
-}
-
-static void mark_reach(an *a, uint32_t root, uint32_t *stack) {
-    kp_builder *b = a->b;
-    uint32_t sp = 0;
-    a->reach[root] = 1;
-    stack[sp++] = root;
-    while (sp) {
-        uint32_t r = stack[--sp];
-        for (uint32_t i = 0; i < b->rules[r].n_alts; i++) {
-            const kp_gseq *s = &b->rules[r].alts[i];
-            for (uint32_t j = 0; j < s->n; j++) {
-                uint32_t x = elem_rule(b, s->v[j]);
-                if (x != UINT32_MAX && !a->reach[x]) {
-                    a->reach[x] = 1;
-                    stack[sp++] = x;
-                }
-            }
-        }
-    }
-}
-
-/* "rule r may begin with rule x": the elements of an alternative up to and
- * including the first one that is not nullable. A circle in this graph is
- * left recursion. Iterative DFS; on a circle writes "a -> b -> a" into msg. */
-static bool find_left_cycle(an *a, uint32_t *stack, uint32_t *iter, uint8_t *color, char *msg, size_t cap) {
-    kp_builder *b = a->b;
-    for (uint32_t s0 = 0; s0 < b->n_rules; s0++) {
-        if (!a->reach[s0] || color[s0]) continue;
-        uint32_t sp = 0;
-        stack[sp] = s0;
-        iter[2 * sp] = iter[2 * sp + 1] = 0;
-        sp++;
-        color[s0] = 1;
-        while (sp) {
-            uint32_t r = stack[sp - 1];
-            /* iter[2i], iter[2i+1]: (alternative, element) cursor over r's left corners */
-            uint32_t ai = iter[2 * (sp - 1)], ej = iter[2 * (sp - 1) + 1];
-            uint32_t next = UINT32_MAX;
-            while (ai < b->rules[r].n_alts) {
-                const kp_gseq *s = &b->rules[r].alts[ai];
-                if (ej < s->n) {
-                    uint32_t e = s->v[ej];
-                    bool stop = !elem_null(a, e);
-                    uint32_t x = elem_rule(b, e);
-                    if (stop) {
-                        ai++;
-                        ej = 0;
-                    } else {
-                        ej++;
-                    }
-                    if (x != UINT32_MAX) {
-                        next = x;
-                        break;
-                    }
-                } else {
-                    ai++;
-                    ej = 0;
-                }
-            }
-            iter[2 * (sp - 1)] = ai;
-            iter[2 * (sp - 1) + 1] = ej;
-            if (next == UINT32_MAX) {
-                color[r] = 2;
-                sp--;
-                continue;
-            }
-            if (color[next] == 1) {
-                size_t k = 0;
-                uint32_t from = 0;
-                while (stack[from] != next) from++;
-                for (uint32_t i = from; i < sp && k + 8 < cap; i++)
-                    k += (size_t)snprintf(msg + k, cap - k, "'%s' -> ", b->rules[stack[i]].name);
-                if (k < cap) snprintf(msg + k, cap - k, "'%s'", b->rules[next].name);
-                return true;
-            }
-            if (color[next] == 0) {
-                color[next] = 1;
-                stack[sp] = next;
-                iter[2 * sp] = iter[2 * sp + 1] = 0;
-                sp++;
-            }
-        }
-    }
-    return false;
-}
-
-#define LEN_INF 0x7FFFFFFFu
-
-static uint32_t sat_add(uint32_t x, uint32_t y) { return x >= LEN_INF - y ? LEN_INF : x + y; }
-static uint32_t sat_mul(uint32_t x, uint32_t y) {
-    if (x == 0 || y == 0) return 0;
-    return x > LEN_INF / y ? LEN_INF : x * y;
-}
-
-/* ---- finish: check, analyse, flatten ---- */
-
-/* The builder's own verdicts, before any analysis: too big, out of
- * memory, no start rule, a rule referred to but never defined. */
-static kp_status check_built(const kp_builder *b, uint32_t root, kp_error *err) {
-    if (b->too_big)
-        return kp_fail(err, KP_ERANGE, "grammar: more than %u elements or a repetition count above %u",
-                       KP_GRAMMAR_MAX_ELEMS, KP_GRAMMAR_MAX_REPEAT);
-    if (b->oom) return kp_fail(err, KP_ENOMEM, "grammar: out of memory");
-    if (root >= b->n_rules) return kp_fail(err, KP_EINVAL, "grammar: no start rule");
-    for (uint32_t r = 0; r < b->n_rules; r++)
-        if (!b->rules[r].defined) return kp_fail(err, KP_EINVAL, "grammar: undefined rule '%s'", b->rules[r].name);
-    return KP_OK;
-}
-
-static void an_free(an *a) {
-    free(a->prod);
-    free(a->null);
-    free(a->reach);
-    free(a->first);
-    free(a->follow);
-}
-
-/* The analyses of a->b from root (productive, reachable, nullable, first,
- * follow sets; a's arrays allocated here, an_free releases them) and the
- * checks that make the grammar safe to run: root finishes, no repeated
- * rule matches the empty string, no left recursion. */
-static kp_status analyse(an *a, uint32_t root, kp_error *err) {
-    const kp_builder *b = a->b;
-    uint32_t n = b->n_rules;
-    kp_status st = KP_OK;
-    a->prod = calloc(n, 1);
-    a->null = calloc(n, 1);
-    a->reach = calloc(n, 1);
-    a->first = calloc(n, sizeof *a->first);
-    a->follow = calloc(n, sizeof *a->follow);
-    uint32_t *stack = malloc((size_t)n * sizeof *stack), *iter = malloc((size_t)n * 2 * sizeof *iter);
-    uint8_t *color = calloc(n, 1);
-    char cyc[256];
-    if (!a->prod || !a->null || !a->reach || !a->first || !a->follow || !stack || !iter || !color) {
-        st = kp_fail(err, KP_ENOMEM, "grammar: out of memory");
-        goto done;
-    }
-    fixpoint_prod(a);
-    if (!a->prod[root]) {
-        st = kp_fail(err, KP_EINVAL, "grammar: rule '%s' can never finish (no finite document)", b->rules[root].name);
-        goto done;
-    }
-    drop_unproductive(a);
-    mark_reach(a, root, stack);
-    fixpoint_null(a);
-    for (uint32_t k = 0; k < b->n_reps; k++) {
-        const kp_grep *rp = &b->reps[k];
-        if (rp->max > 1 && a->reach[rp->rule] && a->null[rp->rule]) {
-            st = kp_fail(err, KP_EUNSUPPORTED, "grammar: rule '%s' is repeated but can match the empty string",
-                         b->rules[rp->rule].name);
-            goto done;
-        }
-    }
-    if (find_left_cycle(a, stack, iter, color, cyc, sizeof cyc)) {
-        st = kp_fail(err, KP_EUNSUPPORTED, "grammar: left recursion (a rule reaches itself without reading a byte): %s",
-                     cyc);
-        goto done;
-    }
-    fixpoint_first(a);
-    fixpoint_follow(a);
-done:
-    free(stack);
-    free(iter);
-    free(color);
-    return st;
-}
-
-/* The grammar's flat arrays from the builder's rules (their names taken
- * over) and the analyses (nullable and follow taken over from a): every
- * alternative's elements in a row, each ended by END, element 0 the start
- * (a reference to root, then END). NULL when out of memory. */
-static kp_grammar *flatten(kp_builder *b, an *a, uint32_t root) {
-    uint32_t n = b->n_rules;
-    kp_grammar *g = calloc(1, sizeof *g);
-    if (!g) return NULL;
-    atomic_init(&g->refs, 1);
-    g->n_rules = n;
-    g->root = root;
-    uint32_t n_alts = 0, n_elems = 2;
-    for (uint32_t r = 0; r < n; r++) {
-        n_alts += b->rules[r].n_alts;
-        for (uint32_t i = 0; i < b->rules[r].n_alts; i++) n_elems += b->rules[r].alts[i].n + 1;
-    }
-    g->n_elems = n_elems;
-    g->n_alts = n_alts;
-    g->elems = malloc((size_t)n_elems * sizeof *g->elems);
-    g->elem_rule = malloc((size_t)n_elems * sizeof *g->elem_rule);
-    g->rule_alt = malloc(((size_t)n + 1) * sizeof *g->rule_alt);
-    g->alt_pos = malloc(((size_t)n_alts + 1) * sizeof *g->alt_pos);
-    g->sets = malloc(((size_t)b->n_sets + 1) * sizeof *g->sets);
-    g->reps = malloc(((size_t)b->n_reps + 1) * sizeof *g->reps);
-    g->names = calloc(n, sizeof *g->names);
-    g->nullable = a->null;
-    g->follow = a->follow;
-    a->null = NULL;
-    a->follow = NULL;
-    g->min_len = malloc((size_t)n * sizeof *g->min_len);
-    g->best_alt = malloc((size_t)n * sizeof *g->best_alt);
-    if (!g->elems || !g->elem_rule || !g->rule_alt || !g->alt_pos || !g->sets || !g->reps || !g->names ||
-        !g->min_len || !g->best_alt) {
-        kp_grammar_free(g);
-        return NULL;
-    }
-    if (b->n_sets) memcpy(g->sets, b->sets, (size_t)b->n_sets * sizeof *g->sets);
-    g->n_sets = b->n_sets;
-    if (b->n_reps) memcpy(g->reps, b->reps, (size_t)b->n_reps * sizeof *g->reps);
-    g->n_reps = b->n_reps;
-    g->elems[0] = KP_GE(KP_GE_REF, root);
-    g->elems[1] = KP_GE(KP_GE_END, 0);
-    g->elem_rule[0] = g->elem_rule[1] = root;
-    uint32_t p = 2, ai = 0;
-    for (uint32_t r = 0; r < n; r++) {
-        g->rule_alt[r] = ai;
-        g->names[r] = b->rules[r].name;
-        b->rules[r].name = NULL;
-        for (uint32_t i = 0; i < b->rules[r].n_alts; i++) {
-            const kp_gseq *sq = &b->rules[r].alts[i];
-            g->alt_pos[ai++] = p;
-            for (uint32_t j = 0; j < sq->n; j++) {
-                g->elem_rule[p] = r;
-                g->elems[p++] = sq->v[j];
-            }
-            g->elem_rule[p] = r;
-            g->elems[p++] = KP_GE(KP_GE_END, 0);
-        }
-    }
-    g->rule_alt[n] = ai;
-    return g;
-}
-
-/* The length of an alternative's shortest expansion, given each rule's so far. */
-static uint32_t alt_min_len(const kp_grammar *g, uint32_t k) {
-    uint32_t len = 0;
-    for (uint32_t q = g->alt_pos[k]; KP_GE_TYPE(g->elems[q]) != KP_GE_END && len < LEN_INF; q++) {
-        uint32_t e = g->elems[q];
-        if (KP_GE_TYPE(e) == KP_GE_TERM) {
-            len = sat_add(len, 1);
-        } else if (KP_GE_TYPE(e) == KP_GE_REF) {
-            len = sat_add(len, g->min_len[KP_GE_ARG(e)]);
-        } else {
-            const kp_grep *rp = &g->reps[KP_GE_ARG(e)];
-            len = sat_add(len, sat_mul(rp->min, rp->min ? g->min_len[rp->rule] : 0));
-        }
-    }
-    return len;
-}
-
-/* Shortest expansions: relax until stable; a rule's best alternative is
- * only replaced by a strictly shorter one, so following best_alt always
- * terminates (each choice was made after those it depends on). */
-static void shortest_expansions(kp_grammar *g) {
-    for (uint32_t r = 0; r < g->n_rules; r++) {
-        g->min_len[r] = LEN_INF;
-        g->best_alt[r] = UINT32_MAX;
-    }
-    for (bool ch = true; ch;) {
-        ch = false;
-        for (uint32_t r = 0; r < g->n_rules; r++)
-            for (uint32_t k = g->rule_alt[r]; k < g->rule_alt[r + 1]; k++) {
-                uint32_t len = alt_min_len(g, k);
-                if (len < g->min_len[r]) {
-                    g->min_len[r] = len;
-                    g->best_alt[r] = k;
-                    ch = true;
-                }
-            }
-    }
-}
-
-kp_status kp_builder_finish(kp_builder *b, uint32_t root, kp_grammar **out, kp_error *err) {
-    *out = NULL;
-    an a = {.b = b};
-    kp_status st = check_built(b, root, err);
-    if (st == KP_OK) st = analyse(&a, root, err);
-    if (st == KP_OK) {
-        kp_grammar *g = flatten(b, &a, root);
-        if (g) {
-            shortest_expansions(g);
-            *out = g;
-        } else {
-            st = kp_fail(err, KP_ENOMEM, "grammar: out of memory");
-        }
-    }
-    an_free(&a);
-    kp_builder_free(b);
-    return st;
 }
 
 kp_grammar *kp_grammar_ref(kp_grammar *g) {

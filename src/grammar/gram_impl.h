@@ -97,6 +97,13 @@ typedef struct {
     bool defined; /* GBNF: has a definition (not only references) */
 } kp_draft_rule;
 
+/* An open-addressing index of builder entries (rules by name, sets and
+ * repetitions by content): slot values are entry + 1, 0 empty. */
+typedef struct {
+    uint32_t *slot;
+    uint32_t mask, n;
+} kp_gindex;
+
 typedef struct {
     kp_draft_rule *rules;
     uint32_t n_rules, cap_rules;
@@ -104,18 +111,42 @@ typedef struct {
     uint32_t n_sets, cap_sets;
     kp_grep *reps;
     uint32_t n_reps, cap_reps;
+    kp_gindex by_name, by_set, by_rep; /* so that lookups cost O(1), not a scan */
     size_t n_elems; /* elements written so far, for the size cap */
-    bool oom, too_big;
+    const kp_grammar_stop *stop; /* polled every KP_BUILDER_POLL steps; NULL: never */
+    uint32_t ticks;
+    bool oom, too_big, stopped;
 } kp_builder;
+
+#define KP_BUILDER_POLL 4096u
 
 void kp_builder_init(kp_builder *b);
 void kp_builder_free(kp_builder *b);
+
+/* One step of work: every KP_BUILDER_POLL steps the stop callback is
+ * asked; true once it said stop (b->stopped, and every later push fails). */
+bool kp_builder_tick(kp_builder *b);
+
+/* The status of a builder whose push or add failed (stopped, too big, out
+ * of memory), with the message prefixed by who ("gbnf", "json schema"). */
+kp_status kp_builder_failure(const kp_builder *b, const char *who, kp_error *err);
+
+/* Left-factors b's rules (gfactor.c): a rule with at least
+ * KP_FACTOR_MIN_ALTS alternatives (and every rule the factoring makes)
+ * gets one alternative per distinct first element, the rest of each group
+ * moved into a new rule; a first element that is a rule of one
+ * alternative is unfolded first. The language is unchanged; an enum of
+ * thousands of strings becomes a trie, so the matcher follows one parse
+ * per distinct next byte instead of one per value. false: out of memory
+ * or stopped (b->oom / b->stopped). */
+#define KP_FACTOR_MIN_ALTS 8u
+bool kp_builder_factor(kp_builder *b);
 
 /* A new rule named printf-style (the name is for messages and listings;
  * names need not be unique). UINT32_MAX when out of memory (b->oom). */
 uint32_t kp_builder_rule(kp_builder *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* The rule named name[0..len) (first one with that name), created
+/* The rule named name[0..len) (the first one with that name), created
  * (undefined) when there is none: GBNF's forward references. */
 uint32_t kp_builder_named(kp_builder *b, const char *name, size_t len);
 

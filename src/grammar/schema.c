@@ -51,6 +51,14 @@
  *
  * Rules are named by their JSON path, so grammar errors (a schema with no
  * finite document, a $ref loop without JSON in between) name the schema.
+ *
+ * Limits (grammar.h), each a KP_ERANGE naming it and the path:
+ * subschemas and literal values nested KP_GRAMMAR_MAX_NESTING deep,
+ * KP_SCHEMA_MAX_PROPERTIES properties (or required names) in one object,
+ * KP_SCHEMA_MAX_ENUM values in one enum, KP_SCHEMA_MAX_ANYOF branches in
+ * one anyOf / oneOf; the grammar's width (KP_GRAMMAR_MAX_WIDTH) is checked
+ * on the result (ganalyse.c). Enum values are written as one alternative
+ * each: the builder's factoring merges their common beginnings (gfactor.c).
  */
 #include <math.h>
 #include <stdarg.h>
@@ -63,7 +71,7 @@
 #include "grammar/gram_impl.h"
 #include "grammar/numrange.h"
 
-#define MAX_DEPTH 256
+#define MAX_DEPTH KP_GRAMMAR_MAX_NESTING
 #define MAX_NAME 1024 /* property names, when additional properties must avoid them */
 #define INT_DIGITS 18  /* 0 | [1-9][0-9]{0,17} */
 #define FRAC_DIGITS 18
@@ -104,11 +112,12 @@ static bool fail(sc *c, kp_status code, const char *fmt, ...) {
     return false;
 }
 
+/* A push or add failed: stopped, too big or out of memory. */
 static bool oom(sc *c) {
-    if (c->st == KP_OK) c->st = kp_fail(c->err, c->b->too_big ? KP_ERANGE : KP_ENOMEM,
-                                        c->b->too_big ? "json schema: the grammar exceeds its size limits at %s"
-                                                      : "json schema: out of memory at %s",
-                                        c->path);
+    if (c->st != KP_OK) return false;
+    kp_error e = {0};
+    c->st = kp_builder_failure(c->b, "json schema", &e);
+    kp_fail(c->err, c->st, "%s at %s", e.msg, c->path);
     return false;
 }
 
@@ -469,7 +478,7 @@ static bool lit_string(sc *c, kp_gseq *s, const char *v, size_t n) {
 }
 
 static bool lit_value(sc *c, kp_gseq *s, const json_t *v, int depth) {
-    if (depth > MAX_DEPTH) return fail(c, KP_ERANGE, "value nested deeper than %d", MAX_DEPTH);
+    if (depth > MAX_DEPTH) return fail(c, KP_ERANGE, "value nested deeper than %d (KP_GRAMMAR_MAX_NESTING)", MAX_DEPTH);
     char t[64];
     switch (json_typeof(v)) {
     case JSON_NULL: return push_str(c, s, "null");
@@ -885,6 +894,13 @@ static uint32_t object_rule(sc *c, const json_t *s) {
     if (o.ap && !json_is_object(o.ap) && !json_is_boolean(o.ap))
         return fail(c, KP_EINVAL, "'additionalProperties' must be a schema"), UINT32_MAX;
     o.ap_allowed = !o.ap || json_is_true(o.ap) || json_is_object(o.ap);
+    if ((o.props ? json_object_size(o.props) : 0) > KP_SCHEMA_MAX_PROPERTIES ||
+        (o.req ? json_array_size(o.req) : 0) > KP_SCHEMA_MAX_PROPERTIES)
+        return fail(c, KP_ERANGE, "the object has %zu properties; at most %d (KP_SCHEMA_MAX_PROPERTIES)",
+                    o.props && json_object_size(o.props) > KP_SCHEMA_MAX_PROPERTIES ? json_object_size(o.props)
+                                                                                  : json_array_size(o.req),
+                    KP_SCHEMA_MAX_PROPERTIES),
+               UINT32_MAX;
     size_t most = (o.props ? json_object_size(o.props) : 0) + (o.req ? json_array_size(o.req) : 0);
     o.pv = calloc(most + 1, sizeof *o.pv);
     o.excl = calloc(most + 1, sizeof *o.excl);
@@ -1059,6 +1075,10 @@ static uint32_t comp_body(sc *c, const json_t *s) {
             return fail(c, KP_EUNSUPPORTED, "'%s' together with '%s' is not supported", combi[k], other), UINT32_MAX;
         if (!json_is_array(x) || json_array_size(x) == 0)
             return fail(c, KP_EINVAL, "'%s' must be a non-empty list of schemas", combi[k]), UINT32_MAX;
+        if (json_array_size(x) > KP_SCHEMA_MAX_ANYOF)
+            return fail(c, KP_ERANGE, "'%s' has %zu branches; at most %d (KP_SCHEMA_MAX_ANYOF)", combi[k],
+                        json_array_size(x), KP_SCHEMA_MAX_ANYOF),
+                   UINT32_MAX;
         size_t old = path_pushs(c, combi[k]);
         if (k == 2) {
             if (json_array_size(x) != 1) {
@@ -1097,6 +1117,10 @@ static uint32_t comp_body(sc *c, const json_t *s) {
                    UINT32_MAX;
         if (en && cn) return fail(c, KP_EUNSUPPORTED, "'enum' together with 'const' is not supported"), UINT32_MAX;
         if (en && !json_is_array(en)) return fail(c, KP_EINVAL, "'enum' must be a list"), UINT32_MAX;
+        if (en && json_array_size(en) > KP_SCHEMA_MAX_ENUM)
+            return fail(c, KP_ERANGE, "'enum' has %zu values; at most %d (KP_SCHEMA_MAX_ENUM)", json_array_size(en),
+                        KP_SCHEMA_MAX_ENUM),
+                   UINT32_MAX;
         uint32_t r = new_rule(c, "");
         size_t n = en ? json_array_size(en) : 1, n_ok = 0;
         kp_gseq sq = {0};
@@ -1128,7 +1152,7 @@ static uint32_t comp_body(sc *c, const json_t *s) {
 static uint32_t comp(sc *c, const json_t *s) {
     if (c->st != KP_OK) return UINT32_MAX;
     if (++c->depth > MAX_DEPTH) {
-        fail(c, KP_ERANGE, "schema nested deeper than %d", MAX_DEPTH);
+        fail(c, KP_ERANGE, "schema nested deeper than %d (KP_GRAMMAR_MAX_NESTING)", MAX_DEPTH);
         c->depth--;
         return UINT32_MAX;
     }
@@ -1150,6 +1174,7 @@ static kp_status compile(const json_t *schema, const kp_schema_opts *o, bool any
         return kp_fail(err, KP_EINVAL, "json schema: ws_max %d outside 0..%u", o->ws_max, KP_GRAMMAR_MAX_REPEAT);
     kp_builder b;
     kp_builder_init(&b);
+    b.stop = o->stop;
     sc c = {.b = &b, .root = schema, .err = err, .st = KP_OK, .ws_max = (uint32_t)o->ws_max};
     c.r_wsch = c.r_char = c.r_string = c.r_digit = c.r_hex = c.r_int = c.r_num = c.r_value = c.r_obj = c.r_date =
         c.r_time = UINT32_MAX;

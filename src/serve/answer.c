@@ -107,17 +107,36 @@ static void cache_fields(kp_server *s, const char *key, const char *retention, c
     else json_decref(rj);
 }
 
+/* The compile's stop (kp_grammar_stop): the client left, or the server
+ * is stopping. Notes it in a->left, so the answer closes quietly. */
+static bool compile_stop(void *arg) {
+    kp_answer *a = arg;
+    if ((a->conn && kp_http_client_gone(a->conn)) || atomic_load(&a->s->stopping)) a->left = true;
+    return a->left;
+}
+
+/* A grammar compile that failed: the client's 400 naming param (the schema
+ * or grammar is beyond what kvpin compiles: a keyword, a limit), 500 when
+ * out of memory; a stopped compile (a->left) is answered by the caller. */
+static bool grammar_failed(kp_answer *a, kp_status st, const kp_error *err, const char *param, const char *what,
+                           kp_oai_error *e) {
+    if (st == KP_ENOMEM || (st == KP_EIO && !a->left))
+        return kp_oai_fail(e, 500, "server_error", NULL, param, "%s", err->msg);
+    if (a->left) return kp_oai_fail(e, 503, "server_error", NULL, param, "%s", err->msg);
+    return kp_oai_fail(e, 400, "invalid_request_error", NULL, param, "%s%s", what, err->msg);
+}
+
 /* The compiled grammar of q's constraint (NULL when it has none) as a new
  * reference, from the server's cache. false with *e set: a schema or
  * grammar kvpin cannot compile is the client's 400, naming the field. */
-static bool request_grammar(kp_server *s, const kp_oai_request *q, kp_grammar **g, kp_oai_error *e) {
+static bool request_grammar(kp_answer *a, const kp_oai_request *q, kp_grammar **g, kp_oai_error *e) {
     *g = NULL;
     if (!q->constraint) return true;
     kp_error err = {0};
-    kp_status st = kp_gcache_get(s->gc, (kp_gc_kind)q->constraint, q->schema, q->grammar, q->grammar_len, g, &err);
-    if (st == KP_OK) return true;
-    if (st == KP_ENOMEM) return kp_oai_fail(e, 500, "server_error", NULL, q->constraint_param, "%s", err.msg);
-    return kp_oai_fail(e, 400, "invalid_request_error", NULL, q->constraint_param, "%s", err.msg);
+    kp_grammar_stop stop = {compile_stop, a};
+    kp_status st = kp_gcache_get(a->s->gc, (kp_gc_kind)q->constraint, q->schema, q->grammar, q->grammar_len, &stop,
+                                 g, &err);
+    return st == KP_OK || grammar_failed(a, st, &err, q->constraint_param, "", e);
 }
 
 /* The grammar of a forced tool call (tool_choice "required" or a named
@@ -127,7 +146,8 @@ static bool request_grammar(kp_server *s, const kp_oai_request *q, kp_grammar **
  * a small model would otherwise go on calling), compiled once per tool list
  * through the grammar cache. false with *e: an unknown function name or a
  * parameters schema outside the subset is the client's 400. */
-static bool tool_grammar(kp_server *s, const kp_oai_request *q, kp_grammar **g, kp_oai_error *e) {
+static bool tool_grammar(kp_answer *a, const kp_oai_request *q, kp_grammar **g, kp_oai_error *e) {
+    kp_server *s = a->s;
     *g = NULL;
     bool parallel = json_is_true(json_object_get(q->root, "parallel_tool_calls")); /* one call unless asked */
     kp_chat_call_form form;
@@ -143,11 +163,10 @@ static bool tool_grammar(kp_server *s, const kp_oai_request *q, kp_grammar **g, 
     kp_status st = kp_chat_call_form_build(s->cfg.chat, q->tools, q->tool_force_name, parallel, &form, &err);
     if (st == KP_OK) {
         kp_gc_frame fr = {form.prefix, form.suffix, form.prefix_len, form.suffix_len};
-        st = kp_gcache_get_framed(s->gc, form.schema, &fr, g, &err);
+        kp_grammar_stop stop = {compile_stop, a};
+        st = kp_gcache_get_framed(s->gc, form.schema, &fr, &stop, g, &err);
         kp_chat_call_form_free(&form);
-        if (st == KP_OK) return true;
-        if (st == KP_ENOMEM) return kp_oai_fail(e, 500, "server_error", NULL, "tools", "%s", err.msg);
-        return kp_oai_fail(e, 400, "invalid_request_error", NULL, "tools", "a forced tool call: %s", err.msg);
+        return st == KP_OK || grammar_failed(a, st, &err, "tools", "a forced tool call: ", e);
     }
     if (st == KP_ENOMEM) return kp_oai_fail(e, 500, "server_error", NULL, "tool_choice", "%s", err.msg);
     return kp_oai_fail(e, 400, "invalid_request_error", NULL, "tool_choice", "%s", err.msg);
@@ -519,11 +538,14 @@ static bool prompt_ids(kp_answer *a, kp_oai_request *q, prepared *p, kp_oai_erro
     return true;
 }
 
-/* Tokens, the dialect's look at them, the context, the KV budget, the
- * grammar, the seed. false with *e: the client's error. */
+/* The grammar (first: a schema beyond a limit is named as such, even when
+ * the tools that carry it also make the prompt too long), tokens, the
+ * dialect's look at them, the context, the KV budget, the seed. false
+ * with *e: the client's error. */
 static bool prepare(kp_answer *a, kp_oai_request *q, prepared *p, kp_oai_error *e) {
     kp_server *s = a->s;
     const char *pparam = a->chat ? "messages" : "prompt";
+    if (!(q->tool_force ? tool_grammar(a, q, &p->grammar, e) : request_grammar(a, q, &p->grammar, e))) return false;
     if (!prompt_ids(a, q, p, e)) return false;
     a->dropped = p->pr.dropped;
     if (a->d->prompt) a->d->prompt(a, p->pr.ids, p->pr.n);
@@ -538,7 +560,6 @@ static bool prepare(kp_answer *a, kp_oai_request *q, prepared *p, kp_oai_error *
         a->capped = true;
     }
     if (!kp_prompt_fits_budget(s, (uint32_t)p->pr.n, p->max_tokens, q->max_tokens_set, pparam, e)) return false;
-    if (!(q->tool_force ? tool_grammar(s, q, &p->grammar, e) : request_grammar(s, q, &p->grammar, e))) return false;
     if (!q->seed_set) q->sp.seed = (uint64_t)time(NULL) ^ (atomic_fetch_add(&s->next_id, 1) * GOLDEN);
     return true;
 }
@@ -686,9 +707,18 @@ enum MHD_Result kp_answer_run(kp_server *s, struct MHD_Connection *c, kp_conn *c
     snprintf(cn->log.ignored, sizeof cn->log.ignored, "%.200s", ignored);
     const char *ign_h = ignored[0] ? "x-kvpin-ignored-fields" : NULL;
     prepared p = {0};
+    a->conn = c;
     bool ok = prepare(a, &q, &p, &e) && submit(a, &q, &p, &e);
     prepared_free(&p); /* the scheduler holds its own copies and grammar reference */
     kp_oai_request_free(&q);
+    if (!ok && a->left) { /* the grammar's compile stopped: nobody to answer */
+        bool stopping = atomic_load(&s->stopping);
+        kp_reqlog_gen(&cn->log, &a->ch[0].last, stopping ? "cancelled" : "client_left");
+        if (stopping) cn->log.code = "server_stopping";
+        answer_free(a);
+        kp_http_quiet_close();
+        return MHD_NO;
+    }
     if (!ok) {
         answer_free(a);
         return kp_http_error(s, c, &e);

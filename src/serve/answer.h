@@ -105,6 +105,8 @@ typedef struct {
 
 struct kp_answer {
     kp_server *s;
+    struct MHD_Connection *conn; /* the client's (borrowed): polled while the grammar compiles */
+    bool left;                   /* the compile stopped because the client left or the server stops */
     const kp_dialect *d;
     void *dreq; /* the dialect's request and stream state (owned: d->free) */
     bool chat, stream, include_usage, return_ids, progress;

@@ -10,6 +10,11 @@
  *                          / kind byte + GBNF text
  *           g            = one reference; NULL: free slot
  *           used         = the clock when last returned
+ *
+ * Compiles run on the caller's thread (a connection's), outside the lock,
+ * and poll the caller's stop (the client left, the server stops); their
+ * cost is linear in the schema or grammar (src/grammar/ganalyse.c), well
+ * under a second for a body at the server's size limit.
  */
 #include "serve/gcache.h"
 
@@ -122,7 +127,7 @@ static slot *find(kp_gcache *c, const char *key, size_t klen) {
 }
 
 static kp_status get(kp_gcache *c, kp_gc_kind kind, const json_t *schema, const char *text, size_t len,
-                     const kp_gc_frame *fr, kp_grammar **out, kp_error *err) {
+                     const kp_gc_frame *fr, const kp_grammar_stop *stop, kp_grammar **out, kp_error *err) {
     *out = NULL;
     char *key = NULL;
     size_t klen = 0;
@@ -143,6 +148,7 @@ static kp_status get(kp_gcache *c, kp_gc_kind kind, const json_t *schema, const 
     kp_schema_opts o = kp_schema_opts_default();
     o.ws_max = fr ? 0 : KP_GCACHE_WS; /* a forced call: compact, as its template writes it back */
     o.no_outer_ws = true;
+    o.stop = stop;
     if (fr) {
         o.prefix = fr->prefix;
         o.prefix_len = fr->prefix_len;
@@ -152,7 +158,7 @@ static kp_status get(kp_gcache *c, kp_gc_kind kind, const json_t *schema, const 
     kp_grammar *g = NULL;
     st = kind == KP_GC_JSON_OBJECT                       ? kp_grammar_json_object(&o, &g, err)
          : kind == KP_GC_SCHEMA || kind == KP_GC_FRAMED ? kp_grammar_compile_schema(schema, &o, &g, err)
-                                                         : kp_grammar_compile_gbnf(text, len, &g, err);
+                                                         : kp_grammar_compile_gbnf_stop(text, len, stop, &g, err);
     if (st != KP_OK) {
         free(key);
         return st;
@@ -183,17 +189,17 @@ static kp_status get(kp_gcache *c, kp_gc_kind kind, const json_t *schema, const 
 }
 
 kp_status kp_gcache_get(kp_gcache *c, kp_gc_kind kind, const json_t *schema, const char *text, size_t len,
-                        kp_grammar **out, kp_error *err) {
+                        const kp_grammar_stop *stop, kp_grammar **out, kp_error *err) {
     if (kind == KP_GC_FRAMED) {
         *out = NULL;
         return kp_fail(err, KP_EINVAL, "a framed schema needs kp_gcache_get_framed");
     }
-    return get(c, kind, schema, text, len, NULL, out, err);
+    return get(c, kind, schema, text, len, NULL, stop, out, err);
 }
 
-kp_status kp_gcache_get_framed(kp_gcache *c, const json_t *schema, const kp_gc_frame *fr, kp_grammar **out,
-                               kp_error *err) {
-    return get(c, KP_GC_FRAMED, schema, NULL, 0, fr, out, err);
+kp_status kp_gcache_get_framed(kp_gcache *c, const json_t *schema, const kp_gc_frame *fr, const kp_grammar_stop *stop,
+                               kp_grammar **out, kp_error *err) {
+    return get(c, KP_GC_FRAMED, schema, NULL, 0, fr, stop, out, err);
 }
 
 void kp_gcache_counts(kp_gcache *c, uint64_t *hits, uint64_t *compiles) {

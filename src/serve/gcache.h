@@ -58,18 +58,20 @@ void kp_gcache_free(kp_gcache *c); /* NULL is a no-op; requests keep their refer
 
 /* The grammar for a constraint: kind JSON_OBJECT (schema and text
  * unused), SCHEMA (schema, borrowed) or GBNF (text[0..len)). *out is a
- * new reference for the caller (kp_grammar_free). Errors are the
- * compiler's (KP_EUNSUPPORTED naming a keyword and its path, KP_EINVAL,
- * KP_ERANGE) or KP_ENOMEM; nothing is cached for a failed compile. */
+ * new reference for the caller (kp_grammar_free). A compile polls stop
+ * (borrowed, NULL: never stops): the server's says whether the client left.
+ * Errors are the compiler's (KP_EUNSUPPORTED naming a keyword and its
+ * path, KP_EINVAL, KP_ERANGE for a limit of grammar.h, KP_EIO when stop
+ * said stop) or KP_ENOMEM; nothing is cached for a failed compile. */
 kp_status kp_gcache_get(kp_gcache *c, kp_gc_kind kind, const json_t *schema, const char *text, size_t len,
-                        kp_grammar **out, kp_error *err);
+                        const kp_grammar_stop *stop, kp_grammar **out, kp_error *err);
 
 /* The grammar of prefix + a document of schema + suffix (fr's bytes and
  * the schema borrowed; the key covers all three), compiled as for
  * KP_GC_SCHEMA. Used for forced tool calls, whose frame is the template's
  * call markup (serve/chat.h kp_chat_call_form_build). Errors as above. */
-kp_status kp_gcache_get_framed(kp_gcache *c, const json_t *schema, const kp_gc_frame *fr, kp_grammar **out,
-                               kp_error *err);
+kp_status kp_gcache_get_framed(kp_gcache *c, const json_t *schema, const kp_gc_frame *fr, const kp_grammar_stop *stop,
+                               kp_grammar **out, kp_error *err);
 
 /* Counters: lookups that found a compiled grammar, and compiles. */
 void kp_gcache_counts(kp_gcache *c, uint64_t *hits, uint64_t *compiles);

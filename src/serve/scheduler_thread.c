@@ -49,6 +49,7 @@
 #include "base/buf.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -518,6 +519,11 @@ static kp_status constrain(kp_sched *s, kp_sreq *r, kp_error *err) {
         if ((st = kp_gmatch_new(&s->warm[k].m, r->grammar, s->gv, err)) != KP_OK) {
             s->warm[k].m = NULL;
             s->warm[k].used = 0;
+            if (st == KP_EFULL) { /* the grammar's start is beyond the matcher's bounds: no 503 to retry */
+                char why[KP_ERROR_MSG_MAX];
+                snprintf(why, sizeof why, "%s", err ? err->msg : "");
+                st = kp_fail(err, KP_EUNSUPPORTED, "the grammar cannot be followed from its start: %s", why);
+            }
             return st;
         }
         s->warm[k].g = kp_grammar_ref(r->grammar);

@@ -28,6 +28,16 @@ the API conventions, not from the server:
     takes the client's text apart every way a template can (trim, slices,
     characters one by one, replace, split and join, %, case, tojson): its
     own {{ bos_token }} and {{ eos_token }} are the only control tokens.
+  - schemas and grammars beyond a limit of the README's (enum values,
+    anyOf branches, properties, the ways a grammar may go on at one point,
+    GBNF alternatives and nesting) get a 400 invalid_request_error naming
+    the limit, on /v1/chat/completions, /v1/messages and /v1/responses:
+    never 503 "overloaded" with Retry-After (or Anthropic's 529), which
+    the SDKs retry forever, nor context_length_exceeded for the tools that
+    carry the schema; under the limits they generate: an enum of 2,048
+    strings inside an object gives an object holding one of them (checked
+    with Python's json and the enum itself), 50,000 GBNF alternatives one
+    of them.
 """
 import json
 import re
@@ -78,6 +88,103 @@ def deep_tools(srv):
          "tools nested 600 deep: %s %s" % (st, err))
     st, j = srv.get("/health")
     R.ok(st == 200, "healthy after the deep tools")
+
+
+def error_message(j):
+    """The error's message in OpenAI's and Anthropic's shapes."""
+    err = j.get("error", {}) if isinstance(j, dict) else {}
+    return err.get("message", "") if isinstance(err, dict) else ""
+
+
+def schema_bodies(schema):
+    """(endpoint, body) pairs that constrain the output with schema: a
+    response_format and a forced tool call on chat completions, a forced
+    tool on Messages, a text.format on Responses."""
+    msgs = [{"role": "user", "content": "hi"}]
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    return [
+        ("/v1/chat/completions", {"messages": msgs, "max_tokens": 48, "temperature": 0,
+                                  "response_format": {"type": "json_schema",
+                                                      "json_schema": {"name": "n", "schema": schema}}}),
+        ("/v1/chat/completions", {"messages": msgs, "max_tokens": 48, "temperature": 0,
+                                  "tools": [tool], "tool_choice": "required"}),
+        ("/v1/messages", {"model": "m", "messages": msgs, "max_tokens": 48, "temperature": 0,
+                          "tools": [{"name": "f", "input_schema": schema}],
+                          "tool_choice": {"type": "tool", "name": "f"}}),
+        ("/v1/responses", {"input": "hi", "max_output_tokens": 48, "temperature": 0,
+                           "text": {"format": {"type": "json_schema", "name": "n", "schema": schema}}}),
+    ]
+
+
+def generated_json(path, j):
+    """The document a constrained answer generated (parsed), or None."""
+    try:
+        if path == "/v1/messages":
+            return [b for b in j["content"] if b["type"] == "tool_use"][0]["input"]
+        if path == "/v1/responses":
+            parts = [c for it in j["output"] if it["type"] == "message" for c in it["content"]]
+            return json.loads(parts[0]["text"])
+        msg = j["choices"][0]["message"]
+        if msg.get("tool_calls"):
+            return json.loads(msg["tool_calls"][0]["function"]["arguments"])
+        return json.loads(msg["content"])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+
+
+def grammar_limits(srv):
+    def obj(inner):
+        return {"type": "object", "properties": {"e": inner}, "required": ["e"], "additionalProperties": False}
+
+    def enum(n):
+        return {"enum": ["value%d" % i for i in range(n)]}
+
+    branches = [{"type": "object", "properties": {"a%d" % i: {"type": "integer"}, "b%d" % i: {"type": "integer"}},
+                 "additionalProperties": False} for i in range(600)]
+    over = [
+        ("an enum of 10,001 strings", obj(enum(10001)), "KP_SCHEMA_MAX_ENUM"),
+        ("an anyOf of 1,001 consts", obj({"anyOf": [{"const": "c%d" % i} for i in range(1001)]}), "KP_SCHEMA_MAX_ANYOF"),
+        ("1,001 properties", {"type": "object", "properties": {"p%d" % i: {"type": "integer"} for i in range(1001)}},
+         "KP_SCHEMA_MAX_PROPERTIES"),
+        ("600 object branches at one point", obj({"anyOf": branches}), "KP_GRAMMAR_MAX_WIDTH"),
+    ]
+    for what, schema, limit in over:
+        for path, body in schema_bodies(schema):
+            st, h, j = srv.post(path, body)
+            msg = error_message(j)
+            retry = any(k.lower() == "retry-after" for k in h)
+            R.ok(st == 400 and limit in msg and not retry,
+                 "%s on %s: %s (retry-after: %s) %s" % (what, path, st, retry, msg[:200]))
+    msgs = [{"role": "user", "content": "hi"}]
+    gbnf_over = [
+        ("100,001 GBNF alternatives", "root ::= " + " | ".join('"a%d"' % i for i in range(100001)) + "\n",
+         "KP_GRAMMAR_MAX_ALTS"),
+        ("GBNF groups 257 deep", "root ::= " + "(" * 257 + '"a"' + ")" * 257 + "\n", "KP_GRAMMAR_MAX_NESTING"),
+    ]
+    for what, text, limit in gbnf_over:
+        st, h, j = srv.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "grammar": text})
+        msg = error_message(j)
+        R.ok(st == 400 and limit in msg and not any(k.lower() == "retry-after" for k in h),
+             "%s: %s %s" % (what, st, msg[:200]))
+    # under the limits: the enum of 2,048 inside an object generates one of
+    # its values (where the schema is not also rendered into the prompt as a
+    # tool, which the bundled model's context could not hold)
+    values = set(enum(2048)["enum"])
+    for path, body in schema_bodies(obj(enum(2048))):
+        if "tools" in body:
+            continue
+        st, _, j = srv.post(path, body)
+        doc = generated_json(path, j) if st == 200 else None
+        R.ok(isinstance(doc, dict) and set(doc) == {"e"} and doc["e"] in values,
+             "an enum of 2,048 inside an object on %s: %s %s" % (path, st, doc if doc is not None else str(j)[:300]))
+    st, _, j = srv.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 16, "temperature": 0,
+                                                 "grammar": "root ::= " + " | ".join('"a%d"' % i for i in range(50000)) + "\n"})
+    content = j["choices"][0]["message"]["content"] if st == 200 else None
+    R.ok(content is not None and content.startswith("a") and content[1:].isdigit() and int(content[1:]) < 50000
+         and str(int(content[1:])) == content[1:],
+         "50,000 GBNF alternatives: %s %r" % (st, content if content is not None else str(j)[:300]))
+    st, j = srv.get("/health")
+    R.ok(st == 200, "healthy after the large schemas")
 
 
 def raw(srv, data, shut_wr=False, timeout=20, source=None):
@@ -370,6 +477,7 @@ def main():
         injection(srv)
         detokenize(srv)
         deep_tools(srv)
+        grammar_limits(srv)
         half_close(srv)
         framing(srv)
         web_pages(srv)

@@ -611,6 +611,41 @@ static void test_constrained_end(void) {
     kp_gvocab_free(gv);
 }
 
+/* A grammar the matcher cannot follow at some point (more parse stacks
+ * than KP_GRAMMAR_MAX_STACKS: 2,100 rules deep, each closing with an
+ * optional "a", so after the "c" at the bottom every level may close):
+ * the step fails with KP_EUNSUPPORTED, a property of the request, never
+ * KP_EFULL, which a server answers as "overloaded, retry". */
+static void test_constrained_bounds(void) {
+    kp_gvocab *gv = NULL;
+    kp_error err = {0};
+    CHECK(kp_gvocab_new(&gv, voc, &err) == KP_OK);
+    kp_buf t = {0};
+    kp_buf_puts(&t, "root ::= l0\n");
+    for (int i = 0; i < 2100; i++) kp_buf_printf(&t, "l%d ::= \"a\" l%d \"a\"?\n", i, i + 1);
+    kp_buf_puts(&t, "l2100 ::= \"c\"\n");
+    kp_grammar *gr = compile_gbnf(t.data);
+    kp_buf_free(&t);
+    int32_t prompt[2] = {kp_tok_bos(voc), plain_token()};
+    kp_gen_params p = greedy(5000, 8192);
+    kp_gen *g = NULL;
+    kp_gmatch *m = NULL;
+    CHECK(gv && gr && kp_gen_new(&g, voc, prompt, 2, &p, &err) == KP_OK);
+    CHECK(g && kp_gmatch_new(&m, gr, gv, &err) == KP_OK && kp_gen_constrain(g, m, &err) == KP_OK);
+    kp_status st = KP_OK;
+    kp_gen_out o = {0};
+    int steps = 0;
+    while (g && m && st == KP_OK && o.finish == KP_FINISH_NONE && steps < 3000) {
+        st = kp_gen_step(g, row(plain_token()), &o, &err);
+        steps++;
+    }
+    CHECK_MSG(st == KP_EUNSUPPORTED && strstr(err.msg, "parse stacks"), "after %d steps: %d %s", steps, (int)st,
+              err.msg);
+    kp_gen_free(g);
+    kp_grammar_free(gr);
+    kp_gvocab_free(gv);
+}
+
 int main(void) {
     kp_error err = {0};
     if (kp_gguf_open(&voc_file, harness_path("models/stories260K.gguf"), &err) != KP_OK ||
@@ -627,6 +662,7 @@ int main(void) {
     RUN(test_sampling_equals_sampler);
     RUN(test_errors);
     RUN(test_constrained_end);
+    RUN(test_constrained_bounds);
     RUN(test_constrained_spm);
     {
         kp_gguf *f = NULL;
