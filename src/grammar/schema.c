@@ -7,7 +7,8 @@
  * a document may match several branches), allOf with one schema, $ref
  * ('#' JSON pointers into the document, so #/$defs/x and #/definitions/x,
  * recursion included), minLength, maxLength, format date / date-time /
- * uuid, minimum / maximum / exclusiveMinimum / exclusiveMaximum (numbers
+ * time / uuid / email / hostname / uri / ipv4 (any other format is an
+ * annotation, as JSON Schema has it: the string is not constrained), minimum / maximum / exclusiveMinimum / exclusiveMaximum (numbers
  * since draft 6, or draft 4's booleans beside minimum and maximum;
  * integer bounds for numbers, any bounds for integers; numrange.h writes
  * the range out digit by digit), boolean schemas, and the annotations title, description, default,
@@ -47,7 +48,12 @@
  *           tokens and object members in the value's own order.
  *   formats date: YYYY-MM-DD with the month's day count (Feb 29 in leap
  *           years only); date-time: date "T" hh:mm:ss(.d{1,9})? then "Z"
- *           or +hh:mm / -hh:mm (no leap second 60); uuid: 8-4-4-4-12 hex.
+ *           or +hh:mm / -hh:mm (no leap second 60); time: that time alone;
+ *           uuid: 8-4-4-4-12 hex; email: local part of 1-64 of RFC 5322's
+ *           atext and "." (no quoted forms), "@", DNS labels, a dot and a
+ *           2-24 letter top-level label; hostname: DNS labels joined by
+ *           "."; uri: a scheme, ":" and 1-2048 of RFC 3986's unreserved,
+ *           reserved and "%" characters; ipv4: dotted decimal 0-255.
  *
  * Rules are named by their JSON path, so grammar errors (a schema with no
  * finite document, a $ref loop without JSON in between) name the schema.
@@ -428,13 +434,76 @@ static uint32_t time_rule(sc *c) {
     return ok ? r : UINT32_MAX;
 }
 
+/* elem repeated lo..hi times, as one element. */
+static uint32_t rep_of(sc *c, uint32_t elem, uint32_t lo, uint32_t hi) {
+    uint32_t r = kp_builder_as_rule(c->b, elem);
+    if (r == UINT32_MAX) return oom(c), UINT32_MAX;
+    return kp_builder_rep(c->b, r, lo, hi);
+}
+
+/* A DNS label: an ASCII letter or digit, then up to 62 letters, digits or
+ * hyphens (a hyphen last is let through: the grammar stays small). */
+static bool push_label(sc *c, kp_gseq *s) {
+    return push(c, s, set_term(c, "A-Za-z0-9")) && push(c, s, rep_of(c, set_term(c, "A-Za-z0-9-"), 0, 62));
+}
+
+/* hostname: label ("." label){0,126}; email: local "@" label ("." label)* "."
+ * letters{2,24}; uri: scheme ":" then 1..2048 of RFC 3986's characters
+ * (unreserved, reserved and "%"); ipv4: four decimal octets 0-255. */
+static bool push_formats2(sc *c, kp_gseq *s, const char *fmt) {
+    kp_builder *b = c->b;
+    if (!strcmp(fmt, "hostname") || !strcmp(fmt, "email")) {
+        if (!strcmp(fmt, "email") &&
+            !(push(c, s, rep_of(c, set_term(c, "A-Za-z0-9!#$%&'*+/=?^_`{|}~.-"), 1, 64)) && push_str(c, s, "@")))
+            return false;
+        uint32_t more = kp_builder_rule(b, "%s", "dot-label");
+        kp_gseq m = {0};
+        bool ok = more != UINT32_MAX && push_str(c, &m, ".") && push_label(c, &m) && add_alt(c, more, &m);
+        kp_gseq_free(&m);
+        if (!ok || !push_label(c, s)) return false;
+        if (!strcmp(fmt, "hostname")) return push(c, s, kp_builder_rep(b, more, 0, 126));
+        return push(c, s, kp_builder_rep(b, more, 0, 126)) && push_str(c, s, ".") &&
+               push(c, s, rep_of(c, set_term(c, "A-Za-z"), 2, 24));
+    }
+    if (!strcmp(fmt, "uri")) /* '"' and '\' are not among them: no escapes */
+        return push(c, s, set_term(c, "A-Za-z")) && push(c, s, rep_of(c, set_term(c, "A-Za-z0-9+.-"), 0, 31)) &&
+               push_str(c, s, ":") &&
+               push(c, s, rep_of(c, set_term(c, "A-Za-z0-9._~:/?#[]@!$&'()*+,;=%-"), 1, 2048));
+    /* ipv4 */
+    uint32_t oct = kp_builder_rule(b, "%s", "dec-octet");
+    kp_gseq o = {0};
+    bool ok = oct != UINT32_MAX && push_str(c, &o, "25") && push(c, &o, set_term(c, "0-5")) && add_alt(c, oct, &o) &&
+              push_str(c, &o, "2") && push(c, &o, set_term(c, "0-4")) && push(c, &o, set_term(c, "0-9")) &&
+              add_alt(c, oct, &o) && push_str(c, &o, "1") && push(c, &o, set_term(c, "0-9")) &&
+              push(c, &o, set_term(c, "0-9")) && add_alt(c, oct, &o) && push(c, &o, set_term(c, "1-9")) &&
+              push(c, &o, set_term(c, "0-9")) && add_alt(c, oct, &o) && push(c, &o, set_term(c, "0-9")) &&
+              add_alt(c, oct, &o);
+    kp_gseq_free(&o);
+    for (int i = 0; ok && i < 4; i++) ok = (i == 0 || push_str(c, s, ".")) && push(c, s, KP_GE(KP_GE_REF, oct));
+    return ok;
+}
+
+/* The formats a string's grammar constrains; any other is an annotation
+ * (JSON Schema's default) and the string is unconstrained. */
+static bool format_known(const char *fs) {
+    static const char *const known[] = {"date", "date-time", "time", "uuid", "email", "hostname", "uri", "ipv4", NULL};
+    for (const char *const *k = known; *k; k++)
+        if (!strcmp(fs, *k)) return true;
+    return false;
+}
+
 static uint32_t format_rule(sc *c, const char *fmt) {
     kp_builder *b = c->b;
     uint32_t r = new_rule(c, "");
     if (r == UINT32_MAX) return UINT32_MAX;
     kp_gseq s = {0};
     bool ok = push_str(c, &s, "\"");
-    if (strcmp(fmt, "date") == 0) {
+    if (strcmp(fmt, "time") == 0) {
+        ok = ok && push(c, &s, KP_GE(KP_GE_REF, time_rule(c)));
+    } else if (strcmp(fmt, "email") == 0 || strcmp(fmt, "hostname") == 0 || strcmp(fmt, "uri") == 0 ||
+               strcmp(fmt, "ipv4") == 0) {
+        ok = ok && push_formats2(c, &s, fmt);
+    } else if (strcmp(fmt, "date") == 0) {
         ok = ok && push(c, &s, KP_GE(KP_GE_REF, date_rule(c)));
     } else if (strcmp(fmt, "date-time") == 0) {
         ok = ok && push(c, &s, KP_GE(KP_GE_REF, date_rule(c))) && push_str(c, &s, "T") &&
@@ -954,8 +1023,7 @@ static uint32_t string_kw(sc *c, const json_t *s) {
     if (f) {
         if (!json_is_string(f)) return fail(c, KP_EINVAL, "'format' must be a string"), UINT32_MAX;
         const char *fs = json_string_value(f);
-        if (strcmp(fs, "date") && strcmp(fs, "date-time") && strcmp(fs, "uuid"))
-            return fail(c, KP_EUNSUPPORTED, "unsupported format '%s'", fs), UINT32_MAX;
+        if (!format_known(fs)) return string_rule(c, min, max); /* an annotation only */
         if (json_object_get(s, "minLength") || json_object_get(s, "maxLength"))
             return fail(c, KP_EUNSUPPORTED, "'format' together with minLength/maxLength is not supported"), UINT32_MAX;
         return format_rule(c, fs);

@@ -308,6 +308,25 @@ static void test_schema_formats(void) {
     SCASE("{\"type\":\"string\",\"format\":\"uuid\"}", {"\"123e4567-e89b-12d3-a456-426614174000\"", 2},
           {"\"123E4567-E89B-12D3-A456-426614174000\"", 2}, {"\"123e4567e89b12d3a456426614174000\"", 0},
           {"\"123e4567-e89b-12d3-a456-42661417400\"", 0}, {"\"g23e4567-e89b-12d3-a456-426614174000\"", 0});
+    /* RFC 3339 full-time */
+    SCASE("{\"type\":\"string\",\"format\":\"time\"}", {"\"23:59:59Z\"", 2}, {"\"08:30:00.5+01:00\"", 2},
+          {"\"24:00:00Z\"", 0}, {"\"8:30:00Z\"", 0}, {"\"08:30Z\"", 0});
+    /* RFC 5322 addr-spec, dot-atom forms (zod's .email()) */
+    SCASE("{\"type\":\"string\",\"format\":\"email\"}", {"\"ada@example.com\"", 2},
+          {"\"first.last+tag@mail.example.co.uk\"", 2}, {"\"a_b-c@x-y.io\"", 2}, {"\"ada@example\"", 0} /* no TLD */,
+          {"\"@example.com\"", 0}, {"\"ada@@example.com\"", 0}, {"\"ada@-example.com\"", 0},
+          {"\"ada example@x.com\"", 0}, {"\"ada@example.c\"", 0} /* one-letter TLD */, {"\"ada@example.com", 1});
+    SCASE("{\"type\":\"string\",\"format\":\"hostname\"}", {"\"localhost\"", 2}, {"\"api.example.com\"", 2},
+          {"\"a..b\"", 0}, {"\".example\"", 0}, {"\"ex ample\"", 0});
+    /* RFC 3986 URIs (zod's .url()) */
+    SCASE("{\"type\":\"string\",\"format\":\"uri\"}", {"\"https://example.com/a/b?q=1&r=%20#frag\"", 2},
+          {"\"mailto:ada@example.com\"", 2}, {"\"urn:isbn:0451450523\"", 2}, {"\"http://[::1]:8080/\"", 2},
+          {"\"//example.com\"", 0} /* no scheme */, {"\"1http://x\"", 0}, {"\"https://exa mple.com\"", 0},
+          {"\"https:\"", 0}, {"\"https://a\\\"b\"", 0});
+    SCASE("{\"type\":\"string\",\"format\":\"ipv4\"}", {"\"192.168.0.1\"", 2}, {"\"255.255.255.255\"", 2},
+          {"\"0.0.0.0\"", 2}, {"\"256.1.1.1\"", 0}, {"\"01.2.3.4\"", 0}, {"\"1.2.3\"", 0});
+    /* a format kvpin does not know is an annotation: any string */
+    SCASE("{\"type\":\"string\",\"format\":\"idn-email\"}", {"\"anything at all\"", 2}, {"\"\"", 2}, {"5", 0});
 }
 
 static void test_schema_enum_const(void) {
@@ -418,7 +437,7 @@ static void test_schema_errors(void) {
         {"{\"anyOf\":[{\"type\":\"null\"},{\"not\":{}}]}", KP_EUNSUPPORTED, "'not' at #/anyOf/1"},
         {"{\"$defs\":{\"x\":{\"uniqueItems\":true}},\"$ref\":\"#/$defs/x\"}", KP_EUNSUPPORTED,
          "'uniqueItems' at #/$defs/x"},
-        {"{\"type\":\"string\",\"format\":\"email\"}", KP_EUNSUPPORTED, "unsupported format 'email'"},
+        {"{\"type\":\"string\",\"format\":\"email\",\"maxLength\":3}", KP_EUNSUPPORTED, "minLength/maxLength"},
         {"{\"prefixItems\":[{}]}", KP_EUNSUPPORTED, "'prefixItems'"},
         {"{\"type\":\"array\",\"items\":[{}]}", KP_EUNSUPPORTED, "tuple"},
         {"{\"allOf\":[{},{}]}", KP_EUNSUPPORTED, "allOf"},
