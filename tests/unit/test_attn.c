@@ -310,7 +310,7 @@ static void test_same_bits(void) {
     const kp_attn_kernels *ts[3];
     int n = tables(ts);
     for (int i = 0; i < n; i++) check_same_bits(ts[i], i == 2 ? ts[1] : NULL);
-    if (n < 3) printf("  (no AVX-512 on this CPU: avx2 vs avx512 not compared)\n");
+    if (n < 3) SKIP("avx2 vs avx512 tables not compared (this CPU lacks AVX-512F)");
 }
 
 /* ---- quantized K/V (tile_step_kv) ------------------------------------------ */
@@ -569,8 +569,8 @@ static void test_kv_quant(void) {
     const kp_attn_kernels *ts[3];
     int n = tables(ts);
     for (int i = 0; i < n; i++) check_kv_quant(ts[i], i == 2 ? ts[1] : NULL);
-    if (n < 2) printf("  skipped: table avx2 (this CPU lacks AVX2/FMA/F16C)\n");
-    if (n < 3) printf("  skipped: table avx512 (this CPU lacks AVX-512F)\n");
+    if (n < 2) SKIP("table avx2 (this CPU lacks AVX2/FMA/F16C)");
+    if (n < 3) SKIP("table avx512 (this CPU lacks AVX-512F)");
 }
 
 int main(void) {

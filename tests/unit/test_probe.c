@@ -81,7 +81,7 @@ static void test_int8_each_isa(void) {
         if (!cpu_has(isas[i])) {
             CHECK_MSG(st == KP_EUNSUPPORTED, "%s: %d %s", isas[i], (int)st, err.msg);
             CHECK(ops == 0);
-            printf("  skipped: int8 loop %s (this CPU lacks it)\n", isas[i]);
+            SKIP("int8 loop %s (this CPU lacks it)", isas[i]);
             continue;
         }
         CHECK_MSG(st == KP_OK, "%s: %s", isas[i], err.msg);

@@ -994,7 +994,7 @@ static void test_tile_shapes(void) {
      * types), Q4_K and Q6_K (every shape; Q8_K activations take no aux) at
      * both lengths, F16 and BF16 at the length that is a multiple of 16 */
     if (tabs[2]) CHECK_EQ_INT(n_packed, (int)(sizeof shapes / sizeof shapes[0]) * ((2 * 2 + 2) * 2 + 2));
-    else printf("quant: SKIP packed gemm: this CPU has no avx512vnni table\n");
+    else SKIP("packed gemm (this CPU has no avx512vnni table)");
 done:
     free(dw);
     free(da);

@@ -846,7 +846,7 @@ static void test_gemm(void) {
                                     {19, 17, 0, 4}, {2, 20, 17, 1}, {9, 13, 10, 8}};
     const kp_kernels *tabs[2] = {kp_kernels_avx2(), kp_kernels_avx512vnni()};
     if (!tabs[0]) {
-        printf("quant_more: no AVX2 on this CPU, gemm not tested\n");
+        SKIP("gemm of the avx2 table (this CPU lacks AVX2)");
         return;
     }
     static float xf[NBIG], single[2][R * C], plain[R * C], out[C * OS];
