@@ -422,8 +422,7 @@ kp_status kp_chat_conv_load(chat_conv *c, const json_t *messages, const json_t *
 
 /* llama2, mistral, gemma: after an optional first system message, user and
  * assistant alternate, starting with user (the templates raise otherwise). */
-kp_status kp_chat_check_alternation(const chat_conv *c, size_t first, kp_chat_family f,
-                                   kp_error *err) {
+kp_status kp_chat_check_alternation(const chat_conv *c, size_t first, kp_chat_family f, kp_error *err) {
     for (size_t i = first; i < c->n; i++) {
         chat_role want = (i - first) % 2 == 0 ? ROLE_USER : ROLE_ASSISTANT;
         if (c->msgs[i].role == want) continue;
@@ -657,6 +656,27 @@ kp_status kp_chat_generic_tools(chat_conv *c, kp_chat_family f, kp_error *err) {
 
 /* ------------------------------------------------------------------ */
 /* The generic tool format for templates in Jinja                      */
+
+bool kp_chat_tool_traffic(const json_t *messages, const json_t *tools) {
+    if (json_array_size(tools) > 0) return true;
+    size_t i;
+    const json_t *m;
+    json_array_foreach(messages, i, m) {
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if ((role && !strcmp(role, "tool")) || json_array_size(json_object_get(m, "tool_calls")) > 0) return true;
+    }
+    return false;
+}
+
+kp_status kp_chat_check(kp_chat_family f, const json_t *messages, const json_t *tools, kp_error *err) {
+    chat_conv c;
+    kp_status st = kp_chat_conv_load(&c, messages, tools, err);
+    if (st == KP_OK && !kp_chat_family_has_tools(f)) st = kp_chat_generic_tools(&c, f, err);
+    if (st == KP_OK && (f == KP_CHAT_LLAMA2 || f == KP_CHAT_MISTRAL || f == KP_CHAT_GEMMA))
+        st = kp_chat_check_alternation(&c, c.msgs[0].role == ROLE_SYSTEM ? 1 : 0, f, err);
+    kp_chat_conv_free(&c);
+    return st;
+}
 
 kp_status kp_chat_generic_messages(kp_chat_family f, const json_t *messages, const json_t *tools, json_t **out,
                                    kp_error *err) {

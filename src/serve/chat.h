@@ -235,6 +235,18 @@ kp_status kp_chat_render_plain(kp_chat_family f, const json_t *messages, const j
                                const kp_chat_opts *opts, char **out, size_t *len, kp_tok_range **plain,
                                size_t *n_plain, kp_error *err);
 
+/* Checks messages and tools as family f's built-in template takes them
+ * (chat_tmpl.h's kp_chat_tmpl_builtin runs it before every render): the
+ * request normalized as above (the errors below, each naming the field),
+ * rewritten into the generic tool format when f has no tool syntax, and
+ * the order llama2, mistral and gemma need. KP_OK or the error. */
+kp_status kp_chat_check(kp_chat_family f, const json_t *messages, const json_t *tools, kp_error *err);
+
+/* Whether a request brings tools (a non-empty array) or tool traffic (a
+ * tool message, an assistant message with tool calls): what a template
+ * without a tool syntax gets in the generic format. */
+bool kp_chat_tool_traffic(const json_t *messages, const json_t *tools);
+
 /* messages and tools (as kp_chat_render takes them) rewritten in the
  * generic tool format as family f's renderer sees them, as a new JSON
  * array of plain system / user / assistant messages with string content

@@ -45,6 +45,19 @@ typedef struct kp_chat_tmpl kp_chat_tmpl;
 kp_status kp_chat_tmpl_new(const char *text, size_t len, const char *tool_text, size_t tool_len, const char *bos,
                            const char *eos, kp_chat_tmpl **out, kp_error *err);
 
+/* The built-in template of family f (chat_builtin.h): its text compiled
+ * as kp_chat_tmpl_new compiles any, the family f (not guessed from the
+ * text), and requests checked before they are rendered as kp_chat_check
+ * checks them (chat.h), so that every error names the field at fault.
+ * Errors: KP_EUNSUPPORTED for KP_CHAT_UNKNOWN or a value outside the
+ * enum, KP_ENOMEM. */
+kp_status kp_chat_tmpl_builtin(kp_chat_family f, const char *bos, const char *eos, kp_chat_tmpl **out,
+                               kp_error *err);
+
+/* The Jinja text of family f's built-in template (static, NUL-terminated,
+ * *len bytes; len may be NULL), or NULL for KP_CHAT_UNKNOWN. */
+const char *kp_chat_builtin_text(kp_chat_family f, size_t *len);
+
 void kp_chat_tmpl_free(kp_chat_tmpl *t);
 
 /* Renders messages and tools (borrowed; chat_jinja.h's normalization) with
