@@ -42,8 +42,8 @@
 enum { O_TEMPLATE_FILE = CLI_OWN, O_TEMPLATE, O_BOS, O_EOS, O_BATCH };
 static const cli_opt template_tab[] = {
     CLI_USE(CLI_MODEL),
-    {"chat-template", NULL, NULL, "NAME", "render with a built-in chat template: chatml, qwen2, qwen2.5, qwen3,\n"
-                                          "llama3, llama3.1, llama2, mistral, gemma, phi3, zephyr", O_TEMPLATE},
+    {"chat-template", NULL, NULL, "NAME", "a built-in chat template: chatml, qwen2, qwen2.5, qwen3, llama3,\n"
+                                          "llama3.1, llama2, mistral, gemma, phi3, zephyr", O_TEMPLATE},
     {"chat-template-file", NULL, NULL, "FILE", "render the Jinja template in FILE instead of the model's", O_TEMPLATE_FILE},
     {"bos", NULL, NULL, "TEXT", "bos_token when no model is given (default empty)", O_BOS},
     {"eos", NULL, NULL, "TEXT", "eos_token when no model is given (default empty)", O_EOS},

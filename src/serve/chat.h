@@ -66,8 +66,10 @@
  *                 message with tool_calls (rendered as "")
  *   tool_calls    assistant only: [{"id", "type":"function", "function":
  *                 {"name", "arguments"}}]; arguments is a JSON text (the
- *                 OpenAI form), re-written canonically when it parses and
- *                 kept verbatim when it does not, or a JSON object
+ *                 OpenAI form) or a JSON object, written as canonical
+ *                 JSON; a text that is not JSON is refused by a template
+ *                 with a tool syntax (chat_jinja.h) and written as a JSON
+ *                 string in the generic format
  *   tool_call_id, name          tool messages: checked to be strings
  *   reasoning_content           assistant: a string or null (qwen3 only)
  *

@@ -6,7 +6,11 @@
  * turns the messages into a chat-completions body, that body into the
  * template's context (chat_jinja.c: the same normalization `kvpin
  * template` applies), and renders it with "messages" and "tools" as client
- * text, so that *plain covers every byte they gave the prompt.
+ * text, so that *plain covers every byte they gave the prompt. A built-in
+ * template (kp_chat_tmpl_builtin) is the same with its text from
+ * chat_builtin.h (the table the Makefile generates from
+ * src/serve/templates/), its family named rather than guessed, and every
+ * request checked by kp_chat_check (chat.h) before it is rendered.
  */
 #include "serve/chat_tmpl.h"
 

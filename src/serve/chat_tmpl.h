@@ -1,25 +1,30 @@
 /*
  * chat_tmpl.h - the server's chat template as Jinja text (floor 7): the
- * model's own tokenizer.chat_template (and its tool_use variant), or a
- * --chat-template-file, rendered by the interpreter (jinja/jinja.h) over
- * the request's messages (chat_jinja.h), with the client's bytes reported
- * so that they are tokenized as plain text (chat.h's kp_chat_render_plain
- * does the same for the built-in families).
+ * model's own tokenizer.chat_template (and its tool_use variant), a
+ * --chat-template-file, or one of kvpin's built-in templates
+ * (chat_builtin.h: --chat-template NAME, a model template that does not
+ * compile, a model without one), rendered by the interpreter
+ * (jinja/jinja.h) over the request's messages (chat_jinja.h), with the
+ * client's bytes reported so that they are tokenized as plain text. Every
+ * chat prompt is rendered here: there is no other path.
  *
  *   kp_chat_tmpl *t;
  *   kp_chat_tmpl_new(text, len, tool_text, tool_len, "<s>", "</s>", &t, &err);
- *   kp_chat_tmpl_render(t, messages, tools, &opts, &out, &len, &plain, &n_plain, &err);
+ *     or kp_chat_tmpl_builtin(KP_CHAT_QWEN3, "<s>", "</s>", &t, &err);
+ *   kp_chat_tmpl_render(t, messages, tools, &opts, kwargs, &out, &len, &plain, &n_plain, &err);
  *
  * Tools. When the template is compiled, its own tool-call syntax is
  * learned from renderings of probe calls (toolsyn.h): replies are read
  * back in it (kp_chat_tmpl_calls). A template that renders no tools at
- * all gets them in kvpin's generic tool format (chat.h), written into the
- * messages before the template sees them, as the built-in families do.
+ * all gets them, and the tool calls and tool messages of the conversation,
+ * in kvpin's generic tool format (chat.h), written into the messages
+ * before the template sees them (the built-in templates without a tool
+ * syntax rely on it).
  * kp_chat_tmpl_family is the family whose rules apply otherwise (reading
  * replies when no syntax was learned, the forced-call form): the family
  * kp_chat_detect gives, else qwen2.5's when the text has "<tool_call>",
  * else chatml's; chatml's too (the generic rules) when the template
- * renders no tools. kp_chat_tmpl_reasoning is "<think>"/"</think>" when
+ * renders no tools; a built-in template's own family. kp_chat_tmpl_reasoning is "<think>"/"</think>" when
  * the text has "<think>".
  *
  * A compiled template is immutable: renders from any number of threads.

@@ -1178,7 +1178,7 @@ static char *outside(const char *text, size_t len, const kp_tok_range *r, size_t
     return o;
 }
 
-/* For every family and every conversation it renders: the ranges kp_chat_render_plain
+/* For every family and every conversation it renders: the ranges the built-in template
  * reports are sorted, disjoint and inside the text; every injected
  * control-token text lies inside them; and the markup (what lies outside
  * them) is byte for byte the markup of the same conversation without the
