@@ -50,10 +50,14 @@ TESTS   := $(patsubst tests/unit/%.c,%,$(wildcard tests/unit/test_*.c))
 FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
 
 CLI     := $(wildcard cli/*.c)
-# Pages compiled into the library (src/serve/dashboard.h): web/NAME.html
-# becomes build/gen/NAME_page.c (tools/embed.py), one more library object.
-REL_OBJ  := $(patsubst src/%.c,build/rel/%.o,$(SRC)) build/rel/gen/dashboard_page.o
-ASAN_OBJ := $(patsubst src/%.c,build/asan/%.o,$(SRC)) build/asan/gen/dashboard_page.o
+# Files compiled into the library (tools/embed.py): the dashboard page
+# (src/serve/dashboard.h), web/NAME.html -> build/gen/NAME_page.c, and the
+# built-in chat templates (src/serve/chat_builtin.h),
+# src/serve/templates/*.jinja -> build/gen/chat_templates.c.
+GEN      := dashboard_page chat_templates
+TEMPLATES := $(sort $(wildcard src/serve/templates/*.jinja))
+REL_OBJ  := $(patsubst src/%.c,build/rel/%.o,$(SRC)) $(GEN:%=build/rel/gen/%.o)
+ASAN_OBJ := $(patsubst src/%.c,build/asan/%.o,$(SRC)) $(GEN:%=build/asan/gen/%.o)
 REL_CLI  := $(patsubst cli/%.c,build/rel/cli_%.o,$(CLI))
 ASAN_CLI := $(patsubst cli/%.c,build/asan/cli_%.o,$(CLI))
 
@@ -78,6 +82,8 @@ build/asan/lib.flags: FORCE | build/asan
 	@f='$(CFLAGS_ASAN) $(LIB_CFLAGS)'; [ "$$(cat $@ 2>/dev/null)" = "$$f" ] || echo "$$f" >$@
 build/gen/dashboard_page.c: web/dashboard.html tools/embed.py | build/gen
 	python3 tools/embed.py kp_dash_page serve/dashboard.h $< $@
+build/gen/chat_templates.c: $(TEMPLATES) src/serve/chat_builtin.h tools/embed.py | build/gen
+	python3 tools/embed.py --table kp_chat_builtins serve/chat_builtin.h $@ $(TEMPLATES)
 build/rel/gen/%.o: build/gen/%.c build/rel/lib.flags
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_RELEASE) $(LIB_CFLAGS) -c -o $@ $<
@@ -183,7 +189,7 @@ FUZZ_MAXLEN_agent := 16384
 FUZZ_MAXLEN_jinja := 32768
 FUZZ_FLAGS = -std=c11 -D_GNU_SOURCE -Isrc -Iinclude -g -O1 -fsanitize=fuzzer,address,undefined \
 	      -fno-sanitize-recover=all $(PKG_CFLAGS) -pthread
-FUZZ_OBJ := $(patsubst src/%.c,build/fuzz/obj/%.o,$(SRC)) build/fuzz/obj/gen/dashboard_page.o
+FUZZ_OBJ := $(patsubst src/%.c,build/fuzz/obj/%.o,$(SRC)) $(GEN:%=build/fuzz/obj/gen/%.o)
 build/fuzz/obj/gen/%.o: build/gen/%.c | build/fuzz
 	@mkdir -p $(dir $@)
 	clang $(subst -fsanitize=fuzzer,-fsanitize=fuzzer-no-link,$(FUZZ_FLAGS)) -c -o $@ $<

@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "serve/chat.h"
+#include "serve/chat_tmpl.h"
 #include "cli.h"
 #include "cache/blockrec.h"
 #include "engine/engine.h"
@@ -210,26 +210,58 @@ static char *gguf_template(const kp_gguf *g, const char *key, size_t *len) {
     return txt;
 }
 
-/* The Jinja template chat renders: FILE, else the model's
- * tokenizer.chat_template with its tool_use variant; NULL when there is
- * none or the model's does not compile (a note; a built-in family serves).
- * *failed (after a message) when FILE cannot be read or compiled. Without
- * SOURCE_DATE_EPOCH, strftime_now sees the day the server started. */
-static kp_chat_tmpl *jinja_template(const kp_gguf *g, const char *file, const char *bos, const char *eos,
-                                    bool *failed) {
+/* The built-in template of family fam (a message when it fails: out of
+ * memory only). */
+static kp_chat_tmpl *builtin_template(kp_chat_family fam, const char *bos, const char *eos) {
+    kp_chat_tmpl *t = NULL;
+    kp_error err = {0};
+    if (kp_chat_tmpl_builtin(fam, bos, eos, &t, &err) != KP_OK)
+        fprintf(stderr, "kvpin serve: the built-in %s chat template: %s\n", kp_chat_family_name(fam), err.msg);
+    return t;
+}
+
+/* The template chat renders: the built-in one named NAME, else FILE, else
+ * the model's tokenizer.chat_template with its tool_use variant; when the
+ * model's does not compile, the built-in family it looks like
+ * (kp_chat_detect; none: NULL, chat answers 400), and without one
+ * chatml's. *failed (after a message) when FILE cannot be read or compiled.
+ * Without SOURCE_DATE_EPOCH, strftime_now sees the day the server started. */
+static kp_chat_tmpl *chat_template(const kp_gguf *g, kp_chat_family named, const char *file, const char *bos,
+                                   const char *eos, bool *failed, char *name, size_t name_size) {
+    *failed = false;
+    snprintf(name, name_size, "built-in %s", kp_chat_family_name(named));
+    if (named != KP_CHAT_UNKNOWN) return builtin_template(named, bos, eos);
+    snprintf(name, name_size, "%s", file ? file : "the model's");
     size_t len = 0, tool_len = 0;
     char *text = file ? cli_read_all(file, &len) : gguf_template(g, "tokenizer.chat_template", &len);
     char *tool = file ? NULL : gguf_template(g, "tokenizer.chat_template.tool_use", &tool_len);
     kp_chat_tmpl *t = NULL;
     kp_error err = {0};
     *failed = file && !text;
+    kp_chat_family fam = KP_CHAT_CHATML; /* no template at all: ChatML, as llama.cpp's server does */
     if (text && kp_chat_tmpl_new(text, len, tool, tool_len, bos, eos, &t, &err) != KP_OK) {
-        fprintf(stderr, "kvpin serve: %s%s%s: %s\n", file ? "" : "note: the model's chat template does not compile (",
-                file ? file : "tokenizer.chat_template", file ? "" : "); a built-in family is used", err.msg);
         *failed = file != NULL;
+        fam = kp_chat_detect(text);
+        if (file)
+            fprintf(stderr, "kvpin serve: %s: %s\n", file, err.msg);
+        else if (fam == KP_CHAT_UNKNOWN)
+            fprintf(stderr, "kvpin serve: note: the model's chat template does not compile (%s) and is not one "
+                            "kvpin recognises; /v1/chat/completions needs --chat-template NAME or "
+                            "--chat-template-file FILE\n", err.msg);
+        else
+            fprintf(stderr, "kvpin serve: note: the model's chat template does not compile (%s); the built-in %s "
+                            "template is used\n", err.msg, kp_chat_family_name(fam));
+    } else if (!text && !file) {
+        fprintf(stderr, "kvpin serve: note: the model has no chat template; chat uses chatml "
+                        "(--chat-template NAME to change)\n");
     }
     free(text);
     free(tool);
+    if (!t && !*failed && fam != KP_CHAT_UNKNOWN) {
+        snprintf(name, name_size, "built-in %s", kp_chat_family_name(fam));
+        t = builtin_template(fam, bos, eos);
+    }
+    if (!t) snprintf(name, name_size, "none");
     if (t && !getenv("SOURCE_DATE_EPOCH")) {
         char day[32];
         snprintf(day, sizeof day, "%lld", (long long)(time(NULL) / 86400 * 86400));
@@ -238,29 +270,13 @@ static kp_chat_tmpl *jinja_template(const kp_gguf *g, const char *file, const ch
     return t;
 }
 
-/* The built-in family for a model whose template is not Jinja kvpin runs. */
-static kp_chat_family builtin_family(const kp_gguf *g) {
-    size_t len;
-    char *txt = gguf_template(g, "tokenizer.chat_template", &len);
-    if (!txt) {
-        fprintf(stderr, "kvpin serve: note: the model has no chat template; chat uses chatml "
-                        "(--chat-template NAME to change)\n");
-        return KP_CHAT_CHATML; /* no template at all: ChatML, as llama.cpp's server does */
-    }
-    kp_chat_family fam = kp_chat_detect(txt);
-    free(txt);
-    if (fam == KP_CHAT_UNKNOWN)
-        fprintf(stderr, "kvpin serve: note: the model's chat template is not one kvpin recognises; "
-                        "/v1/chat/completions needs --chat-template NAME or --chat-template-file FILE\n");
-    return fam;
-}
-
 int cmd_serve(int argc, char **argv) {
     const char *model_path = NULL, *host = "127.0.0.1", *key_arg = NULL, *key_file = NULL, *tmpl = NULL;
     const char *alias = NULL, *cache_dir = NULL, *cache_redis = NULL, *cache_key_file = NULL;
     uint8_t mac_key[KP_BLOCKREC_KEY_BYTES];
     const char *tmpl_file = NULL;
     kp_chat_tmpl *jt = NULL;
+    char chat_name[1100] = "none";
     uint64_t disk_budget = 0;
     int64_t redis_timeout = 50;
     int64_t port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 64, chunk = 256, block = 16, timeout = 60;
@@ -452,15 +468,14 @@ int cmd_serve(int argc, char **argv) {
                     cli_bytes(half, b1, sizeof b1), (unsigned long long)(half / (((uint64_t)n_ctx + block) * per)));
         }
     }
-    if (!tmpl) {
+    {
         bool failed = false;
-        jt = jinja_template(m->file, tmpl_file, token_text(v, kp_tok_bos(v)), token_text(v, kp_tok_eos(v)), &failed);
-        if (failed) {
-            rc = 2;
+        jt = chat_template(m->file, fam, tmpl_file, token_text(v, kp_tok_bos(v)), token_text(v, kp_tok_eos(v)),
+                           &failed, chat_name, sizeof chat_name);
+        if (failed || (!jt && fam != KP_CHAT_UNKNOWN)) {
+            rc = failed ? 2 : 1;
             goto done;
         }
-        if (jt) fam = kp_chat_tmpl_family(jt);
-        else fam = builtin_family(m->file);
     }
     kp_eng_config ec = {kv_type, (uint32_t)block, budget, n_ctx, no_cache, NULL, kv_type_v, no_repack};
     if (kp_eng_new(&e, m, pool, NULL, &ec, &err) != KP_OK) {
@@ -518,10 +533,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.request_timeout_s = (unsigned)request_timeout;
     cfg.max_connections = (unsigned)max_conn;
     cfg.max_per_address = (unsigned)max_per_addr;
-    cfg.chat = fam;
     cfg.chat_jinja = jt;
-    cfg.chat_bos = token_text(v, kp_tok_bos(v));
-    cfg.chat_eos = token_text(v, kp_tok_eos(v));
     cfg.quiet = quiet;
     cfg.strict_api = strict_api;
     cfg.pin_ttl_scale = pin_ttl_scale;
@@ -554,7 +566,7 @@ int cmd_serve(int argc, char **argv) {
     }
     fprintf(stderr, "kvpin serve: model %s (%s, %u layers, %u kv-heads x %u head_dim), chat template %s\n", path,
             hp->arch_name, hp->n_layer, hp->n_head_kv, hp->head_dim,
-            jt ? (tmpl_file ? tmpl_file : "the model's (Jinja)") : fam == KP_CHAT_UNKNOWN ? "none" : kp_chat_family_name(fam));
+            chat_name);
     char kvf[96], kvn[24];
     fprintf(stderr, "kvpin serve: KV %s, %llu bytes per token (%s); budget %s = %llu positions; "
                     "context %u, parallel %lld, prefix cache %s\n",

@@ -5,15 +5,19 @@
  *
  *   kvpin template -m MODEL.gguf < request.json
  *   kvpin template --chat-template-file FILE [--bos S] [--eos S] < request.json
+ *   kvpin template --chat-template NAME [-m MODEL.gguf | --bos S --eos S] < request.json
  *   kvpin template --batch < cases.jsonl
  *
  * The request is normalized and made a context by serve/chat_jinja.c. The
  * template is the model's tokenizer.chat_template, or its
  * tokenizer.chat_template.tool_use variant when the request has tools and
  * the file has one, or FILE; bos_token and eos_token are the model's token
- * texts (--bos/--eos without a model). The prompt goes to stdout with
- * nothing added, the template's source to stderr. A template that fails
- * (raise_exception included) exits 1 with its message on stderr.
+ * texts (--bos/--eos without a model). With --chat-template NAME, kvpin's
+ * built-in template of that family renders the request as the server
+ * does (serve/chat_tmpl.h: the request checked, tools in the generic
+ * format for a family without a tool syntax). The prompt goes to stdout
+ * with nothing added, the template's source to stderr. A template that
+ * fails (raise_exception included) exits 1 with its message on stderr.
  *
  * --batch renders many cases in one process (the byte-exact check of make
  * test, tools/chat_jinja_check.py): one JSON object a line,
@@ -33,10 +37,13 @@
 #include "gguf/gguf.h"
 #include "jinja/jinja.h"
 #include "serve/chat_jinja.h"
+#include "serve/chat_tmpl.h"
 
-enum { O_TEMPLATE_FILE = CLI_OWN, O_BOS, O_EOS, O_BATCH };
+enum { O_TEMPLATE_FILE = CLI_OWN, O_TEMPLATE, O_BOS, O_EOS, O_BATCH };
 static const cli_opt template_tab[] = {
     CLI_USE(CLI_MODEL),
+    {"chat-template", NULL, NULL, "NAME", "a built-in chat template: chatml, qwen2, qwen2.5, qwen3, llama3,\n"
+                                          "llama3.1, llama2, mistral, gemma, phi3, zephyr", O_TEMPLATE},
     {"chat-template-file", NULL, NULL, "FILE", "render the Jinja template in FILE instead of the model's", O_TEMPLATE_FILE},
     {"bos", NULL, NULL, "TEXT", "bos_token when no model is given (default empty)", O_BOS},
     {"eos", NULL, NULL, "TEXT", "eos_token when no model is given (default empty)", O_EOS},
@@ -44,7 +51,7 @@ static const cli_opt template_tab[] = {
     {0}};
 
 static void template_usage(FILE *out) {
-    fprintf(out, "usage: kvpin template [-m MODEL.gguf] [--chat-template-file FILE] < request.json\n"
+    fprintf(out, "usage: kvpin template [-m MODEL.gguf] [--chat-template NAME | --chat-template-file FILE] < request.json\n"
                  "Renders the chat template of MODEL (or FILE) on an OpenAI chat-completions\n"
                  "request body (messages, tools, add_generation_prompt, chat_template_kwargs)\n"
                  "and prints the prompt text exactly; the template's source goes to stderr.\n");
@@ -151,6 +158,29 @@ static int run_batch(void) {
     return rc;
 }
 
+/* The request rendered by family fam's built-in template, as the server
+ * renders it, to stdout; 0, or 1 after a message. */
+static int render_builtin(kp_chat_family fam, const json_t *req, const char *bos, const char *eos) {
+    kp_chat_tmpl *t = NULL;
+    kp_error err = {0};
+    char *out = NULL;
+    size_t len = 0;
+    const json_t *agp = json_object_get(req, "add_generation_prompt");
+    kp_chat_opts o = {agp ? json_is_true(agp) : true, false};
+    kp_status st = kp_chat_tmpl_builtin(fam, bos, eos, &t, &err);
+    if (st == KP_OK)
+        st = kp_chat_tmpl_render(t, json_object_get(req, "messages"), json_object_get(req, "tools"), &o,
+                                 json_object_get(req, "chat_template_kwargs"), &out, &len, NULL, NULL, &err);
+    kp_chat_tmpl_free(t);
+    if (st != KP_OK) {
+        fprintf(stderr, "kvpin template: %s\n", err.msg);
+        return 1;
+    }
+    fwrite(out, 1, len, stdout);
+    free(out);
+    return fflush(stdout) == 0 ? 0 : 1;
+}
+
 /* The template text, its source name and bos/eos, from the model or the options. */
 static bool load_template(const char *model, const char *file, bool tools, char **text, size_t *len, char **bos,
                           char **eos, char *source, size_t source_cap) {
@@ -181,7 +211,7 @@ static bool load_template(const char *model, const char *file, bool tools, char 
 }
 
 int cmd_template(int argc, char **argv) {
-    const char *model = NULL, *file = NULL;
+    const char *model = NULL, *file = NULL, *name = NULL;
     char *bos = strdup(""), *eos = strdup("");
     bool batch = false;
     cli_args a;
@@ -190,13 +220,22 @@ int cmd_template(int argc, char **argv) {
         if (k == CLI_STOP) { free(bos); free(eos); return a.rc; }
         if (k == CLI_MODEL) model = a.val;
         else if (k == O_TEMPLATE_FILE) file = a.val;
+        else if (k == O_TEMPLATE) name = a.val;
         else if (k == O_BOS) { free(bos); bos = strdup(a.val); }
         else if (k == O_EOS) { free(eos); eos = strdup(a.val); }
         else if (k == O_BATCH) batch = true;
     }
     if (!cli_args_no_operands(&a)) { free(bos); free(eos); return 2; }
     if (batch) { free(bos); free(eos); return run_batch(); }
-    if (!model && !file) model = cli_default_model();
+    kp_chat_family fam = name ? kp_chat_family_from_name(name) : KP_CHAT_UNKNOWN;
+    if (name && (fam == KP_CHAT_UNKNOWN || file)) {
+        fprintf(stderr, "kvpin template: %s\n", file ? "--chat-template and --chat-template-file exclude each other"
+                                                     : "unknown --chat-template (see kvpin template --help)");
+        free(bos);
+        free(eos);
+        return 2;
+    }
+    if (!model && !file && !name) model = cli_default_model();
 
     size_t len = 0;
     char *body = cli_read_all("-", &len);
@@ -212,6 +251,23 @@ int cmd_template(int argc, char **argv) {
     kp_jinja_error e;
     kp_error ce = {0};
     kp_buf out = {0};
+    if (name) { /* the built-in text, with the model's bos/eos when a model is given */
+        kp_gguf *g = NULL;
+        if (model && kp_gguf_open(&g, model, &ce) != KP_OK) {
+            fprintf(stderr, "kvpin template: %s\n", ce.msg);
+            goto done;
+        }
+        if (g) {
+            free(bos);
+            free(eos);
+            bos = gguf_token(g, "tokenizer.ggml.bos_token_id");
+            eos = gguf_token(g, "tokenizer.ggml.eos_token_id");
+            kp_gguf_close(g);
+        }
+        fprintf(stderr, "built-in %s\n", kp_chat_family_name(fam));
+        rc = render_builtin(fam, req, bos, eos);
+        goto done;
+    }
     if (!load_template(model, file, kp_chatj_has_tools(req), &text, &tlen, &bos, &eos, source, sizeof source)) goto done;
     fprintf(stderr, "%s\n", source);
     if (kp_chatj_context(req, bos, eos, &ctx, &ce) != KP_OK) { fprintf(stderr, "kvpin template: %s\n", ce.msg); goto done; }

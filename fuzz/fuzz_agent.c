@@ -15,7 +15,8 @@
  * object with messages, at most KP_ANTH_MAX_BREAKS breakpoints each with
  * messages and a TTL of 300 or 3600 s; the chat parser either takes the
  * translated body or refuses it with a message; a rendering of the
- * translated messages (and of every breakpoint's) is NUL-terminated text
+ * translated messages (and of every breakpoint's) by the family's built-in
+ * template is NUL-terminated text
  * of the returned length; a stored conversation after a made-up answer is
  * one message longer.
  */
@@ -26,6 +27,7 @@
 
 #include "serve/anthropic.h"
 #include "serve/chat.h"
+#include "serve/chat_tmpl.h"
 #include "serve/oai.h"
 #include "serve/responses.h"
 
@@ -34,12 +36,21 @@
         if (!(cond)) __builtin_trap();                                                    \
     } while (0)
 
+/* The family's built-in template, compiled once per process (reachable
+ * until exit). */
+static const kp_chat_tmpl *builtin(kp_chat_family fam) {
+    static kp_chat_tmpl *compiled[KP_CHAT_FAMILY_COUNT];
+    kp_error err = {0};
+    if (!compiled[fam]) REQUIRE(kp_chat_tmpl_builtin(fam, "<s>", "</s>", &compiled[fam], &err) == KP_OK);
+    return compiled[fam];
+}
+
 static void render(kp_chat_family fam, const json_t *messages, const json_t *tools) {
-    kp_chat_opts o = {"<s>", "</s>", true, NULL, false};
+    kp_chat_opts o = {true, false};
     char *out = NULL;
     size_t n = 0;
     kp_error err = {0};
-    if (kp_chat_render(fam, messages, tools, &o, &out, &n, &err) == KP_OK) {
+    if (kp_chat_tmpl_render(builtin(fam), messages, tools, &o, NULL, &out, &n, NULL, NULL, &err) == KP_OK) {
         REQUIRE(out != NULL && out[n] == 0);
         free(out);
     } else {

@@ -34,6 +34,7 @@
 #include "base/threadpool.h"
 #include "engine/engine.h"
 #include "model/model.h"
+#include "serve/chat_tmpl.h"
 #include "serve/scheduler.h"
 #include "serve/server.h"
 #include "tok/tok.h"
@@ -80,10 +81,13 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     cfg.max_body = 64 * 1024;
     cfg.timeout_s = 2;
     cfg.request_timeout_s = 2;
-    cfg.chat = KP_CHAT_CHATML;
-    cfg.chat_bos = "<s>";
-    cfg.chat_eos = "</s>";
     cfg.quiet = true;
+    static kp_chat_tmpl *chat; /* the built-in chatml template, for the whole run */
+    if (kp_chat_tmpl_builtin(KP_CHAT_CHATML, "<s>", "</s>", &chat, &err) != KP_OK) {
+        fprintf(stderr, "fuzz_http: %s\n", err.msg);
+        abort();
+    }
+    cfg.chat_jinja = chat;
     if (kp_eng_new(&engine, model, pool, NULL, &ec, &err) != KP_OK ||
         kp_sched_new(&sched, engine, vocab, &sc, &err) != KP_OK ||
         kp_server_new(&server, &cfg, sched, vocab, model, &err) != KP_OK) {

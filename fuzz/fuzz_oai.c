@@ -7,8 +7,8 @@
  *                rest    the body (any bytes; the corpus holds real request
  *                        bodies, fuzz/corpus-oai/, which libFuzzer mutates)
  *
- * Per input: kp_oai_parse; for a parsed chat request, kp_chat_render of
- * its messages and tools with the family (with and without the generation
+ * Per input: kp_oai_parse; for a parsed chat request, the family's built-in
+ * template (chat_tmpl.h) renders its messages and tools (with and without the generation
  * prompt); then kp_chat_parse_tool_calls and kp_chat_tool_holdback on the
  * body's bytes as if a model had written them. Properties beyond "no
  * sanitizer report": a refusal gives HTTP 400 with a message; a parsed
@@ -26,12 +26,22 @@
 
 #include "model/sampler.h"
 #include "serve/chat.h"
+#include "serve/chat_tmpl.h"
 #include "serve/oai.h"
 
 #define REQUIRE(cond)                                                                     \
     do {                                                                                  \
         if (!(cond)) __builtin_trap();                                                    \
     } while (0)
+
+/* The family's built-in template, compiled once per process (reachable
+ * until exit). */
+static const kp_chat_tmpl *builtin(kp_chat_family fam) {
+    static kp_chat_tmpl *compiled[KP_CHAT_FAMILY_COUNT];
+    kp_error err = {0};
+    if (!compiled[fam]) REQUIRE(kp_chat_tmpl_builtin(fam, "<s>", "</s>", &compiled[fam], &err) == KP_OK);
+    return compiled[fam];
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
@@ -50,10 +60,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         REQUIRE(kp_sampler_check(&q.sp, &err) == KP_OK);
         if (chat && q.messages) {
             for (int gen = 0; gen < 2; gen++) {
-                kp_chat_opts o = {"<s>", "</s>", gen == 1, NULL, false};
+                kp_chat_opts o = {gen == 1, false};
                 char *out = NULL;
                 size_t n = 0;
-                if (kp_chat_render(fam, q.messages, q.tools, &o, &out, &n, &err) == KP_OK) {
+                if (kp_chat_tmpl_render(builtin(fam), q.messages, q.tools, &o, NULL, &out, &n, NULL, NULL, &err) ==
+                    KP_OK) {
                     REQUIRE(out != NULL && out[n] == 0);
                     free(out);
                 } else {

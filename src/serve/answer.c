@@ -146,6 +146,12 @@ static bool request_grammar(kp_answer *a, const kp_oai_request *q, kp_grammar **
  * a small model would otherwise go on calling), compiled once per tool list
  * through the grammar cache. false with *e: an unknown function name or a
  * parameters schema outside the subset is the client's 400. */
+/* The family whose rules read calls back when the template's own syntax
+ * was not learned (chat_tmpl.h); KP_CHAT_UNKNOWN without a template. */
+static kp_chat_family chat_family(const kp_server *s) {
+    return s->cfg.chat_jinja ? kp_chat_tmpl_family(s->cfg.chat_jinja) : KP_CHAT_UNKNOWN;
+}
+
 static bool tool_grammar(kp_answer *a, const kp_oai_request *q, kp_grammar **g, kp_oai_error *e) {
     kp_server *s = a->s;
     *g = NULL;
@@ -160,7 +166,7 @@ static bool tool_grammar(kp_answer *a, const kp_oai_request *q, kp_grammar **g, 
         return kp_oai_fail(e, 400, "invalid_request_error", NULL, q->tool_force_name ? "tool_choice" : "tools",
                            "a forced tool call: %s", err.msg);
     }
-    kp_status st = kp_chat_call_form_build(s->cfg.chat, q->tools, q->tool_force_name, parallel, &form, &err);
+    kp_status st = kp_chat_call_form_build(chat_family(s), q->tools, q->tool_force_name, parallel, &form, &err);
     if (st == KP_OK) {
         kp_gc_frame fr = {form.prefix, form.suffix, form.prefix_len, form.suffix_len};
         kp_grammar_stop stop = {compile_stop, a};
@@ -320,7 +326,7 @@ static bool split_reasoning(kp_answer *a, uint32_t i, bool final) {
 static size_t tool_holdback(const kp_answer *a, const kp_choice *ch) {
     const char *t = ch->text.data ? ch->text.data : "";
     const kp_toolsyn *syn = a->s->cfg.chat_jinja ? kp_chat_tmpl_calls(a->s->cfg.chat_jinja, NULL) : NULL;
-    return syn ? kp_toolsyn_holdback(syn, t, ch->text.len) : kp_chat_tool_holdback(a->s->cfg.chat, t, ch->text.len);
+    return syn ? kp_toolsyn_holdback(syn, t, ch->text.len) : kp_chat_tool_holdback(chat_family(a->s), t, ch->text.len);
 }
 
 /* Remembers choice i's answer as the tokens the model wrote (answers.h):
@@ -371,7 +377,7 @@ static void choice_over(kp_answer *a, uint32_t i) {
             kp_toolsyn_parse(syn, a->tool_defs, ch->text.data ? ch->text.data : "", ch->text.len, a->id_seed + i,
                              &ch->calls, &content, &err);
         else
-            kp_chat_parse_tool_calls(a->s->cfg.chat, ch->text.data ? ch->text.data : "", ch->text.len,
+            kp_chat_parse_tool_calls(chat_family(a->s), ch->text.data ? ch->text.data : "", ch->text.len,
                                      a->id_seed + i, &ch->calls, &content, &err);
         if (ch->calls) {
             ch->content = content > ch->content_from ? content : ch->content_from;
@@ -565,16 +571,15 @@ static bool prepare(kp_answer *a, kp_oai_request *q, prepared *p, kp_oai_error *
 }
 
 /* The chat_template_kwargs the server's template does not read, named as
- * ignored: a Jinja template reads those its text names (any of them), a
- * built-in family add_generation_prompt and qwen3's enable_thinking. */
+ * ignored: a template reads those its text names (any of them), and
+ * add_generation_prompt. */
 static void note_unread_kwargs(const kp_server *s, kp_oai_request *q) {
     const json_t *kw = json_object_get(q->root, "chat_template_kwargs");
     const char *k;
     json_t *v;
     json_object_foreach((json_t *)kw, k, v) {
-        bool known = !json_is_null(v) && (!strcmp(k, "add_generation_prompt") ||
-                                          (!strcmp(k, "enable_thinking") && s->cfg.chat == KP_CHAT_QWEN3));
-        if (s->cfg.chat_jinja ? kp_chat_tmpl_uses(s->cfg.chat_jinja, k) || !strcmp(k, "add_generation_prompt") : known)
+        (void)v;
+        if (!strcmp(k, "add_generation_prompt") || (s->cfg.chat_jinja && kp_chat_tmpl_uses(s->cfg.chat_jinja, k)))
             continue;
         char path[160];
         snprintf(path, sizeof path, "chat_template_kwargs.%.96s", k);
@@ -593,9 +598,7 @@ static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_
     if (a->chat && a->s->answers && p->pr.text && (a->prompt_text = malloc(p->pr.text_len ? p->pr.text_len : 1)))
         memcpy(a->prompt_text, p->pr.text, p->pr.text_len), a->prompt_len = p->pr.text_len;
     const kp_server_config *cfg = &a->s->cfg;
-    a->reason = !a->chat || cfg->reasoning_inline ? NULL
-                : cfg->chat_jinja                 ? kp_chat_tmpl_reasoning(cfg->chat_jinja)
-                                                  : kp_chat_reasoning_markers(cfg->chat);
+    a->reason = !a->chat || cfg->reasoning_inline || !cfg->chat_jinja ? NULL : kp_chat_tmpl_reasoning(cfg->chat_jinja);
     a->reason_open = p->pr.text && kp_reasoning_prompt_opens(p->pr.text, p->pr.text_len, a->reason);
     a->logprobs = q->logprobs;
     a->multi = q->n > 1 || q->logprobs;

@@ -1,24 +1,25 @@
 /*
- * chat.c - chat template families rendered in C (see chat.h): the
- * families, the text helpers, and a request's conversation loaded and
- * normalized (chat_impl.h); the renderers and the entry points are in
- * chat_render.c, the way back from generated text to calls in
- * chat_calls.c.
+ * chat.c - the chat template families (see chat.h): their names and
+ * detection, a request's conversation loaded and normalized (chat_impl.h),
+ * the checks a built-in template's request passes (kp_chat_check), and
+ * the generic tool format. The families' layouts are Jinja text
+ * (src/serve/templates/, chat_builtin.h) rendered by chat_tmpl.c; the way
+ * back from generated text to calls is chat_calls.c.
  *
- * Owns no state. A render is two passes:
+ * Owns no state. A request is checked and rewritten in two passes:
  *
  *   1. load: the request's messages and tools are checked and normalized
  *      into a chat_conv (below); every error names the offending field.
  *      Content arrays are joined, tool-call arguments and tool schemas are
- *      written as canonical JSON (kp_canon_*), so the renderers never see
- *      jansson values and never fail on types.
- *   2. render: one function per family writes the layout its Jinja
- *      template writes, in the template's order; each says which template
- *      it follows. Refusals the template makes (raise_exception: roles
- *      that do not alternate, two tool calls for Llama 3.1) are errors.
- *      In between, for families without a tool syntax, generic_tools
- *      rewrites the loaded conversation into the generic tool format
- *      (plain system / user / assistant messages; its section says how).
+ *      written as canonical JSON (kp_canon_*), so what follows never sees
+ *      jansson values and never fails on types.
+ *   2. for families without a tool syntax, generic_tools rewrites the
+ *      loaded conversation into the generic tool format (plain system /
+ *      user / assistant messages; its section says how), and
+ *      kp_chat_generic_messages hands it to a template as JSON. The
+ *      refusals of templates that need user and assistant to alternate
+ *      are checked on the rewritten conversation, naming the request's
+ *      message.
  *
  *   chat_conv                        chat_msg (one per message)
  *   +-----------------------------+  +----------------------------------+
@@ -41,11 +42,6 @@
  * one scan cuts the text into content and call blocks for both, so the
  * parser and the streaming holdback cannot disagree; its comment draws
  * the block layout.
- *
- * Whitespace trimming follows Python's str.strip() (Jinja's trim filter
- * and the .strip() calls in the templates): the code points for which
- * str.isspace() is true, U+0009-000D, U+001C-0020, U+0085, U+00A0,
- * U+1680, U+2000-200A, U+2028, U+2029, U+202F, U+205F, U+3000.
  */
 #include "serve/chat.h"
 
@@ -57,7 +53,6 @@
 
 #include "base/buf.h"
 #include "base/rng.h"
-#include "base/unicode.h"
 #include "base/canon.h"
 #include "serve/chat_impl.h"
 
@@ -79,11 +74,6 @@ static const struct {
 const char *kp_chat_family_name(kp_chat_family f) {
     if ((unsigned)f >= KP_CHAT_FAMILY_COUNT) return "unknown";
     return families[f].name;
-}
-
-const kp_reasoning_markers *kp_chat_reasoning_markers(kp_chat_family f) {
-    static const kp_reasoning_markers think = {"<think>", "</think>"};
-    return f == KP_CHAT_QWEN3 ? &think : NULL;
 }
 
 bool kp_chat_family_has_tools(kp_chat_family f) {
@@ -134,58 +124,10 @@ kp_chat_family kp_chat_detect(const char *t) {
 const char *const kp_chat_role_names[] = {"system", "user", "assistant", "tool"};
 
 /* ------------------------------------------------------------------ */
-/* Python-style strip                                                  */
-
-static bool py_space(uint32_t cp) {
-    return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 ||
-           cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
-           cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
-}
-
-/* The code point starting at s[i] and its length in *n. Strings from
- * jansson are valid UTF-8; bytes that are not (possible only in values
- * built with jansson's *_nocheck calls) count one by one, as characters
- * that are not spaces. */
-static uint32_t cp_at(const unsigned char *s, size_t i, size_t len, size_t *n) {
-    uint32_t cp;
-    int k = kp_unicode_utf8_decode(s + i, len - i, &cp);
-    *n = k > 0 ? (size_t)k : 1;
-    return k > 0 ? cp : KP_UNICODE_REPLACEMENT;
-}
-
-
-/* s[0..len) without leading (left) and/or trailing (right) whitespace. */
-chat_span kp_chat_py_strip(const char *str, size_t len, bool left, bool right) {
-    const unsigned char *s = (const unsigned char *)str;
-    size_t b = 0, e = len, n;
-    while (left && b < e && py_space(cp_at(s, b, e, &n))) b += n;
-    while (right && e > b) {
-        size_t start = e - 1;
-        while (start > b && (s[start] & 0xC0) == 0x80) start--;
-        if (!py_space(cp_at(s, start, e, &n))) break;
-        e = start;
-    }
-    return (chat_span){str + b, e - b};
-}
-
-
-/* s[0..len) without leading / trailing '\n' (Python's strip('\n') family). */
-chat_span kp_chat_strip_newlines(const char *s, size_t len, bool left, bool right) {
-    size_t b = 0, e = len;
-    while (left && b < e && s[b] == '\n') b++;
-    while (right && e > b && s[e - 1] == '\n') e--;
-    return (chat_span){s + b, e - b};
-}
+/* Text helpers                                                        */
 
 const char *kp_chat_find(const char *s, size_t len, const char *needle) {
     return memmem(s, len, needle, strlen(needle));
-}
-
-const char *kp_chat_find_last(const char *s, size_t len, const char *needle) {
-    size_t nl = strlen(needle);
-    for (size_t i = len >= nl ? len - nl + 1 : 0; i-- > 0;)
-        if (!memcmp(s + i, needle, nl)) return s + i;
-    return NULL;
 }
 
 /* ------------------------------------------------------------------ */
@@ -422,8 +364,7 @@ kp_status kp_chat_conv_load(chat_conv *c, const json_t *messages, const json_t *
 
 /* llama2, mistral, gemma: after an optional first system message, user and
  * assistant alternate, starting with user (the templates raise otherwise). */
-kp_status kp_chat_check_alternation(const chat_conv *c, size_t first, kp_chat_family f,
-                                   kp_error *err) {
+static kp_status check_alternation(const chat_conv *c, size_t first, kp_chat_family f, kp_error *err) {
     for (size_t i = first; i < c->n; i++) {
         chat_role want = (i - first) % 2 == 0 ? ROLE_USER : ROLE_ASSISTANT;
         if (c->msgs[i].role == want) continue;
@@ -657,6 +598,27 @@ kp_status kp_chat_generic_tools(chat_conv *c, kp_chat_family f, kp_error *err) {
 
 /* ------------------------------------------------------------------ */
 /* The generic tool format for templates in Jinja                      */
+
+bool kp_chat_tool_traffic(const json_t *messages, const json_t *tools) {
+    if (json_array_size(tools) > 0) return true;
+    size_t i;
+    const json_t *m;
+    json_array_foreach(messages, i, m) {
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if ((role && !strcmp(role, "tool")) || json_array_size(json_object_get(m, "tool_calls")) > 0) return true;
+    }
+    return false;
+}
+
+kp_status kp_chat_check(kp_chat_family f, const json_t *messages, const json_t *tools, kp_error *err) {
+    chat_conv c;
+    kp_status st = kp_chat_conv_load(&c, messages, tools, err);
+    if (st == KP_OK && !kp_chat_family_has_tools(f)) st = kp_chat_generic_tools(&c, f, err);
+    if (st == KP_OK && (f == KP_CHAT_LLAMA2 || f == KP_CHAT_MISTRAL || f == KP_CHAT_GEMMA))
+        st = check_alternation(&c, c.msgs[0].role == ROLE_SYSTEM ? 1 : 0, f, err);
+    kp_chat_conv_free(&c);
+    return st;
+}
 
 kp_status kp_chat_generic_messages(kp_chat_family f, const json_t *messages, const json_t *tools, json_t **out,
                                    kp_error *err) {

@@ -1,15 +1,20 @@
 /*
- * chat.h - chat templates: OpenAI-style messages -> prompt text (floor 7).
+ * chat.h - chat template families: the rules a conversation follows on its
+ * way into a prompt and the tool calls on their way back (floor 7).
  *
  * A model's chat template (Jinja text in its GGUF metadata) decides how a
  * conversation becomes the text the model reads. The server runs that
- * text with the Jinja interpreter (chat_tmpl.h); this file holds the
- * built-in families kvpin renders in C (--chat-template NAME, and a model
- * whose template does not compile), and the family rules the server uses
- * for any template (tool calls read back, reasoning markers). A family's
- * layout is rendered byte for byte as Hugging Face transformers renders the real template
- * (tests/unit/test_chat.c compares against jinja2 renderings of the templates in
- * tests/data/chat/templates/).
+ * text with the Jinja interpreter (chat_tmpl.h). kvpin also carries a
+ * template of its own for each family below (src/serve/templates/NAME.jinja,
+ * compiled into the library: chat_builtin.h), rendered the same way, for
+ * --chat-template NAME, a model whose template does not compile (the
+ * family kp_chat_detect sees in it) and a model without one (chatml).
+ * This file holds what is not the layout: the families' names and
+ * detection, the request checks and the generic tool format of the
+ * built-in templates, and the family rules that read tool calls back. A
+ * built-in template renders byte for byte what Hugging Face transformers
+ * renders with the real template (tests/unit/test_chat.c compares against
+ * jinja2 renderings of the templates in tests/data/chat/templates/).
  *
  *   [{"role":"system","content":"Be brief."},      <|im_start|>system
  *    {"role":"user","content":"Hi"}]          ->    Be brief.<|im_end|>
@@ -61,8 +66,10 @@
  *                 message with tool_calls (rendered as "")
  *   tool_calls    assistant only: [{"id", "type":"function", "function":
  *                 {"name", "arguments"}}]; arguments is a JSON text (the
- *                 OpenAI form), re-written canonically when it parses and
- *                 kept verbatim when it does not, or a JSON object
+ *                 OpenAI form) or a JSON object, written as canonical
+ *                 JSON; a text that is not JSON is refused by a template
+ *                 with a tool syntax (chat_jinja.h) and written as a JSON
+ *                 string in the generic format
  *   tool_call_id, name          tool messages: checked to be strings
  *   reasoning_content           assistant: a string or null (qwen3 only)
  *
@@ -141,8 +148,6 @@
 #include <stdint.h>
 
 #include "base/status.h"
-#include "serve/reasoning.h"
-#include "tok/tok.h"
 
 typedef enum {
     KP_CHAT_UNKNOWN = 0,
@@ -160,19 +165,17 @@ typedef enum {
     KP_CHAT_FAMILY_COUNT
 } kp_chat_family;
 
-/* What a rendering needs beyond the messages. A zeroed struct (or NULL) is
- * valid: no BOS/EOS text, no generation prompt, default date, thinking on. */
+/* What a rendering needs beyond the messages (chat_tmpl.h). A zeroed
+ * struct (or NULL) is valid: no generation prompt, thinking on. The BOS
+ * and EOS texts belong to the compiled template; llama3.1's date is the
+ * request's date_string kwarg, else "26 Jul 2024" (the 3.1 template's
+ * own default: a fixed date keeps the system header, and the cache,
+ * stable). */
 typedef struct {
-    const char *bos_token;      /* the BOS token's text, e.g. "<s>",
-                                   "<|begin_of_text|>"; NULL = "" */
-    const char *eos_token;      /* the EOS token's text, e.g. "</s>"; NULL = "" */
     bool add_generation_prompt; /* end with the opening of an assistant turn
                                    (families whose template has one) */
-    const char *date_string;    /* llama3.1 "Today Date:"; NULL = "26 Jul 2024",
-                                   the 3.1 template's own default (a fixed date
-                                   keeps the system header, and the cache, stable) */
-    bool disable_thinking;      /* qwen3: the template's enable_thinking=false,
-                                   an empty <think></think> after the prompt */
+    bool disable_thinking;      /* the template's enable_thinking=false (qwen3:
+                                   an empty <think></think> after the prompt) */
 } kp_chat_opts;
 
 /* The family of a chat template, recognised from distinctive substrings of
@@ -192,22 +195,18 @@ kp_chat_family kp_chat_family_from_name(const char *name);
  * KP_CHAT_UNKNOWN or a value outside the enum. The string is static. */
 const char *kp_chat_family_name(kp_chat_family f);
 
-/* The markers between which the family's models write their reasoning
- * (qwen3: "<think>" and "</think>"), or NULL when it has none. Static. */
-const kp_reasoning_markers *kp_chat_reasoning_markers(kp_chat_family f);
-
 /* Whether the family's own template has a tool syntax (qwen2.5, qwen3,
  * llama3.1). The other families render tools, tool calls and tool messages
  * in the generic format (above). */
 bool kp_chat_family_has_tools(kp_chat_family f);
 
-/* Renders messages (a JSON array, borrowed) and tools (NULL, JSON null, or
+/* Checks messages (a JSON array, borrowed) and tools (NULL, JSON null, or
  * an array of tool objects, borrowed; an empty array is the same as none)
- * as family f's template does. On success *out is a malloc'd NUL-terminated
- * string the caller frees and *len its length; the text contains the BOS and
- * EOS token texts where the template writes them, so it is meant to be
- * tokenized with special-token parsing and without adding another BOS.
- * Errors (KP_EINVAL unless noted; *out NULL, *len 0), with the field named:
+ * as family f's built-in template takes them (kp_chat_tmpl_builtin's
+ * templates run it before every render): the request normalized as
+ * above, rewritten into the generic tool format when f has no tool
+ * syntax, and the order llama2, mistral and gemma need. KP_OK, or
+ * (KP_EINVAL unless noted) with the field named:
  *   messages not a non-empty array, a message not an object,
  *   'messages[3].role: unknown role "foo"',
  *   'messages[1].content must be a string or an array of text parts',
@@ -217,29 +216,21 @@ bool kp_chat_family_has_tools(kp_chat_family f);
  *   built with jansson's *_nocheck calls) in the generic format,
  *   an order the family's template refuses (llama2, mistral and gemma need
  *   user/assistant turns to alternate after an optional first system
- *   message; llama3.1 takes one tool call per message and needs a user
- *   message to carry the tool list),
- *   KP_EUNSUPPORTED for KP_CHAT_UNKNOWN, KP_ENOMEM. */
-kp_status kp_chat_render(kp_chat_family f, const json_t *messages, const json_t *tools,
-                         const kp_chat_opts *opts, char **out, size_t *len, kp_error *err);
+ *   message; llama3.1's own refusals, one tool call per message and a
+ *   user message to carry the tool list, are its template's),
+ *   KP_ENOMEM. */
+kp_status kp_chat_check(kp_chat_family f, const json_t *messages, const json_t *tools, kp_error *err);
 
-/* kp_chat_render, also telling which bytes of the rendering came from the
- * client: *plain (malloc'd, the caller frees; NULL when none) receives
- * *n_plain ranges, sorted and disjoint, covering every byte of message
- * content, tool definitions and tool-call names and arguments the
- * rendering holds; the rest is the template's markup. Tokenize the
- * rendering with kp_tok_encode_plain(.., *plain, *n_plain, ..) so that
- * control tokens come from the markup only. plain and n_plain may be NULL
- * (then this is kp_chat_render). Errors as kp_chat_render. */
-kp_status kp_chat_render_plain(kp_chat_family f, const json_t *messages, const json_t *tools,
-                               const kp_chat_opts *opts, char **out, size_t *len, kp_tok_range **plain,
-                               size_t *n_plain, kp_error *err);
+/* Whether a request brings tools (a non-empty array) or tool traffic (a
+ * tool message, an assistant message with tool calls): what a template
+ * without a tool syntax gets in the generic format. */
+bool kp_chat_tool_traffic(const json_t *messages, const json_t *tools);
 
-/* messages and tools (as kp_chat_render takes them) rewritten in the
- * generic tool format as family f's renderer sees them, as a new JSON
+/* messages and tools (as kp_chat_check takes them) rewritten in the
+ * generic tool format as family f's template sees them, as a new JSON
  * array of plain system / user / assistant messages with string content
  * (an assistant's reasoning_content kept): for a template in Jinja that
- * renders no tools of its own (chat_tmpl.h). Errors as kp_chat_render's
+ * renders no tools of its own (chat_tmpl.h). Errors as kp_chat_check's
  * for malformed messages and tools. */
 kp_status kp_chat_generic_messages(kp_chat_family f, const json_t *messages, const json_t *tools, json_t **out,
                                    kp_error *err);

@@ -1,12 +1,12 @@
 /*
  * chat_impl.h - what the files of the chat layer share (internal to
- * chat.c, chat_render.c, chat_calls.c and toolsyn.c; the contracts are
- * chat.h and toolsyn.h).
+ * chat.c, chat_calls.c and toolsyn.c; the contracts are chat.h and
+ * toolsyn.h).
  *
- * chat.c loads a request's messages and tools into a chat_conv and owns
- * the text helpers; chat_render.c renders a conversation per family;
+ * chat.c loads a request's messages and tools into a chat_conv, rewrites
+ * it into the generic tool format and owns the text helpers;
  * chat_calls.c reads calls back out of generated text. Calls go one way:
- * chat_render.c and chat_calls.c call chat.c, never the other way.
+ * chat_calls.c calls chat.c, never the other way.
  */
 #ifndef KP_CHAT_IMPL_H
 #define KP_CHAT_IMPL_H
@@ -19,12 +19,6 @@
 #include "base/buf.h"
 #include "base/status.h"
 #include "serve/chat.h"
-
-/* A span of a string (Python-style strip's result). */
-typedef struct {
-    const char *s;
-    size_t len;
-} chat_span;
 
 typedef enum { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL } chat_role;
 
@@ -70,11 +64,6 @@ extern const char *const kp_chat_role_names[];
 /* KP_ENOMEM with the chat layer's message. */
 kp_status kp_chat_oom(kp_error *err);
 
-/* Python's str.strip() / lstrip() / rstrip() of str[0..len) (left,
- * right: which ends), and the same for newlines only. */
-chat_span kp_chat_py_strip(const char *str, size_t len, bool left, bool right);
-chat_span kp_chat_strip_newlines(const char *s, size_t len, bool left, bool right);
-
 /* The JSON object starting with the '{' at t[js] (js < len): 2 with *je
  * after its closing brace, 1 when the text ends first, 0 with *je on a '<'
  * outside strings. Only the nesting is checked. */
@@ -93,9 +82,8 @@ json_t *kp_chat_call_object(const char *name, size_t name_len, const char *args,
  * (additionalProperties false). */
 json_t *kp_chat_forced_schema(const json_t *schema);
 
-/* The first / last occurrence of needle in s[0..len), or NULL. */
+/* The first occurrence of needle in s[0..len), or NULL. */
 const char *kp_chat_find(const char *s, size_t len, const char *needle);
-const char *kp_chat_find_last(const char *s, size_t len, const char *needle);
 
 /* The request's messages and tools checked and normalized into c (every
  * error names its field); kp_chat_conv_free releases it. */
@@ -105,9 +93,5 @@ void kp_chat_conv_free(chat_conv *c);
 /* For a family without a tool syntax: c rewritten into the generic tool
  * format (chat.h). */
 kp_status kp_chat_generic_tools(chat_conv *c, kp_chat_family f, kp_error *err);
-
-/* The template's refusal of roles that do not alternate, from message
- * first on (the error names the message). */
-kp_status kp_chat_check_alternation(const chat_conv *c, size_t first, kp_chat_family f, kp_error *err);
 
 #endif

@@ -6,7 +6,11 @@
  * turns the messages into a chat-completions body, that body into the
  * template's context (chat_jinja.c: the same normalization `kvpin
  * template` applies), and renders it with "messages" and "tools" as client
- * text, so that *plain covers every byte they gave the prompt.
+ * text, so that *plain covers every byte they gave the prompt. A built-in
+ * template (kp_chat_tmpl_builtin) is the same with its text from
+ * chat_builtin.h (the table the Makefile generates from
+ * src/serve/templates/), its family named rather than guessed, and every
+ * request checked by kp_chat_check (chat.h) before it is rendered.
  */
 #include "serve/chat_tmpl.h"
 
@@ -14,6 +18,7 @@
 #include <string.h>
 
 #include "jinja/jinja.h"
+#include "serve/chat_builtin.h"
 #include "serve/chat_jinja.h"
 #include "serve/toolsyn.h"
 
@@ -25,6 +30,7 @@ struct kp_chat_tmpl {
     char *text; /* main's text, NUL-terminated (kp_chat_tmpl_uses) */
     kp_toolsyn *calls; /* the template's own tool-call syntax, or NULL (why_calls says why) */
     bool generic;      /* the template renders no tools: they go in kvpin's generic format (chat.h) */
+    bool builtin;      /* one of kvpin's own texts (chat_builtin.h): requests checked as chat.h says */
     char why_calls[128];
 };
 
@@ -87,6 +93,32 @@ kp_status kp_chat_tmpl_new(const char *text, size_t len, const char *tool_text, 
     return KP_OK;
 }
 
+const char *kp_chat_builtin_text(kp_chat_family f, size_t *len) {
+    const char *name = kp_chat_family_name(f);
+    for (const kp_embedded *e = kp_chat_builtins; e->name; e++)
+        if (!strcmp(e->name, name)) {
+            if (len) *len = e->size;
+            return (const char *)e->bytes;
+        }
+    return NULL;
+}
+
+kp_status kp_chat_tmpl_builtin(kp_chat_family f, const char *bos, const char *eos, kp_chat_tmpl **out,
+                               kp_error *err) {
+    *out = NULL;
+    size_t len = 0;
+    const char *text = kp_chat_builtin_text(f, &len);
+    if (!text)
+        return kp_fail(err, KP_EUNSUPPORTED,
+                       "unknown chat template family; name one (chatml, qwen2, qwen2.5, qwen3, llama3, llama3.1, "
+                       "llama2, mistral, gemma, phi3, zephyr)");
+    kp_status st = kp_chat_tmpl_new(text, len, NULL, 0, bos, eos, out, err);
+    if (st != KP_OK) return st;
+    (*out)->family = f; /* named, not guessed from the text */
+    (*out)->builtin = true;
+    return KP_OK;
+}
+
 void kp_chat_tmpl_free(kp_chat_tmpl *t) {
     if (!t) return;
     kp_jinja_free(t->main);
@@ -143,7 +175,11 @@ kp_status kp_chat_tmpl_render(const kp_chat_tmpl *t, const json_t *messages, con
     *len = 0;
     if (plain) { *plain = NULL; *n_plain = 0; }
     json_t *generic = NULL;
-    if (t->generic && json_array_size(tools) > 0) {
+    if (t->builtin) { /* kvpin's own texts refuse what the C checks refuse, with their messages */
+        kp_status cs = kp_chat_check(t->family, messages, tools, err);
+        if (cs != KP_OK) return cs;
+    }
+    if (t->generic && kp_chat_tool_traffic(messages, tools)) {
         kp_status gs = kp_chat_generic_messages(t->family, messages, tools, &generic, err);
         if (gs != KP_OK) return gs;
         messages = generic;
@@ -193,3 +229,7 @@ const kp_toolsyn *kp_chat_tmpl_calls(const kp_chat_tmpl *t, const char **why) {
 }
 
 const char *kp_chat_tmpl_text(const kp_chat_tmpl *t) { return t->text; }
+
+const char *kp_chat_tmpl_bos(const kp_chat_tmpl *t) { return t->bos; }
+
+const char *kp_chat_tmpl_eos(const kp_chat_tmpl *t) { return t->eos; }

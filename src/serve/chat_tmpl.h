@@ -1,25 +1,30 @@
 /*
  * chat_tmpl.h - the server's chat template as Jinja text (floor 7): the
- * model's own tokenizer.chat_template (and its tool_use variant), or a
- * --chat-template-file, rendered by the interpreter (jinja/jinja.h) over
- * the request's messages (chat_jinja.h), with the client's bytes reported
- * so that they are tokenized as plain text (chat.h's kp_chat_render_plain
- * does the same for the built-in families).
+ * model's own tokenizer.chat_template (and its tool_use variant), a
+ * --chat-template-file, or one of kvpin's built-in templates
+ * (chat_builtin.h: --chat-template NAME, a model template that does not
+ * compile, a model without one), rendered by the interpreter
+ * (jinja/jinja.h) over the request's messages (chat_jinja.h), with the
+ * client's bytes reported so that they are tokenized as plain text. Every
+ * chat prompt is rendered here: there is no other path.
  *
  *   kp_chat_tmpl *t;
  *   kp_chat_tmpl_new(text, len, tool_text, tool_len, "<s>", "</s>", &t, &err);
- *   kp_chat_tmpl_render(t, messages, tools, &opts, &out, &len, &plain, &n_plain, &err);
+ *     or kp_chat_tmpl_builtin(KP_CHAT_QWEN3, "<s>", "</s>", &t, &err);
+ *   kp_chat_tmpl_render(t, messages, tools, &opts, kwargs, &out, &len, &plain, &n_plain, &err);
  *
  * Tools. When the template is compiled, its own tool-call syntax is
  * learned from renderings of probe calls (toolsyn.h): replies are read
  * back in it (kp_chat_tmpl_calls). A template that renders no tools at
- * all gets them in kvpin's generic tool format (chat.h), written into the
- * messages before the template sees them, as the built-in families do.
+ * all gets them, and the tool calls and tool messages of the conversation,
+ * in kvpin's generic tool format (chat.h), written into the messages
+ * before the template sees them (the built-in templates without a tool
+ * syntax rely on it).
  * kp_chat_tmpl_family is the family whose rules apply otherwise (reading
  * replies when no syntax was learned, the forced-call form): the family
  * kp_chat_detect gives, else qwen2.5's when the text has "<tool_call>",
  * else chatml's; chatml's too (the generic rules) when the template
- * renders no tools. kp_chat_tmpl_reasoning is "<think>"/"</think>" when
+ * renders no tools; a built-in template's own family. kp_chat_tmpl_reasoning is "<think>"/"</think>" when
  * the text has "<think>".
  *
  * A compiled template is immutable: renders from any number of threads.
@@ -44,6 +49,19 @@ typedef struct kp_chat_tmpl kp_chat_tmpl;
  * (the tool variant's prefixed "tool_use template: "), KP_ENOMEM. */
 kp_status kp_chat_tmpl_new(const char *text, size_t len, const char *tool_text, size_t tool_len, const char *bos,
                            const char *eos, kp_chat_tmpl **out, kp_error *err);
+
+/* The built-in template of family f (chat_builtin.h): its text compiled
+ * as kp_chat_tmpl_new compiles any, the family f (not guessed from the
+ * text), and requests checked before they are rendered as kp_chat_check
+ * checks them (chat.h), so that every error names the field at fault.
+ * Errors: KP_EUNSUPPORTED for KP_CHAT_UNKNOWN or a value outside the
+ * enum, KP_ENOMEM. */
+kp_status kp_chat_tmpl_builtin(kp_chat_family f, const char *bos, const char *eos, kp_chat_tmpl **out,
+                               kp_error *err);
+
+/* The Jinja text of family f's built-in template (static, NUL-terminated,
+ * *len bytes; len may be NULL), or NULL for KP_CHAT_UNKNOWN. */
+const char *kp_chat_builtin_text(kp_chat_family f, size_t *len);
 
 void kp_chat_tmpl_free(kp_chat_tmpl *t);
 
@@ -76,6 +94,10 @@ const kp_toolsyn *kp_chat_tmpl_calls(const kp_chat_tmpl *t, const char **why);
 
 /* The template's Jinja text (NUL-terminated, owned by t). */
 const char *kp_chat_tmpl_text(const kp_chat_tmpl *t);
+
+/* The BOS / EOS token texts the template sees (owned by t, never NULL). */
+const char *kp_chat_tmpl_bos(const kp_chat_tmpl *t);
+const char *kp_chat_tmpl_eos(const kp_chat_tmpl *t);
 
 /* Whether the template reads the variable name (its text mentions it). */
 bool kp_chat_tmpl_uses(const kp_chat_tmpl *t, const char *name);

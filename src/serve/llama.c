@@ -250,8 +250,8 @@ KP_HANDLER(kp_llama_props) {
                           "default_generation_settings", "n_ctx", (json_int_t)s->ctx, "params", default_params(),
                           "total_slots", (json_int_t)kp_sched_parallel(s->sched), "model_path",
                           s->cfg.model_name, "model_alias", s->cfg.model_name, "chat_template", tmpl ? tmpl : "",
-                          "bos_token", s->cfg.chat_bos ? s->cfg.chat_bos : "", "eos_token",
-                          s->cfg.chat_eos ? s->cfg.chat_eos : "", "modalities", "vision", 0, "audio", 0,
+                          "bos_token", s->cfg.chat_jinja ? kp_chat_tmpl_bos(s->cfg.chat_jinja) : "", "eos_token",
+                          s->cfg.chat_jinja ? kp_chat_tmpl_eos(s->cfg.chat_jinja) : "", "modalities", "vision", 0, "audio", 0,
                           "n_ctx_train", (json_int_t)s->m->hp.n_ctx_train, "build_info",
                           s->cfg.build_info ? s->cfg.build_info : "kvpin",
                           "endpoint_slots", 1, "endpoint_props", 1, "endpoint_metrics", 1, "is_sleeping", 0);

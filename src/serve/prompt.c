@@ -4,9 +4,9 @@
  * Owns nothing. Text is tokenized as the model expects a prompt (BOS when
  * the vocabulary wants one); messages are rendered by the chat template
  * with the client's text marked plain, so that only the template's markup
- * can produce control tokens: the server's Jinja template when it has one
- * (chat_tmpl.h: the interpreter reports the client's bytes), else a
- * built-in family (kp_chat_render_plain).
+ * can produce control tokens: the server's chat template (chat_tmpl.h:
+ * the model's own, a --chat-template-file or a built-in one; the
+ * interpreter reports the client's bytes).
  */
 #include "serve/prompt.h"
 
@@ -93,13 +93,10 @@ static bool tokenize_after_answer(kp_server *s, const char *text, size_t len, co
     return t != NULL;
 }
 
-/* The server's template: its Jinja text, else its built-in family. */
 static kp_status render_chat(kp_server *s, const json_t *msgs, const json_t *tools, const kp_chat_opts *o,
                              const json_t *kwargs, char **text, size_t *len, kp_tok_range **plain, size_t *n_plain,
                              kp_error *err) {
-    if (s->cfg.chat_jinja)
-        return kp_chat_tmpl_render(s->cfg.chat_jinja, msgs, tools, o, kwargs, text, len, plain, n_plain, err);
-    return kp_chat_render_plain(s->cfg.chat, msgs, tools, o, text, len, plain, n_plain, err);
+    return kp_chat_tmpl_render(s->cfg.chat_jinja, msgs, tools, o, kwargs, text, len, plain, n_plain, err);
 }
 
 /* Where the rendering of msgs up to their last answer (the answer's turn
@@ -136,14 +133,13 @@ static size_t history_rewrite(kp_server *s, const json_t *msgs, const json_t *to
  * the system texts dropped first (volatile.h), into out. */
 static bool render_messages(kp_server *s, const json_t *messages, const json_t *tools, const kp_prompt_opts *po,
                             kp_prompt *out, kp_oai_error *e) {
-    if (s->cfg.chat == KP_CHAT_UNKNOWN && !s->cfg.chat_jinja)
+    if (!s->cfg.chat_jinja)
         return kp_oai_fail(e, 400, "invalid_request_error", "no_chat_template", "messages",
                            "the model has no chat template kvpin can render; start the server with "
                            "--chat-template NAME or --chat-template-file FILE, or use /v1/completions");
     json_t *msgs = kp_volatile_strip(s->vol, messages, &out->dropped);
     if (!msgs) return kp_oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-    kp_chat_opts o = {s->cfg.chat_bos, s->cfg.chat_eos, po ? po->add_generation_prompt : true, NULL,
-                      po ? po->disable_thinking : false};
+    kp_chat_opts o = {po ? po->add_generation_prompt : true, po ? po->disable_thinking : false};
     char *text = NULL;
     size_t len = 0;
     kp_error err = {0};

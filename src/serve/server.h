@@ -76,12 +76,9 @@ typedef struct {
                                  * of the connection's start or its previous answer; 0: 30 s */
     unsigned max_connections;  /* open connections at most; 0: 1024 */
     unsigned max_per_address;  /* open connections from one client address at most; 0: 64 */
-    kp_chat_family chat;       /* KP_CHAT_UNKNOWN: chat answers 400; with chat_jinja, its family
-                                  (tool calls, forced calls: kp_chat_tmpl_family) */
-    const kp_chat_tmpl *chat_jinja; /* not NULL: prompts are this Jinja template's renderings (borrowed) */
+    const kp_chat_tmpl *chat_jinja; /* the chat template (the model's, a file's or a built-in one),
+                                       borrowed; NULL: chat answers 400 */
     bool reasoning_inline;     /* --reasoning-format none: a reply's reasoning stays in its content */
-    const char *chat_bos;      /* the BOS / EOS token texts for templates */
-    const char *chat_eos;
     uint32_t completion_max_tokens; /* default max_tokens of /v1/completions; 0: 16 */
     uint32_t max_tokens_cap;   /* every generation's max_tokens at most this (any API); 0: no cap */
     const char *build_info;    /* GET /props' build_info ("kvpin 0.9.0"); NULL: "kvpin" */

@@ -11,7 +11,12 @@
     line and column), and -m MODEL: a copy of the bundled model given a
     tokenizer.chat_template and a tool_use variant (tests/shell/gguf_edit.py)
     renders with the model's own bos/eos texts (read from the file by the
-    test, not taken from kvpin), the variant only when tools are given.
+    test, not taken from kvpin), the variant only when tools are given;
+  - --chat-template NAME: kvpin's built-in template of each family of
+    tests/data/chat/templates.json renders conversations as the family's
+    real template does (the goldens of tests/data/chat/golden/, made by
+    jinja2: tools/chat_golden.py), tools in the generic format included;
+    an unknown NAME, or NAME with a file, exits 2.
 """
 import json
 import os
@@ -91,6 +96,34 @@ def main():
         ok(rc == 0 and so == bos + "tools:1" and "tool_use" in se, "tool_use variant: %d %r %r" % (rc, so, se))
         rc, so, se = template(["-m", MODEL], {"messages": []})
         ok(rc == 1 and "chat_template" in se, "a model without a template: %d %r" % (rc, se))
+
+    data = "tests/data/chat"
+    convs = json.load(open(os.path.join(data, "conversations.json")))
+    compared = 0
+    for t in json.load(open(os.path.join(data, "templates.json"))):
+        for name in ("system_user", "tool_call_parallel", "think_tool_steps", "dated"):
+            golden = os.path.join(data, "golden", t["file"][:-len(".jinja")] + "__" + name + ".txt")
+            if not os.path.exists(golden):  # the template refuses it
+                continue
+            c = convs[name]
+            kwargs = {k: c[k] for k in ("date_string", "enable_thinking") if k in c}
+            body = {"messages": c["messages"], "add_generation_prompt": c["add_generation_prompt"],
+                    "chat_template_kwargs": kwargs}
+            if c.get("tools"):
+                body["tools"] = c["tools"]
+            rc, so, se = template(["--chat-template", t["family"], "--bos", t["bos"], "--eos", t["eos"]], body)
+            want = open(golden, encoding="utf-8", newline="").read()
+            ok(rc == 0 and so == want, "--chat-template %s / %s: %d %r\nwant %r\n%s" % (t["family"], name, rc, so, want, se))
+            compared += 1
+    ok(compared >= 40, "only %d built-in renderings compared" % compared)
+    rc, so, se = template(["--chat-template", "vicuna"], {"messages": [{"role": "user", "content": "x"}]})
+    ok(rc == 2 and "unknown --chat-template" in se, "unknown built-in name: %d %r" % (rc, se))
+    rc, so, se = template(["--chat-template", "chatml", "--chat-template-file", "x.jinja"], {"messages": []})
+    ok(rc == 2 and "exclude each other" in se, "a name and a file: %d %r" % (rc, se))
+    rc, so, se = template(["--chat-template", "gemma"], {"messages": [{"role": "user", "content": "a"},
+                                                                      {"role": "user", "content": "b"}]})
+    ok(rc == 1 and so == "" and "messages[1].role: the gemma chat template expects" in se,
+       "a built-in template's refusal: %d %r" % (rc, se))
     return R.finish()
 
 

@@ -15,7 +15,8 @@
  *   load     kp_model_load + kp_tok_vocab_load + free         bundled (SPM) and
  *                                                            a byte-level BPE one
  *   request  engine new; a chat request parsed (oai),        bundled
- *            rendered (chat), tokenized, prefilled, 4 tokens
+ *            rendered (the built-in chatml template,
+ *            compiled outside the sweep), tokenized, prefilled, 4 tokens
  *            sampled and decoded with stop strings (sampler,
  *            textout), indexed; a second request that reuses
  *            the first's prefix; the usage and cache JSON
@@ -38,7 +39,7 @@
 #include "engine/engine.h"
 #include "model/model.h"
 #include "model/sampler.h"
-#include "serve/chat.h"
+#include "serve/chat_tmpl.h"
 #include "serve/oai.h"
 #include "tok/textout.h"
 #include "tok/tok.h"
@@ -176,6 +177,7 @@ typedef struct {
     const kp_model *m;      /* request path: loaded outside */
     const kp_tok_vocab *v;
     kp_threads *pool;
+    const kp_chat_tmpl *chat; /* request path: compiled outside */
 } fixture;
 
 /* Loads and frees a model and its tokenizer. */
@@ -215,8 +217,8 @@ static kp_status one_request(const fixture *fx, kp_engine *e, const char *body, 
     json_t *usage = NULL, *cache = NULL;
     char *dump = NULL;
     int32_t all[512];
-    kp_chat_opts co = {"<s>", "</s>", true, NULL, false};
-    kp_status st = kp_chat_render(KP_CHAT_CHATML, q.messages, q.tools, &co, &rendered, &rlen, err);
+    kp_chat_opts co = {true, false};
+    kp_status st = kp_chat_tmpl_render(fx->chat, q.messages, q.tools, &co, NULL, &rendered, &rlen, NULL, NULL, err);
     if (st == KP_OK) st = kp_tok_encode(fx->v, rendered, rlen, true, true, &ids, &n, err);
     if (st == KP_OK && n > 400) st = KP_ERANGE;
     if (st == KP_OK) st = kp_sampler_new(&smp, &q.sp, (int32_t)fx->m->hp.n_vocab, err);
@@ -324,23 +326,26 @@ int main(void) {
     live = __real_calloc(LIVE_CAP, sizeof *live);
     if (!live) return 1;
     json_set_alloc_funcs(json_malloc, json_free);
-    fixture fx = {"models/stories260K.gguf", NULL, NULL, NULL};
+    fixture fx = {"models/stories260K.gguf", NULL, NULL, NULL, NULL};
     sweep("load stories260K (SentencePiece)", path_load, &fx, 4000);
-    fixture bpe = {"tests/data/models/gen-qwen2-q8_0.gguf", NULL, NULL, NULL};
+    fixture bpe = {"tests/data/models/gen-qwen2-q8_0.gguf", NULL, NULL, NULL, NULL};
     sweep("load gen-qwen2 (byte-level BPE)", path_load, &bpe, 3000);
 
     kp_model *m = NULL;
     kp_tok_vocab *v = NULL;
     kp_threads *pool = NULL;
+    kp_chat_tmpl *chat = NULL;
     kp_error err = {0};
+    CHECK(kp_chat_tmpl_builtin(KP_CHAT_CHATML, "<s>", "</s>", &chat, &err) == KP_OK);
     CHECK(kp_model_load(&m, fx.model_path, &err) == KP_OK);
     CHECK(m && kp_tok_vocab_load(&v, m->file, &err) == KP_OK);
     CHECK(kp_threads_new(&pool, 2, &err) == KP_OK);
-    if (m && v && pool) {
-        fixture rq = {fx.model_path, m, v, pool};
+    if (m && v && pool && chat) {
+        fixture rq = {fx.model_path, m, v, pool, chat};
         sweep("request (chat, two turns, prefix reuse)", path_request, &rq, 4000);
     }
     kp_threads_free(pool);
+    kp_chat_tmpl_free(chat);
     kp_tok_vocab_free(v);
     kp_model_free(m);
     __real_free(live);

@@ -1,5 +1,7 @@
 /*
- * test_chat.c - chat template families against the real templates.
+ * test_chat.c - the chat template families (chat.h) and kvpin's built-in
+ * templates (src/serve/templates/, rendered through chat_tmpl.h as the
+ * server renders every chat prompt) against the real templates.
  *
  * Reference: tests/data/chat/golden/<template>__<conversation>.txt are the
  * real Jinja templates of tests/data/chat/templates/ rendered by jinja2 the
@@ -10,8 +12,9 @@
  * deviations listed in `deviations` below, each with its reason.
  *
  * For every template: its family is detected from the Jinja text, then
- * every conversation of tests/data/chat/conversations.json is rendered with
- * the template's BOS/EOS text and the conversation's add_generation_prompt
+ * every conversation of tests/data/chat/conversations.json is rendered by
+ * that family's built-in template with the template's BOS/EOS text and the
+ * conversation's add_generation_prompt (and date_string, enable_thinking)
  * and compared byte for byte. Families without a tool syntax of their own
  * render conversations that use tools in the generic tool format: their
  * goldens are the real template rendering the conversation rewritten into
@@ -39,6 +42,7 @@
  * the calls the parser reads, and refuse what it refuses.
  */
 #include "serve/chat.h"
+#include "serve/chat_tmpl.h"
 
 #include <jansson.h>
 #include <stdint.h>
@@ -71,6 +75,74 @@ static bool file_exists(const char *rel) {
     return f != NULL;
 }
 
+/* What a test renders with: the bos/eos texts pick the compiled
+ * template, the rest goes to kp_chat_tmpl_render (date_string as the
+ * request's kwarg). A zeroed struct (or NULL): no texts, no generation
+ * prompt. */
+typedef struct {
+    const char *bos_token, *eos_token;
+    bool add_generation_prompt;
+    const char *date_string;
+    bool disable_thinking;
+} chat_opts;
+
+/* Family f's built-in template for these bos/eos texts, compiled once
+ * (freed by free_builtins). NULL with *st and err for an unknown family. */
+static struct {
+    kp_chat_family f;
+    char *bos, *eos;
+    kp_chat_tmpl *t;
+} builtins[64];
+static size_t n_builtins;
+
+static kp_chat_tmpl *builtin(kp_chat_family f, const char *bos, const char *eos, kp_status *st, kp_error *err) {
+    bos = bos ? bos : "";
+    eos = eos ? eos : "";
+    for (size_t i = 0; i < n_builtins; i++)
+        if (builtins[i].f == f && !strcmp(builtins[i].bos, bos) && !strcmp(builtins[i].eos, eos)) return builtins[i].t;
+    kp_chat_tmpl *t = NULL;
+    *st = kp_chat_tmpl_builtin(f, bos, eos, &t, err);
+    if (*st != KP_OK) return NULL;
+    if (n_builtins == sizeof builtins / sizeof builtins[0]) return t; /* not cached: never happens here */
+    builtins[n_builtins].f = f;
+    builtins[n_builtins].bos = strdup(bos);
+    builtins[n_builtins].eos = strdup(eos);
+    builtins[n_builtins++].t = t;
+    return t;
+}
+
+static void free_builtins(void) {
+    for (size_t i = 0; i < n_builtins; i++) {
+        free(builtins[i].bos);
+        free(builtins[i].eos);
+        kp_chat_tmpl_free(builtins[i].t);
+    }
+    n_builtins = 0;
+}
+
+/* messages and tools rendered by family f's built-in template, the server's
+ * one path (chat_tmpl.h), with the client's ranges when plain is not NULL. */
+static kp_status render_plain(kp_chat_family f, const json_t *msgs, const json_t *tools, const chat_opts *o,
+                              char **out, size_t *len, kp_tok_range **plain, size_t *n_plain, kp_error *err) {
+    static const chat_opts none = {0};
+    kp_status st = KP_OK;
+    *out = NULL;
+    *len = 0;
+    if (!o) o = &none;
+    kp_chat_tmpl *t = builtin(f, o->bos_token, o->eos_token, &st, err);
+    if (!t) return st;
+    kp_chat_opts ko = {o->add_generation_prompt, o->disable_thinking};
+    json_t *kw = o->date_string ? json_pack("{s:s}", "date_string", o->date_string) : NULL;
+    st = kp_chat_tmpl_render(t, msgs, tools, &ko, kw, out, len, plain, n_plain, err);
+    json_decref(kw);
+    return st;
+}
+
+static kp_status render(kp_chat_family f, const json_t *msgs, const json_t *tools, const chat_opts *o, char **out,
+                        size_t *len, kp_error *err) {
+    return render_plain(f, msgs, tools, o, out, len, NULL, NULL, err);
+}
+
 /* Does a conversation send tools or tool traffic? */
 static bool uses_tools(const json_t *conv) {
     if (json_array_size(json_object_get(conv, "tools"))) return true;
@@ -91,8 +163,8 @@ static bool system_first(const json_t *conv, kp_chat_family f) {
     return !strcmp(json_string_value(json_object_get(m0, "role")), "system");
 }
 
-static kp_chat_opts conv_opts(const json_t *tmpl, const json_t *conv) {
-    kp_chat_opts o = {0};
+static chat_opts conv_opts(const json_t *tmpl, const json_t *conv) {
+    chat_opts o = {0};
     o.bos_token = json_string_value(json_object_get(tmpl, "bos"));
     o.eos_token = json_string_value(json_object_get(tmpl, "eos"));
     o.add_generation_prompt = json_is_true(json_object_get(conv, "add_generation_prompt"));
@@ -101,9 +173,9 @@ static kp_chat_opts conv_opts(const json_t *tmpl, const json_t *conv) {
     return o;
 }
 
-static kp_status render_conv(kp_chat_family f, const json_t *conv, const kp_chat_opts *o,
+static kp_status render_conv(kp_chat_family f, const json_t *conv, const chat_opts *o,
                              char **out, size_t *len, kp_error *err) {
-    return kp_chat_render(f, json_object_get(conv, "messages"), json_object_get(conv, "tools"), o,
+    return render(f, json_object_get(conv, "messages"), json_object_get(conv, "tools"), o,
                           out, len, err);
 }
 
@@ -158,7 +230,7 @@ static void test_goldens(void) {
                     why = deviations[d].why;
                 }
             }
-            kp_chat_opts o = conv_opts(tmpl, conv);
+            chat_opts o = conv_opts(tmpl, conv);
             char *out = NULL;
             size_t len = 0;
             kp_error err = {0};
@@ -209,8 +281,8 @@ static const char *const family_names[] = {"chatml", "qwen2",   "qwen2.5", "qwen
                                            "llama3", "llama3.1", "llama2", "mistral",
                                            "gemma",  "phi3",    "zephyr"};
 
-static kp_chat_opts some_opts(kp_chat_family f, bool gen) {
-    kp_chat_opts o = {0};
+static chat_opts some_opts(kp_chat_family f, bool gen) {
+    chat_opts o = {0};
     o.bos_token = f == KP_CHAT_GEMMA ? "<bos>" : f == KP_CHAT_LLAMA31 ? "<|begin_of_text|>" : "<s>";
     o.eos_token = "</s>";
     o.add_generation_prompt = gen;
@@ -233,12 +305,12 @@ static void test_prefix_property(void) {
         json_object_foreach(convs, cname, conv) {
             json_t *msgs = json_object_get(conv, "messages");
             json_t *tools = json_object_get(conv, "tools");
-            kp_chat_opts full_o = some_opts(f, json_is_true(json_object_get(conv, "add_generation_prompt")));
+            chat_opts full_o = some_opts(f, json_is_true(json_object_get(conv, "add_generation_prompt")));
             char *full = NULL, *again = NULL;
             size_t full_len = 0, again_len = 0;
-            if (kp_chat_render(f, msgs, tools, &full_o, &full, &full_len, NULL) != KP_OK) continue;
+            if (render(f, msgs, tools, &full_o, &full, &full_len, NULL) != KP_OK) continue;
             /* stable: the same input gives the same bytes */
-            CHECK(kp_chat_render(f, msgs, tools, &full_o, &again, &again_len, NULL) == KP_OK);
+            CHECK(render(f, msgs, tools, &full_o, &again, &again_len, NULL) == KP_OK);
             CHECK(again && again_len == full_len && memcmp(again, full, full_len) == 0);
             free(again);
             for (size_t k = 1; k < json_array_size(msgs); k++) {
@@ -247,11 +319,11 @@ static void test_prefix_property(void) {
                 if (strcmp(next, "assistant")) continue;
                 json_t *head = json_array();
                 for (size_t i = 0; i < k; i++) json_array_append(head, json_array_get(msgs, i));
-                kp_chat_opts o = some_opts(f, true);
+                chat_opts o = some_opts(f, true);
                 char *part = NULL;
                 size_t part_len = 0;
                 kp_error err = {0};
-                kp_status st = kp_chat_render(f, head, tools, &o, &part, &part_len, &err);
+                kp_status st = render(f, head, tools, &o, &part, &part_len, &err);
                 CHECK_MSG(st == KP_OK, "%s / %s, first %zu: %s", family_names[fi], cname, k, err.msg);
                 bool prefix = part && part_len <= full_len && memcmp(part, full, part_len) == 0;
                 CHECK_MSG(prefix, "%s / %s: the first %zu messages are not a prefix:\n%s\n--- vs ---\n%s",
@@ -282,7 +354,7 @@ static void test_key_order_stability(void) {
     free(sorted_text);
     int families_checked = 0;
     for (int f = 1; f < KP_CHAT_FAMILY_COUNT; f++) {
-        kp_chat_opts o = some_opts((kp_chat_family)f, true);
+        chat_opts o = some_opts((kp_chat_family)f, true);
         char *ra = NULL, *rb = NULL, *rc = NULL;
         size_t la = 0, lb = 0, lc = 0;
         CHECK(render_conv((kp_chat_family)f, a, &o, &ra, &la, NULL) == KP_OK);
@@ -307,7 +379,7 @@ static void test_key_order_stability(void) {
 /* Details                                                             */
 
 static char *render_text(kp_chat_family f, const char *messages_json, const char *tools_json,
-                         const kp_chat_opts *o, kp_status *st, kp_error *err) {
+                         const chat_opts *o, kp_status *st, kp_error *err) {
     json_error_t jerr;
     json_t *msgs = json_loads(messages_json, 0, &jerr);
     json_t *tools = tools_json ? json_loads(tools_json, 0, &jerr) : NULL;
@@ -320,7 +392,7 @@ static char *render_text(kp_chat_family f, const char *messages_json, const char
     }
     char *out = NULL;
     size_t len = 0;
-    *st = kp_chat_render(f, msgs, tools, o, &out, &len, err);
+    *st = render(f, msgs, tools, o, &out, &len, err);
     if (*st != KP_OK) CHECK(out == NULL && len == 0);
     else CHECK(out && strlen(out) == len);
     json_decref(msgs);
@@ -345,7 +417,7 @@ static void test_developer_and_parts(void) {
         "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Bye\"}]}]";
     for (int fi = 1; fi < KP_CHAT_FAMILY_COUNT; fi++) {
         kp_chat_family f = (kp_chat_family)fi;
-        kp_chat_opts o = some_opts(f, true);
+        chat_opts o = some_opts(f, true);
         kp_status st;
         kp_error err = {0};
         char *a = render_text(f, as_system, NULL, &o, &st, &err);
@@ -367,7 +439,7 @@ static void test_developer_and_parts(void) {
         "[{\"role\":\"user\",\"content\":\"w?\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":"
         "[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
         "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":[{\"type\":\"text\",\"text\":\"sunny\"}]}]";
-    kp_chat_opts o = some_opts(KP_CHAT_QWEN25, true);
+    chat_opts o = some_opts(KP_CHAT_QWEN25, true);
     kp_status st;
     kp_error err = {0};
     char *a = render_text(KP_CHAT_QWEN25, tool_str, NULL, &o, &st, &err);
@@ -378,17 +450,23 @@ static void test_developer_and_parts(void) {
 }
 
 static void test_arguments(void) {
-    kp_chat_opts o = {.add_generation_prompt = true};
+    chat_opts o = {.add_generation_prompt = true};
     kp_status st;
     kp_error err = {0};
-    /* not JSON: kept verbatim (as Qwen 3's template keeps a string) */
-    char *out = render_text(KP_CHAT_QWEN3,
-                            "[{\"role\":\"user\",\"content\":\"go\"},"
-                            "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"type\":\"function\","
-                            "\"function\":{\"name\":\"f\",\"arguments\":\"{not json, \\\"b\\\": 1\"}}]}]",
-                            NULL, &o, &st, &err);
+    /* not JSON: a template with a tool syntax gets arguments parsed, as for
+     * any template (chat_jinja.h), so the request is refused; the generic
+     * format writes them as a JSON string */
+    static const char *const not_json =
+        "[{\"role\":\"user\",\"content\":\"go\"},"
+        "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"type\":\"function\","
+        "\"function\":{\"name\":\"f\",\"arguments\":\"{not json, \\\"b\\\": 1\"}}]}]";
+    char *out = render_text(KP_CHAT_QWEN3, not_json, NULL, &o, &st, &err);
+    CHECK_MSG(st == KP_EINVAL && strstr(err.msg, "messages[1].tool_calls[0].function.arguments is not JSON"), "%s",
+              err.msg);
+    free(out);
+    out = render_text(KP_CHAT_CHATML, not_json, NULL, &o, &st, &err);
     CHECK_MSG(st == KP_OK, "%s", err.msg);
-    CHECK(out && strstr(out, "{\"name\": \"f\", \"arguments\": {not json, \"b\": 1}\n</tool_call>"));
+    CHECK(out && strstr(out, "{\"tool_calls\":[{\"name\":\"f\",\"arguments\":\"{not json, \\\"b\\\": 1\"}]}<|im_end|>"));
     free(out);
     /* an object instead of a string: canonical too */
     out = render_text(KP_CHAT_QWEN25,
@@ -399,13 +477,14 @@ static void test_arguments(void) {
     CHECK_MSG(st == KP_OK, "%s", err.msg);
     CHECK(out && strstr(out, "\"arguments\": {\"a\":[100,\"\xc3\xa9\"],\"z\":1.5}}"));
     free(out);
-    /* duplicate keys in the arguments text are not canonicalizable: verbatim */
+    /* duplicate keys in the arguments text: the last one, as Python's
+     * json.loads reads them (the servers that parse arguments for a template) */
     out = render_text(KP_CHAT_LLAMA31,
                       "[{\"role\":\"user\",\"content\":\"go\"},"
                       "{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":\"f\","
                       "\"arguments\":\"{\\\"a\\\":1,\\\"a\\\":2}\"}}]}]",
                       NULL, &o, &st, &err);
-    CHECK(st == KP_OK && out && strstr(out, "\"parameters\": {\"a\":1,\"a\":2}}<|eot_id|>"));
+    CHECK(st == KP_OK && out && strstr(out, "\"parameters\": {\"a\":2}}<|eot_id|>"));
     free(out);
 }
 
@@ -417,7 +496,7 @@ static void test_options(void) {
     char *out = render_text(KP_CHAT_LLAMA3, msgs, NULL, NULL, &st, &err);
     CHECK_EQ_STR(out, "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>");
     free(out);
-    kp_chat_opts o = {.add_generation_prompt = true, .bos_token = "<s>"};
+    chat_opts o = {.add_generation_prompt = true, .bos_token = "<s>"};
     out = render_text(KP_CHAT_MISTRAL, msgs, NULL, &o, &st, &err);
     CHECK_EQ_STR(out, "<s> [INST] hi [/INST]"); /* [/INST] is mistral's generation prompt */
     free(out);
@@ -442,7 +521,7 @@ static void test_options(void) {
     json_t *m = json_pack("[{s:s,s:s%}]", "role", "user", "content", "a\0b", (size_t)3);
     char *o2 = NULL;
     size_t len = 0;
-    CHECK(kp_chat_render(KP_CHAT_CHATML, m, NULL, NULL, &o2, &len, NULL) == KP_OK);
+    CHECK(render(KP_CHAT_CHATML, m, NULL, NULL, &o2, &len, NULL) == KP_OK);
     CHECK(o2 && len == strlen("<|im_start|>user\na") + 2 + strlen("<|im_end|>\n") &&
           !memcmp(o2 + strlen("<|im_start|>user\n"), "a\0b<|im_end|>\n", 14));
     free(o2);
@@ -454,6 +533,15 @@ static void test_detect_and_names(void) {
     CHECK(kp_chat_detect("") == KP_CHAT_UNKNOWN);
     CHECK(kp_chat_detect("{% for m in messages %}{{ m.content }}{% endfor %}") == KP_CHAT_UNKNOWN);
     CHECK(kp_chat_detect("{{'<|assistant|>' + eos_token}}") == KP_CHAT_UNKNOWN);
+    /* every built-in text exists and reads as its own family (a model file
+     * carrying one is served by the same family's rules) */
+    for (int f = 1; f < KP_CHAT_FAMILY_COUNT; f++) {
+        size_t n = 0;
+        const char *text = kp_chat_builtin_text((kp_chat_family)f, &n);
+        CHECK_MSG(text && n > 0 && strlen(text) == n && kp_chat_detect(text) == (kp_chat_family)f, "built-in %s",
+                  kp_chat_family_name((kp_chat_family)f));
+    }
+    CHECK(kp_chat_builtin_text(KP_CHAT_UNKNOWN, NULL) == NULL);
     for (int f = 1; f < KP_CHAT_FAMILY_COUNT; f++) {
         const char *name = kp_chat_family_name((kp_chat_family)f);
         CHECK_MSG(kp_chat_family_from_name(name) == (kp_chat_family)f, "%s", name);
@@ -477,7 +565,7 @@ static void expect_error(kp_chat_family f, const char *msgs, const char *tools, 
                          const char *msg_part) {
     kp_status st;
     kp_error err = {0};
-    kp_chat_opts o = {.add_generation_prompt = true};
+    chat_opts o = {.add_generation_prompt = true};
     char *out = render_text(f, msgs, tools, &o, &st, &err);
     CHECK_MSG(st == code && !out, "%s: status %d (%s), want %d", msgs, (int)st, err.msg, (int)code);
     CHECK_MSG(strstr(err.msg, msg_part) != NULL, "%s: message \"%s\" lacks \"%s\"", msgs, err.msg,
@@ -568,7 +656,7 @@ static void test_errors(void) {
     kp_error name_err = {0};
     char *name_out = NULL;
     size_t name_len = 0;
-    CHECK(kp_chat_render(KP_CHAT_CHATML, bad_name, NULL, NULL, &name_out, &name_len, &name_err) == KP_EINVAL);
+    CHECK(render(KP_CHAT_CHATML, bad_name, NULL, NULL, &name_out, &name_len, &name_err) == KP_EINVAL);
     CHECK(strstr(name_err.msg, "messages[1] is not valid UTF-8") != NULL && name_out == NULL);
     json_decref(bad_name);
 
@@ -594,29 +682,21 @@ static void test_errors(void) {
     char *out = NULL;
     size_t len = 0;
     kp_error err = {0};
-    CHECK(kp_chat_render(KP_CHAT_LLAMA3, bad, NULL, NULL, &out, &len, &err) == KP_OK);
+    CHECK(render(KP_CHAT_LLAMA3, bad, NULL, NULL, &out, &len, &err) == KP_OK);
     CHECK(out && len == strlen("<|start_header_id|>user<|end_header_id|>\n\nok \xe2<|eot_id|>"));
     free(out);
-    /* U+0085 is whitespace (Python's str.strip removes it); the overlong
-     * form C0 A0 of a space is not UTF-8, so it is no character at all and
-     * stays */
-    json_t *nel = json_pack("[{s:s,s:o}]", "role", "user", "content",
-                            json_stringn_nocheck("\xc2\x85ok\xc0\xa0 \xc0\xa0\xc2\x85", 11));
-    CHECK(kp_chat_render(KP_CHAT_LLAMA3, nel, NULL, NULL, &out, &len, &err) == KP_OK);
-    static const char nel_want[] = "<|start_header_id|>user<|end_header_id|>\n\nok\xc0\xa0 \xc0\xa0<|eot_id|>";
+    /* Python's str.strip: U+0085, U+00A0 and U+3000 are whitespace
+     * ("\x85ok\xa0 x\u3000".strip() == "ok\xa0 x") */
+    json_t *nel = json_pack("[{s:s,s:s}]", "role", "user", "content", "\xc2\x85ok\xc2\xa0 x\xe3\x80\x80");
+    CHECK(render(KP_CHAT_LLAMA3, nel, NULL, NULL, &out, &len, &err) == KP_OK);
+    static const char nel_want[] = "<|start_header_id|>user<|end_header_id|>\n\nok\xc2\xa0 x<|eot_id|>";
     CHECK(out && len == sizeof nel_want - 1 && memcmp(out, nel_want, len) == 0);
     free(out);
     json_decref(nel);
-    json_t *lead = json_pack("[{s:s,s:o}]", "role", "user", "content", json_stringn_nocheck("\xc0\xa0ok", 4));
-    CHECK(kp_chat_render(KP_CHAT_LLAMA3, lead, NULL, NULL, &out, &len, &err) == KP_OK);
-    static const char lead_want[] = "<|start_header_id|>user<|end_header_id|>\n\n\xc0\xa0ok<|eot_id|>";
-    CHECK(out && len == sizeof lead_want - 1 && memcmp(out, lead_want, len) == 0);
-    free(out);
-    json_decref(lead);
     json_array_append_new(bad, json_pack("{s:s,s:o}", "role", "tool", "content",
                                          json_stringn_nocheck("\xff", 1)));
-    CHECK(kp_chat_render(KP_CHAT_LLAMA31, bad, NULL, NULL, &out, &len, &err) == KP_EINVAL);
-    CHECK(strstr(err.msg, "messages[1].content is not valid UTF-8") != NULL);
+    CHECK(render(KP_CHAT_LLAMA31, bad, NULL, NULL, &out, &len, &err) == KP_EINVAL);
+    CHECK_MSG(strstr(err.msg, "not valid UTF-8") != NULL, "%s", err.msg);
     json_decref(bad);
 
     expect_error(KP_CHAT_UNKNOWN, "[{\"role\":\"user\",\"content\":\"x\"}]", NULL, KP_EUNSUPPORTED,
@@ -905,13 +985,13 @@ static void test_tool_round_trip(void) {
                 json_t *head = json_array(), *upto = json_array();
                 for (size_t i = 0; i < k; i++) json_array_append(head, json_array_get(msgs, i));
                 for (size_t i = 0; i <= k; i++) json_array_append(upto, json_array_get(msgs, i));
-                kp_chat_opts gen = some_opts(f, true), closed = some_opts(f, false);
+                chat_opts gen = some_opts(f, true), closed = some_opts(f, false);
                 char *prompt = NULL, *full = NULL;
                 size_t prompt_len = 0, full_len = 0;
                 kp_error err = {0};
-                kp_status st = kp_chat_render(f, head, tools, &gen, &prompt, &prompt_len, &err);
+                kp_status st = render(f, head, tools, &gen, &prompt, &prompt_len, &err);
                 CHECK_MSG(st == KP_OK, "%s / %s: %s", kp_chat_family_name(f), cname, err.msg);
-                st = kp_chat_render(f, upto, tools, &closed, &full, &full_len, &err);
+                st = render(f, upto, tools, &closed, &full, &full_len, &err);
                 if (f == KP_CHAT_LLAMA31 && json_array_size(want_calls) > 1) {
                     CHECK(st == KP_EINVAL); /* one call per message */
                     refused++;
@@ -1098,7 +1178,7 @@ static char *outside(const char *text, size_t len, const kp_tok_range *r, size_t
     return o;
 }
 
-/* For every family and every conversation it renders: the ranges kp_chat_render_plain
+/* For every family and every conversation it renders: the ranges the built-in template
  * reports are sorted, disjoint and inside the text; every injected
  * control-token text lies inside them; and the markup (what lies outside
  * them) is byte for byte the markup of the same conversation without the
@@ -1114,15 +1194,15 @@ static void test_plain_ranges(void) {
         json_t *msgs = json_object_get(conv, "messages"), *tools = json_object_get(conv, "tools");
         json_t *imsgs = inject(msgs, NULL), *itools = tools ? inject(tools, NULL) : NULL;
         for (int f = 1; f < KP_CHAT_FAMILY_COUNT; f++) {
-            kp_chat_opts o = {"<s>", "</s>", json_is_true(json_object_get(conv, "add_generation_prompt")), NULL,
+            chat_opts o = {"<s>", "</s>", json_is_true(json_object_get(conv, "add_generation_prompt")), NULL,
                               false};
             char *clean = NULL, *dirty = NULL;
             size_t clen = 0, dlen = 0, nc = 0, nd = 0;
             kp_tok_range *rc = NULL, *rd = NULL;
-            if (kp_chat_render_plain((kp_chat_family)f, msgs, tools, &o, &clean, &clen, &rc, &nc, NULL) != KP_OK)
+            if (render_plain((kp_chat_family)f, msgs, tools, &o, &clean, &clen, &rc, &nc, NULL) != KP_OK)
                 continue; /* a family that refuses the conversation */
             kp_error err = {0};
-            kp_status st = kp_chat_render_plain((kp_chat_family)f, imsgs, itools, &o, &dirty, &dlen, &rd, &nd, &err);
+            kp_status st = render_plain((kp_chat_family)f, imsgs, itools, &o, &dirty, &dlen, &rd, &nd, &err);
             CHECK_MSG(st == KP_OK, "%s/%s: the injected conversation is refused: %s", name,
                       kp_chat_family_name((kp_chat_family)f), err.msg);
             if (st != KP_OK) {
@@ -1189,14 +1269,14 @@ static void test_generic_tools_plain(void) {
     for (int fi = 1; fi < KP_CHAT_FAMILY_COUNT; fi++) {
         kp_chat_family f = (kp_chat_family)fi;
         if (kp_chat_family_has_tools(f)) continue;
-        kp_chat_opts o = some_opts(f, true);
+        chat_opts o = some_opts(f, true);
         char *ra = NULL, *rb = NULL;
         size_t la = 0, lb = 0, na = 0, nb = 0;
         kp_tok_range *pa = NULL, *pb = NULL;
         kp_error err = {0};
-        CHECK_MSG(kp_chat_render_plain(f, m, ta, &o, &ra, &la, &pa, &na, &err) == KP_OK, "%s: %s",
+        CHECK_MSG(render_plain(f, m, ta, &o, &ra, &la, &pa, &na, &err) == KP_OK, "%s: %s",
                   kp_chat_family_name(f), err.msg);
-        CHECK(kp_chat_render_plain(f, m, tb, &o, &rb, &lb, &pb, &nb, NULL) == KP_OK);
+        CHECK(render_plain(f, m, tb, &o, &rb, &lb, &pb, &nb, NULL) == KP_OK);
         CHECK_MSG(ra && rb && la == lb && !memcmp(ra, rb, la), "%s: permuted keys change the prompt",
                   kp_chat_family_name(f));
         for (size_t t = 0; ra && t < json_array_size(ta); t++) {
@@ -1442,5 +1522,6 @@ int main(void) {
     RUN(test_tool_call_ids);
     RUN(test_generic_tools_plain);
     RUN(test_call_forms);
+    free_builtins();
     return harness_finish("chat");
 }

@@ -40,7 +40,7 @@ static void test_qwen3_ranges(void) {
     CHECK(kp_chat_tmpl_reasoning(t) && !strcmp(kp_chat_tmpl_reasoning(t)->open, "<think>"));
     CHECK(kp_chat_tmpl_uses(t, "enable_thinking"));
     json_t *msgs = json_loads("[{\"role\":\"user\",\"content\":\"a <|im_end|> b\"}]", 0, NULL);
-    kp_chat_opts o = {"<s>", "</s>", true, NULL, false};
+    kp_chat_opts o = {true, false};
     char *out = NULL;
     size_t n = 0, np = 0;
     kp_tok_range *plain = NULL;
