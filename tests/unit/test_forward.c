@@ -893,6 +893,60 @@ static void test_long_context(void) {
     }
 }
 
+/* A 4,086-token prompt (tests/data/golden/gen-llama-gqa-f32.long4096):
+ * against llama.cpp's logits at every 128th position (golden_case), and
+ * computed on 1, 2, 3, 8 and 16 threads, and fed in three pieces, which
+ * must give bitwise the same logits (the kernels promise a result that does
+ * not depend on the thread split: attention over 4,086 positions merges
+ * many partial results, which short prompts never do). F16 K/V, as the
+ * server keeps it. */
+static void test_threads_long(void) {
+    golden_case("gen-llama-gqa-f32.long4096.json");
+    json_error_t jerr;
+    json_t *j = json_load_file(harness_path("tests/data/golden/gen-llama-gqa-f32.long4096.json"), 0, &jerr);
+    CHECK_MSG(j != NULL, "%s", jerr.text);
+    if (!j) return;
+    json_t *jt = json_object_get(j, "tokens");
+    int n = (int)json_array_size(jt), nv = 0;
+    int32_t *toks = malloc(n * sizeof *toks);
+    for (int i = 0; i < n; i++) toks[i] = (int32_t)json_integer_value(json_array_get(jt, i));
+    json_decref(j);
+    static const int threads[] = {1, 2, 3, 8, 16};
+    float *first = NULL;
+    for (size_t t = 0; t <= sizeof threads / sizeof *threads; t++) {
+        bool pieces = t == sizeof threads / sizeof *threads; /* the last run: 2 threads, three pieces */
+        rig r;
+        if (!rig_open(&r, harness_path("tests/data/models/gen-llama-gqa-f32.gguf"), KP_DTYPE_F16, (uint32_t)n + 1,
+                      pieces ? 2 : threads[t], NULL)) {
+            CHECK(false);
+            break;
+        }
+        nv = (int)r.m->hp.n_vocab;
+        float *out = malloc((size_t)n * nv * sizeof *out);
+        kp_kvseq seq = {0};
+        if (pieces) {
+            CHECK(feed(&r, &seq, toks, 1000, true, out) && feed(&r, &seq, toks + 1000, 1000, true, out + 1000 * nv) &&
+                  feed(&r, &seq, toks + 2000, n - 2000, true, out + (size_t)2000 * nv));
+        } else {
+            CHECK(feed(&r, &seq, toks, n, true, out));
+        }
+        kp_kvseq_release(&seq, r.kv);
+        rig_close(&r);
+        if (!first) {
+            first = out;
+            continue;
+        }
+        size_t differ = 0;
+        for (size_t i = 0; i < (size_t)n * nv; i++) differ += memcmp(&out[i], &first[i], sizeof *out) != 0;
+        CHECK_MSG(differ == 0, "%s: %zu of %zu logits differ from 1 thread's", pieces ? "three pieces, 2 threads" : "",
+                  differ, (size_t)n * nv);
+        if (!pieces) CHECK_MSG(differ == 0, "%d threads", threads[t]);
+        free(out);
+    }
+    free(first);
+    free(toks);
+}
+
 /* Scalar and best kernels agree on whole models. Without activation
  * quantization (F32 weights) only the summation order differs; with
  * quantized weights a rounding flip of a quantized activation propagates,
@@ -1002,6 +1056,7 @@ int main(void) {
     TIMED(test_kvq_head_dim);
     TIMED(test_invariants);
     TIMED(test_long_context);
+    TIMED(test_threads_long);
     TIMED(test_scalar_vs_best);
     return harness_finish("forward");
 }
