@@ -671,6 +671,177 @@ static void golden_kvq_case(const kvq_spread *sp, const char *prompt, kp_dtype k
     json_decref(j);
 }
 
+/* ---- a float64 reference with K/V quantized as kvpin stores them -------- */
+/*
+ * The model computed in double precision on its dequantized weights, the
+ * one rounding kept: each K and V row goes through float and the cache's
+ * own block type (kp_quantize_row then kp_dequantize_row, the functions the
+ * cache uses), after rope, as kvpin writes it. The logits kvpin computes
+ * with that KV type then differ from these by float rounding alone (and
+ * the odd block element the float rounding of K itself moves across a
+ * quantization step), where llama.cpp's goldens with a quantized cache
+ * differ by a whole second quantization error (it rounds Q, K and V its own
+ * way). Architectures: llama and qwen2/qwen3 (biases, q/k norms, NEOX rope),
+ * dense SwiGLU; every prompt position's logits into out.
+ */
+static void ref_row(const kp_weight *w, int64_t row, double *out) {
+    float *tmp = malloc((size_t)w->n_in * sizeof *tmp);
+    kp_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)row * w->row_bytes, tmp, w->n_in);
+    for (int64_t i = 0; i < w->n_in; i++) out[i] = tmp[i];
+    free(tmp);
+}
+
+static void ref_matvec(const kp_weight *w, const double *x, double *y) {
+    double *row = malloc((size_t)w->n_in * sizeof *row);
+    for (int64_t o = 0; o < w->n_out; o++) {
+        ref_row(w, o, row);
+        double s = 0;
+        for (int64_t i = 0; i < w->n_in; i++) s += row[i] * x[i];
+        y[o] = s;
+    }
+    free(row);
+}
+
+static void ref_rmsnorm(const double *x, const float *g, int n, double eps, double *y) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    double k = 1.0 / sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++) y[i] = x[i] * k * (g ? g[i] : 1.0);
+}
+
+static void ref_rope(const kp_model *m, double *v, int pos) {
+    const kp_hparams *hp = &m->hp;
+    int half = (int)hp->n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        double ff = m->rope_freqs ? m->rope_freqs[i] : 1.0;
+        double angle = hp->rope_freq_scale * (pos * pow(hp->rope_base, -2.0 * i / hp->n_rot) / ff);
+        int a = hp->rope_type == KP_ROPE_NORM ? 2 * i : i, b = hp->rope_type == KP_ROPE_NORM ? 2 * i + 1 : i + half;
+        double x0 = v[a], x1 = v[b];
+        v[a] = x0 * cos(angle) - x1 * sin(angle);
+        v[b] = x0 * sin(angle) + x1 * cos(angle);
+    }
+}
+
+/* A row of the cache: through float and kv's blocks, as kvpin stores it. */
+static void ref_store(kp_dtype kv, double *v, int n) {
+    float *f = malloc(n * sizeof *f), *back = malloc(n * sizeof *back);
+    uint8_t *q = malloc(kp_dtype_row_size(kv, n));
+    for (int i = 0; i < n; i++) f[i] = (float)v[i];
+    CHECK(kp_quantize_row(kv, f, q, n));
+    kp_dequantize_row(kv, q, back, n);
+    for (int i = 0; i < n; i++) v[i] = back[i];
+    free(f);
+    free(back);
+    free(q);
+}
+
+static void ref_forward(const kp_model *m, const int32_t *toks, int n, kp_dtype kv, float *out) {
+    const kp_hparams *hp = &m->hp;
+    int E = (int)hp->n_embd, hd = (int)hp->head_dim, H = (int)hp->n_head, HK = (int)hp->n_head_kv, F = (int)hp->n_ff;
+    double *x = calloc((size_t)n * E, sizeof *x), *h = malloc(E * sizeof *h);
+    double *q = malloc((size_t)H * hd * sizeof *q), *att = malloc((size_t)H * hd * sizeof *att);
+    double *K = malloc((size_t)n * HK * hd * sizeof *K), *V = malloc((size_t)n * HK * hd * sizeof *V);
+    double *o = malloc(E * sizeof *o), *g = malloc(F * sizeof *g), *u = malloc(F * sizeof *u);
+    double *sc = malloc(n * sizeof *sc), *lg = malloc(hp->n_vocab * sizeof *lg);
+    for (int t = 0; t < n; t++) ref_row(&m->tok_embd, toks[t], x + (size_t)t * E);
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const kp_layer *L = &m->layers[l];
+        for (int t = 0; t < n; t++) { /* K and V of every position first: causal attention reads them */
+            ref_rmsnorm(x + (size_t)t * E, L->attn_norm, E, hp->rms_eps, h);
+            double *k = K + (size_t)t * HK * hd, *v = V + (size_t)t * HK * hd;
+            ref_matvec(&L->wk, h, k);
+            ref_matvec(&L->wv, h, v);
+            for (int i = 0; L->bk && i < HK * hd; i++) k[i] += L->bk[i];
+            for (int i = 0; L->bv && i < HK * hd; i++) v[i] += L->bv[i];
+            for (int j = 0; j < HK; j++) {
+                if (L->k_norm) ref_rmsnorm(k + j * hd, L->k_norm, hd, hp->rms_eps, k + j * hd);
+                ref_rope(m, k + j * hd, t);
+                ref_store(kv, k + j * hd, hd);
+                ref_store(kv, v + j * hd, hd);
+            }
+        }
+        for (int t = 0; t < n; t++) {
+            double *xt = x + (size_t)t * E;
+            ref_rmsnorm(xt, L->attn_norm, E, hp->rms_eps, h);
+            ref_matvec(&L->wq, h, q);
+            for (int i = 0; L->bq && i < H * hd; i++) q[i] += L->bq[i];
+            for (int hh = 0; hh < H; hh++) {
+                double *qh = q + hh * hd;
+                if (L->q_norm) ref_rmsnorm(qh, L->q_norm, hd, hp->rms_eps, qh);
+                ref_rope(m, qh, t);
+                int kvh = hh / (H / HK);
+                double mx = -INFINITY, sum = 0;
+                for (int p = 0; p <= t; p++) {
+                    const double *k = K + ((size_t)p * HK + kvh) * hd;
+                    double s = 0;
+                    for (int i = 0; i < hd; i++) s += qh[i] * k[i];
+                    sc[p] = s * hp->attn_scale;
+                    mx = sc[p] > mx ? sc[p] : mx;
+                }
+                for (int p = 0; p <= t; p++) sum += (sc[p] = exp(sc[p] - mx));
+                for (int i = 0; i < hd; i++) att[hh * hd + i] = 0;
+                for (int p = 0; p <= t; p++) {
+                    const double *v = V + ((size_t)p * HK + kvh) * hd;
+                    for (int i = 0; i < hd; i++) att[hh * hd + i] += sc[p] / sum * v[i];
+                }
+            }
+            ref_matvec(&L->wo, att, o);
+            for (int i = 0; i < E; i++) o[i] += xt[i];
+            ref_rmsnorm(o, L->ffn_norm, E, hp->rms_eps, h);
+            ref_matvec(&L->w_gate, h, g);
+            ref_matvec(&L->w_up, h, u);
+            for (int i = 0; i < F; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+            ref_matvec(&L->w_down, g, h);
+            for (int i = 0; i < E; i++) xt[i] = o[i] + h[i];
+        }
+    }
+    for (int t = 0; t < n; t++) {
+        ref_rmsnorm(x + (size_t)t * E, m->output_norm, E, hp->rms_eps, h);
+        ref_matvec(hp->tied_output ? &m->tok_embd : &m->output, h, lg);
+        for (uint32_t i = 0; i < hp->n_vocab; i++) out[(size_t)t * hp->n_vocab + i] = (float)lg[i];
+    }
+    free(x), free(h), free(q), free(att), free(K), free(V), free(o), free(g), free(u), free(sc), free(lg);
+}
+
+/* kvpin with a q8_0 / q4_0 cache against the float64 reference with the
+ * same cache rounding: within float rounding (rel_l2 <= 1e-3; measured
+ * 3e-7, and 9e-5 where one block element fell the other side of a step),
+ * where a cache kept unquantized, or quantized with other blocks, is 0.05
+ * to 0.2 away (llama.cpp's q4_0 goldens are). */
+static void test_kvq_exact(void) {
+    static const char *models[] = {"tests/data/models/gen-llama-gqa-f32.gguf", "tests/data/models/gen-qwen2-f32.gguf"};
+    static const kp_dtype kvs[] = {KP_DTYPE_Q4_0, KP_DTYPE_Q8_0};
+    for (size_t mi = 0; mi < 2; mi++)
+        for (size_t ki = 0; ki < 2; ki++) {
+            rig r;
+            enum { N = 48 };
+            if (!rig_open(&r, harness_path(models[mi]), kvs[ki], N + 1, 2, NULL)) {
+                CHECK(false);
+                continue;
+            }
+            int nv = (int)r.m->hp.n_vocab;
+            int32_t toks[N];
+            uint64_t st = 77;
+            for (int i = 0; i < N; i++) st = st * 6364136223846793005ull + 1, toks[i] = (int32_t)((st >> 33) % nv);
+            float *got = malloc((size_t)N * nv * sizeof *got), *ref = malloc((size_t)N * nv * sizeof *ref);
+            kp_kvseq s = {0};
+            CHECK(feed(&r, &s, toks, N, true, got));
+            ref_forward(r.m, toks, N, kvs[ki], ref);
+            double worst = 0, abs_ = 0;
+            for (int p = 0; p < N; p++) {
+                double rel = logits_rel_l2(got + (size_t)p * nv, ref + (size_t)p * nv, nv, &abs_);
+                worst = rel > worst ? rel : worst;
+            }
+            printf("  %s, %s K/V vs float64 with the same rounding: rel_l2 %.3g, max_abs %.3g\n", models[mi],
+                   kp_dtype_name(kvs[ki]), worst, abs_);
+            CHECK_MSG(worst <= 1e-3, "%s %s: rel_l2 %.3g", models[mi], kp_dtype_name(kvs[ki]), worst);
+            kp_kvseq_release(&s, r.kv);
+            free(got);
+            free(ref);
+            rig_close(&r);
+        }
+}
+
 static void test_goldens_kvq(void) {
     static const char *prompts[] = {"lily", "json"};
     for (size_t m = 0; m < sizeof kvq_spreads / sizeof *kvq_spreads; m++)
@@ -1053,6 +1224,7 @@ int main(void) {
     TIMED(test_greedy_per_model);
     TIMED(test_window_edge);
     TIMED(test_goldens_kvq);
+    TIMED(test_kvq_exact);
     TIMED(test_kvq_head_dim);
     TIMED(test_invariants);
     TIMED(test_long_context);
