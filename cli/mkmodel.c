@@ -11,7 +11,7 @@
 enum {
     O_OUTPUT = CLI_OWN, O_PRESET, O_TOKENIZER, O_TYPE, O_ARCH, O_LAYERS, O_EMBD, O_HEADS, O_KV_HEADS, O_HEAD_DIM,
     O_FF, O_CTX_TRAIN, O_ROPE_BASE, O_EPS, O_TIED, O_UNTIED, O_NAME, O_SLIDING_WINDOW, O_SWA_PATTERN,
-    O_EXPERTS, O_EXPERTS_USED, O_EXPERT_FF
+    O_EXPERTS, O_EXPERTS_USED, O_EXPERT_FF, O_ROPE_DIMS, O_ROPE_SCALING, O_ROPE_FREQS
 };
 
 static const cli_opt mk_tab[] = {
@@ -32,6 +32,12 @@ static const cli_opt mk_tab[] = {
     {"ctx-train", NULL, "ctx", "N", "the training context the model declares", O_CTX_TRAIN},
     {"rope-base", NULL, NULL, "F", "RoPE frequency base", O_ROPE_BASE},
     {"eps", NULL, NULL, "F", "RMS norm epsilon", O_EPS},
+    {"rope-dims", NULL, NULL, "N", "rotate only the first N dims of a head (rope.dimension_count; even)",
+     O_ROPE_DIMS},
+    {"rope-scaling", NULL, NULL, "linear:F", "linear rope scaling by F (rope.scaling.type and .factor)",
+     O_ROPE_SCALING},
+    {"rope-freqs", NULL, NULL, "llama3:F", "a rope_freqs.weight tensor as Llama 3.1's converter writes it for\n"
+                                           "factor F (low 1, high 4, original context 8192)", O_ROPE_FREQS},
     {"sliding-window", NULL, NULL, "N", "gemma3: window layers see the last N positions (0: none)",
      O_SLIDING_WINDOW},
     {"swa-pattern", NULL, NULL, "N", "gemma3: every N-th layer attends to everything (0: llama.cpp's 6)",
@@ -105,6 +111,19 @@ int cmd_mkmodel(int argc, char **argv) {
         case O_EPS:
             if (!cli_parse_f32(opt, v, &spec.rms_eps)) return 2;
             break;
+        case O_ROPE_DIMS: field = &spec.n_rot; break;
+        case O_ROPE_SCALING:
+        case O_ROPE_FREQS: {
+            const char *want = k == O_ROPE_SCALING ? "linear:" : "llama3:";
+            if (strncmp(v, want, strlen(want)) ||
+                !cli_parse_f32(opt, v + strlen(want), k == O_ROPE_SCALING ? &spec.rope_scale_linear
+                                                                           : &spec.rope_freqs_llama3)) {
+                if (strncmp(v, want, strlen(want)))
+                    fprintf(stderr, "kvpin mkmodel: %s takes %sFACTOR, not '%s'\n", opt, want, v);
+                return 2;
+            }
+            break;
+        }
         case O_LAYERS: field = &spec.n_layer; break;
         case O_EMBD: field = &spec.n_embd; break;
         case O_HEADS: field = &spec.n_head; break;

@@ -163,27 +163,27 @@ typedef struct {
 static const mk_preset presets[] = {
     {"smollm2-135m",
      {"llama", 30, 576, 9, 3, 0, 1536, 8192, 100000.0f, 1e-5f, true, KP_DTYPE_F32, 1,
-      "smollm2-135m", 0, 0, 0, 0, 0, 0}},
+      "smollm2-135m", 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"tiny",
-     {"llama", 2, 256, 4, 2, 0, 512, 2048, 10000.0f, 1e-5f, false, KP_DTYPE_F32, 1, "tiny", 0, 0, 0, 0, 0, 0}},
+     {"llama", 2, 256, 4, 2, 0, 512, 2048, 10000.0f, 1e-5f, false, KP_DTYPE_F32, 1, "tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"qwen2-tiny",
      {"qwen2", 2, 256, 4, 2, 0, 768, 32768, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "qwen2-tiny", 0, 0, 0, 0, 0, 0}},
+      "qwen2-tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"qwen3-tiny",
      {"qwen3", 2, 256, 4, 2, 128, 768, 32768, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "qwen3-tiny", 0, 0, 0, 0, 0, 0}},
+      "qwen3-tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"gemma3-1b",
      {"gemma3", 26, 1152, 4, 1, 256, 6912, 32768, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "gemma3-1b", 0, 512, 0, 0, 0, 0}},
+      "gemma3-1b", 0, 512, 0, 0, 0, 0, 0, 0, 0}},
     {"gemma3-tiny",
      {"gemma3", 6, 64, 2, 1, 32, 128, 2048, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "gemma3-tiny", 0, 16, 0, 0, 0, 0}},
+      "gemma3-tiny", 0, 16, 0, 0, 0, 0, 0, 0, 0}},
     {"qwen3moe-30b-a3b",
      {"qwen3moe", 8, 2048, 32, 4, 128, 6144, 40960, 1000000.0f, 1e-6f, false, KP_DTYPE_F32, 1,
-      "qwen3moe-30b-a3b", 0, 0, 0, 128, 8, 768}},
+      "qwen3moe-30b-a3b", 0, 0, 0, 128, 8, 768, 0, 0, 0}},
     {"qwen3moe-tiny",
      {"qwen3moe", 2, 128, 4, 2, 32, 192, 32768, 1000000.0f, 1e-6f, false, KP_DTYPE_F32, 1,
-      "qwen3moe-tiny", 0, 0, 0, 8, 3, 64}},
+      "qwen3moe-tiny", 0, 0, 0, 8, 3, 64, 0, 0, 0}},
 };
 
 kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_error *err) {
@@ -289,6 +289,12 @@ kp_status kp_mkmodel_validate(const kp_mkmodel_spec *s, uint64_t n_vocab, kp_err
         return kp_fail(err, KP_EINVAL, "mkmodel: n_head * head_dim is too large");
     if (!(s->rope_base > 0.0f) || !isfinite(s->rope_base))
         return kp_fail(err, KP_EINVAL, "mkmodel: rope_base %g must be positive", s->rope_base);
+    if (s->n_rot && (s->n_rot % 2 || s->n_rot > head_dim_of(s)))
+        return kp_fail(err, KP_EINVAL, "mkmodel: rope dims %u must be even and at most head_dim %lld", s->n_rot,
+                       (long long)head_dim_of(s));
+    if (s->rope_scale_linear < 0 || !isfinite(s->rope_scale_linear) || s->rope_freqs_llama3 < 0 ||
+        !isfinite(s->rope_freqs_llama3) || (s->rope_freqs_llama3 > 0 && s->rope_freqs_llama3 < 1))
+        return kp_fail(err, KP_EINVAL, "mkmodel: a rope scaling factor must be positive (llama3: at least 1)");
     if (!(s->rms_eps > 0.0f) || !isfinite(s->rms_eps))
         return kp_fail(err, KP_EINVAL, "mkmodel: rms_eps %g must be positive", s->rms_eps);
     if (s->alignment != 0 && (s->alignment & (s->alignment - 1)) != 0)
@@ -316,7 +322,7 @@ kp_status kp_mkmodel_validate(const kp_mkmodel_spec *s, uint64_t n_vocab, kp_err
 
 /* ---- the plan ---- */
 
-typedef enum { INIT_GAUSS, INIT_NORM } mk_init;
+typedef enum { INIT_GAUSS, INIT_NORM, INIT_ROPE_FREQS } mk_init;
 
 typedef struct {
     char name[KP_GGUF_W_MAX_TENSOR_NAME];
@@ -325,7 +331,8 @@ typedef struct {
     kp_dtype type;
     bool fixed_type;    /* a matrix kept in its own type (the router), not the spec's */
     mk_init init;
-    double scale; /* INIT_GAUSS: standard deviation */
+    double scale; /* INIT_GAUSS: standard deviation; INIT_ROPE_FREQS: the llama3 factor */
+    double base;  /* INIT_ROPE_FREQS: the rope base */
 } mk_tensor;
 
 typedef struct {
@@ -368,7 +375,7 @@ static kp_status plan_build(const kp_mkmodel_spec *s, uint64_t n_vocab, mk_plan 
     bool qk_norm = arch == ARCH_QWEN3 || arch == ARCH_GEMMA3 || arch == ARCH_QWEN3MOE;
     bool post_norms = arch == ARCH_GEMMA3, experts = arch == ARCH_QWEN3MOE;
     size_t per_layer = 9 + (arch == ARCH_QWEN2 ? 3 : 0) + (qk_norm ? 2 : 0) + (post_norms ? 2 : 0) + (experts ? 1 : 0);
-    p->cap = 2 + (s->tied ? 0 : 1) + per_layer * s->n_layer;
+    p->cap = 2 + (s->tied ? 0 : 1) + (s->rope_freqs_llama3 > 0 ? 1 : 0) + per_layer * s->n_layer;
     p->n = 0;
     p->t = calloc(p->cap, sizeof *p->t);
     if (!p->t) return kp_fail(err, KP_ENOMEM, "mkmodel: out of memory planning tensors");
@@ -410,6 +417,11 @@ static kp_status plan_build(const kp_mkmodel_spec *s, uint64_t n_vocab, mk_plan 
     }
     plan_add(p, "output_norm.weight", E, 0, KP_DTYPE_F32, INIT_NORM, 0);
     if (!s->tied) plan_add(p, "output.weight", E, V, W, INIT_GAUSS, inv_sqrt(E));
+    if (s->rope_freqs_llama3 > 0) {
+        plan_add(p, "rope_freqs.weight", (s->n_rot ? s->n_rot : hd) / 2, 0, KP_DTYPE_F32, INIT_ROPE_FREQS,
+                 s->rope_freqs_llama3);
+        p->t[p->n - 1].base = s->rope_base;
+    }
     return p->n == p->cap ? KP_OK
                           : kp_fail(err, KP_EINVAL, "mkmodel: internal error planning tensors");
 }
@@ -448,7 +460,11 @@ static kp_status add_metadata(kp_gguf_w *w, const kp_mkmodel_spec *s, uint64_t n
     }
     if (s->n_swa) TRY(kp_gguf_w_add_u32(w, KEY("attention.sliding_window"), s->n_swa, err));
     if (s->swa_pattern) TRY(kp_gguf_w_add_u32(w, KEY("attention.sliding_window_pattern"), s->swa_pattern, err));
-    TRY(kp_gguf_w_add_u32(w, KEY("rope.dimension_count"), hd, err));
+    TRY(kp_gguf_w_add_u32(w, KEY("rope.dimension_count"), s->n_rot ? s->n_rot : hd, err));
+    if (s->rope_scale_linear > 0) {
+        TRY(kp_gguf_w_add_str(w, KEY("rope.scaling.type"), "linear", err));
+        TRY(kp_gguf_w_add_f32(w, KEY("rope.scaling.factor"), s->rope_scale_linear, err));
+    }
     TRY(kp_gguf_w_add_u32(w, KEY("vocab_size"), (uint32_t)n_vocab, err));
     TRY(kp_gguf_w_add_f32(w, KEY("rope.freq_base"), s->rope_base, err));
     TRY(kp_gguf_w_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), s->rms_eps, err));
@@ -476,6 +492,19 @@ static kp_status write_tensor(kp_gguf_w *w, const mk_tensor *t, mk_rng *rng, flo
     for (int64_t r = 0; r < t->ne[1] * t->ne[2]; r++) {
         if (t->init == INIT_GAUSS) {
             for (int64_t i = 0; i < t->ne[0]; i++) row[i] = (float)(t->scale * rng_normal(rng));
+        } else if (t->init == INIT_ROPE_FREQS) {
+            /* Llama 3.1's: 1 for short wavelengths, the factor for long ones, smoothed between */
+            const double low = 1, high = 4, old_ctx = 8192, factor = t->scale, pi = 3.14159265358979323846;
+            for (int64_t i = 0; i < t->ne[0]; i++) {
+                double freq = pow(t->base, -2.0 * (double)i / (double)(2 * t->ne[0]));
+                double wavelen = 2 * pi / freq;
+                if (wavelen < old_ctx / high) row[i] = 1.0f;
+                else if (wavelen > old_ctx / low) row[i] = (float)factor;
+                else {
+                    double smooth = (old_ctx / wavelen - low) / (high - low);
+                    row[i] = (float)(1.0 / ((1 - smooth) / factor + smooth));
+                }
+            }
         } else {
             for (int64_t i = 0; i < t->ne[0]; i++) row[i] = (float)(1.0 + 0.1 * rng_normal(rng));
         }

@@ -62,6 +62,11 @@ typedef struct {
     uint32_t n_expert;      /* qwen3moe: {arch}.expert_count (0 for other archs) */
     uint32_t n_expert_used; /* qwen3moe: {arch}.expert_used_count, <= n_expert */
     uint32_t n_ff_exp;      /* qwen3moe: {arch}.expert_feed_forward_length, an expert's width */
+    /* rope variants of real files (0: not written) */
+    uint32_t n_rot;           /* {arch}.rope.dimension_count below head_dim (partial rotary), even */
+    float rope_scale_linear;  /* {arch}.rope.scaling.type "linear", .factor this */
+    float rope_freqs_llama3;  /* rope_freqs.weight [n_rot/2] as Llama 3.1's converter writes it for this
+                                 factor (low 1, high 4, original context 8192) */
 } kp_mkmodel_spec;
 
 /* Fills *out with a named shape (wtype F32, seed 1, alignment 0):

@@ -842,6 +842,64 @@ static void test_kvq_exact(void) {
         }
 }
 
+/* The rope variants of real files (tests/data/golden/make_rope.sh):
+ * rope_freqs.weight as Llama 3.1 files carry it, linear scaling, against
+ * llama.cpp; and a partial rotary (16 of 32 dims; llama.cpp refuses it for
+ * these graphs) against the float64 reference, as are the other two. Each
+ * variant must matter: the same file read without it (its key or tensor
+ * ignored, by zeroing the model's field) is far from the reference. */
+static void test_goldens_rope(void) {
+    static const char *const cases[] = {"gen-rope-llama3.story300", "gen-rope-linear.lily"};
+    golden_cases(cases, sizeof cases / sizeof *cases);
+    static const char *const files[] = {"gen-rope-llama3", "gen-rope-linear", "gen-rope-partial"};
+    for (size_t f = 0; f < 3; f++) {
+        char path[256];
+        snprintf(path, sizeof path, "tests/data/models/%s.gguf", files[f]);
+        enum { N = 120 };
+        rig r;
+        if (!rig_open(&r, harness_path(path), KP_DTYPE_F32, N + 1, 2, NULL)) {
+            CHECK(false);
+            continue;
+        }
+        int nv = (int)r.m->hp.n_vocab;
+        int32_t toks[N];
+        uint64_t st = 99;
+        for (int i = 0; i < N; i++) st = st * 6364136223846793005ull + 1, toks[i] = (int32_t)((st >> 33) % nv);
+        float *got = malloc((size_t)N * nv * sizeof *got), *ref = malloc((size_t)N * nv * sizeof *ref);
+        kp_kvseq s = {0};
+        CHECK(feed(&r, &s, toks, N, true, got));
+        kp_kvseq_release(&s, r.kv);
+        ref_forward(r.m, toks, N, KP_DTYPE_F32, ref);
+        double worst = 0, abs_ = 0;
+        for (int p = 0; p < N; p++) {
+            double rel = logits_rel_l2(got + (size_t)p * nv, ref + (size_t)p * nv, nv, &abs_);
+            worst = rel > worst ? rel : worst;
+        }
+        /* the variant matters: the reference without it is far */
+        kp_model *m = r.m;
+        float *freqs = m->rope_freqs, scale = m->hp.rope_freq_scale;
+        uint32_t rot = m->hp.n_rot;
+        if (f == 0) m->rope_freqs = NULL;
+        if (f == 1) m->hp.rope_freq_scale = 1.0f;
+        if (f == 2) m->hp.n_rot = m->hp.head_dim;
+        float *plain = malloc((size_t)N * nv * sizeof *plain);
+        ref_forward(m, toks, N, KP_DTYPE_F32, plain);
+        m->rope_freqs = freqs, m->hp.rope_freq_scale = scale, m->hp.n_rot = rot;
+        double apart = 0, abs2 = 0;
+        for (int p = 0; p < N; p++) {
+            double rel = logits_rel_l2(plain + (size_t)p * nv, ref + (size_t)p * nv, nv, &abs2);
+            apart = rel > apart ? rel : apart;
+        }
+        printf("  %s: vs float64 rel_l2 %.3g max_abs %.3g; without the variant %.3g away\n", files[f], worst, abs_,
+               apart);
+        CHECK_MSG(worst <= 1e-4 && abs_ <= 1e-3, "%s: rel_l2 %.3g max_abs %.3g", files[f], worst, abs_);
+        CHECK_MSG(apart > 100 * worst && apart > 1e-3, "%s: the variant changes the logits by %.3g only", files[f],
+                  apart);
+        free(got), free(ref), free(plain);
+        rig_close(&r);
+    }
+}
+
 static void test_goldens_kvq(void) {
     static const char *prompts[] = {"lily", "json"};
     for (size_t m = 0; m < sizeof kvq_spreads / sizeof *kvq_spreads; m++)
@@ -1221,6 +1279,7 @@ int main(void) {
     TIMED(test_goldens_gemma3);
     TIMED(test_qwen3moe_hparams);
     TIMED(test_goldens_qwen3moe);
+    TIMED(test_goldens_rope);
     TIMED(test_greedy_per_model);
     TIMED(test_window_edge);
     TIMED(test_goldens_kvq);
