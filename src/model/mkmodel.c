@@ -451,6 +451,7 @@ static kp_status plan_build(const kp_mkmodel_spec *s, uint64_t n_vocab, mk_plan 
             p->t[p->n - 1].scale *= gu;
             if (gptoss) plan_add_bias(p, BLK("ffn_up_exps.bias"), X, N, 0.1);
             plan_add_experts(p, BLK("ffn_down_exps.weight"), X, E, s->n_expert, WX);
+            p->t[p->n - 1].scale /= gu * gu; /* and back to outputs of the residual's size */
             if (gptoss) plan_add_bias(p, BLK("ffn_down_exps.bias"), E, N, 0.1);
         } else {
             plan_add(p, BLK("ffn_gate.weight"), E, F, W, INIT_GAUSS, inv_sqrt(E));
