@@ -31,6 +31,17 @@
  *   ffn      = the chosen experts' weighted sum                (n_expert > 0, qwen3moe:
  *                                                               the experts section)
  *
+ * and for gpt-oss (model.h: Experts, Sinks):
+ *
+ *   q, k, v += bq, bk, bv;  x += att @ wo + bo                 (the biases present)
+ *   att      = softmax with the head's sink in the denominator: the kernels'
+ *              partial state [m, l, o] merged with exp(sink - m') (att_merge2,
+ *              att_merge), in every path (tiles, window tiles, decode chunks)
+ *   rope     = YaRN (hp.rope_yarn): rope_tables blends each pair's angle and
+ *              scales cos and sin, as ggml's rope_yarn
+ *   router   = xn @ w_router + b_router; the top k logits, weights their softmax
+ *   expert   = (oai_swiglu(xn @ gate + b_gate, xn @ up + b_up)) @ down + b_down
+ *
  * Sliding windows and the prefix cache. Every layer, WINDOW layers too,
  * writes the K/V of every position into the sequence's blocks; a WINDOW
  * layer only reads fewer of them. So a block of the prefix cache holds
