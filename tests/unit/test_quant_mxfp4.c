@@ -28,22 +28,15 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "base/rng.h"
 #include "gguf/dtype.h"
 #include "kernels/quant.h"
 
-static uint64_t rng_state;
+static kp_rng rng;
 
-static uint64_t rng_u64(void) {
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545F4914F6CDD1DULL;
-}
-
-static double rng_unit(void) { return (double)(rng_u64() >> 11) * 0x1p-53; }
-
+/* A standard normal (Box-Muller on kvpin's reproducible uniforms). */
 static float rng_gauss(void) {
-    const double u1 = rng_unit() + 0x1p-60, u2 = rng_unit();
+    const double u1 = kp_rng_unit(&rng) + 0x1p-60, u2 = kp_rng_unit(&rng);
     return (float)(sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
@@ -202,9 +195,8 @@ static void test_dots(void) {
 
 int main(void) {
     const char *seed = getenv("KP_TEST_SEED");
-    rng_state = seed ? strtoull(seed, NULL, 10) : (uint64_t)time(NULL) * 2654435761u + 1;
-    if (!rng_state) rng_state = 1;
-    const uint64_t seed0 = rng_state;
+    const uint64_t seed0 = seed ? strtoull(seed, NULL, 10) : (uint64_t)time(NULL);
+    kp_rng_seed(&rng, seed0);
     RUN(test_type);
     RUN(test_dequantize);
     RUN(test_quantize_hand);
