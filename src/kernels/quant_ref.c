@@ -35,7 +35,10 @@
  *       MXFP4 e = floor(log2(amax)) - 2 + 127 (0 for an all-zero block), so
  *             the largest |x| lands between 4 and 8 steps of 2^(e - 128)
  *             (the doubled values reach 12); each code the value nearest
- *             x / 2^(e - 128), the first of equal distances in code order
+ *             x / 2^(e - 128), the first of equal distances in code order.
+ *             Below amax 2^-125, where llama.cpp converts a negative float
+ *             to uint8_t (undefined in C; x86 wraps it to a huge scale),
+ *             e is 0
  *
  *     "/d" is a multiplication by id = 1/d (0 when d is 0), as in llama.cpp.
  *   - The dequantizers, one loop per layout, and kp_q8_0_aux_row.

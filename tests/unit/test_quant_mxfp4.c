@@ -4,6 +4,9 @@
  * products of every kernel table.
  *
  * References, none taken from kvpin's own output:
+ *   - llama.cpp's quantize_row_mxfp4_ref on 64 chosen blocks
+ *     (tests/data/quant_more/mxfp4_ref.bin, tools/llamacpp_mxfp4_ref.c):
+ *     the same bytes;
  *   - a float64 decoder written here from the OCP Microscaling Formats
  *     spec v1.0 (E8M0 scale 2^(e - 127); E2M1 element: sign bit 3,
  *     exponent bits 2..1 with bias 1, mantissa bit 0, exponent 0 being
@@ -25,6 +28,7 @@
  */
 #include "harness.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -101,6 +105,39 @@ static void test_quantize_hand(void) {
     float z[32] = {0};
     CHECK(kp_quantize_row(KP_DTYPE_MXFP4, z, q, 32));
     CHECK_EQ_INT(q[0], 0);
+}
+
+/* llama.cpp's own encodings (tests/data/quant_more/mxfp4_ref.bin, made by
+ * tools/llamacpp_mxfp4_ref.c with quantize_row_mxfp4_ref): the same bytes. */
+static void test_matches_llama_cpp(void) {
+    size_t len = 0;
+    uint8_t *f = (uint8_t *)harness_read_file(harness_path("tests/data/quant_more/mxfp4_ref.bin"), &len);
+    CHECK_MSG(f && len >= 8 && memcmp(f, "KPMX", 4) == 0, "mxfp4_ref.bin missing or not KPMX");
+    if (!f || len < 8) {
+        free(f);
+        return;
+    }
+    uint32_t nb;
+    memcpy(&nb, f + 4, 4);
+    CHECK_EQ_INT(len, 8 + (size_t)nb * 32 * 4 + (size_t)nb * 17);
+    if (len == 8 + (size_t)nb * 32 * 4 + (size_t)nb * 17) {
+        float *x = malloc((size_t)nb * 32 * sizeof(float));
+        uint8_t *q = malloc((size_t)nb * 17);
+        memcpy(x, f + 8, (size_t)nb * 32 * 4);
+        CHECK(kp_quantize_row(KP_DTYPE_MXFP4, x, q, (int64_t)nb * 32));
+        int bad = 0;
+        for (uint32_t b = 0; b < nb; b++) {
+            bool same = memcmp(q + b * 17, f + 8 + (size_t)nb * 32 * 4 + b * 17, 17) == 0;
+            if (!same) fprintf(stderr, "  block %u differs (scale %u vs %u)\n", b, q[b * 17],
+                               f[8 + (size_t)nb * 32 * 4 + b * 17]);
+            bad += !same;
+        }
+        CHECK_MSG(bad == 0, "%d of %u blocks differ from llama.cpp's quantize_row_mxfp4_ref", bad, nb);
+        printf("test_quant_mxfp4: %u blocks, %d differ from llama.cpp's quantize_row_mxfp4_ref\n", nb, bad);
+        free(x);
+        free(q);
+    }
+    free(f);
 }
 
 /* Random rows: the scale is the rule's, and each element the nearest of
@@ -200,6 +237,7 @@ int main(void) {
     RUN(test_type);
     RUN(test_dequantize);
     RUN(test_quantize_hand);
+    RUN(test_matches_llama_cpp);
     RUN(test_quantize_rule);
     RUN(test_dots);
     if (harness_failed) fprintf(stderr, "KP_TEST_SEED=%llu\n", (unsigned long long)seed0);
