@@ -6,6 +6,7 @@
  * cannot run are still described), then tries to load the model for
  * compute and says whether that works and, if not, why.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +109,11 @@ static void print_compute(const kp_model *m) {
            hp->rope_type == KP_ROPE_NORM ? "NORM (adjacent pairs)" : "NEOX (halves)",
            (double)hp->rope_base, hp->n_rot, (double)hp->rope_freq_scale,
            m->rope_freqs ? ", frequency factors" : "");
+    if (hp->rope_yarn)
+        printf("               YaRN over an original context of %u (beta fast %g, slow %g; cos and sin x %g)\n",
+               hp->yarn_n_ctx_orig, (double)hp->yarn_beta_fast, (double)hp->yarn_beta_slow,
+               (double)(hp->yarn_attn_factor * (1.0f + 0.1f * logf(1.0f / hp->rope_freq_scale))));
+    if (m->layers[0].attn_sinks) printf("attention:     a learned sink logit per head in every softmax\n");
     if (hp->n_swa_layers)
         printf("attention:     %u full layers, %u sliding-window layers of %u positions (rope base %g,"
                " freq scale %g)\n",
@@ -120,10 +126,13 @@ static void print_compute(const kp_model *m) {
             all += (uint64_t)hp->n_expert * (L->e_gate.mat_bytes + L->e_up.mat_bytes + L->e_down.mat_bytes);
         }
         char b2[32];
-        printf("experts:       %u per layer of width %u, %u routed per token (softmax, top %u, weights\n"
-               "               normalized); a token reads %s of the experts' %s\n",
-               hp->n_expert, hp->n_ff_exp, hp->n_expert_used, hp->n_expert_used,
-               cli_bytes(all / hp->n_expert * hp->n_expert_used, b1, sizeof b1), cli_bytes(all, b2, sizeof b2));
+        printf("experts:       %u per layer of width %u, %u routed per token (%s); a token reads\n"
+               "               %s of the experts' %s%s\n",
+               hp->n_expert, hp->n_ff_exp, hp->n_expert_used,
+               hp->gate == KP_GATE_SOFTMAX_TOPK ? "top k of the logits, weights their softmax"
+                                                : "softmax, top k, weights normalized",
+               cli_bytes(all / hp->n_expert * hp->n_expert_used, b1, sizeof b1), cli_bytes(all, b2, sizeof b2),
+               hp->swiglu_limit > 0 ? "; SwiGLU clamped" : "");
     }
     printf("norm:          RMSNorm eps %g%s; output %s\n", (double)hp->rms_eps,
            hp->post_norms ? ", post-attention and post-FFN norms" : "",

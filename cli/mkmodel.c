@@ -18,11 +18,14 @@ static const cli_opt mk_tab[] = {
     {"output", "o", NULL, "FILE", "write the model to FILE", O_OUTPUT},
     {"preset", NULL, NULL, "NAME",
      "the shape to start from: smollm2-135m, tiny, qwen2-tiny, qwen3-tiny, gemma3-1b, gemma3-tiny, "
-     "qwen3moe-30b-a3b, qwen3moe-tiny", O_PRESET},
+     "qwen3moe-30b-a3b, qwen3moe-tiny, gpt-oss-20b, gpt-oss-tiny", O_PRESET},
     {"tokenizer", NULL, NULL, "FILE", "copy every tokenizer.* key from this GGUF file", O_TOKENIZER},
-    {"type", NULL, NULL, "T", "weight type: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K", O_TYPE},
+    {"type", NULL, NULL, "T",
+     "weight type: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K, or MXFP4 (experts MXFP4, other "
+     "matrices Q8_0, as llama-quantize MXFP4_MOE)", O_TYPE},
     {"arch", NULL, NULL, "ARCH",
-     "llama, qwen2, qwen3, gemma3 or qwen3moe (gemma3 and qwen3moe alone start from their -tiny preset)", O_ARCH},
+     "llama, qwen2, qwen3, gemma3, qwen3moe or gpt-oss (gemma3, qwen3moe and gpt-oss alone start from their "
+     "-tiny preset)", O_ARCH},
     {"layers", NULL, NULL, "N", "layers", O_LAYERS},
     {"embd", NULL, NULL, "N", "embedding width", O_EMBD},
     {"heads", NULL, NULL, "N", "query heads", O_HEADS},
@@ -38,13 +41,14 @@ static const cli_opt mk_tab[] = {
      O_ROPE_SCALING},
     {"rope-freqs", NULL, NULL, "llama3:F", "a rope_freqs.weight tensor as Llama 3.1's converter writes it for\n"
                                            "factor F (low 1, high 4, original context 8192)", O_ROPE_FREQS},
-    {"sliding-window", NULL, NULL, "N", "gemma3: window layers see the last N positions (0: none)",
+    {"sliding-window", NULL, NULL, "N", "gemma3, gpt-oss: window layers see the last N positions (0: none)",
      O_SLIDING_WINDOW},
-    {"swa-pattern", NULL, NULL, "N", "gemma3: every N-th layer attends to everything (0: llama.cpp's 6)",
+    {"swa-pattern", NULL, NULL, "N",
+     "gemma3, gpt-oss: every N-th layer attends to everything (0: llama.cpp's 6, resp. 2)",
      O_SWA_PATTERN},
-    {"experts", NULL, NULL, "N", "qwen3moe: experts per layer", O_EXPERTS},
-    {"experts-used", NULL, NULL, "K", "qwen3moe: experts each token is routed to", O_EXPERTS_USED},
-    {"expert-ff", NULL, NULL, "N", "qwen3moe: an expert's feed-forward width", O_EXPERT_FF},
+    {"experts", NULL, NULL, "N", "qwen3moe, gpt-oss: experts per layer", O_EXPERTS},
+    {"experts-used", NULL, NULL, "K", "qwen3moe, gpt-oss: experts each token is routed to", O_EXPERTS_USED},
+    {"expert-ff", NULL, NULL, "N", "qwen3moe, gpt-oss: an expert's feed-forward width", O_EXPERT_FF},
     {"tied", NULL, NULL, NULL, "the output matrix is the token embedding", O_TIED},
     {"untied", NULL, NULL, NULL, "a separate output matrix", O_UNTIED},
     CLI_USE(CLI_SEED),
@@ -61,7 +65,8 @@ static void mk_usage(FILE *out) {
             "576-wide rows of smollm2-135m), and F16 when even 32 does not divide the row. Those\n"
             "tensors are listed on stderr; general.file_type stays the one of --type (Q4_K: Q4_K_M).\n");
     cli_print_options(out, mk_tab);
-    fprintf(out, "Defaults: --preset tiny (gemma3-tiny with --arch gemma3, qwen3moe-tiny with --arch qwen3moe), --type F32, the preset's shape and seed, --tokenizer the\n"
+    fprintf(out, "Defaults: --preset tiny (gemma3-tiny with --arch gemma3, qwen3moe-tiny with --arch qwen3moe,\n"
+                 "gpt-oss-tiny with --arch gpt-oss), --type F32, the preset's shape and seed, --tokenizer the\n"
                  "bundled model. Options after the preset override it, in any order.\n");
 }
 
@@ -77,7 +82,12 @@ int cmd_mkmodel(int argc, char **argv) {
         if (k == O_PRESET) preset = a.val;
         if (k == O_ARCH) arch = a.val;
     }
-    if (!preset) preset = arch && !strcmp(arch, "gemma3") ? "gemma3-tiny" : arch && !strcmp(arch, "qwen3moe") ? "qwen3moe-tiny" : "tiny";
+    if (!preset)
+        preset = !arch                      ? "tiny"
+                 : !strcmp(arch, "gemma3")   ? "gemma3-tiny"
+                 : !strcmp(arch, "qwen3moe") ? "qwen3moe-tiny"
+                 : !strcmp(arch, "gpt-oss")  ? "gpt-oss-tiny"
+                                             : "tiny";
     if (kp_mkmodel_spec_preset(preset, &spec, &err) != KP_OK) {
         fprintf(stderr, "kvpin mkmodel: %s\n", err.msg);
         return 2;

@@ -144,31 +144,49 @@ static void extra_lines(const kp_model *m, char *buf, size_t cap) {
 
 /* The experts' lines, only for a model with experts (other models'
  * fingerprints are unchanged): how many, how many a token is routed to,
- * and their width. The routing decides which weights a token's K/V of
- * the next layers come from. */
+ * and their width; for gpt-oss's kind (not qwen3moe's, whose lines stay as
+ * they were) also the gating and the SwiGLU's clamp. The routing decides
+ * which weights a token's K/V of the next layers come from. */
 static void expert_lines(const kp_hparams *hp, char *buf, size_t cap) {
     buf[0] = 0;
-    if (hp->n_expert)
-        snprintf(buf, cap, "n_expert %u\nn_expert_used %u\nn_ff_exp %u\n", hp->n_expert, hp->n_expert_used,
-                 hp->n_ff_exp);
+    if (!hp->n_expert) return;
+    int n = snprintf(buf, cap, "n_expert %u\nn_expert_used %u\nn_ff_exp %u\n", hp->n_expert, hp->n_expert_used,
+                     hp->n_ff_exp);
+    if (n > 0 && (size_t)n < cap && (hp->gate != KP_GATE_SOFTMAX || hp->swiglu_limit > 0))
+        snprintf(buf + n, cap - (size_t)n, "gate %s\nswiglu_limit %a\nswiglu_alpha %a\n",
+                 hp->gate == KP_GATE_SOFTMAX_TOPK ? "softmax_topk" : "softmax", (double)hp->swiglu_limit,
+                 (double)hp->swiglu_alpha);
+}
+
+/* YaRN's lines, only when the rope is YaRN's (other fingerprints are
+ * unchanged): what besides rope_base and rope_freq_scale sets a key's
+ * rotation. */
+static void yarn_lines(const kp_hparams *hp, char *buf, size_t cap) {
+    buf[0] = 0;
+    if (hp->rope_yarn)
+        snprintf(buf, cap, "yarn_n_ctx_orig %u\nyarn_beta_fast %a\nyarn_beta_slow %a\nyarn_attn_factor %a\n",
+                 hp->yarn_n_ctx_orig, (double)hp->yarn_beta_fast, (double)hp->yarn_beta_slow,
+                 (double)hp->yarn_attn_factor);
 }
 
 void kp_fingerprint_make(kp_fingerprint *out, const kp_model *m, const kp_bkey *weights, kp_dtype kv_type,
                 kp_dtype kv_type_v, uint32_t block_size) {
     const kp_hparams *hp = &m->hp;
-    char wh[33], extra[512], experts[96];
+    char wh[33], extra[512], experts[192], yarn[160];
     kp_bkey_hex(weights, wh);
     extra_lines(m, extra, sizeof extra);
     expert_lines(hp, experts, sizeof experts);
+    yarn_lines(hp, yarn, sizeof yarn);
     out->weights = *weights;
     snprintf(out->text, sizeof out->text,
              "kvpin-kv-layout %d\nweights %s\narch %s\nn_layer %u\nn_embd %u\nn_head %u\nn_head_kv %u\n"
              "head_dim %u\nn_ff %u\nn_vocab %u\nn_rot %u\nrms_eps %a\nrope_base %a\nrope_freq_scale %a\n"
-             "rope_type %s\ntied_output %d\n%s%skv_type %s\nkv_type_v %s\nblock_size %u\n",
+             "rope_type %s\ntied_output %d\n%s%s%skv_type %s\nkv_type_v %s\nblock_size %u\n",
              KP_FINGERPRINT_LAYOUT_VERSION, wh, hp->arch_name ? hp->arch_name : "?", hp->n_layer, hp->n_embd, hp->n_head,
              hp->n_head_kv, hp->head_dim, hp->n_ff, hp->n_vocab, hp->n_rot, (double)hp->rms_eps,
              (double)hp->rope_base, (double)hp->rope_freq_scale, hp->rope_type == KP_ROPE_NEOX ? "neox" : "norm",
-             hp->tied_output ? 1 : 0, extra, experts, kp_dtype_name(kv_type), kp_dtype_name(kv_type_v), block_size);
+             hp->tied_output ? 1 : 0, extra, yarn, experts, kp_dtype_name(kv_type), kp_dtype_name(kv_type_v),
+             block_size);
     XXH128_canonical_t c;
     XXH128_canonicalFromHash(&c, XXH3_128bits(out->text, strlen(out->text)));
     memcpy(out->id.b, c.digest, 16);

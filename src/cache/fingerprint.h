@@ -42,7 +42,7 @@
 #include "base/status.h"
 
 #define KP_FINGERPRINT_LAYOUT_VERSION 1
-#define KP_FINGERPRINT_TEXT_MAX 1024
+#define KP_FINGERPRINT_TEXT_MAX 2048
 
 typedef struct {
     kp_bkey id;                 /* XXH3-128 of text */

@@ -42,7 +42,7 @@ static const kp_dtype_info dtype_table[KP_DTYPE_COUNT_] = {
     T(KP_DTYPE_BF16, "BF16", 1, 2, true),
     T(KP_DTYPE_TQ1_0, "TQ1_0", 256, 54, false),
     T(KP_DTYPE_TQ2_0, "TQ2_0", 256, 66, false),
-    T(KP_DTYPE_MXFP4, "MXFP4", 32, 17, false),
+    T(KP_DTYPE_MXFP4, "MXFP4", 32, 17, true),
 };
 
 const kp_dtype_info *kp_dtype_get(uint32_t id) {

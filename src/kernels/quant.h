@@ -10,12 +10,12 @@
  * sees plain arrays only.
  *
  * Types with kernels (dtype.h `has_kernels`): F32, F16, BF16, Q8_0, Q4_0,
- * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weights, and the activation types
+ * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and MXFP4 weights, and the activation types
  * Q8_K and Q8_1. Their block layouts, exactly llama.cpp's, are drawn in
  * quant_blocks.h next to their structs.
  *
  * Row pointers handed to the kernels must be aligned to the block's
- * natural alignment (2 bytes for F16/BF16/Q8_0/Q4_0/Q4_K/Q6_K and
+ * natural alignment (1 byte for MXFP4, 2 bytes for F16/BF16/Q8_0/Q4_0/Q4_K/Q6_K and
  * Q4_1/Q5_0/Q5_1/Q5_K/Q8_1, 4 bytes for F32 and Q8_K); GGUF tensor data
  * always is.
  */
@@ -61,7 +61,8 @@ bool kp_dequantize_row(kp_dtype t, const void *src, float *dst, int64_t n);
 /* Encodes n floats as type t, with llama.cpp's reference algorithm, so the
  * bytes equal what llama-quantize --pure (no importance matrix) writes:
  * F32 (copy), F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q5_K
- * (weighted min/scale searches), Q6_K (weighted scale search), and the
+ * (weighted min/scale searches), Q6_K (weighted scale search), MXFP4
+ * (a power-of-two scale from the block's largest |x|, nearest codes), and the
  * activation types Q8_K and Q8_1. dst holds
  * kp_dtype_row_size(t, n) bytes. Returns false, writing nothing, for other
  * types or when n is not a multiple of the block size. */
@@ -69,7 +70,7 @@ bool kp_quantize_row(kp_dtype t, const float *src, void *dst, int64_t n);
 
 /* The activation type a weight type's dot product consumes, as in llama.cpp:
  * F32->F32, F16->F16, BF16->BF16, Q8_0->Q8_0, Q4_0->Q8_0, Q5_0->Q8_0,
- * Q4_1->Q8_1, Q5_1->Q8_1, Q4_K->Q8_K, Q5_K->Q8_K, Q6_K->Q8_K. Any other
+ * Q4_1->Q8_1, Q5_1->Q8_1, Q4_K->Q8_K, Q5_K->Q8_K, Q6_K->Q8_K, MXFP4->Q8_0. Any other
  * type: KP_DTYPE_COUNT_ (no kernel). */
 kp_dtype kp_vec_dot_type(kp_dtype w);
 

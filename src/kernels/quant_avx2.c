@@ -1,7 +1,7 @@
 /*
  * quant_avx2.c - the "avx2" kernel table (quant.h): AVX2 + FMA + F16C
  * kernels for every type with kernels (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
- * Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; byte layouts in quant_blocks.h).
+ * Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4; byte layouts in quant_blocks.h).
  *
  * Compiled without -march flags: every function carries
  * __attribute__((target("avx2,fma,f16c"))) (AVX2, AVX2_INLINE of
@@ -20,6 +20,8 @@
  *   Q8_0 . Q8_0   |w| (unsigned) x sign(a, w)  - the "sign trick"; |w|, |a| <= 127
  *                 keeps each pair sum <= 2*127*127 < 32767
  *   Q4_0 . Q8_0   q in 0..15 is unsigned: maddubs(q, a) - maddubs(8, a)
+ *   MXFP4 . Q8_0  the codes looked up as int8 (|w| <= 12), then the sign
+ *                 trick; one tile for every call shape (quant_avx2_inl.h)
  *   Q4_1 . Q8_1   S = q.a                        block: dw*da*S + mw*sa
  *   Q5_1 . Q8_1   S = q.a                        (sa: the stored block sum)
  *   Q5_0 . Q8_0   S = (q - 16).a = q.a + bias/8  block: dw*da*S
@@ -1205,6 +1207,24 @@ AVX2 void kp_avx2_axpy_f16(int64_t n, float a, const uint16_t *x, float *y) {
     for (; i < n; i++) y[i] += a * half_to_float(x[i]);
 }
 
+/* ---- MXFP4 (quant_avx2_inl.h's MXFP4_TILE_BODY) ------------------------------ */
+
+AVX2 void kp_avx2_dot_tile_mxfp4(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
+                                 size_t a_stride, float *out, size_t out_stride) {
+    MXFP4_TILE_BODY(mxfp4_pairs_avx2)
+}
+
+AVX2 void kp_avx2_vec_dot_mxfp4(int64_t n, float *s, const void *w, const void *a) {
+    kp_avx2_dot_tile_mxfp4(n, 1, 1, w, 0, a, 0, s, 1);
+}
+
+static AVX2 void gemm_mxfp4(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
+                            size_t a_stride, const void *aux, size_t aux_stride, float *out, size_t out_stride) {
+    (void)aux;
+    (void)aux_stride;
+    kp_avx2_dot_tile_mxfp4(n, nr, nc, w, w_stride, a, a_stride, out, out_stride);
+}
+
 AVX2 void kp_quant_avx2_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load_f16x8(x + i));
@@ -1230,6 +1250,7 @@ const kp_kernels kp_quant_avx2_kernels = {
             [KP_DTYPE_Q4_K] = gemm_q4_K,
             [KP_DTYPE_Q5_K] = gemm_q5_K,
             [KP_DTYPE_Q6_K] = gemm_q6_K,
+            [KP_DTYPE_MXFP4] = gemm_mxfp4,
         },
 };
 

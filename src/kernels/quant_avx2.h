@@ -42,6 +42,7 @@ KP_AVX2_VEC_DOT(q5_1)
 KP_AVX2_VEC_DOT(q4_K)
 KP_AVX2_VEC_DOT(q5_K)
 KP_AVX2_VEC_DOT(q6_K)
+KP_AVX2_VEC_DOT(mxfp4)
 KP_AVX2_DOT_TILE(q8_0)
 KP_AVX2_DOT_TILE(q4_0)
 KP_AVX2_DOT_TILE(q4_1)
@@ -50,6 +51,7 @@ KP_AVX2_DOT_TILE(q5_1)
 KP_AVX2_DOT_TILE(q4_K)
 KP_AVX2_DOT_TILE(q5_K)
 KP_AVX2_DOT_TILE(q6_K)
+KP_AVX2_DOT_TILE(mxfp4)
 #undef KP_AVX2_VEC_DOT
 #undef KP_AVX2_DOT_TILE
 
@@ -76,6 +78,7 @@ void kp_avx2_axpy_f16(int64_t n, float a, const uint16_t *x, float *y);
             [KP_DTYPE_Q4_K] = kp_avx2_act_q8_K,                                    \
             [KP_DTYPE_Q5_K] = kp_avx2_act_q8_K,                                    \
             [KP_DTYPE_Q6_K] = kp_avx2_act_q8_K,                                    \
+            [KP_DTYPE_MXFP4] = kp_avx2_act_q8_0,                                   \
         },                                                                         \
     .vec_dot =                                                                     \
         {                                                                          \
@@ -90,6 +93,7 @@ void kp_avx2_axpy_f16(int64_t n, float a, const uint16_t *x, float *y);
             [KP_DTYPE_Q4_K] = kp_avx2_vec_dot_q4_K,                                \
             [KP_DTYPE_Q5_K] = kp_avx2_vec_dot_q5_K,                                \
             [KP_DTYPE_Q6_K] = kp_avx2_vec_dot_q6_K,                                \
+            [KP_DTYPE_MXFP4] = kp_avx2_vec_dot_mxfp4,                              \
         },                                                                         \
     .dot_tile[KP_DTYPE_Q8_0] = kp_avx2_dot_tile_q8_0,                              \
     .dot_tile[KP_DTYPE_Q4_0] = kp_avx2_dot_tile_q4_0,                              \
@@ -99,6 +103,7 @@ void kp_avx2_axpy_f16(int64_t n, float a, const uint16_t *x, float *y);
     .dot_tile[KP_DTYPE_Q4_K] = kp_avx2_dot_tile_q4_K,                              \
     .dot_tile[KP_DTYPE_Q5_K] = kp_avx2_dot_tile_q5_K,                              \
     .dot_tile[KP_DTYPE_Q6_K] = kp_avx2_dot_tile_q6_K,                              \
+    .dot_tile[KP_DTYPE_MXFP4] = kp_avx2_dot_tile_mxfp4,                            \
     .dot_f32 = kp_avx2_dot_f32,                                                    \
     .dot_f32_f16 = kp_avx2_dot_f32_f16,                                            \
     .axpy_f32 = kp_avx2_axpy_f32,                                                  \

@@ -974,4 +974,66 @@ AVX2_INLINE void gemm_kquant(int64_t n, int nr, int nc, const void *w, size_t w_
     gemm_kq_panel(n, nr, nc, w, w_stride, a, a_stride, out, out_stride, kind, pack, tile, &st);
 }
 
+/* ---- MXFP4 weights . Q8_0 activations ------------------------------------ */
+
+/*
+ * A block is decoded once per weight row and chunk of up to 4 activation
+ * rows: the 16 code bytes split into nibbles, each nibble looked up in the
+ * doubled E2M1 values (kp_mxfp4_values, |v| <= 12) with one vpshufb, the
+ * 32 int8 values in element order. Each activation block then gives 8 int32
+ * lanes, lane i the sum over elements 4i .. 4i+3 of w.a (pairs: the AVX2
+ * table's vpmaddubsw + vpmaddwd with the sign trick, |w| <= 12 so no int16
+ * saturates; the avx512vnni table's vpdpbusd: the same integers), and
+ *
+ *   acc[lane] = fma(float(lane), 2^(e - 128) x d_a, acc[lane])   block by block
+ *   out       = hsum_ps(acc)
+ *
+ * Every output is computed this way whatever the call's shape, so vec_dot,
+ * dot_tile and gemm agree bit for bit, and the two tables with them.
+ */
+AVX2_INLINE __m256i mxfp4_block_values(const kp_block_mxfp4 *x) {
+    const __m128i lut = _mm_loadu_si128((const __m128i *)kp_mxfp4_values);
+    const __m128i q = _mm_loadu_si128((const __m128i *)x->qs), m = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(q, m));
+    const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(q, 4), m));
+    return _mm256_set_m128i(hi, lo);
+}
+
+AVX2_INLINE __m256i mxfp4_pairs_avx2(__m256i w, __m256i a) {
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+VNNI_INLINE __m256i mxfp4_pairs_vnni(__m256i w, __m256i a) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+}
+
+/* out[c * out_stride + r] for r < nr, c < nc (any nr, nc >= 1): weight row r
+ * of w (MXFP4, n elements) . activation row c of a (Q8_0), the lanes of
+ * each block by pairs (mxfp4_pairs_avx2 or mxfp4_pairs_vnni). */
+#define MXFP4_TILE_BODY(pairs)                                                                                   \
+    const int64_t nb = n / KP_QK_MXFP4;                                                                        \
+    for (int r = 0; r < nr; r++) {                                                                             \
+        const kp_block_mxfp4 *x = (const kp_block_mxfp4 *)((const uint8_t *)w + (size_t)r * w_stride);         \
+        for (int c0 = 0; c0 < nc; c0 += 4) {                                                                   \
+            const int cn = nc - c0 < 4 ? nc - c0 : 4;                                                          \
+            const kp_block_q8_0 *y[4];                                                                         \
+            __m256 acc[4];                                                                                     \
+            for (int c = 0; c < 4; c++) {                                                                      \
+                y[c] = (const kp_block_q8_0 *)((const uint8_t *)a + (size_t)(c0 + (c < cn ? c : 0)) * a_stride); \
+                acc[c] = _mm256_setzero_ps();                                                                  \
+            }                                                                                                  \
+            for (int64_t ib = 0; ib < nb; ib++) {                                                              \
+                const __m256i wv = mxfp4_block_values(x + ib);                                                 \
+                const float dw = kp_e8m0_half(x[ib].e);                                                        \
+                for (int c = 0; c < cn; c++) {                                                                 \
+                    const __m256i av = _mm256_loadu_si256((const __m256i *)y[c][ib].qs);                       \
+                    const __m256 d = _mm256_set1_ps(dw * half_to_float(y[c][ib].d));                           \
+                    acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pairs(wv, av)), d, acc[c]);                    \
+                }                                                                                              \
+            }                                                                                                  \
+            for (int c = 0; c < cn; c++) out[(size_t)(c0 + c) * out_stride + r] = hsum_ps(acc[c]);             \
+        }                                                                                                      \
+    }
+
 #endif

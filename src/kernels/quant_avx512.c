@@ -4,7 +4,8 @@
  * by kernels that use AVX-512: vpdpbusd (AVX512-VNNI with AVX512-VL) on
  * 256-bit vectors, and 512-bit vectors where they pay, for the integer
  * types; 512-bit FMA for the float types. Every type with kernels: F32,
- * F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
+ * F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4 (whose
+ * gemm is the avx2 tile of quant_avx2_inl.h with vpdpbusd for the pairs).
  *
  * Compiled without -march flags: every function here carries
  * __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,
@@ -1431,6 +1432,15 @@ FX16_GEMM(gemm_packed_bf16, ELEM_BF16)
 #undef FX16_GEMM
 #undef UNROLL16
 
+/* MXFP4: quant_avx2_inl.h's tile with vpdpbusd, the avx2 table's integers. */
+static VNNI void gemm_mxfp4_vnni(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
+                                 size_t a_stride, const void *aux, size_t aux_stride, float *out,
+                                 size_t out_stride) {
+    (void)aux;
+    (void)aux_stride;
+    MXFP4_TILE_BODY(mxfp4_pairs_vnni)
+}
+
 const kp_kernels kp_quant_avx512vnni_kernels = {
     .name = "avx512vnni",
     KP_AVX2_SHARED_ENTRIES,
@@ -1450,6 +1460,7 @@ const kp_kernels kp_quant_avx512vnni_kernels = {
             [KP_DTYPE_Q4_K] = gemm_q4_K,
             [KP_DTYPE_Q5_K] = gemm_q5_K,
             [KP_DTYPE_Q6_K] = gemm_q6_K,
+            [KP_DTYPE_MXFP4] = gemm_mxfp4_vnni,
         },
     .pack_rows = {[KP_DTYPE_F16] = X16_ROWS, [KP_DTYPE_BF16] = X16_ROWS, [KP_DTYPE_Q8_0] = X16_ROWS,
                   [KP_DTYPE_Q4_0] = X16_ROWS, [KP_DTYPE_Q4_K] = X16_ROWS, [KP_DTYPE_Q6_K] = X16_ROWS},

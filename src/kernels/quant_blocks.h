@@ -38,6 +38,15 @@
  *   +4  uint8 qh[4]    as in Q5_0
  *   +8  uint8 qs[16]   as in Q5_0
  *
+ *   MXFP4 (32 elements, 17 bytes; OCP microscaling, ggml's block_mxfp4)
+ *   +0  uint8 e        E8M0 shared scale 2^(e - 127)
+ *   +1  uint8 qs[16]   E2M1 codes, c[j] = qs[j] & 15, c[j+16] = qs[j] >> 4
+ *       An E2M1 code (sign bit 3, 2 exponent bits, 1 mantissa bit) is one of
+ *       0, 0.5, 1, 1.5, 2, 3, 4, 6 or their negatives. As ggml, kvpin keeps
+ *       the values doubled as integers (kp_mxfp4_values: 0 1 2 3 4 6 8 12,
+ *       then negated) and the scale halved:
+ *       x[i] = kp_mxfp4_values[c[i]] * 2^(e - 128)   (e = 0, 1: subnormal)
+ *
  *   Q8_1  (32 elements, 36 bytes; activations of Q4_1 and Q5_1 only, as
  *   +0  half d         llama.cpp uses it)        x[i] = d * qs[i]
  *   +2  half s         d * (qs[0] + ... + qs[31]), rounded to half: the
@@ -78,8 +87,8 @@
  *   +260 int16 bsums[16]   bsums[j] = sum of qs[16j .. 16j+15]
  *
  * Dot products pair each weight type with the activation type llama.cpp
- * uses for it (kp_vec_dot_type): F32/F16/BF16 with themselves, Q8_0, Q4_0
- * and Q5_0 with Q8_0, Q4_1 and Q5_1 with Q8_1, Q4_K, Q5_K and Q6_K with
+ * uses for it (kp_vec_dot_type): F32/F16/BF16 with themselves, Q8_0, Q4_0,
+ * Q5_0 and MXFP4 with Q8_0, Q4_1 and Q5_1 with Q8_1, Q4_K, Q5_K and Q6_K with
  * Q8_K. With Q8_1 the dot product of one block is
  *   d_w * d_a * sum(q_w * q_a) + m_w * s_a
  * (the stored s, not the exact sum, as in llama.cpp).
@@ -92,6 +101,7 @@
 #define KP_QUANT_BLOCKS_H
 
 #include <stddef.h>
+#include <string.h>
 #include <stdint.h>
 
 #define KP_QK8_0 32
@@ -101,6 +111,7 @@
 #define KP_QK5_1 32
 #define KP_QK8_1 32
 #define KP_QK_K 256
+#define KP_QK_MXFP4 32
 
 typedef struct {
     uint16_t d; /* half */
@@ -117,6 +128,24 @@ typedef struct {
     uint16_t m; /* half */
     uint8_t qs[KP_QK4_1 / 2];
 } kp_block_q4_1;
+
+/* MXFP4: the table at the top; alignment 1. */
+typedef struct {
+    uint8_t e;
+    uint8_t qs[KP_QK_MXFP4 / 2];
+} kp_block_mxfp4;
+
+/* The doubled E2M1 values by code (see kp_block_mxfp4). */
+static const int8_t kp_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* 2^(e - 128) as a float (e = 0 and 1 give the subnormals 2^-128, 2^-127):
+ * an MXFP4 block's scale for the doubled values. */
+static inline float kp_e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 
 typedef struct {
     uint16_t d; /* half */
@@ -168,6 +197,7 @@ typedef struct {
 _Static_assert(sizeof(kp_block_q8_0) == 34, "Q8_0 block is 34 bytes");
 _Static_assert(sizeof(kp_block_q4_0) == 18, "Q4_0 block is 18 bytes");
 _Static_assert(sizeof(kp_block_q4_1) == 20, "Q4_1 block is 20 bytes");
+_Static_assert(sizeof(kp_block_mxfp4) == 17, "MXFP4 block is 17 bytes");
 _Static_assert(sizeof(kp_block_q5_0) == 22, "Q5_0 block is 22 bytes");
 _Static_assert(sizeof(kp_block_q5_1) == 24, "Q5_1 block is 24 bytes");
 _Static_assert(sizeof(kp_block_q8_1) == 36, "Q8_1 block is 36 bytes");

@@ -32,6 +32,13 @@
  *             relative to the largest, and requantization
  *       Q8_K  d = max/-127 (signed value of largest |x|), q = round(x/d),
  *             bsums = sums of 16 consecutive q
+ *       MXFP4 e = floor(log2(amax)) - 2 + 127 (0 for an all-zero block), so
+ *             the largest |x| lands between 4 and 8 steps of 2^(e - 128)
+ *             (the doubled values reach 12); each code the value nearest
+ *             x / 2^(e - 128), the first of equal distances in code order.
+ *             Below amax 2^-125, where llama.cpp converts a negative float
+ *             to uint8_t (undefined in C; x86 wraps it to a huge scale),
+ *             e is 0
  *
  *     "/d" is a multiplication by id = 1/d (0 when d is 0), as in llama.cpp.
  *   - The dequantizers, one loop per layout, and kp_q8_0_aux_row.
@@ -566,6 +573,31 @@ void kp_quant_row_q8_K(const float *x, void *dst, int64_t n) {
     }
 }
 
+/* The code of the doubled E2M1 value nearest x at scale d (d x value),
+ * ties to the lower code, as llama.cpp's best_index_mxfp4. */
+static uint8_t mxfp4_nearest(float x, float d) {
+    int best = 0;
+    float best_err = fabsf(kp_mxfp4_values[0] * d - x);
+    for (int i = 1; i < 16; i++) {
+        const float err = fabsf(kp_mxfp4_values[i] * d - x);
+        if (err < best_err) best = i, best_err = err;
+    }
+    return (uint8_t)best;
+}
+
+static void quant_row_mxfp4(const float *x, kp_block_mxfp4 *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += KP_QK_MXFP4) {
+        float amax = 0;
+        for (int j = 0; j < KP_QK_MXFP4; j++) amax = amax < fabsf(x[j]) ? fabsf(x[j]) : amax;
+        /* floor(log2) of a finite float is in -149 .. 127, so e fits a byte */
+        const uint8_t e = amax > 0 && isfinite(amax) ? (uint8_t)to_int_in(floorf(log2f(amax)) - 2 + 127, 0, 255) : 0;
+        const float d = kp_e8m0_half(e);
+        y[i].e = e;
+        for (int j = 0; j < KP_QK_MXFP4 / 2; j++)
+            y[i].qs[j] = (uint8_t)(mxfp4_nearest(x[j], d) | mxfp4_nearest(x[KP_QK_MXFP4 / 2 + j], d) << 4);
+    }
+}
+
 bool kp_quantize_row(kp_dtype t, const float *src, void *dst, int64_t n) {
     const kp_dtype_info *info = kp_dtype_get((uint32_t)t);
     if (!info || n < 0 || n % info->block_size != 0) return false;
@@ -583,6 +615,7 @@ bool kp_quantize_row(kp_dtype t, const float *src, void *dst, int64_t n) {
     case KP_DTYPE_Q5_1: quant_row_q5_1(src, dst, n / KP_QK5_1); return true;
     case KP_DTYPE_Q5_K: quant_row_q5_K(src, dst, n / KP_QK_K); return true;
     case KP_DTYPE_Q8_1: kp_quant_row_q8_1(src, dst, n); return true;
+    case KP_DTYPE_MXFP4: quant_row_mxfp4(src, dst, n / KP_QK_MXFP4); return true;
     default: return false;
     }
 }
@@ -633,6 +666,16 @@ static void dequant_q5_1(const kp_block_q5_1 *x, float *y, int64_t nb) {
         const float d = kp_fp16_to_fp32(x[i].d), m = kp_fp16_to_fp32(x[i].m);
         unpack_q5(x[i].qh, x[i].qs, q);
         for (int j = 0; j < 32; j++) y[j] = q[j] * d + m;
+    }
+}
+
+static void dequant_mxfp4(const kp_block_mxfp4 *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += KP_QK_MXFP4) {
+        const float d = kp_e8m0_half(x[i].e);
+        for (int j = 0; j < KP_QK_MXFP4 / 2; j++) {
+            y[j] = kp_mxfp4_values[x[i].qs[j] & 0xF] * d;
+            y[j + KP_QK_MXFP4 / 2] = kp_mxfp4_values[x[i].qs[j] >> 4] * d;
+        }
     }
 }
 
@@ -714,6 +757,7 @@ bool kp_dequantize_row(kp_dtype t, const void *src, float *dst, int64_t n) {
     case KP_DTYPE_Q5_1: dequant_q5_1(src, dst, nb); return true;
     case KP_DTYPE_Q8_1: dequant_q8_1(src, dst, nb); return true;
     case KP_DTYPE_Q5_K: dequant_q5_K(src, dst, nb); return true;
+    case KP_DTYPE_MXFP4: dequant_mxfp4(src, dst, nb); return true;
     default: return false;
     }
 }
@@ -727,7 +771,8 @@ kp_dtype kp_vec_dot_type(kp_dtype w) {
     case KP_DTYPE_Q4_0: return KP_DTYPE_Q8_0;
     case KP_DTYPE_Q4_K:
     case KP_DTYPE_Q6_K: return KP_DTYPE_Q8_K;
-    case KP_DTYPE_Q5_0: return KP_DTYPE_Q8_0;
+    case KP_DTYPE_Q5_0:
+    case KP_DTYPE_MXFP4: return KP_DTYPE_Q8_0;
     case KP_DTYPE_Q4_1: case KP_DTYPE_Q5_1: return KP_DTYPE_Q8_1;
     case KP_DTYPE_Q5_K: return KP_DTYPE_Q8_K;
     default: return KP_DTYPE_COUNT_;

@@ -1,13 +1,13 @@
 /*
  * quant_scalar.c - the portable kernel table "scalar" (quant.h), every type
- * with kernels: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K
- * and Q6_K (byte layouts in quant_blocks.h). Plain ISO C, no target
+ * with kernels: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
+ * Q6_K and MXFP4 (byte layouts in quant_blocks.h). Plain ISO C, no target
  * attributes; always available.
  *
  * What it owns: straightforward loops, integer dot products inside a
  * block, float accumulation across blocks (F32/F16/BF16 rows accumulate in
  * double). dot_tile and gemm are nr*nc vec_dot calls; the table has gemm
- * entries for F32, F16, BF16, Q8_0, Q4_0, Q4_K and Q6_K (callers cover the
+ * entries for F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K and MXFP4 (callers cover the
  * others with dot_tile). quantize_act is the reference quantizers of
  * quant_ref.c, and the attention helpers accumulate in float in element
  * order. Half and bfloat16 fields are decoded with quant_ref.h's inline
@@ -67,6 +67,23 @@ static void vec_dot_q4_0_scalar(int64_t n, float *s, const void *w, const void *
             sumi += ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + KP_QK4_0 / 2];
         }
         sumf += sumi * (half(x[i].d) * half(y[i].d));
+    }
+    *s = sumf;
+}
+
+/* MXFP4 . Q8_0: the doubled E2M1 values times the quants, in int per
+ * block, scaled by 2^(e - 128) x d_a (an exact product: a power of two). */
+static void vec_dot_mxfp4_scalar(int64_t n, float *s, const void *w, const void *a) {
+    const kp_block_mxfp4 *x = w;
+    const kp_block_q8_0 *y = a;
+    float sumf = 0;
+    for (int64_t i = 0; i < n / KP_QK_MXFP4; i++) {
+        int sumi = 0;
+        for (int j = 0; j < KP_QK_MXFP4 / 2; j++) {
+            sumi += kp_mxfp4_values[x[i].qs[j] & 0xF] * y[i].qs[j];
+            sumi += kp_mxfp4_values[x[i].qs[j] >> 4] * y[i].qs[j + KP_QK_MXFP4 / 2];
+        }
+        sumf += sumi * (kp_e8m0_half(x[i].e) * half(y[i].d));
     }
     *s = sumf;
 }
@@ -206,6 +223,7 @@ SCALAR_TILE(tile_q5_1_scalar, vec_dot_q5_1_scalar)
 SCALAR_TILE(tile_q4_K_scalar, vec_dot_q4_K_scalar)
 SCALAR_TILE(tile_q5_K_scalar, vec_dot_q5_K_scalar)
 SCALAR_TILE(tile_q6_K_scalar, vec_dot_q6_K_scalar)
+SCALAR_TILE(tile_mxfp4_scalar, vec_dot_mxfp4_scalar)
 #undef SCALAR_TILE
 
 #define SCALAR_GEMM(name, dot)                                                                \
@@ -223,6 +241,7 @@ SCALAR_GEMM(gemm_q8_0_scalar, vec_dot_q8_0_scalar)
 SCALAR_GEMM(gemm_q4_0_scalar, vec_dot_q4_0_scalar)
 SCALAR_GEMM(gemm_q4_K_scalar, vec_dot_q4_K_scalar)
 SCALAR_GEMM(gemm_q6_K_scalar, vec_dot_q6_K_scalar)
+SCALAR_GEMM(gemm_mxfp4_scalar, vec_dot_mxfp4_scalar)
 #undef SCALAR_GEMM
 
 static float dot_f32_scalar(int64_t n, const float *x, const float *y) {
@@ -260,6 +279,7 @@ const kp_kernels kp_quant_scalar_kernels = {
             [KP_DTYPE_Q5_0] = kp_quant_row_q8_0,
             [KP_DTYPE_Q5_1] = kp_quant_row_q8_1,
             [KP_DTYPE_Q5_K] = kp_quant_row_q8_K,
+            [KP_DTYPE_MXFP4] = kp_quant_row_q8_0,
         },
     .vec_dot =
         {
@@ -274,6 +294,7 @@ const kp_kernels kp_quant_scalar_kernels = {
             [KP_DTYPE_Q5_0] = vec_dot_q5_0_scalar,
             [KP_DTYPE_Q5_1] = vec_dot_q5_1_scalar,
             [KP_DTYPE_Q5_K] = vec_dot_q5_K_scalar,
+            [KP_DTYPE_MXFP4] = vec_dot_mxfp4_scalar,
         },
     .dot_tile =
         {
@@ -288,6 +309,7 @@ const kp_kernels kp_quant_scalar_kernels = {
             [KP_DTYPE_Q5_0] = tile_q5_0_scalar,
             [KP_DTYPE_Q5_1] = tile_q5_1_scalar,
             [KP_DTYPE_Q5_K] = tile_q5_K_scalar,
+            [KP_DTYPE_MXFP4] = tile_mxfp4_scalar,
         },
     .gemm =
         {
@@ -298,6 +320,7 @@ const kp_kernels kp_quant_scalar_kernels = {
             [KP_DTYPE_Q4_0] = gemm_q4_0_scalar,
             [KP_DTYPE_Q4_K] = gemm_q4_K_scalar,
             [KP_DTYPE_Q6_K] = gemm_q6_K_scalar,
+            [KP_DTYPE_MXFP4] = gemm_mxfp4_scalar,
         },
     .dot_f32 = dot_f32_scalar,
     .dot_f32_f16 = dot_f32_f16_scalar,

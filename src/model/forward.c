@@ -31,6 +31,17 @@
  *   ffn      = the chosen experts' weighted sum                (n_expert > 0, qwen3moe:
  *                                                               the experts section)
  *
+ * and for gpt-oss (model.h: Experts, Sinks):
+ *
+ *   q, k, v += bq, bk, bv;  x += att @ wo + bo                 (the biases present)
+ *   att      = softmax with the head's sink in the denominator: the kernels'
+ *              partial state [m, l, o] merged with exp(sink - m') (att_merge2,
+ *              att_merge), in every path (tiles, window tiles, decode chunks)
+ *   rope     = YaRN (hp.rope_yarn): rope_tables blends each pair's angle and
+ *              scales cos and sin, as ggml's rope_yarn
+ *   router   = xn @ w_router + b_router; the top k logits, weights their softmax
+ *   expert   = (oai_swiglu(xn @ gate + b_gate, xn @ up + b_up)) @ down + b_down
+ *
  * Sliding windows and the prefix cache. Every layer, WINDOW layers too,
  * writes the K/V of every position into the sequence's blocks; a WINDOW
  * layer only reads fewer of them. So a block of the prefix cache holds
@@ -360,12 +371,27 @@ typedef struct {
     const float *up;
     size_t n_ff;
     const kp_attn_kernels *ak;
+    float limit, alpha;  /* limit > 0: gpt-oss's clamped SwiGLU (oai_swiglu_row) */
 } swiglu_ctx;
+
+/* gpt-oss's SwiGLU (model.h, Experts), as ggml's swiglu_oai on the CPU:
+ * x = min(gate, limit), y = clamp(up, -limit, limit),
+ * gate = x / (1 + expf(-alpha x)) * (y + 1). */
+static void oai_swiglu_row(float *gate, const float *up, size_t n, float alpha, float limit) {
+    for (size_t i = 0; i < n; i++) {
+        const float x = gate[i] < limit ? gate[i] : limit;
+        const float y = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
+        gate[i] = x / (1.0f + expf(alpha * -x)) * (y + 1.0f);
+    }
+}
 
 static void swiglu_task(void *vctx, int task, int thread) {
     (void)thread;
     swiglu_ctx *c = vctx;
-    c->ak->swiglu_row(c->gate + (size_t)task * c->n_ff, c->up + (size_t)task * c->n_ff, (int64_t)c->n_ff);
+    float *g = c->gate + (size_t)task * c->n_ff;
+    const float *u = c->up + (size_t)task * c->n_ff;
+    if (c->limit > 0) oai_swiglu_row(g, u, c->n_ff, c->alpha, c->limit);
+    else c->ak->swiglu_row(g, u, (int64_t)c->n_ff);
 }
 
 /* gate = gelu_tanh(gate) * up for one token row, as ggml's geglu on the
@@ -572,8 +598,10 @@ static void moe_softmax(float *p, uint32_t n) {
     for (uint32_t e = 0; e < n; e++) p[e] *= inv;
 }
 
-/* Token t's K experts (highest probability first, ties to the lower id)
- * and their normalized weights. */
+/* Token t's K experts (highest p first, ties to the lower id) and their
+ * weights: with KP_GATE_SOFTMAX p are probabilities and the weights the
+ * chosen ones renormalized; with KP_GATE_SOFTMAX_TOPK p are logits and the
+ * weights the softmax of the chosen ones. */
 static void moe_route(const kp_hparams *hp, const float *p, int32_t *sel, float *w) {
     uint32_t K = hp->n_expert_used;
     double sum = 0;
@@ -588,9 +616,22 @@ static void moe_route(const kp_hparams *hp, const float *p, int32_t *sel, float 
         w[j] = p[best];
         sum += (double)w[j];
     }
+    if (hp->gate == KP_GATE_SOFTMAX_TOPK) {
+        moe_softmax(w, K);
+        return;
+    }
     float s = (float)sum;
     if (s < 6.103515625e-5f) s = 6.103515625e-5f; /* llama.cpp's clamp: the smallest normal F16 */
     for (uint32_t j = 0; j < K; j++) w[j] /= s;
+}
+
+/* Adds each expert's bias row (bias[e][0 .. width), NULL: none) to its
+ * grouped rows of x ([rows][width]). */
+static void moe_bias(const kp_forward *f, const float *bias, float *x, size_t width) {
+    if (!bias) return;
+    for (uint32_t e = 0; e < f->m->hp.n_expert; e++)
+        for (int32_t r = f->moe_first[e]; r < f->moe_first[e + 1]; r++)
+            for (size_t i = 0; i < width; i++) x[(size_t)r * width + i] += bias[(size_t)e * width + i];
 }
 
 /* Groups the n x K (token, rank) pairs by expert (see above). */
@@ -666,7 +707,9 @@ static kp_status moe_ffn(kp_forward *f, int n, const kp_layer *L, kp_error *err)
     if ((st = matmul(f, f->xn, n, 1, &r, err)) != KP_OK) return st;
     for (int t = 0; t < n; t++) {
         float *p = f->router + (size_t)t * hp->n_expert;
-        moe_softmax(p, hp->n_expert);
+        if (L->b_router)
+            for (uint32_t e = 0; e < hp->n_expert; e++) p[e] += L->b_router[e];
+        if (hp->gate == KP_GATE_SOFTMAX) moe_softmax(p, hp->n_expert);
         moe_route(hp, p, f->moe_sel + (size_t)t * K, f->moe_w + (size_t)t * K);
     }
     moe_group(f, n);
@@ -679,7 +722,9 @@ static kp_status moe_ffn(kp_forward *f, int n, const kp_layer *L, kp_error *err)
         jobs[nj++] = (moe_job){kp_expert_matrix(&L->e_up, e), e, a, cnt, f->up + (size_t)a * X};
     }
     if ((st = moe_matmul(f, f->xn, f->moe_token, rows, jobs, nj, err)) != KP_OK) return st;
-    swiglu_ctx sw = {f->gate, f->up, X, f->ak};
+    moe_bias(f, L->b_gate_exps, f->gate, X);
+    moe_bias(f, L->b_up_exps, f->up, X);
+    swiglu_ctx sw = {f->gate, f->up, X, f->ak, hp->swiglu_limit, hp->swiglu_alpha};
     if (rows >= 4) kp_threads_run(f->threads, swiglu_task, &sw, rows);
     else for (int i = 0; i < rows; i++) swiglu_task(&sw, i, 0);
     for (int j = 0; j < nj / 2; j++) { /* the down matrices of the same experts */
@@ -688,6 +733,7 @@ static kp_status moe_ffn(kp_forward *f, int n, const kp_layer *L, kp_error *err)
                             f->moe_out + (size_t)g.first * E};
     }
     if ((st = moe_matmul(f, f->gate, NULL, rows, jobs, nj / 2, err)) != KP_OK) return st;
+    moe_bias(f, L->b_down_exps, f->moe_out, E);
     for (int t = 0; t < n; t++) {
         float *out = f->xn + (size_t)t * E;
         const float *w = f->moe_w + (size_t)t * K;
@@ -704,24 +750,51 @@ static kp_status moe_ffn(kp_forward *f, int n, const kp_layer *L, kp_error *err)
 
 /* ---- rope ---------------------------------------------------------------- */
 
+/* YaRN's correction range for rope base (ggml_rope_yarn_corr_dims): the
+ * pair indices where a rotation makes beta_fast, resp. beta_slow, turns
+ * over the original context, floored / ceiled and kept in [0, n_dims - 1]. */
+static float yarn_corr_dim(int n_dims, int n_ctx_orig, float beta, float base) {
+    return (float)n_dims * logf((float)n_ctx_orig / (beta * 2 * 3.14159265358979323846f)) / (2 * logf(base));
+}
+
+static void yarn_corr_dims(int n_dims, int n_ctx_orig, float base, float beta_fast, float beta_slow, float dims[2]) {
+    float start = floorf(yarn_corr_dim(n_dims, n_ctx_orig, beta_fast, base));
+    float end = ceilf(yarn_corr_dim(n_dims, n_ctx_orig, beta_slow, base));
+    dims[0] = start > 0 ? start : 0;
+    dims[1] = end < (float)(n_dims - 1) ? end : (float)(n_dims - 1);
+}
+
 /* cos and sin of every (token, pair) into out, for rope base and scale,
  * computed as ggml's CPU rope does, in float: theta_0 = pos, theta_(i+1) =
  * theta_i * base^(-2/n_rot) (one rounding per step), the angle
- * freq_scale * (theta_i / factor_i), then cosf and sinf. (An exact angle
+ * freq_scale * (theta_i / factor_i), then cosf and sinf. With YaRN
+ * (hp.rope_yarn) the angle blends toward theta_i / factor_i by a ramp over
+ * the correction range, and cos and sin are scaled by mscale, as ggml's
+ * rope_yarn. (An exact angle
  * differs from it by up to ~1e-4 rad at a few hundred positions, which a
  * GELU looked up by its F16 input, gemma3's, turns into jumps of 2^-11.) */
 static void rope_tables(kp_forward *f, const kp_batch *b, float base, float freq_scale, float *out) {
     const kp_hparams *hp = &f->m->hp;
     int half = (int)hp->n_rot / 2;
     const float theta_scale = powf(base, -2.0f / (float)hp->n_rot);
+    float corr[2] = {0, 0}, mscale = 1.0f;
+    if (hp->rope_yarn) {
+        yarn_corr_dims((int)hp->n_rot, (int)hp->yarn_n_ctx_orig, base, hp->yarn_beta_fast, hp->yarn_beta_slow, corr);
+        mscale = hp->yarn_attn_factor * (1.0f + 0.1f * logf(1.0f / freq_scale));
+    }
     for (int t = 0; t < b->n_tokens; t++) {
         float *cs = out + (size_t)t * hp->n_rot;
         float theta = (float)b->pos[t];
         for (int i = 0; i < half; i++) {
             float ff = f->m->rope_freqs ? f->m->rope_freqs[i] : 1.0f;
-            float angle = freq_scale * (theta / ff);
-            cs[2 * i] = cosf(angle);
-            cs[2 * i + 1] = sinf(angle);
+            float extrap = theta / ff, angle = freq_scale * extrap;
+            if (hp->rope_yarn) { /* pairs below corr[0] keep the extrapolated angle, above corr[1] the scaled one */
+                float y = ((float)i - corr[0]) / (corr[1] - corr[0] > 0.001f ? corr[1] - corr[0] : 0.001f);
+                float mix = 1.0f - (y < 0 ? 0 : y > 1 ? 1 : y);
+                angle = angle * (1.0f - mix) + extrap * mix;
+            }
+            cs[2 * i] = cosf(angle) * mscale;
+            cs[2 * i + 1] = sinf(angle) * mscale;
             theta *= theta_scale;
         }
     }
@@ -749,7 +822,13 @@ typedef struct {
     int n_tiles;
     float scale;
     uint32_t window;     /* WINDOW layer: positions each query sees; 0: all */
+    const float *sinks;  /* [n_head] the layer's sink logits, or NULL */
 } att_ctx;
+
+/* Head g of kv-head h's sink logit, -INFINITY without sinks. */
+static float att_sink(const att_ctx *c, int h, int g, int G) {
+    return c->sinks ? c->sinks[h * G + g] : -INFINITY;
+}
 
 /* The first position query position pos sees: pos - window + 1 (at least 0),
  * 0 in a FULL layer. */
@@ -849,13 +928,18 @@ static void att_task(void *vctx, int task, int thread) {
     f->ak->tile_partial(&at, part);
 }
 
-/* Merges two partial states of one row ([m, l, o[hd]] each, either may
- * have seen nothing) into its normalized output. */
-static void att_merge2(const float *a, const float *b, int hd, float *out) {
-    float m = a[0] > b[0] ? a[0] : b[0];
-    float wa = a[0] == -INFINITY ? 0.0f : expf(a[0] - m), wb = b[0] == -INFINITY ? 0.0f : expf(b[0] - m);
-    float inv = 1.0f / (a[1] * wa + b[1] * wb);
-    for (int d = 0; d < hd; d++) out[d] = (a[2 + d] * wa + b[2 + d] * wb) * inv;
+/* Merges partial states a and b of one row ([m, l, o[hd]] each; b may be
+ * NULL, either may have seen nothing) and the head's sink logit (a term of
+ * the denominator only; -INFINITY: none) into its normalized output. */
+static void att_merge2(const float *a, const float *b, float sink, int hd, float *out) {
+    static const float none[2] = {-INFINITY, 0};
+    const float *bb = b ? b : none;
+    float m = a[0] > bb[0] ? a[0] : bb[0];
+    m = sink > m ? sink : m;
+    float wa = a[0] == -INFINITY ? 0.0f : expf(a[0] - m), wb = bb[0] == -INFINITY ? 0.0f : expf(bb[0] - m);
+    float ws = sink == -INFINITY ? 0.0f : expf(sink - m);
+    float inv = 1.0f / (a[1] * wa + bb[1] * wb + ws);
+    for (int d = 0; d < hd; d++) out[d] = (a[2 + d] * wa + (b ? b[2 + d] * wb : 0.0f)) * inv;
 }
 
 /* A tile of a WINDOW layer. Token i sees [lo_i, pos_i], lo_i = pos_i - n_swa
@@ -885,8 +969,8 @@ static void att_window_tile(att_ctx *c, kp_attn_tile *at, const kp_kvseq *s, uin
         att_stream(f, &one, s, c->layer, h, lo, hi);
         f->ak->tile_partial(&one, head);
         for (int g = 0; g < G; g++)
-            att_merge2(head + (size_t)g * (hd + 2), part + ((size_t)i * G + g) * (hd + 2), hd,
-                       out + (size_t)i * stride + (size_t)g * hd);
+            att_merge2(head + (size_t)g * (hd + 2), part + ((size_t)i * G + g) * (hd + 2), att_sink(c, (int)h, g, G),
+                       hd, out + (size_t)i * stride + (size_t)g * hd);
     }
 }
 
@@ -914,11 +998,21 @@ static void att_tile_task(void *vctx, int task, int thread) {
     }
     f->ak->tile_begin(&at, f->q + (size_t)t0 * Qd + off, (int64_t)Qd);
     att_stream(f, &at, s, c->layer, (uint32_t)h, 0, (int64_t)c->b->pos[t0 + T - 1] + 1);
-    f->ak->tile_end(&at, f->att + (size_t)t0 * Qd + off, (int64_t)Qd);
+    if (!c->sinks) {
+        f->ak->tile_end(&at, f->att + (size_t)t0 * Qd + off, (int64_t)Qd);
+        return;
+    }
+    float *part = at.ws + kp_attn_tile_floats(hd, T * G); /* the partial states, then the sinks */
+    f->ak->tile_partial(&at, part);
+    for (int i = 0; i < T; i++)
+        for (int g = 0; g < G; g++)
+            att_merge2(part + ((size_t)i * G + g) * (hd + 2), NULL, att_sink(c, h, g, G), hd,
+                       f->att + (size_t)(t0 + i) * Qd + off + (size_t)g * hd);
 }
 
-/* Merges the chunk partials of each (token, kv head) into f->att. */
-static void att_merge(kp_forward *f, int n_tokens, int n_chunks) {
+/* Merges the chunk partials of each (token, kv head) and the heads' sink
+ * logits (NULL: none) into f->att. */
+static void att_merge(kp_forward *f, int n_tokens, int n_chunks, const float *sinks) {
     const kp_hparams *hp = &f->m->hp;
     int hd = (int)hp->head_dim, G = (int)(hp->n_head / hp->n_head_kv);
     size_t Qd = (size_t)hp->n_head * hd;
@@ -927,12 +1021,13 @@ static void att_merge(kp_forward *f, int n_tokens, int n_chunks) {
             for (int g = 0; g < G; g++) {
                 float *out = f->att + (size_t)t * Qd + ((size_t)h * G + g) * hd;
                 size_t base = ((size_t)t * hp->n_head_kv + h) * n_chunks;
-                float mx = -INFINITY;
+                float mx = -INFINITY, sink = sinks ? sinks[h * G + g] : -INFINITY;
                 for (int c = 0; c < n_chunks; c++) {
                     float m = f->partials[(base + c) * G * (hd + 2) + g * (hd + 2)];
                     mx = m > mx ? m : mx;
                 }
-                double sum = 0;
+                mx = sink > mx ? sink : mx;
+                double sum = sink == -INFINITY ? 0 : expf(sink - mx);
                 memset(out, 0, (size_t)hd * sizeof(float));
                 for (int c = 0; c < n_chunks; c++) {
                     const float *pp = f->partials + (base + c) * G * (hd + 2) + g * (hd + 2);
@@ -950,6 +1045,7 @@ static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_
     const kp_hparams *hp = &f->m->hp;
     int G = (int)(hp->n_head / hp->n_head_kv), hd = (int)hp->head_dim;
     uint32_t window = f->m->layers[layer].kind == KP_LAYER_WINDOW ? hp->n_swa : 0;
+    const float *sinks = f->m->layers[layer].attn_sinks;
     int64_t max_pos = 0;
     for (int t = 0; t < b->n_tokens; t++) max_pos = b->pos[t] + 1 > max_pos ? b->pos[t] + 1 : max_pos;
     int base_tasks = b->n_tokens * (int)hp->n_head_kv;
@@ -970,7 +1066,7 @@ static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_
     /* per-thread workspace, a multiple of 16 floats so each one starts on
      * a cache line; WINDOW tiles keep two partial states per row after it */
     size_t ws = kp_attn_tile_floats(hd, n_chunks == 1 ? tile_tokens * G : G);
-    if (window) ws += (size_t)(tile_tokens + 1) * G * (hd + 2);
+    if (window || sinks) ws += (size_t)(tile_tokens + 1) * G * (hd + 2);
     ws = (ws + 15) & ~(size_t)15;
     if (ws * f->n_threads > f->att_ws_cap) {
         free(f->att_ws);
@@ -985,7 +1081,7 @@ static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_
         if (!kp_grow((void **)&f->partials, &f->cap_partials, need, 1))
             return kp_fail(err, KP_ENOMEM, "out of memory for attention partials");
     }
-    att_ctx c = {f, b, layer, n_chunks, 0, hp->attn_scale_on_q ? 1.0f : hp->attn_scale, window};
+    att_ctx c = {f, b, layer, n_chunks, 0, hp->attn_scale_on_q ? 1.0f : hp->attn_scale, window, sinks};
     if (n_chunks == 1) {
         /* tiles: runs of consecutive tokens of one sequence, at most tile_tokens */
         if (!kp_grow((void **)&f->tiles, &f->cap_tiles, (size_t)b->n_tokens * 2 * sizeof(int32_t), 1))
@@ -1008,7 +1104,7 @@ static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_
         return KP_OK;
     }
     kp_threads_run(f->threads, att_task, &c, base_tasks * n_chunks);
-    att_merge(f, b->n_tokens, n_chunks);
+    att_merge(f, b->n_tokens, n_chunks, sinks);
     return KP_OK;
 }
 
@@ -1047,7 +1143,10 @@ static kp_status probe_capture(kp_forward *f, const kp_batch *b, uint32_t layer,
         f->probe[p] = d * scale;
         mx = f->probe[p] > mx ? f->probe[p] : mx;
     }
-    double sum = 0;
+    const float *sinks = f->m->layers[layer].attn_sinks; /* a sink takes its share of the weight */
+    float sink = sinks ? sinks[f->probe_head] : -INFINITY;
+    mx = sink > mx ? sink : mx;
+    double sum = sink == -INFINITY ? 0 : expf(sink - mx);
     for (int32_t p = 0; p < n_pos; p++) sum += f->probe[p] = expf(f->probe[p] - mx);
     for (int32_t p = 0; p < n_pos; p++) f->probe[p] = (float)(f->probe[p] / sum);
     f->probe_n = n_pos;
@@ -1168,6 +1267,9 @@ static kp_status layer_attention(kp_forward *f, const kp_batch *b, uint32_t l, c
     if ((st = probe_capture(f, b, l, err)) != KP_OK) return st;
     mm_job o = {&L->wo, f->xn};
     if ((st = matmul(f, f->att, n, 1, &o, err)) != KP_OK) return st;
+    if (L->bo)
+        for (int t = 0; t < n; t++)
+            for (size_t i = 0; i < E; i++) f->xn[(size_t)t * E + i] += L->bo[i];
     if (L->attn_post_norm)
         for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->xn + t * E, L->attn_post_norm, (int64_t)E, hp->rms_eps);
     for (size_t i = 0; i < (size_t)n * E; i++) f->x[i] += f->xn[i];
@@ -1188,7 +1290,7 @@ static kp_status layer_ffn(kp_forward *f, int n, const kp_layer *L, kp_error *er
         if (hp->ffn_act == KP_FFN_GELU_TANH) {
             for (int t = 0; t < n; t++) geglu_row(f->gelu, f->gate + (size_t)t * F, f->up + (size_t)t * F, F);
         } else {
-            swiglu_ctx sw = {f->gate, f->up, F, f->ak};
+            swiglu_ctx sw = {f->gate, f->up, F, f->ak, 0, 0};
             if (n >= 4) kp_threads_run(f->threads, swiglu_task, &sw, n);
             else for (int t = 0; t < n; t++) swiglu_task(&sw, t, 0);
         }

@@ -163,27 +163,33 @@ typedef struct {
 static const mk_preset presets[] = {
     {"smollm2-135m",
      {"llama", 30, 576, 9, 3, 0, 1536, 8192, 100000.0f, 1e-5f, true, KP_DTYPE_F32, 1,
-      "smollm2-135m", 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      "smollm2-135m", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"tiny",
-     {"llama", 2, 256, 4, 2, 0, 512, 2048, 10000.0f, 1e-5f, false, KP_DTYPE_F32, 1, "tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+     {"llama", 2, 256, 4, 2, 0, 512, 2048, 10000.0f, 1e-5f, false, KP_DTYPE_F32, 1, "tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"qwen2-tiny",
      {"qwen2", 2, 256, 4, 2, 0, 768, 32768, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "qwen2-tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      "qwen2-tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"qwen3-tiny",
      {"qwen3", 2, 256, 4, 2, 128, 768, 32768, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "qwen3-tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      "qwen3-tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"gemma3-1b",
      {"gemma3", 26, 1152, 4, 1, 256, 6912, 32768, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "gemma3-1b", 0, 512, 0, 0, 0, 0, 0, 0, 0}},
+      "gemma3-1b", 0, 512, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"gemma3-tiny",
      {"gemma3", 6, 64, 2, 1, 32, 128, 2048, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "gemma3-tiny", 0, 16, 0, 0, 0, 0, 0, 0, 0}},
+      "gemma3-tiny", 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"qwen3moe-30b-a3b",
      {"qwen3moe", 8, 2048, 32, 4, 128, 6144, 40960, 1000000.0f, 1e-6f, false, KP_DTYPE_F32, 1,
-      "qwen3moe-30b-a3b", 0, 0, 0, 128, 8, 768, 0, 0, 0}},
+      "qwen3moe-30b-a3b", 0, 0, 0, 128, 8, 768, 0, 0, 0, 0, 0}},
     {"qwen3moe-tiny",
      {"qwen3moe", 2, 128, 4, 2, 32, 192, 32768, 1000000.0f, 1e-6f, false, KP_DTYPE_F32, 1,
-      "qwen3moe-tiny", 0, 0, 0, 8, 3, 64, 0, 0, 0}},
+      "qwen3moe-tiny", 0, 0, 0, 8, 3, 64, 0, 0, 0, 0, 0}},
+    {"gpt-oss-20b",
+     {"gpt-oss", 8, 2880, 64, 8, 64, 2880, 131072, 150000.0f, 1e-5f, false, KP_DTYPE_F32, 1,
+      "gpt-oss-20b", 0, 128, 0, 32, 4, 2880, 32.0f, 4096, 0, 0, 0}},
+    {"gpt-oss-tiny",
+     {"gpt-oss", 4, 64, 4, 2, 64, 64, 131072, 150000.0f, 1e-5f, false, KP_DTYPE_F32, 1,
+      "gpt-oss-tiny", 0, 16, 0, 8, 4, 64, 32.0f, 4096, 0, 0, 0}},
 };
 
 kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_error *err) {
@@ -195,11 +201,11 @@ kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_erro
     }
     return kp_fail(err, KP_ENOTFOUND,
                    "mkmodel: unknown preset '%s' (smollm2-135m, tiny, qwen2-tiny, qwen3-tiny, gemma3-1b, "
-                   "gemma3-tiny, qwen3moe-30b-a3b, qwen3moe-tiny)",
+                   "gemma3-tiny, qwen3moe-30b-a3b, qwen3moe-tiny, gpt-oss-20b, gpt-oss-tiny)",
                    name);
 }
 
-typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_GEMMA3, ARCH_QWEN3MOE, ARCH_UNKNOWN } mk_arch;
+typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_GEMMA3, ARCH_QWEN3MOE, ARCH_GPTOSS, ARCH_UNKNOWN } mk_arch;
 
 static mk_arch arch_of(const char *arch) {
     if (!arch) return ARCH_UNKNOWN;
@@ -208,6 +214,7 @@ static mk_arch arch_of(const char *arch) {
     if (strcmp(arch, "qwen3") == 0) return ARCH_QWEN3;
     if (strcmp(arch, "gemma3") == 0) return ARCH_GEMMA3;
     if (strcmp(arch, "qwen3moe") == 0) return ARCH_QWEN3MOE;
+    if (strcmp(arch, "gpt-oss") == 0) return ARCH_GPTOSS;
     return ARCH_UNKNOWN;
 }
 
@@ -224,6 +231,7 @@ int kp_mkmodel_file_type(kp_dtype wtype) {
     case KP_DTYPE_Q5_K: return 17; /* MOSTLY_Q5_K_M */
     case KP_DTYPE_Q6_K: return 18;
     case KP_DTYPE_BF16: return 32;
+    case KP_DTYPE_MXFP4: return 38; /* MOSTLY_MXFP4_MOE */
     default: return -1;
     }
 }
@@ -243,7 +251,7 @@ kp_dtype kp_mkmodel_weight_type(kp_dtype wtype, int64_t row_len) {
     case KP_DTYPE_Q4_K: t = KP_DTYPE_Q5_0; break;
     case KP_DTYPE_Q5_K: t = KP_DTYPE_Q5_1; break;
     case KP_DTYPE_Q6_K: t = KP_DTYPE_Q8_0; break;
-    default: break; /* Q8_0 Q4_0 Q4_1 Q5_0 Q5_1: 32-element blocks already */
+    default: break; /* Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 MXFP4: 32-element blocks already */
     }
     return row_len % kp_dtype_get(t)->block_size == 0 ? t : KP_DTYPE_F16;
 }
@@ -261,12 +269,13 @@ static uint32_t head_dim_of(const kp_mkmodel_spec *s) {
 kp_status kp_mkmodel_validate(const kp_mkmodel_spec *s, uint64_t n_vocab, kp_error *err) {
     if (arch_of(s->arch) == ARCH_UNKNOWN)
         return kp_fail(err, KP_EUNSUPPORTED,
-                       "mkmodel: architecture '%s' (mkmodel writes llama, qwen2, qwen3, gemma3, qwen3moe)",
+                       "mkmodel: architecture '%s' (mkmodel writes llama, qwen2, qwen3, gemma3, qwen3moe, "
+                       "gpt-oss)",
                        s->arch ? s->arch : "(null)");
     if (kp_mkmodel_file_type(s->wtype) < 0)
         return kp_fail(err, KP_EUNSUPPORTED,
                        "mkmodel: weight type %s (mkmodel writes F32 F16 BF16 Q8_0 Q4_0 Q4_1 "
-                       "Q5_0 Q5_1 Q4_K Q5_K Q6_K)",
+                       "Q5_0 Q5_1 Q4_K Q5_K Q6_K, and MXFP4 for experts)",
                        kp_dtype_name(s->wtype));
     if (s->n_layer == 0 || s->n_embd == 0 || s->n_head == 0 || s->n_head_kv == 0 ||
         s->n_ff == 0 || s->n_ctx == 0)
@@ -300,20 +309,31 @@ kp_status kp_mkmodel_validate(const kp_mkmodel_spec *s, uint64_t n_vocab, kp_err
     if (s->alignment != 0 && (s->alignment & (s->alignment - 1)) != 0)
         return kp_fail(err, KP_EINVAL, "mkmodel: alignment %u is not a power of two",
                        s->alignment);
-    if ((s->n_swa || s->swa_pattern) && arch_of(s->arch) != ARCH_GEMMA3)
-        return kp_fail(err, KP_EINVAL, "mkmodel: a sliding window (n_swa %u, pattern %u) needs arch gemma3",
+    mk_arch arch = arch_of(s->arch);
+    if ((s->n_swa || s->swa_pattern) && arch != ARCH_GEMMA3 && arch != ARCH_GPTOSS)
+        return kp_fail(err, KP_EINVAL, "mkmodel: a sliding window (n_swa %u, pattern %u) needs arch gemma3 or gpt-oss",
                        s->n_swa, s->swa_pattern);
-    if (arch_of(s->arch) == ARCH_QWEN3MOE) {
+    if (arch == ARCH_GPTOSS && s->n_swa == 0)
+        return kp_fail(err, KP_EINVAL, "mkmodel: gpt-oss needs a sliding window (n_swa >= 1)");
+    if (arch == ARCH_QWEN3MOE || arch == ARCH_GPTOSS) {
         if (s->n_expert == 0 || s->n_expert > 1024 || s->n_expert_used == 0 || s->n_expert_used > s->n_expert ||
             s->n_ff_exp == 0)
             return kp_fail(err, KP_EINVAL,
-                           "mkmodel: qwen3moe needs 1 <= experts used (%u) <= experts (%u) <= 1024 and an "
+                           "mkmodel: %s needs 1 <= experts used (%u) <= experts (%u) <= 1024 and an "
                            "expert FFN width >= 1 (%u)",
-                           s->n_expert_used, s->n_expert, s->n_ff_exp);
+                           s->arch, s->n_expert_used, s->n_expert, s->n_ff_exp);
     } else if (s->n_expert || s->n_expert_used || s->n_ff_exp) {
-        return kp_fail(err, KP_EINVAL, "mkmodel: experts (%u, %u used, width %u) need arch qwen3moe", s->n_expert,
-                       s->n_expert_used, s->n_ff_exp);
+        return kp_fail(err, KP_EINVAL, "mkmodel: experts (%u, %u used, width %u) need arch qwen3moe or gpt-oss",
+                       s->n_expert, s->n_expert_used, s->n_ff_exp);
+    } else if (s->wtype == KP_DTYPE_MXFP4) {
+        return kp_fail(err, KP_EINVAL, "mkmodel: MXFP4 is for experts (arch qwen3moe or gpt-oss)");
     }
+    if ((s->yarn_factor != 0 || s->yarn_orig_ctx != 0) &&
+        (arch != ARCH_GPTOSS || !(s->yarn_factor >= 1.0f) || !isfinite(s->yarn_factor) || s->yarn_orig_ctx == 0))
+        return kp_fail(err, KP_EINVAL,
+                       "mkmodel: YaRN (factor %g, original context %u) needs arch gpt-oss, a factor >= 1 and an "
+                       "original context >= 1",
+                       s->yarn_factor, s->yarn_orig_ctx);
     if (n_vocab == 0 || n_vocab > INT32_MAX)
         return kp_fail(err, KP_EINVAL, "mkmodel: vocabulary of %llu tokens",
                        (unsigned long long)n_vocab);
@@ -329,7 +349,8 @@ typedef struct {
     uint32_t n_dims;
     int64_t ne[3];      /* unused dims 1 */
     kp_dtype type;
-    bool fixed_type;    /* a matrix kept in its own type (the router), not the spec's */
+    bool fixed_type;    /* a matrix kept in its own type (the router, MXFP4's Q8_0), not the spec's */
+    bool bias;          /* a 2-D bias (gpt-oss's experts'): F32, not a weight */
     mk_init init;
     double scale; /* INIT_GAUSS: standard deviation; INIT_ROPE_FREQS: the llama3 factor */
     double base;  /* INIT_ROPE_FREQS: the rope base */
@@ -366,47 +387,79 @@ static void plan_add_experts(mk_plan *p, const char *name, int64_t ne0, int64_t 
     p->t[p->n - 1].ne[2] = n_mat;
 }
 
+/* A 1-D or 2-D F32 bias, N(0, scale^2). */
+static void plan_add_bias(mk_plan *p, const char *name, int64_t ne0, int64_t ne1, double scale) {
+    plan_add(p, name, ne0, ne1, KP_DTYPE_F32, INIT_GAUSS, scale);
+    if (p->n) p->t[p->n - 1].bias = p->t[p->n - 1].fixed_type = true;
+}
+
+/* The last planned tensor keeps its type whatever the spec's (Q8_0 under MXFP4). */
+static void plan_fix_type(mk_plan *p, bool fixed) {
+    if (p->n && fixed) p->t[p->n - 1].fixed_type = true;
+}
+
 static kp_status plan_build(const kp_mkmodel_spec *s, uint64_t n_vocab, mk_plan *p, kp_error *err) {
     mk_arch arch = arch_of(s->arch);
     int64_t hd = head_dim_of(s);
     int64_t nq = (int64_t)s->n_head * hd, nkv = (int64_t)s->n_head_kv * hd;
     int64_t E = s->n_embd, F = s->n_ff, V = (int64_t)n_vocab;
-    kp_dtype W = s->wtype;
+    /* MXFP4 as llama-quantize's MXFP4_MOE: the experts MXFP4, every other matrix Q8_0 */
+    const bool mxfp4 = s->wtype == KP_DTYPE_MXFP4;
+    kp_dtype W = mxfp4 ? KP_DTYPE_Q8_0 : s->wtype, WX = s->wtype;
+    const bool gptoss = arch == ARCH_GPTOSS;
     bool qk_norm = arch == ARCH_QWEN3 || arch == ARCH_GEMMA3 || arch == ARCH_QWEN3MOE;
-    bool post_norms = arch == ARCH_GEMMA3, experts = arch == ARCH_QWEN3MOE;
-    size_t per_layer = 9 + (arch == ARCH_QWEN2 ? 3 : 0) + (qk_norm ? 2 : 0) + (post_norms ? 2 : 0) + (experts ? 1 : 0);
+    bool post_norms = arch == ARCH_GEMMA3, experts = arch == ARCH_QWEN3MOE || gptoss;
+    size_t per_layer = 9 + (arch == ARCH_QWEN2 || gptoss ? 3 : 0) + (qk_norm ? 2 : 0) + (post_norms ? 2 : 0) +
+                       (experts ? 1 : 0) + (gptoss ? 6 : 0);
     p->cap = 2 + (s->tied ? 0 : 1) + (s->rope_freqs_llama3 > 0 ? 1 : 0) + per_layer * s->n_layer;
     p->n = 0;
     p->t = calloc(p->cap, sizeof *p->t);
     if (!p->t) return kp_fail(err, KP_ENOMEM, "mkmodel: out of memory planning tensors");
-
     plan_add(p, "token_embd.weight", E, V, W, INIT_GAUSS, s->tied ? inv_sqrt(E) : 1.0);
+    plan_fix_type(p, mxfp4);
     for (uint32_t l = 0; l < s->n_layer; l++) {
         char nm[KP_GGUF_W_MAX_TENSOR_NAME];
 #define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%u." suffix, l), nm)
         plan_add(p, BLK("attn_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
         plan_add(p, BLK("attn_q.weight"), E, nq, W, INIT_GAUSS, inv_sqrt(E));
+        plan_fix_type(p, mxfp4);
         plan_add(p, BLK("attn_k.weight"), E, nkv, W, INIT_GAUSS, inv_sqrt(E));
+        plan_fix_type(p, mxfp4);
         plan_add(p, BLK("attn_v.weight"), E, nkv, W, INIT_GAUSS, inv_sqrt(E));
-        if (arch == ARCH_QWEN2) {
-            plan_add(p, BLK("attn_q.bias"), nq, 0, KP_DTYPE_F32, INIT_GAUSS, 0.5);
-            plan_add(p, BLK("attn_k.bias"), nkv, 0, KP_DTYPE_F32, INIT_GAUSS, 0.5);
-            plan_add(p, BLK("attn_v.bias"), nkv, 0, KP_DTYPE_F32, INIT_GAUSS, 0.5);
+        plan_fix_type(p, mxfp4);
+        if (arch == ARCH_QWEN2 || gptoss) {
+            plan_add_bias(p, BLK("attn_q.bias"), nq, 0, 0.5);
+            plan_add_bias(p, BLK("attn_k.bias"), nkv, 0, 0.5);
+            plan_add_bias(p, BLK("attn_v.bias"), nkv, 0, 0.5);
         }
         if (qk_norm) {
             plan_add(p, BLK("attn_q_norm.weight"), hd, 0, KP_DTYPE_F32, INIT_NORM, 0);
             plan_add(p, BLK("attn_k_norm.weight"), hd, 0, KP_DTYPE_F32, INIT_NORM, 0);
         }
         plan_add(p, BLK("attn_output.weight"), nq, E, W, INIT_GAUSS, inv_sqrt(nq));
-        if (post_norms) plan_add(p, BLK("post_attention_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
-        plan_add(p, BLK("ffn_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
+        plan_fix_type(p, mxfp4);
+        if (gptoss) {
+            plan_add_bias(p, BLK("attn_output.bias"), E, 0, 0.1);
+            plan_add_bias(p, BLK("attn_sinks.weight"), s->n_head, 0, 1.0);
+        }
+        /* gpt-oss's FFN norm is its post_attention_norm */
+        if (post_norms || gptoss) plan_add(p, BLK("post_attention_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
+        if (!gptoss) plan_add(p, BLK("ffn_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
         if (experts) { /* the router stays F32, as llama-quantize leaves ffn_gate_inp */
-            int64_t X = s->n_ff_exp;
-            plan_add(p, BLK("ffn_gate_inp.weight"), E, s->n_expert, KP_DTYPE_F32, INIT_GAUSS, inv_sqrt(E));
+            int64_t X = s->n_ff_exp, N = s->n_expert;
+            double gu = gptoss ? 3.0 : 1.0; /* gpt-oss: reach the SwiGLU's clamp now and then */
+            plan_add(p, BLK("ffn_gate_inp.weight"), E, N, KP_DTYPE_F32, INIT_GAUSS, inv_sqrt(E));
             p->t[p->n - 1].fixed_type = true;
-            plan_add_experts(p, BLK("ffn_gate_exps.weight"), E, X, s->n_expert, W);
-            plan_add_experts(p, BLK("ffn_up_exps.weight"), E, X, s->n_expert, W);
-            plan_add_experts(p, BLK("ffn_down_exps.weight"), X, E, s->n_expert, W);
+            if (gptoss) plan_add_bias(p, BLK("ffn_gate_inp.bias"), N, 0, 0.5);
+            plan_add_experts(p, BLK("ffn_gate_exps.weight"), E, X, s->n_expert, WX);
+            p->t[p->n - 1].scale *= gu;
+            if (gptoss) plan_add_bias(p, BLK("ffn_gate_exps.bias"), X, N, 0.1);
+            plan_add_experts(p, BLK("ffn_up_exps.weight"), E, X, s->n_expert, WX);
+            p->t[p->n - 1].scale *= gu;
+            if (gptoss) plan_add_bias(p, BLK("ffn_up_exps.bias"), X, N, 0.1);
+            plan_add_experts(p, BLK("ffn_down_exps.weight"), X, E, s->n_expert, WX);
+            p->t[p->n - 1].scale /= gu * gu; /* and back to outputs of the residual's size */
+            if (gptoss) plan_add_bias(p, BLK("ffn_down_exps.bias"), E, N, 0.1);
         } else {
             plan_add(p, BLK("ffn_gate.weight"), E, F, W, INIT_GAUSS, inv_sqrt(E));
             plan_add(p, BLK("ffn_up.weight"), E, F, W, INIT_GAUSS, inv_sqrt(E));
@@ -417,6 +470,7 @@ static kp_status plan_build(const kp_mkmodel_spec *s, uint64_t n_vocab, mk_plan 
     }
     plan_add(p, "output_norm.weight", E, 0, KP_DTYPE_F32, INIT_NORM, 0);
     if (!s->tied) plan_add(p, "output.weight", E, V, W, INIT_GAUSS, inv_sqrt(E));
+    if (!s->tied) plan_fix_type(p, mxfp4);
     if (s->rope_freqs_llama3 > 0) {
         plan_add(p, "rope_freqs.weight", (s->n_rot ? s->n_rot : hd) / 2, 0, KP_DTYPE_F32, INIT_ROPE_FREQS,
                  s->rope_freqs_llama3);
@@ -447,14 +501,15 @@ static kp_status add_metadata(kp_gguf_w *w, const kp_mkmodel_spec *s, uint64_t n
     TRY(kp_gguf_w_add_u32(w, KEY("context_length"), s->n_ctx, err));
     TRY(kp_gguf_w_add_u32(w, KEY("embedding_length"), s->n_embd, err));
     TRY(kp_gguf_w_add_u32(w, KEY("feed_forward_length"), s->n_ff, err));
-    if (arch == ARCH_QWEN3MOE) {
+    if (arch == ARCH_QWEN3MOE || arch == ARCH_GPTOSS) {
         TRY(kp_gguf_w_add_u32(w, KEY("expert_feed_forward_length"), s->n_ff_exp, err));
         TRY(kp_gguf_w_add_u32(w, KEY("expert_count"), s->n_expert, err));
         TRY(kp_gguf_w_add_u32(w, KEY("expert_used_count"), s->n_expert_used, err));
     }
     TRY(kp_gguf_w_add_u32(w, KEY("attention.head_count"), s->n_head, err));
     TRY(kp_gguf_w_add_u32(w, KEY("attention.head_count_kv"), s->n_head_kv, err));
-    if ((uint64_t)hd * s->n_head != s->n_embd || arch == ARCH_QWEN3 || arch == ARCH_GEMMA3 || arch == ARCH_QWEN3MOE) {
+    if ((uint64_t)hd * s->n_head != s->n_embd || arch == ARCH_QWEN3 || arch == ARCH_GEMMA3 || arch == ARCH_QWEN3MOE ||
+        arch == ARCH_GPTOSS) {
         TRY(kp_gguf_w_add_u32(w, KEY("attention.key_length"), hd, err));
         TRY(kp_gguf_w_add_u32(w, KEY("attention.value_length"), hd, err));
     }
@@ -467,6 +522,11 @@ static kp_status add_metadata(kp_gguf_w *w, const kp_mkmodel_spec *s, uint64_t n
     }
     TRY(kp_gguf_w_add_u32(w, KEY("vocab_size"), (uint32_t)n_vocab, err));
     TRY(kp_gguf_w_add_f32(w, KEY("rope.freq_base"), s->rope_base, err));
+    if (s->yarn_factor != 0) {
+        TRY(kp_gguf_w_add_str(w, KEY("rope.scaling.type"), "yarn", err));
+        TRY(kp_gguf_w_add_f32(w, KEY("rope.scaling.factor"), s->yarn_factor, err));
+        TRY(kp_gguf_w_add_u32(w, KEY("rope.scaling.original_context_length"), s->yarn_orig_ctx, err));
+    }
     TRY(kp_gguf_w_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), s->rms_eps, err));
     TRY(kp_gguf_w_add_u32(w, "general.file_type", (uint32_t)kp_mkmodel_file_type(s->wtype), err));
     if (s->wtype != KP_DTYPE_F32)
@@ -523,7 +583,7 @@ static kp_status fill_report(const mk_plan *plan, kp_dtype wtype, kp_mkmodel_rep
     memset(r, 0, sizeof *r);
     size_t n_fb = 0;
     for (size_t i = 0; i < plan->n; i++) {
-        r->n_weights += plan->t[i].n_dims >= 2;
+        r->n_weights += plan->t[i].n_dims >= 2 && !plan->t[i].bias;
         n_fb += plan->t[i].n_dims >= 2 && !plan->t[i].fixed_type && plan->t[i].type != wtype;
     }
     if (n_fb == 0) return KP_OK;

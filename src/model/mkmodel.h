@@ -4,9 +4,13 @@
  * For tests and benchmarks that need a model of a given shape and weight
  * type without shipping one: llama, qwen2 (q/k/v biases), qwen3 (per-head
  * q/k RMS norms), gemma3 (q/k norms, post-attention and post-FFN norms,
- * sliding-window layers) and qwen3moe (qwen3's attention, a router and 3-D
- * expert tensors instead of the FFN) layouts, in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
- * Q4_K, Q5_K or Q6_K, with the tokenizer taken from any GGUF file (every
+ * sliding-window layers), qwen3moe (qwen3's attention, a router and 3-D
+ * expert tensors instead of the FFN) and gpt-oss (q/k/v and output biases,
+ * attention sinks, YaRN rope, alternating window layers, experts with
+ * biases) layouts, in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q4_K, Q5_K or Q6_K, or MXFP4 for a model with experts (as llama-quantize's
+ * MXFP4_MOE: the experts MXFP4, every other 2-D weight Q8_0, the router
+ * F32), with the tokenizer taken from any GGUF file (every
  * `tokenizer.*` key, copied verbatim). Tensor names, shapes and metadata
  * keys are the ones llama.cpp loads. The file is the one llama-quantize
  * --pure would make from the same weights in F32 (same types, same bytes,
@@ -20,6 +24,11 @@
  *   norm weights            1 + 0.1 N(0,1)
  *   qwen2 q/k/v biases      0.5 N(0,1)
  *   qwen3moe experts        N(0, 1/fan_in) per matrix; the router F32
+ *   gpt-oss                 q/k/v biases 0.5 N(0,1), output bias 0.1 N(0,1),
+ *                           sinks N(0,1), router bias 0.5 N(0,1), experts'
+ *                           gate and up N(0, 9/fan_in) (so that some of the
+ *                           SwiGLU's inputs pass its clamp at 7), their
+ *                           biases 0.1 N(0,1); the router F32
  * (gemma3's norm weights are stored as llama.cpp's converter stores them,
  * Gemma's +1 already added, so they too are 1 + 0.1 N(0,1).)
  * Norms and biases are F32; every 2-D weight (token_embd and output too) has
@@ -41,7 +50,7 @@
 #include "base/status.h"
 
 typedef struct {
-    const char *arch;    /* "llama", "qwen2", "qwen3", "gemma3" or "qwen3moe" (borrowed) */
+    const char *arch;    /* "llama", "qwen2", "qwen3", "gemma3", "qwen3moe" or "gpt-oss" (borrowed) */
     uint32_t n_layer;
     uint32_t n_embd;
     uint32_t n_head;
@@ -56,12 +65,16 @@ typedef struct {
     uint64_t seed;
     const char *name;    /* general.name (borrowed); NULL = the arch name */
     uint32_t alignment;  /* 0 = 32 (no general.alignment key); else a power of two */
-    uint32_t n_swa;      /* gemma3: {arch}.attention.sliding_window (0: not written, no window) */
-    uint32_t swa_pattern; /* gemma3: {arch}.attention.sliding_window_pattern, every swa_pattern-th
-                             layer FULL (0: not written, llama.cpp's default 6) */
-    uint32_t n_expert;      /* qwen3moe: {arch}.expert_count (0 for other archs) */
-    uint32_t n_expert_used; /* qwen3moe: {arch}.expert_used_count, <= n_expert */
-    uint32_t n_ff_exp;      /* qwen3moe: {arch}.expert_feed_forward_length, an expert's width */
+    uint32_t n_swa;      /* gemma3, gpt-oss: {arch}.attention.sliding_window (0: not written, no
+                            window; gpt-oss requires one) */
+    uint32_t swa_pattern; /* gemma3, gpt-oss: {arch}.attention.sliding_window_pattern, every
+                             swa_pattern-th layer FULL (0: not written, llama.cpp's default:
+                             6 for gemma3, 2 for gpt-oss) */
+    uint32_t n_expert;      /* qwen3moe, gpt-oss: {arch}.expert_count (0 for other archs) */
+    uint32_t n_expert_used; /* qwen3moe, gpt-oss: {arch}.expert_used_count, <= n_expert */
+    uint32_t n_ff_exp;      /* qwen3moe, gpt-oss: {arch}.expert_feed_forward_length, an expert's width */
+    float yarn_factor;      /* gpt-oss: rope.scaling.type yarn with this factor (0: no rope scaling) */
+    uint32_t yarn_orig_ctx; /* gpt-oss: rope.scaling.original_context_length, with yarn_factor */
     /* rope variants of real files (0: not written) */
     uint32_t n_rot;           /* {arch}.rope.dimension_count below head_dim (partial rotary), even */
     float rope_scale_linear;  /* {arch}.rope.scaling.type "linear", .factor this */
@@ -95,15 +108,26 @@ typedef struct {
  *   "qwen3moe-tiny" qwen3moe, 2 layers, n_embd 128, 4 / 2 heads, head_dim
  *                   32, n_ff 192, 8 experts of width 64, 3 used, untied,
  *                   rope base 1e6, eps 1e-6, ctx 32768
+ *   "gpt-oss-20b"   gpt-oss, gpt-oss-20b's shape with 8 of its 24 layers:
+ *                   n_embd 2880, 64 / 8 heads, head_dim 64, n_ff 2880, 32
+ *                   experts of width 2880, 4 used, untied, rope base 150000
+ *                   with YaRN (factor 32, original context 4096), eps 1e-5,
+ *                   ctx 131072, sliding window 128 on even layers
+ *   "gpt-oss-tiny"  gpt-oss, 4 layers (2 WINDOW, 2 FULL), n_embd 64, 4 / 2
+ *                   heads, head_dim 64, n_ff 64, 8 experts of width 64, 4
+ *                   used, untied, rope and YaRN as gpt-oss-20b, eps 1e-5,
+ *                   ctx 131072, sliding window 16
  * The strings in *out are static. KP_ENOTFOUND for an unknown name. */
 kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_error *err);
 
 /* Checks a spec against a vocabulary size: a known arch, nonzero sizes,
  * n_head a multiple of n_head_kv, an even head_dim, a weight type mkmodel
  * writes, positive rope base and eps, a power-of-two alignment, and
- * n_vocab >= 1, n_swa / swa_pattern only for gemma3, and experts only
- * and always for qwen3moe (1 <= n_expert_used <= n_expert <= 1024,
- * n_ff_exp >= 1) (KP_EINVAL
+ * n_vocab >= 1, n_swa / swa_pattern only for gemma3 and gpt-oss (which
+ * needs n_swa >= 1), experts only and always for qwen3moe and gpt-oss
+ * (1 <= n_expert_used <= n_expert <= 1024, n_ff_exp >= 1), YaRN only for
+ * gpt-oss (factor >= 1 and an original context >= 1, or neither), MXFP4
+ * only with experts (KP_EINVAL
  * naming what is wrong). A weight type mkmodel does
  * not write is KP_EUNSUPPORTED. Row lengths are never refused: every type
  * mkmodel writes has a fallback (kp_mkmodel_weight_type). */
@@ -111,7 +135,8 @@ kp_status kp_mkmodel_validate(const kp_mkmodel_spec *spec, uint64_t n_vocab, kp_
 
 /* The llama.cpp `general.file_type` (llama_ftype) written for a weight type,
  * as llama-quantize labels it: F32 0, F16 1, Q4_0 2, Q4_1 3, Q8_0 7, Q5_0 8,
- * Q5_1 9, Q4_K 15 (MOSTLY_Q4_K_M), Q5_K 17 (MOSTLY_Q5_K_M), Q6_K 18, BF16 32;
+ * Q5_1 9, Q4_K 15 (MOSTLY_Q4_K_M), Q5_K 17 (MOSTLY_Q5_K_M), Q6_K 18, BF16 32,
+ * MXFP4 38 (MOSTLY_MXFP4_MOE);
  * -1 for the types mkmodel does not write. */
 int kp_mkmodel_file_type(kp_dtype wtype);
 

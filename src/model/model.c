@@ -14,8 +14,10 @@
  *   ARCH.attention.layer_norm_rms_epsilon 1e-5               rms eps
  *   ARCH.rope.freq_base                   10000              theta base
  *   ARCH.rope.dimension_count             head_dim           n_rot
- *   ARCH.rope.scaling.type                none               "linear" supported
- *   ARCH.rope.scaling.factor / ARCH.rope.scale_linear        linear factor
+ *   ARCH.rope.scaling.type                none               "linear" or "yarn"
+ *   ARCH.rope.scaling.factor / ARCH.rope.scale_linear        the factor (rope_freq_scale = 1/factor)
+ *   yarn only: ARCH.rope.scaling.original_context_length  n_ctx_train; ARCH.rope.scaling.attn_factor
+ *   1; beta_fast 32 and beta_slow 1 fixed (llama.cpp reads no key for them)
  *
  * gemma3 only (llama.cpp's llama_model_gemma3::load_arch_hparams):
  *   ARCH.attention.layer_norm_rms_epsilon required
@@ -36,6 +38,13 @@
  *   ARCH.expert_feed_forward_length        n_ff / used        n_ff_exp
  *   ARCH.feed_forward_length               0 (not required)   n_ff (no dense FFN reads it)
  *
+ * gpt-oss only (llama.cpp's llama_model_openai_moe::load_arch_hparams):
+ *   the qwen3moe keys above, expert_feed_forward_length required, and
+ *   ARCH.attention.sliding_window          required           n_swa
+ *   ARCH.attention.sliding_window_pattern  2                  (even layers WINDOW)
+ *   ARCH.rope.freq_base_swa                rope.freq_base     rope base of WINDOW layers
+ *   attention scale 1/sqrt(n_rot); router gating and SwiGLU as model.h's Experts
+ *
  * Tensors (ggml order [ne0, ne1]); N = layer:
  *   token_embd.weight [n_embd, n_vocab]    output.weight [n_embd, n_vocab] (absent: tied)
  *   output_norm.weight [n_embd]            rope_freqs.weight [n_rot/2] (optional)
@@ -50,6 +59,11 @@
  *           blk.N.ffn_gate_inp.weight [n_embd, n_expert] (the router, any 2-D type)
  *           blk.N.ffn_gate_exps/up_exps.weight [n_embd, n_ff_exp, n_expert]
  *           blk.N.ffn_down_exps.weight [n_ff_exp, n_embd, n_expert]
+ *   gpt-oss: output.weight required; blk.N.post_attention_norm.weight [n_embd] is the FFN norm
+ *           (no ffn_norm); blk.N.attn_q/k/v.bias (optional, all or none); blk.N.attn_output.bias
+ *           [n_embd]; blk.N.attn_sinks.weight [n_head]; the experts as qwen3moe's (no q/k norms) and
+ *           blk.N.ffn_gate_inp.bias [n_expert], blk.N.ffn_gate_exps/up_exps.bias [n_ff_exp, n_expert],
+ *           blk.N.ffn_down_exps.bias [n_embd, n_expert]
  */
 #include "model/model.h"
 
@@ -67,6 +81,7 @@ const char *kp_arch_name(kp_arch a) {
     case KP_ARCH_QWEN3: return "qwen3";
     case KP_ARCH_GEMMA3: return "gemma3";
     case KP_ARCH_QWEN3MOE: return "qwen3moe";
+    case KP_ARCH_GPTOSS: return "gpt-oss";
     }
     return "?";
 }
@@ -147,18 +162,12 @@ static kp_status get_experts(const kp_model *m, const char *name, int64_t n_in, 
     return KP_OK;
 }
 
-/* Decodes a 1-D tensor of n elements into an owned F32 array. */
-static kp_status get_vector(const kp_model *m, const char *name, int64_t n, bool optional,
-                            float **out, kp_error *err) {
-    const kp_gguf_tensor *t = kp_gguf_find_tensor(m->file, name);
+/* Decodes the n elements of tensor t (named name; NULL: missing) into an
+ * owned F32 array. */
+static kp_status get_vector_of(const kp_model *m, const char *name, const kp_gguf_tensor *t, int64_t n, float **out,
+                               kp_error *err) {
     *out = NULL;
-    if (!t) {
-        if (optional) return KP_OK;
-        return kp_fail(err, KP_EFORMAT, "%s: missing tensor '%s'", kp_gguf_path(m->file), name);
-    }
-    if (t->n_elements != (uint64_t)n || t->ne[0] != n)
-        return kp_fail(err, KP_EFORMAT, "%s: tensor '%s' has %llu elements, expected %lld",
-                       kp_gguf_path(m->file), name, (unsigned long long)t->n_elements, (long long)n);
+    if (!t) return kp_fail(err, KP_EFORMAT, "%s: missing tensor '%s'", kp_gguf_path(m->file), name);
     const kp_dtype_info *ti = kp_dtype_get(t->type);
     if (!ti->has_kernels)
         return kp_fail(err, KP_EUNSUPPORTED, "%s: tensor '%s' has unsupported type %s",
@@ -168,6 +177,34 @@ static kp_status get_vector(const kp_model *m, const char *name, int64_t n, bool
     kp_dequantize_row((kp_dtype)t->type, t->data, v, n);
     *out = v;
     return KP_OK;
+}
+
+/* Decodes a 1-D tensor of n elements into an owned F32 array. */
+static kp_status get_vector(const kp_model *m, const char *name, int64_t n, bool optional,
+                            float **out, kp_error *err) {
+    const kp_gguf_tensor *t = kp_gguf_find_tensor(m->file, name);
+    *out = NULL;
+    if (!t && optional) return KP_OK;
+    if (t && (t->n_elements != (uint64_t)n || t->ne[0] != n))
+        return kp_fail(err, KP_EFORMAT, "%s: tensor '%s' has %llu elements, expected %lld",
+                       kp_gguf_path(m->file), name, (unsigned long long)t->n_elements, (long long)n);
+    return get_vector_of(m, name, t, n, out, err);
+}
+
+/* Decodes a 2-D tensor [ne0, ne1] (ne1 rows of ne0) into an owned F32
+ * array, row after row: the experts' biases. */
+static kp_status get_matrix_f32(const kp_model *m, const char *name, int64_t ne0, int64_t ne1, float **out,
+                                kp_error *err) {
+    const kp_gguf_tensor *t = kp_gguf_find_tensor(m->file, name);
+    *out = NULL;
+    if (t && (t->n_dims != 2 || t->ne[0] != ne0 || t->ne[1] != ne1))
+        return kp_fail(err, KP_EFORMAT, "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]",
+                       kp_gguf_path(m->file), name, (long long)t->ne[0], (long long)t->ne[1], (long long)ne0,
+                       (long long)ne1);
+    float *v = NULL;
+    kp_status st = get_vector_of(m, name, t, ne0 * ne1, &v, err);
+    *out = v;
+    return st;
 }
 
 /* ARCH.attention.layer_norm_rms_epsilon must be in the file (gemma3 and
@@ -206,25 +243,67 @@ static kp_status read_gemma3(kp_model *m, kp_error *err) {
     return KP_OK;
 }
 
-/* qwen3moe's expert keys (the table at the top), after the common ones. */
-static kp_status read_qwen3moe(kp_model *m, kp_error *err) {
+/* The expert keys of qwen3moe and gpt-oss (the table at the top), after
+ * the common ones; gpt-oss requires the expert width, qwen3moe defaults it
+ * to n_ff / used. */
+static kp_status read_experts(kp_model *m, kp_error *err) {
+    kp_gguf *g = m->file;
+    kp_hparams *hp = &m->hp;
+    const char *a = hp->arch_name;
+    kp_status st;
+    char key[128];
+    if ((st = require_rms_eps(g, a, err))) return st;
+#define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", a, suffix), key)
+    if ((st = kp_gguf_get_u32(g, KEY("expert_count"), 0, &hp->n_expert, err))) return st;
+    if ((st = kp_gguf_get_u32(g, KEY("expert_used_count"), 0, &hp->n_expert_used, err))) return st;
+    if (hp->n_expert == 0 || hp->n_expert > 1024 || hp->n_expert_used == 0 || hp->n_expert_used > hp->n_expert)
+        return kp_fail(err, KP_EFORMAT, "%s: %s needs 1 <= expert_used_count (%u) <= expert_count (%u) <= 1024",
+                       kp_gguf_path(g), a, hp->n_expert_used, hp->n_expert);
+    uint32_t def = hp->arch == KP_ARCH_GPTOSS ? 0 : hp->n_ff / hp->n_expert_used;
+    if ((st = kp_gguf_get_u32(g, KEY("expert_feed_forward_length"), def, &hp->n_ff_exp, err))) return st;
+    if (hp->n_ff_exp == 0)
+        return kp_fail(err, KP_EFORMAT, "%s: missing or zero %s", kp_gguf_path(g), KEY("expert_feed_forward_length"));
+    if (hp->arch != KP_ARCH_GPTOSS) return KP_OK;
+    /* gpt-oss (llama.cpp's llama_model_openai_moe::load_arch_hparams) */
+    if ((st = kp_gguf_get_u32(g, KEY("attention.sliding_window"), 0, &hp->n_swa, err))) return st;
+    if (hp->n_swa == 0) return kp_fail(err, KP_EFORMAT, "%s: missing or zero %s", kp_gguf_path(g), key);
+    if ((st = kp_gguf_get_f32(g, KEY("rope.freq_base_swa"), hp->rope_base, &hp->rope_base_swa, err))) return st;
+#undef KEY
+    if (!(hp->rope_base_swa > 0))
+        return kp_fail(err, KP_EFORMAT, "%s: gpt-oss.rope.freq_base_swa must be positive", kp_gguf_path(g));
+    hp->gate = KP_GATE_SOFTMAX_TOPK;
+    hp->swiglu_alpha = 1.702f;
+    hp->swiglu_limit = 7.0f;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->n_rot);
+    return KP_OK;
+}
+
+/* YaRN's keys (llama.cpp's llama_model_base::load_hparams and
+ * llama_context's yarn_attn_factor) for a file whose rope.scaling.type is
+ * yarn, factor already read into rope_freq_scale. */
+static kp_status read_yarn(kp_model *m, kp_error *err) {
     kp_gguf *g = m->file;
     kp_hparams *hp = &m->hp;
     kp_status st;
     char key[128];
-    if ((st = require_rms_eps(g, "qwen3moe", err))) return st;
-#define KEY(suffix) (snprintf(key, sizeof key, "qwen3moe.%s", suffix), key)
-    if ((st = kp_gguf_get_u32(g, KEY("expert_count"), 0, &hp->n_expert, err))) return st;
-    if ((st = kp_gguf_get_u32(g, KEY("expert_used_count"), 0, &hp->n_expert_used, err))) return st;
-    if (hp->n_expert == 0 || hp->n_expert > 1024 || hp->n_expert_used == 0 || hp->n_expert_used > hp->n_expert)
-        return kp_fail(err, KP_EFORMAT, "%s: qwen3moe needs 1 <= expert_used_count (%u) <= expert_count (%u) <= 1024",
-                       kp_gguf_path(g), hp->n_expert_used, hp->n_expert);
-    if ((st = kp_gguf_get_u32(g, KEY("expert_feed_forward_length"), hp->n_ff / hp->n_expert_used, &hp->n_ff_exp,
-                              err)))
+    float attn = 1.0f;
+#define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", hp->arch_name, suffix), key)
+    if ((st = kp_gguf_get_u32(g, KEY("rope.scaling.original_context_length"), hp->n_ctx_train,
+                              &hp->yarn_n_ctx_orig, err)))
         return st;
+    if ((st = kp_gguf_get_f32(g, KEY("rope.scaling.attn_factor"), 1.0f, &attn, err))) return st;
 #undef KEY
-    if (hp->n_ff_exp == 0)
-        return kp_fail(err, KP_EFORMAT, "%s: missing or zero qwen3moe.expert_feed_forward_length", kp_gguf_path(g));
+    if (hp->yarn_n_ctx_orig == 0 || !(attn > 0) || !isfinite(attn))
+        return kp_fail(err, KP_EFORMAT, "%s: YaRN needs an original context length and a positive attn_factor",
+                       kp_gguf_path(g));
+    hp->rope_yarn = true;
+    hp->yarn_beta_fast = 32.0f; /* llama.cpp's defaults; it reads no key for them */
+    hp->yarn_beta_slow = 1.0f;
+    /* llama_context: get_mscale(factor) / (1 + 0.1 ln factor) x attn_factor */
+    const float factor = 1.0f / hp->rope_freq_scale;
+    float a = factor <= 1.0f ? 1.0f : 0.1f * logf(factor) + 1.0f;
+    a *= 1.0f / (1.0f + 0.1f * logf(factor));
+    hp->yarn_attn_factor = a * attn;
     return KP_OK;
 }
 
@@ -248,7 +327,7 @@ static kp_status layer_kinds(kp_model *m, kp_error *err) {
             m->layers[l].kind = kp_gguf_arr_i64(arr, l) ? KP_LAYER_WINDOW : KP_LAYER_FULL;
     } else {
         uint32_t period;
-        if ((st = kp_gguf_get_u32(g, key, 6, &period, err))) return st;
+        if ((st = kp_gguf_get_u32(g, key, hp->arch == KP_ARCH_GPTOSS ? 2 : 6, &period, err))) return st;
         for (uint32_t l = 0; l < hp->n_layer; l++)
             m->layers[l].kind = period == 0 || l % period < period - 1 ? KP_LAYER_WINDOW : KP_LAYER_FULL;
     }
@@ -271,9 +350,11 @@ static kp_status read_hparams(kp_model *m, kp_error *err) {
     else if (kp_gguf_str_eq(arch, "qwen3")) hp->arch = KP_ARCH_QWEN3;
     else if (kp_gguf_str_eq(arch, "gemma3")) hp->arch = KP_ARCH_GEMMA3;
     else if (kp_gguf_str_eq(arch, "qwen3moe")) hp->arch = KP_ARCH_QWEN3MOE;
+    else if (kp_gguf_str_eq(arch, "gpt-oss")) hp->arch = KP_ARCH_GPTOSS;
     else
         return kp_fail(err, KP_EUNSUPPORTED,
-                       "%s: unsupported architecture '%.*s' (kvpin runs llama, qwen2, qwen3, gemma3, qwen3moe)",
+                       "%s: unsupported architecture '%.*s' (kvpin runs llama, qwen2, qwen3, gemma3, qwen3moe, "
+                       "gpt-oss)",
                        kp_gguf_path(g), (int)(arch.len > 64 ? 64 : arch.len), arch.data);
     hp->arch_name = kp_arch_name(hp->arch);
     const char *a = hp->arch_name;
@@ -287,7 +368,7 @@ static kp_status read_hparams(kp_model *m, kp_error *err) {
     REQ_U32("block_count", n_layer);
     REQ_U32("embedding_length", n_embd);
     REQ_U32("attention.head_count", n_head);
-    if (hp->arch == KP_ARCH_QWEN3MOE) { /* llama.cpp does not require it; the experts have their own width */
+    if (hp->arch == KP_ARCH_QWEN3MOE || hp->arch == KP_ARCH_GPTOSS) { /* llama.cpp does not require it; the experts have their own width */
         if ((st = kp_gguf_get_u32(g, KEY("feed_forward_length"), 0, &hp->n_ff, err))) return st;
     } else {
         REQ_U32("feed_forward_length", n_ff);
@@ -316,8 +397,9 @@ static kp_status read_hparams(kp_model *m, kp_error *err) {
     if ((st = kp_gguf_get_str(g, KEY("rope.scaling.type"), &stype, err))) return st;
     if ((st = kp_gguf_get_f32(g, KEY("rope.scaling.factor"), 0.0f, &factor, err))) return st;
     if (factor == 0 && (st = kp_gguf_get_f32(g, KEY("rope.scale_linear"), 0.0f, &factor, err))) return st;
-    if (stype.data && !kp_gguf_str_eq(stype, "linear") && !kp_gguf_str_eq(stype, "none"))
-        return kp_fail(err, KP_EUNSUPPORTED, "%s: rope scaling '%.*s' is not supported (linear is)",
+    bool yarn = stype.data && kp_gguf_str_eq(stype, "yarn");
+    if (stype.data && !kp_gguf_str_eq(stype, "linear") && !kp_gguf_str_eq(stype, "none") && !yarn)
+        return kp_fail(err, KP_EUNSUPPORTED, "%s: rope scaling '%.*s' is not supported (linear and yarn are)",
                        kp_gguf_path(g), (int)(stype.len > 32 ? 32 : stype.len), stype.data);
     if (stype.data && kp_gguf_str_eq(stype, "none")) factor = 0;
     hp->rope_freq_scale = factor > 0 ? 1.0f / factor : 1.0f;
@@ -329,8 +411,9 @@ static kp_status read_hparams(kp_model *m, kp_error *err) {
     hp->ffn_act = KP_FFN_SILU;
 #undef REQ_U32
 #undef KEY
+    if (yarn && (st = read_yarn(m, err))) return st;
     if (hp->arch == KP_ARCH_GEMMA3) return read_gemma3(m, err);
-    return hp->arch == KP_ARCH_QWEN3MOE ? read_qwen3moe(m, err) : KP_OK;
+    return hp->arch == KP_ARCH_QWEN3MOE || hp->arch == KP_ARCH_GPTOSS ? read_experts(m, err) : KP_OK;
 }
 
 kp_status kp_model_from_gguf(kp_model **out, kp_gguf *g, kp_error *err) {
@@ -366,7 +449,7 @@ kp_status kp_model_from_gguf(kp_model **out, kp_gguf *g, kp_error *err) {
     int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim;
     int64_t KV = (int64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
     if ((st = get_weight(m, "token_embd.weight", E, hp->n_vocab, false, &m->tok_embd, err))) goto fail;
-    if ((st = get_weight(m, "output.weight", E, hp->n_vocab, true, &m->output, err))) goto fail;
+    if ((st = get_weight(m, "output.weight", E, hp->n_vocab, hp->arch != KP_ARCH_GPTOSS, &m->output, err))) goto fail;
     hp->tied_output = m->output.data == NULL;
     if (hp->tied_output) m->output = m->tok_embd;
     if ((st = get_vector(m, "output_norm.weight", E, false, &m->output_norm, err))) goto fail;
@@ -380,7 +463,9 @@ kp_status kp_model_from_gguf(kp_model **out, kp_gguf *g, kp_error *err) {
         kp_layer *L = &m->layers[l];
 #define NAME(s) (snprintf(name, sizeof name, "blk.%u.%s", l, s), name)
         if ((st = get_vector(m, NAME("attn_norm.weight"), E, false, &L->attn_norm, err))) goto fail;
-        if ((st = get_vector(m, NAME("ffn_norm.weight"), E, false, &L->ffn_norm, err))) goto fail;
+        /* gpt-oss's FFN norm is named post_attention_norm (llama.cpp's attn_post_norm) */
+        const char *ffn_norm = hp->arch == KP_ARCH_GPTOSS ? "post_attention_norm.weight" : "ffn_norm.weight";
+        if ((st = get_vector(m, NAME(ffn_norm), E, false, &L->ffn_norm, err))) goto fail;
         if ((st = get_weight(m, NAME("attn_q.weight"), E, Q, false, &L->wq, err))) goto fail;
         if ((st = get_weight(m, NAME("attn_k.weight"), E, KV, false, &L->wk, err))) goto fail;
         if ((st = get_weight(m, NAME("attn_v.weight"), E, KV, false, &L->wv, err))) goto fail;
@@ -391,15 +476,28 @@ kp_status kp_model_from_gguf(kp_model **out, kp_gguf *g, kp_error *err) {
             if ((st = get_experts(m, NAME("ffn_gate_exps.weight"), E, X, &L->e_gate, err))) goto fail;
             if ((st = get_experts(m, NAME("ffn_up_exps.weight"), E, X, &L->e_up, err))) goto fail;
             if ((st = get_experts(m, NAME("ffn_down_exps.weight"), X, E, &L->e_down, err))) goto fail;
+            if (hp->arch == KP_ARCH_GPTOSS) {
+                int64_t N = hp->n_expert;
+                if ((st = get_vector(m, NAME("ffn_gate_inp.bias"), N, false, &L->b_router, err))) goto fail;
+                if ((st = get_matrix_f32(m, NAME("ffn_gate_exps.bias"), X, N, &L->b_gate_exps, err))) goto fail;
+                if ((st = get_matrix_f32(m, NAME("ffn_up_exps.bias"), X, N, &L->b_up_exps, err))) goto fail;
+                if ((st = get_matrix_f32(m, NAME("ffn_down_exps.bias"), E, N, &L->b_down_exps, err))) goto fail;
+            }
         } else {
             if ((st = get_weight(m, NAME("ffn_gate.weight"), E, F, false, &L->w_gate, err))) goto fail;
             if ((st = get_weight(m, NAME("ffn_up.weight"), E, F, false, &L->w_up, err))) goto fail;
             if ((st = get_weight(m, NAME("ffn_down.weight"), F, E, false, &L->w_down, err))) goto fail;
         }
-        bool biases = hp->arch == KP_ARCH_QWEN2;
+        bool biases = hp->arch == KP_ARCH_QWEN2, gptoss = hp->arch == KP_ARCH_GPTOSS;
         if ((st = get_vector(m, NAME("attn_q.bias"), Q, !biases, &L->bq, err))) goto fail;
         if ((st = get_vector(m, NAME("attn_k.bias"), KV, !biases, &L->bk, err))) goto fail;
         if ((st = get_vector(m, NAME("attn_v.bias"), KV, !biases, &L->bv, err))) goto fail;
+        if (!L->bq != !L->bk || !L->bq != !L->bv) {
+            st = kp_fail(err, KP_EFORMAT, "%s: layer %u has some of the q/k/v biases but not all", kp_gguf_path(g), l);
+            goto fail;
+        }
+        if ((st = get_vector(m, NAME("attn_output.bias"), E, !gptoss, &L->bo, err))) goto fail;
+        if ((st = get_vector(m, NAME("attn_sinks.weight"), hp->n_head, !gptoss, &L->attn_sinks, err))) goto fail;
         bool qk_norm = hp->arch == KP_ARCH_QWEN3 || hp->arch == KP_ARCH_GEMMA3 || hp->arch == KP_ARCH_QWEN3MOE;
         if ((st = get_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, !qk_norm, &L->q_norm, err))) goto fail;
         if ((st = get_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, !qk_norm, &L->k_norm, err))) goto fail;
@@ -435,6 +533,8 @@ void kp_model_free(kp_model *m) {
             free(L->bq); free(L->bk); free(L->bv);
             free(L->q_norm); free(L->k_norm);
             free(L->attn_post_norm); free(L->ffn_post_norm);
+            free(L->bo); free(L->attn_sinks);
+            free(L->b_router); free(L->b_gate_exps); free(L->b_up_exps); free(L->b_down_exps);
         }
         free(m->layers);
     }

@@ -14,7 +14,10 @@
  * GELU-tanh FFN, embeddings scaled by sqrt(n_embd), Q scaled before the
  * product, optional final logit soft-cap), qwen3moe (qwen3's attention, and
  * in every layer a mixture of experts instead of the FFN, see Experts
- * below). Anything else, or a missing or
+ * below), gpt-oss (llama.cpp's openai-moe: q/k/v and output biases,
+ * per-head attention sinks, YaRN rope, alternating WINDOW and FULL layers,
+ * experts with biases and a clamped SwiGLU, see Experts and Sinks below).
+ * Anything else, or a missing or
  * mis-shaped tensor or key, is refused at load time with a message that
  * names it.
  *
@@ -28,6 +31,8 @@
  * period P (attention.sliding_window_pattern, default 6) layer l is a
  * WINDOW layer iff l % P < P - 1, so every P-th layer is FULL; P = 0 makes
  * every layer a WINDOW layer; an array of bools gives each layer's kind.
+ * gpt-oss: the same rule with period 2 by default, so even layers are
+ * WINDOW layers, odd ones FULL.
  * No sliding_window key (or 0): every layer is FULL. Every layer, of either
  * kind, keeps the K/V of every position in the pool (see forward.c): the
  * window only limits what a query reads.
@@ -41,6 +46,18 @@
  * tensors: n_expert matrices one after the other, each as a 2-D weight
  * (kp_expert_matrix), so the kernels of every 2-D type serve them and read
  * the chosen experts' rows only.
+ *
+ * gpt-oss's experts (llama.cpp's SOFTMAX_WEIGHT gating, LLM_FFN_SWIGLU_OAI_MOE):
+ * router logits + b_router; the n_expert_used experts of highest logit;
+ * their weights the softmax of those k logits. Each expert adds its bias
+ * after each product (gate, up, down), and the activation is
+ *   x = min(gate, limit), y = clamp(up, -limit, limit),
+ *   act = x / (1 + exp(-alpha x)) * (y + 1)          (alpha 1.702, limit 7).
+ *
+ * Sinks (gpt-oss): head h's softmax has one more logit, attn_sinks[h], in
+ * its denominator and nothing in its numerator: weights
+ * exp(s_j) / (sum_i exp(s_i) + exp(sink_h)) (the sink is not scaled), so a
+ * head may attend to nothing.
  */
 #ifndef KP_MODEL_H
 #define KP_MODEL_H
@@ -52,7 +69,7 @@
 #include "gguf/gguf.h"
 #include "base/status.h"
 
-typedef enum { KP_ARCH_LLAMA, KP_ARCH_QWEN2, KP_ARCH_QWEN3, KP_ARCH_GEMMA3, KP_ARCH_QWEN3MOE } kp_arch;
+typedef enum { KP_ARCH_LLAMA, KP_ARCH_QWEN2, KP_ARCH_QWEN3, KP_ARCH_GEMMA3, KP_ARCH_QWEN3MOE, KP_ARCH_GPTOSS } kp_arch;
 typedef enum { KP_ROPE_NORM, KP_ROPE_NEOX } kp_rope_type;
 /* What a layer's attention sees (see the top of this file). */
 typedef enum { KP_LAYER_FULL, KP_LAYER_WINDOW } kp_layer_kind;
@@ -60,6 +77,11 @@ typedef enum { KP_LAYER_FULL, KP_LAYER_WINDOW } kp_layer_kind;
  * (SwiGLU), or gelu_tanh(gate) * up (GeGLU, as ggml's geglu: the GELU of
  * gate rounded to F16, looked up in an F16 table, for |gate| < 10). */
 typedef enum { KP_FFN_SILU, KP_FFN_GELU_TANH } kp_ffn_act;
+/* How the router picks and weighs a token's experts (see Experts above). */
+typedef enum {
+    KP_GATE_SOFTMAX,        /* softmax over all experts, top-k, weights renormalized (qwen3moe) */
+    KP_GATE_SOFTMAX_TOPK,   /* top-k of the logits, softmax over the k chosen (gpt-oss) */
+} kp_gate;
 
 /* A 2-D weight in ggml order: n_out rows of n_in elements, each row
  * row_bytes long, rows contiguous. Borrowed from the mapping. A forward
@@ -113,6 +135,15 @@ typedef struct {
     uint32_t n_expert;       /* experts per layer */
     uint32_t n_expert_used;  /* experts a token is routed to */
     uint32_t n_ff_exp;       /* an expert's FFN width */
+    kp_gate gate;
+    float swiglu_limit;      /* > 0: the experts' clamped SwiGLU (gpt-oss: 7, with alpha 1.702) */
+    float swiglu_alpha;
+    /* YaRN rope scaling (rope.scaling.type yarn; rope_yarn false otherwise) */
+    bool rope_yarn;
+    uint32_t yarn_n_ctx_orig;   /* rope.scaling.original_context_length */
+    float yarn_beta_fast, yarn_beta_slow;
+    float yarn_attn_factor;  /* llama.cpp's cparams.yarn_attn_factor; rope scales cos, sin by it
+                                x (1 + 0.1 ln(1 / freq_scale)) */
 } kp_hparams;
 
 typedef struct {
@@ -120,7 +151,9 @@ typedef struct {
     kp_weight wq;                   /* n_embd -> n_head*head_dim */
     kp_weight wk, wv;               /* n_embd -> n_head_kv*head_dim */
     kp_weight wo;                   /* n_head*head_dim -> n_embd */
-    float *bq, *bk, *bv;            /* qwen2 biases, NULL otherwise */
+    float *bq, *bk, *bv;            /* qwen2 and gpt-oss biases, NULL otherwise */
+    float *bo;                      /* [n_embd] attn_output.bias (gpt-oss), or NULL */
+    float *attn_sinks;              /* [n_head] per-head sink logits (gpt-oss), or NULL */
     float *q_norm, *k_norm;         /* qwen3/gemma3 per-head norms [head_dim], NULL otherwise */
     float *attn_post_norm;          /* [n_embd] post_attention_norm, on the attention output (gemma3), or NULL */
     float *ffn_post_norm;           /* [n_embd] post_ffw_norm, on the FFN output (gemma3), or NULL */
@@ -132,6 +165,9 @@ typedef struct {
     kp_weight w_router;             /* ffn_gate_inp: n_embd -> n_expert */
     kp_experts e_gate, e_up;        /* n_expert x (n_embd -> n_ff_exp) */
     kp_experts e_down;              /* n_expert x (n_ff_exp -> n_embd) */
+    float *b_router;                /* [n_expert] router bias (gpt-oss), or NULL */
+    float *b_gate_exps, *b_up_exps; /* [n_expert][n_ff_exp] expert biases (gpt-oss), or NULL */
+    float *b_down_exps;             /* [n_expert][n_embd] */
 } kp_layer;
 
 typedef struct kp_model {

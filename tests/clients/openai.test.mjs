@@ -634,7 +634,23 @@ test('errors: bad fields are 400 naming the param; an unknown endpoint is 404', 
     await rejectsWith(client.chat.completions.create({ ...base, max_tokens: 'many' }), OpenAI.BadRequestError, 400,
         (e) => assert.equal(e.param, 'max_tokens'));
     // an endpoint kvpin does not serve
-    await rejectsWith(client.embeddings.create({ model: MODEL, input: 'Hi' }), OpenAI.NotFoundError, 404);
+    await rejectsWith(client.images.generate({ model: MODEL, prompt: 'a cat' }), OpenAI.NotFoundError, 404);
+});
+
+test('embeddings: the official client reads /v1/embeddings (unit vectors of the model\'s width)', async () => {
+    for (const encoding_format of ['float', 'base64']) {
+        const r = await client.embeddings.create({ model: MODEL, input: ['Hi', 'Once upon a time'], encoding_format });
+        assert.equal(r.object, 'list');
+        assert.equal(r.data.length, 2);
+        for (const d of r.data) {
+            /* the client decodes base64 into floats itself */
+            const v = Array.from(d.embedding);
+            assert.equal(v.length, 64);
+            const norm = Math.sqrt(v.reduce((s, x) => s + x * x, 0));
+            assert.ok(Math.abs(norm - 1) < 1e-5, `norm ${norm}`);
+        }
+        assert.ok(r.usage.prompt_tokens > 2);
+    }
 });
 
 test('errors: a prompt longer than the context is 400 context_length_exceeded', async () => {

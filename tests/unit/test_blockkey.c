@@ -245,6 +245,44 @@ static void test_fingerprint_experts(void) {
     kp_model_free(m);
 }
 
+/* gpt-oss: YaRN's parameters and the gating and clamp of its experts are
+ * in the fingerprint (each changes the K/V a prompt leaves); qwen3moe's
+ * lines are as they were (test_fingerprint_experts). */
+static void test_fingerprint_gptoss(void) {
+    kp_model *m = NULL;
+    kp_error err = {0};
+    CHECK(kp_model_load(&m, harness_path("tests/data/models/gen-gpt-oss-f32.gguf"), &err) == KP_OK);
+    if (!m) return;
+    kp_bkey w = kp_fingerprint_weights_compute(m);
+    kp_fingerprint a, b;
+    kp_fingerprint_make(&a, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    CHECK_MSG(strstr(a.text, "\narch gpt-oss\n") && strstr(a.text, "\nyarn_n_ctx_orig 4096\n") &&
+                  strstr(a.text, "\ngate softmax_topk\n") && strstr(a.text, "\nlayer_kinds wfwf\n"),
+              "%s", a.text);
+    m->hp.yarn_n_ctx_orig = 8192;
+    check_changed(m, &w, &a, "yarn_n_ctx_orig 8192 (here 4096)");
+    m->hp.yarn_n_ctx_orig = 4096;
+    m->hp.yarn_beta_fast = 16.0f;
+    check_changed(m, &w, &a, "yarn_beta_fast 0x1p+4");
+    m->hp.yarn_beta_fast = 32.0f;
+    float af = m->hp.yarn_attn_factor;
+    m->hp.yarn_attn_factor = 1.5f;
+    check_changed(m, &w, &a, "yarn_attn_factor 0x1.8p+0");
+    m->hp.yarn_attn_factor = af;
+    m->hp.swiglu_limit = 8.0f;
+    check_changed(m, &w, &a, "swiglu_limit 0x1p+3");
+    m->hp.swiglu_limit = 7.0f;
+    m->hp.gate = KP_GATE_SOFTMAX;
+    check_changed(m, &w, &a, "gate softmax");
+    m->hp.gate = KP_GATE_SOFTMAX_TOPK;
+    m->hp.rope_yarn = false;
+    check_changed(m, &w, &a, ""); /* the lines go: another id */
+    m->hp.rope_yarn = true;
+    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    CHECK(kp_bkey_eq(&a.id, &b.id));
+    kp_model_free(m);
+}
+
 static void test_record(void) {
     kp_kvpool *p = NULL;
     kp_error err = {0};
@@ -351,6 +389,7 @@ int main(void) {
     RUN(test_fingerprint);
     RUN(test_fingerprint_windows);
     RUN(test_fingerprint_experts);
+    RUN(test_fingerprint_gptoss);
     RUN(test_record);
     RUN(test_record_mixed_types);
     char cmd[300];

@@ -26,6 +26,9 @@
  * qwen3moe (gen-qwen3moe: 8 experts, 3 routed per token) runs them too:
  * a batch's rows group by expert differently with every mix of requests,
  * and a token's result must not depend on it.
+ * gpt-oss (gen-gpt-oss in F32 and MXFP4: sinks, biases, a window of 16 on
+ * even layers, 4 of 8 experts) runs the cache-on/off, batching and fork
+ * checks too.
  */
 #include <math.h>
 #include <stdio.h>
@@ -251,6 +254,13 @@ static void test_equal_gemma3(void) {
 static void test_equal_qwen3moe(void) {
     run_model("tests/data/models/gen-qwen3moe-f32.gguf", 0x3a0e5eed0c0ffee1ull);
     run_model_kv("tests/data/models/gen-qwen3moe-q8_0.gguf", 0x3a0e5eed0c0ffee2ull, KP_DTYPE_Q8_0);
+}
+
+/* gpt-oss (sinks, windows on even layers, experts with biases): cache on
+ * equals cache off, F32 experts with F32 K/V and MXFP4 experts with Q8_0 */
+static void test_equal_gptoss(void) {
+    run_model("tests/data/models/gen-gpt-oss-f32.gguf", 0x6a7055eed0c0ffeeull);
+    run_model_kv("tests/data/models/gen-gpt-oss-mxfp4.gguf", 0x6a7055eed0c0ffefull, KP_DTYPE_Q8_0);
 }
 
 /* The bundled model and a pool of one thread. */
@@ -587,6 +597,8 @@ static void test_batched_equals_alone(void) {
     batched_case("tests/data/models/gen-gemma3-f16.gguf", 0x5eed0003ull, 20); /* the stories case's requests */
     batched_case("tests/data/models/gen-qwen3moe-f16.gguf", 0x5eed0005ull, 4096);
     batched_case("tests/data/models/gen-qwen3moe-q8_0.gguf", 0x5eed0003ull, 20); /* evictions */
+    batched_case("tests/data/models/gen-gpt-oss-mxfp4.gguf", 0x5eed0006ull, 4096);
+    batched_case("tests/data/models/gen-gpt-oss-f32.gguf", 0x5eed0003ull, 20); /* evictions */
 }
 
 /* A prefix index fed by hand the way the engine feeds its own: match,
@@ -1032,6 +1044,10 @@ static void test_fork(void) {
     /* forks on experts */
     CHECK(kp_model_load(&m, harness_path("tests/data/models/gen-qwen3moe-f32.gguf"), &err) == KP_OK);
     if (m) fork_for(m, pool, KP_DTYPE_F32);
+    kp_model_free(m);
+    /* forks on gpt-oss (sinks, windows, MXFP4 experts) */
+    CHECK(kp_model_load(&m, harness_path("tests/data/models/gen-gpt-oss-mxfp4.gguf"), &err) == KP_OK);
+    if (m) fork_for(m, pool, KP_DTYPE_F32);
     kp_threads_free(pool);
     kp_model_free(m);
 }
@@ -1113,6 +1129,7 @@ int main(void) {
     RUN(test_equal_llama_kv_q4_0);
     RUN(test_equal_gemma3);
     RUN(test_equal_qwen3moe);
+    RUN(test_equal_gptoss);
     RUN(test_bill_kv_types);
     return harness_finish("engine");
 }

@@ -26,6 +26,11 @@
  * 2 layers of 8 experts with 3 routed per token, in F32, F16 and Q8_0,
  * within the tolerances of their types.
  *
+ * gpt-oss goldens (tests/data/golden/gen-gpt-oss-*, make_gptoss.sh): 4
+ * layers, sinks, biases, YaRN, a window of 16 on even layers, 4 of 8
+ * experts with the clamped SwiGLU, in F32 and MXFP4 (experts MXFP4, other
+ * matrices Q8_0), within the tolerances of F32 and Q8_0.
+ *
  * The window's edge without a reference (test_window_edge): with every
  * layer a window of W, changing a token changes the logits n_layer (W - 1)
  * positions on and leaves the next ones bitwise equal. Long contexts on a
@@ -361,6 +366,18 @@ static void test_goldens_qwen3moe(void) {
     golden_cases(cases, sizeof cases / sizeof *cases);
 }
 
+/* gpt-oss (experts with biases and a clamped SwiGLU, 4 of 8 per token;
+ * attention sinks; q/k/v/output biases; YaRN rope; a window of 16 on the
+ * even layers) against llama.cpp, with F32 experts and MXFP4 experts (the
+ * other matrices Q8_0: the Q8_0 tolerance). */
+static void test_goldens_gptoss(void) {
+    static const char *const cases[] = {
+        "gen-gpt-oss-f32.lily",   "gen-gpt-oss-f32.json",   "gen-gpt-oss-f32.story300",
+        "gen-gpt-oss-mxfp4.lily", "gen-gpt-oss-mxfp4.json", "gen-gpt-oss-mxfp4.story300",
+    };
+    golden_cases(cases, sizeof cases / sizeof *cases);
+}
+
 /* ---- gemma3's and qwen3moe's keys ----------------------------------------------- */
 
 typedef kp_status (*add_key_fn)(kp_gguf_w *w, kp_error *err);
@@ -510,6 +527,51 @@ static void test_qwen3moe_hparams(void) {
     edit_case_ff(QWEN3MOE_F32, MOE_KEY("feed_forward_length"), NULL, KP_OK, NULL, NULL, 64); /* not required */
     /* a width the tensors do not have: refused, naming the tensor */
     edit_case(QWEN3MOE_F32, MOE_KEY("expert_feed_forward_length"), add_exp_ff_32, KP_EFORMAT, NULL, "ffn_gate_exps");
+}
+
+#define GPTOSS_F32 "tests/data/models/gen-gpt-oss-f32.gguf"
+#define OSS_KEY(k) "gpt-oss." k
+static kp_status add_oss_pattern_3(kp_gguf_w *w, kp_error *err) {
+    return kp_gguf_w_add_u32(w, OSS_KEY("attention.sliding_window_pattern"), 3, err);
+}
+static kp_status add_oss_linear(kp_gguf_w *w, kp_error *err) {
+    return kp_gguf_w_add_str(w, OSS_KEY("rope.scaling.type"), "linear", err);
+}
+
+/* gpt-oss's hyperparameters and tensors as llama.cpp's
+ * llama_model_openai_moe reads them (model.c's table), YaRN's attention
+ * factor as llama_context computes it, and refusals as values. */
+static void test_gptoss_hparams(void) {
+    kp_model *m = NULL;
+    kp_error err = {0};
+    char kinds[16];
+    CHECK_MSG(kp_model_load(&m, harness_path(GPTOSS_F32), &err) == KP_OK, "%s", err.msg);
+    if (!m) return;
+    const kp_hparams *hp = &m->hp;
+    CHECK(hp->arch == KP_ARCH_GPTOSS && hp->rope_type == KP_ROPE_NEOX && !hp->tied_output);
+    CHECK_EQ_STR(kinds_of(m, kinds), "wfwf"); /* llama.cpp's default period 2 */
+    CHECK(hp->n_swa == 16 && hp->rope_base_swa == hp->rope_base && hp->rope_freq_scale_swa == 1.0f / 32);
+    CHECK(hp->n_expert == 8 && hp->n_expert_used == 4 && hp->n_ff_exp == 64);
+    CHECK(hp->gate == KP_GATE_SOFTMAX_TOPK && hp->swiglu_limit == 7.0f && hp->swiglu_alpha == 1.702f);
+    CHECK(hp->attn_scale == 1.0f / sqrtf(64.0f) && !hp->attn_scale_on_q);
+    /* YaRN: factor 32 over 4096; llama.cpp's attention factor (1 + 0.1 ln 32) / (1 + 0.1 ln 32) */
+    CHECK(hp->rope_yarn && hp->yarn_n_ctx_orig == 4096 && hp->yarn_beta_fast == 32.0f && hp->yarn_beta_slow == 1.0f);
+    CHECK(fabsf(hp->yarn_attn_factor - 1.0f) < 1e-6f);
+    const kp_layer *L = &m->layers[2];
+    CHECK(L->bq && L->bk && L->bv && L->bo && L->attn_sinks && !L->q_norm && !L->attn_post_norm);
+    CHECK(L->ffn_norm && L->b_router && L->b_gate_exps && L->b_up_exps && L->b_down_exps);
+    kp_model_free(m);
+    edit_case(GPTOSS_F32, OSS_KEY("attention.sliding_window"), NULL, KP_EFORMAT, NULL, "sliding_window");
+    edit_case(GPTOSS_F32, OSS_KEY("expert_feed_forward_length"), NULL, KP_EFORMAT, NULL, "expert_feed_forward_length");
+    edit_case(GPTOSS_F32, NULL, add_oss_pattern_3, KP_OK, "wwfw", NULL);
+    /* linear instead of YaRN: loads, without YaRN */
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/kvpin-test-edit-%d.gguf", (int)getpid());
+    if (gguf_copy_edit(harness_path(GPTOSS_F32), path, OSS_KEY("rope.scaling.type"), add_oss_linear)) {
+        CHECK(kp_model_load(&m, path, &err) == KP_OK && m && !m->hp.rope_yarn && m->hp.rope_freq_scale == 1.0f / 32);
+        kp_model_free(m);
+        unlink(path);
+    }
 }
 
 /* The window's edge, without a reference: with every layer a WINDOW layer
@@ -1047,6 +1109,9 @@ static void test_invariants(void) {
         /* experts: a split or a second sequence changes how the rows group by expert */
         invariants_for("tests/data/models/gen-qwen3moe-f32.gguf", KP_DTYPE_F32, ks[i], 1e-5);
         invariants_for("tests/data/models/gen-qwen3moe-q8_0.gguf", KP_DTYPE_F16, ks[i], 1e-5);
+        /* sinks, biases, YaRN, windows of 16 on even layers; MXFP4 experts */
+        invariants_for("tests/data/models/gen-gpt-oss-f32.gguf", KP_DTYPE_F32, ks[i], 1e-5);
+        invariants_for("tests/data/models/gen-gpt-oss-mxfp4.gguf", KP_DTYPE_F16, ks[i], 1e-5);
     }
 }
 
@@ -1279,6 +1344,8 @@ int main(void) {
     TIMED(test_goldens_gemma3);
     TIMED(test_qwen3moe_hparams);
     TIMED(test_goldens_qwen3moe);
+    TIMED(test_gptoss_hparams);
+    TIMED(test_goldens_gptoss);
     TIMED(test_goldens_rope);
     TIMED(test_greedy_per_model);
     TIMED(test_window_edge);

@@ -1237,6 +1237,82 @@ static void test_smollm2_q4_k(void) {
     unlink(path);
 }
 
+/* gpt-oss files: llama.cpp's keys (the window, the experts, YaRN), its
+ * tensors (biases, sinks, post_attention_norm as the FFN norm, no
+ * ffn_norm), and --type MXFP4 as llama-quantize's MXFP4_MOE writes a file:
+ * the experts MXFP4, every other matrix Q8_0, the router and the biases
+ * F32, file type 38. */
+static void test_gptoss_files(void) {
+    static const kp_dtype types[] = {KP_DTYPE_F32, KP_DTYPE_MXFP4};
+    for (size_t ti = 0; ti < 2; ti++) {
+        kp_mkmodel_spec s = preset("gpt-oss-tiny");
+        s.wtype = types[ti];
+        char path[64];
+        if (!write_model(&s, STORIES, path)) continue;
+        kp_gguf *g = NULL;
+        kp_error err = {0};
+        CHECK_MSG(kp_gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
+        if (!g) continue;
+        CHECK(str_is(g, "general.architecture", "gpt-oss"));
+        CHECK_EQ_INT(get_u32(g, "gpt-oss.attention.sliding_window"), 16);
+        CHECK(kp_gguf_find(g, "gpt-oss.attention.sliding_window_pattern") == NULL); /* llama.cpp's 2 */
+        CHECK_EQ_INT(get_u32(g, "gpt-oss.expert_count"), 8);
+        CHECK_EQ_INT(get_u32(g, "gpt-oss.expert_used_count"), 4);
+        CHECK_EQ_INT(get_u32(g, "gpt-oss.expert_feed_forward_length"), 64);
+        CHECK(str_is(g, "gpt-oss.rope.scaling.type", "yarn"));
+        CHECK(get_f32(g, "gpt-oss.rope.scaling.factor") == 32.0f);
+        CHECK_EQ_INT(get_u32(g, "gpt-oss.rope.scaling.original_context_length"), 4096);
+        CHECK_EQ_INT(get_u32(g, "gpt-oss.attention.key_length"), 64);
+        CHECK_EQ_INT(get_u32(g, "general.file_type"), types[ti] == KP_DTYPE_MXFP4 ? 38 : 0);
+        bool mx = types[ti] == KP_DTYPE_MXFP4;
+        static const struct { const char *name; int kind; int64_t ne0, ne1, ne2; } want[] = {
+            /* kind: 0 F32 vector or bias, 1 a matrix (Q8_0 under MXFP4), 2 an expert tensor, 3 the router */
+            {"blk.1.attn_q.bias", 0, 256, 1, 1},        {"blk.1.attn_k.bias", 0, 128, 1, 1},
+            {"blk.1.attn_v.bias", 0, 128, 1, 1},        {"blk.1.attn_output.bias", 0, 64, 1, 1},
+            {"blk.1.attn_sinks.weight", 0, 4, 1, 1},    {"blk.1.post_attention_norm.weight", 0, 64, 1, 1},
+            {"blk.1.ffn_gate_inp.bias", 0, 8, 1, 1},    {"blk.1.ffn_gate_exps.bias", 0, 64, 8, 1},
+            {"blk.1.ffn_up_exps.bias", 0, 64, 8, 1},    {"blk.1.ffn_down_exps.bias", 0, 64, 8, 1},
+            {"blk.1.attn_q.weight", 1, 64, 256, 1},     {"blk.1.attn_output.weight", 1, 256, 64, 1},
+            {"token_embd.weight", 1, 64, 512, 1},       {"output.weight", 1, 64, 512, 1},
+            {"blk.1.ffn_gate_inp.weight", 3, 64, 8, 1}, {"blk.1.ffn_gate_exps.weight", 2, 64, 64, 8},
+            {"blk.1.ffn_up_exps.weight", 2, 64, 64, 8}, {"blk.1.ffn_down_exps.weight", 2, 64, 64, 8},
+        };
+        for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+            const kp_gguf_tensor *t = kp_gguf_find_tensor(g, want[i].name);
+            CHECK_MSG(t != NULL, "%s missing", want[i].name);
+            if (!t) continue;
+            kp_dtype expect = want[i].kind == 0 || want[i].kind == 3 ? KP_DTYPE_F32
+                              : !mx                                 ? KP_DTYPE_F32
+                              : want[i].kind == 2                   ? KP_DTYPE_MXFP4
+                                                                    : KP_DTYPE_Q8_0;
+            CHECK_MSG(t->type == (uint32_t)expect && t->ne[0] == want[i].ne0 && t->ne[1] == want[i].ne1 &&
+                          t->ne[2] == want[i].ne2,
+                      "%s: %s [%lld, %lld, %lld]", want[i].name, kp_dtype_name(t->type), (long long)t->ne[0],
+                      (long long)t->ne[1], (long long)t->ne[2]);
+        }
+        CHECK(kp_gguf_find_tensor(g, "blk.1.ffn_norm.weight") == NULL);
+        CHECK(kp_gguf_find_tensor(g, "blk.1.attn_q_norm.weight") == NULL);
+        kp_gguf_close(g);
+        unlink(path);
+    }
+    kp_error err = {0};
+    kp_mkmodel_spec s = preset("gpt-oss-20b"); /* gpt-oss-20b's config.json, 8 of its 24 layers */
+    CHECK(s.n_layer == 8 && s.n_embd == 2880 && s.n_head == 64 && s.n_head_kv == 8 && s.head_dim == 64);
+    CHECK(s.n_expert == 32 && s.n_expert_used == 4 && s.n_ff_exp == 2880 && s.n_swa == 128 && !s.tied);
+    CHECK(s.rope_base == 150000.0f && s.yarn_factor == 32.0f && s.yarn_orig_ctx == 4096 && s.n_ctx == 131072);
+    CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_OK);
+    s.n_swa = 0; /* llama.cpp requires gpt-oss's window */
+    CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_EINVAL);
+    s = preset("tiny");
+    s.wtype = KP_DTYPE_MXFP4; /* MXFP4 is for experts */
+    CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_EINVAL);
+    s.wtype = KP_DTYPE_F32;
+    s.yarn_factor = 32.0f; /* YaRN is gpt-oss's here */
+    s.yarn_orig_ctx = 4096;
+    CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_EINVAL);
+    CHECK_EQ_INT(kp_mkmodel_file_type(KP_DTYPE_MXFP4), 38);
+}
+
 static void test_presets(void) {
     kp_mkmodel_spec s = preset("qwen3-tiny");
     CHECK_EQ_STR(s.arch, "qwen3");
@@ -1288,5 +1364,6 @@ int main(void) {
     RUN(test_alignment);
     RUN(test_vector_statistics);
     RUN(test_all_archs_and_types);
+    RUN(test_gptoss_files);
     return harness_finish("mkmodel");
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""qwen3moe_e2e.py - kvpin serve on a mixture-of-experts model
-(tests/data/models/gen-qwen3moe-f32.gguf: 2 layers of 8 experts, 3 routed
-per token): chat completions, forks, a pin and the disk tier, with the
-cache report.
+"""experts_e2e.py - kvpin serve on the mixture-of-experts models:
+tests/data/models/gen-qwen3moe-f32.gguf (qwen3moe: 2 layers of 8 experts,
+3 routed per token) and gen-gpt-oss-mxfp4.gguf (gpt-oss: 4 layers, windows
+of 16 on even layers, sinks, YaRN, 4 of 8 MXFP4 experts): chat
+completions, forks, a pin and the disk tier, with the cache report.
 
 Oracle: a second server with --no-prefix-cache (every prompt computed in
 full, alone). The same conversation, sent again, extended by a turn and
@@ -12,7 +13,7 @@ servers while the cached one reports what it reused; n = 2 at temperature
 a pinned system prompt is reused by a request that starts with it; and a
 server restarted on the first one's --cache-dir restores the prompt from
 disk and answers the same, its FINGERPRINT naming the expert counts.
-`kvpin info` names the experts.
+`kvpin info` names the experts. Each model runs the whole list.
 """
 import os
 import shutil
@@ -23,8 +24,16 @@ import time
 
 from kvpin_test import KVPIN, Results, Server, kill_all
 
-MODEL = "tests/data/models/gen-qwen3moe-f32.gguf"
-r = Results("qwen3moe_e2e")
+# (model, what kvpin info says of its experts, its fingerprint's lines)
+MODELS = [
+    ("tests/data/models/gen-qwen3moe-f32.gguf", "experts:       8 per layer of width 64, 3 routed per token",
+     ["\narch qwen3moe\n", "\nn_expert 8\nn_expert_used 3\nn_ff_exp 64\n"]),
+    ("tests/data/models/gen-gpt-oss-mxfp4.gguf", "experts:       8 per layer of width 64, 4 routed per token",
+     ["\narch gpt-oss\n", "\nn_expert 8\nn_expert_used 4\nn_ff_exp 64\ngate softmax_topk\n",
+      "\nyarn_n_ctx_orig 4096\n", "\nlayer_kinds wfwf\n"]),
+]
+MODEL, INFO, FP_LINES = MODELS[0]
+r = Results("experts_e2e")
 STORY = ("Lily and Tom went to the park. They saw a big dog and a small cat. The dog ran after "
          "the ball and the cat sat in the sun. Tom laughed and Lily clapped her hands.")
 FIRST = [{"role": "system", "content": "You tell short stories about a park."},
@@ -45,8 +54,7 @@ def ids_of(j, i=0):
 
 def info():
     out = subprocess.run([KVPIN, "info", "-m", MODEL], capture_output=True, text=True, timeout=60)
-    r.ok(out.returncode == 0 and "experts:       8 per layer of width 64, 3 routed per token" in out.stdout,
-         "kvpin info names the experts: %s" % out.stdout[-800:])
+    r.ok(out.returncode == 0 and INFO in out.stdout, "kvpin info names the experts: %s" % out.stdout[-800:])
 
 
 def conversation(cached, plain):
@@ -109,8 +117,7 @@ def disk_tier(answer):
         fps = [os.path.join(tmp, x, "FINGERPRINT") for x in os.listdir(tmp)
                if os.path.exists(os.path.join(tmp, x, "FINGERPRINT"))]
         text = open(fps[0]).read() if fps else ""
-        r.ok("\narch qwen3moe\n" in text and "\nn_expert 8\nn_expert_used 3\nn_ff_exp 64\n" in text,
-             "the disk tier's fingerprint names the experts: %r" % text)
+        r.ok(all(line in text for line in FP_LINES), "the disk tier's fingerprint names the experts: %r" % text)
         b = Server(r, "--ctx", "512", "--chat-template", "chatml", "--cache-dir", tmp, model=MODEL)
         k = chat(b, FIRST)
         if j and k:
@@ -139,7 +146,9 @@ def main():
 
 
 try:
-    main()
+    for MODEL, INFO, FP_LINES in MODELS:
+        print("model %s" % MODEL)
+        main()
 finally:
     kill_all()
 sys.exit(r.finish())
