@@ -37,8 +37,9 @@ static const cli_opt mk_tab[] = {
     {"eps", NULL, NULL, "F", "RMS norm epsilon", O_EPS},
     {"rope-dims", NULL, NULL, "N", "rotate only the first N dims of a head (rope.dimension_count; even)",
      O_ROPE_DIMS},
-    {"rope-scaling", NULL, NULL, "linear:F", "linear rope scaling by F (rope.scaling.type and .factor)",
-     O_ROPE_SCALING},
+    {"rope-scaling", NULL, NULL, "linear:F|yarn:F:CTX", "linear rope scaling by F, or YaRN by F from an original\n"
+                                                       "context of CTX (rope.scaling.type, .factor, and\n"
+                                                       "original_context_length)", O_ROPE_SCALING},
     {"rope-freqs", NULL, NULL, "llama3:F", "a rope_freqs.weight tensor as Llama 3.1's converter writes it for\n"
                                            "factor F (low 1, high 4, original context 8192)", O_ROPE_FREQS},
     {"sliding-window", NULL, NULL, "N", "gemma3, gpt-oss: window layers see the last N positions (0: none)",
@@ -123,13 +124,31 @@ int cmd_mkmodel(int argc, char **argv) {
             break;
         case O_ROPE_DIMS: field = &spec.n_rot; break;
         case O_ROPE_SCALING:
+            if (!strncmp(v, "yarn:", 5)) { /* yarn:FACTOR:ORIGINAL_CONTEXT */
+                char *colon = strchr(v + 5, ':');
+                char fac[32];
+                int64_t orig = 0;
+                if (!colon || (size_t)(colon - v - 5) >= sizeof fac) {
+                    fprintf(stderr, "kvpin mkmodel: %s takes yarn:FACTOR:ORIGINAL_CONTEXT, not '%s'\n", opt, v);
+                    return 2;
+                }
+                memcpy(fac, v + 5, (size_t)(colon - v - 5));
+                fac[colon - v - 5] = 0;
+                if (!cli_parse_f32(opt, fac, &spec.yarn_factor) || !cli_parse_i64(opt, colon + 1, 1, 1 << 24, &orig))
+                    return 2;
+                spec.yarn_orig_ctx = (uint32_t)orig;
+                break;
+            }
+            /* fall through: linear:FACTOR */
+            __attribute__((fallthrough));
         case O_ROPE_FREQS: {
             const char *want = k == O_ROPE_SCALING ? "linear:" : "llama3:";
             if (strncmp(v, want, strlen(want)) ||
                 !cli_parse_f32(opt, v + strlen(want), k == O_ROPE_SCALING ? &spec.rope_scale_linear
                                                                            : &spec.rope_freqs_llama3)) {
                 if (strncmp(v, want, strlen(want)))
-                    fprintf(stderr, "kvpin mkmodel: %s takes %sFACTOR, not '%s'\n", opt, want, v);
+                    fprintf(stderr, "kvpin mkmodel: %s takes %sFACTOR%s, not '%s'\n", opt, want,
+                            k == O_ROPE_SCALING ? " or yarn:FACTOR:ORIGINAL_CONTEXT" : "", v);
                 return 2;
             }
             break;

@@ -329,11 +329,12 @@ kp_status kp_mkmodel_validate(const kp_mkmodel_spec *s, uint64_t n_vocab, kp_err
         return kp_fail(err, KP_EINVAL, "mkmodel: MXFP4 is for experts (arch qwen3moe or gpt-oss)");
     }
     if ((s->yarn_factor != 0 || s->yarn_orig_ctx != 0) &&
-        (arch != ARCH_GPTOSS || !(s->yarn_factor >= 1.0f) || !isfinite(s->yarn_factor) || s->yarn_orig_ctx == 0))
+        (!(s->yarn_factor >= 1.0f) || !isfinite(s->yarn_factor) || s->yarn_orig_ctx == 0))
         return kp_fail(err, KP_EINVAL,
-                       "mkmodel: YaRN (factor %g, original context %u) needs arch gpt-oss, a factor >= 1 and an "
-                       "original context >= 1",
+                       "mkmodel: YaRN (factor %g, original context %u) needs a factor >= 1 and an original context >= 1",
                        s->yarn_factor, s->yarn_orig_ctx);
+    if (s->yarn_factor != 0 && s->rope_scale_linear != 0)
+        return kp_fail(err, KP_EINVAL, "mkmodel: one rope scaling, linear or YaRN, not both");
     if (n_vocab == 0 || n_vocab > INT32_MAX)
         return kp_fail(err, KP_EINVAL, "mkmodel: vocabulary of %llu tokens",
                        (unsigned long long)n_vocab);

@@ -771,16 +771,36 @@ static void ref_rmsnorm(const double *x, const float *g, int n, double eps, doub
     for (int i = 0; i < n; i++) y[i] = x[i] * k * (g ? g[i] : 1.0);
 }
 
+/* YaRN (Peng et al. 2023, as GGUF files describe it): pair i turns
+ * n_ctx_orig / wavelength_i times over the original context; pairs that turn
+ * more than beta_fast times keep the unscaled angle, fewer than beta_slow the
+ * scaled one, a linear ramp between (the ramp's ends rounded outward to whole
+ * pairs); cos and sin are scaled by attn_factor * (1 + 0.1 ln(factor)). */
+static double ref_yarn_pair(const kp_hparams *hp, double beta) {
+    return hp->n_rot * log(hp->yarn_n_ctx_orig / (beta * 2 * M_PI)) / (2 * log(hp->rope_base));
+}
+
 static void ref_rope(const kp_model *m, double *v, int pos) {
     const kp_hparams *hp = &m->hp;
     int half = (int)hp->n_rot / 2;
+    double lo = 0, hi = 0, mscale = 1;
+    if (hp->rope_yarn) {
+        lo = fmax(0, floor(ref_yarn_pair(hp, hp->yarn_beta_fast)));
+        hi = fmin(hp->n_rot - 1, ceil(ref_yarn_pair(hp, hp->yarn_beta_slow)));
+        mscale = hp->yarn_attn_factor * (1 + 0.1 * log(1 / (double)hp->rope_freq_scale));
+    }
     for (int i = 0; i < half; i++) {
         double ff = m->rope_freqs ? m->rope_freqs[i] : 1.0;
-        double angle = hp->rope_freq_scale * (pos * pow(hp->rope_base, -2.0 * i / hp->n_rot) / ff);
+        double plain = pos * pow(hp->rope_base, -2.0 * i / hp->n_rot) / ff;
+        double angle = hp->rope_freq_scale * plain;
+        if (hp->rope_yarn) {
+            double ramp = fmin(1, fmax(0, (i - lo) / fmax(hi - lo, 0.001)));
+            angle = angle * ramp + plain * (1 - ramp);
+        }
         int a = hp->rope_type == KP_ROPE_NORM ? 2 * i : i, b = hp->rope_type == KP_ROPE_NORM ? 2 * i + 1 : i + half;
         double x0 = v[a], x1 = v[b];
-        v[a] = x0 * cos(angle) - x1 * sin(angle);
-        v[b] = x0 * sin(angle) + x1 * cos(angle);
+        v[a] = mscale * (x0 * cos(angle) - x1 * sin(angle));
+        v[b] = mscale * (x0 * sin(angle) + x1 * cos(angle));
     }
 }
 
@@ -905,16 +925,16 @@ static void test_kvq_exact(void) {
 }
 
 /* The rope variants of real files (tests/data/golden/make_rope.sh):
- * rope_freqs.weight as Llama 3.1 files carry it, linear scaling, against
- * llama.cpp; and a partial rotary (16 of 32 dims; llama.cpp refuses it for
+ * rope_freqs.weight as Llama 3.1 files carry it, linear and YaRN scaling,
+ * against llama.cpp; and a partial rotary (16 of 32 dims; llama.cpp refuses it for
  * these graphs) against the float64 reference, as are the other two. Each
  * variant must matter: the same file read without it (its key or tensor
  * ignored, by zeroing the model's field) is far from the reference. */
 static void test_goldens_rope(void) {
-    static const char *const cases[] = {"gen-rope-llama3.story300", "gen-rope-linear.lily"};
+    static const char *const cases[] = {"gen-rope-llama3.story300", "gen-rope-linear.lily", "gen-rope-yarn.lily"};
     golden_cases(cases, sizeof cases / sizeof *cases);
-    static const char *const files[] = {"gen-rope-llama3", "gen-rope-linear", "gen-rope-partial"};
-    for (size_t f = 0; f < 3; f++) {
+    static const char *const files[] = {"gen-rope-llama3", "gen-rope-linear", "gen-rope-partial", "gen-rope-yarn"};
+    for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
         char path[256];
         snprintf(path, sizeof path, "tests/data/models/%s.gguf", files[f]);
         enum { N = 120 };
@@ -941,12 +961,14 @@ static void test_goldens_rope(void) {
         kp_model *m = r.m;
         float *freqs = m->rope_freqs, scale = m->hp.rope_freq_scale;
         uint32_t rot = m->hp.n_rot;
+        bool yarn = m->hp.rope_yarn;
         if (f == 0) m->rope_freqs = NULL;
         if (f == 1) m->hp.rope_freq_scale = 1.0f;
         if (f == 2) m->hp.n_rot = m->hp.head_dim;
+        if (f == 3) m->hp.rope_yarn = false; /* read as linear scaling by the same factor */
         float *plain = malloc((size_t)N * nv * sizeof *plain);
         ref_forward(m, toks, N, KP_DTYPE_F32, plain);
-        m->rope_freqs = freqs, m->hp.rope_freq_scale = scale, m->hp.n_rot = rot;
+        m->rope_freqs = freqs, m->hp.rope_freq_scale = scale, m->hp.n_rot = rot, m->hp.rope_yarn = yarn;
         double apart = 0, abs2 = 0;
         for (int p = 0; p < N; p++) {
             double rel = logits_rel_l2(plain + (size_t)p * nv, ref + (size_t)p * nv, nv, &abs2);

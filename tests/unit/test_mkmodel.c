@@ -1307,8 +1307,16 @@ static void test_gptoss_files(void) {
     s.wtype = KP_DTYPE_MXFP4; /* MXFP4 is for experts */
     CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_EINVAL);
     s.wtype = KP_DTYPE_F32;
-    s.yarn_factor = 32.0f; /* YaRN is gpt-oss's here */
+    s.yarn_factor = 32.0f; /* YaRN on any architecture, as real llama and qwen files carry it */
     s.yarn_orig_ctx = 4096;
+    CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_OK);
+    s.rope_scale_linear = 2.0f; /* one scaling, not both */
+    CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_EINVAL);
+    CHECK(strstr(err.msg, "not both") != NULL);
+    s.rope_scale_linear = 0;
+    s.yarn_factor = 0.5f; /* a factor below 1 shrinks the context */
+    CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_EINVAL);
+    s.yarn_factor = 4.0f, s.yarn_orig_ctx = 0;
     CHECK_EQ_INT(kp_mkmodel_validate(&s, 512, &err), KP_EINVAL);
     CHECK_EQ_INT(kp_mkmodel_file_type(KP_DTYPE_MXFP4), 38);
 }

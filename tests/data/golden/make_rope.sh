@@ -14,13 +14,15 @@
 #      gen-rope-llama3   rope base 500000 and rope_freqs.weight as Llama
 #                        3.1's converter writes it for factor 8
 #      gen-rope-linear   rope.scaling linear, factor 4
+#      gen-rope-yarn     rope.scaling yarn, factor 4 over an original
+#                        context of 512
 #      gen-rope-partial  rope.dimension_count 16 of head_dim 32, as qwen2
 #                        (NEOX pairs, biases, tied: llama.cpp refuses a partial
 #                        rotary for the llama architecture)
 # 2. tools/llamacpp_logits.c (libllama only) writes each case's NAME.json and
 #    NAME.logits.f32 here, with the settings of README.md, on the prompts of
 #    the existing cases (the "prompt" of gen-llama-gqa-f32.ID.json), for the
-#    llama3 and linear files. llama.cpp refuses a partial rotary for the
+#    llama3, linear and yarn files. llama.cpp refuses a partial rotary for the
 #    llama, qwen2 and qwen3 graphs (n_rot must be head_dim there), so the
 #    partial file is checked against test_forward's float64 reference.
 set -e
@@ -38,6 +40,8 @@ SHAPE="--preset tiny --layers 2 --embd 64 --heads 2 --kv-heads 1 --head-dim 32 -
 "$KVPIN" mkmodel $SHAPE --rope-base 500000 --rope-freqs llama3:8 --name gen-rope-llama3 -o "$MODELS/gen-rope-llama3.gguf"
 # shellcheck disable=SC2086
 "$KVPIN" mkmodel $SHAPE --rope-scaling linear:4 --name gen-rope-linear -o "$MODELS/gen-rope-linear.gguf"
+# shellcheck disable=SC2086
+"$KVPIN" mkmodel $SHAPE --rope-scaling yarn:4:512 --name gen-rope-yarn -o "$MODELS/gen-rope-yarn.gguf"
 "$KVPIN" mkmodel --preset qwen2-tiny --layers 2 --embd 64 --heads 2 --kv-heads 1 --head-dim 32 --ff 128 --seed 7007 \
   --tokenizer models/stories260K.gguf --rope-dims 16 --name gen-rope-partial -o "$MODELS/gen-rope-partial.gguf"
 for id in lily story300; do
@@ -47,3 +51,4 @@ done
 # llama3's factors move the long wavelengths: a prompt of 283 positions turns them far enough to tell
 build/rope-golden/llamacpp_logits "$MODELS/gen-rope-llama3.gguf" build/rope-golden/story300.txt "$OUT" story300
 build/rope-golden/llamacpp_logits "$MODELS/gen-rope-linear.gguf" build/rope-golden/lily.txt "$OUT" lily
+build/rope-golden/llamacpp_logits "$MODELS/gen-rope-yarn.gguf" build/rope-golden/lily.txt "$OUT" lily
