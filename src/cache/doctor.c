@@ -697,12 +697,12 @@ static bool check_new_prefix(const char *c, size_t clen, const char *r, size_t r
         }
         if (lo <= clen - RESUME_MIN && clen - lo >= lo - d) return false; /* the cached text resumes */
     }
-    sb_printf(detail, "only the first %zu bytes (", d);
-    sb_excerpt(detail, r, rlen, 0, d, 40);
-    sb_puts(detail, ") are shared, then ");
-    sb_excerpt(detail, r, rlen, d, rlen, 40);
+    sb_puts(detail, "only the opening ");
+    sb_excerpt(detail, r, rlen, 0, w, 40);
+    sb_printf(detail, " (%zu bytes) is shared, then ", w);
+    sb_excerpt(detail, r, rlen, w, rlen, 40);
     sb_puts(detail, " instead of ");
-    sb_excerpt(detail, c, clen, d, clen, 40);
+    sb_excerpt(detail, c, clen, w, clen, 40);
     return true;
 }
 

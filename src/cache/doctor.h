@@ -217,8 +217,9 @@ typedef struct {
  *    follows intact on line L" or "...: lines A-B (N bytes) replaced by M
  *    bytes ('<text>') | removed, before cached text from line C that follows
  *    intact on line L",
- *   "new_prefix: only the first N bytes ('<shared start>') are shared, then
- *    '<request text>' instead of '<cached text>' on line L",
+ *   "new_prefix: only the opening '<shared start>' (N bytes) is shared, then
+ *    '<request text>' instead of '<cached text>' on line L" (cut where the
+ *    word that differs starts),
  *   "other: '<old word..end of line>' -> '<new ...>' on line L".
  * KP_EINVAL for NULL pointers with nonzero lengths, diverge_byte beyond
  * either text, a difference before diverge_byte, a bad state, or

@@ -615,7 +615,7 @@ static const pair pairs[] = {
      "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
      "<|im_start|>assistant\nThe capital of France is Paris.<|im_end|>\n",
      "<|im_start|>user\nWrite a haiku about autumn leaves.<|im_end|>\n<|im_start|>assistant\n",
-     KP_DOCTOR_CAUSE_NEW_PREFIX, 2, "only the first 18 bytes ('<|im_start|>user\\nW') are shared", 0, 0},
+     KP_DOCTOR_CAUSE_NEW_PREFIX, 2, "only the opening '<|im_start|>user\\n' (17 bytes) is shared, then 'Write a haiku about autumn leaves.", 0, 0},
     {"unrelated conversation after a shared system prompt",
      CHATML_SYS CHATML_Q1 CHATML_A1,
      CHATML_SYS "<|im_start|>user\nSummarize this log: disk full on /dev/sda1 at boot.<|im_end|>\n"
@@ -630,7 +630,7 @@ static const pair pairs[] = {
     {"unrelated conversation after Mistral's [INST]",
      "[INST] Give me a name for a grey cat. [/INST] Ash.",
      "[INST] How many legs does a spider have? [/INST]",
-     KP_DOCTOR_CAUSE_NEW_PREFIX, 1, "('[INST] ')", 0, 0},
+     KP_DOCTOR_CAUSE_NEW_PREFIX, 1, "opening '[INST] ' (7 bytes)", 0, 0},
 
     /* ---- hits ---------------------------------------------------------- */
     {"identical prompts", SYS TURN1, SYS TURN1, KP_DOCTOR_CAUSE_HIT, 5, "equals the cached text", 0, 0},
