@@ -687,7 +687,8 @@ static bool check_new_prefix(const char *c, size_t clen, const char *r, size_t r
     while (w > 0 && d - w < 24 && is_word((unsigned char)r[w - 1])) w--;
     size_t b = w;
     while (b > 0 && r[b - 1] == ' ') b--;
-    if (!(w == 0 || r[w - 1] == '\n' || (b > 0 && (r[b - 1] == '>' || r[b - 1] == ']')))) return false;
+    /* (w == 0: the texts share part of their first word only, an edit of it) */
+    if (w == 0 || !(r[w - 1] == '\n' || (b > 0 && (r[b - 1] == '>' || r[b - 1] == ']')))) return false;
     if (clen - d >= RESUME_MIN && rlen > d) {
         size_t lo = d, hi = clen - RESUME_MIN + 1; /* the first x whose tail is found, or hi */
         while (lo < hi) {

@@ -203,8 +203,9 @@ typedef struct {
  *   from d0, at least two lines were rewritten or removed and the rest of
  *     the cached text (>= 32 bytes) follows intact -> inserted_at_front (one
  *     line rewritten, into any number of lines, is an edit);
- *   the texts share at most 256 bytes, d starts a line or follows markup
- *     ('>' or ']', then spaces: "<|im_start|>user\n", "[INST] "), and no
+ *   the texts share at most 256 bytes, which end (but for the first letters
+ *     of the word at d) with a line or with markup ('>' or ']', then spaces:
+ *     "<|im_start|>user\n", "[INST] "), and no
  *     tail of the cached text past d (>= 16 bytes, and at least as long as
  *     the cached text it skips) appears in the request after d ->
  *     new_prefix (another conversation after the template's opening);

@@ -632,6 +632,11 @@ static const pair pairs[] = {
      "[INST] How many legs does a spider have? [/INST]",
      KP_DOCTOR_CAUSE_NEW_PREFIX, 1, "opening '[INST] ' (7 bytes)", 0, 0},
 
+    {"two prompts sharing the first letters of their first word",
+     "Translate to French: The meeting moved to Friday.\n",
+     "Transcribe the attached recording of the meeting.\n",
+     KP_DOCTOR_CAUSE_OTHER, 1, "'Translate to French", 0, 0},
+
     /* ---- hits ---------------------------------------------------------- */
     {"identical prompts", SYS TURN1, SYS TURN1, KP_DOCTOR_CAUSE_HIT, 5, "equals the cached text", 0, 0},
     {"next turn appended", SYS TURN1, SYS TURN1 TURN2, KP_DOCTOR_CAUSE_HIT, 5,
