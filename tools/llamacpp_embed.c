@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "llama.h"
+#include <llama.h>
 
 static void put_json_string(const char *s) {
     putchar('"');
