@@ -531,6 +531,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.answer_memory = (size_t)answer_memory;
     cfg.log_prompts = log_prompts;
     cfg.pooling_last = pooling_last;
+    cfg.build_info = "kvpin " KP_VERSION;
     cfg.embd_threads = threads > 0 ? (uint32_t)threads : 0;
     cfg.reasoning_inline = reasoning_inline;
     cfg.volatile_prefixes = volatile_prefixes;

@@ -36,7 +36,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvpin.h"
 #include "serve/answer.h"
 #include "serve/chat_tmpl.h"
 #include "tok/tok.h"
@@ -253,7 +252,8 @@ KP_HANDLER(kp_llama_props) {
                           s->cfg.model_name, "model_alias", s->cfg.model_name, "chat_template", tmpl ? tmpl : "",
                           "bos_token", s->cfg.chat_bos ? s->cfg.chat_bos : "", "eos_token",
                           s->cfg.chat_eos ? s->cfg.chat_eos : "", "modalities", "vision", 0, "audio", 0,
-                          "n_ctx_train", (json_int_t)s->m->hp.n_ctx_train, "build_info", "kvpin " KP_VERSION,
+                          "n_ctx_train", (json_int_t)s->m->hp.n_ctx_train, "build_info",
+                          s->cfg.build_info ? s->cfg.build_info : "kvpin",
                           "endpoint_slots", 1, "endpoint_props", 1, "endpoint_metrics", 1, "is_sleeping", 0);
     return kp_http_json(s, c, 200, j);
 }

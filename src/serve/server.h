@@ -84,6 +84,7 @@ typedef struct {
     const char *chat_eos;
     uint32_t completion_max_tokens; /* default max_tokens of /v1/completions; 0: 16 */
     uint32_t max_tokens_cap;   /* every generation's max_tokens at most this (any API); 0: no cap */
+    const char *build_info;    /* GET /props' build_info ("kvpin 0.9.0"); NULL: "kvpin" */
     bool pooling_last;         /* --pooling last: /v1/embeddings pools the last position (default: the mean) */
     uint32_t embd_threads;     /* threads of an embeddings request; 0: 2 */
     const char *log_prompts;   /* --log-prompts FILE: each prompt computed, one JSON line (promptlog.h); NULL: none */
