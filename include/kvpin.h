@@ -35,7 +35,8 @@
  * the output holds the generated ids, the whole text and the cache report:
  * the tokens reused and computed, and where (token, byte) and why (cold,
  * hit, evicted, timestamp, counter, identifier, reordered_json, whitespace,
- * inserted_at_front, other, retokenized, template_rewrites_history) the
+ * inserted_at_front, other, retokenized, template_rewrites_history,
+ * new_prefix) the
  * prompt left the cache. Greedy outputs with
  * and without the prefix cache are the same: a reused K/V row is the row
  * the same tokens at the same positions produce again.
@@ -323,8 +324,10 @@ typedef enum {
     KP_CAUSE_INSERTED_AT_FRONT,/* "inserted_at_front": text inserted before cached text */
     KP_CAUSE_OTHER,            /* "other": any other edit */
     KP_CAUSE_RETOKENIZED,      /* "retokenized": the same text split into other tokens */
-    KP_CAUSE_TEMPLATE_REWRITES_HISTORY /* "template_rewrites_history": the chat template
+    KP_CAUSE_TEMPLATE_REWRITES_HISTORY,/* "template_rewrites_history": the chat template
                                           renders an earlier turn otherwise */
+    KP_CAUSE_NEW_PREFIX        /* "new_prefix": only a short start (the template's
+                                  opening) is shared: a different conversation */
 } kp_cause;
 
 #define KP_REPORT_DETAIL_MAX 320

@@ -33,16 +33,24 @@
  *      for 32 bytes (or until one ends), and one of them has whitespace
  *      at d.
  *   3. pure insertion: c[d0..clen) occurs in r after d0: r[d0..q) was put in
- *      front of cached text that follows intact; or, mid-line, c[d..clen)
- *      occurs in r at least 32 bytes after d (a whole element inserted).
+ *      front of cached text that follows intact; or, mid-line inside JSON,
+ *      c[d..clen) occurs in r at least 32 bytes after d (a whole element
+ *      inserted; words inserted into prose are an edit).
  *   4. fields: a datetime, an identifier or a number that spans d in both
  *      texts, starting at the same byte a <= d (found by trying every word
  *      start in the 64 bytes before d; the earliest start wins).
  *   5. head rewrite: for line starts e > d0 in c (nearest first), c[e..clen)
- *      (>= 32 bytes) occurs in r at q >= d0; if [d0,e) or [d0,q) spans two
- *      lines or more, the head was rewritten (or cut) and the old text
- *      follows; a smaller replacement is an ordinary edit.
- *   6. other, or cold when d == 0.
+ *      (>= 32 bytes) occurs in r at q >= d0; if [d0,e) spans two lines or
+ *      more, the head was rewritten (or cut) and the old text follows; one
+ *      line replaced (by any number of lines) is an ordinary edit.
+ *   6. new prefix: 0 < d <= 256, d ends a line or markup ('>' or ']', then
+ *      spaces), and no tail of c past d resumes in r (see check_new_prefix):
+ *
+ *      c:  <|im_start|>user\n What is the capital of France?<|im_end|>...
+ *      r:  <|im_start|>user\n Write a haiku about autumn leaves.<|im_end|>...
+ *          |--- shared ----|^d  nothing of c[d..) follows in r
+ *
+ *   7. other, or cold when d == 0.
  *
  * Characters: a "character" is a valid UTF-8 sequence (RFC 3629, checked
  * strictly) or, failing that, one byte. Snippets and excerpts are built
@@ -75,6 +83,7 @@ static const char *const cause_names[KP_DOCTOR_CAUSE_COUNT] = {
     [KP_DOCTOR_CAUSE_OTHER] = "other",
     [KP_DOCTOR_CAUSE_RETOKENIZED] = "retokenized",
     [KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY] = "template_rewrites_history",
+    [KP_DOCTOR_CAUSE_NEW_PREFIX] = "new_prefix",
 };
 
 const char *kp_doctor_cause_name(kp_doctor_cause cause) {
@@ -608,7 +617,10 @@ static bool check_insertion(const char *c, size_t clen, const char *r, size_t rl
             q = (size_t)(hit - r);
         }
     }
-    if (!q && d > d0 && clen - d >= INSERT_MIN_TAIL && rlen > d + INSERT_MID_LINE_MIN) {
+    /* mid-line: only a whole element of JSON (words inserted into prose, however
+     * many, are an edit of that line) */
+    if (!q && d > d0 && clen - d >= INSERT_MIN_TAIL && rlen > d + INSERT_MID_LINE_MIN &&
+        inside_json(r, rlen, d)) {
         const char *hit = memmem(r + d + INSERT_MID_LINE_MIN, rlen - d - INSERT_MID_LINE_MIN,
                                  c + d, clen - d);
         if (hit) {
@@ -638,8 +650,8 @@ static bool check_rewrite(const char *c, size_t clen, const char *r, size_t rlen
         const char *hit = memmem(r + d0, rlen - d0, c + start, clen - start);
         if (!hit) continue;
         size_t q = (size_t)(hit - r);
-        size_t lines_old = count_lines(c, d0, start), lines_new = count_lines(r, d0, q);
-        if (lines_old < 2 && lines_new < 2) return false; /* a local edit */
+        size_t lines_old = count_lines(c, d0, start);
+        if (lines_old < 2) return false; /* one line rewritten, into however many: an edit */
         size_t last_old = line + lines_old - 1;
         sb_printf(detail, "lines %zu-%zu (%zu bytes) ", line, last_old, start - d0);
         if (q == d0) {
@@ -653,6 +665,46 @@ static bool check_rewrite(const char *c, size_t clen, const char *r, size_t rlen
         return true;
     }
     return false;
+}
+
+/* ------------------------------------------------------------------ */
+/* A new conversation after a shared opening                           */
+
+#define NEW_PREFIX_MAX 256 /* bytes a "short start" may have */
+#define RESUME_MIN 16      /* bytes of cached text that must resume for an edit */
+
+/* Step 6: the texts share a short start that ends where a line or a
+ * template's markup ends ("<|im_start|>user\n", "[INST] "), and nothing of
+ * the cached text past d resumes in the request: the request is another
+ * text after a shared opening, not an edit of the cached one. The tails
+ * c[x..clen) found in r[d..) get shorter as x grows, so the longest is found
+ * by bisection; it must be >= RESUME_MIN bytes and at least as long as the
+ * cached text it skips, c[d..x) (the template's closing markup alone, such
+ * as "<|im_start|>assistant\n", does not make an edit). */
+static bool check_new_prefix(const char *c, size_t clen, const char *r, size_t rlen, size_t d, sbuf *detail) {
+    if (d == 0 || d > NEW_PREFIX_MAX) return false;
+    size_t w = d; /* the start of the word d is in ("What" and "Write" share a 'W') */
+    while (w > 0 && d - w < 24 && is_word((unsigned char)r[w - 1])) w--;
+    size_t b = w;
+    while (b > 0 && r[b - 1] == ' ') b--;
+    /* (w == 0: the texts share part of their first word only, an edit of it) */
+    if (w == 0 || !(r[w - 1] == '\n' || (b > 0 && (r[b - 1] == '>' || r[b - 1] == ']')))) return false;
+    if (clen - d >= RESUME_MIN && rlen > d) {
+        size_t lo = d, hi = clen - RESUME_MIN + 1; /* the first x whose tail is found, or hi */
+        while (lo < hi) {
+            size_t x = lo + (hi - lo) / 2;
+            if (memmem(r + d, rlen - d, c + x, clen - x)) hi = x;
+            else lo = x + 1;
+        }
+        if (lo <= clen - RESUME_MIN && clen - lo >= lo - d) return false; /* the cached text resumes */
+    }
+    sb_puts(detail, "only the opening ");
+    sb_excerpt(detail, r, rlen, 0, w, 40);
+    sb_printf(detail, " (%zu bytes) is shared, then ", w);
+    sb_excerpt(detail, r, rlen, w, rlen, 40);
+    sb_puts(detail, " instead of ");
+    sb_excerpt(detail, c, clen, w, clen, 40);
+    return true;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1170,6 +1222,8 @@ kp_status kp_doctor_classify(const char *cached, size_t cached_len, const char *
         sb_change(&body, c, clen, r, rlen, a, ec, er);
     } else if (check_rewrite(c, clen, r, rlen, d, f.line, &body)) {
         cause = KP_DOCTOR_CAUSE_INSERTED_AT_FRONT;
+    } else if (check_new_prefix(c, clen, r, rlen, d, &body)) {
+        cause = KP_DOCTOR_CAUSE_NEW_PREFIX;
     } else {
         /* Show the changed word from its start to the end of its line. */
         size_t w = d;
@@ -1290,6 +1344,12 @@ size_t kp_doctor_advice(kp_doctor_cause cause, const char *detail, size_t line,
         fix = "each turn then recomputes the previous answer; Qwen 3's template leaves out the "
               "reasoning of earlier answers, so turning thinking off (chat_template_kwargs "
               "enable_thinking false) or a template that keeps earlier turns as written avoids it";
+        break;
+    case KP_DOCTOR_CAUSE_NEW_PREFIX:
+        sb_printf(&b, "it shares only a short start with the cache and is a different conversation from %s on",
+                  noun);
+        fix = "nothing to fix for a new conversation; requests that should reuse more must start with the same "
+              "text (system prompt and tools, byte for byte)";
         break;
     case KP_DOCTOR_CAUSE_OTHER:
         sb_printf(&b, "%s was edited", noun);

@@ -70,6 +70,12 @@ typedef enum {
                                         once another follows (Qwen 3 drops the
                                         reasoning of earlier answers); needs the
                                         chat layer's hints */
+    KP_DOCTOR_CAUSE_NEW_PREFIX,         /* "new_prefix": the request shares only a
+                                        short start with the cache (the chat
+                                        template's opening markup, a system
+                                        prompt) and goes on as another text, none
+                                        of which resumes later: a different
+                                        conversation, not an edit */
     KP_DOCTOR_CAUSE_COUNT
 } kp_doctor_cause;
 
@@ -189,12 +195,20 @@ typedef struct {
  *   equal when whitespace is ignored, over the whitespace at d and the 32
  *     non-space bytes after it (or until a text ends) -> whitespace;
  *   the cached text from d0 on appears intact later in the request, or
- *     (mid-line) the cached text from d on appears >= 32 bytes later ->
- *     inserted_at_front (a few words inserted mid-line are an edit);
+ *     (mid-line, inside JSON) the cached text from d on appears >= 32 bytes
+ *     later -> inserted_at_front (a whole element put in front; words
+ *     inserted mid-line in prose are an edit, however many);
  *   a date/time spans d in both texts -> timestamp; an identifier does ->
  *     identifier; a number does -> counter;
  *   from d0, at least two lines were rewritten or removed and the rest of
- *     the cached text (>= 32 bytes) follows intact -> inserted_at_front;
+ *     the cached text (>= 32 bytes) follows intact -> inserted_at_front (one
+ *     line rewritten, into any number of lines, is an edit);
+ *   the texts share at most 256 bytes, which end (but for the first letters
+ *     of the word at d) with a line or with markup ('>' or ']', then spaces:
+ *     "<|im_start|>user\n", "[INST] "), and no
+ *     tail of the cached text past d (>= 16 bytes, and at least as long as
+ *     the cached text it skips) appears in the request after d ->
+ *     new_prefix (another conversation after the template's opening);
  *   otherwise other, or cold when the texts differ from byte 0.
  * Detail formats (values quoted, escaped, cut to 40 characters with "..."):
  *   "timestamp: '<old>' -> '<new>' on line L" (counter, identifier alike),
@@ -204,6 +218,9 @@ typedef struct {
  *    follows intact on line L" or "...: lines A-B (N bytes) replaced by M
  *    bytes ('<text>') | removed, before cached text from line C that follows
  *    intact on line L",
+ *   "new_prefix: only the opening '<shared start>' (N bytes) is shared, then
+ *    '<request text>' instead of '<cached text>' on line L" (cut where the
+ *    word that differs starts),
  *   "other: '<old word..end of line>' -> '<new ...>' on line L".
  * KP_EINVAL for NULL pointers with nonzero lengths, diverge_byte beyond
  * either text, a difference before diverge_byte, a bad state, or

@@ -712,6 +712,7 @@ enum MHD_Result kp_answer_run(kp_server *s, struct MHD_Connection *c, kp_conn *c
     prepared p = {0};
     a->conn = c;
     bool ok = prepare(a, &q, &p, &e) && submit(a, &q, &p, &e);
+    snprintf(cn->log.cache_key, sizeof cn->log.cache_key, "%s", a->key); /* the dashboard shows it */
     prepared_free(&p); /* the scheduler holds its own copies and grammar reference */
     kp_oai_request_free(&q);
     if (!ok && a->left) { /* the grammar's compile stopped: nobody to answer */

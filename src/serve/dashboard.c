@@ -25,7 +25,9 @@ static json_t *tree_json(const kp_sched_cache *snap, const kp_tok_vocab *v) {
         size_t len = 0;
         kp_error err = {0};
         kp_tok_detokenize(v, n->head, n->n_head, false, true, &text, &len, &err); /* <s> shows */
-        json_t *t = text ? json_stringn(text, len) : NULL;
+        /* a run may start or end inside a character: U+FFFD for those bytes,
+         * so the label still reads (json_stringn refuses bytes that are not UTF-8) */
+        json_t *t = text ? kp_oai_string_repaired(text, len) : NULL;
         free(text);
         json_array_append_new(
             nodes, json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:b, s:I, s:I, s:I, s:I, s:I}", "id", (json_int_t)i,

@@ -3,11 +3,14 @@
  *
  * Owns three rings under one mutex, each a fixed array written round:
  *
- *   recent[KP_HISTORY_RECENT]   the last requests: numbers, the engine's report
- *                            and the doctor report (copied), seq numbers
- *                            increasing; slot = seq % KP_HISTORY_RECENT
+ *   recent[KP_HISTORY_RECENT]   the last requests: numbers, prompt_cache_key,
+ *                            the engine's report and the doctor report
+ *                            (copied), seq numbers increasing;
+ *                            slot = seq % KP_HISTORY_RECENT
  *   points[KP_HISTORY_POINTS]   latency points: prompt, reused, ttft, tpot, depth
- *   minutes[KP_HISTORY_MINUTES] one-minute buckets; slot = minute % KP_HISTORY_MINUTES,
+ *   minutes[KP_HISTORY_MINUTES] one-minute buckets (requests, warm ones, tokens
+ *                            reused, tokens computed and requests per cause);
+ *                            slot = minute % KP_HISTORY_MINUTES,
  *                            a bucket whose `minute` is not the one asked for
  *                            is stale (older than the window) and reads as empty
  *
@@ -17,10 +20,12 @@
 #include "serve/history.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cache/doctor.h"
+#include "serve/cachekeys.h"
 #include "serve/oai.h"
 
 typedef struct {
@@ -29,6 +34,8 @@ typedef struct {
     uint32_t prompt, reused, computed, completion;
     double ttft_ms, tpot_ms; /* tpot < 0: fewer than two tokens */
     const char *finish;
+    char key[KP_CACHEKEYS_KEY_MAX + 1]; /* prompt_cache_key, "" none */
+    bool warm;
     kp_doctor_cause cause;
     kp_eng_report report;
     kp_doctor_report doctor;
@@ -46,6 +53,7 @@ typedef struct {
     uint32_t requests, hits;
     uint64_t reused;
     uint64_t computed[KP_DOCTOR_CAUSE_COUNT];
+    uint32_t by_cause[KP_DOCTOR_CAUSE_COUNT]; /* requests */
 } bucket;
 
 struct kp_history {
@@ -82,7 +90,13 @@ static kp_doctor_cause cause_of(const kp_sreq_update *u) {
     return u->report.diverged_at_token >= u->report.prompt_tokens ? KP_DOCTOR_CAUSE_HIT : KP_DOCTOR_CAUSE_OTHER;
 }
 
-void kp_history_add(kp_history *h, const kp_sreq_update *u, const char *finish, double total_ms, int64_t now) {
+/* At least KP_HISTORY_WARM_PERCENT% of the prompt reused. */
+static bool is_warm(uint32_t prompt, uint32_t reused) {
+    return prompt > 0 && (uint64_t)reused * 100 >= (uint64_t)prompt * KP_HISTORY_WARM_PERCENT;
+}
+
+void kp_history_add(kp_history *h, const kp_sreq_update *u, const char *key, const char *finish, double total_ms,
+                    int64_t now) {
     if (!h || !u->started) return;
     entry e;
     memset(&e, 0, sizeof e);
@@ -96,13 +110,12 @@ void kp_history_add(kp_history *h, const kp_sreq_update *u, const char *finish, 
                     ? (total_ms - u->ttft_ms) / (double)(u->completion_tokens - 1)
                     : -1;
     e.finish = finish;
+    snprintf(e.key, sizeof e.key, "%s", key ? key : "");
     e.cause = cause_of(u);
     e.report = u->report;
     e.has_doctor = u->has_doctor;
     if (u->has_doctor) e.doctor = u->doctor;
-    /* warm: it reused part of the cache and the doctor does not call it
-     * cold (a shared BOS alone leaves a request cold) */
-    bool warm = e.reused > 0 && e.cause != KP_DOCTOR_CAUSE_COLD;
+    bool warm = e.warm = is_warm(e.prompt, e.reused);
     point p = {e.prompt, e.reused, (float)e.ttft_ms, (float)e.tpot_ms,
                (float)e.prompt + (float)e.completion / 2.0f, warm};
     int64_t minute = now / 60;
@@ -119,7 +132,10 @@ void kp_history_add(kp_history *h, const kp_sreq_update *u, const char *finish, 
     b->requests++;
     b->hits += warm;
     b->reused += e.reused;
-    if ((unsigned)e.cause < KP_DOCTOR_CAUSE_COUNT) b->computed[e.cause] += e.computed;
+    if ((unsigned)e.cause < KP_DOCTOR_CAUSE_COUNT) {
+        b->computed[e.cause] += e.computed;
+        b->by_cause[e.cause]++;
+    }
     pthread_mutex_unlock(&h->mu);
 }
 
@@ -153,12 +169,12 @@ static json_t *entry_json(const entry *e) {
         json_object_set_new(cache, "request_marker",
                             json_integer(marker_chars(e->doctor.request_snippet, e->doctor.request_marker)));
     }
-    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:o, s:s?, s:s, s:o?}", "seq", (json_int_t)e->seq, "time",
-                     (json_int_t)e->time, "prompt_tokens", (json_int_t)e->prompt, "reused_tokens",
-                     (json_int_t)e->reused, "computed_tokens", (json_int_t)e->computed, "completion_tokens",
-                     (json_int_t)e->completion, "ttft_ms", e->ttft_ms, "tpot_ms",
-                     e->tpot_ms >= 0 ? json_real(e->tpot_ms) : json_null(), "finish", e->finish, "cause",
-                     kp_doctor_cause_name(e->cause), "cache", cache);
+    return json_pack("{s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:f, s:o, s:s?, s:b, s:s, s:o?}", "seq", (json_int_t)e->seq,
+                     "time", (json_int_t)e->time, "prompt_cache_key", e->key[0] ? json_string(e->key) : json_null(),
+                     "prompt_tokens", (json_int_t)e->prompt, "reused_tokens", (json_int_t)e->reused,
+                     "computed_tokens", (json_int_t)e->computed, "completion_tokens", (json_int_t)e->completion,
+                     "ttft_ms", e->ttft_ms, "tpot_ms", e->tpot_ms >= 0 ? json_real(e->tpot_ms) : json_null(),
+                     "finish", e->finish, "warm", e->warm, "cause", kp_doctor_cause_name(e->cause), "cache", cache);
 }
 
 json_t *kp_history_json(kp_history *h, int64_t now) {
@@ -190,16 +206,19 @@ json_t *kp_history_json(kp_history *h, int64_t now) {
     for (int64_t m = last - KP_HISTORY_MINUTES + 1; m <= last; m++) {
         const bucket *b = &c->minutes[((m % KP_HISTORY_MINUTES) + KP_HISTORY_MINUTES) % KP_HISTORY_MINUTES];
         bool live = b->minute == m;
-        json_t *comp = json_object();
-        for (int k = 0; k < KP_DOCTOR_CAUSE_COUNT; k++) /* the causes with tokens only */
-            if (live && b->computed[k])
-                json_object_set_new(comp, kp_doctor_cause_name((kp_doctor_cause)k),
-                                    json_integer((json_int_t)b->computed[k]));
-        json_array_append_new(mins, json_pack("{s:I, s:I, s:I, s:I, s:o}", "minute", (json_int_t)(m * 60),
+        json_t *comp = json_object(), *by = json_object();
+        for (int k = 0; k < KP_DOCTOR_CAUSE_COUNT; k++) { /* the causes with tokens (requests) only */
+            const char *name = kp_doctor_cause_name((kp_doctor_cause)k);
+            if (live && b->computed[k]) json_object_set_new(comp, name, json_integer((json_int_t)b->computed[k]));
+            if (live && b->by_cause[k]) json_object_set_new(by, name, json_integer((json_int_t)b->by_cause[k]));
+        }
+        json_array_append_new(mins, json_pack("{s:I, s:I, s:I, s:I, s:o, s:o}", "minute", (json_int_t)(m * 60),
                                               "requests", (json_int_t)(live ? b->requests : 0), "hits",
                                               (json_int_t)(live ? b->hits : 0), "reused",
-                                              (json_int_t)(live ? b->reused : 0), "computed", comp));
+                                              (json_int_t)(live ? b->reused : 0), "computed", comp,
+                                              "requests_by_cause", by));
     }
     free(c);
-    return json_pack("{s:o, s:o, s:o, s:o}", "requests", reqs, "latency", lat, "minutes", mins, "causes", causes);
+    return json_pack("{s:o, s:o, s:o, s:o, s:i}", "requests", reqs, "latency", lat, "minutes", mins, "causes", causes,
+                     "warm_percent", KP_HISTORY_WARM_PERCENT);
 }

@@ -24,6 +24,10 @@
 #define KP_HISTORY_RECENT 24
 #define KP_HISTORY_POINTS 512
 #define KP_HISTORY_MINUTES 60
+/* A request is warm (a hit in the dashboard's counts) when at least this
+ * share of its prompt tokens was reused: one that reused 43 of 700 tokens
+ * is not. */
+#define KP_HISTORY_WARM_PERCENT 90
 
 typedef struct kp_history kp_history;
 
@@ -35,28 +39,35 @@ void kp_history_free(kp_history *h);
 
 /* Records one finished generation. u: the scheduler's last update of it
  * (only its numbers, report and doctor report are read; nothing is kept
- * of its pointers); finish: how it ended (a static word, may be NULL);
+ * of its pointers); key: its prompt_cache_key (copied, cut to
+ * KP_CACHEKEYS_KEY_MAX bytes; NULL or "": none); finish: how it ended (a
+ * static word, may be NULL);
  * total_ms: from its arrival to now; now: wall-clock seconds (time()).
  * A request whose prompt was never computed (!u->started) is not recorded.
  * Thread-safe: a short mutex; h NULL is a no-op. */
-void kp_history_add(kp_history *h, const kp_sreq_update *u, const char *finish, double total_ms, int64_t now);
+void kp_history_add(kp_history *h, const kp_sreq_update *u, const char *key, const char *finish, double total_ms,
+                    int64_t now);
 
 /* The history as JSON (a new reference; NULL when out of memory):
  *
- *   {"requests": [newest first: {"seq", "time", "prompt_tokens", "reused_tokens",
- *       "computed_tokens", "completion_tokens", "ttft_ms", "tpot_ms", "finish",
- *       "cause", "cache": {kvpin_cache of the response, plus "cached_marker" and
- *       "request_marker": the divergence inside each snippet, in characters}}],
+ *   {"requests": [newest first: {"seq", "time", "prompt_cache_key" (null: none),
+ *       "prompt_tokens", "reused_tokens", "computed_tokens", "completion_tokens",
+ *       "ttft_ms", "tpot_ms", "finish", "warm", "cause", "cache": {kvpin_cache
+ *       of the response, plus "cached_marker" and "request_marker": the
+ *       divergence inside each snippet, in characters}}],
  *    "latency": [oldest first: {"prompt_tokens", "reused_tokens", "ttft_ms",
  *       "warm", "depth", "tpot_ms"}],
  *    "minutes": [the last KP_HISTORY_MINUTES minutes up to now, oldest first:
  *       {"minute" (unix time of its start), "requests", "hits", "reused",
- *        "computed": {cause: tokens computed, for the causes that have any}}],
- *    "causes": [the cause names, in the order the chart stacks them]}
+ *        "computed": {cause: tokens computed, for the causes that have any},
+ *        "requests_by_cause": {cause: requests, for the causes that have any}}],
+ *    "causes": [the cause names, in the order the chart stacks them],
+ *    "warm_percent": KP_HISTORY_WARM_PERCENT}
  *
- * A request is warm (latency "warm", a minute's "hits") when it reused part
- * of the cache and its cause is not cold (a shared BOS token alone does not
- * make it warm). depth is the mean number of cached positions during the decode
+ * A request is warm ("warm", latency "warm", a minute's "hits") when it
+ * reused at least KP_HISTORY_WARM_PERCENT% of its prompt tokens: reusing
+ * something (a shared template opening, 43 of 700 tokens) does not make it
+ * warm. depth is the mean number of cached positions during the decode
  * (prompt_tokens + completion_tokens / 2); tpot_ms is null for a request
  * that generated fewer than two tokens. */
 json_t *kp_history_json(kp_history *h, int64_t now);

@@ -90,7 +90,7 @@ void kp_reqlog_gen(kp_reqlog *l, const kp_sreq_update *u, const char *finish) {
     l->cause = u->has_doctor ? kp_oai_cache_cause(&u->report, &u->doctor) : NULL; /* as kvpin_cache says */
     l->finish = finish;
     l->ttft_ms = u->ttft_ms;
-    kp_history_add(l->hist, u, finish, (kp_now_s() - l->t0) * 1e3, (int64_t)time(NULL));
+    kp_history_add(l->hist, u, l->cache_key, finish, (kp_now_s() - l->t0) * 1e3, (int64_t)time(NULL));
 }
 
 /* One line on stderr, one fputs (whole even when threads log at once):

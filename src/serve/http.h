@@ -64,6 +64,7 @@ typedef struct {
     double ttft_ms;
     char ignored[208];    /* the request's ignored fields (x-kvpin-ignored-fields), "" when none */
     kp_history *hist;        /* where kp_reqlog_gen records the generation (the server's) */
+    char cache_key[KP_CACHEKEYS_KEY_MAX + 1]; /* the request's prompt_cache_key, "" none (for the history) */
 } kp_reqlog;
 
 /* An error body in one API's shape (e consumed into JSON); *http gets the

@@ -2,10 +2,26 @@
 against a real `kvpin serve` on loopback (run by tests/run_all.sh).
 
 After a scripted agent loop (each turn resends the conversation with the
-answer and one more user line) and a timestamp miss, Chromium loads the
-page and dumps its DOM; the checks compare the DOM with what the server
-and the responses said:
+answer and one more user line, under a prompt_cache_key), a timestamp
+miss, a prompt that reuses a few of its tokens only, and two unrelated chat
+conversations, Chromium loads the page and dumps its DOM; the checks
+compare the DOM with what the server and the responses said:
 
+  - above the fold, first: the headline's tokens reused and computed are
+    the responses' sums (and /v1/cache's counts.reused_tokens), and the
+    rows of "tokens recomputed per cause" are the responses' computed
+    tokens and requests grouped by cause (hit apart), worst first, equal to
+    the history's per-minute sums;
+  - a request is warm (row and latency dot) exactly when it reused at least
+    the stated share of its prompt (90%): the prompt that reused a few
+    tokens is drawn cold, though under the old rule (reused anything) it
+    was warm;
+  - each request's row shows its prompt_cache_key and its cause, and a miss
+    its cached and request snippets side by side;
+  - the second chat conversation, which shares only the template's opening
+    with the first, is new_prefix;
+  - the prefix tree's labels are the nodes' text (control characters
+    escaped, ellipsized), never token ids;
   - the memory bill's cells (data-bytes) are /v1/cache's kv numbers;
   - the node count is /v1/cache's counts.nodes, and the tree draws one
     rectangle per node; /v1/cache/events' tree is a tree of the index
@@ -147,15 +163,26 @@ def diff_run(x, y):
     return x[p:len(x) - s]
 
 
+AGENT_KEY = "story-agent"
+LOW_SHARE_KEY = "agent-b <&>"  # markup in a key shows as text
+LOW_SHARE_PROMPT = "User: Tell me a story" + " about the big red ball and the little dog who played in the park" * 4
+CHAT_QUESTIONS = ("What is the capital of France?", "Write a haiku about autumn leaves.")
+
+
 def agent_loop(srv):
-    """Three turns of a growing conversation, then a timestamp edit. Returns
-    the responses in order and the two timestamped prompts."""
-    out = []
+    """Three turns of a growing conversation (under a prompt_cache_key), a
+    timestamp edit, a prompt sharing only its first words with the first
+    turn, and two unrelated chat conversations. Returns the responses in
+    order, the prompt_cache_key of each ("" none), and the two timestamped
+    prompts."""
+    out, keys = [], []
     prompt = "User: Tell me a story about a cat.\nAssistant:"
     for _ in range(3):
-        st, _, j = srv.post("/v1/completions", {"prompt": prompt, "max_tokens": 6, "temperature": 0})
+        st, _, j = srv.post("/v1/completions", {"prompt": prompt, "max_tokens": 6, "temperature": 0,
+                                                "prompt_cache_key": AGENT_KEY})
         ok(st == 200, "agent turn: %s" % st)
         out.append(j)
+        keys.append(AGENT_KEY)
         prompt = prompt + j["choices"][0]["text"] + "\nUser: And then?\nAssistant:"
     a = "System: it is 2026-11-28 09:14:03 UTC.\nYou are a careful assistant.\nUser: hello"
     b = a.replace("2026-11-28 09:14:03", "2026-11-29 10:02:41")
@@ -163,12 +190,43 @@ def agent_loop(srv):
         st, _, j = srv.post("/v1/completions", {"prompt": p, "max_tokens": 4, "temperature": 0})
         ok(st == 200, "timestamp prompt: %s" % st)
         out.append(j)
-    return out, a, b
+        keys.append("")
+    st, _, j = srv.post("/v1/completions", {"prompt": LOW_SHARE_PROMPT, "max_tokens": 4, "temperature": 0,
+                                            "prompt_cache_key": LOW_SHARE_KEY})
+    ok(st == 200, "low-share prompt: %s" % st)
+    out.append(j)
+    keys.append(LOW_SHARE_KEY)
+    for q in CHAT_QUESTIONS:
+        st, _, j = srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": q}], "max_tokens": 4,
+                                                     "temperature": 0})
+        ok(st == 200, "chat: %s" % st)
+        out.append(j)
+        keys.append("")
+    return out, keys, a, b
+
+
+def is_warm(j):
+    """The page's rule: at least 90% of the prompt reused."""
+    return j["usage"]["prompt_tokens_details"]["cached_tokens"] * 100 >= j["usage"]["prompt_tokens"] * 90
+
+
+def visible(s):
+    """A label's escaping: control characters as \\n \\t \\r \\xNN."""
+    names = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+    return "".join(names.get(ch, "\\x%02X" % ord(ch)) if ord(ch) < 0x20 or ord(ch) == 0x7F else ch for ch in s)
 
 
 def check_page(srv):
-    resps, a, b = agent_loop(srv)
-    ok(resps[-1]["kvpin_cache"]["cause"] == "timestamp", "the edit is a timestamp miss: %s" % resps[-1]["kvpin_cache"])
+    resps, keys, a, b = agent_loop(srv)
+    ts = resps[4]
+    ok(ts["kvpin_cache"]["cause"] == "timestamp", "the edit is a timestamp miss: %s" % ts["kvpin_cache"])
+    low = resps[5]
+    low_reused = low["usage"]["prompt_tokens_details"]["cached_tokens"]
+    ok(0 < low_reused and not is_warm(low) and low["kvpin_cache"]["cause"] not in ("cold", "hit"),
+       "the low-share prompt reused %d of %d tokens, cause %s (warm under a rule of 'reused anything')" %
+       (low_reused, low["usage"]["prompt_tokens"], low["kvpin_cache"]["cause"]))
+    ok(resps[7]["kvpin_cache"]["cause"] == "new_prefix",
+       "an unrelated chat sharing the template's opening is new_prefix: %s" % resps[7]["kvpin_cache"].get("detail"))
     ok(wait_idle(srv), "idle after the loop")
     st, cache = srv.get("/v1/cache")
     st2, ev = srv.get("/v1/cache/events")
@@ -188,16 +246,49 @@ def check_page(srv):
     computed = sum(j["kvpin_cache"]["computed_tokens"] for j in resps)
     ok(sum(m["reused"] for m in h["minutes"]) == reused, "minutes: reused tokens sum to the responses'")
     ok(sum(sum(m["computed"].values()) for m in h["minutes"]) == computed, "minutes: computed tokens sum")
-    ok(sum(m["computed"].get("timestamp", 0) for m in h["minutes"]) == resps[-1]["kvpin_cache"]["computed_tokens"],
+    ok(sum(m["computed"].get("timestamp", 0) for m in h["minutes"]) == ts["kvpin_cache"]["computed_tokens"],
        "minutes: the timestamp miss's computed tokens under timestamp")
-    warm = [j["usage"]["prompt_tokens_details"]["cached_tokens"] > 0 and j["kvpin_cache"].get("cause") != "cold"
-            for j in resps]
+    warm = [is_warm(j) for j in resps]
     ok(len(h["latency"]) == len(resps) and [p["warm"] for p in h["latency"]] == warm, "latency points, warm ones")
     ok(sum(m["hits"] for m in h["minutes"]) == sum(warm), "minutes: hits are the warm requests")
+    # tokens recomputed per cause, from the responses (hit apart: new text, nothing to fix)
+    by_cause = {}
+    for j in resps:
+        c = j["kvpin_cache"]["cause"]
+        t, n = by_cause.get(c, (0, 0))
+        by_cause[c] = (t + j["kvpin_cache"]["computed_tokens"], n + 1)
+    hist_tok, hist_req = {}, {}
+    for m in h["minutes"]:
+        for c, v in m["computed"].items():
+            hist_tok[c] = hist_tok.get(c, 0) + v
+        for c, v in m["requests_by_cause"].items():
+            hist_req[c] = hist_req.get(c, 0) + v
+    ok({c: (hist_tok.get(c, 0), hist_req.get(c, 0)) for c in set(hist_tok) | set(hist_req)} ==
+       {c: v for c, v in by_cause.items() if v[0] or v[1]}, "minutes: tokens and requests per cause are the responses'")
 
     dom = load("http://127.0.0.1:%d/" % srv.port)
     body = dom.root.find_all(lambda n: n.tag == "body")
     ok(body and body[0].attrs.get("data-ready") == "1", "the page drew (data-ready)")
+    # above the fold: the tokens section is the page's first, the requests second
+    sections = [n.attrs.get("id") for n in dom.root.find_all(lambda n: n.tag == "section")]
+    ok(sections[:2] == ["tokens", "requests"], "tokens, then the requests, lead the page: %s" % sections)
+    hd = dom.by_id("headline")
+    ok(hd is not None and hd.attrs.get("data-reused") == str(reused) == str(cache["counts"]["reused_tokens"]) and
+       hd.attrs.get("data-computed") == str(computed),
+       "headline: %s reused, %s computed; responses %d / %d, /v1/cache reused_tokens %d" %
+       (hd and hd.attrs.get("data-reused"), hd and hd.attrs.get("data-computed"), reused, computed,
+        cache["counts"]["reused_tokens"]))
+    ok(hd is not None and "{:,}".format(reused) in hd.all_text() and "{:,}".format(computed) in hd.all_text(),
+       "headline text: %r" % (hd and hd.all_text()))
+    rule = dom.by_id("warm-rule")
+    ok(rule is not None and "at least %d%%" % h["warm_percent"] in rule.all_text() and h["warm_percent"] == 90,
+       "the page states the warm rule: %r" % (rule and rule.all_text()))
+    rows = [r for r in dom.by_class("cause-row")]
+    got = [(r.attrs.get("data-cause"), int(r.attrs.get("data-tokens")), int(r.attrs.get("data-requests"))) for r in rows]
+    want = sorted([(c, t, n) for c, (t, n) in by_cause.items() if c != "hit"], key=lambda x: (-x[1], -x[2]))
+    ok(got == want, "per-cause rows, worst first: %s, responses say %s" % (got, want))
+    for r, (c, t, n) in zip(rows, want):
+        ok(("%s cost %s tokens in %d request" % (c, "{:,}".format(t), n)) in r.all_text(), "row: %r" % r.all_text())
     kv = cache["kv"]
     for f in ("budget_bytes", "used_bytes", "index_bytes", "pinned_bytes", "shared_bytes", "saved_bytes",
               "free_bytes"):
@@ -219,27 +310,69 @@ def check_page(srv):
        (nc and nc.attrs.get("data-nodes"), cache["counts"]["nodes"]))
     rects = [n for n in dom.by_class("node") if n.tag == "rect"]
     ok(len(rects) == cache["counts"]["nodes"], "tree: %d rectangles for %d nodes" % (len(rects), cache["counts"]["nodes"]))
+    check_labels(dom, nodes)
+    # one row a request, newest first: key, tokens, warm, cause; a miss's snippets beside it
     rows = dom.by_class("req")
-    last = resps[-1]
     ok(len(rows) == len(resps), "request rows: %d" % len(rows))
-    if rows:
-        cells = [c.all_text() for c in rows[0].children if c.tag == "td"]
-        ok(cells[1] == str(last["usage"]["prompt_tokens"]) and
-           cells[2] == str(last["usage"]["prompt_tokens_details"]["cached_tokens"]) and cells[6] == "timestamp",
-           "newest row: %s" % cells)
-    miss = [r for r in dom.by_class("miss-row")]
-    ok(len(miss) == 1 and miss[0].attrs.get("data-cause") == "timestamp",
-       "one miss row, cause timestamp: %s" % [r.attrs for r in miss])
+    for row, j, key in zip(rows, reversed(resps), reversed(keys)):
+        cell = {c.classes()[0]: c for c in row.children if c.tag == "td" and c.classes()}
+        rep = j["kvpin_cache"]
+        ok(row.attrs.get("data-key") == key and cell["key"].all_text() == (key or "-"),
+           "row %s: key %r, sent %r" % (row.attrs.get("data-seq"), cell["key"].all_text(), key))
+        ok(cell["prompt"].all_text() == str(j["usage"]["prompt_tokens"]) and
+           cell["reused"].attrs.get("data-tokens") == str(j["usage"]["prompt_tokens_details"]["cached_tokens"]),
+           "row %s: tokens" % row.attrs.get("data-seq"))
+        ok(row.attrs.get("data-warm") == ("1" if is_warm(j) else "0"), "row %s: warm %s, reused %d of %d" %
+           (row.attrs.get("data-seq"), row.attrs.get("data-warm"), j["usage"]["prompt_tokens_details"]["cached_tokens"],
+            j["usage"]["prompt_tokens"]))
+        ok(row.attrs.get("data-cause") == rep["cause"] and cell["cause"].all_text() == rep["cause"],
+           "row %s: cause %r, response %r" % (row.attrs.get("data-seq"), cell["cause"].all_text(), rep["cause"]))
+        miss = row.find_all(lambda n: "miss-detail" in n.classes())
+        ok(len(miss) == (0 if rep["cause"] in ("hit", "cold") else 1), "row %s: snippets for %s" %
+           (row.attrs.get("data-seq"), rep["cause"]))
+        if miss:
+            for cls, snip in (("snip-request", "request_snippet"), ("snip-cached", "cached_snippet")):
+                s = miss[0].find_all(lambda n, c=cls: c in n.classes())
+                ok(s and s[0].all_text() == rep[snip], "row %s %s: %r vs kvpin_cache %r" %
+                   (row.attrs.get("data-seq"), cls, s and s[0].all_text(), rep[snip]))
+    # the timestamp row marks exactly the characters where the two prompts differ
+    ts_row = rows[len(resps) - 1 - 4] if len(rows) == len(resps) else None
+    miss = ts_row.find_all(lambda n: "miss-detail" in n.classes()) if ts_row else []
+    ok(len(miss) == 1 and miss[0].attrs.get("data-cause") == "timestamp", "the timestamp row's snippets")
     if miss:
-        rep = last["kvpin_cache"]
-        for cls, snip, mine, other in (("snip-request", "request_snippet", b, a), ("snip-cached", "cached_snippet", a, b)):
+        for cls, mine, other in (("snip-request", b, a), ("snip-cached", a, b)):
             s = miss[0].find_all(lambda n, c=cls: c in n.classes())
             marks = s[0].find_all(lambda n: n.tag == "mark") if s else []
-            ok(s and s[0].all_text() == rep[snip], "%s: %r vs kvpin_cache %r" % (cls, s and s[0].all_text(), rep[snip]))
             ok(len(marks) == 1 and marks[0].all_text() == diff_run(mine, other),
                "%s marks %r, the prompts differ in %r" % (cls, marks and marks[0].all_text(), diff_run(mine, other)))
-    sel = check_node(srv, ev, resps, [a, b])
+    # the latency dots: warm by the share reused; the low-share prompt's dot is not warm
+    dots = [n for n in dom.by_id("ttft-svg").children if n.tag == "circle"]
+    ok([("warm" in d.classes()) for d in dots] == warm, "latency dots warm exactly when >= 90%% reused")
+    low_dot = [d for d in dots if d.attrs.get("data-prompt") == str(low["usage"]["prompt_tokens"]) and
+               d.attrs.get("data-reused") == str(low_reused)]
+    ok(len(low_dot) == 1 and "cold" in low_dot[0].classes(), "the prompt that reused %d of %d tokens is drawn cold" %
+       (low_reused, low["usage"]["prompt_tokens"]))
+    sel = check_node(srv, ev, resps, [a, b], LOW_SHARE_PROMPT)
     return shot("http://127.0.0.1:%d/%s" % (srv.port, "#node=" + sel if sel else ""), "dashboard.png")
+
+
+def check_labels(dom, nodes):
+    """Each node wide enough for a label shows its text: escaped, cut with an
+    ellipsis, never ids."""
+    groups = [g for g in dom.by_id("tree-svg").children if g.tag == "g"]
+    labelled = 0
+    for g in groups:
+        n = nodes[int(g.attrs["data-id"])]
+        full = visible(n["text"]) + ("\u2026" if n["more"] else "") if n["text"] else \
+            "(%d %s, no text alone)" % (n["tokens"], "token" if n["tokens"] == 1 else "tokens")
+        for t in g.find_all(lambda x: x.tag == "text"):
+            label = t.all_text()
+            labelled += 1
+            ok(label == full or (label.endswith("\u2026") and full.startswith(label[:-1])),
+               "node %d's label %r is its text %r" % (n["id"], label, full))
+            ok("\n" not in label and not all(ch.isdigit() or ch in ". " for ch in label),
+               "node %d's label reads as text: %r" % (n["id"], label))
+    ok(labelled >= 1, "labels drawn: %d of %d nodes" % (labelled, len(groups)))
 
 
 def chain(nodes, i):
@@ -250,17 +383,21 @@ def chain(nodes, i):
     return ".".join(firsts)
 
 
-def check_node(srv, ev, resps, timestamped):
+def check_node(srv, ev, resps, timestamped, low):
     """Every leaf's whole path text is one sent prompt + the start of its
-    answer (the index holds prompt + answer but the last answer token); the
-    page opened at the deepest leaf shows that text."""
+    answer (the index holds prompt + answer but the last answer token; a
+    chat prompt as the model's ChatML template renders it); the page opened
+    at the deepest leaf shows that text."""
     nodes = ev["tree"]["nodes"]
     sent = []
     prompt = "User: Tell me a story about a cat.\nAssistant:"
     for j in resps[:3]:
         sent.append((prompt, j["choices"][0]["text"]))
         prompt = prompt + j["choices"][0]["text"] + "\nUser: And then?\nAssistant:"
-    sent += [(t, j["choices"][0]["text"]) for t, j in zip(timestamped, resps[3:])]
+    sent += [(t, j["choices"][0]["text"]) for t, j in zip(timestamped, resps[3:5])]
+    sent.append((low, resps[5]["choices"][0]["text"]))
+    for q, j in zip(CHAT_QUESTIONS, resps[6:8]):
+        sent.append(("<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n" % q, j["choices"][0]["message"]["content"]))
     # how a path's text starts before a prompt: the BOS token's text and the
     # tokenizer's own leading space, as the server writes "x" tokenized
     st, _, tj = srv.post("/tokenize", {"content": "x", "add_special": True})

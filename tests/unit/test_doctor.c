@@ -62,7 +62,7 @@ static void test_cause_names(void) {
     const char *expected[] = {"hit",        "cold",           "evicted",    "timestamp",
                               "counter",    "identifier",     "reordered_json", "whitespace",
                               "inserted_at_front", "other", "retokenized",
-                              "template_rewrites_history"};
+                              "template_rewrites_history", "new_prefix"};
     CHECK_EQ_INT(sizeof expected / sizeof expected[0], KP_DOCTOR_CAUSE_COUNT);
     for (int i = 0; i < KP_DOCTOR_CAUSE_COUNT; i++) {
         CHECK_EQ_STR(kp_doctor_cause_name((kp_doctor_cause)i), expected[i]);
@@ -344,6 +344,15 @@ static void test_snippet_window_utf8(void) {
     "pattern.\",\"parameters\":{\"required\":[\"pattern\"],\"type\":\"object\","   \
     "\"properties\":{\"pattern\":{\"type\":\"string\"}}}}"
 
+/* A conversation as a ChatML template (Qwen's) renders it. */
+#define CHATML_SYS "<|im_start|>system\nYou are Atlas, a coding assistant for the Orbit team.<|im_end|>\n"
+#define CHATML_Q1 "<|im_start|>user\nHow do I run only the parser tests from the command line?<|im_end|>\n"
+#define CHATML_A1                                                                   \
+    "<|im_start|>assistant\nUse `make test T=parser`; it builds the suite and runs it alone.<|im_end|>\n"
+#define CHATML_Q2                                                                   \
+    "<|im_start|>user\nThe parser suite now fails on a fresh checkout with a missing header.<|im_end|>\n"
+#define CHATML_A2 "<|im_start|>assistant\nRun `make deps` first.<|im_end|>\n<|im_start|>user\nThanks.<|im_end|>\n"
+
 typedef struct {
     const char *name;
     const char *cached;
@@ -588,6 +597,45 @@ static const pair pairs[] = {
      "\xE3\x81\x82\xE3\x81\xAA\xE3\x81\x9F\xE3\x81\xAF\xE8\xA6\x96\xE8\xA6\x9A\xE7\x9A\x84\xE3\x81\xAA"
      "\xE3\x82\xA2\xE3\x82\xB7\xE3\x82\xB9\xE3\x82\xBF\xE3\x83\xB3\xE3\x83\x88\xE3\x81\xA7\xE3\x81\x99\xE3\x80\x82\n",
      KP_DOCTOR_CAUSE_OTHER, 1, NULL, 0, 0},
+
+    /* ---- edits inside earlier history (chat-template text) ------------- */
+    {"a clause inserted into an earlier user message",
+     CHATML_SYS CHATML_Q1 CHATML_A1 CHATML_Q2,
+     CHATML_SYS "<|im_start|>user\nHow do I run only the parser tests, with verbose output and no rebuild, "
+     "from the command line?<|im_end|>\n" CHATML_A1 CHATML_Q2 CHATML_A2,
+     KP_DOCTOR_CAUSE_OTHER, 4, "'tests from the command line?", 0, 0},
+    {"an earlier one-line user message rewritten into two lines",
+     CHATML_SYS CHATML_Q1 CHATML_A1 CHATML_Q2,
+     CHATML_SYS "<|im_start|>user\nI only want the parser tests.\nWhich command runs them alone?<|im_end|>\n"
+     CHATML_A1 CHATML_Q2 CHATML_A2,
+     KP_DOCTOR_CAUSE_OTHER, 4, NULL, 0, 0},
+
+    /* ---- a new conversation after the template's opening --------------- */
+    {"unrelated conversation sharing only the template's first line",
+     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+     "<|im_start|>assistant\nThe capital of France is Paris.<|im_end|>\n",
+     "<|im_start|>user\nWrite a haiku about autumn leaves.<|im_end|>\n<|im_start|>assistant\n",
+     KP_DOCTOR_CAUSE_NEW_PREFIX, 2, "only the opening '<|im_start|>user\\n' (17 bytes) is shared, then 'Write a haiku about autumn leaves.", 0, 0},
+    {"unrelated conversation after a shared system prompt",
+     CHATML_SYS CHATML_Q1 CHATML_A1,
+     CHATML_SYS "<|im_start|>user\nSummarize this log: disk full on /dev/sda1 at boot.<|im_end|>\n"
+     "<|im_start|>assistant\n",
+     KP_DOCTOR_CAUSE_NEW_PREFIX, 4, NULL, 0, 0},
+    {"unrelated conversation after Llama 3's header",
+     "<|start_header_id|>user<|end_header_id|>\n\nTranslate 'good morning' into Portuguese.<|eot_id|>"
+     "<|start_header_id|>assistant<|end_header_id|>\n\nBom dia.",
+     "<|start_header_id|>user<|end_header_id|>\n\nList three prime numbers above 100.<|eot_id|>"
+     "<|start_header_id|>assistant<|end_header_id|>\n\n",
+     KP_DOCTOR_CAUSE_NEW_PREFIX, 3, NULL, 0, 0},
+    {"unrelated conversation after Mistral's [INST]",
+     "[INST] Give me a name for a grey cat. [/INST] Ash.",
+     "[INST] How many legs does a spider have? [/INST]",
+     KP_DOCTOR_CAUSE_NEW_PREFIX, 1, "opening '[INST] ' (7 bytes)", 0, 0},
+
+    {"two prompts sharing the first letters of their first word",
+     "Translate to French: The meeting moved to Friday.\n",
+     "Transcribe the attached recording of the meeting.\n",
+     KP_DOCTOR_CAUSE_OTHER, 1, "'Translate to French", 0, 0},
 
     /* ---- hits ---------------------------------------------------------- */
     {"identical prompts", SYS TURN1, SYS TURN1, KP_DOCTOR_CAUSE_HIT, 5, "equals the cached text", 0, 0},
@@ -903,6 +951,9 @@ static void test_advice(void) {
     CHECK(contains(out, "changed at line 7"));
     kp_doctor_advice(KP_DOCTOR_CAUSE_REORDERED_JSON, NULL, 4, 40.0, NULL, out, sizeof out);
     CHECK(contains(out, "the JSON at line 4 has the same keys in another order"));
+    /* a new conversation is not told it edited anything */
+    kp_doctor_advice(KP_DOCTOR_CAUSE_NEW_PREFIX, NULL, 2, 95.0, NULL, out, sizeof out);
+    CHECK(contains(out, "a different conversation from line 2 on") && !contains(out, "edited"));
     /* a foreign detail is quoted whole */
     kp_doctor_advice(KP_DOCTOR_CAUSE_EVICTED, "LRU pressure from 3 agents", 2, 80.0, "turn 9", out,
                   sizeof out);
