@@ -1445,6 +1445,11 @@ static bool rewritten(const char *c, size_t clen, const char *r, size_t rlen, co
     }
     sb_excerpt(&b, r, rlen, d, rlen, 24);
     sb_printf(&b, " on line %zu", f->line);
+    const int *tl = t->hints.rewrite_line;
+    if (at_rewrite && tl[0] > 0 && tl[1] > 0 && tl[0] != tl[1])
+        sb_printf(&b, " (template line %d; line %d while that answer was the last turn)", tl[0], tl[1]);
+    else if (at_rewrite && tl[0] > 0)
+        sb_printf(&b, " (template line %d)", tl[0]);
     return true;
 }
 

@@ -100,6 +100,9 @@ typedef struct {
     const char *reasoning_open; /* the template's reasoning marker ("<think>"), or NULL:
                                    cached reasoning missing from the request at the
                                    divergence is a rewrite too */
+    int rewrite_line[2];        /* with rewrite_byte: the template's lines that write that
+                                   byte now and wrote it when the answer was the last
+                                   turn (0: not known); the detail names them */
 } kp_doctor_hints;
 
 /* What the caller knows from the token level (the prefix index matches token

@@ -100,6 +100,15 @@ typedef struct {
 kp_status kp_jinja_render_client(const kp_jinja *t, const json_t *ctx, const char *const *client, kp_buf *out,
                                  kp_jinja_range **ranges, size_t *n_ranges, kp_jinja_error *err);
 
+/* The template line that wrote byte `byte` of t's rendering of ctx into
+ * *line (1-based; 0 when the rendering is shorter): the line of the
+ * statement that output it ({{ ... }}, a call block, a filter block), or,
+ * for template text, the line the byte stands on. Bytes a macro writes
+ * count as written where the macro's output is ({{ macro(...) }}).
+ * Renders once more (errors as kp_jinja_render). For saying where a
+ * template rewrites a conversation's earlier turns. */
+kp_status kp_jinja_line_at(const kp_jinja *t, const json_t *ctx, size_t byte, int *line, kp_jinja_error *err);
+
 /* Bytes the compiled template uses (its text, syntax tree and strings;
  * the arena's unused tail of its last chunk is not counted). */
 size_t kp_jinja_size(const kp_jinja *t);

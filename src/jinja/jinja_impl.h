@@ -155,6 +155,10 @@ typedef struct jctx {
     kp_buf *tout;     /* taint of out, one byte a byte (taint.c); NULL: nobody asked */
     bool load_client; /* kp_jv_from_json marks every string it makes as client text */
     uint64_t n_str;   /* strings made so far (jstr.born) */
+    const jnode *stmt; /* the statement being executed (kp_jinja_line_at) */
+    kp_buf *top;       /* the render's own output (not a macro's buffer) */
+    size_t watch;      /* kp_jinja_line_at: the byte of top asked for; SIZE_MAX: none */
+    int watch_line;    /* the template line that wrote it, once written */
 } jctx;
 
 /* value.c: fails the render with kind and message at the current node; returns an undefined value. */

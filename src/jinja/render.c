@@ -538,6 +538,13 @@ static jv eval_node(jctx *c, jframe *f, const jnode *n) {
 
 /* n bytes of output; their taint is v's (tout) */
 static bool emit(jctx *c, const char *s, size_t n, jv v) {
+    if (c->watch != SIZE_MAX && c->out == c->top && !c->watch_line && c->stmt && c->out->len <= c->watch &&
+        c->watch - c->out->len < n) { /* the byte asked for: its statement's line, + the text's newlines before it */
+        int line = c->stmt->line;
+        if (c->stmt->kind == N_DATA)
+            for (size_t i = 0; i < c->watch - c->out->len; i++) line += s[i] == '\n';
+        c->watch_line = line;
+    }
     c->out_total += n;
     if (c->out_total > (size_t)KP_JINJA_MAX_OUTPUT) {
         kp_jfail(c, KP_JINJA_ELIMIT, "the output is longer than %ld bytes", (long)KP_JINJA_MAX_OUTPUT);
@@ -642,7 +649,18 @@ static xres exec_callblock(jctx *c, jframe *f, const jnode *n) {
     return c->failed ? X_ERR : emit_value(c, r) ? X_OK : X_ERR;
 }
 
+static xres exec_stmt_in(jctx *c, jframe *f, const jnode *n);
+
+/* A statement, remembered as the one writing output while it runs. */
 static xres exec_stmt(jctx *c, jframe *f, const jnode *n) {
+    const jnode *outer = c->stmt;
+    c->stmt = n;
+    xres r = exec_stmt_in(c, f, n);
+    c->stmt = outer;
+    return r;
+}
+
+static xres exec_stmt_in(jctx *c, jframe *f, const jnode *n) {
     if (!step(c)) return X_ERR;
     c->at = n;
     switch ((jnkind)n->kind) {
@@ -740,11 +758,11 @@ static bool is_client(const char *name, const char *const *client) {
 
 /* The render itself: tout, when not NULL, receives the output's taint. */
 static kp_status render(const kp_jinja *t, const json_t *ctx, const char *const *client, kp_buf *out, kp_buf *tout,
-                        kp_jinja_error *err) {
+                        size_t watch, int *watch_line, kp_jinja_error *err) {
     kp_jinja_error local;
     kp_jinja_error *e = err ? err : &local;
     memset(e, 0, sizeof *e);
-    jctx c = {.err = e, .out = out, .tout = tout};
+    jctx c = {.err = e, .out = out, .tout = tout, .top = out, .watch = watch == SIZE_MAX ? SIZE_MAX : out->len + watch};
     c.arena.limit = (size_t)KP_JINJA_MAX_MEMORY;
     size_t start = out->len;
     jframe *root = frame_new(&c, NULL);
@@ -760,6 +778,7 @@ static kp_status render(const kp_jinja *t, const json_t *ctx, const char *const 
         c.load_client = false;
     }
     if (!c.failed) exec_body(&c, root, t->root);
+    if (watch_line) *watch_line = c.watch_line;
     kp_ja_free(&c.arena);
     if (c.utf8) freelocale(c.utf8);
     if (c.failed) {
@@ -770,7 +789,17 @@ static kp_status render(const kp_jinja *t, const json_t *ctx, const char *const 
 }
 
 kp_status kp_jinja_render(const kp_jinja *t, const json_t *ctx, kp_buf *out, kp_jinja_error *err) {
-    return render(t, ctx, NULL, out, NULL, err);
+    return render(t, ctx, NULL, out, NULL, SIZE_MAX, NULL, err);
+}
+
+kp_status kp_jinja_line_at(const kp_jinja *t, const json_t *ctx, size_t byte, int *line, kp_jinja_error *err) {
+    kp_buf out = {0};
+    *line = 0;
+    kp_status st = render(t, ctx, NULL, &out, NULL, byte, line, err);
+    if (st == KP_OK && out.oom) st = KP_ENOMEM;
+    if (st != KP_OK) *line = 0;
+    kp_buf_free(&out);
+    return st;
 }
 
 kp_status kp_jinja_render_client(const kp_jinja *t, const json_t *ctx, const char *const *client, kp_buf *out,
@@ -779,7 +808,7 @@ kp_status kp_jinja_render_client(const kp_jinja *t, const json_t *ctx, const cha
     *n_ranges = 0;
     kp_buf tout = {0};
     size_t start = out->len;
-    kp_status st = render(t, ctx, client, out, &tout, err);
+    kp_status st = render(t, ctx, client, out, &tout, SIZE_MAX, NULL, err);
     if (st == KP_OK && tout.oom) st = KP_ENOMEM;
     if (st == KP_OK) st = kp_jt_ranges(&tout, start, ranges, n_ranges);
     if (st == KP_ENOMEM && err && !err->code) {

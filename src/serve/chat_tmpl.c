@@ -167,13 +167,12 @@ static kp_status to_tok_ranges(const kp_jinja_range *r, size_t n, kp_tok_range *
     return KP_OK;
 }
 
-kp_status kp_chat_tmpl_render(const kp_chat_tmpl *t, const json_t *messages, const json_t *tools,
-                              const kp_chat_opts *opts, const json_t *kwargs, char **out, size_t *len,
-                              kp_tok_range **plain, size_t *n_plain, kp_error *err) {
-    static const char *const client[] = {"messages", "tools", NULL};
-    *out = NULL;
-    *len = 0;
-    if (plain) { *plain = NULL; *n_plain = 0; }
+/* The template's variables for a request (*ctx, a new reference) and the
+ * compiled text that renders it (*j). */
+static kp_status context_for(const kp_chat_tmpl *t, const json_t *messages, const json_t *tools,
+                             const kp_chat_opts *opts, const json_t *kwargs, json_t **ctx, const kp_jinja **j,
+                             kp_error *err) {
+    *ctx = NULL;
     json_t *generic = NULL;
     if (t->builtin) { /* kvpin's own texts refuse what the C checks refuse, with their messages */
         kp_status cs = kp_chat_check(t->family, messages, tools, err);
@@ -185,13 +184,41 @@ kp_status kp_chat_tmpl_render(const kp_chat_tmpl *t, const json_t *messages, con
         messages = generic;
         tools = NULL;
     }
-    json_t *body = request_body(messages, tools, opts, kwargs), *ctx = NULL;
+    json_t *body = request_body(messages, tools, opts, kwargs);
     json_decref(generic);
     if (!body) return kp_fail(err, KP_ENOMEM, "out of memory");
-    kp_status st = kp_chatj_context(body, t->bos, t->eos, &ctx, err);
+    kp_status st = kp_chatj_context(body, t->bos, t->eos, ctx, err);
     json_decref(body);
     if (st != KP_OK) return st;
-    const kp_jinja *j = t->tool_use && kp_chatj_has_tools(ctx) ? t->tool_use : t->main;
+    *j = t->tool_use && kp_chatj_has_tools(*ctx) ? t->tool_use : t->main;
+    return KP_OK;
+}
+
+int kp_chat_tmpl_line_at(const kp_chat_tmpl *t, const json_t *messages, const json_t *tools,
+                         const kp_chat_opts *opts, const json_t *kwargs, size_t byte) {
+    json_t *ctx = NULL;
+    const kp_jinja *j = NULL;
+    kp_error err;
+    int line = 0;
+    if (context_for(t, messages, tools, opts, kwargs, &ctx, &j, &err) == KP_OK) {
+        kp_jinja_error e;
+        if (kp_jinja_line_at(j, ctx, byte, &line, &e) != KP_OK) line = 0;
+    }
+    json_decref(ctx);
+    return line;
+}
+
+kp_status kp_chat_tmpl_render(const kp_chat_tmpl *t, const json_t *messages, const json_t *tools,
+                              const kp_chat_opts *opts, const json_t *kwargs, char **out, size_t *len,
+                              kp_tok_range **plain, size_t *n_plain, kp_error *err) {
+    static const char *const client[] = {"messages", "tools", NULL};
+    *out = NULL;
+    *len = 0;
+    if (plain) { *plain = NULL; *n_plain = 0; }
+    json_t *ctx = NULL;
+    const kp_jinja *j = NULL;
+    kp_status st = context_for(t, messages, tools, opts, kwargs, &ctx, &j, err);
+    if (st != KP_OK) return st;
     kp_buf b = {0};
     kp_jinja_range *r = NULL;
     size_t nr = 0;

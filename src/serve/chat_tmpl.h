@@ -80,6 +80,12 @@ kp_status kp_chat_tmpl_render(const kp_chat_tmpl *t, const json_t *messages, con
                               const kp_chat_opts *opts, const json_t *kwargs, char **out, size_t *len, kp_tok_range **plain,
                               size_t *n_plain, kp_error *err);
 
+/* The line of the template text that writes byte `byte` of the rendering
+ * kp_chat_tmpl_render makes of the same arguments (jinja.h's
+ * kp_jinja_line_at), or 0 when the rendering fails or is shorter. */
+int kp_chat_tmpl_line_at(const kp_chat_tmpl *t, const json_t *messages, const json_t *tools,
+                         const kp_chat_opts *opts, const json_t *kwargs, size_t byte);
+
 /* The family whose tool-call rules and forced-call form fit the template
  * (see above); never KP_CHAT_UNKNOWN. */
 kp_chat_family kp_chat_tmpl_family(const kp_chat_tmpl *t);

@@ -102,9 +102,11 @@ static kp_status render_chat(kp_server *s, const json_t *msgs, const json_t *too
 /* Where the rendering of msgs up to their last answer (the answer's turn
  * as the model wrote it: the last message, no generation prompt) stops
  * being a prefix of text[0..len), or 0 when it is one or there is no
- * answer with a turn after it. */
+ * answer with a turn after it; then lines[0] is the template line that
+ * writes text's byte there and lines[1] the one that wrote the answer's
+ * rendering's (0: not known). */
 static size_t history_rewrite(kp_server *s, const json_t *msgs, const json_t *tools, const kp_chat_opts *o,
-                              const json_t *kwargs, const char *text, size_t len) {
+                              const json_t *kwargs, const char *text, size_t len, int lines[2]) {
     size_t j = json_array_size(msgs);
     for (; j > 0; j--) {
         const char *role = json_string_value(json_object_get(json_array_get(msgs, j - 1), "role"));
@@ -123,6 +125,10 @@ static size_t history_rewrite(kp_server *s, const json_t *msgs, const json_t *to
         size_t i = 0;
         while (i < hl && i < len && h[i] == text[i]) i++;
         at = i < hl ? (i ? i : 1) : 0;
+    }
+    if (at) { /* the template lines that write that byte now and wrote it then */
+        lines[0] = kp_chat_tmpl_line_at(s->cfg.chat_jinja, msgs, tools, o, kwargs, at);
+        lines[1] = kp_chat_tmpl_line_at(s->cfg.chat_jinja, head, tools, &ho, kwargs, at);
     }
     free(h);
     json_decref(head);
@@ -147,7 +153,7 @@ static bool render_messages(kp_server *s, const json_t *messages, const json_t *
     size_t n_plain = 0;
     const json_t *kwargs = po ? po->template_kwargs : NULL;
     kp_status st = render_chat(s, msgs, tools, &o, kwargs, &text, &len, &plain, &n_plain, &err);
-    if (st == KP_OK) out->rewrite_byte = history_rewrite(s, msgs, tools, &o, kwargs, text, len);
+    if (st == KP_OK) out->rewrite_byte = history_rewrite(s, msgs, tools, &o, kwargs, text, len, out->rewrite_line);
     json_decref(msgs);
     if (st != KP_OK) { /* the renderer's messages start with the field at fault */
         const char *field = !strncmp(err.msg, "tools", 5) ? "tools" : "messages";

@@ -38,6 +38,8 @@ typedef struct {
     size_t rewrite_byte;  /* > 0: the rendering of the conversation up to its last answer
                              (that answer's own turn) is not a prefix of text: it differs
                              here (the template rewrites history; doctor.h's hints) */
+    int rewrite_line[2];  /* with rewrite_byte: the template lines writing that byte in
+                             text and in that earlier rendering (0: not known) */
 } kp_prompt;
 
 /* The prompt of a request body: prompt (text or token ids) or messages

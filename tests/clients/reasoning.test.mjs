@@ -22,6 +22,7 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
 
@@ -182,4 +183,13 @@ test('the cache report names the template rewriting the previous answer', async 
     assert.equal(c.cause, 'template_rewrites_history', c.detail);
     assert.equal(c.reused_tokens, first.usage.prompt_tokens);
     assert.match(c.advice, /enable_thinking/);
+    /* the template's lines: the one writing the answer now (its content
+     * alone) and the one that wrote it as the last turn (with <think>), as
+     * the template text has them */
+    const lines = readFileSync(new URL('../../src/serve/templates/qwen3.jinja', import.meta.url), 'utf8').split('\n');
+    const at = c.detail.match(/\(template line (\d+); line (\d+) while that answer was the last turn\)/);
+    assert.ok(at, c.detail);
+    const now = lines[Number(at[1]) - 1], then = lines[Number(at[2]) - 1];
+    assert.match(now, /\{\{-? *content *-?\}\}/, `template line ${at[1]}: ${now}`);
+    assert.match(then, /<think>/, `template line ${at[2]}: ${then}`);
 });

@@ -1038,6 +1038,19 @@ static void test_template_rewrites(void) {
                                    &rep, NULL),
                  KP_OK);
     CHECK_EQ_INT(rep.finding.cause, KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY);
+    CHECK(!contains(rep.finding.detail, "template line")); /* no lines known */
+    /* the template lines that write the byte now and wrote it then */
+    t2.hints.rewrite_line[0] = 7, t2.hints.rewrite_line[1] = 4;
+    CHECK_EQ_INT(kp_doctor_explain(c2, strlen(c2), r2, strlen(r2), &t2, KP_DOCTOR_CACHE_TEXT, KP_DOCTOR_ESCAPE_HUMAN,
+                                   &rep, NULL),
+                 KP_OK);
+    CHECK_MSG(contains(rep.finding.detail, "(template line 7; line 4 while that answer was the last turn)"), "%s",
+              rep.finding.detail);
+    t2.hints.rewrite_line[1] = 7;
+    CHECK_EQ_INT(kp_doctor_explain(c2, strlen(c2), r2, strlen(r2), &t2, KP_DOCTOR_CACHE_TEXT, KP_DOCTOR_ESCAPE_HUMAN,
+                                   &rep, NULL),
+                 KP_OK);
+    CHECK_MSG(contains(rep.finding.detail, "(template line 7)"), "%s", rep.finding.detail);
     /* a rewrite far after the divergence does not explain it */
     t2.hints.rewrite_byte = 200;
     CHECK_EQ_INT(kp_doctor_explain(c2, strlen(c2), r2, strlen(r2), &t2, KP_DOCTOR_CACHE_TEXT, KP_DOCTOR_ESCAPE_HUMAN,

@@ -279,7 +279,49 @@ static void test_threads(void) {
     kp_jinja_free(t);
 }
 
+/* kp_jinja_line_at: the template line that wrote a byte, read off the
+ * template text by hand (the statement's line; for template text the line
+ * the byte stands on; a macro's output where it is output). */
+static void test_line_at(void) {
+    static const char tmpl[] = "{%- for m in messages %}\n"                   /* 1 */
+                               "{%- if m.role == 'user' %}\n"                 /* 2 */
+                               "<u>{{ m.content }}</u>\n"                     /* 3 */
+                               "{%- else %}\n"                                /* 4 */
+                               "{{ '<b>' + m.content + '</b>' }}\n"           /* 5 */
+                               "{%- endif %}\n"                               /* 6 */
+                               "{%- endfor %}\n"                              /* 7 */
+                               "first\nsecond\n"                              /* 8, 9 */
+                               "{% macro f(x) %}[{{ x }}]{% endmacro %}{{ f('m') }}"; /* 10 */
+    kp_jinja *t;
+    kp_jinja_error e;
+    CHECK_EQ_INT(kp_jinja_compile(tmpl, strlen(tmpl), &t, &e), KP_OK);
+    json_t *ctx = json_loads("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"},"
+                             " {\"role\": \"bot\", \"content\": \"yo\"}]}", 0, NULL);
+    kp_buf out = {0};
+    CHECK_EQ_INT(kp_jinja_render(t, ctx, &out, &e), KP_OK);
+    const char *want = "<u>hi</u><b>yo</b>first\nsecond\n[m]";
+    CHECK_MSG(out.len == strlen(want) && !memcmp(out.data, want, out.len), "rendered [%.*s]", (int)out.len, out.data);
+    static const struct {
+        const char *at; /* the byte: the first occurrence of this text */
+        int line;
+    } cases[] = {{"<u>", 3}, {"hi", 3}, {"</u>", 3}, {"<b>", 5}, {"yo", 5}, {"first", 8},
+                 {"second", 9}, {"[m]", 10}, {"m]", 10}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        size_t byte = (size_t)(strstr(want, cases[i].at) - want);
+        int line = -1;
+        CHECK_EQ_INT(kp_jinja_line_at(t, ctx, byte, &line, &e), KP_OK);
+        CHECK_MSG(line == cases[i].line, "byte %zu (%s): line %d, want %d", byte, cases[i].at, line, cases[i].line);
+    }
+    int line = -1;
+    CHECK_EQ_INT(kp_jinja_line_at(t, ctx, strlen(want), &line, &e), KP_OK); /* past the end */
+    CHECK_EQ_INT(line, 0);
+    kp_buf_free(&out);
+    json_decref(ctx);
+    kp_jinja_free(t);
+}
+
 int main(void) {
+    RUN(test_line_at);
     RUN(test_renders);
     RUN(test_errors);
     RUN(test_syntax_errors);
