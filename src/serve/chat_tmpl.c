@@ -20,6 +20,7 @@
 #include "jinja/jinja.h"
 #include "serve/chat_builtin.h"
 #include "serve/chat_jinja.h"
+#include "serve/harmony.h"
 #include "serve/toolsyn.h"
 
 struct kp_chat_tmpl {
@@ -27,6 +28,7 @@ struct kp_chat_tmpl {
     char *bos, *eos;
     kp_chat_family family;
     bool think;
+    bool harmony;      /* it renders OpenAI harmony (harmony.h): replies are read as its messages */
     char *text; /* main's text, NUL-terminated (kp_chat_tmpl_uses) */
     kp_toolsyn *calls; /* the template's own tool-call syntax, or NULL (why_calls says why) */
     bool generic;      /* the template renders no tools: they go in kvpin's generic format (chat.h) */
@@ -79,6 +81,12 @@ kp_status kp_chat_tmpl_new(const char *text, size_t len, const char *tool_text, 
     t->family = kp_chat_detect(t->text);
     if (t->family == KP_CHAT_UNKNOWN) t->family = strstr(t->text, "<tool_call>") ? KP_CHAT_QWEN25 : KP_CHAT_CHATML;
     t->think = strstr(t->text, "<think>") != NULL;
+    bool oom = false;
+    t->harmony = strstr(t->text, "<|channel|>") && kp_harmony_detect(probe_render, t, &oom);
+    if (oom) {
+        kp_chat_tmpl_free(t);
+        return kp_fail(err, KP_ENOMEM, "out of memory");
+    }
     bool renders_tools = false;
     st = kp_toolsyn_learn(probe_render, t, &t->calls, &renders_tools, t->why_calls, sizeof t->why_calls, err);
     if (st != KP_OK) {
@@ -244,9 +252,12 @@ kp_status kp_chat_tmpl_render(const kp_chat_tmpl *t, const json_t *messages, con
 kp_chat_family kp_chat_tmpl_family(const kp_chat_tmpl *t) { return t->family; }
 
 const kp_reasoning_markers *kp_chat_tmpl_reasoning(const kp_chat_tmpl *t) {
-    static const kp_reasoning_markers think = {"<think>", "</think>"};
-    return t->think ? &think : NULL;
+    static const kp_reasoning_markers think = {"<think>", "</think>", false};
+    static const kp_reasoning_markers harmony = {"<|channel|>analysis<|message|>", "<|end|>", true};
+    return t->harmony ? &harmony : t->think ? &think : NULL;
 }
+
+bool kp_chat_tmpl_harmony(const kp_chat_tmpl *t) { return t->harmony; }
 
 bool kp_chat_tmpl_uses(const kp_chat_tmpl *t, const char *name) { return strstr(t->text, name) != NULL; }
 
