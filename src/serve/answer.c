@@ -45,7 +45,9 @@
 
 #include "base/entropy.h"
 #include "serve/chat.h"
+#include "serve/harmony.h"
 #include "serve/prompt.h"
+#include "tok/textout.h"
 #include "serve/pinid.h"
 
 #define GOLDEN 0x9e3779b97f4a7c15ull
@@ -295,6 +297,7 @@ static void release(kp_answer *a, uint32_t i, size_t upto) {
  * whether content may be released (from ch->content_from on). */
 static bool split_reasoning(kp_answer *a, uint32_t i, bool final) {
     kp_choice *ch = &a->ch[i];
+    ch->content_to = ch->text.len;
     if (!a->reason) return true;
     kp_reasoning_split r;
     kp_reasoning_scan(ch->text.data ? ch->text.data : "", ch->text.len, a->reason, a->reason_open, final,
@@ -314,6 +317,7 @@ static bool split_reasoning(kp_answer *a, uint32_t i, bool final) {
         return false;
     }
     ch->content_from = r.content_from;
+    ch->content_to = r.content_to;
     if (ch->released < ch->content_from) ch->released = ch->content_from; /* the markers are not content */
     return true;
 }
@@ -322,9 +326,11 @@ static bool split_reasoning(kp_answer *a, uint32_t i, bool final) {
  * streaming): its calls read out of its text, the rest of it released,
  * and when it was the last, the report and the closing events. */
 /* Where a stream's text must be held back because it may become calls:
- * by the template's own call syntax when it has one, else the family's. */
+ * as harmony messages when the template renders harmony, else by the
+ * template's own call syntax when it has one, else the family's. */
 static size_t tool_holdback(const kp_answer *a, const kp_choice *ch) {
     const char *t = ch->text.data ? ch->text.data : "";
+    if (a->harmony) return kp_harmony_holdback(t, ch->text.len);
     const kp_toolsyn *syn = a->s->cfg.chat_jinja ? kp_chat_tmpl_calls(a->s->cfg.chat_jinja, NULL) : NULL;
     return syn ? kp_toolsyn_holdback(syn, t, ch->text.len) : kp_chat_tool_holdback(chat_family(a->s), t, ch->text.len);
 }
@@ -373,7 +379,10 @@ static void choice_over(kp_answer *a, uint32_t i) {
         kp_error err;
         size_t content = ch->text.len;
         const kp_toolsyn *syn = a->s->cfg.chat_jinja ? kp_chat_tmpl_calls(a->s->cfg.chat_jinja, NULL) : NULL;
-        if (syn)
+        if (a->harmony)
+            kp_harmony_parse(ch->text.data ? ch->text.data : "", ch->text.len, a->id_seed + i, &ch->calls, &content,
+                             &err);
+        else if (syn)
             kp_toolsyn_parse(syn, a->tool_defs, ch->text.data ? ch->text.data : "", ch->text.len, a->id_seed + i,
                              &ch->calls, &content, &err);
         else
@@ -384,6 +393,7 @@ static void choice_over(kp_answer *a, uint32_t i) {
             ch->finish = "tool_calls";
         }
     }
+    if (ch->content > ch->content_to && ch->content_to >= ch->content_from) ch->content = ch->content_to;
     if (a->stream) {
         release(a, i, ch->content);
         if (ch->calls) a->d->calls(a, i, ch->calls);
@@ -443,8 +453,10 @@ static void take(kp_answer *a, uint32_t i, kp_sreq_update *u) {
     ch->last = *u;
     if (a->stream && (a->tools || a->reason)) {
         if (lp) a->d->text(a, i, NULL, 0, lp);
-        if (u->finish == KP_FINISH_NONE && split_reasoning(a, i, false))
-            release(a, i, a->tools ? tool_holdback(a, ch) : ch->text.len);
+        if (u->finish == KP_FINISH_NONE && split_reasoning(a, i, false)) {
+            size_t upto = a->tools ? tool_holdback(a, ch) : ch->text.len;
+            release(a, i, upto < ch->content_to ? upto : ch->content_to);
+        }
     } else if (a->stream && (ch->text.len > before || lp)) {
         a->d->text(a, i, ch->text.data ? ch->text.data + before : "", ch->text.len - before, lp);
         ch->released = ch->text.len;
@@ -587,6 +599,23 @@ static void note_unread_kwargs(const kp_server *s, kp_oai_request *q) {
     }
 }
 
+/* The request's stop strings, and for a harmony template the texts that
+ * end its turn ("<|return|>", "<|call|>") where the vocabulary does not
+ * end generation on them as tokens (a template served on another model),
+ * as far as the table holds them. Returns the count. */
+static int turn_stops(const kp_answer *a, const kp_oai_request *q, const char **out) {
+    static const char *const ends[] = {"<|return|>", "<|call|>"};
+    int n = 0;
+    for (int k = 0; k < q->n_stops && n < KP_TEXTOUT_MAX_STOPS; k++) out[n++] = q->stops[k];
+    for (size_t e = 0; a->harmony && e < sizeof ends / sizeof ends[0] && n < KP_TEXTOUT_MAX_STOPS; e++) {
+        int32_t id = kp_tok_find(a->s->v, ends[e], strlen(ends[e]));
+        bool dup = false;
+        for (int k = 0; k < n; k++) dup = dup || !strcmp(out[k], ends[e]);
+        if (!dup && !(id >= 0 && kp_tok_is_eog(a->s->v, id))) out[n++] = ends[e];
+    }
+    return n;
+}
+
 /* The request's flags into the answer, then the n choices submitted. */
 static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_oai_error *e) {
     a->stream = q->stream;
@@ -600,6 +629,9 @@ static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_
     const kp_server_config *cfg = &a->s->cfg;
     a->reason = !a->chat || cfg->reasoning_inline || !cfg->chat_jinja ? NULL : kp_chat_tmpl_reasoning(cfg->chat_jinja);
     a->reason_open = p->pr.text && kp_reasoning_prompt_opens(p->pr.text, p->pr.text_len, a->reason);
+    a->harmony = a->chat && cfg->chat_jinja && kp_chat_tmpl_harmony(cfg->chat_jinja);
+    const char *stops[KP_TEXTOUT_MAX_STOPS];
+    int n_stops = turn_stops(a, q, stops);
     a->logprobs = q->logprobs;
     a->multi = q->n > 1 || q->logprobs;
     snprintf(a->key, sizeof a->key, "%s", q->prompt_cache_key ? q->prompt_cache_key : "");
@@ -608,7 +640,7 @@ static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_
         if (a->logprobs && !a->stream && !(a->ch[i].lp = kp_oai_logprobs_new(a->chat)))
             return kp_oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     /* a stream is woken at admission (its first byte) and per slice of the prefill */
-    kp_sreq_params sp = {p->pr.ids,  (uint32_t)p->pr.n, p->max_tokens,     q->sp,     q->stops, q->n_stops,
+    kp_sreq_params sp = {p->pr.ids,  (uint32_t)p->pr.n, p->max_tokens,     q->sp,     stops, n_stops,
                          q->ignore_eos, p->pr.text,    p->pr.text_len, q->max_tokens_set, p->grammar, q->stream,
                          {p->pr.rewrite_byte, a->reason ? a->reason->open : NULL,
                           {p->pr.rewrite_line[0], p->pr.rewrite_line[1]}}};
