@@ -1051,6 +1051,8 @@ typedef struct {
     size_t suffix_len;
     const char *gen; /* the generation prompt's rendering: what the model writes after it */
     size_t gen_len;
+    bool trail;      /* renderings end with a tool result (false: the template refuses one
+                        after an answer without calls, as gpt-oss's does) */
 } forced;
 
 static void forced_free(forced *f) {
@@ -1104,12 +1106,12 @@ static size_t gen_start(const forced *f, const char *x, size_t ms) {
     return ms;
 }
 
-/* Renders [user, assistant with calls] with the request's tools; the
- * text is kept in f. */
+/* Renders [user, assistant with calls] with the request's tools, and a
+ * tool result after them when f->trail; the text is kept in f. */
 static kp_status force_render(const kp_toolsyn *s, const json_t *tools, json_t *calls, const char *content, forced *f,
                               char **x, size_t *xn) {
     prober p = {s->render, s->ctx, (json_t *)tools};
-    kp_status st = probe_render_trail(&p, content, calls, true, x, xn);
+    kp_status st = probe_render_trail(&p, content, calls, f->trail, x, xn);
     if (st == KP_OK && !keep_text(f, *x)) st = KP_ENOMEM;
     if (st != KP_OK && st != KP_ENOMEM) st = KP_EUNSUPPORTED;
     return st;
@@ -1284,7 +1286,14 @@ kp_status kp_toolsyn_force(const kp_toolsyn *s, const json_t *tools, const char 
     prober p = {s->render, s->ctx, (json_t *)tools};
     char *gen = NULL;
     size_t gen_len = 0;
+    f.trail = true;
     kp_status st = probe_render_trail(&p, "KPCONTENT", NULL, true, &c0, &c0n);
+    if (st != KP_OK && st != KP_ENOMEM) { /* a tool result only after a call: the answer as the last message */
+        free(c0);
+        c0 = NULL;
+        f.trail = false;
+        st = probe_render_trail(&p, "KPCONTENT", NULL, false, &c0, &c0n);
+    }
     if (st == KP_OK) st = probe_gen(&p, &gen, &gen_len);
     if (st != KP_OK) {
         free(c0);
