@@ -82,7 +82,7 @@ kp_status kp_chat_tmpl_new(const char *text, size_t len, const char *tool_text, 
     if (t->family == KP_CHAT_UNKNOWN) t->family = strstr(t->text, "<tool_call>") ? KP_CHAT_QWEN25 : KP_CHAT_CHATML;
     t->think = strstr(t->text, "<think>") != NULL;
     bool oom = false;
-    t->harmony = strstr(t->text, "<|channel|>") && kp_harmony_detect(probe_render, t, &oom);
+    t->harmony = kp_harmony_detect(probe_render, t, &oom); /* by what it renders, not by its name */
     if (oom) {
         kp_chat_tmpl_free(t);
         return kp_fail(err, KP_ENOMEM, "out of memory");
