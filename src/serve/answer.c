@@ -28,7 +28,8 @@
  *     else:   d->reply           one JSON body
  *
  * take() is where text becomes events: with tools, text that may still
- * become a tool call (kp_chat_tool_holdback) is held until it is known;
+ * become a tool call (kp_chat_tool_holdback; the template's own syntax,
+ * toolsyn.h; harmony messages, harmony.h) is held until it is known;
  * at a choice's end its calls are read out of its text (kp_chat_parse_tool_calls),
  * the rest of its content released, d->calls and d->end called; when
  * every choice ended the kvpin_cache report is made once (the cache key

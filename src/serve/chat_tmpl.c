@@ -155,6 +155,30 @@ static json_t *request_body(const json_t *messages, const json_t *tools, const k
     return r;
 }
 
+/* Harmony history: an assistant message with tool calls, reasoning and
+ * content (a preamble) keeps its reasoning, which gpt-oss's template renders
+ * as the analysis message before the call, and loses its content, which
+ * the template would render in the same place and refuses beside the
+ * reasoning (the chain of thought is what the model reads back before a
+ * call, as OpenAI's harmony guide has it). A new array, or NULL when no
+ * message needs it (or memory ran out: *oom). */
+static json_t *harmony_history(const json_t *messages, bool *oom) {
+    json_t *out = NULL;
+    size_t i;
+    const json_t *m;
+    json_array_foreach(messages, i, m) {
+        const json_t *rc = json_object_get(m, "reasoning_content"), *c = json_object_get(m, "content");
+        const json_t *calls = json_object_get(m, "tool_calls");
+        bool strip = json_is_string(rc) && json_string_length(rc) && json_array_size(calls) &&
+                     ((json_is_string(c) && json_string_length(c)) || json_array_size(c));
+        if (!strip) continue;
+        if (!out && !(out = json_deep_copy(messages))) break;
+        json_object_set_new(json_array_get(out, i), "content", json_string(""));
+    }
+    *oom = !out && i < json_array_size(messages);
+    return out;
+}
+
 static kp_status render_fail(const kp_jinja_error *e, kp_error *err) {
     if (e->kind == KP_JINJA_ERAISED) return kp_fail(err, KP_EINVAL, "%s", e->msg);
     return kp_fail(err, e->code ? e->code : KP_EINVAL, "the chat template failed at line %d, column %d: %s: %s",
@@ -192,8 +216,12 @@ static kp_status context_for(const kp_chat_tmpl *t, const json_t *messages, cons
         messages = generic;
         tools = NULL;
     }
-    json_t *body = request_body(messages, tools, opts, kwargs);
+    bool oom = false;
+    json_t *history = t->harmony && json_is_array(messages) ? harmony_history(messages, &oom) : NULL;
+    if (history) messages = history;
+    json_t *body = oom ? NULL : request_body(messages, tools, opts, kwargs);
     json_decref(generic);
+    json_decref(history);
     if (!body) return kp_fail(err, KP_ENOMEM, "out of memory");
     kp_status st = kp_chatj_context(body, t->bos, t->eos, ctx, err);
     json_decref(body);

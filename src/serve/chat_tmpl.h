@@ -102,7 +102,10 @@ const kp_reasoning_markers *kp_chat_tmpl_reasoning(const kp_chat_tmpl *t);
  * history as "<|start|>assistant<|channel|>final<|message|>...", a
  * generation prompt ending "<|start|>assistant"): replies are read as
  * harmony messages (reasoning, content, calls), and generation stops at
- * "<|return|>" and "<|call|>". */
+ * "<|return|>" and "<|call|>". Rendering for such a template, an
+ * assistant message with tool calls, reasoning and content (a preamble)
+ * is given without its content: gpt-oss's template renders the reasoning
+ * (thinking, chat_jinja.h) before the call and refuses both. */
 bool kp_chat_tmpl_harmony(const kp_chat_tmpl *t);
 
 /* The template's own tool-call syntax (toolsyn.h), learned when it was

@@ -39,6 +39,12 @@
  * Values of PARAMS calls are strings when the tool's schema says so (or
  * has no type for them), else JSON when they parse as JSON, else strings.
  *
+ * A template that renders OpenAI's harmony format (gpt-oss) is learned
+ * too (named calls after " to=functions."), but its replies are read by
+ * harmony.h: the model writes the header of a call in another order than
+ * the template renders it back. Its learned syntax still makes forced
+ * calls, in the bytes the template renders.
+ *
  * A learned syntax is immutable: any number of threads may use it.
  */
 #ifndef KP_TOOLSYN_H

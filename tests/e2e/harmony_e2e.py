@@ -194,16 +194,18 @@ def check_replies():
 
 
 def check_inline():
-    """--reasoning-format none: the reply comes back as written (up to the end marker)."""
+    """--reasoning-format none: the reply comes back as written, up to "<|return|>", where generation
+    stops though the grammar goes on (the vocabulary has no such token: the server stops on the text)."""
     srv = Server(R, "--chat-template-file", TEMPLATE, "-c", "4096", "--reasoning-format", "none",
                  env={"SOURCE_DATE_EPOCH": EPOCH})
     try:
         what, reply = CASES[0][0], CASES[0][1]
         st, _, j = srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
-                                                      "grammar": gbnf_literal(reply), "max_tokens": 400})
+                                                      "grammar": gbnf_literal(reply + " and more after the end"),
+                                                      "max_tokens": 400})
         m = j["choices"][0]["message"] if st == 200 else {}
-        R.ok(st == 200 and m.get("content") == reply[:-len("<|return|>")] and not m.get("reasoning_content"),
-             "%s inline: %s %s" % (what, st, j))
+        R.ok(st == 200 and m.get("content") == reply[:-len("<|return|>")] and not m.get("reasoning_content") and
+             j["choices"][0]["finish_reason"] == "stop", "%s inline: %s %s" % (what, st, j))
         srv.stop()
     except Exception as e:  # noqa: BLE001
         R.ok(False, "inline: %r" % (e,))
@@ -295,6 +297,22 @@ def check_thinking_sent_back():
                                                       "return_token_ids": True})
         R.ok(st == 200 and j["choices"][0]["prompt_token_ids"] == prompt_ids(srv, text),
              "reasoning_content sent back: %s, not the template's rendering with thinking" % st)
+        # a preamble, reasoning and a call, as kvpin answers them: the template refuses content beside
+        # thinking before a call, the reasoning is what it renders (the preamble is left out)
+        conv[1]["content"] = "Checking the weather first."
+        st, _, j = srv.post("/v1/chat/completions", {"messages": conv, "tools": TOOLS, "max_tokens": 1,
+                                                      "return_token_ids": True})
+        R.ok(st == 200 and j["choices"][0]["prompt_token_ids"] == prompt_ids(srv, text),
+             "a preamble, reasoning and a call sent back: %s %s" % (st, j if st != 200 else ""))
+        # through Messages: a thinking block, a text block and a tool_use block
+        amsgs = [{"role": "user", "content": "Weather in Paris?"},
+                 {"role": "assistant", "content": [
+                     {"type": "thinking", "thinking": "Need the weather tool.", "signature": ""},
+                     {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris", "days": 3}}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "{\"temp\": 18}"}]}]
+        st, _, j = srv.post("/v1/messages", {"model": "m", "max_tokens": 1, "tools": ANTHROPIC_TOOLS,
+                                             "messages": amsgs})
+        R.ok(st == 200, "Messages with a thinking block sent back: %s %s" % (st, j))
         srv.stop()
     except Exception as e:  # noqa: BLE001
         R.ok(False, "thinking sent back: %r" % (e,))
