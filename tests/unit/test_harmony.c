@@ -18,6 +18,7 @@
 #include "harness.h"
 #include "serve/chat_tmpl.h"
 #include "serve/harmony.h"
+#include "serve/reasoning.h"
 
 #define WHOLE SIZE_MAX /* the whole text is content */
 #define AFTER_END(s) (strstr((s), "<|end|>") - (s) + 7) /* up to the first message's end */
@@ -135,6 +136,70 @@ static void test_read(void) {
     CHECK_EQ_INT(kp_harmony_safe_end(t, 0, strlen(t)), strlen(t));
 }
 
+/* Texts made of harmony's pieces at random (a fixed seed): at every
+ * prefix the holdback never decreases nor passes the final content, and
+ * the reasoning split (reasoning.h's harmony mode) shows only prefixes of
+ * the final reasoning and content (which hold no closing marker). */
+static void test_random_texts(void) {
+    static const char *const pieces[] = {
+        "<|start|>", "assistant", "<|channel|>", "analysis", "final", "commentary", " to=functions.f",
+        "to=functions.get_weather", " <|constrain|>json", " json", "<|message|>", "{}", "{\"a\": [1, \"}\"]}",
+        "<|end|>", "<|call|>", "<|return|>", "hi", " ", "\n", "<", "|", "<|"};
+    static const kp_reasoning_markers hm = {"<|channel|>analysis<|message|>", "<|end|>", true};
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    char text[512];
+    for (int round = 0; round < 3000; round++) {
+        size_t len = 0;
+        /* most texts start as harmony does, some anywhere */
+        if (round % 4) {
+            const char *head = round % 3 ? "<|channel|>analysis<|message|>" : "<|channel|>final<|message|>";
+            memcpy(text, head, strlen(head));
+            len = strlen(head);
+        }
+        int n = 1 + (int)(x % 14);
+        for (int k = 0; k < n; k++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            const char *p = pieces[x % (sizeof pieces / sizeof pieces[0])];
+            size_t pl = strlen(p);
+            if (len + pl >= sizeof text) break;
+            memcpy(text + len, p, pl);
+            len += pl;
+        }
+        text[len] = 0;
+        json_t *calls = NULL;
+        size_t cl = 0;
+        kp_error err;
+        CHECK(kp_harmony_parse(text, len, 1, &calls, &cl, &err) == KP_OK);
+        CHECK(cl <= len);
+        json_decref(calls);
+        kp_reasoning_split f;
+        kp_reasoning_scan(text, len, &hm, false, true, NULL, &f);
+        CHECK(f.content_from <= f.content_to && f.content_to <= len && f.reason_from <= f.reason_to);
+        size_t prev = 0;
+        for (size_t k = 0; k <= len; k++) {
+            size_t h = kp_harmony_holdback(text, k);
+            CHECK_MSG(h >= prev && h <= cl && h <= k, "holdback %zu at %zu (before %zu, content %zu): %s", h, k,
+                      prev, cl, text);
+            prev = h;
+            kp_reasoning_split p;
+            kp_reasoning_scan(text, k, &hm, false, false, NULL, &p);
+            if (p.state == KP_REASONING_OPEN || p.state == KP_REASONING_CLOSED) {
+                size_t rl = p.reason_to - p.reason_from;
+                CHECK_MSG((!rl || (p.reason_from == f.reason_from && p.reason_to <= f.reason_to)) &&
+                              (f.state == KP_REASONING_OPEN || f.state == KP_REASONING_CLOSED),
+                          "reasoning at %zu: %s", k, text);
+            }
+            if (p.state == KP_REASONING_NONE || p.state == KP_REASONING_CLOSED) {
+                size_t pl = p.content_to - p.content_from;
+                if (pl)
+                    CHECK_MSG(p.content_from == f.content_from && p.content_to <= f.content_to,
+                              "content at %zu [%zu, %zu) not a prefix of [%zu, %zu): %s", k, p.content_from,
+                              p.content_to, f.content_from, f.content_to, text);
+            }
+        }
+    }
+}
+
 static char *slurp(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
@@ -174,6 +239,7 @@ static void test_detect(void) {
 int main(void) {
     RUN(test_read);
     RUN(test_parse);
+    RUN(test_random_texts);
     RUN(test_detect);
     return harness_finish("harmony");
 }
