@@ -312,7 +312,8 @@ def check_thinking_sent_back():
                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "{\"temp\": 18}"}]}]
         st, _, j = srv.post("/v1/messages", {"model": "m", "max_tokens": 1, "tools": ANTHROPIC_TOOLS,
                                              "messages": amsgs})
-        R.ok(st == 200, "Messages with a thinking block sent back: %s %s" % (st, j))
+        R.ok(st == 200 and j["usage"]["input_tokens"] + j["usage"].get("cache_read_input_tokens", 0) ==
+             len(prompt_ids(srv, text)), "Messages with a thinking block sent back: %s %s" % (st, j))
         srv.stop()
     except Exception as e:  # noqa: BLE001
         R.ok(False, "thinking sent back: %r" % (e,))
