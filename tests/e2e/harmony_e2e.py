@@ -30,6 +30,10 @@ template renders when the client sends the call back: the text jinja2
 renders (tools/chat_jinja_check.py's environment) for the next turn
 holds the generation prompt followed by exactly the generated text.
 
+The same through a vocabulary that has harmony's texts as control tokens
+(the bundled model's copy, tests/shell/gguf_edit.py): the prompt's markup
+is those tokens, and replies and forced calls come back the same.
+
 Reasoning the client sends back (reasoning_content) reaches the template
 in `thinking`, the field it reads: the next prompt is what jinja2 renders
 with `thinking` set.
@@ -37,10 +41,13 @@ with `thinking` set.
 import json
 import os
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
-from kvpin_test import Results, Server, kill_all, sse, tokenize  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shell"))
+from kvpin_test import MODEL, Results, Server, kill_all, sse, tokenize  # noqa: E402
+import gguf_edit  # noqa: E402
 import chat_golden  # noqa: E402
 import chat_jinja_check  # noqa: E402
 
@@ -320,9 +327,52 @@ def check_thinking_sent_back():
         srv.kill()
 
 
+HARMONY_TOKENS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
+
+
+def check_harmony_vocabulary():
+    """A vocabulary with harmony's tokens (a copy of the bundled model whose byte tokens <0x01>..<0x07>,
+    ids 4..10, are control tokens with harmony's texts, as o200k_harmony has them): the template's
+    markup is those tokens, and replies and forced calls come back as with the texts."""
+    path = tempfile.mktemp(prefix="kvpin-harmony-", suffix=".gguf")
+    gguf_edit.edit(MODEL, path, [], [], [(4 + i, t, 3) for i, t in enumerate(HARMONY_TOKENS)])
+    srv = None
+    try:
+        srv = Server(R, "--chat-template-file", TEMPLATE, "-c", "4096", model=path,
+                     env={"SOURCE_DATE_EPOCH": EPOCH})
+        msgs = [{"role": "user", "content": "Weather in Paris?"}]
+        text = jinja_render(msgs, None)
+        reply = ("<|channel|>analysis<|message|>Simple.<|end|>"
+                 "<|start|>assistant<|channel|>final<|message|>It is sunny.")
+        st, _, j = srv.post("/v1/chat/completions", {"messages": msgs, "grammar": gbnf_literal(reply),
+                                                      "max_tokens": 200, "return_token_ids": True})
+        ch = j["choices"][0] if st == 200 else {}
+        ids = ch.get("prompt_token_ids", [])
+        R.ok(st == 200 and all(ids.count(4 + i) == text.count(t) for i, t in enumerate(HARMONY_TOKENS)) and
+             text.count("<|start|>") > 1, "harmony vocabulary: the prompt's markup is not its tokens: %s %s" % (st, j))
+        m = ch.get("message", {})
+        R.ok(st == 200 and m.get("reasoning_content") == "Simple." and m.get("content") == "It is sunny." and
+             ch["finish_reason"] == "stop", "harmony vocabulary reply: %s %s" % (st, j))
+        st, _, j = srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Level?"}], "tools": LEVEL,
+                                                      "tool_choice": "required", "max_tokens": 200})
+        ch = j["choices"][0] if st == 200 else {}
+        calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                 for c in ch.get("message", {}).get("tool_calls") or []]
+        R.ok(st == 200 and ch["finish_reason"] == "tool_calls" and len(calls) == 1 and calls[0][0] == "set_level" and
+             not ch["message"].get("content"), "harmony vocabulary forced call: %s %s" % (st, j))
+        srv.stop()
+    except Exception as e:  # noqa: BLE001
+        R.ok(False, "harmony vocabulary: %r" % (e,))
+        if srv:
+            srv.kill()
+    finally:
+        os.unlink(path)
+
+
 def main():
     try:
         check_replies()
+        check_harmony_vocabulary()
         check_inline()
         check_forced()
         check_thinking_sent_back()
