@@ -155,6 +155,21 @@ static kp_chat_family chat_family(const kp_server *s) {
     return s->cfg.chat_jinja ? kp_chat_tmpl_family(s->cfg.chat_jinja) : KP_CHAT_UNKNOWN;
 }
 
+/* Harmony's texts that end a turn ("<|return|>", "<|call|>") which the
+ * vocabulary has (eog) or lacks (!eog) as end-of-generation tokens, into
+ * out (room for 3, NULL-terminated); none when the template does not
+ * render harmony. Returns the count. */
+static int harmony_ends(const kp_server *s, bool eog, const char **out) {
+    static const char *const ends[] = {"<|return|>", "<|call|>"};
+    int n = 0;
+    for (size_t e = 0; s->cfg.chat_jinja && kp_chat_tmpl_harmony(s->cfg.chat_jinja) && e < 2; e++) {
+        int32_t id = kp_tok_find(s->v, ends[e], strlen(ends[e]));
+        if ((id >= 0 && kp_tok_is_eog(s->v, id)) == eog) out[n++] = ends[e];
+    }
+    out[n] = NULL;
+    return n;
+}
+
 static bool tool_grammar(kp_answer *a, const kp_oai_request *q, kp_grammar **g, kp_oai_error *e) {
     kp_server *s = a->s;
     *g = NULL;
@@ -163,7 +178,9 @@ static bool tool_grammar(kp_answer *a, const kp_oai_request *q, kp_grammar **g, 
     kp_error err = {0};
     const kp_toolsyn *syn = s->cfg.chat_jinja ? kp_chat_tmpl_calls(s->cfg.chat_jinja, NULL) : NULL;
     if (syn) { /* the template's own markup, byte for byte as it renders calls back */
-        kp_status fs = kp_toolsyn_force(syn, q->tools, q->tool_force_name, parallel, g, &err);
+        const char *ends[3];
+        harmony_ends(s, true, ends); /* the model ends its call with its own <|call|> token */
+        kp_status fs = kp_toolsyn_force(syn, q->tools, q->tool_force_name, parallel, ends, g, &err);
         if (fs == KP_OK) return true;
         if (fs == KP_ENOMEM) return kp_oai_fail(e, 500, "server_error", NULL, "tools", "%s", err.msg);
         return kp_oai_fail(e, 400, "invalid_request_error", NULL, q->tool_force_name ? "tool_choice" : "tools",
@@ -605,14 +622,13 @@ static void note_unread_kwargs(const kp_server *s, kp_oai_request *q) {
  * end generation on them as tokens (a template served on another model),
  * as far as the table holds them. Returns the count. */
 static int turn_stops(const kp_answer *a, const kp_oai_request *q, const char **out) {
-    static const char *const ends[] = {"<|return|>", "<|call|>"};
-    int n = 0;
+    const char *ends[3];
+    int n = 0, n_ends = a->chat ? harmony_ends(a->s, false, ends) : 0;
     for (int k = 0; k < q->n_stops && n < KP_TEXTOUT_MAX_STOPS; k++) out[n++] = q->stops[k];
-    for (size_t e = 0; a->harmony && e < sizeof ends / sizeof ends[0] && n < KP_TEXTOUT_MAX_STOPS; e++) {
-        int32_t id = kp_tok_find(a->s->v, ends[e], strlen(ends[e]));
+    for (int e = 0; e < n_ends && n < KP_TEXTOUT_MAX_STOPS; e++) {
         bool dup = false;
         for (int k = 0; k < n; k++) dup = dup || !strcmp(out[k], ends[e]);
-        if (!dup && !(id >= 0 && kp_tok_is_eog(a->s->v, id))) out[n++] = ends[e];
+        if (!dup) out[n++] = ends[e];
     }
     return n;
 }

@@ -353,13 +353,28 @@ def check_harmony_vocabulary():
         m = ch.get("message", {})
         R.ok(st == 200 and m.get("reasoning_content") == "Simple." and m.get("content") == "It is sunny." and
              ch["finish_reason"] == "stop", "harmony vocabulary reply: %s %s" % (st, j))
-        st, _, j = srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Level?"}], "tools": LEVEL,
-                                                      "tool_choice": "required", "max_tokens": 200})
+        # a forced call: the template's bytes up to <|call|>, which the model ends with as its token
+        # (a grammar writes text: it would spell the marker out)
+        lmsgs = [{"role": "user", "content": "Level?"}]
+        st, _, j = srv.post("/v1/chat/completions", {"messages": lmsgs, "tools": LEVEL, "tool_choice": "required",
+                                                      "max_tokens": 200, "return_token_ids": True})
         ch = j["choices"][0] if st == 200 else {}
-        calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-                 for c in ch.get("message", {}).get("tool_calls") or []]
+        m = ch.get("message", {})
+        calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in m.get("tool_calls") or []]
         R.ok(st == 200 and ch["finish_reason"] == "tool_calls" and len(calls) == 1 and calls[0][0] == "set_level" and
-             not ch["message"].get("content"), "harmony vocabulary forced call: %s %s" % (st, j))
+             not m.get("content"), "harmony vocabulary forced call: %s %s" % (st, j))
+        if len(calls) == 1:
+            _, _, d0 = srv.post("/detokenize", {"tokens": ch["prompt_token_ids"]})
+            _, _, d1 = srv.post("/detokenize", {"tokens": ch["prompt_token_ids"] + ch["token_ids"]})
+            pre, full = d0.get("content", ""), d1.get("content", "")
+            back = lmsgs + [{"role": "assistant", "content": "", "tool_calls": m["tool_calls"]},
+                            {"role": "tool", "tool_call_id": m["tool_calls"][0]["id"], "content": "ok"}]
+            bm, bt = chat_golden.normalize({"messages": back, "tools": LEVEL})
+            gen_prompt, nxt = jinja_render(lmsgs, LEVEL), jinja_render(bm, bt)
+            end = nxt.find("<|call|>", len(gen_prompt))
+            R.ok(full.startswith(pre) and end > 0 and full[len(pre):] == nxt[len(gen_prompt):end],
+                 "harmony vocabulary forced call: generated %r, the template renders %r" %
+                 (full[len(pre):], nxt[len(gen_prompt):end + 8]))
         srv.stop()
     except Exception as e:  # noqa: BLE001
         R.ok(False, "harmony vocabulary: %r" % (e,))
