@@ -135,6 +135,8 @@ def normalize(conv):
                 out["tool_calls"].append(c)
         else:
             out.pop("tool_calls", None)
+        if isinstance(m.get("reasoning_content"), str) and "thinking" not in m:
+            out["thinking"] = m["reasoning_content"]
         messages.append(out)
     return messages, (conv.get("tools") or None)
 

@@ -28,7 +28,8 @@
  *     else:   d->reply           one JSON body
  *
  * take() is where text becomes events: with tools, text that may still
- * become a tool call (kp_chat_tool_holdback) is held until it is known;
+ * become a tool call (kp_chat_tool_holdback; the template's own syntax,
+ * toolsyn.h; harmony messages, harmony.h) is held until it is known;
  * at a choice's end its calls are read out of its text (kp_chat_parse_tool_calls),
  * the rest of its content released, d->calls and d->end called; when
  * every choice ended the kvpin_cache report is made once (the cache key
@@ -45,7 +46,9 @@
 
 #include "base/entropy.h"
 #include "serve/chat.h"
+#include "serve/harmony.h"
 #include "serve/prompt.h"
+#include "tok/textout.h"
 #include "serve/pinid.h"
 
 #define GOLDEN 0x9e3779b97f4a7c15ull
@@ -152,6 +155,21 @@ static kp_chat_family chat_family(const kp_server *s) {
     return s->cfg.chat_jinja ? kp_chat_tmpl_family(s->cfg.chat_jinja) : KP_CHAT_UNKNOWN;
 }
 
+/* Harmony's texts that end a turn ("<|return|>", "<|call|>") which the
+ * vocabulary has (eog) or lacks (!eog) as end-of-generation tokens, into
+ * out (room for 3, NULL-terminated); none when the template does not
+ * render harmony. Returns the count. */
+static int harmony_ends(const kp_server *s, bool eog, const char **out) {
+    static const char *const ends[] = {"<|return|>", "<|call|>"};
+    int n = 0;
+    for (size_t e = 0; s->cfg.chat_jinja && kp_chat_tmpl_harmony(s->cfg.chat_jinja) && e < 2; e++) {
+        int32_t id = kp_tok_find(s->v, ends[e], strlen(ends[e]));
+        if ((id >= 0 && kp_tok_is_eog(s->v, id)) == eog) out[n++] = ends[e];
+    }
+    out[n] = NULL;
+    return n;
+}
+
 static bool tool_grammar(kp_answer *a, const kp_oai_request *q, kp_grammar **g, kp_oai_error *e) {
     kp_server *s = a->s;
     *g = NULL;
@@ -160,7 +178,9 @@ static bool tool_grammar(kp_answer *a, const kp_oai_request *q, kp_grammar **g, 
     kp_error err = {0};
     const kp_toolsyn *syn = s->cfg.chat_jinja ? kp_chat_tmpl_calls(s->cfg.chat_jinja, NULL) : NULL;
     if (syn) { /* the template's own markup, byte for byte as it renders calls back */
-        kp_status fs = kp_toolsyn_force(syn, q->tools, q->tool_force_name, parallel, g, &err);
+        const char *ends[3];
+        harmony_ends(s, true, ends); /* the model ends its call with its own <|call|> token */
+        kp_status fs = kp_toolsyn_force(syn, q->tools, q->tool_force_name, parallel, ends, g, &err);
         if (fs == KP_OK) return true;
         if (fs == KP_ENOMEM) return kp_oai_fail(e, 500, "server_error", NULL, "tools", "%s", err.msg);
         return kp_oai_fail(e, 400, "invalid_request_error", NULL, q->tool_force_name ? "tool_choice" : "tools",
@@ -295,6 +315,7 @@ static void release(kp_answer *a, uint32_t i, size_t upto) {
  * whether content may be released (from ch->content_from on). */
 static bool split_reasoning(kp_answer *a, uint32_t i, bool final) {
     kp_choice *ch = &a->ch[i];
+    ch->content_to = ch->text.len;
     if (!a->reason) return true;
     kp_reasoning_split r;
     kp_reasoning_scan(ch->text.data ? ch->text.data : "", ch->text.len, a->reason, a->reason_open, final,
@@ -314,6 +335,7 @@ static bool split_reasoning(kp_answer *a, uint32_t i, bool final) {
         return false;
     }
     ch->content_from = r.content_from;
+    ch->content_to = r.content_to;
     if (ch->released < ch->content_from) ch->released = ch->content_from; /* the markers are not content */
     return true;
 }
@@ -322,9 +344,11 @@ static bool split_reasoning(kp_answer *a, uint32_t i, bool final) {
  * streaming): its calls read out of its text, the rest of it released,
  * and when it was the last, the report and the closing events. */
 /* Where a stream's text must be held back because it may become calls:
- * by the template's own call syntax when it has one, else the family's. */
+ * as harmony messages when the template renders harmony, else by the
+ * template's own call syntax when it has one, else the family's. */
 static size_t tool_holdback(const kp_answer *a, const kp_choice *ch) {
     const char *t = ch->text.data ? ch->text.data : "";
+    if (a->harmony) return kp_harmony_holdback(t, ch->text.len);
     const kp_toolsyn *syn = a->s->cfg.chat_jinja ? kp_chat_tmpl_calls(a->s->cfg.chat_jinja, NULL) : NULL;
     return syn ? kp_toolsyn_holdback(syn, t, ch->text.len) : kp_chat_tool_holdback(chat_family(a->s), t, ch->text.len);
 }
@@ -373,7 +397,10 @@ static void choice_over(kp_answer *a, uint32_t i) {
         kp_error err;
         size_t content = ch->text.len;
         const kp_toolsyn *syn = a->s->cfg.chat_jinja ? kp_chat_tmpl_calls(a->s->cfg.chat_jinja, NULL) : NULL;
-        if (syn)
+        if (a->harmony)
+            kp_harmony_parse(ch->text.data ? ch->text.data : "", ch->text.len, a->id_seed + i, &ch->calls, &content,
+                             &err);
+        else if (syn)
             kp_toolsyn_parse(syn, a->tool_defs, ch->text.data ? ch->text.data : "", ch->text.len, a->id_seed + i,
                              &ch->calls, &content, &err);
         else
@@ -384,6 +411,7 @@ static void choice_over(kp_answer *a, uint32_t i) {
             ch->finish = "tool_calls";
         }
     }
+    if (ch->content > ch->content_to && ch->content_to >= ch->content_from) ch->content = ch->content_to;
     if (a->stream) {
         release(a, i, ch->content);
         if (ch->calls) a->d->calls(a, i, ch->calls);
@@ -443,8 +471,10 @@ static void take(kp_answer *a, uint32_t i, kp_sreq_update *u) {
     ch->last = *u;
     if (a->stream && (a->tools || a->reason)) {
         if (lp) a->d->text(a, i, NULL, 0, lp);
-        if (u->finish == KP_FINISH_NONE && split_reasoning(a, i, false))
-            release(a, i, a->tools ? tool_holdback(a, ch) : ch->text.len);
+        if (u->finish == KP_FINISH_NONE && split_reasoning(a, i, false)) {
+            size_t upto = a->tools ? tool_holdback(a, ch) : ch->text.len;
+            release(a, i, upto < ch->content_to ? upto : ch->content_to);
+        }
     } else if (a->stream && (ch->text.len > before || lp)) {
         a->d->text(a, i, ch->text.data ? ch->text.data + before : "", ch->text.len - before, lp);
         ch->released = ch->text.len;
@@ -587,6 +617,22 @@ static void note_unread_kwargs(const kp_server *s, kp_oai_request *q) {
     }
 }
 
+/* The request's stop strings, and for a harmony template the texts that
+ * end its turn ("<|return|>", "<|call|>") where the vocabulary does not
+ * end generation on them as tokens (a template served on another model),
+ * as far as the table holds them. Returns the count. */
+static int turn_stops(const kp_answer *a, const kp_oai_request *q, const char **out) {
+    const char *ends[3];
+    int n = 0, n_ends = a->chat ? harmony_ends(a->s, false, ends) : 0;
+    for (int k = 0; k < q->n_stops && n < KP_TEXTOUT_MAX_STOPS; k++) out[n++] = q->stops[k];
+    for (int e = 0; e < n_ends && n < KP_TEXTOUT_MAX_STOPS; e++) {
+        bool dup = false;
+        for (int k = 0; k < n; k++) dup = dup || !strcmp(out[k], ends[e]);
+        if (!dup) out[n++] = ends[e];
+    }
+    return n;
+}
+
 /* The request's flags into the answer, then the n choices submitted. */
 static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_oai_error *e) {
     a->stream = q->stream;
@@ -600,6 +646,9 @@ static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_
     const kp_server_config *cfg = &a->s->cfg;
     a->reason = !a->chat || cfg->reasoning_inline || !cfg->chat_jinja ? NULL : kp_chat_tmpl_reasoning(cfg->chat_jinja);
     a->reason_open = p->pr.text && kp_reasoning_prompt_opens(p->pr.text, p->pr.text_len, a->reason);
+    a->harmony = a->chat && cfg->chat_jinja && kp_chat_tmpl_harmony(cfg->chat_jinja);
+    const char *stops[KP_TEXTOUT_MAX_STOPS];
+    int n_stops = turn_stops(a, q, stops);
     a->logprobs = q->logprobs;
     a->multi = q->n > 1 || q->logprobs;
     snprintf(a->key, sizeof a->key, "%s", q->prompt_cache_key ? q->prompt_cache_key : "");
@@ -608,7 +657,7 @@ static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_
         if (a->logprobs && !a->stream && !(a->ch[i].lp = kp_oai_logprobs_new(a->chat)))
             return kp_oai_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     /* a stream is woken at admission (its first byte) and per slice of the prefill */
-    kp_sreq_params sp = {p->pr.ids,  (uint32_t)p->pr.n, p->max_tokens,     q->sp,     q->stops, q->n_stops,
+    kp_sreq_params sp = {p->pr.ids,  (uint32_t)p->pr.n, p->max_tokens,     q->sp,     stops, n_stops,
                          q->ignore_eos, p->pr.text,    p->pr.text_len, q->max_tokens_set, p->grammar, q->stream,
                          {p->pr.rewrite_byte, a->reason ? a->reason->open : NULL,
                           {p->pr.rewrite_line[0], p->pr.rewrite_line[1]}}};

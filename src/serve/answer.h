@@ -57,6 +57,8 @@ typedef struct {
     json_t *calls;      /* the tool calls read out of text (owned), or NULL */
     size_t content_from; /* text[content_from..content) is the content (before */
     size_t content;      /* the calls; after the reasoning) */
+    size_t content_to;   /* the content ends here at the latest (reasoning.h; harmony's
+                            closing markers are not content) */
     size_t reason_from, reason_to; /* text[reason_from..reason_to) is the reasoning
                                       (reasoning.h; equal: none) */
     size_t reason_released; /* streaming: reasoning handed to d->reasoning up to here */
@@ -117,6 +119,8 @@ struct kp_answer {
     size_t prompt_len;
     const kp_reasoning_markers *reason; /* replies are split into reasoning and content (NULL: not) */
     bool reason_open;                   /* the prompt opened the reasoning */
+    bool harmony;                       /* the template renders OpenAI harmony: calls are read as
+                                           its messages (harmony.h) */
     bool logprobs; /* logprobs asked */
     bool multi;    /* n > 1 or logprobs: the report counts the choices */
     uint32_t n, n_over, which;

@@ -71,7 +71,9 @@
  *                 with a tool syntax (chat_jinja.h) and written as a JSON
  *                 string in the generic format
  *   tool_call_id, name          tool messages: checked to be strings
- *   reasoning_content           assistant: a string or null (qwen3 only)
+ *   reasoning_content           assistant: a string or null (qwen3 only
+ *                               among the built-ins; a template in Jinja
+ *                               also sees it as `thinking`, chat_jinja.h)
  *
  * Other members are ignored.
  *

@@ -66,6 +66,9 @@ kp_status kp_chatj_context(const json_t *request, const char *bos, const char *e
         json_t *content = flatten(json_object_get(m, "content"));
         if (!copy || !content) { json_decref(copy); json_decref(content); json_decref(c); return kp_fail(err, KP_ENOMEM, "out of memory"); }
         json_object_set_new(copy, "content", content);
+        const json_t *rc = json_object_get(m, "reasoning_content");
+        if (json_is_string(rc) && !json_object_get(m, "thinking")) /* the field gpt-oss's template reads */
+            json_object_set_new(copy, "thinking", json_deep_copy(rc));
         json_array_append_new(out, copy);
         kp_status st = norm_calls(copy, i, err);
         if (st != KP_OK) { json_decref(c); return st; }

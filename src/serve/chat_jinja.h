@@ -11,6 +11,9 @@
  *   tool_calls[].function.arguments "{...}"     -> the parsed JSON value
  *   tool_calls: []                              -> no tool_calls member
  *   tools absent or []                          -> tools: null
+ *   reasoning_content "..." without thinking    -> thinking: the same text
+ *                                                  (gpt-oss's template reads
+ *                                                  the reasoning there)
  *
  * The context is { messages, tools, add_generation_prompt (default true,
  * else the request's value as it is), bos_token, eos_token, and every

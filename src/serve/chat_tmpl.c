@@ -20,6 +20,7 @@
 #include "jinja/jinja.h"
 #include "serve/chat_builtin.h"
 #include "serve/chat_jinja.h"
+#include "serve/harmony.h"
 #include "serve/toolsyn.h"
 
 struct kp_chat_tmpl {
@@ -27,6 +28,7 @@ struct kp_chat_tmpl {
     char *bos, *eos;
     kp_chat_family family;
     bool think;
+    bool harmony;      /* it renders OpenAI harmony (harmony.h): replies are read as its messages */
     char *text; /* main's text, NUL-terminated (kp_chat_tmpl_uses) */
     kp_toolsyn *calls; /* the template's own tool-call syntax, or NULL (why_calls says why) */
     bool generic;      /* the template renders no tools: they go in kvpin's generic format (chat.h) */
@@ -79,6 +81,12 @@ kp_status kp_chat_tmpl_new(const char *text, size_t len, const char *tool_text, 
     t->family = kp_chat_detect(t->text);
     if (t->family == KP_CHAT_UNKNOWN) t->family = strstr(t->text, "<tool_call>") ? KP_CHAT_QWEN25 : KP_CHAT_CHATML;
     t->think = strstr(t->text, "<think>") != NULL;
+    bool oom = false;
+    t->harmony = kp_harmony_detect(probe_render, t, &oom); /* by what it renders, not by its name */
+    if (oom) {
+        kp_chat_tmpl_free(t);
+        return kp_fail(err, KP_ENOMEM, "out of memory");
+    }
     bool renders_tools = false;
     st = kp_toolsyn_learn(probe_render, t, &t->calls, &renders_tools, t->why_calls, sizeof t->why_calls, err);
     if (st != KP_OK) {
@@ -147,6 +155,30 @@ static json_t *request_body(const json_t *messages, const json_t *tools, const k
     return r;
 }
 
+/* Harmony history: an assistant message with tool calls, reasoning and
+ * content (a preamble) keeps its reasoning, which gpt-oss's template renders
+ * as the analysis message before the call, and loses its content, which
+ * the template would render in the same place and refuses beside the
+ * reasoning (the chain of thought is what the model reads back before a
+ * call, as OpenAI's harmony guide has it). A new array, or NULL when no
+ * message needs it (or memory ran out: *oom). */
+static json_t *harmony_history(const json_t *messages, bool *oom) {
+    json_t *out = NULL;
+    size_t i;
+    const json_t *m;
+    json_array_foreach(messages, i, m) {
+        const json_t *rc = json_object_get(m, "reasoning_content"), *c = json_object_get(m, "content");
+        const json_t *calls = json_object_get(m, "tool_calls");
+        bool strip = json_is_string(rc) && json_string_length(rc) && json_array_size(calls) &&
+                     ((json_is_string(c) && json_string_length(c)) || json_array_size(c));
+        if (!strip) continue;
+        if (!out && !(out = json_deep_copy(messages))) break;
+        json_object_set_new(json_array_get(out, i), "content", json_string(""));
+    }
+    *oom = !out && i < json_array_size(messages);
+    return out;
+}
+
 static kp_status render_fail(const kp_jinja_error *e, kp_error *err) {
     if (e->kind == KP_JINJA_ERAISED) return kp_fail(err, KP_EINVAL, "%s", e->msg);
     return kp_fail(err, e->code ? e->code : KP_EINVAL, "the chat template failed at line %d, column %d: %s: %s",
@@ -184,8 +216,12 @@ static kp_status context_for(const kp_chat_tmpl *t, const json_t *messages, cons
         messages = generic;
         tools = NULL;
     }
-    json_t *body = request_body(messages, tools, opts, kwargs);
+    bool oom = false;
+    json_t *history = t->harmony && json_is_array(messages) ? harmony_history(messages, &oom) : NULL;
+    if (history) messages = history;
+    json_t *body = oom ? NULL : request_body(messages, tools, opts, kwargs);
     json_decref(generic);
+    json_decref(history);
     if (!body) return kp_fail(err, KP_ENOMEM, "out of memory");
     kp_status st = kp_chatj_context(body, t->bos, t->eos, ctx, err);
     json_decref(body);
@@ -244,9 +280,12 @@ kp_status kp_chat_tmpl_render(const kp_chat_tmpl *t, const json_t *messages, con
 kp_chat_family kp_chat_tmpl_family(const kp_chat_tmpl *t) { return t->family; }
 
 const kp_reasoning_markers *kp_chat_tmpl_reasoning(const kp_chat_tmpl *t) {
-    static const kp_reasoning_markers think = {"<think>", "</think>"};
-    return t->think ? &think : NULL;
+    static const kp_reasoning_markers think = {"<think>", "</think>", false};
+    static const kp_reasoning_markers harmony = {"<|channel|>analysis<|message|>", "<|end|>", true};
+    return t->harmony ? &harmony : t->think ? &think : NULL;
 }
+
+bool kp_chat_tmpl_harmony(const kp_chat_tmpl *t) { return t->harmony; }
 
 bool kp_chat_tmpl_uses(const kp_chat_tmpl *t, const char *name) { return strstr(t->text, name) != NULL; }
 

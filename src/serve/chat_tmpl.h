@@ -25,7 +25,10 @@
  * kp_chat_detect gives, else qwen2.5's when the text has "<tool_call>",
  * else chatml's; chatml's too (the generic rules) when the template
  * renders no tools; a built-in template's own family. kp_chat_tmpl_reasoning is "<think>"/"</think>" when
- * the text has "<think>".
+ * the text has "<think>", harmony's analysis channel when the template
+ * renders OpenAI harmony (kp_chat_tmpl_harmony: its replies' calls are
+ * read as harmony messages, harmony.h; forced calls still come from the
+ * learned syntax, which is how the template renders a call back).
  *
  * A compiled template is immutable: renders from any number of threads.
  */
@@ -90,8 +93,20 @@ int kp_chat_tmpl_line_at(const kp_chat_tmpl *t, const json_t *messages, const js
  * (see above); never KP_CHAT_UNKNOWN. */
 kp_chat_family kp_chat_tmpl_family(const kp_chat_tmpl *t);
 
-/* "<think>"/"</think>" when the template writes <think>, else NULL. */
+/* The reasoning markers of the template's replies: harmony mode
+ * (reasoning.h) when it renders OpenAI harmony, else "<think>"/"</think>"
+ * when it writes <think>, else NULL. */
 const kp_reasoning_markers *kp_chat_tmpl_reasoning(const kp_chat_tmpl *t);
+
+/* Whether the template renders OpenAI harmony (harmony.h: an answer in
+ * history as "<|start|>assistant<|channel|>final<|message|>...", a
+ * generation prompt ending "<|start|>assistant"): replies are read as
+ * harmony messages (reasoning, content, calls), and generation stops at
+ * "<|return|>" and "<|call|>". Rendering for such a template, an
+ * assistant message with tool calls, reasoning and content (a preamble)
+ * is given without its content: gpt-oss's template renders the reasoning
+ * (thinking, chat_jinja.h) before the call and refuses both. */
+bool kp_chat_tmpl_harmony(const kp_chat_tmpl *t);
 
 /* The template's own tool-call syntax (toolsyn.h), learned when it was
  * compiled; NULL when it renders no calls or they do not read back, and

@@ -29,6 +29,17 @@
  *     at the start, of "</think>" at the end) or whitespace might still
  *     be followed by reasoning, that part is held: safe_to stops before it
  *     and content_from stays at len.
+ *
+ * Harmony mode (m->harmony; harmony.h): the reply is OpenAI harmony
+ * messages, not marked text. The reasoning is the body of a first
+ * message on the analysis channel; the content is the body of the
+ * message after it (or of the first message, without analysis) when that
+ * one is not a tool call, and ends where its closing marker starts
+ * (content_to: the markup after it is neither part). A reply that opens
+ * with a tool call has empty content at the call (content_from =
+ * content_to = its start; the calls are read by kp_harmony_parse). A
+ * reply that is not harmony markup is all content. Held: a header not yet
+ * complete, a tail that may become a closing marker.
  */
 #ifndef KP_REASONING_H
 #define KP_REASONING_H
@@ -39,6 +50,7 @@
 /* A template's reasoning markers (both non-empty). */
 typedef struct {
     const char *open, *close;
+    bool harmony; /* harmony mode (above): open is "<|channel|>analysis<|message|>", close "<|end|>" */
 } kp_reasoning_markers;
 
 typedef enum {
@@ -53,6 +65,7 @@ typedef struct {
     size_t reason_from; /* the reasoning is text[reason_from..reason_to) */
     size_t reason_to;   /* OPEN, not final: the part that is safe (safe_to) */
     size_t content_from; /* the content starts here (len while held) */
+    size_t content_to;   /* and ends here at the latest (len but in harmony mode) */
     size_t close_end;    /* CLOSED: where the closing marker ends */
     size_t searched;     /* OPEN: no closing marker starts before this */
 } kp_reasoning_split;

@@ -1051,6 +1051,8 @@ typedef struct {
     size_t suffix_len;
     const char *gen; /* the generation prompt's rendering: what the model writes after it */
     size_t gen_len;
+    bool trail;      /* renderings end with a tool result (false: the template refuses one
+                        after an answer without calls, as gpt-oss's does) */
 } forced;
 
 static void forced_free(forced *f) {
@@ -1104,12 +1106,12 @@ static size_t gen_start(const forced *f, const char *x, size_t ms) {
     return ms;
 }
 
-/* Renders [user, assistant with calls] with the request's tools; the
- * text is kept in f. */
+/* Renders [user, assistant with calls] with the request's tools, and a
+ * tool result after them when f->trail; the text is kept in f. */
 static kp_status force_render(const kp_toolsyn *s, const json_t *tools, json_t *calls, const char *content, forced *f,
                               char **x, size_t *xn) {
     prober p = {s->render, s->ctx, (json_t *)tools};
-    kp_status st = probe_render_trail(&p, content, calls, true, x, xn);
+    kp_status st = probe_render_trail(&p, content, calls, f->trail, x, xn);
     if (st == KP_OK && !keep_text(f, *x)) st = KP_ENOMEM;
     if (st != KP_OK && st != KP_ENOMEM) st = KP_EUNSUPPORTED;
     return st;
@@ -1272,8 +1274,28 @@ static kp_status force_json(const kp_toolsyn *s, const json_t *tools, const json
     return ok ? KP_OK : kp_fail(err, KP_ENOMEM, "out of memory");
 }
 
+/* Cuts the first of ends (NULL-terminated, may be NULL) that *len bytes
+ * end with: the model ends there with its end-of-generation token. */
+static void cut_end(const char *bytes, size_t *len, const char *const *ends) {
+    for (size_t k = 0; ends && ends[k]; k++) {
+        size_t el = strlen(ends[k]);
+        if (el && *len >= el && !memcmp(bytes + *len - el, ends[k], el)) {
+            *len -= el;
+            return;
+        }
+    }
+}
+
+/* A message's last literal without an end text (cut_end). */
+static void cut_alt_end(kp_galt *a, const char *const *ends) {
+    kp_gpiece *last = a->n ? &a->pieces[a->n - 1] : NULL;
+    if (!last || last->kind != KP_GPIECE_LIT || last->group) return;
+    cut_end(last->bytes, &last->len, ends);
+    if (last->len == 0 && a->n > 1) a->n--;
+}
+
 kp_status kp_toolsyn_force(const kp_toolsyn *s, const json_t *tools, const char *name, bool parallel,
-                           kp_grammar **out, kp_error *err) {
+                           const char *const *ends, kp_grammar **out, kp_error *err) {
     *out = NULL;
     if (!json_is_array(tools) || json_array_size(tools) == 0)
         return kp_fail(err, KP_EINVAL, "tools: forcing a call needs a non-empty tools array");
@@ -1284,7 +1306,14 @@ kp_status kp_toolsyn_force(const kp_toolsyn *s, const json_t *tools, const char 
     prober p = {s->render, s->ctx, (json_t *)tools};
     char *gen = NULL;
     size_t gen_len = 0;
+    f.trail = true;
     kp_status st = probe_render_trail(&p, "KPCONTENT", NULL, true, &c0, &c0n);
+    if (st != KP_OK && st != KP_ENOMEM) { /* a tool result only after a call: the answer as the last message */
+        free(c0);
+        c0 = NULL;
+        f.trail = false;
+        st = probe_render_trail(&p, "KPCONTENT", NULL, false, &c0, &c0n);
+    }
     if (st == KP_OK) st = probe_gen(&p, &gen, &gen_len);
     if (st != KP_OK) {
         free(c0);
@@ -1323,6 +1352,7 @@ kp_status kp_toolsyn_force(const kp_toolsyn *s, const json_t *tools, const char 
         st = s->form == CALL_PARAMS ? force_params(s, tools, fn, fs, c0, c0n, &f, &a, err)
                                     : force_json(s, tools, fn, fs, NULL, false, c0, c0n, &f, &a, err);
         if (st == KP_OK && parallel && a.n >= 2) a.n--; /* the message's end comes after the last call */
+        else if (st == KP_OK) cut_alt_end(&a, ends);
         if (st == KP_OK && !add_alt(&f.first, &f.n_first, a)) st = kp_fail(err, KP_ENOMEM, "out of memory");
         if (st != KP_OK) free(a.pieces);
         if (st == KP_OK && parallel) {
@@ -1333,6 +1363,7 @@ kp_status kp_toolsyn_force(const kp_toolsyn *s, const json_t *tools, const char 
         }
     }
     if (st == KP_OK && !matched) st = kp_fail(err, KP_EINVAL, "tool_choice: no function named \"%.64s\" in tools", name);
+    if (st == KP_OK && f.suffix) cut_end(f.suffix, &f.suffix_len, ends);
     if (st == KP_OK)
         st = kp_grammar_compile_alts(f.first, f.n_first, f.more, f.n_more, parallel ? 16 : 1, f.suffix, f.suffix_len,
                                      out, err);

@@ -39,6 +39,12 @@
  * Values of PARAMS calls are strings when the tool's schema says so (or
  * has no type for them), else JSON when they parse as JSON, else strings.
  *
+ * A template that renders OpenAI's harmony format (gpt-oss) is learned
+ * too (named calls after " to=functions."), but its replies are read by
+ * harmony.h: the model writes the header of a call in another order than
+ * the template renders it back. Its learned syntax still makes forced
+ * calls, in the bytes the template renders.
+ *
  * A learned syntax is immutable: any number of threads may use it.
  */
 #ifndef KP_TOOLSYN_H
@@ -91,14 +97,18 @@ size_t kp_toolsyn_holdback(const kp_toolsyn *s, const char *text, size_t len);
  * sends back renders to the very bytes generated. The arguments' schema is
  * the tool's parameters, closed to undeclared properties unless it says
  * otherwise. One call, or with parallel (and a template that renders
- * several) up to 16. Errors: KP_EINVAL for malformed tools or an unknown
+ * several) up to 16. ends (NULL-terminated, may be NULL): texts the
+ * vocabulary has as end-of-generation tokens; markup that ends the message
+ * with one (harmony's "<|call|>") is left out of the grammar, and the
+ * model ends with the token itself (a grammar writes text, never a
+ * control token). Errors: KP_EINVAL for malformed tools or an unknown
  * name ("tool_choice: no function named ..."), KP_EUNSUPPORTED when the
  * template writes a tool's calls in a way that cannot be generated
  * exactly (naming the tool), a schema the grammar compiler refuses (its
  * message), KP_ENOMEM. */
 struct kp_grammar;
 kp_status kp_toolsyn_force(const kp_toolsyn *s, const json_t *tools, const char *name, bool parallel,
-                           struct kp_grammar **out, kp_error *err);
+                           const char *const *ends, struct kp_grammar **out, kp_error *err);
 
 /* A one-line description of the syntax for logs: the call form and its
  * opening markup, e.g. "named calls after '[TOOL_CALLS]'". Static storage

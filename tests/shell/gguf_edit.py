@@ -12,6 +12,9 @@ entries (strings "[EXTRA i]", numbers 0 for scores, 1 (normal) for token
 types, or the last element repeated for other numeric arrays).
 --set-str sets the string KEY to VALUE (UTF-8), added when absent (a chat
 template for `kvpin template`, tests/e2e/jinja_e2e.py).
+edit()'s `tokens` (Python only) replaces vocabulary entries: (id, text,
+token type) sets tokenizer.ggml.tokens[id] and tokenizer.ggml.token_type[id]
+(a vocabulary with a template's special tokens, tests/e2e/harmony_e2e.py).
 
 Format (little-endian), as the GGUF specification gives it:
   u32 magic "GGUF" | u32 version | u64 n_tensors | u64 n_kv
@@ -68,7 +71,7 @@ def put_value(out, t, v):
             put_value(out, et, x)
 
 
-def edit(src, dst, resize, set_strs=()):
+def edit(src, dst, resize, set_strs=(), tokens=()):
     data = open(src, "rb").read()
     r = Reader(data)
     if data[:4] != b"GGUF":
@@ -111,6 +114,12 @@ def edit(src, dst, resize, set_strs=()):
                 break
         else:
             raise SystemExit("%s: no array %s" % (src, key))
+    for tid, text, ttype in tokens:
+        for kv in kvs:
+            if kv[0] == b"tokenizer.ggml.tokens":
+                kv[2][1][tid] = text.encode()
+            elif kv[0] == b"tokenizer.ggml.token_type":
+                kv[2][1][tid] = ttype
     for key, value in set_strs:
         for kv in kvs:
             if kv[0] == key.encode():

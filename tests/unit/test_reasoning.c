@@ -11,6 +11,11 @@
  * it marks as content (once not held) is a prefix of the final content,
  * and a scan resumed from the previous prefix's answer gives the answer a
  * fresh scan gives.
+ *
+ * Harmony mode's splits are written from OpenAI's published harmony
+ * format (the cookbook's "OpenAI Harmony Response Format" examples: an
+ * analysis message, then a final message, a preamble or a call), with the
+ * same stream property over text[content_from..content_to).
  */
 #include <stdbool.h>
 #include <string.h>
@@ -18,7 +23,8 @@
 #include "harness.h"
 #include "serve/reasoning.h"
 
-static const kp_reasoning_markers THINK = {"<think>", "</think>"};
+static const kp_reasoning_markers THINK = {"<think>", "</think>", false};
+static const kp_reasoning_markers HARMONY = {"<|channel|>analysis<|message|>", "<|end|>", true};
 
 typedef struct {
     const char *text;
@@ -134,7 +140,81 @@ static void test_prompt_opens(void) {
     CHECK(!kp_reasoning_prompt_opens(p, strlen(p), NULL));
 }
 
+static const split_case HARMONY_CASES[] = {
+    {"<|channel|>analysis<|message|>User asks: \"What is 2 + 2?\" Simple arithmetic. Provide answer.<|end|>"
+     "<|start|>assistant<|channel|>final<|message|>2 + 2 = 4.<|return|>",
+     false, "User asks: \"What is 2 + 2?\" Simple arithmetic. Provide answer.", "2 + 2 = 4."},
+    {"<|channel|>analysis<|message|>Need to use function get_weather.<|end|><|start|>assistant<|channel|>commentary "
+     "to=functions.get_weather <|constrain|>json<|message|>{\"location\":\"San Francisco\"}<|call|>",
+     false, "Need to use function get_weather.", ""},
+    {"<|channel|>analysis<|message|>{long chain of thought}<|end|><|start|>assistant<|channel|>commentary<|message|>"
+     "**Action plan**:\n1. Generate an HTML file\n---\nWill start executing the plan step by step<|end|>"
+     "<|start|>assistant<|channel|>commentary to=functions.generate_file<|constrain|>json<|message|>"
+     "{\"template\": \"basic_html\", \"path\": \"index.html\"}<|call|>",
+     false, "{long chain of thought}",
+     "**Action plan**:\n1. Generate an HTML file\n---\nWill start executing the plan step by step"},
+    {"<|channel|>final<|message|>Hello there.<|return|>", false, NULL, "Hello there."},
+    {"<|channel|>final<|message|>cut by max_tokens", false, NULL, "cut by max_tokens"},
+    {"<|channel|>analysis<|message|>cut in the reasoning", false, "cut in the reasoning", ""},
+    {" to=functions.set_level<|channel|>commentary json<|message|>{\"level\":3}<|call|>", false, NULL, ""},
+    {"Plain text, no markup <|end|> at all.", false, NULL, "Plain text, no markup <|end|> at all."},
+    {"<|channel|>analysis<|message|>plan<|end|>then plain text", false, "plan", "then plain text"},
+    {"<|chan", false, NULL, "<|chan"},
+    {"", false, NULL, ""},
+};
+
+/* Harmony's content: text[content_from..content_to). */
+static void harmony_content(const char *t, const kp_reasoning_split *r, const char **c, size_t *n) {
+    *c = t + r->content_from;
+    *n = r->content_to - r->content_from;
+}
+
+static void test_harmony_splits(void) {
+    for (size_t k = 0; k < sizeof HARMONY_CASES / sizeof *HARMONY_CASES; k++) {
+        const split_case *c = &HARMONY_CASES[k];
+        size_t len = strlen(c->text);
+        kp_reasoning_split f;
+        kp_reasoning_scan(c->text, len, &HARMONY, false, true, NULL, &f);
+        bool has = f.state == KP_REASONING_OPEN || f.state == KP_REASONING_CLOSED;
+        CHECK_MSG(has == (c->reasoning != NULL), "harmony case %zu: state %d", k, (int)f.state);
+        if (c->reasoning && has)
+            CHECK_MSG(f.reason_to - f.reason_from == strlen(c->reasoning) &&
+                          !memcmp(c->text + f.reason_from, c->reasoning, strlen(c->reasoning)),
+                      "harmony case %zu: reasoning '%.*s'", k, (int)(f.reason_to - f.reason_from),
+                      c->text + f.reason_from);
+        const char *fc;
+        size_t fcl;
+        harmony_content(c->text, &f, &fc, &fcl);
+        CHECK_MSG(f.content_from <= f.content_to && f.content_to <= len && fcl == strlen(c->content) &&
+                      !memcmp(fc, c->content, fcl),
+                  "harmony case %zu: content '%.*s'", k, (int)fcl, fc);
+        const char *fr = c->text + f.reason_from;
+        size_t frl = f.reason_to - f.reason_from;
+        for (size_t n = 0; n <= len; n++) {
+            kp_reasoning_split p;
+            kp_reasoning_scan(c->text, n, &HARMONY, false, false, NULL, &p);
+            if (p.state == KP_REASONING_OPEN || p.state == KP_REASONING_CLOSED)
+                CHECK_MSG(has && has_prefix(fr, frl, c->text + p.reason_from, p.reason_to - p.reason_from),
+                          "harmony case %zu at %zu: reasoning shown is not a prefix of the final one", k, n);
+            if (p.state == KP_REASONING_NONE || p.state == KP_REASONING_CLOSED) {
+                const char *pc;
+                size_t pcl;
+                harmony_content(c->text, &p, &pc, &pcl);
+                CHECK_MSG(p.content_from <= n && p.content_to <= n && has_prefix(fc, fcl, pc, pcl),
+                          "harmony case %zu at %zu: content shown '%.*s' is not a prefix of the final content", k,
+                          n, (int)pcl, pc);
+                CHECK_MSG(!memchr(pc, '<', pcl) || !strncmp(c->text, "Plain", 5),
+                          "harmony case %zu at %zu: markup shown as content '%.*s'", k, n, (int)pcl, pc);
+            }
+        }
+    }
+    /* a prompt ending "<|start|>assistant" does not open harmony's reasoning */
+    const char *p = "<|start|>user<|message|>Hi<|end|><|start|>assistant";
+    CHECK(!kp_reasoning_prompt_opens(p, strlen(p), &HARMONY));
+}
+
 int main(void) {
+    RUN(test_harmony_splits);
     RUN(test_final_splits);
     RUN(test_prefixes_never_retract);
     RUN(test_held_tails);

@@ -315,7 +315,7 @@ static void test_named(void) {
         "deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
         "deepseek-ai-DeepSeek-V3.2.jinja", "deepseek-ai-DeepSeek-V4.jinja", "Kimi-K3.jinja", "GLM-4.6.jinja", "GLM-4.7-Flash.jinja", "moonshotai-Kimi-K2.jinja",
         "MiniMax-M2.jinja", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", "ibm-granite-granite-4.0.jinja",
-        "meetkai-functionary-medium-v3.1.jinja", "unsloth-Apriel-1.5.jinja", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja"};
+        "meetkai-functionary-medium-v3.1.jinja", "unsloth-Apriel-1.5.jinja", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", "openai-gpt-oss-120b.jinja"};
     for (size_t i = 0; i < sizeof must / sizeof must[0]; i++) {
         kp_chat_tmpl *t = NULL;
         syn_of(&t, must[i]);
