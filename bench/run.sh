@@ -21,7 +21,10 @@
 # BENCH_LLAMA_SERVER (a llama-server binary for bench/crew_bench.py and
 # bench/agent_first_bench.py; unset: kvpin only), BENCH_AGENT=0 (skip Claude
 # Code's first request), BENCH_AGENT_REPS (1),
-# BENCH_1B_TYPES (the 1B-shaped models' types, default "Q4_0 Q8_0"; "" skips them).
+# BENCH_1B_TYPES (the 1B-shaped models' types, default "Q4_0 Q8_0"; "" skips them),
+# BENCH_ARCH=1 (the other architectures: gemma3, qwen3moe and gpt-oss shapes,
+# prefill and decode beside llama-bench (BENCH_LLAMA_BENCH) and the agent loop
+# on gemma3 beside llama-server; generating the MoE shapes takes ~20 minutes).
 set -e
 cd "$(dirname "$0")/.."
 TYPES=${BENCH_TYPES:-"F16 Q8_0 Q4_0 Q4_K"}
@@ -158,4 +161,31 @@ if [ "${BENCH_AGENT:-1}" != 0 ] && { [ -x tests/clients/node_modules/.bin/claude
             --reps "${BENCH_AGENT_REPS:-1}" ${BENCH_LLAMA_SERVER:+--llama-server "$BENCH_LLAMA_SERVER"} |
             tee -a build/bench/agent.txt
     done
+fi
+# The other architectures (issue 36), BENCH_ARCH=1: gemma-3-1b-shaped files
+# in Q4_0 and Q8_0, a Qwen3-30B-A3B shape with 8 of its 48 layers in Q4_K and
+# a gpt-oss-20b shape with 8 of its 24 layers in MXFP4: prefill and decode
+# beside llama-bench (BENCH_LLAMA_BENCH, a native build), then the agent loop
+# on gemma3 (20 turns of 1,000 new tokens, an edit 2,000 tokens back at turn
+# 10) beside llama-server (BENCH_LLAMA_SERVER), its default and --swa-full.
+if [ "${BENCH_ARCH:-0}" = 1 ]; then
+    set -- "gemma3-1b Q4_0 gemma3-1b-q4_0 24" "gemma3-1b Q8_0 gemma3-1b-q8_0 24" \
+        "qwen3moe-30b-a3b Q4_K qwen3moe-a3b-8l-q4_k 8" "gpt-oss-20b MXFP4 gpt-oss-20b-8l-mxfp4 8"
+    files=
+    for spec in "$@"; do
+        # shellcheck disable=SC2086
+        set -- $spec
+        m=build/bench/$3.gguf
+        layers=; [ "$4" = 8 ] && layers="--layers 8"
+        # shellcheck disable=SC2086
+        [ -f "$m" ] || ./kvpin mkmodel --preset "$1" --type "$2" $layers -o "$m" || continue
+        files="$files $m"
+    done
+    echo "== architectures: prefill and decode (kvpin, llama.cpp)"
+    # shellcheck disable=SC2086
+    LLAMA_BENCH=${BENCH_LLAMA_BENCH:-} python3 bench/arch_bench.py -r "$REPS" -t "$THREADS" $files ||
+        echo "bench: arch_bench needs BENCH_LLAMA_BENCH (llama.cpp's llama-bench)"
+    echo "== the agent loop on gemma3 (build/bench/gemma3-1b-q4_0.gguf)"
+    python3 bench/swa_agent_bench.py -m build/bench/gemma3-1b-q4_0.gguf -t "$THREADS" \
+        ${BENCH_LLAMA_SERVER:+--llama-server "$BENCH_LLAMA_SERVER"}
 fi

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Prefill and decode per architecture, kvpin beside llama.cpp in one run.
+
+For each model file given (gemma3, qwen3moe, gpt-oss shapes from `kvpin
+mkmodel`, or real files), R rounds alternate `kvpin bench` and llama.cpp's
+`llama-bench` (flash attention on), each one repetition of pp P and tg N at
+depth 0 on T threads, so both sides see the same machine load; the table
+gives the medians of the rounds, the ratio kvpin / llama.cpp, and kvpin's
+decode as GB/s of the bytes a step reads (only the routed experts for
+mixture-of-experts models) and as % of the read bandwidth kvpin's probe
+measured in the same round.
+
+  python3 bench/arch_bench.py [-r 3] [-p 512] [-n 32] [-t 2] MODEL.gguf...
+
+llama-bench: $LLAMA_BENCH, else llama-bench on the PATH (build llama.cpp
+natively as bench/README.md says). kvpin: $KVPIN, else ./kvpin.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+
+def run_kvpin(kvpin, model, p, n, t):
+    out = subprocess.run([kvpin, "bench", "-m", model, "-p", str(p), "-n", str(n), "-r", "1", "-t", str(t), "--json"],
+                         capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"kvpin bench failed on {model}: {out.stderr.strip()[-400:]}")
+    res = {}
+    for line in out.stdout.splitlines():
+        j = json.loads(line)
+        res[j["test"][:2]] = j
+    return res
+
+
+def run_llama(bench, model, p, n, t):
+    out = subprocess.run([bench, "-m", model, "-p", str(p), "-n", str(n), "-r", "1", "-t", str(t), "-fa", "on",
+                          "-o", "jsonl"], capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"llama-bench failed on {model}: {out.stderr.strip()[-400:]}")
+    res = {}
+    for line in out.stdout.splitlines():
+        if not line.startswith("{"):
+            continue
+        j = json.loads(line)
+        res["pp" if j.get("n_prompt", 0) > 0 else "tg"] = j["avg_ts"]
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-r", type=int, default=3, help="rounds (each side once per round)")
+    ap.add_argument("-p", type=int, default=512, help="prompt tokens of the pp test")
+    ap.add_argument("-n", type=int, default=32, help="generated tokens of the tg test")
+    ap.add_argument("-t", type=int, default=2, help="threads")
+    ap.add_argument("models", nargs="+")
+    a = ap.parse_args()
+    kvpin = os.environ.get("KVPIN", "./kvpin")
+    bench = os.environ.get("LLAMA_BENCH") or shutil.which("llama-bench")
+    if not bench:
+        sys.exit("arch_bench: set LLAMA_BENCH to llama.cpp's llama-bench (bench/README.md says how to build it)")
+    rows = []
+    for m in a.models:
+        k_pp, k_tg, l_pp, l_tg, gbs, pct = [], [], [], [], [], []
+        for _ in range(a.r):
+            k = run_kvpin(kvpin, m, a.p, a.n, a.t)
+            ll = run_llama(bench, m, a.p, a.n, a.t)
+            k_pp.append(k["pp"]["tps_median"])
+            k_tg.append(k["tg"]["tps_median"])
+            gbs.append(k["tg"]["tg_gbs"])
+            pct.append(k["tg"]["tg_pct_of_read_bw"])
+            l_pp.append(ll["pp"])
+            l_tg.append(ll["tg"])
+        med = statistics.median
+        rows.append((os.path.basename(m), med(k_pp), med(l_pp), med(k_tg), med(l_tg), med(gbs), med(pct)))
+        print(f"# {os.path.basename(m)}: pp {[round(x, 1) for x in k_pp]} vs {[round(x, 1) for x in l_pp]}, "
+              f"tg {[round(x, 1) for x in k_tg]} vs {[round(x, 1) for x in l_tg]}", flush=True)
+    print(f"\n| file | pp{a.p} kvpin / llama.cpp t/s | ratio | tg{a.n} kvpin / llama.cpp t/s | ratio | kvpin tg GB/s "
+          f"(% of read) |")
+    print("|---|---|---|---|---|---|")
+    for f, kp, lp, kt, lt, g, pc in rows:
+        print(f"| {f} | {kp:.1f} / {lp:.1f} | {kp / lp:.2f} | {kt:.1f} / {lt:.1f} | {kt / lt:.2f} | {g:.1f} ({pc:.0f}%) |")
+
+
+if __name__ == "__main__":
+    main()
