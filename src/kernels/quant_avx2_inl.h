@@ -1010,29 +1010,44 @@ VNNI_INLINE __m256i mxfp4_pairs_vnni(__m256i w, __m256i a) {
 
 /* out[c * out_stride + r] for r < nr, c < nc (any nr, nc >= 1): weight row r
  * of w (MXFP4, n elements) . activation row c of a (Q8_0), the lanes of
- * each block by pairs (mxfp4_pairs_avx2 or mxfp4_pairs_vnni). */
-#define MXFP4_TILE_BODY(pairs)                                                                                   \
+ * each block by pairs (mxfp4_pairs_avx2 or mxfp4_pairs_vnni). Rows go in
+ * groups of R (a decode step's one activation row then has R independent
+ * accumulator chains, and each activation block is loaded once for R
+ * rows); each (row, column) sums its blocks in order with the same
+ * operations whatever R, nr and nc are, so a row's result does not depend
+ * on the shape of the call. */
+#define MXFP4_TILE_BODY(pairs, R)                                                                                \
     const int64_t nb = n / KP_QK_MXFP4;                                                                        \
-    for (int r = 0; r < nr; r++) {                                                                             \
-        const kp_block_mxfp4 *x = (const kp_block_mxfp4 *)((const uint8_t *)w + (size_t)r * w_stride);         \
+    for (int r0 = 0; r0 < nr; r0 += (R)) {                                                                     \
+        const int rn = nr - r0 < (R) ? nr - r0 : (R);                                                          \
+        const kp_block_mxfp4 *x[R];                                                                            \
+        for (int r = 0; r < (R); r++)                                                                          \
+            x[r] = (const kp_block_mxfp4 *)((const uint8_t *)w + (size_t)(r0 + (r < rn ? r : 0)) * w_stride);  \
         for (int c0 = 0; c0 < nc; c0 += 4) {                                                                   \
             const int cn = nc - c0 < 4 ? nc - c0 : 4;                                                          \
             const kp_block_q8_0 *y[4];                                                                         \
-            __m256 acc[4];                                                                                     \
+            __m256 acc[R][4];                                                                                  \
             for (int c = 0; c < 4; c++) {                                                                      \
                 y[c] = (const kp_block_q8_0 *)((const uint8_t *)a + (size_t)(c0 + (c < cn ? c : 0)) * a_stride); \
-                acc[c] = _mm256_setzero_ps();                                                                  \
+                for (int r = 0; r < (R); r++) acc[r][c] = _mm256_setzero_ps();                                 \
             }                                                                                                  \
             for (int64_t ib = 0; ib < nb; ib++) {                                                              \
-                const __m256i wv = mxfp4_block_values(x + ib);                                                 \
-                const float dw = kp_e8m0_half(x[ib].e);                                                        \
+                __m256i av[4];                                                                                 \
+                float dy[4];                                                                                   \
                 for (int c = 0; c < cn; c++) {                                                                 \
-                    const __m256i av = _mm256_loadu_si256((const __m256i *)y[c][ib].qs);                       \
-                    const __m256 d = _mm256_set1_ps(dw * half_to_float(y[c][ib].d));                           \
-                    acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pairs(wv, av)), d, acc[c]);                    \
+                    av[c] = _mm256_loadu_si256((const __m256i *)y[c][ib].qs);                                  \
+                    dy[c] = half_to_float(y[c][ib].d);                                                         \
+                }                                                                                              \
+                for (int r = 0; r < rn; r++) {                                                                 \
+                    const __m256i wv = mxfp4_block_values(x[r] + ib);                                          \
+                    const float dw = kp_e8m0_half(x[r][ib].e);                                                 \
+                    for (int c = 0; c < cn; c++)                                                               \
+                        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pairs(wv, av[c])),                      \
+                                                    _mm256_set1_ps(dw * dy[c]), acc[r][c]);                    \
                 }                                                                                              \
             }                                                                                                  \
-            for (int c = 0; c < cn; c++) out[(size_t)(c0 + c) * out_stride + r] = hsum_ps(acc[c]);             \
+            for (int r = 0; r < rn; r++)                                                                       \
+                for (int c = 0; c < cn; c++) out[(size_t)(c0 + c) * out_stride + r0 + r] = hsum_ps(acc[r][c]); \
         }                                                                                                      \
     }
 

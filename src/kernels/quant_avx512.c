@@ -1432,13 +1432,52 @@ FX16_GEMM(gemm_packed_bf16, ELEM_BF16)
 #undef FX16_GEMM
 #undef UNROLL16
 
-/* MXFP4: quant_avx2_inl.h's tile with vpdpbusd, the avx2 table's integers. */
+/* One activation row (decode) against 4 MXFP4 weight rows: four
+ * accumulator chains in registers, each activation block loaded once.
+ * Each row's sum is MXFP4_TILE_BODY's, operation for operation. */
+static VNNI void mxfp4_rows4_vnni(int64_t nb, const kp_block_mxfp4 *x0, const kp_block_mxfp4 *x1,
+                                  const kp_block_mxfp4 *x2, const kp_block_mxfp4 *x3, const kp_block_q8_0 *y,
+                                  float out[4]) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t ib = 0; ib < nb; ib++) {
+        const __m256i av = _mm256_loadu_si256((const __m256i *)y[ib].qs);
+        const float dy = half_to_float(y[ib].d);
+#define MXFP4_ROW(x, acc)                                                                                  \
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mxfp4_pairs_vnni(mxfp4_block_values(x + ib), av)),            \
+                          _mm256_set1_ps(kp_e8m0_half(x[ib].e) * dy), acc)
+        MXFP4_ROW(x0, a0);
+        MXFP4_ROW(x1, a1);
+        MXFP4_ROW(x2, a2);
+        MXFP4_ROW(x3, a3);
+#undef MXFP4_ROW
+    }
+    out[0] = hsum_ps(a0), out[1] = hsum_ps(a1), out[2] = hsum_ps(a2), out[3] = hsum_ps(a3);
+}
+
+/* MXFP4: quant_avx2_inl.h's tile with vpdpbusd, the avx2 table's integers;
+ * a decode step (one activation row) 4 weight rows at a time. */
 static VNNI void gemm_mxfp4_vnni(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
                                  size_t a_stride, const void *aux, size_t aux_stride, float *out,
                                  size_t out_stride) {
     (void)aux;
     (void)aux_stride;
-    MXFP4_TILE_BODY(mxfp4_pairs_vnni)
+    int done = 0;
+    if (nc == 1) {
+        const uint8_t *wb = w;
+        for (; done + 4 <= nr; done += 4) {
+            float o[4];
+            mxfp4_rows4_vnni(n / KP_QK_MXFP4, (const kp_block_mxfp4 *)(wb + (size_t)done * w_stride),
+                             (const kp_block_mxfp4 *)(wb + (size_t)(done + 1) * w_stride),
+                             (const kp_block_mxfp4 *)(wb + (size_t)(done + 2) * w_stride),
+                             (const kp_block_mxfp4 *)(wb + (size_t)(done + 3) * w_stride), a, o);
+            for (int r = 0; r < 4; r++) out[done + r] = o[r];
+        }
+        if (done == nr) return;
+        w = (const uint8_t *)w + (size_t)done * w_stride;
+        out += done;
+        nr -= done;
+    }
+    MXFP4_TILE_BODY(mxfp4_pairs_vnni, 4)
 }
 
 const kp_kernels kp_quant_avx512vnni_kernels = {

@@ -219,6 +219,11 @@ static void test_dots(void) {
             kt->gemm[KP_DTYPE_MXFP4](n, 3, 5, w[1], sizeof w[0], a[2], sizeof a[0], NULL, 0, tile, 3);
             for (int c = 0; c < 5; c++)
                 for (int r = 0; r < 3; r++) off_shape += tile[c * 3 + r] != out[k][2 + c][1 + r];
+            /* one activation row (a decode step: rows in groups, then the rest) */
+            for (int nr = 1; nr <= R; nr++) {
+                kt->gemm[KP_DTYPE_MXFP4](n, nr, 1, w[R - nr], sizeof w[0], a[4], sizeof a[0], NULL, 0, tile, 1);
+                for (int r = 0; r < nr; r++) off_shape += tile[r] != out[k][4][R - nr + r];
+            }
             CHECK_MSG(off_ref == 0, "%s: %d dots off the float64 reference (n %lld)", kt->name, off_ref,
                       (long long)n);
             CHECK_MSG(off_shape == 0, "%s: %d outputs depend on the call's shape (n %lld)", kt->name, off_shape,
