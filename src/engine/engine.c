@@ -645,6 +645,24 @@ kp_status kp_eng_clear(kp_engine *e, kp_error *err) {
     return kp_pfx_new(&e->idx, e->kv, e->has_pfx_cfg ? &e->pfx_cfg : NULL, err);
 }
 
+/* The per-kind fields of the bill (kp_eng_stats); index_* from index_bytes,
+ * so call it again once that is known. */
+static void kind_bill(const kp_engine *e, kp_eng_stats *out) {
+    const kp_kvpool_config *kc = kp_kvpool_config_of(e->kv);
+    const kp_hparams *hp = &e->m->hp;
+    out->full_bytes_per_token = kp_model_kv_bytes_per_token_kind(e->m, KP_LAYER_FULL, kc->kv_type, kc->kv_type_v);
+    out->n_window_layers = hp->n_swa_layers;
+    out->n_full_layers = hp->n_layer - hp->n_swa_layers;
+    if (hp->n_swa_layers) {
+        out->window = hp->n_swa;
+        out->window_bytes_per_token =
+            kp_model_kv_bytes_per_token_kind(e->m, KP_LAYER_WINDOW, kc->kv_type, kc->kv_type_v);
+    }
+    uint64_t index_tokens = out->block_bytes ? out->index_bytes / out->block_bytes * kc->block_size : 0;
+    out->index_full_bytes = index_tokens * out->full_bytes_per_token;
+    out->index_window_bytes = index_tokens * out->window_bytes_per_token;
+}
+
 void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out) {
     memset(out, 0, sizeof *out);
     const kp_kvpool_config *kc = kp_kvpool_config_of(e->kv);
@@ -656,6 +674,7 @@ void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out) {
     out->block_size = kc->block_size;
     out->bytes_per_token = kp_model_kv_bytes_per_token_kv(&e->m->hp, kc->kv_type, kc->kv_type_v);
     out->block_bytes = bb;
+    kind_bill(e, out);
     if (!e->idx) {
         uint32_t nb = kp_kvpool_n_blocks(e->kv);
         out->budget_bytes = (uint64_t)nb * bb;
@@ -683,6 +702,7 @@ void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out) {
     out->n_lookups = ps.n_lookups;
     out->n_hits = ps.n_hits;
     out->reused_tokens = ps.reused_tokens;
+    kind_bill(e, out);
 }
 
 kp_status kp_eng_open_tiers(kp_engine *e, const kp_tiers_config *cfg, kp_error *err) {

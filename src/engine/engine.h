@@ -294,6 +294,20 @@ typedef struct {
     kp_dtype kv_type_v;         /* V rows' type */
     uint64_t packed_weight_bytes; /* weights repacked at load into the engine's memory (0: all
                                      used in place from the mapping) */
+    /* The bill per layer kind (model.h). A token costs full_bytes_per_token
+     * for as long as any sequence or the cache keeps it, and
+     * window_bytes_per_token only while it is within `window` positions of a
+     * query that still reads it; the cache keeps window rows of older
+     * positions only so that reuse can resume there (engine.c). */
+    uint32_t n_full_layers;          /* FULL layers */
+    uint32_t n_window_layers;        /* WINDOW layers; 0: every layer is FULL (the
+                                        window fields below are then 0) */
+    uint32_t window;                 /* positions a WINDOW layer reads (hp.n_swa) */
+    uint64_t full_bytes_per_token;   /* K and V of one position in the FULL layers */
+    uint64_t window_bytes_per_token; /* ... in the WINDOW layers (the sum of the two
+                                        is bytes_per_token) */
+    uint64_t index_full_bytes;       /* the cache's blocks: their FULL layers' rows */
+    uint64_t index_window_bytes;     /* ... their WINDOW layers' rows, where held */
 } kp_eng_stats;
 
 /* Fills *out: O(pool blocks + index nodes), so a caller polling it should
