@@ -60,6 +60,10 @@ typedef struct {
                                  too) need head_dim % 32 == 0, else KP_EINVAL */
     bool no_repack;           /* true: the kernels read every weight in the mapping
                                  (kp_forward_pack_weights not called) */
+    uint64_t window_budget_bytes; /* a model with WINDOW layers: their rows get this
+                                 share of budget_bytes (kvpool.h's window arena) and
+                                 cached blocks keep them only where a resume point
+                                 needs them (engine.c); 0: every block keeps them */
 } kp_eng_config;
 
 /* A running sequence, owned by the caller and opaque to it. Start from
@@ -97,6 +101,11 @@ typedef struct {
      * kp_eng_begin / kp_eng_prefill */
     uint32_t inflight_tokens;
     double inflight_wait_ms;
+    uint32_t window_cut_from;   /* > 0: the tokens matched this far (the reuse the
+                                   cache's full layers allowed), but the WINDOW
+                                   layers' rows before it were dropped (a window
+                                   budget): reuse resumed at the latest position
+                                   whose window is held (window_evicted) */
 } kp_eng_report;
 
 /* Makes an engine over the borrowed model, thread pool and kernels (NULL:
@@ -308,6 +317,11 @@ typedef struct {
                                         is bytes_per_token) */
     uint64_t index_full_bytes;       /* the cache's blocks: their FULL layers' rows */
     uint64_t index_window_bytes;     /* ... their WINDOW layers' rows, where held */
+    uint64_t window_budget_bytes;    /* the window arena under a window budget (0: none,
+                                        every block keeps its window rows) */
+    uint64_t window_used_bytes;      /* ... its slots in use (cache and sequences) */
+    uint64_t window_drops;           /* cached blocks whose window rows were dropped to
+                                        make room */
 } kp_eng_stats;
 
 /* Fills *out: O(pool blocks + index nodes), so a caller polling it should

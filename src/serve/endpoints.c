@@ -147,10 +147,12 @@ static json_t *kind_json(const kp_eng_stats *k) {
                                   (json_int_t)k->index_full_bytes));
     if (k->n_window_layers)
         json_object_set_new(o, "window",
-                            json_pack("{s:I, s:I, s:I, s:I}", "layers", (json_int_t)k->n_window_layers, "window",
-                                      (json_int_t)k->window, "bytes_per_token",
+                            json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "layers", (json_int_t)k->n_window_layers,
+                                      "window", (json_int_t)k->window, "bytes_per_token",
                                       (json_int_t)k->window_bytes_per_token, "index_bytes",
-                                      (json_int_t)k->index_window_bytes));
+                                      (json_int_t)k->index_window_bytes, "budget_bytes",
+                                      (json_int_t)k->window_budget_bytes, "used_bytes",
+                                      (json_int_t)k->window_used_bytes, "drops", (json_int_t)k->window_drops));
     return o;
 }
 

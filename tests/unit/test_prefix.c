@@ -77,7 +77,7 @@ static void bench_init(bench *t, uint32_t B, uint32_t n_blocks, uint32_t pinned_
     memset(t, 0, sizeof *t);
     t->B = B;
     t->now = 1000;
-    kp_kvpool_config kc = {N_LAYER, 1, HEAD_DIM, KP_DTYPE_F32, B, 0, KP_DTYPE_F32};
+    kp_kvpool_config kc = {N_LAYER, 1, HEAD_DIM, KP_DTYPE_F32, B, 0, KP_DTYPE_F32, NULL, 0, 0};
     kc.budget_bytes = (uint64_t)n_blocks * N_LAYER * 2 * B * HEAD_DIM * sizeof(float);
     kp_error err = {0};
     if (kp_kvpool_new(&t->pool, &kc, &err) != KP_OK) {

@@ -112,8 +112,8 @@ static void equal_through(int redis_port) {
     uint32_t nv = m->hp.n_vocab, B = 16;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * B;
     kp_engine *ref = NULL, *e = NULL;
-    kp_eng_config cr = {KP_DTYPE_F32, B, 0, MAX_LEN + N_GEN + 8, true, NULL, KP_DTYPE_F32, true};
-    kp_eng_config ct = {KP_DTYPE_F32, B, bb * ((MAX_LEN + N_GEN + B - 1) / B + 1), MAX_LEN + N_GEN + 8, false, NULL, KP_DTYPE_F32, false};
+    kp_eng_config cr = {KP_DTYPE_F32, B, 0, MAX_LEN + N_GEN + 8, true, NULL, KP_DTYPE_F32, true, 0};
+    kp_eng_config ct = {KP_DTYPE_F32, B, bb * ((MAX_LEN + N_GEN + B - 1) / B + 1), MAX_LEN + N_GEN + 8, false, NULL, KP_DTYPE_F32, false, 0};
     char dir[300], addr[64];
     snprintf(dir, sizeof dir, "%s/eq", tmpdir);
     snprintf(addr, sizeof addr, "127.0.0.1:%d", redis_port);
@@ -223,7 +223,7 @@ static void disk_refusal_falls_to_redis(int redis_port) {
     snprintf(dir, sizeof dir, "%s/fallback", tmpdir);
     snprintf(addr, sizeof addr, "127.0.0.1:%d", redis_port);
     kp_tiers_config tc = {dir, 0, addr, 200, NULL, NULL, NULL, 0};
-    kp_eng_config c = {KP_DTYPE_F32, B, 0, 256, false, NULL, KP_DTYPE_F32, false}, cn = c;
+    kp_eng_config c = {KP_DTYPE_F32, B, 0, 256, false, NULL, KP_DTYPE_F32, false, 0}, cn = c;
     cn.no_prefix_cache = true;
     int32_t t[N];
     for (int i = 0; i < N; i++) t[i] = i ? (i * 53) % 400 + 5 : 1;
@@ -287,7 +287,7 @@ static void test_pin_writes_through(void) {
     char dir[300];
     snprintf(dir, sizeof dir, "%s/pin", tmpdir);
     kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, NULL, 0};
-    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 256, false, NULL, KP_DTYPE_F16, false};
+    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 256, false, NULL, KP_DTYPE_F16, false, 0};
     int32_t t[50];
     for (int i = 0; i < 50; i++) t[i] = i ? (i * 37) % 500 + 3 : 1;
     kp_engine *e = NULL, *e2 = NULL;
@@ -328,7 +328,7 @@ static void test_long_sequence_written_whole(void) {
     char dir[300];
     snprintf(dir, sizeof dir, "%s/long", tmpdir);
     kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, NULL, 0};
-    kp_eng_config c = {KP_DTYPE_F16, B, 0, CTX, false, NULL, KP_DTYPE_F16, false};
+    kp_eng_config c = {KP_DTYPE_F16, B, 0, CTX, false, NULL, KP_DTYPE_F16, false, 0};
     static int32_t t[N];
     for (int i = 0; i < N; i++) t[i] = i ? (int32_t)((i * 131u + 7) % (m->hp.n_vocab - 3)) + 3 : 1;
     kp_engine *e = NULL;
@@ -351,7 +351,7 @@ static void test_long_sequence_written_whole(void) {
 /* A pool of 4 blocks of 4 positions, block b filled with bytes b + 1. */
 static kp_kvpool *small_pool(void) {
     kp_kvpool *p = NULL;
-    kp_kvpool_config kc = {2, 1, 4, KP_DTYPE_F16, 4, 4 * 2 * 2 * 4 * 4 * 2, KP_DTYPE_F16};
+    kp_kvpool_config kc = {2, 1, 4, KP_DTYPE_F16, 4, 4 * 2 * 2 * 4 * 4 * 2, KP_DTYPE_F16, NULL, 0, 0};
     if (kp_kvpool_new(&p, &kc, NULL) != KP_OK) return NULL;
     for (int32_t b = 0; b < 4; b++) {
         int32_t id;
