@@ -43,7 +43,9 @@
  *     length (window_trim): a query at q >= n reads q - W < p <= q only.
  *     So a running sequence holds at most W positions (plus the block
  *     they start in and the batch it computes) of window rows beyond what
- *     the index already holds;
+ *     the index already holds, and those before its prompt's end
+ *     (seq->prompt_end: the next turn diverges there when the answer is
+ *     not sent back as it was);
  *   - when the window arena is full, window_rows asks the index to drop
  *     the window rows of cached blocks no running sequence uses and no
  *     resume point needs (kp_pfx_drop_windows: a block is needed when it
@@ -321,10 +323,13 @@ static kp_status window_rows(kp_engine *e, kp_eng_seq *seq, uint32_t p0, uint32_
 static void window_trim(kp_engine *e, kp_eng_seq *seq) {
     if (!kp_kvpool_window_budgeted(e->kv)) return;
     uint32_t B = kp_kvpool_config_of(e->kv)->block_size, W = kp_kvpool_config_of(e->kv)->window;
-    uint32_t n = seq->kv.n_pos;
+    uint32_t n = seq->kv.n_pos, mark = seq->prompt_end;
     if (n < W + B) return;
-    for (uint32_t j = 0; (j + 1) * B <= n - W && j < seq->kv.n_blocks; j++)
+    for (uint32_t j = 0; (j + 1) * B <= n - W && j < seq->kv.n_blocks; j++) {
+        /* the prompt's end is a resume point too: keep what reaches into [mark - W, mark) */
+        if (mark && j * B < mark && (j + 1) * B + W > mark) continue;
         if (kp_kvpool_refcount(e->kv, seq->kv.blocks[j]) == 1) kp_kvpool_drop_window(e->kv, seq->kv.blocks[j]);
+    }
 }
 
 uint32_t kp_eng_fork_blocks(const kp_engine *e, uint32_t n_pos) {
@@ -476,6 +481,7 @@ kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_s
     if (n == 0 || !tokens) return kp_fail(err, KP_EINVAL, "empty prompt");
     if (seq->kv.n_pos || seq->kv.n_blocks || seq->lease.node)
         return kp_fail(err, KP_EINVAL, "prefill into a sequence that is not empty");
+    seq->prompt_end = n;
     if (n > e->max_pos)
         return kp_fail(err, KP_ERANGE, "the prompt has %u tokens, more than the maximum of %u", n, e->max_pos);
     int32_t nv = (int32_t)e->m->hp.n_vocab;
@@ -827,6 +833,13 @@ void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out) {
     out->reused_tokens = ps.reused_tokens;
     out->window_drops = ps.window_drops;
     kind_bill(e, out, ps.index_window_blocks);
+    if (kp_kvpool_window_budgeted(e->kv)) { /* the two arenas apart: bytes held, not blocks x block_bytes */
+        uint64_t fb = kp_kvpool_full_bytes(e->kv), nb = kp_kvpool_n_blocks(e->kv);
+        out->budget_bytes = nb * fb + out->window_budget_bytes;
+        out->used_bytes = (nb - kp_kvpool_n_free(e->kv)) * fb + out->window_used_bytes;
+        out->free_bytes = out->budget_bytes - out->used_bytes;
+        out->index_bytes = out->index_full_bytes + out->index_window_bytes;
+    }
 }
 
 kp_status kp_eng_open_tiers(kp_engine *e, const kp_tiers_config *cfg, kp_error *err) {

@@ -71,6 +71,10 @@ typedef struct {
 typedef struct {
     kp_kvseq kv;
     kp_pfx_lease lease;
+    uint32_t prompt_end; /* kp_eng_begin's n: a resume point (the next turn of a
+                            conversation diverges there when the answer is not
+                            sent back as it was) whose window rows the sequence
+                            keeps under a window budget (engine.c) */
 } kp_eng_seq;
 
 /* What one prefill did, and the inputs of a cache report. */
@@ -275,6 +279,10 @@ kp_status kp_eng_clear(kp_engine *e, kp_error *err);
 
 /* The memory bill of the KV pool and the prefix index. Every byte count is
  * in whole KV blocks; a block several nodes or sequences share counts once.
+ * Under a window budget budget_, used_, free_ and index_bytes count the
+ * main arena's blocks and the window arena's slots apart (a block without
+ * window rows costs its full layers' rows only); the other byte counts
+ * stay block_bytes a block.
  * Without a prefix cache the index fields are 0. */
 typedef struct {
     bool prefix_cache;          /* the engine has a prefix index */
