@@ -549,10 +549,17 @@ static void mark_ends(kp_pfx_index *p) {
             for (kp_pfx_node *x = n; x->parent && x->min_end > n->depth; x = x->parent) x->min_end = n->depth;
 }
 
-uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed) {
+uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed, const kp_kvseq *reader, uint32_t reader_done) {
     if (!kp_kvpool_window_budgeted(p->pool) || n_needed == 0) return 0;
     uint32_t W = kp_kvpool_config_of(p->pool)->window, B = p->B, got = 0;
     mark_ends(p);
+    /* the reader's blocks it no longer reads: its reference does not count */
+    if (++p->epoch == 0) {
+        memset(p->mark, 0, (size_t)p->n_pool_blocks * sizeof(uint32_t));
+        p->epoch = 1;
+    }
+    for (uint32_t j = 0; reader && (j + 1) * B <= reader_done && j < reader->n_blocks; j++)
+        p->mark[reader->blocks[j]] = p->epoch;
     for (kp_pfx_node *n = p->lru_tail; n && got < n_needed; n = n->lru_prev) {
         uint32_t f = first_block(p, n);
         for (uint32_t i = 0; i < n->n_blocks && got < n_needed; i++) {
@@ -561,7 +568,8 @@ uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed) {
              * full hit's recomputed last position): keep block f + i if it
              * reaches into that run of the nearest end below */
             if ((uint64_t)(f + i + 1) * B + W > n->min_end) continue;
-            if (kp_kvpool_refcount(p->pool, b) != p->idx_refs[b] || !kp_kvpool_has_window(p->pool, b)) continue;
+            uint32_t others = kp_kvpool_refcount(p->pool, b) - p->idx_refs[b] - (p->mark[b] == p->epoch);
+            if (others || !kp_kvpool_has_window(p->pool, b)) continue;
             kp_kvpool_drop_window(p->pool, b);
             got++;
         }

@@ -138,9 +138,12 @@ uint32_t kp_pfx_window_resume(const kp_pfx_index *p, const int32_t *tokens, uint
  * references (no running sequence reads them), least recently used nodes
  * first, sparing every block that reaches into the W positions before an
  * end: a leaf's depth or a pinned node's (a resume point there, or one
- * before it on a full hit, stays whole). Returns how many were dropped
- * (their slots are free). 0 without a window budget. */
-uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed);
+ * before it on a full hit, stays whole). reader (may be NULL) is the
+ * sequence asking: its references to its blocks wholly below reader_done
+ * (positions no query of it reads again) do not count as readers. Returns
+ * how many were dropped (their slots are free). 0 without a window
+ * budget. */
+uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed, const kp_kvseq *reader, uint32_t reader_done);
 
 /* Pins the cached prefix tokens[0..n) until kp_pfx_unpin(*id), or until
  * now + ttl_seconds (ttl 0: no expiry). A pinned path is never evicted.

@@ -205,12 +205,13 @@ kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_threads *threads, co
     free(window_layers);
     if (st != KP_OK) goto fail;
     if (kp_kvpool_window_budgeted(e->kv)) {
-        /* a forward call writes the window rows of a whole batch, and reads the window before it */
-        uint32_t B = c.block_size, min_slots = (ENG_BATCH + m->hp.n_swa + B - 1) / B + 2;
+        /* a forward call writes the window rows of a whole batch and reads the window before
+         * it, while the cache keeps the window before the end it resumed from */
+        uint32_t B = c.block_size, min_slots = (ENG_BATCH + 2 * m->hp.n_swa + B - 1) / B + 2;
         if (kp_kvpool_n_slots(e->kv) < min_slots) {
             st = kp_fail(err, KP_EINVAL,
                          "a window budget of %llu bytes holds the window rows of %u blocks; a batch of %u "
-                         "positions and the window of %u before it need %u (%llu bytes)",
+                         "positions and twice the window of %u before it need %u (%llu bytes)",
                          (unsigned long long)c.window_budget_bytes, kp_kvpool_n_slots(e->kv), ENG_BATCH,
                          m->hp.n_swa, min_slots, (unsigned long long)min_slots * kp_kvpool_window_bytes(e->kv));
             goto fail;
@@ -300,7 +301,8 @@ static kp_status window_rows(kp_engine *e, kp_eng_seq *seq, uint32_t p0, uint32_
                 break;
             }
             uint32_t need = (p1 - 1) / B - j + 1;
-            if (e->idx && kp_pfx_drop_windows(e->idx, need)) continue;
+            uint32_t W = kp_kvpool_config_of(e->kv)->window, done = p0 > W ? p0 - W : 0;
+            if (e->idx && kp_pfx_drop_windows(e->idx, need, &seq->kv, done)) continue;
             if (e->idx && kp_pfx_evict(e->idx, kp_kvpool_block_bytes(e->kv), (int64_t)time(NULL))) continue;
             if (e->idx && seq->lease.node) {
                 kp_pfx_release(e->idx, &seq->lease);

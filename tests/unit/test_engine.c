@@ -106,9 +106,9 @@ static bool open_engine(runner *r, const kp_model *m, kp_threads *pool, bool cac
 }
 
 /* The smallest window budget kp_eng_new takes: a batch of 256 positions
- * and the window before it, in blocks of 16, and two blocks of slack. */
+ * and twice the window, in blocks of 16, and two blocks of slack. */
 static uint64_t tight_window_budget(const kp_model *m, kp_dtype kv) {
-    uint32_t slots = (256 + m->hp.n_swa + 15) / 16 + 2;
+    uint32_t slots = (256 + 2 * m->hp.n_swa + 15) / 16 + 2;
     return (uint64_t)slots * 16 * kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, kv, kv);
 }
 

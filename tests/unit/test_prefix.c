@@ -1034,7 +1034,7 @@ static void test_window_drops(void) {
     kp_pfx_get_stats(idx, &ps);
     CHECK_EQ_INT(ps.index_window_blocks, 7);
     CHECK_EQ_INT(kp_kvpool_n_free_slots(pool), 1);
-    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 100), 5);
+    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 100, NULL, 0), 5);
     CHECK_EQ_INT(kp_kvpool_n_free_slots(pool), 6);
     kp_pfx_get_stats(idx, &ps);
     CHECK_EQ_INT(ps.index_window_blocks, 2);
