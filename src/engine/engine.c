@@ -180,7 +180,9 @@ kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_threads *threads, co
     if (cst != KP_OK) return cst;
     uint64_t per_tok = kp_model_kv_bytes_per_token_kv(&m->hp, c.kv_type, vt);
     uint64_t block_bytes = per_tok * c.block_size;
-    if (!c.budget_bytes) c.budget_bytes = ((uint64_t)c.max_pos + c.block_size - 1) / c.block_size * block_bytes;
+    if (!c.budget_bytes) /* room for max_pos positions, and the window arena apart */
+        c.budget_bytes = ((uint64_t)c.max_pos + c.block_size - 1) / c.block_size * block_bytes +
+                         (m->hp.n_swa_layers ? c.window_budget_bytes : 0);
     if (c.budget_bytes < block_bytes)
         return kp_fail(err, KP_EINVAL, "KV budget of %llu bytes is smaller than one block (%llu bytes)",
                        (unsigned long long)c.budget_bytes, (unsigned long long)block_bytes);
