@@ -439,6 +439,17 @@ static void print_report(const turn_list *t, size_t i, const kp_eng_report *r, c
         fprintf(stderr, "    cached : %s\n", rep.cached_snippet);
         fprintf(stderr, "    request: %s\n", rep.request_snippet);
     }
+    if (r->window_cut_from > r->reused_tokens) { /* a window budget cut the reuse (engine.h) */
+        fprintf(stderr,
+                "  cache: window_evicted: reuse resumed at token %u of the %u that matched: the sliding-window "
+                "layers' K/V before them was dropped (window budget)\n",
+                r->reused_tokens, r->window_cut_from);
+        kp_doctor_advice(KP_DOCTOR_CAUSE_WINDOW_EVICTED, NULL, 0,
+                         100.0 * r->computed_tokens / (r->prompt_tokens ? r->prompt_tokens : 1), subject, advice,
+                         sizeof advice);
+        fprintf(stderr, "    advice : %s\n", advice);
+        return;
+    }
     if (rep.finding.cause != KP_DOCTOR_CAUSE_HIT && !(rep.finding.cause == KP_DOCTOR_CAUSE_COLD && i == 0)) {
         kp_doctor_advice(rep.finding.cause, rep.finding.detail, rep.finding.line, rep.div.percent_recomputed, subject,
                       advice, sizeof advice);

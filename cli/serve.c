@@ -478,6 +478,20 @@ int cmd_serve(int argc, char **argv) {
             goto done;
         }
     }
+    if (window_budget && hp->n_swa_layers && !no_cache) {
+        /* every running sequence reads its last window and the block it writes; a step
+         * writes a chunk; the cache keeps the window before the end a sequence resumed from */
+        uint64_t wpt = kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, kv_type, kv_type_v);
+        uint64_t need = ((uint64_t)parallel * (hp->n_swa + 2 * (uint64_t)block) + (uint64_t)chunk + hp->n_swa) * wpt;
+        if (window_budget < need) {
+            fprintf(stderr, "kvpin serve: --window-budget %s is below what %lld running sequences need: "
+                            "np x (window %u + 2 blocks) + --prefill-chunk + a window of positions, %s\n",
+                    cli_bytes(window_budget, b1, sizeof b1), (long long)parallel, hp->n_swa,
+                    cli_bytes(need, b2, sizeof b2));
+            rc = 2;
+            goto done;
+        }
+    }
     kp_eng_config ec = {kv_type, (uint32_t)block, budget, n_ctx, no_cache, NULL, kv_type_v, no_repack, window_budget};
     if (kp_eng_new(&e, m, pool, NULL, &ec, &err) != KP_OK) {
         fprintf(stderr, "kvpin serve: %s\n", err.msg);

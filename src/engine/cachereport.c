@@ -175,15 +175,13 @@ kp_doctor_tokens kp_cachereport_tokens(const kp_tok_vocab *v, const int32_t *ids
 /* The reuse stopped before where the tokens matched because the window
  * layers' rows there were dropped (engine.h, window_cut_from): the cause
  * is window_evicted whatever the text says, and the detail says where the
- * reuse stopped and what the text's own cause was. */
+ * tokens matched and where the reuse resumed. */
 static void window_cause(const kp_eng_report *r, kp_doctor_report *out) {
-    kp_doctor_cause text_cause = out->finding.cause;
     out->finding.cause = KP_DOCTOR_CAUSE_WINDOW_EVICTED;
     snprintf(out->finding.detail, sizeof out->finding.detail,
-             "window_evicted: the cache matched %u of %u tokens (%s there), but the sliding-window layers' K/V "
-             "before that was dropped (window budget): reuse resumed at token %u, the latest position whose "
-             "window is held",
-             r->window_cut_from, r->prompt_tokens, kp_doctor_cause_name(text_cause), r->reused_tokens);
+             "window_evicted: the cache matched %u of %u tokens, but the sliding-window layers' K/V before that "
+             "was dropped (window budget): reuse resumed at token %u, the latest position whose window is held",
+             r->window_cut_from, r->prompt_tokens, r->reused_tokens);
 }
 
 kp_status kp_cachereport_explain(kp_cachereport *c, const int32_t *tokens, uint32_t n, const char *text, size_t text_len,

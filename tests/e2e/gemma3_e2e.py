@@ -10,6 +10,12 @@ a conversation edited in its middle, give the same greedy answers (token
 ids) from both servers, while the cached server reports what it reused:
 the whole earlier prompt on the repeat, more than one window's worth of
 tokens on the extension and on the edit.
+
+A third server under --window-budget 300K (30 blocks' window rows: the
+least its 4 sequences may run with) answers the same, reuses no more than
+the cached one, and where it reuses less its cause is window_evicted, with
+a detail naming where the tokens matched (the cached server's reuse);
+/v1/cache bills its window arena and holds fewer window rows.
 """
 import sys
 
@@ -26,9 +32,38 @@ def chat(srv, messages):
     return j if st == 200 else None
 
 
+def check_budget(budget, runs):
+    """The same requests through the window-budget server, in the same order."""
+    for cached_j, again_j, ref_j, messages in runs:
+        for want in ([cached_j, again_j] if again_j else [cached_j]):
+            j = chat(budget, messages)
+            if not (j and want and ref_j):
+                continue
+            r.ok(j["choices"][0]["token_ids"] == ref_j["choices"][0]["token_ids"],
+                 "window budget: same answer as uncached: %r %r" % (j["choices"][0]["token_ids"],
+                                                                    ref_j["choices"][0]["token_ids"]))
+            got, full = j["kvpin_cache"], want["kvpin_cache"]
+            r.ok(got["reused_tokens"] <= full["reused_tokens"] and
+                 got["reused_tokens"] + got["computed_tokens"] == j["usage"]["prompt_tokens"],
+                 "window budget: reuse %d, unbudgeted %d" % (got["reused_tokens"], full["reused_tokens"]))
+            if got["reused_tokens"] < full["reused_tokens"]:
+                r.ok(got["cause"] == "window_evicted" and
+                     ("matched %d of" % full["reused_tokens"]) in (got.get("detail") or ""),
+                     "window budget: a cut reuse is window_evicted: %r" % got)
+                print("  window budget: %d reused where the tokens matched %d (%s)" % (
+                    got["reused_tokens"], full["reused_tokens"], got.get("detail")))
+    st, cache = budget.get("/v1/cache")
+    w = cache["kv"]["by_kind"]["window"]
+    r.ok(w["budget_bytes"] == 30 * 16 * w["bytes_per_token"] and 0 < w["used_bytes"] <= w["budget_bytes"],
+         "window budget: the arena is billed: %r" % w)
+    r.ok(w["index_bytes"] < cache["kv"]["by_kind"]["full"]["index_bytes"] // cache["kv"]["by_kind"]["full"][
+        "bytes_per_token"] * w["bytes_per_token"], "window budget: fewer window rows cached than positions: %r" % w)
+
+
 def main():
     cached = Server(r, "--ctx", "512", "--chat-template", "gemma", model=MODEL)
     plain = Server(r, "--ctx", "512", "--chat-template", "gemma", "--no-prefix-cache", model=MODEL)
+    budget = Server(r, "--ctx", "512", "--chat-template", "gemma", "--window-budget", "300K", model=MODEL)
     try:
         story = ("Lily and Tom went to the park. They saw a big dog and a small cat. The dog ran after "
                  "the ball and the cat sat in the sun. Tom laughed and Lily clapped her hands.")
@@ -37,6 +72,7 @@ def main():
         a = chat(cached, first)
         b = chat(cached, first)
         ref = chat(plain, first)
+        runs = [(a, b, ref, first)]
         if not (a and b and ref):
             return
         n_prompt = a["usage"]["prompt_tokens"]
@@ -51,6 +87,7 @@ def main():
         second = first + [{"role": "assistant", "content": a["choices"][0]["message"]["content"]},
                           {"role": "user", "content": "And then the dog came back with the ball."}]
         c, cref = chat(cached, second), chat(plain, second)
+        runs.append((c, None, cref, second))
         if c and cref:
             r.ok(c["choices"][0]["token_ids"] == cref["choices"][0]["token_ids"],
                  "second turn: cached %r, uncached %r" % (c["choices"][0]["token_ids"],
@@ -60,6 +97,7 @@ def main():
         # an edit in the middle of the user's text: reuse up to it, exact after it
         edited = [first[0], {"role": "user", "content": story.replace("small cat", "small bird")}]
         d, dref = chat(cached, edited), chat(plain, edited)
+        runs.append((d, None, dref, edited))
         if d and dref:
             r.ok(d["choices"][0]["token_ids"] == dref["choices"][0]["token_ids"],
                  "edited: cached %r, uncached %r" % (d["choices"][0]["token_ids"], dref["choices"][0]["token_ids"]))
@@ -69,8 +107,9 @@ def main():
                 c["usage"]["prompt_tokens"] if c else -1, reused, d["usage"]["prompt_tokens"]))
             r.ok(16 < reused < d["usage"]["prompt_tokens"] - 16, "edit in the middle reuses a part: %r" %
                  d["kvpin_cache"])
+        check_budget(budget, runs)
     finally:
-        for s in (cached, plain):
+        for s in (cached, plain, budget):
             if s in Server.running:
                 s.stop()
 
