@@ -235,6 +235,12 @@ typedef struct {
                               Q4_0, Q4_K, Q6_K with AVX-512 VNNI), the session keeps a
                               repacked copy of those matrices (as many bytes again;
                               faster decode, the same results bit for bit) */
+    uint64_t window_budget;/* a model with sliding-window layers (gemma3, gpt-oss):
+                              bytes of kv_budget for those layers' K/V, which cached
+                              prefixes then keep only near their ends, so a prompt
+                              that diverges elsewhere resumes at the latest position
+                              whose window is held (cause window_evicted); 0: every
+                              cached position keeps it (docs/window-budget.md) */
 } kp_session_params;
 
 /* Makes a session over lm (borrowed: it must outlive the session). p NULL:
