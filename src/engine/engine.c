@@ -351,9 +351,13 @@ kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp
         return kp_fail(err, KP_EINVAL, "fork into a sequence that is not empty");
     if (n > src->kv.n_pos)
         return kp_fail(err, KP_EINVAL, "fork of %u positions from a sequence of %u", n, src->kv.n_pos);
-    uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size, W = kp_kvpool_config_of(e->kv)->window;
     uint32_t nb = (uint32_t)(((uint64_t)n + B - 1) / B);
     if (nb == 0) return KP_OK;
+    /* under a window budget the source may have dropped the window rows that position n reads */
+    for (uint32_t j = n + 1 > W ? (n + 1 - W) / B : 0; W > 1 && j < nb; j++)
+        if (!kp_kvpool_has_window(e->kv, src->kv.blocks[j]))
+            return kp_fail(err, KP_EFULL, "the window rows before position %u were dropped (window budget)", n);
     if (!kp_grow_u32((void **)&dst->kv.blocks, &dst->kv.cap_blocks, nb, sizeof(int32_t)))
         return kp_fail(err, KP_ENOMEM, "out of memory growing a block table");
     int32_t copy = -1;

@@ -218,7 +218,9 @@ uint32_t kp_eng_fork_blocks(const kp_engine *e, uint32_t n_pos);
  * that reuses the prompt another running sequence is computing (or has
  * computed but not yet indexed): the rows below n are final, src never
  * writes them again. n 0: dst stays empty, KP_OK. Errors as kp_eng_fork,
- * KP_EINVAL also for n past src's length. */
+ * KP_EINVAL also for n past src's length, KP_EFULL also when src, under a
+ * window budget, has dropped the window rows position n reads (it has
+ * gone on more than a window past n). */
 kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp_eng_seq *dst, kp_error *err);
 
 /* Positions per KV block (kp_eng_config.block_size), fixed at kp_eng_new. */

@@ -368,6 +368,52 @@ static void test_window_resume(void) {
     kp_model_free(m);
 }
 
+/* Under the tightest window budget a sequence of 80 positions on gemma3
+ * (W = 16, B = 16) has dropped the window rows of blocks 0..3: a fork of
+ * its first n positions reads [n - 15, n), so n = 40 or 72 is refused
+ * (KP_EFULL: the scheduler then admits the request the ordinary way), n =
+ * 80 forks, and the fork's next logits are a recomputation's. */
+static void test_window_fork(void) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 1, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    uint32_t nv = m->hp.n_vocab;
+    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
+    runner ref, win;
+    bool ok = open_engine(&ref, m, pool, false, 0, KP_DTYPE_F32) &&
+              open_engine_win(&win, m, pool, true, bb * 64, KP_DTYPE_F32, tight_window_budget(m, KP_DTYPE_F32));
+    int32_t a[81];
+    rng_state = 0x666f726bull;
+    a[0] = 1;
+    for (uint32_t i = 1; i < 81; i++) a[i] = (int32_t)rnd(nv);
+    ok = ok && kp_eng_prefill(win.e, a, 80, &win.s, win.logits, NULL, &err) == KP_OK;
+    CHECK_MSG(ok, "%s", err.msg);
+    if (ok) {
+        kp_eng_seq f = {0};
+        CHECK_EQ_INT(kp_eng_fork_prefix(win.e, &win.s, 40, &f, &err), KP_EFULL);
+        CHECK_EQ_INT(kp_eng_fork_prefix(win.e, &win.s, 72, &f, &err), KP_EFULL);
+        CHECK(f.kv.n_blocks == 0);
+        CHECK(kp_eng_fork_prefix(win.e, &win.s, 80, &f, &err) == KP_OK);
+        CHECK(kp_eng_decode(win.e, &f, a[80], win.logits, &err) == KP_OK);
+        CHECK(kp_eng_prefill(ref.e, a, 81, &ref.s, ref.logits, NULL, &err) == KP_OK);
+        double d = rel_diff(win.logits, ref.logits, nv);
+        CHECK_MSG(d <= 1e-5, "the fork's logits differ by %g", d);
+        kp_eng_seq_abort(win.e, &f);
+        kp_eng_seq_abort(win.e, &win.s);
+        kp_eng_seq_abort(ref.e, &ref.s);
+        close_engine(&ref);
+        close_engine(&win);
+    }
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
 /* The bundled model and a pool of one thread. */
 static bool load_stories(kp_model **m, kp_threads **pool) {
     kp_error err = {0};
@@ -1234,6 +1280,7 @@ int main(void) {
     RUN(test_equal_llama_kv_q4_0);
     RUN(test_equal_gemma3);
     RUN(test_window_resume);
+    RUN(test_window_fork);
     RUN(test_equal_qwen3moe);
     RUN(test_equal_gptoss);
     RUN(test_bill_kv_types);
