@@ -73,7 +73,8 @@ static void print_kind_bill(const kp_model *m) {
     uint64_t win = kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, KP_DTYPE_F16, KP_DTYPE_F16);
     printf("  by layer kind (f16): %u full layers %llu bytes/token, %u window layers %llu bytes/token\n"
            "  (every layer keeps every position, so a prompt reuses the cache exactly at any point;\n"
-           "  the window layers' rows older than %u positions are kept for that reuse only)\n",
+           "  the window layers' rows older than %u positions are kept for that reuse only,\n"
+           "  unless --window-budget caps them)\n",
            hp->n_layer - hp->n_swa_layers, (unsigned long long)full, hp->n_swa_layers, (unsigned long long)win,
            hp->n_swa);
 }
@@ -97,7 +98,8 @@ static void print_kv_kinds(const kp_model *m, uint32_t n_ctx, kp_dtype kt, kp_dt
     printf("sequence:   %u tokens need %s (full x seq + window x min(seq, %u))\n", n_ctx,
            cli_bytes(full * n_ctx + win * in_window, b3, sizeof b3), hp->n_swa);
     printf("cached:     the prefix cache keeps the window layers' rows of every cached position\n"
-           "            (%s for %u tokens) so that reuse resumes exactly anywhere\n",
+           "            (%s for %u tokens) so that reuse resumes exactly anywhere; --window-budget\n"
+           "            caps them, keeping them near the cached prefixes' ends\n",
            cli_bytes(win * n_ctx, b1, sizeof b1), n_ctx);
 }
 

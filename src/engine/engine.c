@@ -60,6 +60,9 @@
  *
  *   Tiers: a finished sequence (a pinned path) is published up to its
  *   first block without window rows; a restored block gets a slot first.
+ *   Admission (below) counts blocks only: a step item that finds no window
+ *   slot gets KP_EFULL as one that finds no block does. A fork of a prefix
+ *   whose window rows the source dropped is refused (KP_EFULL).
  *
  * A step (kp_eng_step) packs the items' tokens into one kp_batch, items in
  * order, each item's tokens at consecutive positions from its sequence's
