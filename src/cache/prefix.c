@@ -560,19 +560,28 @@ uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed, const kp_kvseq 
     }
     for (uint32_t j = 0; reader && (j + 1) * B <= reader_done && j < reader->n_blocks; j++)
         p->mark[reader->blocks[j]] = p->epoch;
-    for (kp_pfx_node *n = p->lru_tail; n && got < n_needed; n = n->lru_prev) {
-        uint32_t f = first_block(p, n);
-        for (uint32_t i = 0; i < n->n_blocks && got < n_needed; i++) {
-            int32_t b = n->blocks[i];
-            /* a resume point at an end e reads [e - W, e) (e - 1 too, the
-             * full hit's recomputed last position): keep block f + i if it
-             * reaches into that run of the nearest end below */
-            if ((uint64_t)(f + i + 1) * B + W > n->min_end) continue;
-            uint32_t others = kp_kvpool_refcount(p->pool, b) - p->idx_refs[b] - (p->mark[b] == p->epoch);
-            if (others || !kp_kvpool_has_window(p->pool, b)) continue;
-            kp_kvpool_drop_window(p->pool, b);
-            got++;
+    /* least recently used first; the nodes one touch left with the same
+     * last_used (a path, root-most nearest the head) shallowest first, so
+     * a conversation gives up its oldest resume points first */
+    for (kp_pfx_node *last = p->lru_tail; last && got < n_needed;) {
+        kp_pfx_node *first = last;
+        while (first->lru_prev && first->lru_prev->last_used == last->last_used) first = first->lru_prev;
+        for (kp_pfx_node *n = first;; n = n->lru_next) {
+            uint32_t f = first_block(p, n);
+            for (uint32_t i = 0; i < n->n_blocks && got < n_needed; i++) {
+                int32_t b = n->blocks[i];
+                /* a resume point at an end e reads [e - W, e) (e - 1 too, the
+                 * full hit's recomputed last position): keep block f + i if it
+                 * reaches into that run of the nearest end below */
+                if ((uint64_t)(f + i + 1) * B + W > n->min_end) continue;
+                uint32_t others = kp_kvpool_refcount(p->pool, b) - p->idx_refs[b] - (p->mark[b] == p->epoch);
+                if (others || !kp_kvpool_has_window(p->pool, b)) continue;
+                kp_kvpool_drop_window(p->pool, b);
+                got++;
+            }
+            if (n == last) break;
         }
+        last = first->lru_prev;
     }
     p->window_drops += got;
     return got;

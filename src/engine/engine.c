@@ -45,7 +45,9 @@
  *     they start in and the batch it computes) of window rows beyond what
  *     the index already holds, and those before its prompt's end
  *     (seq->prompt_end: the next turn diverges there when the answer is
- *     not sent back as it was);
+ *     not sent back as it was) and of its copy of the block it resumed in
+ *     (seq->reused: a prompt diverging just past the previous turn's end
+ *     reads it);
  *   - when the window arena is full, window_rows asks the index to drop
  *     the window rows of cached blocks no running sequence uses and no
  *     resume point needs (kp_pfx_drop_windows: a block is needed when it
@@ -335,6 +337,8 @@ static void window_trim(kp_engine *e, kp_eng_seq *seq) {
     for (uint32_t j = 0; (j + 1) * B <= n - W && j < seq->kv.n_blocks; j++) {
         /* the prompt's end is a resume point too: keep what reaches into [mark - W, mark) */
         if (mark && j * B < mark && (j + 1) * B + W > mark) continue;
+        /* and so is where the sequence resumed: keep its copy of that block */
+        if (seq->reused % B && j == seq->reused / B) continue;
         if (kp_kvpool_refcount(e->kv, seq->kv.blocks[j]) == 1) kp_kvpool_drop_window(e->kv, seq->kv.blocks[j]);
     }
 }
@@ -529,6 +533,7 @@ kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_s
         r.cold = true;
     }
     r.computed_tokens = n - r.reused_tokens;
+    seq->reused = r.reused_tokens;
     if (report) *report = r;
     return KP_OK;
 }

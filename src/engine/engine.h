@@ -75,6 +75,9 @@ typedef struct {
                             conversation diverges there when the answer is not
                             sent back as it was) whose window rows the sequence
                             keeps under a window budget (engine.c) */
+    uint32_t reused;     /* kp_eng_begin's reuse: the previous turn's end, in a
+                            block the sequence copied when it is mid-block; that
+                            block keeps its window rows too */
 } kp_eng_seq;
 
 /* What one prefill did, and the inputs of a cache report. */
