@@ -1034,7 +1034,18 @@ static void test_window_drops(void) {
     kp_pfx_get_stats(idx, &ps);
     CHECK_EQ_INT(ps.index_window_blocks, 7);
     CHECK_EQ_INT(kp_kvpool_n_free_slots(pool), 1);
-    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 100, NULL, 0), 5);
+    /* two asked for: A's oldest positions go first (C, pinned last, is the most recently used) */
+    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 2, NULL, 0), 2);
+    {
+        kp_pfx_match_result m;
+        kp_pfx_match(idx, a, 20, &m);
+        kp_kvseq s = {0};
+        CHECK(kp_pfx_acquire(idx, a, 16, &s, NULL, &err) == KP_OK);
+        CHECK(!kp_kvpool_has_window(pool, s.blocks[0]) && !kp_kvpool_has_window(pool, s.blocks[1]) &&
+              kp_kvpool_has_window(pool, s.blocks[2]) && kp_kvpool_has_window(pool, s.blocks[3]));
+        kp_kvseq_release(&s, pool);
+    }
+    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 100, NULL, 0), 3);
     CHECK_EQ_INT(kp_kvpool_n_free_slots(pool), 6);
     kp_pfx_get_stats(idx, &ps);
     CHECK_EQ_INT(ps.index_window_blocks, 2);
