@@ -540,12 +540,15 @@ uint32_t kp_pfx_window_resume(const kp_pfx_index *p, const int32_t *tokens, uint
     return 0;
 }
 
-/* Sets min_end of every node: the shallowest depth of a leaf or pinned
- * node in its subtree (UINT32_MAX: none). */
+/* Sets min_end of every node: the shallowest end in its subtree
+ * (UINT32_MAX: none). An end is where a resume point is likely: a leaf's
+ * depth, a pinned node's, and a branch's (a node with several children:
+ * prompts parted there, as a conversation's next turn from the answer the
+ * previous one was given). */
 static void mark_ends(kp_pfx_index *p) {
     for (kp_pfx_node *n = p->lru_head; n; n = n->lru_next) n->min_end = UINT32_MAX;
     for (kp_pfx_node *n = p->lru_head; n; n = n->lru_next)
-        if (!n->n_children || n->pin_here)
+        if (n->n_children != 1 || n->pin_here)
             for (kp_pfx_node *x = n; x->parent && x->min_end > n->depth; x = x->parent) x->min_end = n->depth;
 }
 

@@ -136,9 +136,10 @@ uint32_t kp_pfx_window_resume(const kp_pfx_index *p, const int32_t *tokens, uint
 
 /* Drops the window rows of up to n_needed blocks that only the index
  * references (no running sequence reads them), least recently used nodes
- * first (of a path touched at once, the shallowest first), sparing every block that reaches into the W positions before an
- * end: a leaf's depth or a pinned node's (a resume point there, or one
- * before it on a full hit, stays whole). reader (may be NULL) is the
+ * first (of a path touched at once, the shallowest first), sparing every
+ * block that reaches into the W positions before an end: a leaf's depth,
+ * a pinned node's or a branch's, where prompts parted (a resume point
+ * there, or one before it on a full hit, stays whole). reader (may be NULL) is the
  * sequence asking: its references to its blocks wholly below reader_done
  * (positions no query of it reads again) do not count as readers. Returns
  * how many were dropped (their slots are free). 0 without a window

@@ -51,7 +51,8 @@
  *   - when the window arena is full, window_rows asks the index to drop
  *     the window rows of cached blocks no running sequence uses and no
  *     resume point needs (kp_pfx_drop_windows: a block is needed when it
- *     reaches into the W positions before a leaf's end or a pin's end),
+ *     reaches into the W positions before a leaf's end, a pin's end or a
+ *     branch, where a conversation's next turn left the previous answer),
  *     least recently used first, then evicts, then lets go of its lease;
  *   - the match (kp_pfx_match, kp_pfx_window_resume) reuses up to the
  *     latest position p <= d (d the divergence, n - 1 on a full hit) such

@@ -1086,6 +1086,60 @@ static void test_window_drops(void) {
     kp_kvpool_free(pool);
 }
 
+/* A branch is a resume point too: A = 16 tokens, D = A's first 8 and 8
+ * others (the index splits A at 8: [0..8) with two children). Every block
+ * written with its window rows (W = 4, B = 4), kp_pfx_drop_windows keeps
+ * block 1 (the W positions before the branch at 8) and the blocks before
+ * the two leaves' ends at 16 (block index 3 of each), and drops the other
+ * three: a third prompt that leaves both at 8 still reuses 8. */
+static void test_window_branch(void) {
+    enum { B = 4, W = 4 };
+    const uint8_t kinds[N_LAYER] = {0, 1};
+    kp_kvpool_config kc = {N_LAYER, 1, HEAD_DIM, KP_DTYPE_F32, B, 0, KP_DTYPE_F32, kinds, W, 0};
+    uint64_t layer_block = 2 * B * HEAD_DIM * sizeof(float);
+    kc.window_budget_bytes = 8 * layer_block;
+    kc.budget_bytes = kc.window_budget_bytes + 16 * layer_block;
+    kp_kvpool *pool = NULL;
+    kp_pfx_index *idx = NULL;
+    kp_error err = {0};
+    CHECK_MSG(kp_kvpool_new(&pool, &kc, &err) == KP_OK, "%s", err.msg);
+    if (!pool) return;
+    CHECK(kp_pfx_new(&idx, pool, NULL, &err) == KP_OK);
+    int32_t a[16], d[16], q[16];
+    for (int i = 0; i < 16; i++) {
+        a[i] = 1 + i;
+        d[i] = i < 8 ? a[i] : 50 + i;
+        q[i] = i < 8 ? a[i] : 90 + i;
+    }
+    const int32_t *seqs[2] = {a, d};
+    for (int k = 0; k < 2; k++) {
+        kp_kvseq s = {0};
+        kp_pfx_match_result m;
+        kp_pfx_match(idx, seqs[k], 16, &m);
+        CHECK(kp_pfx_acquire(idx, seqs[k], m.n_reuse, &s, NULL, &err) == KP_OK);
+        CHECK(kp_kvseq_reserve(&s, pool, 16, &err) == KP_OK);
+        for (uint32_t p = s.n_pos; p < 16; p++) {
+            CHECK(kp_kvpool_attach_window(pool, s.blocks[p / B], &err) == KP_OK);
+            put_row(pool, s.blocks[p / B], p % B, fp(seqs[k], p));
+        }
+        s.n_pos = 16;
+        CHECK(kp_pfx_insert(idx, seqs[k], 16, &s, NULL, NULL, &err) == KP_OK);
+        kp_kvseq_release(&s, pool);
+    }
+    CHECK_EQ_INT(kp_kvpool_n_free_slots(pool), 2);
+    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 100, NULL, 0), 3);
+    kp_pfx_match_result m;
+    kp_pfx_match(idx, q, 16, &m);
+    CHECK_EQ_INT(m.n_match, 8);
+    CHECK_EQ_INT(m.n_reuse, 8);
+    CHECK_EQ_INT(m.window_cut_from, 0);
+    kp_pfx_match(idx, a, 16, &m); /* a full hit of A: 15, whose window [12, 15) is block 3's */
+    CHECK_EQ_INT(m.n_reuse, 15);
+    kp_pfx_free(idx);
+    CHECK_EQ_INT(kp_kvpool_n_free_slots(pool), 8);
+    kp_kvpool_free(pool);
+}
+
 int main(void) {
     RUN(test_split);
     RUN(test_unaligned_reuse_and_cow);
@@ -1095,6 +1149,7 @@ int main(void) {
     RUN(test_eviction_order);
     RUN(test_evicted_record);
     RUN(test_window_drops);
+    RUN(test_window_branch);
     RUN(test_memory_bill);
     RUN(test_errors);
     RUN(test_property);
