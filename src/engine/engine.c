@@ -309,7 +309,10 @@ static kp_status window_rows(kp_engine *e, kp_eng_seq *seq, uint32_t p0, uint32_
                 break;
             }
             uint32_t need = (p1 - 1) / B - j + 1;
-            uint32_t W = kp_kvpool_config_of(e->kv)->window, done = p0 > W ? p0 - W : 0;
+            /* the blocks behind the sequence's window are not read by it, except those
+             * before where it resumed: that becomes a branch, a resume point, once indexed */
+            uint32_t W = kp_kvpool_config_of(e->kv)->window, q = p0 < seq->reused ? p0 : seq->reused;
+            uint32_t done = q > W ? q - W : 0;
             if (e->idx && kp_pfx_drop_windows(e->idx, need, &seq->kv, done)) continue;
             if (e->idx && kp_pfx_evict(e->idx, kp_kvpool_block_bytes(e->kv), (int64_t)time(NULL))) continue;
             if (e->idx && seq->lease.node) {
