@@ -368,6 +368,63 @@ static void test_window_resume(void) {
     kp_model_free(m);
 }
 
+/* An agent-like loop under the tightest window budget (gemma3, W = 16,
+ * B = 16): turn k's prompt is turn k - 1's plus 20 tokens, without the 3
+ * tokens it answered, so it leaves the cache at the previous prompt's end:
+ * the resume point a sequence keeps the window of (its prompt's end), so
+ * every turn reuses the whole previous prompt. Then an edit 2 tokens past
+ * turn 3's end: its window [47, 62) lies in turn 3's copy of the block it
+ * resumed in (32..47) and turn 4's (48..63), both kept: it reuses 62.
+ * Logits are a recomputation's throughout. */
+static void test_window_turns(void) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 1, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    uint32_t nv = m->hp.n_vocab;
+    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
+    runner ref, win;
+    bool ok = open_engine(&ref, m, pool, false, 0, KP_DTYPE_F32) &&
+              open_engine_win(&win, m, pool, true, bb * 64, KP_DTYPE_F32, tight_window_budget(m, KP_DTYPE_F32));
+    int32_t t[100];
+    rng_state = 0x7475726e73ull;
+    t[0] = 1;
+    for (uint32_t i = 1; i < 100; i++) t[i] = (int32_t)rnd(nv);
+    for (uint32_t k = 1; ok && k <= 5; k++) {
+        uint32_t n = k < 5 ? 20 * k : 80; /* the fifth: turn 4's prompt edited at 62 */
+        int32_t q[100];
+        memcpy(q, t, sizeof q);
+        if (k == 5) q[62] = (q[62] + 1) % (int32_t)nv;
+        uint32_t expect = k == 1 ? 0 : k < 5 ? 20 * (k - 1) : 62;
+        runner *rs[2] = {&ref, &win};
+        for (int r = 0; r < 2 && ok; r++)
+            ok = kp_eng_prefill(rs[r]->e, q, n, &rs[r]->s, rs[r]->logits, &rs[r]->rep, &err) == KP_OK;
+        CHECK_MSG(ok, "%s", err.msg);
+        if (!ok) break;
+        CHECK_MSG(win.rep.reused_tokens == expect, "turn %u: reused %u, expected %u", k, win.rep.reused_tokens, expect);
+        CHECK_EQ_INT(win.rep.window_cut_from, 0);
+        int32_t ans[N_GEN + 100];
+        memcpy(ans, q, n * sizeof *q);
+        for (int g = 0; g < N_GEN; g++) {
+            CHECK_MSG(rel_diff(win.logits, ref.logits, nv) <= 1e-5, "turn %u step %d", k, g);
+            ans[n + g] = kp_argmax(ref.logits, (int32_t)nv);
+            for (int r = 0; r < 2; r++) CHECK(kp_eng_decode(rs[r]->e, &rs[r]->s, ans[n + g], rs[r]->logits, &err) == KP_OK);
+        }
+        for (int r = 0; r < 2; r++) CHECK(kp_eng_finish(rs[r]->e, &rs[r]->s, ans, n + N_GEN, NULL, &err) == KP_OK);
+    }
+    if (ok) {
+        close_engine(&ref);
+        close_engine(&win);
+    }
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
 /* Under the tightest window budget a sequence of 80 positions on gemma3
  * (W = 16, B = 16) has dropped the window rows of blocks 0..3: a fork of
  * its first n positions reads [n - 15, n), so n = 40 or 72 is refused
@@ -1281,6 +1338,7 @@ int main(void) {
     RUN(test_equal_gemma3);
     RUN(test_window_resume);
     RUN(test_window_fork);
+    RUN(test_window_turns);
     RUN(test_equal_qwen3moe);
     RUN(test_equal_gptoss);
     RUN(test_bill_kv_types);
