@@ -15,11 +15,14 @@ A third server under --window-budget 300K (30 blocks' window rows: the
 least its 4 sequences may run with) answers the same, reuses no more than
 the cached one, and where it reuses less its cause is window_evicted, with
 a detail naming where the tokens matched (the cached server's reuse);
-/v1/cache bills its window arena and holds fewer window rows.
+/v1/cache bills its window arena and holds fewer window rows. Then 16
+requests at once on it (4 running at a time, the window arena under
+pressure) are answered as the uncached server answers them.
 """
 import sys
+import threading
 
-from kvpin_test import Results, Server, kill_all
+from kvpin_test import Results, Server, kill_all, wait_idle
 
 MODEL = "tests/data/models/gen-gemma3-f32.gguf"
 r = Results("gemma3_e2e")
@@ -58,6 +61,42 @@ def check_budget(budget, runs):
          "window budget: the arena is billed: %r" % w)
     r.ok(w["index_bytes"] < cache["kv"]["by_kind"]["full"]["index_bytes"] // cache["kv"]["by_kind"]["full"][
         "bytes_per_token"] * w["bytes_per_token"], "window budget: fewer window rows cached than positions: %r" % w)
+
+
+def check_budget_concurrent(budget, plain, story):
+    """16 requests at once (4 run at a time) on the window-budget server,
+    sharing the system prompt and edited at different places: every one is
+    answered as the uncached server answers it (window slots run out and
+    are given back; sequences step aside and resume), and the server is
+    idle and consistent afterwards."""
+    words = story.split()
+    convs = []
+    for i in range(16):
+        w = list(words)
+        w[(i * 7) % len(w)] = "zebra%d" % i
+        convs.append([{"role": "system", "content": "You tell short stories about a park."},
+                      {"role": "user", "content": " ".join(w) + (" again" * (i % 5))}])
+    out = [None] * len(convs)
+
+    def one(i):
+        out[i] = chat(budget, convs[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(convs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, c in enumerate(convs):
+        ref = chat(plain, c)
+        if out[i] and ref:
+            r.ok(out[i]["choices"][0]["token_ids"] == ref["choices"][0]["token_ids"],
+                 "window budget, concurrent request %d: same answer as uncached" % i)
+    r.ok(wait_idle(budget), "window budget: idle after the concurrent requests")
+    st, cache = budget.get("/v1/cache")
+    r.ok(st == 200 and cache["counts"]["running"] == 0, "window budget: nothing running: %r" % cache.get("counts"))
+    w = cache["kv"]["by_kind"]["window"]
+    print("  window budget: %d cached blocks gave up their window rows, %d of %d bytes in use" % (
+        w["drops"], w["used_bytes"], w["budget_bytes"]))
 
 
 def main():
@@ -108,6 +147,7 @@ def main():
             r.ok(16 < reused < d["usage"]["prompt_tokens"] - 16, "edit in the middle reuses a part: %r" %
                  d["kvpin_cache"])
         check_budget(budget, runs)
+        check_budget_concurrent(budget, plain, story)
     finally:
         for s in (cached, plain, budget):
             if s in Server.running:
