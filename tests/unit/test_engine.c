@@ -29,6 +29,12 @@
  * gpt-oss (gen-gpt-oss in F32 and MXFP4: sinks, biases, a window of 16 on
  * even layers, 4 of 8 experts) runs the cache-on/off, batching and fork
  * checks too.
+ * On both, a fourth engine under the tightest window budget (engine.c)
+ * runs the stream too: the outputs of the reference, never more reuse
+ * than `big`, and some reuse cut by the window rule. Its exact resume
+ * points are checked against the rule itself (every divergence of one
+ * cached sequence, tried position by position), with forks of prefixes
+ * whose window rows were dropped, and in an agent-like loop.
  */
 #include <math.h>
 #include <stdio.h>
