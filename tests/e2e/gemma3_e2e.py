@@ -17,7 +17,8 @@ the cached one, and where it reuses less its cause is window_evicted, with
 a detail naming where the tokens matched (the cached server's reuse);
 /v1/cache bills its window arena and holds fewer window rows. Then 16
 requests at once on it (4 running at a time, the window arena under
-pressure) are answered as the uncached server answers them.
+pressure) are answered as the uncached server answers them. And the
+positions a budget holds count the blocks' full-layer rows alone.
 """
 import sys
 import threading
@@ -99,6 +100,24 @@ def check_budget_concurrent(budget, plain, story):
         w["drops"], w["used_bytes"], w["budget_bytes"]))
 
 
+def check_budget_positions():
+    """--kv-budget 340K with --window-budget 300K: the blocks get the 40K
+    left, 20 blocks of 16 positions at 128 bytes a token (the full layer's
+    K and V: 2 x 1 layer x 1 kv-head x 32 x 2 bytes), so 320 positions; a
+    prompt of more is refused with those numbers."""
+    srv = Server(r, "--ctx", "512", "--kv-budget", "340K", "--window-budget", "300K", "-np", "1", model=MODEL)
+    try:
+        prompt = " ".join("w%d" % (i % 50) for i in range(140))
+        st, _, j = srv.post("/v1/completions", {"prompt": prompt, "max_tokens": 4, "temperature": 0})
+        msg = (j.get("error") or {}).get("message", "") if isinstance(j, dict) else ""
+        r.ok(st == 400 and "the 320 positions the KV budget holds (40960 bytes at 128 bytes per token)" in msg,
+             "window budget: the positions the blocks hold: %s %s" % (st, msg))
+        st, _, j = srv.post("/v1/completions", {"prompt": "w1 w2 w3", "max_tokens": 4, "temperature": 0})
+        r.ok(st == 200, "window budget: a short prompt fits: %s" % st)
+    finally:
+        srv.stop()
+
+
 def main():
     cached = Server(r, "--ctx", "512", "--chat-template", "gemma", model=MODEL)
     plain = Server(r, "--ctx", "512", "--chat-template", "gemma", "--no-prefix-cache", model=MODEL)
@@ -156,6 +175,7 @@ def main():
 
 try:
     main()
+    check_budget_positions()
 finally:
     kill_all()
 sys.exit(r.finish())
