@@ -83,6 +83,18 @@
  * evicted run's first token next, kp_pfx_match says "evicted". The hash is
  * only advisory (a collision mislabels a report, never a hit).
  *
+ * Window rows (kvpool.h's window arena, under a window budget only). A
+ * block may have lost its WINDOW layers' rows. kp_pfx_match then cuts the
+ * reuse to the latest resume point whose window is held
+ * (kp_pfx_window_resume, which reads the blocks kp_pfx_acquire would take:
+ * path_block), and kp_pfx_drop_windows gives rows up under pressure,
+ * sparing the window before every end (mark_ends: leaves, pins, branches):
+ *
+ *   path  [0 ........ 64) --+-- [64 .... 80)  leaf      ends: 64 (branch), 80, 72
+ *                           +-- [64 .. 72)    leaf
+ *   W = 16, B = 16: blocks 3 (48..63) and 4 (64..79) keep their window rows,
+ *   blocks 0..2 may give them up
+ *
  * Memory accounting: idx_refs[b] counts the index's references to pool
  * block b; a block is "index memory" once if idx_refs[b] > 0; sequences'
  * references are the pool refcount minus idx_refs[b].
