@@ -405,7 +405,7 @@ static bool bench_lookup(bench *b, uint32_t n, uint32_t n_prefixes, uint64_t *rn
     uint32_t n_branch = n_prefixes / 2, n_other = n_prefixes - 1 - n_branch;
     uint64_t n_blocks = 2 * blocks_of(n, bs) + n_branch * (blocks_of(branch_len, bs) + 2) +
                         n_other * blocks_of(other_len, bs) + 16;
-    kp_kvpool_config pc = {1, 1, 1, KP_DTYPE_F16, bs, 0, KP_DTYPE_F16};
+    kp_kvpool_config pc = {1, 1, 1, KP_DTYPE_F16, bs, 0, KP_DTYPE_F16, NULL, 0, 0};
     kp_kvpool *pool = NULL;
     kp_pfx_index *idx = NULL;
     pc.budget_bytes = n_blocks * bs * 2 * 2; /* block = K and V rows of width 1, f16 */
@@ -508,7 +508,7 @@ int main(int argc, char **argv) {
     uint32_t max_pos = n_final + 64;
     uint64_t per_token = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F16);
     uint64_t positions = (uint64_t)(n_final + turns * 2 * bs) * 105 / 100 + max_pos;
-    kp_eng_config ec = {KP_DTYPE_F16, bs, positions * per_token, max_pos, false, NULL, KP_DTYPE_F16, false};
+    kp_eng_config ec = {KP_DTYPE_F16, bs, positions * per_token, max_pos, false, NULL, KP_DTYPE_F16, false, 0};
     if (kp_eng_new(&b.e, m, threads, kp_kernels_best(), &ec, &b.err) != KP_OK) goto done;
     b.n_vocab = m->hp.n_vocab;
     b.logits = malloc((size_t)b.n_vocab * sizeof *b.logits);

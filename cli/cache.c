@@ -211,7 +211,7 @@ static const cli_opt cache_tab[] = {
     CLI_USE(CLI_MODEL), CLI_USE(CLI_PROMPT), CLI_USE(CLI_FILE),
     {"turns", NULL, NULL, "FILE", "the prompts, one JSON object per line: {\"prompt\": \"...\"}", O_TURNS},
     CLI_USE(CLI_N_PREDICT), CLI_SAMPLING_OPTS, CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V),
-    CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_KV_BLOCK), CLI_USE(CLI_NO_PREFIX_CACHE), CLI_USE(CLI_NO_BOS),
+    CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_WINDOW_BUDGET), CLI_USE(CLI_KV_BLOCK), CLI_USE(CLI_NO_PREFIX_CACHE), CLI_USE(CLI_NO_BOS),
     CLI_USE(CLI_SPECIAL), CLI_USE(CLI_PRINT_TOKENS), CLI_USE(CLI_SCALAR), CLI_USE(CLI_NO_REPACK),
     {"stop", NULL, NULL, "STR", "end the text before STR (repeatable, at most 16)", O_STOP},
     CLI_USE(CLI_CACHE_DIR), CLI_USE(CLI_CACHE_DISK_BUDGET),
@@ -266,6 +266,7 @@ typedef struct {
     bool no_cache, no_bos, special, print_tokens, scalar, no_repack;
     const char *cache_dir;
     uint64_t disk_budget;
+    uint64_t window_budget; /* --window-budget (0: none) */
 } cache_opts;
 
 static int parse_cache_opts(int argc, char **argv, cache_opts *o) {
@@ -324,6 +325,9 @@ static int parse_cache_opts(int argc, char **argv, cache_opts *o) {
             o->block = (uint32_t)n;
             break;
         case CLI_CACHE_DIR: o->cache_dir = v; break;
+        case CLI_WINDOW_BUDGET:
+            if (!cli_parse_bytes(opt, v, &o->window_budget)) return 2;
+            break;
         case CLI_CACHE_DISK_BUDGET:
             if (!cli_parse_bytes(opt, v, &o->disk_budget)) return 2;
             break;
@@ -435,6 +439,17 @@ static void print_report(const turn_list *t, size_t i, const kp_eng_report *r, c
         fprintf(stderr, "    cached : %s\n", rep.cached_snippet);
         fprintf(stderr, "    request: %s\n", rep.request_snippet);
     }
+    if (r->window_cut_from > r->reused_tokens) { /* a window budget cut the reuse (engine.h) */
+        fprintf(stderr,
+                "  cache: window_evicted: reuse resumed at token %u of the %u that matched: the sliding-window "
+                "layers' K/V before them was dropped (window budget)\n",
+                r->reused_tokens, r->window_cut_from);
+        kp_doctor_advice(KP_DOCTOR_CAUSE_WINDOW_EVICTED, NULL, 0,
+                         100.0 * r->computed_tokens / (r->prompt_tokens ? r->prompt_tokens : 1), subject, advice,
+                         sizeof advice);
+        fprintf(stderr, "    advice : %s\n", advice);
+        return;
+    }
     if (rep.finding.cause != KP_DOCTOR_CAUSE_HIT && !(rep.finding.cause == KP_DOCTOR_CAUSE_COLD && i == 0)) {
         kp_doctor_advice(rep.finding.cause, rep.finding.detail, rep.finding.line, rep.div.percent_recomputed, subject,
                       advice, sizeof advice);
@@ -483,7 +498,7 @@ int cmd_run_cached(int argc, char **argv) {
     /* default: the context plus as much again for cached turns, at most half of RAM */
     uint64_t budget = o.budget ? o.budget : 2 * ((uint64_t)n_ctx + o.block) * per;
     if (!o.budget && cli_half_of_ram() && budget > cli_half_of_ram()) budget = cli_half_of_ram();
-    kp_eng_config ec = {o.kv_type, o.block, budget, n_ctx, o.no_cache, NULL, o.kv_type_v, o.no_repack};
+    kp_eng_config ec = {o.kv_type, o.block, budget, n_ctx, o.no_cache, NULL, o.kv_type_v, o.no_repack, o.window_budget};
     if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK) {
         fprintf(stderr, "kvpin run: %s\n", err.msg);
         goto done;
@@ -553,6 +568,17 @@ int cmd_run_cached(int argc, char **argv) {
                 i + 1, r.prompt_tokens, r.reused_tokens, r.computed_tokens, c.t_first * 1e3, kp_gen_n_generated(g),
                 kp_gen_cause_name(kp_gen_cause_of(g)),
                 st1.n_evictions > st0.n_evictions ? ", evicted cached prefixes to make room" : "");
+        if (st1.n_window_layers) {
+            char f1[32], w1[32];
+            fprintf(stderr, "turn %zu: the cache holds %s of full-layer rows and %s of window-layer rows",
+                    i + 1, cli_bytes(st1.index_full_bytes, f1, sizeof f1),
+                    cli_bytes(st1.index_window_bytes, w1, sizeof w1));
+            if (r.window_cut_from)
+                fprintf(stderr, "; the tokens matched %u, reuse resumed at %u, the latest position whose window "
+                                "rows are held",
+                        r.window_cut_from, r.reused_tokens);
+            fputc('\n', stderr);
+        }
         if (o.cache_dir && (r.reused_from[KP_TIER_DISK] || r.restore_failed != KP_BLOCKREC_OK))
             fprintf(stderr, "turn %zu: %u tokens restored from disk%s%s\n", i + 1, r.reused_from[KP_TIER_DISK],
                     r.restore_failed != KP_BLOCKREC_OK ? ", restore stopped: " : "",
@@ -612,7 +638,7 @@ static bool doctor_tiers_open(doctor_tiers *d, const char *model) {
     kp_error err = {0};
     uint64_t per = kp_model_kv_bytes_per_token_kv(&d->cm.m->hp, d->kv_type, d->kv_type_v);
     kp_eng_config ec = {d->kv_type, d->block, 4 * (uint64_t)d->block * per, d->block, false, NULL, d->kv_type_v,
-                        true};
+                        true, 0};
     kp_tiers_config tc = {d->dir, 0, d->redis, d->redis_timeout, NULL, NULL, NULL, 0};
     if (kp_eng_new(&d->e, d->cm.m, d->cm.pool, d->cm.kernels, &ec, &err) != KP_OK ||
         kp_eng_open_tiers(d->e, &tc, &err) != KP_OK) {

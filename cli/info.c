@@ -73,9 +73,34 @@ static void print_kind_bill(const kp_model *m) {
     uint64_t win = kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, KP_DTYPE_F16, KP_DTYPE_F16);
     printf("  by layer kind (f16): %u full layers %llu bytes/token, %u window layers %llu bytes/token\n"
            "  (every layer keeps every position, so a prompt reuses the cache exactly at any point;\n"
-           "  the window layers' rows older than %u positions are kept for that reuse only)\n",
+           "  the window layers' rows older than %u positions are kept for that reuse only,\n"
+           "  unless --window-budget caps them)\n",
            hp->n_layer - hp->n_swa_layers, (unsigned long long)full, hp->n_swa_layers, (unsigned long long)win,
            hp->n_swa);
+}
+
+/* `kvpin kv`'s bill per layer kind, for a model with WINDOW layers: what a
+ * sequence of n_ctx positions needs (full x n, window x min(n, W)) and
+ * what the prefix cache keeps of n_ctx cached positions by default
+ * (every layer's rows of every position, so reuse is exact anywhere). */
+static void print_kv_kinds(const kp_model *m, uint32_t n_ctx, kp_dtype kt, kp_dtype vt) {
+    const kp_hparams *hp = &m->hp;
+    if (!hp->n_swa_layers) return;
+    uint64_t full = kp_model_kv_bytes_per_token_kind(m, KP_LAYER_FULL, kt, vt);
+    uint64_t win = kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, kt, vt);
+    uint32_t in_window = n_ctx < hp->n_swa ? n_ctx : hp->n_swa;
+    char b1[32], b2[32], b3[32];
+    printf("by kind:    %u full layers:   %llu bytes/token x %u tokens = %s\n", hp->n_layer - hp->n_swa_layers,
+           (unsigned long long)full, n_ctx, cli_bytes(full * n_ctx, b1, sizeof b1));
+    printf("            %u window layers: %llu bytes/token x min(%u, window %u) = %u tokens = %s\n",
+           hp->n_swa_layers, (unsigned long long)win, n_ctx, hp->n_swa, in_window,
+           cli_bytes(win * in_window, b2, sizeof b2));
+    printf("sequence:   %u tokens need %s (full x seq + window x min(seq, %u))\n", n_ctx,
+           cli_bytes(full * n_ctx + win * in_window, b3, sizeof b3), hp->n_swa);
+    printf("cached:     the prefix cache keeps the window layers' rows of every cached position\n"
+           "            (%s for %u tokens) so that reuse resumes exactly anywhere; --window-budget\n"
+           "            caps them, keeping them near the cached prefixes' ends\n",
+           cli_bytes(win * n_ctx, b1, sizeof b1), n_ctx);
 }
 
 static const cli_opt info_tab[] = {CLI_USE(CLI_MODEL), {0}};
@@ -280,6 +305,7 @@ int cmd_kv(int argc, char **argv) {
     printf("per token:  %llu bytes\n", (unsigned long long)per);
     printf("context:    %u tokens -> %s (%llu bytes)\n", n_ctx, cli_bytes(per * n_ctx, b1, sizeof b1),
            (unsigned long long)(per * n_ctx));
+    print_kv_kinds(m, n_ctx, kv_type, kv_type_v);
     printf("weights:    %s; grouped-query attention: %u query heads share each kv-head"
            " (full multi-head KV would need %s)\n",
            cli_bytes(m->weight_bytes, b2, sizeof b2), hp->n_head / hp->n_head_kv,

@@ -53,6 +53,9 @@ static const cli_opt shared[] = {
     {"kv-type-k", NULL, NULL, "TYPE", "element type of the cached K rows alone (as --kv-type)", CLI_KV_TYPE_K},
     {"kv-type-v", NULL, NULL, "TYPE", "element type of the cached V rows alone (as --kv-type)", CLI_KV_TYPE_V},
     {"kv-budget", NULL, NULL, "BYTES", "memory for the KV cache, e.g. 512M or 2G (more than 0)", CLI_KV_BUDGET},
+    {"window-budget", NULL, NULL, "BYTES", "a model with sliding-window layers: memory for their K/V, out of\n"
+     "--kv-budget; cached prefixes then keep it only near their ends and pins, and\n"
+     "reuse resumes where it is held (default: every cached position keeps it)", CLI_WINDOW_BUDGET},
     {"kv-block", NULL, NULL, "N", "positions per KV cache block", CLI_KV_BLOCK},
     {"no-prefix-cache", NULL, NULL, NULL, "compute every prompt in full (no reuse of cached K/V)",
      CLI_NO_PREFIX_CACHE},

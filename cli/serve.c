@@ -38,7 +38,7 @@ enum {
 
 static const cli_opt serve_tab[] = {
     CLI_USE(CLI_MODEL), CLI_USE(CLI_HOST), CLI_USE(CLI_PORT), CLI_USE(CLI_PARALLEL), CLI_USE(CLI_CTX_SIZE),
-    CLI_USE(CLI_THREADS), CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_KV_BLOCK),
+    CLI_USE(CLI_THREADS), CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_WINDOW_BUDGET), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_KV_BLOCK),
     CLI_USE(CLI_NO_PREFIX_CACHE), CLI_USE(CLI_NO_REPACK),
     {"api-key", NULL, NULL, "KEY", "require \"Authorization: Bearer KEY\"; other users can read it in\n"
                                    "ps: prefer --api-key-file or $KVPIN_API_KEY", O_API_KEY},
@@ -281,7 +281,7 @@ int cmd_serve(int argc, char **argv) {
     int64_t redis_timeout = 50;
     int64_t port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 64, chunk = 256, block = 16, timeout = 60;
     int64_t request_timeout = 30, max_conn = 1024, max_per_addr = 64;
-    uint64_t budget = 0, max_body = 8u << 20, answer_memory = 64u << 20;
+    uint64_t budget = 0, window_budget = 0, max_body = 8u << 20, answer_memory = 64u << 20;
     const char *log_prompts = NULL;
     bool pooling_last = false;
     kp_dtype kv_type = KP_DTYPE_F16, kv_type_v = KP_DTYPE_F16;
@@ -374,6 +374,7 @@ int cmd_serve(int argc, char **argv) {
             ok = cli_parse_bytes(opt, v, &budget);
             budget_set = true;
             break;
+        case CLI_WINDOW_BUDGET: ok = cli_parse_bytes(opt, v, &window_budget); break;
         case O_MAX_BODY: ok = cli_parse_bytes(opt, v, &max_body); break;
         case O_ANSWER_MEMORY: ok = cli_parse_bytes(opt, v, &answer_memory); break;
         case O_LOG_PROMPTS: log_prompts = v; break;
@@ -477,7 +478,21 @@ int cmd_serve(int argc, char **argv) {
             goto done;
         }
     }
-    kp_eng_config ec = {kv_type, (uint32_t)block, budget, n_ctx, no_cache, NULL, kv_type_v, no_repack};
+    if (window_budget && hp->n_swa_layers && !no_cache) {
+        /* every running sequence reads its last window and the block it writes; a step
+         * writes a chunk; the cache keeps the window before the end a sequence resumed from */
+        uint64_t wpt = kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, kv_type, kv_type_v);
+        uint64_t need = ((uint64_t)parallel * (hp->n_swa + 2 * (uint64_t)block) + (uint64_t)chunk + hp->n_swa) * wpt;
+        if (window_budget < need) {
+            fprintf(stderr, "kvpin serve: --window-budget %s is below what %lld running sequences need: "
+                            "np x (window %u + 2 blocks) + --prefill-chunk + a window of positions, %s\n",
+                    cli_bytes(window_budget, b1, sizeof b1), (long long)parallel, hp->n_swa,
+                    cli_bytes(need, b2, sizeof b2));
+            rc = 2;
+            goto done;
+        }
+    }
+    kp_eng_config ec = {kv_type, (uint32_t)block, budget, n_ctx, no_cache, NULL, kv_type_v, no_repack, window_budget};
     if (kp_eng_new(&e, m, pool, NULL, &ec, &err) != KP_OK) {
         fprintf(stderr, "kvpin serve: %s\n", err.msg);
         goto done;

@@ -36,7 +36,7 @@
  * the tokens reused and computed, and where (token, byte) and why (cold,
  * hit, evicted, timestamp, counter, identifier, reordered_json, whitespace,
  * inserted_at_front, other, retokenized, template_rewrites_history,
- * new_prefix) the
+ * new_prefix, window_evicted) the
  * prompt left the cache. Greedy outputs with
  * and without the prefix cache are the same: a reused K/V row is the row
  * the same tokens at the same positions produce again.
@@ -235,6 +235,12 @@ typedef struct {
                               Q4_0, Q4_K, Q6_K with AVX-512 VNNI), the session keeps a
                               repacked copy of those matrices (as many bytes again;
                               faster decode, the same results bit for bit) */
+    uint64_t window_budget;/* a model with sliding-window layers (gemma3, gpt-oss):
+                              bytes of kv_budget for those layers' K/V, which cached
+                              prefixes then keep only near their ends, so a prompt
+                              that diverges elsewhere resumes at the latest position
+                              whose window is held (cause window_evicted); 0: every
+                              cached position keeps it (docs/window-budget.md) */
 } kp_session_params;
 
 /* Makes a session over lm (borrowed: it must outlive the session). p NULL:
@@ -326,8 +332,12 @@ typedef enum {
     KP_CAUSE_RETOKENIZED,      /* "retokenized": the same text split into other tokens */
     KP_CAUSE_TEMPLATE_REWRITES_HISTORY,/* "template_rewrites_history": the chat template
                                           renders an earlier turn otherwise */
-    KP_CAUSE_NEW_PREFIX        /* "new_prefix": only a short start (the template's
+    KP_CAUSE_NEW_PREFIX,       /* "new_prefix": only a short start (the template's
                                   opening) is shared: a different conversation */
+    KP_CAUSE_WINDOW_EVICTED    /* "window_evicted": the tokens matched further, but
+                                  the sliding-window layers' K/V before that point
+                                  was dropped (a window budget): reuse resumed at
+                                  the latest position whose window was held */
 } kp_cause;
 
 #define KP_REPORT_DETAIL_MAX 320

@@ -84,6 +84,7 @@ static const char *const cause_names[KP_DOCTOR_CAUSE_COUNT] = {
     [KP_DOCTOR_CAUSE_RETOKENIZED] = "retokenized",
     [KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY] = "template_rewrites_history",
     [KP_DOCTOR_CAUSE_NEW_PREFIX] = "new_prefix",
+    [KP_DOCTOR_CAUSE_WINDOW_EVICTED] = "window_evicted",
 };
 
 const char *kp_doctor_cause_name(kp_doctor_cause cause) {
@@ -1350,6 +1351,11 @@ size_t kp_doctor_advice(kp_doctor_cause cause, const char *detail, size_t line,
                   noun);
         fix = "nothing to fix for a new conversation; requests that should reuse more must start with the same "
               "text (system prompt and tools, byte for byte)";
+        break;
+    case KP_DOCTOR_CAUSE_WINDOW_EVICTED:
+        sb_puts(&b, "its prefix was cached, but the sliding-window layers' K/V of the positions before where it "
+                    "matched had been dropped, so reuse resumed earlier");
+        fix = "raise --window-budget (without it every cached position keeps that K/V), or pin the prefix";
         break;
     case KP_DOCTOR_CAUSE_OTHER:
         sb_printf(&b, "%s was edited", noun);

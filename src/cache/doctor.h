@@ -76,6 +76,13 @@ typedef enum {
                                         prompt) and goes on as another text, none
                                         of which resumes later: a different
                                         conversation, not an edit */
+    KP_DOCTOR_CAUSE_WINDOW_EVICTED,     /* "window_evicted": the tokens matched
+                                        further, but the sliding-window layers'
+                                        K/V before that point was dropped (a
+                                        window budget), so reuse resumed at the
+                                        latest position whose window was held;
+                                        the caller, which owns the cache,
+                                        decides this */
     KP_DOCTOR_CAUSE_COUNT
 } kp_doctor_cause;
 

@@ -83,6 +83,18 @@
  * evicted run's first token next, kp_pfx_match says "evicted". The hash is
  * only advisory (a collision mislabels a report, never a hit).
  *
+ * Window rows (kvpool.h's window arena, under a window budget only). A
+ * block may have lost its WINDOW layers' rows. kp_pfx_match then cuts the
+ * reuse to the latest resume point whose window is held
+ * (kp_pfx_window_resume, which reads the blocks kp_pfx_acquire would take:
+ * path_block), and kp_pfx_drop_windows gives rows up under pressure,
+ * sparing the window before every end (mark_ends: leaves, pins, branches):
+ *
+ *   path  [0 ........ 64) --+-- [64 .... 80)  leaf      ends: 64 (branch), 80, 72
+ *                           +-- [64 .. 72)    leaf
+ *   W = 16, B = 16: blocks 3 (48..63) and 4 (64..79) keep their window rows,
+ *   blocks 0..2 may give them up
+ *
  * Memory accounting: idx_refs[b] counts the index's references to pool
  * block b; a block is "index memory" once if idx_refs[b] > 0; sequences'
  * references are the pool refcount minus idx_refs[b].
@@ -116,6 +128,8 @@ struct kp_pfx_node {
     uint32_t pin, pin_here;   /* pins likewise */
     uint64_t last_used;       /* logical clock */
     uint64_t hits;
+    uint32_t min_end;            /* kp_pfx_drop_windows scratch: the shallowest end
+                                    (leaf or pin) in this node's subtree */
     kp_pfx_node *lru_prev;       /* towards the most recently used */
     kp_pfx_node *lru_next;       /* towards the least recently used */
 };
@@ -161,6 +175,7 @@ struct kp_pfx_index {
 
     uint64_t tick;
     uint64_t n_evictions, evicted_bytes, n_lookups, n_hits, reused_tokens;
+    uint64_t window_drops; /* blocks whose window rows kp_pfx_drop_windows dropped */
 };
 
 /* ---- small helpers ------------------------------------------------------ */
@@ -504,6 +519,89 @@ static uint64_t evict_lru(kp_pfx_index *p, uint64_t bytes_needed) {
     return freed;
 }
 
+/* ---- window rows (kvpool.h's window arena) ------------------------------ */
+
+/* The block kp_pfx_acquire takes for block index j when it reuses up to
+ * the end node `end` (the deepest path node touching j). */
+static int32_t path_block(const kp_pfx_index *p, const kp_pfx_node *end, uint32_t j) {
+    const kp_pfx_node *x = end;
+    while (first_block(p, x) > j) x = x->parent;
+    assert(x->parent && j - first_block(p, x) < x->n_blocks);
+    return x->blocks[j - first_block(p, x)];
+}
+
+uint32_t kp_pfx_window_resume(const kp_pfx_index *p, const int32_t *tokens, uint32_t r) {
+    if (!kp_kvpool_window_budgeted(p->pool)) return r;
+    uint32_t W = kp_kvpool_config_of(p->pool)->window, B = p->B;
+    while (r > 0) {
+        kp_pfx_node *node;
+        uint32_t off, m = descend(p, tokens, r, &node, &off);
+        assert(m == r);
+        (void)m;
+        /* a query at r reads [r - W + 1, r]: the rows of [lo, r) must be held */
+        uint32_t lo = r + 1 > W ? r + 1 - W : 0, cut = UINT32_MAX;
+        if (lo >= r) return r;
+        for (uint32_t j = (r - 1) / B + 1; j-- > lo / B;)
+            if (!kp_kvpool_has_window(p->pool, path_block(p, node, j))) {
+                cut = j;
+                break;
+            }
+        if (cut == UINT32_MAX) return r;
+        r = cut * B; /* every resume point in (cut * B, r] reads a row of block cut */
+    }
+    return 0;
+}
+
+/* Sets min_end of every node: the shallowest end in its subtree
+ * (UINT32_MAX: none). An end is where a resume point is likely: a leaf's
+ * depth, a pinned node's, and a branch's (a node with several children:
+ * prompts parted there, as a conversation's next turn from the answer the
+ * previous one was given). */
+static void mark_ends(kp_pfx_index *p) {
+    for (kp_pfx_node *n = p->lru_head; n; n = n->lru_next) n->min_end = UINT32_MAX;
+    for (kp_pfx_node *n = p->lru_head; n; n = n->lru_next)
+        if (n->n_children != 1 || n->pin_here)
+            for (kp_pfx_node *x = n; x->parent && x->min_end > n->depth; x = x->parent) x->min_end = n->depth;
+}
+
+uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed, const kp_kvseq *reader, uint32_t reader_done) {
+    if (!kp_kvpool_window_budgeted(p->pool) || n_needed == 0) return 0;
+    uint32_t W = kp_kvpool_config_of(p->pool)->window, B = p->B, got = 0;
+    mark_ends(p);
+    /* the reader's blocks it no longer reads: its reference does not count */
+    if (++p->epoch == 0) {
+        memset(p->mark, 0, (size_t)p->n_pool_blocks * sizeof(uint32_t));
+        p->epoch = 1;
+    }
+    for (uint32_t j = 0; reader && (j + 1) * B <= reader_done && j < reader->n_blocks; j++)
+        p->mark[reader->blocks[j]] = p->epoch;
+    /* least recently used first; the nodes one touch left with the same
+     * last_used (a path, root-most nearest the head) shallowest first, so
+     * a conversation gives up its oldest resume points first */
+    for (kp_pfx_node *last = p->lru_tail; last && got < n_needed;) {
+        kp_pfx_node *first = last;
+        while (first->lru_prev && first->lru_prev->last_used == last->last_used) first = first->lru_prev;
+        for (kp_pfx_node *n = first;; n = n->lru_next) {
+            uint32_t f = first_block(p, n);
+            for (uint32_t i = 0; i < n->n_blocks && got < n_needed; i++) {
+                int32_t b = n->blocks[i];
+                /* a resume point at an end e reads [e - W, e) (e - 1 too, the
+                 * full hit's recomputed last position): keep block f + i if it
+                 * reaches into that run of the nearest end below */
+                if ((uint64_t)(f + i + 1) * B + W > n->min_end) continue;
+                uint32_t others = kp_kvpool_refcount(p->pool, b) - p->idx_refs[b] - (p->mark[b] == p->epoch);
+                if (others || !kp_kvpool_has_window(p->pool, b)) continue;
+                kp_kvpool_drop_window(p->pool, b);
+                got++;
+            }
+            if (n == last) break;
+        }
+        last = first->lru_prev;
+    }
+    p->window_drops += got;
+    return got;
+}
+
 /* ---- public API --------------------------------------------------------- */
 
 kp_status kp_pfx_new(kp_pfx_index **out, kp_kvpool *pool, const kp_pfx_config *cfg, kp_error *err) {
@@ -566,6 +664,11 @@ void kp_pfx_match(const kp_pfx_index *p, const int32_t *tokens, uint32_t n, kp_p
     uint32_t m = descend(p, tokens, n, &node, &off);
     out->n_match = m;
     out->n_reuse = m == n && n > 0 ? n - 1 : m;
+    uint32_t resume = kp_pfx_window_resume(p, tokens, out->n_reuse);
+    if (resume < out->n_reuse) {
+        out->window_cut_from = out->n_reuse;
+        out->n_reuse = resume;
+    }
     if (node->parent) {
         out->edge_start = node_start(node);
         out->edge_end = node->depth;
@@ -629,6 +732,9 @@ kp_status kp_pfx_acquire(kp_pfx_index *p, const int32_t *tokens, uint32_t n_reus
             evict_lru(p, p->block_bytes);
             st = kp_kvpool_alloc(p->pool, &copy, NULL);
         }
+        /* the copy takes the window rows too (a window slot, with a budget) */
+        if (st == KP_OK && (st = kp_kvpool_copy(p->pool, copy, seq->blocks[nb - 1], NULL)) != KP_OK)
+            kp_kvpool_unref(p->pool, copy);
         if (st != KP_OK) {
             for (uint32_t i = 0; i < nb; i++) kp_kvpool_unref(p->pool, seq->blocks[i]);
             if (fresh) { /* leave *seq as it came */
@@ -639,10 +745,10 @@ kp_status kp_pfx_acquire(kp_pfx_index *p, const int32_t *tokens, uint32_t n_reus
             unhold_path(node);
             try_merge(p, node);
             return kp_fail(err, KP_EFULL,
-                           "KV pool full: no block for the copy of the partial block at position %u",
+                           "KV pool full: no block (or window slot) for the copy of the partial block at "
+                           "position %u",
                            n_reuse - 1);
         }
-        kp_kvpool_copy(p->pool, copy, seq->blocks[nb - 1]);
         kp_kvpool_unref(p->pool, seq->blocks[nb - 1]);
         seq->blocks[nb - 1] = copy;
     }
@@ -848,6 +954,8 @@ void kp_pfx_get_stats(kp_pfx_index *p, kp_pfx_stats *out) {
     out->used_bytes = (uint64_t)(p->n_pool_blocks - kp_kvpool_n_free(p->pool)) * bb;
     out->free_bytes = out->budget_bytes - out->used_bytes;
     out->index_bytes = (uint64_t)p->n_idx_blocks * bb;
+    for (uint32_t b = 0; b < p->n_pool_blocks; b++)
+        if (p->idx_refs[b] && kp_kvpool_has_window(p->pool, (int32_t)b)) out->index_window_blocks++;
     out->pinned_bytes = count_pinned_blocks(p, NULL) * bb;
     out->pinned_cap_bytes = p->cfg.pinned_cap_bytes;
     for (uint32_t b = 0; b < p->n_pool_blocks; b++) {
@@ -870,6 +978,7 @@ void kp_pfx_get_stats(kp_pfx_index *p, kp_pfx_stats *out) {
     out->n_lookups = p->n_lookups;
     out->n_hits = p->n_hits;
     out->reused_tokens = p->reused_tokens;
+    out->window_drops = p->window_drops;
 }
 
 /* Preorder successor (root excluded from the walk; NULL at the end). */

@@ -76,6 +76,9 @@ typedef struct {
     bool evicted;             /* n_match < n and the query's continuation at n_match
                                  (tokens[0..n_match]) was cached once and evicted */
     uint32_t evicted_len;     /* when evicted: the path length the evicted node had */
+    uint32_t window_cut_from; /* > 0: the reuse the tokens allow, which n_reuse was cut
+                                 from to the latest resume point whose window rows
+                                 are held (kp_pfx_window_resume); 0: not cut */
 } kp_pfx_match_result;
 
 /* Longest cached prefix of tokens[0..n). Read-only: no LRU touch, no stats,
@@ -121,6 +124,28 @@ void kp_pfx_release(kp_pfx_index *p, kp_pfx_lease *lease);
  * remembered for kp_pfx_match. Call it when kp_kvpool_alloc answers KP_EFULL. */
 uint64_t kp_pfx_evict(kp_pfx_index *p, uint64_t bytes_needed, int64_t now);
 
+/* Window rows (kvpool.h's window arena, with a window budget only; W =
+ * the pool's window). A reuse of r positions resumes computing at r, and
+ * the WINDOW layers' query at r reads positions r - W < p <= r: it needs
+ * the window rows of [r - W + 1, r) in the blocks kp_pfx_acquire takes.
+ * kp_pfx_window_resume answers the latest r' <= r (tokens[0..r) cached)
+ * whose rows are held: when block j of that run lacks them, every r' in
+ * (j * B, r] reads a row of it, so the next candidate is j * B (0 always
+ * qualifies). Without a budget: r. kp_pfx_match applies it. */
+uint32_t kp_pfx_window_resume(const kp_pfx_index *p, const int32_t *tokens, uint32_t r);
+
+/* Drops the window rows of up to n_needed blocks that only the index
+ * references (no running sequence reads them), least recently used nodes
+ * first (of a path touched at once, the shallowest first), sparing every
+ * block that reaches into the W positions before an end: a leaf's depth,
+ * a pinned node's or a branch's, where prompts parted (a resume point
+ * there, or one before it on a full hit, stays whole). reader (may be NULL) is the
+ * sequence asking: its references to its blocks wholly below reader_done
+ * (positions no query of it reads again) do not count as readers. Returns
+ * how many were dropped (their slots are free). 0 without a window
+ * budget. */
+uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed, const kp_kvseq *reader, uint32_t reader_done);
+
 /* Pins the cached prefix tokens[0..n) until kp_pfx_unpin(*id), or until
  * now + ttl_seconds (ttl 0: no expiry). A pinned path is never evicted.
  * KP_ENOTFOUND if the n tokens are not all cached; KP_EFULL if the pinned
@@ -156,6 +181,8 @@ typedef struct {
     uint64_t n_lookups;         /* successful kp_pfx_acquire calls */
     uint64_t n_hits;            /* ... with n_reuse > 0 */
     uint64_t reused_tokens;     /* sum of n_reuse */
+    uint32_t index_window_blocks; /* index blocks that hold their window rows */
+    uint64_t window_drops;      /* blocks whose window rows kp_pfx_drop_windows dropped */
 } kp_pfx_stats;
 
 void kp_pfx_get_stats(kp_pfx_index *p, kp_pfx_stats *out);

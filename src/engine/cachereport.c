@@ -15,6 +15,7 @@
 #include "engine/cachereport.h"
 
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 typedef struct {
@@ -171,6 +172,18 @@ kp_doctor_tokens kp_cachereport_tokens(const kp_tok_vocab *v, const int32_t *ids
     return dt;
 }
 
+/* The reuse stopped before where the tokens matched because the window
+ * layers' rows there were dropped (engine.h, window_cut_from): the cause
+ * is window_evicted whatever the text says, and the detail says where the
+ * tokens matched and where the reuse resumed. */
+static void window_cause(const kp_eng_report *r, kp_doctor_report *out) {
+    out->finding.cause = KP_DOCTOR_CAUSE_WINDOW_EVICTED;
+    snprintf(out->finding.detail, sizeof out->finding.detail,
+             "window_evicted: the cache matched %u of %u tokens, but the sliding-window layers' K/V before that "
+             "was dropped (window budget): reuse resumed at token %u, the latest position whose window is held",
+             r->window_cut_from, r->prompt_tokens, r->reused_tokens);
+}
+
 kp_status kp_cachereport_explain(kp_cachereport *c, const int32_t *tokens, uint32_t n, const char *text, size_t text_len,
                           const kp_eng_report *r, kp_doctor_escape mode, kp_doctor_report *out, kp_error *err) {
     return kp_cachereport_explain_hinted(c, tokens, n, text, text_len, r, NULL, mode, out, err);
@@ -221,6 +234,7 @@ kp_status kp_cachereport_explain_hinted(kp_cachereport *c, const int32_t *tokens
                                                     text_cached ? best->n : 0);
         if (hints) dt.hints = *hints;
         st = kp_doctor_explain(ct, state == KP_DOCTOR_CACHE_NOTHING ? 0 : cl, rt, rlen, &dt, state, mode, out, err);
+        if (st == KP_OK && r->window_cut_from > r->reused_tokens) window_cause(r, out);
     }
     free(req);
     free(cached);

@@ -22,12 +22,50 @@
  *   n_reuse = match.n_reuse: the whole match, or n - 1 on a full hit (the
  *   last position is computed again to get its logits).
  *
- *   Sliding-window layers (model.h, layer kinds) change nothing here: a
- *   block holds the K/V of every layer for its positions, WINDOW layers
- *   included (forward.c's policy), so the rows any suffix's window reads
- *   are in the cached blocks, whatever n_reuse is. Reuse stays exact at
- *   any divergence point, at the price of keeping the WINDOW layers' rows
- *   of positions older than the window (kvpin info bills them).
+ *   Sliding-window layers (model.h, layer kinds). By default (no window
+ *   budget) a block holds the K/V of every layer for its positions, WINDOW
+ *   layers included (kvpool.h: a window slot per block), so the rows any
+ *   suffix's window reads are in the cached blocks, whatever n_reuse is:
+ *   reuse is exact at any divergence point, at the price of keeping the
+ *   WINDOW layers' rows of positions older than the window.
+ *
+ *   With a window budget (kp_eng_config.window_budget_bytes) the WINDOW
+ *   layers' rows live in a window arena of that many bytes, apart from the
+ *   blocks (kvpool.h), and are kept only where a resume point needs them:
+ *
+ *     positions   0 ....... 16 ....... 32 ....... 48 ....... 64 ... 80 (leaf end)
+ *     full rows   [ blk 0  ][ blk 1  ][ blk 2  ][ blk 3  ][ blk 4  ]  always
+ *     window rows    --        --        --        --    [ slot 7 ]  W = 16
+ *
+ *   - a sequence attaches window slots to the blocks a forward call writes
+ *     (window_rows) and, after it, drops those of its own blocks (no one
+ *     else references them) that lie wholly W or more positions before its
+ *     length (window_trim): a query at q >= n reads q - W < p <= q only.
+ *     So a running sequence holds at most W positions (plus the block
+ *     they start in and the batch it computes) of window rows beyond what
+ *     the index already holds, and those before its prompt's end
+ *     (seq->prompt_end: the next turn diverges there when the answer is
+ *     not sent back as it was) and of its copy of the block it resumed in
+ *     (seq->reused: a prompt diverging just past the previous turn's end
+ *     reads it);
+ *   - when the window arena is full, window_rows asks the index to drop
+ *     the window rows of cached blocks no running sequence uses and no
+ *     resume point needs (kp_pfx_drop_windows: a block is needed when it
+ *     reaches into the W positions before a leaf's end, a pin's end or a
+ *     branch, where a conversation's next turn left the previous answer),
+ *     least recently used first, then evicts, then lets go of its lease;
+ *   - the match (kp_pfx_match, kp_pfx_window_resume) reuses up to the
+ *     latest position p <= d (d the divergence, n - 1 on a full hit) such
+ *     that the rows of [p - W + 1, p) are held; report.window_cut_from
+ *     says where the tokens matched, and the cache report's cause is
+ *     window_evicted. Outputs stay those of a recomputation: no query ever
+ *     reads a dropped row (kvpool.h asserts it).
+ *
+ *   Tiers: a finished sequence (a pinned path) is published up to its
+ *   first block without window rows; a restored block gets a slot first.
+ *   Admission (below) counts blocks only: a step item that finds no window
+ *   slot gets KP_EFULL as one that finds no block does. A fork of a prefix
+ *   whose window rows the source dropped is refused (KP_EFULL).
  *
  * A step (kp_eng_step) packs the items' tokens into one kp_batch, items in
  * order, each item's tokens at consecutive positions from its sequence's
@@ -137,9 +175,10 @@ struct kp_engine {
 kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_threads *threads, const kp_kernels *kernels,
                   const kp_eng_config *cfg, kp_error *err) {
     *out = NULL;
-    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 0, false, NULL, KP_DTYPE_F16, false};
+    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 0, false, NULL, KP_DTYPE_F16, false, 0};
     if (cfg) c = *cfg;
     if (!c.block_size) c.block_size = 16;
+    if (c.no_prefix_cache) c.window_budget_bytes = 0; /* window rows are kept for the cache only */
     if (!c.max_pos) c.max_pos = m->hp.n_ctx_train && m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
     kp_dtype vt = c.kv_type_v;
     kp_status cst = kp_kvpool_check_type(c.kv_type, m->hp.head_dim, "K", err);
@@ -147,7 +186,9 @@ kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_threads *threads, co
     if (cst != KP_OK) return cst;
     uint64_t per_tok = kp_model_kv_bytes_per_token_kv(&m->hp, c.kv_type, vt);
     uint64_t block_bytes = per_tok * c.block_size;
-    if (!c.budget_bytes) c.budget_bytes = ((uint64_t)c.max_pos + c.block_size - 1) / c.block_size * block_bytes;
+    if (!c.budget_bytes) /* room for max_pos positions, and the window arena apart */
+        c.budget_bytes = ((uint64_t)c.max_pos + c.block_size - 1) / c.block_size * block_bytes +
+                         (m->hp.n_swa_layers ? c.window_budget_bytes : 0);
     if (c.budget_bytes < block_bytes)
         return kp_fail(err, KP_EINVAL, "KV budget of %llu bytes is smaller than one block (%llu bytes)",
                        (unsigned long long)c.budget_bytes, (unsigned long long)block_bytes);
@@ -160,9 +201,30 @@ kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_threads *threads, co
         e->has_pfx_cfg = true;
     }
     kp_status st = KP_ENOMEM;
+    uint8_t *window_layers = calloc(m->hp.n_layer, 1);
+    if (!window_layers) {
+        st = kp_fail(err, KP_ENOMEM, "out of memory for the engine");
+        goto fail;
+    }
+    for (uint32_t l = 0; l < m->hp.n_layer; l++) window_layers[l] = m->layers[l].kind == KP_LAYER_WINDOW;
     kp_kvpool_config kc = {m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, c.kv_type, c.block_size,
-                           c.budget_bytes, vt};
-    if ((st = kp_kvpool_new(&e->kv, &kc, err)) != KP_OK) goto fail;
+                           c.budget_bytes, vt, window_layers, m->hp.n_swa, c.window_budget_bytes};
+    st = kp_kvpool_new(&e->kv, &kc, err);
+    free(window_layers);
+    if (st != KP_OK) goto fail;
+    if (kp_kvpool_window_budgeted(e->kv)) {
+        /* a forward call writes the window rows of a whole batch and reads the window before
+         * it, while the cache keeps the window before the end it resumed from */
+        uint32_t B = c.block_size, min_slots = (ENG_BATCH + 2 * m->hp.n_swa + B - 1) / B + 2;
+        if (kp_kvpool_n_slots(e->kv) < min_slots) {
+            st = kp_fail(err, KP_EINVAL,
+                         "a window budget of %llu bytes holds the window rows of %u blocks; a batch of %u "
+                         "positions and twice the window of %u before it need %u (%llu bytes)",
+                         (unsigned long long)c.window_budget_bytes, kp_kvpool_n_slots(e->kv), ENG_BATCH,
+                         m->hp.n_swa, min_slots, (unsigned long long)min_slots * kp_kvpool_window_bytes(e->kv));
+            goto fail;
+        }
+    }
     if (!c.no_prefix_cache && (st = kp_pfx_new(&e->idx, e->kv, c.pfx, err)) != KP_OK) goto fail;
     e->threads = threads;
     if ((st = kp_forward_new(&e->fw, m, e->kv, threads, kernels, err)) != KP_OK) goto fail;
@@ -231,6 +293,60 @@ static kp_status reserve(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_eng_r
     }
 }
 
+/* With a window budget (kvpool.h): gives the blocks of positions
+ * [p0, p1) of seq window slots before a forward call writes them. When the
+ * window arena is full: the window rows the index can spare
+ * (kp_pfx_drop_windows), then eviction, then the sequence's own lease, as
+ * reserve() does for blocks. */
+static kp_status window_rows(kp_engine *e, kp_eng_seq *seq, uint32_t p0, uint32_t p1, kp_error *err) {
+    if (!kp_kvpool_window_budgeted(e->kv) || p1 <= p0) return KP_OK;
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
+    for (uint32_t j = p0 / B; j <= (p1 - 1) / B; j++) {
+        for (;;) {
+            kp_status st = kp_kvpool_attach_window(e->kv, seq->kv.blocks[j], err);
+            if (st != KP_EFULL) {
+                if (st != KP_OK) return st;
+                break;
+            }
+            uint32_t need = (p1 - 1) / B - j + 1;
+            /* the blocks behind the sequence's window are not read by it, except those
+             * before where it resumed: that becomes a branch, a resume point, once indexed */
+            uint32_t W = kp_kvpool_config_of(e->kv)->window, q = p0 < seq->reused ? p0 : seq->reused;
+            uint32_t done = q > W ? q - W : 0;
+            if (e->idx && kp_pfx_drop_windows(e->idx, need, &seq->kv, done)) continue;
+            if (e->idx && kp_pfx_evict(e->idx, kp_kvpool_block_bytes(e->kv), (int64_t)time(NULL))) continue;
+            if (e->idx && seq->lease.node) {
+                kp_pfx_release(e->idx, &seq->lease);
+                continue;
+            }
+            return kp_fail(err, KP_EFULL,
+                           "window budget full: positions %u..%u need window rows and nothing cached can spare "
+                           "them (raise --window-budget)",
+                           p0, p1 - 1);
+        }
+    }
+    return KP_OK;
+}
+
+/* With a window budget: drops the window rows of seq's own blocks (no one
+ * else references them) that no query of it will read again: a query at
+ * q >= n_pos reads positions > q - W, so block j is done once
+ * (j + 1) * B <= n_pos - W (the W positions before n_pos stay, so a
+ * resume point at its end, or one before, stays whole once indexed). */
+static void window_trim(kp_engine *e, kp_eng_seq *seq) {
+    if (!kp_kvpool_window_budgeted(e->kv)) return;
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size, W = kp_kvpool_config_of(e->kv)->window;
+    uint32_t n = seq->kv.n_pos, mark = seq->prompt_end;
+    if (n < W + B) return;
+    for (uint32_t j = 0; (j + 1) * B <= n - W && j < seq->kv.n_blocks; j++) {
+        /* the prompt's end is a resume point too: keep what reaches into [mark - W, mark) */
+        if (mark && j * B < mark && (j + 1) * B + W > mark) continue;
+        /* and so is where the sequence resumed: keep its copy of that block */
+        if (seq->reused % B && j == seq->reused / B) continue;
+        if (kp_kvpool_refcount(e->kv, seq->kv.blocks[j]) == 1) kp_kvpool_drop_window(e->kv, seq->kv.blocks[j]);
+    }
+}
+
 uint32_t kp_eng_fork_blocks(const kp_engine *e, uint32_t n_pos) {
     return n_pos % kp_kvpool_config_of(e->kv)->block_size ? 1 : 0;
 }
@@ -246,9 +362,13 @@ kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp
         return kp_fail(err, KP_EINVAL, "fork into a sequence that is not empty");
     if (n > src->kv.n_pos)
         return kp_fail(err, KP_EINVAL, "fork of %u positions from a sequence of %u", n, src->kv.n_pos);
-    uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size, W = kp_kvpool_config_of(e->kv)->window;
     uint32_t nb = (uint32_t)(((uint64_t)n + B - 1) / B);
     if (nb == 0) return KP_OK;
+    /* under a window budget the source may have dropped the window rows that position n reads */
+    for (uint32_t j = n + 1 > W ? (n + 1 - W) / B : 0; W > 1 && j < nb; j++)
+        if (!kp_kvpool_has_window(e->kv, src->kv.blocks[j]))
+            return kp_fail(err, KP_EFULL, "the window rows before position %u were dropped (window budget)", n);
     if (!kp_grow_u32((void **)&dst->kv.blocks, &dst->kv.cap_blocks, nb, sizeof(int32_t)))
         return kp_fail(err, KP_ENOMEM, "out of memory growing a block table");
     int32_t copy = -1;
@@ -261,7 +381,10 @@ kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp
                                               "last block (raise --kv-budget)");
         }
         if (st != KP_OK) return st;
-        kp_kvpool_copy(e->kv, copy, src->kv.blocks[nb - 1]);
+        if ((st = kp_kvpool_copy(e->kv, copy, src->kv.blocks[nb - 1], err)) != KP_OK) {
+            kp_kvpool_unref(e->kv, copy);
+            return st;
+        }
     }
     for (uint32_t i = 0; i < nb; i++) {
         if (i == nb - 1 && copy >= 0) {
@@ -320,8 +443,10 @@ static kp_status run_tokens(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens
             e->step_want[j] = last && j == m - 1 && logits;
         }
         kp_batch b = {(int32_t)m, tokens + i, e->step_pos, e->step_seq, e->step_want, seqs, 1};
-        kp_status st = kp_forward_run(e->fw, &b, last ? logits : NULL, err);
+        kp_status st = window_rows(e, seq, seq->kv.n_pos, seq->kv.n_pos + m, err);
+        if (st == KP_OK) st = kp_forward_run(e->fw, &b, last ? logits : NULL, err);
         if (st != KP_OK) return st;
+        window_trim(e, seq);
     }
     return KP_OK;
 }
@@ -339,6 +464,10 @@ static void tier_restore(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng
     clock_gettime(CLOCK_MONOTONIC, &t0);
     uint32_t nb = kp_tiers_probe(e->tiers, tokens, j0, j_end);
     if (nb == 0 || reserve(e, seq, (j0 + nb) * B, NULL, NULL) != KP_OK) return;
+    if (window_rows(e, seq, p, (j0 + nb) * B, NULL) != KP_OK) { /* computed instead */
+        kp_kvseq_truncate(&seq->kv, e->kv, p);
+        return;
+    }
     uint32_t got[KP_TIER_N] = {0}, j = j0;
     kp_tier_id *from = malloc((size_t)nb * sizeof *from);
     if (!from) return; /* computed instead */
@@ -371,6 +500,7 @@ kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_s
     if (n == 0 || !tokens) return kp_fail(err, KP_EINVAL, "empty prompt");
     if (seq->kv.n_pos || seq->kv.n_blocks || seq->lease.node)
         return kp_fail(err, KP_EINVAL, "prefill into a sequence that is not empty");
+    seq->prompt_end = n;
     if (n > e->max_pos)
         return kp_fail(err, KP_ERANGE, "the prompt has %u tokens, more than the maximum of %u", n, e->max_pos);
     int32_t nv = (int32_t)e->m->hp.n_vocab;
@@ -388,10 +518,12 @@ kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_s
         r.n_continuations = mr.n_continuations;
         r.evicted = mr.evicted;
         r.evicted_len = mr.evicted_len;
+        r.window_cut_from = mr.window_cut_from;
         kp_status st = kp_pfx_acquire(e->idx, tokens, mr.n_reuse, &seq->kv, &seq->lease, err);
         if (st == KP_EFULL) { /* the partial-block copy found no free block: compute instead */
             uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
-            st = kp_pfx_acquire(e->idx, tokens, mr.n_reuse / B * B, &seq->kv, &seq->lease, err);
+            st = kp_pfx_acquire(e->idx, tokens, kp_pfx_window_resume(e->idx, tokens, mr.n_reuse / B * B),
+                                &seq->kv, &seq->lease, err);
         }
         if (st != KP_OK) {
             if (report) *report = r;
@@ -405,6 +537,7 @@ kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_s
         r.cold = true;
     }
     r.computed_tokens = n - r.reused_tokens;
+    seq->reused = r.reused_tokens;
     if (report) *report = r;
     return KP_OK;
 }
@@ -426,6 +559,7 @@ void kp_eng_probe(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_report
     r->n_continuations = mr.n_continuations;
     r->evicted = mr.evicted;
     r->evicted_len = mr.evicted_len;
+    r->window_cut_from = mr.window_cut_from;
     r->reused_tokens = mr.n_reuse;
     r->computed_tokens = n - mr.n_reuse;
 }
@@ -571,6 +705,7 @@ kp_status kp_eng_step(kp_engine *e, kp_eng_item *items, uint32_t n_items, kp_err
             }
         if (it->status != KP_OK) continue;
         it->status = reserve(e, it->seq, p + it->n, NULL, &it->err);
+        if (it->status == KP_OK) it->status = window_rows(e, it->seq, p, p + it->n, &it->err);
         if (it->status == KP_OK) total += it->n;
     }
     if (total == 0) return KP_OK;
@@ -602,6 +737,8 @@ kp_status kp_eng_step(kp_engine *e, kp_eng_item *items, uint32_t n_items, kp_err
     kp_batch b = {(int32_t)total, e->step_tok, e->step_pos, e->step_seq, e->step_want, e->step_seqs, (int32_t)ns};
     float *out = n_asking == 1 ? asking->logits : n_asking ? e->step_logits : NULL;
     if ((st = kp_forward_run(e->fw, &b, out, err)) != KP_OK) return st;
+    for (uint32_t i = 0; i < n_items; i++)
+        if (items[i].status == KP_OK) window_trim(e, items[i].seq);
     if (n_asking < 2) return KP_OK;
     size_t nv = e->m->hp.n_vocab;
     uint32_t l = 0;
@@ -633,7 +770,13 @@ kp_status kp_eng_finish(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, ui
     if (n_added) *n_added = 0;
     if (n > seq->kv.n_pos) n = seq->kv.n_pos;
     if (e->idx && n > 0 && tokens) st = kp_pfx_insert(e->idx, tokens, n, &seq->kv, NULL, n_added, err);
-    if (e->tiers && tokens) kp_tiers_publish(e->tiers, tokens, n, &seq->kv);
+    if (e->tiers && tokens) {
+        /* a block whose window rows were dropped is not published, nor any after it */
+        uint32_t B = kp_kvpool_config_of(e->kv)->block_size, j = 0;
+        while (j < n / B && kp_kvpool_has_window(e->kv, seq->kv.blocks[j])) j++;
+        if (j < n / B) n = j * B;
+        kp_tiers_publish(e->tiers, tokens, n, &seq->kv);
+    }
     kp_eng_seq_abort(e, seq);
     return st;
 }
@@ -643,6 +786,30 @@ kp_status kp_eng_clear(kp_engine *e, kp_error *err) {
     kp_pfx_free(e->idx);
     e->idx = NULL;
     return kp_pfx_new(&e->idx, e->kv, e->has_pfx_cfg ? &e->pfx_cfg : NULL, err);
+}
+
+/* The per-kind fields of the bill (kp_eng_stats); index_* from index_bytes
+ * and the index's blocks that hold window rows, so call it again once
+ * those are known. */
+static void kind_bill(const kp_engine *e, kp_eng_stats *out, uint64_t index_window_blocks) {
+    const kp_kvpool_config *kc = kp_kvpool_config_of(e->kv);
+    const kp_hparams *hp = &e->m->hp;
+    out->full_bytes_per_token = kp_model_kv_bytes_per_token_kind(e->m, KP_LAYER_FULL, kc->kv_type, kc->kv_type_v);
+    out->n_window_layers = hp->n_swa_layers;
+    out->n_full_layers = hp->n_layer - hp->n_swa_layers;
+    if (hp->n_swa_layers) {
+        out->window = hp->n_swa;
+        out->window_bytes_per_token =
+            kp_model_kv_bytes_per_token_kind(e->m, KP_LAYER_WINDOW, kc->kv_type, kc->kv_type_v);
+    }
+    uint64_t index_blocks = out->block_bytes ? out->index_bytes / out->block_bytes : 0;
+    out->index_full_bytes = index_blocks * kc->block_size * out->full_bytes_per_token;
+    out->index_window_bytes = index_window_blocks * kc->block_size * out->window_bytes_per_token;
+    if (kp_kvpool_window_budgeted(e->kv)) {
+        uint64_t wb = kp_kvpool_window_bytes(e->kv);
+        out->window_budget_bytes = (uint64_t)kp_kvpool_n_slots(e->kv) * wb;
+        out->window_used_bytes = (uint64_t)(kp_kvpool_n_slots(e->kv) - kp_kvpool_n_free_slots(e->kv)) * wb;
+    }
 }
 
 void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out) {
@@ -656,6 +823,7 @@ void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out) {
     out->block_size = kc->block_size;
     out->bytes_per_token = kp_model_kv_bytes_per_token_kv(&e->m->hp, kc->kv_type, kc->kv_type_v);
     out->block_bytes = bb;
+    kind_bill(e, out, 0);
     if (!e->idx) {
         uint32_t nb = kp_kvpool_n_blocks(e->kv);
         out->budget_bytes = (uint64_t)nb * bb;
@@ -683,6 +851,15 @@ void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out) {
     out->n_lookups = ps.n_lookups;
     out->n_hits = ps.n_hits;
     out->reused_tokens = ps.reused_tokens;
+    out->window_drops = ps.window_drops;
+    kind_bill(e, out, ps.index_window_blocks);
+    if (kp_kvpool_window_budgeted(e->kv)) { /* the two arenas apart: bytes held, not blocks x block_bytes */
+        uint64_t fb = kp_kvpool_full_bytes(e->kv), nb = kp_kvpool_n_blocks(e->kv);
+        out->budget_bytes = nb * fb + out->window_budget_bytes;
+        out->used_bytes = (nb - kp_kvpool_n_free(e->kv)) * fb + out->window_used_bytes;
+        out->free_bytes = out->budget_bytes - out->used_bytes;
+        out->index_bytes = out->index_full_bytes + out->index_window_bytes;
+    }
 }
 
 kp_status kp_eng_open_tiers(kp_engine *e, const kp_tiers_config *cfg, kp_error *err) {
@@ -841,8 +1018,8 @@ static void tier_pin_publish(kp_engine *e, const int32_t *tokens, uint32_t n) {
     if (!w.nb || !(w.blocks = malloc((size_t)w.nb * sizeof *w.blocks))) return;
     for (uint32_t i = 0; i < w.nb; i++) w.blocks[i] = -1;
     uint32_t have = 0;
-    if (kp_pfx_walk(e->idx, pin_visit, &w, NULL) == KP_OK)
-        while (have < w.nb && w.blocks[have] >= 0) have++;
+    if (kp_pfx_walk(e->idx, pin_visit, &w, NULL) == KP_OK) /* whole blocks with their window rows */
+        while (have < w.nb && w.blocks[have] >= 0 && kp_kvpool_has_window(e->kv, w.blocks[have])) have++;
     kp_kvseq view = {w.blocks, have, have, have * B};
     if (have) kp_tiers_publish(e->tiers, tokens, have * B, &view);
     free(w.blocks);

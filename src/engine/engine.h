@@ -60,6 +60,10 @@ typedef struct {
                                  too) need head_dim % 32 == 0, else KP_EINVAL */
     bool no_repack;           /* true: the kernels read every weight in the mapping
                                  (kp_forward_pack_weights not called) */
+    uint64_t window_budget_bytes; /* a model with WINDOW layers: their rows get this
+                                 share of budget_bytes (kvpool.h's window arena) and
+                                 cached blocks keep them only where a resume point
+                                 needs them (engine.c); 0: every block keeps them */
 } kp_eng_config;
 
 /* A running sequence, owned by the caller and opaque to it. Start from
@@ -67,6 +71,13 @@ typedef struct {
 typedef struct {
     kp_kvseq kv;
     kp_pfx_lease lease;
+    uint32_t prompt_end; /* kp_eng_begin's n: a resume point (the next turn of a
+                            conversation diverges there when the answer is not
+                            sent back as it was) whose window rows the sequence
+                            keeps under a window budget (engine.c) */
+    uint32_t reused;     /* kp_eng_begin's reuse: the previous turn's end, in a
+                            block the sequence copied when it is mid-block; that
+                            block keeps its window rows too */
 } kp_eng_seq;
 
 /* What one prefill did, and the inputs of a cache report. */
@@ -97,6 +108,11 @@ typedef struct {
      * kp_eng_begin / kp_eng_prefill */
     uint32_t inflight_tokens;
     double inflight_wait_ms;
+    uint32_t window_cut_from;   /* > 0: the tokens matched this far (the reuse the
+                                   cache's full layers allowed), but the WINDOW
+                                   layers' rows before it were dropped (a window
+                                   budget): reuse resumed at the latest position
+                                   whose window is held (window_evicted) */
 } kp_eng_report;
 
 /* Makes an engine over the borrowed model, thread pool and kernels (NULL:
@@ -205,7 +221,9 @@ uint32_t kp_eng_fork_blocks(const kp_engine *e, uint32_t n_pos);
  * that reuses the prompt another running sequence is computing (or has
  * computed but not yet indexed): the rows below n are final, src never
  * writes them again. n 0: dst stays empty, KP_OK. Errors as kp_eng_fork,
- * KP_EINVAL also for n past src's length. */
+ * KP_EINVAL also for n past src's length, KP_EFULL also when src, under a
+ * window budget, has dropped the window rows position n reads (it has
+ * gone on more than a window past n). */
 kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp_eng_seq *dst, kp_error *err);
 
 /* Positions per KV block (kp_eng_config.block_size), fixed at kp_eng_new. */
@@ -266,6 +284,10 @@ kp_status kp_eng_clear(kp_engine *e, kp_error *err);
 
 /* The memory bill of the KV pool and the prefix index. Every byte count is
  * in whole KV blocks; a block several nodes or sequences share counts once.
+ * Under a window budget budget_, used_, free_ and index_bytes count the
+ * main arena's blocks and the window arena's slots apart (a block without
+ * window rows costs its full layers' rows only); the other byte counts
+ * stay block_bytes a block.
  * Without a prefix cache the index fields are 0. */
 typedef struct {
     bool prefix_cache;          /* the engine has a prefix index */
@@ -294,6 +316,25 @@ typedef struct {
     kp_dtype kv_type_v;         /* V rows' type */
     uint64_t packed_weight_bytes; /* weights repacked at load into the engine's memory (0: all
                                      used in place from the mapping) */
+    /* The bill per layer kind (model.h). A token costs full_bytes_per_token
+     * for as long as any sequence or the cache keeps it, and
+     * window_bytes_per_token only while it is within `window` positions of a
+     * query that still reads it; the cache keeps window rows of older
+     * positions only so that reuse can resume there (engine.c). */
+    uint32_t n_full_layers;          /* FULL layers */
+    uint32_t n_window_layers;        /* WINDOW layers; 0: every layer is FULL (the
+                                        window fields below are then 0) */
+    uint32_t window;                 /* positions a WINDOW layer reads (hp.n_swa) */
+    uint64_t full_bytes_per_token;   /* K and V of one position in the FULL layers */
+    uint64_t window_bytes_per_token; /* ... in the WINDOW layers (the sum of the two
+                                        is bytes_per_token) */
+    uint64_t index_full_bytes;       /* the cache's blocks: their FULL layers' rows */
+    uint64_t index_window_bytes;     /* ... their WINDOW layers' rows, where held */
+    uint64_t window_budget_bytes;    /* the window arena under a window budget (0: none,
+                                        every block keeps its window rows) */
+    uint64_t window_used_bytes;      /* ... its slots in use (cache and sequences) */
+    uint64_t window_drops;           /* cached blocks whose window rows were dropped to
+                                        make room */
 } kp_eng_stats;
 
 /* Fills *out: O(pool blocks + index nodes), so a caller polling it should

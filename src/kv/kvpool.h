@@ -25,6 +25,32 @@
  *        exactly what ggml's quantize_row_q8_0 / q4_0 write for it
  *   block_bytes = n_layer * n_head_kv * B * (k_row + v_row)
  *
+ * Window arena. A model with sliding-window layers (model.h's WINDOW
+ * layers, which read the last `window` positions only) passes the layer
+ * kinds (window_layers); their rows then live in a second arena of window
+ * slots, laid out as the main one, and a block's window rows are the slot
+ * win_slot[block] (-1: none). The main arena holds the FULL layers only:
+ *
+ *   main arena   (n_blocks runs)  | full layer 0, head 0, K | blk 0 | blk 1 | ... |
+ *                                 | ... every FULL layer and head, K and V      |
+ *   window arena (n_slots runs)   | window layer 0, head 0, K | slot 0 | slot 1 |..|
+ *                                 | ... every WINDOW layer and head, K and V    |
+ *
+ *   win_slot: block 0 -> slot 0, block 1 -> -1 (dropped), block 2 -> slot 1 ...
+ *
+ * Without a window budget (window_budget_bytes 0, the default) there is a
+ * slot for every block and win_slot[b] == b, always: a block holds every
+ * layer's rows, as before, and both arenas are one stream per layer and
+ * head over consecutive block ids. With a budget the window arena has
+ * window_budget_bytes / (a block's window rows) slots, taken from
+ * budget_bytes; the main arena gets the rest. A block is allocated without
+ * window rows; its user attaches a slot (kp_kvpool_attach_window, low ids
+ * first, so a sequence's slots are mostly consecutive too) before writing
+ * it, and may drop them (kp_kvpool_drop_window) once no query will read
+ * them: a WINDOW layer's query at q reads positions q - window < p <= q
+ * only. Freeing a block frees its slot. Reading the window rows of a block
+ * without a slot is a bug (asserted).
+ *
  * Position p of a sequence lives in block table[p / B], row p % B.
  * Blocks are reference-counted so several sequences (and the prefix index)
  * can share them; a block returns to the free list when its count drops to
@@ -49,6 +75,11 @@ typedef struct {
     uint32_t block_size;   /* positions per block, >= 1 */
     uint64_t budget_bytes; /* the pool holds floor(budget / block_bytes) blocks */
     kp_dtype kv_type_v;    /* V rows: F32, F16, Q8_0 or Q4_0 */
+    const uint8_t *window_layers; /* [n_layer]: nonzero for a WINDOW layer (copied);
+                                     NULL: every layer in the main arena */
+    uint32_t window;       /* positions a WINDOW layer reads (model.h n_swa) */
+    uint64_t window_budget_bytes; /* with WINDOW layers: the window arena's share of
+                                     budget_bytes; 0: a window slot per block */
 } kp_kvpool_config;
 /* KP_OK when t can hold K or V rows of head_dim elements; else KP_EINVAL
  * with a message naming which (what "K" or "V") and why. */
@@ -63,15 +94,33 @@ size_t kp_kvpool_k_row_bytes(const kp_kvpool *p);
 size_t kp_kvpool_v_row_bytes(const kp_kvpool *p);
 uint32_t kp_kvpool_n_blocks(const kp_kvpool *p);
 uint32_t kp_kvpool_n_free(const kp_kvpool *p);
+/* A block's rows, window rows included: full_bytes + window_bytes. */
 uint64_t kp_kvpool_block_bytes(const kp_kvpool *p);
+uint64_t kp_kvpool_full_bytes(const kp_kvpool *p);   /* a block's rows in the main arena */
+uint64_t kp_kvpool_window_bytes(const kp_kvpool *p); /* ... in the window arena (0: none) */
+/* True when the window arena has a budget (slots apart from blocks). */
+bool kp_kvpool_window_budgeted(const kp_kvpool *p);
+uint32_t kp_kvpool_n_slots(const kp_kvpool *p);      /* 0 without WINDOW layers */
+uint32_t kp_kvpool_n_free_slots(const kp_kvpool *p); /* 0 without a window budget */
+bool kp_kvpool_is_window_layer(const kp_kvpool *p, uint32_t layer);
+/* True when block holds its WINDOW layers' rows (always without a budget). */
+bool kp_kvpool_has_window(const kp_kvpool *p, int32_t block);
+/* Gives a block in use a window slot if it has none; KP_EFULL when every
+ * slot is taken (the block keeps none). The slot's rows are undefined. */
+kp_status kp_kvpool_attach_window(kp_kvpool *p, int32_t block, kp_error *err);
+/* Drops the block's window rows (its slot goes back); no-op without a
+ * budget or without a slot. The caller knows no one will read them. */
+void kp_kvpool_drop_window(kp_kvpool *p, int32_t block);
 
 /* Takes a free block (refcount 1) into *id, or KP_EFULL. */
 kp_status kp_kvpool_alloc(kp_kvpool *p, int32_t *id, kp_error *err);
 void kp_kvpool_ref(kp_kvpool *p, int32_t id);
 void kp_kvpool_unref(kp_kvpool *p, int32_t id);
 uint32_t kp_kvpool_refcount(const kp_kvpool *p, int32_t id);
-/* Copies every row of block src into block dst (copy-on-write). */
-void kp_kvpool_copy(kp_kvpool *p, int32_t dst, int32_t src);
+/* Copies every row of block src into block dst (copy-on-write), window
+ * rows when src has them (dst gets a slot first: KP_EFULL, nothing
+ * copied, when none is free). */
+kp_status kp_kvpool_copy(kp_kvpool *p, int32_t dst, int32_t src, kp_error *err);
 
 /* Base of the K (or V) rows of (block, layer, kv_head): block_size rows of
  * kp_kvpool_k_row_bytes (v_row_bytes) bytes each, row i at base + i * that.

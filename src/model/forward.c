@@ -50,7 +50,9 @@
  * window needs, and a cached prompt gives the logits of a recompute (the
  * cost: a WINDOW layer's K/V of positions no future query of that
  * sequence will read stay in the pool; the memory bill in `kvpin info`
- * says what they cost). A WINDOW layer reads only its window, and the
+ * says what they cost; under a window budget the engine drops them where
+ * no resume point needs them, engine.c, and this pass never reads a
+ * dropped row: it reads [lo, pos] only). A WINDOW layer reads only its window, and the
  * kernels mask only above (causal), so a token's keys [lo, pos] go in two
  * parts fixed by its position: the head [lo, e), up to the end e of the
  * K/V step holding lo, in a tile of its own, and [e, pos] with the tokens

@@ -35,7 +35,8 @@
  * WINDOW layers, odd ones FULL.
  * No sliding_window key (or 0): every layer is FULL. Every layer, of either
  * kind, keeps the K/V of every position in the pool (see forward.c): the
- * window only limits what a query reads.
+ * window only limits what a query reads (a window budget, engine.c, drops
+ * the WINDOW layers' rows where no resume point of the cache needs them).
  *
  * Experts (qwen3moe, llama.cpp's build_moe_ffn with softmax gating and
  * norm_w): a layer's FFN is n_expert SwiGLU FFNs of width n_ff_exp and a

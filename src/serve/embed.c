@@ -215,7 +215,7 @@ KP_HANDLER(kp_embeddings) {
     kp_error err = {0};
     const kp_hparams *hp = &s->m->hp;
     uint32_t block = 16;
-    kp_kvpool_config kc = {hp->n_layer, hp->n_head_kv, hp->head_dim, KP_DTYPE_F32, block, 0, KP_DTYPE_F32};
+    kp_kvpool_config kc = {hp->n_layer, hp->n_head_kv, hp->head_dim, KP_DTYPE_F32, block, 0, KP_DTYPE_F32, NULL, 0, 0};
     kp_kvpool *kv = NULL;
     kp_forward *fw = NULL;
     kp_threads *th = NULL;

@@ -136,9 +136,29 @@ KP_HANDLER(kp_ep_models) {
 
 /* ---- cache endpoints ------------------------------------------------------------ */
 
+/* /v1/cache "kv.by_kind": per layer kind, what a token costs and what the
+ * cache holds of it; "window" only for a model with WINDOW layers. A
+ * sequence of n positions needs full x n and window x min(n, window). */
+static json_t *kind_json(const kp_eng_stats *k) {
+    json_t *o = json_object();
+    json_object_set_new(o, "full",
+                        json_pack("{s:I, s:I, s:I}", "layers", (json_int_t)k->n_full_layers, "bytes_per_token",
+                                  (json_int_t)k->full_bytes_per_token, "index_bytes",
+                                  (json_int_t)k->index_full_bytes));
+    if (k->n_window_layers)
+        json_object_set_new(o, "window",
+                            json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "layers", (json_int_t)k->n_window_layers,
+                                      "window", (json_int_t)k->window, "bytes_per_token",
+                                      (json_int_t)k->window_bytes_per_token, "index_bytes",
+                                      (json_int_t)k->index_window_bytes, "budget_bytes",
+                                      (json_int_t)k->window_budget_bytes, "used_bytes",
+                                      (json_int_t)k->window_used_bytes, "drops", (json_int_t)k->window_drops));
+    return o;
+}
+
 static json_t *kv_json(const kp_eng_stats *k) {
     uint64_t bb = k->block_bytes ? k->block_bytes : 1;
-    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "budget_bytes",
+    json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "budget_bytes",
                      (json_int_t)k->budget_bytes, "used_bytes", (json_int_t)k->used_bytes, "free_bytes",
                      (json_int_t)k->free_bytes, "pinned_bytes", (json_int_t)k->pinned_bytes, "pinned_cap_bytes",
                      (json_int_t)k->pinned_cap_bytes, "index_bytes", (json_int_t)k->index_bytes, "shared_bytes",
@@ -146,6 +166,8 @@ static json_t *kv_json(const kp_eng_stats *k) {
                      (json_int_t)k->block_bytes, "bytes_per_token", (json_int_t)k->bytes_per_token, "blocks_total",
                      (json_int_t)(k->budget_bytes / bb), "blocks_used", (json_int_t)(k->used_bytes / bb),
                      "blocks_free", (json_int_t)(k->free_bytes / bb));
+    if (o) json_object_set_new(o, "by_kind", kind_json(k));
+    return o;
 }
 
 /* /v1/cache "tiers": each tier below RAM (disk, redis) with its bytes,

@@ -852,9 +852,14 @@ kp_status kp_sched_new(kp_sched **out, kp_engine *e, const kp_tok_vocab *v, cons
     kp_eng_stats k;
     kp_eng_get_stats(e, &k);
     uint64_t kv_pos = k.budget_bytes / k.block_bytes * k.block_size;
-    s->kv_positions = kv_pos > UINT32_MAX ? UINT32_MAX : (uint32_t)kv_pos;
     s->kv_budget = k.budget_bytes;
     s->kv_per_token = k.bytes_per_token;
+    if (k.window_budget_bytes) { /* the blocks hold the full layers' rows; the window's are apart */
+        s->kv_budget = k.budget_bytes - k.window_budget_bytes;
+        s->kv_per_token = k.full_bytes_per_token;
+        kv_pos = s->kv_budget / (k.full_bytes_per_token * k.block_size) * k.block_size;
+    }
+    s->kv_positions = kv_pos > UINT32_MAX ? UINT32_MAX : (uint32_t)kv_pos;
     s->running = calloc(cfg->parallel, sizeof *s->running);
     s->full = calloc(cfg->parallel, sizeof *s->full);
     s->items = calloc(cfg->parallel, sizeof *s->items);

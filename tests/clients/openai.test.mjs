@@ -50,7 +50,7 @@ const data = (p) => new URL('../data/' + p, import.meta.url);
 const ONCE = JSON.parse(readFileSync(data('golden/stories260K.once.json'), 'utf8'));
 const LLAMA2C = readFileSync(data('stories260K.llama2c-greedy.txt'), 'utf8');
 const CAUSES = ['hit', 'cold', 'evicted', 'timestamp', 'counter', 'identifier', 'reordered_json', 'whitespace',
-    'inserted_at_front', 'other', 'retokenized', 'template_rewrites_history', 'new_prefix'];
+    'inserted_at_front', 'other', 'retokenized', 'template_rewrites_history', 'new_prefix', 'window_evicted'];
 
 /* ---- helpers ------------------------------------------------------------ */
 

@@ -38,6 +38,9 @@ compare the DOM with what the server and the responses said:
   - with --api-key: no key asks for one, a wrong key says so, the right key
     (from #key= or the form) shows the bill;
   - with --cache-dir, the bill's disk row is /v1/cache's tiers.disk;
+  - a model with sliding-window layers (gemma3): a bill row per layer kind,
+    its bytes /v1/cache's kv.by_kind, bytes per token of each kind from the
+    formula; none for a model without window layers;
   - --no-dashboard: GET / is a 404, the JSON stays.
 
 Screenshots go to build/test/dashboard.png and dashboard-wrong-key.png.
@@ -496,6 +499,51 @@ def check_tiers():
         shutil.rmtree(d, ignore_errors=True)
 
 
+GEMMA3 = "tests/data/models/gen-gemma3-f16.gguf"
+
+
+def check_kinds(plain_dom):
+    """A model with sliding-window layers: the bill has a row per layer kind
+    whose bytes are /v1/cache's kv.by_kind, and bytes per token of each
+    kind are 2 x that kind's layers x kv-heads x head_dim x 2 (F16), summing
+    to the pool's; cached bytes of each are the cached tokens' rows (index
+    blocks x block size x that). A model without them has no such row."""
+    ok(plain_dom.by_id("bill-kind-window") is None and plain_dom.by_id("bill-kind-full") is None,
+       "kinds: no kind rows for a model without window layers")
+    srv = Server(R, model=GEMMA3)
+    try:
+        words = " ".join("w%d" % i for i in range(40))
+        st, _, _ = srv.post("/v1/completions", {"prompt": words, "max_tokens": 4, "temperature": 0})
+        ok(st == 200, "kinds: a request %d" % st)
+        ok(wait_idle(srv), "kinds: idle")
+        st, cache = srv.get("/v1/cache")
+        st, ev = srv.get("/v1/cache/events")
+        kv, m = cache["kv"], ev["model"]
+        bk = kv.get("by_kind") or {}
+        full, win = bk.get("full"), bk.get("window")
+        ok(full is not None and win is not None, "kinds: /v1/cache kv.by_kind has full and window: %s" % bk)
+        if full is None or win is None:
+            return
+        ok(full["layers"] + win["layers"] == m["n_layer"] and win["layers"] > 0 and win["window"] > 0,
+           "kinds: layers %d + %d = %d" % (full["layers"], win["layers"], m["n_layer"]))
+        for x in (full, win):
+            ok(x["bytes_per_token"] == 2 * x["layers"] * m["n_head_kv"] * m["head_dim"] * 2,
+               "kinds: bytes per token %d from the formula" % x["bytes_per_token"])
+        ok(full["bytes_per_token"] + win["bytes_per_token"] == kv["bytes_per_token"], "kinds: the two sum")
+        tokens = kv["index_bytes"] // kv["block_bytes"] * (kv["block_bytes"] // kv["bytes_per_token"])
+        ok(tokens > 0 and full["index_bytes"] == tokens * full["bytes_per_token"] and
+           win["index_bytes"] == tokens * win["bytes_per_token"],
+           "kinds: cached bytes of each kind are the cached blocks' rows (%d tokens): %s" % (tokens, bk))
+        dom = load("http://127.0.0.1:%d/" % srv.port)
+        for name, x in (("full", full), ("window", win)):
+            cell = dom.by_id("bill-kind-" + name)
+            ok(cell is not None and cell.attrs.get("data-bytes") == str(x["index_bytes"]) and
+               cell.attrs.get("data-bytes-per-token") == str(x["bytes_per_token"]),
+               "kinds: the %s row is /v1/cache's (%s)" % (name, cell and cell.attrs))
+    finally:
+        srv.stop()
+
+
 def check_off():
     srv = Server(R, "--no-dashboard")
     for p in ("/", "/dashboard"):
@@ -520,7 +568,9 @@ def main():
        "the page names no other server")
     path = check_page(srv)
     no_leaks(R, srv, "after the page")
+    plain = load("http://127.0.0.1:%d/" % srv.port)
     srv.stop()
+    check_kinds(plain)
     check_key()
     check_tiers()
     check_off()

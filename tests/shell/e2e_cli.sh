@@ -82,6 +82,14 @@ check "info KV bill Q8_0" grep -q "Q8_0: 2 x 2 layers x 2 kv-heads x 64 head_dim
 check "info KV bill Q4_0" grep -q "Q4_0: 2 x 2 layers x 2 kv-heads x 64 head_dim x 18/32 bytes = $((512 / 32 * 18)) bytes/token" "$T/info.txt"
 "$KVPIN" kv -m tests/data/models/gen-qwen3-f16.gguf --ctx 1000 --kv-type-k q8_0 --kv-type-v q4_0 >"$T/kv.txt"
 check "kv per token, K q8_0 and V q4_0" grep -q "^per token:  $((256 / 32 * 34 + 256 / 32 * 18)) bytes" "$T/kv.txt"
+# per layer kind (gen-gemma3: 1 full and 5 window layers of 16, 1 kv-head of 32, F16): a sequence
+# needs full x seq + window x min(seq, 16)
+"$KVPIN" kv -m tests/data/models/gen-gemma3-f16.gguf --ctx 1000 >"$T/kv.txt"
+check "kv full layers" grep -q "1 full layers:   $((2 * 1 * 32 * 2)) bytes/token x 1000 tokens" "$T/kv.txt"
+check "kv window layers" grep -q "5 window layers: $((2 * 5 * 32 * 2)) bytes/token x min(1000, window 16) = 16 tokens" "$T/kv.txt"
+check "kv a sequence" grep -q "1000 tokens need $(((128 * 1000 + 640 * 16) / 1024)).00 KiB" "$T/kv.txt"
+"$KVPIN" kv -m tests/data/models/gen-llama-gqa-q8_0.gguf --ctx 1000 >"$T/kv.txt"
+check "kv no kinds without window layers" sh -c "! grep -q 'window' '$T/kv.txt'"
 "$KVPIN" run -m tests/data/models/gen-qwen3-f16.gguf -p "Once upon a time" --temp 0 -n 4 --kv-type q8_0 -t 1 \
     >"$T/out.txt" 2>"$T/err.txt"
 check "run --kv-type q8_0 bills 34/32 bytes a value" grep -q "positions x $((512 / 32 * 34)) bytes (2 x 2 x 2 x 64 x 34/32)" "$T/err.txt"

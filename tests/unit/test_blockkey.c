@@ -286,7 +286,7 @@ static void test_fingerprint_gptoss(void) {
 static void test_record(void) {
     kp_kvpool *p = NULL;
     kp_error err = {0};
-    kp_kvpool_config kc = {3, 2, 8, KP_DTYPE_F16, 4, 0, KP_DTYPE_F16};
+    kp_kvpool_config kc = {3, 2, 8, KP_DTYPE_F16, 4, 0, KP_DTYPE_F16, NULL, 0, 0};
     kc.budget_bytes = 4 * (uint64_t)3 * 2 * 2 * 4 * 8 * 2;
     CHECK(kp_kvpool_new(&p, &kc, &err) == KP_OK);
     if (!p) return;
@@ -350,7 +350,7 @@ static void test_record(void) {
 static void test_record_mixed_types(void) {
     kp_kvpool *p = NULL;
     kp_error err = {0};
-    kp_kvpool_config kc = {2, 2, 32, KP_DTYPE_Q8_0, 4, 0, KP_DTYPE_Q4_0};
+    kp_kvpool_config kc = {2, 2, 32, KP_DTYPE_Q8_0, 4, 0, KP_DTYPE_Q4_0, NULL, 0, 0};
     size_t krun = 4 * 34, vrun = 4 * 18; /* q8_0: 34 bytes per 32 values, q4_0: 18 */
     kc.budget_bytes = 2 * (uint64_t)2 * 2 * (krun + vrun);
     CHECK(kp_kvpool_new(&p, &kc, &err) == KP_OK);

@@ -21,6 +21,8 @@
  * "retokenized" at the request token where the ids part, which lies in the
  * text both share, on every vocabulary where such a split spells the same
  * bytes (checked on the detokenized ids, the test's oracle).
+ *
+ * And a reuse cut short by a window budget is "window_evicted".
  */
 #include <dirent.h>
 #include <stdint.h>
@@ -128,6 +130,59 @@ done:
     kp_eng_free(ref);
     kp_eng_free(e);
     close_stories(&s);
+}
+
+/* Under a window budget (gen-gemma3: a window of 16 on 5 of 6 layers,
+ * blocks of 16): A = 80 tokens, finished, keeps the window rows of its
+ * last block only (engine.c). A prompt that leaves A at token 40 matches
+ * 40 tokens, but the window before 40 is gone and no earlier position has
+ * its window (block 0 has none either): it reuses 0, and its cause is
+ * window_evicted, with a detail that says where the tokens matched and
+ * where the reuse resumed. A itself again (a full hit, 79 reused: its
+ * window is held) is a hit. */
+static void test_window_evicted(void) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_tok_vocab *v = NULL;
+    kp_threads *pool = NULL;
+    kp_engine *e = NULL;
+    kp_cachereport *history = NULL;
+    bool ok = kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) == KP_OK &&
+              kp_tok_vocab_load(&v, m->file, &err) == KP_OK && kp_threads_new(&pool, 1, &err) == KP_OK;
+    CHECK_MSG(ok, "%s", err.msg);
+    if (!ok) goto done;
+    uint64_t wb = 16 * kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, KP_DTYPE_F16, KP_DTYPE_F16);
+    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 128, false, NULL, KP_DTYPE_F16, false, 64 * wb};
+    CHECK_MSG(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK, "%s", err.msg);
+    CHECK(kp_cachereport_new(&history, v, 8, 1024, &err) == KP_OK);
+    if (!e || !history) goto done;
+    int32_t a[80], b[80];
+    for (int i = 0; i < 80; i++) a[i] = i == 0 ? 1 : 100 + i;
+    memcpy(b, a, sizeof a);
+    b[40] = 7;
+    kp_eng_seq s = {0};
+    CHECK(kp_eng_prefill(e, a, 80, &s, NULL, NULL, &err) == KP_OK);
+    CHECK(kp_cachereport_finish(history, e, &s, a, 80, NULL, &err) == KP_OK);
+    kp_eng_report r;
+    kp_eng_probe(e, b, 80, &r);
+    CHECK_EQ_INT(r.diverged_at_token, 40);
+    CHECK_EQ_INT(r.window_cut_from, 40);
+    CHECK_EQ_INT(r.reused_tokens, 0);
+    kp_doctor_report d;
+    CHECK(kp_cachereport_explain(history, b, 80, NULL, 0, &r, KP_DOCTOR_ESCAPE_HUMAN, &d, &err) == KP_OK);
+    CHECK_EQ_STR(kp_doctor_cause_name(d.finding.cause), "window_evicted");
+    CHECK_MSG(strstr(d.finding.detail, "matched 40 of 80 tokens") && strstr(d.finding.detail, "resumed at token 0"),
+              "%s", d.finding.detail);
+    kp_eng_probe(e, a, 80, &r);
+    CHECK_EQ_INT(r.reused_tokens, 79);
+    CHECK_EQ_INT(r.window_cut_from, 0);
+    CHECK_EQ_INT(cause_of(history, e, a, 80), KP_DOCTOR_CAUSE_HIT);
+done:
+    kp_cachereport_free(history);
+    kp_eng_free(e);
+    kp_threads_free(pool);
+    kp_tok_vocab_free(v);
+    kp_model_free(m);
 }
 
 static uint32_t lcp(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
@@ -305,6 +360,7 @@ static void test_divergence_every_vocabulary(void) {
 
 int main(void) {
     RUN(test_finish_indexes_what_was_computed);
+    RUN(test_window_evicted);
     RUN(test_divergence_every_vocabulary);
     RUN(test_retokenized_every_vocabulary);
     return harness_finish("cachereport");

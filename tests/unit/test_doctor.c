@@ -62,7 +62,7 @@ static void test_cause_names(void) {
     const char *expected[] = {"hit",        "cold",           "evicted",    "timestamp",
                               "counter",    "identifier",     "reordered_json", "whitespace",
                               "inserted_at_front", "other", "retokenized",
-                              "template_rewrites_history", "new_prefix"};
+                              "template_rewrites_history", "new_prefix", "window_evicted"};
     CHECK_EQ_INT(sizeof expected / sizeof expected[0], KP_DOCTOR_CAUSE_COUNT);
     for (int i = 0; i < KP_DOCTOR_CAUSE_COUNT; i++) {
         CHECK_EQ_STR(kp_doctor_cause_name((kp_doctor_cause)i), expected[i]);
@@ -761,9 +761,11 @@ static void test_pairs(void) {
     }
     /* every cause found on texts alone is exercised by the table
      * (retokenized needs token spans, template_rewrites_history the chat
-     * layer's hints: their own tests) */
+     * layer's hints, window_evicted the engine's report: their own tests) */
     for (int c = 0; c < KP_DOCTOR_CAUSE_COUNT; c++)
-        if (c != KP_DOCTOR_CAUSE_RETOKENIZED && c != KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY) CHECK_MSG(per_cause[c] > 0, "no pair for %s", kp_doctor_cause_name((kp_doctor_cause)c));
+        if (c != KP_DOCTOR_CAUSE_RETOKENIZED && c != KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY &&
+            c != KP_DOCTOR_CAUSE_WINDOW_EVICTED)
+            CHECK_MSG(per_cause[c] > 0, "no pair for %s", kp_doctor_cause_name((kp_doctor_cause)c));
 }
 
 /* ------------------------------------------------------------------ */
@@ -954,6 +956,9 @@ static void test_advice(void) {
     /* a new conversation is not told it edited anything */
     kp_doctor_advice(KP_DOCTOR_CAUSE_NEW_PREFIX, NULL, 2, 95.0, NULL, out, sizeof out);
     CHECK(contains(out, "a different conversation from line 2 on") && !contains(out, "edited"));
+    /* a window budget's cut says what to raise */
+    kp_doctor_advice(KP_DOCTOR_CAUSE_WINDOW_EVICTED, NULL, 0, 60.0, NULL, out, sizeof out);
+    CHECK(contains(out, "sliding-window layers") && contains(out, "--window-budget") && !contains(out, "edited"));
     /* a foreign detail is quoted whole */
     kp_doctor_advice(KP_DOCTOR_CAUSE_EVICTED, "LRU pressure from 3 agents", 2, 80.0, "turn 9", out,
                   sizeof out);

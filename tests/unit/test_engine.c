@@ -29,6 +29,12 @@
  * gpt-oss (gen-gpt-oss in F32 and MXFP4: sinks, biases, a window of 16 on
  * even layers, 4 of 8 experts) runs the cache-on/off, batching and fork
  * checks too.
+ * On both, a fourth engine under the tightest window budget (engine.c)
+ * runs the stream too: the outputs of the reference, never more reuse
+ * than `big`, and some reuse cut by the window rule. Its exact resume
+ * points are checked against the rule itself (every divergence of one
+ * cached sequence, tried position by position), with forks of prefixes
+ * whose window rows were dropped, and in an agent-like loop.
  */
 #include <math.h>
 #include <stdio.h>
@@ -90,14 +96,26 @@ typedef struct {
     kp_eng_report rep;
 } runner;
 
-static bool open_engine(runner *r, const kp_model *m, kp_threads *pool, bool cache, uint64_t budget, kp_dtype kv) {
+static bool open_engine_win(runner *r, const kp_model *m, kp_threads *pool, bool cache, uint64_t budget, kp_dtype kv,
+                            uint64_t window_budget) {
     kp_error err = {0};
     memset(r, 0, sizeof *r);
-    kp_eng_config c = {kv, 16, budget, MAX_LEN + N_GEN + 8, !cache, NULL, kv, !cache};
+    kp_eng_config c = {kv, 16, budget, MAX_LEN + N_GEN + 8, !cache, NULL, kv, !cache, window_budget};
     kp_status st = kp_eng_new(&r->e, m, pool, NULL, &c, &err);
     CHECK_MSG(st == KP_OK, "%s", err.msg);
     r->logits = malloc(m->hp.n_vocab * sizeof(float));
     return st == KP_OK && r->logits;
+}
+
+static bool open_engine(runner *r, const kp_model *m, kp_threads *pool, bool cache, uint64_t budget, kp_dtype kv) {
+    return open_engine_win(r, m, pool, cache, budget, kv, 0);
+}
+
+/* The smallest window budget kp_eng_new takes: a batch of 256 positions
+ * and twice the window, in blocks of 16, and two blocks of slack. */
+static uint64_t tight_window_budget(const kp_model *m, kp_dtype kv) {
+    uint32_t slots = (256 + 2 * m->hp.n_swa + 15) / 16 + 2;
+    return (uint64_t)slots * 16 * kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, kv, kv);
 }
 
 static void close_engine(runner *r) {
@@ -128,11 +146,18 @@ static void run_model_kv(const char *rel, uint64_t seed, kp_dtype kv) {
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, kv) * 16;
     uint32_t seq_blocks = (MAX_LEN + N_GEN + 15) / 16;
-    runner ref, big, tiny;
+    runner ref, big, tiny, win;
     bool ok = open_engine(&ref, m, pool, false, 0, kv);
     ok = open_engine(&big, m, pool, true, bb * 4096, kv) && ok;
     ok = open_engine(&tiny, m, pool, true, bb * (seq_blocks + 3), kv) && ok;
-    runner *rs[3] = {&ref, &big, &tiny};
+    /* a model with WINDOW layers: a fourth engine under the tightest window budget */
+    int n_run = 3;
+    if (m->hp.n_swa_layers) {
+        ok = open_engine_win(&win, m, pool, true, bb * 4096, kv, tight_window_budget(m, kv)) && ok;
+        n_run = 4;
+    }
+    runner *rs[4] = {&ref, &big, &tiny, &win};
+    uint32_t window_cuts = 0;
     static tokseq done[MAX_REQ]; /* finished sequences: prompt + generated */
     uint32_t n_done = 0;
     uint32_t full_hits = 0, extensions = 0, reused_total = 0, evictions = 0;
@@ -173,7 +198,7 @@ static void run_model_kv(const char *rel, uint64_t seed, kp_dtype kv) {
             if (l > best) best = l;
         }
         uint32_t expect_reuse = best == req.n ? req.n - 1 : best;
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < n_run; k++) {
             kp_status st = kp_eng_prefill(rs[k]->e, req.t, req.n, &rs[k]->s, rs[k]->logits, &rs[k]->rep, &err);
             CHECK_MSG(st == KP_OK, "engine %d request %u: %s", k, q, err.msg);
             if (st != KP_OK) ok = false;
@@ -186,10 +211,16 @@ static void run_model_kv(const char *rel, uint64_t seed, kp_dtype kv) {
         CHECK_EQ_INT(big.rep.diverged_at_token, best);
         CHECK_EQ_INT(big.rep.reused_tokens + big.rep.computed_tokens, req.n);
         CHECK(tiny.rep.reused_tokens <= expect_reuse);
+        if (n_run == 4) {
+            CHECK(win.rep.reused_tokens <= expect_reuse);
+            CHECK_EQ_INT(win.rep.reused_tokens + win.rep.computed_tokens, req.n);
+            CHECK(win.rep.window_cut_from == 0 || win.rep.window_cut_from > win.rep.reused_tokens);
+            window_cuts += win.rep.window_cut_from > 0;
+        }
         if (kind == 3) full_hits++;
         reused_total += big.rep.reused_tokens;
         evictions += tiny.rep.evictions;
-        for (int k = 1; k < 3; k++) {
+        for (int k = 1; k < n_run; k++) {
             double d = rel_diff(rs[k]->logits, ref.logits, nv);
             CHECK_MSG(d <= 1e-5, "request %u engine %d: prompt logits differ by %g relative", q, k, d);
         }
@@ -197,18 +228,18 @@ static void run_model_kv(const char *rel, uint64_t seed, kp_dtype kv) {
         tokseq fin = req;
         for (int g = 0; g < N_GEN; g++) {
             int32_t tok = kp_argmax(ref.logits, (int32_t)nv);
-            for (int k = 1; k < 3; k++)
+            for (int k = 1; k < n_run; k++)
                 CHECK_MSG(kp_argmax(rs[k]->logits, (int32_t)nv) == tok, "request %u step %d engine %d: greedy differs",
                           q, g, k);
             fin.t[fin.n++] = tok;
-            for (int k = 0; k < 3; k++)
+            for (int k = 0; k < n_run; k++)
                 CHECK_MSG(kp_eng_decode(rs[k]->e, &rs[k]->s, tok, rs[k]->logits, &err) == KP_OK, "%s", err.msg);
-            for (int k = 1; k < 3; k++) {
+            for (int k = 1; k < n_run; k++) {
                 double d = rel_diff(rs[k]->logits, ref.logits, nv);
                 CHECK_MSG(d <= 1e-5, "request %u step %d engine %d: logits differ by %g", q, g, k, d);
             }
         }
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < n_run; k++) {
             CHECK_EQ_INT(kp_eng_seq_len(&rs[k]->s), fin.n);
             CHECK(kp_eng_finish(rs[k]->e, &rs[k]->s, fin.t, fin.n, NULL, &err) == KP_OK);
             CHECK(rs[k]->s.kv.n_blocks == 0 && rs[k]->s.lease.node == NULL);
@@ -222,7 +253,12 @@ static void run_model_kv(const char *rel, uint64_t seed, kp_dtype kv) {
     kp_eng_get_stats(big.e, &st);
     CHECK(st.n_hits > 0 && st.reused_tokens == reused_total);
     CHECK(st.n_evictions == 0);
-    for (int k = 0; k < 3; k++) close_engine(rs[k]);
+    if (n_run == 4) {
+        CHECK_MSG(window_cuts > 0, "the window budget never cut a reuse");
+        kp_eng_get_stats(win.e, &st);
+        CHECK(st.index_window_bytes < st.index_full_bytes / st.full_bytes_per_token * st.window_bytes_per_token);
+    }
+    for (int k = 0; k < n_run; k++) close_engine(rs[k]);
     kp_threads_free(pool);
     kp_model_free(m);
 }
@@ -261,6 +297,184 @@ static void test_equal_qwen3moe(void) {
 static void test_equal_gptoss(void) {
     run_model("tests/data/models/gen-gpt-oss-f32.gguf", 0x6a7055eed0c0ffeeull);
     run_model_kv("tests/data/models/gen-gpt-oss-mxfp4.gguf", 0x6a7055eed0c0ffefull, KP_DTYPE_Q8_0);
+}
+
+/* A window budget, exactly: gemma3 (a window of W = 16 on 5 of 6 layers,
+ * blocks of B = 16). Sequence A of 80 tokens is prefilled and indexed
+ * under the tightest window budget; as it ran it dropped the window rows
+ * of its blocks that lie wholly W or more positions before its end (block
+ * j when (j + 1) * B <= 80 - W), so blocks 0..3 lack them and block 4
+ * holds them. A prompt that diverges from A at d then reuses, by the rule
+ * (a query at p reads window rows p - W < q <= p), the latest p <= d (or
+ * 79 on a full hit) such that every position of [p - W + 1, p) lies in a
+ * held block: found here by trying every p, not by kvpin's jump. Its
+ * logits equal a recomputation's (cache off), and the report says where
+ * the tokens matched (window_cut_from) when the rule cut the reuse. */
+static void test_window_resume(void) {
+    enum { N = 80, W = 16, BS = 16 };
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 1, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    CHECK_EQ_INT(m->hp.n_swa, W);
+    uint32_t nv = m->hp.n_vocab;
+    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * BS;
+    runner ref, win;
+    bool ok = open_engine(&ref, m, pool, false, 0, KP_DTYPE_F32) &&
+              open_engine_win(&win, m, pool, true, bb * 64, KP_DTYPE_F32, tight_window_budget(m, KP_DTYPE_F32));
+    int32_t a[N], b[N];
+    rng_state = 0x77696e646f77ull;
+    a[0] = 1;
+    for (uint32_t i = 1; i < N; i++) a[i] = (int32_t)rnd(nv);
+    ok = ok && kp_eng_prefill(win.e, a, N, &win.s, win.logits, &win.rep, &err) == KP_OK &&
+         kp_eng_finish(win.e, &win.s, a, N, NULL, &err) == KP_OK;
+    CHECK_MSG(ok, "%s", err.msg);
+    bool held[N / BS];
+    for (uint32_t j = 0; j < N / BS; j++) held[j] = (j + 1) * BS > N - W;
+    uint32_t cuts = 0;
+    for (uint32_t d = 1; ok && d <= N; d++) {
+        memcpy(b, a, sizeof a);
+        if (d < N) b[d] = (b[d] + 1) % (int32_t)nv;
+        uint32_t match = d < N ? d : N - 1, expect = 0;
+        for (uint32_t p = match; p > 0 && !expect; p--) {
+            bool whole = true;
+            for (uint32_t q = p + 1 > W ? p + 1 - W : 0; q < p; q++) whole = whole && held[q / BS];
+            if (whole) expect = p;
+        }
+        ok = kp_eng_prefill(win.e, b, N, &win.s, win.logits, &win.rep, &err) == KP_OK &&
+             kp_eng_prefill(ref.e, b, N, &ref.s, ref.logits, &ref.rep, &err) == KP_OK;
+        CHECK_MSG(ok, "%s", err.msg);
+        if (!ok) break;
+        CHECK_MSG(win.rep.reused_tokens == expect, "diverging at %u: reused %u, the rule says %u", d,
+                  win.rep.reused_tokens, expect);
+        CHECK_EQ_INT(win.rep.reused_tokens + win.rep.computed_tokens, N);
+        CHECK_EQ_INT(win.rep.window_cut_from, expect < match ? match : 0);
+        cuts += expect < match;
+        double dl = rel_diff(win.logits, ref.logits, nv);
+        CHECK_MSG(dl <= 1e-5, "diverging at %u: logits differ by %g", d, dl);
+        kp_eng_seq_abort(win.e, &win.s);
+        kp_eng_seq_abort(ref.e, &ref.s);
+    }
+    CHECK(cuts > 0);
+    /* the bill: the cache holds A's full rows of every block, window rows of block 4 only */
+    kp_eng_stats st;
+    kp_eng_get_stats(win.e, &st);
+    CHECK_EQ_INT(st.index_full_bytes, (uint64_t)N * st.full_bytes_per_token);
+    CHECK_EQ_INT(st.index_window_bytes, (uint64_t)BS * st.window_bytes_per_token);
+    if (ok) {
+        close_engine(&ref);
+        close_engine(&win);
+    }
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
+/* An agent-like loop under the tightest window budget (gemma3, W = 16,
+ * B = 16): turn k's prompt is turn k - 1's plus 20 tokens, without the 3
+ * tokens it answered, so it leaves the cache at the previous prompt's end:
+ * the resume point a sequence keeps the window of (its prompt's end), so
+ * every turn reuses the whole previous prompt. Then an edit 2 tokens past
+ * turn 3's end: its window [47, 62) lies in turn 3's copy of the block it
+ * resumed in (32..47) and turn 4's (48..63), both kept: it reuses 62.
+ * Logits are a recomputation's throughout. */
+static void test_window_turns(void) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 1, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    uint32_t nv = m->hp.n_vocab;
+    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
+    runner ref, win;
+    bool ok = open_engine(&ref, m, pool, false, 0, KP_DTYPE_F32) &&
+              open_engine_win(&win, m, pool, true, bb * 64, KP_DTYPE_F32, tight_window_budget(m, KP_DTYPE_F32));
+    int32_t t[100];
+    rng_state = 0x7475726e73ull;
+    t[0] = 1;
+    for (uint32_t i = 1; i < 100; i++) t[i] = (int32_t)rnd(nv);
+    for (uint32_t k = 1; ok && k <= 5; k++) {
+        uint32_t n = k < 5 ? 20 * k : 80; /* the fifth: turn 4's prompt edited at 62 */
+        int32_t q[100];
+        memcpy(q, t, sizeof q);
+        if (k == 5) q[62] = (q[62] + 1) % (int32_t)nv;
+        uint32_t expect = k == 1 ? 0 : k < 5 ? 20 * (k - 1) : 62;
+        runner *rs[2] = {&ref, &win};
+        for (int r = 0; r < 2 && ok; r++)
+            ok = kp_eng_prefill(rs[r]->e, q, n, &rs[r]->s, rs[r]->logits, &rs[r]->rep, &err) == KP_OK;
+        CHECK_MSG(ok, "%s", err.msg);
+        if (!ok) break;
+        CHECK_MSG(win.rep.reused_tokens == expect, "turn %u: reused %u, expected %u", k, win.rep.reused_tokens, expect);
+        CHECK_EQ_INT(win.rep.window_cut_from, 0);
+        int32_t ans[N_GEN + 100];
+        memcpy(ans, q, n * sizeof *q);
+        for (int g = 0; g < N_GEN; g++) {
+            CHECK_MSG(rel_diff(win.logits, ref.logits, nv) <= 1e-5, "turn %u step %d", k, g);
+            ans[n + g] = kp_argmax(ref.logits, (int32_t)nv);
+            for (int r = 0; r < 2; r++) CHECK(kp_eng_decode(rs[r]->e, &rs[r]->s, ans[n + g], rs[r]->logits, &err) == KP_OK);
+        }
+        for (int r = 0; r < 2; r++) CHECK(kp_eng_finish(rs[r]->e, &rs[r]->s, ans, n + N_GEN, NULL, &err) == KP_OK);
+    }
+    if (ok) {
+        close_engine(&ref);
+        close_engine(&win);
+    }
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
+/* Under the tightest window budget a sequence of 80 positions on gemma3
+ * (W = 16, B = 16) has dropped the window rows of blocks 0..3: a fork of
+ * its first n positions reads [n - 15, n), so n = 40 or 72 is refused
+ * (KP_EFULL: the scheduler then admits the request the ordinary way), n =
+ * 80 forks, and the fork's next logits are a recomputation's. */
+static void test_window_fork(void) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 1, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    uint32_t nv = m->hp.n_vocab;
+    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
+    runner ref, win;
+    bool ok = open_engine(&ref, m, pool, false, 0, KP_DTYPE_F32) &&
+              open_engine_win(&win, m, pool, true, bb * 64, KP_DTYPE_F32, tight_window_budget(m, KP_DTYPE_F32));
+    int32_t a[81];
+    rng_state = 0x666f726bull;
+    a[0] = 1;
+    for (uint32_t i = 1; i < 81; i++) a[i] = (int32_t)rnd(nv);
+    ok = ok && kp_eng_prefill(win.e, a, 80, &win.s, win.logits, NULL, &err) == KP_OK;
+    CHECK_MSG(ok, "%s", err.msg);
+    if (ok) {
+        kp_eng_seq f = {0};
+        CHECK_EQ_INT(kp_eng_fork_prefix(win.e, &win.s, 40, &f, &err), KP_EFULL);
+        CHECK_EQ_INT(kp_eng_fork_prefix(win.e, &win.s, 72, &f, &err), KP_EFULL);
+        CHECK(f.kv.n_blocks == 0);
+        CHECK(kp_eng_fork_prefix(win.e, &win.s, 80, &f, &err) == KP_OK);
+        CHECK(kp_eng_decode(win.e, &f, a[80], win.logits, &err) == KP_OK);
+        CHECK(kp_eng_prefill(ref.e, a, 81, &ref.s, ref.logits, NULL, &err) == KP_OK);
+        double d = rel_diff(win.logits, ref.logits, nv);
+        CHECK_MSG(d <= 1e-5, "the fork's logits differ by %g", d);
+        kp_eng_seq_abort(win.e, &f);
+        kp_eng_seq_abort(win.e, &win.s);
+        kp_eng_seq_abort(ref.e, &ref.s);
+        close_engine(&ref);
+        close_engine(&win);
+    }
+    kp_threads_free(pool);
+    kp_model_free(m);
 }
 
 /* The bundled model and a pool of one thread. */
@@ -317,10 +531,10 @@ static void test_reuse_counts(void) {
     kp_eng_free(e);
     kp_eng_free(NULL);
     /* a budget below one block is refused */
-    kp_eng_config c = {KP_DTYPE_F32, 16, 10, 0, false, NULL, KP_DTYPE_F32, false};
+    kp_eng_config c = {KP_DTYPE_F32, 16, 10, 0, false, NULL, KP_DTYPE_F32, false, 0};
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_EINVAL && e == NULL);
     /* a budget of one sequence without a cache: a longer prompt is KP_EFULL */
-    kp_eng_config c2 = {KP_DTYPE_F32, 16, kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16, 0, true, NULL, KP_DTYPE_F32, true};
+    kp_eng_config c2 = {KP_DTYPE_F32, 16, kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16, 0, true, NULL, KP_DTYPE_F32, true, 0};
     CHECK(kp_eng_new(&e, m, pool, NULL, &c2, &err) == KP_OK);
     CHECK(kp_eng_prefill(e, a, 17, &s, NULL, &r, &err) == KP_EFULL && s.kv.n_blocks == 0);
     CHECK_EQ_INT(used_bytes(e), 0);
@@ -380,7 +594,7 @@ static void test_node_path(void) {
     CHECK(kp_eng_node_path(e, none, 2, path, N, &start, &end, &err) == KP_ENOTFOUND && end == 0);
     CHECK(kp_eng_node_path(e, none, 0, path, N, &start, &end, &err) == KP_EINVAL);
     kp_eng_free(e);
-    kp_eng_config c = {KP_DTYPE_F32, 16, 0, 0, true, NULL, KP_DTYPE_F32, true};
+    kp_eng_config c = {KP_DTYPE_F32, 16, 0, 0, true, NULL, KP_DTYPE_F32, true, 0};
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
     CHECK(kp_eng_node_path(e, none, 1, path, N, &start, &end, &err) == KP_ENOTFOUND);
     kp_eng_free(e);
@@ -403,7 +617,7 @@ static void budget_case(uint32_t blocks, uint32_t expect_reuse) {
     CHECK(kp_threads_new(&pool, 1, &err) == KP_OK);
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
-    kp_eng_config c = {KP_DTYPE_F32, 16, bb * blocks, 96, false, NULL, KP_DTYPE_F32, false}, cref = c;
+    kp_eng_config c = {KP_DTYPE_F32, 16, bb * blocks, 96, false, NULL, KP_DTYPE_F32, false, 0}, cref = c;
     cref.no_prefix_cache = true;
     kp_engine *e = NULL, *ref = NULL;
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
@@ -477,8 +691,8 @@ static void batched_case(const char *rel, uint64_t seed, uint64_t budget_blocks)
     CHECK(kp_threads_new(&pool, 2, &err) == KP_OK);
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
-    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 128, true, NULL, KP_DTYPE_F32, true};
-    kp_eng_config cc = {KP_DTYPE_F32, 16, bb * budget_blocks, 128, false, NULL, KP_DTYPE_F32, false};
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 128, true, NULL, KP_DTYPE_F32, true, 0};
+    kp_eng_config cc = {KP_DTYPE_F32, 16, bb * budget_blocks, 128, false, NULL, KP_DTYPE_F32, false, 0};
     kp_engine *ref = NULL, *e = NULL;
     CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
     CHECK(kp_eng_new(&e, m, pool, NULL, &cc, &err) == KP_OK);
@@ -677,7 +891,7 @@ static void test_room_for(void) {
     kp_threads *pool;
     if (!load_stories(&m, &pool)) return;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
-    kp_eng_config c = {KP_DTYPE_F32, 16, bb * 8, 256, false, NULL, KP_DTYPE_F32, false}; /* 8 blocks, pins up to 4 */
+    kp_eng_config c = {KP_DTYPE_F32, 16, bb * 8, 256, false, NULL, KP_DTYPE_F32, false, 0}; /* 8 blocks, pins up to 4 */
     kp_engine *e = NULL;
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
     rng_state = 0x5eed;
@@ -730,7 +944,7 @@ static void test_room_for(void) {
     CHECK(kp_eng_check(e, &err) == KP_OK);
     /* without a prefix cache: nothing reused or evictable */
     kp_engine *n = NULL;
-    kp_eng_config cn = {KP_DTYPE_F32, 16, bb * 8, 256, true, NULL, KP_DTYPE_F32, true};
+    kp_eng_config cn = {KP_DTYPE_F32, 16, bb * 8, 256, true, NULL, KP_DTYPE_F32, true, 0};
     CHECK(kp_eng_new(&n, m, pool, NULL, &cn, &err) == KP_OK);
     CHECK(kp_eng_room_for(n, d, 33, false, &r, &err) == KP_OK);
     CHECK(r.reused_tokens == 0 && r.need_blocks == 3 && r.free_blocks == 8 && r.evictable_blocks == 0);
@@ -753,11 +967,11 @@ static void test_cache_operations(void) {
     const kp_hparams *hp = &m->hp;
     uint64_t bb = kp_model_kv_bytes_per_token(hp, KP_DTYPE_F32) * 16;
     kp_pfx_config pc = {bb * 5, 16}; /* pins may hold 5 blocks */
-    kp_eng_config c = {KP_DTYPE_F32, 16, bb * 64, 256, false, &pc, KP_DTYPE_F32, false};
+    kp_eng_config c = {KP_DTYPE_F32, 16, bb * 64, 256, false, &pc, KP_DTYPE_F32, false, 0};
     kp_engine *e = NULL;
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
     mirror x = {0};
-    kp_kvpool_config kc = {hp->n_layer, hp->n_head_kv, hp->head_dim, KP_DTYPE_F32, 16, bb * 64, KP_DTYPE_F32};
+    kp_kvpool_config kc = {hp->n_layer, hp->n_head_kv, hp->head_dim, KP_DTYPE_F32, 16, bb * 64, KP_DTYPE_F32, NULL, 0, 0};
     CHECK(kp_kvpool_new(&x.pool, &kc, &err) == KP_OK);
     CHECK(kp_pfx_new(&x.idx, x.pool, &pc, &err) == KP_OK);
     /* sequences sharing heads, one of more than KP_PFX_HEAD_TOKENS tokens, a
@@ -813,7 +1027,7 @@ static void test_cache_operations(void) {
     kp_kvpool_free(x.pool);
     kp_eng_free(e);
     /* without a prefix cache: nothing listed, nothing to pin */
-    kp_eng_config off = {KP_DTYPE_F32, 16, bb * 8, 128, true, NULL, KP_DTYPE_F32, true};
+    kp_eng_config off = {KP_DTYPE_F32, 16, bb * 8, 128, true, NULL, KP_DTYPE_F32, true, 0};
     CHECK(kp_eng_new(&e, m, pool, NULL, &off, &err) == KP_OK);
     CHECK(kp_eng_top(e, one, 1, &n1, &err) == KP_OK && n1 == 0);
     CHECK(kp_eng_pin(e, t[0], 5, 0, 0, &ka, &err) == KP_EUNSUPPORTED && ka == 0);
@@ -868,7 +1082,7 @@ static void test_generate_and_feeding(void) {
     if (!load_stories(&m, &pool)) return;
     CHECK(kp_tok_vocab_load(&v, m->file, &err) == KP_OK);
     uint32_t nv = m->hp.n_vocab;
-    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 256, true, NULL, KP_DTYPE_F32, true}, cc = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32, false};
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 256, true, NULL, KP_DTYPE_F32, true, 0}, cc = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32, false, 0};
     cc.budget_bytes = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 256 * 4;
     kp_engine *ref = NULL, *e = NULL;
     CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
@@ -977,7 +1191,7 @@ static void fork_for(kp_model *m, kp_threads *pool, kp_dtype kv) {
     kp_error err = {0};
     for (int cache = 0; cache < 2; cache++) {
         kp_engine *e = NULL;
-        kp_eng_config c = {kv, 16, 0, 256, !cache, NULL, kv, !cache};
+        kp_eng_config c = {kv, 16, 0, 256, !cache, NULL, kv, !cache, 0};
         CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
         uint32_t nv = m->hp.n_vocab;
         float *l0 = malloc(nv * sizeof *l0), *l1 = malloc(nv * sizeof *l1), *l2 = malloc(nv * sizeof *l2),
@@ -1081,7 +1295,7 @@ static void test_bill_kv_types(void) {
         }
         uint64_t per = (uint64_t)hp->n_layer * hp->n_head_kv * (row[0] + row[1]);
         CHECK_EQ_INT(kp_model_kv_bytes_per_token_kv(hp, kv[i][0], kv[i][1]), per);
-        kp_eng_config c = {kv[i][0], 16, budget, 256, false, NULL, kv[i][1], false};
+        kp_eng_config c = {kv[i][0], 16, budget, 256, false, NULL, kv[i][1], false, 0};
         kp_engine *e = NULL;
         CHECK_MSG(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK, "%s", err.msg);
         if (!e) continue;
@@ -1128,6 +1342,9 @@ int main(void) {
     RUN(test_equal_qwen3_kv_q8_0);
     RUN(test_equal_llama_kv_q4_0);
     RUN(test_equal_gemma3);
+    RUN(test_window_resume);
+    RUN(test_window_fork);
+    RUN(test_window_turns);
     RUN(test_equal_qwen3moe);
     RUN(test_equal_gptoss);
     RUN(test_bill_kv_types);

@@ -70,7 +70,7 @@ static bool rig_open(rig *r, const char *path, kp_dtype kv_type, uint32_t n_pos_
         fprintf(stderr, "load %s: %s\n", path, err.msg);
         return false;
     }
-    kp_kvpool_config kc = {r->m->hp.n_layer, r->m->hp.n_head_kv, r->m->hp.head_dim, kv_type, 16, 0, kv_type};
+    kp_kvpool_config kc = {r->m->hp.n_layer, r->m->hp.n_head_kv, r->m->hp.head_dim, kv_type, 16, 0, kv_type, NULL, 0, 0};
     kc.budget_bytes = (uint64_t)((n_pos_cap + 15) / 16 + 1) * 16 * kp_model_kv_bytes_per_token(&r->m->hp, kv_type);
     if (kp_threads_new(&r->pool, threads, &err) != KP_OK || kp_kvpool_new(&r->kv, &kc, &err) != KP_OK ||
         kp_forward_new(&r->fw, r->m, r->kv, r->pool, k, &err) != KP_OK) {
@@ -1010,7 +1010,7 @@ static void test_kvq_head_dim(void) {
     static const kp_dtype bad[][2] = {{KP_DTYPE_Q8_0, KP_DTYPE_Q8_0}, {KP_DTYPE_F16, KP_DTYPE_Q4_0},
                                       {KP_DTYPE_Q4_0, KP_DTYPE_F32}};
     for (int i = 0; i < 3; i++) {
-        kp_kvpool_config kc = {m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, bad[i][0], 16, 1 << 20, bad[i][1]};
+        kp_kvpool_config kc = {m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, bad[i][0], 16, 1 << 20, bad[i][1], NULL, 0, 0};
         kp_kvpool *kv = (kp_kvpool *)1;
         err.msg[0] = 0;
         CHECK(kp_kvpool_new(&kv, &kc, &err) == KP_EINVAL);

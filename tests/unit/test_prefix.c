@@ -11,7 +11,9 @@
  * Unit tests: edge splits, token-exact matches not aligned to blocks,
  * copy-on-write of a shared partial block, full hits, pins (ttl, cap),
  * eviction order (LRU, leaves first, held nodes skipped), the evicted
- * record, the memory bill, leases moving with inserts, errors. Then a
+ * record, the memory bill, leases moving with inserts, errors, window rows
+ * under a window budget (which blocks kp_pfx_drop_windows spares, and the
+ * resume point of a match at every divergence, from the rule). Then a
  * property test: thousands of random operations against a model, checking
  * the invariants after every step.
  */
@@ -77,7 +79,7 @@ static void bench_init(bench *t, uint32_t B, uint32_t n_blocks, uint32_t pinned_
     memset(t, 0, sizeof *t);
     t->B = B;
     t->now = 1000;
-    kp_kvpool_config kc = {N_LAYER, 1, HEAD_DIM, KP_DTYPE_F32, B, 0, KP_DTYPE_F32};
+    kp_kvpool_config kc = {N_LAYER, 1, HEAD_DIM, KP_DTYPE_F32, B, 0, KP_DTYPE_F32, NULL, 0, 0};
     kc.budget_bytes = (uint64_t)n_blocks * N_LAYER * 2 * B * HEAD_DIM * sizeof(float);
     kp_error err = {0};
     if (kp_kvpool_new(&t->pool, &kc, &err) != KP_OK) {
@@ -980,6 +982,164 @@ static void test_property(void) {
     run_property(4, 8, 9, 4, 4000);
 }
 
+/* Window rows under a window budget (kvpool.h's window arena): layer 1 is
+ * a WINDOW layer of W = 4, blocks of B = 4. A = 12 tokens, then A
+ * extended to 20 (its leaf grows in place: 12 is no end any more), and C
+ * = 8 other tokens, pinned. Every block was written with its window rows.
+ * kp_pfx_drop_windows spares the blocks reaching into [e - W, e) of an
+ * end e (leaf 20: block 4; pin 8: block 1) and drops the other five. A
+ * prompt diverging from A at d then reuses, by the rule (a query at p
+ * reads window rows of p - W < q <= p), the latest p <= d (19 on a full
+ * hit) whose [p - W + 1, p) lies in held blocks, found here by trying
+ * every p; the full-layer rows of what it reuses carry the right
+ * fingerprints. */
+static void test_window_drops(void) {
+    enum { B = 4, W = 4 };
+    const uint8_t kinds[N_LAYER] = {0, 1};
+    kp_kvpool_config kc = {N_LAYER, 1, HEAD_DIM, KP_DTYPE_F32, B, 0, KP_DTYPE_F32, kinds, W, 0};
+    uint64_t layer_block = 2 * B * HEAD_DIM * sizeof(float); /* one layer's K and V of a block */
+    kc.window_budget_bytes = 8 * layer_block;
+    kc.budget_bytes = kc.window_budget_bytes + 16 * layer_block;
+    kp_kvpool *pool = NULL;
+    kp_pfx_index *idx = NULL;
+    kp_error err = {0};
+    CHECK_MSG(kp_kvpool_new(&pool, &kc, &err) == KP_OK, "%s", err.msg);
+    if (!pool) return;
+    CHECK(kp_kvpool_window_budgeted(pool) && kp_kvpool_n_slots(pool) == 8 && kp_kvpool_n_blocks(pool) == 16);
+    CHECK(kp_pfx_new(&idx, pool, NULL, &err) == KP_OK);
+    int32_t a[20], c[8];
+    for (int i = 0; i < 20; i++) a[i] = 1 + i;
+    for (int i = 0; i < 8; i++) c[i] = 100 + i;
+    const int32_t *seqs[3] = {a, a, c};
+    uint32_t lens[3] = {12, 20, 8};
+    for (int k = 0; k < 3; k++) {
+        kp_kvseq s = {0};
+        kp_pfx_lease lease = {0};
+        kp_pfx_match_result m;
+        kp_pfx_match(idx, seqs[k], lens[k], &m);
+        CHECK(kp_pfx_acquire(idx, seqs[k], m.n_reuse, &s, &lease, &err) == KP_OK);
+        CHECK(kp_kvseq_reserve(&s, pool, lens[k], &err) == KP_OK);
+        for (uint32_t p = s.n_pos; p < lens[k]; p++) {
+            CHECK(kp_kvpool_attach_window(pool, s.blocks[p / B], &err) == KP_OK);
+            put_row(pool, s.blocks[p / B], p % B, fp(seqs[k], p));
+        }
+        s.n_pos = lens[k];
+        CHECK(kp_pfx_insert(idx, seqs[k], lens[k], &s, NULL, NULL, &err) == KP_OK);
+        kp_pfx_release(idx, &lease);
+        kp_kvseq_release(&s, pool);
+    }
+    uint64_t pin;
+    CHECK(kp_pfx_pin(idx, c, 8, 0, 0, &pin, &err) == KP_OK);
+    kp_pfx_stats ps;
+    kp_pfx_get_stats(idx, &ps);
+    CHECK_EQ_INT(ps.index_window_blocks, 7);
+    CHECK_EQ_INT(kp_kvpool_n_free_slots(pool), 1);
+    /* two asked for: A's oldest positions go first (C, pinned last, is the most recently used) */
+    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 2, NULL, 0), 2);
+    {
+        kp_pfx_match_result m;
+        kp_pfx_match(idx, a, 20, &m);
+        kp_kvseq s = {0};
+        CHECK(kp_pfx_acquire(idx, a, 16, &s, NULL, &err) == KP_OK);
+        CHECK(!kp_kvpool_has_window(pool, s.blocks[0]) && !kp_kvpool_has_window(pool, s.blocks[1]) &&
+              kp_kvpool_has_window(pool, s.blocks[2]) && kp_kvpool_has_window(pool, s.blocks[3]));
+        kp_kvseq_release(&s, pool);
+    }
+    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 100, NULL, 0), 3);
+    CHECK_EQ_INT(kp_kvpool_n_free_slots(pool), 6);
+    kp_pfx_get_stats(idx, &ps);
+    CHECK_EQ_INT(ps.index_window_blocks, 2);
+    CHECK_EQ_INT(ps.window_drops, 5);
+    bool held[5] = {false, false, false, false, true};
+    for (uint32_t d = 1; d <= 20; d++) {
+        int32_t q[20];
+        memcpy(q, a, sizeof q);
+        if (d < 20) q[d] = 999;
+        uint32_t match = d < 20 ? d : 19, expect = 0;
+        for (uint32_t p = match; p > 0 && !expect; p--) {
+            bool whole = true;
+            for (uint32_t x = p + 1 > W ? p + 1 - W : 0; x < p; x++) whole = whole && held[x / B];
+            if (whole) expect = p;
+        }
+        kp_pfx_match_result m;
+        kp_pfx_match(idx, q, 20, &m);
+        CHECK_MSG(m.n_reuse == expect, "diverging at %u: reuse %u, the rule says %u", d, m.n_reuse, expect);
+        CHECK_EQ_INT(m.n_match, d < 20 ? d : 20);
+        CHECK_EQ_INT(m.window_cut_from, expect < match ? match : 0);
+        kp_kvseq s = {0};
+        CHECK(kp_pfx_acquire(idx, q, m.n_reuse, &s, NULL, &err) == KP_OK);
+        for (uint32_t p = 0; p < m.n_reuse; p++) {
+            uint64_t k;
+            memcpy(&k, (const float *)kp_kvpool_k(pool, s.blocks[p / B], 0, 0) + (size_t)(p % B) * HEAD_DIM, sizeof k);
+            CHECK(k == fp(a, p));
+        }
+        kp_kvseq_release(&s, pool);
+    }
+    /* the pinned C on a full hit: block 1 holds [4, 7) */
+    kp_pfx_match_result m;
+    kp_pfx_match(idx, c, 8, &m);
+    CHECK_EQ_INT(m.n_reuse, 7);
+    CHECK_EQ_INT(m.window_cut_from, 0);
+    kp_pfx_free(idx);
+    CHECK_EQ_INT(kp_kvpool_n_free(pool), 16);
+    CHECK_EQ_INT(kp_kvpool_n_free_slots(pool), 8);
+    kp_kvpool_free(pool);
+}
+
+/* A branch is a resume point too: A = 16 tokens, D = A's first 8 and 8
+ * others (the index splits A at 8: [0..8) with two children). Every block
+ * written with its window rows (W = 4, B = 4), kp_pfx_drop_windows keeps
+ * block 1 (the W positions before the branch at 8) and the blocks before
+ * the two leaves' ends at 16 (block index 3 of each), and drops the other
+ * three: a third prompt that leaves both at 8 still reuses 8. */
+static void test_window_branch(void) {
+    enum { B = 4, W = 4 };
+    const uint8_t kinds[N_LAYER] = {0, 1};
+    kp_kvpool_config kc = {N_LAYER, 1, HEAD_DIM, KP_DTYPE_F32, B, 0, KP_DTYPE_F32, kinds, W, 0};
+    uint64_t layer_block = 2 * B * HEAD_DIM * sizeof(float);
+    kc.window_budget_bytes = 8 * layer_block;
+    kc.budget_bytes = kc.window_budget_bytes + 16 * layer_block;
+    kp_kvpool *pool = NULL;
+    kp_pfx_index *idx = NULL;
+    kp_error err = {0};
+    CHECK_MSG(kp_kvpool_new(&pool, &kc, &err) == KP_OK, "%s", err.msg);
+    if (!pool) return;
+    CHECK(kp_pfx_new(&idx, pool, NULL, &err) == KP_OK);
+    int32_t a[16], d[16], q[16];
+    for (int i = 0; i < 16; i++) {
+        a[i] = 1 + i;
+        d[i] = i < 8 ? a[i] : 50 + i;
+        q[i] = i < 8 ? a[i] : 90 + i;
+    }
+    const int32_t *seqs[2] = {a, d};
+    for (int k = 0; k < 2; k++) {
+        kp_kvseq s = {0};
+        kp_pfx_match_result m;
+        kp_pfx_match(idx, seqs[k], 16, &m);
+        CHECK(kp_pfx_acquire(idx, seqs[k], m.n_reuse, &s, NULL, &err) == KP_OK);
+        CHECK(kp_kvseq_reserve(&s, pool, 16, &err) == KP_OK);
+        for (uint32_t p = s.n_pos; p < 16; p++) {
+            CHECK(kp_kvpool_attach_window(pool, s.blocks[p / B], &err) == KP_OK);
+            put_row(pool, s.blocks[p / B], p % B, fp(seqs[k], p));
+        }
+        s.n_pos = 16;
+        CHECK(kp_pfx_insert(idx, seqs[k], 16, &s, NULL, NULL, &err) == KP_OK);
+        kp_kvseq_release(&s, pool);
+    }
+    CHECK_EQ_INT(kp_kvpool_n_free_slots(pool), 2);
+    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 100, NULL, 0), 3);
+    kp_pfx_match_result m;
+    kp_pfx_match(idx, q, 16, &m);
+    CHECK_EQ_INT(m.n_match, 8);
+    CHECK_EQ_INT(m.n_reuse, 8);
+    CHECK_EQ_INT(m.window_cut_from, 0);
+    kp_pfx_match(idx, a, 16, &m); /* a full hit of A: 15, whose window [12, 15) is block 3's */
+    CHECK_EQ_INT(m.n_reuse, 15);
+    kp_pfx_free(idx);
+    CHECK_EQ_INT(kp_kvpool_n_free_slots(pool), 8);
+    kp_kvpool_free(pool);
+}
+
 int main(void) {
     RUN(test_split);
     RUN(test_unaligned_reuse_and_cow);
@@ -988,6 +1148,8 @@ int main(void) {
     RUN(test_pins);
     RUN(test_eviction_order);
     RUN(test_evicted_record);
+    RUN(test_window_drops);
+    RUN(test_window_branch);
     RUN(test_memory_bill);
     RUN(test_errors);
     RUN(test_property);

@@ -1015,7 +1015,7 @@ static bool rig_open(rig *r, const char *path, uint32_t n_pos) {
         fprintf(stderr, "load %s: %s\n", path, err.msg);
         return false;
     }
-    kp_kvpool_config kc = {r->m->hp.n_layer, r->m->hp.n_head_kv, r->m->hp.head_dim, KP_DTYPE_F32, 16, 0, KP_DTYPE_F32};
+    kp_kvpool_config kc = {r->m->hp.n_layer, r->m->hp.n_head_kv, r->m->hp.head_dim, KP_DTYPE_F32, 16, 0, KP_DTYPE_F32, NULL, 0, 0};
     kc.budget_bytes = (uint64_t)((n_pos + 15) / 16 + 1) * 16 * kp_model_kv_bytes_per_token(&r->m->hp, KP_DTYPE_F32);
     if (kp_threads_new(&r->pool, 1, &err) != KP_OK || kp_kvpool_new(&r->kv, &kc, &err) != KP_OK ||
         kp_forward_new(&r->fw, r->m, r->kv, r->pool, NULL, &err) != KP_OK) {

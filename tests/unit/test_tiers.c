@@ -18,6 +18,9 @@
  * ignored and named, a budget below one record refuses writes (counted),
  * a budget of two records keeps the two most recent, and with a queue of
  * one every put is either written or counted as dropped.
+ *
+ * Under a window budget blocks without window rows are not written, and
+ * a restore fills in what RAM dropped.
  */
 #include <math.h>
 #include <stdio.h>
@@ -112,8 +115,8 @@ static void equal_through(int redis_port) {
     uint32_t nv = m->hp.n_vocab, B = 16;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * B;
     kp_engine *ref = NULL, *e = NULL;
-    kp_eng_config cr = {KP_DTYPE_F32, B, 0, MAX_LEN + N_GEN + 8, true, NULL, KP_DTYPE_F32, true};
-    kp_eng_config ct = {KP_DTYPE_F32, B, bb * ((MAX_LEN + N_GEN + B - 1) / B + 1), MAX_LEN + N_GEN + 8, false, NULL, KP_DTYPE_F32, false};
+    kp_eng_config cr = {KP_DTYPE_F32, B, 0, MAX_LEN + N_GEN + 8, true, NULL, KP_DTYPE_F32, true, 0};
+    kp_eng_config ct = {KP_DTYPE_F32, B, bb * ((MAX_LEN + N_GEN + B - 1) / B + 1), MAX_LEN + N_GEN + 8, false, NULL, KP_DTYPE_F32, false, 0};
     char dir[300], addr[64];
     snprintf(dir, sizeof dir, "%s/eq", tmpdir);
     snprintf(addr, sizeof addr, "127.0.0.1:%d", redis_port);
@@ -223,7 +226,7 @@ static void disk_refusal_falls_to_redis(int redis_port) {
     snprintf(dir, sizeof dir, "%s/fallback", tmpdir);
     snprintf(addr, sizeof addr, "127.0.0.1:%d", redis_port);
     kp_tiers_config tc = {dir, 0, addr, 200, NULL, NULL, NULL, 0};
-    kp_eng_config c = {KP_DTYPE_F32, B, 0, 256, false, NULL, KP_DTYPE_F32, false}, cn = c;
+    kp_eng_config c = {KP_DTYPE_F32, B, 0, 256, false, NULL, KP_DTYPE_F32, false, 0}, cn = c;
     cn.no_prefix_cache = true;
     int32_t t[N];
     for (int i = 0; i < N; i++) t[i] = i ? (i * 53) % 400 + 5 : 1;
@@ -287,7 +290,7 @@ static void test_pin_writes_through(void) {
     char dir[300];
     snprintf(dir, sizeof dir, "%s/pin", tmpdir);
     kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, NULL, 0};
-    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 256, false, NULL, KP_DTYPE_F16, false};
+    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 256, false, NULL, KP_DTYPE_F16, false, 0};
     int32_t t[50];
     for (int i = 0; i < 50; i++) t[i] = i ? (i * 37) % 500 + 3 : 1;
     kp_engine *e = NULL, *e2 = NULL;
@@ -316,6 +319,81 @@ static void test_pin_writes_through(void) {
     kp_model_free(m);
 }
 
+/* A window budget and the disk tier (gen-gemma3: a window of 16 on 5 of
+ * 6 layers, blocks of 16). Blocks are written whole, window rows
+ * included, so the record is the same in both modes: an engine without a
+ * budget writes A's 6 blocks; an engine under the tightest budget whose
+ * RAM kept A's window rows in its last block only writes none of its own
+ * (a block without window rows is not published, nor any after it), and
+ * a prompt that leaves A at token 50 matches 50 tokens in its RAM but
+ * resumes at 0 there (no window held before 50), then restores the 3
+ * whole blocks of A that the prompt shares from disk, window rows and
+ * all: 48 reused, the logits those of a recomputation. */
+static void test_window_budget_and_disk(void) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 1, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    enum { N = 96 };
+    char dir[300], dir2[300];
+    snprintf(dir, sizeof dir, "%s/window", tmpdir);
+    snprintf(dir2, sizeof dir2, "%s/window-only", tmpdir);
+    kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, NULL, 0}, tc2 = {dir2, 0, NULL, 0, NULL, NULL, NULL, 0};
+    uint64_t wb = 16 * kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, KP_DTYPE_F32, KP_DTYPE_F32);
+    uint32_t slots = (256 + 2 * m->hp.n_swa + 15) / 16 + 2;
+    kp_eng_config cd = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32, false, 0};
+    kp_eng_config cw = cd, cr = cd;
+    cw.window_budget_bytes = slots * wb;
+    cr.no_prefix_cache = true;
+    int32_t a[N], b[N];
+    for (int i = 0; i < N; i++) a[i] = i ? (i * 37) % 500 + 3 : 1;
+    memcpy(b, a, sizeof a);
+    b[50] = 2;
+    kp_engine *d = NULL, *w = NULL, *w2 = NULL, *ref = NULL;
+    kp_eng_seq s = {0};
+    kp_eng_report rep;
+    kp_tiers_stats ts;
+    uint32_t nv = m->hp.n_vocab;
+    float *lw = malloc(nv * sizeof *lw), *lr = malloc(nv * sizeof *lr);
+    CHECK(kp_eng_new(&d, m, pool, NULL, &cd, &err) == KP_OK && kp_eng_open_tiers(d, &tc, &err) == KP_OK);
+    CHECK(d && kp_eng_prefill(d, a, N, &s, NULL, &rep, &err) == KP_OK && kp_eng_finish(d, &s, a, N, NULL, &err) == KP_OK);
+    kp_eng_tier_flush(d);
+    CHECK(kp_eng_tier_stats(d, &ts) && ts.tier[KP_TIER_DISK].blocks == N / 16);
+    kp_eng_free(d);
+    /* under the budget, alone on its directory: nothing of its own reaches disk */
+    CHECK_MSG(kp_eng_new(&w2, m, pool, NULL, &cw, &err) == KP_OK && kp_eng_open_tiers(w2, &tc2, &err) == KP_OK, "%s",
+              err.msg);
+    CHECK(w2 && kp_eng_prefill(w2, a, N, &s, NULL, &rep, &err) == KP_OK &&
+          kp_eng_finish(w2, &s, a, N, NULL, &err) == KP_OK);
+    kp_eng_tier_flush(w2);
+    CHECK(kp_eng_tier_stats(w2, &ts) && ts.tier[KP_TIER_DISK].blocks == 0);
+    kp_eng_free(w2);
+    /* under the budget, on the first directory: the disk fills in what RAM dropped */
+    CHECK(kp_eng_new(&w, m, pool, NULL, &cw, &err) == KP_OK && kp_eng_open_tiers(w, &tc, &err) == KP_OK);
+    CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
+    CHECK(w && kp_eng_tier_wait_ready(w, 10000));
+    CHECK(w && kp_eng_prefill(w, a, N, &s, NULL, &rep, &err) == KP_OK && kp_eng_finish(w, &s, a, N, NULL, &err) == KP_OK);
+    CHECK(w && kp_eng_prefill(w, b, N, &s, lw, &rep, &err) == KP_OK);
+    CHECK_EQ_INT(rep.window_cut_from, 50);
+    CHECK_EQ_INT(rep.reused_tokens, 48);
+    CHECK_EQ_INT(rep.reused_from[KP_TIER_DISK], 48);
+    CHECK(w && kp_eng_finish(w, &s, b, N, NULL, &err) == KP_OK);
+    CHECK(ref && kp_eng_prefill(ref, b, N, &s, lr, &rep, &err) == KP_OK);
+    CHECK(ref && kp_eng_finish(ref, &s, b, N, NULL, &err) == KP_OK);
+    CHECK_MSG(rel_diff(lw, lr, nv) <= 1e-5, "logits differ by %g", rel_diff(lw, lr, nv));
+    kp_eng_free(w);
+    kp_eng_free(ref);
+    free(lw);
+    free(lr);
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
 /* A sequence of more blocks than the tiers' default queue (256) is written
  * whole: kp_eng_finish queues every block at once, and the engine sizes the
  * queue to a context. */
@@ -328,7 +406,7 @@ static void test_long_sequence_written_whole(void) {
     char dir[300];
     snprintf(dir, sizeof dir, "%s/long", tmpdir);
     kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, NULL, 0};
-    kp_eng_config c = {KP_DTYPE_F16, B, 0, CTX, false, NULL, KP_DTYPE_F16, false};
+    kp_eng_config c = {KP_DTYPE_F16, B, 0, CTX, false, NULL, KP_DTYPE_F16, false, 0};
     static int32_t t[N];
     for (int i = 0; i < N; i++) t[i] = i ? (int32_t)((i * 131u + 7) % (m->hp.n_vocab - 3)) + 3 : 1;
     kp_engine *e = NULL;
@@ -351,7 +429,7 @@ static void test_long_sequence_written_whole(void) {
 /* A pool of 4 blocks of 4 positions, block b filled with bytes b + 1. */
 static kp_kvpool *small_pool(void) {
     kp_kvpool *p = NULL;
-    kp_kvpool_config kc = {2, 1, 4, KP_DTYPE_F16, 4, 4 * 2 * 2 * 4 * 4 * 2, KP_DTYPE_F16};
+    kp_kvpool_config kc = {2, 1, 4, KP_DTYPE_F16, 4, 4 * 2 * 2 * 4 * 4 * 2, KP_DTYPE_F16, NULL, 0, 0};
     if (kp_kvpool_new(&p, &kc, NULL) != KP_OK) return NULL;
     for (int32_t b = 0; b < 4; b++) {
         int32_t id;
@@ -522,6 +600,7 @@ int main(void) {
     RUN(test_equal_through_redis);
     RUN(test_pin_writes_through);
     RUN(test_long_sequence_written_whole);
+    RUN(test_window_budget_and_disk);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) return 1;
