@@ -3,7 +3,9 @@
 
 For each model file given (gemma3, qwen3moe, gpt-oss shapes from `kvpin
 mkmodel`, or real files), R rounds alternate `kvpin bench` and llama.cpp's
-`llama-bench` (flash attention on), each one repetition of pp P and tg N at
+`llama-bench` (flash attention on; weights read into memory, --load-mode none, so
+that pages the kernel dropped from the page cache are not read from disk
+during a run), each one repetition of pp P and tg N at
 depth 0 on T threads, so both sides see the same machine load; the table
 gives the medians of the rounds, the ratio kvpin / llama.cpp, and kvpin's
 decode as GB/s of the bytes a step reads (only the routed experts for
@@ -38,7 +40,7 @@ def run_kvpin(kvpin, model, p, n, t):
 
 def run_llama(bench, model, p, n, t):
     out = subprocess.run([bench, "-m", model, "-p", str(p), "-n", str(n), "-r", "1", "-t", str(t), "-fa", "on",
-                          "-o", "jsonl"], capture_output=True, text=True, timeout=1800)
+                          "-lm", "none", "-o", "jsonl"], capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"llama-bench failed on {model}: {out.stderr.strip()[-400:]}")
     res = {}
