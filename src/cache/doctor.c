@@ -43,8 +43,9 @@
  *      (>= 32 bytes) occurs in r at q >= d0; if [d0,e) spans two lines or
  *      more, the head was rewritten (or cut) and the old text follows; one
  *      line replaced (by any number of lines) is an ordinary edit.
- *   6. new prefix: 0 < d <= 256, d ends a line or markup ('>' or ']', then
- *      spaces), and no tail of c past d resumes in r (see check_new_prefix):
+ *   6. new prefix: 0 < d <= 256, the word d falls in starts after a line
+ *      end or markup ('>' or ']', then spaces), and no tail of c past d
+ *      resumes in r (see check_new_prefix):
  *
  *      c:  <|im_start|>user\n What is the capital of France?<|im_end|>...
  *      r:  <|im_start|>user\n Write a haiku about autumn leaves.<|im_end|>...
