@@ -1454,8 +1454,42 @@ static VNNI void mxfp4_rows4_vnni(int64_t nb, const kp_block_mxfp4 *x0, const kp
     out[0] = hsum_ps(a0), out[1] = hsum_ps(a1), out[2] = hsum_ps(a2), out[3] = hsum_ps(a3);
 }
 
+/* Any rows x any activation rows: quant_avx2_inl.h's tile. */
+static VNNI void mxfp4_tile_vnni(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
+                                 size_t a_stride, float *out, size_t out_stride) {
+    MXFP4_TILE_BODY(mxfp4_pairs_vnni, 4)
+}
+
+/* 4 MXFP4 weight rows x 4 activation rows (a prefill's experts): sixteen
+ * accumulator chains in registers, each block of a row decoded once for
+ * the 4 activation rows. Each (row, column) is MXFP4_TILE_BODY's sum,
+ * operation for operation. */
+static VNNI void mxfp4_tile44_vnni(int64_t nb, const kp_block_mxfp4 *const x[4], const kp_block_q8_0 *const y[4],
+                                   float *out, size_t out_stride) {
+    __m256 acc[4][4];
+    UNROLL for (int r = 0; r < 4; r++) UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int64_t ib = 0; ib < nb; ib++) {
+        __m256i av[4];
+        float dy[4];
+        UNROLL for (int c = 0; c < 4; c++) {
+            av[c] = _mm256_loadu_si256((const __m256i *)y[c][ib].qs);
+            dy[c] = half_to_float(y[c][ib].d);
+        }
+        UNROLL for (int r = 0; r < 4; r++) {
+            const __m256i wv = mxfp4_block_values(x[r] + ib);
+            const float dw = kp_e8m0_half(x[r][ib].e);
+            UNROLL for (int c = 0; c < 4; c++)
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mxfp4_pairs_vnni(wv, av[c])),
+                                            _mm256_set1_ps(dw * dy[c]), acc[r][c]);
+        }
+    }
+    UNROLL for (int r = 0; r < 4; r++) UNROLL for (int c = 0; c < 4; c++) out[(size_t)c * out_stride + r] =
+        hsum_ps(acc[r][c]);
+}
+
 /* MXFP4: quant_avx2_inl.h's tile with vpdpbusd, the avx2 table's integers;
- * a decode step (one activation row) 4 weight rows at a time. */
+ * a decode step (one activation row) 4 weight rows at a time, 4 x 4 tiles
+ * where there are 4 activation rows, the rest by the common tile. */
 static VNNI void gemm_mxfp4_vnni(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
                                  size_t a_stride, const void *aux, size_t aux_stride, float *out,
                                  size_t out_stride) {
@@ -1476,8 +1510,27 @@ static VNNI void gemm_mxfp4_vnni(int64_t n, int nr, int nc, const void *w, size_
         w = (const uint8_t *)w + (size_t)done * w_stride;
         out += done;
         nr -= done;
+    } else if (nc >= 4 && nr >= 4) {
+        const int nc4 = nc & ~3, nr4 = nr & ~3;
+        for (int r0 = 0; r0 < nr4; r0 += 4) {
+            const kp_block_mxfp4 *x[4];
+            for (int r = 0; r < 4; r++) x[r] = (const kp_block_mxfp4 *)((const uint8_t *)w + (size_t)(r0 + r) * w_stride);
+            for (int c0 = 0; c0 < nc4; c0 += 4) {
+                const kp_block_q8_0 *y[4];
+                for (int c = 0; c < 4; c++) y[c] = (const kp_block_q8_0 *)((const uint8_t *)a + (size_t)(c0 + c) * a_stride);
+                mxfp4_tile44_vnni(n / KP_QK_MXFP4, x, y, out + (size_t)c0 * out_stride + r0, out_stride);
+            }
+        }
+        /* the rest: columns past nc4 of the first nr4 rows, then every column of the last rows */
+        if (nc4 < nc)
+            mxfp4_tile_vnni(n, nr4, nc - nc4, w, w_stride, (const uint8_t *)a + (size_t)nc4 * a_stride, a_stride,
+                            out + (size_t)nc4 * out_stride, out_stride);
+        if (nr4 == nr) return;
+        w = (const uint8_t *)w + (size_t)nr4 * w_stride;
+        out += nr4;
+        nr -= nr4;
     }
-    MXFP4_TILE_BODY(mxfp4_pairs_vnni, 4)
+    mxfp4_tile_vnni(n, nr, nc, w, w_stride, a, a_stride, out, out_stride);
 }
 
 const kp_kernels kp_quant_avx512vnni_kernels = {
