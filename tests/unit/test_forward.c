@@ -138,10 +138,11 @@ static struct {
 static int n_per_model;
 
 static void note_model(const char *json_name, int checked, int steps, double case_abs, double tol) {
-    char name[64];
-    snprintf(name, sizeof name, "%s", json_name);
-    char *dot = strchr(name, '.');
-    if (dot) *dot = 0;
+    char name[64]; /* the model: the case's name up to its first dot */
+    size_t len = strcspn(json_name, ".");
+    if (len >= sizeof name) len = sizeof name - 1;
+    memcpy(name, json_name, len);
+    name[len] = 0;
     int k = 0;
     while (k < n_per_model && strcmp(per_model[k].name, name)) k++;
     if (k == n_per_model) {
