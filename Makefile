@@ -61,7 +61,7 @@ ASAN_OBJ := $(patsubst src/%.c,build/asan/%.o,$(SRC)) $(GEN:%=build/asan/gen/%.o
 REL_CLI  := $(patsubst cli/%.c,build/rel/cli_%.o,$(CLI))
 ASAN_CLI := $(patsubst cli/%.c,build/asan/cli_%.o,$(CLI))
 
-.PHONY: all test asan check fuzz bench deps clean install uninstall test-install FORCE
+.PHONY: all test asan check fuzz bench bench-quick deps clean install uninstall test-install FORCE
 all: kvpin build/rel/libkvpin.so
 
 kvpin: build/rel/libkvpin.a $(REL_CLI)
@@ -223,6 +223,10 @@ build/rel/bench_%: bench/bench_%.c build/rel/libkvpin.a
 
 bench: kvpin build/rel/bench_tok build/rel/bench_quant build/rel/bench_prefix build/rel/bench_grammar build/rel/bench_jinja
 	sh bench/run.sh
+
+# The speed table side by side with llama.cpp in under 10 minutes (bench/quick.sh).
+bench-quick: kvpin
+	sh bench/quick.sh
 
 deps:
 	sh tools/deps.sh

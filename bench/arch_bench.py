@@ -52,39 +52,55 @@ def run_llama(bench, model, p, n, t):
     return res
 
 
+def fmt(k, ll):
+    """'k / l' and the ratio, or k alone without the peer; '-' when not run."""
+    if not k:
+        return "-", "-"
+    med = statistics.median
+    if not ll:
+        return f"{med(k):.1f}", "-"
+    return f"{med(k):.1f} / {med(ll):.1f}", f"{med(k) / med(ll):.2f}"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-r", type=int, default=3, help="rounds (each side once per round)")
-    ap.add_argument("-p", type=int, default=512, help="prompt tokens of the pp test")
-    ap.add_argument("-n", type=int, default=32, help="generated tokens of the tg test")
+    ap.add_argument("-p", type=int, default=512, help="prompt tokens of the pp test (0: none)")
+    ap.add_argument("-n", type=int, default=32, help="generated tokens of the tg test (0: none)")
     ap.add_argument("-t", type=int, default=2, help="threads")
+    ap.add_argument("--kvpin-only", action="store_true", help="without llama-bench")
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
     kvpin = os.environ.get("KVPIN", "./kvpin")
-    bench = os.environ.get("LLAMA_BENCH") or shutil.which("llama-bench")
-    if not bench:
-        sys.exit("arch_bench: set LLAMA_BENCH to llama.cpp's llama-bench (bench/README.md says how to build it)")
+    bench = None if a.kvpin_only else os.environ.get("LLAMA_BENCH") or shutil.which("llama-bench")
+    if not bench and not a.kvpin_only:
+        sys.exit("arch_bench: set LLAMA_BENCH to llama.cpp's llama-bench (bench/README.md says how to build it), "
+                 "or pass --kvpin-only")
     rows = []
     for m in a.models:
         k_pp, k_tg, l_pp, l_tg, gbs, pct = [], [], [], [], [], []
         for _ in range(a.r):
             k = run_kvpin(kvpin, m, a.p, a.n, a.t)
-            ll = run_llama(bench, m, a.p, a.n, a.t)
-            k_pp.append(k["pp"]["tps_median"])
-            k_tg.append(k["tg"]["tps_median"])
-            gbs.append(k["tg"]["tg_gbs"])
-            pct.append(k["tg"]["tg_pct_of_read_bw"])
-            l_pp.append(ll["pp"])
-            l_tg.append(ll["tg"])
-        med = statistics.median
-        rows.append((os.path.basename(m), med(k_pp), med(l_pp), med(k_tg), med(l_tg), med(gbs), med(pct)))
+            ll = run_llama(bench, m, a.p, a.n, a.t) if bench else {}
+            if a.p:
+                k_pp.append(k["pp"]["tps_median"])
+            if a.n:
+                k_tg.append(k["tg"]["tps_median"])
+                gbs.append(k["tg"]["tg_gbs"])
+                pct.append(k["tg"]["tg_pct_of_read_bw"])
+            if "pp" in ll and a.p:
+                l_pp.append(ll["pp"])
+            if "tg" in ll and a.n:
+                l_tg.append(ll["tg"])
+        rows.append((os.path.basename(m), fmt(k_pp, l_pp), fmt(k_tg, l_tg),
+                     f"{statistics.median(gbs):.1f} ({statistics.median(pct):.0f}%)" if gbs else "-"))
         print(f"# {os.path.basename(m)}: pp {[round(x, 1) for x in k_pp]} vs {[round(x, 1) for x in l_pp]}, "
               f"tg {[round(x, 1) for x in k_tg]} vs {[round(x, 1) for x in l_tg]}", flush=True)
-    print(f"\n| file | pp{a.p} kvpin / llama.cpp t/s | ratio | tg{a.n} kvpin / llama.cpp t/s | ratio | kvpin tg GB/s "
-          f"(% of read) |")
+    peer = " / llama.cpp" if bench else ""
+    print(f"\n| file | pp{a.p} kvpin{peer} t/s | ratio | tg{a.n} kvpin{peer} t/s | ratio | kvpin tg GB/s (% of read) |")
     print("|---|---|---|---|---|---|")
-    for f, kp, lp, kt, lt, g, pc in rows:
-        print(f"| {f} | {kp:.1f} / {lp:.1f} | {kp / lp:.2f} | {kt:.1f} / {lt:.1f} | {kt / lt:.2f} | {g:.1f} ({pc:.0f}%) |")
+    for f, pp, tg, g in rows:
+        print(f"| {f} | {pp[0]} | {pp[1]} | {tg[0]} | {tg[1]} | {g} |")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,9 @@
 # on gemma3 beside llama-server; generating the MoE shapes takes ~20 minutes).
 set -e
 cd "$(dirname "$0")/.."
+echo "make bench: expect an hour or more on 2 cores with the defaults (the prefix, n-choices, crew and agent" \
+    "benchmarks take several minutes each; BENCH_AGENT=0 and BENCH_PREFIX_ARGS=--quick shorten it;" \
+    "make bench-quick prints the speed table in under 10 minutes)"
 TYPES=${BENCH_TYPES:-"F16 Q8_0 Q4_0 Q4_K"}
 DEPTHS=${BENCH_DEPTHS:-0,2048,8192}
 REPS=${BENCH_REPS:-3}
