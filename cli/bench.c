@@ -246,7 +246,7 @@ static const cli_opt bench_tab[] = {
     {"no-probe", NULL, NULL, NULL, "skip measuring the machine's read bandwidth and int8 peak", O_NO_PROBE},
     {"batch", "b", NULL, "B[,B...]", "also run tg with B sequences decoding together (2..64): the\n"
                                      "aggregate tokens/s and its ratio to one sequence's", O_BATCH},
-    CLI_USE(CLI_THREADS), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_JSON), CLI_USE(CLI_SCALAR), CLI_USE(CLI_NO_REPACK), {0},
+    CLI_USE(CLI_THREADS), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_JSON), CLI_USE(CLI_SCALAR), CLI_USE(CLI_NO_REPACK), CLI_USE(CLI_ATTN_PRECISION), {0},
 };
 
 static void bench_usage(FILE *f) {
@@ -277,6 +277,7 @@ int cmd_bench(int argc, char **argv) {
         case CLI_JSON: json = true; break;
         case CLI_SCALAR: so.scalar = true; break;
         case CLI_NO_REPACK: so.no_repack = true; break;
+        case CLI_ATTN_PRECISION: if (!cli_parse_attn(v, &so.attn)) return 2; break;
         case CLI_MODEL: so.model_path = v; break;
         case O_N_PROMPT: if (!parse_list(a.opt, "prompt lengths", v, 0, 1 << 20, pps, &n_pps)) return 2; break;
         case O_PLOT: plot = v; break;
@@ -326,7 +327,8 @@ int cmd_bench(int argc, char **argv) {
     if (max_batch > 1) /* the tg sequence and max_batch others, each of up to n_ctx positions */
         ec.budget_bytes = (uint64_t)(max_batch + 1) * ((so.n_ctx + 15) / 16 + 1) * 16 *
                           kp_model_kv_bytes_per_token_kv(&cm.m->hp, so.kv_type, so.kv_type_v);
-    if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK) goto fail;
+    if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK || kp_eng_set_attn(e, so.attn, &err) != KP_OK)
+        goto fail;
     uint64_t x = 12345;
     for (int64_t i = 0; i <= n_fill; i++) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;

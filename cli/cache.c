@@ -488,7 +488,7 @@ int cmd_run_cached(int argc, char **argv) {
     turn_list t = {0};
     rc = 1;
     if (!load_sources(&o, &t)) goto done;
-    cli_session_opts so = {o.model_path, o.n_threads, o.kv_type, o.n_ctx, o.scalar, o.kv_type_v, o.no_repack};
+    cli_session_opts so = {o.model_path, o.n_threads, o.kv_type, o.n_ctx, o.scalar, o.kv_type_v, o.no_repack, KP_ATTN_F32};
     if (!cli_model_open(&cm, &so, "run")) goto done;
     const kp_tok_vocab *v = cm.tok;
     if (!tokenize_turns(cm.lm, v, &t, !o.no_bos, o.special, "run")) goto done;
@@ -633,7 +633,7 @@ typedef struct {
 } doctor_tiers;
 
 static bool doctor_tiers_open(doctor_tiers *d, const char *model) {
-    cli_session_opts so = {model, 1, d->kv_type, 0, false, d->kv_type_v, true};
+    cli_session_opts so = {model, 1, d->kv_type, 0, false, d->kv_type_v, true, KP_ATTN_F32};
     if (!cli_model_open(&d->cm, &so, "doctor")) return false;
     kp_error err = {0};
     uint64_t per = kp_model_kv_bytes_per_token_kv(&d->cm.m->hp, d->kv_type, d->kv_type_v);

@@ -17,6 +17,7 @@
 #include "kvpin.h"
 #include "base/threadpool.h"
 #include "gguf/dtype.h"
+#include "kernels/attn.h"
 #include "kernels/quant.h"
 #include "model/model.h"
 #include "model/sampler.h"
@@ -32,6 +33,7 @@ typedef struct {
     bool scalar;             /* portable kernels instead of AVX2 */
     kp_dtype kv_type_v;      /* V rows */
     bool no_repack;          /* --no-repack: weights read in the mapping only */
+    kp_attn_precision attn;  /* --attn-precision (run, bench; kp_eng_set_attn) */
 } cli_session_opts;
 
 /* What such a subcommand loads before it makes its engine
@@ -94,7 +96,7 @@ enum {
     CLI_PRESENCE_PENALTY, CLI_FREQUENCY_PENALTY, CLI_HOST, CLI_PORT, CLI_PARALLEL, CLI_KV_TYPE, CLI_KV_BUDGET,
     CLI_KV_BLOCK, CLI_NO_PREFIX_CACHE, CLI_NO_BOS, CLI_SPECIAL, CLI_PRINT_TOKENS, CLI_SCALAR, CLI_JSON,
     CLI_KV_TYPE_K, CLI_KV_TYPE_V, CLI_CACHE_DIR, CLI_CACHE_DISK_BUDGET, CLI_CACHE_REDIS, CLI_CACHE_REDIS_TIMEOUT,
-    CLI_NO_REPACK, CLI_WINDOW_BUDGET,
+    CLI_NO_REPACK, CLI_WINDOW_BUDGET, CLI_ATTN_PRECISION,
     CLI_OWN = 1000
 };
 #define CLI_USE(k) {.key = (k)}
@@ -186,6 +188,8 @@ bool cli_parse_kv_type(const char *s, kp_dtype *out);
 /* The value of --kv-type (key CLI_KV_TYPE: sets *k and *v), --kv-type-k
  * (*k only) or --kv-type-v (*v only); false, with a message, for a bad name. */
 bool cli_parse_kv_opt(int key, const char *s, kp_dtype *k, kp_dtype *v);
+/* The value of --attn-precision: "f32" or "bf16"; false, with a message. */
+bool cli_parse_attn(const char *s, kp_attn_precision *out);
 /* The KV bill's formula into buf: "2 x L x H x hd x B" with B the bytes of
  * one value ("2", "4", "34/32", "18/32"), or "L x H x hd x (Bk + Bv)" when
  * K and V differ. Returns buf. */

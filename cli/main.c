@@ -188,6 +188,16 @@ bool cli_parse_kv_type(const char *s, kp_dtype *out) {
     return true;
 }
 
+bool cli_parse_attn(const char *s, kp_attn_precision *out) {
+    if (s && !strcasecmp(s, "f32")) *out = KP_ATTN_F32;
+    else if (s && !strcasecmp(s, "bf16")) *out = KP_ATTN_BF16;
+    else {
+        fprintf(stderr, "kvpin: --attn-precision must be f32 or bf16, got '%s'\n", s ? s : "");
+        return false;
+    }
+    return true;
+}
+
 bool cli_parse_kv_opt(int key, const char *s, kp_dtype *k, kp_dtype *v) {
     kp_dtype t;
     if (!cli_parse_kv_type(s, &t)) return false;

@@ -66,7 +66,7 @@ static const cli_opt run_tab[] = {
     CLI_USE(CLI_MODEL), CLI_USE(CLI_PROMPT), CLI_USE(CLI_FILE), CLI_USE(CLI_N_PREDICT), CLI_SAMPLING_OPTS,
     {"stop", NULL, NULL, "STR", "end the text before STR (repeatable, at most 16)", O_STOP},
     CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_NO_BOS), CLI_USE(CLI_SPECIAL),
-    CLI_USE(CLI_PRINT_TOKENS), CLI_USE(CLI_SCALAR), CLI_USE(CLI_NO_REPACK),
+    CLI_USE(CLI_PRINT_TOKENS), CLI_USE(CLI_SCALAR), CLI_USE(CLI_NO_REPACK), CLI_USE(CLI_ATTN_PRECISION),
     /* cmd_run hands these to cache.c before run's parser sees them */
     {"prompt-cache", NULL, NULL, NULL, "several prompts through one prefix cache: -p/-f repeated, or\n"
                                        "--turns FILE.jsonl (see kvpin run --prompt-cache --help)", O_PROMPT_CACHE},
@@ -77,7 +77,7 @@ static const cli_opt logits_tab[] = {
     {"tokens", NULL, NULL, "IDS", "the prompt as token ids, \"1 2 3\" (instead of -p or -f)", O_TOKENS},
     {"output", "o", NULL, "FILE", "write the logits to FILE", O_OUTPUT},
     CLI_USE(CLI_NO_BOS), CLI_USE(CLI_SPECIAL), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE),
-    CLI_USE(CLI_SCALAR), CLI_USE(CLI_NO_REPACK), {0},
+    CLI_USE(CLI_SCALAR), CLI_USE(CLI_NO_REPACK), CLI_USE(CLI_ATTN_PRECISION), {0},
 };
 static const cli_opt inspect_tab[] = {
     CLI_USE(CLI_MODEL), CLI_USE(CLI_PROMPT), CLI_USE(CLI_FILE), CLI_USE(CLI_N_PREDICT),
@@ -85,7 +85,7 @@ static const cli_opt inspect_tab[] = {
     {"head", NULL, NULL, "H", "the query head whose attention is shown (default: 0)", O_HEAD},
     {"html", NULL, NULL, "FILE", "also write every step's attention as a heat map page to FILE", O_HTML},
     CLI_SAMPLING_OPTS, CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_NO_BOS),
-    CLI_USE(CLI_SPECIAL), CLI_USE(CLI_PRINT_TOKENS), CLI_USE(CLI_SCALAR), CLI_USE(CLI_NO_REPACK), {0},
+    CLI_USE(CLI_SPECIAL), CLI_USE(CLI_PRINT_TOKENS), CLI_USE(CLI_SCALAR), CLI_USE(CLI_NO_REPACK), CLI_USE(CLI_ATTN_PRECISION), {0},
 };
 
 static void run_help(FILE *f) {
@@ -142,6 +142,7 @@ static int parse_run_opts(int argc, char **argv, const char *cmd, run_opts *o) {
         case CLI_PRINT_TOKENS: o->print_tokens = true; break;
         case CLI_SCALAR: o->so.scalar = true; break;
         case CLI_NO_REPACK: o->so.no_repack = true; break;
+        case CLI_ATTN_PRECISION: if (!cli_parse_attn(v, &o->so.attn)) return 2; break;
         case CLI_MODEL: o->so.model_path = v; break;
         case CLI_PROMPT: o->prompt = v; break;
         case CLI_FILE: o->prompt_file = v; break;
@@ -379,6 +380,7 @@ static int do_generate(int argc, char **argv, bool inspect) {
     uint32_t n_predict = (uint32_t)o.n_predict;
     kp_gen_params gp = {o.sp, n_predict, cm.n_ctx, (int32_t)hp->n_vocab, false, o.stops, o.n_stops, o.special};
     if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK ||
+        kp_eng_set_attn(e, o.so.attn, &err) != KP_OK ||
         kp_gen_new(&g, cm.tok, ids, (uint32_t)n_prompt, &gp, &err) != KP_OK) {
         fprintf(stderr, "kvpin %s: %s\n", cmd, err.msg);
         goto done;
@@ -503,7 +505,8 @@ int cmd_logits(int argc, char **argv) {
         cm.n_ctx = (uint32_t)n; /* exactly the prompt */
     }
     kp_eng_config ec = {o.so.kv_type, 16, 0, cm.n_ctx, true, NULL, o.so.kv_type_v, o.so.no_repack, 0};
-    if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK) {
+    if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK ||
+        kp_eng_set_attn(e, o.so.attn, &err) != KP_OK) {
         fprintf(stderr, "kvpin logits: %s\n", err.msg);
         goto done;
     }

@@ -39,7 +39,7 @@ enum {
 static const cli_opt serve_tab[] = {
     CLI_USE(CLI_MODEL), CLI_USE(CLI_HOST), CLI_USE(CLI_PORT), CLI_USE(CLI_PARALLEL), CLI_USE(CLI_CTX_SIZE),
     CLI_USE(CLI_THREADS), CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_WINDOW_BUDGET), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_KV_BLOCK),
-    CLI_USE(CLI_NO_PREFIX_CACHE), CLI_USE(CLI_NO_REPACK),
+    CLI_USE(CLI_NO_PREFIX_CACHE), CLI_USE(CLI_NO_REPACK), CLI_USE(CLI_ATTN_PRECISION),
     {"api-key", NULL, NULL, "KEY", "require \"Authorization: Bearer KEY\"; other users can read it in\n"
                                    "ps: prefer --api-key-file or $KVPIN_API_KEY", O_API_KEY},
     {"api-key-file", NULL, NULL, "FILE", "the API key is the first line of FILE", O_API_KEY_FILE},
@@ -285,6 +285,7 @@ int cmd_serve(int argc, char **argv) {
     const char *log_prompts = NULL;
     bool pooling_last = false;
     kp_dtype kv_type = KP_DTYPE_F16, kv_type_v = KP_DTYPE_F16;
+    kp_attn_precision attn = KP_ATTN_F32;
     bool no_cache = false, no_repack = false, quiet = false, budget_set = false, strict_api = false, no_dashboard = false;
     float pin_ttl_scale = 1;
     const char *volatile_prefixes[KP_VOLATILE_MAX];
@@ -307,6 +308,7 @@ int cmd_serve(int argc, char **argv) {
         case CLI_STOP: return a.rc;
         case CLI_NO_PREFIX_CACHE: no_cache = true; break;
         case CLI_NO_REPACK: no_repack = true; break;
+        case CLI_ATTN_PRECISION: ok = cli_parse_attn(v, &attn); break;
         case O_QUIET: quiet = true; break;
         case O_STRICT_API: strict_api = true; break;
         case O_NO_DASHBOARD: no_dashboard = true; break;
@@ -493,10 +495,13 @@ int cmd_serve(int argc, char **argv) {
         }
     }
     kp_eng_config ec = {kv_type, (uint32_t)block, budget, n_ctx, no_cache, NULL, kv_type_v, no_repack, window_budget};
-    if (kp_eng_new(&e, m, pool, NULL, &ec, &err) != KP_OK) {
+    if (kp_eng_new(&e, m, pool, NULL, &ec, &err) != KP_OK || kp_eng_set_attn(e, attn, &err) != KP_OK) {
         fprintf(stderr, "kvpin serve: %s\n", err.msg);
         goto done;
     }
+    if (attn == KP_ATTN_BF16 && strcmp(kp_eng_attn_name(e), "avx512bf16") != 0)
+        fprintf(stderr, "kvpin serve: --attn-precision bf16: this CPU has no AVX512_BF16; attention stays F32 (%s)\n",
+                kp_eng_attn_name(e));
     if ((cache_dir || cache_redis) && no_cache) {
         fprintf(stderr, "kvpin serve: --cache-dir and --cache-redis need the prefix cache (drop "
                         "--no-prefix-cache)\n");

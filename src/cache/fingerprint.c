@@ -170,7 +170,7 @@ static void yarn_lines(const kp_hparams *hp, char *buf, size_t cap) {
 }
 
 void kp_fingerprint_make(kp_fingerprint *out, const kp_model *m, const kp_bkey *weights, kp_dtype kv_type,
-                kp_dtype kv_type_v, uint32_t block_size) {
+                kp_dtype kv_type_v, uint32_t block_size, bool attn_bf16) {
     const kp_hparams *hp = &m->hp;
     char wh[33], extra[512], experts[192], yarn[160];
     kp_bkey_hex(weights, wh);
@@ -181,12 +181,12 @@ void kp_fingerprint_make(kp_fingerprint *out, const kp_model *m, const kp_bkey *
     snprintf(out->text, sizeof out->text,
              "kvpin-kv-layout %d\nweights %s\narch %s\nn_layer %u\nn_embd %u\nn_head %u\nn_head_kv %u\n"
              "head_dim %u\nn_ff %u\nn_vocab %u\nn_rot %u\nrms_eps %a\nrope_base %a\nrope_freq_scale %a\n"
-             "rope_type %s\ntied_output %d\n%s%s%skv_type %s\nkv_type_v %s\nblock_size %u\n",
+             "rope_type %s\ntied_output %d\n%s%s%skv_type %s\nkv_type_v %s\nblock_size %u\n%s",
              KP_FINGERPRINT_LAYOUT_VERSION, wh, hp->arch_name ? hp->arch_name : "?", hp->n_layer, hp->n_embd, hp->n_head,
              hp->n_head_kv, hp->head_dim, hp->n_ff, hp->n_vocab, hp->n_rot, (double)hp->rms_eps,
              (double)hp->rope_base, (double)hp->rope_freq_scale, hp->rope_type == KP_ROPE_NEOX ? "neox" : "norm",
              hp->tied_output ? 1 : 0, extra, yarn, experts, kp_dtype_name(kv_type), kp_dtype_name(kv_type_v),
-             block_size);
+             block_size, attn_bf16 ? "attn bf16\n" : "");
     XXH128_canonical_t c;
     XXH128_canonicalFromHash(&c, XXH3_128bits(out->text, strlen(out->text)));
     memcpy(out->id.b, c.digest, 16);

@@ -22,6 +22,8 @@
  *   kv_type f16                element type of the K rows
  *   kv_type_v f16              ... of the V rows (may differ: --kv-type-v)
  *   block_size 16              positions per block
+ *   attn bf16                  only when prefill attention rounds to bfloat16
+ *                              (kp_attn_precision): its K/V rows differ
  *
  * The text is kept beside the tier's data (disktier.c writes it as
  * FINGERPRINT) so a directory of another fingerprint can say which line
@@ -62,9 +64,11 @@ kp_status kp_fingerprint_weights(const kp_model *m, const char *cache_dir, kp_bk
 kp_bkey kp_fingerprint_weights_compute(const kp_model *m);
 
 /* Fills *out from a weights hash, the model's hyperparameters, the K and
- * V element types and the block size. */
+ * V element types, the block size, and whether prefill attention rounds
+ * to bfloat16 (a last line "attn bf16", absent otherwise, so F32
+ * fingerprints are those of before). */
 void kp_fingerprint_make(kp_fingerprint *out, const kp_model *m, const kp_bkey *weights, kp_dtype kv_type,
-                kp_dtype kv_type_v, uint32_t block_size);
+                kp_dtype kv_type_v, uint32_t block_size, bool attn_bf16);
 
 /* Names the lines where text `other` differs from `ours` (both canonical
  * texts), as "kv_type f32 (here f16), weights ..." into buf[cap]; "unknown"

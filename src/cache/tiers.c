@@ -48,7 +48,7 @@ const char *kp_tier_name(kp_tier_id t) {
 }
 
 kp_status kp_tiers_new(kp_tiers **out, const kp_tiers_config *cfg, const kp_model *m, const kp_kvpool *p,
-                       kp_error *err) {
+                       bool attn_bf16, kp_error *err) {
     *out = NULL;
     kp_tiers *t = calloc(1, sizeof *t);
     if (!t) return kp_fail(err, KP_ENOMEM, "out of memory for the cache tiers");
@@ -60,7 +60,7 @@ kp_status kp_tiers_new(kp_tiers **out, const kp_tiers_config *cfg, const kp_mode
                        ? kp_fail(err, KP_EIO, "libsodium cannot start, so cache records cannot be sealed")
                        : kp_fingerprint_weights(m, cfg->dir, &w, NULL, err);
     if (st != KP_OK) goto fail;
-    kp_fingerprint_make(&t->fp, m, &w, kc->kv_type, kc->kv_type_v, kc->block_size);
+    kp_fingerprint_make(&t->fp, m, &w, kc->kv_type, kc->kv_type_v, kc->block_size, attn_bf16);
     kp_bkey_hex(&t->fp.id, t->st.fingerprint);
     t->st.on[KP_TIER_RAM] = true;
     if (cfg->dir) {

@@ -73,10 +73,10 @@ typedef struct {
 
 /* Makes the tiers for model m with rows of pool p (borrowed; both must
  * outlive the tiers): computes the fingerprint (fingerprint.h; the weights
- * hash cached beside the model or in cfg->dir) and opens each configured
- * tier. KP_EIO / KP_ENOMEM / KP_EINVAL from a tier. */
+ * hash cached beside the model or in cfg->dir; attn_bf16: the engine's
+ * prefill attention rounds to bfloat16) and opens each configured tier. KP_EIO / KP_ENOMEM / KP_EINVAL from a tier. */
 kp_status kp_tiers_new(kp_tiers **out, const kp_tiers_config *cfg, const kp_model *m, const kp_kvpool *p,
-                       kp_error *err);
+                       bool attn_bf16, kp_error *err);
 void kp_tiers_free(kp_tiers *t); /* writes what is queued; NULL is a no-op */
 
 /* How many consecutive blocks from j0 (below j_end) some tier holds for

@@ -168,6 +168,8 @@ struct kp_engine {
     float *step_logits; /* [step_logit_cap][n_vocab] */
     /* kp_eng_room_for scratch, one entry per pool block */
     uint64_t packed_bytes; /* repacked weight copies (kp_forward_pack_weights) */
+    const kp_attn_kernels *attn; /* the forward pass's attention table */
+    bool attn_bf16;        /* ... of the BF16 precision */
     uint32_t *room_refs;  /* references from nodes eviction could take */
     int32_t *room_shared; /* the blocks the prefill would share, by block index */
 };
@@ -228,6 +230,7 @@ kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_threads *threads, co
     if (!c.no_prefix_cache && (st = kp_pfx_new(&e->idx, e->kv, c.pfx, err)) != KP_OK) goto fail;
     e->threads = threads;
     if ((st = kp_forward_new(&e->fw, m, e->kv, threads, kernels, err)) != KP_OK) goto fail;
+    e->attn = kp_forward_set_attn(e->fw, KP_ATTN_F32);
     if (!c.no_repack && (st = kp_forward_pack_weights(e->fw, &e->packed_bytes, err)) != KP_OK) goto fail;
     *out = e;
     return KP_OK;
@@ -862,6 +865,15 @@ void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out) {
     }
 }
 
+kp_status kp_eng_set_attn(kp_engine *e, kp_attn_precision p, kp_error *err) {
+    if (e->tiers) return kp_fail(err, KP_EINVAL, "the attention precision is set before the cache tiers open");
+    e->attn = kp_forward_set_attn(e->fw, p);
+    e->attn_bf16 = e->attn == kp_attn_scalar_bf16() || e->attn == kp_attn_avx512bf16_table();
+    return KP_OK;
+}
+
+const char *kp_eng_attn_name(const kp_engine *e) { return e->attn->name; }
+
 kp_status kp_eng_open_tiers(kp_engine *e, const kp_tiers_config *cfg, kp_error *err) {
     if (!e->idx) return kp_fail(err, KP_EUNSUPPORTED, "the cache tiers need the prefix cache (it is off)");
     if (e->tiers) return kp_fail(err, KP_EINVAL, "the cache tiers are open already");
@@ -872,7 +884,7 @@ kp_status kp_eng_open_tiers(kp_engine *e, const kp_tiers_config *cfg, kp_error *
     uint32_t B = kp_kvpool_config_of(e->kv)->block_size, ctx_blocks = (e->max_pos + B - 1) / B;
     if (c.queue_blocks < ctx_blocks) c.queue_blocks = ctx_blocks;
     if (c.queue_blocks < 256) c.queue_blocks = 256;
-    return kp_tiers_new(&e->tiers, &c, e->m, e->kv, err);
+    return kp_tiers_new(&e->tiers, &c, e->m, e->kv, e->attn_bf16, err);
 }
 
 bool kp_eng_tier_stats(kp_engine *e, kp_tiers_stats *out) {

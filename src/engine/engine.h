@@ -357,6 +357,14 @@ typedef kp_pfx_prefix_info kp_eng_prefix;
  * (the engine is unchanged then). */
 kp_status kp_eng_open_tiers(kp_engine *e, const kp_tiers_config *cfg, kp_error *err);
 
+/* The precision of prefill attention (kp_forward_set_attn: KP_ATTN_BF16
+ * where the CPU has AVX512_BF16, else it stays F32); the default is F32.
+ * Call before the first batch and before kp_eng_open_tiers (the tiers'
+ * fingerprint covers it: KP_EINVAL after). kp_eng_attn_name: the
+ * attention table in use ("avx512bf16", "avx512", ...). */
+kp_status kp_eng_set_attn(kp_engine *e, kp_attn_precision p, kp_error *err);
+const char *kp_eng_attn_name(const kp_engine *e);
+
 /* The tiers' counters (tiers.h) into *out; false (and *out zeroed) when
  * the engine has no tier below RAM. Any thread. */
 bool kp_eng_tier_stats(kp_engine *e, kp_tiers_stats *out);

@@ -164,4 +164,23 @@ const kp_attn_kernels *kp_attn_avx512_table(void);
  * AVX2 table when it has the last three, else the scalar one. */
 const kp_attn_kernels *kp_attn_best(void);
 
+/* Precision of attention's two products in prefill tiles (attn_bf16.c's
+ * head comment has the arithmetic of BF16). */
+typedef enum {
+    KP_ATTN_F32 = 0, /* F32 fused multiply-adds (the tables above; the default) */
+    KP_ATTN_BF16 = 1 /* q, k, v and the weights rounded to bfloat16, F32 sums */
+} kp_attn_precision;
+
+/* The scalar table of the BF16 precision: the reference of its SIMD table
+ * (tiles of fewer than 8 rows, or head sizes not a multiple of 32, are the
+ * scalar table's). */
+const kp_attn_kernels *kp_attn_scalar_bf16(void);
+/* The avx512bf16 table (attn_bf16.c) without checking the CPU; NULL when
+ * kvpin is not built for x86-64. */
+const kp_attn_kernels *kp_attn_avx512bf16_table(void);
+/* The avx512bf16 table when the CPU has AVX512_BF16, BW and VL besides
+ * what the avx512 table needs; else NULL (a caller asked for BF16 falls
+ * back to kp_attn_best and says so). */
+const kp_attn_kernels *kp_attn_bf16_best(void);
+
 #endif

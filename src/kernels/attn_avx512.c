@@ -25,33 +25,10 @@
 
 #if defined(__x86_64__)
 
-#include "kernels/attn_avx2_inl.h"
+#include "kernels/attn_avx512_inl.h"
 #include "kernels/tables.h"
 
-#define AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
-#define AVX512_INLINE static inline __attribute__((always_inline, target("avx512f,avx2,fma,f16c")))
-
 /* ---- exp ------------------------------------------------------------------ */
-
-/* exp_ps on 16 lanes: the same operations, lane for lane. */
-AVX512_INLINE __m512 exp512(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-87.336548f);
-    __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    y = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), y);
-}
 
 AVX512 static void exp_row_avx512(const float *x, float *y, int64_t n) {
     int64_t i = 0;
@@ -171,39 +148,7 @@ AVX512_INLINE void lanes512_step(kp_attn_tile *t, const lanes_ws *w, int n_keys,
         float *s = w->s + (size_t)j0 * Mp;
         for (int v = 0; v < nz; v += 3) lanes512_scores_8x3(hd, Mp, w->qt + 16 * v, kf, s + 16 * v, scale);
     }
-    int32_t delta = key_pos - t->pos0;
-    bool all_visible = delta + n_keys - 1 <= 0;
-    const __m512 ninf = _mm512_set1_ps(-INFINITY), one = _mm512_set1_ps(1.0f);
-    bool rescale = false;
-    for (int v = 0; v < nz; v++) {
-        __m512 tok = _mm512_loadu_ps(w->tok + 16 * v);
-        __m512 mold = _mm512_loadu_ps(w->m + 16 * v), mx = mold;
-        for (int j = 0; j < n_keys; j++) {
-            float *sj = w->s + (size_t)j * Mp + 16 * v;
-            __m512 x = _mm512_loadu_ps(sj);
-            if (!all_visible) {
-                __mmask16 vis = _mm512_cmp_ps_mask(_mm512_set1_ps((float)(j + delta)), tok, _CMP_LE_OQ);
-                x = _mm512_mask_blend_ps(vis, ninf, x);
-                _mm512_storeu_ps(sj, x);
-            }
-            mx = _mm512_max_ps(mx, x);
-        }
-        __mmask16 same = _mm512_cmp_ps_mask(mx, mold, _CMP_EQ_OQ);
-        __m512 a = _mm512_mask_blend_ps(same, exp512(_mm512_sub_ps(mold, mx)), one);
-        rescale = rescale || same != 0xffff;
-        __m512 psum = _mm512_setzero_ps();
-        for (int j = 0; j < n_keys; j++) {
-            float *sj = w->s + (size_t)j * Mp + 16 * v;
-            __m512 p = exp512(_mm512_sub_ps(_mm512_loadu_ps(sj), mx));
-            if (!all_visible)
-                p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_set1_ps((float)(j + delta)), tok, _CMP_LE_OQ), p);
-            _mm512_storeu_ps(sj, p);
-            psum = _mm512_add_ps(psum, p);
-        }
-        _mm512_storeu_ps(w->m + 16 * v, mx);
-        _mm512_storeu_ps(w->l + 16 * v, _mm512_fmadd_ps(_mm512_loadu_ps(w->l + 16 * v), a, psum));
-        _mm512_storeu_ps(w->al + 16 * v, a);
-    }
+    bool rescale = lanes512_softmax(t, w, n_keys, key_pos, false);
     for (int d0 = 0; d0 < hd; d0 += 8) {
         float *ot = w->ot + (size_t)d0 * Mp;
         const float *vf = w->vf + d0;
@@ -219,28 +164,6 @@ AVX512_INLINE void lanes512_step(kp_attn_tile *t, const lanes_ws *w, int n_keys,
  * dims of weighted V, fit the 32 registers), and K and V elements are read
  * from the cache rows where they are, whatever their type, and converted
  * in registers; no step copies its rows. */
-
-/* 16 elements of a K or V row of type t (F32, F16, Q8_0, Q4_0; a constant
- * at every call) from element i (a multiple of 16), as F32: the values
- * kp_dequantize_row gives, since d * q is exact in F32 (d has 11
- * significant bits, q at most 8). */
-AVX512_INLINE __m512 ld16(const uint8_t *row, int i, kp_dtype t) {
-    if (t == KP_DTYPE_F32) return _mm512_loadu_ps((const float *)row + i);
-    if (t == KP_DTYPE_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)i)));
-    const uint8_t *b = row + (size_t)(i / 32) * (t == KP_DTYPE_Q8_0 ? 34 : 18);
-    uint16_t dh;
-    memcpy(&dh, b, 2);
-    __m512i q;
-    if (t == KP_DTYPE_Q8_0) {
-        q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + i % 32)));
-    } else { /* Q4_0: element e < 16 is the low nibble of byte e, e >= 16 the high one of byte e - 16 */
-        __m128i x = _mm_loadu_si128((const __m128i *)(b + 2));
-        if (i % 32) x = _mm_srli_epi16(x, 4);
-        x = _mm_and_si128(x, _mm_set1_epi8(0x0f));
-        q = _mm512_sub_epi32(_mm512_cvtepu8_epi32(x), _mm512_set1_epi32(8));
-    }
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(_cvtsh_ss(dh)));
-}
 
 /* z[4r + j] = the sum of the 16 lanes of c[r][j]: for each key, the rows'
  * halves and quarters are folded together (quarter r of v[j] holds row r's

@@ -182,3 +182,110 @@ const kp_attn_kernels kp_attn_scalar_kernels = {
     .exp_row = exp_row_c,
     .swiglu_row = swiglu_row_c,
 };
+
+/* ---- the bfloat16 precision (reference) ----------------------------------- */
+
+/* The "bf16" precision of attn_bf16.c's head comment, in portable C: a
+ * tile of at least 8 rows with a head size that is a multiple of 32 takes
+ * q, k, v rounded to bfloat16, the pairs of dims (and of keys) in the
+ * order VDPBF16PS sums them (odd element first), and the weights rounded
+ * before they are summed; other tiles are the F32 table's. */
+
+/* x rounded to the nearest bfloat16 (ties to even), as F32; NaN stays NaN. */
+static float round_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return x;
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+static bool bf16_tile_c(const kp_attn_tile *t) { return t->hd % 32 == 0 && t->n_tok * t->G >= 8; }
+
+static void tile_begin_cb(kp_attn_tile *t, const float *q, int64_t q_stride) {
+    tile_begin_c(t, q, q_stride);
+    if (!bf16_tile_c(t)) return;
+    scalar_ws w = scalar_layout(t);
+    for (size_t i = 0; i < (size_t)w.M * (size_t)t->hd; i++) w.q[i] = round_bf16(w.q[i]);
+}
+
+/* A bfloat16 step on K and V rows already in F32 (kf, vf: n_keys x hd,
+ * rounded here in place). */
+static void bf16_step_c(kp_attn_tile *t, float *kf, float *vf, int n_keys, int32_t key_pos) {
+    scalar_ws w = scalar_layout(t);
+    int hd = t->hd;
+    for (size_t i = 0; i < (size_t)n_keys * (size_t)hd; i++) {
+        kf[i] = round_bf16(kf[i]);
+        vf[i] = round_bf16(vf[i]);
+    }
+    for (int r = 0; r < w.M; r++) {
+        int64_t lim = (int64_t)t->pos0 + r / t->G - key_pos + 1;
+        int nvis = lim < 0 ? 0 : lim > n_keys ? n_keys : (int)lim;
+        if (nvis == 0) continue;
+        const float *qr = w.q + (size_t)r * hd;
+        float *o = w.o + (size_t)r * hd;
+        float mold = w.m[r], mx = mold;
+        for (int j = 0; j < nvis; j++) {
+            const float *kj = kf + (size_t)j * hd;
+            float s = 0;
+            for (int d = 0; d < hd; d += 2) {
+                s += qr[d + 1] * kj[d + 1]; /* exact products: no contraction changes a bit */
+                s += qr[d] * kj[d];
+            }
+            w.s[j] = s * t->scale;
+            mx = w.s[j] > mx ? w.s[j] : mx;
+        }
+        float a = mx == mold ? 1.0f : expf(mold - mx), sum = 0;
+        for (int j = 0; j < nvis; j++) {
+            w.s[j] = round_bf16(expf(w.s[j] - mx));
+            sum += w.s[j];
+        }
+        float l = w.l[r] * a + sum;
+        if (a != 1.0f)
+            for (int d = 0; d < hd; d++) o[d] *= a;
+        for (int j = 0; j < nvis; j += 2) {
+            const float *ve = vf + (size_t)j * hd, *vo = ve + hd;
+            for (int d = 0; d < hd; d++) {
+                if (j + 1 < nvis) o[d] += w.s[j + 1] * vo[d];
+                o[d] += w.s[j] * ve[d];
+            }
+        }
+        w.m[r] = mx;
+        w.l[r] = l;
+    }
+}
+
+static void tile_step_kv_cb(kp_attn_tile *t, const void *k, kp_dtype kt, const void *v, kp_dtype vt, int n_keys,
+                            int32_t key_pos) {
+    if (!bf16_tile_c(t)) {
+        tile_step_kv_c(t, k, kt, v, vt, n_keys, key_pos);
+        return;
+    }
+    float *kf = kp_attn_kv_scratch(t), *vf = kf + (size_t)KP_ATTN_STEP * t->hd;
+    int64_t n = (int64_t)n_keys * t->hd;
+    kp_dequantize_row(kt, k, kf, n); /* F32 rows are copied: the step rounds in place */
+    kp_dequantize_row(vt, v, vf, n);
+    bf16_step_c(t, kf, vf, n_keys, key_pos);
+}
+
+static void tile_step_f32_cb(kp_attn_tile *t, const float *k, const float *v, int n_keys, int32_t key_pos) {
+    tile_step_kv_cb(t, k, KP_DTYPE_F32, v, KP_DTYPE_F32, n_keys, key_pos);
+}
+
+static void tile_step_f16_cb(kp_attn_tile *t, const uint16_t *k, const uint16_t *v, int n_keys,
+                             int32_t key_pos) {
+    tile_step_kv_cb(t, k, KP_DTYPE_F16, v, KP_DTYPE_F16, n_keys, key_pos);
+}
+
+const kp_attn_kernels kp_attn_scalar_bf16_kernels = {
+    .name = "scalar-bf16",
+    .tile_begin = tile_begin_cb,
+    .tile_step_f32 = tile_step_f32_cb,
+    .tile_step_f16 = tile_step_f16_cb,
+    .tile_step_kv = tile_step_kv_cb,
+    .tile_end = tile_end_c,
+    .tile_partial = tile_partial_c,
+    .exp_row = exp_row_c,
+    .swiglu_row = swiglu_row_c,
+};

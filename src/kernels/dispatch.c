@@ -14,6 +14,9 @@
  *   scalar              -                              attn_scalar.c
  *   avx2                AVX2, FMA, F16C                 attn_avx2.c
  *   avx512              the above, AVX512F              attn_avx512.c
+ *   avx512bf16          the above, AVX512 BW/VL/BF16    attn_bf16.c
+ *   scalar-bf16         -                              attn_scalar.c
+ *   (the last two: the BF16 precision, only when asked for)
  *
  * CPU detection is __builtin_cpu_supports, which reads the CPU model libgcc
  * (compiler-rt with clang) fills in a constructor from cpuid, with the
@@ -119,4 +122,23 @@ const kp_attn_kernels *kp_attn_best(void) {
     if (cpu_avx2()) return __builtin_cpu_supports("avx512f") ? &kp_attn_avx512_kernels : &kp_attn_avx2_kernels;
 #endif
     return &kp_attn_scalar_kernels;
+}
+
+const kp_attn_kernels *kp_attn_scalar_bf16(void) { return &kp_attn_scalar_bf16_kernels; }
+
+const kp_attn_kernels *kp_attn_avx512bf16_table(void) {
+#if defined(__x86_64__)
+    return &kp_attn_avx512bf16_kernels;
+#else
+    return NULL;
+#endif
+}
+
+const kp_attn_kernels *kp_attn_bf16_best(void) {
+#if defined(__x86_64__)
+    if (cpu_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16"))
+        return &kp_attn_avx512bf16_kernels;
+#endif
+    return NULL;
 }

@@ -36,6 +36,9 @@ void kp_quant_avx2_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n);
  * sizes that are not a multiple of 8. */
 extern const kp_attn_kernels kp_attn_scalar_kernels;
 
+/* attn_scalar.c: the bfloat16 precision's reference (attn_bf16.c). */
+extern const kp_attn_kernels kp_attn_scalar_bf16_kernels;
+
 /* attn_scalar.c: where a tile_step_kv step of tile t decodes its K rows
  * (STEP * hd floats) and then its V rows (as many): inside t->ws, past
  * what any table's layout of the tile uses. */
@@ -47,6 +50,10 @@ extern const kp_attn_kernels kp_attn_avx2_kernels;
 
 /* attn_avx512.c: the avx2 table with 16-lane AVX-512F loops. */
 extern const kp_attn_kernels kp_attn_avx512_kernels;
+
+/* attn_bf16.c: the avx512 table with prefill tiles in bfloat16 dot
+ * products (AVX512_BF16, BW, VL besides). */
+extern const kp_attn_kernels kp_attn_avx512bf16_kernels;
 #endif
 
 #endif

@@ -203,6 +203,13 @@ kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_
     return KP_OK;
 }
 
+const kp_attn_kernels *kp_forward_set_attn(kp_forward *f, kp_attn_precision p) {
+    const bool scalar = f->k == kp_kernels_scalar();
+    const kp_attn_kernels *bf = scalar ? kp_attn_scalar_bf16() : kp_attn_bf16_best();
+    f->ak = p == KP_ATTN_BF16 && bf ? bf : scalar ? kp_attn_scalar() : kp_attn_best();
+    return f->ak;
+}
+
 void kp_forward_free(kp_forward *f) {
     if (!f) return;
     free(f->x); free(f->xn); free(f->q); free(f->kk); free(f->vv); free(f->att);

@@ -23,6 +23,7 @@
 #include "kernels/quant.h"
 #include "base/status.h"
 #include "base/threadpool.h"
+#include "kernels/attn.h"
 
 typedef struct kp_forward kp_forward;
 
@@ -42,6 +43,13 @@ void kp_forward_free(kp_forward *f);
  * copies, 0 when the table has no layout for any weight. KP_ENOMEM: the
  * pass keeps using the mapped weights. */
 kp_status kp_forward_pack_weights(kp_forward *f, uint64_t *bytes_out, kp_error *err);
+
+/* The precision of attention's products in prefill tiles (kernels/attn.h):
+ * KP_ATTN_F32 (the default) or KP_ATTN_BF16, which takes the avx512bf16
+ * table where the CPU has AVX512_BF16 (scalar-bf16 with the scalar
+ * kernels) and stays F32 where it has not. Returns the table now in use
+ * (its name tells which); call before the first batch. */
+const kp_attn_kernels *kp_forward_set_attn(kp_forward *f, kp_attn_precision p);
 
 typedef struct {
     int32_t n_tokens;

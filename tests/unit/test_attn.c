@@ -17,7 +17,15 @@
  *   every table's output is within float rounding of float64 attention over
  *   those rows' exact values (the query is not quantized: see attn.h), equal
  *   to its F32 step on the same values, and deterministic as above. A
- *   table this CPU lacks is reported as skipped by name.
+ *   table this CPU lacks is reported as skipped by name;
+ * - the BF16 precision (scalar-bf16, and avx512bf16 where the CPU has
+ *   AVX512_BF16): prefill tiles within bfloat16 rounding of float64
+ *   attention over q, K and V rounded to bfloat16 (rounded here with
+ *   frexp/rint, not the kernels' code), measurably apart from the F32
+ *   tables (the rounding happens), the SIMD table within float rounding of
+ *   the scalar one on all but a few elements (where the exp's last bits
+ *   move a weight across a bfloat16 rounding edge), and few-row tiles (and
+ *   head sizes not a multiple of 32) bit for bit the F32 tables'.
  */
 #include <stdint.h>
 #include <time.h>
@@ -573,6 +581,114 @@ static void test_kv_quant(void) {
     if (n < 3) SKIP("table avx512 (this CPU lacks AVX-512F)");
 }
 
+/* ---- the BF16 precision ----------------------------------------------------- */
+
+/* x rounded to 8 significant bits, ties to even (the current rounding mode
+ * of rint): bfloat16's rounding of a finite float. */
+static double round8(double x) {
+    if (x == 0 || !isfinite(x)) return x;
+    int e;
+    double m = frexp(x, &e); /* 0.5 <= |m| < 1 */
+    return ldexp(rint(m * 256.0), e - 8);
+}
+
+/* ref_qrow over q, K and V rounded to bfloat16. */
+static void ref_qrow_bf16(const qcase *c, int i, int g, double *out) {
+    int hd = c->hd, n = c->pos0 + i + 1;
+    double scale = (double)(1.0f / sqrtf((float)hd)), mx = -INFINITY, sum = 0;
+    double *s = malloc((size_t)n * sizeof(double));
+    const float *q = c->q + ((size_t)i * c->G + g) * hd;
+    for (int p = 0; p < n; p++) {
+        double d = 0;
+        for (int j = 0; j < hd; j++) d += round8(q[j]) * round8(c->kd[(size_t)p * hd + j]);
+        s[p] = d * scale;
+        mx = s[p] > mx ? s[p] : mx;
+    }
+    for (int j = 0; j < hd; j++) out[j] = 0;
+    for (int p = 0; p < n; p++) {
+        double w = exp(s[p] - mx);
+        sum += w;
+        for (int j = 0; j < hd; j++) out[j] += w * round8(c->vd[(size_t)p * hd + j]);
+    }
+    for (int j = 0; j < hd; j++) out[j] /= sum;
+    free(s);
+}
+
+/* One table of the BF16 precision (a), with f32, the F32 table of the same
+ * instruction set (its few-row tiles must be the same bits), and scalar,
+ * the BF16 reference (NULL when a is the reference). */
+static void check_bf16(const kp_attn_kernels *a, const kp_attn_kernels *f32, const kp_attn_kernels *scalar) {
+    static const int hds[] = {32, 64, 128, 256, 64, 96, 40, 24};
+    static const int blocks[] = {1, 3, 8, 16, 32};
+    static const kp_dtype types[] = {KP_DTYPE_F16, KP_DTYPE_F32, KP_DTYPE_Q8_0, KP_DTYPE_Q4_0};
+    double worst = 0, worst_apart = 1e9, worst_vs_scalar = 0;
+    long n_el = 0, n_off = 0;
+    for (int trial = 0; trial < 60; trial++) {
+        int hd = hds[urand(8)], G = 1 + (int)urand(6);
+        int n_tok = trial % 4 == 0 ? 1 + (int)urand(2) : 2 + (int)urand(30);
+        kp_dtype kt = types[urand(4)], vt = trial % 3 ? kt : types[urand(4)];
+        if (hd % 32) kt = vt = KP_DTYPE_F16;
+        qcase c;
+        qcase_new(&c, hd, G, n_tok, (int32_t)urand(90), blocks[urand(5)], kt, vt, 0);
+        bool bf16 = hd % 32 == 0 && n_tok * G >= 8;
+        size_t W = (size_t)G * hd, bytes = (size_t)n_tok * W * sizeof(float);
+        float *out = malloc(bytes), *base = malloc(bytes), *ref_out = malloc(bytes);
+        run_qtile(a, &c, 0, n_tok, 1, out);
+        run_qtile(f32, &c, 0, n_tok, 1, base);
+        if (!bf16) {
+            CHECK_MSG(memcmp(out, base, bytes) == 0, "%s: a tile of %d rows (hd %d) is not the %s table's", a->name,
+                      n_tok * G, hd, f32->name);
+        } else {
+            double *ref = malloc((size_t)hd * sizeof(double)), case_worst = 0, apart = 0;
+            for (int i = 0; i < n_tok; i++)
+                for (int g = 0; g < G; g++) {
+                    ref_qrow_bf16(&c, i, g, ref);
+                    const float *o = out + (size_t)i * W + (size_t)g * hd, *b = base + (size_t)i * W + (size_t)g * hd;
+                    for (int j = 0; j < hd; j++) {
+                        double d = fabs(o[j] - ref[j]);
+                        case_worst = d > case_worst ? d : case_worst;
+                        apart = fabs(o[j] - b[j]) > apart ? fabs(o[j] - b[j]) : apart;
+                    }
+                }
+            /* each weight and product within 2^-9: the output within about 2^-8 of the values (up to 1.1) */
+            CHECK_MSG(case_worst < 3e-3, "%s bf16 K %s V %s hd=%d G=%d n_tok=%d B=%d: %g from float64", a->name,
+                      kp_dtype_name(kt), kp_dtype_name(vt), hd, G, n_tok, c.B, case_worst);
+            CHECK_MSG(apart > 1e-5, "%s bf16 hd=%d G=%d n_tok=%d: only %g from the F32 table (not rounded?)", a->name,
+                      hd, G, n_tok, apart);
+            worst = case_worst > worst ? case_worst : worst;
+            worst_apart = apart < worst_apart ? apart : worst_apart;
+            free(ref);
+            if (scalar) {
+                run_qtile(scalar, &c, 0, n_tok, 1, ref_out);
+                for (size_t e = 0; e < bytes / sizeof(float); e++) {
+                    double d = fabs(out[e] - ref_out[e]);
+                    worst_vs_scalar = d > worst_vs_scalar ? d : worst_vs_scalar;
+                    n_el++;
+                    if (d > 2e-5) n_off++;
+                    CHECK_MSG(d < 6e-3, "%s vs %s: %g at element %zu (hd %d)", a->name, scalar->name, d, e, hd);
+                }
+            }
+        }
+        free(out);
+        free(base);
+        free(ref_out);
+        qcase_free(&c);
+    }
+    if (scalar)
+        CHECK_MSG(n_off * 100 <= n_el, "%s vs %s: %ld of %ld elements more than 2e-5 apart", a->name, scalar->name,
+                  n_off, n_el);
+    printf("  %s: worst |out - float64 on bf16 inputs| %.3g, least distance from %s %.3g", a->name, worst, f32->name,
+           worst_apart);
+    if (scalar) printf(", vs %s: worst %.3g, %ld of %ld elements > 2e-5", scalar->name, worst_vs_scalar, n_off, n_el);
+    printf("\n");
+}
+
+static void test_bf16(void) {
+    check_bf16(kp_attn_scalar_bf16(), kp_attn_scalar(), NULL);
+    if (kp_attn_bf16_best()) check_bf16(kp_attn_bf16_best(), kp_attn_avx512_table(), kp_attn_scalar_bf16());
+    else SKIP("table avx512bf16 (this CPU lacks AVX512_BF16)");
+}
+
 int main(void) {
     rng = (uint64_t)time(NULL);
     printf("test_attn seed %llu, best table %s\n", (unsigned long long)rng, kp_attn_best()->name);
@@ -581,5 +697,6 @@ int main(void) {
     RUN(test_same_bits);
     RUN(test_kv_quantizer);
     RUN(test_kv_quant);
+    RUN(test_bf16);
     return harness_finish("attn");
 }

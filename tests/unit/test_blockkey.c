@@ -125,17 +125,21 @@ static void test_fingerprint(void) {
     CHECK(kp_fingerprint_weights(m, NULL, &w2, &cached, &err) == KP_OK && !cached && kp_bkey_eq(&w1, &w2));
 
     kp_fingerprint a, b, c;
-    kp_fingerprint_make(&a, m, &w1, KP_DTYPE_F16, KP_DTYPE_F16, 16);
-    kp_fingerprint_make(&b, m, &w1, KP_DTYPE_F32, KP_DTYPE_F32, 16);
-    kp_fingerprint_make(&c, m, &w1, KP_DTYPE_F16, KP_DTYPE_F16, 32);
+    kp_fingerprint_make(&a, m, &w1, KP_DTYPE_F16, KP_DTYPE_F16, 16, false);
+    kp_fingerprint_make(&b, m, &w1, KP_DTYPE_F32, KP_DTYPE_F32, 16, false);
+    kp_fingerprint_make(&c, m, &w1, KP_DTYPE_F16, KP_DTYPE_F16, 32, false);
     CHECK(!kp_bkey_eq(&a.id, &b.id) && !kp_bkey_eq(&a.id, &c.id) && !kp_bkey_eq(&b.id, &c.id));
     kp_fingerprint a2, q8, q8v;
-    kp_fingerprint_make(&a2, m, &w1, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    kp_fingerprint_make(&a2, m, &w1, KP_DTYPE_F16, KP_DTYPE_F16, 16, false);
     CHECK(kp_bkey_eq(&a.id, &a2.id));
     /* quantized K, and K and V of different types */
-    kp_fingerprint_make(&q8, m, &w1, KP_DTYPE_Q8_0, KP_DTYPE_Q8_0, 16);
-    kp_fingerprint_make(&q8v, m, &w1, KP_DTYPE_Q8_0, KP_DTYPE_Q4_0, 16);
+    kp_fingerprint_make(&q8, m, &w1, KP_DTYPE_Q8_0, KP_DTYPE_Q8_0, 16, false);
+    kp_fingerprint_make(&q8v, m, &w1, KP_DTYPE_Q8_0, KP_DTYPE_Q4_0, 16, false);
     CHECK(!kp_bkey_eq(&q8.id, &a.id) && !kp_bkey_eq(&q8.id, &q8v.id));
+    /* prefill attention in bfloat16 writes other K/V: another fingerprint, one line more */
+    kp_fingerprint bf;
+    kp_fingerprint_make(&bf, m, &w1, KP_DTYPE_F16, KP_DTYPE_F16, 16, true);
+    CHECK(!kp_bkey_eq(&bf.id, &a.id) && strstr(bf.text, "\nattn bf16\n") && !strstr(a.text, "attn"));
     char why[256];
     kp_fingerprint_diff(a.text, b.text, why, sizeof why);
     CHECK_MSG(strstr(why, "kv_type F32 (here F16)") != NULL, "diff: %s", why);
@@ -162,7 +166,7 @@ static void test_fingerprint(void) {
         kp_bkey w3;
         CHECK(kp_fingerprint_weights(m2, NULL, &w3, NULL, &err) == KP_OK && !kp_bkey_eq(&w1, &w3));
         kp_fingerprint d;
-        kp_fingerprint_make(&d, m2, &w3, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+        kp_fingerprint_make(&d, m2, &w3, KP_DTYPE_F16, KP_DTYPE_F16, 16, false);
         CHECK(!kp_bkey_eq(&a.id, &d.id));
         kp_fingerprint_diff(a.text, d.text, why, sizeof why);
         CHECK(strncmp(why, "weights ", 8) == 0);
@@ -175,7 +179,7 @@ static void test_fingerprint(void) {
 static void check_changed(const kp_model *m, const kp_bkey *w, const kp_fingerprint *a, const char *want) {
     kp_fingerprint b;
     char why[256];
-    kp_fingerprint_make(&b, m, w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    kp_fingerprint_make(&b, m, w, KP_DTYPE_F16, KP_DTYPE_F16, 16, false);
     CHECK(!kp_bkey_eq(&a->id, &b.id));
     kp_fingerprint_diff(a->text, b.text, why, sizeof why);
     CHECK_MSG(strstr(why, want) != NULL, "diff: %s (want %s)", why, want);
@@ -196,10 +200,10 @@ static void test_fingerprint_windows(void) {
     }
     kp_bkey w = kp_fingerprint_weights_compute(m);
     kp_fingerprint a, b, s;
-    kp_fingerprint_make(&a, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    kp_fingerprint_make(&a, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16, false);
     CHECK_MSG(strstr(a.text, "\nn_swa 16\nlayer_kinds wwwwwf\n") != NULL, "%s", a.text);
     CHECK(strstr(a.text, "\nffn_act gelu_tanh\n") && strstr(a.text, "\npost_norms 1\n"));
-    kp_fingerprint_make(&s, st, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    kp_fingerprint_make(&s, st, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16, false);
     CHECK(strstr(s.text, "n_swa") == NULL && strstr(s.text, "layer_kinds") == NULL);
     m->hp.n_swa = 32;
     check_changed(m, &w, &a, "n_swa 32 (here 16)");
@@ -208,10 +212,10 @@ static void test_fingerprint_windows(void) {
     check_changed(m, &w, &a, "layer_kinds wwfwwf (here wwwwwf)");
     m->layers[2].kind = KP_LAYER_WINDOW;
     m->hp.rope_base_swa = 20000.0f;
-    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16, false);
     CHECK(!kp_bkey_eq(&a.id, &b.id));
     m->hp.rope_base_swa = 10000.0f;
-    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16, false);
     CHECK(kp_bkey_eq(&a.id, &b.id));
     kp_model_free(m);
     kp_model_free(st);
@@ -227,7 +231,7 @@ static void test_fingerprint_experts(void) {
     if (!m) return;
     kp_bkey w = kp_fingerprint_weights_compute(m);
     kp_fingerprint a, b;
-    kp_fingerprint_make(&a, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    kp_fingerprint_make(&a, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16, false);
     CHECK_MSG(strstr(a.text, "\narch qwen3moe\n") && strstr(a.text, "\nn_expert 8\nn_expert_used 3\nn_ff_exp 64\n"),
               "%s", a.text);
     CHECK(strstr(a.text, "layer_kinds") == NULL);
@@ -240,7 +244,7 @@ static void test_fingerprint_experts(void) {
     m->hp.n_ff_exp = 32;
     check_changed(m, &w, &a, "n_ff_exp 32 (here 64)");
     m->hp.n_ff_exp = 64;
-    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16, false);
     CHECK(kp_bkey_eq(&a.id, &b.id));
     kp_model_free(m);
 }
@@ -255,7 +259,7 @@ static void test_fingerprint_gptoss(void) {
     if (!m) return;
     kp_bkey w = kp_fingerprint_weights_compute(m);
     kp_fingerprint a, b;
-    kp_fingerprint_make(&a, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    kp_fingerprint_make(&a, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16, false);
     CHECK_MSG(strstr(a.text, "\narch gpt-oss\n") && strstr(a.text, "\nyarn_n_ctx_orig 4096\n") &&
                   strstr(a.text, "\ngate softmax_topk\n") && strstr(a.text, "\nlayer_kinds wfwf\n"),
               "%s", a.text);
@@ -278,7 +282,7 @@ static void test_fingerprint_gptoss(void) {
     m->hp.rope_yarn = false;
     check_changed(m, &w, &a, ""); /* the lines go: another id */
     m->hp.rope_yarn = true;
-    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16);
+    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16, false);
     CHECK(kp_bkey_eq(&a.id, &b.id));
     kp_model_free(m);
 }
