@@ -315,6 +315,7 @@ int cmd_bench(int argc, char **argv) {
     kp_eng_seq bseq[MAX_BATCH];
     memset(bseq, 0, sizeof bseq);
     double *tps = malloc((size_t)reps * sizeof(double));
+    double *att_rate = malloc((size_t)reps * sizeof(double)), *att_share = malloc((size_t)reps * sizeof(double));
     measured ms[2 * MAX_DEPTHS * MAX_DEPTHS];
     int n_ms = 0;
     kp_engine *e = NULL;
@@ -335,8 +336,8 @@ int cmd_bench(int argc, char **argv) {
         toks[i] = (int32_t)((x >> 33) % hp->n_vocab);
     }
     /* the machine's ceilings, on the engine's pool (0: not measured) */
-    double bw = 0, peak = 0;
-    const char *peak_isa = NULL;
+    double bw = 0, peak = 0, fpeak = 0;
+    const char *peak_isa = NULL, *fpeak_isa = NULL;
     kp_probe_bw pb = {0};
     bool over = false; /* a decode test above the probe's best read */
     if (probe) {
@@ -347,6 +348,10 @@ int cmd_bench(int argc, char **argv) {
             fprintf(stderr, "kvpin bench: note: machine probe failed (%s); no ceilings\n", perr.msg);
             bw = peak = 0;
             peak_isa = NULL;
+        } else if (kp_probe_float_peak(cm.pool, strstr(kp_eng_attn_name(e), "bf16") != NULL, so.scalar, &fpeak_isa,
+                                       &fpeak, &perr) != KP_OK || !(fpeak > 0)) {
+            fpeak = 0; /* the attention figures go without a ceiling */
+            fpeak_isa = NULL;
         }
     }
     kp_cost cost;
@@ -370,6 +375,11 @@ int cmd_bench(int argc, char **argv) {
                    pb.stable ? "" : "; not stable: the machine is shared or throttling", peak / 1e9, peak_isa);
         else
             printf("machine: not measured (%s)\n", probe ? "the probe failed" : "--no-probe");
+        if (fpeak_isa)
+            printf("attention: table %s; its multiply-add peak %.0f GFLOP/s (%s)\n", kp_eng_attn_name(e), fpeak / 1e9,
+                   fpeak_isa);
+        else
+            printf("attention: table %s\n", kp_eng_attn_name(e));
         printf("per token: %.3g M matrix ops; a decode step reads %s of weights + %llu bytes of K/V a "
                "position\n\n",
                cost.matmul_ops / 1e6, cli_bytes(cost.weight_bytes_read, b1, sizeof b1),
@@ -396,6 +406,8 @@ int cmd_bench(int argc, char **argv) {
                                     NULL, 0, false};
                 gp.sp.temp = 0;
                 if (kind == 1 && kp_gen_new(&g, cm.tok, toks, (uint32_t)d + 1, &gp, &err) != KP_OK) goto fail;
+                double af0, as0, af1, as1;
+                kp_eng_attn_work(e, &af0, &as0);
                 double t0 = cli_now();
                 kp_status st = kind == 0 ? kp_eng_append(e, &seq, toks + d, (uint32_t)n, EVAL_BATCH, logits, &err)
                                          : kp_eng_generate(e, &seq, g, NULL, NULL, &err);
@@ -404,7 +416,11 @@ int cmd_bench(int argc, char **argv) {
                 g = NULL;
                 if (st != KP_OK) goto fail;
                 tps[r] = n / (dt > 0 ? dt : 1e-9);
+                kp_eng_attn_work(e, &af1, &as1);
+                att_rate[r] = as1 > as0 ? (af1 - af0) / (as1 - as0) : 0;
+                att_share[r] = dt > 0 ? (as1 - as0) / dt : 0;
             }
+            double att_med = sort_median(att_rate, reps), share_med = sort_median(att_share, reps);
             double med = sort_median(tps, reps);
             ms[n_ms++] = (measured){kind == 0, n, d, med};
             char test[32];
@@ -430,10 +446,15 @@ int cmd_bench(int argc, char **argv) {
                     printf(",\"ops_per_token\":%.0f,\"pp_gops\":%.6g,\"pp_attn_gops\":%.6g", mm + attn, gops,
                            attn * med / 1e9);
                     if (peak_isa) printf(",\"pp_pct_of_peak\":%.3f", 100.0 * gops * 1e9 / peak);
+                    printf(",\"attn_table\":\"%s\",\"attn_gflops\":%.6g,\"attn_time_share\":%.4f", kp_eng_attn_name(e),
+                           att_med / 1e9, share_med);
+                    if (fpeak_isa)
+                        printf(",\"attn_peak_gflops\":%.3f,\"attn_peak_isa\":\"%s\",\"attn_pct_of_peak\":%.3f",
+                               fpeak / 1e9, fpeak_isa, 100.0 * att_med / fpeak);
                 }
                 printf("}\n");
             } else {
-                char extra[64], pct[32] = "";
+                char extra[128], pct[32] = "";
                 if (kind == 1) {
                     if (peak_isa) {
                         double p = 100.0 * gbs * 1e9 / bw;
@@ -443,7 +464,10 @@ int cmd_bench(int argc, char **argv) {
                     snprintf(extra, sizeof extra, "%.2f MB -> %.2f GB/s%s", bytes / 1e6, gbs, pct);
                 } else {
                     if (peak_isa) snprintf(pct, sizeof pct, " (%.1f%% of int8)", 100.0 * gops * 1e9 / peak);
-                    snprintf(extra, sizeof extra, "%.2f GOPS%s", gops, pct);
+                    char apct[32] = "";
+                    if (fpeak_isa) snprintf(apct, sizeof apct, " = %.0f%% of peak", 100.0 * att_med / fpeak);
+                    snprintf(extra, sizeof extra, "%.2f GOPS%s; attn %.0f%% of time, %.0f GFLOP/s%s", gops, pct,
+                             100.0 * share_med, att_med / 1e9, apct);
                 }
                 table_row(&rc_, test, d, tps, med, extra);
             }
@@ -505,6 +529,8 @@ done:
     free(logits);
     free(blog);
     free(tps);
+    free(att_rate);
+    free(att_share);
     cli_model_close(&cm);
     return rc;
 }

@@ -874,6 +874,8 @@ kp_status kp_eng_set_attn(kp_engine *e, kp_attn_precision p, kp_error *err) {
 
 const char *kp_eng_attn_name(const kp_engine *e) { return e->attn->name; }
 
+void kp_eng_attn_work(const kp_engine *e, double *flops, double *seconds) { kp_forward_attn_work(e->fw, flops, seconds); }
+
 kp_status kp_eng_open_tiers(kp_engine *e, const kp_tiers_config *cfg, kp_error *err) {
     if (!e->idx) return kp_fail(err, KP_EUNSUPPORTED, "the cache tiers need the prefix cache (it is off)");
     if (e->tiers) return kp_fail(err, KP_EINVAL, "the cache tiers are open already");

@@ -364,6 +364,8 @@ kp_status kp_eng_open_tiers(kp_engine *e, const kp_tiers_config *cfg, kp_error *
  * attention table in use ("avx512bf16", "avx512", ...). */
 kp_status kp_eng_set_attn(kp_engine *e, kp_attn_precision p, kp_error *err);
 const char *kp_eng_attn_name(const kp_engine *e);
+/* kp_forward_attn_work of the engine's pass: attention's FLOP and seconds so far. */
+void kp_eng_attn_work(const kp_engine *e, double *flops, double *seconds);
 
 /* The tiers' counters (tiers.h) into *out; false (and *out zeroed) when
  * the engine has no tier below RAM. Any thread. */

@@ -1,6 +1,7 @@
 /*
- * probe.c - the machine's ceilings (probe.h): streaming read bandwidth and
- * int8 multiply-add peak, on the engine's thread pool.
+ * probe.c - the machine's ceilings (probe.h): streaming read bandwidth,
+ * int8 multiply-add peak and float multiply-add peaks, on the engine's
+ * thread pool.
  *
  * Read bandwidth. The buffer is an anonymous mapping (so an impossible
  * size is a clean KP_ENOMEM from mmap rather than an allocator's abort),
@@ -25,6 +26,13 @@
  *                       vpmaddwd by ones, vpaddd
  *   scalar      8       one int32 multiply-add           8 x  1 x 2 =   16
  *
+ * Float peaks (kp_probe_float_peak), the same way, in FLOP:
+ *
+ *   avx512bf16 dot  12  vdpbf16ps zmm: 32 bf16 MACs    12 x 32 x 2 =  768
+ *   avx512 fma      12  vfmadd zmm: 16 F32 MACs        12 x 16 x 2 =  384
+ *   avx2 fma        12  vfmadd ymm: 8 F32 MACs         12 x  8 x 2 =  192
+ *   scalar fma       8  fmaf                            8 x  1 x 2 =   16
+ *
  * An empty asm statement per step tells the compiler an operand may have
  * changed, so the products cannot be hoisted out of the loop (the avx2
  * chain's products do not depend on the accumulator); the chains start
@@ -41,6 +49,7 @@
 #include "kernels/probe.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -381,6 +390,74 @@ T_VNNI static uint64_t mac_avx512vnni(uint64_t steps) {
 }
 #endif
 
+/* Float multiply-add loops for the float peaks (kp_probe_float_peak): the
+ * same shape, chains of fused multiply-adds on F32 lanes, or bfloat16 dot
+ * products (2 multiply-adds per F32 lane). The values stay finite: each
+ * chain adds a tiny product to itself. */
+static uint64_t float_bits(const float *v, int n) {
+    uint32_t u[16];
+    for (int i = 0; i < n && i < 16; i++) memcpy(&u[i], &v[i], 4);
+    return fold_u32(u, n < 16 ? n : 16);
+}
+
+static uint64_t fma_scalar(uint64_t steps) {
+    float c[8] = {0, 1, 2, 3, 4, 5, 6, 7}, a = 1e-7f, b = 1e-7f;
+    for (uint64_t i = 0; i < steps; i++) {
+        __asm__("" : "+r"(a));
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) c[k] = fmaf(a, b, c[k]);
+    }
+    return float_bits(c, 8);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) static uint64_t fma_avx2(uint64_t steps) {
+    enum { CHAINS = 12 };
+    __m256 a = _mm256_set1_ps(1e-7f), c[CHAINS];
+    const __m256 b = _mm256_set1_ps(1e-7f);
+    _Pragma("GCC unroll 12") for (int k = 0; k < CHAINS; k++) c[k] = _mm256_set1_ps((float)k);
+    for (uint64_t i = 0; i < steps; i++) {
+        __asm__("" : "+x"(a));
+        _Pragma("GCC unroll 12") for (int k = 0; k < CHAINS; k++) c[k] = _mm256_fmadd_ps(a, b, c[k]);
+    }
+    for (int k = 1; k < CHAINS; k++) c[0] = _mm256_add_ps(c[0], c[k]);
+    float v[8];
+    _mm256_storeu_ps(v, c[0]);
+    return float_bits(v, 8);
+}
+
+__attribute__((target("avx512f"))) static uint64_t fma_avx512(uint64_t steps) {
+    enum { CHAINS = 12 };
+    __m512 a = _mm512_set1_ps(1e-7f), c[CHAINS];
+    const __m512 b = _mm512_set1_ps(1e-7f);
+    _Pragma("GCC unroll 12") for (int k = 0; k < CHAINS; k++) c[k] = _mm512_set1_ps((float)k);
+    for (uint64_t i = 0; i < steps; i++) {
+        __asm__("" : "+v"(a));
+        _Pragma("GCC unroll 12") for (int k = 0; k < CHAINS; k++) c[k] = _mm512_fmadd_ps(a, b, c[k]);
+    }
+    for (int k = 1; k < CHAINS; k++) c[0] = _mm512_add_ps(c[0], c[k]);
+    float v[16];
+    _mm512_storeu_ps(v, c[0]);
+    return float_bits(v, 16);
+}
+
+__attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl"))) static uint64_t dp_avx512bf16(uint64_t steps) {
+    enum { CHAINS = 12 };
+    __m512i a = _mm512_set1_epi16(0x3400); /* bfloat16 1.2e-7 (2^-23) */
+    const __m512i b = _mm512_set1_epi16(0x3400);
+    __m512 c[CHAINS];
+    _Pragma("GCC unroll 12") for (int k = 0; k < CHAINS; k++) c[k] = _mm512_set1_ps((float)k);
+    for (uint64_t i = 0; i < steps; i++) {
+        __asm__("" : "+v"(a));
+        _Pragma("GCC unroll 12") for (int k = 0; k < CHAINS; k++)
+            c[k] = _mm512_dpbf16_ps(c[k], (__m512bh)a, (__m512bh)b);
+    }
+    for (int k = 1; k < CHAINS; k++) c[0] = _mm512_add_ps(c[0], c[k]);
+    float v[16];
+    _mm512_storeu_ps(v, c[0]);
+    return float_bits(v, 16);
+}
+#endif
+
 typedef struct {
     const char *name;
     mac_loop loop;
@@ -388,7 +465,11 @@ typedef struct {
 } mac_kind;
 
 static const mac_kind MAC_SCALAR = {"scalar", mac_scalar, 8 * 1 * 2};
+static const mac_kind FMA_SCALAR = {"scalar fma", fma_scalar, 8 * 2};
 #if defined(__x86_64__)
+static const mac_kind FMA_AVX2 = {"avx2 fma", fma_avx2, 12 * 8 * 2};
+static const mac_kind FMA_AVX512 = {"avx512 fma", fma_avx512, 12 * 16 * 2};
+static const mac_kind DP_AVX512BF16 = {"avx512bf16 dot", dp_avx512bf16, 12 * 32 * 2};
 static const mac_kind MAC_AVX2 = {"avx2", mac_avx2, 8 * 32 * 2};
 static const mac_kind MAC_AVX512VNNI = {"avx512vnni", mac_avx512vnni, 12 * 64 * 2};
 #endif
@@ -407,11 +488,11 @@ static void mac_task(void *vctx, int task, int thread) {
 
 static kp_status run_mac(kp_threads *pool, const mac_kind *k, double *ops_per_s, kp_error *err) {
     if (ops_per_s) *ops_per_s = 0;
-    if (!ops_per_s) return kp_fail(err, KP_EINVAL, "int8 probe: no place for the result");
+    if (!ops_per_s) return kp_fail(err, KP_EINVAL, "peak probe: no place for the result");
     int n_threads = pool ? kp_threads_size(pool) : 1;
     int n_tasks = MAC_TASKS_PER_THREAD * n_threads;
     mac_ctx c = {k->loop, 1024, calloc((size_t)n_tasks, sizeof(uint64_t))};
-    if (!c.sinks) return kp_fail(err, KP_ENOMEM, "int8 probe: out of memory");
+    if (!c.sinks) return kp_fail(err, KP_ENOMEM, "peak probe: out of memory");
     /* calibrate in this thread: steps doubled until one run takes MAC_CALIB_S */
     double dt = 0;
     for (;;) {
@@ -465,4 +546,22 @@ kp_status kp_probe_int8_peak(kp_threads *pool, bool scalar, const char **isa, do
 #endif
     if (isa) *isa = k->name;
     return run_mac(pool, k, ops_per_s, err);
+}
+
+kp_status kp_probe_float_peak(kp_threads *pool, bool bf16, bool scalar, const char **isa, double *flops,
+                              kp_error *err) {
+    const mac_kind *k = &FMA_SCALAR;
+#if defined(__x86_64__)
+    if (!scalar && cpu_avx2() && __builtin_cpu_supports("fma")) {
+        k = cpu_avx512f() ? &FMA_AVX512 : &FMA_AVX2;
+        if (bf16 && cpu_avx512f() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+            __builtin_cpu_supports("avx512bf16"))
+            k = &DP_AVX512BF16;
+    }
+#else
+    (void)scalar;
+    (void)bf16;
+#endif
+    if (isa) *isa = k->name;
+    return run_mac(pool, k, flops, err);
 }

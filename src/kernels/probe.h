@@ -73,4 +73,14 @@ kp_status kp_probe_int8_peak(kp_threads *pool, bool scalar, const char **isa, do
  * unknown name. */
 kp_status kp_probe_int8_peak_isa(kp_threads *pool, const char *isa, double *ops_per_s, kp_error *err);
 
+/* Float multiply-add peak of every pool thread together, in FLOP per
+ * second (2 per multiply-add), by the same register-resident chains: F32
+ * fused multiply-adds on the widest vectors the CPU has ("avx512 fma",
+ * "avx2 fma", "scalar fma" when scalar), or, with bf16 on a CPU with
+ * AVX512_BF16, bfloat16 dot products ("avx512bf16 dot", VDPBF16PS: the
+ * instruction of --attn-precision bf16). *isa: the loop that ran (static;
+ * may be NULL). Best of 3. */
+kp_status kp_probe_float_peak(kp_threads *pool, bool bf16, bool scalar, const char **isa, double *flops,
+                              kp_error *err);
+
 #endif

@@ -104,6 +104,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MM_ROWS 16
 #define MM_ACT_BYTES (1 << 20) /* activation bytes per matmul task, kept in L2 */
@@ -157,6 +158,8 @@ struct kp_forward {
     kp_weight output;
     void *pack_mem;
     uint64_t pack_bytes;
+    /* attention's work so far (kp_forward_attn_work) */
+    double att_flops, att_seconds;
     /* probe */
     int probe_layer, probe_head;
     float *probe;
@@ -1050,7 +1053,38 @@ static void att_merge(kp_forward *f, int n_tokens, int n_chunks, const float *si
             }
 }
 
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static kp_status attention_run(kp_forward *f, const kp_batch *b, uint32_t layer, kp_error *err);
+
+/* attention_run, timed, with its multiply-adds counted: a token at
+ * position p sees min(p + 1, window) keys, each a dot product of head_dim
+ * and a weighted sum of head_dim per query head (2 FLOP a multiply-add). */
 static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_error *err) {
+    const kp_hparams *hp = &f->m->hp;
+    uint32_t window = f->m->layers[layer].kind == KP_LAYER_WINDOW ? hp->n_swa : 0;
+    double keys = 0;
+    for (int t = 0; t < b->n_tokens; t++) {
+        double vis = (double)b->pos[t] + 1;
+        keys += window && vis > window ? (double)window : vis;
+    }
+    double t0 = mono_s();
+    kp_status st = attention_run(f, b, layer, err);
+    f->att_seconds += mono_s() - t0;
+    f->att_flops += 4.0 * (double)hp->head_dim * (double)hp->n_head * keys;
+    return st;
+}
+
+void kp_forward_attn_work(const kp_forward *f, double *flops, double *seconds) {
+    *flops = f->att_flops;
+    *seconds = f->att_seconds;
+}
+
+static kp_status attention_run(kp_forward *f, const kp_batch *b, uint32_t layer, kp_error *err) {
     const kp_hparams *hp = &f->m->hp;
     int G = (int)(hp->n_head / hp->n_head_kv), hd = (int)hp->head_dim;
     uint32_t window = f->m->layers[layer].kind == KP_LAYER_WINDOW ? hp->n_swa : 0;

@@ -51,6 +51,11 @@ kp_status kp_forward_pack_weights(kp_forward *f, uint64_t *bytes_out, kp_error *
  * (its name tells which); call before the first batch. */
 const kp_attn_kernels *kp_forward_set_attn(kp_forward *f, kp_attn_precision p);
 
+/* Attention's work since the pass was made: its multiply-adds (2 FLOP
+ * each: the scores and the weighted sums of every query head over the keys
+ * it sees) and the wall time of the attention calls (all threads). */
+void kp_forward_attn_work(const kp_forward *f, double *flops, double *seconds);
+
 typedef struct {
     int32_t n_tokens;
     const int32_t *tokens;  /* [n_tokens] token ids */

@@ -188,6 +188,15 @@ static int teacher_forced(rig *r, kp_kvseq *seq, const int32_t *toks, int n, int
     return checked;
 }
 
+/* The attention precision golden_case runs with (test_bf16_attention
+ * sets BF16 and back), and the largest distance it measured between the
+ * BF16 run and the same case's F32 run (the rounding happened). */
+static kp_attn_precision golden_attn = KP_ATTN_F32;
+/* The K/V type of golden_case's rig (F32, as llama.cpp's goldens), a
+ * floor under its tolerance (0: none), and what its last case measured. */
+static kp_dtype golden_kv = KP_DTYPE_F32;
+static double golden_floor_abs, golden_floor_rel, golden_last_abs, golden_last_rel;
+
 static void golden_case(const char *json_name) {
     char path[512];
     json_error_t jerr;
@@ -203,7 +212,7 @@ static void golden_case(const char *json_name) {
     int n = (int)json_array_size(jt), ng = (int)json_array_size(jg);
     int n_vocab = (int)json_integer_value(json_object_get(j, "n_vocab"));
     rig r;
-    if (!rig_open(&r, harness_path(path), KP_DTYPE_F32, (uint32_t)(n + ng + 1), 1, getenv("TEST_SCALAR") ? kp_kernels_scalar() : NULL)) {
+    if (!rig_open(&r, harness_path(path), golden_kv, (uint32_t)(n + ng + 1), 1, getenv("TEST_SCALAR") ? kp_kernels_scalar() : NULL)) {
         CHECK_MSG(false, "cannot open %s", path);
         json_decref(j);
         return;
@@ -217,6 +226,14 @@ static void golden_case(const char *json_name) {
      * from its batch on the F32 gemma3 file (golden/README.md, gemma3),
      * above the F32 tolerance of the SwiGLU files; twice that spread */
     if (r.m->hp.ffn_act == KP_FFN_GELU_TANH && wt == KP_DTYPE_F32) tol = (tolerance){wt, 3e-3, 8e-4};
+    if (golden_attn != KP_ATTN_F32) { /* bfloat16 products: the BF16 weights' tolerance, or the type's if looser */
+        const kp_attn_kernels *ak = kp_forward_set_attn(r.fw, golden_attn);
+        CHECK_MSG(strstr(ak->name, "bf16") != NULL, "%s: attention table %s", json_name, ak->name);
+        tolerance tb = tol_for(KP_DTYPE_BF16);
+        if (tb.max_abs > tol.max_abs) tol = tb;
+    }
+    if (golden_floor_abs > tol.max_abs) tol.max_abs = golden_floor_abs;
+    if (golden_floor_rel > tol.rel_l2) tol.rel_l2 = golden_floor_rel;
     int32_t *toks = malloc((n + ng) * sizeof(int32_t));
     for (int i = 0; i < n; i++) toks[i] = (int32_t)json_integer_value(json_array_get(jt, i));
     for (int i = 0; i < ng; i++) toks[n + i] = (int32_t)json_integer_value(json_array_get(jg, i));
@@ -240,6 +257,7 @@ static void golden_case(const char *json_name) {
               case_rel, tol.rel_l2);
     if (golden_verbose) printf("  %s: max_abs %.3g rel_l2 %.3g (tol %.3g / %.3g)\n", json_name, case_abs, case_rel,
                                tol.max_abs, tol.rel_l2);
+    golden_last_abs = case_abs, golden_last_rel = case_rel;
     if (case_abs > worst_abs[wt]) worst_abs[wt] = case_abs;
     if (case_rel > worst_rel[wt]) worst_rel[wt] = case_rel;
 
@@ -260,7 +278,7 @@ static void golden_case(const char *json_name) {
     note_model(json_name, checked, ng, case_abs, tol.max_abs);
     kp_kvseq_release(&seq, r.kv);
     /* F32: free-running greedy equals llama.cpp's exactly */
-    if (wt == KP_DTYPE_F32 && ng > 0) {
+    if (wt == KP_DTYPE_F32 && golden_attn == KP_ATTN_F32 && ng > 0) {
         kp_kvseq fresh = {0};
         CHECK(feed(&r, &fresh, toks, n, false, last));
         for (int i = 0; i < ng; i++) {
@@ -1282,6 +1300,87 @@ static void test_threads_long(void) {
     free(toks);
 }
 
+/* Attention in bfloat16 dot products (--attn-precision bf16, kernels/
+ * attn_bf16.c): llama.cpp's goldens within the BF16 weights' tolerance
+ * (golden_case) on models with head sizes a multiple of 32 and prompts
+ * whose prefill tiles take the bfloat16 loops: the 4,086-token prompt (F32
+ * KV here), and the longest prompt of each architecture (sliding windows,
+ * sinks, experts), with the avx512bf16 table where the CPU has it and
+ * scalar-bf16 on the short ones; and the BF16 logits measurably apart from
+ * the F32 ones of the same rig (the rounding is on). */
+static void bf16_apart(const char *path, const kp_kernels *k) {
+    rig a, b;
+    if (!rig_open(&a, harness_path(path), KP_DTYPE_F16, 320, 2, k) ||
+        !rig_open(&b, harness_path(path), KP_DTYPE_F16, 320, 2, k)) {
+        CHECK(false);
+        return;
+    }
+    kp_forward_set_attn(b.fw, KP_ATTN_BF16);
+    int nv = (int)a.m->hp.n_vocab, n = 300;
+    int32_t *toks = malloc(n * sizeof *toks);
+    for (int i = 0; i < n; i++) toks[i] = (int32_t)(rnd() % nv);
+    float *la = malloc((size_t)n * nv * sizeof(float)), *lb = malloc((size_t)n * nv * sizeof(float));
+    kp_kvseq sa = {0}, sb = {0};
+    CHECK(feed(&a, &sa, toks, n, true, la) && feed(&b, &sb, toks, n, true, lb));
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        double d = rel_diff(la + (size_t)i * nv, lb + (size_t)i * nv, nv);
+        worst = d > worst ? d : worst;
+    }
+    printf("  %s, %s: BF16 attention vs F32: worst rel %.3g\n", path, k == kp_kernels_scalar() ? "scalar" : "best",
+           worst);
+    CHECK_MSG(worst > 1e-6 && worst < 0.05, "%s: BF16 vs F32 attention: rel %.3g", path, worst);
+    kp_kvseq_release(&sa, a.kv);
+    kp_kvseq_release(&sb, b.kv);
+    free(toks);
+    free(la);
+    free(lb);
+    rig_close(&a);
+    rig_close(&b);
+}
+
+static void test_bf16_attention(void) {
+    static const char *cases[] = {"gen-llama-gqa-f32.story300.json", "gen-qwen3-f16.story300.json",
+                                  "gen-gemma3-f32.story300.json", "gen-qwen3moe-f32.story300.json",
+                                  "gen-llama-gqa-q8_0.story300.json"};
+    golden_attn = KP_ATTN_BF16;
+    bool simd = kp_attn_bf16_best() != NULL;
+    if (simd) golden_case("gen-llama-gqa-f32.long4096.json");
+    else SKIP("BF16 attention on the AVX-512 tables (this CPU lacks AVX512_BF16): scalar-bf16 only");
+    const char *env = getenv("TEST_SCALAR");
+    char scalar_env[64] = "";
+    if (env) snprintf(scalar_env, sizeof scalar_env, "%s", env);
+    for (int pass = 0; pass < (simd ? 2 : 1); pass++) { /* scalar-bf16 (TEST_SCALAR), then avx512bf16 */
+        if (pass == 0) setenv("TEST_SCALAR", "1", 1);
+        else if (!env) unsetenv("TEST_SCALAR");
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) golden_case(cases[i]);
+        /* gen-gpt-oss-f32 amplifies any rounding of K/V: merely storing them in F16
+         * (the server's default) moves its logits 0.3 / 0.076 from llama.cpp's F32-KV
+         * goldens. So it is held to 1.5x that distance, measured here: rounding the
+         * products to bfloat16 costs no more than the F16 cache does. */
+        golden_kv = KP_DTYPE_F16;
+        golden_attn = KP_ATTN_F32;
+        golden_floor_abs = golden_floor_rel = 1e9;
+        golden_case("gen-gpt-oss-f32.story300.json");
+        golden_floor_abs = 1.5 * golden_last_abs, golden_floor_rel = 1.5 * golden_last_rel;
+        double f16_abs = golden_last_abs, f16_rel = golden_last_rel;
+        golden_attn = KP_ATTN_BF16;
+        golden_case("gen-gpt-oss-f32.story300.json");
+        printf("  gen-gpt-oss-f32.story300 (F16 K/V), %s: BF16 attention max_abs %.3g rel_l2 %.3g; F32 attention "
+               "%.3g / %.3g\n", pass ? "avx512bf16" : "scalar-bf16", golden_last_abs, golden_last_rel, f16_abs, f16_rel);
+        golden_kv = KP_DTYPE_F32;
+        golden_floor_abs = golden_floor_rel = 0;
+    }
+    if (env) setenv("TEST_SCALAR", scalar_env, 1);
+    else unsetenv("TEST_SCALAR");
+    golden_attn = KP_ATTN_F32;
+    bf16_apart("tests/data/models/gen-llama-gqa-f32.gguf", kp_kernels_scalar());
+    if (simd) {
+        bf16_apart("tests/data/models/gen-llama-gqa-f32.gguf", kp_kernels_best());
+        bf16_apart("tests/data/models/gen-qwen3-f16.gguf", kp_kernels_best());
+    }
+}
+
 /* Scalar and best kernels agree on whole models. Without activation
  * quantization (F32 weights) only the summation order differs; with
  * quantized weights a rounding flip of a quantized activation propagates,
@@ -1397,5 +1496,6 @@ int main(void) {
     TIMED(test_long_context);
     TIMED(test_threads_long);
     TIMED(test_scalar_vs_best);
+    TIMED(test_bf16_attention);
     return harness_finish("forward");
 }

@@ -112,6 +112,37 @@ static void test_int8_best_and_scalar(void) {
     CHECK_EQ_INT(kp_probe_int8_peak(pool2, false, NULL, NULL, &err), KP_EINVAL);
 }
 
+/* The float peaks: the loop the CPU's widest instructions allow (asked here
+ * independently of probe.c), a finite positive rate, and for the scalar
+ * loop a rate far below the vector loops' (the loops do run the work they
+ * count). */
+static void test_float_peaks(void) {
+    kp_error err = {0};
+    const char *isa = NULL;
+    double fma = -1, bf = -1, sc = -1;
+    CHECK_MSG(kp_probe_float_peak(pool2, false, false, &isa, &fma, &err) == KP_OK, "%s", err.msg);
+    CHECK(good(fma));
+#if defined(__x86_64__)
+    bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
+    bool has_bf16 = avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vl");
+#else
+    bool avx512 = false, avx2 = false, has_bf16 = false;
+#endif
+    CHECK_EQ_STR(isa, avx512 ? "avx512 fma" : avx2 ? "avx2 fma" : "scalar fma");
+    CHECK_MSG(kp_probe_float_peak(pool2, true, false, &isa, &bf, &err) == KP_OK, "%s", err.msg);
+    CHECK(good(bf));
+    CHECK_EQ_STR(isa, has_bf16 ? "avx512bf16 dot" : avx512 ? "avx512 fma" : avx2 ? "avx2 fma" : "scalar fma");
+    if (!has_bf16) SKIP("bfloat16 dot peak (this CPU lacks AVX512_BF16)");
+    CHECK_MSG(kp_probe_float_peak(pool2, true, true, &isa, &sc, &err) == KP_OK, "%s", err.msg);
+    CHECK_EQ_STR(isa, "scalar fma");
+    CHECK(good(sc));
+    if (avx2) CHECK_MSG(sc * 2 < fma, "scalar %g FLOP/s not below the vector loop's %g", sc, fma);
+    printf("  float peaks: %s %.0f GFLOP/s, with bf16 %.0f, scalar %.0f\n", avx512 ? "avx512 fma" : "fma", fma / 1e9,
+           bf / 1e9, sc / 1e9);
+    CHECK_EQ_INT(kp_probe_float_peak(pool2, false, false, NULL, NULL, &err), KP_EINVAL);
+}
+
 /* The stable probe: its passes within the bounds, the order of its
  * figures, and what "stable" promises (the best three within 5%, which
  * needs three passes at least). */
@@ -143,6 +174,7 @@ int main(void) {
     RUN(test_read_bw_stable);
     RUN(test_int8_each_isa);
     RUN(test_int8_best_and_scalar);
+    RUN(test_float_peaks);
     kp_threads_free(pool2);
     return harness_finish("probe");
 }
