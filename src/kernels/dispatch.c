@@ -9,6 +9,7 @@
  *   scalar              -                              quant_scalar.c
  *   avx2                AVX2, FMA, F16C                 quant_avx2.c
  *   avx512vnni          the above, AVX512 F/VL/BW, VNNI quant_avx512.c
+ *   avx512bf16          the above, AVX512_BF16         quant_avx512.c + quant_bf16.c
  *
  *   attention tables
  *   scalar              -                              attn_scalar.c
@@ -71,8 +72,16 @@ const kp_kernels *kp_kernels_avx512vnni(void) {
     return NULL;
 }
 
+const kp_kernels *kp_kernels_avx512bf16(void) {
+#if defined(__x86_64__)
+    if (cpu_avx2() && cpu_avx512vnni() && __builtin_cpu_supports("avx512bf16")) return &kp_quant_avx512bf16_kernels;
+#endif
+    return NULL;
+}
+
 const kp_kernels *kp_kernels_best(void) {
-    const kp_kernels *k = kp_kernels_avx512vnni();
+    const kp_kernels *k = kp_kernels_avx512bf16();
+    if (!k) k = kp_kernels_avx512vnni();
     if (!k) k = kp_kernels_avx2();
     return k ? k : &kp_quant_scalar_kernels;
 }

@@ -195,7 +195,7 @@ size_t kp_pack_bytes(kp_dtype t, int64_t n, int64_t nr, int pack_rows);
 const kp_kernels *kp_kernels_scalar(void);
 
 /* The fastest table the running CPU supports (checked with
- * __builtin_cpu_supports on each call, cheap): avx512vnni, else avx2
+ * __builtin_cpu_supports on each call, cheap): avx512bf16, else avx512vnni, else avx2
  * (AVX2+FMA+F16C), else the scalar table. On non-x86-64 builds this is
  * always the scalar table. */
 const kp_kernels *kp_kernels_best(void);
@@ -211,5 +211,12 @@ const kp_kernels *kp_kernels_avx2(void);
  * the avx2 table for the integer types; within float rounding for the
  * float types. */
 const kp_kernels *kp_kernels_avx512vnni(void);
+
+/* The avx512vnni table whose BF16 weights multiply in bfloat16 dot
+ * products (VDPBF16PS; quant_bf16.c) when the CPU has AVX512_BF16 besides,
+ * else NULL. Its BF16 results are within float rounding of the avx512vnni
+ * table's (the products are exact; only the order of the sums differs);
+ * every other type is the same. kp_kernels_best prefers it. */
+const kp_kernels *kp_kernels_avx512bf16(void);
 
 #endif

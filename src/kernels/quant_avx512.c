@@ -1533,37 +1533,47 @@ static VNNI void gemm_mxfp4_vnni(int64_t n, int nr, int nc, const void *w, size_
     mxfp4_tile_vnni(n, nr, nc, w, w_stride, a, a_stride, out, out_stride);
 }
 
-const kp_kernels kp_quant_avx512vnni_kernels = {
-    .name = "avx512vnni",
-    KP_AVX2_SHARED_ENTRIES,
-    .dot_tile[KP_DTYPE_F32] = tile_f32_512,
-    .dot_tile[KP_DTYPE_F16] = tile_f16_512,
-    .dot_tile[KP_DTYPE_BF16] = tile_bf16_512,
-    .gemm =
-        {
-            [KP_DTYPE_F32] = gemm_f32_512,
-            [KP_DTYPE_F16] = gemm_f16_512,
-            [KP_DTYPE_BF16] = gemm_bf16_512,
-            [KP_DTYPE_Q8_0] = gemm_q8_0,
-            [KP_DTYPE_Q4_0] = gemm_q4_0,
-            [KP_DTYPE_Q4_1] = gemm_q4_1,
-            [KP_DTYPE_Q5_0] = gemm_q5_0,
-            [KP_DTYPE_Q5_1] = gemm_q5_1,
-            [KP_DTYPE_Q4_K] = gemm_q4_K,
-            [KP_DTYPE_Q5_K] = gemm_q5_K,
-            [KP_DTYPE_Q6_K] = gemm_q6_K,
-            [KP_DTYPE_MXFP4] = gemm_mxfp4_vnni,
-        },
-    .pack_rows = {[KP_DTYPE_F16] = X16_ROWS, [KP_DTYPE_BF16] = X16_ROWS, [KP_DTYPE_Q8_0] = X16_ROWS,
-                  [KP_DTYPE_Q4_0] = X16_ROWS, [KP_DTYPE_Q4_K] = X16_ROWS, [KP_DTYPE_Q6_K] = X16_ROWS},
-    .pack_k = {[KP_DTYPE_F16] = 16, [KP_DTYPE_BF16] = 16, [KP_DTYPE_Q8_0] = 32, [KP_DTYPE_Q4_0] = 32,
-               [KP_DTYPE_Q4_K] = KP_QK_K, [KP_DTYPE_Q6_K] = KP_QK_K},
-    .pack = {[KP_DTYPE_F16] = pack_half_x16, [KP_DTYPE_BF16] = pack_half_x16, [KP_DTYPE_Q8_0] = pack_q8_0_x16,
-             [KP_DTYPE_Q4_0] = pack_q4_0_x16, [KP_DTYPE_Q4_K] = pack_q4_K_x16, [KP_DTYPE_Q6_K] = pack_q6_K_x16},
-    .gemm_packed = {[KP_DTYPE_F16] = gemm_packed_f16, [KP_DTYPE_BF16] = gemm_packed_bf16,
-                    [KP_DTYPE_Q8_0] = gemm_packed_q8_0, [KP_DTYPE_Q4_0] = gemm_packed_q4_0,
-                    [KP_DTYPE_Q4_K] = gemm_packed_q4_K, [KP_DTYPE_Q6_K] = gemm_packed_q6_K},
-};
+/* The table, given its name and its BF16 kernels: the avx512vnni table's
+ * own (F32 multiply-adds), or quant_bf16.c's bfloat16 dot products (the
+ * avx512bf16 table, for CPUs with AVX512_BF16). */
+#define AVX512VNNI_TABLE(NAME, BF16_TILE, BF16_GEMM, BF16_PACK_K, BF16_PACK, BF16_PACKED) \
+    {                                                                                     \
+    .name = NAME, \
+    KP_AVX2_SHARED_ENTRIES, \
+    .dot_tile[KP_DTYPE_F32] = tile_f32_512, \
+    .dot_tile[KP_DTYPE_F16] = tile_f16_512, \
+    .dot_tile[KP_DTYPE_BF16] = BF16_TILE, \
+    .gemm = \
+        { \
+            [KP_DTYPE_F32] = gemm_f32_512, \
+            [KP_DTYPE_F16] = gemm_f16_512, \
+            [KP_DTYPE_BF16] = BF16_GEMM, \
+            [KP_DTYPE_Q8_0] = gemm_q8_0, \
+            [KP_DTYPE_Q4_0] = gemm_q4_0, \
+            [KP_DTYPE_Q4_1] = gemm_q4_1, \
+            [KP_DTYPE_Q5_0] = gemm_q5_0, \
+            [KP_DTYPE_Q5_1] = gemm_q5_1, \
+            [KP_DTYPE_Q4_K] = gemm_q4_K, \
+            [KP_DTYPE_Q5_K] = gemm_q5_K, \
+            [KP_DTYPE_Q6_K] = gemm_q6_K, \
+            [KP_DTYPE_MXFP4] = gemm_mxfp4_vnni, \
+        }, \
+    .pack_rows = {[KP_DTYPE_F16] = X16_ROWS, [KP_DTYPE_BF16] = X16_ROWS, [KP_DTYPE_Q8_0] = X16_ROWS, \
+                  [KP_DTYPE_Q4_0] = X16_ROWS, [KP_DTYPE_Q4_K] = X16_ROWS, [KP_DTYPE_Q6_K] = X16_ROWS}, \
+    .pack_k = {[KP_DTYPE_F16] = 16, [KP_DTYPE_BF16] = BF16_PACK_K, [KP_DTYPE_Q8_0] = 32, [KP_DTYPE_Q4_0] = 32, \
+               [KP_DTYPE_Q4_K] = KP_QK_K, [KP_DTYPE_Q6_K] = KP_QK_K}, \
+    .pack = {[KP_DTYPE_F16] = pack_half_x16, [KP_DTYPE_BF16] = BF16_PACK, [KP_DTYPE_Q8_0] = pack_q8_0_x16, \
+             [KP_DTYPE_Q4_0] = pack_q4_0_x16, [KP_DTYPE_Q4_K] = pack_q4_K_x16, [KP_DTYPE_Q6_K] = pack_q6_K_x16}, \
+    .gemm_packed = {[KP_DTYPE_F16] = gemm_packed_f16, [KP_DTYPE_BF16] = BF16_PACKED, \
+                    [KP_DTYPE_Q8_0] = gemm_packed_q8_0, [KP_DTYPE_Q4_0] = gemm_packed_q4_0, \
+                    [KP_DTYPE_Q4_K] = gemm_packed_q4_K, [KP_DTYPE_Q6_K] = gemm_packed_q6_K}, \
+    }
+
+const kp_kernels kp_quant_avx512vnni_kernels =
+    AVX512VNNI_TABLE("avx512vnni", tile_bf16_512, gemm_bf16_512, 16, pack_half_x16, gemm_packed_bf16);
+const kp_kernels kp_quant_avx512bf16_kernels = AVX512VNNI_TABLE("avx512bf16", kp_bf16dp_tile, kp_bf16dp_gemm, 32,
+                                                                kp_bf16dp_pack, kp_bf16dp_gemm_packed);
+#undef AVX512VNNI_TABLE
 
 #else /* not x86-64: no AVX-512 table */
 

@@ -28,6 +28,17 @@ extern const kp_kernels kp_quant_avx2_kernels;
 /* quant_avx512.c: the avx2 table with AVX512 F/VL/BW + VNNI gemm kernels. */
 extern const kp_kernels kp_quant_avx512vnni_kernels;
 
+/* quant_avx512.c: the avx512vnni table with the BF16 kernels of
+ * quant_bf16.c (AVX512_BF16 dot products), declared here for it. */
+extern const kp_kernels kp_quant_avx512bf16_kernels;
+void kp_bf16dp_tile(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a, size_t a_stride,
+                    float *out, size_t out_stride);
+void kp_bf16dp_gemm(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a, size_t a_stride,
+                    const void *aux, size_t aux_stride, float *out, size_t out_stride);
+void kp_bf16dp_pack(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst);
+void kp_bf16dp_gemm_packed(int64_t n, int nr, int nc, const void *wp, const void *a, size_t a_stride,
+                           const void *aux, size_t aux_stride, float *out, size_t out_stride);
+
 /* quant_avx2.c: kp_fp16_to_fp32_row with F16C (AVX2 CPUs only). */
 void kp_quant_avx2_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n);
 #endif

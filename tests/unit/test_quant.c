@@ -864,7 +864,8 @@ static void test_tile_shapes(void) {
                                     {16, 4, 0, 0}, {17, 9, 1, 2}, {19, 11, 0, 0}, {8, 2, 11, 9},
                                     {16, 1, 3, 0}, {19, 1, 0, 4}, /* 16-row decode tiles */
                                     {17, 18, 1, 2}}; /* past the packed decode tiles' 16 columns: panels */
-    const kp_kernels *tabs[3] = {kp_kernels_scalar(), kp_kernels_avx2(), kp_kernels_avx512vnni()};
+    const kp_kernels *tabs[4] = {kp_kernels_scalar(), kp_kernels_avx2(), kp_kernels_avx512vnni(),
+                                 kp_kernels_avx512bf16()};
     static float xf[NMAX];
     static kp_q8_0_aux aux[C][NMAX / 32];
     double *dw = malloc(sizeof(double) * R * NMAX), *da = malloc(sizeof(double) * C * NMAX);
@@ -912,7 +913,7 @@ static void test_tile_shapes(void) {
                 mag[r * C + c] = m;
             }
         const double rel = 1e-5 + 4e-7 * sqrt((double)N);
-        for (int k = 0; k < 3 * 2; k++) { /* each table, without and with aux */
+        for (int k = 0; k < 4 * 2; k++) { /* each table, without and with aux */
             const kp_kernels *K = tabs[k / 2];
             const int with_aux = k % 2;
             if (!K || (with_aux && at != KP_DTYPE_Q8_0)) continue;
@@ -933,7 +934,7 @@ static void test_tile_shapes(void) {
             if (k / 2 == 1) memcpy(first, single, sizeof single);
             /* for the integer types avx512vnni computes what avx2 computes (its
              * float tiles have 16 lanes, so a summation order of their own) */
-            if (k / 2 == 2 && tabs[1] && kp_dtype_get(wt)->block_size > 1)
+            if (k / 2 >= 2 && tabs[1] && kp_dtype_get(wt)->block_size > 1)
                 CHECK_MSG(memcmp(first, single, sizeof single) == 0, "%s %s n=%lld: avx2 and %s differ",
                           kp_dtype_name(wt), K->name, (long long)N, K->name);
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -993,8 +994,10 @@ static void test_tile_shapes(void) {
     /* the avx512vnni table packs Q8_0 and Q4_0 (every shape x 2 aux modes x 2
      * types), Q4_K and Q6_K (every shape; Q8_K activations take no aux) at
      * both lengths, F16 and BF16 at the length that is a multiple of 16 */
-    if (tabs[2]) CHECK_EQ_INT(n_packed, (int)(sizeof shapes / sizeof shapes[0]) * ((2 * 2 + 2) * 2 + 2));
+    if (tabs[2])
+        CHECK_EQ_INT(n_packed, (int)(sizeof shapes / sizeof shapes[0]) * ((2 * 2 + 2) * 2 + 2) * (tabs[3] ? 2 : 1));
     else SKIP("packed gemm (this CPU has no avx512vnni table)");
+    if (!tabs[3]) SKIP("table avx512bf16 (this CPU lacks AVX512_BF16)");
 done:
     free(dw);
     free(da);
@@ -1087,8 +1090,9 @@ static void test_api_edges(void) {
 
     /* every weight type with kernels has all entries in both tables, others none
      * (Q8_K has kernels in dtype.h's sense, a dequantizer, but is no weight type) */
-    const kp_kernels *tabs[3] = {kp_kernels_scalar(), kp_kernels_avx2(), kp_kernels_avx512vnni()};
-    for (int k = 0; k < 3; k++) {
+    const kp_kernels *tabs[4] = {kp_kernels_scalar(), kp_kernels_avx2(), kp_kernels_avx512vnni(),
+                                 kp_kernels_avx512bf16()};
+    for (int k = 0; k < 4; k++) {
         if (!tabs[k]) continue;
         for (uint32_t t = 0; t < KP_DTYPE_COUNT_; t++) {
             const kp_dtype_info *info = kp_dtype_get(t);
@@ -1105,7 +1109,14 @@ static void test_api_edges(void) {
         }
     }
     CHECK_EQ_STR(kp_kernels_scalar()->name, "scalar");
-    if (kp_kernels_avx512vnni()) {
+    if (kp_kernels_avx512bf16()) {
+        CHECK(kp_kernels_avx512vnni() != NULL && kp_kernels_avx2() != NULL);
+        CHECK(kp_kernels_best() == kp_kernels_avx512bf16());
+        CHECK_EQ_STR(kp_kernels_avx512bf16()->name, "avx512bf16");
+#if defined(__x86_64__)
+        CHECK(__builtin_cpu_supports("avx512bf16"));
+#endif
+    } else if (kp_kernels_avx512vnni()) {
         CHECK(kp_kernels_avx2() != NULL);
         CHECK(kp_kernels_best() == kp_kernels_avx512vnni());
         CHECK_EQ_STR(kp_kernels_avx512vnni()->name, "avx512vnni");

@@ -1,0 +1,213 @@
+/*
+ * quant_bf16.c - the BF16 weight kernels of the "avx512bf16" table
+ * (tables.h): that table is the avx512vnni table (quant_avx512.c, which
+ * builds both from one list) with its BF16 dot_tile, gemm, pack and
+ * gemm_packed replaced by these, which multiply in bfloat16 dot products
+ * (VDPBF16PS: 32 products of pairs added into 16 F32 lanes per
+ * instruction, twice the multiply-adds of a 512-bit F32 FMA) instead of
+ * widening both operands to F32. A BF16 weight's activations are BF16
+ * already (kp_vec_dot_type, as llama.cpp rounds them), and a product of
+ * two bfloat16 numbers is exact in F32, so only the order of the sums
+ * differs from the avx512vnni table's.
+ *
+ * Canonical order (every call shape of this table, so gemm_packed equals
+ * gemm and dot_tile bit for bit): a row is cut in chunks of KC elements
+ * (the last padded with zeros to a multiple of 32); in a chunk, lane i of
+ * one F32 vector sums the pairs of elements (32j + 2i, 32j + 2i + 1) for
+ * j = 0, 1, ... in order (one VDPBF16PS each), then one fixed horizontal
+ * sum; the chunks' sums are added in order.
+ *
+ * Packed layout (pack, pack_k 32): a 16-row group of n elements as n / 32
+ * steps of 1024 bytes: step s = row 0's elements 32s..32s+31 | row 1 | ...
+ * | row 15 (64 bytes each), so a decode tile reads the group as one stream.
+ *
+ * Every function carries the target of VNNI plus avx512bf16 (BF16,
+ * BF16_INLINE); dispatch.c hands the table out only when the CPU has
+ * AVX512_BF16 besides what avx512vnni needs. Outside x86-64 the file is
+ * empty. No state.
+ */
+#include "kernels/quant_avx2.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "kernels/quant_avx2_inl.h"
+#include "kernels/tables.h"
+
+#define BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni,avx512bf16")))
+#define BF16_INLINE                                                                                            \
+    static inline __attribute__((always_inline, target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni,avx512bf16")))
+
+#define KC 512      /* elements per chunk */
+#define NC 8        /* activation rows per tile (at most) */
+#define ROWS 16     /* rows of a packed group */
+#define STEP_BYTES (ROWS * 64)
+#define UNROLL16 _Pragma("GCC unroll 16")
+
+BF16_INLINE float hsum16(__m512 v) {
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    return hsum_ps(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
+}
+
+/* 32 bfloat16 of a row from element i, zeros past element n. */
+BF16_INLINE __m512bh ld32(const void *row, int64_t i, int64_t n) {
+    const uint16_t *p = (const uint16_t *)row + i;
+    if (i + 32 <= n) return (__m512bh)_mm512_loadu_si512(p);
+    const __mmask32 m = i >= n ? 0 : (__mmask32)((1ull << (n - i)) - 1);
+    return (__m512bh)_mm512_maskz_loadu_epi16(m, p);
+}
+
+/* Rows wr[0..R) (in place) times activation rows ar[0..C) over the chunk
+ * [k0, k0 + len) of rows of n elements: acc[r][c] += pairs, then out. */
+BF16_INLINE void tile_rows(const char *const *wr, const char *const *ar, int64_t k0, int64_t len, int64_t n, int nr,
+                           float *out, size_t os, int add, size_t pf, const int R, const int C) {
+    __m512 acc[4][NC];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < len; k += 32) {
+        __m512bh w[4];
+        if (pf) UNROLL for (int r = 0; r < R; r++) _mm_prefetch(wr[r] + pf + (size_t)(k0 + k) * 2, _MM_HINT_T0);
+        UNROLL for (int r = 0; r < R; r++) w[r] = ld32(wr[r], k0 + k, n);
+        UNROLL for (int c = 0; c < C; c++) {
+            const __m512bh av = ld32(ar[c], k0 + k, n);
+            UNROLL for (int r = 0; r < R; r++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], w[r], av);
+        }
+    }
+    UNROLL for (int c = 0; c < C; c++)
+        UNROLL for (int r = 0; r < R; r++) {
+            if (r >= nr) break;
+            float *o = out + (size_t)c * os + (size_t)r;
+            const float v = hsum16(acc[r][c]);
+            *o = add ? *o + v : v;
+        }
+}
+
+/* The rows in place (dot_tile, gemm): nr weight rows x nc activation rows. */
+BF16_INLINE void gemm_rows(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
+                           size_t a_stride, float *out, size_t out_stride) {
+    const size_t pf = decode_pf(w_stride, nc, 5);
+    if (n <= 0) zero_out(nr, nc, out, out_stride);
+    for (int64_t k0 = 0; k0 < n; k0 += KC) {
+        const int64_t len = n - k0 < KC ? n - k0 : KC;
+        for (int c0 = 0; c0 < nc; c0 += NC) {
+            const int ncc = nc - c0 < NC ? nc - c0 : NC;
+            const char *ar[NC];
+            for (int c = 0; c < NC; c++) ar[c] = (const char *)a + (size_t)(c0 + (c < ncc ? c : ncc - 1)) * a_stride;
+            const int R = ncc <= 4 ? 4 : 2;
+            for (int r0 = 0; r0 < nr; r0 += R) {
+                const int nrr = nr - r0 < R ? nr - r0 : R;
+                const char *wr[4];
+                for (int r = 0; r < R; r++) wr[r] = (const char *)w + (size_t)(r0 + (r < nrr ? r : nrr - 1)) * w_stride;
+                float *o = out + (size_t)c0 * out_stride + (size_t)r0;
+                const int add = k0 > 0;
+                switch (ncc) {
+                case 1: tile_rows(wr, ar, k0, len, n, nrr, o, out_stride, add, pf, 4, 1); break;
+                case 2: tile_rows(wr, ar, k0, len, n, nrr, o, out_stride, add, pf, 4, 2); break;
+                case 3: tile_rows(wr, ar, k0, len, n, nrr, o, out_stride, add, pf, 4, 3); break;
+                case 4: tile_rows(wr, ar, k0, len, n, nrr, o, out_stride, add, pf, 4, 4); break;
+                case 5: tile_rows(wr, ar, k0, len, n, nrr, o, out_stride, add, pf, 2, 5); break;
+                case 6: tile_rows(wr, ar, k0, len, n, nrr, o, out_stride, add, pf, 2, 6); break;
+                case 7: tile_rows(wr, ar, k0, len, n, nrr, o, out_stride, add, pf, 2, 7); break;
+                default: tile_rows(wr, ar, k0, len, n, nrr, o, out_stride, add, pf, 2, 8); break;
+                }
+            }
+        }
+    }
+}
+
+BF16 void kp_bf16dp_tile(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a, size_t a_stride,
+                         float *out, size_t out_stride) {
+    gemm_rows(n, nr, nc, w, w_stride, a, a_stride, out, out_stride);
+}
+
+BF16 void kp_bf16dp_gemm(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a, size_t a_stride,
+                         const void *aux, size_t aux_stride, float *out, size_t out_stride) {
+    (void)aux;
+    (void)aux_stride;
+    gemm_rows(n, nr, nc, w, w_stride, a, a_stride, out, out_stride);
+}
+
+/* ---- packed ------------------------------------------------------------------ */
+
+void kp_bf16dp_pack(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst) {
+    const int64_t ns = n / 32;
+    for (int64_t g0 = 0; g0 < nr; g0 += ROWS) {
+        uint8_t *gd = (uint8_t *)dst + (size_t)(g0 / ROWS) * (size_t)ns * STEP_BYTES;
+        for (int r = 0; r < ROWS; r++) {
+            const char *row = g0 + r < nr ? (const char *)w + (size_t)(g0 + r) * w_stride : NULL;
+            for (int64_t s = 0; s < ns; s++) { /* padding rows: zeros */
+                if (row) memcpy(gd + (size_t)s * STEP_BYTES + 64 * (size_t)r, row + (size_t)s * 64, 64);
+                else memset(gd + (size_t)s * STEP_BYTES + 64 * (size_t)r, 0, 64);
+            }
+        }
+    }
+}
+
+/* Rows rb..rb+R-1 of the group at g x the C activation rows ar over the
+ * chunk [k0, k0 + len) (len a multiple of 32: n is). */
+BF16_INLINE void tile_packed(const uint8_t *g, int rb, const char *const *ar, int64_t k0, int64_t len, int nr,
+                             float *out, size_t os, int add, const int R, const int C) {
+    __m512 acc[16][NC];
+    UNROLL16 for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    const uint8_t *st = g + (size_t)(k0 / 32) * STEP_BYTES + 64 * (size_t)rb;
+    for (int64_t k = 0; k < len; k += 32, st += STEP_BYTES) {
+        __m512bh w[16];
+        UNROLL16 for (int r = 0; r < R; r++) w[r] = (__m512bh)_mm512_loadu_si512(st + 64 * r);
+        UNROLL for (int c = 0; c < C; c++) {
+            const __m512bh av = (__m512bh)_mm512_loadu_si512((const uint16_t *)ar[c] + k0 + k);
+            UNROLL16 for (int r = 0; r < R; r++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], w[r], av);
+        }
+    }
+    UNROLL for (int c = 0; c < C; c++)
+        UNROLL16 for (int r = 0; r < R; r++) {
+            if (r >= nr) break;
+            float *o = out + (size_t)c * os + (size_t)r;
+            const float v = hsum16(acc[r][c]);
+            *o = add ? *o + v : v;
+        }
+}
+
+BF16 void kp_bf16dp_gemm_packed(int64_t n, int nr, int nc, const void *wp, const void *a, size_t a_stride,
+                                const void *aux, size_t aux_stride, float *out, size_t out_stride) {
+    (void)aux;
+    (void)aux_stride;
+    const size_t group = (size_t)(n / 32) * STEP_BYTES;
+    if (n <= 0) zero_out(nr, nc, out, out_stride);
+    for (int r0 = 0; r0 < nr; r0 += ROWS) {
+        const uint8_t *g = (const uint8_t *)wp + (size_t)(r0 / ROWS) * group;
+        const int rows = nr - r0 < ROWS ? nr - r0 : ROWS;
+        for (int64_t k0 = 0; k0 < n; k0 += KC) {
+            const int64_t len = n - k0 < KC ? n - k0 : KC;
+            for (int c0 = 0; c0 < nc; c0 += NC) {
+                const int ncc = nc - c0 < NC ? nc - c0 : NC;
+                const char *ar[NC];
+                for (int c = 0; c < NC; c++)
+                    ar[c] = (const char *)a + (size_t)(c0 + (c < ncc ? c : ncc - 1)) * a_stride;
+                const int R = ncc == 1 ? 16 : ncc == 2 ? 8 : ncc <= 4 ? 4 : 2;
+                for (int rb = 0; rb < rows; rb += R) {
+                    const int nrr = rows - rb < R ? rows - rb : R;
+                    float *o = out + (size_t)c0 * out_stride + (size_t)(r0 + rb);
+                    const int add = k0 > 0;
+                    switch (ncc) {
+                    case 1: tile_packed(g, rb, ar, k0, len, nrr, o, out_stride, add, 16, 1); break;
+                    case 2: tile_packed(g, rb, ar, k0, len, nrr, o, out_stride, add, 8, 2); break;
+                    case 3: tile_packed(g, rb, ar, k0, len, nrr, o, out_stride, add, 4, 3); break;
+                    case 4: tile_packed(g, rb, ar, k0, len, nrr, o, out_stride, add, 4, 4); break;
+                    case 5: tile_packed(g, rb, ar, k0, len, nrr, o, out_stride, add, 2, 5); break;
+                    case 6: tile_packed(g, rb, ar, k0, len, nrr, o, out_stride, add, 2, 6); break;
+                    case 7: tile_packed(g, rb, ar, k0, len, nrr, o, out_stride, add, 2, 7); break;
+                    default: tile_packed(g, rb, ar, k0, len, nrr, o, out_stride, add, 2, 8); break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#else /* not x86-64 */
+
+typedef int kp_quant_bf16_unused;
+
+#endif
