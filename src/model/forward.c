@@ -182,6 +182,9 @@ static float *gelu_table(void) {
 kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_threads *threads,
                          const kp_kernels *kernels, kp_error *err) {
     *out = NULL;
+    if (m->hp.n_rec_layers)
+        return kp_fail(err, KP_EUNSUPPORTED, "%s: the forward pass has no recurrent (gated delta-net) layers yet",
+                       m->hp.arch_name);
     const kp_kvpool_config *c = kp_kvpool_config_of(kv);
     if (c->n_layer != m->hp.n_layer || c->n_head_kv != m->hp.n_head_kv ||
         c->head_dim != m->hp.head_dim)
