@@ -201,13 +201,14 @@ kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_threads *threads, co
         e->has_pfx_cfg = true;
     }
     kp_status st = KP_ENOMEM;
-    uint8_t *window_layers = calloc(m->hp.n_layer, 1);
+    uint8_t *window_layers = calloc(m->hp.n_kv_layer, 1);
     if (!window_layers) {
         st = kp_fail(err, KP_ENOMEM, "out of memory for the engine");
         goto fail;
     }
-    for (uint32_t l = 0; l < m->hp.n_layer; l++) window_layers[l] = m->layers[l].kind == KP_LAYER_WINDOW;
-    kp_kvpool_config kc = {m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, c.kv_type, c.block_size,
+    for (uint32_t l = 0; l < m->hp.n_layer; l++)
+        if (m->layers[l].kind != KP_LAYER_RECURRENT) window_layers[m->layers[l].kv_layer] = m->layers[l].kind == KP_LAYER_WINDOW;
+    kp_kvpool_config kc = {m->hp.n_kv_layer, m->hp.n_head_kv, m->hp.head_dim, c.kv_type, c.block_size,
                            c.budget_bytes, vt, window_layers, m->hp.n_swa, c.window_budget_bytes};
     st = kp_kvpool_new(&e->kv, &kc, err);
     free(window_layers);
@@ -796,7 +797,7 @@ static void kind_bill(const kp_engine *e, kp_eng_stats *out, uint64_t index_wind
     const kp_hparams *hp = &e->m->hp;
     out->full_bytes_per_token = kp_model_kv_bytes_per_token_kind(e->m, KP_LAYER_FULL, kc->kv_type, kc->kv_type_v);
     out->n_window_layers = hp->n_swa_layers;
-    out->n_full_layers = hp->n_layer - hp->n_swa_layers;
+    out->n_full_layers = hp->n_kv_layer - hp->n_swa_layers;
     if (hp->n_swa_layers) {
         out->window = hp->n_swa;
         out->window_bytes_per_token =
@@ -1020,7 +1021,7 @@ static void tier_pin_publish(kp_engine *e, const int32_t *tokens, uint32_t n) {
     uint32_t have = 0;
     if (kp_pfx_walk(e->idx, pin_visit, &w, NULL) == KP_OK) /* whole blocks with their window rows */
         while (have < w.nb && w.blocks[have] >= 0 && kp_kvpool_has_window(e->kv, w.blocks[have])) have++;
-    kp_kvseq view = {w.blocks, have, have, have * B};
+    kp_kvseq view = {w.blocks, have, have, have * B, NULL, 0};
     if (have) kp_tiers_publish(e->tiers, tokens, have * B, &view);
     free(w.blocks);
 }
