@@ -723,6 +723,11 @@ kp_status kp_eng_seq_truncate(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_
     if (e->idx)
         return kp_fail(err, KP_EUNSUPPORTED, "a sequence cannot be cut back in an engine with a prefix cache "
                                              "(its blocks may be shared)");
+    if (e->recurrent && n_pos != 0 && n_pos < seq->kv.n_pos)
+        return kp_fail(err, KP_EUNSUPPORTED,
+                       "a sequence of this model cannot be cut back to position %u: its recurrent state "
+                       "summarizes all %u positions (only a restart from 0 is possible)",
+                       n_pos, seq->kv.n_pos);
     if (n_pos < seq->kv.n_pos) kp_kvseq_truncate(&seq->kv, e->kv, n_pos);
     return KP_OK;
 }

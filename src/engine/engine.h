@@ -196,7 +196,8 @@ kp_status kp_eng_append(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, ui
 /* Forgets positions >= n_pos of seq (whole blocks past it are dropped), so
  * the next tokens overwrite them (kvpin bench reruns a test from one
  * depth). Only without a prefix cache, whose blocks a sequence may share:
- * KP_EUNSUPPORTED otherwise. */
+ * KP_EUNSUPPORTED otherwise; and for a model with recurrent layers only to
+ * 0 (a restart: its state cannot be cut back), KP_EUNSUPPORTED otherwise. */
 kp_status kp_eng_seq_truncate(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_error *err);
 
 /* Makes the empty sequence *dst a fork of src: the same positions, the

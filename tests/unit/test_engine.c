@@ -1308,6 +1308,12 @@ static void test_recurrent_engine(void) {
     CHECK(kp_eng_prefill(cold, t, 55, &f, l1, NULL, &err) == KP_OK);
     CHECK(memcmp(l0, l1, nv * sizeof *l0) == 0);
     kp_eng_seq_abort(e, &b);
+    /* cut back (kvpin bench at a depth): refused but to 0, a restart */
+    CHECK(kp_eng_seq_truncate(cold, &f, 20, &err) == KP_EUNSUPPORTED && strstr(err.msg, "recurrent state"));
+    CHECK(kp_eng_seq_len(&f) == 55);
+    CHECK(kp_eng_seq_truncate(cold, &f, 0, &err) == KP_OK && kp_eng_seq_len(&f) == 0);
+    CHECK(kp_eng_append(cold, &f, t, 55, 16, l1, &err) == KP_OK); /* in batches of 16: the same logits */
+    CHECK(memcmp(l0, l1, nv * sizeof *l0) == 0 || rel_diff(l0, l1, nv) < 1e-5);
     kp_eng_seq_abort(cold, &f);
     uint64_t id = 0;
     CHECK(kp_eng_pin(e, t, 40, 0, 0, &id, &err) == KP_EUNSUPPORTED && strstr(err.msg, "recurrent"));
