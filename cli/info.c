@@ -57,7 +57,7 @@ static void print_kv_bill(const kp_hparams *hp, uint32_t n_ctx) {
         uint64_t per = kp_model_kv_bytes_per_token(hp, t);
         printf("  %s: 2 x %u layers x %u kv-heads x %u head_dim x %s bytes = %llu bytes/token;"
                " %u tokens: %s\n",
-               kp_dtype_name(t), hp->n_layer, hp->n_head_kv, hp->head_dim, bytes[i], (unsigned long long)per, n_ctx,
+               kp_dtype_name(t), hp->n_kv_layer, hp->n_head_kv, hp->head_dim, bytes[i], (unsigned long long)per, n_ctx,
                cli_bytes(per * n_ctx, b1, sizeof b1));
     }
 }
@@ -167,6 +167,15 @@ static void print_compute(const kp_model *m) {
     printf("KV cache bill:\n");
     print_kv_bill(hp, hp->n_ctx_train);
     print_kind_bill(m);
+    if (hp->n_rec_layers) { /* model.h, Hybrid: K/V in the attention layers only, a state per sequence */
+        char b2[32];
+        uint64_t sb = kp_model_rec_state_floats(hp) * sizeof(float);
+        printf("  hybrid: %u attention layers keep K/V; %u gated delta-net layers keep a recurrent state of\n"
+               "  %s per sequence (F32: %u x %u matrices of %u x %u and a convolution tail of %u inputs),\n"
+               "  outside the KV budget; it cannot be cut back, so no cached prefix is reused\n",
+               hp->n_kv_layer, hp->n_rec_layers, cli_bytes(sb, b2, sizeof b2), hp->n_rec_layers, hp->ssm_n_v_head,
+               hp->ssm_d_state, hp->ssm_d_state, hp->ssm_d_conv - 1);
+    }
 }
 
 int cmd_info(int argc, char **argv) {
@@ -297,7 +306,7 @@ int cmd_kv(int argc, char **argv) {
     printf("model:      %s (%s, %u layers, %u kv-heads, head_dim %u)\n", path, hp->arch_name,
            hp->n_layer, hp->n_head_kv, hp->head_dim);
     if (kv_type == kv_type_v && (kv_type == KP_DTYPE_F16 || kv_type == KP_DTYPE_F32))
-        printf("formula:    2 x %u layers x %u kv-heads x %u head_dim x %zu bytes (%s)\n", hp->n_layer,
+        printf("formula:    2 x %u layers x %u kv-heads x %u head_dim x %zu bytes (%s)\n", hp->n_kv_layer,
                hp->n_head_kv, hp->head_dim, kp_dtype_row_size(kv_type, 1), kp_dtype_name(kv_type));
     else
         printf("formula:    %s bytes (%s)\n", cli_kv_formula(hp, kv_type, kv_type_v, kvf, sizeof kvf),

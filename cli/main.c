@@ -213,9 +213,9 @@ static const char *kv_value_bytes(kp_dtype t) {
 
 const char *cli_kv_formula(const kp_hparams *hp, kp_dtype k, kp_dtype v, char *buf, size_t n) {
     if (k == v)
-        snprintf(buf, n, "2 x %u x %u x %u x %s", hp->n_layer, hp->n_head_kv, hp->head_dim, kv_value_bytes(k));
+        snprintf(buf, n, "2 x %u x %u x %u x %s", hp->n_kv_layer, hp->n_head_kv, hp->head_dim, kv_value_bytes(k));
     else
-        snprintf(buf, n, "%u x %u x %u x (%s + %s)", hp->n_layer, hp->n_head_kv, hp->head_dim, kv_value_bytes(k),
+        snprintf(buf, n, "%u x %u x %u x (%s + %s)", hp->n_kv_layer, hp->n_head_kv, hp->head_dim, kv_value_bytes(k),
                  kv_value_bytes(v));
     return buf;
 }

@@ -18,14 +18,14 @@ static const cli_opt mk_tab[] = {
     {"output", "o", NULL, "FILE", "write the model to FILE", O_OUTPUT},
     {"preset", NULL, NULL, "NAME",
      "the shape to start from: smollm2-135m, tiny, qwen2-tiny, qwen3-tiny, gemma3-1b, gemma3-tiny, "
-     "qwen3moe-30b-a3b, qwen3moe-tiny, gpt-oss-20b, gpt-oss-tiny", O_PRESET},
+     "qwen3moe-30b-a3b, qwen3moe-tiny, gpt-oss-20b, gpt-oss-tiny, qwen35-0.8b, qwen35-tiny", O_PRESET},
     {"tokenizer", NULL, NULL, "FILE", "copy every tokenizer.* key from this GGUF file", O_TOKENIZER},
     {"type", NULL, NULL, "T",
      "weight type: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K, or MXFP4 (experts MXFP4, other "
      "matrices Q8_0, as llama-quantize MXFP4_MOE)", O_TYPE},
     {"arch", NULL, NULL, "ARCH",
-     "llama, qwen2, qwen3, gemma3, qwen3moe or gpt-oss (gemma3, qwen3moe and gpt-oss alone start from their "
-     "-tiny preset)", O_ARCH},
+     "llama, qwen2, qwen3, gemma3, qwen3moe, gpt-oss or qwen35 (gemma3, qwen3moe, gpt-oss and qwen35 alone "
+     "start from their -tiny preset)", O_ARCH},
     {"layers", NULL, NULL, "N", "layers", O_LAYERS},
     {"embd", NULL, NULL, "N", "embedding width", O_EMBD},
     {"heads", NULL, NULL, "N", "query heads", O_HEADS},
@@ -67,7 +67,7 @@ static void mk_usage(FILE *out) {
             "tensors are listed on stderr; general.file_type stays the one of --type (Q4_K: Q4_K_M).\n");
     cli_print_options(out, mk_tab);
     fprintf(out, "Defaults: --preset tiny (gemma3-tiny with --arch gemma3, qwen3moe-tiny with --arch qwen3moe,\n"
-                 "gpt-oss-tiny with --arch gpt-oss), --type F32, the preset's shape and seed, --tokenizer the\n"
+                 "gpt-oss-tiny with --arch gpt-oss, qwen35-tiny with --arch qwen35), --type F32, the preset's shape and seed, --tokenizer the\n"
                  "bundled model. Options after the preset override it, in any order.\n");
 }
 
@@ -88,6 +88,7 @@ int cmd_mkmodel(int argc, char **argv) {
                  : !strcmp(arch, "gemma3")   ? "gemma3-tiny"
                  : !strcmp(arch, "qwen3moe") ? "qwen3moe-tiny"
                  : !strcmp(arch, "gpt-oss")  ? "gpt-oss-tiny"
+                 : !strcmp(arch, "qwen35")   ? "qwen35-tiny"
                                              : "tiny";
     if (kp_mkmodel_spec_preset(preset, &spec, &err) != KP_OK) {
         fprintf(stderr, "kvpin mkmodel: %s\n", err.msg);

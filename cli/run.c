@@ -427,7 +427,7 @@ static int do_generate(int argc, char **argv, bool inspect) {
             (unsigned long long)o.sp.seed);
     char kvf[96];
     if (st.kv_type == st.kv_type_v && (st.kv_type == KP_DTYPE_F16 || st.kv_type == KP_DTYPE_F32))
-        snprintf(kvf, sizeof kvf, "2 x %u layers x %u kv-heads x %u head_dim x %zu", hp->n_layer, hp->n_head_kv,
+        snprintf(kvf, sizeof kvf, "2 x %u layers x %u kv-heads x %u head_dim x %zu", hp->n_kv_layer, hp->n_head_kv,
                  hp->head_dim, kp_dtype_row_size(st.kv_type, 1));
     else /* the quantized and mixed types: the formula with their block sizes */
         cli_kv_formula(hp, st.kv_type, st.kv_type_v, kvf, sizeof kvf);

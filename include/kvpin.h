@@ -36,7 +36,7 @@
  * the tokens reused and computed, and where (token, byte) and why (cold,
  * hit, evicted, timestamp, counter, identifier, reordered_json, whitespace,
  * inserted_at_front, other, retokenized, template_rewrites_history,
- * new_prefix, window_evicted) the
+ * new_prefix, window_evicted, recurrent_state) the
  * prompt left the cache. Greedy outputs with
  * and without the prefix cache are the same: a reused K/V row is the row
  * the same tokens at the same positions produce again.
@@ -334,10 +334,13 @@ typedef enum {
                                           renders an earlier turn otherwise */
     KP_CAUSE_NEW_PREFIX,       /* "new_prefix": only a short start (the template's
                                   opening) is shared: a different conversation */
-    KP_CAUSE_WINDOW_EVICTED    /* "window_evicted": the tokens matched further, but
+    KP_CAUSE_WINDOW_EVICTED,   /* "window_evicted": the tokens matched further, but
                                   the sliding-window layers' K/V before that point
                                   was dropped (a window budget): reuse resumed at
                                   the latest position whose window was held */
+    KP_CAUSE_RECURRENT_STATE   /* "recurrent_state": the model has recurrent layers
+                                  (qwen35) whose state cannot be cut back to a shared
+                                  prefix: nothing is reused, the prompt is computed */
 } kp_cause;
 
 #define KP_REPORT_DETAIL_MAX 320

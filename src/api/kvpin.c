@@ -87,7 +87,8 @@ _Static_assert(KP_CAUSE_HIT == (int)KP_DOCTOR_CAUSE_HIT && KP_CAUSE_COLD == (int
                    KP_CAUSE_TEMPLATE_REWRITES_HISTORY == (int)KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY &&
                    KP_CAUSE_NEW_PREFIX == (int)KP_DOCTOR_CAUSE_NEW_PREFIX &&
                    KP_CAUSE_WINDOW_EVICTED == (int)KP_DOCTOR_CAUSE_WINDOW_EVICTED &&
-                   KP_CAUSE_WINDOW_EVICTED + 1 == (int)KP_DOCTOR_CAUSE_COUNT,
+                   KP_CAUSE_RECURRENT_STATE == (int)KP_DOCTOR_CAUSE_RECURRENT_STATE &&
+                   KP_CAUSE_RECURRENT_STATE + 1 == (int)KP_DOCTOR_CAUSE_COUNT,
                "kp_cause (kvpin.h) and kp_doctor_cause (cache/doctor.h) differ");
 _Static_assert(KP_MAX_STOPS == KP_TEXTOUT_MAX_STOPS, "stop-string limits differ");
 _Static_assert(KP_REPORT_DETAIL_MAX == KP_DOCTOR_DETAIL_MAX && KP_REPORT_SNIPPET_MAX == KP_DOCTOR_SNIPPET_MAX,

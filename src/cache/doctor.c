@@ -86,6 +86,7 @@ static const char *const cause_names[KP_DOCTOR_CAUSE_COUNT] = {
     [KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY] = "template_rewrites_history",
     [KP_DOCTOR_CAUSE_NEW_PREFIX] = "new_prefix",
     [KP_DOCTOR_CAUSE_WINDOW_EVICTED] = "window_evicted",
+    [KP_DOCTOR_CAUSE_RECURRENT_STATE] = "recurrent_state",
 };
 
 const char *kp_doctor_cause_name(kp_doctor_cause cause) {
@@ -1357,6 +1358,11 @@ size_t kp_doctor_advice(kp_doctor_cause cause, const char *detail, size_t line,
         sb_puts(&b, "its prefix was cached, but the sliding-window layers' K/V of the positions before where it "
                     "matched had been dropped, so reuse resumed earlier");
         fix = "raise --window-budget (without it every cached position keeps that K/V), or pin the prefix";
+        break;
+    case KP_DOCTOR_CAUSE_RECURRENT_STATE:
+        sb_puts(&b, "the model's recurrent layers keep a state that cannot be cut back to a shared prefix, so the "
+                    "whole prompt was computed");
+        fix = "nothing to fix in the prompt: prefix reuse is off for models with recurrent layers (qwen35)";
         break;
     case KP_DOCTOR_CAUSE_OTHER:
         sb_printf(&b, "%s was edited", noun);

@@ -83,6 +83,11 @@ typedef enum {
                                         latest position whose window was held;
                                         the caller, which owns the cache,
                                         decides this */
+    KP_DOCTOR_CAUSE_RECURRENT_STATE,    /* "recurrent_state": the model has
+                                        recurrent layers whose state cannot be
+                                        cut back to a shared prefix, so nothing
+                                        cached is reused and the whole prompt is
+                                        computed; the caller decides this too */
     KP_DOCTOR_CAUSE_COUNT
 } kp_doctor_cause;
 

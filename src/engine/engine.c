@@ -122,6 +122,20 @@
  * token it sampled, until the gen says it ended; the sequence stays with
  * the caller (finish, abort or keep).
  *
+ * Recurrent layers (a hybrid model, model.h's Hybrid: qwen35). A
+ * sequence's recurrent state (kvpool.h's kp_kvseq.rstate) summarizes every
+ * position before it and cannot be cut back to an earlier one, and the
+ * index keeps K/V rows only. So for such a model the engine keeps no
+ * prefix index (as with no_prefix_cache): every prompt is computed whole,
+ * the report says why (kp_eng_report.recurrent; the cache report's cause
+ * recurrent_state), pins and the tiers are refused, and a fork copies the
+ * source's state with its rows - only at the source's whole length
+ * (kp_eng_fork_prefix refuses a shorter prefix: the state at n is gone once
+ * the source went past it, and the scheduler does not park requests on a
+ * running sequence, kp_eng_recurrent). The forward pass itself refuses a
+ * batch that does not continue a sequence's state, so no path can pair K/V
+ * rows with the wrong state.
+ *
  * Invariants:
  *   - a sequence only ever writes positions >= its n_pos at acquire time
  *     (prefix.h's contract): prefill appends from n_reuse, decode appends at
@@ -157,6 +171,7 @@ struct kp_engine {
     kp_forward *fw;
     kp_threads *threads;  /* borrowed: the forward pass's, also the disk tier's parallel restore */
     uint32_t max_pos;
+    bool recurrent;        /* the model has recurrent layers: no index (the top of this file) */
     kp_pfx_config pfx_cfg; /* kept for kp_eng_clear */
     bool has_pfx_cfg;
     /* kp_eng_step and run_tokens scratch, grown on demand */
@@ -180,6 +195,7 @@ kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_threads *threads, co
     kp_eng_config c = {KP_DTYPE_F16, 16, 0, 0, false, NULL, KP_DTYPE_F16, false, 0};
     if (cfg) c = *cfg;
     if (!c.block_size) c.block_size = 16;
+    if (m->hp.n_rec_layers) c.no_prefix_cache = true; /* a recurrent state cannot resume from cached rows */
     if (c.no_prefix_cache) c.window_budget_bytes = 0; /* window rows are kept for the cache only */
     if (!c.max_pos) c.max_pos = m->hp.n_ctx_train && m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
     kp_dtype vt = c.kv_type_v;
@@ -198,18 +214,20 @@ kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_threads *threads, co
     if (!e) return kp_fail(err, KP_ENOMEM, "out of memory for the engine");
     e->m = m;
     e->max_pos = c.max_pos;
+    e->recurrent = m->hp.n_rec_layers > 0;
     if (c.pfx) {
         e->pfx_cfg = *c.pfx;
         e->has_pfx_cfg = true;
     }
     kp_status st = KP_ENOMEM;
-    uint8_t *window_layers = calloc(m->hp.n_layer, 1);
+    uint8_t *window_layers = calloc(m->hp.n_kv_layer, 1);
     if (!window_layers) {
         st = kp_fail(err, KP_ENOMEM, "out of memory for the engine");
         goto fail;
     }
-    for (uint32_t l = 0; l < m->hp.n_layer; l++) window_layers[l] = m->layers[l].kind == KP_LAYER_WINDOW;
-    kp_kvpool_config kc = {m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, c.kv_type, c.block_size,
+    for (uint32_t l = 0; l < m->hp.n_layer; l++)
+        if (m->layers[l].kind != KP_LAYER_RECURRENT) window_layers[m->layers[l].kv_layer] = m->layers[l].kind == KP_LAYER_WINDOW;
+    kp_kvpool_config kc = {m->hp.n_kv_layer, m->hp.n_head_kv, m->hp.head_dim, c.kv_type, c.block_size,
                            c.budget_bytes, vt, window_layers, m->hp.n_swa, c.window_budget_bytes};
     st = kp_kvpool_new(&e->kv, &kc, err);
     free(window_layers);
@@ -257,6 +275,7 @@ void kp_eng_free(kp_engine *e) {
 }
 
 uint32_t kp_eng_max_pos(const kp_engine *e) { return e->max_pos; }
+bool kp_eng_recurrent(const kp_engine *e) { return e->recurrent; }
 uint32_t kp_eng_seq_len(const kp_eng_seq *seq) { return seq->kv.n_pos; }
 
 uint32_t kp_eng_seq_blocks_missing(const kp_engine *e, const kp_eng_seq *seq, uint32_t n_pos) {
@@ -372,20 +391,38 @@ kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp
     for (uint32_t j = n + 1 > W ? (n + 1 - W) / B : 0; W > 1 && j < nb; j++)
         if (!kp_kvpool_has_window(e->kv, src->kv.blocks[j]))
             return kp_fail(err, KP_EFULL, "the window rows before position %u were dropped (window budget)", n);
-    if (!kp_grow_u32((void **)&dst->kv.blocks, &dst->kv.cap_blocks, nb, sizeof(int32_t)))
+    float *state = NULL; /* a recurrent state goes with the rows: only the source's own, at its length */
+    if (e->recurrent) {
+        if (!src->kv.rstate || src->kv.rstate_pos != n)
+            return kp_fail(err, KP_EUNSUPPORTED,
+                           "fork of %u positions: this model's recurrent state is held at position %u only", n,
+                           src->kv.rstate ? src->kv.rstate_pos : 0);
+        size_t bytes = (size_t)kp_model_rec_state_floats(&e->m->hp) * sizeof(float);
+        if (!(state = malloc(bytes))) return kp_fail(err, KP_ENOMEM, "out of memory copying a recurrent state");
+        memcpy(state, src->kv.rstate, bytes);
+    }
+    if (!kp_grow_u32((void **)&dst->kv.blocks, &dst->kv.cap_blocks, nb, sizeof(int32_t))) {
+        free(state);
         return kp_fail(err, KP_ENOMEM, "out of memory growing a block table");
+    }
     int32_t copy = -1;
     if (n % B) { /* the partial block: a private copy (src's blocks are held: eviction cannot take them) */
         kp_status st;
         while ((st = kp_kvpool_alloc(e->kv, &copy, err)) == KP_EFULL) {
             uint64_t got = e->idx ? kp_pfx_evict(e->idx, kp_kvpool_block_bytes(e->kv), (int64_t)time(NULL)) : 0;
-            if (got == 0)
+            if (got == 0) {
+                free(state);
                 return kp_fail(err, KP_EFULL, "KV budget full: no block for the copy of a forked sequence's "
                                               "last block (raise --kv-budget)");
+            }
         }
-        if (st != KP_OK) return st;
+        if (st != KP_OK) {
+            free(state);
+            return st;
+        }
         if ((st = kp_kvpool_copy(e->kv, copy, src->kv.blocks[nb - 1], err)) != KP_OK) {
             kp_kvpool_unref(e->kv, copy);
+            free(state);
             return st;
         }
     }
@@ -399,6 +436,8 @@ kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp
     }
     dst->kv.n_blocks = nb;
     dst->kv.n_pos = n;
+    dst->kv.rstate = state;
+    dst->kv.rstate_pos = state ? n : 0;
     return KP_OK;
 }
 
@@ -499,6 +538,7 @@ kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_s
     memset(&r, 0, sizeof r);
     r.cached_next = -1;
     r.prompt_tokens = n;
+    r.recurrent = e->recurrent;
     if (report) *report = r;
     if (n == 0 || !tokens) return kp_fail(err, KP_EINVAL, "empty prompt");
     if (seq->kv.n_pos || seq->kv.n_blocks || seq->lease.node)
@@ -551,6 +591,7 @@ void kp_eng_probe(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_report
     r->prompt_tokens = n;
     r->computed_tokens = n;
     r->cold = true;
+    r->recurrent = e->recurrent;
     if (!e->idx || n == 0) return;
     kp_pfx_match_result mr;
     kp_pfx_match(e->idx, tokens, n, &mr);
@@ -685,6 +726,11 @@ kp_status kp_eng_seq_truncate(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_
     if (e->idx)
         return kp_fail(err, KP_EUNSUPPORTED, "a sequence cannot be cut back in an engine with a prefix cache "
                                              "(its blocks may be shared)");
+    if (e->recurrent && n_pos != 0 && n_pos < seq->kv.n_pos)
+        return kp_fail(err, KP_EUNSUPPORTED,
+                       "a sequence of this model cannot be cut back to position %u: its recurrent state "
+                       "summarizes all %u positions (only a restart from 0 is possible)",
+                       n_pos, seq->kv.n_pos);
     if (n_pos < seq->kv.n_pos) kp_kvseq_truncate(&seq->kv, e->kv, n_pos);
     return KP_OK;
 }
@@ -799,7 +845,7 @@ static void kind_bill(const kp_engine *e, kp_eng_stats *out, uint64_t index_wind
     const kp_hparams *hp = &e->m->hp;
     out->full_bytes_per_token = kp_model_kv_bytes_per_token_kind(e->m, KP_LAYER_FULL, kc->kv_type, kc->kv_type_v);
     out->n_window_layers = hp->n_swa_layers;
-    out->n_full_layers = hp->n_layer - hp->n_swa_layers;
+    out->n_full_layers = hp->n_kv_layer - hp->n_swa_layers;
     if (hp->n_swa_layers) {
         out->window = hp->n_swa;
         out->window_bytes_per_token =
@@ -877,7 +923,9 @@ const char *kp_eng_attn_name(const kp_engine *e) { return e->attn->name; }
 void kp_eng_attn_work(const kp_engine *e, double *flops, double *seconds) { kp_forward_attn_work(e->fw, flops, seconds); }
 
 kp_status kp_eng_open_tiers(kp_engine *e, const kp_tiers_config *cfg, kp_error *err) {
-    if (!e->idx) return kp_fail(err, KP_EUNSUPPORTED, "the cache tiers need the prefix cache (it is off)");
+    if (!e->idx)
+        return kp_fail(err, KP_EUNSUPPORTED, "the cache tiers need the prefix cache (it is off%s)",
+                       e->recurrent ? ": this model's recurrent layers keep a state no cached prefix holds" : "");
     if (e->tiers) return kp_fail(err, KP_EINVAL, "the cache tiers are open already");
     /* kp_eng_finish queues a sequence's every block at once: a queue shorter
      * than a whole context would drop the tail of every long prompt (the
@@ -1034,7 +1082,7 @@ static void tier_pin_publish(kp_engine *e, const int32_t *tokens, uint32_t n) {
     uint32_t have = 0;
     if (kp_pfx_walk(e->idx, pin_visit, &w, NULL) == KP_OK) /* whole blocks with their window rows */
         while (have < w.nb && w.blocks[have] >= 0 && kp_kvpool_has_window(e->kv, w.blocks[have])) have++;
-    kp_kvseq view = {w.blocks, have, have, have * B};
+    kp_kvseq view = {w.blocks, have, have, have * B, NULL, 0};
     if (have) kp_tiers_publish(e->tiers, tokens, have * B, &view);
     free(w.blocks);
 }
@@ -1042,7 +1090,9 @@ static void tier_pin_publish(kp_engine *e, const int32_t *tokens, uint32_t n) {
 kp_status kp_eng_pin(kp_engine *e, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
                      uint64_t *id, kp_error *err) {
     *id = 0;
-    if (!e->idx) return kp_fail(err, KP_EUNSUPPORTED, "the prefix cache is off: nothing can be pinned");
+    if (!e->idx)
+        return kp_fail(err, KP_EUNSUPPORTED, "the prefix cache is off%s: nothing can be pinned",
+                       e->recurrent ? " (this model's recurrent layers keep a state no cached prefix holds)" : "");
     kp_status st = kp_pfx_pin(e->idx, tokens, n, ttl_seconds, now, id, err);
     if (st == KP_OK && e->tiers) tier_pin_publish(e, tokens, n);
     return st;

@@ -108,6 +108,9 @@ typedef struct {
      * kp_eng_begin / kp_eng_prefill */
     uint32_t inflight_tokens;
     double inflight_wait_ms;
+    bool recurrent;             /* the model has recurrent layers (model.h, Hybrid): the engine
+                                   keeps no prefix index and computes every prompt whole
+                                   (engine.c); the cache report's cause is recurrent_state */
     uint32_t window_cut_from;   /* > 0: the tokens matched this far (the reuse the
                                    cache's full layers allowed), but the WINDOW
                                    layers' rows before it were dropped (a window
@@ -193,7 +196,8 @@ kp_status kp_eng_append(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, ui
 /* Forgets positions >= n_pos of seq (whole blocks past it are dropped), so
  * the next tokens overwrite them (kvpin bench reruns a test from one
  * depth). Only without a prefix cache, whose blocks a sequence may share:
- * KP_EUNSUPPORTED otherwise. */
+ * KP_EUNSUPPORTED otherwise; and for a model with recurrent layers only to
+ * 0 (a restart: its state cannot be cut back), KP_EUNSUPPORTED otherwise. */
 kp_status kp_eng_seq_truncate(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_error *err);
 
 /* Makes the empty sequence *dst a fork of src: the same positions, the
@@ -220,11 +224,19 @@ uint32_t kp_eng_fork_blocks(const kp_engine *e, uint32_t n_pos);
  * of its own while src goes on writing past n in its own. For a request
  * that reuses the prompt another running sequence is computing (or has
  * computed but not yet indexed): the rows below n are final, src never
- * writes them again. n 0: dst stays empty, KP_OK. Errors as kp_eng_fork,
+ * writes them again. n 0: dst stays empty, KP_OK. A model with recurrent
+ * layers: n must be src's length (its state is there only; copied to dst),
+ * else KP_EUNSUPPORTED. Errors as kp_eng_fork,
  * KP_EINVAL also for n past src's length, KP_EFULL also when src, under a
  * window budget, has dropped the window rows position n reads (it has
  * gone on more than a window past n). */
 kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp_eng_seq *dst, kp_error *err);
+
+/* True when the model has recurrent layers (model.h, Hybrid): the engine
+ * then has no prefix index whatever its config said, and kp_eng_fork_prefix
+ * forks a sequence at its whole length only (KP_EUNSUPPORTED otherwise),
+ * copying its recurrent state. */
+bool kp_eng_recurrent(const kp_engine *e);
 
 /* Positions per KV block (kp_eng_config.block_size), fixed at kp_eng_new. */
 uint32_t kp_eng_block_size(const kp_engine *e);

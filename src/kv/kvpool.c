@@ -271,5 +271,6 @@ void kp_kvseq_truncate(kp_kvseq *s, kp_kvpool *p, uint32_t n_pos) {
 void kp_kvseq_release(kp_kvseq *s, kp_kvpool *p) {
     kp_kvseq_truncate(s, p, 0);
     free(s->blocks);
+    free(s->rstate);
     memset(s, 0, sizeof *s);
 }

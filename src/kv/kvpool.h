@@ -134,12 +134,22 @@ typedef struct {
     uint32_t n_blocks;
     uint32_t cap_blocks;
     uint32_t n_pos;      /* positions written so far (the cache length) */
+    /* A model with recurrent layers (model.h, Hybrid): the sequence's
+     * recurrent state (kp_model_rec_state_floats floats, owned, made by the
+     * forward pass at the sequence's first batch) and the position it
+     * summarizes: every position before rstate_pos. Unlike K/V rows it
+     * cannot be cut back, so the pass only ever extends a sequence from
+     * rstate_pos, or restarts it from position 0 (a zero state). Its memory
+     * is outside the pool's budget. NULL / 0 for other models. */
+    float *rstate;
+    uint32_t rstate_pos;
 } kp_kvseq;
 
 /* Makes sure positions [0, n_pos) have blocks, allocating new ones; on
  * KP_EFULL nothing the sequence already had is lost. */
 kp_status kp_kvseq_reserve(kp_kvseq *s, kp_kvpool *p, uint32_t n_pos, kp_error *err);
-/* Drops every block reference and empties the sequence. */
+/* Drops every block reference, frees the recurrent state and empties the
+ * sequence. */
 void kp_kvseq_release(kp_kvseq *s, kp_kvpool *p);
 /* Forgets positions >= n_pos (drops whole blocks past it). */
 void kp_kvseq_truncate(kp_kvseq *s, kp_kvpool *p, uint32_t n_pos);

@@ -12,7 +12,9 @@ void kp_model_cost(const kp_model *m, kp_cost *out) {
     for (uint32_t l = 0; l < m->hp.n_layer; l++) {
         const kp_layer *L = &m->layers[l];
         /* an MoE layer's w_gate/w_up/w_down are empty (0 elements) and its router is set */
-        const kp_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->w_router};
+        /* a recurrent layer's attention weights are empty, its delta-net projections set */
+        const kp_weight *ws[] = {&L->wq,     &L->wk,    &L->wv,  &L->wo,     &L->w_gate,  &L->w_up,     &L->w_down,
+                                 &L->w_router, &L->w_qkv, &L->w_z, &L->w_beta, &L->w_alpha, &L->w_ssm_out};
         for (unsigned i = 0; i < sizeof ws / sizeof ws[0]; i++) {
             n += elems(ws[i]);
             b += bytes(ws[i]);
@@ -31,6 +33,6 @@ void kp_model_cost(const kp_model *m, kp_cost *out) {
 
 uint64_t kp_model_attn_ops(const kp_hparams *hp, uint64_t d) {
     uint64_t win = hp->n_swa && d > hp->n_swa ? hp->n_swa : d;
-    uint64_t per_head = (uint64_t)(hp->n_layer - hp->n_swa_layers) * d + (uint64_t)hp->n_swa_layers * win;
+    uint64_t per_head = (uint64_t)(hp->n_kv_layer - hp->n_swa_layers) * d + (uint64_t)hp->n_swa_layers * win;
     return 4 * per_head * hp->n_head * hp->head_dim;
 }

@@ -42,8 +42,9 @@ void kp_model_cost(const kp_model *m, kp_cost *out);
 
 /* The attention's multiply-adds x 2 for one token that attends to d
  * positions: q.k over head_dim and the weighted sum of V over head_dim, in
- * every head of every layer: 4 x n_layer x n_head x head_dim x d, where a
- * sliding-window layer attends to min(d, n_swa) positions. */
+ * every head of every attention layer: 4 x n_kv_layer x n_head x head_dim
+ * x d, where a sliding-window layer attends to min(d, n_swa) positions (a
+ * recurrent layer attends to none: its work is in its matrices). */
 uint64_t kp_model_attn_ops(const kp_hparams *hp, uint64_t d);
 
 #endif

@@ -100,6 +100,7 @@
 
 #include "base/buf.h"
 #include "kernels/attn.h"
+#include "model/deltanet.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -140,6 +141,12 @@ struct kp_forward {
     int32_t *moe_token;          /* [n x used] the token of each grouped row */
     int32_t *moe_first;          /* [n_expert + 1] each expert's first grouped row */
     void *moe_jobs;              /* [2 x n_expert] the products of one step */
+    float *qg;                   /* [n][n_head][query | gate] the gated q projection (attn_gated) */
+    /* RECURRENT layers (deltanet.h): projections, output, and the sequences' states */
+    float *r_qkv, *r_z, *r_beta, *r_alpha, *r_out; /* [n][C], [n][Dv], [n][H], [n][H], [n][Dv] */
+    float *r_ones, *r_scratch;   /* [max(C, S)] ones, [C] */
+    float **r_state;             /* [cap_seqs] a sequence's state of the current layer */
+    int32_t r_cap_seqs;
     float *rope_cs;              /* [n][n_rot/2][2] cos, sin (FULL layers) */
     float *rope_cs_swa;          /* the same with the WINDOW layers' base and scale */
     float *gelu;                 /* [65536] GELU-tanh of each F16 value, as F32 (GeGLU models), or NULL */
@@ -186,7 +193,7 @@ kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_
                          const kp_kernels *kernels, kp_error *err) {
     *out = NULL;
     const kp_kvpool_config *c = kp_kvpool_config_of(kv);
-    if (c->n_layer != m->hp.n_layer || c->n_head_kv != m->hp.n_head_kv ||
+    if (c->n_layer != m->hp.n_kv_layer || c->n_head_kv != m->hp.n_head_kv ||
         c->head_dim != m->hp.head_dim)
         return kp_fail(err, KP_EINVAL, "KV pool shape does not match the model");
     kp_forward *f = calloc(1, sizeof *f);
@@ -216,6 +223,8 @@ const kp_attn_kernels *kp_forward_set_attn(kp_forward *f, kp_attn_precision p) {
 void kp_forward_free(kp_forward *f) {
     if (!f) return;
     free(f->x); free(f->xn); free(f->q); free(f->kk); free(f->vv); free(f->att);
+    free(f->qg); free(f->r_qkv); free(f->r_z); free(f->r_beta); free(f->r_alpha); free(f->r_out);
+    free(f->r_ones); free(f->r_scratch); free(f->r_state);
     free(f->gate); free(f->up); free(f->rope_cs); free(f->rope_cs_swa); free(f->gelu);
     free(f->router); free(f->moe_out); free(f->moe_w);
     free(f->moe_sel); free(f->moe_slot); free(f->moe_token); free(f->moe_first); free(f->moe_jobs);
@@ -266,7 +275,8 @@ static int pack_list(kp_forward *f, kp_weight **list) {
     int n = 0;
     for (uint32_t l = 0; l < f->m->hp.n_layer; l++) {
         kp_layer *L = &f->layers[l];
-        kp_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->w_router};
+        kp_weight *ws[] = {&L->wq,    &L->wk,     &L->wv,  &L->wo,      &L->w_gate, &L->w_up,     &L->w_down,
+                           &L->w_router, &L->w_qkv, &L->w_z, &L->w_beta, &L->w_alpha, &L->w_ssm_out};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) list[n++] = ws[i];
     }
     list[n++] = &f->output;
@@ -279,7 +289,7 @@ kp_status kp_forward_pack_weights(kp_forward *f, uint64_t *bytes_out, kp_error *
     const kp_model *m = f->m;
     const uint32_t nl = m->hp.n_layer;
     kp_layer *layers = malloc((size_t)nl * sizeof *layers);
-    kp_weight **list = malloc(((size_t)nl * 8 + 1) * sizeof *list);
+    kp_weight **list = malloc(((size_t)nl * 13 + 1) * sizeof *list);
     if (!layers || !list) {
         free(layers);
         free(list);
@@ -343,17 +353,29 @@ static kp_status ensure_scratch(kp_forward *f, int32_t n, kp_error *err) {
     size_t KV = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
     size_t K = hp->n_expert_used; /* 0 without experts */
     if (hp->n_expert) F = K * hp->n_ff_exp;
+    size_t C = 0, Dv = hp->ssm_d_inner, H = hp->ssm_n_v_head;
+    if (hp->n_rec_layers) C = 2 * (size_t)hp->ssm_d_state * hp->ssm_n_k_head + Dv;
     void **bufs[] = {(void **)&f->x, (void **)&f->xn, (void **)&f->q, (void **)&f->kk, (void **)&f->vv,
                      (void **)&f->att, (void **)&f->gate, (void **)&f->up, (void **)&f->rope_cs,
                      (void **)&f->rope_cs_swa, (void **)&f->router, (void **)&f->moe_out, (void **)&f->moe_w,
-                     (void **)&f->moe_sel, (void **)&f->moe_slot, (void **)&f->moe_token};
+                     (void **)&f->moe_sel, (void **)&f->moe_slot, (void **)&f->moe_token, (void **)&f->qg,
+                     (void **)&f->r_qkv, (void **)&f->r_z, (void **)&f->r_beta, (void **)&f->r_alpha,
+                     (void **)&f->r_out};
     /* per token, in 4-byte elements (floats or int32) */
-    size_t sizes[] = {E, E, Q, KV, KV, Q, F, F, hp->n_rot, hp->n_rot, hp->n_expert, K * E, K, K, K, K};
+    size_t sizes[] = {E, E, Q, KV, KV, Q, F, F, hp->n_rot, hp->n_rot, hp->n_expert, K * E, K, K, K, K,
+                      hp->attn_gated ? 2 * Q : 0, C, C ? Dv : 0, C ? H : 0, C ? H : 0, C ? Dv : 0};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         if (sizes[i] == 0) continue;
         void *nb = realloc(*bufs[i], (size_t)n * sizes[i] * sizeof(float));
         if (!nb) return kp_fail(err, KP_ENOMEM, "out of memory for a batch of %d tokens", n);
         *bufs[i] = nb;
+    }
+    if (C && !f->r_ones) {
+        size_t w = C > hp->ssm_d_state ? C : hp->ssm_d_state;
+        f->r_ones = malloc(w * sizeof(float));
+        f->r_scratch = malloc(C * sizeof(float));
+        if (!f->r_ones || !f->r_scratch) return kp_fail(err, KP_ENOMEM, "out of memory for the recurrent layers");
+        for (size_t i = 0; i < w; i++) f->r_ones[i] = 1.0f;
     }
     if (hp->n_expert && !f->moe_first) {
         f->moe_first = malloc(((size_t)hp->n_expert + 1) * sizeof(int32_t));
@@ -782,7 +804,8 @@ static void yarn_corr_dims(int n_dims, int n_ctx_orig, float base, float beta_fa
  * freq_scale * (theta_i / factor_i), then cosf and sinf. With YaRN
  * (hp.rope_yarn) the angle blends toward theta_i / factor_i by a ramp over
  * the correction range, and cos and sin are scaled by mscale, as ggml's
- * rope_yarn. (An exact angle
+ * rope_yarn. IMROPE (hp.rope_imrope, model.h's Hybrid) gives the pairs of
+ * the fourth section angle 0 (text tokens' fourth position). (An exact angle
  * differs from it by up to ~1e-4 rad at a few hundred positions, which a
  * GELU looked up by its F16 input, gemma3's, turns into jumps of 2^-11.) */
 static void rope_tables(kp_forward *f, const kp_batch *b, float base, float freq_scale, float *out) {
@@ -794,12 +817,21 @@ static void rope_tables(kp_forward *f, const kp_batch *b, float base, float freq
         yarn_corr_dims((int)hp->n_rot, (int)hp->yarn_n_ctx_orig, base, hp->yarn_beta_fast, hp->yarn_beta_slow, corr);
         mscale = hp->yarn_attn_factor * (1.0f + 0.1f * logf(1.0f / freq_scale));
     }
+    const int32_t *sec = hp->rope_sections;
+    const int sect_dims = sec[0] + sec[1] + sec[2] + sec[3];
     for (int t = 0; t < b->n_tokens; t++) {
         float *cs = out + (size_t)t * hp->n_rot;
         float theta = (float)b->pos[t];
         for (int i = 0; i < half; i++) {
             float ff = f->m->rope_freqs ? f->m->rope_freqs[i] : 1.0f;
-            float extrap = theta / ff, angle = freq_scale * extrap;
+            float th = theta;
+            if (hp->rope_imrope) { /* a pair of none of the first three sections: position 0 for text */
+                int s = i % sect_dims;
+                bool pos = (s % 3 == 0 && s < 3 * sec[0]) || (s % 3 == 1 && s < 3 * sec[1]) ||
+                           (s % 3 == 2 && s < 3 * sec[2]);
+                if (!pos) th = 0.0f;
+            }
+            float extrap = th / ff, angle = freq_scale * extrap;
             if (hp->rope_yarn) { /* pairs below corr[0] keep the extrapolated angle, above corr[1] the scaled one */
                 float y = ((float)i - corr[0]) / (corr[1] - corr[0] > 0.001f ? corr[1] - corr[0] : 0.001f);
                 float mix = 1.0f - (y < 0 ? 0 : y > 1 ? 1 : y);
@@ -1059,12 +1091,12 @@ static double mono_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static kp_status attention_run(kp_forward *f, const kp_batch *b, uint32_t layer, kp_error *err);
+static kp_status attention_run(kp_forward *f, const kp_batch *b, uint32_t layer, uint32_t kl, kp_error *err);
 
 /* attention_run, timed, with its multiply-adds counted: a token at
  * position p sees min(p + 1, window) keys, each a dot product of head_dim
  * and a weighted sum of head_dim per query head (2 FLOP a multiply-add). */
-static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_error *err) {
+static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, uint32_t kl, kp_error *err) {
     const kp_hparams *hp = &f->m->hp;
     uint32_t window = f->m->layers[layer].kind == KP_LAYER_WINDOW ? hp->n_swa : 0;
     double keys = 0;
@@ -1073,7 +1105,7 @@ static kp_status attention(kp_forward *f, const kp_batch *b, uint32_t layer, kp_
         keys += window && vis > window ? (double)window : vis;
     }
     double t0 = mono_s();
-    kp_status st = attention_run(f, b, layer, err);
+    kp_status st = attention_run(f, b, layer, kl, err);
     f->att_seconds += mono_s() - t0;
     f->att_flops += 4.0 * (double)hp->head_dim * (double)hp->n_head * keys;
     return st;
@@ -1084,7 +1116,8 @@ void kp_forward_attn_work(const kp_forward *f, double *flops, double *seconds) {
     *seconds = f->att_seconds;
 }
 
-static kp_status attention_run(kp_forward *f, const kp_batch *b, uint32_t layer, kp_error *err) {
+/* Attention of model layer `layer`, whose K/V are the pool's layer kl. */
+static kp_status attention_run(kp_forward *f, const kp_batch *b, uint32_t layer, uint32_t kl, kp_error *err) {
     const kp_hparams *hp = &f->m->hp;
     int G = (int)(hp->n_head / hp->n_head_kv), hd = (int)hp->head_dim;
     uint32_t window = f->m->layers[layer].kind == KP_LAYER_WINDOW ? hp->n_swa : 0;
@@ -1124,7 +1157,7 @@ static kp_status attention_run(kp_forward *f, const kp_batch *b, uint32_t layer,
         if (!kp_grow((void **)&f->partials, &f->cap_partials, need, 1))
             return kp_fail(err, KP_ENOMEM, "out of memory for attention partials");
     }
-    att_ctx c = {f, b, layer, n_chunks, 0, hp->attn_scale_on_q ? 1.0f : hp->attn_scale, window, sinks};
+    att_ctx c = {f, b, kl, n_chunks, 0, hp->attn_scale_on_q ? 1.0f : hp->attn_scale, window, sinks};
     if (n_chunks == 1) {
         /* tiles: runs of consecutive tokens of one sequence, at most tile_tokens */
         if (!kp_grow((void **)&f->tiles, &f->cap_tiles, (size_t)b->n_tokens * 2 * sizeof(int32_t), 1))
@@ -1152,7 +1185,7 @@ static kp_status attention_run(kp_forward *f, const kp_batch *b, uint32_t layer,
 }
 
 /* Softmax weights of the batch's last token, (layer, probe_head), for inspect. */
-static kp_status probe_capture(kp_forward *f, const kp_batch *b, uint32_t layer, kp_error *err) {
+static kp_status probe_capture(kp_forward *f, const kp_batch *b, uint32_t layer, uint32_t kl, kp_error *err) {
     const kp_hparams *hp = &f->m->hp;
     const kp_kvpool_config *kc = kp_kvpool_config_of(f->kv);
     if (f->probe_layer != (int)layer || f->probe_head < 0 || f->probe_head >= (int)hp->n_head)
@@ -1171,7 +1204,7 @@ static kp_status probe_capture(kp_forward *f, const kp_batch *b, uint32_t layer,
             f->probe[p] = -INFINITY;
             continue;
         }
-        const uint8_t *kb = kp_kvpool_k(f->kv, s->blocks[p / kc->block_size], layer, (uint32_t)kvh);
+        const uint8_t *kb = kp_kvpool_k(f->kv, s->blocks[p / kc->block_size], kl, (uint32_t)kvh);
         size_t off = (size_t)(p % kc->block_size) * hd;
         float d;
         if (kc->kv_type == KP_DTYPE_F16) {
@@ -1219,6 +1252,13 @@ static kp_status validate(kp_forward *f, const kp_batch *b, kp_error *err) {
                 if ((uint32_t)b->pos[t] > b->seqs[s]->n_pos)
                     return kp_fail(err, KP_EINVAL, "sequence %d: position %d leaves a gap after its %u cached positions",
                                    s, b->pos[t], b->seqs[s]->n_pos);
+                /* a recurrent state goes on from where it stands, or restarts at 0 */
+                if (hp->n_rec_layers && b->pos[t] != 0 &&
+                    (!b->seqs[s]->rstate || (uint32_t)b->pos[t] != b->seqs[s]->rstate_pos))
+                    return kp_fail(err, KP_EUNSUPPORTED,
+                                   "sequence %d: position %d: the recurrent state of this model summarizes %u "
+                                   "positions and cannot be cut back or skip ahead",
+                                   s, b->pos[t], b->seqs[s]->rstate ? b->seqs[s]->rstate_pos : 0);
             } else if (b->pos[t] != expect) {
                 return kp_fail(err, KP_EINVAL, "sequence %d: positions in a batch must be consecutive (%d after %d)",
                                s, b->pos[t], expect - 1);
@@ -1283,8 +1323,13 @@ static kp_status layer_attention(kp_forward *f, const kp_batch *b, uint32_t l, c
     size_t E = hp->n_embd, hd = hp->head_dim, Qd = (size_t)hp->n_head * hd, KVd = (size_t)hp->n_head_kv * hd;
     kp_status st;
     for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->x + t * E, L->attn_norm, (int64_t)E, hp->rms_eps);
-    mm_job qkv[3] = {{&L->wq, f->q}, {&L->wk, f->kk}, {&L->wv, f->vv}};
+    mm_job qkv[3] = {{&L->wq, hp->attn_gated ? f->qg : f->q}, {&L->wk, f->kk}, {&L->wv, f->vv}};
     if ((st = matmul(f, f->xn, n, 3, qkv, err)) != KP_OK) return st;
+    if (hp->attn_gated) /* per head [query | gate]: the queries to q, the gates stay */
+        for (int t = 0; t < n; t++)
+            for (uint32_t h = 0; h < hp->n_head; h++)
+                memcpy(f->q + (size_t)t * Qd + h * hd, f->qg + (size_t)t * 2 * Qd + 2 * (size_t)h * hd,
+                       hd * sizeof(float));
     const float *rope_cs = L->kind == KP_LAYER_WINDOW ? f->rope_cs_swa : f->rope_cs;
     for (int t = 0; t < n; t++) {
         float *qt = f->q + t * Qd, *kt = f->kk + t * KVd, *vt = f->vv + t * KVd;
@@ -1305,9 +1350,16 @@ static kp_status layer_attention(kp_forward *f, const kp_batch *b, uint32_t l, c
         if (hp->attn_scale_on_q)
             for (size_t i = 0; i < Qd; i++) qt[i] *= hp->attn_scale;
     }
-    store_kv(f, b, l);
-    if ((st = attention(f, b, l, err)) != KP_OK) return st;
-    if ((st = probe_capture(f, b, l, err)) != KP_OK) return st;
+    store_kv(f, b, L->kv_layer);
+    if ((st = attention(f, b, l, L->kv_layer, err)) != KP_OK) return st;
+    if ((st = probe_capture(f, b, l, L->kv_layer, err)) != KP_OK) return st;
+    if (hp->attn_gated) /* att *= sigmoid(gate), the gates in qg: per head [query | gate] */
+        for (int t = 0; t < n; t++)
+            for (uint32_t h = 0; h < hp->n_head; h++) {
+                const float *g = f->qg + (size_t)t * 2 * Qd + (2 * (size_t)h + 1) * hd;
+                float *a = f->att + (size_t)t * Qd + h * hd;
+                for (size_t i = 0; i < hd; i++) a[i] *= 1.0f / (1.0f + expf(-g[i]));
+            }
     mm_job o = {&L->wo, f->xn};
     if ((st = matmul(f, f->att, n, 1, &o, err)) != KP_OK) return st;
     if (L->bo)
@@ -1316,6 +1368,70 @@ static kp_status layer_attention(kp_forward *f, const kp_batch *b, uint32_t l, c
     if (L->attn_post_norm)
         for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->xn + t * E, L->attn_post_norm, (int64_t)E, hp->rms_eps);
     for (size_t i = 0; i < (size_t)n * E; i++) f->x[i] += f->xn[i];
+    return KP_OK;
+}
+
+/* The mixer of RECURRENT layer L (the ri-th such layer): x += ssm_out(
+ * deltanet(x)), each sequence's state of that layer updated (deltanet.h).
+ * run_layers marked the sequences with tokens in the batch (rstate_pos
+ * RSTATE_RUNNING). */
+#define RSTATE_RUNNING UINT32_MAX
+static kp_status layer_recurrent(kp_forward *f, const kp_batch *b, const kp_layer *L, uint32_t ri, kp_error *err) {
+    const kp_hparams *hp = &f->m->hp;
+    int n = b->n_tokens;
+    size_t E = hp->n_embd;
+    kp_status st;
+    for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->x + t * E, L->attn_norm, (int64_t)E, hp->rms_eps);
+    mm_job p3[3] = {{&L->w_qkv, f->r_qkv}, {&L->w_z, f->r_z}, {&L->w_beta, f->r_beta}};
+    if ((st = matmul(f, f->xn, n, 3, p3, err)) != KP_OK) return st;
+    mm_job pa = {&L->w_alpha, f->r_alpha};
+    if ((st = matmul(f, f->xn, n, 1, &pa, err)) != KP_OK) return st;
+    const uint64_t lf = kp_model_rec_layer_floats(hp);
+    for (int s = 0; s < b->n_seqs; s++) {
+        kp_kvseq *q = b->seqs[s];
+        f->r_state[s] = q->rstate && q->rstate_pos == RSTATE_RUNNING ? q->rstate + ri * lf : NULL;
+    }
+    kp_dn_batch d = {hp,       L,        f->ak,      f->k->dot_f32, f->threads, n,        b->seq,
+                     b->n_seqs, f->r_state, f->r_qkv, f->r_z,      f->r_beta,  f->r_alpha, f->r_out,
+                     f->r_ones, f->r_scratch};
+    kp_dn_run(&d);
+    mm_job o = {&L->w_ssm_out, f->xn};
+    if ((st = matmul(f, f->r_out, n, 1, &o, err)) != KP_OK) return st;
+    for (size_t i = 0; i < (size_t)n * E; i++) f->x[i] += f->xn[i];
+    return KP_OK;
+}
+
+/* Gives every sequence with tokens in the batch its recurrent state (zeros
+ * when it starts at position 0) and marks it RSTATE_RUNNING until the pass
+ * is done: a pass that fails halfway leaves it so, and validate() then
+ * refuses to go on from it. */
+static kp_status rec_states_begin(kp_forward *f, const kp_batch *b, kp_error *err) {
+    const kp_hparams *hp = &f->m->hp;
+    if (!hp->n_rec_layers) return KP_OK;
+    if (b->n_seqs > f->r_cap_seqs) {
+        float **ns = realloc(f->r_state, (size_t)b->n_seqs * sizeof *ns);
+        if (!ns) return kp_fail(err, KP_ENOMEM, "out of memory for %d sequences' states", b->n_seqs);
+        f->r_state = ns;
+        f->r_cap_seqs = b->n_seqs;
+    }
+    const uint64_t floats = kp_model_rec_state_floats(hp);
+    for (int s = 0; s < b->n_seqs; s++) {
+        int32_t first = -1;
+        for (int t = 0; t < b->n_tokens && first < 0; t++)
+            if (b->seq[t] == s) first = b->pos[t];
+        if (first < 0) continue;
+        kp_kvseq *q = b->seqs[s];
+        if (!q->rstate && !(q->rstate = malloc((size_t)floats * sizeof(float))))
+            return kp_fail(err, KP_ENOMEM, "out of memory for a recurrent state (%llu bytes)",
+                           (unsigned long long)floats * sizeof(float));
+        if (first == 0) memset(q->rstate, 0, (size_t)floats * sizeof(float));
+    }
+    for (int s = 0; s < b->n_seqs; s++) /* marked only once every state is there */
+        for (int t = 0; t < b->n_tokens; t++)
+            if (b->seq[t] == s) {
+                b->seqs[s]->rstate_pos = RSTATE_RUNNING;
+                break;
+            }
     return KP_OK;
 }
 
@@ -1367,13 +1483,20 @@ static kp_status run_layers(kp_forward *f, const kp_batch *b, int *n_out_ret, kp
     rope_tables(f, b, hp->rope_base, hp->rope_freq_scale, f->rope_cs);
     if (hp->n_swa_layers > 0) rope_tables(f, b, hp->rope_base_swa, hp->rope_freq_scale_swa, f->rope_cs_swa);
     f->probe_n = 0;
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
+    if ((st = rec_states_begin(f, b, err)) != KP_OK) return st;
+    for (uint32_t l = 0, ri = 0; l < hp->n_layer; l++) {
         const kp_layer *L = f->layers ? &f->layers[l] : &m->layers[l];
-        if ((st = layer_attention(f, b, l, L, err)) != KP_OK) return st;
+        if (L->kind == KP_LAYER_RECURRENT) st = layer_recurrent(f, b, L, ri++, err);
+        else st = layer_attention(f, b, l, L, err);
+        if (st != KP_OK) return st;
         if ((st = layer_ffn(f, n, L, err)) != KP_OK) return st;
     }
-    /* sequences now hold every position the batch wrote */
-    for (int t = 0; t < n; t++) b->seqs[b->seq[t]]->n_pos = (uint32_t)b->pos[t] + 1;
+    /* sequences now hold every position the batch wrote (and their states summarize them) */
+    for (int t = 0; t < n; t++) {
+        kp_kvseq *q = b->seqs[b->seq[t]];
+        q->n_pos = (uint32_t)b->pos[t] + 1;
+        if (hp->n_rec_layers) q->rstate_pos = q->n_pos;
+    }
     /* logits for the requested tokens: gather their rows, norm, project */
     int n_out = 0;
     for (int t = 0; t < n; t++) {

@@ -163,33 +163,39 @@ typedef struct {
 static const mk_preset presets[] = {
     {"smollm2-135m",
      {"llama", 30, 576, 9, 3, 0, 1536, 8192, 100000.0f, 1e-5f, true, KP_DTYPE_F32, 1,
-      "smollm2-135m", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      "smollm2-135m", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"tiny",
-     {"llama", 2, 256, 4, 2, 0, 512, 2048, 10000.0f, 1e-5f, false, KP_DTYPE_F32, 1, "tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+     {"llama", 2, 256, 4, 2, 0, 512, 2048, 10000.0f, 1e-5f, false, KP_DTYPE_F32, 1, "tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"qwen2-tiny",
      {"qwen2", 2, 256, 4, 2, 0, 768, 32768, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "qwen2-tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      "qwen2-tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"qwen3-tiny",
      {"qwen3", 2, 256, 4, 2, 128, 768, 32768, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "qwen3-tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      "qwen3-tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"gemma3-1b",
      {"gemma3", 26, 1152, 4, 1, 256, 6912, 32768, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "gemma3-1b", 0, 512, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      "gemma3-1b", 0, 512, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"gemma3-tiny",
      {"gemma3", 6, 64, 2, 1, 32, 128, 2048, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "gemma3-tiny", 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      "gemma3-tiny", 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"qwen3moe-30b-a3b",
      {"qwen3moe", 8, 2048, 32, 4, 128, 6144, 40960, 1000000.0f, 1e-6f, false, KP_DTYPE_F32, 1,
-      "qwen3moe-30b-a3b", 0, 0, 0, 128, 8, 768, 0, 0, 0, 0, 0}},
+      "qwen3moe-30b-a3b", 0, 0, 0, 128, 8, 768, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"qwen3moe-tiny",
      {"qwen3moe", 2, 128, 4, 2, 32, 192, 32768, 1000000.0f, 1e-6f, false, KP_DTYPE_F32, 1,
-      "qwen3moe-tiny", 0, 0, 0, 8, 3, 64, 0, 0, 0, 0, 0}},
+      "qwen3moe-tiny", 0, 0, 0, 8, 3, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"gpt-oss-20b",
      {"gpt-oss", 8, 2880, 64, 8, 64, 2880, 131072, 150000.0f, 1e-5f, false, KP_DTYPE_F32, 1,
-      "gpt-oss-20b", 0, 128, 0, 32, 4, 2880, 32.0f, 4096, 0, 0, 0}},
+      "gpt-oss-20b", 0, 128, 0, 32, 4, 2880, 32.0f, 4096, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"gpt-oss-tiny",
      {"gpt-oss", 4, 64, 4, 2, 64, 64, 131072, 150000.0f, 1e-5f, false, KP_DTYPE_F32, 1,
-      "gpt-oss-tiny", 0, 16, 0, 8, 4, 64, 32.0f, 4096, 0, 0, 0}},
+      "gpt-oss-tiny", 0, 16, 0, 8, 4, 64, 32.0f, 4096, 0, 0, 0, 0, 0, 0, 0, 0}},
+    {"qwen35-0.8b",
+     {"qwen35", 8, 1024, 8, 2, 256, 3584, 262144, 10000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
+      "qwen35-0.8b", 0, 0, 0, 0, 0, 0, 0, 0, 64, 0, 0, 4, 128, 16, 16, 4}},
+    {"qwen35-tiny",
+     {"qwen35", 8, 64, 4, 2, 32, 128, 32768, 10000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
+      "qwen35-tiny", 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 4, 16, 2, 4, 4}},
 };
 
 kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_error *err) {
@@ -201,11 +207,13 @@ kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_erro
     }
     return kp_fail(err, KP_ENOTFOUND,
                    "mkmodel: unknown preset '%s' (smollm2-135m, tiny, qwen2-tiny, qwen3-tiny, gemma3-1b, "
-                   "gemma3-tiny, qwen3moe-30b-a3b, qwen3moe-tiny, gpt-oss-20b, gpt-oss-tiny)",
+                   "gemma3-tiny, qwen3moe-30b-a3b, qwen3moe-tiny, gpt-oss-20b, gpt-oss-tiny, qwen35-0.8b, qwen35-tiny)",
                    name);
 }
 
-typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_GEMMA3, ARCH_QWEN3MOE, ARCH_GPTOSS, ARCH_UNKNOWN } mk_arch;
+typedef enum {
+    ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_GEMMA3, ARCH_QWEN3MOE, ARCH_GPTOSS, ARCH_QWEN35, ARCH_UNKNOWN
+} mk_arch;
 
 static mk_arch arch_of(const char *arch) {
     if (!arch) return ARCH_UNKNOWN;
@@ -215,6 +223,7 @@ static mk_arch arch_of(const char *arch) {
     if (strcmp(arch, "gemma3") == 0) return ARCH_GEMMA3;
     if (strcmp(arch, "qwen3moe") == 0) return ARCH_QWEN3MOE;
     if (strcmp(arch, "gpt-oss") == 0) return ARCH_GPTOSS;
+    if (strcmp(arch, "qwen35") == 0) return ARCH_QWEN35;
     return ARCH_UNKNOWN;
 }
 
@@ -270,7 +279,7 @@ kp_status kp_mkmodel_validate(const kp_mkmodel_spec *s, uint64_t n_vocab, kp_err
     if (arch_of(s->arch) == ARCH_UNKNOWN)
         return kp_fail(err, KP_EUNSUPPORTED,
                        "mkmodel: architecture '%s' (mkmodel writes llama, qwen2, qwen3, gemma3, qwen3moe, "
-                       "gpt-oss)",
+                       "gpt-oss, qwen35)",
                        s->arch ? s->arch : "(null)");
     if (kp_mkmodel_file_type(s->wtype) < 0)
         return kp_fail(err, KP_EUNSUPPORTED,
@@ -335,6 +344,20 @@ kp_status kp_mkmodel_validate(const kp_mkmodel_spec *s, uint64_t n_vocab, kp_err
                        s->yarn_factor, s->yarn_orig_ctx);
     if (s->yarn_factor != 0 && s->rope_scale_linear != 0)
         return kp_fail(err, KP_EINVAL, "mkmodel: one rope scaling, linear or YaRN, not both");
+    bool ssm = s->ssm_d_conv || s->ssm_d_state || s->ssm_n_group || s->ssm_dt_rank || s->full_attn_interval;
+    if (arch == ARCH_QWEN35) {
+        if (!s->ssm_d_conv || s->ssm_d_conv > 64 || !s->ssm_d_state || !s->ssm_n_group || !s->ssm_dt_rank ||
+            s->ssm_dt_rank % s->ssm_n_group || !s->full_attn_interval || s->full_attn_interval > s->n_layer)
+            return kp_fail(err, KP_EINVAL,
+                           "mkmodel: qwen35 needs a conv kernel of 1 to 64 (%u), a state size (%u), q/k heads (%u) "
+                           "dividing value heads (%u), and a full-attention interval (%u) of at most the %u layers",
+                           s->ssm_d_conv, s->ssm_d_state, s->ssm_n_group, s->ssm_dt_rank, s->full_attn_interval,
+                           s->n_layer);
+        if ((s->n_rot ? s->n_rot : hd) < 2)
+            return kp_fail(err, KP_EINVAL, "mkmodel: qwen35 needs at least one rotated pair");
+    } else if (ssm) {
+        return kp_fail(err, KP_EINVAL, "mkmodel: delta-net sizes need arch qwen35");
+    }
     if (n_vocab == 0 || n_vocab > INT32_MAX)
         return kp_fail(err, KP_EINVAL, "mkmodel: vocabulary of %llu tokens",
                        (unsigned long long)n_vocab);
@@ -343,7 +366,7 @@ kp_status kp_mkmodel_validate(const kp_mkmodel_spec *s, uint64_t n_vocab, kp_err
 
 /* ---- the plan ---- */
 
-typedef enum { INIT_GAUSS, INIT_NORM, INIT_ROPE_FREQS } mk_init;
+typedef enum { INIT_GAUSS, INIT_NORM, INIT_ROPE_FREQS, INIT_SSM_A } mk_init;
 
 typedef struct {
     char name[KP_GGUF_W_MAX_TENSOR_NAME];
@@ -399,6 +422,43 @@ static void plan_fix_type(mk_plan *p, bool fixed) {
     if (p->n && fixed) p->t[p->n - 1].fixed_type = true;
 }
 
+/* One qwen35 layer (mkmodel.h's table): a RECURRENT gated delta-net layer, or
+ * every full_attn_interval-th a gated attention layer (q projection twice
+ * as wide: a query and a gate per head), then the dense FFN. */
+static void plan_qwen35_layer(mk_plan *p, const kp_mkmodel_spec *s, uint32_t l, kp_dtype W) {
+    char nm[KP_GGUF_W_MAX_TENSOR_NAME];
+    int64_t E = s->n_embd, F = s->n_ff, hd = head_dim_of(s);
+    int64_t nq = (int64_t)s->n_head * hd, nkv = (int64_t)s->n_head_kv * hd;
+    int64_t H = s->ssm_dt_rank, Dv = (int64_t)s->ssm_d_state * H;
+    int64_t C = 2 * (int64_t)s->ssm_d_state * s->ssm_n_group + Dv;
+#define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%u." suffix, l), nm)
+    plan_add(p, BLK("attn_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
+    if ((l + 1) % s->full_attn_interval != 0) {
+        plan_add(p, BLK("attn_qkv.weight"), E, C, W, INIT_GAUSS, inv_sqrt(E));
+        plan_add(p, BLK("attn_gate.weight"), E, Dv, W, INIT_GAUSS, inv_sqrt(E));
+        plan_add(p, BLK("ssm_conv1d.weight"), s->ssm_d_conv, C, KP_DTYPE_F32, INIT_GAUSS, inv_sqrt(s->ssm_d_conv));
+        plan_fix_type(p, true);
+        plan_add_bias(p, BLK("ssm_dt.bias"), H, 0, 0.5);
+        plan_add(p, BLK("ssm_a"), H, 0, KP_DTYPE_F32, INIT_SSM_A, 0);
+        plan_add(p, BLK("ssm_beta.weight"), E, H, W, INIT_GAUSS, inv_sqrt(E));
+        plan_add(p, BLK("ssm_alpha.weight"), E, H, W, INIT_GAUSS, inv_sqrt(E));
+        plan_add(p, BLK("ssm_norm.weight"), s->ssm_d_state, 0, KP_DTYPE_F32, INIT_NORM, 0);
+        plan_add(p, BLK("ssm_out.weight"), Dv, E, W, INIT_GAUSS, inv_sqrt(Dv));
+    } else {
+        plan_add(p, BLK("attn_q.weight"), E, 2 * nq, W, INIT_GAUSS, inv_sqrt(E));
+        plan_add(p, BLK("attn_k.weight"), E, nkv, W, INIT_GAUSS, inv_sqrt(E));
+        plan_add(p, BLK("attn_v.weight"), E, nkv, W, INIT_GAUSS, inv_sqrt(E));
+        plan_add(p, BLK("attn_q_norm.weight"), hd, 0, KP_DTYPE_F32, INIT_NORM, 0);
+        plan_add(p, BLK("attn_k_norm.weight"), hd, 0, KP_DTYPE_F32, INIT_NORM, 0);
+        plan_add(p, BLK("attn_output.weight"), nq, E, W, INIT_GAUSS, inv_sqrt(nq));
+    }
+    plan_add(p, BLK("post_attention_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
+    plan_add(p, BLK("ffn_gate.weight"), E, F, W, INIT_GAUSS, inv_sqrt(E));
+    plan_add(p, BLK("ffn_up.weight"), E, F, W, INIT_GAUSS, inv_sqrt(E));
+    plan_add(p, BLK("ffn_down.weight"), F, E, W, INIT_GAUSS, inv_sqrt(F));
+#undef BLK
+}
+
 static kp_status plan_build(const kp_mkmodel_spec *s, uint64_t n_vocab, mk_plan *p, kp_error *err) {
     mk_arch arch = arch_of(s->arch);
     int64_t hd = head_dim_of(s);
@@ -413,6 +473,10 @@ static kp_status plan_build(const kp_mkmodel_spec *s, uint64_t n_vocab, mk_plan 
     size_t per_layer = 9 + (arch == ARCH_QWEN2 || gptoss ? 3 : 0) + (qk_norm ? 2 : 0) + (post_norms ? 2 : 0) +
                        (experts ? 1 : 0) + (gptoss ? 6 : 0);
     p->cap = 2 + (s->tied ? 0 : 1) + (s->rope_freqs_llama3 > 0 ? 1 : 0) + per_layer * s->n_layer;
+    if (arch == ARCH_QWEN35) { /* recurrent layers: 14 tensors, attention layers 11 */
+        uint32_t n_full = s->n_layer / s->full_attn_interval;
+        p->cap = 2 + (s->tied ? 0 : 1) + 14 * (size_t)(s->n_layer - n_full) + 11 * (size_t)n_full;
+    }
     p->n = 0;
     p->t = calloc(p->cap, sizeof *p->t);
     if (!p->t) return kp_fail(err, KP_ENOMEM, "mkmodel: out of memory planning tensors");
@@ -421,6 +485,10 @@ static kp_status plan_build(const kp_mkmodel_spec *s, uint64_t n_vocab, mk_plan 
     for (uint32_t l = 0; l < s->n_layer; l++) {
         char nm[KP_GGUF_W_MAX_TENSOR_NAME];
 #define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%u." suffix, l), nm)
+        if (arch == ARCH_QWEN35) {
+            plan_qwen35_layer(p, s, l, W);
+            continue;
+        }
         plan_add(p, BLK("attn_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
         plan_add(p, BLK("attn_q.weight"), E, nq, W, INIT_GAUSS, inv_sqrt(E));
         plan_fix_type(p, mxfp4);
@@ -510,13 +578,27 @@ static kp_status add_metadata(kp_gguf_w *w, const kp_mkmodel_spec *s, uint64_t n
     TRY(kp_gguf_w_add_u32(w, KEY("attention.head_count"), s->n_head, err));
     TRY(kp_gguf_w_add_u32(w, KEY("attention.head_count_kv"), s->n_head_kv, err));
     if ((uint64_t)hd * s->n_head != s->n_embd || arch == ARCH_QWEN3 || arch == ARCH_GEMMA3 || arch == ARCH_QWEN3MOE ||
-        arch == ARCH_GPTOSS) {
+        arch == ARCH_GPTOSS || arch == ARCH_QWEN35) {
         TRY(kp_gguf_w_add_u32(w, KEY("attention.key_length"), hd, err));
         TRY(kp_gguf_w_add_u32(w, KEY("attention.value_length"), hd, err));
     }
     if (s->n_swa) TRY(kp_gguf_w_add_u32(w, KEY("attention.sliding_window"), s->n_swa, err));
     if (s->swa_pattern) TRY(kp_gguf_w_add_u32(w, KEY("attention.sliding_window_pattern"), s->swa_pattern, err));
     TRY(kp_gguf_w_add_u32(w, KEY("rope.dimension_count"), s->n_rot ? s->n_rot : hd, err));
+    if (arch == ARCH_QWEN35) { /* Qwen3.5's split of the rotated pairs, [11, 11, 10, 0] for 32 */
+        int32_t P = (int32_t)(s->n_rot ? s->n_rot : hd) / 2, sec[4];
+        sec[0] = (P + 2) / 3;
+        sec[1] = (P - sec[0] + 1) / 2;
+        sec[2] = P - sec[0] - sec[1];
+        sec[3] = 0;
+        TRY(kp_gguf_w_add_arr(w, KEY("rope.dimension_sections"), KP_GGUF_TYPE_INT32, sec, 4, err));
+        TRY(kp_gguf_w_add_u32(w, KEY("ssm.conv_kernel"), s->ssm_d_conv, err));
+        TRY(kp_gguf_w_add_u32(w, KEY("ssm.state_size"), s->ssm_d_state, err));
+        TRY(kp_gguf_w_add_u32(w, KEY("ssm.group_count"), s->ssm_n_group, err));
+        TRY(kp_gguf_w_add_u32(w, KEY("ssm.time_step_rank"), s->ssm_dt_rank, err));
+        TRY(kp_gguf_w_add_u32(w, KEY("ssm.inner_size"), s->ssm_d_state * s->ssm_dt_rank, err));
+        TRY(kp_gguf_w_add_u32(w, KEY("full_attention_interval"), s->full_attn_interval, err));
+    }
     if (s->rope_scale_linear > 0) {
         TRY(kp_gguf_w_add_str(w, KEY("rope.scaling.type"), "linear", err));
         TRY(kp_gguf_w_add_f32(w, KEY("rope.scaling.factor"), s->rope_scale_linear, err));
@@ -566,6 +648,8 @@ static kp_status write_tensor(kp_gguf_w *w, const mk_tensor *t, mk_rng *rng, flo
                     row[i] = (float)(1.0 / ((1 - smooth) / factor + smooth));
                 }
             }
+        } else if (t->init == INIT_SSM_A) {
+            for (int64_t i = 0; i < t->ne[0]; i++) row[i] = (float)-(0.05 + 0.5 * rng_uniform(rng));
         } else {
             for (int64_t i = 0; i < t->ne[0]; i++) row[i] = (float)(1.0 + 0.1 * rng_normal(rng));
         }

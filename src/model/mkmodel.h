@@ -7,7 +7,8 @@
  * sliding-window layers), qwen3moe (qwen3's attention, a router and 3-D
  * expert tensors instead of the FFN) and gpt-oss (q/k/v and output biases,
  * attention sinks, YaRN rope, alternating window layers, experts with
- * biases) layouts, in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+ * biases) and qwen35 (gated delta-net layers, gated attention every 4th
+ * layer) layouts, in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
  * Q4_K, Q5_K or Q6_K, or MXFP4 for a model with experts (as llama-quantize's
  * MXFP4_MOE: the experts MXFP4, every other 2-D weight Q8_0, the router
  * F32), with the tokenizer taken from any GGUF file (every
@@ -29,6 +30,10 @@
  *                           gate and up N(0, 9/fan_in) (so that some of the
  *                           SwiGLU's inputs pass its clamp at 7), their
  *                           biases 0.1 N(0,1); the router F32
+ *   qwen35                  ssm_conv1d N(0, 1/conv_kernel), F32 whatever the
+ *                           type (llama-quantize leaves it); ssm_dt.bias
+ *                           0.5 N(0,1); ssm_a -(0.05 + 0.5 U(0,1)) (a decay
+ *                           per token between exp(-0.55 softplus) and 1)
  * (gemma3's norm weights are stored as llama.cpp's converter stores them,
  * Gemma's +1 already added, so they too are 1 + 0.1 N(0,1).)
  * Norms and biases are F32; every 2-D weight (token_embd and output too) has
@@ -50,7 +55,7 @@
 #include "base/status.h"
 
 typedef struct {
-    const char *arch;    /* "llama", "qwen2", "qwen3", "gemma3", "qwen3moe" or "gpt-oss" (borrowed) */
+    const char *arch;    /* "llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "gpt-oss" or "qwen35" (borrowed) */
     uint32_t n_layer;
     uint32_t n_embd;
     uint32_t n_head;
@@ -80,6 +85,15 @@ typedef struct {
     float rope_scale_linear;  /* {arch}.rope.scaling.type "linear", .factor this */
     float rope_freqs_llama3;  /* rope_freqs.weight [n_rot/2] as Llama 3.1's converter writes it for this
                                  factor (low 1, high 4, original context 8192) */
+    /* qwen35's gated delta-net layers (0 for other archs); rope.dimension_sections are
+       written for the n_rot / 2 rotated pairs P as Qwen3.5's: [ceil(P/3), ceil((P - that)/2),
+       the rest, 0] ([11, 11, 10, 0] for P = 32) */
+    uint32_t ssm_d_conv;         /* ssm.conv_kernel */
+    uint32_t ssm_d_state;        /* ssm.state_size: a head's key / value width */
+    uint32_t ssm_n_group;        /* ssm.group_count: q/k heads */
+    uint32_t ssm_dt_rank;        /* ssm.time_step_rank: value heads, a multiple of ssm_n_group
+                                    (ssm.inner_size = ssm_d_state x this) */
+    uint32_t full_attn_interval; /* full_attention_interval: layer l attends iff (l + 1) % this == 0 */
 } kp_mkmodel_spec;
 
 /* Fills *out with a named shape (wtype F32, seed 1, alignment 0):
@@ -117,6 +131,16 @@ typedef struct {
  *                   heads, head_dim 64, n_ff 64, 8 experts of width 64, 4
  *                   used, untied, rope and YaRN as gpt-oss-20b, eps 1e-5,
  *                   ctx 131072, sliding window 16
+ *   "qwen35-0.8b"   qwen35, Qwen3.5-0.8B's shape with 8 of its 24 layers (2
+ *                   FULL, every 4th): n_embd 1024, 8 / 2 heads, head_dim 256,
+ *                   rope on 64 dims (sections 11, 11, 10), n_ff 3584, tied,
+ *                   rope base 1e7, eps 1e-6, ctx 262144; delta-net: conv 4,
+ *                   16 q/k heads and 16 value heads of 128
+ *   "qwen35-tiny"   qwen35, 8 layers (6 RECURRENT, layers 3 and 7 FULL),
+ *                   n_embd 64, 4 / 2 heads, head_dim 32, rope on 8 dims
+ *                   (sections 2, 1, 1), n_ff 128, tied, rope base 1e7, eps
+ *                   1e-6, ctx 32768; delta-net: conv 4, 2 q/k heads and 4
+ *                   value heads of 16
  * The strings in *out are static. KP_ENOTFOUND for an unknown name. */
 kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_error *err);
 
@@ -127,8 +151,9 @@ kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_erro
  * needs n_swa >= 1), experts only and always for qwen3moe and gpt-oss
  * (1 <= n_expert_used <= n_expert <= 1024, n_ff_exp >= 1), YaRN only for
  * gpt-oss (factor >= 1 and an original context >= 1, or neither), MXFP4
- * only with experts (KP_EINVAL
- * naming what is wrong). A weight type mkmodel does
+ * only with experts, the delta-net sizes only and always for qwen35 (each
+ * >= 1, ssm_dt_rank a multiple of ssm_n_group, conv_kernel <= 64, and at
+ * least one FULL layer) (KP_EINVAL naming what is wrong). A weight type mkmodel does
  * not write is KP_EUNSUPPORTED. Row lengths are never refused: every type
  * mkmodel writes has a fallback (kp_mkmodel_weight_type). */
 kp_status kp_mkmodel_validate(const kp_mkmodel_spec *spec, uint64_t n_vocab, kp_error *err);

@@ -45,6 +45,17 @@
  *   ARCH.rope.freq_base_swa                rope.freq_base     rope base of WINDOW layers
  *   attention scale 1/sqrt(n_rot); router gating and SwiGLU as model.h's Experts
  *
+ * qwen35 only (llama.cpp's llama_model_qwen35::load_arch_hparams):
+ *   ARCH.attention.layer_norm_rms_epsilon required
+ *   ARCH.rope.dimension_sections           required           i32/u32[<= 4] IMROPE sections
+ *   ARCH.ssm.conv_kernel                   required           ssm_d_conv (1 .. 64)
+ *   ARCH.ssm.inner_size                    required           ssm_d_inner (= state_size x time_step_rank)
+ *   ARCH.ssm.state_size                    required           ssm_d_state
+ *   ARCH.ssm.time_step_rank                required           ssm_n_v_head
+ *   ARCH.ssm.group_count                   required           ssm_n_k_head (divides time_step_rank)
+ *   ARCH.attention.recurrent_layers        -                  bool[n_layer]: RECURRENT layers, else
+ *   ARCH.full_attention_interval           4                  layer l is FULL iff (l + 1) % interval == 0
+ *
  * Tensors (ggml order [ne0, ne1]); N = layer:
  *   token_embd.weight [n_embd, n_vocab]    output.weight [n_embd, n_vocab] (absent: tied)
  *   output_norm.weight [n_embd]            rope_freqs.weight [n_rot/2] (optional)
@@ -64,6 +75,14 @@
  *           [n_embd]; blk.N.attn_sinks.weight [n_head]; the experts as qwen3moe's (no q/k norms) and
  *           blk.N.ffn_gate_inp.bias [n_expert], blk.N.ffn_gate_exps/up_exps.bias [n_ff_exp, n_expert],
  *           blk.N.ffn_down_exps.bias [n_embd, n_expert]
+ *   qwen35: blk.N.post_attention_norm.weight [n_embd] is the FFN norm (no ffn_norm). FULL layers:
+ *           blk.N.attn_q.weight [n_embd, 2*n_head*hd] (per head: query, then gate), attn_k/v, attn_output,
+ *           attn_q_norm/k_norm [hd]. RECURRENT layers (Dk = state_size x group_count, Dv = inner_size,
+ *           C = 2 Dk + Dv, H = time_step_rank), instead of attn_q/k/v/output:
+ *           blk.N.attn_qkv.weight [n_embd, C]   blk.N.attn_gate.weight [n_embd, Dv]
+ *           blk.N.ssm_conv1d.weight [conv_kernel, C] (any float type, decoded to F32)
+ *           blk.N.ssm_dt.bias [H]  blk.N.ssm_a [H]  blk.N.ssm_beta/ssm_alpha.weight [n_embd, H]
+ *           blk.N.ssm_norm.weight [state_size]  blk.N.ssm_out.weight [Dv, n_embd]
  */
 #include "model/model.h"
 
@@ -82,6 +101,7 @@ const char *kp_arch_name(kp_arch a) {
     case KP_ARCH_GEMMA3: return "gemma3";
     case KP_ARCH_QWEN3MOE: return "qwen3moe";
     case KP_ARCH_GPTOSS: return "gpt-oss";
+    case KP_ARCH_QWEN35: return "qwen35";
     }
     return "?";
 }
@@ -97,12 +117,28 @@ uint64_t kp_model_kv_bytes_per_token(const kp_hparams *hp, kp_dtype kv_type) {
 }
 
 uint64_t kp_model_kv_bytes_per_token_kv(const kp_hparams *hp, kp_dtype k_type, kp_dtype v_type) {
-    return (uint64_t)hp->n_layer * hp->n_head_kv *
+    return (uint64_t)hp->n_kv_layer * hp->n_head_kv *
            (kp_dtype_row_size(k_type, hp->head_dim) + kp_dtype_row_size(v_type, hp->head_dim));
+}
+
+uint64_t kp_model_rec_conv_floats(const kp_hparams *hp) {
+    if (!hp->n_rec_layers) return 0;
+    uint64_t C = 2 * (uint64_t)hp->ssm_d_state * hp->ssm_n_k_head + hp->ssm_d_inner;
+    return (uint64_t)(hp->ssm_d_conv - 1) * C;
+}
+
+uint64_t kp_model_rec_layer_floats(const kp_hparams *hp) {
+    if (!hp->n_rec_layers) return 0;
+    return kp_model_rec_conv_floats(hp) + (uint64_t)hp->ssm_n_v_head * hp->ssm_d_state * hp->ssm_d_state;
+}
+
+uint64_t kp_model_rec_state_floats(const kp_hparams *hp) {
+    return (uint64_t)hp->n_rec_layers * kp_model_rec_layer_floats(hp);
 }
 
 uint64_t kp_model_kv_bytes_per_token_kind(const kp_model *m, kp_layer_kind kind, kp_dtype k_type, kp_dtype v_type) {
     uint64_t n = 0;
+    if (kind == KP_LAYER_RECURRENT) return 0;
     for (uint32_t l = 0; l < m->hp.n_layer; l++) n += m->layers[l].kind == kind;
     return n * m->hp.n_head_kv *
            (kp_dtype_row_size(k_type, m->hp.head_dim) + kp_dtype_row_size(v_type, m->hp.head_dim));
@@ -278,6 +314,55 @@ static kp_status read_experts(kp_model *m, kp_error *err) {
     return KP_OK;
 }
 
+/* qwen35's keys (the table at the top), after the common ones. The layer
+ * kinds are set later (layer_kinds). */
+static kp_status read_qwen35(kp_model *m, kp_error *err) {
+    kp_gguf *g = m->file;
+    kp_hparams *hp = &m->hp;
+    kp_status st;
+    char key[128];
+    if ((st = require_rms_eps(g, "qwen35", err))) return st;
+#define KEY(suffix) (snprintf(key, sizeof key, "qwen35.%s", suffix), key)
+    struct {
+        const char *k;
+        uint32_t *v;
+    } req[] = {{"ssm.conv_kernel", &hp->ssm_d_conv},     {"ssm.inner_size", &hp->ssm_d_inner},
+               {"ssm.state_size", &hp->ssm_d_state},     {"ssm.time_step_rank", &hp->ssm_n_v_head},
+               {"ssm.group_count", &hp->ssm_n_k_head}};
+    for (size_t i = 0; i < sizeof req / sizeof req[0]; i++) {
+        if ((st = kp_gguf_get_u32(g, KEY(req[i].k), 0, req[i].v, err))) return st;
+        if (*req[i].v == 0) return kp_fail(err, KP_EFORMAT, "%s: missing or zero %s", kp_gguf_path(g), key);
+    }
+    if (hp->ssm_d_conv > 64 || hp->ssm_d_state > 4096 || hp->ssm_n_v_head > 4096 ||
+        hp->ssm_n_v_head % hp->ssm_n_k_head != 0 || (uint64_t)hp->ssm_d_state * hp->ssm_n_v_head != hp->ssm_d_inner)
+        return kp_fail(err, KP_EFORMAT,
+                       "%s: qwen35 needs conv_kernel <= 64 (%u), state_size <= 4096 (%u), group_count (%u) "
+                       "dividing time_step_rank (%u) <= 4096, and inner_size (%u) = state_size x time_step_rank",
+                       kp_gguf_path(g), hp->ssm_d_conv, hp->ssm_d_state, hp->ssm_n_k_head, hp->ssm_n_v_head,
+                       hp->ssm_d_inner);
+    const kp_gguf_kv *kv = kp_gguf_find(g, KEY("rope.dimension_sections"));
+    if (!kv || kv->value.type != KP_GGUF_TYPE_ARRAY || kv->value.v.arr.n == 0 || kv->value.v.arr.n > 4 ||
+        kv->value.v.arr.elem_type == KP_GGUF_TYPE_STRING || kv->value.v.arr.elem_type == KP_GGUF_TYPE_ARRAY)
+        return kp_fail(err, KP_EFORMAT, "%s: %s must be an array of 1 to 4 integers", kp_gguf_path(g), key);
+    int64_t sum = 0;
+    for (uint64_t i = 0; i < kv->value.v.arr.n; i++) {
+        int64_t v = kp_gguf_arr_i64(&kv->value, i);
+        if (v < 0 || v > 4096)
+            return kp_fail(err, KP_EFORMAT, "%s: %s[%llu] = %lld", kp_gguf_path(g), key, (unsigned long long)i,
+                           (long long)v);
+        hp->rope_sections[i] = (int32_t)v;
+        sum += v;
+    }
+    /* ggml asserts the sections fit a head and that one of the first three is used */
+    if (sum > hp->head_dim || (hp->rope_sections[0] | hp->rope_sections[1] | hp->rope_sections[2]) == 0)
+        return kp_fail(err, KP_EFORMAT, "%s: %s sums to %lld (head_dim %u) or has none of the first three sections",
+                       kp_gguf_path(g), key, (long long)sum, hp->head_dim);
+#undef KEY
+    hp->rope_imrope = true;
+    hp->attn_gated = true;
+    return KP_OK;
+}
+
 /* YaRN's keys (llama.cpp's llama_model_base::load_hparams and
  * llama_context's yarn_attn_factor) for a file whose rope.scaling.type is
  * yarn, factor already read into rope_freq_scale. */
@@ -314,6 +399,26 @@ static kp_status layer_kinds(kp_model *m, kp_error *err) {
     kp_status st;
     char key[128];
     for (uint32_t l = 0; l < hp->n_layer; l++) m->layers[l].kind = KP_LAYER_FULL;
+    if (hp->arch == KP_ARCH_QWEN35) {
+        snprintf(key, sizeof key, "qwen35.attention.recurrent_layers");
+        const kp_gguf_kv *kv = kp_gguf_find(g, key);
+        if (kv) {
+            if (kv->value.type != KP_GGUF_TYPE_ARRAY || kv->value.v.arr.n != hp->n_layer ||
+                kv->value.v.arr.elem_type == KP_GGUF_TYPE_STRING || kv->value.v.arr.elem_type == KP_GGUF_TYPE_ARRAY)
+                return kp_fail(err, KP_EFORMAT, "%s: %s must be an array of %u bools", kp_gguf_path(g), key,
+                               hp->n_layer);
+            for (uint32_t l = 0; l < hp->n_layer; l++)
+                if (kp_gguf_arr_i64(&kv->value, l)) m->layers[l].kind = KP_LAYER_RECURRENT;
+        } else {
+            uint32_t interval;
+            snprintf(key, sizeof key, "qwen35.full_attention_interval");
+            if ((st = kp_gguf_get_u32(g, key, 4, &interval, err))) return st;
+            if (interval == 0) return kp_fail(err, KP_EFORMAT, "%s: %s is 0", kp_gguf_path(g), key);
+            for (uint32_t l = 0; l < hp->n_layer; l++)
+                if ((l + 1) % interval != 0) m->layers[l].kind = KP_LAYER_RECURRENT;
+        }
+        return KP_OK;
+    }
     if (hp->n_swa == 0) return KP_OK;
     snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", hp->arch_name);
     const kp_gguf_kv *kv = kp_gguf_find(g, key);
@@ -351,10 +456,11 @@ static kp_status read_hparams(kp_model *m, kp_error *err) {
     else if (kp_gguf_str_eq(arch, "gemma3")) hp->arch = KP_ARCH_GEMMA3;
     else if (kp_gguf_str_eq(arch, "qwen3moe")) hp->arch = KP_ARCH_QWEN3MOE;
     else if (kp_gguf_str_eq(arch, "gpt-oss")) hp->arch = KP_ARCH_GPTOSS;
+    else if (kp_gguf_str_eq(arch, "qwen35")) hp->arch = KP_ARCH_QWEN35;
     else
         return kp_fail(err, KP_EUNSUPPORTED,
                        "%s: unsupported architecture '%.*s' (kvpin runs llama, qwen2, qwen3, gemma3, qwen3moe, "
-                       "gpt-oss)",
+                       "gpt-oss, qwen35)",
                        kp_gguf_path(g), (int)(arch.len > 64 ? 64 : arch.len), arch.data);
     hp->arch_name = kp_arch_name(hp->arch);
     const char *a = hp->arch_name;
@@ -413,7 +519,33 @@ static kp_status read_hparams(kp_model *m, kp_error *err) {
 #undef KEY
     if (yarn && (st = read_yarn(m, err))) return st;
     if (hp->arch == KP_ARCH_GEMMA3) return read_gemma3(m, err);
+    if (hp->arch == KP_ARCH_QWEN35) return read_qwen35(m, err);
     return hp->arch == KP_ARCH_QWEN3MOE || hp->arch == KP_ARCH_GPTOSS ? read_experts(m, err) : KP_OK;
+}
+
+/* A RECURRENT layer's tensors (the table at the top) and its dense FFN. */
+static kp_status load_recurrent(kp_model *m, uint32_t l, kp_error *err) {
+    const kp_hparams *hp = &m->hp;
+    kp_layer *L = &m->layers[l];
+    int64_t E = hp->n_embd, F = hp->n_ff, H = hp->ssm_n_v_head, Dv = hp->ssm_d_inner;
+    int64_t C = 2 * (int64_t)hp->ssm_d_state * hp->ssm_n_k_head + Dv;
+    char name[96];
+    kp_status st;
+#define NAME(s) (snprintf(name, sizeof name, "blk.%u.%s", l, s), name)
+    if ((st = get_weight(m, NAME("attn_qkv.weight"), E, C, false, &L->w_qkv, err))) return st;
+    if ((st = get_weight(m, NAME("attn_gate.weight"), E, Dv, false, &L->w_z, err))) return st;
+    if ((st = get_weight(m, NAME("ssm_beta.weight"), E, H, false, &L->w_beta, err))) return st;
+    if ((st = get_weight(m, NAME("ssm_alpha.weight"), E, H, false, &L->w_alpha, err))) return st;
+    if ((st = get_weight(m, NAME("ssm_out.weight"), Dv, E, false, &L->w_ssm_out, err))) return st;
+    if ((st = get_matrix_f32(m, NAME("ssm_conv1d.weight"), hp->ssm_d_conv, C, &L->ssm_conv, err))) return st;
+    if ((st = get_vector(m, NAME("ssm_dt.bias"), H, false, &L->ssm_dt, err))) return st;
+    if ((st = get_vector(m, NAME("ssm_a"), H, false, &L->ssm_a, err))) return st;
+    if ((st = get_vector(m, NAME("ssm_norm.weight"), hp->ssm_d_state, false, &L->ssm_norm, err))) return st;
+    if ((st = get_weight(m, NAME("ffn_gate.weight"), E, F, false, &L->w_gate, err))) return st;
+    if ((st = get_weight(m, NAME("ffn_up.weight"), E, F, false, &L->w_up, err))) return st;
+    if ((st = get_weight(m, NAME("ffn_down.weight"), F, E, false, &L->w_down, err))) return st;
+#undef NAME
+    return KP_OK;
 }
 
 kp_status kp_model_from_gguf(kp_model **out, kp_gguf *g, kp_error *err) {
@@ -459,14 +591,32 @@ kp_status kp_model_from_gguf(kp_model **out, kp_gguf *g, kp_error *err) {
         st = kp_fail(err, KP_ENOMEM, "out of memory loading %u layers", hp->n_layer);
         goto fail;
     }
+    if ((st = layer_kinds(m, err)) != KP_OK) goto fail;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        if (m->layers[l].kind == KP_LAYER_RECURRENT) {
+            hp->n_rec_layers++;
+        } else {
+            m->layers[l].kv_layer = hp->n_kv_layer++;
+        }
+    }
+    if (hp->n_kv_layer == 0) {
+        st = kp_fail(err, KP_EUNSUPPORTED, "%s: every layer is recurrent; kvpin needs at least one attention layer",
+                     kp_gguf_path(g));
+        goto fail;
+    }
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         kp_layer *L = &m->layers[l];
 #define NAME(s) (snprintf(name, sizeof name, "blk.%u.%s", l, s), name)
         if ((st = get_vector(m, NAME("attn_norm.weight"), E, false, &L->attn_norm, err))) goto fail;
-        /* gpt-oss's FFN norm is named post_attention_norm (llama.cpp's attn_post_norm) */
-        const char *ffn_norm = hp->arch == KP_ARCH_GPTOSS ? "post_attention_norm.weight" : "ffn_norm.weight";
+        /* gpt-oss's and qwen35's FFN norm is named post_attention_norm (llama.cpp's attn_post_norm) */
+        const char *ffn_norm = hp->arch == KP_ARCH_GPTOSS || hp->arch == KP_ARCH_QWEN35 ? "post_attention_norm.weight"
+                                                                                        : "ffn_norm.weight";
         if ((st = get_vector(m, NAME(ffn_norm), E, false, &L->ffn_norm, err))) goto fail;
-        if ((st = get_weight(m, NAME("attn_q.weight"), E, Q, false, &L->wq, err))) goto fail;
+        if (L->kind == KP_LAYER_RECURRENT) {
+            if ((st = load_recurrent(m, l, err))) goto fail;
+            continue;
+        }
+        if ((st = get_weight(m, NAME("attn_q.weight"), E, hp->attn_gated ? 2 * Q : Q, false, &L->wq, err))) goto fail;
         if ((st = get_weight(m, NAME("attn_k.weight"), E, KV, false, &L->wk, err))) goto fail;
         if ((st = get_weight(m, NAME("attn_v.weight"), E, KV, false, &L->wv, err))) goto fail;
         if ((st = get_weight(m, NAME("attn_output.weight"), Q, E, false, &L->wo, err))) goto fail;
@@ -498,7 +648,8 @@ kp_status kp_model_from_gguf(kp_model **out, kp_gguf *g, kp_error *err) {
         }
         if ((st = get_vector(m, NAME("attn_output.bias"), E, !gptoss, &L->bo, err))) goto fail;
         if ((st = get_vector(m, NAME("attn_sinks.weight"), hp->n_head, !gptoss, &L->attn_sinks, err))) goto fail;
-        bool qk_norm = hp->arch == KP_ARCH_QWEN3 || hp->arch == KP_ARCH_GEMMA3 || hp->arch == KP_ARCH_QWEN3MOE;
+        bool qk_norm = hp->arch == KP_ARCH_QWEN3 || hp->arch == KP_ARCH_GEMMA3 || hp->arch == KP_ARCH_QWEN3MOE ||
+                       hp->arch == KP_ARCH_QWEN35;
         if ((st = get_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, !qk_norm, &L->q_norm, err))) goto fail;
         if ((st = get_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, !qk_norm, &L->k_norm, err))) goto fail;
         if (hp->post_norms) {
@@ -507,7 +658,6 @@ kp_status kp_model_from_gguf(kp_model **out, kp_gguf *g, kp_error *err) {
         }
 #undef NAME
     }
-    if ((st = layer_kinds(m, err)) != KP_OK) goto fail;
     for (size_t i = 0; i < kp_gguf_n_tensors(g); i++) m->weight_bytes += kp_gguf_tensor_at(g, i)->n_bytes;
     *out = m;
     return KP_OK;
@@ -535,6 +685,7 @@ void kp_model_free(kp_model *m) {
             free(L->attn_post_norm); free(L->ffn_post_norm);
             free(L->bo); free(L->attn_sinks);
             free(L->b_router); free(L->b_gate_exps); free(L->b_up_exps); free(L->b_down_exps);
+            free(L->ssm_conv); free(L->ssm_dt); free(L->ssm_a); free(L->ssm_norm);
         }
         free(m->layers);
     }

@@ -16,7 +16,9 @@
  * in every layer a mixture of experts instead of the FFN, see Experts
  * below), gpt-oss (llama.cpp's openai-moe: q/k/v and output biases,
  * per-head attention sinks, YaRN rope, alternating WINDOW and FULL layers,
- * experts with biases and a clamped SwiGLU, see Experts and Sinks below).
+ * experts with biases and a clamped SwiGLU, see Experts and Sinks below),
+ * qwen35 (Qwen3.5: RECURRENT gated delta-net layers and gated FULL
+ * attention layers, see Hybrid below).
  * Anything else, or a missing or
  * mis-shaped tensor or key, is refused at load time with a message that
  * names it.
@@ -55,6 +57,23 @@
  *   x = min(gate, limit), y = clamp(up, -limit, limit),
  *   act = x / (1 + exp(-alpha x)) * (y + 1)          (alpha 1.702, limit 7).
  *
+ * Hybrid (qwen35, llama.cpp's llama_model_qwen35). Three of every four
+ * layers (full_attention_interval, or the recurrent_layers array) are
+ * RECURRENT: a gated delta-net (deltanet.h) whose state per sequence is a
+ * matrix per value head and the last ssm_d_conv - 1 inputs of a causal
+ * convolution; they keep no K/V. The others are FULL attention layers whose
+ * q projection yields, per head, the query then an output gate (the
+ * attention's output is multiplied by sigmoid(gate) before wo), with q/k
+ * norms and rotary embedding on the first n_rot dims of a head only. Both
+ * kinds have attn_norm before the mixer and post_attention_norm before the
+ * FFN (in ffn_norm here). The pool holds K/V for the FULL layers only:
+ * kp_layer.kv_layer is a layer's index among the pool's n_kv_layer layers.
+ * The rope is llama.cpp's IMROPE: pair i of the rotated dims is in sector
+ * i % (sum of rope_sections), and a sector none of the first three
+ * sections claims (interleaved: sector s belongs to section s % 3 when s <
+ * 3 x that section's size) takes the fourth position, which is 0 for text:
+ * that pair is not rotated. Every other pair rotates by the token's position.
+ *
  * Sinks (gpt-oss): head h's softmax has one more logit, attn_sinks[h], in
  * its denominator and nothing in its numerator: weights
  * exp(s_j) / (sum_i exp(s_i) + exp(sink_h)) (the sink is not scaled), so a
@@ -70,10 +89,13 @@
 #include "gguf/gguf.h"
 #include "base/status.h"
 
-typedef enum { KP_ARCH_LLAMA, KP_ARCH_QWEN2, KP_ARCH_QWEN3, KP_ARCH_GEMMA3, KP_ARCH_QWEN3MOE, KP_ARCH_GPTOSS } kp_arch;
+typedef enum {
+    KP_ARCH_LLAMA, KP_ARCH_QWEN2, KP_ARCH_QWEN3, KP_ARCH_GEMMA3, KP_ARCH_QWEN3MOE, KP_ARCH_GPTOSS, KP_ARCH_QWEN35
+} kp_arch;
 typedef enum { KP_ROPE_NORM, KP_ROPE_NEOX } kp_rope_type;
-/* What a layer's attention sees (see the top of this file). */
-typedef enum { KP_LAYER_FULL, KP_LAYER_WINDOW } kp_layer_kind;
+/* What a layer's attention sees (see the top of this file); a RECURRENT
+ * layer has no attention and no K/V (Hybrid above). */
+typedef enum { KP_LAYER_FULL, KP_LAYER_WINDOW, KP_LAYER_RECURRENT } kp_layer_kind;
 /* The gate's activation of the feed-forward block: silu(gate) * up
  * (SwiGLU), or gelu_tanh(gate) * up (GeGLU, as ggml's geglu: the GELU of
  * gate rounded to F16, looked up in an F16 table, for |gate| < 10). */
@@ -145,6 +167,18 @@ typedef struct {
     float yarn_beta_fast, yarn_beta_slow;
     float yarn_attn_factor;  /* llama.cpp's cparams.yarn_attn_factor; rope scales cos, sin by it
                                 x (1 + 0.1 ln(1 / freq_scale)) */
+    /* layers with K/V in the pool: n_layer less the RECURRENT ones */
+    uint32_t n_kv_layer;
+    /* hybrid (qwen35; 0 otherwise, see Hybrid above) */
+    uint32_t n_rec_layers;   /* RECURRENT layers */
+    uint32_t ssm_d_conv;     /* ssm.conv_kernel: taps of the causal convolution */
+    uint32_t ssm_d_inner;    /* ssm.inner_size: ssm_d_state x ssm_n_v_head */
+    uint32_t ssm_d_state;    /* ssm.state_size: a head's key and value width */
+    uint32_t ssm_n_v_head;   /* ssm.time_step_rank: value heads (one state matrix each) */
+    uint32_t ssm_n_k_head;   /* ssm.group_count: q/k heads; value head h reads q/k head h % this */
+    bool attn_gated;         /* q projection = per head [query | output gate] (qwen35) */
+    bool rope_imrope;        /* pairs rotate as IMROPE with rope_sections (qwen35) */
+    int32_t rope_sections[4];
 } kp_hparams;
 
 typedef struct {
@@ -169,6 +203,17 @@ typedef struct {
     float *b_router;                /* [n_expert] router bias (gpt-oss), or NULL */
     float *b_gate_exps, *b_up_exps; /* [n_expert][n_ff_exp] expert biases (gpt-oss), or NULL */
     float *b_down_exps;             /* [n_expert][n_embd] */
+    uint32_t kv_layer;              /* FULL / WINDOW: the layer's index in the KV pool */
+    /* RECURRENT (gated delta-net) layers; Dk = ssm_d_state x ssm_n_k_head,
+     * Dv = ssm_d_inner, C = 2 Dk + Dv (the convolution's channels) */
+    kp_weight w_qkv;                /* attn_qkv: n_embd -> C, per token [q | k | v] */
+    kp_weight w_z;                  /* attn_gate: n_embd -> Dv, the output norm's gate */
+    kp_weight w_beta, w_alpha;      /* ssm_beta, ssm_alpha: n_embd -> ssm_n_v_head */
+    kp_weight w_ssm_out;            /* ssm_out: Dv -> n_embd */
+    float *ssm_conv;                /* [C][ssm_d_conv] ssm_conv1d.weight, oldest tap first */
+    float *ssm_dt;                  /* [ssm_n_v_head] ssm_dt.bias */
+    float *ssm_a;                   /* [ssm_n_v_head] ssm_a (-exp(A_log), as converted) */
+    float *ssm_norm;                /* [ssm_d_state] gated RMS norm weight */
 } kp_layer;
 
 typedef struct kp_model {
@@ -192,11 +237,11 @@ kp_status kp_model_from_gguf(kp_model **out, kp_gguf *g, kp_error *err);
 
 void kp_model_free(kp_model *m);
 
-/* KV bytes per token: 2 x n_layer x n_head_kv x head_dim x bytes(kv_type),
+/* KV bytes per token: 2 x n_kv_layer x n_head_kv x head_dim x bytes(kv_type),
  * where a block type's bytes per value are its block size over 32 (Q8_0:
  * 34/32, Q4_0: 18/32); 0 when head_dim is not a multiple of the block. */
 uint64_t kp_model_kv_bytes_per_token(const kp_hparams *hp, kp_dtype kv_type);
-/* The same with K and V of their own types: n_layer x n_head_kv x
+/* The same with K and V of their own types: n_kv_layer x n_head_kv x
  * (row bytes of head_dim K values + row bytes of head_dim V values). */
 uint64_t kp_model_kv_bytes_per_token_kv(const kp_hparams *hp, kp_dtype k_type, kp_dtype v_type);
 
@@ -205,9 +250,17 @@ const char *kp_arch_name(kp_arch a);
 /* Expert e's matrix of x (e < x->n_expert) as a 2-D weight view. */
 kp_weight kp_expert_matrix(const kp_experts *x, uint32_t e);
 
-/* KV bytes a token costs in the layers of one kind (the sum of both kinds
- * is kp_model_kv_bytes_per_token_kv): every layer keeps every position's
+/* KV bytes a token costs in the layers of one kind (the sum of FULL and
+ * WINDOW is kp_model_kv_bytes_per_token_kv; RECURRENT layers cost 0): every layer keeps every position's
  * K/V, so this is the per-token bill, not a window's worth. */
 uint64_t kp_model_kv_bytes_per_token_kind(const kp_model *m, kp_layer_kind kind, kp_dtype k_type, kp_dtype v_type);
+
+/* Floats of one sequence's recurrent state: for each RECURRENT layer, the
+ * last ssm_d_conv - 1 inputs of its convolution (C each) and a
+ * ssm_d_state x ssm_d_state matrix per value head; 0 without such layers. */
+uint64_t kp_model_rec_state_floats(const kp_hparams *hp);
+/* ... of one RECURRENT layer's share, and where its matrices start in it. */
+uint64_t kp_model_rec_layer_floats(const kp_hparams *hp);
+uint64_t kp_model_rec_conv_floats(const kp_hparams *hp);
 
 #endif

@@ -215,14 +215,14 @@ KP_HANDLER(kp_embeddings) {
     kp_error err = {0};
     const kp_hparams *hp = &s->m->hp;
     uint32_t block = 16;
-    kp_kvpool_config kc = {hp->n_layer, hp->n_head_kv, hp->head_dim, KP_DTYPE_F32, block, 0, KP_DTYPE_F32, NULL, 0, 0};
+    kp_kvpool_config kc = {hp->n_kv_layer, hp->n_head_kv, hp->head_dim, KP_DTYPE_F32, block, 0, KP_DTYPE_F32, NULL, 0, 0};
     kp_kvpool *kv = NULL;
     kp_forward *fw = NULL;
     kp_threads *th = NULL;
     float *hid = malloc((size_t)EMBD_CHUNK * E * sizeof *hid), *vec = malloc((size_t)n_in * E * sizeof *vec);
     kp_status st = hid && vec ? KP_OK : kp_fail(&err, KP_ENOMEM, "out of memory");
     if (st == KP_OK) { /* the budget: the longest input's blocks, F32 rows of K and V */
-        uint64_t block_bytes = (uint64_t)hp->n_layer * hp->n_head_kv * block * 2 * kp_dtype_row_size(KP_DTYPE_F32, hp->head_dim);
+        uint64_t block_bytes = (uint64_t)hp->n_kv_layer * hp->n_head_kv * block * 2 * kp_dtype_row_size(KP_DTYPE_F32, hp->head_dim);
         kc.budget_bytes = block_bytes * ((longest + block - 1) / block + 1);
         st = kp_kvpool_new(&kv, &kc, &err);
     }

@@ -67,6 +67,7 @@ static uint32_t crew_run(const kp_sreq *r) { return r->fed > r->n_fill ? r->fed 
 kp_sreq *kp_sched_crew_find(kp_sched *s, kp_sreq *r, uint32_t *cap, kp_eng_report *rep) {
     *cap = 0;
     if (r->no_crew || r->admitted || r->n_fill < 2 || s->n_running == 0) return NULL;
+    if (kp_eng_recurrent(s->e)) return NULL; /* a recurrent state is held at a sequence's end only */
     const int32_t *t = kp_gen_tokens(r->gen);
     kp_sreq *best = NULL;
     uint32_t most = 0;

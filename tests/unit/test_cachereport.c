@@ -185,6 +185,45 @@ done:
     kp_model_free(m);
 }
 
+/* A model with recurrent layers (qwen35) reuses nothing (engine.h,
+ * recurrent): a request sharing a recent sequence's start gets the cause
+ * recurrent_state, whose detail says how much they share. */
+static void test_recurrent_state(void) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_tok_vocab *v = NULL;
+    kp_threads *pool = NULL;
+    kp_engine *e = NULL;
+    kp_cachereport *history = NULL;
+    bool ok = kp_model_load(&m, harness_path("tests/data/models/gen-qwen35-f32.gguf"), &err) == KP_OK &&
+              kp_tok_vocab_load(&v, m->file, &err) == KP_OK && kp_threads_new(&pool, 1, &err) == KP_OK;
+    CHECK_MSG(ok, "%s", err.msg);
+    if (!ok) goto done;
+    CHECK_MSG(kp_eng_new(&e, m, pool, NULL, NULL, &err) == KP_OK, "%s", err.msg);
+    CHECK(kp_cachereport_new(&history, v, 8, 1024, &err) == KP_OK);
+    if (!e || !history) goto done;
+    int32_t a[40], b[50];
+    for (int i = 0; i < 50; i++) b[i] = i == 0 ? 1 : 100 + i;
+    memcpy(a, b, sizeof a);
+    kp_eng_seq s = {0};
+    kp_eng_report r;
+    CHECK(kp_eng_prefill(e, a, 40, &s, NULL, &r, &err) == KP_OK);
+    CHECK(r.recurrent && r.reused_tokens == 0);
+    CHECK(kp_cachereport_finish(history, e, &s, a, 40, NULL, &err) == KP_OK);
+    kp_eng_probe(e, b, 50, &r);
+    CHECK(r.recurrent && r.reused_tokens == 0 && r.computed_tokens == 50);
+    kp_doctor_report d;
+    CHECK(kp_cachereport_explain(history, b, 50, NULL, 0, &r, KP_DOCTOR_ESCAPE_HUMAN, &d, &err) == KP_OK);
+    CHECK_EQ_STR(kp_doctor_cause_name(d.finding.cause), "recurrent_state");
+    CHECK_MSG(strstr(d.finding.detail, "shares 40 of the 50 tokens"), "%s", d.finding.detail);
+done:
+    kp_cachereport_free(history);
+    kp_eng_free(e);
+    kp_threads_free(pool);
+    kp_tok_vocab_free(v);
+    kp_model_free(m);
+}
+
 static uint32_t lcp(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
     uint32_t i = 0;
     while (i < na && i < nb && a[i] == b[i]) i++;
@@ -361,6 +400,7 @@ static void test_divergence_every_vocabulary(void) {
 int main(void) {
     RUN(test_finish_indexes_what_was_computed);
     RUN(test_window_evicted);
+    RUN(test_recurrent_state);
     RUN(test_divergence_every_vocabulary);
     RUN(test_retokenized_every_vocabulary);
     return harness_finish("cachereport");

@@ -155,7 +155,7 @@ static void test_mkmodel_untied_q4_k(void) {
 
 static void test_attn_ops(void) {
     kp_hparams hp = {0};
-    hp.n_layer = 5;
+    hp.n_layer = hp.n_kv_layer = 5; /* every layer attends (no recurrent ones) */
     hp.n_head = 8;
     hp.head_dim = 8;
     hp.n_head_kv = 4; /* K/V heads shared by query heads: the work is per query head */
@@ -163,7 +163,7 @@ static void test_attn_ops(void) {
     /* one position: per layer and query head, q.k (8 multiply-adds) and p x v (8) */
     CHECK_EQ_INT(kp_model_attn_ops(&hp, 1), 5 * 8 * (8 + 8) * 2);
     CHECK_EQ_INT(kp_model_attn_ops(&hp, 1000), 1000 * kp_model_attn_ops(&hp, 1));
-    hp.n_layer = 30;
+    hp.n_layer = hp.n_kv_layer = 30;
     hp.n_head = 9;
     hp.head_dim = 64;
     CHECK_EQ_INT(kp_model_attn_ops(&hp, 4096), 4ull * 30 * 9 * 64 * 4096);
@@ -172,6 +172,11 @@ static void test_attn_ops(void) {
     hp.n_swa_layers = 25;
     CHECK_EQ_INT(kp_model_attn_ops(&hp, 100), 4ull * 30 * 9 * 64 * 100);
     CHECK_EQ_INT(kp_model_attn_ops(&hp, 4096), 4ull * 9 * 64 * (5 * 4096 + 25 * 512));
+    /* a hybrid's recurrent layers do no attention: 24 layers, 6 of them attending */
+    hp.n_swa = hp.n_swa_layers = 0;
+    hp.n_layer = 24;
+    hp.n_kv_layer = 6;
+    CHECK_EQ_INT(kp_model_attn_ops(&hp, 100), 4ull * 6 * 9 * 64 * 100);
 }
 
 int main(void) {

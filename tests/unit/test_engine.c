@@ -1262,6 +1262,69 @@ static void test_fork(void) {
     /* forks on gpt-oss (sinks, windows, MXFP4 experts) */
     CHECK(kp_model_load(&m, harness_path("tests/data/models/gen-gpt-oss-mxfp4.gguf"), &err) == KP_OK);
     if (m) fork_for(m, pool, KP_DTYPE_F32);
+    kp_model_free(m);
+    /* forks on qwen35: the recurrent state is copied with the rows */
+    CHECK(kp_model_load(&m, harness_path("tests/data/models/gen-qwen35-f32.gguf"), &err) == KP_OK);
+    if (m) fork_for(m, pool, KP_DTYPE_F32);
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
+/* A model with recurrent layers (qwen35) on an engine asked for a prefix
+ * cache: no index (a recurrent state cannot resume from cached rows), so a
+ * second prompt sharing the first's start reuses nothing and says why
+ * (report.recurrent), its logits are a fresh computation's; a fork of a
+ * shorter prefix, pins and the tiers are refused as values. */
+static void test_recurrent_engine(void) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-qwen35-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 2, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    kp_engine *e = NULL, *cold = NULL;
+    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 256, false, NULL, KP_DTYPE_F16, false, 0};
+    CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
+    c.no_prefix_cache = true;
+    CHECK(kp_eng_new(&cold, m, pool, NULL, &c, &err) == KP_OK);
+    if (!e || !cold) goto done;
+    CHECK(kp_eng_recurrent(e));
+    uint32_t nv = m->hp.n_vocab;
+    float *l0 = malloc(nv * sizeof *l0), *l1 = malloc(nv * sizeof *l1);
+    int32_t t[60];
+    for (int i = 0; i < 60; i++) t[i] = i == 0 ? 1 : 40 + 7 * i % 400;
+    kp_eng_seq a = {0}, b = {0}, f = {0};
+    kp_eng_report r;
+    CHECK(kp_eng_prefill(e, t, 40, &a, l0, &r, &err) == KP_OK);
+    CHECK(r.recurrent && r.reused_tokens == 0 && r.computed_tokens == 40);
+    CHECK(kp_eng_fork_prefix(e, &a, 32, &f, &err) == KP_EUNSUPPORTED && strstr(err.msg, "recurrent"));
+    CHECK(kp_eng_seq_len(&f) == 0);
+    CHECK(kp_eng_finish(e, &a, t, 40, NULL, &err) == KP_OK);
+    CHECK(kp_eng_prefill(e, t, 55, &b, l0, &r, &err) == KP_OK); /* shares 40 tokens with a */
+    CHECK(r.recurrent && r.reused_tokens == 0 && r.computed_tokens == 55);
+    CHECK(kp_eng_prefill(cold, t, 55, &f, l1, NULL, &err) == KP_OK);
+    CHECK(memcmp(l0, l1, nv * sizeof *l0) == 0);
+    kp_eng_seq_abort(e, &b);
+    /* cut back (kvpin bench at a depth): refused but to 0, a restart */
+    CHECK(kp_eng_seq_truncate(cold, &f, 20, &err) == KP_EUNSUPPORTED && strstr(err.msg, "recurrent state"));
+    CHECK(kp_eng_seq_len(&f) == 55);
+    CHECK(kp_eng_seq_truncate(cold, &f, 0, &err) == KP_OK && kp_eng_seq_len(&f) == 0);
+    CHECK(kp_eng_append(cold, &f, t, 55, 16, l1, &err) == KP_OK); /* in batches of 16: the same logits */
+    CHECK(memcmp(l0, l1, nv * sizeof *l0) == 0 || rel_diff(l0, l1, nv) < 1e-5);
+    kp_eng_seq_abort(cold, &f);
+    uint64_t id = 0;
+    CHECK(kp_eng_pin(e, t, 40, 0, 0, &id, &err) == KP_EUNSUPPORTED && strstr(err.msg, "recurrent"));
+    kp_eng_stats st;
+    kp_eng_get_stats(e, &st);
+    CHECK(!st.prefix_cache && st.used_bytes == 0);
+    free(l0);
+    free(l1);
+done:
+    kp_eng_free(e);
+    kp_eng_free(cold);
     kp_threads_free(pool);
     kp_model_free(m);
 }
@@ -1348,5 +1411,6 @@ int main(void) {
     RUN(test_equal_qwen3moe);
     RUN(test_equal_gptoss);
     RUN(test_bill_kv_types);
+    RUN(test_recurrent_engine);
     return harness_finish("engine");
 }

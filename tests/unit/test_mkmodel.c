@@ -1237,6 +1237,83 @@ static void test_smollm2_q4_k(void) {
     unlink(path);
 }
 
+/* qwen35 files: llama.cpp's keys (the delta-net sizes, the interval, the
+ * IMROPE sections), its tensors (gated q twice as wide, the delta-net
+ * tensors in recurrent layers, post_attention_norm as the FFN norm), and
+ * under Q8_0 the convolution kept F32 as llama-quantize keeps it; the
+ * refusals of shapes llama.cpp could not load. */
+static void test_qwen35_files(void) {
+    static const kp_dtype types[] = {KP_DTYPE_F32, KP_DTYPE_Q8_0};
+    for (size_t ti = 0; ti < 2; ti++) {
+        kp_mkmodel_spec s = preset("qwen35-tiny");
+        s.wtype = types[ti];
+        char path[64];
+        if (!write_model(&s, STORIES, path)) continue;
+        kp_gguf *g = NULL;
+        kp_error err = {0};
+        CHECK_MSG(kp_gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
+        if (!g) continue;
+        CHECK(str_is(g, "general.architecture", "qwen35"));
+        CHECK_EQ_INT(get_u32(g, "qwen35.ssm.conv_kernel"), 4);
+        CHECK_EQ_INT(get_u32(g, "qwen35.ssm.state_size"), 16);
+        CHECK_EQ_INT(get_u32(g, "qwen35.ssm.group_count"), 2);
+        CHECK_EQ_INT(get_u32(g, "qwen35.ssm.time_step_rank"), 4);
+        CHECK_EQ_INT(get_u32(g, "qwen35.ssm.inner_size"), 64);
+        CHECK_EQ_INT(get_u32(g, "qwen35.full_attention_interval"), 4);
+        CHECK_EQ_INT(get_u32(g, "qwen35.rope.dimension_count"), 8);
+        const kp_gguf_kv *sec = kp_gguf_find(g, "qwen35.rope.dimension_sections");
+        CHECK(sec && sec->value.type == KP_GGUF_TYPE_ARRAY && sec->value.v.arr.elem_type == KP_GGUF_TYPE_INT32 &&
+              sec->value.v.arr.n == 4);
+        if (sec && sec->value.v.arr.n == 4)
+            CHECK(kp_gguf_arr_i64(&sec->value, 0) == 2 && kp_gguf_arr_i64(&sec->value, 1) == 1 &&
+                  kp_gguf_arr_i64(&sec->value, 2) == 1 && kp_gguf_arr_i64(&sec->value, 3) == 0);
+        bool q8 = types[ti] == KP_DTYPE_Q8_0;
+        static const struct { const char *name; bool matrix; int64_t ne0, ne1; } want[] = {
+            {"blk.0.attn_qkv.weight", true, 64, 128},   {"blk.0.attn_gate.weight", true, 64, 64},
+            {"blk.0.ssm_conv1d.weight", false, 4, 128}, {"blk.0.ssm_dt.bias", false, 4, 1},
+            {"blk.0.ssm_a", false, 4, 1},               {"blk.0.ssm_beta.weight", true, 64, 4},
+            {"blk.0.ssm_alpha.weight", true, 64, 4},    {"blk.0.ssm_norm.weight", false, 16, 1},
+            {"blk.0.ssm_out.weight", true, 64, 64},     {"blk.0.post_attention_norm.weight", false, 64, 1},
+            {"blk.3.attn_q.weight", true, 64, 256},     {"blk.3.attn_k.weight", true, 64, 64},
+            {"blk.3.attn_q_norm.weight", false, 32, 1}, {"blk.3.attn_output.weight", true, 128, 64},
+            {"blk.7.ffn_down.weight", true, 128, 64},
+        };
+        for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+            const kp_gguf_tensor *t = kp_gguf_find_tensor(g, want[i].name);
+            CHECK_MSG(t != NULL, "%s missing", want[i].name);
+            if (!t) continue;
+            kp_dtype expect = want[i].matrix && q8 ? KP_DTYPE_Q8_0 : KP_DTYPE_F32;
+            CHECK_MSG(t->type == (uint32_t)expect && t->ne[0] == want[i].ne0 && t->ne[1] == want[i].ne1,
+                      "%s: %s [%lld, %lld]", want[i].name, kp_dtype_name(t->type), (long long)t->ne[0],
+                      (long long)t->ne[1]);
+        }
+        for (size_t i = 0; i < kp_gguf_n_tensors(g); i++) { /* the decays are negative */
+            const kp_gguf_tensor *t = kp_gguf_tensor_at(g, i);
+            if (t->name.len > 6 && !memcmp(t->name.data + t->name.len - 6, ".ssm_a", 6))
+                for (int64_t k = 0; k < t->ne[0]; k++) CHECK(((const float *)t->data)[k] < 0);
+        }
+        CHECK(kp_gguf_find_tensor(g, "blk.0.attn_q.weight") == NULL);
+        CHECK(kp_gguf_find_tensor(g, "blk.3.attn_qkv.weight") == NULL);
+        CHECK(kp_gguf_find_tensor(g, "blk.3.ffn_norm.weight") == NULL);
+        kp_gguf_close(g);
+        unlink(path);
+    }
+    kp_error err = {0};
+    kp_mkmodel_spec s = preset("qwen35-0.8b"); /* Qwen3.5-0.8B's config.json, 8 of its 24 layers */
+    CHECK(s.n_layer == 8 && s.n_embd == 1024 && s.n_head == 8 && s.n_head_kv == 2 && s.head_dim == 256);
+    CHECK(s.n_rot == 64 && s.ssm_d_state == 128 && s.ssm_n_group == 16 && s.ssm_dt_rank == 16 && s.tied);
+    CHECK(kp_mkmodel_validate(&s, 512, &err) == KP_OK);
+    s = preset("qwen35-tiny");
+    s.ssm_dt_rank = 3; /* not a multiple of the 2 q/k heads */
+    CHECK(kp_mkmodel_validate(&s, 512, &err) == KP_EINVAL && strstr(err.msg, "qwen35"));
+    s = preset("qwen35-tiny");
+    s.full_attn_interval = 9; /* no attention layer in 8 */
+    CHECK(kp_mkmodel_validate(&s, 512, &err) == KP_EINVAL);
+    s = preset("tiny");
+    s.ssm_d_state = 16; /* delta-net sizes on llama */
+    CHECK(kp_mkmodel_validate(&s, 512, &err) == KP_EINVAL && strstr(err.msg, "qwen35"));
+}
+
 /* gpt-oss files: llama.cpp's keys (the window, the experts, YaRN), its
  * tensors (biases, sinks, post_attention_norm as the FFN norm, no
  * ffn_norm), and --type MXFP4 as llama-quantize's MXFP4_MOE writes a file:
@@ -1373,5 +1450,6 @@ int main(void) {
     RUN(test_vector_statistics);
     RUN(test_all_archs_and_types);
     RUN(test_gptoss_files);
+    RUN(test_qwen35_files);
     return harness_finish("mkmodel");
 }
