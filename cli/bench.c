@@ -465,8 +465,8 @@ int cmd_bench(int argc, char **argv) {
                 } else {
                     if (peak_isa) snprintf(pct, sizeof pct, " (%.1f%% of int8)", 100.0 * gops * 1e9 / peak);
                     char apct[32] = "";
-                    if (fpeak_isa) snprintf(apct, sizeof apct, " = %.0f%% of peak", 100.0 * att_med / fpeak);
-                    snprintf(extra, sizeof extra, "%.2f GOPS%s; attn %.0f%% of time, %.0f GFLOP/s%s", gops, pct,
+                    if (fpeak_isa) snprintf(apct, sizeof apct, " (%.0f%% of peak)", 100.0 * att_med / fpeak);
+                    snprintf(extra, sizeof extra, "%.2f GOPS%s; attn %.0f%% time, %.0f GFLOP/s%s", gops, pct,
                              100.0 * share_med, att_med / 1e9, apct);
                 }
                 table_row(&rc_, test, d, tps, med, extra);

@@ -68,7 +68,10 @@ PY
 # the table: the machine line names the pool's threads and the loop
 "$KVPIN" bench -m $M -p 16 -n 4 -r 1 -t 1 >"$T/table.txt" 2>/dev/null
 check "table: machine line" grep -q "^machine: read bandwidth [0-9.]* GB/s (1 thread; best of [0-9]* passes, median [0-9.]*, min [0-9.]*\(; not stable: the machine is shared or throttling\)\?), int8 peak [0-9]* GOPS (\(avx512vnni\|avx2\|scalar\))$" "$T/table.txt"
-check "table: pp row in GOPS of int8" grep -q "^| pp16 .* GOPS ([0-9.]*% of int8) *|$" "$T/table.txt"
+check "table: pp row in GOPS of int8, attention's time and GFLOP/s against its peak" \
+    grep -q "^| pp16 .* GOPS ([0-9.]*% of int8); attn [0-9]*% time, [0-9]* GFLOP/s ([0-9]*% of peak) *|$" "$T/table.txt"
+check "table: attention line names the table and its peak" \
+    grep -q "^attention: table [a-z0-9-]*; its multiply-add peak [0-9]* GFLOP/s ([a-z0-9 ]*)$" "$T/table.txt"
 check "table: tg row in GB/s of read" grep -q "^| tg4 .* MB -> [0-9.]* GB/s ([0-9.]*% of read\( \*\)\?) *|$" "$T/table.txt"
 # a share above 100% is marked and explained, never shown bare
 check "table: above 100% of read only with its note" python3 - "$T/table.txt" <<'PY'
