@@ -306,8 +306,8 @@ if [ "$(uname -m)" = x86_64 ]; then # the tables this CPU must get, from the ker
 import re, sys
 flags = set(re.search(r"^flags\s*:(.*)$", open("/proc/cpuinfo").read(), re.M).group(1).split())
 avx2 = {"avx2", "fma", "f16c"} <= flags
-matrix = "avx512vnni" if avx2 and {"avx512f", "avx512vl", "avx512bw", "avx512_vnni"} <= flags else \
-    "avx2" if avx2 else "scalar"
+vnni = avx2 and {"avx512f", "avx512vl", "avx512bw", "avx512_vnni"} <= flags
+matrix = ("avx512bf16" if "avx512_bf16" in flags else "avx512vnni") if vnni else "avx2" if avx2 else "scalar"
 attn = "avx512" if avx2 and "avx512f" in flags else "avx2" if avx2 else "scalar"
 want = "kernels:   %s (matrix), %s (attention)" % (matrix, attn)
 got = [l for l in open(sys.argv[1]).read().split("\n") if l.startswith("kernels:")]
