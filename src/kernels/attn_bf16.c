@@ -39,7 +39,8 @@
  *
  *   qt   [hd/2][Mp]     q pairs, transposed (row r in lane r)
  *        then [STEP/2][Mp] p pairs of the step (keys 2i, 2i+1)
- *   s    [STEP][Mp]     F32 scores, then the weights (rounded)
+ *   s    [STEP][Mp]     F32 scores (the weights go straight into their
+ *                       pairs: softmax_pairs)
  *   kf   [STEP][hd]     the step's K rows in bfloat16 (0 up to 8 keys)
  *   vf   [STEP/2][hd]   V pairs: element d of keys 2i and 2i+1
  *   ot, m, l, al, tok   as the F32 layout (so tile_end and tile_partial
@@ -60,13 +61,13 @@
 /* Whether a tile takes the bfloat16 loops (else the avx512 table's). */
 static inline bool bf16_tile(const kp_attn_tile *t) { return t->hd % 32 == 0 && t->n_tok * t->G >= 8; }
 
-/* 16 floats rounded to bfloat16, zero-extended into the lower halves of
- * 16 lanes of 32 bits. */
-BF16_INLINE __m512i bf16_lo(__m512 x) { return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x)); }
-
-/* The pairs (even, odd) of 16 lanes: even in the lower half. */
+/* The pairs (even, odd) of 16 lanes, each rounded to bfloat16: even in the
+ * lower half of lane r, odd in the upper (one conversion of both, then
+ * one permutation of the 32 halves). */
 BF16_INLINE __m512i bf16_pair(__m512 even, __m512 odd) {
-    return _mm512_or_si512(bf16_lo(even), _mm512_slli_epi32(bf16_lo(odd), 16));
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(odd, even));
 }
 
 #define C3_DECL(a) __m512 c##a##0 = _mm512_setzero_ps(), c##a##1 = c##a##0, c##a##2 = c##a##0
@@ -157,6 +158,78 @@ BF16_INLINE void accum_8x3(int hd, int Mp, int n_pairs, const uint32_t *pt, cons
     C3_STORE(7, ot + 7 * Mp, C_ID);
 }
 
+/* exp512 (attn_avx512_inl.h) with 2^n applied by VSCALEFPS instead of
+ * built in the exponent bits and multiplied: the same value for every
+ * input (an exact scaling by a power of two either way; inputs below
+ * about -87.34 give 0 as there), three instructions fewer. */
+BF16_INLINE __m512 exp_scalef(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.336548f);
+    __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), y, n);
+}
+
+/* The softmax update of the step (lanes512_softmax's, attn_avx512_inl.h,
+ * with every weight rounded to bfloat16) fused with the pairing of the
+ * weights: keys (2i, 2i+1) of row r go to pt[i * Mp + r], and l sums the
+ * rounded weights in key order. The step's scores are read, not
+ * rewritten. True when some row's max moved. */
+BF16_INLINE bool softmax_pairs(const kp_attn_tile *t, const lanes_ws *w, int n_keys, int32_t key_pos, uint32_t *pt) {
+    const int Mp = w->Mp, nz = Mp / 16, n_pairs = (n_keys + 1) / 2;
+    const int32_t delta = key_pos - t->pos0;
+    const bool all_visible = delta + n_keys - 1 <= 0;
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), one = _mm512_set1_ps(1.0f);
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    bool rescale = false;
+    for (int v = 0; v < nz; v++) {
+        const __m512 tok = _mm512_loadu_ps(w->tok + 16 * v);
+        const __m512 mold = _mm512_loadu_ps(w->m + 16 * v);
+        __m512 mx = mold;
+        for (int j = 0; j < n_keys; j++) {
+            __m512 x = _mm512_loadu_ps(w->s + (size_t)j * Mp + 16 * v);
+            if (!all_visible)
+                x = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(_mm512_set1_ps((float)(j + delta)), tok, _CMP_LE_OQ), ninf, x);
+            mx = _mm512_max_ps(mx, x);
+        }
+        const __mmask16 same = _mm512_cmp_ps_mask(mx, mold, _CMP_EQ_OQ);
+        const __m512 a = _mm512_mask_blend_ps(same, exp512(_mm512_sub_ps(mold, mx)), one);
+        rescale = rescale || same != 0xffff;
+        __m512 psum = _mm512_setzero_ps();
+        for (int i = 0; i < n_pairs; i++) {
+            const int j = 2 * i;
+            __m512 pe = exp_scalef(_mm512_sub_ps(_mm512_loadu_ps(w->s + (size_t)j * Mp + 16 * v), mx)), po;
+            if (!all_visible)
+                pe = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_set1_ps((float)(j + delta)), tok, _CMP_LE_OQ), pe);
+            if (j + 1 < n_keys) {
+                po = exp_scalef(_mm512_sub_ps(_mm512_loadu_ps(w->s + (size_t)(j + 1) * Mp + 16 * v), mx));
+                if (!all_visible)
+                    po = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_set1_ps((float)(j + 1 + delta)), tok, _CMP_LE_OQ),
+                                             po);
+            } else {
+                po = _mm512_setzero_ps();
+            }
+            const __m512i pair = bf16_pair(pe, po);
+            _mm512_storeu_si512(pt + (size_t)i * Mp + 16 * v, pair);
+            psum = _mm512_add_ps(psum, _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16)));
+            if (j + 1 < n_keys) psum = _mm512_add_ps(psum, _mm512_castsi512_ps(_mm512_and_si512(pair, hi)));
+        }
+        _mm512_storeu_ps(w->m + 16 * v, mx);
+        _mm512_storeu_ps(w->l + 16 * v, _mm512_fmadd_ps(_mm512_loadu_ps(w->l + 16 * v), a, psum));
+        _mm512_storeu_ps(w->al + 16 * v, a);
+    }
+    return rescale;
+}
+
 /* One query-lane step on K rows of type kt and V rows of type vt (the row
  * sizes of those types apart): the rows into bfloat16, the scores, the
  * softmax (lanes512_softmax with the weights rounded), the weights into
@@ -186,15 +259,7 @@ BF16_INLINE void lanes_bf16_step(kp_attn_tile *t, const void *k, kp_dtype kt, co
     for (int j0 = 0; j0 < n_keys; j0 += 8)
         for (int r = 0; r < nz; r += 3)
             scores_8x3(hd, Mp, qt + 16 * r, kr + (size_t)j0 * hd, w.s + (size_t)j0 * Mp + 16 * r, scale);
-    bool rescale = lanes512_softmax(t, &w, n_keys, key_pos, true);
-    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
-    for (int i = 0; i < n_pairs; i++) /* the weights are bfloat16 values already: take their upper halves */
-        for (int r = 0; r < nz; r++) {
-            __m512i e = _mm512_castps_si512(_mm512_loadu_ps(w.s + (size_t)(2 * i) * Mp + 16 * r));
-            __m512i o = 2 * i + 1 < n_keys ? _mm512_castps_si512(_mm512_loadu_ps(w.s + (size_t)(2 * i + 1) * Mp + 16 * r))
-                                           : _mm512_setzero_si512();
-            _mm512_storeu_si512(pt + (size_t)i * Mp + 16 * r, _mm512_or_si512(_mm512_srli_epi32(e, 16), _mm512_and_si512(o, hi)));
-        }
+    const bool rescale = softmax_pairs(t, &w, n_keys, key_pos, pt);
     for (int d0 = 0; d0 < hd; d0 += 8) {
         float *ot = w.ot + (size_t)d0 * Mp;
         for (int r = 0; r < nz; r += 3)
