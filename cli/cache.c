@@ -498,7 +498,7 @@ int cmd_run_cached(int argc, char **argv) {
     /* default: the context plus as much again for cached turns, at most half of RAM */
     uint64_t budget = o.budget ? o.budget : 2 * ((uint64_t)n_ctx + o.block) * per;
     if (!o.budget && cli_half_of_ram() && budget > cli_half_of_ram()) budget = cli_half_of_ram();
-    kp_eng_config ec = {o.kv_type, o.block, budget, n_ctx, o.no_cache, NULL, o.kv_type_v, o.no_repack, o.window_budget};
+    kp_eng_config ec = {o.kv_type, o.block, budget, n_ctx, o.no_cache, NULL, o.kv_type_v, o.no_repack, o.window_budget, 0};
     if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK) {
         fprintf(stderr, "kvpin run: %s\n", err.msg);
         goto done;
@@ -638,7 +638,7 @@ static bool doctor_tiers_open(doctor_tiers *d, const char *model) {
     kp_error err = {0};
     uint64_t per = kp_model_kv_bytes_per_token_kv(&d->cm.m->hp, d->kv_type, d->kv_type_v);
     kp_eng_config ec = {d->kv_type, d->block, 4 * (uint64_t)d->block * per, d->block, false, NULL, d->kv_type_v,
-                        true, 0};
+                        true, 0, 0};
     kp_tiers_config tc = {d->dir, 0, d->redis, d->redis_timeout, NULL, NULL, NULL, 0};
     if (kp_eng_new(&d->e, d->cm.m, d->cm.pool, d->cm.kernels, &ec, &err) != KP_OK ||
         kp_eng_open_tiers(d->e, &tc, &err) != KP_OK) {

@@ -494,7 +494,7 @@ int cmd_serve(int argc, char **argv) {
             goto done;
         }
     }
-    kp_eng_config ec = {kv_type, (uint32_t)block, budget, n_ctx, no_cache, NULL, kv_type_v, no_repack, window_budget};
+    kp_eng_config ec = {kv_type, (uint32_t)block, budget, n_ctx, no_cache, NULL, kv_type_v, no_repack, window_budget, 0};
     if (kp_eng_new(&e, m, pool, NULL, &ec, &err) != KP_OK || kp_eng_set_attn(e, attn, &err) != KP_OK) {
         fprintf(stderr, "kvpin serve: %s\n", err.msg);
         goto done;

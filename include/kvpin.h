@@ -338,9 +338,15 @@ typedef enum {
                                   the sliding-window layers' K/V before that point
                                   was dropped (a window budget): reuse resumed at
                                   the latest position whose window was held */
-    KP_CAUSE_RECURRENT_STATE   /* "recurrent_state": the model has recurrent layers
+    KP_CAUSE_RECURRENT_STATE,  /* "recurrent_state": the model has recurrent layers
                                   (qwen35) whose state cannot be cut back to a shared
-                                  prefix: nothing is reused, the prompt is computed */
+                                  prefix: nothing is reused (no longer reported: the
+                                  prefix cache keeps state snapshots) */
+    KP_CAUSE_STATE_CHECKPOINT  /* "state_checkpoint": the tokens matched further, but
+                                  the model's recurrent state (qwen35) was snapshotted
+                                  last before that point: reuse resumed at the latest
+                                  snapshot, the rest was computed again
+                                  (state_recomputed_tokens) */
 } kp_cause;
 
 #define KP_REPORT_DETAIL_MAX 320

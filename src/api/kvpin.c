@@ -88,7 +88,8 @@ _Static_assert(KP_CAUSE_HIT == (int)KP_DOCTOR_CAUSE_HIT && KP_CAUSE_COLD == (int
                    KP_CAUSE_NEW_PREFIX == (int)KP_DOCTOR_CAUSE_NEW_PREFIX &&
                    KP_CAUSE_WINDOW_EVICTED == (int)KP_DOCTOR_CAUSE_WINDOW_EVICTED &&
                    KP_CAUSE_RECURRENT_STATE == (int)KP_DOCTOR_CAUSE_RECURRENT_STATE &&
-                   KP_CAUSE_RECURRENT_STATE + 1 == (int)KP_DOCTOR_CAUSE_COUNT,
+                   KP_CAUSE_STATE_CHECKPOINT == (int)KP_DOCTOR_CAUSE_STATE_CHECKPOINT &&
+                   KP_CAUSE_STATE_CHECKPOINT + 1 == (int)KP_DOCTOR_CAUSE_COUNT,
                "kp_cause (kvpin.h) and kp_doctor_cause (cache/doctor.h) differ");
 _Static_assert(KP_MAX_STOPS == KP_TEXTOUT_MAX_STOPS, "stop-string limits differ");
 _Static_assert(KP_REPORT_DETAIL_MAX == KP_DOCTOR_DETAIL_MAX && KP_REPORT_SNIPPET_MAX == KP_DOCTOR_SNIPPET_MAX,
@@ -325,7 +326,7 @@ kp_rc kp_session_new(kp_session **out, const kp_lm *lm, const kp_session_params 
     s->n_ctx = n_ctx;
     s->prefix_cache = !p->no_prefix_cache;
     kp_error ie = {0};
-    kp_eng_config ec = {kv, block, budget, n_ctx, p->no_prefix_cache, NULL, kvv, p->no_repack, p->window_budget};
+    kp_eng_config ec = {kv, block, budget, n_ctx, p->no_prefix_cache, NULL, kvv, p->no_repack, p->window_budget, 0};
     kp_status st = kp_threads_new(&s->pool, p->n_threads > 0 ? p->n_threads : kp_cpu_count(), &ie);
     if (st == KP_OK) st = kp_eng_new(&s->e, lm->m, s->pool, kp_kernels_best(), &ec, &ie);
     if (st == KP_OK) st = kp_cachereport_new(&s->crep, lm->v, 256, 4u << 20, &ie);
