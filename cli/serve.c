@@ -38,7 +38,7 @@ enum {
 
 static const cli_opt serve_tab[] = {
     CLI_USE(CLI_MODEL), CLI_USE(CLI_HOST), CLI_USE(CLI_PORT), CLI_USE(CLI_PARALLEL), CLI_USE(CLI_CTX_SIZE),
-    CLI_USE(CLI_THREADS), CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_WINDOW_BUDGET), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_KV_BLOCK),
+    CLI_USE(CLI_THREADS), CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_WINDOW_BUDGET), CLI_USE(CLI_STATE_EVERY), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_KV_BLOCK),
     CLI_USE(CLI_NO_PREFIX_CACHE), CLI_USE(CLI_NO_REPACK), CLI_USE(CLI_ATTN_PRECISION),
     {"api-key", NULL, NULL, "KEY", "require \"Authorization: Bearer KEY\"; other users can read it in\n"
                                    "ps: prefer --api-key-file or $KVPIN_API_KEY", O_API_KEY},
@@ -280,7 +280,7 @@ int cmd_serve(int argc, char **argv) {
     uint64_t disk_budget = 0;
     int64_t redis_timeout = 50;
     int64_t port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 64, chunk = 256, block = 16, timeout = 60;
-    int64_t request_timeout = 30, max_conn = 1024, max_per_addr = 64;
+    int64_t request_timeout = 30, max_conn = 1024, max_per_addr = 64, state_every = 0;
     uint64_t budget = 0, window_budget = 0, max_body = 8u << 20, answer_memory = 64u << 20;
     const char *log_prompts = NULL;
     bool pooling_last = false;
@@ -377,6 +377,7 @@ int cmd_serve(int argc, char **argv) {
             budget_set = true;
             break;
         case CLI_WINDOW_BUDGET: ok = cli_parse_bytes(opt, v, &window_budget); break;
+        case CLI_STATE_EVERY: ok = cli_parse_i64(opt, v, 1, 1 << 24, &state_every); break;
         case O_MAX_BODY: ok = cli_parse_bytes(opt, v, &max_body); break;
         case O_ANSWER_MEMORY: ok = cli_parse_bytes(opt, v, &answer_memory); break;
         case O_LOG_PROMPTS: log_prompts = v; break;
@@ -494,7 +495,7 @@ int cmd_serve(int argc, char **argv) {
             goto done;
         }
     }
-    kp_eng_config ec = {kv_type, (uint32_t)block, budget, n_ctx, no_cache, NULL, kv_type_v, no_repack, window_budget, 0};
+    kp_eng_config ec = {kv_type, (uint32_t)block, budget, n_ctx, no_cache, NULL, kv_type_v, no_repack, window_budget, (uint32_t)state_every};
     if (kp_eng_new(&e, m, pool, NULL, &ec, &err) != KP_OK || kp_eng_set_attn(e, attn, &err) != KP_OK) {
         fprintf(stderr, "kvpin serve: %s\n", err.msg);
         goto done;

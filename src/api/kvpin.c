@@ -326,7 +326,7 @@ kp_rc kp_session_new(kp_session **out, const kp_lm *lm, const kp_session_params 
     s->n_ctx = n_ctx;
     s->prefix_cache = !p->no_prefix_cache;
     kp_error ie = {0};
-    kp_eng_config ec = {kv, block, budget, n_ctx, p->no_prefix_cache, NULL, kvv, p->no_repack, p->window_budget, 0};
+    kp_eng_config ec = {kv, block, budget, n_ctx, p->no_prefix_cache, NULL, kvv, p->no_repack, p->window_budget, p->state_every};
     kp_status st = kp_threads_new(&s->pool, p->n_threads > 0 ? p->n_threads : kp_cpu_count(), &ie);
     if (st == KP_OK) st = kp_eng_new(&s->e, lm->m, s->pool, kp_kernels_best(), &ec, &ie);
     if (st == KP_OK) st = kp_cachereport_new(&s->crep, lm->v, 256, 4u << 20, &ie);
@@ -384,6 +384,7 @@ static void fill_report(kp_cache_report *o, const kp_eng_report *r, const kp_doc
     o->computed_tokens = r->computed_tokens;
     o->diverged_at_token = r->diverged_at_token;
     o->evictions = r->evictions;
+    o->state_recomputed_tokens = r->state_recomputed_tokens;
     o->percent_recomputed =
         r->prompt_tokens ? 100.0 * (r->prompt_tokens - r->diverged_at_token) / r->prompt_tokens : 0;
     kp_doctor_cause c = r->cold                                    ? KP_DOCTOR_CAUSE_COLD

@@ -336,8 +336,7 @@ KP_HANDLER(kp_ep_cache_pin) {
     if (!snap.kv.prefix_cache) {
         free(ids);
         return kp_http_fail(s, c, 400, "invalid_request_error", "prefix_cache_off", NULL,
-                    "the prefix cache is off (--no-prefix-cache, or a model with recurrent layers): nothing "
-                    "can be pinned");
+                    "the prefix cache is off (--no-prefix-cache): nothing can be pinned");
     }
     /* compute the prefix (prefill only), then pin it */
     if (!kp_prompt_fits_budget(s, (uint32_t)n, 0, true, "prompt", &e)) {
