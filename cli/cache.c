@@ -504,6 +504,8 @@ int cmd_run_cached(int argc, char **argv) {
     uint64_t per = kp_model_kv_bytes_per_token_kv(hp, o.kv_type, o.kv_type_v);
     /* default: the context plus as much again for cached turns, at most half of RAM */
     uint64_t budget = o.budget ? o.budget : 2 * ((uint64_t)n_ctx + o.block) * per;
+    if (!o.budget && !o.no_cache) /* a recurrent model's state snapshots, as many again (engine.h) */
+        budget += 2 * kp_eng_state_room(cm.m, o.kv_type, o.kv_type_v, o.block, n_ctx, o.state_every);
     if (!o.budget && cli_half_of_ram() && budget > cli_half_of_ram()) budget = cli_half_of_ram();
     kp_eng_config ec = {o.kv_type, o.block, budget, n_ctx, o.no_cache, NULL, o.kv_type_v, o.no_repack, o.window_budget, o.state_every};
     if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK) {

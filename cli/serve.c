@@ -6,9 +6,11 @@
  *
  *   parallel x (ctx + block) positions x bytes per token   (every sequence
  *   can reach the full context, plus one partial block each for
- *   copy-on-write), plus the same again for cached prefixes, capped at half
- *   of the machine's RAM (then a note says how many full-context sequences
- *   fit).
+ *   copy-on-write), plus the same again for cached prefixes, and for a
+ *   model with recurrent layers the state snapshots of every sequence
+ *   (kp_eng_state_room: one every --state-every positions and two ends)
+ *   twice too, capped at half of the machine's RAM (then a note says how
+ *   many full-context sequences fit).
  */
 #include <errno.h>
 #include <signal.h>
@@ -112,8 +114,8 @@ static void serve_usage(FILE *f) {
     cli_print_options(f, serve_tab);
     fprintf(f,
             "Defaults: the bundled model, --host 127.0.0.1, --port 8080, -np 4, -c min(training context,\n"
-            "4096), --kv-budget room for np x ctx positions plus as much again for cached prefixes (at most\n"
-            "half of RAM), --kv-type f16, --kv-block 16, --queue 64, --prefill-chunk 256, --max-body 8M,\n"
+            "4096), --kv-budget room for np x ctx positions plus as much again for cached prefixes (and a\n"
+            "recurrent model's state snapshots likewise; at most half of RAM), --kv-type f16, --kv-block 16, --queue 64, --prefill-chunk 256, --max-body 8M,\n"
             "--timeout 60, --request-timeout 30, --max-connections 1024, --max-per-address 64.\n"
             "--port 0 picks a free port (the URL is printed on stderr). Chat prompts are the model's own\n"
             "tokenizer.chat_template (its tool_use variant for requests with tools) run as Jinja; a model\n"
@@ -464,6 +466,9 @@ int cmd_serve(int argc, char **argv) {
     char b1[32], b2[32];
     if (!budget) {
         budget = 2 * (uint64_t)parallel * ((uint64_t)n_ctx + (uint64_t)block) * per;
+        if (!no_cache) /* a recurrent model's state snapshots, as many again (engine.h) */
+            budget += 2 * (uint64_t)parallel *
+                      kp_eng_state_room(m, kv_type, kv_type_v, (uint32_t)block, n_ctx, (uint32_t)state_every);
         uint64_t half = cli_half_of_ram();
         if (half && budget > half) {
             budget = half;

@@ -318,6 +318,8 @@ kp_rc kp_session_new(kp_session **out, const kp_lm *lm, const kp_session_params 
         long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
         uint64_t half = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 2 : 0;
         budget = 2 * ((uint64_t)n_ctx + block) * kp_model_kv_bytes_per_token_kv(hp, kv, kvv);
+        if (!p->no_prefix_cache) /* a recurrent model's state snapshots, as many again (engine.h) */
+            budget += 2 * kp_eng_state_room(lm->m, kv, kvv, block, n_ctx, p->state_every);
         if (half && budget > half) budget = half;
     }
     kp_session *s = calloc(1, sizeof *s);

@@ -222,6 +222,17 @@ struct kp_engine {
     int32_t *room_shared; /* the blocks the prefill would share, by block index */
 };
 
+uint64_t kp_eng_state_room(const kp_model *m, kp_dtype k, kp_dtype v, uint32_t block_size, uint32_t max_pos,
+                           uint32_t state_every) {
+    uint64_t state_bytes = kp_model_rec_state_floats(&m->hp) * sizeof(float);
+    if (!state_bytes) return 0;
+    if (!block_size) block_size = 16;
+    if (!state_every) state_every = (256 + block_size - 1) / block_size * block_size;
+    uint64_t bb = kp_model_kv_bytes_per_token_kv(&m->hp, k, v) * block_size;
+    if (!bb) return 0;
+    return ((uint64_t)max_pos / state_every + 2) * ((state_bytes + bb - 1) / bb) * bb;
+}
+
 kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_threads *threads, const kp_kernels *kernels,
                   const kp_eng_config *cfg, kp_error *err) {
     *out = NULL;
@@ -241,9 +252,8 @@ kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_threads *threads, co
     if (!c.budget_bytes) { /* room for max_pos positions, and the window arena apart */
         c.budget_bytes = ((uint64_t)c.max_pos + c.block_size - 1) / c.block_size * block_bytes +
                          (m->hp.n_swa_layers ? c.window_budget_bytes : 0);
-        if (state_bytes && !c.no_prefix_cache) /* and the snapshots of one such sequence */
-            c.budget_bytes += (c.max_pos / c.state_every + 2) * ((state_bytes + block_bytes - 1) / block_bytes) *
-                              block_bytes;
+        if (!c.no_prefix_cache) /* and the snapshots of one such sequence */
+            c.budget_bytes += kp_eng_state_room(m, c.kv_type, vt, c.block_size, c.max_pos, c.state_every);
     }
     if (c.budget_bytes < block_bytes)
         return kp_fail(err, KP_EINVAL, "KV budget of %llu bytes is smaller than one block (%llu bytes)",

@@ -132,6 +132,14 @@ typedef struct {
                                    whose window is held (window_evicted) */
 } kp_eng_report;
 
+/* Bytes the state snapshots of one sequence of max_pos positions take in
+ * the pool (engine.c: one every state_every positions, 0: the default, and
+ * two more for its prompt's and its own end), in whole blocks of
+ * block_size positions (0: 16) of K/V types k and v; 0 for a model without
+ * recurrent layers. Callers that size a budget add it per sequence. */
+uint64_t kp_eng_state_room(const kp_model *m, kp_dtype k, kp_dtype v, uint32_t block_size, uint32_t max_pos,
+                           uint32_t state_every);
+
 /* Makes an engine over the borrowed model, thread pool and kernels (NULL:
  * the best table for this CPU); they must outlive it. cfg NULL: F16 KV,
  * blocks of 16, room for min(training context, 4096) positions, prefix
