@@ -508,7 +508,7 @@ int main(int argc, char **argv) {
     uint32_t max_pos = n_final + 64;
     uint64_t per_token = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F16);
     uint64_t positions = (uint64_t)(n_final + turns * 2 * bs) * 105 / 100 + max_pos;
-    kp_eng_config ec = {KP_DTYPE_F16, bs, positions * per_token, max_pos, false, NULL, KP_DTYPE_F16, false, 0};
+    kp_eng_config ec = {KP_DTYPE_F16, bs, positions * per_token, max_pos, false, NULL, KP_DTYPE_F16, false, 0, 0};
     if (kp_eng_new(&b.e, m, threads, kp_kernels_best(), &ec, &b.err) != KP_OK) goto done;
     b.n_vocab = m->hp.n_vocab;
     b.logits = malloc((size_t)b.n_vocab * sizeof *b.logits);

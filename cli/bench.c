@@ -324,7 +324,7 @@ int cmd_bench(int argc, char **argv) {
     kp_error err = {0};
     int rc = 1;
     if (!toks || !logits || !tps || (max_batch > 1 && !blog)) goto done;
-    kp_eng_config ec = {so.kv_type, 16, 0, so.n_ctx, true, NULL, so.kv_type_v, so.no_repack, 0};
+    kp_eng_config ec = {so.kv_type, 16, 0, so.n_ctx, true, NULL, so.kv_type_v, so.no_repack, 0, 0};
     if (max_batch > 1) /* the tg sequence and max_batch others, each of up to n_ctx positions */
         ec.budget_bytes = (uint64_t)(max_batch + 1) * ((so.n_ctx + 15) / 16 + 1) * 16 *
                           kp_model_kv_bytes_per_token_kv(&cm.m->hp, so.kv_type, so.kv_type_v);

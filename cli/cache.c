@@ -211,7 +211,7 @@ static const cli_opt cache_tab[] = {
     CLI_USE(CLI_MODEL), CLI_USE(CLI_PROMPT), CLI_USE(CLI_FILE),
     {"turns", NULL, NULL, "FILE", "the prompts, one JSON object per line: {\"prompt\": \"...\"}", O_TURNS},
     CLI_USE(CLI_N_PREDICT), CLI_SAMPLING_OPTS, CLI_USE(CLI_THREADS), CLI_USE(CLI_CTX_SIZE), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V),
-    CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_WINDOW_BUDGET), CLI_USE(CLI_KV_BLOCK), CLI_USE(CLI_NO_PREFIX_CACHE), CLI_USE(CLI_NO_BOS),
+    CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_WINDOW_BUDGET), CLI_USE(CLI_STATE_EVERY), CLI_USE(CLI_KV_BLOCK), CLI_USE(CLI_NO_PREFIX_CACHE), CLI_USE(CLI_NO_BOS),
     CLI_USE(CLI_SPECIAL), CLI_USE(CLI_PRINT_TOKENS), CLI_USE(CLI_SCALAR), CLI_USE(CLI_NO_REPACK),
     {"stop", NULL, NULL, "STR", "end the text before STR (repeatable, at most 16)", O_STOP},
     CLI_USE(CLI_CACHE_DIR), CLI_USE(CLI_CACHE_DISK_BUDGET),
@@ -267,6 +267,7 @@ typedef struct {
     const char *cache_dir;
     uint64_t disk_budget;
     uint64_t window_budget; /* --window-budget (0: none) */
+    uint32_t state_every;   /* --state-every (0: the engine's default) */
 } cache_opts;
 
 static int parse_cache_opts(int argc, char **argv, cache_opts *o) {
@@ -328,6 +329,12 @@ static int parse_cache_opts(int argc, char **argv, cache_opts *o) {
         case CLI_WINDOW_BUDGET:
             if (!cli_parse_bytes(opt, v, &o->window_budget)) return 2;
             break;
+        case CLI_STATE_EVERY: {
+            int64_t every;
+            if (!cli_parse_i64(opt, v, 1, 1 << 24, &every)) return 2;
+            o->state_every = (uint32_t)every;
+            break;
+        }
         case CLI_CACHE_DISK_BUDGET:
             if (!cli_parse_bytes(opt, v, &o->disk_budget)) return 2;
             break;
@@ -497,8 +504,10 @@ int cmd_run_cached(int argc, char **argv) {
     uint64_t per = kp_model_kv_bytes_per_token_kv(hp, o.kv_type, o.kv_type_v);
     /* default: the context plus as much again for cached turns, at most half of RAM */
     uint64_t budget = o.budget ? o.budget : 2 * ((uint64_t)n_ctx + o.block) * per;
+    if (!o.budget && !o.no_cache) /* a recurrent model's state snapshots, as many again (engine.h) */
+        budget += 2 * kp_eng_state_room(cm.m, o.kv_type, o.kv_type_v, o.block, n_ctx, o.state_every);
     if (!o.budget && cli_half_of_ram() && budget > cli_half_of_ram()) budget = cli_half_of_ram();
-    kp_eng_config ec = {o.kv_type, o.block, budget, n_ctx, o.no_cache, NULL, o.kv_type_v, o.no_repack, o.window_budget};
+    kp_eng_config ec = {o.kv_type, o.block, budget, n_ctx, o.no_cache, NULL, o.kv_type_v, o.no_repack, o.window_budget, o.state_every};
     if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK) {
         fprintf(stderr, "kvpin run: %s\n", err.msg);
         goto done;
@@ -579,6 +588,16 @@ int cmd_run_cached(int argc, char **argv) {
                         r.window_cut_from, r.reused_tokens);
             fputc('\n', stderr);
         }
+        if (r.recurrent && !o.no_cache) { /* state snapshots (engine.h) */
+            char sb[32];
+            fprintf(stderr, "turn %zu: the cache holds %u state snapshots (%s)", i + 1, st1.n_states,
+                    cli_bytes(st1.index_state_bytes, sb, sizeof sb));
+            if (r.state_cut_from)
+                fprintf(stderr, "; the tokens matched %u, reuse resumed at %u, the latest state snapshot (%u "
+                                "computed again)",
+                        r.state_cut_from, r.reused_tokens, r.state_recomputed_tokens);
+            fputc('\n', stderr);
+        }
         if (o.cache_dir && (r.reused_from[KP_TIER_DISK] || r.restore_failed != KP_BLOCKREC_OK))
             fprintf(stderr, "turn %zu: %u tokens restored from disk%s%s\n", i + 1, r.reused_from[KP_TIER_DISK],
                     r.restore_failed != KP_BLOCKREC_OK ? ", restore stopped: " : "",
@@ -638,7 +657,7 @@ static bool doctor_tiers_open(doctor_tiers *d, const char *model) {
     kp_error err = {0};
     uint64_t per = kp_model_kv_bytes_per_token_kv(&d->cm.m->hp, d->kv_type, d->kv_type_v);
     kp_eng_config ec = {d->kv_type, d->block, 4 * (uint64_t)d->block * per, d->block, false, NULL, d->kv_type_v,
-                        true, 0};
+                        true, 0, 0};
     kp_tiers_config tc = {d->dir, 0, d->redis, d->redis_timeout, NULL, NULL, NULL, 0};
     if (kp_eng_new(&d->e, d->cm.m, d->cm.pool, d->cm.kernels, &ec, &err) != KP_OK ||
         kp_eng_open_tiers(d->e, &tc, &err) != KP_OK) {

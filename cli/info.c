@@ -168,13 +168,17 @@ static void print_compute(const kp_model *m) {
     print_kv_bill(hp, hp->n_ctx_train);
     print_kind_bill(m);
     if (hp->n_rec_layers) { /* model.h, Hybrid: K/V in the attention layers only, a state per sequence */
-        char b2[32];
+        char b2[32], b3[32];
         uint64_t sb = kp_model_rec_state_floats(hp) * sizeof(float);
+        uint64_t bb = kp_model_kv_bytes_per_token(hp, KP_DTYPE_F16) * 16, nb = bb ? (sb + bb - 1) / bb : 0;
         printf("  hybrid: %u attention layers keep K/V; %u gated delta-net layers keep a recurrent state of\n"
                "  %s per sequence (F32: %u x %u matrices of %u x %u and a convolution tail of %u inputs),\n"
-               "  outside the KV budget; it cannot be cut back, so no cached prefix is reused\n",
+               "  outside the KV budget; it cannot be cut back, so the prefix cache keeps snapshots of it\n"
+               "  (every --state-every positions, prompt and answer ends, pins) in KV blocks: %s a snapshot\n"
+               "  (%llu blocks of 16 F16 positions, as much as %llu positions of K/V)\n",
                hp->n_kv_layer, hp->n_rec_layers, cli_bytes(sb, b2, sizeof b2), hp->n_rec_layers, hp->ssm_n_v_head,
-               hp->ssm_d_state, hp->ssm_d_state, hp->ssm_d_conv - 1);
+               hp->ssm_d_state, hp->ssm_d_state, hp->ssm_d_conv - 1, cli_bytes(nb * bb, b3, sizeof b3),
+               (unsigned long long)nb, (unsigned long long)nb * 16);
     }
 }
 

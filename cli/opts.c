@@ -56,6 +56,9 @@ static const cli_opt shared[] = {
     {"window-budget", NULL, NULL, "BYTES", "a model with sliding-window layers: memory for their K/V, out of\n"
      "--kv-budget; cached prefixes then keep it only near their ends and pins, and\n"
      "reuse resumes where it is held (default: every cached position keeps it)", CLI_WINDOW_BUDGET},
+    {"state-every", NULL, NULL, "N", "a model with recurrent layers (qwen35): snapshot a sequence's state\n"
+     "into the prefix cache every N positions (and at prompt ends, answer ends\n"
+     "and pins): reuse resumes at most N before a divergence (default 256)", CLI_STATE_EVERY},
     {"kv-block", NULL, NULL, "N", "positions per KV cache block", CLI_KV_BLOCK},
     {"no-prefix-cache", NULL, NULL, NULL, "compute every prompt in full (no reuse of cached K/V)",
      CLI_NO_PREFIX_CACHE},

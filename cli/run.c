@@ -376,7 +376,7 @@ static int do_generate(int argc, char **argv, bool inspect) {
         goto done;
     }
     /* one sequence, no prefix cache: a pool of exactly the context */
-    kp_eng_config ec = {o.so.kv_type, 16, 0, cm.n_ctx, true, NULL, o.so.kv_type_v, o.so.no_repack, 0};
+    kp_eng_config ec = {o.so.kv_type, 16, 0, cm.n_ctx, true, NULL, o.so.kv_type_v, o.so.no_repack, 0, 0};
     uint32_t n_predict = (uint32_t)o.n_predict;
     kp_gen_params gp = {o.sp, n_predict, cm.n_ctx, (int32_t)hp->n_vocab, false, o.stops, o.n_stops, o.special};
     if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK ||
@@ -504,7 +504,7 @@ int cmd_logits(int argc, char **argv) {
         }
         cm.n_ctx = (uint32_t)n; /* exactly the prompt */
     }
-    kp_eng_config ec = {o.so.kv_type, 16, 0, cm.n_ctx, true, NULL, o.so.kv_type_v, o.so.no_repack, 0};
+    kp_eng_config ec = {o.so.kv_type, 16, 0, cm.n_ctx, true, NULL, o.so.kv_type_v, o.so.no_repack, 0, 0};
     if (kp_eng_new(&e, cm.m, cm.pool, cm.kernels, &ec, &err) != KP_OK ||
         kp_eng_set_attn(e, o.so.attn, &err) != KP_OK) {
         fprintf(stderr, "kvpin logits: %s\n", err.msg);

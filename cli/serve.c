@@ -6,9 +6,11 @@
  *
  *   parallel x (ctx + block) positions x bytes per token   (every sequence
  *   can reach the full context, plus one partial block each for
- *   copy-on-write), plus the same again for cached prefixes, capped at half
- *   of the machine's RAM (then a note says how many full-context sequences
- *   fit).
+ *   copy-on-write), plus the same again for cached prefixes, and for a
+ *   model with recurrent layers the state snapshots of every sequence
+ *   (kp_eng_state_room: one every --state-every positions and two ends)
+ *   twice too, capped at half of the machine's RAM (then a note says how
+ *   many full-context sequences fit).
  */
 #include <errno.h>
 #include <signal.h>
@@ -38,7 +40,7 @@ enum {
 
 static const cli_opt serve_tab[] = {
     CLI_USE(CLI_MODEL), CLI_USE(CLI_HOST), CLI_USE(CLI_PORT), CLI_USE(CLI_PARALLEL), CLI_USE(CLI_CTX_SIZE),
-    CLI_USE(CLI_THREADS), CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_WINDOW_BUDGET), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_KV_BLOCK),
+    CLI_USE(CLI_THREADS), CLI_USE(CLI_KV_BUDGET), CLI_USE(CLI_WINDOW_BUDGET), CLI_USE(CLI_STATE_EVERY), CLI_USE(CLI_KV_TYPE), CLI_USE(CLI_KV_TYPE_K), CLI_USE(CLI_KV_TYPE_V), CLI_USE(CLI_KV_BLOCK),
     CLI_USE(CLI_NO_PREFIX_CACHE), CLI_USE(CLI_NO_REPACK), CLI_USE(CLI_ATTN_PRECISION),
     {"api-key", NULL, NULL, "KEY", "require \"Authorization: Bearer KEY\"; other users can read it in\n"
                                    "ps: prefer --api-key-file or $KVPIN_API_KEY", O_API_KEY},
@@ -112,8 +114,8 @@ static void serve_usage(FILE *f) {
     cli_print_options(f, serve_tab);
     fprintf(f,
             "Defaults: the bundled model, --host 127.0.0.1, --port 8080, -np 4, -c min(training context,\n"
-            "4096), --kv-budget room for np x ctx positions plus as much again for cached prefixes (at most\n"
-            "half of RAM), --kv-type f16, --kv-block 16, --queue 64, --prefill-chunk 256, --max-body 8M,\n"
+            "4096), --kv-budget room for np x ctx positions plus as much again for cached prefixes (and a\n"
+            "recurrent model's state snapshots likewise; at most half of RAM), --kv-type f16, --kv-block 16, --queue 64, --prefill-chunk 256, --max-body 8M,\n"
             "--timeout 60, --request-timeout 30, --max-connections 1024, --max-per-address 64.\n"
             "--port 0 picks a free port (the URL is printed on stderr). Chat prompts are the model's own\n"
             "tokenizer.chat_template (its tool_use variant for requests with tools) run as Jinja; a model\n"
@@ -280,7 +282,7 @@ int cmd_serve(int argc, char **argv) {
     uint64_t disk_budget = 0;
     int64_t redis_timeout = 50;
     int64_t port = 8080, parallel = 4, ctx = 0, threads = 0, queue = 64, chunk = 256, block = 16, timeout = 60;
-    int64_t request_timeout = 30, max_conn = 1024, max_per_addr = 64;
+    int64_t request_timeout = 30, max_conn = 1024, max_per_addr = 64, state_every = 0;
     uint64_t budget = 0, window_budget = 0, max_body = 8u << 20, answer_memory = 64u << 20;
     const char *log_prompts = NULL;
     bool pooling_last = false;
@@ -377,6 +379,7 @@ int cmd_serve(int argc, char **argv) {
             budget_set = true;
             break;
         case CLI_WINDOW_BUDGET: ok = cli_parse_bytes(opt, v, &window_budget); break;
+        case CLI_STATE_EVERY: ok = cli_parse_i64(opt, v, 1, 1 << 24, &state_every); break;
         case O_MAX_BODY: ok = cli_parse_bytes(opt, v, &max_body); break;
         case O_ANSWER_MEMORY: ok = cli_parse_bytes(opt, v, &answer_memory); break;
         case O_LOG_PROMPTS: log_prompts = v; break;
@@ -463,6 +466,9 @@ int cmd_serve(int argc, char **argv) {
     char b1[32], b2[32];
     if (!budget) {
         budget = 2 * (uint64_t)parallel * ((uint64_t)n_ctx + (uint64_t)block) * per;
+        if (!no_cache) /* a recurrent model's state snapshots, as many again (engine.h) */
+            budget += 2 * (uint64_t)parallel *
+                      kp_eng_state_room(m, kv_type, kv_type_v, (uint32_t)block, n_ctx, (uint32_t)state_every);
         uint64_t half = cli_half_of_ram();
         if (half && budget > half) {
             budget = half;
@@ -494,7 +500,7 @@ int cmd_serve(int argc, char **argv) {
             goto done;
         }
     }
-    kp_eng_config ec = {kv_type, (uint32_t)block, budget, n_ctx, no_cache, NULL, kv_type_v, no_repack, window_budget};
+    kp_eng_config ec = {kv_type, (uint32_t)block, budget, n_ctx, no_cache, NULL, kv_type_v, no_repack, window_budget, (uint32_t)state_every};
     if (kp_eng_new(&e, m, pool, NULL, &ec, &err) != KP_OK || kp_eng_set_attn(e, attn, &err) != KP_OK) {
         fprintf(stderr, "kvpin serve: %s\n", err.msg);
         goto done;

@@ -72,7 +72,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     }
     /* room for 4 whole contexts: 2 running sequences and what the cache keeps */
     kp_eng_config ec = {KP_DTYPE_F16, 16, 4 * 256 * kp_model_kv_bytes_per_token(&model->hp, KP_DTYPE_F16), 256, false,
-                        NULL, KP_DTYPE_F16, false, 0};
+                        NULL, KP_DTYPE_F16, false, 0, 0};
     kp_sched_config sc = {2, 4, 64};
     kp_server_config cfg = {0};
     cfg.host = "127.0.0.1";

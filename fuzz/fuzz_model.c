@@ -70,7 +70,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kp_threads *pool = NULL;
     kp_engine *e = NULL;
     float *logits = malloc((size_t)hp->n_vocab * sizeof *logits);
-    kp_eng_config ec = {KP_DTYPE_F16, 16, 0, 64, true, NULL, KP_DTYPE_F16, true, 0};
+    kp_eng_config ec = {KP_DTYPE_F16, 16, 0, 64, true, NULL, KP_DTYPE_F16, true, 0, 0};
     if (logits && kp_threads_new(&pool, 1, &err) == KP_OK && kp_eng_new(&e, m, pool, NULL, &ec, &err) == KP_OK) {
         int32_t prompt[2] = {kp_tok_bos(v) >= 0 ? kp_tok_bos(v) : 0, 0};
         kp_eng_seq s = {0};

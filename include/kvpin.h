@@ -241,6 +241,11 @@ typedef struct {
                               that diverges elsewhere resumes at the latest position
                               whose window is held (cause window_evicted); 0: every
                               cached position keeps it (docs/window-budget.md) */
+    uint32_t state_every;  /* a model with recurrent layers (qwen35): a sequence's
+                              state is snapshotted into the prefix cache every this
+                              many positions (and at prompt ends, sequence ends and
+                              pins), so reuse resumes at most this far before where a
+                              prompt diverged; 0: 256 (docs/state-checkpoints.md) */
 } kp_session_params;
 
 /* Makes a session over lm (borrowed: it must outlive the session). p NULL:
@@ -338,9 +343,15 @@ typedef enum {
                                   the sliding-window layers' K/V before that point
                                   was dropped (a window budget): reuse resumed at
                                   the latest position whose window was held */
-    KP_CAUSE_RECURRENT_STATE   /* "recurrent_state": the model has recurrent layers
+    KP_CAUSE_RECURRENT_STATE,  /* "recurrent_state": the model has recurrent layers
                                   (qwen35) whose state cannot be cut back to a shared
-                                  prefix: nothing is reused, the prompt is computed */
+                                  prefix: nothing is reused (no longer reported: the
+                                  prefix cache keeps state snapshots) */
+    KP_CAUSE_STATE_CHECKPOINT  /* "state_checkpoint": the tokens matched further, but
+                                  the model's recurrent state (qwen35) was snapshotted
+                                  last before that point: reuse resumed at the latest
+                                  snapshot, the rest was computed again
+                                  (state_recomputed_tokens) */
 } kp_cause;
 
 #define KP_REPORT_DETAIL_MAX 320
@@ -371,6 +382,11 @@ typedef struct {
     char cached_snippet[KP_REPORT_SNIPPET_MAX];  /* ~40 characters of each text around */
     char request_snippet[KP_REPORT_SNIPPET_MAX]; /* the divergence, control bytes escaped */
     char advice[KP_REPORT_ADVICE_MAX];         /* one sentence for a person ("" on a hit) */
+    uint32_t state_recomputed_tokens; /* a model with recurrent layers (qwen35): cached
+                                   positions computed again because the state was
+                                   snapshotted last before where the prompt matched
+                                   (reuse resumed at reused_tokens, the snapshot; cause
+                                   state_checkpoint); 0 otherwise */
 } kp_cache_report;
 
 /* What a generation produced. The pointers are owned by the session and

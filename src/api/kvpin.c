@@ -88,7 +88,8 @@ _Static_assert(KP_CAUSE_HIT == (int)KP_DOCTOR_CAUSE_HIT && KP_CAUSE_COLD == (int
                    KP_CAUSE_NEW_PREFIX == (int)KP_DOCTOR_CAUSE_NEW_PREFIX &&
                    KP_CAUSE_WINDOW_EVICTED == (int)KP_DOCTOR_CAUSE_WINDOW_EVICTED &&
                    KP_CAUSE_RECURRENT_STATE == (int)KP_DOCTOR_CAUSE_RECURRENT_STATE &&
-                   KP_CAUSE_RECURRENT_STATE + 1 == (int)KP_DOCTOR_CAUSE_COUNT,
+                   KP_CAUSE_STATE_CHECKPOINT == (int)KP_DOCTOR_CAUSE_STATE_CHECKPOINT &&
+                   KP_CAUSE_STATE_CHECKPOINT + 1 == (int)KP_DOCTOR_CAUSE_COUNT,
                "kp_cause (kvpin.h) and kp_doctor_cause (cache/doctor.h) differ");
 _Static_assert(KP_MAX_STOPS == KP_TEXTOUT_MAX_STOPS, "stop-string limits differ");
 _Static_assert(KP_REPORT_DETAIL_MAX == KP_DOCTOR_DETAIL_MAX && KP_REPORT_SNIPPET_MAX == KP_DOCTOR_SNIPPET_MAX,
@@ -317,6 +318,8 @@ kp_rc kp_session_new(kp_session **out, const kp_lm *lm, const kp_session_params 
         long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
         uint64_t half = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 2 : 0;
         budget = 2 * ((uint64_t)n_ctx + block) * kp_model_kv_bytes_per_token_kv(hp, kv, kvv);
+        if (!p->no_prefix_cache) /* a recurrent model's state snapshots, as many again (engine.h) */
+            budget += 2 * kp_eng_state_room(lm->m, kv, kvv, block, n_ctx, p->state_every);
         if (half && budget > half) budget = half;
     }
     kp_session *s = calloc(1, sizeof *s);
@@ -325,7 +328,7 @@ kp_rc kp_session_new(kp_session **out, const kp_lm *lm, const kp_session_params 
     s->n_ctx = n_ctx;
     s->prefix_cache = !p->no_prefix_cache;
     kp_error ie = {0};
-    kp_eng_config ec = {kv, block, budget, n_ctx, p->no_prefix_cache, NULL, kvv, p->no_repack, p->window_budget};
+    kp_eng_config ec = {kv, block, budget, n_ctx, p->no_prefix_cache, NULL, kvv, p->no_repack, p->window_budget, p->state_every};
     kp_status st = kp_threads_new(&s->pool, p->n_threads > 0 ? p->n_threads : kp_cpu_count(), &ie);
     if (st == KP_OK) st = kp_eng_new(&s->e, lm->m, s->pool, kp_kernels_best(), &ec, &ie);
     if (st == KP_OK) st = kp_cachereport_new(&s->crep, lm->v, 256, 4u << 20, &ie);
@@ -383,6 +386,7 @@ static void fill_report(kp_cache_report *o, const kp_eng_report *r, const kp_doc
     o->computed_tokens = r->computed_tokens;
     o->diverged_at_token = r->diverged_at_token;
     o->evictions = r->evictions;
+    o->state_recomputed_tokens = r->state_recomputed_tokens;
     o->percent_recomputed =
         r->prompt_tokens ? 100.0 * (r->prompt_tokens - r->diverged_at_token) / r->prompt_tokens : 0;
     kp_doctor_cause c = r->cold                                    ? KP_DOCTOR_CAUSE_COLD

@@ -87,6 +87,7 @@ static const char *const cause_names[KP_DOCTOR_CAUSE_COUNT] = {
     [KP_DOCTOR_CAUSE_NEW_PREFIX] = "new_prefix",
     [KP_DOCTOR_CAUSE_WINDOW_EVICTED] = "window_evicted",
     [KP_DOCTOR_CAUSE_RECURRENT_STATE] = "recurrent_state",
+    [KP_DOCTOR_CAUSE_STATE_CHECKPOINT] = "state_checkpoint",
 };
 
 const char *kp_doctor_cause_name(kp_doctor_cause cause) {
@@ -1363,6 +1364,12 @@ size_t kp_doctor_advice(kp_doctor_cause cause, const char *detail, size_t line,
         sb_puts(&b, "the model's recurrent layers keep a state that cannot be cut back to a shared prefix, so the "
                     "whole prompt was computed");
         fix = "nothing to fix in the prompt: prefix reuse is off for models with recurrent layers (qwen35)";
+        break;
+    case KP_DOCTOR_CAUSE_STATE_CHECKPOINT:
+        sb_puts(&b, "its prefix was cached, but the model's recurrent state was snapshotted last before where it "
+                    "matched, so reuse resumed at that snapshot and the matched tokens after it were computed again");
+        fix = "lower --state-every (snapshots closer together), or pin the stable prefix (a pin keeps a snapshot at "
+              "its end)";
         break;
     case KP_DOCTOR_CAUSE_OTHER:
         sb_printf(&b, "%s was edited", noun);

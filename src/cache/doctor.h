@@ -86,8 +86,17 @@ typedef enum {
     KP_DOCTOR_CAUSE_RECURRENT_STATE,    /* "recurrent_state": the model has
                                         recurrent layers whose state cannot be
                                         cut back to a shared prefix, so nothing
-                                        cached is reused and the whole prompt is
-                                        computed; the caller decides this too */
+                                        cached is reused; no longer reported
+                                        since the prefix index keeps state
+                                        snapshots (state_checkpoint), kept so
+                                        the numbers stay */
+    KP_DOCTOR_CAUSE_STATE_CHECKPOINT,   /* "state_checkpoint": the tokens matched
+                                        further, but the model's recurrent state
+                                        was snapshotted last before that point
+                                        (or was evicted there), so reuse resumed
+                                        at the latest snapshot and the matched
+                                        tokens after it were computed again; the
+                                        caller decides this too */
     KP_DOCTOR_CAUSE_COUNT
 } kp_doctor_cause;
 

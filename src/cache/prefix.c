@@ -128,6 +128,9 @@ struct kp_pfx_node {
     uint32_t pin, pin_here;   /* pins likewise */
     uint64_t last_used;       /* logical clock */
     uint64_t hits;
+    kp_pfx_state *snaps;         /* recurrent-state snapshots at positions in (d0, d1],
+                                    sorted; their blocks are index references */
+    uint32_t n_snaps, cap_snaps;
     uint32_t min_end;            /* kp_pfx_drop_windows scratch: the shallowest end
                                     (leaf or pin) in this node's subtree */
     kp_pfx_node *lru_prev;       /* towards the most recently used */
@@ -176,6 +179,9 @@ struct kp_pfx_index {
     uint64_t tick;
     uint64_t n_evictions, evicted_bytes, n_lookups, n_hits, reused_tokens;
     uint64_t window_drops; /* blocks whose window rows kp_pfx_drop_windows dropped */
+    uint64_t state_bytes;  /* a recurrent state's bytes (0: no snapshots) */
+    uint32_t state_blocks; /* pool blocks of one snapshot */
+    uint64_t state_evictions;
 };
 
 /* ---- small helpers ------------------------------------------------------ */
@@ -238,6 +244,34 @@ static uint64_t idx_unref(kp_pfx_index *p, int32_t b) {
     return last ? p->block_bytes : 0;
 }
 
+/* An index snapshot's blocks go back; returns the bytes returned to the pool. */
+static uint64_t snap_release(kp_pfx_index *p, kp_pfx_state *sn) {
+    uint64_t freed = 0;
+    for (uint32_t i = 0; i < sn->n_blocks; i++) freed += idx_unref(p, sn->blocks[i]);
+    free(sn->blocks);
+    memset(sn, 0, sizeof *sn);
+    return freed;
+}
+
+/* Drops snapshot i of node n; returns the bytes returned to the pool. */
+static uint64_t snap_remove(kp_pfx_index *p, kp_pfx_node *n, uint32_t i) {
+    uint64_t freed = snap_release(p, &n->snaps[i]);
+    memmove(n->snaps + i, n->snaps + i + 1, (size_t)(n->n_snaps - i - 1) * sizeof *n->snaps);
+    n->n_snaps--;
+    return freed;
+}
+
+/* Reads a snapshot's state bytes into dst. */
+static void snap_load(const kp_pfx_index *p, const kp_pfx_state *sn, float *dst) {
+    uint64_t fb = kp_kvpool_full_bytes(p->pool), left = p->state_bytes;
+    uint8_t *d = (uint8_t *)dst;
+    for (uint32_t i = 0; i < sn->n_blocks; i++, d += fb, left -= fb)
+        kp_kvpool_get(p->pool, sn->blocks[i], d, left < fb ? left : fb);
+}
+
+/* The snapshot at a pinned node's end is where the pin resumes: kept. */
+static bool snap_evictable(const kp_pfx_node *n, uint32_t i) { return !(n->pin_here && n->snaps[i].pos == n->depth); }
+
 /* ---- LRU list ----------------------------------------------------------- */
 
 static void lru_unlink(kp_pfx_index *p, kp_pfx_node *n) {
@@ -279,6 +313,7 @@ static void touch_path(kp_pfx_index *p, kp_pfx_node *n) {
 
 static void node_free(kp_pfx_node *n) {
     if (!n) return;
+    free(n->snaps); /* the array only: whoever drops a snapshot releases its blocks */
     free(n->children);
     free(n->tokens);
     free(n->blocks);
@@ -328,6 +363,18 @@ static kp_pfx_node *split(kp_pfx_index *p, kp_pfx_node *n, uint32_t at) {
     assert(n->parent && d0 < at && at < n->depth);
     kp_pfx_node *u = node_new(p, n->tokens, at - d0, at, 2);
     if (!u) return NULL;
+    uint32_t ns = 0; /* snapshots at or before `at` go to the head */
+    while (ns < n->n_snaps && n->snaps[ns].pos <= at) ns++;
+    if (ns) {
+        if (!(u->snaps = malloc((size_t)ns * sizeof *u->snaps))) {
+            node_free(u);
+            return NULL;
+        }
+        memcpy(u->snaps, n->snaps, (size_t)ns * sizeof *u->snaps);
+        u->n_snaps = u->cap_snaps = ns;
+        memmove(n->snaps, n->snaps + ns, (size_t)(n->n_snaps - ns) * sizeof *n->snaps);
+        n->n_snaps -= ns;
+    }
     kp_pfx_node *parent = n->parent;
     bool found;
     uint32_t s = child_slot(parent, n->tokens[0], &found); /* before n's run changes */
@@ -366,11 +413,22 @@ static uint64_t try_merge(kp_pfx_index *p, kp_pfx_node *n) {
     uint32_t nt = n->n_tokens + c->n_tokens, nb = n->n_blocks - overlap + c->n_blocks;
     int32_t *tokens = malloc((size_t)nt * sizeof(int32_t));
     int32_t *blocks = malloc((size_t)nb * sizeof(int32_t));
-    if (!tokens || !blocks) {
+    uint32_t ns = n->n_snaps + c->n_snaps;
+    kp_pfx_state *snaps = ns ? malloc((size_t)ns * sizeof *snaps) : NULL;
+    if (!tokens || !blocks || (ns && !snaps)) {
         free(tokens);
         free(blocks);
+        free(snaps);
         return 0;
     }
+    if (ns) { /* n's positions come before c's */
+        if (n->n_snaps) memcpy(snaps, n->snaps, (size_t)n->n_snaps * sizeof *snaps);
+        if (c->n_snaps) memcpy(snaps + n->n_snaps, c->snaps, (size_t)c->n_snaps * sizeof *snaps);
+    }
+    free(c->snaps);
+    c->snaps = snaps;
+    c->n_snaps = c->cap_snaps = ns;
+    n->n_snaps = 0;
     uint64_t freed = 0;
     memcpy(tokens, n->tokens, (size_t)n->n_tokens * sizeof(int32_t));
     memcpy(tokens + n->n_tokens, c->tokens, (size_t)c->n_tokens * sizeof(int32_t));
@@ -499,6 +557,7 @@ static uint64_t evict_leaf(kp_pfx_index *p, kp_pfx_node *leaf) {
     parent->n_children--;
     uint64_t freed = 0;
     for (uint32_t i = 0; i < leaf->n_blocks; i++) freed += idx_unref(p, leaf->blocks[i]);
+    while (leaf->n_snaps) freed += snap_remove(p, leaf, leaf->n_snaps - 1);
     lru_unlink(p, leaf);
     node_free(leaf);
     p->n_nodes--;
@@ -508,11 +567,33 @@ static uint64_t evict_leaf(kp_pfx_index *p, kp_pfx_node *leaf) {
     return freed;
 }
 
+/* Evicts until bytes_needed came back or nothing is left: each round the
+ * least recently used of the LRU unheld, unpinned leaf and the LRU
+ * evictable snapshot (a leaf wins a tie: its snapshots go with it). The
+ * snapshot search scans every node's snapshots: O(nodes + snapshots). */
 static uint64_t evict_lru(kp_pfx_index *p, uint64_t bytes_needed) {
     uint64_t freed = 0;
     while (freed < bytes_needed) {
         kp_pfx_node *v = p->lru_tail;
         while (v && (v->n_children || v->hold || v->pin)) v = v->lru_prev;
+        kp_pfx_node *sn = NULL;
+        uint32_t si = 0;
+        uint64_t oldest = v ? v->last_used : UINT64_MAX;
+        if (p->state_bytes)
+            for (kp_pfx_node *x = p->lru_head; x; x = x->lru_next)
+                for (uint32_t i = 0; i < x->n_snaps; i++)
+                    if (x->snaps[i].last_used < oldest && snap_evictable(x, i)) {
+                        oldest = x->snaps[i].last_used;
+                        sn = x;
+                        si = i;
+                    }
+        if (sn) {
+            uint64_t got = snap_remove(p, sn, si);
+            p->state_evictions++;
+            p->evicted_bytes += got;
+            freed += got;
+            continue;
+        }
         if (!v) break;
         freed += evict_leaf(p, v);
     }
@@ -643,6 +724,7 @@ void kp_pfx_free(kp_pfx_index *p) {
         if (!n->parent) break;
         kp_pfx_node *parent = n->parent;
         for (uint32_t i = 0; i < n->n_blocks; i++) idx_unref(p, n->blocks[i]);
+        for (uint32_t i = 0; i < n->n_snaps; i++) snap_release(p, &n->snaps[i]);
         node_free(n);
         parent->n_children--;
         n = parent;
@@ -667,6 +749,11 @@ void kp_pfx_match(const kp_pfx_index *p, const int32_t *tokens, uint32_t n, kp_p
     uint32_t resume = kp_pfx_window_resume(p, tokens, out->n_reuse);
     if (resume < out->n_reuse) {
         out->window_cut_from = out->n_reuse;
+        out->n_reuse = resume;
+    }
+    resume = kp_pfx_resume(p, tokens, out->n_reuse);
+    if (resume < out->n_reuse) {
+        out->state_cut_from = out->n_reuse;
         out->n_reuse = resume;
     }
     if (node->parent) {
@@ -710,9 +797,23 @@ kp_status kp_pfx_acquire(kp_pfx_index *p, const int32_t *tokens, uint32_t n_reus
     if (m < n_reuse)
         return kp_fail(err, KP_EINVAL, "only %u of the %u positions to reuse are cached", m, n_reuse);
     uint32_t B = p->B, nb = (uint32_t)(((uint64_t)n_reuse + B - 1) / B);
+    kp_pfx_state *snap = NULL; /* with states: the snapshot at n_reuse, on node (its run holds n_reuse) */
+    float *state = NULL;
+    if (p->state_bytes) {
+        for (uint32_t i = 0; i < node->n_snaps; i++)
+            if (node->snaps[i].pos == n_reuse) snap = &node->snaps[i];
+        if (!snap)
+            return kp_fail(err, KP_EINVAL, "no recurrent-state snapshot at position %u to resume from", n_reuse);
+        if (seq->rstate) return kp_fail(err, KP_EINVAL, "kp_pfx_acquire needs a sequence without a state");
+        if (!(state = malloc((size_t)p->state_bytes)))
+            return kp_fail(err, KP_ENOMEM, "out of memory for a recurrent state");
+        snap_load(p, snap, state); /* now: the partial block's copy below may evict the snapshot */
+    }
     bool fresh = seq->blocks == NULL;
-    if (!kp_grow_u32((void **)&seq->blocks, &seq->cap_blocks, nb, sizeof(int32_t)))
+    if (!kp_grow_u32((void **)&seq->blocks, &seq->cap_blocks, nb, sizeof(int32_t))) {
+        free(state);
         return kp_fail(err, KP_ENOMEM, "out of memory growing a block table");
+    }
     /* each block index from the deepest path node touching it below n_reuse */
     uint32_t lo = nb;
     for (kp_pfx_node *x = node; x->parent && lo > 0; x = x->parent) {
@@ -744,6 +845,7 @@ kp_status kp_pfx_acquire(kp_pfx_index *p, const int32_t *tokens, uint32_t n_reus
             }
             unhold_path(node);
             try_merge(p, node);
+            free(state);
             return kp_fail(err, KP_EFULL,
                            "KV pool full: no block (or window slot) for the copy of the partial block at "
                            "position %u",
@@ -755,6 +857,12 @@ kp_status kp_pfx_acquire(kp_pfx_index *p, const int32_t *tokens, uint32_t n_reus
     seq->n_blocks = nb;
     seq->n_pos = n_reuse;
     touch_path(p, node);
+    if (state) {
+        seq->rstate = state;
+        seq->rstate_pos = n_reuse;
+        for (uint32_t i = 0; i < node->n_snaps; i++) /* unless the copy's eviction took it */
+            if (node->snaps[i].pos == n_reuse) node->snaps[i].last_used = p->tick;
+    }
     for (kp_pfx_node *x = node; x->parent; x = x->parent) x->hits++;
     p->n_lookups++;
     p->n_hits++;
@@ -845,6 +953,104 @@ kp_status kp_pfx_insert(kp_pfx_index *p, const int32_t *tokens, uint32_t n, cons
     return KP_OK;
 }
 
+/* ---- recurrent-state snapshots (prefix.h's top) ------------------------- */
+
+kp_status kp_pfx_set_state(kp_pfx_index *p, uint64_t state_bytes, kp_error *err) {
+    if (p->n_nodes) return kp_fail(err, KP_EINVAL, "state snapshots are turned on before anything is indexed");
+    uint64_t fb = kp_kvpool_full_bytes(p->pool);
+    if (state_bytes && !fb) return kp_fail(err, KP_EINVAL, "a pool without full-layer rows cannot hold states");
+    p->state_bytes = state_bytes;
+    p->state_blocks = state_bytes ? (uint32_t)((state_bytes + fb - 1) / fb) : 0;
+    return KP_OK;
+}
+
+uint64_t kp_pfx_state_bytes(const kp_pfx_index *p) { return p->state_bytes; }
+uint32_t kp_pfx_state_blocks(const kp_pfx_index *p) { return p->state_blocks; }
+
+void kp_pfx_state_drop(kp_pfx_index *p, kp_pfx_state *s) {
+    for (uint32_t i = 0; i < s->n_blocks; i++) kp_kvpool_unref(p->pool, s->blocks[i]);
+    free(s->blocks);
+    memset(s, 0, sizeof *s);
+}
+
+kp_status kp_pfx_state_save(kp_pfx_index *p, const float *state, uint32_t pos, kp_pfx_state *out, kp_error *err) {
+    memset(out, 0, sizeof *out);
+    if (!p->state_bytes) return kp_fail(err, KP_EINVAL, "the prefix index keeps no recurrent states");
+    if (!(out->blocks = malloc((size_t)p->state_blocks * sizeof *out->blocks)))
+        return kp_fail(err, KP_ENOMEM, "out of memory for a state snapshot");
+    out->pos = pos;
+    while (out->n_blocks < p->state_blocks) {
+        if (kp_kvpool_alloc(p->pool, &out->blocks[out->n_blocks], NULL) == KP_OK) {
+            out->n_blocks++;
+            continue;
+        }
+        if (evict_lru(p, (uint64_t)(p->state_blocks - out->n_blocks) * p->block_bytes) == 0) {
+            kp_pfx_state_drop(p, out);
+            return kp_fail(err, KP_EFULL, "KV pool full: no room for a state snapshot of %u blocks", p->state_blocks);
+        }
+    }
+    uint64_t fb = kp_kvpool_full_bytes(p->pool), left = p->state_bytes;
+    const uint8_t *src = (const uint8_t *)state;
+    for (uint32_t i = 0; i < out->n_blocks; i++, src += fb, left -= fb)
+        kp_kvpool_put(p->pool, out->blocks[i], src, left < fb ? left : fb);
+    return KP_OK;
+}
+
+kp_status kp_pfx_add_state(kp_pfx_index *p, const int32_t *tokens, kp_pfx_state *s, kp_error *err) {
+    if (!p->state_bytes || !s->blocks || s->pos == 0 || s->n_blocks != p->state_blocks)
+        return kp_fail(err, KP_EINVAL, "not a state snapshot of this index");
+    kp_pfx_node *node;
+    uint32_t off;
+    if (descend(p, tokens, s->pos, &node, &off) < s->pos)
+        return kp_fail(err, KP_ENOTFOUND, "the %u positions of a state snapshot are not cached", s->pos);
+    uint32_t i = 0; /* node's run holds pos: d0 < pos <= d1 */
+    while (i < node->n_snaps && node->snaps[i].pos < s->pos) i++;
+    if (i < node->n_snaps && node->snaps[i].pos == s->pos) { /* stored once */
+        kp_pfx_state_drop(p, s);
+        return KP_OK;
+    }
+    if (!kp_grow_u32((void **)&node->snaps, &node->cap_snaps, node->n_snaps + 1, sizeof *node->snaps))
+        return kp_fail(err, KP_ENOMEM, "out of memory adding a state snapshot");
+    memmove(node->snaps + i + 1, node->snaps + i, (size_t)(node->n_snaps - i) * sizeof *node->snaps);
+    node->n_snaps++;
+    for (uint32_t k = 0; k < s->n_blocks; k++) /* the caller's references become the index's */
+        if (p->idx_refs[s->blocks[k]]++ == 0) p->n_idx_blocks++;
+    node->snaps[i] = *s;
+    node->snaps[i].last_used = ++p->tick;
+    memset(s, 0, sizeof *s);
+    return KP_OK;
+}
+
+/* The latest snapshot position <= r on the cached path tokens[0..r). */
+static uint32_t state_resume(const kp_pfx_index *p, const int32_t *tokens, uint32_t r) {
+    if (!p->state_bytes || r == 0) return r;
+    kp_pfx_node *node;
+    uint32_t off;
+    uint32_t m = descend(p, tokens, r, &node, &off);
+    assert(m == r);
+    (void)m;
+    for (; node->parent; node = node->parent) /* deeper nodes hold later positions */
+        for (uint32_t i = node->n_snaps; i-- > 0;)
+            if (node->snaps[i].pos <= r) return node->snaps[i].pos;
+    return 0;
+}
+
+uint32_t kp_pfx_resume(const kp_pfx_index *p, const int32_t *tokens, uint32_t r) {
+    for (;;) {
+        uint32_t w = kp_pfx_window_resume(p, tokens, r), s = state_resume(p, tokens, w);
+        if (s == r) return r;
+        r = s;
+    }
+}
+
+uint32_t kp_pfx_state_evictable_blocks(const kp_pfx_index *p) {
+    uint32_t n = 0;
+    for (const kp_pfx_node *x = p->lru_head; x; x = x->lru_next)
+        for (uint32_t i = 0; i < x->n_snaps; i++)
+            if (snap_evictable(x, i)) n += x->snaps[i].n_blocks;
+    return n;
+}
+
 void kp_pfx_release(kp_pfx_index *p, kp_pfx_lease *lease) {
     if (!lease || !lease->node) return;
     kp_pfx_node *n = lease->node;
@@ -868,6 +1074,13 @@ static uint64_t count_pinned_blocks(kp_pfx_index *p, const kp_pfx_node *extra) {
     uint64_t count = 0;
     for (uint32_t i = 0; i <= p->n_pins; i++) {
         const kp_pfx_node *n = i < p->n_pins ? p->pins[i].node : extra;
+        for (uint32_t k = 0; n && k < n->n_snaps; k++) /* the snapshot the pin resumes from */
+            if (n->snaps[k].pos == n->depth)
+                for (uint32_t j = 0; j < n->snaps[k].n_blocks; j++)
+                    if (p->mark[n->snaps[k].blocks[j]] != p->epoch) {
+                        p->mark[n->snaps[k].blocks[j]] = p->epoch;
+                        count++;
+                    }
         for (; n && n->parent; n = n->parent)
             for (uint32_t b = 0; b < n->n_blocks; b++)
                 if (p->mark[n->blocks[b]] != p->epoch) {
@@ -970,7 +1183,10 @@ void kp_pfx_get_stats(kp_pfx_index *p, kp_pfx_stats *out) {
         out->n_nodes++;
         if (!n->n_children) out->n_leaves++;
         out->cached_tokens += n->n_tokens;
+        out->n_states += n->n_snaps;
     }
+    out->state_bytes = (uint64_t)out->n_states * p->state_blocks * bb;
+    out->state_evictions = p->state_evictions;
     out->n_pins = p->n_pins;
     out->n_leases = p->n_leases;
     out->n_evictions = p->n_evictions;
@@ -1115,6 +1331,23 @@ kp_status kp_pfx_check(kp_pfx_index *p, kp_error *err) {
             }
             refs[b]++;
         }
+        for (uint32_t i = 0; i < n->n_snaps && st == KP_OK; i++) {
+            const kp_pfx_state *sn = &n->snaps[i];
+            if (sn->pos <= node_start(n) || sn->pos > n->depth || (i && sn->pos <= n->snaps[i - 1].pos) ||
+                sn->n_blocks != p->state_blocks) {
+                st = kp_fail(err, KP_EFORMAT, "prefix index: a state snapshot at %u on run %u..%u (or its blocks)",
+                             sn->pos, node_start(n), n->depth);
+                break;
+            }
+            for (uint32_t k = 0; k < sn->n_blocks; k++) {
+                if (sn->blocks[k] < 0 || (uint32_t)sn->blocks[k] >= p->n_pool_blocks) {
+                    st = kp_fail(err, KP_EFORMAT, "prefix index: snapshot block id %d out of range", sn->blocks[k]);
+                    break;
+                }
+                refs[sn->blocks[k]]++;
+            }
+        }
+        if (st != KP_OK) break;
     }
     uint32_t distinct = 0;
     for (uint32_t b = 0; b < p->n_pool_blocks && st == KP_OK; b++) {

@@ -23,6 +23,34 @@
  * the time of kp_pfx_acquire or kp_pfx_insert (it appends, it never rewinds over
  * rows it reused or indexed). kp_pfx_acquire hands out a private copy of a
  * shared partial block, so appending never touches a row someone else reads.
+ *
+ * Recurrent-state snapshots (a model with recurrent layers, model.h's
+ * Hybrid; kp_pfx_set_state). A sequence's recurrent state summarizes all
+ * its positions and cannot be cut back, so K/V rows alone cannot resume
+ * it. The index then also keeps snapshots: a copy of a sequence's whole
+ * state (every recurrent layer's matrices and convolution tail) after
+ * position pos, stored in pool blocks (kp_pfx_state_blocks of them, as
+ * plain bytes: kvpool.h's kp_kvpool_put), so they are in the KV budget and
+ * the memory bill, and hung off the node whose run holds pos (d0 < pos <=
+ * d1, sorted). A resume point r > 0 is then a position with a snapshot on
+ * the query's path (kp_pfx_resume; kp_pfx_match cuts n_reuse to the latest
+ * one, state_cut_from), and kp_pfx_acquire hands the sequence a copy of it
+ * (kvpool.h's rstate, rstate_pos = n_reuse) with the K/V rows:
+ *
+ *   path   [0 ............ 64) --+-- [64 ....... 90)   leaf
+ *   snaps        @32        @64  |         @90          (every 32, ends)
+ *   query diverges at 75 -> resumes at 64 (rows 0..63, state @64), computes 64..
+ *
+ * Who takes them is the engine's choice (engine.c: every N positions, a
+ * prompt's end, a sequence's end, a pin); the engine saves one while its
+ * sequence runs (kp_pfx_state_save: the sequence owns it, pending) and
+ * hands it over once its path is indexed (kp_pfx_add_state). Snapshots are
+ * evicted by the LRU policy of the leaves: kp_pfx_evict takes the least
+ * recently used of (an unheld, unpinned leaf, with its snapshots; a lone
+ * snapshot), a snapshot's clock being its creation or last resume, so the
+ * unused snapshots along a path go before its end's; the snapshot at a
+ * pinned node's end stays. A node may lose its snapshots and keep its
+ * blocks: reuse then resumes at an earlier snapshot (or at 0).
  */
 #ifndef KP_PREFIX_H
 #define KP_PREFIX_H
@@ -79,6 +107,9 @@ typedef struct {
     uint32_t window_cut_from; /* > 0: the reuse the tokens allow, which n_reuse was cut
                                  from to the latest resume point whose window rows
                                  are held (kp_pfx_window_resume); 0: not cut */
+    uint32_t state_cut_from;  /* > 0 (an index with states): the reuse the rows allowed
+                                 (after any window cut), which n_reuse was cut from to
+                                 the latest state snapshot at or before it; 0: not cut */
 } kp_pfx_match_result;
 
 /* Longest cached prefix of tokens[0..n). Read-only: no LRU touch, no stats,
@@ -97,7 +128,9 @@ void kp_pfx_match(const kp_pfx_index *p, const int32_t *tokens, uint32_t n, kp_p
  * KP_OK.
  * KP_EINVAL: seq not empty, or tokens[0..n_reuse) not (or no longer) cached.
  * On success counts a lookup (a hit when n_reuse > 0) and touches the path
- * (LRU). */
+ * (LRU). With snapshots (kp_pfx_set_state) and n_reuse > 0 the path must
+ * hold a snapshot at n_reuse (KP_EINVAL otherwise): seq->rstate receives a
+ * copy of it (allocated here) and seq->rstate_pos = n_reuse. */
 kp_status kp_pfx_acquire(kp_pfx_index *p, const int32_t *tokens, uint32_t n_reuse, kp_kvseq *seq,
                       kp_pfx_lease *lease, kp_error *err);
 
@@ -112,6 +145,54 @@ kp_status kp_pfx_acquire(kp_pfx_index *p, const int32_t *tokens, uint32_t n_reus
  * blocks; KP_ENOMEM with the index unchanged. */
 kp_status kp_pfx_insert(kp_pfx_index *p, const int32_t *tokens, uint32_t n, const kp_kvseq *seq,
                      kp_pfx_lease *lease, uint32_t *n_added, kp_error *err);
+
+/* ---- recurrent-state snapshots (the top of this file) ---------------------- */
+
+/* A snapshot of a sequence's recurrent state after position pos (it
+ * summarizes tokens [0, pos)), in n_blocks pool blocks, one reference
+ * each. A pending one (kp_pfx_state_save) is owned by its caller; {0}
+ * (blocks NULL) is empty. */
+typedef struct {
+    uint32_t pos;
+    uint32_t n_blocks;
+    int32_t *blocks;
+    uint64_t last_used; /* the index's clock at its creation or last resume */
+} kp_pfx_state;
+
+/* Turns snapshots on for a model whose recurrent state is state_bytes
+ * bytes (0: off, the default). Only on an empty index: KP_EINVAL
+ * otherwise. */
+kp_status kp_pfx_set_state(kp_pfx_index *p, uint64_t state_bytes, kp_error *err);
+
+/* Bytes of one state (0: no snapshots) and the pool blocks one takes. */
+uint64_t kp_pfx_state_bytes(const kp_pfx_index *p);
+uint32_t kp_pfx_state_blocks(const kp_pfx_index *p);
+
+/* Copies state (kp_pfx_state_bytes bytes) after position pos into blocks
+ * of its own: *out, pending, owned by the caller. When the pool is full it
+ * evicts (kp_pfx_evict's order) and then gives up: KP_EFULL, *out empty;
+ * KP_ENOMEM. KP_EINVAL without snapshots. */
+kp_status kp_pfx_state_save(kp_pfx_index *p, const float *state, uint32_t pos, kp_pfx_state *out, kp_error *err);
+
+/* Drops a pending snapshot's blocks; *s becomes empty. No-op on an empty one. */
+void kp_pfx_state_drop(kp_pfx_index *p, kp_pfx_state *s);
+
+/* Hangs the pending snapshot *s on the path tokens[0..s->pos), which must
+ * be cached (KP_ENOTFOUND otherwise, *s left to the caller); the index
+ * takes its blocks and *s becomes empty. When the path holds a snapshot at
+ * that position already, *s is dropped instead (stored once). KP_ENOMEM
+ * leaves *s to the caller. */
+kp_status kp_pfx_add_state(kp_pfx_index *p, const int32_t *tokens, kp_pfx_state *s, kp_error *err);
+
+/* The latest resume point r' <= r for tokens[0..r) (cached): r itself
+ * without snapshots, else the latest position with a snapshot on the path
+ * (0 when none), combined with kp_pfx_window_resume. kp_pfx_match applies
+ * it. */
+uint32_t kp_pfx_resume(const kp_pfx_index *p, const int32_t *tokens, uint32_t r);
+
+/* Pool blocks of the snapshots eviction may take (all but those at a
+ * pinned node's end): for admission (engine.h's kp_eng_room_for). */
+uint32_t kp_pfx_state_evictable_blocks(const kp_pfx_index *p);
 
 /* Drops the hold of *lease and empties it. No-op on an empty lease. */
 void kp_pfx_release(kp_pfx_index *p, kp_pfx_lease *lease);
@@ -183,6 +264,9 @@ typedef struct {
     uint64_t reused_tokens;     /* sum of n_reuse */
     uint32_t index_window_blocks; /* index blocks that hold their window rows */
     uint64_t window_drops;      /* blocks whose window rows kp_pfx_drop_windows dropped */
+    uint32_t n_states;          /* recurrent-state snapshots the index holds */
+    uint64_t state_bytes;       /* ... their blocks' bytes (part of index_bytes) */
+    uint64_t state_evictions;   /* snapshots evicted alone (not with their leaf) */
 } kp_pfx_stats;
 
 void kp_pfx_get_stats(kp_pfx_index *p, kp_pfx_stats *out);

@@ -184,15 +184,16 @@ static void window_cause(const kp_eng_report *r, kp_doctor_report *out) {
              r->window_cut_from, r->prompt_tokens, r->reused_tokens);
 }
 
-/* A model with recurrent layers reused nothing (engine.h, recurrent): the
- * cause is recurrent_state whenever a recent sequence shares a start with
- * the request, and the detail says how much the cache would have held. */
-static void recurrent_cause(const kp_eng_report *r, uint32_t common, kp_doctor_report *out) {
-    out->finding.cause = KP_DOCTOR_CAUSE_RECURRENT_STATE;
+/* A model with recurrent layers resumed at a state snapshot before where
+ * the cache matched (engine.h, state_cut_from): the cause is
+ * state_checkpoint whatever the text says, and the detail says where the
+ * tokens matched, where the reuse resumed and how many were recomputed. */
+static void state_cause(const kp_eng_report *r, kp_doctor_report *out) {
+    out->finding.cause = KP_DOCTOR_CAUSE_STATE_CHECKPOINT;
     snprintf(out->finding.detail, sizeof out->finding.detail,
-             "recurrent_state: a recent sequence shares %u of the %u tokens, but this model's recurrent layers keep "
-             "a state that cannot be cut back to a shared prefix: all %u were computed",
-             common, r->prompt_tokens, r->computed_tokens);
+             "state_checkpoint: the cache matched %u of %u tokens, but this model's recurrent state was snapshotted "
+             "last at token %u: reuse resumed there and %u matched tokens were computed again",
+             r->state_cut_from, r->prompt_tokens, r->reused_tokens, r->state_recomputed_tokens);
 }
 
 kp_status kp_cachereport_explain(kp_cachereport *c, const int32_t *tokens, uint32_t n, const char *text, size_t text_len,
@@ -246,7 +247,7 @@ kp_status kp_cachereport_explain_hinted(kp_cachereport *c, const int32_t *tokens
         if (hints) dt.hints = *hints;
         st = kp_doctor_explain(ct, state == KP_DOCTOR_CACHE_NOTHING ? 0 : cl, rt, rlen, &dt, state, mode, out, err);
         if (st == KP_OK && r->window_cut_from > r->reused_tokens) window_cause(r, out);
-        if (st == KP_OK && r->recurrent && common > 0) recurrent_cause(r, common, out);
+        if (st == KP_OK && r->state_cut_from > r->reused_tokens) state_cause(r, out);
     }
     free(req);
     free(cached);

@@ -122,19 +122,51 @@
  * token it sampled, until the gen says it ended; the sequence stays with
  * the caller (finish, abort or keep).
  *
- * Recurrent layers (a hybrid model, model.h's Hybrid: qwen35). A
- * sequence's recurrent state (kvpool.h's kp_kvseq.rstate) summarizes every
- * position before it and cannot be cut back to an earlier one, and the
- * index keeps K/V rows only. So for such a model the engine keeps no
- * prefix index (as with no_prefix_cache): every prompt is computed whole,
- * the report says why (kp_eng_report.recurrent; the cache report's cause
- * recurrent_state), pins and the tiers are refused, and a fork copies the
- * source's state with its rows - only at the source's whole length
- * (kp_eng_fork_prefix refuses a shorter prefix: the state at n is gone once
- * the source went past it, and the scheduler does not park requests on a
- * running sequence, kp_eng_recurrent). The forward pass itself refuses a
- * batch that does not continue a sequence's state, so no path can pair K/V
- * rows with the wrong state.
+ * Recurrent layers (a hybrid model, model.h's Hybrid: qwen35): state
+ * checkpoints. A sequence's recurrent state (kvpool.h's kp_kvseq.rstate)
+ * summarizes every position before it and cannot be cut back, so cached
+ * K/V rows alone cannot resume it: the prefix index also keeps snapshots
+ * of whole states (prefix.h's top: in pool blocks, on the node whose run
+ * holds their position), and a reuse resumes only where one is:
+ *
+ *   cached path   0 ... 256 ...... 512 ... 600 (prompt end) ... 700 (answer end)
+ *   snapshots           @256       @512    @600                 @700
+ *   next prompt   shares 0..640, then differs
+ *   -> match 640, resume at 600: rows 0..599 + the state @600,
+ *      computed 600..: reused_tokens 600, state_recomputed_tokens 40
+ *
+ * Where a sequence snapshots its state (take_state, after a forward call,
+ * into blocks of its own: pending, kp_eng_seq.snaps): every state_every
+ * positions (kp_eng_config.state_every, --state-every), at its prompt's end
+ * (where the next turn resumes when the answer it is sent back differs)
+ * and at its end (kp_eng_finish: where the next turn resumes when it
+ * extends prompt + answer). A state exists only where a forward call ends,
+ * so run_tokens cuts its calls at those positions and a scheduler cuts its
+ * prefill chunks with kp_eng_chunk (a decode step ends everywhere).
+ * kp_eng_finish indexes the tokens, then hands the pending snapshots to the
+ * index (kp_pfx_add_state; one already there at a position wins). A pin
+ * needs one at its end: kp_eng_pin computes it when missing, from the
+ * latest snapshot before it (pin_state).
+ *
+ * Memory: a snapshot takes kp_pfx_state_blocks pool blocks, so it is in
+ * the budget and the bill (kp_eng_stats.n_states, index_state_bytes); the
+ * default budget has room for one max_pos sequence's snapshots too. A
+ * pending snapshot that finds no room (after eviction) is skipped, and a
+ * sequence short of blocks for its rows drops its own pending snapshots
+ * before it gives up (reserve): snapshots only ever save work. Eviction
+ * takes snapshots by the blocks' LRU policy (prefix.c's evict_lru), so a
+ * node can keep its rows and lose its snapshot: reuse then resumes at an
+ * earlier one. Admission (kp_eng_room_for) counts the index's snapshots
+ * as evictable and a prefill's own pending ones not at all (optional).
+ *
+ * Not done for such a model: the tiers below RAM (no snapshots on disk or
+ * Redis yet: kp_eng_open_tiers refuses), and a fork of a shorter prefix
+ * of a running sequence (kp_eng_fork_prefix refuses: the state at n is
+ * gone once the source went past it; the scheduler does not park requests
+ * on a running sequence, kp_eng_recurrent). The forward pass itself
+ * refuses a batch that does not continue a sequence's state, so no path
+ * can pair K/V rows with the wrong state; a resume hands the sequence a
+ * snapshot's copy with rstate_pos = the reuse (kp_pfx_acquire).
  *
  * Invariants:
  *   - a sequence only ever writes positions >= its n_pos at acquire time
@@ -171,7 +203,8 @@ struct kp_engine {
     kp_forward *fw;
     kp_threads *threads;  /* borrowed: the forward pass's, also the disk tier's parallel restore */
     uint32_t max_pos;
-    bool recurrent;        /* the model has recurrent layers: no index (the top of this file) */
+    bool recurrent;        /* the model has recurrent layers: state snapshots (the top of this file) */
+    uint32_t state_every;  /* ... every this many positions */
     kp_pfx_config pfx_cfg; /* kept for kp_eng_clear */
     bool has_pfx_cfg;
     /* kp_eng_step and run_tokens scratch, grown on demand */
@@ -189,13 +222,24 @@ struct kp_engine {
     int32_t *room_shared; /* the blocks the prefill would share, by block index */
 };
 
+uint64_t kp_eng_state_room(const kp_model *m, kp_dtype k, kp_dtype v, uint32_t block_size, uint32_t max_pos,
+                           uint32_t state_every) {
+    uint64_t state_bytes = kp_model_rec_state_floats(&m->hp) * sizeof(float);
+    if (!state_bytes) return 0;
+    if (!block_size) block_size = 16;
+    if (!state_every) state_every = (256 + block_size - 1) / block_size * block_size;
+    uint64_t bb = kp_model_kv_bytes_per_token_kv(&m->hp, k, v) * block_size;
+    if (!bb) return 0;
+    return ((uint64_t)max_pos / state_every + 2) * ((state_bytes + bb - 1) / bb) * bb;
+}
+
 kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_threads *threads, const kp_kernels *kernels,
                   const kp_eng_config *cfg, kp_error *err) {
     *out = NULL;
-    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 0, false, NULL, KP_DTYPE_F16, false, 0};
+    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 0, false, NULL, KP_DTYPE_F16, false, 0, 0};
     if (cfg) c = *cfg;
     if (!c.block_size) c.block_size = 16;
-    if (m->hp.n_rec_layers) c.no_prefix_cache = true; /* a recurrent state cannot resume from cached rows */
+    if (!c.state_every) c.state_every = (256 + c.block_size - 1) / c.block_size * c.block_size;
     if (c.no_prefix_cache) c.window_budget_bytes = 0; /* window rows are kept for the cache only */
     if (!c.max_pos) c.max_pos = m->hp.n_ctx_train && m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
     kp_dtype vt = c.kv_type_v;
@@ -204,9 +248,13 @@ kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_threads *threads, co
     if (cst != KP_OK) return cst;
     uint64_t per_tok = kp_model_kv_bytes_per_token_kv(&m->hp, c.kv_type, vt);
     uint64_t block_bytes = per_tok * c.block_size;
-    if (!c.budget_bytes) /* room for max_pos positions, and the window arena apart */
+    uint64_t state_bytes = kp_model_rec_state_floats(&m->hp) * sizeof(float);
+    if (!c.budget_bytes) { /* room for max_pos positions, and the window arena apart */
         c.budget_bytes = ((uint64_t)c.max_pos + c.block_size - 1) / c.block_size * block_bytes +
                          (m->hp.n_swa_layers ? c.window_budget_bytes : 0);
+        if (!c.no_prefix_cache) /* and the snapshots of one such sequence */
+            c.budget_bytes += kp_eng_state_room(m, c.kv_type, vt, c.block_size, c.max_pos, c.state_every);
+    }
     if (c.budget_bytes < block_bytes)
         return kp_fail(err, KP_EINVAL, "KV budget of %llu bytes is smaller than one block (%llu bytes)",
                        (unsigned long long)c.budget_bytes, (unsigned long long)block_bytes);
@@ -215,6 +263,7 @@ kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_threads *threads, co
     e->m = m;
     e->max_pos = c.max_pos;
     e->recurrent = m->hp.n_rec_layers > 0;
+    e->state_every = c.state_every;
     if (c.pfx) {
         e->pfx_cfg = *c.pfx;
         e->has_pfx_cfg = true;
@@ -246,6 +295,7 @@ kp_status kp_eng_new(kp_engine **out, const kp_model *m, kp_threads *threads, co
         }
     }
     if (!c.no_prefix_cache && (st = kp_pfx_new(&e->idx, e->kv, c.pfx, err)) != KP_OK) goto fail;
+    if (e->idx && (st = kp_pfx_set_state(e->idx, state_bytes, err)) != KP_OK) goto fail;
     e->threads = threads;
     if ((st = kp_forward_new(&e->fw, m, e->kv, threads, kernels, err)) != KP_OK) goto fail;
     e->attn = kp_forward_set_attn(e->fw, KP_ATTN_F32);
@@ -275,6 +325,55 @@ void kp_eng_free(kp_engine *e) {
 }
 
 uint32_t kp_eng_max_pos(const kp_engine *e) { return e->max_pos; }
+
+/* True when seq snapshots its state at position pos (the top of this file). */
+static bool state_point(const kp_engine *e, const kp_eng_seq *seq, uint32_t pos) {
+    return pos > 0 && (pos % e->state_every == 0 || pos == seq->prompt_end);
+}
+
+uint32_t kp_eng_chunk(const kp_engine *e, const kp_eng_seq *seq, uint32_t n) {
+    if (!e->recurrent || !e->idx || n <= 1) return n;
+    uint32_t p = seq->kv.n_pos, k = 1;
+    while (k < n && !state_point(e, seq, p + k)) k++;
+    return k;
+}
+
+/* Drops a pending snapshot (pool references of the sequence's own). */
+static void state_drop(kp_engine *e, kp_pfx_state *sn) {
+    for (uint32_t i = 0; i < sn->n_blocks; i++) kp_kvpool_unref(e->kv, sn->blocks[i]);
+    free(sn->blocks);
+    memset(sn, 0, sizeof *sn);
+}
+
+static void states_drop(kp_engine *e, kp_eng_seq *seq) {
+    for (uint32_t i = 0; i < seq->n_snaps; i++) state_drop(e, &seq->snaps[i]);
+    free(seq->snaps);
+    seq->snaps = NULL;
+    seq->n_snaps = seq->cap_snaps = 0;
+}
+
+/* After a forward call: snapshots seq's state when it stands at a state
+ * point (or anywhere with force), as a pending snapshot of its own. Not
+ * where it resumed (the index has that one), nor twice. No room (after
+ * eviction) or no memory: skipped, a snapshot only saves work. */
+static void take_state(kp_engine *e, kp_eng_seq *seq, bool force) {
+    uint32_t pos = seq->kv.n_pos;
+    if (!e->recurrent || !e->idx || !seq->kv.rstate || seq->kv.rstate_pos != pos || pos == 0) return;
+    if (!force && !state_point(e, seq, pos)) return;
+    if (pos == seq->reused || (seq->n_snaps && seq->snaps[seq->n_snaps - 1].pos >= pos)) return;
+    if (!kp_grow_u32((void **)&seq->snaps, &seq->cap_snaps, seq->n_snaps + 1, sizeof *seq->snaps)) return;
+    if (kp_pfx_state_save(e->idx, seq->kv.rstate, pos, &seq->snaps[seq->n_snaps], NULL) == KP_OK) seq->n_snaps++;
+}
+
+/* Hands seq's pending snapshots at positions <= n to the index (the path
+ * tokens[0..n) is indexed); drops the rest and those it refuses. */
+static void hand_states(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n) {
+    for (uint32_t i = 0; i < seq->n_snaps; i++) {
+        kp_pfx_state *sn = &seq->snaps[i];
+        if (sn->pos > n || !e->idx || kp_pfx_add_state(e->idx, tokens, sn, NULL) != KP_OK) state_drop(e, sn);
+    }
+    seq->n_snaps = 0;
+}
 bool kp_eng_recurrent(const kp_engine *e) { return e->recurrent; }
 uint32_t kp_eng_seq_len(const kp_eng_seq *seq) { return seq->kv.n_pos; }
 
@@ -305,6 +404,10 @@ static kp_status reserve(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_eng_r
              * whole node, also the part past the rows we use). Our rows stay
              * valid without it: the sequence holds its own block references. */
             kp_pfx_release(e->idx, &seq->lease);
+            continue;
+        }
+        if (got == 0 && seq->n_snaps) { /* our own pending snapshots: rows come first */
+            states_drop(e, seq);
             continue;
         }
         if (got == 0)
@@ -442,6 +545,7 @@ kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp
 }
 
 void kp_eng_seq_abort(kp_engine *e, kp_eng_seq *seq) {
+    states_drop(e, seq);
     if (e->idx) kp_pfx_release(e->idx, &seq->lease);
     kp_kvseq_release(&seq->kv, e->kv);
     memset(seq, 0, sizeof *seq);
@@ -476,8 +580,8 @@ static kp_status run_tokens(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens
     kp_status st = step_scratch(e, n < batch ? n : batch, 1, 0, err);
     if (st != KP_OK) return st;
     kp_kvseq *seqs[1] = {&seq->kv};
-    for (uint32_t i = 0; i < n; i += batch) {
-        uint32_t m = n - i < batch ? n - i : batch;
+    for (uint32_t i = 0, m; i < n; i += m) {
+        m = kp_eng_chunk(e, seq, n - i < batch ? n - i : batch);
         bool last = i + m == n;
         for (uint32_t j = 0; j < m; j++) {
             e->step_pos[j] = (int32_t)(seq->kv.n_pos + j);
@@ -489,6 +593,7 @@ static kp_status run_tokens(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens
         if (st == KP_OK) st = kp_forward_run(e->fw, &b, last ? logits : NULL, err);
         if (st != KP_OK) return st;
         window_trim(e, seq);
+        take_state(e, seq, false);
     }
     return KP_OK;
 }
@@ -562,11 +667,12 @@ kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_s
         r.evicted = mr.evicted;
         r.evicted_len = mr.evicted_len;
         r.window_cut_from = mr.window_cut_from;
+        r.state_cut_from = mr.state_cut_from;
         kp_status st = kp_pfx_acquire(e->idx, tokens, mr.n_reuse, &seq->kv, &seq->lease, err);
         if (st == KP_EFULL) { /* the partial-block copy found no free block: compute instead */
             uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
-            st = kp_pfx_acquire(e->idx, tokens, kp_pfx_window_resume(e->idx, tokens, mr.n_reuse / B * B),
-                                &seq->kv, &seq->lease, err);
+            st = kp_pfx_acquire(e->idx, tokens, kp_pfx_resume(e->idx, tokens, mr.n_reuse / B * B), &seq->kv,
+                                &seq->lease, err);
         }
         if (st != KP_OK) {
             if (report) *report = r;
@@ -580,6 +686,7 @@ kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_s
         r.cold = true;
     }
     r.computed_tokens = n - r.reused_tokens;
+    if (r.state_cut_from > r.reused_tokens) r.state_recomputed_tokens = r.state_cut_from - r.reused_tokens;
     seq->reused = r.reused_tokens;
     if (report) *report = r;
     return KP_OK;
@@ -604,8 +711,10 @@ void kp_eng_probe(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_report
     r->evicted = mr.evicted;
     r->evicted_len = mr.evicted_len;
     r->window_cut_from = mr.window_cut_from;
+    r->state_cut_from = mr.state_cut_from;
     r->reused_tokens = mr.n_reuse;
     r->computed_tokens = n - mr.n_reuse;
+    if (mr.state_cut_from > mr.n_reuse) r->state_recomputed_tokens = mr.state_cut_from - mr.n_reuse;
 }
 
 /* kp_eng_room_for's walk over the index. */
@@ -673,6 +782,7 @@ kp_status kp_eng_room_for(kp_engine *e, const int32_t *tokens, uint32_t n, bool 
     for (uint32_t b = 0; b < nb; b++)
         if (e->room_refs[b] && e->room_refs[b] != UINT32_MAX && e->room_refs[b] == kp_kvpool_refcount(e->kv, (int32_t)b))
             out->evictable_blocks++;
+    out->evictable_blocks += kp_pfx_state_evictable_blocks(e->idx); /* snapshots: the index's blocks alone */
     return KP_OK;
 }
 
@@ -787,7 +897,10 @@ kp_status kp_eng_step(kp_engine *e, kp_eng_item *items, uint32_t n_items, kp_err
     float *out = n_asking == 1 ? asking->logits : n_asking ? e->step_logits : NULL;
     if ((st = kp_forward_run(e->fw, &b, out, err)) != KP_OK) return st;
     for (uint32_t i = 0; i < n_items; i++)
-        if (items[i].status == KP_OK) window_trim(e, items[i].seq);
+        if (items[i].status == KP_OK) {
+            window_trim(e, items[i].seq);
+            take_state(e, items[i].seq, false);
+        }
     if (n_asking < 2) return KP_OK;
     size_t nv = e->m->hp.n_vocab;
     uint32_t l = 0;
@@ -818,7 +931,9 @@ kp_status kp_eng_finish(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, ui
     kp_status st = KP_OK;
     if (n_added) *n_added = 0;
     if (n > seq->kv.n_pos) n = seq->kv.n_pos;
+    if (n == seq->kv.n_pos && tokens) take_state(e, seq, true); /* the end: where the next turn resumes */
     if (e->idx && n > 0 && tokens) st = kp_pfx_insert(e->idx, tokens, n, &seq->kv, NULL, n_added, err);
+    if (e->idx && st == KP_OK && tokens) hand_states(e, seq, tokens, n);
     if (e->tiers && tokens) {
         /* a block whose window rows were dropped is not published, nor any after it */
         uint32_t B = kp_kvpool_config_of(e->kv)->block_size, j = 0;
@@ -832,9 +947,12 @@ kp_status kp_eng_finish(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, ui
 
 kp_status kp_eng_clear(kp_engine *e, kp_error *err) {
     if (!e->idx) return KP_OK;
+    uint64_t state_bytes = kp_pfx_state_bytes(e->idx);
     kp_pfx_free(e->idx);
     e->idx = NULL;
-    return kp_pfx_new(&e->idx, e->kv, e->has_pfx_cfg ? &e->pfx_cfg : NULL, err);
+    kp_status st = kp_pfx_new(&e->idx, e->kv, e->has_pfx_cfg ? &e->pfx_cfg : NULL, err);
+    if (st == KP_OK) st = kp_pfx_set_state(e->idx, state_bytes, err);
+    return st;
 }
 
 /* The per-kind fields of the bill (kp_eng_stats); index_* from index_bytes
@@ -872,6 +990,13 @@ void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out) {
     out->block_size = kc->block_size;
     out->bytes_per_token = kp_model_kv_bytes_per_token_kv(&e->m->hp, kc->kv_type, kc->kv_type_v);
     out->block_bytes = bb;
+    if (e->recurrent) {
+        out->state_bytes = kp_model_rec_state_floats(&e->m->hp) * sizeof(float);
+        if (e->idx) {
+            out->state_every = e->state_every;
+            out->state_block_bytes = (uint64_t)kp_pfx_state_blocks(e->idx) * bb;
+        }
+    }
     kind_bill(e, out, 0);
     if (!e->idx) {
         uint32_t nb = kp_kvpool_n_blocks(e->kv);
@@ -901,6 +1026,9 @@ void kp_eng_get_stats(kp_engine *e, kp_eng_stats *out) {
     out->n_hits = ps.n_hits;
     out->reused_tokens = ps.reused_tokens;
     out->window_drops = ps.window_drops;
+    out->n_states = ps.n_states;
+    out->index_state_bytes = ps.state_bytes;
+    out->state_evictions = ps.state_evictions;
     kind_bill(e, out, ps.index_window_blocks);
     if (kp_kvpool_window_budgeted(e->kv)) { /* the two arenas apart: bytes held, not blocks x block_bytes */
         uint64_t fb = kp_kvpool_full_bytes(e->kv), nb = kp_kvpool_n_blocks(e->kv);
@@ -923,9 +1051,11 @@ const char *kp_eng_attn_name(const kp_engine *e) { return e->attn->name; }
 void kp_eng_attn_work(const kp_engine *e, double *flops, double *seconds) { kp_forward_attn_work(e->fw, flops, seconds); }
 
 kp_status kp_eng_open_tiers(kp_engine *e, const kp_tiers_config *cfg, kp_error *err) {
-    if (!e->idx)
-        return kp_fail(err, KP_EUNSUPPORTED, "the cache tiers need the prefix cache (it is off%s)",
-                       e->recurrent ? ": this model's recurrent layers keep a state no cached prefix holds" : "");
+    if (!e->idx) return kp_fail(err, KP_EUNSUPPORTED, "the cache tiers need the prefix cache (it is off)");
+    if (e->recurrent)
+        return kp_fail(err, KP_EUNSUPPORTED,
+                       "the cache tiers do not store recurrent-state snapshots yet: a model with recurrent layers "
+                       "keeps its prefix cache in RAM only (drop --cache-dir / --redis)");
     if (e->tiers) return kp_fail(err, KP_EINVAL, "the cache tiers are open already");
     /* kp_eng_finish queues a sequence's every block at once: a queue shorter
      * than a whole context would drop the tail of every long prompt (the
@@ -1087,13 +1217,34 @@ static void tier_pin_publish(kp_engine *e, const int32_t *tokens, uint32_t n) {
     free(w.blocks);
 }
 
+/* A recurrent model's pin resumes from a snapshot at its end: when the
+ * cached tokens[0..n) have none there, computes positions s..n again from
+ * the latest one before (s, maybe 0) in a sequence of its own and hands
+ * the state at n (and those at state points on the way) to the index. */
+static kp_status pin_state(kp_engine *e, const int32_t *tokens, uint32_t n, kp_error *err) {
+    kp_pfx_match_result mr;
+    kp_pfx_match(e->idx, tokens, n, &mr);
+    if (!e->recurrent || mr.n_match < n || n == 0) return KP_OK; /* kp_pfx_pin says what is missing */
+    uint32_t s = kp_pfx_resume(e->idx, tokens, n);
+    if (s == n) return KP_OK;
+    kp_eng_seq q = {0};
+    kp_status st = kp_pfx_acquire(e->idx, tokens, s, &q.kv, &q.lease, err);
+    q.reused = s;
+    q.prompt_end = n;
+    if (st == KP_OK) st = reserve(e, &q, n, NULL, err);
+    if (st == KP_OK) st = run_tokens(e, &q, tokens + s, n - s, 0, NULL, err);
+    if (st == KP_OK) hand_states(e, &q, tokens, n);
+    kp_eng_seq_abort(e, &q);
+    return st;
+}
+
 kp_status kp_eng_pin(kp_engine *e, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
                      uint64_t *id, kp_error *err) {
     *id = 0;
-    if (!e->idx)
-        return kp_fail(err, KP_EUNSUPPORTED, "the prefix cache is off%s: nothing can be pinned",
-                       e->recurrent ? " (this model's recurrent layers keep a state no cached prefix holds)" : "");
-    kp_status st = kp_pfx_pin(e->idx, tokens, n, ttl_seconds, now, id, err);
+    if (!e->idx) return kp_fail(err, KP_EUNSUPPORTED, "the prefix cache is off: nothing can be pinned");
+    kp_status st = pin_state(e, tokens, n, err);
+    if (st != KP_OK) return st;
+    st = kp_pfx_pin(e->idx, tokens, n, ttl_seconds, now, id, err);
     if (st == KP_OK && e->tiers) tier_pin_publish(e, tokens, n);
     return st;
 }

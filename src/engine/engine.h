@@ -64,6 +64,10 @@ typedef struct {
                                  share of budget_bytes (kvpool.h's window arena) and
                                  cached blocks keep them only where a resume point
                                  needs them (engine.c); 0: every block keeps them */
+    uint32_t state_every;     /* a model with recurrent layers: a running sequence's
+                                 state is snapshotted every this many positions (and
+                                 at its prompt's end, its end and pins; engine.c);
+                                 0: 256 rounded up to a multiple of block_size */
 } kp_eng_config;
 
 /* A running sequence, owned by the caller and opaque to it. Start from
@@ -78,6 +82,10 @@ typedef struct {
     uint32_t reused;     /* kp_eng_begin's reuse: the previous turn's end, in a
                             block the sequence copied when it is mid-block; that
                             block keeps its window rows too */
+    kp_pfx_state *snaps; /* a recurrent model: the state snapshots taken while it
+                            ran (pool blocks of its own), in position order, handed
+                            to the index by kp_eng_finish */
+    uint32_t n_snaps, cap_snaps;
 } kp_eng_seq;
 
 /* What one prefill did, and the inputs of a cache report. */
@@ -108,15 +116,29 @@ typedef struct {
      * kp_eng_begin / kp_eng_prefill */
     uint32_t inflight_tokens;
     double inflight_wait_ms;
-    bool recurrent;             /* the model has recurrent layers (model.h, Hybrid): the engine
-                                   keeps no prefix index and computes every prompt whole
-                                   (engine.c); the cache report's cause is recurrent_state */
+    bool recurrent;             /* the model has recurrent layers (model.h, Hybrid): reuse
+                                   resumes from the index's state snapshots (engine.c) */
+    uint32_t state_cut_from;    /* > 0 (recurrent): the reuse the cached rows allowed, which
+                                   reused_tokens was cut from to the latest state snapshot
+                                   at or before it (the cache report's cause
+                                   state_checkpoint); 0: not cut */
+    uint32_t state_recomputed_tokens; /* state_cut_from - reused_tokens (0 when not cut):
+                                   cached positions computed again because the state
+                                   was snapshotted only before them */
     uint32_t window_cut_from;   /* > 0: the tokens matched this far (the reuse the
                                    cache's full layers allowed), but the WINDOW
                                    layers' rows before it were dropped (a window
                                    budget): reuse resumed at the latest position
                                    whose window is held (window_evicted) */
 } kp_eng_report;
+
+/* Bytes the state snapshots of one sequence of max_pos positions take in
+ * the pool (engine.c: one every state_every positions, 0: the default, and
+ * two more for its prompt's and its own end), in whole blocks of
+ * block_size positions (0: 16) of K/V types k and v; 0 for a model without
+ * recurrent layers. Callers that size a budget add it per sequence. */
+uint64_t kp_eng_state_room(const kp_model *m, kp_dtype k, kp_dtype v, uint32_t block_size, uint32_t max_pos,
+                           uint32_t state_every);
 
 /* Makes an engine over the borrowed model, thread pool and kernels (NULL:
  * the best table for this CPU); they must outlive it. cfg NULL: F16 KV,
@@ -232,11 +254,18 @@ uint32_t kp_eng_fork_blocks(const kp_engine *e, uint32_t n_pos);
  * gone on more than a window past n). */
 kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp_eng_seq *dst, kp_error *err);
 
-/* True when the model has recurrent layers (model.h, Hybrid): the engine
- * then has no prefix index whatever its config said, and kp_eng_fork_prefix
- * forks a sequence at its whole length only (KP_EUNSUPPORTED otherwise),
- * copying its recurrent state. */
+/* True when the model has recurrent layers (model.h, Hybrid): the prefix
+ * index then keeps state snapshots (engine.c), kp_eng_fork_prefix forks a
+ * sequence at its whole length only (KP_EUNSUPPORTED otherwise), copying
+ * its recurrent state, and the tiers are refused. */
 bool kp_eng_recurrent(const kp_engine *e);
+
+/* How many of the next n tokens (n >= 1) of seq a prefill chunk should
+ * take so that its forward call ends at seq's next state snapshot
+ * position (a recurrent model's state exists only where a call ends): n,
+ * or less for a recurrent model with a prefix cache. A scheduler cuts its
+ * chunks with it; kp_eng_prefill / kp_eng_append cut their own. */
+uint32_t kp_eng_chunk(const kp_engine *e, const kp_eng_seq *seq, uint32_t n);
 
 /* Positions per KV block (kp_eng_config.block_size), fixed at kp_eng_new. */
 uint32_t kp_eng_block_size(const kp_engine *e);
@@ -347,6 +376,14 @@ typedef struct {
     uint64_t window_used_bytes;      /* ... its slots in use (cache and sequences) */
     uint64_t window_drops;           /* cached blocks whose window rows were dropped to
                                         make room */
+    /* A model with recurrent layers: the state snapshots (engine.c) */
+    uint32_t state_every;            /* positions between a sequence's snapshots (0: none) */
+    uint64_t state_bytes;            /* one recurrent state: every recurrent layer's
+                                        matrices and convolution tail, float32 */
+    uint64_t state_block_bytes;      /* ... the pool bytes one snapshot holds (whole blocks) */
+    uint32_t n_states;               /* snapshots the index holds */
+    uint64_t index_state_bytes;      /* ... their bytes (part of index_bytes) */
+    uint64_t state_evictions;        /* snapshots evicted alone (their blocks kept) */
 } kp_eng_stats;
 
 /* Fills *out: O(pool blocks + index nodes), so a caller polling it should
@@ -365,7 +402,8 @@ typedef kp_pfx_prefix_info kp_eng_prefix;
  * and so are a pinned prefix's at pin time (kp_eng_pin). Call once,
  * normally before the first prefill (what was cached before reaches the
  * tiers only when it is pinned or indexed again). KP_EUNSUPPORTED without a prefix
- * cache, KP_EINVAL when tiers are open already, else kp_tiers_new's errors
+ * cache or for a model with recurrent layers (the tiers do not store state
+ * snapshots), KP_EINVAL when tiers are open already, else kp_tiers_new's errors
  * (the engine is unchanged then). */
 kp_status kp_eng_open_tiers(kp_engine *e, const kp_tiers_config *cfg, kp_error *err);
 

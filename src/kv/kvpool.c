@@ -248,6 +248,30 @@ void *kp_kvpool_v(const kp_kvpool *p, int32_t block, uint32_t layer, uint32_t he
     return run_at(p, layer, head, true, block);
 }
 
+/* Copies n bytes between buf and the block's main-arena runs, in layout
+ * order (put: buf to block). */
+static void block_bytes_io(const kp_kvpool *p, int32_t block, uint8_t *buf, uint64_t n, bool put) {
+    assert(block >= 0 && (uint32_t)block < p->n_blocks && p->refcount[block] > 0 && n <= p->full_bytes);
+    for (uint32_t l = 0; l < p->cfg.n_layer && n; l++) {
+        if (p->is_window[l]) continue;
+        for (uint32_t h = 0; h < p->cfg.n_head_kv && n; h++)
+            for (int v = 0; v < 2 && n; v++) {
+                uint64_t run = v ? p->v_run : p->k_run, m = n < run ? n : run;
+                uint8_t *at = run_at(p, l, h, v, block);
+                if (put) memcpy(at, buf, (size_t)m);
+                else memcpy(buf, at, (size_t)m);
+                buf += m;
+                n -= m;
+            }
+    }
+}
+
+void kp_kvpool_put(kp_kvpool *p, int32_t block, const void *src, uint64_t n) {
+    block_bytes_io(p, block, (uint8_t *)(uintptr_t)src, n, true);
+}
+
+void kp_kvpool_get(const kp_kvpool *p, int32_t block, void *dst, uint64_t n) { block_bytes_io(p, block, dst, n, false); }
+
 kp_status kp_kvseq_reserve(kp_kvseq *s, kp_kvpool *p, uint32_t n_pos, kp_error *err) {
     uint32_t B = p->cfg.block_size;
     uint32_t need = (uint32_t)(((uint64_t)n_pos + B - 1) / B);

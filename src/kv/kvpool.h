@@ -128,6 +128,14 @@ kp_status kp_kvpool_copy(kp_kvpool *p, int32_t dst, int32_t src, kp_error *err);
 void *kp_kvpool_k(const kp_kvpool *p, int32_t block, uint32_t layer, uint32_t head);
 void *kp_kvpool_v(const kp_kvpool *p, int32_t block, uint32_t layer, uint32_t head);
 
+/* A block as plain storage (the prefix index keeps recurrent-state
+ * snapshots in blocks, prefix.h): kp_kvpool_put writes src[0..n) over the
+ * block's main-arena runs in layout order (every FULL layer and head, its
+ * K run then its V run), kp_kvpool_get reads them back; n is at most
+ * kp_kvpool_full_bytes. The block must be in use. */
+void kp_kvpool_put(kp_kvpool *p, int32_t block, const void *src, uint64_t n);
+void kp_kvpool_get(const kp_kvpool *p, int32_t block, void *dst, uint64_t n);
+
 /* A sequence's view of the pool: the blocks that hold its positions. */
 typedef struct {
     int32_t *blocks;     /* owned array; each entry holds one reference */

@@ -153,6 +153,13 @@ static json_t *kind_json(const kp_eng_stats *k) {
                                       (json_int_t)k->index_window_bytes, "budget_bytes",
                                       (json_int_t)k->window_budget_bytes, "used_bytes",
                                       (json_int_t)k->window_used_bytes, "drops", (json_int_t)k->window_drops));
+    if (k->state_bytes) /* a model with recurrent layers: its state snapshots (engine.h) */
+        json_object_set_new(o, "recurrent",
+                            json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "state_bytes", (json_int_t)k->state_bytes,
+                                      "snapshot_bytes", (json_int_t)k->state_block_bytes, "state_every",
+                                      (json_int_t)k->state_every, "snapshots", (json_int_t)k->n_states,
+                                      "index_bytes", (json_int_t)k->index_state_bytes, "evictions",
+                                      (json_int_t)k->state_evictions));
     return o;
 }
 
@@ -167,6 +174,10 @@ static json_t *kv_json(const kp_eng_stats *k) {
                      (json_int_t)(k->budget_bytes / bb), "blocks_used", (json_int_t)(k->used_bytes / bb),
                      "blocks_free", (json_int_t)(k->free_bytes / bb));
     if (o) json_object_set_new(o, "by_kind", kind_json(k));
+    if (o && k->state_bytes) { /* the snapshots' count and bytes, also in by_kind.recurrent */
+        json_object_set_new(o, "state_snapshots", json_integer((json_int_t)k->n_states));
+        json_object_set_new(o, "state_snapshot_bytes", json_integer((json_int_t)k->state_block_bytes));
+    }
     return o;
 }
 
@@ -336,8 +347,7 @@ KP_HANDLER(kp_ep_cache_pin) {
     if (!snap.kv.prefix_cache) {
         free(ids);
         return kp_http_fail(s, c, 400, "invalid_request_error", "prefix_cache_off", NULL,
-                    "the prefix cache is off (--no-prefix-cache, or a model with recurrent layers): nothing "
-                    "can be pinned");
+                    "the prefix cache is off (--no-prefix-cache): nothing can be pinned");
     }
     /* compute the prefix (prefill only), then pin it */
     if (!kp_prompt_fits_budget(s, (uint32_t)n, 0, true, "prompt", &e)) {

@@ -989,6 +989,8 @@ json_t *kp_oai_cache_json(const kp_eng_report *r, const kp_doctor_report *d) {
     json_object_set_new(o, "shared_inflight", json_boolean(r->inflight_tokens > 0));
     json_object_set_new(o, "inflight_reused_tokens", json_integer((json_int_t)r->inflight_tokens));
     json_object_set_new(o, "inflight_wait_ms", json_real(r->inflight_wait_ms));
+    if (r->recurrent) /* a recurrent model resumes at a state snapshot (engine.h) */
+        json_object_set_new(o, "state_recomputed_tokens", json_integer((json_int_t)r->state_recomputed_tokens));
     if (!d) return o;
     char advice[512] = "";
     if (d->finding.cause != KP_DOCTOR_CAUSE_HIT)

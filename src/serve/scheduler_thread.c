@@ -659,6 +659,7 @@ static void step(kp_sched *s) {
             if (c == 0) {
                 if (budget == 0) continue;
                 c = r->n_fill - r->fed < budget ? r->n_fill - r->fed : budget;
+                c = kp_eng_chunk(s->e, &r->seq, c); /* ends at a state snapshot point (engine.h) */
                 budget -= c;
             }
             it->tokens = kp_gen_tokens(r->gen) + r->fed;

@@ -274,7 +274,7 @@ static const char *BODY2 = "{\"messages\":[{\"role\":\"system\",\"content\":\"Yo
 
 static kp_status path_request(const fixture *fx, kp_error *err) {
     kp_engine *e = NULL;
-    kp_eng_config ec = {KP_DTYPE_F16, 16, 0, 512, false, NULL, KP_DTYPE_F16, false, 0};
+    kp_eng_config ec = {KP_DTYPE_F16, 16, 0, 512, false, NULL, KP_DTYPE_F16, false, 0, 0};
     float *logits = malloc(fx->m->hp.n_vocab * sizeof *logits);
     kp_status st = logits ? kp_eng_new(&e, fx->m, fx->pool, NULL, &ec, err)
                           : kp_fail(err, KP_ENOMEM, "out of memory for logits");

@@ -152,7 +152,7 @@ static void test_window_evicted(void) {
     CHECK_MSG(ok, "%s", err.msg);
     if (!ok) goto done;
     uint64_t wb = 16 * kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, KP_DTYPE_F16, KP_DTYPE_F16);
-    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 128, false, NULL, KP_DTYPE_F16, false, 64 * wb};
+    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 128, false, NULL, KP_DTYPE_F16, false, 64 * wb, 0};
     CHECK_MSG(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK, "%s", err.msg);
     CHECK(kp_cachereport_new(&history, v, 8, 1024, &err) == KP_OK);
     if (!e || !history) goto done;
@@ -185,9 +185,12 @@ done:
     kp_model_free(m);
 }
 
-/* A model with recurrent layers (qwen35) reuses nothing (engine.h,
- * recurrent): a request sharing a recent sequence's start gets the cause
- * recurrent_state, whose detail says how much they share. */
+/* A model with recurrent layers (qwen35) resumes at a state snapshot
+ * (engine.h, state_cut_from): a request extending a finished sequence
+ * resumes at its end (a snapshot), one that leaves it at token 30 finds no
+ * snapshot before (they are at 40 only, its end) and gets the cause
+ * state_checkpoint, whose detail says where it matched and how much was
+ * computed again. */
 static void test_recurrent_state(void) {
     kp_error err = {0};
     kp_model *m = NULL;
@@ -210,12 +213,16 @@ static void test_recurrent_state(void) {
     CHECK(kp_eng_prefill(e, a, 40, &s, NULL, &r, &err) == KP_OK);
     CHECK(r.recurrent && r.reused_tokens == 0);
     CHECK(kp_cachereport_finish(history, e, &s, a, 40, NULL, &err) == KP_OK);
+    kp_eng_probe(e, b, 50, &r); /* extends a: resumes at its end */
+    CHECK(r.recurrent && r.reused_tokens == 40 && r.state_recomputed_tokens == 0 && r.computed_tokens == 10);
+    b[30] = 7;
     kp_eng_probe(e, b, 50, &r);
-    CHECK(r.recurrent && r.reused_tokens == 0 && r.computed_tokens == 50);
+    CHECK(r.reused_tokens == 0 && r.state_cut_from == 30 && r.state_recomputed_tokens == 30);
     kp_doctor_report d;
     CHECK(kp_cachereport_explain(history, b, 50, NULL, 0, &r, KP_DOCTOR_ESCAPE_HUMAN, &d, &err) == KP_OK);
-    CHECK_EQ_STR(kp_doctor_cause_name(d.finding.cause), "recurrent_state");
-    CHECK_MSG(strstr(d.finding.detail, "shares 40 of the 50 tokens"), "%s", d.finding.detail);
+    CHECK_EQ_STR(kp_doctor_cause_name(d.finding.cause), "state_checkpoint");
+    CHECK_MSG(strstr(d.finding.detail, "matched 30 of 50 tokens") && strstr(d.finding.detail, "30 matched tokens"),
+              "%s", d.finding.detail);
 done:
     kp_cachereport_free(history);
     kp_eng_free(e);

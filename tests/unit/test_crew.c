@@ -137,8 +137,8 @@ static void test_fork_prefix_logits(void) {
     if (!fixture_open(&fx, 1)) return;
     kp_error err = {0};
     uint32_t nv = fx.m->hp.n_vocab;
-    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 256, true, NULL, KP_DTYPE_F32, true, 0};
-    kp_eng_config cc = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32, false, 0};
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 256, true, NULL, KP_DTYPE_F32, true, 0, 0};
+    kp_eng_config cc = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32, false, 0, 0};
     kp_engine *ref = NULL, *e = NULL;
     CHECK(kp_eng_new(&ref, fx.m, fx.pool, NULL, &cr, &err) == KP_OK);
     CHECK(kp_eng_new(&e, fx.m, fx.pool, NULL, &cc, &err) == KP_OK);
@@ -197,8 +197,8 @@ static void test_burst_exact(void) {
     if (!fixture_open(&fx, 1)) return;
     kp_error err = {0};
     uint32_t nv = fx.m->hp.n_vocab;
-    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 256, true, NULL, KP_DTYPE_F32, true, 0};
-    kp_eng_config cc = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32, false, 0};
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 256, true, NULL, KP_DTYPE_F32, true, 0, 0};
+    kp_eng_config cc = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32, false, 0, 0};
     uint64_t bb = kp_model_kv_bytes_per_token(&fx.m->hp, KP_DTYPE_F32) * 16;
     cc.budget_bytes = bb * 8 * 16; /* room for all: no eviction here */
     kp_engine *ref = NULL, *e = NULL;
@@ -301,8 +301,8 @@ static void test_random_bursts(void) {
     if (!fixture_open(&fx, 2)) return;
     kp_error err = {0};
     uint32_t nv = fx.m->hp.n_vocab;
-    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 256, true, NULL, KP_DTYPE_F32, true, 0};
-    kp_eng_config cc = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32, false, 0};
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 256, true, NULL, KP_DTYPE_F32, true, 0, 0};
+    kp_eng_config cc = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32, false, 0, 0};
     uint64_t bb = kp_model_kv_bytes_per_token(&fx.m->hp, KP_DTYPE_F32) * 16;
     cc.budget_bytes = bb * 20; /* 320 positions for 4 sequences of up to 120 + 12 */
     kp_engine *ref = NULL, *e = NULL;

@@ -62,7 +62,8 @@ static void test_cause_names(void) {
     const char *expected[] = {"hit",        "cold",           "evicted",    "timestamp",
                               "counter",    "identifier",     "reordered_json", "whitespace",
                               "inserted_at_front", "other", "retokenized",
-                              "template_rewrites_history", "new_prefix", "window_evicted", "recurrent_state"};
+                              "template_rewrites_history", "new_prefix", "window_evicted", "recurrent_state",
+                              "state_checkpoint"};
     CHECK_EQ_INT(sizeof expected / sizeof expected[0], KP_DOCTOR_CAUSE_COUNT);
     for (int i = 0; i < KP_DOCTOR_CAUSE_COUNT; i++) {
         CHECK_EQ_STR(kp_doctor_cause_name((kp_doctor_cause)i), expected[i]);
@@ -761,11 +762,12 @@ static void test_pairs(void) {
     }
     /* every cause found on texts alone is exercised by the table
      * (retokenized needs token spans, template_rewrites_history the chat
-     * layer's hints, window_evicted and recurrent_state the engine's report:
-     * their own tests) */
+     * layer's hints, window_evicted, recurrent_state and state_checkpoint
+     * the engine's report: their own tests) */
     for (int c = 0; c < KP_DOCTOR_CAUSE_COUNT; c++)
         if (c != KP_DOCTOR_CAUSE_RETOKENIZED && c != KP_DOCTOR_CAUSE_TEMPLATE_REWRITES_HISTORY &&
-            c != KP_DOCTOR_CAUSE_WINDOW_EVICTED && c != KP_DOCTOR_CAUSE_RECURRENT_STATE)
+            c != KP_DOCTOR_CAUSE_WINDOW_EVICTED && c != KP_DOCTOR_CAUSE_RECURRENT_STATE &&
+            c != KP_DOCTOR_CAUSE_STATE_CHECKPOINT)
             CHECK_MSG(per_cause[c] > 0, "no pair for %s", kp_doctor_cause_name((kp_doctor_cause)c));
 }
 

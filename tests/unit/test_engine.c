@@ -96,11 +96,15 @@ typedef struct {
     kp_eng_report rep;
 } runner;
 
+/* positions between a recurrent model's state snapshots on the cache-on
+ * engines (kp_eng_config.state_every; 0: the default) */
+static uint32_t g_state_every;
+
 static bool open_engine_win(runner *r, const kp_model *m, kp_threads *pool, bool cache, uint64_t budget, kp_dtype kv,
                             uint64_t window_budget) {
     kp_error err = {0};
     memset(r, 0, sizeof *r);
-    kp_eng_config c = {kv, 16, budget, MAX_LEN + N_GEN + 8, !cache, NULL, kv, !cache, window_budget};
+    kp_eng_config c = {kv, 16, budget, MAX_LEN + N_GEN + 8, !cache, NULL, kv, !cache, window_budget, g_state_every};
     kp_status st = kp_eng_new(&r->e, m, pool, NULL, &c, &err);
     CHECK_MSG(st == KP_OK, "%s", err.msg);
     r->logits = malloc(m->hp.n_vocab * sizeof(float));
@@ -160,7 +164,8 @@ static void run_model_kv(const char *rel, uint64_t seed, kp_dtype kv) {
     uint32_t window_cuts = 0;
     static tokseq done[MAX_REQ]; /* finished sequences: prompt + generated */
     uint32_t n_done = 0;
-    uint32_t full_hits = 0, extensions = 0, reused_total = 0, evictions = 0;
+    uint32_t full_hits = 0, extensions = 0, reused_total = 0, evictions = 0, state_cuts = 0, tiny_reused = 0;
+    bool rec = m->hp.n_rec_layers > 0;
     rng_state = seed;
     int32_t bos = 1;
     for (uint32_t q = 0; ok && q < MAX_REQ; q++) {
@@ -206,8 +211,19 @@ static void run_model_kv(const char *rel, uint64_t seed, kp_dtype kv) {
         if (!ok) break;
         CHECK_EQ_INT(ref.rep.reused_tokens, 0);
         CHECK_EQ_INT(ref.rep.computed_tokens, req.n);
-        CHECK_MSG(big.rep.reused_tokens == expect_reuse, "request %u (kind %u, n %u): reused %u, expected %u", q,
-                  kind, req.n, big.rep.reused_tokens, expect_reuse);
+        if (rec) { /* resumed at the latest snapshot: the rest of the match computed again */
+            CHECK_MSG(big.rep.reused_tokens + big.rep.state_recomputed_tokens == expect_reuse,
+                      "request %u (kind %u, n %u): reused %u + recomputed %u, expected %u", q, kind, req.n,
+                      big.rep.reused_tokens, big.rep.state_recomputed_tokens, expect_reuse);
+            CHECK(big.rep.state_cut_from == (big.rep.state_recomputed_tokens ? expect_reuse : 0));
+            /* snapshots every g_state_every positions and at every end: never further back */
+            CHECK(!g_state_every || big.rep.state_recomputed_tokens < g_state_every);
+            state_cuts += big.rep.state_recomputed_tokens > 0;
+            tiny_reused += tiny.rep.reused_tokens;
+        } else {
+            CHECK_MSG(big.rep.reused_tokens == expect_reuse, "request %u (kind %u, n %u): reused %u, expected %u", q,
+                      kind, req.n, big.rep.reused_tokens, expect_reuse);
+        }
         CHECK_EQ_INT(big.rep.diverged_at_token, best);
         CHECK_EQ_INT(big.rep.reused_tokens + big.rep.computed_tokens, req.n);
         CHECK(tiny.rep.reused_tokens <= expect_reuse);
@@ -252,7 +268,14 @@ static void run_model_kv(const char *rel, uint64_t seed, kp_dtype kv) {
     kp_eng_stats st;
     kp_eng_get_stats(big.e, &st);
     CHECK(st.n_hits > 0 && st.reused_tokens == reused_total);
-    CHECK(st.n_evictions == 0);
+    CHECK(st.n_evictions == 0 && st.state_evictions == 0);
+    if (rec) {
+        CHECK_MSG(state_cuts > 0, "no reuse was cut back to a snapshot");
+        CHECK_MSG(tiny_reused > 0, "the tiny budget never resumed from a snapshot");
+        CHECK(st.n_states > 0 && st.index_state_bytes == st.n_states * st.state_block_bytes);
+        kp_eng_get_stats(tiny.e, &st);
+        CHECK_MSG(st.n_evictions + st.state_evictions > 0, "the tiny budget never evicted");
+    }
     if (n_run == 4) {
         CHECK_MSG(window_cuts > 0, "the window budget never cut a reuse");
         kp_eng_get_stats(win.e, &st);
@@ -264,6 +287,20 @@ static void run_model_kv(const char *rel, uint64_t seed, kp_dtype kv) {
 }
 
 static void run_model(const char *rel, uint64_t seed) { run_model_kv(rel, seed, KP_DTYPE_F32); }
+
+/* qwen35 (gated delta-net layers: a recurrent state): cache on equals cache
+ * off with state snapshots every 16 positions (every block boundary) and
+ * every 40 (inside blocks: resumes further back), F32 and Q8_0 K/V; the
+ * tiny budget evicts snapshots and leaves, and resumes further back. */
+static void test_equal_qwen35(void) {
+    g_state_every = 16;
+    run_model_kv("tests/data/models/gen-qwen35-f32.gguf", 0x35aa35bb35cc35ddull, KP_DTYPE_F32);
+    g_state_every = 40;
+    run_model_kv("tests/data/models/gen-qwen35-f32.gguf", 0x1357924680abcdefull, KP_DTYPE_F32);
+    g_state_every = 16;
+    run_model_kv("tests/data/models/gen-qwen35-q8_0.gguf", 0x2468ace013579bdfull, KP_DTYPE_Q8_0);
+    g_state_every = 0;
+}
 
 static void test_equal_stories(void) { run_model("models/stories260K.gguf", 0x9e3779b97f4a7c15ull); }
 /* the same with K and V cached as Q8_0 (Q4_0): cached rows are the bytes a
@@ -531,10 +568,10 @@ static void test_reuse_counts(void) {
     kp_eng_free(e);
     kp_eng_free(NULL);
     /* a budget below one block is refused */
-    kp_eng_config c = {KP_DTYPE_F32, 16, 10, 0, false, NULL, KP_DTYPE_F32, false, 0};
+    kp_eng_config c = {KP_DTYPE_F32, 16, 10, 0, false, NULL, KP_DTYPE_F32, false, 0, 0};
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_EINVAL && e == NULL);
     /* a budget of one sequence without a cache: a longer prompt is KP_EFULL */
-    kp_eng_config c2 = {KP_DTYPE_F32, 16, kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16, 0, true, NULL, KP_DTYPE_F32, true, 0};
+    kp_eng_config c2 = {KP_DTYPE_F32, 16, kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16, 0, true, NULL, KP_DTYPE_F32, true, 0, 0};
     CHECK(kp_eng_new(&e, m, pool, NULL, &c2, &err) == KP_OK);
     CHECK(kp_eng_prefill(e, a, 17, &s, NULL, &r, &err) == KP_EFULL && s.kv.n_blocks == 0);
     CHECK_EQ_INT(used_bytes(e), 0);
@@ -594,7 +631,7 @@ static void test_node_path(void) {
     CHECK(kp_eng_node_path(e, none, 2, path, N, &start, &end, &err) == KP_ENOTFOUND && end == 0);
     CHECK(kp_eng_node_path(e, none, 0, path, N, &start, &end, &err) == KP_EINVAL);
     kp_eng_free(e);
-    kp_eng_config c = {KP_DTYPE_F32, 16, 0, 0, true, NULL, KP_DTYPE_F32, true, 0};
+    kp_eng_config c = {KP_DTYPE_F32, 16, 0, 0, true, NULL, KP_DTYPE_F32, true, 0, 0};
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
     CHECK(kp_eng_node_path(e, none, 1, path, N, &start, &end, &err) == KP_ENOTFOUND);
     kp_eng_free(e);
@@ -617,7 +654,7 @@ static void budget_case(uint32_t blocks, uint32_t expect_reuse) {
     CHECK(kp_threads_new(&pool, 1, &err) == KP_OK);
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
-    kp_eng_config c = {KP_DTYPE_F32, 16, bb * blocks, 96, false, NULL, KP_DTYPE_F32, false, 0}, cref = c;
+    kp_eng_config c = {KP_DTYPE_F32, 16, bb * blocks, 96, false, NULL, KP_DTYPE_F32, false, 0, 0}, cref = c;
     cref.no_prefix_cache = true;
     kp_engine *e = NULL, *ref = NULL;
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
@@ -691,8 +728,8 @@ static void batched_case(const char *rel, uint64_t seed, uint64_t budget_blocks)
     CHECK(kp_threads_new(&pool, 2, &err) == KP_OK);
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
-    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 128, true, NULL, KP_DTYPE_F32, true, 0};
-    kp_eng_config cc = {KP_DTYPE_F32, 16, bb * budget_blocks, 128, false, NULL, KP_DTYPE_F32, false, 0};
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 128, true, NULL, KP_DTYPE_F32, true, 0, 0};
+    kp_eng_config cc = {KP_DTYPE_F32, 16, bb * budget_blocks, 128, false, NULL, KP_DTYPE_F32, false, 0, 0};
     kp_engine *ref = NULL, *e = NULL;
     CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
     CHECK(kp_eng_new(&e, m, pool, NULL, &cc, &err) == KP_OK);
@@ -891,7 +928,7 @@ static void test_room_for(void) {
     kp_threads *pool;
     if (!load_stories(&m, &pool)) return;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
-    kp_eng_config c = {KP_DTYPE_F32, 16, bb * 8, 256, false, NULL, KP_DTYPE_F32, false, 0}; /* 8 blocks, pins up to 4 */
+    kp_eng_config c = {KP_DTYPE_F32, 16, bb * 8, 256, false, NULL, KP_DTYPE_F32, false, 0, 0}; /* 8 blocks, pins up to 4 */
     kp_engine *e = NULL;
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
     rng_state = 0x5eed;
@@ -944,7 +981,7 @@ static void test_room_for(void) {
     CHECK(kp_eng_check(e, &err) == KP_OK);
     /* without a prefix cache: nothing reused or evictable */
     kp_engine *n = NULL;
-    kp_eng_config cn = {KP_DTYPE_F32, 16, bb * 8, 256, true, NULL, KP_DTYPE_F32, true, 0};
+    kp_eng_config cn = {KP_DTYPE_F32, 16, bb * 8, 256, true, NULL, KP_DTYPE_F32, true, 0, 0};
     CHECK(kp_eng_new(&n, m, pool, NULL, &cn, &err) == KP_OK);
     CHECK(kp_eng_room_for(n, d, 33, false, &r, &err) == KP_OK);
     CHECK(r.reused_tokens == 0 && r.need_blocks == 3 && r.free_blocks == 8 && r.evictable_blocks == 0);
@@ -967,7 +1004,7 @@ static void test_cache_operations(void) {
     const kp_hparams *hp = &m->hp;
     uint64_t bb = kp_model_kv_bytes_per_token(hp, KP_DTYPE_F32) * 16;
     kp_pfx_config pc = {bb * 5, 16}; /* pins may hold 5 blocks */
-    kp_eng_config c = {KP_DTYPE_F32, 16, bb * 64, 256, false, &pc, KP_DTYPE_F32, false, 0};
+    kp_eng_config c = {KP_DTYPE_F32, 16, bb * 64, 256, false, &pc, KP_DTYPE_F32, false, 0, 0};
     kp_engine *e = NULL;
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
     mirror x = {0};
@@ -1027,7 +1064,7 @@ static void test_cache_operations(void) {
     kp_kvpool_free(x.pool);
     kp_eng_free(e);
     /* without a prefix cache: nothing listed, nothing to pin */
-    kp_eng_config off = {KP_DTYPE_F32, 16, bb * 8, 128, true, NULL, KP_DTYPE_F32, true, 0};
+    kp_eng_config off = {KP_DTYPE_F32, 16, bb * 8, 128, true, NULL, KP_DTYPE_F32, true, 0, 0};
     CHECK(kp_eng_new(&e, m, pool, NULL, &off, &err) == KP_OK);
     CHECK(kp_eng_top(e, one, 1, &n1, &err) == KP_OK && n1 == 0);
     CHECK(kp_eng_pin(e, t[0], 5, 0, 0, &ka, &err) == KP_EUNSUPPORTED && ka == 0);
@@ -1082,7 +1119,7 @@ static void test_generate_and_feeding(void) {
     if (!load_stories(&m, &pool)) return;
     CHECK(kp_tok_vocab_load(&v, m->file, &err) == KP_OK);
     uint32_t nv = m->hp.n_vocab;
-    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 256, true, NULL, KP_DTYPE_F32, true, 0}, cc = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32, false, 0};
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 256, true, NULL, KP_DTYPE_F32, true, 0, 0}, cc = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32, false, 0, 0};
     cc.budget_bytes = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 256 * 4;
     kp_engine *ref = NULL, *e = NULL;
     CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
@@ -1191,7 +1228,7 @@ static void fork_for(kp_model *m, kp_threads *pool, kp_dtype kv) {
     kp_error err = {0};
     for (int cache = 0; cache < 2; cache++) {
         kp_engine *e = NULL;
-        kp_eng_config c = {kv, 16, 0, 256, !cache, NULL, kv, !cache, 0};
+        kp_eng_config c = {kv, 16, 0, 256, !cache, NULL, kv, !cache, 0, 0};
         CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
         uint32_t nv = m->hp.n_vocab;
         float *l0 = malloc(nv * sizeof *l0), *l1 = malloc(nv * sizeof *l1), *l2 = malloc(nv * sizeof *l2),
@@ -1270,11 +1307,44 @@ static void test_fork(void) {
     kp_model_free(m);
 }
 
-/* A model with recurrent layers (qwen35) on an engine asked for a prefix
- * cache: no index (a recurrent state cannot resume from cached rows), so a
- * second prompt sharing the first's start reuses nothing and says why
- * (report.recurrent), its logits are a fresh computation's; a fork of a
- * shorter prefix, pins and the tiers are refused as values. */
+/* Prefill of t[0..n) on e and on the cache-off engine cold: the logits
+ * within 1e-5 relative and the same greedy token; *r gets e's report. The
+ * sequence of e stays in *s (prompt only). */
+static void same_as_cold(kp_engine *e, kp_engine *cold, const int32_t *t, uint32_t n, kp_eng_seq *s, kp_eng_report *r,
+                         float *l0, float *l1, uint32_t nv, const char *what) {
+    kp_error err = {0};
+    kp_eng_seq c = {0};
+    CHECK_MSG(kp_eng_prefill(e, t, n, s, l0, r, &err) == KP_OK, "%s: %s", what, err.msg);
+    CHECK_MSG(kp_eng_prefill(cold, t, n, &c, l1, NULL, &err) == KP_OK, "%s: %s", what, err.msg);
+    double d = rel_diff(l0, l1, nv);
+    CHECK_MSG(d <= 1e-5, "%s: logits differ by %g relative", what, d);
+    CHECK_MSG(kp_argmax(l0, (int32_t)nv) == kp_argmax(l1, (int32_t)nv), "%s: greedy differs", what);
+    kp_eng_seq_abort(cold, &c);
+}
+
+/* Greedy answer of k tokens on s (e), then kp_eng_finish of prompt + answer
+ * (t[0..n) grows by k: t must have room). */
+static uint32_t answer_and_finish(kp_engine *e, kp_eng_seq *s, int32_t *t, uint32_t n, uint32_t k, float *l, uint32_t nv) {
+    kp_error err = {0};
+    for (uint32_t i = 0; i < k; i++) {
+        t[n] = kp_argmax(l, (int32_t)nv);
+        CHECK_MSG(kp_eng_decode(e, s, t[n], l, &err) == KP_OK, "%s", err.msg);
+        n++;
+    }
+    CHECK_MSG(kp_eng_finish(e, s, t, n, NULL, &err) == KP_OK, "%s", err.msg);
+    CHECK_MSG(kp_eng_check(e, &err) == KP_OK, "%s", err.msg);
+    return n;
+}
+
+/* State checkpoints on qwen35 (gated delta-net layers), case by case, each
+ * against a cache-off engine (logits within 1e-5, the same greedy token):
+ * a continued conversation resumes at the previous turn's end; an edit
+ * inside a block resumes at the snapshot before it (state_recomputed_tokens
+ * the rest of the match, the cache report's state_cut_from); a divergence
+ * exactly at a snapshot recomputes nothing; n > 1 forks each resume at
+ * their own end; a pin gets a snapshot at its end (computed at pin time)
+ * and keeps it under pressure while the others are evicted; the tiers are
+ * refused; a fork of a shorter prefix and a cut back too. */
 static void test_recurrent_engine(void) {
     kp_error err = {0};
     kp_model *m = NULL;
@@ -1286,7 +1356,7 @@ static void test_recurrent_engine(void) {
         return;
     }
     kp_engine *e = NULL, *cold = NULL;
-    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 256, false, NULL, KP_DTYPE_F16, false, 0};
+    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 256, false, NULL, KP_DTYPE_F16, false, 0, 32};
     CHECK(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK);
     c.no_prefix_cache = true;
     CHECK(kp_eng_new(&cold, m, pool, NULL, &c, &err) == KP_OK);
@@ -1294,32 +1364,106 @@ static void test_recurrent_engine(void) {
     CHECK(kp_eng_recurrent(e));
     uint32_t nv = m->hp.n_vocab;
     float *l0 = malloc(nv * sizeof *l0), *l1 = malloc(nv * sizeof *l1);
-    int32_t t[60];
-    for (int i = 0; i < 60; i++) t[i] = i == 0 ? 1 : 40 + 7 * i % 400;
+    int32_t t[200], u[200];
+    for (int i = 0; i < 200; i++) t[i] = i == 0 ? 1 : 40 + 7 * i % 400;
     kp_eng_seq a = {0}, b = {0}, f = {0};
     kp_eng_report r;
-    CHECK(kp_eng_prefill(e, t, 40, &a, l0, &r, &err) == KP_OK);
+    kp_eng_stats st;
+    /* turn 1: 40 tokens (snapshots at 32 and 40, the prompt's end), 5 answered (45, the end) */
+    same_as_cold(e, cold, t, 40, &a, &r, l0, l1, nv, "turn 1");
     CHECK(r.recurrent && r.reused_tokens == 0 && r.computed_tokens == 40);
     CHECK(kp_eng_fork_prefix(e, &a, 32, &f, &err) == KP_EUNSUPPORTED && strstr(err.msg, "recurrent"));
-    CHECK(kp_eng_seq_len(&f) == 0);
-    CHECK(kp_eng_finish(e, &a, t, 40, NULL, &err) == KP_OK);
-    CHECK(kp_eng_prefill(e, t, 55, &b, l0, &r, &err) == KP_OK); /* shares 40 tokens with a */
-    CHECK(r.recurrent && r.reused_tokens == 0 && r.computed_tokens == 55);
-    CHECK(kp_eng_prefill(cold, t, 55, &f, l1, NULL, &err) == KP_OK);
-    CHECK(memcmp(l0, l1, nv * sizeof *l0) == 0);
+    uint32_t n1 = answer_and_finish(e, &a, t, 40, 5, l0, nv);
+    kp_eng_get_stats(e, &st);
+    CHECK_EQ_INT(st.n_states, 3);
+    CHECK(st.state_every == 32 && st.state_bytes == kp_model_rec_state_floats(&m->hp) * 4);
+    CHECK(st.state_block_bytes >= st.state_bytes && st.index_state_bytes == 3 * st.state_block_bytes);
+    /* turn 2 extends prompt + answer: resumes at 45, nothing recomputed */
+    for (uint32_t i = n1; i < n1 + 20; i++) t[i] = 50 + 3 * (int32_t)i % 300;
+    same_as_cold(e, cold, t, n1 + 20, &b, &r, l0, l1, nv, "turn 2");
+    CHECK_EQ_INT(r.reused_tokens, n1);
+    CHECK_EQ_INT(r.state_recomputed_tokens, 0);
+    answer_and_finish(e, &b, t, n1 + 20, 4, l0, nv);
+    /* an edit at 37 (inside a block, between the snapshots at 32 and 40): resumes at 32 */
+    memcpy(u, t, sizeof u);
+    u[37] = 7;
+    same_as_cold(e, cold, u, 50, &b, &r, l0, l1, nv, "edit at 37");
+    CHECK(r.reused_tokens == 32 && r.state_recomputed_tokens == 5 && r.state_cut_from == 37);
+    CHECK(r.diverged_at_token == 37 && r.computed_tokens == 18);
+    kp_eng_probe(e, u, 50, &r); /* the probe says the same */
+    CHECK(r.reused_tokens == 32 && r.state_recomputed_tokens == 5);
+    answer_and_finish(e, &b, u, 50, 2, l0, nv);
+    /* a divergence exactly at a snapshot (64, a multiple of 32 on turn 2's path) */
+    memcpy(u, t, sizeof u);
+    u[64] = 9;
+    same_as_cold(e, cold, u, 70, &b, &r, l0, l1, nv, "divergence at 64");
+    CHECK(r.reused_tokens == 64 && r.state_recomputed_tokens == 0 && r.state_cut_from == 0);
     kp_eng_seq_abort(e, &b);
+    /* a divergence at 20: no snapshot before it, everything computed */
+    memcpy(u, t, sizeof u);
+    u[20] = 11;
+    same_as_cold(e, cold, u, 30, &b, &r, l0, l1, nv, "divergence at 20");
+    CHECK(r.reused_tokens == 0 && r.state_recomputed_tokens == 20 && r.state_cut_from == 20);
+    kp_eng_seq_abort(e, &b);
+    /* forks (n = 2): each choice answers apart, each next turn resumes at its own end */
+    memcpy(u, t, sizeof u);
+    u[90] = 13;
+    same_as_cold(e, cold, u, 100, &a, &r, l0, l1, nv, "fork prompt");
+    CHECK(kp_eng_fork(e, &a, &f, &err) == KP_OK);
+    int32_t v[200];
+    memcpy(v, u, sizeof v);
+    u[100] = 21;
+    v[100] = 22;
+    CHECK(kp_eng_decode(e, &a, u[100], l0, &err) == KP_OK && kp_eng_decode(e, &f, v[100], l1, &err) == KP_OK);
+    CHECK(kp_eng_finish(e, &a, u, 101, NULL, &err) == KP_OK && kp_eng_finish(e, &f, v, 101, NULL, &err) == KP_OK);
+    u[101] = v[101] = 30;
+    same_as_cold(e, cold, u, 110, &a, &r, l0, l1, nv, "fork 0, next turn");
+    CHECK(r.reused_tokens == 101 && r.state_recomputed_tokens == 0);
+    kp_eng_seq_abort(e, &a);
+    same_as_cold(e, cold, v, 110, &a, &r, l0, l1, nv, "fork 1, next turn");
+    CHECK(r.reused_tokens == 101 && r.state_recomputed_tokens == 0);
+    kp_eng_seq_abort(e, &a);
+    /* a pin at 50 (no snapshot there: computed at pin time from the one at 32) */
+    uint64_t id = 0;
+    CHECK_MSG(kp_eng_pin(e, t, 50, 0, 0, &id, &err) == KP_OK, "%s", err.msg);
+    memcpy(u, t, sizeof u);
+    u[50] = 17;
+    same_as_cold(e, cold, u, 60, &a, &r, l0, l1, nv, "after the pin");
+    CHECK(r.reused_tokens == 50 && r.state_recomputed_tokens == 0);
+    kp_eng_seq_abort(e, &a);
+    CHECK_MSG(kp_eng_check(e, &err) == KP_OK, "%s", err.msg);
+    /* pressure: a long prompt of other tokens takes the pool; the pin's snapshot stays */
+    kp_eng_get_stats(e, &st);
+    uint32_t long_n = 250;
+    int32_t w[256];
+    for (uint32_t i = 0; i < long_n; i++) w[i] = i == 0 ? 1 : 300 + (int32_t)i % 200;
+    for (int k = 0; k < 3; k++) {
+        w[1] = 300 + k;
+        CHECK(kp_eng_prefill(e, w, long_n, &a, l0, &r, &err) == KP_OK);
+        CHECK(kp_eng_finish(e, &a, w, long_n, NULL, &err) == KP_OK);
+    }
+    kp_eng_get_stats(e, &st);
+    CHECK_MSG(st.state_evictions + st.n_evictions > 0, "no eviction under pressure");
+    same_as_cold(e, cold, u, 60, &a, &r, l0, l1, nv, "the pin under pressure");
+    CHECK(r.reused_tokens == 50);
+    kp_eng_seq_abort(e, &a);
+    CHECK(kp_eng_unpin(e, id, &err) == KP_OK);
+    CHECK_MSG(kp_eng_check(e, &err) == KP_OK, "%s", err.msg);
     /* cut back (kvpin bench at a depth): refused but to 0, a restart */
+    CHECK(kp_eng_prefill(cold, t, 55, &f, l0, NULL, &err) == KP_OK);
     CHECK(kp_eng_seq_truncate(cold, &f, 20, &err) == KP_EUNSUPPORTED && strstr(err.msg, "recurrent state"));
     CHECK(kp_eng_seq_len(&f) == 55);
     CHECK(kp_eng_seq_truncate(cold, &f, 0, &err) == KP_OK && kp_eng_seq_len(&f) == 0);
     CHECK(kp_eng_append(cold, &f, t, 55, 16, l1, &err) == KP_OK); /* in batches of 16: the same logits */
     CHECK(memcmp(l0, l1, nv * sizeof *l0) == 0 || rel_diff(l0, l1, nv) < 1e-5);
     kp_eng_seq_abort(cold, &f);
-    uint64_t id = 0;
-    CHECK(kp_eng_pin(e, t, 40, 0, 0, &id, &err) == KP_EUNSUPPORTED && strstr(err.msg, "recurrent"));
-    kp_eng_stats st;
+    /* the tiers keep no snapshots: refused */
+    kp_tiers_config tc;
+    memset(&tc, 0, sizeof tc);
+    CHECK(kp_eng_open_tiers(e, &tc, &err) == KP_EUNSUPPORTED && strstr(err.msg, "recurrent"));
+    CHECK(kp_eng_clear(e, &err) == KP_OK);
     kp_eng_get_stats(e, &st);
-    CHECK(!st.prefix_cache && st.used_bytes == 0);
+    CHECK(st.prefix_cache && st.used_bytes == 0 && st.n_states == 0);
     free(l0);
     free(l1);
 done:
@@ -1358,7 +1502,7 @@ static void test_bill_kv_types(void) {
         }
         uint64_t per = (uint64_t)hp->n_layer * hp->n_head_kv * (row[0] + row[1]);
         CHECK_EQ_INT(kp_model_kv_bytes_per_token_kv(hp, kv[i][0], kv[i][1]), per);
-        kp_eng_config c = {kv[i][0], 16, budget, 256, false, NULL, kv[i][1], false, 0};
+        kp_eng_config c = {kv[i][0], 16, budget, 256, false, NULL, kv[i][1], false, 0, 0};
         kp_engine *e = NULL;
         CHECK_MSG(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK, "%s", err.msg);
         if (!e) continue;
@@ -1412,5 +1556,6 @@ int main(void) {
     RUN(test_equal_gptoss);
     RUN(test_bill_kv_types);
     RUN(test_recurrent_engine);
+    RUN(test_equal_qwen35);
     return harness_finish("engine");
 }

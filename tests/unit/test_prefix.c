@@ -1140,6 +1140,97 @@ static void test_window_branch(void) {
     kp_kvpool_free(pool);
 }
 
+/* Recurrent-state snapshots (prefix.h's top): saved by a sequence, handed
+ * to the index on its path, found by kp_pfx_match as the latest resume
+ * point at or before the match (state_cut_from), copied into the sequence
+ * by kp_pfx_acquire; a split moves them with their positions, a duplicate
+ * is stored once, eviction takes the least recently used one alone, the
+ * one at a pinned end stays, and every block comes back. */
+static void fill_state(float *x, uint32_t n, uint32_t pos) {
+    for (uint32_t i = 0; i < n; i++) x[i] = (float)pos + 0.001f * (float)i;
+}
+
+static void test_state_snapshots(void) {
+    bench t;
+    bench_init(&t, 4, 64, 32, 8);
+    kp_error err = {0};
+    uint64_t fb = kp_kvpool_full_bytes(t.pool), sb = fb + fb / 2; /* two blocks a snapshot */
+    uint32_t nf = (uint32_t)(sb / sizeof(float));
+    CHECK(kp_pfx_set_state(t.idx, sb, &err) == KP_OK);
+    CHECK_EQ_INT(kp_pfx_state_blocks(t.idx), 2);
+    float *st = malloc(sb), *want = malloc(sb);
+    int32_t a[24], b[24];
+    for (int i = 0; i < 24; i++) a[i] = b[i] = 100 + i;
+    b[14] = 7;
+    /* sequence a: 20 positions, snapshots at 8 and 20 */
+    kp_kvseq s = {0};
+    CHECK(compute(&t, &s, a, 20) == KP_OK);
+    kp_pfx_state s8, s20;
+    fill_state(st, nf, 8);
+    CHECK(kp_pfx_state_save(t.idx, st, 8, &s8, &err) == KP_OK);
+    fill_state(st, nf, 20);
+    CHECK(kp_pfx_state_save(t.idx, st, 20, &s20, &err) == KP_OK);
+    CHECK(kp_pfx_add_state(t.idx, a, &s8, &err) == KP_ENOTFOUND); /* not indexed yet */
+    CHECK(kp_pfx_insert(t.idx, a, 20, &s, NULL, NULL, &err) == KP_OK);
+    CHECK(kp_pfx_add_state(t.idx, a, &s8, &err) == KP_OK && s8.blocks == NULL);
+    CHECK(kp_pfx_add_state(t.idx, a, &s20, &err) == KP_OK && s20.blocks == NULL);
+    kp_kvseq_release(&s, t.pool);
+    CHECK_MSG(kp_pfx_check(t.idx, &err) == KP_OK, "%s", err.msg);
+    kp_pfx_stats ps;
+    kp_pfx_get_stats(t.idx, &ps);
+    CHECK(ps.n_states == 2 && ps.state_bytes == 4 * kp_kvpool_block_bytes(t.pool));
+    /* a extended: resumes at 20 with the state of 20 */
+    kp_pfx_match_result m;
+    kp_pfx_match(t.idx, a, 24, &m);
+    CHECK(m.n_match == 20 && m.n_reuse == 20 && m.state_cut_from == 0);
+    CHECK(kp_pfx_acquire(t.idx, a, 20, &s, NULL, &err) == KP_OK);
+    fill_state(want, nf, 20);
+    CHECK(s.rstate && s.rstate_pos == 20 && memcmp(s.rstate, want, sb) == 0);
+    kp_kvseq_release(&s, t.pool);
+    /* b leaves a at 14: resumes at 8; acquiring 14 is refused (no snapshot there) */
+    kp_pfx_match(t.idx, b, 24, &m);
+    CHECK(m.n_match == 14 && m.n_reuse == 8 && m.state_cut_from == 14);
+    CHECK(kp_pfx_acquire(t.idx, b, 14, &s, NULL, &err) == KP_EINVAL);
+    CHECK(kp_pfx_acquire(t.idx, b, 8, &s, NULL, &err) == KP_OK);
+    fill_state(want, nf, 8);
+    CHECK(s.rstate_pos == 8 && memcmp(s.rstate, want, sb) == 0);
+    /* b computed and indexed: a's run splits at 14, the snapshot at 8 goes to the head */
+    CHECK(compute(&t, &s, b, 24) == KP_OK);
+    CHECK(kp_pfx_insert(t.idx, b, 24, &s, NULL, NULL, &err) == KP_OK);
+    fill_state(st, nf, 8);
+    kp_pfx_state dup;
+    CHECK(kp_pfx_state_save(t.idx, st, 8, &dup, &err) == KP_OK);
+    uint32_t free_before = kp_kvpool_n_free(t.pool);
+    CHECK(kp_pfx_add_state(t.idx, b, &dup, &err) == KP_OK && dup.blocks == NULL); /* stored once: dropped */
+    CHECK_EQ_INT(kp_kvpool_n_free(t.pool), free_before + 2);
+    kp_kvseq_release(&s, t.pool);
+    CHECK_MSG(kp_pfx_check(t.idx, &err) == KP_OK, "%s", err.msg);
+    kp_pfx_match(t.idx, a, 24, &m);
+    CHECK(m.n_reuse == 20);
+    kp_pfx_match(t.idx, b, 24, &m);
+    CHECK(m.n_match == 24 && m.n_reuse == 8 && m.state_cut_from == 23);
+    CHECK_EQ_INT(kp_pfx_resume(t.idx, b, 23), 8);
+    CHECK_EQ_INT(kp_pfx_state_evictable_blocks(t.idx), 4);
+    /* a pin at 20 keeps its snapshot; eviction takes the other one, then the leaves */
+    uint64_t id;
+    CHECK(kp_pfx_pin(t.idx, a, 20, 0, t.now, &id, &err) == KP_OK);
+    CHECK_EQ_INT(kp_pfx_state_evictable_blocks(t.idx), 2);
+    kp_pfx_evict(t.idx, UINT64_MAX, t.now);
+    kp_pfx_get_stats(t.idx, &ps);
+    CHECK(ps.n_states == 1 && ps.state_evictions == 1);
+    kp_pfx_match(t.idx, a, 24, &m);
+    CHECK(m.n_reuse == 20);
+    CHECK_MSG(kp_pfx_check(t.idx, &err) == KP_OK, "%s", err.msg);
+    CHECK(kp_pfx_unpin(t.idx, id, &err) == KP_OK);
+    kp_pfx_evict(t.idx, UINT64_MAX, t.now);
+    kp_pfx_get_stats(t.idx, &ps);
+    CHECK(ps.n_states == 0 && ps.n_nodes == 0);
+    CHECK(kp_pfx_set_state(t.idx, 0, &err) == KP_OK); /* empty again: may be changed */
+    free(st);
+    free(want);
+    bench_done(&t);
+}
+
 int main(void) {
     RUN(test_split);
     RUN(test_unaligned_reuse_and_cow);
@@ -1153,5 +1244,6 @@ int main(void) {
     RUN(test_memory_bill);
     RUN(test_errors);
     RUN(test_property);
+    RUN(test_state_snapshots);
     return harness_finish("prefix");
 }

@@ -148,9 +148,9 @@ static void test_concurrent_equals_alone(void) {
     kp_threads *pool = fx.pool;
     kp_tok_vocab *v = fx.v;
     uint32_t nv = m->hp.n_vocab;
-    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 160, true, NULL, KP_DTYPE_F32, true, 0};
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 160, true, NULL, KP_DTYPE_F32, true, 0, 0};
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
-    kp_eng_config cc = {KP_DTYPE_F32, 16, bb * 4 * 10, 160, false, NULL, KP_DTYPE_F32, false, 0}; /* parallel x context */
+    kp_eng_config cc = {KP_DTYPE_F32, 16, bb * 4 * 10, 160, false, NULL, KP_DTYPE_F32, false, 0, 0}; /* parallel x context */
     kp_engine *ref = NULL, *e = NULL;
     CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
     CHECK(kp_eng_new(&e, m, pool, NULL, &cc, &err) == KP_OK);
@@ -257,7 +257,7 @@ static void test_queue_full_and_shutdown(void) {
     kp_threads *pool = fx.pool;
     kp_tok_vocab *v = fx.v;
     kp_engine *e = NULL;
-    kp_eng_config cc = {KP_DTYPE_F16, 16, 0, 512, false, NULL, KP_DTYPE_F16, false, 0};
+    kp_eng_config cc = {KP_DTYPE_F16, 16, 0, 512, false, NULL, KP_DTYPE_F16, false, 0, 0};
     CHECK(kp_eng_new(&e, m, pool, NULL, &cc, &err) == KP_OK);
     kp_sched_config sc = {1, 3, 64};
     kp_sched *s = NULL;
@@ -294,7 +294,7 @@ static void test_queue_zero(void) {
     fixture fx;
     if (!fixture_open(&fx, "models/stories260K.gguf", 1)) return;
     kp_engine *e = NULL;
-    kp_eng_config cc = {KP_DTYPE_F16, 16, 0, 512, false, NULL, KP_DTYPE_F16, false, 0};
+    kp_eng_config cc = {KP_DTYPE_F16, 16, 0, 512, false, NULL, KP_DTYPE_F16, false, 0, 0};
     CHECK(kp_eng_new(&e, fx.m, fx.pool, NULL, &cc, &err) == KP_OK);
     kp_sched_config sc = {1, 0, 64};
     kp_sched *s = NULL;
@@ -391,7 +391,7 @@ static void test_cache_ops_between_steps(void) {
     kp_model *m = fx.m;
     kp_threads *pool = fx.pool;
     kp_tok_vocab *v = fx.v;
-    kp_eng_config cc = {KP_DTYPE_F32, 16, 0, 1024, false, NULL, KP_DTYPE_F32, false, 0};
+    kp_eng_config cc = {KP_DTYPE_F32, 16, 0, 1024, false, NULL, KP_DTYPE_F32, false, 0, 0};
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
     cc.budget_bytes = bb * (1024 / 16) * 6;
     kp_engine *e = NULL;
@@ -517,8 +517,8 @@ static void test_kv_pressure_equals_alone(void) {
     kp_tok_vocab *v = fx.v;
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
-    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 128, true, NULL, KP_DTYPE_F32, true, 0};
-    kp_eng_config cc = {KP_DTYPE_F32, 16, bb * 6, 128, false, NULL, KP_DTYPE_F32, false, 0};
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 128, true, NULL, KP_DTYPE_F32, true, 0, 0};
+    kp_eng_config cc = {KP_DTYPE_F32, 16, bb * 6, 128, false, NULL, KP_DTYPE_F32, false, 0, 0};
     kp_engine *ref = NULL, *e = NULL;
     CHECK(kp_eng_new(&ref, m, fx.pool, NULL, &cr, &err) == KP_OK);
     CHECK(kp_eng_new(&e, m, fx.pool, NULL, &cc, &err) == KP_OK);
@@ -603,7 +603,7 @@ static void test_kv_budget_and_pins(void) {
     kp_model *m = fx.m;
     kp_tok_vocab *v = fx.v;
     uint64_t per = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32), bb = per * 16;
-    kp_eng_config cc = {KP_DTYPE_F32, 16, bb * 6, 256, false, NULL, KP_DTYPE_F32, false, 0}; /* 96 positions; pins up to 3 blocks */
+    kp_eng_config cc = {KP_DTYPE_F32, 16, bb * 6, 256, false, NULL, KP_DTYPE_F32, false, 0, 0}; /* 96 positions; pins up to 3 blocks */
     kp_engine *e = NULL;
     CHECK(kp_eng_new(&e, m, fx.pool, NULL, &cc, &err) == KP_OK);
     kp_sched_config sc = {2, 8, 32};
@@ -710,7 +710,7 @@ static void test_choices(void) {
     fixture fx;
     if (!fixture_open(&fx, "models/stories260K.gguf", 1)) return;
     kp_engine *e = NULL;
-    kp_eng_config cc = {KP_DTYPE_F16, 16, 0, 512, false, NULL, KP_DTYPE_F16, false, 0};
+    kp_eng_config cc = {KP_DTYPE_F16, 16, 0, 512, false, NULL, KP_DTYPE_F16, false, 0, 0};
     CHECK(kp_eng_new(&e, fx.m, fx.pool, NULL, &cc, &err) == KP_OK);
     kp_sched_config sc = {3, 8, 16};
     kp_sched *s = NULL;

@@ -115,8 +115,8 @@ static void equal_through(int redis_port) {
     uint32_t nv = m->hp.n_vocab, B = 16;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * B;
     kp_engine *ref = NULL, *e = NULL;
-    kp_eng_config cr = {KP_DTYPE_F32, B, 0, MAX_LEN + N_GEN + 8, true, NULL, KP_DTYPE_F32, true, 0};
-    kp_eng_config ct = {KP_DTYPE_F32, B, bb * ((MAX_LEN + N_GEN + B - 1) / B + 1), MAX_LEN + N_GEN + 8, false, NULL, KP_DTYPE_F32, false, 0};
+    kp_eng_config cr = {KP_DTYPE_F32, B, 0, MAX_LEN + N_GEN + 8, true, NULL, KP_DTYPE_F32, true, 0, 0};
+    kp_eng_config ct = {KP_DTYPE_F32, B, bb * ((MAX_LEN + N_GEN + B - 1) / B + 1), MAX_LEN + N_GEN + 8, false, NULL, KP_DTYPE_F32, false, 0, 0};
     char dir[300], addr[64];
     snprintf(dir, sizeof dir, "%s/eq", tmpdir);
     snprintf(addr, sizeof addr, "127.0.0.1:%d", redis_port);
@@ -226,7 +226,7 @@ static void disk_refusal_falls_to_redis(int redis_port) {
     snprintf(dir, sizeof dir, "%s/fallback", tmpdir);
     snprintf(addr, sizeof addr, "127.0.0.1:%d", redis_port);
     kp_tiers_config tc = {dir, 0, addr, 200, NULL, NULL, NULL, 0};
-    kp_eng_config c = {KP_DTYPE_F32, B, 0, 256, false, NULL, KP_DTYPE_F32, false, 0}, cn = c;
+    kp_eng_config c = {KP_DTYPE_F32, B, 0, 256, false, NULL, KP_DTYPE_F32, false, 0, 0}, cn = c;
     cn.no_prefix_cache = true;
     int32_t t[N];
     for (int i = 0; i < N; i++) t[i] = i ? (i * 53) % 400 + 5 : 1;
@@ -290,7 +290,7 @@ static void test_pin_writes_through(void) {
     char dir[300];
     snprintf(dir, sizeof dir, "%s/pin", tmpdir);
     kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, NULL, 0};
-    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 256, false, NULL, KP_DTYPE_F16, false, 0};
+    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 256, false, NULL, KP_DTYPE_F16, false, 0, 0};
     int32_t t[50];
     for (int i = 0; i < 50; i++) t[i] = i ? (i * 37) % 500 + 3 : 1;
     kp_engine *e = NULL, *e2 = NULL;
@@ -346,7 +346,7 @@ static void test_window_budget_and_disk(void) {
     kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, NULL, 0}, tc2 = {dir2, 0, NULL, 0, NULL, NULL, NULL, 0};
     uint64_t wb = 16 * kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, KP_DTYPE_F32, KP_DTYPE_F32);
     uint32_t slots = (256 + 2 * m->hp.n_swa + 15) / 16 + 2;
-    kp_eng_config cd = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32, false, 0};
+    kp_eng_config cd = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32, false, 0, 0};
     kp_eng_config cw = cd, cr = cd;
     cw.window_budget_bytes = slots * wb;
     cr.no_prefix_cache = true;
@@ -406,7 +406,7 @@ static void test_long_sequence_written_whole(void) {
     char dir[300];
     snprintf(dir, sizeof dir, "%s/long", tmpdir);
     kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, NULL, 0};
-    kp_eng_config c = {KP_DTYPE_F16, B, 0, CTX, false, NULL, KP_DTYPE_F16, false, 0};
+    kp_eng_config c = {KP_DTYPE_F16, B, 0, CTX, false, NULL, KP_DTYPE_F16, false, 0, 0};
     static int32_t t[N];
     for (int i = 0; i < N; i++) t[i] = i ? (int32_t)((i * 131u + 7) % (m->hp.n_vocab - 3)) + 3 : 1;
     kp_engine *e = NULL;
