@@ -185,21 +185,25 @@ BF16 void kp_bf16dp_gemm_packed(int64_t n, int nr, int nc, const void *wp, const
                 const char *ar[NC];
                 for (int c = 0; c < NC; c++)
                     ar[c] = (const char *)a + (size_t)(c0 + (c < ncc ? c : ncc - 1)) * a_stride;
-                const int R = ncc == 1 ? 16 : ncc == 2 ? 8 : ncc <= 4 ? 4 : 2;
-                for (int rb = 0; rb < rows; rb += R) {
-                    const int nrr = rows - rb < R ? rows - rb : R;
-                    float *o = out + (size_t)c0 * out_stride + (size_t)(r0 + rb);
-                    const int add = k0 > 0;
-                    switch (ncc) {
-                    case 1: tile_packed(g, rb, ar, k0, len, nrr, o, out_stride, add, 16, 1); break;
-                    case 2: tile_packed(g, rb, ar, k0, len, nrr, o, out_stride, add, 8, 2); break;
-                    case 3: tile_packed(g, rb, ar, k0, len, nrr, o, out_stride, add, 4, 3); break;
-                    case 4: tile_packed(g, rb, ar, k0, len, nrr, o, out_stride, add, 4, 4); break;
-                    case 5: tile_packed(g, rb, ar, k0, len, nrr, o, out_stride, add, 2, 5); break;
-                    case 6: tile_packed(g, rb, ar, k0, len, nrr, o, out_stride, add, 2, 6); break;
-                    case 7: tile_packed(g, rb, ar, k0, len, nrr, o, out_stride, add, 2, 7); break;
-                    default: tile_packed(g, rb, ar, k0, len, nrr, o, out_stride, add, 2, 8); break;
+                /* 5 to 8 columns: 4 rows x 6 columns (24 accumulators, 10 loads per 24
+                 * products), then the rest; fewer: the widest tile of 16 accumulators */
+                for (int cb = 0; cb < ncc;) {
+                    const int left = ncc - cb, C = left >= 6 ? 6 : left;
+                    const int R = C == 1 ? 16 : C == 2 ? 8 : 4;
+                    for (int rb = 0; rb < rows; rb += R) {
+                        const int nrr = rows - rb < R ? rows - rb : R;
+                        float *o = out + (size_t)(c0 + cb) * out_stride + (size_t)(r0 + rb);
+                        const int add = k0 > 0;
+                        switch (C) {
+                        case 1: tile_packed(g, rb, ar + cb, k0, len, nrr, o, out_stride, add, 16, 1); break;
+                        case 2: tile_packed(g, rb, ar + cb, k0, len, nrr, o, out_stride, add, 8, 2); break;
+                        case 3: tile_packed(g, rb, ar + cb, k0, len, nrr, o, out_stride, add, 4, 3); break;
+                        case 4: tile_packed(g, rb, ar + cb, k0, len, nrr, o, out_stride, add, 4, 4); break;
+                        case 5: tile_packed(g, rb, ar + cb, k0, len, nrr, o, out_stride, add, 4, 5); break;
+                        default: tile_packed(g, rb, ar + cb, k0, len, nrr, o, out_stride, add, 4, 6); break;
+                        }
                     }
+                    cb += C;
                 }
             }
         }
