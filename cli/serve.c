@@ -508,6 +508,8 @@ int cmd_serve(int argc, char **argv) {
     if (attn == KP_ATTN_BF16 && strcmp(kp_eng_attn_name(e), "avx512bf16") != 0)
         fprintf(stderr, "kvpin serve: --attn-precision bf16: this CPU has no AVX512_BF16; attention stays F32 (%s)\n",
                 kp_eng_attn_name(e));
+    else if (attn == KP_ATTN_BF16)
+        fprintf(stderr, "kvpin serve: prefill attention in bfloat16 dot products (%s)\n", kp_eng_attn_name(e));
     if ((cache_dir || cache_redis) && no_cache) {
         fprintf(stderr, "kvpin serve: --cache-dir and --cache-redis need the prefix cache (drop "
                         "--no-prefix-cache)\n");
