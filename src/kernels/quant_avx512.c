@@ -1571,7 +1571,7 @@ static VNNI void gemm_mxfp4_vnni(int64_t n, int nr, int nc, const void *w, size_
 
 const kp_kernels kp_quant_avx512vnni_kernels =
     AVX512VNNI_TABLE("avx512vnni", tile_bf16_512, gemm_bf16_512, 16, pack_half_x16, gemm_packed_bf16);
-const kp_kernels kp_quant_avx512bf16_kernels = AVX512VNNI_TABLE("avx512bf16", kp_bf16dp_tile, kp_bf16dp_gemm, 32,
+const kp_kernels kp_quant_avx512bf16_kernels = AVX512VNNI_TABLE("avx512bf16", kp_bf16dp_tile, kp_bf16dp_gemm, 16,
                                                                 kp_bf16dp_pack, kp_bf16dp_gemm_packed);
 #undef AVX512VNNI_TABLE
 

@@ -3,23 +3,29 @@
  * (tables.h): that table is the avx512vnni table (quant_avx512.c, which
  * builds both from one list) with its BF16 dot_tile, gemm, pack and
  * gemm_packed replaced by these, which multiply in bfloat16 dot products
- * (VDPBF16PS: 32 products of pairs added into 16 F32 lanes per
- * instruction, twice the multiply-adds of a 512-bit F32 FMA) instead of
- * widening both operands to F32. A BF16 weight's activations are BF16
- * already (kp_vec_dot_type, as llama.cpp rounds them), and a product of
- * two bfloat16 numbers is exact in F32, so only the order of the sums
- * differs from the avx512vnni table's.
+ * (VDPBF16PS on 256-bit vectors: 16 products of pairs added into 8 F32
+ * lanes per instruction, twice the multiply-adds of an F32 FMA of that
+ * width) instead of widening both operands to F32. 256-bit vectors: on
+ * Zen 4, which splits 512-bit operations in two, they give the same
+ * products per cycle as 512-bit ones, and they keep decode's weight stream
+ * in 512-byte steps (with 1 KiB steps of 512-bit rows the stream read 21
+ * GB/s on one thread against 27 for the F32 tile; with these, as much as
+ * it). A BF16 weight's activations are BF16 already (kp_vec_dot_type, as
+ * llama.cpp rounds them), and a product of two bfloat16 numbers is exact
+ * in F32, so only the order of the sums differs from the avx512vnni
+ * table's.
  *
  * Canonical order (every call shape of this table, so gemm_packed equals
  * gemm and dot_tile bit for bit): a row is cut in chunks of KC elements
- * (the last padded with zeros to a multiple of 32); in a chunk, lane i of
- * one F32 vector sums the pairs of elements (32j + 2i, 32j + 2i + 1) for
- * j = 0, 1, ... in order (one VDPBF16PS each), then one fixed horizontal
- * sum; the chunks' sums are added in order.
+ * (the last padded with zeros to a multiple of 16); in a chunk, lane i of
+ * one 8-lane F32 vector sums the pairs of elements (16j + 2i, 16j + 2i + 1)
+ * for j = 0, 1, ... in order (one VDPBF16PS each), then one fixed
+ * horizontal sum; the chunks' sums are added in order.
  *
- * Packed layout (pack, pack_k 32): a 16-row group of n elements as n / 32
- * steps of 1024 bytes: step s = row 0's elements 32s..32s+31 | row 1 | ...
- * | row 15 (64 bytes each), so a decode tile reads the group as one stream.
+ * Packed layout (pack, pack_k 16): a 16-row group of n elements as n / 16
+ * steps of 512 bytes: step s = row 0's elements 16s..16s+15 | row 1 | ...
+ * | row 15 (32 bytes each; the avx512vnni table's F16/BF16 layout), so a
+ * decode tile reads the group as one stream.
  *
  * Every function carries the target of VNNI plus avx512bf16 (BF16,
  * BF16_INLINE); dispatch.c hands the table out only when the CPU has
@@ -44,42 +50,38 @@
 #define KC 512      /* elements per chunk */
 #define NC 8        /* activation rows per tile (at most) */
 #define ROWS 16     /* rows of a packed group */
-#define STEP_BYTES (ROWS * 64)
+#define STEP_BYTES (ROWS * 32) /* 16 elements of the 16 rows */
 #define UNROLL16 _Pragma("GCC unroll 16")
 
-BF16_INLINE float hsum16(__m512 v) {
-    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-    return hsum_ps(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
-}
-
-/* 32 bfloat16 of a row from element i, zeros past element n. */
-BF16_INLINE __m512bh ld32(const void *row, int64_t i, int64_t n) {
+/* 16 bfloat16 of a row from element i, zeros past element n. */
+BF16_INLINE __m256bh ld16(const void *row, int64_t i, int64_t n) {
     const uint16_t *p = (const uint16_t *)row + i;
-    if (i + 32 <= n) return (__m512bh)_mm512_loadu_si512(p);
-    const __mmask32 m = i >= n ? 0 : (__mmask32)((1ull << (n - i)) - 1);
-    return (__m512bh)_mm512_maskz_loadu_epi16(m, p);
+    if (i + 16 <= n) return (__m256bh)_mm256_loadu_si256((const __m256i *)p);
+    const __mmask16 m = i >= n ? 0 : (__mmask16)((1u << (n - i)) - 1);
+    return (__m256bh)_mm256_maskz_loadu_epi16(m, p);
 }
 
 /* Rows wr[0..R) (in place) times activation rows ar[0..C) over the chunk
  * [k0, k0 + len) of rows of n elements: acc[r][c] += pairs, then out. */
 BF16_INLINE void tile_rows(const char *const *wr, const char *const *ar, int64_t k0, int64_t len, int64_t n, int nr,
                            float *out, size_t os, int add, size_t pf, const int R, const int C) {
-    __m512 acc[4][NC];
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < len; k += 32) {
-        __m512bh w[4];
-        if (pf) UNROLL for (int r = 0; r < R; r++) _mm_prefetch(wr[r] + pf + (size_t)(k0 + k) * 2, _MM_HINT_T0);
-        UNROLL for (int r = 0; r < R; r++) w[r] = ld32(wr[r], k0 + k, n);
+    __m256 acc[4][NC];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < len; k += 16) {
+        __m256bh w[4];
+        if (pf && (size_t)(k0 + k) * 2 % 64 == 0) /* once per cache line */
+            UNROLL for (int r = 0; r < R; r++) _mm_prefetch(wr[r] + pf + (size_t)(k0 + k) * 2, _MM_HINT_T0);
+        UNROLL for (int r = 0; r < R; r++) w[r] = ld16(wr[r], k0 + k, n);
         UNROLL for (int c = 0; c < C; c++) {
-            const __m512bh av = ld32(ar[c], k0 + k, n);
-            UNROLL for (int r = 0; r < R; r++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], w[r], av);
+            const __m256bh av = ld16(ar[c], k0 + k, n);
+            UNROLL for (int r = 0; r < R; r++) acc[r][c] = _mm256_dpbf16_ps(acc[r][c], w[r], av);
         }
     }
     UNROLL for (int c = 0; c < C; c++)
         UNROLL for (int r = 0; r < R; r++) {
             if (r >= nr) break;
             float *o = out + (size_t)c * os + (size_t)r;
-            const float v = hsum16(acc[r][c]);
+            const float v = hsum_ps(acc[r][c]);
             *o = add ? *o + v : v;
         }
 }
@@ -132,39 +134,39 @@ BF16 void kp_bf16dp_gemm(int64_t n, int nr, int nc, const void *w, size_t w_stri
 /* ---- packed ------------------------------------------------------------------ */
 
 void kp_bf16dp_pack(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst) {
-    const int64_t ns = n / 32;
+    const int64_t ns = n / 16;
     for (int64_t g0 = 0; g0 < nr; g0 += ROWS) {
         uint8_t *gd = (uint8_t *)dst + (size_t)(g0 / ROWS) * (size_t)ns * STEP_BYTES;
         for (int r = 0; r < ROWS; r++) {
             const char *row = g0 + r < nr ? (const char *)w + (size_t)(g0 + r) * w_stride : NULL;
             for (int64_t s = 0; s < ns; s++) { /* padding rows: zeros */
-                if (row) memcpy(gd + (size_t)s * STEP_BYTES + 64 * (size_t)r, row + (size_t)s * 64, 64);
-                else memset(gd + (size_t)s * STEP_BYTES + 64 * (size_t)r, 0, 64);
+                if (row) memcpy(gd + (size_t)s * STEP_BYTES + 32 * (size_t)r, row + (size_t)s * 32, 32);
+                else memset(gd + (size_t)s * STEP_BYTES + 32 * (size_t)r, 0, 32);
             }
         }
     }
 }
 
 /* Rows rb..rb+R-1 of the group at g x the C activation rows ar over the
- * chunk [k0, k0 + len) (len a multiple of 32: n is). */
+ * chunk [k0, k0 + len) (len a multiple of 16: n is). */
 BF16_INLINE void tile_packed(const uint8_t *g, int rb, const char *const *ar, int64_t k0, int64_t len, int nr,
                              float *out, size_t os, int add, const int R, const int C) {
-    __m512 acc[16][NC];
-    UNROLL16 for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
-    const uint8_t *st = g + (size_t)(k0 / 32) * STEP_BYTES + 64 * (size_t)rb;
-    for (int64_t k = 0; k < len; k += 32, st += STEP_BYTES) {
-        __m512bh w[16];
-        UNROLL16 for (int r = 0; r < R; r++) w[r] = (__m512bh)_mm512_loadu_si512(st + 64 * r);
+    __m256 acc[16][NC];
+    UNROLL16 for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    const uint8_t *st = g + (size_t)(k0 / 16) * STEP_BYTES + 32 * (size_t)rb;
+    for (int64_t k = 0; k < len; k += 16, st += STEP_BYTES) {
+        __m256bh w[16];
+        UNROLL16 for (int r = 0; r < R; r++) w[r] = (__m256bh)_mm256_loadu_si256((const __m256i *)(st + 32 * r));
         UNROLL for (int c = 0; c < C; c++) {
-            const __m512bh av = (__m512bh)_mm512_loadu_si512((const uint16_t *)ar[c] + k0 + k);
-            UNROLL16 for (int r = 0; r < R; r++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], w[r], av);
+            const __m256bh av = (__m256bh)_mm256_loadu_si256((const __m256i *)((const uint16_t *)ar[c] + k0 + k));
+            UNROLL16 for (int r = 0; r < R; r++) acc[r][c] = _mm256_dpbf16_ps(acc[r][c], w[r], av);
         }
     }
     UNROLL for (int c = 0; c < C; c++)
         UNROLL16 for (int r = 0; r < R; r++) {
             if (r >= nr) break;
             float *o = out + (size_t)c * os + (size_t)r;
-            const float v = hsum16(acc[r][c]);
+            const float v = hsum_ps(acc[r][c]);
             *o = add ? *o + v : v;
         }
 }
@@ -173,7 +175,7 @@ BF16 void kp_bf16dp_gemm_packed(int64_t n, int nr, int nc, const void *wp, const
                                 const void *aux, size_t aux_stride, float *out, size_t out_stride) {
     (void)aux;
     (void)aux_stride;
-    const size_t group = (size_t)(n / 32) * STEP_BYTES;
+    const size_t group = (size_t)(n / 16) * STEP_BYTES;
     if (n <= 0) zero_out(nr, nc, out, out_stride);
     for (int r0 = 0; r0 < nr; r0 += ROWS) {
         const uint8_t *g = (const uint8_t *)wp + (size_t)(r0 / ROWS) * group;
