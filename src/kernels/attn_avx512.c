@@ -148,7 +148,7 @@ AVX512_INLINE void lanes512_step(kp_attn_tile *t, const lanes_ws *w, int n_keys,
         float *s = w->s + (size_t)j0 * Mp;
         for (int v = 0; v < nz; v += 3) lanes512_scores_8x3(hd, Mp, w->qt + 16 * v, kf, s + 16 * v, scale);
     }
-    bool rescale = lanes512_softmax(t, w, n_keys, key_pos, false);
+    bool rescale = lanes512_softmax(t, w, n_keys, key_pos);
     for (int d0 = 0; d0 < hd; d0 += 8) {
         float *ot = w->ot + (size_t)d0 * Mp;
         const float *vf = w->vf + d0;

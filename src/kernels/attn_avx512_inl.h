@@ -2,8 +2,8 @@
  * attn_avx512_inl.h - private to attn_avx512.c and attn_bf16.c: the
  * 16-lane pieces both tables share: exp512 (exp_ps of attn_avx2_inl.h on
  * 16 lanes, the same operations lane for lane), ld16 (16 elements of a K
- * or V row of any KV type as F32, converted in registers) and the softmax
- * update of a query-lane step (lanes512_softmax). Include only on x86-64;
+ * or V row of any KV type as F32, converted in registers), and the avx512
+ * table's softmax update of a query-lane step (lanes512_softmax). Include only on x86-64;
  * everything here is static inline and always inlined, compiled with the
  * target of the kernel that uses it (a superset of AVX512).
  */
@@ -57,24 +57,14 @@ AVX512_INLINE __m512 ld16(const uint8_t *row, int i, kp_dtype t) {
     return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(_cvtsh_ss(dh)));
 }
 
-/* x rounded to the nearest bfloat16, ties to even (as VCVTNEPS2BF16 does
- * for the finite, normal or zero weights of a softmax), kept as F32. */
-AVX512_INLINE __m512 round_bf16_512(__m512 x) {
-    __m512i u = _mm512_castps_si512(x);
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    u = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
-    return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
-}
-
 /* The softmax update of a query-lane step whose scores w.s[j][r] (j <
  * n_keys) are computed: masks the keys a row does not see (causal), moves
  * each row's running max, writes the step's weights p = e^(s - m') over
  * the scores (0 where masked), the rescale a of every row to w.al and
- * l = fma(l, a, sum of the step's p in key order). round_p: each weight is
- * first rounded to bfloat16 (nearest even), so that the sum l is over the
- * weights a bfloat16 product uses (attn_bf16.c). True when some row's max
- * moved (its o needs the rescale). */
-AVX512_INLINE bool lanes512_softmax(kp_attn_tile *t, const lanes_ws *w, int n_keys, int32_t key_pos, const bool round_p) {
+ * l = fma(l, a, sum of the step's p in key order). True when some row's
+ * max moved (its o needs the rescale). attn_bf16.c has its own, fused with
+ * the pairing of the weights (softmax_pairs). */
+AVX512_INLINE bool lanes512_softmax(kp_attn_tile *t, const lanes_ws *w, int n_keys, int32_t key_pos) {
     int Mp = w->Mp, nz = Mp / 16;
     int32_t delta = key_pos - t->pos0;
     bool all_visible = delta + n_keys - 1 <= 0;
@@ -102,7 +92,6 @@ AVX512_INLINE bool lanes512_softmax(kp_attn_tile *t, const lanes_ws *w, int n_ke
             __m512 p = exp512(_mm512_sub_ps(_mm512_loadu_ps(sj), mx));
             if (!all_visible)
                 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_set1_ps((float)(j + delta)), tok, _CMP_LE_OQ), p);
-            if (round_p) p = round_bf16_512(p);
             _mm512_storeu_ps(sj, p);
             psum = _mm512_add_ps(psum, p);
         }

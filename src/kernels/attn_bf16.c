@@ -158,27 +158,6 @@ BF16_INLINE void accum_8x3(int hd, int Mp, int n_pairs, const uint32_t *pt, cons
     C3_STORE(7, ot + 7 * Mp, C_ID);
 }
 
-/* exp512 (attn_avx512_inl.h) with 2^n applied by VSCALEFPS instead of
- * built in the exponent bits and multiplied: the same value for every
- * input (an exact scaling by a power of two either way; inputs below
- * about -87.34 give 0 as there), three instructions fewer. */
-BF16_INLINE __m512 exp_scalef(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-87.336548f);
-    __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), y, n);
-}
-
 /* The softmax update of the step (lanes512_softmax's, attn_avx512_inl.h,
  * with every weight rounded to bfloat16) fused with the pairing of the
  * weights: keys (2i, 2i+1) of row r go to pt[i * Mp + r], and l sums the
@@ -207,11 +186,11 @@ BF16_INLINE bool softmax_pairs(const kp_attn_tile *t, const lanes_ws *w, int n_k
         __m512 psum = _mm512_setzero_ps();
         for (int i = 0; i < n_pairs; i++) {
             const int j = 2 * i;
-            __m512 pe = exp_scalef(_mm512_sub_ps(_mm512_loadu_ps(w->s + (size_t)j * Mp + 16 * v), mx)), po;
+            __m512 pe = exp512(_mm512_sub_ps(_mm512_loadu_ps(w->s + (size_t)j * Mp + 16 * v), mx)), po;
             if (!all_visible)
                 pe = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_set1_ps((float)(j + delta)), tok, _CMP_LE_OQ), pe);
             if (j + 1 < n_keys) {
-                po = exp_scalef(_mm512_sub_ps(_mm512_loadu_ps(w->s + (size_t)(j + 1) * Mp + 16 * v), mx));
+                po = exp512(_mm512_sub_ps(_mm512_loadu_ps(w->s + (size_t)(j + 1) * Mp + 16 * v), mx));
                 if (!all_visible)
                     po = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_set1_ps((float)(j + 1 + delta)), tok, _CMP_LE_OQ),
                                              po);
