@@ -54,8 +54,11 @@ json_t *kp_dash_events(kp_sched *sched, kp_history *h, const kp_tok_vocab *v, co
      * 32-value block with its scale), 18/32 for q4_0 */
     double kb = (double)kp_dtype_row_size(snap->kv.kv_type, 32) / 32,
            vb = (double)kp_dtype_row_size(snap->kv.kv_type_v, 32) / 32;
-    json_t *model = json_pack("{s:s, s:I, s:I, s:I, s:s, s:s, s:f, s:f, s:I, s:I}", "arch", hp->arch_name, "n_layer",
-                              (json_int_t)hp->n_layer, "n_head_kv", (json_int_t)hp->n_head_kv, "head_dim",
+    /* n_kv_layer: the layers that keep K/V (all but a hybrid model's
+     * recurrent ones, n_rec_layer), the ones the bill's formula counts */
+    json_t *model = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:s, s:s, s:f, s:f, s:I, s:I}", "arch", hp->arch_name,
+                              "n_layer", (json_int_t)hp->n_layer, "n_kv_layer", (json_int_t)hp->n_kv_layer,
+                              "n_rec_layer", (json_int_t)hp->n_rec_layers, "n_head_kv", (json_int_t)hp->n_head_kv, "head_dim",
                               (json_int_t)hp->head_dim, "kv_type_k", kp_dtype_name(snap->kv.kv_type), "kv_type_v",
                               kp_dtype_name(snap->kv.kv_type_v), "k_value_bytes", kb, "v_value_bytes", vb,
                               "bytes_per_token", (json_int_t)per, "n_ctx", (json_int_t)n_ctx);

@@ -41,6 +41,9 @@ compare the DOM with what the server and the responses said:
   - a model with sliding-window layers (gemma3): a bill row per layer kind,
     its bytes /v1/cache's kv.by_kind, bytes per token of each kind from the
     formula; none for a model without window layers;
+  - a hybrid model (qwen35): the formula counts the attention layers only,
+    and the bill has an attention row and a recurrent-state row (snapshots
+    held, their bytes) that are /v1/cache's kv.by_kind;
   - --no-dashboard: GET / is a 404, the JSON stays.
 
 Screenshots go to build/test/dashboard.png and dashboard-wrong-key.png.
@@ -544,6 +547,60 @@ def check_kinds(plain_dom):
         srv.stop()
 
 
+QWEN35 = "tests/data/models/gen-qwen35-f32.gguf"
+
+
+def check_hybrid():
+    """A hybrid model (qwen35: recurrent gated delta-net layers and
+    attention layers): the formula counts only the layers that keep K/V
+    (n_kv_layer of n_layer) and makes the pool's bytes per token; the bill
+    has an attention row (/v1/cache's kv.by_kind.full) and a recurrent-state
+    row whose bytes and snapshot count are kv.by_kind.recurrent's, with
+    cached bytes = snapshots x bytes a snapshot, after prompts that left
+    snapshots (--state-every 16: every 16 positions and each prompt's end)."""
+    srv = Server(R, "--state-every", "16", model=QWEN35)
+    try:
+        for n in (40, 70):
+            words = " ".join("w%d" % i for i in range(n))
+            st, _, _ = srv.post("/v1/completions", {"prompt": words, "max_tokens": 4, "temperature": 0})
+            ok(st == 200, "hybrid: a request %d" % st)
+        ok(wait_idle(srv), "hybrid: idle")
+        st, cache = srv.get("/v1/cache")
+        st, ev = srv.get("/v1/cache/events")
+        kv, m = cache["kv"], ev["model"]
+        bk = kv.get("by_kind") or {}
+        full, rec = bk.get("full"), bk.get("recurrent")
+        ok(full is not None and rec is not None and "window" not in bk,
+           "hybrid: /v1/cache kv.by_kind has full and recurrent: %s" % bk)
+        if full is None or rec is None:
+            return
+        ok(m["n_kv_layer"] == full["layers"] and 0 < m["n_kv_layer"] < m["n_layer"] and
+           m["n_kv_layer"] + m["n_rec_layer"] == m["n_layer"],
+           "hybrid: %d attention + %d recurrent layers of %d" % (m["n_kv_layer"], m["n_rec_layer"], m["n_layer"]))
+        per_value = {"F32": 4, "F16": 2, "Q8_0": 34 / 32, "Q4_0": 18 / 32}[m["kv_type_k"].upper()]
+        ok(2 * m["n_kv_layer"] * m["n_head_kv"] * m["head_dim"] * per_value == kv["bytes_per_token"] ==
+           full["bytes_per_token"], "hybrid: the attention layers alone make the pool's bytes per token")
+        ok(rec["snapshots"] >= 2 and rec["index_bytes"] == rec["snapshots"] * rec["snapshot_bytes"] and
+           rec["snapshot_bytes"] >= rec["state_bytes"] > 0 and rec["state_every"] == 16,
+           "hybrid: snapshots held and their bytes: %s" % rec)
+        dom = load("http://127.0.0.1:%d/" % srv.port)
+        fm = dom.by_id("formula")
+        want = "2 (K and V) x %d attention layers x %d kv_heads x %d head_dim x %g bytes (%s) = %d" % (
+            m["n_kv_layer"], m["n_head_kv"], m["head_dim"], per_value, m["kv_type_k"], kv["bytes_per_token"])
+        ok(fm is not None and want in fm.all_text(), "hybrid: formula %r" % (fm and fm.all_text()))
+        cell = dom.by_id("bill-kind-full")
+        ok(cell is not None and cell.attrs.get("data-bytes") == str(full["index_bytes"]) and
+           cell.attrs.get("data-bytes-per-token") == str(full["bytes_per_token"]),
+           "hybrid: the attention row is /v1/cache's (%s)" % (cell and cell.attrs))
+        cell = dom.by_id("bill-kind-recurrent")
+        ok(cell is not None and cell.attrs.get("data-bytes") == str(rec["index_bytes"]) and
+           cell.attrs.get("data-snapshots") == str(rec["snapshots"]) and
+           cell.attrs.get("data-snapshot-bytes") == str(rec["snapshot_bytes"]),
+           "hybrid: the recurrent-state row is /v1/cache's (%s)" % (cell and cell.attrs))
+    finally:
+        srv.stop()
+
+
 def check_off():
     srv = Server(R, "--no-dashboard")
     for p in ("/", "/dashboard"):
@@ -571,6 +628,7 @@ def main():
     plain = load("http://127.0.0.1:%d/" % srv.port)
     srv.stop()
     check_kinds(plain)
+    check_hybrid()
     check_key()
     check_tiers()
     check_off()
