@@ -269,6 +269,8 @@ static void snap_load(const kp_pfx_index *p, const kp_pfx_state *sn, float *dst)
         kp_kvpool_get(p->pool, sn->blocks[i], d, left < fb ? left : fb);
 }
 
+void kp_pfx_state_load(const kp_pfx_index *p, const kp_pfx_state *s, float *state) { snap_load(p, s, state); }
+
 /* The snapshot at a pinned node's end is where the pin resumes: kept. */
 static bool snap_evictable(const kp_pfx_node *n, uint32_t i) { return !(n->pin_here && n->snaps[i].pos == n->depth); }
 

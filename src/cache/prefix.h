@@ -174,6 +174,10 @@ uint32_t kp_pfx_state_blocks(const kp_pfx_index *p);
  * KP_ENOMEM. KP_EINVAL without snapshots. */
 kp_status kp_pfx_state_save(kp_pfx_index *p, const float *state, uint32_t pos, kp_pfx_state *out, kp_error *err);
 
+/* Reads snapshot *s (pending or indexed, not empty) into state
+ * (kp_pfx_state_bytes bytes): the state after position s->pos. */
+void kp_pfx_state_load(const kp_pfx_index *p, const kp_pfx_state *s, float *state);
+
 /* Drops a pending snapshot's blocks; *s becomes empty. No-op on an empty one. */
 void kp_pfx_state_drop(kp_pfx_index *p, kp_pfx_state *s);
 

@@ -375,6 +375,26 @@ static void hand_states(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, ui
     seq->n_snaps = 0;
 }
 bool kp_eng_recurrent(const kp_engine *e) { return e->recurrent; }
+
+uint32_t kp_eng_fork_point(const kp_engine *e, const kp_eng_seq *src, uint32_t n) {
+    if (n > src->kv.n_pos) n = src->kv.n_pos;
+    if (!e->recurrent) return n;
+    uint32_t best = 0;
+    if (src->kv.rstate && src->kv.rstate_pos == n) return n;
+    for (uint32_t i = 0; i < src->n_snaps; i++)
+        if (src->snaps[i].pos <= n && src->snaps[i].pos > best) best = src->snaps[i].pos;
+    return best;
+}
+
+uint32_t kp_eng_fork_ahead(const kp_engine *e, const kp_eng_seq *src, uint32_t n) {
+    if (!e->recurrent) return n;
+    uint32_t at = kp_eng_fork_point(e, src, n);
+    if (!e->idx || n <= src->kv.n_pos) return at;
+    /* the state points src has still to reach: it snapshots there as it passes */
+    uint32_t p = n / e->state_every * e->state_every;
+    if (src->prompt_end <= n && src->prompt_end > p) p = src->prompt_end;
+    return p > src->kv.n_pos && p > at ? p : at;
+}
 uint32_t kp_eng_seq_len(const kp_eng_seq *seq) { return seq->kv.n_pos; }
 
 uint32_t kp_eng_seq_blocks_missing(const kp_engine *e, const kp_eng_seq *seq, uint32_t n_pos) {
@@ -494,15 +514,21 @@ kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp
     for (uint32_t j = n + 1 > W ? (n + 1 - W) / B : 0; W > 1 && j < nb; j++)
         if (!kp_kvpool_has_window(e->kv, src->kv.blocks[j]))
             return kp_fail(err, KP_EFULL, "the window rows before position %u were dropped (window budget)", n);
-    float *state = NULL; /* a recurrent state goes with the rows: only the source's own, at its length */
+    float *state = NULL; /* a recurrent state goes with the rows: the source's own at its length, or the
+                          * pending snapshot it took at n (a state point it passed) */
     if (e->recurrent) {
-        if (!src->kv.rstate || src->kv.rstate_pos != n)
+        const kp_pfx_state *sn = NULL;
+        for (uint32_t i = 0; i < src->n_snaps && e->idx; i++)
+            if (src->snaps[i].pos == n) sn = &src->snaps[i];
+        if ((!src->kv.rstate || src->kv.rstate_pos != n) && !sn)
             return kp_fail(err, KP_EUNSUPPORTED,
-                           "fork of %u positions: this model's recurrent state is held at position %u only", n,
-                           src->kv.rstate ? src->kv.rstate_pos : 0);
+                           "fork of %u positions: this model's recurrent state is held at position %u and at the "
+                           "sequence's snapshots only",
+                           n, src->kv.rstate ? src->kv.rstate_pos : 0);
         size_t bytes = (size_t)kp_model_rec_state_floats(&e->m->hp) * sizeof(float);
         if (!(state = malloc(bytes))) return kp_fail(err, KP_ENOMEM, "out of memory copying a recurrent state");
-        memcpy(state, src->kv.rstate, bytes);
+        if (src->kv.rstate && src->kv.rstate_pos == n) memcpy(state, src->kv.rstate, bytes);
+        else kp_pfx_state_load(e->idx, sn, state);
     }
     if (!kp_grow_u32((void **)&dst->kv.blocks, &dst->kv.cap_blocks, nb, sizeof(int32_t))) {
         free(state);

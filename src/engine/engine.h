@@ -247,8 +247,9 @@ uint32_t kp_eng_fork_blocks(const kp_engine *e, uint32_t n_pos);
  * that reuses the prompt another running sequence is computing (or has
  * computed but not yet indexed): the rows below n are final, src never
  * writes them again. n 0: dst stays empty, KP_OK. A model with recurrent
- * layers: n must be src's length (its state is there only; copied to dst),
- * else KP_EUNSUPPORTED. Errors as kp_eng_fork,
+ * layers: n must be src's length or the position of one of src's pending
+ * state snapshots (the state exists there only; copied to dst:
+ * kp_eng_fork_point), else KP_EUNSUPPORTED. Errors as kp_eng_fork,
  * KP_EINVAL also for n past src's length, KP_EFULL also when src, under a
  * window budget, has dropped the window rows position n reads (it has
  * gone on more than a window past n). */
@@ -256,9 +257,21 @@ kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp
 
 /* True when the model has recurrent layers (model.h, Hybrid): the prefix
  * index then keeps state snapshots (engine.c), kp_eng_fork_prefix forks a
- * sequence at its whole length only (KP_EUNSUPPORTED otherwise), copying
- * its recurrent state, and the tiers are refused. */
+ * sequence at its whole length or at its pending snapshots only
+ * (KP_EUNSUPPORTED otherwise), copying its recurrent state, and the tiers
+ * are refused. */
 bool kp_eng_recurrent(const kp_engine *e);
+
+/* The longest prefix of at most n positions that kp_eng_fork_prefix can
+ * fork from src now: min(n, src's length) without recurrent layers; with
+ * them src's length when n reaches it, else the latest of src's pending
+ * snapshots at or before n (0: none). kp_eng_fork_ahead: the same once src
+ * has computed n positions, counting the state points (every
+ * state_every positions, its prompt's end) it has still to pass, where it
+ * will snapshot if the pool has room (a scheduler's in-flight prefix
+ * waits for it). */
+uint32_t kp_eng_fork_point(const kp_engine *e, const kp_eng_seq *src, uint32_t n);
+uint32_t kp_eng_fork_ahead(const kp_engine *e, const kp_eng_seq *src, uint32_t n);
 
 /* How many of the next n tokens (n >= 1) of seq a prefill chunk should
  * take so that its forward call ends at seq's next state snapshot

@@ -25,7 +25,11 @@
  * partial, crew_n <= its prompt - 1) and prefills only its own tail, in
  * the same step; the sequences someone is parked on get the step's
  * prefill budget first, so the shared part is computed at L's full speed
- * and the tails of a crew are batched together after it:
+ * and the tails of a crew are batched together after it. A model with
+ * recurrent layers forks only where L holds a state (kp_eng_fork_ahead):
+ * L's snapshot at the latest state point within the shared prefix (every
+ * --state-every positions, its prompt's end), which L takes as it passes;
+ * the follower computes the rest of the shared part itself:
  *
  *   arrive | L prefilling 4000 + 100 | F1..F7 parked (crew L, crew_n 4000)        |
  *   steps  | L: the budget first      | nothing                                    |
@@ -67,7 +71,6 @@ static uint32_t crew_run(const kp_sreq *r) { return r->fed > r->n_fill ? r->fed 
 kp_sreq *kp_sched_crew_find(kp_sched *s, kp_sreq *r, uint32_t *cap, kp_eng_report *rep) {
     *cap = 0;
     if (r->no_crew || r->admitted || r->n_fill < 2 || s->n_running == 0) return NULL;
-    if (kp_eng_recurrent(s->e)) return NULL; /* a recurrent state is held at a sequence's end only */
     const int32_t *t = kp_gen_tokens(r->gen);
     kp_sreq *best = NULL;
     uint32_t most = 0;
@@ -78,6 +81,7 @@ kp_sreq *kp_sched_crew_find(kp_sched *s, kp_sreq *r, uint32_t *cap, kp_eng_repor
         if (m > r->n_fill - 1) m = r->n_fill - 1;
         const int32_t *u = kp_gen_tokens(q->gen);
         while (k < m && t[k] == u[k]) k++;
+        k = kp_eng_fork_ahead(s->e, &q->seq, k); /* a recurrent model: where q holds (or will hold) a state */
         if (k > most) {
             most = k;
             best = q;

@@ -45,16 +45,17 @@ typedef struct {
     kp_threads *pool;
 } fixture;
 
-static bool fixture_open(fixture *f, int threads) {
+static bool fixture_open_model(fixture *f, int threads, const char *rel) {
     kp_error err = {0};
     memset(f, 0, sizeof *f);
-    const char *rel = "models/stories260K.gguf";
     bool ok = kp_model_load(&f->m, harness_path(rel), &err) == KP_OK &&
               kp_gguf_open(&f->g, harness_path(rel), &err) == KP_OK &&
               kp_tok_vocab_load(&f->v, f->g, &err) == KP_OK && kp_threads_new(&f->pool, threads, &err) == KP_OK;
     CHECK_MSG(ok, "%s: %s", rel, err.msg);
     return ok;
 }
+
+static bool fixture_open(fixture *f, int threads) { return fixture_open_model(f, threads, "models/stories260K.gguf"); }
 
 static void fixture_close(fixture *f) {
     kp_threads_free(f->pool);
@@ -295,6 +296,100 @@ static void test_burst_exact(void) {
     fixture_close(&fx);
 }
 
+/* A model with recurrent layers (qwen35): followers fork the leader's
+ * state snapshot at the latest state point within the shared prefix (every
+ * 16 positions here), taken as the leader prefills past it, and compute
+ * the rest themselves: reused and in flight = that point, the greedy
+ * tokens those of each request alone (an engine without a prefix cache). */
+static void test_recurrent_crew(void) {
+    fixture fx;
+    if (!fixture_open_model(&fx, 1, "tests/data/models/gen-qwen35-f32.gguf")) return;
+    kp_error err = {0};
+    uint32_t nv = fx.m->hp.n_vocab;
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 256, true, NULL, KP_DTYPE_F32, true, 0, 16};
+    kp_eng_config cc = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32, false, 0, 16};
+    kp_engine *ref = NULL, *e = NULL;
+    CHECK(kp_eng_new(&ref, fx.m, fx.pool, NULL, &cr, &err) == KP_OK);
+    CHECK(kp_eng_new(&e, fx.m, fx.pool, NULL, &cc, &err) == KP_OK);
+    if (!ref || !e) goto done;
+    CHECK(kp_eng_recurrent(e));
+    int32_t spec[100];
+    for (int i = 0; i < 100; i++) spec[i] = i ? (int32_t)(3 + rnd(nv - 3)) : 1;
+    static crew_case cs[5];
+    memset(cs, 0, sizeof cs);
+    /* 0 leader: spec + 20; 1, 2: spec + their own (fork at 96); 3: spec[0..70) + its own (fork
+     * at 64); 4: spec[0..12) + its own (no state point within: admitted alone) */
+    const uint32_t share[5] = {100, 100, 100, 70, 12}, len[5] = {120, 110, 104, 90, 40};
+    for (int i = 0; i < 5; i++) {
+        crew_case *c = &cs[i];
+        c->n = len[i];
+        c->max_tokens = i == 0 ? 60 : 6;
+        for (uint32_t k = 0; k < c->n; k++)
+            c->prompt[k] = k < share[i] ? spec[k] : (int32_t)(3 + (i * 37 + k * 5) % (nv - 3));
+        reference(ref, nv, c);
+    }
+    kp_sched_config sc = {5, 16, 2};
+    kp_sched *s = NULL;
+    CHECK(kp_sched_new(&s, e, fx.v, &sc, &err) == KP_OK);
+    if (!s) goto done;
+    for (int i = 0; i < 5; i++) submit(s, &cs[i]);
+    const uint32_t fork_at[5] = {0, 96, 96, 64, 0};
+    uint32_t followers = 0;
+    for (int i = 0; i < 5; i++) {
+        kp_sreq_update u;
+        check_alone(&cs[i], i, &u);
+        CHECK_MSG(u.report.inflight_tokens == fork_at[i] && u.report.reused_tokens == fork_at[i],
+                  "request %d: %u in flight, %u reused, want %u", i, u.report.inflight_tokens,
+                  u.report.reused_tokens, fork_at[i]);
+        followers += fork_at[i] > 0;
+        kp_sreq_release(cs[i].r);
+    }
+    kp_sched_stats st;
+    stats(s, &st);
+    CHECK_EQ_INT(st.inflight_followers, followers);
+
+    /* followers that arrive after the leader passed 96 and 64: its pending snapshots there */
+    for (int i = 0; i < 3; i++) {
+        crew_case *c = &cs[i];
+        c->n = i == 0 ? 160 : i == 1 ? 108 : 80;
+        c->max_tokens = i == 0 ? 30 : 5;
+        for (uint32_t k = 0; k < c->n; k++)
+            c->prompt[k] = k < (i == 2 ? 70u : 100u) ? spec[(k + 7) % 100] : (int32_t)(3 + (i * 41 + k * 3) % (nv - 3));
+        if (i > 0) reference(ref, nv, c);
+    }
+    kp_sreq_params p = {cs[0].prompt, cs[0].n, 30, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    p.sp.temp = 0;
+    CHECK(kp_sched_submit(s, &p, &cs[0].r, &err) == KP_OK);
+    kp_sreq_progress(cs[0].r);
+    for (;;) {
+        kp_sreq_update u;
+        kp_sreq_wait(cs[0].r, 5000, &u);
+        free(u.text);
+        if (u.prefill_done >= 110 || u.finish != KP_FINISH_NONE) break;
+    }
+    for (int i = 1; i < 3; i++) submit(s, &cs[i]);
+    for (int i = 1; i < 3; i++) {
+        kp_sreq_update u;
+        check_alone(&cs[i], i, &u);
+        uint32_t want = i == 1 ? 96 : 64;
+        CHECK_MSG(u.report.inflight_tokens == want && u.report.reused_tokens == want,
+                  "late request %d: %u in flight, %u reused, want %u", i, u.report.inflight_tokens,
+                  u.report.reused_tokens, want);
+        kp_sreq_release(cs[i].r);
+    }
+    kp_sreq_update u0;
+    wait_end(cs[0].r, &u0);
+    kp_sreq_release(cs[0].r);
+    kp_sched_free(s);
+    CHECK(kp_eng_check(e, &err) == KP_OK);
+    CHECK(kp_eng_clear(e, &err) == KP_OK);
+    CHECK_EQ_INT(used_bytes(e), 0);
+done:
+    kp_eng_free(e);
+    kp_eng_free(ref);
+    fixture_close(&fx);
+}
+
 /* Randomized bursts under a budget that evicts. */
 static void test_random_bursts(void) {
     fixture fx;
@@ -374,5 +469,6 @@ int main(void) {
     RUN(test_fork_prefix_logits);
     RUN(test_burst_exact);
     RUN(test_random_bursts);
+    RUN(test_recurrent_crew);
     return harness_finish("crew");
 }

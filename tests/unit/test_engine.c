@@ -1372,7 +1372,20 @@ static void test_recurrent_engine(void) {
     /* turn 1: 40 tokens (snapshots at 32 and 40, the prompt's end), 5 answered (45, the end) */
     same_as_cold(e, cold, t, 40, &a, &r, l0, l1, nv, "turn 1");
     CHECK(r.recurrent && r.reused_tokens == 0 && r.computed_tokens == 40);
-    CHECK(kp_eng_fork_prefix(e, &a, 32, &f, &err) == KP_EUNSUPPORTED && strstr(err.msg, "recurrent"));
+    /* a fork inside the run: at a's snapshot (32, pending) or its end (40) only; the fork at 32
+     * plus the 8 tokens after it gives the cold logits of all 40 */
+    CHECK(kp_eng_fork_prefix(e, &a, 37, &f, &err) == KP_EUNSUPPORTED && strstr(err.msg, "recurrent"));
+    CHECK_EQ_INT(kp_eng_fork_point(e, &a, 37), 32);
+    CHECK_EQ_INT(kp_eng_fork_point(e, &a, 40), 40);
+    CHECK_EQ_INT(kp_eng_fork_point(e, &a, 31), 0);
+    CHECK_MSG(kp_eng_fork_prefix(e, &a, 32, &f, &err) == KP_OK, "%s", err.msg);
+    {
+        float *lf = malloc(nv * sizeof *lf);
+        CHECK(lf && kp_eng_append(e, &f, t + 32, 8, 0, lf, &err) == KP_OK);
+        CHECK_MSG(lf && rel_diff(lf, l1, nv) <= 1e-5, "fork at 32 + 8: logits differ by %g", lf ? rel_diff(lf, l1, nv) : 1.0);
+        free(lf);
+        kp_eng_seq_abort(e, &f);
+    }
     uint32_t n1 = answer_and_finish(e, &a, t, 40, 5, l0, nv);
     kp_eng_get_stats(e, &st);
     CHECK_EQ_INT(st.n_states, 3);
