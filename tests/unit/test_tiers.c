@@ -413,12 +413,59 @@ static void recurrent_disk_budget(void) {
     kp_model_free(m);
 }
 
+/* A pin writes the snapshot at its end: tiers opened after a 50-token
+ * sequence was cached (so its finish wrote nothing) get, from a pin of
+ * its first 45 tokens, blocks 0-1 and the snapshot @45 (computed at pin
+ * time from @32, its tail rows 32..44 from the cached block 2); a new
+ * engine resumes a 50-token prompt there, all 45 from disk, with the cold
+ * logits. */
+static void recurrent_pin(void) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-qwen35-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 2, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/qwen35-pin", tmpdir);
+    kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, NULL, 0};
+    kp_eng_config cc = {KP_DTYPE_F16, 16, 0, 256, true, NULL, KP_DTYPE_F16, false, 0, 32};
+    kp_engine *cold = NULL, *e = recurrent_engine(m, pool, NULL);
+    CHECK(kp_eng_new(&cold, m, pool, NULL, &cc, &err) == KP_OK);
+    int32_t t[60];
+    for (int i = 0; i < 60; i++) t[i] = i == 0 ? 1 : 30 + 11 * i % 300;
+    kp_eng_seq s = {0};
+    kp_eng_report r;
+    kp_tiers_stats ts;
+    uint64_t id;
+    if (e && cold) {
+        CHECK(kp_eng_prefill(e, t, 50, &s, NULL, &r, &err) == KP_OK && kp_eng_finish(e, &s, t, 50, NULL, &err) == KP_OK);
+        CHECK_MSG(kp_eng_open_tiers(e, &tc, &err) == KP_OK, "%s", err.msg);
+        CHECK_MSG(kp_eng_pin(e, t, 45, 0, 0, &id, &err) == KP_OK, "%s", err.msg);
+        kp_eng_tier_flush(e);
+        CHECK(kp_eng_tier_stats(e, &ts));
+        CHECK(ts.tier[KP_TIER_DISK].blocks == 2 && ts.tier[KP_TIER_DISK].states == 1);
+        kp_eng_free(e);
+        e = recurrent_engine(m, pool, &tc);
+        if (e) same_as_cold(e, cold, t, 50, 2, m->hp.n_vocab, &r, "a pinned prefix after a restart");
+        CHECK(r.reused_tokens == 45 && r.reused_from[KP_TIER_DISK] == 45 && r.state_recomputed_tokens == 0);
+    }
+    kp_eng_free(e);
+    kp_eng_free(cold);
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
 static void test_recurrent_disk(void) {
     char dir[300];
     snprintf(dir, sizeof dir, "%s/qwen35", tmpdir);
     kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, NULL, 0};
     recurrent_through(&tc);
     recurrent_disk_budget();
+    recurrent_pin();
 }
 
 
