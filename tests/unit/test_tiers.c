@@ -459,6 +459,53 @@ static void recurrent_pin(void) {
     kp_model_free(m);
 }
 
+/* Both tiers: a snapshot the disk refuses is read from Redis. An engine
+ * writes turn 1 (40 tokens + 5) to the disk and Redis; its snapshot @45 on
+ * disk is damaged; a new engine on both resumes turn 2 at 45 all the same,
+ * blocks 0-1 from disk and the snapshot (13 tail positions) from Redis,
+ * the disk's checksum refusal counted, the logits the cold ones. */
+static void recurrent_disk_to_redis(int port) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-qwen35-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 2, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    char dir[300], addr[64], fphex[33];
+    snprintf(dir, sizeof dir, "%s/qwen35-both", tmpdir);
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    kp_tiers_config tc = {dir, 0, addr, 200, NULL, NULL, NULL, 0};
+    kp_eng_config cc = {KP_DTYPE_F16, 16, 0, 256, true, NULL, KP_DTYPE_F16, false, 0, 32};
+    kp_engine *cold = NULL, *e = recurrent_engine(m, pool, &tc);
+    CHECK(kp_eng_new(&cold, m, pool, NULL, &cc, &err) == KP_OK);
+    int32_t t[200];
+    for (int i = 0; i < 200; i++) t[i] = i == 0 ? 1 : 60 + 13 * i % 350; /* not the other tests' keys */
+    kp_eng_report r;
+    kp_tiers_stats ts;
+    if (e && cold) {
+        uint32_t n1 = same_as_cold(e, cold, t, 40, 5, m->hp.n_vocab, &r, "turn 1 on both tiers");
+        kp_eng_tier_flush(e);
+        CHECK(kp_eng_tier_stats(e, &ts));
+        snprintf(fphex, sizeof fphex, "%s", ts.fingerprint);
+        kp_eng_free(e);
+        CHECK_MSG(damage_snapshot(dir, fphex, t, 45, 4096), "the snapshot @45 on disk");
+        e = recurrent_engine(m, pool, &tc);
+        for (uint32_t i = n1; i < n1 + 20; i++) t[i] = 50 + 3 * (int32_t)i % 300;
+        if (e) same_as_cold(e, cold, t, n1 + 20, 2, m->hp.n_vocab, &r, "turn 2, the disk's snapshot damaged");
+        CHECK(r.reused_tokens == 45 && r.reused_from[KP_TIER_DISK] == 32 && r.reused_from[KP_TIER_REDIS] == 13);
+        CHECK(r.restore_failed == KP_BLOCKREC_OK);
+        CHECK(e && kp_eng_tier_stats(e, &ts));
+        CHECK(ts.tier[KP_TIER_DISK].fail[KP_BLOCKREC_CHECKSUM] == 1 && ts.tier[KP_TIER_REDIS].hits == 1);
+    }
+    kp_eng_free(e);
+    kp_eng_free(cold);
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
 static void test_recurrent_disk(void) {
     char dir[300];
     snprintf(dir, sizeof dir, "%s/qwen35", tmpdir);
@@ -470,6 +517,8 @@ static void test_recurrent_disk(void) {
 
 
 static void disk_refusal_falls_to_redis(int redis_port);
+static void recurrent_through(const kp_tiers_config *tc);
+static void recurrent_disk_to_redis(int port);
 
 static void test_equal_through_redis(void) {
     int port = start_redis();
@@ -481,6 +530,7 @@ static void test_equal_through_redis(void) {
         snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
         kp_tiers_config tc = {NULL, 0, addr, 200, NULL, NULL, NULL, 0};
         recurrent_through(&tc);
+        recurrent_disk_to_redis(port);
     }
     stop_redis();
 }
