@@ -679,11 +679,14 @@ static void tier_restore_state(kp_engine *e, const int32_t *tokens, uint32_t n, 
     clock_gettime(CLOCK_MONOTONIC, &t0);
     uint32_t nb = kp_tiers_probe(e->tiers, tokens, j0, j_end);
     uint32_t rows_end = (j0 + nb) * B, hi = rows_end + B - 1 < n - 1 ? rows_end + B - 1 : n - 1, s = 0;
-    float *state = malloc((size_t)kp_tiers_state_bytes(e->tiers));
-    kp_tier_id *from = malloc((size_t)(nb + 1) * sizeof *from), sfrom = KP_TIER_DISK;
+    float *state = NULL; /* made once a snapshot is found */
+    kp_tier_id *from = NULL, sfrom = KP_TIER_DISK;
     uint32_t got[KP_TIER_N] = {0};
     bool restored = false;
-    while (state && from && kp_tiers_find_state(e->tiers, tokens, p, hi, &s)) {
+    while (kp_tiers_find_state(e->tiers, tokens, p, hi, &s)) {
+        if ((!state && !(state = malloc((size_t)kp_tiers_state_bytes(e->tiers)))) ||
+            (!from && !(from = malloc((size_t)(nb + 1) * sizeof *from))))
+            break; /* computed instead */
         if (reserve(e, seq, s, NULL, NULL) != KP_OK || window_rows(e, seq, p, s, NULL) != KP_OK) break;
         kp_blockrec_reason why =
             kp_tiers_fetch_state(e->tiers, tokens, s, e->kv, s % B ? seq->kv.blocks[s / B] : -1, state, &sfrom);
