@@ -675,6 +675,17 @@ static bool doctor_tiers_open(doctor_tiers *d, const char *model) {
     return true;
 }
 
+/* A model with recurrent layers resumes only at a state snapshot: the
+ * text line of where one prompt would resume from the tiers alone, after
+ * reading and verifying the snapshot (kp_eng_tier_probe_state). */
+static void doctor_state_line(uint32_t at, kp_tier_id from, uint32_t refused_at, kp_blockrec_reason why) {
+    if (at) printf("  state  : a server without it in RAM resumes at token %u, a verified state snapshot on %s",
+                   at, kp_tier_name(from));
+    else printf("  state  : no usable state snapshot on the tiers: a server without it in RAM computes from 0");
+    if (refused_at) printf(" (the snapshot at %u is refused: %s)", refused_at, kp_blockrec_reason_name(why));
+    printf("\n");
+}
+
 /* The text line of one prompt: what the tiers hold of it, and what that
  * means next to what the earlier prompts of the log share with it. */
 static void doctor_tiers_line(const doctor_tiers *d, size_t n, size_t common, const uint32_t on[KP_TIER_N]) {
@@ -852,8 +863,12 @@ int cmd_doctor(int argc, char **argv) {
             memcpy(worst_advice, advice, sizeof advice);
         }
         const char *cause = kp_doctor_cause_name(rep.finding.cause);
-        uint32_t on[KP_TIER_N] = {0};
+        uint32_t on[KP_TIER_N] = {0}, state_at = 0, refused_at = 0;
+        kp_tier_id state_from = KP_TIER_DISK;
+        kp_blockrec_reason why = KP_BLOCKREC_OK;
+        bool recurrent = dt.e && kp_eng_recurrent(dt.e);
         if (dt.e) kp_eng_tier_probe(dt.e, u->ids, (uint32_t)u->n_prompt, on);
+        if (recurrent) state_at = kp_eng_tier_probe_state(dt.e, u->ids, (uint32_t)u->n_prompt, &state_from, &refused_at, &why);
         total_tiers += on[KP_TIER_DISK] + on[KP_TIER_REDIS];
         if (json) {
             /* snippets are already escaped for a JSON string literal */
@@ -864,6 +879,11 @@ int cmd_doctor(int argc, char **argv) {
                    rep.request_snippet);
             json_str(stdout, advice);
             if (dt.e) printf(",\"on_disk_tokens\":%u,\"in_redis_tokens\":%u", on[KP_TIER_DISK], on[KP_TIER_REDIS]);
+            if (recurrent)
+                printf(",\"tier_state_resume_token\":%u,\"tier_state_from\":\"%s\",\"tier_state_refused_at\":%u,"
+                       "\"tier_state_refused_reason\":\"%s\"",
+                       state_at, state_at ? kp_tier_name(state_from) : "", refused_at,
+                       refused_at ? kp_blockrec_reason_name(why) : "");
             printf("}\n");
         } else {
             char from[48] = "";
@@ -875,6 +895,7 @@ int cmd_doctor(int argc, char **argv) {
             }
             printf("  advice : %s\n", advice);
             if (dt.e) doctor_tiers_line(&dt, u->n_prompt, common, on);
+            if (recurrent) doctor_state_line(state_at, state_from, refused_at, why);
         }
     }
     if (!json) {

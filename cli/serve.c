@@ -536,7 +536,12 @@ int cmd_serve(int argc, char **argv) {
         }
         kp_tiers_stats ts;
         kp_eng_tier_stats(e, &ts);
-        if (cache_dir)
+        if (cache_dir && ts.tier[KP_TIER_DISK].states) /* a model with recurrent layers: its snapshots too */
+            fprintf(stderr, "kvpin serve: disk tier %s: fingerprint %.16s, %llu blocks and %llu state snapshots (%s) "
+                    "found\n", cache_dir, ts.fingerprint, (unsigned long long)ts.tier[KP_TIER_DISK].blocks,
+                    (unsigned long long)ts.tier[KP_TIER_DISK].states,
+                    cli_bytes(ts.tier[KP_TIER_DISK].bytes, b1, sizeof b1));
+        else if (cache_dir)
             fprintf(stderr, "kvpin serve: disk tier %s: fingerprint %.16s, %llu blocks (%s) found\n", cache_dir,
                     ts.fingerprint, (unsigned long long)ts.tier[KP_TIER_DISK].blocks,
                     cli_bytes(ts.tier[KP_TIER_DISK].bytes, b1, sizeof b1));

@@ -52,6 +52,29 @@ uint32_t kp_bkey_chain(const int32_t *tokens, uint32_t n, uint32_t B, kp_bkey *o
     return nb;
 }
 
+kp_bkey kp_bkey_state(const kp_bkey *parent, const int32_t *tail, uint32_t n_tail, uint32_t pos) {
+    static const kp_bkey root = {{0}};
+    static const char tag[12] = "kvpin-state"; /* with its NUL */
+    if (!parent) parent = &root;
+    uint8_t buf[4 * 64];
+    XXH3_state_t st;
+    XXH3_128bits_reset(&st);
+    XXH3_128bits_update(&st, tag, sizeof tag);
+    put_le32(buf, (int32_t)pos);
+    XXH3_128bits_update(&st, buf, 4);
+    XXH3_128bits_update(&st, parent->b, 16);
+    for (uint32_t i = 0; i < n_tail; i += 64) {
+        uint32_t m = n_tail - i < 64 ? n_tail - i : 64;
+        for (uint32_t j = 0; j < m; j++) put_le32(buf + 4 * j, tail[i + j]);
+        XXH3_128bits_update(&st, buf, 4 * (size_t)m);
+    }
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(&st));
+    kp_bkey k;
+    memcpy(k.b, c.digest, 16);
+    return k;
+}
+
 bool kp_bkey_eq(const kp_bkey *a, const kp_bkey *b) { return !memcmp(a->b, b->b, 16); }
 
 void kp_bkey_hex(const kp_bkey *k, char hex[33]) {

@@ -12,6 +12,16 @@
  * bytes prints the same value (tests/unit/test_blockkey.c checks that). A key
  * names a position in a token chain, not a model: the model fingerprint
  * (fingerprint.h) is the namespace keys live under.
+ *
+ * A recurrent-state snapshot after position pos (staterec.h) summarizes
+ * tokens[0..pos), which may end inside a block: its key chains from the
+ * key of the last whole block before pos, a tag that no block message
+ * begins with in practice and pos itself (so it never equals a block key
+ * of the same tokens):
+ *
+ *   key(state @pos) = XXH3-128( "kvpin-state\0" || pos (4 bytes LE)
+ *                               || key(block pos/B - 1), or 16 zero bytes
+ *                               || t[(pos/B)B .. pos) )
  */
 #ifndef KP_BLOCKKEY_H
 #define KP_BLOCKKEY_H
@@ -31,6 +41,11 @@ kp_bkey kp_bkey_next(const kp_bkey *parent, const int32_t *tokens, uint32_t n);
 /* The keys of the whole blocks of tokens[0..n) in blocks of B: out[j] for
  * j < n / B (out holds at least n / B keys). Returns n / B. */
 uint32_t kp_bkey_chain(const int32_t *tokens, uint32_t n, uint32_t B, kp_bkey *out);
+
+/* The key of the state snapshot after position pos = parent's block
+ * chain end + tail[0..n_tail) (n_tail = pos % B; parent: the key of block
+ * pos / B - 1, NULL when pos < B). */
+kp_bkey kp_bkey_state(const kp_bkey *parent, const int32_t *tail, uint32_t n_tail, uint32_t pos);
 
 bool kp_bkey_eq(const kp_bkey *a, const kp_bkey *b);
 

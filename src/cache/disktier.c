@@ -13,11 +13,16 @@
  *
  * An entry is QUEUED from put to the rename, then ON_DISK. The LRU order is
  * `stamp` (a logical clock; the scan seeds it from the files' mtimes).
- * Invariant: bytes == sum of size over live ON_DISK entries.
+ * An entry is a block record (KEY.kvb) or a recurrent-state snapshot's
+ * (KEY.kvs, staterec.h; its key is kp_bkey_state's, never a block's): one
+ * table, one budget, one LRU order for both.
+ * Invariant: bytes == sum of size over live ON_DISK entries; blocks and
+ * states count them by kind, state_bytes the snapshots' part of bytes.
  */
 #include "cache/disktier.h"
 
 #include "base/buf.h"
+#include "cache/staterec.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -32,11 +37,12 @@
 #include <unistd.h>
 
 enum { ST_QUEUED = 1, ST_ON_DISK = 2 };
+enum { KIND_BLOCK = 0, KIND_STATE = 1 }; /* KEY.kvb, KEY.kvs */
 
 typedef struct {
     kp_bkey key;
     uint64_t size, stamp;
-    uint8_t state;
+    uint8_t state, kind;
     bool live;
 } dent;
 
@@ -44,6 +50,7 @@ typedef struct {
     kp_bkey key;
     uint8_t *rec;
     size_t size;
+    uint8_t kind;
 } djob;
 
 struct kp_disktier {
@@ -75,6 +82,23 @@ static void key_path(const kp_disktier *t, const kp_bkey *k, const char *prefix,
     char hex[33];
     kp_bkey_hex(k, hex);
     snprintf(out, cap, "%s/%s%s%s", t->dir, prefix, hex, suffix);
+}
+
+static const char *kind_suffix(uint8_t kind) { return kind == KIND_STATE ? ".kvs" : ".kvb"; }
+
+/* Counts an ON_DISK record of `kind` and `size` in (sign +1) or out (-1) of
+ * the table's totals. Caller holds mu. */
+static void count_record(kp_disktier *t, uint8_t kind, uint64_t size, int sign) {
+    uint64_t *n = kind == KIND_STATE ? &t->st.states : &t->st.blocks;
+    if (sign > 0) {
+        (*n)++;
+        t->st.bytes += size;
+        if (kind == KIND_STATE) t->st.state_bytes += size;
+    } else {
+        (*n)--;
+        t->st.bytes -= size;
+        if (kind == KIND_STATE) t->st.state_bytes -= size;
+    }
 }
 
 /* The entry of key, or NULL. Caller holds mu. */
@@ -138,10 +162,7 @@ static dent *add(kp_disktier *t, const kp_bkey *k) {
 /* Forgets d (its slot stays, pointing at a dead entry). Caller holds mu. */
 static void forget(kp_disktier *t, dent *d) {
     if (!d->live) return;
-    if (d->state == ST_ON_DISK) {
-        t->st.blocks--;
-        t->st.bytes -= d->size;
-    }
+    if (d->state == ST_ON_DISK) count_record(t, d->kind, d->size, -1);
     d->live = false;
     d->state = 0;
     t->n_dead++;
@@ -165,7 +186,7 @@ static void enforce_budget(kp_disktier *t, uint64_t extra, const dent *keep) {
         }
         if (!old) return;
         char path[4200];
-        key_path(t, &old->key, "", ".kvb", path, sizeof path);
+        key_path(t, &old->key, "", kind_suffix(old->kind), path, sizeof path);
         unlink(path);
         forget(t, old);
         t->st.evicted++;
@@ -187,7 +208,7 @@ static bool write_all(int fd, const uint8_t *p, size_t n) {
 static bool write_record(kp_disktier *t, const djob *j) {
     char tmp[4200], fin[4200];
     key_path(t, &j->key, ".tmp-", "", tmp, sizeof tmp);
-    key_path(t, &j->key, "", ".kvb", fin, sizeof fin);
+    key_path(t, &j->key, "", kind_suffix(j->kind), fin, sizeof fin);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
     if (fd < 0) return false;
     struct stat sb;
@@ -229,8 +250,7 @@ static void *writer_main(void *arg) {
             d->state = ST_ON_DISK;
             d->size = j.size;
             d->stamp = ++t->clock;
-            t->st.blocks++;
-            t->st.bytes += j.size;
+            count_record(t, d->kind, j.size, +1);
             t->st.writes++;
             t->st.bytes_written += j.size;
             enforce_budget(t, 0, d);
@@ -243,12 +263,13 @@ static void *writer_main(void *arg) {
     return NULL;
 }
 
-/* Scans our folder: every KEY.kvb becomes an ON_DISK entry, stamps in
- * mtime order. */
+/* Scans our folder: every KEY.kvb and KEY.kvs becomes an ON_DISK entry,
+ * stamps in mtime order. */
 typedef struct {
     kp_bkey key;
     uint64_t size;
     struct timespec mt;
+    uint8_t kind;
 } scanned;
 
 static int by_mtime(const void *a, const void *b) {
@@ -267,10 +288,11 @@ static kp_status scan_ours(kp_disktier *t, kp_error *err) {
     while ((de = readdir(d))) {
         size_t len = strlen(de->d_name);
         char hex[33];
-        if (len != 36 || strcmp(de->d_name + 32, ".kvb")) continue;
+        if (len != 36 || (strcmp(de->d_name + 32, ".kvb") && strcmp(de->d_name + 32, ".kvs"))) continue;
         memcpy(hex, de->d_name, 32);
         hex[32] = 0;
         scanned s;
+        s.kind = strcmp(de->d_name + 32, ".kvs") ? KIND_BLOCK : KIND_STATE;
         if (!kp_bkey_parse(hex, &s.key)) continue;
         struct stat sb;
         if (fstatat(dirfd(d), de->d_name, &sb, 0) != 0 || !S_ISREG(sb.st_mode)) continue;
@@ -291,11 +313,12 @@ static kp_status scan_ours(kp_disktier *t, kp_error *err) {
                 st = kp_fail(err, KP_ENOMEM, "out of memory for the disk tier's table");
                 break;
             }
+            if (e->state == ST_ON_DISK) continue; /* the same key as .kvb and .kvs: not ours, counted once */
             e->state = ST_ON_DISK;
+            e->kind = v[i].kind;
             e->size = v[i].size;
             e->stamp = ++t->clock;
-            t->st.blocks++;
-            t->st.bytes += v[i].size;
+            count_record(t, e->kind, v[i].size, +1);
         }
     }
     free(v);
@@ -445,23 +468,27 @@ bool kp_disk_ready(kp_disktier *t, const kp_bkey *key) {
     return r;
 }
 
-bool kp_disk_put(kp_disktier *t, const kp_bkey *key, const kp_bkey *parent, const int32_t *tokens, int32_t block) {
-    size_t body = kp_blockrec_size(t->pool), size = body + (t->keyed ? KP_BLOCKREC_MAC_BYTES : 0);
+/* Whether a record of key and size may be queued (unknown, room in the
+ * queue, within the budget); the refusals are counted. */
+static bool admit(kp_disktier *t, const kp_bkey *key, size_t size) {
     pthread_mutex_lock(&t->mu);
     bool known = find_live(t, key) != NULL, full = t->qlen == t->qmax, big = t->budget && size > t->budget;
     if (full && !known) t->st.dropped_queue++;
     if (big && !known) t->st.dropped_budget++;
     pthread_mutex_unlock(&t->mu);
-    if (known || full || big) return false;
-    uint8_t *rec = malloc(size);
-    if (!rec) return false;
-    kp_blockrec_encode(rec, t->pool, block, &t->fp.id, key, parent, tokens);
+    return !(known || full || big);
+}
+
+/* Seals rec[0..body) when keyed and queues it (the queue takes rec, else
+ * it is freed). True when queued. */
+static bool enqueue(kp_disktier *t, const kp_bkey *key, uint8_t kind, uint8_t *rec, size_t body, size_t size) {
     if (t->keyed) kp_blockrec_seal(rec, body, t->mac_key);
     pthread_mutex_lock(&t->mu);
     dent *d = t->qlen < t->qmax ? add(t, key) : NULL;
     if (d && !d->state) {
         d->state = ST_QUEUED;
-        t->queue[(t->qhead + t->qlen) % t->qmax] = (djob){*key, rec, size};
+        d->kind = kind;
+        t->queue[(t->qhead + t->qlen) % t->qmax] = (djob){*key, rec, size, kind};
         t->qlen++;
         rec = NULL;
         pthread_cond_signal(&t->cv_work);
@@ -472,6 +499,25 @@ bool kp_disk_put(kp_disktier *t, const kp_bkey *key, const kp_bkey *parent, cons
     bool queued = rec == NULL;
     free(rec);
     return queued;
+}
+
+bool kp_disk_put(kp_disktier *t, const kp_bkey *key, const kp_bkey *parent, const int32_t *tokens, int32_t block) {
+    size_t body = kp_blockrec_size(t->pool), size = body + (t->keyed ? KP_BLOCKREC_MAC_BYTES : 0);
+    if (!admit(t, key, size)) return false;
+    uint8_t *rec = malloc(size);
+    if (!rec) return false;
+    kp_blockrec_encode(rec, t->pool, block, &t->fp.id, key, parent, tokens);
+    return enqueue(t, key, KIND_BLOCK, rec, body, size);
+}
+
+bool kp_disk_put_state(kp_disktier *t, const kp_bkey *key, const kp_bkey *parent, uint32_t pos, const int32_t *tail,
+                       int32_t tail_block, const float *state, uint64_t state_bytes) {
+    size_t body = kp_staterec_size(t->pool, pos, state_bytes), size = body + (t->keyed ? KP_BLOCKREC_MAC_BYTES : 0);
+    if (!admit(t, key, size)) return false;
+    uint8_t *rec = malloc(size);
+    if (!rec) return false;
+    kp_staterec_encode(rec, t->pool, &t->fp.id, key, parent, pos, tail, tail_block, state, state_bytes);
+    return enqueue(t, key, KIND_STATE, rec, body, size);
 }
 
 /* pread of exactly n bytes at off: KP_BLOCKREC_OK, TRUNCATED or IO. */
@@ -538,14 +584,11 @@ static kp_blockrec_reason read_in_place(kp_disktier *t, int fd, size_t len, cons
 }
 
 /* The buffered read: the whole record into rbuf, verified, then copied. */
+static bool rbuf_fit(kp_disktier *t, size_t len);
+
 static kp_blockrec_reason read_buffered(kp_disktier *t, int fd, size_t len, const kp_bkey *key, const int32_t *tokens,
                                     kp_kvpool *p, int32_t block) {
-    if (len > t->rcap) {
-        uint8_t *nb = realloc(t->rbuf, len);
-        if (!nb) return KP_BLOCKREC_IO;
-        t->rbuf = nb;
-        t->rcap = len;
-    }
+    if (!rbuf_fit(t, len)) return KP_BLOCKREC_IO;
     kp_blockrec_reason r = pread_all(fd, t->rbuf, len, 0);
     size_t body = len;
     if (r == KP_BLOCKREC_OK) r = kp_blockrec_unseal(t->rbuf, len, t->keyed ? t->mac_key : NULL, &body);
@@ -554,34 +597,47 @@ static kp_blockrec_reason read_buffered(kp_disktier *t, int fd, size_t len, cons
     return r;
 }
 
-kp_blockrec_reason kp_disk_get(kp_disktier *t, const kp_bkey *key, const int32_t *tokens, kp_kvpool *p, int32_t block,
-                           bool in_place) {
+static kp_blockrec_reason open_record(kp_disktier *t, const kp_bkey *key, uint8_t kind, int *fd, size_t *len);
+
+/* The first half of a get: counts the lookup; false when KEY has no
+ * record of `kind` on disk (unknown, or still queued: nothing more to do).
+ * Else opens it: *fd (-1 when it cannot be opened) and *len, *r why not. */
+static bool get_open(kp_disktier *t, const kp_bkey *key, uint8_t kind, int *fd, size_t *len, kp_blockrec_reason *r) {
+    *fd = -1;
+    *len = 0;
+    *r = KP_BLOCKREC_MISSING;
     pthread_mutex_lock(&t->mu);
     t->st.lookups++;
     dent *d = find_live(t, key);
-    bool on_disk = d && d->state == ST_ON_DISK;
+    bool on_disk = d && d->state == ST_ON_DISK && d->kind == kind;
     if (!d) t->st.fail[KP_BLOCKREC_MISSING]++;
     pthread_mutex_unlock(&t->mu);
-    if (!on_disk) return KP_BLOCKREC_MISSING; /* unknown, or still queued */
+    if (!on_disk) return false;
+    *r = open_record(t, key, kind, fd, len);
+    return true;
+}
+
+/* Opens KEY's record: *fd, *len, or why not. */
+static kp_blockrec_reason open_record(kp_disktier *t, const kp_bkey *key, uint8_t kind, int *fd, size_t *len) {
     char path[4200];
-    key_path(t, key, "", ".kvb", path, sizeof path);
-    kp_blockrec_reason r = KP_BLOCKREC_OK;
-    size_t len = 0;
+    key_path(t, key, "", kind_suffix(kind), path, sizeof path);
     /* only a regular file: a FIFO or a device put in the folder would block
      * the engine thread in open or read, a symbolic link lead elsewhere */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    *fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     struct stat sb;
-    if (fd < 0) r = errno == ENOENT ? KP_BLOCKREC_MISSING : KP_BLOCKREC_IO;
-    else if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) r = KP_BLOCKREC_IO;
-    else {
-        len = (size_t)sb.st_size;
-        r = in_place ? read_in_place(t, fd, len, key, tokens, p, block)
-                     : read_buffered(t, fd, len, key, tokens, p, block);
-    }
+    if (*fd < 0) return errno == ENOENT ? KP_BLOCKREC_MISSING : KP_BLOCKREC_IO;
+    if (fstat(*fd, &sb) != 0 || !S_ISREG(sb.st_mode)) return KP_BLOCKREC_IO;
+    *len = (size_t)sb.st_size;
+    return KP_BLOCKREC_OK;
+}
+
+/* The second half: touches a loaded record (its LRU stamp, its mtime),
+ * closes fd, counts the hit, or the refusal and forgets the key. */
+static kp_blockrec_reason get_close(kp_disktier *t, const kp_bkey *key, int fd, size_t len, kp_blockrec_reason r) {
     if (r == KP_BLOCKREC_OK) futimens(fd, NULL); /* the LRU order survives a restart */
     if (fd >= 0) close(fd);
     pthread_mutex_lock(&t->mu);
-    d = find_live(t, key);
+    dent *d = find_live(t, key);
     if (r == KP_BLOCKREC_OK) {
         t->st.hits++;
         t->st.bytes_read += len;
@@ -592,6 +648,44 @@ kp_blockrec_reason kp_disk_get(kp_disktier *t, const kp_bkey *key, const int32_t
     }
     pthread_mutex_unlock(&t->mu);
     return r;
+}
+
+kp_blockrec_reason kp_disk_get(kp_disktier *t, const kp_bkey *key, const int32_t *tokens, kp_kvpool *p, int32_t block,
+                           bool in_place) {
+    int fd;
+    size_t len;
+    kp_blockrec_reason r;
+    if (!get_open(t, key, KIND_BLOCK, &fd, &len, &r)) return r;
+    if (r == KP_BLOCKREC_OK)
+        r = in_place ? read_in_place(t, fd, len, key, tokens, p, block)
+                     : read_buffered(t, fd, len, key, tokens, p, block);
+    return get_close(t, key, fd, len, r);
+}
+
+/* Grows rbuf to len bytes; false when it cannot. */
+static bool rbuf_fit(kp_disktier *t, size_t len) {
+    if (len <= t->rcap) return true;
+    uint8_t *nb = realloc(t->rbuf, len);
+    if (!nb) return false;
+    t->rbuf = nb;
+    t->rcap = len;
+    return true;
+}
+
+kp_blockrec_reason kp_disk_get_state(kp_disktier *t, const kp_bkey *key, const kp_bkey *parent, uint32_t pos,
+                                     const int32_t *tail, kp_kvpool *p, int32_t tail_block, float *state,
+                                     uint64_t state_bytes) {
+    int fd;
+    size_t len;
+    kp_blockrec_reason r;
+    if (!get_open(t, key, KIND_STATE, &fd, &len, &r)) return r;
+    if (r == KP_BLOCKREC_OK) r = rbuf_fit(t, len) ? pread_all(fd, t->rbuf, len, 0) : KP_BLOCKREC_IO;
+    size_t body = len;
+    if (r == KP_BLOCKREC_OK) r = kp_blockrec_unseal(t->rbuf, len, t->keyed ? t->mac_key : NULL, &body);
+    if (r == KP_BLOCKREC_OK)
+        r = kp_staterec_check(t->rbuf, body, p, &t->fp.id, key, parent, pos, tail, state_bytes);
+    if (r == KP_BLOCKREC_OK) kp_staterec_load(t->rbuf, p, tail_block, state);
+    return get_close(t, key, fd, len, r);
 }
 
 void kp_disk_flush(kp_disktier *t) {

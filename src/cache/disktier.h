@@ -7,6 +7,8 @@
  *
  *   DIR/<fingerprint hex>/FINGERPRINT         the fingerprint's canonical text
  *   DIR/<fingerprint hex>/<key hex>.kvb       one record per block
+ *   DIR/<fingerprint hex>/<key hex>.kvs       one record per recurrent-state
+ *                                             snapshot (staterec.h)
  *   DIR/<fingerprint hex>/.tmp-<key hex>      a record being written
  *   DIR/weights-*.fp                          weights hashes of read-only models
  *
@@ -21,7 +23,8 @@
  * writes .tmp-KEY, fsyncs, renames it to KEY.kvb, so a crash leaves whole
  * records or none. The queue is bounded (a full queue drops the write,
  * counted); a record larger than the budget is refused (counted); past the
- * budget the least recently used records are deleted.
+ * budget the least recently used records are deleted, snapshots and
+ * blocks alike (one LRU order, one budget).
  *
  * Reads: kp_disk_get reads KEY.kvb, verifies it (blockrec.h) and copies
  * its rows into a pool block; every refusal is counted under its reason
@@ -55,7 +58,10 @@ typedef struct {
 
 /* Counters of one tier (the Redis tier fills the same shape). */
 typedef struct {
-    uint64_t blocks, bytes;       /* records held now and their bytes */
+    uint64_t blocks, bytes;       /* block records held now; the bytes of every record held
+                                     (blocks and snapshots: what the budget bounds) */
+    uint64_t states, state_bytes; /* recurrent-state snapshot records held now, and their
+                                     part of bytes */
     uint64_t budget_bytes;
     uint64_t lookups, hits;       /* kp_disk_get calls, and those that loaded a block */
     uint64_t fail[KP_BLOCKREC_N_REASONS]; /* refusals by reason (fail[KP_BLOCKREC_MISSING]: no such record) */
@@ -89,6 +95,21 @@ bool kp_disk_ready(kp_disktier *t, const kp_bkey *key);
  * under key (parent: the previous block's key, or the zero key). Returns
  * false when it was not queued (already known, queue full, over budget). */
 bool kp_disk_put(kp_disktier *t, const kp_bkey *key, const kp_bkey *parent, const int32_t *tokens, int32_t block);
+
+/* Queues the record of a recurrent-state snapshot at pos (staterec.h):
+ * its key (kp_bkey_state), the chain key it ends (parent), the tail
+ * tokens tail[0..pos % B) with their rows in pool block tail_block, and
+ * state[0..state_bytes). The same refusals as kp_disk_put. */
+bool kp_disk_put_state(kp_disktier *t, const kp_bkey *key, const kp_bkey *parent, uint32_t pos, const int32_t *tail,
+                       int32_t tail_block, const float *state, uint64_t state_bytes);
+
+/* Loads the snapshot record of key when it is on disk, verified against
+ * parent, pos, the tail tokens and state_bytes (kp_staterec_check): the
+ * tail rows into pool block tail_block, the state into state. Read through
+ * a buffer, so nothing is written on a refusal. The engine thread only. */
+kp_blockrec_reason kp_disk_get_state(kp_disktier *t, const kp_bkey *key, const kp_bkey *parent, uint32_t pos,
+                                     const int32_t *tail, kp_kvpool *p, int32_t tail_block, float *state,
+                                     uint64_t state_bytes);
 
 /* Loads the record of key into pool block `block` when it is on disk and
  * verifies against tokens[0..block_size): KP_BLOCKREC_OK, or why not.

@@ -169,23 +169,43 @@ static void yarn_lines(const kp_hparams *hp, char *buf, size_t cap) {
                  (double)hp->yarn_attn_factor);
 }
 
+/* The recurrent layers' lines, only for a model with such layers (qwen35;
+ * other fingerprints are unchanged): the layout of the state a snapshot
+ * record holds (staterec.h), float32, and the layer kinds (r/a per layer:
+ * which layers the state belongs to). */
+static void state_lines(const kp_model *m, char *buf, size_t cap) {
+    const kp_hparams *hp = &m->hp;
+    buf[0] = 0;
+    if (!hp->n_rec_layers) return;
+    char kinds[257];
+    uint32_t n = hp->n_layer < 256 ? hp->n_layer : 256;
+    for (uint32_t l = 0; l < n; l++) kinds[l] = m->layers[l].kind == KP_LAYER_RECURRENT ? 'r' : 'a';
+    kinds[n] = 0;
+    snprintf(buf, cap,
+             "n_rec_layers %u\nrec_layer_kinds %s\nssm_d_conv %u\nssm_d_inner %u\nssm_d_state %u\n"
+             "ssm_n_v_head %u\nssm_n_k_head %u\nstate f32 %llu\n",
+             hp->n_rec_layers, kinds, hp->ssm_d_conv, hp->ssm_d_inner, hp->ssm_d_state, hp->ssm_n_v_head,
+             hp->ssm_n_k_head, (unsigned long long)kp_model_rec_state_floats(hp));
+}
+
 void kp_fingerprint_make(kp_fingerprint *out, const kp_model *m, const kp_bkey *weights, kp_dtype kv_type,
                 kp_dtype kv_type_v, uint32_t block_size, bool attn_bf16) {
     const kp_hparams *hp = &m->hp;
-    char wh[33], extra[512], experts[192], yarn[160];
+    char wh[33], extra[512], experts[192], yarn[160], state[512];
     kp_bkey_hex(weights, wh);
     extra_lines(m, extra, sizeof extra);
     expert_lines(hp, experts, sizeof experts);
     yarn_lines(hp, yarn, sizeof yarn);
+    state_lines(m, state, sizeof state);
     out->weights = *weights;
     snprintf(out->text, sizeof out->text,
              "kvpin-kv-layout %d\nweights %s\narch %s\nn_layer %u\nn_embd %u\nn_head %u\nn_head_kv %u\n"
              "head_dim %u\nn_ff %u\nn_vocab %u\nn_rot %u\nrms_eps %a\nrope_base %a\nrope_freq_scale %a\n"
-             "rope_type %s\ntied_output %d\n%s%s%skv_type %s\nkv_type_v %s\nblock_size %u\n%s",
+             "rope_type %s\ntied_output %d\n%s%s%s%skv_type %s\nkv_type_v %s\nblock_size %u\n%s",
              KP_FINGERPRINT_LAYOUT_VERSION, wh, hp->arch_name ? hp->arch_name : "?", hp->n_layer, hp->n_embd, hp->n_head,
              hp->n_head_kv, hp->head_dim, hp->n_ff, hp->n_vocab, hp->n_rot, (double)hp->rms_eps,
              (double)hp->rope_base, (double)hp->rope_freq_scale, hp->rope_type == KP_ROPE_NEOX ? "neox" : "norm",
-             hp->tied_output ? 1 : 0, extra, yarn, experts, kp_dtype_name(kv_type), kp_dtype_name(kv_type_v),
+             hp->tied_output ? 1 : 0, extra, yarn, experts, state, kp_dtype_name(kv_type), kp_dtype_name(kv_type_v),
              block_size, attn_bf16 ? "attn bf16\n" : "");
     XXH128_canonical_t c;
     XXH128_canonicalFromHash(&c, XXH3_128bits(out->text, strlen(out->text)));

@@ -19,6 +19,10 @@
  *                              Q), embd_scale, logit_softcap, ffn_act, post_norms
  *   n_expert, n_expert_used,   only for a model with experts (qwen3moe): how many,
  *   n_ff_exp                   how many a token is routed to, their width
+ *   n_rec_layers .. state      only for a model with recurrent layers (qwen35):
+ *                              the state's layout that snapshot records hold
+ *                              (staterec.h): which layers, ssm sizes, float32
+ *                              and its element count
  *   kv_type f16                element type of the K rows
  *   kv_type_v f16              ... of the V rows (may differ: --kv-type-v)
  *   block_size 16              positions per block

@@ -1023,6 +1023,18 @@ kp_status kp_pfx_add_state(kp_pfx_index *p, const int32_t *tokens, kp_pfx_state 
     return KP_OK;
 }
 
+bool kp_pfx_state_read(const kp_pfx_index *p, const int32_t *tokens, uint32_t pos, float *dst) {
+    kp_pfx_node *node;
+    uint32_t off;
+    if (!p->state_bytes || pos == 0 || descend(p, tokens, pos, &node, &off) < pos) return false;
+    for (uint32_t i = 0; i < node->n_snaps; i++) /* node's run holds pos: d0 < pos <= d1 */
+        if (node->snaps[i].pos == pos) {
+            snap_load(p, &node->snaps[i], dst);
+            return true;
+        }
+    return false;
+}
+
 /* The latest snapshot position <= r on the cached path tokens[0..r). */
 static uint32_t state_resume(const kp_pfx_index *p, const int32_t *tokens, uint32_t r) {
     if (!p->state_bytes || r == 0) return r;

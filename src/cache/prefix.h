@@ -188,6 +188,11 @@ void kp_pfx_state_drop(kp_pfx_index *p, kp_pfx_state *s);
  * leaves *s to the caller. */
 kp_status kp_pfx_add_state(kp_pfx_index *p, const int32_t *tokens, kp_pfx_state *s, kp_error *err);
 
+/* Reads the state of the snapshot the index holds at pos on the cached
+ * path tokens[0..pos) into dst (kp_pfx_state_bytes bytes): false when it
+ * holds none there (nothing written). Read-only: no LRU touch. */
+bool kp_pfx_state_read(const kp_pfx_index *p, const int32_t *tokens, uint32_t pos, float *dst);
+
 /* The latest resume point r' <= r for tokens[0..r) (cached): r itself
  * without snapshots, else the latest position with a snapshot on the path
  * (0 when none), combined with kp_pfx_window_resume. kp_pfx_match applies

@@ -21,6 +21,9 @@
  *                or changed, Redis lost its data and seen is emptied, so
  *                every block a replica holds is published again at its
  *                next use
+ *                (recurrent-state snapshots, staterec.h, are records like
+ *                blocks: published through the same queue, under their own
+ *                keys, kvpin:FP:<state key hex>, so they share all this)
  *   win[0..n_win) replies of the last pipelined GET, for win_key[...]
  *   sent_key[0..n_sent) the window after it: its GETs are sent before the
  *                replies of win are read, so Redis sends the next window
@@ -34,6 +37,7 @@
 #include "cache/redistier.h"
 
 #include "base/entropy.h"
+#include "cache/staterec.h"
 
 #include <errno.h>
 #include <hiredis.h>
@@ -498,6 +502,13 @@ uint32_t kp_redis_probe(kp_redistier *t, const kp_bkey *keys, uint32_t n) {
     return present;
 }
 
+bool kp_redis_known(kp_redistier *t, const kp_bkey *key) {
+    pthread_mutex_lock(&t->mu);
+    bool known = seen_has(t, kp_bkey_h64(key));
+    pthread_mutex_unlock(&t->mu);
+    return known;
+}
+
 kp_blockrec_reason kp_redis_get(kp_redistier *t, const kp_bkey *keys, uint32_t n_ahead, const int32_t *tokens,
                             kp_kvpool *p, int32_t block) {
     pthread_mutex_lock(&t->mu);
@@ -543,17 +554,19 @@ kp_blockrec_reason kp_redis_get(kp_redistier *t, const kp_bkey *keys, uint32_t n
     return why;
 }
 
-bool kp_redis_put(kp_redistier *t, const kp_bkey *key, const kp_bkey *parent, const int32_t *tokens, int32_t block) {
-    uint64_t h = kp_bkey_h64(key);
+/* Whether a record of key is to be published (not published or seen by
+ * this process, room in the queue; a full queue is counted). */
+static bool admit(kp_redistier *t, const kp_bkey *key) {
     pthread_mutex_lock(&t->mu);
-    bool skip = seen_has(t, h), full = t->qlen == t->qmax;
+    bool skip = seen_has(t, kp_bkey_h64(key)), full = t->qlen == t->qmax;
     if (!skip && full) t->st.dropped_queue++;
     pthread_mutex_unlock(&t->mu);
-    if (skip || full) return false;
-    size_t body = kp_blockrec_size(t->pool), size = body + (t->keyed ? KP_BLOCKREC_MAC_BYTES : 0);
-    uint8_t *rec = malloc(size);
-    if (!rec) return false;
-    kp_blockrec_encode(rec, t->pool, block, &t->fp->id, key, parent, tokens);
+    return !(skip || full);
+}
+
+/* Seals rec[0..body) when keyed and queues it (the queue takes rec, else
+ * it is freed). True when queued. */
+static bool enqueue(kp_redistier *t, const kp_bkey *key, uint8_t *rec, size_t body, size_t size) {
     if (t->keyed) kp_blockrec_seal(rec, body, t->mac_key);
     pthread_mutex_lock(&t->mu);
     bool queued = t->qlen < t->qmax;
@@ -567,6 +580,103 @@ bool kp_redis_put(kp_redistier *t, const kp_bkey *key, const kp_bkey *parent, co
     pthread_mutex_unlock(&t->mu);
     if (!queued) free(rec);
     return queued;
+}
+
+bool kp_redis_put(kp_redistier *t, const kp_bkey *key, const kp_bkey *parent, const int32_t *tokens, int32_t block) {
+    if (!admit(t, key)) return false;
+    size_t body = kp_blockrec_size(t->pool), size = body + (t->keyed ? KP_BLOCKREC_MAC_BYTES : 0);
+    uint8_t *rec = malloc(size);
+    if (!rec) return false;
+    kp_blockrec_encode(rec, t->pool, block, &t->fp->id, key, parent, tokens);
+    return enqueue(t, key, rec, body, size);
+}
+
+bool kp_redis_put_state(kp_redistier *t, const kp_bkey *key, const kp_bkey *parent, uint32_t pos, const int32_t *tail,
+                        int32_t tail_block, const float *state, uint64_t state_bytes) {
+    if (!admit(t, key)) return false;
+    size_t body = kp_staterec_size(t->pool, pos, state_bytes), size = body + (t->keyed ? KP_BLOCKREC_MAC_BYTES : 0);
+    uint8_t *rec = malloc(size);
+    if (!rec) return false;
+    kp_staterec_encode(rec, t->pool, &t->fp->id, key, parent, pos, tail, tail_block, state, state_bytes);
+    return enqueue(t, key, rec, body, size);
+}
+
+uint32_t kp_redis_exists(kp_redistier *t, const kp_bkey *keys, uint32_t n, bool *present) {
+    memset(present, 0, (size_t)n * sizeof *present);
+    if (!drop_all(t)) {
+        lookup_failed(t, KP_BLOCKREC_IO);
+        return 0;
+    }
+    uint32_t found = 0;
+    for (uint32_t i0 = 0; i0 < n; i0 += KP_REDIS_PROBE_MAX) { /* one round trip per KP_REDIS_PROBE_MAX keys */
+        redisContext *c = lookup_ctx(t);
+        if (!c) return found;
+        uint32_t m = n - i0 < KP_REDIS_PROBE_MAX ? n - i0 : KP_REDIS_PROBE_MAX;
+        for (uint32_t i = 0; i < m; i++) {
+            char name[80];
+            key_name(t, &keys[i0 + i], name);
+            redisAppendCommand(c, "EXISTS %s", name);
+        }
+        for (uint32_t i = 0; i < m; i++) {
+            redisReply *r = NULL;
+            if (redisGetReply(c, (void **)&r) != REDIS_OK) {
+                lookup_failed(t, KP_BLOCKREC_IO);
+                memset(present, 0, (size_t)n * sizeof *present);
+                return 0;
+            }
+            bool garbage = r->type != REDIS_REPLY_INTEGER;
+            present[i0 + i] = !garbage && r->integer == 1;
+            found += present[i0 + i];
+            if (present[i0 + i]) {
+                pthread_mutex_lock(&t->mu);
+                seen_add(t, kp_bkey_h64(&keys[i0 + i]));
+                pthread_mutex_unlock(&t->mu);
+            }
+            freeReplyObject(r);
+            if (garbage) {
+                lookup_failed(t, KP_BLOCKREC_FORMAT);
+                memset(present, 0, (size_t)n * sizeof *present);
+                return 0;
+            }
+        }
+    }
+    return found;
+}
+
+kp_blockrec_reason kp_redis_get_state(kp_redistier *t, const kp_bkey *key, const kp_bkey *parent, uint32_t pos,
+                                      const int32_t *tail, kp_kvpool *p, int32_t tail_block, float *state,
+                                      uint64_t state_bytes) {
+    pthread_mutex_lock(&t->mu);
+    t->st.lookups++;
+    pthread_mutex_unlock(&t->mu);
+    if (!drop_all(t)) return lookup_failed(t, KP_BLOCKREC_IO);
+    redisContext *c = lookup_ctx(t);
+    if (!c) return KP_BLOCKREC_MISSING;
+    char name[80];
+    key_name(t, key, name);
+    redisReply *r = redisCommand(c, "GET %s", name);
+    if (!r) return lookup_failed(t, KP_BLOCKREC_IO);
+    kp_blockrec_reason why;
+    if (r->type == REDIS_REPLY_NIL) why = KP_BLOCKREC_MISSING;
+    else if (r->type != REDIS_REPLY_STRING) why = KP_BLOCKREC_FORMAT;
+    else {
+        size_t body = (size_t)r->len;
+        why = kp_blockrec_unseal((const uint8_t *)r->str, (size_t)r->len, t->keyed ? t->mac_key : NULL, &body);
+        if (why == KP_BLOCKREC_OK)
+            why = kp_staterec_check((const uint8_t *)r->str, body, p, &t->fp->id, key, parent, pos, tail, state_bytes);
+    }
+    if (why == KP_BLOCKREC_OK) kp_staterec_load((const uint8_t *)r->str, p, tail_block, state);
+    pthread_mutex_lock(&t->mu);
+    if (why == KP_BLOCKREC_OK) {
+        t->st.hits++;
+        t->st.bytes_read += (uint64_t)r->len;
+    } else {
+        t->st.fail[why]++;
+        seen_remove(t, kp_bkey_h64(key)); /* evicted (or bad): publish it again when held */
+    }
+    pthread_mutex_unlock(&t->mu);
+    freeReplyObject(r);
+    return why;
 }
 
 void kp_redis_flush(kp_redistier *t) {

@@ -4,6 +4,8 @@
  * fingerprint through one Redis.
  *
  *   value of  kvpin:<fingerprint hex>:<key hex>  = the block's record
+ *   value of  kvpin:<fingerprint hex>:<state key hex>  = a recurrent-state
+ *             snapshot's record (staterec.h; kp_bkey_state's key)
  *
  * Lookups run on the engine's thread over a connection of their own with
  * a timeout (default 50 ms): kp_redis_probe asks EXISTS for the next block
@@ -77,6 +79,29 @@ kp_blockrec_reason kp_redis_get(kp_redistier *t, const kp_bkey *keys, uint32_t n
  * and parent) for publishing unless this process published or saw it
  * already. False when not queued. */
 bool kp_redis_put(kp_redistier *t, const kp_bkey *key, const kp_bkey *parent, const int32_t *tokens, int32_t block);
+
+/* Queues a recurrent-state snapshot's record (staterec.h; the arguments
+ * of disktier.h's kp_disk_put_state) as kp_redis_put does a block's. */
+bool kp_redis_put_state(kp_redistier *t, const kp_bkey *key, const kp_bkey *parent, uint32_t pos, const int32_t *tail,
+                        int32_t tail_block, const float *state, uint64_t state_bytes);
+
+/* Which of keys[0..n) are present: present[i] (all false when Redis is
+ * not reachable), in one pipelined round trip of EXISTS per
+ * KP_REDIS_PROBE_MAX keys (the present ones count as seen). Returns how
+ * many are. */
+uint32_t kp_redis_exists(kp_redistier *t, const kp_bkey *keys, uint32_t n, bool *present);
+
+/* True when this process published key or saw it present (kp_redis_put
+ * would skip it). */
+bool kp_redis_known(kp_redistier *t, const kp_bkey *key);
+
+/* Fetches (one GET) and verifies the snapshot record of key
+ * (kp_staterec_check against parent, pos, the tail tokens, state_bytes);
+ * on KP_BLOCKREC_OK its tail rows are in pool block tail_block and its
+ * state in state. */
+kp_blockrec_reason kp_redis_get_state(kp_redistier *t, const kp_bkey *key, const kp_bkey *parent, uint32_t pos,
+                                      const int32_t *tail, kp_kvpool *p, int32_t tail_block, float *state,
+                                      uint64_t state_bytes);
 
 /* Waits until the publish queue is empty or Redis is down (tests). */
 void kp_redis_flush(kp_redistier *t);

@@ -14,6 +14,18 @@
  * in Redis, with what follows it, before the restore gives up.
  * Publishing: every full block goes to the disk tier when it lacks it, and
  * to Redis unless this process published or saw it there.
+ *
+ * Recurrent-state snapshots (a hybrid model; staterec.h) go the same ways
+ * under their own keys (kp_bkey_state of the prefix they summarize). A
+ * restore looks for the latest one in a range of positions: every
+ * position's key is computed (a hash of at most B tokens over the chain
+ * the probe made) and looked up in the disk's table, then the positions
+ * above the disk's best are asked of Redis in one pipelined EXISTS round
+ * trip:
+ *
+ *   positions    lo ........................................ hi
+ *   disk table        @64                @192                      best on disk: 192
+ *   Redis EXISTS                              (192, hi]  @230      -> 230, from Redis
  */
 #include "cache/tiers.h"
 
@@ -39,6 +51,7 @@ struct kp_tiers {
     kp_bkey *keys;
     uint32_t n_keys, cap_keys;
     const int32_t *keys_of;
+    uint64_t state_bytes; /* one recurrent state's bytes (0: the model has none) */
     pthread_mutex_t mu;
     kp_tiers_stats st; /* restore counters; the tiers' own counters are read from them */
 };
@@ -54,6 +67,7 @@ kp_status kp_tiers_new(kp_tiers **out, const kp_tiers_config *cfg, const kp_mode
     if (!t) return kp_fail(err, KP_ENOMEM, "out of memory for the cache tiers");
     pthread_mutex_init(&t->mu, NULL);
     t->pool = p;
+    t->state_bytes = kp_model_rec_state_floats(&m->hp) * sizeof(float);
     const kp_kvpool_config *kc = kp_kvpool_config_of(p);
     kp_bkey w;
     kp_status st = cfg->mac_key && sodium_init() < 0
@@ -254,3 +268,97 @@ void kp_tiers_get_stats(kp_tiers *t, kp_tiers_stats *out) {
 const char *kp_tiers_note(const kp_tiers *t) { return t->disk ? kp_disk_note(t->disk) : ""; }
 
 const kp_fingerprint *kp_tiers_fingerprint(const kp_tiers *t) { return &t->fp; }
+
+/* ---- recurrent-state snapshots ---------------------------------------- */
+
+/* The key of the snapshot at pos of tokens and the chain key it ends
+ * (zero below B); false when the key scratch cannot grow. */
+static bool state_key(kp_tiers *t, const int32_t *tokens, uint32_t pos, kp_bkey *key, kp_bkey *parent) {
+    static const kp_bkey zero = {{0}};
+    uint32_t B = kp_kvpool_config_of(t->pool)->block_size, j = pos / B;
+    if (!chain(t, tokens, j)) return false;
+    *parent = j ? t->keys[j - 1] : zero;
+    *key = kp_bkey_state(j ? parent : NULL, tokens + (size_t)j * B, pos % B, pos);
+    return true;
+}
+
+uint64_t kp_tiers_state_bytes(const kp_tiers *t) { return t->state_bytes; }
+
+bool kp_tiers_state_wanted(kp_tiers *t, const int32_t *tokens, uint32_t pos) {
+    kp_bkey key, parent;
+    t->keys_of = NULL;
+    if (!t->state_bytes || !pos || !state_key(t, tokens, pos, &key, &parent)) return false;
+    return (t->disk && !kp_disk_has(t->disk, &key)) || (t->redis && !kp_redis_known(t->redis, &key));
+}
+
+void kp_tiers_publish_state(kp_tiers *t, const int32_t *tokens, uint32_t pos, const kp_kvseq *seq,
+                            const float *state) {
+    uint32_t B = kp_kvpool_config_of(t->pool)->block_size;
+    kp_bkey key, parent;
+    t->keys_of = NULL;
+    if (!t->state_bytes || !pos || (pos % B && pos / B >= seq->n_blocks) || !state_key(t, tokens, pos, &key, &parent))
+        return;
+    const int32_t *tail = tokens + (size_t)pos / B * B;
+    int32_t tail_block = pos % B ? seq->blocks[pos / B] : -1;
+    if (t->disk && !kp_disk_has(t->disk, &key))
+        kp_disk_put_state(t->disk, &key, &parent, pos, tail, tail_block, state, t->state_bytes);
+    if (t->redis) kp_redis_put_state(t->redis, &key, &parent, pos, tail, tail_block, state, t->state_bytes);
+}
+
+bool kp_tiers_find_state(kp_tiers *t, const int32_t *tokens, uint32_t lo, uint32_t hi, uint32_t *pos) {
+    *pos = 0;
+    if (!t->state_bytes || hi <= lo) return false;
+    kp_bkey key, parent;
+    t->keys_of = NULL; /* the chain of these tokens, made anew */
+    for (uint32_t s = hi; s > lo && t->disk; s--) {
+        if (!state_key(t, tokens, s, &key, &parent)) return false;
+        if (kp_disk_ready(t->disk, &key)) {
+            *pos = s;
+            break;
+        }
+    }
+    if (t->redis && hi > (*pos > lo ? *pos : lo)) { /* the positions above the disk's best */
+        uint32_t from = *pos > lo ? *pos : lo, n = hi - from;
+        kp_bkey *keys = malloc((size_t)n * sizeof *keys);
+        bool *present = malloc((size_t)n * sizeof *present);
+        bool ok = keys && present;
+        for (uint32_t i = 0; ok && i < n; i++) ok = state_key(t, tokens, from + 1 + i, &keys[i], &parent);
+        if (ok && kp_redis_exists(t->redis, keys, n, present))
+            for (uint32_t i = n; i-- > 0;)
+                if (present[i]) {
+                    *pos = from + 1 + i;
+                    break;
+                }
+        free(keys);
+        free(present);
+    }
+    return *pos > lo;
+}
+
+kp_blockrec_reason kp_tiers_fetch_state(kp_tiers *t, const int32_t *tokens, uint32_t pos, kp_kvpool *p,
+                                        int32_t tail_block, float *state, kp_tier_id *from) {
+    uint32_t B = kp_kvpool_config_of(t->pool)->block_size;
+    kp_bkey key, parent;
+    *from = t->disk ? KP_TIER_DISK : KP_TIER_REDIS;
+    if (!t->state_bytes || !state_key(t, tokens, pos, &key, &parent)) return KP_BLOCKREC_IO;
+    const int32_t *tail = tokens + (size_t)pos / B * B;
+    kp_blockrec_reason r = KP_BLOCKREC_MISSING;
+    if (t->disk && kp_disk_ready(t->disk, &key)) {
+        r = kp_disk_get_state(t->disk, &key, &parent, pos, tail, p, tail_block, state, t->state_bytes);
+        if (r == KP_BLOCKREC_OK || !t->redis) return r;
+    }
+    if (!t->redis) return r;
+    kp_blockrec_reason rr = kp_redis_get_state(t->redis, &key, &parent, pos, tail, p, tail_block, state, t->state_bytes);
+    if (rr == KP_BLOCKREC_OK || r == KP_BLOCKREC_MISSING) { /* a disk refusal is the one reported */
+        *from = KP_TIER_REDIS;
+        r = rr;
+    }
+    return r;
+}
+
+void kp_tiers_note_state(kp_tiers *t, bool restored) {
+    pthread_mutex_lock(&t->mu);
+    if (restored) t->st.state_restores++;
+    else t->st.state_failed++;
+    pthread_mutex_unlock(&t->mu);
+}

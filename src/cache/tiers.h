@@ -17,6 +17,20 @@
  *
  * A block's key is blockkey.h's chain over tokens[0 .. (j+1) B); the tiers
  * hold no token and no K/V between calls, only their own tables and queues.
+ *
+ * A model with recurrent layers (engine.c's state checkpoints) resumes
+ * only where a snapshot of its state is, so the tiers also store
+ * snapshots (staterec.h: the state and the rows of the partial block
+ * before it, keyed by kp_bkey_state of the prefix it summarizes):
+ *
+ *   kp_tiers_publish_state(t, tokens, pos, seq, state)   at the end of a
+ *                                    sequence, each snapshot it took
+ *   kp_tiers_find_state(t, tokens, lo, hi, &pos)   the latest snapshot in
+ *                                    (lo, hi] on some tier
+ *   kp_tiers_fetch_state(t, tokens, pos, ...)   read, verify, copy the
+ *                                    state and its tail rows
+ *
+ * and the engine restores the whole blocks before pos (kp_tiers_fetch_run).
  * One engine thread calls these; kp_tiers_get_stats may be called from any
  * thread.
  */
@@ -66,6 +80,8 @@ typedef struct {
     uint64_t restores;                /* prefills that restored at least one block */
     uint64_t restore_failed;          /* prefills whose restore stopped on a refusal */
     uint64_t restored_tokens[KP_TIER_N];
+    uint64_t state_restores;          /* prefills that resumed at a snapshot from a tier */
+    uint64_t state_failed;            /* snapshots found on a tier and refused when read */
     uint64_t latency_count[KP_TIERS_N_BUCKETS + 1]; /* not cumulative */
     double latency_sum;
     char fingerprint[33];
@@ -107,6 +123,38 @@ uint32_t kp_tiers_fetch_run(kp_tiers *t, const int32_t *tokens, uint32_t j0, uin
 /* Queues every full block of tokens[0..n) (rows in seq's blocks) that no
  * tier holds yet. */
 void kp_tiers_publish(kp_tiers *t, const int32_t *tokens, uint32_t n, const kp_kvseq *seq);
+
+/* ---- recurrent-state snapshots (the top of this file) ---- */
+
+/* One state's bytes (0: the model has no recurrent layers). */
+uint64_t kp_tiers_state_bytes(const kp_tiers *t);
+
+/* Whether publishing the snapshot at pos of tokens could add it anywhere
+ * (the disk lacks it, or Redis was not seen holding it): the engine reads
+ * the snapshot out of its pool blocks only then. */
+bool kp_tiers_state_wanted(kp_tiers *t, const int32_t *tokens, uint32_t pos);
+
+/* Queues the snapshot of the state after tokens[0..pos) (state: one
+ * state's bytes; seq: the rows of tokens[0..pos), whose block pos / B
+ * gives the tail rows when pos % B != 0) on every tier that lacks it. */
+void kp_tiers_publish_state(kp_tiers *t, const int32_t *tokens, uint32_t pos, const kp_kvseq *seq,
+                            const float *state);
+
+/* The latest position in (lo, hi] at which some tier holds a snapshot of
+ * tokens (which must hold hi tokens) into *pos; false when none. Records
+ * are not read (kp_tiers_fetch_state verifies). */
+bool kp_tiers_find_state(kp_tiers *t, const int32_t *tokens, uint32_t lo, uint32_t hi, uint32_t *pos);
+
+/* Reads and verifies the snapshot at pos of tokens (from disk, a disk
+ * refusal or absence retried in Redis): on KP_BLOCKREC_OK the state is in
+ * state (kp_tiers_state_bytes) and the tail rows (positions (pos/B)B ..
+ * pos - 1) in pool block tail_block; nothing is written otherwise. *from:
+ * the tier that answered (or refused). */
+kp_blockrec_reason kp_tiers_fetch_state(kp_tiers *t, const int32_t *tokens, uint32_t pos, kp_kvpool *p,
+                                        int32_t tail_block, float *state, kp_tier_id *from);
+
+/* Counts a snapshot restore (restored true) or a refused one. */
+void kp_tiers_note_state(kp_tiers *t, bool restored);
 
 /* Records one restore: seconds it took, tokens it got per tier, whether a
  * refusal stopped it. */

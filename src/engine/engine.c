@@ -110,9 +110,13 @@
  *
  *   kp_eng_begin   after the RAM match: tier_restore takes the prompt's next
  *                  whole blocks from disk / Redis, verified, into blocks of
- *                  the sequence's own (never past position n - 1)
- *   kp_eng_finish  kp_tiers_publish queues every full block the tiers lack
- *   kp_eng_pin     tier_pin_publish does the same for the pinned path
+ *                  the sequence's own (never past position n - 1); for a
+ *                  recurrent model tier_restore_state, up to the latest
+ *                  snapshot the tiers hold (below)
+ *   kp_eng_finish  kp_tiers_publish queues every full block the tiers lack,
+ *                  then tier_publish_states the snapshots handed to the index
+ *   kp_eng_pin     tier_pin_publish does the same for the pinned path (and
+ *                  the snapshot at its end)
  *
  * Eviction itself is unchanged: an evicted block was written when its
  * sequence finished.
@@ -159,9 +163,14 @@
  * earlier one. Admission (kp_eng_room_for) counts the index's snapshots
  * as evictable and a prefill's own pending ones not at all (optional).
  *
- * Not done for such a model: the tiers below RAM (no snapshots on disk or
- * Redis yet: kp_eng_open_tiers refuses), and a fork of a shorter prefix
- * of a running sequence (kp_eng_fork_prefix refuses: the state at n is
+ * Below RAM (kp_eng_open_tiers) the snapshots go where the blocks go
+ * (tiers.h, staterec.h: a snapshot's record carries the rows of the
+ * partial block it ends in): written at kp_eng_finish and at a pin, and a
+ * prefill resumes at the latest one a tier holds past its RAM match, the
+ * whole blocks before it restored too (tier_restore_state draws it).
+ *
+ * Not done for such a model: a fork of a shorter prefix of a running
+ * sequence (kp_eng_fork_prefix refuses: the state at n is
  * gone once the source went past it; the scheduler does not park requests
  * on a running sequence, kp_eng_recurrent). The forward pass itself
  * refuses a batch that does not continue a sequence's state, so no path
@@ -663,6 +672,98 @@ static void tier_restore(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng
                           r->restore_failed != KP_BLOCKREC_OK);
 }
 
+/* The tokens tier_restore_state took from each tier: the whole blocks
+ * [j0, j1) (from[j - j0] their tiers) and the tail [(s/B)B, s) of the
+ * snapshot at s (its tier), less what RAM gave (positions below p). */
+static void state_restore_got(uint32_t B, uint32_t p, uint32_t j0, uint32_t j1, const kp_tier_id *from, uint32_t s,
+                              kp_tier_id sfrom, uint32_t got[KP_TIER_N]) {
+    for (uint32_t j = j0; j < j1; j++) got[from[j - j0]] += (j + 1) * B - (j * B > p ? j * B : p);
+    uint32_t t0 = s / B * B > p ? s / B * B : p;
+    if (s > t0) got[sfrom] += s - t0;
+}
+
+/* tier_restore for a model with recurrent layers: the sequence (rows
+ * [0, p) and the state at p from RAM, or nothing) resumes at the latest
+ * snapshot s in (p, hi] some tier holds, hi the end of the whole blocks
+ * the tiers hold for the prompt plus what a snapshot's tail rows can add
+ * (at most n - 1: the last position is computed):
+ *
+ *   prompt     0 .... p ........................... rows_end .... hi   n
+ *   from       RAM    | whole blocks (tiers) ...... |   tail rows |
+ *   snapshots                @s1           @s2            @s3
+ *   -> the latest s whose snapshot is read and verified, and whose whole
+ *      blocks [p/B, s/B) are, wins; a refusal tries the next one below
+ *
+ * The state replaces the sequence's, rows past s are given back, and the
+ * snapshot becomes a pending one of the sequence (so kp_eng_finish
+ * indexes it in RAM). state_cut_from says how far the tiers' rows reached
+ * when that is past s. Nothing found: the sequence stays as RAM left it. */
+static void tier_restore_state(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_seq *seq, kp_eng_report *r) {
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size, p = seq->kv.n_pos;
+    uint32_t j0 = p / B, j_end = (n - 1) / B;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint32_t nb = kp_tiers_probe(e->tiers, tokens, j0, j_end);
+    uint32_t rows_end = (j0 + nb) * B, hi = rows_end + B - 1 < n - 1 ? rows_end + B - 1 : n - 1, s = 0;
+    float *state = NULL; /* made once a snapshot is found */
+    kp_tier_id *from = NULL, sfrom = KP_TIER_DISK;
+    uint32_t got[KP_TIER_N] = {0};
+    bool restored = false;
+    while (kp_tiers_find_state(e->tiers, tokens, p, hi, &s)) {
+        if ((!state && !(state = malloc((size_t)kp_tiers_state_bytes(e->tiers)))) ||
+            (!from && !(from = malloc((size_t)(nb + 1) * sizeof *from))))
+            break; /* computed instead */
+        if (reserve(e, seq, s, NULL, NULL) != KP_OK || window_rows(e, seq, p, s, NULL) != KP_OK) break;
+        kp_blockrec_reason why =
+            kp_tiers_fetch_state(e->tiers, tokens, s, e->kv, s % B ? seq->kv.blocks[s / B] : -1, state, &sfrom);
+        if (why != KP_BLOCKREC_OK) { /* a damaged or foreign snapshot: an earlier one, or none */
+            kp_tiers_note_state(e->tiers, false);
+            r->restore_failed = why;
+            r->restore_failed_tier = sfrom;
+            hi = s - 1;
+            continue;
+        }
+        /* a partial first block holds RAM rows of its own: it is read through a buffer */
+        uint32_t j1 = s / B, n_ok = kp_tiers_fetch_run(e->tiers, tokens, j0, j1, e->kv, seq->kv.blocks,
+                                                       p % B ? j0 + 1 : j0, e->threads, from, &why);
+        if (n_ok < j1 - j0) { /* block j0 + n_ok refused: a snapshot with no whole block past it */
+            r->restore_failed = why;
+            r->restore_failed_tier = from[n_ok];
+            uint32_t below = (j0 + n_ok) * B + B - 1;
+            hi = below < s - 1 ? below : s - 1;
+            continue;
+        }
+        state_restore_got(B, p, j0, j1, from, s, sfrom, got);
+        restored = true;
+        break;
+    }
+    if (restored) {
+        seq->kv.n_pos = s;
+        free(seq->kv.rstate);
+        seq->kv.rstate = state;
+        seq->kv.rstate_pos = s;
+        state = NULL;
+        kp_tiers_note_state(e->tiers, true);
+        /* indexed in RAM with the rows at kp_eng_finish, as the sequence's own (take_state
+         * skips where a sequence resumed) */
+        if (kp_grow_u32((void **)&seq->snaps, &seq->cap_snaps, seq->n_snaps + 1, sizeof *seq->snaps) &&
+            kp_pfx_state_save(e->idx, seq->kv.rstate, s, &seq->snaps[seq->n_snaps], NULL) == KP_OK)
+            seq->n_snaps++;
+    }
+    kp_kvseq_truncate(&seq->kv, e->kv, seq->kv.n_pos); /* blocks reserved past what was restored */
+    free(state);
+    free(from);
+    uint32_t known = r->state_cut_from > rows_end ? r->state_cut_from : rows_end;
+    r->state_cut_from = known > seq->kv.n_pos ? known : 0;
+    for (int t = 1; t < KP_TIER_N; t++) r->reused_from[t] = got[t];
+    r->reused_tokens = seq->kv.n_pos;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (restored || r->restore_failed != KP_BLOCKREC_OK)
+        kp_tiers_note_restore(e->tiers,
+                              (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), got,
+                              r->restore_failed != KP_BLOCKREC_OK);
+}
+
 kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_seq *seq, kp_eng_report *report,
                     kp_error *err) {
     kp_eng_report r;
@@ -707,7 +808,8 @@ kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_s
         }
         r.reused_tokens = seq->kv.n_pos;
         assert(r.reused_tokens <= mr.n_reuse && r.reused_tokens < n);
-        if (e->tiers) tier_restore(e, tokens, n, seq, &r);
+        if (e->tiers && e->recurrent) tier_restore_state(e, tokens, n, seq, &r);
+        else if (e->tiers) tier_restore(e, tokens, n, seq, &r);
     } else {
         r.cold = true;
     }
@@ -952,6 +1054,20 @@ kp_status kp_eng_decode(kp_engine *e, kp_eng_seq *seq, int32_t token, float *log
     return st;
 }
 
+/* Writes the snapshots the index holds at pos[0..n_pos) on the path tokens
+ * (rows in seq's blocks: a snapshot's tail rows come from its block pos /
+ * B) to the tiers that lack them. */
+static void tier_publish_states(kp_engine *e, const int32_t *tokens, const uint32_t *pos, uint32_t n_pos,
+                                const kp_kvseq *seq) {
+    float *state = NULL;
+    for (uint32_t i = 0; i < n_pos; i++) {
+        if (!kp_tiers_state_wanted(e->tiers, tokens, pos[i])) continue;
+        if (!state && !(state = malloc((size_t)kp_tiers_state_bytes(e->tiers)))) return;
+        if (kp_pfx_state_read(e->idx, tokens, pos[i], state)) kp_tiers_publish_state(e->tiers, tokens, pos[i], seq, state);
+    }
+    free(state);
+}
+
 kp_status kp_eng_finish(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n, uint32_t *n_added,
                      kp_error *err) {
     kp_status st = KP_OK;
@@ -959,14 +1075,24 @@ kp_status kp_eng_finish(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, ui
     if (n > seq->kv.n_pos) n = seq->kv.n_pos;
     if (n == seq->kv.n_pos && tokens) take_state(e, seq, true); /* the end: where the next turn resumes */
     if (e->idx && n > 0 && tokens) st = kp_pfx_insert(e->idx, tokens, n, &seq->kv, NULL, n_added, err);
+    /* the positions of the snapshots the index is handed: the tiers get them once indexed */
+    uint32_t *snap_pos = e->tiers && seq->n_snaps ? malloc((size_t)seq->n_snaps * sizeof *snap_pos) : NULL;
+    uint32_t n_snap_pos = 0;
+    for (uint32_t i = 0; snap_pos && i < seq->n_snaps; i++)
+        if (seq->snaps[i].pos <= n) snap_pos[n_snap_pos++] = seq->snaps[i].pos;
     if (e->idx && st == KP_OK && tokens) hand_states(e, seq, tokens, n);
     if (e->tiers && tokens) {
-        /* a block whose window rows were dropped is not published, nor any after it */
-        uint32_t B = kp_kvpool_config_of(e->kv)->block_size, j = 0;
-        while (j < n / B && kp_kvpool_has_window(e->kv, seq->kv.blocks[j])) j++;
-        if (j < n / B) n = j * B;
-        kp_tiers_publish(e->tiers, tokens, n, &seq->kv);
+        /* a block whose window rows were dropped is not published, nor any after it, nor a
+         * snapshot whose rows reach into it */
+        uint32_t B = kp_kvpool_config_of(e->kv)->block_size, j = 0, nb = (n + B - 1) / B;
+        while (j < nb && kp_kvpool_has_window(e->kv, seq->kv.blocks[j])) j++;
+        kp_tiers_publish(e->tiers, tokens, n < j * B ? n : j * B, &seq->kv);
+        uint32_t w = 0;
+        for (uint32_t i = 0; i < n_snap_pos; i++)
+            if ((snap_pos[i] + B - 1) / B <= j) snap_pos[w++] = snap_pos[i];
+        if (st == KP_OK) tier_publish_states(e, tokens, snap_pos, w, &seq->kv);
     }
+    free(snap_pos);
     kp_eng_seq_abort(e, seq);
     return st;
 }
@@ -1078,10 +1204,6 @@ void kp_eng_attn_work(const kp_engine *e, double *flops, double *seconds) { kp_f
 
 kp_status kp_eng_open_tiers(kp_engine *e, const kp_tiers_config *cfg, kp_error *err) {
     if (!e->idx) return kp_fail(err, KP_EUNSUPPORTED, "the cache tiers need the prefix cache (it is off)");
-    if (e->recurrent)
-        return kp_fail(err, KP_EUNSUPPORTED,
-                       "the cache tiers do not store recurrent-state snapshots yet: a model with recurrent layers "
-                       "keeps its prefix cache in RAM only (drop --cache-dir / --redis)");
     if (e->tiers) return kp_fail(err, KP_EINVAL, "the cache tiers are open already");
     /* kp_eng_finish queues a sequence's every block at once: a queue shorter
      * than a whole context would drop the tail of every long prompt (the
@@ -1109,6 +1231,36 @@ void kp_eng_tier_probe(kp_engine *e, const int32_t *tokens, uint32_t n, uint32_t
     if (kp_tiers_probe(e->tiers, tokens, 0, n / B) == 0) return;
     kp_tiers_last_probe(e->tiers, 0, blocks);
     for (int t = 0; t < KP_TIER_N; t++) tokens_on[t] = blocks[t] * B;
+}
+
+uint32_t kp_eng_tier_probe_state(kp_engine *e, const int32_t *tokens, uint32_t n, kp_tier_id *from,
+                                 uint32_t *refused_at, kp_blockrec_reason *why) {
+    *from = KP_TIER_DISK;
+    *refused_at = 0;
+    *why = KP_BLOCKREC_OK;
+    if (!e->tiers || !e->recurrent || n < 2) return 0;
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size, s = 0;
+    uint32_t nb = kp_tiers_probe(e->tiers, tokens, 0, (n - 1) / B);
+    uint32_t hi = nb * B + B - 1 < n - 1 ? nb * B + B - 1 : n - 1;
+    float *state = malloc((size_t)kp_tiers_state_bytes(e->tiers));
+    int32_t tail = -1; /* a block for the tail rows of the snapshots read */
+    if (state && kp_kvpool_alloc(e->kv, &tail, NULL) != KP_OK &&
+        (!kp_pfx_evict(e->idx, kp_kvpool_block_bytes(e->kv), (int64_t)time(NULL)) ||
+         kp_kvpool_alloc(e->kv, &tail, NULL) != KP_OK))
+        tail = -1;
+    while (tail >= 0 && kp_tiers_find_state(e->tiers, tokens, 0, hi, &s)) {
+        kp_blockrec_reason r = kp_tiers_fetch_state(e->tiers, tokens, s, e->kv, s % B ? tail : -1, state, from);
+        if (r == KP_BLOCKREC_OK) break;
+        if (!*refused_at) {
+            *refused_at = s;
+            *why = r;
+        }
+        hi = s - 1;
+        s = 0;
+    }
+    if (tail >= 0) kp_kvpool_unref(e->kv, tail);
+    free(state);
+    return tail >= 0 ? s : 0;
 }
 
 bool kp_eng_tier_wait_ready(kp_engine *e, uint32_t ms) { return !e->tiers || kp_tiers_wait_ready(e->tiers, ms); }
@@ -1232,14 +1384,16 @@ static int pin_visit(const kp_pfx_node_info *nd, void *ctx) {
  * (those they lack): a pinned prefix is on disk from its pin on. */
 static void tier_pin_publish(kp_engine *e, const int32_t *tokens, uint32_t n) {
     uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
-    pin_walk w = {tokens, n, n / B, NULL};
+    pin_walk w = {tokens, n, (n + B - 1) / B, NULL}; /* the partial last block too: a snapshot's tail */
     if (!w.nb || !(w.blocks = malloc((size_t)w.nb * sizeof *w.blocks))) return;
     for (uint32_t i = 0; i < w.nb; i++) w.blocks[i] = -1;
     uint32_t have = 0;
-    if (kp_pfx_walk(e->idx, pin_visit, &w, NULL) == KP_OK) /* whole blocks with their window rows */
+    if (kp_pfx_walk(e->idx, pin_visit, &w, NULL) == KP_OK) /* blocks with their window rows */
         while (have < w.nb && w.blocks[have] >= 0 && kp_kvpool_has_window(e->kv, w.blocks[have])) have++;
-    kp_kvseq view = {w.blocks, have, have, have * B, NULL, 0};
-    if (have) kp_tiers_publish(e->tiers, tokens, have * B, &view);
+    uint32_t whole = have < n / B ? have : n / B;
+    kp_kvseq view = {w.blocks, have, have, have * B < n ? have * B : n, NULL, 0};
+    if (whole) kp_tiers_publish(e->tiers, tokens, whole * B, &view);
+    if (e->recurrent && have == w.nb) tier_publish_states(e, tokens, &n, 1, &view); /* where the pin resumes */
     free(w.blocks);
 }
 

@@ -446,6 +446,18 @@ const char *kp_eng_tier_note(const kp_engine *e);
  * would refuse. Engine thread. */
 void kp_eng_tier_probe(kp_engine *e, const int32_t *tokens, uint32_t n, uint32_t tokens_on[KP_TIER_N]);
 
+/* A model with recurrent layers (state checkpoints): the position a
+ * prefill of tokens[0..n) would resume at from the tiers alone (RAM not
+ * counted): the latest state snapshot (at most n - 1) some tier holds
+ * whose whole blocks before it some tier holds too, read and verified as
+ * a restore reads it; a refused one is skipped for the next earlier
+ * (*refused_at: the first refused position, *why its reason; 0 and
+ * KP_BLOCKREC_OK when none was). *from: the resuming snapshot's tier. 0
+ * without tiers, for another model, or when no snapshot is usable.
+ * Engine thread. */
+uint32_t kp_eng_tier_probe_state(kp_engine *e, const int32_t *tokens, uint32_t n, kp_tier_id *from,
+                                 uint32_t *refused_at, kp_blockrec_reason *why);
+
 /* Waits up to ms milliseconds for the Redis tier's connection (true at
  * once without one): for a tool that probes once (kp_tiers_wait_ready). */
 bool kp_eng_tier_wait_ready(kp_engine *e, uint32_t ms);

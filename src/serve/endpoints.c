@@ -182,12 +182,16 @@ static json_t *kv_json(const kp_eng_stats *k) {
 }
 
 /* /v1/cache "tiers": each tier below RAM (disk, redis) with its bytes,
- * blocks, hit ratio and failures by reason; null without tiers. */
+ * blocks (the disk's recurrent-state snapshots apart), hit ratio and
+ * failures by reason, and the restores (state_restores: prefills resumed
+ * at a tier's snapshot); null without tiers. */
 static json_t *tiers_json(kp_server *s) {
     kp_tiers_stats ts;
     if (!s->cfg.tiers_of || !kp_eng_tier_stats(s->cfg.tiers_of, &ts)) return json_null();
     json_t *o = json_pack("{s:s, s:I, s:I, s:s}", "fingerprint", ts.fingerprint, "restores", (json_int_t)ts.restores,
                           "restore_failed", (json_int_t)ts.restore_failed, "note", kp_eng_tier_note(s->cfg.tiers_of));
+    json_object_set_new(o, "state_restores", json_integer((json_int_t)ts.state_restores));
+    json_object_set_new(o, "state_restore_failed", json_integer((json_int_t)ts.state_failed));
     for (int i = KP_TIER_DISK; i < KP_TIER_N; i++) {
         if (!ts.on[i]) continue;
         const kp_tier_stats *t = &ts.tier[i];
@@ -210,6 +214,10 @@ static json_t *tiers_json(kp_server *s) {
                               (json_int_t)ts.restored_tokens[i], "other_fingerprint_blocks",
                               (json_int_t)t->other_blocks);
         if (i == KP_TIER_REDIS) json_object_set_new(j, "epochs_lost", json_integer((json_int_t)t->epochs_lost));
+        if (i == KP_TIER_DISK) { /* recurrent-state snapshot records: part of bytes, apart from blocks */
+            json_object_set_new(j, "state_snapshots", json_integer((json_int_t)t->states));
+            json_object_set_new(j, "state_snapshot_bytes", json_integer((json_int_t)t->state_bytes));
+        }
         json_object_set_new(o, kp_tier_name((kp_tier_id)i), j);
     }
     return o;

@@ -13,10 +13,24 @@ reused_tokens + state_recomputed_tokens is where the prompt matched the
 cache (at most --state-every before it); the edit resumes at a snapshot
 before the edit, its cause state_checkpoint when it recomputed matched
 tokens. /v1/cache bills the snapshots.
-"""
-import sys
 
-from kvpin_test import Results, Server, kill_all
+Snapshots on disk (--cache-dir): a server answers turn 1 and is killed
+once its blocks and state snapshots are written; a new server on the same
+directory answers turn 2 with the uncached server's tokens, its report
+reusing from disk (at least turn 1's prompt less --state-every, nothing
+from RAM), and /v1/cache's tiers.disk counts the snapshots and the restore.
+`kvpin doctor --cache-dir` on a prompt that extends a completion the
+server wrote says where a server resumes (a verified snapshot on disk at
+or past the completion's prompt less --state-every); once every snapshot
+file is damaged, it names the refusal (checksum) and resumes earlier.
+"""
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+from kvpin_test import KVPIN, Results, Server, kill_all
 
 MODEL = "tests/data/models/gen-qwen35-f32.gguf"
 EVERY = 32
@@ -87,10 +101,90 @@ def main():
         kv = cache.get("kv", {}) if st == 200 else {}
         r.ok(kv.get("state_snapshots", 0) > 0 and kv.get("state_snapshot_bytes", 0) > 0,
              "/v1/cache bills the snapshots: %r" % {k: v for k, v in kv.items() if "state" in k})
+        if b and bref:
+            restart(first, second, n1, bref)
     finally:
         for s in (cached, plain):
             if s in Server.running:
                 s.stop()
+
+
+def disk_tier(srv):
+    st, c = srv.get("/v1/cache")
+    return c.get("tiers", {}).get("disk", {}) if st == 200 and c.get("tiers") else {}
+
+
+def doctor(cache_dir, prompt, n_text):
+    """kvpin doctor --cache-dir on a prompt extending a written completion; then on damaged snapshots."""
+    import json
+    import subprocess
+    log = os.path.join(cache_dir, "turns.jsonl")
+    with open(log, "w") as f:
+        f.write(json.dumps({"prompt": prompt}) + "\n")
+
+    def run():
+        dr = subprocess.run([KVPIN, "doctor", "--json", "-m", MODEL, "--cache-dir", cache_dir, log],
+                            capture_output=True, text=True, timeout=300)
+        rows = [json.loads(x) for x in dr.stdout.splitlines() if x.strip()] if dr.returncode == 0 else []
+        r.ok(len(rows) == 1, "doctor: one row: %s %s" % (dr.returncode, dr.stderr[-300:]))
+        return rows[0] if rows else {}
+    row = run()
+    at = row.get("tier_state_resume_token", 0)
+    r.ok(at >= n_text - EVERY and at > 0 and row.get("tier_state_from") == "disk" and
+         row.get("tier_state_refused_at") == 0, "doctor: resumes at a verified snapshot (prompt %d): %r" % (n_text, row))
+    damaged = 0
+    for root, _, files in os.walk(cache_dir):
+        for name in files:
+            if name.endswith(".kvs"):
+                with open(os.path.join(root, name), "r+b") as f:
+                    f.seek(-200, os.SEEK_END)
+                    f.write(b"\x40" * 64)
+                damaged += 1
+    r.ok(damaged >= 3, "damaged %d snapshot files" % damaged)
+    row = run()
+    r.ok(row.get("tier_state_refused_at", 0) >= at and row.get("tier_state_refused_reason") == "checksum" and
+         row.get("tier_state_resume_token", -1) == 0,
+         "doctor: a damaged snapshot is refused (checksum), none is used: %r" % row)
+
+
+def restart(first, second, n1, bref):
+    """Turn 1 on a server with --cache-dir, killed; turn 2 on a new one."""
+    tmp = tempfile.mkdtemp(prefix="kvpin-qwen35-")
+    args = ("--ctx", "512", "--chat-template", "chatml", "--state-every", str(EVERY), "--cache-dir", tmp)
+    try:
+        a = Server(r, *args, model=MODEL)
+        chat(a, first)
+        deadline = time.time() + 30
+        while time.time() < deadline and disk_tier(a).get("state_snapshots", 0) < 2:
+            time.sleep(0.05)
+        d = disk_tier(a)
+        r.ok(d.get("state_snapshots", 0) >= 2 and d.get("state_snapshot_bytes", 0) > 0 and
+             d.get("bytes", 0) > d.get("state_snapshot_bytes", 0),
+             "turn 1's snapshots (prompt end, answer end) reach the disk, in its bytes: %r" % d)
+        a.kill()
+        b = Server(r, *args, model=MODEL)
+        j = chat(b, second)
+        same(j, bref, "turn 2 after a restart on --cache-dir")
+        if j:
+            c = j["kvpin_cache"]
+            r.ok(c["reused_from"]["disk"] >= n1 - EVERY and c["reused_from"]["ram"] == 0 and
+                 c["reused_tokens"] == c["reused_from"]["disk"],
+                 "turn 2 resumes from disk near turn 1's end (%d tokens): %r" % (n1, c))
+            print("  restart: turn 2 reused %d tokens from disk, %d state-recomputed" % (
+                c["reused_from"]["disk"], c.get("state_recomputed_tokens", 0)))
+        st, cache = b.get("/v1/cache")
+        t = cache.get("tiers", {}) if st == 200 else {}
+        r.ok(t.get("state_restores") == 1 and t.get("state_restore_failed") == 0,
+             "/v1/cache counts the restore from a snapshot: %r" % t)
+        text = ("Once upon a time a little fox lived in the woods. Every morning he ran to the river to drink "
+                "and every evening he came home to sleep under the old oak tree.")
+        st, _, j = b.post("/v1/completions", {"prompt": text, "max_tokens": 4, "temperature": 0})
+        r.ok(st == 200, "completion: %s" % st)
+        n_text = j["usage"]["prompt_tokens"] if st == 200 else 0
+        b.stop()  # writes what is queued
+        doctor(tmp, text + " The end.", n_text)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 try:

@@ -21,6 +21,13 @@
  *
  * Under a window budget blocks without window rows are not written, and
  * a restore fills in what RAM dropped.
+ *
+ * Recurrent-state snapshots (gen-qwen35: 6 gated delta-net layers of 8),
+ * test_recurrent_disk and test_recurrent_redis: what one engine wrote, a
+ * new engine (a restart; another replica through Redis) resumes from, at
+ * the latest snapshot the tiers hold, with the logits and greedy tokens of
+ * a cache-off engine; a damaged snapshot is refused and an earlier one
+ * used, or none.
  */
 #include <math.h>
 #include <stdio.h>
@@ -37,6 +44,7 @@
 #include "cache/disktier.h"
 #include "engine/engine.h"
 #include "cache/fingerprint.h"
+#include "cache/staterec.h"
 #include "harness.h"
 #include "kv/kvpool.h"
 #include "model/sampler.h"
@@ -199,13 +207,331 @@ static void equal_through(int redis_port) {
 
 static void test_equal_through_disk(void) { equal_through(0); }
 
+/* ---- recurrent-state snapshots ---------------------------------------- */
+
+/* Prefill of t[0..n) on e and on the cache-off engine cold, then k greedy
+ * steps on both: every row of logits within 1e-5 relative, the same greedy
+ * tokens. *r gets e's prefill report; e's sequence is finished with prompt
+ * + answer (t grows by k: it must have room), cold's dropped. Returns
+ * n + k. */
+static uint32_t same_as_cold(kp_engine *e, kp_engine *cold, int32_t *t, uint32_t n, uint32_t k, uint32_t nv,
+                             kp_eng_report *r, const char *what) {
+    kp_error err = {0};
+    float *l0 = malloc(nv * sizeof *l0), *l1 = malloc(nv * sizeof *l1);
+    kp_eng_seq s = {0}, c = {0};
+    bool ok = kp_eng_prefill(e, t, n, &s, l0, r, &err) == KP_OK;
+    CHECK_MSG(ok, "%s: %s", what, err.msg);
+    ok = ok && kp_eng_prefill(cold, t, n, &c, l1, NULL, &err) == KP_OK;
+    for (uint32_t i = 0; ok; i++) {
+        double d = rel_diff(l0, l1, nv);
+        int32_t tok = kp_argmax(l1, (int32_t)nv);
+        CHECK_MSG(d <= 1e-5, "%s, step %u: logits differ by %g relative", what, i, d);
+        CHECK_MSG(kp_argmax(l0, (int32_t)nv) == tok, "%s, step %u: greedy differs", what, i);
+        if (i == k) break;
+        t[n++] = tok;
+        ok = kp_eng_decode(e, &s, tok, l0, &err) == KP_OK && kp_eng_decode(cold, &c, tok, l1, &err) == KP_OK;
+        CHECK_MSG(ok, "%s: %s", what, err.msg);
+    }
+    CHECK_MSG(kp_eng_finish(e, &s, t, n, NULL, &err) == KP_OK, "%s: %s", what, err.msg);
+    CHECK_MSG(kp_eng_check(e, &err) == KP_OK, "%s: %s", what, err.msg);
+    kp_eng_seq_abort(cold, &c);
+    free(l0);
+    free(l1);
+    return n;
+}
+
+/* A new engine on tiers tc (a restart; another replica), its writes done
+ * before it returns; NULL on failure (checked). */
+static kp_engine *recurrent_engine(const kp_model *m, kp_threads *pool, const kp_tiers_config *tc) {
+    kp_error err = {0};
+    kp_engine *e = NULL;
+    kp_eng_config c = {KP_DTYPE_F16, 16, 0, 256, false, NULL, KP_DTYPE_F16, false, 0, 32};
+    CHECK_MSG(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK, "%s", err.msg);
+    if (e && tc) {
+        CHECK_MSG(kp_eng_open_tiers(e, tc, &err) == KP_OK, "%s", err.msg);
+        CHECK(!tc->redis || kp_eng_tier_wait_ready(e, 3000));
+    }
+    return e;
+}
+
+/* Overwrites 64 bytes of the snapshot record of t[0..pos) in directory
+ * dir (under fingerprint fphex), from n_from_end bytes before its end
+ * (inside the state), with 0x40 (floats near 3: a state that changes the
+ * logits if it were used). False when the file is not there. */
+static bool damage_snapshot(const char *dir, const char *fphex, const int32_t *t, uint32_t pos, long n_from_end) {
+    enum { B = 16 };
+    kp_bkey k = {{0}};
+    for (uint32_t j = 0; j < pos / B; j++) k = kp_bkey_next(j ? &k : NULL, t + j * B, B);
+    kp_bkey sk = kp_bkey_state(pos >= B ? &k : NULL, t + pos / B * B, pos % B, pos);
+    char hex[33], path[700];
+    kp_bkey_hex(&sk, hex);
+    snprintf(path, sizeof path, "%s/%s/%s.kvs", dir, fphex, hex);
+    FILE *f = fopen(path, "r+b");
+    if (!f) return false;
+    fseek(f, -n_from_end, SEEK_END);
+    for (int i = 0; i < 64; i++) fputc(0x40, f);
+    fclose(f);
+    return true;
+}
+
+/* Snapshots through the tiers tc (the disk, or Redis alone), on gen-qwen35
+ * with blocks of 16 and a snapshot every 32 positions; each request is
+ * checked against a cache-off engine (logits of the prompt and of 4
+ * greedy steps within 1e-5, the same tokens):
+ *
+ *   engine 1  turn 1: 40 tokens + 5 answered: snapshots @32, @40, @45,
+ *             whole blocks 0-1 written
+ *   engine 2  (a restart) turn 2 = turn 1 + 20 new tokens: resumes at 45
+ *             from the tiers (blocks 0-1, the snapshot @45 and its 13 tail
+ *             rows), nothing computed again; writes blocks 0-3, @64, @65, @69
+ *   engine 3  turn 2 edited at 50: the tiers' blocks match to 48, the
+ *             latest snapshot at or before it is @45: reused 45, 3
+ *             computed again (state_cut_from 48)
+ *   engine 4  (disk only) the snapshot @45 damaged: refused (checksum),
+ *             the restore resumes at @40 instead, the output unchanged */
+static void recurrent_through(const kp_tiers_config *tc) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-qwen35-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 2, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    kp_tier_id tier = tc->dir ? KP_TIER_DISK : KP_TIER_REDIS;
+    uint32_t nv = m->hp.n_vocab;
+    int32_t t[200], u[200];
+    for (int i = 0; i < 200; i++) t[i] = i == 0 ? 1 : 40 + 7 * i % 400;
+    kp_eng_config cc = {KP_DTYPE_F16, 16, 0, 256, true, NULL, KP_DTYPE_F16, false, 0, 32};
+    kp_engine *cold = NULL, *e = recurrent_engine(m, pool, tc);
+    CHECK(kp_eng_new(&cold, m, pool, NULL, &cc, &err) == KP_OK);
+    kp_eng_report r;
+    kp_tiers_stats ts;
+    char fphex[33] = "";
+    if (!e || !cold) goto done;
+    /* engine 1: turn 1 */
+    uint32_t n1 = same_as_cold(e, cold, t, 40, 5, nv, &r, "turn 1");
+    CHECK(r.reused_tokens == 0 && n1 == 45);
+    kp_eng_tier_flush(e);
+    CHECK(kp_eng_tier_stats(e, &ts));
+    if (tier == KP_TIER_DISK) { /* the disk's bill counts them */
+        CHECK_EQ_INT(ts.tier[tier].states, 3);
+        CHECK_EQ_INT(ts.tier[tier].blocks, 2);
+        CHECK(ts.tier[tier].state_bytes > 3 * kp_model_rec_state_floats(&m->hp) * 4);
+        CHECK(ts.tier[tier].bytes > ts.tier[tier].state_bytes);
+    } else { /* Redis: 2 blocks and 3 snapshots published */
+        CHECK_EQ_INT(ts.tier[tier].writes, 5);
+    }
+    snprintf(fphex, sizeof fphex, "%s", ts.fingerprint);
+    kp_eng_free(e);
+    /* engine 2: a restart, turn 2 extends turn 1 */
+    e = recurrent_engine(m, pool, tc);
+    if (!e) goto done;
+    for (uint32_t i = n1; i < n1 + 20; i++) t[i] = 50 + 3 * (int32_t)i % 300;
+    uint32_t n2 = same_as_cold(e, cold, t, n1 + 20, 4, nv, &r, "turn 2 after a restart");
+    CHECK_EQ_INT(r.reused_tokens, 45);
+    CHECK_EQ_INT(r.reused_from[tier], 45);
+    CHECK(r.state_recomputed_tokens == 0 && r.computed_tokens == 20 && r.restore_failed == KP_BLOCKREC_OK);
+    kp_eng_tier_flush(e);
+    CHECK(kp_eng_tier_stats(e, &ts));
+    CHECK(ts.state_restores == 1 && ts.state_failed == 0 && ts.restored_tokens[tier] == 45);
+    kp_eng_free(e);
+    /* engine 3: turn 2 edited at 50 */
+    e = recurrent_engine(m, pool, tc);
+    if (!e) goto done;
+    memcpy(u, t, sizeof u);
+    u[50] = 7;
+    same_as_cold(e, cold, u, 60, 2, nv, &r, "an edit at 50 after a restart");
+    CHECK_EQ_INT(r.reused_tokens, 45);
+    CHECK(r.state_recomputed_tokens == 3 && r.state_cut_from == 48 && r.computed_tokens == 15);
+    kp_eng_free(e);
+    e = NULL;
+    (void)n2;
+    if (tier != KP_TIER_DISK) goto done;
+    /* engine 4: the snapshot @45 damaged on disk */
+    CHECK_MSG(damage_snapshot(tc->dir, fphex, t, 45, 4096), "the snapshot @45 on disk");
+    e = recurrent_engine(m, pool, tc);
+    if (!e) goto done;
+    memcpy(u, t, sizeof u);
+    u[47] = 8; /* leaves block 2: the tiers' blocks end at 32, @45 is the latest snapshot */
+    same_as_cold(e, cold, u, 60, 2, nv, &r, "a damaged snapshot");
+    CHECK_EQ_INT(r.reused_tokens, 40);
+    CHECK(r.restore_failed == KP_BLOCKREC_CHECKSUM && r.restore_failed_tier == KP_TIER_DISK);
+    CHECK(kp_eng_tier_stats(e, &ts));
+    CHECK(ts.tier[KP_TIER_DISK].fail[KP_BLOCKREC_CHECKSUM] == 1 && ts.state_failed == 1 && ts.state_restores == 1);
+done:
+    kp_eng_free(e);
+    kp_eng_free(cold);
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
+/* A disk budget of two states: turn 1's records (blocks 0-1, then the
+ * snapshots @32, @40, @45) are evicted least recently used first, the
+ * snapshots too: one snapshot is left, the bytes within the budget; a
+ * restart resumes from no snapshot whose blocks are gone (it computes,
+ * with the cold logits). */
+static void recurrent_disk_budget(void) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-qwen35-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 2, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/qwen35-budget", tmpdir);
+    uint64_t budget = 2 * kp_model_rec_state_floats(&m->hp) * sizeof(float);
+    kp_tiers_config tc = {dir, budget, NULL, 0, NULL, NULL, NULL, 0};
+    kp_eng_config cc = {KP_DTYPE_F16, 16, 0, 256, true, NULL, KP_DTYPE_F16, false, 0, 32};
+    kp_engine *cold = NULL, *e = recurrent_engine(m, pool, &tc);
+    CHECK(kp_eng_new(&cold, m, pool, NULL, &cc, &err) == KP_OK);
+    int32_t t[200];
+    for (int i = 0; i < 200; i++) t[i] = i == 0 ? 1 : 40 + 7 * i % 400;
+    kp_eng_report r;
+    kp_tiers_stats ts;
+    if (e && cold) {
+        uint32_t n1 = same_as_cold(e, cold, t, 40, 5, m->hp.n_vocab, &r, "turn 1 under a disk budget");
+        kp_eng_tier_flush(e);
+        CHECK(kp_eng_tier_stats(e, &ts));
+        const kp_tier_stats *d = &ts.tier[KP_TIER_DISK];
+        CHECK_MSG(d->states == 1 && d->evicted >= 2 && d->bytes <= budget && d->state_bytes <= d->bytes,
+                  "states %llu evicted %llu bytes %llu of %llu", (unsigned long long)d->states,
+                  (unsigned long long)d->evicted, (unsigned long long)d->bytes, (unsigned long long)budget);
+        kp_eng_free(e);
+        e = recurrent_engine(m, pool, &tc);
+        for (uint32_t i = n1; i < n1 + 20; i++) t[i] = 50 + 3 * (int32_t)i % 300;
+        if (e) same_as_cold(e, cold, t, n1 + 20, 2, m->hp.n_vocab, &r, "turn 2 after the budget's evictions");
+        CHECK(r.reused_tokens == 0 && r.restore_failed == KP_BLOCKREC_OK);
+    }
+    kp_eng_free(e);
+    kp_eng_free(cold);
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
+/* A pin writes the snapshot at its end: tiers opened after a 50-token
+ * sequence was cached (so its finish wrote nothing) get, from a pin of
+ * its first 45 tokens, blocks 0-1 and the snapshot @45 (computed at pin
+ * time from @32, its tail rows 32..44 from the cached block 2); a new
+ * engine resumes a 50-token prompt there, all 45 from disk, with the cold
+ * logits. */
+static void recurrent_pin(void) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-qwen35-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 2, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/qwen35-pin", tmpdir);
+    kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, NULL, 0};
+    kp_eng_config cc = {KP_DTYPE_F16, 16, 0, 256, true, NULL, KP_DTYPE_F16, false, 0, 32};
+    kp_engine *cold = NULL, *e = recurrent_engine(m, pool, NULL);
+    CHECK(kp_eng_new(&cold, m, pool, NULL, &cc, &err) == KP_OK);
+    int32_t t[60];
+    for (int i = 0; i < 60; i++) t[i] = i == 0 ? 1 : 30 + 11 * i % 300;
+    kp_eng_seq s = {0};
+    kp_eng_report r;
+    kp_tiers_stats ts;
+    uint64_t id;
+    if (e && cold) {
+        CHECK(kp_eng_prefill(e, t, 50, &s, NULL, &r, &err) == KP_OK && kp_eng_finish(e, &s, t, 50, NULL, &err) == KP_OK);
+        CHECK_MSG(kp_eng_open_tiers(e, &tc, &err) == KP_OK, "%s", err.msg);
+        CHECK_MSG(kp_eng_pin(e, t, 45, 0, 0, &id, &err) == KP_OK, "%s", err.msg);
+        kp_eng_tier_flush(e);
+        CHECK(kp_eng_tier_stats(e, &ts));
+        CHECK(ts.tier[KP_TIER_DISK].blocks == 2 && ts.tier[KP_TIER_DISK].states == 1);
+        kp_eng_free(e);
+        e = recurrent_engine(m, pool, &tc);
+        if (e) same_as_cold(e, cold, t, 50, 2, m->hp.n_vocab, &r, "a pinned prefix after a restart");
+        CHECK(r.reused_tokens == 45 && r.reused_from[KP_TIER_DISK] == 45 && r.state_recomputed_tokens == 0);
+    }
+    kp_eng_free(e);
+    kp_eng_free(cold);
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
+/* Both tiers: a snapshot the disk refuses is read from Redis. An engine
+ * writes turn 1 (40 tokens + 5) to the disk and Redis; its snapshot @45 on
+ * disk is damaged; a new engine on both resumes turn 2 at 45 all the same,
+ * blocks 0-1 from disk and the snapshot (13 tail positions) from Redis,
+ * the disk's checksum refusal counted, the logits the cold ones. */
+static void recurrent_disk_to_redis(int port) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-qwen35-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 2, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    char dir[300], addr[64], fphex[33];
+    snprintf(dir, sizeof dir, "%s/qwen35-both", tmpdir);
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    kp_tiers_config tc = {dir, 0, addr, 200, NULL, NULL, NULL, 0};
+    kp_eng_config cc = {KP_DTYPE_F16, 16, 0, 256, true, NULL, KP_DTYPE_F16, false, 0, 32};
+    kp_engine *cold = NULL, *e = recurrent_engine(m, pool, &tc);
+    CHECK(kp_eng_new(&cold, m, pool, NULL, &cc, &err) == KP_OK);
+    int32_t t[200];
+    for (int i = 0; i < 200; i++) t[i] = i == 0 ? 1 : 60 + 13 * i % 350; /* not the other tests' keys */
+    kp_eng_report r;
+    kp_tiers_stats ts;
+    if (e && cold) {
+        uint32_t n1 = same_as_cold(e, cold, t, 40, 5, m->hp.n_vocab, &r, "turn 1 on both tiers");
+        kp_eng_tier_flush(e);
+        CHECK(kp_eng_tier_stats(e, &ts));
+        snprintf(fphex, sizeof fphex, "%s", ts.fingerprint);
+        kp_eng_free(e);
+        CHECK_MSG(damage_snapshot(dir, fphex, t, 45, 4096), "the snapshot @45 on disk");
+        e = recurrent_engine(m, pool, &tc);
+        for (uint32_t i = n1; i < n1 + 20; i++) t[i] = 50 + 3 * (int32_t)i % 300;
+        if (e) same_as_cold(e, cold, t, n1 + 20, 2, m->hp.n_vocab, &r, "turn 2, the disk's snapshot damaged");
+        CHECK(r.reused_tokens == 45 && r.reused_from[KP_TIER_DISK] == 32 && r.reused_from[KP_TIER_REDIS] == 13);
+        CHECK(r.restore_failed == KP_BLOCKREC_OK);
+        CHECK(e && kp_eng_tier_stats(e, &ts));
+        CHECK(ts.tier[KP_TIER_DISK].fail[KP_BLOCKREC_CHECKSUM] == 1 && ts.tier[KP_TIER_REDIS].hits == 1);
+    }
+    kp_eng_free(e);
+    kp_eng_free(cold);
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
+static void test_recurrent_disk(void) {
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/qwen35", tmpdir);
+    kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, NULL, 0};
+    recurrent_through(&tc);
+    recurrent_disk_budget();
+    recurrent_pin();
+}
+
+
 static void disk_refusal_falls_to_redis(int redis_port);
+static void recurrent_through(const kp_tiers_config *tc);
+static void recurrent_disk_to_redis(int port);
 
 static void test_equal_through_redis(void) {
     int port = start_redis();
     CHECK_MSG(port > 0, "redis-server (Debian package redis-server) is needed");
     if (port) equal_through(port);
     if (port) disk_refusal_falls_to_redis(port);
+    if (port) { /* snapshots through Redis alone: engine 2 and 3 are other replicas */
+        char addr[64];
+        snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+        kp_tiers_config tc = {NULL, 0, addr, 200, NULL, NULL, NULL, 0};
+        recurrent_through(&tc);
+        recurrent_disk_to_redis(port);
+    }
     stop_redis();
 }
 
@@ -548,6 +874,59 @@ static void test_tier_alone(void) {
  * A sealed record verifies under its key only (libsodium's HMAC-SHA-512-256:
  * any flipped byte, or another key, fails), and unsealing without a key
  * only skips the seal. */
+/* A snapshot record (staterec.h) on the small pool (blocks of 4, two
+ * layers of one head of 4): encoded at pos 6 (2 tail rows of block 1),
+ * it is accepted for its own key, chain, pos and tail tokens only, under
+ * its fingerprint and state size; a changed row or state byte is a
+ * checksum refusal, a short record a truncated one; loading puts the tail
+ * rows into another block's first 2 rows (the others untouched) and the
+ * state back. The state key is not a block key of the same tokens and
+ * depends on pos and on every tail token. */
+static void test_state_record(void) {
+    kp_kvpool *p = small_pool();
+    CHECK(p != NULL);
+    if (!p) return;
+    int32_t tok[8] = {1, 5, 9, 13, 17, 21, 25, 29};
+    float state[10], back[10];
+    for (int i = 0; i < 10; i++) state[i] = 0.5f * (float)i - 1.0f;
+    kp_bkey fp = kp_bkey_next(NULL, tok, 2), fp2 = kp_bkey_next(NULL, tok, 3);
+    kp_bkey parent = kp_bkey_next(NULL, tok, 4), other = kp_bkey_next(NULL, tok + 1, 4);
+    kp_bkey key = kp_bkey_state(&parent, tok + 4, 2, 6);
+    CHECK(!kp_bkey_eq(&key, &other) && !kp_bkey_eq(&key, &parent));
+    kp_bkey k5 = kp_bkey_state(&parent, tok + 4, 1, 5), k6b = kp_bkey_state(&parent, tok + 3, 2, 6);
+    kp_bkey block = kp_bkey_next(&parent, tok + 4, 4), k8 = kp_bkey_state(&block, tok + 8, 0, 8);
+    CHECK(!kp_bkey_eq(&key, &k5) && !kp_bkey_eq(&key, &k6b) && !kp_bkey_eq(&block, &k8));
+    size_t n = kp_staterec_size(p, 6, sizeof state);
+    CHECK_EQ_INT(n, KP_STATEREC_HEADER + 2 * 4 + 2 * 2 * 2 * 4 * 2 + sizeof state);
+    uint8_t *rec = malloc(n);
+    kp_staterec_encode(rec, p, &fp, &key, &parent, 6, tok + 4, 1, state, sizeof state);
+    CHECK_EQ_INT(kp_staterec_check(rec, n, p, &fp, &key, &parent, 6, tok + 4, sizeof state), KP_BLOCKREC_OK);
+    CHECK_EQ_INT(kp_staterec_check(rec, n, p, &fp2, &key, &parent, 6, tok + 4, sizeof state), KP_BLOCKREC_FINGERPRINT);
+    CHECK_EQ_INT(kp_staterec_check(rec, n, p, &fp, &k5, &parent, 6, tok + 4, sizeof state), KP_BLOCKREC_TOKENS);
+    CHECK_EQ_INT(kp_staterec_check(rec, n, p, &fp, &key, &other, 6, tok + 4, sizeof state), KP_BLOCKREC_TOKENS);
+    CHECK_EQ_INT(kp_staterec_check(rec, n, p, &fp, &key, &parent, 5, tok + 4, sizeof state), KP_BLOCKREC_TOKENS);
+    CHECK_EQ_INT(kp_staterec_check(rec, n, p, &fp, &key, &parent, 6, tok + 3, sizeof state), KP_BLOCKREC_TOKENS);
+    CHECK_EQ_INT(kp_staterec_check(rec, n, p, &fp, &key, &parent, 6, tok + 4, 8 * sizeof(float)), KP_BLOCKREC_FORMAT);
+    CHECK_EQ_INT(kp_staterec_check(rec, n - 1, p, &fp, &key, &parent, 6, tok + 4, sizeof state),
+                 KP_BLOCKREC_TRUNCATED);
+    for (size_t at = KP_STATEREC_HEADER + 8; at < n; at += 13) { /* a tail row or state byte */
+        rec[at] ^= 0x01;
+        CHECK_EQ_INT(kp_staterec_check(rec, n, p, &fp, &key, &parent, 6, tok + 4, sizeof state), KP_BLOCKREC_CHECKSUM);
+        rec[at] ^= 0x01;
+    }
+    kp_staterec_load(rec, p, 3, back);
+    CHECK(memcmp(back, state, sizeof state) == 0);
+    for (uint32_t l = 0; l < 2; l++) {
+        const uint8_t *k = kp_kvpool_k(p, 3, l, 0), *v = kp_kvpool_v(p, 3, l, 0);
+        for (int i = 0; i < 4 * 4 * 2; i++) { /* rows 0-1 from block 1 (2s), rows 2-3 block 3's own (4s) */
+            CHECK_EQ_INT(k[i], i < 2 * 4 * 2 ? 2 : 4);
+            CHECK_EQ_INT(v[i], i < 2 * 4 * 2 ? 2 : 4);
+        }
+    }
+    free(rec);
+    kp_kvpool_free(p);
+}
+
 static void test_mac_key_and_seal(void) {
     char path[600];
     snprintf(path, sizeof path, "%s/key", tmpdir);
@@ -595,8 +974,10 @@ int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/kvpin-tiers-XXXXXX");
     if (!mkdtemp(tmpdir)) return 1;
     RUN(test_mac_key_and_seal);
+    RUN(test_state_record);
     RUN(test_tier_alone);
     RUN(test_equal_through_disk);
+    RUN(test_recurrent_disk);
     RUN(test_equal_through_redis);
     RUN(test_pin_writes_through);
     RUN(test_long_sequence_written_whole);
