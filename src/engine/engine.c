@@ -169,10 +169,12 @@
  * prefill resumes at the latest one a tier holds past its RAM match, the
  * whole blocks before it restored too (tier_restore_state draws it).
  *
- * Not done for such a model: a fork of a shorter prefix of a running
- * sequence (kp_eng_fork_prefix refuses: the state at n is
- * gone once the source went past it; the scheduler does not park requests
- * on a running sequence, kp_eng_recurrent). The forward pass itself
+ * A fork of a shorter prefix of a running sequence (the scheduler's
+ * in-flight prefixes) takes the state where the source holds one: its
+ * own at its length, or a pending snapshot it took as it passed a state
+ * point (kp_eng_fork_point; the scheduler parks a request on the latest
+ * state point within the shared prefix, kp_eng_fork_ahead, and the
+ * follower computes the rest of the shared part). The forward pass itself
  * refuses a batch that does not continue a sequence's state, so no path
  * can pair K/V rows with the wrong state; a resume hands the sequence a
  * snapshot's copy with rstate_pos = the reuse (kp_pfx_acquire).

@@ -259,7 +259,7 @@ kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp
  * index then keeps state snapshots (engine.c), kp_eng_fork_prefix forks a
  * sequence at its whole length or at its pending snapshots only
  * (KP_EUNSUPPORTED otherwise), copying its recurrent state, and the tiers
- * are refused. */
+ * store the snapshots beside the blocks. */
 bool kp_eng_recurrent(const kp_engine *e);
 
 /* The longest prefix of at most n positions that kp_eng_fork_prefix can
