@@ -1043,8 +1043,8 @@ VNNI_INLINE void k16_tile_nc(const uint8_t *g, int64_t i0, int64_t len, const ch
                 const __m512i v = _mm512_loadu_si512((const void *)(sb + K16_Q + 64 * (8 * q + s)));
                 const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                 UNROLL for (int c = 0; c < NC; c++) {
-                    slo[c] = _mm512_dpbusd_epi32(slo[c], lo, _mm512_set1_epi32(load_i32(y[c]->qs + 64 * q + 4 * s)));
-                    shi[c] = _mm512_dpbusd_epi32(shi[c], hi, _mm512_set1_epi32(load_i32(y[c]->qs + 64 * q + 32 + 4 * s)));
+                    slo[c] = dpbusd_bcast(slo[c], lo, y[c]->qs + 64 * q + 4 * s);
+                    shi[c] = dpbusd_bcast(shi[c], hi, y[c]->qs + 64 * q + 32 + 4 * s);
                 }
             }
             const __m512i s_lo = k16_byte(sc[q / 2], 2 * (q % 2)), s_hi = k16_byte(sc[q / 2], 2 * (q % 2) + 1);
@@ -1208,8 +1208,7 @@ VNNI_INLINE void q6_tile_nc(const uint8_t *g, int64_t nb, int64_t i0, int64_t le
                     Q6_QUANTS(__m512i, _mm512_and_si512, _mm512_or_si512, _mm512_slli_epi16, _mm512_srli_epi16,
                               _mm512_set1_epi32, l0, l1, hb, q);
                     UNROLL for (int k = 0; k < 4; k++) UNROLL for (int c = 0; c < NC; c++)
-                        s[k][c] = _mm512_dpbusd_epi32(s[k][c], q[k],
-                                                      _mm512_set1_epi32(load_i32(y[c]->qs + 128 * h + 32 * k + 4 * gi)));
+                        s[k][c] = dpbusd_bcast(s[k][c], q[k], y[c]->qs + 128 * h + 32 * k + 4 * gi);
                 }
                 UNROLL for (int k = 0; k < 4; k++) {
                     const int j = 8 * h + 2 * k + half;
