@@ -158,6 +158,9 @@ static void print_compute(const kp_model *m) {
                                                 : "softmax, top k, weights normalized",
                cli_bytes(all / hp->n_expert * hp->n_expert_used, b1, sizeof b1), cli_bytes(all, b2, sizeof b2),
                hp->swiglu_limit > 0 ? "; SwiGLU clamped" : "");
+        if (hp->n_ff_shexp)
+            printf("               and a shared expert of width %u that every token goes through, gated per token\n",
+                   hp->n_ff_shexp);
     }
     printf("norm:          RMSNorm eps %g%s; output %s\n", (double)hp->rms_eps,
            hp->post_norms ? ", post-attention and post-FFN norms" : "",

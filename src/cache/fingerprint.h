@@ -19,6 +19,7 @@
  *                              Q), embd_scale, logit_softcap, ffn_act, post_norms
  *   n_expert, n_expert_used,   only for a model with experts (qwen3moe): how many,
  *   n_ff_exp                   how many a token is routed to, their width
+ *   n_ff_shexp                 only with a shared expert (qwen35moe): its width
  *   kv_type f16                element type of the K rows
  *   kv_type_v f16              ... of the V rows (may differ: --kv-type-v)
  *   block_size 16              positions per block
