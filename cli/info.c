@@ -129,6 +129,9 @@ static void print_compute(const kp_model *m) {
            " n_ff %u, vocab %u\n",
            hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_head / hp->n_head_kv,
            hp->head_dim, hp->n_ff, hp->n_vocab);
+    if (hp->n_layer_nextn)
+        printf("               and %u multi-token-prediction layer%s after them (a draft head), not run\n",
+               hp->n_layer_nextn, hp->n_layer_nextn == 1 ? "" : "s");
     printf("context:       %u tokens (training)\n", hp->n_ctx_train);
     printf("rope:          %s, base %g, %u rotated dims, freq scale %g%s\n",
            hp->rope_type == KP_ROPE_NORM ? "NORM (adjacent pairs)" : "NEOX (halves)",

@@ -4,7 +4,11 @@
  * Metadata keys read (ARCH = general.architecture):
  *
  *   key                                   default            meaning
- *   ARCH.block_count                      required           n_layer
+ *   ARCH.block_count                      required           n_layer, with the MTP layers below
+ *   ARCH.nextn_predict_layers             0                  the last this many blocks are
+ *                                                            multi-token-prediction layers (a
+ *                                                            draft head): not loaded, not run,
+ *                                                            n_layer = block_count - this
  *   ARCH.embedding_length                 required           n_embd
  *   ARCH.attention.head_count             required           n_head
  *   ARCH.attention.head_count_kv          n_head             n_head_kv (GQA)
@@ -422,10 +426,11 @@ static kp_status layer_kinds(kp_model *m, kp_error *err) {
         snprintf(key, sizeof key, "%s.attention.recurrent_layers", hp->arch_name);
         const kp_gguf_kv *kv = kp_gguf_find(g, key);
         if (kv) {
-            if (kv->value.type != KP_GGUF_TYPE_ARRAY || kv->value.v.arr.n != hp->n_layer ||
+            uint64_t n = kv->value.type == KP_GGUF_TYPE_ARRAY ? kv->value.v.arr.n : 0;
+            if (kv->value.type != KP_GGUF_TYPE_ARRAY || (n != hp->n_layer && n != hp->n_layer + hp->n_layer_nextn) ||
                 kv->value.v.arr.elem_type == KP_GGUF_TYPE_STRING || kv->value.v.arr.elem_type == KP_GGUF_TYPE_ARRAY)
                 return kp_fail(err, KP_EFORMAT, "%s: %s must be an array of %u bools", kp_gguf_path(g), key,
-                               hp->n_layer);
+                               hp->n_layer + hp->n_layer_nextn);
             for (uint32_t l = 0; l < hp->n_layer; l++)
                 if (kp_gguf_arr_i64(&kv->value, l)) m->layers[l].kind = KP_LAYER_RECURRENT;
         } else {
@@ -492,6 +497,13 @@ static kp_status read_hparams(kp_model *m, kp_error *err) {
             return kp_fail(err, KP_EFORMAT, "%s: missing or zero %s", kp_gguf_path(g), key); \
     } while (0)
     REQ_U32("block_count", n_layer);
+    /* llama.cpp's n_layer(): the trailing multi-token-prediction blocks (Qwen3.5's converter writes
+     * them by default) are loaded only for drafting, never run by the main graph; kvpin skips them */
+    if ((st = kp_gguf_get_u32(g, KEY("nextn_predict_layers"), 0, &hp->n_layer_nextn, err)) != KP_OK) return st;
+    if (hp->n_layer_nextn >= hp->n_layer)
+        return kp_fail(err, KP_EFORMAT, "%s: %s (%u) leaves no layer of the %u to run", kp_gguf_path(g), key,
+                       hp->n_layer_nextn, hp->n_layer);
+    hp->n_layer -= hp->n_layer_nextn;
     REQ_U32("embedding_length", n_embd);
     REQ_U32("attention.head_count", n_head);
     const bool moe = hp->arch == KP_ARCH_QWEN3MOE || hp->arch == KP_ARCH_GPTOSS || hp->arch == KP_ARCH_QWEN35MOE;

@@ -148,6 +148,7 @@ typedef struct {
     kp_arch arch;
     const char *arch_name;
     uint32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
+    uint32_t n_layer_nextn;  /* blocks past n_layer in the file: multi-token-prediction layers, not run */
     uint32_t n_rot;          /* rotated dims per head (rope.dimension_count) */
     float rms_eps;
     float rope_base;

@@ -732,6 +732,12 @@ static void test_qwen35_hparams(void) {
 static kp_status add_q35moe_shexp_64(kp_gguf_w *w, kp_error *err) {
     return kp_gguf_w_add_u32(w, "qwen35moe.expert_shared_feed_forward_length", 64, err);
 }
+static kp_status add_q35moe_nextn_1(kp_gguf_w *w, kp_error *err) {
+    return kp_gguf_w_add_u32(w, "qwen35moe.nextn_predict_layers", 1, err);
+}
+static kp_status add_q35moe_nextn_8(kp_gguf_w *w, kp_error *err) {
+    return kp_gguf_w_add_u32(w, "qwen35moe.nextn_predict_layers", 8, err);
+}
 
 /* qwen35moe's hyperparameters and tensors as llama.cpp's
  * llama_model_qwen35moe reads them (model.c's table): qwen35's layers,
@@ -768,6 +774,20 @@ static void test_qwen35moe_hparams(void) {
     edit_case(QWEN35MOE_F32, "qwen35moe.expert_shared_feed_forward_length", NULL, KP_OK, NULL, NULL);
     edit_case(QWEN35MOE_F32, "qwen35moe.expert_shared_feed_forward_length", add_q35moe_shexp_64, KP_EFORMAT, NULL,
               "blk.0.ffn_gate_shexp.weight");
+    /* the last nextn_predict_layers blocks are multi-token-prediction layers, as Qwen3.5's converter writes
+     * them: llama.cpp's main graph never runs them, nor does kvpin (here blk.7 stands for one) */
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/kvpin-test-edit-%d.gguf", (int)getpid());
+    if (gguf_copy_edit(harness_path(QWEN35MOE_F32), path, NULL, add_q35moe_nextn_1)) {
+        CHECK_MSG(kp_model_load(&m, path, &err) == KP_OK, "%s", err.msg);
+        if (m) {
+            CHECK(m->hp.n_layer == 7 && m->hp.n_layer_nextn == 1 && m->hp.n_kv_layer == 1);
+            CHECK_EQ_STR(rec_kinds_of(m, kinds), "rrrfrrr");
+        }
+        kp_model_free(m);
+        unlink(path);
+    }
+    edit_case(QWEN35MOE_F32, NULL, add_q35moe_nextn_8, KP_EFORMAT, NULL, "nextn_predict_layers");
 }
 
 /* A recurrent state cannot be cut back: a batch that would rewind or skip
