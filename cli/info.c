@@ -129,6 +129,9 @@ static void print_compute(const kp_model *m) {
            " n_ff %u, vocab %u\n",
            hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_head / hp->n_head_kv,
            hp->head_dim, hp->n_ff, hp->n_vocab);
+    if (hp->n_layer_nextn)
+        printf("               and %u multi-token-prediction layer%s after them (a draft head), not run\n",
+               hp->n_layer_nextn, hp->n_layer_nextn == 1 ? "" : "s");
     printf("context:       %u tokens (training)\n", hp->n_ctx_train);
     printf("rope:          %s, base %g, %u rotated dims, freq scale %g%s\n",
            hp->rope_type == KP_ROPE_NORM ? "NORM (adjacent pairs)" : "NEOX (halves)",
@@ -158,6 +161,9 @@ static void print_compute(const kp_model *m) {
                                                 : "softmax, top k, weights normalized",
                cli_bytes(all / hp->n_expert * hp->n_expert_used, b1, sizeof b1), cli_bytes(all, b2, sizeof b2),
                hp->swiglu_limit > 0 ? "; SwiGLU clamped" : "");
+        if (hp->n_ff_shexp)
+            printf("               and a shared expert of width %u that every token goes through, gated per token\n",
+                   hp->n_ff_shexp);
     }
     printf("norm:          RMSNorm eps %g%s; output %s\n", (double)hp->rms_eps,
            hp->post_norms ? ", post-attention and post-FFN norms" : "",

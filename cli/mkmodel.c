@@ -11,21 +11,22 @@
 enum {
     O_OUTPUT = CLI_OWN, O_PRESET, O_TOKENIZER, O_TYPE, O_ARCH, O_LAYERS, O_EMBD, O_HEADS, O_KV_HEADS, O_HEAD_DIM,
     O_FF, O_CTX_TRAIN, O_ROPE_BASE, O_EPS, O_TIED, O_UNTIED, O_NAME, O_SLIDING_WINDOW, O_SWA_PATTERN,
-    O_EXPERTS, O_EXPERTS_USED, O_EXPERT_FF, O_ROPE_DIMS, O_ROPE_SCALING, O_ROPE_FREQS
+    O_EXPERTS, O_EXPERTS_USED, O_EXPERT_FF, O_SHARED_FF, O_ROPE_DIMS, O_ROPE_SCALING, O_ROPE_FREQS
 };
 
 static const cli_opt mk_tab[] = {
     {"output", "o", NULL, "FILE", "write the model to FILE", O_OUTPUT},
     {"preset", NULL, NULL, "NAME",
      "the shape to start from: smollm2-135m, tiny, qwen2-tiny, qwen3-tiny, gemma3-1b, gemma3-tiny, "
-     "qwen3moe-30b-a3b, qwen3moe-tiny, gpt-oss-20b, gpt-oss-tiny, qwen35-0.8b, qwen35-tiny", O_PRESET},
+     "qwen3moe-30b-a3b, qwen3moe-tiny, gpt-oss-20b, gpt-oss-tiny, qwen35-0.8b, qwen35-tiny, qwen35moe-35b-a3b, "
+     "qwen35moe-tiny", O_PRESET},
     {"tokenizer", NULL, NULL, "FILE", "copy every tokenizer.* key from this GGUF file", O_TOKENIZER},
     {"type", NULL, NULL, "T",
      "weight type: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K, or MXFP4 (experts MXFP4, other "
      "matrices Q8_0, as llama-quantize MXFP4_MOE)", O_TYPE},
     {"arch", NULL, NULL, "ARCH",
-     "llama, qwen2, qwen3, gemma3, qwen3moe, gpt-oss or qwen35 (gemma3, qwen3moe, gpt-oss and qwen35 alone "
-     "start from their -tiny preset)", O_ARCH},
+     "llama, qwen2, qwen3, gemma3, qwen3moe, gpt-oss, qwen35 or qwen35moe (all but llama, qwen2 and qwen3 "
+     "alone start from their -tiny preset)", O_ARCH},
     {"layers", NULL, NULL, "N", "layers", O_LAYERS},
     {"embd", NULL, NULL, "N", "embedding width", O_EMBD},
     {"heads", NULL, NULL, "N", "query heads", O_HEADS},
@@ -47,9 +48,11 @@ static const cli_opt mk_tab[] = {
     {"swa-pattern", NULL, NULL, "N",
      "gemma3, gpt-oss: every N-th layer attends to everything (0: llama.cpp's 6, resp. 2)",
      O_SWA_PATTERN},
-    {"experts", NULL, NULL, "N", "qwen3moe, gpt-oss: experts per layer", O_EXPERTS},
-    {"experts-used", NULL, NULL, "K", "qwen3moe, gpt-oss: experts each token is routed to", O_EXPERTS_USED},
-    {"expert-ff", NULL, NULL, "N", "qwen3moe, gpt-oss: an expert's feed-forward width", O_EXPERT_FF},
+    {"experts", NULL, NULL, "N", "qwen3moe, gpt-oss, qwen35moe: experts per layer", O_EXPERTS},
+    {"experts-used", NULL, NULL, "K", "qwen3moe, gpt-oss, qwen35moe: experts each token is routed to",
+     O_EXPERTS_USED},
+    {"expert-ff", NULL, NULL, "N", "qwen3moe, gpt-oss, qwen35moe: an expert's feed-forward width", O_EXPERT_FF},
+    {"shared-ff", NULL, NULL, "N", "qwen35moe: the shared expert's feed-forward width (0: --ff)", O_SHARED_FF},
     {"tied", NULL, NULL, NULL, "the output matrix is the token embedding", O_TIED},
     {"untied", NULL, NULL, NULL, "a separate output matrix", O_UNTIED},
     CLI_USE(CLI_SEED),
@@ -67,8 +70,9 @@ static void mk_usage(FILE *out) {
             "tensors are listed on stderr; general.file_type stays the one of --type (Q4_K: Q4_K_M).\n");
     cli_print_options(out, mk_tab);
     fprintf(out, "Defaults: --preset tiny (gemma3-tiny with --arch gemma3, qwen3moe-tiny with --arch qwen3moe,\n"
-                 "gpt-oss-tiny with --arch gpt-oss, qwen35-tiny with --arch qwen35), --type F32, the preset's shape and seed, --tokenizer the\n"
-                 "bundled model. Options after the preset override it, in any order.\n");
+                 "gpt-oss-tiny with --arch gpt-oss, qwen35-tiny with --arch qwen35, qwen35moe-tiny with --arch\n"
+                 "qwen35moe), --type F32, the preset's shape and seed, --tokenizer the bundled model. Options\n"
+                 "after the preset override it, in any order.\n");
 }
 
 int cmd_mkmodel(int argc, char **argv) {
@@ -89,6 +93,7 @@ int cmd_mkmodel(int argc, char **argv) {
                  : !strcmp(arch, "qwen3moe") ? "qwen3moe-tiny"
                  : !strcmp(arch, "gpt-oss")  ? "gpt-oss-tiny"
                  : !strcmp(arch, "qwen35")   ? "qwen35-tiny"
+                 : !strcmp(arch, "qwen35moe") ? "qwen35moe-tiny"
                                              : "tiny";
     if (kp_mkmodel_spec_preset(preset, &spec, &err) != KP_OK) {
         fprintf(stderr, "kvpin mkmodel: %s\n", err.msg);
@@ -166,6 +171,7 @@ int cmd_mkmodel(int argc, char **argv) {
         case O_EXPERTS: field = &spec.n_expert; break;
         case O_EXPERTS_USED: field = &spec.n_expert_used; break;
         case O_EXPERT_FF: field = &spec.n_ff_exp; break;
+        case O_SHARED_FF: field = &spec.n_ff_shexp; break;
         }
         if (field) {
             if (!cli_parse_i64(opt, v, 0, 1 << 24, &n)) return 2;

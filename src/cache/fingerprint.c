@@ -144,14 +144,17 @@ static void extra_lines(const kp_model *m, char *buf, size_t cap) {
 
 /* The experts' lines, only for a model with experts (other models'
  * fingerprints are unchanged): how many, how many a token is routed to,
- * and their width; for gpt-oss's kind (not qwen3moe's, whose lines stay as
- * they were) also the gating and the SwiGLU's clamp. The routing decides
- * which weights a token's K/V of the next layers come from. */
+ * and their width; for qwen35moe the shared expert's width; for gpt-oss's
+ * kind (not qwen3moe's, whose lines stay as they were) also the gating and
+ * the SwiGLU's clamp. The routing decides which weights a token's K/V of
+ * the next layers come from. */
 static void expert_lines(const kp_hparams *hp, char *buf, size_t cap) {
     buf[0] = 0;
     if (!hp->n_expert) return;
     int n = snprintf(buf, cap, "n_expert %u\nn_expert_used %u\nn_ff_exp %u\n", hp->n_expert, hp->n_expert_used,
                      hp->n_ff_exp);
+    if (n > 0 && (size_t)n < cap && hp->n_ff_shexp)
+        n += snprintf(buf + n, cap - (size_t)n, "n_ff_shexp %u\n", hp->n_ff_shexp);
     if (n > 0 && (size_t)n < cap && (hp->gate != KP_GATE_SOFTMAX || hp->swiglu_limit > 0))
         snprintf(buf + n, cap - (size_t)n, "gate %s\nswiglu_limit %a\nswiglu_alpha %a\n",
                  hp->gate == KP_GATE_SOFTMAX_TOPK ? "softmax_topk" : "softmax", (double)hp->swiglu_limit,

@@ -23,6 +23,7 @@
  *                              the state's layout that snapshot records hold
  *                              (staterec.h): which layers, ssm sizes, float32
  *                              and its element count
+ *   n_ff_shexp                 only with a shared expert (qwen35moe): its width
  *   kv_type f16                element type of the K rows
  *   kv_type_v f16              ... of the V rows (may differ: --kv-type-v)
  *   block_size 16              positions per block

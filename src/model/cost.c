@@ -13,8 +13,11 @@ void kp_model_cost(const kp_model *m, kp_cost *out) {
         const kp_layer *L = &m->layers[l];
         /* an MoE layer's w_gate/w_up/w_down are empty (0 elements) and its router is set */
         /* a recurrent layer's attention weights are empty, its delta-net projections set */
-        const kp_weight *ws[] = {&L->wq,     &L->wk,    &L->wv,  &L->wo,     &L->w_gate,  &L->w_up,     &L->w_down,
-                                 &L->w_router, &L->w_qkv, &L->w_z, &L->w_beta, &L->w_alpha, &L->w_ssm_out};
+        /* a qwen35moe layer's shared expert is set too (every token goes through it) */
+        const kp_weight *ws[] = {&L->wq,         &L->wk,       &L->wv,         &L->wo,      &L->w_gate,
+                                 &L->w_up,       &L->w_down,   &L->w_router,   &L->w_qkv,   &L->w_z,
+                                 &L->w_beta,     &L->w_alpha,  &L->w_ssm_out,  &L->w_gate_shexp,
+                                 &L->w_up_shexp, &L->w_down_shexp};
         for (unsigned i = 0; i < sizeof ws / sizeof ws[0]; i++) {
             n += elems(ws[i]);
             b += bytes(ws[i]);

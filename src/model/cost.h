@@ -13,7 +13,8 @@
  *                      multiplied by: per layer wq, wk, wv, wo, w_gate,
  *                      w_up, w_down (with experts: the router and the
  *                      n_expert_used experts' gate, up and down matrices a
- *                      token is routed to); and the output projection. The
+ *                      token is routed to, and qwen35moe's shared expert's
+ *                      gate, up and down); and the output projection. The
  *                      token embedding is a row lookup, not a product.
  *   output_ops         the output projection's share of matmul_ops (a
  *                      prompt batch computes it for its last token only).

@@ -30,6 +30,8 @@
  *   logits   = softcap * tanh(logits / softcap)              (logit_softcap > 0)
  *   ffn      = the chosen experts' weighted sum                (n_expert > 0, qwen3moe:
  *                                                               the experts section)
+ *   ffn     += sigmoid(xn . gate_inp_shexp) x                  (n_ff_shexp > 0, qwen35moe:
+ *              (silu(xn @ w_gate_shexp) * (xn @ w_up_shexp)) @ w_down_shexp   the shared expert)
  *
  * and for gpt-oss (model.h: Experts, Sinks):
  *
@@ -102,6 +104,7 @@
 #include "kernels/attn.h"
 #include "model/deltanet.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,6 +144,7 @@ struct kp_forward {
     int32_t *moe_token;          /* [n x used] the token of each grouped row */
     int32_t *moe_first;          /* [n_expert + 1] each expert's first grouped row */
     void *moe_jobs;              /* [2 x n_expert] the products of one step */
+    float *sh_out;               /* [n][n_embd] the gated shared expert's output (hp.n_ff_shexp > 0) */
     float *qg;                   /* [n][n_head][query | gate] the gated q projection (attn_gated) */
     /* RECURRENT layers (deltanet.h): projections, output, and the sequences' states */
     float *r_qkv, *r_z, *r_beta, *r_alpha, *r_out; /* [n][C], [n][Dv], [n][H], [n][H], [n][Dv] */
@@ -228,6 +232,7 @@ void kp_forward_free(kp_forward *f) {
     free(f->gate); free(f->up); free(f->rope_cs); free(f->rope_cs_swa); free(f->gelu);
     free(f->router); free(f->moe_out); free(f->moe_w);
     free(f->moe_sel); free(f->moe_slot); free(f->moe_token); free(f->moe_first); free(f->moe_jobs);
+    free(f->sh_out);
     for (int i = 0; i < KP_DTYPE_COUNT_; i++) free(f->act[i]);
     free(f->att_ws);
     free(f->partials);
@@ -241,6 +246,7 @@ void kp_forward_free(kp_forward *f) {
 /* ---- repacked weights ------------------------------------------------------ */
 
 #define PACK_TASK_GROUPS 8 /* row groups per packing task */
+#define PACK_PER_LAYER 16  /* the 2-D weights of a layer pack_list visits */
 
 typedef struct {
     const kp_kernels *k;
@@ -275,8 +281,10 @@ static int pack_list(kp_forward *f, kp_weight **list) {
     int n = 0;
     for (uint32_t l = 0; l < f->m->hp.n_layer; l++) {
         kp_layer *L = &f->layers[l];
-        kp_weight *ws[] = {&L->wq,    &L->wk,     &L->wv,  &L->wo,      &L->w_gate, &L->w_up,     &L->w_down,
-                           &L->w_router, &L->w_qkv, &L->w_z, &L->w_beta, &L->w_alpha, &L->w_ssm_out};
+        kp_weight *ws[] = {&L->wq,        &L->wk,         &L->wv,          &L->wo,      &L->w_gate, &L->w_up,
+                           &L->w_down,    &L->w_router,   &L->w_qkv,       &L->w_z,     &L->w_beta, &L->w_alpha,
+                           &L->w_ssm_out, &L->w_gate_shexp, &L->w_up_shexp, &L->w_down_shexp};
+        assert(sizeof ws / sizeof ws[0] == PACK_PER_LAYER);
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) list[n++] = ws[i];
     }
     list[n++] = &f->output;
@@ -289,7 +297,7 @@ kp_status kp_forward_pack_weights(kp_forward *f, uint64_t *bytes_out, kp_error *
     const kp_model *m = f->m;
     const uint32_t nl = m->hp.n_layer;
     kp_layer *layers = malloc((size_t)nl * sizeof *layers);
-    kp_weight **list = malloc(((size_t)nl * 13 + 1) * sizeof *list);
+    kp_weight **list = malloc(((size_t)nl * PACK_PER_LAYER + 1) * sizeof *list);
     if (!layers || !list) {
         free(layers);
         free(list);
@@ -352,7 +360,7 @@ static kp_status ensure_scratch(kp_forward *f, int32_t n, kp_error *err) {
     size_t E = hp->n_embd, Q = (size_t)hp->n_head * hp->head_dim;
     size_t KV = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
     size_t K = hp->n_expert_used; /* 0 without experts */
-    if (hp->n_expert) F = K * hp->n_ff_exp;
+    if (hp->n_expert) F = K * hp->n_ff_exp > hp->n_ff_shexp ? K * hp->n_ff_exp : hp->n_ff_shexp;
     size_t C = 0, Dv = hp->ssm_d_inner, H = hp->ssm_n_v_head;
     if (hp->n_rec_layers) C = 2 * (size_t)hp->ssm_d_state * hp->ssm_n_k_head + Dv;
     void **bufs[] = {(void **)&f->x, (void **)&f->xn, (void **)&f->q, (void **)&f->kk, (void **)&f->vv,
@@ -360,10 +368,11 @@ static kp_status ensure_scratch(kp_forward *f, int32_t n, kp_error *err) {
                      (void **)&f->rope_cs_swa, (void **)&f->router, (void **)&f->moe_out, (void **)&f->moe_w,
                      (void **)&f->moe_sel, (void **)&f->moe_slot, (void **)&f->moe_token, (void **)&f->qg,
                      (void **)&f->r_qkv, (void **)&f->r_z, (void **)&f->r_beta, (void **)&f->r_alpha,
-                     (void **)&f->r_out};
+                     (void **)&f->r_out, (void **)&f->sh_out};
     /* per token, in 4-byte elements (floats or int32) */
     size_t sizes[] = {E, E, Q, KV, KV, Q, F, F, hp->n_rot, hp->n_rot, hp->n_expert, K * E, K, K, K, K,
-                      hp->attn_gated ? 2 * Q : 0, C, C ? Dv : 0, C ? H : 0, C ? H : 0, C ? Dv : 0};
+                      hp->attn_gated ? 2 * Q : 0, C, C ? Dv : 0, C ? H : 0, C ? H : 0, C ? Dv : 0,
+                      hp->n_ff_shexp ? E : 0};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         if (sizes[i] == 0) continue;
         void *nb = realloc(*bufs[i], (size_t)n * sizes[i] * sizeof(float));
@@ -1435,26 +1444,56 @@ static kp_status rec_states_begin(kp_forward *f, const kp_batch *b, kp_error *er
     return KP_OK;
 }
 
+/* out = (act(xn @ w_gate) * (xn @ w_up)) @ w_down for the n tokens of
+ * f->xn (act: the model's, SiLU or GELU-tanh), through f->gate and f->up;
+ * out may be f->xn. The dense FFN, and qwen35moe's shared expert. */
+static kp_status dense_ffn(kp_forward *f, int n, const kp_weight *w_gate, const kp_weight *w_up,
+                           const kp_weight *w_down, float *out, kp_error *err) {
+    size_t F = (size_t)w_gate->n_out;
+    kp_status st;
+    mm_job gu[2] = {{w_gate, f->gate}, {w_up, f->up}};
+    if ((st = matmul(f, f->xn, n, 2, gu, err)) != KP_OK) return st;
+    if (f->m->hp.ffn_act == KP_FFN_GELU_TANH) {
+        for (int t = 0; t < n; t++) geglu_row(f->gelu, f->gate + (size_t)t * F, f->up + (size_t)t * F, F);
+    } else {
+        swiglu_ctx sw = {f->gate, f->up, F, f->ak, 0, 0};
+        if (n >= 4) kp_threads_run(f->threads, swiglu_task, &sw, n);
+        else for (int t = 0; t < n; t++) swiglu_task(&sw, t, 0);
+    }
+    mm_job d = {w_down, out};
+    return matmul(f, f->gate, n, 1, &d, err);
+}
+
+/* qwen35moe's shared expert (model.h, Shared expert) on the n tokens of
+ * f->xn, into f->sh_out: its SwiGLU FFN times sigmoid(xn . gate_inp_shexp),
+ * the gate's product in F32 as ggml's for an F32 1-D weight. */
+static kp_status shared_expert(kp_forward *f, int n, const kp_layer *L, kp_error *err) {
+    size_t E = f->m->hp.n_embd;
+    kp_status st = dense_ffn(f, n, &L->w_gate_shexp, &L->w_up_shexp, &L->w_down_shexp, f->sh_out, err);
+    if (st != KP_OK) return st;
+    for (int t = 0; t < n; t++) {
+        float g = f->k->dot_f32((int64_t)E, f->xn + (size_t)t * E, L->gate_inp_shexp);
+        float s = 1.0f / (1.0f + expf(-g));
+        float *y = f->sh_out + (size_t)t * E;
+        for (size_t i = 0; i < E; i++) y[i] *= s;
+    }
+    return KP_OK;
+}
+
 /* The feed-forward half of a layer: x += [post-norm](ffn(x)). */
 static kp_status layer_ffn(kp_forward *f, int n, const kp_layer *L, kp_error *err) {
     const kp_hparams *hp = &f->m->hp;
-    size_t E = hp->n_embd, F = hp->n_ff;
+    size_t E = hp->n_embd;
     kp_status st;
     for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->x + t * E, L->ffn_norm, (int64_t)E, hp->rms_eps);
     if (hp->n_expert) {
+        /* the shared expert reads xn before the routed sum overwrites it */
+        if (hp->n_ff_shexp && (st = shared_expert(f, n, L, err)) != KP_OK) return st;
         if ((st = moe_ffn(f, n, L, err)) != KP_OK) return st;
-    } else {
-        mm_job gu[2] = {{&L->w_gate, f->gate}, {&L->w_up, f->up}};
-        if ((st = matmul(f, f->xn, n, 2, gu, err)) != KP_OK) return st;
-        if (hp->ffn_act == KP_FFN_GELU_TANH) {
-            for (int t = 0; t < n; t++) geglu_row(f->gelu, f->gate + (size_t)t * F, f->up + (size_t)t * F, F);
-        } else {
-            swiglu_ctx sw = {f->gate, f->up, F, f->ak, 0, 0};
-            if (n >= 4) kp_threads_run(f->threads, swiglu_task, &sw, n);
-            else for (int t = 0; t < n; t++) swiglu_task(&sw, t, 0);
-        }
-        mm_job d = {&L->w_down, f->xn};
-        if ((st = matmul(f, f->gate, n, 1, &d, err)) != KP_OK) return st;
+        if (hp->n_ff_shexp)
+            for (size_t i = 0; i < (size_t)n * E; i++) f->xn[i] += f->sh_out[i];
+    } else if ((st = dense_ffn(f, n, &L->w_gate, &L->w_up, &L->w_down, f->xn, err)) != KP_OK) {
+        return st;
     }
     if (L->ffn_post_norm)
         for (int t = 0; t < n; t++) rmsnorm(f->xn + t * E, f->xn + t * E, L->ffn_post_norm, (int64_t)E, hp->rms_eps);

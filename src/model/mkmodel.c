@@ -17,9 +17,10 @@
  *   {arch}.context_length                  u32   n_ctx
  *   {arch}.embedding_length                u32   n_embd
  *   {arch}.feed_forward_length             u32   n_ff
- *   {arch}.expert_feed_forward_length      u32   n_ff_exp        } qwen3moe
- *   {arch}.expert_count                    u32   n_expert        }
+ *   {arch}.expert_feed_forward_length      u32   n_ff_exp        } qwen3moe, gpt-oss,
+ *   {arch}.expert_count                    u32   n_expert        } qwen35moe
  *   {arch}.expert_used_count               u32   n_expert_used   }
+ *   {arch}.expert_shared_feed_forward_length u32 n_ff_shexp, or n_ff when 0 (qwen35moe)
  *   {arch}.attention.head_count            u32   n_head
  *   {arch}.attention.head_count_kv         u32   n_head_kv
  *   {arch}.attention.key_length            u32   head_dim  } when head_dim != n_embd/n_head,
@@ -27,6 +28,9 @@
  *   {arch}.attention.sliding_window        u32   n_swa, when not 0 (gemma3)
  *   {arch}.attention.sliding_window_pattern u32  swa_pattern, when not 0 (gemma3)
  *   {arch}.rope.dimension_count            u32   head_dim
+ *   qwen35, qwen35moe: {arch}.rope.dimension_sections i32[4], {arch}.ssm.conv_kernel,
+ *     .ssm.state_size, .ssm.group_count, .ssm.time_step_rank, .ssm.inner_size,
+ *     .full_attention_interval (u32)
  *   {arch}.vocab_size                      u32   n_vocab
  *   {arch}.rope.freq_base                  f32   rope_base
  *   {arch}.attention.layer_norm_rms_epsilon f32  rms_eps
@@ -58,6 +62,12 @@
  *     blk.N.ffn_gate_exps.weight   W    [n_embd, n_ff_exp, n_expert]  N(0, 1/n_embd)    } instead
  *     blk.N.ffn_up_exps.weight     W    [n_embd, n_ff_exp, n_expert]  N(0, 1/n_embd)    }
  *     blk.N.ffn_down_exps.weight   W    [n_ff_exp, n_embd, n_expert]  N(0, 1/n_ff_exp)  }
+ *     qwen35moe, after the experts (S = n_ff_shexp, or n_ff when 0):
+ *     blk.N.ffn_gate_inp_shexp.weight F32 [n_embd]          N(0, 1/n_embd)
+ *     blk.N.ffn_gate_shexp.weight  W    [n_embd, S]         N(0, 1/n_embd)
+ *     blk.N.ffn_up_shexp.weight    W    [n_embd, S]         N(0, 1/n_embd)
+ *     blk.N.ffn_down_shexp.weight  W    [S, n_embd]         N(0, 1/S)
+ *     (qwen35 and qwen35moe: the layers of plan_qwen35_layer, their FFN as above)
  *     blk.N.post_ffw_norm.weight   F32  [n_embd]            gemma3: 1 + 0.1 N(0,1)
  *   output_norm.weight             F32  [n_embd]            1 + 0.1 N(0,1)
  *   output.weight                  W    [n_embd, n_vocab]   N(0, 1/n_embd)   (untied only)
@@ -163,39 +173,45 @@ typedef struct {
 static const mk_preset presets[] = {
     {"smollm2-135m",
      {"llama", 30, 576, 9, 3, 0, 1536, 8192, 100000.0f, 1e-5f, true, KP_DTYPE_F32, 1,
-      "smollm2-135m", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      "smollm2-135m", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"tiny",
-     {"llama", 2, 256, 4, 2, 0, 512, 2048, 10000.0f, 1e-5f, false, KP_DTYPE_F32, 1, "tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+     {"llama", 2, 256, 4, 2, 0, 512, 2048, 10000.0f, 1e-5f, false, KP_DTYPE_F32, 1, "tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"qwen2-tiny",
      {"qwen2", 2, 256, 4, 2, 0, 768, 32768, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "qwen2-tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      "qwen2-tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"qwen3-tiny",
      {"qwen3", 2, 256, 4, 2, 128, 768, 32768, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "qwen3-tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      "qwen3-tiny", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"gemma3-1b",
      {"gemma3", 26, 1152, 4, 1, 256, 6912, 32768, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "gemma3-1b", 0, 512, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      "gemma3-1b", 0, 512, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"gemma3-tiny",
      {"gemma3", 6, 64, 2, 1, 32, 128, 2048, 1000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "gemma3-tiny", 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      "gemma3-tiny", 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"qwen3moe-30b-a3b",
      {"qwen3moe", 8, 2048, 32, 4, 128, 6144, 40960, 1000000.0f, 1e-6f, false, KP_DTYPE_F32, 1,
-      "qwen3moe-30b-a3b", 0, 0, 0, 128, 8, 768, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      "qwen3moe-30b-a3b", 0, 0, 0, 128, 8, 768, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"qwen3moe-tiny",
      {"qwen3moe", 2, 128, 4, 2, 32, 192, 32768, 1000000.0f, 1e-6f, false, KP_DTYPE_F32, 1,
-      "qwen3moe-tiny", 0, 0, 0, 8, 3, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      "qwen3moe-tiny", 0, 0, 0, 8, 3, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"gpt-oss-20b",
      {"gpt-oss", 8, 2880, 64, 8, 64, 2880, 131072, 150000.0f, 1e-5f, false, KP_DTYPE_F32, 1,
-      "gpt-oss-20b", 0, 128, 0, 32, 4, 2880, 32.0f, 4096, 0, 0, 0, 0, 0, 0, 0, 0}},
+      "gpt-oss-20b", 0, 128, 0, 32, 4, 2880, 32.0f, 4096, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"gpt-oss-tiny",
      {"gpt-oss", 4, 64, 4, 2, 64, 64, 131072, 150000.0f, 1e-5f, false, KP_DTYPE_F32, 1,
-      "gpt-oss-tiny", 0, 16, 0, 8, 4, 64, 32.0f, 4096, 0, 0, 0, 0, 0, 0, 0, 0}},
+      "gpt-oss-tiny", 0, 16, 0, 8, 4, 64, 32.0f, 4096, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
     {"qwen35-0.8b",
      {"qwen35", 8, 1024, 8, 2, 256, 3584, 262144, 10000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "qwen35-0.8b", 0, 0, 0, 0, 0, 0, 0, 0, 64, 0, 0, 4, 128, 16, 16, 4}},
+      "qwen35-0.8b", 0, 0, 0, 0, 0, 0, 0, 0, 64, 0, 0, 4, 128, 16, 16, 4, 0}},
     {"qwen35-tiny",
      {"qwen35", 8, 64, 4, 2, 32, 128, 32768, 10000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
-      "qwen35-tiny", 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 4, 16, 2, 4, 4}},
+      "qwen35-tiny", 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 4, 16, 2, 4, 4, 0}},
+    {"qwen35moe-35b-a3b",
+     {"qwen35moe", 8, 2048, 16, 2, 256, 512, 262144, 10000000.0f, 1e-6f, false, KP_DTYPE_F32, 1,
+      "qwen35moe-35b-a3b", 0, 0, 0, 256, 8, 512, 0, 0, 64, 0, 0, 4, 128, 16, 32, 4, 512}},
+    {"qwen35moe-tiny",
+     {"qwen35moe", 8, 64, 4, 2, 32, 32, 32768, 10000000.0f, 1e-6f, false, KP_DTYPE_F32, 1,
+      "qwen35moe-tiny", 0, 0, 0, 8, 3, 32, 0, 0, 8, 0, 0, 4, 16, 2, 4, 4, 32}},
 };
 
 kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_error *err) {
@@ -207,12 +223,14 @@ kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_erro
     }
     return kp_fail(err, KP_ENOTFOUND,
                    "mkmodel: unknown preset '%s' (smollm2-135m, tiny, qwen2-tiny, qwen3-tiny, gemma3-1b, "
-                   "gemma3-tiny, qwen3moe-30b-a3b, qwen3moe-tiny, gpt-oss-20b, gpt-oss-tiny, qwen35-0.8b, qwen35-tiny)",
+                   "gemma3-tiny, qwen3moe-30b-a3b, qwen3moe-tiny, gpt-oss-20b, gpt-oss-tiny, qwen35-0.8b, qwen35-tiny, "
+                   "qwen35moe-35b-a3b, qwen35moe-tiny)",
                    name);
 }
 
 typedef enum {
-    ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_GEMMA3, ARCH_QWEN3MOE, ARCH_GPTOSS, ARCH_QWEN35, ARCH_UNKNOWN
+    ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3, ARCH_GEMMA3, ARCH_QWEN3MOE, ARCH_GPTOSS, ARCH_QWEN35, ARCH_QWEN35MOE,
+    ARCH_UNKNOWN
 } mk_arch;
 
 static mk_arch arch_of(const char *arch) {
@@ -224,6 +242,7 @@ static mk_arch arch_of(const char *arch) {
     if (strcmp(arch, "qwen3moe") == 0) return ARCH_QWEN3MOE;
     if (strcmp(arch, "gpt-oss") == 0) return ARCH_GPTOSS;
     if (strcmp(arch, "qwen35") == 0) return ARCH_QWEN35;
+    if (strcmp(arch, "qwen35moe") == 0) return ARCH_QWEN35MOE;
     return ARCH_UNKNOWN;
 }
 
@@ -279,7 +298,7 @@ kp_status kp_mkmodel_validate(const kp_mkmodel_spec *s, uint64_t n_vocab, kp_err
     if (arch_of(s->arch) == ARCH_UNKNOWN)
         return kp_fail(err, KP_EUNSUPPORTED,
                        "mkmodel: architecture '%s' (mkmodel writes llama, qwen2, qwen3, gemma3, qwen3moe, "
-                       "gpt-oss, qwen35)",
+                       "gpt-oss, qwen35, qwen35moe)",
                        s->arch ? s->arch : "(null)");
     if (kp_mkmodel_file_type(s->wtype) < 0)
         return kp_fail(err, KP_EUNSUPPORTED,
@@ -324,7 +343,8 @@ kp_status kp_mkmodel_validate(const kp_mkmodel_spec *s, uint64_t n_vocab, kp_err
                        s->n_swa, s->swa_pattern);
     if (arch == ARCH_GPTOSS && s->n_swa == 0)
         return kp_fail(err, KP_EINVAL, "mkmodel: gpt-oss needs a sliding window (n_swa >= 1)");
-    if (arch == ARCH_QWEN3MOE || arch == ARCH_GPTOSS) {
+    const bool hybrid = arch == ARCH_QWEN35 || arch == ARCH_QWEN35MOE;
+    if (arch == ARCH_QWEN3MOE || arch == ARCH_GPTOSS || arch == ARCH_QWEN35MOE) {
         if (s->n_expert == 0 || s->n_expert > 1024 || s->n_expert_used == 0 || s->n_expert_used > s->n_expert ||
             s->n_ff_exp == 0)
             return kp_fail(err, KP_EINVAL,
@@ -332,11 +352,14 @@ kp_status kp_mkmodel_validate(const kp_mkmodel_spec *s, uint64_t n_vocab, kp_err
                            "expert FFN width >= 1 (%u)",
                            s->arch, s->n_expert_used, s->n_expert, s->n_ff_exp);
     } else if (s->n_expert || s->n_expert_used || s->n_ff_exp) {
-        return kp_fail(err, KP_EINVAL, "mkmodel: experts (%u, %u used, width %u) need arch qwen3moe or gpt-oss",
+        return kp_fail(err, KP_EINVAL,
+                       "mkmodel: experts (%u, %u used, width %u) need arch qwen3moe, gpt-oss or qwen35moe",
                        s->n_expert, s->n_expert_used, s->n_ff_exp);
     } else if (s->wtype == KP_DTYPE_MXFP4) {
-        return kp_fail(err, KP_EINVAL, "mkmodel: MXFP4 is for experts (arch qwen3moe or gpt-oss)");
+        return kp_fail(err, KP_EINVAL, "mkmodel: MXFP4 is for experts (arch qwen3moe, gpt-oss or qwen35moe)");
     }
+    if (s->n_ff_shexp && arch != ARCH_QWEN35MOE)
+        return kp_fail(err, KP_EINVAL, "mkmodel: a shared expert (width %u) needs arch qwen35moe", s->n_ff_shexp);
     if ((s->yarn_factor != 0 || s->yarn_orig_ctx != 0) &&
         (!(s->yarn_factor >= 1.0f) || !isfinite(s->yarn_factor) || s->yarn_orig_ctx == 0))
         return kp_fail(err, KP_EINVAL,
@@ -345,18 +368,18 @@ kp_status kp_mkmodel_validate(const kp_mkmodel_spec *s, uint64_t n_vocab, kp_err
     if (s->yarn_factor != 0 && s->rope_scale_linear != 0)
         return kp_fail(err, KP_EINVAL, "mkmodel: one rope scaling, linear or YaRN, not both");
     bool ssm = s->ssm_d_conv || s->ssm_d_state || s->ssm_n_group || s->ssm_dt_rank || s->full_attn_interval;
-    if (arch == ARCH_QWEN35) {
+    if (hybrid) {
         if (!s->ssm_d_conv || s->ssm_d_conv > 64 || !s->ssm_d_state || !s->ssm_n_group || !s->ssm_dt_rank ||
             s->ssm_dt_rank % s->ssm_n_group || !s->full_attn_interval || s->full_attn_interval > s->n_layer)
             return kp_fail(err, KP_EINVAL,
-                           "mkmodel: qwen35 needs a conv kernel of 1 to 64 (%u), a state size (%u), q/k heads (%u) "
+                           "mkmodel: %s needs a conv kernel of 1 to 64 (%u), a state size (%u), q/k heads (%u) "
                            "dividing value heads (%u), and a full-attention interval (%u) of at most the %u layers",
-                           s->ssm_d_conv, s->ssm_d_state, s->ssm_n_group, s->ssm_dt_rank, s->full_attn_interval,
+                           s->arch, s->ssm_d_conv, s->ssm_d_state, s->ssm_n_group, s->ssm_dt_rank, s->full_attn_interval,
                            s->n_layer);
         if ((s->n_rot ? s->n_rot : hd) < 2)
-            return kp_fail(err, KP_EINVAL, "mkmodel: qwen35 needs at least one rotated pair");
+            return kp_fail(err, KP_EINVAL, "mkmodel: %s needs at least one rotated pair", s->arch);
     } else if (ssm) {
-        return kp_fail(err, KP_EINVAL, "mkmodel: delta-net sizes need arch qwen35");
+        return kp_fail(err, KP_EINVAL, "mkmodel: delta-net sizes need arch qwen35 or qwen35moe");
     }
     if (n_vocab == 0 || n_vocab > INT32_MAX)
         return kp_fail(err, KP_EINVAL, "mkmodel: vocabulary of %llu tokens",
@@ -422,12 +445,54 @@ static void plan_fix_type(mk_plan *p, bool fixed) {
     if (p->n && fixed) p->t[p->n - 1].fixed_type = true;
 }
 
-/* One qwen35 layer (mkmodel.h's table): a RECURRENT gated delta-net layer, or
- * every full_attn_interval-th a gated attention layer (q projection twice
- * as wide: a query and a gate per head), then the dense FFN. */
-static void plan_qwen35_layer(mk_plan *p, const kp_mkmodel_spec *s, uint32_t l, kp_dtype W) {
+/* Layer l's FFN, after its norm: the dense FFN, or the router (F32, as
+ * llama-quantize leaves ffn_gate_inp) and the experts, with gpt-oss's
+ * biases or qwen35moe's shared expert. W: the other matrices' type (Q8_0
+ * under MXFP4, then kept as such: mxfp4). */
+static void plan_ffn(mk_plan *p, const kp_mkmodel_spec *s, uint32_t l, kp_dtype W, bool mxfp4) {
     char nm[KP_GGUF_W_MAX_TENSOR_NAME];
-    int64_t E = s->n_embd, F = s->n_ff, hd = head_dim_of(s);
+    const bool gptoss = arch_of(s->arch) == ARCH_GPTOSS;
+    int64_t E = s->n_embd, F = s->n_ff, X = s->n_ff_exp, N = s->n_expert;
+#define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%u." suffix, l), nm)
+    if (!s->n_expert) {
+        plan_add(p, BLK("ffn_gate.weight"), E, F, W, INIT_GAUSS, inv_sqrt(E));
+        plan_add(p, BLK("ffn_up.weight"), E, F, W, INIT_GAUSS, inv_sqrt(E));
+        plan_add(p, BLK("ffn_down.weight"), F, E, W, INIT_GAUSS, inv_sqrt(F));
+        return;
+    }
+    double gu = gptoss ? 3.0 : 1.0; /* gpt-oss: reach the SwiGLU's clamp now and then */
+    plan_add(p, BLK("ffn_gate_inp.weight"), E, N, KP_DTYPE_F32, INIT_GAUSS, inv_sqrt(E));
+    p->t[p->n - 1].fixed_type = true;
+    if (gptoss) plan_add_bias(p, BLK("ffn_gate_inp.bias"), N, 0, 0.5);
+    plan_add_experts(p, BLK("ffn_gate_exps.weight"), E, X, s->n_expert, s->wtype);
+    p->t[p->n - 1].scale *= gu;
+    if (gptoss) plan_add_bias(p, BLK("ffn_gate_exps.bias"), X, N, 0.1);
+    plan_add_experts(p, BLK("ffn_up_exps.weight"), E, X, s->n_expert, s->wtype);
+    p->t[p->n - 1].scale *= gu;
+    if (gptoss) plan_add_bias(p, BLK("ffn_up_exps.bias"), X, N, 0.1);
+    plan_add_experts(p, BLK("ffn_down_exps.weight"), X, E, s->n_expert, s->wtype);
+    p->t[p->n - 1].scale /= gu * gu; /* and back to outputs of the residual's size */
+    if (gptoss) plan_add_bias(p, BLK("ffn_down_exps.bias"), E, N, 0.1);
+    if (arch_of(s->arch) == ARCH_QWEN35MOE) { /* the shared expert: its 1-D gate F32, as llama-quantize leaves it */
+        int64_t S = s->n_ff_shexp ? s->n_ff_shexp : F;
+        plan_add_bias(p, BLK("ffn_gate_inp_shexp.weight"), E, 0, inv_sqrt(E));
+        plan_add(p, BLK("ffn_gate_shexp.weight"), E, S, W, INIT_GAUSS, inv_sqrt(E));
+        plan_fix_type(p, mxfp4);
+        plan_add(p, BLK("ffn_up_shexp.weight"), E, S, W, INIT_GAUSS, inv_sqrt(E));
+        plan_fix_type(p, mxfp4);
+        plan_add(p, BLK("ffn_down_shexp.weight"), S, E, W, INIT_GAUSS, inv_sqrt(S));
+        plan_fix_type(p, mxfp4);
+    }
+#undef BLK
+}
+
+/* One qwen35 or qwen35moe layer (mkmodel.h's table): a RECURRENT gated
+ * delta-net layer, or every full_attn_interval-th a gated attention layer
+ * (q projection twice as wide: a query and a gate per head), then the FFN
+ * (plan_ffn). */
+static void plan_qwen35_layer(mk_plan *p, const kp_mkmodel_spec *s, uint32_t l, kp_dtype W, bool mxfp4) {
+    char nm[KP_GGUF_W_MAX_TENSOR_NAME];
+    int64_t E = s->n_embd, hd = head_dim_of(s);
     int64_t nq = (int64_t)s->n_head * hd, nkv = (int64_t)s->n_head_kv * hd;
     int64_t H = s->ssm_dt_rank, Dv = (int64_t)s->ssm_d_state * H;
     int64_t C = 2 * (int64_t)s->ssm_d_state * s->ssm_n_group + Dv;
@@ -435,47 +500,57 @@ static void plan_qwen35_layer(mk_plan *p, const kp_mkmodel_spec *s, uint32_t l, 
     plan_add(p, BLK("attn_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
     if ((l + 1) % s->full_attn_interval != 0) {
         plan_add(p, BLK("attn_qkv.weight"), E, C, W, INIT_GAUSS, inv_sqrt(E));
+        plan_fix_type(p, mxfp4);
         plan_add(p, BLK("attn_gate.weight"), E, Dv, W, INIT_GAUSS, inv_sqrt(E));
+        plan_fix_type(p, mxfp4);
         plan_add(p, BLK("ssm_conv1d.weight"), s->ssm_d_conv, C, KP_DTYPE_F32, INIT_GAUSS, inv_sqrt(s->ssm_d_conv));
         plan_fix_type(p, true);
         plan_add_bias(p, BLK("ssm_dt.bias"), H, 0, 0.5);
         plan_add(p, BLK("ssm_a"), H, 0, KP_DTYPE_F32, INIT_SSM_A, 0);
         plan_add(p, BLK("ssm_beta.weight"), E, H, W, INIT_GAUSS, inv_sqrt(E));
+        plan_fix_type(p, mxfp4);
         plan_add(p, BLK("ssm_alpha.weight"), E, H, W, INIT_GAUSS, inv_sqrt(E));
+        plan_fix_type(p, mxfp4);
         plan_add(p, BLK("ssm_norm.weight"), s->ssm_d_state, 0, KP_DTYPE_F32, INIT_NORM, 0);
         plan_add(p, BLK("ssm_out.weight"), Dv, E, W, INIT_GAUSS, inv_sqrt(Dv));
+        plan_fix_type(p, mxfp4);
     } else {
         plan_add(p, BLK("attn_q.weight"), E, 2 * nq, W, INIT_GAUSS, inv_sqrt(E));
+        plan_fix_type(p, mxfp4);
         plan_add(p, BLK("attn_k.weight"), E, nkv, W, INIT_GAUSS, inv_sqrt(E));
+        plan_fix_type(p, mxfp4);
         plan_add(p, BLK("attn_v.weight"), E, nkv, W, INIT_GAUSS, inv_sqrt(E));
+        plan_fix_type(p, mxfp4);
         plan_add(p, BLK("attn_q_norm.weight"), hd, 0, KP_DTYPE_F32, INIT_NORM, 0);
         plan_add(p, BLK("attn_k_norm.weight"), hd, 0, KP_DTYPE_F32, INIT_NORM, 0);
         plan_add(p, BLK("attn_output.weight"), nq, E, W, INIT_GAUSS, inv_sqrt(nq));
+        plan_fix_type(p, mxfp4);
     }
     plan_add(p, BLK("post_attention_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
-    plan_add(p, BLK("ffn_gate.weight"), E, F, W, INIT_GAUSS, inv_sqrt(E));
-    plan_add(p, BLK("ffn_up.weight"), E, F, W, INIT_GAUSS, inv_sqrt(E));
-    plan_add(p, BLK("ffn_down.weight"), F, E, W, INIT_GAUSS, inv_sqrt(F));
 #undef BLK
+    plan_ffn(p, s, l, W, mxfp4);
 }
 
 static kp_status plan_build(const kp_mkmodel_spec *s, uint64_t n_vocab, mk_plan *p, kp_error *err) {
     mk_arch arch = arch_of(s->arch);
     int64_t hd = head_dim_of(s);
     int64_t nq = (int64_t)s->n_head * hd, nkv = (int64_t)s->n_head_kv * hd;
-    int64_t E = s->n_embd, F = s->n_ff, V = (int64_t)n_vocab;
+    int64_t E = s->n_embd, V = (int64_t)n_vocab;
     /* MXFP4 as llama-quantize's MXFP4_MOE: the experts MXFP4, every other matrix Q8_0 */
     const bool mxfp4 = s->wtype == KP_DTYPE_MXFP4;
-    kp_dtype W = mxfp4 ? KP_DTYPE_Q8_0 : s->wtype, WX = s->wtype;
+    kp_dtype W = mxfp4 ? KP_DTYPE_Q8_0 : s->wtype;
     const bool gptoss = arch == ARCH_GPTOSS;
     bool qk_norm = arch == ARCH_QWEN3 || arch == ARCH_GEMMA3 || arch == ARCH_QWEN3MOE;
     bool post_norms = arch == ARCH_GEMMA3, experts = arch == ARCH_QWEN3MOE || gptoss;
     size_t per_layer = 9 + (arch == ARCH_QWEN2 || gptoss ? 3 : 0) + (qk_norm ? 2 : 0) + (post_norms ? 2 : 0) +
                        (experts ? 1 : 0) + (gptoss ? 6 : 0);
     p->cap = 2 + (s->tied ? 0 : 1) + (s->rope_freqs_llama3 > 0 ? 1 : 0) + per_layer * s->n_layer;
-    if (arch == ARCH_QWEN35) { /* recurrent layers: 14 tensors, attention layers 11 */
+    if (arch == ARCH_QWEN35 || arch == ARCH_QWEN35MOE) {
+        /* recurrent layers: 11 tensors, attention layers 8, then the FFN: 3 dense, or 8 (the router, the
+         * experts, the shared expert and its gate) */
         uint32_t n_full = s->n_layer / s->full_attn_interval;
-        p->cap = 2 + (s->tied ? 0 : 1) + 14 * (size_t)(s->n_layer - n_full) + 11 * (size_t)n_full;
+        size_t ffn = arch == ARCH_QWEN35MOE ? 8 : 3;
+        p->cap = 2 + (s->tied ? 0 : 1) + (11 + ffn) * (size_t)(s->n_layer - n_full) + (8 + ffn) * (size_t)n_full;
     }
     p->n = 0;
     p->t = calloc(p->cap, sizeof *p->t);
@@ -485,8 +560,8 @@ static kp_status plan_build(const kp_mkmodel_spec *s, uint64_t n_vocab, mk_plan 
     for (uint32_t l = 0; l < s->n_layer; l++) {
         char nm[KP_GGUF_W_MAX_TENSOR_NAME];
 #define BLK(suffix) (snprintf(nm, sizeof nm, "blk.%u." suffix, l), nm)
-        if (arch == ARCH_QWEN35) {
-            plan_qwen35_layer(p, s, l, W);
+        if (arch == ARCH_QWEN35 || arch == ARCH_QWEN35MOE) {
+            plan_qwen35_layer(p, s, l, W, mxfp4);
             continue;
         }
         plan_add(p, BLK("attn_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
@@ -514,26 +589,7 @@ static kp_status plan_build(const kp_mkmodel_spec *s, uint64_t n_vocab, mk_plan 
         /* gpt-oss's FFN norm is its post_attention_norm */
         if (post_norms || gptoss) plan_add(p, BLK("post_attention_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
         if (!gptoss) plan_add(p, BLK("ffn_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
-        if (experts) { /* the router stays F32, as llama-quantize leaves ffn_gate_inp */
-            int64_t X = s->n_ff_exp, N = s->n_expert;
-            double gu = gptoss ? 3.0 : 1.0; /* gpt-oss: reach the SwiGLU's clamp now and then */
-            plan_add(p, BLK("ffn_gate_inp.weight"), E, N, KP_DTYPE_F32, INIT_GAUSS, inv_sqrt(E));
-            p->t[p->n - 1].fixed_type = true;
-            if (gptoss) plan_add_bias(p, BLK("ffn_gate_inp.bias"), N, 0, 0.5);
-            plan_add_experts(p, BLK("ffn_gate_exps.weight"), E, X, s->n_expert, WX);
-            p->t[p->n - 1].scale *= gu;
-            if (gptoss) plan_add_bias(p, BLK("ffn_gate_exps.bias"), X, N, 0.1);
-            plan_add_experts(p, BLK("ffn_up_exps.weight"), E, X, s->n_expert, WX);
-            p->t[p->n - 1].scale *= gu;
-            if (gptoss) plan_add_bias(p, BLK("ffn_up_exps.bias"), X, N, 0.1);
-            plan_add_experts(p, BLK("ffn_down_exps.weight"), X, E, s->n_expert, WX);
-            p->t[p->n - 1].scale /= gu * gu; /* and back to outputs of the residual's size */
-            if (gptoss) plan_add_bias(p, BLK("ffn_down_exps.bias"), E, N, 0.1);
-        } else {
-            plan_add(p, BLK("ffn_gate.weight"), E, F, W, INIT_GAUSS, inv_sqrt(E));
-            plan_add(p, BLK("ffn_up.weight"), E, F, W, INIT_GAUSS, inv_sqrt(E));
-            plan_add(p, BLK("ffn_down.weight"), F, E, W, INIT_GAUSS, inv_sqrt(F));
-        }
+        plan_ffn(p, s, l, W, mxfp4);
         if (post_norms) plan_add(p, BLK("post_ffw_norm.weight"), E, 0, KP_DTYPE_F32, INIT_NORM, 0);
 #undef BLK
     }
@@ -570,22 +626,25 @@ static kp_status add_metadata(kp_gguf_w *w, const kp_mkmodel_spec *s, uint64_t n
     TRY(kp_gguf_w_add_u32(w, KEY("context_length"), s->n_ctx, err));
     TRY(kp_gguf_w_add_u32(w, KEY("embedding_length"), s->n_embd, err));
     TRY(kp_gguf_w_add_u32(w, KEY("feed_forward_length"), s->n_ff, err));
-    if (arch == ARCH_QWEN3MOE || arch == ARCH_GPTOSS) {
+    if (s->n_expert) {
         TRY(kp_gguf_w_add_u32(w, KEY("expert_feed_forward_length"), s->n_ff_exp, err));
         TRY(kp_gguf_w_add_u32(w, KEY("expert_count"), s->n_expert, err));
         TRY(kp_gguf_w_add_u32(w, KEY("expert_used_count"), s->n_expert_used, err));
     }
+    if (arch == ARCH_QWEN35MOE)
+        TRY(kp_gguf_w_add_u32(w, KEY("expert_shared_feed_forward_length"), s->n_ff_shexp ? s->n_ff_shexp : s->n_ff,
+                              err));
     TRY(kp_gguf_w_add_u32(w, KEY("attention.head_count"), s->n_head, err));
     TRY(kp_gguf_w_add_u32(w, KEY("attention.head_count_kv"), s->n_head_kv, err));
     if ((uint64_t)hd * s->n_head != s->n_embd || arch == ARCH_QWEN3 || arch == ARCH_GEMMA3 || arch == ARCH_QWEN3MOE ||
-        arch == ARCH_GPTOSS || arch == ARCH_QWEN35) {
+        arch == ARCH_GPTOSS || arch == ARCH_QWEN35 || arch == ARCH_QWEN35MOE) {
         TRY(kp_gguf_w_add_u32(w, KEY("attention.key_length"), hd, err));
         TRY(kp_gguf_w_add_u32(w, KEY("attention.value_length"), hd, err));
     }
     if (s->n_swa) TRY(kp_gguf_w_add_u32(w, KEY("attention.sliding_window"), s->n_swa, err));
     if (s->swa_pattern) TRY(kp_gguf_w_add_u32(w, KEY("attention.sliding_window_pattern"), s->swa_pattern, err));
     TRY(kp_gguf_w_add_u32(w, KEY("rope.dimension_count"), s->n_rot ? s->n_rot : hd, err));
-    if (arch == ARCH_QWEN35) { /* Qwen3.5's split of the rotated pairs, [11, 11, 10, 0] for 32 */
+    if (arch == ARCH_QWEN35 || arch == ARCH_QWEN35MOE) { /* Qwen3.5's split of the rotated pairs, [11, 11, 10, 0] for 32 */
         int32_t P = (int32_t)(s->n_rot ? s->n_rot : hd) / 2, sec[4];
         sec[0] = (P + 2) / 3;
         sec[1] = (P - sec[0] + 1) / 2;

@@ -7,8 +7,9 @@
  * sliding-window layers), qwen3moe (qwen3's attention, a router and 3-D
  * expert tensors instead of the FFN) and gpt-oss (q/k/v and output biases,
  * attention sinks, YaRN rope, alternating window layers, experts with
- * biases) and qwen35 (gated delta-net layers, gated attention every 4th
- * layer) layouts, in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+ * biases), qwen35 (gated delta-net layers, gated attention every 4th
+ * layer) and qwen35moe (qwen35's layers, qwen3moe's experts and a gated
+ * shared expert instead of the FFN) layouts, in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
  * Q4_K, Q5_K or Q6_K, or MXFP4 for a model with experts (as llama-quantize's
  * MXFP4_MOE: the experts MXFP4, every other 2-D weight Q8_0, the router
  * F32), with the tokenizer taken from any GGUF file (every
@@ -34,6 +35,9 @@
  *                           type (llama-quantize leaves it); ssm_dt.bias
  *                           0.5 N(0,1); ssm_a -(0.05 + 0.5 U(0,1)) (a decay
  *                           per token between exp(-0.55 softplus) and 1)
+ *   qwen35moe               qwen35's and qwen3moe's; the shared expert's
+ *                           matrices N(0, 1/fan_in), its gate
+ *                           ffn_gate_inp_shexp (1-D, F32) N(0, 1/n_embd)
  * (gemma3's norm weights are stored as llama.cpp's converter stores them,
  * Gemma's +1 already added, so they too are 1 + 0.1 N(0,1).)
  * Norms and biases are F32; every 2-D weight (token_embd and output too) has
@@ -55,7 +59,8 @@
 #include "base/status.h"
 
 typedef struct {
-    const char *arch;    /* "llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "gpt-oss" or "qwen35" (borrowed) */
+    const char *arch;    /* "llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "gpt-oss", "qwen35" or "qwen35moe"
+                            (borrowed) */
     uint32_t n_layer;
     uint32_t n_embd;
     uint32_t n_head;
@@ -75,9 +80,9 @@ typedef struct {
     uint32_t swa_pattern; /* gemma3, gpt-oss: {arch}.attention.sliding_window_pattern, every
                              swa_pattern-th layer FULL (0: not written, llama.cpp's default:
                              6 for gemma3, 2 for gpt-oss) */
-    uint32_t n_expert;      /* qwen3moe, gpt-oss: {arch}.expert_count (0 for other archs) */
-    uint32_t n_expert_used; /* qwen3moe, gpt-oss: {arch}.expert_used_count, <= n_expert */
-    uint32_t n_ff_exp;      /* qwen3moe, gpt-oss: {arch}.expert_feed_forward_length, an expert's width */
+    uint32_t n_expert;      /* qwen3moe, gpt-oss, qwen35moe: {arch}.expert_count (0 for other archs) */
+    uint32_t n_expert_used; /* qwen3moe, gpt-oss, qwen35moe: {arch}.expert_used_count, <= n_expert */
+    uint32_t n_ff_exp;      /* qwen3moe, gpt-oss, qwen35moe: {arch}.expert_feed_forward_length, an expert's width */
     float yarn_factor;      /* gpt-oss: rope.scaling.type yarn with this factor (0: no rope scaling) */
     uint32_t yarn_orig_ctx; /* gpt-oss: rope.scaling.original_context_length, with yarn_factor */
     /* rope variants of real files (0: not written) */
@@ -85,7 +90,7 @@ typedef struct {
     float rope_scale_linear;  /* {arch}.rope.scaling.type "linear", .factor this */
     float rope_freqs_llama3;  /* rope_freqs.weight [n_rot/2] as Llama 3.1's converter writes it for this
                                  factor (low 1, high 4, original context 8192) */
-    /* qwen35's gated delta-net layers (0 for other archs); rope.dimension_sections are
+    /* qwen35's and qwen35moe's gated delta-net layers (0 for other archs); rope.dimension_sections are
        written for the n_rot / 2 rotated pairs P as Qwen3.5's: [ceil(P/3), ceil((P - that)/2),
        the rest, 0] ([11, 11, 10, 0] for P = 32) */
     uint32_t ssm_d_conv;         /* ssm.conv_kernel */
@@ -94,6 +99,8 @@ typedef struct {
     uint32_t ssm_dt_rank;        /* ssm.time_step_rank: value heads, a multiple of ssm_n_group
                                     (ssm.inner_size = ssm_d_state x this) */
     uint32_t full_attn_interval; /* full_attention_interval: layer l attends iff (l + 1) % this == 0 */
+    uint32_t n_ff_shexp;         /* qwen35moe: expert_shared_feed_forward_length, the shared expert's
+                                    width (0: n_ff, llama.cpp's default; 0 for other archs) */
 } kp_mkmodel_spec;
 
 /* Fills *out with a named shape (wtype F32, seed 1, alignment 0):
@@ -141,6 +148,19 @@ typedef struct {
  *                   (sections 2, 1, 1), n_ff 128, tied, rope base 1e7, eps
  *                   1e-6, ctx 32768; delta-net: conv 4, 2 q/k heads and 4
  *                   value heads of 16
+ *   "qwen35moe-35b-a3b" qwen35moe, Qwen3.5-35B-A3B's shape with 8 of its 40
+ *                   layers (2 FULL, every 4th): n_embd 2048, 16 / 2 heads,
+ *                   head_dim 256, rope on 64 dims (sections 11, 11, 10),
+ *                   256 experts of width 512, 8 used, a shared expert of
+ *                   width 512 (n_ff 512), untied, rope base 1e7, eps 1e-6,
+ *                   ctx 262144; delta-net: conv 4, 16 q/k heads and 32
+ *                   value heads of 128
+ *   "qwen35moe-tiny" qwen35moe, qwen35-tiny's layers and attention (8
+ *                   layers, layers 3 and 7 FULL, n_embd 64, 4 / 2 heads,
+ *                   head_dim 32, rope on 8 dims, the same delta-net), 8
+ *                   experts of width 32 with 3 used, a shared expert of
+ *                   width 32 (n_ff 32), untied, rope base 1e7, eps 1e-6,
+ *                   ctx 32768
  * The strings in *out are static. KP_ENOTFOUND for an unknown name. */
 kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_error *err);
 
@@ -148,10 +168,11 @@ kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_erro
  * n_head a multiple of n_head_kv, an even head_dim, a weight type mkmodel
  * writes, positive rope base and eps, a power-of-two alignment, and
  * n_vocab >= 1, n_swa / swa_pattern only for gemma3 and gpt-oss (which
- * needs n_swa >= 1), experts only and always for qwen3moe and gpt-oss
- * (1 <= n_expert_used <= n_expert <= 1024, n_ff_exp >= 1), YaRN only for
+ * needs n_swa >= 1), experts only and always for qwen3moe, gpt-oss and
+ * qwen35moe (1 <= n_expert_used <= n_expert <= 1024, n_ff_exp >= 1), a
+ * shared expert's width only for qwen35moe, YaRN only for
  * gpt-oss (factor >= 1 and an original context >= 1, or neither), MXFP4
- * only with experts, the delta-net sizes only and always for qwen35 (each
+ * only with experts, the delta-net sizes only and always for qwen35 and qwen35moe (each
  * >= 1, ssm_dt_rank a multiple of ssm_n_group, conv_kernel <= 64, and at
  * least one FULL layer) (KP_EINVAL naming what is wrong). A weight type mkmodel does
  * not write is KP_EUNSUPPORTED. Row lengths are never refused: every type

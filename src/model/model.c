@@ -4,7 +4,11 @@
  * Metadata keys read (ARCH = general.architecture):
  *
  *   key                                   default            meaning
- *   ARCH.block_count                      required           n_layer
+ *   ARCH.block_count                      required           n_layer, with the MTP layers below
+ *   ARCH.nextn_predict_layers             0                  the last this many blocks are
+ *                                                            multi-token-prediction layers (a
+ *                                                            draft head): not loaded, not run,
+ *                                                            n_layer = block_count - this
  *   ARCH.embedding_length                 required           n_embd
  *   ARCH.attention.head_count             required           n_head
  *   ARCH.attention.head_count_kv          n_head             n_head_kv (GQA)
@@ -56,6 +60,10 @@
  *   ARCH.attention.recurrent_layers        -                  bool[n_layer]: RECURRENT layers, else
  *   ARCH.full_attention_interval           4                  layer l is FULL iff (l + 1) % interval == 0
  *
+ * qwen35moe only (llama.cpp's llama_model_qwen35moe::load_arch_hparams): the
+ * qwen35 keys and the qwen3moe keys above, and
+ *   ARCH.expert_shared_feed_forward_length n_ff               n_ff_shexp (the shared expert's width)
+ *
  * Tensors (ggml order [ne0, ne1]); N = layer:
  *   token_embd.weight [n_embd, n_vocab]    output.weight [n_embd, n_vocab] (absent: tied)
  *   output_norm.weight [n_embd]            rope_freqs.weight [n_rot/2] (optional)
@@ -83,6 +91,11 @@
  *           blk.N.ssm_conv1d.weight [conv_kernel, C] (any float type, decoded to F32)
  *           blk.N.ssm_dt.bias [H]  blk.N.ssm_a [H]  blk.N.ssm_beta/ssm_alpha.weight [n_embd, H]
  *           blk.N.ssm_norm.weight [state_size]  blk.N.ssm_out.weight [Dv, n_embd]
+ *   qwen35moe: qwen35's, with qwen3moe's router and experts instead of ffn_gate/up/down in every
+ *           layer, and the shared expert: blk.N.ffn_gate_inp_shexp.weight [n_embd] (its gate, decoded
+ *           to F32), blk.N.ffn_gate/up_shexp.weight [n_embd, n_ff_shexp],
+ *           blk.N.ffn_down_shexp.weight [n_ff_shexp, n_embd]. A file whose experts' gate and up are
+ *           fused (ffn_gate_up_exps, convert_hf_to_gguf --fuse-gate-up-exps) is refused.
  */
 #include "model/model.h"
 
@@ -102,6 +115,7 @@ const char *kp_arch_name(kp_arch a) {
     case KP_ARCH_QWEN3MOE: return "qwen3moe";
     case KP_ARCH_GPTOSS: return "gpt-oss";
     case KP_ARCH_QWEN35: return "qwen35";
+    case KP_ARCH_QWEN35MOE: return "qwen35moe";
     }
     return "?";
 }
@@ -279,9 +293,9 @@ static kp_status read_gemma3(kp_model *m, kp_error *err) {
     return KP_OK;
 }
 
-/* The expert keys of qwen3moe and gpt-oss (the table at the top), after
- * the common ones; gpt-oss requires the expert width, qwen3moe defaults it
- * to n_ff / used. */
+/* The expert keys of qwen3moe, gpt-oss and qwen35moe (the table at the
+ * top), after the common ones; gpt-oss requires the expert width, the
+ * others default it to n_ff / used; qwen35moe has a shared expert too. */
 static kp_status read_experts(kp_model *m, kp_error *err) {
     kp_gguf *g = m->file;
     kp_hparams *hp = &m->hp;
@@ -299,6 +313,13 @@ static kp_status read_experts(kp_model *m, kp_error *err) {
     if ((st = kp_gguf_get_u32(g, KEY("expert_feed_forward_length"), def, &hp->n_ff_exp, err))) return st;
     if (hp->n_ff_exp == 0)
         return kp_fail(err, KP_EFORMAT, "%s: missing or zero %s", kp_gguf_path(g), KEY("expert_feed_forward_length"));
+    if (hp->arch == KP_ARCH_QWEN35MOE) {
+        if ((st = kp_gguf_get_u32(g, KEY("expert_shared_feed_forward_length"), hp->n_ff, &hp->n_ff_shexp, err)))
+            return st;
+        if (hp->n_ff_shexp == 0)
+            return kp_fail(err, KP_EFORMAT, "%s: missing or zero %s (and no feed_forward_length)", kp_gguf_path(g),
+                           key);
+    }
     if (hp->arch != KP_ARCH_GPTOSS) return KP_OK;
     /* gpt-oss (llama.cpp's llama_model_openai_moe::load_arch_hparams) */
     if ((st = kp_gguf_get_u32(g, KEY("attention.sliding_window"), 0, &hp->n_swa, err))) return st;
@@ -314,15 +335,17 @@ static kp_status read_experts(kp_model *m, kp_error *err) {
     return KP_OK;
 }
 
-/* qwen35's keys (the table at the top), after the common ones. The layer
- * kinds are set later (layer_kinds). */
+/* qwen35's keys (the table at the top), after the common ones; qwen35moe
+ * has them too, under its own name. The layer kinds are set later
+ * (layer_kinds). */
 static kp_status read_qwen35(kp_model *m, kp_error *err) {
     kp_gguf *g = m->file;
     kp_hparams *hp = &m->hp;
     kp_status st;
     char key[128];
-    if ((st = require_rms_eps(g, "qwen35", err))) return st;
-#define KEY(suffix) (snprintf(key, sizeof key, "qwen35.%s", suffix), key)
+    const char *a = hp->arch_name;
+    if ((st = require_rms_eps(g, a, err))) return st;
+#define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", a, suffix), key)
     struct {
         const char *k;
         uint32_t *v;
@@ -336,9 +359,9 @@ static kp_status read_qwen35(kp_model *m, kp_error *err) {
     if (hp->ssm_d_conv > 64 || hp->ssm_d_state > 4096 || hp->ssm_n_v_head > 4096 ||
         hp->ssm_n_v_head % hp->ssm_n_k_head != 0 || (uint64_t)hp->ssm_d_state * hp->ssm_n_v_head != hp->ssm_d_inner)
         return kp_fail(err, KP_EFORMAT,
-                       "%s: qwen35 needs conv_kernel <= 64 (%u), state_size <= 4096 (%u), group_count (%u) "
+                       "%s: %s needs conv_kernel <= 64 (%u), state_size <= 4096 (%u), group_count (%u) "
                        "dividing time_step_rank (%u) <= 4096, and inner_size (%u) = state_size x time_step_rank",
-                       kp_gguf_path(g), hp->ssm_d_conv, hp->ssm_d_state, hp->ssm_n_k_head, hp->ssm_n_v_head,
+                       kp_gguf_path(g), a, hp->ssm_d_conv, hp->ssm_d_state, hp->ssm_n_k_head, hp->ssm_n_v_head,
                        hp->ssm_d_inner);
     const kp_gguf_kv *kv = kp_gguf_find(g, KEY("rope.dimension_sections"));
     if (!kv || kv->value.type != KP_GGUF_TYPE_ARRAY || kv->value.v.arr.n == 0 || kv->value.v.arr.n > 4 ||
@@ -399,19 +422,20 @@ static kp_status layer_kinds(kp_model *m, kp_error *err) {
     kp_status st;
     char key[128];
     for (uint32_t l = 0; l < hp->n_layer; l++) m->layers[l].kind = KP_LAYER_FULL;
-    if (hp->arch == KP_ARCH_QWEN35) {
-        snprintf(key, sizeof key, "qwen35.attention.recurrent_layers");
+    if (hp->arch == KP_ARCH_QWEN35 || hp->arch == KP_ARCH_QWEN35MOE) {
+        snprintf(key, sizeof key, "%s.attention.recurrent_layers", hp->arch_name);
         const kp_gguf_kv *kv = kp_gguf_find(g, key);
         if (kv) {
-            if (kv->value.type != KP_GGUF_TYPE_ARRAY || kv->value.v.arr.n != hp->n_layer ||
+            uint64_t n = kv->value.type == KP_GGUF_TYPE_ARRAY ? kv->value.v.arr.n : 0;
+            if (kv->value.type != KP_GGUF_TYPE_ARRAY || (n != hp->n_layer && n != hp->n_layer + hp->n_layer_nextn) ||
                 kv->value.v.arr.elem_type == KP_GGUF_TYPE_STRING || kv->value.v.arr.elem_type == KP_GGUF_TYPE_ARRAY)
                 return kp_fail(err, KP_EFORMAT, "%s: %s must be an array of %u bools", kp_gguf_path(g), key,
-                               hp->n_layer);
+                               hp->n_layer + hp->n_layer_nextn);
             for (uint32_t l = 0; l < hp->n_layer; l++)
                 if (kp_gguf_arr_i64(&kv->value, l)) m->layers[l].kind = KP_LAYER_RECURRENT;
         } else {
             uint32_t interval;
-            snprintf(key, sizeof key, "qwen35.full_attention_interval");
+            snprintf(key, sizeof key, "%s.full_attention_interval", hp->arch_name);
             if ((st = kp_gguf_get_u32(g, key, 4, &interval, err))) return st;
             if (interval == 0) return kp_fail(err, KP_EFORMAT, "%s: %s is 0", kp_gguf_path(g), key);
             for (uint32_t l = 0; l < hp->n_layer; l++)
@@ -457,10 +481,11 @@ static kp_status read_hparams(kp_model *m, kp_error *err) {
     else if (kp_gguf_str_eq(arch, "qwen3moe")) hp->arch = KP_ARCH_QWEN3MOE;
     else if (kp_gguf_str_eq(arch, "gpt-oss")) hp->arch = KP_ARCH_GPTOSS;
     else if (kp_gguf_str_eq(arch, "qwen35")) hp->arch = KP_ARCH_QWEN35;
+    else if (kp_gguf_str_eq(arch, "qwen35moe")) hp->arch = KP_ARCH_QWEN35MOE;
     else
         return kp_fail(err, KP_EUNSUPPORTED,
                        "%s: unsupported architecture '%.*s' (kvpin runs llama, qwen2, qwen3, gemma3, qwen3moe, "
-                       "gpt-oss, qwen35)",
+                       "gpt-oss, qwen35, qwen35moe)",
                        kp_gguf_path(g), (int)(arch.len > 64 ? 64 : arch.len), arch.data);
     hp->arch_name = kp_arch_name(hp->arch);
     const char *a = hp->arch_name;
@@ -472,9 +497,17 @@ static kp_status read_hparams(kp_model *m, kp_error *err) {
             return kp_fail(err, KP_EFORMAT, "%s: missing or zero %s", kp_gguf_path(g), key); \
     } while (0)
     REQ_U32("block_count", n_layer);
+    /* llama.cpp's n_layer(): the trailing multi-token-prediction blocks (Qwen3.5's converter writes
+     * them by default) are loaded only for drafting, never run by the main graph; kvpin skips them */
+    if ((st = kp_gguf_get_u32(g, KEY("nextn_predict_layers"), 0, &hp->n_layer_nextn, err)) != KP_OK) return st;
+    if (hp->n_layer_nextn >= hp->n_layer)
+        return kp_fail(err, KP_EFORMAT, "%s: %s (%u) leaves no layer of the %u to run", kp_gguf_path(g), key,
+                       hp->n_layer_nextn, hp->n_layer);
+    hp->n_layer -= hp->n_layer_nextn;
     REQ_U32("embedding_length", n_embd);
     REQ_U32("attention.head_count", n_head);
-    if (hp->arch == KP_ARCH_QWEN3MOE || hp->arch == KP_ARCH_GPTOSS) { /* llama.cpp does not require it; the experts have their own width */
+    const bool moe = hp->arch == KP_ARCH_QWEN3MOE || hp->arch == KP_ARCH_GPTOSS || hp->arch == KP_ARCH_QWEN35MOE;
+    if (moe) { /* llama.cpp does not require it; the experts have their own width */
         if ((st = kp_gguf_get_u32(g, KEY("feed_forward_length"), 0, &hp->n_ff, err))) return st;
     } else {
         REQ_U32("feed_forward_length", n_ff);
@@ -519,15 +552,15 @@ static kp_status read_hparams(kp_model *m, kp_error *err) {
 #undef KEY
     if (yarn && (st = read_yarn(m, err))) return st;
     if (hp->arch == KP_ARCH_GEMMA3) return read_gemma3(m, err);
-    if (hp->arch == KP_ARCH_QWEN35) return read_qwen35(m, err);
-    return hp->arch == KP_ARCH_QWEN3MOE || hp->arch == KP_ARCH_GPTOSS ? read_experts(m, err) : KP_OK;
+    if ((hp->arch == KP_ARCH_QWEN35 || hp->arch == KP_ARCH_QWEN35MOE) && (st = read_qwen35(m, err))) return st;
+    return moe ? read_experts(m, err) : KP_OK;
 }
 
-/* A RECURRENT layer's tensors (the table at the top) and its dense FFN. */
+/* A RECURRENT layer's mixer tensors (the table at the top). */
 static kp_status load_recurrent(kp_model *m, uint32_t l, kp_error *err) {
     const kp_hparams *hp = &m->hp;
     kp_layer *L = &m->layers[l];
-    int64_t E = hp->n_embd, F = hp->n_ff, H = hp->ssm_n_v_head, Dv = hp->ssm_d_inner;
+    int64_t E = hp->n_embd, H = hp->ssm_n_v_head, Dv = hp->ssm_d_inner;
     int64_t C = 2 * (int64_t)hp->ssm_d_state * hp->ssm_n_k_head + Dv;
     char name[96];
     kp_status st;
@@ -541,9 +574,45 @@ static kp_status load_recurrent(kp_model *m, uint32_t l, kp_error *err) {
     if ((st = get_vector(m, NAME("ssm_dt.bias"), H, false, &L->ssm_dt, err))) return st;
     if ((st = get_vector(m, NAME("ssm_a"), H, false, &L->ssm_a, err))) return st;
     if ((st = get_vector(m, NAME("ssm_norm.weight"), hp->ssm_d_state, false, &L->ssm_norm, err))) return st;
-    if ((st = get_weight(m, NAME("ffn_gate.weight"), E, F, false, &L->w_gate, err))) return st;
-    if ((st = get_weight(m, NAME("ffn_up.weight"), E, F, false, &L->w_up, err))) return st;
-    if ((st = get_weight(m, NAME("ffn_down.weight"), F, E, false, &L->w_down, err))) return st;
+#undef NAME
+    return KP_OK;
+}
+
+/* Layer l's FFN tensors, whatever its mixer: the dense FFN, or the router
+ * and the experts (with gpt-oss's biases, qwen35moe's shared expert). */
+static kp_status load_ffn(kp_model *m, uint32_t l, kp_error *err) {
+    const kp_hparams *hp = &m->hp;
+    kp_layer *L = &m->layers[l];
+    int64_t E = hp->n_embd, F = hp->n_ff, X = hp->n_ff_exp, N = hp->n_expert, S = hp->n_ff_shexp;
+    char name[96];
+    kp_status st;
+#define NAME(s) (snprintf(name, sizeof name, "blk.%u.%s", l, s), name)
+    if (!hp->n_expert) {
+        if ((st = get_weight(m, NAME("ffn_gate.weight"), E, F, false, &L->w_gate, err))) return st;
+        if ((st = get_weight(m, NAME("ffn_up.weight"), E, F, false, &L->w_up, err))) return st;
+        return get_weight(m, NAME("ffn_down.weight"), F, E, false, &L->w_down, err);
+    }
+    if (kp_gguf_find_tensor(m->file, NAME("ffn_gate_up_exps.weight")))
+        return kp_fail(err, KP_EUNSUPPORTED,
+                       "%s: '%s' (the experts' gate and up fused) is not supported; convert without "
+                       "--fuse-gate-up-exps",
+                       kp_gguf_path(m->file), name);
+    if ((st = get_weight(m, NAME("ffn_gate_inp.weight"), E, N, false, &L->w_router, err))) return st;
+    if ((st = get_experts(m, NAME("ffn_gate_exps.weight"), E, X, &L->e_gate, err))) return st;
+    if ((st = get_experts(m, NAME("ffn_up_exps.weight"), E, X, &L->e_up, err))) return st;
+    if ((st = get_experts(m, NAME("ffn_down_exps.weight"), X, E, &L->e_down, err))) return st;
+    if (hp->arch == KP_ARCH_GPTOSS) {
+        if ((st = get_vector(m, NAME("ffn_gate_inp.bias"), N, false, &L->b_router, err))) return st;
+        if ((st = get_matrix_f32(m, NAME("ffn_gate_exps.bias"), X, N, &L->b_gate_exps, err))) return st;
+        if ((st = get_matrix_f32(m, NAME("ffn_up_exps.bias"), X, N, &L->b_up_exps, err))) return st;
+        if ((st = get_matrix_f32(m, NAME("ffn_down_exps.bias"), E, N, &L->b_down_exps, err))) return st;
+    }
+    if (S) {
+        if ((st = get_vector(m, NAME("ffn_gate_inp_shexp.weight"), E, false, &L->gate_inp_shexp, err))) return st;
+        if ((st = get_weight(m, NAME("ffn_gate_shexp.weight"), E, S, false, &L->w_gate_shexp, err))) return st;
+        if ((st = get_weight(m, NAME("ffn_up_shexp.weight"), E, S, false, &L->w_up_shexp, err))) return st;
+        if ((st = get_weight(m, NAME("ffn_down_shexp.weight"), S, E, false, &L->w_down_shexp, err))) return st;
+    }
 #undef NAME
     return KP_OK;
 }
@@ -579,7 +648,8 @@ kp_status kp_model_from_gguf(kp_model **out, kp_gguf *g, kp_error *err) {
         goto fail;
     }
     int64_t E = hp->n_embd, Q = (int64_t)hp->n_head * hp->head_dim;
-    int64_t KV = (int64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+    int64_t KV = (int64_t)hp->n_head_kv * hp->head_dim;
+    const bool hybrid = hp->arch == KP_ARCH_QWEN35 || hp->arch == KP_ARCH_QWEN35MOE;
     if ((st = get_weight(m, "token_embd.weight", E, hp->n_vocab, false, &m->tok_embd, err))) goto fail;
     if ((st = get_weight(m, "output.weight", E, hp->n_vocab, hp->arch != KP_ARCH_GPTOSS, &m->output, err))) goto fail;
     hp->tied_output = m->output.data == NULL;
@@ -609,35 +679,17 @@ kp_status kp_model_from_gguf(kp_model **out, kp_gguf *g, kp_error *err) {
 #define NAME(s) (snprintf(name, sizeof name, "blk.%u.%s", l, s), name)
         if ((st = get_vector(m, NAME("attn_norm.weight"), E, false, &L->attn_norm, err))) goto fail;
         /* gpt-oss's and qwen35's FFN norm is named post_attention_norm (llama.cpp's attn_post_norm) */
-        const char *ffn_norm = hp->arch == KP_ARCH_GPTOSS || hp->arch == KP_ARCH_QWEN35 ? "post_attention_norm.weight"
-                                                                                        : "ffn_norm.weight";
+        const char *ffn_norm = hp->arch == KP_ARCH_GPTOSS || hybrid ? "post_attention_norm.weight" : "ffn_norm.weight";
         if ((st = get_vector(m, NAME(ffn_norm), E, false, &L->ffn_norm, err))) goto fail;
         if (L->kind == KP_LAYER_RECURRENT) {
-            if ((st = load_recurrent(m, l, err))) goto fail;
+            if ((st = load_recurrent(m, l, err)) || (st = load_ffn(m, l, err))) goto fail;
             continue;
         }
         if ((st = get_weight(m, NAME("attn_q.weight"), E, hp->attn_gated ? 2 * Q : Q, false, &L->wq, err))) goto fail;
         if ((st = get_weight(m, NAME("attn_k.weight"), E, KV, false, &L->wk, err))) goto fail;
         if ((st = get_weight(m, NAME("attn_v.weight"), E, KV, false, &L->wv, err))) goto fail;
         if ((st = get_weight(m, NAME("attn_output.weight"), Q, E, false, &L->wo, err))) goto fail;
-        if (hp->n_expert) {
-            int64_t X = hp->n_ff_exp;
-            if ((st = get_weight(m, NAME("ffn_gate_inp.weight"), E, hp->n_expert, false, &L->w_router, err))) goto fail;
-            if ((st = get_experts(m, NAME("ffn_gate_exps.weight"), E, X, &L->e_gate, err))) goto fail;
-            if ((st = get_experts(m, NAME("ffn_up_exps.weight"), E, X, &L->e_up, err))) goto fail;
-            if ((st = get_experts(m, NAME("ffn_down_exps.weight"), X, E, &L->e_down, err))) goto fail;
-            if (hp->arch == KP_ARCH_GPTOSS) {
-                int64_t N = hp->n_expert;
-                if ((st = get_vector(m, NAME("ffn_gate_inp.bias"), N, false, &L->b_router, err))) goto fail;
-                if ((st = get_matrix_f32(m, NAME("ffn_gate_exps.bias"), X, N, &L->b_gate_exps, err))) goto fail;
-                if ((st = get_matrix_f32(m, NAME("ffn_up_exps.bias"), X, N, &L->b_up_exps, err))) goto fail;
-                if ((st = get_matrix_f32(m, NAME("ffn_down_exps.bias"), E, N, &L->b_down_exps, err))) goto fail;
-            }
-        } else {
-            if ((st = get_weight(m, NAME("ffn_gate.weight"), E, F, false, &L->w_gate, err))) goto fail;
-            if ((st = get_weight(m, NAME("ffn_up.weight"), E, F, false, &L->w_up, err))) goto fail;
-            if ((st = get_weight(m, NAME("ffn_down.weight"), F, E, false, &L->w_down, err))) goto fail;
-        }
+        if ((st = load_ffn(m, l, err))) goto fail;
         bool biases = hp->arch == KP_ARCH_QWEN2, gptoss = hp->arch == KP_ARCH_GPTOSS;
         if ((st = get_vector(m, NAME("attn_q.bias"), Q, !biases, &L->bq, err))) goto fail;
         if ((st = get_vector(m, NAME("attn_k.bias"), KV, !biases, &L->bk, err))) goto fail;
@@ -648,8 +700,7 @@ kp_status kp_model_from_gguf(kp_model **out, kp_gguf *g, kp_error *err) {
         }
         if ((st = get_vector(m, NAME("attn_output.bias"), E, !gptoss, &L->bo, err))) goto fail;
         if ((st = get_vector(m, NAME("attn_sinks.weight"), hp->n_head, !gptoss, &L->attn_sinks, err))) goto fail;
-        bool qk_norm = hp->arch == KP_ARCH_QWEN3 || hp->arch == KP_ARCH_GEMMA3 || hp->arch == KP_ARCH_QWEN3MOE ||
-                       hp->arch == KP_ARCH_QWEN35;
+        bool qk_norm = hp->arch == KP_ARCH_QWEN3 || hp->arch == KP_ARCH_GEMMA3 || hp->arch == KP_ARCH_QWEN3MOE || hybrid;
         if ((st = get_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, !qk_norm, &L->q_norm, err))) goto fail;
         if ((st = get_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, !qk_norm, &L->k_norm, err))) goto fail;
         if (hp->post_norms) {
@@ -685,6 +736,7 @@ void kp_model_free(kp_model *m) {
             free(L->attn_post_norm); free(L->ffn_post_norm);
             free(L->bo); free(L->attn_sinks);
             free(L->b_router); free(L->b_gate_exps); free(L->b_up_exps); free(L->b_down_exps);
+            free(L->gate_inp_shexp);
             free(L->ssm_conv); free(L->ssm_dt); free(L->ssm_a); free(L->ssm_norm);
         }
         free(m->layers);

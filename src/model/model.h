@@ -18,7 +18,9 @@
  * per-head attention sinks, YaRN rope, alternating WINDOW and FULL layers,
  * experts with biases and a clamped SwiGLU, see Experts and Sinks below),
  * qwen35 (Qwen3.5: RECURRENT gated delta-net layers and gated FULL
- * attention layers, see Hybrid below).
+ * attention layers, see Hybrid below), qwen35moe (Qwen3.5 MoE: qwen35's
+ * layers with qwen3moe's experts and a gated shared expert instead of the
+ * FFN, see Shared expert below).
  * Anything else, or a missing or
  * mis-shaped tensor or key, is refused at load time with a message that
  * names it.
@@ -57,7 +59,8 @@
  *   x = min(gate, limit), y = clamp(up, -limit, limit),
  *   act = x / (1 + exp(-alpha x)) * (y + 1)          (alpha 1.702, limit 7).
  *
- * Hybrid (qwen35, llama.cpp's llama_model_qwen35). Three of every four
+ * Hybrid (qwen35 and qwen35moe, llama.cpp's llama_model_qwen35 and
+ * llama_model_qwen35moe). Three of every four
  * layers (full_attention_interval, or the recurrent_layers array) are
  * RECURRENT: a gated delta-net (deltanet.h) whose state per sequence is a
  * matrix per value head and the last ssm_d_conv - 1 inputs of a causal
@@ -73,6 +76,14 @@
  * sections claims (interleaved: sector s belongs to section s % 3 when s <
  * 3 x that section's size) takes the fourth position, which is 0 for text:
  * that pair is not rotated. Every other pair rotates by the token's position.
+ *
+ * Shared expert (qwen35moe, llama.cpp's llama_model_qwen35moe::build_layer_ffn).
+ * Every layer's FFN is qwen3moe's routed experts (softmax, top k, weights
+ * renormalized as above) plus one dense SwiGLU FFN of width n_ff_shexp that
+ * every token goes through, scaled per token by sigmoid(xn . gate_inp_shexp):
+ *   ffn = sum_j w_j expert_j(xn) + sigmoid(xn . g) x shexp(xn)
+ * (the routed sum first, in rank order, then the gated shared output added,
+ * as llama.cpp's graph adds them).
  *
  * Sinks (gpt-oss): head h's softmax has one more logit, attn_sinks[h], in
  * its denominator and nothing in its numerator: weights
@@ -90,7 +101,8 @@
 #include "base/status.h"
 
 typedef enum {
-    KP_ARCH_LLAMA, KP_ARCH_QWEN2, KP_ARCH_QWEN3, KP_ARCH_GEMMA3, KP_ARCH_QWEN3MOE, KP_ARCH_GPTOSS, KP_ARCH_QWEN35
+    KP_ARCH_LLAMA, KP_ARCH_QWEN2, KP_ARCH_QWEN3, KP_ARCH_GEMMA3, KP_ARCH_QWEN3MOE, KP_ARCH_GPTOSS, KP_ARCH_QWEN35,
+    KP_ARCH_QWEN35MOE
 } kp_arch;
 typedef enum { KP_ROPE_NORM, KP_ROPE_NEOX } kp_rope_type;
 /* What a layer's attention sees (see the top of this file); a RECURRENT
@@ -136,6 +148,7 @@ typedef struct {
     kp_arch arch;
     const char *arch_name;
     uint32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
+    uint32_t n_layer_nextn;  /* blocks past n_layer in the file: multi-token-prediction layers, not run */
     uint32_t n_rot;          /* rotated dims per head (rope.dimension_count) */
     float rms_eps;
     float rope_base;
@@ -159,6 +172,7 @@ typedef struct {
     uint32_t n_expert_used;  /* experts a token is routed to */
     uint32_t n_ff_exp;       /* an expert's FFN width */
     kp_gate gate;
+    uint32_t n_ff_shexp;     /* the shared expert's FFN width (qwen35moe); 0: no shared expert */
     float swiglu_limit;      /* > 0: the experts' clamped SwiGLU (gpt-oss: 7, with alpha 1.702) */
     float swiglu_alpha;
     /* YaRN rope scaling (rope.scaling.type yarn; rope_yarn false otherwise) */
@@ -169,7 +183,7 @@ typedef struct {
                                 x (1 + 0.1 ln(1 / freq_scale)) */
     /* layers with K/V in the pool: n_layer less the RECURRENT ones */
     uint32_t n_kv_layer;
-    /* hybrid (qwen35; 0 otherwise, see Hybrid above) */
+    /* hybrid (qwen35, qwen35moe; 0 otherwise, see Hybrid above) */
     uint32_t n_rec_layers;   /* RECURRENT layers */
     uint32_t ssm_d_conv;     /* ssm.conv_kernel: taps of the causal convolution */
     uint32_t ssm_d_inner;    /* ssm.inner_size: ssm_d_state x ssm_n_v_head */
@@ -203,6 +217,10 @@ typedef struct {
     float *b_router;                /* [n_expert] router bias (gpt-oss), or NULL */
     float *b_gate_exps, *b_up_exps; /* [n_expert][n_ff_exp] expert biases (gpt-oss), or NULL */
     float *b_down_exps;             /* [n_expert][n_embd] */
+    /* the shared expert (hp.n_ff_shexp > 0, qwen35moe) */
+    kp_weight w_gate_shexp, w_up_shexp; /* n_embd -> n_ff_shexp */
+    kp_weight w_down_shexp;         /* n_ff_shexp -> n_embd */
+    float *gate_inp_shexp;          /* [n_embd] its per-token gate: sigmoid(xn . this) */
     uint32_t kv_layer;              /* FULL / WINDOW: the layer's index in the KV pool */
     /* RECURRENT (gated delta-net) layers; Dk = ssm_d_state x ssm_n_k_head,
      * Dv = ssm_d_inner, C = 2 Dk + Dv (the convolution's channels) */

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """qwen35_e2e.py - kvpin serve on a qwen35 model (gated delta-net layers
-with a recurrent state, tests/data/models/gen-qwen35-f32.gguf): a two-turn
-chat through /v1/chat/completions with the cache report, resumed from the
-prefix cache's state snapshots (docs/state-checkpoints.md).
+with a recurrent state, tests/data/models/gen-qwen35-f32.gguf) and on a
+qwen35moe one (the same layers with routed experts and a shared expert,
+gen-qwen35moe-f32.gguf): a two-turn chat through /v1/chat/completions with
+the cache report, resumed from the prefix cache's state snapshots
+(docs/state-checkpoints.md).
 
 Oracle: a second server with --no-prefix-cache (every prompt computed in
 full). Turn 1, turn 2 (turn 1 with its answer and a new user message) and
@@ -32,7 +34,7 @@ import time
 
 from kvpin_test import KVPIN, Results, Server, kill_all
 
-MODEL = "tests/data/models/gen-qwen35-f32.gguf"
+MODELS = ("tests/data/models/gen-qwen35-f32.gguf", "tests/data/models/gen-qwen35moe-f32.gguf")
 EVERY = 32
 r = Results("qwen35_e2e")
 
@@ -65,9 +67,10 @@ def consistent(j, what):
     return c
 
 
-def main():
-    cached = Server(r, "--ctx", "512", "--chat-template", "chatml", "--state-every", str(EVERY), model=MODEL)
-    plain = Server(r, "--ctx", "512", "--chat-template", "chatml", "--no-prefix-cache", model=MODEL)
+def main(model):
+    print("  %s" % model)
+    cached = Server(r, "--ctx", "512", "--chat-template", "chatml", "--state-every", str(EVERY), model=model)
+    plain = Server(r, "--ctx", "512", "--chat-template", "chatml", "--no-prefix-cache", model=model)
     try:
         story = ("Lily and Tom went to the park. They saw a big dog and a small cat. The dog ran after "
                  "the ball and the cat sat in the sun. Tom laughed and Lily clapped her hands.")
@@ -188,7 +191,8 @@ def restart(first, second, n1, bref):
 
 
 try:
-    main()
+    for m in MODELS:
+        main(m)
 finally:
     kill_all()
 sys.exit(r.finish())

@@ -249,6 +249,28 @@ static void test_fingerprint_experts(void) {
     kp_model_free(m);
 }
 
+/* qwen35moe: the shared expert's width joins the experts' lines (every
+ * token goes through it); qwen3moe's lines stay without it. */
+static void test_fingerprint_qwen35moe(void) {
+    kp_model *m = NULL;
+    kp_error err = {0};
+    CHECK(kp_model_load(&m, harness_path("tests/data/models/gen-qwen35moe-f32.gguf"), &err) == KP_OK);
+    if (!m) return;
+    kp_bkey w = kp_fingerprint_weights_compute(m);
+    kp_fingerprint a, b;
+    kp_fingerprint_make(&a, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16, false);
+    CHECK_MSG(strstr(a.text, "\narch qwen35moe\n") &&
+                  strstr(a.text, "\nn_expert 8\nn_expert_used 3\nn_ff_exp 32\nn_ff_shexp 32\n") &&
+                  !strstr(a.text, "\ngate "),
+              "%s", a.text);
+    m->hp.n_ff_shexp = 64;
+    check_changed(m, &w, &a, "n_ff_shexp 64 (here 32)");
+    m->hp.n_ff_shexp = 32;
+    kp_fingerprint_make(&b, m, &w, KP_DTYPE_F16, KP_DTYPE_F16, 16, false);
+    CHECK(kp_bkey_eq(&a.id, &b.id));
+    kp_model_free(m);
+}
+
 /* gpt-oss: YaRN's parameters and the gating and clamp of its experts are
  * in the fingerprint (each changes the K/V a prompt leaves); qwen3moe's
  * lines are as they were (test_fingerprint_experts). */
@@ -393,6 +415,7 @@ int main(void) {
     RUN(test_fingerprint);
     RUN(test_fingerprint_windows);
     RUN(test_fingerprint_experts);
+    RUN(test_fingerprint_qwen35moe);
     RUN(test_fingerprint_gptoss);
     RUN(test_record);
     RUN(test_record_mixed_types);

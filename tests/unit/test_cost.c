@@ -84,6 +84,30 @@ static void test_experts(void) {
     kp_model_free(m);
 }
 
+/* qwen35moe: per recurrent layer (6) attn_qkv (64 -> 128), attn_gate (64 ->
+ * 64), ssm_beta and ssm_alpha (64 -> 4), ssm_out (64 -> 64); per attention
+ * layer (2) Q (64 -> 2 x 4 x 32: query and gate), K and V (64 -> 2 x 32), O
+ * (128 -> 64); in every layer the router (64 -> 8), 3 routed experts' gate
+ * and up (64 -> 32) and down (32 -> 64), and the shared expert's gate, up
+ * and down (64 -> 32 -> 64); then the untied output (64 -> 512). F32 bytes. */
+static void test_experts_shared(void) {
+    kp_model *m = NULL;
+    kp_error err = {0};
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-qwen35moe-f32.gguf"), &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        return;
+    }
+    uint64_t ffn = 64 * 8 + 3 * (2 * 64 * 32 + 32 * 64) + (2 * 64 * 32 + 32 * 64);
+    uint64_t rec = 64 * 128 + 64 * 64 + 2 * 64 * 4 + 64 * 64, att = 64 * 256 + 2 * 64 * 64 + 128 * 64;
+    uint64_t macs = 6 * (rec + ffn) + 2 * (att + ffn) + 64 * 512;
+    kp_cost c;
+    kp_model_cost(m, &c);
+    CHECK_EQ_INT(c.matmul_ops, 2 * macs);
+    CHECK_EQ_INT(c.output_ops, 2 * 64 * 512);
+    CHECK_EQ_INT(c.weight_bytes_read, 4 * macs);
+    kp_model_free(m);
+}
+
 static void test_stories260k(void) {
     kp_model *m = NULL;
     kp_error err = {0};
@@ -182,6 +206,7 @@ static void test_attn_ops(void) {
 int main(void) {
     RUN(test_stories260k);
     RUN(test_experts);
+    RUN(test_experts_shared);
     RUN(test_mkmodel_tied_q8_0);
     RUN(test_mkmodel_untied_q4_k);
     RUN(test_attn_ops);

@@ -25,7 +25,10 @@
  * diverges in the middle of a cached one still finds its whole window.
  * qwen3moe (gen-qwen3moe: 8 experts, 3 routed per token) runs them too:
  * a batch's rows group by expert differently with every mix of requests,
- * and a token's result must not depend on it.
+ * and a token's result must not depend on it. qwen35 and qwen35moe (gated
+ * delta-net layers: a recurrent state resumed from snapshots; qwen35moe
+ * with experts and a shared expert) run the stream, the forks and the
+ * state checkpoint cases.
  * gpt-oss (gen-gpt-oss in F32 and MXFP4: sinks, biases, a window of 16 on
  * even layers, 4 of 8 experts) runs the cache-on/off, batching and fork
  * checks too.
@@ -299,6 +302,20 @@ static void test_equal_qwen35(void) {
     run_model_kv("tests/data/models/gen-qwen35-f32.gguf", 0x1357924680abcdefull, KP_DTYPE_F32);
     g_state_every = 16;
     run_model_kv("tests/data/models/gen-qwen35-q8_0.gguf", 0x2468ace013579bdfull, KP_DTYPE_Q8_0);
+    g_state_every = 0;
+}
+
+/* qwen35moe (qwen35's recurrent layers, routed experts and a shared expert
+ * in every layer): the same stream, the same snapshot spacings; a batch's
+ * rows group by expert differently with every mix of requests, and a
+ * resumed state must not depend on it. */
+static void test_equal_qwen35moe(void) {
+    g_state_every = 16;
+    run_model_kv("tests/data/models/gen-qwen35moe-f32.gguf", 0x35e035e135e235e3ull, KP_DTYPE_F32);
+    g_state_every = 40;
+    run_model_kv("tests/data/models/gen-qwen35moe-f32.gguf", 0x9a7c35e09a7c35e1ull, KP_DTYPE_F32);
+    g_state_every = 16;
+    run_model_kv("tests/data/models/gen-qwen35moe-q8_0.gguf", 0x35e0a8b835e0a8b9ull, KP_DTYPE_Q8_0);
     g_state_every = 0;
 }
 
@@ -1303,6 +1320,10 @@ static void test_fork(void) {
     /* forks on qwen35: the recurrent state is copied with the rows */
     CHECK(kp_model_load(&m, harness_path("tests/data/models/gen-qwen35-f32.gguf"), &err) == KP_OK);
     if (m) fork_for(m, pool, KP_DTYPE_F32);
+    kp_model_free(m);
+    /* ... and on qwen35moe, with experts */
+    CHECK(kp_model_load(&m, harness_path("tests/data/models/gen-qwen35moe-f32.gguf"), &err) == KP_OK);
+    if (m) fork_for(m, pool, KP_DTYPE_F32);
     kp_threads_free(pool);
     kp_model_free(m);
 }
@@ -1336,21 +1357,22 @@ static uint32_t answer_and_finish(kp_engine *e, kp_eng_seq *s, int32_t *t, uint3
     return n;
 }
 
-/* State checkpoints on qwen35 (gated delta-net layers), case by case, each
- * against a cache-off engine (logits within 1e-5, the same greedy token):
+/* State checkpoints on a model with gated delta-net layers, case by case,
+ * each against a cache-off engine (logits within 1e-5, the same greedy token):
  * a continued conversation resumes at the previous turn's end; an edit
  * inside a block resumes at the snapshot before it (state_recomputed_tokens
  * the rest of the match, the cache report's state_cut_from); a divergence
  * exactly at a snapshot recomputes nothing; n > 1 forks each resume at
  * their own end; a pin gets a snapshot at its end (computed at pin time)
- * and keeps it under pressure while the others are evicted; a fork of a
- * shorter prefix and a cut back are refused. (Snapshots in the tiers below
- * RAM: test_tiers.c's test_recurrent_disk and test_recurrent_redis.) */
-static void test_recurrent_engine(void) {
+ * and keeps it under pressure while the others are evicted; a fork inside
+ * the run only at a snapshot, and a cut back, are refused. (Snapshots in
+ * the tiers below RAM: test_tiers.c's test_recurrent_disk and
+ * test_recurrent_redis.) */
+static void recurrent_engine_on(const char *rel) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_threads *pool = NULL;
-    if (kp_model_load(&m, harness_path("tests/data/models/gen-qwen35-f32.gguf"), &err) != KP_OK ||
+    if (kp_model_load(&m, harness_path(rel), &err) != KP_OK ||
         kp_threads_new(&pool, 2, &err) != KP_OK) {
         CHECK_MSG(false, "%s", err.msg);
         kp_model_free(m);
@@ -1483,6 +1505,12 @@ done:
     kp_model_free(m);
 }
 
+/* ... on qwen35, and on qwen35moe (experts and a shared expert in every layer) */
+static void test_recurrent_engine(void) {
+    recurrent_engine_on("tests/data/models/gen-qwen35-f32.gguf");
+    recurrent_engine_on("tests/data/models/gen-qwen35moe-f32.gguf");
+}
+
 /* The memory bill with quantized K/V: bytes per token by the formula
  * n_layer x n_head_kv x (K row + V row), a row of head_dim values being
  * head_dim / 32 blocks of 34 (Q8_0) or 18 (Q4_0) bytes, 2 or 4 per value
@@ -1567,5 +1595,6 @@ int main(void) {
     RUN(test_bill_kv_types);
     RUN(test_recurrent_engine);
     RUN(test_equal_qwen35);
+    RUN(test_equal_qwen35moe);
     return harness_finish("engine");
 }

@@ -38,6 +38,11 @@
  * tolerances of their types; the invariants below check that prefill in
  * any split, decode and batches of several sequences give the same logits.
  *
+ * qwen35moe goldens (tests/data/golden/gen-qwen35moe-*, make_qwen35moe.sh):
+ * qwen35's 8 layers with, in every layer, 3 of 8 routed experts and a
+ * shared expert gated per token, in F32 and Q8_0, within the tolerances of
+ * their types.
+ *
  * The window's edge without a reference (test_window_edge): with every
  * layer a window of W, changing a token changes the logits n_layer (W - 1)
  * positions on and leaves the next ones bitwise equal. Long contexts on a
@@ -225,8 +230,11 @@ static void golden_case(const char *json_name) {
         return;
     }
     CHECK_EQ_INT(r.m->hp.n_vocab, n_vocab);
-    kp_dtype wt = r.m->layers[r.m->hp.n_layer - 1].w_down.data ? r.m->layers[r.m->hp.n_layer - 1].w_down.type
-                                                               : r.m->layers[0].wq.type;
+    /* the weight type: the last layer's dense FFN, or its attention (experts), or the first layer's */
+    const kp_layer *last_layer = &r.m->layers[r.m->hp.n_layer - 1];
+    kp_dtype wt = last_layer->w_down.data ? last_layer->w_down.type
+                  : last_layer->wq.data   ? last_layer->wq.type
+                                          : r.m->layers[0].wq.type;
     tolerance tol = tol_for(wt);
     /* ggml's GELU looks its input up rounded to F16, so a rounding
      * difference upstream moves a gate value by 2^-11 now and then:
@@ -424,6 +432,18 @@ static void test_goldens_qwen35(void) {
     static const char *const cases[] = {
         "gen-qwen35-f32.lily",  "gen-qwen35-f32.json",  "gen-qwen35-f32.story300",
         "gen-qwen35-q8_0.lily", "gen-qwen35-q8_0.json", "gen-qwen35-q8_0.story300",
+    };
+    golden_cases(cases, sizeof cases / sizeof *cases);
+}
+
+/* qwen35moe (qwen35's layers; in every layer 3 of 8 routed experts and a
+ * shared expert gated per token) against llama.cpp: a wrong shared gate,
+ * router normalization or expert slice moves every later position, the
+ * delta-net layers carrying it on in their state. */
+static void test_goldens_qwen35moe(void) {
+    static const char *const cases[] = {
+        "gen-qwen35moe-f32.lily",  "gen-qwen35moe-f32.json",  "gen-qwen35moe-f32.story300",
+        "gen-qwen35moe-q8_0.lily", "gen-qwen35moe-q8_0.json", "gen-qwen35moe-q8_0.story300",
     };
     golden_cases(cases, sizeof cases / sizeof *cases);
 }
@@ -706,6 +726,68 @@ static void test_qwen35_hparams(void) {
     edit_case(QWEN35_F32, Q35_KEY("full_attention_interval"), add_q35_interval_2, KP_EFORMAT, NULL,
               "blk.1.attn_q.weight");
     unlink(path);
+}
+
+#define QWEN35MOE_F32 "tests/data/models/gen-qwen35moe-f32.gguf"
+static kp_status add_q35moe_shexp_64(kp_gguf_w *w, kp_error *err) {
+    return kp_gguf_w_add_u32(w, "qwen35moe.expert_shared_feed_forward_length", 64, err);
+}
+static kp_status add_q35moe_nextn_1(kp_gguf_w *w, kp_error *err) {
+    return kp_gguf_w_add_u32(w, "qwen35moe.nextn_predict_layers", 1, err);
+}
+static kp_status add_q35moe_nextn_8(kp_gguf_w *w, kp_error *err) {
+    return kp_gguf_w_add_u32(w, "qwen35moe.nextn_predict_layers", 8, err);
+}
+
+/* qwen35moe's hyperparameters and tensors as llama.cpp's
+ * llama_model_qwen35moe reads them (model.c's table): qwen35's layers,
+ * and in every layer, recurrent or not, the router, the experts and the
+ * shared expert with its gate; refusals as values. */
+static void test_qwen35moe_hparams(void) {
+    kp_model *m = NULL;
+    kp_error err = {0};
+    char kinds[16];
+    CHECK_MSG(kp_model_load(&m, harness_path(QWEN35MOE_F32), &err) == KP_OK, "%s", err.msg);
+    if (!m) return;
+    const kp_hparams *hp = &m->hp;
+    CHECK(hp->arch == KP_ARCH_QWEN35MOE && !strcmp(hp->arch_name, "qwen35moe"));
+    CHECK(hp->rope_imrope && hp->attn_gated && !hp->tied_output);
+    CHECK_EQ_STR(rec_kinds_of(m, kinds), "rrrfrrrf");
+    CHECK(hp->n_rec_layers == 6 && hp->n_kv_layer == 2 && hp->ssm_n_v_head == 4 && hp->ssm_d_inner == 64);
+    CHECK(hp->n_expert == 8 && hp->n_expert_used == 3 && hp->n_ff_exp == 32 && hp->n_ff_shexp == 32);
+    CHECK(hp->gate == KP_GATE_SOFTMAX && hp->swiglu_limit == 0);
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const kp_layer *L = &m->layers[l];
+        CHECK_MSG(!L->w_gate.data && L->w_router.n_out == 8 && L->e_down.n_expert == 8 && L->e_gate.n_out == 32,
+                  "layer %u: experts", l);
+        CHECK_MSG(L->gate_inp_shexp && L->w_gate_shexp.n_out == 32 && L->w_up_shexp.n_out == 32 &&
+                      L->w_down_shexp.n_in == 32 && L->w_down_shexp.n_out == 64,
+                  "layer %u: shared expert", l);
+        CHECK(!L->b_router && !L->b_down_exps);
+    }
+    CHECK(m->layers[0].w_qkv.data && m->layers[3].wq.n_out == 2 * 4 * 32 && m->layers[3].q_norm);
+    kp_model_free(m);
+    edit_case(QWEN35MOE_F32, "qwen35moe.expert_count", NULL, KP_EFORMAT, NULL, "expert_count");
+    edit_case(QWEN35MOE_F32, "qwen35moe.ssm.group_count", NULL, KP_EFORMAT, NULL, "ssm.group_count");
+    edit_case(QWEN35MOE_F32, "qwen35moe.attention.layer_norm_rms_epsilon", NULL, KP_EFORMAT, NULL, "rms_epsilon");
+    /* the shared expert's width: the key, or n_ff (32 here too) without it */
+    edit_case(QWEN35MOE_F32, "qwen35moe.expert_shared_feed_forward_length", NULL, KP_OK, NULL, NULL);
+    edit_case(QWEN35MOE_F32, "qwen35moe.expert_shared_feed_forward_length", add_q35moe_shexp_64, KP_EFORMAT, NULL,
+              "blk.0.ffn_gate_shexp.weight");
+    /* the last nextn_predict_layers blocks are multi-token-prediction layers, as Qwen3.5's converter writes
+     * them: llama.cpp's main graph never runs them, nor does kvpin (here blk.7 stands for one) */
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/kvpin-test-edit-%d.gguf", (int)getpid());
+    if (gguf_copy_edit(harness_path(QWEN35MOE_F32), path, NULL, add_q35moe_nextn_1)) {
+        CHECK_MSG(kp_model_load(&m, path, &err) == KP_OK, "%s", err.msg);
+        if (m) {
+            CHECK(m->hp.n_layer == 7 && m->hp.n_layer_nextn == 1 && m->hp.n_kv_layer == 1);
+            CHECK_EQ_STR(rec_kinds_of(m, kinds), "rrrfrrr");
+        }
+        kp_model_free(m);
+        unlink(path);
+    }
+    edit_case(QWEN35MOE_F32, NULL, add_q35moe_nextn_8, KP_EFORMAT, NULL, "nextn_predict_layers");
 }
 
 /* A recurrent state cannot be cut back: a batch that would rewind or skip
@@ -1312,6 +1394,9 @@ static void test_invariants(void) {
         /* recurrent state: carried across the splits, batches and sequences */
         invariants_for("tests/data/models/gen-qwen35-f32.gguf", KP_DTYPE_F32, ks[i], 1e-5);
         invariants_for("tests/data/models/gen-qwen35-q8_0.gguf", KP_DTYPE_F16, ks[i], 1e-5);
+        /* and experts with a shared expert on top */
+        invariants_for("tests/data/models/gen-qwen35moe-f32.gguf", KP_DTYPE_F32, ks[i], 1e-5);
+        invariants_for("tests/data/models/gen-qwen35moe-q8_0.gguf", KP_DTYPE_F16, ks[i], 1e-5);
     }
 }
 
@@ -1648,6 +1733,8 @@ int main(void) {
     TIMED(test_qwen35_hparams);
     TIMED(test_goldens_qwen35);
     TIMED(test_qwen35_state_rules);
+    TIMED(test_qwen35moe_hparams);
+    TIMED(test_goldens_qwen35moe);
     TIMED(test_goldens_rope);
     TIMED(test_greedy_per_model);
     TIMED(test_window_edge);

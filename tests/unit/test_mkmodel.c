@@ -1314,6 +1314,78 @@ static void test_qwen35_files(void) {
     CHECK(kp_mkmodel_validate(&s, 512, &err) == KP_EINVAL && strstr(err.msg, "qwen35"));
 }
 
+/* qwen35moe files: qwen35's keys and layers with llama.cpp's expert keys
+ * (expert_shared_feed_forward_length too); in every layer, recurrent or
+ * not, the router (F32), the 3-D experts and the shared expert, its gate a
+ * 1-D F32 vector; under MXFP4 the experts MXFP4 and every other matrix
+ * Q8_0 (none reported as a fallback); the refusals. */
+static void test_qwen35moe_files(void) {
+    static const kp_dtype types[] = {KP_DTYPE_F32, KP_DTYPE_Q8_0, KP_DTYPE_MXFP4};
+    for (size_t ti = 0; ti < 3; ti++) {
+        kp_mkmodel_spec s = preset("qwen35moe-tiny");
+        s.wtype = types[ti];
+        char path[64];
+        tmp_path(path);
+        kp_error err = {0};
+        kp_mkmodel_report rep;
+        kp_status st = kp_mkmodel_write(&s, harness_path(STORIES), path, &rep, &err);
+        CHECK_MSG(st == KP_OK, "%s", err.msg);
+        if (st != KP_OK) continue;
+        CHECK_EQ_INT(rep.n_fallback, 0);
+        kp_mkmodel_report_clear(&rep);
+        kp_gguf *g = NULL;
+        CHECK_MSG(kp_gguf_open(&g, path, &err) == KP_OK, "%s", err.msg);
+        if (!g) continue;
+        CHECK(str_is(g, "general.architecture", "qwen35moe"));
+        CHECK_EQ_INT(get_u32(g, "qwen35moe.expert_count"), 8);
+        CHECK_EQ_INT(get_u32(g, "qwen35moe.expert_used_count"), 3);
+        CHECK_EQ_INT(get_u32(g, "qwen35moe.expert_feed_forward_length"), 32);
+        CHECK_EQ_INT(get_u32(g, "qwen35moe.expert_shared_feed_forward_length"), 32);
+        CHECK_EQ_INT(get_u32(g, "qwen35moe.ssm.time_step_rank"), 4);
+        CHECK_EQ_INT(get_u32(g, "qwen35moe.full_attention_interval"), 4);
+        CHECK(kp_gguf_find(g, "qwen35moe.rope.dimension_sections") != NULL);
+        kp_dtype W = types[ti] == KP_DTYPE_MXFP4 ? KP_DTYPE_Q8_0 : types[ti];
+        static const struct { const char *name; int kind; int64_t ne0, ne1, ne2; } want[] = {
+            /* kind: 0 F32, 1 a matrix (W), 2 experts (the spec's type) */
+            {"blk.0.attn_qkv.weight", 1, 64, 128, 1},          {"blk.0.ffn_gate_inp.weight", 0, 64, 8, 1},
+            {"blk.0.ffn_gate_exps.weight", 2, 64, 32, 8},      {"blk.0.ffn_down_exps.weight", 2, 32, 64, 8},
+            {"blk.0.ffn_gate_inp_shexp.weight", 0, 64, 1, 1},  {"blk.0.ffn_gate_shexp.weight", 1, 64, 32, 1},
+            {"blk.0.ffn_up_shexp.weight", 1, 64, 32, 1},       {"blk.0.ffn_down_shexp.weight", 1, 32, 64, 1},
+            {"blk.3.attn_q.weight", 1, 64, 256, 1},            {"blk.3.ffn_up_exps.weight", 2, 64, 32, 8},
+            {"blk.7.ffn_down_shexp.weight", 1, 32, 64, 1},     {"output.weight", 1, 64, 512, 1},
+        };
+        for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+            const kp_gguf_tensor *t = kp_gguf_find_tensor(g, want[i].name);
+            CHECK_MSG(t != NULL, "%s missing", want[i].name);
+            if (!t) continue;
+            kp_dtype expect = want[i].kind == 0 ? KP_DTYPE_F32 : want[i].kind == 1 ? W : types[ti];
+            CHECK_MSG(t->type == (uint32_t)expect && t->ne[0] == want[i].ne0 && t->ne[1] == want[i].ne1 &&
+                          t->ne[2] == want[i].ne2,
+                      "%s %s: %s [%lld, %lld, %lld]", kp_dtype_name(types[ti]), want[i].name, kp_dtype_name(t->type),
+                      (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2]);
+        }
+        CHECK(kp_gguf_find_tensor(g, "blk.0.ffn_gate.weight") == NULL);
+        CHECK(kp_gguf_find_tensor(g, "blk.3.ffn_gate.weight") == NULL);
+        kp_gguf_close(g);
+        unlink(path);
+    }
+    kp_error err = {0};
+    kp_mkmodel_spec s = preset("qwen35moe-35b-a3b"); /* Qwen3.5-35B-A3B's shape, 8 of its 40 layers */
+    CHECK(s.n_layer == 8 && s.n_embd == 2048 && s.n_head == 16 && s.n_head_kv == 2 && s.head_dim == 256);
+    CHECK(s.n_rot == 64 && s.n_expert == 256 && s.n_expert_used == 8 && s.n_ff_exp == 512 && s.n_ff_shexp == 512);
+    CHECK(s.ssm_d_state == 128 && s.ssm_n_group == 16 && s.ssm_dt_rank == 32 && !s.tied);
+    CHECK(kp_mkmodel_validate(&s, 512, &err) == KP_OK);
+    s = preset("qwen35moe-tiny");
+    s.n_expert = 0; /* qwen35moe has experts */
+    CHECK(kp_mkmodel_validate(&s, 512, &err) == KP_EINVAL && strstr(err.msg, "qwen35moe"));
+    s = preset("qwen35moe-tiny");
+    s.ssm_d_conv = 0; /* and the delta-net */
+    CHECK(kp_mkmodel_validate(&s, 512, &err) == KP_EINVAL && strstr(err.msg, "qwen35moe"));
+    s = preset("qwen3moe-tiny");
+    s.n_ff_shexp = 64; /* a shared expert is qwen35moe's */
+    CHECK(kp_mkmodel_validate(&s, 512, &err) == KP_EINVAL && strstr(err.msg, "shared expert"));
+}
+
 /* gpt-oss files: llama.cpp's keys (the window, the experts, YaRN), its
  * tensors (biases, sinks, post_attention_norm as the FFN norm, no
  * ffn_norm), and --type MXFP4 as llama-quantize's MXFP4_MOE writes a file:
@@ -1451,5 +1523,6 @@ int main(void) {
     RUN(test_all_archs_and_types);
     RUN(test_gptoss_files);
     RUN(test_qwen35_files);
+    RUN(test_qwen35moe_files);
     return harness_finish("mkmodel");
 }
