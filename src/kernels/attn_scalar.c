@@ -210,9 +210,21 @@ static void tile_begin_cb(kp_attn_tile *t, const float *q, int64_t q_stride) {
     for (size_t i = 0; i < (size_t)w.M * (size_t)t->hd; i++) w.q[i] = round_bf16(w.q[i]);
 }
 
+/* GCC 12 (Debian 12's 12.2) miscompiles the pair loop below when it
+ * vectorizes it (-O2 and up): a float sum fed "s += a[d + 1] * b[d + 1];
+ * s += a[d] * b[d];" per step comes out wrong (integer-valued inputs, 64
+ * of them: -4 for -6), not merely rounded differently; the order d, d + 1
+ * is compiled right. So the step is not loop-vectorized; it is the
+ * portable reference, not a fast path. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NO_LOOP_VECTORIZE __attribute__((optimize("no-tree-loop-vectorize")))
+#else
+#define NO_LOOP_VECTORIZE
+#endif
+
 /* A bfloat16 step on K and V rows already in F32 (kf, vf: n_keys x hd,
  * rounded here in place). */
-static void bf16_step_c(kp_attn_tile *t, float *kf, float *vf, int n_keys, int32_t key_pos) {
+NO_LOOP_VECTORIZE static void bf16_step_c(kp_attn_tile *t, float *kf, float *vf, int n_keys, int32_t key_pos) {
     scalar_ws w = scalar_layout(t);
     int hd = t->hd;
     for (size_t i = 0; i < (size_t)n_keys * (size_t)hd; i++) {
