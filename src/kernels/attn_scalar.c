@@ -201,6 +201,16 @@ static float round_bf16(float x) {
     return x;
 }
 
+/* The weights' exp of the bfloat16 precision: attn_bf16.c's exp_w, step
+ * for step (the same roundings, so the same weights). */
+static float exp_w(float x) {
+    float xc = x > -104.0f ? x : -104.0f; /* NaN too, as VMAXPS(x, -104) */
+    float n = nearbyintf(xc * 1.44269504f);
+    float r = fmaf(-n, 0.693147182f, xc);
+    float p = fmaf(fmaf(fmaf(fmaf(1.0f / 24, r, 1.0f / 6), r, 0.5f), r, 1.0f), r, 1.0f);
+    return ldexpf(p, (int)n);
+}
+
 static bool bf16_tile_c(const kp_attn_tile *t) { return t->hd % 32 == 0 && t->n_tok * t->G >= 8; }
 
 static void tile_begin_cb(kp_attn_tile *t, const float *q, int64_t q_stride) {
@@ -250,7 +260,7 @@ NO_LOOP_VECTORIZE static void bf16_step_c(kp_attn_tile *t, float *kf, float *vf,
         }
         float a = mx == mold ? 1.0f : expf(mold - mx), sum = 0;
         for (int j = 0; j < nvis; j++) {
-            w.s[j] = round_bf16(expf(w.s[j] - mx));
+            w.s[j] = round_bf16(exp_w(w.s[j] - mx));
             sum += w.s[j];
         }
         float l = w.l[r] * a + sum;
