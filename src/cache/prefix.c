@@ -76,7 +76,9 @@
  * are evicted, least recently used first (the LRU list, head = most
  * recent; a touch moves a whole path to the head). Eviction drops the
  * index's references; the bytes come back only for blocks nobody else uses.
- * Pinned bytes (blocks on pinned paths, each once) are capped.
+ * Pinned bytes are capped: what the blocks on pinned paths (each once) and
+ * the snapshots at their ends hold, a block's window rows only while it
+ * has them (under a window budget most of a long pinned path has none).
  *
  * Evicted record: a ring of (hash of path[0..d0], d0 + 1, d1) for each
  * evicted leaf: when a later query leaves the cache at depth d0 with the
@@ -699,7 +701,9 @@ kp_status kp_pfx_new(kp_pfx_index **out, kp_kvpool *pool, const kp_pfx_config *c
     if (cfg) {
         p->cfg = *cfg;
     } else {
-        p->cfg.pinned_cap_bytes = (uint64_t)p->n_pool_blocks / 2 * p->block_bytes;
+        /* half of each arena: the blocks' rows and, under a window budget, the window slots' */
+        p->cfg.pinned_cap_bytes = (uint64_t)p->n_pool_blocks / 2 * kp_kvpool_full_bytes(pool) +
+                                  (uint64_t)kp_kvpool_n_slots(pool) / 2 * kp_kvpool_window_bytes(pool);
         p->cfg.evicted_record_size = 256;
     }
     p->idx_refs = calloc(p->n_pool_blocks, sizeof(uint32_t));
@@ -1079,13 +1083,22 @@ uint64_t kp_pfx_evict(kp_pfx_index *p, uint64_t bytes_needed, int64_t now) {
     return evict_lru(p, bytes_needed);
 }
 
-/* Distinct blocks on pinned paths, plus on the path of extra (may be NULL). */
-static uint64_t count_pinned_blocks(kp_pfx_index *p, const kp_pfx_node *extra) {
+/* The bytes block b holds: its main-arena rows, and its window rows when
+ * it has them (under a window budget a block may have dropped them;
+ * without one, full + window = block_bytes). */
+static uint64_t held_bytes(const kp_pfx_index *p, int32_t b) {
+    return kp_kvpool_full_bytes(p->pool) + (kp_kvpool_has_window(p->pool, b) ? kp_kvpool_window_bytes(p->pool) : 0);
+}
+
+/* Bytes the distinct blocks on pinned paths hold (held_bytes: what each
+ * really holds, window rows only where kept), plus on the path of extra
+ * (may be NULL). */
+static uint64_t count_pinned_bytes(kp_pfx_index *p, const kp_pfx_node *extra) {
     if (++p->epoch == 0) {
         memset(p->mark, 0, (size_t)p->n_pool_blocks * sizeof(uint32_t));
         p->epoch = 1;
     }
-    uint64_t count = 0;
+    uint64_t bytes = 0;
     for (uint32_t i = 0; i <= p->n_pins; i++) {
         const kp_pfx_node *n = i < p->n_pins ? p->pins[i].node : extra;
         for (uint32_t k = 0; n && k < n->n_snaps; k++) /* the snapshot the pin resumes from */
@@ -1093,16 +1106,16 @@ static uint64_t count_pinned_blocks(kp_pfx_index *p, const kp_pfx_node *extra) {
                 for (uint32_t j = 0; j < n->snaps[k].n_blocks; j++)
                     if (p->mark[n->snaps[k].blocks[j]] != p->epoch) {
                         p->mark[n->snaps[k].blocks[j]] = p->epoch;
-                        count++;
+                        bytes += held_bytes(p, n->snaps[k].blocks[j]);
                     }
         for (; n && n->parent; n = n->parent)
             for (uint32_t b = 0; b < n->n_blocks; b++)
                 if (p->mark[n->blocks[b]] != p->epoch) {
                     p->mark[n->blocks[b]] = p->epoch;
-                    count++;
+                    bytes += held_bytes(p, n->blocks[b]);
                 }
     }
-    return count;
+    return bytes;
 }
 
 kp_status kp_pfx_pin(kp_pfx_index *p, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
@@ -1121,7 +1134,7 @@ kp_status kp_pfx_pin(kp_pfx_index *p, const int32_t *tokens, uint32_t n, int64_t
         node = u;
         did_split = true;
     }
-    uint64_t bytes = count_pinned_blocks(p, node) * p->block_bytes;
+    uint64_t bytes = count_pinned_bytes(p, node);
     if (bytes > p->cfg.pinned_cap_bytes) {
         if (did_split) try_merge(p, node);
         return kp_fail(err, KP_EFULL, "pinning %u tokens would make %llu pinned bytes, over the cap of %llu", n,
@@ -1183,7 +1196,7 @@ void kp_pfx_get_stats(kp_pfx_index *p, kp_pfx_stats *out) {
     out->index_bytes = (uint64_t)p->n_idx_blocks * bb;
     for (uint32_t b = 0; b < p->n_pool_blocks; b++)
         if (p->idx_refs[b] && kp_kvpool_has_window(p->pool, (int32_t)b)) out->index_window_blocks++;
-    out->pinned_bytes = count_pinned_blocks(p, NULL) * bb;
+    out->pinned_bytes = count_pinned_bytes(p, NULL);
     out->pinned_cap_bytes = p->cfg.pinned_cap_bytes;
     for (uint32_t b = 0; b < p->n_pool_blocks; b++) {
         if (!p->idx_refs[b]) continue;
@@ -1393,7 +1406,7 @@ kp_status kp_pfx_check(kp_pfx_index *p, kp_error *err) {
         if (p->pins[i].node->pin_here == 0)
             return kp_fail(err, KP_EFORMAT, "prefix index: pin %llu points at an unpinned node",
                            (unsigned long long)p->pins[i].id);
-    uint64_t pinned = count_pinned_blocks(p, NULL) * p->block_bytes;
+    uint64_t pinned = count_pinned_bytes(p, NULL);
     if (pinned > p->cfg.pinned_cap_bytes)
         return kp_fail(err, KP_EFORMAT, "prefix index: %llu pinned bytes over the cap of %llu",
                        (unsigned long long)pinned, (unsigned long long)p->cfg.pinned_cap_bytes);

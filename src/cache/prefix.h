@@ -77,7 +77,8 @@ typedef struct {
 } kp_pfx_lease;
 
 /* Makes an empty index over `pool` (borrowed; it must outlive the index).
- * cfg NULL: pinned cap = half the pool, 256 evicted runs remembered.
+ * cfg NULL: pinned cap = half the pool (half of each arena under a window
+ * budget: kvpool.h), 256 evicted runs remembered.
  * KP_ENOMEM on allocation failure (*out NULL). */
 kp_status kp_pfx_new(kp_pfx_index **out, kp_kvpool *pool, const kp_pfx_config *cfg, kp_error *err);
 
@@ -239,7 +240,9 @@ uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed, const kp_kvseq 
 /* Pins the cached prefix tokens[0..n) until kp_pfx_unpin(*id), or until
  * now + ttl_seconds (ttl 0: no expiry). A pinned path is never evicted.
  * KP_ENOTFOUND if the n tokens are not all cached; KP_EFULL if the pinned
- * bytes would exceed the configured cap; KP_EINVAL for n 0 or ttl < 0. */
+ * bytes (kp_pfx_stats.pinned_bytes: what the pinned blocks hold, window
+ * rows where kept) would exceed the configured cap; KP_EINVAL for n 0 or
+ * ttl < 0. */
 kp_status kp_pfx_pin(kp_pfx_index *p, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
                   uint64_t *id, kp_error *err);
 
@@ -257,7 +260,8 @@ typedef struct {
     uint64_t free_bytes;        /* budget - used */
     uint64_t block_bytes;
     uint64_t index_bytes;       /* blocks the index references */
-    uint64_t pinned_bytes;      /* blocks on pinned paths */
+    uint64_t pinned_bytes;      /* what pinned paths hold: their blocks' rows, window rows
+                                   only of the blocks that have them (kvpool.h) */
     uint64_t pinned_cap_bytes;
     uint64_t shared_bytes;      /* index blocks that running sequences also use */
     uint64_t saved_bytes;       /* what those sequences would need more without sharing */

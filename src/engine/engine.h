@@ -353,7 +353,7 @@ typedef struct {
     uint64_t used_bytes;        /* blocks in use by the index or any sequence */
     uint64_t free_bytes;        /* budget - used */
     uint64_t index_bytes;       /* blocks the index references */
-    uint64_t pinned_bytes;      /* blocks on pinned paths */
+    uint64_t pinned_bytes;      /* what pinned paths hold (window rows where kept) */
     uint64_t pinned_cap_bytes;  /* the cap of pinned_bytes */
     uint64_t shared_bytes;      /* index blocks that running sequences also use */
     uint64_t saved_bytes;       /* what those sequences would need more without sharing */

@@ -514,6 +514,59 @@ static void test_window_fork(void) {
     kp_model_free(m);
 }
 
+/* The pin cap under a window budget counts what a pin holds: sequence A
+ * of 80 positions on gemma3 (W = 16, B = 16) under the tightest window
+ * budget keeps the window rows of its last block only, so a pin of A
+ * holds 5 blocks' full rows and 1 block's window rows (the bill's
+ * pinned_bytes), and a cap of exactly that takes the pin, one byte less
+ * refuses it (KP_EFULL). Counted as whole blocks (full + window rows
+ * each) the pin would claim 5 blocks' window rows it does not hold. */
+static void test_window_pin_cap(void) {
+    enum { N = 80, BS = 16 };
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 1, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    uint32_t nv = m->hp.n_vocab;
+    uint64_t fb = BS * kp_model_kv_bytes_per_token_kind(m, KP_LAYER_FULL, KP_DTYPE_F32, KP_DTYPE_F32);
+    uint64_t wb = BS * kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, KP_DTYPE_F32, KP_DTYPE_F32);
+    uint64_t holds = 5 * fb + wb;
+    int32_t a[N];
+    rng_state = 0x70696e636170ull;
+    a[0] = 1;
+    for (uint32_t i = 1; i < N; i++) a[i] = (int32_t)rnd(nv);
+    for (int k = 0; k < 2; k++) {
+        kp_pfx_config pc = {holds - (uint64_t)k, 16};
+        kp_eng_config c = {KP_DTYPE_F32, BS, (fb + wb) * 64, MAX_LEN + N_GEN + 8, false, &pc, KP_DTYPE_F32, true,
+                           tight_window_budget(m, KP_DTYPE_F32), 0};
+        kp_engine *e = NULL;
+        kp_eng_seq s = {0};
+        uint64_t id = 0;
+        CHECK_MSG(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK, "%s", err.msg);
+        if (!e) break;
+        CHECK(kp_eng_prefill(e, a, N, &s, NULL, NULL, &err) == KP_OK && kp_eng_finish(e, &s, a, N, NULL, &err) == KP_OK);
+        kp_status st = kp_eng_pin(e, a, N, 0, 0, &id, &err);
+        kp_eng_stats es;
+        kp_eng_get_stats(e, &es);
+        if (k == 0) {
+            CHECK_MSG(st == KP_OK, "%s", err.msg);
+            CHECK_EQ_INT(es.pinned_bytes, holds);
+        } else {
+            CHECK_EQ_INT(st, KP_EFULL);
+            CHECK_EQ_INT(es.pinned_bytes, 0);
+        }
+        CHECK_MSG(kp_eng_check(e, &err) == KP_OK, "%s", err.msg);
+        kp_eng_free(e);
+    }
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
 /* The bundled model and a pool of one thread. */
 static bool load_stories(kp_model **m, kp_threads **pool) {
     kp_error err = {0};
@@ -1562,6 +1615,7 @@ int main(void) {
     RUN(test_window_resume);
     RUN(test_window_fork);
     RUN(test_window_turns);
+    RUN(test_window_pin_cap);
     RUN(test_equal_qwen3moe);
     RUN(test_equal_gptoss);
     RUN(test_bill_kv_types);
