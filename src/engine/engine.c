@@ -41,13 +41,19 @@
  *     (window_rows) and, after it, drops those of its own blocks (no one
  *     else references them) that lie wholly W or more positions before its
  *     length (window_trim): a query at q >= n reads q - W < p <= q only.
- *     So a running sequence holds at most W positions (plus the block
- *     they start in and the batch it computes) of window rows beyond what
- *     the index already holds, and those before its prompt's end
- *     (seq->prompt_end: the next turn diverges there when the answer is
- *     not sent back as it was) and of its copy of the block it resumed in
- *     (seq->reused: a prompt diverging just past the previous turn's end
- *     reads it);
+ *     Once past its prompt's end (seq->prompt_end: the next turn diverges
+ *     there when the answer is not sent back as it was) it hands the
+ *     prompt's path to the index (hand_resume_points: kp_pfx_insert with
+ *     its lease, which a running sequence may call), so the window before
+ *     it, and its copy of the block it resumed in (seq->reused: a prompt
+ *     diverging just past the previous turn's end reads it), are the
+ *     index's, kept as before a leaf's end. So a running sequence holds
+ *     at most W positions (plus the block they start in and the batch it
+ *     computes) of window rows beyond what the index keeps
+ *     (kp_eng_seq_window_slots counts them), not a second window for its
+ *     prompt's end while it generates a long answer; until it is past
+ *     that end it keeps those blocks itself (near_resume_point). To hand
+ *     it over it keeps its tokens (seq->toks) under a budget;
  *   - when the window arena is full, window_rows asks the index to drop
  *     the window rows of cached blocks no running sequence uses and no
  *     resume point needs (kp_pfx_drop_windows: a block is needed when it
@@ -414,6 +420,14 @@ uint32_t kp_eng_seq_blocks_missing(const kp_engine *e, const kp_eng_seq *seq, ui
     return nb > seq->kv.n_blocks ? nb - seq->kv.n_blocks : 0;
 }
 
+uint32_t kp_eng_seq_window_slots(const kp_engine *e, const kp_eng_seq *seq) {
+    if (!kp_kvpool_window_budgeted(e->kv)) return 0;
+    uint32_t n = 0;
+    for (uint32_t j = 0; j < seq->kv.n_blocks; j++)
+        n += kp_kvpool_refcount(e->kv, seq->kv.blocks[j]) == 1 && kp_kvpool_has_window(e->kv, seq->kv.blocks[j]);
+    return n;
+}
+
 /* Makes sure positions [0, n_pos) of s have blocks, evicting unheld cached
  * prefixes when the pool is full. */
 static kp_status reserve(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_eng_report *r, kp_error *err) {
@@ -484,23 +498,79 @@ static kp_status window_rows(kp_engine *e, kp_eng_seq *seq, uint32_t p0, uint32_
     return KP_OK;
 }
 
+/* window_trim's drop of the window rows of seq's blocks [lo, hi). */
+static void window_drop_run(kp_engine *e, kp_eng_seq *seq, uint32_t lo, uint32_t hi) {
+    for (uint32_t j = lo; j < hi; j++) kp_kvpool_drop_window(e->kv, seq->kv.blocks[j]);
+}
+
+/* True when block j of seq reaches into the W positions before its
+ * prompt's end (a resume point: the next turn of a conversation diverges
+ * there when the answer is not sent back as it was), or is its copy of the block it resumed in (a prompt
+ * diverging just past the previous turn's end reads it). */
+static bool near_resume_point(const kp_eng_seq *seq, uint32_t j, uint32_t B, uint32_t W) {
+    uint32_t r = seq->prompt_end;
+    return (seq->reused % B && j == seq->reused / B) || (r && j * B < r && (j + 1) * B + W > r);
+}
+
 /* With a window budget: drops the window rows of seq's own blocks (no one
  * else references them) that no query of it will read again: a query at
  * q >= n_pos reads positions > q - W, so block j is done once
  * (j + 1) * B <= n_pos - W (the W positions before n_pos stay, so a
- * resume point at its end, or one before, stays whole once indexed). */
+ * resume point at its end, or one before, stays whole once indexed), but
+ * those near a resume point (near_resume_point; once the sequence passed
+ * it, hand_resume_points gives them to the index). */
 static void window_trim(kp_engine *e, kp_eng_seq *seq) {
     if (!kp_kvpool_window_budgeted(e->kv)) return;
     uint32_t B = kp_kvpool_config_of(e->kv)->block_size, W = kp_kvpool_config_of(e->kv)->window;
-    uint32_t n = seq->kv.n_pos, mark = seq->prompt_end;
+    uint32_t n = seq->kv.n_pos, lo = UINT32_MAX, j = 0;
     if (n < W + B) return;
-    for (uint32_t j = 0; (j + 1) * B <= n - W && j < seq->kv.n_blocks; j++) {
-        /* the prompt's end is a resume point too: keep what reaches into [mark - W, mark) */
-        if (mark && j * B < mark && (j + 1) * B + W > mark) continue;
-        /* and so is where the sequence resumed: keep its copy of that block */
-        if (seq->reused % B && j == seq->reused / B) continue;
-        if (kp_kvpool_refcount(e->kv, seq->kv.blocks[j]) == 1) kp_kvpool_drop_window(e->kv, seq->kv.blocks[j]);
+    for (; (j + 1) * B <= n - W && j < seq->kv.n_blocks; j++) {
+        int32_t b = seq->kv.blocks[j];
+        bool drop = kp_kvpool_refcount(e->kv, b) == 1 && kp_kvpool_has_window(e->kv, b) &&
+                    !near_resume_point(seq, j, B, W);
+        if (drop && lo == UINT32_MAX) lo = j;
+        if (!drop && lo != UINT32_MAX) {
+            window_drop_run(e, seq, lo, j);
+            lo = UINT32_MAX;
+        }
     }
+    if (lo != UINT32_MAX) window_drop_run(e, seq, lo, j);
+}
+
+/* With a window budget, after a forward call: once seq went past its
+ * prompt's end (a resume point), hands the prompt's path to the index,
+ * with its lease (kp_pfx_insert, which a running sequence may call: it
+ * appends only past it), so the window rows before it are the index's,
+ * kept as before a leaf's end, and the sequence holds no more than its
+ * own window beyond them. Best effort: a failure leaves the rows to the
+ * sequence (near_resume_point). */
+static void hand_resume_points(kp_engine *e, kp_eng_seq *seq) {
+    uint32_t r = seq->prompt_end;
+    if (!e->idx || !seq->toks || r <= seq->handed) return;
+    if (r >= seq->kv.n_pos || r > seq->n_toks) return; /* not passed yet (a prompt computed and
+                                                          * aborted leaves nothing indexed) */
+    kp_pfx_insert(e->idx, seq->toks, r, &seq->kv, &seq->lease, NULL, NULL);
+    seq->handed = r;
+}
+
+/* After a forward call fed tokens[0..m) at positions [p, p + m): a
+ * sequence that keeps its tokens (a window budget) remembers those past
+ * the ones it knew. Out of memory: it stops remembering (nothing past is
+ * handed to the index or the tiers early). */
+static void seq_fed(kp_eng_seq *seq, uint32_t p, const int32_t *tokens, uint32_t m) {
+    if (!seq->toks || p > seq->n_toks || p + m <= seq->n_toks) return;
+    uint32_t k = seq->n_toks - p;
+    if (!kp_grow_u32((void **)&seq->toks, &seq->cap_toks, p + m, sizeof *seq->toks)) return;
+    memcpy(seq->toks + seq->n_toks, tokens + k, (size_t)(m - k) * sizeof *seq->toks);
+    seq->n_toks = p + m;
+}
+
+/* What a sequence does after each forward call under a window budget. */
+static void window_after(kp_engine *e, kp_eng_seq *seq, uint32_t p, const int32_t *tokens, uint32_t m) {
+    if (!kp_kvpool_window_budgeted(e->kv)) return;
+    seq_fed(seq, p, tokens, m);
+    window_trim(e, seq);
+    hand_resume_points(e, seq);
 }
 
 uint32_t kp_eng_fork_blocks(const kp_engine *e, uint32_t n_pos) {
@@ -583,6 +653,7 @@ kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp
 
 void kp_eng_seq_abort(kp_engine *e, kp_eng_seq *seq) {
     states_drop(e, seq);
+    free(seq->toks);
     if (e->idx) kp_pfx_release(e->idx, &seq->lease);
     kp_kvseq_release(&seq->kv, e->kv);
     memset(seq, 0, sizeof *seq);
@@ -626,10 +697,11 @@ static kp_status run_tokens(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens
             e->step_want[j] = last && j == m - 1 && logits;
         }
         kp_batch b = {(int32_t)m, tokens + i, e->step_pos, e->step_seq, e->step_want, seqs, 1};
-        kp_status st = window_rows(e, seq, seq->kv.n_pos, seq->kv.n_pos + m, err);
+        uint32_t p = seq->kv.n_pos;
+        kp_status st = window_rows(e, seq, p, p + m, err);
         if (st == KP_OK) st = kp_forward_run(e->fw, &b, last ? logits : NULL, err);
         if (st != KP_OK) return st;
-        window_trim(e, seq);
+        window_after(e, seq, p, tokens + i, m);
         take_state(e, seq, false);
     }
     return KP_OK;
@@ -766,6 +838,16 @@ static void tier_restore_state(kp_engine *e, const int32_t *tokens, uint32_t n, 
                               r->restore_failed != KP_BLOCKREC_OK);
 }
 
+/* Under a window budget: seq keeps its prompt's tokens for
+ * hand_resume_points. Out of memory: not (the sequence keeps the window
+ * before its prompt's end itself, near_resume_point). */
+static void keep_prompt(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n) {
+    if (!kp_kvpool_window_budgeted(e->kv) || !e->idx) return;
+    if (!kp_grow_u32((void **)&seq->toks, &seq->cap_toks, n, sizeof *seq->toks)) return;
+    memcpy(seq->toks, tokens, (size_t)n * sizeof *tokens);
+    seq->n_toks = n;
+}
+
 kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_seq *seq, kp_eng_report *report,
                     kp_error *err) {
     kp_eng_report r;
@@ -818,6 +900,7 @@ kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_s
     r.computed_tokens = n - r.reused_tokens;
     if (r.state_cut_from > r.reused_tokens) r.state_recomputed_tokens = r.state_cut_from - r.reused_tokens;
     seq->reused = r.reused_tokens;
+    keep_prompt(e, seq, tokens, n);
     if (report) *report = r;
     return KP_OK;
 }
@@ -1028,7 +1111,7 @@ kp_status kp_eng_step(kp_engine *e, kp_eng_item *items, uint32_t n_items, kp_err
     if ((st = kp_forward_run(e->fw, &b, out, err)) != KP_OK) return st;
     for (uint32_t i = 0; i < n_items; i++)
         if (items[i].status == KP_OK) {
-            window_trim(e, items[i].seq);
+            window_after(e, items[i].seq, items[i].seq->kv.n_pos - items[i].n, items[i].tokens, items[i].n);
             take_state(e, items[i].seq, false);
         }
     if (n_asking < 2) return KP_OK;

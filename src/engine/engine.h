@@ -86,6 +86,11 @@ typedef struct {
                             ran (pool blocks of its own), in position order, handed
                             to the index by kp_eng_finish */
     uint32_t n_snaps, cap_snaps;
+    /* Under a window budget (engine.c), the engine's own: */
+    int32_t *toks;       /* the tokens of positions [0, n_toks): the prompt from
+                            kp_eng_begin on, then every token fed (NULL: not kept) */
+    uint32_t n_toks, cap_toks;
+    uint32_t handed;     /* prompt_end once the prompt's path was handed to the index */
 } kp_eng_seq;
 
 /* What one prefill did, and the inputs of a cache report. */
@@ -289,6 +294,11 @@ uint32_t kp_eng_seq_len(const kp_eng_seq *seq);
 /* Blocks seq still has to take from the pool to hold n_pos positions: 0
  * when its block table covers them already. */
 uint32_t kp_eng_seq_blocks_missing(const kp_engine *e, const kp_eng_seq *seq, uint32_t n_pos);
+
+/* Under a window budget (engine.c): the window slots seq holds alone, its
+ * blocks with window rows that nothing else references (the index's share
+ * of a block it handed over is the index's). 0 without a budget. */
+uint32_t kp_eng_seq_window_slots(const kp_engine *e, const kp_eng_seq *seq);
 
 /* ---- admission: what a prefill takes, what the pool can give ------------ */
 

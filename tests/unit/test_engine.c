@@ -514,6 +514,76 @@ static void test_window_fork(void) {
     kp_model_free(m);
 }
 
+/* A long answer under the tightest window budget (gemma3, W = 16, B =
+ * 16): a prompt of 40, then 60 greedy tokens. Once past its prompt's end
+ * the sequence hands the prompt's path to the index (with its lease), so
+ * the window before position 40 (blocks 1 and 2) is the index's, and the
+ * sequence alone holds no more than its own window: after every token at
+ * most ceil(W / B) + 1 = 2 blocks of window rows that nothing else
+ * references, and the slots in use are the index's plus those exactly.
+ * The logits are a recomputation's at every step, and a next turn that
+ * sends the prompt back without the answer reuses all 40 positions. */
+static void test_window_answer(void) {
+    enum { P = 40, G = 60, W = 16, BS = 16 };
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 1, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    uint32_t nv = m->hp.n_vocab;
+    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * BS;
+    runner ref, win;
+    bool ok = open_engine(&ref, m, pool, false, 0, KP_DTYPE_F32) &&
+              open_engine_win(&win, m, pool, true, bb * 64, KP_DTYPE_F32, tight_window_budget(m, KP_DTYPE_F32));
+    int32_t t[P + G + 1];
+    rng_state = 0x616e73776572ull;
+    t[0] = 1;
+    for (uint32_t i = 1; i < P; i++) t[i] = (int32_t)rnd(nv);
+    runner *rs[2] = {&ref, &win};
+    for (int r = 0; r < 2 && ok; r++)
+        ok = kp_eng_prefill(rs[r]->e, t, P, &rs[r]->s, rs[r]->logits, NULL, &err) == KP_OK;
+    CHECK_MSG(ok, "%s", err.msg);
+    uint32_t most = 0;
+    for (uint32_t g = 0; ok && g < G; g++) {
+        CHECK_MSG(rel_diff(win.logits, ref.logits, nv) <= 1e-5, "step %u", g);
+        t[P + g] = kp_argmax(ref.logits, (int32_t)nv);
+        for (int r = 0; r < 2; r++) ok = ok && kp_eng_decode(rs[r]->e, &rs[r]->s, t[P + g], rs[r]->logits, &err) == KP_OK;
+        CHECK_MSG(ok, "%s", err.msg);
+        uint32_t own = kp_eng_seq_window_slots(win.e, &win.s);
+        if (own > most) most = own;
+        kp_eng_stats st;
+        kp_eng_get_stats(win.e, &st);
+        uint64_t wb = (uint64_t)BS * st.window_bytes_per_token;
+        CHECK_MSG(own <= (W + BS - 1) / BS + 1, "at %u positions the sequence holds %u blocks of window rows alone",
+                  P + g + 1, own);
+        CHECK_EQ_INT(st.window_used_bytes, st.index_window_bytes + own * wb);
+        if (g + 1 == G) /* the index keeps the window before the prompt's end: blocks 1 and 2 */
+            CHECK_EQ_INT(st.index_window_bytes, 2 * wb);
+    }
+    CHECK_EQ_INT(most, 2);
+    for (int r = 0; r < 2 && ok; r++) ok = kp_eng_finish(rs[r]->e, &rs[r]->s, t, P + G, NULL, &err) == KP_OK;
+    /* the next turn: the prompt again and something else than the answer */
+    t[P] = (t[P] + 1) % (int32_t)nv;
+    for (int r = 0; r < 2 && ok; r++)
+        ok = kp_eng_prefill(rs[r]->e, t, P + 1, &rs[r]->s, rs[r]->logits, &rs[r]->rep, &err) == KP_OK;
+    CHECK_MSG(ok, "%s", err.msg);
+    CHECK_EQ_INT(win.rep.reused_tokens, P);
+    CHECK_EQ_INT(win.rep.window_cut_from, 0);
+    CHECK(rel_diff(win.logits, ref.logits, nv) <= 1e-5);
+    if (ok) {
+        kp_eng_seq_abort(win.e, &win.s);
+        kp_eng_seq_abort(ref.e, &ref.s);
+        close_engine(&ref);
+        close_engine(&win);
+    }
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
 /* The pin cap under a window budget counts what a pin holds: sequence A
  * of 80 positions on gemma3 (W = 16, B = 16) under the tightest window
  * budget keeps the window rows of its last block only, so a pin of A
@@ -1616,6 +1686,7 @@ int main(void) {
     RUN(test_window_fork);
     RUN(test_window_turns);
     RUN(test_window_pin_cap);
+    RUN(test_window_answer);
     RUN(test_equal_qwen3moe);
     RUN(test_equal_gptoss);
     RUN(test_bill_kv_types);
