@@ -67,8 +67,11 @@
  *     window_evicted. Outputs stay those of a recomputation: no query ever
  *     reads a dropped row (kvpool.h asserts it).
  *
- *   Tiers: a finished sequence (a pinned path) is published up to its
- *   first block without window rows; a restored block gets a slot first.
+ *   Tiers: a record holds a whole block, window rows included, so a
+ *   sequence queues a block to the tiers before it drops its window rows
+ *   (window_trim: its rows are final by then), and a finished sequence (a
+ *   pinned path) publishes the blocks that still hold them: the tiers get
+ *   every block, as without a budget; a restored block gets a slot first.
  *   Admission (below) counts blocks only: a step item that finds no window
  *   slot gets KP_EFULL as one that finds no block does. A fork of a prefix
  *   whose window rows the source dropped is refused (KP_EFULL).
@@ -498,8 +501,11 @@ static kp_status window_rows(kp_engine *e, kp_eng_seq *seq, uint32_t p0, uint32_
     return KP_OK;
 }
 
-/* window_trim's drop of the window rows of seq's blocks [lo, hi). */
+/* window_trim's drop of the window rows of seq's blocks [lo, hi), queued to
+ * the tiers first (when it knows their tokens). */
 static void window_drop_run(kp_engine *e, kp_eng_seq *seq, uint32_t lo, uint32_t hi) {
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
+    if (e->tiers && seq->n_toks >= hi * B) kp_tiers_publish_range(e->tiers, seq->toks, lo, hi, &seq->kv);
     for (uint32_t j = lo; j < hi; j++) kp_kvpool_drop_window(e->kv, seq->kv.blocks[j]);
 }
 
@@ -518,7 +524,9 @@ static bool near_resume_point(const kp_eng_seq *seq, uint32_t j, uint32_t B, uin
  * (j + 1) * B <= n_pos - W (the W positions before n_pos stay, so a
  * resume point at its end, or one before, stays whole once indexed), but
  * those near a resume point (near_resume_point; once the sequence passed
- * it, hand_resume_points gives them to the index). */
+ * it, hand_resume_points gives them to the index). With tiers below RAM a
+ * block is queued to them (whole, window rows included: its rows are
+ * final) before its window rows go, so what RAM drops is on disk. */
 static void window_trim(kp_engine *e, kp_eng_seq *seq) {
     if (!kp_kvpool_window_budgeted(e->kv)) return;
     uint32_t B = kp_kvpool_config_of(e->kv)->block_size, W = kp_kvpool_config_of(e->kv)->window;
@@ -648,6 +656,13 @@ kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp
     dst->kv.n_pos = n;
     dst->kv.rstate = state;
     dst->kv.rstate_pos = state ? n : 0;
+    /* under a window budget the fork knows the tokens of its rows too (window_trim publishes
+     * its blocks); the resume points it shares with the source are the source's to hand */
+    uint32_t nt = src->n_toks < n ? src->n_toks : n;
+    if (src->toks && kp_grow_u32((void **)&dst->toks, &dst->cap_toks, nt ? nt : 1, sizeof *dst->toks)) {
+        memcpy(dst->toks, src->toks, (size_t)nt * sizeof *dst->toks);
+        dst->n_toks = nt;
+    }
     return KP_OK;
 }
 
@@ -1167,14 +1182,14 @@ kp_status kp_eng_finish(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, ui
         if (seq->snaps[i].pos <= n) snap_pos[n_snap_pos++] = seq->snaps[i].pos;
     if (e->idx && st == KP_OK && tokens) hand_states(e, seq, tokens, n);
     if (e->tiers && tokens) {
-        /* a block whose window rows were dropped is not published, nor any after it, nor a
-         * snapshot whose rows reach into it */
-        uint32_t B = kp_kvpool_config_of(e->kv)->block_size, j = 0, nb = (n + B - 1) / B;
-        while (j < nb && kp_kvpool_has_window(e->kv, seq->kv.blocks[j])) j++;
-        kp_tiers_publish(e->tiers, tokens, n < j * B ? n : j * B, &seq->kv);
+        /* the blocks that still hold their window rows (those that dropped them were queued
+         * before they did, window_trim), and the snapshots whose tail block holds them */
+        uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
+        kp_tiers_publish(e->tiers, tokens, n, &seq->kv);
         uint32_t w = 0;
         for (uint32_t i = 0; i < n_snap_pos; i++)
-            if ((snap_pos[i] + B - 1) / B <= j) snap_pos[w++] = snap_pos[i];
+            if (snap_pos[i] % B == 0 || kp_kvpool_has_window(e->kv, seq->kv.blocks[snap_pos[i] / B]))
+                snap_pos[w++] = snap_pos[i];
         if (st == KP_OK) tier_publish_states(e, tokens, snap_pos, w, &seq->kv);
     }
     free(snap_pos);
@@ -1473,12 +1488,14 @@ static void tier_pin_publish(kp_engine *e, const int32_t *tokens, uint32_t n) {
     if (!w.nb || !(w.blocks = malloc((size_t)w.nb * sizeof *w.blocks))) return;
     for (uint32_t i = 0; i < w.nb; i++) w.blocks[i] = -1;
     uint32_t have = 0;
-    if (kp_pfx_walk(e->idx, pin_visit, &w, NULL) == KP_OK) /* blocks with their window rows */
-        while (have < w.nb && w.blocks[have] >= 0 && kp_kvpool_has_window(e->kv, w.blocks[have])) have++;
+    if (kp_pfx_walk(e->idx, pin_visit, &w, NULL) == KP_OK)
+        while (have < w.nb && w.blocks[have] >= 0) have++;
     uint32_t whole = have < n / B ? have : n / B;
     kp_kvseq view = {w.blocks, have, have, have * B < n ? have * B : n, NULL, 0};
+    /* those with their window rows (the others were queued before they dropped them) */
     if (whole) kp_tiers_publish(e->tiers, tokens, whole * B, &view);
-    if (e->recurrent && have == w.nb) tier_publish_states(e, tokens, &n, 1, &view); /* where the pin resumes */
+    if (e->recurrent && have == w.nb && (n % B == 0 || kp_kvpool_has_window(e->kv, w.blocks[n / B])))
+        tier_publish_states(e, tokens, &n, 1, &view); /* where the pin resumes */
     free(w.blocks);
 }
 
