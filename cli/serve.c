@@ -586,6 +586,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.n_cors_origins = n_cors_origins;
     cfg.n_volatile = n_volatile;
     cfg.tiers_of = cache_dir || cache_redis ? e : NULL;
+    cfg.message_starts = window_budget && hp->n_swa_layers && !no_cache;
     /* SIGINT/SIGTERM are taken by sigwait below; SIGPIPE from a client that left is ignored */
     sigset_t set;
     sigemptyset(&set);

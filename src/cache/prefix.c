@@ -65,10 +65,10 @@
  * mid-block. A leaf that no pin covers grows in place when its own path is
  * extended (decode steps do not build chains of one-token nodes); if it
  * ended mid-block, that block index then takes the extending sequence's
- * block, which holds every row of the longer path. When a
- * node is left with one child and nothing points at it (no lease or pin on
- * it), it is merged into that child; a block index held by both keeps the
- * child's block ((V) holds for it).
+ * block, which holds every row of the longer path (a marked leaf gets a
+ * child instead). When a node is left with one child and nothing points
+ * at it (no lease, pin or mark on it), it is merged into that child; a
+ * block index held by both keeps the child's block ((V) holds for it).
  *
  * Holds and pins. `hold` counts the leases on a node or below it, `pin`
  * the pins on it or below; hold_here / pin_here count those on the node
@@ -90,7 +90,10 @@
  * reuse to the latest resume point whose window is held
  * (kp_pfx_window_resume, which reads the blocks kp_pfx_acquire would take:
  * path_block), and kp_pfx_drop_windows gives rows up under pressure,
- * sparing the window before every end (mark_ends: leaves, pins, branches):
+ * sparing the window before every end (mark_ends: leaves, pins, branches,
+ * and the resume points the engine marks, kp_pfx_mark: where a message
+ * started or a prompt ended; a marked node is never merged into its child
+ * nor grown in place, so it stays an end):
  *
  *   path  [0 ........ 64) --+-- [64 .... 80)  leaf      ends: 64 (branch), 80, 72
  *                           +-- [64 .. 72)    leaf
@@ -134,7 +137,11 @@ struct kp_pfx_node {
                                     sorted; their blocks are index references */
     uint32_t n_snaps, cap_snaps;
     uint32_t min_end;            /* kp_pfx_drop_windows scratch: the shallowest end
-                                    (leaf or pin) in this node's subtree */
+                                    (leaf, branch, pin or mark) in this node's subtree */
+    uint32_t min_hard;           /* ... leaf, branch or pin only */
+    bool mark;                   /* a resume point ends here (kp_pfx_mark: a message's
+                                    start, a prompt's end): never merged into its child
+                                    nor grown in place, an end for kp_pfx_drop_windows */
     kp_pfx_node *lru_prev;       /* towards the most recently used */
     kp_pfx_node *lru_next;       /* towards the least recently used */
 };
@@ -411,7 +418,7 @@ static kp_pfx_node *split(kp_pfx_index *p, kp_pfx_node *n, uint32_t at) {
  * to the pool (a mid-block boundary may drop n's copy of a block). A merge
  * is optional: skipped when memory is short. */
 static uint64_t try_merge(kp_pfx_index *p, kp_pfx_node *n) {
-    if (!n->parent || n->n_children != 1 || n->hold_here || n->pin_here) return 0;
+    if (!n->parent || n->n_children != 1 || n->hold_here || n->pin_here || n->mark) return 0;
     kp_pfx_node *c = n->children[0];
     uint32_t overlap = n->depth % p->B ? 1 : 0;
     uint32_t nt = n->n_tokens + c->n_tokens, nb = n->n_blocks - overlap + c->n_blocks;
@@ -639,19 +646,53 @@ uint32_t kp_pfx_window_resume(const kp_pfx_index *p, const int32_t *tokens, uint
 
 /* Sets min_end of every node: the shallowest end in its subtree
  * (UINT32_MAX: none). An end is where a resume point is likely: a leaf's
- * depth, a pinned node's, and a branch's (a node with several children:
+ * depth, a pinned node's, a branch's (a node with several children:
  * prompts parted there, as a conversation's next turn from the answer the
- * previous one was given). */
+ * previous one was given) and a marked one's (kp_pfx_mark: where a
+ * message started or a prompt ended). */
 static void mark_ends(kp_pfx_index *p) {
-    for (kp_pfx_node *n = p->lru_head; n; n = n->lru_next) n->min_end = UINT32_MAX;
-    for (kp_pfx_node *n = p->lru_head; n; n = n->lru_next)
+    for (kp_pfx_node *n = p->lru_head; n; n = n->lru_next) n->min_end = n->min_hard = UINT32_MAX;
+    for (kp_pfx_node *n = p->lru_head; n; n = n->lru_next) {
         if (n->n_children != 1 || n->pin_here)
+            for (kp_pfx_node *x = n; x->parent && x->min_hard > n->depth; x = x->parent) x->min_hard = n->depth;
+        if (n->n_children != 1 || n->pin_here || n->mark)
             for (kp_pfx_node *x = n; x->parent && x->min_end > n->depth; x = x->parent) x->min_end = n->depth;
+    }
+}
+
+/* One pass of kp_pfx_drop_windows over the LRU list (marks: spare the
+ * windows before marked ends too), adding to *got up to n_needed. The
+ * reader's blocks it no longer reads carry p->mark == p->epoch. */
+static void drop_pass(kp_pfx_index *p, uint32_t n_needed, uint32_t *got, bool marks) {
+    uint32_t W = kp_kvpool_config_of(p->pool)->window, B = p->B;
+    /* least recently used first; the nodes one touch left with the same
+     * last_used (a path, root-most nearest the head) shallowest first, so
+     * a conversation gives up its oldest resume points first */
+    for (kp_pfx_node *last = p->lru_tail; last && *got < n_needed;) {
+        kp_pfx_node *first = last;
+        while (first->lru_prev && first->lru_prev->last_used == last->last_used) first = first->lru_prev;
+        for (kp_pfx_node *n = first;; n = n->lru_next) {
+            uint32_t f = first_block(p, n), end = marks ? n->min_end : n->min_hard;
+            for (uint32_t i = 0; i < n->n_blocks && *got < n_needed; i++) {
+                int32_t b = n->blocks[i];
+                /* a resume point at an end e reads [e - W, e) (e - 1 too, the
+                 * full hit's recomputed last position): keep block f + i if it
+                 * reaches into that run of the nearest end below */
+                if ((uint64_t)(f + i + 1) * B + W > end) continue;
+                uint32_t others = kp_kvpool_refcount(p->pool, b) - p->idx_refs[b] - (p->mark[b] == p->epoch);
+                if (others || !kp_kvpool_has_window(p->pool, b)) continue;
+                kp_kvpool_drop_window(p->pool, b);
+                (*got)++;
+            }
+            if (n == last) break;
+        }
+        last = first->lru_prev;
+    }
 }
 
 uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed, const kp_kvseq *reader, uint32_t reader_done) {
     if (!kp_kvpool_window_budgeted(p->pool) || n_needed == 0) return 0;
-    uint32_t W = kp_kvpool_config_of(p->pool)->window, B = p->B, got = 0;
+    uint32_t B = p->B, got = 0;
     mark_ends(p);
     /* the reader's blocks it no longer reads: its reference does not count */
     if (++p->epoch == 0) {
@@ -660,31 +701,22 @@ uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed, const kp_kvseq 
     }
     for (uint32_t j = 0; reader && (j + 1) * B <= reader_done && j < reader->n_blocks; j++)
         p->mark[reader->blocks[j]] = p->epoch;
-    /* least recently used first; the nodes one touch left with the same
-     * last_used (a path, root-most nearest the head) shallowest first, so
-     * a conversation gives up its oldest resume points first */
-    for (kp_pfx_node *last = p->lru_tail; last && got < n_needed;) {
-        kp_pfx_node *first = last;
-        while (first->lru_prev && first->lru_prev->last_used == last->last_used) first = first->lru_prev;
-        for (kp_pfx_node *n = first;; n = n->lru_next) {
-            uint32_t f = first_block(p, n);
-            for (uint32_t i = 0; i < n->n_blocks && got < n_needed; i++) {
-                int32_t b = n->blocks[i];
-                /* a resume point at an end e reads [e - W, e) (e - 1 too, the
-                 * full hit's recomputed last position): keep block f + i if it
-                 * reaches into that run of the nearest end below */
-                if ((uint64_t)(f + i + 1) * B + W > n->min_end) continue;
-                uint32_t others = kp_kvpool_refcount(p->pool, b) - p->idx_refs[b] - (p->mark[b] == p->epoch);
-                if (others || !kp_kvpool_has_window(p->pool, b)) continue;
-                kp_kvpool_drop_window(p->pool, b);
-                got++;
-            }
-            if (n == last) break;
-        }
-        last = first->lru_prev;
-    }
+    drop_pass(p, n_needed, &got, true);
+    /* the windows before marked ends (messages' starts) are the first resume points to go, oldest first */
+    if (got < n_needed) drop_pass(p, n_needed, &got, false);
     p->window_drops += got;
     return got;
+}
+
+kp_status kp_pfx_mark(kp_pfx_index *p, const int32_t *tokens, uint32_t n, kp_error *err) {
+    if (n == 0) return KP_OK;
+    kp_pfx_node *node;
+    uint32_t off, m = descend(p, tokens, n, &node, &off);
+    if (m < n) return kp_fail(err, KP_ENOTFOUND, "cannot mark position %u: only %u tokens are cached", n, m);
+    if (off < node->n_tokens && !(node = split(p, node, n)))
+        return kp_fail(err, KP_ENOMEM, "out of memory splitting a run to mark a resume point");
+    node->mark = true;
+    return KP_OK;
 }
 
 /* ---- public API --------------------------------------------------------- */
@@ -900,7 +932,7 @@ kp_status kp_pfx_insert(kp_pfx_index *p, const int32_t *tokens, uint32_t n, cons
         bool found;
         uint32_t s = child_slot(node, tokens[m], &found);
         if (!found) {
-            if (node->parent && node->n_children == 0 && node->pin == 0) {
+            if (node->parent && node->n_children == 0 && node->pin == 0 && !node->mark) {
                 kp_status st = extend_leaf(p, node, tokens, n, seq, err);
                 if (st != KP_OK) return st;
                 target = node;

@@ -229,13 +229,26 @@ uint32_t kp_pfx_window_resume(const kp_pfx_index *p, const int32_t *tokens, uint
  * references (no running sequence reads them), least recently used nodes
  * first (of a path touched at once, the shallowest first), sparing every
  * block that reaches into the W positions before an end: a leaf's depth,
- * a pinned node's or a branch's, where prompts parted (a resume point
- * there, or one before it on a full hit, stays whole). reader (may be NULL) is the
- * sequence asking: its references to its blocks wholly below reader_done
- * (positions no query of it reads again) do not count as readers. Returns
- * how many were dropped (their slots are free). 0 without a window
- * budget. */
+ * a pinned node's, a marked one's (kp_pfx_mark) or a branch's, where
+ * prompts parted (a resume point there, or one before it on a full hit,
+ * stays whole); when that is not enough, a second pass gives up the
+ * windows before marked ends too (not before leaves, pins, branches).
+ * reader (may be NULL) is the sequence asking: its references to its
+ * blocks wholly below reader_done (positions no query of it reads again)
+ * do not count as readers. Returns how many were dropped (their slots are
+ * free). 0 without a window budget. */
 uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed, const kp_kvseq *reader, uint32_t reader_done);
+
+/* Marks position n of the cached path tokens[0..n) as a resume point (a
+ * message's start, a prompt's end: where a later prompt is likely to
+ * leave this one): the run is split there if needed, and the node ending
+ * at n is never merged into its child nor grown in place, so n stays an
+ * end, and kp_pfx_drop_windows keeps the window rows before it while it
+ * can (after the other ends' it gives them up first, oldest first) and
+ * while the node lives (eviction takes it as any other).
+ * Idempotent; n 0 is a no-op. KP_ENOTFOUND when tokens[0..n) is not
+ * cached; KP_ENOMEM (nothing changed). */
+kp_status kp_pfx_mark(kp_pfx_index *p, const int32_t *tokens, uint32_t n, kp_error *err);
 
 /* Pins the cached prefix tokens[0..n) until kp_pfx_unpin(*id), or until
  * now + ttl_seconds (ttl 0: no expiry). A pinned path is never evicted.

@@ -54,6 +54,16 @@
  *     prompt's end while it generates a long answer; until it is past
  *     that end it keeps those blocks itself (near_resume_point). To hand
  *     it over it keeps its tokens (seq->toks) under a budget;
+ *   - a prompt rendered from messages has more resume points: where each
+ *     message starts (kp_eng_begin_msgs; the chat endpoints find them,
+ *     serve/prompt.c), where a later prompt that edits or drops that
+ *     message leaves this one. The sequence keeps the window before each
+ *     until it passes it, then hands the path up to it to the index and
+ *     marks it (kp_pfx_mark: the node stays an end, and
+ *     kp_pfx_drop_windows spares the window before it, giving those up
+ *     first, oldest first, when the arena is short), so an edit of an
+ *     earlier message resumes at that message's start, or later, instead
+ *     of at the prompt's end before it; the prompt's end is marked too;
  *   - when the window arena is full, window_rows asks the index to drop
  *     the window rows of cached blocks no running sequence uses and no
  *     resume point needs (kp_pfx_drop_windows: a block is needed when it
@@ -509,13 +519,22 @@ static void window_drop_run(kp_engine *e, kp_eng_seq *seq, uint32_t lo, uint32_t
     for (uint32_t j = lo; j < hi; j++) kp_kvpool_drop_window(e->kv, seq->kv.blocks[j]);
 }
 
-/* True when block j of seq reaches into the W positions before its
- * prompt's end (a resume point: the next turn of a conversation diverges
- * there when the answer is not sent back as it was), or is its copy of the block it resumed in (a prompt
+/* The i-th resume point of seq (i <= n_starts): its messages' starts,
+ * then its prompt's end (0 when it has none). */
+static uint32_t resume_point(const kp_eng_seq *seq, uint32_t i) {
+    return i < seq->n_starts ? seq->starts[i] : seq->prompt_end;
+}
+
+/* True when block j of seq reaches into the W positions before one of its
+ * resume points, or is its copy of the block it resumed in (a prompt
  * diverging just past the previous turn's end reads it). */
 static bool near_resume_point(const kp_eng_seq *seq, uint32_t j, uint32_t B, uint32_t W) {
-    uint32_t r = seq->prompt_end;
-    return (seq->reused % B && j == seq->reused / B) || (r && j * B < r && (j + 1) * B + W > r);
+    if (seq->reused % B && j == seq->reused / B) return true;
+    for (uint32_t i = 0; i <= seq->n_starts; i++) {
+        uint32_t r = resume_point(seq, i);
+        if (r && j * B < r && (j + 1) * B + W > r) return true;
+    }
+    return false;
 }
 
 /* With a window budget: drops the window rows of seq's own blocks (no one
@@ -545,20 +564,24 @@ static void window_trim(kp_engine *e, kp_eng_seq *seq) {
     if (lo != UINT32_MAX) window_drop_run(e, seq, lo, j);
 }
 
-/* With a window budget, after a forward call: once seq went past its
- * prompt's end (a resume point), hands the prompt's path to the index,
- * with its lease (kp_pfx_insert, which a running sequence may call: it
- * appends only past it), so the window rows before it are the index's,
- * kept as before a leaf's end, and the sequence holds no more than its
- * own window beyond them. Best effort: a failure leaves the rows to the
- * sequence (near_resume_point). */
+/* With a window budget, after a forward call: hands the path up to every
+ * resume point seq went past (its messages' starts, its prompt's end) to the
+ * index, with its lease (kp_pfx_insert, which a running sequence may
+ * call: it appends only past them), and marks it (kp_pfx_mark), so the
+ * window rows before it are the index's, kept as before an end, and the
+ * sequence holds no more than its own window beyond them. Best effort: a
+ * failure leaves the rows to the sequence (near_resume_point). */
 static void hand_resume_points(kp_engine *e, kp_eng_seq *seq) {
-    uint32_t r = seq->prompt_end;
-    if (!e->idx || !seq->toks || r <= seq->handed) return;
-    if (r >= seq->kv.n_pos || r > seq->n_toks) return; /* not passed yet (a prompt computed and
-                                                          * aborted leaves nothing indexed) */
-    kp_pfx_insert(e->idx, seq->toks, r, &seq->kv, &seq->lease, NULL, NULL);
-    seq->handed = r;
+    if (!e->idx || !seq->toks) return;
+    for (uint32_t i = 0; i <= seq->n_starts; i++) {
+        uint32_t r = resume_point(seq, i);
+        if (r <= seq->handed) continue;
+        if (r >= seq->kv.n_pos || r > seq->n_toks) break; /* not passed yet (a prompt computed and
+                                                             * aborted leaves nothing indexed) */
+        if (kp_pfx_insert(e->idx, seq->toks, r, &seq->kv, &seq->lease, NULL, NULL) == KP_OK)
+            kp_pfx_mark(e->idx, seq->toks, r, NULL);
+        seq->handed = r;
+    }
 }
 
 /* After a forward call fed tokens[0..m) at positions [p, p + m): a
@@ -669,6 +692,7 @@ kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp
 void kp_eng_seq_abort(kp_engine *e, kp_eng_seq *seq) {
     states_drop(e, seq);
     free(seq->toks);
+    free(seq->starts);
     if (e->idx) kp_pfx_release(e->idx, &seq->lease);
     kp_kvseq_release(&seq->kv, e->kv);
     memset(seq, 0, sizeof *seq);
@@ -853,18 +877,38 @@ static void tier_restore_state(kp_engine *e, const int32_t *tokens, uint32_t n, 
                               r->restore_failed != KP_BLOCKREC_OK);
 }
 
-/* Under a window budget: seq keeps its prompt's tokens for
- * hand_resume_points. Out of memory: not (the sequence keeps the window
+static int cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Under a window budget: seq keeps its prompt's tokens and message starts
+ * (those in (0, n), ascending, once each) for hand_resume_points and
+ * window_trim. Out of memory: neither (the sequence keeps the window
  * before its prompt's end itself, near_resume_point). */
-static void keep_prompt(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n) {
+static void keep_prompt(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n, const uint32_t *starts,
+                        uint32_t n_starts) {
     if (!kp_kvpool_window_budgeted(e->kv) || !e->idx) return;
     if (!kp_grow_u32((void **)&seq->toks, &seq->cap_toks, n, sizeof *seq->toks)) return;
     memcpy(seq->toks, tokens, (size_t)n * sizeof *tokens);
     seq->n_toks = n;
+    if (!n_starts || !(seq->starts = malloc((size_t)n_starts * sizeof *seq->starts))) return;
+    for (uint32_t i = 0; i < n_starts; i++)
+        if (starts[i] > 0 && starts[i] < n) seq->starts[seq->n_starts++] = starts[i];
+    qsort(seq->starts, seq->n_starts, sizeof *seq->starts, cmp_u32);
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < seq->n_starts; i++)
+        if (k == 0 || seq->starts[i] != seq->starts[k - 1]) seq->starts[k++] = seq->starts[i];
+    seq->n_starts = k;
 }
 
 kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_seq *seq, kp_eng_report *report,
-                    kp_error *err) {
+                       kp_error *err) {
+    return kp_eng_begin_msgs(e, tokens, n, NULL, 0, seq, report, err);
+}
+
+kp_status kp_eng_begin_msgs(kp_engine *e, const int32_t *tokens, uint32_t n, const uint32_t *starts,
+                            uint32_t n_starts, kp_eng_seq *seq, kp_eng_report *report, kp_error *err) {
     kp_eng_report r;
     memset(&r, 0, sizeof r);
     r.cached_next = -1;
@@ -915,7 +959,8 @@ kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_s
     r.computed_tokens = n - r.reused_tokens;
     if (r.state_cut_from > r.reused_tokens) r.state_recomputed_tokens = r.state_cut_from - r.reused_tokens;
     seq->reused = r.reused_tokens;
-    keep_prompt(e, seq, tokens, n);
+    keep_prompt(e, seq, tokens, n, starts, n_starts);
+    hand_resume_points(e, seq); /* the message starts within the reuse: marked at once */
     if (report) *report = r;
     return KP_OK;
 }

@@ -90,7 +90,10 @@ typedef struct {
     int32_t *toks;       /* the tokens of positions [0, n_toks): the prompt from
                             kp_eng_begin on, then every token fed (NULL: not kept) */
     uint32_t n_toks, cap_toks;
-    uint32_t handed;     /* prompt_end once the prompt's path was handed to the index */
+    uint32_t *starts;    /* kp_eng_begin_msgs' message starts, ascending, in
+                            (0, prompt_end): resume points like prompt_end */
+    uint32_t n_starts;
+    uint32_t handed;     /* the latest resume point handed to the index (0: none) */
 } kp_eng_seq;
 
 /* What one prefill did, and the inputs of a cache report. */
@@ -177,6 +180,17 @@ kp_status kp_eng_prefill(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng
  * error *seq is empty. */
 kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_seq *seq, kp_eng_report *report,
                     kp_error *err);
+
+/* kp_eng_begin for a prompt rendered from messages: starts[0..n_starts)
+ * are the positions where its messages start (a chat template's turns;
+ * any order, those outside (0, n) ignored). Under a window budget each is
+ * a resume point, like the prompt's end: as the sequence passes one it
+ * hands the path up to it to the index and marks it (kp_pfx_mark), so
+ * the window rows before it stay cached and a later prompt that edits or
+ * drops that message resumes at its start. Without a budget they change
+ * nothing (every cached position is a resume point already). Copied. */
+kp_status kp_eng_begin_msgs(kp_engine *e, const int32_t *tokens, uint32_t n, const uint32_t *starts,
+                            uint32_t n_starts, kp_eng_seq *seq, kp_eng_report *report, kp_error *err);
 
 /* What kp_eng_begin would reuse for tokens[0..n), without taking anything:
  * the report of a prefill that finds the pool as it is (read-only: no LRU

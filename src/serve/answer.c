@@ -660,7 +660,8 @@ static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_
     kp_sreq_params sp = {p->pr.ids,  (uint32_t)p->pr.n, p->max_tokens,     q->sp,     stops, n_stops,
                          q->ignore_eos, p->pr.text,    p->pr.text_len, q->max_tokens_set, p->grammar, q->stream,
                          {p->pr.rewrite_byte, a->reason ? a->reason->open : NULL,
-                          {p->pr.rewrite_line[0], p->pr.rewrite_line[1]}}};
+                          {p->pr.rewrite_line[0], p->pr.rewrite_line[1]}},
+                         p->pr.msg_starts, p->pr.n_msg_starts};
     kp_error err = {0};
     if (a->s->promptlog) { /* --log-prompts: what `kvpin doctor` reads */
         const char *api = !strcmp(a->d->name, "openai") ? (a->chat ? "chat" : "completions")

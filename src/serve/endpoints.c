@@ -362,7 +362,7 @@ KP_HANDLER(kp_ep_cache_pin) {
         free(ids);
         return kp_http_error(s, c, &e);
     }
-    kp_sreq_params p = {ids, (uint32_t)n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params p = {ids, (uint32_t)n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     kp_sreq *r = NULL;
     kp_error err = {0};
     kp_status st = kp_sched_submit(s->sched, &p, &r, &err);

@@ -40,6 +40,10 @@ typedef struct {
                              here (the template rewrites history; doctor.h's hints) */
     int rewrite_line[2];  /* with rewrite_byte: the template lines writing that byte in
                              text and in that earlier rendering (0: not known) */
+    uint32_t *msg_starts; /* rendered messages under a window budget: the token positions
+                             where messages start (malloc'd; NULL: none), resume points for
+                             the engine (kp_eng_begin_msgs) */
+    uint32_t n_msg_starts;
 } kp_prompt;
 
 /* The prompt of a request body: prompt (text or token ids) or messages

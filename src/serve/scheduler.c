@@ -159,6 +159,7 @@ static void sreq_free(kp_sreq *r) {
     kp_gen_free(r->gen);
     kp_grammar_free(r->grammar);
     free(r->text);
+    free(r->msg_starts);
     free(r->logits);
     kp_buf_free(&r->out);
     kp_buf_free(&r->lp);
@@ -344,6 +345,14 @@ static kp_status sreq_make(kp_sched *s, const kp_sreq_params *p, uint32_t max_to
         memcpy(r->text, p->text, p->text_len);
         r->text[p->text_len] = 0;
         r->text_len = p->text_len;
+    }
+    if (p->n_msg_starts) {
+        if (!(r->msg_starts = malloc((size_t)p->n_msg_starts * sizeof *r->msg_starts))) {
+            sreq_free(r);
+            return kp_fail(err, KP_ENOMEM, "out of memory for a request");
+        }
+        memcpy(r->msg_starts, p->msg_starts, (size_t)p->n_msg_starts * sizeof *r->msg_starts);
+        r->n_msg_starts = p->n_msg_starts;
     }
     r->grammar = kp_grammar_ref(p->grammar);
     r->n_prompt = r->n_fill = p->n_prompt;

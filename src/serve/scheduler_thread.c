@@ -276,7 +276,7 @@ static bool admit(kp_sched *s, kp_sreq *r, bool no_room) {
     kp_error err = {0};
     kp_eng_report rep;
     const int32_t *tokens = kp_gen_tokens(r->gen);
-    kp_status st = kp_eng_begin(s->e, tokens, r->n_fill, &r->seq, &rep, &err);
+    kp_status st = kp_eng_begin_msgs(s->e, tokens, r->n_fill, r->msg_starts, r->n_msg_starts, &r->seq, &rep, &err);
     if (st != KP_OK) {
         finish(s, r, KP_FINISH_ERROR, st, &err);
         return false;

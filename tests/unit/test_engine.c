@@ -584,6 +584,80 @@ static void test_window_answer(void) {
     kp_model_free(m);
 }
 
+/* Message boundaries under the tightest window budget (gemma3, W = 16,
+ * B = 16): a conversation of three messages starting at 0, 40 and 70 (96
+ * tokens), answered with 3 tokens. Given the messages' starts
+ * (kp_eng_begin_msgs), the sequence hands the path up to each start to the
+ * index as it passes it, marked, so the window before 40 (blocks 1, 2) and
+ * before 70 (blocks 3, 4) stay with the prompt's end's (block 5) and the
+ * answer's (block 6); without them only blocks 5 and 6 keep their window
+ * rows. Then an edit inside the third
+ * message (token 75) resumes at 75 with the starts and at 0 without them,
+ * and dropping the second message (the prompt leaves the cache at 40)
+ * resumes at 40 with them and at 0 without (window_cut_from 40: the
+ * tokens matched that far). Logits are a recomputation's in every case. */
+static void test_window_messages(void) {
+    enum { N = 96, G = 3 };
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 1, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    uint32_t nv = m->hp.n_vocab;
+    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
+    int32_t t[N + G], edit[N], dropped[N - 30];
+    rng_state = 0x6d736773ull;
+    t[0] = 1;
+    for (uint32_t i = 1; i < N; i++) t[i] = (int32_t)rnd(nv);
+    memcpy(edit, t, sizeof edit);
+    edit[75] = (edit[75] + 1) % (int32_t)nv;
+    memcpy(dropped, t, 40 * sizeof *t); /* the second message (40..69) left out */
+    memcpy(dropped + 40, t + 70, (N - 70) * sizeof *t);
+    const uint32_t starts[2] = {70, 40}; /* any order */
+    for (int marked = 0; marked < 2; marked++) {
+        runner ref, win;
+        bool ok = open_engine(&ref, m, pool, false, 0, KP_DTYPE_F32) &&
+                  open_engine_win(&win, m, pool, true, bb * 64, KP_DTYPE_F32, tight_window_budget(m, KP_DTYPE_F32));
+        ok = ok && kp_eng_begin_msgs(win.e, t, N, starts, marked ? 2 : 0, &win.s, &win.rep, &err) == KP_OK &&
+             kp_eng_append(win.e, &win.s, t, N, 0, win.logits, &err) == KP_OK;
+        ok = ok && kp_eng_prefill(ref.e, t, N, &ref.s, ref.logits, NULL, &err) == KP_OK;
+        CHECK_MSG(ok, "%s", err.msg);
+        runner *rs[2] = {&ref, &win};
+        for (int g = 0; ok && g < G; g++) {
+            CHECK(rel_diff(win.logits, ref.logits, nv) <= 1e-5);
+            t[N + g] = kp_argmax(ref.logits, (int32_t)nv);
+            for (int r = 0; r < 2; r++) ok = ok && kp_eng_decode(rs[r]->e, &rs[r]->s, t[N + g], rs[r]->logits, &err) == KP_OK;
+        }
+        for (int r = 0; r < 2 && ok; r++) ok = kp_eng_finish(rs[r]->e, &rs[r]->s, t, N + G, NULL, &err) == KP_OK;
+        CHECK_MSG(ok, "%s", err.msg);
+        kp_eng_stats st;
+        kp_eng_get_stats(win.e, &st);
+        CHECK_EQ_INT(st.index_window_bytes, (marked ? 6u : 2u) * 16 * st.window_bytes_per_token);
+        const int32_t *q[2] = {edit, dropped};
+        uint32_t nq[2] = {N, N - 30}, expect[2] = {marked ? 75u : 0u, marked ? 40u : 0u}, cut[2] = {75, 40};
+        for (int k = 0; ok && k < 2; k++) {
+            for (int r = 0; r < 2 && ok; r++)
+                ok = kp_eng_prefill(rs[r]->e, q[k], nq[k], &rs[r]->s, rs[r]->logits, &rs[r]->rep, &err) == KP_OK;
+            CHECK_MSG(ok, "%s", err.msg);
+            CHECK_MSG(win.rep.reused_tokens == expect[k], "%s, query %d: reused %u, expected %u",
+                      marked ? "with the starts" : "without", k, win.rep.reused_tokens, expect[k]);
+            CHECK_EQ_INT(win.rep.window_cut_from, marked ? 0 : cut[k]);
+            CHECK(rel_diff(win.logits, ref.logits, nv) <= 1e-5);
+            for (int r = 0; r < 2; r++) kp_eng_seq_abort(rs[r]->e, &rs[r]->s);
+        }
+        if (ok) {
+            close_engine(&ref);
+            close_engine(&win);
+        }
+    }
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
 /* The pin cap under a window budget counts what a pin holds: sequence A
  * of 80 positions on gemma3 (W = 16, B = 16) under the tightest window
  * budget keeps the window rows of its last block only, so a pin of A
@@ -1687,6 +1761,7 @@ int main(void) {
     RUN(test_window_turns);
     RUN(test_window_pin_cap);
     RUN(test_window_answer);
+    RUN(test_window_messages);
     RUN(test_equal_qwen3moe);
     RUN(test_equal_gptoss);
     RUN(test_bill_kv_types);

@@ -175,7 +175,7 @@ static void test_concurrent_equals_alone(void) {
     CHECK(kp_sched_new(&s, e, v, &sc, &err) == KP_OK);
     kp_sreq *r[NREQ] = {0};
     for (int i = 0; i < NREQ; i++) {
-        kp_sreq_params p = {cs[i].prompt, cs[i].n, cs[i].max_tokens, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+        kp_sreq_params p = {cs[i].prompt, cs[i].n, cs[i].max_tokens, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
         p.sp.temp = 0;
         const char *stops[1] = {cs[i].stop};
         p.stops = stops;
@@ -199,7 +199,7 @@ static void test_concurrent_equals_alone(void) {
     }
     CHECK_MSG(cached_total > 0, "no request reused a cached prefix");
     /* the same prompt again: everything but the last token comes from the cache */
-    kp_sreq_params p = {cs[0].prompt, cs[0].n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params p = {cs[0].prompt, cs[0].n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     kp_sreq *one = NULL;
     CHECK(kp_sched_submit(s, &p, &one, &err) == KP_OK);
     char buf[64];
@@ -263,7 +263,7 @@ static void test_queue_full_and_shutdown(void) {
     kp_sched *s = NULL;
     CHECK(kp_sched_new(&s, e, v, &sc, &err) == KP_OK);
     int32_t prompt[2] = {1, 400};
-    kp_sreq_params p = {prompt, 2, 400, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params p = {prompt, 2, 400, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     kp_sreq *r[8] = {0};
     int ok = 0, full = 0;
     for (int i = 0; i < 8; i++) {
@@ -300,7 +300,7 @@ static void test_queue_zero(void) {
     kp_sched *s = NULL;
     CHECK(kp_sched_new(&s, e, fx.v, &sc, &err) == KP_OK);
     int32_t prompt[2] = {1, 400};
-    kp_sreq_params p = {prompt, 2, 4, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params p = {prompt, 2, 4, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     kp_sreq *r = NULL;
     CHECK(kp_sched_submit(s, &p, &r, &err) == KP_OK); /* the free slot takes it */
     char buf[4096];
@@ -309,7 +309,7 @@ static void test_queue_zero(void) {
     if (r) CHECK_EQ_INT(collect(r, buf, sizeof buf, &len, &u), KP_FINISH_LENGTH);
     kp_sreq_release(r);
     /* one that runs for long holds the only slot: the next has no slot and no queue */
-    kp_sreq_params lp = {prompt, 2, 400, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params lp = {prompt, 2, 400, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     kp_sreq *a = NULL, *b = NULL;
     CHECK(kp_sched_submit(s, &lp, &a, &err) == KP_OK);
     for (int i = 0; i < 2000; i++) { /* until the engine has admitted it */
@@ -402,7 +402,7 @@ static void test_cache_ops_between_steps(void) {
     /* a prefix in the cache to probe and pin */
     int32_t p[24];
     for (int i = 0; i < 24; i++) p[i] = i ? 20 + 3 * i : 1;
-    kp_sreq_params pp = {p, 24, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params pp = {p, 24, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     kp_sreq *r0 = NULL;
     CHECK(kp_sched_submit(s, &pp, &r0, &err) == KP_OK);
     char buf[64];
@@ -417,7 +417,7 @@ static void test_cache_ops_between_steps(void) {
     kp_sreq *run[4];
     for (int k = 0; k < 4; k++) {
         int32_t q[3] = {1, 100 + k, 200 + k};
-        kp_sreq_params rp = {q, 3, 100000, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+        kp_sreq_params rp = {q, 3, 100000, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
         rp.sp.temp = 0;
         CHECK(kp_sched_submit(s, &rp, &run[k], &err) == KP_OK);
     }
@@ -549,7 +549,7 @@ static void test_kv_pressure_equals_alone(void) {
     kp_sreq *r[NP] = {0};
     for (int i = 0; i < NP; i++) {
         kp_sreq_params p = {cs[i].prompt, cs[i].n, cs[i].max_tokens, cs[i].sp, NULL, 0, cs[i].ignore_eos, NULL, 0,
-                            true, NULL, false, {0, NULL, {0, 0}}};
+                            true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
         CHECK_MSG(kp_sched_submit(s, &p, &r[i], &err) == KP_OK, "%s", err.msg);
     }
     uint32_t preempted = 0, preempted_seeded = 0;
@@ -625,7 +625,7 @@ static void test_kv_budget_and_pins(void) {
     static int32_t t[100];
     for (int i = 0; i < 100; i++) t[i] = i ? 3 + (i * 37) % 400 : 1;
     kp_sreq *r = NULL;
-    kp_sreq_params p = {t, 97, 0, kp_sampler_defaults(), NULL, 0, true, NULL, 0, false, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params p = {t, 97, 0, kp_sampler_defaults(), NULL, 0, true, NULL, 0, false, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     CHECK_EQ_INT(kp_sched_submit(s, &p, &r, &err), KP_ERANGE);
     CHECK(r == NULL);
     /* a default max_tokens runs to the budget's end */
@@ -642,7 +642,7 @@ static void test_kv_budget_and_pins(void) {
     /* a pinned prefix of 48 positions (3 blocks) leaves 48 */
     int32_t pin[48];
     for (int i = 0; i < 48; i++) pin[i] = 5 + i;
-    kp_sreq_params pp = {pin, 48, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params pp = {pin, 48, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     CHECK(kp_sched_submit(s, &pp, &r, &err) == KP_OK);
     CHECK_EQ_INT(collect(r, buf, sizeof buf, &len, &u), KP_FINISH_LENGTH);
     kp_sreq_release(r);
@@ -650,7 +650,7 @@ static void test_kv_budget_and_pins(void) {
     CHECK_MSG(kp_sched_pin(s, pin, 48, 0, (int64_t)time(NULL), &id, NULL, &err) == KP_OK, "%s", err.msg);
     /* 10 + 80 - 1 positions fit the budget, not the room the pin leaves:
      * it grows to 48 positions alone, then ends with a note */
-    kp_sreq_params q = {t, 10, 80, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params q = {t, 10, 80, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     q.sp.temp = 0;
     CHECK(kp_sched_submit(s, &q, &r, &err) == KP_OK);
     CHECK_EQ_INT(collect(r, buf, sizeof buf, &len, &u), KP_FINISH_LENGTH);
@@ -720,7 +720,7 @@ static void test_choices(void) {
     kp_sampler_params sp = kp_sampler_defaults();
     sp.temp = 1;
     sp.seed = 77;
-    kp_sreq_params p = {prompt, 41, 12, sp, NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params p = {prompt, 41, 12, sp, NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     kp_sreq *r[3] = {0};
     kp_sched_stats a, b;
     kp_sched_stats_get(s, &a);
