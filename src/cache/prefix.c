@@ -708,6 +708,20 @@ uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed, const kp_kvseq 
     return got;
 }
 
+void kp_pfx_window_spare(kp_pfx_index *p, uint8_t *out) {
+    memset(out, 0, p->n_pool_blocks);
+    if (!kp_kvpool_window_budgeted(p->pool)) return;
+    uint32_t W = kp_kvpool_config_of(p->pool)->window, B = p->B;
+    mark_ends(p);
+    for (kp_pfx_node *n = p->lru_head; n; n = n->lru_next) /* drop_pass's test, the second pass's ends */
+        for (uint32_t i = 0, f = first_block(p, n); i < n->n_blocks; i++) {
+            int32_t b = n->blocks[i];
+            if ((uint64_t)(f + i + 1) * B + W <= n->min_hard && kp_kvpool_refcount(p->pool, b) == p->idx_refs[b] &&
+                kp_kvpool_has_window(p->pool, b))
+                out[b] = 1;
+        }
+}
+
 kp_status kp_pfx_mark(kp_pfx_index *p, const int32_t *tokens, uint32_t n, kp_error *err) {
     if (n == 0) return KP_OK;
     kp_pfx_node *node;

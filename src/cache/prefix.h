@@ -239,6 +239,12 @@ uint32_t kp_pfx_window_resume(const kp_pfx_index *p, const int32_t *tokens, uint
  * free). 0 without a window budget. */
 uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed, const kp_kvseq *reader, uint32_t reader_done);
 
+/* out[b] (one byte per pool block) = 1 for each block whose window rows
+ * kp_pfx_drop_windows could drop now for a reader holding none of them
+ * (the index's alone, not before a leaf's, pin's or branch's end), else
+ * 0: for admission (engine.h's kp_eng_room_for). All 0 without a budget. */
+void kp_pfx_window_spare(kp_pfx_index *p, uint8_t *out);
+
 /* Marks position n of the cached path tokens[0..n) as a resume point (a
  * message's start, a prompt's end: where a later prompt is likely to
  * leave this one): the run is split there if needed, and the node ending

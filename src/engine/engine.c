@@ -82,9 +82,11 @@
  *   (window_trim: its rows are final by then), and a finished sequence (a
  *   pinned path) publishes the blocks that still hold them: the tiers get
  *   every block, as without a budget; a restored block gets a slot first.
- *   Admission (below) counts blocks only: a step item that finds no window
- *   slot gets KP_EFULL as one that finds no block does. A fork of a prefix
- *   whose window rows the source dropped is refused (KP_EFULL).
+ *   Admission (below) counts window slots too (free_slots, spare_slots,
+ *   kp_eng_window_need), so a scheduler admits only what the window arena
+ *   can serve; a step item that still finds no window slot gets KP_EFULL
+ *   as one that finds no block does. A fork of a prefix whose window rows
+ *   the source dropped is refused (KP_EFULL).
  *
  * A step (kp_eng_step) packs the items' tokens into one kp_batch, items in
  * order, each item's tokens at consecutive positions from its sequence's
@@ -111,6 +113,17 @@
  *
  * kp_pfx_evict takes exactly such nodes (leaves first, a parent when its
  * last child went), so free + evictable is what a reserve can reach.
+ * Under a window budget, window slots alike: free_slots, and spare_slots,
+ * the blocks with window rows that window_rows can get back: those
+ * kp_pfx_drop_windows may drop (the index's alone, not before a leaf's,
+ * pin's or branch's end: kp_pfx_window_spare) or eviction frees (the
+ * evictable blocks above), less the blocks the prefill shares. What a
+ * sequence takes at most is kp_eng_window_need (its window, a chunk, the
+ * block the window starts in, its resume copy, and the window before its
+ * prompt's end, which the index keeps for it while it runs; those before
+ * its messages' starts are marked ends the index gives up first, the
+ * sequence's own references to them not counting once it handed them
+ * over: window_rows).
  *
  * Forks (kp_eng_fork, n choices of one prompt): the new sequence takes a
  * reference to every whole block of the source and a private copy of its
@@ -249,6 +262,7 @@ struct kp_engine {
     const kp_attn_kernels *attn; /* the forward pass's attention table */
     bool attn_bf16;        /* ... of the BF16 precision */
     uint32_t *room_refs;  /* references from nodes eviction could take */
+    uint8_t *room_spare;  /* window rows the index could drop (kp_pfx_window_spare) */
     int32_t *room_shared; /* the blocks the prefill would share, by block index */
 };
 
@@ -351,6 +365,7 @@ void kp_eng_free(kp_engine *e) {
     free(e->step_logits);
     free(e->room_refs);
     free(e->room_shared);
+    free(e->room_spare);
     free(e);
 }
 
@@ -441,6 +456,26 @@ uint32_t kp_eng_seq_window_slots(const kp_engine *e, const kp_eng_seq *seq) {
     return n;
 }
 
+/* The blocks the window before a position reaches into, at most. */
+static uint32_t window_blocks(const kp_engine *e) {
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size, W = kp_kvpool_config_of(e->kv)->window;
+    return (W + B - 1) / B + 1;
+}
+
+uint32_t kp_eng_window_need(const kp_engine *e, uint32_t chunk) {
+    if (!kp_kvpool_window_budgeted(e->kv)) return 0;
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size, W = kp_kvpool_config_of(e->kv)->window;
+    return (W + chunk + B - 1) / B + 2 + window_blocks(e);
+}
+
+uint32_t kp_eng_seq_window_need(const kp_engine *e, const kp_eng_seq *seq, uint32_t chunk) {
+    if (!kp_kvpool_window_budgeted(e->kv)) return 0;
+    /* once its prompt's end is handed over, the window before it is the index's (held) */
+    uint32_t need = kp_eng_window_need(e, chunk), held = kp_eng_seq_window_slots(e, seq);
+    if (seq->prompt_end && seq->handed >= seq->prompt_end) held += window_blocks(e);
+    return need > held ? need - held : 0;
+}
+
 /* Makes sure positions [0, n_pos) of s have blocks, evicting unheld cached
  * prefixes when the pool is full. */
 static kp_status reserve(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_eng_report *r, kp_error *err) {
@@ -493,8 +528,11 @@ static kp_status window_rows(kp_engine *e, kp_eng_seq *seq, uint32_t p0, uint32_
             }
             uint32_t need = (p1 - 1) / B - j + 1;
             /* the blocks behind the sequence's window are not read by it, except those
-             * before where it resumed: that becomes a branch, a resume point, once indexed */
-            uint32_t W = kp_kvpool_config_of(e->kv)->window, q = p0 < seq->reused ? p0 : seq->reused;
+             * before where it resumed: that becomes a branch, a resume point, once indexed
+             * (once it handed its resume points over, they are the index's to keep or drop:
+             * kp_pfx_drop_windows gives up those before marked ends last) */
+            uint32_t W = kp_kvpool_config_of(e->kv)->window;
+            uint32_t q = seq->handed || p0 < seq->reused ? p0 : seq->reused;
             uint32_t done = q > W ? q - W : 0;
             if (e->idx && kp_pfx_drop_windows(e->idx, need, &seq->kv, done)) continue;
             if (e->idx && kp_pfx_evict(e->idx, kp_kvpool_block_bytes(e->kv), (int64_t)time(NULL))) continue;
@@ -1056,6 +1094,20 @@ kp_status kp_eng_room_for(kp_engine *e, const int32_t *tokens, uint32_t n, bool 
         if (e->room_refs[b] && e->room_refs[b] != UINT32_MAX && e->room_refs[b] == kp_kvpool_refcount(e->kv, (int32_t)b))
             out->evictable_blocks++;
     out->evictable_blocks += kp_pfx_state_evictable_blocks(e->idx); /* snapshots: the index's blocks alone */
+    if (kp_kvpool_window_budgeted(e->kv)) {
+        /* window slots: free, and the index's that dropping or evicting gives back, but those
+         * of blocks the prefill shares (it reads their window rows, or keeps them) */
+        out->free_slots = kp_kvpool_n_free_slots(e->kv);
+        if (!e->room_spare && !(e->room_spare = malloc(nb)))
+            return kp_fail(err, KP_ENOMEM, "out of memory for the admission check of %u blocks", nb);
+        kp_pfx_window_spare(e->idx, e->room_spare);
+        for (uint32_t b = 0; b < nb; b++) {
+            uint32_t refs = e->room_refs[b];
+            bool evictable = refs && refs != UINT32_MAX && refs == kp_kvpool_refcount(e->kv, (int32_t)b);
+            if (refs != UINT32_MAX && (e->room_spare[b] || evictable) && kp_kvpool_has_window(e->kv, (int32_t)b))
+                out->spare_slots++;
+        }
+    }
     return KP_OK;
 }
 

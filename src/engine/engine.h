@@ -314,6 +314,17 @@ uint32_t kp_eng_seq_blocks_missing(const kp_engine *e, const kp_eng_seq *seq, ui
  * of a block it handed over is the index's). 0 without a budget. */
 uint32_t kp_eng_seq_window_slots(const kp_engine *e, const kp_eng_seq *seq);
 
+/* Under a window budget: the window slots a sequence fed `chunk`
+ * positions per step (a decode step: 1) holds at once that nothing else
+ * can give up while it runs: its window, the chunk, the block the window
+ * starts in, its copy of the block it resumed in, and the window before
+ * its prompt's end (handed to the index, a leaf's end while it runs; the
+ * windows before its messages' starts are marked ends the index may give
+ * up). kp_eng_seq_window_need: what seq may still take beyond what it
+ * holds now. 0 without a budget. For admission (scheduler.c's KV rule). */
+uint32_t kp_eng_window_need(const kp_engine *e, uint32_t chunk);
+uint32_t kp_eng_seq_window_need(const kp_engine *e, const kp_eng_seq *seq, uint32_t chunk);
+
 /* ---- admission: what a prefill takes, what the pool can give ------------ */
 
 /* The room for a prefill of tokens[0..n), in KV blocks (a scheduler
@@ -328,6 +339,11 @@ typedef struct {
     uint32_t evictable_blocks; /* blocks that evicting every cached prefix no running sequence
                                   holds and no pin covers would return to the pool, less those
                                   the prefill itself would share */
+    /* under a window budget (0 without one): window slots, counted alike */
+    uint32_t free_slots;       /* free in the window arena now */
+    uint32_t spare_slots;      /* the index's window rows that kp_pfx_drop_windows or eviction
+                                  could give up (kp_pfx_window_spare, evictable blocks), less
+                                  those of the blocks the prefill would share */
 } kp_eng_room;
 
 /* Fills *out for a prefill of tokens[0..n) as the pool is now, without

@@ -61,7 +61,16 @@
  *            sequence, the most a decode step takes, so admitting X never
  *            makes the next step fail. With others running, the evictable
  *            blocks exclude the path X will hold; with none, X alone may
- *            use every unpinned block. Strictly FIFO: nothing behind a head
+ *            use every unpinned block. Under a window budget the same rule
+ *            holds for window slots: X's peak (its window, a chunk, the
+ *            block the window starts in, its resume copy, and the window
+ *            before its prompt's end, kp_eng_window_need) plus what the
+ *            running ones may still take (kp_eng_seq_window_need; a
+ *            follower its decode's) must fit
+ *            the free slots and those the index can give up
+ *            (kp_eng_room.spare_slots: window rows it may drop, blocks it
+ *            may evict), so a step never finds the window arena short
+ *            and preempts for it. Strictly FIFO: nothing behind a head
  *            that waits for KV is admitted, so no request is overtaken
  *            (a big prompt may hold small ones back until running
  *            sequences end; it is never starved). A request that does not

@@ -41,6 +41,7 @@ struct kp_sreq {
     size_t text_len;
     uint32_t *msg_starts;  /* the prompt's message starts (kp_eng_begin_msgs); NULL: none */
     uint32_t n_msg_starts;
+    bool no_slots;         /* the last KV rule it met found too few window slots */
     kp_eng_seq seq;
     float *logits;
     double t_submit, t_admit, t_last;
