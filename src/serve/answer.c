@@ -560,7 +560,7 @@ static bool prompt_ids(kp_answer *a, kp_oai_request *q, prepared *p, kp_oai_erro
     kp_server *s = a->s;
     if (!q->prompt_tokens) {
         kp_prompt_opts po = {q->add_generation_prompt, q->enable_thinking_set && !q->enable_thinking,
-                             json_object_get(q->root, "chat_template_kwargs")};
+                             json_object_get(q->root, "chat_template_kwargs"), true};
         return kp_prompt_tokens(s, a->chat ? NULL : json_object_get(q->root, "prompt"), q->messages, q->tools,
                                 q->parse_special, &po, &p->pr, e);
     }

@@ -278,7 +278,7 @@ static bool body_tokens(kp_server *s, json_t *o, const char *const *allowed, boo
     if (ag && !json_is_boolean(ag) && !json_is_null(ag))
         return kp_oai_fail(e, 400, "invalid_request_error", NULL, "add_generation_prompt",
                            "add_generation_prompt must be true or false");
-    kp_prompt_opts po = {json_is_boolean(ag) ? json_is_true(ag) : add_gen, false, NULL};
+    kp_prompt_opts po = {json_is_boolean(ag) ? json_is_true(ag) : add_gen, false, NULL, false};
     const json_t *prompt = json_object_get(o, "prompt"), *messages = json_object_get(o, "messages");
     const json_t *tools = json_object_get(o, "tools");
     if (!prompt == !messages)

@@ -223,7 +223,8 @@ static bool render_messages(kp_server *s, const json_t *messages, const json_t *
     bool ok = tokenize_after_answer(s, text, len, plain, n_plain, &out->ids, &out->n) ||
               tokenize_prompt(s, text, len, plain, n_plain, &out->ids, &out->n, e);
     free(plain);
-    if (ok && s->cfg.message_starts) message_starts(s, msgs, tools, &o, kwargs, text, len, out);
+    if (ok && po && po->message_starts && s->cfg.message_starts)
+        message_starts(s, msgs, tools, &o, kwargs, text, len, out);
     json_decref(msgs);
     if (ok) {
         out->text = text;
