@@ -549,14 +549,6 @@ static kp_status window_rows(kp_engine *e, kp_eng_seq *seq, uint32_t p0, uint32_
     return KP_OK;
 }
 
-/* window_trim's drop of the window rows of seq's blocks [lo, hi), queued to
- * the tiers first (when it knows their tokens). */
-static void window_drop_run(kp_engine *e, kp_eng_seq *seq, uint32_t lo, uint32_t hi) {
-    uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
-    if (e->tiers && seq->n_toks >= hi * B) kp_tiers_publish_range(e->tiers, seq->toks, lo, hi, &seq->kv);
-    for (uint32_t j = lo; j < hi; j++) kp_kvpool_drop_window(e->kv, seq->kv.blocks[j]);
-}
-
 /* The i-th resume point of seq (i <= n_starts): its messages' starts,
  * then its prompt's end (0 when it has none). */
 static uint32_t resume_point(const kp_eng_seq *seq, uint32_t i) {
@@ -581,25 +573,28 @@ static bool near_resume_point(const kp_eng_seq *seq, uint32_t j, uint32_t B, uin
  * (j + 1) * B <= n_pos - W (the W positions before n_pos stay, so a
  * resume point at its end, or one before, stays whole once indexed), but
  * those near a resume point (near_resume_point; once the sequence passed
- * it, hand_resume_points gives them to the index). With tiers below RAM a
- * block is queued to them (whole, window rows included: its rows are
- * final) before its window rows go, so what RAM drops is on disk. */
+ * it, hand_resume_points gives them to the index). With tiers below RAM
+ * every block that falls behind the window is queued to them once
+ * (seq->tier_done; whole, window rows included: its rows are final), its
+ * own and those it handed to the index alike, before its window rows can
+ * go, so what RAM drops is on disk. */
 static void window_trim(kp_engine *e, kp_eng_seq *seq) {
     if (!kp_kvpool_window_budgeted(e->kv)) return;
     uint32_t B = kp_kvpool_config_of(e->kv)->block_size, W = kp_kvpool_config_of(e->kv)->window;
-    uint32_t n = seq->kv.n_pos, lo = UINT32_MAX, j = 0;
+    uint32_t n = seq->kv.n_pos;
     if (n < W + B) return;
-    for (; (j + 1) * B <= n - W && j < seq->kv.n_blocks; j++) {
-        int32_t b = seq->kv.blocks[j];
-        bool drop = kp_kvpool_refcount(e->kv, b) == 1 && kp_kvpool_has_window(e->kv, b) &&
-                    !near_resume_point(seq, j, B, W);
-        if (drop && lo == UINT32_MAX) lo = j;
-        if (!drop && lo != UINT32_MAX) {
-            window_drop_run(e, seq, lo, j);
-            lo = UINT32_MAX;
-        }
+    uint32_t behind = (n - W) / B; /* the blocks wholly W or more positions behind n */
+    if (behind > seq->kv.n_blocks) behind = seq->kv.n_blocks;
+    /* to the tiers first, each block once, shared ones too: the index may drop the window
+     * rows of a block this sequence handed it (kp_pfx_drop_windows) before anyone publishes it */
+    if (e->tiers && behind > seq->tier_done && seq->n_toks >= behind * B) {
+        kp_tiers_publish_range(e->tiers, seq->toks, seq->tier_done, behind, &seq->kv);
+        seq->tier_done = behind;
     }
-    if (lo != UINT32_MAX) window_drop_run(e, seq, lo, j);
+    for (uint32_t j = 0; j < behind; j++) {
+        int32_t b = seq->kv.blocks[j];
+        if (kp_kvpool_refcount(e->kv, b) == 1 && !near_resume_point(seq, j, B, W)) kp_kvpool_drop_window(e->kv, b);
+    }
 }
 
 /* With a window budget, after a forward call: hands the path up to every
@@ -718,7 +713,9 @@ kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp
     dst->kv.rstate = state;
     dst->kv.rstate_pos = state ? n : 0;
     /* under a window budget the fork knows the tokens of its rows too (window_trim publishes
-     * its blocks); the resume points it shares with the source are the source's to hand */
+     * its blocks; the whole ones it shares are the source's to publish, and so are the resume
+     * points it shares with the source to hand) */
+    dst->tier_done = n / B;
     uint32_t nt = src->n_toks < n ? src->n_toks : n;
     if (src->toks && kp_grow_u32((void **)&dst->toks, &dst->cap_toks, nt ? nt : 1, sizeof *dst->toks)) {
         memcpy(dst->toks, src->toks, (size_t)nt * sizeof *dst->toks);
@@ -998,6 +995,7 @@ kp_status kp_eng_begin_msgs(kp_engine *e, const int32_t *tokens, uint32_t n, con
     if (r.state_cut_from > r.reused_tokens) r.state_recomputed_tokens = r.state_cut_from - r.reused_tokens;
     seq->reused = r.reused_tokens;
     keep_prompt(e, seq, tokens, n, starts, n_starts);
+    seq->tier_done = seq->reused / kp_kvpool_config_of(e->kv)->block_size; /* the index's: published already */
     hand_resume_points(e, seq); /* the message starts within the reuse: marked at once */
     if (report) *report = r;
     return KP_OK;

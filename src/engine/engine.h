@@ -94,6 +94,7 @@ typedef struct {
                             (0, prompt_end): resume points like prompt_end */
     uint32_t n_starts;
     uint32_t handed;     /* the latest resume point handed to the index (0: none) */
+    uint32_t tier_done;  /* its blocks below this one were queued to the tiers below RAM */
 } kp_eng_seq;
 
 /* What one prefill did, and the inputs of a cache report. */
