@@ -660,9 +660,15 @@ static void mark_ends(kp_pfx_index *p) {
     }
 }
 
+/* True when no running sequence reads block b's window rows: every
+ * reference to it is the index's or marked done (kvpool.h's window
+ * readers), and it has them. */
+static bool window_unread(const kp_pfx_index *p, int32_t b) {
+    return kp_kvpool_window_readers(p->pool, b) == p->idx_refs[b] && kp_kvpool_has_window(p->pool, b);
+}
+
 /* One pass of kp_pfx_drop_windows over the LRU list (marks: spare the
- * windows before marked ends too), adding to *got up to n_needed. The
- * reader's blocks it no longer reads carry p->mark == p->epoch. */
+ * windows before marked ends too), adding to *got up to n_needed. */
 static void drop_pass(kp_pfx_index *p, uint32_t n_needed, uint32_t *got, bool marks) {
     uint32_t W = kp_kvpool_config_of(p->pool)->window, B = p->B;
     /* least recently used first; the nodes one touch left with the same
@@ -678,9 +684,7 @@ static void drop_pass(kp_pfx_index *p, uint32_t n_needed, uint32_t *got, bool ma
                 /* a resume point at an end e reads [e - W, e) (e - 1 too, the
                  * full hit's recomputed last position): keep block f + i if it
                  * reaches into that run of the nearest end below */
-                if ((uint64_t)(f + i + 1) * B + W > end) continue;
-                uint32_t others = kp_kvpool_refcount(p->pool, b) - p->idx_refs[b] - (p->mark[b] == p->epoch);
-                if (others || !kp_kvpool_has_window(p->pool, b)) continue;
+                if ((uint64_t)(f + i + 1) * B + W > end || !window_unread(p, b)) continue;
                 kp_kvpool_drop_window(p->pool, b);
                 (*got)++;
             }
@@ -690,17 +694,10 @@ static void drop_pass(kp_pfx_index *p, uint32_t n_needed, uint32_t *got, bool ma
     }
 }
 
-uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed, const kp_kvseq *reader, uint32_t reader_done) {
+uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed) {
     if (!kp_kvpool_window_budgeted(p->pool) || n_needed == 0) return 0;
-    uint32_t B = p->B, got = 0;
+    uint32_t got = 0;
     mark_ends(p);
-    /* the reader's blocks it no longer reads: its reference does not count */
-    if (++p->epoch == 0) {
-        memset(p->mark, 0, (size_t)p->n_pool_blocks * sizeof(uint32_t));
-        p->epoch = 1;
-    }
-    for (uint32_t j = 0; reader && (j + 1) * B <= reader_done && j < reader->n_blocks; j++)
-        p->mark[reader->blocks[j]] = p->epoch;
     drop_pass(p, n_needed, &got, true);
     /* the windows before marked ends (messages' starts) are the first resume points to go, oldest first */
     if (got < n_needed) drop_pass(p, n_needed, &got, false);
@@ -716,9 +713,7 @@ void kp_pfx_window_spare(kp_pfx_index *p, uint8_t *out) {
     for (kp_pfx_node *n = p->lru_head; n; n = n->lru_next) /* drop_pass's test, the second pass's ends */
         for (uint32_t i = 0, f = first_block(p, n); i < n->n_blocks; i++) {
             int32_t b = n->blocks[i];
-            if ((uint64_t)(f + i + 1) * B + W <= n->min_hard && kp_kvpool_refcount(p->pool, b) == p->idx_refs[b] &&
-                kp_kvpool_has_window(p->pool, b))
-                out[b] = 1;
+            if ((uint64_t)(f + i + 1) * B + W <= n->min_hard && window_unread(p, b)) out[b] = 1;
         }
 }
 

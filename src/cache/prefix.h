@@ -225,24 +225,22 @@ uint64_t kp_pfx_evict(kp_pfx_index *p, uint64_t bytes_needed, int64_t now);
  * qualifies). Without a budget: r. kp_pfx_match applies it. */
 uint32_t kp_pfx_window_resume(const kp_pfx_index *p, const int32_t *tokens, uint32_t r);
 
-/* Drops the window rows of up to n_needed blocks that only the index
- * references (no running sequence reads them), least recently used nodes
- * first (of a path touched at once, the shallowest first), sparing every
- * block that reaches into the W positions before an end: a leaf's depth,
- * a pinned node's, a marked one's (kp_pfx_mark) or a branch's, where
- * prompts parted (a resume point there, or one before it on a full hit,
- * stays whole); when that is not enough, a second pass gives up the
- * windows before marked ends too (not before leaves, pins, branches).
- * reader (may be NULL) is the sequence asking: its references to its
- * blocks wholly below reader_done (positions no query of it reads again)
- * do not count as readers. Returns how many were dropped (their slots are
- * free). 0 without a window budget. */
-uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed, const kp_kvseq *reader, uint32_t reader_done);
+/* Drops the window rows of up to n_needed blocks that no running
+ * sequence reads (every reference the index's or marked done: kvpool.h's
+ * window readers), least recently used nodes first (of a path touched at
+ * once, the shallowest first), sparing every block that reaches into the
+ * W positions before an end: a leaf's depth, a pinned node's, a marked
+ * one's (kp_pfx_mark) or a branch's, where prompts parted (a resume point
+ * there, or one before it on a full hit, stays whole); when that is not
+ * enough, a second pass gives up the windows before marked ends too (not
+ * before leaves, pins, branches). Returns how many were dropped (their
+ * slots are free). 0 without a window budget. */
+uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed);
 
 /* out[b] (one byte per pool block) = 1 for each block whose window rows
- * kp_pfx_drop_windows could drop now for a reader holding none of them
- * (the index's alone, not before a leaf's, pin's or branch's end), else
- * 0: for admission (engine.h's kp_eng_room_for). All 0 without a budget. */
+ * kp_pfx_drop_windows could drop now (no running sequence reads them, not
+ * before a leaf's, pin's or branch's end), else 0: for admission
+ * (engine.h's kp_eng_room_for). All 0 without a budget. */
 void kp_pfx_window_spare(kp_pfx_index *p, uint8_t *out);
 
 /* Marks position n of the cached path tokens[0..n) as a resume point (a

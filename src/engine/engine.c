@@ -65,11 +65,16 @@
  *     earlier message resumes at that message's start, or later, instead
  *     of at the prompt's end before it; the prompt's end is marked too;
  *   - when the window arena is full, window_rows asks the index to drop
- *     the window rows of cached blocks no running sequence uses and no
- *     resume point needs (kp_pfx_drop_windows: a block is needed when it
- *     reaches into the W positions before a leaf's end, a pin's end or a
- *     branch, where a conversation's next turn left the previous answer),
- *     least recently used first, then evicts, then lets go of its lease;
+ *     the window rows of cached blocks no running sequence reads (a
+ *     sequence marks its references to the blocks behind its window
+ *     done: kvpool.h's window readers, kp_kvseq.win_done) and no resume
+ *     point needs (kp_pfx_drop_windows: a block is needed when it reaches
+ *     into the W positions before a leaf's end, a pin's end or a branch,
+ *     where a conversation's next turn left the previous answer, and,
+ *     until nothing else is left, before a marked one), least recently
+ *     used first, then evicts, then lets go of its lease. Where a
+ *     sequence resumed is marked at once (a branch once it hands its
+ *     prompt over), so the window before it stays while the arena can;
  *   - the match (kp_pfx_match, kp_pfx_window_resume) reuses up to the
  *     latest position p <= d (d the divergence, n - 1 on a full hit) such
  *     that the rows of [p - W + 1, p) are held; report.window_cut_from
@@ -527,14 +532,7 @@ static kp_status window_rows(kp_engine *e, kp_eng_seq *seq, uint32_t p0, uint32_
                 break;
             }
             uint32_t need = (p1 - 1) / B - j + 1;
-            /* the blocks behind the sequence's window are not read by it, except those
-             * before where it resumed: that becomes a branch, a resume point, once indexed
-             * (once it handed its resume points over, they are the index's to keep or drop:
-             * kp_pfx_drop_windows gives up those before marked ends last) */
-            uint32_t W = kp_kvpool_config_of(e->kv)->window;
-            uint32_t q = seq->handed || p0 < seq->reused ? p0 : seq->reused;
-            uint32_t done = q > W ? q - W : 0;
-            if (e->idx && kp_pfx_drop_windows(e->idx, need, &seq->kv, done)) continue;
+            if (e->idx && kp_pfx_drop_windows(e->idx, need)) continue;
             if (e->idx && kp_pfx_evict(e->idx, kp_kvpool_block_bytes(e->kv), (int64_t)time(NULL))) continue;
             if (e->idx && seq->lease.node) {
                 kp_pfx_release(e->idx, &seq->lease);
@@ -595,6 +593,8 @@ static void window_trim(kp_engine *e, kp_eng_seq *seq) {
         int32_t b = seq->kv.blocks[j];
         if (kp_kvpool_refcount(e->kv, b) == 1 && !near_resume_point(seq, j, B, W)) kp_kvpool_drop_window(e->kv, b);
     }
+    /* it reads their window rows no more: the index may drop those of the ones it shares */
+    for (; seq->kv.win_done < behind; seq->kv.win_done++) kp_kvpool_window_done(e->kv, seq->kv.blocks[seq->kv.win_done]);
 }
 
 /* With a window budget, after a forward call: hands the path up to every
@@ -995,6 +995,9 @@ kp_status kp_eng_begin_msgs(kp_engine *e, const int32_t *tokens, uint32_t n, con
     if (r.state_cut_from > r.reused_tokens) r.state_recomputed_tokens = r.state_cut_from - r.reused_tokens;
     seq->reused = r.reused_tokens;
     keep_prompt(e, seq, tokens, n, starts, n_starts);
+    /* where it resumed is a resume point too (a branch once it hands its prompt over): marked,
+     * the index keeps the window before it while it can */
+    if (seq->toks && seq->reused) kp_pfx_mark(e->idx, tokens, seq->reused, NULL);
     seq->tier_done = seq->reused / kp_kvpool_config_of(e->kv)->block_size; /* the index's: published already */
     hand_resume_points(e, seq); /* the message starts within the reuse: marked at once */
     if (report) *report = r;
@@ -1586,7 +1589,7 @@ static void tier_pin_publish(kp_engine *e, const int32_t *tokens, uint32_t n) {
     if (kp_pfx_walk(e->idx, pin_visit, &w, NULL) == KP_OK)
         while (have < w.nb && w.blocks[have] >= 0) have++;
     uint32_t whole = have < n / B ? have : n / B;
-    kp_kvseq view = {w.blocks, have, have, have * B < n ? have * B : n, NULL, 0};
+    kp_kvseq view = {w.blocks, have, have, have * B < n ? have * B : n, NULL, 0, 0};
     /* those with their window rows (the others were queued before they dropped them) */
     if (whole) kp_tiers_publish(e->tiers, tokens, whole * B, &view);
     if (e->recurrent && have == w.nb && (n % B == 0 || kp_kvpool_has_window(e->kv, w.blocks[n / B])))

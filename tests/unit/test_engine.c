@@ -591,7 +591,10 @@ static void test_window_answer(void) {
  * index as it passes it, marked, so the window before 40 (blocks 1, 2) and
  * before 70 (blocks 3, 4) stay with the prompt's end's (block 5) and the
  * answer's (block 6); without them only blocks 5 and 6 keep their window
- * rows. Then an edit inside the third
+ * rows. While the sequence still runs, the windows before the starts are
+ * behind its own and no one reads them: another prompt's admission counts
+ * them as spare (kp_eng_room.spare_slots: blocks 1..4; the window before
+ * its prompt's end, its leaf, is not). Then an edit inside the third
  * message (token 75) resumes at 75 with the starts and at 0 without them,
  * and dropping the second message (the prompt leaves the cache at 40)
  * resumes at 40 with them and at 0 without (window_cut_from 40: the
@@ -632,6 +635,13 @@ static void test_window_messages(void) {
             t[N + g] = kp_argmax(ref.logits, (int32_t)nv);
             for (int r = 0; r < 2; r++) ok = ok && kp_eng_decode(rs[r]->e, &rs[r]->s, t[N + g], rs[r]->logits, &err) == KP_OK;
         }
+        /* while it still runs: the windows it handed over before 40 and 70 (blocks 1..4) are
+         * behind its own, so no one reads them and another prompt's admission counts them as
+         * spare (a second-pass drop); the window before its prompt's end (its leaf) is not */
+        const int32_t other[3] = {1, 7, 7};
+        kp_eng_room room;
+        CHECK(ok && kp_eng_room_for(win.e, other, 3, true, &room, &err) == KP_OK);
+        CHECK_EQ_INT(room.spare_slots, marked ? 4 : 0);
         for (int r = 0; r < 2 && ok; r++) ok = kp_eng_finish(rs[r]->e, &rs[r]->s, t, N + G, NULL, &err) == KP_OK;
         CHECK_MSG(ok, "%s", err.msg);
         kp_eng_stats st;

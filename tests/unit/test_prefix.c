@@ -1035,7 +1035,7 @@ static void test_window_drops(void) {
     CHECK_EQ_INT(ps.index_window_blocks, 7);
     CHECK_EQ_INT(kp_kvpool_n_free_slots(pool), 1);
     /* two asked for: A's oldest positions go first (C, pinned last, is the most recently used) */
-    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 2, NULL, 0), 2);
+    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 2), 2);
     {
         kp_pfx_match_result m;
         kp_pfx_match(idx, a, 20, &m);
@@ -1045,7 +1045,7 @@ static void test_window_drops(void) {
               kp_kvpool_has_window(pool, s.blocks[2]) && kp_kvpool_has_window(pool, s.blocks[3]));
         kp_kvseq_release(&s, pool);
     }
-    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 100, NULL, 0), 3);
+    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 100), 3);
     CHECK_EQ_INT(kp_kvpool_n_free_slots(pool), 6);
     kp_pfx_get_stats(idx, &ps);
     CHECK_EQ_INT(ps.index_window_blocks, 2);
@@ -1139,14 +1139,14 @@ static void test_window_marks(void) {
     memcpy(q, a, sizeof q);
     q[13] = 999;
     kp_pfx_match_result m;
-    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 4, NULL, 0), 4);
+    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 4), 4);
     kp_pfx_match(idx, q, 20, &m);
     CHECK_EQ_INT(m.n_reuse, 12);
     CHECK_EQ_INT(m.window_cut_from, 13);
-    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 1, NULL, 0), 1);
+    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 1), 1);
     kp_pfx_match(idx, q, 20, &m);
     CHECK_EQ_INT(m.n_reuse, 0);
-    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 100, NULL, 0), 0); /* the leaf's and the pin's stay */
+    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 100), 0); /* the leaf's and the pin's stay */
     kp_pfx_match(idx, c, 8, &m);
     CHECK_EQ_INT(m.n_reuse, 7);
     CHECK(kp_pfx_check(idx, &err) == KP_OK);
@@ -1196,7 +1196,7 @@ static void test_window_branch(void) {
         kp_kvseq_release(&s, pool);
     }
     CHECK_EQ_INT(kp_kvpool_n_free_slots(pool), 2);
-    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 100, NULL, 0), 3);
+    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 100), 3);
     kp_pfx_match_result m;
     kp_pfx_match(idx, q, 16, &m);
     CHECK_EQ_INT(m.n_match, 8);

@@ -601,7 +601,9 @@ static void test_kv_pressure_equals_alone(void) {
  * the running ones (each may hold its window, a chunk and the window
  * before its prompt's end), counting what the index can give up: every
  * one completes with the tokens it gets alone, none is preempted or
- * fails for window rows midway, and some waited for them. With pins
+ * fails for window rows midway, and some waited for them; the same again
+ * with message starts every 8 positions (the windows before them handed
+ * to the index as each sequence passes them). With pins
  * holding the windows before their ends (a cap that lets them), a request
  * the arena cannot serve even alone ends at once, finish LENGTH, with a
  * note naming the window budget. */
@@ -641,33 +643,40 @@ static void test_window_admission(void) {
     kp_sched_config sc = {8, 64, 64};
     kp_sched *s = NULL;
     CHECK(kp_sched_new(&s, e, v, &sc, &err) == KP_OK);
-    kp_sreq *r[NP] = {0};
-    for (int i = 0; i < NP; i++) {
-        kp_sreq_params p = {cs[i].prompt, cs[i].n, cs[i].max_tokens, cs[i].sp, NULL, 0, cs[i].ignore_eos, NULL, 0,
-                            true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
-        CHECK_MSG(kp_sched_submit(s, &p, &r[i], &err) == KP_OK, "%s", err.msg);
-    }
-    for (int i = 0; i < NP; i++) {
-        static char buf[4096];
-        size_t len;
-        kp_sreq_update u;
-        kp_finish f = collect(r[i], buf, sizeof buf, &len, &u);
-        CHECK_MSG(f == cs[i].finish, "request %d: finish %d, alone %d (%s)", i, f, cs[i].finish, u.err.msg);
-        CHECK_MSG(u.err.msg[0] == 0, "request %d: %s", i, u.err.msg);
-        CHECK_MSG(u.completion_tokens == cs[i].n_want &&
-                      !memcmp(u.ids + cs[i].n, cs[i].want, cs[i].n_want * sizeof(int32_t)),
-                  "request %d (preempted %u times): tokens differ from alone", i, u.preemptions);
-        kp_sreq_release(r[i]);
-    }
     kp_sched_stats st;
-    kp_sched_stats_get(s, &st);
-    printf("scheduler: %d requests under a window budget of %u blocks: %llu preemptions, %llu waits for KV\n", NP,
-           slots, (unsigned long long)st.preemptions, (unsigned long long)st.kvwait_n);
-    CHECK_EQ_INT(st.preemptions, 0);
-    CHECK(st.requests_failed == 0 && st.requests_started == NP);
-    CHECK_MSG(st.kvwait_n > 0, "no request waited: the window arena was not pressed");
+    /* then the same with message starts every 8 positions: each running sequence hands the
+     * windows before them to the index, which may drop them once it has gone past */
+    static const uint32_t starts[4] = {8, 16, 24, 32};
+    for (int with_starts = 0; with_starts < 2; with_starts++) {
+        kp_sreq *r[NP] = {0};
+        for (int i = 0; i < NP; i++) {
+            kp_sreq_params p = {cs[i].prompt, cs[i].n, cs[i].max_tokens, cs[i].sp, NULL, 0, cs[i].ignore_eos, NULL, 0,
+                                true, NULL, false, {0, NULL, {0, 0}}, with_starts ? starts : NULL,
+                                with_starts ? 4 : 0};
+            CHECK_MSG(kp_sched_submit(s, &p, &r[i], &err) == KP_OK, "%s", err.msg);
+        }
+        for (int i = 0; i < NP; i++) {
+            static char buf[4096];
+            size_t len;
+            kp_sreq_update u;
+            kp_finish f = collect(r[i], buf, sizeof buf, &len, &u);
+            CHECK_MSG(f == cs[i].finish, "request %d: finish %d, alone %d (%s)", i, f, cs[i].finish, u.err.msg);
+            CHECK_MSG(u.err.msg[0] == 0, "request %d: %s", i, u.err.msg);
+            CHECK_MSG(u.completion_tokens == cs[i].n_want &&
+                          !memcmp(u.ids + cs[i].n, cs[i].want, cs[i].n_want * sizeof(int32_t)),
+                      "request %d (preempted %u times): tokens differ from alone", i, u.preemptions);
+            kp_sreq_release(r[i]);
+        }
+        kp_sched_stats_get(s, &st);
+        printf("scheduler: %d requests under a window budget of %u blocks%s: %llu preemptions, %llu waits for KV\n",
+               NP, slots, with_starts ? ", message starts" : "", (unsigned long long)st.preemptions,
+               (unsigned long long)st.kvwait_n);
+        CHECK_EQ_INT(st.preemptions, 0);
+        CHECK(st.requests_failed == 0 && st.requests_started == (uint64_t)NP * (with_starts + 1));
+        CHECK_MSG(st.kvwait_n > 0, "no request waited: the window arena was not pressed");
+        CHECK(kp_eng_check(e, &err) == KP_OK);
+    }
     kp_sched_free(s);
-    CHECK(kp_eng_check(e, &err) == KP_OK);
     kp_eng_free(e);
     /* pins (under a cap that lets them) holding the windows before their ends leave too few slots
      * for a request even alone: it ends at once, finish LENGTH, with a note naming the window budget */
