@@ -594,7 +594,8 @@ static void window_trim(kp_engine *e, kp_eng_seq *seq) {
         if (kp_kvpool_refcount(e->kv, b) == 1 && !near_resume_point(seq, j, B, W)) kp_kvpool_drop_window(e->kv, b);
     }
     /* it reads their window rows no more: the index may drop those of the ones it shares */
-    for (; seq->kv.win_done < behind; seq->kv.win_done++) kp_kvpool_window_done(e->kv, seq->kv.blocks[seq->kv.win_done]);
+    for (; seq->kv.win_done < behind; seq->kv.win_done++)
+        kp_kvpool_window_done(e->kv, seq->kv.blocks[seq->kv.win_done]);
 }
 
 /* With a window budget, after a forward call: hands the path up to every

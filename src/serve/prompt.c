@@ -160,7 +160,8 @@ static void message_starts(kp_server *s, const json_t *msgs, const json_t *tools
     /* the byte where each token starts: pieces with their special text, from a BOS the text lacks on */
     size_t *at = malloc((out->n + 1) * sizeof *at), b = 0, bos_len = 0;
     const char *bos = kp_tok_bos(s->v) >= 0 ? kp_tok_piece_view(s->v, kp_tok_bos(s->v), true, &bos_len) : NULL;
-    bool skip_bos = out->n && out->ids[0] == kp_tok_bos(s->v) && !(bos && bos_len <= len && !memcmp(text, bos, bos_len));
+    bool skip_bos = out->n && out->ids[0] == kp_tok_bos(s->v) &&
+                    !(bos && bos_len <= len && !memcmp(text, bos, bos_len));
     bool dummy = kp_tok_add_space_prefix(s->v); /* SPM: the first text piece's leading space is not in text */
     for (size_t i = 0; at && i < out->n; i++) {
         size_t pl = 0;
