@@ -467,10 +467,14 @@ static uint32_t window_blocks(const kp_engine *e) {
     return (W + B - 1) / B + 1;
 }
 
+uint32_t kp_eng_window_peak_blocks(uint32_t W, uint32_t B, uint32_t chunk) {
+    return (W + chunk + B - 1) / B + 2 + (W + B - 1) / B + 1;
+}
+
 uint32_t kp_eng_window_need(const kp_engine *e, uint32_t chunk) {
     if (!kp_kvpool_window_budgeted(e->kv)) return 0;
-    uint32_t B = kp_kvpool_config_of(e->kv)->block_size, W = kp_kvpool_config_of(e->kv)->window;
-    return (W + chunk + B - 1) / B + 2 + window_blocks(e);
+    const kp_kvpool_config *kc = kp_kvpool_config_of(e->kv);
+    return kp_eng_window_peak_blocks(kc->window, kc->block_size, chunk);
 }
 
 uint32_t kp_eng_seq_window_need(const kp_engine *e, const kp_eng_seq *seq, uint32_t chunk) {

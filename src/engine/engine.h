@@ -324,6 +324,9 @@ uint32_t kp_eng_seq_window_slots(const kp_engine *e, const kp_eng_seq *seq);
  * up). kp_eng_seq_window_need: what seq may still take beyond what it
  * holds now. 0 without a budget. For admission (scheduler.c's KV rule). */
 uint32_t kp_eng_window_need(const kp_engine *e, uint32_t chunk);
+/* The same for a window of W positions and blocks of B, without an
+ * engine (kvpin serve checks --window-budget holds one sequence alone). */
+uint32_t kp_eng_window_peak_blocks(uint32_t W, uint32_t B, uint32_t chunk);
 uint32_t kp_eng_seq_window_need(const kp_engine *e, const kp_eng_seq *seq, uint32_t chunk);
 
 /* ---- admission: what a prefill takes, what the pool can give ------------ */
