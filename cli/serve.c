@@ -491,9 +491,14 @@ int cmd_serve(int argc, char **argv) {
          * writes a chunk; the cache keeps the window before the end a sequence resumed from */
         uint64_t wpt = kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, kv_type, kv_type_v);
         uint64_t need = ((uint64_t)parallel * (hp->n_swa + 2 * (uint64_t)block) + (uint64_t)chunk + hp->n_swa) * wpt;
+        /* and admission's peak of one sequence alone (engine.h), or no request would ever run */
+        uint64_t alone = (uint64_t)kp_eng_window_peak_blocks(hp->n_swa, (uint32_t)block, (uint32_t)chunk) * block * wpt;
+        if (need < alone) need = alone;
         if (window_budget < need) {
             fprintf(stderr, "kvpin serve: --window-budget %s is below what %lld running sequences need: "
-                            "np x (window %u + 2 blocks) + --prefill-chunk + a window of positions, %s\n",
+                            "np x (window %u + 2 blocks) + --prefill-chunk + a window of positions, and at least "
+                            "one sequence's peak (its window, a chunk, the window before its prompt's end and "
+                            "3 blocks), %s\n",
                     cli_bytes(window_budget, b1, sizeof b1), (long long)parallel, hp->n_swa,
                     cli_bytes(need, b2, sizeof b2));
             rc = 2;
@@ -586,6 +591,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.n_cors_origins = n_cors_origins;
     cfg.n_volatile = n_volatile;
     cfg.tiers_of = cache_dir || cache_redis ? e : NULL;
+    cfg.message_starts = window_budget && hp->n_swa_layers && !no_cache;
     /* SIGINT/SIGTERM are taken by sigwait below; SIGPIPE from a client that left is ignored */
     sigset_t set;
     sigemptyset(&set);

@@ -65,10 +65,10 @@
  * mid-block. A leaf that no pin covers grows in place when its own path is
  * extended (decode steps do not build chains of one-token nodes); if it
  * ended mid-block, that block index then takes the extending sequence's
- * block, which holds every row of the longer path. When a
- * node is left with one child and nothing points at it (no lease or pin on
- * it), it is merged into that child; a block index held by both keeps the
- * child's block ((V) holds for it).
+ * block, which holds every row of the longer path (a marked leaf gets a
+ * child instead). When a node is left with one child and nothing points
+ * at it (no lease, pin or mark on it), it is merged into that child; a
+ * block index held by both keeps the child's block ((V) holds for it).
  *
  * Holds and pins. `hold` counts the leases on a node or below it, `pin`
  * the pins on it or below; hold_here / pin_here count those on the node
@@ -76,7 +76,9 @@
  * are evicted, least recently used first (the LRU list, head = most
  * recent; a touch moves a whole path to the head). Eviction drops the
  * index's references; the bytes come back only for blocks nobody else uses.
- * Pinned bytes (blocks on pinned paths, each once) are capped.
+ * Pinned bytes are capped: what the blocks on pinned paths (each once) and
+ * the snapshots at their ends hold, a block's window rows only while it
+ * has them (under a window budget most of a long pinned path has none).
  *
  * Evicted record: a ring of (hash of path[0..d0], d0 + 1, d1) for each
  * evicted leaf: when a later query leaves the cache at depth d0 with the
@@ -88,7 +90,10 @@
  * reuse to the latest resume point whose window is held
  * (kp_pfx_window_resume, which reads the blocks kp_pfx_acquire would take:
  * path_block), and kp_pfx_drop_windows gives rows up under pressure,
- * sparing the window before every end (mark_ends: leaves, pins, branches):
+ * sparing the window before every end (mark_ends: leaves, pins, branches,
+ * and the resume points the engine marks, kp_pfx_mark: where a message
+ * started or a prompt ended; a marked node is never merged into its child
+ * nor grown in place, so it stays an end):
  *
  *   path  [0 ........ 64) --+-- [64 .... 80)  leaf      ends: 64 (branch), 80, 72
  *                           +-- [64 .. 72)    leaf
@@ -132,7 +137,11 @@ struct kp_pfx_node {
                                     sorted; their blocks are index references */
     uint32_t n_snaps, cap_snaps;
     uint32_t min_end;            /* kp_pfx_drop_windows scratch: the shallowest end
-                                    (leaf or pin) in this node's subtree */
+                                    (leaf, branch, pin or mark) in this node's subtree */
+    uint32_t min_hard;           /* ... leaf, branch or pin only */
+    bool mark;                   /* a resume point ends here (kp_pfx_mark: a message's
+                                    start, a prompt's end): never merged into its child
+                                    nor grown in place, an end for kp_pfx_drop_windows */
     kp_pfx_node *lru_prev;       /* towards the most recently used */
     kp_pfx_node *lru_next;       /* towards the least recently used */
 };
@@ -409,7 +418,7 @@ static kp_pfx_node *split(kp_pfx_index *p, kp_pfx_node *n, uint32_t at) {
  * to the pool (a mid-block boundary may drop n's copy of a block). A merge
  * is optional: skipped when memory is short. */
 static uint64_t try_merge(kp_pfx_index *p, kp_pfx_node *n) {
-    if (!n->parent || n->n_children != 1 || n->hold_here || n->pin_here) return 0;
+    if (!n->parent || n->n_children != 1 || n->hold_here || n->pin_here || n->mark) return 0;
     kp_pfx_node *c = n->children[0];
     uint32_t overlap = n->depth % p->B ? 1 : 0;
     uint32_t nt = n->n_tokens + c->n_tokens, nb = n->n_blocks - overlap + c->n_blocks;
@@ -637,52 +646,86 @@ uint32_t kp_pfx_window_resume(const kp_pfx_index *p, const int32_t *tokens, uint
 
 /* Sets min_end of every node: the shallowest end in its subtree
  * (UINT32_MAX: none). An end is where a resume point is likely: a leaf's
- * depth, a pinned node's, and a branch's (a node with several children:
+ * depth, a pinned node's, a branch's (a node with several children:
  * prompts parted there, as a conversation's next turn from the answer the
- * previous one was given). */
+ * previous one was given) and a marked one's (kp_pfx_mark: where a
+ * message started or a prompt ended). */
 static void mark_ends(kp_pfx_index *p) {
-    for (kp_pfx_node *n = p->lru_head; n; n = n->lru_next) n->min_end = UINT32_MAX;
-    for (kp_pfx_node *n = p->lru_head; n; n = n->lru_next)
+    for (kp_pfx_node *n = p->lru_head; n; n = n->lru_next) n->min_end = n->min_hard = UINT32_MAX;
+    for (kp_pfx_node *n = p->lru_head; n; n = n->lru_next) {
         if (n->n_children != 1 || n->pin_here)
+            for (kp_pfx_node *x = n; x->parent && x->min_hard > n->depth; x = x->parent) x->min_hard = n->depth;
+        if (n->n_children != 1 || n->pin_here || n->mark)
             for (kp_pfx_node *x = n; x->parent && x->min_end > n->depth; x = x->parent) x->min_end = n->depth;
+    }
 }
 
-uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed, const kp_kvseq *reader, uint32_t reader_done) {
-    if (!kp_kvpool_window_budgeted(p->pool) || n_needed == 0) return 0;
-    uint32_t W = kp_kvpool_config_of(p->pool)->window, B = p->B, got = 0;
-    mark_ends(p);
-    /* the reader's blocks it no longer reads: its reference does not count */
-    if (++p->epoch == 0) {
-        memset(p->mark, 0, (size_t)p->n_pool_blocks * sizeof(uint32_t));
-        p->epoch = 1;
-    }
-    for (uint32_t j = 0; reader && (j + 1) * B <= reader_done && j < reader->n_blocks; j++)
-        p->mark[reader->blocks[j]] = p->epoch;
+/* True when no running sequence reads block b's window rows: every
+ * reference to it is the index's or marked done (kvpool.h's window
+ * readers), and it has them. */
+static bool window_unread(const kp_pfx_index *p, int32_t b) {
+    return kp_kvpool_window_readers(p->pool, b) == p->idx_refs[b] && kp_kvpool_has_window(p->pool, b);
+}
+
+/* One pass of kp_pfx_drop_windows over the LRU list (marks: spare the
+ * windows before marked ends too), adding to *got up to n_needed. */
+static void drop_pass(kp_pfx_index *p, uint32_t n_needed, uint32_t *got, bool marks) {
+    uint32_t W = kp_kvpool_config_of(p->pool)->window, B = p->B;
     /* least recently used first; the nodes one touch left with the same
      * last_used (a path, root-most nearest the head) shallowest first, so
      * a conversation gives up its oldest resume points first */
-    for (kp_pfx_node *last = p->lru_tail; last && got < n_needed;) {
+    for (kp_pfx_node *last = p->lru_tail; last && *got < n_needed;) {
         kp_pfx_node *first = last;
         while (first->lru_prev && first->lru_prev->last_used == last->last_used) first = first->lru_prev;
         for (kp_pfx_node *n = first;; n = n->lru_next) {
-            uint32_t f = first_block(p, n);
-            for (uint32_t i = 0; i < n->n_blocks && got < n_needed; i++) {
+            uint32_t f = first_block(p, n), end = marks ? n->min_end : n->min_hard;
+            for (uint32_t i = 0; i < n->n_blocks && *got < n_needed; i++) {
                 int32_t b = n->blocks[i];
                 /* a resume point at an end e reads [e - W, e) (e - 1 too, the
                  * full hit's recomputed last position): keep block f + i if it
                  * reaches into that run of the nearest end below */
-                if ((uint64_t)(f + i + 1) * B + W > n->min_end) continue;
-                uint32_t others = kp_kvpool_refcount(p->pool, b) - p->idx_refs[b] - (p->mark[b] == p->epoch);
-                if (others || !kp_kvpool_has_window(p->pool, b)) continue;
+                if ((uint64_t)(f + i + 1) * B + W > end || !window_unread(p, b)) continue;
                 kp_kvpool_drop_window(p->pool, b);
-                got++;
+                (*got)++;
             }
             if (n == last) break;
         }
         last = first->lru_prev;
     }
+}
+
+uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed) {
+    if (!kp_kvpool_window_budgeted(p->pool) || n_needed == 0) return 0;
+    uint32_t got = 0;
+    mark_ends(p);
+    drop_pass(p, n_needed, &got, true);
+    /* the windows before marked ends (messages' starts) are the first resume points to go, oldest first */
+    if (got < n_needed) drop_pass(p, n_needed, &got, false);
     p->window_drops += got;
     return got;
+}
+
+void kp_pfx_window_spare(kp_pfx_index *p, uint8_t *out) {
+    memset(out, 0, p->n_pool_blocks);
+    if (!kp_kvpool_window_budgeted(p->pool)) return;
+    uint32_t W = kp_kvpool_config_of(p->pool)->window, B = p->B;
+    mark_ends(p);
+    for (kp_pfx_node *n = p->lru_head; n; n = n->lru_next) /* drop_pass's test, the second pass's ends */
+        for (uint32_t i = 0, f = first_block(p, n); i < n->n_blocks; i++) {
+            int32_t b = n->blocks[i];
+            if ((uint64_t)(f + i + 1) * B + W <= n->min_hard && window_unread(p, b)) out[b] = 1;
+        }
+}
+
+kp_status kp_pfx_mark(kp_pfx_index *p, const int32_t *tokens, uint32_t n, kp_error *err) {
+    if (n == 0) return KP_OK;
+    kp_pfx_node *node;
+    uint32_t off, m = descend(p, tokens, n, &node, &off);
+    if (m < n) return kp_fail(err, KP_ENOTFOUND, "cannot mark position %u: only %u tokens are cached", n, m);
+    if (off < node->n_tokens && !(node = split(p, node, n)))
+        return kp_fail(err, KP_ENOMEM, "out of memory splitting a run to mark a resume point");
+    node->mark = true;
+    return KP_OK;
 }
 
 /* ---- public API --------------------------------------------------------- */
@@ -699,7 +742,9 @@ kp_status kp_pfx_new(kp_pfx_index **out, kp_kvpool *pool, const kp_pfx_config *c
     if (cfg) {
         p->cfg = *cfg;
     } else {
-        p->cfg.pinned_cap_bytes = (uint64_t)p->n_pool_blocks / 2 * p->block_bytes;
+        /* half of each arena: the blocks' rows and, under a window budget, the window slots' */
+        p->cfg.pinned_cap_bytes = (uint64_t)p->n_pool_blocks / 2 * kp_kvpool_full_bytes(pool) +
+                                  (uint64_t)kp_kvpool_n_slots(pool) / 2 * kp_kvpool_window_bytes(pool);
         p->cfg.evicted_record_size = 256;
     }
     p->idx_refs = calloc(p->n_pool_blocks, sizeof(uint32_t));
@@ -896,7 +941,7 @@ kp_status kp_pfx_insert(kp_pfx_index *p, const int32_t *tokens, uint32_t n, cons
         bool found;
         uint32_t s = child_slot(node, tokens[m], &found);
         if (!found) {
-            if (node->parent && node->n_children == 0 && node->pin == 0) {
+            if (node->parent && node->n_children == 0 && node->pin == 0 && !node->mark) {
                 kp_status st = extend_leaf(p, node, tokens, n, seq, err);
                 if (st != KP_OK) return st;
                 target = node;
@@ -1079,13 +1124,22 @@ uint64_t kp_pfx_evict(kp_pfx_index *p, uint64_t bytes_needed, int64_t now) {
     return evict_lru(p, bytes_needed);
 }
 
-/* Distinct blocks on pinned paths, plus on the path of extra (may be NULL). */
-static uint64_t count_pinned_blocks(kp_pfx_index *p, const kp_pfx_node *extra) {
+/* The bytes block b holds: its main-arena rows, and its window rows when
+ * it has them (under a window budget a block may have dropped them;
+ * without one, full + window = block_bytes). */
+static uint64_t held_bytes(const kp_pfx_index *p, int32_t b) {
+    return kp_kvpool_full_bytes(p->pool) + (kp_kvpool_has_window(p->pool, b) ? kp_kvpool_window_bytes(p->pool) : 0);
+}
+
+/* Bytes the distinct blocks on pinned paths hold (held_bytes: what each
+ * really holds, window rows only where kept), plus on the path of extra
+ * (may be NULL). */
+static uint64_t count_pinned_bytes(kp_pfx_index *p, const kp_pfx_node *extra) {
     if (++p->epoch == 0) {
         memset(p->mark, 0, (size_t)p->n_pool_blocks * sizeof(uint32_t));
         p->epoch = 1;
     }
-    uint64_t count = 0;
+    uint64_t bytes = 0;
     for (uint32_t i = 0; i <= p->n_pins; i++) {
         const kp_pfx_node *n = i < p->n_pins ? p->pins[i].node : extra;
         for (uint32_t k = 0; n && k < n->n_snaps; k++) /* the snapshot the pin resumes from */
@@ -1093,16 +1147,16 @@ static uint64_t count_pinned_blocks(kp_pfx_index *p, const kp_pfx_node *extra) {
                 for (uint32_t j = 0; j < n->snaps[k].n_blocks; j++)
                     if (p->mark[n->snaps[k].blocks[j]] != p->epoch) {
                         p->mark[n->snaps[k].blocks[j]] = p->epoch;
-                        count++;
+                        bytes += held_bytes(p, n->snaps[k].blocks[j]);
                     }
         for (; n && n->parent; n = n->parent)
             for (uint32_t b = 0; b < n->n_blocks; b++)
                 if (p->mark[n->blocks[b]] != p->epoch) {
                     p->mark[n->blocks[b]] = p->epoch;
-                    count++;
+                    bytes += held_bytes(p, n->blocks[b]);
                 }
     }
-    return count;
+    return bytes;
 }
 
 kp_status kp_pfx_pin(kp_pfx_index *p, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
@@ -1121,7 +1175,7 @@ kp_status kp_pfx_pin(kp_pfx_index *p, const int32_t *tokens, uint32_t n, int64_t
         node = u;
         did_split = true;
     }
-    uint64_t bytes = count_pinned_blocks(p, node) * p->block_bytes;
+    uint64_t bytes = count_pinned_bytes(p, node);
     if (bytes > p->cfg.pinned_cap_bytes) {
         if (did_split) try_merge(p, node);
         return kp_fail(err, KP_EFULL, "pinning %u tokens would make %llu pinned bytes, over the cap of %llu", n,
@@ -1183,7 +1237,7 @@ void kp_pfx_get_stats(kp_pfx_index *p, kp_pfx_stats *out) {
     out->index_bytes = (uint64_t)p->n_idx_blocks * bb;
     for (uint32_t b = 0; b < p->n_pool_blocks; b++)
         if (p->idx_refs[b] && kp_kvpool_has_window(p->pool, (int32_t)b)) out->index_window_blocks++;
-    out->pinned_bytes = count_pinned_blocks(p, NULL) * bb;
+    out->pinned_bytes = count_pinned_bytes(p, NULL);
     out->pinned_cap_bytes = p->cfg.pinned_cap_bytes;
     for (uint32_t b = 0; b < p->n_pool_blocks; b++) {
         if (!p->idx_refs[b]) continue;
@@ -1393,7 +1447,7 @@ kp_status kp_pfx_check(kp_pfx_index *p, kp_error *err) {
         if (p->pins[i].node->pin_here == 0)
             return kp_fail(err, KP_EFORMAT, "prefix index: pin %llu points at an unpinned node",
                            (unsigned long long)p->pins[i].id);
-    uint64_t pinned = count_pinned_blocks(p, NULL) * p->block_bytes;
+    uint64_t pinned = count_pinned_bytes(p, NULL);
     if (pinned > p->cfg.pinned_cap_bytes)
         return kp_fail(err, KP_EFORMAT, "prefix index: %llu pinned bytes over the cap of %llu",
                        (unsigned long long)pinned, (unsigned long long)p->cfg.pinned_cap_bytes);

@@ -77,7 +77,8 @@ typedef struct {
 } kp_pfx_lease;
 
 /* Makes an empty index over `pool` (borrowed; it must outlive the index).
- * cfg NULL: pinned cap = half the pool, 256 evicted runs remembered.
+ * cfg NULL: pinned cap = half the pool (half of each arena under a window
+ * budget: kvpool.h), 256 evicted runs remembered.
  * KP_ENOMEM on allocation failure (*out NULL). */
 kp_status kp_pfx_new(kp_pfx_index **out, kp_kvpool *pool, const kp_pfx_config *cfg, kp_error *err);
 
@@ -224,22 +225,41 @@ uint64_t kp_pfx_evict(kp_pfx_index *p, uint64_t bytes_needed, int64_t now);
  * qualifies). Without a budget: r. kp_pfx_match applies it. */
 uint32_t kp_pfx_window_resume(const kp_pfx_index *p, const int32_t *tokens, uint32_t r);
 
-/* Drops the window rows of up to n_needed blocks that only the index
- * references (no running sequence reads them), least recently used nodes
- * first (of a path touched at once, the shallowest first), sparing every
- * block that reaches into the W positions before an end: a leaf's depth,
- * a pinned node's or a branch's, where prompts parted (a resume point
- * there, or one before it on a full hit, stays whole). reader (may be NULL) is the
- * sequence asking: its references to its blocks wholly below reader_done
- * (positions no query of it reads again) do not count as readers. Returns
- * how many were dropped (their slots are free). 0 without a window
- * budget. */
-uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed, const kp_kvseq *reader, uint32_t reader_done);
+/* Drops the window rows of up to n_needed blocks that no running
+ * sequence reads (every reference the index's or marked done: kvpool.h's
+ * window readers), least recently used nodes first (of a path touched at
+ * once, the shallowest first), sparing every block that reaches into the
+ * W positions before an end: a leaf's depth, a pinned node's, a marked
+ * one's (kp_pfx_mark) or a branch's, where prompts parted (a resume point
+ * there, or one before it on a full hit, stays whole); when that is not
+ * enough, a second pass gives up the windows before marked ends too (not
+ * before leaves, pins, branches). Returns how many were dropped (their
+ * slots are free). 0 without a window budget. */
+uint32_t kp_pfx_drop_windows(kp_pfx_index *p, uint32_t n_needed);
+
+/* out[b] (one byte per pool block) = 1 for each block whose window rows
+ * kp_pfx_drop_windows could drop now (no running sequence reads them, not
+ * before a leaf's, pin's or branch's end), else 0: for admission
+ * (engine.h's kp_eng_room_for). All 0 without a budget. */
+void kp_pfx_window_spare(kp_pfx_index *p, uint8_t *out);
+
+/* Marks position n of the cached path tokens[0..n) as a resume point (a
+ * message's start, a prompt's end: where a later prompt is likely to
+ * leave this one): the run is split there if needed, and the node ending
+ * at n is never merged into its child nor grown in place, so n stays an
+ * end, and kp_pfx_drop_windows keeps the window rows before it while it
+ * can (after the other ends' it gives them up first, oldest first) and
+ * while the node lives (eviction takes it as any other).
+ * Idempotent; n 0 is a no-op. KP_ENOTFOUND when tokens[0..n) is not
+ * cached; KP_ENOMEM (nothing changed). */
+kp_status kp_pfx_mark(kp_pfx_index *p, const int32_t *tokens, uint32_t n, kp_error *err);
 
 /* Pins the cached prefix tokens[0..n) until kp_pfx_unpin(*id), or until
  * now + ttl_seconds (ttl 0: no expiry). A pinned path is never evicted.
  * KP_ENOTFOUND if the n tokens are not all cached; KP_EFULL if the pinned
- * bytes would exceed the configured cap; KP_EINVAL for n 0 or ttl < 0. */
+ * bytes (kp_pfx_stats.pinned_bytes: what the pinned blocks hold, window
+ * rows where kept) would exceed the configured cap; KP_EINVAL for n 0 or
+ * ttl < 0. */
 kp_status kp_pfx_pin(kp_pfx_index *p, const int32_t *tokens, uint32_t n, int64_t ttl_seconds, int64_t now,
                   uint64_t *id, kp_error *err);
 
@@ -257,7 +277,8 @@ typedef struct {
     uint64_t free_bytes;        /* budget - used */
     uint64_t block_bytes;
     uint64_t index_bytes;       /* blocks the index references */
-    uint64_t pinned_bytes;      /* blocks on pinned paths */
+    uint64_t pinned_bytes;      /* what pinned paths hold: their blocks' rows, window rows
+                                   only of the blocks that have them (kvpool.h) */
     uint64_t pinned_cap_bytes;
     uint64_t shared_bytes;      /* index blocks that running sequences also use */
     uint64_t saved_bytes;       /* what those sequences would need more without sharing */

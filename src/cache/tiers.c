@@ -222,12 +222,18 @@ uint32_t kp_tiers_fetch_run(kp_tiers *t, const int32_t *tokens, uint32_t j0, uin
 }
 
 void kp_tiers_publish(kp_tiers *t, const int32_t *tokens, uint32_t n, const kp_kvseq *seq) {
-    uint32_t B = kp_kvpool_config_of(t->pool)->block_size, nb = n / B;
+    kp_tiers_publish_range(t, tokens, 0, n / kp_kvpool_config_of(t->pool)->block_size, seq);
+}
+
+void kp_tiers_publish_range(kp_tiers *t, const int32_t *tokens, uint32_t j0, uint32_t j1, const kp_kvseq *seq) {
+    uint32_t B = kp_kvpool_config_of(t->pool)->block_size, nb = j1;
     if (nb > seq->n_blocks) nb = seq->n_blocks;
     t->keys_of = NULL;
-    if (!nb || !chain(t, tokens, nb)) return;
+    if (j0 >= nb || !chain(t, tokens, nb)) return;
     static const kp_bkey zero = {{0}};
-    for (uint32_t j = 0; j < nb; j++) {
+    for (uint32_t j = j0; j < nb; j++) {
+        /* a record holds the whole block: one whose window rows were dropped cannot be written */
+        if (!kp_kvpool_has_window(t->pool, seq->blocks[j])) continue;
         const kp_bkey *parent = j ? &t->keys[j - 1] : &zero;
         if (t->disk && !kp_disk_has(t->disk, &t->keys[j]))
             kp_disk_put(t->disk, &t->keys[j], parent, tokens + (size_t)j * B, seq->blocks[j]);

@@ -14,6 +14,10 @@
  *   kp_tiers_publish(t, tokens, n, seq)         at the end of a sequence:
  *                                               every full block not yet
  *                                               stored is queued for writing
+ *   kp_tiers_publish_range(t, tokens, j0, j1, seq)   blocks j0..j1-1 only:
+ *                                               under a window budget, as a
+ *                                               running sequence is about to
+ *                                               drop their window rows
  *
  * A block's key is blockkey.h's chain over tokens[0 .. (j+1) B); the tiers
  * hold no token and no K/V between calls, only their own tables and queues.
@@ -121,8 +125,12 @@ uint32_t kp_tiers_fetch_run(kp_tiers *t, const int32_t *tokens, uint32_t j0, uin
                             kp_tier_id *from, kp_blockrec_reason *why);
 
 /* Queues every full block of tokens[0..n) (rows in seq's blocks) that no
- * tier holds yet. */
+ * tier holds yet and that holds its window rows (kvpool.h: a record is a
+ * whole block; under a window budget the engine queues a block before it
+ * drops them). The record is encoded now: the rows may change after. */
 void kp_tiers_publish(kp_tiers *t, const int32_t *tokens, uint32_t n, const kp_kvseq *seq);
+/* The same for blocks j0..j1-1 only (tokens holds j1 * B tokens). */
+void kp_tiers_publish_range(kp_tiers *t, const int32_t *tokens, uint32_t j0, uint32_t j1, const kp_kvseq *seq);
 
 /* ---- recurrent-state snapshots (the top of this file) ---- */
 

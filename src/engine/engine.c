@@ -41,19 +41,40 @@
  *     (window_rows) and, after it, drops those of its own blocks (no one
  *     else references them) that lie wholly W or more positions before its
  *     length (window_trim): a query at q >= n reads q - W < p <= q only.
- *     So a running sequence holds at most W positions (plus the block
- *     they start in and the batch it computes) of window rows beyond what
- *     the index already holds, and those before its prompt's end
- *     (seq->prompt_end: the next turn diverges there when the answer is
- *     not sent back as it was) and of its copy of the block it resumed in
- *     (seq->reused: a prompt diverging just past the previous turn's end
- *     reads it);
+ *     Once past its prompt's end (seq->prompt_end: the next turn diverges
+ *     there when the answer is not sent back as it was) it hands the
+ *     prompt's path to the index (hand_resume_points: kp_pfx_insert with
+ *     its lease, which a running sequence may call), so the window before
+ *     it, and its copy of the block it resumed in (seq->reused: a prompt
+ *     diverging just past the previous turn's end reads it), are the
+ *     index's, kept as before a leaf's end. So a running sequence holds
+ *     at most W positions (plus the block they start in and the batch it
+ *     computes) of window rows beyond what the index keeps
+ *     (kp_eng_seq_window_slots counts them), not a second window for its
+ *     prompt's end while it generates a long answer; until it is past
+ *     that end it keeps those blocks itself (near_resume_point). To hand
+ *     it over it keeps its tokens (seq->toks) under a budget;
+ *   - a prompt rendered from messages has more resume points: where each
+ *     message starts (kp_eng_begin_msgs; the chat endpoints find them,
+ *     serve/prompt.c), where a later prompt that edits or drops that
+ *     message leaves this one. The sequence keeps the window before each
+ *     until it passes it, then hands the path up to it to the index and
+ *     marks it (kp_pfx_mark: the node stays an end, and
+ *     kp_pfx_drop_windows spares the window before it, giving those up
+ *     first, oldest first, when the arena is short), so an edit of an
+ *     earlier message resumes at that message's start, or later, instead
+ *     of at the prompt's end before it; the prompt's end is marked too;
  *   - when the window arena is full, window_rows asks the index to drop
- *     the window rows of cached blocks no running sequence uses and no
- *     resume point needs (kp_pfx_drop_windows: a block is needed when it
- *     reaches into the W positions before a leaf's end, a pin's end or a
- *     branch, where a conversation's next turn left the previous answer),
- *     least recently used first, then evicts, then lets go of its lease;
+ *     the window rows of cached blocks no running sequence reads (a
+ *     sequence marks its references to the blocks behind its window
+ *     done: kvpool.h's window readers, kp_kvseq.win_done) and no resume
+ *     point needs (kp_pfx_drop_windows: a block is needed when it reaches
+ *     into the W positions before a leaf's end, a pin's end or a branch,
+ *     where a conversation's next turn left the previous answer, and,
+ *     until nothing else is left, before a marked one), least recently
+ *     used first, then evicts, then lets go of its lease. Where a
+ *     sequence resumed is marked at once (a branch once it hands its
+ *     prompt over), so the window before it stays while the arena can;
  *   - the match (kp_pfx_match, kp_pfx_window_resume) reuses up to the
  *     latest position p <= d (d the divergence, n - 1 on a full hit) such
  *     that the rows of [p - W + 1, p) are held; report.window_cut_from
@@ -61,11 +82,16 @@
  *     window_evicted. Outputs stay those of a recomputation: no query ever
  *     reads a dropped row (kvpool.h asserts it).
  *
- *   Tiers: a finished sequence (a pinned path) is published up to its
- *   first block without window rows; a restored block gets a slot first.
- *   Admission (below) counts blocks only: a step item that finds no window
- *   slot gets KP_EFULL as one that finds no block does. A fork of a prefix
- *   whose window rows the source dropped is refused (KP_EFULL).
+ *   Tiers: a record holds a whole block, window rows included, so a
+ *   sequence queues a block to the tiers before it drops its window rows
+ *   (window_trim: its rows are final by then), and a finished sequence (a
+ *   pinned path) publishes the blocks that still hold them: the tiers get
+ *   every block, as without a budget; a restored block gets a slot first.
+ *   Admission (below) counts window slots too (free_slots, spare_slots,
+ *   kp_eng_window_need), so a scheduler admits only what the window arena
+ *   can serve; a step item that still finds no window slot gets KP_EFULL
+ *   as one that finds no block does. A fork of a prefix whose window rows
+ *   the source dropped is refused (KP_EFULL).
  *
  * A step (kp_eng_step) packs the items' tokens into one kp_batch, items in
  * order, each item's tokens at consecutive positions from its sequence's
@@ -92,6 +118,17 @@
  *
  * kp_pfx_evict takes exactly such nodes (leaves first, a parent when its
  * last child went), so free + evictable is what a reserve can reach.
+ * Under a window budget, window slots alike: free_slots, and spare_slots,
+ * the blocks with window rows that window_rows can get back: those
+ * kp_pfx_drop_windows may drop (the index's alone, not before a leaf's,
+ * pin's or branch's end: kp_pfx_window_spare) or eviction frees (the
+ * evictable blocks above), less the blocks the prefill shares. What a
+ * sequence takes at most is kp_eng_window_need (its window, a chunk, the
+ * block the window starts in, its resume copy, and the window before its
+ * prompt's end, which the index keeps for it while it runs; those before
+ * its messages' starts are marked ends the index gives up first, the
+ * sequence's own references to them not counting once it handed them
+ * over: window_rows).
  *
  * Forks (kp_eng_fork, n choices of one prompt): the new sequence takes a
  * reference to every whole block of the source and a private copy of its
@@ -230,6 +267,7 @@ struct kp_engine {
     const kp_attn_kernels *attn; /* the forward pass's attention table */
     bool attn_bf16;        /* ... of the BF16 precision */
     uint32_t *room_refs;  /* references from nodes eviction could take */
+    uint8_t *room_spare;  /* window rows the index could drop (kp_pfx_window_spare) */
     int32_t *room_shared; /* the blocks the prefill would share, by block index */
 };
 
@@ -332,6 +370,7 @@ void kp_eng_free(kp_engine *e) {
     free(e->step_logits);
     free(e->room_refs);
     free(e->room_shared);
+    free(e->room_spare);
     free(e);
 }
 
@@ -414,6 +453,38 @@ uint32_t kp_eng_seq_blocks_missing(const kp_engine *e, const kp_eng_seq *seq, ui
     return nb > seq->kv.n_blocks ? nb - seq->kv.n_blocks : 0;
 }
 
+uint32_t kp_eng_seq_window_slots(const kp_engine *e, const kp_eng_seq *seq) {
+    if (!kp_kvpool_window_budgeted(e->kv)) return 0;
+    uint32_t n = 0;
+    for (uint32_t j = 0; j < seq->kv.n_blocks; j++)
+        n += kp_kvpool_refcount(e->kv, seq->kv.blocks[j]) == 1 && kp_kvpool_has_window(e->kv, seq->kv.blocks[j]);
+    return n;
+}
+
+/* The blocks the window before a position reaches into, at most. */
+static uint32_t window_blocks(const kp_engine *e) {
+    uint32_t B = kp_kvpool_config_of(e->kv)->block_size, W = kp_kvpool_config_of(e->kv)->window;
+    return (W + B - 1) / B + 1;
+}
+
+uint32_t kp_eng_window_peak_blocks(uint32_t W, uint32_t B, uint32_t chunk) {
+    return (W + chunk + B - 1) / B + 2 + (W + B - 1) / B + 1;
+}
+
+uint32_t kp_eng_window_need(const kp_engine *e, uint32_t chunk) {
+    if (!kp_kvpool_window_budgeted(e->kv)) return 0;
+    const kp_kvpool_config *kc = kp_kvpool_config_of(e->kv);
+    return kp_eng_window_peak_blocks(kc->window, kc->block_size, chunk);
+}
+
+uint32_t kp_eng_seq_window_need(const kp_engine *e, const kp_eng_seq *seq, uint32_t chunk) {
+    if (!kp_kvpool_window_budgeted(e->kv)) return 0;
+    /* once its prompt's end is handed over, the window before it is the index's (held) */
+    uint32_t need = kp_eng_window_need(e, chunk), held = kp_eng_seq_window_slots(e, seq);
+    if (seq->prompt_end && seq->handed >= seq->prompt_end) held += window_blocks(e);
+    return need > held ? need - held : 0;
+}
+
 /* Makes sure positions [0, n_pos) of s have blocks, evicting unheld cached
  * prefixes when the pool is full. */
 static kp_status reserve(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_eng_report *r, kp_error *err) {
@@ -465,11 +536,7 @@ static kp_status window_rows(kp_engine *e, kp_eng_seq *seq, uint32_t p0, uint32_
                 break;
             }
             uint32_t need = (p1 - 1) / B - j + 1;
-            /* the blocks behind the sequence's window are not read by it, except those
-             * before where it resumed: that becomes a branch, a resume point, once indexed */
-            uint32_t W = kp_kvpool_config_of(e->kv)->window, q = p0 < seq->reused ? p0 : seq->reused;
-            uint32_t done = q > W ? q - W : 0;
-            if (e->idx && kp_pfx_drop_windows(e->idx, need, &seq->kv, done)) continue;
+            if (e->idx && kp_pfx_drop_windows(e->idx, need)) continue;
             if (e->idx && kp_pfx_evict(e->idx, kp_kvpool_block_bytes(e->kv), (int64_t)time(NULL))) continue;
             if (e->idx && seq->lease.node) {
                 kp_pfx_release(e->idx, &seq->lease);
@@ -484,23 +551,95 @@ static kp_status window_rows(kp_engine *e, kp_eng_seq *seq, uint32_t p0, uint32_
     return KP_OK;
 }
 
+/* The i-th resume point of seq (i <= n_starts): its messages' starts,
+ * then its prompt's end (0 when it has none). */
+static uint32_t resume_point(const kp_eng_seq *seq, uint32_t i) {
+    return i < seq->n_starts ? seq->starts[i] : seq->prompt_end;
+}
+
+/* True when block j of seq reaches into the W positions before one of its
+ * resume points, or is its copy of the block it resumed in (a prompt
+ * diverging just past the previous turn's end reads it). */
+static bool near_resume_point(const kp_eng_seq *seq, uint32_t j, uint32_t B, uint32_t W) {
+    if (seq->reused % B && j == seq->reused / B) return true;
+    for (uint32_t i = 0; i <= seq->n_starts; i++) {
+        uint32_t r = resume_point(seq, i);
+        if (r && j * B < r && (j + 1) * B + W > r) return true;
+    }
+    return false;
+}
+
 /* With a window budget: drops the window rows of seq's own blocks (no one
  * else references them) that no query of it will read again: a query at
  * q >= n_pos reads positions > q - W, so block j is done once
  * (j + 1) * B <= n_pos - W (the W positions before n_pos stay, so a
- * resume point at its end, or one before, stays whole once indexed). */
+ * resume point at its end, or one before, stays whole once indexed), but
+ * those near a resume point (near_resume_point; once the sequence passed
+ * it, hand_resume_points gives them to the index). With tiers below RAM
+ * every block that falls behind the window is queued to them once
+ * (seq->tier_done; whole, window rows included: its rows are final), its
+ * own and those it handed to the index alike, before its window rows can
+ * go, so what RAM drops is on disk. */
 static void window_trim(kp_engine *e, kp_eng_seq *seq) {
     if (!kp_kvpool_window_budgeted(e->kv)) return;
     uint32_t B = kp_kvpool_config_of(e->kv)->block_size, W = kp_kvpool_config_of(e->kv)->window;
-    uint32_t n = seq->kv.n_pos, mark = seq->prompt_end;
+    uint32_t n = seq->kv.n_pos;
     if (n < W + B) return;
-    for (uint32_t j = 0; (j + 1) * B <= n - W && j < seq->kv.n_blocks; j++) {
-        /* the prompt's end is a resume point too: keep what reaches into [mark - W, mark) */
-        if (mark && j * B < mark && (j + 1) * B + W > mark) continue;
-        /* and so is where the sequence resumed: keep its copy of that block */
-        if (seq->reused % B && j == seq->reused / B) continue;
-        if (kp_kvpool_refcount(e->kv, seq->kv.blocks[j]) == 1) kp_kvpool_drop_window(e->kv, seq->kv.blocks[j]);
+    uint32_t behind = (n - W) / B; /* the blocks wholly W or more positions behind n */
+    if (behind > seq->kv.n_blocks) behind = seq->kv.n_blocks;
+    /* to the tiers first, each block once, shared ones too: the index may drop the window
+     * rows of a block this sequence handed it (kp_pfx_drop_windows) before anyone publishes it */
+    if (e->tiers && behind > seq->tier_done && seq->n_toks >= behind * B) {
+        kp_tiers_publish_range(e->tiers, seq->toks, seq->tier_done, behind, &seq->kv);
+        seq->tier_done = behind;
     }
+    for (uint32_t j = 0; j < behind; j++) {
+        int32_t b = seq->kv.blocks[j];
+        if (kp_kvpool_refcount(e->kv, b) == 1 && !near_resume_point(seq, j, B, W)) kp_kvpool_drop_window(e->kv, b);
+    }
+    /* it reads their window rows no more: the index may drop those of the ones it shares */
+    for (; seq->kv.win_done < behind; seq->kv.win_done++)
+        kp_kvpool_window_done(e->kv, seq->kv.blocks[seq->kv.win_done]);
+}
+
+/* With a window budget, after a forward call: hands the path up to every
+ * resume point seq went past (its messages' starts, its prompt's end) to the
+ * index, with its lease (kp_pfx_insert, which a running sequence may
+ * call: it appends only past them), and marks it (kp_pfx_mark), so the
+ * window rows before it are the index's, kept as before an end, and the
+ * sequence holds no more than its own window beyond them. Best effort: a
+ * failure leaves the rows to the sequence (near_resume_point). */
+static void hand_resume_points(kp_engine *e, kp_eng_seq *seq) {
+    if (!e->idx || !seq->toks) return;
+    for (uint32_t i = 0; i <= seq->n_starts; i++) {
+        uint32_t r = resume_point(seq, i);
+        if (r <= seq->handed) continue;
+        if (r >= seq->kv.n_pos || r > seq->n_toks) break; /* not passed yet (a prompt computed and
+                                                             * aborted leaves nothing indexed) */
+        if (kp_pfx_insert(e->idx, seq->toks, r, &seq->kv, &seq->lease, NULL, NULL) == KP_OK)
+            kp_pfx_mark(e->idx, seq->toks, r, NULL);
+        seq->handed = r;
+    }
+}
+
+/* After a forward call fed tokens[0..m) at positions [p, p + m): a
+ * sequence that keeps its tokens (a window budget) remembers those past
+ * the ones it knew. Out of memory: it stops remembering (nothing past is
+ * handed to the index or the tiers early). */
+static void seq_fed(kp_eng_seq *seq, uint32_t p, const int32_t *tokens, uint32_t m) {
+    if (!seq->toks || p > seq->n_toks || p + m <= seq->n_toks) return;
+    uint32_t k = seq->n_toks - p;
+    if (!kp_grow_u32((void **)&seq->toks, &seq->cap_toks, p + m, sizeof *seq->toks)) return;
+    memcpy(seq->toks + seq->n_toks, tokens + k, (size_t)(m - k) * sizeof *seq->toks);
+    seq->n_toks = p + m;
+}
+
+/* What a sequence does after each forward call under a window budget. */
+static void window_after(kp_engine *e, kp_eng_seq *seq, uint32_t p, const int32_t *tokens, uint32_t m) {
+    if (!kp_kvpool_window_budgeted(e->kv)) return;
+    seq_fed(seq, p, tokens, m);
+    window_trim(e, seq);
+    hand_resume_points(e, seq);
 }
 
 uint32_t kp_eng_fork_blocks(const kp_engine *e, uint32_t n_pos) {
@@ -578,11 +717,22 @@ kp_status kp_eng_fork_prefix(kp_engine *e, const kp_eng_seq *src, uint32_t n, kp
     dst->kv.n_pos = n;
     dst->kv.rstate = state;
     dst->kv.rstate_pos = state ? n : 0;
+    /* under a window budget the fork knows the tokens of its rows too (window_trim publishes
+     * its blocks; the whole ones it shares are the source's to publish, and so are the resume
+     * points it shares with the source to hand) */
+    dst->tier_done = n / B;
+    uint32_t nt = src->n_toks < n ? src->n_toks : n;
+    if (src->toks && kp_grow_u32((void **)&dst->toks, &dst->cap_toks, nt ? nt : 1, sizeof *dst->toks)) {
+        memcpy(dst->toks, src->toks, (size_t)nt * sizeof *dst->toks);
+        dst->n_toks = nt;
+    }
     return KP_OK;
 }
 
 void kp_eng_seq_abort(kp_engine *e, kp_eng_seq *seq) {
     states_drop(e, seq);
+    free(seq->toks);
+    free(seq->starts);
     if (e->idx) kp_pfx_release(e->idx, &seq->lease);
     kp_kvseq_release(&seq->kv, e->kv);
     memset(seq, 0, sizeof *seq);
@@ -626,10 +776,11 @@ static kp_status run_tokens(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens
             e->step_want[j] = last && j == m - 1 && logits;
         }
         kp_batch b = {(int32_t)m, tokens + i, e->step_pos, e->step_seq, e->step_want, seqs, 1};
-        kp_status st = window_rows(e, seq, seq->kv.n_pos, seq->kv.n_pos + m, err);
+        uint32_t p = seq->kv.n_pos;
+        kp_status st = window_rows(e, seq, p, p + m, err);
         if (st == KP_OK) st = kp_forward_run(e->fw, &b, last ? logits : NULL, err);
         if (st != KP_OK) return st;
-        window_trim(e, seq);
+        window_after(e, seq, p, tokens + i, m);
         take_state(e, seq, false);
     }
     return KP_OK;
@@ -766,8 +917,38 @@ static void tier_restore_state(kp_engine *e, const int32_t *tokens, uint32_t n, 
                               r->restore_failed != KP_BLOCKREC_OK);
 }
 
+static int cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Under a window budget: seq keeps its prompt's tokens and message starts
+ * (those in (0, n), ascending, once each) for hand_resume_points and
+ * window_trim. Out of memory: neither (the sequence keeps the window
+ * before its prompt's end itself, near_resume_point). */
+static void keep_prompt(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, uint32_t n, const uint32_t *starts,
+                        uint32_t n_starts) {
+    if (!kp_kvpool_window_budgeted(e->kv) || !e->idx) return;
+    if (!kp_grow_u32((void **)&seq->toks, &seq->cap_toks, n, sizeof *seq->toks)) return;
+    memcpy(seq->toks, tokens, (size_t)n * sizeof *tokens);
+    seq->n_toks = n;
+    if (!n_starts || !(seq->starts = malloc((size_t)n_starts * sizeof *seq->starts))) return;
+    for (uint32_t i = 0; i < n_starts; i++)
+        if (starts[i] > 0 && starts[i] < n) seq->starts[seq->n_starts++] = starts[i];
+    qsort(seq->starts, seq->n_starts, sizeof *seq->starts, cmp_u32);
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < seq->n_starts; i++)
+        if (k == 0 || seq->starts[i] != seq->starts[k - 1]) seq->starts[k++] = seq->starts[i];
+    seq->n_starts = k;
+}
+
 kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_seq *seq, kp_eng_report *report,
-                    kp_error *err) {
+                       kp_error *err) {
+    return kp_eng_begin_msgs(e, tokens, n, NULL, 0, seq, report, err);
+}
+
+kp_status kp_eng_begin_msgs(kp_engine *e, const int32_t *tokens, uint32_t n, const uint32_t *starts,
+                            uint32_t n_starts, kp_eng_seq *seq, kp_eng_report *report, kp_error *err) {
     kp_eng_report r;
     memset(&r, 0, sizeof r);
     r.cached_next = -1;
@@ -818,6 +999,12 @@ kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_s
     r.computed_tokens = n - r.reused_tokens;
     if (r.state_cut_from > r.reused_tokens) r.state_recomputed_tokens = r.state_cut_from - r.reused_tokens;
     seq->reused = r.reused_tokens;
+    keep_prompt(e, seq, tokens, n, starts, n_starts);
+    /* where it resumed is a resume point too (a branch once it hands its prompt over): marked,
+     * the index keeps the window before it while it can */
+    if (seq->toks && seq->reused) kp_pfx_mark(e->idx, tokens, seq->reused, NULL);
+    seq->tier_done = seq->reused / kp_kvpool_config_of(e->kv)->block_size; /* the index's: published already */
+    hand_resume_points(e, seq); /* the message starts within the reuse: marked at once */
     if (report) *report = r;
     return KP_OK;
 }
@@ -913,6 +1100,20 @@ kp_status kp_eng_room_for(kp_engine *e, const int32_t *tokens, uint32_t n, bool 
         if (e->room_refs[b] && e->room_refs[b] != UINT32_MAX && e->room_refs[b] == kp_kvpool_refcount(e->kv, (int32_t)b))
             out->evictable_blocks++;
     out->evictable_blocks += kp_pfx_state_evictable_blocks(e->idx); /* snapshots: the index's blocks alone */
+    if (kp_kvpool_window_budgeted(e->kv)) {
+        /* window slots: free, and the index's that dropping or evicting gives back, but those
+         * of blocks the prefill shares (it reads their window rows, or keeps them) */
+        out->free_slots = kp_kvpool_n_free_slots(e->kv);
+        if (!e->room_spare && !(e->room_spare = malloc(nb)))
+            return kp_fail(err, KP_ENOMEM, "out of memory for the admission check of %u blocks", nb);
+        kp_pfx_window_spare(e->idx, e->room_spare);
+        for (uint32_t b = 0; b < nb; b++) {
+            uint32_t refs = e->room_refs[b];
+            bool evictable = refs && refs != UINT32_MAX && refs == kp_kvpool_refcount(e->kv, (int32_t)b);
+            if (refs != UINT32_MAX && (e->room_spare[b] || evictable) && kp_kvpool_has_window(e->kv, (int32_t)b))
+                out->spare_slots++;
+        }
+    }
     return KP_OK;
 }
 
@@ -1028,7 +1229,7 @@ kp_status kp_eng_step(kp_engine *e, kp_eng_item *items, uint32_t n_items, kp_err
     if ((st = kp_forward_run(e->fw, &b, out, err)) != KP_OK) return st;
     for (uint32_t i = 0; i < n_items; i++)
         if (items[i].status == KP_OK) {
-            window_trim(e, items[i].seq);
+            window_after(e, items[i].seq, items[i].seq->kv.n_pos - items[i].n, items[i].tokens, items[i].n);
             take_state(e, items[i].seq, false);
         }
     if (n_asking < 2) return KP_OK;
@@ -1084,14 +1285,14 @@ kp_status kp_eng_finish(kp_engine *e, kp_eng_seq *seq, const int32_t *tokens, ui
         if (seq->snaps[i].pos <= n) snap_pos[n_snap_pos++] = seq->snaps[i].pos;
     if (e->idx && st == KP_OK && tokens) hand_states(e, seq, tokens, n);
     if (e->tiers && tokens) {
-        /* a block whose window rows were dropped is not published, nor any after it, nor a
-         * snapshot whose rows reach into it */
-        uint32_t B = kp_kvpool_config_of(e->kv)->block_size, j = 0, nb = (n + B - 1) / B;
-        while (j < nb && kp_kvpool_has_window(e->kv, seq->kv.blocks[j])) j++;
-        kp_tiers_publish(e->tiers, tokens, n < j * B ? n : j * B, &seq->kv);
+        /* the blocks that still hold their window rows (those that dropped them were queued
+         * before they did, window_trim), and the snapshots whose tail block holds them */
+        uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
+        kp_tiers_publish(e->tiers, tokens, n, &seq->kv);
         uint32_t w = 0;
         for (uint32_t i = 0; i < n_snap_pos; i++)
-            if ((snap_pos[i] + B - 1) / B <= j) snap_pos[w++] = snap_pos[i];
+            if (snap_pos[i] % B == 0 || kp_kvpool_has_window(e->kv, seq->kv.blocks[snap_pos[i] / B]))
+                snap_pos[w++] = snap_pos[i];
         if (st == KP_OK) tier_publish_states(e, tokens, snap_pos, w, &seq->kv);
     }
     free(snap_pos);
@@ -1390,12 +1591,14 @@ static void tier_pin_publish(kp_engine *e, const int32_t *tokens, uint32_t n) {
     if (!w.nb || !(w.blocks = malloc((size_t)w.nb * sizeof *w.blocks))) return;
     for (uint32_t i = 0; i < w.nb; i++) w.blocks[i] = -1;
     uint32_t have = 0;
-    if (kp_pfx_walk(e->idx, pin_visit, &w, NULL) == KP_OK) /* blocks with their window rows */
-        while (have < w.nb && w.blocks[have] >= 0 && kp_kvpool_has_window(e->kv, w.blocks[have])) have++;
+    if (kp_pfx_walk(e->idx, pin_visit, &w, NULL) == KP_OK)
+        while (have < w.nb && w.blocks[have] >= 0) have++;
     uint32_t whole = have < n / B ? have : n / B;
-    kp_kvseq view = {w.blocks, have, have, have * B < n ? have * B : n, NULL, 0};
+    kp_kvseq view = {w.blocks, have, have, have * B < n ? have * B : n, NULL, 0, 0};
+    /* those with their window rows (the others were queued before they dropped them) */
     if (whole) kp_tiers_publish(e->tiers, tokens, whole * B, &view);
-    if (e->recurrent && have == w.nb) tier_publish_states(e, tokens, &n, 1, &view); /* where the pin resumes */
+    if (e->recurrent && have == w.nb && (n % B == 0 || kp_kvpool_has_window(e->kv, w.blocks[n / B])))
+        tier_publish_states(e, tokens, &n, 1, &view); /* where the pin resumes */
     free(w.blocks);
 }
 

@@ -86,6 +86,15 @@ typedef struct {
                             ran (pool blocks of its own), in position order, handed
                             to the index by kp_eng_finish */
     uint32_t n_snaps, cap_snaps;
+    /* Under a window budget (engine.c), the engine's own: */
+    int32_t *toks;       /* the tokens of positions [0, n_toks): the prompt from
+                            kp_eng_begin on, then every token fed (NULL: not kept) */
+    uint32_t n_toks, cap_toks;
+    uint32_t *starts;    /* kp_eng_begin_msgs' message starts, ascending, in
+                            (0, prompt_end): resume points like prompt_end */
+    uint32_t n_starts;
+    uint32_t handed;     /* the latest resume point handed to the index (0: none) */
+    uint32_t tier_done;  /* its blocks below this one were queued to the tiers below RAM */
 } kp_eng_seq;
 
 /* What one prefill did, and the inputs of a cache report. */
@@ -172,6 +181,17 @@ kp_status kp_eng_prefill(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng
  * error *seq is empty. */
 kp_status kp_eng_begin(kp_engine *e, const int32_t *tokens, uint32_t n, kp_eng_seq *seq, kp_eng_report *report,
                     kp_error *err);
+
+/* kp_eng_begin for a prompt rendered from messages: starts[0..n_starts)
+ * are the positions where its messages start (a chat template's turns;
+ * any order, those outside (0, n) ignored). Under a window budget each is
+ * a resume point, like the prompt's end: as the sequence passes one it
+ * hands the path up to it to the index and marks it (kp_pfx_mark), so
+ * the window rows before it stay cached and a later prompt that edits or
+ * drops that message resumes at its start. Without a budget they change
+ * nothing (every cached position is a resume point already). Copied. */
+kp_status kp_eng_begin_msgs(kp_engine *e, const int32_t *tokens, uint32_t n, const uint32_t *starts,
+                            uint32_t n_starts, kp_eng_seq *seq, kp_eng_report *report, kp_error *err);
 
 /* What kp_eng_begin would reuse for tokens[0..n), without taking anything:
  * the report of a prefill that finds the pool as it is (read-only: no LRU
@@ -290,6 +310,25 @@ uint32_t kp_eng_seq_len(const kp_eng_seq *seq);
  * when its block table covers them already. */
 uint32_t kp_eng_seq_blocks_missing(const kp_engine *e, const kp_eng_seq *seq, uint32_t n_pos);
 
+/* Under a window budget (engine.c): the window slots seq holds alone, its
+ * blocks with window rows that nothing else references (the index's share
+ * of a block it handed over is the index's). 0 without a budget. */
+uint32_t kp_eng_seq_window_slots(const kp_engine *e, const kp_eng_seq *seq);
+
+/* Under a window budget: the window slots a sequence fed `chunk`
+ * positions per step (a decode step: 1) holds at once that nothing else
+ * can give up while it runs: its window, the chunk, the block the window
+ * starts in, its copy of the block it resumed in, and the window before
+ * its prompt's end (handed to the index, a leaf's end while it runs; the
+ * windows before its messages' starts are marked ends the index may give
+ * up). kp_eng_seq_window_need: what seq may still take beyond what it
+ * holds now. 0 without a budget. For admission (scheduler.c's KV rule). */
+uint32_t kp_eng_window_need(const kp_engine *e, uint32_t chunk);
+/* The same for a window of W positions and blocks of B, without an
+ * engine (kvpin serve checks --window-budget holds one sequence alone). */
+uint32_t kp_eng_window_peak_blocks(uint32_t W, uint32_t B, uint32_t chunk);
+uint32_t kp_eng_seq_window_need(const kp_engine *e, const kp_eng_seq *seq, uint32_t chunk);
+
 /* ---- admission: what a prefill takes, what the pool can give ------------ */
 
 /* The room for a prefill of tokens[0..n), in KV blocks (a scheduler
@@ -304,6 +343,11 @@ typedef struct {
     uint32_t evictable_blocks; /* blocks that evicting every cached prefix no running sequence
                                   holds and no pin covers would return to the pool, less those
                                   the prefill itself would share */
+    /* under a window budget (0 without one): window slots, counted alike */
+    uint32_t free_slots;       /* free in the window arena now */
+    uint32_t spare_slots;      /* the index's window rows that kp_pfx_drop_windows or eviction
+                                  could give up (kp_pfx_window_spare, evictable blocks), less
+                                  those of the blocks the prefill would share */
 } kp_eng_room;
 
 /* Fills *out for a prefill of tokens[0..n) as the pool is now, without
@@ -353,7 +397,7 @@ typedef struct {
     uint64_t used_bytes;        /* blocks in use by the index or any sequence */
     uint64_t free_bytes;        /* budget - used */
     uint64_t index_bytes;       /* blocks the index references */
-    uint64_t pinned_bytes;      /* blocks on pinned paths */
+    uint64_t pinned_bytes;      /* what pinned paths hold (window rows where kept) */
     uint64_t pinned_cap_bytes;  /* the cap of pinned_bytes */
     uint64_t shared_bytes;      /* index blocks that running sequences also use */
     uint64_t saved_bytes;       /* what those sequences would need more without sharing */

@@ -24,6 +24,7 @@ struct kp_kvpool {
     uint32_t n_blocks;
     uint8_t *mem;          /* the main arena: n_blocks runs per (layer, head) of its layers */
     uint32_t *refcount;
+    uint32_t *win_done;    /* [n_blocks]: references marked done with the block's window rows */
     int32_t *free_stack;
     uint32_t n_free;
     /* the window arena (n_win_layers > 0) */
@@ -111,11 +112,12 @@ kp_status kp_kvpool_new(kp_kvpool **out, const kp_kvpool_config *cfg, kp_error *
     p->n_slots = (uint32_t)ns;
     p->mem = malloc((size_t)(nb * p->full_bytes) + 1);
     p->refcount = calloc(nb, sizeof(uint32_t));
+    p->win_done = calloc(nb, sizeof(uint32_t));
     p->free_stack = malloc(nb * sizeof(int32_t));
     p->win_slot = malloc(nb * sizeof(int32_t));
     p->slot_stack = malloc(ns * sizeof(int32_t));
     p->win_mem = p->n_win_layers ? malloc((size_t)(ns * p->window_bytes)) : NULL;
-    if (!p->mem || !p->refcount || !p->free_stack || !p->win_slot || !p->slot_stack ||
+    if (!p->mem || !p->refcount || !p->win_done || !p->free_stack || !p->win_slot || !p->slot_stack ||
         (p->n_win_layers && !p->win_mem)) {
         kp_kvpool_free(p);
         return kp_fail(err, KP_ENOMEM, "out of memory for a KV pool of %llu blocks",
@@ -135,6 +137,7 @@ void kp_kvpool_free(kp_kvpool *p) {
     if (!p) return;
     free(p->mem);
     free(p->refcount);
+    free(p->win_done);
     free(p->free_stack);
     free(p->is_window);
     free(p->arena_layer);
@@ -170,7 +173,9 @@ void kp_kvpool_ref(kp_kvpool *p, int32_t id) {
 
 void kp_kvpool_unref(kp_kvpool *p, int32_t id) {
     assert(id >= 0 && (uint32_t)id < p->n_blocks && p->refcount[id] > 0);
+    assert(p->win_done[id] < p->refcount[id]); /* the reference dropped is not marked done (or was undone) */
     if (--p->refcount[id] == 0) {
+        assert(p->win_done[id] == 0); /* the holders undo their marks first */
         kp_kvpool_drop_window(p, id);
         p->free_stack[p->n_free++] = id;
     }
@@ -201,6 +206,21 @@ kp_status kp_kvpool_attach_window(kp_kvpool *p, int32_t block, kp_error *err) {
                        p->n_slots, p->cfg.block_size);
     p->win_slot[block] = p->slot_stack[--p->n_free_slots];
     return KP_OK;
+}
+
+void kp_kvpool_window_done(kp_kvpool *p, int32_t block) {
+    assert(block >= 0 && (uint32_t)block < p->n_blocks && p->win_done[block] < p->refcount[block]);
+    p->win_done[block]++;
+}
+
+void kp_kvpool_window_undone(kp_kvpool *p, int32_t block) {
+    assert(block >= 0 && (uint32_t)block < p->n_blocks && p->win_done[block] > 0);
+    p->win_done[block]--;
+}
+
+uint32_t kp_kvpool_window_readers(const kp_kvpool *p, int32_t block) {
+    assert(block >= 0 && (uint32_t)block < p->n_blocks);
+    return p->refcount[block] - p->win_done[block];
 }
 
 void kp_kvpool_drop_window(kp_kvpool *p, int32_t block) {
@@ -288,7 +308,12 @@ kp_status kp_kvseq_reserve(kp_kvseq *s, kp_kvpool *p, uint32_t n_pos, kp_error *
 void kp_kvseq_truncate(kp_kvseq *s, kp_kvpool *p, uint32_t n_pos) {
     uint32_t B = p->cfg.block_size;
     uint32_t keep = (uint32_t)(((uint64_t)n_pos + B - 1) / B);
-    while (s->n_blocks > keep) kp_kvpool_unref(p, s->blocks[--s->n_blocks]);
+    while (s->n_blocks > keep) {
+        int32_t b = s->blocks[--s->n_blocks];
+        if (s->n_blocks < s->win_done) kp_kvpool_window_undone(p, b);
+        kp_kvpool_unref(p, b);
+    }
+    if (s->win_done > keep) s->win_done = keep;
     if (s->n_pos > n_pos) s->n_pos = n_pos;
 }
 

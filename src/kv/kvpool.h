@@ -48,8 +48,11 @@
  * first, so a sequence's slots are mostly consecutive too) before writing
  * it, and may drop them (kp_kvpool_drop_window) once no query will read
  * them: a WINDOW layer's query at q reads positions q - window < p <= q
- * only. Freeing a block frees its slot. Reading the window rows of a block
- * without a slot is a bug (asserted).
+ * only. A holder whose window went past a block marks its reference done
+ * (kp_kvpool_window_done), so kp_kvpool_window_readers tells a shared
+ * block's holders that still read its window rows from the others. Freeing
+ * a block frees its slot. Reading the window rows of a block without a
+ * slot is a bug (asserted).
  *
  * Position p of a sequence lives in block table[p / B], row p % B.
  * Blocks are reference-counted so several sequences (and the prefix index)
@@ -111,6 +114,16 @@ kp_status kp_kvpool_attach_window(kp_kvpool *p, int32_t block, kp_error *err);
 /* Drops the block's window rows (its slot goes back); no-op without a
  * budget or without a slot. The caller knows no one will read them. */
 void kp_kvpool_drop_window(kp_kvpool *p, int32_t block);
+/* Window readers. A reference whose holder will read the block's window
+ * rows no more (a sequence whose window went past it: kp_kvseq.win_done)
+ * is marked done (kp_kvpool_window_done; undone before it is dropped,
+ * kp_kvpool_window_undone: kp_kvseq_truncate does it);
+ * kp_kvpool_window_readers answers the references not marked, so whoever
+ * drops window rows of shared blocks (prefix.h's kp_pfx_drop_windows)
+ * knows whether a running sequence still reads them. */
+void kp_kvpool_window_done(kp_kvpool *p, int32_t block);
+void kp_kvpool_window_undone(kp_kvpool *p, int32_t block);
+uint32_t kp_kvpool_window_readers(const kp_kvpool *p, int32_t block);
 
 /* Takes a free block (refcount 1) into *id, or KP_EFULL. */
 kp_status kp_kvpool_alloc(kp_kvpool *p, int32_t *id, kp_error *err);
@@ -151,6 +164,8 @@ typedef struct {
      * is outside the pool's budget. NULL / 0 for other models. */
     float *rstate;
     uint32_t rstate_pos;
+    uint32_t win_done;   /* its references to blocks [0, win_done) are marked done: it reads
+                            their window rows no more (kp_kvpool_window_done) */
 } kp_kvseq;
 
 /* Makes sure positions [0, n_pos) have blocks, allocating new ones; on
@@ -159,7 +174,8 @@ kp_status kp_kvseq_reserve(kp_kvseq *s, kp_kvpool *p, uint32_t n_pos, kp_error *
 /* Drops every block reference, frees the recurrent state and empties the
  * sequence. */
 void kp_kvseq_release(kp_kvseq *s, kp_kvpool *p);
-/* Forgets positions >= n_pos (drops whole blocks past it). */
+/* Forgets positions >= n_pos (drops whole blocks past it, undoing their
+ * window-done marks). */
 void kp_kvseq_truncate(kp_kvseq *s, kp_kvpool *p, uint32_t n_pos);
 
 #endif

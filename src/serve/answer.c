@@ -560,7 +560,7 @@ static bool prompt_ids(kp_answer *a, kp_oai_request *q, prepared *p, kp_oai_erro
     kp_server *s = a->s;
     if (!q->prompt_tokens) {
         kp_prompt_opts po = {q->add_generation_prompt, q->enable_thinking_set && !q->enable_thinking,
-                             json_object_get(q->root, "chat_template_kwargs")};
+                             json_object_get(q->root, "chat_template_kwargs"), true};
         return kp_prompt_tokens(s, a->chat ? NULL : json_object_get(q->root, "prompt"), q->messages, q->tools,
                                 q->parse_special, &po, &p->pr, e);
     }
@@ -660,7 +660,8 @@ static bool submit(kp_answer *a, const kp_oai_request *q, const prepared *p, kp_
     kp_sreq_params sp = {p->pr.ids,  (uint32_t)p->pr.n, p->max_tokens,     q->sp,     stops, n_stops,
                          q->ignore_eos, p->pr.text,    p->pr.text_len, q->max_tokens_set, p->grammar, q->stream,
                          {p->pr.rewrite_byte, a->reason ? a->reason->open : NULL,
-                          {p->pr.rewrite_line[0], p->pr.rewrite_line[1]}}};
+                          {p->pr.rewrite_line[0], p->pr.rewrite_line[1]}},
+                         p->pr.msg_starts, p->pr.n_msg_starts};
     kp_error err = {0};
     if (a->s->promptlog) { /* --log-prompts: what `kvpin doctor` reads */
         const char *api = !strcmp(a->d->name, "openai") ? (a->chat ? "chat" : "completions")

@@ -806,7 +806,7 @@ static void anth_prompt(kp_answer *x, const int32_t *ids, size_t n) {
     int64_t now = (int64_t)time(NULL);
     for (int i = 0; i < st->a.n_br; i++) {
         const kp_anth_break *br = &st->a.br[i];
-        kp_prompt_opts po = {false, false, NULL};
+        kp_prompt_opts po = {false, false, NULL, false};
         kp_prompt pr;
         kp_oai_error e;
         if (!kp_prompt_tokens(s, NULL, br->messages, br->tools, false, &po, &pr, &e)) continue;
@@ -1031,7 +1031,7 @@ KP_HANDLER(kp_anth_count_tokens) {
     if (!kp_anth_translate(cn->body.data, cn->body.len, true, s->cfg.strict_api, &a, &e))
         return kp_http_error(s, c, &e);
     kp_prompt pr;
-    kp_prompt_opts po = {true, false, NULL};
+    kp_prompt_opts po = {true, false, NULL, false};
     bool ok = kp_prompt_tokens(s, NULL, json_object_get(a.chat, "messages"), chat_tools(a.chat), false, &po, &pr, &e);
     kp_anth_request_free(&a);
     size_t n = pr.n;

@@ -278,7 +278,7 @@ static bool body_tokens(kp_server *s, json_t *o, const char *const *allowed, boo
     if (ag && !json_is_boolean(ag) && !json_is_null(ag))
         return kp_oai_fail(e, 400, "invalid_request_error", NULL, "add_generation_prompt",
                            "add_generation_prompt must be true or false");
-    kp_prompt_opts po = {json_is_boolean(ag) ? json_is_true(ag) : add_gen, false, NULL};
+    kp_prompt_opts po = {json_is_boolean(ag) ? json_is_true(ag) : add_gen, false, NULL, false};
     const json_t *prompt = json_object_get(o, "prompt"), *messages = json_object_get(o, "messages");
     const json_t *tools = json_object_get(o, "tools");
     if (!prompt == !messages)
@@ -362,7 +362,7 @@ KP_HANDLER(kp_ep_cache_pin) {
         free(ids);
         return kp_http_error(s, c, &e);
     }
-    kp_sreq_params p = {ids, (uint32_t)n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params p = {ids, (uint32_t)n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     kp_sreq *r = NULL;
     kp_error err = {0};
     kp_status st = kp_sched_submit(s->sched, &p, &r, &err);

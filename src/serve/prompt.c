@@ -135,6 +135,65 @@ static size_t history_rewrite(kp_server *s, const json_t *msgs, const json_t *to
     return at;
 }
 
+/* The most message starts a prompt carries: the latest ones (a rendering
+ * of the messages before each is made to find it). */
+#define PROMPT_MSG_STARTS 32
+
+/* Under a window budget (kp_server_config.message_starts): the token
+ * positions where msgs' messages start in out->ids, rendered from text:
+ *
+ *   text   | <turn>system ...<end> | <turn>user ...<end> | <turn>model ...
+ *   bytes  0                       b1                    b2
+ *   ids    | t0 t1 ...             | tk ...              | tm ...
+ *   starts                           k                     m
+ *
+ * b_j is the length of the rendering of the first j messages (no
+ * generation prompt) when it is a prefix of text; the token that starts
+ * at byte b_j is found by adding up the tokens' pieces, which must add up
+ * to text exactly (a BOS the text does not hold counts 0, and so does the
+ * space an SPM vocabulary puts before its first text piece), or no start
+ * is given. Best effort: none when memory runs out. */
+static void message_starts(kp_server *s, const json_t *msgs, const json_t *tools, const kp_chat_opts *o,
+                           const json_t *kwargs, const char *text, size_t len, kp_prompt *out) {
+    size_t nm = json_array_size(msgs), first = nm > PROMPT_MSG_STARTS ? nm - PROMPT_MSG_STARTS : 1;
+    if (nm < 2 || !(out->msg_starts = malloc((nm - first) * sizeof *out->msg_starts))) return;
+    /* the byte where each token starts: pieces with their special text, from a BOS the text lacks on */
+    size_t *at = malloc((out->n + 1) * sizeof *at), b = 0, bos_len = 0;
+    const char *bos = kp_tok_bos(s->v) >= 0 ? kp_tok_piece_view(s->v, kp_tok_bos(s->v), true, &bos_len) : NULL;
+    bool skip_bos = out->n && out->ids[0] == kp_tok_bos(s->v) &&
+                    !(bos && bos_len <= len && !memcmp(text, bos, bos_len));
+    bool dummy = kp_tok_add_space_prefix(s->v); /* SPM: the first text piece's leading space is not in text */
+    for (size_t i = 0; at && i < out->n; i++) {
+        size_t pl = 0;
+        at[i] = b;
+        const char *pc = i == 0 && skip_bos ? NULL : kp_tok_piece_view(s->v, out->ids[i], true, &pl);
+        if (!pc) pl = 0;
+        if (dummy && pl && !kp_tok_is_control(s->v, out->ids[i])) {
+            dummy = false;
+            if (pc[0] == ' ' && (b >= len || text[b] != ' ')) pl--;
+        }
+        b += pl;
+    }
+    json_t *head = json_array();
+    kp_chat_opts ho = *o;
+    ho.add_generation_prompt = false;
+    for (size_t j = 0; j < first && head; j++) json_array_append(head, json_array_get(msgs, j));
+    for (size_t j = first, i = 0; at && b == len && head && j < nm; j++) {
+        char *h = NULL;
+        size_t hl = 0;
+        kp_error err;
+        if (render_chat(s, head, tools, &ho, kwargs, &h, &hl, NULL, NULL, &err) == KP_OK && hl < len &&
+            !memcmp(h, text, hl)) {
+            while (i < out->n && at[i] < hl) i++;
+            if (i < out->n && at[i] == hl) out->msg_starts[out->n_msg_starts++] = (uint32_t)i;
+        }
+        free(h);
+        json_array_append(head, json_array_get(msgs, j));
+    }
+    json_decref(head);
+    free(at);
+}
+
 /* messages (+ tools) through the chat template, the volatile start of
  * the system texts dropped first (volatile.h), into out. */
 static bool render_messages(kp_server *s, const json_t *messages, const json_t *tools, const kp_prompt_opts *po,
@@ -154,7 +213,7 @@ static bool render_messages(kp_server *s, const json_t *messages, const json_t *
     const json_t *kwargs = po ? po->template_kwargs : NULL;
     kp_status st = render_chat(s, msgs, tools, &o, kwargs, &text, &len, &plain, &n_plain, &err);
     if (st == KP_OK) out->rewrite_byte = history_rewrite(s, msgs, tools, &o, kwargs, text, len, out->rewrite_line);
-    json_decref(msgs);
+    if (st != KP_OK) json_decref(msgs);
     if (st != KP_OK) { /* the renderer's messages start with the field at fault */
         const char *field = !strncmp(err.msg, "tools", 5) ? "tools" : "messages";
         if (st == KP_ERANGE) /* nesting too deep: a bad request, not a long prompt */
@@ -165,6 +224,9 @@ static bool render_messages(kp_server *s, const json_t *messages, const json_t *
     bool ok = tokenize_after_answer(s, text, len, plain, n_plain, &out->ids, &out->n) ||
               tokenize_prompt(s, text, len, plain, n_plain, &out->ids, &out->n, e);
     free(plain);
+    if (ok && po && po->message_starts && s->cfg.message_starts)
+        message_starts(s, msgs, tools, &o, kwargs, text, len, out);
+    json_decref(msgs);
     if (ok) {
         out->text = text;
         out->text_len = len;
@@ -220,6 +282,7 @@ bool kp_prompt_tokens(kp_server *s, const json_t *prompt, const json_t *messages
 void kp_prompt_free(kp_prompt *p) {
     free(p->ids);
     free(p->text);
+    free(p->msg_starts);
     memset(p, 0, sizeof *p);
 }
 

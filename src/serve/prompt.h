@@ -26,6 +26,8 @@ typedef struct {
     bool add_generation_prompt; /* chat: end with the assistant opener */
     bool disable_thinking;      /* qwen3's enable_thinking false */
     const json_t *template_kwargs; /* chat_template_kwargs, for a Jinja template (borrowed; NULL: none) */
+    bool message_starts;        /* a generation: find where the messages start (kp_prompt's
+                                   msg_starts), when the server wants them (--window-budget) */
 } kp_prompt_opts;
 
 /* A request's prompt as token ids. */
@@ -40,6 +42,11 @@ typedef struct {
                              here (the template rewrites history; doctor.h's hints) */
     int rewrite_line[2];  /* with rewrite_byte: the template lines writing that byte in
                              text and in that earlier rendering (0: not known) */
+    uint32_t *msg_starts; /* rendered messages, asked for (kp_prompt_opts.message_starts)
+                             under a window budget: the token positions where messages
+                             start (malloc'd, kp_prompt_free; NULL: none), resume points
+                             for the engine (kp_eng_begin_msgs) */
+    uint32_t n_msg_starts;
 } kp_prompt;
 
 /* The prompt of a request body: prompt (text or token ids) or messages

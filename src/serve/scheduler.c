@@ -61,7 +61,16 @@
  *            sequence, the most a decode step takes, so admitting X never
  *            makes the next step fail. With others running, the evictable
  *            blocks exclude the path X will hold; with none, X alone may
- *            use every unpinned block. Strictly FIFO: nothing behind a head
+ *            use every unpinned block. Under a window budget the same rule
+ *            holds for window slots: X's peak (its window, a chunk, the
+ *            block the window starts in, its resume copy, and the window
+ *            before its prompt's end, kp_eng_window_need) plus what the
+ *            running ones may still take (kp_eng_seq_window_need; a
+ *            follower its decode's) must fit
+ *            the free slots and those the index can give up
+ *            (kp_eng_room.spare_slots: window rows it may drop, blocks it
+ *            may evict), so a step never finds the window arena short
+ *            and preempts for it. Strictly FIFO: nothing behind a head
  *            that waits for KV is admitted, so no request is overtaken
  *            (a big prompt may hold small ones back until running
  *            sequences end; it is never starved). A request that does not
@@ -159,6 +168,7 @@ static void sreq_free(kp_sreq *r) {
     kp_gen_free(r->gen);
     kp_grammar_free(r->grammar);
     free(r->text);
+    free(r->msg_starts);
     free(r->logits);
     kp_buf_free(&r->out);
     kp_buf_free(&r->lp);
@@ -344,6 +354,14 @@ static kp_status sreq_make(kp_sched *s, const kp_sreq_params *p, uint32_t max_to
         memcpy(r->text, p->text, p->text_len);
         r->text[p->text_len] = 0;
         r->text_len = p->text_len;
+    }
+    if (p->n_msg_starts) {
+        if (!(r->msg_starts = malloc((size_t)p->n_msg_starts * sizeof *r->msg_starts))) {
+            sreq_free(r);
+            return kp_fail(err, KP_ENOMEM, "out of memory for a request");
+        }
+        memcpy(r->msg_starts, p->msg_starts, (size_t)p->n_msg_starts * sizeof *r->msg_starts);
+        r->n_msg_starts = p->n_msg_starts;
     }
     r->grammar = kp_grammar_ref(p->grammar);
     r->n_prompt = r->n_fill = p->n_prompt;

@@ -104,6 +104,10 @@ typedef struct {
                                 admission (which may come before kp_sched_submit returns) */
     kp_doctor_hints hints;   /* the chat layer's, for the cache report (zeroed: none;
                                 reasoning_open must be static) */
+    const uint32_t *msg_starts; /* positions where the prompt's messages start (copied; NULL:
+                                   none): resume points under a window budget (engine.h's
+                                   kp_eng_begin_msgs) */
+    uint32_t n_msg_starts;
 } kp_sreq_params;
 
 typedef struct kp_sreq kp_sreq;

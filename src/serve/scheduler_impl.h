@@ -39,6 +39,9 @@ struct kp_sreq {
     char *text; /* the prompt text, for the report; NULL: none */
     kp_doctor_hints hints; /* the chat layer's, for the report */
     size_t text_len;
+    uint32_t *msg_starts;  /* the prompt's message starts (kp_eng_begin_msgs); NULL: none */
+    uint32_t n_msg_starts;
+    bool no_slots;         /* the last KV rule it met found too few window slots */
     kp_eng_seq seq;
     float *logits;
     double t_submit, t_admit, t_last;

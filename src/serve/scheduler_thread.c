@@ -201,16 +201,24 @@ static void deliver(kp_sched *s) {
     }
 }
 
-/* Ends r with finish LENGTH and a note: the KV budget has no room for it
- * even alone, because pinned prefixes hold the rest. Engine thread. */
+/* Ends r with finish LENGTH and a note: the KV budget (or its window
+ * budget, r->no_slots) has no room for it even alone, because pinned
+ * prefixes hold the rest. Engine thread. */
 static void finish_no_room(kp_sched *s, kp_sreq *r) {
     kp_eng_stats k;
     kp_eng_get_stats(s->e, &k);
     kp_error note = {0};
-    kp_fail(&note, KP_EFULL,
-            "the KV budget has no room for this sequence at %u positions even with nothing else running: pinned "
-            "prefixes hold %llu of its %llu bytes (unpin some, or raise the KV budget)",
-            kp_gen_n_tokens(r->gen), (unsigned long long)k.pinned_bytes, (unsigned long long)k.budget_bytes);
+    if (r->no_slots)
+        kp_fail(&note, KP_EFULL,
+                "the window budget has no room for this sequence's sliding-window rows even with nothing else "
+                "running: pinned prefixes hold the window rows before their ends (%llu of %llu window bytes in use; "
+                "unpin some, or raise --window-budget)",
+                (unsigned long long)k.window_used_bytes, (unsigned long long)k.window_budget_bytes);
+    else
+        kp_fail(&note, KP_EFULL,
+                "the KV budget has no room for this sequence at %u positions even with nothing else running: pinned "
+                "prefixes hold %llu of its %llu bytes (unpin some, or raise the KV budget)",
+                kp_gen_n_tokens(r->gen), (unsigned long long)k.pinned_bytes, (unsigned long long)k.budget_bytes);
     note.code = KP_OK;
     finish(s, r, KP_FINISH_LENGTH, KP_OK, &note);
 }
@@ -224,28 +232,42 @@ static uint32_t crew_need(const kp_sched *s, uint32_t n_fill, uint32_t shared) {
 }
 
 /* Whether the queue's head r, and `followers` choices of it that fork
- * from its prefill, may be admitted now: the KV rule of scheduler.c's top comment.
- * crew_n > 0: r parks to fork crew_n positions of a running sequence
- * (kp_sched_crew_find), so its need is its prompt less those whole blocks.
- * Engine thread. */
-static bool kv_room(kp_sched *s, kp_sreq *r, uint32_t followers, uint32_t crew_n) {
+ * from its prefill, may be admitted now: the KV rule of scheduler.c's top comment,
+ * for blocks and, under a window budget, for window slots (*no_slots:
+ * those are what is short). crew_n > 0: r parks to fork crew_n positions
+ * of a running sequence (kp_sched_crew_find), so its need is its prompt
+ * less those whole blocks. Engine thread. */
+static bool kv_room(kp_sched *s, kp_sreq *r, uint32_t followers, uint32_t crew_n, bool *no_slots) {
     uint64_t pending = s->n_running; /* a block per running sequence */
+    uint64_t slots = 0; /* window slots, under a window budget (0 without one) */
+    uint32_t chunk = s->cfg.prefill_chunk;
     for (uint32_t i = 0; i < s->n_running; i++) {
         kp_sreq *q = s->running[i];
-        if (q->lead) /* a follower takes a copy of the leader's partial block */
+        if (q->lead) { /* a follower takes a copy of the leader's partial block, then decodes */
             pending += kp_eng_fork_blocks(s->e, q->lead->n_fill);
-        else if (q->crew) /* parked: its prompt less the whole blocks it will share */
+            slots += kp_eng_window_need(s->e, 1);
+        } else if (q->crew) { /* parked: its prompt less the whole blocks it will share */
             pending += crew_need(s, q->n_fill, q->crew_n);
-        else if (q->fed < q->n_fill)
+            slots += kp_eng_window_need(s->e, chunk);
+        } else if (q->fed < q->n_fill) {
             pending += kp_eng_seq_blocks_missing(s->e, &q->seq, q->n_fill);
+            slots += kp_eng_seq_window_need(s->e, &q->seq, q->n_fill - q->fed < chunk ? q->n_fill - q->fed : chunk);
+        } else {
+            slots += kp_eng_seq_window_need(s->e, &q->seq, 1);
+        }
     }
     pending += (uint64_t)followers * kp_eng_fork_blocks(s->e, r->n_fill);
+    slots += (uint64_t)followers * kp_eng_window_need(s->e, 1);
     kp_eng_room room;
     kp_error err;
+    *no_slots = false;
     if (kp_eng_room_for(s->e, kp_gen_tokens(r->gen), r->n_fill, s->n_running > 0, &room, &err) != KP_OK)
         return true; /* out of memory for the count: admit; a step that finds no block preempts */
     if (crew_n > 0) room.need_blocks = crew_need(s, r->n_fill, crew_n);
-    return room.need_blocks + pending <= (uint64_t)room.free_blocks + room.evictable_blocks;
+    uint32_t rest = r->n_fill - (crew_n > room.reused_tokens ? crew_n : room.reused_tokens);
+    slots += kp_eng_window_need(s->e, rest < chunk ? rest : chunk); /* its own, its prompt end's */
+    *no_slots = slots > (uint64_t)room.free_slots + room.spare_slots;
+    return room.need_blocks + pending <= (uint64_t)room.free_blocks + room.evictable_blocks && !*no_slots;
 }
 
 /* r leaves the queue now (t_admit): the time it waited at the head for KV
@@ -276,7 +298,7 @@ static bool admit(kp_sched *s, kp_sreq *r, bool no_room) {
     kp_error err = {0};
     kp_eng_report rep;
     const int32_t *tokens = kp_gen_tokens(r->gen);
-    kp_status st = kp_eng_begin(s->e, tokens, r->n_fill, &r->seq, &rep, &err);
+    kp_status st = kp_eng_begin_msgs(s->e, tokens, r->n_fill, r->msg_starts, r->n_msg_starts, &r->seq, &rep, &err);
     if (st != KP_OK) {
         finish(s, r, KP_FINISH_ERROR, st, &err);
         return false;
@@ -420,8 +442,8 @@ static void admit_queued(kp_sched *s) {
         uint32_t cap = 0;
         kp_eng_report crep;
         kp_sreq *lead = k == 0 && !atomic_load(&r->cancel) ? kp_sched_crew_find(s, r, &cap, &crep) : NULL;
-        bool no_room = false;
-        if (!atomic_load(&r->cancel) && !kv_room(s, r, k, cap)) {
+        bool no_room = false, no_slots = false;
+        if (!atomic_load(&r->cancel) && !kv_room(s, r, k, cap, &no_slots)) {
             if (s->n_running > 0) { /* room comes back as running sequences grow no more, end or step aside */
                 if (r->t_kv == 0) r->t_kv = kp_sched_now();
                 waiting = true;
@@ -429,6 +451,7 @@ static void admit_queued(kp_sched *s) {
             }
             no_room = true; /* nothing runs and it does not fit: pins keep it out */
         }
+        r->no_slots = no_slots;
         pthread_mutex_lock(&s->mu);
         s->qhead = r->next;
         if (!s->qhead) s->qtail = NULL;

@@ -98,6 +98,8 @@ typedef struct {
     const char *const *volatile_prefixes; /* more volatile patterns (PCRE2, matched at the start of each
                                              system text), n_volatile of them */
     size_t n_volatile;
+    bool message_starts;       /* --window-budget: a chat prompt carries the token positions where
+                                  its messages start (prompt.h), resume points for the engine */
 } kp_server_config;
 
 typedef struct kp_server kp_server;

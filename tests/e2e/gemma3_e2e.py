@@ -15,7 +15,9 @@ A third server under --window-budget 300K (30 blocks' window rows: the
 least its 4 sequences may run with) answers the same, reuses no more than
 the cached one, and where it reuses less its cause is window_evicted, with
 a detail naming where the tokens matched (the cached server's reuse);
-/v1/cache bills its window arena and holds fewer window rows. Then 16
+/v1/cache bills its window arena and holds fewer window rows; an
+assistant message rewritten in its middle resumes where the tokens differ
+(the messages' starts are resume points under the budget). Then 16
 requests at once on it (4 running at a time, the window arena under
 pressure) are answered as the uncached server answers them. And the
 positions a budget holds count the blocks' full-layer rows alone.
@@ -62,6 +64,36 @@ def check_budget(budget, runs):
          "window budget: the arena is billed: %r" % w)
     r.ok(w["index_bytes"] < cache["kv"]["by_kind"]["full"]["index_bytes"] // cache["kv"]["by_kind"]["full"][
         "bytes_per_token"] * w["bytes_per_token"], "window budget: fewer window rows cached than positions: %r" % w)
+
+
+def check_budget_messages(cached, budget, plain, story):
+    """An earlier message edited: under the window budget the prompt's
+    messages' starts are resume points (the server passes them to the
+    engine), so a conversation whose assistant message is rewritten in its
+    middle resumes at that message's start or later (the latest position
+    whose window is held, up to where the tokens differ: within three
+    blocks of the edit here, W = 16), instead of falling back to 0: every
+    window but those before the messages' starts and the prompt's end was
+    dropped as the prompt was computed."""
+    conv = [{"role": "system", "content": "You tell short stories about a park. " + story},
+            {"role": "user", "content": story.replace("Lily", "Anna")},
+            {"role": "assistant", "content": "The dog was happy. The cat was sleepy. The ball was red and round."},
+            {"role": "user", "content": "Tell me more about the ball and what the children did next."}]
+    edited = [dict(m) for m in conv]
+    edited[2]["content"] = edited[2]["content"].replace("sleepy", "hungry")
+    for srv in (cached, budget):
+        chat(srv, conv)
+    want, got, ref = chat(cached, edited), chat(budget, edited), chat(plain, edited)
+    if not (want and got and ref):
+        return
+    w, g = want["kvpin_cache"], got["kvpin_cache"]
+    print("  edited assistant message: reused %d (unbudgeted %d) of %d, cause %s" % (
+        g["reused_tokens"], w["reused_tokens"], got["usage"]["prompt_tokens"], g.get("cause")))
+    r.ok(w["reused_tokens"] > 128, "the edit is well into the prompt: %r" % w)
+    r.ok(w["reused_tokens"] - 48 <= g["reused_tokens"] <= w["reused_tokens"],
+         "window budget: an edited message resumes near the edit: %r vs %r" % (g, w))
+    r.ok(got["choices"][0]["token_ids"] == ref["choices"][0]["token_ids"],
+         "window budget, edited message: the uncached answer")
 
 
 def check_budget_concurrent(budget, plain, story):
@@ -166,6 +198,7 @@ def main():
             r.ok(16 < reused < d["usage"]["prompt_tokens"] - 16, "edit in the middle reuses a part: %r" %
                  d["kvpin_cache"])
         check_budget(budget, runs)
+        check_budget_messages(cached, budget, plain, story)
         check_budget_concurrent(budget, plain, story)
     finally:
         for s in (cached, plain, budget):

@@ -94,7 +94,7 @@ static void reference(kp_engine *ref, uint32_t nv, crew_case *c) {
 
 static void submit(kp_sched *s, crew_case *c) {
     kp_error err = {0};
-    kp_sreq_params p = {c->prompt, c->n, c->max_tokens, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params p = {c->prompt, c->n, c->max_tokens, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     p.sp.temp = 0;
     CHECK_MSG(kp_sched_submit(s, &p, &c->r, &err) == KP_OK, "%s", err.msg);
 }
@@ -259,7 +259,7 @@ static void test_burst_exact(void) {
             c->prompt[k] = k < 64 ? spec[(k + 5) % 64] : (int32_t)(3 + (i * 53 + k * 11) % (nv - 3));
         if (i > 0) reference(ref, nv, c);
     }
-    kp_sreq_params p = {cs[0].prompt, cs[0].n, 40, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params p = {cs[0].prompt, cs[0].n, 40, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     p.sp.temp = 0;
     CHECK(kp_sched_submit(s, &p, &cs[0].r, &err) == KP_OK);
     kp_sreq_progress(cs[0].r);
@@ -357,7 +357,7 @@ static void test_recurrent_crew(void) {
             c->prompt[k] = k < (i == 2 ? 70u : 100u) ? spec[(k + 7) % 100] : (int32_t)(3 + (i * 41 + k * 3) % (nv - 3));
         if (i > 0) reference(ref, nv, c);
     }
-    kp_sreq_params p = {cs[0].prompt, cs[0].n, 30, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params p = {cs[0].prompt, cs[0].n, 30, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     p.sp.temp = 0;
     CHECK(kp_sched_submit(s, &p, &cs[0].r, &err) == KP_OK);
     kp_sreq_progress(cs[0].r);

@@ -531,6 +531,213 @@ static void test_window_fork(void) {
     kp_model_free(m);
 }
 
+/* A long answer under the tightest window budget (gemma3, W = 16, B =
+ * 16): a prompt of 40, then 60 greedy tokens. Once past its prompt's end
+ * the sequence hands the prompt's path to the index (with its lease), so
+ * the window before position 40 (blocks 1 and 2) is the index's, and the
+ * sequence alone holds no more than its own window: after every token at
+ * most ceil(W / B) + 1 = 2 blocks of window rows that nothing else
+ * references, and the slots in use are the index's plus those exactly.
+ * The logits are a recomputation's at every step, and a next turn that
+ * sends the prompt back without the answer reuses all 40 positions. */
+static void test_window_answer(void) {
+    enum { P = 40, G = 60, W = 16, BS = 16 };
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 1, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    uint32_t nv = m->hp.n_vocab;
+    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * BS;
+    runner ref, win;
+    bool ok = open_engine(&ref, m, pool, false, 0, KP_DTYPE_F32) &&
+              open_engine_win(&win, m, pool, true, bb * 64, KP_DTYPE_F32, tight_window_budget(m, KP_DTYPE_F32));
+    int32_t t[P + G + 1];
+    rng_state = 0x616e73776572ull;
+    t[0] = 1;
+    for (uint32_t i = 1; i < P; i++) t[i] = (int32_t)rnd(nv);
+    runner *rs[2] = {&ref, &win};
+    for (int r = 0; r < 2 && ok; r++)
+        ok = kp_eng_prefill(rs[r]->e, t, P, &rs[r]->s, rs[r]->logits, NULL, &err) == KP_OK;
+    CHECK_MSG(ok, "%s", err.msg);
+    uint32_t most = 0;
+    for (uint32_t g = 0; ok && g < G; g++) {
+        CHECK_MSG(rel_diff(win.logits, ref.logits, nv) <= 1e-5, "step %u", g);
+        t[P + g] = kp_argmax(ref.logits, (int32_t)nv);
+        for (int r = 0; r < 2; r++) ok = ok && kp_eng_decode(rs[r]->e, &rs[r]->s, t[P + g], rs[r]->logits, &err) == KP_OK;
+        CHECK_MSG(ok, "%s", err.msg);
+        uint32_t own = kp_eng_seq_window_slots(win.e, &win.s);
+        if (own > most) most = own;
+        kp_eng_stats st;
+        kp_eng_get_stats(win.e, &st);
+        uint64_t wb = (uint64_t)BS * st.window_bytes_per_token;
+        CHECK_MSG(own <= (W + BS - 1) / BS + 1, "at %u positions the sequence holds %u blocks of window rows alone",
+                  P + g + 1, own);
+        CHECK_EQ_INT(st.window_used_bytes, st.index_window_bytes + own * wb);
+        if (g + 1 == G) /* the index keeps the window before the prompt's end: blocks 1 and 2 */
+            CHECK_EQ_INT(st.index_window_bytes, 2 * wb);
+    }
+    CHECK_EQ_INT(most, 2);
+    for (int r = 0; r < 2 && ok; r++) ok = kp_eng_finish(rs[r]->e, &rs[r]->s, t, P + G, NULL, &err) == KP_OK;
+    /* the next turn: the prompt again and something else than the answer */
+    t[P] = (t[P] + 1) % (int32_t)nv;
+    for (int r = 0; r < 2 && ok; r++)
+        ok = kp_eng_prefill(rs[r]->e, t, P + 1, &rs[r]->s, rs[r]->logits, &rs[r]->rep, &err) == KP_OK;
+    CHECK_MSG(ok, "%s", err.msg);
+    CHECK_EQ_INT(win.rep.reused_tokens, P);
+    CHECK_EQ_INT(win.rep.window_cut_from, 0);
+    CHECK(rel_diff(win.logits, ref.logits, nv) <= 1e-5);
+    if (ok) {
+        kp_eng_seq_abort(win.e, &win.s);
+        kp_eng_seq_abort(ref.e, &ref.s);
+        close_engine(&ref);
+        close_engine(&win);
+    }
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
+/* Message boundaries under the tightest window budget (gemma3, W = 16,
+ * B = 16): a conversation of three messages starting at 0, 40 and 70 (96
+ * tokens), answered with 3 tokens. Given the messages' starts
+ * (kp_eng_begin_msgs), the sequence hands the path up to each start to the
+ * index as it passes it, marked, so the window before 40 (blocks 1, 2) and
+ * before 70 (blocks 3, 4) stay with the prompt's end's (block 5) and the
+ * answer's (block 6); without them only blocks 5 and 6 keep their window
+ * rows. While the sequence still runs, the windows before the starts are
+ * behind its own and no one reads them: another prompt's admission counts
+ * them as spare (kp_eng_room.spare_slots: blocks 1..4; the window before
+ * its prompt's end, its leaf, is not). Then an edit inside the third
+ * message (token 75) resumes at 75 with the starts and at 0 without them,
+ * and dropping the second message (the prompt leaves the cache at 40)
+ * resumes at 40 with them and at 0 without (window_cut_from 40: the
+ * tokens matched that far). Logits are a recomputation's in every case. */
+static void test_window_messages(void) {
+    enum { N = 96, G = 3 };
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 1, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    uint32_t nv = m->hp.n_vocab;
+    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
+    int32_t t[N + G], edit[N], dropped[N - 30];
+    rng_state = 0x6d736773ull;
+    t[0] = 1;
+    for (uint32_t i = 1; i < N; i++) t[i] = (int32_t)rnd(nv);
+    memcpy(edit, t, sizeof edit);
+    edit[75] = (edit[75] + 1) % (int32_t)nv;
+    memcpy(dropped, t, 40 * sizeof *t); /* the second message (40..69) left out */
+    memcpy(dropped + 40, t + 70, (N - 70) * sizeof *t);
+    const uint32_t starts[2] = {70, 40}; /* any order */
+    for (int marked = 0; marked < 2; marked++) {
+        runner ref, win;
+        bool ok = open_engine(&ref, m, pool, false, 0, KP_DTYPE_F32) &&
+                  open_engine_win(&win, m, pool, true, bb * 64, KP_DTYPE_F32, tight_window_budget(m, KP_DTYPE_F32));
+        ok = ok && kp_eng_begin_msgs(win.e, t, N, starts, marked ? 2 : 0, &win.s, &win.rep, &err) == KP_OK &&
+             kp_eng_append(win.e, &win.s, t, N, 0, win.logits, &err) == KP_OK;
+        ok = ok && kp_eng_prefill(ref.e, t, N, &ref.s, ref.logits, NULL, &err) == KP_OK;
+        CHECK_MSG(ok, "%s", err.msg);
+        runner *rs[2] = {&ref, &win};
+        for (int g = 0; ok && g < G; g++) {
+            CHECK(rel_diff(win.logits, ref.logits, nv) <= 1e-5);
+            t[N + g] = kp_argmax(ref.logits, (int32_t)nv);
+            for (int r = 0; r < 2; r++) ok = ok && kp_eng_decode(rs[r]->e, &rs[r]->s, t[N + g], rs[r]->logits, &err) == KP_OK;
+        }
+        /* while it still runs: the windows it handed over before 40 and 70 (blocks 1..4) are
+         * behind its own, so no one reads them and another prompt's admission counts them as
+         * spare (a second-pass drop); the window before its prompt's end (its leaf) is not */
+        const int32_t other[3] = {1, 7, 7};
+        kp_eng_room room;
+        CHECK(ok && kp_eng_room_for(win.e, other, 3, true, &room, &err) == KP_OK);
+        CHECK_EQ_INT(room.spare_slots, marked ? 4 : 0);
+        for (int r = 0; r < 2 && ok; r++) ok = kp_eng_finish(rs[r]->e, &rs[r]->s, t, N + G, NULL, &err) == KP_OK;
+        CHECK_MSG(ok, "%s", err.msg);
+        kp_eng_stats st;
+        kp_eng_get_stats(win.e, &st);
+        CHECK_EQ_INT(st.index_window_bytes, (marked ? 6u : 2u) * 16 * st.window_bytes_per_token);
+        const int32_t *q[2] = {edit, dropped};
+        uint32_t nq[2] = {N, N - 30}, expect[2] = {marked ? 75u : 0u, marked ? 40u : 0u}, cut[2] = {75, 40};
+        for (int k = 0; ok && k < 2; k++) {
+            for (int r = 0; r < 2 && ok; r++)
+                ok = kp_eng_prefill(rs[r]->e, q[k], nq[k], &rs[r]->s, rs[r]->logits, &rs[r]->rep, &err) == KP_OK;
+            CHECK_MSG(ok, "%s", err.msg);
+            CHECK_MSG(win.rep.reused_tokens == expect[k], "%s, query %d: reused %u, expected %u",
+                      marked ? "with the starts" : "without", k, win.rep.reused_tokens, expect[k]);
+            CHECK_EQ_INT(win.rep.window_cut_from, marked ? 0 : cut[k]);
+            CHECK(rel_diff(win.logits, ref.logits, nv) <= 1e-5);
+            for (int r = 0; r < 2; r++) kp_eng_seq_abort(rs[r]->e, &rs[r]->s);
+        }
+        if (ok) {
+            close_engine(&ref);
+            close_engine(&win);
+        }
+    }
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
+/* The pin cap under a window budget counts what a pin holds: sequence A
+ * of 80 positions on gemma3 (W = 16, B = 16) under the tightest window
+ * budget keeps the window rows of its last block only, so a pin of A
+ * holds 5 blocks' full rows and 1 block's window rows (the bill's
+ * pinned_bytes), and a cap of exactly that takes the pin, one byte less
+ * refuses it (KP_EFULL). Counted as whole blocks (full + window rows
+ * each) the pin would claim 5 blocks' window rows it does not hold. */
+static void test_window_pin_cap(void) {
+    enum { N = 80, BS = 16 };
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 1, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    uint32_t nv = m->hp.n_vocab;
+    uint64_t fb = BS * kp_model_kv_bytes_per_token_kind(m, KP_LAYER_FULL, KP_DTYPE_F32, KP_DTYPE_F32);
+    uint64_t wb = BS * kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, KP_DTYPE_F32, KP_DTYPE_F32);
+    uint64_t holds = 5 * fb + wb;
+    int32_t a[N];
+    rng_state = 0x70696e636170ull;
+    a[0] = 1;
+    for (uint32_t i = 1; i < N; i++) a[i] = (int32_t)rnd(nv);
+    for (int k = 0; k < 2; k++) {
+        kp_pfx_config pc = {holds - (uint64_t)k, 16};
+        kp_eng_config c = {KP_DTYPE_F32, BS, (fb + wb) * 64, MAX_LEN + N_GEN + 8, false, &pc, KP_DTYPE_F32, true,
+                           tight_window_budget(m, KP_DTYPE_F32), 0};
+        kp_engine *e = NULL;
+        kp_eng_seq s = {0};
+        uint64_t id = 0;
+        CHECK_MSG(kp_eng_new(&e, m, pool, NULL, &c, &err) == KP_OK, "%s", err.msg);
+        if (!e) break;
+        CHECK(kp_eng_prefill(e, a, N, &s, NULL, NULL, &err) == KP_OK && kp_eng_finish(e, &s, a, N, NULL, &err) == KP_OK);
+        kp_status st = kp_eng_pin(e, a, N, 0, 0, &id, &err);
+        kp_eng_stats es;
+        kp_eng_get_stats(e, &es);
+        if (k == 0) {
+            CHECK_MSG(st == KP_OK, "%s", err.msg);
+            CHECK_EQ_INT(es.pinned_bytes, holds);
+        } else {
+            CHECK_EQ_INT(st, KP_EFULL);
+            CHECK_EQ_INT(es.pinned_bytes, 0);
+        }
+        CHECK_MSG(kp_eng_check(e, &err) == KP_OK, "%s", err.msg);
+        kp_eng_free(e);
+    }
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
 /* The bundled model and a pool of one thread. */
 static bool load_stories(kp_model **m, kp_threads **pool) {
     kp_error err = {0};
@@ -1590,6 +1797,9 @@ int main(void) {
     RUN(test_window_resume);
     RUN(test_window_fork);
     RUN(test_window_turns);
+    RUN(test_window_pin_cap);
+    RUN(test_window_answer);
+    RUN(test_window_messages);
     RUN(test_equal_qwen3moe);
     RUN(test_equal_gptoss);
     RUN(test_bill_kv_types);

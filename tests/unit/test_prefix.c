@@ -1035,7 +1035,7 @@ static void test_window_drops(void) {
     CHECK_EQ_INT(ps.index_window_blocks, 7);
     CHECK_EQ_INT(kp_kvpool_n_free_slots(pool), 1);
     /* two asked for: A's oldest positions go first (C, pinned last, is the most recently used) */
-    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 2, NULL, 0), 2);
+    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 2), 2);
     {
         kp_pfx_match_result m;
         kp_pfx_match(idx, a, 20, &m);
@@ -1045,7 +1045,7 @@ static void test_window_drops(void) {
               kp_kvpool_has_window(pool, s.blocks[2]) && kp_kvpool_has_window(pool, s.blocks[3]));
         kp_kvseq_release(&s, pool);
     }
-    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 100, NULL, 0), 3);
+    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 100), 3);
     CHECK_EQ_INT(kp_kvpool_n_free_slots(pool), 6);
     kp_pfx_get_stats(idx, &ps);
     CHECK_EQ_INT(ps.index_window_blocks, 2);
@@ -1082,6 +1082,75 @@ static void test_window_drops(void) {
     CHECK_EQ_INT(m.window_cut_from, 0);
     kp_pfx_free(idx);
     CHECK_EQ_INT(kp_kvpool_n_free(pool), 16);
+    CHECK_EQ_INT(kp_kvpool_n_free_slots(pool), 8);
+    kp_kvpool_free(pool);
+}
+
+/* A marked resume point (kp_pfx_mark: a message's start) as
+ * test_window_drops sets it up (W = 4, B = 4), with A marked at 12 before
+ * it is extended to 20: the leaf gets a child instead of growing in place
+ * (3 nodes, not 2), so 12 stays an end. kp_pfx_drop_windows then spares
+ * block 2 (it reaches into [8, 12)) while other rows can go: asked for 4
+ * it drops A's blocks 0, 1, 3 and C's block 0, and a prompt leaving A at
+ * 13 still resumes at 12; asked for one more it gives up the window
+ * before the mark (a second pass; leaves and pins are still spared), and
+ * that prompt resumes at 0. */
+static void test_window_marks(void) {
+    enum { B = 4, W = 4 };
+    const uint8_t kinds[N_LAYER] = {0, 1};
+    kp_kvpool_config kc = {N_LAYER, 1, HEAD_DIM, KP_DTYPE_F32, B, 0, KP_DTYPE_F32, kinds, W, 0};
+    uint64_t layer_block = 2 * B * HEAD_DIM * sizeof(float);
+    kc.window_budget_bytes = 8 * layer_block;
+    kc.budget_bytes = kc.window_budget_bytes + 16 * layer_block;
+    kp_kvpool *pool = NULL;
+    kp_pfx_index *idx = NULL;
+    kp_error err = {0};
+    CHECK_MSG(kp_kvpool_new(&pool, &kc, &err) == KP_OK, "%s", err.msg);
+    if (!pool) return;
+    CHECK(kp_pfx_new(&idx, pool, NULL, &err) == KP_OK);
+    int32_t a[20], c[8], q[20];
+    for (int i = 0; i < 20; i++) a[i] = 1 + i;
+    for (int i = 0; i < 8; i++) c[i] = 100 + i;
+    const int32_t *seqs[3] = {a, a, c};
+    uint32_t lens[3] = {12, 20, 8};
+    for (int k = 0; k < 3; k++) {
+        kp_kvseq s = {0};
+        kp_pfx_match_result m;
+        kp_pfx_match(idx, seqs[k], lens[k], &m);
+        CHECK(kp_pfx_acquire(idx, seqs[k], m.n_reuse, &s, NULL, &err) == KP_OK);
+        CHECK(kp_kvseq_reserve(&s, pool, lens[k], &err) == KP_OK);
+        for (uint32_t p = s.n_pos; p < lens[k]; p++) {
+            CHECK(kp_kvpool_attach_window(pool, s.blocks[p / B], &err) == KP_OK);
+            put_row(pool, s.blocks[p / B], p % B, fp(seqs[k], p));
+        }
+        s.n_pos = lens[k];
+        CHECK(kp_pfx_insert(idx, seqs[k], lens[k], &s, NULL, NULL, &err) == KP_OK);
+        if (k == 0) CHECK(kp_pfx_mark(idx, a, 12, &err) == KP_OK);
+        kp_kvseq_release(&s, pool);
+    }
+    for (int i = 0; i < 20; i++) q[i] = 500 + i;
+    CHECK_EQ_INT(kp_pfx_mark(idx, c, 8, &err), KP_OK);      /* idempotent on an end */
+    CHECK_EQ_INT(kp_pfx_mark(idx, q, 3, &err), KP_ENOTFOUND); /* q is not cached */
+    uint64_t pin;
+    CHECK(kp_pfx_pin(idx, c, 8, 0, 0, &pin, &err) == KP_OK);
+    kp_pfx_stats ps;
+    kp_pfx_get_stats(idx, &ps);
+    CHECK_EQ_INT(ps.n_nodes, 3);
+    memcpy(q, a, sizeof q);
+    q[13] = 999;
+    kp_pfx_match_result m;
+    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 4), 4);
+    kp_pfx_match(idx, q, 20, &m);
+    CHECK_EQ_INT(m.n_reuse, 12);
+    CHECK_EQ_INT(m.window_cut_from, 13);
+    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 1), 1);
+    kp_pfx_match(idx, q, 20, &m);
+    CHECK_EQ_INT(m.n_reuse, 0);
+    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 100), 0); /* the leaf's and the pin's stay */
+    kp_pfx_match(idx, c, 8, &m);
+    CHECK_EQ_INT(m.n_reuse, 7);
+    CHECK(kp_pfx_check(idx, &err) == KP_OK);
+    kp_pfx_free(idx);
     CHECK_EQ_INT(kp_kvpool_n_free_slots(pool), 8);
     kp_kvpool_free(pool);
 }
@@ -1127,7 +1196,7 @@ static void test_window_branch(void) {
         kp_kvseq_release(&s, pool);
     }
     CHECK_EQ_INT(kp_kvpool_n_free_slots(pool), 2);
-    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 100, NULL, 0), 3);
+    CHECK_EQ_INT(kp_pfx_drop_windows(idx, 100), 3);
     kp_pfx_match_result m;
     kp_pfx_match(idx, q, 16, &m);
     CHECK_EQ_INT(m.n_match, 8);
@@ -1240,6 +1309,7 @@ int main(void) {
     RUN(test_eviction_order);
     RUN(test_evicted_record);
     RUN(test_window_drops);
+    RUN(test_window_marks);
     RUN(test_window_branch);
     RUN(test_memory_bill);
     RUN(test_errors);

@@ -175,7 +175,7 @@ static void test_concurrent_equals_alone(void) {
     CHECK(kp_sched_new(&s, e, v, &sc, &err) == KP_OK);
     kp_sreq *r[NREQ] = {0};
     for (int i = 0; i < NREQ; i++) {
-        kp_sreq_params p = {cs[i].prompt, cs[i].n, cs[i].max_tokens, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+        kp_sreq_params p = {cs[i].prompt, cs[i].n, cs[i].max_tokens, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
         p.sp.temp = 0;
         const char *stops[1] = {cs[i].stop};
         p.stops = stops;
@@ -199,7 +199,7 @@ static void test_concurrent_equals_alone(void) {
     }
     CHECK_MSG(cached_total > 0, "no request reused a cached prefix");
     /* the same prompt again: everything but the last token comes from the cache */
-    kp_sreq_params p = {cs[0].prompt, cs[0].n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params p = {cs[0].prompt, cs[0].n, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     kp_sreq *one = NULL;
     CHECK(kp_sched_submit(s, &p, &one, &err) == KP_OK);
     char buf[64];
@@ -263,7 +263,7 @@ static void test_queue_full_and_shutdown(void) {
     kp_sched *s = NULL;
     CHECK(kp_sched_new(&s, e, v, &sc, &err) == KP_OK);
     int32_t prompt[2] = {1, 400};
-    kp_sreq_params p = {prompt, 2, 400, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params p = {prompt, 2, 400, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     kp_sreq *r[8] = {0};
     int ok = 0, full = 0;
     for (int i = 0; i < 8; i++) {
@@ -300,7 +300,7 @@ static void test_queue_zero(void) {
     kp_sched *s = NULL;
     CHECK(kp_sched_new(&s, e, fx.v, &sc, &err) == KP_OK);
     int32_t prompt[2] = {1, 400};
-    kp_sreq_params p = {prompt, 2, 4, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params p = {prompt, 2, 4, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     kp_sreq *r = NULL;
     CHECK(kp_sched_submit(s, &p, &r, &err) == KP_OK); /* the free slot takes it */
     char buf[4096];
@@ -309,7 +309,7 @@ static void test_queue_zero(void) {
     if (r) CHECK_EQ_INT(collect(r, buf, sizeof buf, &len, &u), KP_FINISH_LENGTH);
     kp_sreq_release(r);
     /* one that runs for long holds the only slot: the next has no slot and no queue */
-    kp_sreq_params lp = {prompt, 2, 400, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params lp = {prompt, 2, 400, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     kp_sreq *a = NULL, *b = NULL;
     CHECK(kp_sched_submit(s, &lp, &a, &err) == KP_OK);
     for (int i = 0; i < 2000; i++) { /* until the engine has admitted it */
@@ -402,7 +402,7 @@ static void test_cache_ops_between_steps(void) {
     /* a prefix in the cache to probe and pin */
     int32_t p[24];
     for (int i = 0; i < 24; i++) p[i] = i ? 20 + 3 * i : 1;
-    kp_sreq_params pp = {p, 24, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params pp = {p, 24, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     kp_sreq *r0 = NULL;
     CHECK(kp_sched_submit(s, &pp, &r0, &err) == KP_OK);
     char buf[64];
@@ -417,7 +417,7 @@ static void test_cache_ops_between_steps(void) {
     kp_sreq *run[4];
     for (int k = 0; k < 4; k++) {
         int32_t q[3] = {1, 100 + k, 200 + k};
-        kp_sreq_params rp = {q, 3, 100000, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+        kp_sreq_params rp = {q, 3, 100000, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
         rp.sp.temp = 0;
         CHECK(kp_sched_submit(s, &rp, &run[k], &err) == KP_OK);
     }
@@ -549,7 +549,7 @@ static void test_kv_pressure_equals_alone(void) {
     kp_sreq *r[NP] = {0};
     for (int i = 0; i < NP; i++) {
         kp_sreq_params p = {cs[i].prompt, cs[i].n, cs[i].max_tokens, cs[i].sp, NULL, 0, cs[i].ignore_eos, NULL, 0,
-                            true, NULL, false, {0, NULL, {0, 0}}};
+                            true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
         CHECK_MSG(kp_sched_submit(s, &p, &r[i], &err) == KP_OK, "%s", err.msg);
     }
     uint32_t preempted = 0, preempted_seeded = 0;
@@ -593,6 +593,125 @@ static void test_kv_pressure_equals_alone(void) {
     fixture_close(&fx);
 }
 
+/* Window slots in admission (gemma3: a window of W = 16 on 5 of 6
+ * layers, blocks of 16): a KV budget with room for every block but the
+ * tightest window budget (20 blocks' window rows), eight sequences at a
+ * time, twelve greedy requests of up to 40 prompt tokens and 40 generated.
+ * A request is admitted only when the window arena can serve it beside
+ * the running ones (each may hold its window, a chunk and the window
+ * before its prompt's end), counting what the index can give up: every
+ * one completes with the tokens it gets alone, none is preempted or
+ * fails for window rows midway, and some waited for them; the same again
+ * with message starts every 8 positions (the windows before them handed
+ * to the index as each sequence passes them). With pins
+ * holding the windows before their ends (a cap that lets them), a request
+ * the arena cannot serve even alone ends at once, finish LENGTH, with a
+ * note naming the window budget. */
+static void test_window_admission(void) {
+    kp_error err = {0};
+    fixture fx;
+    if (!fixture_open(&fx, "tests/data/models/gen-gemma3-f32.gguf", 2)) return;
+    kp_model *m = fx.m;
+    kp_tok_vocab *v = fx.v;
+    uint32_t nv = m->hp.n_vocab;
+    uint64_t wpt = kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, KP_DTYPE_F32, KP_DTYPE_F32);
+    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
+    uint32_t slots = (256 + 2 * m->hp.n_swa + 15) / 16 + 2;
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, 128, true, NULL, KP_DTYPE_F32, true, 0, 0};
+    kp_eng_config cc = {KP_DTYPE_F32, 16, bb * 64, 128, false, NULL, KP_DTYPE_F32, true, slots * 16 * wpt, 0};
+    kp_engine *ref = NULL, *e = NULL;
+    CHECK(kp_eng_new(&ref, m, fx.pool, NULL, &cr, &err) == KP_OK);
+    CHECK_MSG(kp_eng_new(&e, m, fx.pool, NULL, &cc, &err) == KP_OK, "%s", err.msg);
+    if (!ref || !e) {
+        kp_eng_free(ref);
+        kp_eng_free(e);
+        fixture_close(&fx);
+        return;
+    }
+    static kv_case cs[NP];
+    for (int i = 0; i < NP; i++) {
+        kv_case *c = &cs[i];
+        memset(c, 0, sizeof *c);
+        c->n = 24 + rnd(17);
+        for (uint32_t k = 0; k < c->n; k++) c->prompt[k] = k ? (int32_t)(3 + rnd(nv - 3)) : 1;
+        c->max_tokens = 40;
+        c->ignore_eos = true;
+        c->sp = kp_sampler_defaults();
+        c->sp.temp = 0;
+        kv_reference(ref, v, 128, c);
+    }
+    kp_sched_config sc = {8, 64, 64};
+    kp_sched *s = NULL;
+    CHECK(kp_sched_new(&s, e, v, &sc, &err) == KP_OK);
+    kp_sched_stats st;
+    /* then the same with message starts every 8 positions: each running sequence hands the
+     * windows before them to the index, which may drop them once it has gone past */
+    static const uint32_t starts[4] = {8, 16, 24, 32};
+    for (int with_starts = 0; with_starts < 2; with_starts++) {
+        kp_sreq *r[NP] = {0};
+        for (int i = 0; i < NP; i++) {
+            kp_sreq_params p = {cs[i].prompt, cs[i].n, cs[i].max_tokens, cs[i].sp, NULL, 0, cs[i].ignore_eos, NULL, 0,
+                                true, NULL, false, {0, NULL, {0, 0}}, with_starts ? starts : NULL,
+                                with_starts ? 4 : 0};
+            CHECK_MSG(kp_sched_submit(s, &p, &r[i], &err) == KP_OK, "%s", err.msg);
+        }
+        for (int i = 0; i < NP; i++) {
+            static char buf[4096];
+            size_t len;
+            kp_sreq_update u;
+            kp_finish f = collect(r[i], buf, sizeof buf, &len, &u);
+            CHECK_MSG(f == cs[i].finish, "request %d: finish %d, alone %d (%s)", i, f, cs[i].finish, u.err.msg);
+            CHECK_MSG(u.err.msg[0] == 0, "request %d: %s", i, u.err.msg);
+            CHECK_MSG(u.completion_tokens == cs[i].n_want &&
+                          !memcmp(u.ids + cs[i].n, cs[i].want, cs[i].n_want * sizeof(int32_t)),
+                      "request %d (preempted %u times): tokens differ from alone", i, u.preemptions);
+            kp_sreq_release(r[i]);
+        }
+        kp_sched_stats_get(s, &st);
+        printf("scheduler: %d requests under a window budget of %u blocks%s: %llu preemptions, %llu waits for KV\n",
+               NP, slots, with_starts ? ", message starts" : "", (unsigned long long)st.preemptions,
+               (unsigned long long)st.kvwait_n);
+        CHECK_EQ_INT(st.preemptions, 0);
+        CHECK(st.requests_failed == 0 && st.requests_started == (uint64_t)NP * (with_starts + 1));
+        CHECK_MSG(st.kvwait_n > 0, "no request waited: the window arena was not pressed");
+        CHECK(kp_eng_check(e, &err) == KP_OK);
+    }
+    kp_sched_free(s);
+    kp_eng_free(e);
+    /* pins (under a cap that lets them) holding the windows before their ends leave too few slots
+     * for a request even alone: it ends at once, finish LENGTH, with a note naming the window budget */
+    kp_pfx_config pc = {UINT64_MAX, 16};
+    cc.pfx = &pc;
+    CHECK_MSG(kp_eng_new(&e, m, fx.pool, NULL, &cc, &err) == KP_OK, "%s", err.msg);
+    for (int i = 0; e && i < 9; i++) {
+        kp_eng_seq q = {0};
+        uint64_t id;
+        CHECK(kp_eng_prefill(e, cs[i].prompt, cs[i].n, &q, NULL, NULL, &err) == KP_OK &&
+              kp_eng_finish(e, &q, cs[i].prompt, cs[i].n, NULL, &err) == KP_OK);
+        CHECK_MSG(kp_eng_pin(e, cs[i].prompt, cs[i].n, 0, 0, &id, &err) == KP_OK, "%s", err.msg);
+    }
+    CHECK(e && kp_sched_new(&s, e, v, &sc, &err) == KP_OK);
+    if (s) {
+        kp_sreq_params p = {cs[9].prompt, cs[9].n, 10, cs[9].sp, NULL, 0, true, NULL, 0, true, NULL, false,
+                            {0, NULL, {0, 0}}, NULL, 0};
+        kp_sreq *q = NULL;
+        static char buf[4096];
+        size_t len;
+        kp_sreq_update u;
+        CHECK(kp_sched_submit(s, &p, &q, &err) == KP_OK);
+        CHECK_EQ_INT(collect(q, buf, sizeof buf, &len, &u), KP_FINISH_LENGTH);
+        CHECK_MSG(u.completion_tokens == 0 && strstr(u.err.msg, "window budget"), "%u tokens: %s", u.completion_tokens,
+                  u.err.msg);
+        kp_sreq_release(q);
+        kp_sched_stats_get(s, &st);
+        CHECK_EQ_INT(st.preemptions, 0);
+        kp_sched_free(s);
+    }
+    kp_eng_free(e);
+    kp_eng_free(ref);
+    fixture_close(&fx);
+}
+
 /* What can never fit is refused with the numbers; a default max_tokens is
  * cut to the budget; pins that leave too little room end a request with
  * finish LENGTH and a note instead of a wait that never ends. */
@@ -625,7 +744,7 @@ static void test_kv_budget_and_pins(void) {
     static int32_t t[100];
     for (int i = 0; i < 100; i++) t[i] = i ? 3 + (i * 37) % 400 : 1;
     kp_sreq *r = NULL;
-    kp_sreq_params p = {t, 97, 0, kp_sampler_defaults(), NULL, 0, true, NULL, 0, false, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params p = {t, 97, 0, kp_sampler_defaults(), NULL, 0, true, NULL, 0, false, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     CHECK_EQ_INT(kp_sched_submit(s, &p, &r, &err), KP_ERANGE);
     CHECK(r == NULL);
     /* a default max_tokens runs to the budget's end */
@@ -642,7 +761,7 @@ static void test_kv_budget_and_pins(void) {
     /* a pinned prefix of 48 positions (3 blocks) leaves 48 */
     int32_t pin[48];
     for (int i = 0; i < 48; i++) pin[i] = 5 + i;
-    kp_sreq_params pp = {pin, 48, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params pp = {pin, 48, 0, kp_sampler_defaults(), NULL, 0, false, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     CHECK(kp_sched_submit(s, &pp, &r, &err) == KP_OK);
     CHECK_EQ_INT(collect(r, buf, sizeof buf, &len, &u), KP_FINISH_LENGTH);
     kp_sreq_release(r);
@@ -650,7 +769,7 @@ static void test_kv_budget_and_pins(void) {
     CHECK_MSG(kp_sched_pin(s, pin, 48, 0, (int64_t)time(NULL), &id, NULL, &err) == KP_OK, "%s", err.msg);
     /* 10 + 80 - 1 positions fit the budget, not the room the pin leaves:
      * it grows to 48 positions alone, then ends with a note */
-    kp_sreq_params q = {t, 10, 80, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params q = {t, 10, 80, kp_sampler_defaults(), NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     q.sp.temp = 0;
     CHECK(kp_sched_submit(s, &q, &r, &err) == KP_OK);
     CHECK_EQ_INT(collect(r, buf, sizeof buf, &len, &u), KP_FINISH_LENGTH);
@@ -720,7 +839,7 @@ static void test_choices(void) {
     kp_sampler_params sp = kp_sampler_defaults();
     sp.temp = 1;
     sp.seed = 77;
-    kp_sreq_params p = {prompt, 41, 12, sp, NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}};
+    kp_sreq_params p = {prompt, 41, 12, sp, NULL, 0, true, NULL, 0, true, NULL, false, {0, NULL, {0, 0}}, NULL, 0};
     kp_sreq *r[3] = {0};
     kp_sched_stats a, b;
     kp_sched_stats_get(s, &a);
@@ -794,5 +913,6 @@ int main(void) {
     RUN(test_cache_ops_between_steps);
     RUN(test_kv_pressure_equals_alone);
     RUN(test_kv_budget_and_pins);
+    RUN(test_window_admission);
     return harness_finish("scheduler");
 }

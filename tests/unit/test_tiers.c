@@ -19,8 +19,9 @@
  * a budget of two records keeps the two most recent, and with a queue of
  * one every put is either written or counted as dropped.
  *
- * Under a window budget blocks without window rows are not written, and
- * a restore fills in what RAM dropped.
+ * Under a window budget a block is written before its window rows are
+ * dropped, so what reaches disk is what an engine without a budget
+ * writes, record for record, and a restore fills in what RAM dropped.
  *
  * Recurrent-state snapshots (gen-qwen35: 6 gated delta-net layers of 8),
  * test_recurrent_disk and test_recurrent_redis: what one engine wrote, a
@@ -34,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -645,16 +647,45 @@ static void test_pin_writes_through(void) {
     kp_model_free(m);
 }
 
+/* The .kvb records under DIR/<fingerprint>: how many, and whether each
+ * has a byte-identical twin under DIR2/<fingerprint>. */
+static uint32_t records_in(const char *dir, const char *dir2, const char *fp, bool *same) {
+    char path[700], path2[700];
+    snprintf(path, sizeof path, "%s/%s", dir, fp);
+    DIR *d = opendir(path);
+    uint32_t n = 0;
+    *same = d != NULL;
+    for (struct dirent *de; d && (de = readdir(d));) {
+        size_t len = strlen(de->d_name);
+        if (len < 4 || strcmp(de->d_name + len - 4, ".kvb")) continue;
+        n++;
+        snprintf(path, sizeof path, "%s/%s/%s", dir, fp, de->d_name);
+        snprintf(path2, sizeof path2, "%s/%s/%s", dir2, fp, de->d_name);
+        FILE *a = fopen(path, "rb"), *b = fopen(path2, "rb");
+        int ca = 0, cb = 0;
+        while (a && b && (ca = fgetc(a)) == (cb = fgetc(b)) && ca != EOF) {}
+        if (!a || !b || ca != cb) *same = false;
+        if (a) fclose(a);
+        if (b) fclose(b);
+    }
+    if (d) closedir(d);
+    return n;
+}
+
 /* A window budget and the disk tier (gen-gemma3: a window of 16 on 5 of
  * 6 layers, blocks of 16). Blocks are written whole, window rows
  * included, so the record is the same in both modes: an engine without a
- * budget writes A's 6 blocks; an engine under the tightest budget whose
- * RAM kept A's window rows in its last block only writes none of its own
- * (a block without window rows is not published, nor any after it), and
- * a prompt that leaves A at token 50 matches 50 tokens in its RAM but
- * resumes at 0 there (no window held before 50), then restores the 3
- * whole blocks of A that the prompt shares from disk, window rows and
- * all: 48 reused, the logits those of a recomputation. */
+ * budget writes A's 6 blocks; an engine under the tightest budget, whose
+ * sequence drops the window rows of its blocks as it goes (its RAM keeps
+ * them in the last block only), writes each block before it drops them:
+ * the same 6 records, byte for byte, whether A is prefilled at once or
+ * fed a token at a time after a prompt of 40; a new engine on that
+ * directory restores A's 5 whole blocks before its last position, with
+ * the logits of a recomputation. A prompt that leaves A at token 50
+ * matches 50 tokens in RAM but resumes at 0 there (no window held before
+ * 50), then restores the 3 whole blocks of A that the prompt shares from
+ * disk, window rows and all: 48 reused, the logits those of a
+ * recomputation. */
 static void test_window_budget_and_disk(void) {
     kp_error err = {0};
     kp_model *m = NULL;
@@ -691,14 +722,44 @@ static void test_window_budget_and_disk(void) {
     kp_eng_tier_flush(d);
     CHECK(kp_eng_tier_stats(d, &ts) && ts.tier[KP_TIER_DISK].blocks == N / 16);
     kp_eng_free(d);
-    /* under the budget, alone on its directory: nothing of its own reaches disk */
-    CHECK_MSG(kp_eng_new(&w2, m, pool, NULL, &cw, &err) == KP_OK && kp_eng_open_tiers(w2, &tc2, &err) == KP_OK, "%s",
-              err.msg);
-    CHECK(w2 && kp_eng_prefill(w2, a, N, &s, NULL, &rep, &err) == KP_OK &&
-          kp_eng_finish(w2, &s, a, N, NULL, &err) == KP_OK);
-    kp_eng_tier_flush(w2);
-    CHECK(kp_eng_tier_stats(w2, &ts) && ts.tier[KP_TIER_DISK].blocks == 0);
-    kp_eng_free(w2);
+    /* under the budget, alone on its directory: every block reaches disk, as the default writes it */
+    char fp[33];
+    memcpy(fp, ts.fingerprint, sizeof fp);
+    for (int fed = 0; fed < 2; fed++) {
+        snprintf(dir2, sizeof dir2, "%s/window-only-%d", tmpdir, fed);
+        CHECK_MSG(kp_eng_new(&w2, m, pool, NULL, &cw, &err) == KP_OK && kp_eng_open_tiers(w2, &tc2, &err) == KP_OK,
+                  "%s", err.msg);
+        if (!w2) break;
+        if (fed) { /* a prompt of 40, then a token at a time, as an answer is generated */
+            CHECK(kp_eng_prefill(w2, a, 40, &s, NULL, &rep, &err) == KP_OK);
+            for (int i = 40; i < N; i++) CHECK(kp_eng_decode(w2, &s, a[i], NULL, &err) == KP_OK);
+        } else {
+            CHECK(kp_eng_prefill(w2, a, N, &s, NULL, &rep, &err) == KP_OK);
+        }
+        CHECK(kp_eng_finish(w2, &s, a, N, NULL, &err) == KP_OK);
+        kp_eng_tier_flush(w2);
+        CHECK(kp_eng_tier_stats(w2, &ts));
+        CHECK_EQ_INT(ts.tier[KP_TIER_DISK].blocks, N / 16);
+        CHECK_EQ_INT(ts.tier[KP_TIER_DISK].dropped_queue, 0);
+        bool same;
+        CHECK_EQ_INT(records_in(dir2, dir, fp, &same), N / 16);
+        CHECK_MSG(same, "the records under a window budget differ from the default's");
+        kp_eng_free(w2);
+        w2 = NULL;
+        /* a new engine restores them: every whole block before the last position */
+        CHECK(kp_eng_new(&w2, m, pool, NULL, &cw, &err) == KP_OK && kp_eng_open_tiers(w2, &tc2, &err) == KP_OK);
+        CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
+        if (!w2 || !ref) break;
+        CHECK(kp_eng_prefill(w2, a, N, &s, lw, &rep, &err) == KP_OK);
+        CHECK_EQ_INT(rep.reused_from[KP_TIER_DISK], (N - 1) / 16 * 16);
+        kp_eng_seq_abort(w2, &s);
+        CHECK(kp_eng_prefill(ref, a, N, &s, lr, &rep, &err) == KP_OK);
+        kp_eng_seq_abort(ref, &s);
+        CHECK_MSG(rel_diff(lw, lr, nv) <= 1e-5, "restored: logits differ by %g", rel_diff(lw, lr, nv));
+        kp_eng_free(w2);
+        kp_eng_free(ref);
+        w2 = ref = NULL;
+    }
     /* under the budget, on the first directory: the disk fills in what RAM dropped */
     CHECK(kp_eng_new(&w, m, pool, NULL, &cw, &err) == KP_OK && kp_eng_open_tiers(w, &tc, &err) == KP_OK);
     CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
