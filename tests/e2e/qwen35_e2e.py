@@ -105,7 +105,7 @@ def main(model):
         r.ok(kv.get("state_snapshots", 0) > 0 and kv.get("state_snapshot_bytes", 0) > 0,
              "/v1/cache bills the snapshots: %r" % {k: v for k, v in kv.items() if "state" in k})
         if b and bref:
-            restart(first, second, n1, bref)
+            restart(model, first, second, n1, bref)
     finally:
         for s in (cached, plain):
             if s in Server.running:
@@ -117,7 +117,7 @@ def disk_tier(srv):
     return c.get("tiers", {}).get("disk", {}) if st == 200 and c.get("tiers") else {}
 
 
-def doctor(cache_dir, prompt, n_text):
+def doctor(model, cache_dir, prompt, n_text):
     """kvpin doctor --cache-dir on a prompt extending a written completion; then on damaged snapshots."""
     import json
     import subprocess
@@ -126,7 +126,7 @@ def doctor(cache_dir, prompt, n_text):
         f.write(json.dumps({"prompt": prompt}) + "\n")
 
     def run():
-        dr = subprocess.run([KVPIN, "doctor", "--json", "-m", MODEL, "--cache-dir", cache_dir, log],
+        dr = subprocess.run([KVPIN, "doctor", "--json", "-m", model, "--cache-dir", cache_dir, log],
                             capture_output=True, text=True, timeout=300)
         rows = [json.loads(x) for x in dr.stdout.splitlines() if x.strip()] if dr.returncode == 0 else []
         r.ok(len(rows) == 1, "doctor: one row: %s %s" % (dr.returncode, dr.stderr[-300:]))
@@ -150,12 +150,12 @@ def doctor(cache_dir, prompt, n_text):
          "doctor: a damaged snapshot is refused (checksum), none is used: %r" % row)
 
 
-def restart(first, second, n1, bref):
+def restart(model, first, second, n1, bref):
     """Turn 1 on a server with --cache-dir, killed; turn 2 on a new one."""
     tmp = tempfile.mkdtemp(prefix="kvpin-qwen35-")
     args = ("--ctx", "512", "--chat-template", "chatml", "--state-every", str(EVERY), "--cache-dir", tmp)
     try:
-        a = Server(r, *args, model=MODEL)
+        a = Server(r, *args, model=model)
         chat(a, first)
         deadline = time.time() + 30
         while time.time() < deadline and disk_tier(a).get("state_snapshots", 0) < 2:
@@ -165,7 +165,7 @@ def restart(first, second, n1, bref):
              d.get("bytes", 0) > d.get("state_snapshot_bytes", 0),
              "turn 1's snapshots (prompt end, answer end) reach the disk, in its bytes: %r" % d)
         a.kill()
-        b = Server(r, *args, model=MODEL)
+        b = Server(r, *args, model=model)
         j = chat(b, second)
         same(j, bref, "turn 2 after a restart on --cache-dir")
         if j:
@@ -185,7 +185,7 @@ def restart(first, second, n1, bref):
         r.ok(st == 200, "completion: %s" % st)
         n_text = j["usage"]["prompt_tokens"] if st == 200 else 0
         b.stop()  # writes what is queued
-        doctor(tmp, text + " The end.", n_text)
+        doctor(model, tmp, text + " The end.", n_text)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
