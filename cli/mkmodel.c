@@ -18,7 +18,7 @@ static const cli_opt mk_tab[] = {
     {"output", "o", NULL, "FILE", "write the model to FILE", O_OUTPUT},
     {"preset", NULL, NULL, "NAME",
      "the shape to start from: smollm2-135m, tiny, qwen2-tiny, qwen3-tiny, gemma3-1b, gemma3-tiny, "
-     "qwen3moe-30b-a3b, qwen3moe-tiny, gpt-oss-20b, gpt-oss-tiny, qwen35-0.8b, qwen35-tiny, qwen35moe-35b-a3b, "
+     "qwen3moe-30b-a3b, qwen3moe-tiny, gpt-oss-20b, gpt-oss-tiny, qwen35-0.8b, qwen35-4b, qwen35-tiny, qwen35moe-35b-a3b, "
      "qwen35moe-tiny", O_PRESET},
     {"tokenizer", NULL, NULL, "FILE", "copy every tokenizer.* key from this GGUF file", O_TOKENIZER},
     {"type", NULL, NULL, "T",

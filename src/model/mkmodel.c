@@ -203,6 +203,12 @@ static const mk_preset presets[] = {
     {"qwen35-0.8b",
      {"qwen35", 8, 1024, 8, 2, 256, 3584, 262144, 10000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
       "qwen35-0.8b", 0, 0, 0, 0, 0, 0, 0, 0, 64, 0, 0, 4, 128, 16, 16, 4, 0}},
+    /* Qwen3.5-4B (hidden 2560, 16 heads / 4 kv-heads of 256 with rope on a
+     * quarter, FFN 9216, rope base 1e7; 8 of its 32 layers), delta-net 16
+     * q/k and 32 value heads of 128 as Qwen3.5's larger models */
+    {"qwen35-4b",
+     {"qwen35", 8, 2560, 16, 4, 256, 9216, 262144, 10000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
+      "qwen35-4b", 0, 0, 0, 0, 0, 0, 0, 0, 64, 0, 0, 4, 128, 16, 32, 4, 0}},
     {"qwen35-tiny",
      {"qwen35", 8, 64, 4, 2, 32, 128, 32768, 10000000.0f, 1e-6f, true, KP_DTYPE_F32, 1,
       "qwen35-tiny", 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 4, 16, 2, 4, 4, 0}},
@@ -223,7 +229,7 @@ kp_status kp_mkmodel_spec_preset(const char *name, kp_mkmodel_spec *out, kp_erro
     }
     return kp_fail(err, KP_ENOTFOUND,
                    "mkmodel: unknown preset '%s' (smollm2-135m, tiny, qwen2-tiny, qwen3-tiny, gemma3-1b, "
-                   "gemma3-tiny, qwen3moe-30b-a3b, qwen3moe-tiny, gpt-oss-20b, gpt-oss-tiny, qwen35-0.8b, qwen35-tiny, "
+                   "gemma3-tiny, qwen3moe-30b-a3b, qwen3moe-tiny, gpt-oss-20b, gpt-oss-tiny, qwen35-0.8b, qwen35-4b, qwen35-tiny, "
                    "qwen35moe-35b-a3b, qwen35moe-tiny)",
                    name);
 }

@@ -1303,6 +1303,10 @@ static void test_qwen35_files(void) {
     CHECK(s.n_layer == 8 && s.n_embd == 1024 && s.n_head == 8 && s.n_head_kv == 2 && s.head_dim == 256);
     CHECK(s.n_rot == 64 && s.ssm_d_state == 128 && s.ssm_n_group == 16 && s.ssm_dt_rank == 16 && s.tied);
     CHECK(kp_mkmodel_validate(&s, 512, &err) == KP_OK);
+    s = preset("qwen35-4b"); /* Qwen3.5-4B's hidden, heads and FFN (its Megatron arguments), 8 of 32 layers */
+    CHECK(s.n_layer == 8 && s.n_embd == 2560 && s.n_head == 16 && s.n_head_kv == 4 && s.head_dim == 256 &&
+          s.n_ff == 9216 && s.n_rot == 64 && s.ssm_n_group == 16 && s.ssm_dt_rank == 32);
+    CHECK(kp_mkmodel_validate(&s, 512, &err) == KP_OK);
     s = preset("qwen35-tiny");
     s.ssm_dt_rank = 3; /* not a multiple of the 2 q/k heads */
     CHECK(kp_mkmodel_validate(&s, 512, &err) == KP_EINVAL && strstr(err.msg, "qwen35"));
