@@ -192,8 +192,8 @@ if [ "${BENCH_ARCH:-0}" = 1 ]; then
     python3 bench/swa_agent_bench.py -m build/bench/gemma3-1b-q4_0.gguf -t "$THREADS" \
         ${BENCH_LLAMA_SERVER:+--llama-server "$BENCH_LLAMA_SERVER"}
     # the agent loops on a hybrid model (qwen35: state snapshots) beside llama-server
-    m=build/bench/qwen35-0.8b-q8_0.gguf
-    [ -f "$m" ] || ./kvpin mkmodel --preset qwen35-0.8b --type Q8_0 -o "$m" >/dev/null 2>&1
+    m=build/bench/qwen35-4b-4l-q8_0.gguf
+    [ -f "$m" ] || ./kvpin mkmodel --preset qwen35-4b --layers 4 --type Q8_0 -o "$m" >/dev/null 2>&1
     echo "== the agent loops on qwen35 ($m)"
     [ -f "$m" ] && python3 bench/hybrid_agent_bench.py -m "$m" -t "$THREADS" \
         ${BENCH_LLAMA_SERVER:+--llama-server "$BENCH_LLAMA_SERVER"}
