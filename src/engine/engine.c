@@ -1324,7 +1324,9 @@ static void kind_bill(const kp_engine *e, kp_eng_stats *out, uint64_t index_wind
         out->window_bytes_per_token =
             kp_model_kv_bytes_per_token_kind(e->m, KP_LAYER_WINDOW, kc->kv_type, kc->kv_type_v);
     }
-    uint64_t index_blocks = out->block_bytes ? out->index_bytes / out->block_bytes : 0;
+    /* the index's K/V blocks: its blocks less those of the state snapshots (a hybrid model's) */
+    uint64_t kv_bytes = out->index_bytes - (out->index_state_bytes < out->index_bytes ? out->index_state_bytes : out->index_bytes);
+    uint64_t index_blocks = out->block_bytes ? kv_bytes / out->block_bytes : 0;
     out->index_full_bytes = index_blocks * kc->block_size * out->full_bytes_per_token;
     out->index_window_bytes = index_window_blocks * kc->block_size * out->window_bytes_per_token;
     if (kp_kvpool_window_budgeted(e->kv)) {

@@ -580,6 +580,9 @@ def check_hybrid():
         per_value = {"F32": 4, "F16": 2, "Q8_0": 34 / 32, "Q4_0": 18 / 32}[m["kv_type_k"].upper()]
         ok(2 * m["n_kv_layer"] * m["n_head_kv"] * m["head_dim"] * per_value == kv["bytes_per_token"] ==
            full["bytes_per_token"], "hybrid: the attention layers alone make the pool's bytes per token")
+        ok(full["index_bytes"] + rec["index_bytes"] == kv["index_bytes"] and full["index_bytes"] > 0,
+           "hybrid: the cached K/V and the snapshots make the index's bytes: %d + %d of %d" %
+           (full["index_bytes"], rec["index_bytes"], kv["index_bytes"]))
         ok(rec["snapshots"] >= 2 and rec["index_bytes"] == rec["snapshots"] * rec["snapshot_bytes"] and
            rec["snapshot_bytes"] >= rec["state_bytes"] > 0 and rec["state_every"] == 16,
            "hybrid: snapshots held and their bytes: %s" % rec)
