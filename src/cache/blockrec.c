@@ -27,16 +27,6 @@ const char *kp_blockrec_reason_name(kp_blockrec_reason r) {
     return (unsigned)r < KP_BLOCKREC_N_REASONS ? names[r] : "?";
 }
 
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
 
 /* One (layer, kv-head, K|V) run: the pool's block bytes over its runs. */
 /* One (layer, kv-head) run of K (isv false) or V: block_size rows of its
@@ -64,15 +54,15 @@ void kp_blockrec_encode(uint8_t *out, const kp_kvpool *p, int32_t block, const k
     size_t kvb = kp_blockrec_kv_bytes(p);
     memset(out, 0, KP_BLOCKREC_HEADER);
     memcpy(out, magic, 8);
-    put32(out + 8, KP_BLOCKREC_VERSION);
-    put32(out + 12, c->n_layer);
+    kp_rec_put32(out + 8, KP_BLOCKREC_VERSION);
+    kp_rec_put32(out + 12, c->n_layer);
     memcpy(out + 16, fp->b, 16);
     memcpy(out + 32, key->b, 16);
     memcpy(out + 48, parent->b, 16);
-    put32(out + 64, c->block_size);
-    put64(out + 72, kvb);
+    kp_rec_put32(out + 64, c->block_size);
+    kp_rec_put64(out + 72, kvb);
     uint8_t *t = out + KP_BLOCKREC_HEADER;
-    for (uint32_t i = 0; i < c->block_size; i++) put32(t + 4 * i, (uint32_t)tokens[i]);
+    for (uint32_t i = 0; i < c->block_size; i++) kp_rec_put32(t + 4 * i, (uint32_t)tokens[i]);
     uint8_t *kv = t + 4 * (size_t)c->block_size, *q = kv;
     FOR_RUNS(c, l, h, isv) {
         memcpy(q, isv ? kp_kvpool_v(p, block, l, h) : kp_kvpool_k(p, block, l, h), run_bytes(p, isv));
@@ -87,16 +77,16 @@ kp_blockrec_reason kp_blockrec_check_head(const uint8_t *head, size_t file_len, 
                                   const kp_bkey *key, const int32_t *tokens) {
     const kp_kvpool_config *c = kp_kvpool_config_of(p);
     if (file_len < KP_BLOCKREC_HEADER) return KP_BLOCKREC_TRUNCATED;
-    if (memcmp(head, magic, 8) || get32(head + 8) != KP_BLOCKREC_VERSION) return KP_BLOCKREC_FORMAT;
+    if (memcmp(head, magic, 8) || kp_rec_get32(head + 8) != KP_BLOCKREC_VERSION) return KP_BLOCKREC_FORMAT;
     if (memcmp(head + 16, fp->b, 16)) return KP_BLOCKREC_FINGERPRINT;
-    uint32_t n = get32(head + 64);
-    uint64_t kvb = get64(head + 72);
-    if (n != c->block_size || get32(head + 12) != c->n_layer || kvb != kp_blockrec_kv_bytes(p)) return KP_BLOCKREC_FORMAT;
+    uint32_t n = kp_rec_get32(head + 64);
+    uint64_t kvb = kp_rec_get64(head + 72);
+    if (n != c->block_size || kp_rec_get32(head + 12) != c->n_layer || kvb != kp_blockrec_kv_bytes(p)) return KP_BLOCKREC_FORMAT;
     if (file_len != KP_BLOCKREC_HEADER + 4 * (size_t)n + kvb) return KP_BLOCKREC_TRUNCATED;
     if (memcmp(head + 32, key->b, 16)) return KP_BLOCKREC_TOKENS;
     const uint8_t *t = head + KP_BLOCKREC_HEADER;
     for (uint32_t i = 0; i < n; i++)
-        if ((int32_t)get32(t + 4 * i) != tokens[i]) return KP_BLOCKREC_TOKENS;
+        if ((int32_t)kp_rec_get32(t + 4 * i) != tokens[i]) return KP_BLOCKREC_TOKENS;
     return KP_BLOCKREC_OK;
 }
 
@@ -175,10 +165,10 @@ kp_status kp_blockrec_key_load(const char *path, uint8_t key[KP_BLOCKREC_KEY_BYT
     return KP_OK;
 }
 
-bool kp_blockrec_sealed(const uint8_t *head) { return (get32(head + 68) & KP_BLOCKREC_SEALED) != 0; }
+bool kp_blockrec_sealed(const uint8_t *head) { return (kp_rec_get32(head + 68) & KP_BLOCKREC_SEALED) != 0; }
 
 void kp_blockrec_seal(uint8_t *rec, size_t len, const uint8_t key[KP_BLOCKREC_KEY_BYTES]) {
-    put32(rec + 68, get32(rec + 68) | KP_BLOCKREC_SEALED);
+    kp_rec_put32(rec + 68, kp_rec_get32(rec + 68) | KP_BLOCKREC_SEALED);
     crypto_auth(rec + len, rec, len, key);
 }
 

@@ -139,4 +139,18 @@ bool kp_blockrec_mac_ok_iov(const uint8_t *head, size_t head_len, const struct i
 /* Whether a record's head says it is sealed. */
 bool kp_blockrec_sealed(const uint8_t *head);
 
+/* The records' little-endian fields (blockrec.c, staterec.c). */
+static inline void kp_rec_put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void kp_rec_put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint32_t kp_rec_get32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t kp_rec_get64(const uint8_t *p) {
+    return (uint64_t)kp_rec_get32(p) | (uint64_t)kp_rec_get32(p + 4) << 32;
+}
+
 #endif

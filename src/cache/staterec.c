@@ -13,16 +13,6 @@
 
 static const char magic[8] = {'K', 'V', 'P', 'I', 'N', 'S', 'T', 'A'};
 
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
 
 #define FOR_RUNS(c, l, h, isv)                                  \
     for (uint32_t l = 0; l < (c)->n_layer; l++)                 \
@@ -56,14 +46,14 @@ void kp_staterec_encode(uint8_t *out, const kp_kvpool *p, const kp_bkey *fp, con
     uint32_t t = pos % c->block_size;
     memset(out, 0, KP_STATEREC_HEADER);
     memcpy(out, magic, 8);
-    put32(out + 8, KP_STATEREC_VERSION);
-    put32(out + 12, c->n_layer);
+    kp_rec_put32(out + 8, KP_STATEREC_VERSION);
+    kp_rec_put32(out + 12, c->n_layer);
     memcpy(out + 16, fp->b, 16);
     memcpy(out + 32, key->b, 16);
     memcpy(out + 48, parent->b, 16);
-    put32(out + 64, pos);
-    put64(out + 72, state_bytes);
-    for (uint32_t i = 0; i < t; i++) put32(out + KP_STATEREC_HEADER + 4 * i, (uint32_t)tail[i]);
+    kp_rec_put32(out + 64, pos);
+    kp_rec_put64(out + 72, state_bytes);
+    for (uint32_t i = 0; i < t; i++) kp_rec_put32(out + KP_STATEREC_HEADER + 4 * i, (uint32_t)tail[i]);
     uint8_t *body = out + body_at(p, pos), *q = body;
     if (t) FOR_RUNS(c, l, h, isv) {
             const void *run = isv ? kp_kvpool_v(p, tail_block, l, h) : kp_kvpool_k(p, tail_block, l, h);
@@ -82,14 +72,14 @@ kp_blockrec_reason kp_staterec_check(const uint8_t *rec, size_t len, const kp_kv
                                      uint64_t state_bytes) {
     const kp_kvpool_config *c = kp_kvpool_config_of(p);
     if (len < KP_STATEREC_HEADER) return KP_BLOCKREC_TRUNCATED;
-    if (memcmp(rec, magic, 8) || get32(rec + 8) != KP_STATEREC_VERSION) return KP_BLOCKREC_FORMAT;
+    if (memcmp(rec, magic, 8) || kp_rec_get32(rec + 8) != KP_STATEREC_VERSION) return KP_BLOCKREC_FORMAT;
     if (memcmp(rec + 16, fp->b, 16)) return KP_BLOCKREC_FINGERPRINT;
-    uint32_t rpos = get32(rec + 64);
-    if (get32(rec + 12) != c->n_layer || get64(rec + 72) != state_bytes) return KP_BLOCKREC_FORMAT;
+    uint32_t rpos = kp_rec_get32(rec + 64);
+    if (kp_rec_get32(rec + 12) != c->n_layer || kp_rec_get64(rec + 72) != state_bytes) return KP_BLOCKREC_FORMAT;
     if (len != kp_staterec_size(p, rpos, state_bytes)) return KP_BLOCKREC_TRUNCATED;
     if (memcmp(rec + 32, key->b, 16) || memcmp(rec + 48, parent->b, 16) || rpos != pos) return KP_BLOCKREC_TOKENS;
     for (uint32_t i = 0; i < pos % c->block_size; i++)
-        if ((int32_t)get32(rec + KP_STATEREC_HEADER + 4 * i) != tail[i]) return KP_BLOCKREC_TOKENS;
+        if ((int32_t)kp_rec_get32(rec + KP_STATEREC_HEADER + 4 * i) != tail[i]) return KP_BLOCKREC_TOKENS;
     size_t at = body_at(p, pos);
     XXH128_canonical_t cs;
     XXH128_canonicalFromHash(&cs, XXH3_128bits(rec + at, len - at));
@@ -98,12 +88,12 @@ kp_blockrec_reason kp_staterec_check(const uint8_t *rec, size_t len, const kp_kv
 
 void kp_staterec_load(const uint8_t *rec, kp_kvpool *p, int32_t tail_block, float *state) {
     const kp_kvpool_config *c = kp_kvpool_config_of(p);
-    uint32_t pos = get32(rec + 64), t = pos % c->block_size;
+    uint32_t pos = kp_rec_get32(rec + 64), t = pos % c->block_size;
     const uint8_t *q = rec + body_at(p, pos);
     if (t) FOR_RUNS(c, l, h, isv) {
             void *run = isv ? kp_kvpool_v(p, tail_block, l, h) : kp_kvpool_k(p, tail_block, l, h);
             memcpy(run, q, row_bytes(p, isv) * t);
             q += row_bytes(p, isv) * t;
         }
-    memcpy(state, q, (size_t)get64(rec + 72));
+    memcpy(state, q, (size_t)kp_rec_get64(rec + 72));
 }
