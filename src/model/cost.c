@@ -25,7 +25,7 @@ void kp_model_cost(const kp_model *m, kp_cost *out) {
         const kp_experts *xs[] = {&L->e_gate, &L->e_up, &L->e_down};
         for (unsigned i = 0; m->hp.n_expert && i < 3; i++) { /* the K experts a token is routed to */
             n += K * (uint64_t)xs[i]->n_in * (uint64_t)xs[i]->n_out;
-            b += K * (uint64_t)xs[i]->mat_bytes;
+            b += K * (uint64_t)xs[i]->row_bytes * (uint64_t)xs[i]->n_out;
         }
     }
     /* tied: output is a view of token_embd, which is then read once, here */

@@ -75,6 +75,9 @@
  * has a repacked layout for a weight type (kp_forward_pack_weights), the
  * pass holds copies of those matrices in it and calls gemm_packed on them:
  * a task's MM_ROWS rows are whole groups of the layout, the same bits.
+ * Experts' 3-D weights are copied the same way, each expert's matrix
+ * packed alone (kp_experts.packed), so a decode step streams only the
+ * chosen experts' groups.
  * Products that share an input (q/k/v, gate/up) run as one parallel region.
  *
  * Attention (kernels in attn.h: flash-style tiles with an online softmax,
@@ -291,6 +294,32 @@ static int pack_list(kp_forward *f, kp_weight **list) {
     return n;
 }
 
+/* Bytes w takes repacked for rows-per-group r, rounded up to 64. */
+static uint64_t packed_size(const kp_weight *w, int r) {
+    return (kp_pack_bytes(w->type, w->n_in, w->n_out, r) + 63) & ~(uint64_t)63;
+}
+
+/* Packs w into dst (packed_size bytes) across the pool. */
+static void pack_weight(kp_forward *f, const kp_weight *w, int r, uint8_t *dst) {
+    pack_ctx c = {f->k, w, dst, r};
+    int64_t per = (int64_t)PACK_TASK_GROUPS * r;
+    kp_threads_run(f->threads, pack_task, &c, (int)((w->n_out + per - 1) / per));
+}
+
+/* The layer's 3-D expert weights (absent in dense layers: n_expert 0). */
+static void expert_list(kp_layer *L, kp_experts *xs[3]) {
+    xs[0] = &L->e_gate;
+    xs[1] = &L->e_up;
+    xs[2] = &L->e_down;
+}
+
+/* Rows per group an expert weight packs with (0: kept in place). */
+static int pack_rows_experts(const kp_kernels *k, const kp_experts *x) {
+    if (!x->data || x->n_expert == 0) return 0;
+    kp_weight w = kp_expert_matrix(x, 0);
+    return pack_rows_for(k, &w);
+}
+
 kp_status kp_forward_pack_weights(kp_forward *f, uint64_t *bytes_out, kp_error *err) {
     if (bytes_out) *bytes_out = f->pack_bytes;
     if (f->layers) return KP_OK;
@@ -310,7 +339,16 @@ kp_status kp_forward_pack_weights(kp_forward *f, uint64_t *bytes_out, kp_error *
     uint64_t total = 0;
     for (int i = 0; i < n; i++) {
         int r = pack_rows_for(f->k, list[i]);
-        if (r) total += (kp_pack_bytes(list[i]->type, list[i]->n_in, list[i]->n_out, r) + 63) & ~(uint64_t)63;
+        if (r) total += packed_size(list[i], r);
+    }
+    for (uint32_t l = 0; l < nl; l++) { /* every expert's matrix, each packed alone */
+        kp_experts *xs[3];
+        expert_list(&f->layers[l], xs);
+        for (int j = 0; j < 3; j++) {
+            int r = pack_rows_experts(f->k, xs[j]);
+            kp_weight w0 = kp_expert_matrix(xs[j], 0);
+            if (r) total += packed_size(&w0, r) * xs[j]->n_expert;
+        }
     }
     if (total == 0) {
         free(list);
@@ -329,13 +367,30 @@ kp_status kp_forward_pack_weights(kp_forward *f, uint64_t *bytes_out, kp_error *
         kp_weight *w = list[i];
         int r = pack_rows_for(f->k, w);
         if (!r) continue;
-        pack_ctx c = {f->k, w, mem + at, r};
-        int64_t per = (int64_t)PACK_TASK_GROUPS * r;
-        kp_threads_run(f->threads, pack_task, &c, (int)((w->n_out + per - 1) / per));
+        pack_weight(f, w, r, mem + at);
         w->data = mem + at;
         w->packed = true;
-        at += (kp_pack_bytes(w->type, w->n_in, w->n_out, r) + 63) & ~(uint64_t)63;
+        at += packed_size(w, r);
     }
+    for (uint32_t l = 0; l < nl; l++) {
+        kp_experts *xs[3];
+        expert_list(&f->layers[l], xs);
+        for (int j = 0; j < 3; j++) {
+            int r = pack_rows_experts(f->k, xs[j]);
+            if (!r) continue;
+            kp_weight w0 = kp_expert_matrix(xs[j], 0);
+            uint64_t stride = packed_size(&w0, r);
+            for (uint32_t e = 0; e < xs[j]->n_expert; e++) {
+                kp_weight we = kp_expert_matrix(xs[j], e);
+                pack_weight(f, &we, r, mem + at + e * stride);
+            }
+            xs[j]->data = mem + at;
+            xs[j]->mat_bytes = (size_t)stride;
+            xs[j]->packed = true;
+            at += stride * xs[j]->n_expert;
+        }
+    }
+    assert(at == total);
     free(list);
     f->pack_mem = mem;
     f->pack_bytes = total;

@@ -122,7 +122,7 @@ const char *kp_arch_name(kp_arch a) {
 
 kp_weight kp_expert_matrix(const kp_experts *x, uint32_t e) {
     kp_weight w = {x->type, x->n_in, x->n_out, x->row_bytes, (const uint8_t *)x->data + (size_t)e * x->mat_bytes,
-                   false};
+                   x->packed};
     return w;
 }
 

@@ -134,14 +134,17 @@ typedef struct {
 
 /* A 3-D weight of n_expert matrices (ggml ne[2] = n_expert), each n_out
  * rows of n_in elements, matrix e at data + e x mat_bytes. Borrowed from
- * the mapping. */
+ * the mapping; the forward pass may hold a copy whose matrices are each
+ * repacked (packed, as kp_weight, mat_bytes then the packed matrix's
+ * size rounded up to 64 bytes). */
 typedef struct {
     kp_dtype type;
     int64_t n_in, n_out;
     uint32_t n_expert;
     size_t row_bytes;
-    size_t mat_bytes;   /* n_out x row_bytes */
+    size_t mat_bytes;   /* n_out x row_bytes (packed: the packed matrix's stride) */
     const void *data;
+    bool packed;
 } kp_experts;
 
 typedef struct {
