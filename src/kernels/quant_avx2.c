@@ -1211,7 +1211,7 @@ AVX2 void kp_avx2_axpy_f16(int64_t n, float a, const uint16_t *x, float *y) {
 
 AVX2 void kp_avx2_dot_tile_mxfp4(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
                                  size_t a_stride, float *out, size_t out_stride) {
-    MXFP4_TILE_BODY(mxfp4_pairs_avx2, 2)
+    MXFP4_TILE_BODY(mxfp4_pairs_avx2)
 }
 
 AVX2 void kp_avx2_vec_dot_mxfp4(int64_t n, float *s, const void *w, const void *a) {

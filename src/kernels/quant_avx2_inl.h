@@ -980,16 +980,18 @@ AVX2_INLINE void gemm_kquant(int64_t n, int nr, int nc, const void *w, size_t w_
  * A block is decoded once per weight row and chunk of up to 4 activation
  * rows: the 16 code bytes split into nibbles, each nibble looked up in the
  * doubled E2M1 values (kp_mxfp4_values, |v| <= 12) with one vpshufb, the
- * 32 int8 values in element order. Each activation block then gives 8 int32
- * lanes, lane i the sum over elements 4i .. 4i+3 of w.a (pairs: the AVX2
- * table's vpmaddubsw + vpmaddwd with the sign trick, |w| <= 12 so no int16
- * saturates; the avx512vnni table's vpdpbusd: the same integers), and
+ * 32 int8 values in element order. Each activation block gives the block's
+ * dot product as an exact integer (pairs: the AVX2 table's vpmaddubsw +
+ * vpmaddwd with the sign trick, |w| <= 12 so no int16 saturates; the
+ * avx512vnni table's vpdpbusd: the same integers; the 8 lanes are then
+ * summed for 4 rows at once, mxfp4_hsum4), and every output is
  *
- *   acc[lane] = fma(float(lane), 2^(e - 128) x d_a, acc[lane])   block by block
- *   out       = hsum_ps(acc)
+ *   acc = fma(float(isum_b), 2^(e_b - 128) x d_a,b, acc)   block by block
+ *   out = acc
  *
- * Every output is computed this way whatever the call's shape, so vec_dot,
- * dot_tile and gemm agree bit for bit, and the two tables with them.
+ * one float chain per output, the same steps in every table (the scalar
+ * table's fmaf, the avx512vnni table's 16-row repacked layout, whose lanes
+ * are rows) and for every call shape, so they all agree bit for bit.
  */
 AVX2_INLINE __m256i mxfp4_block_values(const kp_block_mxfp4 *x) {
     const __m128i lut = _mm_loadu_si128((const __m128i *)kp_mxfp4_values);
@@ -1008,46 +1010,58 @@ VNNI_INLINE __m256i mxfp4_pairs_vnni(__m256i w, __m256i a) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
 }
 
+/* Lane i = the sum of the 8 lanes of v_i (exact: integers). */
+AVX2_INLINE __m128i mxfp4_hsum4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+    const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+    return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+/* 2^(e_i - 128) of the rows' block scales (lanes past rn: 0). */
+AVX2_INLINE __m128 mxfp4_scales4(const kp_block_mxfp4 *const *x, int64_t ib, int rn) {
+    float s[4] = {0, 0, 0, 0};
+    for (int r = 0; r < rn; r++) s[r] = kp_e8m0_half(x[r][ib].e);
+    return _mm_loadu_ps(s);
+}
+
 /* out[c * out_stride + r] for r < nr, c < nc (any nr, nc >= 1): weight row r
  * of w (MXFP4, n elements) . activation row c of a (Q8_0), the lanes of
  * each block by pairs (mxfp4_pairs_avx2 or mxfp4_pairs_vnni). Rows go in
- * groups of R (a decode step's one activation row then has R independent
- * accumulator chains, and each activation block is loaded once for R
- * rows); each (row, column) sums its blocks in order with the same
- * operations whatever R, nr and nc are, so a row's result does not depend
- * on the shape of the call. */
-#define MXFP4_TILE_BODY(pairs, R)                                                                                \
+ * groups of 4 (a __m128 of outputs per activation row: each block's 4
+ * integer sums meet their 4 scales in one fma, lane for lane the chain
+ * above), activation rows in chunks of 4, each activation block loaded
+ * once per group. */
+#define MXFP4_TILE_BODY(pairs)                                                                                   \
     const int64_t nb = n / KP_QK_MXFP4;                                                                        \
-    for (int r0 = 0; r0 < nr; r0 += (R)) {                                                                     \
-        const int rn = nr - r0 < (R) ? nr - r0 : (R);                                                          \
-        const kp_block_mxfp4 *x[R];                                                                            \
-        for (int r = 0; r < (R); r++)                                                                          \
+    for (int r0 = 0; r0 < nr; r0 += 4) {                                                                       \
+        const int rn = nr - r0 < 4 ? nr - r0 : 4;                                                              \
+        const kp_block_mxfp4 *x[4];                                                                            \
+        for (int r = 0; r < 4; r++)                                                                            \
             x[r] = (const kp_block_mxfp4 *)((const uint8_t *)w + (size_t)(r0 + (r < rn ? r : 0)) * w_stride);  \
         for (int c0 = 0; c0 < nc; c0 += 4) {                                                                   \
             const int cn = nc - c0 < 4 ? nc - c0 : 4;                                                          \
             const kp_block_q8_0 *y[4];                                                                         \
-            __m256 acc[R][4];                                                                                  \
+            __m128 acc[4];                                                                                     \
             for (int c = 0; c < 4; c++) {                                                                      \
                 y[c] = (const kp_block_q8_0 *)((const uint8_t *)a + (size_t)(c0 + (c < cn ? c : 0)) * a_stride); \
-                for (int r = 0; r < (R); r++) acc[r][c] = _mm256_setzero_ps();                                 \
+                acc[c] = _mm_setzero_ps();                                                                     \
             }                                                                                                  \
             for (int64_t ib = 0; ib < nb; ib++) {                                                              \
-                __m256i av[4];                                                                                 \
-                float dy[4];                                                                                   \
+                __m256i wv[4];                                                                                 \
+                for (int r = 0; r < 4; r++) wv[r] = r < rn ? mxfp4_block_values(x[r] + ib) : _mm256_setzero_si256(); \
+                const __m128 dw = mxfp4_scales4(x, ib, rn);                                                    \
                 for (int c = 0; c < cn; c++) {                                                                 \
-                    av[c] = _mm256_loadu_si256((const __m256i *)y[c][ib].qs);                                  \
-                    dy[c] = half_to_float(y[c][ib].d);                                                         \
-                }                                                                                              \
-                for (int r = 0; r < rn; r++) {                                                                 \
-                    const __m256i wv = mxfp4_block_values(x[r] + ib);                                          \
-                    const float dw = kp_e8m0_half(x[r][ib].e);                                                 \
-                    for (int c = 0; c < cn; c++)                                                               \
-                        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pairs(wv, av[c])),                      \
-                                                    _mm256_set1_ps(dw * dy[c]), acc[r][c]);                    \
+                    const __m256i av = _mm256_loadu_si256((const __m256i *)y[c][ib].qs);                       \
+                    const __m128i is = mxfp4_hsum4(pairs(wv[0], av), pairs(wv[1], av), pairs(wv[2], av),       \
+                                                   pairs(wv[3], av));                                          \
+                    acc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(is), _mm_mul_ps(dw, _mm_set1_ps(half_to_float(y[c][ib].d))), \
+                                          acc[c]);                                                             \
                 }                                                                                              \
             }                                                                                                  \
-            for (int r = 0; r < rn; r++)                                                                       \
-                for (int c = 0; c < cn; c++) out[(size_t)(c0 + c) * out_stride + r0 + r] = hsum_ps(acc[r][c]); \
+            for (int c = 0; c < cn; c++) {                                                                     \
+                float o[4];                                                                                    \
+                _mm_storeu_ps(o, acc[c]);                                                                      \
+                for (int r = 0; r < rn; r++) out[(size_t)(c0 + c) * out_stride + r0 + r] = o[r];               \
+            }                                                                                                  \
         }                                                                                                      \
     }
 

@@ -5,7 +5,8 @@
  * 256-bit vectors, and 512-bit vectors where they pay, for the integer
  * types; 512-bit FMA for the float types. Every type with kernels: F32,
  * F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4 (whose
- * gemm is the avx2 tile of quant_avx2_inl.h with vpdpbusd for the pairs).
+ * gemm on rows in place is the avx2 tile of quant_avx2_inl.h with vpdpbusd
+ * for the pairs).
  *
  * Compiled without -march flags: every function here carries
  * __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,
@@ -32,7 +33,7 @@
  * 512-bit vector; hex_tile_vnni for Q8_0, leg_hex_tile_vnni), so that the
  * fold to one sum per row, the conversion and the scaling run once per 16
  * rows; Q4_0 keeps the 8-row tile, which is faster for it. F16, BF16,
- * Q8_0, Q4_0, Q4_K and Q6_K also have a repacked layout (pack,
+ * Q8_0, Q4_0, Q4_K, Q6_K and MXFP4 also have a repacked layout (pack,
  * gemm_packed: 16 rows as one stream in the order a tile reads it; for the
  * integer types one int32 lane per row) that the forward pass copies them
  * into at load; the tiles on rows in place serve callers without the copy.
@@ -1443,105 +1444,145 @@ FX16_GEMM(gemm_packed_bf16, ELEM_BF16)
 #undef FX16_GEMM
 #undef UNROLL16
 
-/* One activation row (decode) against 4 MXFP4 weight rows: four
- * accumulator chains in registers, each activation block loaded once.
- * Each row's sum is MXFP4_TILE_BODY's, operation for operation. */
-static VNNI void mxfp4_rows4_vnni(int64_t nb, const kp_block_mxfp4 *x0, const kp_block_mxfp4 *x1,
-                                  const kp_block_mxfp4 *x2, const kp_block_mxfp4 *x3, const kp_block_q8_0 *y,
-                                  float out[4]) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t ib = 0; ib < nb; ib++) {
-        const __m256i av = _mm256_loadu_si256((const __m256i *)y[ib].qs);
-        const float dy = half_to_float(y[ib].d);
-#define MXFP4_ROW(x, acc)                                                                                  \
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mxfp4_pairs_vnni(mxfp4_block_values(x + ib), av)),            \
-                          _mm256_set1_ps(kp_e8m0_half(x[ib].e) * dy), acc)
-        MXFP4_ROW(x0, a0);
-        MXFP4_ROW(x1, a1);
-        MXFP4_ROW(x2, a2);
-        MXFP4_ROW(x3, a3);
-#undef MXFP4_ROW
-    }
-    out[0] = hsum_ps(a0), out[1] = hsum_ps(a1), out[2] = hsum_ps(a2), out[3] = hsum_ps(a3);
-}
+/* ---- MXFP4 ------------------------------------------------------------------ */
 
-/* Any rows x any activation rows: quant_avx2_inl.h's tile. */
+/* Any rows x any activation rows on the rows in place: quant_avx2_inl.h's
+ * tile with vpdpbusd (the avx2 table's integers, its float steps). */
 static VNNI void mxfp4_tile_vnni(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
                                  size_t a_stride, float *out, size_t out_stride) {
-    MXFP4_TILE_BODY(mxfp4_pairs_vnni, 4)
+    MXFP4_TILE_BODY(mxfp4_pairs_vnni)
 }
 
-/* 4 MXFP4 weight rows x 4 activation rows (a prefill's experts): sixteen
- * accumulator chains in registers, each block of a row decoded once for
- * the 4 activation rows. Each (row, column) is MXFP4_TILE_BODY's sum,
- * operation for operation. */
-static VNNI void mxfp4_tile44_vnni(int64_t nb, const kp_block_mxfp4 *const x[4], const kp_block_q8_0 *const y[4],
-                                   float *out, size_t out_stride) {
-    __m256 acc[4][4];
-    UNROLL for (int r = 0; r < 4; r++) UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm256_setzero_ps();
-    for (int64_t ib = 0; ib < nb; ib++) {
-        __m256i av[4];
-        float dy[4];
-        UNROLL for (int c = 0; c < 4; c++) {
-            av[c] = _mm256_loadu_si256((const __m256i *)y[c][ib].qs);
-            dy[c] = half_to_float(y[c][ib].d);
-        }
-        UNROLL for (int r = 0; r < 4; r++) {
-            const __m256i wv = mxfp4_block_values(x[r] + ib);
-            const float dw = kp_e8m0_half(x[r][ib].e);
-            UNROLL for (int c = 0; c < 4; c++)
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mxfp4_pairs_vnni(wv, av[c])),
-                                            _mm256_set1_ps(dw * dy[c]), acc[r][c]);
-        }
-    }
-    UNROLL for (int r = 0; r < 4; r++) UNROLL for (int c = 0; c < 4; c++) out[(size_t)c * out_stride + r] =
-        hsum_ps(acc[r][c]);
-}
-
-/* MXFP4: quant_avx2_inl.h's tile with vpdpbusd, the avx2 table's integers;
- * a decode step (one activation row) 4 weight rows at a time, 4 x 4 tiles
- * where there are 4 activation rows, the rest by the common tile. */
 static VNNI void gemm_mxfp4_vnni(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
                                  size_t a_stride, const void *aux, size_t aux_stride, float *out,
                                  size_t out_stride) {
     (void)aux;
     (void)aux_stride;
-    int done = 0;
-    if (nc == 1) {
-        const uint8_t *wb = w;
-        for (; done + 4 <= nr; done += 4) {
-            float o[4];
-            mxfp4_rows4_vnni(n / KP_QK_MXFP4, (const kp_block_mxfp4 *)(wb + (size_t)done * w_stride),
-                             (const kp_block_mxfp4 *)(wb + (size_t)(done + 1) * w_stride),
-                             (const kp_block_mxfp4 *)(wb + (size_t)(done + 2) * w_stride),
-                             (const kp_block_mxfp4 *)(wb + (size_t)(done + 3) * w_stride), a, o);
-            for (int r = 0; r < 4; r++) out[done + r] = o[r];
-        }
-        if (done == nr) return;
-        w = (const uint8_t *)w + (size_t)done * w_stride;
-        out += done;
-        nr -= done;
-    } else if (nc >= 4 && nr >= 4) {
-        const int nc4 = nc & ~3, nr4 = nr & ~3;
-        for (int r0 = 0; r0 < nr4; r0 += 4) {
-            const kp_block_mxfp4 *x[4];
-            for (int r = 0; r < 4; r++) x[r] = (const kp_block_mxfp4 *)((const uint8_t *)w + (size_t)(r0 + r) * w_stride);
-            for (int c0 = 0; c0 < nc4; c0 += 4) {
-                const kp_block_q8_0 *y[4];
-                for (int c = 0; c < 4; c++) y[c] = (const kp_block_q8_0 *)((const uint8_t *)a + (size_t)(c0 + c) * a_stride);
-                mxfp4_tile44_vnni(n / KP_QK_MXFP4, x, y, out + (size_t)c0 * out_stride + r0, out_stride);
+    mxfp4_tile_vnni(n, nr, nc, w, w_stride, a, a_stride, out, out_stride);
+}
+
+/*
+ * MXFP4 repacked (quant.h pack, gemm_packed): a group of 16 rows holds the
+ * code bytes of its nb blocks, 256 bytes a block, then the 16 rows' scale
+ * bytes of each block (16 bytes a block):
+ *
+ *   block b at b x 256: 4 steps s of 64 bytes, row 0 qs[4s..4s+3] | row 1
+ *            qs[4s..4s+3] | ... | row 15: low nibbles elements 4s..4s+3,
+ *            high nibbles elements 16 + 4s..
+ *   scales   at nb x 256 + 16 b: e of rows 0..15
+ *
+ * A tile looks the nibbles up (vpshufb) as u = 2 e2m1 + 12 (0..24,
+ * unsigned), so vpdpbusd sums u . a per row lane without the sign trick;
+ * the block's integer sum is then u . a - 12 sum(a), the accumulator
+ * starting at -12 sum(a) (3/32 of the Q8_0 aux row's bias, or summed here
+ * without aux). The 16 rows' scales 2^(e - 128) come from the scale bytes
+ * in a few vector operations, and acc = fma(float(isum), scale x d_a, acc)
+ * block by block: quant_avx2_inl.h's chain, lane for lane, so gemm_packed
+ * gives gemm's bits. Prefill takes the same tile on 4 activation rows at a
+ * time; the group (16 x 17 bytes a block) stays in cache between them.
+ */
+#define MX16_SB 256 /* code bytes of one block of a group */
+
+static void pack_mxfp4_x16(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst) {
+    const int64_t nb = n / KP_QK_MXFP4;
+    const size_t group = (size_t)nb * X16_ROWS * sizeof(kp_block_mxfp4);
+    for (int64_t g0 = 0; g0 < nr; g0 += X16_ROWS) {
+        uint8_t *gd = (uint8_t *)dst + (size_t)(g0 / X16_ROWS) * group;
+        for (int r = 0; r < X16_ROWS; r++) {
+            const kp_block_mxfp4 *row =
+                g0 + r < nr ? (const kp_block_mxfp4 *)((const uint8_t *)w + (size_t)(g0 + r) * w_stride) : NULL;
+            for (int64_t b = 0; b < nb; b++) { /* padding rows: codes 0, e 0 */
+                for (int s = 0; s < 4; s++) {
+                    uint8_t *d = gd + (size_t)b * MX16_SB + 64 * s + 4 * r;
+                    if (row) memcpy(d, row[b].qs + 4 * s, 4);
+                    else memset(d, 0, 4);
+                }
+                gd[(size_t)nb * MX16_SB + (size_t)b * 16 + r] = row ? row[b].e : 0;
             }
         }
-        /* the rest: columns past nc4 of the first nr4 rows, then every column of the last rows */
-        if (nc4 < nc)
-            mxfp4_tile_vnni(n, nr4, nc - nc4, w, w_stride, (const uint8_t *)a + (size_t)nc4 * a_stride, a_stride,
-                            out + (size_t)nc4 * out_stride, out_stride);
-        if (nr4 == nr) return;
-        w = (const uint8_t *)w + (size_t)nr4 * w_stride;
-        out += nr4;
-        nr -= nr4;
     }
-    mxfp4_tile_vnni(n, nr, nc, w, w_stride, a, a_stride, out, out_stride);
+}
+
+/* 2^(e - 128) for 16 scale bytes (kp_e8m0_half, lane for lane). */
+VNNI_INLINE __m512 mx16_scales(const uint8_t *e) {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)e));
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(v, _mm512_set1_epi32(1)), 23);
+    const __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), v); /* e 0, 1 */
+    const __mmask16 small = _mm512_cmplt_epu32_mask(v, _mm512_set1_epi32(2));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, sub));
+}
+
+/* -12 x the sum of a Q8_0 block's quants. */
+VNNI_INLINE int32_t mx16_bias(const kp_block_q8_0 *y) {
+    const __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)y->qs), _mm256_set1_epi8((char)0x80));
+    const __m256i s = _mm256_sad_epu8(q, _mm256_setzero_si256()); /* 4 sums of q + 128 */
+    const __m128i t = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    const int32_t sum = (int32_t)(_mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1)) - 32 * 128;
+    return -12 * sum;
+}
+
+/* 16 rows x NC activation rows over all nb blocks of the group at g (ax:
+ * the activation rows' aux rows, or NULL); nr rows stored to out. */
+VNNI_INLINE void mx16_tile_nc(const uint8_t *g, int64_t nb, const char *const *ar, const kp_q8_0_aux *const *ax,
+                              int nr, float *out, size_t os, const int NC) {
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[4];
+    UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q = g + (size_t)b * MX16_SB;
+        const kp_block_q8_0 *y[4];
+        __m512i is[4];
+        UNROLL for (int c = 0; c < NC; c++) {
+            y[c] = (const kp_block_q8_0 *)ar[c] + b;
+            is[c] = _mm512_set1_epi32(ax ? (ax[c][b].bias >> 5) * 3 : mx16_bias(y[c]));
+        }
+        UNROLL for (int s = 0; s < 4; s++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * s));
+            const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m4));
+            const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+            UNROLL for (int c = 0; c < NC; c++) {
+                is[c] = dpbusd_bcast(is[c], lo, y[c]->qs + 4 * s);
+                is[c] = dpbusd_bcast(is[c], hi, y[c]->qs + 16 + 4 * s);
+            }
+        }
+        const __m512 dw = mx16_scales(g + (size_t)nb * MX16_SB + (size_t)b * 16);
+        UNROLL for (int c = 0; c < NC; c++) {
+            const float da = ax ? ax[c][b].d : half_to_float(y[c]->d);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[c]), _mm512_mul_ps(dw, _mm512_set1_ps(da)), acc[c]);
+        }
+    }
+    x16_store(acc, out, os, nr, 0, NC);
+}
+
+static VNNI void gemm_packed_mxfp4(int64_t n, int nr, int nc, const void *wp, const void *a, size_t a_stride,
+                                   const void *aux, size_t aux_stride, float *out, size_t out_stride) {
+    const int64_t nb = n / KP_QK_MXFP4;
+    const size_t group = (size_t)nb * X16_ROWS * sizeof(kp_block_mxfp4);
+    if (nb <= 0) {
+        zero_out(nr, nc, out, out_stride);
+        return;
+    }
+    for (int r0 = 0; r0 < nr; r0 += X16_ROWS) {
+        const uint8_t *g = (const uint8_t *)wp + (size_t)(r0 / X16_ROWS) * group;
+        for (int c0 = 0; c0 < nc; c0 += 4) {
+            const int ncc = nc - c0 < 4 ? nc - c0 : 4;
+            const char *ar[4];
+            const kp_q8_0_aux *ax[4];
+            for (int c = 0; c < ncc; c++) {
+                ar[c] = (const char *)a + (size_t)(c0 + c) * a_stride;
+                ax[c] = aux ? (const kp_q8_0_aux *)((const char *)aux + (size_t)(c0 + c) * aux_stride) : NULL;
+            }
+            float *o = out + (size_t)c0 * out_stride + (size_t)r0;
+            const kp_q8_0_aux *const *axp = aux ? ax : NULL;
+            switch (ncc) {
+            case 1: mx16_tile_nc(g, nb, ar, axp, nr - r0, o, out_stride, 1); break;
+            case 2: mx16_tile_nc(g, nb, ar, axp, nr - r0, o, out_stride, 2); break;
+            case 3: mx16_tile_nc(g, nb, ar, axp, nr - r0, o, out_stride, 3); break;
+            default: mx16_tile_nc(g, nb, ar, axp, nr - r0, o, out_stride, 4); break;
+            }
+        }
+    }
 }
 
 /* The table, given its name and its BF16 kernels: the avx512vnni table's
@@ -1570,14 +1611,17 @@ static VNNI void gemm_mxfp4_vnni(int64_t n, int nr, int nc, const void *w, size_
             [KP_DTYPE_MXFP4] = gemm_mxfp4_vnni, \
         }, \
     .pack_rows = {[KP_DTYPE_F16] = X16_ROWS, [KP_DTYPE_BF16] = X16_ROWS, [KP_DTYPE_Q8_0] = X16_ROWS, \
-                  [KP_DTYPE_Q4_0] = X16_ROWS, [KP_DTYPE_Q4_K] = X16_ROWS, [KP_DTYPE_Q6_K] = X16_ROWS}, \
+                  [KP_DTYPE_Q4_0] = X16_ROWS, [KP_DTYPE_Q4_K] = X16_ROWS, [KP_DTYPE_Q6_K] = X16_ROWS, \
+                  [KP_DTYPE_MXFP4] = X16_ROWS}, \
     .pack_k = {[KP_DTYPE_F16] = 16, [KP_DTYPE_BF16] = BF16_PACK_K, [KP_DTYPE_Q8_0] = 32, [KP_DTYPE_Q4_0] = 32, \
-               [KP_DTYPE_Q4_K] = KP_QK_K, [KP_DTYPE_Q6_K] = KP_QK_K}, \
+               [KP_DTYPE_Q4_K] = KP_QK_K, [KP_DTYPE_Q6_K] = KP_QK_K, [KP_DTYPE_MXFP4] = KP_QK_MXFP4}, \
     .pack = {[KP_DTYPE_F16] = pack_half_x16, [KP_DTYPE_BF16] = BF16_PACK, [KP_DTYPE_Q8_0] = pack_q8_0_x16, \
-             [KP_DTYPE_Q4_0] = pack_q4_0_x16, [KP_DTYPE_Q4_K] = pack_q4_K_x16, [KP_DTYPE_Q6_K] = pack_q6_K_x16}, \
+             [KP_DTYPE_Q4_0] = pack_q4_0_x16, [KP_DTYPE_Q4_K] = pack_q4_K_x16, [KP_DTYPE_Q6_K] = pack_q6_K_x16, \
+             [KP_DTYPE_MXFP4] = pack_mxfp4_x16}, \
     .gemm_packed = {[KP_DTYPE_F16] = gemm_packed_f16, [KP_DTYPE_BF16] = BF16_PACKED, \
                     [KP_DTYPE_Q8_0] = gemm_packed_q8_0, [KP_DTYPE_Q4_0] = gemm_packed_q4_0, \
-                    [KP_DTYPE_Q4_K] = gemm_packed_q4_K, [KP_DTYPE_Q6_K] = gemm_packed_q6_K}, \
+                    [KP_DTYPE_Q4_K] = gemm_packed_q4_K, [KP_DTYPE_Q6_K] = gemm_packed_q6_K, \
+                    [KP_DTYPE_MXFP4] = gemm_packed_mxfp4}, \
     }
 
 const kp_kernels kp_quant_avx512vnni_kernels =

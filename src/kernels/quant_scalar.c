@@ -18,6 +18,8 @@
  */
 #include "kernels/quant.h"
 
+#include <math.h>
+
 #include "kernels/quant_blocks.h"
 #include "kernels/quant_ref.h"
 #include "kernels/tables.h"
@@ -72,7 +74,9 @@ static void vec_dot_q4_0_scalar(int64_t n, float *s, const void *w, const void *
 }
 
 /* MXFP4 . Q8_0: the doubled E2M1 values times the quants, in int per
- * block, scaled by 2^(e - 128) x d_a (an exact product: a power of two). */
+ * block, scaled by 2^(e - 128) x d_a (an exact product: a power of two)
+ * and added with one fused multiply-add per block: the SIMD tables' steps
+ * (quant_avx2_inl.h), so every table gives the same bits. */
 static void vec_dot_mxfp4_scalar(int64_t n, float *s, const void *w, const void *a) {
     const kp_block_mxfp4 *x = w;
     const kp_block_q8_0 *y = a;
@@ -83,7 +87,7 @@ static void vec_dot_mxfp4_scalar(int64_t n, float *s, const void *w, const void 
             sumi += kp_mxfp4_values[x[i].qs[j] & 0xF] * y[i].qs[j];
             sumi += kp_mxfp4_values[x[i].qs[j] >> 4] * y[i].qs[j + KP_QK_MXFP4 / 2];
         }
-        sumf += sumi * (kp_e8m0_half(x[i].e) * half(y[i].d));
+        sumf = fmaf((float)sumi, kp_e8m0_half(x[i].e) * half(y[i].d), sumf);
     }
     *s = sumf;
 }

@@ -324,12 +324,22 @@ static void ref_decode(kp_dtype t, const uint8_t *b, int64_t n, double *out) {
             out[i] = (double)d * (int8_t)blk[4 + i % 256];
         }
         break;
+    case KP_DTYPE_MXFP4: /* [e8m0 e][16 bytes: low nibbles = 0..15, high = 16..31], OCP MX v1.0:
+                            E2M1 sign bit 3, magnitudes 0 0.5 1 1.5 2 3 4 6, scale 2^(e - 127) */
+        for (int64_t i = 0; i < n; i++) {
+            static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+            const uint8_t *blk = b + 17 * (i / 32);
+            const int e = (int)(i % 32);
+            const int code = e < 16 ? blk[1 + e] & 15 : blk[1 + e - 16] >> 4;
+            out[i] = ldexp(code & 8 ? -mag[code & 7] : mag[code & 7], (int)blk[0] - 127);
+        }
+        break;
     default: CHECK(!"ref_decode: unexpected type"); break;
     }
 }
 
-static const kp_dtype weight_types[] = {KP_DTYPE_F32, KP_DTYPE_F16,  KP_DTYPE_BF16, KP_DTYPE_Q8_0,
-                                        KP_DTYPE_Q4_0, KP_DTYPE_Q4_K, KP_DTYPE_Q6_K};
+static const kp_dtype weight_types[] = {KP_DTYPE_F32,  KP_DTYPE_F16,  KP_DTYPE_BF16, KP_DTYPE_Q8_0,
+                                        KP_DTYPE_Q4_0, KP_DTYPE_Q4_K, KP_DTYPE_Q6_K, KP_DTYPE_MXFP4};
 #define N_WEIGHT_TYPES (int)(sizeof weight_types / sizeof weight_types[0])
 
 static void put_half(uint8_t *p, float v) {
@@ -991,11 +1001,12 @@ static void test_tile_shapes(void) {
         free(a);
     }
     CHECK(n_checked > 0);
-    /* the avx512vnni table packs Q8_0 and Q4_0 (every shape x 2 aux modes x 2
-     * types), Q4_K and Q6_K (every shape; Q8_K activations take no aux) at
-     * both lengths, F16 and BF16 at the length that is a multiple of 16 */
+    /* the avx512vnni table packs Q8_0, Q4_0 and MXFP4 (every shape x 2 aux
+     * modes x 3 types), Q4_K and Q6_K (every shape; Q8_K activations take no
+     * aux) at both lengths, F16 and BF16 at the length that is a multiple of
+     * 16 */
     if (tabs[2])
-        CHECK_EQ_INT(n_packed, (int)(sizeof shapes / sizeof shapes[0]) * ((2 * 2 + 2) * 2 + 2) * (tabs[3] ? 2 : 1));
+        CHECK_EQ_INT(n_packed, (int)(sizeof shapes / sizeof shapes[0]) * ((3 * 2 + 2) * 2 + 2) * (tabs[3] ? 2 : 1));
     else SKIP("packed gemm (this CPU has no avx512vnni table)");
     if (!tabs[3]) SKIP("table avx512bf16 (this CPU lacks AVX512_BF16)");
 done:

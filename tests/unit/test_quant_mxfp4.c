@@ -21,9 +21,9 @@
  *     which every table must match within float rounding (a bound of one
  *     rounding per block and step, the block sums being exact integers);
  *   - quant.h's contract: within a table gemm and dot_tile give each output
- *     bit for bit the same value for every call shape, and the avx2 and
- *     avx512vnni tables (integer sums, the same float steps) agree bit for
- *     bit.
+ *     bit for bit the same value for every call shape, and the scalar, avx2
+ *     and avx512vnni tables (integer block sums, one fused multiply-add per
+ *     block) agree bit for bit.
  * Random inputs use a fresh seed each run (KP_TEST_SEED=<n> replays one).
  */
 #include "harness.h"
@@ -232,6 +232,8 @@ static void test_dots(void) {
         if (tabs[1] && tabs[2])
             CHECK_MSG(memcmp(out[1], out[2], sizeof out[1]) == 0, "avx2 and avx512vnni differ (n %lld)",
                       (long long)n);
+        if (tabs[1]) /* one fused multiply-add per block in every table */
+            CHECK_MSG(memcmp(out[0], out[1], sizeof out[0]) == 0, "scalar and avx2 differ (n %lld)", (long long)n);
     }
 }
 
