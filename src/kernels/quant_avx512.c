@@ -1482,6 +1482,11 @@ static VNNI void gemm_mxfp4_vnni(int64_t n, int nr, int nc, const void *w, size_
  * time; the group (16 x 17 bytes a block) stays in cache between them.
  */
 #define MX16_SB 256 /* code bytes of one block of a group */
+/* A decode tile (1 or 2 activation rows) prefetches its stream this many
+ * bytes ahead: the lookups leave fewer blocks in flight than the DRAM
+ * latency needs (one thread, rows from DRAM: 14.9 -> 17.9 GB/s; with 4
+ * activation rows, compute-bound, it only costs) */
+#define MX16_PF 2048
 
 static void pack_mxfp4_x16(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst) {
     const int64_t nb = n / KP_QK_MXFP4;
@@ -1531,9 +1536,11 @@ VNNI_INLINE void mx16_tile_nc(const uint8_t *g, int64_t nb, const char *const *a
     UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *q = g + (size_t)b * MX16_SB;
+        if (NC <= 2) UNROLL for (int o = 0; o < MX16_SB; o += 64) _mm_prefetch((const char *)q + MX16_PF + o, _MM_HINT_T0);
         const kp_block_q8_0 *y[4];
-        __m512i is[4];
+        __m512i is[4], ih[4]; /* two chains: low and high nibbles */
         UNROLL for (int c = 0; c < NC; c++) {
+            ih[c] = _mm512_setzero_si512();
             y[c] = (const kp_block_q8_0 *)ar[c] + b;
             is[c] = _mm512_set1_epi32(ax ? (ax[c][b].bias >> 5) * 3 : mx16_bias(y[c]));
         }
@@ -1543,9 +1550,10 @@ VNNI_INLINE void mx16_tile_nc(const uint8_t *g, int64_t nb, const char *const *a
             const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
             UNROLL for (int c = 0; c < NC; c++) {
                 is[c] = dpbusd_bcast(is[c], lo, y[c]->qs + 4 * s);
-                is[c] = dpbusd_bcast(is[c], hi, y[c]->qs + 16 + 4 * s);
+                ih[c] = dpbusd_bcast(ih[c], hi, y[c]->qs + 16 + 4 * s);
             }
         }
+        UNROLL for (int c = 0; c < NC; c++) is[c] = _mm512_add_epi32(is[c], ih[c]);
         const __m512 dw = mx16_scales(g + (size_t)nb * MX16_SB + (size_t)b * 16);
         UNROLL for (int c = 0; c < NC; c++) {
             const float da = ax ? ax[c][b].d : half_to_float(y[c]->d);
