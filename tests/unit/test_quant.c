@@ -1013,10 +1013,11 @@ static void test_tile_shapes(void) {
     }
     CHECK(n_checked > 0);
     /* the avx512vnni table packs Q8_0 and Q4_0 (every shape x 2 aux modes x 2
-     * types), Q4_K and Q6_K (every shape; Q8_K activations take no aux) at
-     * both lengths, F16 and BF16 at the length that is a multiple of 16 */
+     * types), Q4_K, Q5_K and Q6_K (every shape; Q8_K activations take no
+     * aux) at both lengths, F16 and BF16 at the length that is a multiple of
+     * 16 */
     if (tabs[2])
-        CHECK_EQ_INT(n_packed, (int)(sizeof shapes / sizeof shapes[0]) * ((2 * 2 + 2) * 2 + 2) * (tabs[3] ? 2 : 1));
+        CHECK_EQ_INT(n_packed, (int)(sizeof shapes / sizeof shapes[0]) * ((2 * 2 + 3) * 2 + 2) * (tabs[3] ? 2 : 1));
     else SKIP("packed gemm (this CPU has no avx512vnni table)");
     if (!tabs[3]) SKIP("table avx512bf16 (this CPU lacks AVX512_BF16)");
 done:
