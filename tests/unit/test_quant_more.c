@@ -852,7 +852,7 @@ static void test_gemm(void) {
     static float xf[NBIG], single[2][R * C], plain[R * C], out[C * OS];
     static kp_q8_0_aux aux[C][NBIG / 32];
     static double want[R * C], mag[R * C];
-    int n_shapes = 0;
+    int n_shapes = 0, n_packed = 0;
     for (int ti = 0; ti < N_NEW; ti++) {
         const kp_dtype wt = new_types[ti], at = kp_vec_dot_type(wt);
         for (int li = 0; li < 2; li++) {
@@ -928,6 +928,30 @@ static void test_gemm(void) {
                                   "%s %s n=%lld gemm %dx%d at (%d,%d)%s: %d outputs differ from 1 x 1 calls, %d clobbered",
                                   K->name, kp_dtype_name(wt), (long long)n, nr, nc, r0, c0, with_aux ? " with aux" : "",
                                   not_same, clobbered);
+                        /* the table's repacked layout, if it has one: the same bits */
+                        if (K->pack_rows[wt] <= 0 || K->pack_k[wt] <= 0 || n % K->pack_k[wt] != 0) continue;
+                        const size_t pb = kp_pack_bytes(wt, n, nr, K->pack_rows[wt]);
+                        uint8_t *pk = malloc(pb);
+                        CHECK(pk != NULL);
+                        if (!pk) continue;
+                        memset(pk, 0xA5, pb);
+                        K->pack[wt](n, nr, w + r0 * wrs, wrs, pk);
+                        for (int i = 0; i < C * OS; i++) out[i] = -12345.0f;
+                        K->gemm_packed[wt](n, nr, nc, pk, a + c0 * ars, ars, ax ? (const char *)ax + c0 * axs : NULL,
+                                           axs, out, OS);
+                        free(pk);
+                        not_same = clobbered = 0;
+                        for (int c = 0; c < C; c++)
+                            for (int r = 0; r < OS; r++) {
+                                const float v = out[c * OS + r];
+                                if (c < nc && r < nr) not_same += memcmp(&v, &single[k][(r0 + r) * C + c0 + c], sizeof v) != 0;
+                                else clobbered += v != -12345.0f;
+                            }
+                        n_packed++;
+                        CHECK_MSG(not_same == 0 && clobbered == 0,
+                                  "%s %s n=%lld packed gemm %dx%d at (%d,%d)%s: %d outputs differ from gemm, %d clobbered",
+                                  K->name, kp_dtype_name(wt), (long long)n, nr, nc, r0, c0, with_aux ? " with aux" : "",
+                                  not_same, clobbered);
                     }
                 }
                 /* dot_tile (shared by both tables): every 1..4 x 1..4 and one call over everything */
@@ -965,9 +989,11 @@ static void test_gemm(void) {
             free(a);
         }
     }
-    printf("quant_more: %d gemm calls checked bit for bit against 1 x 1 calls (%s)\n", n_shapes,
-           tabs[1] ? "avx2 and avx512vnni" : "avx2");
+    printf("quant_more: %d gemm calls checked bit for bit against 1 x 1 calls (%s), %d on repacked weights\n",
+           n_shapes, tabs[1] ? "avx2 and avx512vnni" : "avx2", n_packed);
     CHECK(n_shapes > 0);
+    /* the avx512vnni table repacks Q5_K: every shape of both lengths */
+    if (tabs[1]) CHECK_EQ_INT(n_packed, R * C + (int)(sizeof shapes / sizeof shapes[0]));
 }
 
 static void test_api(void) {
