@@ -33,7 +33,7 @@
  * 512-bit vector; hex_tile_vnni for Q8_0, leg_hex_tile_vnni), so that the
  * fold to one sum per row, the conversion and the scaling run once per 16
  * rows; Q4_0 keeps the 8-row tile, which is faster for it. F16, BF16,
- * Q8_0, Q4_0, Q4_K, Q6_K and MXFP4 also have a repacked layout (pack,
+ * Q8_0, Q4_0, Q4_K, Q5_K, Q6_K and MXFP4 also have a repacked layout (pack,
  * gemm_packed: 16 rows as one stream in the order a tile reads it; for the
  * integer types one int32 lane per row) that the forward pass copies them
  * into at load; the tiles on rows in place serve callers without the copy.
@@ -421,7 +421,7 @@ LEGACY_GEMM(gemm_q4_0, WQ4_0)
  */
 #define X16_ROWS 16
 /* Up to this many activation rows (batched decode) the packed gemms take
- * the decode tiles, 8 rows a pass (Q4_K/Q6_K: 4) over a group held in
+ * the decode tiles, 8 rows a pass (Q4_K/Q5_K/Q6_K: 4) over a group held in
  * L1/L2; past it the prefill panels, which cost a pack per K chunk and win
  * only over many rows (1B Q4_0, 16 sequences: 128-138 tok/s on the panels,
  * 159-164 on the tiles; Q4_K 107-119 -> 132-162) */
@@ -995,6 +995,62 @@ static void pack_q4_K_x16(int64_t n, int64_t nr, const void *w, size_t w_stride,
     }
 }
 
+/* ---- Q5_K repacked for decode (quant.h pack, gemm_packed) ----------------- */
+
+/*
+ * Q5_K the way of Q4_K: the same scale words, quant steps, d and dmin, and
+ * the rows' qh bytes as 8 steps of their own, read with the first chunk's
+ * quant steps and so stored before them (one forward stream). A group of
+ * 16 rows, nb super-blocks per row; super-block b takes 16 x 176 bytes (the
+ * in-place size) at b x K5_SB:
+ *
+ *   scales   3 x 64 bytes, as Q4_K
+ *   qh       8 64-byte steps g (0..7), each = row 0 qh[4g..4g+3] | row 1
+ *            qh[4g..4g+3] | ... | row 15: bit 2c of qh[l] is the 5th bit
+ *            of quant 64c + l (sub-block 2c), bit 2c + 1 that of quant
+ *            64c + 32 + l (sub-block 2c + 1)
+ *   quants   32 64-byte steps s = 8c + g, as Q4_K: the low 4 bits
+ *   d, dmin  16 FP16 row values each (32 + 32 bytes)
+ *
+ * The tile's step s = 8c + g rebuilds the quants 0..31 of sub-blocks 2c and
+ * 2c + 1 from quant step s and qh step g (each nibble or'ed with its qh bit
+ * moved to bit 4: a shift, an and and an or per vector) and goes on as the
+ * Q4_K tile (k16_tile_nc with kind KQ5): vpdpbusd per sub-block, vpmulld
+ * by the scales, vpdpwssd of the mins against the bsums, and the float
+ * steps of the canonical order of Q4_K and Q5_K, lane for lane what the
+ * tiles on rows in place and the panels do. Past X16_TILE_COLS activation
+ * rows the group gives the kmin_panel that kmin_pack makes of the rows in
+ * place. So gemm_packed equals gemm bit for bit here too.
+ */
+#define K5_SB (X16_ROWS * sizeof(kp_block_q5_K)) /* bytes of one super-block of a group */
+#define K5_QH (3 * 64)                           /* offset of the qh steps (the scale words at K16_SC) */
+#define K5_Q (K5_QH + 512)                       /* offset of the quant steps */
+#define K5_D (K5_Q + 2048)                       /* offset of the 16 d, then the 16 dmin */
+_Static_assert(K5_D + 2 * 32 == X16_ROWS * sizeof(kp_block_q5_K), "a Q5_K group keeps the in-place size");
+_Static_assert(K5_SB % 64 == 0 && K5_Q % 64 == 0, "Q5_K steps stay 64-byte aligned");
+
+static void pack_q5_K_x16(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst) {
+    const int64_t nb = n / KP_QK_K;
+    const size_t group = (size_t)nb * K5_SB;
+    for (int64_t g0 = 0; g0 < nr; g0 += X16_ROWS) {
+        uint8_t *gd = (uint8_t *)dst + (size_t)(g0 / X16_ROWS) * group;
+        for (int r = 0; r < X16_ROWS; r++) {
+            const char *row = g0 + r < nr ? (const char *)w + (size_t)(g0 + r) * w_stride : NULL;
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t *sb = gd + (size_t)b * K5_SB;
+                kp_block_q5_K x; /* padding rows: quants, scales, d and dmin 0 */
+                if (row) memcpy(&x, row + (size_t)b * sizeof x, sizeof x);
+                else memset(&x, 0, sizeof x);
+                for (int k = 0; k < 3; k++) memcpy(sb + K16_SC + 64 * k + 4 * r, x.scales + 4 * k, 4);
+                for (int gi = 0; gi < 8; gi++) memcpy(sb + K5_QH + 64 * gi + 4 * r, x.qh + 4 * gi, 4);
+                for (int s = 0; s < 32; s++) memcpy(sb + K5_Q + 64 * s + 4 * r, x.qs + 4 * s, 4);
+                memcpy(sb + K5_D + 2 * r, &x.d, 2);
+                memcpy(sb + K5_D + 32 + 2 * r, &x.dmin, 2);
+            }
+        }
+    }
+}
+
 /* The 6-bit scales and mins of the rows of 4 words u0..u2 (lanes of 32
  * bits, one per row): sc[0] bytes = scales 0..3, sc[1] = 4..7, mn[0] =
  * mins 0..3, mn[1] = 4..7 (the mapping of kq_scales_mins). */
@@ -1012,11 +1068,26 @@ VNNI_INLINE __m512i k16_byte(__m512i v, int k) {
     return _mm512_and_si512(_mm512_srli_epi32(v, 8 * k), _mm512_set1_epi32(0xFF));
 }
 
+/* Bit k (0..7) of every byte of h at bit 4, the other bits 0 (16-bit
+ * shifts: the bits that cross from the neighbouring byte are masked off). */
+VNNI_INLINE __m512i k5_bit4(__m512i h, int k) {
+    const __m512i v = k <= 4 ? _mm512_slli_epi16(h, 4 - k) : _mm512_srli_epi16(h, k - 4);
+    return _mm512_and_si512(v, _mm512_set1_epi8(0x10));
+}
+
+/* Where a Q4_K (kind KQ4) or Q5_K (KQ5) group keeps its super-blocks, the
+ * quant steps and the d values of one. */
+static inline size_t k16_sb_bytes(int kind) { return kind == KQ4 ? K16_SB : K5_SB; }
+static inline size_t k16_q_at(int kind) { return kind == KQ4 ? K16_Q : K5_Q; }
+static inline size_t k16_d_at(int kind) { return kind == KQ4 ? K16_D : K5_D; }
+
 /* 16 rows x NC activation rows over super-blocks [i0, i0 + len) of the
- * group at g; nr rows stored to out (add: added). */
+ * Q4_K (kind KQ4) or Q5_K (KQ5) group at g; nr rows stored to out (add:
+ * added). */
 VNNI_INLINE void k16_tile_nc(const uint8_t *g, int64_t i0, int64_t len, const char *const *ar, int nr, float *out,
-                             size_t os, int add, const int NC) {
+                             size_t os, int add, const int kind, const int NC) {
     const __m512i m4 = _mm512_set1_epi8(0xF);
+    const size_t sbytes = k16_sb_bytes(kind), q_at = k16_q_at(kind), d_at = k16_d_at(kind);
     /* per 32-bit lane: bytes 0 and 1 (2 and 3) as an int16 pair */
     const __m512i pair_lo = _mm512_set4_epi32((int)0x800D800C, (int)0x80098008, (int)0x80058004, (int)0x80018000);
     const __m512i pair_hi = _mm512_set4_epi32((int)0x800F800E, (int)0x800B800A, (int)0x80078006, (int)0x80038002);
@@ -1024,7 +1095,7 @@ VNNI_INLINE void k16_tile_nc(const uint8_t *g, int64_t i0, int64_t len, const ch
     UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < len; b++) {
         const int64_t i = i0 + b;
-        const uint8_t *sb = g + (size_t)i * K16_SB;
+        const uint8_t *sb = g + (size_t)i * sbytes;
         const kp_block_q8_K *y[4];
         UNROLL for (int c = 0; c < NC; c++) y[c] = (const kp_block_q8_K *)ar[c] + i;
         __m512i sc[2], mn[2];
@@ -1041,8 +1112,13 @@ VNNI_INLINE void k16_tile_nc(const uint8_t *g, int64_t i0, int64_t len, const ch
             __m512i slo[4], shi[4];
             UNROLL for (int c = 0; c < NC; c++) slo[c] = shi[c] = _mm512_setzero_si512();
             UNROLL for (int s = 0; s < 8; s++) {
-                const __m512i v = _mm512_loadu_si512((const void *)(sb + K16_Q + 64 * (8 * q + s)));
-                const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                const __m512i v = _mm512_loadu_si512((const void *)(sb + q_at + 64 * (8 * q + s)));
+                __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if (kind == KQ5) { /* the 5th bits: qh step s, bits 2q and 2q + 1 */
+                    const __m512i h = _mm512_loadu_si512((const void *)(sb + K5_QH + 64 * s));
+                    lo = _mm512_or_si512(lo, k5_bit4(h, 2 * q));
+                    hi = _mm512_or_si512(hi, k5_bit4(h, 2 * q + 1));
+                }
                 UNROLL for (int c = 0; c < NC; c++) {
                     slo[c] = dpbusd_bcast(slo[c], lo, y[c]->qs + 64 * q + 4 * s);
                     shi[c] = dpbusd_bcast(shi[c], hi, y[c]->qs + 64 * q + 32 + 4 * s);
@@ -1056,8 +1132,8 @@ VNNI_INLINE void k16_tile_nc(const uint8_t *g, int64_t i0, int64_t len, const ch
         /* mins: int16 pairs (m_2p, m_2p+1) per row against (bsum_2p, bsum_2p+1) */
         const __m512i mp[4] = {_mm512_shuffle_epi8(mn[0], pair_lo), _mm512_shuffle_epi8(mn[0], pair_hi),
                                _mm512_shuffle_epi8(mn[1], pair_lo), _mm512_shuffle_epi8(mn[1], pair_hi)};
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sb + K16_D)));
-        const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sb + K16_D + 32)));
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sb + d_at)));
+        const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sb + d_at + 32)));
         UNROLL for (int c = 0; c < NC; c++) {
             const int16_t *bs = y[c]->bsums;
             __m512i im = _mm512_setzero_si512();
@@ -1073,25 +1149,45 @@ VNNI_INLINE void k16_tile_nc(const uint8_t *g, int64_t i0, int64_t len, const ch
     x16_store(acc, out, os, nr, add, NC);
 }
 
+#define K16_NC(kind, NC) k16_tile_nc(g, i0, len, ar, nr, out, os, add, kind, NC)
 static VNNI void k16_tile(const uint8_t *g, int64_t i0, int64_t len, const char *const *ar, int nr, float *out,
                           size_t os, int add, int nc) {
     switch (nc) {
-    case 1: k16_tile_nc(g, i0, len, ar, nr, out, os, add, 1); break;
-    case 2: k16_tile_nc(g, i0, len, ar, nr, out, os, add, 2); break;
-    case 3: k16_tile_nc(g, i0, len, ar, nr, out, os, add, 3); break;
-    default: k16_tile_nc(g, i0, len, ar, nr, out, os, add, 4); break;
+    case 1: K16_NC(KQ4, 1); break;
+    case 2: K16_NC(KQ4, 2); break;
+    case 3: K16_NC(KQ4, 3); break;
+    default: K16_NC(KQ4, 4); break;
     }
 }
 
-/* The prefill panel p (rows 8p..8p+7) of super-block sb of a group: what
- * kmin_pack makes of the rows in place, for PACK_VNNI. */
-VNNI_INLINE void k16_panel(const uint8_t *sb, int p, kmin_panel *P) {
+static VNNI void k5_tile(const uint8_t *g, int64_t i0, int64_t len, const char *const *ar, int nr, float *out,
+                         size_t os, int add, int nc) {
+    switch (nc) {
+    case 1: K16_NC(KQ5, 1); break;
+    case 2: K16_NC(KQ5, 2); break;
+    case 3: K16_NC(KQ5, 3); break;
+    default: K16_NC(KQ5, 4); break;
+    }
+}
+#undef K16_NC
+
+/* The prefill panel p (rows 8p..8p+7) of super-block sb of a Q4_K (kind
+ * KQ4) or Q5_K (KQ5) group: what kmin_pack makes of the rows in place, for
+ * PACK_VNNI. */
+VNNI_INLINE void k16_panel(const uint8_t *sb, int p, int kind, kmin_panel *P) {
     const __m256i m4 = _mm256_set1_epi8(0xF);
+    const size_t q_at = k16_q_at(kind), d_at = k16_d_at(kind);
     UNROLL for (int q = 0; q < 4; q++)
         UNROLL for (int s = 0; s < 8; s++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(sb + K16_Q + 64 * (8 * q + s) + 32 * p));
-            _mm256_store_si256(&P->q[2 * q][s], _mm256_and_si256(v, m4));
-            _mm256_store_si256(&P->q[2 * q + 1][s], _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(sb + q_at + 64 * (8 * q + s) + 32 * p));
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (kind == KQ5) {
+                const __m256i h = _mm256_loadu_si256((const __m256i *)(sb + K5_QH + 64 * s + 32 * p));
+                lo = _mm256_or_si256(lo, bit_to_4(h, 2 * q));
+                hi = _mm256_or_si256(hi, bit_to_4(h, 2 * q + 1));
+            }
+            _mm256_store_si256(&P->q[2 * q][s], lo);
+            _mm256_store_si256(&P->q[2 * q + 1][s], hi);
         }
     const __m256i u0 = _mm256_loadu_si256((const __m256i *)(sb + K16_SC + 32 * p));
     const __m256i u1 = _mm256_loadu_si256((const __m256i *)(sb + K16_SC + 64 + 32 * p));
@@ -1105,8 +1201,8 @@ VNNI_INLINE void k16_panel(const uint8_t *sb, int p, kmin_panel *P) {
         _mm256_store_si256(&P->sc[j], s);                                    /* VNNI: int32 */
         _mm256_store_si256(&P->mn[j], _mm256_or_si256(m, _mm256_slli_epi32(m, 16))); /* (m, m) */
     }
-    _mm256_store_ps(P->d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + K16_D + 16 * p))));
-    _mm256_store_ps(P->dmin, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + K16_D + 32 + 16 * p))));
+    _mm256_store_ps(P->d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + d_at + 16 * p))));
+    _mm256_store_ps(P->dmin, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + d_at + 32 + 16 * p))));
 }
 
 
@@ -1276,14 +1372,14 @@ VNNI_INLINE void q6_panel(const uint8_t *sb, const uint8_t *dp, int p, q6k_panel
     _mm256_store_ps(P->d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dp + 16 * p))));
 }
 
-/* gemm_packed for Q4_K (kind KQ4) and Q6_K (KQ6) groups: decode tiles on
- * the group's stream up to X16_TILE_COLS activation rows, past it the
- * prefill panels built from it (the VNNI panel tiles). */
+/* gemm_packed for Q4_K (kind KQ4), Q5_K (KQ5) and Q6_K (KQ6) groups:
+ * decode tiles on the group's stream up to X16_TILE_COLS activation rows,
+ * past it the prefill panels built from it (the VNNI panel tiles). */
 VNNI_INLINE void gemm_kx16(int64_t n, int nr, int nc, const void *wp, const void *a, size_t a_stride, float *out,
                            size_t out_stride, int kind) {
     const int64_t nb = n / KP_QK_K;
-    const size_t sbytes = kind == KQ4 ? K16_SB : Q6_SB;
-    const size_t group = (size_t)nb * (kind == KQ4 ? K16_SB : Q6_SB + 32);
+    const size_t sbytes = kind == KQ6 ? Q6_SB : k16_sb_bytes(kind);
+    const size_t group = (size_t)nb * (kind == KQ6 ? Q6_SB + 32 : k16_sb_bytes(kind));
     if (nb <= 0) zero_out(nr, nc, out, out_stride);
     if (nc > X16_TILE_COLS) {
         kq_stage st __attribute__((aligned(32)));
@@ -1296,12 +1392,12 @@ VNNI_INLINE void gemm_kx16(int64_t n, int nr, int nc, const void *wp, const void
                 for (int p = 0; p < n_panels; p++)
                     for (int64_t b = 0; b < len; b++) {
                         const uint8_t *sb = g + (size_t)(i0 + b) * sbytes;
-                        if (kind == KQ4) k16_panel(sb, p, &st.p.kmin[p][b]);
+                        if (kind != KQ6) k16_panel(sb, p, kind, &st.p.kmin[p][b]);
                         else q6_panel(sb, g + (size_t)nb * Q6_SB + (size_t)(i0 + b) * 32, p, &st.p.q6k[p][b]);
                     }
                 for (int p = 0; p < n_panels; p++) {
                     const int npr = rc - 8 * p < 8 ? rc - 8 * p : 8;
-                    const void *panels = kind == KQ4 ? (const void *)st.p.kmin[p] : (const void *)st.p.q6k[p];
+                    const void *panels = kind != KQ6 ? (const void *)st.p.kmin[p] : (const void *)st.p.q6k[p];
                     for (int c0 = 0; c0 < nc; c0 += 4) {
                         const int ncc = nc - c0 < 4 ? nc - c0 : 4;
                         const char *ar[4];
@@ -1324,6 +1420,7 @@ VNNI_INLINE void gemm_kx16(int64_t n, int nr, int nc, const void *wp, const void
             for (int64_t i0 = 0; i0 < nb; i0 += KQ_KC) {
                 const int64_t len = nb - i0 < KQ_KC ? nb - i0 : KQ_KC;
                 if (kind == KQ4) k16_tile(g, i0, len, ar, nr - r0, o, out_stride, i0 > 0, ncc);
+                else if (kind == KQ5) k5_tile(g, i0, len, ar, nr - r0, o, out_stride, i0 > 0, ncc);
                 else q6_tile(g, nb, i0, len, ar, nr - r0, o, out_stride, i0 > 0, ncc);
             }
         }
@@ -1338,6 +1435,7 @@ VNNI_INLINE void gemm_kx16(int64_t n, int nr, int nc, const void *wp, const void
         gemm_kx16(n, nr, nc, wp, a, a_stride, out, out_stride, kind);                                           \
     }
 KX16_GEMM(gemm_packed_q4_K, KQ4)
+KX16_GEMM(gemm_packed_q5_K, KQ5)
 KX16_GEMM(gemm_packed_q6_K, KQ6)
 #undef KX16_GEMM
 
@@ -1619,17 +1717,18 @@ static VNNI void gemm_packed_mxfp4(int64_t n, int nr, int nc, const void *wp, co
             [KP_DTYPE_MXFP4] = gemm_mxfp4_vnni, \
         }, \
     .pack_rows = {[KP_DTYPE_F16] = X16_ROWS, [KP_DTYPE_BF16] = X16_ROWS, [KP_DTYPE_Q8_0] = X16_ROWS, \
-                  [KP_DTYPE_Q4_0] = X16_ROWS, [KP_DTYPE_Q4_K] = X16_ROWS, [KP_DTYPE_Q6_K] = X16_ROWS, \
-                  [KP_DTYPE_MXFP4] = X16_ROWS}, \
+                  [KP_DTYPE_Q4_0] = X16_ROWS, [KP_DTYPE_Q4_K] = X16_ROWS, [KP_DTYPE_Q5_K] = X16_ROWS, \
+                  [KP_DTYPE_Q6_K] = X16_ROWS, [KP_DTYPE_MXFP4] = X16_ROWS}, \
     .pack_k = {[KP_DTYPE_F16] = 16, [KP_DTYPE_BF16] = BF16_PACK_K, [KP_DTYPE_Q8_0] = 32, [KP_DTYPE_Q4_0] = 32, \
-               [KP_DTYPE_Q4_K] = KP_QK_K, [KP_DTYPE_Q6_K] = KP_QK_K, [KP_DTYPE_MXFP4] = KP_QK_MXFP4}, \
+               [KP_DTYPE_Q4_K] = KP_QK_K, [KP_DTYPE_Q5_K] = KP_QK_K, [KP_DTYPE_Q6_K] = KP_QK_K, \
+               [KP_DTYPE_MXFP4] = KP_QK_MXFP4}, \
     .pack = {[KP_DTYPE_F16] = pack_half_x16, [KP_DTYPE_BF16] = BF16_PACK, [KP_DTYPE_Q8_0] = pack_q8_0_x16, \
-             [KP_DTYPE_Q4_0] = pack_q4_0_x16, [KP_DTYPE_Q4_K] = pack_q4_K_x16, [KP_DTYPE_Q6_K] = pack_q6_K_x16, \
-             [KP_DTYPE_MXFP4] = pack_mxfp4_x16}, \
+             [KP_DTYPE_Q4_0] = pack_q4_0_x16, [KP_DTYPE_Q4_K] = pack_q4_K_x16, [KP_DTYPE_Q5_K] = pack_q5_K_x16, \
+             [KP_DTYPE_Q6_K] = pack_q6_K_x16, [KP_DTYPE_MXFP4] = pack_mxfp4_x16}, \
     .gemm_packed = {[KP_DTYPE_F16] = gemm_packed_f16, [KP_DTYPE_BF16] = BF16_PACKED, \
                     [KP_DTYPE_Q8_0] = gemm_packed_q8_0, [KP_DTYPE_Q4_0] = gemm_packed_q4_0, \
-                    [KP_DTYPE_Q4_K] = gemm_packed_q4_K, [KP_DTYPE_Q6_K] = gemm_packed_q6_K, \
-                    [KP_DTYPE_MXFP4] = gemm_packed_mxfp4}, \
+                    [KP_DTYPE_Q4_K] = gemm_packed_q4_K, [KP_DTYPE_Q5_K] = gemm_packed_q5_K, \
+                    [KP_DTYPE_Q6_K] = gemm_packed_q6_K, [KP_DTYPE_MXFP4] = gemm_packed_mxfp4}, \
     }
 
 const kp_kernels kp_quant_avx512vnni_kernels =

@@ -306,6 +306,26 @@ static void ref_decode(kp_dtype t, const uint8_t *b, int64_t n, double *out) {
             out[i] = le_half(blk) * sc * q - le_half(blk + 2) * m;
         }
         break;
+    case KP_DTYPE_Q5_K: /* [half d][half dmin][12 scale bytes][32 qh bytes][128 quant bytes] */
+        for (int64_t i = 0; i < n; i++) {
+            const uint8_t *blk = b + 176 * (i / 256), *S = blk + 4, *H = blk + 16, *Q = blk + 48;
+            const int e = (int)(i % 256), sub = e / 32;
+            int sc, m;
+            if (sub < 4) {
+                sc = S[sub] & 63;
+                m = S[sub + 4] & 63;
+            } else {
+                sc = (S[sub + 4] & 15) | (S[sub - 4] >> 6) << 4;
+                m = (S[sub + 4] >> 4) | (S[sub] >> 6) << 4;
+            }
+            /* quant 64c + l: low nibble of qs[32c + l], 5th bit = bit 2c of
+             * qh[l]; quant 64c + 32 + l: high nibble, bit 2c + 1 */
+            const int within = e % 64, l = within % 32, byte = Q[32 * (e / 64) + l];
+            const int low = within < 32 ? byte & 15 : byte >> 4;
+            const int high = (H[l] >> (2 * (e / 64) + (within >= 32))) & 1;
+            out[i] = le_half(blk) * sc * (low | high << 4) - le_half(blk + 2) * m;
+        }
+        break;
     case KP_DTYPE_Q6_K: /* [128 ql][64 qh][16 int8 scales][half d] */
         for (int64_t i = 0; i < n; i++) {
             const uint8_t *blk = b + 210 * (i / 256), *QL = blk, *QH = blk + 128;
@@ -339,7 +359,8 @@ static void ref_decode(kp_dtype t, const uint8_t *b, int64_t n, double *out) {
 }
 
 static const kp_dtype weight_types[] = {KP_DTYPE_F32,  KP_DTYPE_F16,  KP_DTYPE_BF16, KP_DTYPE_Q8_0,
-                                        KP_DTYPE_Q4_0, KP_DTYPE_Q4_K, KP_DTYPE_Q6_K, KP_DTYPE_MXFP4};
+                                        KP_DTYPE_Q4_0, KP_DTYPE_Q4_K, KP_DTYPE_Q5_K, KP_DTYPE_Q6_K,
+                                        KP_DTYPE_MXFP4};
 #define N_WEIGHT_TYPES (int)(sizeof weight_types / sizeof weight_types[0])
 
 static void put_half(uint8_t *p, float v) {
@@ -926,7 +947,8 @@ static void test_tile_shapes(void) {
         for (int k = 0; k < 4 * 2; k++) { /* each table, without and with aux */
             const kp_kernels *K = tabs[k / 2];
             const int with_aux = k % 2;
-            if (!K || (with_aux && at != KP_DTYPE_Q8_0)) continue;
+            /* (the scalar table has no Q5_K gemm: callers cover it with dot_tile) */
+            if (!K || !K->gemm[wt] || (with_aux && at != KP_DTYPE_Q8_0)) continue;
             /* each output alone: every shape must reproduce it bit for bit */
             for (int r = 0; r < R; r++)
                 for (int c = 0; c < C; c++)
@@ -1002,11 +1024,11 @@ static void test_tile_shapes(void) {
     }
     CHECK(n_checked > 0);
     /* the avx512vnni table packs Q8_0, Q4_0 and MXFP4 (every shape x 2 aux
-     * modes x 3 types), Q4_K and Q6_K (every shape; Q8_K activations take no
-     * aux) at both lengths, F16 and BF16 at the length that is a multiple of
-     * 16 */
+     * modes x 3 types), Q4_K, Q5_K and Q6_K (every shape; Q8_K activations
+     * take no aux) at both lengths, F16 and BF16 at the length that is a
+     * multiple of 16 */
     if (tabs[2])
-        CHECK_EQ_INT(n_packed, (int)(sizeof shapes / sizeof shapes[0]) * ((3 * 2 + 2) * 2 + 2) * (tabs[3] ? 2 : 1));
+        CHECK_EQ_INT(n_packed, (int)(sizeof shapes / sizeof shapes[0]) * ((3 * 2 + 3) * 2 + 2) * (tabs[3] ? 2 : 1));
     else SKIP("packed gemm (this CPU has no avx512vnni table)");
     if (!tabs[3]) SKIP("table avx512bf16 (this CPU lacks AVX512_BF16)");
 done:

@@ -15,11 +15,13 @@
  *     naive quantizer computed here that Q5_K's search must beat;
  *   - invariants of quant.h's contract: gemm gives each output bit for
  *     bit the same value for every shape of call, the same as dot_tile,
- *     and the same in the avx2 and avx512vnni tables;
+ *     the same in the avx2 and avx512vnni tables, and the same on a
+ *     table's repacked layout (gemm_packed; Q5_K in avx512vnni);
  *   - end to end: models written by mkmodel in each type must give logits
  *     close to the same-seed F32 model's, within what the type's weight
  *     error implies, measured against Q8_0 and Q4_0 on the same model,
- *     and the same logits fed token by token as in one batch.
+ *     the same logits fed token by token as in one batch, and bit for bit
+ *     the same on repacked weights.
  * Random inputs use a fresh seed each run (KP_TEST_SEED=<n> replays one);
  * the seed is printed when a check fails.
  */
@@ -759,7 +761,8 @@ static void test_vec_dot_and_tiles(void) {
  * contract): for every shape of call each output must be, bit for bit,
  * what a 1 x 1 call computes for it, and what dot_tile computes; the
  * avx512vnni table must compute what the avx2 table computes; with and
- * without kp_q8_0_aux rows (Q5_0) the same; and every output must agree
+ * without kp_q8_0_aux rows (Q5_0) the same; gemm_packed on the table's
+ * repacked layout, where it has one, the same; and every output must agree
  * with the float64 dot of the decoded rows, and with the scalar table's
  * vec_dot, within float rounding. Outputs outside the nr x nc block stay
  * untouched.
@@ -852,7 +855,7 @@ static void test_gemm(void) {
     static float xf[NBIG], single[2][R * C], plain[R * C], out[C * OS];
     static kp_q8_0_aux aux[C][NBIG / 32];
     static double want[R * C], mag[R * C];
-    int n_shapes = 0;
+    int n_shapes = 0, n_packed = 0;
     for (int ti = 0; ti < N_NEW; ti++) {
         const kp_dtype wt = new_types[ti], at = kp_vec_dot_type(wt);
         for (int li = 0; li < 2; li++) {
@@ -928,6 +931,30 @@ static void test_gemm(void) {
                                   "%s %s n=%lld gemm %dx%d at (%d,%d)%s: %d outputs differ from 1 x 1 calls, %d clobbered",
                                   K->name, kp_dtype_name(wt), (long long)n, nr, nc, r0, c0, with_aux ? " with aux" : "",
                                   not_same, clobbered);
+                        /* the table's repacked layout, if it has one: the same bits */
+                        if (K->pack_rows[wt] <= 0 || K->pack_k[wt] <= 0 || n % K->pack_k[wt] != 0) continue;
+                        const size_t pb = kp_pack_bytes(wt, n, nr, K->pack_rows[wt]);
+                        uint8_t *pk = malloc(pb);
+                        CHECK(pk != NULL);
+                        if (!pk) continue;
+                        memset(pk, 0xA5, pb);
+                        K->pack[wt](n, nr, w + r0 * wrs, wrs, pk);
+                        for (int i = 0; i < C * OS; i++) out[i] = -12345.0f;
+                        K->gemm_packed[wt](n, nr, nc, pk, a + c0 * ars, ars, ax ? (const char *)ax + c0 * axs : NULL,
+                                           axs, out, OS);
+                        free(pk);
+                        not_same = clobbered = 0;
+                        for (int c = 0; c < C; c++)
+                            for (int r = 0; r < OS; r++) {
+                                const float v = out[c * OS + r];
+                                if (c < nc && r < nr) not_same += memcmp(&v, &single[k][(r0 + r) * C + c0 + c], sizeof v) != 0;
+                                else clobbered += v != -12345.0f;
+                            }
+                        n_packed++;
+                        CHECK_MSG(not_same == 0 && clobbered == 0,
+                                  "%s %s n=%lld packed gemm %dx%d at (%d,%d)%s: %d outputs differ from gemm, %d clobbered",
+                                  K->name, kp_dtype_name(wt), (long long)n, nr, nc, r0, c0, with_aux ? " with aux" : "",
+                                  not_same, clobbered);
                     }
                 }
                 /* dot_tile (shared by both tables): every 1..4 x 1..4 and one call over everything */
@@ -965,9 +992,11 @@ static void test_gemm(void) {
             free(a);
         }
     }
-    printf("quant_more: %d gemm calls checked bit for bit against 1 x 1 calls (%s)\n", n_shapes,
-           tabs[1] ? "avx2 and avx512vnni" : "avx2");
+    printf("quant_more: %d gemm calls checked bit for bit against 1 x 1 calls (%s), %d on repacked weights\n",
+           n_shapes, tabs[1] ? "avx2 and avx512vnni" : "avx2", n_packed);
     CHECK(n_shapes > 0);
+    /* the avx512vnni table repacks Q5_K: every shape of both lengths */
+    if (tabs[1]) CHECK_EQ_INT(n_packed, R * C + (int)(sizeof shapes / sizeof shapes[0]));
 }
 
 static void test_api(void) {
@@ -1035,10 +1064,15 @@ static void rig_close(rig *r) {
 enum { E2E_TOKENS = 24 };
 
 /* Logits of every position of a fixed token sequence, fed as one batch or
- * (by_token) one token per forward call; malloc'd, NULL on failure. */
-static float *model_logits(const char *path, int *n_vocab, bool by_token) {
+ * (by_token) one token per forward call; malloc'd, NULL on failure.
+ * packed not NULL: the pass computes from repacked copies of the weights
+ * its kernel table has a layout for (kp_forward_pack_weights), *packed =
+ * their bytes. */
+static float *model_logits(const char *path, int *n_vocab, bool by_token, uint64_t *packed) {
     rig r;
-    if (!rig_open(&r, path, E2E_TOKENS)) {
+    kp_error perr = {0};
+    if (!rig_open(&r, path, E2E_TOKENS) || (packed && kp_forward_pack_weights(r.fw, packed, &perr) != KP_OK)) {
+        if (perr.msg[0]) fprintf(stderr, "pack %s: %s\n", path, perr.msg);
         rig_close(&r);
         return NULL;
     }
@@ -1127,7 +1161,7 @@ static void test_model_logits(void) {
     char paths[NT][64];
     float *logits[NT] = {0};
     double werr[NT] = {0}, lerr[NT] = {0};
-    int n_vocab = 0;
+    int n_vocab = 0, n_packed_models = 0;
     for (int k = 0; k < NT; k++) {
         s.wtype = types[k];
         tmp_path(paths[k]);
@@ -1135,10 +1169,10 @@ static void test_model_logits(void) {
         CHECK_MSG(st == KP_OK, "mkmodel %s: %s", kp_dtype_name(types[k]), err.msg);
         if (st != KP_OK) continue;
         int nv = 0;
-        logits[k] = model_logits(paths[k], &nv, false);
+        logits[k] = model_logits(paths[k], &nv, false, NULL);
         CHECK_MSG(logits[k] != NULL, "%s model does not run", kp_dtype_name(types[k]));
         /* decode (gemm with one activation row) computes what the batch computed */
-        float *one = model_logits(paths[k], &nv, true);
+        float *one = model_logits(paths[k], &nv, true, NULL);
         CHECK_MSG(one != NULL, "%s model does not run token by token", kp_dtype_name(types[k]));
         if (one && logits[k]) {
             double worst = 0;
@@ -1154,6 +1188,22 @@ static void test_model_logits(void) {
             CHECK_MSG(worst <= 1e-5, "%s: token by token vs one batch: logits rel L2 %.3g", kp_dtype_name(types[k]),
                       worst);
         }
+        /* the weights repacked where the kernel table has a layout for the
+         * type: the same logits bit for bit, in one batch and token by token */
+        if (kp_kernels_best()->pack_rows[types[k]] > 0)
+            for (int by_token = 0; by_token <= 1; by_token++) {
+                const float *mapped = by_token ? one : logits[k];
+                uint64_t pb = 0;
+                float *pl = model_logits(paths[k], &nv, by_token, &pb);
+                CHECK_MSG(pl != NULL && pb > 0, "%s model on repacked weights (%llu bytes)", kp_dtype_name(types[k]),
+                          (unsigned long long)pb);
+                if (pl && mapped)
+                    CHECK_MSG(memcmp(pl, mapped, (size_t)E2E_TOKENS * nv * sizeof(float)) == 0,
+                              "%s: logits on repacked weights (%s) differ from the mapped weights'",
+                              kp_dtype_name(types[k]), by_token ? "token by token" : "one batch");
+                n_packed_models += pl != NULL;
+                free(pl);
+            }
         free(one);
         if (k == 0) n_vocab = nv;
         if (k > 0) werr[k] = weights_rel_err(paths[0], paths[k]);
@@ -1171,6 +1221,10 @@ static void test_model_logits(void) {
         lerr[k] = sqrt(e / ss);
         CHECK_MSG(finite, "%s: non-finite logits", kp_dtype_name(types[k]));
     }
+    /* the avx512vnni table repacks Q5_K: its model ran on the copies too */
+    if (kp_kernels_avx512vnni()) CHECK(kp_kernels_best()->pack_rows[KP_DTYPE_Q5_K] > 0);
+    printf("quant_more: %d model runs on repacked weights checked bit for bit against the mapped weights'\n",
+           n_packed_models);
     const double amp_q8 = lerr[1] / werr[1], amp_q4 = lerr[2] / werr[2];
     const double lo = 0.5 * fmin(amp_q8, amp_q4), hi = 2.0 * fmax(amp_q8, amp_q4);
     printf("quant_more: tiny llama (2 layers, 256 wide), %d positions: logits rel L2 vs F32 "
