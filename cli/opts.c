@@ -68,8 +68,8 @@ static const cli_opt shared[] = {
     {"print-tokens", NULL, NULL, NULL, "print the generated token ids on stderr", CLI_PRINT_TOKENS},
     {"scalar", NULL, NULL, NULL, "use the portable C kernels instead of the CPU's SIMD ones", CLI_SCALAR},
     {"no-repack", NULL, NULL, NULL, "read every weight where the model file maps it: no repacked copy\n"
-                                    "of the F16/BF16/Q8_0/Q4_0/Q4_K/Q5_K/Q6_K matrices (half the weight\n"
-                                    "memory, slower decode)",
+                                    "of the F16/BF16/Q8_0/Q4_0/Q4_K/Q5_K/Q6_K/MXFP4 matrices, experts\n"
+                                    "included (half the weight memory, slower decode)",
      CLI_NO_REPACK},
     {"attn-precision", NULL, NULL, "P", "f32 (default) or bf16: prefill attention's products (Q.K and P.V)\n"
                                         "in bfloat16 dot products where the CPU has AVX512_BF16 (about 2x\n"

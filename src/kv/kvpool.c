@@ -9,6 +9,7 @@
  */
 #include "kv/kvpool.h"
 
+#include "base/bigmem.h"
 #include "base/buf.h"
 
 #include <assert.h>
@@ -110,13 +111,13 @@ kp_status kp_kvpool_new(kp_kvpool **out, const kp_kvpool_config *cfg, kp_error *
     if (ns > nb) ns = nb; /* a slot per block at most */
     p->n_blocks = (uint32_t)nb;
     p->n_slots = (uint32_t)ns;
-    p->mem = malloc((size_t)(nb * p->full_bytes) + 1);
+    p->mem = kp_big_alloc((size_t)(nb * p->full_bytes) + 1);
     p->refcount = calloc(nb, sizeof(uint32_t));
     p->win_done = calloc(nb, sizeof(uint32_t));
     p->free_stack = malloc(nb * sizeof(int32_t));
     p->win_slot = malloc(nb * sizeof(int32_t));
     p->slot_stack = malloc(ns * sizeof(int32_t));
-    p->win_mem = p->n_win_layers ? malloc((size_t)(ns * p->window_bytes)) : NULL;
+    p->win_mem = p->n_win_layers ? kp_big_alloc((size_t)(ns * p->window_bytes)) : NULL;
     if (!p->mem || !p->refcount || !p->win_done || !p->free_stack || !p->win_slot || !p->slot_stack ||
         (p->n_win_layers && !p->win_mem)) {
         kp_kvpool_free(p);
@@ -135,13 +136,13 @@ kp_status kp_kvpool_new(kp_kvpool **out, const kp_kvpool_config *cfg, kp_error *
 
 void kp_kvpool_free(kp_kvpool *p) {
     if (!p) return;
-    free(p->mem);
+    kp_big_free(p->mem);
     free(p->refcount);
     free(p->win_done);
     free(p->free_stack);
     free(p->is_window);
     free(p->arena_layer);
-    free(p->win_mem);
+    kp_big_free(p->win_mem);
     free(p->win_slot);
     free(p->slot_stack);
     free(p);

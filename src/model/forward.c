@@ -103,6 +103,7 @@
  */
 #include "model/forward.h"
 
+#include "base/bigmem.h"
 #include "base/buf.h"
 #include "kernels/attn.h"
 #include "model/deltanet.h"
@@ -242,7 +243,7 @@ void kp_forward_free(kp_forward *f) {
     free(f->tiles);
     free(f->probe);
     free(f->layers);
-    free(f->pack_mem);
+    kp_big_free(f->pack_mem);
     free(f);
 }
 
@@ -354,7 +355,7 @@ kp_status kp_forward_pack_weights(kp_forward *f, uint64_t *bytes_out, kp_error *
         free(list);
         return KP_OK;
     }
-    uint8_t *mem = aligned_alloc(64, (size_t)total);
+    uint8_t *mem = kp_big_alloc((size_t)total); /* streamed every token: huge pages */
     if (!mem) {
         free(list);
         free(f->layers);

@@ -34,8 +34,9 @@ kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_
 void kp_forward_free(kp_forward *f);
 
 /* Copies the weight matrices whose type the kernel table has a repacked
- * layout for (kp_kernels pack: F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K in
- * the avx512vnni table) into memory the pass owns, in that layout, and uses the copies
+ * layout for (kp_kernels pack: F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K and
+ * MXFP4 in the avx512vnni table; the experts' 3-D weights matrix by matrix)
+ * into memory the pass owns, in that layout, and uses the copies
  * from then on:
  * the same results bit for bit, faster decode. Tensors read by row (the
  * token embedding) stay in the mapping; a tied output projection gets a
