@@ -139,6 +139,12 @@ typedef struct {
      * for i < n, e^ as exp_row (the SwiGLU of the feed-forward block, the
      * other exp-heavy loop of a layer). */
     void (*swiglu_row)(float *gate, const float *up, int64_t n);
+    /* gate[i] = gelu_tanh(gate[i]) * up[i] for i < n as ggml's GeGLU on the
+     * CPU: gate <= -10 gives 0, gate >= 10 gives gate * up, anything else
+     * is rounded to F16 (to nearest even) and looked up: table[h] * up,
+     * table holding 65536 floats indexed by the F16 bits. The same bits in
+     * every table. */
+    void (*geglu_row)(const float *table, float *gate, const float *up, int64_t n);
 } kp_attn_kernels;
 
 /* Portable C; always available. */

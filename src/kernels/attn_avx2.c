@@ -44,6 +44,27 @@ AVX2 static void swiglu_row_avx2(float *gate, const float *up, int64_t n) {
     for (; i < n; i++) gate[i] = gate[i] * up[i] / (1.0f + exp_1(-gate[i]));
 }
 
+/* GeGLU (attn.h): F16 rounding by vcvtps2ph (to nearest even, as
+ * kp_fp32_to_fp16, NaN included), the table read by a gather. */
+AVX2 static void geglu_row_avx2(const float *table, float *gate, const float *up, int64_t n) {
+    const __m256 lo = _mm256_set1_ps(-10.0f), hi = _mm256_set1_ps(10.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i), u = _mm256_loadu_ps(up + i);
+        const __m128i h = _mm256_cvtps_ph(g, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 y = _mm256_mul_ps(_mm256_i32gather_ps(table, _mm256_cvtepu16_epi32(h), 4), u);
+        y = _mm256_blendv_ps(y, _mm256_mul_ps(g, u), _mm256_cmp_ps(g, hi, _CMP_GE_OQ));
+        y = _mm256_andnot_ps(_mm256_cmp_ps(g, lo, _CMP_LE_OQ), y);
+        _mm256_storeu_ps(gate + i, y);
+    }
+    for (; i < n; i++) {
+        const float g = gate[i];
+        if (g <= -10.0f) gate[i] = 0.0f;
+        else if (g >= 10.0f) gate[i] = g * up[i];
+        else gate[i] = table[_cvtss_sh(g, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)] * up[i];
+    }
+}
+
 /* ---- query-lane layout ---------------------------------------------------- */
 
 /* Scores of 4 keys (kf rows) against 3 row vectors (24 rows) from qt:
@@ -451,6 +472,7 @@ const kp_attn_kernels kp_attn_avx2_kernels = {
     .tile_partial = tile_partial_avx2,
     .exp_row = exp_row_avx2,
     .swiglu_row = swiglu_row_avx2,
+    .geglu_row = geglu_row_avx2,
 };
 
 #else /* not x86-64: no AVX2 table */

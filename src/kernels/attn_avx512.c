@@ -51,6 +51,23 @@ AVX512 static void swiglu_row_avx512(float *gate, const float *up, int64_t n) {
     }
 }
 
+/* GeGLU (attn.h): F16 rounding by vcvtps2ph (to nearest even, as
+ * kp_fp32_to_fp16, NaN included), the table read by a gather; the tail
+ * under a mask. */
+AVX512 static void geglu_row_avx512(const float *table, float *gate, const float *up, int64_t n) {
+    const __m512 lo = _mm512_set1_ps(-10.0f), hi = _mm512_set1_ps(10.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 g = _mm512_maskz_loadu_ps(m, gate + i), u = _mm512_maskz_loadu_ps(m, up + i);
+        const __m256i h = _mm512_cvtps_ph(g, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 t = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, _mm512_cvtepu16_epi32(h), table, 4);
+        __m512 y = _mm512_mul_ps(t, u);
+        y = _mm512_mask_mul_ps(y, _mm512_cmp_ps_mask(g, hi, _CMP_GE_OQ), g, u);
+        y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(g, lo, _CMP_LE_OQ), _mm512_setzero_ps());
+        _mm512_mask_storeu_ps(gate + i, m, y);
+    }
+}
+
 /* ---- query-lane layout on 16 lanes ---------------------------------------- */
 
 #define Z3_DECL(a) __m512 c##a##0 = _mm512_setzero_ps(), c##a##1 = c##a##0, c##a##2 = c##a##0
@@ -497,6 +514,7 @@ const kp_attn_kernels kp_attn_avx512_kernels = {
     .tile_partial = tile_partial_avx512,
     .exp_row = exp_row_avx512,
     .swiglu_row = swiglu_row_avx512,
+    .geglu_row = geglu_row_avx512,
 };
 
 #else /* not x86-64: no AVX-512 table */

@@ -329,6 +329,10 @@ static void swiglu_row_bf16(float *gate, const float *up, int64_t n) {
     kp_attn_avx512_kernels.swiglu_row(gate, up, n);
 }
 
+static void geglu_row_bf16(const float *table, float *gate, const float *up, int64_t n) {
+    kp_attn_avx512_kernels.geglu_row(table, gate, up, n);
+}
+
 const kp_attn_kernels kp_attn_avx512bf16_kernels = {
     .name = "avx512bf16",
     .tile_begin = tile_begin_bf16,
@@ -339,6 +343,7 @@ const kp_attn_kernels kp_attn_avx512bf16_kernels = {
     .tile_partial = tile_partial_bf16,
     .exp_row = exp_row_bf16,
     .swiglu_row = swiglu_row_bf16,
+    .geglu_row = geglu_row_bf16,
 };
 
 #else /* not x86-64: no bfloat16 table */

@@ -171,6 +171,15 @@ static void swiglu_row_c(float *gate, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++) gate[i] = gate[i] * up[i] / (1.0f + expf(-gate[i]));
 }
 
+static void geglu_row_c(const float *table, float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float g = gate[i];
+        if (g <= -10.0f) gate[i] = 0.0f;
+        else if (g >= 10.0f) gate[i] = g * up[i];
+        else gate[i] = table[kp_fp32_to_fp16(g)] * up[i];
+    }
+}
+
 const kp_attn_kernels kp_attn_scalar_kernels = {
     .name = "scalar",
     .tile_begin = tile_begin_c,
@@ -181,6 +190,7 @@ const kp_attn_kernels kp_attn_scalar_kernels = {
     .tile_partial = tile_partial_c,
     .exp_row = exp_row_c,
     .swiglu_row = swiglu_row_c,
+    .geglu_row = geglu_row_c,
 };
 
 /* ---- the bfloat16 precision (reference) ----------------------------------- */
@@ -310,4 +320,5 @@ const kp_attn_kernels kp_attn_scalar_bf16_kernels = {
     .tile_partial = tile_partial_c,
     .exp_row = exp_row_c,
     .swiglu_row = swiglu_row_c,
+    .geglu_row = geglu_row_c,
 };

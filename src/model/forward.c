@@ -463,14 +463,16 @@ static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float
     for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
-/* gate = silu(gate) * up, a task per token row, with the attention
- * table's vector exp. */
+/* gate = act(gate) * up, a task per token row: silu with the attention
+ * table's vector exp, gpt-oss's clamped SwiGLU, or ggml's GeGLU (the
+ * attention table's geglu_row: gelu_tanh looked up by the F16 input). */
 typedef struct {
     float *gate;
     const float *up;
     size_t n_ff;
     const kp_attn_kernels *ak;
     float limit, alpha;  /* limit > 0: gpt-oss's clamped SwiGLU (oai_swiglu_row) */
+    const float *gelu;   /* not NULL: GeGLU through this table (kp_attn_kernels.geglu_row) */
 } swiglu_ctx;
 
 /* gpt-oss's SwiGLU (model.h, Experts), as ggml's swiglu_oai on the CPU:
@@ -489,20 +491,9 @@ static void swiglu_task(void *vctx, int task, int thread) {
     swiglu_ctx *c = vctx;
     float *g = c->gate + (size_t)task * c->n_ff;
     const float *u = c->up + (size_t)task * c->n_ff;
-    if (c->limit > 0) oai_swiglu_row(g, u, c->n_ff, c->alpha, c->limit);
+    if (c->gelu) c->ak->geglu_row(c->gelu, g, u, (int64_t)c->n_ff);
+    else if (c->limit > 0) oai_swiglu_row(g, u, c->n_ff, c->alpha, c->limit);
     else c->ak->swiglu_row(g, u, (int64_t)c->n_ff);
-}
-
-/* gate = gelu_tanh(gate) * up for one token row, as ggml's geglu on the
- * CPU: gate <= -10 gives 0, gate >= 10 passes gate through, anything else
- * is rounded to F16 and looked up in the table. */
-static void geglu_row(const float *table, float *gate, const float *up, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i];
-        if (g <= -10.0f) gate[i] = 0.0f;
-        else if (g >= 10.0f) gate[i] = g * up[i];
-        else gate[i] = table[kp_fp32_to_fp16(g)] * up[i];
-    }
 }
 
 /* ---- matrix products ---------------------------------------------------- */
@@ -823,7 +814,7 @@ static kp_status moe_ffn(kp_forward *f, int n, const kp_layer *L, kp_error *err)
     if ((st = moe_matmul(f, f->xn, f->moe_token, rows, jobs, nj, err)) != KP_OK) return st;
     moe_bias(f, L->b_gate_exps, f->gate, X);
     moe_bias(f, L->b_up_exps, f->up, X);
-    swiglu_ctx sw = {f->gate, f->up, X, f->ak, hp->swiglu_limit, hp->swiglu_alpha};
+    swiglu_ctx sw = {f->gate, f->up, X, f->ak, hp->swiglu_limit, hp->swiglu_alpha, NULL};
     if (rows >= 4) kp_threads_run(f->threads, swiglu_task, &sw, rows);
     else for (int i = 0; i < rows; i++) swiglu_task(&sw, i, 0);
     for (int j = 0; j < nj / 2; j++) { /* the down matrices of the same experts */
@@ -1509,13 +1500,9 @@ static kp_status dense_ffn(kp_forward *f, int n, const kp_weight *w_gate, const 
     kp_status st;
     mm_job gu[2] = {{w_gate, f->gate}, {w_up, f->up}};
     if ((st = matmul(f, f->xn, n, 2, gu, err)) != KP_OK) return st;
-    if (f->m->hp.ffn_act == KP_FFN_GELU_TANH) {
-        for (int t = 0; t < n; t++) geglu_row(f->gelu, f->gate + (size_t)t * F, f->up + (size_t)t * F, F);
-    } else {
-        swiglu_ctx sw = {f->gate, f->up, F, f->ak, 0, 0};
-        if (n >= 4) kp_threads_run(f->threads, swiglu_task, &sw, n);
-        else for (int t = 0; t < n; t++) swiglu_task(&sw, t, 0);
-    }
+    swiglu_ctx sw = {f->gate, f->up, F, f->ak, 0, 0, f->m->hp.ffn_act == KP_FFN_GELU_TANH ? f->gelu : NULL};
+    if (n >= 4) kp_threads_run(f->threads, swiglu_task, &sw, n);
+    else for (int t = 0; t < n; t++) swiglu_task(&sw, t, 0);
     mm_job d = {w_down, out};
     return matmul(f, f->gate, n, 1, &d, err);
 }

@@ -3,7 +3,8 @@
  * computation, for every table this CPU can run (scalar, avx2, avx512):
  *
  * - exp_row against exp() in double: 2 ulp, 0 below the normal range;
- *   swiglu_row against float64;
+ *   swiglu_row against float64; geglu_row bit for bit against ggml's rule
+ *   (F16 rounding worked out in double);
  * - tiles: random head sizes (also ones that are not a multiple of 8, which
  *   fall back to scalar code), G, tile sizes (few-row and many-row
  *   layouts, padding rows), positions, block sizes (partial steps), F32
@@ -123,12 +124,60 @@ static void check_swiglu(const kp_attn_kernels *a) {
     free(y);
 }
 
+/* The F16 bits of g rounded to nearest even, worked out in double here
+ * (IEEE 754 binary16: 10 fraction bits, exponent bias 15, subnormals in
+ * steps of 2^-24); a NaN keeps its sign and top 9 payload bits, quieted,
+ * as vcvtps2ph does. g finite and below 65504 in magnitude, or NaN. */
+static uint16_t ref_f16_bits(float g) {
+    uint32_t u;
+    memcpy(&u, &g, 4);
+    const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    if (isnan(g)) return (uint16_t)(sign | 0x7E00u | ((u >> 13) & 0x3FFu));
+    const double a = fabs((double)g);
+    if (a < ldexp(1.0, -14)) return (uint16_t)(sign | (uint16_t)nearbyint(a / ldexp(1.0, -24)));
+    int e;
+    frexp(a, &e); /* a = f x 2^e, f in [0.5, 1): the leading bit is 2^(e - 1) */
+    const double q = nearbyint(a / ldexp(1.0, e - 11)); /* 1024 .. 2048 */
+    return (uint16_t)(sign | (uint16_t)(((e - 1 + 15) << 10) + ((int)q - 1024)));
+}
+
+/* geglu_row: ggml's rule (attn.h) bit for bit, the table filled with
+ * values that tell every entry apart; inputs at the cut-offs, F16
+ * rounding ties, subnormals, signed zeros and NaN. */
+static void check_geglu(const kp_attn_kernels *a) {
+    enum { N = 1031 };
+    float *table = malloc(65536 * sizeof(float));
+    float *g = malloc(N * sizeof(float)), *u = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float));
+    for (int h = 0; h < 65536; h++) table[h] = (float)(h % 977) - 400.0f + (float)h * 0x1p-17f;
+    for (int i = 0; i < N; i++) {
+        g[i] = (float)(12.0 * frand());
+        u[i] = (float)(3.0 * frand());
+    }
+    const float special[] = {-10.0f, 10.0f, nextafterf(-10.0f, 0), nextafterf(10.0f, 0), nextafterf(-10.0f, -11),
+                             0.0f, -0.0f, 1.0f + 0x1p-11f, 1.0f + 0x1p-11f + 0x1p-23f, 1.0f + 3 * 0x1p-11f,
+                             0x1p-25f, 0x1.8p-25f, 0x1p-24f, 3 * 0x1p-25f, -0x1p-20f, 0x1.ffcp-15f, 9.99f, NAN};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) g[3 * i + 1] = special[i];
+    memcpy(y, g, N * sizeof(float));
+    a->geglu_row(table, y, u, N);
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        const float want = g[i] <= -10.0f ? 0.0f : g[i] >= 10.0f ? g[i] * u[i] : table[ref_f16_bits(g[i])] * u[i];
+        bad += memcmp(&want, &y[i], sizeof want) != 0;
+    }
+    CHECK_MSG(bad == 0, "%s geglu_row: %d of %d outputs differ from the rule", a->name, bad, N);
+    free(table);
+    free(g);
+    free(u);
+    free(y);
+}
+
 static void test_exp(void) {
     const kp_attn_kernels *ts[3];
     int n = tables(ts);
     for (int i = 0; i < n; i++) {
         check_exp(ts[i]);
         check_swiglu(ts[i]);
+        check_geglu(ts[i]);
     }
 }
 
