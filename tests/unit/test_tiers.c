@@ -21,7 +21,9 @@
  *
  * Under a window budget a block is written before its window rows are
  * dropped, so what reaches disk is what an engine without a budget
- * writes, record for record, and a restore fills in what RAM dropped.
+ * writes, record for record, and a restore fills in what RAM dropped;
+ * through Redis alone the same: every block published, another replica
+ * restoring them, a prompt that left RAM's windows resumed from Redis.
  *
  * Recurrent-state snapshots (gen-qwen35: 6 gated delta-net layers of 8),
  * test_recurrent_disk and test_recurrent_redis: what one engine wrote, a
@@ -519,6 +521,7 @@ static void test_recurrent_disk(void) {
 
 
 static void disk_refusal_falls_to_redis(int redis_port);
+static void window_budget_through_redis(int port);
 static void recurrent_through(const kp_tiers_config *tc);
 static void recurrent_disk_to_redis(int port);
 
@@ -533,6 +536,7 @@ static void test_equal_through_redis(void) {
         kp_tiers_config tc = {NULL, 0, addr, 200, NULL, NULL, NULL, 0};
         recurrent_through(&tc);
         recurrent_disk_to_redis(port);
+        window_budget_through_redis(port);
     }
     stop_redis();
 }
@@ -773,6 +777,98 @@ static void test_window_budget_and_disk(void) {
     CHECK(ref && kp_eng_prefill(ref, b, N, &s, lr, &rep, &err) == KP_OK);
     CHECK(ref && kp_eng_finish(ref, &s, b, N, NULL, &err) == KP_OK);
     CHECK_MSG(rel_diff(lw, lr, nv) <= 1e-5, "logits differ by %g", rel_diff(lw, lr, nv));
+    kp_eng_free(w);
+    kp_eng_free(ref);
+    free(lw);
+    free(lr);
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
+/* The same through Redis alone (the publishing path the disk uses, with
+ * Redis's writer and lookups): an engine under the tightest window budget
+ * publishes every block of A, window rows included, whether A is
+ * prefilled at once or fed a token at a time (each a fresh Redis
+ * database's worth: FLUSHALL between); a new engine on that Redis restores
+ * A's whole blocks before its last position with the logits of a
+ * recomputation; and the prompt that leaves A at token 50 resumes at 0 in
+ * RAM, then takes A's 3 shared blocks from Redis: 48 reused, the logits of
+ * a recomputation. */
+static void window_budget_through_redis(int port) {
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 1, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    enum { N = 96 };
+    char addr[64], cmd[160];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    snprintf(cmd, sizeof cmd, "redis-cli -p %d flushall >/dev/null", port);
+    kp_tiers_config tc = {NULL, 0, addr, 200, NULL, NULL, NULL, 0};
+    uint64_t wb = 16 * kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, KP_DTYPE_F32, KP_DTYPE_F32);
+    uint32_t slots = (256 + 2 * m->hp.n_swa + 15) / 16 + 2;
+    kp_eng_config cw = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32, false, 0, 0}, cr = cw;
+    cw.window_budget_bytes = slots * wb;
+    cr.no_prefix_cache = true;
+    int32_t a[N], b[N];
+    for (int i = 0; i < N; i++) a[i] = i ? (i * 37) % 500 + 3 : 1;
+    memcpy(b, a, sizeof a);
+    b[50] = 2;
+    kp_engine *w = NULL, *ref = NULL;
+    kp_eng_seq s = {0};
+    kp_eng_report rep;
+    kp_tiers_stats ts;
+    uint32_t nv = m->hp.n_vocab;
+    float *lw = malloc(nv * sizeof *lw), *lr = malloc(nv * sizeof *lr);
+    CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
+    for (int fed = 0; fed < 2 && ref; fed++) {
+        CHECK(system(cmd) == 0);
+        CHECK_MSG(kp_eng_new(&w, m, pool, NULL, &cw, &err) == KP_OK && kp_eng_open_tiers(w, &tc, &err) == KP_OK,
+                  "%s", err.msg);
+        if (!w) break;
+        CHECK(kp_eng_tier_wait_ready(w, 10000));
+        if (fed) { /* a prompt of 40, then a token at a time */
+            CHECK(kp_eng_prefill(w, a, 40, &s, NULL, &rep, &err) == KP_OK);
+            for (int i = 40; i < N; i++) CHECK(kp_eng_decode(w, &s, a[i], NULL, &err) == KP_OK);
+        } else {
+            CHECK(kp_eng_prefill(w, a, N, &s, NULL, &rep, &err) == KP_OK);
+        }
+        CHECK(kp_eng_finish(w, &s, a, N, NULL, &err) == KP_OK);
+        kp_eng_tier_flush(w);
+        CHECK(kp_eng_tier_stats(w, &ts));
+        CHECK_EQ_INT(ts.tier[KP_TIER_REDIS].writes, N / 16);
+        CHECK_EQ_INT(ts.tier[KP_TIER_REDIS].dropped_queue, 0);
+        kp_eng_free(w);
+        w = NULL;
+        /* another replica restores them: every whole block before the last position */
+        CHECK(kp_eng_new(&w, m, pool, NULL, &cw, &err) == KP_OK && kp_eng_open_tiers(w, &tc, &err) == KP_OK);
+        if (!w) break;
+        CHECK(kp_eng_tier_wait_ready(w, 10000));
+        CHECK(kp_eng_prefill(w, a, N, &s, lw, &rep, &err) == KP_OK);
+        CHECK_EQ_INT(rep.reused_from[KP_TIER_REDIS], (N - 1) / 16 * 16);
+        kp_eng_seq_abort(w, &s);
+        CHECK(kp_eng_prefill(ref, a, N, &s, lr, &rep, &err) == KP_OK);
+        kp_eng_seq_abort(ref, &s);
+        CHECK_MSG(rel_diff(lw, lr, nv) <= 1e-5, "restored from Redis: logits differ by %g", rel_diff(lw, lr, nv));
+        kp_eng_free(w);
+        w = NULL;
+    }
+    /* one engine: A computed (its RAM keeps A's window in the last block only), then B */
+    CHECK(kp_eng_new(&w, m, pool, NULL, &cw, &err) == KP_OK && kp_eng_open_tiers(w, &tc, &err) == KP_OK);
+    CHECK(w && kp_eng_tier_wait_ready(w, 10000));
+    CHECK(w && kp_eng_prefill(w, a, N, &s, NULL, &rep, &err) == KP_OK && kp_eng_finish(w, &s, a, N, NULL, &err) == KP_OK);
+    CHECK(w && kp_eng_prefill(w, b, N, &s, lw, &rep, &err) == KP_OK);
+    CHECK_EQ_INT(rep.window_cut_from, 50);
+    CHECK_EQ_INT(rep.reused_tokens, 48);
+    CHECK_EQ_INT(rep.reused_from[KP_TIER_REDIS], 48);
+    CHECK(w && kp_eng_finish(w, &s, b, N, NULL, &err) == KP_OK);
+    CHECK(ref && kp_eng_prefill(ref, b, N, &s, lr, &rep, &err) == KP_OK);
+    CHECK(ref && kp_eng_finish(ref, &s, b, N, NULL, &err) == KP_OK);
+    CHECK_MSG(rel_diff(lw, lr, nv) <= 1e-5, "B through Redis: logits differ by %g", rel_diff(lw, lr, nv));
     kp_eng_free(w);
     kp_eng_free(ref);
     free(lw);
