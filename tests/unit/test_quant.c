@@ -290,25 +290,11 @@ static void ref_decode(kp_dtype t, const uint8_t *b, int64_t n, double *out) {
         }
         break;
     case KP_DTYPE_Q4_K: /* [half d][half dmin][12 scale bytes][128 quant bytes] */
-        for (int64_t i = 0; i < n; i++) {
-            const uint8_t *blk = b + 144 * (i / 256), *S = blk + 4, *Q = blk + 16;
-            const int e = (int)(i % 256), sub = e / 32;
-            int sc, m;
-            if (sub < 4) {
-                sc = S[sub] & 63;
-                m = S[sub + 4] & 63;
-            } else {
-                sc = (S[sub + 4] & 15) | (S[sub - 4] >> 6) << 4;
-                m = (S[sub + 4] >> 4) | (S[sub] >> 6) << 4;
-            }
-            const int within = e % 64, byte = Q[32 * (e / 64) + within % 32];
-            const int q = within < 32 ? byte & 15 : byte >> 4;
-            out[i] = le_half(blk) * sc * q - le_half(blk + 2) * m;
-        }
-        break;
     case KP_DTYPE_Q5_K: /* [half d][half dmin][12 scale bytes][32 qh bytes][128 quant bytes] */
         for (int64_t i = 0; i < n; i++) {
-            const uint8_t *blk = b + 176 * (i / 256), *S = blk + 4, *H = blk + 16, *Q = blk + 48;
+            const bool q5 = t == KP_DTYPE_Q5_K;
+            const uint8_t *blk = b + (q5 ? 176 : 144) * (i / 256), *S = blk + 4, *H = blk + 16;
+            const uint8_t *Q = blk + (q5 ? 48 : 16);
             const int e = (int)(i % 256), sub = e / 32;
             int sc, m;
             if (sub < 4) {
@@ -318,11 +304,11 @@ static void ref_decode(kp_dtype t, const uint8_t *b, int64_t n, double *out) {
                 sc = (S[sub + 4] & 15) | (S[sub - 4] >> 6) << 4;
                 m = (S[sub + 4] >> 4) | (S[sub] >> 6) << 4;
             }
-            /* quant 64c + l: low nibble of qs[32c + l], 5th bit = bit 2c of
-             * qh[l]; quant 64c + 32 + l: high nibble, bit 2c + 1 */
+            /* quant 64c + l: low nibble of qs[32c + l] (Q5_K: 5th bit = bit
+             * 2c of qh[l]); quant 64c + 32 + l: high nibble (bit 2c + 1) */
             const int within = e % 64, l = within % 32, byte = Q[32 * (e / 64) + l];
             const int low = within < 32 ? byte & 15 : byte >> 4;
-            const int high = (H[l] >> (2 * (e / 64) + (within >= 32))) & 1;
+            const int high = q5 ? (H[l] >> (2 * (e / 64) + (within >= 32))) & 1 : 0;
             out[i] = le_half(blk) * sc * (low | high << 4) - le_half(blk + 2) * m;
         }
         break;

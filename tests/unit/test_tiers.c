@@ -676,6 +676,36 @@ static uint32_t records_in(const char *dir, const char *dir2, const char *fp, bo
     return n;
 }
 
+/* One engine under the window budget cw on the tiers tc computes A (its
+ * RAM keeps A's window rows in the last block only), then B, which leaves A
+ * at token 50: RAM resumes at 0 (no window held before 50), and the tier
+ * gives the 3 whole blocks B shares with A, window rows and all: 48
+ * reused, from that tier, with the logits of ref (cache off). */
+static void budget_divergence(kp_model *m, kp_threads *pool, const kp_eng_config *cw, kp_engine *ref,
+                              const kp_tiers_config *tc, kp_tier_id tier, const int32_t *a, const int32_t *b, int n) {
+    kp_error err = {0};
+    kp_engine *w = NULL;
+    kp_eng_seq s = {0};
+    kp_eng_report rep;
+    uint32_t nv = m->hp.n_vocab;
+    float *lw = malloc(nv * sizeof *lw), *lr = malloc(nv * sizeof *lr);
+    CHECK(kp_eng_new(&w, m, pool, NULL, cw, &err) == KP_OK && kp_eng_open_tiers(w, tc, &err) == KP_OK);
+    CHECK(w && kp_eng_tier_wait_ready(w, 10000));
+    CHECK(w && kp_eng_prefill(w, a, n, &s, NULL, &rep, &err) == KP_OK && kp_eng_finish(w, &s, a, n, NULL, &err) == KP_OK);
+    CHECK(w && kp_eng_prefill(w, b, n, &s, lw, &rep, &err) == KP_OK);
+    CHECK_EQ_INT(rep.window_cut_from, 50);
+    CHECK_EQ_INT(rep.reused_tokens, 48);
+    CHECK_EQ_INT(rep.reused_from[tier], 48);
+    CHECK(w && kp_eng_finish(w, &s, b, n, NULL, &err) == KP_OK);
+    CHECK(kp_eng_prefill(ref, b, n, &s, lr, &rep, &err) == KP_OK);
+    CHECK(kp_eng_finish(ref, &s, b, n, NULL, &err) == KP_OK);
+    CHECK_MSG(rel_diff(lw, lr, nv) <= 1e-5, "B through %s: logits differ by %g", kp_tier_name(tier),
+              rel_diff(lw, lr, nv));
+    kp_eng_free(w);
+    free(lw);
+    free(lr);
+}
+
 /* A window budget and the disk tier (gen-gemma3: a window of 16 on 5 of
  * 6 layers, blocks of 16). Blocks are written whole, window rows
  * included, so the record is the same in both modes: an engine without a
@@ -715,7 +745,7 @@ static void test_window_budget_and_disk(void) {
     for (int i = 0; i < N; i++) a[i] = i ? (i * 37) % 500 + 3 : 1;
     memcpy(b, a, sizeof a);
     b[50] = 2;
-    kp_engine *d = NULL, *w = NULL, *w2 = NULL, *ref = NULL;
+    kp_engine *d = NULL, *w2 = NULL, *ref = NULL;
     kp_eng_seq s = {0};
     kp_eng_report rep;
     kp_tiers_stats ts;
@@ -765,19 +795,8 @@ static void test_window_budget_and_disk(void) {
         w2 = ref = NULL;
     }
     /* under the budget, on the first directory: the disk fills in what RAM dropped */
-    CHECK(kp_eng_new(&w, m, pool, NULL, &cw, &err) == KP_OK && kp_eng_open_tiers(w, &tc, &err) == KP_OK);
     CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
-    CHECK(w && kp_eng_tier_wait_ready(w, 10000));
-    CHECK(w && kp_eng_prefill(w, a, N, &s, NULL, &rep, &err) == KP_OK && kp_eng_finish(w, &s, a, N, NULL, &err) == KP_OK);
-    CHECK(w && kp_eng_prefill(w, b, N, &s, lw, &rep, &err) == KP_OK);
-    CHECK_EQ_INT(rep.window_cut_from, 50);
-    CHECK_EQ_INT(rep.reused_tokens, 48);
-    CHECK_EQ_INT(rep.reused_from[KP_TIER_DISK], 48);
-    CHECK(w && kp_eng_finish(w, &s, b, N, NULL, &err) == KP_OK);
-    CHECK(ref && kp_eng_prefill(ref, b, N, &s, lr, &rep, &err) == KP_OK);
-    CHECK(ref && kp_eng_finish(ref, &s, b, N, NULL, &err) == KP_OK);
-    CHECK_MSG(rel_diff(lw, lr, nv) <= 1e-5, "logits differ by %g", rel_diff(lw, lr, nv));
-    kp_eng_free(w);
+    if (ref) budget_divergence(m, pool, &cw, ref, &tc, KP_TIER_DISK, a, b, N);
     kp_eng_free(ref);
     free(lw);
     free(lr);
@@ -857,19 +876,7 @@ static void window_budget_through_redis(int port) {
         kp_eng_free(w);
         w = NULL;
     }
-    /* one engine: A computed (its RAM keeps A's window in the last block only), then B */
-    CHECK(kp_eng_new(&w, m, pool, NULL, &cw, &err) == KP_OK && kp_eng_open_tiers(w, &tc, &err) == KP_OK);
-    CHECK(w && kp_eng_tier_wait_ready(w, 10000));
-    CHECK(w && kp_eng_prefill(w, a, N, &s, NULL, &rep, &err) == KP_OK && kp_eng_finish(w, &s, a, N, NULL, &err) == KP_OK);
-    CHECK(w && kp_eng_prefill(w, b, N, &s, lw, &rep, &err) == KP_OK);
-    CHECK_EQ_INT(rep.window_cut_from, 50);
-    CHECK_EQ_INT(rep.reused_tokens, 48);
-    CHECK_EQ_INT(rep.reused_from[KP_TIER_REDIS], 48);
-    CHECK(w && kp_eng_finish(w, &s, b, N, NULL, &err) == KP_OK);
-    CHECK(ref && kp_eng_prefill(ref, b, N, &s, lr, &rep, &err) == KP_OK);
-    CHECK(ref && kp_eng_finish(ref, &s, b, N, NULL, &err) == KP_OK);
-    CHECK_MSG(rel_diff(lw, lr, nv) <= 1e-5, "B through Redis: logits differ by %g", rel_diff(lw, lr, nv));
-    kp_eng_free(w);
+    if (ref) budget_divergence(m, pool, &cw, ref, &tc, KP_TIER_REDIS, a, b, N);
     kp_eng_free(ref);
     free(lw);
     free(lr);
