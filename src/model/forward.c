@@ -113,6 +113,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MM_ROWS 16
 #define MM_ACT_BYTES (1 << 20) /* activation bytes per matmul task, kept in L2 */
@@ -173,6 +174,7 @@ struct kp_forward {
     kp_weight output;
     void *pack_mem;
     uint64_t pack_bytes;
+    uint64_t pack_limit;         /* the most kp_forward_pack_weights may copy */
     /* attention's work so far (kp_forward_attn_work) */
     double att_flops, att_seconds;
     /* probe */
@@ -197,6 +199,13 @@ static float *gelu_table(void) {
     return t;
 }
 
+/* 3/4 of the machine's physical memory (unknown: no limit). */
+static uint64_t default_pack_limit(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || size <= 0) return UINT64_MAX;
+    return (uint64_t)pages / 4 * 3 * (uint64_t)size;
+}
+
 kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_threads *threads,
                          const kp_kernels *kernels, kp_error *err) {
     *out = NULL;
@@ -213,6 +222,7 @@ kp_status kp_forward_new(kp_forward **out, const kp_model *m, kp_kvpool *kv, kp_
     f->ak = f->k == kp_kernels_scalar() ? kp_attn_scalar() : kp_attn_best();
     f->n_threads = kp_threads_size(threads);
     f->probe_layer = -1;
+    f->pack_limit = default_pack_limit();
     if (m->hp.ffn_act == KP_FFN_GELU_TANH && !(f->gelu = gelu_table())) {
         free(f);
         return kp_fail(err, KP_ENOMEM, "out of memory for the GELU table");
@@ -342,15 +352,21 @@ kp_status kp_forward_pack_weights(kp_forward *f, uint64_t *bytes_out, kp_error *
         int r = pack_rows_for(f->k, list[i]);
         if (r) total += packed_size(list[i], r);
     }
+    uint64_t experts = 0;
     for (uint32_t l = 0; l < nl; l++) { /* every expert's matrix, each packed alone */
         kp_experts *xs[3];
         expert_list(&f->layers[l], xs);
         for (int j = 0; j < 3; j++) {
             int r = pack_rows_experts(f->k, xs[j]);
             kp_weight w0 = kp_expert_matrix(xs[j], 0);
-            if (r) total += packed_size(&w0, r) * xs[j]->n_expert;
+            if (r) experts += packed_size(&w0, r) * xs[j]->n_expert;
         }
     }
+    /* the copies stay in memory while the mapping's pages can be dropped:
+     * past the limit the experts stay mapped, then everything does */
+    const bool with_experts = total + experts <= f->pack_limit;
+    if (with_experts) total += experts;
+    else if (total > f->pack_limit) total = 0;
     if (total == 0) {
         free(list);
         return KP_OK;
@@ -373,7 +389,7 @@ kp_status kp_forward_pack_weights(kp_forward *f, uint64_t *bytes_out, kp_error *
         w->packed = true;
         at += packed_size(w, r);
     }
-    for (uint32_t l = 0; l < nl; l++) {
+    for (uint32_t l = 0; with_experts && l < nl; l++) {
         kp_experts *xs[3];
         expert_list(&f->layers[l], xs);
         for (int j = 0; j < 3; j++) {
@@ -398,6 +414,8 @@ kp_status kp_forward_pack_weights(kp_forward *f, uint64_t *bytes_out, kp_error *
     if (bytes_out) *bytes_out = total;
     return KP_OK;
 }
+
+void kp_forward_set_pack_limit(kp_forward *f, uint64_t bytes) { f->pack_limit = bytes; }
 
 void kp_forward_set_probe(kp_forward *f, int layer, int head) {
     f->probe_layer = layer;

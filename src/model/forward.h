@@ -45,6 +45,14 @@ void kp_forward_free(kp_forward *f);
  * pass keeps using the mapped weights. */
 kp_status kp_forward_pack_weights(kp_forward *f, uint64_t *bytes_out, kp_error *err);
 
+/* The most bytes kp_forward_pack_weights may copy (call before it). The
+ * copies stay resident while the kernel can drop the mapping's pages, so
+ * a model near the machine's memory must not be copied whole: past the
+ * limit the experts' 3-D weights (the bulk of a mixture-of-experts model)
+ * stay in the mapping, and if the 2-D weights alone exceed it nothing is
+ * copied. Default: 3/4 of the physical memory. */
+void kp_forward_set_pack_limit(kp_forward *f, uint64_t bytes);
+
 /* The precision of attention's products in prefill tiles (kernels/attn.h):
  * KP_ATTN_F32 (the default) or KP_ATTN_BF16, which takes the avx512bf16
  * table where the CPU has AVX512_BF16 (scalar-bf16 with the scalar

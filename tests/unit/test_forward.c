@@ -1719,6 +1719,58 @@ static double now(void) {
         printf("  %s: %.1f s\n", #fn, now() - t0_);                                 \
     } while (0)
 
+/* The pack limit (kp_forward_set_pack_limit) on mixture-of-experts models
+ * whose experts the kernel table repacks: copied whole, a copy of A bytes;
+ * with a limit of A - 1 the experts stay in the mapping (0 < B < A bytes
+ * copied); with B - 1 nothing is copied. The logits of all three, and of
+ * a pass that never packs, are the same bits. */
+static void test_pack_limit(void) {
+    static const char *models[] = {"tests/data/models/gen-qwen3moe-q8_0.gguf",
+                                   "tests/data/models/gen-gpt-oss-mxfp4.gguf"};
+    if (kp_kernels_best()->pack_rows[KP_DTYPE_Q8_0] <= 0) {
+        SKIP("pack limit (this CPU's kernel table has no repacked layouts: no avx512vnni)");
+        return;
+    }
+    enum { N = 24 };
+    int32_t toks[N];
+    for (int i = 0; i < N; i++) toks[i] = i ? (i * 53) % 250 + 3 : 1;
+    for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+        float *want = NULL;
+        uint64_t limit = UINT64_MAX, got[3] = {0, 0, 0};
+        for (int k = 0; k < 4; k++) { /* k 0: never packed; 1..3: the limits above */
+            rig r;
+            if (!rig_open(&r, harness_path(models[mi]), KP_DTYPE_F32, N, 2, NULL)) {
+                CHECK_MSG(false, "%s did not open", models[mi]);
+                break;
+            }
+            const size_t nv = r.m->hp.n_vocab;
+            float *lg = malloc(nv * sizeof *lg);
+            kp_error err = {0};
+            if (k > 0) {
+                kp_forward_set_pack_limit(r.fw, limit);
+                CHECK(kp_forward_pack_weights(r.fw, &got[k - 1], &err) == KP_OK);
+                limit = got[k - 1] ? got[k - 1] - 1 : 0;
+            }
+            kp_kvseq s = {0};
+            CHECK(feed(&r, &s, toks, N, false, lg));
+            if (k == 0) want = lg;
+            else {
+                CHECK_MSG(memcmp(want, lg, nv * sizeof *lg) == 0, "%s: logits with pack limit step %d differ",
+                          models[mi], k);
+                free(lg);
+            }
+            kp_kvseq_release(&s, r.kv);
+            rig_close(&r);
+        }
+        CHECK_MSG(got[0] > got[1] && got[1] > 0 && got[2] == 0,
+                  "%s: copies of %llu, %llu and %llu bytes under the limits", models[mi], (unsigned long long)got[0],
+                  (unsigned long long)got[1], (unsigned long long)got[2]);
+        printf("  %s: copies of %llu, %llu and %llu bytes under the limits, the same logits\n", models[mi],
+               (unsigned long long)got[0], (unsigned long long)got[1], (unsigned long long)got[2]);
+        free(want);
+    }
+}
+
 int main(void) {
     rng_state = (uint64_t)time(NULL);
     printf("test_forward seed %llu, kernels %s\n", (unsigned long long)rng_state, kp_kernels_best()->name);
@@ -1746,5 +1798,6 @@ int main(void) {
     TIMED(test_threads_long);
     TIMED(test_scalar_vs_best);
     TIMED(test_bf16_attention);
+    TIMED(test_pack_limit);
     return harness_finish("forward");
 }
