@@ -502,6 +502,12 @@ VNNI_INLINE __m512i dpbusd_bcast(__m512i acc, __m512i u, const int8_t *p) {
     return acc;
 }
 
+/* The same on 256-bit vectors: vpdpbusd acc, u, [p]{1to8}. */
+VNNI_INLINE __m256i dpbusd256_bcast(__m256i acc, __m256i u, const int8_t *p) {
+    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const kp_i32_alias *)p));
+    return acc;
+}
+
 /* The first nr of a 16-row tile's row sums acc[c] to out + c * os (add:
  * added to what is there), c < NC. */
 VNNI_INLINE void x16_store(const __m512 *acc, float *out, size_t os, int nr, int add, const int NC) {
@@ -872,7 +878,7 @@ VNNI_INLINE void kmin_panel_step_vnni(const kmin_panel *p, const char *const *ar
         UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
         UNROLL for (int g = 0; g < 8; g++) {
             const __m256i w = _mm256_load_si256(&p->q[j][g]);
-            UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_dpbusd_epi32(s[c], w, KQ_A4(ar, c, i, 32 * j + 4 * g));
+            UNROLL for (int c = 0; c < NC; c++) s[c] = dpbusd256_bcast(s[c], w, ((const kp_block_q8_K *)ar[c] + i)->qs + 32 * j + 4 * g);
         }
         const __m256i sc = _mm256_load_si256(&p->sc[j]);
         UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(s[c], sc));
@@ -908,7 +914,7 @@ VNNI_INLINE void kq_tile_vnni_nc(const void *panels, const char *const *ar, int6
                 UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
                 UNROLL for (int g = 0; g < 4; g++) {
                     const __m256i w = _mm256_load_si256(&p->q[j][g]);
-                    UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_dpbusd_epi32(s[c], w, KQ_A4(ar, c, i, 16 * j + 4 * g));
+                    UNROLL for (int c = 0; c < NC; c++) s[c] = dpbusd256_bcast(s[c], w, ((const kp_block_q8_K *)ar[c] + i)->qs + 16 * j + 4 * g);
                 }
                 UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(s[c], sc));
             }
