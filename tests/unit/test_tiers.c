@@ -82,10 +82,12 @@ typedef struct {
 
 /* The bundled model and a pool of n threads; false (a failed check) when
  * either cannot be had. */
-static bool load_model(kp_model **m, kp_threads **pool, int n) {
+static bool load_model(const char *path, kp_model **m, kp_threads **pool, int n) {
     kp_error err = {0};
-    if (kp_model_load(m, harness_path("models/stories260K.gguf"), &err) != KP_OK || kp_threads_new(pool, n, &err)) {
-        CHECK_MSG(false, "%s", err.msg);
+    if (kp_model_load(m, harness_path(path), &err) != KP_OK || kp_threads_new(pool, n, &err) != KP_OK) {
+        CHECK_MSG(false, "%s: %s", path, err.msg);
+        kp_model_free(*m);
+        *m = NULL;
         return false;
     }
     return true;
@@ -123,7 +125,7 @@ static void equal_through(int redis_port) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_threads *pool = NULL;
-    if (!load_model(&m, &pool, 2)) return;
+    if (!load_model("models/stories260K.gguf", &m, &pool, 2)) return;
     uint32_t nv = m->hp.n_vocab, B = 16;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * B;
     kp_engine *ref = NULL, *e = NULL;
@@ -297,12 +299,7 @@ static void recurrent_through(const kp_tiers_config *tc) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_threads *pool = NULL;
-    if (kp_model_load(&m, harness_path("tests/data/models/gen-qwen35-f32.gguf"), &err) != KP_OK ||
-        kp_threads_new(&pool, 2, &err) != KP_OK) {
-        CHECK_MSG(false, "%s", err.msg);
-        kp_model_free(m);
-        return;
-    }
+    if (!load_model("tests/data/models/gen-qwen35-f32.gguf", &m, &pool, 2)) return;
     kp_tier_id tier = tc->dir ? KP_TIER_DISK : KP_TIER_REDIS;
     uint32_t nv = m->hp.n_vocab;
     int32_t t[200], u[200];
@@ -380,12 +377,7 @@ static void recurrent_disk_budget(void) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_threads *pool = NULL;
-    if (kp_model_load(&m, harness_path("tests/data/models/gen-qwen35-f32.gguf"), &err) != KP_OK ||
-        kp_threads_new(&pool, 2, &err) != KP_OK) {
-        CHECK_MSG(false, "%s", err.msg);
-        kp_model_free(m);
-        return;
-    }
+    if (!load_model("tests/data/models/gen-qwen35-f32.gguf", &m, &pool, 2)) return;
     char dir[300];
     snprintf(dir, sizeof dir, "%s/qwen35-budget", tmpdir);
     uint64_t budget = 2 * kp_model_rec_state_floats(&m->hp) * sizeof(float);
@@ -427,12 +419,7 @@ static void recurrent_pin(void) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_threads *pool = NULL;
-    if (kp_model_load(&m, harness_path("tests/data/models/gen-qwen35-f32.gguf"), &err) != KP_OK ||
-        kp_threads_new(&pool, 2, &err) != KP_OK) {
-        CHECK_MSG(false, "%s", err.msg);
-        kp_model_free(m);
-        return;
-    }
+    if (!load_model("tests/data/models/gen-qwen35-f32.gguf", &m, &pool, 2)) return;
     char dir[300];
     snprintf(dir, sizeof dir, "%s/qwen35-pin", tmpdir);
     kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, NULL, 0};
@@ -472,12 +459,7 @@ static void recurrent_disk_to_redis(int port) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_threads *pool = NULL;
-    if (kp_model_load(&m, harness_path("tests/data/models/gen-qwen35-f32.gguf"), &err) != KP_OK ||
-        kp_threads_new(&pool, 2, &err) != KP_OK) {
-        CHECK_MSG(false, "%s", err.msg);
-        kp_model_free(m);
-        return;
-    }
+    if (!load_model("tests/data/models/gen-qwen35-f32.gguf", &m, &pool, 2)) return;
     char dir[300], addr[64], fphex[33];
     snprintf(dir, sizeof dir, "%s/qwen35-both", tmpdir);
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
@@ -551,7 +533,7 @@ static void disk_refusal_falls_to_redis(int redis_port) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_threads *pool = NULL;
-    if (!load_model(&m, &pool, 2)) return;
+    if (!load_model("models/stories260K.gguf", &m, &pool, 2)) return;
     enum { N = 100, B = 16 };
     uint32_t nv = m->hp.n_vocab;
     char dir[300], addr[64], path[700], fphex[33], keyhex[33];
@@ -618,7 +600,7 @@ static void test_pin_writes_through(void) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_threads *pool = NULL;
-    if (!load_model(&m, &pool, 1)) return;
+    if (!load_model("models/stories260K.gguf", &m, &pool, 1)) return;
     char dir[300];
     snprintf(dir, sizeof dir, "%s/pin", tmpdir);
     kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, NULL, 0};
@@ -724,12 +706,7 @@ static void test_window_budget_and_disk(void) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_threads *pool = NULL;
-    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
-        kp_threads_new(&pool, 1, &err) != KP_OK) {
-        CHECK_MSG(false, "%s", err.msg);
-        kp_model_free(m);
-        return;
-    }
+    if (!load_model("tests/data/models/gen-gemma3-f32.gguf", &m, &pool, 1)) return;
     enum { N = 96 };
     char dir[300], dir2[300];
     snprintf(dir, sizeof dir, "%s/window", tmpdir);
@@ -817,12 +794,7 @@ static void window_budget_through_redis(int port) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_threads *pool = NULL;
-    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
-        kp_threads_new(&pool, 1, &err) != KP_OK) {
-        CHECK_MSG(false, "%s", err.msg);
-        kp_model_free(m);
-        return;
-    }
+    if (!load_model("tests/data/models/gen-gemma3-f32.gguf", &m, &pool, 1)) return;
     enum { N = 96 };
     char addr[64], cmd[160];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
@@ -891,7 +863,7 @@ static void test_long_sequence_written_whole(void) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_threads *pool = NULL;
-    if (!load_model(&m, &pool, 2)) return;
+    if (!load_model("models/stories260K.gguf", &m, &pool, 2)) return;
     enum { B = 4, N = 1300, CTX = 1400 };
     char dir[300];
     snprintf(dir, sizeof dir, "%s/long", tmpdir);
