@@ -988,27 +988,6 @@ KQUANT_GEMM(gemm_q6_K, kp_avx2_dot_tile_q6_K, KQ6)
 #define K16_D (K16_Q + 2048)                      /* offset of the 16 d, then the 16 dmin */
 _Static_assert(K16_D + 2 * 32 == X16_ROWS * sizeof(kp_block_q4_K), "a Q4_K group keeps the in-place size");
 
-static void pack_q4_K_x16(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst) {
-    const int64_t nb = n / KP_QK_K;
-    const size_t group = (size_t)nb * K16_SB;
-    for (int64_t g0 = 0; g0 < nr; g0 += X16_ROWS) {
-        uint8_t *gd = (uint8_t *)dst + (size_t)(g0 / X16_ROWS) * group;
-        for (int r = 0; r < X16_ROWS; r++) {
-            const char *row = g0 + r < nr ? (const char *)w + (size_t)(g0 + r) * w_stride : NULL;
-            for (int64_t b = 0; b < nb; b++) {
-                uint8_t *sb = gd + (size_t)b * K16_SB;
-                kp_block_q4_K x; /* padding rows: quants, scales, d and dmin 0 */
-                if (row) memcpy(&x, row + (size_t)b * sizeof x, sizeof x);
-                else memset(&x, 0, sizeof x);
-                for (int s = 0; s < 32; s++) memcpy(sb + K16_Q + 64 * s + 4 * r, x.qs + 4 * s, 4);
-                for (int k = 0; k < 3; k++) memcpy(sb + K16_SC + 64 * k + 4 * r, x.scales + 4 * k, 4);
-                memcpy(sb + K16_D + 2 * r, &x.d, 2);
-                memcpy(sb + K16_D + 32 + 2 * r, &x.dmin, 2);
-            }
-        }
-    }
-}
-
 /* ---- Q5_K repacked for decode (quant.h pack, gemm_packed) ----------------- */
 
 /*
@@ -1043,28 +1022,6 @@ static void pack_q4_K_x16(int64_t n, int64_t nr, const void *w, size_t w_stride,
 _Static_assert(K5_D + 2 * 32 == X16_ROWS * sizeof(kp_block_q5_K), "a Q5_K group keeps the in-place size");
 _Static_assert(K5_SB % 64 == 0 && K5_Q % 64 == 0, "Q5_K steps stay 64-byte aligned");
 
-static void pack_q5_K_x16(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst) {
-    const int64_t nb = n / KP_QK_K;
-    const size_t group = (size_t)nb * K5_SB;
-    for (int64_t g0 = 0; g0 < nr; g0 += X16_ROWS) {
-        uint8_t *gd = (uint8_t *)dst + (size_t)(g0 / X16_ROWS) * group;
-        for (int r = 0; r < X16_ROWS; r++) {
-            const char *row = g0 + r < nr ? (const char *)w + (size_t)(g0 + r) * w_stride : NULL;
-            for (int64_t b = 0; b < nb; b++) {
-                uint8_t *sb = gd + (size_t)b * K5_SB;
-                kp_block_q5_K x; /* padding rows: quants, scales, d and dmin 0 */
-                if (row) memcpy(&x, row + (size_t)b * sizeof x, sizeof x);
-                else memset(&x, 0, sizeof x);
-                for (int k = 0; k < 3; k++) memcpy(sb + K16_SC + 64 * k + 4 * r, x.scales + 4 * k, 4);
-                for (int gi = 0; gi < 8; gi++) memcpy(sb + K5_QH + 64 * gi + 4 * r, x.qh + 4 * gi, 4);
-                for (int s = 0; s < 32; s++) memcpy(sb + K5_Q + 64 * s + 4 * r, x.qs + 4 * s, 4);
-                memcpy(sb + K5_D + 2 * r, &x.d, 2);
-                memcpy(sb + K5_D + 32 + 2 * r, &x.dmin, 2);
-            }
-        }
-    }
-}
-
 /* The 6-bit scales and mins of the rows of 4 words u0..u2 (lanes of 32
  * bits, one per row): sc[0] bytes = scales 0..3, sc[1] = 4..7, mn[0] =
  * mins 0..3, mn[1] = 4..7 (the mapping of kq_scales_mins). */
@@ -1094,6 +1051,45 @@ VNNI_INLINE __m512i k5_bit4(__m512i h, int k) {
 static inline size_t k16_sb_bytes(int kind) { return kind == KQ4 ? K16_SB : K5_SB; }
 static inline size_t k16_q_at(int kind) { return kind == KQ4 ? K16_Q : K5_Q; }
 static inline size_t k16_d_at(int kind) { return kind == KQ4 ? K16_D : K5_D; }
+
+/* Rows in place (kp_block_q4_K or kp_block_q5_K: d, dmin, scales[12], then
+ * Q5_K's qh[32], then qs[128]) into the groups of kind's layout. Padding
+ * rows: quants, scales, d and dmin 0. */
+static void pack_k16(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst, int kind) {
+    const int64_t nb = n / KP_QK_K;
+    const size_t bsz = kind == KQ4 ? sizeof(kp_block_q4_K) : sizeof(kp_block_q5_K);
+    const size_t sbytes = k16_sb_bytes(kind), q_at = k16_q_at(kind), d_at = k16_d_at(kind);
+    const size_t qs_in = kind == KQ4 ? offsetof(kp_block_q4_K, qs) : offsetof(kp_block_q5_K, qs);
+    const size_t sc_in = offsetof(kp_block_q4_K, scales);
+    _Static_assert(offsetof(kp_block_q4_K, scales) == offsetof(kp_block_q5_K, scales) &&
+                       offsetof(kp_block_q4_K, dmin) == offsetof(kp_block_q5_K, dmin),
+                   "Q4_K and Q5_K share d, dmin and the scale bytes");
+    for (int64_t g0 = 0; g0 < nr; g0 += X16_ROWS) {
+        uint8_t *gd = (uint8_t *)dst + (size_t)(g0 / X16_ROWS) * (size_t)nb * sbytes;
+        for (int r = 0; r < X16_ROWS; r++) {
+            const char *row = g0 + r < nr ? (const char *)w + (size_t)(g0 + r) * w_stride : NULL;
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t *sb = gd + (size_t)b * sbytes, x[sizeof(kp_block_q5_K)];
+                if (row) memcpy(x, row + (size_t)b * bsz, bsz);
+                else memset(x, 0, bsz);
+                for (int k = 0; k < 3; k++) memcpy(sb + K16_SC + 64 * k + 4 * r, x + sc_in + 4 * k, 4);
+                if (kind == KQ5)
+                    for (int gi = 0; gi < 8; gi++)
+                        memcpy(sb + K5_QH + 64 * gi + 4 * r, x + offsetof(kp_block_q5_K, qh) + 4 * gi, 4);
+                for (int st = 0; st < 32; st++) memcpy(sb + q_at + 64 * st + 4 * r, x + qs_in + 4 * st, 4);
+                memcpy(sb + d_at + 2 * r, x + offsetof(kp_block_q4_K, d), 2);
+                memcpy(sb + d_at + 32 + 2 * r, x + offsetof(kp_block_q4_K, dmin), 2);
+            }
+        }
+    }
+}
+
+static void pack_q4_K_x16(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst) {
+    pack_k16(n, nr, w, w_stride, dst, KQ4);
+}
+static void pack_q5_K_x16(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst) {
+    pack_k16(n, nr, w, w_stride, dst, KQ5);
+}
 
 /* 16 rows x NC activation rows over super-blocks [i0, i0 + len) of the
  * Q4_K (kind KQ4) or Q5_K (KQ5) group at g; nr rows stored to out (add:
