@@ -56,14 +56,22 @@
 /* ------------------------------------------------------------------------ */
 
 /*
- * The avx512vnni table's F32/F16/BF16 kernels: the same register tiles on
- * 512-bit vectors (16 lanes; 2 x 8 tiles for many activation rows, 4 x C in
- * decode), chunks of F5_KC elements padded with zeros to a multiple of 16,
- * lane i summing k = i mod 16, then one fixed horizontal sum. Its own
- * canonical order (16 lanes), shared by every call shape of that table.
+ * The avx512vnni table's F32/F16/BF16 kernels, on rows in place (dot_tile,
+ * gemm) and repacked (gemm_packed, below): register tiles of R weight rows
+ * x C activation rows on 512-bit vectors (16 lanes) that run over the whole
+ * row, converting both operands as they load them (vcvtph2ps for F16, a
+ * shift for BF16): 4 x 6 (24 accumulators, 10 loads per 24 multiply-adds)
+ * for many activation rows, 16 x 1, 8 x 2 and 4 x 3..5 for fewer. Canonical
+ * order, the same for every call shape: lane i sums the products of the
+ * elements k = i mod 16 in order over the whole row (the last 16 padded with
+ * zeros), then one fixed horizontal sum. (Summing a row in chunks, with a
+ * horizontal sum per chunk, cost F16 prefill a fifth of its time in
+ * shuffles.)
  */
-#define F5_KC 512 /* elements per K chunk */
-#define F5_NC 8   /* activation rows per tile (at most) */
+#define F5_NC 6 /* activation rows of the widest tile */
+#define X16_ROWS 16 /* rows of a repacked group (every packed layout of this table) */
+#define FX16_STEP (X16_ROWS * 32) /* bytes of 16 elements of a repacked 16-row group */
+#define UNROLL16 _Pragma("GCC unroll 16") /* R up to 16: fully, so acc stays in registers */
 
 VNNI_INLINE __m512 load_x16(const void *row, int64_t i, int kind) {
     if (kind == ELEM_F32) return _mm512_loadu_ps((const float *)row + i);
@@ -72,11 +80,12 @@ VNNI_INLINE __m512 load_x16(const void *row, int64_t i, int kind) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-VNNI_INLINE __m512 float_w16(const char *row, int64_t k, int64_t n, int kind) {
-    if (k + 16 <= n) return load_x16(row, k, kind);
-    float t[16];
-    for (int i = 0; i < 16; i++) t[i] = k + i < n ? load_x1(row, k + i, kind) : 0.0f;
-    return _mm512_loadu_ps(t);
+/* The elements i.. of a row where mask m has bits (zeros elsewhere). */
+VNNI_INLINE __m512 load_x16_mask(const void *row, int64_t i, __mmask16 m, int kind) {
+    if (kind == ELEM_F32) return _mm512_maskz_loadu_ps(m, (const float *)row + i);
+    const __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i);
+    if (kind == ELEM_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 VNNI_INLINE float hsum512(__m512 v) {
@@ -84,81 +93,96 @@ VNNI_INLINE float hsum512(__m512 v) {
     return hsum_ps(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
 }
 
-VNNI_INLINE void float_tile512(const char *const *wr, int kind, int64_t k0, int64_t len16, int64_t n,
-                               const float (*sa)[F5_KC], int nr, float *out, size_t os, int add, size_t pf,
-                               const int R, const int C) {
+/* Weight rows wr[0..R) x activation rows ar[0..C) of n elements: step j
+ * (elements 16j..16j+15) of row r at wr[r] + j*adv (in place 16 elements
+ * on, repacked one group step on), of row c at ar[c] + 16j elements. The
+ * last partial step (rows in place only) loads under a mask. nr of the R
+ * rows are stored; pf > 0 (decode on rows in place): each weight row asks
+ * for the line pf bytes ahead once a line. */
+VNNI_INLINE void float_tile512(const char *const *wr, size_t adv, const char *const *ar, int kind, int64_t n,
+                               int nr, float *out, size_t os, size_t pf, const int R, const int C) {
     const size_t es = kind == ELEM_F32 ? 4 : 2;
-    __m512 acc[4][F5_NC];
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < len16; k += 16) {
-        __m512 w[4];
-        if (pf && (size_t)(k0 + k) * es % 64 < 16 * es) /* once per cache line */
-            UNROLL for (int r = 0; r < R; r++) _mm_prefetch(wr[r] + pf + (size_t)(k0 + k) * es, _MM_HINT_T0);
-        UNROLL for (int r = 0; r < R; r++) w[r] = float_w16(wr[r], k0 + k, n, kind);
-        UNROLL for (int c = 0; c < C; c++) {
-            const __m512 av = _mm512_load_ps(&sa[c][k]);
-            UNROLL for (int r = 0; r < R; r++) acc[r][c] = _mm512_fmadd_ps(w[r], av, acc[r][c]);
+    __m512 acc[16][F5_NC];
+    UNROLL16 for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    const int64_t nf = n & ~(int64_t)15;
+    size_t off = 0;
+    for (int64_t k = 0; k < nf; k += 16, off += adv) {
+        if (pf && (size_t)k * es % 64 < 16 * es) /* once per cache line */
+            UNROLL16 for (int r = 0; r < R; r++) _mm_prefetch(wr[r] + pf + off, _MM_HINT_T0);
+        __m512 av[F5_NC];
+        UNROLL for (int c = 0; c < C; c++) av[c] = load_x16(ar[c], k, kind);
+        UNROLL16 for (int r = 0; r < R; r++) {
+            const __m512 wv = load_x16(wr[r] + off, 0, kind);
+            UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(wv, av[c], acc[r][c]);
+        }
+    }
+    if (nf < n) { /* rows in place: the last n - nf elements */
+        const __mmask16 m = (__mmask16)((1u << (n - nf)) - 1);
+        UNROLL16 for (int r = 0; r < R; r++) {
+            const __m512 wv = load_x16_mask(wr[r] + off, 0, m, kind);
+            UNROLL for (int c = 0; c < C; c++)
+                acc[r][c] = _mm512_fmadd_ps(wv, load_x16_mask(ar[c], nf, m, kind), acc[r][c]);
         }
     }
     UNROLL for (int c = 0; c < C; c++)
-        UNROLL for (int r = 0; r < R; r++) {
+        UNROLL16 for (int r = 0; r < R; r++) {
             if (r >= nr) break;
-            float *o = out + (size_t)c * os + (size_t)r;
-            const float v = hsum512(acc[r][c]);
-            *o = add ? *o + v : v;
+            out[(size_t)c * os + (size_t)r] = hsum512(acc[r][c]);
         }
 }
 
-VNNI_INLINE void tile_float512(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
-                               size_t a_stride, float *out, size_t out_stride, int kind) {
-    float sa[F5_NC][F5_KC] __attribute__((aligned(64)));
-    const size_t pf = decode_pf(w_stride, nc, 5);
-    if (n <= 0) zero_out(nr, nc, out, out_stride);
-    for (int64_t k0 = 0; k0 < n; k0 += F5_KC) {
-        const int64_t len = n - k0 < F5_KC ? n - k0 : F5_KC;
-        const int64_t len16 = (len + 15) & ~(int64_t)15;
-        for (int c0 = 0; c0 < nc; c0 += F5_NC) {
-            const int ncc = nc - c0 < F5_NC ? nc - c0 : F5_NC;
-            for (int c = 0; c < ncc; c++) {
-                const char *arow = (const char *)a + (size_t)(c0 + c) * a_stride;
-                int64_t k = 0;
-                for (; k + 16 <= len; k += 16) _mm512_store_ps(&sa[c][k], load_x16(arow, k0 + k, kind));
-                for (; k < len16; k++) sa[c][k] = k < len ? load_x1(arow, k0 + k, kind) : 0.0f;
+/* nr weight rows x nc activation rows: rows in place (group 0: row r at w +
+ * r*w_stride) or repacked (group > 0: the bytes of a 16-row group; row r at
+ * w + (r/16)*group + 32*(r%16)). Columns in tiles of 6, the rest in one
+ * narrower tile; each column tile runs over every row tile, so its
+ * activations stay in L1 while the weight rows stream past. */
+VNNI_INLINE void float_gemm512(int64_t n, int nr, int nc, const void *w, size_t w_stride, size_t group,
+                               const void *a, size_t a_stride, float *out, size_t out_stride, int kind) {
+    const size_t es = kind == ELEM_F32 ? 4 : 2;
+    const size_t adv = group ? FX16_STEP : 16 * es;
+    const size_t pf = group ? 0 : decode_pf(w_stride, nc, 5);
+    if (n <= 0) {
+        zero_out(nr, nc, out, out_stride);
+        return;
+    }
+    for (int c0 = 0; c0 < nc;) {
+        const int C = nc - c0 >= F5_NC ? F5_NC : nc - c0;
+        const int R = C == 1 ? 16 : C == 2 ? 8 : 4;
+        const char *ar[F5_NC];
+        for (int c = 0; c < F5_NC; c++) ar[c] = (const char *)a + (size_t)(c0 + (c < C ? c : C - 1)) * a_stride;
+        for (int r0 = 0; r0 < nr; r0 += R) {
+            const int nrr = nr - r0 < R ? nr - r0 : R;
+            const char *wr[16];
+            for (int r = 0; r < R; r++) {
+                const int row = r0 + (r < nrr ? r : nrr - 1);
+                wr[r] = group ? (const char *)w + (size_t)(row / X16_ROWS) * group + 32 * (size_t)(row % X16_ROWS)
+                              : (const char *)w + (size_t)row * w_stride;
             }
-            const int R = ncc <= 4 ? 4 : 2;
-            for (int r0 = 0; r0 < nr; r0 += R) {
-                const int nrr = nr - r0 < R ? nr - r0 : R;
-                const char *wr[4];
-                for (int r = 0; r < R; r++) wr[r] = (const char *)w + (size_t)(r0 + (r < nrr ? r : nrr - 1)) * w_stride;
-                float *o = out + (size_t)c0 * out_stride + (size_t)r0;
-                const float(*sp)[F5_KC] = (const float(*)[F5_KC])sa;
-                const int add = k0 > 0;
-                switch (ncc) {
-                case 1: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 4, 1); break;
-                case 2: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 4, 2); break;
-                case 3: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 4, 3); break;
-                case 4: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 4, 4); break;
-                case 5: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 2, 5); break;
-                case 6: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 2, 6); break;
-                case 7: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 2, 7); break;
-                default: float_tile512(wr, kind, k0, len16, n, sp, nrr, o, out_stride, add, pf, 2, 8); break;
-                }
+            float *o = out + (size_t)c0 * out_stride + (size_t)r0;
+            switch (C) {
+            case 1: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, 16, 1); break;
+            case 2: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, 8, 2); break;
+            case 3: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, 4, 3); break;
+            case 4: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, 4, 4); break;
+            case 5: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, 4, 5); break;
+            default: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, 4, 6); break;
             }
         }
+        c0 += C;
     }
 }
 
 #define FLOAT_TILE512(name, gname, kind)                                                        \
     static VNNI void name(int64_t n, int nr, int nc, const void *w, size_t w_stride,           \
                           const void *a, size_t a_stride, float *out, size_t out_stride) {     \
-        tile_float512(n, nr, nc, w, w_stride, a, a_stride, out, out_stride, kind);              \
+        float_gemm512(n, nr, nc, w, w_stride, 0, a, a_stride, out, out_stride, kind);          \
     }                                                                                           \
     static VNNI void gname(int64_t n, int nr, int nc, const void *w, size_t w_stride,          \
                            const void *a, size_t a_stride, const void *aux, size_t aux_stride,  \
                            float *out, size_t out_stride) {                                    \
         (void)aux;                                                                              \
         (void)aux_stride;                                                                       \
-        tile_float512(n, nr, nc, w, w_stride, a, a_stride, out, out_stride, kind);              \
+        float_gemm512(n, nr, nc, w, w_stride, 0, a, a_stride, out, out_stride, kind);          \
     }
 FLOAT_TILE512(tile_f32_512, gemm_f32_512, ELEM_F32)
 FLOAT_TILE512(tile_f16_512, gemm_f16_512, ELEM_F16)
@@ -419,7 +443,6 @@ LEGACY_GEMM(gemm_q4_0, WQ4_0)
  * d * da, acc); the panels for many activation rows: the VNNI pack's 16q
  * and d / 16), so gemm_packed equals gemm bit for bit.
  */
-#define X16_ROWS 16
 /* Up to this many activation rows (batched decode) the packed gemms take
  * the decode tiles, 8 rows a pass (Q4_K/Q5_K/Q6_K: 4) over a group held in
  * L1/L2; past it the prefill panels, which cost a pack per K chunk and win
@@ -1457,14 +1480,10 @@ KX16_GEMM(gemm_packed_q6_K, KQ6)
  * A 16-row group of n elements (n a multiple of 16, pack_k) as n / 16
  * steps of 512 bytes: step s = row 0 elements 16s..16s+15 | row 1 ... |
  * row 15 (32 bytes each, as in place). A decode tile reads the group as one
- * forward stream; each row keeps the canonical order of this table (per
- * chunk of F5_KC elements, lane i sums k = i mod 16 in order, one fixed
- * horizontal sum, chunks added), so gemm_packed equals gemm bit for bit.
- * The register tiles are those of tile_float512 with R up to 16 rows:
- * 16 x 1, 8 x 2, 4 x 4 or 2 x 8 accumulators.
+ * forward stream. gemm_packed is float_gemm512 (above) on the group's
+ * addresses, with its tiles and canonical order, so it equals gemm bit for
+ * bit.
  */
-#define FX16_STEP (X16_ROWS * 32) /* bytes of 16 elements of the 16 rows */
-#define UNROLL16 _Pragma("GCC unroll 16") /* R up to 16: fully, so acc stays in registers */
 
 static void pack_half_x16(int64_t n, int64_t nr, const void *w, size_t w_stride, void *dst) {
     const int64_t ns = n / 16;
@@ -1480,74 +1499,12 @@ static void pack_half_x16(int64_t n, int64_t nr, const void *w, size_t w_stride,
     }
 }
 
-/* Rows rb..rb+R-1 of the group at g x C staged activation rows over
- * elements [k0, k0 + len) of a chunk; nr of the rows stored (add: added). */
-VNNI_INLINE void fx16_tile(const uint8_t *g, int rb, int kind, int64_t k0, int64_t len, const float (*sa)[F5_KC],
-                           int nr, float *out, size_t os, int add, const int R, const int C) {
-    __m512 acc[16][F5_NC];
-    UNROLL16 for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
-    const uint8_t *st = g + (size_t)(k0 / 16) * FX16_STEP + 32 * (size_t)rb;
-    for (int64_t k = 0; k < len; k += 16, st += FX16_STEP) {
-        __m512 w[16];
-        UNROLL16 for (int r = 0; r < R; r++) w[r] = load_x16(st + 32 * r, 0, kind);
-        UNROLL for (int c = 0; c < C; c++) {
-            const __m512 av = _mm512_load_ps(&sa[c][k]);
-            UNROLL16 for (int r = 0; r < R; r++) acc[r][c] = _mm512_fmadd_ps(w[r], av, acc[r][c]);
-        }
-    }
-    UNROLL for (int c = 0; c < C; c++)
-        UNROLL16 for (int r = 0; r < R; r++) {
-            if (r >= nr) break;
-            float *o = out + (size_t)c * os + (size_t)r;
-            const float v = hsum512(acc[r][c]);
-            *o = add ? *o + v : v;
-        }
-}
-
-VNNI_INLINE void gemm_fx16(int64_t n, int nr, int nc, const void *wp, const void *a, size_t a_stride, float *out,
-                           size_t out_stride, int kind) {
-    float sa[F5_NC][F5_KC] __attribute__((aligned(64)));
-    const size_t group = (size_t)(n / 16) * FX16_STEP;
-    if (n <= 0) zero_out(nr, nc, out, out_stride);
-    for (int r0 = 0; r0 < nr; r0 += X16_ROWS) {
-        const uint8_t *g = (const uint8_t *)wp + (size_t)(r0 / X16_ROWS) * group;
-        const int rows = nr - r0 < X16_ROWS ? nr - r0 : X16_ROWS;
-        for (int64_t k0 = 0; k0 < n; k0 += F5_KC) {
-            const int64_t len = n - k0 < F5_KC ? n - k0 : F5_KC;
-            for (int c0 = 0; c0 < nc; c0 += F5_NC) {
-                const int ncc = nc - c0 < F5_NC ? nc - c0 : F5_NC;
-                for (int c = 0; c < ncc; c++) {
-                    const char *arow = (const char *)a + (size_t)(c0 + c) * a_stride;
-                    for (int64_t k = 0; k < len; k += 16) _mm512_store_ps(&sa[c][k], load_x16(arow, k0 + k, kind));
-                }
-                const float(*sp)[F5_KC] = (const float(*)[F5_KC])sa;
-                const int R = ncc == 1 ? 16 : ncc == 2 ? 8 : ncc <= 4 ? 4 : 2;
-                for (int rb = 0; rb < rows; rb += R) {
-                    const int nrr = rows - rb < R ? rows - rb : R;
-                    float *o = out + (size_t)c0 * out_stride + (size_t)(r0 + rb);
-                    const int add = k0 > 0;
-                    switch (ncc) {
-                    case 1: fx16_tile(g, rb, kind, k0, len, sp, nrr, o, out_stride, add, 16, 1); break;
-                    case 2: fx16_tile(g, rb, kind, k0, len, sp, nrr, o, out_stride, add, 8, 2); break;
-                    case 3: fx16_tile(g, rb, kind, k0, len, sp, nrr, o, out_stride, add, 4, 3); break;
-                    case 4: fx16_tile(g, rb, kind, k0, len, sp, nrr, o, out_stride, add, 4, 4); break;
-                    case 5: fx16_tile(g, rb, kind, k0, len, sp, nrr, o, out_stride, add, 2, 5); break;
-                    case 6: fx16_tile(g, rb, kind, k0, len, sp, nrr, o, out_stride, add, 2, 6); break;
-                    case 7: fx16_tile(g, rb, kind, k0, len, sp, nrr, o, out_stride, add, 2, 7); break;
-                    default: fx16_tile(g, rb, kind, k0, len, sp, nrr, o, out_stride, add, 2, 8); break;
-                    }
-                }
-            }
-        }
-    }
-}
-
 #define FX16_GEMM(name, kind)                                                                                   \
     static VNNI void name(int64_t n, int nr, int nc, const void *wp, const void *a, size_t a_stride,            \
                           const void *aux, size_t aux_stride, float *out, size_t out_stride) {                  \
         (void)aux;                                                                                              \
         (void)aux_stride;                                                                                       \
-        gemm_fx16(n, nr, nc, wp, a, a_stride, out, out_stride, kind);                                           \
+        float_gemm512(n, nr, nc, wp, 0, (size_t)(n / 16) * FX16_STEP, a, a_stride, out, out_stride, kind);     \
     }
 FX16_GEMM(gemm_packed_f16, ELEM_F16)
 FX16_GEMM(gemm_packed_bf16, ELEM_BF16)

@@ -16,11 +16,11 @@
  * table's.
  *
  * Canonical order (every call shape of this table, so gemm_packed equals
- * gemm and dot_tile bit for bit): a row is cut in chunks of KC elements
- * (the last padded with zeros to a multiple of 16); in a chunk, lane i of
- * one 8-lane F32 vector sums the pairs of elements (16j + 2i, 16j + 2i + 1)
- * for j = 0, 1, ... in order (one VDPBF16PS each), then one fixed
- * horizontal sum; the chunks' sums are added in order.
+ * gemm and dot_tile bit for bit): lane i of one 8-lane F32 vector sums the
+ * pairs of elements (16j + 2i, 16j + 2i + 1) for j = 0, 1, ... in order
+ * over the whole row (one VDPBF16PS each; the last 16 elements padded with
+ * zeros), then one fixed horizontal sum. The register tiles: 4 weight rows
+ * x 6 activation rows for many of them, 16 x 1, 8 x 2, 4 x 3..5 for few.
  *
  * Packed layout (pack, pack_k 16): a 16-row group of n elements as n / 16
  * steps of 512 bytes: step s = row 0's elements 16s..16s+15 | row 1 | ...
@@ -47,8 +47,7 @@
 #define BF16_INLINE                                                                                            \
     static inline __attribute__((always_inline, target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni,avx512bf16")))
 
-#define KC 512      /* elements per chunk */
-#define NC 8        /* activation rows per tile (at most) */
+#define NC 6        /* activation rows of the widest tile */
 #define ROWS 16     /* rows of a packed group */
 #define STEP_BYTES (ROWS * 32) /* 16 elements of the 16 rows */
 #define UNROLL16 _Pragma("GCC unroll 16")
@@ -61,74 +60,91 @@ BF16_INLINE __m256bh ld16(const void *row, int64_t i, int64_t n) {
     return (__m256bh)_mm256_maskz_loadu_epi16(m, p);
 }
 
-/* Rows wr[0..R) (in place) times activation rows ar[0..C) over the chunk
- * [k0, k0 + len) of rows of n elements: acc[r][c] += pairs, then out. */
-BF16_INLINE void tile_rows(const char *const *wr, const char *const *ar, int64_t k0, int64_t len, int64_t n, int nr,
-                           float *out, size_t os, int add, size_t pf, const int R, const int C) {
-    __m256 acc[4][NC];
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < len; k += 16) {
-        __m256bh w[4];
-        if (pf && (size_t)(k0 + k) * 2 % 64 == 0) /* once per cache line */
-            UNROLL for (int r = 0; r < R; r++) _mm_prefetch(wr[r] + pf + (size_t)(k0 + k) * 2, _MM_HINT_T0);
-        UNROLL for (int r = 0; r < R; r++) w[r] = ld16(wr[r], k0 + k, n);
-        UNROLL for (int c = 0; c < C; c++) {
-            const __m256bh av = ld16(ar[c], k0 + k, n);
-            UNROLL for (int r = 0; r < R; r++) acc[r][c] = _mm256_dpbf16_ps(acc[r][c], w[r], av);
+/* Weight rows wr[0..R) x activation rows ar[0..C) of n elements over the
+ * whole row: step j (elements 16j..16j+15) of row r at wr[r] + j*adv (in
+ * place 32 bytes on, repacked one group step on), of row c at ar[c] + 16j
+ * elements; the last partial step (rows in place only) loads under a mask.
+ * nr of the R rows are stored. pf > 0 (decode on rows in place): each
+ * weight row asks for the line pf bytes ahead once a line. */
+BF16_INLINE void tile_rows(const char *const *wr, size_t adv, const char *const *ar, int64_t n, int nr, float *out,
+                           size_t os, size_t pf, const int R, const int C) {
+    __m256 acc[16][NC];
+    UNROLL16 for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    const int64_t nf = n & ~(int64_t)15;
+    size_t off = 0;
+    for (int64_t k = 0; k < nf; k += 16, off += adv) {
+        if (pf && (size_t)k * 2 % 64 == 0) /* once per cache line */
+            UNROLL16 for (int r = 0; r < R; r++) _mm_prefetch(wr[r] + pf + off, _MM_HINT_T0);
+        __m256bh av[NC];
+        UNROLL for (int c = 0; c < C; c++) av[c] = (__m256bh)_mm256_loadu_si256((const __m256i *)((const uint16_t *)ar[c] + k));
+        UNROLL16 for (int r = 0; r < R; r++) {
+            const __m256bh wv = (__m256bh)_mm256_loadu_si256((const __m256i *)(wr[r] + off));
+            UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_dpbf16_ps(acc[r][c], wv, av[c]);
         }
     }
+    if (nf < n) /* rows in place: the last n - nf elements */
+        UNROLL16 for (int r = 0; r < R; r++) {
+            const __m256bh wv = ld16(wr[r], nf, n);
+            UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_dpbf16_ps(acc[r][c], wv, ld16(ar[c], nf, n));
+        }
     UNROLL for (int c = 0; c < C; c++)
-        UNROLL for (int r = 0; r < R; r++) {
+        UNROLL16 for (int r = 0; r < R; r++) {
             if (r >= nr) break;
-            float *o = out + (size_t)c * os + (size_t)r;
-            const float v = hsum_ps(acc[r][c]);
-            *o = add ? *o + v : v;
+            out[(size_t)c * os + (size_t)r] = hsum_ps(acc[r][c]);
         }
 }
 
-/* The rows in place (dot_tile, gemm): nr weight rows x nc activation rows. */
-BF16_INLINE void gemm_rows(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
+/* nr weight rows x nc activation rows: rows in place (group 0: row r at w +
+ * r*w_stride) or repacked (group > 0: the bytes of a 16-row group; row r at
+ * w + (r/16)*group + 32*(r%16)). Columns in tiles of 6 (4 rows x 6: 24
+ * accumulators, 10 loads per 24 dot products), the rest in one narrower
+ * tile (16 x 1, 8 x 2, 4 x 3..5); each column tile runs over every row
+ * tile, so its activations stay in L1 while the weight rows stream past. */
+BF16_INLINE void gemm_rows(int64_t n, int nr, int nc, const void *w, size_t w_stride, size_t group, const void *a,
                            size_t a_stride, float *out, size_t out_stride) {
-    const size_t pf = decode_pf(w_stride, nc, 5);
-    if (n <= 0) zero_out(nr, nc, out, out_stride);
-    for (int64_t k0 = 0; k0 < n; k0 += KC) {
-        const int64_t len = n - k0 < KC ? n - k0 : KC;
-        for (int c0 = 0; c0 < nc; c0 += NC) {
-            const int ncc = nc - c0 < NC ? nc - c0 : NC;
-            const char *ar[NC];
-            for (int c = 0; c < NC; c++) ar[c] = (const char *)a + (size_t)(c0 + (c < ncc ? c : ncc - 1)) * a_stride;
-            const int R = ncc <= 4 ? 4 : 2;
-            for (int r0 = 0; r0 < nr; r0 += R) {
-                const int nrr = nr - r0 < R ? nr - r0 : R;
-                const char *wr[4];
-                for (int r = 0; r < R; r++) wr[r] = (const char *)w + (size_t)(r0 + (r < nrr ? r : nrr - 1)) * w_stride;
-                float *o = out + (size_t)c0 * out_stride + (size_t)r0;
-                const int add = k0 > 0;
-                switch (ncc) {
-                case 1: tile_rows(wr, ar, k0, len, n, nrr, o, out_stride, add, pf, 4, 1); break;
-                case 2: tile_rows(wr, ar, k0, len, n, nrr, o, out_stride, add, pf, 4, 2); break;
-                case 3: tile_rows(wr, ar, k0, len, n, nrr, o, out_stride, add, pf, 4, 3); break;
-                case 4: tile_rows(wr, ar, k0, len, n, nrr, o, out_stride, add, pf, 4, 4); break;
-                case 5: tile_rows(wr, ar, k0, len, n, nrr, o, out_stride, add, pf, 2, 5); break;
-                case 6: tile_rows(wr, ar, k0, len, n, nrr, o, out_stride, add, pf, 2, 6); break;
-                case 7: tile_rows(wr, ar, k0, len, n, nrr, o, out_stride, add, pf, 2, 7); break;
-                default: tile_rows(wr, ar, k0, len, n, nrr, o, out_stride, add, pf, 2, 8); break;
-                }
+    const size_t adv = group ? STEP_BYTES : 32;
+    const size_t pf = group ? 0 : decode_pf(w_stride, nc, 5);
+    if (n <= 0) {
+        zero_out(nr, nc, out, out_stride);
+        return;
+    }
+    for (int c0 = 0; c0 < nc;) {
+        const int C = nc - c0 >= NC ? NC : nc - c0;
+        const int R = C == 1 ? 16 : C == 2 ? 8 : 4;
+        const char *ar[NC];
+        for (int c = 0; c < NC; c++) ar[c] = (const char *)a + (size_t)(c0 + (c < C ? c : C - 1)) * a_stride;
+        for (int r0 = 0; r0 < nr; r0 += R) {
+            const int nrr = nr - r0 < R ? nr - r0 : R;
+            const char *wr[16];
+            for (int r = 0; r < R; r++) {
+                const int row = r0 + (r < nrr ? r : nrr - 1);
+                wr[r] = group ? (const char *)w + (size_t)(row / ROWS) * group + 32 * (size_t)(row % ROWS)
+                              : (const char *)w + (size_t)row * w_stride;
+            }
+            float *o = out + (size_t)c0 * out_stride + (size_t)r0;
+            switch (C) {
+            case 1: tile_rows(wr, adv, ar, n, nrr, o, out_stride, pf, 16, 1); break;
+            case 2: tile_rows(wr, adv, ar, n, nrr, o, out_stride, pf, 8, 2); break;
+            case 3: tile_rows(wr, adv, ar, n, nrr, o, out_stride, pf, 4, 3); break;
+            case 4: tile_rows(wr, adv, ar, n, nrr, o, out_stride, pf, 4, 4); break;
+            case 5: tile_rows(wr, adv, ar, n, nrr, o, out_stride, pf, 4, 5); break;
+            default: tile_rows(wr, adv, ar, n, nrr, o, out_stride, pf, 4, 6); break;
             }
         }
+        c0 += C;
     }
 }
 
 BF16 void kp_bf16dp_tile(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a, size_t a_stride,
                          float *out, size_t out_stride) {
-    gemm_rows(n, nr, nc, w, w_stride, a, a_stride, out, out_stride);
+    gemm_rows(n, nr, nc, w, w_stride, 0, a, a_stride, out, out_stride);
 }
 
 BF16 void kp_bf16dp_gemm(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a, size_t a_stride,
                          const void *aux, size_t aux_stride, float *out, size_t out_stride) {
     (void)aux;
     (void)aux_stride;
-    gemm_rows(n, nr, nc, w, w_stride, a, a_stride, out, out_stride);
+    gemm_rows(n, nr, nc, w, w_stride, 0, a, a_stride, out, out_stride);
 }
 
 /* ---- packed ------------------------------------------------------------------ */
@@ -147,69 +163,11 @@ void kp_bf16dp_pack(int64_t n, int64_t nr, const void *w, size_t w_stride, void 
     }
 }
 
-/* Rows rb..rb+R-1 of the group at g x the C activation rows ar over the
- * chunk [k0, k0 + len) (len a multiple of 16: n is). */
-BF16_INLINE void tile_packed(const uint8_t *g, int rb, const char *const *ar, int64_t k0, int64_t len, int nr,
-                             float *out, size_t os, int add, const int R, const int C) {
-    __m256 acc[16][NC];
-    UNROLL16 for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
-    const uint8_t *st = g + (size_t)(k0 / 16) * STEP_BYTES + 32 * (size_t)rb;
-    for (int64_t k = 0; k < len; k += 16, st += STEP_BYTES) {
-        __m256bh w[16];
-        UNROLL16 for (int r = 0; r < R; r++) w[r] = (__m256bh)_mm256_loadu_si256((const __m256i *)(st + 32 * r));
-        UNROLL for (int c = 0; c < C; c++) {
-            const __m256bh av = (__m256bh)_mm256_loadu_si256((const __m256i *)((const uint16_t *)ar[c] + k0 + k));
-            UNROLL16 for (int r = 0; r < R; r++) acc[r][c] = _mm256_dpbf16_ps(acc[r][c], w[r], av);
-        }
-    }
-    UNROLL for (int c = 0; c < C; c++)
-        UNROLL16 for (int r = 0; r < R; r++) {
-            if (r >= nr) break;
-            float *o = out + (size_t)c * os + (size_t)r;
-            const float v = hsum_ps(acc[r][c]);
-            *o = add ? *o + v : v;
-        }
-}
-
 BF16 void kp_bf16dp_gemm_packed(int64_t n, int nr, int nc, const void *wp, const void *a, size_t a_stride,
                                 const void *aux, size_t aux_stride, float *out, size_t out_stride) {
     (void)aux;
     (void)aux_stride;
-    const size_t group = (size_t)(n / 16) * STEP_BYTES;
-    if (n <= 0) zero_out(nr, nc, out, out_stride);
-    for (int r0 = 0; r0 < nr; r0 += ROWS) {
-        const uint8_t *g = (const uint8_t *)wp + (size_t)(r0 / ROWS) * group;
-        const int rows = nr - r0 < ROWS ? nr - r0 : ROWS;
-        for (int64_t k0 = 0; k0 < n; k0 += KC) {
-            const int64_t len = n - k0 < KC ? n - k0 : KC;
-            for (int c0 = 0; c0 < nc; c0 += NC) {
-                const int ncc = nc - c0 < NC ? nc - c0 : NC;
-                const char *ar[NC];
-                for (int c = 0; c < NC; c++)
-                    ar[c] = (const char *)a + (size_t)(c0 + (c < ncc ? c : ncc - 1)) * a_stride;
-                /* 5 to 8 columns: 4 rows x 6 columns (24 accumulators, 10 loads per 24
-                 * products), then the rest; fewer: the widest tile of 16 accumulators */
-                for (int cb = 0; cb < ncc;) {
-                    const int left = ncc - cb, C = left >= 6 ? 6 : left;
-                    const int R = C == 1 ? 16 : C == 2 ? 8 : 4;
-                    for (int rb = 0; rb < rows; rb += R) {
-                        const int nrr = rows - rb < R ? rows - rb : R;
-                        float *o = out + (size_t)(c0 + cb) * out_stride + (size_t)(r0 + rb);
-                        const int add = k0 > 0;
-                        switch (C) {
-                        case 1: tile_packed(g, rb, ar + cb, k0, len, nrr, o, out_stride, add, 16, 1); break;
-                        case 2: tile_packed(g, rb, ar + cb, k0, len, nrr, o, out_stride, add, 8, 2); break;
-                        case 3: tile_packed(g, rb, ar + cb, k0, len, nrr, o, out_stride, add, 4, 3); break;
-                        case 4: tile_packed(g, rb, ar + cb, k0, len, nrr, o, out_stride, add, 4, 4); break;
-                        case 5: tile_packed(g, rb, ar + cb, k0, len, nrr, o, out_stride, add, 4, 5); break;
-                        default: tile_packed(g, rb, ar + cb, k0, len, nrr, o, out_stride, add, 4, 6); break;
-                        }
-                    }
-                    cb += C;
-                }
-            }
-        }
-    }
+    gemm_rows(n, nr, nc, wp, 0, (size_t)(n / 16) * STEP_BYTES, a, a_stride, out, out_stride);
 }
 
 #else /* not x86-64 */
