@@ -1018,9 +1018,9 @@ AVX2_INLINE void q5k_panel_tile(const kmin_panel *panels, const char *const *ar,
     UNROLL for (int c = 0; c < NC; c++) panel_store(acc[c], out + (size_t)c * os, nr, add);
 }
 
-/* The avx2 table's panel tile of gemm_kq_panel (kq_panels_fn). */
-AVX2_INLINE void kq_panels_avx2(const void *panels, const char *const *ar, int64_t i0, int64_t len, int kind, int nr,
-                                float *out, size_t os, int add, int nc) {
+/* One panel's products for kq_panels_avx2. */
+AVX2_INLINE void kq_panel_avx2(const void *panels, const char *const *ar, int64_t i0, int64_t len, int kind, int nr,
+                               float *out, size_t os, int add, int nc) {
     if (kind == KQ5) {
         switch (nc) {
         case 1: q5k_panel_tile(panels, ar, i0, len, nr, out, os, add, 1); break;
@@ -1035,6 +1035,17 @@ AVX2_INLINE void kq_panels_avx2(const void *panels, const char *const *ar, int64
     case 2: kq_tile(panels, ar, i0, len, kind, nr, out, os, add, 2); break;
     case 3: kq_tile(panels, ar, i0, len, kind, nr, out, os, add, 3); break;
     default: kq_tile(panels, ar, i0, len, kind, nr, out, os, add, 4); break;
+    }
+}
+
+/* The avx2 table's panel tiles of gemm_kq_panel (kq_panels_fn): one panel
+ * at a time. */
+AVX2_INLINE void kq_panels_avx2(const kq_stage *st, int n_panels, int rc, const char *const *ar, int64_t i0,
+                                int64_t len, int kind, float *out, size_t os, int add, int nc) {
+    for (int p = 0; p < n_panels; p++) {
+        const void *panels = kind == KQ6 ? (const void *)st->p.q6k[p] : (const void *)st->p.kmin[p];
+        const int npr = rc - 8 * p < 8 ? rc - 8 * p : 8;
+        kq_panel_avx2(panels, ar, i0, len, kind, npr, out + 8 * p, os, add, nc);
     }
 }
 

@@ -890,78 +890,131 @@ LEG_GEMM(gemm_q5_1, WQ5_1)
 /* Q4_K, Q5_K and Q6_K weights . Q8_K activations                            */
 /* ------------------------------------------------------------------------ */
 
-/* acc[c] += one kmin_panel x NC activation rows (super-block i), VNNI:
- * vpdpbusd over each sub-block, vpmulld by its scale, the mins against the
- * activation bsums by vpdpwssd. */
-VNNI_INLINE void kmin_panel_step_vnni(const kmin_panel *p, const char *const *ar, int64_t i, __m256 *acc,
-                                      const int NC) {
-    __m256i isum[4], s[4];
-    UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
+/* acc[q][c] += the NP kmin_panels p[q] (rows 8q..8q+7) x NC activation
+ * rows (super-block i), VNNI: vpdpbusd over each sub-block, vpmulld by its
+ * scale, the mins against the activation bsums by vpdpwssd. With two
+ * panels each activation broadcast feeds both (6 loads per 8 vpdpbusd
+ * instead of 10: one panel at a time the loads bounded the tile). */
+VNNI_INLINE void kmin_step_vnni(const kmin_panel *const *p, const char *const *ar, int64_t i, __m256 (*acc)[4],
+                                const int NP, const int NC) {
+    __m256i isum[2][4], s[2][4];
+    UNROLL for (int q = 0; q < NP; q++) UNROLL for (int c = 0; c < NC; c++) isum[q][c] = _mm256_setzero_si256();
     for (int j = 0; j < 8; j++) {
-        UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
+        UNROLL for (int q = 0; q < NP; q++) UNROLL for (int c = 0; c < NC; c++) s[q][c] = _mm256_setzero_si256();
         UNROLL for (int g = 0; g < 8; g++) {
-            const __m256i w = _mm256_load_si256(&p->q[j][g]);
-            UNROLL for (int c = 0; c < NC; c++) s[c] = dpbusd256_bcast(s[c], w, ((const kp_block_q8_K *)ar[c] + i)->qs + 32 * j + 4 * g);
+            __m256i w[2];
+            UNROLL for (int q = 0; q < NP; q++) w[q] = _mm256_load_si256(&p[q]->q[j][g]);
+            UNROLL for (int c = 0; c < NC; c++) {
+                const int8_t *y = ((const kp_block_q8_K *)ar[c] + i)->qs + 32 * j + 4 * g;
+                if (NP == 1) {
+                    s[0][c] = dpbusd256_bcast(s[0][c], w[0], y);
+                } else {
+                    const __m256i bc = _mm256_set1_epi32(load_i32(y));
+                    UNROLL for (int q = 0; q < NP; q++) s[q][c] = _mm256_dpbusd_epi32(s[q][c], w[q], bc);
+                }
+            }
         }
-        const __m256i sc = _mm256_load_si256(&p->sc[j]);
-        UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(s[c], sc));
+        UNROLL for (int q = 0; q < NP; q++) {
+            const __m256i sc = _mm256_load_si256(&p[q]->sc[j]);
+            UNROLL for (int c = 0; c < NC; c++) isum[q][c] = _mm256_add_epi32(isum[q][c], _mm256_mullo_epi32(s[q][c], sc));
+        }
     }
-    const __m256 d8 = _mm256_load_ps(p->d), m8 = _mm256_load_ps(p->dmin);
     UNROLL for (int c = 0; c < NC; c++) {
         const kp_block_q8_K *y = (const kp_block_q8_K *)ar[c] + i;
-        __m256i im = _mm256_setzero_si256();
-        UNROLL for (int j = 0; j < 8; j++)
-            im = _mm256_dpwssd_epi32(im, _mm256_load_si256(&p->mn[j]), _mm256_set1_epi32(load_i32(&y->bsums[2 * j])));
+        __m256i im[2];
+        UNROLL for (int q = 0; q < NP; q++) im[q] = _mm256_setzero_si256();
+        UNROLL for (int j = 0; j < 8; j++) {
+            const __m256i bs = _mm256_set1_epi32(load_i32(&y->bsums[2 * j]));
+            UNROLL for (int q = 0; q < NP; q++) im[q] = _mm256_dpwssd_epi32(im[q], _mm256_load_si256(&p[q]->mn[j]), bs);
+        }
         const __m256 da = _mm256_set1_ps(y->d);
-        acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(d8, da), acc[c]);
-        acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im), _mm256_mul_ps(m8, da), acc[c]);
-    }
-}
-
-/* A panel tile of gemm_kq_panel (kq_panels_fn) with vpdpbusd for the
- * sub-block sums and vpmulld for the scales. */
-VNNI_INLINE void kq_tile_vnni_nc(const void *panels, const char *const *ar, int64_t i0, int64_t len, int kind,
-                                 int nr, float *out, size_t os, int add, const int NC) {
-    __m256 acc[4];
-    UNROLL for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < len; b++) {
-        const int64_t i = i0 + b;
-        if (kind != KQ6) {
-            kmin_panel_step_vnni((const kmin_panel *)panels + b, ar, i, acc, NC);
-        } else {
-            const q6k_panel *p = (const q6k_panel *)panels + b;
-            __m256i isum[4], s[4];
-            UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_setzero_si256();
-            for (int j = 0; j < 16; j++) {
-                const __m256i sc = _mm256_load_si256(&p->sc[j]);
-                UNROLL for (int c = 0; c < NC; c++) s[c] = _mm256_setzero_si256();
-                UNROLL for (int g = 0; g < 4; g++) {
-                    const __m256i w = _mm256_load_si256(&p->q[j][g]);
-                    UNROLL for (int c = 0; c < NC; c++) s[c] = dpbusd256_bcast(s[c], w, ((const kp_block_q8_K *)ar[c] + i)->qs + 16 * j + 4 * g);
-                }
-                UNROLL for (int c = 0; c < NC; c++) isum[c] = _mm256_add_epi32(isum[c], _mm256_mullo_epi32(s[c], sc));
-            }
-            const __m256 d8 = _mm256_load_ps(p->d);
-            UNROLL for (int c = 0; c < NC; c++) {
-                const kp_block_q8_K *y = (const kp_block_q8_K *)ar[c] + i;
-                __m256i corr = _mm256_setzero_si256();
-                UNROLL for (int q = 0; q < 8; q++)
-                    corr = _mm256_dpwssd_epi32(corr, _mm256_load_si256(&p->sp[q]), _mm256_set1_epi32(load_i32(&y->bsums[2 * q])));
-                const __m256i t = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(corr, 5));
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(d8, _mm256_set1_ps(y->d)), acc[c]);
-            }
+        UNROLL for (int q = 0; q < NP; q++) {
+            const __m256 d8 = _mm256_load_ps(p[q]->d), m8 = _mm256_load_ps(p[q]->dmin);
+            acc[q][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[q][c]), _mm256_mul_ps(d8, da), acc[q][c]);
+            acc[q][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im[q]), _mm256_mul_ps(m8, da), acc[q][c]);
         }
     }
-    UNROLL for (int c = 0; c < NC; c++) panel_store(acc[c], out + (size_t)c * os, nr, add);
 }
 
-static VNNI void kq_tile_vnni(const void *panels, const char *const *ar, int64_t i0, int64_t len, int kind,
-                              int nr, float *out, size_t os, int add, int nc) {
+/* The same for NP q6k_panels. */
+VNNI_INLINE void q6k_step_vnni(const q6k_panel *const *p, const char *const *ar, int64_t i, __m256 (*acc)[4],
+                               const int NP, const int NC) {
+    __m256i isum[2][4], s[2][4];
+    UNROLL for (int q = 0; q < NP; q++) UNROLL for (int c = 0; c < NC; c++) isum[q][c] = _mm256_setzero_si256();
+    for (int j = 0; j < 16; j++) {
+        UNROLL for (int q = 0; q < NP; q++) UNROLL for (int c = 0; c < NC; c++) s[q][c] = _mm256_setzero_si256();
+        UNROLL for (int g = 0; g < 4; g++) {
+            __m256i w[2];
+            UNROLL for (int q = 0; q < NP; q++) w[q] = _mm256_load_si256(&p[q]->q[j][g]);
+            UNROLL for (int c = 0; c < NC; c++) {
+                const int8_t *y = ((const kp_block_q8_K *)ar[c] + i)->qs + 16 * j + 4 * g;
+                if (NP == 1) {
+                    s[0][c] = dpbusd256_bcast(s[0][c], w[0], y);
+                } else {
+                    const __m256i bc = _mm256_set1_epi32(load_i32(y));
+                    UNROLL for (int q = 0; q < NP; q++) s[q][c] = _mm256_dpbusd_epi32(s[q][c], w[q], bc);
+                }
+            }
+        }
+        UNROLL for (int q = 0; q < NP; q++) {
+            const __m256i sc = _mm256_load_si256(&p[q]->sc[j]);
+            UNROLL for (int c = 0; c < NC; c++) isum[q][c] = _mm256_add_epi32(isum[q][c], _mm256_mullo_epi32(s[q][c], sc));
+        }
+    }
+    UNROLL for (int c = 0; c < NC; c++) {
+        const kp_block_q8_K *y = (const kp_block_q8_K *)ar[c] + i;
+        __m256i corr[2];
+        UNROLL for (int q = 0; q < NP; q++) corr[q] = _mm256_setzero_si256();
+        UNROLL for (int k = 0; k < 8; k++) {
+            const __m256i bs = _mm256_set1_epi32(load_i32(&y->bsums[2 * k]));
+            UNROLL for (int q = 0; q < NP; q++) corr[q] = _mm256_dpwssd_epi32(corr[q], _mm256_load_si256(&p[q]->sp[k]), bs);
+        }
+        const __m256 da = _mm256_set1_ps(y->d);
+        UNROLL for (int q = 0; q < NP; q++) {
+            const __m256i t = _mm256_sub_epi32(isum[q][c], _mm256_slli_epi32(corr[q], 5));
+            acc[q][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(_mm256_load_ps(p[q]->d), da), acc[q][c]);
+        }
+    }
+}
+
+/* The panel tiles of gemm_kq_panel (kq_panels_fn) with vpdpbusd for the
+ * sub-block sums and vpmulld for the scales: both panels of a chunk
+ * together (NP 2) when it has two. */
+VNNI_INLINE void kq_tile_vnni_nc(const kq_stage *st, int rc, const char *const *ar, int64_t i0, int64_t len,
+                                 int kind, float *out, size_t os, int add, const int NP, const int NC) {
+    __m256 acc[2][4];
+    UNROLL for (int q = 0; q < NP; q++) UNROLL for (int c = 0; c < NC; c++) acc[q][c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < len; b++) {
+        if (kind != KQ6) {
+            const kmin_panel *p[2] = {&st->p.kmin[0][b], &st->p.kmin[NP - 1][b]};
+            kmin_step_vnni(p, ar, i0 + b, acc, NP, NC);
+        } else {
+            const q6k_panel *p[2] = {&st->p.q6k[0][b], &st->p.q6k[NP - 1][b]};
+            q6k_step_vnni(p, ar, i0 + b, acc, NP, NC);
+        }
+    }
+    UNROLL for (int q = 0; q < NP; q++) {
+        const int npr = rc - 8 * q < 8 ? rc - 8 * q : 8;
+        UNROLL for (int c = 0; c < NC; c++) panel_store(acc[q][c], out + (size_t)c * os + 8 * (size_t)q, npr, add);
+    }
+}
+
+static VNNI void kq_tile_vnni(const kq_stage *st, int n_panels, int rc, const char *const *ar, int64_t i0,
+                              int64_t len, int kind, float *out, size_t os, int add, int nc) {
+    if (n_panels == 2) {
+        switch (nc) {
+        case 1: kq_tile_vnni_nc(st, rc, ar, i0, len, kind, out, os, add, 2, 1); break;
+        case 2: kq_tile_vnni_nc(st, rc, ar, i0, len, kind, out, os, add, 2, 2); break;
+        case 3: kq_tile_vnni_nc(st, rc, ar, i0, len, kind, out, os, add, 2, 3); break;
+        default: kq_tile_vnni_nc(st, rc, ar, i0, len, kind, out, os, add, 2, 4); break;
+        }
+        return;
+    }
     switch (nc) {
-    case 1: kq_tile_vnni_nc(panels, ar, i0, len, kind, nr, out, os, add, 1); break;
-    case 2: kq_tile_vnni_nc(panels, ar, i0, len, kind, nr, out, os, add, 2); break;
-    case 3: kq_tile_vnni_nc(panels, ar, i0, len, kind, nr, out, os, add, 3); break;
-    default: kq_tile_vnni_nc(panels, ar, i0, len, kind, nr, out, os, add, 4); break;
+    case 1: kq_tile_vnni_nc(st, rc, ar, i0, len, kind, out, os, add, 1, 1); break;
+    case 2: kq_tile_vnni_nc(st, rc, ar, i0, len, kind, out, os, add, 1, 2); break;
+    case 3: kq_tile_vnni_nc(st, rc, ar, i0, len, kind, out, os, add, 1, 3); break;
+    default: kq_tile_vnni_nc(st, rc, ar, i0, len, kind, out, os, add, 1, 4); break;
     }
 }
 
@@ -1430,16 +1483,12 @@ VNNI_INLINE void gemm_kx16(int64_t n, int nr, int nc, const void *wp, const void
                         if (kind != KQ6) k16_panel(sb, p, kind, &st.p.kmin[p][b]);
                         else q6_panel(sb, g + (size_t)nb * Q6_SB + (size_t)(i0 + b) * 32, p, &st.p.q6k[p][b]);
                     }
-                for (int p = 0; p < n_panels; p++) {
-                    const int npr = rc - 8 * p < 8 ? rc - 8 * p : 8;
-                    const void *panels = kind != KQ6 ? (const void *)st.p.kmin[p] : (const void *)st.p.q6k[p];
-                    for (int c0 = 0; c0 < nc; c0 += 4) {
-                        const int ncc = nc - c0 < 4 ? nc - c0 : 4;
-                        const char *ar[4];
-                        for (int c = 0; c < ncc; c++) ar[c] = (const char *)a + (size_t)(c0 + c) * a_stride;
-                        kq_tile_vnni(panels, ar, i0, len, kind, npr,
-                                     out + (size_t)c0 * out_stride + (size_t)(rc0 + 8 * p), out_stride, i0 > 0, ncc);
-                    }
+                for (int c0 = 0; c0 < nc; c0 += 4) {
+                    const int ncc = nc - c0 < 4 ? nc - c0 : 4;
+                    const char *ar[4];
+                    for (int c = 0; c < ncc; c++) ar[c] = (const char *)a + (size_t)(c0 + c) * a_stride;
+                    kq_tile_vnni(&st, n_panels, rc, ar, i0, len, kind, out + (size_t)c0 * out_stride + (size_t)rc0,
+                                 out_stride, i0 > 0, ncc);
                 }
             }
         }
