@@ -520,6 +520,8 @@ static kp_status reserve(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_eng_r
     }
 }
 
+static void window_trim(kp_engine *e, kp_eng_seq *seq);
+
 /* With a window budget (kvpool.h): gives the blocks of positions
  * [p0, p1) of seq window slots before a forward call writes them. When the
  * window arena is full: the window rows the index can spare
@@ -528,6 +530,11 @@ static kp_status reserve(kp_engine *e, kp_eng_seq *seq, uint32_t n_pos, kp_eng_r
 static kp_status window_rows(kp_engine *e, kp_eng_seq *seq, uint32_t p0, uint32_t p1, kp_error *err) {
     if (!kp_kvpool_window_budgeted(e->kv) || p1 <= p0) return KP_OK;
     uint32_t B = kp_kvpool_config_of(e->kv)->block_size;
+    /* what it will not read again is given up first: a sequence that just
+     * took a long prefix from the index holds it all as a reader until then,
+     * and would otherwise push the index to evict (and forget the resume
+     * points of) the very path it came from */
+    window_trim(e, seq);
     for (uint32_t j = p0 / B; j <= (p1 - 1) / B; j++) {
         for (;;) {
             kp_status st = kp_kvpool_attach_window(e->kv, seq->kv.blocks[j], err);

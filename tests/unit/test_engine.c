@@ -485,6 +485,82 @@ static void test_window_turns(void) {
     kp_model_free(m);
 }
 
+/* Long turns under the tightest window budget (gemma3, W = 16, B = 16; the
+ * budget is the batch's 256 positions and twice the window, 20 blocks of
+ * window rows): turn k's prompt is turn k - 1's plus 150 tokens, 7 turns
+ * (no answers: no answer leaves whose private blocks an eviction could
+ * free), so the windows before the older prompts' ends must give way to
+ * each new turn's. A turn takes its prefix from the
+ * index and is a reader of every block of it until it gives up the ones it
+ * will not read again; it must do so before it asks for room, or the index
+ * finds nothing to drop, evicts the path the turn came from and forgets
+ * its resume points. The KV budget holds all 7 turns, so nothing is ever
+ * evicted. Each turn reuses the whole previous prompt; an edit
+ * just past turn 6's end then reuses turn 6's prompt whole (the newest
+ * resume points are kept, the oldest went first), with a recomputation's
+ * logits. */
+static void test_window_long_turns(void) {
+    enum { STEP = 150, TURNS = 7, N = STEP * TURNS };
+    kp_error err = {0};
+    kp_model *m = NULL;
+    kp_threads *pool = NULL;
+    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(&pool, 1, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(m);
+        return;
+    }
+    uint32_t nv = m->hp.n_vocab;
+    uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
+    kp_eng_config cw = {KP_DTYPE_F32, 16, bb * 256, N + 64, false, NULL, KP_DTYPE_F32, false,
+                        tight_window_budget(m, KP_DTYPE_F32), 0};
+    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, N + 64, true, NULL, KP_DTYPE_F32, true, 0, 0};
+    runner ref = {0}, win = {0};
+    win.logits = malloc(nv * sizeof(float));
+    ref.logits = malloc(nv * sizeof(float));
+    bool ok = win.logits && ref.logits && kp_eng_new(&win.e, m, pool, NULL, &cw, &err) == KP_OK &&
+              kp_eng_new(&ref.e, m, pool, NULL, &cr, &err) == KP_OK;
+    CHECK_MSG(ok, "%s", err.msg);
+    static int32_t t[N + 16], q[N + 16];
+    rng_state = 0x6c6f6e67ull;
+    t[0] = 1;
+    for (uint32_t i = 1; i < N + 16; i++) t[i] = (int32_t)rnd(nv);
+    for (uint32_t k = 1; ok && k <= TURNS + 1; k++) {
+        /* turn TURNS + 1: turn 6's prompt and 16 tokens of its own */
+        uint32_t n = k <= TURNS ? STEP * k : STEP * 6 + 16;
+        memcpy(q, t, sizeof q);
+        if (k > TURNS) q[STEP * 6] = (q[STEP * 6] + 1) % (int32_t)nv;
+        uint32_t expect = k <= TURNS ? STEP * (k - 1) : STEP * 6;
+        ok = kp_eng_prefill(win.e, q, n, &win.s, win.logits, &win.rep, &err) == KP_OK &&
+             kp_eng_prefill(ref.e, q, n, &ref.s, ref.logits, NULL, &err) == KP_OK;
+        CHECK_MSG(ok, "%s", err.msg);
+        if (!ok) break;
+        CHECK_MSG(win.rep.reused_tokens == expect, "turn %u: reused %u, expected %u (window cut from %u)", k,
+                  win.rep.reused_tokens, expect, win.rep.window_cut_from);
+        double d = rel_diff(win.logits, ref.logits, nv);
+        CHECK_MSG(d <= 1e-5, "turn %u: logits differ by %g", k, d);
+        /* the KV budget holds every turn: room for window rows comes from the
+         * oldest resume points' windows, never from evicting the path */
+        kp_eng_stats st;
+        kp_eng_get_stats(win.e, &st);
+        CHECK_MSG(st.n_evictions == 0, "turn %u: %llu nodes evicted", k, (unsigned long long)st.n_evictions);
+        for (int r = 0; r < 2 && ok; r++) {
+            runner *x = r ? &ref : &win;
+            ok = kp_eng_finish(x->e, &x->s, q, n, NULL, &err) == KP_OK;
+        }
+        CHECK_MSG(ok, "%s", err.msg);
+    }
+    if (ok) {
+        close_engine(&ref);
+        close_engine(&win);
+    } else {
+        free(win.logits);
+        free(ref.logits);
+    }
+    kp_threads_free(pool);
+    kp_model_free(m);
+}
+
 /* Under the tightest window budget a sequence of 80 positions on gemma3
  * (W = 16, B = 16) has dropped the window rows of blocks 0..3: a fork of
  * its first n positions reads [n - 15, n), so n = 40 or 72 is refused
@@ -1797,6 +1873,7 @@ int main(void) {
     RUN(test_window_resume);
     RUN(test_window_fork);
     RUN(test_window_turns);
+    RUN(test_window_long_turns);
     RUN(test_window_pin_cap);
     RUN(test_window_answer);
     RUN(test_window_messages);
