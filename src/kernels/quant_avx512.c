@@ -890,89 +890,81 @@ LEG_GEMM(gemm_q5_1, WQ5_1)
 /* Q4_K, Q5_K and Q6_K weights . Q8_K activations                            */
 /* ------------------------------------------------------------------------ */
 
-/* acc[q][c] += the NP kmin_panels p[q] (rows 8q..8q+7) x NC activation
- * rows (super-block i), VNNI: vpdpbusd over each sub-block, vpmulld by its
- * scale, the mins against the activation bsums by vpdpwssd. With two
- * panels each activation broadcast feeds both (6 loads per 8 vpdpbusd
- * instead of 10: one panel at a time the loads bounded the tile). */
-VNNI_INLINE void kmin_step_vnni(const kmin_panel *const *p, const char *const *ar, int64_t i, __m256 (*acc)[4],
-                                const int NP, const int NC) {
-    __m256i isum[2][4], s[2][4];
-    UNROLL for (int q = 0; q < NP; q++) UNROLL for (int c = 0; c < NC; c++) isum[q][c] = _mm256_setzero_si256();
-    for (int j = 0; j < 8; j++) {
-        UNROLL for (int q = 0; q < NP; q++) UNROLL for (int c = 0; c < NC; c++) s[q][c] = _mm256_setzero_si256();
-        UNROLL for (int g = 0; g < 8; g++) {
+/* isum[q][c] = the NP panels' (rows 8q..8q+7) sums over super-block i of
+ * activation row c, each sub-block's sum times its scale: J sub-blocks of G
+ * 32-byte steps (4 quants of each row), q[q][j*G + g] and sc[q][j] the
+ * panel's quants and int32 scales (vpdpbusd, vpmulld). With two panels each
+ * activation broadcast feeds both (6 loads per 8 vpdpbusd instead of 10:
+ * one panel at a time the loads bounded the tile). */
+VNNI_INLINE void kq_scaled_sums(const __m256i *const *q, const __m256i *const *sc, const char *const *ar, int64_t i,
+                                __m256i (*isum)[4], const int J, const int G, const int NP, const int NC) {
+    __m256i s[2][4];
+    UNROLL for (int k = 0; k < NP; k++) UNROLL for (int c = 0; c < NC; c++) isum[k][c] = _mm256_setzero_si256();
+    for (int j = 0; j < J; j++) {
+        UNROLL for (int k = 0; k < NP; k++) UNROLL for (int c = 0; c < NC; c++) s[k][c] = _mm256_setzero_si256();
+        UNROLL for (int g = 0; g < G; g++) {
             __m256i w[2];
-            UNROLL for (int q = 0; q < NP; q++) w[q] = _mm256_load_si256(&p[q]->q[j][g]);
+            UNROLL for (int k = 0; k < NP; k++) w[k] = _mm256_load_si256(&q[k][j * G + g]);
             UNROLL for (int c = 0; c < NC; c++) {
-                const int8_t *y = ((const kp_block_q8_K *)ar[c] + i)->qs + 32 * j + 4 * g;
+                const int8_t *y = ((const kp_block_q8_K *)ar[c] + i)->qs + 4 * (G * j + g);
                 if (NP == 1) {
                     s[0][c] = dpbusd256_bcast(s[0][c], w[0], y);
                 } else {
                     const __m256i bc = _mm256_set1_epi32(load_i32(y));
-                    UNROLL for (int q = 0; q < NP; q++) s[q][c] = _mm256_dpbusd_epi32(s[q][c], w[q], bc);
+                    UNROLL for (int k = 0; k < NP; k++) s[k][c] = _mm256_dpbusd_epi32(s[k][c], w[k], bc);
                 }
             }
         }
-        UNROLL for (int q = 0; q < NP; q++) {
-            const __m256i sc = _mm256_load_si256(&p[q]->sc[j]);
-            UNROLL for (int c = 0; c < NC; c++) isum[q][c] = _mm256_add_epi32(isum[q][c], _mm256_mullo_epi32(s[q][c], sc));
-        }
-    }
-    UNROLL for (int c = 0; c < NC; c++) {
-        const kp_block_q8_K *y = (const kp_block_q8_K *)ar[c] + i;
-        __m256i im[2];
-        UNROLL for (int q = 0; q < NP; q++) im[q] = _mm256_setzero_si256();
-        UNROLL for (int j = 0; j < 8; j++) {
-            const __m256i bs = _mm256_set1_epi32(load_i32(&y->bsums[2 * j]));
-            UNROLL for (int q = 0; q < NP; q++) im[q] = _mm256_dpwssd_epi32(im[q], _mm256_load_si256(&p[q]->mn[j]), bs);
-        }
-        const __m256 da = _mm256_set1_ps(y->d);
-        UNROLL for (int q = 0; q < NP; q++) {
-            const __m256 d8 = _mm256_load_ps(p[q]->d), m8 = _mm256_load_ps(p[q]->dmin);
-            acc[q][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[q][c]), _mm256_mul_ps(d8, da), acc[q][c]);
-            acc[q][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im[q]), _mm256_mul_ps(m8, da), acc[q][c]);
+        UNROLL for (int k = 0; k < NP; k++) {
+            const __m256i scj = _mm256_load_si256(&sc[k][j]);
+            UNROLL for (int c = 0; c < NC; c++) isum[k][c] = _mm256_add_epi32(isum[k][c], _mm256_mullo_epi32(s[k][c], scj));
         }
     }
 }
 
-/* The same for NP q6k_panels. */
-VNNI_INLINE void q6k_step_vnni(const q6k_panel *const *p, const char *const *ar, int64_t i, __m256 (*acc)[4],
-                               const int NP, const int NC) {
-    __m256i isum[2][4], s[2][4];
-    UNROLL for (int q = 0; q < NP; q++) UNROLL for (int c = 0; c < NC; c++) isum[q][c] = _mm256_setzero_si256();
-    for (int j = 0; j < 16; j++) {
-        UNROLL for (int q = 0; q < NP; q++) UNROLL for (int c = 0; c < NC; c++) s[q][c] = _mm256_setzero_si256();
-        UNROLL for (int g = 0; g < 4; g++) {
-            __m256i w[2];
-            UNROLL for (int q = 0; q < NP; q++) w[q] = _mm256_load_si256(&p[q]->q[j][g]);
-            UNROLL for (int c = 0; c < NC; c++) {
-                const int8_t *y = ((const kp_block_q8_K *)ar[c] + i)->qs + 16 * j + 4 * g;
-                if (NP == 1) {
-                    s[0][c] = dpbusd256_bcast(s[0][c], w[0], y);
-                } else {
-                    const __m256i bc = _mm256_set1_epi32(load_i32(y));
-                    UNROLL for (int q = 0; q < NP; q++) s[q][c] = _mm256_dpbusd_epi32(s[q][c], w[q], bc);
-                }
-            }
+/* acc[q][c] += the NP kmin_panels p[q] x NC activation rows (super-block
+ * i): the scaled sums, the mins against the activation bsums by vpdpwssd. */
+VNNI_INLINE void kmin_step_vnni(const kmin_panel *const *p, const char *const *ar, int64_t i, __m256 (*acc)[4],
+                                const int NP, const int NC) {
+    const __m256i *q[2] = {&p[0]->q[0][0], &p[NP - 1]->q[0][0]}, *sc[2] = {p[0]->sc, p[NP - 1]->sc};
+    __m256i isum[2][4];
+    kq_scaled_sums(q, sc, ar, i, isum, 8, 8, NP, NC);
+    UNROLL for (int c = 0; c < NC; c++) {
+        const kp_block_q8_K *y = (const kp_block_q8_K *)ar[c] + i;
+        __m256i im[2];
+        UNROLL for (int k = 0; k < NP; k++) im[k] = _mm256_setzero_si256();
+        UNROLL for (int j = 0; j < 8; j++) {
+            const __m256i bs = _mm256_set1_epi32(load_i32(&y->bsums[2 * j]));
+            UNROLL for (int k = 0; k < NP; k++) im[k] = _mm256_dpwssd_epi32(im[k], _mm256_load_si256(&p[k]->mn[j]), bs);
         }
-        UNROLL for (int q = 0; q < NP; q++) {
-            const __m256i sc = _mm256_load_si256(&p[q]->sc[j]);
-            UNROLL for (int c = 0; c < NC; c++) isum[q][c] = _mm256_add_epi32(isum[q][c], _mm256_mullo_epi32(s[q][c], sc));
+        const __m256 da = _mm256_set1_ps(y->d);
+        UNROLL for (int k = 0; k < NP; k++) {
+            const __m256 d8 = _mm256_load_ps(p[k]->d), m8 = _mm256_load_ps(p[k]->dmin);
+            acc[k][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[k][c]), _mm256_mul_ps(d8, da), acc[k][c]);
+            acc[k][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im[k]), _mm256_mul_ps(m8, da), acc[k][c]);
         }
     }
+}
+
+/* The same for NP q6k_panels: 16 sub-blocks of 16, the -32 offset of the
+ * quants taken off through the bsums. */
+VNNI_INLINE void q6k_step_vnni(const q6k_panel *const *p, const char *const *ar, int64_t i, __m256 (*acc)[4],
+                               const int NP, const int NC) {
+    const __m256i *q[2] = {&p[0]->q[0][0], &p[NP - 1]->q[0][0]}, *sc[2] = {p[0]->sc, p[NP - 1]->sc};
+    __m256i isum[2][4];
+    kq_scaled_sums(q, sc, ar, i, isum, 16, 4, NP, NC);
     UNROLL for (int c = 0; c < NC; c++) {
         const kp_block_q8_K *y = (const kp_block_q8_K *)ar[c] + i;
         __m256i corr[2];
-        UNROLL for (int q = 0; q < NP; q++) corr[q] = _mm256_setzero_si256();
-        UNROLL for (int k = 0; k < 8; k++) {
-            const __m256i bs = _mm256_set1_epi32(load_i32(&y->bsums[2 * k]));
-            UNROLL for (int q = 0; q < NP; q++) corr[q] = _mm256_dpwssd_epi32(corr[q], _mm256_load_si256(&p[q]->sp[k]), bs);
+        UNROLL for (int k = 0; k < NP; k++) corr[k] = _mm256_setzero_si256();
+        UNROLL for (int j = 0; j < 8; j++) {
+            const __m256i bs = _mm256_set1_epi32(load_i32(&y->bsums[2 * j]));
+            UNROLL for (int k = 0; k < NP; k++) corr[k] = _mm256_dpwssd_epi32(corr[k], _mm256_load_si256(&p[k]->sp[j]), bs);
         }
         const __m256 da = _mm256_set1_ps(y->d);
-        UNROLL for (int q = 0; q < NP; q++) {
-            const __m256i t = _mm256_sub_epi32(isum[q][c], _mm256_slli_epi32(corr[q], 5));
-            acc[q][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(_mm256_load_ps(p[q]->d), da), acc[q][c]);
+        UNROLL for (int k = 0; k < NP; k++) {
+            const __m256i t = _mm256_sub_epi32(isum[k][c], _mm256_slli_epi32(corr[k], 5));
+            acc[k][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(_mm256_load_ps(p[k]->d), da), acc[k][c]);
         }
     }
 }

@@ -125,6 +125,22 @@ static uint64_t tight_window_budget(const kp_model *m, kp_dtype kv) {
     return (uint64_t)slots * 16 * kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, kv, kv);
 }
 
+/* The gemma3 test model (W = 16) and a pool of one thread for the window
+ * tests; false (checked) when either fails. */
+static bool open_gemma3(kp_model **m, kp_threads **pool) {
+    kp_error err = {0};
+    *m = NULL;
+    *pool = NULL;
+    if (kp_model_load(m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
+        kp_threads_new(pool, 1, &err) != KP_OK) {
+        CHECK_MSG(false, "%s", err.msg);
+        kp_model_free(*m);
+        *m = NULL;
+        return false;
+    }
+    return true;
+}
+
 static void close_engine(runner *r) {
     kp_error err = {0};
     kp_eng_stats st;
@@ -369,12 +385,7 @@ static void test_window_resume(void) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_threads *pool = NULL;
-    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
-        kp_threads_new(&pool, 1, &err) != KP_OK) {
-        CHECK_MSG(false, "%s", err.msg);
-        kp_model_free(m);
-        return;
-    }
+    if (!open_gemma3(&m, &pool)) return;
     CHECK_EQ_INT(m->hp.n_swa, W);
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * BS;
@@ -440,12 +451,7 @@ static void test_window_turns(void) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_threads *pool = NULL;
-    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
-        kp_threads_new(&pool, 1, &err) != KP_OK) {
-        CHECK_MSG(false, "%s", err.msg);
-        kp_model_free(m);
-        return;
-    }
+    if (!open_gemma3(&m, &pool)) return;
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
     runner ref, win;
@@ -504,12 +510,7 @@ static void test_window_long_turns(void) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_threads *pool = NULL;
-    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
-        kp_threads_new(&pool, 1, &err) != KP_OK) {
-        CHECK_MSG(false, "%s", err.msg);
-        kp_model_free(m);
-        return;
-    }
+    if (!open_gemma3(&m, &pool)) return;
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
     kp_eng_config cw = {KP_DTYPE_F32, 16, bb * 256, N + 64, false, NULL, KP_DTYPE_F32, false,
@@ -570,12 +571,7 @@ static void test_window_fork(void) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_threads *pool = NULL;
-    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
-        kp_threads_new(&pool, 1, &err) != KP_OK) {
-        CHECK_MSG(false, "%s", err.msg);
-        kp_model_free(m);
-        return;
-    }
+    if (!open_gemma3(&m, &pool)) return;
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
     runner ref, win;
@@ -621,12 +617,7 @@ static void test_window_answer(void) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_threads *pool = NULL;
-    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
-        kp_threads_new(&pool, 1, &err) != KP_OK) {
-        CHECK_MSG(false, "%s", err.msg);
-        kp_model_free(m);
-        return;
-    }
+    if (!open_gemma3(&m, &pool)) return;
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * BS;
     runner ref, win;
@@ -697,12 +688,7 @@ static void test_window_messages(void) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_threads *pool = NULL;
-    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
-        kp_threads_new(&pool, 1, &err) != KP_OK) {
-        CHECK_MSG(false, "%s", err.msg);
-        kp_model_free(m);
-        return;
-    }
+    if (!open_gemma3(&m, &pool)) return;
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
     int32_t t[N + G], edit[N], dropped[N - 30];
@@ -773,12 +759,7 @@ static void test_window_pin_cap(void) {
     kp_error err = {0};
     kp_model *m = NULL;
     kp_threads *pool = NULL;
-    if (kp_model_load(&m, harness_path("tests/data/models/gen-gemma3-f32.gguf"), &err) != KP_OK ||
-        kp_threads_new(&pool, 1, &err) != KP_OK) {
-        CHECK_MSG(false, "%s", err.msg);
-        kp_model_free(m);
-        return;
-    }
+    if (!open_gemma3(&m, &pool)) return;
     uint32_t nv = m->hp.n_vocab;
     uint64_t fb = BS * kp_model_kv_bytes_per_token_kind(m, KP_LAYER_FULL, KP_DTYPE_F32, KP_DTYPE_F32);
     uint64_t wb = BS * kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, KP_DTYPE_F32, KP_DTYPE_F32);
