@@ -119,7 +119,8 @@
 #define MM_ACT_BYTES (1 << 20) /* activation bytes per matmul task, kept in L2 */
 #define MAX_JOBS 3
 #define ATT_MIN_CHUNK 128
-#define ATT_TILE_ROWS 48 /* query rows (tokens x heads of a group) sharing each K/V step in prefill */
+#define ATT_TILE_ROWS 144 /* query rows (tokens x heads of a group) sharing each K/V step in prefill: a
+                            * 135M warm turn (1,000 over 20,000 cached) 181 -> 191 t/s against 48 */
 
 /* One product of the experts' step: expert e's matrix times its rows of
  * the grouped activations (rows first .. first + n - 1), into out. */
