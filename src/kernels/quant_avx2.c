@@ -1039,13 +1039,18 @@ AVX2_INLINE void kq_panel_avx2(const void *panels, const char *const *ar, int64_
 }
 
 /* The avx2 table's panel tiles of gemm_kq_panel (kq_panels_fn): one panel
- * at a time. */
-AVX2_INLINE void kq_panels_avx2(const kq_stage *st, int n_panels, int rc, const char *const *ar, int64_t i0,
-                                int64_t len, int kind, float *out, size_t os, int add, int nc) {
+ * at a time, every activation row past it 4 by 4 while it sits in L1. */
+AVX2_INLINE void kq_panels_avx2(const kq_stage *st, int n_panels, int rc, const void *a, size_t a_stride, int nc,
+                                int64_t i0, int64_t len, int kind, float *out, size_t os, int add) {
     for (int p = 0; p < n_panels; p++) {
         const void *panels = kind == KQ6 ? (const void *)st->p.q6k[p] : (const void *)st->p.kmin[p];
         const int npr = rc - 8 * p < 8 ? rc - 8 * p : 8;
-        kq_panel_avx2(panels, ar, i0, len, kind, npr, out + 8 * p, os, add, nc);
+        for (int c0 = 0; c0 < nc; c0 += 4) {
+            const int ncc = nc - c0 < 4 ? nc - c0 : 4;
+            const char *ar[4];
+            for (int c = 0; c < ncc; c++) ar[c] = (const char *)a + (size_t)(c0 + c) * a_stride;
+            kq_panel_avx2(panels, ar, i0, len, kind, npr, out + (size_t)c0 * os + 8 * p, os, add, ncc);
+        }
     }
 }
 

@@ -917,10 +917,11 @@ AVX2_INLINE void q6k_pack(const char *const *wr, int64_t i, int pack, q6k_panel 
 
 /* The table's products of the n_panels (1 or 2) panels of a chunk in st
  * (kmin for Q4_K/Q5_K, q6k for Q6_K; len super-blocks from i0), rc rows in
- * all (panel p holds rows 8p..8p+7), x nc (1..4) activation rows ar[],
- * written to out (chunk 0) or added. */
-typedef void kq_panels_fn(const kq_stage *st, int n_panels, int rc, const char *const *ar, int64_t i0, int64_t len,
-                          int kind, float *out, size_t os, int add, int nc);
+ * all (panel p holds rows 8p..8p+7), x the nc activation rows at a
+ * (a_stride bytes apart), written to out (chunk 0) or added; the table
+ * picks the order (panels outer or columns outer). */
+typedef void kq_panels_fn(const kq_stage *st, int n_panels, int rc, const void *a, size_t a_stride, int nc,
+                          int64_t i0, int64_t len, int kind, float *out, size_t os, int add);
 
 AVX2_INLINE void gemm_kq_panel(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a,
                                size_t a_stride, float *out, size_t out_stride, int kind, int pack,
@@ -946,13 +947,7 @@ AVX2_INLINE void gemm_kq_panel(int64_t n, int nr, int nc, const void *w, size_t 
                     else kmin_pack(wr, i0 + b, kind, pack, &st->p.kmin[p][b]);
                 }
             }
-            for (int c0 = 0; c0 < nc; c0 += 4) {
-                const int ncc = nc - c0 < 4 ? nc - c0 : 4;
-                const char *ar[4];
-                for (int c = 0; c < ncc; c++) ar[c] = (const char *)a + (size_t)(c0 + c) * a_stride;
-                float *o = out + (size_t)c0 * out_stride + (size_t)rc0;
-                tile(st, n_panels, rc, ar, i0, len, kind, o, out_stride, i0 > 0, ncc);
-            }
+            tile(st, n_panels, rc, a, a_stride, nc, i0, len, kind, out + (size_t)rc0, out_stride, i0 > 0);
         }
     }
 }

@@ -991,8 +991,8 @@ VNNI_INLINE void kq_tile_vnni_nc(const kq_stage *st, int rc, const char *const *
     }
 }
 
-static VNNI void kq_tile_vnni(const kq_stage *st, int n_panels, int rc, const char *const *ar, int64_t i0,
-                              int64_t len, int kind, float *out, size_t os, int add, int nc) {
+static VNNI void kq_tile_vnni_cols(const kq_stage *st, int n_panels, int rc, const char *const *ar, int64_t i0,
+                                   int64_t len, int kind, float *out, size_t os, int add, int nc) {
     if (n_panels == 2) {
         switch (nc) {
         case 1: kq_tile_vnni_nc(st, rc, ar, i0, len, kind, out, os, add, 2, 1); break;
@@ -1007,6 +1007,18 @@ static VNNI void kq_tile_vnni(const kq_stage *st, int n_panels, int rc, const ch
     case 2: kq_tile_vnni_nc(st, rc, ar, i0, len, kind, out, os, add, 1, 2); break;
     case 3: kq_tile_vnni_nc(st, rc, ar, i0, len, kind, out, os, add, 1, 3); break;
     default: kq_tile_vnni_nc(st, rc, ar, i0, len, kind, out, os, add, 1, 4); break;
+    }
+}
+
+/* The VNNI panel tiles of gemm_kq_panel (kq_panels_fn): the activation
+ * rows 4 by 4, each against both panels at once. */
+static VNNI void kq_tile_vnni(const kq_stage *st, int n_panels, int rc, const void *a, size_t a_stride, int nc,
+                              int64_t i0, int64_t len, int kind, float *out, size_t os, int add) {
+    for (int c0 = 0; c0 < nc; c0 += 4) {
+        const int ncc = nc - c0 < 4 ? nc - c0 : 4;
+        const char *ar[4];
+        for (int c = 0; c < ncc; c++) ar[c] = (const char *)a + (size_t)(c0 + c) * a_stride;
+        kq_tile_vnni_cols(st, n_panels, rc, ar, i0, len, kind, out + (size_t)c0 * os, os, add, ncc);
     }
 }
 
@@ -1475,13 +1487,7 @@ VNNI_INLINE void gemm_kx16(int64_t n, int nr, int nc, const void *wp, const void
                         if (kind != KQ6) k16_panel(sb, p, kind, &st.p.kmin[p][b]);
                         else q6_panel(sb, g + (size_t)nb * Q6_SB + (size_t)(i0 + b) * 32, p, &st.p.q6k[p][b]);
                     }
-                for (int c0 = 0; c0 < nc; c0 += 4) {
-                    const int ncc = nc - c0 < 4 ? nc - c0 : 4;
-                    const char *ar[4];
-                    for (int c = 0; c < ncc; c++) ar[c] = (const char *)a + (size_t)(c0 + c) * a_stride;
-                    kq_tile_vnni(&st, n_panels, rc, ar, i0, len, kind, out + (size_t)c0 * out_stride + (size_t)rc0,
-                                 out_stride, i0 > 0, ncc);
-                }
+                kq_tile_vnni(&st, n_panels, rc, a, a_stride, nc, i0, len, kind, out + (size_t)rc0, out_stride, i0 > 0);
             }
         }
         return;
