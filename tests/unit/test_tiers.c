@@ -658,6 +658,63 @@ static uint32_t records_in(const char *dir, const char *dir2, const char *fp, bo
     return n;
 }
 
+/* The two engine configurations of the window-budget tier tests on
+ * gen-gemma3 (blocks of 16, 256 positions): *cw under the tightest window
+ * budget (a batch of 256 positions and twice the window, two blocks of
+ * slack), *cr with the prefix cache off (the recomputation). */
+static void window_configs(const kp_model *m, kp_eng_config *cw, kp_eng_config *cr) {
+    uint64_t wb = 16 * kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, KP_DTYPE_F32, KP_DTYPE_F32);
+    uint32_t slots = (256 + 2 * m->hp.n_swa + 15) / 16 + 2;
+    kp_eng_config c = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32, false, 0, 0};
+    *cw = *cr = c;
+    cw->window_budget_bytes = slots * wb;
+    cr->no_prefix_cache = true;
+}
+
+/* Engine w computes A (n tokens) prefilled at once, or (fed) a prompt of 40
+ * and then a token at a time, as an answer is generated; finishes it and
+ * waits for its tiers' writes. */
+static void write_a(kp_engine *w, const int32_t *a, int n, bool fed) {
+    kp_error err = {0};
+    kp_eng_seq s = {0};
+    kp_eng_report rep;
+    if (fed) {
+        CHECK(kp_eng_prefill(w, a, 40, &s, NULL, &rep, &err) == KP_OK);
+        for (int i = 40; i < n; i++) CHECK(kp_eng_decode(w, &s, a[i], NULL, &err) == KP_OK);
+    } else {
+        CHECK(kp_eng_prefill(w, a, n, &s, NULL, &rep, &err) == KP_OK);
+    }
+    CHECK(kp_eng_finish(w, &s, a, n, NULL, &err) == KP_OK);
+    kp_eng_tier_flush(w);
+}
+
+/* A new engine under cw on the tiers tc restores A's whole blocks before
+ * its last position from tier, with the logits of ref (cache off). */
+static void restore_a(kp_model *m, kp_threads *pool, const kp_eng_config *cw, const kp_tiers_config *tc,
+                      kp_tier_id tier, kp_engine *ref, const int32_t *a, int n) {
+    kp_error err = {0};
+    kp_engine *w = NULL;
+    kp_eng_seq s = {0};
+    kp_eng_report rep;
+    uint32_t nv = m->hp.n_vocab;
+    float *lw = malloc(nv * sizeof *lw), *lr = malloc(nv * sizeof *lr);
+    CHECK_MSG(kp_eng_new(&w, m, pool, NULL, cw, &err) == KP_OK && kp_eng_open_tiers(w, tc, &err) == KP_OK, "%s",
+              err.msg);
+    if (w && lw && lr) {
+        CHECK(kp_eng_tier_wait_ready(w, 10000));
+        CHECK(kp_eng_prefill(w, a, n, &s, lw, &rep, &err) == KP_OK);
+        CHECK_EQ_INT(rep.reused_from[tier], (n - 1) / 16 * 16);
+        kp_eng_seq_abort(w, &s);
+        CHECK(kp_eng_prefill(ref, a, n, &s, lr, &rep, &err) == KP_OK);
+        kp_eng_seq_abort(ref, &s);
+        CHECK_MSG(rel_diff(lw, lr, nv) <= 1e-5, "restored from %s: logits differ by %g", kp_tier_name(tier),
+                  rel_diff(lw, lr, nv));
+    }
+    kp_eng_free(w);
+    free(lw);
+    free(lr);
+}
+
 /* One engine under the window budget cw on the tiers tc computes A (its
  * RAM keeps A's window rows in the last block only), then B, which leaves A
  * at token 50: RAM resumes at 0 (no window held before 50), and the tier
@@ -712,43 +769,30 @@ static void test_window_budget_and_disk(void) {
     snprintf(dir, sizeof dir, "%s/window", tmpdir);
     snprintf(dir2, sizeof dir2, "%s/window-only", tmpdir);
     kp_tiers_config tc = {dir, 0, NULL, 0, NULL, NULL, NULL, 0}, tc2 = {dir2, 0, NULL, 0, NULL, NULL, NULL, 0};
-    uint64_t wb = 16 * kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, KP_DTYPE_F32, KP_DTYPE_F32);
-    uint32_t slots = (256 + 2 * m->hp.n_swa + 15) / 16 + 2;
-    kp_eng_config cd = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32, false, 0, 0};
-    kp_eng_config cw = cd, cr = cd;
-    cw.window_budget_bytes = slots * wb;
-    cr.no_prefix_cache = true;
+    kp_eng_config cw, cr, cd;
+    window_configs(m, &cw, &cr);
+    cd = cw;
+    cd.window_budget_bytes = 0;
     int32_t a[N], b[N];
     for (int i = 0; i < N; i++) a[i] = i ? (i * 37) % 500 + 3 : 1;
     memcpy(b, a, sizeof a);
     b[50] = 2;
     kp_engine *d = NULL, *w2 = NULL, *ref = NULL;
-    kp_eng_seq s = {0};
-    kp_eng_report rep;
     kp_tiers_stats ts;
-    uint32_t nv = m->hp.n_vocab;
-    float *lw = malloc(nv * sizeof *lw), *lr = malloc(nv * sizeof *lr);
     CHECK(kp_eng_new(&d, m, pool, NULL, &cd, &err) == KP_OK && kp_eng_open_tiers(d, &tc, &err) == KP_OK);
-    CHECK(d && kp_eng_prefill(d, a, N, &s, NULL, &rep, &err) == KP_OK && kp_eng_finish(d, &s, a, N, NULL, &err) == KP_OK);
-    kp_eng_tier_flush(d);
-    CHECK(kp_eng_tier_stats(d, &ts) && ts.tier[KP_TIER_DISK].blocks == N / 16);
+    if (d) write_a(d, a, N, false);
+    CHECK(d && kp_eng_tier_stats(d, &ts) && ts.tier[KP_TIER_DISK].blocks == N / 16);
     kp_eng_free(d);
     /* under the budget, alone on its directory: every block reaches disk, as the default writes it */
     char fp[33];
     memcpy(fp, ts.fingerprint, sizeof fp);
-    for (int fed = 0; fed < 2; fed++) {
+    CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
+    for (int fed = 0; fed < 2 && ref; fed++) {
         snprintf(dir2, sizeof dir2, "%s/window-only-%d", tmpdir, fed);
         CHECK_MSG(kp_eng_new(&w2, m, pool, NULL, &cw, &err) == KP_OK && kp_eng_open_tiers(w2, &tc2, &err) == KP_OK,
                   "%s", err.msg);
         if (!w2) break;
-        if (fed) { /* a prompt of 40, then a token at a time, as an answer is generated */
-            CHECK(kp_eng_prefill(w2, a, 40, &s, NULL, &rep, &err) == KP_OK);
-            for (int i = 40; i < N; i++) CHECK(kp_eng_decode(w2, &s, a[i], NULL, &err) == KP_OK);
-        } else {
-            CHECK(kp_eng_prefill(w2, a, N, &s, NULL, &rep, &err) == KP_OK);
-        }
-        CHECK(kp_eng_finish(w2, &s, a, N, NULL, &err) == KP_OK);
-        kp_eng_tier_flush(w2);
+        write_a(w2, a, N, fed);
         CHECK(kp_eng_tier_stats(w2, &ts));
         CHECK_EQ_INT(ts.tier[KP_TIER_DISK].blocks, N / 16);
         CHECK_EQ_INT(ts.tier[KP_TIER_DISK].dropped_queue, 0);
@@ -758,25 +802,11 @@ static void test_window_budget_and_disk(void) {
         kp_eng_free(w2);
         w2 = NULL;
         /* a new engine restores them: every whole block before the last position */
-        CHECK(kp_eng_new(&w2, m, pool, NULL, &cw, &err) == KP_OK && kp_eng_open_tiers(w2, &tc2, &err) == KP_OK);
-        CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
-        if (!w2 || !ref) break;
-        CHECK(kp_eng_prefill(w2, a, N, &s, lw, &rep, &err) == KP_OK);
-        CHECK_EQ_INT(rep.reused_from[KP_TIER_DISK], (N - 1) / 16 * 16);
-        kp_eng_seq_abort(w2, &s);
-        CHECK(kp_eng_prefill(ref, a, N, &s, lr, &rep, &err) == KP_OK);
-        kp_eng_seq_abort(ref, &s);
-        CHECK_MSG(rel_diff(lw, lr, nv) <= 1e-5, "restored: logits differ by %g", rel_diff(lw, lr, nv));
-        kp_eng_free(w2);
-        kp_eng_free(ref);
-        w2 = ref = NULL;
+        restore_a(m, pool, &cw, &tc2, KP_TIER_DISK, ref, a, N);
     }
     /* under the budget, on the first directory: the disk fills in what RAM dropped */
-    CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
     if (ref) budget_divergence(m, pool, &cw, ref, &tc, KP_TIER_DISK, a, b, N);
     kp_eng_free(ref);
-    free(lw);
-    free(lr);
     kp_threads_free(pool);
     kp_model_free(m);
 }
@@ -800,21 +830,14 @@ static void window_budget_through_redis(int port) {
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     snprintf(cmd, sizeof cmd, "redis-cli -p %d flushall >/dev/null", port);
     kp_tiers_config tc = {NULL, 0, addr, 200, NULL, NULL, NULL, 0};
-    uint64_t wb = 16 * kp_model_kv_bytes_per_token_kind(m, KP_LAYER_WINDOW, KP_DTYPE_F32, KP_DTYPE_F32);
-    uint32_t slots = (256 + 2 * m->hp.n_swa + 15) / 16 + 2;
-    kp_eng_config cw = {KP_DTYPE_F32, 16, 0, 256, false, NULL, KP_DTYPE_F32, false, 0, 0}, cr = cw;
-    cw.window_budget_bytes = slots * wb;
-    cr.no_prefix_cache = true;
+    kp_eng_config cw, cr;
+    window_configs(m, &cw, &cr);
     int32_t a[N], b[N];
     for (int i = 0; i < N; i++) a[i] = i ? (i * 37) % 500 + 3 : 1;
     memcpy(b, a, sizeof a);
     b[50] = 2;
     kp_engine *w = NULL, *ref = NULL;
-    kp_eng_seq s = {0};
-    kp_eng_report rep;
     kp_tiers_stats ts;
-    uint32_t nv = m->hp.n_vocab;
-    float *lw = malloc(nv * sizeof *lw), *lr = malloc(nv * sizeof *lr);
     CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
     for (int fed = 0; fed < 2 && ref; fed++) {
         CHECK(system(cmd) == 0);
@@ -822,36 +845,17 @@ static void window_budget_through_redis(int port) {
                   "%s", err.msg);
         if (!w) break;
         CHECK(kp_eng_tier_wait_ready(w, 10000));
-        if (fed) { /* a prompt of 40, then a token at a time */
-            CHECK(kp_eng_prefill(w, a, 40, &s, NULL, &rep, &err) == KP_OK);
-            for (int i = 40; i < N; i++) CHECK(kp_eng_decode(w, &s, a[i], NULL, &err) == KP_OK);
-        } else {
-            CHECK(kp_eng_prefill(w, a, N, &s, NULL, &rep, &err) == KP_OK);
-        }
-        CHECK(kp_eng_finish(w, &s, a, N, NULL, &err) == KP_OK);
-        kp_eng_tier_flush(w);
+        write_a(w, a, N, fed);
         CHECK(kp_eng_tier_stats(w, &ts));
         CHECK_EQ_INT(ts.tier[KP_TIER_REDIS].writes, N / 16);
         CHECK_EQ_INT(ts.tier[KP_TIER_REDIS].dropped_queue, 0);
         kp_eng_free(w);
         w = NULL;
         /* another replica restores them: every whole block before the last position */
-        CHECK(kp_eng_new(&w, m, pool, NULL, &cw, &err) == KP_OK && kp_eng_open_tiers(w, &tc, &err) == KP_OK);
-        if (!w) break;
-        CHECK(kp_eng_tier_wait_ready(w, 10000));
-        CHECK(kp_eng_prefill(w, a, N, &s, lw, &rep, &err) == KP_OK);
-        CHECK_EQ_INT(rep.reused_from[KP_TIER_REDIS], (N - 1) / 16 * 16);
-        kp_eng_seq_abort(w, &s);
-        CHECK(kp_eng_prefill(ref, a, N, &s, lr, &rep, &err) == KP_OK);
-        kp_eng_seq_abort(ref, &s);
-        CHECK_MSG(rel_diff(lw, lr, nv) <= 1e-5, "restored from Redis: logits differ by %g", rel_diff(lw, lr, nv));
-        kp_eng_free(w);
-        w = NULL;
+        restore_a(m, pool, &cw, &tc, KP_TIER_REDIS, ref, a, N);
     }
     if (ref) budget_divergence(m, pool, &cw, ref, &tc, KP_TIER_REDIS, a, b, N);
     kp_eng_free(ref);
-    free(lw);
-    free(lr);
     kp_threads_free(pool);
     kp_model_free(m);
 }
