@@ -100,7 +100,8 @@ VNNI_INLINE float hsum512(__m512 v) {
  * rows are stored; pf > 0 (decode on rows in place): each weight row asks
  * for the line pf bytes ahead once a line. */
 VNNI_INLINE void float_tile512(const char *const *wr, size_t adv, const char *const *ar, int kind, int64_t n,
-                               int nr, float *out, size_t os, size_t pf, const int R, const int C) {
+                               int nr, float *out, size_t os, size_t pf, const char *ahead, int64_t n_ahead,
+                               const int R, const int C) {
     const size_t es = kind == ELEM_F32 ? 4 : 2;
     __m512 acc[16][F5_NC];
     UNROLL16 for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
@@ -109,6 +110,7 @@ VNNI_INLINE void float_tile512(const char *const *wr, size_t adv, const char *co
     for (int64_t k = 0; k < nf; k += 16, off += adv) {
         if (pf && (size_t)k * es % 64 < 16 * es) /* once per cache line */
             UNROLL16 for (int r = 0; r < R; r++) _mm_prefetch(wr[r] + pf + off, _MM_HINT_T0);
+        if (k / 16 < n_ahead) _mm_prefetch(ahead + k * 4, _MM_HINT_T1); /* ahead_plan */
         __m512 av[F5_NC];
         UNROLL for (int c = 0; c < C; c++) av[c] = load_x16(ar[c], k, kind);
         UNROLL16 for (int r = 0; r < R; r++) {
@@ -145,9 +147,10 @@ VNNI_INLINE void float_gemm512(int64_t n, int nr, int nc, const void *w, size_t 
         zero_out(nr, nc, out, out_stride);
         return;
     }
+    ahead_plan ah = ahead_init(w, nr, group, nc, F5_NC, float_tile_count(nr, nc, F5_NC));
     for (int c0 = 0; c0 < nc;) {
         const int C = nc - c0 >= F5_NC ? F5_NC : nc - c0;
-        const int R = C == 1 ? 16 : C == 2 ? 8 : 4;
+        const int R = float_tile_rows(C);
         const char *ar[F5_NC];
         for (int c = 0; c < F5_NC; c++) ar[c] = (const char *)a + (size_t)(c0 + (c < C ? c : C - 1)) * a_stride;
         for (int r0 = 0; r0 < nr; r0 += R) {
@@ -159,13 +162,15 @@ VNNI_INLINE void float_gemm512(int64_t n, int nr, int nc, const void *w, size_t 
                               : (const char *)w + (size_t)row * w_stride;
             }
             float *o = out + (size_t)c0 * out_stride + (size_t)r0;
+            const char *afrom;
+            const int64_t n_ahead = ahead_take(&ah, &afrom);
             switch (C) {
-            case 1: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, 16, 1); break;
-            case 2: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, 8, 2); break;
-            case 3: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, 4, 3); break;
-            case 4: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, 4, 4); break;
-            case 5: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, 4, 5); break;
-            default: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, 4, 6); break;
+            case 1: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, afrom, n_ahead, 16, 1); break;
+            case 2: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, afrom, n_ahead, 8, 2); break;
+            case 3: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, afrom, n_ahead, 4, 3); break;
+            case 4: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, afrom, n_ahead, 4, 4); break;
+            case 5: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, afrom, n_ahead, 4, 5); break;
+            default: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, afrom, n_ahead, 4, 6); break;
             }
         }
         c0 += C;
