@@ -111,14 +111,14 @@ AVX2_INLINE float hmax_ps(__m256 v) {
     return _mm_cvtss_f32(m);
 }
 
-/* roundf() on 8 lanes: round half away from zero (|t| < 2^23). */
-AVX2_INLINE __m256 round_half_away(__m256 t) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    const __m256 tr = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    const __m256 frac = _mm256_andnot_ps(sign, _mm256_sub_ps(t, tr)); /* |t - trunc t|, exact */
-    const __m256 ge_half = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
-    const __m256 one = _mm256_or_ps(_mm256_and_ps(t, sign), _mm256_set1_ps(1.0f));
-    return _mm256_add_ps(tr, _mm256_and_ps(ge_half, one));
+/* (int)roundf(t) on 8 lanes (round half away from zero), |t| < 2^23:
+ * t + copysign(0.49999997, t), truncated. The largest float below 1/2
+ * added in float rounds up to the next integer exactly when roundf does
+ * (checked against roundf for every float of magnitude below 2^23, both
+ * signs); 4 instructions where comparing the fraction took 8. */
+AVX2_INLINE __m256i round_half_away_epi32(__m256 t) {
+    const __m256 h = _mm256_or_ps(_mm256_and_ps(t, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(0.49999997f));
+    return _mm256_cvttps_epi32(_mm256_add_ps(t, h));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1078,23 +1078,61 @@ AVX2_INLINE __m256i pack_i32_to_i8(__m256i i0, __m256i i1, __m256i i2, __m256i i
     return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+/* The largest |x| of 32 floats, as 8 lanes to be folded. */
+AVX2_INLINE __m256 absmax32(const float *x) {
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 v[4];
+    for (int k = 0; k < 4; k++) v[k] = _mm256_and_ps(_mm256_loadu_ps(x + 8 * k), abs_mask);
+    return _mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3]));
+}
+
+/* Lane b = the largest lane of m[b]: the 8 folds at once, as transposing
+ * sums (max is exact, so the order does not matter). */
+AVX2_INLINE __m256 hmax8_ps(const __m256 m[8]) {
+    __m256 a[4], b[2];
+    for (int k = 0; k < 4; k++)
+        a[k] = _mm256_max_ps(_mm256_unpacklo_ps(m[2 * k], m[2 * k + 1]), _mm256_unpackhi_ps(m[2 * k], m[2 * k + 1]));
+    for (int k = 0; k < 2; k++)
+        b[k] = _mm256_max_ps(_mm256_shuffle_ps(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm256_max_ps(_mm256_permute2f128_ps(b[0], b[1], 0x20), _mm256_permute2f128_ps(b[0], b[1], 0x31));
+}
+
+/* 32 floats times id, rounded half away from zero, into qs. */
+AVX2_INLINE void quant32(const float *x, __m256 idv, int8_t *qs) {
+    __m256i q[4];
+    for (int k = 0; k < 4; k++)
+        q[k] = round_half_away_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), idv));
+    _mm256_storeu_si256((__m256i *)qs, pack_i32_to_i8(q[0], q[1], q[2], q[3]));
+}
+
+/* Eight blocks at a time: their scales d = amax / 127 and 1 / d (0 for an
+ * all-zero block) in one vector each and one conversion to FP16 (round to
+ * nearest even, as kp_fp32_to_fp16 for the finite d), instead of a fold,
+ * two scalar divisions and a call per block; the same numbers. */
 AVX2 void kp_avx2_act_q8_0(const float *x, void *dst, int64_t n) {
     kp_block_q8_0 *y = dst;
-    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    for (int64_t i = 0; i < n / KP_QK8_0; i++, x += KP_QK8_0) {
-        __m256 v[4];
-        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + 8 * k);
-        const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
-                                       _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
-        const float amax = hmax_ps(m);
-        const float d = amax / 127;
-        const float id = d ? 1.0f / d : 0.0f;
+    const int64_t nb = n / KP_QK8_0;
+    int64_t i = 0;
+    for (; i + 8 <= nb; i += 8, x += 8 * KP_QK8_0) {
+        __m256 m[8];
+        for (int b = 0; b < 8; b++) m[b] = absmax32(x + b * KP_QK8_0);
+        const __m256 d = _mm256_div_ps(hmax8_ps(m), _mm256_set1_ps(127.0f));
+        const __m256 nz = _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_OQ);
+        const __m256 id = _mm256_and_ps(nz, _mm256_div_ps(_mm256_set1_ps(1.0f), d));
+        uint16_t dh[8];
+        _mm_storeu_si128((__m128i *)dh, _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        float ids[8];
+        _mm256_storeu_ps(ids, id);
+        for (int b = 0; b < 8; b++) {
+            y[i + b].d = dh[b];
+            quant32(x + b * KP_QK8_0, _mm256_set1_ps(ids[b]), y[i + b].qs);
+        }
+    }
+    for (; i < nb; i++, x += KP_QK8_0) {
+        const float d = hmax_ps(absmax32(x)) / 127;
         y[i].d = kp_fp32_to_fp16(d);
-        const __m256 idv = _mm256_set1_ps(id);
-        __m256i q[4];
-        for (int k = 0; k < 4; k++)
-            q[k] = _mm256_cvttps_epi32(round_half_away(_mm256_mul_ps(v[k], idv)));
-        _mm256_storeu_si256((__m256i *)y[i].qs, pack_i32_to_i8(q[0], q[1], q[2], q[3]));
+        quant32(x, _mm256_set1_ps(d ? 1.0f / d : 0.0f), y[i].qs);
     }
 }
 
@@ -1102,17 +1140,20 @@ AVX2 void kp_avx2_act_q8_K(const float *x, void *dst, int64_t n) {
     kp_block_q8_K *y = dst;
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     for (int64_t i = 0; i < n / KP_QK_K; i++, x += KP_QK_K) {
-        __m256 m = _mm256_setzero_ps();
-        for (int k = 0; k < KP_QK_K; k += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + k), abs_mask));
-        const float amax = hmax_ps(m);
+        __m256 m[8];
+        for (int k = 0; k < KP_QK_K; k += 32) m[k / 32] = absmax32(x + k);
+        const float amax = hmax_ps(_mm256_max_ps(_mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3])),
+                                                 _mm256_max_ps(_mm256_max_ps(m[4], m[5]), _mm256_max_ps(m[6], m[7]))));
         if (!amax) {
             memset(&y[i], 0, sizeof y[i]);
             continue;
         }
-        float max = 0; /* signed value of the first element with |x| == amax */
-        for (int j = 0; j < KP_QK_K; j++) {
-            if (x[j] == amax || x[j] == -amax) {
-                max = x[j];
+        float max = 0; /* signed value of the first element with |x| == amax, 8 compared at a time */
+        const __m256 amv = _mm256_set1_ps(amax);
+        for (int k = 0; k < KP_QK_K; k += 8) {
+            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(x + k), abs_mask), amv, _CMP_EQ_OQ));
+            if (hit) {
+                max = x[k + __builtin_ctz((unsigned)hit)];
                 break;
             }
         }
@@ -1150,7 +1191,7 @@ AVX2 void kp_avx2_act_q8_1(const float *x, void *dst, int64_t n) {
         const float id = d ? 1.0f / d : 0.0f;
         const __m256 idv = _mm256_set1_ps(id);
         __m256i q[4];
-        for (int k = 0; k < 4; k++) q[k] = _mm256_cvttps_epi32(round_half_away(_mm256_mul_ps(v[k], idv)));
+        for (int k = 0; k < 4; k++) q[k] = round_half_away_epi32(_mm256_mul_ps(v[k], idv));
         const int sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
         /* 4 x 8 int32 -> 32 int8 in element order */
         const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));

@@ -1146,6 +1146,50 @@ static void test_api_edges(void) {
     }
 }
 
+/* Q8_0 activations at the rounding's edges: blocks whose scaled values
+ * land on every half (ties round away from zero, as roundf), all-zero
+ * blocks (d = 0) among full groups of 8 blocks and in the tail, blocks
+ * whose largest |x| is negative, and tiny scales: the avx2 table's bytes
+ * equal the reference quantizer's (kp_quantize_row, ggml's rounding). */
+static void test_act_q8_0_edges(void) {
+    enum { NB = 19, N = NB * 32 };
+    static float x[N];
+    static uint8_t ref[NB * 34], got[NB * 34];
+    for (int b = 0; b < NB; b++) {
+        float *xb = x + 32 * b;
+        const int kind = b % 5;
+        for (int j = 0; j < 32; j++) {
+            if (kind == 0) /* d = 1: t = x: halves, and the largest floats below 1/2 */
+                xb[j] = j == 0 ? 127.0f : j == 2 ? 0.49999997f : j == 3 ? -0.49999997f : (float)(j * 4 - 64) + 0.5f;
+            else if (kind == 1) xb[j] = 0.0f;
+            else if (kind == 2) xb[j] = j == 5 ? -63.5f : (float)(j - 16) / 2 + 0.25f; /* d = 1/2: t = 2x */
+            else if (kind == 3) xb[j] = (float)(j - 16) * 1e-30f;
+            else xb[j] = (float)((int)(rng_u64() % 2001) - 1000) / 8.0f; /* eighths: many exact halves */
+        }
+    }
+    const kp_kernels *avx = kp_kernels_avx2();
+    CHECK(kp_quantize_row(KP_DTYPE_Q8_0, x, ref, N));
+    const kp_kernels *tabs[2] = {kp_kernels_scalar(), avx};
+    for (int k = 0; k < 2; k++) {
+        if (!tabs[k]) {
+            printf("  test_act_q8_0_edges: no avx2 table on this CPU (AVX2, FMA, F16C): scalar only\n");
+            continue;
+        }
+        for (int nb = 1; nb <= NB; nb += 6) { /* tails of 1, 7 and 5 blocks past groups of 8 */
+            memset(got, 0xAA, sizeof got);
+            tabs[k]->quantize_act[KP_DTYPE_Q8_0](x, got, nb * 32);
+            CHECK_MSG(memcmp(got, ref, (size_t)nb * 34) == 0, "%s quantize_act[Q8_0] of %d blocks differs from the "
+                      "reference", tabs[k]->name, nb);
+        }
+    }
+    /* the ties themselves (block 0, d = 1): x[1] = -59.5 -> -60, x[31] = 60.5 -> 61, away from zero */
+    CHECK_EQ_INT((int8_t)ref[2 + 1], -60);
+    CHECK_EQ_INT((int8_t)ref[2 + 31], 61);
+    CHECK_EQ_INT((int8_t)ref[2 + 0], 127);
+    CHECK_EQ_INT((int8_t)ref[2 + 2], 0);
+    CHECK_EQ_INT((int8_t)ref[2 + 3], 0);
+}
+
 int main(void) {
     const char *env = getenv("KP_TEST_SEED");
     const uint64_t seed = env && *env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ (uint64_t)clock() << 32;
@@ -1163,6 +1207,7 @@ int main(void) {
     RUN(test_matches_llama_quantize);
     RUN(test_vec_dot_and_tiles);
     RUN(test_q8_0_aux);
+    RUN(test_act_q8_0_edges);
     RUN(test_tile_shapes);
     RUN(test_attention_helpers);
     RUN(test_api_edges);
