@@ -193,6 +193,18 @@ AVX2_INLINE int64_t ahead_take(ahead_plan *p, const char **from) {
     return n;
 }
 
+/* The same for the integer panels, which stage a K chunk of a 16-row
+ * group before its products: while the products of activation rows
+ * [c0, c0 + cn) of nc run, their share of the lines of the chunk that
+ * follows in the stream (bytes from next: the group's next chunk, or the
+ * next group) is asked for into L2. 1B Q4_0 pp512: staging waited on
+ * DRAM for 5% of the time; 263 -> 266 t/s with this. */
+AVX2_INLINE void chunk_prefetch(const void *next, size_t bytes, int c0, int cn, int nc) {
+    const size_t lines = bytes / 64;
+    for (size_t l = lines * (size_t)c0 / (size_t)nc; l < lines * (size_t)(c0 + cn) / (size_t)nc; l++)
+        _mm_prefetch((const char *)next + 64 * l, _MM_HINT_T1);
+}
+
 /* The float tiles' rows for C activation rows (16 x 1, 8 x 2, 4 x C), and
  * how many tiles a call of nr x nc runs in column tiles of up to max_c. */
 AVX2_INLINE int float_tile_rows(int c) { return c == 1 ? 16 : c == 2 ? 8 : 4; }

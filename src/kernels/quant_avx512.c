@@ -652,8 +652,10 @@ VNNI_INLINE void gemm_x16(int64_t n, int nr, int nc, const void *wp, const void 
             for (int64_t ib0 = 0; ib0 < nb; ib0 += PANEL_KC) {
                 const int64_t len = nb - ib0 < PANEL_KC ? nb - ib0 : PANEL_KC;
                 x16_panels(g, nb, ib0, len, kind, n_panels, &st);
+                const size_t cb = (size_t)len * (x16_qbytes(kind) + 32); /* the chunk's bytes */
                 for (int cc0 = 0; cc0 < nc; cc0 += PANEL_CC) {
                     const int ccn = nc - cc0 < PANEL_CC ? nc - cc0 : PANEL_CC;
+                    chunk_prefetch(g + x16_sc_at(ib0, x16_qbytes(kind)) + cb, cb, cc0, ccn, nc);
                     const kp_q8_0_aux *axc[PANEL_CC];
                     for (int c = 0; c < ccn; c++)
                         axc[c] = legacy_aux(a, a_stride, aux, aux_stride, cc0 + c, ib0, len, st.ax[c]);
@@ -1492,7 +1494,12 @@ VNNI_INLINE void gemm_kx16(int64_t n, int nr, int nc, const void *wp, const void
                         if (kind != KQ6) k16_panel(sb, p, kind, &st.p.kmin[p][b]);
                         else q6_panel(sb, g + (size_t)nb * Q6_SB + (size_t)(i0 + b) * 32, p, &st.p.q6k[p][b]);
                     }
-                kq_tile_vnni(&st, n_panels, rc, a, a_stride, nc, i0, len, kind, out + (size_t)rc0, out_stride, i0 > 0);
+                for (int c0 = 0; c0 < nc; c0 += PANEL_CC) { /* PANEL_CC a slice: a multiple of the tiles' 4 */
+                    const int cn = nc - c0 < PANEL_CC ? nc - c0 : PANEL_CC;
+                    chunk_prefetch(g + (size_t)(i0 + len) * sbytes, (size_t)len * sbytes, c0, cn, nc);
+                    kq_tile_vnni(&st, n_panels, rc, (const char *)a + (size_t)c0 * a_stride, a_stride, cn, i0, len, kind,
+                                 out + (size_t)c0 * out_stride + (size_t)rc0, out_stride, i0 > 0);
+                }
             }
         }
         return;
