@@ -26,6 +26,14 @@
  *                kp_q8_0_aux rows for Q8_0 activations, as the forward pass
  *                passes them). SIMD tables only (the scalar column shows 0).
  *
+ * and, on CPUs with AVX512_VNNI, the ceiling the integer prefill panels'
+ * instruction mix allows (one thread): 256-bit vpdpbusd alone, then with
+ * the float scaling of a Q8_0/Q4_0 block (a vmulps and a vfmadd231ps per 8
+ * vpdpbusd: one 32-quant block of 8 rows x 1 activation row) and with a
+ * K-quant sub-block's scale and mins (a vpmulld and a vpdpwssd per 8),
+ * which issue on the same two pipes as vpdpbusd where the CPU shares them
+ * (Zen 4: 80% of vpdpbusd alone for both).
+ *
  * Build:  make build/rel/bench_quant, or alone (dispatch.c, which picks the
  *         tables, knows the attention tables too):
  *         gcc -std=c11 -O2 -march=native -D_GNU_SOURCE -Isrc -o bench_quant bench/bench_quant.c \
@@ -123,6 +131,57 @@ static double time_it(void (*fn)(const bench_ctx *), const bench_ctx *c) {
     return best;
 }
 
+#if defined(__x86_64__)
+/* 12 independent vpdpbusd chains (4-cycle latency, 2 a cycle: 8 needed)
+ * per pass, then `extra` (0: none, 1: vmulps + vfmadd231ps x 1.5, 2:
+ * vpmulld + vpdpwssd x 1.5): 12 : 3, the 8 : 2 of the panels' blocks.
+ * Returns vpdpbusd a second. */
+__attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni"))) static double dpbusd_rate(int extra) {
+    const long n = 50000000;
+    const double t0 = now_s();
+    for (long i = 0; i < n / 12; i++) {
+        __asm__ volatile("vpdpbusd %%ymm14, %%ymm15, %%ymm0\n\tvpdpbusd %%ymm14, %%ymm15, %%ymm1\n\t"
+                         "vpdpbusd %%ymm14, %%ymm15, %%ymm2\n\tvpdpbusd %%ymm14, %%ymm15, %%ymm3\n\t"
+                         "vpdpbusd %%ymm14, %%ymm15, %%ymm4\n\tvpdpbusd %%ymm14, %%ymm15, %%ymm5\n\t"
+                         "vpdpbusd %%ymm14, %%ymm15, %%ymm6\n\tvpdpbusd %%ymm14, %%ymm15, %%ymm7\n\t"
+                         "vpdpbusd %%ymm14, %%ymm15, %%ymm8\n\tvpdpbusd %%ymm14, %%ymm15, %%ymm9\n\t"
+                         "vpdpbusd %%ymm14, %%ymm15, %%ymm10\n\tvpdpbusd %%ymm14, %%ymm15, %%ymm11\n\t" ::
+                             : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+                               "xmm10", "xmm11");
+        if (extra == 1)
+            __asm__ volatile("vmulps %%ymm14, %%ymm15, %%ymm16\n\tvfmadd231ps %%ymm14, %%ymm15, %%ymm17\n\t"
+                             "vfmadd231ps %%ymm14, %%ymm15, %%ymm18\n\t" ::
+                                 : "xmm16", "xmm17", "xmm18");
+        else if (extra == 2)
+            __asm__ volatile("vpmulld %%ymm14, %%ymm15, %%ymm16\n\tvpdpwssd %%ymm14, %%ymm15, %%ymm17\n\t"
+                             "vpmulld %%ymm14, %%ymm15, %%ymm18\n\t" ::
+                                 : "xmm16", "xmm17", "xmm18");
+    }
+    return (double)(n / 12 * 12) / (now_s() - t0);
+}
+
+static void print_int8_ceiling(void) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512vl")) {
+        printf("int8 pipes: skipped (no AVX512_VNNI on this CPU)\n");
+        return;
+    }
+    double r[3];
+    for (int e = 0; e < 3; e++) { /* the best of 3 */
+        r[e] = 0;
+        for (int k = 0; k < 3; k++) {
+            const double x = dpbusd_rate(e);
+            if (x > r[e]) r[e] = x;
+        }
+    }
+    printf("int8 pipes, one thread, 256-bit vpdpbusd (32 MACs): alone %.1f GMAC/s; with a Q8_0/Q4_0 block's "
+           "scaling %.1f (%.0f%%); with a K-quant sub-block's scale and mins %.1f (%.0f%%)\n",
+           r[0] * 32e-9, r[1] * 32e-9, 100 * r[1] / r[0], r[2] * 32e-9, 100 * r[2] / r[0]);
+}
+#else
+static void print_int8_ceiling(void) {}
+#endif
+
 int main(int argc, char **argv) {
     int64_t K = 4096, N = 512;
     double mib = 1.0;
@@ -193,5 +252,6 @@ int main(int argc, char **argv) {
         free(out);
     }
     free(xf);
+    print_int8_ceiling();
     return 0;
 }
