@@ -25,6 +25,14 @@
  *                of a product), activations converted beforehand (with
  *                kp_q8_0_aux rows for Q8_0 activations, as the forward pass
  *                passes them). SIMD tables only (the scalar column shows 0).
+ *   packed       the same on the table's repacked layout (gemm_packed),
+ *                which the forward pass uses where the table has one (0:
+ *                none); with the share of a core's peak for the table's
+ *                instruction, in multiply-adds a cycle at the clock the
+ *                int8 pipes line below measures (its vpdpbusd rate alone /
+ *                2): 64 for int8 dot products (two 256-bit vpdpbusd), 32
+ *                for bfloat16 ones (two vdpbf16ps), 16 for F32 FMA (F32,
+ *                F16, and BF16 outside the avx512bf16 table)
  *
  * and, on CPUs with AVX512_VNNI, the ceiling the integer prefill panels'
  * instruction mix allows (one thread): 256-bit vpdpbusd alone, then with
@@ -44,6 +52,7 @@
  *         (-k 576 or 1536 for SmolLM2-135M's shapes; K a multiple of 32,
  *         types whose block size does not divide K are skipped)
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,6 +89,7 @@ typedef struct {
     int64_t n_cols;          /* prefill: activation rows */
     const kp_q8_0_aux *aux;  /* Q8_0 activations: their aux rows, as the forward pass has them */
     size_t aux_stride;
+    const uint8_t *pk;       /* the first PF_ROWS rows repacked (gemm_packed), or NULL */
 } bench_ctx;
 
 static void run_vec_dot(const bench_ctx *c) {
@@ -99,6 +109,12 @@ static void run_prefill(const bench_ctx *c) {
     for (int64_t r = 0; r < PF_ROWS; r += PF_TASK)
         c->k->gemm[c->t](c->K, PF_TASK, (int)c->n_cols, c->w + r * c->wrs, c->wrs, c->a, c->ars, c->aux,
                          c->aux_stride, &c->out[r], PF_ROWS);
+}
+
+static void run_packed(const bench_ctx *c) {
+    for (int64_t r = 0; r < PF_ROWS; r += PF_TASK)
+        c->k->gemm_packed[c->t](c->K, PF_TASK, (int)c->n_cols, c->pk + r * c->wrs, c->a, c->ars, c->aux,
+                                c->aux_stride, &c->out[r], PF_ROWS);
 }
 
 static void run_decode(const bench_ctx *c) {
@@ -136,7 +152,7 @@ static double time_it(void (*fn)(const bench_ctx *), const bench_ctx *c) {
  * per pass, then `extra` (0: none, 1: vmulps + vfmadd231ps x 1.5, 2:
  * vpmulld + vpdpwssd x 1.5): 12 : 3, the 8 : 2 of the panels' blocks.
  * Returns vpdpbusd a second. */
-__attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni"))) static double dpbusd_rate(int extra) {
+__attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni"))) static double dpbusd_rate_vnni(int extra) {
     const long n = 50000000;
     const double t0 = now_s();
     for (long i = 0; i < n / 12; i++) {
@@ -160,25 +176,37 @@ __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni"))) static double dp
     return (double)(n / 12 * 12) / (now_s() - t0);
 }
 
-static void print_int8_ceiling(void) {
+static bool have_vnni(void) {
     __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512vl")) {
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+}
+
+/* vpdpbusd a second with that mix, the best of 3; 0 without AVX512_VNNI. */
+static double int8_pipe_rate(int extra) {
+    double best = 0;
+    for (int k = 0; have_vnni() && k < 3; k++) {
+        const double x = dpbusd_rate_vnni(extra);
+        if (x > best) best = x;
+    }
+    return best;
+}
+
+static void print_int8_ceiling(void) {
+    if (!have_vnni()) {
         printf("int8 pipes: skipped (no AVX512_VNNI on this CPU)\n");
         return;
     }
     double r[3];
-    for (int e = 0; e < 3; e++) { /* the best of 3 */
-        r[e] = 0;
-        for (int k = 0; k < 3; k++) {
-            const double x = dpbusd_rate(e);
-            if (x > r[e]) r[e] = x;
-        }
-    }
+    for (int e = 0; e < 3; e++) r[e] = int8_pipe_rate(e);
     printf("int8 pipes, one thread, 256-bit vpdpbusd (32 MACs): alone %.1f GMAC/s; with a Q8_0/Q4_0 block's "
            "scaling %.1f (%.0f%%); with a K-quant sub-block's scale and mins %.1f (%.0f%%)\n",
            r[0] * 32e-9, r[1] * 32e-9, 100 * r[1] / r[0], r[2] * 32e-9, 100 * r[2] / r[0]);
 }
 #else
+static double int8_pipe_rate(int extra) {
+    (void)extra;
+    return 0;
+}
 static void print_int8_ceiling(void) {}
 #endif
 
@@ -199,14 +227,17 @@ int main(int argc, char **argv) {
     const kp_dtype types[] = {KP_DTYPE_F32, KP_DTYPE_F16, KP_DTYPE_BF16, KP_DTYPE_Q8_0,
                               KP_DTYPE_Q4_0, KP_DTYPE_Q4_1, KP_DTYPE_Q5_0, KP_DTYPE_Q5_1,
                               KP_DTYPE_Q4_K, KP_DTYPE_Q5_K, KP_DTYPE_Q6_K};
-    const kp_kernels *tabs[3] = {kp_kernels_scalar(), kp_kernels_avx2(), kp_kernels_avx512vnni()};
+    enum { N_TABS = 4 };
+    const kp_kernels *tabs[N_TABS] = {kp_kernels_scalar(), kp_kernels_avx2(), kp_kernels_avx512vnni(),
+                                      kp_kernels_avx512bf16()};
     float *xf = malloc((size_t)K * sizeof(float));
     if (!xf) return 1;
 
     printf("K = %lld, ~%.1f MiB of weights per type; GB/s of weight bytes; prefill: 16 rows x %lld\n",
            (long long)K, mib, (long long)N);
-    printf("%-6s %-7s %10s %12s %12s %8s %10s %14s\n", "type", "kernels", "vec_dot", "tile 4x4", "x4 eq", "tile/vd",
-           "decode", "prefill GMAC/s");
+    const double ghz = int8_pipe_rate(0) / 2e9; /* 2 vpdpbusd a cycle where the CPU has them (else 0) */
+    printf("%-6s %-10s %10s %12s %12s %8s %10s %14s %14s\n", "type", "kernels", "vec_dot", "tile 4x4", "x4 eq",
+           "tile/vd", "decode", "prefill GMAC/s", "packed GMAC/s");
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const kp_dtype t = types[ti], at = kp_vec_dot_type(t);
         if (only && strcasecmp(only, kp_dtype_name(t)) != 0) continue;
@@ -234,17 +265,32 @@ int main(int argc, char **argv) {
             if (!aux) return 1;
             for (int64_t c = 0; c < n_act; c++) kp_q8_0_aux_row(a + c * ars, aux + c * (K / 32), K);
         }
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < N_TABS; k++) {
             if (!tabs[k]) continue;
-            bench_ctx c = {tabs[k], t, K, rows, w, wrs, a, ars, out, N, aux, aux_stride};
+            uint8_t *pk = NULL;
+            if (k > 0 && tabs[k]->pack[t] && K % tabs[k]->pack_k[t] == 0) {
+                /* 64-byte aligned, as the forward pass's copies (its 32-byte loads then never split a line) */
+                pk = aligned_alloc(64, (kp_pack_bytes(t, K, PF_ROWS, tabs[k]->pack_rows[t]) + 63) & ~(size_t)63);
+                if (!pk) return 1;
+                tabs[k]->pack[t](K, PF_ROWS, w, wrs, pk);
+            }
+            bench_ctx c = {tabs[k], t, K, rows, w, wrs, a, ars, out, N, aux, aux_stride, pk};
             const double bytes = (double)rows * (double)wrs;
             const double tv = time_it(run_vec_dot, &c), tt = time_it(run_tile, &c);
             const double td = time_it(run_decode, &c);
             /* the scalar table is too slow for a whole batch; prefill is for the SIMD tables */
             const double tp = k == 0 ? 0 : time_it(run_prefill, &c);
-            printf("%-6s %-7s %10.2f %12.2f %12.2f %7.2fx %10.2f %14.2f\n", kp_dtype_name(t), tabs[k]->name,
-                   bytes / tv * 1e-9, bytes / tt * 1e-9, 4 * bytes / tt * 1e-9, 4 * tv / tt, bytes / td * 1e-9,
-                   tp > 0 ? (double)PF_ROWS * (double)N * (double)K / tp * 1e-9 : 0.0);
+            const double tk = pk ? time_it(run_packed, &c) : 0;
+            const double gk = tk > 0 ? (double)PF_ROWS * (double)N * (double)K / tk * 1e-9 : 0.0;
+            /* a core's multiply-adds a cycle for the instruction the packed kernel uses */
+            const int macs = at == KP_DTYPE_Q8_0 || at == KP_DTYPE_Q8_K || at == KP_DTYPE_Q8_1 ? 64
+                             : at == KP_DTYPE_BF16 && !strcmp(tabs[k]->name, "avx512bf16") ? 32 : 16;
+            char share[16] = "";
+            if (gk > 0 && ghz > 0) snprintf(share, sizeof share, " (%.0f%%)", 100 * gk / (ghz * macs));
+            printf("%-6s %-10s %10.2f %12.2f %12.2f %7.2fx %10.2f %14.2f %8.2f%-6s\n", kp_dtype_name(t),
+                   tabs[k]->name, bytes / tv * 1e-9, bytes / tt * 1e-9, 4 * bytes / tt * 1e-9, 4 * tv / tt,
+                   bytes / td * 1e-9, tp > 0 ? (double)PF_ROWS * (double)N * (double)K / tp * 1e-9 : 0.0, gk, share);
+            free(pk);
         }
         free(w);
         free(a);
