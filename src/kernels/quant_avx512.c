@@ -177,17 +177,31 @@ VNNI_INLINE void float_gemm512(int64_t n, int nr, int nc, const void *w, size_t 
     }
 }
 
+/* Rows in place times one activation row (decode on weights not
+ * repacked): a row at a time (float_rows_in_place, quant_avx2_inl.h). */
+static VNNI void float_rows1_512(int64_t n, int nr, const void *w, size_t w_stride, const void *a, float *out,
+                                 int kind) {
+    const char *ar[F5_NC] = {(const char *)a};
+    const size_t adv = 16 * (kind == ELEM_F32 ? 4 : 2);
+    for (int r = 0; r < nr; r++) {
+        const char *w1 = (const char *)w + (size_t)r * w_stride;
+        float_tile512(&w1, adv, ar, kind, n, 1, out + r, 1, 0, NULL, 0, 1, 1);
+    }
+}
+
 #define FLOAT_TILE512(name, gname, kind)                                                        \
     static VNNI void name(int64_t n, int nr, int nc, const void *w, size_t w_stride,           \
                           const void *a, size_t a_stride, float *out, size_t out_stride) {     \
-        float_gemm512(n, nr, nc, w, w_stride, 0, a, a_stride, out, out_stride, kind);          \
+        if (nc == 1) float_rows1_512(n, nr, w, w_stride, a, out, kind);                        \
+        else float_gemm512(n, nr, nc, w, w_stride, 0, a, a_stride, out, out_stride, kind);     \
     }                                                                                           \
     static VNNI void gname(int64_t n, int nr, int nc, const void *w, size_t w_stride,          \
                            const void *a, size_t a_stride, const void *aux, size_t aux_stride,  \
                            float *out, size_t out_stride) {                                    \
         (void)aux;                                                                              \
         (void)aux_stride;                                                                       \
-        float_gemm512(n, nr, nc, w, w_stride, 0, a, a_stride, out, out_stride, kind);          \
+        if (nc == 1) float_rows1_512(n, nr, w, w_stride, a, out, kind);                        \
+        else float_gemm512(n, nr, nc, w, w_stride, 0, a, a_stride, out, out_stride, kind);     \
     }
 FLOAT_TILE512(tile_f32_512, gemm_f32_512, ELEM_F32)
 FLOAT_TILE512(tile_f16_512, gemm_f16_512, ELEM_F16)

@@ -139,16 +139,28 @@ BF16_INLINE void gemm_rows(int64_t n, int nr, int nc, const void *w, size_t w_st
     }
 }
 
+/* Rows in place times one activation row (decode on weights not
+ * repacked): a row at a time (float_rows_in_place, quant_avx2_inl.h). */
+static BF16 void rows1(int64_t n, int nr, const void *w, size_t w_stride, const void *a, float *out) {
+    const char *ar[NC] = {(const char *)a};
+    for (int r = 0; r < nr; r++) {
+        const char *w1 = (const char *)w + (size_t)r * w_stride;
+        tile_rows(&w1, 32, ar, n, 1, out + r, 1, 0, NULL, 0, 1, 1);
+    }
+}
+
 BF16 void kp_bf16dp_tile(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a, size_t a_stride,
                          float *out, size_t out_stride) {
-    gemm_rows(n, nr, nc, w, w_stride, 0, a, a_stride, out, out_stride);
+    if (nc == 1) rows1(n, nr, w, w_stride, a, out);
+    else gemm_rows(n, nr, nc, w, w_stride, 0, a, a_stride, out, out_stride);
 }
 
 BF16 void kp_bf16dp_gemm(int64_t n, int nr, int nc, const void *w, size_t w_stride, const void *a, size_t a_stride,
                          const void *aux, size_t aux_stride, float *out, size_t out_stride) {
     (void)aux;
     (void)aux_stride;
-    gemm_rows(n, nr, nc, w, w_stride, 0, a, a_stride, out, out_stride);
+    if (nc == 1) rows1(n, nr, w, w_stride, a, out);
+    else gemm_rows(n, nr, nc, w, w_stride, 0, a, a_stride, out, out_stride);
 }
 
 /* ---- packed ------------------------------------------------------------------ */
