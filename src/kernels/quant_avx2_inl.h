@@ -155,53 +155,23 @@ AVX2_INLINE size_t decode_pf(size_t w_stride, int nc, int panel_min_cols) {
     return ((rows + 7) & ~(size_t)7) * w_stride;
 }
 
-/* Prefill on a repacked float matrix (the F16/BF16/F32 tiles over 16-row
- * groups, many activation rows) reads each group from DRAM once, in its
- * first column tile's pass, where the tiles wait on it: 1B BF16 shape, one
- * thread, 256-row matmul calls of 64 activation rows, 92% of the bfloat16
- * peak with the weights in L3, 73% from DRAM. So a call's tiles also ask,
- * spread over them, for the lines of the groups that follow its own (the
- * next matmul task's, which a thread usually takes next: the pool hands
- * out runs of tasks) into L2; 88% with it. Tile t of n_tiles gets lines
- * [ahead_lines * t / n_tiles, ahead_lines * (t + 1) / n_tiles) and asks for
- * one a 16-element step, in order, from its start. A hint only: nothing is
- * loaded (past the matrix's end it asks for lines no task reads). */
-typedef struct {
-    const char *next; /* the bytes after the call's groups */
-    int64_t lines;    /* lines of them to ask for: as many as the call's groups hold; 0: none */
-    int64_t line;     /* lines handed out so far */
-    int tile, n_tiles;
-} ahead_plan;
-
-/* The plan of a call over nr rows in groups of group_bytes (0: rows in
- * place, no plan) from w, running n_tiles tiles; only with at least
- * min_cols activation rows (prefill). */
-AVX2_INLINE ahead_plan ahead_init(const void *w, int nr, size_t group_bytes, int nc, int min_cols, int n_tiles) {
-    const size_t groups = (size_t)(nr + 15) / 16;
-    ahead_plan p = {(const char *)w + groups * group_bytes, 0, 0, 0, n_tiles > 0 ? n_tiles : 1};
-    if (group_bytes && nc >= min_cols) p.lines = (int64_t)(groups * group_bytes / 64);
-    return p;
-}
-
-/* The next tile's share: its first line's address in *from, the count. */
-AVX2_INLINE int64_t ahead_take(ahead_plan *p, const char **from) {
-    int64_t upto = p->lines * ++p->tile / p->n_tiles;
-    if (upto > p->lines) upto = p->lines;
-    *from = p->next + p->line * 64;
-    const int64_t n = upto - p->line;
-    p->line = upto;
-    return n;
-}
-
-/* The same for the integer panels, which stage a K chunk of a 16-row
- * group before its products: while the products of activation rows
- * [c0, c0 + cn) of nc run, their share of the lines of the chunk that
- * follows in the stream (bytes from next: the group's next chunk, or the
- * next group) is asked for into L2. 1B Q4_0 pp512: staging waited on
- * DRAM for 5% of the time; 263 -> 266 t/s with this. */
-AVX2_INLINE void chunk_prefetch(const void *next, size_t bytes, int c0, int cn, int nc) {
+/* Prefill reads each 16-row group of a repacked matrix from DRAM once,
+ * where the products wait on it unless its lines were asked for earlier:
+ * the float tiles read a group in their first column tile's pass (1B BF16
+ * shape, one thread, 256-row matmul calls of 64 activation rows: 92% of
+ * the bfloat16 peak with the weights in L3, 73% from DRAM); the integer
+ * panels stage a K chunk of it before its products (1B Q4_0 pp512: staging
+ * waited on DRAM for 5% of the time). So while part `at` of n_parts of a
+ * call's products runs (a float tile, or a slice of activation rows of a
+ * chunk), it asks for that share of the lines of the bytes that follow in
+ * the stream (from next: the group's next chunk, or the next group, which
+ * the thread's next matmul task usually reads: the pool hands out runs of
+ * tasks) into L2. BF16 pp512 177 -> 184.5 t/s, Q4_0 263 -> 266. A hint
+ * only: nothing is loaded (past a matrix's end it asks for lines no task
+ * reads). */
+AVX2_INLINE void stream_prefetch(const void *next, size_t bytes, int at, int count, int n_parts) {
     const size_t lines = bytes / 64;
-    for (size_t l = lines * (size_t)c0 / (size_t)nc; l < lines * (size_t)(c0 + cn) / (size_t)nc; l++)
+    for (size_t l = lines * (size_t)at / (size_t)n_parts; l < lines * (size_t)(at + count) / (size_t)n_parts; l++)
         _mm_prefetch((const char *)next + 64 * l, _MM_HINT_T1);
 }
 

@@ -100,8 +100,7 @@ VNNI_INLINE float hsum512(__m512 v) {
  * rows are stored; pf > 0 (decode on rows in place): each weight row asks
  * for the line pf bytes ahead once a line. */
 VNNI_INLINE void float_tile512(const char *const *wr, size_t adv, const char *const *ar, int kind, int64_t n,
-                               int nr, float *out, size_t os, size_t pf, const char *ahead, int64_t n_ahead,
-                               const int R, const int C) {
+                               int nr, float *out, size_t os, size_t pf, const int R, const int C) {
     const size_t es = kind == ELEM_F32 ? 4 : 2;
     __m512 acc[16][F5_NC];
     UNROLL16 for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
@@ -110,7 +109,6 @@ VNNI_INLINE void float_tile512(const char *const *wr, size_t adv, const char *co
     for (int64_t k = 0; k < nf; k += 16, off += adv) {
         if (pf && (size_t)k * es % 64 < 16 * es) /* once per cache line */
             UNROLL16 for (int r = 0; r < R; r++) _mm_prefetch(wr[r] + pf + off, _MM_HINT_T0);
-        if (k / 16 < n_ahead) _mm_prefetch(ahead + k * 4, _MM_HINT_T1); /* ahead_plan */
         __m512 av[F5_NC];
         UNROLL for (int c = 0; c < C; c++) av[c] = load_x16(ar[c], k, kind);
         UNROLL16 for (int r = 0; r < R; r++) {
@@ -147,7 +145,9 @@ VNNI_INLINE void float_gemm512(int64_t n, int nr, int nc, const void *w, size_t 
         zero_out(nr, nc, out, out_stride);
         return;
     }
-    ahead_plan ah = ahead_init(w, nr, group, nc, F5_NC, float_tile_count(nr, nc, F5_NC));
+    const int n_tiles = float_tile_count(nr, nc, F5_NC);
+    const size_t ahead = group && nc >= F5_NC ? (size_t)((nr + X16_ROWS - 1) / X16_ROWS) * group : 0;
+    int tile = 0;
     for (int c0 = 0; c0 < nc;) {
         const int C = nc - c0 >= F5_NC ? F5_NC : nc - c0;
         const int R = float_tile_rows(C);
@@ -162,15 +162,14 @@ VNNI_INLINE void float_gemm512(int64_t n, int nr, int nc, const void *w, size_t 
                               : (const char *)w + (size_t)row * w_stride;
             }
             float *o = out + (size_t)c0 * out_stride + (size_t)r0;
-            const char *afrom;
-            const int64_t n_ahead = ahead_take(&ah, &afrom);
+            stream_prefetch((const char *)w + ahead, ahead, tile++, 1, n_tiles); /* the next task's groups */
             switch (C) {
-            case 1: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, afrom, n_ahead, 16, 1); break;
-            case 2: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, afrom, n_ahead, 8, 2); break;
-            case 3: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, afrom, n_ahead, 4, 3); break;
-            case 4: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, afrom, n_ahead, 4, 4); break;
-            case 5: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, afrom, n_ahead, 4, 5); break;
-            default: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, afrom, n_ahead, 4, 6); break;
+            case 1: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, 16, 1); break;
+            case 2: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, 8, 2); break;
+            case 3: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, 4, 3); break;
+            case 4: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, 4, 4); break;
+            case 5: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, 4, 5); break;
+            default: float_tile512(wr, adv, ar, kind, n, nrr, o, out_stride, pf, 4, 6); break;
             }
         }
         c0 += C;
@@ -185,7 +184,7 @@ static VNNI void float_rows1_512(int64_t n, int nr, const void *w, size_t w_stri
     const size_t adv = 16 * (kind == ELEM_F32 ? 4 : 2);
     for (int r = 0; r < nr; r++) {
         const char *w1 = (const char *)w + (size_t)r * w_stride;
-        float_tile512(&w1, adv, ar, kind, n, 1, out + r, 1, 0, NULL, 0, 1, 1);
+        float_tile512(&w1, adv, ar, kind, n, 1, out + r, 1, 0, 1, 1);
     }
 }
 
@@ -669,7 +668,7 @@ VNNI_INLINE void gemm_x16(int64_t n, int nr, int nc, const void *wp, const void 
                 const size_t cb = (size_t)len * (x16_qbytes(kind) + 32); /* the chunk's bytes */
                 for (int cc0 = 0; cc0 < nc; cc0 += PANEL_CC) {
                     const int ccn = nc - cc0 < PANEL_CC ? nc - cc0 : PANEL_CC;
-                    chunk_prefetch(g + x16_sc_at(ib0, x16_qbytes(kind)) + cb, cb, cc0, ccn, nc);
+                    stream_prefetch(g + x16_sc_at(ib0, x16_qbytes(kind)) + cb, cb, cc0, ccn, nc);
                     const kp_q8_0_aux *axc[PANEL_CC];
                     for (int c = 0; c < ccn; c++)
                         axc[c] = legacy_aux(a, a_stride, aux, aux_stride, cc0 + c, ib0, len, st.ax[c]);
@@ -1510,7 +1509,7 @@ VNNI_INLINE void gemm_kx16(int64_t n, int nr, int nc, const void *wp, const void
                     }
                 for (int c0 = 0; c0 < nc; c0 += PANEL_CC) { /* PANEL_CC a slice: a multiple of the tiles' 4 */
                     const int cn = nc - c0 < PANEL_CC ? nc - c0 : PANEL_CC;
-                    chunk_prefetch(g + (size_t)(i0 + len) * sbytes, (size_t)len * sbytes, c0, cn, nc);
+                    stream_prefetch(g + (size_t)(i0 + len) * sbytes, (size_t)len * sbytes, c0, cn, nc);
                     kq_tile_vnni(&st, n_panels, rc, (const char *)a + (size_t)c0 * a_stride, a_stride, cn, i0, len, kind,
                                  out + (size_t)c0 * out_stride + (size_t)rc0, out_stride, i0 > 0);
                 }

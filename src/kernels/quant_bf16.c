@@ -67,7 +67,7 @@ BF16_INLINE __m256bh ld16(const void *row, int64_t i, int64_t n) {
  * nr of the R rows are stored. pf > 0 (decode on rows in place): each
  * weight row asks for the line pf bytes ahead once a line. */
 BF16_INLINE void tile_rows(const char *const *wr, size_t adv, const char *const *ar, int64_t n, int nr, float *out,
-                           size_t os, size_t pf, const char *ahead, int64_t n_ahead, const int R, const int C) {
+                           size_t os, size_t pf, const int R, const int C) {
     __m256 acc[16][NC];
     UNROLL16 for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     const int64_t nf = n & ~(int64_t)15;
@@ -75,7 +75,6 @@ BF16_INLINE void tile_rows(const char *const *wr, size_t adv, const char *const 
     for (int64_t k = 0; k < nf; k += 16, off += adv) {
         if (pf && (size_t)k * 2 % 64 == 0) /* once per cache line */
             UNROLL16 for (int r = 0; r < R; r++) _mm_prefetch(wr[r] + pf + off, _MM_HINT_T0);
-        if (k / 16 < n_ahead) _mm_prefetch(ahead + k * 4, _MM_HINT_T1); /* ahead_plan */
         __m256bh av[NC];
         UNROLL for (int c = 0; c < C; c++) av[c] = (__m256bh)_mm256_loadu_si256((const __m256i *)((const uint16_t *)ar[c] + k));
         UNROLL16 for (int r = 0; r < R; r++) {
@@ -109,7 +108,9 @@ BF16_INLINE void gemm_rows(int64_t n, int nr, int nc, const void *w, size_t w_st
         zero_out(nr, nc, out, out_stride);
         return;
     }
-    ahead_plan ah = ahead_init(w, nr, group, nc, NC, float_tile_count(nr, nc, NC));
+    const int n_tiles = float_tile_count(nr, nc, NC);
+    const size_t ahead = group && nc >= NC ? (size_t)((nr + ROWS - 1) / ROWS) * group : 0;
+    int tile = 0;
     for (int c0 = 0; c0 < nc;) {
         const int C = nc - c0 >= NC ? NC : nc - c0;
         const int R = float_tile_rows(C);
@@ -124,15 +125,14 @@ BF16_INLINE void gemm_rows(int64_t n, int nr, int nc, const void *w, size_t w_st
                               : (const char *)w + (size_t)row * w_stride;
             }
             float *o = out + (size_t)c0 * out_stride + (size_t)r0;
-            const char *afrom;
-            const int64_t n_ahead = ahead_take(&ah, &afrom);
+            stream_prefetch((const char *)w + ahead, ahead, tile++, 1, n_tiles); /* the next task's groups */
             switch (C) {
-            case 1: tile_rows(wr, adv, ar, n, nrr, o, out_stride, pf, afrom, n_ahead, 16, 1); break;
-            case 2: tile_rows(wr, adv, ar, n, nrr, o, out_stride, pf, afrom, n_ahead, 8, 2); break;
-            case 3: tile_rows(wr, adv, ar, n, nrr, o, out_stride, pf, afrom, n_ahead, 4, 3); break;
-            case 4: tile_rows(wr, adv, ar, n, nrr, o, out_stride, pf, afrom, n_ahead, 4, 4); break;
-            case 5: tile_rows(wr, adv, ar, n, nrr, o, out_stride, pf, afrom, n_ahead, 4, 5); break;
-            default: tile_rows(wr, adv, ar, n, nrr, o, out_stride, pf, afrom, n_ahead, 4, 6); break;
+            case 1: tile_rows(wr, adv, ar, n, nrr, o, out_stride, pf, 16, 1); break;
+            case 2: tile_rows(wr, adv, ar, n, nrr, o, out_stride, pf, 8, 2); break;
+            case 3: tile_rows(wr, adv, ar, n, nrr, o, out_stride, pf, 4, 3); break;
+            case 4: tile_rows(wr, adv, ar, n, nrr, o, out_stride, pf, 4, 4); break;
+            case 5: tile_rows(wr, adv, ar, n, nrr, o, out_stride, pf, 4, 5); break;
+            default: tile_rows(wr, adv, ar, n, nrr, o, out_stride, pf, 4, 6); break;
             }
         }
         c0 += C;
@@ -145,7 +145,7 @@ static BF16 void rows1(int64_t n, int nr, const void *w, size_t w_stride, const 
     const char *ar[NC] = {(const char *)a};
     for (int r = 0; r < nr; r++) {
         const char *w1 = (const char *)w + (size_t)r * w_stride;
-        tile_rows(&w1, 32, ar, n, 1, out + r, 1, 0, NULL, 0, 1, 1);
+        tile_rows(&w1, 32, ar, n, 1, out + r, 1, 0, 1, 1);
     }
 }
 
