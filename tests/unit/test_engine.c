@@ -103,15 +103,20 @@ typedef struct {
  * engines (kp_eng_config.state_every; 0: the default) */
 static uint32_t g_state_every;
 
-static bool open_engine_win(runner *r, const kp_model *m, kp_threads *pool, bool cache, uint64_t budget, kp_dtype kv,
-                            uint64_t window_budget) {
+static bool open_engine_len(runner *r, const kp_model *m, kp_threads *pool, bool cache, uint64_t budget, kp_dtype kv,
+                            uint64_t window_budget, uint32_t max_len) {
     kp_error err = {0};
     memset(r, 0, sizeof *r);
-    kp_eng_config c = {kv, 16, budget, MAX_LEN + N_GEN + 8, !cache, NULL, kv, !cache, window_budget, g_state_every};
+    kp_eng_config c = {kv, 16, budget, max_len, !cache, NULL, kv, !cache, window_budget, g_state_every};
     kp_status st = kp_eng_new(&r->e, m, pool, NULL, &c, &err);
     CHECK_MSG(st == KP_OK, "%s", err.msg);
     r->logits = malloc(m->hp.n_vocab * sizeof(float));
     return st == KP_OK && r->logits;
+}
+
+static bool open_engine_win(runner *r, const kp_model *m, kp_threads *pool, bool cache, uint64_t budget, kp_dtype kv,
+                            uint64_t window_budget) {
+    return open_engine_len(r, m, pool, cache, budget, kv, window_budget, MAX_LEN + N_GEN + 8);
 }
 
 static bool open_engine(runner *r, const kp_model *m, kp_threads *pool, bool cache, uint64_t budget, kp_dtype kv) {
@@ -513,15 +518,9 @@ static void test_window_long_turns(void) {
     if (!open_gemma3(&m, &pool)) return;
     uint32_t nv = m->hp.n_vocab;
     uint64_t bb = kp_model_kv_bytes_per_token(&m->hp, KP_DTYPE_F32) * 16;
-    kp_eng_config cw = {KP_DTYPE_F32, 16, bb * 256, N + 64, false, NULL, KP_DTYPE_F32, false,
-                        tight_window_budget(m, KP_DTYPE_F32), 0};
-    kp_eng_config cr = {KP_DTYPE_F32, 16, 0, N + 64, true, NULL, KP_DTYPE_F32, true, 0, 0};
-    runner ref = {0}, win = {0};
-    win.logits = malloc(nv * sizeof(float));
-    ref.logits = malloc(nv * sizeof(float));
-    bool ok = win.logits && ref.logits && kp_eng_new(&win.e, m, pool, NULL, &cw, &err) == KP_OK &&
-              kp_eng_new(&ref.e, m, pool, NULL, &cr, &err) == KP_OK;
-    CHECK_MSG(ok, "%s", err.msg);
+    runner ref, win;
+    bool ok = open_engine_len(&win, m, pool, true, bb * 256, KP_DTYPE_F32, tight_window_budget(m, KP_DTYPE_F32), N + 64) &&
+              open_engine_len(&ref, m, pool, false, 0, KP_DTYPE_F32, 0, N + 64);
     static int32_t t[N + 16], q[N + 16];
     rng_state = 0x6c6f6e67ull;
     t[0] = 1;
@@ -554,9 +553,6 @@ static void test_window_long_turns(void) {
     if (ok) {
         close_engine(&ref);
         close_engine(&win);
-    } else {
-        free(win.logits);
-        free(ref.logits);
     }
     kp_threads_free(pool);
     kp_model_free(m);

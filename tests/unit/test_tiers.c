@@ -688,20 +688,28 @@ static void write_a(kp_engine *w, const int32_t *a, int n, bool fed) {
     kp_eng_tier_flush(w);
 }
 
+/* A new engine under cw on the tiers tc, its tiers ready (checked; NULL
+ * when it could not be made). */
+static kp_engine *tier_engine(kp_model *m, kp_threads *pool, const kp_eng_config *cw, const kp_tiers_config *tc) {
+    kp_error err = {0};
+    kp_engine *w = NULL;
+    CHECK_MSG(kp_eng_new(&w, m, pool, NULL, cw, &err) == KP_OK && kp_eng_open_tiers(w, tc, &err) == KP_OK, "%s",
+              err.msg);
+    CHECK(w && kp_eng_tier_wait_ready(w, 10000));
+    return w;
+}
+
 /* A new engine under cw on the tiers tc restores A's whole blocks before
  * its last position from tier, with the logits of ref (cache off). */
 static void restore_a(kp_model *m, kp_threads *pool, const kp_eng_config *cw, const kp_tiers_config *tc,
                       kp_tier_id tier, kp_engine *ref, const int32_t *a, int n) {
     kp_error err = {0};
-    kp_engine *w = NULL;
     kp_eng_seq s = {0};
     kp_eng_report rep;
     uint32_t nv = m->hp.n_vocab;
     float *lw = malloc(nv * sizeof *lw), *lr = malloc(nv * sizeof *lr);
-    CHECK_MSG(kp_eng_new(&w, m, pool, NULL, cw, &err) == KP_OK && kp_eng_open_tiers(w, tc, &err) == KP_OK, "%s",
-              err.msg);
+    kp_engine *w = tier_engine(m, pool, cw, tc);
     if (w && lw && lr) {
-        CHECK(kp_eng_tier_wait_ready(w, 10000));
         CHECK(kp_eng_prefill(w, a, n, &s, lw, &rep, &err) == KP_OK);
         CHECK_EQ_INT(rep.reused_from[tier], (n - 1) / 16 * 16);
         kp_eng_seq_abort(w, &s);
@@ -723,13 +731,11 @@ static void restore_a(kp_model *m, kp_threads *pool, const kp_eng_config *cw, co
 static void budget_divergence(kp_model *m, kp_threads *pool, const kp_eng_config *cw, kp_engine *ref,
                               const kp_tiers_config *tc, kp_tier_id tier, const int32_t *a, const int32_t *b, int n) {
     kp_error err = {0};
-    kp_engine *w = NULL;
     kp_eng_seq s = {0};
     kp_eng_report rep;
     uint32_t nv = m->hp.n_vocab;
     float *lw = malloc(nv * sizeof *lw), *lr = malloc(nv * sizeof *lr);
-    CHECK(kp_eng_new(&w, m, pool, NULL, cw, &err) == KP_OK && kp_eng_open_tiers(w, tc, &err) == KP_OK);
-    CHECK(w && kp_eng_tier_wait_ready(w, 10000));
+    kp_engine *w = tier_engine(m, pool, cw, tc);
     CHECK(w && kp_eng_prefill(w, a, n, &s, NULL, &rep, &err) == KP_OK && kp_eng_finish(w, &s, a, n, NULL, &err) == KP_OK);
     CHECK(w && kp_eng_prefill(w, b, n, &s, lw, &rep, &err) == KP_OK);
     CHECK_EQ_INT(rep.window_cut_from, 50);
@@ -777,9 +783,9 @@ static void test_window_budget_and_disk(void) {
     for (int i = 0; i < N; i++) a[i] = i ? (i * 37) % 500 + 3 : 1;
     memcpy(b, a, sizeof a);
     b[50] = 2;
-    kp_engine *d = NULL, *w2 = NULL, *ref = NULL;
+    kp_engine *w2 = NULL, *ref = NULL;
     kp_tiers_stats ts;
-    CHECK(kp_eng_new(&d, m, pool, NULL, &cd, &err) == KP_OK && kp_eng_open_tiers(d, &tc, &err) == KP_OK);
+    kp_engine *d = tier_engine(m, pool, &cd, &tc);
     if (d) write_a(d, a, N, false);
     CHECK(d && kp_eng_tier_stats(d, &ts) && ts.tier[KP_TIER_DISK].blocks == N / 16);
     kp_eng_free(d);
@@ -789,8 +795,7 @@ static void test_window_budget_and_disk(void) {
     CHECK(kp_eng_new(&ref, m, pool, NULL, &cr, &err) == KP_OK);
     for (int fed = 0; fed < 2 && ref; fed++) {
         snprintf(dir2, sizeof dir2, "%s/window-only-%d", tmpdir, fed);
-        CHECK_MSG(kp_eng_new(&w2, m, pool, NULL, &cw, &err) == KP_OK && kp_eng_open_tiers(w2, &tc2, &err) == KP_OK,
-                  "%s", err.msg);
+        w2 = tier_engine(m, pool, &cw, &tc2);
         if (!w2) break;
         write_a(w2, a, N, fed);
         CHECK(kp_eng_tier_stats(w2, &ts));
